@@ -1,0 +1,34 @@
+# Two entry points: `make demo` and `make test`, both from a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv browser bench clean
+
+venv: $(STAMP)
+
+# torch is installed first and pinned: the CPU build lies on this machine's disk, and an
+# unpinned resolve would download a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+# Headless Chromium from Debian for the browser tests (Playwright drives the system browser).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+demo: venv
+	$(PY) examples/demo.py
+
+test: venv browser
+	$(VENV)/bin/pytest -q
+
+bench: venv
+	@echo "see BENCHMARKS.md for the commands of each benchmark"
+
+clean:
+	rm -rf $(VENV) runs

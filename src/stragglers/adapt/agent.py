@@ -1,0 +1,102 @@
+"""Agent: one per worker; ships step records to the Monitor and fetches actions on a thread.
+
+The training loop never waits for the controller: it hands records to `record()` and asks
+`plan(step)` for the batch size in force, both non-blocking.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from dataclasses import dataclass
+
+from stragglers.adapt.client import ShardClient
+from stragglers.adapt.controller import ADJUST_BS, KILL_RESTART
+from stragglers.adapt.policies import micro_batches, split_batch
+
+EXIT_RESTART = 75  # exit code of a worker stopped by KILL_RESTART (torchrun then re-forms the group)
+
+
+@dataclass
+class Plan:
+    """What this rank does at one step."""
+
+    batch_size: int
+    micro_batches: list[int]
+    kill_target: int | None  # rank that KILL_RESTART stops at this step, if any
+    reason: str = ""
+
+
+class Agent:
+    """Applies controller actions asynchronously for one rank."""
+
+    def __init__(self, client: ShardClient, rank: int, world_size: int, global_batch: int,
+                 memory_cap: int | None = None, incarnation: int = 0, device: str = "",
+                 poll_s: float = 0.05):
+        self.client, self.rank, self.incarnation, self.device = client, rank, incarnation, device
+        self.batch_sizes = split_batch(global_batch, [1.0] * world_size)
+        self.memory_cap = memory_cap
+        self.poll_s = poll_s
+        self.applied: list[dict] = []
+        self.late = 0  # actions that arrived after their effective step (applied at once)
+        self._records: list[list] = []
+        self._pending: list[dict] = []
+        self._seen = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"agent-{rank}", daemon=True)
+        self._thread.start()
+
+    def record(self, step: int, bpt: float, batch: int) -> None:
+        """Queue one step's compute time (seconds, excluding the AllReduce wait) for the Monitor."""
+        with self._lock:
+            self._records.append([step, bpt, batch])
+
+    def plan(self, step: int) -> Plan:
+        """The batch size in force at `step`, after applying every action due by then."""
+        kill, reason = None, ""
+        with self._lock:
+            due = [a for a in self._pending if a["effective_step"] <= step]
+            self._pending = [a for a in self._pending if a["effective_step"] > step]
+        for a in due:
+            if a["effective_step"] < step:
+                self.late += 1
+            if a["kind"] == ADJUST_BS:
+                self.batch_sizes = a["batch_sizes"]
+                self.memory_cap = a.get("memory_cap", self.memory_cap)
+            elif a["kind"] == KILL_RESTART:
+                kill = a["target"]
+            reason = a.get("reason", "")
+            self.applied.append({**a, "applied_at": step})
+        b = self.batch_sizes[self.rank]
+        return Plan(b, micro_batches(b, self.memory_cap), kill, reason)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self._exchange()
+        self._exchange()
+
+    def _exchange(self) -> None:
+        with self._lock:
+            records, self._records = self._records, []
+        try:
+            if records:
+                self.client.report_steps(self.rank, records, self.device, self.incarnation)
+            reply = self.client.actions(self._seen)
+        except Exception as exc:  # noqa: BLE001 - the agent must never kill training
+            warnings.warn(f"agent {self.rank}: control plane unreachable ({exc}); keeping the"
+                          " current plan", stacklevel=1)
+            with self._lock:
+                self._records = records + self._records
+            return
+        if reply.get("incarnation", self.incarnation) != self.incarnation:
+            return
+        new = reply["actions"]
+        self._seen += len(new)
+        with self._lock:
+            self._pending.extend(new)
+
+    def close(self) -> None:
+        """Flush the last records and stop the thread."""
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,113 @@
+"""Monitor: per-worker batch processing time (BPT) over windows, and straggler classes (spec §3)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NONE, TRANSIENT, PERSISTENT, DETERMINISTIC = "none", "transient", "persistent", "deterministic"
+
+
+@dataclass
+class StepRecord:
+    """One worker's compute time for one global step (waiting at the AllReduce excluded)."""
+
+    step: int
+    bpt: float
+    batch: int
+
+
+@dataclass
+class WorkerHistory:
+    """The recent records of one worker and its detection state."""
+
+    records: deque = field(default_factory=lambda: deque(maxlen=256))
+    device: str = ""
+    since_eval: int = 0
+    flagged_windows: int = 0
+    last_ratio: float = 1.0
+
+
+class Monitor:
+    """Collects BPT per worker; each full window yields ratios r_i and straggler classes."""
+
+    def __init__(self, world_size: int, window: int = 5, theta: float = 1.3,
+                 persistent_windows: int = 3, warmup_steps: int = 2):
+        self.world_size = world_size
+        self.window = window
+        self.theta = theta
+        self.persistent_windows = persistent_windows
+        self.warmup_steps = warmup_steps
+        self.workers = {r: WorkerHistory() for r in range(world_size)}
+        self.latest_step = -1
+
+    def record(self, rank: int, step: int, bpt: float, batch: int, device: str = "") -> None:
+        """Add one step record of `rank` (ignored during warm-up or for an unknown rank)."""
+        if rank not in self.workers or step < self.warmup_steps or bpt <= 0:
+            return
+        w = self.workers[rank]
+        w.records.append(StepRecord(step, bpt, batch))
+        w.since_eval += 1
+        w.device = device or w.device
+        self.latest_step = max(self.latest_step, step)
+
+    def window_ready(self) -> bool:
+        """True when every worker has a full new window since the last evaluation."""
+        return all(w.since_eval >= self.window for w in self.workers.values())
+
+    def _recent(self, rank: int, n: int) -> list[StepRecord]:
+        recs = self.workers[rank].records
+        return [r for r in list(recs)[-n:] if r.batch > 0]
+
+    def per_sample_time(self, rank: int) -> float:
+        """Median over the window of BPT / batch: robust to resized batches."""
+        recs = self._recent(rank, self.window)
+        return statistics.median(r.bpt / r.batch for r in recs) if recs else float("nan")
+
+    def throughput_and_overhead(self, rank: int) -> tuple[float, float]:
+        """(v_i samples/s, c_i s/step) from BPT = c + b / v fitted over recent windows."""
+        recs = self._recent(rank, 4 * self.window)
+        if not recs:
+            return float("nan"), 0.0
+        b = np.array([r.batch for r in recs], dtype=float)
+        t = np.array([r.bpt for r in recs])
+        if np.ptp(b) >= 0.2 * b.mean():
+            slope, intercept = np.polyfit(b, t, 1)
+            if slope > 0 and intercept >= 0:
+                return 1.0 / slope, float(intercept)
+        # Batches too alike to separate c from 1/v: attribute everything to throughput.
+        recent = recs[-self.window:]
+        return sum(r.batch for r in recent) / sum(r.bpt for r in recent), 0.0
+
+    def evaluate(self) -> dict[int, dict]:
+        """Close the window: r_i = median_W(per-sample BPT_i) / median_j, and each worker's class."""
+        times = {r: self.per_sample_time(r) for r in self.workers}
+        known = [t for t in times.values() if t == t]
+        med = statistics.median(known) if known else float("nan")
+        devices = [w.device for w in self.workers.values()]
+        common_device = max(set(devices), key=devices.count)
+        out = {}
+        for rank, w in self.workers.items():
+            w.since_eval = 0
+            ratio = times[rank] / med if med == med and med > 0 and times[rank] == times[rank] else 1.0
+            w.last_ratio = ratio
+            w.flagged_windows = w.flagged_windows + 1 if ratio > self.theta else 0
+            if w.flagged_windows == 0:
+                cls = NONE
+            elif w.flagged_windows < self.persistent_windows:
+                cls = TRANSIENT
+            elif w.device and w.device != common_device:
+                cls = DETERMINISTIC  # stable and tied to a device type unlike the majority's
+            else:
+                cls = PERSISTENT
+            out[rank] = {"ratio": ratio, "class": cls, "per_sample_time": times[rank],
+                         "windows": w.flagged_windows}
+        return out
+
+    def reset(self) -> None:
+        """Forget all history (a new incarnation of the job)."""
+        self.workers = {r: WorkerHistory() for r in range(self.world_size)}
+        self.latest_step = -1

@@ -1,0 +1,139 @@
+"""StragglAR AllReduce on torch.distributed point-to-point operations (spec §2).
+
+Phase 1: the n-1 ready ranks reduce-scatter their buffers (the library collective on a
+sub-group where the backend has it, else a ring of isend/irecv). Phase 2: the synthesised
+schedule, one batch of isend/irecv per round. In place and SUM, like `dist.all_reduce`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from stragglers.collectives.schedule import synthesize
+from stragglers.errors import InputError
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+PHASE1_PATHS = ("auto", "library", "ring")
+
+# ready-rank sub-groups per (parent group, straggler), created on first use
+_SUBGROUPS: dict[tuple[int, int], object] = {}
+
+
+@dataclass(frozen=True)
+class StragglarRun:
+    """What one call did: the phase-1 path that ran, phase-2 rounds, and whether it padded."""
+
+    phase1: str
+    rounds: int
+    padded: bool
+
+
+def _library_reduce_scatter_available(group) -> bool:
+    """gloo (torch >= 2.x) and NCCL both implement reduce_scatter_tensor; others may not."""
+    backend = str(dist.get_backend(group)).lower()
+    return backend in ("nccl", "gloo", "xccl")
+
+
+def _ready_subgroup(group, straggler: int, ready: list[int]):
+    key = (id(group) if group is not None else 0, straggler)
+    if key not in _SUBGROUPS:
+        global_ready = [dist.get_global_rank(group, r) if group is not None else r for r in ready]
+        # only the ready ranks call this, so the late rank is never waited for
+        _SUBGROUPS[key] = dist.new_group(global_ready, use_local_synchronization=True)
+    return _SUBGROUPS[key]
+
+
+def _p2p(ops: list[tuple[str, torch.Tensor, int]], group) -> None:
+    """Post one round of sends/receives as a batch and wait for all of them."""
+    if not ops:
+        return
+    p2p = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t, peer, group) for kind, t, peer in ops]
+    for work in dist.batch_isend_irecv(p2p):
+        work.wait()
+
+
+def _ring_reduce_scatter(chunks: list[torch.Tensor], me: int, m: int, peer, group) -> None:
+    """Ring ReduceScatter among logical ranks 0..m-1; afterwards chunks[me] holds the sum."""
+    scratch = torch.empty_like(chunks[0]) if chunks else None
+    for k in range(m - 1):
+        send_c = (me - k - 1) % m
+        recv_c = (me - k - 2) % m
+        buf = scratch[: chunks[recv_c].numel()]
+        _p2p([("send", chunks[send_c], peer((me + 1) % m)), ("recv", buf, peer((me - 1) % m))], group)
+        chunks[recv_c].add_(buf)
+
+
+def stragglar_all_reduce(tensor: torch.Tensor, straggler: int, group=None,
+                         phase1: str = "auto") -> StragglarRun:
+    """Sum `tensor` over the group in place, treating rank `straggler` (group rank) as late.
+
+    Every rank must pass the same `straggler`. Any length, float32/float64/bfloat16/float16.
+    `phase1`: "library" (reduce_scatter_tensor on the ready ranks), "ring" (p2p ring) or "auto"
+    (library where the backend has it). The returned StragglarRun says which path ran.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise InputError("stragglar_all_reduce", "tensor", f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise InputError("stragglar_all_reduce", "tensor.dtype",
+                         f"expected one of float32/float64/bfloat16/float16, got {tensor.dtype}")
+    if phase1 not in PHASE1_PATHS:
+        raise InputError("stragglar_all_reduce", "phase1", f"expected one of {PHASE1_PATHS}, got {phase1!r}")
+    n = dist.get_world_size(group)
+    me = dist.get_rank(group)
+    if not isinstance(straggler, int) or not 0 <= straggler < n:
+        raise InputError("stragglar_all_reduce", "straggler", f"expected a rank in 0..{n - 1}, got {straggler!r}")
+    if n == 1:
+        return StragglarRun("none", 0, False)
+
+    ready = [r for r in range(n) if r != straggler]
+    logical = n - 1 if me == straggler else ready.index(me)
+    to_group = lambda lg: straggler if lg == n - 1 else ready[lg]  # noqa: E731
+    to_global = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+    peer = lambda lg: to_global(to_group(lg))  # noqa: E731
+    ready_peer = lambda lg: to_global(ready[lg])  # noqa: E731
+
+    path = phase1
+    if path == "auto":
+        path = "library" if _library_reduce_scatter_available(group) else "ring"
+    m = n - 1
+    numel = tensor.numel()
+    padded = path == "library" and numel % m != 0
+    if padded or not tensor.is_contiguous():
+        per = -(-numel // m) if path == "library" else None
+        work = torch.zeros((per * m) if per else numel, dtype=tensor.dtype, device=tensor.device)
+        work[:numel].copy_(tensor.reshape(-1))
+    else:
+        work = tensor.view(-1)
+    chunks = list(work.tensor_split(m))
+
+    if logical != n - 1 and m > 1:
+        if path == "library":
+            out = torch.empty_like(chunks[logical])
+            dist.reduce_scatter_tensor(out, work, group=_ready_subgroup(group, straggler, ready))
+            chunks[logical].copy_(out)
+        else:
+            _ring_reduce_scatter(chunks, logical, m, ready_peer, group)
+
+    sched = synthesize(n)
+    scratch = torch.empty_like(chunks[0])
+    for sends, recvs in sched.rank_plan(logical):
+        ops, adds = [], []
+        for t in sends:
+            ops.append(("send", chunks[t.chunk], peer(t.dst)))
+        for t in recvs:
+            if t.exchange:
+                buf = scratch[: chunks[t.chunk].numel()]
+                ops.append(("recv", buf, peer(t.src)))
+                adds.append((chunks[t.chunk], buf))
+            else:
+                ops.append(("recv", chunks[t.chunk], peer(t.src)))
+        _p2p(ops, group)
+        for dst, buf in adds:
+            dst.add_(buf)
+
+    if work.data_ptr() != tensor.data_ptr() or padded:
+        tensor.copy_(work[:numel].view_as(tensor))
+    return StragglarRun(path, sched.num_rounds, padded)

@@ -1,0 +1,276 @@
+"""StragglAR phase-2 schedules: data model, synthesisers for any n and a verifier (spec §2).
+
+Ranks are *logical*: the straggler is S = n-1, the ready ranks are 0..n-2, and chunk g is the
+chunk that ready rank g reduced in phase 1. The executor maps logical ranks onto real ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from stragglers.errors import InputError, StragglersError
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One message of one round: `src` sends chunk `chunk` to `dst`.
+
+    `exchange` marks the straggler exchange: the ready rank sends its phase-1 partial, the
+    straggler its raw input, and both add what they receive.
+    """
+
+    src: int
+    dst: int
+    chunk: int
+    exchange: bool = False
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The phase-2 schedule for n ranks: a tuple of rounds, each a tuple of transfers."""
+
+    n: int
+    rounds: tuple[tuple[Transfer, ...], ...]
+    method: str
+    note: str = ""
+    lower_bound: int = field(default=0)
+
+    @property
+    def straggler(self) -> int:
+        """The logical rank of the straggler (always n-1)."""
+        return self.n - 1
+
+    @property
+    def num_chunks(self) -> int:
+        """Number of chunks the buffer is split into (n-1)."""
+        return self.n - 1
+
+    @property
+    def num_rounds(self) -> int:
+        """Number of phase-2 rounds."""
+        return len(self.rounds)
+
+    def rank_plan(self, rank: int) -> list[tuple[list[Transfer], list[Transfer]]]:
+        """Per round, what `rank` sends and what it receives."""
+        plan = []
+        for rnd in self.rounds:
+            plan.append(([t for t in rnd if t.src == rank], [t for t in rnd if t.dst == rank]))
+        return plan
+
+    def describe(self) -> str:
+        """The schedule in the notation of spec §2 (a⇄S:k, a→b:k, a⇄b:k/l)."""
+        s = self.n - 1
+        name = lambda r: "S" if r == s else str(r)  # noqa: E731
+        lines = []
+        for i, rnd in enumerate(self.rounds):
+            parts, done = [], set()
+            by_pair = {(t.src, t.dst): t for t in rnd}
+            for t in rnd:
+                if (t.src, t.dst) in done:
+                    continue
+                back = by_pair.get((t.dst, t.src))
+                if t.exchange:
+                    a = t.src if t.dst == s else t.dst
+                    parts.append(f"{a}⇄S:{t.chunk}")
+                    done |= {(t.src, t.dst), (t.dst, t.src)}
+                elif back is not None and not back.exchange:
+                    parts.append(f"{name(t.src)}⇄{name(t.dst)}:{t.chunk}/{back.chunk}")
+                    done |= {(t.src, t.dst), (t.dst, t.src)}
+                else:
+                    parts.append(f"{name(t.src)}→{name(t.dst)}:{t.chunk}")
+                    done.add((t.src, t.dst))
+            lines.append(f"R{i}: " + "  ".join(parts))
+        return "\n".join(lines)
+
+
+def lower_bound_rounds(n: int) -> int:
+    """Rounds any phase-2 schedule needs: n-2 exchanges, then ceil(log2 n) doublings of the last chunk."""
+    if n < 2:
+        return 0
+    return n - 2 + math.ceil(math.log2(n))
+
+
+def verify(schedule: Schedule) -> None:
+    """Check the schedule; raise StragglersError naming the first violated rule (spec §2)."""
+    n, s = schedule.n, schedule.n - 1
+    held = [set() for _ in range(n)]  # fully reduced chunks each rank holds
+    exchanged = set()
+    for i, rnd in enumerate(schedule.rounds):
+        senders, receivers, new = set(), set(), []
+        for t in rnd:
+            where = f"round {i}, transfer {t.src}->{t.dst} chunk {t.chunk}"
+            if not (0 <= t.src < n and 0 <= t.dst < n and t.src != t.dst):
+                raise StragglersError(f"{where}: ranks must be distinct and in 0..{n - 1}")
+            if not 0 <= t.chunk < n - 1:
+                raise StragglersError(f"{where}: chunk must be in 0..{n - 2}")
+            if t.src in senders:
+                raise StragglersError(f"{where}: rank {t.src} sends twice in one round")
+            if t.dst in receivers:
+                raise StragglersError(f"{where}: rank {t.dst} receives twice in one round")
+            senders.add(t.src)
+            receivers.add(t.dst)
+            if t.exchange:
+                ready = t.src if t.dst == s else t.dst
+                if s not in (t.src, t.dst) or ready != t.chunk:
+                    raise StragglersError(f"{where}: an exchange is between rank k and S on chunk k")
+                back = [u for u in rnd if u.exchange and u.src == t.dst and u.dst == t.src]
+                if not back or back[0].chunk != t.chunk:
+                    raise StragglersError(f"{where}: exchange without its reverse message")
+                if t.src == ready:
+                    if t.chunk in exchanged:
+                        raise StragglersError(f"{where}: chunk {t.chunk} exchanged twice")
+                    new.append((ready, t.chunk))
+                    new.append((s, t.chunk))
+            elif t.chunk not in held[t.src]:
+                raise StragglersError(f"{where}: rank {t.src} does not hold chunk {t.chunk} fully reduced")
+            else:
+                new.append((t.dst, t.chunk))
+        for rank, chunk in new:
+            held[rank].add(chunk)
+        exchanged |= {c for r, c in new}
+    everything = set(range(n - 1))
+    for rank in range(n):
+        if held[rank] != everything:
+            missing = sorted(everything - held[rank])
+            raise StragglersError(f"after the last round rank {rank} still lacks chunks {missing[:8]}")
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _exchange(r: int, s: int) -> list[Transfer]:
+    return [Transfer(r, s, r, True), Transfer(s, r, r, True)]
+
+
+def _power_of_two_schedule(n: int) -> list[list[Transfer]]:
+    """The optimal n-2+log2(n)-round construction for n a power of two.
+
+    Invariant (spec §2): after round t the ready ranks are partitioned by the active chunks
+    t-L+1..t with sizes n/2..1, and rank m sits in chunk m-L's group when it meets S at round m.
+    """
+    L = n.bit_length() - 1
+    s = n - 1
+    if n == 2:
+        return [_exchange(0, s)]
+    rounds: list[list[Transfer]] = [_exchange(0, s)]
+    groups: dict[int, list[int]] = {0: [0]}  # active chunk -> ready ranks holding it
+    # Rounds 1..L-1: every holder sends its chunk to a fresh rank; rank r-1+L joins chunk r-1.
+    fillers = iter(range(2 * L - 1, n - 1))
+    for t in range(1, L):
+        rnd = _exchange(t, s)
+        for c in sorted(groups):
+            for a in list(groups[c]):
+                b = c + L if (c == t - 1 and a == c) else next(fillers)
+                rnd.append(Transfer(a, b, c))
+                groups[c].append(b)
+        groups[t] = [t]
+        rounds.append(rnd)
+    # Rounds L..n-2 (steady) and n-1..n-3+L (S free): the oldest group completes its chunk by
+    # swapping with every other group, which doubles; S feeds chunk n-2 once it is free.
+    for t in range(L, n - 2 + L):
+        oldest = min(groups)
+        A = groups.pop(oldest)
+        busy = t if t <= n - 2 else None
+        free = [a for a in A if a != busy]
+        # ranks about to meet S must land in the group of the chunk that will be oldest then
+        forced = {a: a - L for a in free if busy is not None and t < a < t + L and a - L in groups}
+        capacity = {c: len(g) for c, g in groups.items()}
+        if busy is None:
+            capacity[n - 2] += 1  # the spare A-rank receives chunk n-2 from S
+        assign: dict[int, int] = {}
+        for a, c in forced.items():
+            assign[a] = c
+            capacity[c] -= 1
+        # the remaining ranks: soonest to meet S first, into the oldest groups
+        rest = sorted((a for a in free if a not in assign), key=lambda a: (a <= t, a))
+        slots = [c for c in sorted(capacity) for _ in range(capacity[c])]
+        for a, c in zip(rest, slots):
+            assign[a] = c
+        rnd = _exchange(t, s) if busy is not None else []
+        partners = {c: list(g) for c, g in groups.items()}
+        s_fed = False
+        for a in free:
+            c = assign[a]
+            if partners[c]:
+                b = partners[c].pop()
+                rnd.append(Transfer(a, b, oldest))
+                rnd.append(Transfer(b, a, c))
+            else:  # only chunk n-2 after S is free has this extra slot
+                rnd.append(Transfer(s, a, c))
+                s_fed = True
+            groups[c].append(a)
+        if busy is None and not s_fed:
+            raise StragglersError(f"power-of-two construction broke at round {t} for n={n}")
+        if busy is not None:
+            groups[t] = [t]
+        rounds.append(rnd)
+    return rounds
+
+
+def _greedy_schedule(n: int, max_rounds: int) -> list[list[Transfer]]:
+    """Greedy matching per round for any n: exchange with S, then spread chunks by priority.
+
+    Before S is free the lowest missing chunk goes first (it has the nearest deadline), after
+    that the highest (the chunk S just finished); receivers that meet S soonest pick first.
+    """
+    s = n - 1
+    held = [set() for _ in range(n)]
+    rounds: list[list[Transfer]] = []
+    everything = set(range(n - 1))
+    t = 0
+    while any(h != everything for h in held):
+        if t >= max_rounds:
+            raise StragglersError(f"greedy schedule for n={n} did not finish in {max_rounds} rounds")
+        rnd: list[Transfer] = []
+        sent, got = set(), set()
+        if t <= n - 2:
+            rnd += _exchange(t, s)
+            sent |= {t, s}
+            got |= {t, s}
+        order = sorted(range(n - 1), reverse=t >= n - 1)
+        # receivers: ranks still to meet S first (soonest first), then the rest
+        recv_order = sorted((r for r in range(n) if r not in got),
+                            key=lambda r: (r <= t or r == s, r))
+        for c in order:
+            holders = [a for a in range(n) if c in held[a] and a not in sent]
+            if not holders:
+                continue
+            takers = [b for b in recv_order if b not in got and c not in held[b]]
+            # prefer senders that can take back something they lack from the same partner
+            for a, b in zip(holders, takers):
+                rnd.append(Transfer(a, b, c))
+                sent.add(a)
+                got.add(b)
+        for tr in rnd:
+            if tr.exchange and tr.src == tr.chunk:
+                held[tr.src].add(tr.chunk)
+                held[s].add(tr.chunk)
+            elif not tr.exchange:
+                held[tr.dst].add(tr.chunk)
+        rounds.append(rnd)
+        t += 1
+    return rounds
+
+
+@lru_cache(maxsize=64)
+def synthesize(n: int) -> Schedule:
+    """The phase-2 schedule for n ranks (cached); optimal for powers of two, greedy otherwise."""
+    if not isinstance(n, int) or n < 2:
+        raise InputError("stragglar schedule", "n", f"need an integer number of ranks >= 2, got {n!r}")
+    bound = lower_bound_rounds(n)
+    if _is_power_of_two(n):
+        rounds = _power_of_two_schedule(n)
+        method, note = "power-of-two construction", ""
+    else:
+        rounds = _greedy_schedule(n, max_rounds=4 * n + 8)
+        method = "greedy matching"
+        note = (f"n={n} is not a power of two: greedy schedule with {len(rounds)} rounds "
+                f"(lower bound {bound})")
+        if n % 2:
+            note += "; odd n is outside the paper, the greedy schedule is verified but not proven near-optimal"
+    sched = Schedule(n, tuple(tuple(r) for r in rounds), method, note, bound)
+    verify(sched)
+    return sched

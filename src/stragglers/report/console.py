@@ -1,0 +1,171 @@
+"""The terminal report: a rich summary of one what-if analysis result."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from stragglers.report.summary import (
+    DECOMPOSITION_SLOWDOWN,
+    STRAGGLING_SLOWDOWN,
+    Summary,
+    fmt,
+    fmt_seconds,
+    summarize,
+)
+
+# Above this many DP ranks the worker grid shows coloured blocks instead of numbers.
+GRID_NUMBERS_MAX_DP = 16
+TOP_STEPS = 5
+
+
+def slowdown_style(value: float | None) -> str:
+    """The colour of a slowdown value: green when clean, red when it hurts."""
+    if value is None or not math.isfinite(value):
+        return "dim"
+    if value >= 1.25:
+        return "bold red"
+    if value >= STRAGGLING_SLOWDOWN:
+        return "red"
+    if value >= DECOMPOSITION_SLOWDOWN:
+        return "yellow"
+    return "green"
+
+
+def print_report(result: Mapping[str, Any], console: Console | None = None) -> None:
+    """Print the analysis result as a headline, attribution tables, worker grid and diagnosis."""
+    summary = summarize(result)
+    console = console or Console()
+    console.print(_headline(summary))
+    for warning in summary.warnings:
+        console.print(Text(f"warning: {warning}", style="yellow"))
+    if summary.decomposed:
+        console.print(_attribution_tables(summary))
+        if summary.worker_grid.size:
+            console.print(_worker_grid(summary))
+    else:
+        console.print(Text(
+            f"Attribution skipped: S = {fmt(summary.slowdown)} < {DECOMPOSITION_SLOWDOWN}, "
+            "there is no slowdown worth splitting up.", style="dim"))
+    if summary.step_slowdown:
+        console.print(_top_steps(summary))
+    console.print(_diagnosis(summary))
+
+
+def _headline(s: Summary) -> Panel:
+    job = s.job
+    shape = " × ".join(f"{k} {job[k]}" for k in ("dp", "pp", "tp") if job.get(k) is not None)
+    extent = ", ".join(f"{job[k]:,} {k}" for k in ("steps", "ops")
+                       if isinstance(job.get(k), int))
+    verdict = (Text(f"STRAGGLING (S ≥ {STRAGGLING_SLOWDOWN})", style="bold red") if s.straggling
+               else Text(f"not straggling (S < {STRAGGLING_SLOWDOWN})", style="bold green"))
+    lines = Text()
+    lines.append(f"{s.job_name}", style="bold")
+    if shape:
+        lines.append(f"   {shape}")
+    if job.get("world_size"):
+        lines.append(f"   world size {job['world_size']}")
+    if extent:
+        lines.append(f"   ({extent})")
+    lines.append("\nslowdown S = ")
+    lines.append(fmt(s.slowdown), style=slowdown_style(s.slowdown))
+    lines.append(f"   waste W = 1 − 1/S = {s.waste:.1%}   ")
+    lines.append_text(verdict)
+    lines.append(f"\nsim_error {fmt(s.sim_error, '.2%')}")
+    if s.sim_error_high:
+        lines.append("  (above 5%: the replay does not match this trace well; "
+                     "treat the numbers with care)", style="yellow")
+    if s.launch_slowdown is not None:
+        lines.append(f"   launch-delay slowdown {fmt(s.launch_slowdown)}")
+    if any(v is not None for v in s.step_times.values()):
+        t = s.step_times
+        lines.append(f"\nmean step: measured {fmt_seconds(t['T_base'])}, without launch delays "
+                     f"{fmt_seconds(t['T_nodelay'])}, straggler-free {fmt_seconds(t['T_ideal'])}")
+    if s.m_w is not None or s.m_s is not None:
+        lines.append(f"\nfix-fractions: M_W (top 3% workers) {fmt(s.m_w)}   "
+                     f"M_S (last stage) {fmt(s.m_s)}")
+    return Panel(lines, title="What-if straggler analysis", title_align="left", box=box.ROUNDED)
+
+
+def _attribution_tables(s: Summary) -> Table:
+    outer = Table.grid(padding=(0, 3))
+    inner = []
+    if s.by_optype:
+        inner.append(_value_table("By op type", "op type", s.by_optype))
+    if s.by_stage:
+        inner.append(_value_table("By PP stage", "stage", s.by_stage))
+    if s.by_dp_rank:
+        ranked = sorted(s.by_dp_rank, key=lambda kv: -kv[1])
+        inner.append(_value_table("By DP rank (top 8)", "dp", ranked[:8]))
+    for _ in inner:
+        outer.add_column(vertical="top")
+    outer.add_row(*inner)
+    return outer
+
+
+def _value_table(title: str, key_name: str, rows: list[tuple[Any, float]]) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column(key_name)
+    table.add_column("S if only these straggle", justify="right")
+    for key, value in rows:
+        table.add_row(str(key), Text(fmt(value), style=slowdown_style(value)))
+    return table
+
+
+def _worker_grid(s: Summary) -> Group:
+    numbers = len(s.dp_ranks) <= GRID_NUMBERS_MAX_DP
+    title = Text("Worker score S_w = min(S_dp, S_pp)  (rows: PP stage, columns: DP rank)",
+                 style="italic")
+    table = Table(box=box.SIMPLE, pad_edge=False, padding=(0, 1 if numbers else 0))
+    table.add_column("pp \\ dp", justify="right")
+    for d in s.dp_ranks:
+        table.add_column(str(d) if numbers else "", justify="right")
+    for r, stage in enumerate(s.stages):
+        cells = []
+        for value in s.worker_grid[r]:
+            v = float(value)
+            if numbers:
+                cells.append(Text(fmt(v, ".2f", "·"), style=slowdown_style(v)))
+            else:
+                cells.append(Text("█" if math.isfinite(v) else "·", style=slowdown_style(v)))
+        table.add_row(str(stage), *cells)
+    hottest = ", ".join(f"dp {d}/pp {p} {v:.3f}" for d, p, v in s.hottest_workers(3))
+    return Group(title, table, Text(f"hottest workers: {hottest}", style="dim"))
+
+
+def _top_steps(s: Summary) -> Group:
+    title = Text(f"Slowest steps (top {min(TOP_STEPS, len(s.step_slowdown))} of "
+                 f"{len(s.step_slowdown)})", style="italic")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("step", justify="right")
+    table.add_column("S(step)", justify="right")
+    for step, value in sorted(s.step_slowdown, key=lambda kv: -kv[1])[:TOP_STEPS]:
+        table.add_row(str(step), Text(fmt(value), style=slowdown_style(value)))
+    return Group(title, table)
+
+
+def _diagnosis(s: Summary) -> Panel:
+    body = Text()
+    if not s.diagnosis:
+        body.append("No diagnosis in this result.", style="dim")
+    for i, f in enumerate(s.diagnosis, 1):
+        if i > 1:
+            body.append("\n\n")
+        body.append(f"{i}. {f.title}", style="bold")
+        body.append(f" — {f.where}")
+        if f.speedup_if_fixed is not None:
+            body.append("\n   fixing it would make steps ")
+            body.append(f"{f.speedup_if_fixed:.2f}× faster", style="bold green")
+        if f.evidence:
+            body.append(f"\n   evidence: {f.evidence}")
+        if f.advice and f.cause != "none":
+            body.append(f"\n   what to do: {f.advice}", style="cyan")
+    return Panel(body, title="Diagnosis (most important first)", title_align="left",
+                 box=box.ROUNDED)

@@ -1,0 +1,173 @@
+"""Perfetto / Chrome-trace JSON of op timelines: one process per worker, one track per stream."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stragglers.errors import InputError
+from stragglers.trace.model import OPTYPES, STREAM_OF_OPTYPE, STREAMS, Trace
+
+# Rows per formatting chunk: bounds memory and keeps arrow's 32-bit string offsets safe.
+CHUNK_ROWS = 1 << 20
+# Overlapping ops on one stream go to extra lanes ("compute #2"); past this many, they share
+# the last lane and Perfetto may drop some of them.
+MAX_LANES = 8
+LANE_STRIDE = 16  # tid = lane * LANE_STRIDE + stream index + 1
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def write_perfetto(directory: str | Path, trace: Trace,
+                   timelines: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> list[Path]:
+    """Write `<name>.json` per timeline (start, end arrays in seconds aligned with the trace rows)."""
+    directory = Path(directory)
+    checked = {name: _check_timeline(name, trace, *pair) for name, pair in timelines.items()}
+    directory.mkdir(parents=True, exist_ok=True)
+    worker_pid, worker_labels = _worker_pids(trace)
+    stream = STREAM_OF_OPTYPE[trace.ops["optype"]].astype(np.int64)
+    paths = []
+    for name, (start, end) in checked.items():
+        path = directory / f"{name}.json"
+        _write_one(path, name, trace, start, end, worker_pid, worker_labels, stream)
+        paths.append(path)
+    return paths
+
+
+def _check_timeline(name: str, trace: Trace, start: np.ndarray, end: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise InputError("timelines", str(name),
+                         "a timeline name must be a plain file name (letters, digits, _ . -)")
+    start = np.asarray(start, dtype=np.float64)
+    end = np.asarray(end, dtype=np.float64)
+    if start.shape != (len(trace),) or end.shape != (len(trace),):
+        raise InputError("timelines", name, f"expected start and end arrays of {len(trace)} "
+                         f"values (one per trace row), got shapes {start.shape} and {end.shape}")
+    bad = end < start - 1e-9
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError("timelines", name, f"{int(bad.sum())} ops end before they start "
+                         f"(first: row {i}, start {start[i]!r}, end {end[i]!r})")
+    return start, end
+
+
+def _worker_pids(trace: Trace) -> tuple[np.ndarray, dict[int, str]]:
+    """A stable pid per (dp, pp): the same worker has the same pid in every file of a job."""
+    dp = trace.ops["dp_rank"].astype(np.int64)
+    pp = trace.ops["stage"].astype(np.int64)
+    pp_span = max(int(trace.meta.pp_size), int(pp.max()) + 1 if len(pp) else 1)
+    pid = 1 + dp * pp_span + pp
+    labels = {}
+    for p in np.unique(pid):
+        d, s = divmod(int(p) - 1, pp_span)
+        labels[int(p)] = f"dp {d} / pp {s}"
+    return pid, labels
+
+
+def _assign_lanes(track: np.ndarray, ts_ns: np.ndarray, end_ns: np.ndarray
+                  ) -> tuple[np.ndarray, int]:
+    """Lane per op so that no two ops of one lane overlap (Perfetto drops improperly nested
+    slices). Lane 0 takes every op that starts after all earlier ops of its track ended."""
+    lane = np.zeros(len(track), dtype=np.int64)
+    pending = np.arange(len(track))
+    for current in range(MAX_LANES):
+        if not len(pending):
+            return lane, 0
+        order = pending[np.lexsort((-end_ns[pending], ts_ns[pending], track[pending]))]
+        trk, ts, end = track[order], ts_ns[order], end_ns[order]
+        new_track = np.ones(len(order), dtype=bool)
+        new_track[1:] = trk[1:] != trk[:-1]
+        # Running max of end within each track: on end ranks offset per track, so one
+        # vectorised accumulate never carries a max across tracks (and cannot overflow).
+        group = np.cumsum(new_track) - 1
+        ends, rank = np.unique(end, return_inverse=True)
+        key = group * len(ends) + rank.reshape(-1)
+        running = ends[np.maximum.accumulate(key) - group * len(ends)]
+        prev_max = np.empty_like(running)
+        prev_max[1:] = running[:-1]
+        fits = new_track.copy()
+        fits[1:] |= ts[1:] >= prev_max[1:]
+        lane[order[~fits]] = current + 1
+        pending = order[~fits]
+    lane[pending] = MAX_LANES - 1
+    return lane, len(pending)
+
+
+def _ns_text(ns: np.ndarray) -> pa.Array:
+    """Integer nanoseconds as microsecond decimals ("12.345"); never exponent notation."""
+    sign = pa.array(np.where(ns < 0, "-", ""))
+    mag = np.abs(ns)
+    whole = pc.cast(pa.array(mag // 1000), pa.string())
+    frac = pc.utf8_lpad(pc.cast(pa.array(mag % 1000), pa.string()), 3, "0")
+    return pc.binary_join_element_wise(sign, whole, ".", frac, "")
+
+
+def _write_one(path: Path, name: str, trace: Trace, start: np.ndarray, end: np.ndarray,
+               worker_pid: np.ndarray, worker_labels: dict[int, str], stream: np.ndarray) -> None:
+    ts_ns = np.rint(start * 1e9).astype(np.int64)
+    end_ns = np.maximum(np.rint(end * 1e9).astype(np.int64), ts_ns)
+    track = worker_pid * LANE_STRIDE + stream
+    lane, crowded = _assign_lanes(track, ts_ns, end_ns)
+    if crowded:
+        warnings.warn(f"{path}: {crowded} ops overlap more than {MAX_LANES} others on their "
+                      f"stream; they share lane {MAX_LANES} and Perfetto may hide some of them",
+                      stacklevel=3)
+    tid = lane * LANE_STRIDE + stream + 1
+    # Per op type, the constant JSON text that starts an event: name and category.
+    heads = pa.array([f'{{"name":{json.dumps(o)},"cat":"{STREAMS[STREAM_OF_OPTYPE[i]]}",'
+                      f'"ph":"X","pid":' for i, o in enumerate(OPTYPES)])
+    optype = trace.ops["optype"].astype(np.int64)
+    step = trace.ops["step"]
+    mb_id = trace.ops["mb_id"]
+    with open(path, "wb") as out:
+        out.write(b'{"displayTimeUnit":"ms","otherData":'
+                  + json.dumps({"job": trace.meta.name, "run_id": trace.meta.run_id,
+                                "timeline": name, "source": trace.source}).encode()
+                  + b',\n"traceEvents":[\n')
+        for lo in range(0, len(trace), CHUNK_ROWS):
+            sl = slice(lo, lo + CHUNK_ROWS)
+            text = pc.binary_join_element_wise(
+                heads.take(pa.array(optype[sl])),
+                _int_text(worker_pid[sl]), ',"tid":', _int_text(tid[sl]),
+                ',"ts":', _ns_text(ts_ns[sl]), ',"dur":', _ns_text(end_ns[sl] - ts_ns[sl]),
+                ',"args":{"step":', _int_text(step[sl]), ',"mb_id":', _int_text(mb_id[sl]),
+                "}},\n", "")
+            out.write(_string_bytes(text))
+        out.write(_metadata_events(worker_labels, np.unique(
+            np.stack([worker_pid, tid], axis=1), axis=0) if len(trace) else np.zeros((0, 2))))
+        out.write(b"\n]}\n")
+
+
+def _int_text(values: np.ndarray) -> pa.Array:
+    return pc.cast(pa.array(np.asarray(values, dtype=np.int64)), pa.string())
+
+
+def _string_bytes(text: pa.Array) -> memoryview:
+    """The concatenated characters of a string array, without copying."""
+    offsets = np.frombuffer(text.buffers()[1], dtype=np.int32)
+    first, last = offsets[text.offset], offsets[text.offset + len(text)]
+    return memoryview(text.buffers()[2])[first:last]
+
+
+def _metadata_events(worker_labels: dict[int, str], pid_tid: np.ndarray) -> bytes:
+    """process_name / thread_name events so every process and track is labelled."""
+    events = []
+    for pid, label in worker_labels.items():
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": label}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": pid,
+                       "args": {"sort_index": pid}})
+    for pid, tid in pid_tid.tolist():
+        lane, stream = divmod(int(tid) - 1, LANE_STRIDE)
+        label = STREAMS[stream] + (f" #{lane + 1}" if lane else "")
+        events.append({"name": "thread_name", "ph": "M", "pid": int(pid), "tid": int(tid),
+                       "args": {"name": label}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": int(pid), "tid": int(tid),
+                       "args": {"sort_index": int(tid)}})
+    return ",\n".join(json.dumps(e, separators=(",", ":")) for e in events).encode()

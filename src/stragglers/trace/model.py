@@ -1,0 +1,133 @@
+"""The op table (one row per op, specs/whatif.md §2) and the job metadata."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Canonical op types. The code of an op type is its index here; readers map names to codes.
+OPTYPES: tuple[str, ...] = (
+    "forward-compute",
+    "backward-compute",
+    "optimizer",
+    "gc",
+    "forward-send",
+    "forward-recv",
+    "backward-send",
+    "backward-recv",
+    "params-all-gather",
+    "grads-reduce-scatter",
+    "separate-grads-all-reduce",
+    "grads-all-reduce",
+    "layernorm-grads-all-reduce",
+    "embedding-grads-all-reduce",
+    "optimizer-clip-main-grad",
+)
+OPTYPE_CODES = {name: i for i, name in enumerate(OPTYPES)}
+COMPUTE_OPTYPES = ("forward-compute", "backward-compute", "optimizer", "gc")
+P2P_OPTYPES = ("forward-send", "forward-recv", "backward-send", "backward-recv")
+DP_COLLECTIVES = ("params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce",
+                  "grads-all-reduce")
+
+# Required columns and their in-memory dtypes (optype holds codes into OPTYPES).
+COLUMNS: dict[str, np.dtype] = {
+    "rank": np.dtype(np.int32),
+    "dp_rank": np.dtype(np.int32),
+    "stage": np.dtype(np.int32),
+    "step": np.dtype(np.int64),
+    "optype": np.dtype(np.int8),
+    "start_ts": np.dtype(np.float64),
+    "duration": np.dtype(np.float64),
+    "seq_id": np.dtype(np.int32),
+    "mb_id": np.dtype(np.int32),
+    "mc": np.dtype(np.int32),
+    "gmc": np.dtype(np.int32),
+}
+# Optional per-op metadata our recorder adds (NaN / -1 where unknown).
+OPTIONAL_COLUMNS: dict[str, np.dtype] = {
+    "attn_cost": np.dtype(np.float64),  # Σ s_i² of the microbatch
+    "tokens": np.dtype(np.int64),
+    "bytes": np.dtype(np.int64),
+}
+OPTIONAL_FILL = {"attn_cost": np.nan, "tokens": -1, "bytes": -1}
+
+
+def optype_code(name: str) -> int:
+    """The integer code of an op type name (KeyError for unknown names)."""
+    return OPTYPE_CODES[name]
+
+
+@dataclass
+class JobMeta:
+    """Job metadata: parallel sizes, a name and run id, plus free-form extras (ground truth)."""
+
+    name: str
+    dp_size: int
+    pp_size: int
+    tp_size: int = 1
+    dsp_size: int = 1
+    vpp_size: int = 1
+    world_size: int = 0
+    run_id: str = "0"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.world_size:
+            self.world_size = self.dp_size * self.pp_size * self.tp_size * self.dsp_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict."""
+        return asdict(self)
+
+
+@dataclass
+class Trace:
+    """An op table (dict of equal-length numpy columns, see COLUMNS) with its job metadata."""
+
+    ops: dict[str, np.ndarray]
+    meta: JobMeta
+    source: str = "<memory>"
+
+    def __len__(self) -> int:
+        return len(self.ops["step"])
+
+    @property
+    def end_ts(self) -> np.ndarray:
+        """End time of every op."""
+        return self.ops["start_ts"] + self.ops["duration"]
+
+    def optype_names(self) -> np.ndarray:
+        """The op type of every row as strings (slow; for display and tests)."""
+        return np.asarray(OPTYPES, dtype=object)[self.ops["optype"]]
+
+    def select(self, mask: np.ndarray) -> "Trace":
+        """A new trace with only the rows where mask is true."""
+        return Trace({k: v[mask] for k, v in self.ops.items()}, self.meta, self.source)
+
+    @classmethod
+    def from_rows(cls, rows: dict[str, Any], meta: JobMeta, source: str = "<memory>") -> "Trace":
+        """Build a trace from columns given as lists; optype may be names or codes."""
+        ops: dict[str, np.ndarray] = {}
+        for name, dtype in COLUMNS.items():
+            values = rows[name]
+            if name == "optype" and len(values) and isinstance(values[0], str):
+                values = [OPTYPE_CODES[v] for v in values]
+            ops[name] = np.asarray(values, dtype=dtype)
+        for name, dtype in OPTIONAL_COLUMNS.items():
+            if name in rows:
+                ops[name] = np.asarray(rows[name], dtype=dtype)
+        return cls(ops, meta, source)
+
+
+# In-worker streams (specs/whatif.md §3): ops on one stream run in observed start order.
+STREAMS: tuple[str, ...] = ("compute", "dp-comm", "f-send", "f-recv", "b-send", "b-recv")
+_STREAM_BY_NAME = {
+    "forward-send": "f-send", "forward-recv": "f-recv",
+    "backward-send": "b-send", "backward-recv": "b-recv",
+    **{name: "compute" for name in COMPUTE_OPTYPES},
+}
+# Stream index of every op type code, e.g. STREAM_OF_OPTYPE[trace.ops["optype"]].
+STREAM_OF_OPTYPE = np.array([STREAMS.index(_STREAM_BY_NAME.get(name, "dp-comm"))
+                             for name in OPTYPES], dtype=np.int8)

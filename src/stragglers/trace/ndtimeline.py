@@ -1,0 +1,91 @@
+"""NDTimeline / StragglerAnalysis format: one Parquet op table plus a meta-<name>.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from stragglers.errors import InputError
+from stragglers.trace.columns import table_to_columns
+from stragglers.trace.model import COLUMNS, OPTYPES, JobMeta, Trace
+from stragglers.trace.runformat import meta_from_dict, read_parquet
+
+# NDTimeline stores narrow types; we write them back the same way so the files stay familiar.
+_NDT_TYPES = {"dp_rank": pa.int16(), "stage": pa.int16(), "rank": pa.int32(), "step": pa.int64(),
+              "start_ts": pa.float64(), "duration": pa.float64(), "seq_id": pa.int32(),
+              "mc": pa.int16(), "mb_id": pa.int32(), "gmc": pa.int32()}
+
+
+def meta_path_for(trace_path: Path) -> Path:
+    """The metadata file beside a trace: trace-ST.parquet → meta-ST.yaml."""
+    stem = trace_path.stem
+    name = stem[len("trace-"):] if stem.startswith("trace-") else stem
+    for suffix in (".yaml", ".yml"):
+        candidate = trace_path.with_name(f"meta-{name}{suffix}")
+        if candidate.exists():
+            return candidate
+    return trace_path.with_name(f"meta-{name}.yaml")
+
+
+def read_meta_yaml(path: Path) -> JobMeta:
+    """Read NDTimeline job metadata (trial_name, run_id, *_size, world_size)."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise InputError(path, None, "metadata file not found (give it with --meta)") from None
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        raise InputError(path, None, f"not valid YAML ({first})") from None
+    return meta_from_dict(raw, path)
+
+
+def read_ndtimeline(trace_path: Path | str, meta_path: Path | str | None = None) -> Trace:
+    """Read an NDTimeline Parquet trace and its YAML metadata, validating both."""
+    trace_path = Path(trace_path)
+    meta_path = Path(meta_path) if meta_path else meta_path_for(trace_path)
+    meta = read_meta_yaml(meta_path)
+    table = read_parquet(trace_path)
+    if table.num_rows == 0:
+        raise InputError(trace_path, None, "holds no ops (empty table)")
+    ops = table_to_columns(table, trace_path)
+    check_against_meta(ops, meta, trace_path)
+    return Trace(ops, meta, str(trace_path))
+
+
+def check_against_meta(ops: dict[str, np.ndarray], meta: JobMeta, source: Path | str) -> None:
+    """Ranks and stages in the table must fit the sizes in the metadata."""
+    if ops["dp_rank"].max() >= meta.dp_size:
+        raise InputError(source, "dp_rank", f"value {int(ops['dp_rank'].max())} is outside "
+                         f"dp_size={meta.dp_size} from the metadata")
+    if ops["stage"].max() >= meta.pp_size:
+        raise InputError(source, "stage", f"value {int(ops['stage'].max())} is outside "
+                         f"pp_size={meta.pp_size} from the metadata")
+
+
+def write_ndtimeline(trace: Trace, trace_path: Path | str) -> tuple[Path, Path]:
+    """Write a trace as NDTimeline Parquet plus meta-<name>.yaml beside it."""
+    trace_path = Path(trace_path)
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    arrays, names = [], []
+    for name in COLUMNS:
+        if name == "optype":
+            arr = pa.DictionaryArray.from_arrays(pa.array(trace.ops[name], pa.int8()),
+                                                 pa.array(OPTYPES))
+        else:
+            arr = pa.array(trace.ops[name]).cast(_NDT_TYPES[name])
+        arrays.append(arr)
+        names.append(name)
+    pq.write_table(pa.table(arrays, names=names), trace_path)
+    meta = trace.meta
+    meta_path = meta_path_for(trace_path)
+    raw = {"trial_name": meta.name, "run_id": meta.run_id, "dp_size": meta.dp_size,
+           "dsp_size": meta.dsp_size, "pp_size": meta.pp_size, "tp_size": meta.tp_size,
+           "vpp_size": meta.vpp_size, "world_size": meta.world_size}
+    if meta.extra:
+        raw["extra"] = meta.extra
+    meta_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return trace_path, meta_path

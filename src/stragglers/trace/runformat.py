@@ -1,0 +1,129 @@
+"""Our own run format: a directory with meta.json and Parquet op tables, one or more per rank."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stragglers.errors import InputError
+from stragglers.trace.columns import columns_to_table, table_to_columns
+from stragglers.trace.model import COLUMNS, JobMeta, Trace
+
+META_FILE = "meta.json"
+# rank-00003.parquet, or rank-00003.part-000012.parquet when a recorder flushes in parts.
+RANK_FILE = re.compile(r"^rank-(\d+)(?:\.part-(\d+))?\.parquet$")
+META_INT_FIELDS = ("dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size", "world_size")
+
+
+def rank_file_name(rank: int, part: int | None = None) -> str:
+    """File name of one rank's op table (or of one flushed part of it)."""
+    return f"rank-{rank:05d}.parquet" if part is None else f"rank-{rank:05d}.part-{part:06d}.parquet"
+
+
+def write_meta(directory: Path, meta: JobMeta) -> Path:
+    """Write meta.json atomically (write a temp file, then rename)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / META_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(meta.to_dict(), indent=2, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def read_meta(path: Path) -> JobMeta:
+    """Read and validate a meta.json."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(path, None, "missing; a run directory needs meta.json") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(path, None, f"not valid JSON ({exc})") from None
+    return meta_from_dict(raw, path)
+
+
+def meta_from_dict(raw: object, source: Path | str) -> JobMeta:
+    """Validate a metadata mapping (meta.json or NDTimeline YAML) into JobMeta."""
+    if not isinstance(raw, dict):
+        raise InputError(source, None, "expected a mapping of job metadata")
+    for key in ("dp_size", "pp_size"):
+        if key not in raw:
+            raise InputError(source, key, "missing; expected a positive integer")
+    values = {}
+    for key in META_INT_FIELDS:
+        if key in raw and raw[key] is not None:
+            v = raw[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "world_size" else 1):
+                raise InputError(source, key, f"expected a positive integer, got {v!r}")
+            values[key] = v
+    name = raw.get("name", raw.get("trial_name", Path(str(source)).stem))
+    meta = JobMeta(name=str(name), run_id=str(raw.get("run_id", "0")),
+                   extra=dict(raw.get("extra") or {}), **values)
+    expected = meta.dp_size * meta.pp_size * meta.tp_size * meta.dsp_size
+    if meta.world_size != expected:
+        raise InputError(source, "world_size", f"{meta.world_size} is inconsistent with the sizes: "
+                         f"dp·pp·tp·dsp = {meta.dp_size}·{meta.pp_size}·{meta.tp_size}·"
+                         f"{meta.dsp_size} = {expected}")
+    return meta
+
+
+def write_rank(directory: Path, rank: int, ops: dict[str, np.ndarray], part: int | None = None) -> Path:
+    """Write one rank's ops (or one part of them) atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / rank_file_name(rank, part)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(columns_to_table(ops), tmp, compression="zstd")
+    tmp.replace(path)
+    return path
+
+
+def write_run(directory: Path | str, trace: Trace) -> Path:
+    """Write a whole trace as a run directory (one Parquet file per rank)."""
+    directory = Path(directory)
+    write_meta(directory, trace.meta)
+    ranks = trace.ops["rank"]
+    order = np.argsort(ranks, kind="stable")
+    sorted_ranks = ranks[order]
+    bounds = np.flatnonzero(np.diff(sorted_ranks)) + 1
+    for idx in np.split(order, bounds):
+        if len(idx):
+            write_rank(directory, int(ranks[idx[0]]), {k: v[idx] for k, v in trace.ops.items()})
+    return directory
+
+
+def read_run(directory: Path | str) -> Trace:
+    """Read a run directory; every Parquet file is validated and named in errors."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError(directory, None, "not a run directory (expected a folder with meta.json)")
+    meta = read_meta(directory / META_FILE)
+    files = sorted(p for p in directory.iterdir() if RANK_FILE.match(p.name))
+    if not files:
+        raise InputError(directory, None, "holds no rank-NNNNN.parquet op tables")
+    parts = []
+    for path in files:
+        table = read_parquet(path)
+        parts.append(table_to_columns(table, path))
+    ops = {k: np.concatenate([p[k] for p in parts if k in p]) for k in parts[0]}
+    if len(ops["step"]) == 0:
+        raise InputError(directory, None, "the op tables hold no ops")
+    return Trace(ops, meta, str(directory))
+
+
+def read_parquet(path: Path) -> pa.Table:
+    """Read a Parquet file, turning any Arrow failure into an error that names the file."""
+    try:
+        return pq.read_table(path)
+    except FileNotFoundError:
+        raise InputError(path, None, "no such file") from None
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(path, None, f"not a readable Parquet file ({first})") from None
+
+
+__all__ = ["COLUMNS", "read_run", "write_run", "write_rank", "write_meta", "read_meta",
+           "rank_file_name", "meta_from_dict", "read_parquet"]

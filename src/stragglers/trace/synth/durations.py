@@ -1,0 +1,138 @@
+"""Sampled op costs for a synthetic job: noise, launch delays and the injected causes.
+
+Every array here is (nodes, columns): one row per schedule node, one column per
+(step, dp rank) with column = step * dp + dp_rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stragglers.trace.synth.schedule import BASE_COST, Schedule
+
+# specs/whatif.md §11: one transformer block, forward + backward over 16,384 packed tokens costs
+# ≈ 19.4 ms + 0.76 ms per 10⁶ of Σ s_i² (the spec prints 10⁹, but its own data points, 16K → 224 ms
+# and 2×8K → 120 ms, fit 10⁶). Only the ratio of the two terms shapes our costs.
+ATTN_FIXED_S = 0.0194
+ATTN_PER_SQ_S = 0.76e-3 / 1e6
+ATTN_REF_TOKENS = 16384
+FORWARD_BACKWARD = ("forward-compute", "backward-compute")
+
+
+@dataclass
+class Costs:
+    """Per-node sampled durations (compute) or transfers (communication) and launch delays."""
+
+    duration: np.ndarray          # (nodes, columns) seconds
+    delay: np.ndarray             # (nodes, columns) launch delay, seconds
+    step_gap: np.ndarray          # (pp, columns) gap before a worker's first op of the step
+    gc_active: np.ndarray | None  # (gc nodes, columns) bool, rows follow gc_rows
+    gc_rows: np.ndarray           # node ids of gc slots
+    attn_cost: np.ndarray | None  # (microbatches, columns) Σ s_i² of each microbatch
+    tokens: int = 0
+    notes: dict = field(default_factory=dict)
+
+
+def node_rows(sched: Schedule, optypes: tuple[str, ...], stage: int | None = None) -> np.ndarray:
+    """Ids of the nodes with one of the op types (on one stage if given)."""
+    return np.array([n.id for n in sched.nodes if n.optype in optypes
+                     and (stage is None or n.stage == stage)], dtype=np.int64)
+
+
+def sample_costs(sched: Schedule, dp: int, steps: int, rng: np.random.Generator, *, noise: float,
+                 launch_delay: float, step_gap: float, slow_worker, heavy_last_stage,
+                 seq_imbalance, gc, slow_link) -> Costs:
+    """Sample every op's cost once, then apply the injections multiplicatively."""
+    n, cols = len(sched.nodes), dp * steps
+    base = np.array([BASE_COST[node.optype] for node in sched.nodes])
+    fb = node_rows(sched, FORWARD_BACKWARD)
+    base[fb] /= sched.vpp  # a model chunk holds 1/vpp of the stage's layers
+    duration = rng.standard_normal((n, cols))
+    duration *= noise
+    np.exp(duration, out=duration)
+    duration *= base[:, None]
+    delay = rng.exponential(launch_delay, (n, cols)) if launch_delay > 0 else np.zeros((n, cols))
+    gaps = rng.exponential(step_gap, (sched.pp, cols)) if step_gap > 0 else \
+        np.zeros((sched.pp, cols))
+    col_dp = np.tile(np.arange(dp), steps)
+    costs = Costs(duration, delay, gaps, None, node_rows(sched, ("gc",)), None)
+
+    if seq_imbalance is not None:
+        _apply_sequence_imbalance(sched, costs, fb, rng, seq_imbalance, cols)
+    if heavy_last_stage is not None:
+        duration[node_rows(sched, FORWARD_BACKWARD, sched.pp - 1)] *= heavy_last_stage
+    if slow_worker is not None:
+        d, p, factor = slow_worker
+        rows = node_rows(sched, FORWARD_BACKWARD + ("optimizer",), p)
+        duration[np.ix_(rows, np.flatnonzero(col_dp == d))] *= factor
+    if slow_link is not None:
+        rows, factor = slow_link_rows(sched, slow_link)
+        if slow_link["kind"] == "p2p":
+            duration[np.ix_(rows, np.flatnonzero(col_dp == slow_link["dp"]))] *= factor
+        else:
+            duration[rows] *= factor
+    if len(costs.gc_rows):
+        rate, length = gc
+        forwards = sched.microbatches * sched.vpp
+        prob = min(1.0, rate / forwards)
+        active = rng.random((len(costs.gc_rows), cols)) < prob
+        pause = length * np.exp(noise * rng.standard_normal(active.shape))
+        duration[costs.gc_rows] = np.where(active, pause, 0.0)
+        delay[costs.gc_rows] *= active  # an absent pause takes no time at all
+        costs.gc_active = active
+    return costs
+
+
+def slow_link_rows(sched: Schedule, link: dict) -> tuple[np.ndarray, float]:
+    """Nodes whose transfer a slow link multiplies (both members of each affected p2p pair)."""
+    if link["kind"] == "p2p":
+        pair = {link["stage_from"], link["stage_to"]}
+        rows = []
+        for g in sched.groups:
+            if g.kind == "p2p" and {sched.nodes[m].stage for m in g.members} == pair:
+                rows.extend(g.members)
+        return np.array(sorted(rows), dtype=np.int64), link["factor"]
+    stage = link.get("stage")
+    return node_rows(sched, (link["optype"],), stage), link["factor"]
+
+
+def _apply_sequence_imbalance(sched: Schedule, costs: Costs, fb: np.ndarray,
+                              rng: np.random.Generator, cfg: dict, cols: int) -> None:
+    """Scale forward/backward by a + b·Σs_i², normalised so the mean cost is unchanged."""
+    tokens = int(cfg["tokens_per_mb"])
+    sq = packed_square_sums(rng, sched.microbatches * cols, tokens, cfg)
+    sq = sq.reshape(sched.microbatches, cols)
+    fixed = ATTN_FIXED_S * tokens / ATTN_REF_TOKENS
+    cost = fixed + ATTN_PER_SQ_S * sq
+    scale = cost / cost.mean()
+    mbs = np.array([sched.nodes[i].mb for i in fb])
+    costs.duration[fb] *= scale[mbs]
+    costs.attn_cost = sq
+    costs.tokens = tokens
+    costs.notes["attn_cost_cv"] = float(sq.std() / sq.mean())
+    costs.notes["cost_cv"] = float(scale.std())
+
+
+def packed_square_sums(rng: np.random.Generator, count: int, tokens: int, cfg: dict) -> np.ndarray:
+    """Σ s_i² of `count` microbatches, each packed with sequences up to `tokens` tokens.
+
+    Sequences are drawn from the length distribution, clipped to [min_len, max_len]; the last
+    sequence of a microbatch is cut to fill the token budget exactly.
+    """
+    max_len, min_len = int(cfg["max_len"]), int(cfg["min_len"])
+    remaining = np.full(count, tokens, dtype=np.int64)
+    sq = np.zeros(count)
+    active = np.arange(count)
+    while len(active):
+        if cfg["dist"] == "lognormal":
+            lengths = rng.lognormal(np.log(cfg["median_len"]), cfg["sigma"], len(active))
+        else:
+            lengths = rng.uniform(min_len, max_len, len(active))
+        lengths = np.clip(np.rint(lengths), min_len, max_len).astype(np.int64)
+        lengths = np.minimum(lengths, remaining[active])
+        sq[active] += lengths.astype(np.float64) ** 2
+        remaining[active] -= lengths
+        active = active[remaining[active] > 0]
+    return sq

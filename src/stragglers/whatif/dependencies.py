@@ -1,0 +1,256 @@
+"""The dependency model of specs/whatif.md §3: in-worker edges and cross-worker comm groups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stragglers.errors import DependencyCycleError
+from stragglers.trace.model import DP_COLLECTIVES, OPTYPE_CODES as C
+from stragglers.whatif.grid import OpGrid
+
+P2P_PEER = {  # optype → (peer optype, stage delta of the peer)
+    "forward-send": ("forward-recv", +1), "forward-recv": ("forward-send", -1),
+    "backward-send": ("backward-recv", -1), "backward-recv": ("backward-send", +1),
+}
+_DP_COLL = tuple(C[o] for o in DP_COLLECTIVES)
+_EPS = 5e-5  # seconds of clock error tolerated when deciding whether a p2p op was launched
+
+
+@dataclass
+class DependencyModel:
+    """Edges between template ops and the comm groups that synchronise them."""
+
+    deps: list[list[int]]          # deps[n] = template ops n waits for (same DP rank and step)
+    groups: list[list[int]]        # comm groups (members end together)
+    group_dp_sync: list[bool]      # group also synchronises all DP ranks
+    group_of: np.ndarray           # [N] group id or -1
+    no_op: np.ndarray              # [N] p2p op recorded but never launched (no peer)
+    order: list[int]               # super-node order: group ids as -(g+1), plain ops as n
+
+
+def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
+    """Build the model from the first DP rank's first complete step (all replicas share it)."""
+    n_nodes = len(grid.node_stage)
+    deps: list[list[int]] = [[] for _ in range(n_nodes)]
+    groups: list[list[int]] = []
+    dp_sync: list[bool] = []
+    no_op = np.zeros(n_nodes, dtype=bool)
+    ref_start = grid.start[:, 0, 0]
+    ref_end = ref_start + grid.duration[:, 0, 0]
+    pp = grid.pp_size
+    use_dp = len(grid.dp_ranks) * dsp_size > 1
+    by_stage = {s: np.flatnonzero(grid.node_stage == s) for s in range(pp)}
+    p2p_launched: dict[tuple[int, str], list[int]] = {}
+
+    def of_type(stage: int, name: str) -> list[int]:
+        """Nodes of one optype on one stage, in observed start order."""
+        sel = by_stage.get(stage, np.array([], int))
+        sel = sel[grid.node_optype[sel] == C[name]]
+        return [int(x) for x in sel[np.lexsort((grid.node_seq[sel], ref_start[sel]))]]
+
+    def chain(nodes: list[int], after: list[int] | None = None) -> None:
+        prev = list(after or [])
+        for n in nodes:
+            deps[n].extend(prev)
+            prev = [n]
+
+    for stage in range(pp):
+        nodes = by_stage.get(stage, np.array([], int))
+        comp = nodes[np.isin(grid.node_optype[nodes], (C["forward-compute"], C["backward-compute"]))]
+        comp = [int(x) for x in comp[np.lexsort((grid.node_optype[comp], grid.node_seq[comp],
+                                                 ref_start[comp]))]]
+        # Compute stream: fwd/bwd in observed order, gc pauses at their slot (fwd/bwd before them).
+        gcs = nodes[grid.node_optype[nodes] == C["gc"]]
+        gc_at = {int(grid.node_seq[g]): int(g) for g in gcs}
+        stream = []
+        for i, c in enumerate(comp):
+            if i in gc_at and i > 0:
+                stream.append(gc_at[i])
+            stream.append(c)
+        chain(stream)
+        if 0 in gc_at:  # a pause before the first compute op: it leads the stream
+            deps[comp[0]].append(gc_at[0])
+        tail_gc = gc_at.get(len(comp))
+        last_compute = max(comp, key=lambda c: ref_end[c]) if comp else None
+        if tail_gc is not None and last_compute is not None:
+            deps[tail_gc].append(last_compute)
+
+        # Pipeline p2p: match launched sends/recvs to the compute op they feed or follow.
+        for direction in ("forward", "backward"):
+            t_comp = sorted(of_type(stage, f"{direction}-compute"), key=lambda c: grid.node_seq[c])
+            if not t_comp:
+                continue
+            last_comp_start = max(ref_start[c] for c in t_comp)
+            first_comp_end = min(ref_end[c] for c in t_comp)
+            for kind in ("send", "recv"):
+                name = f"{direction}-{kind}"
+                ops = of_type(stage, name)
+                chain(ops)  # each p2p direction is its own in-order stream
+                # Recorded but never launched at the edges of a step (recv after the last compute
+                # started, send done before the first compute ended): no-ops.
+                cand = [o for o in ops if not (
+                    (kind == "recv" and ref_start[o] > last_comp_start + _EPS) or
+                    (kind == "send" and ref_end[o] < first_comp_end - _EPS))]
+                for o in ops:
+                    no_op[o] = o not in cand
+                offset = 1 if kind == "recv" and len(cand) + 1 == len(t_comp) else 0
+                for k, o in enumerate(cand[:len(t_comp) - offset]):
+                    c = t_comp[k + offset]
+                    peer_gmc = grid.node_gmc[c] + P2P_PEER[name][1]
+                    if peer_gmc < 0 or peer_gmc >= grid.vpp_size * pp:
+                        no_op[o] = True  # first/last chunk of the whole model: no peer
+                    if kind == "send":
+                        deps[o].append(c)
+                    else:
+                        deps[c].append(o)
+                        if k + offset > 0:
+                            deps[o].append(t_comp[k + offset - 1])
+                p2p_launched[(stage, name)] = [o for o in cand if not no_op[o]]
+        # The first backward send/recv waits for the second-to-last forward before the first backward.
+        kinds = [grid.node_optype[c] for c in comp]
+        if C["backward-compute"] in kinds:
+            fb = kinds.index(C["backward-compute"])
+            if fb >= 2:
+                anchor = comp[fb - 2]
+                for name in ("backward-recv", "backward-send"):
+                    ops = p2p_launched.get((stage, name), [])
+                    if ops:
+                        deps[ops[0]].append(anchor)
+
+        # DP-comm stream and its links to compute.
+        coll = nodes[np.isin(grid.node_optype[nodes], _DP_COLL)]
+        coll = [int(x) for x in coll[np.lexsort((grid.node_seq[coll], ref_start[coll]))]]
+        overlapped = any(grid.node_optype[x] == C["separate-grads-all-reduce"] for x in nodes)
+        gathers = [x for x in coll if grid.node_optype[x] == C["params-all-gather"]]
+        grads = [x for x in coll if grid.node_optype[x] in (C["grads-reduce-scatter"], C["grads-all-reduce"])]
+        if use_dp:
+            chain([x for x in coll if x in gathers or (overlapped and x in grads)])
+            _link_gathers(grid, gathers, comp, ref_start, deps)
+            if overlapped:
+                _link_grads(grid, grads, comp, ref_end, deps)
+        # Step tail: last compute → gc → layernorm → embedding → DP grads → clip → optimizer.
+        tail: list[int] = []
+        tail += of_type(stage, "layernorm-grads-all-reduce")
+        tail += of_type(stage, "embedding-grads-all-reduce")
+        if overlapped:
+            tail += of_type(stage, "separate-grads-all-reduce")
+        else:
+            tail += grads
+        tail += of_type(stage, "optimizer-clip-main-grad")
+        tail += of_type(stage, "optimizer")
+        lead = [tail_gc] if tail_gc is not None else ([last_compute] if last_compute is not None else [])
+        if overlapped and grads:
+            lead.append(grads[-1])
+        chain(tail, lead)
+
+    # Cross-worker groups.
+    group_of = np.full(n_nodes, -1, dtype=np.int64)
+
+    def add_group(members: list[int], sync: bool) -> None:
+        for m in members:
+            group_of[m] = len(groups)
+        groups.append(members)
+        dp_sync.append(sync)
+
+    for stage in range(pp):
+        for name in ("forward-send", "backward-send"):
+            peer_name, delta = P2P_PEER[name]
+            mine = p2p_launched.get((stage, name), [])
+            theirs = p2p_launched.get(((stage + delta) % pp, peer_name), [])
+            for a, b in zip(mine, theirs):
+                add_group([a, b], False)
+    for n in range(n_nodes):
+        name_code = grid.node_optype[n]
+        if group_of[n] >= 0:
+            continue
+        if no_op[n] or (name_code in (C[x] for x in P2P_PEER)):
+            add_group([n], False)  # unmatched p2p: a singleton of its own transfer time
+        elif name_code in _DP_COLL and use_dp:
+            add_group([n], True)
+    emb = [x for s in sorted({0, pp - 1}) for x in of_type(s, "embedding-grads-all-reduce")[:1]]
+    if emb:
+        add_group(emb, False)
+    clip = [x for s in range(pp) for x in of_type(s, "optimizer-clip-main-grad")[:1]]
+    if clip:
+        add_group(clip, True)
+    order = _topological_order(grid, deps, groups, group_of)
+    return DependencyModel(deps, groups, dp_sync, group_of, no_op, order)
+
+
+def _link_gathers(grid: OpGrid, gathers: list[int], comp: list[int], ref_start, deps) -> None:
+    """The last params all-gather of chunk c precedes the first forward of chunk c."""
+    done = set()
+    for g in reversed(gathers):
+        mc = grid.node_mc[g]
+        fwds = [c for c in comp if grid.node_optype[c] == C["forward-compute"] and grid.node_mc[c] == mc]
+        if mc in done or not fwds:
+            continue
+        deps[min(fwds, key=lambda c: ref_start[c])].append(g)
+        done.add(mc)
+
+
+def _link_grads(grid: OpGrid, grads: list[int], comp: list[int], ref_end, deps) -> None:
+    """With overlapped gradient sync, a chunk's last backward precedes its first reduce-scatter."""
+    done = set()
+    for g in grads:
+        mc = grid.node_mc[g]
+        bwds = [c for c in comp if grid.node_optype[c] == C["backward-compute"] and grid.node_mc[c] == mc]
+        if mc in done or not bwds:
+            continue
+        deps[g].append(max(bwds, key=lambda c: ref_end[c]))
+        done.add(mc)
+
+
+def _topological_order(grid: OpGrid, deps, groups, group_of) -> list[int]:
+    """Order super-nodes (a comm group counts as one); report a cycle by naming its ops."""
+    n_nodes = len(deps)
+
+    def sn(n: int) -> int:
+        return -(int(group_of[n]) + 1) if group_of[n] >= 0 else n
+
+    members = {}
+    for n in range(n_nodes):
+        members.setdefault(sn(n), []).append(n)
+    preds = {k: set() for k in members}
+    succs = {k: set() for k in members}
+    for n in range(n_nodes):
+        for d in deps[n]:
+            a, b = sn(d), sn(n)
+            if a != b:
+                preds[b].add(a)
+                succs[a].add(b)
+            else:
+                raise DependencyCycleError(f"cyclic dependencies: {grid.node_name(d)} and "
+                                           f"{grid.node_name(n)} are in one comm group but one waits "
+                                           "for the other")
+    indeg = {k: len(v) for k, v in preds.items()}
+    ready = sorted([k for k, v in indeg.items() if v == 0], key=lambda k: min(members[k]))
+    order = []
+    while ready:
+        k = ready.pop()
+        order.append(k)
+        for s in succs[k]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    if len(order) != len(members):
+        left = {k for k, v in indeg.items() if v > 0}
+        cycle = _find_cycle(left, succs)
+        names = " → ".join(grid.node_name(members[k][0]) for k in cycle)
+        raise DependencyCycleError(f"cyclic dependencies between ops: {names}")
+    return order
+
+
+def _find_cycle(nodes: set, succs: dict) -> list:
+    """One cycle among the nodes left after Kahn's algorithm."""
+    start = next(iter(nodes))
+    seen: dict = {}
+    path = []
+    k = start
+    while k not in seen:
+        seen[k] = len(path)
+        path.append(k)
+        k = next(s for s in succs[k] if s in nodes)
+    return path[seen[k]:] + [k]

@@ -1,0 +1,173 @@
+"""Lay a trace on a grid: template op × DP rank × step, since DP ranks and steps share a schedule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stragglers.errors import InputError
+from stragglers.trace.model import OPTYPE_CODES, Trace
+
+GC = OPTYPE_CODES["gc"]
+FWD = OPTYPE_CODES["forward-compute"]
+BWD = OPTYPE_CODES["backward-compute"]
+_SEQ_BITS = 24
+_OPTYPE_BITS = 5
+
+
+@dataclass
+class OpGrid:
+    """Ops of complete steps on a dense grid; node = (stage, optype, seq) shared by DP ranks and steps."""
+
+    node_stage: np.ndarray      # [N]
+    node_optype: np.ndarray     # [N] optype codes
+    node_seq: np.ndarray        # [N] seq_id, or for gc the number of fwd/bwd ops before it
+    dp_ranks: np.ndarray        # [D] DP rank ids
+    steps: np.ndarray           # [T] step ids
+    start: np.ndarray           # [N, D, T] measured start (NaN where absent)
+    duration: np.ndarray        # [N, D, T] measured duration (0 where absent)
+    present: np.ndarray         # [N, D, T] bool
+    row: np.ndarray             # [N, D, T] row index in the trace (-1 where absent)
+    pp_size: int
+    node_mc: np.ndarray         # [N] local model chunk (from the first replica)
+    node_gmc: np.ndarray        # [N] global model chunk of compute ops (mc·pp + stage)
+    vpp_size: int = 1
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(nodes, DP ranks, steps)."""
+        return self.start.shape
+
+    def node_name(self, n: int) -> str:
+        """A readable name of a template op, for errors."""
+        from stragglers.trace.model import OPTYPES
+
+        return f"{OPTYPES[self.node_optype[n]]} #{self.node_seq[n]} on stage {self.node_stage[n]}"
+
+
+def gc_slots(trace: Trace) -> np.ndarray:
+    """For each row, the number of fwd/bwd compute ops before it on its worker in its step."""
+    ops = trace.ops
+    is_compute = (ops["optype"] == FWD) | (ops["optype"] == BWD)
+    # gc sorts after a compute op that starts at the same time (its pause follows that op).
+    order = np.lexsort((~is_compute, ops["start_ts"], ops["step"], ops["stage"], ops["dp_rank"]))
+    worker_step = np.stack([ops["dp_rank"][order], ops["stage"][order], ops["step"][order]])
+    new_group = np.ones(len(order), dtype=bool)
+    new_group[1:] = np.any(worker_step[:, 1:] != worker_step[:, :-1], axis=0)
+    csum = np.cumsum(is_compute[order])
+    group_base = np.maximum.accumulate(np.where(new_group, csum - is_compute[order], 0))
+    before = csum - is_compute[order] - group_base
+    slots = np.empty(len(order), dtype=np.int64)
+    slots[order] = before
+    return slots
+
+
+def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
+    """Place every op on the grid, drop incomplete steps with a warning, reject duplicates."""
+    ops = trace.ops
+    if steps is not None:
+        keep = np.isin(ops["step"], np.asarray(steps))
+        if not keep.any():
+            have = np.unique(ops["step"])
+            raise InputError(trace.source, "step", f"none of the requested steps are in the trace "
+                             f"(it has {len(have)} steps, {int(have.min())}–{int(have.max())})")
+        trace = trace.select(keep)
+        ops = trace.ops
+    seq = ops["seq_id"].astype(np.int64)
+    is_gc = ops["optype"] == GC
+    if is_gc.any():
+        seq = np.where(is_gc, gc_slots(trace), seq)
+    if seq.min() < 0 or seq.max() >= (1 << _SEQ_BITS):
+        raise InputError(trace.source, "seq_id", f"expected 0 ≤ seq_id < {1 << _SEQ_BITS}")
+    key = ((ops["stage"].astype(np.int64) << (_SEQ_BITS + _OPTYPE_BITS))
+           | (ops["optype"].astype(np.int64) << _SEQ_BITS) | seq)
+    keys, node = np.unique(key, return_inverse=True)
+    dp_ranks, d_idx = np.unique(ops["dp_rank"], return_inverse=True)
+    step_ids, t_idx = np.unique(ops["step"], return_inverse=True)
+    n, d, t = len(keys), len(dp_ranks), len(step_ids)
+    flat = (node.astype(np.int64) * d + d_idx) * t + t_idx
+    counts = np.bincount(flat, minlength=n * d * t)
+    if counts.max() > 1:
+        dup = int(np.flatnonzero(counts[flat] > 1)[0])
+        raise InputError(trace.source, "seq_id", f"two ops share (dp_rank={ops['dp_rank'][dup]}, "
+                         f"stage={ops['stage'][dup]}, step={ops['step'][dup]}, "
+                         f"optype={trace.optype_names()[dup]}, seq_id={ops['seq_id'][dup]}); "
+                         "expected seq_id to number each op type within a step and worker")
+    present = (counts > 0).reshape(n, d, t)
+    node_stage = (keys >> (_SEQ_BITS + _OPTYPE_BITS)).astype(np.int32)
+    node_optype = ((keys >> _SEQ_BITS) & ((1 << _OPTYPE_BITS) - 1)).astype(np.int8)
+    node_seq = (keys & ((1 << _SEQ_BITS) - 1)).astype(np.int64)
+    warnings: list[str] = []
+    complete = _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings)
+    if not complete.any():
+        raise InputError(trace.source, None, "no step has ops from every worker; "
+                         + (warnings[0] if warnings else "cannot analyse"))
+    start = np.full(n * d * t, np.nan)
+    start[flat] = ops["start_ts"]
+    duration = np.zeros(n * d * t)
+    duration[flat] = ops["duration"]
+    row = np.full(n * d * t, -1, dtype=np.int64)
+    row[flat] = np.arange(len(flat))
+    shape = (n, d, t)
+    pp = max(trace.meta.pp_size, int(node_stage.max()) + 1)
+    node_mc, node_gmc = _chunks(ops, node, n, node_stage, pp)
+    vpp = max(trace.meta.vpp_size, int(node_mc.max()) + 1)
+    grid = OpGrid(node_stage, node_optype, node_seq, dp_ranks, step_ids,
+                  start.reshape(shape)[:, :, complete], duration.reshape(shape)[:, :, complete],
+                  present[:, :, complete], row.reshape(shape)[:, :, complete],
+                  pp_size=pp, node_mc=node_mc, node_gmc=node_gmc, vpp_size=vpp, warnings=warnings)
+    _check_stages(grid, trace)
+    return grid
+
+
+def _chunks(ops, node, n, node_stage, pp) -> tuple[np.ndarray, np.ndarray]:
+    """Model chunk and global chunk per template op (any replica holds the same values)."""
+    node_mc = np.zeros(n, dtype=np.int64)
+    node_gmc = np.full(n, -1, dtype=np.int64)
+    node_mc[node] = np.maximum(ops["mc"], 0)
+    node_gmc[node] = ops["gmc"]
+    # Traces without chunk ids: the global chunk of a compute op is mc·pp + stage.
+    node_gmc = np.where(node_gmc < 0, node_mc * pp + node_stage, node_gmc)
+    return node_mc, node_gmc
+
+
+def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings) -> np.ndarray:
+    """Steps where every non-gc op of the schedule is present on every DP rank."""
+    required = node_optype != GC
+    missing = ~present[required]                      # [N_req, D, T]
+    bad_steps = missing.any(axis=(0, 1))
+    if bad_steps.any():
+        worker_missing = np.zeros((len(dp_ranks), int(node_stage.max()) + 1, len(step_ids)), bool)
+        for s in np.unique(node_stage[required]):
+            sel = node_stage[required] == s
+            worker_missing[:, s, :] = missing[sel].any(axis=0)
+        workers = sorted({(int(dp_ranks[a]), int(b)) for a, b, _ in zip(*np.nonzero(worker_missing))})
+        steps = [int(s) for s in step_ids[bad_steps]]
+        shown = ", ".join(f"(dp {a}, pp {b})" for a, b in workers[:8])
+        warnings.append(f"{len(steps)} of {len(step_ids)} steps are incomplete and were left out "
+                        f"(steps {_ranges(steps)}): ops missing from workers {shown}"
+                        + (" …" if len(workers) > 8 else ""))
+    return ~bad_steps
+
+
+def _check_stages(grid: OpGrid, trace: Trace) -> None:
+    """Every stage must hold compute ops; otherwise the trace is not a training step."""
+    for s in range(int(grid.node_stage.max()) + 1):
+        sel = grid.node_stage == s
+        if not np.any(np.isin(grid.node_optype[sel], (FWD, BWD))):
+            raise InputError(trace.source, "optype", f"stage {s} has no forward/backward-compute "
+                             "ops; expected compute on every pipeline stage")
+
+
+def _ranges(values: list[int]) -> str:
+    """Compact '1-3, 7' rendering of sorted integers."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(f"{values[i]}" if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ", ".join(out)

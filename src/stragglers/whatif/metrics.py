@@ -1,0 +1,160 @@
+"""What-if metrics (spec §7): S, per-step S, attribution by group, worker scores, M_W, M_S."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from stragglers.trace.model import OPTYPES
+from stragglers.whatif.dependencies import DependencyModel, build_dependencies
+from stragglers.whatif.grid import OpGrid
+from stragglers.whatif.idealise import ideal_costs
+from stragglers.whatif.replay import compile_plan, replay
+from stragglers.whatif.timing import base_step_times, launch_delays, measured_costs, step_starts
+
+DECOMPOSE_THRESHOLD = 1.03
+TOP_WORKER_PERCENT = 3
+# Send and recv of one direction are one thing to fix (spec §7).
+MERGED_OPTYPE = {"forward-send": "forward-pp-comm", "forward-recv": "forward-pp-comm",
+                 "backward-send": "backward-pp-comm", "backward-recv": "backward-pp-comm"}
+
+
+@dataclass
+class WhatIf:
+    """A job's grid, dependency model and the replays the metrics are built from."""
+
+    grid: OpGrid
+    model: DependencyModel
+    cost: np.ndarray            # measured cost [N, D, T]
+    ideal: np.ndarray           # ideal cost [N, 1, 1]
+    ideal_values: dict[str, float]
+    step_start: np.ndarray
+    t_base: np.ndarray
+    t_replay: np.ndarray
+    t_nodelay: np.ndarray
+    t_ideal: np.ndarray
+    launch_delay: np.ndarray
+    progress: Callable[[str], None] = field(default=lambda _msg: None)
+
+    @classmethod
+    def build(cls, grid: OpGrid, dsp_size: int = 1, progress=None) -> "WhatIf":
+        """Build the model and run the three top-level replays."""
+        tick = progress or (lambda _msg: None)
+        model = build_dependencies(grid, dsp_size)
+        plan = compile_plan(model)
+        cost = measured_costs(grid, model)
+        tick("launch delays")
+        delay = launch_delays(grid, model)
+        start = step_starts(grid)
+        tick("replay with launch delays")
+        t_replay = replay(plan, cost, start, delay)
+        tick("replay without launch delays")
+        t_nodelay = replay(plan, cost, start)
+        ideal, values = ideal_costs(grid, cost)
+        tick("ideal replay")
+        t_ideal = replay(plan, ideal, start)
+        obj = cls(grid, model, cost, ideal, values, start, base_step_times(grid), t_replay,
+                  t_nodelay, t_ideal, delay, tick)
+        obj._plan = plan
+        return obj
+
+    # --- top-level numbers -------------------------------------------------------------
+    @property
+    def slowdown(self) -> float:
+        """S = mean T_nodelay / mean T_ideal."""
+        return float(self.t_nodelay.mean() / self.t_ideal.mean())
+
+    @property
+    def launch_slowdown(self) -> float:
+        """mean T_base / mean T_nodelay: what CPU-side launch gaps cost."""
+        return float(self.t_base.mean() / self.t_nodelay.mean())
+
+    @property
+    def sim_error(self) -> float:
+        """|mean T_replay − mean T_base| / mean T_base."""
+        return float(abs(self.t_replay.mean() - self.t_base.mean()) / self.t_base.mean())
+
+    def step_slowdown(self) -> dict[int, float]:
+        """S per step."""
+        return {int(s): float(a / b) for s, a, b in zip(self.grid.steps, self.t_nodelay, self.t_ideal)}
+
+    # --- attribution -------------------------------------------------------------------
+    def restored(self, nodes: np.ndarray) -> float:
+        """S_g: ideal everywhere except `nodes` (bool [N]) keep their measured cost."""
+        cost = np.broadcast_to(self.ideal, self.cost.shape).copy()
+        cost[nodes] = self.cost[nodes]
+        return float(replay(self._plan, cost, self.step_start).mean() / self.t_ideal.mean())
+
+    def by_optype(self) -> dict[str, float]:
+        """S_t per op type, send and recv merged per direction."""
+        names = np.array([MERGED_OPTYPE.get(OPTYPES[c], OPTYPES[c]) for c in self.grid.node_optype])
+        out = {}
+        for name in sorted(set(names)):
+            self.progress(f"attribution: {name}")
+            out[name] = self.restored(names == name)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def by_stage(self) -> dict[int, float]:
+        """S per pipeline stage."""
+        out = {}
+        for s in range(self.grid.pp_size):
+            self.progress(f"attribution: stage {s}")
+            out[s] = self.restored(self.grid.node_stage == s)
+        return out
+
+    def by_dp_rank(self) -> dict[int, float]:
+        """S per DP rank, each from a two-replica replay (the rank, and one ideal replica)."""
+        out = {}
+        ideal_mean = self.t_ideal.mean()
+        n, _, t = self.cost.shape
+        pair = np.empty((n, 2, t))
+        pair[:, 1, :] = self.ideal[:, 0, :]
+        for i, d in enumerate(self.grid.dp_ranks):
+            self.progress(f"attribution: dp rank {d}")
+            pair[:, 0, :] = self.cost[:, i, :]
+            out[int(d)] = float(replay(self._plan, pair, self.step_start).mean() / ideal_mean)
+        return out
+
+    def worker_scores(self, by_dp: dict[int, float], by_stage: dict[int, float]) -> list[dict]:
+        """S_w(d, p) = min(S_dp(d), S_pp(p)) for every worker."""
+        return [{"dp": d, "pp": p, "score": min(sd, sp)}
+                for d, sd in by_dp.items() for p, sp in by_stage.items()]
+
+    def fix_fraction(self, mask: np.ndarray) -> tuple[float, float]:
+        """(M_X, mean T_rem): X's ops (bool [N, D]) ideal, everything else measured."""
+        cost = self.cost.copy()
+        ideal = np.broadcast_to(self.ideal, self.cost.shape)
+        cost[mask] = ideal[mask]
+        t_rem = float(replay(self._plan, cost, self.step_start).mean())
+        t_nd, t_id = float(self.t_nodelay.mean()), float(self.t_ideal.mean())
+        if t_nd - t_id <= 1e-12:
+            return 0.0, t_rem
+        return (t_nd - t_rem) / (t_nd - t_id), t_rem
+
+    def top_workers(self, scores: list[dict]) -> list[tuple[int, int]]:
+        """The top ⌈3%⌉ workers by S_w (ties: lower rank first)."""
+        k = max(1, math.ceil(len(scores) * TOP_WORKER_PERCENT / 100))
+        ranked = sorted(scores, key=lambda w: (-w["score"], w["pp"] * 10**6 + w["dp"]))
+        return [(w["dp"], w["pp"]) for w in ranked[:k]]
+
+    def worker_mask(self, workers: list[tuple[int, int]]) -> np.ndarray:
+        """bool [N, D] selecting all ops of the given (dp, pp) workers."""
+        mask = np.zeros(self.cost.shape[:2], dtype=bool)
+        dp_index = {int(d): i for i, d in enumerate(self.grid.dp_ranks)}
+        for d, p in workers:
+            mask[self.grid.node_stage == p, dp_index[d]] = True
+        return mask
+
+    def m_w(self, scores: list[dict]) -> tuple[float, list[tuple[int, int]]]:
+        """M_W: fix only the top ⌈3%⌉ workers."""
+        top = self.top_workers(scores)
+        return self.fix_fraction(self.worker_mask(top))[0], top
+
+    def m_s(self) -> float:
+        """M_S: fix only the last stage."""
+        mask = np.zeros(self.cost.shape[:2], dtype=bool)
+        mask[self.grid.node_stage == self.grid.pp_size - 1, :] = True
+        return self.fix_fraction(mask)[0]
