@@ -18,6 +18,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+@app.callback()
+def _root() -> None:
+    """Find, explain and remove stragglers in distributed training."""
+
+
 # One module per capability owns its commands; each exposes register(app).
 COMMAND_MODULES = (
     "stragglers.trace.commands",
@@ -42,11 +49,10 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
+    except Exception as exc:  # usage errors arrive here in non-standalone mode
+        show = getattr(exc, "show", None)
+        if callable(show) and hasattr(exc, "exit_code"):  # a click/typer usage error
+            show()
             sys.exit(2)
         raise
 

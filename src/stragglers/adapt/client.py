@@ -134,6 +134,7 @@ class ShardBatchSampler:
         self.failed_report: list[dict] = []
         self.lost_samples = 0  # handed out but whose lease was lost before the ack (replayed)
         self._held: list[_Held] = []
+        self.last_batch: list[int] = []
         self.last_batch_epochs: list[int] = []
 
     def _size(self) -> int:
@@ -171,7 +172,7 @@ class ShardBatchSampler:
             head.taken += len(take)
             batch.extend(take)
             epochs.extend([head.epoch] * len(take))
-        self.last_batch_epochs = epochs
+        self.last_batch, self.last_batch_epochs = batch, epochs
         return batch
 
     def ack(self) -> None:

@@ -46,6 +46,7 @@ class StepRecord:
     eval_loss: float | None = None
     error: float | None = None  # ‖ĝ − g‖₂ (check_error=True)
     error_bound: float | None = None  # ‖aᵀB − 1ᵀ‖₂·‖G‖_F, the per-step bound on error
+    grad_norm: float | None = None  # ‖G‖_F of the n part gradients
 
 
 @dataclass
@@ -58,6 +59,7 @@ class TrainResult:
     records: list[StepRecord] = field(default_factory=list)
     params: list[torch.Tensor] = field(default_factory=list)  # after each step (keep_params)
     late_total: int = 0
+    drained: int = 0  # late messages collected at shutdown (also unused)
     reached_target: bool = False
 
     @property
@@ -228,7 +230,8 @@ class _Aggregator:
                         parameters_to_vector(self.model.parameters()).detach().clone())
                 if evaluate is not None and ((step + 1) % eval_every == 0 or step == steps - 1):
                     t0 = time.perf_counter()
-                    rec.eval_loss = float(evaluate(self.model))
+                    with torch.no_grad():
+                        rec.eval_loss = float(evaluate(self.model))
                     eval_time += time.perf_counter() - t0
                 result.records.append(rec)
                 if target_loss is not None and rec.eval_loss is not None \
@@ -237,7 +240,7 @@ class _Aggregator:
                     break
             ok = True
         finally:
-            self._shutdown(drain=ok)
+            result.drained = self._shutdown(drain=ok)
         return result
 
     def _update(self, step, got, late, check_error, record_condition) -> StepRecord:
@@ -261,7 +264,8 @@ class _Aggregator:
             G = torch.stack([part_gradient(self.model, self.loss_fn, self.data, j, step)[0]
                              for j in range(n)]).double()
             rec.error = float(torch.linalg.norm(combined[:P] - G.sum(0)))
-            rec.error_bound = decoding.residual * float(torch.linalg.norm(G))
+            rec.grad_norm = float(torch.linalg.norm(G))
+            rec.error_bound = decoding.residual * rec.grad_norm
         offset = 0
         for p in self.model.parameters():
             k = p.numel()
@@ -270,11 +274,12 @@ class _Aggregator:
         self.optimizer.step()
         return rec
 
-    def _shutdown(self, drain: bool = True) -> None:
+    def _shutdown(self, drain: bool = True) -> int:
         # collect every outstanding (late) message so nothing leaks into a later run, then stop
         if not drain:
             self.pool.shutdown(wait=False, cancel_futures=True)
-            return
+            return 0
+        drained = len(self.busy)
         while self.busy:
             self._next_arrival()
         for w in range(self.code.n):
@@ -283,6 +288,7 @@ class _Aggregator:
             for work in works:
                 work.wait()
         self.pool.shutdown(wait=True)
+        return drained
 
 
 def set_seed(seed: int) -> None:

@@ -49,7 +49,7 @@ def print_report(result: Mapping[str, Any], console: Console | None = None) -> N
     if summary.decomposed:
         console.print(_attribution_tables(summary))
         if summary.worker_grid.size:
-            console.print(_worker_grid(summary))
+            console.print(_worker_grid(summary, console.width))
     else:
         console.print(Text(
             f"Attribution skipped: S = {fmt(summary.slowdown)} < {DECOMPOSITION_SLOWDOWN}, "
@@ -119,25 +119,41 @@ def _value_table(title: str, key_name: str, rows: list[tuple[Any, float]]) -> Ta
     return table
 
 
-def _worker_grid(s: Summary) -> Group:
-    numbers = len(s.dp_ranks) <= GRID_NUMBERS_MAX_DP
+def _worker_grid(s: Summary, width: int) -> Group:
     title = Text("Worker score S_w = min(S_dp, S_pp)  (rows: PP stage, columns: DP rank)",
                  style="italic")
-    table = Table(box=box.SIMPLE, pad_edge=False, padding=(0, 1 if numbers else 0))
+    hottest = ", ".join(f"dp {d}/pp {p} {v:.3f}" for d, p, v in s.hottest_workers(3))
+    footer = Text(f"hottest workers: {hottest}", style="dim")
+    if len(s.dp_ranks) <= GRID_NUMBERS_MAX_DP:
+        return Group(title, _numeric_grid(s), footer)
+    return Group(title, *_block_grid(s, width), footer)
+
+
+def _numeric_grid(s: Summary) -> Table:
+    table = Table(box=box.SIMPLE, pad_edge=False)
     table.add_column("pp \\ dp", justify="right")
     for d in s.dp_ranks:
-        table.add_column(str(d) if numbers else "", justify="right")
+        table.add_column(str(d), justify="right")
     for r, stage in enumerate(s.stages):
-        cells = []
-        for value in s.worker_grid[r]:
-            v = float(value)
-            if numbers:
-                cells.append(Text(fmt(v, ".2f", "·"), style=slowdown_style(v)))
-            else:
-                cells.append(Text("█" if math.isfinite(v) else "·", style=slowdown_style(v)))
-        table.add_row(str(stage), *cells)
-    hottest = ", ".join(f"dp {d}/pp {p} {v:.3f}" for d, p, v in s.hottest_workers(3))
-    return Group(title, table, Text(f"hottest workers: {hottest}", style="dim"))
+        table.add_row(str(stage), *(Text(fmt(float(v), ".2f", "·"), style=slowdown_style(float(v)))
+                                    for v in s.worker_grid[r]))
+    return table
+
+
+def _block_grid(s: Summary, width: int) -> list[Text]:
+    """One coloured block per worker, folded into bands of DP ranks that fit the width."""
+    band = max(16, width - 12)
+    lines = []
+    for lo in range(0, len(s.dp_ranks), band):
+        ranks = s.dp_ranks[lo:lo + band]
+        lines.append(Text(f"  dp {ranks[0]}–{ranks[-1]}", style="dim"))
+        for r, stage in enumerate(s.stages):
+            line = Text(f"pp {stage:>4}  ")
+            for v in s.worker_grid[r, lo:lo + band]:
+                v = float(v)
+                line.append("█" if math.isfinite(v) else "·", style=slowdown_style(v))
+            lines.append(line)
+    return lines
 
 
 def _top_steps(s: Summary) -> Group:

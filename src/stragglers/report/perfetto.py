@@ -84,12 +84,7 @@ def _assign_lanes(track: np.ndarray, ts_ns: np.ndarray, end_ns: np.ndarray
         trk, ts, end = track[order], ts_ns[order], end_ns[order]
         new_track = np.ones(len(order), dtype=bool)
         new_track[1:] = trk[1:] != trk[:-1]
-        # Running max of end within each track: on end ranks offset per track, so one
-        # vectorised accumulate never carries a max across tracks (and cannot overflow).
-        group = np.cumsum(new_track) - 1
-        ends, rank = np.unique(end, return_inverse=True)
-        key = group * len(ends) + rank.reshape(-1)
-        running = ends[np.maximum.accumulate(key) - group * len(ends)]
+        running = _running_max_per_group(end, np.cumsum(new_track) - 1)
         prev_max = np.empty_like(running)
         prev_max[1:] = running[:-1]
         fits = new_track.copy()
@@ -98,6 +93,24 @@ def _assign_lanes(track: np.ndarray, ts_ns: np.ndarray, end_ns: np.ndarray
         pending = order[~fits]
     lane[pending] = MAX_LANES - 1
     return lane, len(pending)
+
+
+def _running_max_per_group(values: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Cumulative max of int64 values that restarts at each group (groups ascending)."""
+    # Offset each group above all earlier ones so one accumulate never carries a max across
+    # groups; on values directly when that fits in int64, else on their ranks.
+    low = values.min()
+    span = int(values.max() - low) + 1
+    if span * (int(group[-1]) + 1) < 2**62:
+        return np.maximum.accumulate(values - low + group * span) - group * span + low
+    uniq, rank = np.unique(values, return_inverse=True)
+    return uniq[np.maximum.accumulate(group * len(uniq) + rank.reshape(-1)) - group * len(uniq)]
+
+
+def _to_ns(seconds: np.ndarray) -> np.ndarray:
+    """Seconds as int64 nanoseconds, exact to the ns even for epoch timestamps."""
+    whole = np.floor(seconds)
+    return whole.astype(np.int64) * 1_000_000_000 + np.rint((seconds - whole) * 1e9).astype(np.int64)
 
 
 def _ns_text(ns: np.ndarray) -> pa.Array:
@@ -111,8 +124,15 @@ def _ns_text(ns: np.ndarray) -> pa.Array:
 
 def _write_one(path: Path, name: str, trace: Trace, start: np.ndarray, end: np.ndarray,
                worker_pid: np.ndarray, worker_labels: dict[int, str], stream: np.ndarray) -> None:
-    ts_ns = np.rint(start * 1e9).astype(np.int64)
-    end_ns = np.maximum(np.rint(end * 1e9).astype(np.int64), ts_ns)
+    finite = np.isfinite(start) & np.isfinite(end)
+    if not finite.all():
+        warnings.warn(f"{path}: left out {int((~finite).sum())} ops whose start or end in "
+                      f"timeline '{name}' is not a finite number", stacklevel=3)
+        trace, start, end = trace.select(finite), start[finite], end[finite]
+        worker_pid, stream = worker_pid[finite], stream[finite]
+    ts_ns = _to_ns(start)
+    # The duration from the float difference: epoch seconds × 1e9 would round to 256 ns.
+    end_ns = ts_ns + np.maximum(np.rint((end - start) * 1e9).astype(np.int64), 0)
     track = worker_pid * LANE_STRIDE + stream
     lane, crowded = _assign_lanes(track, ts_ns, end_ns)
     if crowded:
@@ -140,8 +160,8 @@ def _write_one(path: Path, name: str, trace: Trace, start: np.ndarray, end: np.n
                 ',"args":{"step":', _int_text(step[sl]), ',"mb_id":', _int_text(mb_id[sl]),
                 "}},\n", "")
             out.write(_string_bytes(text))
-        out.write(_metadata_events(worker_labels, np.unique(
-            np.stack([worker_pid, tid], axis=1), axis=0) if len(trace) else np.zeros((0, 2))))
+        tracks = np.unique(worker_pid * (MAX_LANES * LANE_STRIDE) + tid)
+        out.write(_metadata_events(worker_labels, np.divmod(tracks, MAX_LANES * LANE_STRIDE)))
         out.write(b"\n]}\n")
 
 
@@ -156,14 +176,15 @@ def _string_bytes(text: pa.Array) -> memoryview:
     return memoryview(text.buffers()[2])[first:last]
 
 
-def _metadata_events(worker_labels: dict[int, str], pid_tid: np.ndarray) -> bytes:
+def _metadata_events(worker_labels: dict[int, str],
+                     pid_tid: tuple[np.ndarray, np.ndarray]) -> bytes:
     """process_name / thread_name events so every process and track is labelled."""
     events = []
     for pid, label in worker_labels.items():
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": label}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": pid,
                        "args": {"sort_index": pid}})
-    for pid, tid in pid_tid.tolist():
+    for pid, tid in zip(*(a.tolist() for a in pid_tid)):
         lane, stream = divmod(int(tid) - 1, LANE_STRIDE)
         label = STREAMS[stream] + (f" #{lane + 1}" if lane else "")
         events.append({"name": "thread_name", "ph": "M", "pid": int(pid), "tid": int(tid),

@@ -2,8 +2,137 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from stragglers.errors import InputError
 
 
 def register(app: typer.Typer) -> None:
     """Add this capability's commands to the `stragglers` app."""
+    app.command("synth")(synth)
+    app.command("convert")(convert_command)
+
+
+def convert_command(
+    source: Path = typer.Argument(..., help="A run directory or an NDTimeline .parquet trace."),
+    dest: Path = typer.Argument(..., help="A .parquet path (NDTimeline + meta YAML beside it) or a "
+                                "run directory."),
+    meta: Optional[Path] = typer.Option(None, "--meta", help="NDTimeline metadata YAML of SOURCE."),
+) -> None:
+    """Convert a trace between our run format and the NDTimeline format (lossless)."""
+    from rich.console import Console
+
+    from stragglers.trace.convert import convert
+
+    out = convert(source, dest, meta)
+    Console().print(f"wrote {out}")
+
+
+def synth(
+    out_dir: Path = typer.Argument(..., help="Run directory to write (meta.json + Parquet)."),
+    dp: int = typer.Option(2, help="Data-parallel size."),
+    pp: int = typer.Option(4, help="Pipeline-parallel size (stages)."),
+    vpp: int = typer.Option(1, help="Model chunks per stage (interleaved schedule when > 1)."),
+    microbatches: int = typer.Option(8, help="Microbatches per step."),
+    steps: int = typer.Option(10, help="Training steps."),
+    sync: str = typer.Option("zero", help="DP gradient sync: zero (all-gather + reduce-scatter) "
+                             "or ddp (all-reduce)."),
+    seed: int = typer.Option(0, help="Random seed (same seed, same trace)."),
+    noise: float = typer.Option(0.02, help="Sigma of the multiplicative lognormal noise."),
+    slow_worker: Optional[str] = typer.Option(None, help="DP,STAGE,FACTOR: one slow worker."),
+    heavy_last_stage: Optional[float] = typer.Option(None, help="FACTOR on the last stage's "
+                                                     "forward/backward."),
+    seq_imbalance: Optional[str] = typer.Option(None, help="lognormal or uniform sequence "
+                                                "lengths, packed per microbatch."),
+    max_len: int = typer.Option(16384, help="Longest sequence (with --seq-imbalance)."),
+    tokens_per_mb: int = typer.Option(16384, help="Packed tokens per microbatch "
+                                      "(with --seq-imbalance)."),
+    gc_rate: Optional[float] = typer.Option(None, help="GC pauses per worker per step."),
+    gc_length: float = typer.Option(0.2, help="GC pause length in seconds (with --gc-rate)."),
+    slow_link: Optional[str] = typer.Option(None, help="p2p:DP,FROM,TO,FACTOR or "
+                                            "collective:OPTYPE,STAGE|all,FACTOR."),
+    launch_delay: float = typer.Option(20e-6, help="Mean launch delay per op, seconds."),
+    name: Optional[str] = typer.Option(None, help="Job name (default: from the parameters)."),
+    force: bool = typer.Option(False, help="Replace the op tables of an existing run directory."),
+) -> None:
+    """Generate a synthetic job trace with injected straggler causes (ground truth in meta.json)."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from stragglers.trace.runformat import RANK_FILE, write_run
+    from stragglers.trace.synth import generate
+
+    existing = [p for p in out_dir.iterdir() if RANK_FILE.match(p.name)] \
+        if out_dir.is_dir() else []
+    if existing and not force:
+        raise InputError(out_dir, None, f"already holds {len(existing)} op tables; pass --force "
+                         "to replace them")
+    kwargs = dict(
+        dp=dp, pp=pp, vpp=vpp, microbatches=microbatches, steps=steps, sync=sync, seed=seed,
+        noise=noise, heavy_last_stage=heavy_last_stage, launch_delay=launch_delay, name=name,
+        slow_worker=_parse_slow_worker(slow_worker) if slow_worker else None,
+        seq_imbalance={"dist": seq_imbalance, "max_len": max_len, "tokens_per_mb": tokens_per_mb}
+        if seq_imbalance else None,
+        gc=(gc_rate, gc_length) if gc_rate is not None else None,
+        slow_link=_parse_slow_link(slow_link) if slow_link else None,
+    )
+    console = Console(stderr=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        progress.add_task("generating the trace", total=None)
+        trace = generate(**kwargs)
+        progress.add_task(f"writing {len(trace):,} ops", total=None)
+        for path in existing:
+            path.unlink()
+        write_run(out_dir, trace)
+    typer.echo(f"wrote {out_dir}: {summary(trace)}")
+
+
+def summary(trace) -> str:
+    """One line: size of the job and the injected causes."""
+    m = trace.meta
+    steps = m.extra.get("generator", {}).get("steps") or len(set(trace.ops["step"].tolist()))
+    truth = m.extra.get("ground_truth", [])
+    causes = "; ".join(
+        f"{t['cause']}" + "".join(f" {k}={v}" for k, v in t["where"].items())
+        + (f" x{t['params']['factor']:g}" if "factor" in t["params"] else "")
+        for t in truth) or "none (noise only)"
+    return (f"{len(trace):,} ops, dp {m.dp_size} x pp {m.pp_size} x vpp {m.vpp_size}, "
+            f"{steps} steps; ground truth: {causes}")
+
+
+def _numbers(text: str, field: str, count: int) -> list[str]:
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != count or not all(parts):
+        raise InputError("stragglers synth", field, f"expected {count} comma-separated values, "
+                         f"got {text!r}")
+    return parts
+
+
+def _parse_slow_worker(text: str) -> tuple[int, int, float]:
+    d, p, f = _numbers(text, "--slow-worker", 3)
+    try:
+        return int(d), int(p), float(f)
+    except ValueError:
+        raise InputError("stragglers synth", "--slow-worker", f"expected DP,STAGE,FACTOR "
+                         f"(integers and a number), got {text!r}") from None
+
+
+def _parse_slow_link(text: str) -> dict:
+    kind, _, rest = text.partition(":")
+    try:
+        if kind == "p2p":
+            d, a, b, f = _numbers(rest, "--slow-link", 4)
+            return {"kind": "p2p", "dp": int(d), "stage_from": int(a), "stage_to": int(b),
+                    "factor": float(f)}
+        if kind == "collective":
+            optype, stage, f = _numbers(rest, "--slow-link", 3)
+            return {"kind": "collective", "optype": optype,
+                    "stage": None if stage == "all" else int(stage), "factor": float(f)}
+    except ValueError:
+        pass
+    raise InputError("stragglers synth", "--slow-link", "expected p2p:DP,FROM,TO,FACTOR or "
+                     f"collective:OPTYPE,STAGE|all,FACTOR, got {text!r}")

@@ -237,14 +237,14 @@ def _topological_order(grid: OpGrid, deps, groups, group_of) -> list[int]:
                 ready.append(s)
     if len(order) != len(members):
         left = {k for k, v in indeg.items() if v > 0}
-        cycle = _find_cycle(left, succs)
+        cycle = _find_cycle(left, preds)[::-1]
         names = " → ".join(grid.node_name(members[k][0]) for k in cycle)
         raise DependencyCycleError(f"cyclic dependencies between ops: {names}")
     return order
 
 
-def _find_cycle(nodes: set, succs: dict) -> list:
-    """One cycle among the nodes left after Kahn's algorithm."""
+def _find_cycle(nodes: set, preds: dict) -> list:
+    """One cycle among the nodes left after Kahn's algorithm (each has a predecessor left)."""
     start = next(iter(nodes))
     seen: dict = {}
     path = []
@@ -252,5 +252,5 @@ def _find_cycle(nodes: set, succs: dict) -> list:
     while k not in seen:
         seen[k] = len(path)
         path.append(k)
-        k = next(s for s in succs[k] if s in nodes)
+        k = next(p for p in preds[k] if p in nodes)
     return path[seen[k]:] + [k]

@@ -28,14 +28,14 @@ def main() -> None:
     """Train every scheme for the same steps under the same delays."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     dist.init_process_group("gloo")
     n = dist.get_world_size() - 1
     data = load_digits_parts(n, batch_size=16, seed=0)
-    random = DelaySampler("pareto", 0.004, seed=3)
+    random = DelaySampler("pareto", 0.01, seed=3)
     # worker 0 is very slow at step 0: its message arrives while the master is steps ahead
-    fixed = FixedDelays({(0, 0): 0.4})
+    fixed = FixedDelays({(0, 0): 0.12})
     delays = lambda step, w: fixed(step, w) + random(step, w)  # noqa: E731
     X, y = data.all()
     out = {}
@@ -57,6 +57,7 @@ def main() -> None:
                 "survivors": [r.survivors for r in res.records],
                 "errors": [r.error for r in res.records],
                 "bounds": [r.error_bound for r in res.records],
+                "grad_norms": [r.grad_norm for r in res.records],
                 "conditions": [r.condition for r in res.records],
                 "losses": [r.loss for r in res.records],
                 "eval": [r.eval_loss for r in res.records],

@@ -1,0 +1,169 @@
+"""Self-adaptive data-parallel training (AntDT) on scikit-learn's digits, with injected stragglers.
+
+    torchrun --nproc-per-node 4 examples/train_adaptive.py --policy dd --speeds 1,1,1,0.33
+    torchrun --nproc-per-node 4 --max-restarts 1 examples/train_adaptive.py --policy nd \
+        --persistent-rank 3
+
+--policy bsp: static equal batches; dd: per-worker batches from measured throughput (AntDT-DD);
+nd: ADJUST_BS for transient stragglers, KILL_RESTART for persistent ones (AntDT-ND).
+Device speed is injected: each micro-batch of m samples sleeps m x --sample-time / speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from sklearn.datasets import load_digits
+from torch.utils.data import DataLoader, TensorDataset
+
+from stragglers.adapt.agent import EXIT_RESTART, Agent
+from stragglers.adapt.checkpoint import load_job_checkpoint, save_job_checkpoint
+from stragglers.adapt.client import ShardBatchSampler, ShardClient
+from stragglers.adapt.heterogeneity import SimulatedDevice, parse_speeds
+from stragglers.adapt.launch import job_service
+from stragglers.adapt.policies import micro_batches
+from stragglers.adapt.shards import DatasetConfig
+from stragglers.adapt.step import global_step
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policy", choices=["bsp", "dd", "nd"], default="dd")
+    p.add_argument("--speeds", default="1", help="per-rank device speeds, e.g. 1,1,1,0.33")
+    p.add_argument("--transient-rate", type=float, default=0.0,
+                   help="per-step chance that a rank starts a 3x slowdown of 5-15 steps")
+    p.add_argument("--persistent-rank", type=int, default=None,
+                   help="rank that becomes 3x slower from --persistent-start (first incarnation only)")
+    p.add_argument("--persistent-start", type=int, default=5)
+    p.add_argument("--steps", type=int, default=60, help="global steps to run")
+    p.add_argument("--epochs", type=int, default=None, help="stop after this many epochs")
+    p.add_argument("--global-batch", type=int, default=128)
+    p.add_argument("--memory-cap", type=int, default=32, help="samples per micro-batch")
+    p.add_argument("--sample-time", type=float, default=0.004, help="seconds per sample at speed 1")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-server", default="embedded", help="service URL or 'embedded'")
+    p.add_argument("--workdir", type=Path, default=Path("runs/adaptive"))
+    p.add_argument("--ckpt-every", type=int, default=20)
+    p.add_argument("--restart-cost", type=float, default=10.0, help="predicted seconds per restart")
+    p.add_argument("--max-restarts", type=int, default=1, help="same as torchrun's --max-restarts")
+    p.add_argument("--window", type=int, default=5, help="monitor window in steps")
+    p.add_argument("--lease-s", type=float, default=30.0)
+    p.add_argument("--log-samples", action="store_true", help="write each rank's sample ids per step")
+    p.add_argument("--crash-at", type=int, default=None,
+                   help="test hook: rank 1 dies (exit 1) at this step of the first incarnation")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    incarnation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(args.seed)
+
+    # Data and model: the 1,797 8x8 digits shipped inside scikit-learn, and a small MLP.
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    sum_loss = torch.nn.CrossEntropyLoss(reduction="sum")
+
+    # Shard service (embedded in rank 0 unless a URL is given); rank 0 registers the data set.
+    url, server = job_service(args.shard_server, args.workdir / "shards.db")
+    client = ShardClient(url, "digits", worker=f"rank{rank}")
+    if rank == 0:
+        client.create_dataset(DatasetConfig("digits", len(x), shard_size=4 * args.global_batch // world,
+                                            seed=args.seed, num_epochs=args.epochs, lease_s=args.lease_s))
+    dist.barrier()
+    ckpt_path = args.workdir / "checkpoint.pt"
+    state = load_job_checkpoint(ckpt_path, model, optimizer, client)
+    step = state["step"] if state else 0
+
+    speeds = parse_speeds(args.speeds, world)
+    device = SimulatedDevice(rank, speeds, args.sample_time, args.transient_rate,
+                             persistent_rank=args.persistent_rank,
+                             persistent_start=args.persistent_start, incarnation=incarnation,
+                             seed=args.seed)
+    if rank == 0:
+        client.configure_control({"policy": args.policy, "world_size": world,
+                                  "global_batch": args.global_batch, "memory_cap": args.memory_cap,
+                                  "total_steps": args.steps, "restart_cost_s": args.restart_cost,
+                                  "max_restarts": args.max_restarts - incarnation,
+                                  "window": args.window, "incarnation": incarnation})
+    dist.barrier()
+    agent = Agent(ShardClient(url, "digits", worker=f"agent{rank}"), rank, world, args.global_batch,
+                  args.memory_cap, incarnation, device.device)
+    plan = agent.plan(step)
+    sampler = ShardBatchSampler(client, batch_size=lambda: plan.batch_size, block=False)
+    batches = iter(DataLoader(TensorDataset(x, y), batch_sampler=sampler, collate_fn=sampler.collate))
+
+    metrics = open(args.workdir / "metrics.jsonl", "a") if rank == 0 else None
+    samples_log = open(args.workdir / f"samples_rank{rank}.jsonl", "a") if args.log_samples else None
+    while step < args.steps:
+        plan = agent.plan(step)
+        device.step = step
+        batch = next(batches, None)
+        inputs, targets = batch if batch is not None else (x[:0], y[:0])
+        pending_kill = plan.kill_target if plan.kill_target is not None else -1
+        result = global_step(model, sum_loss, inputs, targets,
+                             micro_batches(len(inputs), args.memory_cap), optimizer,
+                             extras=[0.0 if sampler.finished else 1.0, pending_kill >= 0,
+                                     pending_kill + 1], on_micro_batch=device.run)
+        sampler.ack()
+        step += 1
+        agent.record(step, result.compute_s, len(inputs))
+        if samples_log:
+            samples_log.write(json.dumps({"inc": incarnation, "step": step, "ids": batch_ids(sampler, inputs),
+                                          "epochs": sampler.last_batch_epochs[:len(inputs)]}) + "\n")
+            samples_log.flush()
+        if metrics:
+            metrics.write(json.dumps({"inc": incarnation, "step": step, "t": time.time(),
+                                      "samples": result.global_count, "loss": result.mean_loss,
+                                      "batch_sizes": agent.batch_sizes, "policy": args.policy}) + "\n")
+            metrics.flush()
+        unfinished, kill_votes, kill_target_sum = result.extras
+        if kill_votes > 0:
+            # Every rank learns of KILL_RESTART from the same AllReduce, so all checkpoint together.
+            target = round(kill_target_sum / kill_votes) - 1
+            save_job_checkpoint(ckpt_path, step, model, optimizer, client)
+            print(f"rank {rank}: KILL_RESTART of rank {target} at step {step}: {plan.reason};"
+                  " checkpointed, leaving so torchrun re-forms the group", flush=True)
+            agent.close()
+            os._exit(EXIT_RESTART)
+        if args.crash_at is not None and incarnation == 0 and step == args.crash_at and rank == 1:
+            os._exit(1)  # test hook: a worker dies mid-shard, without any cleanup
+        if unfinished == 0:
+            break  # every rank has drained the data set
+        if step % args.ckpt_every == 0:
+            save_job_checkpoint(ckpt_path, step, model, optimizer, client)
+
+    save_job_checkpoint(ckpt_path, step, model, optimizer, client)
+    agent.close()
+    if rank == 0:
+        summary = {"steps": step, "incarnation": incarnation, "failed_shards": client.status()["failed"],
+                   "control": client.control_state(), "late_actions": agent.late}
+        (args.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(f"done: {step} steps, final loss {result.mean_loss:.4f}, batch sizes {agent.batch_sizes}")
+    dist.barrier()
+    if server:
+        server.stop()
+    dist.destroy_process_group()
+
+
+def batch_ids(sampler: ShardBatchSampler, inputs: torch.Tensor) -> list[int]:
+    """The sample indices of the batch just trained (the sampler remembers them)."""
+    return sampler.last_batch[:len(inputs)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""The recorder a training loop uses: step and op spans, recorded communication, GC pauses."""
+
+from __future__ import annotations
+
+import gc
+import math
+import queue
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from stragglers.errors import StragglersError
+from stragglers.record.clock import ClockEstimate, common_origin_ns, measure_offset, same_host_as_rank0
+from stragglers.record.timers import CpuTimer, CudaTimer
+from stragglers.record.writer import RankWriter, StepBuffer
+from stragglers.trace.model import OPTYPE_CODES, JobMeta
+from stragglers.trace.runformat import write_meta
+
+
+class _NullSpan:
+    """The span used outside sampled steps: does nothing, costs one attribute lookup."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL = _NullSpan()
+
+
+class _OpSpan:
+    """A foreground op: GC pauses inside it are moved before it, so its duration is its own."""
+
+    __slots__ = ("rec", "buf", "row", "i0", "start")
+
+    def __init__(self, rec: "Recorder", buf: StepBuffer, row: tuple):
+        self.rec, self.buf, self.row = rec, buf, row
+
+    def __enter__(self):
+        self.i0 = len(self.buf.gc)
+        self.start = self.rec._timer.mark()
+        return self
+
+    def __exit__(self, *exc):
+        end = self.rec._timer.mark()
+        self.rec._close_foreground(self.buf, self.i0, self.row, self.start, end)
+        return False
+
+
+class _CompletionWaiter:
+    """A thread that waits posted works in order and stamps when each completed.
+
+    gloo completes a send only inside wait() (no futures for p2p), and a send completes when the
+    peer has posted the matching recv; waiting here keeps the training thread free while the
+    row still ends at the real completion time.
+    """
+
+    def __init__(self, name: str):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def watch(self, work: "RecordedWork") -> None:
+        """Queue a work; its `completed` event is set when it is done."""
+        self._queue.put(work)
+
+    def _run(self) -> None:
+        while True:
+            rw = self._queue.get()
+            try:
+                rw.work.wait()
+            except BaseException as exc:  # re-raised in the training thread by wait()
+                rw.error = exc
+            rw.end_ns = time.perf_counter_ns()
+            rw.completed.set()
+
+
+class RecordedWork:
+    """A posted p2p op: its row spans from the post to the completion of the transfer."""
+
+    __slots__ = ("work", "rec", "buf", "row", "start", "done", "completed", "end_ns", "error")
+
+    def __init__(self, work, rec: "Recorder", buf: StepBuffer | None, row: tuple, start,
+                 waiter: _CompletionWaiter | None = None):
+        self.work, self.rec, self.buf, self.row, self.start = work, rec, buf, row, start
+        self.done = False
+        self.completed = self.error = self.end_ns = None
+        if buf is not None:
+            buf.pending.append(self)
+            if waiter is not None:
+                self.completed = threading.Event()
+                waiter.watch(self)
+
+    def wait(self) -> None:
+        """Wait for the transfer and close the row."""
+        if self.done:
+            return
+        if self.completed is not None:
+            self.completed.wait()
+            if self.error is not None:
+                raise self.error
+            end = self.end_ns
+        else:
+            self.work.wait()
+            end = self.rec._timer.mark() if self.buf is not None else None
+        self.done = True
+        if self.buf is not None:
+            code, mb, mc, gmc, nbytes = self.row
+            self.buf.ops.append((code, self.start, end, mb, mc, gmc, math.nan, -1, nbytes, 0))
+
+    def is_completed(self) -> bool:
+        """Whether the underlying work has finished (does not close the row)."""
+        return self.work.is_completed()
+
+
+class Recorder:
+    """Record one rank's ops into a run directory (our format), sampling one step in k.
+
+    Use as a context manager around the training loop; every rank of the job creates one.
+    `start()` (called by `__enter__`) is a collective: it measures the clock offset to rank 0
+    and rank 0 writes meta.json with the rank layout. `close()` re-checks the clock and records
+    the error estimate in meta.extra["clock"].
+    """
+
+    def __init__(self, trace_dir: str | Path, meta: JobMeta, *, dp_rank: int, stage: int,
+                 sample_every: int = 1, flush_every: int = 1, device: torch.device | str | None = None,
+                 group=None, clock_rounds: int = 8, gc_min_s: float = 50e-6, enabled: bool = True):
+        if sample_every < 1:
+            raise StragglersError(f"Recorder: sample_every must be >= 1, got {sample_every}")
+        self.trace_dir = Path(trace_dir)
+        self.meta = meta
+        self.dp_rank, self.stage = int(dp_rank), int(stage)
+        self.sample_every, self.flush_every = int(sample_every), int(flush_every)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.group = group
+        self.clock_rounds = clock_rounds
+        self.gc_min_ns = int(gc_min_s * 1e9)
+        self.enabled = enabled
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(group) if self.distributed else 0
+        self.world_size = dist.get_world_size(group) if self.distributed else 1
+        self._timer = CudaTimer(self.device) if self.device.type == "cuda" else CpuTimer()
+        self._buf: StepBuffer | None = None
+        self._gc_t0 = 0
+        self._writer: RankWriter | None = None
+        self.clock_start: ClockEstimate | None = None
+        self.clock_end: ClockEstimate | None = None
+        self.offset_applied = False
+        self._closed = False
+        self._waiters: dict[str, _CompletionWaiter] = {}
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> "Recorder":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        # After a failure the peers may be gone: flush what we have, skip the collectives.
+        self.close(collective=exc_type is None)
+        return False
+
+    def start(self) -> None:
+        """Measure the clock offset, write meta.json (rank 0), start the background writer."""
+        if self.world_size != self.meta.world_size:
+            raise StragglersError(f"Recorder: meta.world_size is {self.meta.world_size} but the "
+                                  f"process group has {self.world_size} ranks")
+        if not self.enabled:  # every rank is off together, so skipping the collectives is safe
+            self._closed = True
+            return
+        offset, origin, layout = 0, time.perf_counter_ns(), None
+        if self.distributed:
+            self.clock_start = measure_offset(self.clock_rounds, self.group)
+            # One host reads one CLOCK_MONOTONIC: the true offset is 0, and applying a measured
+            # value would only add its error. Across hosts the measured offset is applied.
+            self.offset_applied = not same_host_as_rank0(self.group)
+            offset = self.clock_start.offset_ns if self.offset_applied else 0
+            origin = common_origin_ns(offset, self.group)
+            layout = [None] * self.world_size
+            dist.all_gather_object(layout, self._layout_entry(), group=self.group)
+        else:
+            self.clock_start = ClockEstimate(0, 0, 0, 0)
+            layout = [self._layout_entry()]
+        self._offset_ns, self._origin_ns = offset, origin
+        if self.rank == 0:
+            self.meta.extra["layout"] = layout
+            self.meta.extra["recorder"] = {
+                "sample_every": self.sample_every, "timer": "cuda-events" if self._timer.is_cuda
+                else "perf_counter_ns", "clock_offset_applied": self.offset_applied,
+                "gc_min_s": self.gc_min_ns / 1e9}
+            self.meta.extra["clock"] = {"start": [None] * self.world_size}
+            write_meta(self.trace_dir, self.meta)
+        self._writer = RankWriter(self.trace_dir, self.rank, self.dp_rank, self.stage, self._timer,
+                                  offset, origin, self.flush_every)
+        gc.callbacks.append(self._on_gc)
+        if self.distributed:
+            self._gather_clock("start", self.clock_start)
+
+    def close(self, collective: bool = True) -> None:
+        """Flush everything, re-check the clock against rank 0 and record the error in meta."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._buf is not None:
+            self._end_step()
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        if self._writer is not None:
+            self._writer.close()
+        if collective and self.distributed:
+            self.clock_end = measure_offset(self.clock_rounds, self.group)
+            self._gather_clock("end", self.clock_end)
+
+    def _layout_entry(self) -> dict:
+        return {"rank": self.rank, "dp_rank": self.dp_rank, "stage": self.stage,
+                "host": socket.gethostname()}
+
+    def _gather_clock(self, when: str, est: ClockEstimate) -> None:
+        entries: list = [None] * self.world_size
+        dist.all_gather_object(entries, est.to_dict(), group=self.group)
+        if self.rank != 0:
+            return
+        clock = self.meta.extra.setdefault("clock", {})
+        clock[when] = entries
+        errors = [e["error_ns"] / 1e9 for e in entries]
+        clock[f"max_error_{when}_s"] = max(errors)
+        if "start" in clock and "end" in clock and None not in clock["start"]:
+            clock["max_drift_s"] = max(abs(a["offset_ns"] - b["offset_ns"]) / 1e9
+                                       for a, b in zip(clock["start"], clock["end"]))
+        write_meta(self.trace_dir, self.meta)
+
+    # ---- steps and ops ---------------------------------------------------------------------
+
+    def sampled(self, step: int) -> bool:
+        """Whether this step is recorded (one in `sample_every`)."""
+        return self.enabled and step % self.sample_every == 0
+
+    def step(self, step: int):
+        """Context manager around one training step; ops are recorded only in sampled steps."""
+        return _StepSpan(self, step)
+
+    def op(self, optype: str, mb_id: int = -1, *, seq_lens: Sequence[int] | None = None,
+           attn_cost: float = math.nan, tokens: int = -1, nbytes: int = -1, mc: int = 0,
+           gmc: int | None = None):
+        """Context manager timing one compute op (forward-compute, backward-compute, optimizer)."""
+        buf = self._buf
+        if buf is None:
+            return _NULL
+        if seq_lens is not None:
+            attn_cost = float(sum(int(s) * int(s) for s in seq_lens))
+            tokens = int(sum(int(s) for s in seq_lens))
+        row = (OPTYPE_CODES[optype], mb_id, mc, mc if gmc is None else gmc, attn_cost, tokens, nbytes)
+        return _OpSpan(self, buf, row)
+
+    def _close_foreground(self, buf: StepBuffer, i0: int, row: tuple, start, end) -> None:
+        code, mb, mc, gmc, attn, tok, nbytes = row
+        shift = 0
+        inside = buf.gc[i0:]
+        if inside and not self._timer.is_cuda:
+            del buf.gc[i0:i0 + len(inside)]
+            # The pauses stalled this op: place them first, back to back, then the op itself.
+            t = start
+            for s, e in inside:
+                buf.ops.append((OPTYPE_CODES["gc"], t, t + (e - s), -1, 0, 0, math.nan, -1, -1, 0))
+                t += e - s
+            shift = t - start
+        buf.ops.append((code, start, end, mb, mc, gmc, attn, tok, nbytes, shift))
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter_ns()
+            return
+        buf = self._buf
+        if buf is not None and self._gc_t0:
+            t1 = time.perf_counter_ns()
+            if t1 - self._gc_t0 >= self.gc_min_ns:
+                buf.gc.append((self._gc_t0, t1))
+        self._gc_t0 = 0
+
+    def _begin_step(self, step: int) -> bool:
+        if self._buf is not None:
+            self._end_step()
+        if self._closed or not self.sampled(step):
+            return False
+        self._buf = StepBuffer(step, self._timer.begin_step())
+        return True
+
+    def _end_step(self) -> None:
+        buf, self._buf = self._buf, None
+        for work in list(buf.pending):
+            if not work.done:
+                work.wait()  # a row needs its end; an unwaited send at step end is waited here
+        buf.pending.clear()
+        if self._writer is not None:
+            self._writer.submit(buf)
+
+    # ---- communication ---------------------------------------------------------------------
+
+    def isend(self, tensor: torch.Tensor, dst: int, optype: str = "forward-send", group=None,
+              tag: int = 0) -> RecordedWork:
+        """dist.isend, recorded from its post to the return of its wait()."""
+        return self._p2p(dist.isend, tensor, dst, optype, group, tag)
+
+    def irecv(self, tensor: torch.Tensor, src: int, optype: str = "forward-recv", group=None,
+              tag: int = 0) -> RecordedWork:
+        """dist.irecv, recorded from its post to the return of its wait()."""
+        return self._p2p(dist.irecv, tensor, src, optype, group, tag)
+
+    def recv(self, tensor: torch.Tensor, src: int, optype: str = "forward-recv", group=None,
+             tag: int = 0) -> None:
+        """A recv posted and waited at once (a foreground op: GC pauses inside move before it)."""
+        self.collective(optype, lambda: dist.irecv(tensor, src, group=group, tag=tag).wait(),
+                        nbytes=tensor.numel() * tensor.element_size())
+
+    def _p2p(self, fn, tensor, peer, optype, group, tag) -> RecordedWork:
+        buf = self._buf
+        start = self._timer.mark() if buf is not None else None
+        work = fn(tensor, peer, group=group, tag=tag)
+        row = (OPTYPE_CODES[optype], -1, 0, 0, tensor.numel() * tensor.element_size())
+        waiter = None
+        if buf is not None and not self._timer.is_cuda:
+            waiter = self._waiters.get(optype)
+            if waiter is None:  # one per op type: transfers in one direction complete in order
+                waiter = self._waiters[optype] = _CompletionWaiter(f"stragglers-{optype}")
+        return RecordedWork(work, self, buf, row, start, waiter)
+
+    def collective(self, optype: str, fn, *args, nbytes: int = -1, **kwargs):
+        """Run a blocking torch.distributed call (or any callable) as one recorded op."""
+        buf = self._buf
+        if buf is None:
+            return fn(*args, **kwargs)
+        with _OpSpan(self, buf, (OPTYPE_CODES[optype], -1, 0, 0, math.nan, -1, nbytes)):
+            out = fn(*args, **kwargs)
+            if hasattr(out, "wait"):  # async_op=True callers still get a completed op
+                out.wait()
+        return out
+
+    def all_reduce(self, tensor: torch.Tensor, optype: str = "grads-all-reduce",
+                   op=dist.ReduceOp.SUM, group=None) -> None:
+        """dist.all_reduce, recorded as `optype`."""
+        self.collective(optype, dist.all_reduce, tensor, op=op, group=group,
+                        nbytes=tensor.numel() * tensor.element_size())
+
+    def ddp_comm_hook(self, inner=None, optype: str = "grads-all-reduce"):
+        """Wrap a DDP communication hook (default: allreduce) so each bucket is a recorded op."""
+        if inner is None:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+            inner = allreduce_hook
+        code = OPTYPE_CODES[optype]
+
+        def hook(state, bucket):
+            buf = self._buf
+            if buf is None:
+                return inner(state, bucket)
+            start = self._timer.mark()
+            flat = bucket.buffer()
+            nbytes = flat.numel() * flat.element_size()
+            fut = inner(state, bucket)
+
+            def done(f):
+                # Runs when the bucket's collective completes; the op ends here.
+                buf.ops.append((code, start, self._timer.mark(), -1, 0, 0, math.nan, -1, nbytes, 0))
+                return f.value()
+
+            return fut.then(done)
+
+        return hook
+
+
+class _StepSpan:
+    """Context manager for one step; yields whether the step is sampled."""
+
+    __slots__ = ("rec", "step_no")
+
+    def __init__(self, rec: Recorder, step: int):
+        self.rec, self.step_no = rec, step
+
+    def __enter__(self) -> bool:
+        return self.rec._begin_step(self.step_no)
+
+    def __exit__(self, *exc):
+        if self.rec._buf is not None:
+            self.rec._end_step()
+        return False

@@ -1,0 +1,25 @@
+"""Convert between our run directories and NDTimeline Parquet + YAML, losslessly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stragglers.errors import InputError
+from stragglers.trace.load import load_trace
+from stragglers.trace.ndtimeline import write_ndtimeline
+from stragglers.trace.runformat import write_run
+
+
+def convert(source: Path | str, dest: Path | str, meta: Path | str | None = None) -> Path:
+    """Run directory → NDTimeline when dest ends in .parquet, anything else → run directory."""
+    source, dest = Path(source), Path(dest)
+    if dest.resolve() == source.resolve():
+        raise InputError(dest, None, "the destination is the source; choose another path")
+    trace = load_trace(source, meta)
+    if dest.suffix == ".parquet":
+        write_ndtimeline(trace, dest)
+    else:
+        if dest.exists() and any(dest.iterdir()):
+            raise InputError(dest, None, "destination directory is not empty; refusing to mix runs")
+        write_run(dest, trace)
+    return dest

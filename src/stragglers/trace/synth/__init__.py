@@ -1,0 +1,5 @@
+"""Synthetic Megatron-style job traces with injected, recorded straggler causes."""
+
+from stragglers.trace.synth.generate import generate
+
+__all__ = ["generate"]

@@ -1,0 +1,185 @@
+"""Checking the generator's parameters and writing down the injected ground truth."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from stragglers.errors import InputError
+from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPES, P2P_OPTYPES
+
+SOURCE = "stragglers synth"
+COLLECTIVE_OPTYPES = tuple(o for o in OPTYPES if o not in COMPUTE_OPTYPES + P2P_OPTYPES)
+SEQ_DEFAULTS = {"dist": "lognormal", "max_len": 16384, "min_len": 64, "tokens_per_mb": 16384,
+                "median_len": 1024, "sigma": 1.2}
+
+
+def _int(params: dict, key: str, low: int = 1) -> int:
+    v = params[key]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+        raise InputError(SOURCE, key, f"expected an integer >= {low}, got {v!r}")
+    return int(v)
+
+
+def _positive(value, field: str, low: float = 0.0, strict: bool = True) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(SOURCE, field, f"expected a number, got {value!r}") from None
+    if not np.isfinite(v) or v < low or (strict and v == low):
+        raise InputError(SOURCE, field, f"expected a finite number {'>' if strict else '>='} "
+                         f"{low}, got {value!r}")
+    return v
+
+
+def _index(value, field: str, size: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < size:
+        raise InputError(SOURCE, field, f"{what} {value!r} is out of range; expected 0..{size - 1}")
+    return int(value)
+
+
+def validate_parameters(p: dict) -> dict:
+    """Check sizes and injections; return a JSON-friendly copy with defaults filled in."""
+    for key in ("dp", "pp", "vpp", "microbatches", "steps"):
+        p[key] = _int(p, key)
+    p["seed"] = _int(p, "seed", 0)
+    if p["sync"] not in ("zero", "ddp"):
+        raise InputError(SOURCE, "sync", f"expected 'zero' or 'ddp', got {p['sync']!r}")
+    if p["vpp"] > 1 and p["pp"] < 2:
+        raise InputError(SOURCE, "vpp", "an interleaved schedule (vpp > 1) needs pp >= 2")
+    if p["vpp"] > 1 and p["microbatches"] % p["pp"]:
+        raise InputError(SOURCE, "microbatches", f"the interleaved schedule needs a multiple of "
+                         f"pp={p['pp']} microbatches, got {p['microbatches']}")
+    p["noise"] = _positive(p["noise"], "noise", strict=False)
+    p["launch_delay"] = _positive(p["launch_delay"], "launch_delay", strict=False)
+    p["step_gap"] = _positive(p["step_gap"], "step_gap", strict=False)
+    if p["slow_worker"] is not None:
+        try:
+            d, s, f = p["slow_worker"]
+        except (TypeError, ValueError):
+            raise InputError(SOURCE, "slow_worker", "expected (dp_rank, stage, factor)") from None
+        p["slow_worker"] = [_index(d, "slow_worker", p["dp"], "dp rank"),
+                            _index(s, "slow_worker", p["pp"], "stage"),
+                            _positive(f, "slow_worker factor")]
+    if p["heavy_last_stage"] is not None:
+        p["heavy_last_stage"] = _positive(p["heavy_last_stage"], "heavy_last_stage")
+        if p["pp"] == 1:
+            warnings.warn("heavy_last_stage with pp=1 slows the only stage: every worker is "
+                          "equally slow, so it is no imbalance", stacklevel=3)
+    if p["seq_imbalance"] is not None:
+        p["seq_imbalance"] = _seq_imbalance(p["seq_imbalance"])
+    if p["gc"] is not None:
+        try:
+            rate, length = p["gc"]
+        except (TypeError, ValueError):
+            raise InputError(SOURCE, "gc", "expected (pauses per worker per step, pause s)") from None
+        p["gc"] = [_positive(rate, "gc rate"), _positive(length, "gc length")]
+        forwards = p["microbatches"] * p["vpp"]
+        if p["gc"][0] > forwards:
+            warnings.warn(f"gc rate {p['gc'][0]} exceeds the {forwards} forwards per step; "
+                          f"every forward gets a pause (rate capped at {forwards})", stacklevel=3)
+    if p["slow_link"] is not None:
+        p["slow_link"] = _slow_link(p["slow_link"], p)
+    return p
+
+
+def _seq_imbalance(cfg) -> dict:
+    if isinstance(cfg, str):
+        cfg = {"dist": cfg}
+    if not isinstance(cfg, dict):
+        raise InputError(SOURCE, "seq_imbalance", f"expected a dict or a distribution name, "
+                         f"got {cfg!r}")
+    unknown = set(cfg) - set(SEQ_DEFAULTS)
+    if unknown:
+        raise InputError(SOURCE, "seq_imbalance", f"unknown keys {sorted(unknown)}; expected "
+                         f"{sorted(SEQ_DEFAULTS)}")
+    out = {**SEQ_DEFAULTS, **cfg}
+    if out["dist"] not in ("lognormal", "uniform"):
+        raise InputError(SOURCE, "seq_imbalance.dist", f"expected 'lognormal' or 'uniform', "
+                         f"got {out['dist']!r}")
+    for key in ("max_len", "min_len", "tokens_per_mb"):
+        out[key] = int(_positive(out[key], f"seq_imbalance.{key}", low=1, strict=False))
+    if out["min_len"] > out["max_len"]:
+        raise InputError(SOURCE, "seq_imbalance.min_len", f"{out['min_len']} exceeds max_len "
+                         f"{out['max_len']}")
+    out["median_len"] = _positive(out["median_len"], "seq_imbalance.median_len")
+    out["sigma"] = _positive(out["sigma"], "seq_imbalance.sigma", strict=False)
+    return out
+
+
+def _slow_link(link, p: dict) -> dict:
+    if not isinstance(link, dict) or link.get("kind") not in ("p2p", "collective"):
+        raise InputError(SOURCE, "slow_link", "expected {'kind': 'p2p', 'dp', 'stage_from', "
+                         "'stage_to', 'factor'} or {'kind': 'collective', 'optype', 'stage', "
+                         "'factor'}")
+    out = {"kind": link["kind"], "factor": _positive(link.get("factor"), "slow_link factor")}
+    if link["kind"] == "p2p":
+        if p["pp"] < 2:
+            raise InputError(SOURCE, "slow_link", "a p2p link needs pp >= 2 (no pipeline p2p)")
+        out["dp"] = _index(link.get("dp"), "slow_link dp", p["dp"], "dp rank")
+        a = _index(link.get("stage_from"), "slow_link stage_from", p["pp"], "stage")
+        b = _index(link.get("stage_to"), "slow_link stage_to", p["pp"], "stage")
+        ring = p["vpp"] > 1 and {a, b} == {0, p["pp"] - 1}
+        if abs(a - b) != 1 and not ring:
+            raise InputError(SOURCE, "slow_link", f"stages {a} and {b} are not pipeline "
+                             "neighbours, so no p2p traffic passes between them")
+        out["stage_from"], out["stage_to"] = a, b
+        return out
+    optype = link.get("optype")
+    if optype not in COLLECTIVE_OPTYPES:
+        raise InputError(SOURCE, "slow_link optype", f"expected one of "
+                         f"{', '.join(COLLECTIVE_OPTYPES)}, got {optype!r}")
+    present = _collectives_present(p)
+    if optype not in present:
+        raise InputError(SOURCE, "slow_link optype", f"{optype} does not occur in this job "
+                         f"(sync={p['sync']}, pp={p['pp']}); it has {', '.join(present)}")
+    stage = link.get("stage")
+    if optype == "embedding-grads-all-reduce" and stage not in (None, 0, p["pp"] - 1):
+        raise InputError(SOURCE, "slow_link stage", "embedding-grads-all-reduce runs only on "
+                         f"stages 0 and {p['pp'] - 1}")
+    out["optype"] = optype
+    out["stage"] = None if stage is None else _index(stage, "slow_link stage", p["pp"], "stage")
+    return out
+
+
+def _collectives_present(p: dict) -> list[str]:
+    names = ["params-all-gather", "grads-reduce-scatter"] if p["sync"] == "zero" \
+        else ["grads-all-reduce"]
+    if p["pp"] > 1:
+        names += ["layernorm-grads-all-reduce", "embedding-grads-all-reduce",
+                  "optimizer-clip-main-grad"]
+    return names
+
+
+def ground_truth(p: dict, sched, costs, dp: int, steps: int) -> list[dict]:
+    """The injected causes as [{cause, where, params}], the answer a diagnosis should give."""
+    truth = []
+    if p["slow_worker"] is not None:
+        d, s, f = p["slow_worker"]
+        truth.append({"cause": "worker_fault", "where": {"dp": [d], "pp": [s]},
+                      "params": {"factor": f}})
+    if p["heavy_last_stage"] is not None:
+        truth.append({"cause": "stage_imbalance", "where": {"pp": [p["pp"] - 1]},
+                      "params": {"factor": p["heavy_last_stage"]}})
+    if p["seq_imbalance"] is not None:
+        truth.append({"cause": "sequence_imbalance", "where": {},
+                      "params": {**p["seq_imbalance"], "attn_cost_cv": costs.notes["attn_cost_cv"],
+                                 "cost_cv": costs.notes["cost_cv"]}})
+    if p["gc"] is not None:
+        active = costs.gc_active
+        truth.append({"cause": "gc", "where": {},
+                      "params": {"rate": p["gc"][0], "length_s": p["gc"][1],
+                                 "pauses": int(active.sum()),
+                                 "pause_s": float(costs.duration[costs.gc_rows][active].sum())}})
+    if p["slow_link"] is not None:
+        link = p["slow_link"]
+        if link["kind"] == "p2p":
+            where = {"dp": [link["dp"]], "pp": sorted([link["stage_from"], link["stage_to"]])}
+            optypes = ["forward-send", "forward-recv", "backward-send", "backward-recv"]
+        else:
+            where = {"pp": list(range(p["pp"])) if link["stage"] is None else [link["stage"]]}
+            optypes = [link["optype"]]
+        truth.append({"cause": "communication", "where": where,
+                      "params": {**link, "optypes": optypes}})
+    return truth

@@ -1,0 +1,218 @@
+"""Diagnosis (spec §7): name the causes of a straggling job, where they sit and what fixing buys."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES as C, OPTYPES, Trace
+from stragglers.whatif.grid import BWD, FWD, GC
+from stragglers.whatif.metrics import MERGED_OPTYPE, WhatIf
+
+STRAGGLING = 1.1          # a job is straggling when S ≥ 1.1
+MW_WORKER = 0.5           # M_W above this: an individual worker problem
+MS_STAGE = 0.5            # M_S at or above this: stage partitioning imbalance
+SEQ_CORR = 0.9            # forward/backward correlation of the same microbatch
+SEQ_CV = 0.1              # coefficient of variation of forward durations within a worker
+MIN_GAIN = 1.02           # a cause must buy at least 2% to be reported
+FIXES = {
+    "worker_fault": "replace or restart the slow worker (stragglers.adapt KILL_RESTART), or route "
+                    "around it (StragglAR, gradient coding)",
+    "stage_imbalance": "rebalance layers across stages (stragglers.mitigate.suggest_stage_split)",
+    "sequence_imbalance": "balance Σs² across DP ranks and microbatches "
+                          "(stragglers.mitigate.balance_sequences)",
+    "gc": "plan GC: automatic GC off, gc.collect() on all ranks at the same step "
+          "(stragglers.mitigate.PlannedGC)",
+    "communication": "check the slow link or collective (NIC, switch port, NCCL settings)",
+}
+
+
+def diagnose(w: WhatIf, trace: Trace, by_optype: dict, by_stage: dict, by_dp: dict,
+             scores: list[dict], m_w: float, top: list[tuple[int, int]], m_s: float) -> list[dict]:
+    """Causes, most important first; [`none`] when the job is not straggling."""
+    s = w.slowdown
+    if s < STRAGGLING:
+        return [_entry("none", {}, f"S = {s:.3f} < {STRAGGLING}: the job is not straggling "
+                       f"(waste {100 * (1 - 1 / s):.1f}%)", None)]
+    found = []
+    t_nd = float(w.t_nodelay.mean())
+    dp_spread = (max(by_dp.values()) - min(by_dp.values())) if by_dp else 0.0
+
+    # Worker fault: fixing the top ⌈3%⌉ workers alone removes most of the slowdown.
+    if m_w > MW_WORKER:
+        where = {"dp": sorted({d for d, _ in top}), "pp": sorted({p for _, p in top})}
+        score = max(x["score"] for x in scores)
+        found.append(_entry("worker_fault", where,
+                            f"worker(s) {', '.join(f'(dp {d}, pp {p})' for d, p in top)} score "
+                            f"S_w = {score:.3f}; fixing only them removes {100 * min(m_w, 1):.0f}% "
+                            f"of the slowdown (M_W = {m_w:.2f})",
+                            t_nd / w.fix_fraction(w.worker_mask(top))[1]))
+
+    # Stage imbalance: one stage hot on every DP rank alike.
+    if by_stage:
+        hot = max(by_stage, key=by_stage.get)
+        m_hot = m_s if hot == w.grid.pp_size - 1 else _stage_fix(w, hot)
+        uniform = dp_spread <= 0.5 * (s - 1)
+        if m_hot >= MS_STAGE and uniform and m_w <= MW_WORKER:
+            mask = np.zeros(w.cost.shape[:2], bool)
+            mask[w.grid.node_stage == hot] = True
+            found.append(_entry("stage_imbalance", {"pp": [hot]},
+                                f"stage {hot} has S = {by_stage[hot]:.3f} on all DP ranks (others "
+                                f"≤ {max([v for k, v in by_stage.items() if k != hot] or [1]):.3f}); "
+                                f"balancing it alone removes {100 * m_hot:.0f}% of the slowdown "
+                                f"(M = {m_hot:.2f})",
+                                t_nd / w.fix_fraction(mask)[1]))
+
+    seq = _sequence_imbalance(w, trace)
+    if seq is not None and m_w <= MW_WORKER:
+        stages, corr, cv, fit = seq
+        mask = np.zeros(w.cost.shape[:2], bool)
+        mask[np.isin(w.grid.node_optype, (FWD, BWD))] = True
+        evidence = (f"forward and backward of the same microbatch move together (corr {corr:.2f}) "
+                    f"with spread {100 * cv:.0f}% within each worker on stage(s) "
+                    f"{', '.join(map(str, stages))}")
+        if fit is not None:
+            evidence += f"; duration follows Σs² (r² = {fit:.2f})"
+        found.append(_entry("sequence_imbalance", {"pp": stages}, evidence,
+                            t_nd / w.fix_fraction(mask)[1]))
+
+    gc = _gc(w)
+    if gc is not None:
+        where, total, count = gc
+        mask = np.zeros(w.cost.shape[:2], bool)
+        mask[w.grid.node_optype == GC] = True
+        gain = t_nd / w.fix_fraction(mask)[1]
+        found.append(_entry("gc", where, f"{count} GC pauses totalling {total:.3f} s on "
+                            f"{len(where['workers'])} workers at uncoordinated steps "
+                            f"(S_gc = {by_optype.get('gc', 1.0):.3f})", gain))
+
+    comm = _communication(w, by_optype)
+    if comm is not None:
+        found.append(comm)
+
+    found = [f for f in found if f["speedup_if_fixed"] is None or f["speedup_if_fixed"] >= MIN_GAIN]
+    found.sort(key=lambda f: -(f["speedup_if_fixed"] or 0))
+    if not found:
+        found.append(_entry("unexplained", {}, f"S = {s:.3f} but no single cause explains it; see "
+                            "the attribution by op type, stage and DP rank", None))
+    return found
+
+
+def _entry(cause: str, where: dict, evidence: str, speedup: float | None) -> dict:
+    """One diagnosis record."""
+    where = {k: [int(x) for x in v] if k != "workers" else v for k, v in where.items()}
+    return {"cause": cause, "where": where, "evidence": evidence,
+            "speedup_if_fixed": None if speedup is None else float(speedup),
+            "fix": FIXES.get(cause)}
+
+
+def _stage_fix(w: WhatIf, stage: int) -> float:
+    """M for fixing one whole stage."""
+    mask = np.zeros(w.cost.shape[:2], bool)
+    mask[w.grid.node_stage == stage] = True
+    return w.fix_fraction(mask)[0]
+
+
+def _sequence_imbalance(w: WhatIf, trace: Trace):
+    """Stages where fwd and bwd of a microbatch co-vary strongly within each worker."""
+    g = w.grid
+    stages, corrs, cvs = [], [], []
+    for s in range(g.pp_size):
+        f = _by_microbatch(g, trace, s, FWD)
+        b = _by_microbatch(g, trace, s, BWD)
+        if f is None or b is None or f.shape != b.shape or f.shape[0] < 2:
+            continue
+        # Normalise per worker so a uniformly slow worker does not look like sequence imbalance.
+        fn = f / f.mean(axis=(0, 2), keepdims=True)
+        bn = b / b.mean(axis=(0, 2), keepdims=True)
+        if fn.std() == 0 or bn.std() == 0:
+            continue
+        corr = float(np.corrcoef(fn.ravel(), bn.ravel())[0, 1])
+        cv = float(fn.std())
+        if corr >= SEQ_CORR and cv >= SEQ_CV:
+            stages.append(s)
+            corrs.append(corr)
+            cvs.append(cv)
+    if not stages:
+        return None
+    fit = None
+    if "attn_cost" in trace.ops:
+        rows = g.row[np.isin(g.node_optype, (FWD, BWD))]
+        rows = rows[rows >= 0]
+        x = trace.ops["attn_cost"][rows]
+        y = trace.ops["duration"][rows]
+        ok = np.isfinite(x)
+        if ok.sum() > 3 and np.std(x[ok]) > 0:
+            fwd = trace.ops["optype"][rows][ok] == FWD
+            fits = []
+            for sel in (fwd, ~fwd):
+                if sel.sum() > 3 and np.std(x[ok][sel]) > 0:
+                    fits.append(float(np.corrcoef(x[ok][sel], y[ok][sel])[0, 1] ** 2))
+            fit = min(fits) if fits else None
+    return stages, float(np.mean(corrs)), float(np.mean(cvs)), fit
+
+
+def _by_microbatch(g, trace: Trace, stage: int, code: int):
+    """Durations [microbatch, D, T] of one compute type on one stage, ordered by (mc, mb_id)."""
+    nodes = np.flatnonzero((g.node_stage == stage) & (g.node_optype == code))
+    if len(nodes) == 0:
+        return None
+    ref = g.row[nodes, 0, 0]
+    key = trace.ops["mc"][ref].astype(np.int64) * 100000 + trace.ops["mb_id"][ref]
+    return g.duration[nodes[np.argsort(key, kind="stable")]]
+
+
+def _gc(w: WhatIf):
+    """Real GC pauses recorded as gc ops: where they happened and how long they took."""
+    g = w.grid
+    nodes = g.node_optype == GC
+    if not nodes.any():
+        return None
+    dur = np.where(g.present[nodes], g.duration[nodes], 0.0)   # [n_gc, D, T]
+    if dur.sum() <= 0:
+        return None
+    pause = dur > 0.2 * dur.max()
+    per_worker = {}
+    for k, d, t in zip(*np.nonzero(pause)):
+        n = np.flatnonzero(nodes)[k]
+        key = (int(g.dp_ranks[d]), int(g.node_stage[n]))
+        per_worker.setdefault(key, set()).add(int(g.steps[t]))
+    workers = sorted(per_worker)
+    steps = sorted({s for v in per_worker.values() for s in v})
+    where = {"dp": sorted({d for d, _ in workers}), "pp": sorted({p for _, p in workers}),
+             "steps": steps, "workers": [[d, p] for d, p in workers]}
+    return where, float(dur.sum()), int(pause.sum())
+
+
+def _communication(w: WhatIf, by_optype: dict):
+    """A slow link or collective: a comm op type with S_t well above 1, located by worker."""
+    compute = {o for o in COMPUTE_OPTYPES}
+    comm = {k: v for k, v in by_optype.items() if k not in compute}
+    if not comm:
+        return None
+    name, s_t = max(comm.items(), key=lambda kv: kv[1])
+    if s_t < 1.05:
+        return None
+    g = w.grid
+    codes = [C[o] for o, m in MERGED_OPTYPE.items() if m == name] if name.endswith("pp-comm") \
+        else [C[name]]
+    nodes = np.isin(g.node_optype, codes)
+    ratio = (w.cost[nodes] / np.maximum(w.ideal[nodes], 1e-12)).mean(axis=2)   # [n, D]
+    stage_of = g.node_stage[nodes]
+    per_worker = {}
+    for i, n_stage in enumerate(stage_of):
+        for d in range(ratio.shape[1]):
+            per_worker.setdefault((int(g.dp_ranks[d]), int(n_stage)), []).append(ratio[i, d])
+    mean_ratio = {k: float(np.mean(v)) for k, v in per_worker.items()}
+    worst = max(mean_ratio.values())
+    hot = sorted(k for k, v in mean_ratio.items() if v >= 0.7 * worst and v > 1.5)
+    where = {"dp": sorted({d for d, _ in hot}), "pp": sorted({p for _, p in hot})} if hot else {}
+    mask = np.zeros(w.cost.shape[:2], bool)
+    mask[nodes] = True
+    gain = float(w.t_nodelay.mean()) / w.fix_fraction(mask)[1]
+    return _entry("communication", where,
+                  f"{name} transfers take {worst:.1f}× their median on "
+                  f"{', '.join(f'(dp {d}, pp {p})' for d, p in hot) or 'several workers'} "
+                  f"(S_{name} = {s_t:.3f})", gain)
+
+
+__all__ = ["diagnose", "STRAGGLING", "FIXES", "OPTYPES"]

@@ -1,0 +1,58 @@
+"""3 ranks, unequal batches with accumulation: the update must equal one global-batch update."""
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from stragglers.adapt.policies import micro_batches
+from stragglers.adapt.step import global_step
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+torch.set_default_dtype(torch.float64)
+B = 24
+x, y = torch.randn(2 * B, 8), torch.randint(0, 4, (2 * B,))
+
+
+def make_model():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+model = make_model()
+opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+splits = [[3, 7, 14], [10, 0, 14]]  # second step: rank 1 has nothing (still one AllReduce)
+cap = 4
+collectives = 0
+for step, sizes in enumerate(splits):
+    lo = step * B + sum(sizes[:rank])
+    xs, ys = x[lo:lo + sizes[rank]], y[lo:lo + sizes[rank]]
+    res = global_step(model, torch.nn.CrossEntropyLoss(reduction="sum"), xs, ys,
+                      micro_batches(sizes[rank], cap), opt)
+    collectives += res.collectives
+    assert res.global_count == B
+
+if rank == 0:
+    ref = make_model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5, momentum=0.9)
+    naive = make_model()  # equal-weight average of per-rank mean gradients: biased
+    naive_opt = torch.optim.SGD(naive.parameters(), lr=0.5, momentum=0.9)
+    for step, sizes in enumerate(splits):
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x[step * B:(step + 1) * B]), y[step * B:(step + 1) * B]).backward()
+        ref_opt.step()
+        naive_opt.zero_grad()
+        lo, parts = step * B, [s for s in sizes if s > 0]
+        for s in sizes:
+            if s:
+                (torch.nn.functional.cross_entropy(naive(x[lo:lo + s]), y[lo:lo + s]) / len(parts)).backward()
+            lo += s
+        naive_opt.step()
+    diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), ref.parameters()))
+    naive_diff = max((a - b).abs().max().item() for a, b in zip(naive.parameters(), ref.parameters()))
+    with open(sys.argv[1], "w") as f:
+        json.dump({"max_abs_diff": diff, "naive_diff": naive_diff, "collectives": collectives}, f)
+dist.destroy_process_group()

@@ -1,0 +1,90 @@
+"""The HTML report: one self-contained offline page, checked in a real headless Chromium."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from report_results import clean_result, json_round_trip, straggling_result
+
+from stragglers.report import render_html, write_html
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def test_page_is_self_contained(tmp_path):
+    path = write_html(json_round_trip(straggling_result()), tmp_path / "sub" / "report.html")
+    page = path.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
+    # No external scripts, styles or fonts: everything needed is inline.
+    assert not re.search(r"<script[^>]*\bsrc=", page)
+    assert not re.search(r"<link[^>]*\bhref=", page)
+    assert "cdn.plot.ly" not in page
+    assert "Plotly.newPlot" in page and len(page) > 3_000_000  # plotly.js itself is inline
+    for sid in ("headline", "explanation", "warnings", "diagnosis", "heatmap", "steps",
+                "optypes", "stages"):
+        assert f'id="{sid}"' in page, sid
+    assert "gpt-13b-run7" in page and "1.452" in page and "31.1%" in page
+    assert "Worker fault" in page and "1.25× faster" in page
+
+
+def test_clean_job_page_says_the_attribution_was_skipped():
+    page = render_html(clean_result())
+    assert "not straggling" in page
+    assert page.count("Attribution was skipped") == 3  # heatmap, op types, stages
+    assert 'id="steps-plot"' in page and 'id="heatmap-plot"' not in page
+
+
+def test_text_from_the_result_is_escaped():
+    result = straggling_result()
+    result["job"]["name"] = "<script>alert(1)</script>"
+    result["diagnosis"][0]["evidence"] = "<img src=x onerror=alert(2)>"
+    page = render_html(result)
+    assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page
+    assert "<img src=x" not in page
+
+
+@pytest.mark.browser
+def test_page_renders_offline_in_headless_chromium(tmp_path):
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install it with `make browser` "
+                    "(apt-get install chromium); this test must run, not skip")
+    from playwright.sync_api import sync_playwright
+
+    path = write_html(straggling_result(), tmp_path / "report.html")
+    network_requests: list[str] = []
+    page_errors: list[str] = []
+
+    def block(route):
+        network_requests.append(route.request.url)
+        route.abort()
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(offline=True, viewport={"width": 1280, "height": 900})
+            context.route(re.compile(r"^(https?|wss?)://"), block)
+            page = context.new_page()
+            page.on("pageerror", lambda err: page_errors.append(str(err)))
+            page.goto(path.as_uri(), wait_until="load")
+            # plotly draws into an svg inside the figure div once plotly.js has run.
+            page.wait_for_selector("#heatmap .plotly svg.main-svg", timeout=20_000)
+            assert page.locator("#heatmap .plotly").count() == 1
+            cells = page.locator("#heatmap svg text").all_inner_texts()
+            assert "1.38" in cells  # the faulty worker's cell is drawn with its value
+            for sid in ("steps", "optypes", "stages"):
+                assert page.locator(f"#{sid} .plotly svg.main-svg").count() >= 1, sid
+            diagnosis = page.locator("#diagnosis")
+            assert diagnosis.is_visible()
+            text = diagnosis.inner_text()
+            assert "Worker fault" in text and "DP rank 2; PP stage 1" in text
+            assert "1.25× faster" in text
+            assert page.locator("#headline").inner_text().count("1.452") == 1
+            assert page.title() == "Straggler report — gpt-13b-run7"
+        finally:
+            browser.close()
+    assert not page_errors, page_errors
+    assert not network_requests, f"the page tried to reach the network: {network_requests}"

@@ -1,0 +1,159 @@
+"""Readers, writers and convert: lossless round trips and one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stragglers.errors import InputError, StragglersError
+from stragglers.trace.convert import convert
+from stragglers.trace.load import load_trace
+from stragglers.trace.ndtimeline import read_ndtimeline
+from stragglers.trace.runformat import read_run
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "stragglers.cli", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    ka = np.lexsort((a.ops["seq_id"], a.ops["optype"], a.ops["step"], a.ops["rank"]))
+    kb = np.lexsort((b.ops["seq_id"], b.ops["optype"], b.ops["step"], b.ops["rank"]))
+    for col in a.ops:
+        np.testing.assert_array_equal(a.ops[col][ka], b.ops[col][kb], err_msg=col)
+    assert a.meta == b.meta
+
+
+def test_round_trip_ndtimeline_run_ndtimeline(ndtimeline_dir, tmp_path):
+    original = read_ndtimeline(ndtimeline_dir / "trace-ST.parquet")
+    convert(ndtimeline_dir / "trace-ST.parquet", tmp_path / "run")
+    run = read_run(tmp_path / "run")
+    same(original, run)
+    convert(tmp_path / "run", tmp_path / "back" / "trace-ST.parquet")
+    back = read_ndtimeline(tmp_path / "back" / "trace-ST.parquet")
+    same(original, back)
+    assert (tmp_path / "back" / "meta-ST.yaml").exists()
+
+
+def test_convert_cli(ndtimeline_dir, tmp_path):
+    proc = cli("convert", ndtimeline_dir / "trace-AR.parquet", tmp_path / "ar")
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((tmp_path / "ar").glob("rank-*.parquet"))) == 16
+
+
+def write_trace(tmp_path, table, meta="trial_name: X\ndp_size: 1\npp_size: 1\nworld_size: 1\n"):
+    path = tmp_path / "trace-X.parquet"
+    pq.write_table(table, path)
+    (tmp_path / "meta-X.yaml").write_text(meta)
+    return path
+
+
+def good_table(n=4):
+    return pa.table({"dp_rank": [0] * n, "stage": [0] * n, "rank": [0] * n, "step": [1] * n,
+                     "optype": ["forward-compute"] * n, "start_ts": [0.1 * i for i in range(n)],
+                     "duration": [0.05] * n, "seq_id": list(range(n)), "mc": [0] * n,
+                     "gmc": [0] * n, "mb_id": list(range(n))})
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda t: t.drop_columns(["duration"]), "duration"),
+    (lambda t: t.set_column(6, "duration", pa.array(["a", "b", "c", "d"])), "duration"),
+    (lambda t: t.set_column(6, "duration", pa.array([0.1, float("nan"), 0.1, 0.1])), "duration"),
+    (lambda t: t.set_column(6, "duration", pa.array([0.1, -0.5, 0.1, 0.1])), "duration"),
+    (lambda t: t.set_column(4, "optype", pa.array(["forward-compute", "teleport", "x", "y"])), "optype"),
+])
+def test_bad_columns_name_file_and_field(tmp_path, mutate, field):
+    path = write_trace(tmp_path, mutate(good_table()))
+    with pytest.raises(InputError) as err:
+        read_ndtimeline(path)
+    assert str(path) in str(err.value) and f"'{field}'" in str(err.value)
+    proc = cli("analyze", path)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and field in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_empty_truncated_and_meta_errors(tmp_path):
+    empty = write_trace(tmp_path, good_table(0))
+    assert "no ops" in str(pytest.raises(InputError, read_ndtimeline, empty).value)
+    data = empty.read_bytes()
+    path = write_trace(tmp_path, good_table())
+    path.write_bytes(path.read_bytes()[:-30])
+    assert "Parquet" in str(pytest.raises(InputError, read_ndtimeline, path).value)
+    path = write_trace(tmp_path, good_table(), meta="trial_name: X\n")
+    assert "dp_size" in str(pytest.raises(InputError, read_ndtimeline, path).value)
+    path = write_trace(tmp_path, good_table(), meta="dp_size: 2\npp_size: 1\nworld_size: 3\n")
+    assert "world_size" in str(pytest.raises(InputError, read_ndtimeline, path).value)
+    path = write_trace(tmp_path, good_table(), meta="dp_size: [oops\n")
+    assert "YAML" in str(pytest.raises(InputError, read_ndtimeline, path).value)
+    assert data  # the empty file was a valid Parquet file
+
+
+def test_run_dir_errors(tmp_path):
+    (tmp_path / "run").mkdir()
+    assert "meta.json" in str(pytest.raises(InputError, read_run, tmp_path / "run").value)
+    (tmp_path / "run" / "meta.json").write_text(json.dumps({"dp_size": 1, "pp_size": 1}))
+    assert "rank-" in str(pytest.raises(InputError, read_run, tmp_path / "run").value)
+    with pytest.raises(InputError):
+        load_trace(tmp_path / "nothing-here")
+
+
+def test_cycle_is_reported_with_op_names(ndtimeline_dir, tmp_path):
+    t = pq.read_table(ndtimeline_dir / "trace-ST.parquet")
+    cols = {c: t.column(c).to_pylist() for c in t.column_names}
+    # Make the optimizer run before the first forward of stage 0: the step tail then feeds its head.
+    for i, (op, st_, seq) in enumerate(zip(cols["optype"], cols["stage"], cols["seq_id"])):
+        if op == "forward-compute" and st_ == 0 and seq == 0:
+            cols["start_ts"][i] += 100.0
+    path = tmp_path / "trace-ST.parquet"
+    pq.write_table(pa.table(cols), path)
+    (tmp_path / "meta-ST.yaml").write_text((ndtimeline_dir / "meta-ST.yaml").read_text())
+    proc = cli("analyze", path)
+    assert proc.returncode == 2, proc.stdout
+    assert "cyclic" in proc.stderr and "forward-compute" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(
+    st.sampled_from(["dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration",
+                     "seq_id", "mc", "gmc", "mb_id"]),
+    st.lists(st.one_of(st.integers(-3, 3), st.floats(allow_nan=True, allow_infinity=True),
+                       st.sampled_from(["forward-compute", "gc", "optimizer", "bogus", ""])),
+             min_size=1, max_size=6),
+    min_size=1))
+def test_reader_fuzz_never_crashes(tmp_path, columns):
+    n = min(len(v) for v in columns.values())
+    cols = {}
+    for name, values in columns.items():
+        values = values[:n]
+        try:
+            cols[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            cols[name] = pa.array([str(v) for v in values])
+    path = write_trace(tmp_path, pa.table(cols),
+                       meta="trial_name: X\ndp_size: 4\npp_size: 4\nworld_size: 16\n")
+    try:
+        trace = read_ndtimeline(path)
+        from stragglers.whatif.analyze import analyze
+        analyze(trace)
+    except StragglersError:
+        pass
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(min_size=0, max_size=300))
+def test_garbage_bytes_are_a_clear_error(tmp_path, blob):
+    path = tmp_path / "trace-X.parquet"
+    path.write_bytes(blob)
+    (tmp_path / "meta-X.yaml").write_text("dp_size: 1\npp_size: 1\n")
+    with pytest.raises(InputError):
+        read_ndtimeline(path)
