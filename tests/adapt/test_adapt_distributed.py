@@ -43,13 +43,36 @@ def model_samples(workdir: Path, world: int) -> collections.Counter:
     return counter
 
 
+def check_every_sample_once(work: Path, world: int, num_samples: int = 1797) -> None:
+    counts = model_samples(work, world)
+    assert {i for (e, i) in counts if e == 0} == set(range(num_samples)), "a sample was lost"
+    dupes = {k: n for k, n in counts.items() if n != 1}
+    assert not dupes, f"samples applied twice to the model: {list(dupes)[:5]}"
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["incarnation"] == 1 and summary["failed_shards"] == []
+
+
+COMMON = ["--steps", "200", "--epochs", "1", "--global-batch", "64", "--memory-cap", "16",
+          "--sample-time", "0.001", "--window", "3", "--ckpt-every", "5", "--log-samples"]
+
+
 @pytest.mark.distributed
 def test_nd_kill_restart_resumes_from_checkpoint_and_consumes_each_sample_once(tmp_path):
     work = tmp_path / "run"
-    proc = torchrun("--max-restarts=1", 2, EXAMPLE, timeout=240)  if False else None
     proc = torchrun(EXAMPLE, 2, "--policy", "nd", "--speeds", "1,1", "--persistent-rank", "1",
-                    "--persistent-start", "2", "--steps", "200", "--epochs", "1",
-                    "--global-batch", "64", "--memory-cap", "16", "--sample-time", "0.001",
-                    "--window", "3", "--restart-cost", "0.05", "--ckpt-every", "5",
-                    "--log-samples", "--workdir", str(work), timeout=240)
-    del proc
+                    "--persistent-start", "2", "--restart-cost", "0.05", *COMMON,
+                    "--workdir", str(work), timeout=240, env={"PET_MAX_RESTARTS": "1"})
+    assert "KILL_RESTART of rank 1" in proc.stdout + proc.stderr
+    check_every_sample_once(work, 2)
+    incarnations = {json.loads(l)["inc"] for l in (work / "metrics.jsonl").read_text().splitlines()}
+    assert incarnations == {0, 1}
+
+
+@pytest.mark.distributed
+def test_worker_crash_rolls_back_to_the_checkpoint_with_its_shard_state(tmp_path):
+    work = tmp_path / "run"
+    torchrun(EXAMPLE, 2, "--policy", "dd", "--speeds", "1,0.5", "--crash-at", "8", *COMMON,
+             "--workdir", str(work), timeout=240, env={"PET_MAX_RESTARTS": "1"})
+    entries = [json.loads(l) for l in (work / "samples_rank0.jsonl").read_text().splitlines()]
+    assert min(e["step"] for e in entries if e["inc"] == 1) == 6  # resumed after step 5
+    check_every_sample_once(work, 2)

@@ -112,7 +112,7 @@ class RecordedWork:
         self.done = True
         if self.buf is not None:
             code, mb, mc, gmc, nbytes = self.row
-            self.buf.ops.append((code, self.start, end, mb, mc, gmc, math.nan, -1, nbytes, 0))
+            self.buf.ops.append((code, self.start, end, mb, mc, gmc, math.nan, -1, nbytes, ()))
 
     def is_completed(self) -> bool:
         """Whether the underlying work has finished (does not close the row)."""
@@ -260,17 +260,13 @@ class Recorder:
 
     def _close_foreground(self, buf: StepBuffer, i0: int, row: tuple, start, end) -> None:
         code, mb, mc, gmc, attn, tok, nbytes = row
-        shift = 0
-        inside = buf.gc[i0:]
-        if inside and not self._timer.is_cuda:
+        pauses = ()
+        if len(buf.gc) > i0 and not self._timer.is_cuda:
+            # The pauses stalled this op: the writer places them before it (see writer.py).
+            inside = buf.gc[i0:]
             del buf.gc[i0:i0 + len(inside)]
-            # The pauses stalled this op: place them first, back to back, then the op itself.
-            t = start
-            for s, e in inside:
-                buf.ops.append((OPTYPE_CODES["gc"], t, t + (e - s), -1, 0, 0, math.nan, -1, -1, 0))
-                t += e - s
-            shift = t - start
-        buf.ops.append((code, start, end, mb, mc, gmc, attn, tok, nbytes, shift))
+            pauses = tuple(e - s for s, e in inside)
+        buf.ops.append((code, start, end, mb, mc, gmc, attn, tok, nbytes, pauses))
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -365,7 +361,7 @@ class Recorder:
 
             def done(f):
                 # Runs when the bucket's collective completes; the op ends here.
-                buf.ops.append((code, start, self._timer.mark(), -1, 0, 0, math.nan, -1, nbytes, 0))
+                buf.ops.append((code, start, self._timer.mark(), -1, 0, 0, math.nan, -1, nbytes, ()))
                 return f.value()
 
             return fut.then(done)

@@ -86,13 +86,11 @@ class RankWriter:
         """One step's rows as op-table columns on the common clock, with seq_id filled in."""
         timer, anchor = self.timer, buf.anchor
         rows = []
-        for code, s, e, mb, mc, gmc, attn, tok, nbytes, shift in buf.ops:
-            start = timer.resolve(s, anchor)
-            end = timer.resolve(e, anchor)
-            rows.append((code, min(start + shift, end), end, mb, mc, gmc, attn, tok, nbytes))
-        for s, e in buf.gc:
-            rows.append((GC_CODE, s, e, -1, 0, 0, np.nan, -1, -1))
+        for code, s, e, mb, mc, gmc, attn, tok, nbytes, pauses in buf.ops:
+            rows.append([code, timer.resolve(s, anchor), timer.resolve(e, anchor), mb, mc, gmc,
+                         attn, tok, nbytes, pauses])
         timer.release(anchor)
+        rows.extend(place_gc_pauses(rows, buf.gc))
         n = len(rows)
         code = np.fromiter((r[0] for r in rows), np.int8, n)
         start = np.fromiter((r[1] for r in rows), np.int64, n)
@@ -123,3 +121,53 @@ class RankWriter:
             "tokens": col(7, np.int64),
             "bytes": col(8, np.int64),
         }
+
+
+FWD_BWD = (OPTYPE_CODES["forward-compute"], OPTYPE_CODES["backward-compute"])
+TAIL = tuple(OPTYPE_CODES[n] for n in (
+    "params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce", "grads-all-reduce",
+    "layernorm-grads-all-reduce", "embedding-grads-all-reduce", "optimizer-clip-main-grad",
+    "optimizer"))
+
+
+def place_gc_pauses(rows: list[list], free: list[tuple[int, int]]) -> list[list]:
+    """Turn GC pauses into `gc` rows, one per compute slot, and move op starts past their pauses.
+
+    The dependency model (specs/whatif.md §3) has one gc op per slot between consecutive
+    forward/backward ops, and one between the last of them and the step tail. A pause inside an
+    op moves before it (the op's start shifts by the pause, so its duration is its own), and the
+    pauses of one slot merge into one row: it starts at the slot's first pause and lasts their
+    sum, which still ends before the op that closes the slot. Pauses after the first tail op
+    (all-reduce, clip, optimizer) have no slot: they stay inside their op, or, between ops,
+    show as launch delay. Rows are [code, start, end, ..., pauses] and are changed in place.
+    """
+    comp_ends = sorted(r[2] for r in rows if r[0] in FWD_BWD)
+    last_comp_end = comp_ends[-1] if comp_ends else None
+    tail_start = min((r[1] for r in rows if r[0] in TAIL and
+                      (last_comp_end is None or r[1] >= last_comp_end)), default=None)
+    pauses: list[tuple[int, int]] = list(free)
+    for r in rows:
+        if not r[9]:
+            continue
+        if tail_start is not None and r[1] > tail_start:
+            r[9] = ()
+            continue  # past the first tail op: the pause stays inside this op
+        t = r[1]
+        for d in r[9]:
+            pauses.append((t, d))
+            t += d
+        r[1] = min(t, r[2])
+        r[9] = ()
+    pauses = [(s, e - s) if isinstance(e, int) and e > s and (s, e) in free else (s, e)
+              for s, e in pauses]
+    if tail_start is not None:
+        pauses = [(s, d) for s, d in pauses if s <= tail_start]
+    comp_starts = np.sort(np.fromiter((r[1] for r in rows if r[0] in FWD_BWD), np.int64))
+    merged: dict[int, list[int]] = {}
+    for s, d in sorted(pauses):
+        slot = int(np.searchsorted(comp_starts, s, side="right"))
+        if slot in merged:
+            merged[slot][1] += d
+        else:
+            merged[slot] = [s, d]
+    return [[GC_CODE, s, s + d, -1, 0, 0, np.nan, -1, -1, ()] for s, d in merged.values()]

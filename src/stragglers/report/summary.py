@@ -145,6 +145,12 @@ def describe_where(where: Any) -> str:
         return str(where)
     labels = {"dp": "DP rank", "pp": "PP stage", "steps": "step", "optypes": "op type"}
     parts = []
+    where = dict(where)
+    dp, pp = where.get("dp"), where.get("pp")
+    if isinstance(dp, list) and isinstance(pp, list) and len(dp) == 1 and len(pp) == 1:
+        # One DP rank and one stage name one worker.
+        parts.append(f"worker dp {dp[0]} / pp {pp[0]}")
+        del where["dp"], where["pp"]
     for key, values in where.items():
         items = list(values) if isinstance(values, (list, tuple)) else [values]
         label = labels.get(key, key)

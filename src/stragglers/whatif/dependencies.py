@@ -95,18 +95,20 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
                     (kind == "send" and ref_end[o] < first_comp_end - _EPS))]
                 for o in ops:
                     no_op[o] = o not in cand
-                offset = 1 if kind == "recv" and len(cand) + 1 == len(t_comp) else 0
-                for k, o in enumerate(cand[:len(t_comp) - offset]):
-                    c = t_comp[k + offset]
-                    peer_gmc = grid.node_gmc[c] + P2P_PEER[name][1]
+                delta = P2P_PEER[name][1]
+                targets = _p2p_targets(grid, t_comp, len(cand), kind, delta, pp)
+                for k, o in enumerate(cand[:len(targets)]):
+                    c = targets[k]
+                    peer_gmc = grid.node_gmc[c] + delta
                     if peer_gmc < 0 or peer_gmc >= grid.vpp_size * pp:
                         no_op[o] = True  # first/last chunk of the whole model: no peer
                     if kind == "send":
                         deps[o].append(c)
                     else:
                         deps[c].append(o)
-                        if k + offset > 0:
-                            deps[o].append(t_comp[k + offset - 1])
+                        i = t_comp.index(c)
+                        if i > 0:
+                            deps[o].append(t_comp[i - 1])
                 p2p_launched[(stage, name)] = [o for o in cand if not no_op[o]]
         # The first backward send/recv waits for the second-to-last forward before the first backward.
         kinds = [grid.node_optype[c] for c in comp]
@@ -177,6 +179,23 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
         add_group(clip, True)
     order = _topological_order(grid, deps, groups, group_of)
     return DependencyModel(deps, groups, dp_sync, group_of, no_op, order)
+
+
+def _p2p_targets(grid: OpGrid, t_comp: list[int], n_ops: int, kind: str, delta: int,
+                 pp: int) -> list[int]:
+    """The compute ops that the recorded sends/recvs of one direction belong to, in order.
+
+    Profilers either record a p2p op for every compute op (no-ops included) or only the
+    launched ones; which one is told by the count.
+    """
+    if n_ops >= len(t_comp):
+        return t_comp
+    eligible = [c for c in t_comp if 0 <= grid.node_gmc[c] + delta < grid.vpp_size * pp]
+    if n_ops == len(eligible):
+        return eligible
+    if kind == "recv" and n_ops + 1 == len(t_comp):
+        return t_comp[1:]  # the first forward-recv no-op was not recorded
+    return t_comp[:n_ops]
 
 
 def _link_gathers(grid: OpGrid, gathers: list[int], comp: list[int], ref_start, deps) -> None:

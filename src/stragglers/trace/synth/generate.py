@@ -123,58 +123,67 @@ def assemble_ops(sched: Schedule, costs: Costs, start: np.ndarray, end: np.ndarr
     """Op-table columns, rows grouped by rank, then step, then schedule position."""
     cols = dp * steps
     gc_code = optype_code("gc")
-    parts: list[dict[str, np.ndarray]] = []
-    for stage, ids in enumerate(sched.by_stage):
+    seq_on = costs.attn_cost is not None
+    layouts = []  # per stage: (node ids, flat keep mask or None, row count)
+    for ids in sched.by_stage:
         ids = np.asarray(ids)
-        nodes = [sched.nodes[i] for i in ids]
-        codes = np.array([nd.code for nd in nodes], dtype=np.int8)
-        keep = np.ones((len(ids), cols), dtype=bool)
-        seq = np.empty((len(ids), cols), dtype=np.int32)
-        seq[:] = _static_seq_ids(codes)[:, None]
+        codes = np.array([sched.nodes[i].code for i in ids], dtype=np.int8)
         gc_local = np.flatnonzero(codes == gc_code)
+        keep = None
         if len(gc_local):
-            gc_pos = np.searchsorted(costs.gc_rows, ids[gc_local])
-            active = costs.gc_active[gc_pos]
-            keep[gc_local] = active
-            seq[gc_local] = np.cumsum(active, axis=0, dtype=np.int32) - 1
+            keep = np.ones((len(ids), cols), dtype=bool)
+            keep[gc_local] = costs.gc_active[np.searchsorted(costs.gc_rows, ids[gc_local])]
+        layouts.append((ids, codes, gc_local, keep))
+    keeps = [_per_worker(k, steps, dp) if k is not None else None for *_, k in layouts]
+    sizes = [int(k.sum()) if k is not None else len(ids) * cols
+             for (ids, *_), k in zip(layouts, keeps)]
+    out = {name: np.empty(sum(sizes), dtype=dtype) for name, dtype in COLUMNS.items()}
+    if seq_on:
+        out["attn_cost"] = np.empty(sum(sizes))
+        out["tokens"] = np.empty(sum(sizes), dtype=np.int64)
+    offset = 0
+    for stage, ((ids, codes, gc_local, keep), flat_keep, size) in \
+            enumerate(zip(layouts, keeps, sizes)):
+        nodes = [sched.nodes[i] for i in ids]
+        n = len(ids)
 
-        def per_worker(matrix: np.ndarray) -> np.ndarray:
-            # (nodes, steps*dp) -> (dp, steps, nodes), the row order of the table
-            return matrix.reshape(len(ids), steps, dp).transpose(2, 1, 0)
+        def put(name: str, values: np.ndarray) -> None:
+            # values: one per (dp, step, node) in row order; drop the absent gc pauses
+            out[name][offset:offset + size] = values if flat_keep is None else values[flat_keep]
 
-        mask = per_worker(keep)
-        shape = mask.shape
-        rows = int(mask.sum())
+        def static(values) -> np.ndarray:
+            return np.tile(np.asarray(values), cols)
 
-        def static(values, dtype) -> np.ndarray:
-            return np.broadcast_to(np.asarray(values, dtype=dtype)[None, None, :], shape)[mask]
-
-        dp_rank = np.broadcast_to(np.arange(dp, dtype=np.int32)[:, None, None], shape)[mask]
-        part = {
-            "rank": (stage * dp + dp_rank).astype(np.int32),
-            "dp_rank": dp_rank,
-            "stage": np.full(rows, stage, dtype=np.int32),
-            "step": np.broadcast_to(np.arange(steps, dtype=np.int64)[None, :, None], shape)[mask],
-            "optype": static(codes, np.int8),
-            "start_ts": per_worker(start[ids])[mask],
-            "duration": per_worker(end[ids] - start[ids])[mask],
-            "seq_id": per_worker(seq)[mask],
-            "mb_id": static([nd.mb for nd in nodes], np.int32),
-            "mc": static([nd.chunk for nd in nodes], np.int32),
-            "gmc": static([nd.chunk * sched.pp + stage if nd.optype in FORWARD_BACKWARD else -1
-                           for nd in nodes], np.int32),
-        }
-        if costs.attn_cost is not None:
+        seq = np.broadcast_to(_static_seq_ids(codes)[:, None], (n, cols))
+        if len(gc_local):
+            seq = seq.copy()
+            seq[gc_local] = np.cumsum(keep[gc_local], axis=0, dtype=np.int32) - 1
+        dp_rank = np.repeat(np.arange(dp, dtype=np.int32), steps * n)
+        put("dp_rank", dp_rank)
+        put("rank", dp_rank + stage * dp)
+        out["stage"][offset:offset + size] = stage
+        put("step", np.tile(np.repeat(np.arange(steps, dtype=np.int64), n), dp))
+        put("optype", static(codes))
+        put("start_ts", _per_worker(start[ids], steps, dp))
+        put("duration", _per_worker(end[ids] - start[ids], steps, dp))
+        put("seq_id", _per_worker(seq, steps, dp))
+        put("mb_id", static([nd.mb for nd in nodes]))
+        put("mc", static([nd.chunk for nd in nodes]))
+        put("gmc", static([nd.chunk * sched.pp + stage if nd.optype in FORWARD_BACKWARD else -1
+                           for nd in nodes]))
+        if seq_on:
             fb = np.array([nd.optype in FORWARD_BACKWARD for nd in nodes])
             mbs = np.array([max(nd.mb, 0) for nd in nodes])
             attn = np.where(fb[:, None], costs.attn_cost[mbs], np.nan)
-            part["attn_cost"] = per_worker(attn)[mask]
-            part["tokens"] = static(np.where(fb, costs.tokens, -1), np.int64)
-        parts.append(part)
-    ops = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    for k, dtype in COLUMNS.items():
-        ops[k] = ops[k].astype(dtype, copy=False)
-    return ops
+            put("attn_cost", _per_worker(attn, steps, dp))
+            put("tokens", static(np.where(fb, costs.tokens, -1)))
+        offset += size
+    return out
+
+
+def _per_worker(matrix: np.ndarray, steps: int, dp: int) -> np.ndarray:
+    """(nodes, steps*dp) -> flat in (dp, step, node) order, the row order of the table."""
+    return np.ascontiguousarray(matrix.reshape(len(matrix), steps, dp).transpose(2, 1, 0)).ravel()
 
 
 def _static_seq_ids(codes: np.ndarray) -> np.ndarray:

@@ -128,7 +128,9 @@ def build_schedule(pp: int, vpp: int, microbatches: int, sync: str, gc_slots: bo
             sched.barrier = _add_group(sched, members, "collective", across_dp=True)
     for node in sched.nodes:
         if node.group < 0:
-            kind = "collective" if STREAM_OF_OPTYPE[node.code] == 1 else "compute"
+            # layernorm-grads-all-reduce runs inside the (untraced) TP group: a plain op here.
+            kind = "collective" if STREAM_OF_OPTYPE[node.code] == 1 \
+                and node.optype != "layernorm-grads-all-reduce" else "compute"
             _add_group(sched, [node.id], kind, across_dp=kind == "collective")
     if pp == 1:
         sync_name = "grads-all-reduce" if sync == "ddp" else "grads-reduce-scatter"
