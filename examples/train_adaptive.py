@@ -55,6 +55,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--restart-cost", type=float, default=10.0, help="predicted seconds per restart")
     p.add_argument("--max-restarts", type=int, default=1, help="same as torchrun's --max-restarts")
     p.add_argument("--window", type=int, default=5, help="monitor window in steps")
+    p.add_argument("--persistent-windows", type=int, default=3,
+                   help="flagged windows in a row that make a straggler persistent")
+    p.add_argument("--num-samples", type=int, default=None, help="use only the first N digits")
     p.add_argument("--lease-s", type=float, default=30.0)
     p.add_argument("--log-samples", action="store_true", help="write each rank's sample ids per step")
     p.add_argument("--crash-at", type=int, default=None,
@@ -74,6 +77,8 @@ def main() -> None:
     digits = load_digits()
     x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
     y = torch.tensor(digits.target)
+    if args.num_samples:
+        x, y = x[:args.num_samples], y[:args.num_samples]
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sum_loss = torch.nn.CrossEntropyLoss(reduction="sum")
@@ -99,7 +104,8 @@ def main() -> None:
                                   "global_batch": args.global_batch, "memory_cap": args.memory_cap,
                                   "total_steps": args.steps, "restart_cost_s": args.restart_cost,
                                   "max_restarts": args.max_restarts - incarnation,
-                                  "window": args.window, "incarnation": incarnation})
+                                  "window": args.window, "persistent_windows": args.persistent_windows,
+                                  "incarnation": incarnation})
     dist.barrier()
     agent = Agent(ShardClient(url, "digits", worker=f"agent{rank}"), rank, world, args.global_batch,
                   args.memory_cap, incarnation, device.device)

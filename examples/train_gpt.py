@@ -49,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     # recorder
     p.add_argument("--trace-dir", type=Path, default=None, help="where the run's traces go")
     p.add_argument("--sample-every", type=int, default=1, help="record one step in k")
-    p.add_argument("--flush-every", type=int, default=1, help="sampled steps per written part")
+    p.add_argument("--flush-every", type=int, default=64, help="at most this many steps per part")
+    p.add_argument("--flush-interval", type=float, default=1.0, help="write a part at least every S s")
     p.add_argument("--no-record", action="store_true", help="run without the recorder")
     p.add_argument("--summary", type=Path, default=None, help="write step times as JSON (rank 0)")
     # injections (all off by default)
@@ -433,6 +434,7 @@ def main(argv=None) -> None:
                        "args": {k: str(v) for k, v in vars(args).items()}})
     rec = Recorder(args.trace_dir or Path("runs") / "train_gpt", meta, dp_rank=dp_rank,
                    stage=stage, sample_every=args.sample_every, flush_every=args.flush_every,
+                   flush_interval_s=args.flush_interval,
                    device=device, enabled=not args.no_record and args.trace_dir is not None)
     planned_gc = PlannedGC(args.planned_gc) if args.planned_gc else None
     pipeline = Pipeline(args, rec, model, stage, dp_rank, device)

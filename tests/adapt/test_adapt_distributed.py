@@ -43,7 +43,7 @@ def model_samples(workdir: Path, world: int) -> collections.Counter:
     return counter
 
 
-def check_every_sample_once(work: Path, world: int, num_samples: int = 1797) -> None:
+def check_every_sample_once(work: Path, world: int, num_samples: int = 1024) -> None:
     counts = model_samples(work, world)
     assert {i for (e, i) in counts if e == 0} == set(range(num_samples)), "a sample was lost"
     dupes = {k: n for k, n in counts.items() if n != 1}
@@ -52,15 +52,16 @@ def check_every_sample_once(work: Path, world: int, num_samples: int = 1797) -> 
     assert summary["incarnation"] == 1 and summary["failed_shards"] == []
 
 
-COMMON = ["--steps", "200", "--epochs", "1", "--global-batch", "64", "--memory-cap", "16",
-          "--sample-time", "0.001", "--window", "3", "--ckpt-every", "5", "--log-samples"]
+COMMON = ["--steps", "200", "--epochs", "1", "--num-samples", "1024", "--global-batch", "64",
+          "--memory-cap", "16", "--sample-time", "0.005", "--window", "2",
+          "--persistent-windows", "2", "--ckpt-every", "5", "--log-samples"]
 
 
 @pytest.mark.distributed
 def test_nd_kill_restart_resumes_from_checkpoint_and_consumes_each_sample_once(tmp_path):
     work = tmp_path / "run"
     proc = torchrun(EXAMPLE, 2, "--policy", "nd", "--speeds", "1,1", "--persistent-rank", "1",
-                    "--persistent-start", "2", "--restart-cost", "0.05", *COMMON,
+                    "--persistent-start", "0", "--restart-cost", "0.05", *COMMON,
                     "--workdir", str(work), timeout=240, env={"PET_MAX_RESTARTS": "1"})
     assert "KILL_RESTART of rank 1" in proc.stdout + proc.stderr
     check_every_sample_once(work, 2)

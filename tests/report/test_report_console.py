@@ -41,7 +41,7 @@ def test_straggling_job_report_has_the_key_facts(round_trip):
     diag = text[text.index("Diagnosis"):]
     assert diag.index("Worker fault") < diag.index("Stage partitioning imbalance") \
         < diag.index("Garbage-collection pauses")
-    assert "worker dp 2 / pp 1" in diag and "1.25× faster" in diag
+    assert "Worker fault — worker dp 2 / pp 1" in diag and "1.25× faster" in diag
     assert "in 8 of 8 steps" in diag and "DP ranks 0, 3; PP stage 2; step 21" in diag
 
 

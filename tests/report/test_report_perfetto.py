@@ -148,6 +148,8 @@ def test_bad_timelines_are_input_errors(tmp_path):
         write_perfetto(tmp_path, trace, {"measured": (start[:-1], end[:-1])})
     with pytest.raises(InputError, match="plain file name"):
         write_perfetto(tmp_path, trace, {"../escape": (start, end)})
+    with pytest.raises(InputError, match="times must be seconds"):
+        write_perfetto(tmp_path, trace, {"measured": (start * 1e6, end * 1e6)})  # µs, not s
     with pytest.raises(InputError, match="end before they start"):
         write_perfetto(tmp_path, trace, {"measured": (end, start)})
     assert not list(tmp_path.iterdir())  # nothing written when an argument is bad

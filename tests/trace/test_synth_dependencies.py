@@ -18,8 +18,8 @@ from stragglers.trace.synth import generate
 from stragglers.trace.synth.schedule import BASE_COST
 
 TOL = 1e-9
-DP_SYNC = ("params-all-gather", "grads-reduce-scatter", "grads-all-reduce",
-           "layernorm-grads-all-reduce")
+# layernorm-grads-all-reduce runs in the untraced TP group: a plain op on the DP-comm stream.
+DP_SYNC = ("params-all-gather", "grads-reduce-scatter", "grads-all-reduce")
 
 
 def worker_steps(trace):

@@ -113,7 +113,10 @@ class Controller:
         cfg, classes = self.config, self.last_classes
         flagged = [r for r, info in classes.items() if info["class"] != NONE]
         times = [info["per_sample_time"] for info in classes.values()]
-        median_t = statistics.median(times)
+        known = [t for t in times if t == t]
+        if not known:
+            return []
+        median_t = statistics.median(known)
         equal_b = cfg.global_batch / cfg.world_size
         remaining = max(0, cfg.total_steps - self.monitor.latest_step)
         for r in flagged:
@@ -139,5 +142,6 @@ class Controller:
     def state(self) -> dict:
         """What the controller knows, for status pages and the job's final report."""
         return {"config": asdict(self.config), "batch_sizes": self.batch_sizes,
-                "classes": {str(k): v for k, v in self.last_classes.items()},
+                "classes": {str(k): {f: (None if x != x else x) for f, x in v.items()}
+                            for k, v in self.last_classes.items()},
                 "actions": [asdict(a) for a in self.actions], "kills": self.kills}

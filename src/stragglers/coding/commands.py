@@ -1,9 +1,87 @@
-"""CLI commands of stragglers.coding."""
+"""CLI commands of stragglers.coding: inspect a code, decode a survivor set."""
 
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from stragglers.errors import InputError
+
+
+def _build(scheme: str, n: int, s: int, d: int | None, seed: int, dtype: str, tolerance: float,
+           console: Console):
+    from stragglers.coding import make_code
+
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always")
+        code = make_code(scheme, n, s, d=d, seed=seed, dtype=dtype, tolerance=tolerance,
+                         on_unstable="warn")
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note.message}", highlight=False, soft_wrap=True)
+    return code
+
+
+def code_info(
+    scheme: str = typer.Argument(..., help="wait-for-all, ignore-stragglers, frc, "
+                                           "cyclic-repetition, cyclic-mds[-real|-complex], expander"),
+    n: int = typer.Option(..., "--n", help="number of workers"),
+    s: int = typer.Option(..., "--s", help="stragglers to tolerate"),
+    d: int = typer.Option(None, "--d", help="expander degree (default s+1)"),
+    seed: int = typer.Option(0, help="seed of random constructions"),
+    dtype: str = typer.Option("float32", help="dtype of worker messages (for the guard)"),
+    tolerance: float = typer.Option(1e-3, help="largest acceptable relative gradient error"),
+) -> None:
+    """Show a code: parts per worker, encoding matrix, worst-case conditioning, guard verdict."""
+    from stragglers.coding import stability_report
+
+    console = Console()
+    code = _build(scheme, n, s, d, seed, dtype, tolerance, console)
+    info = code.describe()
+    console.print(", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in info.items()), highlight=False)
+    table = Table("worker", "parts", "weights")
+    for i in range(n):
+        weights = ", ".join(_fmt(w) for w in code.weights(i))
+        table.add_row(str(i), " ".join(map(str, code.parts(i))), weights)
+    console.print(table)
+    report = stability_report(code, dtype, tolerance)
+    style = "green" if report.stable else "bold red"
+    console.print(f"[{style}]{report.message()}[/]", highlight=False, soft_wrap=True)
+
+
+def code_decode(
+    scheme: str = typer.Argument(..., help="code name, as for code-info"),
+    n: int = typer.Option(..., "--n", help="number of workers"),
+    s: int = typer.Option(..., "--s", help="stragglers to tolerate"),
+    survivors: str = typer.Option(..., help="comma-separated worker ids that arrived, e.g. 0,1,2"),
+    d: int = typer.Option(None, "--d", help="expander degree (default s+1)"),
+    seed: int = typer.Option(0, help="seed of random constructions"),
+) -> None:
+    """Print the decoding vector for a survivor set, its residual and condition number."""
+    console = Console()
+    try:
+        K = [int(x) for x in survivors.split(",") if x.strip()]
+    except ValueError:
+        raise InputError("--survivors", None, f"expected comma-separated integers, got "
+                                              f"{survivors!r}") from None
+    code = _build(scheme, n, s, d, seed, "float32", float("inf"), console)
+    dec = code.decode(K)
+    console.print(f"method={dec.method} residual={dec.residual:.3g} "
+                  f"condition={dec.condition_number:.4g}", highlight=False)
+    console.print("a = [" + ", ".join(_fmt(x) for x in dec.coefficients) + "]", highlight=False)
+
+
+def _fmt(x) -> str:
+    if np.iscomplexobj(x) and abs(np.imag(x)) > 1e-12:
+        return f"{np.real(x):.4g}{np.imag(x):+.4g}j"
+    return f"{np.real(x):.6g}"
 
 
 def register(app: typer.Typer) -> None:
     """Add this capability's commands to the `stragglers` app."""
+    app.command("code-info")(code_info)
+    app.command("code-decode")(code_decode)

@@ -129,7 +129,8 @@ class Recorder:
     """
 
     def __init__(self, trace_dir: str | Path, meta: JobMeta, *, dp_rank: int, stage: int,
-                 sample_every: int = 1, flush_every: int = 1, device: torch.device | str | None = None,
+                 sample_every: int = 1, flush_every: int = 64,
+                 flush_interval_s: float = 1.0, device: torch.device | str | None = None,
                  group=None, clock_rounds: int = 8, gc_min_s: float = 50e-6, enabled: bool = True):
         if sample_every < 1:
             raise StragglersError(f"Recorder: sample_every must be >= 1, got {sample_every}")
@@ -137,6 +138,7 @@ class Recorder:
         self.meta = meta
         self.dp_rank, self.stage = int(dp_rank), int(stage)
         self.sample_every, self.flush_every = int(sample_every), int(flush_every)
+        self.flush_interval_s = float(flush_interval_s)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.group = group
         self.clock_rounds = clock_rounds
@@ -197,7 +199,8 @@ class Recorder:
             self.meta.extra["clock"] = {"start": [None] * self.world_size}
             write_meta(self.trace_dir, self.meta)
         self._writer = RankWriter(self.trace_dir, self.rank, self.dp_rank, self.stage, self._timer,
-                                  offset, origin, self.flush_every)
+                                  offset, origin, self.flush_every,
+                                  self.flush_interval_s)
         gc.callbacks.append(self._on_gc)
         if self.distributed:
             self._gather_clock("start", self.clock_start)

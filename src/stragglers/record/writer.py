@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,12 +33,17 @@ class RankWriter:
     """Owns one rank's output: a thread that resolves marks and writes numbered Parquet parts."""
 
     def __init__(self, directory: Path, rank: int, dp_rank: int, stage: int, timer,
-                 offset_ns: int, origin_ns: int, flush_every: int = 1):
+                 offset_ns: int, origin_ns: int, flush_every: int = 64,
+                 flush_interval_s: float = 1.0):
         self.directory = Path(directory)
         self.rank, self.dp_rank, self.stage = rank, dp_rank, stage
         self.timer = timer
         self.offset_ns, self.origin_ns = offset_ns, origin_ns
+        # A part is written when this many steps are held or this long after the first one
+        # arrived: few files and little CPU, yet a crash loses at most ~flush_interval_s.
         self.flush_every = max(1, int(flush_every))
+        self.flush_interval_s = float(flush_interval_s)
+        self._held_since = 0.0
         self.parts_written = 0
         self.steps_written = 0
         self.error: BaseException | None = None
@@ -61,17 +67,29 @@ class RankWriter:
 
     def _run(self) -> None:
         while True:
-            buf = self._queue.get()
-            if buf is None:
-                self._write_held()
-                return
             try:
-                self._held.append(self.columns(buf))
-                if len(self._held) >= self.flush_every:
+                timeout = None
+                if self._held:
+                    timeout = max(0.0, self._held_since + self.flush_interval_s - time.monotonic())
+                buf = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                buf = False  # the interval passed with steps held: write them
+            try:
+                if buf is None:
+                    self._write_held()
+                    return
+                if buf is not False:
+                    if not self._held:
+                        self._held_since = time.monotonic()
+                    self._held.append(self.columns(buf))
+                if len(self._held) >= self.flush_every or (
+                        self._held and time.monotonic() - self._held_since >= self.flush_interval_s):
                     self._write_held()
             except BaseException as exc:  # keep training alive; report at close
                 self.error = exc
                 self._held.clear()
+                if buf is None:
+                    return
 
     def _write_held(self) -> None:
         if not self._held:
@@ -145,7 +163,7 @@ def place_gc_pauses(rows: list[list], free: list[tuple[int, int]]) -> list[list]
     last_comp_end = comp_ends[-1] if comp_ends else None
     tail_start = min((r[1] for r in rows if r[0] in TAIL and
                       (last_comp_end is None or r[1] >= last_comp_end)), default=None)
-    pauses: list[tuple[int, int]] = list(free)
+    pauses = [(s, e - s) for s, e in free]  # (start, duration)
     for r in rows:
         if not r[9]:
             continue
@@ -158,8 +176,6 @@ def place_gc_pauses(rows: list[list], free: list[tuple[int, int]]) -> list[list]
             t += d
         r[1] = min(t, r[2])
         r[9] = ()
-    pauses = [(s, e - s) if isinstance(e, int) and e > s and (s, e) in free else (s, e)
-              for s, e in pauses]
     if tail_start is not None:
         pauses = [(s, d) for s, d in pauses if s <= tail_start]
     comp_starts = np.sort(np.fromiter((r[1] for r in rows if r[0] in FWD_BWD), np.int64))

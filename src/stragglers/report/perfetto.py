@@ -21,6 +21,7 @@ CHUNK_ROWS = 1 << 20
 # the last lane and Perfetto may drop some of them.
 MAX_LANES = 8
 LANE_STRIDE = 16  # tid = lane * LANE_STRIDE + stream index + 1
+MAX_SECONDS = 9e9  # int64 nanoseconds reach ±9.2e9 s (year 2262)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -50,6 +51,12 @@ def _check_timeline(name: str, trace: Trace, start: np.ndarray, end: np.ndarray
     if start.shape != (len(trace),) or end.shape != (len(trace),):
         raise InputError("timelines", name, f"expected start and end arrays of {len(trace)} "
                          f"values (one per trace row), got shapes {start.shape} and {end.shape}")
+    with np.errstate(invalid="ignore"):
+        huge = (np.abs(start) > MAX_SECONDS) | (np.abs(end) > MAX_SECONDS)
+    if huge.any():
+        i = int(np.argmax(huge))
+        raise InputError("timelines", name, f"times must be seconds (|t| < {MAX_SECONDS:.0e}); "
+                         f"row {i} has start {start[i]!r}, end {end[i]!r}")
     bad = end < start - 1e-9
     if bad.any():
         i = int(np.argmax(bad))

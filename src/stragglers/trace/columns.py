@@ -16,20 +16,41 @@ _INTEGER_COLUMNS = [c for c, d in COLUMNS.items() if d.kind == "i" and c != "opt
 
 def optype_codes(column: pa.ChunkedArray | pa.Array, source: Path | str) -> np.ndarray:
     """Map an optype column (string or dictionary) to codes; unknown names are an error."""
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(column.type.value_type) if isinstance(column, pa.Array) \
-            else pc.cast(column, column.type.value_type)
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        raise InputError(source, "optype", f"expected strings (op type names), got {column.type}")
-    if column.null_count:
-        raise InputError(source, "optype", f"{column.null_count} rows have no op type")
-    names = pa.array(OPTYPES)
-    codes = pc.index_in(column, value_set=names)
-    if codes.null_count:
-        unknown = sorted(set(pc.filter(column, pc.is_null(codes)).to_pylist()))[:5]
-        raise InputError(source, "optype", f"unknown op types {unknown}; expected one of "
-                         f"{', '.join(OPTYPES)}")
-    return np.asarray(codes.to_numpy(zero_copy_only=False), dtype=np.int8)
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    out = []
+    for chunk in chunks:
+        if pa.types.is_dictionary(chunk.type):
+            # Map the (small) dictionary once, then gather by index: no per-row string work.
+            names = chunk.dictionary
+            lookup = _codes_of_strings(names, source) if len(names) else np.zeros(0, np.int8)
+            if chunk.null_count:
+                raise InputError(source, "optype", f"{chunk.null_count} rows have no op type")
+            idx = chunk.indices.to_numpy(zero_copy_only=False)
+            used = np.unique(idx)
+            bad = used[lookup[used] < 0] if len(used) else used
+            if len(bad):
+                unknown = sorted(str(names[int(i)]) for i in bad[:5])
+                raise InputError(source, "optype", f"unknown op types {unknown}; expected one of "
+                                 f"{', '.join(OPTYPES)}")
+            out.append(lookup[idx].astype(np.int8))
+        else:
+            codes = _codes_of_strings(chunk, source)
+            if (codes < 0).any():
+                unknown = sorted({str(v) for v in np.asarray(chunk.to_pylist(), dtype=object)[codes < 0]})[:5]
+                raise InputError(source, "optype", f"unknown op types {unknown}; expected one of "
+                                 f"{', '.join(OPTYPES)}")
+            out.append(codes.astype(np.int8))
+    return np.concatenate(out) if out else np.zeros(0, np.int8)
+
+
+def _codes_of_strings(values: pa.Array, source: Path | str) -> np.ndarray:
+    """Codes of a string array (-1 for unknown names)."""
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        raise InputError(source, "optype", f"expected strings (op type names), got {values.type}")
+    if values.null_count:
+        raise InputError(source, "optype", f"{values.null_count} rows have no op type")
+    codes = pc.index_in(values, value_set=pa.array(OPTYPES))
+    return pc.fill_null(codes, -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def table_to_columns(table: pa.Table, source: Path | str) -> dict[str, np.ndarray]:

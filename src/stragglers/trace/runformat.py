@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -105,10 +106,14 @@ def read_run(directory: Path | str) -> Trace:
     if not files:
         raise InputError(directory, None, "holds no rank-NNNNN.parquet op tables")
     parts = []
-    for path in files:
-        table = read_parquet(path)
+    # Read in a few threads (Parquet decoding releases the GIL); validate each file so errors
+    # name it.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        tables = list(pool.map(read_parquet, files))
+    for path, table in zip(files, tables):
         parts.append(table_to_columns(table, path))
-    ops = {k: np.concatenate([p[k] for p in parts if k in p]) for k in parts[0]}
+    ops = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]
+           if all(k in p for p in parts)}
     if len(ops["step"]) == 0:
         raise InputError(directory, None, "the op tables hold no ops")
     return Trace(ops, meta, str(directory))

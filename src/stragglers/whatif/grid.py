@@ -47,20 +47,37 @@ class OpGrid:
         return f"{OPTYPES[self.node_optype[n]]} #{self.node_seq[n]} on stage {self.node_stage[n]}"
 
 
-def gc_slots(trace: Trace) -> np.ndarray:
-    """For each row, the number of fwd/bwd compute ops before it on its worker in its step."""
+def dense_ids(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted unique values, index of each value in them); a lookup table when the range is small."""
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo < 50_000_000:
+        seen = np.zeros(hi - lo + 1, dtype=bool)
+        seen[values - lo] = True
+        uniq = np.flatnonzero(seen) + lo
+        lookup = np.cumsum(seen) - 1
+        return uniq.astype(values.dtype), lookup[values - lo]
+    uniq, inverse = np.unique(values, return_inverse=True)
+    return uniq, inverse
+
+
+def gc_slots(trace: Trace, worker_step: np.ndarray) -> np.ndarray:
+    """For each gc row, the number of fwd/bwd compute ops before it on its worker in its step."""
     ops = trace.ops
     is_compute = (ops["optype"] == FWD) | (ops["optype"] == BWD)
+    is_gc = ops["optype"] == GC
+    rows = np.flatnonzero(is_compute | is_gc)
+    comp = is_compute[rows]
     # gc sorts after a compute op that starts at the same time (its pause follows that op).
-    order = np.lexsort((~is_compute, ops["start_ts"], ops["step"], ops["stage"], ops["dp_rank"]))
-    worker_step = np.stack([ops["dp_rank"][order], ops["stage"][order], ops["step"][order]])
-    new_group = np.ones(len(order), dtype=bool)
-    new_group[1:] = np.any(worker_step[:, 1:] != worker_step[:, :-1], axis=0)
-    csum = np.cumsum(is_compute[order])
-    group_base = np.maximum.accumulate(np.where(new_group, csum - is_compute[order], 0))
-    before = csum - is_compute[order] - group_base
-    slots = np.empty(len(order), dtype=np.int64)
-    slots[order] = before
+    order = rows[np.lexsort((~comp, ops["start_ts"][rows],
+                             worker_step[rows]))]
+    c = is_compute[order].astype(np.int64)
+    csum = np.cumsum(c) - c                                   # compute ops before, globally
+    ws = worker_step[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = ws[1:] != ws[:-1]
+    base = np.maximum.accumulate(np.where(first, csum, 0))    # ... at the start of the group
+    slots = np.zeros(len(ops["step"]), dtype=np.int64)
+    slots[order] = csum - base
     return slots
 
 
@@ -75,17 +92,22 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
                              f"(it has {len(have)} steps, {int(have.min())}–{int(have.max())})")
         trace = trace.select(keep)
         ops = trace.ops
+    dp_ranks, d_idx = dense_ids(ops["dp_rank"])
+    step_ids, t_idx = dense_ids(ops["step"])
     seq = ops["seq_id"].astype(np.int64)
     is_gc = ops["optype"] == GC
     if is_gc.any():
-        seq = np.where(is_gc, gc_slots(trace), seq)
+        worker_step = (d_idx.astype(np.int64) * (int(ops["stage"].max()) + 1)
+                       + ops["stage"]) * len(step_ids) + t_idx
+        seq = np.where(is_gc, gc_slots(trace, worker_step), seq)
     if seq.min() < 0 or seq.max() >= (1 << _SEQ_BITS):
         raise InputError(trace.source, "seq_id", f"expected 0 ≤ seq_id < {1 << _SEQ_BITS}")
     key = ((ops["stage"].astype(np.int64) << (_SEQ_BITS + _OPTYPE_BITS))
            | (ops["optype"].astype(np.int64) << _SEQ_BITS) | seq)
-    keys, node = np.unique(key, return_inverse=True)
-    dp_ranks, d_idx = np.unique(ops["dp_rank"], return_inverse=True)
-    step_ids, t_idx = np.unique(ops["step"], return_inverse=True)
+    compact = (ops["stage"].astype(np.int64) * 32 + ops["optype"]) * (int(seq.max()) + 1) + seq
+    _, node = dense_ids(compact)
+    keys = np.zeros(int(node.max()) + 1, dtype=np.int64)
+    keys[node] = key
     n, d, t = len(keys), len(dp_ranks), len(step_ids)
     flat = (node.astype(np.int64) * d + d_idx) * t + t_idx
     counts = np.bincount(flat, minlength=n * d * t)

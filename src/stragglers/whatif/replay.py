@@ -33,11 +33,14 @@ def compile_plan(model: DependencyModel) -> ReplayPlan:
 
 
 def replay(plan: ReplayPlan, cost: np.ndarray, step_start: np.ndarray,
-           launch_delay: np.ndarray | None = None, keep_timeline: bool = False):
+           launch_delay: np.ndarray | None = None, keep_timeline: bool = False,
+           jobs: int = 1):
     """Replay with per-op cost (compute: duration; comm member: transfer) of shape [N, D, T].
 
     `cost` and `launch_delay` may broadcast along D and T (shape [N, 1, 1] for ideal costs).
-    Returns step times [T] (max end − step start), and (start, end) arrays when keep_timeline.
+    With jobs = B > 1 the D axis holds B independent jobs of D/B DP replicas each (DP
+    synchronisation stays within a job): one pass replays them all.
+    Returns step times [T] ([B, T] when jobs > 1), and (start, end) when keep_timeline.
     """
     n = plan.n_nodes
     d = max(cost.shape[1], launch_delay.shape[1] if launch_delay is not None else 1)
@@ -62,12 +65,18 @@ def replay(plan: ReplayPlan, cost: np.ndarray, step_start: np.ndarray,
             else:
                 g = start[members].max(axis=0)
             if dp_sync:
-                g = g.max(axis=0, keepdims=True)
+                if jobs == 1:
+                    g = g.max(axis=0, keepdims=True)
+                else:
+                    g = np.repeat(g.reshape(jobs, -1, t).max(axis=1), d // jobs, axis=0)
             end[members] = g + cost[members]
         else:
             m = members[0]
             end[m] = start[m] + cost[m]
-    step_time = end.max(axis=(0, 1)) - step_start
+    if jobs == 1:
+        step_time = end.max(axis=(0, 1)) - step_start
+    else:
+        step_time = end.reshape(n, jobs, d // jobs, t).max(axis=(0, 2)) - step_start
     if keep_timeline:
         return step_time, start, end
     return step_time

@@ -32,6 +32,7 @@ class Costs:
     gc_rows: np.ndarray           # node ids of gc slots
     attn_cost: np.ndarray | None  # (microbatches, columns) Σ s_i² of each microbatch
     tokens: int = 0
+    gc_slot_stage: np.ndarray | None = None  # stage of each gc slot (rows follow gc_rows)
     notes: dict = field(default_factory=dict)
 
 
@@ -41,10 +42,16 @@ def node_rows(sched: Schedule, optypes: tuple[str, ...], stage: int | None = Non
                      and (stage is None or n.stage == stage)], dtype=np.int64)
 
 
-def sample_costs(sched: Schedule, dp: int, steps: int, rng: np.random.Generator, *, noise: float,
+def sample_costs(sched: Schedule, dp: int, steps: int, seed: int, *, noise: float,
                  launch_delay: float, step_gap: float, slow_worker, heavy_last_stage,
                  seq_imbalance, gc, slow_link) -> Costs:
-    """Sample every op's cost once, then apply the injections multiplicatively."""
+    """Sample every op's cost once, then apply the injections multiplicatively.
+
+    Noise, sequence lengths and GC pauses draw from separate streams of the seed, so leaving
+    one injection out (to measure its impact) leaves every other draw unchanged.
+    """
+    rng, seq_rng, gc_rng = (np.random.default_rng(s)
+                            for s in np.random.SeedSequence(seed).spawn(3))
     n, cols = len(sched.nodes), dp * steps
     base = np.array([BASE_COST[node.optype] for node in sched.nodes])
     fb = node_rows(sched, FORWARD_BACKWARD)
@@ -60,7 +67,7 @@ def sample_costs(sched: Schedule, dp: int, steps: int, rng: np.random.Generator,
     costs = Costs(duration, delay, gaps, None, node_rows(sched, ("gc",)), None)
 
     if seq_imbalance is not None:
-        _apply_sequence_imbalance(sched, costs, fb, rng, seq_imbalance, cols)
+        _apply_sequence_imbalance(sched, costs, fb, seq_rng, seq_imbalance, cols)
     if heavy_last_stage is not None:
         duration[node_rows(sched, FORWARD_BACKWARD, sched.pp - 1)] *= heavy_last_stage
     if slow_worker is not None:
@@ -74,13 +81,15 @@ def sample_costs(sched: Schedule, dp: int, steps: int, rng: np.random.Generator,
         else:
             duration[rows] *= factor
     if len(costs.gc_rows):
-        rate, length = gc
+        # gc=None with gc slots in the schedule: the same job without its pauses
+        rate, length = gc if gc is not None else (0.0, 0.0)
         forwards = sched.microbatches * sched.vpp
         prob = min(1.0, rate / forwards)
-        active = rng.random((len(costs.gc_rows), cols)) < prob
-        pause = length * np.exp(noise * rng.standard_normal(active.shape))
+        active = gc_rng.random((len(costs.gc_rows), cols)) < prob
+        pause = length * np.exp(noise * gc_rng.standard_normal(active.shape))
         duration[costs.gc_rows] = np.where(active, pause, 0.0)
         delay[costs.gc_rows] *= active  # an absent pause takes no time at all
+        costs.gc_slot_stage = np.array([sched.nodes[i].stage for i in costs.gc_rows])
         costs.gc_active = active
     return costs
 

@@ -39,27 +39,58 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
         noise=noise, slow_worker=slow_worker, heavy_last_stage=heavy_last_stage,
         seq_imbalance=seq_imbalance, gc=gc, slow_link=slow_link, launch_delay=launch_delay,
         step_gap=step_gap))
-    rng = np.random.default_rng(params["seed"])
     sched = build_schedule(pp, vpp, microbatches, params["sync"], gc_slots=params["gc"] is not None)
-    costs = sample_costs(sched, dp, steps, rng, noise=noise, launch_delay=launch_delay,
-                         step_gap=step_gap, slow_worker=params["slow_worker"],
-                         heavy_last_stage=params["heavy_last_stage"],
-                         seq_imbalance=params["seq_imbalance"], gc=params["gc"],
-                         slow_link=params["slow_link"])
+    costs = sample_costs(sched, dp, steps, params["seed"], **_cost_args(params))
     start, end = run_forward(sched, costs, dp, steps)
+    impacts = measure_impacts(sched, params, start, end) \
+        if len(sched.nodes) * dp * steps <= MAX_IMPACT_OPS else None
     ops = assemble_ops(sched, costs, start, end, dp, steps)
     del start, end
     name = name or _default_name(params)
     meta = JobMeta(name=name, dp_size=dp, pp_size=pp, vpp_size=vpp, run_id=str(seed),
-                   extra={"ground_truth": ground_truth(params, sched, costs, dp, steps),
+                   extra={"ground_truth": ground_truth(params, costs, impacts),
                           "generator": {"tool": "stragglers.trace.synth", "version": 1,
                                         **params, **costs.notes}})
     return Trace(ops, meta, source=f"<synthetic {name}>")
 
 
+INJECTIONS = ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link")
+# Measuring impacts replays the job once per injected cause; skipped for big jobs.
+MAX_IMPACT_OPS = 2_000_000
+
+
+def _cost_args(params: dict) -> dict:
+    return {k: params[k] for k in ("noise", "launch_delay", "step_gap") + INJECTIONS}
+
+
+def mean_step_time(start: np.ndarray, end: np.ndarray, dp: int, steps: int) -> float:
+    """Mean over steps of (last end - first start) over all workers."""
+    first = start.reshape(len(start), steps, dp).min(axis=(0, 2))
+    last = end.reshape(len(end), steps, dp).max(axis=(0, 2))
+    return float((last - first).mean())
+
+
+def measure_impacts(sched: Schedule, params: dict, start: np.ndarray, end: np.ndarray) -> dict:
+    """Per injected cause: mean step time with it / without it (all other draws unchanged).
+
+    An injection can have no effect (a slow collective on a stage with slack before the clip),
+    which a diagnosis test should know.
+    """
+    dp, steps = params["dp"], params["steps"]
+    with_all = mean_step_time(start, end, dp, steps)
+    impacts = {}
+    for cause in INJECTIONS:
+        if params[cause] is None:
+            continue
+        args = {**_cost_args(params), cause: None}
+        costs = sample_costs(sched, dp, steps, params["seed"], **args)
+        s, e = run_forward(sched, costs, dp, steps)
+        impacts[cause] = with_all / mean_step_time(s, e, dp, steps)
+    return impacts
+
+
 def _default_name(params: dict) -> str:
-    causes = [k for k in ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link")
-              if params[k] is not None]
+    causes = [k for k in INJECTIONS if params[k] is not None]
     return (f"synth-dp{params['dp']}-pp{params['pp']}-vpp{params['vpp']}-"
             f"{'+'.join(causes) or 'noise'}-seed{params['seed']}")
 
@@ -120,65 +151,83 @@ def run_forward(sched: Schedule, costs: Costs, dp: int, steps: int) -> tuple[np.
 
 def assemble_ops(sched: Schedule, costs: Costs, start: np.ndarray, end: np.ndarray,
                  dp: int, steps: int) -> dict[str, np.ndarray]:
-    """Op-table columns, rows grouped by rank, then step, then schedule position."""
+    """Op-table columns: rows grouped by rank, then step, then schedule position; a rank's
+    (sparse) GC pauses follow its other rows."""
     cols = dp * steps
     gc_code = optype_code("gc")
-    seq_on = costs.attn_cost is not None
-    layouts = []  # per stage: (node ids, flat keep mask or None, row count)
-    for ids in sched.by_stage:
-        ids = np.asarray(ids)
-        codes = np.array([sched.nodes[i].code for i in ids], dtype=np.int8)
-        gc_local = np.flatnonzero(codes == gc_code)
-        keep = None
-        if len(gc_local):
-            keep = np.ones((len(ids), cols), dtype=bool)
-            keep[gc_local] = costs.gc_active[np.searchsorted(costs.gc_rows, ids[gc_local])]
-        layouts.append((ids, codes, gc_local, keep))
-    keeps = [_per_worker(k, steps, dp) if k is not None else None for *_, k in layouts]
-    sizes = [int(k.sum()) if k is not None else len(ids) * cols
-             for (ids, *_), k in zip(layouts, keeps)]
-    out = {name: np.empty(sum(sizes), dtype=dtype) for name, dtype in COLUMNS.items()}
-    if seq_on:
-        out["attn_cost"] = np.empty(sum(sizes))
-        out["tokens"] = np.empty(sum(sizes), dtype=np.int64)
+    stage_ids = [np.array([i for i in ids if sched.nodes[i].code != gc_code], dtype=np.int64)
+                 for ids in sched.by_stage]
+    n_gc = int(costs.gc_active.sum()) if costs.gc_active is not None else 0
+    total = sum(len(ids) for ids in stage_ids) * cols + n_gc
+    out = {name: np.empty(total, dtype=dtype) for name, dtype in COLUMNS.items()}
+    if costs.attn_cost is not None:
+        out["attn_cost"] = np.full(total, np.nan)
+        out["tokens"] = np.full(total, -1, dtype=np.int64)
     offset = 0
-    for stage, ((ids, codes, gc_local, keep), flat_keep, size) in \
-            enumerate(zip(layouts, keeps, sizes)):
+    for stage, ids in enumerate(stage_ids):
         nodes = [sched.nodes[i] for i in ids]
-        n = len(ids)
-
-        def put(name: str, values: np.ndarray) -> None:
-            # values: one per (dp, step, node) in row order; drop the absent gc pauses
-            out[name][offset:offset + size] = values if flat_keep is None else values[flat_keep]
-
-        def static(values) -> np.ndarray:
-            return np.tile(np.asarray(values), cols)
-
-        seq = np.broadcast_to(_static_seq_ids(codes)[:, None], (n, cols))
-        if len(gc_local):
-            seq = seq.copy()
-            seq[gc_local] = np.cumsum(keep[gc_local], axis=0, dtype=np.int32) - 1
+        n, size = len(ids), len(ids) * cols
+        rows = slice(offset, offset + size)
+        codes = np.array([nd.code for nd in nodes], dtype=np.int8)
         dp_rank = np.repeat(np.arange(dp, dtype=np.int32), steps * n)
-        put("dp_rank", dp_rank)
-        put("rank", dp_rank + stage * dp)
-        out["stage"][offset:offset + size] = stage
-        put("step", np.tile(np.repeat(np.arange(steps, dtype=np.int64), n), dp))
-        put("optype", static(codes))
-        put("start_ts", _per_worker(start[ids], steps, dp))
-        put("duration", _per_worker(end[ids] - start[ids], steps, dp))
-        put("seq_id", _per_worker(seq, steps, dp))
-        put("mb_id", static([nd.mb for nd in nodes]))
-        put("mc", static([nd.chunk for nd in nodes]))
-        put("gmc", static([nd.chunk * sched.pp + stage if nd.optype in FORWARD_BACKWARD else -1
-                           for nd in nodes]))
-        if seq_on:
-            fb = np.array([nd.optype in FORWARD_BACKWARD for nd in nodes])
-            mbs = np.array([max(nd.mb, 0) for nd in nodes])
-            attn = np.where(fb[:, None], costs.attn_cost[mbs], np.nan)
-            put("attn_cost", _per_worker(attn, steps, dp))
-            put("tokens", static(np.where(fb, costs.tokens, -1)))
+        out["dp_rank"][rows] = dp_rank
+        out["rank"][rows] = dp_rank + stage * dp
+        out["stage"][rows] = stage
+        out["step"][rows] = np.tile(np.repeat(np.arange(steps, dtype=np.int64), n), dp)
+        out["optype"][rows] = np.tile(codes, cols)
+        out["start_ts"][rows] = _per_worker(start[ids], steps, dp)
+        out["duration"][rows] = _per_worker(end[ids] - start[ids], steps, dp)
+        out["seq_id"][rows] = np.tile(_static_seq_ids(codes), cols)
+        out["mb_id"][rows] = np.tile(np.array([nd.mb for nd in nodes]), cols)
+        out["mc"][rows] = np.tile(np.array([nd.chunk for nd in nodes]), cols)
+        out["gmc"][rows] = np.tile(np.array([nd.chunk * sched.pp + stage
+                                             if nd.optype in FORWARD_BACKWARD else -1
+                                             for nd in nodes]), cols)
+        if costs.attn_cost is not None:
+            fb = np.flatnonzero([nd.optype in FORWARD_BACKWARD for nd in nodes])
+            attn = np.full((n, cols), np.nan)
+            attn[fb] = costs.attn_cost[[nodes[i].mb for i in fb]]
+            out["attn_cost"][rows] = _per_worker(attn, steps, dp)
+            out["tokens"][rows] = np.tile(np.where(np.isin(np.arange(n), fb), costs.tokens, -1),
+                                          cols)
         offset += size
+    if n_gc:
+        _put_gc_pauses(sched, costs, start, end, dp, out, offset)
+        # keep every rank's rows together (what a run directory holds per file)
+        order = np.argsort(out["rank"], kind="stable")
+        out = {k: v[order] for k, v in out.items()}
     return out
+
+
+def _put_gc_pauses(sched: Schedule, costs: Costs, start: np.ndarray, end: np.ndarray, dp: int,
+                   out: dict[str, np.ndarray], offset: int) -> None:
+    """Append the rows of the GC pauses that happened (absent slots are not ops)."""
+    active = costs.gc_active
+    # seq_id: ordinal among the pauses of the same worker and step (slots are in stream order)
+    ordinal = np.cumsum(active, axis=0, dtype=np.int32) - 1
+    for stage in range(sched.pp):
+        slots = np.flatnonzero([sched.nodes[i].stage == stage for i in costs.gc_rows])
+        if not len(slots):
+            continue
+        first_slot = slots[0]
+        slot, col = np.nonzero(active[slots])
+        slot += first_slot
+        node = costs.gc_rows[slot]
+        rows = slice(offset, offset + len(slot))
+        d = (col % dp).astype(np.int32)
+        out["dp_rank"][rows] = d
+        out["rank"][rows] = d + stage * dp
+        out["stage"][rows] = stage
+        out["step"][rows] = col // dp
+        out["optype"][rows] = optype_code("gc")
+        out["start_ts"][rows] = start[node, col]
+        out["duration"][rows] = end[node, col] - start[node, col]
+        out["seq_id"][rows] = ordinal[slot, col] - (ordinal[first_slot - 1, col] + 1
+                                                    if first_slot else 0)
+        out["mb_id"][rows] = -1
+        out["mc"][rows] = np.array([sched.nodes[i].chunk for i in costs.gc_rows])[slot]
+        out["gmc"][rows] = -1
+        offset += len(slot)
 
 
 def _per_worker(matrix: np.ndarray, steps: int, dp: int) -> np.ndarray:

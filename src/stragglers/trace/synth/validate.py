@@ -152,26 +152,37 @@ def _collectives_present(p: dict) -> list[str]:
     return names
 
 
-def ground_truth(p: dict, sched, costs, dp: int, steps: int) -> list[dict]:
-    """The injected causes as [{cause, where, params}], the answer a diagnosis should give."""
+def ground_truth(p: dict, costs, impacts: dict | None) -> list[dict]:
+    """The injected causes as [{cause, where, params, impact}], what a diagnosis should find.
+
+    impact = mean step time with the cause / without it (None for jobs too big to measure).
+    """
     truth = []
+
+    def add(key: str, cause: str, where: dict, params: dict) -> None:
+        impact = None if impacts is None else round(impacts[key], 6)
+        truth.append({"cause": cause, "where": where, "params": params, "impact": impact})
+
     if p["slow_worker"] is not None:
         d, s, f = p["slow_worker"]
-        truth.append({"cause": "worker_fault", "where": {"dp": [d], "pp": [s]},
-                      "params": {"factor": f}})
+        add("slow_worker", "worker_fault", {"dp": [d], "pp": [s]}, {"factor": f})
     if p["heavy_last_stage"] is not None:
-        truth.append({"cause": "stage_imbalance", "where": {"pp": [p["pp"] - 1]},
-                      "params": {"factor": p["heavy_last_stage"]}})
+        add("heavy_last_stage", "stage_imbalance", {"pp": [p["pp"] - 1]},
+            {"factor": p["heavy_last_stage"]})
     if p["seq_imbalance"] is not None:
-        truth.append({"cause": "sequence_imbalance", "where": {},
-                      "params": {**p["seq_imbalance"], "attn_cost_cv": costs.notes["attn_cost_cv"],
-                                 "cost_cv": costs.notes["cost_cv"]}})
+        add("seq_imbalance", "sequence_imbalance", {},
+            {**p["seq_imbalance"], "attn_cost_cv": costs.notes["attn_cost_cv"],
+             "cost_cv": costs.notes["cost_cv"]})
     if p["gc"] is not None:
         active = costs.gc_active
-        truth.append({"cause": "gc", "where": {},
-                      "params": {"rate": p["gc"][0], "length_s": p["gc"][1],
-                                 "pauses": int(active.sum()),
-                                 "pause_s": float(costs.duration[costs.gc_rows][active].sum())}})
+        slot_stage = costs.gc_slot_stage
+        cols = np.flatnonzero(active.any(axis=0))
+        where = {"dp": sorted(set((cols % p["dp"]).tolist())),
+                 "pp": sorted(set(slot_stage[active.any(axis=1)].tolist())),
+                 "steps": sorted(set((cols // p["dp"]).tolist()))}
+        add("gc", "gc", where, {"rate": p["gc"][0], "length_s": p["gc"][1],
+                                "pauses": int(active.sum()),
+                                "pause_s": float(costs.duration[costs.gc_rows][active].sum())})
     if p["slow_link"] is not None:
         link = p["slow_link"]
         if link["kind"] == "p2p":
@@ -180,6 +191,5 @@ def ground_truth(p: dict, sched, costs, dp: int, steps: int) -> list[dict]:
         else:
             where = {"pp": list(range(p["pp"])) if link["stage"] is None else [link["stage"]]}
             optypes = [link["optype"]]
-        truth.append({"cause": "communication", "where": where,
-                      "params": {**link, "optypes": optypes}})
+        add("slow_link", "communication", where, {**link, "optypes": optypes})
     return truth

@@ -1,0 +1,107 @@
+"""Full what-if analysis time and peak memory at 1M, 4M and 16M ops, and on SE tiled 16× along DP.
+
+Usage: .venv/bin/python benchmarks/whatif_scale.py [--sizes 1,4,16] [--workdir runs/bench]
+Each analysis runs in a fresh subprocess (load from disk + S + all decompositions + M_W + M_S +
+diagnosis); its wall time and peak RSS (ru_maxrss) are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SE = REPO.parent / "shared" / "data" / "ndtimeline-samples" / "trace-SE.parquet"
+# dp 64 × pp 8 × 32 microbatches ≈ 102K ops per step: steps scale the size linearly.
+SHAPE = dict(dp=64, pp=8, microbatches=32)
+OPS_PER_STEP = None
+
+CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from stragglers.trace.load import load_trace
+from stragglers.whatif.analyze import analyze
+trace = load_trace(sys.argv[1])
+t1 = time.perf_counter()
+r = analyze(trace)
+t2 = time.perf_counter()
+print(json.dumps({"ops": len(trace), "load_s": t1 - t0, "analyze_s": t2 - t1, "total_s": t2 - t0,
+                  "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                  "S": r["slowdown"], "cause": r["diagnosis"][0]["cause"]}))
+"""
+
+
+def make_synthetic(path: Path, steps: int) -> None:
+    """Write a synthetic run (slow worker injected) unless it already exists."""
+    if (path / "meta.json").exists():
+        return
+    from stragglers.trace.runformat import write_run
+    from stragglers.trace.synth import generate
+
+    t = time.perf_counter()
+    trace = generate(steps=steps, seed=0, slow_worker=(5, 3, 1.5), **SHAPE)
+    write_run(path, trace)
+    print(f"  generated {len(trace):,} ops in {time.perf_counter() - t:.1f} s", flush=True)
+
+
+def make_se_tiled(path: Path, copies: int = 16) -> None:
+    """SE tiled `copies`× along DP (dp 32 → 512), as the issue's comparison shape."""
+    if path.exists():
+        return
+    import numpy as np
+
+    from stragglers.trace.model import Trace
+    from stragglers.trace.ndtimeline import read_ndtimeline, write_ndtimeline
+
+    se = read_ndtimeline(SE)
+    dp, world = se.meta.dp_size, int(se.ops["rank"].max()) + 1
+    ops = {k: np.concatenate([v + (i * dp if k == "dp_rank" else i * world if k == "rank" else 0)
+                              if k in ("dp_rank", "rank") else v for i in range(copies)])
+           for k, v in se.ops.items()}
+    meta = se.meta
+    meta.dp_size *= copies
+    meta.world_size *= copies
+    meta.name = f"SEx{copies}"
+    write_ndtimeline(Trace(ops, meta), path)
+
+
+def run_child(path: Path) -> dict:
+    """Analyse in a fresh process; return its measurements."""
+    out = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1,4,16", help="millions of ops")
+    ap.add_argument("--workdir", default=str(REPO / "runs" / "bench"))
+    args = ap.parse_args()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    se_path = work / "se-x16" / "trace-SEx16.parquet"
+    make_se_tiled(se_path)
+    rows.append(("SE x16 (dp 512)", run_child(se_path)))
+    print(rows[-1], flush=True)
+    for m in [int(x) for x in args.sizes.split(",")]:
+        steps = max(1, round(m * 1_000_000 / 102_000))
+        path = work / f"synth-{m}M"
+        make_synthetic(path, steps)
+        rows.append((f"synthetic {m}M", run_child(path)))
+        print(rows[-1], flush=True)
+    print("\n| trace | ops | load s | analyze s | total s | peak GB | S | diagnosis |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in rows:
+        print(f"| {name} | {r['ops']:,} | {r['load_s']:.2f} | {r['analyze_s']:.2f} | "
+              f"{r['total_s']:.2f} | {r['peak_gb']:.2f} | {r['S']:.4f} | {r['cause']} |")
+    _ = resource  # peak memory is measured inside each child
+
+
+if __name__ == "__main__":
+    main()
