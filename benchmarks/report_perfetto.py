@@ -66,12 +66,12 @@ def main() -> None:
     start, end = trace.ops["start_ts"], trace.end_ts
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         (ours,) = write_perfetto(tmp, trace, {"measured": (start, end)})
-        t_ours = time.perf_counter() - t
-        t = time.perf_counter()
+        t_ours, c_ours = time.perf_counter() - t, time.process_time() - c
+        t, c = time.perf_counter(), time.process_time()
         naive_export(tmp / "naive.json", trace, start, end)
-        t_naive = time.perf_counter() - t
+        t_naive, c_naive = time.perf_counter() - t, time.process_time() - c
         t = time.perf_counter()
         events = json.loads(ours.read_text())["traceEvents"]
         t_parse = time.perf_counter() - t
@@ -80,9 +80,11 @@ def main() -> None:
         size = ours.stat().st_size / 1e6
     print(f"ops {len(trace):,}  file {size:.0f} MB  (parses back: {n_x:,} X events, "
           f"json.loads {t_parse:.2f} s)")
-    print(f"write_perfetto {t_ours:.2f} s   naive dict+json.dump {t_naive:.2f} s   "
-          f"speed-up ×{t_naive / t_ours:.1f}")
-    print(f"goal < 5 s for 1M ops: {'met' if t_ours < 5 else 'MISSED'}")
+    print(f"write_perfetto {t_ours:.2f} s wall / {c_ours:.2f} s CPU   naive dict+json.dump "
+          f"{t_naive:.2f} s wall / {c_naive:.2f} s CPU   speed-up ×{t_naive / t_ours:.1f} wall, "
+          f"×{c_naive / c_ours:.1f} CPU")
+    print(f"goal < 5 s for 1M ops: {'met' if t_ours < 5 else 'MISSED'} (wall), "
+          f"{'met' if c_ours < 5 else 'MISSED'} (CPU)")
 
 
 if __name__ == "__main__":

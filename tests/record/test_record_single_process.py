@@ -68,6 +68,26 @@ def test_records_sampled_steps_with_seq_lengths(tmp_path):
 
 def test_gc_pause_inside_an_op_moves_before_it(tmp_path):
     meta = JobMeta(name="t", dp_size=1, pp_size=1)
+    gc.disable()  # only the explicit collection below pauses
+    try:
+        wall = run_with_pause_in_backward(tmp_path, meta)
+    finally:
+        gc.enable()
+    ops = read_run(tmp_path).ops
+    names = ops["optype"]
+    gcs = np.flatnonzero(names == GC_CODE)
+    bwd = int(np.flatnonzero(names == BWD)[0])
+    assert len(gcs) == 1, "one gc row per slot (between forward 0 and backward 0)"
+    g = gcs[0]
+    assert ops["duration"][g] >= 50e-6
+    # the pause precedes the backward, which keeps only its own time
+    assert ops["start_ts"][g] + ops["duration"][g] <= ops["start_ts"][bwd] + 1e-9
+    assert ops["duration"][bwd] >= 0.004
+    assert ops["duration"][bwd] + ops["duration"][g] <= wall + 1e-6
+
+
+def run_with_pause_in_backward(tmp_path, meta) -> float:
+    """One step whose backward holds a real gc.collect(); returns the backward's wall time."""
     with Recorder(tmp_path, meta, dp_rank=0, stage=0, flush_interval_s=0.01) as rec:
         with rec.step(0):
             with rec.op("forward-compute", 0):
@@ -81,17 +101,7 @@ def test_gc_pause_inside_an_op_moves_before_it(tmp_path):
             wall = time.perf_counter() - t0
             with rec.op("optimizer"):
                 spin(0.001)
-    ops = read_run(tmp_path).ops
-    names = ops["optype"]
-    gcs = np.flatnonzero(names == GC_CODE)
-    bwd = int(np.flatnonzero(names == BWD)[0])
-    assert len(gcs) == 1, "one gc row per slot (between forward 0 and backward 0)"
-    g = gcs[0]
-    assert ops["duration"][g] >= 50e-6
-    # the pause precedes the backward, which keeps only its own time
-    assert ops["start_ts"][g] + ops["duration"][g] <= ops["start_ts"][bwd] + 1e-9
-    assert ops["duration"][bwd] >= 0.004
-    assert ops["duration"][bwd] + ops["duration"][g] <= wall + 1e-6
+    return wall
 
 
 def test_place_gc_pauses_merges_per_slot_and_keeps_tail_pauses_inside():

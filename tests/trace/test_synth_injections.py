@@ -68,10 +68,12 @@ def test_synth_slow_worker_and_heavy_last_stage():
     assert mean_duration(trace, F, stage=0) == pytest.approx(0.020, rel=0.03)
     assert mean_duration(trace, B, stage=0) == pytest.approx(0.040, rel=0.03)
     truth = trace.meta.extra["ground_truth"]
+    impacts = [t.pop("impact") for t in truth]
     assert truth == [
         {"cause": "worker_fault", "where": {"dp": [2], "pp": [1]}, "params": {"factor": 3.0}},
         {"cause": "stage_imbalance", "where": {"pp": [3]}, "params": {"factor": 1.5}},
     ]
+    assert impacts[0] > 1.3 and impacts[1] > 1.0  # each given the other cause
     gen = trace.meta.extra["generator"]
     assert gen["slow_worker"] == [2, 1, 3.0] and gen["seed"] == 11 and gen["dp"] == 3
 
@@ -143,6 +145,34 @@ def test_synth_slow_collective():
     assert np.median(group_transfers(trace, "grads-all-reduce", 0)) == pytest.approx(0.006, rel=0.1)
     truth = trace.meta.extra["ground_truth"]
     assert truth[0]["where"] == {"pp": [1]} and truth[0]["params"]["optypes"] == ["grads-all-reduce"]
+
+
+def test_synth_impact_is_measured_against_the_same_job_without_the_cause():
+    kw = dict(dp=2, pp=4, microbatches=8, steps=4, seed=1)
+    plain = generate(**kw)
+    o = plain.ops
+    end = o["start_ts"] + o["duration"]
+    t_plain = np.mean([end[o["step"] == k].max() - o["start_ts"][o["step"] == k].min()
+                       for k in range(4)])
+    slow = generate(**kw, slow_worker=(0, 0, 2.0))
+    o = slow.ops
+    end = o["start_ts"] + o["duration"]
+    t_slow = np.mean([end[o["step"] == k].max() - o["start_ts"][o["step"] == k].min()
+                      for k in range(4)])
+    assert slow.meta.extra["ground_truth"][0]["impact"] == pytest.approx(t_slow / t_plain, rel=1e-5)
+    # A slow reduce-scatter on stage 1 has slack before the clip (stage 0 finishes last in
+    # 1F1B), so it does not slow the job; on stage 0 it does. The impact tells them apart.
+    idle = generate(**kw, slow_link={"kind": "collective", "optype": "grads-reduce-scatter",
+                                     "stage": 1, "factor": 5})
+    busy = generate(**kw, slow_link={"kind": "collective", "optype": "grads-reduce-scatter",
+                                     "stage": 0, "factor": 5})
+    assert idle.meta.extra["ground_truth"][0]["impact"] == pytest.approx(1.0, abs=1e-9)
+    assert busy.meta.extra["ground_truth"][0]["impact"] > 1.02
+    # gc and sequence lengths draw from their own streams: the rest of the job is unchanged
+    both = generate(**kw, gc=(0.5, 0.05), seq_imbalance="uniform")
+    gc_only = generate(**kw, gc=(0.5, 0.05))
+    gc_rows = lambda t: t.ops["start_ts"][t.ops["optype"] == OPTYPES.index("gc")].size
+    assert gc_rows(both) == gc_rows(gc_only) > 0
 
 
 def test_synth_is_deterministic_for_a_seed():

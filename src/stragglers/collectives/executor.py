@@ -37,12 +37,25 @@ def _library_reduce_scatter_available(group) -> bool:
     return backend in ("nccl", "gloo", "xccl")
 
 
-def _ready_subgroup(group, straggler: int, ready: list[int]):
+def prepare_subgroups(group=None) -> None:
+    """Create the n ready-rank sub-groups (one per possible straggler) on every rank at once.
+
+    Called collectively; `stragglar_all_reduce` calls it on first library use. Creating them
+    lazily per straggler does not work: ranks that skipped a creation disagree on group order.
+    """
+    gid = id(group) if group is not None else 0
+    if (gid, 0) in _SUBGROUPS:
+        return
+    n = dist.get_world_size(group)
+    to_global = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+    for s in range(n):
+        _SUBGROUPS[(gid, s)] = dist.new_group([to_global(r) for r in range(n) if r != s])
+
+
+def _ready_subgroup(group, straggler: int):
     key = (id(group) if group is not None else 0, straggler)
     if key not in _SUBGROUPS:
-        global_ready = [dist.get_global_rank(group, r) if group is not None else r for r in ready]
-        # only the ready ranks call this, so the late rank is never waited for
-        _SUBGROUPS[key] = dist.new_group(global_ready, use_local_synchronization=True)
+        prepare_subgroups(group)
     return _SUBGROUPS[key]
 
 
@@ -109,10 +122,12 @@ def stragglar_all_reduce(tensor: torch.Tensor, straggler: int, group=None,
         work = tensor.view(-1)
     chunks = list(work.tensor_split(m))
 
+    if path == "library":
+        subgroup = _ready_subgroup(group, straggler)  # every rank, the straggler too, the first time
     if logical != n - 1 and m > 1:
         if path == "library":
             out = torch.empty_like(chunks[logical])
-            dist.reduce_scatter_tensor(out, work, group=_ready_subgroup(group, straggler, ready))
+            dist.reduce_scatter_tensor(out, work, group=subgroup)
             chunks[logical].copy_(out)
         else:
             _ring_reduce_scatter(chunks, logical, m, ready_peer, group)

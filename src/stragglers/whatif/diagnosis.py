@@ -13,6 +13,8 @@ MW_WORKER = 0.5           # M_W above this: an individual worker problem
 MS_STAGE = 0.5            # M_S at or above this: stage partitioning imbalance
 SEQ_CORR = 0.9            # forward/backward correlation of the same microbatch
 SEQ_CV = 0.1              # coefficient of variation of forward durations within a worker
+STAGE_EXCESS = 0.05       # the hot stage's typical compute per step exceeds the others' by this
+WORKER_COMPUTE = 1.1      # a faulty worker computes at least this much longer than its peers
 MIN_GAIN = 1.02           # a cause must buy at least 2% to be reported
 FIXES = {
     "worker_fault": "replace or restart the slow worker (stragglers.adapt KILL_RESTART), or route "
@@ -38,12 +40,14 @@ def diagnose(w: WhatIf, trace: Trace, by_optype: dict, by_stage: dict, by_dp: di
     dp_spread = (max(by_dp.values()) - min(by_dp.values())) if by_dp else 0.0
 
     # Worker fault: fixing the top ⌈3%⌉ workers alone removes most of the slowdown.
-    if m_w > MW_WORKER:
+    compute_ratio = max((_worker_compute_ratio(w, d, p) for d, p in top), default=1.0)
+    if m_w > MW_WORKER and compute_ratio >= WORKER_COMPUTE:
         where = {"dp": sorted({d for d, _ in top}), "pp": sorted({p for _, p in top})}
         score = max(x["score"] for x in scores)
         found.append(_entry("worker_fault", where,
                             f"worker(s) {', '.join(f'(dp {d}, pp {p})' for d, p in top)} score "
-                            f"S_w = {score:.3f}; fixing only them removes {100 * min(m_w, 1):.0f}% "
+                            f"S_w = {score:.3f}, computing {compute_ratio:.2f}× as long as their stage's "
+                            f"median worker; fixing only them removes {100 * min(m_w, 1):.0f}% "
                             f"of the slowdown (M_W = {m_w:.2f})",
                             t_nd / w.fix_fraction(w.worker_mask(top))[1]))
 
@@ -52,14 +56,16 @@ def diagnose(w: WhatIf, trace: Trace, by_optype: dict, by_stage: dict, by_dp: di
         hot = max(by_stage, key=by_stage.get)
         m_hot = m_s if hot == w.grid.pp_size - 1 else _stage_fix(w, hot)
         uniform = dp_spread <= 0.5 * (s - 1)
-        if m_hot >= MS_STAGE and uniform and m_w <= MW_WORKER:
+        excess = _stage_compute_excess(w, hot)
+        if m_hot >= MS_STAGE and uniform and m_w <= MW_WORKER and excess >= STAGE_EXCESS:
             mask = np.zeros(w.cost.shape[:2], bool)
             mask[w.grid.node_stage == hot] = True
             found.append(_entry("stage_imbalance", {"pp": [hot]},
                                 f"stage {hot} has S = {by_stage[hot]:.3f} on all DP ranks (others "
                                 f"≤ {max([v for k, v in by_stage.items() if k != hot] or [1]):.3f}); "
-                                f"balancing it alone removes {100 * m_hot:.0f}% of the slowdown "
-                                f"(M = {m_hot:.2f})",
+                                f"it computes {100 * excess:.0f}% more per step than the other "
+                                f"stages; balancing it alone removes {100 * m_hot:.0f}% of the "
+                                f"slowdown (M = {m_hot:.2f})",
                                 t_nd / w.fix_fraction(mask)[1]))
 
     seq = _sequence_imbalance(w, trace)
@@ -110,6 +116,27 @@ def _stage_fix(w: WhatIf, stage: int) -> float:
     mask = np.zeros(w.cost.shape[:2], bool)
     mask[w.grid.node_stage == stage] = True
     return w.fix_fraction(mask)[0]
+
+
+def _worker_compute_ratio(w: WhatIf, dp: int, stage: int) -> float:
+    """A worker's mean fwd+bwd time over the median worker of its stage (slow links are not)."""
+    g = w.grid
+    sel = np.isin(g.node_optype, (FWD, BWD)) & (g.node_stage == stage)
+    per_worker = g.duration[sel].sum(axis=0).mean(axis=1)       # [D]
+    mine = per_worker[int(np.searchsorted(g.dp_ranks, dp))]
+    return float(mine / max(float(np.median(per_worker)), 1e-12))
+
+
+def _stage_compute_excess(w: WhatIf, stage: int) -> float:
+    """How much more fwd+bwd compute per step (median over workers and steps) a stage does."""
+    g = w.grid
+    compute = np.isin(g.node_optype, (FWD, BWD))
+    per_stage = [float(np.median(g.duration[compute & (g.node_stage == s)].sum(axis=0)))
+                 for s in range(g.pp_size)]
+    others = [v for s, v in enumerate(per_stage) if s != stage]
+    if not others or max(others) <= 0:
+        return 0.0
+    return per_stage[stage] / float(np.mean(others)) - 1
 
 
 def _sequence_imbalance(w: WhatIf, trace: Trace):
