@@ -146,3 +146,14 @@ def test_frc_uses_first_arrival_of_each_group():
     d = code.decode([5, 1, 3, 4])
     assert d.method == "group-sum"
     np.testing.assert_array_equal(d.coefficients, [0, 1, 0, 0, 0, 1])
+
+
+@pytest.mark.parametrize("n,s", [(7, 2), (10, 3), (16, 5)])
+def test_complex_closed_form_is_the_spec_lagrange_formula(n, s):
+    code = CyclicMDSCode(n, s, "complex")
+    K = list(np.random.default_rng(n).permutation(n)[: n - s])
+    z = np.exp(2j * np.pi * np.array(K) / n)
+    diff = z[:, None] - z[None, :]
+    np.fill_diagonal(diff, 1.0)
+    spec = n / code.generator.sum() * z ** (n - s - 1) / diff.prod(axis=1)
+    np.testing.assert_allclose(code.decode(K).coefficients[K], spec, atol=1e-10)

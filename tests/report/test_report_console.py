@@ -90,3 +90,10 @@ def test_bad_results_raise_input_errors(bad, field):
     assert err.value.field == field
     with pytest.raises(InputError):
         print_report([1, 2])  # not an object at all
+
+
+def test_a_poor_replay_fit_is_flagged():
+    result = clean_result()
+    result["sim_error"] = 0.072
+    text = render(result)
+    assert "sim_error 7.20%" in text and "above 5%" in text

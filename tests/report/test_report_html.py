@@ -36,6 +36,14 @@ def test_clean_job_page_says_the_attribution_was_skipped():
     assert "not straggling" in page
     assert page.count("Attribution was skipped") == 3  # heatmap, op types, stages
     assert 'id="steps-plot"' in page and 'id="heatmap-plot"' not in page
+    assert 'id="warnings"' not in page  # nothing to warn about
+
+
+def test_a_poor_replay_fit_is_a_warning():
+    result = clean_result()
+    result["sim_error"] = 0.072
+    page = render_html(result)
+    assert 'id="warnings"' in page and "more than 5%" in page and "7.20%" in page
 
 
 def test_text_from_the_result_is_escaped():

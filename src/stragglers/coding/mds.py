@@ -3,7 +3,7 @@
 Row i of B is x^i·g(x) mod (x^n − 1) for a generator g of degree s whose roots are s
 consecutive n-th roots of unity not containing 1. aᵀB = 1ᵀ ⇔ a(x)g(x) ≡ 1 + x + … + x^{n−1};
 evaluating at the n−s non-roots ω^m turns that into a transposed Vandermonde system on the
-survivor nodes z_k = ω^k, solved here in O((n−s)²).
+survivor nodes z_k = ω^k, solved here in closed form in O(n·s).
 """
 
 from __future__ import annotations
@@ -57,16 +57,16 @@ class CyclicMDSCode(GradientCode):
 
 def closed_form_coefficients(n: int, s: int, first_root: int, g_at_1: complex,
                              K: list[int]) -> np.ndarray:
-    """The decoding coefficients a_K of a cyclic MDS code in closed form, O(n·s) ⊆ O((n−s)²+n).
+    """The decoding coefficients a_K of a cyclic MDS code in closed form, in O(n·s) operations.
 
     With b_k = a_k z_k^{shift}, the system is Σ_k b_k z_k^t = c·δ_{t,t0} (t = 0..N−1, N = n−s),
     whose solution is b_k = c·[x^{t0}] L_k(x) for the Lagrange basis L_k on the nodes z_K. The
     coefficient is read off by a length-n DFT of L_k; since the nodes are n-th roots of unity,
     every product over survivors turns into one over the s stragglers S:
     Π_{j∈K, j≠k}(z_k − z_j) = n z_k^{-1} / Π_{m∈S}(z_k − ω^m), which keeps the arithmetic short
-    and accurate (no products of n−s factors).
+    and accurate (no products of n−s factors). For the complex code (t0 = N−1) this equals the
+    spec's Lagrange form a_k = (n/g(1))·z_k^{N−1}/Π_{j∈K, j≠k}(z_k − z_j).
     """
-    N = n - s
     K = np.asarray(K)
     S = np.setdiff1d(np.arange(n), K)
     shift = first_root + s  # exponent of the first non-root: m = shift + t, t = 0..N−1

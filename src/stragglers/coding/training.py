@@ -163,6 +163,7 @@ class _Aggregator:
         self.pool = ThreadPoolExecutor(max_workers=code.n, thread_name_prefix="coded-recv")
         self.sends: dict[int, list] = {w: [] for w in range(code.n)}
         self.busy: dict[int, int] = {}  # worker -> the step it is computing
+        self.poll = dist.get_backend() == "nccl"
 
     def _assign(self, worker: int, step: int, params: torch.Tensor, command: int = WORK) -> None:
         for work in self.sends[worker]:  # the worker is idle, so it has received these
@@ -180,7 +181,11 @@ class _Aggregator:
 
     def _await(self, recv, worker: int, step: int, buf: torch.Tensor) -> None:
         try:
-            recv.wait()
+            if self.poll:  # NCCL: wait() only orders streams; completion must be polled
+                while not recv.is_completed():
+                    time.sleep(1e-4)
+            else:
+                recv.wait()
             self.arrivals.put((worker, step, buf))
         except Exception as exc:  # surfaced in the main thread
             self.arrivals.put((worker, step, exc))

@@ -103,7 +103,8 @@ def _attribution_tables(s: Summary) -> Table:
         inner.append(_value_table("By PP stage", "stage", s.by_stage))
     if s.by_dp_rank:
         ranked = sorted(s.by_dp_rank, key=lambda kv: -kv[1])
-        inner.append(_value_table("By DP rank (top 8)", "dp", ranked[:8]))
+        title = "By DP rank" + (" (top 8)" if len(ranked) > 8 else "")
+        inner.append(_value_table(title, "dp", ranked[:8]))
     for _ in inner:
         outer.add_column(vertical="top")
     outer.add_row(*inner)

@@ -53,7 +53,7 @@ class WhatIf:
         t_replay = replay(plan, cost, start, delay)
         tick("replay without launch delays")
         t_nodelay = replay(plan, cost, start)
-        ideal, values = ideal_costs(grid, cost)
+        ideal, values = ideal_costs(grid, cost, model.no_op)
         tick("ideal replay")
         t_ideal = replay(plan, ideal, start)
         obj = cls(grid, model, cost, ideal, values, start, base_step_times(grid), t_replay,

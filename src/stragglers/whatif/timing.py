@@ -18,6 +18,7 @@ def measured_costs(grid: OpGrid, model: DependencyModel) -> np.ndarray:
             g = g.max(axis=0, keepdims=True)
         # The member that arrived last waited for nobody; a small negative is clock error.
         cost[members] = np.maximum(end[members] - g, 0.0)
+    cost[model.no_op] = 0.0  # recorded but never launched: zero transfer time (spec §3)
     return cost
 
 

@@ -1,0 +1,15 @@
+"""StragglAR AllReduce equals dist.all_reduce on real gloo processes (2/4/6/8 ranks)."""
+
+from pathlib import Path
+
+import pytest
+from conftest import torchrun
+
+WORKER = Path(__file__).parent / "workers" / "stragglar_correctness_worker.py"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("nproc,paths", [(2, "ring,library"), (4, "ring,library"), (6, "auto"), (8, "auto")])
+def test_stragglar_matches_all_reduce(nproc, paths):
+    proc = torchrun(WORKER, nproc, paths, timeout=240)
+    assert proc.stdout.count("cases ok") == nproc
