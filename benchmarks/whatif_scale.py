@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SE = REPO.parent / "shared" / "data" / "ndtimeline-samples" / "trace-SE.parquet"
-# dp 64 × pp 8 × 32 microbatches ≈ 102K ops per step: steps scale the size linearly.
+# dp 64 × pp 8 × 32 microbatches = 92,800 ops per step: steps scale the size linearly.
 SHAPE = dict(dp=64, pp=8, microbatches=32)
 OPS_PER_STEP = None
 
@@ -90,7 +90,7 @@ def main() -> None:
     rows.append(("SE x16 (dp 512)", run_child(se_path)))
     print(rows[-1], flush=True)
     for m in [int(x) for x in args.sizes.split(",")]:
-        steps = max(1, round(m * 1_000_000 / 102_000))
+        steps = max(1, round(m * 1_000_000 / 92_800))
         path = work / f"synth-{m}M"
         make_synthetic(path, steps)
         rows.append((f"synthetic {m}M", run_child(path)))

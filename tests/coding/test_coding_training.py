@@ -35,12 +35,15 @@ def test_exact_codes_match_wait_for_all_at_every_step(histories, key):
 
 @pytest.mark.distributed
 def test_late_messages_are_dropped_and_never_corrupt_a_step(histories):
-    # worker 0 sleeps 0.12 s at step 0 while the others take ~10 ms per step: its message
+    # worker 0 sleeps 0.12 s more at step 0 while every step takes 20-40 ms: its message
     # arrives steps later and must be dropped, with the trajectory still equal to wait-for-all
+    # (test_exact_codes_match_wait_for_all_at_every_step)
     late = {k: v["late_total"] for k, v in histories.items()}
     assert late["wait-for-all/s=0/"] == 0
-    assert sum(late[k] for k in EXACT) >= 2, late
-    assert all(0 not in histories["frc/s=1/"]["survivors"][step] for step in range(2))
+    assert all(late[k] >= 1 for k in EXACT), late
+    for key in EXACT:
+        assert 0 not in histories[key]["survivors"][0]
+        assert any(0 in survivors for survivors in histories[key]["survivors"][1:])  # back to work
 
 
 @pytest.mark.distributed

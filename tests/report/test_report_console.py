@@ -97,3 +97,9 @@ def test_a_poor_replay_fit_is_flagged():
     result["sim_error"] = 0.072
     text = render(result)
     assert "sim_error 7.20%" in text and "above 5%" in text
+
+
+def test_missing_attribution_above_the_threshold_is_not_called_skipped():
+    text = render({"slowdown": 1.2, "job": {"name": "live", "dp": 2, "pp": 1, "dsp": 2}})
+    assert "carries no attribution" in text and "Attribution skipped" not in text
+    assert "dp 2 × pp 1 × dsp 2" in text

@@ -34,7 +34,7 @@ def test_page_is_self_contained(tmp_path):
 def test_clean_job_page_says_the_attribution_was_skipped():
     page = render_html(clean_result())
     assert "not straggling" in page
-    assert page.count("Attribution was skipped") == 3  # heatmap, op types, stages
+    assert page.count("Attribution skipped: S = 1.012 &lt; 1.03") == 3  # heatmap, op types, stages
     assert 'id="steps-plot"' in page and 'id="heatmap-plot"' not in page
     assert 'id="warnings"' not in page  # nothing to warn about
 

@@ -159,6 +159,7 @@ CONFIGS = [
     dict(dp=2, pp=4, microbatches=8),
     dict(dp=3, pp=4, microbatches=4, sync="ddp"),
     dict(dp=1, pp=3, microbatches=5),
+    dict(dp=2, pp=4, microbatches=2),  # fewer microbatches than stages: all warm-up
     dict(dp=2, pp=2, vpp=2, microbatches=4),
     dict(dp=2, pp=4, vpp=2, microbatches=8, sync="ddp"),
     dict(dp=1, pp=4, vpp=3, microbatches=4),

@@ -147,6 +147,23 @@ def test_synth_slow_collective():
     assert truth[0]["where"] == {"pp": [1]} and truth[0]["params"]["optypes"] == ["grads-all-reduce"]
 
 
+def test_synth_intermittent_slow_link_hits_only_its_steps():
+    trace = generate(dp=2, pp=2, microbatches=4, steps=6, seed=3, slow_link={
+        "kind": "collective", "optype": "optimizer-clip-main-grad", "stage": None, "factor": 100,
+        "steps": [4, 1]})
+    o = trace.ops
+    m = o["optype"] == OPTYPES.index("optimizer-clip-main-grad")
+    for step in range(6):
+        idx = np.flatnonzero(m & (o["step"] == step))
+        transfer = np.median(o["start_ts"][idx] + o["duration"][idx] - o["start_ts"][idx].max())
+        assert transfer == pytest.approx(0.03 if step in (1, 4) else 0.0003, rel=0.1)
+    truth = trace.meta.extra["ground_truth"][0]
+    assert truth["where"] == {"pp": [0, 1], "steps": [1, 4]} and truth["impact"] > 1.01
+    with pytest.raises(InputError, match="steps"):
+        generate(dp=2, pp=2, steps=3, slow_link={"kind": "collective", "factor": 2, "steps": [3],
+                                                 "optype": "optimizer-clip-main-grad"})
+
+
 def test_synth_impact_is_measured_against_the_same_job_without_the_cause():
     kw = dict(dp=2, pp=4, microbatches=8, steps=4, seed=1)
     plain = generate(**kw)
@@ -212,15 +229,18 @@ def test_synth_command_writes_a_run(tmp_path):
         "synth", str(out), "--dp", "2", "--pp", "2", "--microbatches", "2", "--steps", "3",
         "--slow-worker", "1,0,2.5", "--heavy-last-stage", "1.2", "--seq-imbalance", "uniform",
         "--max-len", "4096", "--gc-rate", "0.5", "--gc-length", "0.05",
-        "--slow-link", "collective:optimizer-clip-main-grad,all,3", "--seed", "5"])
+        "--slow-link", "collective:optimizer-clip-main-grad,all,3", "--slow-link-steps", "0,2",
+        "--seed", "5"])
     assert result.exit_code == 0, result.output
-    assert "ground truth: worker_fault dp=[1] pp=[0] x2.5; stage_imbalance" in result.output
+    assert "ground truth: worker_fault dp=[1] pp=[0] x2.5 (step time x" in result.output
+    assert "; stage_imbalance pp=[1] x1.2 (step time x" in result.output
     trace = read_run(out)
     assert f"{len(trace):,} ops" in result.output
     causes = [t["cause"] for t in trace.meta.extra["ground_truth"]]
     assert causes == ["worker_fault", "stage_imbalance", "sequence_imbalance", "gc",
                       "communication"]
     assert trace.meta.extra["generator"]["seq_imbalance"]["max_len"] == 4096
+    assert trace.meta.extra["ground_truth"][-1]["where"] == {"pp": [0, 1], "steps": [0, 2]}
     again = CliRunner().invoke(cli_app(), ["synth", str(out)])
     assert isinstance(again.exception, InputError) and "--force" in str(again.exception)
     forced = CliRunner().invoke(cli_app(), ["synth", str(out), "--force", "--pp", "1"])

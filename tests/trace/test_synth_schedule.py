@@ -116,6 +116,7 @@ def test_synth_seq_id_is_start_order_and_steps_are_numbered():
     (dict(slow_link={"kind": "collective", "optype": "forward-send", "factor": 2}),
      "slow_link optype"),
     (dict(slow_link={"kind": "wire"}), "slow_link"),
+    (dict(dp=4096, steps=100_000), "steps"),  # too big to hold: refused before allocating
 ])
 def test_synth_bad_parameters_are_input_errors(kwargs, field):
     with pytest.raises(InputError) as err:

@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich import box
+from rich.columns import Columns
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -51,9 +53,7 @@ def print_report(result: Mapping[str, Any], console: Console | None = None) -> N
         if summary.worker_grid.size:
             console.print(_worker_grid(summary, console.width))
     else:
-        console.print(Text(
-            f"Attribution skipped: S = {fmt(summary.slowdown)} < {DECOMPOSITION_SLOWDOWN}, "
-            "there is no slowdown worth splitting up.", style="dim"))
+        console.print(Text(summary.attribution_note(), style="dim"))
     if summary.step_slowdown:
         console.print(_top_steps(summary))
     console.print(_diagnosis(summary))
@@ -61,7 +61,8 @@ def print_report(result: Mapping[str, Any], console: Console | None = None) -> N
 
 def _headline(s: Summary) -> Panel:
     job = s.job
-    shape = " × ".join(f"{k} {job[k]}" for k in ("dp", "pp", "tp") if job.get(k) is not None)
+    shape = " × ".join(f"{k} {job[k]}" for k in ("dp", "pp", "tp", "dsp")
+                       if job.get(k) is not None and (k != "dsp" or job[k] != 1))
     extent = ", ".join(f"{job[k]:,} {k}" for k in ("steps", "ops")
                        if isinstance(job.get(k), int))
     verdict = (Text(f"STRAGGLING (S ≥ {STRAGGLING_SLOWDOWN})", style="bold red") if s.straggling
@@ -94,27 +95,26 @@ def _headline(s: Summary) -> Panel:
     return Panel(lines, title="What-if straggler analysis", title_align="left", box=box.ROUNDED)
 
 
-def _attribution_tables(s: Summary) -> Table:
-    outer = Table.grid(padding=(0, 3))
-    inner = []
+def _attribution_tables(s: Summary) -> Group:
+    tables = []
     if s.by_optype:
-        inner.append(_value_table("By op type", "op type", s.by_optype))
+        tables.append(_value_table("By op type", "op type", s.by_optype))
     if s.by_stage:
-        inner.append(_value_table("By PP stage", "stage", s.by_stage))
+        tables.append(_value_table("By PP stage", "stage", s.by_stage))
     if s.by_dp_rank:
         ranked = sorted(s.by_dp_rank, key=lambda kv: -kv[1])
         title = "By DP rank" + (" (top 8)" if len(ranked) > 8 else "")
-        inner.append(_value_table(title, "dp", ranked[:8]))
-    for _ in inner:
-        outer.add_column(vertical="top")
-    outer.add_row(*inner)
-    return outer
+        tables.append(_value_table(title, "dp", ranked[:8]))
+    note = Text("S of a group = the slowdown left when only that group keeps its measured "
+                "durations and everything else is ideal.", style="dim")
+    # Side by side where they fit, else wrapped below each other (never truncated).
+    return Group(note, Columns(tables, padding=(0, 4)))
 
 
 def _value_table(title: str, key_name: str, rows: list[tuple[Any, float]]) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column(key_name)
-    table.add_column("S if only these straggle", justify="right")
+    table.add_column("S", justify="right")
     for key, value in rows:
         table.add_row(str(key), Text(fmt(value), style=slowdown_style(value)))
     return table
@@ -169,20 +169,22 @@ def _top_steps(s: Summary) -> Group:
 
 
 def _diagnosis(s: Summary) -> Panel:
-    body = Text()
+    parts: list[Any] = []
     if not s.diagnosis:
-        body.append("No diagnosis in this result.", style="dim")
+        parts.append(Text("No diagnosis in this result.", style="dim"))
     for i, f in enumerate(s.diagnosis, 1):
         if i > 1:
-            body.append("\n\n")
-        body.append(f"{i}. {f.title}", style="bold")
-        body.append(f" — {f.where}")
+            parts.append(Text(""))
+        parts.append(Text.assemble((f"{i}. {f.title}", "bold"), f" — {f.where}"))
+        details = Text()
         if f.speedup_if_fixed is not None:
-            body.append("\n   fixing it would make steps ")
-            body.append(f"{f.speedup_if_fixed:.2f}× faster", style="bold green")
+            details.append("fixing it would make steps ")
+            details.append(f"{f.speedup_if_fixed:.2f}× faster", style="bold green")
         if f.evidence:
-            body.append(f"\n   evidence: {f.evidence}")
+            details.append(("\n" if details else "") + f"evidence: {f.evidence}")
         if f.advice and f.cause != "none":
-            body.append(f"\n   what to do: {f.advice}", style="cyan")
-    return Panel(body, title="Diagnosis (most important first)", title_align="left",
+            details.append(("\n" if details else "") + f"what to do: {f.advice}", style="cyan")
+        if details:
+            parts.append(Padding(details, (0, 0, 0, 3)))
+    return Panel(Group(*parts), title="Diagnosis (most important first)", title_align="left",
                  box=box.ROUNDED)

@@ -67,8 +67,7 @@ def render_html(result: Mapping[str, Any]) -> str:
         head_script = ("<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>\n"
                        f"<script>{get_plotlyjs()}</script>")
     title = f"Straggler report — {s.job_name}"
-    skipped = (f'<p class="note">Attribution was skipped: S = {fmt(s.slowdown)} &lt; '
-               f"{DECOMPOSITION_SLOWDOWN}, so there is no slowdown worth splitting up.</p>")
+    skipped = f'<p class="note">{_e(s.attribution_note())}</p>'
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -110,7 +109,8 @@ def _e(text: Any) -> str:
 
 def _job_line(s: Summary) -> str:
     job = s.job
-    parts = [f"{k.upper()} {job[k]}" for k in ("dp", "pp", "tp") if job.get(k) is not None]
+    parts = [f"{k.upper()} {job[k]}" for k in ("dp", "pp", "tp", "dsp")
+             if job.get(k) is not None and (k != "dsp" or job[k] != 1)]
     if job.get("world_size"):
         parts.append(f"world size {job['world_size']}")
     for k in ("steps", "ops"):

@@ -89,6 +89,13 @@ class Summary:
         """The replay missed the measured step time by more than 5%."""
         return self.sim_error is not None and self.sim_error > SIM_ERROR_LIMIT
 
+    def attribution_note(self) -> str:
+        """Why a result has no attribution tables."""
+        if self.slowdown < DECOMPOSITION_SLOWDOWN:
+            return (f"Attribution skipped: S = {fmt(self.slowdown)} < {DECOMPOSITION_SLOWDOWN}, "
+                    "so there is no slowdown worth splitting up.")
+        return "This result carries no attribution (by op type, stage, DP rank or worker)."
+
     def hottest_workers(self, k: int = 5) -> list[tuple[int, int, float]]:
         """The k workers with the highest S_w as (dp, pp, S_w)."""
         grid = self.worker_grid

@@ -54,6 +54,8 @@ def synth(
     gc_length: float = typer.Option(0.2, help="GC pause length in seconds (with --gc-rate)."),
     slow_link: Optional[str] = typer.Option(None, help="p2p:DP,FROM,TO,FACTOR or "
                                             "collective:OPTYPE,STAGE|all,FACTOR."),
+    slow_link_steps: Optional[str] = typer.Option(None, help="Comma-separated steps the slow "
+                                                  "link affects (default: every step)."),
     launch_delay: float = typer.Option(20e-6, help="Mean launch delay per op, seconds."),
     name: Optional[str] = typer.Option(None, help="Job name (default: from the parameters)."),
     force: bool = typer.Option(False, help="Replace the op tables of an existing run directory."),
@@ -77,7 +79,7 @@ def synth(
         seq_imbalance={"dist": seq_imbalance, "max_len": max_len, "tokens_per_mb": tokens_per_mb}
         if seq_imbalance else None,
         gc=(gc_rate, gc_length) if gc_rate is not None else None,
-        slow_link=_parse_slow_link(slow_link) if slow_link else None,
+        slow_link=_parse_slow_link(slow_link, slow_link_steps) if slow_link else None,
     )
     console = Console(stderr=True)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -92,16 +94,25 @@ def synth(
 
 
 def summary(trace) -> str:
-    """One line: size of the job and the injected causes."""
+    """One line: size of the job and the injected causes with their measured impact."""
     m = trace.meta
     steps = m.extra.get("generator", {}).get("steps") or len(set(trace.ops["step"].tolist()))
-    truth = m.extra.get("ground_truth", [])
-    causes = "; ".join(
-        f"{t['cause']}" + "".join(f" {k}={v}" for k, v in t["where"].items())
-        + (f" x{t['params']['factor']:g}" if "factor" in t["params"] else "")
-        for t in truth) or "none (noise only)"
+    causes = "; ".join(_describe_cause(t) for t in m.extra.get("ground_truth", [])) \
+        or "none (noise only)"
     return (f"{len(trace):,} ops, dp {m.dp_size} x pp {m.pp_size} x vpp {m.vpp_size}, "
             f"{steps} steps; ground truth: {causes}")
+
+
+def _describe_cause(truth: dict) -> str:
+    text = truth["cause"]
+    for key, values in truth["where"].items():
+        shown = values if len(values) <= 6 else f"[{values[0]}..{values[-1]}] ({len(values)})"
+        text += f" {key}={shown}"
+    if "factor" in truth["params"]:
+        text += f" x{truth['params']['factor']:g}"
+    if truth.get("impact") is not None:
+        text += f" (step time x{truth['impact']:.3f})"
+    return text
 
 
 def _numbers(text: str, field: str, count: int) -> list[str]:
@@ -121,17 +132,26 @@ def _parse_slow_worker(text: str) -> tuple[int, int, float]:
                          f"(integers and a number), got {text!r}") from None
 
 
-def _parse_slow_link(text: str) -> dict:
+def _parse_slow_link(text: str, steps: str | None) -> dict:
     kind, _, rest = text.partition(":")
     try:
+        link = None
         if kind == "p2p":
             d, a, b, f = _numbers(rest, "--slow-link", 4)
-            return {"kind": "p2p", "dp": int(d), "stage_from": int(a), "stage_to": int(b),
+            link = {"kind": "p2p", "dp": int(d), "stage_from": int(a), "stage_to": int(b),
                     "factor": float(f)}
-        if kind == "collective":
+        elif kind == "collective":
             optype, stage, f = _numbers(rest, "--slow-link", 3)
-            return {"kind": "collective", "optype": optype,
+            link = {"kind": "collective", "optype": optype,
                     "stage": None if stage == "all" else int(stage), "factor": float(f)}
+        if link is not None:
+            if steps:
+                try:
+                    link["steps"] = [int(x) for x in steps.split(",")]
+                except ValueError:
+                    raise InputError("stragglers synth", "--slow-link-steps", "expected "
+                                     f"comma-separated step numbers, got {steps!r}") from None
+            return link
     except ValueError:
         pass
     raise InputError("stragglers synth", "--slow-link", "expected p2p:DP,FROM,TO,FACTOR or "

@@ -11,24 +11,23 @@ from stragglers.whatif.dependencies import DependencyModel
 
 @dataclass
 class ReplayPlan:
-    """The model compiled for replay: per super-node, its members and their dependency arrays."""
+    """The model compiled for replay: per super-node, its members and their dependencies."""
 
-    steps: list[tuple[np.ndarray, list[np.ndarray], bool, bool]]  # (members, deps, is_group, dp_sync)
+    steps: list[tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool, bool]]
     n_nodes: int
 
 
 def compile_plan(model: DependencyModel) -> ReplayPlan:
-    """Turn the dependency model into a flat list of replay steps."""
+    """Turn the dependency model into a flat list of (members, deps, is_group, dp_sync)."""
     steps = []
     for sn in model.order:
         if sn < 0:
             g = -sn - 1
-            members = np.asarray(model.groups[g], dtype=np.int64)
-            steps.append((members, [np.asarray(model.deps[m], dtype=np.int64) for m in members],
+            members = tuple(int(m) for m in model.groups[g])
+            steps.append((members, tuple(tuple(sorted(set(model.deps[m]))) for m in members),
                           True, model.group_dp_sync[g]))
         else:
-            steps.append((np.asarray([sn], dtype=np.int64), [np.asarray(model.deps[sn], np.int64)],
-                          False, False))
+            steps.append(((int(sn),), (tuple(sorted(set(model.deps[sn]))),), False, False))
     return ReplayPlan(steps, len(model.deps))
 
 
@@ -45,34 +44,43 @@ def replay(plan: ReplayPlan, cost: np.ndarray, step_start: np.ndarray,
     n = plan.n_nodes
     d = max(cost.shape[1], launch_delay.shape[1] if launch_delay is not None else 1)
     t = len(step_start)
-    start = np.empty((n, d, t))
     end = np.empty((n, d, t))
+    start = np.empty((n, d, t)) if keep_timeline else None
     base = np.broadcast_to(step_start, (d, t))
-    for members, deps, is_group, dp_sync in plan.steps:
-        for m, dep in zip(members, deps):
-            if len(dep) == 0:
-                s = base
-            elif len(dep) == 1:
-                s = end[dep[0]]
-            else:
-                s = end[dep].max(axis=0)
-            if launch_delay is not None:
-                s = s + launch_delay[m]
-            start[m] = s
-        if is_group:
-            if len(members) == 1:
-                g = start[members[0]]
-            else:
-                g = start[members].max(axis=0)
-            if dp_sync:
-                if jobs == 1:
-                    g = g.max(axis=0, keepdims=True)
-                else:
-                    g = np.repeat(g.reshape(jobs, -1, t).max(axis=1), d // jobs, axis=0)
-            end[members] = g + cost[members]
+    cost = np.broadcast_to(cost, (n, d, t)) if cost.shape[1:] != (d, t) else cost
+    scratch = np.empty((d, t))
+
+    def ready(m: int, dep: tuple[int, ...], out: np.ndarray) -> np.ndarray:
+        """Start of op m: the latest end of its dependencies (plus its launch delay)."""
+        if not dep:
+            np.copyto(out, base)
+        elif len(dep) == 1:
+            np.copyto(out, end[dep[0]])
         else:
+            np.maximum(end[dep[0]], end[dep[1]], out=out)
+            for x in dep[2:]:
+                np.maximum(out, end[x], out=out)
+        if launch_delay is not None:
+            out += launch_delay[m]
+        if start is not None:
+            start[m] = out
+        return out
+
+    for members, deps, is_group, dp_sync in plan.steps:
+        if not is_group:
             m = members[0]
-            end[m] = start[m] + cost[m]
+            np.add(ready(m, deps[0], scratch), cost[m], out=end[m])
+            continue
+        g = ready(members[0], deps[0], np.empty((d, t)))
+        for m, dep in zip(members[1:], deps[1:]):
+            np.maximum(g, ready(m, dep, scratch), out=g)
+        if dp_sync:
+            if jobs == 1:
+                g = g.max(axis=0, keepdims=True)
+            else:
+                g = np.repeat(g.reshape(jobs, -1, t).max(axis=1), d // jobs, axis=0)
+        for m in members:
+            np.add(g, cost[m], out=end[m])
     if jobs == 1:
         step_time = end.max(axis=(0, 1)) - step_start
     else:

@@ -36,7 +36,8 @@ def main() -> None:
     random = DelaySampler("pareto", 0.01, seed=3)
     # worker 0 is very slow at step 0: its message arrives while the master is steps ahead
     fixed = FixedDelays({(0, 0): 0.12})
-    delays = lambda step, w: fixed(step, w) + random(step, w)  # noqa: E731
+    # every step takes >= 20 ms, so 10 steps outlast worker 0's 0.12 s and its message is late
+    delays = lambda step, w: 0.02 + fixed(step, w) + random(step, w)  # noqa: E731
     X, y = data.all()
     out = {}
     for scheme, s, extra in SCHEMES:
@@ -52,7 +53,7 @@ def main() -> None:
                           keep_params=True, check_error=True, record_condition=True)
         if res is not None:
             out[f"{scheme}/s={s}/{extra.get('decoder', '')}"] = {
-                "code": res.code, "late_total": res.late_total,
+                "code": res.code, "late_total": res.late_total, "drained": res.drained,
                 "params": [p.tolist() for p in res.params],
                 "survivors": [r.survivors for r in res.records],
                 "errors": [r.error for r in res.records],

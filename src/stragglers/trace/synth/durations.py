@@ -13,8 +13,8 @@ import numpy as np
 from stragglers.trace.synth.schedule import BASE_COST, Schedule
 
 # specs/whatif.md §11: one transformer block, forward + backward over 16,384 packed tokens costs
-# ≈ 19.4 ms + 0.76 ms per 10⁶ of Σ s_i² (the spec prints 10⁹, but its own data points, 16K → 224 ms
-# and 2×8K → 120 ms, fit 10⁶). Only the ratio of the two terms shapes our costs.
+# ≈ 19.4 ms + 0.76 ms per 10⁶ of Σ s_i² (the spec prints 10⁹, but its own data points,
+# 16K → 224 ms and 2×8K → 120 ms, fit 10⁶). Only the ratio of the two terms shapes our costs.
 ATTN_FIXED_S = 0.0194
 ATTN_PER_SQ_S = 0.76e-3 / 1e6
 ATTN_REF_TOKENS = 16384
@@ -76,10 +76,12 @@ def sample_costs(sched: Schedule, dp: int, steps: int, seed: int, *, noise: floa
         duration[np.ix_(rows, np.flatnonzero(col_dp == d))] *= factor
     if slow_link is not None:
         rows, factor = slow_link_rows(sched, slow_link)
+        hit = np.ones(cols, dtype=bool)
         if slow_link["kind"] == "p2p":
-            duration[np.ix_(rows, np.flatnonzero(col_dp == slow_link["dp"]))] *= factor
-        else:
-            duration[rows] *= factor
+            hit &= col_dp == slow_link["dp"]
+        if slow_link.get("steps") is not None:  # an intermittent slowdown
+            hit &= np.isin(np.arange(cols) // dp, slow_link["steps"])
+        duration[np.ix_(rows, np.flatnonzero(hit))] *= factor
     if len(costs.gc_rows):
         # gc=None with gc slots in the schedule: the same job without its pauses
         rate, length = gc if gc is not None else (0.0, 0.0)

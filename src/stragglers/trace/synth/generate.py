@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from stragglers.errors import InputError
 from stragglers.trace.model import COLUMNS, JobMeta, Trace, optype_code
 from stragglers.trace.synth.durations import FORWARD_BACKWARD, Costs, sample_costs
 from stragglers.trace.synth.schedule import Schedule, build_schedule
-from stragglers.trace.synth.validate import ground_truth, validate_parameters
+from stragglers.trace.synth.validate import SOURCE, ground_truth, validate_parameters
 
 
 def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, steps: int = 10, *,
@@ -32,7 +33,8 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
     seq_imbalance={"dist": "lognormal"|"uniform", "max_len", "tokens_per_mb", ...};
     gc=(pauses per worker per step, pause length s);
     slow_link={"kind": "p2p", "dp", "stage_from", "stage_to", "factor"} or
-    {"kind": "collective", "optype", "stage" (None = all), "factor"}.
+    {"kind": "collective", "optype", "stage" (None = all), "factor"}, either with an optional
+    "steps" list (an intermittent slowdown; default every step).
     """
     params = validate_parameters(dict(
         dp=dp, pp=pp, vpp=vpp, microbatches=microbatches, steps=steps, sync=sync, seed=seed,
@@ -40,6 +42,11 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
         seq_imbalance=seq_imbalance, gc=gc, slow_link=slow_link, launch_delay=launch_delay,
         step_gap=step_gap))
     sched = build_schedule(pp, vpp, microbatches, params["sync"], gc_slots=params["gc"] is not None)
+    slots = len(sched.nodes) * dp * steps
+    if slots > MAX_OPS:
+        raise InputError(SOURCE, "steps", f"dp={dp}, pp={pp}, vpp={vpp}, microbatches="
+                         f"{microbatches} and steps={steps} make {slots:,} ops; the generator "
+                         f"keeps ~100 bytes per op in memory and takes at most {MAX_OPS:,}")
     costs = sample_costs(sched, dp, steps, params["seed"], **_cost_args(params))
     start, end = run_forward(sched, costs, dp, steps)
     impacts = measure_impacts(sched, params, start, end) \
@@ -57,6 +64,7 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
 INJECTIONS = ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link")
 # Measuring impacts replays the job once per injected cause; skipped for big jobs.
 MAX_IMPACT_OPS = 2_000_000
+MAX_OPS = 200_000_000
 
 
 def _cost_args(params: dict) -> dict:
@@ -108,7 +116,8 @@ def step_begin(sched: Schedule, costs: Costs, dp: int) -> np.ndarray:
     return begin
 
 
-def run_forward(sched: Schedule, costs: Costs, dp: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+def run_forward(sched: Schedule, costs: Costs, dp: int,
+                steps: int) -> tuple[np.ndarray, np.ndarray]:
     """Absolute start and end of every (node, column), following the dependency model."""
     n, cols = len(sched.nodes), dp * steps
     nodes, dur, delay = sched.nodes, costs.duration, costs.delay

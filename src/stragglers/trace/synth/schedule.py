@@ -105,7 +105,8 @@ class Schedule:
     nodes: list[Node] = field(default_factory=list)
     groups: list[Group] = field(default_factory=list)
     by_stage: list[list[int]] = field(default_factory=list)
-    barrier: int = -1  # group whose max start ends a step on every worker (clip, or DP sync if pp=1)
+    # the group whose latest start ends a step on every worker (clip; the DP sync when pp = 1)
+    barrier: int = -1
     optimizer: list[int] = field(default_factory=list)  # optimizer node per stage
     events: list[tuple[str, int]] = field(default_factory=list)  # ("S", node) / ("E", group)
 

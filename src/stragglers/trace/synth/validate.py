@@ -73,7 +73,8 @@ def validate_parameters(p: dict) -> dict:
         try:
             rate, length = p["gc"]
         except (TypeError, ValueError):
-            raise InputError(SOURCE, "gc", "expected (pauses per worker per step, pause s)") from None
+            raise InputError(SOURCE, "gc", "expected (pauses per worker per step, "
+                             "pause seconds)") from None
         p["gc"] = [_positive(rate, "gc rate"), _positive(length, "gc length")]
         forwards = p["microbatches"] * p["vpp"]
         if p["gc"][0] > forwards:
@@ -113,7 +114,21 @@ def _slow_link(link, p: dict) -> dict:
         raise InputError(SOURCE, "slow_link", "expected {'kind': 'p2p', 'dp', 'stage_from', "
                          "'stage_to', 'factor'} or {'kind': 'collective', 'optype', 'stage', "
                          "'factor'}")
-    out = {"kind": link["kind"], "factor": _positive(link.get("factor"), "slow_link factor")}
+    unknown = set(link) - {"kind", "factor", "steps", "dp", "stage_from", "stage_to", "optype",
+                           "stage"}
+    if unknown:
+        raise InputError(SOURCE, "slow_link", f"unknown keys {sorted(unknown)}")
+    out = {"kind": link["kind"], "factor": _positive(link.get("factor"), "slow_link factor"),
+           "steps": None}
+    if link.get("steps") is not None:
+        try:
+            out["steps"] = sorted({_index(s, "slow_link steps", p["steps"], "step")
+                                   for s in link["steps"]})
+        except TypeError:
+            raise InputError(SOURCE, "slow_link steps", "expected a list of step numbers") from None
+        if not out["steps"]:
+            raise InputError(SOURCE, "slow_link steps", "is empty; give at least one step or None "
+                             "for every step")
     if link["kind"] == "p2p":
         if p["pp"] < 2:
             raise InputError(SOURCE, "slow_link", "a p2p link needs pp >= 2 (no pipeline p2p)")
@@ -191,5 +206,7 @@ def ground_truth(p: dict, costs, impacts: dict | None) -> list[dict]:
         else:
             where = {"pp": list(range(p["pp"])) if link["stage"] is None else [link["stage"]]}
             optypes = [link["optype"]]
+        if link["steps"] is not None:
+            where["steps"] = link["steps"]
         add("slow_link", "communication", where, {**link, "optypes": optypes})
     return truth

@@ -1,0 +1,265 @@
+"""Parse one rank's PyTorch-profiler (Kineto) JSON into the few events the op table needs.
+
+Memory is the point of this module: a json.load object hook turns every trace event into a
+small tuple (or drops it) while the document is being decoded, so a rank's file never lives as
+millions of Python dicts, and only one file is decoded at a time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stragglers.errors import InputError
+
+_STEP = re.compile(r"ProfilerStep#(\d+)$")
+# "<backend>:<collective>" record_function annotations, e.g. nccl:all_reduce, gloo:all_reduce.
+_BACKEND_COLL = re.compile(r"([A-Za-z0-9_]+):([A-Za-z_]+)$")
+_GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
+_CPU_OP_CATS = {"cpu_op", "operator"}
+_ANNOTATION_CATS = {"user_annotation", "gpu_user_annotation"}
+NCCL_KERNEL_PREFIXES = ("ncclKernel_", "ncclDevKernel_")
+
+
+def collective_kind(name: str | None) -> str | None:
+    """Normalise a collective name ('all_reduce', '_allgather_base', 'AllReduce') to one token."""
+    if not isinstance(name, str) or not name:
+        return None
+    s = name.lower().lstrip("_")
+    for suffix in ("_coalesced", "_into_tensor", "_tensor", "_base", "_single", "_"):
+        s = s.removesuffix(suffix)
+    s = s.replace("_", "")
+    return s or None
+
+
+# Collective tokens that the op table knows, and those we recognise but have no op type for.
+KNOWN_COLLECTIVES = {"allreduce", "reducescatter", "allgather", "alltoall", "broadcast", "reduce",
+                     "gather", "scatter", "barrier", "send", "recv", "sendrecv", "alltoallv"}
+
+
+@dataclass
+class RankEvents:
+    """What one rank's trace holds that the op table needs, as compact tuples (times in µs)."""
+
+    source: str
+    distributed_info: dict[str, Any] | None = None
+    base_ns: int = 0                      # baseTimeNanoseconds (0 for absolute-µs traces)
+    steps: list[tuple[int, float, float]] = field(default_factory=list)      # (N, ts, dur) CPU
+    gpu_steps: list[tuple[int, float, float]] = field(default_factory=list)  # GPU-side spans
+    optimizer: list[float] = field(default_factory=list)                     # Optimizer.step# ts
+    backward: list[float] = field(default_factory=list)                      # evaluate_function ts
+    backward_annotations: list[float] = field(default_factory=list)          # '## backward ##' ts
+    # (ts, dur, tid, kind, pg, seq, src, dst, from_annotation)
+    collectives: list[tuple] = field(default_factory=list)
+    runtime: dict[int, tuple[float, Any]] = field(default_factory=dict)     # correlation → (ts, tid)
+    # (ts, dur, stream, correlation, is_nccl, kind from args, kind from name, pg, seq, src, dst)
+    kernels: list[tuple] = field(default_factory=list)
+    cpu_ops: list[tuple[float, float, Any, bool]] = field(default_factory=list)  # (ts, dur, tid, comm)
+    events: int = 0
+
+    @property
+    def rank(self) -> int | None:
+        """distributedInfo.rank when it is a whole number."""
+        info = self.distributed_info or {}
+        r = info.get("rank")
+        return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else None
+
+
+class _Collector:
+    """The json object hook: files every event dict into RankEvents and returns None for it."""
+
+    def __init__(self, out: RankEvents):
+        self.out = out
+
+    def __call__(self, obj: dict) -> Any:
+        if "ph" not in obj:
+            return obj  # the document, distributedInfo, args: kept as they are
+        out = self.out
+        out.events += 1
+        ph = obj.get("ph")
+        if ph != "X":
+            return None  # flows, counters, metadata, instants: the op table needs none of them
+        name, cat = obj.get("name"), obj.get("cat")
+        if not isinstance(name, str) or not isinstance(cat, str):
+            return None
+        cat = cat.lower()
+        step = _STEP.match(name)
+        if step:
+            ts, dur = self._times(obj)
+            target = out.gpu_steps if cat == "gpu_user_annotation" else out.steps
+            target.append((int(step.group(1)), ts, dur))
+        elif cat in _GPU_CATS:
+            ts, dur = self._times(obj)
+            args = _args(obj)
+            corr = args.get("correlation")
+            corr = corr if isinstance(corr, int) and not isinstance(corr, bool) else None
+            nccl = name.startswith(NCCL_KERNEL_PREFIXES)
+            kind_args = kind_name = pg = seq = src = dst = None
+            if nccl:
+                kind_args = collective_kind(args.get("Collective name"))
+                kind_name = _kernel_kind(name)
+                pg, seq, src, dst = _comm_args(args)
+            out.kernels.append((ts, dur, _hashable(obj.get("tid")), corr, nccl, kind_args,
+                                kind_name, pg, seq, src, dst))
+        elif cat.endswith("runtime") or cat.endswith("driver"):
+            corr = _args(obj).get("correlation")
+            if isinstance(corr, int) and not isinstance(corr, bool):
+                ts, _ = self._times(obj)
+                out.runtime[corr] = (ts, _hashable(obj.get("tid")))
+        elif cat in _CPU_OP_CATS or cat == "user_annotation":
+            self._cpu(obj, name, cat)
+        return None
+
+    def _cpu(self, obj: dict, name: str, cat: str) -> None:
+        out = self.out
+        ts, dur = self._times(obj)
+        tid = _hashable(obj.get("tid"))
+        if name.startswith("Optimizer.step#"):
+            out.optimizer.append(ts)
+            return
+        if name.startswith("autograd::engine::evaluate_function"):
+            out.backward.append(ts)
+        elif cat == "user_annotation" and "backward" in name.lower():
+            out.backward_annotations.append(ts)
+            return
+        m = _BACKEND_COLL.match(name)
+        if m and collective_kind(m.group(2)) in KNOWN_COLLECTIVES:
+            pg, seq, src, dst = _comm_args(_args(obj))
+            out.collectives.append((ts, dur, tid, collective_kind(m.group(2)), pg, seq, src, dst,
+                                    True))
+            return
+        comm = name == "record_param_comms" or name.startswith("c10d::")
+        if comm:
+            args = _args(obj)
+            kind = collective_kind(args.get("Collective name"))
+            if kind is None and name.startswith("c10d::"):
+                kind = collective_kind(name[len("c10d::"):])
+            if kind in KNOWN_COLLECTIVES:
+                pg, seq, src, dst = _comm_args(args)
+                out.collectives.append((ts, dur, tid, kind, pg, seq, src, dst, False))
+        if cat in _CPU_OP_CATS:
+            out.cpu_ops.append((ts, dur, tid, comm))
+
+    def _times(self, obj: dict) -> tuple[float, float]:
+        ts, dur = obj.get("ts"), obj.get("dur", 0)
+        where = f"traceEvents[{self.out.events - 1}]"
+        if not _finite_number(ts):
+            raise InputError(self.out.source, f"{where}.ts", f"expected a finite number of "
+                             f"microseconds, got {_short(ts)}")
+        if not _finite_number(dur) or dur < 0:
+            raise InputError(self.out.source, f"{where}.dur", f"expected a duration >= 0 µs, "
+                             f"got {_short(dur)}")
+        return float(ts), float(dur)
+
+
+def _finite_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _hashable(x: Any) -> Any:
+    return x if isinstance(x, (int, float, str)) or x is None else repr(x)
+
+
+def _args(obj: dict) -> dict:
+    args = obj.get("args")
+    return args if isinstance(args, dict) else {}
+
+
+def _int_or_none(x: Any) -> int | None:
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, str) and x.strip().lstrip("-").isdigit():
+        return int(x)
+    return None
+
+
+def _comm_args(args: dict) -> tuple[str | None, int | None, int | None, int | None]:
+    """(process group, sequence number, src rank, dst rank) of a collective's args."""
+    pg = args.get("Process Group Name")
+    pg = str(pg) if isinstance(pg, (str, int)) and not isinstance(pg, bool) else None
+    return (pg, _int_or_none(args.get("Seq")), _int_or_none(args.get("Src Rank")),
+            _int_or_none(args.get("Dst Rank")))
+
+
+def _kernel_kind(name: str) -> str | None:
+    """The collective in an NCCL kernel name: ncclDevKernel_AllGather_RING_LL → 'allgather'."""
+    for prefix in NCCL_KERNEL_PREFIXES:
+        if name.startswith(prefix):
+            token = re.split(r"[_(]", name[len(prefix):], maxsplit=1)[0]
+            kind = collective_kind(token)
+            return kind if kind in KNOWN_COLLECTIVES else None
+    return None
+
+
+def open_text(path: Path) -> str:
+    """The decoded text of a .json or .json.gz file (gzip is detected by its magic bytes)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(path, None, "no such file") from None
+    except IsADirectoryError:
+        raise InputError(path, None, "is a directory; expected a .json or .json.gz trace") from None
+    except OSError as exc:
+        raise InputError(path, None, f"cannot read ({exc.strerror})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise InputError(path, None, f"not a readable gzip file (truncated or corrupt: "
+                             f"{exc})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(path, None, f"not UTF-8 text (byte {exc.start}); expected profiler "
+                         "JSON") from None
+
+
+def read_rank_events(path: Path | str) -> RankEvents:
+    """Decode one trace file into RankEvents; every problem is an InputError naming file and field."""
+    path = Path(path)
+    out = RankEvents(str(path))
+    text = open_text(path)
+    try:
+        doc = json.loads(text, object_hook=_Collector(out))
+    except json.JSONDecodeError as exc:
+        raise InputError(path, None, f"not valid JSON (line {exc.lineno}, column {exc.colno}: "
+                         f"{exc.msg})") from None
+    except RecursionError:
+        raise InputError(path, None, "JSON nested too deeply; expected a profiler trace") from None
+    del text
+    if not isinstance(doc, dict):
+        raise InputError(path, None, "expected a JSON object with 'traceEvents' (a PyTorch "
+                         "profiler trace)")
+    if "traceEvents" not in doc:
+        raise InputError(path, "traceEvents", "missing; expected a PyTorch profiler trace "
+                         "(torch.profiler export_chrome_trace / tensorboard_trace_handler)")
+    if not isinstance(doc["traceEvents"], list):
+        raise InputError(path, "traceEvents", f"expected a list of events, got "
+                         f"{type(doc['traceEvents']).__name__}")
+    info = doc.get("distributedInfo")
+    if info is not None and not isinstance(info, dict):
+        raise InputError(path, "distributedInfo", "expected an object")
+    out.distributed_info = info
+    base = doc.get("baseTimeNanoseconds", 0)
+    if isinstance(base, float) and base.is_integer():
+        base = int(base)
+    if base is None:
+        base = 0
+    if not isinstance(base, int) or isinstance(base, bool) or base < 0:
+        raise InputError(path, "baseTimeNanoseconds", f"expected whole nanoseconds >= 0, got "
+                         f"{_short(base)}")
+    out.base_ns = base
+    return out

@@ -1,0 +1,108 @@
+"""Which rank a profiler file belongs to and where that rank sits (DP rank, pipeline stage)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from stragglers.errors import InputError
+from stragglers.trace.kineto.events import RankEvents
+from stragglers.trace.kineto.ops import Placement
+
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_PP_WORDS = {"pp", "pipe", "pipeline"}
+_DP_WORDS = {"dp", "data"}
+
+
+def rank_of(ev: RankEvents, notes: list[str]) -> int:
+    """distributedInfo.rank, else a rank-N / rank_N number in the file name, else an InputError."""
+    if ev.rank is not None:
+        return ev.rank
+    name = Path(ev.source).name
+    found = _RANK_IN_NAME.findall(name)
+    if found:
+        notes.append(f"{name}: no distributedInfo.rank; rank {found[-1]} taken from the file name")
+        return int(found[-1])
+    what = "no distributedInfo" if ev.distributed_info is None else "distributedInfo has no rank"
+    raise InputError(ev.source, "distributedInfo.rank", f"missing ({what}) and the file name has "
+                     "no rank number; rename the file to include it (e.g. trace_rank-3.json.gz) "
+                     "or profile after torch.distributed.init_process_group so the profiler "
+                     "records distributedInfo")
+
+
+def world_size_of(ev: RankEvents) -> int | None:
+    """distributedInfo.world_size when it is a positive whole number."""
+    w = (ev.distributed_info or {}).get("world_size")
+    return w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else None
+
+
+@dataclass
+class JobShape:
+    """The parallel sizes used to place ranks, and how they were found."""
+
+    world_size: int
+    dp_size: int
+    pp_size: int
+    tp_size: int
+    how: str        # "given", "pg_config" or "none"
+
+
+def job_shape(world: int, dp_size: int | None, pp_size: int | None, source: str) -> JobShape:
+    """Sizes from the caller's dp/pp and the world size (tensor parallel fills what is left)."""
+    for label, value in (("pp_size", pp_size), ("dp_size", dp_size)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise InputError(source, label, f"expected a whole number >= 1, got {value!r}")
+    pp = pp_size or 1
+    if world % pp:
+        raise InputError(source, "pp_size", f"{pp} does not divide the world size {world}")
+    per_stage = world // pp
+    dp = dp_size or per_stage
+    if per_stage % dp:
+        raise InputError(source, "dp_size", f"{dp} does not divide the {per_stage} ranks per "
+                         f"stage (world size {world}, pp_size {pp})")
+    how = "given" if (pp_size or dp_size) else "none"
+    return JobShape(world, dp, pp, per_stage // dp, how)
+
+
+def place(ev: RankEvents, rank: int, shape: JobShape) -> Placement:
+    """DP rank and stage of a rank: from the given sizes (Megatron order: tp fastest, pp
+    slowest), else from a pipeline group in distributedInfo.pg_config, else DP rank = rank."""
+    if rank >= shape.world_size:
+        raise InputError(ev.source, "distributedInfo.rank", f"rank {rank} is outside the world "
+                         f"size {shape.world_size}")
+    per_stage = shape.world_size // shape.pp_size
+    if shape.how == "given":
+        return Placement(rank, (rank % per_stage) // shape.tp_size, rank // per_stage,
+                         (lambda r: r // per_stage) if shape.pp_size > 1 else None)
+    pp_group, dp_group = _named_groups(ev, rank)
+    if pp_group is not None:
+        stage = pp_group.index(rank)
+        dp_rank = dp_group.index(rank) if dp_group is not None else rank % max(1, per_stage)
+        members = list(pp_group)
+        return Placement(rank, dp_rank, stage,
+                         lambda r: members.index(r) if r in members else -10)
+    return Placement(rank, rank, 0, None)
+
+
+def _named_groups(ev: RankEvents, rank: int) -> tuple[list[int] | None, list[int] | None]:
+    """The pipeline and data-parallel groups of this rank, when pg_config names them."""
+    groups = (ev.distributed_info or {}).get("pg_config")
+    pp = dp = None
+    if not isinstance(groups, list):
+        return None, None
+    for g in groups:
+        if not isinstance(g, dict):
+            continue
+        ranks = g.get("ranks")
+        desc = g.get("pg_desc")
+        if not isinstance(ranks, list) or not isinstance(desc, str) or rank not in ranks:
+            continue
+        if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            continue
+        words = set(re.split(r"[^a-z]+", desc.lower()))
+        if words & _PP_WORDS and len(ranks) > 1:
+            pp = ranks
+        elif words & _DP_WORDS and len(ranks) > 1:
+            dp = ranks
+    return pp, dp

@@ -1,0 +1,46 @@
+"""A tiny DDP job whose gradient buckets are recorded through Recorder.ddp_comm_hook."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from stragglers.record import Recorder
+from stragglers.trace.model import JobMeta
+
+
+def main(trace_dir: str, steps: int) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.005)  # several buckets
+    meta = JobMeta(name="ddp", dp_size=world, pp_size=1)
+    with Recorder(trace_dir, meta, dp_rank=rank, stage=0, flush_interval_s=0.05) as rec:
+        ddp.register_comm_hook(None, rec.ddp_comm_hook())
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(steps):
+            with rec.step(step):
+                x = torch.randn(8, 32, generator=torch.Generator().manual_seed(rank * 100 + step))
+                with rec.op("forward-compute", 0):
+                    loss = ddp(x).pow(2).mean()
+                with rec.op("backward-compute", 0):
+                    loss.backward()
+                with rec.op("optimizer"):
+                    opt.step()
+                    opt.zero_grad()
+    # the replicas must still agree: the hook returned the averaged gradients
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    assert all(torch.equal(gathered[0], g) for g in gathered), "replicas diverged"
+    Path(trace_dir, f"ok-{rank}").write_text("ok")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
