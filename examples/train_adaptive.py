@@ -27,7 +27,7 @@ from stragglers.adapt.agent import EXIT_RESTART, Agent
 from stragglers.adapt.checkpoint import load_job_checkpoint, save_job_checkpoint
 from stragglers.adapt.client import ShardBatchSampler, ShardClient
 from stragglers.adapt.heterogeneity import SimulatedDevice, parse_speeds
-from stragglers.adapt.launch import job_service
+from stragglers.adapt.launch import init_distributed, job_service
 from stragglers.adapt.policies import micro_batches
 from stragglers.adapt.shards import DatasetConfig
 from stragglers.adapt.step import global_step
@@ -67,9 +67,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    dist.init_process_group("gloo")
+    incarnation = init_distributed("gloo")  # incarnation = torchrun restart count
     rank, world = dist.get_rank(), dist.get_world_size()
-    incarnation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     args.workdir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
 
@@ -115,6 +114,7 @@ def main() -> None:
 
     metrics = open(args.workdir / "metrics.jsonl", "a") if rank == 0 else None
     samples_log = open(args.workdir / f"samples_rank{rank}.jsonl", "a") if args.log_samples else None
+    last_loss = float("nan")
     while step < args.steps:
         plan = agent.plan(step)
         device.step = step
@@ -127,6 +127,7 @@ def main() -> None:
                                      pending_kill + 1], on_micro_batch=device.run)
         sampler.ack()
         step += 1
+        last_loss = result.mean_loss if result.global_count else last_loss
         agent.record(step, result.compute_s, len(inputs))
         if samples_log:
             samples_log.write(json.dumps({"inc": incarnation, "step": step, "ids": batch_ids(sampler, inputs),
@@ -159,7 +160,7 @@ def main() -> None:
         summary = {"steps": step, "incarnation": incarnation, "failed_shards": client.status()["failed"],
                    "control": client.control_state(), "late_actions": agent.late}
         (args.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
-        print(f"done: {step} steps, final loss {result.mean_loss:.4f}, batch sizes {agent.batch_sizes}")
+        print(f"done: {step} steps, last loss {last_loss:.4f}, batch sizes {agent.batch_sizes}")
     dist.barrier()
     if server:
         server.stop()

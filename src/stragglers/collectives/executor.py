@@ -24,11 +24,12 @@ _SUBGROUPS: dict[tuple[int, int], object] = {}
 
 @dataclass(frozen=True)
 class StragglarRun:
-    """What one call did: the phase-1 path that ran, phase-2 rounds, and whether it padded."""
+    """What one call did: the phase-1 path that ran, phase-2 rounds and mode, whether it padded."""
 
     phase1: str
     rounds: int
     padded: bool
+    phase2: str = "dataflow"
 
 
 def _library_reduce_scatter_preferred(group) -> bool:
@@ -81,19 +82,90 @@ def _ring_reduce_scatter(chunks: list[torch.Tensor], me: int, m: int, peer, grou
         chunks[recv_c].add_(buf)
 
 
+def _phase2_lockstep(plan, chunks: list[torch.Tensor], peer, group) -> None:
+    """Phase 2 round by round: post the round's batch, wait for all of it, add exchanges."""
+    scratch = torch.empty_like(chunks[0])
+    for sends, recvs in plan:
+        ops, adds = [], []
+        for t in sends:
+            ops.append(("send", chunks[t.chunk], peer(t.dst)))
+        for t in recvs:
+            if t.exchange:
+                buf = scratch[: chunks[t.chunk].numel()]
+                ops.append(("recv", buf, peer(t.src)))
+                adds.append((chunks[t.chunk], buf))
+            else:
+                ops.append(("recv", chunks[t.chunk], peer(t.src)))
+        _p2p(ops, group)
+        for dst, buf in adds:
+            dst.add_(buf)
+
+
+def _phase2_dataflow(plan, chunks: list[torch.Tensor], peer, group) -> None:
+    """Phase 2 without the lock-step: each round's receives are posted at once, and a send
+    waits only for the receive (and add) that produced its chunk, not for the whole round.
+
+    Deadlock-free: sends of round k only wait on receives of rounds < k, whose sends were posted
+    by the same argument. Tags carry the round, so messages match whatever the timing.
+    """
+    pending: dict[int, tuple[object, torch.Tensor | None, object]] = {}
+    own_sends: dict[int, object] = {}
+    send_works = []
+
+    def ensure(c: int) -> None:
+        if c in pending:
+            work, buf, my_send = pending.pop(c)
+            work.wait()
+            if buf is not None:
+                if my_send is not None:
+                    my_send.wait()  # the chunk we add into must have left first
+                chunks[c].add_(buf)
+
+    for k, (sends, recvs) in enumerate(plan):
+        tag = k + 1
+        exchange_sends = {}
+        for t in sends:
+            if t.exchange:
+                w = dist.isend(chunks[t.chunk], peer(t.dst), group=group, tag=tag)
+                exchange_sends[t.chunk] = w
+                send_works.append(w)
+        for t in recvs:
+            if t.exchange:
+                buf = torch.empty_like(chunks[t.chunk])
+                work = dist.irecv(buf, peer(t.src), group=group, tag=tag)
+                pending[t.chunk] = (work, buf, exchange_sends.get(t.chunk))
+            else:
+                pending[t.chunk] = (dist.irecv(chunks[t.chunk], peer(t.src), group=group, tag=tag), None, None)
+        for t in sends:
+            if not t.exchange:
+                ensure(t.chunk)
+                send_works.append(dist.isend(chunks[t.chunk], peer(t.dst), group=group, tag=tag))
+    for c in list(pending):
+        ensure(c)
+    for w in send_works:
+        w.wait()
+
+
+PHASE2_MODES = ("dataflow", "lockstep")
+
+
 def stragglar_all_reduce(tensor: torch.Tensor, straggler: int, group=None,
-                         phase1: str = "auto") -> StragglarRun:
+                         phase1: str = "auto", phase2: str = "dataflow") -> StragglarRun:
     """Sum `tensor` over the group in place, treating rank `straggler` (group rank) as late.
 
     Every rank must pass the same `straggler`. Any length, float32/float64/bfloat16/float16.
     `phase1`: "library" (reduce_scatter_tensor on the ready ranks), "ring" (p2p ring) or "auto"
-    (library where the backend has it). The returned StragglarRun says which path ran.
+    (library on NCCL, ring on gloo). `phase2`: "lockstep" (one batch_isend_irecv per round, wait
+    for all of it) or "dataflow" (per-round batches, each send waits only for its own chunk).
+    The returned StragglarRun says which paths ran.
     """
     if not isinstance(tensor, torch.Tensor):
         raise InputError("stragglar_all_reduce", "tensor", f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in SUPPORTED_DTYPES:
         raise InputError("stragglar_all_reduce", "tensor.dtype",
                          f"expected one of float32/float64/bfloat16/float16, got {tensor.dtype}")
+    if phase2 not in PHASE2_MODES:
+        raise InputError("stragglar_all_reduce", "phase2", f"expected one of {PHASE2_MODES}, got {phase2!r}")
     if phase1 not in PHASE1_PATHS:
         raise InputError("stragglar_all_reduce", "phase1", f"expected one of {PHASE1_PATHS}, got {phase1!r}")
     n = dist.get_world_size(group)
@@ -135,22 +207,12 @@ def stragglar_all_reduce(tensor: torch.Tensor, straggler: int, group=None,
             _ring_reduce_scatter(chunks, logical, m, ready_peer, group)
 
     sched = synthesize(n)
-    scratch = torch.empty_like(chunks[0])
-    for sends, recvs in sched.rank_plan(logical):
-        ops, adds = [], []
-        for t in sends:
-            ops.append(("send", chunks[t.chunk], peer(t.dst)))
-        for t in recvs:
-            if t.exchange:
-                buf = scratch[: chunks[t.chunk].numel()]
-                ops.append(("recv", buf, peer(t.src)))
-                adds.append((chunks[t.chunk], buf))
-            else:
-                ops.append(("recv", chunks[t.chunk], peer(t.src)))
-        _p2p(ops, group)
-        for dst, buf in adds:
-            dst.add_(buf)
+    plan = sched.rank_plan(logical)
+    if phase2 == "lockstep":
+        _phase2_lockstep(plan, chunks, peer, group)
+    else:
+        _phase2_dataflow(plan, chunks, peer, group)
 
     if work.data_ptr() != tensor.data_ptr() or padded:
         tensor.copy_(work[:numel].view_as(tensor))
-    return StragglarRun(path, sched.num_rounds, padded)
+    return StragglarRun(path, sched.num_rounds, padded, phase2)

@@ -13,6 +13,9 @@ from functools import lru_cache
 from stragglers.errors import InputError, StragglersError
 
 
+_PLANS: dict[tuple[int, int], list] = {}  # per-rank views of cached schedules
+
+
 @dataclass(frozen=True)
 class Transfer:
     """One message of one round: `src` sends chunk `chunk` to `dst`.
@@ -54,10 +57,11 @@ class Schedule:
 
     def rank_plan(self, rank: int) -> list[tuple[list[Transfer], list[Transfer]]]:
         """Per round, what `rank` sends and what it receives."""
-        plan = []
-        for rnd in self.rounds:
-            plan.append(([t for t in rnd if t.src == rank], [t for t in rnd if t.dst == rank]))
-        return plan
+        key = (id(self), rank)
+        if key not in _PLANS:
+            _PLANS[key] = [([t for t in rnd if t.src == rank], [t for t in rnd if t.dst == rank])
+                           for rnd in self.rounds]
+        return _PLANS[key]
 
     def describe(self) -> str:
         """The schedule in the notation of spec §2 (a⇄S:k, a→b:k, a⇄b:k/l)."""
@@ -99,6 +103,7 @@ def verify(schedule: Schedule) -> None:
     exchanged = set()
     for i, rnd in enumerate(schedule.rounds):
         senders, receivers, new = set(), set(), []
+        exchanges = {(t.src, t.dst): t for t in rnd if t.exchange}
         for t in rnd:
             where = f"round {i}, transfer {t.src}->{t.dst} chunk {t.chunk}"
             if not (0 <= t.src < n and 0 <= t.dst < n and t.src != t.dst):
@@ -115,8 +120,8 @@ def verify(schedule: Schedule) -> None:
                 ready = t.src if t.dst == s else t.dst
                 if s not in (t.src, t.dst) or ready != t.chunk:
                     raise StragglersError(f"{where}: an exchange is between rank k and S on chunk k")
-                back = [u for u in rnd if u.exchange and u.src == t.dst and u.dst == t.src]
-                if not back or back[0].chunk != t.chunk:
+                back = exchanges.get((t.dst, t.src))
+                if back is None or back.chunk != t.chunk:
                     raise StragglersError(f"{where}: exchange without its reverse message")
                 if t.src == ready:
                     if t.chunk in exchanged:
@@ -210,49 +215,74 @@ def _power_of_two_schedule(n: int) -> list[list[Transfer]]:
     return rounds
 
 
-def _greedy_schedule(n: int, max_rounds: int) -> list[list[Transfer]]:
-    """Greedy matching per round for any n: exchange with S, then spread chunks by priority.
+def _greedy_schedule(n: int, max_rounds: int, chunk_order: str = "fewest", sender_pref: bool = False
+                     ) -> list[list[Transfer]] | None:
+    """Greedy matching per round for any n: the straggler exchange, then chunk by chunk each free
+    holder sends to a free rank that lacks it; None if it needs more than `max_rounds`.
 
-    Before S is free the lowest missing chunk goes first (it has the nearest deadline), after
-    that the highest (the chunk S just finished); receivers that meet S soonest pick first.
+    chunk_order "fewest": chunks with the fewest holders first (they must double to make their
+    deadline); "oldest": lowest missing chunk first before S is free, highest after. Receivers
+    that meet S soonest pick first. sender_pref: holders of the fewest unfinished chunks send first.
     """
     s = n - 1
     held = [set() for _ in range(n)]
+    holders_of = [0] * (n - 1)
+    unfinished = set(range(n - 1))
     rounds: list[list[Transfer]] = []
-    everything = set(range(n - 1))
     t = 0
-    while any(h != everything for h in held):
+    while unfinished:
         if t >= max_rounds:
-            raise StragglersError(f"greedy schedule for n={n} did not finish in {max_rounds} rounds")
+            return None
         rnd: list[Transfer] = []
         sent, got = set(), set()
         if t <= n - 2:
             rnd += _exchange(t, s)
             sent |= {t, s}
             got |= {t, s}
-        order = sorted(range(n - 1), reverse=t >= n - 1)
-        # receivers: ranks still to meet S first (soonest first), then the rest
-        recv_order = sorted((r for r in range(n) if r not in got),
-                            key=lambda r: (r <= t or r == s, r))
+        if chunk_order == "fewest":
+            order = sorted(unfinished, key=lambda c: (holders_of[c], c))
+        else:
+            order = sorted(unfinished, reverse=t >= n - 1)
+        recv_order = sorted((r for r in range(n) if r not in got), key=lambda r: (r <= t or r == s, r))
         for c in order:
             holders = [a for a in range(n) if c in held[a] and a not in sent]
             if not holders:
                 continue
+            if sender_pref:
+                holders.sort(key=lambda a: (len(held[a] & unfinished), a))
             takers = [b for b in recv_order if b not in got and c not in held[b]]
-            # prefer senders that can take back something they lack from the same partner
             for a, b in zip(holders, takers):
                 rnd.append(Transfer(a, b, c))
                 sent.add(a)
                 got.add(b)
         for tr in rnd:
-            if tr.exchange and tr.src == tr.chunk:
-                held[tr.src].add(tr.chunk)
-                held[s].add(tr.chunk)
-            elif not tr.exchange:
+            if tr.exchange:
+                if tr.src == tr.chunk:
+                    held[tr.src].add(tr.chunk)
+                    held[s].add(tr.chunk)
+                    holders_of[tr.chunk] += 2
+            else:
                 held[tr.dst].add(tr.chunk)
+                holders_of[tr.chunk] += 1
+        unfinished = {c for c in unfinished if holders_of[c] < n}
         rounds.append(rnd)
         t += 1
     return rounds
+
+
+def _best_greedy_schedule(n: int) -> list[list[Transfer]]:
+    """The shortest of a few greedy variants (all of them for n <= 128, else the usual winner)."""
+    variants = [("fewest", False), ("fewest", True), ("oldest", False), ("oldest", True)]
+    if n > 128:
+        variants = variants[:1]
+    best = None
+    for order, pref in variants:
+        rounds = _greedy_schedule(n, 4 * n + 8 if best is None else len(best) - 1, order, pref)
+        if rounds is not None and (best is None or len(rounds) < len(best)):
+            best = rounds
+    if best is None:
+        raise StragglersError(f"no greedy schedule for n={n} finished in {4 * n + 8} rounds")
+    return best
 
 
 @lru_cache(maxsize=64)
@@ -265,7 +295,7 @@ def synthesize(n: int) -> Schedule:
         rounds = _power_of_two_schedule(n)
         method, note = "power-of-two construction", ""
     else:
-        rounds = _greedy_schedule(n, max_rounds=4 * n + 8)
+        rounds = _best_greedy_schedule(n)
         method = "greedy matching"
         note = (f"n={n} is not a power of two: greedy schedule with {len(rounds)} rounds "
                 f"(lower bound {bound})")

@@ -258,7 +258,8 @@ class Recorder:
         if seq_lens is not None:
             attn_cost = float(sum(int(s) * int(s) for s in seq_lens))
             tokens = int(sum(int(s) for s in seq_lens))
-        row = (OPTYPE_CODES[optype], mb_id, mc, mc if gmc is None else gmc, attn_cost, tokens, nbytes)
+        gmc = mc * self.meta.pp_size + self.stage if gmc is None else gmc  # global model chunk
+        row = (OPTYPE_CODES[optype], mb_id, mc, gmc, attn_cost, tokens, nbytes)
         return _OpSpan(self, buf, row)
 
     def _close_foreground(self, buf: StepBuffer, i0: int, row: tuple, start, end) -> None:
@@ -321,7 +322,7 @@ class Recorder:
         buf = self._buf
         start = self._timer.mark() if buf is not None else None
         work = fn(tensor, peer, group=group, tag=tag)
-        row = (OPTYPE_CODES[optype], -1, 0, 0, tensor.numel() * tensor.element_size())
+        row = (OPTYPE_CODES[optype], -1, 0, self.stage, tensor.numel() * tensor.element_size())
         waiter = None
         if buf is not None and not self._timer.is_cuda:
             waiter = self._waiters.get(optype)
@@ -334,7 +335,7 @@ class Recorder:
         buf = self._buf
         if buf is None:
             return fn(*args, **kwargs)
-        with _OpSpan(self, buf, (OPTYPE_CODES[optype], -1, 0, 0, math.nan, -1, nbytes)):
+        with _OpSpan(self, buf, (OPTYPE_CODES[optype], -1, 0, self.stage, math.nan, -1, nbytes)):
             out = fn(*args, **kwargs)
             if hasattr(out, "wait"):  # async_op=True callers still get a completed op
                 out.wait()
@@ -364,7 +365,8 @@ class Recorder:
 
             def done(f):
                 # Runs when the bucket's collective completes; the op ends here.
-                buf.ops.append((code, start, self._timer.mark(), -1, 0, 0, math.nan, -1, nbytes, ()))
+                buf.ops.append((code, start, self._timer.mark(), -1, 0, self.stage, math.nan, -1,
+                                 nbytes, ()))
                 return f.value()
 
             return fut.then(done)

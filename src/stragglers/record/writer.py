@@ -23,7 +23,7 @@ class StepBuffer:
 
     step: int
     anchor: object
-    # (optype code, start mark, end mark, mb_id, mc, gmc, attn_cost, tokens, bytes, start shift ns)
+    # (optype code, start mark, end mark, mb_id, mc, gmc, attn_cost, tokens, bytes, pauses inside)
     ops: list = field(default_factory=list)
     gc: list = field(default_factory=list)  # (start ns, end ns) of pauses not yet placed
     pending: list = field(default_factory=list)  # posted, not yet waited works
@@ -108,7 +108,7 @@ class RankWriter:
             rows.append([code, timer.resolve(s, anchor), timer.resolve(e, anchor), mb, mc, gmc,
                          attn, tok, nbytes, pauses])
         timer.release(anchor)
-        rows.extend(place_gc_pauses(rows, buf.gc))
+        rows.extend(place_gc_pauses(rows, buf.gc, self.stage))
         n = len(rows)
         code = np.fromiter((r[0] for r in rows), np.int8, n)
         start = np.fromiter((r[1] for r in rows), np.int64, n)
@@ -148,7 +148,7 @@ TAIL = tuple(OPTYPE_CODES[n] for n in (
     "optimizer"))
 
 
-def place_gc_pauses(rows: list[list], free: list[tuple[int, int]]) -> list[list]:
+def place_gc_pauses(rows: list[list], free: list[tuple[int, int]], gmc: int = 0) -> list[list]:
     """Turn GC pauses into `gc` rows, one per compute slot, and move op starts past their pauses.
 
     The dependency model (specs/whatif.md §3) has one gc op per slot between consecutive
@@ -186,4 +186,4 @@ def place_gc_pauses(rows: list[list], free: list[tuple[int, int]]) -> list[list]
             merged[slot][1] += d
         else:
             merged[slot] = [s, d]
-    return [[GC_CODE, s, s + d, -1, 0, 0, np.nan, -1, -1, ()] for s, d in merged.values()]
+    return [[GC_CODE, s, s + d, -1, 0, gmc, np.nan, -1, -1, ()] for s, d in merged.values()]

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from stragglers.report.summary import (
-    DECOMPOSITION_SLOWDOWN,
     HEATMAP_RANGE,
     STRAGGLING_SLOWDOWN,
     Summary,

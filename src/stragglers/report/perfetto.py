@@ -20,9 +20,11 @@ CHUNK_ROWS = 1 << 20
 # Overlapping ops on one stream go to extra lanes ("compute #2"); past this many, they share
 # the last lane and Perfetto may drop some of them.
 MAX_LANES = 8
-# Overlaps up to this long are timer noise or float32 rounding (seen: 2-4 µs in real NDTimeline
-# traces): trimmed off the later op rather than moving it to a lane of its own.
+# Overlaps up to TRIM_NS, or up to TRIM_FRACTION of the later op, are timer noise or float32
+# rounding (real NDTimeline traces: 2-4 µs on ms ops, up to 0.1 ms on 0.5 s ops): trimmed off
+# the later op rather than moving it to a lane of its own.
 TRIM_NS = 10_000
+TRIM_FRACTION = 0.01
 LANE_STRIDE = 16  # tid = lane * LANE_STRIDE + stream index + 1
 MAX_SECONDS = 9e9  # int64 nanoseconds reach ±9.2e9 s (year 2262)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -85,7 +87,7 @@ def _assign_lanes(track: np.ndarray, ts_ns: np.ndarray, end_ns: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, int]:
     """Lane per op so that no two ops of one lane overlap (Perfetto drops improperly nested
     slices), and starts with clock-rounding overlaps trimmed. Lane 0 takes every op that starts
-    after all earlier ops of its track ended (within TRIM_NS), and every zero-length op.
+    after all earlier ops of its track ended (up to a sliver, see TRIM_NS), and every point.
     Returns (lane, trimmed start, number of ops left overlapping in the last lane)."""
     lane = np.zeros(len(track), dtype=np.int64)
     ts_out = ts_ns.copy()
@@ -103,7 +105,8 @@ def _assign_lanes(track: np.ndarray, ts_ns: np.ndarray, end_ns: np.ndarray
         prev_max[1:] = np.where(new_track[1:], ts[1:], running[:-1])
         overlap = prev_max - ts
         # A point is always properly nested; a sliver of overlap is clock rounding: trim it.
-        trim = (overlap > 0) & (overlap <= TRIM_NS) & (end >= prev_max)
+        slack = np.maximum(TRIM_NS, (TRIM_FRACTION * (end - ts)).astype(np.int64))
+        trim = (overlap > 0) & (overlap <= slack) & (end >= prev_max)
         fits = (overlap <= 0) | (end == ts) | trim
         ts_out[order[trim]] = prev_max[trim]
         lane[order[~fits]] = current + 1

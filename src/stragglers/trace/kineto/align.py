@@ -4,6 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
+# Ends of one collective on different ranks agree to well under this; pairs further apart than
+# this from the consensus are mismatched (sampled or filtered traces drop some collectives).
+END_TOLERANCE_S = 1e-3
+
+
+def consensus_offset(diffs: np.ndarray, tolerance: float = END_TOLERANCE_S) -> tuple[float, int]:
+    """(median of the largest group of differences within `tolerance`, size of that group)."""
+    d = np.sort(diffs)
+    # For every i, how many differences lie in [d[i], d[i] + tolerance].
+    counts = np.searchsorted(d, d + tolerance, side="right") - np.arange(len(d))
+    best = counts.max()
+    # Among equally dense windows take the one nearest the overall median.
+    candidates = np.flatnonzero(counts == best)
+    i = candidates[np.argmin(np.abs(d[candidates] - np.median(d)))]
+    return float(np.median(d[i:i + best])), int(best)
+
 
 def clock_offsets(sync: dict[int, dict[tuple, float]]) -> tuple[dict[int, float], dict[int, dict],
                                                                  list[str]]:
@@ -11,15 +27,17 @@ def clock_offsets(sync: dict[int, dict[tuple, float]]) -> tuple[dict[int, float]
 
     sync maps rank → {collective key → end time}. The lowest rank is the reference; a rank that
     shares no collective with it is aligned to the already aligned rank it shares most with.
-    Returns (offsets, per-rank quality {matched, spread_s}, notes).
+    The median is taken over the pairs that agree with each other (mismatched pairs from
+    sampled traces would otherwise pull it). Returns (offsets, per-rank quality, notes).
     """
     ranks = sorted(sync)
     if not ranks:
         return {}, {}, []
     offsets = {ranks[0]: 0.0}
-    quality: dict[int, dict] = {ranks[0]: {"matched": None, "spread_s": 0.0}}
+    quality: dict[int, dict] = {ranks[0]: {"reference": True}}
     notes: list[str] = []
     pending = ranks[1:]
+    weak = []
     while pending:
         best = None
         for r in pending:
@@ -31,14 +49,19 @@ def clock_offsets(sync: dict[int, dict[tuple, float]]) -> tuple[dict[int, float]
         pending.remove(r)
         if not common:
             offsets[r] = 0.0
-            quality[r] = {"matched": 0, "spread_s": None}
+            quality[r] = {"matched": 0, "agreeing": 0}
             notes.append(f"rank {r} shares no collective with the other ranks; its clock is "
                          "not aligned")
             continue
         diffs = np.array([sync[r][k] - sync[a][k] for k in common])
-        off = float(np.median(diffs)) + offsets[a]
-        offsets[r] = off
-        resid = diffs - np.median(diffs)
-        quality[r] = {"matched": int(len(common)),
-                      "spread_s": float(np.max(np.abs(resid))) if len(resid) else 0.0}
+        off, agreeing = consensus_offset(diffs)
+        offsets[r] = off + offsets[a]
+        resid = np.abs(diffs - off)
+        quality[r] = {"reference_rank": a, "matched": int(len(common)), "agreeing": agreeing,
+                      "median_residual_s": float(np.median(resid[resid <= END_TOLERANCE_S]))}
+        if agreeing < max(2, len(common) // 2 + 1):
+            weak.append(r)
+    if weak:
+        notes.append(f"clock alignment of {len(weak)} rank(s) (e.g. rank {weak[0]}) rests on few "
+                     "agreeing collectives: matched collectives disagree, as in sampled traces")
     return offsets, quality, notes

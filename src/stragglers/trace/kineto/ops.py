@@ -109,8 +109,10 @@ def rank_rows(ev: RankEvents, placement: Placement) -> RankRows:
         items, colls = _cpu_items(ev, steps, counts)
     rows: list[tuple[int, int, float, float]] = []   # (step index, optype code, start, dur)
     sync: dict[tuple, float] = {}
-    _compute_runs(items, colls, steps, rows, counts)
-    _collective_rows(colls, steps, placement, rows, sync, counts)
+    emitted = _collective_rows(colls, steps, placement, rows, sync, counts)
+    # Only collectives that become rows split compute: the others (all-to-all, broadcast) would
+    # make the number of compute ops differ between ranks that the engine must line up.
+    _compute_runs(items, emitted, rows, counts)
     if not rows:
         raise InputError(ev.source, "traceEvents", f"no {'kernels' if mode == 'gpu' else 'CPU ops'}"
                          " or collectives fall inside any ProfilerStep#N span")
@@ -151,6 +153,7 @@ def _gpu_items(ev: RankEvents, steps: _Steps, counts: Counter):
             s = gpu_steps.index(ts) if gpu_steps is not None else steps.index(ts)
             phase = last_phase.get(s, _FWD)  # an unlinked kernel continues the phase before it
         if s < 0:
+            counts["outside steps"] += 1
             continue
         # Kernels run in launch order per stream; keep phases monotone in GPU time.
         phase = max(phase, last_phase.get(s, _FWD))
@@ -186,6 +189,8 @@ def _cpu_items(ev: RankEvents, steps: _Steps, counts: Counter):
                 continue  # nested inside the current top-level op
             top_end = end
             s = steps.index(start)
+            if s < 0:
+                counts["outside steps"] += 1
             if comm or s < 0:
                 continue
             items.append((start, end, s, steps.phase(s, start)))
@@ -206,6 +211,8 @@ def _cpu_items(ev: RankEvents, steps: _Steps, counts: Counter):
             s = steps.index(ts)
             if s >= 0:
                 colls.append(_Coll(ts, ts + dur, s, kind, pg, seq, src, dst))
+            else:
+                counts["outside steps"] += 1
     if ev.distributed_info and str(ev.distributed_info.get("backend", "")).lower() == "nccl":
         counts["nccl without device rows"] += 1
     return items, colls
@@ -244,7 +251,7 @@ def _bisect_ts(colls: list[tuple], t: float) -> int:
     return lo
 
 
-def _compute_runs(items, colls: list[_Coll], steps: _Steps, rows: list, counts: Counter) -> None:
+def _compute_runs(items, colls: list[_Coll], rows: list, counts: Counter) -> None:
     """Contiguous runs of compute within a step: a collective start or a phase change ends one."""
     events = [(a, 1, b, s, p) for a, b, s, p in items] + [(c.start, 0, c.end, c.step, -1)
                                                           for c in colls]
@@ -269,9 +276,10 @@ def _compute_runs(items, colls: list[_Coll], steps: _Steps, rows: list, counts: 
 
 
 def _collective_rows(colls: list[_Coll], steps: _Steps, placement: Placement, rows: list,
-                     sync: dict, counts: Counter) -> None:
+                     sync: dict, counts: Counter) -> list[_Coll]:
     """Rows for collectives with an op type; every non-p2p collective is a clock sync point."""
     index: Counter = Counter()
+    emitted: list[_Coll] = []
     for c in sorted(colls, key=lambda c: c.start):
         kind = c.kind or "unknown"
         if kind in P2P_KINDS:
@@ -293,6 +301,8 @@ def _collective_rows(colls: list[_Coll], steps: _Steps, placement: Placement, ro
                 counts[f"{kind} left out"] += 1
                 continue
         rows.append((c.step, OPTYPE_CODES[optype], c.start, c.end - c.start))
+        emitted.append(c)
+    return emitted
 
 
 def _p2p_optype(kind: str, c: _Coll, placement: Placement) -> str | None:

@@ -45,10 +45,12 @@ class JobShape:
     dp_size: int
     pp_size: int
     tp_size: int
-    how: str        # "given", "pg_config" or "none"
+    how: str        # "given" (dp/pp passed) or "none"
+    known: bool = True  # world size from distributedInfo (else from the number of files)
 
 
-def job_shape(world: int, dp_size: int | None, pp_size: int | None, source: str) -> JobShape:
+def job_shape(world: int, dp_size: int | None, pp_size: int | None, source: str,
+              known: bool = True) -> JobShape:
     """Sizes from the caller's dp/pp and the world size (tensor parallel fills what is left)."""
     for label, value in (("pp_size", pp_size), ("dp_size", dp_size)):
         if value is not None and (not isinstance(value, int) or value < 1):
@@ -62,15 +64,17 @@ def job_shape(world: int, dp_size: int | None, pp_size: int | None, source: str)
         raise InputError(source, "dp_size", f"{dp} does not divide the {per_stage} ranks per "
                          f"stage (world size {world}, pp_size {pp})")
     how = "given" if (pp_size or dp_size) else "none"
-    return JobShape(world, dp, pp, per_stage // dp, how)
+    return JobShape(world, dp, pp, per_stage // dp, how, known)
 
 
 def place(ev: RankEvents, rank: int, shape: JobShape) -> Placement:
     """DP rank and stage of a rank: from the given sizes (Megatron order: tp fastest, pp
     slowest), else from a pipeline group in distributedInfo.pg_config, else DP rank = rank."""
-    if rank >= shape.world_size:
+    if rank >= shape.world_size and (shape.known or shape.how == "given"):
+        where = "" if shape.known else (" (no distributedInfo.world_size, so the world size is "
+                                        "the number of files; pass the files of every rank)")
         raise InputError(ev.source, "distributedInfo.rank", f"rank {rank} is outside the world "
-                         f"size {shape.world_size}")
+                         f"size {shape.world_size}{where}")
     per_stage = shape.world_size // shape.pp_size
     if shape.how == "given":
         return Placement(rank, (rank % per_stage) // shape.tp_size, rank // per_stage,

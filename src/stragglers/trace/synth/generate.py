@@ -170,41 +170,45 @@ def assemble_ops(sched: Schedule, costs: Costs, start: np.ndarray, end: np.ndarr
     total = sum(len(ids) for ids in stage_ids) * cols + n_gc
     out = {name: np.empty(total, dtype=dtype) for name, dtype in COLUMNS.items()}
     if costs.attn_cost is not None:
-        out["attn_cost"] = np.full(total, np.nan)
-        out["tokens"] = np.full(total, -1, dtype=np.int64)
+        out["attn_cost"] = np.empty(total)
+        out["tokens"] = np.empty(total, dtype=np.int64)
     offset = 0
     for stage, ids in enumerate(stage_ids):
         nodes = [sched.nodes[i] for i in ids]
         n, size = len(ids), len(ids) * cols
-        rows = slice(offset, offset + size)
+        # each column's rows of this stage as a (dp, step, node) view: numpy writes the
+        # transposed schedule matrices straight into the table, without temporaries
+        view = {k: v[offset:offset + size].reshape(dp, steps, n) for k, v in out.items()}
         codes = np.array([nd.code for nd in nodes], dtype=np.int8)
-        dp_rank = np.repeat(np.arange(dp, dtype=np.int32), steps * n)
-        out["dp_rank"][rows] = dp_rank
-        out["rank"][rows] = dp_rank + stage * dp
-        out["stage"][rows] = stage
-        out["step"][rows] = np.tile(np.repeat(np.arange(steps, dtype=np.int64), n), dp)
-        out["optype"][rows] = np.tile(codes, cols)
-        out["start_ts"][rows] = _per_worker(start[ids], steps, dp)
-        out["duration"][rows] = _per_worker(end[ids] - start[ids], steps, dp)
-        out["seq_id"][rows] = np.tile(_static_seq_ids(codes), cols)
-        out["mb_id"][rows] = np.tile(np.array([nd.mb for nd in nodes]), cols)
-        out["mc"][rows] = np.tile(np.array([nd.chunk for nd in nodes]), cols)
-        out["gmc"][rows] = np.tile(np.array([nd.chunk * sched.pp + stage
-                                             if nd.optype in FORWARD_BACKWARD else -1
-                                             for nd in nodes]), cols)
+        view["dp_rank"][...] = np.arange(dp, dtype=np.int32)[:, None, None]
+        view["rank"][...] = (np.arange(dp, dtype=np.int32) + stage * dp)[:, None, None]
+        view["stage"][...] = stage
+        view["step"][...] = np.arange(steps, dtype=np.int64)[None, :, None]
+        view["optype"][...] = codes
+        view["seq_id"][...] = _static_seq_ids(codes)
+        view["mb_id"][...] = np.array([nd.mb for nd in nodes])
+        view["mc"][...] = np.array([nd.chunk for nd in nodes])
+        view["gmc"][...] = np.array([nd.chunk * sched.pp + stage
+                                     if nd.optype in FORWARD_BACKWARD else -1 for nd in nodes])
+        contiguous = ids[-1] - ids[0] + 1 == n
+        node_start = start[ids[0]:ids[-1] + 1] if contiguous else start[ids]
+        view["start_ts"][...] = _by_worker(node_start, steps, dp)
+        node_end = end[ids[0]:ids[-1] + 1] if contiguous else end[ids]
+        view["duration"][...] = _by_worker(node_end - node_start, steps, dp)
         if costs.attn_cost is not None:
             fb = np.flatnonzero([nd.optype in FORWARD_BACKWARD for nd in nodes])
-            attn = np.full((n, cols), np.nan)
-            attn[fb] = costs.attn_cost[[nodes[i].mb for i in fb]]
-            out["attn_cost"][rows] = _per_worker(attn, steps, dp)
-            out["tokens"][rows] = np.tile(np.where(np.isin(np.arange(n), fb), costs.tokens, -1),
-                                          cols)
+            view["attn_cost"][...] = np.nan
+            view["attn_cost"][:, :, fb] = _by_worker(
+                costs.attn_cost[[nodes[i].mb for i in fb]], steps, dp)
+            view["tokens"][...] = np.where(np.isin(np.arange(n), fb), costs.tokens, -1)
         offset += size
+        del view  # the views would keep old columns alive through the reordering below
     if n_gc:
         _put_gc_pauses(sched, costs, start, end, dp, out, offset)
         # keep every rank's rows together (what a run directory holds per file)
         order = np.argsort(out["rank"], kind="stable")
-        out = {k: v[order] for k, v in out.items()}
+        for k in out:  # one column at a time: peak memory grows by one column, not the table
+            out[k] = out[k][order]
     return out
 
 
@@ -236,12 +240,15 @@ def _put_gc_pauses(sched: Schedule, costs: Costs, start: np.ndarray, end: np.nda
         out["mb_id"][rows] = -1
         out["mc"][rows] = np.array([sched.nodes[i].chunk for i in costs.gc_rows])[slot]
         out["gmc"][rows] = -1
+        if "attn_cost" in out:
+            out["attn_cost"][rows] = np.nan
+            out["tokens"][rows] = -1
         offset += len(slot)
 
 
-def _per_worker(matrix: np.ndarray, steps: int, dp: int) -> np.ndarray:
-    """(nodes, steps*dp) -> flat in (dp, step, node) order, the row order of the table."""
-    return np.ascontiguousarray(matrix.reshape(len(matrix), steps, dp).transpose(2, 1, 0)).ravel()
+def _by_worker(matrix: np.ndarray, steps: int, dp: int) -> np.ndarray:
+    """(nodes, steps*dp) as a (dp, step, node) view, the row order of the table."""
+    return matrix.reshape(len(matrix), steps, dp).transpose(2, 1, 0)
 
 
 def _static_seq_ids(codes: np.ndarray) -> np.ndarray:

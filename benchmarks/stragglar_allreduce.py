@@ -1,0 +1,107 @@
+"""StragglAR vs the library AllReduce (gloo, loopback) with a late rank, next to the α–β model.
+
+Driver:  .venv/bin/python benchmarks/stragglar_allreduce.py [--nprocs 4 8] [--sizes-mb 16 64 256]
+It launches itself under torchrun once per world size. For each buffer size it first measures
+T_allreduce (no delay), then for D in {0, 0.5, 1, 2} x T_allreduce alternates the two algorithms
+in the same run; time = from the common start (after a barrier) until the slowest rank is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DELAYS = (0.0, 0.5, 1.0, 2.0)
+
+
+def worker(sizes_mb: list[int], reps: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from stragglers.collectives.calibrate import measure_link
+    from stragglers.collectives.cost_model import ring_time, stragglar_time
+    from stragglers.collectives.executor import stragglar_all_reduce
+
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    straggler = n - 1
+    link1 = measure_link(sizes=(8, 1 << 16, 1 << 20, 1 << 23), reps=3)
+    linkn = measure_link(sizes=(8, 1 << 16, 1 << 20, 1 << 23), reps=3, all_pairs=True)
+    if rank == 0:
+        print(f"# n={n} alpha={link1.alpha * 1e6:.0f}us 1/beta(one pair)={1 / link1.beta / 2**20:.0f}MiB/s "
+              f"1/beta({n // 2} pairs at once)={1 / linkn.beta / 2**20:.0f}MiB/s", flush=True)
+
+    def timed(fn, x, delay):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == straggler and delay > 0:
+            time.sleep(delay)
+        fn(x)
+        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        x.div_(n)  # keep values finite across repetitions (outside the timed region)
+        return t.item()
+
+    library = lambda x: dist.all_reduce(x)  # noqa: E731
+    strag = lambda x: stragglar_all_reduce(x, straggler)  # noqa: E731
+    for mb in sizes_mb:
+        numel = mb * 2**20 // 4
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+        check = x[:10007].clone()
+        ref = check.clone()
+        dist.all_reduce(ref)
+        stragglar_all_reduce(check, straggler)
+        assert torch.allclose(check, ref, rtol=1e-4, atol=1e-4)
+        timed(library, x, 0.0)  # warm-up
+        timed(strag, x, 0.0)
+        t_ar = statistics.median(timed(library, x, 0.0) for _ in range(reps))
+        for factor in DELAYS:
+            delay = factor * t_ar
+            lib, st = [], []
+            for _ in range(reps):
+                lib.append(timed(library, x, delay))
+                st.append(timed(strag, x, delay))
+            lib_t, st_t = statistics.median(lib), statistics.median(st)
+            size = numel * 4
+            # model with the contended β (all pairs at once), which is what both algorithms see
+            m_ring = ring_time(n, size, linkn, delay) if rank == 0 else 0
+            m_st = stragglar_time(n, size, linkn, delay) if rank == 0 else 0
+            if rank == 0:
+                print(f"ROW n={n} size_mb={mb} D/T={factor:.1f} D_s={delay:.3f} library_s={lib_t:.3f} "
+                      f"stragglar_s={st_t:.3f} speedup={lib_t / st_t:.3f} "
+                      f"model_ring_s={m_ring:.3f} model_stragglar_s={m_st:.3f} "
+                      f"model_speedup={m_ring / m_st:.3f}", flush=True)
+        del x
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nprocs", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--sizes-mb", type=int, nargs="+", default=[16, 64, 256])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.sizes_mb, args.reps)
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    for n in args.nprocs:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+               str(Path(__file__).resolve()), "--worker", "--reps", str(args.reps),
+               "--sizes-mb", *map(str, args.sizes_mb)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith(("ROW", "#"))]
+        print("\n".join(lines), flush=True)
+        if out.returncode:
+            print(out.stderr[-3000:], file=sys.stderr)
+            sys.exit(out.returncode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The collectives CLI commands: schedule, model and calibration (real torchrun)."""
+
+import subprocess
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from stragglers.collectives.commands import register
+from stragglers.errors import InputError
+
+app = typer.Typer()
+register(app)
+runner = CliRunner()
+
+
+def test_schedule_command_prints_and_verifies():
+    result = runner.invoke(app, ["stragglar-schedule", "8"])
+    assert result.exit_code == 0, result.output
+    assert "R8:" in result.output and "9 rounds (lower bound 9)" in result.output
+    assert "verifier: OK" in result.output
+
+
+def test_schedule_command_odd_n_explains_itself():
+    result = runner.invoke(app, ["stragglar-schedule", "7", "--no-show"])
+    assert result.exit_code == 0 and "odd n" in result.output
+
+
+def test_bad_n_is_an_input_error_and_exit_code_2():
+    result = runner.invoke(app, ["stragglar-schedule", "1"])
+    assert isinstance(result.exception, InputError)
+    proc = subprocess.run([sys.executable, "-c", "from stragglers.cli import main; main()",
+                           "stragglar-schedule", "1"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "N" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_model_command_table():
+    result = runner.invoke(app, ["stragglar-model", "8", "--delay-ms", "5"])
+    assert result.exit_code == 0, result.output
+    assert "stragglar" in result.output and "1.133x" in result.output
+
+
+@pytest.mark.distributed
+def test_calibrate_collectives_measures_alpha_beta():
+    result = runner.invoke(app, ["calibrate-collectives", "--nproc", "2", "--max-size-mb", "1"])
+    assert result.exit_code == 0, result.output
+    assert "alpha =" in result.output and "--alpha-us" in result.output

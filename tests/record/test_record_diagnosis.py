@@ -1,0 +1,43 @@
+"""Each injection of examples/train_gpt.py, run for real and analysed, is diagnosed as its cause."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO, torchrun
+
+from stragglers.trace.runformat import read_run
+
+TRAIN = REPO / "examples" / "train_gpt.py"
+pytestmark = pytest.mark.distributed
+
+# (name, processes, train_gpt arguments, expected cause, expected place {dp: [...], pp: [...]})
+CASES = [
+    ("worker_fault", 4, ["--pp", "2", "--slow-rank", "2", "--slow-factor", "3"],
+     "worker_fault", {"dp": [1], "pp": [0]}),
+    ("stage_imbalance", 4, ["--pp", "2", "--extra-last-stage-layers", "4"],
+     "stage_imbalance", {"pp": [1]}),
+    ("sequence_imbalance", 2, ["--pp", "1", "--seq-len-dist", "lognormal", "--max-seq-len", "1024",
+                               "--microbatches", "2"],
+     "sequence_imbalance", None),
+    ("gc", 2, ["--pp", "1", "--gc-garbage", "40"], "gc", None),
+    ("communication", 4, ["--pp", "4", "--layers", "4", "--comm-delay-rank", "1",
+                          "--comm-delay-ms", "30"],
+     "communication", {"pp": [1]}),
+]
+
+
+@pytest.mark.parametrize("name,nproc,args,cause,where", CASES, ids=[c[0] for c in CASES])
+def test_injection_is_diagnosed_at_its_place(tmp_path, name, nproc, args, cause, where):
+    from stragglers.whatif import analyze
+
+    out = tmp_path / "trace"
+    torchrun(TRAIN, nproc, *args, "--steps", "10", "--trace-dir", str(out), timeout=300)
+    trace = read_run(out)
+    assert [i["cause"] for i in trace.meta.extra["injections"]] == [cause]
+    result = analyze(trace)
+    causes = [d["cause"] for d in result["diagnosis"]]
+    assert causes[0] == cause, (causes, result["slowdown"], result["diagnosis"])
+    top = result["diagnosis"][0]
+    for axis, values in (where or {}).items():
+        assert set(values) <= set(top["where"].get(axis, [])), top
+    assert top["speedup_if_fixed"] is not None and top["speedup_if_fixed"] > 1.0

@@ -1,0 +1,241 @@
+"""Kineto reader on hand-built traces with known answers: clocks, steps, phases, collectives."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stragglers.errors import InputError
+from stragglers.trace.kineto import looks_like_kineto, read_kineto
+from stragglers.whatif.analyze import analyze
+
+
+class _Builder:
+    """Writes one rank's trace the way Kineto does: CPU ops launch GPU kernels by correlation id."""
+
+    def __init__(self, rank: int, clock_us: float, base_ns: int | None = None):
+        self.rank, self.clock, self.base_ns = rank, clock_us, base_ns
+        self.events: list[dict] = []
+        self.corr = 1000 * (rank + 1)
+
+    def _x(self, cat, name, ts, dur, pid, tid, args=None):
+        ts = ts + self.clock - (self.base_ns / 1000 if self.base_ns else 0)
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid,
+                            "ts": ts, "dur": dur, "args": args or {}})
+
+    def cpu(self, name, ts, dur, tid=1, cat="cpu_op", args=None):
+        self._x(cat, name, ts, dur, 100, tid, args)
+
+    def kernel(self, name, launch_ts, gpu_ts, dur, stream=7, tid=1, args=None):
+        self.corr += 1
+        self._x("cuda_runtime", "cudaLaunchKernel", launch_ts, 3, 100, tid,
+                {"correlation": self.corr})
+        self._x("kernel", name, gpu_ts, dur, 0, stream, {"correlation": self.corr, **(args or {})})
+        self.events.append({"ph": "s", "cat": "ac2g", "id": self.corr, "pid": 100, "tid": tid,
+                            "ts": launch_ts, "name": "ac2g"})
+
+    def write(self, path: Path, info: dict | None = "default", gz: bool = False) -> Path:
+        doc: dict = {"schemaVersion": 1, "deviceProperties": []}
+        if info == "default":
+            info = {"backend": "nccl", "rank": self.rank, "world_size": 2,
+                    "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2,
+                                   "ranks": [0, 1]}]}
+        if info is not None:
+            doc["distributedInfo"] = info
+        if self.base_ns:
+            doc["baseTimeNanoseconds"] = self.base_ns
+        doc["traceEvents"] = self.events + [{"ph": "M", "name": "process_name", "pid": 0,
+                                             "args": {"name": "GPU 0"}}]
+        text = json.dumps(doc).encode()
+        path.write_bytes(gzip.compress(text) if gz else text)
+        return path
+
+
+def ddp_rank(rank: int, clock_us: float, *, fwd_us: float = 1000.0, steps=(10, 11),
+             base_ns: int | None = None, prefix: str = "ncclDevKernel_", seq: bool = True,
+             ar_end: dict | None = None) -> _Builder:
+    """A DDP rank: forward kernels, backward on the autograd thread with one all-reduce in the
+    middle, then an optimizer; the all-reduce ends at the same true time on every rank."""
+    b = _Builder(rank, clock_us, base_ns)
+    t = 1_000_000.0
+    for i, step in enumerate(steps):
+        t0 = t + i * 10_000
+        b.cpu(f"ProfilerStep#{step}", t0, 9_000, cat="user_annotation")
+        b.kernel("volta_sgemm_fwd", t0 + 10, t0 + 50, fwd_us / 2)
+        b.kernel("elementwise_fwd", t0 + 20, t0 + 50 + fwd_us / 2, fwd_us / 2)
+        tb = t0 + 3_000
+        b.cpu("autograd::engine::evaluate_function: AddmmBackward0", tb, 500, tid=2)
+        b.kernel("sgemm_bwd_a", tb + 10, tb + 100, 600, stream=8, tid=2)  # overlaps the next run
+        # The all-reduce starts when this rank gets there and ends when the last rank arrives.
+        end = tb + 2_000 + (ar_end or {}).get(step, 0.0)
+        args = {"Collective name": "allreduce", "Process Group Name": "0", "Group size": 2}
+        if seq:
+            args["Seq"] = i
+        b.cpu("record_param_comms", tb + 200, 50, tid=2, args=dict(args))
+        b.kernel(f"{prefix}AllReduce_Sum_f32_RING_LL", tb + 210, tb + 600, end - (tb + 600),
+                 stream=20, tid=2, args=args)
+        b.kernel("sgemm_bwd_b", tb + 220, tb + 600, 700, tid=2)
+        b.cpu("Optimizer.step#SGD.step", t0 + 6_000, 300, cat="user_annotation")
+        b.kernel("multi_tensor_apply", t0 + 6_010, t0 + 6_100, 150)
+    return b
+
+
+def _rows(trace, rank, optype):
+    sel = (trace.ops["rank"] == rank) & (trace.optype_names() == optype)
+    return {k: v[sel] for k, v in trace.ops.items()}
+
+
+def test_clock_offsets_are_recovered_and_collective_ends_line_up(tmp_path):
+    offsets = {0: 0.0, 1: 437.0, 2: -1250.5}  # µs of clock skew per rank
+    files = [ddp_rank(r, offsets[r]).write(tmp_path / f"t{r}.json",
+                                           info={"rank": r, "world_size": 3}) for r in offsets]
+    trace = read_kineto(files)
+    got = trace.meta.extra["clock_offsets_s"]
+    for r, off in offsets.items():
+        assert got[str(r)] == pytest.approx(off / 1e6, abs=1e-9)
+    ends = [(_rows(trace, r, "grads-all-reduce")["start_ts"]
+             + _rows(trace, r, "grads-all-reduce")["duration"]) for r in offsets]
+    assert np.allclose(ends[0], ends[1], atol=1e-9) and np.allclose(ends[0], ends[2], atol=1e-9)
+    assert trace.meta.extra["clock_alignment"]["1"]["matched"] == 2
+
+
+def test_phases_runs_and_columns(tmp_path):
+    files = [ddp_rank(r, 0.0).write(tmp_path / f"r{r}.json.gz", gz=True) for r in (0, 1)]
+    trace = read_kineto(tmp_path)
+    assert set(trace.ops["step"]) == {10, 11} and set(trace.ops["rank"]) == {0, 1}
+    fwd = _rows(trace, 0, "forward-compute")
+    # Both forward kernels form one run: start of the first to end of the second.
+    assert np.allclose(fwd["duration"], 1000e-6)
+    bwd = _rows(trace, 0, "backward-compute")
+    assert list(bwd["seq_id"]) == [0, 1, 0, 1]       # split by the all-reduce, per step
+    assert list(bwd["mb_id"]) == [0, 0, 0, 0]
+    # The first run (on another stream) is cut where the second starts: the chain needs them apart.
+    assert bwd["duration"][0] == pytest.approx(500e-6)
+    assert any("cut at its start" in n for n in trace.meta.extra["notes"])
+    opt = _rows(trace, 0, "optimizer")
+    assert len(opt["step"]) == 2 and np.all(opt["mb_id"] == -1)
+    ar = _rows(trace, 0, "grads-all-reduce")
+    assert len(ar["step"]) == 2
+    assert trace.meta.dp_size == 2 and trace.meta.pp_size == 1 and trace.meta.world_size == 2
+    assert any("stage 0" in n for n in trace.meta.extra["notes"])
+    assert looks_like_kineto(tmp_path) and looks_like_kineto(files[0])
+    result = analyze(trace)
+    assert result["slowdown"] >= 1 - 1e-9
+
+
+def test_base_time_is_added_back(tmp_path):
+    base = 1_700_000_000_000_000_000  # ns; ts become relative to it
+    f = ddp_rank(0, 0.0, base_ns=base).write(tmp_path / "a.json", info={"rank": 0, "world_size": 1})
+    trace = read_kineto(f)
+    origin = trace.meta.extra["time_origin_unix_s"]
+    first = origin + float(trace.ops["start_ts"].min())
+    assert first == pytest.approx(1_000_050 / 1e6, abs=1e-9)  # the clock of the builder, absolute
+    # Without baseTimeNanoseconds, ts are absolute epoch µs already.
+    g = ddp_rank(0, 1.7e15).write(tmp_path / "b.json", info={"rank": 0, "world_size": 1})
+    t2 = read_kineto(g)
+    assert t2.meta.extra["time_origin_unix_s"] + t2.ops["start_ts"].min() == pytest.approx(
+        1.7e9 + 1.00005, abs=1e-6)
+
+
+def test_both_nccl_kernel_prefixes_and_matching_without_seq(tmp_path):
+    a = ddp_rank(0, 0.0, prefix="ncclKernel_", seq=False).write(tmp_path / "rank-0.json", info=None)
+    b = ddp_rank(1, 800.0, prefix="ncclKernel_", seq=False).write(tmp_path / "rank_1.json",
+                                                                  info=None)
+    trace = read_kineto([a, b])
+    assert len(_rows(trace, 1, "grads-all-reduce")["step"]) == 2
+    assert trace.meta.extra["clock_offsets_s"]["1"] == pytest.approx(800e-6, abs=1e-9)
+    assert trace.meta.world_size == 2  # from the number of files
+    assert sum("file name" in n for n in trace.meta.extra["notes"]) == 2
+
+
+def test_unknown_collectives_are_left_out_with_a_note(tmp_path):
+    b = ddp_rank(0, 0.0)
+    b.kernel("ncclDevKernel_AllToAll_RING", 1_000_100, 1_000_300, 100, stream=20,
+             args={"Collective name": "all_to_all", "Process Group Name": "0"})
+    b.kernel("ncclDevKernel_Generic_4", 1_000_400, 1_000_500, 50, stream=20)
+    trace = read_kineto(b.write(tmp_path / "x.json"))
+    notes = " ".join(trace.meta.extra["notes"])
+    assert "alltoall collective(s) left out" in notes and "unknown collective(s)" in notes
+    # They do not split compute: forward stays one run.
+    assert len(_rows(trace, 0, "forward-compute")["step"]) == 2
+
+
+def test_pipeline_p2p_from_given_pp_size(tmp_path):
+    files = []
+    for rank in (0, 1):
+        b = _Builder(rank, 0.0)
+        t0 = 1_000_000.0
+        b.cpu("ProfilerStep#3", t0, 9_000, cat="user_annotation")
+        b.kernel("fwd", t0 + 10, t0 + 50 + rank * 1000, 800)
+        kind, peer = ("send", "Dst Rank") if rank == 0 else ("recv", "Src Rank")
+        args = {"Collective name": kind, "Process Group Name": "1", peer: 1 - rank}
+        b.cpu("record_param_comms", t0 + 900, 20, args=args)
+        b.kernel("ncclDevKernel_SendRecv", t0 + 905, t0 + 900, 1000, stream=30, args={})
+        b.cpu("autograd::engine::evaluate_function: X", t0 + 3000, 10, tid=2)
+        b.kernel("bwd", t0 + 3005, t0 + 3100, 500, tid=2)
+        files.append(b.write(tmp_path / f"p{rank}.json"))
+    trace = read_kineto(files, pp_size=2)
+    assert trace.meta.pp_size == 2 and trace.meta.dp_size == 1
+    assert list(trace.optype_names()[trace.ops["rank"] == 0]).count("forward-send") == 1
+    assert list(trace.optype_names()[trace.ops["rank"] == 1]).count("forward-recv") == 1
+    assert set(trace.ops["stage"][trace.ops["rank"] == 1]) == {1}
+    # Without pipeline sizes the direction is unknown: the p2p ops are left out, with a note.
+    plain = read_kineto(files)
+    assert not np.isin(plain.optype_names(), ["forward-send", "forward-recv"]).any()
+    assert any("point-to-point" in n for n in plain.meta.extra["notes"])
+
+
+def test_pipeline_stage_from_pg_config(tmp_path):
+    info = {"rank": 3, "world_size": 4, "pg_config": [
+        {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+        {"pg_name": "2", "pg_desc": "mesh_pp", "pg_size": 2, "ranks": [1, 3]},
+        {"pg_name": "3", "pg_desc": "mesh_dp", "pg_size": 2, "ranks": [2, 3]}]}
+    trace = read_kineto(ddp_rank(3, 0.0).write(tmp_path / "r3.json", info=info))
+    assert set(trace.ops["stage"]) == {1} and set(trace.ops["dp_rank"]) == {1}
+    assert trace.meta.pp_size == 2
+
+
+@pytest.mark.parametrize("kwargs, field", [({"pp_size": 3}, "pp_size"), ({"dp_size": 0}, "dp_size"),
+                                           ({"dp_size": 4}, "dp_size")])
+def test_bad_sizes_are_input_errors(tmp_path, kwargs, field):
+    f = ddp_rank(0, 0.0).write(tmp_path / "a.json")
+    with pytest.raises(InputError) as err:
+        read_kineto(f, **kwargs)
+    assert err.value.field == field
+
+
+def test_two_files_for_one_rank_and_mixed_world_sizes(tmp_path):
+    a = ddp_rank(0, 0.0).write(tmp_path / "a.json")
+    b = ddp_rank(0, 0.0).write(tmp_path / "b.json")
+    with pytest.raises(InputError, match="rank 0 again"):
+        read_kineto([a, b])
+    c = ddp_rank(1, 0.0).write(tmp_path / "c.json", info={"rank": 1, "world_size": 8})
+    with pytest.raises(InputError, match="world_size"):
+        read_kineto([a, c])
+
+
+def test_cpu_only_trace_uses_cpu_ops(tmp_path):
+    b = _Builder(0, 0.0)
+    t0 = 1_000_000.0
+    b.cpu("ProfilerStep#1", t0, 5_000, cat="user_annotation")
+    b.cpu("aten::linear", t0 + 10, 300)
+    b.cpu("aten::addmm", t0 + 20, 200)             # nested: not a separate op
+    b.cpu("aten::relu", t0 + 400, 100)
+    b.cpu("autograd::engine::evaluate_function: AddmmBackward0", t0 + 1_000, 400)
+    b.cpu("c10d::allreduce_", t0 + 1_500, 30)       # the enqueue: neither compute nor collective
+    b.cpu("gloo:all_reduce", t0 + 1_520, 900, tid=9, cat="user_annotation")
+    b.cpu("aten::add_", t0 + 1_600, 50)
+    b.cpu("Optimizer.step#SGD.step", t0 + 3_000, 100, cat="user_annotation")
+    b.cpu("aten::add_", t0 + 3_010, 80)
+    trace = read_kineto(b.write(tmp_path / "g.json", info={"backend": "gloo", "rank": 0,
+                                                           "world_size": 1}))
+    names = list(trace.optype_names())
+    assert names.count("forward-compute") == 1 and names.count("grads-all-reduce") == 1
+    assert names.count("backward-compute") == 2 and names.count("optimizer") == 1
+    fwd = _rows(trace, 0, "forward-compute")
+    assert fwd["duration"][0] == pytest.approx(490e-6)
+    assert any("no GPU rows" in n for n in trace.meta.extra["notes"])
