@@ -61,7 +61,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lease-s", type=float, default=30.0)
     p.add_argument("--log-samples", action="store_true", help="write each rank's sample ids per step")
     p.add_argument("--crash-at", type=int, default=None,
-                   help="test hook: rank 1 dies (exit 1) at this step of the first incarnation")
+                   help="test hook: rank 1 dies (exit 1) at this step of incarnation --crash-incarnation")
+    p.add_argument("--crash-incarnation", type=int, default=0)
     return p.parse_args()
 
 
@@ -147,7 +148,7 @@ def main() -> None:
                   " checkpointed, leaving so torchrun re-forms the group", flush=True)
             agent.close()
             os._exit(EXIT_RESTART)
-        if args.crash_at is not None and incarnation == 0 and step == args.crash_at and rank == 1:
+        if step == args.crash_at and incarnation == args.crash_incarnation and rank == 1:
             os._exit(1)  # test hook: a worker dies mid-shard, without any cleanup
         if unfinished == 0:
             break  # every rank has drained the data set

@@ -58,8 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slow-factor", type=float, default=1.0)
     p.add_argument("--extra-last-stage-layers", type=int, default=0)
     p.add_argument("--gc-garbage", type=float, default=0.0, metavar="MB",
-                   help="cyclic garbage allocated per step so automatic GC pauses happen")
-    p.add_argument("--comm-delay-rank", type=int, default=-1, help="messages from this rank are late")
+                   help="a long-lived heap of MB plus cyclic garbage each step, so real automatic "
+                        "full collections (pauses that scan the heap) happen on each rank")
+    p.add_argument("--comm-delay-rank", type=int, default=-1,
+                   help="the link from this rank to its next stage is slow, both ways")
     p.add_argument("--comm-delay-ms", type=float, default=0.0)
     p.add_argument("--crash-rank", type=int, default=-1, help="this rank dies (SIGKILL) ...")
     p.add_argument("--crash-at-step", type=int, default=-1, help="... at the start of this step")
@@ -241,13 +243,22 @@ def burn(seconds: float) -> None:
         a = torch.tanh(a @ a)
 
 
+def make_live_heap(megabytes: float) -> list:
+    """Long-lived GC-tracked objects (an in-memory index, say): every full collection scans them."""
+    return [[i, None] for i in range(int(megabytes * 1e6 / 120))]
+
+
 def make_cyclic_garbage(megabytes: float, rng: np.random.Generator) -> list:
-    """Reference cycles (kept alive until the caller drops them) totalling about `megabytes`."""
+    """Reference cycles (kept alive until the caller drops them) totalling about `megabytes`.
+
+    Kept alive through the step, they survive young collections into the oldest generation;
+    once enough are pending there, the interpreter runs a full collection at whatever point of
+    the step this rank happens to be, and the pause scans the whole heap.
+    """
     keep = []
     for _ in range(int(megabytes * 1e6 / 200 * rng.uniform(0.5, 1.5))):
         a: list = []
-        b = [a, {}]
-        a.append(b)
+        a.append([a])
         keep.append(a)
     return keep
 
@@ -266,6 +277,7 @@ class Pipeline:
         self.slow = args.slow_factor if self.rank == args.slow_rank else 1.0
         self.sends = {"forward-send": None, "backward-send": None}
         self.gc_rng = np.random.default_rng([args.seed, self.rank])
+        self.live_heap = make_live_heap(args.gc_garbage) if args.gc_garbage else None
 
     def compute(self, optype: str, mb: int, lens: list[int], fn):
         with self.rec.op(optype, mb, seq_lens=lens):
@@ -283,12 +295,13 @@ class Pipeline:
 
     def recv(self, optype: str, shape, src: int) -> torch.Tensor:
         buf = torch.empty(shape, device=self.device)
-        delay = self.args.comm_delay_ms / 1e3 if src == self.args.comm_delay_rank else 0.0
+        slow = self.args.comm_delay_rank
+        delay = self.args.comm_delay_ms / 1e3 if {src, self.rank} == {slow, slow + 1} else 0.0
 
         def transfer():
             dist.irecv(buf, src).wait()
             if delay:
-                time.sleep(delay)  # the slow link: data from that rank arrives late
+                time.sleep(delay)  # the slow link: data over it arrives late, either way
 
         self.rec.collective(optype, transfer, nbytes=buf.numel() * buf.element_size())
         return buf
@@ -302,7 +315,7 @@ class Pipeline:
         def forward(i: int) -> None:
             lens = plan[i]
             if self.args.gc_garbage:
-                garbage.append(make_cyclic_garbage(self.args.gc_garbage / m, self.gc_rng))
+                garbage.append(make_cyclic_garbage(self.args.gc_garbage / 10 / m, self.gc_rng))
             if self.stage == 0:
                 x, _ = microbatch_tokens(step, self.dp_rank, i, lens, self.args)
             else:
@@ -387,8 +400,10 @@ def injections(args, dp: int, layers: list[int]) -> list[dict]:
     if args.gc_garbage:
         out.append({"cause": "gc", "garbage_mb": args.gc_garbage})
     if args.comm_delay_rank >= 0 and args.comm_delay_ms > 0:
+        a, b = where(args.comm_delay_rank), where(args.comm_delay_rank + 1)
         out.append({"cause": "communication", "delay_ms": args.comm_delay_ms,
-                    **where(args.comm_delay_rank)})
+                    "link": {"ranks": [a["rank"], b["rank"]], "dp_rank": a["dp_rank"],
+                             "stages": [a["stage"], b["stage"]]}})
     if args.crash_rank >= 0 and args.crash_at_step >= 0:
         out.append({"cause": "crash", "step": args.crash_at_step, **where(args.crash_rank)})
     return out
@@ -406,9 +421,10 @@ def main(argv=None) -> None:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    for r in (args.comm_delay_rank,):
-        if r >= 0 and args.pp == 1:
-            raise SystemExit("--comm-delay-rank delays pipeline messages; it needs --pp >= 2")
+    if args.comm_delay_rank >= 0 and (args.comm_delay_rank >= world
+                                      or args.comm_delay_rank % args.pp == args.pp - 1):
+        raise SystemExit(f"--comm-delay-rank {args.comm_delay_rank}: the slow link goes from a rank "
+                         "to its next pipeline stage, so it must be a rank below the last stage")
     # one DP group per stage; every rank must create every group, in the same order
     dp_groups = [dist.new_group([d * args.pp + s for d in range(dp)]) for s in range(args.pp)]
 

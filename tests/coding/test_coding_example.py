@@ -6,8 +6,8 @@ from conftest import torchrun
 
 @pytest.mark.distributed
 def test_train_coded_example_runs_and_compares():
-    out = torchrun("examples/train_coded.py", 5, "--scheme", "cyclic-mds", "--stragglers", "1",
-                   "--steps", "10", "--delay-dist", "pareto", "--delay-scale", "0.003",
+    out = torchrun("examples/train_coded.py", 3, "--scheme", "cyclic-mds", "--stragglers", "1",
+                   "--steps", "6", "--delay-dist", "pareto", "--delay-scale", "0.003",
                    "--seed", "1", "--compare", timeout=240)
     lines = out.stdout.splitlines()
     rows = {line.split()[0]: line.split() for line in lines
@@ -16,4 +16,4 @@ def test_train_coded_example_runs_and_compares():
     assert set(rows) == {"wait-for-all", "ignore-stragglers", "cyclic-mds-real"}, out.stdout
     # exact code: same final loss as wait-for-all
     assert rows["cyclic-mds-real"][4] == rows["wait-for-all"][4]
-    assert all(int(r[2]) == 10 for r in rows.values())
+    assert all(int(r[2]) == 6 for r in rows.values())

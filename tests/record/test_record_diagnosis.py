@@ -22,7 +22,7 @@ CASES = [
     ("gc", 2, ["--pp", "1", "--gc-garbage", "40"], "gc", None),
     ("communication", 4, ["--pp", "4", "--layers", "4", "--comm-delay-rank", "1",
                           "--comm-delay-ms", "30"],
-     "communication", {"pp": [1]}),
+     "communication", {"pp": [1, 2]}),
 ]
 
 

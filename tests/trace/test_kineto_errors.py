@@ -130,7 +130,7 @@ _step = st.builds(lambda n, ts: {"ph": "X", "cat": "user_annotation", "name": f"
                   st.integers(0, 2), st.sampled_from([0.0, 2500.0]))
 _events = st.integers(0, 9).flatmap(lambda k: st.lists(_event, max_size=25) if k == 0 else st.builds(
     lambda a, b, c: a + b + c, st.lists(_step, min_size=1, max_size=2),
-    st.lists(_plausible, min_size=1, max_size=20), st.lists(_event, max_size=2)))
+    st.lists(_plausible, min_size=4, max_size=20), st.lists(_event, max_size=2)))
 _info = st.one_of(st.builds(lambda r: {"rank": r, "world_size": 4},
                                                   st.integers(0, 3)), st.fixed_dictionaries(
     {}, optional={"rank": st.one_of(st.integers(-2, 4), _scalars),
@@ -153,7 +153,7 @@ _document = st.fixed_dictionaries(
               "baseTimeNanoseconds": _mostly(st.integers(0, 2 * 10**18), _scalars)})
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(docs=st.lists(_document, min_size=1, max_size=2), gz=st.booleans())
 def test_fuzzed_documents_never_crash(docs, gz):
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,7 +168,7 @@ def test_fuzzed_documents_never_crash(docs, gz):
         assert np.all(np.isfinite(trace.ops["start_ts"])) and np.all(trace.ops["duration"] >= 0)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(data=st.binary(max_size=300), cut=st.integers(0, 400))
 def test_fuzzed_bytes_never_crash(data, cut):
     good = json.dumps(_doc(GOOD_EVENTS)).encode()

@@ -111,6 +111,8 @@ def train_coded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_f
                                                       f"{dist.get_world_size()}")
     if data.n != code.n:
         raise InputError("train_coded", "data", f"expected {code.n} parts, got {data.n}")
+    if not 0 <= steps < 2 ** 24:  # the step id travels as a float32 in each message
+        raise InputError("train_coded", "steps", f"expected 0 <= steps < 2**24, got {steps}")
     dist.barrier()
     if dist.get_rank() == MASTER:
         return _Aggregator(model, optimizer, loss_fn, data, code, delays, timeout).run(

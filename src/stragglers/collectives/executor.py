@@ -119,6 +119,7 @@ def _phase2_dataflow(plan, chunks: list[torch.Tensor], peer, group) -> None:
             if buf is not None:
                 if my_send is not None:
                     my_send.wait()  # the chunk we add into must have left first
+                    send_works.remove(my_send)  # a gloo work must not be waited twice
                 chunks[c].add_(buf)
 
     for k, (sends, recvs) in enumerate(plan):

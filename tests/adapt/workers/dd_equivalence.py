@@ -1,4 +1,4 @@
-"""3 ranks, unequal batches with accumulation: the update must equal one global-batch update."""
+"""2 ranks, unequal batches with accumulation: the update must equal one global-batch update."""
 
 import json
 import sys
@@ -24,7 +24,7 @@ def make_model():
 
 model = make_model()
 opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-splits = [[3, 7, 14], [10, 0, 14]]  # second step: rank 1 has nothing (still one AllReduce)
+splits = [[5, 19], [24, 0]]  # k = 2 and 5 micro-steps; then rank 1 has nothing (still one AllReduce)
 cap = 4
 collectives = 0
 for step, sizes in enumerate(splits):
