@@ -25,7 +25,8 @@ SHARD = 64
 
 def store_rate(db: Path, durable: bool, seconds: float) -> float:
     store = ShardStore(db, durable=durable)
-    store.create_dataset(DatasetConfig("bench", SHARD * 10**6, SHARD))
+    store.create_dataset(DatasetConfig("bench", SHARD * 40_000, SHARD))
+    store.lease("bench", "warm-up")  # computes and caches the epoch's permutation
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         lease = store.lease("bench", "w")["lease"]
@@ -60,7 +61,9 @@ def http_rate(db: Path, durable: bool, op: str, clients: int, seconds: float) ->
     proc = ctx.Process(target=_serve, args=(str(db), durable, port_q, stop))
     proc.start()
     url = port_q.get(timeout=60)
-    ShardClient(url, "bench", "setup").create_dataset(DatasetConfig("bench", SHARD * 10**6, SHARD))
+    setup = ShardClient(url, "bench", "setup")
+    setup.create_dataset(DatasetConfig("bench", SHARD * 40_000, SHARD))
+    setup.lease()  # computes and caches the epoch's permutation
     out = ctx.Queue()
     start_at = time.time() + 2.0
     workers = [ctx.Process(target=_client, args=(url, f"w{i}", op, seconds, start_at, out))

@@ -19,7 +19,7 @@ from pathlib import Path
 DELAYS = (0.0, 0.5, 1.0, 2.0)
 
 
-def worker(sizes_mb: list[int], reps: int) -> None:
+def worker(sizes_mb: list[int], reps: int, modes: list[str]) -> None:
     import torch
     import torch.distributed as dist
 
@@ -48,7 +48,7 @@ def worker(sizes_mb: list[int], reps: int) -> None:
         return t.item()
 
     library = lambda x: dist.all_reduce(x)  # noqa: E731
-    strag = lambda x: stragglar_all_reduce(x, straggler)  # noqa: E731
+    algos = {m: (lambda x, m=m: stragglar_all_reduce(x, straggler, phase2=m)) for m in modes}
     for mb in sizes_mb:
         numel = mb * 2**20 // 4
         x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
@@ -58,24 +58,33 @@ def worker(sizes_mb: list[int], reps: int) -> None:
         stragglar_all_reduce(check, straggler)
         assert torch.allclose(check, ref, rtol=1e-4, atol=1e-4)
         timed(library, x, 0.0)  # warm-up
-        timed(strag, x, 0.0)
+        for fn in algos.values():
+            timed(fn, x, 0.0)
         t_ar = statistics.median(timed(library, x, 0.0) for _ in range(reps))
         for factor in DELAYS:
             delay = factor * t_ar
-            lib, st = [], []
+            lib, st = [], {m: [] for m in modes}
             for _ in range(reps):
                 lib.append(timed(library, x, delay))
-                st.append(timed(strag, x, delay))
-            lib_t, st_t = statistics.median(lib), statistics.median(st)
+                for m, fn in algos.items():
+                    st[m].append(timed(fn, x, delay))
+            lib_t = statistics.median(lib)
+            st_t = {m: statistics.median(v) for m, v in st.items()}
             size = numel * 4
             # model with the contended β (all pairs at once), which is what both algorithms see
             m_ring = ring_time(n, size, linkn, delay) if rank == 0 else 0
             m_st = stragglar_time(n, size, linkn, delay) if rank == 0 else 0
+            # "shared bus" view of a 2-core host: every byte costs the same whatever the link,
+            # at the aggregate rate measured with all pairs exchanging at once (n / beta_n)
+            agg = n / linkn.beta if rank == 0 else 1.0
+            b_ring = delay + 2 * (n - 1) * size / agg
+            b_st = max(delay, (n - 2) * size / agg) + n * size / agg
             if rank == 0:
+                cols = " ".join(f"{m}_s={t:.3f} speedup_{m}={lib_t / t:.3f}" for m, t in st_t.items())
                 print(f"ROW n={n} size_mb={mb} D/T={factor:.1f} D_s={delay:.3f} library_s={lib_t:.3f} "
-                      f"stragglar_s={st_t:.3f} speedup={lib_t / st_t:.3f} "
-                      f"model_ring_s={m_ring:.3f} model_stragglar_s={m_st:.3f} "
-                      f"model_speedup={m_ring / m_st:.3f}", flush=True)
+                      f"{cols} model_ring_s={m_ring:.3f} model_stragglar_s={m_st:.3f} "
+                      f"model_speedup={m_ring / m_st:.3f} bus_ring_s={b_ring:.3f} bus_stragglar_s={b_st:.3f} "
+                      f"bus_speedup={b_ring / b_st:.3f}", flush=True)
         del x
     dist.destroy_process_group()
 
@@ -85,15 +94,17 @@ def main() -> None:
     p.add_argument("--nprocs", type=int, nargs="+", default=[4, 8])
     p.add_argument("--sizes-mb", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--modes", nargs="+", default=["dataflow"], choices=["dataflow", "lockstep"],
+                   help="StragglAR phase-2 modes to time next to the library AllReduce")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.sizes_mb, args.reps)
+        worker(args.sizes_mb, args.reps, args.modes)
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     for n in args.nprocs:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-               str(Path(__file__).resolve()), "--worker", "--reps", str(args.reps),
+               str(Path(__file__).resolve()), "--worker", "--reps", str(args.reps), "--modes", *args.modes,
                "--sizes-mb", *map(str, args.sizes_mb)]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith(("ROW", "#"))]

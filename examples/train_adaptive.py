@@ -59,6 +59,8 @@ def parse_args() -> argparse.Namespace:
                    help="flagged windows in a row that make a straggler persistent")
     p.add_argument("--num-samples", type=int, default=None, help="use only the first N digits")
     p.add_argument("--lease-s", type=float, default=30.0)
+    p.add_argument("--ack-interval", type=float, default=1.0,
+                   help="seconds between progress acks (checkpoints always ack first)")
     p.add_argument("--log-samples", action="store_true", help="write each rank's sample ids per step")
     p.add_argument("--crash-at", type=int, default=None,
                    help="test hook: rank 1 dies (exit 1) at this step of incarnation --crash-incarnation")
@@ -110,11 +112,16 @@ def main() -> None:
     agent = Agent(ShardClient(url, "digits", worker=f"agent{rank}"), rank, world, args.global_batch,
                   args.memory_cap, incarnation, device.device)
     plan = agent.plan(step)
-    sampler = ShardBatchSampler(client, batch_size=lambda: plan.batch_size, block=False)
+    sampler = ShardBatchSampler(client, batch_size=lambda: plan.batch_size, block=False,
+                                ack_interval_s=args.ack_interval)
     batches = iter(DataLoader(TensorDataset(x, y), batch_sampler=sampler, collate_fn=sampler.collate))
 
     metrics = open(args.workdir / "metrics.jsonl", "a") if rank == 0 else None
     samples_log = open(args.workdir / f"samples_rank{rank}.jsonl", "a") if args.log_samples else None
+    def checkpoint(step: int) -> None:
+        sampler.ack(force=True)  # the shard snapshot must include every trained batch
+        save_job_checkpoint(ckpt_path, step, model, optimizer, client)
+
     last_loss = float("nan")
     while step < args.steps:
         plan = agent.plan(step)
@@ -143,7 +150,7 @@ def main() -> None:
         if kill_votes > 0:
             # Every rank learns of KILL_RESTART from the same AllReduce, so all checkpoint together.
             target = round(kill_target_sum / kill_votes) - 1
-            save_job_checkpoint(ckpt_path, step, model, optimizer, client)
+            checkpoint(step)
             print(f"rank {rank}: KILL_RESTART of rank {target} at step {step}: {plan.reason};"
                   " checkpointed, leaving so torchrun re-forms the group", flush=True)
             agent.close()
@@ -153,9 +160,9 @@ def main() -> None:
         if unfinished == 0:
             break  # every rank has drained the data set
         if step % args.ckpt_every == 0:
-            save_job_checkpoint(ckpt_path, step, model, optimizer, client)
+            checkpoint(step)
 
-    save_job_checkpoint(ckpt_path, step, model, optimizer, client)
+    checkpoint(step)
     agent.close()
     if rank == 0:
         summary = {"steps": step, "incarnation": incarnation, "failed_shards": client.status()["failed"],

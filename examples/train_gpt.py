@@ -90,13 +90,16 @@ class Block(nn.Module):
         t, d = x.shape
         hd = d // self.heads
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        # Attention per sequence: its cost grows with Σ sᵢ², which is what sequence imbalance is.
+        # Attention per sequence, written out so forward and backward are matmuls of s × s:
+        # its cost grows with Σ sᵢ², which is what sequence imbalance is.
         outs = []
         for qs, ks, vs in zip(q.split(seq_lens), k.split(seq_lens), v.split(seq_lens)):
             s = qs.shape[0]
-            heads = [z.view(s, self.heads, hd).transpose(0, 1) for z in (qs, ks, vs)]
-            outs.append(F.scaled_dot_product_attention(*heads, is_causal=True)
-                        .transpose(0, 1).reshape(s, d))
+            qh, kh, vh = (z.view(s, self.heads, hd).transpose(0, 1) for z in (qs, ks, vs))
+            scores = (qh @ kh.transpose(1, 2)) * hd ** -0.5
+            causal = torch.ones(s, s, dtype=torch.bool, device=x.device).triu_(1)
+            attn = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+            outs.append((attn @ vh).transpose(0, 1).reshape(s, d))
         x = x + self.proj(torch.cat(outs))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
@@ -248,7 +251,7 @@ def make_live_heap(megabytes: float) -> list:
     return [[i, None] for i in range(int(megabytes * 1e6 / 120))]
 
 
-def make_cyclic_garbage(megabytes: float, rng: np.random.Generator) -> list:
+def make_cyclic_garbage(megabytes: float, rng: np.random.Generator, rate: float = 1.0) -> list:
     """Reference cycles (kept alive until the caller drops them) totalling about `megabytes`.
 
     Kept alive through the step, they survive young collections into the oldest generation;
@@ -256,7 +259,7 @@ def make_cyclic_garbage(megabytes: float, rng: np.random.Generator) -> list:
     the step this rank happens to be, and the pause scans the whole heap.
     """
     keep = []
-    for _ in range(int(megabytes * 1e6 / 200 * rng.uniform(0.5, 1.5))):
+    for _ in range(int(megabytes * 1e6 / 200 * rate * rng.uniform(0.8, 1.2))):
         a: list = []
         a.append([a])
         keep.append(a)
@@ -278,6 +281,9 @@ class Pipeline:
         self.sends = {"forward-send": None, "backward-send": None}
         self.gc_rng = np.random.default_rng([args.seed, self.rank])
         self.live_heap = make_live_heap(args.gc_garbage) if args.gc_garbage else None
+        # Ranks see different data, so they allocate at different rates and their automatic
+        # collections drift apart: the uncoordinated pauses of the paper.
+        self.gc_rate = float(self.gc_rng.uniform(0.5, 1.5))
 
     def compute(self, optype: str, mb: int, lens: list[int], fn):
         with self.rec.op(optype, mb, seq_lens=lens):
@@ -315,7 +321,8 @@ class Pipeline:
         def forward(i: int) -> None:
             lens = plan[i]
             if self.args.gc_garbage:
-                garbage.append(make_cyclic_garbage(self.args.gc_garbage / 10 / m, self.gc_rng))
+                garbage.append(make_cyclic_garbage(self.args.gc_garbage / 10 / m, self.gc_rng,
+                                                   self.gc_rate))
             if self.stage == 0:
                 x, _ = microbatch_tokens(step, self.dp_rank, i, lens, self.args)
             else:

@@ -43,6 +43,6 @@ def test_model_command_table():
 
 @pytest.mark.distributed
 def test_calibrate_collectives_measures_alpha_beta():
-    result = runner.invoke(app, ["calibrate-collectives", "--nproc", "2", "--max-size-mb", "1"])
+    result = runner.invoke(app, ["calibrate-collectives", "--nproc", "2", "--max-size-mb", "0.25"])
     assert result.exit_code == 0, result.output
     assert "alpha =" in result.output and "--alpha-us" in result.output

@@ -1,4 +1,7 @@
-"""Each injection of examples/train_gpt.py, run for real and analysed, is diagnosed as its cause."""
+"""Each injection of examples/train_gpt.py, run for real and analysed, is diagnosed as its cause.
+
+The slow-rank injection (worker_fault) is checked in test_record_distributed.py on its shared run.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +15,11 @@ pytestmark = pytest.mark.distributed
 
 # (name, processes, train_gpt arguments, expected cause, expected place {dp: [...], pp: [...]})
 CASES = [
-    ("worker_fault", 4, ["--pp", "2", "--slow-rank", "2", "--slow-factor", "3"],
-     "worker_fault", {"dp": [1], "pp": [0]}),
+    ("none", 2, ["--pp", "1"], "none", None),
     ("stage_imbalance", 4, ["--pp", "2", "--extra-last-stage-layers", "4"],
      "stage_imbalance", {"pp": [1]}),
     ("sequence_imbalance", 2, ["--pp", "1", "--seq-len-dist", "lognormal", "--max-seq-len", "1024",
-                               "--microbatches", "2"],
+                               "--microbatches", "4", "--d-model", "32", "--heads", "2"],
      "sequence_imbalance", None),
     ("gc", 2, ["--pp", "1", "--gc-garbage", "40"], "gc", None),
     ("communication", 4, ["--pp", "4", "--layers", "4", "--comm-delay-rank", "1",
@@ -28,16 +30,17 @@ CASES = [
 
 @pytest.mark.parametrize("name,nproc,args,cause,where", CASES, ids=[c[0] for c in CASES])
 def test_injection_is_diagnosed_at_its_place(tmp_path, name, nproc, args, cause, where):
-    from stragglers.whatif import analyze
+    from stragglers.whatif.analyze import analyze
 
     out = tmp_path / "trace"
-    torchrun(TRAIN, nproc, *args, "--steps", "10", "--trace-dir", str(out), timeout=300)
+    torchrun(TRAIN, nproc, *args, "--steps", "8", "--trace-dir", str(out), timeout=300)
     trace = read_run(out)
-    assert [i["cause"] for i in trace.meta.extra["injections"]] == [cause]
+    assert [i["cause"] for i in trace.meta.extra["injections"]] == ([] if cause == "none" else [cause])
     result = analyze(trace)
     causes = [d["cause"] for d in result["diagnosis"]]
     assert causes[0] == cause, (causes, result["slowdown"], result["diagnosis"])
     top = result["diagnosis"][0]
     for axis, values in (where or {}).items():
         assert set(values) <= set(top["where"].get(axis, [])), top
-    assert top["speedup_if_fixed"] is not None and top["speedup_if_fixed"] > 1.0
+    if cause != "none":
+        assert top["speedup_if_fixed"] is not None and top["speedup_if_fixed"] > 1.0

@@ -153,7 +153,7 @@ _document = st.fixed_dictionaries(
               "baseTimeNanoseconds": _mostly(st.integers(0, 2 * 10**18), _scalars)})
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(docs=st.lists(_document, min_size=1, max_size=2), gz=st.booleans())
 def test_fuzzed_documents_never_crash(docs, gz):
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,7 +168,7 @@ def test_fuzzed_documents_never_crash(docs, gz):
         assert np.all(np.isfinite(trace.ops["start_ts"])) and np.all(trace.ops["duration"] >= 0)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(data=st.binary(max_size=300), cut=st.integers(0, 400))
 def test_fuzzed_bytes_never_crash(data, cut):
     good = json.dumps(_doc(GOOD_EVENTS)).encode()

@@ -38,8 +38,11 @@ class _Builder:
         self.events.append({"ph": "s", "cat": "ac2g", "id": self.corr, "pid": 100, "tid": tid,
                             "ts": launch_ts, "name": "ac2g"})
 
-    def write(self, path: Path, info: dict | None = "default", gz: bool = False) -> Path:
+    def write(self, path: Path, info: dict | None = "default", gz: bool = False,
+              host: str | None = None) -> Path:
         doc: dict = {"schemaVersion": 1, "deviceProperties": []}
+        if host:
+            doc["host_name"] = host
         if info == "default":
             info = {"backend": "nccl", "rank": self.rank, "world_size": 2,
                     "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2,
@@ -103,6 +106,18 @@ def test_clock_offsets_are_recovered_and_collective_ends_line_up(tmp_path):
     assert trace.meta.extra["clock_alignment"]["1"]["matched"] == 2
 
 
+def test_ranks_on_one_host_share_its_clock(tmp_path):
+    # Rank 1's all-reduce ends 300 µs late (jitter, not skew): same host, so no shift.
+    a = ddp_rank(0, 0.0).write(tmp_path / "a.json", host="node7")
+    b = ddp_rank(1, 0.0, ar_end={10: 300.0, 11: 300.0}).write(tmp_path / "b.json", host="node7")
+    trace = read_kineto([a, b])
+    assert trace.meta.extra["clock_offsets_s"]["1"] == 0.0
+    assert trace.meta.extra["clock_alignment"]["1"] == {"same_host_as": 0, "host": "node7"}
+    c = ddp_rank(1, 0.0, ar_end={10: 300.0, 11: 300.0}).write(tmp_path / "c.json", host="node8")
+    other = read_kineto([a, c])
+    assert other.meta.extra["clock_offsets_s"]["1"] == pytest.approx(300e-6, abs=1e-9)
+
+
 def test_phases_runs_and_columns(tmp_path):
     files = [ddp_rank(r, 0.0).write(tmp_path / f"r{r}.json.gz", gz=True) for r in (0, 1)]
     trace = read_kineto(tmp_path)
@@ -124,7 +139,10 @@ def test_phases_runs_and_columns(tmp_path):
     assert any("stage 0" in n for n in trace.meta.extra["notes"])
     assert looks_like_kineto(tmp_path) and looks_like_kineto(files[0])
     result = analyze(trace)
-    assert result["slowdown"] >= 1 - 1e-9
+    # Backward is split into bucket runs of different lengths, and the spec idealises per op
+    # type (one mean for all runs), so S may dip a little below 1 on this tiny job.
+    assert result["slowdown"] == pytest.approx(1.0, abs=0.05)
+    assert result["sim_error"] < 1e-6
 
 
 def test_base_time_is_added_back(tmp_path):
@@ -197,6 +215,18 @@ def test_pipeline_stage_from_pg_config(tmp_path):
     trace = read_kineto(ddp_rank(3, 0.0).write(tmp_path / "r3.json", info=info))
     assert set(trace.ops["stage"]) == {1} and set(trace.ops["dp_rank"]) == {1}
     assert trace.meta.pp_size == 2
+
+
+def test_dp_size_with_tensor_parallel_and_run_format_round_trip(tmp_path):
+    from stragglers.trace.runformat import read_run, write_run
+
+    f = ddp_rank(3, 0.0).write(tmp_path / "r3.json", info={"rank": 3, "world_size": 4})
+    trace = read_kineto(f, dp_size=2)
+    assert trace.meta.tp_size == 2 and trace.meta.dp_size == 2 and trace.meta.pp_size == 1
+    assert set(trace.ops["dp_rank"]) == {1}          # tp fastest: ranks 2, 3 are DP rank 1
+    back = read_run(write_run(tmp_path / "run", trace))
+    assert all(np.array_equal(trace.ops[k], back.ops[k]) for k in trace.ops)
+    assert back.meta.extra["clock_offsets_s"] == trace.meta.extra["clock_offsets_s"]
 
 
 @pytest.mark.parametrize("kwargs, field", [({"pp_size": 3}, "pp_size"), ({"dp_size": 0}, "dp_size"),

@@ -12,7 +12,7 @@ from stragglers.trace.kineto import looks_like_kineto, read_kineto
 from stragglers.whatif.analyze import analyze
 
 WORKER = Path(__file__).parent / "workers" / "kineto_profile_ddp.py"
-SLOW_RANK, FACTOR = 1, 30
+SLOW_RANK, FACTOR = 1, 60
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +37,14 @@ def test_profiled_ddp_ranks_read_as_one_job(profiled_run):
             assert optype in mine, (rank, optype)
         # One gloo all-reduce bucket per step (the model is small).
         assert (mine == "grads-all-reduce").sum() == 3
-    # Same host, same clock: the offset found from collective ends is small.
-    assert abs(trace.meta.extra["clock_offsets_s"]["1"]) < 0.02
-    assert trace.meta.extra["clock_alignment"]["1"]["matched"] == 3
+    # Both traces name the same host, so they share one clock and are not shifted (gloo's
+    # all-reduce ends jitter by milliseconds on a busy CPU: aligning on them would add error).
+    assert trace.meta.extra["clock_offsets_s"]["1"] == 0.0
+    assert trace.meta.extra["clock_alignment"]["1"]["same_host_as"] == 0
     # The straggler's forward is visibly longer.
     fwd = names == "forward-compute"
-    slow = trace.ops["duration"][fwd & (trace.ops["rank"] == SLOW_RANK)].sum()
-    fast = trace.ops["duration"][fwd & (trace.ops["rank"] != SLOW_RANK)].sum()
+    slow = np.median(trace.ops["duration"][fwd & (trace.ops["rank"] == SLOW_RANK)])
+    fast = np.median(trace.ops["duration"][fwd & (trace.ops["rank"] != SLOW_RANK)])
     assert slow > 3 * fast
 
 

@@ -125,10 +125,16 @@ class ShardBatchSampler:
     """
 
     def __init__(self, client: ShardClient, batch_size: int | Callable[[], int],
-                 block: bool = True, poll_s: float = 0.05, release_on_start: bool = True):
+                 block: bool = True, poll_s: float = 0.05, release_on_start: bool = True,
+                 ack_interval_s: float = 0.0):
         self.client = client
         self.batch_size = batch_size
         self.block, self.poll_s = block, poll_s
+        # 0: ack every batch (a failure replays at most one batch). Larger values save a round
+        # trip per step; a failure then replays what was taken since the last ack (a shard
+        # completion and ack(force=True), e.g. before a checkpoint, always send).
+        self.ack_interval_s = ack_interval_s
+        self._last_ack = 0.0
         self.release_on_start = release_on_start
         self.finished = False
         self.failed_report: list[dict] = []
@@ -175,8 +181,13 @@ class ShardBatchSampler:
         self.last_batch, self.last_batch_epochs = batch, epochs
         return batch
 
-    def ack(self) -> None:
+    def ack(self, force: bool = False) -> None:
         """Acknowledge everything handed out so far (call after the optimizer step)."""
+        now = time.monotonic()
+        if not (force or now - self._last_ack >= self.ack_interval_s
+                or any(h.taken == len(h.indices) > h.acked for h in self._held)):
+            return
+        self._last_ack = now
         keep = []
         for h in self._held:
             if h.taken > h.acked:
@@ -199,7 +210,7 @@ class ShardBatchSampler:
         while True:
             batch = self.next_batch()
             if not batch and self.finished:
-                self.ack()
+                self.ack(force=True)
                 return
             yield batch
 

@@ -38,8 +38,13 @@ def split_batch(global_batch: int, throughputs: Sequence[float],
         active = [i for i in active if i not in drop]
     real = [v[i] * max(0.0, t_star - c[i]) if i in active else 0.0 for i in range(len(v))]
     scale = global_batch / sum(real) if sum(real) > 0 else 0.0
-    real = [x * scale for x in real]
-    return round_preserving_sum(real, global_batch)
+    sizes = [int(math.floor(x * scale)) for x in real]
+    # Hand out the remaining units one at a time to the worker that finishes them soonest:
+    # this rounding minimises the step time max_i(b_i/v_i + c_i), unlike largest remainder.
+    for _ in range(global_batch - sum(sizes)):
+        j = min(active, key=lambda i: ((sizes[i] + 1) / v[i] + c[i], i))
+        sizes[j] += 1
+    return sizes
 
 
 def round_preserving_sum(values: Sequence[float], total: int) -> list[int]:

@@ -6,6 +6,8 @@ Run standalone with `stragglers shard-server --db FILE`, or embedded in rank 0 w
 
 from __future__ import annotations
 
+import asyncio
+import queue
 import socket
 import threading
 import time
@@ -69,10 +71,54 @@ class ControlPlane:
         return self.controller
 
 
+class GroupCommitter:
+    """Runs store calls on one writer thread, committing everything queued meanwhile at once.
+
+    While a commit waits for fsync, the event loop keeps parsing requests; the next batch then
+    shares one fsync. Each call still sees a consistent state (savepoints, see run_batch).
+    """
+
+    def __init__(self, store: ShardStore, max_batch: int = 256):
+        self.store, self.max_batch = store, max_batch
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.batches = self.calls = 0
+        threading.Thread(target=self._loop, name="group-commit", daemon=True).start()
+
+    async def run(self, call):
+        """Queue `call` (no arguments) and wait until its transaction is durable."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put((call, future, loop))
+        return await future
+
+    def _loop(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            results = self.store.run_batch([call for call, _, _ in batch])
+            self.batches += 1
+            self.calls += len(batch)
+            for (_, future, loop), (ok, value) in zip(batch, results):
+                loop.call_soon_threadsafe(_settle, future, ok, value)
+
+
+def _settle(future: asyncio.Future, ok: bool, value) -> None:
+    if not future.done():
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+
 def create_app(store: ShardStore) -> FastAPI:
     """The HTTP API; see README.md for the protocol."""
     app = FastAPI(title="stragglers shard service")
     control = ControlPlane()
+    commit = GroupCommitter(store)
 
     @app.exception_handler(StragglersError)
     async def _user_error(request: Request, exc: StragglersError):
@@ -98,7 +144,8 @@ def create_app(store: ShardStore) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"ok": True, "db": store.db}
+        return {"ok": True, "db": store.db, "commit_batches": commit.batches,
+                "commit_calls": commit.calls}
 
     @app.post("/datasets")
     async def create_dataset(request: Request):
@@ -107,43 +154,45 @@ def create_app(store: ShardStore) -> FastAPI:
             cfg = DatasetConfig(**body)
         except TypeError as exc:
             raise InputError("request body", None, f"bad data set config ({exc})") from exc
-        return store.create_dataset(cfg)
+        return await commit.run(lambda: store.create_dataset(cfg))
 
     @app.post("/datasets/{name}/lease")
     async def lease(name: str, request: Request):
         body = await _json(request)
-        return store.lease(name, _field(body, "worker"))
+        worker = _field(body, "worker")
+        return await commit.run(lambda: store.lease(name, worker))
 
     @app.post("/datasets/{name}/ack")
     async def ack(name: str, request: Request):
         b = await _json(request)
-        return store.ack(name, _field(b, "worker"), _field(b, "epoch", int),
-                         _field(b, "shard", int), _field(b, "consumed", int))
+        args = (_field(b, "worker"), _field(b, "epoch", int), _field(b, "shard", int),
+                _field(b, "consumed", int))
+        return await commit.run(lambda: store.ack(name, *args))
 
     @app.post("/datasets/{name}/release")
     async def release(name: str, request: Request):
         b = await _json(request)
-        return store.release(name, _field(b, "worker"), bool(b.get("failure", True)),
-                             b.get("error"))
+        args = (_field(b, "worker"), bool(b.get("failure", True)), b.get("error"))
+        return await commit.run(lambda: store.release(name, *args))
 
     @app.post("/datasets/{name}/retry-failed")
     async def retry_failed(name: str):
-        return store.retry_failed(name)
+        return await commit.run(lambda: store.retry_failed(name))
 
     @app.get("/datasets/{name}/status")
     async def status(name: str):
-        return store.status(name)
+        return await commit.run(lambda: store.status(name))
 
     @app.get("/datasets/{name}/snapshot")
     async def snapshot(name: str):
-        return store.snapshot(name)
+        return await commit.run(lambda: store.snapshot(name))
 
     @app.post("/datasets/{name}/restore")
     async def restore(name: str, request: Request):
         snap = await _json(request)
         if snap.get("dataset", {}).get("name") != name:
             raise InputError("snapshot", "dataset.name", f"expected '{name}'")
-        return store.restore(snap)
+        return await commit.run(lambda: store.restore(snap))
 
     @app.post("/control/config")
     async def control_config(request: Request):

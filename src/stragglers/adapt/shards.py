@@ -88,6 +88,7 @@ class ShardStore:
         self.db = str(db)
         self._clock = clock
         self._lock = threading.Lock()
+        self._local = threading.local()
         try:
             self._conn = sqlite3.connect(self.db, isolation_level=None, check_same_thread=False)
             self._conn.execute("PRAGMA journal_mode=WAL")
@@ -106,21 +107,55 @@ class ShardStore:
 
     # -- transactions -------------------------------------------------------------------
     def _tx(self):
+        """One transaction, or a savepoint when running inside run_batch (group commit)."""
         store = self
 
         class _Tx:
             def __enter__(self):
+                if getattr(store._local, "in_batch", False):
+                    store._conn.execute("SAVEPOINT op")
+                    return store._conn
                 store._lock.acquire()
                 store._conn.execute("BEGIN IMMEDIATE")
                 return store._conn
 
             def __exit__(self, typ, exc, tb):
+                if getattr(store._local, "in_batch", False):
+                    if typ is not None:
+                        store._conn.execute("ROLLBACK TO op")
+                    store._conn.execute("RELEASE op")
+                    return
                 try:
                     store._conn.execute("COMMIT" if typ is None else "ROLLBACK")
                 finally:
                     store._lock.release()
 
         return _Tx()
+
+    def run_batch(self, calls: list) -> list[tuple[bool, object]]:
+        """Group commit: run several store calls in one transaction, one fsync for all.
+
+        Each call is isolated by a savepoint, so one that fails is rolled back alone; the
+        results are (ok, value-or-exception), and none is durable before the single COMMIT.
+        """
+        results: list[tuple[bool, object]] = []
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._local.in_batch = True
+            try:
+                for call in calls:
+                    try:
+                        results.append((True, call()))
+                    except Exception as exc:  # noqa: BLE001 - handed back to its caller
+                        results.append((False, exc))
+            finally:
+                self._local.in_batch = False
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._conn.execute("ROLLBACK")
+                return [(False, exc) for _ in calls]
+        return results
 
     def _config(self, c: sqlite3.Connection, name: str) -> tuple[DatasetConfig, int, int]:
         row = c.execute("SELECT num_samples, shard_size, seed, num_epochs, lease_s, max_retries,"

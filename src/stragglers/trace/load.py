@@ -5,14 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from stragglers.errors import InputError
+from stragglers.trace.kineto import looks_like_kineto, read_kineto
 from stragglers.trace.model import Trace
 from stragglers.trace.ndtimeline import read_ndtimeline
 from stragglers.trace.runformat import META_FILE, read_run
 
 
-def load_trace(path: Path | str, meta: Path | str | None = None) -> Trace:
-    """Read a run directory (meta.json + Parquet) or an NDTimeline trace (+ meta YAML)."""
+def load_trace(path: Path | str, meta: Path | str | None = None, *, dp_size: int | None = None,
+               pp_size: int | None = None) -> Trace:
+    """Read a run directory, an NDTimeline trace (+ meta YAML) or PyTorch-profiler JSON files.
+
+    dp_size / pp_size place Kineto ranks on a DP × PP grid (the profiler does not record it).
+    """
     path = Path(path)
+    if path.is_dir() and not (path / META_FILE).exists() and looks_like_kineto(path):
+        return read_kineto(path, dp_size=dp_size, pp_size=pp_size)
+    if path.is_file() and path.name.endswith((".json", ".json.gz")):
+        return read_kineto(path, dp_size=dp_size, pp_size=pp_size)
     if path.is_dir():
         if meta is not None:
             raise InputError(meta, None, f"--meta is for NDTimeline files; {path} is a run "
@@ -21,7 +30,8 @@ def load_trace(path: Path | str, meta: Path | str | None = None) -> Trace:
     if not path.exists():
         raise InputError(path, None, "no such file or directory")
     if path.suffix != ".parquet":
-        raise InputError(path, None, "expected a run directory or an NDTimeline .parquet trace")
+        raise InputError(path, None, "expected a run directory, an NDTimeline .parquet trace or "
+                         "PyTorch-profiler .json/.json.gz files")
     return read_ndtimeline(path, meta)
 
 

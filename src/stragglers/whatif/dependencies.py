@@ -127,23 +127,34 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
         overlapped = any(grid.node_optype[x] == C["separate-grads-all-reduce"] for x in nodes)
         gathers = [x for x in coll if grid.node_optype[x] == C["params-all-gather"]]
         grads = [x for x in coll if grid.node_optype[x] in (C["grads-reduce-scatter"], C["grads-all-reduce"])]
+        # DDP-style bucketed sync: gradient collectives launched while backward still runs,
+        # each after the compute run that produced its bucket.
+        bucketed = (not overlapped and bool(grads) and last_compute is not None
+                    and ref_start[grads[0]] < ref_end[last_compute] - _EPS)
         if use_dp:
-            chain([x for x in coll if x in gathers or (overlapped and x in grads)])
+            chain(gathers)
+            if overlapped or bucketed:
+                chain(grads)
             _link_gathers(grid, gathers, comp, ref_start, deps)
             if overlapped:
                 _link_grads(grid, grads, comp, ref_end, deps)
+        if bucketed:
+            for g in grads:
+                before = [c for c in comp if ref_end[c] <= ref_start[g] + _EPS]
+                if before:
+                    deps[g].append(before[-1])
         # Step tail: last compute → gc → layernorm → embedding → DP grads → clip → optimizer.
         tail: list[int] = []
         tail += of_type(stage, "layernorm-grads-all-reduce")
         tail += of_type(stage, "embedding-grads-all-reduce")
         if overlapped:
             tail += of_type(stage, "separate-grads-all-reduce")
-        else:
+        elif not bucketed:
             tail += grads
         tail += of_type(stage, "optimizer-clip-main-grad")
         tail += of_type(stage, "optimizer")
         lead = [tail_gc] if tail_gc is not None else ([last_compute] if last_compute is not None else [])
-        if overlapped and grads:
+        if (overlapped or bucketed) and grads:
             lead.append(grads[-1])
         chain(tail, lead)
 
@@ -206,7 +217,9 @@ def _link_gathers(grid: OpGrid, gathers: list[int], comp: list[int], ref_start, 
         fwds = [c for c in comp if grid.node_optype[c] == C["forward-compute"] and grid.node_mc[c] == mc]
         if mc in done or not fwds:
             continue
-        deps[min(fwds, key=lambda c: ref_start[c])].append(g)
+        first = min(fwds, key=lambda c: ref_start[c])
+        if ref_start[g] <= ref_start[first]:  # a gather after the forward is not its prefetch
+            deps[first].append(g)
         done.add(mc)
 
 

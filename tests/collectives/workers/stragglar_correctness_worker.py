@@ -13,10 +13,10 @@ TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 3e-2}
 def main() -> None:
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
-    paths = sys.argv[1].split(",")
-    lengths = [1, n - 2, 2 * (n - 1) + 1, 1000 + n, 4097]
+    combos = [c.split("/") for c in sys.argv[1].split(",")]  # phase1/phase2 pairs
+    lengths = [n - 2, 2 * (n - 1) + 1, 1000 + n]
     cases = 0
-    for path in paths:
+    for path, phase2 in combos:
         for straggler in range(n):
             for length in lengths:
                 for dtype in TOL:
@@ -24,9 +24,8 @@ def main() -> None:
                     x = (torch.randn(length, generator=g) * (rank + 1)).to(dtype)
                     ref = x.clone()
                     dist.all_reduce(ref)
-                    # a 2-D, non-contiguous view must also come back reduced in place
-                    run = stragglar_all_reduce(x, straggler, phase1=path)
-                    assert run.phase1 == (path if path != "auto" else "ring"), run
+                    run = stragglar_all_reduce(x, straggler, phase1=path, phase2=phase2)
+                    assert run.phase1 == (path if path != "auto" else "ring") and run.phase2 == phase2, run
                     err = (x.double() - ref.double()).abs().max().item() if length else 0.0
                     scale = (ref.double().abs().max().item() if length else 0.0) + 1.0
                     assert err <= TOL[dtype] * scale * n, (path, straggler, length, dtype, err)
@@ -36,7 +35,7 @@ def main() -> None:
         view = base.t()
         expect = view.clone()
         dist.all_reduce(expect)
-        stragglar_all_reduce(view, n - 1, phase1=path)
+        stragglar_all_reduce(view, n - 1, phase1=path, phase2=phase2)
         assert torch.equal(base.t(), expect), "non-contiguous tensor not reduced in place"
     # every rank must hold bitwise the same result
     x = torch.randn(999, generator=torch.Generator().manual_seed(rank))

@@ -17,15 +17,16 @@ def main(trace_dir: str, steps: int) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.005)  # several buckets
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 256))  # three ~0.5-1 MB weights
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)  # several buckets
     meta = JobMeta(name="ddp", dp_size=world, pp_size=1)
     with Recorder(trace_dir, meta, dp_rank=rank, stage=0, flush_interval_s=0.05) as rec:
         ddp.register_comm_hook(None, rec.ddp_comm_hook())
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         for step in range(steps):
             with rec.step(step):
-                x = torch.randn(8, 32, generator=torch.Generator().manual_seed(rank * 100 + step))
+                x = torch.randn(8, 256, generator=torch.Generator().manual_seed(rank * 100 + step))
                 with rec.op("forward-compute", 0):
                     loss = ddp(x).pow(2).mean()
                 with rec.op("backward-compute", 0):

@@ -21,15 +21,19 @@ def consensus_offset(diffs: np.ndarray, tolerance: float = END_TOLERANCE_S) -> t
     return float(np.median(d[i:i + best])), int(best)
 
 
-def clock_offsets(sync: dict[int, dict[tuple, float]]) -> tuple[dict[int, float], dict[int, dict],
-                                                                 list[str]]:
+def clock_offsets(sync: dict[int, dict[tuple, float]], hosts: dict[int, str | None] | None = None
+                  ) -> tuple[dict[int, float], dict[int, dict], list[str]]:
     """Per-rank clock offsets (seconds, to subtract) so each rank's median end offset is 0.
 
     sync maps rank → {collective key → end time}. The lowest rank is the reference; a rank that
     shares no collective with it is aligned to the already aligned rank it shares most with.
     The median is taken over the pairs that agree with each other (mismatched pairs from
-    sampled traces would otherwise pull it). Returns (offsets, per-rank quality, notes).
+    sampled traces would otherwise pull it). Ranks whose trace names the same host share one
+    clock and are not shifted against each other: there, end times differ only by scheduling
+    jitter (milliseconds for gloo on a busy CPU), which would be worse than no correction.
+    Returns (offsets, per-rank quality, notes).
     """
+    hosts = hosts or {}
     ranks = sorted(sync)
     if not ranks:
         return {}, {}, []
@@ -47,6 +51,11 @@ def clock_offsets(sync: dict[int, dict[tuple, float]]) -> tuple[dict[int, float]
                     best = (r, a, common)
         r, a, common = best
         pending.remove(r)
+        same = next((b for b in offsets if hosts.get(r) and hosts.get(b) == hosts.get(r)), None)
+        if same is not None:
+            offsets[r] = offsets[same]
+            quality[r] = {"same_host_as": same, "host": hosts[r]}
+            continue
         if not common:
             offsets[r] = 0.0
             quality[r] = {"matched": 0, "agreeing": 0}

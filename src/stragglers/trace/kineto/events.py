@@ -50,6 +50,7 @@ class RankEvents:
     source: str
     distributed_info: dict[str, Any] | None = None
     base_ns: int = 0                      # baseTimeNanoseconds (0 for absolute-µs traces)
+    host: str | None = None               # host_name: ranks on one host share a clock
     steps: list[tuple[int, float, float]] = field(default_factory=list)      # (N, ts, dur) CPU
     gpu_steps: list[tuple[int, float, float]] = field(default_factory=list)  # GPU-side spans
     optimizer: list[float] = field(default_factory=list)                     # Optimizer.step# ts
@@ -57,10 +58,10 @@ class RankEvents:
     backward_annotations: list[float] = field(default_factory=list)          # '## backward ##' ts
     # (ts, dur, tid, kind, pg, seq, src, dst, from_annotation)
     collectives: list[tuple] = field(default_factory=list)
-    runtime: dict[int, tuple[float, Any]] = field(default_factory=dict)     # correlation → (ts, tid)
+    runtime: dict[int, tuple[float, Any]] = field(default_factory=dict)  # correlation → (ts, tid)
     # (ts, dur, stream, correlation, is_nccl, kind from args, kind from name, pg, seq, src, dst)
     kernels: list[tuple] = field(default_factory=list)
-    cpu_ops: list[tuple[float, float, Any, bool]] = field(default_factory=list)  # (ts, dur, tid, comm)
+    cpu_ops: list[tuple[float, float, Any, bool]] = field(default_factory=list)  # ts,dur,tid,comm
     events: int = 0
 
     @property
@@ -228,7 +229,7 @@ def open_text(path: Path) -> str:
 
 
 def read_rank_events(path: Path | str) -> RankEvents:
-    """Decode one trace file into RankEvents; every problem is an InputError naming file and field."""
+    """Decode one trace file into RankEvents; any problem is an InputError naming file and field."""
     path = Path(path)
     out = RankEvents(str(path))
     text = open_text(path)
@@ -262,4 +263,6 @@ def read_rank_events(path: Path | str) -> RankEvents:
         raise InputError(path, "baseTimeNanoseconds", f"expected whole nanoseconds >= 0, got "
                          f"{_short(base)}")
     out.base_ns = base
+    host = doc.get("host_name")
+    out.host = host if isinstance(host, str) and host else None
     return out

@@ -95,6 +95,9 @@ def rank_rows(ev: RankEvents, placement: Placement) -> RankRows:
         raise InputError(ev.source, "traceEvents", "no ProfilerStep#N annotations, so steps "
                          "cannot be told apart; profile with torch.profiler.profile(schedule=...) "
                          "and call prof.step() once per training step")
+    big = [n for n, _, _ in ev.steps + ev.gpu_steps if n >= 2**62]
+    if big:
+        raise InputError(ev.source, "traceEvents", f"ProfilerStep#{big[0]}: step number too large")
     steps = _Steps(ev.steps or ev.gpu_steps, ev)
     counts: Counter = Counter()
     if steps.marks_from is None:
@@ -116,9 +119,10 @@ def rank_rows(ev: RankEvents, placement: Placement) -> RankRows:
     if not rows:
         raise InputError(ev.source, "traceEvents", f"no {'kernels' if mode == 'gpu' else 'CPU ops'}"
                          " or collectives fall inside any ProfilerStep#N span")
-    arr = np.array([(steps.ids[s], o, a, d) for s, o, a, d in rows], dtype=np.float64)
-    return RankRows(placement, mode, arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int8),
-                    arr[:, 2], arr[:, 3], sync, counts)
+    step_ids = np.array(steps.ids, dtype=np.int64)[[r[0] for r in rows]]
+    return RankRows(placement, mode, step_ids, np.array([r[1] for r in rows], dtype=np.int8),
+                    np.array([r[2] for r in rows], dtype=np.float64),
+                    np.array([r[3] for r in rows], dtype=np.float64), sync, counts)
 
 
 # An item: (start, end, step index, phase) for compute; collectives carry their metadata.

@@ -18,10 +18,12 @@ _DP_WORDS = {"dp", "data"}
 def rank_of(ev: RankEvents, notes: list[str]) -> int:
     """distributedInfo.rank, else a rank-N / rank_N number in the file name, else an InputError."""
     if ev.rank is not None:
+        if ev.rank >= 2**31:
+            raise InputError(ev.source, "distributedInfo.rank", f"{ev.rank} is too large for a rank")
         return ev.rank
     name = Path(ev.source).name
     found = _RANK_IN_NAME.findall(name)
-    if found:
+    if found and len(found[-1]) < 10:
         notes.append(f"{name}: no distributedInfo.rank; rank {found[-1]} taken from the file name")
         return int(found[-1])
     what = "no distributedInfo" if ev.distributed_info is None else "distributedInfo has no rank"

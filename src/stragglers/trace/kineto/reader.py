@@ -47,7 +47,8 @@ def looks_like_kineto(path: Path | str) -> bool:
     if p.is_dir():
         if (p / "meta.json").exists():
             return False
-        return any(_sniff(f) for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+        return any(_sniff(f) for f in p.iterdir()
+                   if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
     return p.is_file() and p.name.endswith(TRACE_SUFFIXES) and _sniff(p)
 
 
@@ -78,6 +79,7 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
     origin_s: int | None = None
     starts: dict[int, np.ndarray] = {}
     sync_s: dict[int, dict[tuple, float]] = {}
+    hosts: dict[int, str | None] = {}
     shape: JobShape | None = None
     world_seen: tuple[int, str] | None = None
     for path in files:
@@ -96,7 +98,8 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
                              f"{shape.world_size} ranks (from the number of files)")
         if rank in rank_file:
             raise InputError(path, "distributedInfo.rank", f"rank {rank} again (also in "
-                             f"{rank_file[rank]}); pass one file per rank from one profiling window")
+                             f"{rank_file[rank]}); pass one file per rank from one profiling "
+                             "window")
         rows = rank_rows(ev, place(ev, rank, shape))
         if origin_s is None:
             # Times become seconds since a whole-second origin so float64 keeps sub-µs detail.
@@ -106,9 +109,14 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
         sync_s[rank] = {k: (v - shift_us) / 1e6 for k, v in rows.sync.items()}
         per_rank[rank] = rows
         rank_file[rank] = str(path)
+        hosts[rank] = ev.host
         del ev
     assert shape is not None and origin_s is not None
-    offsets, quality, align_notes = clock_offsets(sync_s)
+    offsets, quality, align_notes = clock_offsets(sync_s, hosts)
+    shared = sorted(r for r, q in quality.items() if "same_host_as" in q)
+    if shared:
+        align_notes.append(f"{len(shared)} rank(s) run on the same host as a lower rank (trace "
+                           "host_name) and share its clock: not shifted")
     notes += align_notes
     ranks = sorted(per_rank)
     for r in ranks:
@@ -149,7 +157,8 @@ def _columns(per_rank: dict[int, RankRows], starts: dict[int, np.ndarray]) -> di
         p = rows.placement
         start = starts[r]
         order = np.lexsort((start, rows.optype, rows.step))
-        step, optype, start, dur = rows.step[order], rows.optype[order], start[order], rows.dur_us[order]
+        step, optype = rows.step[order], rows.optype[order]
+        start, dur = start[order], rows.dur_us[order]
         first = np.ones(n, dtype=bool)
         first[1:] = (step[1:] != step[:-1]) | (optype[1:] != optype[:-1])
         idx = np.arange(n)

@@ -1,0 +1,132 @@
+"""Peak memory and time of read_kineto against loading every rank's JSON at once (the known failing).
+
+Usage: .venv/bin/python benchmarks/kineto_memory.py [--ranks 2,4] [--kernels 40000] [--workdir DIR]
+
+Writes synthetic Kineto traces (DDP-like steps: forward/backward kernels launched by
+cudaLaunchKernel with ac2g flows, NCCL all-reduces, CPU ops) and runs three children per rank
+count, side by side in this one run, each reporting its own peak RSS (ru_maxrss) and CPU time:
+  all-at-once  json.load every file and keep them all (what tools that need 950 GB do);
+  per-file     json.load one file at a time, dropping it (the stdlib parse cost, no op table);
+  read_kineto  our reader (object hook, one file at a time) building the whole op table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, resource, sys, time
+from pathlib import Path
+from stragglers.trace.kineto import read_kineto  # same imports (and baseline RSS) in every child
+mode, folder = sys.argv[1], Path(sys.argv[2])
+files = sorted(folder.glob("*.json"))
+base_kb = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+t0 = time.process_time()
+if mode == "all-at-once":
+    docs = [json.load(open(f)) for f in files]
+    n = sum(len(d["traceEvents"]) for d in docs)
+elif mode == "per-file":
+    n = 0
+    for f in files:
+        doc = json.load(open(f))
+        n += len(doc["traceEvents"])
+        del doc
+else:
+    n = len(read_kineto(folder))
+cpu = time.process_time() - t0
+peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"n": n, "cpu_s": cpu, "peak_mb": (peak_kb - base_kb) / 1024}))
+"""
+
+
+def write_rank(path: Path, rank: int, kernels: int) -> int:
+    """One rank's trace with `kernels` GPU kernels over steps of 200 kernels each; returns bytes."""
+    parts = ['{"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": %d, '
+             '"world_size": 64}, "baseTimeNanoseconds": 1700000000000000000, "traceEvents": [' % rank]
+    ev = []
+    t = 1000.0 + rank * 3.0
+    corr = 0
+    per_step = 200
+    for s in range(kernels // per_step):
+        t0 = t
+        ev.append('{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#%d", "pid": 1, '
+                  '"tid": 1, "ts": %.3f, "dur": %.3f, "args": {"External id": %d}}'
+                  % (s, t0, per_step * 20.0 + 500, s))
+        ev.append('{"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: '
+                  'MmBackward0", "pid": 1, "tid": 2, "ts": %.3f, "dur": 5.0, "args": {}}'
+                  % (t0 + per_step * 10.0))
+        for k in range(per_step):
+            corr += 1
+            ts = t0 + 10 + k * 20.0
+            nccl = k % 50 == 49
+            name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL" if nccl else "ampere_sgemm_128x64_nn"
+            extra = (', "Collective name": "allreduce", "Process Group Name": "0", "Seq": %d'
+                     % corr) if nccl else ""
+            tid = 2 if k >= per_step // 2 else 1
+            ev.append('{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": %d, '
+                      '"ts": %.3f, "dur": 8.0, "args": {"External id": %d, "Input Dims": '
+                      '[[512, 512], [512, 512]], "Input type": ["float", "float"]}}'
+                      % (tid, ts - 2, corr))
+            ev.append('{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, '
+                      '"tid": %d, "ts": %.3f, "dur": 4.0, "args": {"correlation": %d, '
+                      '"External id": %d}}' % (tid, ts, corr, corr))
+            ev.append('{"ph": "s", "id": %d, "pid": 1, "tid": %d, "ts": %.3f, "cat": "ac2g", '
+                      '"name": "ac2g"}' % (corr, tid, ts))
+            ev.append('{"ph": "X", "cat": "kernel", "name": "%s", "pid": 0, "tid": %d, '
+                      '"ts": %.3f, "dur": 15.0, "args": {"correlation": %d, "device": 0, '
+                      '"stream": 7, "grid": [128, 1, 1], "block": [256, 1, 1]%s}}'
+                      % (name, 20 if nccl else 7, ts + 30, corr, extra))
+            ev.append('{"ph": "f", "id": %d, "pid": 0, "tid": 7, "ts": %.3f, "cat": "ac2g", '
+                      '"name": "ac2g", "bp": "e"}' % (corr, ts + 30))
+        t = t0 + per_step * 20.0 + 600
+    text = parts[0] + ",\n".join(ev) + "]}"
+    path.write_text(text)
+    return len(text)
+
+
+def run_child(mode: str, folder: Path) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(folder)], capture_output=True,
+                         text=True, cwd=REPO, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--kernels", type=int, default=40_000, help="GPU kernels per rank")
+    ap.add_argument("--workdir", type=Path, default=None)
+    args = ap.parse_args()
+    base = args.workdir or Path(tempfile.mkdtemp(prefix="kineto-bench-"))
+    results = {}
+    for n in [int(x) for x in args.ranks.split(",")]:
+        folder = base / f"ranks{n}"
+        folder.mkdir(parents=True, exist_ok=True)
+        size = sum(write_rank(folder / f"rank-{r}.json", r, args.kernels) for r in range(n))
+        row = {"mb_on_disk": size / 2**20}
+        for mode in ("all-at-once", "per-file", "read_kineto"):
+            row[mode] = run_child(mode, folder)
+        results[n] = row
+        a, p, k = row["all-at-once"], row["per-file"], row["read_kineto"]
+        print(f"{n} ranks, {row['mb_on_disk']:.0f} MB JSON: peak RSS growth all-at-once "
+              f"{a['peak_mb']:.0f} MB, per-file {p['peak_mb']:.0f} MB, read_kineto "
+              f"{k['peak_mb']:.0f} MB (×{a['peak_mb'] / k['peak_mb']:.1f} less than all-at-once); "
+              f"CPU all-at-once {a['cpu_s']:.2f} s, per-file {p['cpu_s']:.2f} s, read_kineto "
+              f"{k['cpu_s']:.2f} s (×{k['cpu_s'] / p['cpu_s']:.2f} of the bare parse); "
+              f"{k['n']} rows", flush=True)
+    ns = sorted(results)
+    if len(ns) > 1:
+        lo, hi = results[ns[0]], results[ns[-1]]
+        print(f"peak growth {ns[0]}→{ns[-1]} ranks: all-at-once "
+              f"×{hi['all-at-once']['peak_mb'] / lo['all-at-once']['peak_mb']:.2f}, read_kineto "
+              f"×{hi['read_kineto']['peak_mb'] / lo['read_kineto']['peak_mb']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

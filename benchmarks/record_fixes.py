@@ -1,0 +1,116 @@
+"""Each mitigation on examples/train_gpt.py: predicted speedup (diagnosis) vs measured speedup.
+
+    .venv/bin/python benchmarks/record_fixes.py [--only gc,sequence,stage] [--steps 16] [--reps 1]
+
+For each fix: run the job with the injection (before), analyse it and read the diagnosis's
+`speedup_if_fixed` for the cause; run it again with the fix on (after); both runs record, so both
+pay the same recorder cost. Before/after runs alternate order over repetitions. Measured speedup =
+mean step time before / after (rank 0's wall clock per step, first 2 steps skipped), also from the
+traces (T_base before / after). Goal: measured within 25% of predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+# name: (processes, injection args, fix args, diagnosed cause)
+FIXES = {
+    "gc": (4, ["--pp", "1", "--gc-garbage", "40"], ["--planned-gc", "5"], "gc"),
+    "sequence": (2, ["--pp", "1", "--seq-len-dist", "lognormal", "--max-seq-len", "1024",
+                     "--microbatches", "4", "--d-model", "32", "--heads", "2"],
+                 ["--balance-sequences"], "sequence_imbalance"),
+    "stage": (4, ["--pp", "2", "--extra-last-stage-layers", "4"], ["--balance-stages"],
+              "stage_imbalance"),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(nproc: int, args: list[str], out: Path, steps: int) -> dict:
+    """One torchrun job; returns its summary (step times)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           str(REPO / "examples" / "train_gpt.py"), *args, "--steps", str(steps),
+           "--trace-dir", str(out / "trace"), "--summary", str(out / "summary.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"training failed:\n{proc.stderr[-3000:]}")
+    return json.loads((out / "summary.json").read_text())
+
+
+def analyse(trace_dir: Path) -> dict:
+    from stragglers.trace.runformat import read_run
+    from stragglers.whatif.analyze import analyze
+
+    return analyze(read_run(trace_dir))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=",".join(FIXES))
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    report = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.only.split(","):
+            nproc, inject, fix, cause = FIXES[name]
+            rows = []
+            for rep in range(args.reps):
+                order = ("before", "after") if rep % 2 == 0 else ("after", "before")
+                runs = {}
+                for which in order:
+                    out = Path(tmp) / f"{name}-{which}-{rep}"
+                    summary = train(nproc, inject + (fix if which == "after" else []), out, args.steps)
+                    runs[which] = (summary, analyse(out / "trace"))
+                (sb, rb), (sa, ra) = runs["before"], runs["after"]
+                entry = next((d for d in rb["diagnosis"] if d["cause"] == cause), None)
+                predicted = entry["speedup_if_fixed"] if entry else None
+                measured = sb["mean_step_s"] / sa["mean_step_s"]
+                measured_trace = rb["T_base"] / ra["T_base"]
+                rows.append({"predicted": predicted, "measured": measured,
+                             "measured_trace": measured_trace,
+                             "before_ms": sb["mean_step_s"] * 1e3, "after_ms": sa["mean_step_s"] * 1e3,
+                             "S_before": rb["slowdown"], "S_after": ra["slowdown"],
+                             "diagnosed_before": [d["cause"] for d in rb["diagnosis"]],
+                             "diagnosed_after": [d["cause"] for d in ra["diagnosis"]]})
+                r = rows[-1]
+                pred = f"{predicted:.3f}" if predicted else "not diagnosed"
+                print(f"{name} rep {rep}: step {r['before_ms']:.0f} → {r['after_ms']:.0f} ms; "
+                      f"measured ×{measured:.3f} (traces ×{measured_trace:.3f}), predicted ×{pred}; "
+                      f"S {r['S_before']:.3f} → {r['S_after']:.3f}; diagnosis {r['diagnosed_before']} → "
+                      f"{r['diagnosed_after']}", flush=True)
+            preds = [r["predicted"] for r in rows if r["predicted"]]
+            meas = statistics.median(r["measured"] for r in rows)
+            if preds:
+                pred = statistics.median(preds)
+                rel = abs(meas - pred) / pred
+                gain = (meas - 1) / (pred - 1) if pred > 1 else float("nan")
+                print(f"{name}: predicted ×{pred:.3f}, measured ×{meas:.3f}: |Δ|/pred = {100 * rel:.1f}% "
+                      f"({'within' if rel <= 0.25 else 'NOT within'} 25%); measured gain / predicted "
+                      f"gain = {gain:.2f}", flush=True)
+            report[name] = rows
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
