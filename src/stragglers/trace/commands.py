@@ -21,13 +21,15 @@ def convert_command(
     dest: Path = typer.Argument(..., help="A .parquet path (NDTimeline + meta YAML beside it) or a "
                                 "run directory."),
     meta: Optional[Path] = typer.Option(None, "--meta", help="NDTimeline metadata YAML of SOURCE."),
+    dp_size: Optional[int] = typer.Option(None, "--dp-size", help="PyTorch-profiler input: DP size."),
+    pp_size: Optional[int] = typer.Option(None, "--pp-size", help="PyTorch-profiler input: PP size."),
 ) -> None:
-    """Convert a trace between our run format and the NDTimeline format (lossless)."""
+    """Convert a trace between our run format and NDTimeline (lossless), or from profiler JSON."""
     from rich.console import Console
 
     from stragglers.trace.convert import convert
 
-    out = convert(source, dest, meta)
+    out = convert(source, dest, meta, dp_size=dp_size, pp_size=pp_size)
     Console().print(f"wrote {out}")
 
 

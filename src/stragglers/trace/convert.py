@@ -10,12 +10,13 @@ from stragglers.trace.ndtimeline import write_ndtimeline
 from stragglers.trace.runformat import write_run
 
 
-def convert(source: Path | str, dest: Path | str, meta: Path | str | None = None) -> Path:
-    """Run directory → NDTimeline when dest ends in .parquet, anything else → run directory."""
+def convert(source: Path | str, dest: Path | str, meta: Path | str | None = None, *,
+            dp_size: int | None = None, pp_size: int | None = None) -> Path:
+    """Any readable trace → NDTimeline when dest ends in .parquet, else → a run directory."""
     source, dest = Path(source), Path(dest)
     if dest.resolve() == source.resolve():
         raise InputError(dest, None, "the destination is the source; choose another path")
-    trace = load_trace(source, meta)
+    trace = load_trace(source, meta, dp_size=dp_size, pp_size=pp_size)
     if dest.suffix == ".parquet":
         write_ndtimeline(trace, dest)
     else:

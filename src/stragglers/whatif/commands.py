@@ -17,14 +17,19 @@ def register(app: typer.Typer) -> None:
 
 
 def analyze_command(
-    path: Path = typer.Argument(..., help="A run directory (meta.json + Parquet) or an NDTimeline "
-                                "trace-<name>.parquet (its meta-<name>.yaml is found beside it)."),
+    path: Path = typer.Argument(..., help="A run directory (meta.json + Parquet), an NDTimeline "
+                                "trace-<name>.parquet (its meta-<name>.yaml is found beside it), "
+                                "or PyTorch-profiler .json(.gz) files (one file or a folder)."),
     meta: Optional[Path] = typer.Option(None, "--meta", help="NDTimeline metadata YAML."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write measured and ideal "
                                             "timelines (Chrome-trace JSON) into this directory."),
     steps: Optional[str] = typer.Option(None, "--steps", help="Only these steps, e.g. '12,20-23'."),
+    dp_size: Optional[int] = typer.Option(None, "--dp-size", help="PyTorch-profiler traces: "
+                                          "DP size (ranks are placed in Megatron order)."),
+    pp_size: Optional[int] = typer.Option(None, "--pp-size", help="PyTorch-profiler traces: "
+                                          "PP size."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No console report."),
 ) -> None:
     """How much faster would this job be without stragglers, and who or what is to blame."""
@@ -37,7 +42,7 @@ def analyze_command(
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"reading {path}")
-        trace = load_trace(path, meta)
+        trace = load_trace(path, meta, dp_size=dp_size, pp_size=pp_size)
         result, w = analyze_with_model(
             trace, step_list, progress=lambda msg: bar.update(task, description=msg))
         if json_out:
