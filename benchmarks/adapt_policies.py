@@ -31,7 +31,7 @@ def run(name: str, policy: str, extra: list[str], args, root: Path) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
            "--max-restarts", "1", str(EXAMPLE), "--policy", policy, "--steps", str(args.steps),
-           "--global-batch", str(args.global_batch), "--memory-cap", "16",
+           "--global-batch", str(args.global_batch), "--memory-cap", str(args.memory_cap),
            "--sample-time", str(args.sample_time), "--workdir", str(work),
            "--restart-cost", str(args.restart_cost), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -57,6 +57,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--sample-time", type=float, default=0.02)
     p.add_argument("--global-batch", type=int, default=128)
+    p.add_argument("--memory-cap", type=int, default=32, help="samples per micro-batch")
     p.add_argument("--skip", type=int, default=10, help="steps left out of the steady state")
     p.add_argument("--restart-cost", type=float, default=10.0)
     args = p.parse_args()

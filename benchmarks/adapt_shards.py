@@ -4,7 +4,8 @@
 
 Baselines side by side in the same run: the same store without fsync (synchronous=NORMAL) and
 the bare HTTP round trip (/health), so the cost of durability and of HTTP are both visible.
-Each client is a separate process with a keep-alive connection doing lease+ack cycles.
+Each client is a separate process with a keep-alive connection doing lease (or lease+ack)
+calls; the last row leases 16 shards per request (a worker prefetching), counted per shard.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def _client(url: str, worker: str, op: str, seconds: float, start_at: float, out
     while time.perf_counter() - t0 < seconds:
         if op == "health":
             client._call("GET", "/health")
+        elif op.startswith("lease*"):
+            k = int(op[6:])
+            got = len(client.lease(count=k)["leases"])
+            n += got - 1
         else:
             lease = client.lease()["lease"]
             if op == "lease+ack":
@@ -101,8 +106,11 @@ def main() -> None:
                                                         args.seconds)
     results["http_nondurable_leases_per_s"] = http_rate(tmp / "h3.db", False, "lease", args.clients,
                                                         args.seconds)
+    results["http_durable_leases_per_s_16_per_request"] = http_rate(tmp / "h4.db", True, "lease*16",
+                                                                   args.clients, args.seconds)
     results["goal_leases_per_s"] = 2000
-    results["goal_met"] = results["http_durable_leases_per_s"] >= 2000
+    results["goal_met_one_per_request"] = results["http_durable_leases_per_s"] >= 2000
+    results["goal_met_16_per_request"] = results["http_durable_leases_per_s_16_per_request"] >= 2000
     print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in results.items()},
                      indent=1))
 

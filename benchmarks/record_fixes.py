@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "src"))
 FIXES = {
     "gc": (4, ["--pp", "1", "--gc-garbage", "40"], ["--planned-gc", "5"], "gc"),
     "sequence": (2, ["--pp", "1", "--seq-len-dist", "lognormal", "--max-seq-len", "1024",
-                     "--microbatches", "4", "--d-model", "32", "--heads", "2"],
+                     "--microbatches", "4"],
                  ["--balance-sequences"], "sequence_imbalance"),
     "stage": (4, ["--pp", "2", "--extra-last-stage-layers", "4"], ["--balance-stages"],
               "stage_imbalance"),
@@ -52,6 +52,9 @@ def train(nproc: int, args: list[str], out: Path, steps: int) -> dict:
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"training failed:\n{proc.stderr[-3000:]}")
+    for line in proc.stdout.splitlines():
+        if line.startswith("balance-stages"):
+            print(f"  {line}", flush=True)
     return json.loads((out / "summary.json").read_text())
 
 

@@ -7,8 +7,11 @@ Two measurements in the same run:
    a GC callback), timed over many iterations against the same loop without the recorder,
    times the ops per step of the example, over the example's step time: the overhead the
    recorder adds to a step, free of the machine's noise.
-2. End to end: torchrun pairs (recorder on, recorder off), alternating so both see the same
-   machine load; the ratio of mean step times per pair and their median.
+2. End to end, interleaved in one job: --sample-every 2 records the even steps only, so each
+   recorded step has an unrecorded neighbour under the same machine load; the median over
+   neighbour pairs of t(recorded) / t(unrecorded). (The background writer's work lands on both.)
+3. End to end, separate jobs: torchrun pairs (recorder on, recorder off), alternating order;
+   on a shared machine this one mostly measures the noise.
 Goal: <= 1% of step time.
 """
 
@@ -35,12 +38,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(args, record: bool, out: Path) -> dict:
+def run_job(args, record: bool, out: Path, extra: tuple[str, ...] = ()) -> dict:
     summary = out / ("on.json" if record else "off.json")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={args.nproc}", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
            str(REPO / "examples" / "train_gpt.py"), "--pp", str(args.pp), "--steps", str(args.steps),
-           "--summary", str(summary), "--trace-dir", str(out / "trace")]
+           "--summary", str(summary), "--trace-dir", str(out / "trace"), *extra]
     if not record:
         cmd.append("--no-record")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
@@ -81,7 +84,25 @@ def hot_path_cost(iterations: int = 20000) -> dict[str, float]:
                 rec._on_gc("stop", {"generation": 0})
             gc_cb = (time.perf_counter() - t0) / n
             gc.collect()
-    return {"op_span_s": spans - bare, "gc_callback_s": gc_cb}
+            # the background writer: one step of the example (19 rows) to columns, and one part
+            from stragglers.record.writer import StepBuffer
+            from stragglers.trace.runformat import write_rank
+
+            writer = rec._writer
+            t0 = time.process_time()
+            for k in range(200):
+                buf = StepBuffer(k, None)
+                base = time.perf_counter_ns()
+                buf.ops = [(0, base + i * 1000, base + i * 1000 + 500, i % 4, 0, 0, 1.0, 256, -1, ())
+                           for i in range(19)]
+                cols = writer.columns(buf)
+            columns_s = (time.process_time() - t0) / 200
+            t0 = time.process_time()
+            for k in range(50):
+                write_rank(Path(tmp) / "bench-parts", 0, cols, part=k)
+            part_s = (time.process_time() - t0) / 50
+    return {"op_span_s": spans - bare, "gc_callback_s": gc_cb, "columns_s": columns_s,
+            "part_s": part_s}
 
 
 class _Null:
@@ -102,7 +123,24 @@ def main() -> None:
 
     cost = hot_path_cost()
     print(f"hot path: {cost['op_span_s'] * 1e6:.2f} µs per recorded op span, "
-          f"{cost['gc_callback_s'] * 1e6:.2f} µs per GC callback pair", flush=True)
+          f"{cost['gc_callback_s'] * 1e6:.2f} µs per GC callback pair; background writer: "
+          f"{cost['columns_s'] * 1e3:.3f} ms CPU per step to columns, {cost['part_s'] * 1e3:.2f} ms "
+          f"CPU per Parquet part (one per second by default)", flush=True)
+    even_odd = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        # the control run records nothing: its even/odd ratio is what the schedule alone gives
+        for record in (True, False):
+            job = run_job(args, record, Path(tmp), ("--sample-every", "2", "--steps",
+                                                    str(2 * args.steps)))
+            t = job["step_times"]["0"][2:]  # rank 0; steps 2, 3, ... (even = recorded)
+            pairs = [t[i] / t[i + 1] for i in range(0, len(t) - 1, 2)]
+            even_odd[record] = statistics.median(pairs)
+            print(f"interleaved ({'recorded even steps' if record else 'control, nothing recorded'}"
+                  f"): median t(even)/t(odd) over {len(pairs)} neighbour pairs = "
+                  f"{even_odd[record]:.4f}", flush=True)
+    interleaved = even_odd[True] / even_odd[False]
+    print(f"interleaved overhead (recorded ratio / control ratio): {100 * (interleaved - 1):+.2f}%",
+          flush=True)
     ratios, on_steps, off_steps = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.pairs):
@@ -117,13 +155,20 @@ def main() -> None:
                   f"ratio {on / off:.3f}", flush=True)
     step = statistics.median(off_steps)
     ops_per_step = 4 * 2 + 4 + 3  # fwd+bwd per microbatch, p2p per microbatch, tail collectives
-    estimate = ops_per_step * cost["op_span_s"] / step
-    print(f"in-process estimate: {ops_per_step} recorded ops × {cost['op_span_s'] * 1e6:.2f} µs / "
-          f"{step * 1e3:.0f} ms step = {100 * estimate:.3f}% of step time")
+    # CPU the recorder spends per step: spans in the loop, the writer in the background (on
+    # 2 shared cores the background thread's CPU is taken from the training too)
+    per_step = (ops_per_step * cost["op_span_s"] + cost["columns_s"]
+                + cost["part_s"] * min(1.0, step / 1.0))
+    estimate = per_step / step
+    print(f"in-process estimate: {ops_per_step} spans × {cost['op_span_s'] * 1e6:.2f} µs + writer "
+          f"{(cost['columns_s'] + cost['part_s'] * min(1.0, step)) * 1e3:.2f} ms = "
+          f"{per_step * 1e3:.3f} ms CPU per {step * 1e3:.0f} ms step = {100 * estimate:.3f}% of "
+          "step time")
     print(f"end to end: median ratio {statistics.median(ratios):.3f} over {args.pairs} pairs "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
-    print(f"goal <= 1%: in-process {'met' if estimate <= 0.01 else 'MISSED'}; end to end "
-          f"{'met' if statistics.median(ratios) <= 1.01 else 'not resolved by this noise'}")
+    print(f"goal <= 1%: in-process {'met' if estimate <= 0.01 else 'MISSED'}; interleaved "
+          f"{'met' if interleaved <= 1.01 else 'MISSED'} ({100 * (interleaved - 1):+.2f}%); "
+          f"separate jobs {'met' if statistics.median(ratios) <= 1.01 else 'not resolved'}")
 
 
 if __name__ == "__main__":

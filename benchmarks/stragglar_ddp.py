@@ -42,9 +42,11 @@ def worker(params_m: float, steps: int, delay_factor: float, warmup: int) -> Non
     delay = delay_factor * t_ar.item()
     cap = float(os.environ.get("BUCKET_CAP_MB", "25"))
     models = {"plain": DDP(make(), bucket_cap_mb=cap)}
+    states = {}
     for mode in ("persistent", "eager"):
         m = DDP(make(), bucket_cap_mb=cap)
-        m.register_comm_hook(StragglarHookState(mode=mode, window=4, threshold=0.6), stragglar_hook)
+        states[mode] = StragglarHookState(mode=mode, window=4, threshold=0.6)
+        m.register_comm_hook(states[mode], stragglar_hook)
         models[mode] = m
     opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in models.items()}
     x = torch.randn(32, width)
@@ -63,13 +65,20 @@ def worker(params_m: float, steps: int, delay_factor: float, warmup: int) -> Non
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             if step >= warmup:
                 times[name].append(t.item())
+    for st in states.values():
+        st.close()
     if rank == 0:
         base = statistics.median(times["plain"])
         print(f"# n={n} params={grads / 1e6:.1f}M grads={grads * 4 / 2**20:.0f}MiB T_allreduce={t_ar.item():.3f}s "
               f"D={delay:.3f}s steps={steps}", flush=True)
         for name, ts in times.items():
             med = statistics.median(ts)
-            print(f"ROW mode={name} median_step_s={med:.3f} speedup_vs_plain={base / med:.3f}", flush=True)
+            used = ""
+            if name in states:
+                ds = states[name].decisions[-steps * 4:]
+                hits = sum(d.straggler == n - 1 for d in ds)
+                used = f" calls_with_stragglar(rank {n - 1})={hits}/{len(ds)}"
+            print(f"ROW mode={name} median_step_s={med:.3f} speedup_vs_plain={base / med:.3f}{used}", flush=True)
     dist.destroy_process_group()
 
 

@@ -13,7 +13,6 @@ Read top to bottom: arguments → model → data → pipeline schedule → step 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -278,7 +277,7 @@ class Pipeline:
         self.prev_rank = self.rank - 1 if stage > 0 else None
         self.next_rank = self.rank + 1 if stage < self.pp - 1 else None
         self.slow = args.slow_factor if self.rank == args.slow_rank else 1.0
-        self.sends = {"forward-send": None, "backward-send": None}
+        self.sends: list = []  # posted, not yet waited (gloo queues sends to a peer in order)
         self.gc_rng = np.random.default_rng([args.seed, self.rank])
         self.live_heap = make_live_heap(args.gc_garbage) if args.gc_garbage else None
         # Ranks see different data, so they allocate at different rates and their automatic
@@ -294,10 +293,8 @@ class Pipeline:
         return out
 
     def send(self, optype: str, tensor: torch.Tensor, dst: int) -> None:
-        previous = self.sends[optype]
-        if previous is not None:
-            previous.wait()  # one send in flight per direction keeps the send stream in order
-        self.sends[optype] = self.rec.isend(tensor.contiguous(), dst, optype)
+        tensor = tensor.contiguous()
+        self.sends.append((self.rec.isend(tensor, dst, optype), tensor))  # keep it alive till sent
 
     def recv(self, optype: str, shape, src: int) -> torch.Tensor:
         buf = torch.empty(shape, device=self.device)
@@ -360,10 +357,9 @@ class Pipeline:
             backward(i)
         for i in range(m - warmup, m):
             backward(i)
-        for optype, work in self.sends.items():
-            if work is not None:
-                work.wait()
-            self.sends[optype] = None
+        for work, _ in self.sends:
+            work.wait()
+        self.sends.clear()
         del garbage  # the cycles become unreachable here; automatic GC finds them later
         return sum(losses)
 

@@ -148,6 +148,10 @@ def test_service_killed_and_restarted_resumes_exactly_once(tmp_path):
         assert {i for e, i in seen if e == 1} == set(range(300))
         status = client.status()
         assert all(v["DONE"] == 15 for v in status["epochs"].values())
+        cli = subprocess.run([sys.executable, "-m", "stragglers.cli", "shard-status", "d", "--url", url],
+                             capture_output=True, text=True, env=ENV, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        assert json.loads(cli.stdout)["epochs"] == status["epochs"]
     finally:
         for p in procs:
             p.kill()

@@ -19,7 +19,7 @@ CASES = [
     ("stage_imbalance", 4, ["--pp", "2", "--extra-last-stage-layers", "4"],
      "stage_imbalance", {"pp": [1]}),
     ("sequence_imbalance", 2, ["--pp", "1", "--seq-len-dist", "lognormal", "--max-seq-len", "1024",
-                               "--microbatches", "4", "--d-model", "32", "--heads", "2"],
+                               "--microbatches", "4"],
      "sequence_imbalance", None),
     ("gc", 2, ["--pp", "1", "--gc-garbage", "40"], "gc", None),
     ("communication", 4, ["--pp", "4", "--layers", "4", "--comm-delay-rank", "1",

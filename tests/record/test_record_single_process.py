@@ -133,3 +133,17 @@ def test_world_size_mismatch_is_refused(tmp_path):
     rec = Recorder(tmp_path, JobMeta(name="t", dp_size=2, pp_size=1), dp_rank=0, stage=0)
     with pytest.raises(StragglersError, match="world_size"):
         rec.start()
+
+
+def test_a_step_that_raises_is_dropped_and_earlier_steps_kept(tmp_path):
+    meta = JobMeta(name="t", dp_size=1, pp_size=1)
+    with pytest.raises(RuntimeError, match="peer died"):
+        with Recorder(tmp_path, meta, dp_rank=0, stage=0, flush_interval_s=0.01) as rec:
+            for step in range(3):
+                with rec.step(step):
+                    with rec.op("forward-compute", 0):
+                        spin(0.001)
+                    if step == 2:
+                        raise RuntimeError("peer died")
+    ops = read_run(tmp_path).ops
+    assert sorted(set(ops["step"].tolist())) == [0, 1]

@@ -32,7 +32,7 @@ class Agent:
 
     def __init__(self, client: ShardClient, rank: int, world_size: int, global_batch: int,
                  memory_cap: int | None = None, incarnation: int = 0, device: str = "",
-                 poll_s: float = 0.05):
+                 poll_s: float = 0.2):
         self.client, self.rank, self.incarnation, self.device = client, rank, incarnation, device
         self.batch_sizes = split_batch(global_batch, [1.0] * world_size)
         self.memory_cap = memory_cap
@@ -80,9 +80,9 @@ class Agent:
         with self._lock:
             records, self._records = self._records, []
         try:
-            if records:
-                self.client.report_steps(self.rank, records, self.device, self.incarnation)
-            reply = self.client.actions(self._seen)
+            # One round trip per poll: the report's reply carries the new actions.
+            reply = self.client.report_steps(self.rank, records, self.device, self.incarnation,
+                                             since=self._seen)
         except Exception as exc:  # noqa: BLE001 - the agent must never kill training
             warnings.warn(f"agent {self.rank}: control plane unreachable ({exc}); keeping the"
                           " current plan", stacklevel=1)

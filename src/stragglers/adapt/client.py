@@ -60,9 +60,14 @@ class ShardClient:
         """Register the data set (idempotent)."""
         return self._call("POST", "/datasets", {**cfg.__dict__, "name": self.dataset})
 
-    def lease(self) -> dict:
-        """Pull the next shard: {"status": "ok"|"wait"|"finished", "lease": {...}, "failed": [...]}."""
-        return self._call("POST", self._ds("lease"), {"worker": self.worker})
+    def lease(self, count: int = 1) -> dict:
+        """Pull the next shard: {"status": "ok"|"wait"|"finished", "lease": {...}, "failed": [...]}.
+
+        With count > 1, up to `count` shards at once under "leases" (a failure of this worker
+        then returns all of them to the queue).
+        """
+        body = {"worker": self.worker} if count == 1 else {"worker": self.worker, "count": count}
+        return self._call("POST", self._ds("lease"), body)
 
     def ack(self, epoch: int, shard: int, consumed: int) -> dict:
         """Report the samples of a shard consumed so far (renews the lease)."""
@@ -90,10 +95,12 @@ class ShardClient:
         """Start the controller for this job incarnation."""
         return self._call("POST", "/control/config", config)
 
-    def report_steps(self, rank: int, records: list, device: str, incarnation: int) -> dict:
-        """Send step records [[step, bpt, batch], ...] to the Monitor."""
+    def report_steps(self, rank: int, records: list, device: str, incarnation: int,
+                     since: int = 0) -> dict:
+        """Send step records [[step, bpt, batch], ...] to the Monitor; get actions >= since back."""
         return self._call("POST", "/control/report", {"rank": rank, "records": records,
-                                                      "device": device, "incarnation": incarnation})
+                                                      "device": device, "incarnation": incarnation,
+                                                      "since": since})
 
     def actions(self, since: int) -> dict:
         """Controller actions with seq >= since."""

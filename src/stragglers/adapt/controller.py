@@ -29,7 +29,7 @@ class ControlConfig:
     theta: float = 1.3
     persistent_windows: int = 3
     min_change: float = 0.05  # re-plan only when some b_i moves by more than this x B/n
-    lag_s: float = 0.5  # how far ahead an action takes effect, so every agent has seen it
+    lag_s: float = 1.0  # how far ahead an action takes effect, so every agent has seen it
     incarnation: int = 0
 
     def validate(self) -> None:

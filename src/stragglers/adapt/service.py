@@ -40,18 +40,19 @@ class ControlPlane:
         return {"ok": True}
 
     def report(self, body: dict) -> dict:
-        """Feed a batch of step records [[step, bpt, batch], ...] from one rank."""
+        """Feed step records [[step, bpt, batch], ...] of one rank; reply with actions >= since."""
         with self._lock:
             ctl = self._need()
             try:
                 rank, device = int(body["rank"]), str(body.get("device", ""))
-                if body.get("incarnation", ctl.config.incarnation) != ctl.config.incarnation:
-                    return {"ignored": "stale incarnation"}
-                for step, bpt, batch in body["records"]:
-                    ctl.observe(rank, int(step), float(bpt), int(batch), device)
+                since = max(0, int(body.get("since", 0)))
+                if body.get("incarnation", ctl.config.incarnation) == ctl.config.incarnation:
+                    for step, bpt, batch in body["records"]:
+                        ctl.observe(rank, int(step), float(bpt), int(batch), device)
             except (KeyError, TypeError, ValueError) as exc:
                 raise InputError("control report", None, f"expected rank and records ({exc})") from exc
-        return {"ok": True}
+            return {"incarnation": ctl.config.incarnation,
+                    "actions": [asdict(a) for a in ctl.actions[since:]]}
 
     def actions(self, since: int) -> dict:
         """Every action with seq >= since."""
@@ -159,8 +160,17 @@ def create_app(store: ShardStore) -> FastAPI:
     @app.post("/datasets/{name}/lease")
     async def lease(name: str, request: Request):
         body = await _json(request)
-        worker = _field(body, "worker")
-        return await commit.run(lambda: store.lease(name, worker))
+        worker, count = _field(body, "worker"), _field(body, "count", int) if "count" in body else 1
+        if count == 1:
+            return await commit.run(lambda: store.lease(name, worker))
+        if not 1 <= count <= 256:
+            raise InputError("request body", "count", f"expected 1..256 shards, got {count}")
+        # Several shards for one worker (prefetch): queued together, so usually one commit.
+        replies = await asyncio.gather(*[commit.run(lambda: store.lease(name, worker))
+                                         for _ in range(count)])
+        leases = [r["lease"] for r in replies if r["status"] == "ok"]
+        status = "ok" if leases else replies[-1]["status"]
+        return {"status": status, "leases": leases, "failed": replies[-1]["failed"]}
 
     @app.post("/datasets/{name}/ack")
     async def ack(name: str, request: Request):

@@ -246,9 +246,10 @@ class ShardStore:
             epoch, shard, start, stop, consumed = row
             c.execute("UPDATE shards SET state='DOING', worker=?, lease_until=? WHERE dataset=?"
                       " AND epoch=? AND shard=?", (worker, now + cfg.lease_s, name, epoch, shard))
+            failed = self._failed(c, name)
         lease = Lease(epoch, shard, consumed, self._indices(cfg, epoch, start + consumed, stop),
                       stop - start)
-        return {"status": "ok", "lease": asdict(lease)}
+        return {"status": "ok", "lease": asdict(lease), "failed": failed}
 
     def ack(self, name: str, worker: str, epoch: int, shard: int, consumed: int) -> dict:
         """Record that `worker` consumed the first `consumed` samples of its shard; renews the lease."""

@@ -41,13 +41,16 @@ class StoreArrivalOrder:
     n-1 arrivals is this call's straggler. The ready ranks learn it as soon as n-1 have arrived,
     which is exactly when phase 1 can start anyway."""
 
+    _instances = 0  # every rank creates its instances in the same order, so this names them alike
+
     def __init__(self, store=None, group=None, prefix: str = "stragglers/arrival"):
         if store is None:
             store = dist.distributed_c10d._get_default_store()
         self.store = store
         self.n = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.prefix = prefix
+        StoreArrivalOrder._instances += 1
+        self.prefix = f"{prefix}/{StoreArrivalOrder._instances}"
         self._call = 0
 
     def last_arrival(self) -> int:

@@ -102,49 +102,59 @@ def _phase2_lockstep(plan, chunks: list[torch.Tensor], peer, group) -> None:
 
 
 def _phase2_dataflow(plan, chunks: list[torch.Tensor], peer, group) -> None:
-    """Phase 2 without the lock-step: each round's receives are posted at once, and a send
-    waits only for the receive (and add) that produced its chunk, not for the whole round.
+    """Phase 2 without the lock-step: each round is still one batch_isend_irecv (NCCL needs a
+    send and a receive with the same peer grouped), but it is posted as soon as the chunks its
+    sends need have arrived, without waiting for the rest of the previous round.
 
-    Deadlock-free: sends of round k only wait on receives of rounds < k, whose sends were posted
-    by the same argument. Tags carry the round, so messages match whatever the timing.
+    Deadlock-free: round k is posted after waiting only on receives of rounds < k, whose sends
+    were posted by the same argument. Tags carry the round, so messages match whatever the timing.
     """
-    pending: dict[int, tuple[object, torch.Tensor | None, object]] = {}
-    own_sends: dict[int, object] = {}
-    send_works = []
+    pending: dict[int, tuple[object, torch.Tensor | None, object]] = {}  # chunk -> recv, scratch, own send
+    outstanding: list[object] = []
+    waited: set[int] = set()
+
+    def wait_once(work) -> None:
+        if id(work) not in waited:  # a gloo work must not be waited twice
+            waited.add(id(work))
+            work.wait()
 
     def ensure(c: int) -> None:
         if c in pending:
             work, buf, my_send = pending.pop(c)
-            work.wait()
+            wait_once(work)
             if buf is not None:
                 if my_send is not None:
-                    my_send.wait()  # the chunk we add into must have left first
-                    send_works.remove(my_send)  # a gloo work must not be waited twice
+                    wait_once(my_send)  # the chunk we add into must have left first
                 chunks[c].add_(buf)
 
     for k, (sends, recvs) in enumerate(plan):
-        tag = k + 1
-        exchange_sends = {}
-        for t in sends:
-            if t.exchange:
-                w = dist.isend(chunks[t.chunk], peer(t.dst), group=group, tag=tag)
-                exchange_sends[t.chunk] = w
-                send_works.append(w)
-        for t in recvs:
-            if t.exchange:
-                buf = torch.empty_like(chunks[t.chunk])
-                work = dist.irecv(buf, peer(t.src), group=group, tag=tag)
-                pending[t.chunk] = (work, buf, exchange_sends.get(t.chunk))
-            else:
-                pending[t.chunk] = (dist.irecv(chunks[t.chunk], peer(t.src), group=group, tag=tag), None, None)
         for t in sends:
             if not t.exchange:
                 ensure(t.chunk)
-                send_works.append(dist.isend(chunks[t.chunk], peer(t.dst), group=group, tag=tag))
+        ops, roles = [], []
+        for t in sends:
+            ops.append(dist.P2POp(dist.isend, chunks[t.chunk], peer(t.dst), group, tag=k + 1))
+            roles.append(("send", t, None))
+        for t in recvs:
+            # exchanges receive into scratch (S needs n-1 of them: one buffer-size in all)
+            buf = torch.empty_like(chunks[t.chunk]) if t.exchange else None
+            ops.append(dist.P2POp(dist.irecv, chunks[t.chunk] if buf is None else buf, peer(t.src), group,
+                                  tag=k + 1))
+            roles.append(("recv", t, buf))
+        if not ops:
+            continue
+        works = dist.batch_isend_irecv(ops)
+        if len(works) != len(ops):  # a coalesced backend returns one work for the whole batch
+            works = [works[-1]] * len(ops)
+        outstanding += works
+        own = {t.chunk: w for (kind, t, _), w in zip(roles, works) if kind == "send" and t.exchange}
+        for (kind, t, buf), w in zip(roles, works):
+            if kind == "recv":
+                pending[t.chunk] = (w, buf, own.get(t.chunk) if t.exchange else None)
     for c in list(pending):
         ensure(c)
-    for w in send_works:
-        w.wait()
+    for w in outstanding:
+        wait_once(w)
 
 
 PHASE2_MODES = ("dataflow", "lockstep")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 from stragglers.errors import InputError, StragglersError
 
@@ -16,8 +17,7 @@ from stragglers.errors import InputError, StragglersError
 _PLANS: dict[tuple[int, int], list] = {}  # per-rank views of cached schedules
 
 
-@dataclass(frozen=True)
-class Transfer:
+class Transfer(NamedTuple):
     """One message of one round: `src` sends chunk `chunk` to `dst`.
 
     `exchange` marks the straggler exchange: the ready rank sends its phase-1 partial, the
@@ -96,6 +96,10 @@ def lower_bound_rounds(n: int) -> int:
     return n - 2 + math.ceil(math.log2(n))
 
 
+def _where(i: int, t: Transfer) -> str:
+    return f"round {i}, transfer {t.src}->{t.dst} chunk {t.chunk}"
+
+
 def verify(schedule: Schedule) -> None:
     """Check the schedule; raise StragglersError naming the first violated rule (spec §2)."""
     n, s = schedule.n, schedule.n - 1
@@ -105,31 +109,30 @@ def verify(schedule: Schedule) -> None:
         senders, receivers, new = set(), set(), []
         exchanges = {(t.src, t.dst): t for t in rnd if t.exchange}
         for t in rnd:
-            where = f"round {i}, transfer {t.src}->{t.dst} chunk {t.chunk}"
             if not (0 <= t.src < n and 0 <= t.dst < n and t.src != t.dst):
-                raise StragglersError(f"{where}: ranks must be distinct and in 0..{n - 1}")
+                raise StragglersError(f"{_where(i, t)}: ranks must be distinct and in 0..{n - 1}")
             if not 0 <= t.chunk < n - 1:
-                raise StragglersError(f"{where}: chunk must be in 0..{n - 2}")
+                raise StragglersError(f"{_where(i, t)}: chunk must be in 0..{n - 2}")
             if t.src in senders:
-                raise StragglersError(f"{where}: rank {t.src} sends twice in one round")
+                raise StragglersError(f"{_where(i, t)}: rank {t.src} sends twice in one round")
             if t.dst in receivers:
-                raise StragglersError(f"{where}: rank {t.dst} receives twice in one round")
+                raise StragglersError(f"{_where(i, t)}: rank {t.dst} receives twice in one round")
             senders.add(t.src)
             receivers.add(t.dst)
             if t.exchange:
                 ready = t.src if t.dst == s else t.dst
                 if s not in (t.src, t.dst) or ready != t.chunk:
-                    raise StragglersError(f"{where}: an exchange is between rank k and S on chunk k")
+                    raise StragglersError(f"{_where(i, t)}: an exchange is between rank k and S on chunk k")
                 back = exchanges.get((t.dst, t.src))
                 if back is None or back.chunk != t.chunk:
-                    raise StragglersError(f"{where}: exchange without its reverse message")
+                    raise StragglersError(f"{_where(i, t)}: exchange without its reverse message")
                 if t.src == ready:
                     if t.chunk in exchanged:
-                        raise StragglersError(f"{where}: chunk {t.chunk} exchanged twice")
+                        raise StragglersError(f"{_where(i, t)}: chunk {t.chunk} exchanged twice")
                     new.append((ready, t.chunk))
                     new.append((s, t.chunk))
             elif t.chunk not in held[t.src]:
-                raise StragglersError(f"{where}: rank {t.src} does not hold chunk {t.chunk} fully reduced")
+                raise StragglersError(f"{_where(i, t)}: rank {t.src} does not hold chunk {t.chunk} fully reduced")
             else:
                 new.append((t.dst, t.chunk))
         for rank, chunk in new:

@@ -64,6 +64,7 @@ class _CompletionWaiter:
 
     def __init__(self, name: str):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._last_end = 0
         threading.Thread(target=self._run, name=name, daemon=True).start()
 
     def watch(self, work: "RecordedWork") -> None:
@@ -78,6 +79,10 @@ class _CompletionWaiter:
             except BaseException as exc:  # re-raised in the training thread by wait()
                 rw.error = exc
             rw.end_ns = time.perf_counter_ns()
+            # Transfers of one direction go out in order: a send posted while the previous one
+            # was still in flight starts when that one ends (a stream, as in the model).
+            rw.start = max(rw.start, self._last_end)
+            self._last_end = rw.end_ns
             rw.completed.set()
 
 
@@ -211,7 +216,7 @@ class Recorder:
             return
         self._closed = True
         if self._buf is not None:
-            self._end_step()
+            self._end_step(failed=not collective)
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         if self._writer is not None:
@@ -291,8 +296,12 @@ class Recorder:
         self._buf = StepBuffer(step, self._timer.begin_step())
         return True
 
-    def _end_step(self) -> None:
+    def _end_step(self, failed: bool = False) -> None:
         buf, self._buf = self._buf, None
+        if failed:
+            # The step raised (a peer died, say): its rows are incomplete and its posted works
+            # may never finish, so it is dropped; the steps before it are already queued.
+            return
         for work in list(buf.pending):
             if not work.done:
                 work.wait()  # a row needs its end; an unwaited send at step end is waited here
@@ -385,7 +394,7 @@ class _StepSpan:
     def __enter__(self) -> bool:
         return self.rec._begin_step(self.step_no)
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         if self.rec._buf is not None:
-            self.rec._end_step()
+            self.rec._end_step(failed=exc_type is not None)
         return False
