@@ -58,10 +58,9 @@ def _client(url: str, worker: str, op: str, seconds: float, start_at: float, out
 
 
 def http_rate(db: Path, durable: bool, op: str, clients: int, seconds: float) -> float:
-    server = EmbeddedServer(db, durable=durable)
     # The server runs in its own process so its GIL is not shared with the clients.
     ctx = mp.get_context("spawn")
-    ready, stop = ctx.Event(), ctx.Event()
+    stop = ctx.Event()
     port_q = ctx.Queue()
     proc = ctx.Process(target=_serve, args=(str(db), durable, port_q, stop))
     proc.start()
@@ -80,7 +79,6 @@ def http_rate(db: Path, durable: bool, op: str, clients: int, seconds: float) ->
         w.join()
     stop.set()
     proc.join(timeout=10)
-    del server, ready
     return sum(rates)
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "src"))
 FIXES = {
     "gc": (4, ["--pp", "1", "--gc-garbage", "40"], ["--planned-gc", "5"], "gc"),
     "sequence": (2, ["--pp", "1", "--seq-len-dist", "lognormal", "--max-seq-len", "1024",
-                     "--microbatches", "4"],
+                     "--microbatches", "2"],
                  ["--balance-sequences"], "sequence_imbalance"),
     "stage": (4, ["--pp", "2", "--extra-last-stage-layers", "4"], ["--balance-stages"],
               "stage_imbalance"),

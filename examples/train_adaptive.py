@@ -118,6 +118,7 @@ def main() -> None:
 
     metrics = open(args.workdir / "metrics.jsonl", "a") if rank == 0 else None
     samples_log = open(args.workdir / f"samples_rank{rank}.jsonl", "a") if args.log_samples else None
+
     def checkpoint(step: int) -> None:
         sampler.ack(force=True)  # the shard snapshot must include every trained batch
         save_job_checkpoint(ckpt_path, step, model, optimizer, client)
@@ -138,8 +139,8 @@ def main() -> None:
         last_loss = result.mean_loss if result.global_count else last_loss
         agent.record(step, result.compute_s, len(inputs))
         if samples_log:
-            samples_log.write(json.dumps({"inc": incarnation, "step": step, "ids": batch_ids(sampler, inputs),
-                                          "epochs": sampler.last_batch_epochs[:len(inputs)]}) + "\n")
+            samples_log.write(json.dumps({"inc": incarnation, "step": step, "ids": sampler.last_batch,
+                                          "epochs": sampler.last_batch_epochs}) + "\n")
             samples_log.flush()
         if metrics:
             metrics.write(json.dumps({"inc": incarnation, "step": step, "t": time.time(),
@@ -173,11 +174,6 @@ def main() -> None:
     if server:
         server.stop()
     dist.destroy_process_group()
-
-
-def batch_ids(sampler: ShardBatchSampler, inputs: torch.Tensor) -> list[int]:
-    """The sample indices of the batch just trained (the sampler remembers them)."""
-    return sampler.last_batch[:len(inputs)]
 
 
 if __name__ == "__main__":

@@ -162,7 +162,8 @@ def create_app(store: ShardStore) -> FastAPI:
         body = await _json(request)
         worker, count = _field(body, "worker"), _field(body, "count", int) if "count" in body else 1
         if count == 1:
-            return await commit.run(lambda: store.lease(name, worker))
+            # JSONResponse directly: FastAPI's generic encoder walks every index otherwise.
+            return JSONResponse(await commit.run(lambda: store.lease(name, worker)))
         if not 1 <= count <= 256:
             raise InputError("request body", "count", f"expected 1..256 shards, got {count}")
         # Several shards for one worker (prefetch): queued together, so usually one commit.
@@ -170,14 +171,14 @@ def create_app(store: ShardStore) -> FastAPI:
                                          for _ in range(count)])
         leases = [r["lease"] for r in replies if r["status"] == "ok"]
         status = "ok" if leases else replies[-1]["status"]
-        return {"status": status, "leases": leases, "failed": replies[-1]["failed"]}
+        return JSONResponse({"status": status, "leases": leases, "failed": replies[-1]["failed"]})
 
     @app.post("/datasets/{name}/ack")
     async def ack(name: str, request: Request):
         b = await _json(request)
         args = (_field(b, "worker"), _field(b, "epoch", int), _field(b, "shard", int),
                 _field(b, "consumed", int))
-        return await commit.run(lambda: store.ack(name, *args))
+        return JSONResponse(await commit.run(lambda: store.ack(name, *args)))
 
     @app.post("/datasets/{name}/release")
     async def release(name: str, request: Request):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -105,15 +104,23 @@ def read_run(directory: Path | str) -> Trace:
     files = sorted(p for p in directory.iterdir() if RANK_FILE.match(p.name))
     if not files:
         raise InputError(directory, None, "holds no rank-NNNNN.parquet op tables")
-    parts = []
-    # Read in a few threads (Parquet decoding releases the GIL); validate each file so errors
-    # name it.
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        tables = list(pool.map(read_parquet, files))
-    for path, table in zip(files, tables):
-        parts.append(table_to_columns(table, path))
-    ops = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]
-           if all(k in p for p in parts)}
+    # Read every file first (so the total is known), then convert each into preallocated
+    # columns: one copy per value, and errors that name the file.
+    tables = [read_parquet(path) for path in files]
+    total = sum(t.num_rows for t in tables)
+    ops: dict[str, np.ndarray] = {}
+    offset = 0
+    for i, (path, table) in enumerate(zip(files, tables)):
+        part = table_to_columns(table, path)
+        tables[i] = None  # free the Arrow copy as we go
+        if not ops:
+            ops = {k: np.empty(total, dtype=v.dtype) for k, v in part.items()}
+        for k in list(ops):
+            if k in part:
+                ops[k][offset:offset + len(part[k])] = part[k]
+            else:  # an optional column some files lack: not usable for the whole run
+                del ops[k]
+        offset += table.num_rows
     if len(ops["step"]) == 0:
         raise InputError(directory, None, "the op tables hold no ops")
     return Trace(ops, meta, str(directory))
