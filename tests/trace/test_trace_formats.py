@@ -157,3 +157,20 @@ def test_garbage_bytes_are_a_clear_error(tmp_path, blob):
     (tmp_path / "meta-X.yaml").write_text("dp_size: 1\npp_size: 1\n")
     with pytest.raises(InputError):
         read_ndtimeline(path)
+
+
+def test_bad_file_in_run_directory_is_named(ndtimeline_dir, tmp_path):
+    convert(ndtimeline_dir / "trace-ST.parquet", tmp_path / "run")
+    victim = sorted((tmp_path / "run").glob("rank-*.parquet"))[3]
+    table = pq.read_table(victim)
+    durations = table.column("duration").to_pylist()
+    durations[5] = float("nan")
+    pq.write_table(table.set_column(table.column_names.index("duration"), "duration",
+                                    pa.array(durations)), victim)
+    with pytest.raises(InputError) as err:
+        read_run(tmp_path / "run")
+    assert victim.name in str(err.value) and "'duration'" in str(err.value)
+    victim.write_bytes(b"PAR1 not really")
+    with pytest.raises(InputError) as err:
+        read_run(tmp_path / "run")
+    assert victim.name in str(err.value)

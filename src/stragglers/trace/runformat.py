@@ -104,8 +104,28 @@ def read_run(directory: Path | str) -> Trace:
     files = sorted(p for p in directory.iterdir() if RANK_FILE.match(p.name))
     if not files:
         raise InputError(directory, None, "holds no rank-NNNNN.parquet op tables")
-    # Read every file first (so the total is known), then convert each into preallocated
-    # columns: one copy per value, and errors that name the file.
+    ops = _read_all_at_once(directory, files)
+    if ops is None:
+        ops = _read_file_by_file(files)
+    if len(ops["step"]) == 0:
+        raise InputError(directory, None, "the op tables hold no ops")
+    return Trace(ops, meta, str(directory))
+
+
+def _read_all_at_once(directory: Path, files: list[Path]) -> dict[str, np.ndarray] | None:
+    """Fast path: one multi-threaded read of every file; None when the files need a closer look."""
+    try:
+        schemas = {str(pq.read_schema(f)) for f in files}
+        if len(schemas) != 1:
+            return None
+        table = pq.ParquetDataset(files).read(use_threads=True)
+        return table_to_columns(table, directory)
+    except (pa.ArrowException, OSError, ValueError, InputError):
+        return None  # the file-by-file path names the file at fault
+
+
+def _read_file_by_file(files: list[Path]) -> dict[str, np.ndarray]:
+    """Read and validate each file on its own, so any error names it."""
     tables = [read_parquet(path) for path in files]
     total = sum(t.num_rows for t in tables)
     ops: dict[str, np.ndarray] = {}
@@ -121,9 +141,7 @@ def read_run(directory: Path | str) -> Trace:
             else:  # an optional column some files lack: not usable for the whole run
                 del ops[k]
         offset += table.num_rows
-    if len(ops["step"]) == 0:
-        raise InputError(directory, None, "the op tables hold no ops")
-    return Trace(ops, meta, str(directory))
+    return ops
 
 
 def read_parquet(path: Path) -> pa.Table:
