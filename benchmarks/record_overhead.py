@@ -166,9 +166,12 @@ def main() -> None:
           "step time")
     print(f"end to end: median ratio {statistics.median(ratios):.3f} over {args.pairs} pairs "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
-    print(f"goal <= 1%: in-process {'met' if estimate <= 0.01 else 'MISSED'}; interleaved "
-          f"{'met' if interleaved <= 1.01 else 'MISSED'} ({100 * (interleaved - 1):+.2f}%); "
-          f"separate jobs {'met' if statistics.median(ratios) <= 1.01 else 'not resolved'}")
+    noise = abs(even_odd[False] - 1)
+    resolved = noise < 0.01
+    print(f"goal <= 1%: recorder CPU per step {'met' if estimate <= 0.01 else 'MISSED'} "
+          f"({100 * estimate:.2f}%); end to end {'' if resolved else 'not resolvable here: '}"
+          f"interleaved {100 * (interleaved - 1):+.2f}% with a control even/odd difference of "
+          f"{100 * noise:.1f}%, separate jobs median {100 * (statistics.median(ratios) - 1):+.1f}%")
 
 
 if __name__ == "__main__":

@@ -59,3 +59,10 @@ def test_gc_pauses_are_located():
     expected = sorted({(int(d), int(p)) for d, p in zip(ops["dp_rank"][pauses], ops["stage"][pauses])})
     assert sorted(map(tuple, gc["where"]["workers"])) == expected
     assert set(gc["where"]["steps"]) == {int(s) for s in ops["step"][pauses]}
+
+
+def test_pipeline_only_job_with_one_dp_rank():
+    r = analyze(generate(dp=1, pp=4, microbatches=8, steps=4, seed=1, heavy_last_stage=1.5))
+    assert list(r["by_dp_rank"]) == [0]
+    assert r["diagnosis"][0]["cause"] == "stage_imbalance"
+    assert r["diagnosis"][0]["where"]["pp"] == [3]

@@ -57,7 +57,8 @@ def diagnose(w: WhatIf, trace: Trace, by_optype: dict, by_stage: dict, by_dp: di
         m_hot = m_s if hot == w.grid.pp_size - 1 else _stage_fix(w, hot)
         uniform = dp_spread <= 0.5 * (s - 1)
         excess = _stage_compute_excess(w, hot)
-        if m_hot >= MS_STAGE and uniform and m_w <= MW_WORKER and excess >= STAGE_EXCESS:
+        worker_found = any(f["cause"] == "worker_fault" for f in found)
+        if m_hot >= MS_STAGE and uniform and not worker_found and excess >= STAGE_EXCESS:
             mask = np.zeros(w.cost.shape[:2], bool)
             mask[w.grid.node_stage == hot] = True
             found.append(_entry("stage_imbalance", {"pp": [hot]},
@@ -69,7 +70,7 @@ def diagnose(w: WhatIf, trace: Trace, by_optype: dict, by_stage: dict, by_dp: di
                                 t_nd / w.fix_fraction(mask)[1]))
 
     seq = _sequence_imbalance(w, trace)
-    if seq is not None and m_w <= MW_WORKER:
+    if seq is not None and not any(f["cause"] == "worker_fault" for f in found):
         stages, corr, cv, fit = seq
         mask = np.zeros(w.cost.shape[:2], bool)
         mask[np.isin(w.grid.node_optype, (FWD, BWD))] = True
@@ -148,9 +149,10 @@ def _sequence_imbalance(w: WhatIf, trace: Trace):
         b = _by_microbatch(g, trace, s, BWD)
         if f is None or b is None or f.shape != b.shape or f.shape[0] < 2:
             continue
-        # Normalise per worker so a uniformly slow worker does not look like sequence imbalance.
-        fn = f / f.mean(axis=(0, 2), keepdims=True)
-        bn = b / b.mean(axis=(0, 2), keepdims=True)
+        # Normalise per worker and step: a uniformly slow worker, or a machine whose speed
+        # drifts over time, does not look like sequence imbalance.
+        fn = f / f.mean(axis=0, keepdims=True)
+        bn = b / b.mean(axis=0, keepdims=True)
         if fn.std() == 0 or bn.std() == 0:
             continue
         corr = float(np.corrcoef(fn.ravel(), bn.ravel())[0, 1])
@@ -223,15 +225,22 @@ def _communication(w: WhatIf, by_optype: dict):
     codes = [C[o] for o, m in MERGED_OPTYPE.items() if m == name] if name.endswith("pp-comm") \
         else [C[name]]
     nodes = np.isin(g.node_optype, codes)
-    ratio = (w.cost[nodes] / np.maximum(w.ideal[nodes], 1e-12)).mean(axis=2)   # [n, D]
+    # Locate by excess seconds, not ratio: both ends of a slow link carry the same excess even
+    # when their op types have different medians.
+    excess = (w.cost[nodes] - w.ideal[nodes]).mean(axis=2)                      # [n, D]
+    ratio = (w.cost[nodes] / np.maximum(w.ideal[nodes], 1e-12)).mean(axis=2)
     stage_of = g.node_stage[nodes]
-    per_worker = {}
+    per_worker: dict = {}
     for i, n_stage in enumerate(stage_of):
-        for d in range(ratio.shape[1]):
-            per_worker.setdefault((int(g.dp_ranks[d]), int(n_stage)), []).append(ratio[i, d])
-    mean_ratio = {k: float(np.mean(v)) for k, v in per_worker.items()}
-    worst = max(mean_ratio.values())
-    hot = sorted(k for k, v in mean_ratio.items() if v >= 0.7 * worst and v > 1.5)
+        for d in range(excess.shape[1]):
+            key = (int(g.dp_ranks[d]), int(n_stage))
+            per_worker.setdefault(key, []).append((excess[i, d], ratio[i, d]))
+    total = {k: float(sum(e for e, _ in v)) for k, v in per_worker.items()}
+    worst_key = max(total, key=total.get)
+    worst = max(float(np.mean([r for _, r in per_worker[worst_key]])), 1.0)
+    hot = sorted(k for k, v in total.items() if v >= 0.5 * total[worst_key] and v > 0)
+    if name.endswith("pp-comm"):
+        hot = sorted(set(hot) | _link_peers(w, np.flatnonzero(nodes), excess))
     where = {"dp": sorted({d for d, _ in hot}), "pp": sorted({p for _, p in hot})} if hot else {}
     mask = np.zeros(w.cost.shape[:2], bool)
     mask[nodes] = True
@@ -240,6 +249,17 @@ def _communication(w: WhatIf, by_optype: dict):
                   f"{name} transfers take {worst:.1f}× their median on "
                   f"{', '.join(f'(dp {d}, pp {p})' for d, p in hot) or 'several workers'} "
                   f"(S_{name} = {s_t:.3f})", gain)
+
+
+def _link_peers(w: WhatIf, nodes: np.ndarray, excess: np.ndarray) -> set:
+    """Both ends of the slowest p2p transfers (excess [n, D] per node and DP rank)."""
+    peers = set()
+    for i, d in zip(*np.nonzero(excess >= 0.5 * excess.max())):
+        group = w.model.group_of[nodes[i]]
+        members = w.model.groups[group] if group >= 0 else [nodes[i]]
+        for m in members:
+            peers.add((int(w.grid.dp_ranks[d]), int(w.grid.node_stage[m])))
+    return peers
 
 
 __all__ = ["diagnose", "STRAGGLING", "FIXES", "OPTYPES"]

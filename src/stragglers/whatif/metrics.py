@@ -113,7 +113,7 @@ class WhatIf:
         pairs[:, :, 0, :] = self.cost
         pairs[:, :, 1, :] = self.ideal
         times = replay(self._plan, pairs.reshape(n, 2 * d, t), self.step_start, jobs=d)
-        ratio = times.mean(axis=1) / self.t_ideal.mean()
+        ratio = np.reshape(times, (d, t)).mean(axis=1) / self.t_ideal.mean()
         return {int(r): float(v) for r, v in zip(self.grid.dp_ranks, ratio)}
 
     def worker_scores(self, by_dp: dict[int, float], by_stage: dict[int, float]) -> list[dict]:
