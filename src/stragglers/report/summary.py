@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from stragglers.errors import InputError
+from stragglers.whatif.diagnosis import FIXES
 
 # Thresholds of specs/whatif.md §5 and §7.
 STRAGGLING_SLOWDOWN = 1.1
@@ -26,16 +27,6 @@ CAUSE_TITLES = {
     "communication": "Communication straggler",
     "none": "No straggler",
 }
-# What to do about each cause, in one line (specs/whatif.md §8).
-CAUSE_ADVICE = {
-    "worker_fault": "check or replace the slow worker's host/GPU",
-    "stage_imbalance": "move layers off the slow pipeline stage",
-    "sequence_imbalance": "redistribute sequences across DP ranks to balance Σ s²",
-    "gc": "turn automatic GC off and call gc.collect() on all ranks at the same step",
-    "communication": "check the network links of the slow collectives",
-    "none": "nothing to fix",
-}
-
 SOURCE = "analysis result"
 
 
@@ -256,5 +247,6 @@ def _finding(index: int, entry: Any) -> Finding:
         where=describe_where(entry.get("where")),
         evidence=str(entry.get("evidence") or ""),
         speedup_if_fixed=speedup,
-        advice=CAUSE_ADVICE.get(cause, ""),
+        # The diagnosis names the fix; older result files without it get the standard one.
+        advice=str(entry.get("fix") or FIXES.get(cause, "")),
     )
