@@ -12,6 +12,7 @@ STRAGGLING = 1.1          # a job is straggling when S ≥ 1.1
 MW_WORKER = 0.5           # M_W above this: an individual worker problem
 MS_STAGE = 0.5            # M_S at or above this: stage partitioning imbalance
 SEQ_CORR = 0.9            # forward/backward correlation of the same microbatch
+SEQ_FIT = 0.6             # or: correlation of a microbatch's compute with its Σ s_i²
 SEQ_CV = 0.1              # coefficient of variation of forward durations within a worker
 STAGE_EXCESS = 0.05       # the hot stage's typical compute per step exceeds the others' by this
 WORKER_COMPUTE = 1.1      # a faulty worker computes at least this much longer than its peers
@@ -74,11 +75,11 @@ def diagnose(w: WhatIf, trace: Trace, by_optype: dict, by_stage: dict, by_dp: di
         stages, corr, cv, fit = seq
         mask = np.zeros(w.cost.shape[:2], bool)
         mask[np.isin(w.grid.node_optype, (FWD, BWD))] = True
-        evidence = (f"forward and backward of the same microbatch move together (corr {corr:.2f}) "
-                    f"with spread {100 * cv:.0f}% within each worker on stage(s) "
-                    f"{', '.join(map(str, stages))}")
+        evidence = (f"microbatch compute varies by {100 * cv:.0f}% within each worker and step on "
+                    f"stage(s) {', '.join(map(str, stages))}; forward and backward of the same "
+                    f"microbatch correlate at {corr:.2f}")
         if fit is not None:
-            evidence += f"; duration follows Σs² (r² = {fit:.2f})"
+            evidence += f"; compute follows Σs² (r² = {fit:.2f})"
         found.append(_entry("sequence_imbalance", {"pp": stages}, evidence,
                             t_nd / w.fix_fraction(mask)[1]))
 
@@ -141,53 +142,67 @@ def _stage_compute_excess(w: WhatIf, stage: int) -> float:
 
 
 def _sequence_imbalance(w: WhatIf, trace: Trace):
-    """Stages where fwd and bwd of a microbatch co-vary strongly within each worker."""
+    """Stages whose microbatches differ in cost the way their sequence lengths do.
+
+    Evidence, per stage, on durations normalised per worker and step (so a uniformly slow
+    worker or a machine whose speed drifts does not count): forward and backward of the same
+    microbatch move together (spec §7), or, where the trace carries Σ sᵢ², the microbatch's
+    compute follows it.
+    """
     g = w.grid
-    stages, corrs, cvs = [], [], []
+    stages, corrs, cvs, fits = [], [], [], []
     for s in range(g.pp_size):
         f = _by_microbatch(g, trace, s, FWD)
         b = _by_microbatch(g, trace, s, BWD)
         if f is None or b is None or f.shape != b.shape or f.shape[0] < 2:
             continue
-        # Normalise per worker and step: a uniformly slow worker, or a machine whose speed
-        # drifts over time, does not look like sequence imbalance.
         fn = f / f.mean(axis=0, keepdims=True)
         bn = b / b.mean(axis=0, keepdims=True)
         if fn.std() == 0 or bn.std() == 0:
             continue
         corr = float(np.corrcoef(fn.ravel(), bn.ravel())[0, 1])
         cv = float(fn.std())
-        if corr >= SEQ_CORR and cv >= SEQ_CV:
+        fit = _attn_fit(g, trace, s, f + b)
+        if cv >= SEQ_CV and (corr >= SEQ_CORR or (fit is not None and fit >= SEQ_FIT)):
             stages.append(s)
             corrs.append(corr)
             cvs.append(cv)
+            if fit is not None:
+                fits.append(fit)
     if not stages:
         return None
-    fit = None
-    if "attn_cost" in trace.ops:
-        rows = g.row[np.isin(g.node_optype, (FWD, BWD))]
-        rows = rows[rows >= 0]
-        x = trace.ops["attn_cost"][rows]
-        y = trace.ops["duration"][rows]
-        ok = np.isfinite(x)
-        if ok.sum() > 3 and np.std(x[ok]) > 0:
-            fwd = trace.ops["optype"][rows][ok] == FWD
-            fits = []
-            for sel in (fwd, ~fwd):
-                if sel.sum() > 3 and np.std(x[ok][sel]) > 0:
-                    fits.append(float(np.corrcoef(x[ok][sel], y[ok][sel])[0, 1] ** 2))
-            fit = min(fits) if fits else None
-    return stages, float(np.mean(corrs)), float(np.mean(cvs)), fit
+    return stages, float(np.mean(corrs)), float(np.mean(cvs)), \
+        (float(np.mean(fits)) ** 2 if fits else None)
+
+
+def _attn_fit(g, trace: Trace, stage: int, compute: np.ndarray) -> float | None:
+    """Correlation of a microbatch's fwd+bwd time with its Σ sᵢ² (both normalised per worker-step)."""
+    if "attn_cost" not in trace.ops:
+        return None
+    nodes = _microbatch_nodes(g, trace, stage, FWD)
+    rows = g.row[nodes]
+    cost = np.where(rows >= 0, trace.ops["attn_cost"][np.maximum(rows, 0)], np.nan)
+    if not np.all(np.isfinite(cost)) or np.any(cost.mean(axis=0) <= 0):
+        return None
+    cn = cost / cost.mean(axis=0, keepdims=True)
+    dn = compute / compute.mean(axis=0, keepdims=True)
+    if cn.std() < SEQ_CV or dn.std() == 0:
+        return None
+    return float(np.corrcoef(cn.ravel(), dn.ravel())[0, 1])
+
+
+def _microbatch_nodes(g, trace: Trace, stage: int, code: int) -> np.ndarray:
+    """Template ops of one compute type on one stage, ordered by (model chunk, microbatch)."""
+    nodes = np.flatnonzero((g.node_stage == stage) & (g.node_optype == code))
+    ref = g.row[nodes, 0, 0]
+    key = trace.ops["mc"][ref].astype(np.int64) * 100000 + trace.ops["mb_id"][ref]
+    return nodes[np.argsort(key, kind="stable")]
 
 
 def _by_microbatch(g, trace: Trace, stage: int, code: int):
     """Durations [microbatch, D, T] of one compute type on one stage, ordered by (mc, mb_id)."""
-    nodes = np.flatnonzero((g.node_stage == stage) & (g.node_optype == code))
-    if len(nodes) == 0:
-        return None
-    ref = g.row[nodes, 0, 0]
-    key = trace.ops["mc"][ref].astype(np.int64) * 100000 + trace.ops["mb_id"][ref]
-    return g.duration[nodes[np.argsort(key, kind="stable")]]
+    nodes = _microbatch_nodes(g, trace, stage, code)
+    return g.duration[nodes] if len(nodes) else None
 
 
 def _gc(w: WhatIf):
