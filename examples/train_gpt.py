@@ -1,10 +1,11 @@
-"""A small GPT trained with data parallelism × pipeline parallelism (1F1B), with the recorder on.
+"""A small GPT trained with data parallelism × pipeline parallelism (1F1B, optional interleaving).
 
     python -m torch.distributed.run --nproc-per-node 4 examples/train_gpt.py \
         --pp 2 --steps 20 --trace-dir runs/gpt --slow-rank 1 --slow-factor 3
 
 Rank layout: rank = dp_rank * pp + stage (pipeline neighbours are adjacent ranks); it is written
-to meta.json (extra.layout). gloo on CPU, NCCL on GPU. Every straggler injection is off by default
+to meta.json (extra.layout). With --vpp V > 1 the blocks are split into pp·V model chunks and
+stage s holds global chunks c·pp + s (c = 0..V−1), run in Megatron's interleaved 1F1B order. gloo on CPU, NCCL on GPU. Every straggler injection is off by default
 and, when on, written to meta.json as ground truth (extra.injections).
 
 Read top to bottom: arguments → model → data → pipeline schedule → step → main.
@@ -28,12 +29,16 @@ import torch.nn.functional as F
 
 from stragglers.mitigate import PlannedGC, balance_sequences, suggest_stage_split
 from stragglers.record import Recorder
+from stragglers.trace.synth.schedule import compute_order
 from stragglers.trace.model import JobMeta
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pp", type=int, default=2, help="pipeline stages (dp = world size / pp)")
+    p.add_argument("--vpp", type=int, default=1,
+                   help="model chunks per stage (interleaved 1F1B); microbatches must be a "
+                        "multiple of --pp when > 1")
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--layers", type=int, default=4, help="transformer blocks before injections")
@@ -135,6 +140,20 @@ class Stage(nn.Module):
         for block in self.blocks:
             x = block(x, seq_lens)
         return self.head(x) if self.head is not None else x
+
+
+def chunk_layout(args) -> list[int]:
+    """Blocks per global model chunk (vpp > 1): even, the injected extra layers in the last one."""
+    n = args.pp * args.vpp
+    if args.stage_split or args.balance_stages:
+        raise SystemExit("--stage-split / --balance-stages split blocks per stage; they are not "
+                         "supported with --vpp > 1 (the split is per model chunk)")
+    if args.layers < n:
+        raise SystemExit(f"--layers {args.layers}: --pp {args.pp} × --vpp {args.vpp} = {n} model "
+                         f"chunks need at least {n} blocks")
+    base = [args.layers // n + (1 if g < args.layers % n else 0) for g in range(n)]
+    base[-1] += args.extra_last_stage_layers
+    return base
 
 
 def stage_layout(args) -> list[int]:
@@ -268,14 +287,21 @@ def make_cyclic_garbage(megabytes: float, rng: np.random.Generator, rate: float 
 # ---- pipeline schedule (1F1B, Megatron's op order) ------------------------------------------
 
 class Pipeline:
-    """Runs one step's microbatches through this rank's stage with the 1F1B schedule."""
+    """Runs one step's microbatches through this rank's model chunks with the (interleaved) 1F1B
+    schedule of stragglers.trace.synth.schedule.compute_order."""
 
-    def __init__(self, args, rec: Recorder, model: Stage, stage: int, dp_rank: int, device):
-        self.args, self.rec, self.model, self.device = args, rec, model, device
-        self.stage, self.dp_rank, self.pp = stage, dp_rank, args.pp
+    def __init__(self, args, rec: Recorder, chunks: nn.ModuleList, stage: int, dp_rank: int,
+                 device, bwd_group=None):
+        self.args, self.rec, self.chunks, self.device = args, rec, chunks, device
+        self.stage, self.dp_rank, self.pp, self.vpp = stage, dp_rank, args.pp, args.vpp
         self.rank = dist.get_rank()
-        self.prev_rank = self.rank - 1 if stage > 0 else None
-        self.next_rank = self.rank + 1 if stage < self.pp - 1 else None
+        # Chunk c's neighbours: the previous/next stage, wrapping between the last and first stage
+        # (to the previous/next chunk) when interleaved.
+        self.prev_rank = self.rank - 1 if stage > 0 else self.rank + self.pp - 1
+        self.next_rank = self.rank + 1 if stage < self.pp - 1 else self.rank - self.pp + 1
+        # With pp = 2 and vpp > 1 both directions run between the same two ranks: backward
+        # traffic gets its own group so each direction is matched in its own order.
+        self.bwd_group = bwd_group
         self.slow = args.slow_factor if self.rank == args.slow_rank else 1.0
         self.sends: list = []  # posted, not yet waited (gloo queues sends to a peer in order)
         self.gc_rng = np.random.default_rng([args.seed, self.rank])
@@ -284,25 +310,25 @@ class Pipeline:
         # collections drift apart: the uncoordinated pauses of the paper.
         self.gc_rate = float(self.gc_rng.uniform(0.5, 1.5))
 
-    def compute(self, optype: str, mb: int, lens: list[int], fn):
-        with self.rec.op(optype, mb, seq_lens=lens):
+    def compute(self, optype: str, mb: int, lens: list[int], fn, mc: int = 0):
+        with self.rec.op(optype, mb, seq_lens=lens, mc=mc):
             t0 = time.perf_counter()
             out = fn()
             if self.slow > 1.0:
                 burn((self.slow - 1.0) * (time.perf_counter() - t0))
         return out
 
-    def send(self, optype: str, tensor: torch.Tensor, dst: int) -> None:
+    def send(self, optype: str, tensor: torch.Tensor, dst: int, group=None) -> None:
         tensor = tensor.contiguous()
-        self.sends.append((self.rec.isend(tensor, dst, optype), tensor))  # keep it alive till sent
+        self.sends.append((self.rec.isend(tensor, dst, optype, group=group), tensor))  # keep alive
 
-    def recv(self, optype: str, shape, src: int) -> torch.Tensor:
+    def recv(self, optype: str, shape, src: int, group=None) -> torch.Tensor:
         buf = torch.empty(shape, device=self.device)
         slow = self.args.comm_delay_rank
         delay = self.args.comm_delay_ms / 1e3 if {src, self.rank} == {slow, slow + 1} else 0.0
 
         def transfer():
-            dist.irecv(buf, src).wait()
+            dist.irecv(buf, src, group=group).wait()
             if delay:
                 time.sleep(delay)  # the slow link: data over it arrives late, either way
 
@@ -310,53 +336,50 @@ class Pipeline:
         return buf
 
     def run(self, step: int, plan: list[list[int]]) -> float:
-        """Forward and backward of every microbatch; returns the summed loss (last stage)."""
-        m, d = self.args.microbatches, self.args.d_model
-        inputs, outputs, losses = [None] * m, [None] * m, []
+        """Forward and backward of every (chunk, microbatch); returns the summed loss (last stage)."""
+        m, d, V, s = self.args.microbatches, self.args.d_model, self.vpp, self.stage
+        inputs, outputs, losses = {}, {}, []
         garbage = []
+        first_chunk = lambda c: s == 0 and c == 0  # noqa: E731  (holds the embedding)
+        last_chunk = lambda c: s == self.pp - 1 and c == V - 1  # noqa: E731  (holds the loss)
 
-        def forward(i: int) -> None:
+        def forward(c: int, i: int) -> None:
             lens = plan[i]
             if self.args.gc_garbage:
-                garbage.append(make_cyclic_garbage(self.args.gc_garbage / 10 / m, self.gc_rng,
-                                                   self.gc_rate))
-            if self.stage == 0:
+                garbage.append(make_cyclic_garbage(self.args.gc_garbage / 10 / (m * V),
+                                                   self.gc_rng, self.gc_rate))
+            if first_chunk(c):
                 x, _ = microbatch_tokens(step, self.dp_rank, i, lens, self.args)
             else:
                 x = self.recv("forward-recv", (sum(lens), d), self.prev_rank).requires_grad_()
-            inputs[i] = x
+            inputs[c, i] = x
 
             def fwd():
-                y = self.model(x.to(self.device), lens)
-                if self.next_rank is None:
+                y = self.chunks[c](x.to(self.device), lens)
+                if last_chunk(c):
                     _, target = microbatch_tokens(step, self.dp_rank, i, lens, self.args)
                     y = F.cross_entropy(y, target.to(self.device)) / m
                     losses.append(y.item())
                 return y
 
-            outputs[i] = self.compute("forward-compute", i, lens, fwd)
-            if self.next_rank is not None:
-                self.send("forward-send", outputs[i].detach(), self.next_rank)
+            outputs[c, i] = self.compute("forward-compute", i, lens, fwd, mc=c)
+            if not last_chunk(c):
+                self.send("forward-send", outputs[c, i].detach(), self.next_rank)
 
-        def backward(i: int) -> None:
+        def backward(c: int, i: int) -> None:
             lens = plan[i]
             grad = None
-            if self.next_rank is not None:
-                grad = self.recv("backward-recv", (sum(lens), d), self.next_rank)
+            if not last_chunk(c):
+                grad = self.recv("backward-recv", (sum(lens), d), self.next_rank, self.bwd_group)
             self.compute("backward-compute", i, lens,
-                         lambda: torch.autograd.backward(outputs[i], grad_tensors=grad))
-            if self.prev_rank is not None:
-                self.send("backward-send", inputs[i].grad, self.prev_rank)
-            inputs[i] = outputs[i] = None
+                         lambda: torch.autograd.backward(outputs[c, i], grad_tensors=grad), mc=c)
+            if not first_chunk(c):
+                self.send("backward-send", inputs[c, i].grad, self.prev_rank, self.bwd_group)
+            del inputs[c, i], outputs[c, i]
 
-        warmup = min(self.pp - self.stage - 1, m)
-        for i in range(warmup):
-            forward(i)
-        for i in range(m - warmup):
-            forward(warmup + i)
-            backward(i)
-        for i in range(m - warmup, m):
-            backward(i)
+        # Megatron's order; with async sends and recvs in this order no rank waits on a cycle.
+        for kind, c, i in compute_order(s, self.pp, V, m):
+            (forward if kind == "F" else backward)(c, i)
         for work, _ in self.sends:
             work.wait()
         self.sends.clear()
@@ -366,7 +389,7 @@ class Pipeline:
 
 # ---- one training step ----------------------------------------------------------------------
 
-def sync_and_update(args, rec: Recorder, model: Stage, opt, dp_group, dp: int) -> None:
+def sync_and_update(args, rec: Recorder, model: nn.Module, opt, dp_group, dp: int) -> None:
     """DP gradient all-reduce, global grad-norm all-reduce (clipping), optimizer step."""
     params = [p for p in model.parameters() if p.grad is not None]
     grads = [p.grad for p in params]
@@ -414,6 +437,13 @@ def injections(args, dp: int, layers: list[int]) -> list[dict]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    # checked before any process group exists, so a bad flag is one line, not a hang
+    if args.vpp < 1:
+        raise SystemExit(f"--vpp {args.vpp}: expected at least 1 model chunk per stage")
+    if args.vpp > 1 and args.microbatches % args.pp:
+        raise SystemExit(f"--microbatches {args.microbatches}: interleaved 1F1B (--vpp "
+                         f"{args.vpp}) needs a multiple of --pp {args.pp}")
+    chunk_blocks = chunk_layout(args) if args.vpp > 1 else None
     use_cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -431,8 +461,9 @@ def main(argv=None) -> None:
     # one DP group per stage; every rank must create every group, in the same order
     dp_groups = [dist.new_group([d * args.pp + s for d in range(dp)]) for s in range(args.pp)]
 
-    layers = stage_layout(args)
-    if args.balance_stages:
+    layers = stage_layout(args) if args.vpp == 1 else \
+        [sum(chunk_blocks[c * args.pp + s] for c in range(args.vpp)) for s in range(args.pp)]
+    if args.balance_stages and args.vpp == 1:
         split = [None]
         if rank == 0:
             blocks, head, emb = profile_layer_costs(args)
@@ -442,21 +473,32 @@ def main(argv=None) -> None:
                   f"{head * 1e3:.2f} ms -> layers per stage {split[0]}", flush=True)
         dist.broadcast_object_list(split, src=0)
         layers = split[0]
-    first = sum(layers[:stage])
-    model = Stage(args, first, layers[stage], stage == 0, stage == args.pp - 1).to(device)
+    if args.vpp == 1:
+        first = sum(layers[:stage])
+        chunks = nn.ModuleList([Stage(args, first, layers[stage], stage == 0, stage == args.pp - 1)])
+    else:  # stage s holds global chunks c·pp + s
+        n = args.pp * args.vpp
+        gcs = [c * args.pp + stage for c in range(args.vpp)]
+        chunks = nn.ModuleList([Stage(args, sum(chunk_blocks[:g]), chunk_blocks[g], g == 0,
+                                      g == n - 1) for g in gcs])
+    model = chunks.to(device)
+    # pp = 2 interleaved: both directions between the same two ranks (see Pipeline)
+    bwd_group = dist.new_group(list(range(world))) if args.vpp > 1 else None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
-    meta = JobMeta(name="train_gpt", dp_size=dp, pp_size=args.pp,
+    meta = JobMeta(name="train_gpt", dp_size=dp, pp_size=args.pp, vpp_size=args.vpp,
                    run_id=os.environ.get("TORCHELASTIC_RUN_ID", "0"))
-    meta.extra.update({"injections": injections(args, dp, layers), "schedule": "1f1b",
+    meta.extra.update({"injections": injections(args, dp, layers),
+                       "schedule": "1f1b" if args.vpp == 1 else "interleaved-1f1b",
                        "microbatches": args.microbatches, "layers_per_stage": layers,
+                       **({"layers_per_chunk": chunk_blocks} if chunk_blocks else {}),
                        "args": {k: str(v) for k, v in vars(args).items()}})
     rec = Recorder(args.trace_dir or Path("runs") / "train_gpt", meta, dp_rank=dp_rank,
                    stage=stage, sample_every=args.sample_every, flush_every=args.flush_every,
                    flush_interval_s=args.flush_interval,
                    device=device, enabled=not args.no_record and args.trace_dir is not None)
     planned_gc = PlannedGC(args.planned_gc) if args.planned_gc else None
-    pipeline = Pipeline(args, rec, model, stage, dp_rank, device)
+    pipeline = Pipeline(args, rec, model, stage, dp_rank, device, bwd_group)
     step_starts = []
     with rec:
         if planned_gc:

@@ -79,7 +79,7 @@ def diagnose(w: WhatIf, trace: Trace, by_optype: dict, by_stage: dict, by_dp: di
                     f"stage(s) {', '.join(map(str, stages))}; forward and backward of the same "
                     f"microbatch correlate at {corr:.2f}")
         if fit is not None:
-            evidence += f"; compute follows Σs² (r² = {fit:.2f})"
+            evidence += f"; compute follows Σs² (correlation {fit:.2f})"
         found.append(_entry("sequence_imbalance", {"pp": stages}, evidence,
                             t_nd / w.fix_fraction(mask)[1]))
 
@@ -172,7 +172,7 @@ def _sequence_imbalance(w: WhatIf, trace: Trace):
     if not stages:
         return None
     return stages, float(np.mean(corrs)), float(np.mean(cvs)), \
-        (float(np.mean(fits)) ** 2 if fits else None)
+        (float(np.mean(fits)) if fits else None)
 
 
 def _attn_fit(g, trace: Trace, stage: int, compute: np.ndarray) -> float | None:
@@ -257,8 +257,14 @@ def _communication(w: WhatIf, by_optype: dict):
     if name.endswith("pp-comm"):
         hot = sorted(set(hot) | _link_peers(w, np.flatnonzero(nodes), excess))
     where = {"dp": sorted({d for d, _ in hot}), "pp": sorted({p for _, p in hot})} if hot else {}
+    # The fix: the slow link carries traffic both ways (all p2p op types), or the slow
+    # collective, on the workers where it is slow.
+    fixed = np.isin(g.node_optype, [C[o] for o in MERGED_OPTYPE]) if name.endswith("pp-comm") \
+        else nodes
     mask = np.zeros(w.cost.shape[:2], bool)
-    mask[nodes] = True
+    dp_index = {int(d): i for i, d in enumerate(g.dp_ranks)}
+    for d, p in hot or [(int(d), p) for d in g.dp_ranks for p in range(g.pp_size)]:
+        mask[fixed & (g.node_stage == p), dp_index[d]] = True
     gain = float(w.t_nodelay.mean()) / w.fix_fraction(mask)[1]
     return _entry("communication", where,
                   f"{name} transfers take {worst:.1f}× their median on "
