@@ -5,7 +5,8 @@
 
 Rank layout: rank = dp_rank * pp + stage (pipeline neighbours are adjacent ranks); it is written
 to meta.json (extra.layout). With --vpp V > 1 the blocks are split into pp·V model chunks and
-stage s holds global chunks c·pp + s (c = 0..V−1), run in Megatron's interleaved 1F1B order. gloo on CPU, NCCL on GPU. Every straggler injection is off by default
+stage s holds global chunks c·pp + s (c = 0..V−1), run in Megatron's interleaved 1F1B order.
+gloo on CPU, NCCL on GPU. Every straggler injection is off by default
 and, when on, written to meta.json as ground truth (extra.injections).
 
 Read top to bottom: arguments → model → data → pipeline schedule → step → main.
@@ -336,7 +337,8 @@ class Pipeline:
         return buf
 
     def run(self, step: int, plan: list[list[int]]) -> float:
-        """Forward and backward of every (chunk, microbatch); returns the summed loss (last stage)."""
+        """Forward and backward of every (chunk, microbatch); returns the summed loss (last stage).
+        """
         m, d, V, s = self.args.microbatches, self.args.d_model, self.vpp, self.stage
         inputs, outputs, losses = {}, {}, []
         garbage = []
@@ -475,7 +477,8 @@ def main(argv=None) -> None:
         layers = split[0]
     if args.vpp == 1:
         first = sum(layers[:stage])
-        chunks = nn.ModuleList([Stage(args, first, layers[stage], stage == 0, stage == args.pp - 1)])
+        chunks = nn.ModuleList([Stage(args, first, layers[stage], stage == 0,
+                                      stage == args.pp - 1)])
     else:  # stage s holds global chunks c·pp + s
         n = args.pp * args.vpp
         gcs = [c * args.pp + stage for c in range(args.vpp)]

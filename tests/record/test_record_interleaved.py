@@ -1,4 +1,4 @@
-"""A real torchrun job with interleaved 1F1B (pp 2 × vpp 2): chunks recorded, loss sane, replayable."""
+"""A real torchrun job with interleaved 1F1B (pp 2 × vpp 2): chunks, loss, replay."""
 
 from __future__ import annotations
 
