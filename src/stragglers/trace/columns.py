@@ -86,6 +86,10 @@ def _numeric(col: pa.ChunkedArray, name: str, dtype: np.dtype, source, fill=None
     if dtype.kind == "i" and arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
             raise InputError(source, name, "expected whole numbers")
+    if dtype.kind == "i" and len(arr):
+        lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+        if arr.min() < lo or arr.max() > hi:  # a silent wrap-around would corrupt ids
+            raise InputError(source, name, f"values must lie in [{lo}, {hi}]")
     return arr.astype(dtype, copy=False)
 
 
