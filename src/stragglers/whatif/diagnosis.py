@@ -80,8 +80,11 @@ def diagnose(w: WhatIf, trace: Trace, by_optype: dict, by_stage: dict, by_dp: di
                     f"microbatch correlate at {corr:.2f}")
         if fit is not None:
             evidence += f"; compute follows Σs² (correlation {fit:.2f})"
-        found.append(_entry("sequence_imbalance", {"pp": stages}, evidence,
-                            t_nd / w.fix_fraction(mask)[1]))
+        balanced = _balanced_sequence_costs(w, trace)
+        # With Σs² recorded, the fix removes only the part of compute that Σs² explains (what
+        # balancing sequences can do); without it, all compute variation (an upper bound).
+        t_rem = w.mean_step_time(balanced) if balanced is not None else w.fix_fraction(mask)[1]
+        found.append(_entry("sequence_imbalance", {"pp": stages}, evidence, t_nd / t_rem))
 
     gc = _gc(w)
     if gc is not None:
@@ -173,6 +176,35 @@ def _sequence_imbalance(w: WhatIf, trace: Trace):
         return None
     return stages, float(np.mean(corrs)), float(np.mean(cvs)), \
         (float(np.mean(fits)) if fits else None)
+
+
+def _balanced_sequence_costs(w: WhatIf, trace: Trace) -> np.ndarray | None:
+    """Costs after Σs² is balanced across DP ranks and microbatches of each stage and step.
+
+    Per stage and compute type, duration ≈ a + b·Σs² (least squares); balancing moves every
+    microbatch's Σs² to the step's mean, so each op loses b·(Σs² − mean) and keeps its residual.
+    """
+    if "attn_cost" not in trace.ops:
+        return None
+    g = w.grid
+    cost = w.cost.copy()
+    for s in range(g.pp_size):
+        for code in (FWD, BWD):
+            nodes = _microbatch_nodes(g, trace, s, code)
+            if len(nodes) == 0:
+                continue
+            rows = g.row[nodes]
+            attn = np.where(rows >= 0, trace.ops["attn_cost"][np.maximum(rows, 0)], np.nan)
+            if not np.all(np.isfinite(attn)):
+                return None
+            dur = g.duration[nodes]
+            x, y = attn.ravel(), dur.ravel()
+            if np.std(x) == 0:
+                continue
+            slope = float(np.cov(x, y)[0, 1] / np.var(x, ddof=1))
+            step_mean = attn.mean(axis=(0, 1), keepdims=True)
+            cost[nodes] = np.maximum(dur - max(slope, 0.0) * (attn - step_mean), 0.0)
+    return cost
 
 
 def _attn_fit(g, trace: Trace, stage: int, compute: np.ndarray) -> float | None:

@@ -132,6 +132,10 @@ class WhatIf:
             return 0.0, t_rem
         return (t_nd - t_rem) / (t_nd - t_id), t_rem
 
+    def mean_step_time(self, cost: np.ndarray) -> float:
+        """Mean step time of a replay with the given op costs [N, D, T] and no launch delays."""
+        return float(replay(self._plan, cost, self.step_start).mean())
+
     def top_workers(self, scores: list[dict]) -> list[tuple[int, int]]:
         """The top ⌈3%⌉ workers by S_w (ties: lower rank first)."""
         k = max(1, math.ceil(len(scores) * TOP_WORKER_PERCENT / 100))
