@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from stragglers.trace.model import Trace
 from stragglers.whatif.diagnosis import diagnose
 from stragglers.whatif.grid import build_grid
 from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD, WhatIf
+from stragglers.whatif.replay import replay
 
 
 def analyze(trace: Trace, steps: list[int] | None = None,
@@ -39,7 +42,7 @@ def analyze_with_model(trace: Trace, steps: list[int] | None = None,
         m_w, top = w.m_w(scores)
         m_s = w.m_s()
     tick("diagnosis")
-    diagnosis = diagnose(w, trace, by_optype, by_stage, by_dp, scores, m_w or 0.0, top, m_s or 0.0)
+    diagnosis = diagnose(w, trace, by_optype, by_stage, by_dp, scores, m_w or 0.0, top)
     meta = trace.meta
     result = {
         "job": {"name": meta.name, "run_id": meta.run_id, "dp": meta.dp_size, "pp": meta.pp_size,
@@ -81,11 +84,7 @@ def timelines(w: WhatIf, trace: Trace) -> tuple[Trace, dict]:
     Steps are laid end to end on one axis (traces may restart the clock every step), at the
     same offsets in both timelines so they can be compared side by side.
     """
-    import numpy as np
-
-    from stragglers.whatif.replay import replay
-
-    _, start, end = replay(w._plan, w.ideal, w.step_start, keep_timeline=True)
+    _, start, end = replay(w.plan, w.ideal, w.step_start, keep_timeline=True)
     present = w.grid.present
     start = np.broadcast_to(start, present.shape)
     end = np.broadcast_to(end, present.shape)

@@ -30,7 +30,7 @@ FIXES = {
 
 
 def diagnose(w: WhatIf, trace: Trace, by_optype: dict, by_stage: dict, by_dp: dict,
-             scores: list[dict], m_w: float, top: list[tuple[int, int]], m_s: float) -> list[dict]:
+             scores: list[dict], m_w: float, top: list[tuple[int, int]]) -> list[dict]:
     """Causes, most important first; [`none`] when the job is not straggling."""
     s = w.slowdown
     if s < STRAGGLING:
@@ -55,26 +55,23 @@ def diagnose(w: WhatIf, trace: Trace, by_optype: dict, by_stage: dict, by_dp: di
     # Stage imbalance: one stage hot on every DP rank alike.
     if by_stage:
         hot = max(by_stage, key=by_stage.get)
-        m_hot = m_s if hot == w.grid.pp_size - 1 else _stage_fix(w, hot)
+        stage_mask = w.ops_mask(w.grid.node_stage == hot)
+        m_hot, t_rem_stage = w.fix_fraction(stage_mask)
         uniform = dp_spread <= 0.5 * (s - 1)
         excess = _stage_compute_excess(w, hot)
         worker_found = any(f["cause"] == "worker_fault" for f in found)
         if m_hot >= MS_STAGE and uniform and not worker_found and excess >= STAGE_EXCESS:
-            mask = np.zeros(w.cost.shape[:2], bool)
-            mask[w.grid.node_stage == hot] = True
             found.append(_entry("stage_imbalance", {"pp": [hot]},
                                 f"stage {hot} has S = {by_stage[hot]:.3f} on all DP ranks (others "
                                 f"≤ {max([v for k, v in by_stage.items() if k != hot] or [1]):.3f}); "
                                 f"it computes {100 * excess:.0f}% more per step than the other "
                                 f"stages; balancing it alone removes {100 * m_hot:.0f}% of the "
-                                f"slowdown (M = {m_hot:.2f})",
-                                t_nd / w.fix_fraction(mask)[1]))
+                                f"slowdown (M = {m_hot:.2f})", t_nd / t_rem_stage))
 
     seq = _sequence_imbalance(w, trace)
     if seq is not None and not any(f["cause"] == "worker_fault" for f in found):
         stages, corr, cv, fit = seq
-        mask = np.zeros(w.cost.shape[:2], bool)
-        mask[np.isin(w.grid.node_optype, (FWD, BWD))] = True
+        mask = w.ops_mask(np.isin(w.grid.node_optype, (FWD, BWD)))
         evidence = (f"microbatch compute varies by {100 * cv:.0f}% within each worker and step on "
                     f"stage(s) {', '.join(map(str, stages))}; forward and backward of the same "
                     f"microbatch correlate at {corr:.2f}")
@@ -89,9 +86,7 @@ def diagnose(w: WhatIf, trace: Trace, by_optype: dict, by_stage: dict, by_dp: di
     gc = _gc(w)
     if gc is not None:
         where, total, count = gc
-        mask = np.zeros(w.cost.shape[:2], bool)
-        mask[w.grid.node_optype == GC] = True
-        gain = t_nd / w.fix_fraction(mask)[1]
+        gain = t_nd / w.fix_fraction(w.ops_mask(w.grid.node_optype == GC))[1]
         found.append(_entry("gc", where, f"{count} GC pauses totalling {total:.3f} s on "
                             f"{len(where['workers'])} workers at uncoordinated steps "
                             f"(S_gc = {by_optype.get('gc', 1.0):.3f})", gain))
@@ -114,13 +109,6 @@ def _entry(cause: str, where: dict, evidence: str, speedup: float | None) -> dic
     return {"cause": cause, "where": where, "evidence": evidence,
             "speedup_if_fixed": None if speedup is None else float(speedup),
             "fix": FIXES.get(cause)}
-
-
-def _stage_fix(w: WhatIf, stage: int) -> float:
-    """M for fixing one whole stage."""
-    mask = np.zeros(w.cost.shape[:2], bool)
-    mask[w.grid.node_stage == stage] = True
-    return w.fix_fraction(mask)[0]
 
 
 def _worker_compute_ratio(w: WhatIf, dp: int, stage: int) -> float:

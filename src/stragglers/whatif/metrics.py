@@ -12,7 +12,7 @@ from stragglers.trace.model import OPTYPES
 from stragglers.whatif.dependencies import DependencyModel, build_dependencies
 from stragglers.whatif.grid import OpGrid
 from stragglers.whatif.idealise import ideal_costs
-from stragglers.whatif.replay import compile_plan, replay
+from stragglers.whatif.replay import ReplayPlan, compile_plan, replay
 from stragglers.whatif.timing import base_step_times, launch_delays, measured_costs, step_starts
 
 DECOMPOSE_THRESHOLD = 1.03
@@ -37,7 +37,10 @@ class WhatIf:
     t_nodelay: np.ndarray
     t_ideal: np.ndarray
     launch_delay: np.ndarray
+    plan: ReplayPlan
     progress: Callable[[str], None] = field(default=lambda _msg: None)
+    # fix_fraction answers by mask: diagnosis asks again for masks the metrics already replayed
+    _fixes: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, grid: OpGrid, dsp_size: int = 1, progress=None) -> "WhatIf":
@@ -56,10 +59,8 @@ class WhatIf:
         ideal, values = ideal_costs(grid, cost, model.no_op)
         tick("ideal replay")
         t_ideal = replay(plan, ideal, start)
-        obj = cls(grid, model, cost, ideal, values, start, base_step_times(grid), t_replay,
-                  t_nodelay, t_ideal, delay, tick)
-        obj._plan = plan
-        return obj
+        return cls(grid, model, cost, ideal, values, start, base_step_times(grid), t_replay,
+                   t_nodelay, t_ideal, delay, plan, tick)
 
     # --- top-level numbers -------------------------------------------------------------
     @property
@@ -86,7 +87,7 @@ class WhatIf:
         """S_g: ideal everywhere except `nodes` (bool [N]) keep their measured cost."""
         cost = np.broadcast_to(self.ideal, self.cost.shape).copy()
         cost[nodes] = self.cost[nodes]
-        return float(replay(self._plan, cost, self.step_start).mean() / self.t_ideal.mean())
+        return float(replay(self.plan, cost, self.step_start).mean() / self.t_ideal.mean())
 
     def by_optype(self) -> dict[str, float]:
         """S_t per op type, send and recv merged per direction."""
@@ -112,7 +113,7 @@ class WhatIf:
         pairs = np.empty((n, d, 2, t))
         pairs[:, :, 0, :] = self.cost
         pairs[:, :, 1, :] = self.ideal
-        times = replay(self._plan, pairs.reshape(n, 2 * d, t), self.step_start, jobs=d)
+        times = replay(self.plan, pairs.reshape(n, 2 * d, t), self.step_start, jobs=d)
         ratio = np.reshape(times, (d, t)).mean(axis=1) / self.t_ideal.mean()
         return {int(r): float(v) for r, v in zip(self.grid.dp_ranks, ratio)}
 
@@ -123,18 +124,25 @@ class WhatIf:
 
     def fix_fraction(self, mask: np.ndarray) -> tuple[float, float]:
         """(M_X, mean T_rem): X's ops (bool [N, D]) ideal, everything else measured."""
-        cost = self.cost.copy()
-        ideal = np.broadcast_to(self.ideal, self.cost.shape)
-        cost[mask] = ideal[mask]
-        t_rem = float(replay(self._plan, cost, self.step_start).mean())
-        t_nd, t_id = float(self.t_nodelay.mean()), float(self.t_ideal.mean())
-        if t_nd - t_id <= 1e-12:
-            return 0.0, t_rem
-        return (t_nd - t_rem) / (t_nd - t_id), t_rem
+        key = mask.tobytes()
+        if key not in self._fixes:
+            cost = self.cost.copy()
+            cost[mask] = np.broadcast_to(self.ideal, self.cost.shape)[mask]
+            t_rem = self.mean_step_time(cost)
+            t_nd, t_id = float(self.t_nodelay.mean()), float(self.t_ideal.mean())
+            m = 0.0 if t_nd - t_id <= 1e-12 else (t_nd - t_rem) / (t_nd - t_id)
+            self._fixes[key] = (m, t_rem)
+        return self._fixes[key]
 
     def mean_step_time(self, cost: np.ndarray) -> float:
         """Mean step time of a replay with the given op costs [N, D, T] and no launch delays."""
-        return float(replay(self._plan, cost, self.step_start).mean())
+        return float(replay(self.plan, cost, self.step_start).mean())
+
+    def ops_mask(self, nodes: np.ndarray) -> np.ndarray:
+        """bool [N, D] selecting the template ops `nodes` (bool [N]) on every DP rank."""
+        mask = np.zeros(self.cost.shape[:2], dtype=bool)
+        mask[nodes] = True
+        return mask
 
     def top_workers(self, scores: list[dict]) -> list[tuple[int, int]]:
         """The top ⌈3%⌉ workers by S_w (ties: lower rank first)."""
@@ -157,6 +165,4 @@ class WhatIf:
 
     def m_s(self) -> float:
         """M_S: fix only the last stage."""
-        mask = np.zeros(self.cost.shape[:2], dtype=bool)
-        mask[self.grid.node_stage == self.grid.pp_size - 1, :] = True
-        return self.fix_fraction(mask)[0]
+        return self.fix_fraction(self.ops_mask(self.grid.node_stage == self.grid.pp_size - 1))[0]
