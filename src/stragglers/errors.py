@@ -1,14 +1,26 @@
-"""User-facing errors: each names the file, the field and what was expected."""
+"""Errors for users: each names the file or field and what was expected, and has an exit code.
+
+Two families, so a user (and a script) can tell them apart:
+
+* `InputError` (exit 2): the input is wrong (a file, a field, an option, a request). Fix the
+  input and run again.
+* `EnvironmentFailure` (exit 3): the input was fine but something around it failed (a torchrun
+  child died, a service answered 5xx, a port was taken). Retrying or fixing the machine helps.
+"""
 
 from __future__ import annotations
 
 
 class StragglersError(Exception):
-    """Base class for errors the CLI reports as one line with exit code 2."""
+    """Base class for errors the CLI reports as one line (never a traceback)."""
+
+    exit_code = 2
 
 
 class InputError(StragglersError):
     """Bad input: names the source (file), the field and what was expected."""
+
+    exit_code = 2
 
     def __init__(self, source: object, field: str | None, problem: str):
         self.source = str(source)
@@ -18,12 +30,18 @@ class InputError(StragglersError):
         super().__init__(f"{where}: {problem}")
 
 
-class DependencyCycleError(StragglersError):
-    """The dependency graph has a cycle; the message names the ops involved."""
+class DependencyCycleError(InputError):
+    """The trace's dependency graph has a cycle; the message names the ops involved."""
+
+    def __init__(self, message: str):
+        StragglersError.__init__(self, message)
+        self.source, self.field, self.problem = "trace", None, message
 
 
 class MissingExtraError(StragglersError):
     """An optional dependency (torch, fastapi) is needed for this command."""
+
+    exit_code = 3
 
     def __init__(self, module: str, extra: str):
         super().__init__(
@@ -31,3 +49,14 @@ class MissingExtraError(StragglersError):
             f"install it with: pip install 'stragglers[{extra}]'"
             + (" (and torch==2.13.0)" if module == "torch" else "")
         )
+
+
+class EnvironmentFailure(StragglersError):
+    """Not the input's fault: a child process, a service or the machine failed (exit 3)."""
+
+    exit_code = 3
+
+    def __init__(self, what: str, problem: str):
+        self.what = what
+        self.problem = problem
+        super().__init__(f"{what}: {problem}")
