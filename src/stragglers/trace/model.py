@@ -82,16 +82,38 @@ class JobMeta:
         return asdict(self)
 
 
+# Kinds of reader notes (Trace.notes), in the order reports show them.
+NOTE_KINDS: tuple[str, ...] = ("ranks", "layout", "clock", "dropped", "other")
+
+
 @dataclass
 class Trace:
-    """An op table (dict of equal-length numpy columns, see COLUMNS) with its job metadata."""
+    """An op table (dict of equal-length numpy columns, see COLUMNS) with its job metadata.
+
+    `notes` is what the reader could not see or had to assume, for the report to state:
+    a list of {"kind": k, "message": m} dicts (plain strings, JSON-ready), where k is one of
+    NOTE_KINDS:
+      "ranks"   ranks read of the world size, and which are missing;
+      "layout"  how ranks were placed on the DP x PP grid (given, taken from groups, assumed);
+      "clock"   clock alignment across ranks and its residual;
+      "dropped" ops read but left out (collectives without an op type, unpaired sends/recvs);
+      "other"   anything else the user should know to trust the numbers.
+    Readers add them with `trace.note(kind, message)`; `select` keeps them.
+    """
 
     ops: dict[str, np.ndarray]
     meta: JobMeta
     source: str = "<memory>"
+    notes: list[dict[str, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ops["step"])
+
+    def note(self, kind: str, message: str) -> None:
+        """Record one reader note (kind from NOTE_KINDS) for the report."""
+        if kind not in NOTE_KINDS:
+            raise ValueError(f"note kind {kind!r} is not one of {', '.join(NOTE_KINDS)}")
+        self.notes.append({"kind": kind, "message": str(message)})
 
     @property
     def end_ts(self) -> np.ndarray:
@@ -104,7 +126,8 @@ class Trace:
 
     def select(self, mask: np.ndarray) -> "Trace":
         """A new trace with only the rows where mask is true."""
-        return Trace({k: v[mask] for k, v in self.ops.items()}, self.meta, self.source)
+        return Trace({k: v[mask] for k, v in self.ops.items()}, self.meta, self.source,
+                     list(self.notes))
 
     @classmethod
     def from_rows(cls, rows: dict[str, Any], meta: JobMeta, source: str = "<memory>") -> "Trace":
