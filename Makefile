@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv browser bench clean
+.PHONY: demo test venv browser bench docs clean
 
 venv: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev]" "torch==2.13.0"
 	touch $(STAMP)
 
 # Headless Chromium from Debian for the browser tests (Playwright drives the system browser).
@@ -27,8 +27,13 @@ demo: venv
 test: venv browser
 	$(VENV)/bin/pytest -q
 
+# API reference generated from the docstrings into docs/api (open docs/api/index.html).
+docs: venv
+	$(VENV)/bin/pdoc --docformat google -o docs/api stragglers
+	@echo "API reference: docs/api/index.html"
+
 bench: venv
 	@echo "see BENCHMARKS.md for the commands of each benchmark"
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs docs/api

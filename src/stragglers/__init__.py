@@ -1,3 +1,72 @@
-"""stragglers: find, explain and remove stragglers in distributed deep-learning training."""
+"""stragglers: find, explain and remove stragglers in distributed deep-learning training.
 
-__version__ = "0.1.0"
+    import stragglers as st
+    result = st.analyze("runs/job")          # what-if analysis of a recorded run
+    st.print_report(result)
+
+Every public name is importable from here. Imports are lazy: `import stragglers` loads nothing
+heavy, the analysis path (load_trace, analyze, reports) never imports torch, and the names that
+need torch (Recorder, stragglar_all_reduce, train_coded, ...) import it on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+__version__ = "0.2.0"
+
+# One logger tree, quiet unless the application (or `stragglers -v`) configures logging.
+logging.getLogger("stragglers").addHandler(logging.NullHandler())
+
+# public name -> module that defines it, grouped by capability
+_LAZY = {
+    # Understand: traces, what-if analysis, reports
+    "analyze": "stragglers.api",
+    "load_trace": "stragglers.trace.load",
+    "parse_steps": "stragglers.trace.load",
+    "convert": "stragglers.trace.convert",
+    "Trace": "stragglers.trace.model",
+    "JobMeta": "stragglers.trace.model",
+    "print_report": "stragglers.report",
+    "write_html": "stragglers.report",
+    "write_perfetto": "stragglers.report",
+    # Record
+    "Recorder": "stragglers.record",
+    # Tolerate: StragglAR and gradient coding
+    "stragglar_all_reduce": "stragglers.collectives",
+    "stragglar_hook": "stragglers.collectives",
+    "StragglarHookState": "stragglers.collectives",
+    "StragglerDetector": "stragglers.collectives",
+    "make_code": "stragglers.coding",
+    "check_stability": "stragglers.coding",
+    # Mitigate
+    "PlannedGC": "stragglers.mitigate",
+    "balance_sequences": "stragglers.mitigate",
+    "suggest_stage_split": "stragglers.mitigate",
+    # Surface: errors and configuration
+    "StragglersError": "stragglers.errors",
+    "InputError": "stragglers.errors",
+    "EnvironmentFailure": "stragglers.errors",
+    "MissingExtraError": "stragglers.errors",
+    "Config": "stragglers.config",
+}
+_RENAMED = {"synth": ("stragglers.trace.synth", "generate")}
+
+__all__ = sorted([*_LAZY, *_RENAMED, "__version__"])
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _RENAMED:
+        module, attr = _RENAMED[name]
+        value = getattr(importlib.import_module(module), attr)
+    else:
+        raise AttributeError(f"module 'stragglers' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

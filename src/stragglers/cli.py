@@ -1,9 +1,11 @@
-"""The `stragglers` command: each capability registers its own subcommands."""
+"""The `stragglers` command: one group per capability, each registered by its own module."""
 
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -12,23 +14,48 @@ from stragglers.errors import StragglersError
 
 app = typer.Typer(
     name="stragglers",
-    help="Find, explain and remove stragglers in distributed training.",
+    help="Find, explain and remove stragglers in distributed training.\n\n"
+         "Understand: analyze, convert, synth.  Watch: monitor.  Tolerate: collectives, coding.  "
+         "Adapt: adapt.  Run `stragglers COMMAND --help` for each.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+_verbosity = 0
+
+
+def _version(value: bool) -> None:
+    if value:
+        from stragglers import __version__
+
+        typer.echo(f"stragglers {__version__}")
+        raise typer.Exit(0)
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True,
+                                help="Log what the tool does (-v info, -vv debug)."),
+    version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
+                                           help="Print the version and exit."),
+) -> None:
     """Find, explain and remove stragglers in distributed training."""
+    global _verbosity
+    _verbosity = verbose
+    if verbose:
+        from rich.logging import RichHandler
+
+        logger = logging.getLogger("stragglers")
+        logger.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+        logger.addHandler(RichHandler(console=Console(stderr=True), show_path=False))
 
 
 # One module per capability owns its commands; each exposes register(app).
 COMMAND_MODULES = (
-    "stragglers.trace.commands",
     "stragglers.whatif.commands",
+    "stragglers.trace.commands",
     "stragglers.collectives.commands",
     "stragglers.coding.commands",
     "stragglers.adapt.commands",
@@ -39,22 +66,28 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
-    """Run the CLI; user errors become one line on stderr and exit code 2."""
+    """Run the CLI: user errors exit 2, environment failures 3, each as one line on stderr."""
     try:
         app(standalone_mode=False)
     except StragglersError as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
     except Exception as exc:  # usage errors arrive here in non-standalone mode
         show = getattr(exc, "show", None)
         if callable(show) and hasattr(exc, "exit_code"):  # a click/typer usage error
             show()
             sys.exit(2)
-        raise
+        if _verbosity:
+            raise
+        Console(stderr=True).print(
+            f"[bold red]internal error:[/] {type(exc).__name__}: {exc} (this is a bug in "
+            "stragglers; run with -v for the traceback and report it)", highlight=False,
+            soft_wrap=True)
+        sys.exit(4)
 
 
 if __name__ == "__main__":

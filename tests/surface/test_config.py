@@ -1,0 +1,48 @@
+"""The one config pattern: validation in one place, errors that name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from stragglers.config import Config, cli_overrides, setting
+from stragglers.errors import InputError
+from stragglers.protocols import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Example(Config):
+    threshold: float = setting(1.1, "S at which a job straggles", minimum=1.0)
+    count: int = setting(10, "steps per window", minimum=1)
+    mode: str = setting("fast", "how", choices=("fast", "slow"))
+    enabled: bool = setting(True, "on or off")
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"threshold": 0.5}, "threshold"), ({"threshold": float("nan")}, "threshold"),
+    ({"count": 2.5}, "count"), ({"count": "3"}, "count"), ({"count": True}, "count"),
+    ({"mode": "medium"}, "mode"), ({"enabled": 1}, "enabled"), ({"bogus": 1}, "bogus"),
+])
+def test_bad_settings_name_the_field(changes, field):
+    with pytest.raises(InputError) as err:
+        Example.from_mapping(changes, "rules.yaml")
+    assert err.value.field == field
+    assert "rules.yaml" in str(err.value)
+
+
+def test_good_settings_and_cli_overrides():
+    cfg = cli_overrides(Example, ["threshold=1.3", "count=4", "enabled=false"])
+    assert (cfg.threshold, cfg.count, cfg.enabled) == (1.3, 4, False)
+    assert Example().replace(count=3).count == 3
+    assert [name for name, _, _ in Example.describe()] == ["threshold", "count", "mode", "enabled"]
+    with pytest.raises(InputError):
+        cli_overrides(Example, ["count=many"])
+
+
+def test_registry_lists_choices():
+    reg: Registry = Registry("thing")
+    reg.register("a")(object)
+    assert reg.get("a") is object
+    with pytest.raises(InputError, match="expected one of a"):
+        reg.get("b")
