@@ -7,7 +7,7 @@ from report_results import clean_result, json_round_trip, straggling_result
 from rich.console import Console
 
 from stragglers.errors import InputError
-from stragglers.report import print_report, summarize
+from stragglers.report import as_result, print_report
 from stragglers.report.console import slowdown_style
 
 
@@ -86,7 +86,7 @@ def test_minimal_result_renders():
 ])
 def test_bad_results_raise_input_errors(bad, field):
     with pytest.raises(InputError) as err:
-        summarize(bad)
+        as_result(bad)
     assert err.value.field == field
     with pytest.raises(InputError):
         print_report([1, 2])  # not an object at all

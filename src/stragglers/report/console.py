@@ -15,175 +15,219 @@ from rich.table import Table
 from rich.text import Text
 
 from stragglers.report.summary import (
-    DECOMPOSITION_SLOWDOWN,
-    STRAGGLING_SLOWDOWN,
-    Summary,
+    LAUNCH_DELAY_MEANING,
+    WorkerGrid,
+    advice_of,
+    as_result,
+    attribution_note,
+    coverage_words,
+    describe_where,
+    fix_fraction_words,
     fmt,
     fmt_seconds,
-    summarize,
+    located_words,
+    notes_by_kind,
+    prediction_words,
+    shape_words,
+    title_of,
 )
+from stragglers.whatif.diagnosis import STRAGGLING
+from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD
+from stragglers.whatif.result import AnalysisResult
 
 # Above this many DP ranks the worker grid shows coloured blocks instead of numbers.
 GRID_NUMBERS_MAX_DP = 16
 TOP_STEPS = 5
 
 
-def slowdown_style(value: float | None) -> str:
+def slowdown_style(value: float | None, straggling: float = STRAGGLING) -> str:
     """The colour of a slowdown value: green when clean, red when it hurts."""
     if value is None or not math.isfinite(value):
         return "dim"
     if value >= 1.25:
         return "bold red"
-    if value >= STRAGGLING_SLOWDOWN:
+    if value >= straggling:
         return "red"
-    if value >= DECOMPOSITION_SLOWDOWN:
+    if value >= DECOMPOSE_THRESHOLD:
         return "yellow"
     return "green"
 
 
-def print_report(result: Mapping[str, Any], console: Console | None = None) -> None:
+def print_report(result: AnalysisResult | Mapping[str, Any], console: Console | None = None) -> None:
     """Print the analysis result as a headline, attribution tables, worker grid and diagnosis."""
-    summary = summarize(result)
+    r = as_result(result)
     console = console or Console()
-    console.print(_headline(summary))
-    for warning in summary.warnings:
+    console.print(_headline(r))
+    notes = _notes(r)
+    if notes is not None:
+        console.print(notes)
+    for warning in r.warnings:
         console.print(Text(f"warning: {warning}", style="yellow"))
-    if summary.decomposed:
-        console.print(_attribution_tables(summary))
-        if summary.worker_grid.size:
-            console.print(_worker_grid(summary, console.width))
+    if r.decomposed:
+        console.print(_attribution_tables(r))
+        grid = WorkerGrid.of(r)
+        if grid.values.size:
+            console.print(_worker_grid(grid, console.width))
     else:
-        console.print(Text(summary.attribution_note(), style="dim"))
-    if summary.step_slowdown:
-        console.print(_top_steps(summary))
-    console.print(_diagnosis(summary))
+        console.print(Text(attribution_note(r), style="dim"))
+    if r.step_slowdown:
+        console.print(_top_steps(r))
+    console.print(_diagnosis(r))
 
 
-def _headline(s: Summary) -> Panel:
-    job = s.job
-    shape = " × ".join(f"{k} {job[k]}" for k in ("dp", "pp", "tp", "dsp")
-                       if job.get(k) is not None and (k != "dsp" or job[k] != 1))
-    extent = ", ".join(f"{job[k]:,} {k}" for k in ("steps", "ops")
-                       if isinstance(job.get(k), int))
-    verdict = (Text(f"STRAGGLING (S ≥ {STRAGGLING_SLOWDOWN})", style="bold red") if s.straggling
-               else Text(f"not straggling (S < {STRAGGLING_SLOWDOWN})", style="bold green"))
+def _headline(r: AnalysisResult) -> Panel:
+    job = r.job
+    shape = shape_words(r)
+    extent = ", ".join(f"{getattr(job, k):,} {k} analysed" for k in ("steps", "ops")
+                       if isinstance(getattr(job, k), int))
+    t = r.straggling_threshold
+    verdict = (Text(f"STRAGGLING (S ≥ {t})", style="bold red") if r.straggling
+               else Text(f"not straggling (S < {t})", style="bold green"))
     lines = Text()
-    lines.append(f"{s.job_name}", style="bold")
+    lines.append(f"{job.name}", style="bold")
     if shape:
         lines.append(f"   {shape}")
-    if job.get("world_size"):
-        lines.append(f"   world size {job['world_size']}")
+    if job.world_size:
+        lines.append(f"   world size {job.world_size}")
     if extent:
         lines.append(f"   ({extent})")
+    coverage = coverage_words(r)
+    if coverage:
+        lines.append(f"\n{coverage}", style="yellow" if job.missing_workers else "")
     lines.append("\nslowdown S = ")
-    lines.append(fmt(s.slowdown), style=slowdown_style(s.slowdown))
-    lines.append(f"   waste W = 1 − 1/S = {s.waste:.1%}   ")
+    lines.append(fmt(r.slowdown), style=slowdown_style(r.slowdown, t))
+    lines.append(f"   waste W = 1 − 1/S = {fmt(r.waste, '.1%')}   ")
     lines.append_text(verdict)
-    lines.append(f"\nsim_error {fmt(s.sim_error, '.2%')}")
-    if s.sim_error_high:
+    lines.append(f"\nsim_error {fmt(r.sim_error, '.2%')}")
+    if r.sim_error_high:
         lines.append("  (above 5%: the replay does not match this trace well; "
                      "treat the numbers with care)", style="yellow")
-    if s.launch_slowdown is not None:
-        lines.append(f"   launch-delay slowdown {fmt(s.launch_slowdown)}")
-    if any(v is not None for v in s.step_times.values()):
-        t = s.step_times
-        lines.append(f"\nmean step: measured {fmt_seconds(t['T_base'])}, without launch delays "
-                     f"{fmt_seconds(t['T_nodelay'])}, straggler-free {fmt_seconds(t['T_ideal'])}")
-    if s.m_w is not None or s.m_s is not None:
-        lines.append(f"\nfix-fractions: M_W (top 3% workers) {fmt(s.m_w)}   "
-                     f"M_S (last stage) {fmt(s.m_s)}")
+    if r.launch_slowdown is not None:
+        lines.append(f"   launch-delay slowdown {fmt(r.launch_slowdown)}")
+    if any(v is not None for v in (r.t_base, r.t_nodelay, r.t_ideal)):
+        lines.append(f"\nmean step: measured {fmt_seconds(r.t_base)}, without launch delays "
+                     f"{fmt_seconds(r.t_nodelay)}, straggler-free {fmt_seconds(r.t_ideal)}")
+    if r.m_w is not None or r.m_s is not None:
+        lines.append(f"\nfix-fractions: M_W (top 3% workers) {fmt(r.m_w)}   "
+                     f"M_S (last stage) {fmt(r.m_s)}")
+        for why in (fix_fraction_words("M_W", r.m_w, "the top workers"),
+                    fix_fraction_words("M_S", r.m_s, "the last stage")):
+            if why:
+                lines.append(f"\n  {why}", style="dim")
+    if r.launch_slowdown is not None:
+        lines.append(f"\n{LAUNCH_DELAY_MEANING}", style="dim")
     return Panel(lines, title="What-if straggler analysis", title_align="left", box=box.ROUNDED)
 
 
-def _attribution_tables(s: Summary) -> Group:
+def _notes(r: AnalysisResult) -> Panel | None:
+    notes = notes_by_kind(r)
+    if not notes:
+        return None
+    body = Text()
+    for i, (title, message) in enumerate(notes):
+        body.append(("\n" if i else "") + f"{title}: ", style="bold")
+        body.append(message)
+    return Panel(body, title="What the trace does not show (reader notes)", title_align="left",
+                 box=box.ROUNDED, border_style="yellow")
+
+
+def _attribution_tables(r: AnalysisResult) -> Group:
     tables = []
-    if s.by_optype:
-        tables.append(_value_table("By op type", "op type", s.by_optype))
-    if s.by_stage:
-        tables.append(_value_table("By PP stage", "stage", s.by_stage))
-    if s.by_dp_rank:
-        ranked = sorted(s.by_dp_rank, key=lambda kv: -kv[1])
+    t = r.straggling_threshold
+    if r.by_optype:
+        ranked = sorted(r.by_optype.items(), key=lambda kv: -kv[1])
+        tables.append(_value_table("By op type", "op type", ranked, t))
+    if r.by_stage:
+        tables.append(_value_table("By PP stage", "stage", sorted(r.by_stage.items()), t))
+    if r.by_dp_rank:
+        ranked = sorted(r.by_dp_rank.items(), key=lambda kv: -kv[1])
         title = "By DP rank" + (" (top 8)" if len(ranked) > 8 else "")
-        tables.append(_value_table(title, "dp", ranked[:8]))
+        tables.append(_value_table(title, "dp", ranked[:8], t))
     note = Text("S of a group = the slowdown left when only that group keeps its measured "
                 "durations and everything else is ideal.", style="dim")
     # Side by side where they fit, else wrapped below each other (never truncated).
     return Group(note, Columns(tables, padding=(0, 4)))
 
 
-def _value_table(title: str, key_name: str, rows: list[tuple[Any, float]]) -> Table:
+def _value_table(title: str, key_name: str, rows: list[tuple[Any, float]], t: float) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column(key_name)
     table.add_column("S", justify="right")
     for key, value in rows:
-        table.add_row(str(key), Text(fmt(value), style=slowdown_style(value)))
+        table.add_row(str(key), Text(fmt(value), style=slowdown_style(value, t)))
     return table
 
 
-def _worker_grid(s: Summary, width: int) -> Group:
+def _worker_grid(grid: WorkerGrid, width: int) -> Group:
     title = Text("Worker score S_w = min(S_dp, S_pp)  (rows: PP stage, columns: DP rank)",
                  style="italic")
-    hottest = ", ".join(f"dp {d}/pp {p} {v:.3f}" for d, p, v in s.hottest_workers(3))
+    hottest = ", ".join(f"dp {d}/pp {p} {v:.3f}" for d, p, v in grid.hottest(3))
     footer = Text(f"hottest workers: {hottest}", style="dim")
-    if len(s.dp_ranks) <= GRID_NUMBERS_MAX_DP:
-        return Group(title, _numeric_grid(s), footer)
-    return Group(title, *_block_grid(s, width), footer)
+    if len(grid.dp_ranks) <= GRID_NUMBERS_MAX_DP:
+        return Group(title, _numeric_grid(grid), footer)
+    return Group(title, *_block_grid(grid, width), footer)
 
 
-def _numeric_grid(s: Summary) -> Table:
+def _numeric_grid(grid: WorkerGrid) -> Table:
     table = Table(box=box.SIMPLE, pad_edge=False)
     table.add_column("pp \\ dp", justify="right")
-    for d in s.dp_ranks:
+    for d in grid.dp_ranks:
         table.add_column(str(d), justify="right")
-    for r, stage in enumerate(s.stages):
+    for r, stage in enumerate(grid.stages):
         table.add_row(str(stage), *(Text(fmt(float(v), ".2f", "·"), style=slowdown_style(float(v)))
-                                    for v in s.worker_grid[r]))
+                                    for v in grid.values[r]))
     return table
 
 
-def _block_grid(s: Summary, width: int) -> list[Text]:
+def _block_grid(grid: WorkerGrid, width: int) -> list[Text]:
     """One coloured block per worker, folded into bands of DP ranks that fit the width."""
     band = max(16, width - 12)
     lines = []
-    for lo in range(0, len(s.dp_ranks), band):
-        ranks = s.dp_ranks[lo:lo + band]
+    for lo in range(0, len(grid.dp_ranks), band):
+        ranks = grid.dp_ranks[lo:lo + band]
         lines.append(Text(f"  dp {ranks[0]}–{ranks[-1]}", style="dim"))
-        for r, stage in enumerate(s.stages):
+        for r, stage in enumerate(grid.stages):
             line = Text(f"pp {stage:>4}  ")
-            for v in s.worker_grid[r, lo:lo + band]:
+            for v in grid.values[r, lo:lo + band]:
                 v = float(v)
                 line.append("█" if math.isfinite(v) else "·", style=slowdown_style(v))
             lines.append(line)
     return lines
 
 
-def _top_steps(s: Summary) -> Group:
-    title = Text(f"Slowest steps (top {min(TOP_STEPS, len(s.step_slowdown))} of "
-                 f"{len(s.step_slowdown)})", style="italic")
+def _top_steps(r: AnalysisResult) -> Group:
+    steps = r.step_slowdown
+    title = Text(f"Slowest steps (top {min(TOP_STEPS, len(steps))} of {len(steps)})",
+                 style="italic")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("step", justify="right")
     table.add_column("S(step)", justify="right")
-    for step, value in sorted(s.step_slowdown, key=lambda kv: -kv[1])[:TOP_STEPS]:
-        table.add_row(str(step), Text(fmt(value), style=slowdown_style(value)))
+    for step, value in sorted(steps.items(), key=lambda kv: -kv[1])[:TOP_STEPS]:
+        table.add_row(str(step), Text(fmt(value), style=slowdown_style(value, r.straggling_threshold)))
     return Group(title, table)
 
 
-def _diagnosis(s: Summary) -> Panel:
+def _diagnosis(r: AnalysisResult) -> Panel:
     parts: list[Any] = []
-    if not s.diagnosis:
+    if not r.diagnosis:
         parts.append(Text("No diagnosis in this result.", style="dim"))
-    for i, f in enumerate(s.diagnosis, 1):
+    for i, f in enumerate(r.diagnosis, 1):
         if i > 1:
             parts.append(Text(""))
-        parts.append(Text.assemble((f"{i}. {f.title}", "bold"), f" — {f.where}"))
+        parts.append(Text.assemble((f"{i}. {title_of(f)}", "bold"), f" — {describe_where(f.where)}"))
         details = Text()
-        if f.speedup_if_fixed is not None:
+        prediction = prediction_words(f)
+        if prediction:
             details.append("fixing it would make steps ")
-            details.append(f"{f.speedup_if_fixed:.2f}× faster", style="bold green")
+            details.append(prediction, style="bold green")
+        located = located_words(f)
+        if located:
+            details.append(("\n" if details else "") + f"on {located}")
         if f.evidence:
             details.append(("\n" if details else "") + f"evidence: {f.evidence}")
-        if f.advice and f.cause != "none":
-            details.append(("\n" if details else "") + f"what to do: {f.advice}", style="cyan")
+        advice = advice_of(f)
+        if advice:
+            details.append(("\n" if details else "") + f"what to do: {advice}", style="cyan")
         if details:
             parts.append(Padding(details, (0, 0, 0, 3)))
     return Panel(Group(*parts), title="Diagnosis (most important first)", title_align="left",

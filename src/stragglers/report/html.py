@@ -9,12 +9,23 @@ from typing import Any
 
 from stragglers.report.summary import (
     HEATMAP_RANGE,
-    STRAGGLING_SLOWDOWN,
-    Summary,
+    LAUNCH_DELAY_MEANING,
+    WorkerGrid,
+    advice_of,
+    as_result,
+    attribution_note,
+    coverage_words,
+    describe_where,
+    fix_fraction_words,
     fmt,
     fmt_seconds,
-    summarize,
+    located_words,
+    notes_by_kind,
+    prediction_words,
+    shape_words,
+    title_of,
 )
+from stragglers.whatif.result import AnalysisResult
 
 # Cells get their value written in them up to this many DP ranks × stages.
 HEATMAP_TEXT_MAX_CELLS = 256
@@ -35,7 +46,7 @@ h1 { font-size: 1.6rem; margin-bottom: .2rem; } h2 { font-size: 1.2rem; margin-t
 """
 
 
-def write_html(result: Mapping[str, Any], path: str | Path) -> Path:
+def write_html(result: AnalysisResult | Mapping[str, Any], path: str | Path) -> Path:
     """Write the analysis result as one self-contained HTML page; returns the path written."""
     page = render_html(result)
     path = Path(path)
@@ -44,17 +55,19 @@ def write_html(result: Mapping[str, Any], path: str | Path) -> Path:
     return path
 
 
-def render_html(result: Mapping[str, Any]) -> str:
+def render_html(result: AnalysisResult | Mapping[str, Any]) -> str:
     """The HTML page of an analysis result as a string (plotly.js embedded, no network)."""
-    s = summarize(result)
+    r = as_result(result)
+    grid = WorkerGrid.of(r)
+    by_optype = sorted(r.by_optype.items(), key=lambda kv: -kv[1])
+    by_stage = sorted(r.by_stage.items())
     figures = {
-        "heatmap": _heatmap_figure(s),
-        "steps": _steps_figure(s),
-        "optypes": _bar_figure([k for k, _ in s.by_optype], [v for _, v in s.by_optype],
-                               "op type restored to measured", s.slowdown),
-        "stages": _bar_figure([f"stage {k}" for k, _ in s.by_stage],
-                              [v for _, v in s.by_stage], "PP stage restored to measured",
-                              s.slowdown),
+        "heatmap": _heatmap_figure(grid),
+        "steps": _steps_figure(r),
+        "optypes": _bar_figure([k for k, _ in by_optype], [v for _, v in by_optype],
+                               "op type restored to measured", r.slowdown),
+        "stages": _bar_figure([f"stage {k}" for k, _ in by_stage], [v for _, v in by_stage],
+                              "PP stage restored to measured", r.slowdown),
     }
     plots = {name: _figure_div(fig, f"{name}-plot") if fig is not None else None
              for name, fig in figures.items()}
@@ -65,8 +78,9 @@ def render_html(result: Mapping[str, Any]) -> str:
         # The whole plotly.js inline (what include_plotlyjs=True embeds), once for all figures.
         head_script = ("<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>\n"
                        f"<script>{get_plotlyjs()}</script>")
-    title = f"Straggler report — {s.job_name}"
-    skipped = f'<p class="note">{_e(s.attribution_note())}</p>'
+    name = r.job.name
+    title = f"Straggler report — {name}"
+    skipped = f'<p class="note">{_e(attribution_note(r))}</p>'
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -74,12 +88,14 @@ def render_html(result: Mapping[str, Any]) -> str:
         f"<style>{_CSS}</style>",
         head_script,
         "</head><body>",
-        f"<h1>What-if straggler analysis: {_e(s.job_name)}</h1>",
-        f'<p class="job">{_e(_job_line(s))}</p>',
-        _headline(s),
-        _explanation(),
-        _warnings(s),
-        _diagnosis(s),
+        f"<h1>What-if straggler analysis: {_e(name)}</h1>",
+        f'<p class="job">{_e(_job_line(r))}</p>',
+        _coverage(r),
+        _headline(r),
+        _explanation(r),
+        _notes(r),
+        _warnings(r),
+        _diagnosis(r),
         _section("heatmap", "Worker scores S<sub>w</sub> (DP rank × PP stage)",
                  "One hot cell: a faulty worker. A hot last row: stage imbalance. "
                  "Random scattered cells: sequence-length imbalance. "
@@ -106,16 +122,24 @@ def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _job_line(s: Summary) -> str:
-    job = s.job
-    parts = [f"{k.upper()} {job[k]}" for k in ("dp", "pp", "tp", "dsp")
-             if job.get(k) is not None and (k != "dsp" or job[k] != 1)]
-    if job.get("world_size"):
-        parts.append(f"world size {job['world_size']}")
+def _job_line(r: AnalysisResult) -> str:
+    job = r.job
+    parts = [shape_words(r, " · ", upper=True)] if shape_words(r) else []
+    if job.world_size:
+        parts.append(f"world size {job.world_size}")
     for k in ("steps", "ops"):
-        if isinstance(job.get(k), int):
-            parts.append(f"{job[k]:,} {k}")
+        v = getattr(job, k)
+        if isinstance(v, int):
+            parts.append(f"{v:,} {k} analysed")
     return " · ".join(parts)
+
+
+def _coverage(r: AnalysisResult) -> str:
+    words = coverage_words(r)
+    if not words:
+        return ""
+    css = "warn" if r.job.missing_workers else "job"
+    return f'<p id="coverage" class="{css}">{_e(words)}</p>'
 
 
 def _card(value: str, label: str, css: str = "") -> str:
@@ -123,30 +147,36 @@ def _card(value: str, label: str, css: str = "") -> str:
             f'<div class="label">{label}</div></div>')
 
 
-def _headline(s: Summary) -> str:
-    verdict = ("straggling", "bad") if s.straggling else ("not straggling", "good")
-    t = s.step_times
+def _headline(r: AnalysisResult) -> str:
+    verdict = ("straggling", "bad") if r.straggling else ("not straggling", "good")
     cards = [
-        _card(fmt(s.slowdown), "slowdown S", "bad" if s.straggling else "good"),
-        _card(f"{s.waste:.1%}", "resource waste W = 1 − 1/S"),
-        _card(verdict[0], f"verdict (straggling when S ≥ {STRAGGLING_SLOWDOWN})", verdict[1]),
-        _card(fmt(s.sim_error, ".2%"), "replay error sim_error",
-              "warn" if s.sim_error_high else ""),
+        _card(fmt(r.slowdown), "slowdown S", "bad" if r.straggling else "good"),
+        _card(fmt(r.waste, ".1%"), "resource waste W = 1 − 1/S"),
+        _card(verdict[0], f"verdict (straggling when S ≥ {r.straggling_threshold})", verdict[1]),
+        _card(fmt(r.sim_error, ".2%"), "replay error sim_error",
+              "warn" if r.sim_error_high else ""),
     ]
-    if s.launch_slowdown is not None:
-        cards.append(_card(fmt(s.launch_slowdown), "launch-delay slowdown"))
-    if t["T_base"] is not None:
-        cards.append(_card(fmt_seconds(t["T_base"]), "mean measured step"))
-    if t["T_ideal"] is not None:
-        cards.append(_card(fmt_seconds(t["T_ideal"]), "mean straggler-free step"))
-    if s.m_w is not None:
-        cards.append(_card(fmt(s.m_w), "M<sub>W</sub>: share fixed by the top 3% workers"))
-    if s.m_s is not None:
-        cards.append(_card(fmt(s.m_s), "M<sub>S</sub>: share fixed by the last stage"))
-    return f'<section id="headline"><div class="cards">{"".join(cards)}</div></section>'
+    if r.launch_slowdown is not None:
+        cards.append(_card(fmt(r.launch_slowdown), "launch-delay slowdown (see below)"))
+    if r.t_base is not None:
+        cards.append(_card(fmt_seconds(r.t_base), "mean measured step"))
+    if r.t_ideal is not None:
+        cards.append(_card(fmt_seconds(r.t_ideal), "mean straggler-free step"))
+    if r.m_w is not None:
+        cards.append(_card(fmt(r.m_w), "M<sub>W</sub>: share fixed by the top 3% workers",
+                           "" if 0 <= r.m_w <= 1 else "warn"))
+    if r.m_s is not None:
+        cards.append(_card(fmt(r.m_s), "M<sub>S</sub>: share fixed by the last stage",
+                           "" if 0 <= r.m_s <= 1 else "warn"))
+    why = [w for w in (fix_fraction_words("M_W", r.m_w, "the top workers"),
+                       fix_fraction_words("M_S", r.m_s, "the last stage")) if w]
+    notes = "".join(f'<p class="note">{_e(w)}.</p>' for w in why)
+    return f'<section id="headline"><div class="cards">{"".join(cards)}</div>{notes}</section>'
 
 
-def _explanation() -> str:
+def _explanation(r: AnalysisResult) -> str:
+    launch = f" <b>Launch-delay slowdown</b>: {_e(LAUNCH_DELAY_MEANING)}" \
+        if r.launch_slowdown is not None else ""
     return (
         '<div class="explain" id="explanation"><b>S</b> (slowdown) = mean step time replayed '
         "with the measured durations / mean step time replayed with idealised, straggler-free "
@@ -154,12 +184,22 @@ def _explanation() -> str:
         "means steps take 25% longer than they would without stragglers; <b>W</b> is the share "
         "of GPU time wasted. <b>S<sub>w</sub></b> (worker score) = min(S of the worker's DP "
         "rank, S of its PP stage), where the S of a group is the slowdown left when only that "
-        "group keeps its measured durations.</div>")
+        f"group keeps its measured durations.{launch}</div>")
 
 
-def _warnings(s: Summary) -> str:
-    items = list(s.warnings)
-    if s.sim_error_high:
+def _notes(r: AnalysisResult) -> str:
+    notes = notes_by_kind(r)
+    if not notes:
+        return ""
+    lis = "".join(f'<li><b>{_e(title)}</b>: {_e(message)}</li>' for title, message in notes)
+    return (f'<section id="notes"><h2 class="warn">What the trace does not show</h2>'
+            f'<p class="note">Notes from the trace reader: what it could not see or had to '
+            f"assume. The numbers below rest on them.</p><ul>{lis}</ul></section>")
+
+
+def _warnings(r: AnalysisResult) -> str:
+    items = list(r.warnings)
+    if r.sim_error_high:
         items.insert(0, "The replay misses the measured step time by more than 5%: "
                         "treat the numbers below with care.")
     if not items:
@@ -168,20 +208,22 @@ def _warnings(s: Summary) -> str:
     return f'<section id="warnings"><h2 class="warn">Warnings</h2><ul>{lis}</ul></section>'
 
 
-def _diagnosis(s: Summary) -> str:
-    if not s.diagnosis:
+def _diagnosis(r: AnalysisResult) -> str:
+    if not r.diagnosis:
         body = '<p class="note">No diagnosis in this result.</p>'
     else:
         lis = []
-        for f in s.diagnosis:
-            speedup = ("" if f.speedup_if_fixed is None else
-                       f' Fixing it would make steps <b class="good">'
-                       f"{f.speedup_if_fixed:.2f}× faster</b>.")
-            advice = (f'<br><span class="advice">What to do: {_e(f.advice)}.</span>'
-                      if f.advice and f.cause != "none" else "")
+        for f in r.diagnosis:
+            prediction = prediction_words(f)
+            speedup = (f' Fixing it would make steps <b class="good">{_e(prediction)}</b>.'
+                       if prediction else "")
+            located = located_words(f)
+            located = f'<br><span class="where">On {_e(located)}.</span>' if located else ""
+            advice = advice_of(f)
+            advice = f'<br><span class="advice">What to do: {_e(advice)}.</span>' if advice else ""
             evidence = f'<br><span class="evidence">{_e(f.evidence)}</span>' if f.evidence else ""
-            lis.append(f'<li data-cause="{_e(f.cause)}"><b>{_e(f.title)}</b> — {_e(f.where)}.'
-                       f"{speedup}{evidence}{advice}</li>")
+            lis.append(f'<li data-cause="{_e(f.cause)}"><b>{_e(title_of(f))}</b> — '
+                       f"{_e(describe_where(f.where))}.{speedup}{located}{evidence}{advice}</li>")
         body = f"<ol>{''.join(lis)}</ol>"
     return f'<section id="diagnosis"><h2>Diagnosis (most important first)</h2>{body}</section>'
 
@@ -202,15 +244,15 @@ def _layout(**kwargs: Any) -> dict[str, Any]:
     return dict(template="plotly_white", margin=dict(l=60, r=30, t=30, b=50), **kwargs)
 
 
-def _heatmap_figure(s: Summary) -> Any:
-    if not s.worker_grid.size:
+def _heatmap_figure(grid: WorkerGrid) -> Any:
+    if not grid.values.size:
         return None
     import plotly.graph_objects as go
 
-    z = [[None if v != v else float(v) for v in row] for row in s.worker_grid]
-    small = s.worker_grid.size <= HEATMAP_TEXT_MAX_CELLS
+    z = [[None if v != v else float(v) for v in row] for row in grid.values]
+    small = grid.values.size <= HEATMAP_TEXT_MAX_CELLS
     fig = go.Figure(go.Heatmap(
-        z=z, x=s.dp_ranks, y=s.stages, zmin=HEATMAP_RANGE[0], zmax=HEATMAP_RANGE[1],
+        z=z, x=grid.dp_ranks, y=grid.stages, zmin=HEATMAP_RANGE[0], zmax=HEATMAP_RANGE[1],
         colorscale="YlOrRd", colorbar=dict(title="S_w"),
         texttemplate="%{z:.2f}" if small else None,
         hovertemplate="DP rank %{x}, PP stage %{y}<br>S_w = %{z:.3f}<extra></extra>"))
@@ -221,17 +263,18 @@ def _heatmap_figure(s: Summary) -> Any:
     return fig
 
 
-def _steps_figure(s: Summary) -> Any:
-    if not s.step_slowdown:
+def _steps_figure(r: AnalysisResult) -> Any:
+    if not r.step_slowdown:
         return None
     import plotly.graph_objects as go
 
-    steps = [k for k, _ in s.step_slowdown]
-    values = [v for _, v in s.step_slowdown]
+    ordered = sorted(r.step_slowdown.items())
+    steps = [k for k, _ in ordered]
+    values = [v for _, v in ordered]
     fig = go.Figure(go.Bar(x=steps, y=values, marker_color="#e67e22",
                            hovertemplate="step %{x}: S = %{y:.3f}<extra></extra>"))
-    fig.add_hline(y=s.slowdown, line_dash="dash", annotation_text=f"job S {s.slowdown:.3f}")
-    fig.add_hline(y=STRAGGLING_SLOWDOWN, line_dash="dot", line_color="#c0392b",
+    fig.add_hline(y=r.slowdown, line_dash="dash", annotation_text=f"job S {r.slowdown:.3f}")
+    fig.add_hline(y=r.straggling_threshold, line_dash="dot", line_color="#c0392b",
                   annotation_text="straggling", annotation_position="bottom right")
     lo = min(min(values), 1.0) - 0.02
     fig.update_layout(**_layout(xaxis=dict(title="step", type="category"),

@@ -7,6 +7,7 @@ import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +15,7 @@ import pyarrow.compute as pc
 
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPES, STREAM_OF_OPTYPE, STREAMS, Trace
+from stragglers.whatif.result import SCHEMA_VERSION, AnalysisResult
 
 # Rows per formatting chunk: bounds memory and keeps arrow's 32-bit string offsets safe.
 CHUNK_ROWS = 1 << 20
@@ -31,9 +33,19 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def write_perfetto(directory: str | Path, trace: Trace,
-                   timelines: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> list[Path]:
-    """Write `<name>.json` per timeline (start, end arrays in seconds aligned with the trace rows)."""
+                   timelines: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                   result: AnalysisResult | None = None) -> list[Path]:
+    """Write `<name>.json` per timeline (start, end arrays in seconds aligned with the trace rows).
+
+    With the AnalysisResult, each file's otherData also carries S, the verdict and the
+    reader's notes, so a timeline opened on its own says what it shows and what it cannot.
+    """
     directory = Path(directory)
+    other = {"job": trace.meta.name, "run_id": trace.meta.run_id, "source": trace.source}
+    if result is not None:
+        other.update({"slowdown": result.slowdown, "straggling": result.straggling,
+                      "schema_version": SCHEMA_VERSION,
+                      "notes": [n["message"] for n in result.notes]})
     checked = {name: _check_timeline(name, trace, *pair) for name, pair in timelines.items()}
     directory.mkdir(parents=True, exist_ok=True)
     worker_pid, worker_labels = _worker_pids(trace)
@@ -41,7 +53,7 @@ def write_perfetto(directory: str | Path, trace: Trace,
     paths = []
     for name, (start, end) in checked.items():
         path = directory / f"{name}.json"
-        _write_one(path, name, trace, start, end, worker_pid, worker_labels, stream)
+        _write_one(path, name, trace, start, end, worker_pid, worker_labels, stream, other)
         paths.append(path)
     return paths
 
@@ -143,7 +155,8 @@ def _ns_text(ns: np.ndarray) -> pa.Array:
 
 
 def _write_one(path: Path, name: str, trace: Trace, start: np.ndarray, end: np.ndarray,
-               worker_pid: np.ndarray, worker_labels: dict[int, str], stream: np.ndarray) -> None:
+               worker_pid: np.ndarray, worker_labels: dict[int, str], stream: np.ndarray,
+               other: dict[str, Any]) -> None:
     finite = np.isfinite(start) & np.isfinite(end)
     if not finite.all():
         warnings.warn(f"{path}: left out {int((~finite).sum())} ops whose start or end in "
@@ -167,8 +180,7 @@ def _write_one(path: Path, name: str, trace: Trace, start: np.ndarray, end: np.n
     mb_id = trace.ops["mb_id"]
     with open(path, "wb") as out:
         out.write(b'{"displayTimeUnit":"ms","otherData":'
-                  + json.dumps({"job": trace.meta.name, "run_id": trace.meta.run_id,
-                                "timeline": name, "source": trace.source}).encode()
+                  + json.dumps({**other, "timeline": name}, allow_nan=False).encode()
                   + b',\n"traceEvents":[\n')
         for lo in range(0, len(trace), CHUNK_ROWS):
             sl = slice(lo, lo + CHUNK_ROWS)

@@ -1,21 +1,18 @@
-"""The facts every report shows, read and checked once from an analysis result dict."""
+"""What every report shows, worded once: an AnalysisResult laid out for people."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from stragglers.errors import InputError
+from stragglers.trace.model import NOTE_KINDS
 from stragglers.whatif.diagnosis import FIXES
+from stragglers.whatif.result import AnalysisResult, Finding
 
-# Thresholds of specs/whatif.md §5 and §7.
-STRAGGLING_SLOWDOWN = 1.1
-DECOMPOSITION_SLOWDOWN = 1.03
-SIM_ERROR_LIMIT = 0.05
 # The heatmap colour scale of SMon (specs/whatif.md §9).
 HEATMAP_RANGE = (1.0, 1.5)
 
@@ -25,114 +22,168 @@ CAUSE_TITLES = {
     "sequence_imbalance": "Sequence-length imbalance",
     "gc": "Garbage-collection pauses",
     "communication": "Communication straggler",
+    "host_stall": "Host-side stall",
+    "unexplained": "Unexplained slowdown",
     "none": "No straggler",
 }
-SOURCE = "analysis result"
+NOTE_TITLES = {"ranks": "ranks", "layout": "layout", "clock": "clock alignment",
+               "dropped": "left out", "other": "note"}
+LAUNCH_DELAY_MEANING = (
+    "launch-delay slowdown = measured step time / step time replayed without launch delays "
+    "(gaps before an op starts that no dependency explains: data loading, Python, host work). "
+    "It comes on top of S and is not counted in it.")
+WHERE_LABELS = {"dp": ("DP rank", "DP ranks"), "pp": ("PP stage", "PP stages"),
+                "steps": ("step", "steps"), "optypes": ("op type", "op types"),
+                "workers": ("worker", "workers"), "ranks": ("rank", "ranks"),
+                "hosts": ("host", "hosts")}
+
+
+def as_result(result: AnalysisResult | Mapping[str, Any]) -> AnalysisResult:
+    """The result itself, or one read from its JSON form (a saved `--json` file)."""
+    return result if isinstance(result, AnalysisResult) else AnalysisResult.from_dict(result)
 
 
 @dataclass
-class Finding:
-    """One diagnosed cause, ready to print."""
+class WorkerGrid:
+    """S_w laid out as [stage, dp] (NaN where a worker has no score)."""
 
-    cause: str
-    title: str
-    where: str
-    evidence: str
-    speedup_if_fixed: float | None
-    advice: str
-
-
-@dataclass
-class Summary:
-    """A checked, display-ready view of an analysis result dict."""
-
-    job_name: str
-    job: dict[str, Any]
-    slowdown: float
-    waste: float
-    sim_error: float | None
-    launch_slowdown: float | None
-    step_times: dict[str, float | None]
-    m_w: float | None
-    m_s: float | None
-    step_slowdown: list[tuple[int, float]]
-    by_optype: list[tuple[str, float]]
-    by_stage: list[tuple[int, float]]
-    by_dp_rank: list[tuple[int, float]]
     dp_ranks: list[int]
     stages: list[int]
-    worker_grid: np.ndarray  # [stage, dp] → S_w, NaN where missing
-    diagnosis: list[Finding]
-    warnings: list[str] = field(default_factory=list)
+    values: np.ndarray
 
-    @property
-    def straggling(self) -> bool:
-        """S ≥ 1.1: the job counts as straggling."""
-        return self.slowdown >= STRAGGLING_SLOWDOWN
+    @classmethod
+    def of(cls, result: AnalysisResult) -> "WorkerGrid":
+        """The grid of a result's worker scores."""
+        cells = [(s.dp, s.pp, s.score) for s in result.worker_scores]
+        dp_ranks = sorted({c[0] for c in cells})
+        stages = sorted({c[1] for c in cells})
+        col = {d: i for i, d in enumerate(dp_ranks)}
+        row = {p: i for i, p in enumerate(stages)}
+        values = np.full((len(stages), len(dp_ranks)), np.nan)
+        for d, p, v in cells:
+            values[row[p], col[d]] = v
+        return cls(dp_ranks, stages, values)
 
-    @property
-    def decomposed(self) -> bool:
-        """Whether the attribution (by op type, stage, rank, worker) is present."""
-        return bool(self.by_optype or self.by_stage or self.by_dp_rank or self.worker_grid.size)
-
-    @property
-    def sim_error_high(self) -> bool:
-        """The replay missed the measured step time by more than 5%."""
-        return self.sim_error is not None and self.sim_error > SIM_ERROR_LIMIT
-
-    def attribution_note(self) -> str:
-        """Why a result has no attribution tables."""
-        if self.slowdown < DECOMPOSITION_SLOWDOWN:
-            return (f"Attribution skipped: S = {fmt(self.slowdown)} < {DECOMPOSITION_SLOWDOWN}, "
-                    "so there is no slowdown worth splitting up.")
-        return "This result carries no attribution (by op type, stage, DP rank or worker)."
-
-    def hottest_workers(self, k: int = 5) -> list[tuple[int, int, float]]:
+    def hottest(self, k: int = 5) -> list[tuple[int, int, float]]:
         """The k workers with the highest S_w as (dp, pp, S_w)."""
-        grid = self.worker_grid
-        if not grid.size:
+        if not self.values.size:
             return []
-        flat = np.where(np.isnan(grid), -np.inf, grid).ravel()
+        flat = np.where(np.isnan(self.values), -np.inf, self.values).ravel()
         order = np.argsort(-flat, kind="stable")[:k]
-        return [(self.dp_ranks[i % grid.shape[1]], self.stages[i // grid.shape[1]], float(flat[i]))
+        width = self.values.shape[1]
+        return [(self.dp_ranks[i % width], self.stages[i // width], float(flat[i]))
                 for i in order if np.isfinite(flat[i])]
 
 
-def summarize(result: Mapping[str, Any]) -> Summary:
-    """Check an analysis result dict (as `stragglers analyze --json` writes it) and tidy it."""
-    if not isinstance(result, Mapping):
-        raise InputError(SOURCE, None, f"expected a JSON object, got {type(result).__name__}")
-    slowdown = _number(result, "slowdown", required=True)
-    waste = _number(result, "waste")
-    if waste is None:
-        waste = 1.0 - 1.0 / slowdown if slowdown > 0 else 0.0
-    job = result.get("job") or {}
-    if not isinstance(job, Mapping):
-        raise InputError(SOURCE, "job", f"expected an object, got {type(job).__name__}")
-    dp_ranks, stages, grid = _worker_grid(result.get("worker_scores"))
-    warnings = result.get("warnings") or []
-    if not isinstance(warnings, list):
-        raise InputError(SOURCE, "warnings", "expected a list of strings")
-    return Summary(
-        job_name=str(job.get("name") or "unnamed job"),
-        job=dict(job),
-        slowdown=slowdown,
-        waste=waste,
-        sim_error=_number(result, "sim_error"),
-        launch_slowdown=_number(result, "launch_slowdown"),
-        step_times={k: _number(result, k) for k in ("T_base", "T_nodelay", "T_ideal")},
-        m_w=_number(result, "M_W"),
-        m_s=_number(result, "M_S"),
-        step_slowdown=sorted(_int_map(result, "step_slowdown").items()),
-        by_optype=sorted(_str_map(result, "by_optype").items(), key=lambda kv: -kv[1]),
-        by_stage=sorted(_int_map(result, "by_stage").items()),
-        by_dp_rank=sorted(_int_map(result, "by_dp_rank").items()),
-        dp_ranks=dp_ranks,
-        stages=stages,
-        worker_grid=grid,
-        diagnosis=[_finding(i, d) for i, d in enumerate(result.get("diagnosis") or [])],
-        warnings=[str(w) for w in warnings],
-    )
+def title_of(finding: Finding) -> str:
+    """The heading of a finding."""
+    return CAUSE_TITLES.get(finding.cause, finding.cause.replace("_", " ").capitalize())
+
+
+def advice_of(finding: Finding) -> str:
+    """What to do about a finding (results saved without a fix get the standard one)."""
+    return "" if finding.cause in ("none", "unexplained") else (finding.fix or FIXES.get(finding.cause, ""))
+
+
+def attribution_note(result: AnalysisResult) -> str:
+    """Why a result has no attribution tables."""
+    if result.slowdown < result.decompose_threshold:
+        return (f"Attribution skipped: S = {fmt(result.slowdown)} < {result.decompose_threshold}, "
+                "so there is no slowdown worth splitting up.")
+    return "This result carries no attribution (by op type, stage, DP rank or worker)."
+
+
+def shape_words(result: AnalysisResult, sep: str = " × ", upper: bool = False) -> str:
+    """'dp 4 × pp 4 × tp 2' (dsp only when > 1)."""
+    job = result.job
+    parts = []
+    for k in ("dp", "pp", "tp", "dsp"):
+        v = getattr(job, k)
+        if v is not None and (k != "dsp" or v != 1):
+            parts.append(f"{k.upper() if upper else k} {v}")
+    return sep.join(parts)
+
+
+def coverage_words(result: AnalysisResult) -> str | None:
+    """How many of the job's DP × PP workers the trace holds, and which are missing."""
+    job = result.job
+    if job.workers_read is None or job.dp is None or job.pp is None:
+        return None
+    expected = job.workers_read + len(job.missing_workers)
+    text = f"{job.workers_read} of {expected} DP×PP workers traced"
+    if job.ranks_read is not None and job.world_size and job.ranks_read != job.workers_read:
+        text += f" ({job.ranks_read} ranks of world size {job.world_size})"
+    if job.missing_workers:
+        by_stage: dict[int, list[int]] = {}
+        for d, p in job.missing_workers:
+            by_stage.setdefault(p, []).append(d)
+        text += "; missing: " + "; ".join(f"pp {p}: dp {ranges(sorted(ds))}"
+                                         for p, ds in sorted(by_stage.items()))
+    return text
+
+
+def fix_fraction_words(name: str, value: float | None, what: str) -> str | None:
+    """Why a fix fraction lies outside [0, 1], when it does."""
+    if value is None or not math.isfinite(value) or 0 <= value <= 1:
+        return None
+    if value > 1:
+        return (f"{name} > 1: fixing {what} alone would leave steps faster than the straggler-free "
+                "reference, because the reference puts every op at the job-wide mean and the "
+                "others run faster than that")
+    return (f"{name} < 0: fixing {what} alone makes steps slower, because {what} already runs "
+            "faster than the job-wide mean; it is not where the slowdown comes from")
+
+
+def speedup_words(value: float | None) -> str:
+    """'1.25× faster' (or 'no faster' for gains that round away)."""
+    if value is None or not math.isfinite(value):
+        return ""
+    return f"{value:.2f}× faster"
+
+
+def interval_of(finding: Finding) -> tuple[float, float] | None:
+    """The speedup's confidence interval, when the diagnosis gives one."""
+    for key in ("speedup_interval", "interval", "speedup_ci"):
+        v = finding.extra.get(key)
+        if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
+            return float(v[0]), float(v[1])
+    return None
+
+
+def is_upper_bound(finding: Finding) -> bool:
+    """Whether the diagnosis marked the speedup as an upper bound."""
+    return bool(finding.extra.get("upper_bound"))
+
+
+def prediction_words(finding: Finding) -> str:
+    """'1.25× faster (1.21–1.29), an upper bound' — empty when the finding predicts nothing."""
+    text = speedup_words(finding.speedup_if_fixed)
+    if not text:
+        return ""
+    ci = interval_of(finding)
+    if ci is not None:
+        text += f" (interval {ci[0]:.2f}–{ci[1]:.2f})"
+    if is_upper_bound(finding):
+        text = "at most " + text + " (an upper bound)"
+    return text
+
+
+def located_words(finding: Finding) -> str:
+    """Global ranks and hosts of a finding's workers, when the diagnosis names them."""
+    parts = []
+    for key in ("ranks", "hosts"):
+        values = finding.extra.get(key)
+        if values:
+            parts.append(describe_where({key: values}))
+    return "; ".join(parts)
+
+
+def notes_by_kind(result: AnalysisResult) -> list[tuple[str, str]]:
+    """The reader's notes as (title, message), ordered by NOTE_KINDS."""
+    order = {k: i for i, k in enumerate(NOTE_KINDS)}
+    notes = sorted(result.notes, key=lambda n: order.get(n.get("kind", "other"), len(order)))
+    return [(NOTE_TITLES.get(n.get("kind", "other"), n.get("kind", "note")), n["message"])
+            for n in notes]
 
 
 def describe_where(where: Any) -> str:
@@ -141,9 +192,10 @@ def describe_where(where: Any) -> str:
         return "whole job"
     if not isinstance(where, Mapping):
         return str(where)
-    labels = {"dp": "DP rank", "pp": "PP stage", "steps": "step", "optypes": "op type"}
     parts = []
     where = dict(where)
+    if where.get("workers"):  # the workers themselves say more than their DP ranks and stages
+        where.pop("dp", None), where.pop("pp", None)
     dp, pp = where.get("dp"), where.get("pp")
     if isinstance(dp, list) and isinstance(pp, list) and len(dp) == 1 and len(pp) == 1:
         # One DP rank and one stage name one worker.
@@ -151,11 +203,32 @@ def describe_where(where: Any) -> str:
         del where["dp"], where["pp"]
     for key, values in where.items():
         items = list(values) if isinstance(values, (list, tuple)) else [values]
-        label = labels.get(key, key)
-        shown = ", ".join(str(v) for v in items[:8]) + (f", … ({len(items)} in all)"
-                                                        if len(items) > 8 else "")
-        parts.append(f"{label}{'s' if len(items) > 1 else ''} {shown}")
+        one, many = WHERE_LABELS.get(key, (key, key))
+        shown = ", ".join(_item_words(v) for v in items[:8])
+        if len(items) > 8:
+            shown += f", … ({len(items)} in all)"
+        parts.append(f"{one if len(items) == 1 else many} {shown}")
     return "; ".join(parts)
+
+
+def _item_words(value: Any) -> str:
+    if isinstance(value, Mapping) and "dp" in value and "pp" in value:
+        return f"dp {value['dp']}/pp {value['pp']}"
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return f"dp {value[0]}/pp {value[1]}"
+    return str(value)
+
+
+def ranges(values: list[int]) -> str:
+    """Compact '1–3, 7' rendering of sorted integers."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(f"{values[i]}" if i == j else f"{values[i]}–{values[j]}")
+        i = j + 1
+    return ", ".join(out)
 
 
 def fmt(value: float | None, spec: str = ".3f", missing: str = "—") -> str:
@@ -170,83 +243,3 @@ def fmt_seconds(value: float | None) -> str:
     if value is None or not math.isfinite(value):
         return "—"
     return f"{value * 1e3:.1f} ms" if abs(value) < 1 else f"{value:.3f} s"
-
-
-def _number(result: Mapping[str, Any], key: str, required: bool = False) -> float | None:
-    value = result.get(key)
-    if value is None:
-        if required:
-            raise InputError(SOURCE, key, "missing; expected a number")
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-        raise InputError(SOURCE, key, f"expected a number, got {value!r}")
-    return float(value)
-
-
-def _raw_map(result: Mapping[str, Any], key: str) -> Mapping[Any, Any]:
-    value = result.get(key) or {}
-    if not isinstance(value, Mapping):
-        raise InputError(SOURCE, key, f"expected an object, got {type(value).__name__}")
-    return value
-
-
-def _int_map(result: Mapping[str, Any], key: str) -> dict[int, float]:
-    # JSON turns integer keys into strings: accept both.
-    out: dict[int, float] = {}
-    for k, v in _raw_map(result, key).items():
-        try:
-            out[int(k)] = float(v)
-        except (TypeError, ValueError):
-            raise InputError(SOURCE, key, f"expected integer keys and numbers, got {k!r}: {v!r}")
-    return out
-
-
-def _str_map(result: Mapping[str, Any], key: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for k, v in _raw_map(result, key).items():
-        try:
-            out[str(k)] = float(v)
-        except (TypeError, ValueError):
-            raise InputError(SOURCE, key, f"expected numbers, got {k!r}: {v!r}")
-    return out
-
-
-def _worker_grid(scores: Any) -> tuple[list[int], list[int], np.ndarray]:
-    if not scores:
-        return [], [], np.zeros((0, 0))
-    if not isinstance(scores, list):
-        raise InputError(SOURCE, "worker_scores", "expected a list of {dp, pp, score}")
-    try:
-        cells = [(int(s["dp"]), int(s["pp"]), float(s["score"])) for s in scores]
-    except (KeyError, TypeError, ValueError):
-        raise InputError(SOURCE, "worker_scores", "expected a list of {dp, pp, score} objects")
-    dp_ranks = sorted({c[0] for c in cells})
-    stages = sorted({c[1] for c in cells})
-    col = {d: i for i, d in enumerate(dp_ranks)}
-    row = {p: i for i, p in enumerate(stages)}
-    grid = np.full((len(stages), len(dp_ranks)), np.nan)
-    for d, p, s in cells:
-        grid[row[p], col[d]] = s
-    return dp_ranks, stages, grid
-
-
-def _finding(index: int, entry: Any) -> Finding:
-    if not isinstance(entry, Mapping) or "cause" not in entry:
-        raise InputError(SOURCE, f"diagnosis[{index}]", "expected an object with a 'cause'")
-    cause = str(entry["cause"])
-    speedup = entry.get("speedup_if_fixed")
-    if speedup is not None:
-        try:
-            speedup = float(speedup)
-        except (TypeError, ValueError):
-            raise InputError(SOURCE, f"diagnosis[{index}].speedup_if_fixed",
-                             f"expected a number or null, got {speedup!r}")
-    return Finding(
-        cause=cause,
-        title=CAUSE_TITLES.get(cause, cause.replace("_", " ").capitalize()),
-        where=describe_where(entry.get("where")),
-        evidence=str(entry.get("evidence") or ""),
-        speedup_if_fixed=speedup,
-        # The diagnosis names the fix; older result files without it get the standard one.
-        advice=str(entry.get("fix") or FIXES.get(cause, "")),
-    )

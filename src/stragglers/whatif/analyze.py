@@ -1,4 +1,4 @@
-"""The whole what-if analysis of one trace, as the result dict that reports and --json use."""
+"""The whole what-if analysis of one trace, as the AnalysisResult that reports and --json use."""
 
 from __future__ import annotations
 
@@ -6,22 +6,26 @@ from typing import Callable
 
 import numpy as np
 
+from stragglers.errors import InputError
 from stragglers.trace.model import Trace
-from stragglers.whatif.diagnosis import diagnose
+from stragglers.whatif.diagnosis import STRAGGLING, diagnose
 from stragglers.whatif.grid import build_grid
 from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD, WhatIf
 from stragglers.whatif.replay import replay
+from stragglers.whatif.result import (AnalysisResult, findings_from, job_info, plain,
+                                      reader_notes, scores_from)
 
 
 def analyze(trace: Trace, steps: list[int] | None = None,
-            progress: Callable[[str], None] | None = None) -> dict:
+            progress: Callable[[str], None] | None = None) -> AnalysisResult:
     """S and its decompositions, M_W, M_S and the diagnosis (specs/whatif.md §4–§7)."""
     result, _ = analyze_with_model(trace, steps, progress)
     return result
 
 
 def analyze_with_model(trace: Trace, steps: list[int] | None = None,
-                       progress: Callable[[str], None] | None = None) -> tuple[dict, WhatIf]:
+                       progress: Callable[[str], None] | None = None
+                       ) -> tuple[AnalysisResult, WhatIf]:
     """Like analyze(), also returning the WhatIf object (for timelines and custom what-ifs)."""
     tick = progress or (lambda _msg: None)
     tick("laying ops on the schedule grid")
@@ -29,6 +33,9 @@ def analyze_with_model(trace: Trace, steps: list[int] | None = None,
     tick("dependency model")
     w = WhatIf.build(grid, trace.meta.dsp_size, tick)
     s = w.slowdown
+    if not np.isfinite(s):  # every duration zero: no step time to compare against
+        raise InputError(trace.source, "duration", "every op in the analysed steps has zero "
+                         "duration, so the slowdown is undefined; expected measured durations")
     by_optype = by_stage = by_dp = {}
     scores: list[dict] = []
     m_w = m_s = None
@@ -43,34 +50,30 @@ def analyze_with_model(trace: Trace, steps: list[int] | None = None,
         m_s = w.m_s()
     tick("diagnosis")
     diagnosis = diagnose(w, trace, by_optype, by_stage, by_dp, scores, m_w or 0.0, top)
-    meta = trace.meta
-    result = {
-        "job": {"name": meta.name, "run_id": meta.run_id, "dp": meta.dp_size, "pp": meta.pp_size,
-                "tp": meta.tp_size, "dsp": meta.dsp_size, "vpp": meta.vpp_size,
-                "world_size": meta.world_size, "steps": int(len(grid.steps)), "ops": int(len(trace)),
-                "source": trace.source},
-        "slowdown": s,
-        "waste": 1 - 1 / s,
-        "straggling": s >= 1.1,
-        "sim_error": w.sim_error,
-        "launch_slowdown": w.launch_slowdown,
-        "T_base": float(w.t_base.mean()),
-        "T_nodelay": float(w.t_nodelay.mean()),
-        "T_ideal": float(w.t_ideal.mean()),
-        "step_slowdown": w.step_slowdown(),
-        "step_times": {
+    result = AnalysisResult(
+        job=job_info(trace, steps=len(grid.steps), ops=int(grid.present.sum())),
+        slowdown=s,
+        straggling_threshold=STRAGGLING,
+        sim_error=w.sim_error,
+        launch_slowdown=w.launch_slowdown,
+        t_base=float(w.t_base.mean()),
+        t_nodelay=float(w.t_nodelay.mean()),
+        t_ideal=float(w.t_ideal.mean()),
+        step_slowdown=w.step_slowdown(),
+        step_times={
             "base": _per_step(grid.steps, w.t_base), "replay": _per_step(grid.steps, w.t_replay),
             "nodelay": _per_step(grid.steps, w.t_nodelay), "ideal": _per_step(grid.steps, w.t_ideal)},
-        "ideal_durations": w.ideal_values,
-        "by_optype": by_optype,
-        "by_stage": by_stage,
-        "by_dp_rank": by_dp,
-        "worker_scores": scores,
-        "M_W": m_w,
-        "M_S": m_s,
-        "diagnosis": diagnosis,
-        "warnings": list(grid.warnings),
-    }
+        ideal_durations=plain(w.ideal_values),
+        by_optype=plain(by_optype),
+        by_stage=plain(by_stage),
+        by_dp_rank=plain(by_dp),
+        worker_scores=scores_from(scores),
+        m_w=m_w,
+        m_s=m_s,
+        diagnosis=findings_from(diagnosis),
+        warnings=[str(x) for x in grid.warnings],
+        notes=reader_notes(trace),
+    )
     return result, w
 
 
@@ -94,7 +97,7 @@ def timelines(w: WhatIf, trace: Trace) -> tuple[Trace, dict]:
     rows = w.grid.row[present]
     order = np.argsort(rows)
     rows = rows[order]
-    sub = Trace({k: v[rows] for k, v in trace.ops.items()}, trace.meta, trace.source)
+    sub = Trace({k: v[rows] for k, v in trace.ops.items()}, trace.meta, trace.source, trace.notes)
     offset = shift[present][order]
     measured_start = sub.ops["start_ts"] + offset
     measured = (measured_start, measured_start + sub.ops["duration"])

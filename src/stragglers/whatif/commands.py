@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -10,10 +10,14 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+# Exit status of `analyze --fail-on-straggling` when the job is straggling (bad input is 2).
+EXIT_STRAGGLING = 1
+
 
 def register(app: typer.Typer) -> None:
     """Add this capability's commands to the `stragglers` app."""
-    app.command("analyze")(analyze_command)
+    app.command("analyze", help="How much faster would this job be without stragglers, and who "
+                "or what is to blame.")(analyze_command)
 
 
 def analyze_command(
@@ -21,43 +25,71 @@ def analyze_command(
                                 "trace-<name>.parquet (its meta-<name>.yaml is found beside it), "
                                 "or PyTorch-profiler .json(.gz) files (one file or a folder)."),
     meta: Optional[Path] = typer.Option(None, "--meta", help="NDTimeline metadata YAML."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON "
+                                            "(strict JSON, with schema_version)."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write measured and ideal "
                                             "timelines (Chrome-trace JSON) into this directory."),
-    steps: Optional[str] = typer.Option(None, "--steps", help="Only these steps, e.g. '12,20-23'."),
+    steps: Optional[str] = typer.Option(None, "--steps", help="Only these steps, e.g. '12,20-23'; "
+                                        "'all' keeps every step, warm-up included."),
     dp_size: Optional[int] = typer.Option(None, "--dp-size", help="PyTorch-profiler traces: "
                                           "DP size (ranks are placed in Megatron order)."),
     pp_size: Optional[int] = typer.Option(None, "--pp-size", help="PyTorch-profiler traces: "
                                           "PP size."),
+    fail_on_straggling: bool = typer.Option(
+        False, "--fail-on-straggling", help=f"Exit with status {EXIT_STRAGGLING} when the job is "
+        "straggling (S ≥ the threshold), after writing every report: for CI."),
+    fail_threshold: Optional[float] = typer.Option(
+        None, "--fail-threshold", min=1.0, help="The S at which --fail-on-straggling fails "
+        "(default: the straggling threshold, 1.1)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No console report."),
 ) -> None:
-    """How much faster would this job be without stragglers, and who or what is to blame."""
+    """How much faster would this job be without stragglers, and who or what is to blame.
+
+    Exit status: 0 when the analysis ran; 2 for bad input (a one-line error naming the file and
+    field); with --fail-on-straggling, 1 when S ≥ the threshold.
+    """
     from stragglers.report import print_report, write_html, write_perfetto
-    from stragglers.trace.load import load_trace, parse_steps
+    from stragglers.trace.load import load_trace
     from stragglers.whatif.analyze import analyze_with_model, timelines
 
     console = Console()
-    step_list = parse_steps(steps)
+    selection = _steps_option(steps)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"reading {path}")
         trace = load_trace(path, meta, dp_size=dp_size, pp_size=pp_size)
         result, w = analyze_with_model(
-            trace, step_list, progress=lambda msg: bar.update(task, description=msg))
+            trace, progress=lambda msg: bar.update(task, description=msg), **selection)
         if json_out:
             bar.update(task, description=f"writing {json_out}")
             json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(json.dumps(result, indent=2))
+            json_out.write_text(result.to_json())
         if html_out:
             bar.update(task, description=f"writing {html_out}")
             write_html(result, html_out)
         if perfetto:
             bar.update(task, description=f"writing timelines into {perfetto}")
             rows, lines = timelines(w, trace)
-            write_perfetto(perfetto, rows, lines)
+            write_perfetto(perfetto, rows, lines, result)
     if not quiet:
         print_report(result, console)
     for label, out in (("JSON", json_out), ("HTML report", html_out), ("Perfetto timelines", perfetto)):
         if out:
             console.print(f"{label}: {out.resolve()}")
+    threshold = result.straggling_threshold if fail_threshold is None else fail_threshold
+    if fail_on_straggling and result.slowdown >= threshold:
+        Console(stderr=True).print(f"straggling: S = {result.slowdown:.3f} ≥ {threshold} "
+                                   f"(--fail-on-straggling): exit {EXIT_STRAGGLING}")
+        # SystemExit, not typer.Exit: the CLI runs click with standalone_mode=False, which turns
+        # typer.Exit into a return value and would lose the status.
+        sys.exit(EXIT_STRAGGLING)
+
+
+def _steps_option(spec: Optional[str]) -> dict:
+    """analyze() keywords for --steps: a list of steps, or every step (warm-up included)."""
+    from stragglers.trace.load import parse_steps
+
+    if spec is not None and spec.strip().lower() == "all":
+        return {"steps": None}
+    return {"steps": parse_steps(spec)}

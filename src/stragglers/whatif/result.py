@@ -1,0 +1,392 @@
+"""The typed result of one what-if analysis and its JSON form (what `stragglers analyze --json` writes).
+
+`analyze()` returns an `AnalysisResult`; every report (console, HTML, Perfetto, --json) reads it.
+`to_dict()` gives plain Python values (int map keys, no numpy scalars, None for NaN/inf) under
+the JSON field names; `to_json()` writes them with `schema_version`. `from_dict()` reads such a
+JSON object back (a saved result, an older schema), naming the field at fault. Item access by
+JSON name (`result["slowdown"]`, `result["diagnosis"][0]["cause"]`) keeps older callers working.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import numpy as np
+
+from stragglers.errors import InputError
+from stragglers.whatif.diagnosis import STRAGGLING
+from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD
+
+# Version of the JSON layout: bump when a field changes meaning or is removed.
+SCHEMA_VERSION = 1
+# The replay is trusted when it reproduces the measured step time within this (spec §5).
+SIM_ERROR_LIMIT = 0.05
+SOURCE = "analysis result"
+
+
+def plain(value: Any) -> Any:
+    """A copy with only JSON-ready Python values: numpy scalars unwrapped, NaN/inf → None."""
+    if isinstance(value, Mapping):
+        return {_plain_key(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [plain(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if value is None or isinstance(value, str):
+        return str(value) if isinstance(value, np.str_) else value
+    if hasattr(value, "to_dict"):
+        return plain(value.to_dict())
+    return str(value)
+
+
+def _plain_key(key: Any) -> Any:
+    if isinstance(key, (np.integer, int)) and not isinstance(key, bool):
+        return int(key)
+    return str(key)
+
+
+class _ByName:
+    """Read access by JSON field name, for callers written against the old result dict."""
+
+    _JSON_NAMES: ClassVar[dict[str, str]] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        attr = self._JSON_NAMES.get(key, key)
+        if attr != "extra" and attr in {f.name for f in fields(self)}:
+            return getattr(self, attr)
+        return self.extra[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The field called `key` in the JSON form, or default."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key, _MISSING) is not _MISSING  # type: ignore[arg-type]
+
+
+_MISSING = object()
+
+
+@dataclass
+class JobInfo(_ByName):
+    """What was analysed: the job's shape and which of its workers the trace holds."""
+
+    name: str = "unnamed job"
+    run_id: str = "0"
+    dp: int | None = None
+    pp: int | None = None
+    tp: int | None = None
+    dsp: int | None = None
+    vpp: int | None = None
+    world_size: int | None = None
+    steps: int | None = None          # steps analysed
+    ops: int | None = None            # ops in the analysed steps
+    source: str | None = None
+    ranks_read: int | None = None     # distinct global ranks in the trace
+    workers_read: int | None = None   # distinct (dp, pp) workers in the trace
+    missing_workers: list[list[int]] = field(default_factory=list)  # [dp, pp] of dp·pp not traced
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerScore(_ByName):
+    """S_w of one worker (spec §7), with what else the analysis knows of it (rank, host)."""
+
+    dp: int
+    pp: int
+    score: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Finding(_ByName):
+    """One diagnosed cause: where it sits, why we think so, what fixing it buys."""
+
+    cause: str
+    where: dict[str, Any] = field(default_factory=dict)
+    evidence: str = ""
+    speedup_if_fixed: float | None = None
+    fix: str | None = None
+    # Fields the diagnosis adds beyond these (intervals, bounds, ranks, hosts), kept as given.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AnalysisResult(_ByName):
+    """S, its decompositions, M_W/M_S, the diagnosis and what the reader noted (spec §5–§7)."""
+
+    _JSON_NAMES: ClassVar[dict[str, str]] = {
+        "T_base": "t_base", "T_nodelay": "t_nodelay", "T_ideal": "t_ideal",
+        "M_W": "m_w", "M_S": "m_s"}
+
+    slowdown: float
+    job: JobInfo = field(default_factory=JobInfo)
+    waste: float | None = None
+    straggling: bool | None = None
+    straggling_threshold: float = STRAGGLING
+    sim_error: float | None = None
+    launch_slowdown: float | None = None   # mean T_base / mean T_nodelay
+    t_base: float | None = None
+    t_nodelay: float | None = None
+    t_ideal: float | None = None
+    step_slowdown: dict[int, float] = field(default_factory=dict)
+    step_times: dict[str, dict[int, float]] = field(default_factory=dict)
+    ideal_durations: dict[str, float] = field(default_factory=dict)
+    by_optype: dict[str, float] = field(default_factory=dict)
+    by_stage: dict[int, float] = field(default_factory=dict)
+    by_dp_rank: dict[int, float] = field(default_factory=dict)
+    worker_scores: list[WorkerScore] = field(default_factory=list)
+    m_w: float | None = None
+    m_s: float | None = None
+    diagnosis: list[Finding] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[dict[str, str]] = field(default_factory=list)  # the reader's, see Trace.notes
+    # Top-level fields the analysis adds beyond these (e.g. a combined prediction), kept as given.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.waste is None and self.slowdown > 0:
+            self.waste = 1.0 - 1.0 / self.slowdown
+        if self.straggling is None:
+            self.straggling = self.slowdown >= self.straggling_threshold
+
+    @property
+    def decomposed(self) -> bool:
+        """Whether the attribution (by op type, stage, DP rank or worker) is present."""
+        return bool(self.by_optype or self.by_stage or self.by_dp_rank or self.worker_scores)
+
+    @property
+    def decompose_threshold(self) -> float:
+        """The S from which attribution is computed (spec §7)."""
+        return DECOMPOSE_THRESHOLD
+
+    @property
+    def sim_error_high(self) -> bool:
+        """The replay missed the measured step time by more than SIM_ERROR_LIMIT."""
+        return self.sim_error is not None and self.sim_error > SIM_ERROR_LIMIT
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form as plain Python (int map keys kept; NaN/inf become None)."""
+        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        names = {v: k for k, v in self._JSON_NAMES.items()}
+        for f in fields(self):
+            if f.name != "extra":
+                out[names.get(f.name, f.name)] = _to_plain(getattr(self, f.name))
+        out.update(plain(self.extra))
+        return out
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The result as strict JSON (no NaN/Infinity tokens)."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, raw: Any, source: str = SOURCE) -> "AnalysisResult":
+        """Read a result's JSON form back; a bad field is an InputError naming it."""
+        if not isinstance(raw, Mapping):
+            raise InputError(source, None, f"expected a JSON object, got {type(raw).__name__}")
+        version = raw.get("schema_version", SCHEMA_VERSION)
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise InputError(source, "schema_version", f"{version!r} is newer than this version "
+                             f"of stragglers reads (≤ {SCHEMA_VERSION})")
+        r = _Reader(raw, source)
+        known = {"schema_version", *cls._JSON_NAMES,
+                 *(f.name for f in fields(cls) if f.name not in cls._JSON_NAMES.values())}
+        return cls(
+            slowdown=r.number("slowdown", required=True),
+            job=r.job(),
+            waste=r.number("waste"),
+            straggling=r.flag("straggling"),
+            straggling_threshold=r.number("straggling_threshold") or STRAGGLING,
+            sim_error=r.number("sim_error"),
+            launch_slowdown=r.number("launch_slowdown"),
+            t_base=r.number("T_base"), t_nodelay=r.number("T_nodelay"),
+            t_ideal=r.number("T_ideal"),
+            step_slowdown=r.number_map("step_slowdown", int),
+            step_times={k: r.number_map(f"step_times.{k}", int, v)
+                        for k, v in r.mapping("step_times").items()},
+            ideal_durations=r.number_map("ideal_durations", str),
+            by_optype=r.number_map("by_optype", str),
+            by_stage=r.number_map("by_stage", int),
+            by_dp_rank=r.number_map("by_dp_rank", int),
+            worker_scores=r.worker_scores(),
+            m_w=r.number("M_W"), m_s=r.number("M_S"),
+            diagnosis=r.findings(),
+            warnings=r.strings("warnings"),
+            notes=r.notes(),
+            extra={k: v for k, v in raw.items() if k not in known},
+        )
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, _ByName):
+        return _record(value)
+    if isinstance(value, list):
+        return [_to_plain(v) for v in value]
+    return plain(value)
+
+
+def _record(obj: _ByName) -> dict[str, Any]:
+    """A JobInfo / WorkerScore / Finding as a plain dict, its extras merged in."""
+    out = {f.name: plain(getattr(obj, f.name)) for f in fields(obj) if f.name != "extra"}
+    out.update(plain(obj.extra))  # type: ignore[attr-defined]
+    return out
+
+
+class _Reader:
+    """Typed reads of a result's JSON form, each error naming the field."""
+
+    def __init__(self, raw: Mapping[str, Any], source: str):
+        self.raw, self.source = raw, source
+
+    def fail(self, key: str, problem: str) -> InputError:
+        return InputError(self.source, key, problem)
+
+    def number(self, key: str, required: bool = False, raw: Any = _MISSING) -> float | None:
+        value = self.raw.get(key) if raw is _MISSING else raw
+        if value is None:
+            if required:
+                raise self.fail(key, "missing; expected a number")
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(key, f"expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise self.fail(key, f"expected a finite number, got {value!r}")
+        return float(value)
+
+    def flag(self, key: str) -> bool | None:
+        value = self.raw.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {value!r}")
+        return value
+
+    def mapping(self, key: str, value: Any = _MISSING) -> Mapping[Any, Any]:
+        value = (self.raw.get(key) if value is _MISSING else value) or {}
+        if not isinstance(value, Mapping):
+            raise self.fail(key, f"expected an object, got {type(value).__name__}")
+        return value
+
+    def number_map(self, key: str, key_type: type, value: Any = _MISSING) -> dict[Any, float]:
+        # JSON turns integer keys into strings: accept both.
+        out = {}
+        for k, v in self.mapping(key, value).items():
+            try:
+                out[key_type(k)] = float(v)
+            except (TypeError, ValueError):
+                raise self.fail(key, f"expected {'integer keys and ' if key_type is int else ''}"
+                                f"numbers, got {k!r}: {v!r}") from None
+        return out
+
+    def strings(self, key: str) -> list[str]:
+        value = self.raw.get(key) or []
+        if not isinstance(value, list):
+            raise self.fail(key, "expected a list of strings")
+        return [str(v) for v in value]
+
+    def records(self, key: str) -> list[Mapping[str, Any]]:
+        value = self.raw.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+            raise self.fail(key, "expected a list of objects")
+        return value
+
+    def job(self) -> JobInfo:
+        raw = dict(self.mapping("job"))
+        known = {f.name for f in fields(JobInfo)} - {"extra"}
+        try:
+            info = JobInfo(**{k: raw[k] for k in known if raw.get(k) is not None},
+                           extra={k: v for k, v in raw.items() if k not in known})
+        except TypeError as exc:
+            raise self.fail("job", f"expected an object of job facts ({exc})") from None
+        info.name = str(info.name)
+        return info
+
+    def worker_scores(self) -> list[WorkerScore]:
+        out = []
+        for s in self.records("worker_scores"):
+            try:
+                out.append(WorkerScore(int(s["dp"]), int(s["pp"]), float(s["score"]),
+                                       {k: v for k, v in s.items() if k not in ("dp", "pp", "score")}))
+            except (KeyError, TypeError, ValueError):
+                raise self.fail("worker_scores", "expected a list of {dp, pp, score} "
+                                "objects") from None
+        return out
+
+    def findings(self) -> list[Finding]:
+        out = []
+        for i, entry in enumerate(self.records("diagnosis")):
+            key = f"diagnosis[{i}]"
+            if "cause" not in entry:
+                raise self.fail(key, "expected an object with a 'cause'")
+            speedup = self.number(f"{key}.speedup_if_fixed", raw=entry.get("speedup_if_fixed"))
+            where = entry.get("where") or {}
+            if not isinstance(where, Mapping):
+                raise self.fail(f"{key}.where", f"expected an object, got {where!r}")
+            out.append(Finding(
+                cause=str(entry["cause"]), where=dict(where),
+                evidence=str(entry.get("evidence") or ""), speedup_if_fixed=speedup,
+                fix=None if entry.get("fix") is None else str(entry["fix"]),
+                extra={k: v for k, v in entry.items()
+                       if k not in ("cause", "where", "evidence", "speedup_if_fixed", "fix")}))
+        return out
+
+    def notes(self) -> list[dict[str, str]]:
+        out = []
+        for note in self.raw.get("notes") or []:
+            if isinstance(note, str):  # a reader that gave plain strings
+                out.append({"kind": "other", "message": note})
+            elif isinstance(note, Mapping) and "message" in note:
+                out.append({"kind": str(note.get("kind", "other")), "message": str(note["message"])})
+            else:
+                raise self.fail("notes", "expected a list of {kind, message} objects")
+        return out
+
+
+def job_info(trace: Any, steps: int, ops: int) -> JobInfo:
+    """The job facts of a trace: shape from its metadata, and which workers it really holds."""
+    meta, o = trace.meta, trace.ops
+    pp = max(int(meta.pp_size), int(o["stage"].max()) + 1 if len(o["stage"]) else 1)
+    cells = np.unique(o["dp_rank"].astype(np.int64) * pp + o["stage"])
+    expected = {(d, p) for d in range(meta.dp_size) for p in range(pp)}
+    have = {(int(c // pp), int(c % pp)) for c in cells}
+    return JobInfo(name=str(meta.name), run_id=str(meta.run_id), dp=meta.dp_size,
+                   pp=meta.pp_size, tp=meta.tp_size, dsp=meta.dsp_size, vpp=meta.vpp_size,
+                   world_size=meta.world_size, steps=int(steps), ops=int(ops),
+                   source=str(trace.source), ranks_read=int(len(np.unique(o["rank"]))),
+                   workers_read=len(have),
+                   missing_workers=[[d, p] for d, p in sorted(expected - have)])
+
+
+def findings_from(entries: list[Mapping[str, Any]]) -> list[Finding]:
+    """Diagnosis records (dicts from `diagnose`) as Findings, extra fields kept."""
+    core = ("cause", "where", "evidence", "speedup_if_fixed", "fix")
+    return [Finding(cause=str(e["cause"]), where=plain(e.get("where") or {}),
+                    evidence=str(e.get("evidence") or ""),
+                    speedup_if_fixed=plain(e.get("speedup_if_fixed")),
+                    fix=None if e.get("fix") is None else str(e["fix"]),
+                    extra=plain({k: v for k, v in e.items() if k not in core}))
+            for e in entries]
+
+
+def scores_from(entries: list[Mapping[str, Any]]) -> list[WorkerScore]:
+    """Worker-score records ({dp, pp, score, ...}) as WorkerScores, extra fields kept."""
+    return [WorkerScore(int(e["dp"]), int(e["pp"]), float(e["score"]),
+                        plain({k: v for k, v in e.items() if k not in ("dp", "pp", "score")}))
+            for e in entries]
+
+
+def reader_notes(trace: Any) -> list[dict[str, str]]:
+    """The reader's notes of a trace (Trace.notes; older readers left strings in meta.extra)."""
+    notes = [dict(n) for n in trace.notes]
+    if not notes:
+        notes = [{"kind": "other", "message": str(m)} for m in trace.meta.extra.get("notes") or []]
+    return notes
