@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 
 # Headless Chromium from Debian for the browser tests (Playwright drives the system browser).
 browser:
-	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	@command -v chromium >/dev/null 2>&1 || { apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium >/dev/null; }
 
 demo: venv
 	$(PY) examples/demo.py
