@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv browser bench docs clean
+.PHONY: demo test venv browser bench docs gpu-check clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,10 @@ test: venv browser
 docs: venv
 	$(VENV)/bin/pdoc --docformat google -o docs/api stragglers stragglers.trace stragglers.whatif stragglers.report stragglers.record stragglers.collectives stragglers.coding stragglers.adapt stragglers.mitigate stragglers.protocols stragglers.config stragglers.errors
 	@echo "API reference: docs/api/index.html"
+
+# On a machine with CUDA GPUs: every GPU path run once, as one table (skips without a GPU).
+gpu-check: venv
+	$(PY) benchmarks/gpu_check.py --out gpu-check.md
 
 bench: venv
 	@echo "see BENCHMARKS.md for the commands of each benchmark"
