@@ -174,3 +174,79 @@ def test_bad_file_in_run_directory_is_named(ndtimeline_dir, tmp_path):
     with pytest.raises(InputError) as err:
         read_run(tmp_path / "run")
     assert victim.name in str(err.value)
+
+
+def one_line_error(proc, *words):
+    """The CLI failed with exit 2 and one line on stderr naming every word."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def st_two_stages(ndtimeline_dir, tmp_path, meta_text):
+    """The ST sample cut to its first two stages, with the given metadata beside it."""
+    t = pq.read_table(ndtimeline_dir / "trace-ST.parquet")
+    mask = pa.compute.less(t.column("stage"), 2)
+    path = tmp_path / "trace-ST2.parquet"
+    pq.write_table(t.filter(mask), path)
+    (tmp_path / "meta-ST2.yaml").write_bytes(meta_text if isinstance(meta_text, bytes)
+                                            else meta_text.encode())
+    return path
+
+
+def test_metadata_that_disagrees_with_the_trace_is_refused(ndtimeline_dir, tmp_path):
+    # pp_size 4 in the YAML but only stages 0-1 in the table: the pipeline would be wrong.
+    path = st_two_stages(ndtimeline_dir, tmp_path,
+                         "trial_name: ST2\ndp_size: 2\npp_size: 4\nworld_size: 8\n")
+    with pytest.raises(InputError) as err:
+        read_ndtimeline(path)
+    assert err.value.field == "pp_size" and err.value.source.endswith("meta-ST2.yaml")
+    assert "2 stage(s)" in str(err.value) and "2, 3" in str(err.value)
+    one_line_error(cli("analyze", path), "meta-ST2.yaml", "pp_size")
+    # With pp_size 2 the same table reads and analyses.
+    (tmp_path / "meta-ST2.yaml").write_text("trial_name: ST2\ndp_size: 2\npp_size: 2\n")
+    assert read_ndtimeline(path).meta.pp_size == 2
+
+
+def test_metadata_that_disagrees_in_a_run_directory_is_refused(ndtimeline_dir, tmp_path):
+    convert(ndtimeline_dir / "trace-ST.parquet", tmp_path / "run")
+    for victim in sorted((tmp_path / "run").glob("rank-*.parquet")):
+        if pq.read_table(victim).column("stage")[0].as_py() >= 2:
+            victim.unlink()  # stages 2 and 3 gone, meta.json still says pp_size 4
+    one_line_error(cli("analyze", tmp_path / "run"), "meta.json", "pp_size")
+
+
+@pytest.mark.parametrize("meta, words", [
+    ("trial_name: X\ndp_size: null\npp_size: 1\n", ["meta-X.yaml", "'dp_size'", "null"]),
+    ("trial_name: X\ndp_size: 1\npp_size: ~\n", ["meta-X.yaml", "'pp_size'", "null"]),
+    ("trial_name: X\ndp_size: 1\npp_size: 1\ntp_size: two\n", ["meta-X.yaml", "'tp_size'"]),
+    ("trial_name: X\ndp_size: 1\npp_size: 1\nextra: [1, 2]\n", ["meta-X.yaml", "'extra'"]),
+    (b"trial_name: \xff\xfeX\ndp_size: 1\npp_size: 1\n", ["meta-X.yaml", "UTF-8", "0xff"]),
+])
+def test_bad_metadata_is_one_line(tmp_path, meta, words):
+    path = tmp_path / "trace-X.parquet"
+    pq.write_table(good_table(), path)
+    (tmp_path / "meta-X.yaml").write_bytes(meta if isinstance(meta, bytes) else meta.encode())
+    with pytest.raises(InputError):
+        read_ndtimeline(path)
+    one_line_error(cli("analyze", path), *words)
+
+
+def test_null_optional_sizes_take_their_defaults(tmp_path):
+    path = write_trace(tmp_path, good_table(),
+                       meta="trial_name: X\ndp_size: 1\npp_size: 1\ntp_size: null\nworld_size: null\n")
+    meta = read_ndtimeline(path).meta
+    assert (meta.tp_size, meta.world_size) == (1, 1)
+
+
+def test_all_zero_durations_are_an_error_not_nan(ndtimeline_dir, tmp_path):
+    t = pq.read_table(ndtimeline_dir / "trace-ST.parquet")
+    zeros = pa.array(np.zeros(t.num_rows, dtype=np.float32))
+    path = tmp_path / "trace-Z.parquet"
+    pq.write_table(t.set_column(t.column_names.index("duration"), "duration", zeros), path)
+    (tmp_path / "meta-Z.yaml").write_text((ndtimeline_dir / "meta-ST.yaml").read_text())
+    out = tmp_path / "z.json"
+    one_line_error(cli("analyze", path, "--json", out), "trace-Z.parquet", "'duration'", "zero")
+    assert not out.exists()  # no half-written, NaN-bearing JSON

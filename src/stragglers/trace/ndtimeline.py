@@ -12,7 +12,7 @@ import yaml
 from stragglers.errors import InputError
 from stragglers.trace.columns import table_to_columns
 from stragglers.trace.model import COLUMNS, OPTYPES, JobMeta, Trace
-from stragglers.trace.runformat import meta_from_dict, read_parquet
+from stragglers.trace.runformat import check_against_meta, meta_from_dict, read_parquet
 
 # NDTimeline stores narrow types; we write them back the same way so the files stay familiar.
 _NDT_TYPES = {"dp_rank": pa.int16(), "stage": pa.int16(), "rank": pa.int32(), "step": pa.int64(),
@@ -34,9 +34,14 @@ def meta_path_for(trace_path: Path) -> Path:
 def read_meta_yaml(path: Path) -> JobMeta:
     """Read NDTimeline job metadata (trial_name, run_id, *_size, world_size)."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise InputError(path, None, "metadata file not found (give it with --meta)") from None
+    except IsADirectoryError:
+        raise InputError(path, None, "is a directory; expected a metadata YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(path, None, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                         f"offset {exc.start}); expected a YAML file") from None
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0]
         raise InputError(path, None, f"not valid YAML ({first})") from None
@@ -52,18 +57,8 @@ def read_ndtimeline(trace_path: Path | str, meta_path: Path | str | None = None)
     if table.num_rows == 0:
         raise InputError(trace_path, None, "holds no ops (empty table)")
     ops = table_to_columns(table, trace_path)
-    check_against_meta(ops, meta, trace_path)
+    check_against_meta(ops, meta, trace_path, meta_path)
     return Trace(ops, meta, str(trace_path))
-
-
-def check_against_meta(ops: dict[str, np.ndarray], meta: JobMeta, source: Path | str) -> None:
-    """Ranks and stages in the table must fit the sizes in the metadata."""
-    if ops["dp_rank"].max() >= meta.dp_size:
-        raise InputError(source, "dp_rank", f"value {int(ops['dp_rank'].max())} is outside "
-                         f"dp_size={meta.dp_size} from the metadata")
-    if ops["stage"].max() >= meta.pp_size:
-        raise InputError(source, "stage", f"value {int(ops['stage'].max())} is outside "
-                         f"pp_size={meta.pp_size} from the metadata")
 
 
 def write_ndtimeline(trace: Trace, trace_path: Path | str) -> tuple[Path, Path]:

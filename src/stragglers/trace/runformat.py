@@ -50,25 +50,52 @@ def meta_from_dict(raw: object, source: Path | str) -> JobMeta:
     """Validate a metadata mapping (meta.json or NDTimeline YAML) into JobMeta."""
     if not isinstance(raw, dict):
         raise InputError(source, None, "expected a mapping of job metadata")
-    for key in ("dp_size", "pp_size"):
-        if key not in raw:
-            raise InputError(source, key, "missing; expected a positive integer")
     values = {}
     for key in META_INT_FIELDS:
-        if key in raw and raw[key] is not None:
-            v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "world_size" else 1):
-                raise InputError(source, key, f"expected a positive integer, got {v!r}")
-            values[key] = v
-    name = raw.get("name", raw.get("trial_name", Path(str(source)).stem))
-    meta = JobMeta(name=str(name), run_id=str(raw.get("run_id", "0")),
-                   extra=dict(raw.get("extra") or {}), **values)
+        v = raw.get(key)
+        if v is None:
+            if key in ("dp_size", "pp_size"):
+                got = "missing" if key not in raw else "null"
+                raise InputError(source, key, f"{got}; expected a positive integer")
+            continue  # an optional size left out or null: its default
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "world_size" else 1):
+            raise InputError(source, key, f"expected a positive integer, got {v!r}")
+        values[key] = v
+    extra = raw.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise InputError(source, "extra", f"expected a mapping, got {type(extra).__name__}")
+    name = raw.get("name", raw.get("trial_name"))
+    meta = JobMeta(name=str(Path(str(source)).stem if name is None else name),
+                   run_id=str(raw.get("run_id", "0")), extra=dict(extra), **values)
     expected = meta.dp_size * meta.pp_size * meta.tp_size * meta.dsp_size
     if meta.world_size != expected:
         raise InputError(source, "world_size", f"{meta.world_size} is inconsistent with the sizes: "
                          f"dp·pp·tp·dsp = {meta.dp_size}·{meta.pp_size}·{meta.tp_size}·"
                          f"{meta.dsp_size} = {expected}")
     return meta
+
+
+def check_against_meta(ops: dict[str, np.ndarray], meta: JobMeta, trace_source: Path | str,
+                       meta_source: Path | str) -> None:
+    """The table's DP ranks and stages must fit the metadata's sizes, and every stage be there.
+
+    A stage missing from the trace (pp_size 4 in the metadata, 2 stages in the table) would
+    silently change the pipeline the replay builds, so it is refused. DP ranks may be a subset
+    (a partial capture); the report states which workers are missing.
+    """
+    for column, key in (("dp_rank", "dp_size"), ("stage", "pp_size")):
+        size = getattr(meta, key)
+        top = int(ops[column].max())
+        if top >= size:
+            raise InputError(trace_source, column, f"value {top} is outside {key}={size} from "
+                             f"{meta_source}")
+    stages = np.unique(ops["stage"])
+    if len(stages) != meta.pp_size:
+        missing = sorted(set(range(meta.pp_size)) - {int(s) for s in stages})
+        raise InputError(meta_source, "pp_size", f"{meta.pp_size}, but {trace_source} holds "
+                         f"{len(stages)} stage(s) ({', '.join(map(str, stages.tolist()))}); no ops "
+                         f"for stage(s) {', '.join(map(str, missing))}; expected the metadata and "
+                         "the trace to agree")
 
 
 def write_rank(directory: Path, rank: int, ops: dict[str, np.ndarray], part: int | None = None) -> Path:
@@ -109,6 +136,7 @@ def read_run(directory: Path | str) -> Trace:
         ops = _read_file_by_file(files)
     if len(ops["step"]) == 0:
         raise InputError(directory, None, "the op tables hold no ops")
+    check_against_meta(ops, meta, directory, directory / META_FILE)
     return Trace(ops, meta, str(directory))
 
 
@@ -156,4 +184,4 @@ def read_parquet(path: Path) -> pa.Table:
 
 
 __all__ = ["COLUMNS", "read_run", "write_run", "write_rank", "write_meta", "read_meta",
-           "rank_file_name", "meta_from_dict", "read_parquet"]
+           "rank_file_name", "meta_from_dict", "check_against_meta", "read_parquet"]

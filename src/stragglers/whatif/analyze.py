@@ -32,10 +32,10 @@ def analyze_with_model(trace: Trace, steps: list[int] | None = None,
     grid = build_grid(trace, steps)
     tick("dependency model")
     w = WhatIf.build(grid, trace.meta.dsp_size, tick)
-    s = w.slowdown
-    if not np.isfinite(s):  # every duration zero: no step time to compare against
+    if not w.t_ideal.mean() > 0:  # every duration zero: no step time to compare against
         raise InputError(trace.source, "duration", "every op in the analysed steps has zero "
                          "duration, so the slowdown is undefined; expected measured durations")
+    s = w.slowdown
     by_optype = by_stage = by_dp = {}
     scores: list[dict] = []
     m_w = m_s = None
