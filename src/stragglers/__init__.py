@@ -11,8 +11,9 @@ need torch (Recorder, stragglar_all_reduce, train_coded, ...) import it on first
 
 from __future__ import annotations
 
-import importlib
 import logging
+
+from stragglers.lazy import lazy_exports
 
 __version__ = "0.2.0"
 
@@ -50,23 +51,8 @@ _LAZY = {
     "EnvironmentFailure": "stragglers.errors",
     "MissingExtraError": "stragglers.errors",
     "Config": "stragglers.config",
+    "synth": ("stragglers.trace.synth", "generate"),
 }
-_RENAMED = {"synth": ("stragglers.trace.synth", "generate")}
 
-__all__ = sorted([*_LAZY, *_RENAMED, "__version__"])
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    elif name in _RENAMED:
-        module, attr = _RENAMED[name]
-        value = getattr(importlib.import_module(module), attr)
-    else:
-        raise AttributeError(f"module 'stragglers' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__all__ = [*__all__, "__version__"]

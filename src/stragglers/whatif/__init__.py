@@ -5,7 +5,7 @@ Pure functions of an op table (`stragglers.trace.model.Trace`); no torch.
 
 from __future__ import annotations
 
-import importlib
+from stragglers.lazy import lazy_exports
 
 _LAZY = {
     "analyze": "stragglers.whatif.analyze",
@@ -17,10 +17,4 @@ _LAZY = {
     "diagnose": "stragglers.whatif.diagnosis",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'stragglers.whatif' has no attribute {name!r}")
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

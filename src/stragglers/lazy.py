@@ -1,0 +1,31 @@
+"""Lazy package exports: a name's module is imported on first use (so torch loads only when needed)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Mapping
+
+
+def lazy_exports(package: str, table: Mapping[str, str | tuple[str, str]]
+                 ) -> tuple[list[str], Callable[[str], object], Callable[[], list[str]]]:
+    """`__all__`, `__getattr__` and `__dir__` for a package exporting `table`.
+
+    `table` maps a public name to the module defining it, or to (module, name there) when the
+    public name differs. Use: `__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)`.
+    """
+    names = sorted(table)
+    namespace = importlib.import_module(package).__dict__
+
+    def getattr_(name: str) -> object:
+        target = table.get(name)
+        if target is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module, attr = target if isinstance(target, tuple) else (target, name)
+        value = getattr(importlib.import_module(module), attr)
+        namespace[name] = value     # later lookups skip __getattr__
+        return value
+
+    def dir_() -> list[str]:
+        return sorted(set(names) | {k for k in namespace if not k.startswith("_")})
+
+    return names, getattr_, dir_
