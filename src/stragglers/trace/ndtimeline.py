@@ -11,8 +11,9 @@ import yaml
 
 from stragglers.errors import InputError
 from stragglers.trace.columns import table_to_columns
-from stragglers.trace.model import COLUMNS, OPTYPES, JobMeta, Trace
-from stragglers.trace.runformat import check_against_meta, meta_from_dict, read_parquet
+from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTYPES, JobMeta, Trace
+from stragglers.trace.runformat import (check_against_meta, meta_from_dict, notes_from_dict,
+                                        read_parquet)
 
 # NDTimeline stores narrow types; we write them back the same way so the files stay familiar.
 _NDT_TYPES = {"dp_rank": pa.int16(), "stage": pa.int16(), "rank": pa.int32(), "step": pa.int64(),
@@ -33,6 +34,10 @@ def meta_path_for(trace_path: Path) -> Path:
 
 def read_meta_yaml(path: Path) -> JobMeta:
     """Read NDTimeline job metadata (trial_name, run_id, *_size, world_size)."""
+    return meta_from_dict(_load_yaml(path), path)
+
+
+def _load_yaml(path: Path) -> object:
     try:
         raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
@@ -45,33 +50,42 @@ def read_meta_yaml(path: Path) -> JobMeta:
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0]
         raise InputError(path, None, f"not valid YAML ({first})") from None
-    return meta_from_dict(raw, path)
+    return raw
 
 
 def read_ndtimeline(trace_path: Path | str, meta_path: Path | str | None = None) -> Trace:
     """Read an NDTimeline Parquet trace and its YAML metadata, validating both."""
     trace_path = Path(trace_path)
     meta_path = Path(meta_path) if meta_path else meta_path_for(trace_path)
-    meta = read_meta_yaml(meta_path)
+    raw = _load_yaml(meta_path)
+    meta = meta_from_dict(raw, meta_path)
+    notes = notes_from_dict(raw, meta_path)
     table = read_parquet(trace_path)
     if table.num_rows == 0:
         raise InputError(trace_path, None, "holds no ops (empty table)")
     ops = table_to_columns(table, trace_path)
     check_against_meta(ops, meta, trace_path, meta_path)
-    return Trace(ops, meta, str(trace_path))
+    return Trace(ops, meta, str(trace_path), notes)
 
 
 def write_ndtimeline(trace: Trace, trace_path: Path | str) -> tuple[Path, Path]:
-    """Write a trace as NDTimeline Parquet plus meta-<name>.yaml beside it."""
+    """Write a trace as NDTimeline Parquet plus meta-<name>.yaml beside it, losing nothing.
+
+    The NDTimeline columns keep their narrow types (widened where a value would not fit);
+    our optional columns (attn_cost, tokens, bytes) follow them, and the reader's notes and
+    metadata extras go into the YAML, so reading the pair back gives the same trace.
+    """
     trace_path = Path(trace_path)
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     arrays, names = [], []
-    for name in COLUMNS:
+    for name in list(COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in trace.ops]:
+        values = trace.ops[name]
         if name == "optype":
-            arr = pa.DictionaryArray.from_arrays(pa.array(trace.ops[name], pa.int8()),
-                                                 pa.array(OPTYPES))
+            arr = pa.DictionaryArray.from_arrays(pa.array(values, pa.int8()), pa.array(OPTYPES))
+        elif name in _NDT_TYPES:
+            arr = pa.array(values).cast(_fitting(_NDT_TYPES[name], values))
         else:
-            arr = pa.array(trace.ops[name]).cast(_NDT_TYPES[name])
+            arr = pa.array(values)
         arrays.append(arr)
         names.append(name)
     pq.write_table(pa.table(arrays, names=names), trace_path)
@@ -82,5 +96,16 @@ def write_ndtimeline(trace: Trace, trace_path: Path | str) -> tuple[Path, Path]:
            "vpp_size": meta.vpp_size, "world_size": meta.world_size}
     if meta.extra:
         raw["extra"] = meta.extra
-    meta_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    if trace.notes:
+        raw["notes"] = [dict(n) for n in trace.notes]
+    meta_path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True), encoding="utf-8")
     return trace_path, meta_path
+
+
+def _fitting(narrow: pa.DataType, values: np.ndarray) -> pa.DataType:
+    """The NDTimeline type of a column, or int32 where its values do not fit (ids past 32767)."""
+    if pa.types.is_integer(narrow) and len(values):
+        info = np.iinfo(narrow.to_pandas_dtype())
+        if values.min() < info.min or values.max() > info.max:
+            return pa.int32() if narrow.bit_width < 32 else pa.int64()
+    return narrow

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 
 from stragglers.errors import InputError
 from stragglers.trace.columns import columns_to_table, table_to_columns
-from stragglers.trace.model import COLUMNS, JobMeta, Trace
+from stragglers.trace.model import (COLUMNS, NOTE_KINDS, OPTIONAL_COLUMNS, OPTIONAL_FILL, JobMeta,
+                                    Trace)
 
 META_FILE = "meta.json"
 # rank-00003.parquet, or rank-00003.part-000012.parquet when a recorder flushes in parts.
@@ -25,25 +26,44 @@ def rank_file_name(rank: int, part: int | None = None) -> str:
     return f"rank-{rank:05d}.parquet" if part is None else f"rank-{rank:05d}.part-{part:06d}.parquet"
 
 
-def write_meta(directory: Path, meta: JobMeta) -> Path:
-    """Write meta.json atomically (write a temp file, then rename)."""
+def write_meta(directory: Path, meta: JobMeta, notes: list[dict[str, str]] | None = None) -> Path:
+    """Write meta.json atomically (write a temp file, then rename), with the reader's notes."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / META_FILE
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta.to_dict(), indent=2, sort_keys=True))
+    raw = meta.to_dict()
+    if notes:
+        raw["notes"] = list(notes)
+    tmp.write_text(json.dumps(raw, indent=2, sort_keys=True))
     tmp.replace(path)
     return path
 
 
 def read_meta(path: Path) -> JobMeta:
     """Read and validate a meta.json."""
+    return meta_from_dict(_read_meta_json(path), path)
+
+
+def _read_meta_json(path: Path) -> object:
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise InputError(path, None, "missing; a run directory needs meta.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(path, None, f"not valid JSON ({exc})") from None
-    return meta_from_dict(raw, path)
+
+
+def notes_from_dict(raw: object, source: Path | str) -> list[dict[str, str]]:
+    """The reader notes stored beside job metadata ("notes": [{kind, message}])."""
+    notes = raw.get("notes") if isinstance(raw, dict) else None
+    if notes is None:
+        return []
+    if not isinstance(notes, list) or not all(
+            isinstance(n, dict) and n.get("kind") in NOTE_KINDS and isinstance(n.get("message"), str)
+            for n in notes):
+        raise InputError(source, "notes", "expected a list of {kind, message} with kind one of "
+                         + ", ".join(NOTE_KINDS))
+    return [{"kind": n["kind"], "message": n["message"]} for n in notes]
 
 
 def meta_from_dict(raw: object, source: Path | str) -> JobMeta:
@@ -111,7 +131,7 @@ def write_rank(directory: Path, rank: int, ops: dict[str, np.ndarray], part: int
 def write_run(directory: Path | str, trace: Trace) -> Path:
     """Write a whole trace as a run directory (one Parquet file per rank)."""
     directory = Path(directory)
-    write_meta(directory, trace.meta)
+    write_meta(directory, trace.meta, trace.notes)
     ranks = trace.ops["rank"]
     order = np.argsort(ranks, kind="stable")
     sorted_ranks = ranks[order]
@@ -127,7 +147,9 @@ def read_run(directory: Path | str) -> Trace:
     directory = Path(directory)
     if not directory.is_dir():
         raise InputError(directory, None, "not a run directory (expected a folder with meta.json)")
-    meta = read_meta(directory / META_FILE)
+    raw = _read_meta_json(directory / META_FILE)
+    meta = meta_from_dict(raw, directory / META_FILE)
+    notes = notes_from_dict(raw, directory / META_FILE)
     files = sorted(p for p in directory.iterdir() if RANK_FILE.match(p.name))
     if not files:
         raise InputError(directory, None, "holds no rank-NNNNN.parquet op tables")
@@ -137,7 +159,7 @@ def read_run(directory: Path | str) -> Trace:
     if len(ops["step"]) == 0:
         raise InputError(directory, None, "the op tables hold no ops")
     check_against_meta(ops, meta, directory, directory / META_FILE)
-    return Trace(ops, meta, str(directory))
+    return Trace(ops, meta, str(directory), notes)
 
 
 def _read_all_at_once(directory: Path, files: list[Path]) -> dict[str, np.ndarray] | None:
@@ -153,22 +175,23 @@ def _read_all_at_once(directory: Path, files: list[Path]) -> dict[str, np.ndarra
 
 
 def _read_file_by_file(files: list[Path]) -> dict[str, np.ndarray]:
-    """Read and validate each file on its own, so any error names it."""
+    """Read and validate each file on its own, so any error names it.
+
+    An optional column that only some files carry (a recorder part without sequence lengths)
+    is kept, filled with its "unknown" value where a file lacks it: nothing is dropped.
+    """
     tables = [read_parquet(path) for path in files]
     total = sum(t.num_rows for t in tables)
-    ops: dict[str, np.ndarray] = {}
+    optional = [c for c in OPTIONAL_COLUMNS if any(c in t.column_names for t in tables)]
+    ops = {c: np.empty(total, dtype=d) for c, d in COLUMNS.items()}
+    ops.update({c: np.full(total, OPTIONAL_FILL[c], dtype=OPTIONAL_COLUMNS[c]) for c in optional})
     offset = 0
     for i, (path, table) in enumerate(zip(files, tables)):
         part = table_to_columns(table, path)
         tables[i] = None  # free the Arrow copy as we go
-        if not ops:
-            ops = {k: np.empty(total, dtype=v.dtype) for k, v in part.items()}
-        for k in list(ops):
-            if k in part:
-                ops[k][offset:offset + len(part[k])] = part[k]
-            else:  # an optional column some files lack: not usable for the whole run
-                del ops[k]
-        offset += table.num_rows
+        for k, values in part.items():
+            ops[k][offset:offset + len(values)] = values
+        offset += len(part["step"])
     return ops
 
 
@@ -184,4 +207,5 @@ def read_parquet(path: Path) -> pa.Table:
 
 
 __all__ = ["COLUMNS", "read_run", "write_run", "write_rank", "write_meta", "read_meta",
-           "rank_file_name", "meta_from_dict", "check_against_meta", "read_parquet"]
+           "rank_file_name", "meta_from_dict", "notes_from_dict", "check_against_meta",
+           "read_parquet"]
