@@ -57,7 +57,7 @@ def test_gc_pauses_are_located():
     ops = trace.ops
     pauses = (trace.optype_names() == "gc") & (ops["duration"] > 0.1)
     expected = sorted({(int(d), int(p)) for d, p in zip(ops["dp_rank"][pauses], ops["stage"][pauses])})
-    assert sorted(map(tuple, gc["where"]["workers"])) == expected
+    assert sorted((w["dp"], w["pp"]) for w in gc["where"]["workers"]) == expected
     assert set(gc["where"]["steps"]) == {int(s) for s in ops["step"][pauses]}
 
 

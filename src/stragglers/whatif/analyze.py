@@ -8,28 +8,46 @@ import numpy as np
 
 from stragglers.errors import InputError
 from stragglers.trace.model import Trace
-from stragglers.whatif.diagnosis import STRAGGLING, diagnose
+from stragglers.whatif.config import DEFAULT, DiagnosisConfig
+from stragglers.whatif.diagnosis import diagnose
 from stragglers.whatif.grid import build_grid
+from stragglers.whatif.warmup import warmup_steps
 from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD, WhatIf
 from stragglers.whatif.replay import replay
 from stragglers.whatif.result import (AnalysisResult, findings_from, job_info, plain,
                                       reader_notes, scores_from)
 
 
-def analyze(trace: Trace, steps: list[int] | None = None,
-            progress: Callable[[str], None] | None = None) -> AnalysisResult:
-    """S and its decompositions, M_W, M_S and the diagnosis (specs/whatif.md §4–§7)."""
-    result, _ = analyze_with_model(trace, steps, progress)
+def analyze(trace: Trace, steps: list[int] | str | None = None,
+            progress: Callable[[str], None] | None = None,
+            config: DiagnosisConfig | None = None) -> AnalysisResult:
+    """S and its decompositions, M_W, M_S and the diagnosis (specs/whatif.md §4–§7).
+
+    steps: None = every step but the warm-up (detected, named in the result); "all" = every
+    step; a list = exactly those steps.
+    """
+    result, _ = analyze_with_model(trace, steps, progress, config)
     return result
 
 
-def analyze_with_model(trace: Trace, steps: list[int] | None = None,
-                       progress: Callable[[str], None] | None = None
+def analyze_with_model(trace: Trace, steps: list[int] | str | None = None,
+                       progress: Callable[[str], None] | None = None,
+                       config: DiagnosisConfig | None = None
                        ) -> tuple[AnalysisResult, WhatIf]:
     """Like analyze(), also returning the WhatIf object (for timelines and custom what-ifs)."""
+    cfg = config or DEFAULT
     tick = progress or (lambda _msg: None)
     tick("laying ops on the schedule grid")
-    grid = build_grid(trace, steps)
+    if isinstance(steps, str) and steps != "all":
+        raise InputError(trace.source, "steps", f"expected a list of steps, None or 'all', "
+                         f"got {steps!r}")
+    grid = build_grid(trace, None if isinstance(steps, str) else steps)
+    warmup = warmup_steps(grid, cfg) if steps is None else []
+    if warmup:
+        grid = grid.select_steps(~np.isin(grid.steps, warmup))
+        grid.warnings.append(f"left out {len(warmup)} warm-up step(s) ({', '.join(map(str, warmup))}"
+                             f"): slower than {cfg.warmup_factor}× the median step; "
+                             "--steps all keeps them")
     tick("dependency model")
     w = WhatIf.build(grid, trace.meta.dsp_size, tick)
     if not w.t_ideal.mean() > 0:  # every duration zero: no step time to compare against
@@ -49,11 +67,13 @@ def analyze_with_model(trace: Trace, steps: list[int] | None = None,
         m_w, top = w.m_w(scores)
         m_s = w.m_s()
     tick("diagnosis")
-    diagnosis = diagnose(w, trace, by_optype, by_stage, by_dp, scores, m_w or 0.0, top)
+    diagnosis, diagnosis_summary = diagnose(
+        w, trace, cfg, {(s_["dp"], s_["pp"]): s_["score"] for s_ in scores} or None)
+    scores = _with_ranks(scores, w, trace, cfg)
     result = AnalysisResult(
         job=job_info(trace, steps=len(grid.steps), ops=int(grid.present.sum())),
         slowdown=s,
-        straggling_threshold=STRAGGLING,
+        straggling_threshold=cfg.straggling_slowdown,
         sim_error=w.sim_error,
         launch_slowdown=w.launch_slowdown,
         t_base=float(w.t_base.mean()),
@@ -73,8 +93,26 @@ def analyze_with_model(trace: Trace, steps: list[int] | None = None,
         diagnosis=findings_from(diagnosis),
         warnings=[str(x) for x in grid.warnings],
         notes=reader_notes(trace),
+        extra={"diagnosis_summary": plain(diagnosis_summary),
+               "steps_analysed": [int(x) for x in grid.steps],
+               "warmup_steps": warmup, "diagnosis_config": cfg.to_dict()},
     )
     return result, w
+
+
+def _with_ranks(scores: list[dict], w: WhatIf, trace: Trace, cfg) -> list[dict]:
+    """Worker scores with each worker's global rank and host (where the trace names them)."""
+    from stragglers.whatif.causes import Context
+
+    if not scores:
+        return scores
+    ctx = Context.build(w, trace, cfg)
+    index = {int(d): i for i, d in enumerate(w.grid.dp_ranks)}
+    out = []
+    for s_ in scores:
+        rank = int(ctx.ranks[index[s_["dp"]], s_["pp"]])
+        out.append({**s_, "rank": rank if rank >= 0 else None, "host": ctx.hosts.get(rank)})
+    return out
 
 
 def _per_step(steps, values) -> dict[int, float]:

@@ -72,6 +72,9 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
         chain(stream)
         if 0 in gc_at:  # a pause before the first compute op: it leads the stream
             deps[comp[0]].append(gc_at[0])
+        stream_before = {c: stream[k - 1] for k, c in enumerate(stream) if k > 0}
+        if 0 in gc_at and comp:
+            stream_before[comp[0]] = gc_at[0]
         tail_gc = gc_at.get(len(comp))
         last_compute = max(comp, key=lambda c: ref_end[c]) if comp else None
         if tail_gc is not None and last_compute is not None:
@@ -106,9 +109,11 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
                         deps[o].append(c)
                     else:
                         deps[c].append(o)
-                        i = t_comp.index(c)
-                        if i > 0:
-                            deps[o].append(t_comp[i - 1])
+                        # posted after the op right before c on the compute stream (spec §3;
+                        # in 1F1B a forward's recv follows the backward before it)
+                        before = stream_before.get(c)
+                        if before is not None:
+                            deps[o].append(before)
                 p2p_launched[(stage, name)] = [o for o in cand if not no_op[o]]
         # The first backward send/recv waits for the second-to-last forward before the first backward.
         kinds = [grid.node_optype[c] for c in comp]

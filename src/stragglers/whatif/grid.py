@@ -40,6 +40,14 @@ class OpGrid:
         """(nodes, DP ranks, steps)."""
         return self.start.shape
 
+    def select_steps(self, keep: np.ndarray) -> "OpGrid":
+        """The same grid restricted to the steps where keep (bool [T]) is true."""
+        from dataclasses import replace
+
+        return replace(self, steps=self.steps[keep], start=self.start[:, :, keep],
+                       duration=self.duration[:, :, keep], present=self.present[:, :, keep],
+                       row=self.row[:, :, keep], warnings=list(self.warnings))
+
     def node_name(self, n: int) -> str:
         """A readable name of a template op, for errors."""
         from stragglers.trace.model import OPTYPES

@@ -34,6 +34,7 @@ class Costs:
     tokens: int = 0
     gc_slot_stage: np.ndarray | None = None  # stage of each gc slot (rows follow gc_rows)
     notes: dict = field(default_factory=dict)
+    pause_cells: tuple | None = None  # (fwd/bwd ids, bool [ids, columns], stage of each id)
 
 
 def node_rows(sched: Schedule, optypes: tuple[str, ...], stage: int | None = None) -> np.ndarray:
@@ -44,14 +45,16 @@ def node_rows(sched: Schedule, optypes: tuple[str, ...], stage: int | None = Non
 
 def sample_costs(sched: Schedule, dp: int, steps: int, seed: int, *, noise: float,
                  launch_delay: float, step_gap: float, slow_worker, heavy_last_stage,
-                 seq_imbalance, gc, slow_link) -> Costs:
+                 seq_imbalance, gc, slow_link, host_stall=None, gc_in_compute=None,
+                 stage_scale=None) -> Costs:
     """Sample every op's cost once, then apply the injections multiplicatively.
 
     Noise, sequence lengths and GC pauses draw from separate streams of the seed, so leaving
     one injection out (to measure its impact) leaves every other draw unchanged.
     """
-    rng, seq_rng, gc_rng = (np.random.default_rng(s)
-                            for s in np.random.SeedSequence(seed).spawn(3))
+    # spawn(k)[i] does not depend on k: adding streams keeps the old draws
+    rng, seq_rng, gc_rng, pause_rng = (np.random.default_rng(s)
+                                       for s in np.random.SeedSequence(seed).spawn(4))
     n, cols = len(sched.nodes), dp * steps
     base = np.array([BASE_COST[node.optype] for node in sched.nodes])
     fb = node_rows(sched, FORWARD_BACKWARD)
@@ -70,6 +73,9 @@ def sample_costs(sched: Schedule, dp: int, steps: int, seed: int, *, noise: floa
         _apply_sequence_imbalance(sched, costs, fb, seq_rng, seq_imbalance, cols)
     if heavy_last_stage is not None:
         duration[node_rows(sched, FORWARD_BACKWARD, sched.pp - 1)] *= heavy_last_stage
+    if stage_scale is not None:  # per-stage work (a layer split), e.g. a rebalanced pipeline
+        for stage, factor in enumerate(stage_scale):
+            duration[node_rows(sched, FORWARD_BACKWARD, stage)] *= factor
     if slow_worker is not None:
         d, p, factor = slow_worker
         rows = node_rows(sched, FORWARD_BACKWARD + ("optimizer",), p)
@@ -82,6 +88,13 @@ def sample_costs(sched: Schedule, dp: int, steps: int, seed: int, *, noise: floa
         if slow_link.get("steps") is not None:  # an intermittent slowdown
             hit &= np.isin(np.arange(cols) // dp, slow_link["steps"])
         duration[np.ix_(rows, np.flatnonzero(hit))] *= factor
+    if host_stall is not None:  # host-side work before the worker's first op of the step
+        hit = col_dp == host_stall["dp"]
+        if host_stall.get("steps") is not None:
+            hit &= np.isin(np.arange(cols) // dp, host_stall["steps"])
+        gaps[host_stall["stage"], hit] += host_stall["seconds"]
+    if gc_in_compute is not None:
+        _apply_pauses_in_compute(sched, costs, fb, pause_rng, gc_in_compute, noise)
     if len(costs.gc_rows):
         # gc=None with gc slots in the schedule: the same job without its pauses
         rate, length = gc if gc is not None else (0.0, 0.0)
@@ -94,6 +107,18 @@ def sample_costs(sched: Schedule, dp: int, steps: int, seed: int, *, noise: floa
         costs.gc_slot_stage = np.array([sched.nodes[i].stage for i in costs.gc_rows])
         costs.gc_active = active
     return costs
+
+
+def _apply_pauses_in_compute(sched: Schedule, costs: Costs, fb: np.ndarray,
+                             rng: np.random.Generator, gc: tuple, noise: float) -> None:
+    """GC pauses that land inside forward/backward compute (no gc rows, as NDTimeline shows them)."""
+    rate, length = gc
+    prob = min(1.0, rate / len(node_rows(sched, FORWARD_BACKWARD, 0)))
+    active = rng.random((len(fb), costs.duration.shape[1])) < prob
+    pause = length * np.exp(noise * rng.standard_normal(active.shape))
+    costs.duration[fb] += np.where(active, pause, 0.0)
+    costs.notes["pauses_in_compute"] = int(active.sum())
+    costs.pause_cells = (fb, active, np.array([sched.nodes[i].stage for i in fb]))
 
 
 def slow_link_rows(sched: Schedule, link: dict) -> tuple[np.ndarray, float]:

@@ -25,6 +25,9 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
              seq_imbalance: dict | None = None,
              gc: tuple[float, float] | None = None,
              slow_link: dict | None = None,
+             host_stall: dict | None = None,
+             gc_in_compute: tuple[float, float] | None = None,
+             stage_scale: list[float] | None = None,
              launch_delay: float = 20e-6, step_gap: float = 1e-3,
              name: str | None = None) -> Trace:
     """A synthetic Megatron-style job trace with the given injected straggler causes.
@@ -34,12 +37,19 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
     gc=(pauses per worker per step, pause length s);
     slow_link={"kind": "p2p", "dp", "stage_from", "stage_to", "factor"} or
     {"kind": "collective", "optype", "stage" (None = all), "factor"}, either with an optional
-    "steps" list (an intermittent slowdown; default every step).
+    "steps" list (an intermittent slowdown; default every step);
+    host_stall={"dp", "stage", "seconds", "steps" (optional)}: host-side work (a slow data
+    loader) before that worker's first op of each step;
+    gc_in_compute=(pauses per worker per step, pause s): GC pauses inside forward/backward
+    compute, with no gc rows (what NDTimeline traces show);
+    stage_scale=[factor per stage]: the work of each stage's forward/backward (a layer split;
+    not a cause by itself, e.g. the rebalanced twin of a heavy-stage job).
     """
     params = validate_parameters(dict(
         dp=dp, pp=pp, vpp=vpp, microbatches=microbatches, steps=steps, sync=sync, seed=seed,
         noise=noise, slow_worker=slow_worker, heavy_last_stage=heavy_last_stage,
-        seq_imbalance=seq_imbalance, gc=gc, slow_link=slow_link, launch_delay=launch_delay,
+        seq_imbalance=seq_imbalance, gc=gc, slow_link=slow_link, host_stall=host_stall,
+        gc_in_compute=gc_in_compute, stage_scale=stage_scale, launch_delay=launch_delay,
         step_gap=step_gap))
     sched = build_schedule(pp, vpp, microbatches, params["sync"], gc_slots=params["gc"] is not None)
     slots = len(sched.nodes) * dp * steps
@@ -61,14 +71,15 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
     return Trace(ops, meta, source=f"<synthetic {name}>")
 
 
-INJECTIONS = ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link")
+INJECTIONS = ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link",
+              "host_stall", "gc_in_compute")
 # Measuring impacts replays the job once per injected cause; skipped for big jobs.
 MAX_IMPACT_OPS = 2_000_000
 MAX_OPS = 200_000_000
 
 
 def _cost_args(params: dict) -> dict:
-    return {k: params[k] for k in ("noise", "launch_delay", "step_gap") + INJECTIONS}
+    return {k: params[k] for k in ("noise", "launch_delay", "step_gap", "stage_scale") + INJECTIONS}
 
 
 def mean_step_time(start: np.ndarray, end: np.ndarray, dp: int, steps: int) -> float:

@@ -82,7 +82,45 @@ def validate_parameters(p: dict) -> dict:
                           f"every forward gets a pause (rate capped at {forwards})", stacklevel=3)
     if p["slow_link"] is not None:
         p["slow_link"] = _slow_link(p["slow_link"], p)
+    if p["host_stall"] is not None:
+        p["host_stall"] = _host_stall(p["host_stall"], p)
+    if p["gc_in_compute"] is not None:
+        try:
+            rate, length = p["gc_in_compute"]
+        except (TypeError, ValueError):
+            raise InputError(SOURCE, "gc_in_compute", "expected (pauses per worker per step, "
+                             "pause seconds)") from None
+        p["gc_in_compute"] = [_positive(rate, "gc_in_compute rate"),
+                              _positive(length, "gc_in_compute length")]
+    if p["stage_scale"] is not None:
+        scale = p["stage_scale"]
+        if not isinstance(scale, (list, tuple)) or len(scale) != p["pp"]:
+            raise InputError(SOURCE, "stage_scale", f"expected one factor per stage "
+                             f"({p['pp']} numbers), got {scale!r}")
+        p["stage_scale"] = [_positive(f, "stage_scale") for f in scale]
     return p
+
+
+def _steps_list(value, field: str, p: dict):
+    if value is None:
+        return None
+    try:
+        steps = sorted({_index(s, field, p["steps"], "step") for s in value})
+    except TypeError:
+        raise InputError(SOURCE, field, "expected a list of step numbers") from None
+    if not steps:
+        raise InputError(SOURCE, field, "is empty; give at least one step or None for every step")
+    return steps
+
+
+def _host_stall(stall, p: dict) -> dict:
+    if not isinstance(stall, dict) or set(stall) - {"dp", "stage", "seconds", "steps"}:
+        raise InputError(SOURCE, "host_stall", "expected {'dp', 'stage', 'seconds', 'steps' "
+                         f"(optional)}}, got {stall!r}")
+    return {"dp": _index(stall.get("dp"), "host_stall dp", p["dp"], "dp rank"),
+            "stage": _index(stall.get("stage"), "host_stall stage", p["pp"], "stage"),
+            "seconds": _positive(stall.get("seconds"), "host_stall seconds"),
+            "steps": _steps_list(stall.get("steps"), "host_stall steps", p)}
 
 
 def _seq_imbalance(cfg) -> dict:
@@ -209,4 +247,19 @@ def ground_truth(p: dict, costs, impacts: dict | None) -> list[dict]:
         if link["steps"] is not None:
             where["steps"] = link["steps"]
         add("slow_link", "communication", where, {**link, "optypes": optypes})
+    if p["host_stall"] is not None:
+        stall = p["host_stall"]
+        where = {"dp": [stall["dp"]], "pp": [stall["stage"]]}
+        if stall["steps"] is not None:
+            where["steps"] = stall["steps"]
+        add("host_stall", "host_stall", where, {"seconds": stall["seconds"]})
+    if p["gc_in_compute"] is not None:
+        _, active, stages = costs.pause_cells
+        cols = np.flatnonzero(active.any(axis=0))
+        where = {"dp": sorted(set((cols % p["dp"]).tolist())),
+                 "pp": sorted(set(stages[active.any(axis=1)].tolist())),
+                 "steps": sorted(set((cols // p["dp"]).tolist()))}
+        add("gc_in_compute", "gc", where, {"rate": p["gc_in_compute"][0],
+                                           "length_s": p["gc_in_compute"][1],
+                                           "pauses": int(active.sum()), "in_compute": True})
     return truth

@@ -1,0 +1,25 @@
+"""Cause detectors of the diagnosis: each finds one kind of straggler and the costs its fix leaves.
+
+Every detector takes a `Context` and returns `Candidate`s; the diagnosis (whatif/diagnosis.py)
+predicts, bounds and ranks them. The contract is in whatif/README.md.
+"""
+
+from stragglers.whatif.causes.base import Candidate, Context
+from stragglers.whatif.causes.communication import communication
+from stragglers.whatif.causes.gc import gc_pauses
+from stragglers.whatif.causes.sequence import sequence_imbalance
+from stragglers.whatif.causes.stage import stage_imbalance
+from stragglers.whatif.causes.workers import host_stall, worker_fault
+
+__all__ = ["Candidate", "Context", "DETECTORS", "communication", "gc_pauses", "host_stall",
+           "sequence_imbalance", "stage_imbalance", "worker_fault"]
+
+# name → detector, in the order they run (the diagnosis ranks the findings by gain).
+DETECTORS = {
+    "worker_fault": worker_fault,
+    "host_stall": host_stall,
+    "stage_imbalance": stage_imbalance,
+    "sequence_imbalance": sequence_imbalance,
+    "gc": gc_pauses,
+    "communication": communication,
+}

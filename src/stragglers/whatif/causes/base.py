@@ -1,0 +1,118 @@
+"""What every cause detector shares: the job context, worker identities and the candidate record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stragglers.trace.model import OPTYPE_CODES as C, Trace
+from stragglers.whatif.config import DiagnosisConfig
+from stragglers.whatif.grid import BWD, FWD
+from stragglers.whatif.metrics import WhatIf
+
+OPT = C["optimizer"]
+BUSY = (FWD, BWD, OPT)  # a worker's own compute (what a slow GPU or CPU stretches)
+
+
+@dataclass
+class Candidate:
+    """A cause found in the trace, with the costs and launch delays it would leave when fixed.
+
+    `cost` / `delay` are the job's [N, D, T] arrays with only this cause's own share removed
+    (None: unchanged); the diagnosis replays them for the prediction.
+    """
+
+    cause: str
+    where: dict
+    evidence: str
+    cost: np.ndarray | None = None
+    delay: np.ndarray | None = None
+    upper_bound: bool = False
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    """The analysed job as the detectors see it."""
+
+    w: WhatIf
+    trace: Trace
+    cfg: DiagnosisConfig
+    ranks: np.ndarray     # [D, pp] global rank of each worker (-1 unknown)
+    hosts: dict           # global rank → host name
+
+    @classmethod
+    def build(cls, w: WhatIf, trace: Trace, cfg: DiagnosisConfig) -> "Context":
+        """Global ranks from the trace's rank column, hosts from its layout metadata."""
+        g = w.grid
+        ranks = np.full((len(g.dp_ranks), g.pp_size), -1, dtype=np.int64)
+        rank_col = trace.ops["rank"]
+        for p in range(g.pp_size):
+            nodes = np.flatnonzero(g.node_stage == p)
+            rows = g.row[nodes, :, 0]                        # [n, D]
+            for d in range(len(g.dp_ranks)):
+                present = rows[:, d][rows[:, d] >= 0]
+                if len(present):
+                    ranks[d, p] = int(rank_col[present[0]])
+        hosts = {}
+        for entry in trace.meta.extra.get("layout") or []:
+            if isinstance(entry, dict) and entry.get("host") is not None and "rank" in entry:
+                hosts[int(entry["rank"])] = str(entry["host"])
+        return cls(w, trace, cfg, ranks, hosts)
+
+    @property
+    def steps(self) -> int:
+        return len(self.w.grid.steps)
+
+    def where_workers(self, workers: list[tuple[int, int]], **more) -> dict:
+        """A `where` naming (dp index, stage) workers by DP rank, stage, global rank and host."""
+        g = self.w.grid
+        listed = []
+        for d, p in sorted(workers, key=lambda x: (x[1], x[0])):
+            rank = int(self.ranks[d, p])
+            listed.append({"dp": int(g.dp_ranks[d]), "pp": int(p),
+                           "rank": rank if rank >= 0 else None,
+                           "host": self.hosts.get(rank)})
+        where = {"dp": sorted({x["dp"] for x in listed}), "pp": sorted({x["pp"] for x in listed}),
+                 "ranks": sorted({x["rank"] for x in listed if x["rank"] is not None})}
+        hosts = sorted({x["host"] for x in listed if x["host"] is not None})
+        if hosts:
+            where["hosts"] = hosts
+        where["workers"] = listed
+        where.update(more)
+        return where
+
+    def name(self, d: int, p: int) -> str:
+        """'(dp 3, pp 1, rank 7 on node-2)' for evidence texts."""
+        rank = int(self.ranks[d, p])
+        text = f"(dp {int(self.w.grid.dp_ranks[d])}, pp {p}"
+        if rank >= 0:
+            text += f", rank {rank}"
+            if rank in self.hosts:
+                text += f" on {self.hosts[rank]}"
+        return text + ")"
+
+    def steps_where(self, per_step: np.ndarray) -> list[int] | None:
+        """The steps of an intermittent effect (per_step [T] ≥ half its max); None if persistent."""
+        hit = per_step >= 0.5 * per_step.max() if per_step.max() > 0 else np.zeros_like(per_step, bool)
+        if hit.mean() >= self.cfg.intermittent_fraction:
+            return None
+        return [int(s) for s in self.w.grid.steps[hit]]
+
+
+def per_worker_sum(values: np.ndarray, node_stage: np.ndarray, nodes: np.ndarray,
+                   pp: int) -> np.ndarray:
+    """Sum of values [N, D, T] over the selected nodes (bool [N]) of each stage: [D, pp, T]."""
+    out = np.zeros((values.shape[1], pp, values.shape[2]))
+    for p in range(pp):
+        sel = nodes & (node_stage == p)
+        if sel.any():
+            out[:, p, :] = values[sel].sum(axis=0)
+    return out
+
+
+def fmt_steps(steps: list[int]) -> str:
+    """'3, 7, 9' (at most 8 shown)."""
+    shown = ", ".join(map(str, steps[:8]))
+    return shown + (f", … ({len(steps)} in all)" if len(steps) > 8 else "")

@@ -1,0 +1,61 @@
+"""Communication stragglers: a slow link or collective, located at the workers where it is slow."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES as C, OPTYPES, P2P_OPTYPES
+from stragglers.whatif.causes.base import Candidate, Context, fmt_steps, per_worker_sum
+
+_COMPUTE = {C[o] for o in COMPUTE_OPTYPES}
+
+
+def _families(codes: np.ndarray) -> dict[str, list[int]]:
+    """Op types fixed together: the pipeline link (all p2p, both directions), each collective."""
+    present = {int(c) for c in np.unique(codes)}
+    out = {"pipeline p2p": [C[o] for o in P2P_OPTYPES if C[o] in present]}
+    for c in sorted(present - _COMPUTE - set(out["pipeline p2p"])):
+        out[OPTYPES[c]] = [c]
+    return {k: v for k, v in out.items() if v}
+
+
+def communication(ctx: Context) -> list[Candidate]:
+    """Per op-type family: transfers far above their median on some workers (or steps)."""
+    w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
+    found = []
+    ideal = np.broadcast_to(w.ideal, w.cost.shape)
+    for name, codes in _families(g.node_optype).items():
+        nodes = np.isin(g.node_optype, codes) & ~w.model.no_op
+        if not nodes.any():
+            continue
+        cost = w.cost
+        ratio = cost[nodes] / np.maximum(ideal[nodes], 1e-9)
+        slow = np.zeros(cost.shape, bool)
+        slow[nodes] = (ratio >= cfg.comm_min_ratio) & g.present[nodes]
+        excess = np.where(slow, cost - ideal, 0.0)
+        per = per_worker_sum(excess, g.node_stage, nodes, g.pp_size)        # [D, P, T]
+        mean = per.mean(axis=-1)
+        worst = float(mean.max())
+        if worst <= 0:
+            continue
+        hot = [(int(d), int(p)) for d, p in zip(*np.nonzero(mean >= cfg.comm_min_share * worst))]
+        hot_mask = np.zeros(cost.shape[:2], bool)
+        for d, p in hot:
+            hot_mask[g.node_stage == p, d] = True
+        fix = slow & hot_mask[:, :, None]
+        fixed = w.cost.copy()
+        fixed[fix] = ideal[fix]
+        per_step = sum(per[d, p] for d, p in hot)
+        steps = ctx.steps_where(per_step)
+        times = float(np.median(cost[fix] / np.maximum(ideal[fix], 1e-9)))
+        evidence = (f"{name} transfers take {times:.1f}× their median on "
+                    f"{', '.join(ctx.name(d, p) for d, p in hot[:8])}"
+                    + (f" (+{len(hot) - 8} more)" if len(hot) > 8 else "")
+                    + f", {1e3 * float(per_step.mean()):.1f} ms per step in all")
+        if steps:
+            evidence += f", only in steps {fmt_steps(steps)}"
+        optypes = sorted({OPTYPES[c] for c in codes})
+        extra = {"optypes": optypes, **({"steps": steps} if steps else {})}
+        found.append(Candidate("communication", ctx.where_workers(hot, **extra), evidence,
+                               cost=fixed))
+    return found

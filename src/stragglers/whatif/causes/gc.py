@@ -1,0 +1,88 @@
+"""Garbage-collection pauses: from gc rows where they carry pauses, else from the duration pattern."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stragglers.whatif.causes.base import Candidate, Context, fmt_steps
+from stragglers.whatif.causes.sequence import microbatch_nodes
+from stragglers.whatif.confidence import MAD_TO_SIGMA
+from stragglers.whatif.grid import BWD, FWD, GC
+
+
+def gc_pauses(ctx: Context) -> list[Candidate]:
+    """GC pauses recorded as gc rows, or (no pause in any gc row) hidden inside compute."""
+    found = _from_rows(ctx)
+    return [found] if found is not None else _from_pattern(ctx)
+
+
+def _from_rows(ctx: Context) -> Candidate | None:
+    w, g = ctx.w, ctx.w.grid
+    nodes = g.node_optype == GC
+    if not nodes.any():
+        return None
+    dur = np.where(g.present[nodes], g.duration[nodes], 0.0)   # [n_gc, D, T]
+    if dur.sum() <= 0:
+        return None   # NDTimeline writes zero-length gc rows: look inside compute instead
+    pause = dur > ctx.cfg.gc_pause_fraction * dur.max()
+    ids = np.flatnonzero(nodes)
+    workers = sorted({(int(d), int(g.node_stage[ids[k]])) for k, d, _ in zip(*np.nonzero(pause))})
+    steps = sorted({int(g.steps[t]) for t in np.nonzero(pause)[2]})
+    cost = w.cost.copy()
+    cost[nodes] = 0.0
+    evidence = (f"{int(pause.sum())} GC pauses totalling {float(dur.sum()):.3f} s on "
+                f"{len(workers)} workers at uncoordinated steps (gc rows)")
+    return Candidate("gc", ctx.where_workers(workers, steps=steps), evidence, cost=cost,
+                     upper_bound=True)
+
+
+def _from_pattern(ctx: Context) -> list[Candidate]:
+    """Rare, large outliers of forward/backward compute that the same microbatch does not share.
+
+    Each op is compared with the same op on the same worker in the other steps (median), so a
+    slow worker or a heavy stage is not an outlier; an outlier whose microbatch is slow
+    elsewhere too (backward, other stages) is sequence imbalance, not a pause.
+    """
+    w, g, trace, cfg = ctx.w, ctx.w.grid, ctx.trace, ctx.cfg
+    if ctx.steps < 3:
+        return []   # the median over steps needs a majority of pause-free steps
+    compute = np.flatnonzero(np.isin(g.node_optype, (FWD, BWD)))
+    dur = g.duration[compute]                                      # [n, D, T]
+    typical = np.median(dur, axis=2, keepdims=True)
+    rel = (dur - typical) / np.maximum(typical, 1e-12)
+    scale = max(MAD_TO_SIGMA * float(np.median(np.abs(rel))), 1e-3)
+    outlier = rel >= max(cfg.gc_min_excess, cfg.gc_outlier_z * scale)
+    count = int(outlier.sum())
+    if count == 0 or count > cfg.gc_max_rate * outlier.size:
+        return []
+    # Microbatch-bound: another op of the same microbatch on the same DP rank and step is out too.
+    mb_of = {}
+    for s in range(g.pp_size):
+        for code in (FWD, BWD):
+            for n in microbatch_nodes(g, trace, s, code):
+                mb_of[int(n)] = int(trace.ops["mb_id"][g.row[n, 0, 0]])
+    index = {int(n): i for i, n in enumerate(compute)}
+    by_mb: dict = {}
+    for n, mb in mb_of.items():
+        by_mb.setdefault(mb, []).append(index[n])
+    bound = np.zeros_like(outlier)
+    for rows in by_mb.values():
+        hits = outlier[rows].sum(axis=0)                           # [D, T]
+        bound[rows] = outlier[rows] & (hits >= 2)[None]
+    if bound.sum() > cfg.gc_max_bound * count:
+        return []
+    # The pattern is GC: every outlier is a pause (two may hit one microbatch by chance).
+    pause = outlier
+    excess = np.where(pause, dur - typical, 0.0)
+    cost = w.cost.copy()
+    cost[compute] = np.where(pause, np.minimum(dur, typical), cost[compute])
+    k, d, t = np.nonzero(pause)
+    workers = sorted({(int(x), int(g.node_stage[compute[y]])) for y, x in zip(k, d)})
+    steps = sorted({int(g.steps[x]) for x in t})
+    evidence = (f"{int(pause.sum())} forward/backward ops ({100 * pause.mean():.1f}% of them) "
+                f"last {float(np.median((dur - typical)[pause] / typical[np.nonzero(pause)[0], np.nonzero(pause)[1], 0])):.1f}× "
+                f"their usual time longer, {float(excess.sum()):.3f} s in all, on "
+                f"{len(workers)} workers at random steps ({fmt_steps(steps)}), not tied to a "
+                f"microbatch: GC pauses inside compute (the trace's gc rows carry none)")
+    return [Candidate("gc", ctx.where_workers(workers, steps=steps), evidence, cost=cost,
+                      upper_bound=True)]

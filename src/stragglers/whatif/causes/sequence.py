@@ -1,0 +1,159 @@
+"""Sequence-length imbalance: microbatches whose cost differs the way their Σ sᵢ² does (spec §7)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stragglers.trace.model import Trace
+from stragglers.whatif.causes.base import Candidate, Context
+from stragglers.whatif.grid import BWD, FWD
+
+
+def sequence_imbalance(ctx: Context) -> list[Candidate]:
+    """Stages whose microbatches differ in cost together in forward and backward (or with Σs²)."""
+    found = _detect(ctx)
+    if found is None:
+        return []
+    stages, corr, cv, fit = found
+    evidence = (f"microbatch compute varies by {100 * cv:.0f}% within each worker and step on "
+                f"stage(s) {', '.join(map(str, stages))}; forward and backward of the same "
+                f"microbatch correlate at {corr:.2f}")
+    balanced = _balanced_by_attn_cost(ctx)
+    if balanced is not None:
+        evidence += f"; compute follows Σs² (correlation {fit:.2f})" if fit is not None else ""
+        evidence += "; the prediction moves every microbatch's Σs² to the step's mean"
+        cost = balanced
+    else:
+        evidence += ("; no Σs² in the trace: the prediction removes the cost factor each "
+                     "microbatch shares across its forward, backward and stages")
+        cost = _balanced_by_microbatch_factor(ctx)
+    return [Candidate("sequence_imbalance", {"pp": stages}, evidence, cost=cost,
+                      upper_bound=True)]
+
+
+def _detect(ctx: Context):
+    """(stages, corr, cv, fit) on durations normalised per worker and step, or None.
+
+    Normalising per worker and step keeps a uniformly slow worker or a drifting machine out.
+    """
+    g, trace, cfg = ctx.w.grid, ctx.trace, ctx.cfg
+    stages, corrs, cvs, fits = [], [], [], []
+    for s in range(g.pp_size):
+        f = _by_microbatch(g, trace, s, FWD)
+        b = _by_microbatch(g, trace, s, BWD)
+        if f is None or b is None or f.shape != b.shape or f.shape[0] < 2:
+            continue
+        fn = f / np.maximum(f.mean(axis=0, keepdims=True), 1e-12)
+        bn = b / np.maximum(b.mean(axis=0, keepdims=True), 1e-12)
+        if fn.std() == 0 or bn.std() == 0:
+            continue
+        corr = float(np.corrcoef(fn.ravel(), bn.ravel())[0, 1])
+        cv = float(fn.std())
+        fit = _attn_fit(ctx, s, f + b)
+        if cv >= cfg.seq_cv and (corr >= cfg.seq_corr or (fit is not None and fit >= cfg.seq_fit)):
+            stages.append(s)
+            corrs.append(corr)
+            cvs.append(cv)
+            if fit is not None:
+                fits.append(fit)
+    if not stages:
+        return None
+    return stages, float(np.mean(corrs)), float(np.mean(cvs)), \
+        (float(np.mean(fits)) if fits else None)
+
+
+def _balanced_by_attn_cost(ctx: Context) -> np.ndarray | None:
+    """Costs after Σs² is balanced across DP ranks and microbatches of each stage and step.
+
+    Per stage and compute type, duration ≈ a + b·Σs² (least squares); balancing moves every
+    microbatch's Σs² to the step's mean, so each op loses b·(Σs² − mean) and keeps its residual.
+    """
+    trace, w = ctx.trace, ctx.w
+    if "attn_cost" not in trace.ops:
+        return None
+    g = w.grid
+    cost = w.cost.copy()
+    for s in range(g.pp_size):
+        for code in (FWD, BWD):
+            nodes = microbatch_nodes(g, trace, s, code)
+            if len(nodes) == 0:
+                continue
+            rows = g.row[nodes]
+            attn = np.where(rows >= 0, trace.ops["attn_cost"][np.maximum(rows, 0)], np.nan)
+            if not np.all(np.isfinite(attn)):
+                return None
+            dur = g.duration[nodes]
+            x, y = attn.ravel(), dur.ravel()
+            if np.std(x) == 0:
+                continue
+            slope = float(np.cov(x, y)[0, 1] / np.var(x, ddof=1))
+            step_mean = attn.mean(axis=(0, 1), keepdims=True)
+            cost[nodes] = np.maximum(dur - max(slope, 0.0) * (attn - step_mean), 0.0)
+    return cost
+
+
+def _balanced_by_microbatch_factor(ctx: Context) -> np.ndarray:
+    """Costs with each microbatch's shared factor divided out.
+
+    A microbatch carries its sequences through every stage, forward and backward: its cost
+    factor (duration over the step's mean of its op type, with each worker's persistent speed
+    taken out) is common to all of them, while per-op noise is not. The geometric mean over
+    those ops estimates the factor; dividing it out balances microbatches and DP ranks.
+    """
+    w, g, trace = ctx.w, ctx.w.grid, ctx.trace
+    d, t = g.shape[1:]
+    logs: dict = {}
+    members: dict = {}
+    for s in range(g.pp_size):
+        for code in (FWD, BWD):
+            nodes = microbatch_nodes(g, trace, s, code)
+            if len(nodes) < 2:
+                continue
+            dur = np.maximum(g.duration[nodes], 1e-12)
+            per_worker = dur.mean(axis=0)                                   # [D, T]
+            # Across DP ranks: a step's sequences load the ranks unevenly; what persists
+            # over steps is the worker's own speed (a worker fault), not sequences.
+            across = np.log(per_worker / per_worker.mean(axis=0, keepdims=True))
+            across -= across.mean(axis=1, keepdims=True)
+            norm = np.log(dur / per_worker[None]) + across[None]
+            ref = g.row[nodes, 0, 0]
+            for i, n in enumerate(nodes):
+                key = int(trace.ops["mb_id"][ref[i]])
+                logs.setdefault(key, []).append(norm[i])
+                members.setdefault(key, []).append(int(n))
+    cost = w.cost.copy()
+    for key, rows in logs.items():
+        factor = np.exp(np.mean(rows, axis=0))            # [D, T]
+        cost[members[key]] /= factor[None]
+    return cost
+
+
+def _attn_fit(ctx: Context, stage: int, compute: np.ndarray) -> float | None:
+    """Correlation of a microbatch's fwd+bwd time with its Σ sᵢ² (both normalised per worker-step)."""
+    g, trace = ctx.w.grid, ctx.trace
+    if "attn_cost" not in trace.ops:
+        return None
+    nodes = microbatch_nodes(g, trace, stage, FWD)
+    rows = g.row[nodes]
+    cost = np.where(rows >= 0, trace.ops["attn_cost"][np.maximum(rows, 0)], np.nan)
+    if not np.all(np.isfinite(cost)) or np.any(cost.mean(axis=0) <= 0):
+        return None
+    cn = cost / cost.mean(axis=0, keepdims=True)
+    dn = compute / compute.mean(axis=0, keepdims=True)
+    if cn.std() < ctx.cfg.seq_cv or dn.std() == 0:
+        return None
+    return float(np.corrcoef(cn.ravel(), dn.ravel())[0, 1])
+
+
+def microbatch_nodes(g, trace: Trace, stage: int, code: int) -> np.ndarray:
+    """Template ops of one compute type on one stage, ordered by (model chunk, microbatch)."""
+    nodes = np.flatnonzero((g.node_stage == stage) & (g.node_optype == code))
+    ref = g.row[nodes, 0, 0]
+    key = trace.ops["mc"][ref].astype(np.int64) * 100000 + trace.ops["mb_id"][ref]
+    return nodes[np.argsort(key, kind="stable")]
+
+
+def _by_microbatch(g, trace: Trace, stage: int, code: int):
+    """Durations [microbatch, D, T] of one compute type on one stage, ordered by (mc, mb_id)."""
+    nodes = microbatch_nodes(g, trace, stage, code)
+    return g.duration[nodes] if len(nodes) else None

@@ -1,0 +1,122 @@
+"""Causes that sit on individual workers: slow compute (worker fault) and host-side stalls."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stragglers.whatif.causes.base import BUSY, Candidate, Context, fmt_steps, per_worker_sum
+from stragglers.whatif.confidence import mean_interval, robust_z
+
+# Leave-one-out medians are exact up to this many DP ranks; beyond, one worker barely moves
+# the median of all, which is much cheaper.
+_EXACT_PEERS = 8
+
+
+def peer_reference(values: np.ndarray) -> np.ndarray:
+    """Per worker, the median of its stage peers' values ([D, P, T] → [D, P, T]).
+
+    With one DP rank the peers are the other stages' workers; with none, the worker itself.
+    """
+    d, p, _ = values.shape
+    if d == 1:
+        if p == 1:
+            return values.copy()
+        return np.stack([np.median(np.delete(values, i, axis=1), axis=1) for i in range(p)],
+                        axis=1)
+    if d > _EXACT_PEERS:
+        return np.broadcast_to(np.median(values, axis=0, keepdims=True), values.shape).copy()
+    return np.stack([np.median(np.delete(values, i, axis=0), axis=0) for i in range(d)])
+
+
+def _stands_out(ctx: Context, score: np.ndarray, lo: np.ndarray, threshold: float) -> np.ndarray:
+    """bool [D, P]: lower end of the interval past the threshold and a robust outlier among
+    all workers (the z test needs five workers to mean anything)."""
+    hit = lo >= threshold
+    if score.size >= 5:
+        hit &= robust_z(score, ctx.cfg.outlier_scale_floor) >= ctx.cfg.outlier_z
+    return hit
+
+
+def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
+    """Workers whose own compute per step stands out from their stage peers'."""
+    w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
+    if len(g.dp_ranks) < 2:
+        return []  # one worker per stage: a slow worker is a heavy stage (stage_imbalance)
+    busy_nodes = np.isin(g.node_optype, BUSY)
+    busy = per_worker_sum(g.duration, g.node_stage, busy_nodes, g.pp_size)       # [D, P, T]
+    ratio = busy / np.maximum(peer_reference(busy), 1e-12)
+    mean = ratio.mean(axis=-1)
+    lo, hi = mean_interval(ratio, cfg)
+    named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess)
+    workers = [(int(d), int(p)) for d, p in zip(*np.nonzero(named))]
+    if not workers:
+        return []
+    cost = w.cost.copy()
+    per_step = np.zeros(ctx.steps)
+    for d, p in workers:
+        sel = busy_nodes & (g.node_stage == p)
+        # Fixed = computes like its stage's median peer, step by step (noise elsewhere kept).
+        cost[sel, d, :] /= np.maximum(ratio[d, p], 1e-12)[None, :]
+        per_step = np.maximum(per_step, ratio[d, p] - 1)
+    steps = ctx.steps_where(per_step)
+    healthy = mean[~named]
+    parts = [f"{ctx.name(d, p)} computes {mean[d, p]:.2f}× ({lo[d, p]:.2f}–{hi[d, p]:.2f}) as "
+             f"long per step as its stage's median peer"
+             + (f", S_w = {scores[(int(g.dp_ranks[d]), p)]:.3f}" if scores else "")
+             for d, p in workers[:8]]
+    evidence = "; ".join(parts) + (f" (+{len(workers) - 8} more)" if len(workers) > 8 else "")
+    if len(healthy):
+        evidence += (f"; the other {len(healthy)} workers are within "
+                     f"{np.min(healthy):.2f}–{np.max(healthy):.2f}×")
+    if steps:
+        evidence += f"; only in steps {fmt_steps(steps)}"
+    where = ctx.where_workers(workers, **({"steps": steps} if steps else {}))
+    return [Candidate("worker_fault", where, evidence, cost=cost,
+                      stats={"ratio": {f"{g.dp_ranks[d]},{p}": float(mean[d, p])
+                                       for d, p in workers}})]
+
+
+def host_stall(ctx: Context) -> list[Candidate]:
+    """Workers that launch their work late (data loader, host-side work) beyond their peers.
+
+    Launch delay (spec §4) is the gap between an op's dependencies ending and the op starting;
+    a worker whose gaps exceed its peers' makes everyone that syncs with it wait.
+    """
+    w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
+    if len(g.dp_ranks) * g.pp_size < 2:
+        return []
+    every = np.ones(len(g.node_stage), bool)
+    delay = per_worker_sum(w.launch_delay, g.node_stage, every, g.pp_size)       # [D, P, T]
+    excess = delay - peer_reference(delay)
+    mean = excess.mean(axis=-1)
+    lo, hi = mean_interval(excess, cfg)
+    threshold = max(cfg.stall_min_seconds, cfg.stall_min_fraction * float(np.median(w.t_base)))
+    named = _stands_out(ctx, mean, lo, threshold)
+    workers = [(int(d), int(p)) for d, p in zip(*np.nonzero(named))]
+    if not workers:
+        return []
+    fixed = w.launch_delay.copy()
+    per_step = np.zeros(ctx.steps)
+    stalled = {(d, p) for d, p in workers}
+    for d, p in workers:
+        sel = g.node_stage == p
+        peers = [(e, q) for e in range(len(g.dp_ranks)) for q in range(g.pp_size)
+                 if (e, q) not in stalled and (q == p or len(g.dp_ranks) == 1)]
+        typical = np.median(np.stack([w.launch_delay[g.node_stage == q][:, e, :]
+                                      for e, q in peers]).reshape(-1, ctx.steps), axis=0) \
+            if peers else np.zeros(ctx.steps)
+        # Fixed = no gap longer than a peer's typical one; the worker's usual gaps stay.
+        fixed[sel, d, :] = np.minimum(fixed[sel, d, :], typical[None, :])
+        per_step = np.maximum(per_step, excess[d, p])
+    steps = ctx.steps_where(per_step)
+    step_time = float(np.median(w.t_base))
+    evidence = "; ".join(
+        f"{ctx.name(d, p)} starts its work {1e3 * mean[d, p]:.1f} ms "
+        f"({1e3 * lo[d, p]:.1f}–{1e3 * hi[d, p]:.1f}) per step later than its peers "
+        f"({100 * mean[d, p] / step_time:.0f}% of the step)" for d, p in workers[:8])
+    evidence += ("; the gaps are launch delays (host-side work between ops or before the step, "
+                 "e.g. a slow data loader) that the others wait for at the next collective")
+    if steps:
+        evidence += f"; only in steps {fmt_steps(steps)}"
+    where = ctx.where_workers(workers, **({"steps": steps} if steps else {}))
+    return [Candidate("host_stall", where, evidence, delay=fixed)]
