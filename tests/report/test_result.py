@@ -1,0 +1,196 @@
+"""AnalysisResult: typed, strict JSON with plain values, read back the same, shown by every report."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from report_results import straggling_result
+from rich.console import Console
+
+from stragglers.errors import InputError
+from stragglers.report import print_report, render_html
+from stragglers.report.summary import describe_where, fix_fraction_words
+from stragglers.trace.synth import generate
+from stragglers.whatif.analyze import analyze
+from stragglers.whatif.result import SCHEMA_VERSION, AnalysisResult
+
+# The field names `stragglers analyze --json` wrote before the typed result: all still there.
+OLD_FIELDS = {"job", "slowdown", "waste", "straggling", "sim_error", "launch_slowdown", "T_base",
+              "T_nodelay", "T_ideal", "step_slowdown", "step_times", "ideal_durations",
+              "by_optype", "by_stage", "by_dp_rank", "worker_scores", "M_W", "M_S", "diagnosis",
+              "warnings"}
+PLAIN = (dict, list, str, int, float, bool, type(None))
+
+
+@pytest.fixture(scope="module")
+def slow_job():
+    return generate(dp=2, pp=2, microbatches=4, steps=5, seed=1, slow_worker=(1, 1, 1.6))
+
+
+@pytest.fixture(scope="module")
+def slow_result(slow_job):
+    return analyze(slow_job)
+
+
+def walk(value, path="$"):
+    """Every (path, value) in a nested structure, keys included."""
+    yield path, value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield f"{path}.key({k!r})", k
+            yield from walk(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from walk(v, f"{path}[{i}]")
+
+
+def render(result) -> str:
+    console = Console(record=True, width=140)
+    print_report(result, console)
+    return console.export_text()
+
+
+def test_json_keeps_the_field_names_and_is_strict(slow_result):
+    d = slow_result.to_dict()
+    assert OLD_FIELDS <= set(d) and d["schema_version"] == SCHEMA_VERSION
+    for path, v in walk(d):
+        assert type(v) in PLAIN, f"{path} is {type(v).__name__}"  # no np.str_ / np.float64
+    text = slow_result.to_json()
+
+    def refuse(token):
+        raise AssertionError(f"{token} written into JSON")
+
+    back = json.loads(text, parse_constant=refuse)
+    assert back["diagnosis"][0]["cause"] == "worker_fault"
+    assert AnalysisResult.from_dict(back).to_dict() == d  # read back, the same result
+
+
+def test_nan_and_inf_never_reach_json():
+    r = AnalysisResult(slowdown=1.2, sim_error=float("nan"), m_s=np.float64("inf"),
+                       by_stage={np.int64(0): np.float64("nan")})
+    back = json.loads(r.to_json(), parse_constant=lambda t: pytest.fail(t))
+    assert back["sim_error"] is None and back["M_S"] is None and back["by_stage"] == {"0": None}
+
+
+def test_old_dict_access_still_works(slow_result):
+    assert slow_result["slowdown"] == slow_result.slowdown
+    assert slow_result["M_W"] == slow_result.m_w and slow_result["T_ideal"] == slow_result.t_ideal
+    assert slow_result["diagnosis"][0]["cause"] == slow_result.diagnosis[0].cause
+    assert slow_result["job"]["dp"] == 2 and "slowdown" in slow_result
+    assert slow_result.get("no such field", 7) == 7
+    with pytest.raises(KeyError):
+        slow_result["no such field"]
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({}, "slowdown"),
+    ({"slowdown": "fast"}, "slowdown"),
+    ({"slowdown": 1.2, "schema_version": SCHEMA_VERSION + 1}, "schema_version"),
+    ({"slowdown": 1.2, "straggling": "yes"}, "straggling"),
+    ({"slowdown": 1.2, "notes": [3]}, "notes"),
+    ({"slowdown": 1.2, "diagnosis": [{"cause": "gc", "speedup_if_fixed": "x"}]},
+     "diagnosis[0].speedup_if_fixed"),
+])
+def test_bad_json_names_the_field(bad, field):
+    with pytest.raises(InputError) as err:
+        AnalysisResult.from_dict(bad)
+    assert err.value.field == field
+
+
+def test_unknown_fields_are_kept_through_json():
+    raw = {**straggling_result(), "combined": {"speedup_if_fixed": 1.4}}
+    raw["diagnosis"][0]["hosts"] = ["node-7"]
+    r = AnalysisResult.from_dict(json.loads(json.dumps(raw)))
+    assert r.extra["combined"] == {"speedup_if_fixed": 1.4}
+    assert r.diagnosis[0]["hosts"] == ["node-7"]
+    assert r.to_dict()["combined"] == {"speedup_if_fixed": 1.4}
+    assert "on host node-7" in render(r)
+
+
+def test_reports_read_the_result_or_its_json_alike(slow_result):
+    assert render(slow_result) == render(json.loads(slow_result.to_json()))
+    assert render_html(slow_result) == render_html(json.loads(slow_result.to_json()))
+
+
+def test_reader_notes_reach_console_json_and_html(slow_job):
+    trace = slow_job.select(np.ones(len(slow_job), bool))
+    trace.note("ranks", "4 of 16 ranks read; missing ranks 4-15")
+    trace.note("clock", "clock alignment residual 0.31 ms (rank 3)")
+    trace.note("dropped", "12 point-to-point send(s) left out: no peer")
+    with pytest.raises(ValueError):
+        trace.note("gossip", "not a kind")
+    r = analyze(trace)
+    assert [n["kind"] for n in r.to_dict()["notes"]] == ["ranks", "clock", "dropped"]
+    text = render(r)
+    assert "What the trace does not show" in text
+    for words in ("ranks: 4 of 16 ranks read", "clock alignment: clock alignment residual",
+                  "left out: 12 point-to-point"):
+        assert words in text, words
+    page = render_html(r)
+    assert 'id="notes"' in page and "missing ranks 4-15" in page
+
+
+def test_missing_workers_are_stated(slow_job):
+    partial = slow_job.select(slow_job.ops["dp_rank"] == 0)  # dp 1 not traced, meta says dp 2
+    r = analyze(partial)
+    assert r.job.workers_read == 2 and r.job.missing_workers == [[1, 0], [1, 1]]
+    assert "2 of 4 DP×PP workers traced; missing: pp 0: dp 1; pp 1: dp 1" in render(r)
+    assert "missing: pp 0: dp 1" in render_html(r)
+
+
+def test_op_counts_follow_steps(slow_job):
+    steps = sorted(set(slow_job.ops["step"].tolist()))[:2]
+    r = analyze(slow_job, steps=steps)
+    assert r.job.steps == 2
+    assert r.job.ops == int(np.isin(slow_job.ops["step"], steps).sum()) < len(slow_job)
+    assert f"{r.job.ops:,} ops analysed" in render(r)
+
+
+def test_fix_fractions_outside_0_1_are_explained():
+    assert fix_fraction_words("M_S", 0.4, "the last stage") is None
+    above = {**straggling_result(), "M_S": 1.22}
+    assert "M_S > 1" in render(above) and "M_S &gt; 1" in render_html(above)
+    below = {**straggling_result(), "M_S": -0.3}
+    text = render(below)
+    assert "M_S < 0" in text and "already runs faster" in text
+
+
+def test_launch_delay_slowdown_is_defined(slow_result):
+    assert "launch-delay slowdown = measured step time / step time replayed without launch" \
+        in render(slow_result).replace("\n", " ").replace("  ", " ")
+    assert "<b>Launch-delay slowdown</b>" in render_html(slow_result)
+
+
+def test_where_words_are_plural_only_when_plural():
+    assert describe_where({"workers": [[0, 2], [3, 2]], "dp": [0, 3], "pp": [2]}) \
+        == "workers dp 0/pp 2, dp 3/pp 2"
+    assert describe_where({"workers": [[1, 1]]}) == "worker dp 1/pp 1"
+    assert describe_where({"steps": [5]}) == "step 5"
+    assert "workerss" not in describe_where({"workers": [[0, 0]] * 3})
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "stragglers.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_fail_on_straggling_exit_codes(slow_job, tmp_path):
+    from stragglers.trace.runformat import write_run
+
+    run = write_run(tmp_path / "slow", slow_job)
+    out = tmp_path / "r.json"
+    proc = cli("analyze", run, "-q", "--json", out, "--fail-on-straggling")
+    assert proc.returncode == 1, proc.stderr
+    assert "straggling: S =" in proc.stderr and out.exists()  # reports written before failing
+    s = json.loads(out.read_text())["slowdown"]
+    assert cli("analyze", run, "-q").returncode == 0  # without the flag: success
+    assert cli("analyze", run, "-q", "--fail-on-straggling",
+               "--fail-threshold", f"{math.ceil(s * 100) / 100 + 0.01}").returncode == 0
+    proc = cli("analyze", run, "-q", "--steps", "all", "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["job"]["steps"] == 5
