@@ -43,7 +43,7 @@ def run_job(args, record: bool, out: Path, extra: tuple[str, ...] = ()) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={args.nproc}", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
            str(REPO / "examples" / "train_gpt.py"), "--pp", str(args.pp), "--steps", str(args.steps),
-           "--summary", str(summary), "--trace-dir", str(out / "trace"), *extra]
+           "--summary", str(summary), "--trace-dir", str(out / "trace"), "--overwrite", *extra]
     if not record:
         cmd.append("--no-record")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}

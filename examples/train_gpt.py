@@ -57,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--flush-every", type=int, default=64, help="at most this many steps per part")
     p.add_argument("--flush-interval", type=float, default=1.0, help="write a part at least every S s")
     p.add_argument("--no-record", action="store_true", help="run without the recorder")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run in --trace-dir (refused otherwise)")
     p.add_argument("--summary", type=Path, default=None, help="write step times as JSON (rank 0)")
     # injections (all off by default)
     p.add_argument("--slow-rank", type=int, default=-1)
@@ -499,7 +501,8 @@ def main(argv=None) -> None:
     rec = Recorder(args.trace_dir or Path("runs") / "train_gpt", meta, dp_rank=dp_rank,
                    stage=stage, sample_every=args.sample_every, flush_every=args.flush_every,
                    flush_interval_s=args.flush_interval,
-                   device=device, enabled=not args.no_record and args.trace_dir is not None)
+                   device=device, enabled=not args.no_record and args.trace_dir is not None,
+                   overwrite=args.overwrite)
     planned_gc = PlannedGC(args.planned_gc) if args.planned_gc else None
     pipeline = Pipeline(args, rec, model, stage, dp_rank, device, bwd_group)
     step_starts = []

@@ -122,3 +122,14 @@ def test_ddp_comm_hook_records_every_bucket(tmp_path):
     for step in range(4):
         assert ops["bytes"][ar & (ops["step"] == step)].sum() == grad_bytes  # every grad, once
     assert np.all(ops["duration"][ar] >= 0)
+
+
+def test_every_rank_refuses_a_directory_holding_another_run(tmp_path):
+    out = tmp_path / "trace"
+    torchrun(WORKERS / "ddp_worker.py", 2, str(out), "2", timeout=180)
+    before = sorted(p.name for p in out.iterdir())
+    proc = torchrun(WORKERS / "ddp_worker.py", 2, str(out), "2", timeout=180, check=False)
+    assert proc.returncode != 0
+    # all ranks decide together (no rank left hanging in a collective), one line each
+    assert proc.stderr.count("is not empty (it holds an earlier run's files)") >= 2, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == before  # nothing of the first run was lost

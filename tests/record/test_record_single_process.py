@@ -147,3 +147,25 @@ def test_a_step_that_raises_is_dropped_and_earlier_steps_kept(tmp_path):
                         raise RuntimeError("peer died")
     ops = read_run(tmp_path).ops
     assert sorted(set(ops["step"].tolist())) == [0, 1]
+
+
+def test_a_directory_holding_another_run_is_refused_unless_overwrite(tmp_path):
+    from stragglers.errors import InputError
+
+    meta = JobMeta(name="t", dp_size=1, pp_size=1)
+
+    def record(**kw) -> None:
+        with Recorder(tmp_path, meta, dp_rank=0, stage=0, flush_interval_s=0.01, **kw) as rec:
+            with rec.step(0):
+                with rec.op("forward-compute", 0):
+                    spin(0.001)
+
+    record()
+    (tmp_path / "notes.txt").write_text("the user's own file")
+    with pytest.raises(InputError, match="not empty.*overwrite=True") as err:
+        record()
+    assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
+    assert len(read_run(tmp_path).ops["step"]) == 1  # the earlier run is untouched
+    record(overwrite=True)
+    parts = sorted(p.name for p in tmp_path.iterdir())
+    assert parts == ["meta.json", "notes.txt", "rank-00000.part-000000.parquet"]

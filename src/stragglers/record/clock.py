@@ -1,4 +1,10 @@
-"""Put all ranks on rank 0's clock: NTP-style ping-pong offset measurement over torch.distributed."""
+"""Put all ranks on rank 0's clock: NTP-style ping-pong offset measurement over torch.distributed.
+
+Control traffic (the ping-pong, the common origin) never goes through NCCL with CPU tensors:
+`control_channel` picks a gloo group (the job's own when its backend has gloo, else a gloo side
+group created once per process) or, for a non-gloo subgroup, the backend's device with an
+explicit synchronise so host times are read after the data has really arrived.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
+
+_SIDE_GROUPS: dict = {}  # (id of the group, None for the world) → gloo side group, made once
 
 
 @dataclass
@@ -24,16 +32,63 @@ class ClockEstimate:
         return asdict(self)
 
 
-def measure_offset(rounds: int = 8, group=None) -> ClockEstimate:
+@dataclass(frozen=True)
+class ControlChannel:
+    """Where control tensors go: a process group and the device its backend accepts."""
+
+    group: object
+    device: torch.device
+
+    def tensor(self, value: int) -> torch.Tensor:
+        """A one-element int64 control tensor on the channel's device."""
+        return torch.tensor([value], dtype=torch.int64, device=self.device)
+
+    def settle(self) -> None:
+        """Wait until device-side traffic is done, so the host clock may be read (GPU only)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def read(self, t: torch.Tensor) -> int:
+        """A control tensor's value on the host (synchronises on GPU)."""
+        return int(t.item())
+
+
+def control_channel(group=None) -> ControlChannel:
+    """The group and device for the recorder's control traffic (a collective the first time).
+
+    A backend that includes gloo takes CPU tensors. For the world group on any other backend
+    (NCCL), a gloo side group is created once per process — `dist.new_group` is collective over
+    the world, so every rank must reach this in the same order, as `Recorder.start()` does. A
+    non-gloo subgroup gets tensors on the current CUDA device.
+    """
+    backend = str(dist.get_backend(group)).lower()
+    if "gloo" in backend:
+        return ControlChannel(group, torch.device("cpu"))
+    if group is None:
+        side = _SIDE_GROUPS.get(None)
+        if side is None:
+            side = _SIDE_GROUPS[None] = dist.new_group(backend="gloo")
+        return ControlChannel(side, torch.device("cpu"))
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"process group backend {backend!r} without gloo needs CUDA for "
+                           "control tensors, and CUDA is not available")
+    return ControlChannel(group, torch.device("cuda", torch.cuda.current_device()))
+
+
+def measure_offset(rounds: int = 8, group=None, channel: ControlChannel | None = None
+                   ) -> ClockEstimate:
     """Measure every rank's offset to rank 0 (a collective: all ranks of the group must call it).
 
     Rank r sends its time t0 to rank 0, rank 0 answers with its time t1, rank r reads t2 on
     arrival: offset = t1 - (t0 + t2) / 2, error <= (t2 - t0) / 2. The round with the smallest
-    round trip wins (the least queueing, so the tightest bound).
+    round trip wins (the least queueing, so the tightest bound). On a device channel every
+    host time is read after a synchronise, so t0 < t1 < t2 holds and the bound stays valid.
     """
+    ch = channel or control_channel(group)
+    group = ch.group
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
-    buf = torch.zeros(1, dtype=torch.int64)
+    buf = ch.tensor(0)
     if world == 1:
         return ClockEstimate(0, 0, 0, 0)
     if rank == 0:
@@ -41,18 +96,21 @@ def measure_offset(rounds: int = 8, group=None) -> ClockEstimate:
             peer_global = dist.get_global_rank(group, peer) if group is not None else peer
             for _ in range(rounds):
                 dist.recv(buf, src=peer_global, group=group)
-                buf[0] = time.perf_counter_ns()
+                ch.settle()
+                buf.fill_(time.perf_counter_ns())
                 dist.send(buf, dst=peer_global, group=group)
+        ch.settle()
         return ClockEstimate(0, 0, 0, rounds)
     root = dist.get_global_rank(group, 0) if group is not None else 0
     best: tuple[int, int] | None = None  # (rtt, offset)
     for _ in range(rounds):
+        ch.settle()
         t0 = time.perf_counter_ns()
-        buf[0] = t0
+        buf.fill_(t0)
         dist.send(buf, dst=root, group=group)
         dist.recv(buf, src=root, group=group)
+        t1 = ch.read(buf)  # synchronises on a device channel
         t2 = time.perf_counter_ns()
-        t1 = int(buf[0].item())
         rtt = t2 - t0
         if best is None or rtt < best[0]:
             best = (rtt, t1 - (t0 + t2) // 2)
@@ -67,8 +125,10 @@ def same_host_as_rank0(group=None) -> bool:
     return names[dist.get_rank(group)] == names[0]
 
 
-def common_origin_ns(offset_ns: int, group=None) -> int:
+def common_origin_ns(offset_ns: int, group=None, channel: ControlChannel | None = None) -> int:
     """Rank 0's current time, broadcast: the zero of every rank's trace timestamps."""
-    t = torch.tensor([time.perf_counter_ns() + offset_ns], dtype=torch.int64)
-    dist.broadcast(t, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-    return int(t.item())
+    ch = channel or control_channel(group)
+    t = ch.tensor(time.perf_counter_ns() + offset_ns)
+    root = dist.get_global_rank(ch.group, 0) if ch.group is not None else 0
+    dist.broadcast(t, src=root, group=ch.group)
+    return ch.read(t)

@@ -14,12 +14,13 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from stragglers.errors import StragglersError
-from stragglers.record.clock import ClockEstimate, common_origin_ns, measure_offset, same_host_as_rank0
+from stragglers.errors import InputError, StragglersError
+from stragglers.record.clock import (ClockEstimate, common_origin_ns, control_channel,
+                                     measure_offset, same_host_as_rank0)
 from stragglers.record.timers import CpuTimer, CudaTimer
 from stragglers.record.writer import RankWriter, StepBuffer
 from stragglers.trace.model import OPTYPE_CODES, JobMeta
-from stragglers.trace.runformat import write_meta
+from stragglers.trace.runformat import META_FILE, RANK_FILE, write_meta
 
 
 class _NullSpan:
@@ -65,15 +66,23 @@ class _CompletionWaiter:
     def __init__(self, name: str):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._last_end = 0
-        threading.Thread(target=self._run, name=name, daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
 
     def watch(self, work: "RecordedWork") -> None:
         """Queue a work; its `completed` event is set when it is done."""
         self._queue.put(work)
 
+    def stop(self) -> None:
+        """Let the queued works finish, then end the thread and join it."""
+        self._queue.put(None)
+        self._thread.join()
+
     def _run(self) -> None:
         while True:
             rw = self._queue.get()
+            if rw is None:
+                return
             try:
                 rw.work.wait()
             except BaseException as exc:  # re-raised in the training thread by wait()
@@ -136,7 +145,8 @@ class Recorder:
     def __init__(self, trace_dir: str | Path, meta: JobMeta, *, dp_rank: int, stage: int,
                  sample_every: int = 1, flush_every: int = 64,
                  flush_interval_s: float = 1.0, device: torch.device | str | None = None,
-                 group=None, clock_rounds: int = 8, gc_min_s: float = 50e-6, enabled: bool = True):
+                 group=None, clock_rounds: int = 8, gc_min_s: float = 50e-6, enabled: bool = True,
+                 overwrite: bool = False):
         if sample_every < 1:
             raise StragglersError(f"Recorder: sample_every must be >= 1, got {sample_every}")
         self.trace_dir = Path(trace_dir)
@@ -149,6 +159,7 @@ class Recorder:
         self.clock_rounds = clock_rounds
         self.gc_min_ns = int(gc_min_s * 1e9)
         self.enabled = enabled
+        self.overwrite = bool(overwrite)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if self.distributed else 0
         self.world_size = dist.get_world_size(group) if self.distributed else 1
@@ -183,15 +194,19 @@ class Recorder:
             return
         offset, origin, layout = 0, time.perf_counter_ns(), None
         if self.distributed:
-            self.clock_start = measure_offset(self.clock_rounds, self.group)
+            # Control traffic on gloo (or the backend's device): never CPU tensors into NCCL.
+            self._ctl = control_channel(self.group)
+            self._check_output_dir(self._ctl.group)
+            self.clock_start = measure_offset(self.clock_rounds, channel=self._ctl)
             # One host reads one CLOCK_MONOTONIC: the true offset is 0, and applying a measured
             # value would only add its error. Across hosts the measured offset is applied.
-            self.offset_applied = not same_host_as_rank0(self.group)
+            self.offset_applied = not same_host_as_rank0(self._ctl.group)
             offset = self.clock_start.offset_ns if self.offset_applied else 0
-            origin = common_origin_ns(offset, self.group)
+            origin = common_origin_ns(offset, channel=self._ctl)
             layout = [None] * self.world_size
-            dist.all_gather_object(layout, self._layout_entry(), group=self.group)
+            dist.all_gather_object(layout, self._layout_entry(), group=self._ctl.group)
         else:
+            self._check_output_dir(None)
             self.clock_start = ClockEstimate(0, 0, 0, 0)
             layout = [self._layout_entry()]
         self._offset_ns, self._origin_ns = offset, origin
@@ -219,11 +234,40 @@ class Recorder:
             self._end_step(failed=not collective)
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+        # Every thread the recorder started is joined here, before the caller may destroy the
+        # process group: a thread still inside a gloo/NCCL call at teardown aborts the process.
+        for waiter in self._waiters.values():
+            waiter.stop()
+        self._waiters.clear()
         if self._writer is not None:
             self._writer.close()
         if collective and self.distributed:
-            self.clock_end = measure_offset(self.clock_rounds, self.group)
+            self.clock_end = measure_offset(self.clock_rounds, channel=self._ctl)
             self._gather_clock("end", self.clock_end)
+
+    def _check_output_dir(self, ctl_group) -> None:
+        """Refuse a directory holding another run unless overwrite=True (then clear our files).
+
+        Decided together: every rank looks before any rank writes (rank 0 writes meta.json only
+        after the collectives that follow), and all ranks raise if any one saw files, so no
+        rank is left waiting in a collective.
+        """
+        d = self.trace_dir
+        ours = [p for p in d.iterdir() if p.name == META_FILE or RANK_FILE.match(p.name)
+                or p.name.endswith(".parquet.tmp")] if d.is_dir() else []
+        busy = d.is_dir() and any(d.iterdir())
+        seen = [busy]
+        if self.distributed:
+            seen = [None] * dist.get_world_size(ctl_group)
+            dist.all_gather_object(seen, busy, group=ctl_group)
+        if any(seen) and not self.overwrite:
+            raise InputError(d, None, "is not empty (it holds an earlier run's files); choose a "
+                             "new directory or pass overwrite=True to replace the run")
+        if self.overwrite and self.rank == 0:
+            for p in ours:  # only the run format's files; the user's other files stay
+                p.unlink(missing_ok=True)
+        if self.overwrite and self.distributed:
+            dist.barrier(group=ctl_group)  # nobody writes before the old run is gone
 
     def _layout_entry(self) -> dict:
         return {"rank": self.rank, "dp_rank": self.dp_rank, "stage": self.stage,
@@ -231,7 +275,7 @@ class Recorder:
 
     def _gather_clock(self, when: str, est: ClockEstimate) -> None:
         entries: list = [None] * self.world_size
-        dist.all_gather_object(entries, est.to_dict(), group=self.group)
+        dist.all_gather_object(entries, est.to_dict(), group=self._ctl.group)
         if self.rank != 0:
             return
         clock = self.meta.extra.setdefault("clock", {})

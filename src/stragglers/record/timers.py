@@ -33,16 +33,21 @@ class CudaTimer:
     """GPU timestamps from CUDA events on the current stream, mapped onto the host clock.
 
     Creating a fresh event pair per op costs tens of µs of host time (specs/whatif.md §11), so
-    events come from a pool and go back to it once the background flusher has read them. Each
-    sampled step records one anchor event after a device synchronise and notes the host time;
-    a mark's host time is anchor_host_ns + anchor.elapsed_time(mark).
+    events come from a pool and go back to it once the background writer has read them: the
+    training thread only records (a few µs), it never waits on an event. Event times are
+    mapped to the host clock through an anchor: one event recorded on an idle device (after a
+    synchronise) with the host time noted. The anchor is renewed at most every `reanchor_s`
+    (GPU and host clocks drift by ppm), so the synchronise costs once per half minute, not
+    once per step; a mark's host time is anchor_host_ns + anchor.elapsed_time(mark).
     """
 
     is_cuda = True
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, reanchor_s: float = 30.0):
         self.device = device
-        self._pool: deque = deque()  # append/pop are atomic, so the flusher may give events back
+        self.reanchor_ns = int(reanchor_s * 1e9)
+        self._pool: deque = deque()  # append/pop are atomic, so the writer may give events back
+        self._anchor = None
 
     def _event(self):
         try:
@@ -51,21 +56,24 @@ class CudaTimer:
             return torch.cuda.Event(enable_timing=True)
 
     def begin_step(self):
-        """Anchor this step's events to the host clock (one synchronise per sampled step)."""
-        torch.cuda.synchronize(self.device)
-        anchor = self._event()
-        anchor.record()
-        anchor.synchronize()
-        return anchor, time.perf_counter_ns()
+        """The anchor this step's events are read against (renewed when it has grown old)."""
+        now = time.perf_counter_ns()
+        if self._anchor is None or now - self._anchor[1] > self.reanchor_ns:
+            torch.cuda.synchronize(self.device)
+            anchor = torch.cuda.Event(enable_timing=True)  # never pooled: steps share it
+            anchor.record()
+            anchor.synchronize()
+            self._anchor = (anchor, time.perf_counter_ns())
+        return self._anchor
 
     def mark(self):
-        """Record an event on the current stream; its time is read later."""
+        """Record an event on the current stream; its time is read later, by the writer."""
         ev = self._event()
         ev.record()
         return ev
 
     def resolve(self, mark, anchor) -> int:
-        """Host ns of an event (blocks the calling thread, the flusher, until the event is done)."""
+        """Host ns of an event (blocks the calling thread, the writer, until the event is done)."""
         if isinstance(mark, int):  # host-side marks (GC pauses) are already host ns
             return mark
         event, host_ns = anchor
@@ -75,6 +83,4 @@ class CudaTimer:
         return ns
 
     def release(self, anchor) -> None:
-        """Give a step's anchor event back to the pool."""
-        if anchor is not None:
-            self._pool.append(anchor[0])
+        """Anchors are shared by steps and kept (the old one is dropped when renewed)."""

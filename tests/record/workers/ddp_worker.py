@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -40,6 +41,10 @@ def main(trace_dir: str, steps: int) -> None:
     dist.all_gather(gathered, flat)
     assert all(torch.equal(gathered[0], g) for g in gathered), "replicas diverged"
     Path(trace_dir, f"ok-{rank}").write_text("ok")
+    # Teardown order: the recorder (its threads joined) is closed above; DDP's reducer holds the
+    # process group and the comm hook, so it goes before the group does.
+    del ddp, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
