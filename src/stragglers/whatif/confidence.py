@@ -21,9 +21,22 @@ def _bounds(samples: np.ndarray, cfg: DiagnosisConfig) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def ratio_interval(num: np.ndarray, den: np.ndarray, cfg: DiagnosisConfig) -> tuple[float, float]:
-    """Interval of mean(num)/mean(den), both per step [T], resampling steps."""
+def ratio_interval(num: np.ndarray, den: np.ndarray, cfg: DiagnosisConfig,
+                   strata: np.ndarray | None = None) -> tuple[float, float]:
+    """Interval of mean(num)/mean(den), both per step [T], resampling steps.
+
+    strata (bool [T]): an intermittent cause's steps; resampled apart from the others, so each
+    resample holds as many affected steps as the trace (the question is how large the effect
+    is where it happens, not how often a resample happens to miss it).
+    """
     idx = step_resamples(len(num), cfg)
+    if strata is not None and 0 < strata.sum() < len(strata):
+        rng = np.random.default_rng(cfg.seed)
+        parts = []
+        for group in (np.flatnonzero(strata), np.flatnonzero(~strata)):
+            parts.append(group[rng.integers(0, len(group), size=(cfg.bootstrap_samples,
+                                                                  len(group)))])
+        idx = np.concatenate(parts, axis=1)
     return _bounds(num[idx].mean(axis=1) / np.maximum(den[idx].mean(axis=1), 1e-300), cfg)
 
 

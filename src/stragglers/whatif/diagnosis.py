@@ -65,7 +65,7 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
                                          None if cand.delay is None else rest[1])
             _, t_both, _ = _before_after(w, both[0] if cand.delay is None else cand.cost,
                                          None if cand.delay is None else both[1])
-            after = ratio_interval(t_rest, t_both, cfg)
+            after = ratio_interval(t_rest, t_both, cfg, cand.strata)
             entry["speedup_after_others"] = float(t_rest.mean() / t_both.mean())
         else:
             after = entry["interval"]
@@ -112,7 +112,7 @@ def _before_after(w: WhatIf, cost: np.ndarray | None, delay: np.ndarray | None):
 def _finding(cand: Candidate, t_now: np.ndarray, t_fix: np.ndarray, excess: float,
              cfg: DiagnosisConfig) -> dict:
     speedup = float(t_now.mean() / t_fix.mean())
-    lo, hi = ratio_interval(t_now, t_fix, cfg)
+    lo, hi = ratio_interval(t_now, t_fix, cfg, cand.strata)
     share = (float(t_now.mean()) - float(t_fix.mean())) / excess if excess > 0 else None
     return {"cause": cand.cause, "where": _plain_where(cand.where), "evidence": cand.evidence,
             "speedup_if_fixed": speedup, "interval": [min(lo, speedup), max(hi, speedup)],

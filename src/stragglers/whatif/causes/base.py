@@ -30,6 +30,7 @@ class Candidate:
     delay: np.ndarray | None = None
     upper_bound: bool = False
     stats: dict = field(default_factory=dict)
+    strata: np.ndarray | None = None   # bool [T]: the steps of an intermittent cause
 
 
 @dataclass
@@ -92,6 +93,10 @@ class Context:
             if rank in self.hosts:
                 text += f" on {self.hosts[rank]}"
         return text + ")"
+
+    def step_mask(self, steps: list[int] | None) -> np.ndarray | None:
+        """bool [T] of the named steps (None when the cause is persistent)."""
+        return None if not steps else np.isin(self.w.grid.steps, steps)
 
     def steps_where(self, per_step: np.ndarray) -> list[int] | None:
         """The steps of an intermittent effect (per_step [T] ≥ half its max); None if persistent."""

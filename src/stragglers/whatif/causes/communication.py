@@ -57,5 +57,5 @@ def communication(ctx: Context) -> list[Candidate]:
         optypes = sorted({OPTYPES[c] for c in codes})
         extra = {"optypes": optypes, **({"steps": steps} if steps else {})}
         found.append(Candidate("communication", ctx.where_workers(hot, **extra), evidence,
-                               cost=fixed))
+                               cost=fixed, strata=ctx.step_mask(steps)))
     return found

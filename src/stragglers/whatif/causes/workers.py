@@ -71,7 +71,7 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
     if steps:
         evidence += f"; only in steps {fmt_steps(steps)}"
     where = ctx.where_workers(workers, **({"steps": steps} if steps else {}))
-    return [Candidate("worker_fault", where, evidence, cost=cost,
+    return [Candidate("worker_fault", where, evidence, cost=cost, strata=ctx.step_mask(steps),
                       stats={"ratio": {f"{g.dp_ranks[d]},{p}": float(mean[d, p])
                                        for d, p in workers}})]
 
@@ -119,4 +119,4 @@ def host_stall(ctx: Context) -> list[Candidate]:
     if steps:
         evidence += f"; only in steps {fmt_steps(steps)}"
     where = ctx.where_workers(workers, **({"steps": steps} if steps else {}))
-    return [Candidate("host_stall", where, evidence, delay=fixed)]
+    return [Candidate("host_stall", where, evidence, delay=fixed, strata=ctx.step_mask(steps))]

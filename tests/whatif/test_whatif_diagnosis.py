@@ -1,0 +1,181 @@
+"""The diagnosis contract (whatif/README.md): right workers at scale, every cause, own-share
+predictions with intervals, noise → none, warm-up left out, thresholds from DiagnosisConfig."""
+
+import numpy as np
+import pytest
+
+from stragglers.errors import InputError
+from stragglers.trace.model import Trace
+from stragglers.trace.synth import generate
+from stragglers.whatif.analyze import analyze
+from stragglers.whatif.config import STRAGGLING_SLOWDOWN, DiagnosisConfig
+
+
+def causes(result):
+    return [d["cause"] for d in result["diagnosis"]]
+
+
+def finding(result, cause):
+    return next(d for d in result["diagnosis"] if d["cause"] == cause)
+
+
+def workers(f):
+    return sorted((w["dp"], w["pp"]) for w in f["where"]["workers"])
+
+
+def test_one_slow_worker_among_512_is_named_alone_with_its_rank():
+    trace = generate(dp=64, pp=8, microbatches=8, steps=4, seed=2, slow_worker=(37, 5, 1.7))
+    r = analyze(trace)
+    f = finding(r, "worker_fault")
+    assert workers(f) == [(37, 5)]
+    assert f["where"]["ranks"] == [5 * 64 + 37]          # synth ranks: stage * dp + dp_rank
+    assert f["interval"][0] <= f["speedup_if_fixed"] <= f["interval"][1]
+
+
+def test_healthy_workers_next_to_a_slow_one_are_not_named():
+    r = analyze(generate(dp=64, pp=2, microbatches=4, steps=4, seed=3, slow_worker=(5, 1, 1.7)))
+    assert workers(finding(r, "worker_fault")) == [(5, 1)]
+
+
+@pytest.mark.parametrize("dp,pp,mb", [(64, 2, 2), (64, 1, 2), (1, 4, 8), (8, 8, 8)])
+def test_noise_only_jobs_are_none(dp, pp, mb):
+    r = analyze(generate(dp=dp, pp=pp, microbatches=mb, steps=6, seed=5, noise=0.05))
+    assert causes(r) == ["none"], r["diagnosis"]
+
+
+def test_a_second_cause_does_not_hide_the_first():
+    trace = generate(dp=4, pp=4, microbatches=8, steps=6, seed=1, slow_worker=(1, 1, 1.6),
+                     heavy_last_stage=1.5)
+    r = analyze(trace)
+    assert {"worker_fault", "stage_imbalance"} <= set(causes(r)), r["diagnosis"]
+    assert finding(r, "stage_imbalance")["where"]["pp"] == [3]
+    summary = r["diagnosis_summary"]
+    assert summary["all_fixed"] >= max(d["speedup_if_fixed"] for d in r["diagnosis"]) - 1e-9
+    assert 0 <= summary["unexplained"] <= 1
+
+
+@pytest.mark.parametrize("pp,sync", [(1, "ddp"), (4, "zero")])
+def test_host_stall_is_attributed_to_the_stalling_worker(pp, sync):
+    trace = generate(dp=4, pp=pp, microbatches=8, steps=6, seed=4, sync=sync,
+                     host_stall={"dp": 2, "stage": pp - 1, "seconds": 0.15})
+    r = analyze(trace)
+    f = r["diagnosis"][0]
+    assert f["cause"] == "host_stall", r["diagnosis"]
+    assert workers(f) == [(2, pp - 1)]
+    truth = trace.meta.extra["ground_truth"][0]["impact"]
+    assert abs(f["speedup_if_fixed"] / truth - 1) < 0.05
+
+
+def test_gc_inside_compute_is_found_from_the_duration_pattern():
+    trace = generate(dp=4, pp=2, microbatches=8, steps=8, seed=6, gc_in_compute=(0.3, 0.2))
+    r = analyze(trace)
+    assert r["diagnosis"][0]["cause"] == "gc", r["diagnosis"]
+    assert r["diagnosis"][0]["upper_bound"] is True
+
+
+def test_intermittent_slowdown_names_its_steps():
+    trace = generate(dp=2, pp=4, microbatches=8, steps=10, seed=7, slow_link={
+        "kind": "collective", "optype": "grads-reduce-scatter", "stage": 1, "factor": 100,
+        "steps": [3, 7]})
+    f = finding(analyze(trace), "communication")
+    assert f["where"]["steps"] == [3, 7]
+    assert f["where"]["pp"] == [1]
+
+
+def test_intervals_are_deterministic():
+    trace = generate(dp=4, pp=4, microbatches=8, steps=6, seed=1, slow_worker=(1, 2, 1.5))
+    a, b = analyze(trace), analyze(trace)
+    assert a["diagnosis"][0]["interval"] == b["diagnosis"][0]["interval"]
+
+
+def _with_slow_first_step(trace: Trace, factor: float) -> Trace:
+    """The same trace with step 0 stretched in time (a warm-up step), later steps shifted."""
+    ops = {k: v.copy() for k, v in trace.ops.items()}
+    first = ops["step"] == ops["step"].min()
+    t0 = ops["start_ts"][first].min()
+    end0 = (ops["start_ts"] + ops["duration"])[first].max()
+    ops["start_ts"][first] = t0 + (ops["start_ts"][first] - t0) * factor
+    ops["duration"][first] *= factor
+    ops["start_ts"][~first] += (end0 - t0) * (factor - 1)
+    return Trace(ops, trace.meta, trace.source)
+
+
+def test_warmup_steps_are_left_out_by_default_and_kept_on_request():
+    trace = _with_slow_first_step(generate(dp=2, pp=2, microbatches=4, steps=8, seed=8), 4.0)
+    r = analyze(trace)
+    assert r["warmup_steps"] == [0] and 0 not in r["steps_analysed"]
+    assert any("warm-up" in w for w in r["warnings"])
+    assert causes(r) == ["none"]
+    everything = analyze(trace, steps="all")
+    assert everything["warmup_steps"] == [] and 0 in everything["steps_analysed"]
+    with pytest.raises(InputError):
+        analyze(trace, steps="some")
+
+
+def test_straggling_threshold_is_defined_once():
+    assert DiagnosisConfig().straggling_slowdown == STRAGGLING_SLOWDOWN == 1.1
+    r = analyze(generate(dp=2, pp=2, microbatches=4, steps=4, seed=0))
+    assert r["diagnosis_config"]["straggling_slowdown"] == STRAGGLING_SLOWDOWN
+
+
+# --- thresholds swept on synthetic jobs: each decides what its documentation says ----------
+
+def test_sweep_worker_min_excess():
+    trace = generate(dp=8, pp=2, microbatches=8, steps=6, seed=9, slow_worker=(3, 0, 1.4))
+    found = {}
+    for excess in (0.05, 0.2, 0.35, 0.5, 1.0):
+        r = analyze(trace, config=DiagnosisConfig(worker_min_excess=excess))
+        found[excess] = "worker_fault" in causes(r)
+    # the worker computes 1.4x as long: named while the threshold is below 0.4, never above
+    assert found == {0.05: True, 0.2: True, 0.35: True, 0.5: False, 1.0: False}
+
+
+def test_sweep_min_gain():
+    trace = generate(dp=4, pp=4, microbatches=8, steps=6, seed=1, slow_worker=(1, 2, 1.6))
+    gain = finding(analyze(trace), "worker_fault")["interval"][0]
+    for min_gain in (1.01, gain - 0.01, gain + 0.01, 1.9):
+        r = analyze(trace, config=DiagnosisConfig(min_gain=min_gain))
+        assert ("worker_fault" in causes(r)) == (gain >= min_gain), min_gain
+
+
+def test_sweep_stage_min_excess():
+    trace = generate(dp=2, pp=4, microbatches=8, steps=6, seed=2, heavy_last_stage=1.6)
+    # last stage 1.6x, the mean stage (3 + 1.6) / 4 = 1.15: excess 0.39
+    for excess, expected in ((0.1, True), (0.3, True), (0.5, False)):
+        r = analyze(trace, config=DiagnosisConfig(stage_min_excess=excess))
+        assert ("stage_imbalance" in causes(r)) == expected, excess
+
+
+def test_sweep_outlier_z_separates_a_mild_worker():
+    trace = generate(dp=16, pp=2, microbatches=8, steps=6, seed=3, slow_worker=(9, 1, 1.3))
+    named = [("worker_fault" in causes(analyze(trace, config=DiagnosisConfig(outlier_z=z))))
+             for z in (3.0, 6.0, 1e2)]
+    assert named[0] and named[1] and not named[2]
+
+
+def test_sweep_stall_min_fraction():
+    trace = generate(dp=4, pp=1, microbatches=8, steps=6, seed=4, sync="ddp",
+                     host_stall={"dp": 1, "stage": 0, "seconds": 0.1})
+    step = float(np.median(list(analyze(trace)["step_times"]["base"].values())))
+    for fraction in (0.01, 0.5 * 0.1 / step, 2 * 0.1 / step):
+        r = analyze(trace, config=DiagnosisConfig(stall_min_fraction=min(fraction, 1.0)))
+        assert ("host_stall" in causes(r)) == (fraction * step < 0.1), fraction
+
+
+def test_sweep_comm_min_ratio():
+    trace = generate(dp=2, pp=4, microbatches=8, steps=6, seed=5, slow_link={
+        "kind": "p2p", "dp": 1, "stage_from": 1, "stage_to": 2, "factor": 60})
+    for ratio, expected in ((2.0, True), (20.0, True), (500.0, False)):
+        r = analyze(trace, config=DiagnosisConfig(comm_min_ratio=ratio))
+        assert ("communication" in causes(r)) == expected, ratio
+
+
+def test_sweep_warmup_factor():
+    trace = _with_slow_first_step(generate(dp=2, pp=2, microbatches=4, steps=8, seed=8), 2.0)
+    assert analyze(trace, config=DiagnosisConfig(warmup_factor=1.5))["warmup_steps"] == [0]
+    assert analyze(trace, config=DiagnosisConfig(warmup_factor=3.0))["warmup_steps"] == []
+
+
+def test_bad_config_is_one_line_error():
+    with pytest.raises(InputError, match="min_gain"):
+        DiagnosisConfig.from_mapping({"min_gain": 0.5})
