@@ -46,8 +46,11 @@ def test_spec_real_generators(n, s, c):
 ])
 def test_spec_real_decoding_vectors(n, s, K, a):
     d = CyclicMDSCode(n, s, "real").decode(K)
-    assert d.method == "closed-form"
+    assert d.method == "lstsq"  # the accurate decoder is the default
     np.testing.assert_allclose(d.coefficients, a, atol=1e-12)
+    closed = CyclicMDSCode(n, s, "real", decoder="closed-form").decode(K)
+    assert closed.method == "closed-form"
+    np.testing.assert_allclose(closed.coefficients, a, atol=1e-12)
 
 
 def _exact_codes(n, s):
@@ -89,7 +92,7 @@ def test_mds_closed_form_matches_least_squares(nsk, field):
         K = K + [k for k in range(n) if k not in K][:1]
     if s == 0:
         return
-    code = CyclicMDSCode(n, s, field)
+    code = CyclicMDSCode(n, s, field, decoder="closed-form")
     d = code.decode(K)
     ls = least_squares_decoding(code, K)
     tol = 1e-13 * max(1.0, d.condition_number) * n
@@ -126,7 +129,16 @@ def test_more_survivors_than_needed_uses_all_of_them():
     (lambda: make_code("nope", 4, 1), "scheme"),
     (lambda: CyclicMDSCode(5, 2).decode([0, 1]), "survivors"),
     (lambda: CyclicMDSCode(5, 2).decode([0, 1, 1]), "survivors"),
-    (lambda: CyclicMDSCode(5, 2).decode([0, 1, 7]), "worker"),
+    (lambda: CyclicMDSCode(5, 2).decode([0, 1, 7]), "survivors"),
+    (lambda: CyclicMDSCode(5, 2).decode([0, 1, 2.5]), "survivors"),
+    (lambda: CyclicMDSCode(5, 2).decode([0, 1, "2"]), "survivors"),
+    (lambda: CyclicMDSCode(5, 2).parts(1.5), "worker"),
+    (lambda: CyclicMDSCode(5, 2).decode([0, 1, 2]).combine(np.ones((2, 4))), "messages"),
+    (lambda: CyclicMDSCode(5, 2, decoder="magic"), "decoder"),
+    (lambda: make_code("frc", 6, 2, d=3), "d"),
+    (lambda: make_code("cyclic-mds", 7, 2, d=3), "d"),
+    (lambda: make_code("frc", 6, 2, decoder="fixed"), "decoder"),
+    (lambda: make_code("wait-for-all", 6, 2), "s"),
 ])
 def test_bad_parameters_are_input_errors(call, field):
     with pytest.raises(InputError) as err:
@@ -157,3 +169,5 @@ def test_complex_closed_form_is_the_spec_lagrange_formula(n, s):
     np.fill_diagonal(diff, 1.0)
     spec = n / code.generator.sum() * z ** (n - s - 1) / diff.prod(axis=1)
     np.testing.assert_allclose(code.decode(K).coefficients[K], spec, atol=1e-10)
+    closed = CyclicMDSCode(n, s, "complex", decoder="closed-form")
+    np.testing.assert_allclose(closed.decode(K).coefficients[K], spec, atol=1e-10)

@@ -73,8 +73,11 @@ def test_guard_matches_spec_condition_numbers_and_passes_stable_codes():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         make_code("cyclic-mds", 12, 3, dtype="float32")  # κ 76: fine
-        make_code("cyclic-mds", 50, 11, dtype="float64")  # κ 1e9 · 1.1e-16: fine in float64
+        make_code("cyclic-mds", 30, 9, dtype="float64")  # κ 1e6 · 1.1e-16: fine in float64
         make_code("frc", 48, 11, dtype="float32")
+    # κ 1e9 in float64 is not certified by the analytic bound over all C(50, 11) sets: refused
+    with pytest.raises(UnstableCodeError, match="analytic"):
+        make_code("cyclic-mds", 50, 11, dtype="float64")
 
 
 def test_guard_error_estimate_is_honest_for_float32_messages():

@@ -1,17 +1,62 @@
-"""Gradient coding: codes, decoders and the stability guard (numpy only; training needs torch)."""
+"""Gradient coding: codes, decoders, the stability guard and coded data-parallel training.
 
-from stragglers.coding.expander import ExpanderCode, random_regular_graph, second_eigenvalue
-from stragglers.coding.mds import CyclicMDSCode
-from stragglers.coding.protocol import Decoding, GradientCode, condition_number
-from stragglers.coding.repetition import (CyclicRepetitionCode, FractionalRepetitionCode,
-                                          IdentityCode, ignore_stragglers, wait_for_all)
-from stragglers.coding.schemes import SCHEMES, make_code
-from stragglers.coding.stability import (StabilityReport, UnstableCodeError, check_stability,
-                                         stability_report)
+`import stragglers.coding` needs numpy only; the training names (`train_coded`,
+`PartitionedData`, `load_digits_parts`) load their modules
+on first use, so the codes work without torch.
 
-__all__ = [
-    "CyclicMDSCode", "CyclicRepetitionCode", "Decoding", "ExpanderCode",
-    "FractionalRepetitionCode", "GradientCode", "IdentityCode", "SCHEMES", "StabilityReport",
-    "UnstableCodeError", "check_stability", "condition_number", "ignore_stragglers", "make_code",
-    "random_regular_graph", "second_eigenvalue", "stability_report", "wait_for_all",
-]
+Public names (`__all__`):
+
+* building codes: `make_code(scheme, n, s, ...)`, `SCHEMES`, the classes `CyclicMDSCode`,
+  `CyclicRepetitionCode`, `ExpanderCode`, `FractionalRepetitionCode`, `IdentityCode`,
+  `wait_for_all`, `ignore_stragglers`; graph helpers `random_regular_graph`, `second_eigenvalue`
+* the interface: `GradientCode`, `Decoding`, `condition_number`
+* the guard: `check_stability`, `stability_report`, `decode_error_bound`, `StabilityReport`,
+  `UnstableCodeError`
+* training (torch): `train_coded`, `TrainResult`, `PartitionedData`, `load_digits_parts`;
+  delays: `DelaySampler`
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "CyclicMDSCode": "stragglers.coding.mds",
+    "CyclicRepetitionCode": "stragglers.coding.repetition",
+    "FractionalRepetitionCode": "stragglers.coding.repetition",
+    "IdentityCode": "stragglers.coding.repetition",
+    "ignore_stragglers": "stragglers.coding.repetition",
+    "wait_for_all": "stragglers.coding.repetition",
+    "ExpanderCode": "stragglers.coding.expander",
+    "random_regular_graph": "stragglers.coding.expander",
+    "second_eigenvalue": "stragglers.coding.expander",
+    "Decoding": "stragglers.coding.protocol",
+    "GradientCode": "stragglers.coding.protocol",
+    "condition_number": "stragglers.coding.protocol",
+    "SCHEMES": "stragglers.coding.schemes",
+    "make_code": "stragglers.coding.schemes",
+    "StabilityReport": "stragglers.coding.stability",
+    "UnstableCodeError": "stragglers.coding.stability",
+    "check_stability": "stragglers.coding.stability",
+    "decode_error_bound": "stragglers.coding.stability",
+    "stability_report": "stragglers.coding.stability",
+    "DelaySampler": "stragglers.coding.delays",
+    "PartitionedData": "stragglers.coding.data",
+    "load_digits_parts": "stragglers.coding.data",
+    "TrainResult": "stragglers.coding.training",
+    "train_coded": "stragglers.coding.training",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'stragglers.coding' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -13,13 +13,13 @@ from stragglers.errors import InputError
 
 
 def _build(scheme: str, n: int, s: int, d: int | None, seed: int, dtype: str, tolerance: float,
-           console: Console):
+           console: Console, decoder: str | None = None):
     from stragglers.coding import make_code
 
     with warnings.catch_warnings(record=True) as notes:
         warnings.simplefilter("always")
-        code = make_code(scheme, n, s, d=d, seed=seed, dtype=dtype, tolerance=tolerance,
-                         on_unstable="warn")
+        code = make_code(scheme, n, s, d=d, seed=seed, decoder=decoder, dtype=dtype,
+                         tolerance=tolerance, on_unstable="warn")
     for note in notes:
         console.print(f"[yellow]note:[/] {note.message}", highlight=False, soft_wrap=True)
     return code
@@ -30,16 +30,17 @@ def code_info(
                                            "cyclic-repetition, cyclic-mds[-real|-complex], expander"),
     n: int = typer.Option(..., "--n", help="number of workers"),
     s: int = typer.Option(..., "--s", help="stragglers to tolerate"),
-    d: int = typer.Option(None, "--d", help="expander degree (default s+1)"),
+    d: int = typer.Option(None, "--d", help="expander degree (expander only; default s+1)"),
+    decoder: str = typer.Option(None, help="expander: fixed|optimal; cyclic-mds: lstsq|closed-form"),
     seed: int = typer.Option(0, help="seed of random constructions"),
     dtype: str = typer.Option("float32", help="dtype of worker messages (for the guard)"),
-    tolerance: float = typer.Option(1e-3, help="largest acceptable relative gradient error"),
+    tolerance: float = typer.Option(1e-3, help="largest acceptable decode error, in units of ‖G‖_F"),
 ) -> None:
-    """Show a code: parts per worker, encoding matrix, worst-case conditioning, guard verdict."""
+    """Show a code: parts per worker, encoding matrix, the guard's certified worst-case error."""
     from stragglers.coding import stability_report
 
     console = Console()
-    code = _build(scheme, n, s, d, seed, dtype, tolerance, console)
+    code = _build(scheme, n, s, d, seed, dtype, tolerance, console, decoder)
     info = code.describe()
     console.print(", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                             for k, v in info.items()), highlight=False)
@@ -58,20 +59,24 @@ def code_decode(
     n: int = typer.Option(..., "--n", help="number of workers"),
     s: int = typer.Option(..., "--s", help="stragglers to tolerate"),
     survivors: str = typer.Option(..., help="comma-separated worker ids that arrived, e.g. 0,1,2"),
-    d: int = typer.Option(None, "--d", help="expander degree (default s+1)"),
+    d: int = typer.Option(None, "--d", help="expander degree (expander only; default s+1)"),
+    decoder: str = typer.Option(None, help="expander: fixed|optimal; cyclic-mds: lstsq|closed-form"),
     seed: int = typer.Option(0, help="seed of random constructions"),
 ) -> None:
-    """Print the decoding vector for a survivor set, its residual and condition number."""
+    """Print the decoding vector for a survivor set, its residual and error bound."""
+    from stragglers.coding import decode_error_bound
+
     console = Console()
     try:
         K = [int(x) for x in survivors.split(",") if x.strip()]
     except ValueError:
         raise InputError("--survivors", None, f"expected comma-separated integers, got "
                                               f"{survivors!r}") from None
-    code = _build(scheme, n, s, d, seed, "float32", float("inf"), console)
+    code = _build(scheme, n, s, d, seed, "float32", float("inf"), console, decoder)
     dec = code.decode(K)
     console.print(f"method={dec.method} residual={dec.residual:.3g} "
-                  f"condition={dec.condition_number:.4g}", highlight=False)
+                  f"condition={dec.condition_number:.4g} float32 decode error <= "
+                  f"{decode_error_bound(dec, 'float32'):.3g}·‖G‖_F", highlight=False)
     console.print("a = [" + ", ".join(_fmt(x) for x in dec.coefficients) + "]", highlight=False)
 
 
@@ -82,6 +87,13 @@ def _fmt(x) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    """Add this capability's commands to the `stragglers` app."""
-    app.command("code-info")(code_info)
-    app.command("code-decode")(code_decode)
+    """Add the `stragglers coding` group (and the old names as hidden deprecated aliases)."""
+    group = typer.Typer(name="coding", help="Gradient codes: inspect a code, decode a survivor set.",
+                        no_args_is_help=True)
+    group.command("info")(code_info)
+    group.command("decode")(code_decode)
+    app.add_typer(group, name="coding")
+    app.command("code-info", hidden=True, deprecated=True,
+                help="Deprecated: use `stragglers coding info`.")(code_info)
+    app.command("code-decode", hidden=True, deprecated=True,
+                help="Deprecated: use `stragglers coding decode`.")(code_decode)

@@ -66,6 +66,10 @@ class ExpanderCode(GradientCode):
 
     name = "expander"
     exact = False
+    # the optimal decoder falls back to the fixed one when its coefficients would amplify the
+    # message rounding more than this many times the fixed decoder does (so the guard can
+    # bound every survivor set without enumerating them)
+    OPTIMAL_CAP = 4.0
 
     def __init__(self, n: int, s: int, d: int, seed: int = 0, decoder: str = "optimal"):
         check_n_s(self.name, n, s)
@@ -73,6 +77,7 @@ class ExpanderCode(GradientCode):
             raise InputError(self.name, "decoder", f"expected 'fixed' or 'optimal', got {decoder!r}")
         self.d = d
         self.decoder = decoder
+        self.uniform_decoding = decoder == "fixed"  # same |u| and row norms for every set
         self.adjacency = random_regular_graph(n, d, seed)
         self.lam = second_eigenvalue(self.adjacency)
         super().__init__(n, s, self.adjacency / d)
@@ -97,17 +102,27 @@ class ExpanderCode(GradientCode):
         return Decoding(self, K, u, "fixed")
 
     def decode_optimal(self, survivors) -> Decoding:
-        """The optimal decoder argmin ‖uᵀB − 1ᵀ‖₂ with supp(u) ⊆ K (float64 least squares)."""
-        return least_squares_decoding(self, self._check_survivors(survivors), "optimal")
+        """The optimal decoder argmin ‖uᵀB − 1ᵀ‖₂ with supp(u) ⊆ K (float64 least squares).
+
+        Falls back to the fixed decoder (method "fixed (fallback)") when least squares is not
+        better than it or would amplify rounding more than OPTIMAL_CAP times the fixed one:
+        the result is never worse than the fixed decoder's bound, and numerically bounded.
+        """
+        K = self._check_survivors(survivors)
+        best = least_squares_decoding(self, K, "optimal")
+        fixed = self.decode_fixed(K)
+        if best.residual > fixed.residual or \
+                best.amplification > self.OPTIMAL_CAP * fixed.amplification:
+            return Decoding(self, K, fixed.coefficients, "fixed (fallback)")
+        return best
+
+    def amplification_bound(self) -> float:
+        """Σ_k |u_k|·‖b_k‖₂ <= n/√d (fixed), OPTIMAL_CAP times that (optimal), every set."""
+        fixed = self.n / np.sqrt(self.d)
+        return fixed if self.decoder == "fixed" else self.OPTIMAL_CAP * fixed
 
     def _decode(self, K: list[int]) -> Decoding:
         return self.decode_fixed(K) if self.decoder == "fixed" else self.decode_optimal(K)
-
-    def worst_case_condition(self) -> float:
-        """The fixed decoder solves nothing; the optimal one's condition is estimated by sampling."""
-        if self.decoder == "fixed":
-            return 1.0
-        return super().worst_case_condition()
 
     def describe(self) -> dict:
         """Summary plus d, λ, the decoder and its worst-case error bound."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from functools import cached_property
 from typing import Sequence
 
@@ -27,14 +28,26 @@ class Decoding:
         return float(np.linalg.norm(combo - 1.0))
 
     @cached_property
+    def amplification(self) -> float:
+        """Σ_k |a_k|·‖b_k‖₂: how much the rounding of the messages is amplified (see stability)."""
+        K = list(self.survivors)
+        rows = np.linalg.norm(self.code.B[K], axis=1)
+        return float(np.abs(self.coefficients[K]) @ rows)
+
+    @cached_property
     def condition_number(self) -> float:
         """σ_max/σ_min of the survivors' rows B_K (nonzero singular values): error amplification."""
         return condition_number(self.code.B[list(self.survivors)])
 
     def combine(self, messages: np.ndarray) -> np.ndarray:
         """Σ_k a_k f_k in float64 (complex codes: the real part) for messages stacked by survivor."""
+        messages = np.asarray(messages)
+        if messages.ndim == 0 or messages.shape[0] != len(self.survivors):
+            got = messages.shape[0] if messages.ndim else "a scalar"
+            raise InputError(self.code.name, "messages", f"expected one message per survivor "
+                                                         f"({len(self.survivors)} rows), got {got}")
         a = self.coefficients[list(self.survivors)]
-        out = a @ np.asarray(messages, dtype=np.result_type(a.dtype, np.float64))
+        out = a @ messages.astype(np.result_type(a.dtype, np.float64), copy=False)
         return np.real(out) if np.iscomplexobj(out) else out
 
     def __repr__(self) -> str:
@@ -51,16 +64,34 @@ def condition_number(rows: np.ndarray) -> float:
     return float(nonzero[0] / nonzero[-1])
 
 
+def worker_id(code_name: str, field: str, value: object) -> int:
+    """`value` as a worker id: an integer (or an integral float); anything else is an InputError."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, numbers.Real)):
+        raise InputError(code_name, field, f"expected integer worker ids, got {value!r}")
+    if not isinstance(value, numbers.Integral):
+        if not float(value).is_integer():
+            raise InputError(code_name, field, f"expected integer worker ids, got {value!r}")
+    return int(value)
+
+
 class GradientCode:
     """Base class: n workers, n data parts, encoding matrix B; tolerates s stragglers."""
 
     name = "code"
     exact = True  # exact codes recover Σ g_j from any n−s survivors
+    # True when every survivor set decodes with the same |a| pattern (FRC, B = I, fixed
+    # expander decoder): the guard then needs one set, not all of them
+    uniform_decoding = False
+    # True when B is circulant (row i+1 is row i shifted): rotations of a survivor set decode
+    # alike, so the guard enumerates survivor sets up to rotation
+    circulant = False
+    decoder = "lstsq"
 
     def __init__(self, n: int, s: int, B: np.ndarray):
         self.n = n
         self.s = s
         self.B = B
+        self._stability: dict = {}  # (dtype, tolerance) -> StabilityReport, filled by the guard
 
     @property
     def needed(self) -> int:
@@ -74,12 +105,18 @@ class GradientCode:
 
     def parts(self, worker: int) -> tuple[int, ...]:
         """The data parts worker `worker` holds: supp(b_worker)."""
-        self._check_worker(worker)
-        return tuple(int(j) for j in np.flatnonzero(self.B[worker] != 0))
+        w = self._check_worker(worker)
+        return tuple(int(j) for j in np.flatnonzero(self.B[w] != 0))
 
     def weights(self, worker: int) -> np.ndarray:
         """Worker `worker`'s encoding weights on its parts (same order as parts())."""
-        return self.B[worker, list(self.parts(worker))]
+        w = self._check_worker(worker)
+        return self.B[w, list(self.parts(w))]
+
+    @property
+    def parts_per_worker(self) -> int:
+        """The largest number of parts one worker holds (d)."""
+        return int((self.B != 0).sum(axis=1).max())
 
     def decode(self, survivors: Sequence[int]) -> Decoding:
         """A decoding vector supported on `survivors` (at least n−s distinct workers)."""
@@ -90,28 +127,37 @@ class GradientCode:
         return least_squares_decoding(self, K)
 
     def worst_case_condition(self) -> float:
-        """The worst condition number of a decode over survivor sets of size n−s (estimated)."""
-        rng = np.random.default_rng(0)
-        sets = [list(range(self.needed))]
-        sets += [sorted(rng.choice(self.n, self.needed, replace=False)) for _ in range(24)]
-        return max(self.decode(K).condition_number for K in sets)
+        """The condition number of B_K for the contiguous survivor set 0..n−s−1 (informative:
+        the guard bounds the decode error itself, over every survivor set)."""
+        return self.decode(range(self.needed)).condition_number
+
+    def amplification_bound(self) -> float | None:
+        """An upper bound on Σ_k |a_k|·‖b_k‖₂ over every survivor set, or None if unknown."""
+        return None
+
+    def residual_bound(self) -> float | None:
+        """An upper bound on the decoder's residual ‖aᵀB − 1ᵀ‖₂ over every set, or None."""
+        return None
 
     def describe(self) -> dict:
-        """A plain summary (name, n, s, parts per worker, exactness)."""
+        """A plain summary (name, n, s, parts per worker, exactness, decoder)."""
         return {"name": self.name, "n": self.n, "s": self.s, "exact": self.exact,
-                "parts_per_worker": max(len(self.parts(i)) for i in range(self.n)),
-                "complex": self.is_complex}
+                "parts_per_worker": self.parts_per_worker, "complex": self.is_complex,
+                "decoder": self.decoder}
 
-    def _check_worker(self, worker: int) -> None:
-        if not 0 <= int(worker) < self.n:
-            raise InputError(self.name, "worker", f"expected 0 <= worker < {self.n}, got {worker}")
+    def _check_worker(self, worker: object, field: str = "worker") -> int:
+        w = worker_id(self.name, field, worker)
+        if not 0 <= w < self.n:
+            raise InputError(self.name, field, f"expected 0 <= worker < {self.n}, got {worker!r}")
+        return w
 
     def _check_survivors(self, survivors: Sequence[int]) -> list[int]:
-        K = [int(k) for k in survivors]
+        if isinstance(survivors, (str, bytes)) or not hasattr(survivors, "__iter__"):
+            raise InputError(self.name, "survivors", f"expected a sequence of worker ids, "
+                                                     f"got {survivors!r}")
+        K = [self._check_worker(k, "survivors") for k in survivors]
         if len(set(K)) != len(K):
             raise InputError(self.name, "survivors", f"expected distinct workers, got {K}")
-        for k in K:
-            self._check_worker(k)
         if len(K) < self.needed:
             raise InputError(self.name, "survivors",
                              f"expected at least n-s = {self.needed} survivors, got {len(K)}")
@@ -122,7 +168,8 @@ class GradientCode:
 
 
 def least_squares_decoding(code: GradientCode, K: list[int], method: str = "lstsq") -> Decoding:
-    """General fallback: min-norm a on K with B_Kᵀ a = 1, solved in float64 (O(n·|K|²))."""
+    """General decoder: min-norm a on K with B_Kᵀ a = 1, solved in float64 (SVD least squares,
+    backward stable: its residual is at rounding level whatever the conditioning)."""
     BK = code.B[K]
     ones = np.ones(code.n, dtype=BK.dtype)
     aK, *_ = np.linalg.lstsq(BK.T, ones, rcond=None)
@@ -133,7 +180,7 @@ def least_squares_decoding(code: GradientCode, K: list[int], method: str = "lsts
 
 def check_n_s(source: str, n: int, s: int) -> None:
     """Validate the basic parameters: n >= 1 workers, 0 <= s < n stragglers."""
-    if not isinstance(n, (int, np.integer)) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise InputError(source, "n", f"expected a positive number of workers, got {n!r}")
-    if not isinstance(s, (int, np.integer)) or not 0 <= s < n:
+    if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 0 <= s < n:
         raise InputError(source, "s", f"expected 0 <= s < n = {n} stragglers, got {s!r}")

@@ -12,6 +12,8 @@ class FractionalRepetitionCode(GradientCode):
     """FRC: n/(s+1) groups of s+1 workers, each group holds the same s+1 parts and sends their sum."""
 
     name = "frc"
+    uniform_decoding = True  # one 0/1 coefficient per group, whatever the survivors
+    decoder = "group-sum"
 
     def __init__(self, n: int, s: int):
         check_n_s(self.name, n, s)
@@ -65,6 +67,9 @@ class CyclicRepetitionCode(GradientCode):
 
 class IdentityCode(GradientCode):
     """B = I: wait-for-all (s = 0) or ignore-stragglers (sum n−s arrivals, scale n/(n−s))."""
+
+    uniform_decoding = True
+    decoder = "scaled-sum"
 
     def __init__(self, n: int, s: int):
         check_n_s("identity", n, s)

@@ -4,7 +4,8 @@ Protocol (one process group, world size n + 1; see README.md):
   master → worker w: header int64 [step, command] (tag 1), then the flat parameters (tag 2);
                      sent only to an idle worker, so a straggler always restarts on fresh state.
   worker w → master: [step, f_w (coded gradient), coded loss] (tag GRAD_TAG + step), with
-                     f_w = Σ_j B_wj g_j over its parts j (complex codes: real/imag interleaved).
+                     f_w = Σ_j B_wj g_j over its parts j (complex codes: real/imag interleaved),
+                     in `message_dtype` (float32 by default), on the model's device.
 The master waits for the first n − s messages of the current step, decodes in float64 and steps
 the optimizer. A message of an older step is late: it is dropped (its step id never matches the
 current step, and its irecv has its own tag and buffer), and the worker gets the current step.
@@ -25,11 +26,19 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stragglers.coding.data import PartitionedData
 from stragglers.coding.protocol import GradientCode
+from stragglers.coding.stability import DEFAULT_TOLERANCE, check_stability, decode_error_bound
 from stragglers.errors import InputError, StragglersError
 
 MASTER = 0
 HEADER_TAG, PARAMS_TAG, GRAD_TAG = 1, 2, 1000
 WORK, STOP = 0, 1
+MESSAGE_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for queued GPU work before reading a host clock (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 @dataclass
@@ -47,6 +56,7 @@ class StepRecord:
     error: float | None = None  # ‖ĝ − g‖₂ (check_error=True)
     error_bound: float | None = None  # ‖aᵀB − 1ᵀ‖₂·‖G‖_F, the per-step bound on error
     grad_norm: float | None = None  # ‖G‖_F of the n part gradients
+    numerical_bound: float | None = None  # ρ(K) of this decode: rounding error <= ρ·‖G‖_F
 
 
 @dataclass
@@ -97,11 +107,15 @@ def train_coded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_f
                 evaluate: Callable[[torch.nn.Module], float] | None = None, eval_every: int = 10,
                 target_loss: float | None = None, keep_params: bool = False,
                 check_error: bool = False, record_condition: bool = False,
-                timeout: float = 300.0) -> TrainResult | None:
+                timeout: float = 300.0, message_dtype: torch.dtype = torch.float32,
+                tolerance: float = DEFAULT_TOLERANCE, on_unstable: str = "raise"
+                ) -> TrainResult | None:
     """Train `model` with gradient code `code`; every rank calls this. Rank 0 returns the history.
 
     World size must be n + 1. The update gradient is (1/n)·Σ_j ∇L_j, the mean of the n parts'
     mini-batch losses (exactly for exact codes, within ‖aᵀB − 1ᵀ‖·‖G‖_F/n for approximate ones).
+    The stability guard is re-run here for the messages actually sent (`message_dtype`), on
+    every rank, so an unstable code is refused everywhere before any message is sent.
     """
     if not dist.is_initialized():
         raise StragglersError("train_coded needs torch.distributed initialised (use torchrun)")
@@ -113,21 +127,27 @@ def train_coded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_f
         raise InputError("train_coded", "data", f"expected {code.n} parts, got {data.n}")
     if not 0 <= steps < 2 ** 24:  # the step id travels as a float32 in each message
         raise InputError("train_coded", "steps", f"expected 0 <= steps < 2**24, got {steps}")
+    if message_dtype not in MESSAGE_DTYPES:
+        raise InputError("train_coded", "message_dtype", f"expected torch.float32 or "
+                                                         f"torch.float64, got {message_dtype}")
+    check_stability(code, MESSAGE_DTYPES[message_dtype], tolerance, on_unstable)
     dist.barrier()
     if dist.get_rank() == MASTER:
-        return _Aggregator(model, optimizer, loss_fn, data, code, delays, timeout).run(
+        return _Aggregator(model, optimizer, loss_fn, data, code, delays, timeout,
+                           message_dtype).run(
             steps, evaluate, eval_every, target_loss, keep_params, check_error, record_condition)
-    _work(model, loss_fn, data, code, dist.get_rank() - 1, delays)
+    _work(model, loss_fn, data, code, dist.get_rank() - 1, delays, message_dtype)
     return None
 
 
-def _work(model, loss_fn, data, code, worker, delays) -> None:
+def _work(model, loss_fn, data, code, worker, delays, real) -> None:
     """Worker loop: receive (step, params), compute the coded gradient, sleep the delay, send."""
     device = next(model.parameters()).device
     header = torch.zeros(2, dtype=torch.int64, device=device)
     params = parameters_to_vector(model.parameters()).detach().clone()
     parts, weights = code.parts(worker), code.weights(worker)
-    cdtype = torch.complex64 if code.is_complex else torch.float32
+    cdtype = {torch.float32: torch.complex64, torch.float64: torch.complex128}[real] \
+        if code.is_complex else real
     w = torch.as_tensor(weights, dtype=cdtype, device=device)
     while True:
         dist.recv(header, src=MASTER, tag=HEADER_TAG)
@@ -147,14 +167,15 @@ def _work(model, loss_fn, data, code, worker, delays) -> None:
         delay = delays(step, worker) if delays else 0.0
         if delay > 0:
             time.sleep(delay)
-        msg = torch.cat([torch.tensor([float(step)], device=device), coded.float()])
+        msg = torch.cat([torch.tensor([float(step)], dtype=real, device=device), coded.to(real)])
         dist.send(msg, dst=MASTER, tag=GRAD_TAG + step)
 
 
 class _Aggregator:
     """The master: hands out steps, collects the first n − s arrivals, decodes, updates."""
 
-    def __init__(self, model, optimizer, loss_fn, data, code, delays, timeout):
+    def __init__(self, model, optimizer, loss_fn, data, code, delays, timeout, message_dtype):
+        self.message_dtype = message_dtype
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.data, self.code, self.timeout = data, code, timeout
         self.device = next(model.parameters()).device
@@ -176,7 +197,7 @@ class _Aggregator:
         if command == STOP:
             return
         self.sends[worker].append(dist.isend(params, dst=rank, tag=PARAMS_TAG))
-        buf = torch.empty(self.msg_len, device=self.device)
+        buf = torch.empty(self.msg_len, dtype=self.message_dtype, device=self.device)
         recv = dist.irecv(buf, src=rank, tag=GRAD_TAG + step)
         self.busy[worker] = step
         self.pool.submit(self._await, recv, worker, step, buf)
@@ -230,6 +251,7 @@ class _Aggregator:
                         self._assign(worker, step, params)
                 idle = [w for w, _ in got]
                 rec = self._update(step, got, late, check_error, record_condition)
+                _sync(self.device)
                 rec.seconds = time.perf_counter() - start - eval_time
                 result.late_total += late
                 if keep_params:
@@ -262,9 +284,11 @@ class _Aggregator:
         combined = a.to(M.dtype) @ M
         if combined.is_complex():
             combined = combined.real
+        _sync(self.device)
         decode_s = time.perf_counter() - t0
         grad, loss = combined[:P] / n, float(combined[P]) / n
         rec = StepRecord(step, 0.0, survivors, late, decode_s, loss)
+        rec.numerical_bound = decode_error_bound(decoding, MESSAGE_DTYPES[self.message_dtype])
         if record_condition:
             rec.condition = decoding.condition_number
         if check_error:
