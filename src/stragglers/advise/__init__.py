@@ -1,0 +1,33 @@
+"""Advise and act: what each remedy would buy on this job, and the loop that applies the best one.
+
+`advise(trace_or_result)` replays the job with each remedy's modified durations (the what-if
+engine, no torch) and returns a ranked `Plan`. `stragglers.advise.act` holds the opt-in
+controller policy that applies the best runtime-switchable remedy in a running job, checks the
+next windows against the prediction and rolls back a remedy that did not pay; its torch side
+(the switchable DDP hook) is imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "advise": "stragglers.advise.advisor",
+    "Plan": "stragglers.advise.plan",
+    "RemedyAdvice": "stragglers.advise.plan",
+    "JobKnobs": "stragglers.advise.context",
+    "load_calibration": "stragglers.advise.context",
+    "AdvisePolicy": "stragglers.advise.act",
+    "ActDecision": "stragglers.advise.act",
+    "StepTiming": "stragglers.advise.window",
+    "window_trace": "stragglers.advise.window",
+    "SwitchableCommHook": "stragglers.advise.hooks",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'stragglers.advise' has no attribute {name!r}")

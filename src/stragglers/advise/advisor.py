@@ -1,0 +1,70 @@
+"""`advise()`: every registered remedy's prediction on one job, ranked."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from stragglers.advise.context import AdviceContext, JobKnobs
+from stragglers.advise.plan import Plan
+from stragglers.errors import InputError
+from stragglers.trace.model import Trace
+
+log = logging.getLogger(__name__)
+
+
+def _remedies():
+    """The remedy registry, with every remedy module imported (they register on import)."""
+    from stragglers.advise.remedies import adapt, mitigate, tolerate  # noqa: F401
+    from stragglers.protocols import REMEDIES
+
+    return REMEDIES
+
+
+def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = None,
+           remedies: list[str] | None = None, **knobs: Any) -> Plan:
+    """A ranked plan of remedies for one job: predicted step time and speedup of each, by replay.
+
+    `result_or_trace`: a Trace, a run directory / trace path, or an AnalysisResult (then pass the
+    `trace` it came from; `whatif` too, to skip re-building the model). `knobs` are the fields of
+    JobKnobs (link, global_batch, batch_sizes, remaining_steps, restart_cost_s, devices, max_s,
+    threshold). `remedies` limits the plan to these registered names.
+    """
+    from stragglers.whatif.analyze import analyze_with_model
+
+    unknown = set(knobs) - set(JobKnobs.__dataclass_fields__)
+    if unknown:
+        raise InputError("advise", sorted(unknown)[0], "unknown option; expected one of "
+                         + ", ".join(JobKnobs.__dataclass_fields__))
+    source = result_or_trace
+    if isinstance(source, (str, Path)):
+        from stragglers.trace.load import load_trace
+
+        source = load_trace(source)
+    if isinstance(source, Trace):
+        trace = source
+        result, whatif = analyze_with_model(trace)
+    else:
+        result = source
+        if trace is None:
+            raise InputError("advise", "trace", "an analysis result alone cannot be replayed; "
+                             "pass the trace it came from (trace=...) or the trace itself")
+        if whatif is None:
+            result, whatif = analyze_with_model(trace)
+    ctx = AdviceContext(trace, result, whatif, JobKnobs(**knobs))
+    registry = _remedies()
+    names = remedies or registry.names()
+    advice = []
+    for name in names:
+        cls = registry.get(name, "remedies")
+        for remedy in cls.variants(ctx):
+            advice.append(remedy.predict(ctx))
+            log.info("%s: %s", advice[-1].name, advice[-1].predicted_speedup)
+    notes = []
+    if result.sim_error is not None and result.sim_error > 0.05:
+        notes.append(f"the replay misses the measured step time by {100 * result.sim_error:.1f}% "
+                     "(> 5%): predictions are less certain")
+    if not result.straggling:
+        notes.append(f"S = {result.slowdown:.3f}: the job is not straggling")
+    return Plan(result.job["name"], float(result.t_base), ctx.baseline_step_s, advice, notes)

@@ -1,0 +1,87 @@
+"""The typed advice: one `RemedyAdvice` per remedy, ranked in a `Plan` (what `advise` returns)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# A remedy must buy at least this much to be worth switching on (the diagnosis's MIN_GAIN).
+MIN_GAIN = 1.02
+
+
+@dataclass
+class RemedyAdvice:
+    """What one remedy would buy on this job, how we know, what it costs, how to switch it on."""
+
+    name: str
+    applies: bool
+    why_not: str | None = None           # set when applies is False
+    predicted_step_s: float | None = None
+    predicted_speedup: float | None = None
+    method: str = ""                     # how the prediction was made
+    cost: str = ""                       # what switching it on costs
+    switch_on: str = ""                  # the exact flag, hook or call
+    runtime_switchable: bool = False     # can `stragglers.advise.act` apply it in a running job
+    exact: bool = False                  # changes no parameters (same update as the plain run)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values (NaN/inf become None)."""
+        return _plain(asdict(self))
+
+
+@dataclass
+class Plan:
+    """Remedies ranked best first: applicable ones by predicted speedup, then those that don't apply."""
+
+    job: str
+    measured_step_s: float               # mean measured step time (T_base)
+    baseline_step_s: float               # the replay with measured durations and launch delays
+    remedies: list[RemedyAdvice]
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.remedies = rank(self.remedies)
+
+    def best(self, runtime_only: bool = False, exclude: tuple[str, ...] = ()) -> RemedyAdvice | None:
+        """The first-ranked applicable remedy (optionally only runtime-switchable ones)."""
+        for r in self.remedies:
+            if r.applies and r.name not in exclude and (r.runtime_switchable or not runtime_only):
+                return r
+        return None
+
+    def get(self, name: str) -> RemedyAdvice | None:
+        """The advice for the remedy called `name`, or None."""
+        return next((r for r in self.remedies if r.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain JSON-ready values."""
+        return {"job": self.job, "measured_step_s": _plain(self.measured_step_s),
+                "baseline_step_s": _plain(self.baseline_step_s),
+                "remedies": [r.to_dict() for r in self.remedies], "notes": list(self.notes)}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Strict JSON (no NaN tokens)."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+
+def rank(remedies: list[RemedyAdvice]) -> list[RemedyAdvice]:
+    """Applicable remedies by falling predicted speedup, then the rest (same order), stable."""
+    def key(r: RemedyAdvice):
+        speed = r.predicted_speedup if r.predicted_speedup is not None else 0.0
+        return (0 if r.applies else 1, -speed if r.applies else 0.0)
+    return sorted(remedies, key=key)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,99 @@
+"""Remedies the diagnosis already prices (planned GC, sequence balancing, stage split), on the same footing.
+
+The diagnosis predicts T_nodelay / T_fixed for its cause; the seconds per step that saves are
+taken off the replay with launch delays, the baseline every other remedy is measured against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stragglers.advise.context import AdviceContext
+from stragglers.advise.plan import RemedyAdvice
+from stragglers.advise.remedies.base import RemedyBase
+from stragglers.protocols import REMEDIES
+from stragglers.whatif.grid import GC
+
+
+class DiagnosedFix(RemedyBase):
+    """A fix priced by the diagnosis's prediction for one cause."""
+
+    cause = ""
+    absent = ""
+    cost = ""
+
+    def switch_on(self, ctx: AdviceContext) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def predict(self, ctx: AdviceContext) -> RemedyAdvice:
+        """The diagnosis's speedup_if_fixed for the cause, as seconds saved off the baseline."""
+        f = ctx.finding(self.cause)
+        if f is None or f["speedup_if_fixed"] is None:
+            return self.refuse(self.absent)
+        saved = ctx.saved_by_finding(float(f["speedup_if_fixed"]))
+        details = {"where": f["where"], "diagnosis_speedup": f["speedup_if_fixed"]}
+        extra = getattr(f, "extra", None) or {}
+        details.update({k: v for k, v in extra.items() if "interval" in k or "bound" in k})
+        method = (f"the diagnosis's prediction for {self.cause} (replay with that cause's share "
+                  f"removed: {f['evidence']}), its seconds saved per step taken off the replay "
+                  "with launch delays")
+        if extra.get("upper_bound"):
+            method += "; an upper bound"
+        return self.priced(ctx, ctx.baseline_step_s - saved, method, self.cost,
+                           self.switch_on(ctx), details)
+
+
+@REMEDIES.register("planned-gc")
+class PlannedGCRemedy(DiagnosedFix):
+    """Automatic GC off, gc.collect() on every rank at the same step every N steps."""
+
+    name = "planned-gc"
+    cause = "gc"
+    runtime_switchable = True
+    exact = True
+    absent = "the diagnosis found no uncoordinated GC pauses worth 2% (no gc ops, or too short)"
+    cost = "one full collection every N steps, on every rank at once"
+
+    def every(self, ctx: AdviceContext) -> int:
+        """N: about one planned collection per automatic pause a worker now takes."""
+        g = ctx.w.grid
+        nodes = g.node_optype == GC
+        if not nodes.any():
+            return 5
+        pauses = float((g.duration[nodes] > 0).sum()) / (g.shape[1] * g.pp_size * g.shape[2])
+        return int(np.clip(round(1.0 / max(pauses, 1e-3)), 1, 1000))
+
+    def switch_on(self, ctx: AdviceContext) -> str:
+        n = self.every(ctx)
+        return (f"stragglers.mitigate.PlannedGC(every={n}).start(), then planned_gc.step(step) "
+                f"every step (examples/train_gpt.py --planned-gc {n}); in a running job: "
+                "stragglers.advise.act")
+
+
+@REMEDIES.register("sequence-balancing")
+class SequenceBalancing(DiagnosedFix):
+    """Redistribute packed sequences across DP ranks and microbatches to balance Σs²."""
+
+    name = "sequence-balancing"
+    cause = "sequence_imbalance"
+    absent = "the diagnosis found no sequence-length imbalance"
+    cost = "a greedy re-packing of each global batch (host CPU, every rank the same plan)"
+
+    def switch_on(self, ctx: AdviceContext) -> str:
+        return ("stragglers.mitigate.balance_sequences(seq_lens, dp_size, num_microbatches) on "
+                "every rank each step (examples/train_gpt.py --balance-sequences)")
+
+
+@REMEDIES.register("stage-split")
+class StageSplitRemedy(DiagnosedFix):
+    """Move layers between pipeline stages so each stage carries the same work."""
+
+    name = "stage-split"
+    cause = "stage_imbalance"
+    exact = True
+    absent = "the diagnosis found no stage imbalance"
+    cost = "a restart with the new layer split (checkpoint re-sharded by layer)"
+
+    def switch_on(self, ctx: AdviceContext) -> str:
+        return ("stragglers.mitigate.suggest_stage_split(layer_costs, num_stages).layers_per_stage "
+                "as the new split (examples/train_gpt.py --balance-stages or --stage-split A,B)")

@@ -1,0 +1,149 @@
+"""advise() on synthetic jobs with one known cause ranks the remedy that fixes it first."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from stragglers.advise import advise, load_calibration
+from stragglers.errors import InputError
+from stragglers.trace.synth import generate
+from stragglers.whatif.analyze import analyze
+
+# A big all-reduce (the synth default is 6 ms), so that hiding part of it matters.
+BIG_ALLREDUCE = {"kind": "collective", "optype": "grads-all-reduce", "stage": None, "factor": 20}
+
+
+def names(plan):
+    return [r.name for r in plan.remedies]
+
+
+def test_deterministic_slow_worker_gets_dd_and_nd_is_refused():
+    trace = generate(dp=4, pp=1, microbatches=2, steps=12, sync="ddp", seed=0,
+                     slow_worker=(3, 0, 2.0))
+    plan = advise(trace, remaining_steps=100_000,
+                  devices={0: "h100", 1: "h100", 2: "h100", 3: "a100"})
+    assert plan.remedies[0].name == "antdt-dd"
+    dd = plan.remedies[0]
+    # speeds 1, 1, 1, 1/2: the slow rank gets half the others' batch
+    assert dd.details["new_batch_sizes"][3] * 2 == pytest.approx(dd.details["new_batch_sizes"][0], abs=2)
+    # compute 120 ms at speed 1 → T* = 4/3.5 × 120 ms; the rest of the step (~37 ms) unchanged
+    assert 1.45 < dd.predicted_speedup < 1.75
+    nd = plan.get("antdt-nd")
+    assert not nd.applies and "deterministic" in nd.why_not
+    assert not plan.get("stragglar").applies
+
+
+def test_persistent_slow_worker_with_many_steps_left_is_restarted():
+    trace = generate(dp=4, pp=1, microbatches=2, steps=12, sync="ddp", seed=1,
+                     slow_worker=(2, 0, 2.0))
+    plan = advise(trace, remaining_steps=100_000, restart_cost_s=10.0)
+    assert names(plan)[:2] == ["antdt-nd", "antdt-dd"]
+    nd = plan.remedies[0]
+    assert nd.details["worker"] == [2, 0] and nd.details["gain_s"] > 10.0
+    # few steps left: the same restart does not pay
+    short = advise(trace, remaining_steps=20, restart_cost_s=10.0)
+    assert not short.get("antdt-nd").applies and "gains only" in short.get("antdt-nd").why_not
+    assert short.remedies[0].name == "antdt-dd"
+    unknown = advise(trace)
+    assert not unknown.get("antdt-nd").applies and "remaining steps" in unknown.get("antdt-nd").why_not
+
+
+def test_late_host_with_a_big_allreduce_gets_stragglar():
+    # rank 7's data loader is 150 ms late every step; its compute is normal, so re-splitting
+    # batches by compute speed buys nothing, and restarting finds no slow compute
+    trace = generate(dp=8, pp=1, microbatches=2, steps=10, sync="ddp", seed=0,
+                     slow_link=BIG_ALLREDUCE, host_stall={"dp": 7, "stage": 0, "seconds": 0.15})
+    plan = advise(trace, remaining_steps=100_000)
+    best = plan.remedies[0]
+    assert best.name == "stragglar", [(r.name, r.predicted_speedup, r.why_not) for r in plan.remedies]
+    assert best.exact and best.runtime_switchable
+    bucket = best.details["bucket 0"]
+    assert bucket["straggler_dp_rank"] == 7 and bucket["median_lead_s"] > 0.12
+    # n = 8, phase 1 hidden: the all-reduce becomes phase 2 only, 9/7 vs Ring's 7/4 of s·β
+    assert bucket["phase2_s"] / bucket["library_transfer_s"] == pytest.approx(9 / 7 / (7 / 4), rel=1e-6)
+    assert not plan.get("antdt-nd").applies
+    assert not plan.get("antdt-dd").applies
+    assert all(not r.applies or r.predicted_speedup < best.predicted_speedup
+               for r in plan.remedies[1:])
+
+
+def test_calibration_changes_the_phase_shares(tmp_path):
+    trace = generate(dp=8, pp=1, microbatches=2, steps=6, sync="ddp", seed=0,
+                     slow_link=BIG_ALLREDUCE, host_stall={"dp": 7, "stage": 0, "seconds": 0.15})
+    trace.ops["bytes"] = (trace.ops["optype"] >= 0).astype("int64") * (64 << 20)
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"alpha": 0.002, "beta": 1e-9}))
+    link = load_calibration(cal)
+    with_alpha = advise(trace, link=link).get("stragglar")
+    without = advise(trace).get("stragglar")
+    assert "calibrated" in with_alpha.method and "bandwidth-bound" in without.method
+    # a large α weighs on phase 2's n−2+log2 n rounds less than on Ring's 2(n−1): cheaper phase 2
+    assert with_alpha.details["bucket 0"]["phase2_s"] < without.details["bucket 0"]["phase2_s"]
+
+
+def test_gc_pauses_get_planned_gc():
+    trace = generate(dp=4, pp=1, microbatches=4, steps=12, sync="ddp", seed=0, gc=(0.5, 0.08))
+    plan = advise(trace, remaining_steps=100_000)
+    assert plan.remedies[0].name == "planned-gc", [(r.name, r.predicted_speedup) for r in plan.remedies]
+    assert "PlannedGC(every=" in plan.remedies[0].switch_on
+    assert not plan.get("stragglar").applies   # the late rank changes from step to step
+
+
+def test_stage_imbalance_gets_stage_split_and_no_collective_remedy():
+    trace = generate(dp=4, pp=2, microbatches=8, steps=8, sync="ddp", seed=0,
+                     heavy_last_stage=1.6)
+    plan = advise(trace, remaining_steps=100_000)
+    assert plan.remedies[0].name == "stage-split"
+    stragglar = plan.get("stragglar")
+    assert not stragglar.applies and "stage" in stragglar.why_not
+    assert not plan.get("antdt-dd").applies
+    assert not plan.get("gradient-coding-s1").applies and "pipelined" in plan.get("gradient-coding-s1").why_not
+
+
+def test_zero_sync_job_is_not_offered_stragglar():
+    trace = generate(dp=4, pp=2, microbatches=4, steps=6, sync="zero", seed=0,
+                     slow_worker=(1, 1, 2.0))
+    why = advise(trace).get("stragglar").why_not
+    assert "reduce-scatter" in why
+
+
+def test_plan_round_trips_as_strict_json():
+    trace = generate(dp=4, pp=1, microbatches=2, steps=6, sync="ddp", seed=0, slow_worker=(3, 0, 2.0))
+    plan = advise(trace, max_s=3)
+    raw = json.loads(plan.to_json())
+    assert [r["name"] for r in raw["remedies"]] == names(plan)
+    assert {"gradient-coding-s1", "gradient-coding-s2", "gradient-coding-s3"} <= set(names(plan))
+    assert all(set(r) >= {"applies", "why_not", "predicted_step_s", "predicted_speedup", "method",
+                          "cost", "switch_on"} for r in raw["remedies"])
+
+
+def test_bad_input_is_one_clear_error(tmp_path):
+    trace = generate(dp=2, pp=1, microbatches=2, steps=4, sync="ddp", seed=0)
+    with pytest.raises(InputError, match="trace"):
+        advise(analyze(trace))
+    with pytest.raises(InputError, match="remaining"):
+        advise(trace, remainig_steps=3)
+    with pytest.raises(InputError, match="remedies"):
+        advise(trace, remedies=["no-such-remedy"])
+    bad = tmp_path / "cal.json"
+    bad.write_text(json.dumps({"alpha": -1, "beta": 1e-9}))
+    with pytest.raises(InputError, match="alpha"):
+        load_calibration(bad)
+    with pytest.raises(InputError, match="no such"):
+        load_calibration(tmp_path / "missing.json")
+
+
+def test_advise_runs_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from stragglers.advise import advise\n"
+            "from stragglers.trace.synth import generate\n"
+            "p = advise(generate(dp=4, pp=1, microbatches=2, steps=4, sync='ddp', seed=0, "
+            "slow_worker=(3, 0, 2.0)))\n"
+            "print(p.remedies[0].name)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "antdt-dd"
