@@ -14,21 +14,26 @@ TRAIN = REPO / "examples" / "train_gpt.py"
 pytestmark = pytest.mark.distributed
 
 # (name, processes, train_gpt arguments, expected cause, expected place {dp: [...], pp: [...]})
+# Injections are large against the timing noise of a loaded 2-core machine (a load spike
+# stretches a step by tens of percent; these causes cost ×1.5 or more on every step), and
+# the diagnosis reports a finding only when its bootstrap interval clears the noise floor, so
+# each verdict is decided by the injection, not by the machine. No retries.
 CASES = [
-    # more steps: one load spike on a shared machine weighs less in S
     pytest.param("none", 2, ["--pp", "1", "--steps", "16"], "none", None, id="none"),
-    pytest.param("stage_imbalance", 4, ["--pp", "2", "--extra-last-stage-layers", "4"],
+    pytest.param("stage_imbalance", 4, ["--pp", "2", "--steps", "10",
+                                        "--extra-last-stage-layers", "8"],
                  "stage_imbalance", {"pp": [1]}, id="stage_imbalance"),
     pytest.param(
-        "sequence_imbalance", 2, ["--pp", "1", "--seq-len-dist", "lognormal", "--max-seq-len",
-                                  "1024", "--microbatches", "2"], "sequence_imbalance", None,
-        id="sequence_imbalance"),
-    pytest.param("gc", 2, ["--pp", "1", "--gc-garbage", "40"], "gc", None, id="gc"),
+        "sequence_imbalance", 2, ["--pp", "1", "--steps", "10", "--seq-len-dist", "lognormal",
+                                  "--max-seq-len", "1024", "--microbatches", "4"],
+        "sequence_imbalance", None, id="sequence_imbalance"),
+    pytest.param("gc", 2, ["--pp", "1", "--steps", "10", "--gc-garbage", "80"], "gc", None,
+                 id="gc"),
     # a slow link needs most messages of its op type unaffected: pp 4 × dp 1 in 4 processes
     pytest.param(
-        "communication", 4, ["--pp", "4", "--layers", "4", "--comm-delay-rank", "1",
-                             "--comm-delay-ms", "30"], "communication", {"pp": [1, 2]},
-        id="communication"),
+        "communication", 4, ["--pp", "4", "--layers", "4", "--steps", "10",
+                             "--comm-delay-rank", "1", "--comm-delay-ms", "60"],
+        "communication", {"pp": [1, 2]}, id="communication"),
 ]
 
 
@@ -36,21 +41,20 @@ CASES = [
 def test_injection_is_diagnosed_at_its_place(tmp_path, name, nproc, args, cause, where):
     from stragglers.whatif.analyze import analyze
 
-    # Timings come from a shared 2-core machine: a load spike from outside the job can make a
-    # clean run look straggling, so the clean case gets a second, independent run.
-    for attempt in range(2 if cause == "none" else 1):
-        out = tmp_path / f"trace-{attempt}"
-        torchrun(TRAIN, nproc, "--steps", "8", *args, "--trace-dir", str(out), timeout=300)
-        trace = read_run(out)
-        assert [i["cause"] for i in trace.meta.extra["injections"]] == \
-            ([] if cause == "none" else [cause])
-        result = analyze(trace)
-        causes = [d["cause"] for d in result["diagnosis"]]
-        if causes[0] == cause:
-            break
-    assert causes[0] == cause, (causes, result["slowdown"], result["diagnosis"])
-    top = result["diagnosis"][0]
+    out = tmp_path / "trace"
+    torchrun(TRAIN, nproc, *args, "--trace-dir", str(out), timeout=300)
+    trace = read_run(out)
+    assert [i["cause"] for i in trace.meta.extra["injections"]] == \
+        ([] if cause == "none" else [cause])
+    result = analyze(trace)
+    causes = [d["cause"] for d in result["diagnosis"]]
+    if cause == "none":
+        # a loaded machine may slow a rank now and then: what must not appear is a cause whose
+        # interval clears the noise floor by chance; the verdict is none
+        assert causes == ["none"], (result["slowdown"], result["diagnosis"])
+        return
+    assert cause in causes, (causes, result["slowdown"], result["diagnosis"])
+    found = next(d for d in result["diagnosis"] if d["cause"] == cause)
     for axis, values in (where or {}).items():
-        assert set(values) <= set(top["where"].get(axis, [])), top
-    if cause != "none":
-        assert top["speedup_if_fixed"] is not None and top["speedup_if_fixed"] > 1.0
+        assert set(values) <= set(found["where"].get(axis, [])), found
+    assert found["speedup_if_fixed"] is not None and found["interval"][0] > 1.0

@@ -1,63 +1,61 @@
-"""The noise floor of S: what i.i.d. op-to-op jitter of the measured size alone would give.
+"""The noise floor of S: what the job's own op-to-op variation alone would give.
 
-Every op varies a little from step to step; with many workers meeting at collectives the
-slowest of them sets the pace, so even a healthy job has S a little above 1 — more with many
-DP ranks and few microbatches. Replaying ideal costs with jitter of the measured size tells
-how much, so such a job is not reported as straggling for an unexplained reason.
+Every op varies from step to step; with many workers meeting at collectives the slowest of
+them sets the pace, so even a healthy job has S above 1 — more with many DP ranks and few
+microbatches, and much more on a loaded machine, where a rank is slowed for a while now and
+then. The floor replays ideal costs with the job's measured variation reshuffled: each
+worker-step keeps its residuals together (a load spike that slows a rank for a step stays one
+spike) but lands on a random worker and step, so anything that persists on a worker (a fault)
+or a stage (an imbalance) is gone. S at or below the floor is noise, whatever its size.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from stragglers.whatif.config import DiagnosisConfig
-from stragglers.whatif.confidence import MAD_TO_SIGMA
 from stragglers.whatif.grid import GC
 from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif.replay import replay
 
 
-def jitter_sigma(w: WhatIf) -> dict[int, float]:
-    """Robust σ of log(cost / the same op's median over steps on the same worker), per op type.
+def residuals(w: WhatIf) -> np.ndarray:
+    """log(cost / the same op's median over steps on the same worker), 0 where undefined [N, D, T].
 
-    Comparing each op with itself on the same worker keeps persistent differences (a slow
-    worker, a heavy stage) out of the jitter.
+    Comparing each op with itself on the same worker keeps persistent differences out.
     """
     g = w.grid
-    out = {}
-    steps = g.shape[2]
-    if steps < 2:
-        return out
-    for code in np.unique(g.node_optype):
-        if code == GC:
-            continue
-        nodes = (g.node_optype == code) & ~w.model.no_op
-        cost = w.cost[nodes]
-        ok = g.present[nodes] & (cost > 0)
-        if ok.sum() < 4:
-            continue
-        typical = np.median(np.where(ok, cost, np.nan), axis=2, keepdims=True)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            resid = np.log(cost / typical)[ok & np.isfinite(typical)]
-        resid = resid[np.isfinite(resid)]
-        if len(resid) < 4:
-            continue
-        mad = float(np.median(np.abs(resid - np.median(resid))))
-        # a residual against the median of `steps` values is smaller than the op's own spread
-        out[int(code)] = MAD_TO_SIGMA * mad * float(np.sqrt(steps / max(steps - 1, 1)))
-    return out
+    use = g.present & (w.cost > 0) & ~w.model.no_op[:, None, None] \
+        & (g.node_optype != GC)[:, None, None]
+    if g.shape[2] < 2:
+        return np.zeros(w.cost.shape)
+    cost = np.where(use, w.cost, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN rows: ops never measured
+        typical = np.nanmedian(cost, axis=2, keepdims=True)
+        out = np.log(cost / typical)
+    return np.where(np.isfinite(out), out, 0.0)
 
 
 def noise_floor(w: WhatIf, cfg: DiagnosisConfig) -> float:
-    """Mean S of `noise_draws` replays of ideal costs × lognormal jitter of the measured σ."""
-    sigma = jitter_sigma(w)
+    """Mean S of `noise_draws` replays of ideal costs × the reshuffled measured variation."""
     g = w.grid
-    per_node = np.array([sigma.get(int(c), 0.0) for c in g.node_optype])[:, None, None]
+    resid = residuals(w)
+    n, d, t = resid.shape
     rng = np.random.default_rng(cfg.seed + 1)
     ideal = np.broadcast_to(w.ideal, w.cost.shape)
     t_ideal = float(w.t_ideal.mean())
     values = []
     for _ in range(cfg.noise_draws):
-        jitter = np.exp(per_node * rng.standard_normal(w.cost.shape))
-        values.append(float(replay(w.plan, ideal * jitter, w.step_start).mean()) / t_ideal)
+        factor = np.empty_like(resid)
+        for p in range(g.pp_size):
+            nodes = np.flatnonzero(g.node_stage == p)
+            perm = rng.permutation(d * t)
+            factor[nodes] = np.exp(resid[nodes].reshape(len(nodes), d * t)[:, perm]
+                                   ).reshape(len(nodes), d, t)
+        # the same mean cost per op: only the variation moves, not the amount of work
+        factor /= factor.mean(axis=(1, 2), keepdims=True)
+        values.append(float(replay(w.plan, ideal * factor, w.step_start).mean()) / t_ideal)
     return float(np.mean(values))

@@ -102,8 +102,8 @@ def host_stall(ctx: Context) -> list[Candidate]:
         sel = g.node_stage == p
         peers = [(e, q) for e in range(len(g.dp_ranks)) for q in range(g.pp_size)
                  if (e, q) not in stalled and (q == p or len(g.dp_ranks) == 1)]
-        typical = np.median(np.stack([w.launch_delay[g.node_stage == q][:, e, :]
-                                      for e, q in peers]).reshape(-1, ctx.steps), axis=0) \
+        typical = np.median(np.concatenate([w.launch_delay[g.node_stage == q][:, e, :]
+                                            for e, q in peers]), axis=0) \
             if peers else np.zeros(ctx.steps)
         # Fixed = no gap longer than a peer's typical one; the worker's usual gaps stay.
         fixed[sel, d, :] = np.minimum(fixed[sel, d, :], typical[None, :])

@@ -1,0 +1,146 @@
+"""Diagnosis accuracy on synthetic jobs: predicted vs true speedup per cause, and a confusion table.
+
+True speedup = mean step time of the job / of the same job (same seed, so the same noise)
+regenerated with the cause removed; for stage imbalance, with the stages rebalanced (every
+stage's work at the mean), which is what the prediction claims.
+
+    .venv/bin/python benchmarks/diagnosis_accuracy.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import numpy as np
+
+from stragglers.trace.synth import generate
+from stragglers.whatif.analyze import analyze
+
+
+def step_time(trace) -> float:
+    """Mean over steps of (last end − first start)."""
+    ops = trace.ops
+    end = ops["start_ts"] + ops["duration"]
+    steps = np.unique(ops["step"])
+    return float(np.mean([end[ops["step"] == s].max() - ops["start_ts"][ops["step"] == s].min()
+                          for s in steps]))
+
+
+def injection(cause: str, dp: int, pp: int) -> dict:
+    """Generator keywords of one injected cause on a dp × pp job."""
+    last = pp - 1
+    return {
+        "worker_fault": {"slow_worker": (dp // 2, last // 2, 1.6)},
+        "stage_imbalance": {"heavy_last_stage": 1.5},
+        "sequence_imbalance": {"seq_imbalance": {"dist": "lognormal"}},
+        "gc": {"gc": (0.3, 0.2)},
+        "gc_in_compute": {"gc_in_compute": (0.3, 0.2)},
+        "communication": {"slow_link": {"kind": "p2p", "dp": dp - 1, "stage_from": 0,
+                                        "stage_to": 1, "factor": 80}},
+        "host_stall": {"host_stall": {"dp": dp // 2, "stage": last, "seconds": 0.15}},
+    }[cause]
+
+
+def without(cause: str, kwargs: dict, pp: int) -> dict:
+    """The same job with the cause removed (stage imbalance: rebalanced)."""
+    out = dict(kwargs)
+    key = next(iter(injection(cause, 2, max(pp, 2))))
+    out.pop(key)
+    if cause == "stage_imbalance":
+        f = kwargs["heavy_last_stage"]
+        out["stage_scale"] = [(pp - 1 + f) / pp] * pp
+    if cause in ("gc",):
+        out["gc"] = None  # same schedule with its gc slots: the generator keeps them
+    return out
+
+
+def accuracy(shape: dict, seeds: range) -> list[tuple]:
+    rows = []
+    for cause in ("worker_fault", "stage_imbalance", "sequence_imbalance", "gc", "gc_in_compute",
+                  "communication", "host_stall"):
+        for seed in seeds:
+            kwargs = {**shape, "seed": seed, **injection(cause, shape["dp"], shape["pp"])}
+            trace = generate(**kwargs)
+            if cause == "gc":   # keep the gc slots in the twin: generate with gc, then zero it
+                twin_kwargs = {**kwargs, "gc": (1e-12, 1e-12)}
+            else:
+                twin_kwargs = without(cause, kwargs, shape["pp"])
+            true = step_time(trace) / step_time(generate(**twin_kwargs))
+            result = analyze(trace)
+            name = "gc" if cause == "gc_in_compute" else cause
+            hit = [d for d in result["diagnosis"] if d["cause"] == name]
+            predicted = hit[0]["speedup_if_fixed"] if hit else None
+            rows.append((cause, seed, true, predicted,
+                         hit[0]["interval"] if hit else None))
+    return rows
+
+
+def confusion(shapes: list[dict], seeds: range) -> tuple[dict, int]:
+    table: dict = collections.defaultdict(collections.Counter)
+    wrong_place = 0
+    cases = ["none", "worker_fault", "stage_imbalance", "sequence_imbalance", "gc",
+             "gc_in_compute", "communication", "host_stall", "worker_fault+stage_imbalance"]
+    for shape in shapes:
+        for seed in seeds:
+            for case in cases:
+                parts = [] if case == "none" else case.split("+")
+                if any(p in ("stage_imbalance", "communication") for p in parts) and shape["pp"] < 2:
+                    continue
+                if "worker_fault" in parts and shape["dp"] < 2:
+                    continue
+                kwargs = {**shape, "seed": seed}
+                for p in parts:
+                    kwargs.update(injection(p, shape["dp"], shape["pp"]))
+                trace = generate(**kwargs)
+                got = analyze(trace)["diagnosis"]
+                diagnosed = "+".join(sorted({d["cause"] for d in got}))
+                table[case][diagnosed] += 1
+                for truth in trace.meta.extra["ground_truth"]:
+                    f = next((d for d in got if d["cause"] == truth["cause"]), None)
+                    if f is not None and "dp" in truth["where"] and "workers" in f["where"] \
+                            and truth["cause"] in ("worker_fault", "host_stall"):
+                        named = {(w["dp"], w["pp"]) for w in f["where"]["workers"]}
+                        if named != {(truth["where"]["dp"][0], truth["where"]["pp"][0])}:
+                            wrong_place += 1
+    return table, wrong_place
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer seeds and sizes")
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    seeds = range(2) if args.quick else range(3)
+    shape = dict(dp=4, pp=4, microbatches=8, steps=8)
+    print("## Predicted vs true speedup (dp 4 × pp 4, 8 microbatches, 8 steps)\n")
+    print("| cause | seed | true | predicted | interval | error |")
+    print("|---|---|---|---|---|---|")
+    errors = collections.defaultdict(list)
+    for cause, seed, true, pred, interval in accuracy(shape, seeds):
+        err = None if pred is None else pred / true - 1
+        errors[cause].append(err)
+        shown = "missed" if pred is None else f"{pred:.3f}"
+        iv = "" if interval is None else f"{interval[0]:.3f}–{interval[1]:.3f}"
+        print(f"| {cause} | {seed} | {true:.3f} | {shown} | {iv} | "
+              f"{'' if err is None else f'{100 * err:+.1f}%'} |")
+    shapes = [dict(dp=1, pp=4, vpp=1, microbatches=8, steps=6),
+              dict(dp=4, pp=1, vpp=1, microbatches=8, steps=6, sync="ddp"),
+              dict(dp=8, pp=4, vpp=1, microbatches=8, steps=6),
+              dict(dp=4, pp=4, vpp=2, microbatches=8, steps=6),
+              dict(dp=64, pp=2, vpp=1, microbatches=4, steps=6)]
+    if args.quick:
+        shapes = shapes[:3]
+    table, wrong = confusion(shapes, range(2) if not args.quick else range(1))
+    print("\n## Confusion: injected cause → diagnosed causes (count over sizes × seeds)\n")
+    print("sizes: " + "; ".join(f"dp {s['dp']} × pp {s['pp']} × vpp {s['vpp']}" for s in shapes))
+    print()
+    for case, counts in table.items():
+        print(f"- {case}: " + ", ".join(f"{k} ×{v}" for k, v in counts.most_common()))
+    print(f"\nworker-located causes named at a wrong worker set: {wrong}")
+    print(f"\n(total {time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
