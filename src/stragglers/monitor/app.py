@@ -1,0 +1,159 @@
+"""The monitor's HTTP service: JSON API, uploads, /metrics and the dashboard, in one FastAPI app."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, Path as PathParam, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+
+from stragglers.errors import InputError
+from stragglers.monitor.ingest_http import HTTPProblem, add_upload_routes
+from stragglers.monitor.metrics import CONTENT_TYPE
+from stragglers.monitor.parts import check_job_name
+from stragglers.monitor.service import Monitor
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+PAGES = {"index": STATIC / "index.html", "job": STATIC / "job.html"}
+
+
+def plotly_js() -> Path:
+    """plotly.min.js as bundled with the installed plotly package (served locally: offline)."""
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def create_app(monitor: Monitor, token: str | None = None, private: bool = False) -> FastAPI:
+    """The app; with a token, writes need it (and reads too when `private`)."""
+    app = FastAPI(title="stragglers monitor", docs_url=None, redoc_url=None, openapi_url=None)
+    store = monitor.store
+
+    def require_write(request: Request) -> None:
+        if token is None:
+            return
+        got = request.headers.get("authorization", "")
+        scheme, _, value = got.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+            raise HTTPProblem(401, "request header 'Authorization': missing or wrong bearer "
+                              "token", "unauthorized")
+
+    def require_read(request: Request) -> None:
+        if private:
+            require_write(request)
+
+    @app.exception_handler(HTTPProblem)
+    async def _problem(request: Request, exc: HTTPProblem):
+        monitor.reject(exc.reason, f"{request.method} {request.url.path}", exc.message)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(InputError)
+    async def _input(request: Request, exc: InputError):
+        monitor.reject("bad_request", f"{request.method} {request.url.path}", str(exc))
+        return JSONResponse({"error": str(exc), "field": exc.field}, status_code=422)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        err = exc.errors()[0]
+        loc = list(err.get("loc", ()))
+        kind = loc.pop(0) if loc else "request"
+        msg = f"{kind} parameter '{'.'.join(map(str, loc))}': {err.get('msg', 'invalid')}"
+        monitor.reject("bad_request", f"{request.method} {request.url.path}", msg)
+        return JSONResponse({"error": msg}, status_code=422)
+
+    read = [Depends(require_read)]
+    add_upload_routes(app, monitor, require_write)
+
+    @app.get("/health")
+    async def health():
+        """Liveness: answers while the service runs."""
+        return {"ok": True, "jobs": len(monitor.directories), "idle": monitor.idle()}
+
+    @app.get("/metrics", dependencies=read)
+    async def metrics():
+        """Prometheus text exposition."""
+        return Response(monitor.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/api/jobs", dependencies=read)
+    async def jobs():
+        """Every job: name, world size, current S, state, last update, open alerts."""
+        return {"version": store.version, "jobs": store.jobs()}
+
+    @app.get("/api/jobs/{job}", dependencies=read)
+    async def job(job: str = PathParam(max_length=128), window: int | None = None):
+        """A job: its state, window history, the chosen (default: latest) window, alerts."""
+        check_job_name(job, "path")
+        row = store.job(job)
+        if row is None:
+            raise HTTPProblem(404, f"path 'job': unknown job {job!r}", "unknown_job")
+        meta = row.pop("meta") or {}
+        tracker = monitor.trackers.get(job)
+        chosen = store.window(job, window) if window is not None else store.last_window(job)
+        if window is not None and chosen is None:
+            raise HTTPProblem(404, f"query 'window': job {job!r} has no window {window}",
+                              "unknown_window")
+        return {
+            "version": store.version, "job": job, "state": monitor.states.get(job, row["state"]),
+            "way": row["way"], "directory": row["directory"], "created_at": row["created_at"],
+            "last_part_at": row["last_part_at"], "dp": meta.get("dp_size"),
+            "pp": meta.get("pp_size"), "world_size": meta.get("world_size"),
+            "window_steps": monitor.config.window_steps,
+            "pending_rows": tracker.pending_rows if tracker else 0,
+            "skipped_parts": tracker.skipped_parts() if tracker else 0,
+            "upload_dropped": store.upload_dropped(job),
+            "windows": store.windows(job), "window": chosen,
+            "alerts": store.alerts(job=job, status="firing"),
+            "alert_log": store.alert_log(job=job)}
+
+    @app.get("/api/jobs/{job}/windows/{idx}", dependencies=read)
+    async def job_window(job: str = PathParam(max_length=128), idx: int = PathParam(ge=0)):
+        """One analysed window in full (scores per worker, diagnosis)."""
+        check_job_name(job, "path")
+        w = store.window(job, idx)
+        if w is None:
+            raise HTTPProblem(404, f"path 'idx': job {job!r} has no window {idx}",
+                              "unknown_window")
+        return w
+
+    @app.get("/api/alerts", dependencies=read)
+    async def alerts():
+        """Alerts firing now and the latest transitions of every job."""
+        return {"firing": store.alerts(status="firing"), "log": store.alert_log()}
+
+    @app.get("/api/stats", dependencies=read)
+    async def stats():
+        """Parts and records stored (per way in and per job), and recent refusals."""
+        return {**store.totals(), "rejects": list(monitor.recent_rejects),
+                "idle": monitor.idle()}
+
+    @app.get("/", dependencies=read)
+    async def index():
+        """The dashboard: job list."""
+        return FileResponse(PAGES["index"], media_type="text/html")
+
+    @app.get("/jobs/{job}", dependencies=read)
+    async def job_page(job: str = PathParam(max_length=128)):
+        """The dashboard: one job."""
+        check_job_name(job, "path")
+        return FileResponse(PAGES["job"], media_type="text/html")
+
+    @app.get("/static/plotly.min.js")
+    async def plotly():
+        """plotly.js from the installed plotly package."""
+        return FileResponse(plotly_js(), media_type="application/javascript")
+
+    @app.get("/static/{name}")
+    async def static(name: str = PathParam(pattern=r"^[a-z]+\.(js|css)$")):
+        """The dashboard's own script and style."""
+        path = STATIC / name
+        if not path.is_file():
+            raise HTTPProblem(404, f"path 'name': no static file {name!r}", "not_found")
+        return FileResponse(path)
+
+    return app

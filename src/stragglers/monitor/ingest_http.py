@@ -1,0 +1,139 @@
+"""Way in #2: uploads over HTTP, for jobs without a shared file system.
+
+    PUT /api/jobs/{job}/meta                     meta.json (JSON; creates or updates the job)
+    PUT /api/jobs/{job}/ranks/{rank}/parts/{n}   one part (Parquet bytes)
+
+Every write needs the bearer token when one is set. A part is identified by (job, rank, n):
+sending it again answers `duplicate` and changes nothing, so a client may retry freely. A part
+is checked (Parquet, the op-table schema, its rank) before anything is written; it then lands
+in the run format under the monitor's data directory (fsynced) and is stored like a watched
+file, so both ways in feed the same analysis. The reply comes once the part is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Future
+from typing import Any
+
+from fastapi import Depends, FastAPI, Path as PathParam, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stragglers.errors import InputError
+from stragglers.monitor.parts import MAX_PART, MAX_RANK, check_job_name, read_part_bytes, \
+    write_part_file
+from stragglers.monitor.service import Monitor, PartIn
+from stragglers.trace.runformat import write_meta
+
+
+class MetaUpload(BaseModel):
+    """meta.json as a client sends it (the recorder's JobMeta.to_dict())."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    run_id: str = Field("0", max_length=200)
+    dp_size: int = Field(ge=1, le=1_000_000)
+    pp_size: int = Field(ge=1, le=100_000)
+    tp_size: int = Field(1, ge=1, le=100_000)
+    dsp_size: int = Field(1, ge=1, le=100_000)
+    vpp_size: int = Field(1, ge=1, le=1_000)
+    world_size: int = Field(0, ge=0, le=MAX_RANK + 1)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class HTTPProblem(Exception):
+    """A refused request: status code and a one-line message naming what is wrong."""
+
+    def __init__(self, status: int, message: str, reason: str):
+        super().__init__(message)
+        self.status, self.message, self.reason = status, message, reason
+
+
+async def read_body(request: Request, limit: int, what: str) -> bytes:
+    """The request body, refusing more than `limit` bytes before reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise HTTPProblem(400, "request header 'Content-Length': expected a number",
+                              "bad_request")
+        if int(declared) > limit:
+            raise HTTPProblem(413, f"request body: {declared} bytes is more than the {limit} "
+                              f"bytes allowed for {what}", "too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPProblem(413, f"request body: more than the {limit} bytes allowed for "
+                              f"{what}", "too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def add_upload_routes(app: FastAPI, monitor: Monitor, require_write) -> None:
+    """The two upload endpoints, on `app`."""
+    cfg = monitor.config
+
+    @app.put("/api/jobs/{job}/meta", dependencies=[Depends(require_write)])
+    async def put_meta(request: Request, job: str = PathParam(max_length=128)):
+        """Create or update a job from its meta.json (JSON body)."""
+        check_job_name(job, "path")
+        body = await read_body(request, cfg.max_meta_bytes, "meta.json")
+        try:
+            meta = MetaUpload.model_validate_json(body)
+        except ValidationError as exc:
+            raise HTTPProblem(422, validation_message(exc, "request body"), "bad_meta") from None
+        directory = monitor.data_dir / job
+        known = monitor.directories.get(job)
+        if known is not None and known != directory:
+            raise HTTPProblem(409, f"path 'job': {job!r} is a watched run ({known}); uploads "
+                              "cannot write into it", "conflict")
+        raw = meta.model_dump()
+        registered = await run_in_threadpool(monitor.register_job, job, directory, "http", raw)
+        await run_in_threadpool(write_meta, directory, registered)
+        return {"job": job, "status": "ok", "world_size": registered.world_size}
+
+    @app.put("/api/jobs/{job}/ranks/{rank}/parts/{part}",
+             dependencies=[Depends(require_write)])
+    async def put_part(request: Request, job: str = PathParam(max_length=128),
+                       rank: int = PathParam(ge=0, le=MAX_RANK),
+                       part: int = PathParam(ge=0, le=MAX_PART)):
+        """Store one part (Parquet bytes); idempotent by (job, rank, part)."""
+        check_job_name(job, "path")
+        tracker = monitor.tracker(job)
+        if tracker is None:
+            raise HTTPProblem(404, f"path 'job': unknown job {job!r}; PUT /api/jobs/{job}/meta "
+                              "first", "unknown_job")
+        if monitor.directories.get(job) != monitor.data_dir / job:
+            raise HTTPProblem(409, f"path 'job': {job!r} is a watched run; uploads cannot "
+                              "write into it", "conflict")
+        world = tracker.meta.world_size
+        if rank >= world:
+            raise HTTPProblem(422, f"path 'rank': {rank} is not a rank of job {job!r} (world "
+                              f"size {world})", "bad_rank")
+        dropped = request.headers.get("x-stragglers-dropped")
+        body = await read_body(request, cfg.max_part_bytes, "a part")
+        if tracker.knows(rank, part):
+            return {"status": "duplicate"}
+        source = f"part {job}/{rank}/{part}"
+        try:
+            data = await run_in_threadpool(read_part_bytes, body, source, rank, part)
+        except InputError as exc:
+            raise HTTPProblem(422, str(exc), "bad_part") from None
+        await run_in_threadpool(write_part_file, monitor.data_dir / job, rank, part, body)
+        done: Future = Future()
+        monitor.submit(PartIn(job, rank, part, "http", data=data, done=done))
+        status = await asyncio.wrap_future(done)
+        if dropped is not None and dropped.isdigit():
+            await run_in_threadpool(monitor.store.set_upload_dropped, job, rank, int(dropped))
+            monitor.metrics.upload_dropped.labels(job, str(rank)).set(int(dropped))
+        return {"status": status, "records": data.records}
+
+
+def validation_message(exc: ValidationError, where: str) -> str:
+    """pydantic's first error as one line naming the field."""
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "(root)"
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{where}: field '{loc}': {err.get('msg', 'invalid')}{more}"

@@ -1,0 +1,88 @@
+"""Prometheus metrics of the monitor (names are the contract of specs/monitor.md §5)."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class MonitorMetrics:
+    """One registry per monitor (so several can live in one process, as tests do)."""
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.slowdown = Gauge("stragglers_slowdown", "S of the latest window", ["job"], registry=r)
+        self.waste = Gauge("stragglers_waste", "1 - 1/S of the latest window", ["job"], registry=r)
+        self.worker_score = Gauge("stragglers_worker_score", "S_w of the latest window",
+                                  ["job", "dp", "pp", "rank", "host"], registry=r)
+        self.diagnosis = Gauge("stragglers_diagnosis", "predicted speedup if the cause were "
+                               "fixed (0 when absent) in the latest window", ["job", "cause"],
+                               registry=r)
+        self.windows = Counter("stragglers_windows", "windows analysed", ["job"], registry=r)
+        self.parts = Counter("stragglers_parts_ingested", "parts stored (each once)", ["way"],
+                             registry=r)
+        self.records = Counter("stragglers_records_ingested", "op records stored", ["way"],
+                               registry=r)
+        self.rejected = Counter("stragglers_ingest_rejected", "parts or requests refused",
+                                ["reason"], registry=r)
+        self.analysis_seconds = Histogram(
+            "stragglers_window_analysis_seconds", "what-if analysis time of one window",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
+        self.publish_latency = Histogram(
+            "stragglers_window_publish_seconds", "from a window closing to its result being "
+            "served (dashboard and /metrics)",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=r)
+        self.ingest_seconds = Histogram(
+            "stragglers_ingest_seconds", "from a part being queued to it being durable", ["way"],
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5), registry=r)
+        self.upload_dropped = Gauge("stragglers_upload_dropped", "parts a rank's uploader "
+                                    "dropped (full buffer), as it reported", ["job", "rank"],
+                                    registry=r)
+        self.job_state = Gauge("stragglers_job_state", "1 for the job's current state",
+                               ["job", "state"], registry=r)
+        self.open_alerts = Gauge("stragglers_alerts_firing", "alerts firing", ["job"], registry=r)
+        for way in ("files", "http"):  # present from the start, so rates begin at 0
+            self.parts.labels(way)
+            self.records.labels(way)
+        self._workers: dict[str, set[tuple]] = {}
+        self._causes: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def publish_window(self, row: dict) -> None:
+        """Expose a job's latest window."""
+        job = row["job"]
+        self.windows.labels(job).inc()
+        self.analysis_seconds.observe(row["analysis_s"])
+        if row.get("slowdown") is None:
+            return
+        with self._lock:
+            self.slowdown.labels(job).set(row["slowdown"])
+            self.waste.labels(job).set(row["waste"])
+            seen = set()
+            for s in row["scores"]:
+                key = (job, str(s["dp"]), str(s["pp"]), str(s["rank"]), s.get("host", ""))
+                self.worker_score.labels(*key).set(s["score"])
+                seen.add(key)
+            for key in self._workers.get(job, set()) - seen:  # a worker that left the job
+                self.worker_score.remove(*key)
+            self._workers[job] = seen
+            causes = {}
+            for f in row["diagnosis"]:
+                if f.get("cause") and f["cause"] != "none":
+                    causes[f["cause"]] = max(causes.get(f["cause"], 0.0),
+                                             float(f.get("speedup_if_fixed") or 0.0))
+            for cause in self._causes.get(job, set()) | set(causes):
+                self.diagnosis.labels(job, cause).set(causes.get(cause, 0.0))
+            self._causes[job] = self._causes.get(job, set()) | set(causes)
+
+    def set_state(self, job: str, state: str) -> None:
+        """Expose a job's state (running, stalled, finished) as a one-hot gauge."""
+        for s in ("running", "stalled", "finished"):
+            self.job_state.labels(job, s).set(1.0 if s == state else 0.0)
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

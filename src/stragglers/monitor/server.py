@@ -1,0 +1,137 @@
+"""Putting the monitor together: store, ingest, watchers and the HTTP app under uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+
+from stragglers.errors import EnvironmentFailure, InputError
+from stragglers.monitor.alerts import parse_rules
+from stragglers.monitor.settings import MonitorConfig, load_config_file
+
+log = logging.getLogger(__name__)
+
+
+def read_token(path: Path | None) -> str | None:
+    """The bearer token from a file (first line), never from the command line."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise InputError(path, None, f"cannot read the token file ({exc.strerror})") from None
+    if not token or len(token) > 4096 or not token.isprintable():
+        raise InputError(path, None, "expected one line of printable text as the token")
+    return token
+
+
+class MonitorServer:
+    """The whole service; `start()` serves on a thread, `run()` in the foreground."""
+
+    def __init__(self, db: Path, watch: list[Path] = (), host: str = "127.0.0.1",
+                 port: int = 8150, token: str | None = None, private: bool = False,
+                 config_file: Path | None = None, data_dir: Path | None = None,
+                 config: MonitorConfig | None = None):
+        from stragglers.monitor.app import create_app
+        from stragglers.monitor.ingest_files import DirectoryWatcher
+        from stragglers.monitor.service import Monitor
+        from stragglers.monitor.store import Store
+
+        db = Path(db)
+        if db.is_dir():
+            raise InputError(db, None, "expected a SQLite file, got a directory")
+        if not db.parent.is_dir():
+            raise InputError(db, None, f"directory {db.parent} does not exist")
+        if private and token is None:
+            raise InputError("--private", None, "needs --token-file (reads are guarded by it)")
+        raw = load_config_file(config_file)
+        source = config_file or "config"
+        cfg = config or MonitorConfig.from_mapping(raw.get("settings"), source)
+        rules = parse_rules(raw.get("rules"), source)
+        webhooks = raw.get("webhooks") or []
+        if not isinstance(webhooks, list) or not all(
+                isinstance(u, str) and u.startswith(("http://", "https://")) for u in webhooks):
+            raise InputError(source, "webhooks", "expected a list of http(s):// URLs")
+        self.host, self.port = host, int(port)
+        if not 0 <= self.port <= 65535:
+            raise InputError("--port", None, f"expected 0..65535, got {port}")
+        self.sock = _bind(host, self.port)
+        self.port = self.sock.getsockname()[1]
+        external = str(raw.get("external_url") or self.url)
+        self.store = Store(db, durable=cfg.durable)
+        self.monitor = Monitor(self.store, cfg, rules, webhooks, data_dir, external,
+                               str(raw.get("receiver") or "stragglers"))
+        self.watcher = DirectoryWatcher(self.monitor, list(watch)) if watch else None
+        self.app = create_app(self.monitor, token, private)
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the service."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def _uvicorn(self):
+        import uvicorn
+
+        config = uvicorn.Config(self.app, http="httptools", loop="uvloop", log_level="warning",
+                                access_log=False, lifespan="off", timeout_keep_alive=60)
+        return uvicorn.Server(config)
+
+    def _begin(self) -> None:
+        self.monitor.start()
+        if self.watcher is not None:
+            self.watcher.start()
+        self._server = self._uvicorn()
+
+    def run(self) -> None:
+        """Serve until interrupted."""
+        self._begin()
+        try:
+            self._server.run(sockets=[self.sock])
+        finally:
+            self._end()
+
+    def start(self, timeout: float = 60.0) -> "MonitorServer":
+        """Serve on a daemon thread; returns once requests are answered."""
+        self._begin()
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.sock]},
+                                        name="stragglers-monitor-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise EnvironmentFailure(self.url, "the monitor did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and the threads behind it."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        self._end()
+
+    def _end(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        self.monitor.stop()
+        self.store.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise EnvironmentFailure(f"{host}:{port}", f"cannot listen there ({exc.strerror})") from None
+    sock.listen(1024)
+    return sock

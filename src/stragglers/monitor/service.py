@@ -1,0 +1,357 @@
+"""The running monitor: ingest queue → job trackers → window analysis → store, alerts, metrics.
+
+Three threads do the work, so neither way in waits on the analysis: the *ingest* thread reads
+and checks parts, stores a batch of them in one transaction (durable before any upload is
+acknowledged) and hands their rows to the job trackers; the *analysis* thread runs the what-if
+engine on each closed window and stores the result with the alert changes it causes, in one
+transaction; the *tick* thread closes windows of parts that were waited for, and moves jobs
+between running, stalled and finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stragglers.errors import InputError
+from stragglers.monitor.alerts import AlertEngine, WebhookSender, parse_rules
+from stragglers.monitor.metrics import MonitorMetrics
+from stragglers.monitor.parts import PartData, read_part_file
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.monitor.store import JobConflict, Store
+from stragglers.monitor.windows import JobTracker, Window, analyse_window
+from stragglers.trace.model import JobMeta
+from stragglers.trace.runformat import meta_from_dict, rank_file_name
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 1024
+
+
+@dataclass
+class PartIn:
+    """A part on its way in: a watched file to read, or an upload already checked."""
+
+    job: str
+    rank: int
+    part: int
+    way: str                        # files | http
+    path: Path | None = None
+    data: PartData | None = None
+    queued_at: float = field(default_factory=time.monotonic)
+    done: Future | None = None      # set to "stored" or "duplicate" once durable
+
+
+class Monitor:
+    """Jobs, their windows, alerts and metrics; `start()` runs it, `stop()` ends it."""
+
+    def __init__(self, store: Store, config: MonitorConfig | None = None,
+                 rules: list | None = None, webhooks: list[str] | tuple = (),
+                 data_dir: Path | None = None, external_url: str = "",
+                 receiver: str = "stragglers"):
+        self.store, self.config = store, config or MonitorConfig()
+        self.data_dir = Path(data_dir) if data_dir else Path(store.path + ".uploads")
+        self.metrics = MonitorMetrics()
+        self.alerts = AlertEngine(rules if rules is not None else parse_rules(None), store,
+                                  self.config.repeat_s, external_url)
+        self.receiver = receiver
+        self.senders = [WebhookSender(url) for url in webhooks]
+        self.trackers: dict[str, JobTracker] = {}
+        self.states: dict[str, str] = {}
+        self.directories: dict[str, Path] = {}
+        self.recent_rejects: deque = deque(maxlen=100)
+        self._lock = threading.RLock()
+        self._ingest: queue.Queue = queue.Queue()
+        self._analysis: queue.Queue = queue.Queue()
+        self._inflight = 0          # items put on a queue and not yet finished
+        self._count_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> "Monitor":
+        """Rebuild unfinished jobs from the store (reading only unanalysed parts), start threads."""
+        for row in self.store.jobs():
+            job = self.store.job(row["job"])
+            self.directories[job["job"]] = Path(job["directory"])
+            self.states[job["job"]] = job["state"]
+            self.metrics.set_state(job["job"], job["state"])
+            if job["state"] != "finished" and job["meta"]:
+                self._rebuild(job)
+        for name, target in (("ingest", self._ingest_loop), ("analysis", self._analysis_loop),
+                             ("tick", self._tick_loop)):
+            t = threading.Thread(target=target, name=f"stragglers-monitor-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        """Stop the threads (what is stored stays; windows in flight are redone at restart)."""
+        self._stop.set()
+        self._ingest.put(None)
+        self._analysis.put(None)
+        for t in self._threads:
+            t.join(timeout=10)
+        for s in self.senders:
+            s.close()
+
+    def idle(self) -> bool:
+        """Nothing queued or in progress (for tests and benchmarks)."""
+        return self._inflight == 0
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Wait until idle() holds; False if the timeout passed first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.idle():
+                return True
+            time.sleep(0.01)
+        return False
+
+    # ---- jobs --------------------------------------------------------------------------------
+
+    def register_job(self, job: str, directory: Path, way: str, raw_meta: dict) -> JobMeta:
+        """Create or update a job from its meta.json contents (InputError if they are bad)."""
+        meta = meta_from_dict(raw_meta, directory / "meta.json")
+        with self._lock:
+            if job not in self.directories and len(self.directories) >= self.config.max_jobs:
+                raise InputError(job, "job", f"the monitor tracks {self.config.max_jobs} jobs "
+                                 "already (max_jobs)")
+            try:
+                self.store.register_job(job, str(directory), way, raw_meta)
+            except JobConflict as exc:
+                raise InputError(job, "job", str(exc)) from None
+            self.directories[job] = Path(directory)
+            tracker = self.trackers.get(job)
+            if tracker is None:
+                self._rebuild(self.store.job(job))
+            else:
+                tracker.set_meta(meta)
+            if job not in self.states:
+                self.states[job] = "running"
+                self.metrics.set_state(job, "running")
+        return meta
+
+    def tracker(self, job: str) -> JobTracker | None:
+        """The job's tracker, rebuilt from the store if the job finished and comes back."""
+        with self._lock:
+            tr = self.trackers.get(job)
+            if tr is None and job in self.directories:
+                row = self.store.job(job)
+                if row and row["meta"]:
+                    tr = self._rebuild(row)
+            return tr
+
+    def _rebuild(self, job: dict) -> JobTracker:
+        """A tracker from the store: analysed steps skipped, later parts read from disk."""
+        name, directory = job["job"], Path(job["directory"])
+        meta = meta_from_dict(job["meta"], directory / "meta.json")
+        last = self.store.last_window(name)
+        tr = JobTracker(name, meta, self.config.window_steps, self.config.gap_wait_s,
+                        consumed_step=last["last_step"] if last else -1,
+                        next_idx=last["idx"] + 1 if last else 0)
+        for p in self.store.part_index(name):
+            columns = None
+            if p["last_step"] > tr.consumed_step:
+                try:
+                    columns = read_part_file(directory / rank_file_name(p["rank"], p["part"])).columns
+                except InputError as exc:
+                    log.warning("job %s: stored part unreadable now: %s", name, exc)
+            tr.add_part(p["rank"], p["part"], p["last_step"], columns, p["ingested_at"])
+        self.trackers[name] = tr
+        return tr
+
+    # ---- parts -------------------------------------------------------------------------------
+
+    def submit(self, item: PartIn) -> None:
+        """Queue a part for the ingest thread (never blocks)."""
+        self._count(1)
+        self._ingest.put(item)
+
+    def _count(self, delta: int) -> None:
+        with self._count_lock:
+            self._inflight += delta
+
+    def _queue_analysis(self, item) -> None:
+        self._count(1)
+        self._analysis.put(item)
+
+    def reject(self, reason: str, source: str, problem: str) -> None:
+        """Count and remember a refused part or request."""
+        self.metrics.rejected.labels(reason).inc()
+        self.recent_rejects.appendleft({"at": time.time(), "reason": reason, "source": source,
+                                        "problem": problem})
+        log.warning("refused %s: %s", source, problem)
+
+    def _ingest_loop(self) -> None:
+        while True:
+            first = self._ingest.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < MAX_BATCH:
+                try:
+                    item = self._ingest.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._ingest.put(None)
+                    break
+                batch.append(item)
+            try:
+                self._ingest_batch(batch)
+            except Exception as exc:  # the store failed (disk full): the parts were not taken
+                log.exception("ingest batch failed")
+                for it in batch:
+                    if it.done is not None and not it.done.done():
+                        it.done.set_exception(exc)
+            finally:
+                self._count(-len(batch))
+
+    def _ingest_batch(self, batch: list[PartIn]) -> None:
+        rows, taken = [], []
+        for it in batch:
+            tr = self.tracker(it.job)
+            if tr is None:
+                self.reject("unknown_job", f"{it.job}/{it.rank}/{it.part}", "unknown job")
+                _settle(it, exc=InputError(it.job, "job", "unknown job"))
+                continue
+            if tr.knows(it.rank, it.part):
+                _settle(it, "duplicate")
+                continue
+            data = it.data
+            if data is None:
+                try:
+                    data = read_part_file(it.path)
+                except InputError as exc:
+                    self.reject("bad_part", str(it.path), exc.problem)
+                    continue
+            rows.append((it.job, it.rank, it.part, data.records, data.first_step,
+                         data.last_step, data.nbytes, it.way))
+            taken.append((it, data))
+        if not rows:
+            return
+        now = time.time()
+        new = self.store.add_parts(rows, now)
+        windows = []
+        with self._lock:
+            touched = set()
+            for (it, data), is_new in zip(taken, new):
+                if not is_new:
+                    _settle(it, "duplicate")
+                    continue
+                self.trackers[it.job].add_part(it.rank, it.part, data.last_step, data.columns, now)
+                self.metrics.parts.labels(it.way).inc()
+                self.metrics.records.labels(it.way).inc(data.records)
+                self.metrics.ingest_seconds.labels(it.way).observe(time.monotonic() - it.queued_at)
+                touched.add(it.job)
+                _settle(it, "stored")
+            for job in touched:
+                if self.states.get(job) != "running":
+                    self._set_state(job, "running")
+                windows.extend(self.trackers[job].close_ready(now))
+        for w in windows:
+            self._queue_analysis(w)
+
+    # ---- analysis and states -----------------------------------------------------------------
+
+    def _analysis_loop(self) -> None:
+        while True:
+            item = self._analysis.get()
+            if item is None:
+                return
+            try:
+                if isinstance(item, Window):
+                    self._analyse(item)
+                else:
+                    self._state_changed(*item)
+            except Exception:
+                log.exception("monitor analysis step failed")
+            finally:
+                self._count(-1)
+
+    def _analyse(self, window: Window) -> None:
+        row = analyse_window(window)
+        alert_rows, log_rows, messages = self.alerts.on_window(window.job, row)
+        self.store.add_window(row, alert_rows, log_rows)
+        self.metrics.publish_window(row)
+        self.metrics.publish_latency.observe(max(0.0, time.time() - window.closed_at))
+        self._deliver(window.job, messages)
+
+    def _state_changed(self, job: str, state: str) -> None:
+        finished_at = time.time() if state == "finished" else None
+        self.store.set_job_state(job, state, finished_at=finished_at)
+        alert_rows, log_rows, messages = self.alerts.on_state(job, state)
+        self.store.add_alert_changes(alert_rows, log_rows)
+        self._deliver(job, messages)
+
+    def _deliver(self, job: str, messages: list[dict]) -> None:
+        self.metrics.open_alerts.labels(job).set(len(self.store.alerts(job=job, status="firing")))
+        for m in messages:
+            m["receiver"] = self.receiver
+            for s in self.senders:
+                s.send(m)
+
+    def _set_state(self, job: str, state: str) -> None:
+        self.states[job] = state
+        self.metrics.set_state(job, state)
+        self._queue_analysis((job, state))
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(self.config.tick_s):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("monitor tick failed")
+
+    def tick(self, now: float | None = None) -> None:
+        """Close windows whose missing parts were given up on; move jobs between states."""
+        now = time.time() if now is None else now
+        cfg = self.config
+        windows = []
+        with self._lock:
+            for job, tr in list(self.trackers.items()):
+                windows.extend(tr.close_ready(now))
+                quiet = now - (tr.last_arrival or now)
+                state = self.states.get(job, "running")
+                if tr.closed_marker and quiet >= cfg.close_grace_s and self._ingest.empty():
+                    new = "finished"
+                elif quiet >= cfg.finish_after_s:
+                    new = "finished"
+                elif quiet >= cfg.stall_after_s:
+                    new = "stalled"
+                else:
+                    new = "running"
+                if new == state:
+                    continue
+                if new in ("stalled", "finished"):
+                    w = tr.close_partial(new, now)
+                    if w is not None:
+                        windows.append(w)
+                self._set_state_after(windows, job, new)
+                if new == "finished":
+                    del self.trackers[job]  # its memory goes; a new part brings it back
+        for w in windows:
+            self._queue_analysis(w)
+
+    def _set_state_after(self, windows: list, job: str, state: str) -> None:
+        # the state change is queued after the windows it closed, so alerts see them first
+        self.states[job] = state
+        self.metrics.set_state(job, state)
+        windows.append((job, state))
+
+
+def _settle(item: PartIn, result: str | None = None, exc: BaseException | None = None) -> None:
+    if item.done is None or item.done.done():
+        return
+    if exc is not None:
+        item.done.set_exception(exc)
+    else:
+        item.done.set_result(result)

@@ -1,0 +1,63 @@
+"""The monitor's settings (one frozen Config) and its YAML file: settings, alert rules, webhooks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stragglers.config import Config, setting
+from stragglers.errors import InputError
+
+
+@dataclass(frozen=True)
+class MonitorConfig(Config):
+    """How windows close, when jobs stall or finish, and how much a client may send."""
+
+    window_steps: int = setting(10, "recorded steps per analysis window", minimum=1,
+                                maximum=100_000)
+    stall_after_s: float = setting(120.0, "a job with no new part for this long is stalled "
+                                   "(its open window closes with the ranks it has)", minimum=0.1)
+    finish_after_s: float = setting(3600.0, "a job silent for this long is finished", minimum=0.1)
+    gap_wait_s: float = setting(30.0, "how long a missing part of a rank is waited for once a "
+                                "later part of that rank arrived", minimum=0.0)
+    close_grace_s: float = setting(3.0, "after the recorder's close marker, a job is finished "
+                                   "once no part arrived for this long (late ranks' last parts)",
+                                   minimum=0.0)
+    max_part_bytes: int = setting(64 * 2**20, "largest accepted part upload (bytes)",
+                                  minimum=1024)
+    max_meta_bytes: int = setting(1 * 2**20, "largest accepted meta.json upload (bytes)",
+                                  minimum=1024)
+    max_jobs: int = setting(10_000, "jobs the monitor keeps track of at once", minimum=1)
+    repeat_s: float = setting(4 * 3600.0, "a still-firing alert is sent again after this long",
+                              minimum=1.0)
+    tick_s: float = setting(0.5, "how often job states and time-based rules are checked",
+                            minimum=0.01, maximum=60.0)
+    durable: bool = setting(True, "fsync every commit (a part acknowledged survives a power cut)")
+    rescan_s: float = setting(10.0, "watched directories are also rescanned this often (file "
+                              "systems that drop change events)", minimum=0.1)
+
+
+FILE_KEYS = ("settings", "rules", "webhooks", "receiver", "external_url")
+
+
+def load_config_file(path: Path | None) -> dict[str, Any]:
+    """Read the monitor's YAML file: {settings, rules, webhooks, receiver, external_url}."""
+    if path is None:
+        return {}
+    import yaml
+
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(path, None, "no such file (expected the monitor's YAML rules file)") from None
+    except yaml.YAMLError as exc:
+        raise InputError(path, None, f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InputError(path, None, f"expected a mapping with keys {', '.join(FILE_KEYS)}")
+    unknown = sorted(set(raw) - set(FILE_KEYS))
+    if unknown:
+        raise InputError(path, unknown[0], f"unknown key; expected one of {', '.join(FILE_KEYS)}")
+    return raw

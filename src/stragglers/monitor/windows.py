@@ -1,0 +1,276 @@
+"""Sliding windows of one job: which steps every rank has finished, and the analysis of each window.
+
+A rank's parts arrive in any order (uploads are retried, directory events come in batches), so a
+rank's *frontier* is the last step of its longest run of consecutive part numbers; a part that
+stays missing for `gap_wait_s` after a later one arrived is given up on (it was dropped by an
+uploader's full buffer, say). A step is complete when it lies at or below every expected rank's
+frontier; a window is the next `window_steps` complete steps (specs/monitor.md §1). Only the
+rows of steps not yet analysed are held in memory, and each window reads only its own rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stragglers.errors import StragglersError
+from stragglers.trace.model import JobMeta, Trace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Window:
+    """A closed window: its steps, its rows, and the ranks that did not report them."""
+
+    job: str
+    idx: int
+    steps: list[int]
+    trace: Trace
+    missing_ranks: list[int]
+    closed_at: float
+    reason: str = "complete"  # complete | stalled | finished
+
+
+@dataclass
+class RankParts:
+    """What one rank has delivered: part number → (last step, arrival time)."""
+
+    parts: dict[int, tuple[int, float]] = field(default_factory=dict)
+    next_part: int = 0       # first part number not yet delivered or given up on
+    frontier: int = -1       # last step of the consecutive parts
+    skipped: int = 0         # parts given up on
+
+
+class JobTracker:
+    """One job's parts and pending rows, cut into windows as steps complete on every rank."""
+
+    def __init__(self, job: str, meta: JobMeta, window_steps: int, gap_wait_s: float,
+                 consumed_step: int = -1, next_idx: int = 0):
+        self.job, self.window_steps, self.gap_wait_s = job, int(window_steps), float(gap_wait_s)
+        self.consumed_step, self.next_idx = int(consumed_step), int(next_idx)
+        self.ranks: dict[int, RankParts] = {}
+        self.chunks: list[dict[str, np.ndarray]] = []
+        self.pending_rows = 0
+        self.closed_marker = False
+        self.late_rows = 0   # rows of steps already analysed when they arrived (dropped)
+        self.last_arrival: float | None = None
+        self.set_meta(meta)
+
+    def set_meta(self, meta: JobMeta) -> None:
+        """New metadata (meta.json rewritten): layout and the close marker."""
+        self.meta = meta
+        layout = meta.extra.get("layout") or []
+        self.layout = {int(e["rank"]): e for e in layout if isinstance(e, dict) and "rank" in e}
+        clock = meta.extra.get("clock") or {}
+        if isinstance(clock, dict) and clock.get("end"):
+            self.closed_marker = True  # the recorder's close() rewrites meta with the end clock
+
+    @property
+    def expected_ranks(self) -> list[int]:
+        """The ranks whose steps a window waits for: the layout's, else those seen so far."""
+        if self.layout:
+            return sorted(self.layout)
+        return sorted(self.ranks)
+
+    def knows(self, rank: int, part: int) -> bool:
+        """Whether this part was delivered already."""
+        rp = self.ranks.get(rank)
+        return rp is not None and part in rp.parts
+
+    def add_part(self, rank: int, part: int, last_step: int, columns: dict | None,
+                 arrived_at: float) -> None:
+        """Take a new part (its columns, or None when its rows are already analysed)."""
+        rp = self.ranks.setdefault(rank, RankParts())
+        rp.parts[part] = (int(last_step), arrived_at)
+        self.last_arrival = max(self.last_arrival or arrived_at, arrived_at)
+        if columns is not None and len(columns["step"]):
+            keep = columns["step"] > self.consumed_step
+            if not keep.all():
+                self.late_rows += int((~keep).sum())
+                columns = {k: v[keep] for k, v in columns.items()}
+            if len(columns["step"]):
+                self.chunks.append(columns)
+                self.pending_rows += len(columns["step"])
+        self._advance(rp, arrived_at)
+
+    def _advance(self, rp: RankParts, now: float) -> None:
+        while True:
+            if rp.next_part in rp.parts:
+                rp.frontier = max(rp.frontier, rp.parts[rp.next_part][0])
+                rp.next_part += 1
+                continue
+            later = [t for p, (_, t) in rp.parts.items() if p > rp.next_part]
+            if later and now - min(later) >= self.gap_wait_s:
+                log.warning("job %s: a part before %d never arrived; going on without it",
+                            self.job, min(p for p in rp.parts if p > rp.next_part))
+                rp.skipped += 1
+                rp.next_part += 1
+                continue
+            return
+
+    def close_ready(self, now: float | None = None) -> list[Window]:
+        """Every window whose steps every expected rank has finished."""
+        now = time.time() if now is None else now
+        for rp in self.ranks.values():
+            self._advance(rp, now)
+        expected = self.expected_ranks
+        if not self.chunks or not expected or any(r not in self.ranks for r in expected):
+            return []
+        through = min(self.ranks[r].frontier for r in expected)
+        steps = self._pending_steps()
+        done = steps[steps <= through]
+        out = []
+        while len(done) >= self.window_steps:
+            out.append(self._cut(done[:self.window_steps], now, "complete"))
+            done = done[self.window_steps:]
+        return out
+
+    def close_partial(self, reason: str, now: float | None = None) -> Window | None:
+        """Close a window with whatever steps are pending (the job stalled or finished)."""
+        now = time.time() if now is None else now
+        steps = self._pending_steps()
+        if not len(steps):
+            return None
+        return self._cut(steps[:self.window_steps] if reason == "complete" else steps, now, reason)
+
+    def _pending_steps(self) -> np.ndarray:
+        if not self.chunks:
+            return np.zeros(0, np.int64)
+        return np.unique(np.concatenate([c["step"] for c in self.chunks]))
+
+    def _cut(self, steps: np.ndarray, now: float, reason: str) -> Window:
+        last = int(steps[-1])
+        ops = {k: np.concatenate([c[k] for c in self.chunks]) for k in self._common_columns()}
+        inside = np.isin(ops["step"], steps)
+        rest = ops["step"] > last
+        window_ops = {k: v[inside] for k, v in ops.items()}
+        self.chunks = [{k: v[rest] for k, v in ops.items()}] if rest.any() else []
+        self.pending_rows = int(rest.sum())
+        self.consumed_step = last
+        present = set(np.unique(window_ops["rank"]).tolist())
+        missing = [r for r in self.expected_ranks if r not in present]
+        w = Window(self.job, self.next_idx, [int(s) for s in steps],
+                   Trace(window_ops, self.meta, f"monitor:{self.job}#{self.next_idx}"),
+                   missing, now, reason)
+        self.next_idx += 1
+        return w
+
+    def _common_columns(self) -> list[str]:
+        keys = set(self.chunks[0])
+        for c in self.chunks[1:]:
+            keys &= set(c)  # an optional column some parts lack is left out of the window
+        return sorted(keys)
+
+    def skipped_parts(self) -> int:
+        """Parts given up on (never arrived), over all ranks."""
+        return sum(rp.skipped for rp in self.ranks.values())
+
+
+def analyse_window(window: Window) -> dict:
+    """Run the what-if engine on one window; the row the store keeps (errors kept, not raised)."""
+    from stragglers.whatif.analyze import analyze
+
+    t0 = time.perf_counter()
+    row = {"job": window.job, "idx": window.idx, "first_step": window.steps[0],
+           "last_step": window.steps[-1], "steps": window.steps, "slowdown": None,
+           "waste": None, "t_base": None, "t_ideal": None, "sim_error": None, "m_w": None,
+           "m_s": None, "scores": [], "diagnosis": [], "missing_ranks": window.missing_ranks,
+           "error": None, "closed_at": window.closed_at, "reason": window.reason}
+    try:
+        result = as_plain_dict(analyze(window.trace, steps=window.steps))
+    except StragglersError as exc:
+        row["error"] = str(exc)
+    except Exception as exc:  # a bug must not stop the monitor; the window says what happened
+        log.exception("job %s window %d: analysis failed", window.job, window.idx)
+        row["error"] = f"analysis failed: {type(exc).__name__}: {exc}"
+    else:
+        where = workers_of(window.trace)
+        hosts = {r: str(e.get("host", "")) for r, e in _layout(window.trace.meta).items()}
+        row.update(slowdown=result["slowdown"], waste=result["waste"],
+                   t_base=result.get("T_base"), t_ideal=result.get("T_ideal"),
+                   sim_error=result.get("sim_error"), m_w=result.get("M_W"),
+                   m_s=result.get("M_S"))
+        row["scores"] = worker_scores(result, where, hosts)
+        row["diagnosis"] = [with_ranks(f, where, hosts) for f in result.get("diagnosis", [])]
+    row["analysed_at"] = time.time()
+    row["analysis_s"] = time.perf_counter() - t0
+    return row
+
+
+def as_plain_dict(result) -> dict:
+    """The analysis result as plain JSON-ready values (AnalysisResult or an older dict)."""
+    if hasattr(result, "to_dict"):
+        return result.to_dict()
+    return json.loads(json.dumps(result, default=float))  # an engine that returned a dict
+
+
+def _layout(meta: JobMeta) -> dict[int, dict]:
+    return {int(e["rank"]): e for e in meta.extra.get("layout") or [] if isinstance(e, dict)}
+
+
+def workers_of(trace: Trace) -> dict[tuple[int, int], int]:
+    """(dp, pp) → the global rank traced there."""
+    o = trace.ops
+    keys = np.unique(np.stack([o["dp_rank"], o["stage"], o["rank"]], axis=1), axis=0)
+    return {(int(d), int(p)): int(r) for d, p, r in keys}
+
+
+def worker_scores(result: dict, where: dict, hosts: dict) -> list[dict]:
+    """S_w per worker with its rank and host; 1.0 for all when S was below the attribution
+    threshold (the engine then does not decompose, and no worker is to blame)."""
+    scores = {(int(s["dp"]), int(s["pp"])): float(s["score"])
+              for s in result.get("worker_scores") or []}
+    out = []
+    for (d, p), rank in sorted(where.items()):
+        out.append({"dp": d, "pp": p, "rank": rank, "host": hosts.get(rank, ""),
+                    "score": scores.get((d, p), 1.0), "decomposed": bool(scores)})
+    return out
+
+
+def with_ranks(finding: dict, where: dict, hosts: dict) -> dict:
+    """A diagnosis finding plus the global ranks (and hosts) it points at, and a headline."""
+    f = dict(finding)
+    loc = f.get("where") or {}
+    cells: list[tuple[int, int]] = []
+    if isinstance(loc.get("workers"), list):
+        for w in loc["workers"]:
+            if isinstance(w, dict) and "dp" in w and "pp" in w:
+                cells.append((int(w["dp"]), int(w["pp"])))
+            elif isinstance(w, (list, tuple)) and len(w) >= 2:
+                cells.append((int(w[0]), int(w[1])))
+    elif "dp" in loc and "pp" in loc:
+        cells = [(int(d), int(p)) for d in loc["dp"] for p in loc["pp"]]
+    elif "pp" in loc:
+        cells = [c for c in where if c[1] in set(loc["pp"])]
+    elif "dp" in loc:
+        cells = [c for c in where if c[0] in set(loc["dp"])]
+    ranks = sorted({where[c] for c in cells if c in where})
+    f["ranks"] = ranks
+    f["hosts"] = sorted({hosts.get(r, "") for r in ranks} - {""})
+    f["headline"] = headline(f, ranks, hosts)
+    return f
+
+
+def headline(f: dict, ranks: list[int], hosts: dict) -> str:
+    """The finding in words: cause, where (ranks and hosts), what fixing it buys."""
+    cause = str(f.get("cause", "")).replace("_", " ")
+    if f.get("cause") == "none":
+        return "no straggler: " + str(f.get("evidence", ""))
+    at = ""
+    if ranks and len(ranks) <= 8:
+        at = " at " + ", ".join(f"rank {r}" + (f" on {hosts[r]}" if hosts.get(r) else "")
+                                for r in ranks)
+    elif ranks:
+        at = f" on {len(ranks)} ranks"
+    text = f"{cause}{at}"
+    speedup = f.get("speedup_if_fixed")
+    if speedup:
+        text += f": fixing it would make steps {speedup:.2f}× faster"
+    if f.get("fix"):
+        text += f"; fix: {f['fix']}"
+    return text

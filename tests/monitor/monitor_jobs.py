@@ -1,0 +1,79 @@
+"""Test helpers: synthetic jobs written as a recorder would (parts per rank), servers, polling."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from stragglers.trace.model import Trace
+from stragglers.trace.runformat import write_meta, write_rank
+from stragglers.trace.synth import generate
+
+
+def slow_job(steps: int = 30, dp: int = 2, pp: int = 2, slow=(1, 1, 3.0), seed: int = 0) -> Trace:
+    """A synthetic dp × pp job with one slow worker, with a recorder-style layout in meta."""
+    trace = generate(dp=dp, pp=pp, microbatches=4, steps=steps, seed=seed, slow_worker=slow)
+    o = trace.ops
+    keys = np.unique(np.stack([o["rank"], o["dp_rank"], o["stage"]], axis=1), axis=0)
+    trace.meta.extra["layout"] = [{"rank": int(r), "dp_rank": int(d), "stage": int(s),
+                                   "host": f"host{int(r) % 2}"} for r, d, s in keys]
+    return trace
+
+
+def rank_of(trace: Trace, dp: int, pp: int) -> int:
+    """The global rank of worker (dp, pp) in the trace's layout."""
+    return next(e["rank"] for e in trace.meta.extra["layout"]
+                if e["dp_rank"] == dp and e["stage"] == pp)
+
+
+def parts_of(trace: Trace, steps_per_part: int) -> list[tuple[int, int, dict]]:
+    """(rank, part number, columns) of every part, in the order a recorder would flush them."""
+    o, out = trace.ops, []
+    steps = np.unique(o["step"])
+    chunks = [steps[i:i + steps_per_part] for i in range(0, len(steps), steps_per_part)]
+    for part, chunk in enumerate(chunks):
+        for rank in np.unique(o["rank"]):
+            sel = (o["rank"] == rank) & np.isin(o["step"], chunk)
+            out.append((int(rank), part, {k: v[sel] for k, v in o.items()}))
+    return out
+
+
+def write_parts(directory: Path, parts) -> None:
+    """Write parts as the recorder does (atomic rename)."""
+    for rank, part, cols in parts:
+        write_rank(directory, rank, cols, part=part)
+
+
+def start_run(directory: Path, trace: Trace) -> None:
+    """meta.json as the recorder's start() writes it."""
+    write_meta(directory, trace.meta)
+
+
+def eventually(fn, timeout: float = 120.0, interval: float = 0.1, what: str = "condition"):
+    """Poll fn() until it returns a truthy value (generous deadline: the machine is loaded)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except AssertionError as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"{what} not reached in {timeout} s (last: {last!r})")
+
+
+def get(client, url: str, **kw):
+    """GET returning JSON, asserting 200."""
+    r = client.get(url, **kw)
+    assert r.status_code == 200, (url, r.status_code, r.text)
+    return r.json()
+
+
+def dump(obj) -> str:
+    return json.dumps(obj, indent=1, default=str)[:4000]

@@ -1,0 +1,100 @@
+"""Watched run directories end to end: a real service on loopback, real SQLite, real files."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from monitor_jobs import eventually, get, parts_of, rank_of, slow_job, start_run, write_parts
+from stragglers.errors import InputError
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+
+FAST = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=0.5)
+
+
+def serve(tmp_path, watch, config=FAST):
+    return MonitorServer(tmp_path / "mon.db", watch=watch, port=0, config=config).start()
+
+
+def test_watched_run_is_analysed_window_by_window_and_served(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    trace = slow_job(steps=20, slow=(1, 1, 3.0))
+    parts = parts_of(trace, steps_per_part=4)
+    server = serve(tmp_path, [runs])
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            run = runs / "job-a"
+            start_run(run, trace)                          # the run appears after the start
+            write_parts(run, [p for p in parts if p[1] < 2])          # steps 0..7
+            first = eventually(lambda: get(c, "/api/jobs/job-a")["windows"], what="window 0")
+            assert [(w["first_step"], w["last_step"]) for w in first] == [(0, 4)]
+            write_parts(run, [p for p in parts if p[1] >= 2])         # steps 8..19
+            wins = eventually(lambda: len(get(c, "/api/jobs/job-a")["windows"]) == 4
+                              and get(c, "/api/jobs/job-a")["windows"], what="4 windows")
+            assert [w["first_step"] for w in wins] == [0, 5, 10, 15]
+            job = get(c, "/api/jobs/job-a")
+            slow_rank = rank_of(trace, 1, 1)
+            hot = max(job["window"]["scores"], key=lambda s: s["score"])
+            assert hot["rank"] == slow_rank and hot["score"] > 1.3
+            jobs = get(c, "/api/jobs")["jobs"]
+            assert [(j["job"], j["world_size"], j["state"]) for j in jobs] == \
+                [("job-a", 4, "running")]
+            stats = get(c, "/api/stats")
+            assert stats["by_way"]["files"] == {"parts": len(parts), "records": len(trace)}
+            text = c.get("/metrics").text
+            assert f'stragglers_worker_score{{dp="1",host="host{slow_rank % 2}",job="job-a",' \
+                   f'pp="1",rank="{slow_rank}"}}' in text
+            assert 'stragglers_windows_total{job="job-a"} 4.0' in text
+            assert f'stragglers_records_ingested_total{{way="files"}} {float(len(trace))}' in text
+    finally:
+        server.stop()
+    # A restart re-reads nothing analysed and counts nothing twice.
+    server = serve(tmp_path, [runs])
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            assert eventually(lambda: get(c, "/api/stats")["idle"], what="idle after restart")
+            assert get(c, "/api/stats")["by_way"]["files"] == {"parts": len(parts),
+                                                               "records": len(trace)}
+            assert len(get(c, "/api/jobs/job-a")["windows"]) == 4
+            assert 'stragglers_records_ingested_total{way="files"} 0.0' in c.get("/metrics").text
+    finally:
+        server.stop()
+
+
+def test_bad_files_are_refused_and_named_without_changing_anything(tmp_path):
+    run = tmp_path / "job-b"
+    trace = slow_job(steps=10)
+    start_run(run, trace)
+    (run / "rank-00000.part-000000.parquet").write_bytes(b"not parquet at all")
+    rank, part, cols = parts_of(trace, 5)[1]
+    cols = {k: v for k, v in cols.items() if k != "duration"}   # a part with a column missing
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table(cols), run / f"rank-{rank:05d}.part-{part:06d}.parquet")
+    server = serve(tmp_path, [run])
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            rejects = eventually(lambda: len(get(c, "/api/stats")["rejects"]) >= 2
+                                 and get(c, "/api/stats")["rejects"], what="two refusals")
+            problems = " | ".join(f"{r['source']}: {r['problem']}" for r in rejects)
+            assert "rank-00000.part-000000.parquet" in problems
+            assert "not a readable Parquet file" in problems
+            assert "duration" in problems
+            assert get(c, "/api/stats")["by_way"] == {}
+            assert 'stragglers_ingest_rejected_total{reason="bad_part"}' in c.get("/metrics").text
+    finally:
+        server.stop()
+
+
+def test_bad_watch_dir_and_config_are_one_line_errors(tmp_path):
+    with pytest.raises(InputError, match="not a directory"):
+        MonitorServer(tmp_path / "m.db", watch=[tmp_path / "nope"], port=0)
+    cfg = tmp_path / "rules.yaml"
+    cfg.write_text("rules:\n  - name: x\n    when: slowdown >> 2\n")
+    with pytest.raises(InputError, match=r"rules\[0\]\.when"):
+        MonitorServer(tmp_path / "m.db", port=0, config_file=cfg)
+    cfg.write_text("settings:\n  window_steps: 0\n")
+    with pytest.raises(InputError, match="window_steps"):
+        MonitorServer(tmp_path / "m.db", port=0, config_file=cfg)

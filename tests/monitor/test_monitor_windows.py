@@ -1,0 +1,89 @@
+"""Window assembly: complete steps on every rank, parts out of order, gaps, late rows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from monitor_jobs import parts_of, rank_of, slow_job
+from stragglers.monitor.windows import JobTracker, analyse_window
+
+
+def tracker_for(trace, window_steps=5, gap_wait_s=30.0):
+    return JobTracker("job", trace.meta, window_steps, gap_wait_s)
+
+
+def test_window_closes_only_when_every_rank_finished_its_steps():
+    trace = slow_job(steps=12)
+    tr = tracker_for(trace)
+    parts = parts_of(trace, steps_per_part=3)          # parts 0..3, steps 0-2, 3-5, ...
+    ranks = sorted({r for r, _, _ in parts})
+    # Every rank but the last sends parts 0 and 1 (steps 0..5): no window yet.
+    for rank, part, cols in parts:
+        if part <= 1 and rank != ranks[-1]:
+            tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
+    assert tr.close_ready(0.0) == []
+    # The last rank's part 1 arrives before its part 0: still nothing (part 0 is missing).
+    last = [p for p in parts if p[0] == ranks[-1]]
+    tr.add_part(ranks[-1], 1, int(last[1][2]["step"].max()), last[1][2], 0.0)
+    assert tr.close_ready(0.0) == []
+    tr.add_part(ranks[-1], 0, int(last[0][2]["step"].max()), last[0][2], 0.0)
+    (w,) = tr.close_ready(0.0)
+    assert w.steps == [0, 1, 2, 3, 4] and w.missing_ranks == []
+    assert set(np.unique(w.trace.ops["step"])) == set(range(5))
+    assert set(np.unique(w.trace.ops["rank"])) == set(ranks)
+    # Step 5 stays pending: only the rows of steps not yet analysed are held.
+    assert set(np.unique(np.concatenate([c["step"] for c in tr.chunks]))) == {5}
+    assert tr.close_ready(0.0) == []
+
+
+def test_a_part_that_never_arrives_is_given_up_after_gap_wait():
+    trace = slow_job(steps=12)
+    tr = tracker_for(trace, window_steps=3, gap_wait_s=10.0)
+    for rank, part, cols in parts_of(trace, steps_per_part=3):
+        if (rank, part) != (0, 1):                     # rank 0's part 1 was dropped
+            tr.add_part(rank, part, int(cols["step"].max()), cols, 100.0)
+    first = tr.close_ready(105.0)                      # within gap_wait: only steps 0-2
+    assert [w.steps for w in first] == [[0, 1, 2]]
+    later = tr.close_ready(111.0)                      # gap given up: the rest closes
+    assert [w.steps for w in later] == [[3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert later[0].missing_ranks == [0]               # rank 0 has no rows in steps 3-5
+    assert tr.skipped_parts() == 1
+
+
+def test_rows_of_analysed_steps_are_dropped_and_partial_close_names_missing_ranks():
+    trace = slow_job(steps=8)
+    tr = tracker_for(trace, window_steps=4)
+    parts = parts_of(trace, steps_per_part=4)
+    for rank, part, cols in parts:
+        if part == 0:
+            tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
+    (w,) = tr.close_ready(0.0)
+    assert w.steps == [0, 1, 2, 3]
+    # A re-sent old part under a new number adds nothing to pending rows.
+    rank, _, cols = parts[0]
+    tr.add_part(rank, 7, int(cols["step"].max()), cols, 0.0)
+    assert tr.pending_rows == 0 and tr.late_rows == len(cols["step"])
+    # Only two ranks send steps 4-7, then the job stalls: the window closes without the others.
+    for rank, part, cols in parts:
+        if part == 1 and rank in (0, 1):
+            tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
+    assert tr.close_ready(0.0) == []
+    w = tr.close_partial("stalled", 0.0)
+    assert w.steps == [4, 5, 6, 7] and w.missing_ranks == [2, 3] and w.reason == "stalled"
+
+
+def test_window_analysis_scores_the_slow_worker_hottest_with_rank_and_host():
+    trace = slow_job(steps=10, slow=(1, 1, 3.0))
+    tr = tracker_for(trace, window_steps=10)
+    for rank, part, cols in parts_of(trace, steps_per_part=5):
+        tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
+    (w,) = tr.close_ready(0.0)
+    row = analyse_window(w)
+    assert row["error"] is None and row["slowdown"] > 1.3
+    hot = max(row["scores"], key=lambda s: s["score"])
+    slow_rank = rank_of(trace, 1, 1)
+    assert (hot["dp"], hot["pp"], hot["rank"]) == (1, 1, slow_rank)
+    assert hot["host"] == f"host{slow_rank % 2}"
+    fault = [f for f in row["diagnosis"] if f["cause"] == "worker_fault"]
+    assert fault and fault[0]["ranks"] == [slow_rank]
+    assert f"rank {slow_rank}" in fault[0]["headline"]
