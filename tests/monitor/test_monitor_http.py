@@ -1,0 +1,142 @@
+"""Uploads over HTTP: idempotent parts, the same analysis as watched files, hostile input refused."""
+
+from __future__ import annotations
+
+import io
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from monitor_jobs import eventually, get, parts_of, rank_of, slow_job
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.trace.columns import columns_to_table
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, max_part_bytes=256 * 1024)
+
+
+def parquet_bytes(cols) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(columns_to_table(cols), buf, compression="zstd")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    yield s
+    s.stop()
+
+
+def put_meta(c, job, trace, headers=AUTH):
+    return c.put(f"/api/jobs/{job}/meta", json=trace.meta.to_dict(), headers=headers)
+
+
+def test_uploaded_parts_are_stored_once_land_in_the_run_format_and_are_analysed(server):
+    trace = slow_job(steps=10, slow=(0, 1, 3.0))
+    parts = parts_of(trace, steps_per_part=5)
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert put_meta(c, "job-h", trace).status_code == 200
+        for rank, part, cols in reversed(parts):          # out of order on purpose
+            r = c.put(f"/api/jobs/job-h/ranks/{rank}/parts/{part}", content=parquet_bytes(cols),
+                      headers={**AUTH, "X-Stragglers-Dropped": "2"})
+            assert r.status_code == 200 and r.json()["status"] == "stored", r.text
+        rank, part, cols = parts[0]
+        again = c.put(f"/api/jobs/job-h/ranks/{rank}/parts/{part}", content=parquet_bytes(cols),
+                      headers=AUTH)
+        assert again.json() == {"status": "duplicate"}
+        wins = eventually(lambda: len(get(c, "/api/jobs/job-h")["windows"]) == 2
+                          and get(c, "/api/jobs/job-h"), what="2 windows")
+        hot = max(wins["window"]["scores"], key=lambda s: s["score"])
+        assert hot["rank"] == rank_of(trace, 0, 1)
+        assert wins["upload_dropped"] == {str(r): 2 for r in range(4)}
+        assert get(c, "/api/stats")["by_way"]["http"] == {"parts": len(parts),
+                                                          "records": len(trace)}
+    run = server.monitor.data_dir / "job-h"
+    from stragglers.trace.runformat import read_run
+    back = read_run(run)                                   # the run format, readable as is
+    assert len(back) == len(trace) and back.meta.dp_size == 2
+
+
+def test_hostile_requests_get_a_4xx_naming_the_problem_and_change_nothing(server, tmp_path):
+    trace = slow_job(steps=10)
+    rank, part, cols = parts_of(trace, steps_per_part=5)[0]
+    good = parquet_bytes(cols)
+    url = f"/api/jobs/job-x/ranks/{rank}/parts/{part}"
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        # no token, wrong token
+        r = put_meta(c, "job-x", trace, headers={})
+        assert r.status_code == 401 and "Authorization" in r.json()["error"]
+        r = put_meta(c, "job-x", trace, headers={"Authorization": "Bearer nope"})
+        assert r.status_code == 401
+        # unknown job
+        r = c.put(url, content=good, headers=AUTH)
+        assert r.status_code == 404 and "unknown job 'job-x'" in r.json()["error"]
+        # bad JSON, wrong types, unknown fields, inconsistent sizes
+        r = c.put("/api/jobs/job-x/meta", content=b"{not json", headers=AUTH)
+        assert r.status_code == 422 and "request body" in r.json()["error"]
+        bad = {**trace.meta.to_dict(), "dp_size": "two"}
+        r = c.put("/api/jobs/job-x/meta", json=bad, headers=AUTH)
+        assert r.status_code == 422 and "dp_size" in r.json()["error"]
+        r = c.put("/api/jobs/job-x/meta", json={**trace.meta.to_dict(), "colour": 1},
+                  headers=AUTH)
+        assert r.status_code == 422 and "colour" in r.json()["error"]
+        r = c.put("/api/jobs/job-x/meta", json={**trace.meta.to_dict(), "world_size": 5},
+                  headers=AUTH)
+        assert r.status_code == 422 and "world_size" in r.json()["error"]
+        # path tricks in the job name
+        for name in ("..", ".hidden", "a..b", "a%2Fb", "x" * 200):
+            r = c.put(f"/api/jobs/{name}/meta", json=trace.meta.to_dict(), headers=AUTH)
+            assert 400 <= r.status_code < 500, (name, r.status_code)
+        assert get(c, "/api/jobs")["jobs"] == []
+        assert put_meta(c, "job-x", trace).status_code == 200
+        # parts: not Parquet, wrong columns, another rank's rows, rank out of range, huge body
+        r = c.put(url, content=b"PAR1 garbage", headers=AUTH)
+        assert r.status_code == 422 and "not a readable Parquet file" in r.json()["error"]
+        wrong = io.BytesIO()
+        pq.write_table(pa.table({"rank": [rank], "step": [0]}), wrong)
+        r = c.put(url, content=wrong.getvalue(), headers=AUTH)
+        assert r.status_code == 422 and "missing column" in r.json()["error"]
+        other = parts_of(trace, 5)[1]
+        r = c.put(url.replace(f"/ranks/{rank}/", f"/ranks/{other[0]}/"), content=good,
+                  headers=AUTH)
+        assert r.status_code == 422 and "rank" in r.json()["error"]
+        r = c.put(f"/api/jobs/job-x/ranks/99/parts/0", content=good, headers=AUTH)
+        assert r.status_code == 422 and "world size 4" in r.json()["error"]
+        r = c.put(f"/api/jobs/job-x/ranks/-1/parts/0", content=good, headers=AUTH)
+        assert r.status_code == 422 and "rank" in r.json()["error"]
+        r = c.put(url, content=b"\0" * (CFG.max_part_bytes + 1), headers=AUTH)
+        assert r.status_code == 413 and str(CFG.max_part_bytes) in r.json()["error"]
+
+        def chunked():
+            for _ in range(CFG.max_part_bytes // 65536 + 2):
+                yield b"\0" * 65536
+
+        r = c.put(url, content=chunked(), headers=AUTH)       # no Content-Length: still capped
+        assert r.status_code == 413
+        r = c.put(url, content=good)                           # no token
+        assert r.status_code == 401
+        # nothing of all that was stored or written
+        assert get(c, "/api/stats")["by_way"] == {}
+        files = sorted(p.name for p in (server.monitor.data_dir / "job-x").iterdir())
+        assert files == ["meta.json"]
+        assert c.put(url, content=good, headers=AUTH).json()["status"] == "stored"
+        text = c.get("/metrics").text
+        for reason in ("unauthorized", "unknown_job", "bad_part", "too_large", "bad_rank"):
+            assert f'stragglers_ingest_rejected_total{{reason="{reason}"}}' in text
+
+
+def test_private_mode_guards_reads(tmp_path):
+    s = MonitorServer(tmp_path / "p.db", port=0, token=TOKEN, private=True, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=30) as c:
+            assert c.get("/api/jobs").status_code == 401
+            assert c.get("/metrics").status_code == 401
+            assert c.get("/api/jobs", headers=AUTH).status_code == 200
+            assert c.get("/health").status_code == 200
+    finally:
+        s.stop()
