@@ -1,0 +1,176 @@
+"""The opt-in controller policy that applies the best runtime-switchable remedy, then checks it.
+
+Fed one step at a time with every rank's `StepTiming` (in-job detection: the ranks all-gather
+their timings, so every rank feeds the same numbers and takes the same decisions — the property
+that keeps a switch of the DDP hook from deadlocking). Per window of `window` steps:
+
+    observe → advise on the window → APPLY the best runtime remedy (StragglAR hook, re-split
+    batches, planned GC) → `settle` steps ignored → one window measured → KEEP it if it made
+    the step at least MIN_GAIN faster, else ROLLBACK (and never try it again)
+
+Torch-free: the training loop carries out the decisions (see examples/train_advised.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from stragglers.advise.plan import MIN_GAIN, Plan
+from stragglers.advise.window import StepTiming, window_step_time, window_trace
+from stragglers.errors import InputError
+from stragglers.protocols import CONTROLLER_POLICIES
+
+log = logging.getLogger(__name__)
+
+APPLY, KEEP, ROLLBACK = "apply", "keep", "rollback"
+RUNTIME_REMEDIES = ("stragglar", "antdt-dd", "planned-gc")
+# StragglAR's persistent-mode hook needs this many calls to name the straggler after a switch.
+STRAGGLAR_WARMUP = 5
+
+
+@dataclass
+class ActDecision:
+    """One decision: apply / keep / rollback a remedy at `step`, with its prediction and measurement."""
+
+    kind: str
+    remedy: str
+    step: int
+    params: dict[str, Any] = field(default_factory=dict)
+    baseline_step_s: float | None = None    # measured in the window before
+    predicted_step_s: float | None = None
+    predicted_speedup: float | None = None
+    measured_step_s: float | None = None    # measured in the window after (keep / rollback)
+    measured_speedup: float | None = None
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values."""
+        return dict(self.__dict__)
+
+
+@CONTROLLER_POLICIES.register("advise")
+class AdvisePolicy:
+    """Advise on each window, apply the best runtime remedy, keep it only if it paid."""
+
+    name = "advise"
+
+    def __init__(self, world_size: int, global_batch: int, window: int = 8, settle: int = 2,
+                 remedies: tuple[str, ...] = RUNTIME_REMEDIES, force: Mapping | None = None,
+                 keep_gain: float = MIN_GAIN, **knobs: Any):
+        if world_size < 2:
+            raise InputError("AdvisePolicy", "world_size", f"expected >= 2 ranks, got {world_size}")
+        if window < 2 or settle < 0:
+            raise InputError("AdvisePolicy", "window", "expected window >= 2 and settle >= 0")
+        bad = [r for r in remedies if r not in RUNTIME_REMEDIES]
+        if bad:
+            raise InputError("AdvisePolicy", "remedies", f"{bad[0]!r} cannot be switched at "
+                             f"runtime; expected some of {', '.join(RUNTIME_REMEDIES)}")
+        self.world_size, self.global_batch = world_size, global_batch
+        self.window, self.settle, self.remedies = window, settle, tuple(remedies)
+        self.force = dict(force) if force else None
+        self.keep_gain = keep_gain
+        self.knobs = knobs
+        n = world_size
+        self.batch_sizes = [global_batch // n + (1 if i < global_batch % n else 0) for i in range(n)]
+        self.phase = "observe"
+        self.buffer: list[list[StepTiming]] = []
+        self.skip = 0
+        self.active: ActDecision | None = None
+        self.rejected: list[str] = []
+        self.decisions: list[ActDecision] = []
+        self.plans: list[Plan] = []
+
+    def decide(self, state: Mapping[str, Any]) -> list[ActDecision]:
+        """ControllerPolicy entry point: state = {"timings": [StepTiming of every rank]}."""
+        return self.observe(state["timings"])
+
+    def observe(self, timings: list[StepTiming]) -> list[ActDecision]:
+        """Feed one step (every rank's timing); returns the decisions it triggers."""
+        if self.phase == "done":
+            return []
+        if self.skip > 0:
+            self.skip -= 1
+            return []
+        self.buffer.append(sorted(timings, key=lambda t: t.rank))
+        if len(self.buffer) < self.window:
+            return []
+        window, self.buffer = self.buffer, []
+        step = window[-1][0].step + 1
+        measured = window_step_time(window)
+        new = self._verify(step, measured) if self.phase == "verify" else self._apply(step, window, measured)
+        self.decisions.extend(new)
+        for d in new:
+            log.info("advise/act: %s %s at step %d (%s)", d.kind, d.remedy, d.step, d.reason)
+        return new
+
+    def _apply(self, step: int, window: list[list[StepTiming]], measured: float) -> list[ActDecision]:
+        from stragglers.advise.advisor import advise
+
+        trace = window_trace(window, global_batch=self.global_batch)
+        plan = advise(trace, batch_sizes=list(self.batch_sizes), max_s=1,
+                      remedies=list(self.remedies), **self.knobs)
+        self.plans.append(plan)
+        if self.force and self.force["name"] not in self.rejected:
+            name = self.force["name"]
+            advice = plan.get(name)
+            reason = "forced"
+        else:
+            advice = plan.best(runtime_only=True, exclude=tuple(self.rejected))
+            if advice is None:
+                return []
+            name, reason = advice.name, f"best runtime remedy: {advice.method}"
+        params = self._params(name, advice)
+        speedup = advice.predicted_speedup if advice is not None else None
+        decision = ActDecision(APPLY, name, step, params, measured,
+                               measured / speedup if speedup else None, speedup, reason=reason)
+        self.active = decision
+        self.phase = "verify"
+        self.skip = max(self.settle, STRAGGLAR_WARMUP if name == "stragglar" else 0)
+        if name == "antdt-dd":
+            self.batch_sizes = list(params["batch_sizes"])
+        return [decision]
+
+    def _params(self, name: str, advice) -> dict[str, Any]:
+        forced = {k: v for k, v in (self.force or {}).items() if k != "name"} \
+            if self.force and self.force["name"] == name else {}
+        details = advice.details if advice is not None else {}
+        if name == "antdt-dd":
+            sizes = forced.get("batch_sizes") or details.get("new_batch_sizes")
+            if sizes is None:
+                raise InputError("AdvisePolicy", "force", "antdt-dd needs batch_sizes")
+            return {"batch_sizes": [int(b) for b in sizes]}
+        if name == "planned-gc":
+            every = forced.get("every")
+            if every is None and advice is not None:
+                every = int(advice.switch_on.split("every=")[1].split(")")[0])
+            return {"every": int(every or 5)}
+        if name == "stragglar":
+            bucket = details.get("bucket 0", {})
+            return {"straggler": bucket.get("straggler_dp_rank")}
+        return forced
+
+    def _verify(self, step: int, measured: float) -> list[ActDecision]:
+        a = self.active
+        speedup = a.baseline_step_s / measured if measured > 0 else 0.0
+        paid = speedup >= self.keep_gain
+        kind = KEEP if paid else ROLLBACK
+        pred = f"predicted ×{a.predicted_speedup:.3f}" if a.predicted_speedup else "no prediction"
+        decision = ActDecision(kind, a.remedy, step, a.params, a.baseline_step_s,
+                               a.predicted_step_s, a.predicted_speedup, measured, speedup,
+                               reason=f"measured ×{speedup:.3f} ({pred}); "
+                                      + ("it paid" if paid else f"below ×{self.keep_gain}: "
+                                         "rolled back"))
+        self.active = None
+        if paid:
+            self.phase = "done"
+        else:
+            self.rejected.append(a.remedy)
+            self.phase = "observe"
+            if a.remedy == "antdt-dd":
+                n = self.world_size
+                self.batch_sizes = [self.global_batch // n + (1 if i < self.global_batch % n else 0)
+                                    for i in range(n)]
+            self.skip = self.settle
+        return [decision]

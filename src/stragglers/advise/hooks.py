@@ -1,0 +1,69 @@
+"""A DDP communication hook that can switch between the library all-reduce and StragglAR mid-run.
+
+DDP takes one hook per model, once (register_comm_hook cannot be called twice), so the hook
+registered is this dispatcher; `use_stragglar()` / `use_library()` switch what it runs. Both are
+collective: every rank calls them at the same step (AdvisePolicy's decisions are identical on
+every rank). The hook also times each bucket's arrival and completion for the window timings.
+
+No `from __future__ import annotations` here: DDP checks the hook's annotations at runtime.
+"""
+
+import time
+
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from stragglers.collectives.ddp_hook import StragglarHookState, stragglar_hook
+
+
+class SwitchableCommHook:
+    """Hook state: library all-reduce or StragglAR (persistent mode), switched collectively."""
+
+    def __init__(self, process_group=None, window: int = 4, threshold: float = 0.6):
+        # StragglAR's traffic (p2p rounds, its time exchange) gets a group of its own, so it
+        # never interleaves with collectives the training loop issues on the default group.
+        self.process_group = process_group
+        self.stragglar_group = dist.new_group(list(range(dist.get_world_size(process_group))))
+        self.window, self.threshold = window, threshold
+        self.stragglar = None
+        self.arrived = None       # perf_counter when the last bucket's sync was called
+        self.completed = None     # ... and when its result was ready
+        self.nbytes = 0
+
+    @property
+    def mode(self) -> str:
+        return "stragglar" if self.stragglar is not None else "library"
+
+    def use_stragglar(self) -> None:
+        """Switch to StragglAR (collective: all ranks at the same step, between steps)."""
+        if self.stragglar is None:
+            self.stragglar = StragglarHookState(process_group=self.stragglar_group,
+                                                mode="persistent", window=self.window,
+                                                threshold=self.threshold)
+
+    def use_library(self) -> None:
+        """Switch back to the library all-reduce (collective, between steps)."""
+        if self.stragglar is not None:
+            self.stragglar.close()
+            self.stragglar = None
+
+    def close(self) -> None:
+        """Finish StragglAR's queued work (call on every rank after training)."""
+        self.use_library()
+
+
+def switchable_hook(state, bucket):
+    """Average the bucket with the library all-reduce or StragglAR, whichever `state` holds."""
+    state.arrived = time.perf_counter()
+    buf = bucket.buffer()
+    state.nbytes = buf.numel() * buf.element_size()
+    if state.stragglar is not None:
+        fut = stragglar_hook(state.stragglar, bucket)
+    else:
+        fut = allreduce_hook(state.process_group, bucket)
+
+    def done(f):
+        state.completed = time.perf_counter()
+        return f.value()
+
+    return fut.then(done)

@@ -1,0 +1,96 @@
+"""One window of in-job step timings as an op table, so `advise` can replay it (no torch).
+
+Each rank times its own step: host work before the forward, forward, backward up to the moment
+the gradient sync is called (the DDP hook fires), the sync's completion, the optimizer, and the
+GC pause time in the step. Laid out as forward-compute, backward-compute, grads-all-reduce and
+optimizer rows (a gc row before the forward when there was a pause), it is a DDP-shaped trace
+(pp = 1) of the job's own recent steps. All times must come from one clock (one host's
+perf_counter, or offsets corrected).
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, fields
+
+import numpy as np
+
+from stragglers.errors import InputError
+from stragglers.trace.model import JobMeta, Trace
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One rank's step: absolute seconds on a shared clock, its batch and gradient bytes."""
+
+    rank: int
+    step: int
+    start: float
+    forward_start: float
+    forward_end: float
+    backward_end: float     # gradients ready: the sync was called
+    sync_end: float         # the averaged gradients are back
+    optimizer_end: float
+    batch: int
+    nbytes: int = -1
+    gc_s: float = 0.0       # GC pause time inside this step (moved before the forward)
+
+    def as_row(self) -> list[float]:
+        """The timing as floats, for an all_gather across ranks."""
+        return [float(x) for x in astuple(self)]
+
+    @classmethod
+    def from_row(cls, row) -> "StepTiming":
+        """Inverse of as_row."""
+        values = [float(x) for x in row]
+        kinds = [f.type for f in fields(cls)]
+        return cls(*[int(round(v)) if k in ("int", int) else v for v, k in zip(values, kinds)])
+
+    @property
+    def step_s(self) -> float:
+        """This rank's step time."""
+        return self.optimizer_end - self.start
+
+
+ROW_WIDTH = len(fields(StepTiming))
+
+
+def window_step_time(steps: list[list[StepTiming]]) -> float:
+    """Mean over steps of (last optimizer end − first start) over ranks."""
+    return float(np.mean([max(t.optimizer_end for t in s) - min(t.start for t in s) for s in steps]))
+
+
+def window_trace(steps: list[list[StepTiming]], name: str = "window",
+                 global_batch: int | None = None) -> Trace:
+    """The op table of a window: `steps[i]` holds every rank's StepTiming of one step."""
+    if not steps or not steps[0]:
+        raise InputError("window", "steps", "expected at least one step with every rank's timing")
+    n = len(steps[0])
+    rows: dict[str, list] = {k: [] for k in ("rank", "dp_rank", "stage", "step", "optype",
+                                             "start_ts", "duration", "seq_id", "mb_id", "mc",
+                                             "gmc", "bytes", "tokens")}
+
+    def add(t: StepTiming, optype: str, start: float, end: float, mb: int = -1) -> None:
+        for k, v in (("rank", t.rank), ("dp_rank", t.rank), ("stage", 0), ("step", t.step),
+                     ("optype", optype), ("start_ts", start), ("duration", max(end - start, 0.0)),
+                     ("seq_id", 0), ("mb_id", mb), ("mc", 0), ("gmc", 0 if mb >= 0 else -1),
+                     ("bytes", t.nbytes if optype == "grads-all-reduce" else -1),
+                     ("tokens", t.batch if optype == "forward-compute" else -1)):
+            rows[k].append(v)
+
+    for step in steps:
+        if len(step) != n or sorted(t.rank for t in step) != list(range(n)):
+            raise InputError("window", "steps", f"expected one timing per rank 0..{n - 1} in "
+                             f"every step, got ranks {sorted(t.rank for t in step)}")
+        for t in step:
+            fwd = t.forward_start
+            if t.gc_s > 0:
+                add(t, "gc", fwd, fwd + t.gc_s)
+            # The pause happened inside forward/backward: it moves before them (as the recorder does).
+            f_end = max(t.forward_end, fwd + t.gc_s)
+            add(t, "forward-compute", fwd + t.gc_s, f_end, 0)
+            add(t, "backward-compute", f_end, max(t.backward_end, f_end), 0)
+            add(t, "grads-all-reduce", max(t.backward_end, f_end), t.sync_end)
+            add(t, "optimizer", t.sync_end, t.optimizer_end)
+    meta = JobMeta(name=name, dp_size=n, pp_size=1,
+                   extra={"global_batch": global_batch or sum(t.batch for t in steps[0])})
+    return Trace.from_rows(rows, meta, source=f"<{name}>")
