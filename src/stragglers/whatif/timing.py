@@ -4,22 +4,65 @@ from __future__ import annotations
 
 import numpy as np
 
+from stragglers.trace.model import OPTYPE_CODES, P2P_OPTYPES
 from stragglers.whatif.dependencies import DependencyModel
 from stragglers.whatif.grid import OpGrid
 
+P2P_CODES = [OPTYPE_CODES[o] for o in P2P_OPTYPES]
+
+
+# Rows of one batched p2p call (batch_isend_irecv) share their start and end to this (s).
+BATCH_EPS = 2e-6
+
 
 def measured_costs(grid: OpGrid, model: DependencyModel) -> np.ndarray:
-    """Per-op cost: duration for plain ops, transfer = end − max start over the group for comm."""
+    """Per-op cost: duration for plain ops, transfer = end − max start over the group for comm.
+
+    p2p rows of one batched call (same worker, same start and end) complete together, so
+    waiting for any of their peers shows in all of them: their transfer is measured per call,
+    from the latest start over all the call's groups.
+    """
     cost = grid.duration.copy()
     end = grid.start + grid.duration
+    group_start = np.full(grid.start.shape, np.nan)
     for members, sync in zip(model.groups, model.group_dp_sync):
         g = np.max(grid.start[members], axis=0)
         if sync:
             g = g.max(axis=0, keepdims=True)
-        # The member that arrived last waited for nobody; a small negative is clock error.
-        cost[members] = np.maximum(end[members] - g, 0.0)
+        group_start[members] = g
+    group_start = np.where(np.isnan(group_start), grid.start, group_start)
+    _per_call(grid, model, end, group_start)
+    # The member that arrived last waited for nobody; a small negative is clock error.
+    grouped = model.group_of >= 0
+    cost[grouped] = np.maximum(end[grouped] - group_start[grouped], 0.0)
     cost[model.no_op] = 0.0  # recorded but never launched: zero transfer time (spec §3)
     return cost
+
+
+def _per_call(grid: OpGrid, model: DependencyModel, end: np.ndarray,
+              group_start: np.ndarray) -> None:
+    """Raise each batched p2p row's group start to the latest over its call (in place)."""
+    p2p = np.isin(grid.node_optype, P2P_CODES) & ~model.no_op & (model.group_of >= 0)
+    for stage in range(grid.pp_size):
+        nodes = np.flatnonzero(p2p & (grid.node_stage == stage))
+        if len(nodes) < 2:
+            continue
+        start = np.where(grid.present[nodes], grid.start[nodes], np.inf)
+        order = np.argsort(start, axis=0, kind="stable")                  # [k, D, T]
+        s = np.take_along_axis(start, order, axis=0)
+        e = np.take_along_axis(np.where(grid.present[nodes], end[nodes], np.inf), order, axis=0)
+        g = np.take_along_axis(group_start[nodes], order, axis=0)
+        same = (np.abs(np.diff(s, axis=0)) <= BATCH_EPS) & (np.abs(np.diff(e, axis=0)) <= BATCH_EPS)
+        if not same.any():
+            continue
+        run = g.copy()
+        for i in range(1, len(nodes)):                 # running max within each call ...
+            run[i] = np.where(same[i - 1], np.maximum(run[i - 1], g[i]), g[i])
+        for i in range(len(nodes) - 2, -1, -1):        # ... and the call's max back to all rows
+            run[i] = np.where(same[i], run[i + 1], run[i])
+        out = np.empty_like(run)
+        np.put_along_axis(out, order, run, axis=0)
+        group_start[nodes] = np.where(grid.present[nodes], out, group_start[nodes])
 
 
 def step_starts(grid: OpGrid) -> np.ndarray:
