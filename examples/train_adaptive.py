@@ -7,6 +7,8 @@
 --policy bsp: static equal batches; dd: per-worker batches from measured throughput (AntDT-DD);
 nd: ADJUST_BS for transient stragglers, KILL_RESTART for persistent ones (AntDT-ND).
 Device speed is injected: each micro-batch of m samples sleeps m x --sample-time / speed.
+A --workdir holding an earlier run is refused unless --resume (continue it) or --overwrite
+(start afresh) is given; torchrun's own restarts always resume.
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ from torch.utils.data import DataLoader, TensorDataset
 from stragglers.adapt.agent import EXIT_RESTART, Agent
 from stragglers.adapt.checkpoint import load_job_checkpoint, save_job_checkpoint
 from stragglers.adapt.client import ShardBatchSampler, ShardClient
+from stragglers.adapt.controller import ControlConfig
+from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.heterogeneity import SimulatedDevice, parse_speeds
 from stragglers.adapt.launch import init_distributed, job_service
 from stragglers.adapt.policies import micro_batches
-from stragglers.adapt.shards import DatasetConfig
-from stragglers.adapt.step import global_step
+from stragglers.adapt.step import DataParallelStep
+
+RUN_FILES = ("shards.db", "shards.db-wal", "shards.db-shm", "checkpoint.pt", "metrics.jsonl",
+             "summary.json", "job.token")
 
 
 def parse_args() -> argparse.Namespace:
@@ -65,14 +71,41 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--crash-at", type=int, default=None,
                    help="test hook: rank 1 dies (exit 1) at this step of incarnation --crash-incarnation")
     p.add_argument("--crash-incarnation", type=int, default=0)
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue the run in --workdir")
+    again.add_argument("--overwrite", action="store_true",
+                       help="delete the run in --workdir and start afresh")
     return p.parse_args()
+
+
+def earlier_run(workdir: Path) -> list[str]:
+    """Files of an earlier run in `workdir` (its state, checkpoint or logs)."""
+    if not workdir.is_dir():
+        return []
+    return sorted(p.name for p in workdir.iterdir()
+                  if p.name in RUN_FILES or p.name.startswith("samples_rank"))
+
+
+def refuse_silent_resume(args: argparse.Namespace, incarnation: int) -> None:
+    """Exit 2 when the first incarnation would silently continue an earlier run."""
+    found = earlier_run(args.workdir)
+    if incarnation == 0 and found and not (args.resume or args.overwrite):
+        print(f"error: {args.workdir} holds an earlier run ({', '.join(found[:4])}); pass"
+              " --resume to continue it or --overwrite to start afresh", file=sys.stderr)
+        sys.exit(2)
 
 
 def main() -> None:
     args = parse_args()
+    refuse_silent_resume(args, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     incarnation = init_distributed("gloo")  # incarnation = torchrun restart count
     rank, world = dist.get_rank(), dist.get_world_size()
-    args.workdir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        if args.overwrite and incarnation == 0:
+            for name in earlier_run(args.workdir):
+                (args.workdir / name).unlink(missing_ok=True)
+    dist.barrier()
     torch.manual_seed(args.seed)
 
     # Data and model: the 1,797 8x8 digits shipped inside scikit-learn, and a small MLP.
@@ -85,9 +118,10 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sum_loss = torch.nn.CrossEntropyLoss(reduction="sum")
 
-    # Shard service (embedded in rank 0 unless a URL is given); rank 0 registers the data set.
-    url, server = job_service(args.shard_server, args.workdir / "shards.db")
-    client = ShardClient(url, "digits", worker=f"rank{rank}")
+    # Shard service (embedded in rank 0 unless a URL is given); rank 0 registers the data set
+    # with the job's token, which every rank learns through the torchrun store.
+    svc = job_service(args.shard_server, args.workdir / "shards.db", args.workdir / "job.token")
+    client = ShardClient(svc.url, "digits", worker=f"rank{rank}", token=svc.token)
     if rank == 0:
         client.create_dataset(DatasetConfig("digits", len(x), shard_size=4 * args.global_batch // world,
                                             seed=args.seed, num_epochs=args.epochs, lease_s=args.lease_s))
@@ -102,15 +136,15 @@ def main() -> None:
                              persistent_start=args.persistent_start, incarnation=incarnation,
                              seed=args.seed)
     if rank == 0:
-        client.configure_control({"policy": args.policy, "world_size": world,
-                                  "global_batch": args.global_batch, "memory_cap": args.memory_cap,
-                                  "total_steps": args.steps, "restart_cost_s": args.restart_cost,
-                                  "max_restarts": args.max_restarts - incarnation,
-                                  "window": args.window, "persistent_windows": args.persistent_windows,
-                                  "incarnation": incarnation})
+        client.configure_control(ControlConfig(
+            policy=args.policy, world_size=world, global_batch=args.global_batch,
+            memory_cap=args.memory_cap, total_steps=args.steps, restart_cost_s=args.restart_cost,
+            max_restarts=max(0, args.max_restarts - incarnation), window=args.window,
+            persistent_windows=args.persistent_windows, incarnation=incarnation))
     dist.barrier()
-    agent = Agent(ShardClient(url, "digits", worker=f"agent{rank}"), rank, world, args.global_batch,
-                  args.memory_cap, incarnation, device.device)
+    agent = Agent(ShardClient(svc.url, "digits", worker=f"agent{rank}", token=svc.token), rank,
+                  world, args.global_batch, args.memory_cap, incarnation, device.device)
+    dd = DataParallelStep(model, n_extras=3)  # extras: unfinished, KILL_RESTART votes, target
     plan = agent.plan(step)
     sampler = ShardBatchSampler(client, batch_size=lambda: plan.batch_size, block=False,
                                 ack_interval_s=args.ack_interval)
@@ -130,10 +164,10 @@ def main() -> None:
         batch = next(batches, None)
         inputs, targets = batch if batch is not None else (x[:0], y[:0])
         pending_kill = plan.kill_target if plan.kill_target is not None else -1
-        result = global_step(model, sum_loss, inputs, targets,
-                             micro_batches(len(inputs), args.memory_cap), optimizer,
-                             extras=[0.0 if sampler.finished else 1.0, pending_kill >= 0,
-                                     pending_kill + 1], on_micro_batch=device.run)
+        result = dd.step(sum_loss, inputs, targets, micro_batches(len(inputs), args.memory_cap),
+                         optimizer, extras=[0.0 if sampler.finished else 1.0,
+                                            float(pending_kill >= 0), pending_kill + 1.0],
+                         on_micro_batch=device.run)
         sampler.ack()
         step += 1
         last_loss = result.mean_loss if result.global_count else last_loss
@@ -171,8 +205,8 @@ def main() -> None:
         (args.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"done: {step} steps, last loss {last_loss:.4f}, batch sizes {agent.batch_sizes}")
     dist.barrier()
-    if server:
-        server.stop()
+    if svc.server:
+        svc.server.stop()
     dist.destroy_process_group()
 
 

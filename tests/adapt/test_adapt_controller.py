@@ -90,3 +90,41 @@ def test_bad_control_config():
         Controller(ControlConfig("asp", 2, 64))
     with pytest.raises(InputError, match="global_batch"):
         Controller(ControlConfig("dd", 8, 4))
+
+
+def test_nd_never_spends_a_restart_on_a_deterministic_straggler():
+    """Rank 3 is slow because its device type is slower: a relaunch would not help (DD's case)."""
+    cfg = ControlConfig("nd", 4, 128, total_steps=1000, restart_cost_s=0.01, window=2,
+                        persistent_windows=2)
+    ctl = Controller(cfg)
+    devices = ["a100", "a100", "a100", "v100"]
+    acts = feed(ctl, 20, [0.01, 0.01, 0.01, 0.03], devices=devices)
+    assert ctl.last_classes[3]["class"] == DETERMINISTIC
+    assert acts and all(a.kind == ADJUST_BS for a in acts)
+    assert acts[-1].batch_sizes[3] < 128 / 4 / 2  # work moved away from it
+    # The same slowness on the common device type is persistent, and is restarted.
+    same = Controller(cfg)
+    kills = [a for a in feed(same, 20, [0.01, 0.01, 0.01, 0.03], devices=["a100"] * 4)
+             if a.kind == KILL_RESTART]
+    assert [a.target for a in kills] == [3]
+
+
+def test_policies_are_registered_and_configs_are_validated():
+    from stragglers.protocols import CONTROLLER_POLICIES
+
+    assert {"bsp", "dd", "nd"} <= set(CONTROLLER_POLICIES.names())
+    for name in ("bsp", "dd", "nd"):
+        assert CONTROLLER_POLICIES.get(name).name == name
+    with pytest.raises(InputError, match="theta"):
+        ControlConfig("dd", 2, 64, theta=float("nan"))
+    with pytest.raises(InputError, match="memory_cap"):
+        ControlConfig("dd", 2, 64, memory_cap=0)
+    with pytest.raises(InputError, match="unknown"):
+        ControlConfig.from_mapping({"policy": "dd", "world_size": 2, "global_batch": 4, "x": 1})
+
+
+def test_a_repeated_report_is_not_counted_twice():
+    m = Monitor(1, window=3, warmup_steps=0)
+    for step in (0, 1, 1, 1, 2):
+        m.record(0, step, 0.1, 10)
+    assert len(m.workers[0].records) == 3

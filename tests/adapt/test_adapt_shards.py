@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import collections
+import hashlib
+import sqlite3
 
 import pytest
 
-from stragglers.adapt.shards import (DONE, FAILED, DatasetConfig, LeaseLost, ShardStore,
-                                     epoch_permutation)
+from stragglers.adapt.dataset import DatasetConfig, epoch_permutation
+from stragglers.adapt.shards import (DONE, FAILED, Conflict, Fenced, Forbidden, LeaseLost,
+                                     NotFound, ShardStore)
 from stragglers.errors import InputError
 
 
@@ -28,15 +31,28 @@ def store(tmp_path):
     s.close()
 
 
+def one(store, name, worker, fence, **kw):
+    reply = store.lease(name, worker, fence, **kw)
+    assert reply["status"] == "ok", reply
+    return reply["leases"][0]
+
+
 def drain(store, name, worker="w", counter=None):
     counter = counter if counter is not None else collections.Counter()
+    fence = store.join(name, worker)["fence"]
     while True:
-        r = store.lease(name, worker)
+        r = store.lease(name, worker, fence)
         if r["status"] != "ok":
             return r, counter
-        lease = r["lease"]
+        lease = r["leases"][0]
         counter.update((lease["epoch"], i) for i in lease["indices"])
-        store.ack(name, worker, lease["epoch"], lease["shard"], lease["size"])
+        store.ack(name, worker, fence, lease["epoch"], lease["shard"], lease["size"])
+
+
+def dump(path):
+    with sqlite3.connect(path) as c:
+        return {t: c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall()
+                for t in ("datasets", "shards", "workers")}
 
 
 def test_every_sample_once_per_epoch_with_deterministic_shuffles(store, tmp_path):
@@ -48,50 +64,51 @@ def test_every_sample_once_per_epoch_with_deterministic_shuffles(store, tmp_path
     assert set(counter.values()) == {1}
     assert (epoch_permutation(103, 7, 1) == epoch_permutation(103, 7, 1)).all()
     assert (epoch_permutation(103, 7, 1) != epoch_permutation(103, 7, 2)).any()
-    # The second epoch starts only once the first one's TODO is empty.
     other = ShardStore(tmp_path / "again.db")
     other.create_dataset(DatasetConfig("d", 103, 10, seed=7, num_epochs=3))
-    first = other.lease("d", "x")["lease"]
+    first = one(other, "d", "x", other.join("d", "x")["fence"])
     assert first["indices"] == epoch_permutation(103, 7, 0)[:10].tolist()
 
 
 def test_partial_ack_then_requeue_resumes_at_the_offset_at_the_front(store):
     store.create_dataset(DatasetConfig("d", 40, 10, lease_s=5))
-    a = store.lease("d", "a")["lease"]
-    store.ack("d", "a", 0, a["shard"], 4)
-    store.release("d", "a")
-    again = store.lease("d", "b")["lease"]
+    fa = store.join("d", "a")["fence"]
+    a = one(store, "d", "a", fa)
+    store.ack("d", "a", fa, 0, a["shard"], 4)
+    store.release("d", "a", fa)
+    again = one(store, "d", "b", store.join("d", "b")["fence"])
     assert (again["shard"], again["offset"]) == (a["shard"], 4)
     assert again["indices"] == a["indices"][4:]
 
 
 def test_expired_lease_goes_back_and_the_late_ack_is_refused(store):
     store.create_dataset(DatasetConfig("d", 20, 10, lease_s=5))
-    a = store.lease("d", "slow")["lease"]
+    fs, ff = store.join("d", "slow")["fence"], store.join("d", "fast")["fence"]
+    a = one(store, "d", "slow", fs)
     store.clock.now += 6
-    b = store.lease("d", "fast")["lease"]
+    b = one(store, "d", "fast", ff)
     assert b["shard"] == a["shard"]  # the expired shard is first in line
     with pytest.raises(LeaseLost):
-        store.ack("d", "slow", 0, a["shard"], 10)
-    status = store.status("d")
-    assert status["epochs"]["0"]["DOING"] == 1
+        store.ack("d", "slow", fs, 0, a["shard"], 10)
+    assert store.status("d")["epochs"]["0"]["DOING"] == 1
 
 
 def test_acks_renew_the_lease(store):
     store.create_dataset(DatasetConfig("d", 20, 10, lease_s=5))
-    a = store.lease("d", "w")["lease"]
+    f = store.join("d", "w")["fence"]
+    a = one(store, "d", "w", f)
     for k in range(1, 5):
         store.clock.now += 4
-        store.ack("d", "w", 0, a["shard"], k)
-    assert store.lease("d", "other")["lease"]["shard"] != a["shard"]
+        store.ack("d", "w", f, 0, a["shard"], k)
+    assert one(store, "d", "other", store.join("d", "other")["fence"])["shard"] != a["shard"]
 
 
 def test_bounded_retries_end_in_a_report_not_a_drop(store):
     store.create_dataset(DatasetConfig("d", 20, 10, lease_s=1, max_retries=2))
-    poison = store.lease("d", "w0")["lease"]["shard"]
+    poison = one(store, "d", "w0", store.join("d", "w0")["fence"])["shard"]
     for attempt in range(1, 3):
-        store.release("d", f"w{attempt - 1}", error="segfault")
-        assert store.lease("d", f"w{attempt}")["lease"]["shard"] == poison
+        store.release("d", f"w{attempt - 1}", error="segfault")  # a launcher saw it die
+        assert one(store, "d", f"w{attempt}", store.join("d", f"w{attempt}")["fence"])["shard"] == poison
     store.release("d", "w2", error="segfault")
     status = store.status("d")
     assert status["epochs"]["0"][FAILED] == 1
@@ -99,6 +116,7 @@ def test_bounded_retries_end_in_a_report_not_a_drop(store):
                                  "error": "segfault"}]
     reply, counter = drain(store, "d")
     assert reply["status"] == "finished" and reply["failed"][0]["shard"] == poison
+    assert reply["failed_total"] == 1
     store.retry_failed("d")
     reply, counter = drain(store, "d", counter=counter)
     assert len(counter) == 20 and reply["failed"] == []
@@ -106,44 +124,177 @@ def test_bounded_retries_end_in_a_report_not_a_drop(store):
 
 def test_snapshot_restore_puts_doing_shards_first_with_their_offsets(store):
     store.create_dataset(DatasetConfig("d", 50, 10, num_epochs=2))
-    done = store.lease("d", "a")["lease"]
-    store.ack("d", "a", 0, done["shard"], 10)
-    doing = store.lease("d", "b")["lease"]
-    store.ack("d", "b", 0, doing["shard"], 3)
+    fa, fb, fc = (store.join("d", w)["fence"] for w in "abc")
+    done = one(store, "d", "a", fa)
+    store.ack("d", "a", fa, 0, done["shard"], 10)
+    doing = one(store, "d", "b", fb)
+    store.ack("d", "b", fb, 0, doing["shard"], 3)
     snap = store.snapshot("d")
     # Progress after the snapshot is forgotten on restore (the model is rolled back too).
-    later = store.lease("d", "c")["lease"]
-    store.ack("d", "c", 0, later["shard"], 10)
+    later = one(store, "d", "c", fc)
+    store.ack("d", "c", fc, 0, later["shard"], 10)
     store.restore(snap)
-    first = store.lease("d", "x")["lease"]
+    fx = store.join("d", "x")["fence"]
+    first, second = one(store, "d", "x", fx), one(store, "d", "x", fx)
     assert (first["shard"], first["offset"]) == (doing["shard"], 3)
-    second = store.lease("d", "y")["lease"]
     assert second["shard"] == later["shard"] and second["offset"] == 0
-    st = store.status("d")["epochs"]["0"]
-    assert st[DONE] == 1
+    assert store.status("d")["epochs"]["0"][DONE] == 1
 
 
-def test_config_errors_name_the_field(store):
+def test_a_retried_lease_request_returns_the_same_shards(store):
+    store.create_dataset(DatasetConfig("d", 100, 10))
+    f = store.join("d", "w")["fence"]
+    first = store.lease("d", "w", f, count=3, request_id="r1")["leases"]
+    again = store.lease("d", "w", f, count=3, request_id="r1")["leases"]
+    assert [x["shard"] for x in again] == [x["shard"] for x in first]
+    assert again == first
+    new = store.lease("d", "w", f, count=1, request_id="r2")["leases"]
+    assert new[0]["shard"] not in {x["shard"] for x in first}
+    assert store.status("d")["epochs"]["0"]["DOING"] == 4
+
+
+def test_a_retry_after_the_lease_was_lost_leases_afresh(store):
+    store.create_dataset(DatasetConfig("d", 100, 10, lease_s=5))
+    f = store.join("d", "w")["fence"]
+    first = store.lease("d", "w", f, request_id="r1")["leases"][0]
+    store.clock.now += 6
+    store.lease("d", "w2", store.join("d", "w2")["fence"])  # expires it, re-leases it to w2
+    again = store.lease("d", "w", f, request_id="r1")["leases"][0]
+    assert again["shard"] != first["shard"]
+
+
+def test_a_new_incarnation_fences_off_its_predecessor(store):
+    store.create_dataset(DatasetConfig("d", 40, 10))
+    old = store.join("d", "A")["fence"]
+    held = one(store, "d", "A", old)
+    new = store.join("d", "A")
+    assert new["released"] == [[0, held["shard"]]] and new["fence"] == old + 1
+    again = one(store, "d", "A", new["fence"])
+    assert again["shard"] == held["shard"]  # same worker name, same shard, new fence
+    with pytest.raises(Fenced):
+        store.ack("d", "A", old, 0, held["shard"], 10)
+    with pytest.raises(Fenced):
+        store.lease("d", "A", old)
+    with pytest.raises(Fenced):
+        store.lease("d", "never-joined", 1)
+    assert store.ack("d", "A", new["fence"], 0, held["shard"], 10)["state"] == DONE
+
+
+def test_ack_after_done_is_idempotent(store):
+    store.create_dataset(DatasetConfig("d", 20, 10))
+    f = store.join("d", "w")["fence"]
+    a = one(store, "d", "w", f)
+    assert store.ack("d", "w", f, 0, a["shard"], 10) == {"state": DONE, "consumed": 10}
+    assert store.ack("d", "w", f, 0, a["shard"], 10) == {"state": DONE, "consumed": 10}
+    assert store.ack("d", "w", f, 0, a["shard"], 4) == {"state": DONE, "consumed": 10}
+    g = store.join("d", "other")["fence"]
+    with pytest.raises(LeaseLost):
+        store.ack("d", "other", g, 0, a["shard"], 10)
+
+
+def test_a_failing_lease_commits_nothing(store, tmp_path):
+    store.create_dataset(DatasetConfig("d", 20, 10))
+    f = store.join("d", "w")["fence"]
+    before = dump(tmp_path / "shards.db")
+
+    def broken(*args):
+        raise RuntimeError("injected failure while computing the indices")
+
+    store._indices = broken
+    with pytest.raises(RuntimeError):
+        store.lease("d", "w", f, request_id="r")
+    assert dump(tmp_path / "shards.db") == before
+    # The same inside a group commit: the failing call is rolled back alone.
+    results = store.run_batch([lambda: store.lease("d", "w", f), lambda: store.status("d")])
+    assert results[0][0] is False and results[1][0] is True
+    assert dump(tmp_path / "shards.db") == before
+
+
+def test_leases_held_while_no_service_ran_get_a_grace_period(tmp_path):
+    clock = Clock()
+    s = ShardStore(tmp_path / "x.db", clock=clock)
+    s.create_dataset(DatasetConfig("d", 40, 10, lease_s=5))
+    f = s.join("d", "w")["fence"]
+    a = one(s, "d", "w", f)
+    s.close()
+    clock.now += 60  # an outage 12x the lease
+    s2 = ShardStore(tmp_path / "x.db", clock=clock)
+    b = one(s2, "d", "v", s2.join("d", "v")["fence"])
+    assert b["shard"] != a["shard"]  # not expired: its holder could not renew meanwhile
+    assert s2.ack("d", "w", f, 0, a["shard"], 10)["state"] == DONE
+    clock.now += 6  # but a lease not renewed after the restart expires as usual
+    assert s2.status("d")["epochs"]["0"]["DOING"] == 0
+
+
+def test_config_errors_name_the_field_and_recreate_must_match(store):
     with pytest.raises(InputError, match="shard_size"):
         store.create_dataset(DatasetConfig("d", 10, 0))
+    with pytest.raises(InputError, match="shard_size"):
+        store.create_dataset(DatasetConfig("d", 1_000_000, 1))  # 10^6 shards per epoch
+    with pytest.raises(InputError, match="lease_s"):
+        store.create_dataset(DatasetConfig("d", 10, 5, lease_s=float("nan")))
+    with pytest.raises(InputError, match="num_samples"):
+        store.create_dataset(DatasetConfig("d", "10", 5))
     store.create_dataset(DatasetConfig("d", 10, 5))
-    with pytest.raises(InputError, match="different config"):
-        store.create_dataset(DatasetConfig("d", 11, 5))
-    with pytest.raises(InputError, match="no data set"):
-        store.lease("nope", "w")
+    assert store.create_dataset(DatasetConfig("d", 10, 5)) == {"created": False}
+    with pytest.raises(Conflict, match="lease_s"):
+        store.create_dataset(DatasetConfig("d", 10, 5, lease_s=0.05))
+    with pytest.raises(NotFound):
+        store.lease("nope", "w", 1)
+    f = store.join("d", "w")["fence"]
+    a = one(store, "d", "w", f)
     with pytest.raises(InputError, match="consumed"):
-        a = store.lease("d", "w")["lease"]
-        store.ack("d", "w", 0, a["shard"], 99)
+        store.ack("d", "w", f, 0, a["shard"], 99)
+
+
+def test_a_data_set_belongs_to_the_token_that_created_it(store):
+    owner, intruder = hashlib.sha256(b"a" * 32).hexdigest(), hashlib.sha256(b"b" * 32).hexdigest()
+    store.create_dataset(DatasetConfig("d", 10, 5), owner)
+    with pytest.raises(Forbidden):
+        store.create_dataset(DatasetConfig("d", 10, 5), intruder)
+    with pytest.raises(Forbidden):
+        store.release("d", "w", token_sha256=intruder)
+    with pytest.raises(Forbidden):
+        store.restore(store.snapshot("d"), intruder)
+    f = store.join("d", "w", owner)["fence"]
+    assert store.lease("d", "w", f, token_sha256=owner)["status"] == "ok"
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda s: s["shards"].pop(), "shards"),
+    (lambda s: s["shards"].__setitem__(1, list(s["shards"][0])), "shards[1]"),
+    (lambda s: s["shards"][0].__setitem__(2, "BOGUS"), "shards[0].state"),
+    (lambda s: s["shards"][0].__setitem__(3, 11), "shards[0].consumed"),
+    (lambda s: s["shards"][0].__setitem__(3, -1), "shards[0].consumed"),
+    (lambda s: s["shards"][0].__setitem__(2, "DONE"), "shards[0].consumed"),
+    (lambda s: s["shards"][0].__setitem__(3, True), "shards[0].consumed"),
+    (lambda s: s["shards"][0].__setitem__(6, "x" * 5000), "shards[0].error"),
+    (lambda s: s.__setitem__("epochs_created", 5), "epochs_created"),
+    (lambda s: s["dataset"].__setitem__("lease_s", 0.001), "lease_s"),
+    (lambda s: s.pop("shards"), None),
+])
+def test_an_inconsistent_snapshot_is_refused_and_changes_nothing(store, tmp_path, mutate, field):
+    store.create_dataset(DatasetConfig("d", 40, 10, num_epochs=2))
+    f = store.join("d", "w")["fence"]
+    a = one(store, "d", "w", f)
+    store.ack("d", "w", f, 0, a["shard"], 3)
+    snap = store.snapshot("d")
+    before = dump(tmp_path / "shards.db")
+    mutate(snap)
+    with pytest.raises(InputError) as err:
+        store.restore(snap)
+    assert err.value.field == field
+    assert dump(tmp_path / "shards.db") == before
 
 
 def test_state_survives_reopening_the_file(tmp_path):
     s = ShardStore(tmp_path / "x.db")
     s.create_dataset(DatasetConfig("d", 30, 10))
-    a = s.lease("d", "w")["lease"]
-    s.ack("d", "w", 0, a["shard"], 10)
+    f = s.join("d", "w")["fence"]
+    a = one(s, "d", "w", f)
+    s.ack("d", "w", f, 0, a["shard"], 10)
     s.close()
-    s2 = ShardStore(tmp_path / "x.db")
-    assert s2.status("d")["epochs"]["0"][DONE] == 1
+    assert ShardStore(tmp_path / "x.db").status("d")["epochs"]["0"][DONE] == 1
 
 
 def test_not_a_database_is_an_input_error(tmp_path):

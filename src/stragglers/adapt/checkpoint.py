@@ -1,4 +1,9 @@
-"""Model + optimizer + shard state in one file, written atomically at the same step."""
+"""Model + optimizer + shard state in one file, written atomically at the same step.
+
+The file holds only tensors and plain containers, and is read with `torch.load(weights_only=True)`:
+a tampered checkpoint cannot run code. The shard snapshot inside it is validated by the service
+on restore like any other request.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from stragglers.adapt.client import ShardClient
+from stragglers.errors import InputError
 
 
 def save_job_checkpoint(path: str | Path, step: int, model: torch.nn.Module,
@@ -17,8 +23,9 @@ def save_job_checkpoint(path: str | Path, step: int, model: torch.nn.Module,
     """Collective: all ranks have acknowledged their batches, rank 0 writes, all wait for it.
 
     The first barrier makes the shard snapshot match the model exactly at `step` (every rank
-    acks before entering it); the file is written to a temporary name, fsynced and renamed, so
-    a crash leaves either the old checkpoint or the new one.
+    acks before entering it); the file is written to a temporary name, fsynced, renamed, and
+    the directory fsynced, so a crash (of the process or the machine) leaves either the old
+    checkpoint or the new one.
     """
     dist.barrier()
     if dist.get_rank() == 0:
@@ -31,14 +38,39 @@ def save_job_checkpoint(path: str | Path, step: int, model: torch.nn.Module,
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_directory(path.parent)
     dist.barrier()
+
+
+def fsync_directory(directory: str | Path) -> None:
+    """Make a rename inside `directory` durable (POSIX: the entry lives in the directory)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_checkpoint(path: str | Path) -> dict | None:
+    """The checkpoint's contents (tensors and plain values only), None when there is none."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - unpickling errors come in many types
+        raise InputError(path, None, f"not a checkpoint this code wrote, or tampered with"
+                         f" ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+    missing = {"step", "model", "optimizer", "shards"} - set(state if isinstance(state, dict) else ())
+    if missing:
+        raise InputError(path, sorted(missing)[0], "missing from the checkpoint")
+    return state
 
 
 def load_job_checkpoint(path: str | Path, model: torch.nn.Module,
                         optimizer: torch.optim.Optimizer, client: ShardClient) -> dict | None:
     """Collective: every rank loads the model; rank 0 puts the shard service back to the same step."""
-    path = Path(path)
-    state = torch.load(path, weights_only=False) if path.exists() else None
+    state = read_checkpoint(path)
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

@@ -3,27 +3,45 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import httpx
 
-from stragglers.adapt.shards import DatasetConfig, LeaseLost
-from stragglers.errors import InputError, StragglersError
+from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.shards import Conflict, Fenced, Forbidden, LeaseLost, NotFound
+from stragglers.errors import EnvironmentFailure, InputError
+
+_CONFLICTS = {"Fenced": Fenced, "LeaseLost": LeaseLost}
 
 
-class ServiceUnavailable(StragglersError):
-    """The shard service did not answer within the retry budget."""
+class ServiceUnavailable(EnvironmentFailure):
+    """The shard service did not answer (or answered 5xx) within the retry budget."""
 
 
 class ShardClient:
-    """Talks to one data set on the service; retries while the service restarts."""
+    """Talks to one data set (and its job's controller) on the service.
 
-    def __init__(self, url: str, dataset: str, worker: str, retry_s: float = 60.0,
-                 timeout_s: float = 10.0):
+    Every call is retried while the service is unreachable or answers 5xx, for up to `retry_s`:
+    a restarted service resumes from its SQLite file. Retries are safe: a lease retry carries
+    the first attempt's request id (the same shards come back), acks are idempotent.
+    `token` is the job's bearer token (it owns the data set and the controller it creates).
+    """
+
+    def __init__(self, url: str, dataset: str, worker: str, token: str | None = None,
+                 retry_s: float = 60.0, timeout_s: float = 10.0, job: str | None = None,
+                 service_token: str | None = None):
         self.url, self.dataset, self.worker = url.rstrip("/"), dataset, worker
+        self.job = job or dataset
         self.retry_s = retry_s
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        self.fence: int | None = None
+        headers = {}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if service_token:
+            headers["X-Service-Token"] = service_token
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -35,49 +53,78 @@ class ShardClient:
         while True:
             try:
                 resp = self._http.request(method, path, json=body, params=params)
-                break
+                if resp.status_code < 500:
+                    break
+                problem = f"answered {resp.status_code}: {_message(resp)}"
             except httpx.TransportError as exc:
-                # The service may be restarting (it resumes from its SQLite file): retry.
-                if time.monotonic() > deadline:
-                    raise ServiceUnavailable(f"shard service {self.url} unreachable for"
-                                             f" {self.retry_s:.0f}s ({exc})") from exc
-                time.sleep(delay)
-                delay = min(1.0, delay * 2)
-        if resp.status_code == 409:
-            raise LeaseLost(resp.json().get("error", "lease lost"))
+                problem = f"unreachable ({type(exc).__name__}: {exc})"
+            # The service may be restarting (it resumes from its SQLite file): retry.
+            if time.monotonic() > deadline:
+                raise ServiceUnavailable(f"shard service {self.url}{path}",
+                                         f"{problem}; gave up after {self.retry_s:.0f}s")
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
         if resp.status_code >= 400:
-            try:
-                msg = resp.json().get("error") or resp.text
-            except ValueError:
-                msg = resp.text
-            raise InputError(f"{self.url}{path}", None, msg)
+            msg, kind, field = _message(resp), _kind(resp), _field(resp)
+            if resp.status_code == 409:
+                raise _CONFLICTS.get(kind, Conflict)(msg)
+            if resp.status_code in (401, 403):
+                raise Forbidden(msg)
+            if resp.status_code == 404:
+                raise NotFound(msg)
+            raise InputError(f"{self.url}{path}", field, msg)
         return resp.json()
 
     def _ds(self, op: str) -> str:
         return f"/datasets/{self.dataset}/{op}"
 
+    def _job(self, op: str) -> str:
+        return f"/jobs/{self.job}/control/{op}"
+
     def create_dataset(self, cfg: DatasetConfig) -> dict:
-        """Register the data set (idempotent)."""
-        return self._call("POST", "/datasets", {**cfg.__dict__, "name": self.dataset})
+        """Register the data set (idempotent for the same config and token)."""
+        return self._call("POST", "/datasets", {**asdict(cfg), "name": self.dataset})
+
+    def join(self) -> int:
+        """Start this worker's incarnation: fences off earlier ones (their shards go back)."""
+        self.fence = self._call("POST", self._ds("join"), {"worker": self.worker})["fence"]
+        return self.fence
+
+    def _need_fence(self) -> int:
+        if self.fence is None:
+            self.join()
+        return self.fence
 
     def lease(self, count: int = 1) -> dict:
-        """Pull the next shard: {"status": "ok"|"wait"|"finished", "lease": {...}, "failed": [...]}.
+        """Pull shards: {"status": "ok"|"wait"|"finished", "leases": [...], "failed": [...]}.
 
-        With count > 1, up to `count` shards at once under "leases" (a failure of this worker
-        then returns all of them to the queue).
+        With count == 1 the shard is also under "lease". A failure of this worker returns all
+        of them to the queue.
         """
-        body = {"worker": self.worker} if count == 1 else {"worker": self.worker, "count": count}
-        return self._call("POST", self._ds("lease"), body)
+        body = {"worker": self.worker, "fence": self._need_fence(), "count": count,
+                "request_id": uuid.uuid4().hex}
+        reply = self._call("POST", self._ds("lease"), body)
+        if count == 1 and reply["leases"]:
+            reply["lease"] = reply["leases"][0]
+        return reply
 
     def ack(self, epoch: int, shard: int, consumed: int) -> dict:
         """Report the samples of a shard consumed so far (renews the lease)."""
-        return self._call("POST", self._ds("ack"), {"worker": self.worker, "epoch": epoch,
+        return self._call("POST", self._ds("ack"), {"worker": self.worker,
+                                                     "fence": self._need_fence(), "epoch": epoch,
                                                      "shard": shard, "consumed": consumed})
 
-    def release(self, failure: bool = True, error: str | None = None) -> dict:
-        """Give back every shard this worker holds (to the front of the queue)."""
-        return self._call("POST", self._ds("release"), {"worker": self.worker,
-                                                         "failure": failure, "error": error})
+    def release(self, failure: bool = True, error: str | None = None,
+                all_incarnations: bool = False) -> dict:
+        """Give back this incarnation's shards; `all_incarnations`: fence off every one (a launcher)."""
+        body = {"worker": self.worker, "failure": failure, "error": error}
+        if not all_incarnations:
+            body["fence"] = self._need_fence()
+        return self._call("POST", self._ds("release"), body)
+
+    def retry_failed(self) -> dict:
+        """Put the FAILED shards back in the queue."""
+        return self._call("POST", self._ds("retry-failed"), {})
 
     def status(self) -> dict:
         """Counts per epoch and state, and the FAILED-shard report."""
@@ -91,24 +138,45 @@ class ShardClient:
         """Reset the service to a snapshot taken with the model checkpoint being loaded."""
         return self._call("POST", self._ds("restore"), snap)
 
-    def configure_control(self, config: dict) -> dict:
-        """Start the controller for this job incarnation."""
-        return self._call("POST", "/control/config", config)
+    def configure_control(self, config) -> dict:
+        """Start the job's controller for this incarnation (a ControlConfig or its dict)."""
+        body = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        return self._call("POST", self._job("config"), body)
 
     def report_steps(self, rank: int, records: list, device: str, incarnation: int,
                      since: int = 0) -> dict:
         """Send step records [[step, bpt, batch], ...] to the Monitor; get actions >= since back."""
-        return self._call("POST", "/control/report", {"rank": rank, "records": records,
-                                                      "device": device, "incarnation": incarnation,
-                                                      "since": since})
+        return self._call("POST", self._job("report"), {"rank": rank, "records": records,
+                                                        "device": device, "incarnation": incarnation,
+                                                        "since": since})
 
     def actions(self, since: int) -> dict:
         """Controller actions with seq >= since."""
-        return self._call("GET", "/control/actions", params={"since": since})
+        return self._call("GET", self._job("actions"), params={"since": since})
 
     def control_state(self) -> dict:
         """The controller's current view."""
-        return self._call("GET", "/control/state")
+        return self._call("GET", self._job("state"))
+
+
+def _payload(resp: httpx.Response) -> dict:
+    try:
+        body = resp.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _message(resp: httpx.Response) -> str:
+    return str(_payload(resp).get("error") or resp.text[:500])
+
+
+def _kind(resp: httpx.Response) -> str:
+    return str(_payload(resp).get("kind", ""))
+
+
+def _field(resp: httpx.Response) -> str | None:
+    return _payload(resp).get("field")
 
 
 @dataclass
@@ -125,14 +193,16 @@ class ShardBatchSampler:
     """A DataLoader batch_sampler that pulls shards; each batch may span shard boundaries.
 
     Call `ack()` after the optimizer step that used a batch (also done implicitly when the next
-    batch is requested). With `block=False` (synchronous training) a batch is short or empty when
-    the service says "wait", so no rank blocks while a peer holds the last shards; `finished`
-    turns True once the service has nothing left. Use DataLoader(num_workers=0): a prefetching
+    batch is requested). Iterating first joins the service as a new incarnation of the worker
+    (fencing off a predecessor of the same name); if this incarnation is fenced off in turn,
+    iteration raises Fenced and it must stop. With `block=False` (synchronous training) a
+    batch is short or empty when the service says "wait", so no rank blocks while a peer holds
+    the last shards; `finished` turns True once the service has nothing left. Use DataLoader(num_workers=0): a prefetching
     loader would request batches before the previous one was trained on.
     """
 
     def __init__(self, client: ShardClient, batch_size: int | Callable[[], int],
-                 block: bool = True, poll_s: float = 0.05, release_on_start: bool = True,
+                 block: bool = True, poll_s: float = 0.05, join_on_start: bool = True,
                  ack_interval_s: float = 0.0):
         self.client = client
         self.batch_size = batch_size
@@ -142,7 +212,7 @@ class ShardBatchSampler:
         # completion and ack(force=True), e.g. before a checkpoint, always send).
         self.ack_interval_s = ack_interval_s
         self._last_ack = 0.0
-        self.release_on_start = release_on_start
+        self.join_on_start = join_on_start
         self.finished = False
         self.failed_report: list[dict] = []
         self.lost_samples = 0  # handed out but whose lease was lost before the ack (replayed)
@@ -201,6 +271,9 @@ class ShardBatchSampler:
                 try:
                     self.client.ack(h.epoch, h.shard, h.base + h.taken)
                     h.acked = h.taken
+                except Fenced:
+                    self._held = []
+                    raise
                 except LeaseLost:
                     # Our lease expired and the shard went back to TODO: the service will hand
                     # the unacknowledged part out again (at-least-once), so drop our copy.
@@ -211,9 +284,9 @@ class ShardBatchSampler:
         self._held = keep
 
     def __iter__(self) -> Iterator[list[int]]:
-        if self.release_on_start:
-            self.client.release(failure=True, error=f"{self.client.worker} restarted")
-            self.release_on_start = False
+        if self.join_on_start:
+            self.client.join()
+            self.join_on_start = False
         while True:
             batch = self.next_batch()
             if not batch and self.finished:

@@ -1,4 +1,4 @@
-"""CLI commands of stragglers.adapt: the data-sharding service and a status query."""
+"""CLI commands of stragglers.adapt: `stragglers adapt serve` (the data-sharding service) and `status`."""
 
 from __future__ import annotations
 
@@ -10,45 +10,70 @@ import typer
 from stragglers.errors import InputError, MissingExtraError
 
 
+def _read_token(path: Path | None, option: str = "--token-file") -> str | None:
+    if path is None:
+        return None
+    if not path.is_file():
+        raise InputError(path, None, f"{option}: expected a file holding a token")
+    token = path.read_text().strip()
+    if not 16 <= len(token) <= 512:
+        raise InputError(path, None, f"{option}: expected a token of 16-512 characters")
+    return token
+
+
+def serve_command(
+    db: Path = typer.Option(..., "--db", help="SQLite file holding the shard state (created if absent)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (non-loopback needs --token-file)"),
+    port: int = typer.Option(8151, "--port", help="TCP port"),
+    token_file: Path = typer.Option(None, "--token-file",
+                                    help="file with the service token, required to create data sets and jobs"),
+    durable: bool = typer.Option(True, "--durable/--no-durable",
+                                 help="fsync every commit (survives a machine crash)"),
+    set_: list[str] = typer.Option(None, "--set", help="NAME=VALUE of ServiceConfig, repeatable"),
+) -> None:
+    """Serve the stateful data-sharding service (AntDT DDS) over HTTP."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtraError(exc.name or "fastapi", "service") from exc
+    from stragglers.adapt.service import ServiceConfig, serve
+    from stragglers.config import cli_overrides
+
+    base = cli_overrides(ServiceConfig, set_)
+    config = base.replace(host=host, port=port, durable=durable)
+    if db.exists() and db.is_dir():
+        raise InputError(db, None, "expected a SQLite file, got a directory")
+    if not db.parent.exists():
+        raise InputError(db, None, f"directory {db.parent} does not exist")
+    token = _read_token(token_file)
+    typer.echo(f"shard service on http://{host}:{port} (state in {db},"
+               f" {'durable' if durable else 'non-durable'} commits); Ctrl-C stops it")
+    serve(db, config, token)
+
+
+def status_command(
+    dataset: str = typer.Argument(..., help="data set name"),
+    url: str = typer.Option("http://127.0.0.1:8151", "--url", help="shard service URL"),
+) -> None:
+    """Print shard counts per epoch and the report of FAILED shards, as JSON."""
+    from stragglers.adapt.client import ShardClient
+
+    client = ShardClient(url, dataset, worker="cli", retry_s=2.0)
+    try:
+        typer.echo(json.dumps(client.status(), indent=1))
+    finally:
+        client.close()
+
+
 def register(app: typer.Typer) -> None:
-    """Add this capability's commands to the `stragglers` app."""
-
-    @app.command("shard-server")
-    def shard_server(
-        db: Path = typer.Option(..., "--db", help="SQLite file holding the shard state (created if absent)"),
-        host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
-        port: int = typer.Option(8151, "--port", help="TCP port"),
-        durable: bool = typer.Option(True, "--durable/--no-durable",
-                                     help="fsync every commit (survives a machine crash)"),
-    ) -> None:
-        """Serve the stateful data-sharding service (AntDT DDS) over HTTP."""
-        try:
-            import fastapi  # noqa: F401
-            import uvicorn  # noqa: F401
-        except ImportError as exc:
-            raise MissingExtraError(exc.name or "fastapi", "service") from exc
-        if not 0 <= port <= 65535:
-            raise InputError("--port", None, f"expected 0..65535, got {port}")
-        if db.exists() and db.is_dir():
-            raise InputError(db, None, "expected a SQLite file, got a directory")
-        if not db.parent.exists():
-            raise InputError(db, None, f"directory {db.parent} does not exist")
-        from stragglers.adapt.service import serve
-
-        typer.echo(f"shard service on http://{host}:{port} (state in {db},"
-                   f" {'durable' if durable else 'non-durable'} commits); Ctrl-C stops it")
-        serve(db, host, port, durable)
-
-    @app.command("shard-status")
-    def shard_status(
-        dataset: str = typer.Argument(..., help="data set name"),
-        url: str = typer.Option("http://127.0.0.1:8151", "--url", help="shard service URL"),
-    ) -> None:
-        """Print shard counts per epoch and the report of FAILED shards, as JSON."""
-        from stragglers.adapt.client import ShardClient
-
-        client = ShardClient(url, dataset, worker="cli", retry_s=2.0)
-        try:
-            typer.echo(json.dumps(client.status(), indent=1))
-        finally:
-            client.close()
+    """Add the `adapt` group (and the deprecated top-level aliases) to the `stragglers` app."""
+    group = typer.Typer(name="adapt", help="Self-adaptive training (AntDT): the data-sharding service.",
+                        no_args_is_help=True)
+    group.command("serve")(serve_command)
+    group.command("status")(status_command)
+    app.add_typer(group, name="adapt")
+    app.command("shard-server", hidden=True, deprecated=True,
+                help="Deprecated: use `stragglers adapt serve`.")(serve_command)
+    app.command("shard-status", hidden=True, deprecated=True,
+                help="Deprecated: use `stragglers adapt status`.")(status_command)

@@ -4,45 +4,59 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from stragglers.adapt.monitor import NONE, Monitor
+from stragglers.adapt.monitor import DETERMINISTIC, NONE, TRANSIENT, Monitor
 from stragglers.adapt.policies import restart_gain, split_batch
+from stragglers.config import Config, setting
 from stragglers.errors import InputError
+from stragglers.protocols import CONTROLLER_POLICIES
 
 ADJUST_BS, KILL_RESTART = "ADJUST_BS", "KILL_RESTART"
-POLICIES = ("bsp", "dd", "nd")
+MAX_WORLD = 1 << 16
+MAX_BATCH = 1 << 24
 
 
-@dataclass
-class ControlConfig:
+@dataclass(frozen=True)
+class ControlConfig(Config):
     """What the controller needs to know about the job; posted by rank 0 at start."""
 
-    policy: str
-    world_size: int
-    global_batch: int
-    memory_cap: int | None = None
-    total_steps: int = 0
-    restart_cost_s: float = 10.0
-    max_restarts: int = 1
-    window: int = 5
-    theta: float = 1.3
-    persistent_windows: int = 3
-    min_change: float = 0.05  # re-plan only when some b_i moves by more than this x B/n
-    lag_s: float = 1.0  # how far ahead an action takes effect, so every agent has seen it
-    incarnation: int = 0
+    policy: str = setting("bsp", "controller policy (a name in CONTROLLER_POLICIES: bsp, dd, nd)")
+    world_size: int = setting(1, "ranks in the job", minimum=1, maximum=MAX_WORLD)
+    global_batch: int = setting(1, "samples per global step B (>= world_size)", minimum=1,
+                                maximum=MAX_BATCH)
+    memory_cap: int | None = setting(None, "samples per micro-batch M (null: no cap)")
+    total_steps: int = setting(0, "steps the job will run (for the restart gain)", minimum=0,
+                               maximum=1 << 40)
+    restart_cost_s: float = setting(10.0, "predicted seconds one KILL_RESTART costs",
+                                    minimum=0.0, maximum=1e7)
+    max_restarts: int = setting(1, "KILL_RESTART actions allowed", minimum=0, maximum=1000)
+    window: int = setting(5, "monitor window W in steps", minimum=1, maximum=10_000)
+    theta: float = setting(1.3, "straggler threshold on r_i", minimum=1.0, maximum=100.0)
+    persistent_windows: int = setting(3, "flagged windows in a row that make a straggler"
+                                      " persistent", minimum=1, maximum=10_000)
+    min_change: float = setting(0.05, "re-plan only when some b_i moves by more than this x B/n",
+                                minimum=0.0, maximum=1.0)
+    lag_s: float = setting(1.0, "how far ahead an action takes effect, so every agent has seen"
+                           " it", minimum=0.0, maximum=3600.0)
+    incarnation: int = setting(0, "torchrun restart count of the job", minimum=0,
+                               maximum=1 << 31)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        CONTROLLER_POLICIES.get(self.policy, field="policy")
+        if self.memory_cap is not None and (isinstance(self.memory_cap, bool) or not isinstance(
+                self.memory_cap, int) or not 1 <= self.memory_cap <= MAX_BATCH):
+            raise InputError("ControlConfig", "memory_cap",
+                             f"expected null or 1..{MAX_BATCH}, got {self.memory_cap!r:.40}")
+        if self.global_batch < self.world_size:
+            raise InputError("ControlConfig", "global_batch",
+                             f"expected >= world_size ({self.world_size}), got {self.global_batch}")
 
     def validate(self) -> None:
-        """Raise InputError for a config the controller cannot act on."""
-        if self.policy not in POLICIES:
-            raise InputError("control config", "policy", f"expected one of {POLICIES}, got {self.policy!r}")
-        if self.world_size < 1:
-            raise InputError("control config", "world_size", f"expected >= 1, got {self.world_size}")
-        if self.global_batch < self.world_size:
-            raise InputError("control config", "global_batch",
-                             f"expected >= world_size ({self.world_size}), got {self.global_batch}")
-        if self.window < 1 or self.persistent_windows < 1:
-            raise InputError("control config", "window", "expected window and persistent_windows >= 1")
+        """Kept for callers of the old API: validation now happens at construction."""
 
 
 @dataclass
@@ -59,15 +73,14 @@ class Action:
 
 
 class Controller:
-    """Runs the chosen policy on each closed Monitor window."""
+    """Runs the configured policy (from CONTROLLER_POLICIES) on each closed Monitor window."""
 
     def __init__(self, config: ControlConfig):
-        config.validate()
         self.config = config
+        self.policy = CONTROLLER_POLICIES.get(config.policy, field="policy")()
         self.monitor = Monitor(config.world_size, config.window, config.theta,
                                config.persistent_windows)
-        n = config.world_size
-        self.batch_sizes = split_batch(config.global_batch, [1.0] * n)
+        self.batch_sizes = split_batch(config.global_batch, [1.0] * config.world_size)
         self.actions: list[Action] = []
         self.kills = 0
         self.last_classes: dict[int, dict] = {}
@@ -78,39 +91,93 @@ class Controller:
         if not self.monitor.window_ready():
             return []
         self.last_classes = self.monitor.evaluate()
-        if self.config.policy == "bsp":
-            return []  # the baseline only observes
-        new = self._decide_dd() if self.config.policy == "dd" else self._decide_nd()
-        self.actions.extend(new)
+        new = []
+        for proposal in self.policy.decide(self._view()):
+            action = self._action(proposal)
+            if action is not None:
+                new.append(action)
+                self.actions.append(action)
         return new
+
+    def _view(self) -> dict[str, Any]:
+        return {"config": self.config, "monitor": self.monitor, "classes": self.last_classes,
+                "batch_sizes": list(self.batch_sizes), "kills": self.kills}
 
     def _lag_steps(self) -> int:
         step_times = [r.bpt for w in self.monitor.workers.values() for r in list(w.records)[-3:]]
         step_time = max(statistics.median(step_times), 1e-3) if step_times else 0.1
         return max(2, math.ceil(self.config.lag_s / step_time))
 
-    def _adjust(self, sizes: list[int], reason: str) -> list[Action]:
-        n, cfg = self.config.world_size, self.config
+    def _action(self, proposal: dict) -> Action | None:
+        """Number a policy's proposal and schedule it; a negligible batch change is dropped."""
+        cfg = self.config
+        effective = self.monitor.latest_step + self._lag_steps()
+        if proposal["kind"] == KILL_RESTART:
+            self.kills += 1
+            return Action(len(self.actions), KILL_RESTART, effective, [], None,
+                          proposal["target"], proposal["reason"])
+        sizes = proposal["batch_sizes"]
         moved = max(abs(a - b) for a, b in zip(sizes, self.batch_sizes))
-        if moved <= cfg.min_change * cfg.global_batch / n:
+        if moved <= cfg.min_change * cfg.global_batch / cfg.world_size:
+            return None
+        self.batch_sizes = list(sizes)
+        return Action(len(self.actions), ADJUST_BS, effective, list(sizes), cfg.memory_cap, None,
+                      proposal["reason"])
+
+    def state(self) -> dict:
+        """What the controller knows, for status pages and the job's final report."""
+        return {"config": self.config.to_dict(), "batch_sizes": self.batch_sizes,
+                "classes": {str(k): {f: (None if isinstance(x, float) and x != x else x)
+                                     for f, x in v.items()}
+                            for k, v in self.last_classes.items()},
+                "actions": [asdict(a) for a in self.actions], "kills": self.kills}
+
+
+def _adjust(sizes: list[int], reason: str) -> dict:
+    return {"kind": ADJUST_BS, "batch_sizes": sizes, "reason": reason}
+
+
+@CONTROLLER_POLICIES.register("bsp")
+class StaticPolicy:
+    """The baseline (BSP with equal batches): observes, never acts."""
+
+    name = "bsp"
+
+    def decide(self, state: Mapping[str, Any]) -> list[dict]:
+        """No actions."""
+        return []
+
+
+@CONTROLLER_POLICIES.register("dd")
+class DedicatedPolicy:
+    """AntDT-DD: per-worker batches b_i = v_i (T* - c_i) from fitted throughput and overhead."""
+
+    name = "dd"
+
+    def decide(self, state: Mapping[str, Any]) -> list[dict]:
+        """One ADJUST_BS to the split of measured speeds (the controller drops a negligible one)."""
+        cfg, monitor = state["config"], state["monitor"]
+        fits = [monitor.throughput_and_overhead(r) for r in range(cfg.world_size)]
+        v, c = [f[0] for f in fits], [f[1] for f in fits]
+        if any(not math.isfinite(x) for x in v):
             return []
-        self.batch_sizes = sizes
-        return [Action(len(self.actions), ADJUST_BS, self.monitor.latest_step + self._lag_steps(),
-                       list(sizes), cfg.memory_cap, None, reason)]
+        return [_adjust(split_batch(cfg.global_batch, v, c),
+                        f"DD: throughputs {[round(x, 1) for x in v]} samples/s")]
 
-    def _speeds(self) -> tuple[list[float], list[float]]:
-        fits = [self.monitor.throughput_and_overhead(r) for r in range(self.config.world_size)]
-        return [v for v, _ in fits], [c for _, c in fits]
 
-    def _decide_dd(self) -> list[Action]:
-        v, c = self._speeds()
-        if any(x != x for x in v):
-            return []
-        sizes = split_batch(self.config.global_batch, v, c)
-        return self._adjust(sizes, f"DD: throughputs {[round(x, 1) for x in v]} samples/s")
+@CONTROLLER_POLICIES.register("nd")
+class NonDedicatedPolicy:
+    """AntDT-ND: ADJUST_BS away from a flagged straggler; KILL_RESTART a persistent one if it pays.
 
-    def _decide_nd(self) -> list[Action]:
-        cfg, classes = self.config, self.last_classes
+    A deterministic straggler (slow because its device type is slower, see Monitor) is never
+    restarted: a relaunch lands on the same kind of device, so that case gets DD's split.
+    """
+
+    name = "nd"
+
+    def decide(self, state: Mapping[str, Any]) -> list[dict]:
+        """At most one action per window."""
+        cfg, classes = state["config"], state["classes"]
         flagged = [r for r, info in classes.items() if info["class"] != NONE]
         times = [info["per_sample_time"] for info in classes.values()]
         known = [t for t in times if t == t]
@@ -118,30 +185,22 @@ class Controller:
             return []
         median_t = statistics.median(known)
         equal_b = cfg.global_batch / cfg.world_size
-        remaining = max(0, cfg.total_steps - self.monitor.latest_step)
+        remaining = max(0, cfg.total_steps - state["monitor"].latest_step)
         for r in flagged:
             info = classes[r]
-            if info["class"] == "transient" or self.kills >= cfg.max_restarts:
+            if info["class"] in (TRANSIENT, DETERMINISTIC) or state["kills"] >= cfg.max_restarts:
                 continue
             gain = restart_gain(info["per_sample_time"] * equal_b, median_t * equal_b, remaining)
             if gain > cfg.restart_cost_s:
-                self.kills += 1
-                act = Action(len(self.actions), KILL_RESTART,
-                             self.monitor.latest_step + self._lag_steps(), [], None, r,
-                             f"ND: rank {r} {info['class']} (r={info['ratio']:.2f} for"
-                             f" {info['windows']} windows); gain {gain:.1f}s >"
-                             f" restart cost {cfg.restart_cost_s:.1f}s")
-                return [act]
+                return [{"kind": KILL_RESTART, "target": r,
+                         "reason": f"ND: rank {r} {info['class']} (r={info['ratio']:.2f} for"
+                                   f" {info['windows']} windows); gain {gain:.1f}s >"
+                                   f" restart cost {cfg.restart_cost_s:.1f}s"}]
+        if any(classes[r]["class"] == DETERMINISTIC for r in flagged):
+            return DedicatedPolicy().decide(state)
         if flagged:
             v = [1.0 / t if t == t and t > 0 else 0.0 for t in times]
-            return self._adjust(split_batch(cfg.global_batch, v),
-                                f"ND: stragglers {flagged}, b_i proportional to 1/BPT_i")
-        return self._adjust(split_batch(cfg.global_batch, [1.0] * cfg.world_size),
-                            "ND: no straggler, equal batches")
-
-    def state(self) -> dict:
-        """What the controller knows, for status pages and the job's final report."""
-        return {"config": asdict(self.config), "batch_sizes": self.batch_sizes,
-                "classes": {str(k): {f: (None if x != x else x) for f, x in v.items()}
-                            for k, v in self.last_classes.items()},
-                "actions": [asdict(a) for a in self.actions], "kills": self.kills}
+            return [_adjust(split_batch(cfg.global_batch, v),
+                            f"ND: stragglers {flagged}, b_i proportional to 1/BPT_i")]
+        return [_adjust(split_batch(cfg.global_batch, [1.0] * cfg.world_size),
+                        "ND: no straggler, equal batches")]

@@ -2,30 +2,116 @@
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
+import secrets
+import socket
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
 from stragglers.adapt.service import EmbeddedServer
+from stragglers.errors import EnvironmentFailure, InputError
+
+_JOB_STORE: dist.Store | None = None  # the incarnation's torchrun store (set by init_distributed)
+HOST_ENV = "STRAGGLERS_ADAPT_HOST"
 
 
-def job_service(spec: str, db: str | Path) -> tuple[str, EmbeddedServer | None]:
-    """Collective. `spec` is a URL or "embedded": rank 0 serves `db` on a free port, all learn the URL.
+@dataclass
+class JobService:
+    """Where the job's shard service is and the job's bearer token."""
 
-    An embedded service lives and dies with rank 0; after a torchrun restart the new rank 0
+    url: str
+    token: str
+    server: EmbeddedServer | None = None
+
+
+def read_or_create_token(token_file: str | Path) -> str:
+    """The job's token from `token_file`; a new random one (mode 0600) if it does not exist.
+
+    The token must outlive an incarnation: the data set belongs to it, and a restarted rank 0
+    re-registers the data set with it.
+    """
+    path = Path(token_file)
+    if path.exists():
+        token = path.read_text().strip()
+        if not 16 <= len(token) <= 512:
+            raise InputError(path, None, "expected a token of 16-512 characters")
+        return token
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def spans_hosts() -> bool:
+    """Whether this torchrun job has ranks on more than one host."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < world
+
+
+def own_address() -> str:
+    """The address other hosts reach this one at ($STRAGGLERS_ADAPT_HOST overrides it)."""
+    if os.environ.get(HOST_ENV):
+        return os.environ[HOST_ENV]
+    master = os.environ.get("MASTER_ADDR", "")
+    candidates = []
+    if master:
+        try:  # the interface that routes to the rendezvous host (no packet is sent)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+                candidates.append(s.getsockname()[0])
+        except OSError:
+            pass
+    try:
+        candidates.append(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    for addr in candidates:
+        if not ipaddress.ip_address(addr).is_loopback:
+            return addr
+    raise EnvironmentFailure("embedded shard service", "the job spans hosts but no"
+                             f" non-loopback address of this host was found; set {HOST_ENV}")
+
+
+def job_service(spec: str, db: str | Path, token_file: str | Path) -> JobService:
+    """Collective. `spec` is a URL or "embedded": rank 0 serves `db`, all learn URL and token.
+
+    Embedded: loopback when every rank is on this host; the host's own address when the job
+    spans hosts (the service then also requires the token to create anything). The URL and
+    the token reach the other ranks through the torchrun store of this incarnation. An
+    embedded service lives and dies with rank 0; after a torchrun restart the new rank 0
     serves the same SQLite file, so no shard state is lost.
     """
-    server = None
-    if spec != "embedded":
-        return spec, None
-    box = [None]
+    store = _JOB_STORE
+    key = "stragglers/adapt/service"
     if dist.get_rank() == 0:
-        server = EmbeddedServer(db).start()
-        box = [server.url]
-    dist.broadcast_object_list(box, src=0)
-    return box[0], server
+        token, server = read_or_create_token(token_file), None
+        url = spec
+        if spec == "embedded":
+            multi = spans_hosts()
+            server = EmbeddedServer(db, host=own_address() if multi else "127.0.0.1",
+                                    service_token=token if multi else None).start()
+            url = server.url
+        payload = json.dumps({"url": url, "token": token})
+        if store is not None:
+            store.set(key, payload)
+        else:
+            box = [payload]
+            dist.broadcast_object_list(box, src=0)
+        return JobService(url, token, server)
+    if store is not None:
+        payload = store.get(key).decode()
+    else:
+        box = [None]
+        dist.broadcast_object_list(box, src=0)
+        payload = box[0]
+    info = json.loads(payload)
+    return JobService(info["url"], info["token"])
 
 
 def init_distributed(backend: str = "gloo", timeout_s: float = 300.0) -> int:
@@ -35,6 +121,7 @@ def init_distributed(backend: str = "gloo", timeout_s: float = 300.0) -> int:
     across an elastic restart, and a new incarnation must never read the gloo address a killed
     worker published (it would be refused, and the group would fail to form).
     """
+    global _JOB_STORE
     incarnation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
@@ -42,6 +129,7 @@ def init_distributed(backend: str = "gloo", timeout_s: float = 300.0) -> int:
                           is_master=not agent_store and rank == 0,
                           timeout=timedelta(seconds=timeout_s))
     store = dist.PrefixStore(f"/stragglers/adapt/incarnation_{incarnation}", store)
+    _JOB_STORE = store
     dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     return incarnation

@@ -45,10 +45,12 @@ class Monitor:
         self.latest_step = -1
 
     def record(self, rank: int, step: int, bpt: float, batch: int, device: str = "") -> None:
-        """Add one step record of `rank` (ignored during warm-up or for an unknown rank)."""
+        """Add one step record of `rank` (ignored during warm-up, for an unknown rank, or a step seen)."""
         if rank not in self.workers or step < self.warmup_steps or bpt <= 0:
             return
         w = self.workers[rank]
+        if w.records and step <= w.records[-1].step:
+            return  # a report the agent sent again (its reply was lost): already counted
         w.records.append(StepRecord(step, bpt, batch))
         w.since_eval += 1
         w.device = device or w.device

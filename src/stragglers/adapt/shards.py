@@ -2,34 +2,45 @@
 
 A shard is a contiguous range of positions in an epoch's deterministic permutation of the
 sample indices; only ranges are stored, indices are recomputed from (seed, epoch).
+
+Every public method is one transaction (or one savepoint of a group commit, see `run_batch`):
+it either happens entirely, reply included, or not at all.
 """
 
 from __future__ import annotations
 
-import math
+import hmac
+import json
 import sqlite3
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_FAILED_IN_REPLY, STATES, TODO,
+                                     WORKER_PATTERN, DatasetConfig, check_name,
+                                     epoch_permutation, validate_snapshot)
 from stragglers.errors import InputError, StragglersError
 
-TODO, DOING, DONE, FAILED = "TODO", "DOING", "DONE", "FAILED"
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
     name TEXT PRIMARY KEY, num_samples INTEGER, shard_size INTEGER, seed INTEGER,
     num_epochs INTEGER, lease_s REAL, max_retries INTEGER, epochs_created INTEGER,
-    front INTEGER);
+    front INTEGER, token_sha256 TEXT);
 CREATE TABLE IF NOT EXISTS shards (
     dataset TEXT, epoch INTEGER, shard INTEGER, start INTEGER, stop INTEGER,
-    state TEXT, worker TEXT, lease_until REAL, consumed INTEGER, retries INTEGER,
-    queue_pos INTEGER, error TEXT, PRIMARY KEY (dataset, epoch, shard));
+    state TEXT, worker TEXT, fence INTEGER, lease_until REAL, consumed INTEGER,
+    retries INTEGER, queue_pos INTEGER, error TEXT, PRIMARY KEY (dataset, epoch, shard));
 CREATE INDEX IF NOT EXISTS shards_queue ON shards (dataset, state, queue_pos);
 CREATE INDEX IF NOT EXISTS shards_lease ON shards (dataset, state, lease_until);
+CREATE INDEX IF NOT EXISTS shards_holder ON shards (dataset, worker, state);
+CREATE TABLE IF NOT EXISTS workers (
+    dataset TEXT, worker TEXT, fence INTEGER, request_id TEXT, reply TEXT,
+    PRIMARY KEY (dataset, worker));
 """
 
 
@@ -37,54 +48,31 @@ class LeaseLost(StragglersError):
     """The worker no longer holds the shard (lease expired and the shard was requeued)."""
 
 
-@dataclass(frozen=True)
-class DatasetConfig:
-    """How a data set is cut into shards and how long a lease lasts."""
-
-    name: str
-    num_samples: int
-    shard_size: int
-    seed: int = 0
-    num_epochs: int | None = 1  # None: unbounded, new epochs as long as workers pull
-    lease_s: float = 30.0
-    max_retries: int = 3
-
-    def validate(self, source: str = "dataset") -> None:
-        """Raise InputError for a config that cannot be served."""
-        if not self.name or "/" in self.name:
-            raise InputError(source, "name", "expected a non-empty name without '/'")
-        if self.num_samples < 1:
-            raise InputError(source, "num_samples", f"expected >= 1, got {self.num_samples}")
-        if self.shard_size < 1:
-            raise InputError(source, "shard_size", f"expected >= 1, got {self.shard_size}")
-        if self.num_epochs is not None and self.num_epochs < 1:
-            raise InputError(source, "num_epochs", f"expected >= 1 or null, got {self.num_epochs}")
-        if not self.lease_s > 0:
-            raise InputError(source, "lease_s", f"expected > 0 seconds, got {self.lease_s}")
-        if self.max_retries < 0:
-            raise InputError(source, "max_retries", f"expected >= 0, got {self.max_retries}")
+class Fenced(LeaseLost):
+    """A newer incarnation of this worker joined: this one must stop (its calls are refused)."""
 
 
-@dataclass
-class Lease:
-    """One shard handed to a worker: the sample indices still to consume, from `offset`."""
-
-    epoch: int
-    shard: int
-    offset: int
-    indices: list[int]
-    size: int
+class Conflict(StragglersError):
+    """The request contradicts existing state (a re-create with another config, a stale config)."""
 
 
-def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
-    """The deterministic shuffle of epoch `epoch` (same seed and epoch, same order)."""
-    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+class NotFound(StragglersError):
+    """No such data set (or job)."""
+
+
+class Forbidden(StragglersError):
+    """The bearer token does not own this data set (or job)."""
 
 
 class ShardStore:
-    """All shard bookkeeping; every method is one SQLite transaction (durable on return)."""
+    """All shard bookkeeping; every method is one SQLite transaction (durable on return).
 
-    def __init__(self, db: str | Path, durable: bool = True, clock=time.time):
+    `token_sha256` arguments: a data set created with one is owned by it; every later write on
+    it must pass the same digest (compared in constant time), else Forbidden.
+    """
+
+    def __init__(self, db: str | Path, durable: bool = True, clock=time.time,
+                 busy_timeout_s: float = 10.0):
         self.db = str(db)
         self._clock = clock
         self._lock = threading.Lock()
@@ -95,8 +83,17 @@ class ShardStore:
             # FULL: the WAL is fsynced at every commit, so an acknowledged lease/ack survives
             # a crash of the machine, not only of the process.
             self._conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-            self._conn.execute("PRAGMA busy_timeout=10000")
+            self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            old = self._conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
+            if old is not None and version != SCHEMA_VERSION:
+                raise InputError(db, None, f"shard database of schema version {version};"
+                                 f" this version reads {SCHEMA_VERSION} (start a new file)")
             self._conn.executescript(_SCHEMA)
+            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            # Leases held while no service ran get a full lease from the first call after this
+            # restart (see _expire): a long outage must not expire every in-flight lease.
+            self._grace = {r[0] for r in self._conn.execute("SELECT name FROM datasets")}
         except sqlite3.DatabaseError as exc:
             raise InputError(db, None, f"not a usable SQLite database ({exc})") from exc
         self._perm_cache: dict[tuple[str, int], np.ndarray] = {}
@@ -116,7 +113,11 @@ class ShardStore:
                     store._conn.execute("SAVEPOINT op")
                     return store._conn
                 store._lock.acquire()
-                store._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    store._conn.execute("BEGIN IMMEDIATE")
+                except BaseException:
+                    store._lock.release()
+                    raise
                 return store._conn
 
             def __exit__(self, typ, exc, tb):
@@ -137,6 +138,8 @@ class ShardStore:
 
         Each call is isolated by a savepoint, so one that fails is rolled back alone; the
         results are (ok, value-or-exception), and none is durable before the single COMMIT.
+        A failure of the transaction itself (BEGIN or COMMIT, e.g. "database is locked")
+        is raised: nothing of the batch was committed.
         """
         results: list[tuple[bool, object]] = []
         with self._lock:
@@ -152,46 +155,66 @@ class ShardStore:
                 self._local.in_batch = False
             try:
                 self._conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                self._conn.execute("ROLLBACK")
-                return [(False, exc) for _ in calls]
+            except sqlite3.Error:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
         return results
 
-    def _config(self, c: sqlite3.Connection, name: str) -> tuple[DatasetConfig, int, int]:
+    def _config(self, c: sqlite3.Connection, name: str, token_sha256: str | None = None,
+                write: bool = True) -> tuple[DatasetConfig, int, int]:
         row = c.execute("SELECT num_samples, shard_size, seed, num_epochs, lease_s, max_retries,"
-                        " epochs_created, front FROM datasets WHERE name=?", (name,)).fetchone()
+                        " epochs_created, front, token_sha256 FROM datasets WHERE name=?",
+                        (name,)).fetchone()
         if row is None:
-            raise InputError("shard service", "dataset", f"no data set named '{name}'")
+            raise NotFound(f"no data set named '{name}'")
+        if write:
+            _authorize(row[8], token_sha256, f"data set '{name}'")
         cfg = DatasetConfig(name, row[0], row[1], row[2], row[3], row[4], row[5])
         return cfg, row[6], row[7]
 
+    def _fence(self, c, name: str, worker: str, fence: int) -> dict | None:
+        """Refuse a call of a fenced-off (or never joined) incarnation; the worker row."""
+        row = c.execute("SELECT fence, request_id, reply FROM workers WHERE dataset=? AND"
+                        " worker=?", (name, worker)).fetchone()
+        if row is None:
+            raise Fenced(f"worker '{worker}' has not joined '{name}' (POST .../join first)")
+        if row[0] != fence:
+            raise Fenced(f"worker '{worker}' fence {fence} is stale: incarnation {row[0]} of"
+                         f" it joined '{name}' since; this one must stop")
+        return {"request_id": row[1], "reply": row[2]}
+
     # -- public API -----------------------------------------------------------------------
-    def create_dataset(self, cfg: DatasetConfig) -> dict:
-        """Register a data set (idempotent for the same config; a different one is an error)."""
+    def create_dataset(self, cfg: DatasetConfig, token_sha256: str | None = None) -> dict:
+        """Register a data set (idempotent for the same config and owner; otherwise refused)."""
         cfg.validate()
         with self._tx() as c:
-            row = c.execute("SELECT num_samples, shard_size, seed, num_epochs FROM datasets"
-                            " WHERE name=?", (cfg.name,)).fetchone()
+            row = c.execute("SELECT num_samples, shard_size, seed, num_epochs, lease_s,"
+                            " max_retries, token_sha256 FROM datasets WHERE name=?",
+                            (cfg.name,)).fetchone()
             if row is not None:
-                if tuple(row) != (cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs):
-                    raise InputError("shard service", "dataset",
-                                     f"'{cfg.name}' already exists with a different config {row}")
-                c.execute("UPDATE datasets SET lease_s=?, max_retries=? WHERE name=?",
-                          (cfg.lease_s, cfg.max_retries, cfg.name))
+                _authorize(row[6], token_sha256, f"data set '{cfg.name}'")
+                have = dict(zip(("num_samples", "shard_size", "seed", "num_epochs", "lease_s",
+                                 "max_retries"), row[:6]))
+                want = {k: getattr(cfg, k) for k in have}
+                if have != want:
+                    diff = {k: [have[k], want[k]] for k in have if have[k] != want[k]}
+                    raise Conflict(f"data set '{cfg.name}' exists with another config"
+                                   f" (existing, requested): {diff}")
                 return {"created": False}
-            c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0)",
+            c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
-                       cfg.lease_s, cfg.max_retries))
+                       cfg.lease_s, cfg.max_retries, token_sha256))
             self._create_epoch(c, cfg, 0)
         return {"created": True}
 
     def _create_epoch(self, c: sqlite3.Connection, cfg: DatasetConfig, epoch: int) -> None:
-        n = math.ceil(cfg.num_samples / cfg.shard_size)
+        n = cfg.num_shards
         base = epoch * (n + 1) + 1  # queue positions after everything of earlier epochs
         rows = [(cfg.name, epoch, s, s * cfg.shard_size,
-                 min((s + 1) * cfg.shard_size, cfg.num_samples), TODO, None, None, 0, 0,
+                 min((s + 1) * cfg.shard_size, cfg.num_samples), TODO, None, None, None, 0, 0,
                  base + s, None) for s in range(n)]
-        c.executemany("INSERT INTO shards VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        c.executemany("INSERT INTO shards VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
         c.execute("UPDATE datasets SET epochs_created=? WHERE name=?", (epoch + 1, cfg.name))
 
     def _requeue(self, c, cfg: DatasetConfig, front: int, epoch: int, shard: int,
@@ -200,12 +223,19 @@ class ShardStore:
         retries = retries + (1 if failure else 0)
         front -= 1
         state = FAILED if retries > cfg.max_retries else TODO
-        c.execute("UPDATE shards SET state=?, worker=NULL, lease_until=NULL, retries=?,"
-                  " queue_pos=?, error=COALESCE(?, error) WHERE dataset=? AND epoch=? AND shard=?",
-                  (state, retries, front, error, cfg.name, epoch, shard))
+        c.execute("UPDATE shards SET state=?, worker=NULL, fence=NULL, lease_until=NULL,"
+                  " retries=?, queue_pos=?, error=COALESCE(?, error) WHERE dataset=? AND"
+                  " epoch=? AND shard=?", (state, retries, front, error, cfg.name, epoch, shard))
         return front
 
     def _expire(self, c, cfg: DatasetConfig, front: int, now: float) -> int:
+        if cfg.name in self._grace:
+            # First call since this store was opened (a service restart): the holders could not
+            # renew while no service ran, so each lease gets a full lease_s from now.
+            c.execute("UPDATE shards SET lease_until=MAX(lease_until, ?) WHERE dataset=? AND"
+                      " state='DOING'", (now + cfg.lease_s, cfg.name))
+            self._grace.discard(cfg.name)
+            return front
         expired = c.execute("SELECT epoch, shard, retries, worker FROM shards WHERE dataset=?"
                             " AND state='DOING' AND lease_until<?", (cfg.name, now)).fetchall()
         for epoch, shard, retries, worker in expired:
@@ -217,56 +247,114 @@ class ShardStore:
         key = (cfg.name, epoch)
         perm = self._perm_cache.get(key)
         if perm is None:
-            if len(self._perm_cache) > 8:
-                self._perm_cache.clear()
+            if len(self._perm_cache) >= 4:
+                self._perm_cache.pop(next(iter(self._perm_cache)))
             perm = self._perm_cache[key] = epoch_permutation(cfg.num_samples, cfg.seed, epoch)
         return perm[start:stop].tolist()
 
-    def lease(self, name: str, worker: str) -> dict:
-        """Hand the next shard to `worker`: {"status": "ok", "lease": ...}, "wait" or "finished"."""
+    def join(self, name: str, worker: str, token_sha256: str | None = None,
+             error: str | None = None) -> dict:
+        """Start a new incarnation of `worker`: a new fence; shards of earlier ones go back.
+
+        Calls carrying an older fence are refused from now on (Fenced), so a hung predecessor
+        with the same name can neither ack nor lease after its successor joined.
+        """
+        check_name(worker, "worker", WORKER_PATTERN)
+        with self._tx() as c:
+            cfg, _, front = self._config(c, name, token_sha256)
+            row = c.execute("SELECT fence FROM workers WHERE dataset=? AND worker=?",
+                            (name, worker)).fetchone()
+            fence = (row[0] if row else 0) + 1
+            c.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,NULL,NULL)",
+                      (name, worker, fence))
+            released = self._release_rows(c, cfg, front, worker, None, True,
+                                          error or f"{worker} restarted (fence {fence})")
+        return {"fence": fence, "released": released}
+
+    def lease(self, name: str, worker: str, fence: int, count: int = 1,
+              request_id: str | None = None, token_sha256: str | None = None) -> dict:
+        """Hand up to `count` shards to `worker`: {"status": "ok", "leases": [...]}, "wait" or "finished".
+
+        A retry with the same `request_id` returns the shards the first attempt leased (those
+        still held), instead of leasing new ones.
+        """
         now = self._clock()
         with self._tx() as c:
-            cfg, epochs_created, front = self._config(c, name)
+            cfg, epochs_created, front = self._config(c, name, token_sha256)
+            wrow = self._fence(c, name, worker, fence)
             front = self._expire(c, cfg, front, now)
-            row = c.execute("SELECT epoch, shard, start, stop, consumed FROM shards WHERE"
-                            " dataset=? AND state='TODO' ORDER BY queue_pos LIMIT 1",
-                            (name,)).fetchone()
-            if row is None and (cfg.num_epochs is None or epochs_created < cfg.num_epochs):
-                self._create_epoch(c, cfg, epochs_created)
-                epochs_created += 1
+            repeated = request_id is not None and wrow["request_id"] == request_id
+            leases = self._repeat(c, cfg, worker, fence, json.loads(wrow["reply"]), now) \
+                if repeated else []
+            # A new request, or a retry whose shards were all lost meanwhile: lease afresh.
+            while not leases or (len(leases) < count and not repeated):
                 row = c.execute("SELECT epoch, shard, start, stop, consumed FROM shards WHERE"
                                 " dataset=? AND state='TODO' ORDER BY queue_pos LIMIT 1",
                                 (name,)).fetchone()
+                if row is None and (cfg.num_epochs is None or epochs_created < cfg.num_epochs):
+                    self._create_epoch(c, cfg, epochs_created)
+                    epochs_created += 1
+                    continue
+                if row is None:
+                    break
+                epoch, shard, start, stop, consumed = row
+                c.execute("UPDATE shards SET state='DOING', worker=?, fence=?, lease_until=?"
+                          " WHERE dataset=? AND epoch=? AND shard=?",
+                          (worker, fence, now + cfg.lease_s, name, epoch, shard))
+                leases.append(_lease(self, cfg, epoch, shard, start, stop, consumed))
             c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
-            if row is None:
-                doing = c.execute("SELECT COUNT(*) FROM shards WHERE dataset=? AND"
-                                  " state='DOING'", (name,)).fetchone()[0]
-                failed = self._failed(c, name)
-                return {"status": "wait" if doing else "finished", "failed": failed}
-            epoch, shard, start, stop, consumed = row
-            c.execute("UPDATE shards SET state='DOING', worker=?, lease_until=? WHERE dataset=?"
-                      " AND epoch=? AND shard=?", (worker, now + cfg.lease_s, name, epoch, shard))
-            failed = self._failed(c, name)
-        lease = Lease(epoch, shard, consumed, self._indices(cfg, epoch, start + consumed, stop),
-                      stop - start)
-        return {"status": "ok", "lease": lease.__dict__.copy(), "failed": failed}
+            if request_id is not None:
+                c.execute("UPDATE workers SET request_id=?, reply=? WHERE dataset=? AND worker=?",
+                          (request_id, json.dumps([[x["epoch"], x["shard"]] for x in leases]),
+                           name, worker))
+            failed, n_failed = self._failed(c, name, MAX_FAILED_IN_REPLY)
+            if not leases:
+                doing = c.execute("SELECT 1 FROM shards WHERE dataset=? AND state='DOING'"
+                                  " LIMIT 1", (name,)).fetchone()
+                return {"status": "wait" if doing else "finished", "leases": [],
+                        "failed": failed, "failed_total": n_failed}
+        return {"status": "ok", "leases": leases, "failed": failed, "failed_total": n_failed}
 
-    def ack(self, name: str, worker: str, epoch: int, shard: int, consumed: int) -> dict:
-        """Record that `worker` consumed the first `consumed` samples of its shard; renews the lease."""
+    def _repeat(self, c, cfg: DatasetConfig, worker: str, fence: int, keys: list,
+                now: float) -> list[dict]:
+        """The leases of a retried request that this incarnation still holds (renewed)."""
+        out = []
+        for epoch, shard in keys:
+            row = c.execute("SELECT start, stop, consumed FROM shards WHERE dataset=? AND epoch=?"
+                            " AND shard=? AND state='DOING' AND worker=? AND fence=?",
+                            (cfg.name, epoch, shard, worker, fence)).fetchone()
+            if row is not None:
+                c.execute("UPDATE shards SET lease_until=? WHERE dataset=? AND epoch=? AND"
+                          " shard=?", (now + cfg.lease_s, cfg.name, epoch, shard))
+                out.append(_lease(self, cfg, epoch, shard, *row))
+        return out
+
+    def ack(self, name: str, worker: str, fence: int, epoch: int, shard: int, consumed: int,
+            token_sha256: str | None = None) -> dict:
+        """Record that `worker` consumed the first `consumed` samples of its shard; renews the lease.
+
+        Idempotent: a repeated or older ack changes nothing, and an ack of a shard this
+        incarnation completed answers DONE again.
+        """
         now = self._clock()
         with self._tx() as c:
-            cfg, _, _ = self._config(c, name)
-            row = c.execute("SELECT state, worker, start, stop, consumed FROM shards WHERE"
-                            " dataset=? AND epoch=? AND shard=?", (name, epoch, shard)).fetchone()
+            cfg, _, _ = self._config(c, name, token_sha256)
+            self._fence(c, name, worker, fence)
+            row = c.execute("SELECT state, worker, fence, start, stop, consumed FROM shards"
+                            " WHERE dataset=? AND epoch=? AND shard=?",
+                            (name, epoch, shard)).fetchone()
             if row is None:
                 raise InputError("shard service", "shard", f"no shard {epoch}/{shard} in '{name}'")
-            state, holder, start, stop, done = row
-            if state != DOING or holder != worker:
-                raise LeaseLost(f"shard {epoch}/{shard} of '{name}' is {state}"
-                                f" (held by {holder}), not leased to {worker}")
+            state, holder, holder_fence, start, stop, done = row
             if not 0 <= consumed <= stop - start:
                 raise InputError("shard service", "consumed",
                                  f"expected 0..{stop - start}, got {consumed}")
+            mine = holder == worker and holder_fence == fence
+            if state == DONE and mine:
+                return {"state": DONE, "consumed": done}
+            if state != DOING or not mine:
+                raise LeaseLost(f"shard {epoch}/{shard} of '{name}' is {state}"
+                                f" (held by {holder}), not leased to {worker} fence {fence}")
             consumed = max(consumed, done)
             new_state = DONE if consumed == stop - start else DOING
             c.execute("UPDATE shards SET consumed=?, state=?, lease_until=? WHERE dataset=? AND"
@@ -274,79 +362,100 @@ class ShardStore:
                                                epoch, shard))
         return {"state": new_state, "consumed": consumed}
 
-    def release(self, name: str, worker: str, failure: bool = True,
-                error: str | None = None) -> dict:
-        """Return every DOING shard of `worker` to the front of TODO (a failure counts a retry)."""
-        with self._tx() as c:
-            cfg, _, front = self._config(c, name)
-            rows = c.execute("SELECT epoch, shard, retries FROM shards WHERE dataset=? AND"
-                             " state='DOING' AND worker=?", (name, worker)).fetchall()
-            for epoch, shard, retries in rows:
-                front = self._requeue(c, cfg, front, epoch, shard, retries, failure,
-                                      error or (f"released by {worker}" if failure else None))
-            c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
-        return {"released": [[e, s] for e, s, _ in rows]}
+    def release(self, name: str, worker: str, fence: int | None = None, failure: bool = True,
+                error: str | None = None, token_sha256: str | None = None) -> dict:
+        """Return the DOING shards of `worker` to the front of TODO (a failure counts a retry).
 
-    def retry_failed(self, name: str) -> dict:
+        With `fence`, the worker gives back its own shards (and must be current). Without, a
+        launcher that saw the worker die fences off every incarnation of it (as `join` does).
+        """
+        if fence is None:
+            reply = self.join(name, worker, token_sha256, error or f"{worker} released")
+            return {"released": reply["released"]}
+        with self._tx() as c:
+            cfg, _, front = self._config(c, name, token_sha256)
+            self._fence(c, name, worker, fence)
+            released = self._release_rows(c, cfg, front, worker, fence, failure,
+                                          error or (f"released by {worker}" if failure else None))
+        return {"released": released}
+
+    def _release_rows(self, c, cfg, front, worker, fence, failure, error) -> list:
+        rows = c.execute("SELECT epoch, shard, retries, fence FROM shards WHERE dataset=? AND"
+                         " worker=? AND state='DOING'", (cfg.name, worker)).fetchall()
+        rows = [r for r in rows if fence is None or r[3] == fence]
+        for epoch, shard, retries, _ in rows:
+            front = self._requeue(c, cfg, front, epoch, shard, retries, failure, error)
+        c.execute("UPDATE datasets SET front=? WHERE name=?", (front, cfg.name))
+        return [[e, s] for e, s, _, _ in rows]
+
+    def retry_failed(self, name: str, token_sha256: str | None = None) -> dict:
         """Put every FAILED shard back at the front of TODO with its retry count reset."""
         with self._tx() as c:
-            cfg, _, front = self._config(c, name)
+            cfg, _, front = self._config(c, name, token_sha256)
             rows = c.execute("SELECT epoch, shard FROM shards WHERE dataset=? AND"
                              " state='FAILED'", (name,)).fetchall()
-            for epoch, shard in rows:
+            for epoch, shard in sorted(rows):
                 front -= 1
                 c.execute("UPDATE shards SET state='TODO', retries=0, queue_pos=? WHERE"
                           " dataset=? AND epoch=? AND shard=?", (front, name, epoch, shard))
             c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
-        return {"requeued": [list(r) for r in rows]}
+        return {"requeued": [list(r) for r in sorted(rows)]}
 
-    def _failed(self, c, name: str) -> list[dict]:
+    def _failed(self, c, name: str, limit: int | None = None) -> tuple[list[dict], int]:
         rows = c.execute("SELECT epoch, shard, start, stop, consumed, retries, error FROM shards"
                          " WHERE dataset=? AND state='FAILED'", (name,)).fetchall()
         rows.sort()  # in Python: an ORDER BY here makes SQLite scan the primary key
-        return [{"epoch": e, "shard": s, "samples": b - a - k, "retries": r, "error": err}
-                for e, s, a, b, k, r, err in rows]
+        shown = rows if limit is None else rows[:limit]
+        return ([{"epoch": e, "shard": s, "samples": b - a - k, "retries": r, "error": err}
+                 for e, s, a, b, k, r, err in shown], len(rows))
 
     def status(self, name: str) -> dict:
         """Shard counts per epoch and state, plus the report of FAILED shards."""
         now = self._clock()
         with self._tx() as c:
-            cfg, epochs_created, front = self._config(c, name)
+            cfg, epochs_created, front = self._config(c, name, write=False)
             front = self._expire(c, cfg, front, now)
             c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
             counts: dict[int, dict[str, int]] = {}
             for epoch, state, n in c.execute("SELECT epoch, state, COUNT(*) FROM shards WHERE"
                                              " dataset=? GROUP BY epoch, state", (name,)):
-                counts.setdefault(epoch, {TODO: 0, DOING: 0, DONE: 0, FAILED: 0})[state] = n
-            failed = self._failed(c, name)
+                counts.setdefault(epoch, {s: 0 for s in STATES})[state] = n
+            failed, _ = self._failed(c, name)
         return {"dataset": asdict(cfg), "epochs_created": epochs_created,
                 "epochs": {str(e): v for e, v in sorted(counts.items())}, "failed": failed}
 
     def snapshot(self, name: str) -> dict:
         """The full shard state, to be saved atomically inside the model checkpoint."""
         with self._tx() as c:
-            cfg, epochs_created, _ = self._config(c, name)
+            cfg, epochs_created, _ = self._config(c, name, write=False)
             rows = c.execute("SELECT epoch, shard, state, consumed, retries, queue_pos, error"
                              " FROM shards WHERE dataset=? ORDER BY epoch, shard",
                              (name,)).fetchall()
         return {"dataset": asdict(cfg), "epochs_created": epochs_created,
                 "shards": [list(r) for r in rows]}
 
-    def restore(self, snap: dict) -> dict:
-        """Replace a data set's state with a snapshot: its DOING shards go first, then TODO."""
-        try:
-            cfg = DatasetConfig(**snap["dataset"])
-            epochs_created = int(snap["epochs_created"])
-            rows = [tuple(r) for r in snap["shards"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError("snapshot", None, f"not a shard snapshot ({exc})") from exc
-        cfg.validate("snapshot")
+    def restore(self, snap: dict, token_sha256: str | None = None) -> dict:
+        """Replace a data set's state with a validated snapshot: its DOING shards go first.
+
+        Refused (nothing changed) when the snapshot is inconsistent (a shard missing or twice,
+        an offset outside its shard, an unknown state) or its config differs from the data
+        set's: a restore never loses samples silently nor changes a lease time.
+        """
+        cfg, epochs_created, rows = validate_snapshot(snap)
         doing = sorted((r for r in rows if r[2] == DOING), key=lambda r: r[5])
         with self._tx() as c:
+            exists = c.execute("SELECT token_sha256 FROM datasets WHERE name=?",
+                               (cfg.name,)).fetchone()
+            if exists is not None:
+                have, _, _ = self._config(c, cfg.name, token_sha256)
+                if have != cfg:
+                    raise Conflict(f"snapshot of '{cfg.name}' has another config than the data"
+                                   f" set: {asdict(cfg)} vs {asdict(have)}")
+            owner = exists[0] if exists is not None else token_sha256
             c.execute("DELETE FROM shards WHERE dataset=?", (cfg.name,))
-            c.execute("INSERT OR REPLACE INTO datasets VALUES (?,?,?,?,?,?,?,?,0)",
+            c.execute("INSERT OR REPLACE INTO datasets VALUES (?,?,?,?,?,?,?,?,0,?)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
-                       cfg.lease_s, cfg.max_retries, 0))
+                       cfg.lease_s, cfg.max_retries, 0, owner))
             for e in range(epochs_created):
                 self._create_epoch(c, cfg, e)
             front = min([0] + [r[5] for r in rows]) - len(doing) - 1
@@ -358,3 +467,18 @@ class ShardStore:
                            for e, s, st, consumed, retries, pos, err in rows])
             c.execute("UPDATE datasets SET front=? WHERE name=?", (front, cfg.name))
         return {"restored": len(rows), "requeued_first": len(doing)}
+
+
+def _lease(store: ShardStore, cfg: DatasetConfig, epoch: int, shard: int, start: int,
+           stop: int, consumed: int) -> dict:
+    """One shard handed to a worker: the sample indices still to consume, from `offset`."""
+    return {"epoch": epoch, "shard": shard, "offset": consumed,
+            "indices": store._indices(cfg, epoch, start + consumed, stop), "size": stop - start}
+
+
+def _authorize(owner_sha256: str | None, token_sha256: str | None, what: str) -> None:
+    """Constant-time check that the caller's token digest is the owner's."""
+    if owner_sha256 is None:
+        return  # created without a token (in-process use): anyone with the file may write
+    if token_sha256 is None or not hmac.compare_digest(owner_sha256, token_sha256):
+        raise Forbidden(f"the bearer token does not own {what}")

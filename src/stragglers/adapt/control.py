@@ -1,0 +1,99 @@
+"""The control plane: one Controller per job, owned by the token that configured it.
+
+Agents post step records and read actions (in memory: a restarted service forgets the
+controllers, and each job's rank 0 configures its controller again at every incarnation).
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from dataclasses import asdict
+
+from stragglers.adapt.controller import ControlConfig, Controller
+from stragglers.adapt.shards import Conflict, Forbidden, NotFound
+from stragglers.errors import InputError
+
+MAX_JOBS = 1024
+
+
+class ControlPlane:
+    """Per-job controllers; a job's token must accompany every write on it."""
+
+    def __init__(self, max_jobs: int = MAX_JOBS):
+        self._lock = threading.Lock()
+        self._jobs: dict[str, tuple[str | None, Controller]] = {}
+        self.max_jobs = max_jobs
+
+    def configure(self, job: str, cfg: ControlConfig, token_sha256: str | None) -> dict:
+        """Start the job's controller, or a new one for a later incarnation of the job.
+
+        The same config again is a no-op (a retried request); an older incarnation, or another
+        config for the same incarnation, is refused (Conflict).
+        """
+        with self._lock:
+            have = self._jobs.get(job)
+            if have is not None:
+                owner, ctl = have
+                _authorize(owner, token_sha256, job)
+                if cfg == ctl.config:
+                    return {"configured": False, "incarnation": cfg.incarnation}
+                if cfg.incarnation <= ctl.config.incarnation:
+                    raise Conflict(f"job '{job}' incarnation {ctl.config.incarnation} is"
+                                   f" configured; a different config needs a later incarnation,"
+                                   f" got {cfg.incarnation}")
+                token_sha256 = owner
+            elif len(self._jobs) >= self.max_jobs:
+                raise InputError("control plane", "job", f"already {self.max_jobs} jobs")
+            self._jobs[job] = (token_sha256, Controller(cfg))
+        return {"configured": True, "incarnation": cfg.incarnation}
+
+    def report(self, job: str, rank: int, records: list, device: str, incarnation: int,
+               since: int, token_sha256: str | None) -> dict:
+        """Feed step records [[step, bpt, batch], ...] of one rank; reply with actions >= since.
+
+        All records are checked before any is applied; records of another incarnation (an
+        agent of a killed incarnation still flushing) are ignored.
+        """
+        with self._lock:
+            ctl = self._controller(job, token_sha256)
+            if not 0 <= rank < ctl.config.world_size:
+                raise InputError("control report", "rank",
+                                 f"expected 0..{ctl.config.world_size - 1}, got {rank}")
+            if incarnation == ctl.config.incarnation:
+                for step, bpt, batch in records:
+                    ctl.observe(rank, step, bpt, batch, device)
+            return self._actions(ctl, since)
+
+    def has(self, job: str) -> bool:
+        """Whether `job` has a controller."""
+        with self._lock:
+            return job in self._jobs
+
+    def actions(self, job: str, since: int) -> dict:
+        """Every action with seq >= since."""
+        with self._lock:
+            return self._actions(self._controller(job), since)
+
+    def state(self, job: str) -> dict:
+        """The controller's view (config, classes, batch sizes, actions)."""
+        with self._lock:
+            return self._controller(job).state()
+
+    @staticmethod
+    def _actions(ctl: Controller, since: int) -> dict:
+        return {"incarnation": ctl.config.incarnation,
+                "actions": [asdict(a) for a in ctl.actions[since:]]}
+
+    def _controller(self, job: str, token_sha256: str | None | bool = False) -> Controller:
+        have = self._jobs.get(job)
+        if have is None:
+            raise NotFound(f"no controller for job '{job}' (POST /jobs/{job}/control/config first)")
+        if token_sha256 is not False:
+            _authorize(have[0], token_sha256, job)
+        return have[1]
+
+
+def _authorize(owner: str | None, token_sha256: str | None, job: str) -> None:
+    if owner is not None and (token_sha256 is None or not hmac.compare_digest(owner, token_sha256)):
+        raise Forbidden(f"the bearer token does not own job '{job}'")

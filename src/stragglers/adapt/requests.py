@@ -1,0 +1,163 @@
+"""Typed, strict, bounded request bodies of the shard service (pydantic).
+
+Strict: `"2"` is not an integer, `10.9` is not a count, `123` is not a name, NaN and Infinity
+are not numbers, unknown fields are refused. Every string and list has a length bound, every
+number a range, so no request can make the service store or copy an unbounded value.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stragglers.adapt.controller import MAX_BATCH, MAX_WORLD
+from stragglers.adapt.dataset import (MAX_EPOCHS, MAX_ERROR_CHARS, MAX_LEASE_S, MAX_QUEUE_POS,
+                                      MAX_RETRIES, MAX_SAMPLES, MAX_SEED, MAX_SHARD_SIZE,
+                                      MAX_SHARDS_PER_EPOCH, MIN_LEASE_S, NAME_PATTERN, STATES,
+                                      WORKER_PATTERN)
+from stragglers.errors import InputError
+
+MAX_COUNT = 256  # shards per lease request
+MAX_FENCE = 1 << 62
+MAX_RECORDS = 10_000  # step records per report
+MAX_STEP = 1 << 40
+MAX_BPT_S = 1e6
+
+
+class Strict(BaseModel):
+    """Base of every request body."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN.pattern)]
+Worker = Annotated[str, Field(pattern=WORKER_PATTERN.pattern)]
+Fence = Annotated[int, Field(ge=1, le=MAX_FENCE)]
+RequestId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+ErrorText = Annotated[str, Field(max_length=MAX_ERROR_CHARS)]
+
+
+class CreateDataset(Strict):
+    """POST /datasets."""
+
+    name: Name
+    num_samples: Annotated[int, Field(ge=1, le=MAX_SAMPLES)]
+    shard_size: Annotated[int, Field(ge=1, le=MAX_SHARD_SIZE)]
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
+    num_epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] | None = 1
+    lease_s: Annotated[float, Field(ge=MIN_LEASE_S, le=MAX_LEASE_S)] = 30.0
+    max_retries: Annotated[int, Field(ge=0, le=MAX_RETRIES)] = 3
+
+
+class Join(Strict):
+    """POST /datasets/{name}/join."""
+
+    worker: Worker
+
+
+class Lease(Strict):
+    """POST /datasets/{name}/lease."""
+
+    worker: Worker
+    fence: Fence
+    count: Annotated[int, Field(ge=1, le=MAX_COUNT)] = 1
+    request_id: RequestId | None = None
+
+
+class Ack(Strict):
+    """POST /datasets/{name}/ack."""
+
+    worker: Worker
+    fence: Fence
+    epoch: Annotated[int, Field(ge=0, le=MAX_EPOCHS)]
+    shard: Annotated[int, Field(ge=0, le=MAX_SHARDS_PER_EPOCH)]
+    consumed: Annotated[int, Field(ge=0, le=MAX_SHARD_SIZE)]
+
+
+class Release(Strict):
+    """POST /datasets/{name}/release (no fence: fence off every incarnation of the worker)."""
+
+    worker: Worker
+    fence: Fence | None = None
+    failure: bool = True
+    error: ErrorText | None = None
+
+
+class Empty(Strict):
+    """A body that carries nothing (retry-failed)."""
+
+
+class SnapshotConfig(CreateDataset):
+    """The data set config inside a snapshot (every field present)."""
+
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)]
+    num_epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] | None
+    lease_s: Annotated[float, Field(ge=MIN_LEASE_S, le=MAX_LEASE_S)]
+    max_retries: Annotated[int, Field(ge=0, le=MAX_RETRIES)]
+
+
+ShardRow = tuple[Annotated[int, Field(ge=0, le=MAX_EPOCHS)],
+                 Annotated[int, Field(ge=0, le=MAX_SHARDS_PER_EPOCH)],
+                 Literal[STATES],  # type: ignore[valid-type]
+                 Annotated[int, Field(ge=0, le=MAX_SHARD_SIZE)],
+                 Annotated[int, Field(ge=0, le=MAX_RETRIES + 1)],
+                 Annotated[int, Field(ge=-MAX_QUEUE_POS, le=MAX_QUEUE_POS)],
+                 ErrorText | None]
+
+
+class Snapshot(Strict):
+    """POST /datasets/{name}/restore (the reply of GET .../snapshot)."""
+
+    dataset: SnapshotConfig
+    epochs_created: Annotated[int, Field(ge=1, le=MAX_EPOCHS)]
+    shards: Annotated[list[ShardRow], Field(max_length=4 * MAX_SHARDS_PER_EPOCH * 16)]
+
+
+class ControlConfigBody(Strict):
+    """POST /jobs/{job}/control/config (the fields of ControlConfig)."""
+
+    policy: Annotated[str, Field(max_length=32)]
+    world_size: Annotated[int, Field(ge=1, le=MAX_WORLD)]
+    global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)]
+    memory_cap: Annotated[int, Field(ge=1, le=MAX_BATCH)] | None = None
+    total_steps: Annotated[int, Field(ge=0, le=MAX_STEP)] = 0
+    restart_cost_s: Annotated[float, Field(ge=0, le=1e7)] = 10.0
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 1
+    window: Annotated[int, Field(ge=1, le=10_000)] = 5
+    theta: Annotated[float, Field(ge=1.0, le=100.0)] = 1.3
+    persistent_windows: Annotated[int, Field(ge=1, le=10_000)] = 3
+    min_change: Annotated[float, Field(ge=0, le=1)] = 0.05
+    lag_s: Annotated[float, Field(ge=0, le=3600)] = 1.0
+    incarnation: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+
+
+StepRecord = tuple[Annotated[int, Field(ge=0, le=MAX_STEP)],
+                   Annotated[float, Field(gt=0, le=MAX_BPT_S)],
+                   Annotated[int, Field(ge=0, le=MAX_BATCH)]]
+
+
+class Report(Strict):
+    """POST /jobs/{job}/control/report."""
+
+    rank: Annotated[int, Field(ge=0, lt=MAX_WORLD)]
+    records: Annotated[list[StepRecord], Field(max_length=MAX_RECORDS)]
+    device: Annotated[str, Field(max_length=64)] = ""
+    incarnation: Annotated[int, Field(ge=0, le=1 << 31)]
+    since: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+
+
+def parse(model: type[Strict], body: bytes, source: str = "request body") -> Strict:
+    """Validate a JSON body; the first problem becomes an InputError naming the field."""
+    try:
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"]) or None
+        problem = err["msg"]
+        if err["type"] == "json_invalid":
+            problem = f"expected a JSON object ({err['msg']})"
+        elif "input" in err and err["type"] not in ("missing", "extra_forbidden"):
+            shown = repr(err["input"])
+            problem += f", got {shown if len(shown) <= 60 else shown[:60] + '...'}"
+        raise InputError(source, field, problem) from None
