@@ -37,11 +37,20 @@ def straggling_result() -> dict[str, Any]:
              "speedup_if_fixed": 1.25},
             {"cause": "stage_imbalance", "where": {"pp": [3]},
              "evidence": "M_S = 0.44; the last stage alone gives S 1.23",
-             "speedup_if_fixed": 1.12},
+             "speedup_if_fixed": 1.12, "interval": [1.10, 1.14], "upper_bound": True,
+             "share": 0.31, "speedup_after_others": 1.08},
+            {"cause": "host_stall", "where": {"workers": [{"dp": 1, "pp": 0, "rank": 4,
+                                                           "host": "node-3"}]},
+             "evidence": "rank 4 starts each step 80 ms late", "speedup_if_fixed": 1.05,
+             "interval": [1.04, 1.06], "upper_bound": False, "share": 1.3},
             {"cause": "gc", "where": {"dp": [0, 3], "pp": [2], "steps": [21]},
              "evidence": "one 160 ms forward-compute at step 21", "speedup_if_fixed": None},
         ],
+        "diagnosis_summary": {"all_fixed": 1.41, "all_fixed_interval": [1.38, 1.44],
+                              "explained": 0.83, "unexplained": 0.17, "noise_floor": 1.01},
         "warnings": ["2 p2p ops were recorded but never launched; treated as no-ops"],
+        "notes": [{"kind": "ranks", "message": "2 of 128 ranks read; missing ranks 2-127"},
+                  {"kind": "clock", "message": "clock alignment residual 0.4 ms"}],
     }
 
 

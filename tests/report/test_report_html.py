@@ -24,8 +24,8 @@ def test_page_is_self_contained(tmp_path):
     assert not re.search(r"<link[^>]*\bhref=", page)
     assert not re.search(r"""\bsrc=["']?(https?:)?//""", page)  # no remote images either
     assert "Plotly.newPlot" in page and len(page) > 3_000_000  # plotly.js itself is inline
-    for sid in ("headline", "explanation", "warnings", "diagnosis", "heatmap", "steps",
-                "optypes", "stages"):
+    for sid in ("headline", "explanation", "notes", "warnings", "diagnosis", "combined",
+                "heatmap", "steps", "optypes", "stages"):
         assert f'id="{sid}"' in page, sid
     assert "gpt-13b-run7" in page and "1.452" in page and "31.1%" in page
     assert "Worker fault" in page and "1.25× faster" in page
@@ -93,6 +93,12 @@ def test_page_renders_offline_in_headless_chromium(tmp_path):
             assert "Worker fault — worker dp 2 / pp 1." in text
             assert "1.25× faster" in text
             assert page.locator("#headline").inner_text().count("1.452") == 1
+            # What the trace cannot show, and the combined prediction, are on the page.
+            notes = page.locator("#notes")
+            assert notes.is_visible() and "2 of 128 ranks read" in notes.inner_text()
+            combined = page.locator("#combined").inner_text()
+            assert "Fixing all 4 listed causes together: 1.41× faster" in combined
+            assert "unexplained: 17%" in combined
             assert page.title() == "Straggler report — gpt-13b-run7"
         finally:
             browser.close()

@@ -18,17 +18,19 @@ from stragglers.report.summary import (
     LAUNCH_DELAY_MEANING,
     WorkerGrid,
     advice_of,
+    after_others_words,
     as_result,
     attribution_note,
+    combined_words,
     coverage_words,
     describe_where,
     fix_fraction_words,
     fmt,
     fmt_seconds,
-    located_words,
     notes_by_kind,
     prediction_words,
     shape_words,
+    share_words,
     title_of,
 )
 from stragglers.whatif.diagnosis import STRAGGLING
@@ -220,9 +222,9 @@ def _diagnosis(r: AnalysisResult) -> Panel:
         if prediction:
             details.append("fixing it would make steps ")
             details.append(prediction, style="bold green")
-        located = located_words(f)
-        if located:
-            details.append(("\n" if details else "") + f"on {located}")
+        for extra in (share_words(f.share), after_others_words(f)):
+            if extra:
+                details.append(("\n" if details else "") + extra)
         if f.evidence:
             details.append(("\n" if details else "") + f"evidence: {f.evidence}")
         advice = advice_of(f)
@@ -230,5 +232,9 @@ def _diagnosis(r: AnalysisResult) -> Panel:
             details.append(("\n" if details else "") + f"what to do: {advice}", style="cyan")
         if details:
             parts.append(Padding(details, (0, 0, 0, 3)))
+    combined = combined_words(r)
+    if combined:
+        parts += [Text(""), Text(combined[0], style="bold"),
+                  Padding(Text("\n".join(combined[1:])), (0, 0, 0, 3))]
     return Panel(Group(*parts), title="Diagnosis (most important first)", title_align="left",
                  box=box.ROUNDED)

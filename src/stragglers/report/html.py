@@ -12,17 +12,19 @@ from stragglers.report.summary import (
     LAUNCH_DELAY_MEANING,
     WorkerGrid,
     advice_of,
+    after_others_words,
     as_result,
     attribution_note,
+    combined_words,
     coverage_words,
     describe_where,
     fix_fraction_words,
     fmt,
     fmt_seconds,
-    located_words,
     notes_by_kind,
     prediction_words,
     shape_words,
+    share_words,
     title_of,
 )
 from stragglers.whatif.result import AnalysisResult
@@ -217,14 +219,18 @@ def _diagnosis(r: AnalysisResult) -> str:
             prediction = prediction_words(f)
             speedup = (f' Fixing it would make steps <b class="good">{_e(prediction)}</b>.'
                        if prediction else "")
-            located = located_words(f)
-            located = f'<br><span class="where">On {_e(located)}.</span>' if located else ""
+            shares = "".join(f'<br><span class="share">{_e(x)}.</span>'
+                             for x in (share_words(f.share), after_others_words(f)) if x)
             advice = advice_of(f)
             advice = f'<br><span class="advice">What to do: {_e(advice)}.</span>' if advice else ""
             evidence = f'<br><span class="evidence">{_e(f.evidence)}</span>' if f.evidence else ""
             lis.append(f'<li data-cause="{_e(f.cause)}"><b>{_e(title_of(f))}</b> — '
-                       f"{_e(describe_where(f.where))}.{speedup}{located}{evidence}{advice}</li>")
+                       f"{_e(describe_where(f.where))}.{speedup}{shares}{evidence}{advice}</li>")
         body = f"<ol>{''.join(lis)}</ol>"
+    combined = combined_words(r)
+    if combined:
+        rest = "".join(f"<br>{_e(x)}." for x in combined[1:])
+        body += f'<p id="combined"><b>{_e(combined[0])}</b>.{rest}</p>'
     return f'<section id="diagnosis"><h2>Diagnosis (most important first)</h2>{body}</section>'
 
 

@@ -127,11 +127,10 @@ def fix_fraction_words(name: str, value: float | None, what: str) -> str | None:
     if value is None or not math.isfinite(value) or 0 <= value <= 1:
         return None
     if value > 1:
-        return (f"{name} > 1: fixing {what} alone would leave steps faster than the straggler-free "
-                "reference, because the reference puts every op at the job-wide mean and the "
-                "others run faster than that")
-    return (f"{name} < 0: fixing {what} alone makes steps slower, because {what} already runs "
-            "faster than the job-wide mean; it is not where the slowdown comes from")
+        return (f"{name} > 1: fixing {what} alone beats the straggler-free reference (which "
+                "holds every op at the job-wide mean; the other ops run faster than that)")
+    return (f"{name} < 0: fixing {what} alone makes steps slower ({what} already runs faster "
+            "than the job-wide mean; it is not where the slowdown comes from)")
 
 
 def speedup_words(value: float | None) -> str:
@@ -141,41 +140,61 @@ def speedup_words(value: float | None) -> str:
     return f"{value:.2f}× faster"
 
 
-def interval_of(finding: Finding) -> tuple[float, float] | None:
-    """The speedup's confidence interval, when the diagnosis gives one."""
-    for key in ("speedup_interval", "interval", "speedup_ci"):
-        v = finding.extra.get(key)
-        if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
-            return float(v[0]), float(v[1])
-    return None
-
-
-def is_upper_bound(finding: Finding) -> bool:
-    """Whether the diagnosis marked the speedup as an upper bound."""
-    return bool(finding.extra.get("upper_bound"))
-
-
 def prediction_words(finding: Finding) -> str:
-    """'1.25× faster (1.21–1.29), an upper bound' — empty when the finding predicts nothing."""
+    """'1.25× faster (interval 1.21–1.29)', 'at most …' for upper bounds; '' when none."""
     text = speedup_words(finding.speedup_if_fixed)
     if not text:
         return ""
-    ci = interval_of(finding)
-    if ci is not None:
-        text += f" (interval {ci[0]:.2f}–{ci[1]:.2f})"
-    if is_upper_bound(finding):
-        text = "at most " + text + " (an upper bound)"
+    if finding.interval:
+        text += f" (interval {finding.interval[0]:.2f}–{finding.interval[1]:.2f})"
+    if finding.upper_bound:
+        text = f"at most {text}: an upper bound, what a perfect fix would buy"
     return text
 
 
-def located_words(finding: Finding) -> str:
-    """Global ranks and hosts of a finding's workers, when the diagnosis names them."""
-    parts = []
-    for key in ("ranks", "hosts"):
-        values = finding.extra.get(key)
-        if values:
-            parts.append(describe_where({key: values}))
-    return "; ".join(parts)
+def share_words(share: float | None, what: str = "this fix") -> str:
+    """How much of the straggler excess a fix removes, with shares past 100% explained."""
+    if share is None or not math.isfinite(share):
+        return ""
+    if share > 1:
+        return (f"{what} removes all of the straggler excess and more ({share:.0%} of it): the "
+                "straggler-free reference holds every op at the job-wide mean, and the fixed job "
+                "runs faster than that")
+    if share < 0:
+        return f"{what} alone would not shorten steps (share {share:.0%})"
+    return f"{what} removes {share:.0%} of the straggler excess"
+
+
+def after_others_words(finding: Finding) -> str:
+    """What fixing a cause buys once the other listed causes are fixed, when it differs."""
+    after, alone = finding.speedup_after_others, finding.speedup_if_fixed
+    if after is None or alone is None or abs(after - alone) < 0.005:
+        return ""
+    return f"once the other causes are fixed, fixing this one too: {after:.2f}× faster"
+
+
+def combined_words(result: AnalysisResult) -> list[str]:
+    """The combined prediction (every listed cause fixed) and the unexplained remainder."""
+    summary = result.diagnosis_summary
+    if summary is None or summary.all_fixed is None:
+        return []
+    causes = [f for f in result.diagnosis if f.cause not in ("none", "unexplained")]
+    which = "the one listed cause" if len(causes) == 1 else f"all {len(causes)} listed causes together"
+    text = f"Fixing {which}: {summary.all_fixed:.2f}× faster"
+    if summary.all_fixed_interval:
+        lo, hi = summary.all_fixed_interval
+        text += f" (interval {lo:.2f}–{hi:.2f})"
+    lines = [text]
+    if summary.explained is not None:
+        if summary.explained > 1:
+            lines.append("together they explain all of the straggler excess "
+                         f"({summary.explained:.0%} of it; see the shares past 100% above)")
+        else:
+            lines.append(f"together they explain {max(summary.explained, 0):.0%} of the straggler "
+                         f"excess; unexplained: {summary.unexplained or 0:.0%}")
+    if summary.noise_floor is not None:
+        lines.append(f"noise floor: S = {summary.noise_floor:.3f} from measurement jitter alone")
+    return lines
 
 
 def notes_by_kind(result: AnalysisResult) -> list[tuple[str, str]]:
@@ -194,8 +213,9 @@ def describe_where(where: Any) -> str:
         return str(where)
     parts = []
     where = dict(where)
-    if where.get("workers"):  # the workers themselves say more than their DP ranks and stages
-        where.pop("dp", None), where.pop("pp", None)
+    if where.get("workers"):  # the workers name their DP ranks, stages, ranks and hosts
+        for key in ("dp", "pp", "ranks", "hosts"):
+            where.pop(key, None)
     dp, pp = where.get("dp"), where.get("pp")
     if isinstance(dp, list) and isinstance(pp, list) and len(dp) == 1 and len(pp) == 1:
         # One DP rank and one stage name one worker.
@@ -213,7 +233,9 @@ def describe_where(where: Any) -> str:
 
 def _item_words(value: Any) -> str:
     if isinstance(value, Mapping) and "dp" in value and "pp" in value:
-        return f"dp {value['dp']}/pp {value['pp']}"
+        place = [f"rank {value['rank']}"] if value.get("rank") is not None else []
+        place += [str(value["host"])] if value.get("host") else []
+        return f"dp {value['dp']}/pp {value['pp']}" + (f" ({', '.join(place)})" if place else "")
     if isinstance(value, (list, tuple)) and len(value) == 2:
         return f"dp {value[0]}/pp {value[1]}"
     return str(value)

@@ -15,7 +15,7 @@ from stragglers.whatif.warmup import warmup_steps
 from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD, WhatIf
 from stragglers.whatif.replay import replay
 from stragglers.whatif.result import (AnalysisResult, findings_from, job_info, plain,
-                                      reader_notes, scores_from)
+                                      reader_notes, scores_from, summary_from)
 
 
 def analyze(trace: Trace, steps: list[int] | str | None = None,
@@ -93,9 +93,10 @@ def analyze_with_model(trace: Trace, steps: list[int] | str | None = None,
         diagnosis=findings_from(diagnosis),
         warnings=[str(x) for x in grid.warnings],
         notes=reader_notes(trace),
-        extra={"diagnosis_summary": plain(diagnosis_summary),
-               "steps_analysed": [int(x) for x in grid.steps],
-               "warmup_steps": warmup, "diagnosis_config": cfg.to_dict()},
+        diagnosis_summary=summary_from(diagnosis_summary),
+        steps_analysed=[int(x) for x in grid.steps],
+        warmup_steps=[int(x) for x in warmup],
+        diagnosis_config=plain(cfg.to_dict()),
     )
     return result, w
 

@@ -91,5 +91,5 @@ def _steps_option(spec: Optional[str]) -> dict:
     from stragglers.trace.load import parse_steps
 
     if spec is not None and spec.strip().lower() == "all":
-        return {"steps": None}
+        return {"steps": "all"}
     return {"steps": parse_steps(spec)}

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.whatif.diagnosis import STRAGGLING
+from stragglers.whatif.config import STRAGGLING_SLOWDOWN
 from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD
 
 # Version of the JSON layout: bump when a field changes meaning or is removed.
@@ -111,14 +111,33 @@ class WorkerScore(_ByName):
 
 @dataclass
 class Finding(_ByName):
-    """One diagnosed cause: where it sits, why we think so, what fixing it buys."""
+    """One diagnosed cause: where it sits, why we think so, what fixing it buys.
+
+    The fields are those of whatif/README.md ("The result of a diagnosis").
+    """
 
     cause: str
-    where: dict[str, Any] = field(default_factory=dict)
+    where: dict[str, Any] = field(default_factory=dict)  # dp, pp, ranks, hosts, workers, steps
     evidence: str = ""
-    speedup_if_fixed: float | None = None
+    speedup_if_fixed: float | None = None   # fixing only this cause (its own share)
     fix: str | None = None
-    # Fields the diagnosis adds beyond these (intervals, bounds, ranks, hosts), kept as given.
+    interval: list[float] | None = None     # bootstrap interval of speedup_if_fixed
+    upper_bound: bool = False               # the speedup is what a perfect fix would buy
+    share: float | None = None              # fraction of the straggler excess it removes
+    speedup_after_others: float | None = None  # fixing it once the other causes are fixed
+    # Fields a newer diagnosis adds beyond these, kept as given.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DiagnosisSummary(_ByName):
+    """All listed causes together: the combined prediction and what is left unexplained."""
+
+    all_fixed: float | None = None            # speedup with every listed cause fixed
+    all_fixed_interval: list[float] | None = None
+    explained: float | None = None            # fraction of the straggler excess they remove
+    unexplained: float | None = None          # 1 − explained, at least 0
+    noise_floor: float | None = None          # S that measurement jitter alone gives this job
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -134,7 +153,7 @@ class AnalysisResult(_ByName):
     job: JobInfo = field(default_factory=JobInfo)
     waste: float | None = None
     straggling: bool | None = None
-    straggling_threshold: float = STRAGGLING
+    straggling_threshold: float = STRAGGLING_SLOWDOWN
     sim_error: float | None = None
     launch_slowdown: float | None = None   # mean T_base / mean T_nodelay
     t_base: float | None = None
@@ -150,6 +169,10 @@ class AnalysisResult(_ByName):
     m_w: float | None = None
     m_s: float | None = None
     diagnosis: list[Finding] = field(default_factory=list)
+    diagnosis_summary: DiagnosisSummary | None = None
+    steps_analysed: list[int] = field(default_factory=list)
+    warmup_steps: list[int] = field(default_factory=list)   # left out as warm-up
+    diagnosis_config: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     notes: list[dict[str, str]] = field(default_factory=list)  # the reader's, see Trace.notes
     # Top-level fields the analysis adds beyond these (e.g. a combined prediction), kept as given.
@@ -207,7 +230,7 @@ class AnalysisResult(_ByName):
             job=r.job(),
             waste=r.number("waste"),
             straggling=r.flag("straggling"),
-            straggling_threshold=r.number("straggling_threshold") or STRAGGLING,
+            straggling_threshold=r.number("straggling_threshold") or STRAGGLING_SLOWDOWN,
             sim_error=r.number("sim_error"),
             launch_slowdown=r.number("launch_slowdown"),
             t_base=r.number("T_base"), t_nodelay=r.number("T_nodelay"),
@@ -222,6 +245,10 @@ class AnalysisResult(_ByName):
             worker_scores=r.worker_scores(),
             m_w=r.number("M_W"), m_s=r.number("M_S"),
             diagnosis=r.findings(),
+            diagnosis_summary=r.diagnosis_summary(),
+            steps_analysed=r.ints("steps_analysed"),
+            warmup_steps=r.ints("warmup_steps"),
+            diagnosis_config=dict(r.mapping("diagnosis_config")),
             warnings=r.strings("warnings"),
             notes=r.notes(),
             extra={k: v for k, v in raw.items() if k not in known},
@@ -324,20 +351,47 @@ class _Reader:
     def findings(self) -> list[Finding]:
         out = []
         for i, entry in enumerate(self.records("diagnosis")):
-            key = f"diagnosis[{i}]"
             if "cause" not in entry:
-                raise self.fail(key, "expected an object with a 'cause'")
-            speedup = self.number(f"{key}.speedup_if_fixed", raw=entry.get("speedup_if_fixed"))
+                raise self.fail(f"diagnosis[{i}]", "expected an object with a 'cause'")
             where = entry.get("where") or {}
             if not isinstance(where, Mapping):
-                raise self.fail(f"{key}.where", f"expected an object, got {where!r}")
-            out.append(Finding(
-                cause=str(entry["cause"]), where=dict(where),
-                evidence=str(entry.get("evidence") or ""), speedup_if_fixed=speedup,
-                fix=None if entry.get("fix") is None else str(entry["fix"]),
-                extra={k: v for k, v in entry.items()
-                       if k not in ("cause", "where", "evidence", "speedup_if_fixed", "fix")}))
+                raise self.fail(f"diagnosis[{i}].where", f"expected an object, got {where!r}")
+            out.append(self.record(Finding, entry, f"diagnosis[{i}]"))
         return out
+
+    def diagnosis_summary(self) -> DiagnosisSummary | None:
+        raw = self.raw.get("diagnosis_summary")
+        return None if raw is None else self.record(DiagnosisSummary, self.mapping(
+            "diagnosis_summary"), "diagnosis_summary")
+
+    def record(self, cls: type, entry: Mapping[str, Any], key: str) -> Any:
+        """A Finding / DiagnosisSummary from its JSON object, each field type-checked."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name == "extra" or entry.get(f.name) is None:
+                continue
+            v, where = entry[f.name], f"{key}.{f.name}"
+            if f.type in ("float | None",):
+                v = self.number(where, raw=v)
+            elif f.type == "list[float] | None":
+                if not (isinstance(v, list) and len(v) == 2):
+                    raise self.fail(where, f"expected [low, high], got {v!r}")
+                v = [self.number(where, required=True, raw=x) for x in v]
+            elif f.type == "bool":
+                if not isinstance(v, bool):
+                    raise self.fail(where, f"expected true or false, got {v!r}")
+            elif f.type == "str" or f.type == "str | None":
+                v = str(v)
+            values[f.name] = v
+        known = {f.name for f in fields(cls)}
+        return cls(**values, extra={k: v for k, v in entry.items() if k not in known})
+
+    def ints(self, key: str) -> list[int]:
+        value = self.raw.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                  for v in value):
+            raise self.fail(key, "expected a list of integers")
+        return list(value)
 
     def notes(self) -> list[dict[str, str]]:
         out = []
@@ -367,14 +421,25 @@ def job_info(trace: Any, steps: int, ops: int) -> JobInfo:
 
 
 def findings_from(entries: list[Mapping[str, Any]]) -> list[Finding]:
-    """Diagnosis records (dicts from `diagnose`) as Findings, extra fields kept."""
-    core = ("cause", "where", "evidence", "speedup_if_fixed", "fix")
-    return [Finding(cause=str(e["cause"]), where=plain(e.get("where") or {}),
-                    evidence=str(e.get("evidence") or ""),
-                    speedup_if_fixed=plain(e.get("speedup_if_fixed")),
-                    fix=None if e.get("fix") is None else str(e["fix"]),
-                    extra=plain({k: v for k, v in e.items() if k not in core}))
-            for e in entries]
+    """Diagnosis records (dicts from `diagnose`) as Findings, unknown fields kept in extra."""
+    known = {f.name for f in fields(Finding)} - {"extra"}
+    out = []
+    for e in entries:
+        e = plain(e)
+        out.append(Finding(**{k: v for k, v in e.items() if k in known and v is not None},
+                           extra={k: v for k, v in e.items() if k not in known}))
+        out[-1].cause, out[-1].evidence = str(out[-1].cause), str(out[-1].evidence or "")
+    return out
+
+
+def summary_from(summary: Mapping[str, Any] | None) -> DiagnosisSummary | None:
+    """The diagnosis summary dict as a DiagnosisSummary."""
+    if summary is None:
+        return None
+    known = {f.name for f in fields(DiagnosisSummary)} - {"extra"}
+    summary = plain(summary)
+    return DiagnosisSummary(**{k: v for k, v in summary.items() if k in known},
+                            extra={k: v for k, v in summary.items() if k not in known})
 
 
 def scores_from(entries: list[Mapping[str, Any]]) -> list[WorkerScore]:
