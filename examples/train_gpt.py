@@ -60,9 +60,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run in --trace-dir (refused otherwise)")
     p.add_argument("--summary", type=Path, default=None, help="write step times as JSON (rank 0)")
+    p.add_argument("--monitor", type=str, default=None, metavar="URL",
+                   help="also upload each flushed part to a live monitor (stragglers monitor serve)")
+    p.add_argument("--monitor-token-file", type=Path, default=None,
+                   help="file holding the monitor's bearer token")
     # injections (all off by default)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-factor", type=float, default=1.0)
+    p.add_argument("--slow-until-step", type=int, default=-1,
+                   help="the slow rank recovers from this step on (-1: slow to the end)")
     p.add_argument("--extra-last-stage-layers", type=int, default=0)
     p.add_argument("--gc-garbage", type=float, default=0.0, metavar="MB",
                    help="a long-lived heap of MB plus cyclic garbage each step, so real automatic "
@@ -306,6 +312,7 @@ class Pipeline:
         # traffic gets its own group so each direction is matched in its own order.
         self.bwd_group = bwd_group
         self.slow = args.slow_factor if self.rank == args.slow_rank else 1.0
+        self.step = 0
         self.sends: list = []  # posted, not yet waited (gloo queues sends to a peer in order)
         self.gc_rng = np.random.default_rng([args.seed, self.rank])
         self.live_heap = make_live_heap(args.gc_garbage) if args.gc_garbage else None
@@ -317,7 +324,8 @@ class Pipeline:
         with self.rec.op(optype, mb, seq_lens=lens, mc=mc):
             t0 = time.perf_counter()
             out = fn()
-            if self.slow > 1.0:
+            if self.slow > 1.0 and (self.args.slow_until_step < 0
+                                    or self.step < self.args.slow_until_step):
                 burn((self.slow - 1.0) * (time.perf_counter() - t0))
         return out
 
@@ -342,6 +350,7 @@ class Pipeline:
         """Forward and backward of every (chunk, microbatch); returns the summed loss (last stage).
         """
         m, d, V, s = self.args.microbatches, self.args.d_model, self.vpp, self.stage
+        self.step = step
         inputs, outputs, losses = {}, {}, []
         garbage = []
         first_chunk = lambda c: s == 0 and c == 0  # noqa: E731  (holds the embedding)
@@ -420,7 +429,8 @@ def injections(args, dp: int, layers: list[int]) -> list[dict]:
     out = []
     where = lambda r: {"rank": r, "dp_rank": r // args.pp, "stage": r % args.pp}  # noqa: E731
     if args.slow_rank >= 0 and args.slow_factor > 1.0:
-        out.append({"cause": "worker_fault", "factor": args.slow_factor, **where(args.slow_rank)})
+        out.append({"cause": "worker_fault", "factor": args.slow_factor, **where(args.slow_rank),
+                    **({"until_step": args.slow_until_step} if args.slow_until_step >= 0 else {})})
     if args.extra_last_stage_layers:
         out.append({"cause": "stage_imbalance", "stage": args.pp - 1,
                     "extra_layers": args.extra_last_stage_layers, "layers_per_stage": layers})
@@ -502,7 +512,9 @@ def main(argv=None) -> None:
                    stage=stage, sample_every=args.sample_every, flush_every=args.flush_every,
                    flush_interval_s=args.flush_interval,
                    device=device, enabled=not args.no_record and args.trace_dir is not None,
-                   overwrite=args.overwrite)
+                   overwrite=args.overwrite, monitor=args.monitor,
+                   monitor_token=args.monitor_token_file.read_text().strip()
+                   if args.monitor_token_file else None)
     planned_gc = PlannedGC(args.planned_gc) if args.planned_gc else None
     pipeline = Pipeline(args, rec, model, stage, dp_rank, device, bwd_group)
     step_starts = []

@@ -146,7 +146,9 @@ class Recorder:
                  sample_every: int = 1, flush_every: int = 64,
                  flush_interval_s: float = 1.0, device: torch.device | str | None = None,
                  group=None, clock_rounds: int = 8, gc_min_s: float = 50e-6, enabled: bool = True,
-                 overwrite: bool = False):
+                 overwrite: bool = False, monitor: str | None = None,
+                 monitor_token: str | None = None, monitor_job: str | None = None,
+                 monitor_close_timeout_s: float = 10.0):
         if sample_every < 1:
             raise StragglersError(f"Recorder: sample_every must be >= 1, got {sample_every}")
         self.trace_dir = Path(trace_dir)
@@ -160,6 +162,11 @@ class Recorder:
         self.gc_min_ns = int(gc_min_s * 1e9)
         self.enabled = enabled
         self.overwrite = bool(overwrite)
+        # The live monitor (stragglers.monitor): parts are also uploaded there, off the step.
+        self.monitor, self.monitor_token = monitor, monitor_token
+        self.monitor_job = monitor_job or self.trace_dir.name
+        self.monitor_close_timeout_s = float(monitor_close_timeout_s)
+        self._uploader = None
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if self.distributed else 0
         self.world_size = dist.get_world_size(group) if self.distributed else 1
@@ -210,6 +217,10 @@ class Recorder:
             self.clock_start = ClockEstimate(0, 0, 0, 0)
             layout = [self._layout_entry()]
         self._offset_ns, self._origin_ns = offset, origin
+        if self.monitor:
+            from stragglers.record.upload import PartUploader
+            self._uploader = PartUploader(self.monitor, self.monitor_token, self.monitor_job,
+                                          self.rank)
         if self.rank == 0:
             self.meta.extra["layout"] = layout
             self.meta.extra["recorder"] = {
@@ -218,9 +229,11 @@ class Recorder:
                 "gc_min_s": self.gc_min_ns / 1e9}
             self.meta.extra["clock"] = {"start": [None] * self.world_size}
             write_meta(self.trace_dir, self.meta)
+            if self._uploader is not None:
+                self._uploader.submit_meta(self.meta.to_dict())
         self._writer = RankWriter(self.trace_dir, self.rank, self.dp_rank, self.stage, self._timer,
                                   offset, origin, self.flush_every,
-                                  self.flush_interval_s)
+                                  self.flush_interval_s, uploader=self._uploader)
         gc.callbacks.append(self._on_gc)
         if self.distributed:
             self._gather_clock("start", self.clock_start)
@@ -244,6 +257,8 @@ class Recorder:
         if collective and self.distributed:
             self.clock_end = measure_offset(self.clock_rounds, channel=self._ctl)
             self._gather_clock("end", self.clock_end)
+        if self._uploader is not None:  # bounded: a monitor that is away cannot hold us here
+            self._uploader.close(self.monitor_close_timeout_s)
 
     def _check_output_dir(self, ctl_group) -> None:
         """Refuse a directory holding another run unless overwrite=True (then clear our files).
@@ -286,6 +301,8 @@ class Recorder:
             clock["max_drift_s"] = max(abs(a["offset_ns"] - b["offset_ns"]) / 1e9
                                        for a, b in zip(clock["start"], clock["end"]))
         write_meta(self.trace_dir, self.meta)
+        if self._uploader is not None:  # the end clock is the monitor's close marker
+            self._uploader.submit_meta(self.meta.to_dict())
 
     # ---- steps and ops ---------------------------------------------------------------------
 

@@ -34,8 +34,9 @@ class RankWriter:
 
     def __init__(self, directory: Path, rank: int, dp_rank: int, stage: int, timer,
                  offset_ns: int, origin_ns: int, flush_every: int = 64,
-                 flush_interval_s: float = 1.0):
+                 flush_interval_s: float = 1.0, uploader=None):
         self.directory = Path(directory)
+        self.uploader = uploader  # a stragglers.record.upload.PartUploader, or None
         self.rank, self.dp_rank, self.stage = rank, dp_rank, stage
         self.timer = timer
         self.offset_ns, self.origin_ns = offset_ns, origin_ns
@@ -96,7 +97,9 @@ class RankWriter:
             return
         parts, self._held = self._held, []
         ops = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        write_rank(self.directory, self.rank, ops, part=self.parts_written)
+        path = write_rank(self.directory, self.rank, ops, part=self.parts_written)
+        if self.uploader is not None:  # non-blocking: a bounded buffer and its own thread
+            self.uploader.submit(self.parts_written, path.read_bytes())
         self.parts_written += 1
         self.steps_written += len(parts)
 

@@ -1,0 +1,82 @@
+"""The recorder side: PartUploader never blocks, buffers through an outage, counts overflow."""
+
+from __future__ import annotations
+
+import io
+
+import httpx
+import pyarrow.parquet as pq
+
+from monitor_jobs import eventually, get, parts_of, slow_job
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.record.upload import PartUploader
+from stragglers.trace.columns import columns_to_table
+
+from conftest import free_port
+
+CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
+
+
+def blob(cols) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(columns_to_table(cols), buf)
+    return buf.getvalue()
+
+
+def test_parts_submitted_while_the_monitor_is_down_are_delivered_when_it_comes_up(tmp_path):
+    trace = slow_job(steps=20)
+    parts = parts_of(trace, steps_per_part=2)          # 10 parts per rank
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    uploaders = {r: PartUploader(url, "tok", "job-u", r, max_buffer=6, backoff_s=0.05,
+                                 max_backoff_s=0.5) for r in range(4)}
+    uploaders[0].submit_meta(trace.meta.to_dict())
+    for rank, part, cols in parts:                     # nobody listens: all of this must return
+        uploaders[rank].submit(part, blob(cols))
+    for up in uploaders.values():
+        s = up.stats()
+        assert s["submitted"] == 10 and s["dropped"] == 4 and s["pending"] == 6
+        assert s["retries"] >= 1 and s["sent"] == 0
+    server = MonitorServer(tmp_path / "m.db", port=port, token="tok", config=CFG).start()
+    try:
+        for up in uploaders.values():
+            assert up.close(timeout=120)
+            s = up.stats()
+            assert s["sent"] == 6 and s["pending"] == 0 and s["rejected"] == 0
+        kept = [(r, p, c) for r, p, c in parts if p >= 4]   # the oldest 4 per rank were dropped
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            stats = eventually(lambda: get(c, "/api/stats"), what="stats")
+            assert stats["by_way"]["http"] == {"parts": len(kept),
+                                               "records": sum(len(x["step"]) for _, _, x in kept)}
+            job = get(c, "/api/jobs/job-u")
+            assert job["upload_dropped"] == {str(r): 4 for r in range(4)}
+            # parts 0-3 never come: after gap_wait the windows of steps 8.. still close
+            assert job["windows"] == [] or job["windows"][0]["first_step"] >= 8
+    finally:
+        server.stop()
+
+
+def test_a_refusing_monitor_neither_blocks_nor_raises_and_refusals_are_counted(tmp_path):
+    trace = slow_job(steps=4)
+    server = MonitorServer(tmp_path / "m.db", port=0, token="right", config=CFG).start()
+    try:
+        up = PartUploader(server.url, "wrong", "job-r", 0, backoff_s=0.01)
+        up.submit_meta(trace.meta.to_dict())
+        for rank, part, cols in parts_of(trace, 2):
+            if rank == 0:
+                up.submit(part, blob(cols))
+        assert up.close(timeout=60)
+        s = up.stats()
+        assert s["rejected"] == 2 and s["sent"] == 0 and "401" in s["last_error"]
+        with httpx.Client(base_url=server.url) as c:
+            assert get(c, "/api/jobs")["jobs"] == []
+    finally:
+        server.stop()
+
+
+def test_close_gives_up_after_its_timeout_when_nobody_answers():
+    up = PartUploader(f"http://127.0.0.1:{free_port()}", None, "job", 0, backoff_s=0.05)
+    up.submit(0, b"x" * 100)
+    assert up.close(timeout=0.5) is False
+    assert up.stats()["pending"] == 1
