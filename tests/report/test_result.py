@@ -95,6 +95,11 @@ def test_old_dict_access_still_works(slow_result):
     ({"slowdown": 1.2, "notes": [3]}, "notes"),
     ({"slowdown": 1.2, "diagnosis": [{"cause": "gc", "speedup_if_fixed": "x"}]},
      "diagnosis[0].speedup_if_fixed"),
+    ({"slowdown": 1.2, "diagnosis": [{"cause": "gc", "interval": [1.1]}]}, "diagnosis[0].interval"),
+    ({"slowdown": 1.2, "diagnosis": [{"cause": "gc", "upper_bound": "no"}]},
+     "diagnosis[0].upper_bound"),
+    ({"slowdown": 1.2, "diagnosis_summary": {"all_fixed": "fast"}}, "diagnosis_summary.all_fixed"),
+    ({"slowdown": 1.2, "warmup_steps": [0.5]}, "warmup_steps"),
 ])
 def test_bad_json_names_the_field(bad, field):
     with pytest.raises(InputError) as err:
@@ -129,7 +134,7 @@ def test_reader_notes_reach_console_json_and_html(slow_job):
     text = render(r)
     assert "What the trace does not show" in text
     for words in ("ranks: 4 of 16 ranks read", "clock alignment: clock alignment residual",
-                  "left out: 12 point-to-point"):
+                  "dropped: 12 point-to-point"):
         assert words in text, words
     page = render_html(r)
     assert 'id="notes"' in page and "missing ranks 4-15" in page

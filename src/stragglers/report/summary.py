@@ -27,7 +27,7 @@ CAUSE_TITLES = {
     "none": "No straggler",
 }
 NOTE_TITLES = {"ranks": "ranks", "layout": "layout", "clock": "clock alignment",
-               "dropped": "left out", "other": "note"}
+               "dropped": "dropped", "other": "note"}
 LAUNCH_DELAY_MEANING = (
     "launch-delay slowdown = measured step time / step time replayed without launch delays "
     "(gaps before an op starts that no dependency explains: data loading, Python, host work). "
