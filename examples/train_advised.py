@@ -213,14 +213,15 @@ def main(argv=None) -> None:
     if planned:
         planned.stop()
     if rank == 0:
-        report(args, everyone, policy, ddp)
+        report(args, everyone, policy, ddp, hook)
     dist.barrier()
     del ddp, opt
     gc.collect()
     dist.destroy_process_group()
 
 
-def report(args, everyone: list[list[StepTiming]], policy, model: nn.Module) -> None:
+def report(args, everyone: list[list[StepTiming]], policy, model: nn.Module,
+           hook: SwitchableCommHook) -> None:
     """Rank 0: predicted vs measured per decision, step times, and the requested outputs."""
     steps = everyone[args.skip:]
     mean = window_step_time(steps)
@@ -238,7 +239,7 @@ def report(args, everyone: list[list[StepTiming]], policy, model: nn.Module) -> 
         args.summary.write_text(json.dumps({
             "mean_step_s": mean, "skipped_steps": args.skip,
             "step_times": [window_step_time([s]) for s in everyone],
-            "decisions": decisions}, indent=1))
+            "decisions": decisions, "stragglar_calls": hook.stragglar_calls}, indent=1))
     if args.trace_dir:
         from stragglers.trace.runformat import write_run
 

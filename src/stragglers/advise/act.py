@@ -5,8 +5,9 @@ their timings, so every rank feeds the same numbers and takes the same decisions
 that keeps a switch of the DDP hook from deadlocking). Per window of `window` steps:
 
     observe → advise on the window → APPLY the best runtime remedy (StragglAR hook, re-split
-    batches, planned GC) → `settle` steps ignored → one window measured → KEEP it if it made
-    the step at least MIN_GAIN faster, else ROLLBACK (and never try it again)
+    batches, planned GC) if it predicts at least `apply_gain` → `settle` steps ignored → one
+    window measured → KEEP it if it made the step at least `keep_gain` faster, else ROLLBACK
+    (and never try it again)
 
 Torch-free: the training loop carries out the decisions (see examples/train_advised.py).
 """
@@ -58,7 +59,7 @@ class AdvisePolicy:
 
     def __init__(self, world_size: int, global_batch: int, window: int = 8, settle: int = 2,
                  remedies: tuple[str, ...] = RUNTIME_REMEDIES, force: Mapping | None = None,
-                 keep_gain: float = MIN_GAIN, **knobs: Any):
+                 apply_gain: float = 1.05, keep_gain: float = MIN_GAIN, **knobs: Any):
         if world_size < 2:
             raise InputError("AdvisePolicy", "world_size", f"expected >= 2 ranks, got {world_size}")
         if window < 2 or settle < 0:
@@ -70,7 +71,8 @@ class AdvisePolicy:
         self.world_size, self.global_batch = world_size, global_batch
         self.window, self.settle, self.remedies = window, settle, tuple(remedies)
         self.force = dict(force) if force else None
-        self.keep_gain = keep_gain
+        # A window is noisy: switch only for a predicted gain well above noise, keep on any gain.
+        self.apply_gain, self.keep_gain = apply_gain, keep_gain
         self.knobs = knobs
         n = world_size
         self.batch_sizes = [global_batch // n + (1 if i < global_batch % n else 0) for i in range(n)]
@@ -118,7 +120,7 @@ class AdvisePolicy:
             reason = "forced"
         else:
             advice = plan.best(runtime_only=True, exclude=tuple(self.rejected))
-            if advice is None:
+            if advice is None or advice.predicted_speedup < self.apply_gain:
                 return []
             name, reason = advice.name, f"best runtime remedy: {advice.method}"
         params = self._params(name, advice)

@@ -26,6 +26,7 @@ class SwitchableCommHook:
         self.stragglar_group = dist.new_group(list(range(dist.get_world_size(process_group))))
         self.window, self.threshold = window, threshold
         self.stragglar = None
+        self.stragglar_calls = 0  # bucket calls that ran StragglAR (not its warm-up all-reduces)
         self.arrived = None       # perf_counter when the last bucket's sync was called
         self.completed = None     # ... and when its result was ready
         self.nbytes = 0
@@ -45,6 +46,7 @@ class SwitchableCommHook:
         """Switch back to the library all-reduce (collective, between steps)."""
         if self.stragglar is not None:
             self.stragglar.close()
+            self.stragglar_calls += sum(d.straggler is not None for d in self.stragglar.decisions)
             self.stragglar = None
 
     def close(self) -> None:
