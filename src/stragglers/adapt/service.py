@@ -60,6 +60,10 @@ class ServiceConfig(Config):
                              maximum=65536)
     keep_alive_s: float = setting(60.0, "idle keep-alive connection timeout", minimum=1.0,
                                   maximum=3600.0)
+    http: str = setting("httptools", "HTTP parser (h11: uvicorn's pure-Python one)",
+                        choices=("httptools", "h11"))
+    loop: str = setting("uvloop", "event loop (asyncio: the standard library's)",
+                        choices=("uvloop", "asyncio"))
 
 
 class Unauthorized(StragglersError):
@@ -316,7 +320,7 @@ def _uvicorn_server(app, config: ServiceConfig):
     import uvicorn
 
     # httptools + uvloop: the C parser and event loop (the pure-Python h11 path is ~2x slower).
-    cfg = uvicorn.Config(app, http="httptools", loop="uvloop", log_level="warning",
+    cfg = uvicorn.Config(app, http=config.http, loop=config.loop, log_level="warning",
                          access_log=False, lifespan="off", timeout_keep_alive=config.keep_alive_s,
                          server_header=False, date_header=False)
     return uvicorn.Server(cfg)
