@@ -250,3 +250,14 @@ def test_all_zero_durations_are_an_error_not_nan(ndtimeline_dir, tmp_path):
     out = tmp_path / "z.json"
     one_line_error(cli("analyze", path, "--json", out), "trace-Z.parquet", "'duration'", "zero")
     assert not out.exists()  # no half-written, NaN-bearing JSON
+
+
+@pytest.mark.parametrize("meta, field", [
+    (b'{"dp_size": null, "pp_size": 4}', "'dp_size'"),
+    (b'{"dp_size": 2, "pp_size": 4, "name": "\xff"}', "JSON"),
+    (b'{"dp_size": 2, "pp_size": 4, "notes": [{"kind": "gossip", "message": "x"}]}', "'notes'"),
+])
+def test_bad_meta_json_is_one_line(ndtimeline_dir, tmp_path, meta, field):
+    convert(ndtimeline_dir / "trace-ST.parquet", tmp_path / "run")
+    (tmp_path / "run" / "meta.json").write_bytes(meta)
+    one_line_error(cli("analyze", tmp_path / "run"), "meta.json", field)

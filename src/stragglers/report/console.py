@@ -117,7 +117,7 @@ def _headline(r: AnalysisResult) -> Panel:
             if why:
                 lines.append(f"\n  {why}", style="dim")
     if r.launch_slowdown is not None:
-        lines.append(f"\n{LAUNCH_DELAY_MEANING}", style="dim")
+        lines.append(f"\nlaunch-delay slowdown = {LAUNCH_DELAY_MEANING}", style="dim")
     return Panel(lines, title="What-if straggler analysis", title_align="left", box=box.ROUNDED)
 
 

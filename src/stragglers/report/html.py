@@ -177,7 +177,7 @@ def _headline(r: AnalysisResult) -> str:
 
 
 def _explanation(r: AnalysisResult) -> str:
-    launch = f" <b>Launch-delay slowdown</b>: {_e(LAUNCH_DELAY_MEANING)}" \
+    launch = f" <b>Launch-delay slowdown</b> = {_e(LAUNCH_DELAY_MEANING)}" \
         if r.launch_slowdown is not None else ""
     return (
         '<div class="explain" id="explanation"><b>S</b> (slowdown) = mean step time replayed '

@@ -28,10 +28,11 @@ CAUSE_TITLES = {
 }
 NOTE_TITLES = {"ranks": "ranks", "layout": "layout", "clock": "clock alignment",
                "dropped": "dropped", "other": "note"}
+# What "launch-delay slowdown" means (reports print it as "launch-delay slowdown = …").
 LAUNCH_DELAY_MEANING = (
-    "launch-delay slowdown = measured step time / step time replayed without launch delays "
-    "(gaps before an op starts that no dependency explains: data loading, Python, host work). "
-    "It comes on top of S and is not counted in it.")
+    "measured step time / step time replayed without launch delays (gaps before an op starts "
+    "that no dependency explains: data loading, Python, host work). It comes on top of S and "
+    "is not counted in it.")
 WHERE_LABELS = {"dp": ("DP rank", "DP ranks"), "pp": ("PP stage", "PP stages"),
                 "steps": ("step", "steps"), "optypes": ("op type", "op types"),
                 "workers": ("worker", "workers"), "ranks": ("rank", "ranks"),
