@@ -215,3 +215,20 @@ def test_real_ndtimeline_trace_exports_without_losing_ops(tmp_path, ndtimeline_d
     lanes = [e["args"]["name"] for e in meta if e["name"] == "thread_name"]
     assert not [name for name in lanes if "#" in name]  # its overlaps are only timer noise
     assert len({e["pid"] for e in x}) == trace.meta.dp_size * trace.meta.pp_size
+
+
+def test_timelines_carry_the_result_and_the_reader_notes(tmp_path):
+    from stragglers.trace.synth import generate
+    from stragglers.whatif.analyze import analyze_with_model, timelines
+
+    trace = generate(dp=2, pp=2, microbatches=4, steps=3, seed=2, slow_worker=(0, 1, 1.5))
+    trace.note("clock", "clock alignment residual 0.2 ms")
+    result, w = analyze_with_model(trace)
+    rows, lines = timelines(w, trace)
+    paths = write_perfetto(tmp_path, rows, lines, result)
+    assert sorted(p.stem for p in paths) == ["ideal", "measured"]
+    for path in paths:
+        other = json.loads(path.read_text())["otherData"]
+        assert other["slowdown"] == pytest.approx(result.slowdown) and other["straggling"]
+        assert other["notes"] == ["clock alignment residual 0.2 ms"]
+        assert other["timeline"] == path.stem and other["schema_version"] >= 1
