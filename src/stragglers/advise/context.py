@@ -80,19 +80,22 @@ class AdviceContext:
         """Mean step time of the replay of measured costs with measured launch delays."""
         return float(self.w.t_replay.mean())
 
-    def step_time(self, cost: np.ndarray) -> float:
-        """Mean step time of a replay of `cost` [N, D, T] with the measured launch delays."""
-        return float(replay(self.w.plan, cost, self.w.step_start, self.w.launch_delay).mean())
+    def step_time(self, cost: np.ndarray, delay: np.ndarray | None = None) -> float:
+        """Mean step time of a replay of `cost` [N, D, T] with the measured launch delays (or `delay`)."""
+        delay = self.w.launch_delay if delay is None else delay
+        return float(replay(self.w.plan, cost, self.w.step_start, delay).mean())
 
-    def timeline(self, cost: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def timeline(self, cost: np.ndarray | None = None, delay: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
         """(start, end) [N, D, T] of every op in the replay of `cost` (default: measured)."""
-        if cost is None and self._timeline is not None:
+        if cost is None and delay is None and self._timeline is not None:
             return self._timeline
         _, start, end = replay(self.w.plan, self.w.cost if cost is None else cost,
-                               self.w.step_start, self.w.launch_delay, keep_timeline=True)
+                               self.w.step_start, self.w.launch_delay if delay is None else delay,
+                               keep_timeline=True)
         start = np.broadcast_to(start, self.w.cost.shape)
         end = np.broadcast_to(end, self.w.cost.shape)
-        if cost is None:
+        if cost is None and delay is None:
             self._timeline = (start, end)
         return start, end
 

@@ -11,6 +11,7 @@ from stragglers.collectives.cost_model import (LinkModel, reduce_scatter_time, r
                                                stragglar_phase2_time)
 from stragglers.collectives.detection import StragglerDetector
 from stragglers.protocols import REMEDIES
+from stragglers.whatif.grid import GC
 
 STRAGGLAR_SWITCH = (
     "ddp.register_comm_hook(StragglarHookState(process_group=dist.new_group(), "
@@ -168,22 +169,29 @@ class GradientCoding(RemedyBase):
         comp = ctx.nodes_of(COMPUTE)
         cost = ctx.w.cost.copy()
         cost[comp] *= s + 1
+        delay = ctx.w.launch_delay.copy()
         start, _ = ctx.timeline(cost)
         a = start[first]                                              # [D, T]
         threshold = np.sort(a, axis=0)[n - s - 1]                     # the (n−s)-th arrival
         excess = np.maximum(a - threshold[None, :], 0.0)
-        total = cost[comp].sum(axis=0)
-        # The dropped workers' compute shrinks so they arrive with the (n−s)-th: the aggregator
-        # has what it needs then, and ignores their late messages.
+        # The dropped workers arrive with the (n−s)-th: the aggregator has what it needs then and
+        # ignores their late messages, whatever made them late (compute, GC, host-side gaps), so
+        # their work and gaps before the sync shrink by the excess.
+        before = np.flatnonzero(np.nanmedian(ctx.w.grid.start, axis=(1, 2))
+                                <= np.nanmedian(ctx.w.grid.start[first]))
+        before = np.union1d(before, ctx.nodes_of(COMPUTE + (GC,)))
+        total = cost[before].sum(axis=0) + delay[before].sum(axis=0)
         factor = np.where(total > 0, np.maximum(total - excess, 0.0) / np.maximum(total, 1e-30), 1.0)
-        cost[comp] *= factor[None]
-        step = ctx.step_time(cost)
+        cost[before] *= factor[None]
+        delay[before] *= factor[None]
+        step = ctx.step_time(cost, delay)
         scheme = "frc" if n % (s + 1) == 0 else "cyclic-mds"
         return self.priced(
             ctx, step,
             f"replay with every worker's forward/backward × {s + 1} (s + 1 data parts) and, per "
-            f"step, the {s} last arrival(s) at the gradient sync dropped (the sync starts at the "
-            f"{n - s}-th arrival); collective transfers as measured",
+            f"step, the {s} last arrival(s) at the gradient sync dropped (their work and gaps "
+            f"before it shrink so the sync starts at the {n - s}-th arrival); collective "
+            "transfers as measured",
             f"{s + 1}× compute per worker; one aggregator process more (n + 1 ranks); the gradient "
             "goes to the aggregator instead of an all-reduce; restart into coded training",
             f"stragglers.coding.train_coded(model, optimizer, loss_fn, data, "
