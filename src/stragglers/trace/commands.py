@@ -17,7 +17,8 @@ def register(app: typer.Typer) -> None:
 
 
 def convert_command(
-    source: Path = typer.Argument(..., help="A run directory or an NDTimeline .parquet trace."),
+    source: Path = typer.Argument(..., help="A run directory, an NDTimeline .parquet trace or "
+                                  "PyTorch-profiler .json(.gz) files (one file or a folder)."),
     dest: Path = typer.Argument(..., help="A .parquet path (NDTimeline + meta YAML beside it) or a "
                                 "run directory."),
     meta: Optional[Path] = typer.Option(None, "--meta", help="NDTimeline metadata YAML of SOURCE."),
