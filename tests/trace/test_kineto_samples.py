@@ -12,6 +12,12 @@ from stragglers.errors import InputError
 from stragglers.trace.kineto import looks_like_kineto, read_kineto
 from stragglers.whatif.analyze import analyze
 
+
+def _messages(trace) -> list[str]:
+    """The reader's notes as plain messages."""
+    return [n["message"] for n in trace.notes]
+
+
 pytestmark = pytest.mark.skipif(not KINETO.exists(), reason=f"{KINETO} not present")
 SAMPLED = [KINETO / "trace_filter_sampled_rank-0.json.gz", KINETO / "trace_filter_sampled_rank-1.json.gz"]
 CPU_ONLY = KINETO / "cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
@@ -55,9 +61,9 @@ def test_sampled_ranks_clocks_are_matched_and_close(sampled):
     # The sampled files miss some kernels on one rank or the other, so pairing by order gets
     # some wrong; the offset comes from the pairs that agree (both all-gathers, two all-reduces).
     assert quality["agreeing"] >= 4 and quality["median_residual_s"] < 5e-4
-    assert any("few agreeing collectives" in n for n in extra["notes"])
-    assert any("alltoall" in n for n in extra["notes"])
-    assert any("stage 0" in n for n in extra["notes"])
+    assert any("few agreeing collectives" in n for n in _messages(sampled))
+    assert any("alltoall" in n for n in _messages(sampled))
+    assert any("stage 0" in n for n in _messages(sampled))
 
 
 def test_analysis_runs_on_the_sampled_job(sampled):
@@ -74,10 +80,12 @@ def test_modern_nccl_trace_with_collective_metadata():
         assert _count(t, 0, step, "grads-all-reduce") == 5
         assert _count(t, 0, step, "forward-compute") == 1  # broadcasts do not split it
         assert _count(t, 0, step, "optimizer") == 1
-    assert any("broadcast collective(s) left out" in n for n in t.meta.extra["notes"])
+    assert any("broadcast collective(s) left out" in n for n in _messages(t))
     # baseTimeNanoseconds was added back: the origin is in 2024, not 1970.
     assert 1.7e9 < t.meta.extra["time_origin_unix_s"] < 1.8e9
-    assert analyze(t)["slowdown"] >= 1 - 1e-9
+    # One rank: nothing to straggle behind. S may dip a little under 1 because the spec
+    # idealises every all-reduce with one median, and the last (exposed) bucket is smaller.
+    assert analyze(t)["slowdown"] == pytest.approx(1.0, abs=0.02)
 
 
 def test_cpu_only_trace_reads_collectives_from_cpu_annotations():
@@ -85,7 +93,7 @@ def test_cpu_only_trace_reads_collectives_from_cpu_annotations():
     assert set(t.ops["rank"]) == {34} and t.meta.world_size == 300
     assert list(t.optype_names()) == ["grads-all-reduce", "grads-all-reduce"]
     assert np.allclose(sorted(t.ops["duration"]), [0.170471258, 0.173209713])
-    assert any("no GPU rows" in n for n in t.meta.extra["notes"])
+    assert any("no GPU rows" in n for n in _messages(t))
     # That step holds no compute op, which the engine needs: a clear error, not a traceback.
     with pytest.raises(InputError, match="forward/backward-compute"):
         analyze(t)
@@ -99,7 +107,7 @@ def test_missing_distributed_info_falls_back_to_the_file_name(tmp_path):
     shutil.copyfile(NO_INFO, renamed)
     t = read_kineto(renamed)
     assert set(t.ops["rank"]) == {5} and sorted(set(t.ops["step"])) == [1009]
-    assert any("taken from the file name" in n for n in t.meta.extra["notes"])
+    assert any("taken from the file name" in n for n in _messages(t))
     assert analyze(t)["slowdown"] >= 1 - 1e-9
 
 

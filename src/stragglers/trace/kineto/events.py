@@ -25,6 +25,12 @@ _GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 _CPU_OP_CATS = {"cpu_op", "operator"}
 _ANNOTATION_CATS = {"user_annotation", "gpu_user_annotation"}
 NCCL_KERNEL_PREFIXES = ("ncclKernel_", "ncclDevKernel_")
+COMM_OP, BACKWARD_OP = 1, 2
+# Keys under which launchers and schedulers name a run; files of one job agree on them.
+RUN_ID_KEYS = ("distinct_run_id", "run_id", "job_id", "TORCHELASTIC_RUN_ID")
+# c10d p2p ops: c10d::send(tensors, group, dstRank, tag) / c10d::recv_(tensors, group, srcRank,
+# tag). With record_shapes the profiler writes the scalar arguments as 'Concrete Inputs'.
+_C10D_PEER_ARG = {"c10d::send": 2, "c10d::recv_": 2}
 
 
 def collective_kind(name: str | None) -> str | None:
@@ -54,6 +60,7 @@ class RankEvents:
     steps: list[tuple[int, float, float]] = field(default_factory=list)      # (N, ts, dur) CPU
     gpu_steps: list[tuple[int, float, float]] = field(default_factory=list)  # GPU-side spans
     optimizer: list[float] = field(default_factory=list)                     # Optimizer.step# ts
+    loader: list[tuple[float, float]] = field(default_factory=list)  # DataLoader spans (ts, end)
     backward: list[float] = field(default_factory=list)                      # evaluate_function ts
     backward_annotations: list[float] = field(default_factory=list)          # '## backward ##' ts
     # (ts, dur, tid, kind, pg, seq, src, dst, from_annotation)
@@ -61,7 +68,11 @@ class RankEvents:
     runtime: dict[int, tuple[float, Any]] = field(default_factory=dict)  # correlation → (ts, tid)
     # (ts, dur, stream, correlation, is_nccl, kind from args, kind from name, pg, seq, src, dst)
     kernels: list[tuple] = field(default_factory=list)
-    cpu_ops: list[tuple[float, float, Any, bool]] = field(default_factory=list)  # ts,dur,tid,comm
+    # (ts, dur, tid, flag): flag COMM_OP (collective enqueue), BACKWARD_OP (autograd) or 0
+    cpu_ops: list[tuple[float, float, Any, int]] = field(default_factory=list)
+    pg_ranks: dict[str, tuple[int, ...]] = field(default_factory=dict)  # from collective args
+    run_ids: dict[str, str] = field(default_factory=dict)  # run identifiers the file names
+    record_shapes: bool = False      # Concrete Inputs seen (c10d p2p ops then carry their peer)
     events: int = 0
 
     @property
@@ -124,6 +135,9 @@ class _Collector:
         if name.startswith("Optimizer.step#"):
             out.optimizer.append(ts)
             return
+        if cat == "user_annotation" and name.startswith("enumerate(DataLoader)"):
+            out.loader.append((ts, ts + dur))
+            return
         if name.startswith("autograd::engine::evaluate_function"):
             out.backward.append(ts)
         elif cat == "user_annotation" and "backward" in name.lower():
@@ -143,9 +157,34 @@ class _Collector:
                 kind = collective_kind(name[len("c10d::"):])
             if kind in KNOWN_COLLECTIVES:
                 pg, seq, src, dst = _comm_args(args)
+                if "Concrete Inputs" in args:
+                    out.record_shapes = True
+                if name in _C10D_PEER_ARG and src is None and dst is None:
+                    peer = _concrete_int(args, _C10D_PEER_ARG[name])
+                    if kind == "send":
+                        dst = peer
+                    else:
+                        src = peer
+                self._group(pg, args)
                 out.collectives.append((ts, dur, tid, kind, pg, seq, src, dst, False))
         if cat in _CPU_OP_CATS:
-            out.cpu_ops.append((ts, dur, tid, comm))
+            flag = COMM_OP if comm else (
+                BACKWARD_OP if name.startswith("autograd::engine::evaluate_function") else 0)
+            out.cpu_ops.append((ts, dur, tid, flag))
+
+    def _group(self, pg: str | None, args: dict) -> None:
+        """Remember the member ranks a collective's args give for its process group."""
+        if pg is None or pg in self.out.pg_ranks:
+            return
+        ranks = args.get("Process Group Ranks")
+        if isinstance(ranks, str):
+            try:
+                ranks = json.loads(ranks)
+            except ValueError:
+                return
+        if isinstance(ranks, list) and ranks and all(
+                isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            self.out.pg_ranks[pg] = tuple(ranks)
 
     def _times(self, obj: dict) -> tuple[float, float]:
         ts, dur = obj.get("ts"), obj.get("dur", 0)
@@ -184,6 +223,14 @@ def _int_or_none(x: Any) -> int | None:
         return x
     if isinstance(x, str) and x.strip().lstrip("-").isdigit():
         return int(x)
+    return None
+
+
+def _concrete_int(args: dict, index: int) -> int | None:
+    """The index-th 'Concrete Inputs' scalar of an op as a whole number, if recorded."""
+    values = args.get("Concrete Inputs")
+    if isinstance(values, list) and len(values) > index:
+        return _int_or_none(values[index])
     return None
 
 
@@ -265,4 +312,10 @@ def read_rank_events(path: Path | str) -> RankEvents:
     out.base_ns = base
     host = doc.get("host_name")
     out.host = host if isinstance(host, str) and host else None
+    for where in (doc, info or {}):
+        for key in RUN_ID_KEYS:
+            value = where.get(key)
+            if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
+                out.run_ids[key] = str(value)
+    out.record_shapes = bool(doc.get("record_shapes")) or out.record_shapes
     return out

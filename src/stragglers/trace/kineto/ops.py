@@ -1,9 +1,12 @@
-"""Turn one rank's profiler events into op-table rows: compute runs, collectives, steps.
+"""Turn one rank's profiler events into op-table rows: compute from busy time, collectives, steps.
 
-GPU traces use device kernels (time on the GPU clock); traces without device rows (gloo,
-CPU-only) use CPU ops the same way. A step is the span of a `ProfilerStep#N` annotation; within
-it, forward ends where backward starts (the first `autograd::engine::evaluate_function` op) and
-backward ends where the optimizer starts (the first `Optimizer.step#` annotation).
+Two stages, so ranks can be parsed in parallel and placed once every rank is known:
+`rank_parts` (per file, in a worker process) keeps the compute items — GPU kernels, or top-level
+CPU ops when the trace has no device rows — with their step and phase, and the collectives;
+`rank_rows` (once the job's layout is known) turns them into rows. A compute op's duration is
+the time its items were busy (the union of their intervals), not the span between
+communication ops, so a sleep or a host stall inside a phase shows as launch delay of the op
+after it, not as compute.
 """
 
 from __future__ import annotations
@@ -11,12 +14,12 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.trace.kineto.events import RankEvents
+from stragglers.trace.kineto.events import BACKWARD_OP, COMM_OP, RankEvents
 from stragglers.trace.model import OPTYPE_CODES
 
 # Collectives the op table has an op type for. The rest (all-to-all, broadcast, barrier, …)
@@ -39,6 +42,47 @@ class Placement:
     dp_rank: int
     stage: int
     stage_of: Callable[[int], int] | None = None  # peer rank → stage, when pipeline is known
+    pp_size: int = 1
+
+
+@dataclass
+class Coll:
+    """One collective or p2p op of a rank (µs on the file's time base)."""
+
+    start: float
+    end: float
+    launch: float      # when the program issued it (CPU time): orders it among compute items
+    step: int          # index into RankParts.step_ids
+    kind: str | None
+    pg: str | None
+    seq: int | None
+    src: int | None
+    dst: int | None
+
+
+@dataclass
+class RankParts:
+    """What one file contributes, before the job's layout is known (picklable, compact)."""
+
+    source: str
+    rank: int | None
+    distributed_info: dict[str, Any] | None
+    base_ns: int
+    host: str | None
+    run_ids: dict[str, str]
+    record_shapes: bool
+    pg_ranks: dict[str, tuple[int, ...]]
+    mode: str                                   # "gpu" or "cpu"
+    step_ids: list[int]
+    step_spans: list[tuple[float, float]]
+    # compute items: start, end, launch key, step index, phase (one row per kernel / CPU op)
+    item_start: np.ndarray
+    item_end: np.ndarray
+    item_key: np.ndarray
+    item_step: np.ndarray
+    item_phase: np.ndarray
+    colls: list[Coll]
+    counts: Counter = field(default_factory=Counter)
 
 
 @dataclass
@@ -52,6 +96,7 @@ class RankRows:
     start_us: np.ndarray
     dur_us: np.ndarray
     sync: dict[tuple, float] = field(default_factory=dict)   # collective key → end (µs)
+    sync_span: dict[tuple, tuple[float, float]] = field(default_factory=dict)  # key → start, end
     counts: Counter = field(default_factory=Counter)          # things worth a note
 
 
@@ -83,14 +128,47 @@ class _Steps:
         return i if i >= 0 and t <= self.ends[i] else -1
 
     def phase(self, i: int, t: float) -> int:
-        """0 forward, 1 backward, 2 optimizer for a CPU time t in step i."""
+        """0 forward, 1 backward, 2 optimizer for a CPU time t in step i (by phase marks)."""
         if t >= self.opt[i]:
             return _OPT
         return _BWD if t >= self.bwd[i] else _FWD
 
 
-def rank_rows(ev: RankEvents, placement: Placement) -> RankRows:
-    """The op rows of one rank: GPU kernels when the trace has them, else CPU ops."""
+class _TopLevel:
+    """Top-level CPU ops per thread, to ask which op (autograd or not) holds a time."""
+
+    def __init__(self, cpu_ops: list[tuple]):
+        by_tid: dict = {}
+        for ts, dur, tid, flag in cpu_ops:
+            by_tid.setdefault(tid, []).append((ts, ts + dur, flag))
+        self.ops: dict = {}
+        for tid, ops in by_tid.items():
+            ops.sort(key=lambda o: (o[0], -o[1]))
+            top, end = [], -float("inf")
+            for o in ops:
+                if o[0] >= end:
+                    top.append(o)
+                    end = o[1]
+            self.ops[tid] = ([o[0] for o in top], top)
+        # A thread that only runs autograd ops (CUDA's device threads) is a backward thread.
+        self.backward_threads = {tid for tid, (_, top) in self.ops.items()
+                                 if top and sum(o[2] == BACKWARD_OP for o in top) > 0.9 * len(top)}
+
+    def flag_at(self, tid, t: float) -> int | None:
+        """The flag of the top-level op on tid holding t (None outside every op)."""
+        found = self.ops.get(tid)
+        if not found:
+            return None
+        starts, top = found
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0 and t <= top[i][1]:
+            return top[i][2]
+        return BACKWARD_OP if tid in self.backward_threads else None
+
+
+def rank_parts(ev: RankEvents) -> RankParts:
+    """The compute items and collectives of one rank: GPU kernels when the trace has them,
+    else top-level CPU ops."""
     if not ev.steps and not ev.gpu_steps:
         raise InputError(ev.source, "traceEvents", "no ProfilerStep#N annotations, so steps "
                          "cannot be told apart; profile with torch.profiler.profile(schedule=...) "
@@ -100,70 +178,100 @@ def rank_rows(ev: RankEvents, placement: Placement) -> RankRows:
         raise InputError(ev.source, "traceEvents", f"ProfilerStep#{big[0]}: step number too large")
     steps = _Steps(ev.steps or ev.gpu_steps, ev)
     counts: Counter = Counter()
-    if steps.marks_from is None:
-        counts["no backward marker"] += 1
-    elif steps.marks_from == "annotation":
-        counts["backward from annotation"] += 1
+    top = _TopLevel(ev.cpu_ops)
+    by_ops = any(flag == BACKWARD_OP for *_, flag in ev.cpu_ops)
+    if not by_ops:
+        if steps.marks_from is None:
+            counts["no backward marker"] += 1
+        elif steps.marks_from == "annotation":
+            counts["backward from annotation"] += 1
     if ev.kernels:
         mode = "gpu"
-        items, colls = _gpu_items(ev, steps, counts)
+        items, colls = _gpu_items(ev, steps, top, by_ops, counts)
     else:
         mode = "cpu"
-        items, colls = _cpu_items(ev, steps, counts)
-    rows: list[tuple[int, int, float, float]] = []   # (step index, optype code, start, dur)
-    sync: dict[tuple, float] = {}
-    emitted = _collective_rows(colls, steps, placement, rows, sync, counts)
-    # Only collectives that become rows split compute: the others (all-to-all, broadcast) would
-    # make the number of compute ops differ between ranks that the engine must line up.
-    _compute_runs(items, emitted, rows, counts)
-    if not rows:
+        items, colls = _cpu_items(ev, steps, top, by_ops, counts)
+    if not items and not colls:
         raise InputError(ev.source, "traceEvents", f"no {'kernels' if mode == 'gpu' else 'CPU ops'}"
                          " or collectives fall inside any ProfilerStep#N span")
-    step_ids = np.array(steps.ids, dtype=np.int64)[[r[0] for r in rows]]
-    return RankRows(placement, mode, step_ids, np.array([r[1] for r in rows], dtype=np.int8),
-                    np.array([r[2] for r in rows], dtype=np.float64),
-                    np.array([r[3] for r in rows], dtype=np.float64), sync, counts)
+    arr = np.array(items, dtype=np.float64).reshape(-1, 5)
+    if by_ops:
+        _step_tail_phases(arr)
+    return RankParts(
+        ev.source, ev.rank, _small_info(ev.distributed_info), ev.base_ns, ev.host, ev.run_ids,
+        ev.record_shapes, ev.pg_ranks, mode, steps.ids,
+        list(zip(steps.starts, steps.ends)), arr[:, 0].copy(), arr[:, 1].copy(),
+        arr[:, 2].copy(), arr[:, 3].astype(np.int64), arr[:, 4].astype(np.int8), colls, counts)
 
 
-# An item: (start, end, step index, phase) for compute; collectives carry their metadata.
-@dataclass
-class _Coll:
-    start: float
-    end: float
-    step: int
-    kind: str | None
-    pg: str | None
-    seq: int | None
-    src: int | None
-    dst: int | None
+def _small_info(info: dict | None) -> dict | None:
+    """distributedInfo without bulky entries we never read."""
+    if info is None:
+        return None
+    return {k: v for k, v in info.items() if k in ("backend", "rank", "world_size", "pg_config",
+                                                    "pg_count", "nccl_version")}
 
 
-def _gpu_items(ev: RankEvents, steps: _Steps, counts: Counter):
-    """Compute kernels (start, end, step, phase) and NCCL collectives, on the GPU clock."""
+def _phase_of(steps: _Steps, top: _TopLevel, by_ops: bool, s: int, t: float, tid) -> int:
+    """Phase of work issued at CPU time t on thread tid in step s.
+
+    With autograd ops in the trace, work issued inside an autograd op is backward and other
+    work forward (pipelines interleave them); the step tail is fixed up afterwards. Without
+    them, phases follow the step's marks in time.
+    """
+    if t >= steps.opt[s]:
+        return _OPT
+    if by_ops:
+        return _BWD if top.flag_at(tid, t) == BACKWARD_OP else _FWD
+    return steps.phase(s, t)
+
+
+def _step_tail_phases(arr: np.ndarray) -> None:
+    """Non-autograd work issued after a step's last backward item is the step tail (gradient
+    bookkeeping such as DDP's copy of buckets back to the grads, clipping, the optimizer): it
+    waits for the gradient collectives, so it belongs to the optimizer op, not to backward."""
+    if not len(arr):
+        return
+    key, step, phase = arr[:, 2], arr[:, 3].astype(np.int64), arr[:, 4]
+    for s in np.unique(step):
+        mine = step == s
+        bwd = mine & (phase == _BWD)
+        if not bwd.any():
+            continue
+        last = key[bwd].max()
+        phase[mine & (phase == _FWD) & (key > last)] = _OPT
+
+
+def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, counts: Counter):
+    """Compute kernels (start, end, key, step, phase) and NCCL collectives, on the GPU clock."""
     gpu_steps = _Steps(ev.gpu_steps, ev) if ev.gpu_steps and ev.steps else None
     cpu_colls = _index_by_tid(ev.collectives)
     order = sorted(range(len(ev.kernels)), key=lambda k: ev.kernels[k][0])
-    items: list[tuple[float, float, int, int]] = []
-    colls: list[_Coll] = []
+    items: list[tuple] = []
+    colls: list[Coll] = []
     last_phase: dict[int, int] = {}
+    last_key: dict[int, float] = {}
     for k in order:
         ts, dur, _stream, corr, nccl, kind_args, kind_name, pg, seq, src, dst = ev.kernels[k]
         launch = ev.runtime.get(corr) if corr is not None else None
         if launch is not None:
             s = steps.index(launch[0])
-            phase = steps.phase(s, launch[0]) if s >= 0 else _FWD
+            phase = _phase_of(steps, top, by_ops, s, launch[0], launch[1]) if s >= 0 else _FWD
+            key = launch[0]
         else:
             counts["kernels without launch"] += 1
             s = gpu_steps.index(ts) if gpu_steps is not None else steps.index(ts)
             phase = last_phase.get(s, _FWD)  # an unlinked kernel continues the phase before it
+            key = last_key.get(s, -float("inf"))
         if s < 0:
             counts["outside steps"] += 1
             continue
-        # Kernels run in launch order per stream; keep phases monotone in GPU time.
-        phase = max(phase, last_phase.get(s, _FWD))
+        if not by_ops:  # phases by marks never go back in GPU order
+            phase = max(phase, last_phase.get(s, _FWD))
         last_phase[s] = phase
+        last_key[s] = key
         if not nccl:
-            items.append((ts, ts + dur, s, phase))
+            items.append((ts, ts + dur, key, s, phase))
             continue
         kind = kind_args
         host = _enclosing(cpu_colls, launch) if launch is not None else None
@@ -174,52 +282,106 @@ def _gpu_items(ev: RankEvents, steps: _Steps, counts: Counter):
             src = src if src is not None else host[6]
             dst = dst if dst is not None else host[7]
         kind = kind or kind_name
-        colls.append(_Coll(ts, ts + dur, s, kind, pg, seq, src, dst))
+        colls.append(Coll(ts, ts + dur, key, s, kind, pg, seq, src, dst))
     return items, colls
 
 
-def _cpu_items(ev: RankEvents, steps: _Steps, counts: Counter):
-    """Top-level CPU ops (start, end, step, phase) and CPU-side collectives."""
+def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, counts: Counter):
+    """Top-level CPU ops (start, end, key, step, phase) and CPU-side collectives."""
     counts["cpu mode"] += 1
-    by_tid: dict = {}
-    for ts, dur, tid, comm in ev.cpu_ops:
-        by_tid.setdefault(tid, []).append((ts, ts + dur, comm))
-    items: list[tuple[float, float, int, int]] = []
-    for ops in by_tid.values():
-        ops.sort(key=lambda o: (o[0], -o[1]))
-        top_end = -float("inf")
-        for start, end, comm in ops:
-            if start < top_end:
-                continue  # nested inside the current top-level op
-            top_end = end
+    loader = sorted(ev.loader)
+    loader_starts = [a for a, _ in loader]
+    items: list[tuple] = []
+    for tid, (_, ops) in top.ops.items():
+        for start, end, flag in ops:
             s = steps.index(start)
             if s < 0:
                 counts["outside steps"] += 1
-            if comm or s < 0:
+            if flag == COMM_OP or s < 0:
                 continue
-            items.append((start, end, s, steps.phase(s, start)))
-    # Collective annotations (gloo:all_reduce) are the work itself; record_param_comms and
-    # c10d:: ops are only the enqueue, so use them only when there are no annotations.
-    annotated = [c for c in ev.collectives if c[8]]
-    chosen = annotated or list(ev.collectives)
-    if annotated and len(annotated) < len(ev.collectives):
-        counts["enqueue ops ignored"] += len(ev.collectives) - len(annotated)
-    colls: list[_Coll] = []
-    for tid_colls in _index_by_tid(chosen).values():
-        outer_end = -float("inf")
-        for c in tid_colls:
-            ts, dur, _tid, kind, pg, seq, src, dst, _ = c
-            if ts < outer_end:
-                continue  # the same collective seen twice (record_param_comms ⊃ nccl:all_reduce)
-            outer_end = ts + dur
-            s = steps.index(ts)
-            if s >= 0:
-                colls.append(_Coll(ts, ts + dur, s, kind, pg, seq, src, dst))
+            j = bisect.bisect_right(loader_starts, start) - 1
+            if j >= 0 and start <= loader[j][1]:
+                counts["data loading ops"] += 1
+                continue  # host-side input work: a launch delay of the forward, not compute
+            if start >= steps.opt[s]:
+                phase = _OPT
+            elif by_ops:
+                phase = _BWD if flag == BACKWARD_OP else _FWD
             else:
-                counts["outside steps"] += 1
+                phase = steps.phase(s, start)
+            items.append((start, end, start, s, phase))
+    colls: list[Coll] = []
+    for ts, dur, launch, kind, pg, seq, src, dst in _cpu_collectives(ev, counts):
+        s = steps.index(launch)
+        if s < 0:
+            s = steps.index(ts)
+        if s >= 0:
+            colls.append(Coll(ts, ts + dur, launch, s, kind, pg, seq, src, dst))
+        else:
+            counts["outside steps"] += 1
     if ev.distributed_info and str(ev.distributed_info.get("backend", "")).lower() == "nccl":
         counts["nccl without device rows"] += 1
     return items, colls
+
+
+def _cpu_collectives(ev: RankEvents, counts: Counter) -> list[tuple]:
+    """CPU collectives as (ts, dur, launch, kind, pg, seq, src, dst).
+
+    Backend annotations (gloo:all_reduce, nccl:send) span the work itself; record_param_comms
+    and c10d:: ops are where the program issued it, and carry the process group, sequence
+    number and peer. Each annotation takes its issuing op's metadata and time: the op on the
+    same thread overlapping it (nccl: record_param_comms around nccl:all_reduce), else the
+    issuing op of the same kind in the same order (gloo runs collectives on its own threads).
+    Without annotations the issuing ops stand in for the work.
+    """
+    annotated = sorted((c for c in ev.collectives if c[8]), key=lambda c: c[0])
+    issued = sorted((c for c in ev.collectives if not c[8]), key=lambda c: c[0])
+    if not annotated:
+        return [(c[0], c[1], c[0], c[3], c[4], c[5], c[6], c[7]) for c in _outermost(issued)]
+    annotated = _outermost(annotated)
+    partner: dict[int, tuple] = {}
+    used: set[int] = set()
+    by_tid = _index_by_tid(issued)
+    index = {id(c): i for i, c in enumerate(issued)}
+    for i, a in enumerate(annotated):
+        for c in by_tid.get(a[2], []):
+            if c[3] == a[3] and c[0] <= a[0] + a[1] and a[0] <= c[0] + c[1] and index[id(c)] not in used:
+                partner[i] = c
+                used.add(index[id(c)])
+                break
+    for kind in {a[3] for a in annotated}:
+        mine = [i for i, a in enumerate(annotated) if a[3] == kind and i not in partner]
+        theirs = [c for j, c in enumerate(issued) if c[3] == kind and j not in used]
+        if mine and len(mine) == len(theirs):
+            partner.update(zip(mine, theirs))
+        elif mine:
+            counts["unpaired annotations"] += len(mine)
+    out = []
+    for i, a in enumerate(annotated):
+        ts, dur, _tid, kind, pg, seq, src, dst, _ = a
+        c = partner.get(i)
+        launch = ts
+        if c is not None:
+            launch = min(ts, c[0])
+            pg = pg if pg is not None else c[4]
+            seq = seq if seq is not None else c[5]
+            src = src if src is not None else c[6]
+            dst = dst if dst is not None else c[7]
+        out.append((ts, dur, launch, kind, pg, seq, src, dst))
+    return out
+
+
+def _outermost(colls: list[tuple]) -> list[tuple]:
+    """Drop collectives nested in another on the same thread (one collective seen twice)."""
+    out = []
+    for tid_colls in _index_by_tid(colls).values():
+        outer_end = -float("inf")
+        for c in tid_colls:
+            if c[0] < outer_end:
+                continue
+            outer_end = c[0] + c[1]
+            out.append(c)
+    return sorted(out, key=lambda c: c[0])
 
 
 def _index_by_tid(colls: list[tuple]) -> dict:
@@ -237,7 +399,7 @@ def _enclosing(cpu_colls: dict, launch: tuple[float, object]) -> tuple | None:
     colls = cpu_colls.get(tid)
     if not colls:
         return None
-    j = _bisect_ts(colls, t)
+    j = bisect.bisect_right([c[0] for c in colls], t) if len(colls) < 64 else _bisect_ts(colls, t)
     for c in reversed(colls[max(0, j - 16):j]):
         if c[0] <= t <= c[0] + c[1]:
             return c
@@ -255,52 +417,98 @@ def _bisect_ts(colls: list[tuple], t: float) -> int:
     return lo
 
 
-def _compute_runs(items, colls: list[_Coll], rows: list, counts: Counter) -> None:
-    """Contiguous runs of compute within a step: a collective start or a phase change ends one."""
-    events = [(a, 1, b, s, p) for a, b, s, p in items] + [(c.start, 0, c.end, c.step, -1)
-                                                          for c in colls]
-    events.sort(key=lambda e: (e[3], e[0], e[1]))
-    runs: list[list] = []   # [step, phase, start, end]
+def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
+    """The op rows of one rank, once its place in the job (and its peers') is known."""
+    counts = Counter(parts.counts)
+    rows: list[tuple[int, int, float, float]] = []   # (step index, optype code, start, dur)
+    sync: dict[tuple, float] = {}
+    spans: dict[tuple, tuple[float, float]] = {}
+    emitted = _collective_rows(parts, placement, rows, sync, spans, counts)
+    # Only pipeline sends/recvs that become rows split compute (they separate microbatches).
+    # Collectives do not: DDP's bucket all-reduces start while backward runs, and backward cut
+    # into pieces of different sizes would be idealised with one mean (spec §6), moving the
+    # buckets' launches; whole, backward feeds the dependency model's bucketed sync (each
+    # all-reduce after the compute that ended before it started, the optimizer after both).
+    _compute_ops(parts, [c for c in emitted if c.kind in P2P_KINDS], rows, counts)
+    if not rows:
+        raise InputError(parts.source, "traceEvents", "no compute or collective falls inside "
+                         "any ProfilerStep#N span")
+    step_ids = np.array(parts.step_ids, dtype=np.int64)[[r[0] for r in rows]]
+    return RankRows(placement, parts.mode, step_ids,
+                    np.array([r[1] for r in rows], dtype=np.int8),
+                    np.array([r[2] for r in rows], dtype=np.float64),
+                    np.array([r[3] for r in rows], dtype=np.float64), sync, spans, counts)
+
+
+def _compute_ops(parts: RankParts, colls: list[Coll], rows: list, counts: Counter) -> None:
+    """Compute ops: items of one phase issued between two pipeline sends/recvs; the duration
+    is the busy time (union of the items' intervals) from the first item's start."""
+    n = len(parts.item_start)
+    if not n:
+        return
+    # A send/recv issued between two items ends the run (ties: the send/recv first).
+    events = [(int(parts.item_step[i]), float(parts.item_key[i]), 1, i) for i in range(n)]
+    events += [(c.step, c.launch, 0, -1) for c in colls]
+    events.sort()
+    runs: list[list] = []   # [step, phase, item indices]
     current: list | None = None
-    for start, is_compute, end, s, phase in events:
-        if not is_compute:
+    for s, _key, is_item, i in events:
+        if not is_item:
             current = None
             continue
+        phase = int(parts.item_phase[i])
         if current is None or current[0] != s or current[1] != phase:
-            current = [s, phase, start, end]
+            current = [s, phase, []]
             runs.append(current)
-        else:
-            current[3] = max(current[3], end)
-    for i, (s, phase, start, end) in enumerate(runs):
-        # Work on concurrent streams can overlap the next run; the chain model needs them apart.
-        if i + 1 < len(runs) and runs[i + 1][0] == s and end > runs[i + 1][2]:
-            end = runs[i + 1][2]
+        current[2].append(i)
+    out = []
+    for s, phase, idx in runs:
+        start, end = parts.item_start[idx], parts.item_end[idx]
+        order = np.argsort(start, kind="stable")
+        start, end = start[order], end[order]
+        reach = np.maximum.accumulate(end)
+        # Busy time: the union of the intervals (kernels on concurrent streams overlap).
+        gaps = np.maximum(start[1:] - reach[:-1], 0.0)
+        busy = float(reach[-1] - start[0] - gaps.sum())
+        out.append([s, phase, float(start[0]), busy])
+    out.sort(key=lambda r: (r[0], r[2]))
+    for i, (s, phase, start, busy) in enumerate(out):
+        # Work on concurrent streams can overlap the next op; the chain model needs them apart.
+        if i + 1 < len(out) and out[i + 1][0] == s and start + busy > out[i + 1][2]:
+            busy = max(out[i + 1][2] - start, 0.0)
             counts["runs clipped"] += 1
-        rows.append((s, OPTYPE_CODES[PHASE_OPTYPES[phase]], start, end - start))
+        rows.append((s, OPTYPE_CODES[PHASE_OPTYPES[phase]], start, busy))
 
 
-def _collective_rows(colls: list[_Coll], steps: _Steps, placement: Placement, rows: list,
-                     sync: dict, counts: Counter) -> list[_Coll]:
+def sync_key(c: Coll, parts: RankParts, placement: Placement, index: Counter) -> tuple:
+    """How one collective is matched across ranks: (group, Seq), else order within the group."""
+    pg = c.pg if c.pg is not None else f"?{placement.stage}"
+    kind = c.kind or "unknown"
+    if c.seq is not None:
+        return (pg, "seq", c.seq)
+    step_id = parts.step_ids[c.step]
+    key = (pg, step_id, kind, index[(pg, step_id, kind)])
+    index[(pg, step_id, kind)] += 1
+    return key
+
+
+def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: dict,
+                     spans: dict, counts: Counter) -> list[Coll]:
     """Rows for collectives with an op type; every non-p2p collective is a clock sync point."""
     index: Counter = Counter()
-    emitted: list[_Coll] = []
-    for c in sorted(colls, key=lambda c: c.start):
+    emitted: list[Coll] = []
+    for c in sorted(parts.colls, key=lambda c: c.start):
         kind = c.kind or "unknown"
         if kind in P2P_KINDS:
-            optype = _p2p_optype(kind, c, placement)
+            optype, why = p2p_optype(kind, c, placement)
             if optype is None:
-                counts[f"p2p {kind} left out"] += 1
+                counts[f"p2p {kind} left out: {why}"] += 1
                 continue
         else:
             optype = COLLECTIVE_OPTYPES.get(kind)
-            pg = c.pg if c.pg is not None else "?"
-            if c.seq is not None:
-                key: tuple = (pg, "seq", c.seq)
-            else:
-                step_id = steps.ids[c.step]
-                key = (pg, step_id, kind, index[(pg, step_id, kind)])
-                index[(pg, step_id, kind)] += 1
+            key = sync_key(c, parts, placement, index)
             sync.setdefault(key, c.end)
+            spans.setdefault(key, (c.start, c.end))
             if optype is None:
                 counts[f"{kind} left out"] += 1
                 continue
@@ -309,14 +517,24 @@ def _collective_rows(colls: list[_Coll], steps: _Steps, placement: Placement, ro
     return emitted
 
 
-def _p2p_optype(kind: str, c: _Coll, placement: Placement) -> str | None:
-    """forward/backward send/recv when the peer's pipeline stage is known, else None."""
-    if placement.stage_of is None or kind == "sendrecv":
-        return None
+def p2p_optype(kind: str, c: Coll, placement: Placement) -> tuple[str | None, str]:
+    """(forward/backward send/recv, "") when the peer's stage is known, else (None, why)."""
+    if kind == "sendrecv":
+        return None, "combined send/recv"
     peer = c.dst if kind == "send" else c.src
+    if placement.stage_of is None:
+        return None, "no pipeline stages"
     if peer is None:
-        return None
+        # The first stage only sends forward and receives backward, the last the reverse.
+        last = placement.pp_size - 1
+        if placement.stage == 0 and last > 0:
+            return ("forward-send" if kind == "send" else "backward-recv"), ""
+        if placement.stage == last and last > 0:
+            return ("backward-send" if kind == "send" else "forward-recv"), ""
+        return None, "no peer rank (profile with record_shapes=True so c10d ops carry it)"
     delta = placement.stage_of(peer) - placement.stage
     if kind == "send":
-        return {1: "forward-send", -1: "backward-send"}.get(delta)
-    return {-1: "forward-recv", 1: "backward-recv"}.get(delta)
+        optype = {1: "forward-send", -1: "backward-send"}.get(delta)
+    else:
+        optype = {-1: "forward-recv", 1: "backward-recv"}.get(delta)
+    return optype, ("" if optype else "peer not on a neighbouring stage")

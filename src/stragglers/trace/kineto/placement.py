@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stragglers.errors import InputError
-from stragglers.trace.kineto.events import RankEvents
 from stragglers.trace.kineto.ops import Placement
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -15,7 +14,7 @@ _PP_WORDS = {"pp", "pipe", "pipeline"}
 _DP_WORDS = {"dp", "data"}
 
 
-def rank_of(ev: RankEvents, notes: list[str]) -> int:
+def rank_of(ev, notes: list[str]) -> int:
     """distributedInfo.rank, else a rank-N / rank_N number in the file name, else an InputError."""
     if ev.rank is not None:
         if ev.rank >= 2**31:
@@ -33,7 +32,7 @@ def rank_of(ev: RankEvents, notes: list[str]) -> int:
                      "records distributedInfo")
 
 
-def world_size_of(ev: RankEvents) -> int | None:
+def world_size_of(ev) -> int | None:
     """distributedInfo.world_size when it is a positive whole number."""
     w = (ev.distributed_info or {}).get("world_size")
     return w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else None
@@ -69,7 +68,7 @@ def job_shape(world: int, dp_size: int | None, pp_size: int | None, source: str,
     return JobShape(world, dp, pp, per_stage // dp, how, known)
 
 
-def place(ev: RankEvents, rank: int, shape: JobShape) -> Placement:
+def place(ev, rank: int, shape: JobShape) -> Placement:
     """DP rank and stage of a rank: from the given sizes (Megatron order: tp fastest, pp
     slowest), else from a pipeline group in distributedInfo.pg_config, else DP rank = rank."""
     if rank >= shape.world_size and (shape.known or shape.how == "given"):
@@ -80,18 +79,19 @@ def place(ev: RankEvents, rank: int, shape: JobShape) -> Placement:
     per_stage = shape.world_size // shape.pp_size
     if shape.how == "given":
         return Placement(rank, (rank % per_stage) // shape.tp_size, rank // per_stage,
-                         (lambda r: r // per_stage) if shape.pp_size > 1 else None)
+                         (lambda r: r // per_stage) if shape.pp_size > 1 else None,
+                         shape.pp_size)
     pp_group, dp_group = _named_groups(ev, rank)
     if pp_group is not None:
         stage = pp_group.index(rank)
         dp_rank = dp_group.index(rank) if dp_group is not None else rank % max(1, per_stage)
         members = list(pp_group)
         return Placement(rank, dp_rank, stage,
-                         lambda r: members.index(r) if r in members else -10)
+                         lambda r: members.index(r) if r in members else -10, len(members))
     return Placement(rank, rank, 0, None)
 
 
-def _named_groups(ev: RankEvents, rank: int) -> tuple[list[int] | None, list[int] | None]:
+def _named_groups(ev, rank: int) -> tuple[list[int] | None, list[int] | None]:
     """The pipeline and data-parallel groups of this rank, when pg_config names them."""
     groups = (ev.distributed_info or {}).get("pg_config")
     pp = dp = None

@@ -1,0 +1,80 @@
+"""Refuse files of different runs read as one job (one directory holding two profiling runs).
+
+Files of one job agree on run identifiers and process groups, record overlapping step
+numbers, and, on one clock, every collective they share is in flight on all of them at once
+(a collective ends only after the last member started it). Files from different runs break
+at least one of these.
+"""
+
+from __future__ import annotations
+
+from stragglers.errors import InputError
+from stragglers.trace.kineto.ops import RankParts
+
+# Scheduling jitter allowed when asking whether two ranks' spans of one collective overlap.
+OVERLAP_TOLERANCE_S = 2e-3
+
+
+def check_metadata(parts: dict[int, RankParts]) -> None:
+    """Run identifiers, process groups and step numbers must agree across files."""
+    ranks = sorted(parts)
+    ref = parts[ranks[0]]
+    for r in ranks[1:]:
+        p = parts[r]
+        for key in ref.run_ids.keys() & p.run_ids.keys():
+            if ref.run_ids[key] != p.run_ids[key]:
+                raise InputError(p.source, key, f"{p.run_ids[key]!r}, but {ref.source} says "
+                                 f"{ref.run_ids[key]!r}: the files are from different runs; pass "
+                                 "the files of one run")
+    groups: dict[str, tuple[tuple, str]] = {}
+    for r in ranks:
+        p = parts[r]
+        configs = (p.distributed_info or {}).get("pg_config")
+        for g in configs if isinstance(configs, list) else []:
+            if not isinstance(g, dict) or not isinstance(g.get("ranks"), list):
+                continue
+            name, members = str(g.get("pg_name")), tuple(g["ranks"])
+            seen = groups.setdefault(name, (members, p.source))
+            if seen[0] != members and members and seen[0]:
+                raise InputError(p.source, "distributedInfo.pg_config", f"process group {name} "
+                                 f"has ranks {_short(members)}, but in {seen[1]} "
+                                 f"{_short(seen[0])}: the files are from different runs")
+    steps = {r: set(parts[r].step_ids) for r in ranks}
+    for r in ranks[1:]:
+        if not steps[r] & steps[ranks[0]]:
+            raise InputError(parts[r].source, "traceEvents", f"records steps {_span(steps[r])}, "
+                             f"but {ref.source} records steps {_span(steps[ranks[0]])}: no step "
+                             "in common, so the files are not one profiling window of one run")
+
+
+def check_overlap(spans: dict[int, dict[tuple, tuple[float, float]]],
+                  offsets: dict[int, float], sources: dict[int, str]) -> None:
+    """On the aligned clock, collectives matched between ranks must be in flight together."""
+    ranks = sorted(spans)
+    if len(ranks) < 2:
+        return
+    ref = ranks[0]
+    for r in ranks[1:]:
+        common = spans[r].keys() & spans[ref].keys()
+        if len(common) < 3:
+            continue
+        shift = offsets.get(r, 0.0) - offsets.get(ref, 0.0)
+        together = 0
+        for k in common:
+            a0, a1 = spans[ref][k]
+            b0, b1 = spans[r][k][0] - shift, spans[r][k][1] - shift
+            together += b1 + OVERLAP_TOLERANCE_S >= a0 and a1 + OVERLAP_TOLERANCE_S >= b0
+        if together * 2 < len(common):
+            raise InputError(sources[r], "traceEvents", f"only {together} of {len(common)} "
+                             f"collectives it shares with rank {ref} ({sources[ref]}) overlap in "
+                             "time, even after clock alignment: the files are from different "
+                             "runs; pass the files of one run")
+
+
+def _span(steps: set[int]) -> str:
+    return f"{min(steps)}–{max(steps)}" if len(steps) > 1 else str(min(steps))
+
+
+def _short(members: tuple) -> str:
+    text = str(list(members))
+    return text if len(text) <= 40 else text[:37] + "...]"

@@ -1,0 +1,137 @@
+"""What the Kineto reader assumed or left out, as (kind, message) notes for Trace.notes."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from stragglers.trace.kineto.layout import Pipelines, p2p_summary
+from stragglers.trace.kineto.ops import RankParts, RankRows
+from stragglers.trace.kineto.placement import JobShape
+
+
+def ranges(values: list[int]) -> str:
+    """Compact '1-3, 7' rendering of sorted integers."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(f"{values[i]}" if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def reader_notes(per_rank: dict[int, RankRows], parts: dict[int, RankParts], shape: JobShape,
+                 pp: int, found: Pipelines, notes: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """All notes, ranks first: the ones gathered while reading plus the per-rank counts."""
+    ranks = sorted(per_rank)
+    out = [("ranks", _ranks_note(ranks, shape))] + list(notes)
+    out += _layout_notes(per_rank, parts, shape, pp, found)
+    total: Counter = Counter()
+    for rows in per_rank.values():
+        total.update(rows.counts)
+    out += _dropped_notes(total)
+    out += _other_notes(per_rank, total)
+    return out
+
+
+def _ranks_note(ranks: list[int], shape: JobShape) -> str:
+    missing = sorted(set(range(shape.world_size)) - set(ranks))
+    if not shape.known:
+        return (f"read {len(ranks)} rank(s) ({ranges(ranks)}); no distributedInfo.world_size, so "
+                f"world size {shape.world_size} is assumed from the files and ranks given"
+                + (f"; missing: {ranges(missing)}" if missing else ""))
+    if not missing:
+        return f"read all {shape.world_size} rank(s) of the job"
+    return (f"read {len(ranks)} of {shape.world_size} ranks ({ranges(ranks)}); missing: "
+            f"{ranges(missing)} — the analysis covers only the ranks read")
+
+
+def _layout_notes(per_rank, parts, shape: JobShape, pp: int, found: Pipelines) -> list:
+    out = []
+    total, known = p2p_summary(parts)
+    if shape.how == "p2p":
+        chain = "→".join(map(str, found.chains[0]))
+        out.append(("layout", f"pipeline stages from the send/recv pattern: {len(found.chains)} "
+                              f"pipeline(s) of {found.pp} stages (e.g. ranks {chain})"))
+    elif shape.how == "given":
+        out.append(("layout", f"ranks placed from dp_size={shape.dp_size}, pp_size="
+                              f"{shape.pp_size} (tp={shape.tp_size}) assuming Megatron rank order "
+                              "(tp fastest, pp slowest)"))
+        if total and not found.chains:
+            out.append(("layout", f"the layout could not be checked against the send/recv "
+                                  f"pattern ({found.why_not})"))
+    elif pp > 1:
+        out.append(("layout", "pipeline stages taken from the pipeline group in "
+                              "distributedInfo.pg_config"))
+    else:
+        what = ("no pipeline information (no pp_size given, no pipeline group in "
+                "distributedInfo.pg_config")
+        if total:
+            what += f", and the send/recv pattern gives no layout: {found.why_not}"
+        else:
+            what += ", no send/recv"
+        out.append(("layout", what + "): every rank is a data-parallel rank at stage 0 with "
+                              "dp_rank = rank"))
+    if total and not known:
+        out.append(("layout", f"none of the {total} send/recv op(s) names its peer rank (gloo "
+                              "writes it only with record_shapes=True, as c10d::send/recv_ "
+                              "'Concrete Inputs'): pairing by peer was impossible"))
+    cpu = sorted(r for r, rows in per_rank.items() if rows.mode == "cpu")
+    if cpu:
+        out.append(("other", f"{len(cpu)} rank(s) have no GPU rows (e.g. rank {cpu[0]}): compute "
+                             "is the busy time of top-level CPU ops and collectives come from "
+                             "gloo:/nccl: annotations (or record_param_comms / c10d ops)"))
+    return out
+
+
+def _dropped_notes(total: Counter) -> list:
+    out = []
+    for key, n in sorted(total.items()):
+        if key.startswith("p2p ") and " left out: " in key:
+            kind, why = key[4:].split(" left out: ", 1)
+            out.append(("dropped", f"{n} point-to-point {kind} op(s) left out: {why}, so their "
+                                   "direction (forward/backward) and partner are unknown"))
+        elif key.endswith(" left out"):
+            kind = key[:-len(" left out")]
+            out.append(("dropped", f"{n} {kind} collective(s) left out: the what-if model has no "
+                                   "op type for them (their time shows as gaps between compute "
+                                   "ops); they still align clocks"))
+    if total["outside steps"]:
+        out.append(("dropped", f"{total['outside steps']} kernel(s)/op(s) outside every "
+                               "ProfilerStep#N span were left out"))
+    if total["unpaired annotations"]:
+        out.append(("dropped", f"{total['unpaired annotations']} collective annotation(s) could "
+                               "not be paired with the op that issued them: no process group, "
+                               "sequence number or peer for them"))
+    return out
+
+
+def _other_notes(per_rank, total: Counter) -> list:
+    out = []
+    if total["nccl without device rows"]:
+        out.append(("other", "an NCCL job traced without GPU rows: CPU-side collective spans "
+                             "measure the launch, not the transfer"))
+    if total["kernels without launch"]:
+        out.append(("other", f"{total['kernels without launch']} GPU kernel(s) had no launch "
+                             "record (correlation id): their step came from the step span and "
+                             "their phase from the kernel before them"))
+    if total["no backward marker"]:
+        out.append(("other", f"{total['no backward marker']} rank(s) have no autograd::engine::"
+                             "evaluate_function ops nor backward annotation: compute before "
+                             "the optimizer counts as forward-compute"))
+    if total["backward from annotation"]:
+        out.append(("other", f"{total['backward from annotation']} rank(s) have no autograd ops: "
+                             "backward starts at a user annotation naming 'backward'"))
+    if total["runs clipped"]:
+        out.append(("other", f"{total['runs clipped']} compute run(s) overlapped the next one on "
+                             "another stream and were cut at its start"))
+    if total["data loading ops"]:
+        out.append(("other", f"{total['data loading ops']} CPU op(s) under enumerate(DataLoader) "
+                             "annotations count as host time before the step's compute, not as "
+                             "compute"))
+    out.append(("other", "compute ops are busy time (the union of their kernels' or CPU ops' "
+                         "intervals); idle gaps inside a phase are launch delays of the next op. "
+                         "Work issued after a step's last backward op (DDP's bucket copy, "
+                         "clipping, optimizer) is the optimizer op"))
+    return out
