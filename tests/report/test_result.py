@@ -100,6 +100,8 @@ def test_old_dict_access_still_works(slow_result):
      "diagnosis[0].upper_bound"),
     ({"slowdown": 1.2, "diagnosis_summary": {"all_fixed": "fast"}}, "diagnosis_summary.all_fixed"),
     ({"slowdown": 1.2, "warmup_steps": [0.5]}, "warmup_steps"),
+    ({"slowdown": 1.2, "job": {"dp": "four"}}, "job.dp"),
+    ({"slowdown": 1.2, "job": {"missing_workers": [3]}}, "job.missing_workers"),
 ])
 def test_bad_json_names_the_field(bad, field):
     with pytest.raises(InputError) as err:

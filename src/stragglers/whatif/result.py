@@ -328,14 +328,19 @@ class _Reader:
 
     def job(self) -> JobInfo:
         raw = dict(self.mapping("job"))
-        known = {f.name for f in fields(JobInfo)} - {"extra"}
-        try:
-            info = JobInfo(**{k: raw[k] for k in known if raw.get(k) is not None},
-                           extra={k: v for k, v in raw.items() if k not in known})
-        except TypeError as exc:
-            raise self.fail("job", f"expected an object of job facts ({exc})") from None
-        info.name = str(info.name)
-        return info
+        values: dict[str, Any] = {}
+        for f in fields(JobInfo):
+            v = raw.get(f.name)
+            if f.name == "extra" or v is None:
+                continue
+            if f.type == "int | None" and (isinstance(v, bool) or not isinstance(v, int)):
+                raise self.fail(f"job.{f.name}", f"expected an integer, got {v!r}")
+            if f.name == "missing_workers" and not (isinstance(v, list) and all(
+                    isinstance(c, list) and len(c) == 2 for c in v)):
+                raise self.fail("job.missing_workers", "expected a list of [dp, pp]")
+            values[f.name] = str(v) if f.type in ("str", "str | None") else v
+        return JobInfo(**values, extra={k: v for k, v in raw.items() if k not in values
+                                        and k not in {f.name for f in fields(JobInfo)}})
 
     def worker_scores(self) -> list[WorkerScore]:
         out = []
