@@ -423,6 +423,7 @@ class Recorder:
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
             inner = allreduce_hook
         code = OPTYPE_CODES[optype]
+        last_end = [0]
 
         def hook(state, bucket):
             buf = self._buf
@@ -434,9 +435,14 @@ class Recorder:
             fut = inner(state, bucket)
 
             def done(f):
-                # Runs when the bucket's collective completes; the op ends here.
-                buf.ops.append((code, start, self._timer.mark(), -1, 0, self.stage, math.nan, -1,
-                                 nbytes, ()))
+                # Runs when the bucket's collective completes; the op ends here. Buckets go out
+                # in order on one stream: one queued behind the previous starts when that ends.
+                end = self._timer.mark()
+                s = start
+                if isinstance(s, int):
+                    s = min(max(s, last_end[0]), end)
+                    last_end[0] = max(last_end[0], end)
+                buf.ops.append((code, s, end, -1, 0, self.stage, math.nan, -1, nbytes, ()))
                 return f.value()
 
             return fut.then(done)

@@ -1,0 +1,304 @@
+"""One call per job: `attach(model, optimizer)` records a training loop without changing it.
+
+What is recorded, and from where (see README.md):
+- a step: from the first training forward after an optimizer step to the end of the next one
+  (optimizer step hooks), so gradient accumulation gives several microbatches per step;
+- forward-compute per microbatch: forward pre/post hooks of the model (training mode, grad on;
+  evaluation and activation-checkpoint recomputation are not microbatches);
+- backward-compute: from the first gradient reaching the model's output (a multi-grad hook) to
+  the end of the backward pass (an autograd engine callback);
+- DDP bucket all-reduces (a comm hook), FSDP2 per-unit all-gathers and reduce-scatters (custom
+  comms wrapping FSDP2's own), the optimizer step, GC pauses (the Recorder's gc callback).
+Where the training thread blocks on a recorded collective, the compute span is split around
+the wait: compute rows hold compute only, waiting shows in the collective's row.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+import weakref
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+from torch.utils._pytree import tree_leaves
+
+from stragglers.errors import InputError
+from stragglers.record.layout import JobLayout, fsdp2_units, read_layout
+from stragglers.record.recorder import Recorder
+from stragglers.trace.model import OPTYPE_CODES, JobMeta
+
+FWD, BWD, OPT = (OPTYPE_CODES[n] for n in ("forward-compute", "backward-compute", "optimizer"))
+ENV_SWITCH = "STRAGGLERS_RECORD"          # "0"/"off" turns every attach() of the job off
+ENV_DIR = "STRAGGLERS_RECORD_DIR"         # where the run goes (overrides `out`)
+ENV_SAMPLE = "STRAGGLERS_RECORD_SAMPLE_EVERY"
+_ATTACHED: "weakref.WeakKeyDictionary[nn.Module, Attached]" = weakref.WeakKeyDictionary()
+
+SeqLens = Callable[..., Sequence[int] | None]
+
+
+def attach(model: nn.Module, optimizer: torch.optim.Optimizer, out: str | Path | None = None, *,
+           seq_lens: SeqLens | None = None, name: str | None = None, sample_every: int | None = None,
+           overwrite: bool = False, enabled: bool | None = None, extra: dict | None = None,
+           flush_interval_s: float = 1.0, device: torch.device | str | None = None) -> "Attached":
+    """Record this rank's training loop into `out` (a collective: every rank calls it).
+
+    `model` is what the loop calls (a plain module, DistributedDataParallel, or fully_shard);
+    `seq_lens(*args, **kwargs)` gets each forward's inputs and returns the microbatch's sequence
+    lengths (or None). Environment: STRAGGLERS_RECORD=0 turns recording off, STRAGGLERS_RECORD_DIR
+    and STRAGGLERS_RECORD_SAMPLE_EVERY override `out` and `sample_every` (the launcher form).
+    Use the result as a context manager, or call `.close()` before destroy_process_group().
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InputError("attach", "optimizer", f"expected a torch.optim.Optimizer, got "
+                         f"{type(optimizer).__name__}")
+    layout = read_layout(model)
+    for m in (model, layout.inner):
+        if m in _ATTACHED:
+            raise InputError("attach", "model", "already has a recorder attached; attach once "
+                             "per job (close() the first one to attach again)")
+    env = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if enabled is None:
+        enabled = env not in ("0", "off", "false", "no")
+    out = Path(os.environ.get(ENV_DIR) or out or Path("runs") / _job_name(name))
+    every = int(os.environ.get(ENV_SAMPLE) or sample_every or 1)
+    for note in layout.notes:
+        warnings.warn(f"stragglers.record.attach: {note}", stacklevel=2)
+    return Attached(model, optimizer, layout, out, seq_lens=seq_lens, name=_job_name(name),
+                    sample_every=every, overwrite=overwrite, enabled=enabled, extra=extra or {},
+                    flush_interval_s=flush_interval_s, device=device)
+
+
+def _job_name(name: str | None) -> str:
+    if name:
+        return name
+    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else ""
+    return script or "job"
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device if p.device.type != "meta" else torch.device("cpu")
+    return torch.device("cpu")
+
+
+class Attached:
+    """The hooks `attach` installed on one rank, and the Recorder they feed."""
+
+    def __init__(self, model: nn.Module, optimizer, layout: JobLayout, out: Path, *,
+                 seq_lens: SeqLens | None, name: str, sample_every: int, overwrite: bool,
+                 enabled: bool, extra: dict, flush_interval_s: float, device):
+        self.model, self.optimizer, self.layout = model, optimizer, layout
+        self._seq_fn = seq_lens
+        meta = JobMeta(name=name, dp_size=layout.dp_size, pp_size=1, tp_size=layout.tp_size,
+                       dsp_size=layout.dsp_size, world_size=layout.world_size,
+                       run_id=os.environ.get("TORCHELASTIC_RUN_ID", "0"))
+        meta.extra.update({"recorded_by": "attach", "wrapper": layout.wrapper, **extra})
+        device = torch.device(device) if device is not None else _model_device(model)
+        self.recorder = Recorder(out, meta, dp_rank=layout.dp_rank, stage=0,
+                                 sample_every=sample_every, flush_interval_s=flush_interval_s,
+                                 device=device, enabled=enabled, overwrite=overwrite)
+        self._timer = self.recorder._timer
+        self._step = 0
+        self._first_step = 0        # steps before it are not recorded (DDP's bucket rebuild)
+        self._open = False          # a step (sampled or not) has begun
+        self._mb = 0                # forwards so far in this step
+        self._stack: list[bool] = []  # per forward call: whether it counts as a microbatch
+        self._seg = None            # open compute span: (code, mb, start mark, gc index)
+        self._in_bwd = False
+        self._in_opt = False
+        self._opt = None            # open optimizer span: (start mark, gc index)
+        self._seq: dict[int, tuple[float, int]] = {}
+        self._handles: list = []
+        self._restore: list = []
+        self._closed = False
+        self.recorder.start()
+        if not enabled:
+            self._closed = True
+            return
+        _ATTACHED[model] = _ATTACHED[layout.inner] = self
+        self._install()
+        if layout.wrapper == "fsdp2":
+            meta.extra["fsdp_units"] = len(fsdp2_units(model))
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> "Attached":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close(collective=exc_type is None)
+        return False
+
+    def close(self, collective: bool = True) -> None:
+        """Remove the hooks, flush, and close the Recorder (joins its threads; a collective)."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        for undo in self._restore:
+            undo()
+        self._restore.clear()
+        for m in (self.model, self.layout.inner):
+            _ATTACHED.pop(m, None)
+        if self._open and self.recorder._buf is not None:
+            self.recorder._buf = None  # a step cut by close() has no optimizer end: dropped
+        self.recorder.close(collective=collective)
+
+    # ---- hooks -----------------------------------------------------------------------------
+
+    def _install(self) -> None:
+        inner = self.layout.inner
+        self._handles += [
+            inner.register_forward_pre_hook(self._fwd_pre, prepend=True, with_kwargs=True),
+            inner.register_forward_hook(self._fwd_post, always_call=True),
+            self.optimizer.register_step_pre_hook(self._opt_pre),
+            self.optimizer.register_step_post_hook(self._opt_post),
+        ]
+        if self.layout.wrapper == "ddp":
+            self._install_ddp()
+        elif self.layout.wrapper == "fsdp2":
+            from stragglers.record.fsdp import install_fsdp2
+
+            self._restore += install_fsdp2(self, fsdp2_units(self.model))
+
+    def _install_ddp(self) -> None:
+        # DDP builds provisional buckets for its first step and rebuilds them after it: that
+        # step's rows would not line up with the later steps', so recording starts at step 1.
+        self._first_step = 1
+        recorded = self.recorder.ddp_comm_hook()
+
+        def hook(state, bucket):
+            # A bucket is ready: the backward so far produced it. Splitting the backward span
+            # here gives each all-reduce the compute it depends on (specs/whatif.md §3).
+            if self._seg is not None and self._seg[0] == BWD and self.recorder._buf is not None:
+                mb = self._seg[1]
+                self._close_seg()
+                self._open_seg(BWD, mb)
+            return recorded(state, bucket)
+
+        try:
+            self.model.register_comm_hook(None, hook)
+        except RuntimeError as exc:  # DDP takes one comm hook, and the user has one already
+            warnings.warn("stragglers.record.attach: DistributedDataParallel already has a comm "
+                          f"hook ({exc}); gradient all-reduces are recorded coarsely: their "
+                          "waiting shows as launch delay before the optimizer", stacklevel=4)
+
+    def _fwd_pre(self, module, args, kwargs):
+        counts = module.training and torch.is_grad_enabled() and not self._in_bwd
+        self._stack.append(counts and len(self._stack) == 0)
+        if not self._stack[-1]:
+            return None
+        if not self._open:
+            self._begin()
+        buf = self.recorder._buf
+        if buf is None:
+            return None
+        if self._seq_fn is not None:
+            lens = self._seq_fn(*args, **kwargs)
+            if lens is not None:
+                lens = [int(s) for s in lens]
+                self._seq[self._mb] = (float(sum(s * s for s in lens)), int(sum(lens)))
+        if self._in_opt:
+            self._opt = None  # a closure inside optimizer.step: its span restarts after backward
+        self._open_seg(FWD, self._mb)
+        return None
+
+    def _fwd_post(self, module, args, output):
+        if not self._stack.pop():
+            return None
+        mb = self._mb
+        self._mb += 1
+        if self.recorder._buf is None:
+            return None
+        self._close_seg()
+        outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if outs:
+            torch.autograd.graph.register_multi_grad_hook(
+                outs, lambda grad, mb=mb: self._bwd_start(mb), mode="any")
+        return None
+
+    def _bwd_start(self, mb: int) -> None:
+        if self._in_bwd or self.recorder._buf is None:
+            return  # one backward over several microbatches' losses: one span (the first's id)
+        self._in_bwd = True
+        self._open_seg(BWD, mb)
+        torch.autograd.Variable._execution_engine.queue_callback(self._bwd_end)
+
+    def _bwd_end(self) -> None:
+        self._in_bwd = False
+        buf = self.recorder._buf
+        if buf is None:
+            return
+        self._close_seg()
+        if self._in_opt:
+            self._opt = (self._timer.mark(), len(buf.gc))
+
+    def _opt_pre(self, optimizer, args, kwargs):
+        if not self._open:
+            self._begin()
+        self._in_opt = True
+        buf = self.recorder._buf
+        if buf is not None:
+            self._opt = (self._timer.mark(), len(buf.gc))
+
+    def _opt_post(self, optimizer, args, kwargs):
+        self._in_opt = False
+        buf = self.recorder._buf
+        if buf is not None and self._opt is not None:
+            start, i0 = self._opt
+            self.recorder._close_foreground(buf, i0, (OPT, -1, 0, 0, math.nan, -1, -1), start,
+                                            self._timer.mark())
+        self._opt = None
+        self._end()
+
+    # ---- steps and spans -------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        self._open, self._mb = True, 0
+        self._seq.clear()
+        if self._step >= self._first_step:
+            self.recorder._begin_step(self._step)
+
+    def _end(self) -> None:
+        if self.recorder._buf is not None:
+            self._close_seg()
+            self.recorder._end_step()
+        self._open = False
+        self._step += 1
+
+    def _open_seg(self, code: int, mb: int) -> None:
+        self._seg = (code, mb, self._timer.mark(), len(self.recorder._buf.gc))
+
+    def _close_seg(self) -> None:
+        seg, self._seg = self._seg, None
+        if seg is None:
+            return
+        code, mb, start, i0 = seg
+        attn, tok = self._seq.get(mb, (math.nan, -1))
+        self.recorder._close_foreground(self.recorder._buf, i0, (code, mb, 0, 0, attn, tok, -1),
+                                        start, self._timer.mark())
+
+    @contextmanager
+    def blocked(self):
+        """Around a wait on a recorded collective: the open compute span stops and resumes."""
+        seg = self._seg
+        if seg is not None and self.recorder._buf is not None:
+            self._close_seg()
+        try:
+            yield
+        finally:
+            if seg is not None and self.recorder._buf is not None:
+                self._open_seg(seg[0], seg[1])
+
+    @property
+    def steps_seen(self) -> int:
+        """Optimizer steps seen since attach (sampled or not)."""
+        return self._step

@@ -1,0 +1,149 @@
+"""FSDP2 (`fully_shard`): per-unit all-gathers and reduce-scatters, recorded through its comm API.
+
+`FSDPModule.set_custom_all_gather` / `set_custom_reduce_scatter` let a caller replace the
+collectives FSDP2 issues for each unit; the recorded versions wrap the comms FSDP2 had (its
+defaults, or a user's), so the bytes moved and the result are the same. An asynchronous
+all-gather returns a Work whose wait() is recorded: the compute span that waits is split
+around it (Attached.blocked), so compute rows hold compute and the wait shows in the gather.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+from stragglers.trace.model import OPTYPE_CODES
+
+AG, RS = OPTYPE_CODES["params-all-gather"], OPTYPE_CODES["grads-reduce-scatter"]
+
+
+def _row(code: int, start, end, nbytes: int) -> tuple:
+    return (code, start, end, -1, 0, 0, math.nan, -1, nbytes, ())
+
+
+class _RecordedWork(dist.Work):
+    """An asynchronous all-gather: the row ends at completion, the wait() splits compute."""
+
+    def __init__(self, work, att, buf, start, nbytes: int):
+        super().__init__()
+        self._work, self._att, self._buf = work, att, buf
+        self._start, self._nbytes = start, nbytes
+        self._done_ns = None
+        self._closed = False
+        if not att._timer.is_cuda:
+            try:  # stamp the real completion; the wait may come much later (prefetch)
+                work.get_future().add_done_callback(self._stamp)
+            except (RuntimeError, AttributeError):
+                pass
+
+    def _stamp(self, _fut) -> None:
+        self._done_ns = time.perf_counter_ns()
+
+    def wait(self, timeout=None) -> bool:
+        with self._att.blocked():
+            ok = self._work.wait() if timeout is None else self._work.wait(timeout)
+            end = self._att._timer.mark()
+        if not self._closed:
+            self._closed = True
+            if self._done_ns is not None and isinstance(end, int):
+                end = min(end, self._done_ns)
+            if self._att.recorder._buf is self._buf:  # still the step it was issued in
+                self._buf.ops.append(_row(AG, self._start, end, self._nbytes))
+        return ok
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+
+class RecordedAllGather(AllGather):
+    """FSDP2's all-gather of one unit, recorded as params-all-gather."""
+
+    def __init__(self, att, inner: AllGather):
+        self.att, self.inner = att, inner
+
+    def allocate(self, size, *, dtype, device):
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        att = self.att
+        buf = att.recorder._buf
+        if buf is None:
+            return self.inner(output_tensor, input_tensor, group, async_op)
+        nbytes = output_tensor.numel() * output_tensor.element_size()
+        start = att._timer.mark()
+        if async_op:
+            work = self.inner(output_tensor, input_tensor, group, True)
+            return _RecordedWork(work, att, buf, start, nbytes) if work is not None else None
+        with _host_wait(att):
+            work = self.inner(output_tensor, input_tensor, group, False)
+        buf.ops.append(_row(AG, start, att._timer.mark(), nbytes))
+        return work
+
+
+class RecordedReduceScatter(ReduceScatter):
+    """FSDP2's reduce-scatter of one unit's gradients, recorded as grads-reduce-scatter."""
+
+    def __init__(self, att, inner: ReduceScatter):
+        self.att, self.inner = att, inner
+
+    def allocate(self, size, *, dtype, device):
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        att = self.att
+        buf = att.recorder._buf
+        if buf is None:
+            return self.inner(output_tensor, input_tensor, group, op, async_op)
+        nbytes = input_tensor.numel() * input_tensor.element_size()
+        start = att._timer.mark()
+        with _host_wait(att):
+            work = self.inner(output_tensor, input_tensor, group, op, async_op)
+            if async_op and work is not None:
+                work.wait()
+        buf.ops.append(_row(RS, start, att._timer.mark(), nbytes))
+        return work
+
+
+class _host_wait:
+    """On CPU a synchronous collective blocks the training thread: split compute around it.
+
+    On CUDA FSDP2 issues it on its own stream and the host does not wait, so nothing is split.
+    """
+
+    def __init__(self, att):
+        self.cm = att.blocked() if not att._timer.is_cuda else None
+
+    def __enter__(self):
+        if self.cm is not None:
+            self.cm.__enter__()
+
+    def __exit__(self, *exc):
+        if self.cm is not None:
+            return self.cm.__exit__(*exc)
+        return False
+
+
+def install_fsdp2(att, units) -> list:
+    """Wrap every unit's comms; returns the callables that put FSDP2's own comms back."""
+    undo = []
+    for unit in units:
+        groups = getattr(unit._get_fsdp_state(), "_fsdp_param_groups", [])
+        if len(groups) != 1:
+            continue  # a unit without parameters has no comms; several groups: not wrappable
+        group = groups[0]
+        ag, rs = group._all_gather_comm, group._reduce_scatter_comm
+        unit.set_custom_all_gather(RecordedAllGather(att, ag))
+        unit.set_custom_reduce_scatter(RecordedReduceScatter(att, rs))
+        undo.append(lambda g=group, a=ag, r=rs: (setattr(g, "_all_gather_comm", a),
+                                                 setattr(g, "_reduce_scatter_comm", r)))
+    if att._timer.is_cuda:
+        warnings.warn("stragglers.record.attach: FSDP2 on CUDA waits for its all-gathers on the "
+                      "device; those waits stay inside the compute spans around them (recorded "
+                      "coarsely; the gathers themselves are recorded on their stream)",
+                      stacklevel=3)
+    return undo

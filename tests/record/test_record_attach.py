@@ -1,0 +1,161 @@
+"""attach() in one process: what a plain loop records, closures, evaluation, bad use, the switch."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from stragglers.errors import InputError
+from stragglers.record import attach
+from stragglers.trace.model import OPTYPE_CODES
+from stragglers.trace.runformat import read_run
+
+FWD, BWD, OPT = (OPTYPE_CODES[n] for n in ("forward-compute", "backward-compute", "optimizer"))
+GC = OPTYPE_CODES["gc"]
+
+
+def make(seed: int = 0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+
+def data(step: int, mb: int):
+    g = torch.Generator().manual_seed(step * 10 + mb)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+
+
+def train(model, opt, steps: int = 4, microbatches: int = 3, evaluate: bool = False) -> None:
+    """A user's loop, untouched by the recorder."""
+    for step in range(steps):
+        for mb in range(microbatches):
+            x, y = data(step, mb)
+            (F.mse_loss(model(x), y) / microbatches).backward()
+        opt.step()
+        opt.zero_grad()
+        if evaluate:  # evaluation forwards are not microbatches
+            model.eval()
+            with torch.no_grad():
+                model(x)
+            model.train()
+
+
+def rows(ops, step: int) -> list[tuple[int, int]]:
+    sel = np.flatnonzero((ops["step"] == step) & (ops["optype"] != GC))
+    sel = sel[np.argsort(ops["start_ts"][sel], kind="stable")]
+    return [(int(ops["optype"][i]), int(ops["mb_id"][i])) for i in sel]
+
+
+def test_a_plain_loop_records_microbatches_and_the_optimizer(tmp_path):
+    model, opt = make()
+    with attach(model, opt, tmp_path / "run", flush_interval_s=0.01,
+                seq_lens=lambda x: [5, 3]) as att:
+        train(model, opt, evaluate=True)
+    assert att.steps_seen == 4
+    trace = read_run(tmp_path / "run")
+    ops = trace.ops
+    assert sorted(set(ops["step"].tolist())) == [0, 1, 2, 3]
+    expect = [(FWD, 0), (BWD, 0), (FWD, 1), (BWD, 1), (FWD, 2), (BWD, 2), (OPT, -1)]
+    for step in range(4):
+        assert rows(ops, step) == expect, step
+    comp = np.isin(ops["optype"], (FWD, BWD))
+    assert np.all(ops["attn_cost"][comp] == 34.0) and np.all(ops["tokens"][comp] == 8)
+    assert np.all(ops["duration"] >= 0)
+    assert trace.meta.extra["recorded_by"] == "attach" and trace.meta.extra["wrapper"] == "none"
+    assert (trace.meta.dp_size, trace.meta.pp_size) == (1, 1)
+
+
+def test_recording_changes_no_parameter(tmp_path):
+    ref, ref_opt = make()
+    train(ref, ref_opt)
+    model, opt = make()
+    with attach(model, opt, tmp_path / "run", flush_interval_s=0.01):
+        train(model, opt)
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_an_optimizer_closure_puts_forward_and_backward_before_the_step(tmp_path):
+    model, _ = make()
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=1)
+    x, y = data(0, 0)
+
+    def closure():
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with attach(model, opt, tmp_path / "run", flush_interval_s=0.01):
+        for _ in range(3):
+            opt.step(closure)  # the closure runs inside optimizer.step, as in Lightning
+    ops = read_run(tmp_path / "run").ops
+    for step in range(3):
+        assert rows(ops, step) == [(FWD, 0), (BWD, 0), (OPT, -1)]
+        sel = ops["step"] == step
+        opt_row = np.flatnonzero(sel & (ops["optype"] == OPT))[0]
+        bwd_row = np.flatnonzero(sel & (ops["optype"] == BWD))[0]
+        assert ops["start_ts"][opt_row] >= ops["start_ts"][bwd_row] + ops["duration"][bwd_row]
+
+
+def test_sampling_records_one_step_in_k(tmp_path):
+    model, opt = make()
+    with attach(model, opt, tmp_path / "run", sample_every=2, flush_interval_s=0.01):
+        train(model, opt, steps=6, microbatches=1)
+    assert sorted(set(read_run(tmp_path / "run").ops["step"].tolist())) == [0, 2, 4]
+
+
+def test_attaching_twice_is_refused_and_close_allows_it_again(tmp_path):
+    model, opt = make()
+    att = attach(model, opt, tmp_path / "a", flush_interval_s=0.01)
+    with pytest.raises(InputError, match="already has a recorder attached"):
+        attach(model, opt, tmp_path / "b")
+    att.close()
+    attach(model, opt, tmp_path / "b").close()
+
+
+def test_unknown_wrappers_and_bad_arguments_are_one_line_errors(tmp_path):
+    model, opt = make()
+    with pytest.raises(InputError, match="DataParallel") as err:
+        attach(nn.DataParallel(model), opt, tmp_path / "a")
+    assert "\n" not in str(err.value)
+    with pytest.raises(InputError, match="optimizer"):
+        attach(model, "sgd", tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+
+
+def test_the_environment_switch_turns_recording_off_or_redirects_it(tmp_path, monkeypatch):
+    model, opt = make()
+    monkeypatch.setenv("STRAGGLERS_RECORD", "0")
+    with attach(model, opt, tmp_path / "off"):
+        train(model, opt, steps=2, microbatches=1)
+    assert not (tmp_path / "off").exists()
+    monkeypatch.setenv("STRAGGLERS_RECORD", "1")
+    monkeypatch.setenv("STRAGGLERS_RECORD_DIR", str(tmp_path / "redirected"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a plain one-process loop needs no warning
+        with attach(model, opt, tmp_path / "ignored", flush_interval_s=0.01):
+            train(model, opt, steps=2, microbatches=1)
+    assert not (tmp_path / "ignored").exists()
+    assert len(read_run(tmp_path / "redirected").ops["step"]) > 0
+
+
+def test_activation_checkpoint_recomputation_is_not_a_microbatch(tmp_path):
+    from torch.utils.checkpoint import checkpoint
+
+    model, opt = make()
+    with attach(model, opt, tmp_path / "run", flush_interval_s=0.01):
+        for step in range(2):
+            for mb in range(2):
+                x, y = data(step, mb)
+                # the whole model checkpointed: its forward runs again inside the backward
+                F.mse_loss(checkpoint(model, x, use_reentrant=False), y).backward()
+            opt.step()
+            opt.zero_grad()
+    ops = read_run(tmp_path / "run").ops
+    assert rows(ops, 1) == [(FWD, 0), (BWD, 0), (FWD, 1), (BWD, 1), (OPT, -1)]
