@@ -1,0 +1,186 @@
+"""Each remedy's predicted speedup (advise on the before run) beside its measured speedup.
+
+    .venv/bin/python benchmarks/advise_remedies.py [--only slow-device,late-host,gc] [--reps 1]
+
+Each row is a real job (examples/train_advised.py under torchrun, gloo, no controller) with one
+injected cause. The before run writes its step timings as a run directory; `advise` on it
+predicts every remedy; then the job runs again with each measurable remedy switched on from
+step 0 (the StragglAR hook, the advised per-rank batches, planned GC with the advised N), and
+for ND without the injection (what a restart on a healthy host gives; the restart's own cost is
+left out of both the prediction and the measurement). Runs of one repetition go before, then
+each remedy; the next repetition reverses the order. Measured speedup = mean step time before /
+after (steps after the first 2, the slowest rank's end per step). Goals: the first-ranked
+applicable remedy measures best; each prediction within 15% of its measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+# name: (processes, shared args, injection args, note)
+ROWS = {
+    "slow-device": (4, ["--sample-time", "0.004"], ["--slow-rank", "3", "--slow-factor", "2.5"],
+                    "rank 3's device takes 2.5× per sample"),
+    "late-host": (4, ["--width", "1024", "--sample-time", "0.01"],
+                  ["--stall-rank", "3", "--stall-s", "0.1"],
+                  "rank 3 does 100 ms of host work before each step; 12 MB of gradients"),
+    "gc": (4, ["--sample-time", "0.002"], ["--gc-heap-mb", "100", "--gc-garbage", "15"],
+           "100 MB live heap, cyclic garbage each step: automatic collections at different steps"),
+}
+MEASURED = ("stragglar", "antdt-dd", "planned-gc", "antdt-nd")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(nproc: int, args: list[str], out: Path, steps: int) -> dict:
+    """One torchrun job of examples/train_advised.py; returns its summary."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           str(REPO / "examples" / "train_advised.py"), "--no-act", *args, "--steps", str(steps),
+           "--summary", str(out / "summary.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"training failed:\n{proc.stderr[-3000:]}")
+    return json.loads((out / "summary.json").read_text())
+
+
+def remedy_args(name: str, plan, inject: list[str]) -> tuple[list[str], list[str]] | None:
+    """(extra args, injection args) that switch `name` on; None when it cannot be measured here."""
+    advice = plan.get(name)
+    if name == "stragglar":
+        return ["--stragglar"], inject
+    if name == "antdt-dd":
+        sizes = advice.details.get("new_batch_sizes") if advice else None
+        return (["--batch-sizes", ",".join(map(str, sizes))], inject) if sizes else None
+    if name == "planned-gc":
+        if advice is None or not advice.applies:
+            return None
+        every = advice.switch_on.split("every=")[1].split(")")[0]
+        return ["--planned-gc", every], inject
+    if name == "antdt-nd":
+        return [], []  # the restarted worker runs on a healthy host: no injection
+    return None
+
+
+def predicted(name: str, plan) -> float | None:
+    """The predicted speedup compared with the measurement (ND: the step after the restart)."""
+    advice = plan.get(name)
+    if advice is None:
+        return None
+    if name == "antdt-nd":
+        fixed = advice.details.get("fixed_step_s") or advice.predicted_step_s
+        return plan.baseline_step_s / fixed if fixed else None
+    return advice.predicted_speedup
+
+
+def run_row(name: str, steps: int, reps: int, tmp: Path) -> list[dict]:
+    from stragglers.advise import advise
+    from stragglers.trace.runformat import read_run
+
+    nproc, common, inject, note = ROWS[name]
+    rows = []
+    for rep in range(reps):
+        before_dir = tmp / f"{name}-before-{rep}"
+        runs, order = {}, ["before", *MEASURED]
+        if rep % 2:
+            order = order[::-1]
+        plan = None
+        # the plan is needed to switch remedies on: the before run always goes first in its pair
+        if order[0] != "before":
+            b = train(nproc, common + inject + ["--trace-dir", str(before_dir / "trace")],
+                      before_dir, steps)
+            plan = advise(read_run(before_dir / "trace"), remaining_steps=steps)
+            runs["before"] = b
+            order = [o for o in order if o != "before"] + ["before"]
+        for which in order:
+            if which == "before":
+                if plan is None:
+                    runs["before"] = train(nproc, common + inject + ["--trace-dir",
+                                           str(before_dir / "trace")], before_dir, steps)
+                    plan = advise(read_run(before_dir / "trace"), remaining_steps=steps)
+                else:
+                    out = tmp / f"{name}-before2-{rep}"
+                    runs["before2"] = train(nproc, common + inject, out, steps)
+                continue
+            spec = remedy_args(which, plan, inject)
+            if spec is None:
+                continue
+            extra, inj = spec
+            runs[which] = train(nproc, common + inj + extra, tmp / f"{name}-{which}-{rep}", steps)
+        befores = [runs[k]["mean_step_s"] for k in ("before", "before2") if k in runs]
+        before = statistics.mean(befores)
+        row = {"row": name, "rep": rep, "note": note, "before_ms": [1e3 * b for b in befores],
+               "ranking": [r.name for r in plan.remedies if r.applies], "remedies": {}}
+        for r in plan.remedies:
+            entry = {"applies": r.applies, "why_not": r.why_not, "predicted": predicted(r.name, plan)}
+            if r.name in runs:
+                entry["after_ms"] = 1e3 * runs[r.name]["mean_step_s"]
+                entry["measured"] = before / runs[r.name]["mean_step_s"]
+            row["remedies"][r.name] = entry
+        rows.append(row)
+        print_row(row)
+    return rows
+
+
+def print_row(row: dict) -> None:
+    print(f"\n{row['row']} rep {row['rep']} ({row['note']}): before "
+          f"{', '.join(f'{b:.0f}' for b in row['before_ms'])} ms; ranked {row['ranking']}", flush=True)
+    print("| remedy | applies | predicted | measured | |Δ|/measured | after ms |", flush=True)
+    print("|---|---|---|---|---|---|", flush=True)
+    for name, e in row["remedies"].items():
+        pred = f"×{e['predicted']:.3f}" if e["predicted"] else "–"
+        meas = f"×{e['measured']:.3f}" if "measured" in e else "not measured"
+        err = f"{100 * abs(e['predicted'] - e['measured']) / e['measured']:.0f}%" \
+            if e["predicted"] and "measured" in e else "–"
+        after = f"{e['after_ms']:.0f}" if "after_ms" in e else "–"
+        why = "" if e["applies"] else f" ({e['why_not'][:70]}…)" if e["why_not"] else ""
+        print(f"| {name} | {'yes' if e['applies'] else 'no'}{why} | {pred} | {meas} | {err} | {after} |",
+              flush=True)
+    # among the remedies the plan offers (ND refused for a short job is measured for its prediction)
+    measured = {k: e["measured"] for k, e in row["remedies"].items()
+                if "measured" in e and e["applies"]}
+    first = next((k for k in row["ranking"] if k in measured), None)
+    if first and measured:
+        best = max(measured, key=measured.get)
+        within = [k for k, e in row["remedies"].items() if e["predicted"] and "measured" in e
+                  and abs(e["predicted"] - e["measured"]) <= 0.15 * e["measured"]]
+        total = [k for k, e in row["remedies"].items() if e["predicted"] and "measured" in e]
+        print(f"first-ranked measured remedy: {first}; best measured of those applicable: {best} "
+              f"({'goal met' if first == best else 'goal NOT met'}); predictions within 15%: "
+              f"{len(within)} of {len(total)}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=",".join(ROWS))
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    report = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.only.split(","):
+            report += run_row(name, args.steps, args.reps, Path(tmp))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
