@@ -65,8 +65,9 @@ def _detect(ctx: Context):
 def _balanced_by_attn_cost(ctx: Context) -> np.ndarray | None:
     """Costs after Σs² is balanced across DP ranks and microbatches of each stage and step.
 
-    Per stage and compute type, duration ≈ a + b·Σs² (least squares); balancing moves every
-    microbatch's Σs² to the step's mean, so each op loses b·(Σs² − mean) and keeps its residual.
+    Per stage and compute type, duration ≈ f(Σs²) (least-squares polynomial, both relative to
+    the step's mean); balancing moves every microbatch's Σs² to the step's mean, so each op
+    loses f(Σs²) − f(mean) and keeps its residual.
     """
     trace, w = ctx.trace, ctx.w
     if "attn_cost" not in trace.ops:
@@ -83,12 +84,20 @@ def _balanced_by_attn_cost(ctx: Context) -> np.ndarray | None:
             if not np.all(np.isfinite(attn)):
                 return None
             dur = g.duration[nodes]
-            x, y = attn.ravel(), dur.ravel()
+            # Fit in units of each step's mean: a machine whose speed drifts from step to
+            # step (a loaded host) changes the seconds per Σs², not the relative shape.
+            dur_mean = dur.mean(axis=(0, 1), keepdims=True)
+            x = attn / np.maximum(attn.mean(axis=(0, 1), keepdims=True), 1e-300)
+            y = dur / np.maximum(dur_mean, 1e-300)
             if np.std(x) == 0:
                 continue
-            slope = float(np.cov(x, y)[0, 1] / np.var(x, ddof=1))
-            step_mean = attn.mean(axis=(0, 1), keepdims=True)
-            cost[nodes] = np.maximum(dur - max(slope, 0.0) * (attn - step_mean), 0.0)
+            # Quadratic where there are enough microbatches: measured cost grows faster than
+            # linearly in Σs² on real hardware (cache, memory traffic of long sequences).
+            degree = 2 if x.size >= 12 else 1
+            fit = np.polynomial.Polynomial.fit(x.ravel(), y.ravel(), degree)
+            if fit(x.max()) < fit(1.0):      # no increasing relation: nothing to balance
+                continue
+            cost[nodes] = np.maximum(dur - (fit(x) - fit(1.0)) * dur_mean, 0.0)
     return cost
 
 
