@@ -72,8 +72,7 @@ def remedy_args(name: str, plan, inject: list[str]) -> tuple[list[str], list[str
     if name == "planned-gc":
         if advice is None or not advice.applies:
             return None
-        every = advice.switch_on.split("every=")[1].split(")")[0]
-        return ["--planned-gc", every], inject
+        return ["--planned-gc", str(advice.details["every"])], inject
     if name == "antdt-nd":
         return [], []  # the restarted worker runs on a healthy host: no injection
     return None

@@ -94,7 +94,8 @@ def test_gc_pauses_get_planned_gc():
     trace = generate(dp=4, pp=1, microbatches=4, steps=12, sync="ddp", seed=0, gc=(0.5, 0.08))
     plan = advise(trace, remaining_steps=100_000)
     assert plan.remedies[0].name == "planned-gc", [(r.name, r.predicted_speedup) for r in plan.remedies]
-    assert "PlannedGC(every=" in plan.remedies[0].switch_on
+    gc = plan.remedies[0]
+    assert f"PlannedGC(every={gc.details['every']})" in gc.switch_on and gc.details["every"] == 2
     assert not plan.get("stragglar").applies   # the late rank changes from step to step
 
 
@@ -152,3 +153,19 @@ def test_advise_runs_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "antdt-dd"
+
+
+def test_advised_gradient_code_is_exact_for_every_survivor_set():
+    import itertools
+
+    from stragglers.coding import make_code
+
+    trace = generate(dp=4, pp=1, microbatches=2, steps=6, sync="ddp", seed=0, slow_worker=(3, 0, 2.0))
+    for advice in advise(trace, max_s=2).remedies:
+        if not advice.name.startswith("gradient-coding"):
+            continue
+        s = advice.details["s"]
+        code = make_code(advice.details["scheme"], 4, s)
+        assert code.exact
+        for survivors in itertools.combinations(range(4), 4 - s):
+            assert code.decode(survivors).residual < 1e-9

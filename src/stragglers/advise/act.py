@@ -145,8 +145,8 @@ class AdvisePolicy:
             return {"batch_sizes": [int(b) for b in sizes]}
         if name == "planned-gc":
             every = forced.get("every")
-            if every is None and advice is not None:
-                every = int(advice.switch_on.split("every=")[1].split(")")[0])
+            if every is None:
+                every = details.get("every")
             return {"every": int(every or 5)}
         if name == "stragglar":
             bucket = details.get("bucket 0", {})

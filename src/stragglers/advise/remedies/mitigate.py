@@ -25,13 +25,18 @@ class DiagnosedFix(RemedyBase):
     def switch_on(self, ctx: AdviceContext) -> str:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def settings(self, ctx: AdviceContext) -> dict:
+        """The remedy's parameters for this job (default none)."""
+        return {}
+
     def predict(self, ctx: AdviceContext) -> RemedyAdvice:
         """The diagnosis's speedup_if_fixed for the cause, as seconds saved off the baseline."""
         f = ctx.finding(self.cause)
         if f is None or f["speedup_if_fixed"] is None:
             return self.refuse(self.absent)
         saved = ctx.saved_by_finding(float(f["speedup_if_fixed"]))
-        details = {"where": f["where"], "diagnosis_speedup": f["speedup_if_fixed"]}
+        details = {"where": f["where"], "diagnosis_speedup": f["speedup_if_fixed"],
+                   **self.settings(ctx)}
         extra = getattr(f, "extra", None) or {}
         details.update({k: v for k, v in extra.items() if "interval" in k or "bound" in k})
         method = (f"the diagnosis's prediction for {self.cause} (replay with that cause's share "
@@ -62,6 +67,9 @@ class PlannedGCRemedy(DiagnosedFix):
             return 5
         pauses = float((g.duration[nodes] > 0).sum()) / (g.shape[1] * g.pp_size * g.shape[2])
         return int(np.clip(round(1.0 / max(pauses, 1e-3)), 1, 1000))
+
+    def settings(self, ctx: AdviceContext) -> dict:
+        return {"every": self.every(ctx)}
 
     def switch_on(self, ctx: AdviceContext) -> str:
         n = self.every(ctx)
