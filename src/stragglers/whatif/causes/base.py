@@ -95,8 +95,10 @@ class Context:
         return text + ")"
 
     def step_mask(self, steps: list[int] | None) -> np.ndarray | None:
-        """bool [T] of the named steps (None when the cause is persistent)."""
-        return None if not steps else np.isin(self.w.grid.steps, steps)
+        """bool [T] of the named steps (None when the cause is persistent or on every step)."""
+        if not steps or len(steps) >= len(self.w.grid.steps):
+            return None
+        return np.isin(self.w.grid.steps, steps)
 
     def steps_where(self, per_step: np.ndarray) -> list[int] | None:
         """The steps of an intermittent effect (per_step [T] ≥ half its max); None if persistent."""

@@ -33,7 +33,7 @@ def _from_rows(ctx: Context) -> Candidate | None:
     evidence = (f"{int(pause.sum())} GC pauses totalling {float(dur.sum()):.3f} s on "
                 f"{len(workers)} workers at uncoordinated steps (gc rows)")
     return Candidate("gc", ctx.where_workers(workers, steps=steps), evidence, cost=cost,
-                     upper_bound=True)
+                     upper_bound=True, strata=ctx.step_mask(steps))
 
 
 def _from_pattern(ctx: Context) -> list[Candidate]:
@@ -85,4 +85,4 @@ def _from_pattern(ctx: Context) -> list[Candidate]:
                 f"{len(workers)} workers at random steps ({fmt_steps(steps)}), not tied to a "
                 f"microbatch: GC pauses inside compute (the trace's gc rows carry none)")
     return [Candidate("gc", ctx.where_workers(workers, steps=steps), evidence, cost=cost,
-                      upper_bound=True)]
+                      upper_bound=True, strata=ctx.step_mask(steps))]

@@ -48,6 +48,8 @@ def stage_imbalance(ctx: Context) -> list[Candidate]:
     if len(g.dp_ranks) == 1:
         evidence += ("; with one DP rank a slow worker and a heavy stage look the same: check "
                      f"the worker of stage {hot} too")
-    return [Candidate("stage_imbalance", {"pp": heavy}, evidence, cost=cost, upper_bound=True,
+    # With one DP rank the heavy stage is one worker: name it (rank, host) too.
+    where = ctx.where_workers([(0, p) for p in heavy]) if len(g.dp_ranks) == 1 else {"pp": heavy}
+    return [Candidate("stage_imbalance", where, evidence, cost=cost, upper_bound=True,
                       stats={"excess": {int(p): float(mean[p]) for p in range(g.pp_size)},
                              "scale": [float(x) for x in scale]})]
