@@ -121,7 +121,9 @@ def main() -> None:
     # Shard service (embedded in rank 0 unless a URL is given); rank 0 registers the data set
     # with the job's token, which every rank learns through the torchrun store.
     svc = job_service(args.shard_server, args.workdir / "shards.db", args.workdir / "job.token")
-    client = ShardClient(svc.url, "digits", worker=f"rank{rank}", token=svc.token)
+    # (A service on a public address, when the job spans hosts, also wants the token to create.)
+    client = ShardClient(svc.url, "digits", worker=f"rank{rank}", token=svc.token,
+                         service_token=svc.token)
     if rank == 0:
         client.create_dataset(DatasetConfig("digits", len(x), shard_size=4 * args.global_batch // world,
                                             seed=args.seed, num_epochs=args.epochs, lease_s=args.lease_s))

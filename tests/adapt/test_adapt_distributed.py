@@ -72,3 +72,30 @@ def test_nd_kill_restart_then_a_crash_each_sample_reaches_the_model_once(tmp_pat
     assert {i for (e, i) in counts if e == 0} == set(range(1536)), "a sample was lost"
     dupes = [k for k, n in counts.items() if n != 1]
     assert not dupes, f"samples applied twice to the model: {dupes[:5]}"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("mode", ["single", "multi"])
+def test_embedded_service_url_and_token_reach_every_rank(tmp_path, mode):
+    """One host: loopback. A job spanning hosts (simulated LOCAL_WORLD_SIZE=1): this host's
+    own address, and creating anything needs the job token as the service token."""
+    from urllib.parse import urlparse
+
+    from stragglers.adapt.launch import own_address
+    from stragglers.errors import EnvironmentFailure
+
+    if mode == "multi":
+        try:
+            expected = own_address()
+        except EnvironmentFailure:
+            pytest.skip("this machine has no non-loopback address")
+    else:
+        expected = "127.0.0.1"
+    out = tmp_path / "out.json"
+    torchrun(WORKERS / "embedded_service.py", 2, str(tmp_path), str(out), mode, timeout=240)
+    r0, r1 = json.loads(out.read_text())
+    assert r0["url"] == r1["url"] and r0["token"] == r1["token"] and len(r0["token"]) >= 32
+    assert urlparse(r0["url"]).hostname == expected
+    assert r0["create_without_service_token"] == ("refused" if mode == "multi" else "accepted")
+    assert r0["token_file_mode"] == "0o600"
+    assert r0["leased"] == r1["leased"] == "ok"

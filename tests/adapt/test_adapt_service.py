@@ -243,17 +243,20 @@ def test_an_outage_longer_than_the_lease_expires_no_lease(tmp_path):
 
 
 def test_a_stalled_service_and_client_timeouts_orphan_no_shard(tmp_path):
-    """SIGSTOP the service longer than the client's timeout: retried leases reuse their id."""
+    """SIGSTOP the service for longer than the lease and than the client's timeout, 3 times.
+
+    Retried leases reuse their request id (no orphaned shard); the pause is noticed and the
+    held leases get a grace period, as after a restart (no lease expires)."""
     service = Service(tmp_path)
     try:
         service.start()
-        admin(service.url).create_dataset(DatasetConfig("d", 600, 10, lease_s=600))
+        admin(service.url).create_dataset(DatasetConfig("d", 600, 10, lease_s=4.0))
         log = tmp_path / "w.jsonl"
         w = start_worker(service.url, "W", log, delay=0.0, timeout_s=0.5)
         for lines in (5, 25, 45):
             wait_lines(log, lines)
             service.procs[-1].send_signal(signal.SIGSTOP)
-            time.sleep(2.0)  # 4x the client timeout: its request is retried meanwhile
+            time.sleep(6.0)  # 1.5x the lease, 12x the client timeout: requests are retried
             service.procs[-1].send_signal(signal.SIGCONT)
         rc, out, err = finish(w)
         assert rc == 0, err
@@ -262,6 +265,7 @@ def test_a_stalled_service_and_client_timeouts_orphan_no_shard(tmp_path):
         with sqlite3.connect(service.db) as c:
             assert c.execute("SELECT SUM(retries), COUNT(*) FROM shards WHERE state='DONE'"
                              ).fetchone() == (0, 60)
+        assert httpx.get(f"{service.url}/health").json()["stalls"] >= 3
     finally:
         service.close()
 

@@ -58,12 +58,15 @@ def own_address() -> str:
     """The address other hosts reach this one at ($STRAGGLERS_ADAPT_HOST overrides it)."""
     if os.environ.get(HOST_ENV):
         return os.environ[HOST_ENV]
-    master = os.environ.get("MASTER_ADDR", "")
     candidates = []
-    if master:
-        try:  # the interface that routes to the rendezvous host (no packet is sent)
+    # The interface that routes to the rendezvous host, then the one of the default route
+    # (a UDP connect sends no packet), then what the host name resolves to.
+    targets = [(os.environ["MASTER_ADDR"], int(os.environ.get("MASTER_PORT", "29500")))] \
+        if os.environ.get("MASTER_ADDR") else []
+    for target in targets + [("203.0.113.1", 9)]:  # TEST-NET-3: never answered
+        try:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+                s.connect(target)
                 candidates.append(s.getsockname()[0])
         except OSError:
             pass

@@ -60,6 +60,9 @@ class ServiceConfig(Config):
                              maximum=65536)
     keep_alive_s: float = setting(60.0, "idle keep-alive connection timeout", minimum=1.0,
                                   maximum=3600.0)
+    stall_s: float = setting(2.0, "a pause of the service longer than this (SIGSTOP, a frozen"
+                             " VM) grants held leases a grace period, as a restart does",
+                             minimum=0.5, maximum=3600.0)
     http: str = setting("httptools", "HTTP parser (h11: uvicorn's pure-Python one)",
                         choices=("httptools", "h11"))
     loop: str = setting("uvloop", "event loop (asyncio: the standard library's)",
@@ -92,11 +95,35 @@ class GroupCommitter:
     every call of the batch is answered with that error, and the writer goes on.
     """
 
-    def __init__(self, store: ShardStore, max_batch: int = 256):
+    def __init__(self, store: ShardStore, max_batch: int = 256, stall_s: float = 2.0):
         self.store, self.max_batch = store, max_batch
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.batches = self.calls = self.failed_batches = 0
+        self.batches = self.calls = self.failed_batches = self.stalls = 0
+        self.stall_s = stall_s
+        self._beat = time.monotonic()
+        self._beat_lock = threading.Lock()
         threading.Thread(target=self._loop, name="group-commit", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="stall-watch", daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        while True:
+            time.sleep(self.stall_s / 4)
+            self._check_stall()
+
+    def _check_stall(self) -> None:
+        """A gap in the heartbeat means the process did not run (stopped, frozen, starved).
+
+        Both the heartbeat and the writer check, whichever runs first after the pause: the
+        writer must not expire leases with requests queued during the pause.
+        """
+        with self._beat_lock:
+            now = time.monotonic()
+            if now - self._beat > self.stall_s:
+                self.stalls += 1
+                log.warning("shard service paused for %.1fs: held leases get a grace period",
+                            now - self._beat)
+                self.store.grant_grace()
+            self._beat = now
 
     async def run(self, call):
         """Queue `call` (no arguments) and wait until its transaction is durable."""
@@ -113,6 +140,7 @@ class GroupCommitter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            self._check_stall()
             try:
                 results = self.store.run_batch([call for call, _, _ in batch])
             except BaseException as exc:  # noqa: BLE001 - every waiting call must be answered
@@ -190,7 +218,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     """
     config = config or ServiceConfig()
     control = ControlPlane()
-    commit = GroupCommitter(store, config.max_batch)
+    commit = GroupCommitter(store, config.max_batch, config.stall_s)
     service_digest = token_digest(service_token) if service_token else None
 
     def route(path: str, fn, methods=("POST",)) -> Route:
@@ -221,7 +249,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def health(request: Request) -> dict:
         return {"ok": True, "commit_batches": commit.batches, "commit_calls": commit.calls,
-                "failed_batches": commit.failed_batches}
+                "failed_batches": commit.failed_batches, "stalls": commit.stalls}
 
     async def create_dataset(request: Request) -> dict:
         body = await parsed(request, rq.CreateDataset)

@@ -102,6 +102,14 @@ class ShardStore:
         """Close the database connection."""
         self._conn.close()
 
+    def grant_grace(self) -> None:
+        """After a pause of the service (no calls could be answered), treat it like a restart.
+
+        The next call on each data set renews every DOING lease to a full lease_s from then.
+        """
+        with self._lock:
+            self._grace = {r[0] for r in self._conn.execute("SELECT name FROM datasets")}
+
     # -- transactions -------------------------------------------------------------------
     def _tx(self):
         """One transaction, or a savepoint when running inside run_batch (group commit)."""
@@ -280,9 +288,9 @@ class ShardStore:
         """
         now = self._clock()
         with self._tx() as c:
-            cfg, epochs_created, front = self._config(c, name, token_sha256)
+            cfg, epochs_created, front0 = self._config(c, name, token_sha256)
             wrow = self._fence(c, name, worker, fence)
-            front = self._expire(c, cfg, front, now)
+            front = self._expire(c, cfg, front0, now)
             repeated = request_id is not None and wrow["request_id"] == request_id
             leases = self._repeat(c, cfg, worker, fence, json.loads(wrow["reply"]), now) \
                 if repeated else []
@@ -302,7 +310,8 @@ class ShardStore:
                           " WHERE dataset=? AND epoch=? AND shard=?",
                           (worker, fence, now + cfg.lease_s, name, epoch, shard))
                 leases.append(_lease(self, cfg, epoch, shard, start, stop, consumed))
-            c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
+            if front != front0:
+                c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
             if request_id is not None:
                 c.execute("UPDATE workers SET request_id=?, reply=? WHERE dataset=? AND worker=?",
                           (request_id, json.dumps([[x["epoch"], x["shard"]] for x in leases]),
@@ -413,9 +422,10 @@ class ShardStore:
         """Shard counts per epoch and state, plus the report of FAILED shards."""
         now = self._clock()
         with self._tx() as c:
-            cfg, epochs_created, front = self._config(c, name, write=False)
-            front = self._expire(c, cfg, front, now)
-            c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
+            cfg, epochs_created, front0 = self._config(c, name, write=False)
+            front = self._expire(c, cfg, front0, now)
+            if front != front0:
+                c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
             counts: dict[int, dict[str, int]] = {}
             for epoch, state, n in c.execute("SELECT epoch, state, COUNT(*) FROM shards WHERE"
                                              " dataset=? GROUP BY epoch, state", (name,)):
