@@ -185,7 +185,10 @@ class GradientCoding(RemedyBase):
         cost[before] *= factor[None]
         delay[before] *= factor[None]
         step = ctx.step_time(cost, delay)
-        scheme = "frc" if n % (s + 1) == 0 else "cyclic-mds"
+        # exact codes only: FRC where (s+1) | n, else the real cyclic MDS code (n − s odd) or
+        # the complex one (spec §2), named explicitly so the code does not fall back silently
+        scheme = "frc" if n % (s + 1) == 0 else \
+            ("cyclic-mds-real" if (n - s) % 2 else "cyclic-mds-complex")
         return self.priced(
             ctx, step,
             f"replay with every worker's forward/backward × {s + 1} (s + 1 data parts) and, per "
