@@ -85,8 +85,14 @@ def host_stall(ctx: Context) -> list[Candidate]:
     w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
     if len(g.dp_ranks) * g.pp_size < 2:
         return []
-    every = np.ones(len(g.node_stage), bool)
-    delay = per_worker_sum(w.launch_delay, g.node_stage, every, g.pp_size)       # [D, P, T]
+    # Ops without dependencies all wait for the step's start: a late start delays each of
+    # them by the same time, so they count once (their largest delay); the others add up.
+    free = np.array([not deps for deps in w.model.deps])
+    delay = per_worker_sum(w.launch_delay, g.node_stage, ~free, g.pp_size)       # [D, P, T]
+    for p in range(g.pp_size):
+        sel = free & (g.node_stage == p)
+        if sel.any():
+            delay[:, p, :] += w.launch_delay[sel].max(axis=0)
     excess = delay - peer_reference(delay)
     mean = excess.mean(axis=-1)
     lo, hi = mean_interval(excess, cfg)
