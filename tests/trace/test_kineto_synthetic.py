@@ -283,3 +283,65 @@ def test_cpu_only_trace_uses_cpu_ops(tmp_path):
     fwd = _rows(trace, 0, "forward-compute")
     assert fwd["duration"][0] == pytest.approx(400e-6)  # busy: the 90 µs gap is not compute
     assert any("no GPU rows" in n for n in _messages(trace))
+
+
+def test_parallel_parsing_gives_the_same_trace(tmp_path):
+    for r in (0, 1):
+        ddp_rank(r, 300.0 * r, steps=tuple(range(10, 40))).write(tmp_path / f"r{r}.json")
+    serial = read_kineto(tmp_path, workers=1)
+    parallel = read_kineto(tmp_path, workers=2)
+    assert all(np.array_equal(serial.ops[k], parallel.ops[k]) for k in serial.ops)
+    assert serial.notes == parallel.notes
+    bad = tmp_path / "r2.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON") as err:
+        read_kineto(tmp_path, workers=2)   # an error in a worker names the file, one line
+    assert str(bad) in str(err.value)
+
+
+def test_files_of_different_runs_are_refused(tmp_path):
+    a = ddp_rank(0, 0.0).write(tmp_path / "a.json")
+    # Same steps, same host clock, but a minute later: no collective is in flight on both.
+    b = ddp_rank(1, 60e6).write(tmp_path / "b.json", host="same")
+    a = ddp_rank(0, 0.0).write(tmp_path / "a.json", host="same")
+    with pytest.raises(InputError, match="different runs"):
+        read_kineto([a, b])
+    # No step in common.
+    c = ddp_rank(1, 0.0, steps=(50, 51)).write(tmp_path / "c.json")
+    with pytest.raises(InputError, match="no step in common"):
+        read_kineto([a, c])
+    # Process groups that disagree.
+    info = {"backend": "nccl", "rank": 1, "world_size": 2,
+            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2,
+                           "ranks": [0, 2]}]}
+    d = ddp_rank(1, 0.0).write(tmp_path / "d.json", info=info)
+    with pytest.raises(InputError, match="process group 0"):
+        read_kineto([a, d])
+
+
+def test_missing_ranks_are_noted(tmp_path):
+    info = {"backend": "nccl", "rank": 0, "world_size": 128}
+    trace = read_kineto(ddp_rank(0, 0.0).write(tmp_path / "a.json", info=info))
+    assert trace.meta.extra["ranks_missing"] == list(range(1, 128))
+    assert trace.notes[0]["kind"] == "ranks"
+    assert "read 1 of 128 ranks (0); missing: 1-127" in trace.notes[0]["message"]
+
+
+def test_a_pipeline_size_on_a_data_parallel_trace_is_refused(tmp_path):
+    info = {"backend": "nccl", "rank": 0, "world_size": 4}
+    files = [ddp_rank(r, 0.0).write(tmp_path / f"{r}.json", info={**info, "rank": r})
+             for r in range(4)]
+    with pytest.raises(InputError) as err:
+        read_kineto(files, dp_size=2, pp_size=2)
+    assert err.value.field == "pp_size" and "no rank sends or receives" in str(err.value)
+
+
+def test_empty_and_broken_directories_say_what_was_expected(tmp_path):
+    from stragglers.trace.load import load_trace
+
+    with pytest.raises(InputError, match="empty directory; expected a run directory"):
+        load_trace(tmp_path)
+    (tmp_path / "x.json").write_text("{broken")
+    with pytest.raises(InputError, match="not valid JSON") as err:
+        load_trace(tmp_path)
+    assert "meta.json" not in str(err.value)

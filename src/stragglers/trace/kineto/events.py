@@ -25,7 +25,16 @@ _GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 _CPU_OP_CATS = {"cpu_op", "operator"}
 _ANNOTATION_CATS = {"user_annotation", "gpu_user_annotation"}
 NCCL_KERNEL_PREFIXES = ("ncclKernel_", "ncclDevKernel_")
-COMM_OP, BACKWARD_OP = 1, 2
+COMM_OP, BACKWARD_OP, NO_WORK_OP = 1, 2, 3
+# Top-level CPU ops that allocate or re-view a tensor without touching its data: not compute
+# (a pipeline stage allocates its recv buffer between two transfers).
+NO_WORK_OPS = frozenset(f"aten::{n}" for n in (
+    "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach",
+    "detach_", "requires_grad_", "view", "reshape", "_reshape_alias", "t", "alias", "lift_fresh",
+    "as_strided", "expand", "transpose", "permute", "slice", "select", "unsqueeze", "squeeze",
+    "unbind", "split", "chunk", "narrow", "flatten", "unflatten", "resize_", "set_",
+    # the seed gradient torch.autograd.backward creates before the engine runs (one scalar)
+    "ones_like"))
 # Keys under which launchers and schedulers name a run; files of one job agree on them.
 RUN_ID_KEYS = ("distinct_run_id", "run_id", "job_id", "TORCHELASTIC_RUN_ID")
 # c10d p2p ops: c10d::send(tensors, group, dstRank, tag) / c10d::recv_(tensors, group, srcRank,
@@ -169,7 +178,8 @@ class _Collector:
                 out.collectives.append((ts, dur, tid, kind, pg, seq, src, dst, False))
         if cat in _CPU_OP_CATS:
             flag = COMM_OP if comm else (
-                BACKWARD_OP if name.startswith("autograd::engine::evaluate_function") else 0)
+                BACKWARD_OP if name.startswith("autograd::engine::evaluate_function") else
+                NO_WORK_OP if name in NO_WORK_OPS else 0)
             out.cpu_ops.append((ts, dur, tid, flag))
 
     def _group(self, pg: str | None, args: dict) -> None:

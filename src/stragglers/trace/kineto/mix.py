@@ -56,7 +56,7 @@ def check_overlap(spans: dict[int, dict[tuple, tuple[float, float]]],
     ref = ranks[0]
     for r in ranks[1:]:
         common = spans[r].keys() & spans[ref].keys()
-        if len(common) < 3:
+        if not common:
             continue
         shift = offsets.get(r, 0.0) - offsets.get(ref, 0.0)
         together = 0

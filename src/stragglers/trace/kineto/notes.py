@@ -126,12 +126,17 @@ def _other_notes(per_rank, total: Counter) -> list:
     if total["runs clipped"]:
         out.append(("other", f"{total['runs clipped']} compute run(s) overlapped the next one on "
                              "another stream and were cut at its start"))
+    if total["tail work before collectives"]:
+        out.append(("other", f"{total['tail work before collectives']} op(s) issued between a "
+                             "step's last backward op and its gradient collectives (e.g. "
+                             "flattening grads) have no op type: they show as launch delay of "
+                             "those collectives"))
     if total["data loading ops"]:
         out.append(("other", f"{total['data loading ops']} CPU op(s) under enumerate(DataLoader) "
                              "annotations count as host time before the step's compute, not as "
                              "compute"))
     out.append(("other", "compute ops are busy time (the union of their kernels' or CPU ops' "
                          "intervals); idle gaps inside a phase are launch delays of the next op. "
-                         "Work issued after a step's last backward op (DDP's bucket copy, "
-                         "clipping, optimizer) is the optimizer op"))
+                         "Work issued after a step's last gradient collective (DDP's bucket "
+                         "copy, clipping, optimizer) is the optimizer op"))
     return out

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.trace.kineto.events import BACKWARD_OP, COMM_OP, RankEvents
+from stragglers.trace.kineto.events import BACKWARD_OP, COMM_OP, NO_WORK_OP, RankEvents
 from stragglers.trace.model import OPTYPE_CODES
 
 # Collectives the op table has an op type for. The rest (all-to-all, broadcast, barrier, …)
@@ -196,7 +196,7 @@ def rank_parts(ev: RankEvents) -> RankParts:
                          " or collectives fall inside any ProfilerStep#N span")
     arr = np.array(items, dtype=np.float64).reshape(-1, 5)
     if by_ops:
-        _step_tail_phases(arr)
+        arr = arr[_step_tail_phases(arr, colls, counts)]
     return RankParts(
         ev.source, ev.rank, _small_info(ev.distributed_info), ev.base_ns, ev.host, ev.run_ids,
         ev.record_shapes, ev.pg_ranks, mode, steps.ids,
@@ -226,20 +226,38 @@ def _phase_of(steps: _Steps, top: _TopLevel, by_ops: bool, s: int, t: float, tid
     return steps.phase(s, t)
 
 
-def _step_tail_phases(arr: np.ndarray) -> None:
-    """Non-autograd work issued after a step's last backward item is the step tail (gradient
-    bookkeeping such as DDP's copy of buckets back to the grads, clipping, the optimizer): it
-    waits for the gradient collectives, so it belongs to the optimizer op, not to backward."""
+def _step_tail_phases(arr: np.ndarray, colls: list[Coll], counts: Counter) -> np.ndarray:
+    """Phases of the step tail: non-autograd work issued after a step's last backward item.
+
+    Work issued after the tail's last gradient collective (DDP's copy of buckets back to the
+    grads, clipping, the optimizer) waits for it: the optimizer op. Work issued between the
+    last backward item and that collective (flattening grads into a buffer, a norm) is no op
+    type of the model; like the recorder, it is left to show as launch delay of the collective.
+    Returns the mask of items kept.
+    """
+    keep = np.ones(len(arr), dtype=bool)
     if not len(arr):
-        return
+        return keep
     key, step, phase = arr[:, 2], arr[:, 3].astype(np.int64), arr[:, 4]
+    launches: dict[int, list[float]] = {}
+    for c in colls:
+        if c.kind in COLLECTIVE_OPTYPES:
+            launches.setdefault(c.step, []).append(c.launch)
     for s in np.unique(step):
         mine = step == s
         bwd = mine & (phase == _BWD)
         if not bwd.any():
             continue
         last = key[bwd].max()
-        phase[mine & (phase == _FWD) & (key > last)] = _OPT
+        tail = mine & (phase == _FWD) & (key > last)
+        after = [t for t in launches.get(int(s), []) if t > last]
+        if after:
+            before = tail & (key < max(after))
+            keep &= ~before
+            counts["tail work before collectives"] += int(before.sum())
+            tail &= ~before
+        phase[tail] = _OPT
+    return keep
 
 
 def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, counts: Counter):
@@ -297,7 +315,7 @@ def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
             s = steps.index(start)
             if s < 0:
                 counts["outside steps"] += 1
-            if flag == COMM_OP or s < 0:
+            if flag in (COMM_OP, NO_WORK_OP) or s < 0:
                 continue
             j = bisect.bisect_right(loader_starts, start) - 1
             if j >= 0 and start <= loader[j][1]:
