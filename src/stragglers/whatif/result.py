@@ -1,4 +1,4 @@
-"""The typed result of one what-if analysis and its JSON form (what `stragglers analyze --json` writes).
+"""The typed result of one what-if analysis, and its JSON form (`stragglers analyze --json`).
 
 `analyze()` returns an `AnalysisResult`; every report (console, HTML, Perfetto, --json) reads it.
 `to_dict()` gives plain Python values (int map keys, no numpy scalars, None for NaN/inf) under
@@ -40,8 +40,10 @@ def plain(value: Any) -> Any:
         return int(value)
     if isinstance(value, (float, np.floating)):
         return float(value) if math.isfinite(value) else None
-    if value is None or isinstance(value, str):
-        return str(value) if isinstance(value, np.str_) else value
+    if isinstance(value, str):
+        return str(value)  # np.str_ becomes a plain str
+    if value is None:
+        return None
     if hasattr(value, "to_dict"):
         return plain(value.to_dict())
     return str(value)
