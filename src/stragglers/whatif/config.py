@@ -86,6 +86,9 @@ class DiagnosisConfig(Config):
     intermittent_fraction: float = setting(
         0.5, "a slowdown seen on fewer than this fraction of steps is intermittent: its steps "
         "are named", minimum=0.0, maximum=1.0)
+    intermittent_step_share: float = setting(
+        0.5, "a step is one of an intermittent slowdown's steps when its effect there reaches "
+        "this fraction of the largest step's", minimum=0.0, maximum=1.0)
     # --- noise floor and warm-up -------------------------------------------------------
     noise_draws: int = setting(
         2, "replays of i.i.d. jitter of the measured size that estimate the noise floor of S",

@@ -59,12 +59,7 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
         # rank waits for): it also counts when fixing it buys enough once the others are fixed.
         others = found[:i] + found[i + 1:]
         if others:
-            rest = _combined(w, others)
-            both = _combined(w, found)
-            _, t_rest, _ = _before_after(w, rest[0] if cand.delay is None else cand.cost,
-                                         None if cand.delay is None else rest[1])
-            _, t_both, _ = _before_after(w, both[0] if cand.delay is None else cand.cost,
-                                         None if cand.delay is None else both[1])
+            t_rest, t_both = _after_others(w, cand, others)
             after = ratio_interval(t_rest, t_both, cfg, cand.strata)
             entry["speedup_after_others"] = float(t_rest.mean() / t_both.mean())
         else:
@@ -107,6 +102,17 @@ def _before_after(w: WhatIf, cost: np.ndarray | None, delay: np.ndarray | None):
         return w.t_nodelay, after, float(w.t_nodelay.mean() - w.t_ideal.mean())
     after = replay(w.plan, w.cost if cost is None else cost, w.step_start, delay)
     return w.t_replay, after, float(w.t_replay.mean() - w.t_ideal.mean())
+
+
+def _after_others(w: WhatIf, cand: Candidate, others: list[Candidate]):
+    """Step times with the other candidates fixed, then with this one fixed too (its basis)."""
+    rest_cost, rest_delay = _combined(w, others)
+    all_cost, all_delay = _combined(w, others + [cand])
+    if cand.delay is None:
+        return (replay(w.plan, rest_cost, w.step_start),
+                replay(w.plan, all_cost, w.step_start))
+    return (replay(w.plan, w.cost, w.step_start, rest_delay),
+            replay(w.plan, w.cost, w.step_start, all_delay))
 
 
 def _finding(cand: Candidate, t_now: np.ndarray, t_fix: np.ndarray, excess: float,

@@ -9,13 +9,14 @@ from typing import Callable
 import numpy as np
 
 from stragglers.trace.model import OPTYPES
+from stragglers.whatif.config import DECOMPOSE_SLOWDOWN
 from stragglers.whatif.dependencies import DependencyModel, build_dependencies
 from stragglers.whatif.grid import OpGrid
 from stragglers.whatif.idealise import ideal_costs
 from stragglers.whatif.replay import ReplayPlan, compile_plan, replay
 from stragglers.whatif.timing import base_step_times, launch_delays, measured_costs, step_starts
 
-DECOMPOSE_THRESHOLD = 1.03
+DECOMPOSE_THRESHOLD = DECOMPOSE_SLOWDOWN  # attribution from this S on (spec §7)
 TOP_WORKER_PERCENT = 3
 # Send and recv of one direction are one thing to fix (spec §7).
 MERGED_OPTYPE = {"forward-send": "forward-pp-comm", "forward-recv": "forward-pp-comm",

@@ -101,8 +101,10 @@ class Context:
         return np.isin(self.w.grid.steps, steps)
 
     def steps_where(self, per_step: np.ndarray) -> list[int] | None:
-        """The steps of an intermittent effect (per_step [T] ≥ half its max); None if persistent."""
-        hit = per_step >= 0.5 * per_step.max() if per_step.max() > 0 else np.zeros_like(per_step, bool)
+        """The steps of an intermittent effect (per_step [T] near its max); None if persistent."""
+        top = per_step.max()
+        hit = per_step >= self.cfg.intermittent_step_share * top if top > 0 \
+            else np.zeros_like(per_step, bool)
         if hit.mean() >= self.cfg.intermittent_fraction:
             return None
         return [int(s) for s in self.w.grid.steps[hit]]

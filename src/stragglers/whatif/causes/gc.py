@@ -9,6 +9,9 @@ from stragglers.whatif.causes.sequence import microbatch_nodes
 from stragglers.whatif.confidence import MAD_TO_SIGMA
 from stragglers.whatif.grid import BWD, FWD, GC
 
+# Smallest relative spread of compute durations assumed (noise-free synthetic jobs have ~0).
+_REL_SPREAD_FLOOR = 1e-3
+
 
 def gc_pauses(ctx: Context) -> list[Candidate]:
     """GC pauses recorded as gc rows, or (no pause in any gc row) hidden inside compute."""
@@ -50,7 +53,7 @@ def _from_pattern(ctx: Context) -> list[Candidate]:
     dur = g.duration[compute]                                      # [n, D, T]
     typical = np.median(dur, axis=2, keepdims=True)
     rel = (dur - typical) / np.maximum(typical, 1e-12)
-    scale = max(MAD_TO_SIGMA * float(np.median(np.abs(rel))), 1e-3)
+    scale = max(MAD_TO_SIGMA * float(np.median(np.abs(rel))), _REL_SPREAD_FLOOR)
     outlier = rel >= max(cfg.gc_min_excess, cfg.gc_outlier_z * scale)
     count = int(outlier.sum())
     if count == 0 or count > cfg.gc_max_rate * outlier.size:
