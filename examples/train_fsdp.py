@@ -146,7 +146,7 @@ def main(argv=None) -> None:
             fully_shard(block)
         fully_shard(model)
     else:
-        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     injections = ([{"cause": "worker_fault", "rank": args.slow_rank, "dp_rank": args.slow_rank,
                     "stage": 0, "factor": args.slow_factor}]

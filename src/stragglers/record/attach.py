@@ -37,6 +37,7 @@ FWD, BWD, OPT = (OPTYPE_CODES[n] for n in ("forward-compute", "backward-compute"
 ENV_SWITCH = "STRAGGLERS_RECORD"          # "0"/"off" turns every attach() of the job off
 ENV_DIR = "STRAGGLERS_RECORD_DIR"         # where the run goes (overrides `out`)
 ENV_SAMPLE = "STRAGGLERS_RECORD_SAMPLE_EVERY"
+ENV_OVERWRITE = "STRAGGLERS_RECORD_OVERWRITE"  # "1": replace an earlier run in the directory
 _ATTACHED: "weakref.WeakKeyDictionary[nn.Module, Attached]" = weakref.WeakKeyDictionary()
 
 SeqLens = Callable[..., Sequence[int] | None]
@@ -50,8 +51,9 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, out: str | Path |
 
     `model` is what the loop calls (a plain module, DistributedDataParallel, or fully_shard);
     `seq_lens(*args, **kwargs)` gets each forward's inputs and returns the microbatch's sequence
-    lengths (or None). Environment: STRAGGLERS_RECORD=0 turns recording off, STRAGGLERS_RECORD_DIR
-    and STRAGGLERS_RECORD_SAMPLE_EVERY override `out` and `sample_every` (the launcher form).
+    lengths (or None). Environment (the launcher form, `stragglers record -- torchrun ...`):
+    STRAGGLERS_RECORD=0 turns recording off; STRAGGLERS_RECORD_DIR, STRAGGLERS_RECORD_SAMPLE_EVERY
+    and STRAGGLERS_RECORD_OVERWRITE=1 override `out`, `sample_every` and `overwrite`.
     Use the result as a context manager, or call `.close()` before destroy_process_group().
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -67,6 +69,7 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, out: str | Path |
         enabled = env not in ("0", "off", "false", "no")
     out = Path(os.environ.get(ENV_DIR) or out or Path("runs") / _job_name(name))
     every = int(os.environ.get(ENV_SAMPLE) or sample_every or 1)
+    overwrite = overwrite or os.environ.get(ENV_OVERWRITE, "") == "1"
     for note in layout.notes:
         warnings.warn(f"stragglers.record.attach: {note}", stacklevel=2)
     return Attached(model, optimizer, layout, out, seq_lens=seq_lens, name=_job_name(name),

@@ -1,0 +1,71 @@
+"""attach() on real torchrun jobs (gloo): FSDP2 and DDP, a slow rank, a clean run, parameters."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, torchrun
+
+from stragglers.trace.model import OPTYPE_CODES
+from stragglers.trace.runformat import read_run
+
+TRAIN = REPO / "examples" / "train_fsdp.py"
+pytestmark = pytest.mark.distributed
+AG, RS, AR = (OPTYPE_CODES[n] for n in ("params-all-gather", "grads-reduce-scatter",
+                                        "grads-all-reduce"))
+
+
+def run(out, nproc: int, *args: str):
+    torchrun(TRAIN, nproc, "--out", str(out), *args, timeout=400)
+    return read_run(out)
+
+
+def analysed(trace):
+    from stragglers.whatif.analyze import analyze
+
+    return analyze(trace)
+
+
+@pytest.mark.parametrize("wrap,nproc,slow", [("fsdp2", 3, 2), ("ddp", 2, 1)])
+def test_a_slow_rank_is_diagnosed_at_its_rank_and_host(tmp_path, wrap, nproc, slow):
+    trace = run(tmp_path / "run", nproc, "--wrap", wrap, "--steps", "10", "--slow-rank",
+                str(slow), "--slow-factor", "4")
+    ops, meta = trace.ops, trace.meta
+    assert (meta.dp_size, meta.pp_size, meta.world_size) == (nproc, 1, nproc)
+    assert meta.extra["wrapper"] == wrap
+    comm = (AG, RS) if wrap == "fsdp2" else (AR,)
+    for code in comm:  # every rank records the same collectives in every recorded step
+        per = {(r, s): int(np.sum((ops["rank"] == r) & (ops["step"] == s) & (ops["optype"] == code)))
+               for r in range(nproc) for s in set(ops["step"].tolist())}
+        assert len(set(per.values())) == 1 and min(per.values()) >= 1, per
+    if wrap == "fsdp2":  # one gather per unit in forward (5 units), again in backward
+        assert meta.extra["fsdp_units"] == 5
+    result = analysed(trace)
+    top = result["diagnosis"][0]
+    assert top["cause"] == "worker_fault", result["diagnosis"]
+    assert top["where"]["ranks"] == [slow] and top["where"]["hosts"] == [socket.gethostname()]
+    assert result["sim_error"] <= (0.02 if wrap == "fsdp2" else 0.10), result["sim_error"]
+
+
+def test_a_clean_fsdp2_run_is_diagnosed_as_none(tmp_path):
+    trace = run(tmp_path / "run", 2, "--wrap", "fsdp2", "--steps", "16")
+    result = analysed(trace)
+    assert result["diagnosis"][0]["cause"] == "none", (result["slowdown"], result["diagnosis"])
+    assert result["sim_error"] <= 0.02
+
+
+@pytest.mark.parametrize("wrap", ["fsdp2", "ddp"])
+def test_attach_changes_no_parameter(tmp_path, wrap):
+    params = {}
+    for mode in ("on", "off"):
+        extra = ["--no-record"] if mode == "off" else []
+        torchrun(TRAIN, 2, "--wrap", wrap, "--steps", "3", "--out", str(tmp_path / mode),
+                 "--params-out", str(tmp_path / f"{mode}.pt"), *extra, timeout=300)
+        params[mode] = torch.load(tmp_path / f"{mode}.pt")
+    assert (tmp_path / "on" / "meta.json").exists() and not (tmp_path / "off").exists()
+    assert params["on"].keys() == params["off"].keys()
+    for name in params["on"]:
+        assert torch.equal(params["on"][name], params["off"][name]), name
