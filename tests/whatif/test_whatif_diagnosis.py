@@ -176,6 +176,17 @@ def test_sweep_warmup_factor():
     assert analyze(trace, config=DiagnosisConfig(warmup_factor=3.0))["warmup_steps"] == []
 
 
+def test_every_threshold_is_documented_in_the_contract():
+    from pathlib import Path
+
+    import stragglers.whatif as whatif
+
+    readme = (Path(whatif.__file__).parent / "README.md").read_text()
+    missing = [name for name, _, help_text in DiagnosisConfig.describe()
+               if f"`{name}`" not in readme or not help_text]
+    assert not missing, missing
+
+
 def test_bad_config_is_one_line_error():
     with pytest.raises(InputError, match="min_gain"):
         DiagnosisConfig.from_mapping({"min_gain": 0.5})
