@@ -190,3 +190,12 @@ def test_every_threshold_is_documented_in_the_contract():
 def test_bad_config_is_one_line_error():
     with pytest.raises(InputError, match="min_gain"):
         DiagnosisConfig.from_mapping({"min_gain": 0.5})
+
+
+def test_hosts_come_from_the_layout_metadata():
+    trace = generate(dp=8, pp=2, microbatches=4, steps=4, seed=12, slow_worker=(6, 1, 1.8))
+    trace.meta.extra["layout"] = [{"rank": r, "host": f"node-{r // 4}"} for r in range(16)]
+    f = finding(analyze(trace), "worker_fault")
+    # synth ranks: stage * dp + dp_rank = 14, on node 3
+    assert f["where"]["workers"] == [{"dp": 6, "pp": 1, "rank": 14, "host": "node-3"}]
+    assert f["where"]["hosts"] == ["node-3"] and "rank 14 on node-3" in f["evidence"]
