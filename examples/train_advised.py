@@ -98,22 +98,26 @@ def split(total: int, n: int) -> list[int]:
 
 
 class GCTimer:
-    """Seconds spent in garbage collection since the last `take()` (gc.callbacks)."""
+    """The garbage-collection pauses of this process, as (start, end) intervals (gc.callbacks)."""
 
     def __init__(self):
-        self.total, self._t0 = 0.0, None
+        self.pauses: list[tuple[float, float]] = []
+        self._t0 = None
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._t0 = time.perf_counter()
         elif self._t0 is not None:
-            self.total += time.perf_counter() - self._t0
+            self.pauses.append((self._t0, time.perf_counter()))
             self._t0 = None
 
-    def take(self) -> float:
-        value, self.total = self.total, 0.0
-        return value
+    def within(self, lo: float, hi: float) -> float:
+        """Seconds of pause inside [lo, hi]."""
+        return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in self.pauses)
+
+    def clear(self) -> None:
+        self.pauses.clear()
 
 
 def make_cyclic_garbage(megabytes: float, rng: np.random.Generator) -> list:
@@ -165,7 +169,7 @@ def main(argv=None) -> None:
     everyone: list[list[StepTiming]] = []
     for step in range(args.steps):
         device.step = step
-        gc_timer.take()
+        gc_timer.clear()
         t0 = time.perf_counter()
         if rank == args.stall_rank:
             time.sleep(args.stall_s)  # host-side work before the step's first op
@@ -186,8 +190,9 @@ def main(argv=None) -> None:
         if planned:
             planned.step(step)
         oe = time.perf_counter()
-        mine = StepTiming(rank, step, t0, fs, fe, hook.arrived, hook.completed, oe,
-                          batches[rank], hook.nbytes, gc_timer.take())
+        be = hook.arrived
+        mine = StepTiming(rank, step, t0, fs, fe, be, hook.completed, oe, batches[rank],
+                          hook.nbytes, gc_timer.within(fs, fe), gc_timer.within(fe, be))
         rows = torch.zeros(n, ROW_WIDTH, dtype=torch.float64)
         gathered = list(rows.unbind(0))
         dist.all_gather(gathered, torch.tensor(mine.as_row(), dtype=torch.float64),

@@ -78,3 +78,24 @@ def test_window_trace_refuses_a_missing_rank():
     steps = [step_timings(0, 0.0, [0.01, 0.01, 0.01])[:2]]
     with pytest.raises(InputError, match="rank"):
         window_trace(steps + [step_timings(1, 1.0, [0.01, 0.01, 0.01])])
+
+
+def test_window_with_uncoordinated_gc_pauses_is_advised_planned_gc():
+    from stragglers.advise import advise
+
+    steps, t = [], 0.0
+    for step in range(12):
+        row = []
+        for r in range(4):
+            pause = 0.08 if (step + r) % 3 == 0 else 0.0   # a different rank pauses each step
+            fe = t + 0.02 + pause
+            row.append(StepTiming(r, step, t, t, fe, fe + 0.04, 0.0, 0.0, 16, 4 << 20, pause, 0.0))
+        done = max(x.backward_end for x in row) + 0.005
+        steps.append([StepTiming(*[*x.as_row()[:6], done, done + 0.004, *x.as_row()[8:]])
+                      for x in row])
+        t = done + 0.01
+    steps = [[StepTiming.from_row(x.as_row()) for x in s] for s in steps]
+    trace = window_trace(steps)
+    assert (trace.optype_names() == "gc").sum() == sum(x.gc_forward_s > 0 for s in steps for x in s)
+    plan = advise(trace, remedies=["planned-gc", "antdt-dd", "stragglar"])
+    assert plan.remedies[0].name == "planned-gc", [(r.name, r.predicted_speedup) for r in plan.remedies]

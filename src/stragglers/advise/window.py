@@ -2,8 +2,9 @@
 
 Each rank times its own step: host work before the forward, forward, backward up to the moment
 the gradient sync is called (the DDP hook fires), the sync's completion, the optimizer, and the
-GC pause time in the step. Laid out as forward-compute, backward-compute, grads-all-reduce and
-optimizer rows (a gc row before the forward when there was a pause), it is a DDP-shaped trace
+GC pause time inside the forward and the backward. Laid out as forward-compute,
+backward-compute, grads-all-reduce and optimizer rows (a gc row where a compute op held a pause,
+moved before it as the recorder does), it is a DDP-shaped trace
 (pp = 1) of the job's own recent steps. All times must come from one clock (one host's
 perf_counter, or offsets corrected).
 """
@@ -32,7 +33,8 @@ class StepTiming:
     optimizer_end: float
     batch: int
     nbytes: int = -1
-    gc_s: float = 0.0       # GC pause time inside this step (moved before the forward)
+    gc_forward_s: float = 0.0   # GC pause time inside the forward ...
+    gc_backward_s: float = 0.0  # ... and inside the backward (each becomes a gc op before it)
 
     def as_row(self) -> list[float]:
         """The timing as floats, for an all_gather across ranks."""
@@ -82,14 +84,16 @@ def window_trace(steps: list[list[StepTiming]], name: str = "window",
             raise InputError("window", "steps", f"expected one timing per rank 0..{n - 1} in "
                              f"every step, got ranks {sorted(t.rank for t in step)}")
         for t in step:
-            fwd = t.forward_start
-            if t.gc_s > 0:
-                add(t, "gc", fwd, fwd + t.gc_s)
-            # The pause happened inside forward/backward: it moves before them (as the recorder does).
-            f_end = max(t.forward_end, fwd + t.gc_s)
-            add(t, "forward-compute", fwd + t.gc_s, f_end, 0)
-            add(t, "backward-compute", f_end, max(t.backward_end, f_end), 0)
-            add(t, "grads-all-reduce", max(t.backward_end, f_end), t.sync_end)
+            f0, f1, b1 = t.forward_start, t.forward_end, max(t.backward_end, t.forward_end)
+            g1 = min(max(t.gc_forward_s, 0.0), f1 - f0)
+            g2 = min(max(t.gc_backward_s, 0.0), b1 - f1)
+            if g1 > 0:
+                add(t, "gc", f0, f0 + g1)
+            add(t, "forward-compute", f0 + g1, f1, 0)
+            if g2 > 0:
+                add(t, "gc", f1, f1 + g2)
+            add(t, "backward-compute", f1 + g2, b1, 0)
+            add(t, "grads-all-reduce", b1, t.sync_end)
             add(t, "optimizer", t.sync_end, t.optimizer_end)
     meta = JobMeta(name=name, dp_size=n, pp_size=1,
                    extra={"global_batch": global_batch or sum(t.batch for t in steps[0])})
