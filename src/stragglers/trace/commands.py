@@ -59,6 +59,13 @@ def synth(
                                             "collective:OPTYPE,STAGE|all,FACTOR."),
     slow_link_steps: Optional[str] = typer.Option(None, help="Comma-separated steps the slow "
                                                   "link affects (default: every step)."),
+    host_stall: Optional[str] = typer.Option(None, help="DP,STAGE,SECONDS: host-side work "
+                                             "before that worker's first op of each step."),
+    host_stall_steps: Optional[str] = typer.Option(None, help="Comma-separated steps the host "
+                                                   "stall hits (default: every step)."),
+    gc_in_compute: Optional[float] = typer.Option(None, help="GC pauses per worker per step "
+                                                  "inside forward/backward (no gc rows; "
+                                                  "length --gc-length)."),
     launch_delay: float = typer.Option(20e-6, help="Mean launch delay per op, seconds."),
     name: Optional[str] = typer.Option(None, help="Job name (default: from the parameters)."),
     force: bool = typer.Option(False, help="Replace the op tables of an existing run directory."),
@@ -83,6 +90,8 @@ def synth(
         if seq_imbalance else None,
         gc=(gc_rate, gc_length) if gc_rate is not None else None,
         slow_link=_parse_slow_link(slow_link, slow_link_steps) if slow_link else None,
+        host_stall=_parse_host_stall(host_stall, host_stall_steps) if host_stall else None,
+        gc_in_compute=(gc_in_compute, gc_length) if gc_in_compute is not None else None,
     )
     console = Console(stderr=True)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -133,6 +142,22 @@ def _parse_slow_worker(text: str) -> tuple[int, int, float]:
     except ValueError:
         raise InputError("stragglers synth", "--slow-worker", f"expected DP,STAGE,FACTOR "
                          f"(integers and a number), got {text!r}") from None
+
+
+def _parse_host_stall(text: str, steps: str | None) -> dict:
+    d, p, sec = _numbers(text, "--host-stall", 3)
+    try:
+        stall = {"dp": int(d), "stage": int(p), "seconds": float(sec)}
+    except ValueError:
+        raise InputError("stragglers synth", "--host-stall", f"expected DP,STAGE,SECONDS "
+                         f"(integers and a number), got {text!r}") from None
+    if steps:
+        try:
+            stall["steps"] = [int(x) for x in steps.split(",")]
+        except ValueError:
+            raise InputError("stragglers synth", "--host-stall-steps", "expected "
+                             f"comma-separated step numbers, got {steps!r}") from None
+    return stall
 
 
 def _parse_slow_link(text: str, steps: str | None) -> dict:

@@ -82,9 +82,10 @@ def _from_pattern(ctx: Context) -> list[Candidate]:
     k, d, t = np.nonzero(pause)
     workers = sorted({(int(x), int(g.node_stage[compute[y]])) for y, x in zip(k, d)})
     steps = sorted({int(g.steps[x]) for x in t})
+    times = float(np.median(1 + rel[pause]))
     evidence = (f"{int(pause.sum())} forward/backward ops ({100 * pause.mean():.1f}% of them) "
-                f"last {float(np.median((dur - typical)[pause] / typical[np.nonzero(pause)[0], np.nonzero(pause)[1], 0])):.1f}× "
-                f"their usual time longer, {float(excess.sum()):.3f} s in all, on "
+                f"take {times:.1f}× their usual time (median), {float(excess.sum()):.3f} s "
+                f"more in all, on "
                 f"{len(workers)} workers at random steps ({fmt_steps(steps)}), not tied to a "
                 f"microbatch: GC pauses inside compute (the trace's gc rows carry none)")
     return [Candidate("gc", ctx.where_workers(workers, steps=steps), evidence, cost=cost,
