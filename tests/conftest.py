@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -31,12 +32,38 @@ def torchrun(script: str | Path, nproc: int, *args: str, timeout: float = 300,
            str(script), *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
                 "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=str(REPO))
+    proc = run_tree(cmd, timeout=timeout, env=full_env, cwd=str(REPO))
     if check and proc.returncode != 0:
         raise AssertionError(f"torchrun {script} failed ({proc.returncode}):\n"
                              f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}")
     return proc
+
+
+def run_tree(cmd: list[str], *, timeout: float, env: dict | None = None,
+             cwd: str | None = None) -> subprocess.CompletedProcess:
+    """subprocess.run in its own session; on timeout the whole process tree is killed.
+
+    torchrun's workers are its children: killing torchrun alone would leave them running
+    (and loading the machine) after a test timed out.
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        out, err = proc.communicate()
+        raise AssertionError(f"{' '.join(map(str, cmd[:6]))} ... timed out after {timeout:.0f} s:"
+                             f"\n--- stdout\n{out[-3000:]}\n--- stderr\n{err[-4000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a process started with start_new_session=True and everything in its session."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 @pytest.fixture(scope="session")
