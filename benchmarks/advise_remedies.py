@@ -35,8 +35,11 @@ ROWS = {
     "late-host": (4, ["--width", "1024", "--sample-time", "0.01"],
                   ["--stall-rank", "3", "--stall-s", "0.1"],
                   "rank 3 does 100 ms of host work before each step; 12 MB of gradients"),
-    "gc": (4, ["--sample-time", "0.002"], ["--gc-heap-mb", "100", "--gc-garbage", "15"],
-           "100 MB live heap, cyclic garbage each step: automatic collections at different steps"),
+    "late-host-8": (8, ["--width", "1024", "--sample-time", "0.01"],
+                    ["--stall-rank", "7", "--stall-s", "0.15"],
+                    "8 ranks; rank 7 does 150 ms of host work before each step; 12 MB of gradients"),
+    "gc": (4, ["--sample-time", "0.002"], ["--gc-heap-mb", "30", "--gc-garbage", "0.6"],
+           "30 MB live heap, cyclic garbage in each forward: automatic collections at different steps"),
 }
 MEASURED = ("stragglar", "antdt-dd", "planned-gc", "antdt-nd")
 

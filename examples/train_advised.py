@@ -173,7 +173,6 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         if rank == args.stall_rank:
             time.sleep(args.stall_s)  # host-side work before the step's first op
-        garbage = make_cyclic_garbage(args.gc_garbage, rng) if args.gc_garbage else None
         x, y = global_batch(step, args)
         lo = sum(batches[:rank])
         xs, ys = x[lo:lo + batches[rank]], y[lo:lo + batches[rank]]
@@ -181,6 +180,9 @@ def main(argv=None) -> None:
         # Sum over the local samples × n / B: DDP's average over ranks is then the mean over
         # the global batch for any split (the DD update is the B-sample batch's).
         loss = (ddp(xs) - ys).pow(2).sum() * n / args.global_batch
+        # allocated in the forward, as activations are: the automatic collections it sets off
+        # pause this rank's forward at steps of its own
+        garbage = make_cyclic_garbage(args.gc_garbage, rng) if args.gc_garbage else None
         device.run(batches[rank])  # the device time of this rank's samples
         fe = time.perf_counter()
         loss.backward()            # the hook fires when the (one) bucket is ready
