@@ -18,7 +18,7 @@ import numpy as np
 from stragglers.collectives.cost_model import LinkModel
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPE_CODES as C, Trace
-from stragglers.whatif.grid import BWD, FWD, GC
+from stragglers.whatif.grid import BWD, FWD
 from stragglers.whatif.replay import replay
 
 ALLREDUCE = (C["grads-all-reduce"], C["separate-grads-all-reduce"])

@@ -1,0 +1,1 @@
+"""One module per family of remedies; each class registers itself in stragglers.protocols.REMEDIES."""
