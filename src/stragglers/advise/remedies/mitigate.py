@@ -71,6 +71,27 @@ class PlannedGCRemedy(DiagnosedFix):
     def settings(self, ctx: AdviceContext) -> dict:
         return {"every": self.every(ctx)}
 
+    def predict(self, ctx: AdviceContext) -> RemedyAdvice:
+        """Every rank pays the job's mean pause per step, at once (gc slots at their mean).
+
+        The diagnosis removes the pauses altogether (an upper bound); planned collections still
+        cost the same total pause time, only no rank waits for another's. Where the pauses are
+        hidden inside compute (no gc rows) the diagnosis's number is all there is.
+        """
+        g = ctx.w.grid
+        nodes = g.node_optype == GC
+        f = ctx.finding(self.cause)
+        if f is None or not nodes.any() or not (g.duration[nodes] > 0).any():
+            return super().predict(ctx)
+        cost = ctx.w.cost.copy()
+        cost[nodes] = np.broadcast_to(ctx.w.ideal, cost.shape)[nodes]
+        return self.priced(
+            ctx, ctx.step_time(cost),
+            "replay with each gc slot at its mean over ranks and steps (zeros included): the "
+            "same total pause time, paid by every rank at the same step",
+            self.cost, self.switch_on(ctx),
+            {"where": f["where"], "diagnosis_speedup": f["speedup_if_fixed"], **self.settings(ctx)})
+
     def switch_on(self, ctx: AdviceContext) -> str:
         n = self.every(ctx)
         return (f"stragglers.mitigate.PlannedGC(every={n}).start(), then planned_gc.step(step) "
