@@ -175,11 +175,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--keep", type=Path, default=None, help="keep the runs (traces) in this folder")
     args = p.parse_args()
     report = []
     with tempfile.TemporaryDirectory() as tmp:
+        where = args.keep or Path(tmp)
         for name in args.only.split(","):
-            report += run_row(name, args.steps, args.reps, Path(tmp))
+            report += run_row(name, args.steps, args.reps, where)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 
