@@ -64,8 +64,9 @@ class DiagnosisConfig(Config):
         0.2, "a gc row counts as a pause when it lasts this fraction of the longest one",
         minimum=0.0, maximum=1.0)
     gc_outlier_z: float = setting(
-        8.0, "without gc rows: a compute op is a pause when its excess over the same op's "
-        "median on the same worker is this many robust deviations", minimum=1.0, maximum=100.0)
+        8.0, "without gc rows: a compute op is a pause when its log duration exceeds the same "
+        "op's median on the same worker by this many robust deviations", minimum=1.0,
+        maximum=100.0)
     gc_min_excess: float = setting(
         0.25, "without gc rows: a pause adds at least this fraction of the op's median "
         "duration", minimum=0.0, maximum=100.0)

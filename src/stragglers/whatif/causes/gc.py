@@ -53,8 +53,10 @@ def _from_pattern(ctx: Context) -> list[Candidate]:
     dur = g.duration[compute]                                      # [n, D, T]
     typical = np.median(dur, axis=2, keepdims=True)
     rel = (dur - typical) / np.maximum(typical, 1e-12)
-    scale = max(MAD_TO_SIGMA * float(np.median(np.abs(rel))), _REL_SPREAD_FLOOR)
-    outlier = rel >= max(cfg.gc_min_excess, cfg.gc_outlier_z * scale)
+    # Compute noise is multiplicative: the outlier test is on log durations.
+    log_rel = np.log(np.maximum(dur, 1e-12) / np.maximum(typical, 1e-12))
+    scale = max(MAD_TO_SIGMA * float(np.median(np.abs(log_rel))), _REL_SPREAD_FLOOR)
+    outlier = log_rel >= max(np.log1p(cfg.gc_min_excess), cfg.gc_outlier_z * scale)
     count = int(outlier.sum())
     if count == 0 or count > cfg.gc_max_rate * outlier.size:
         return []
