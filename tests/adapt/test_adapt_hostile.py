@@ -149,6 +149,7 @@ CASES = [
     ("restore-consumed-past", "POST", "/datasets/d/restore", "SNAP:consumed", "owner", 400, "consumed"),
     ("restore-other-job", "POST", "/datasets/d/restore", "SNAP:same", "other", 403, None),
     ("restore-not-object", "POST", "/datasets/d/restore", raw('"x"'), "owner", 400, "object"),
+    ("restore-creates-without-service-token", "POST", "/datasets/n/restore", "SNAP:new", "owner", 403, "service token"),
     # -- control plane -------------------------------------------------------------------
     ("policy-unknown", "POST", "/jobs/n/control/config", {**CONFIG, "policy": "asp"}, "create", 400, "policy"),
     ("world-zero", "POST", "/jobs/n/control/config", {**CONFIG, "world_size": 0}, "create", 400, "world_size"),
@@ -208,6 +209,8 @@ def snapshot_variant(snap: dict, kind: str) -> dict:
         snap["shards"].pop()
     elif kind == "consumed":
         snap["shards"][0][3] = 11
+    elif kind == "new":
+        snap["dataset"]["name"] = "n"
     return snap
 
 

@@ -100,7 +100,8 @@ def test_killed_worker_mid_shard_loses_nothing(server, tmp_path):
 
 
 def test_expired_lease_of_a_hung_worker_is_reassigned(server, tmp_path):
-    admin(server.url).create_dataset(DatasetConfig("d", 300, 30, lease_s=1.0))
+    # lease_s well above any stall of the live worker B on a loaded machine: only A's expires.
+    admin(server.url).create_dataset(DatasetConfig("d", 300, 30, lease_s=5.0))
     log_a, log_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a = start_worker(server.url, "A", log_a)
     wait_lines(log_a, 2)
@@ -220,16 +221,16 @@ def test_service_killed_three_times_resumes_exactly_once(service, tmp_path):
 
 
 def test_an_outage_longer_than_the_lease_expires_no_lease(tmp_path):
-    """kill -9 of the service for 3x lease_s while a worker is mid-shard: nothing expires."""
+    """kill -9 of the service for 2.5x lease_s while a worker is mid-shard: nothing expires."""
     service = Service(tmp_path)
     try:
         service.start()
-        admin(service.url).create_dataset(DatasetConfig("d", 200, 20, lease_s=4.0))
+        admin(service.url).create_dataset(DatasetConfig("d", 200, 20, lease_s=8.0))
         log = tmp_path / "w.jsonl"
         w = start_worker(service.url, "W", log, delay=0.05)
         wait_lines(log, 5)
         service.kill()
-        time.sleep(12.0)  # the worker's client keeps retrying its ack meanwhile
+        time.sleep(20.0)  # the worker's client keeps retrying its ack meanwhile
         service.start()
         rc, out, err = finish(w)
         assert rc == 0, err
@@ -243,20 +244,20 @@ def test_an_outage_longer_than_the_lease_expires_no_lease(tmp_path):
 
 
 def test_a_stalled_service_and_client_timeouts_orphan_no_shard(tmp_path):
-    """SIGSTOP the service for longer than the lease and than the client's timeout, 3 times.
+    """SIGSTOP the service for longer than the lease and than the client's timeout, twice.
 
     Retried leases reuse their request id (no orphaned shard); the pause is noticed and the
     held leases get a grace period, as after a restart (no lease expires)."""
     service = Service(tmp_path)
     try:
         service.start()
-        admin(service.url).create_dataset(DatasetConfig("d", 600, 10, lease_s=4.0))
+        admin(service.url).create_dataset(DatasetConfig("d", 600, 10, lease_s=8.0))
         log = tmp_path / "w.jsonl"
         w = start_worker(service.url, "W", log, delay=0.0, timeout_s=0.5)
-        for lines in (5, 25, 45):
+        for lines in (5, 35):
             wait_lines(log, lines)
             service.procs[-1].send_signal(signal.SIGSTOP)
-            time.sleep(6.0)  # 1.5x the lease, 12x the client timeout: requests are retried
+            time.sleep(12.0)  # 1.5x the lease, 24x the client timeout: requests are retried
             service.procs[-1].send_signal(signal.SIGCONT)
         rc, out, err = finish(w)
         assert rc == 0, err
@@ -265,7 +266,7 @@ def test_a_stalled_service_and_client_timeouts_orphan_no_shard(tmp_path):
         with sqlite3.connect(service.db) as c:
             assert c.execute("SELECT SUM(retries), COUNT(*) FROM shards WHERE state='DONE'"
                              ).fetchone() == (0, 60)
-        assert httpx.get(f"{service.url}/health").json()["stalls"] >= 3
+        assert httpx.get(f"{service.url}/health").json()["stalls"] >= 2
     finally:
         service.close()
 

@@ -302,3 +302,17 @@ def test_not_a_database_is_an_input_error(tmp_path):
     bad.write_text("hello, this is not sqlite" * 100)
     with pytest.raises(InputError, match="SQLite"):
         ShardStore(bad)
+
+
+def test_an_interrupted_batch_leaves_the_store_usable(store, tmp_path):
+    store.create_dataset(DatasetConfig("d", 20, 10))
+    before = dump(tmp_path / "shards.db")
+
+    def interrupted():
+        store.join("d", "w")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        store.run_batch([interrupted])
+    assert dump(tmp_path / "shards.db") == before
+    assert store.join("d", "w")["fence"] == 1  # the connection is out of the aborted transaction

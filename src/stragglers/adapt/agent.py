@@ -6,6 +6,7 @@ The training loop never waits for the controller: it hands records to `record()`
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from dataclasses import dataclass
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.controller import ADJUST_BS, KILL_RESTART
 from stragglers.adapt.policies import micro_batches, split_batch
+from stragglers.errors import InputError
 
 EXIT_RESTART = 75  # exit code of a worker stopped by KILL_RESTART (torchrun then re-forms the group)
+MAX_PENDING_RECORDS = 1_000
 
 
 @dataclass
@@ -49,6 +52,8 @@ class Agent:
 
     def record(self, step: int, bpt: float, batch: int) -> None:
         """Queue one step's compute time (seconds, excluding the AllReduce wait) for the Monitor."""
+        if not (math.isfinite(bpt) and bpt > 0):
+            return  # nothing the Monitor could use (it ignores such steps too)
         with self._lock:
             self._records.append([step, bpt, batch])
 
@@ -83,11 +88,17 @@ class Agent:
             # One round trip per poll: the report's reply carries the new actions.
             reply = self.client.report_steps(self.rank, records, self.device, self.incarnation,
                                              since=self._seen)
+        except InputError as exc:
+            warnings.warn(f"agent {self.rank}: the control plane refused {len(records)} step"
+                          f" records ({exc}); dropped", stacklevel=1)
+            return
         except Exception as exc:  # noqa: BLE001 - the agent must never kill training
             warnings.warn(f"agent {self.rank}: control plane unreachable ({exc}); keeping the"
                           " current plan", stacklevel=1)
             with self._lock:
-                self._records = records + self._records
+                # Keep only recent records: the Monitor's windows need no more, and a report
+                # stays within the service's bound on records per request.
+                self._records = (records + self._records)[-MAX_PENDING_RECORDS:]
             return
         if reply.get("incarnation", self.incarnation) != self.incarnation:
             return

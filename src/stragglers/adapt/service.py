@@ -239,12 +239,16 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     def name_of(request: Request, key: str = "name") -> str:
         return check_name(request.path_params[key], key)
 
+    def may_create(request: Request) -> bool:
+        if service_digest is None:
+            return True
+        given = request.headers.get(SERVICE_TOKEN_HEADER, "")
+        return hmac.compare_digest(token_digest(given), service_digest)
+
     def creator(request: Request) -> str:
         digest = _bearer(request)
-        if service_digest is not None:
-            given = request.headers.get(SERVICE_TOKEN_HEADER, "")
-            if not hmac.compare_digest(token_digest(given), service_digest):
-                raise Forbidden(f"creating needs this service's token in {SERVICE_TOKEN_HEADER}")
+        if not may_create(request):
+            raise Forbidden(f"creating needs this service's token in {SERVICE_TOKEN_HEADER}")
         return digest
 
     async def health(request: Request) -> dict:
@@ -296,7 +300,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             raise InputError("snapshot", "dataset.name", f"expected '{name}' (the URL's data set),"
                              f" got '{snap['dataset']['name']}'")
         snap["shards"] = [list(r) for r in snap["shards"]]
-        return await commit.run(lambda: store.restore(snap, digest))
+        allowed = may_create(request)
+        return await commit.run(lambda: store.restore(snap, digest, allowed))
 
     async def control_config(request: Request) -> dict:
         job = name_of(request, "job")

@@ -136,6 +136,10 @@ class ShardStore:
                     return
                 try:
                     store._conn.execute("COMMIT" if typ is None else "ROLLBACK")
+                except BaseException:
+                    if store._conn.in_transaction:
+                        store._conn.execute("ROLLBACK")
+                    raise
                 finally:
                     store._lock.release()
 
@@ -152,18 +156,19 @@ class ShardStore:
         results: list[tuple[bool, object]] = []
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
-            self._local.in_batch = True
             try:
-                for call in calls:
-                    try:
-                        results.append((True, call()))
-                    except Exception as exc:  # noqa: BLE001 - handed back to its caller
-                        results.append((False, exc))
-            finally:
-                self._local.in_batch = False
-            try:
+                self._local.in_batch = True
+                try:
+                    for call in calls:
+                        try:
+                            results.append((True, call()))
+                        except Exception as exc:  # noqa: BLE001 - handed back to its caller
+                            results.append((False, exc))
+                finally:
+                    self._local.in_batch = False
                 self._conn.execute("COMMIT")
-            except sqlite3.Error:
+            except BaseException:
+                # Never leave the connection inside a transaction: the next batch must start.
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
@@ -444,7 +449,8 @@ class ShardStore:
         return {"dataset": asdict(cfg), "epochs_created": epochs_created,
                 "shards": [list(r) for r in rows]}
 
-    def restore(self, snap: dict, token_sha256: str | None = None) -> dict:
+    def restore(self, snap: dict, token_sha256: str | None = None,
+                may_create: bool = True) -> dict:
         """Replace a data set's state with a validated snapshot: its DOING shards go first.
 
         Refused (nothing changed) when the snapshot is inconsistent (a shard missing or twice,
@@ -461,6 +467,9 @@ class ShardStore:
                 if have != cfg:
                     raise Conflict(f"snapshot of '{cfg.name}' has another config than the data"
                                    f" set: {asdict(cfg)} vs {asdict(have)}")
+            elif not may_create:
+                raise Forbidden(f"restoring creates data set '{cfg.name}': that needs the"
+                                " service token")
             owner = exists[0] if exists is not None else token_sha256
             c.execute("DELETE FROM shards WHERE dataset=?", (cfg.name,))
             c.execute("INSERT OR REPLACE INTO datasets VALUES (?,?,?,?,?,?,?,?,0,?)",
