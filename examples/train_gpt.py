@@ -60,7 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run in --trace-dir (refused otherwise)")
     p.add_argument("--summary", type=Path, default=None, help="write step times as JSON (rank 0)")
-    p.add_argument("--monitor", type=str, default=None, metavar="URL",
+    # not "--monitor": torchrun reads any prefix of its own --monitor-interval as ambiguous
+    p.add_argument("--monitor-url", type=str, default=None, metavar="URL",
                    help="also upload each flushed part to a live monitor (stragglers monitor serve)")
     p.add_argument("--monitor-token-file", type=Path, default=None,
                    help="file holding the monitor's bearer token")
@@ -512,7 +513,7 @@ def main(argv=None) -> None:
                    stage=stage, sample_every=args.sample_every, flush_every=args.flush_every,
                    flush_interval_s=args.flush_interval,
                    device=device, enabled=not args.no_record and args.trace_dir is not None,
-                   overwrite=args.overwrite, monitor=args.monitor,
+                   overwrite=args.overwrite, monitor=args.monitor_url,
                    monitor_token=args.monitor_token_file.read_text().strip()
                    if args.monitor_token_file else None)
     planned_gc = PlannedGC(args.planned_gc) if args.planned_gc else None

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from stragglers.trace.model import Trace
@@ -59,7 +60,7 @@ def eventually(fn, timeout: float = 120.0, interval: float = 0.1, what: str = "c
     while time.monotonic() < deadline:
         try:
             last = fn()
-        except AssertionError as exc:
+        except (AssertionError, OSError, httpx.HTTPError) as exc:  # not up yet
             last = exc
         else:
             if last:

@@ -84,6 +84,7 @@ def test_a_second_faulty_worker_is_its_own_alert_and_state_rules_follow_states(t
     ([{"name": "a", "when": "new_cause", "for_windows": 0}], "rules[0].for_windows"),
     ([{"name": "a", "when": "new_cause", "colour": "red"}], "rules[0].colour"),
     ([{"name": "a b", "when": "new_cause"}], "rules[0].name"),
+    ([{"name": "a", "when": "cause == gc and speedup >= much"}], "rules[0].when"),
     ([{"name": "a", "when": "new_cause"}, {"name": "a", "when": "new_cause"}], "rules[1].name"),
     ([{"name": "a", "when": "new_cause", "severity": "loud"}], "rules[0].severity"),
     ({"name": "a"}, "rules"),

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 METRICS = ("slowdown", "waste", "m_w", "m_s")
 _NUMERIC = re.compile(r"^(slowdown|waste|m_w|m_s)\s*(>=|>|<=|<)\s*([0-9]*\.?[0-9]+)$")
-_CAUSE = re.compile(r"^cause\s*==\s*([a-z_]+)$")
+_CAUSE = re.compile(r"^cause\s*==\s*([a-z_]+)(?:\s+and\s+speedup\s*>=\s*([0-9]*\.?[0-9]+))?$")
 _STATE = re.compile(r"^state\s*==\s*(stalled|finished)$")
 _COMPARE = {">=": float.__ge__, ">": float.__gt__, "<=": float.__le__, "<": float.__lt__}
 SEVERITIES = ("info", "warning", "critical")
@@ -53,7 +53,7 @@ class Rule:
     kind: str            # metric | cause | new_cause | state
     subject: str = ""    # the metric, cause or state named
     op: str = ""
-    value: float = 0.0
+    value: float = 0.0   # the threshold; for a cause, the least speedup_if_fixed that counts
     for_windows: int = 1
     severity: str = "warning"
     summary: str = ""
@@ -100,14 +100,15 @@ def parse_rules(raw: Any, source: object = "rules") -> list[Rule]:
         if m := _NUMERIC.match(when):
             rules.append(Rule(kind="metric", subject=m[1], op=m[2], value=float(m[3]), **common))
         elif m := _CAUSE.match(when):
-            rules.append(Rule(kind="cause", subject=m[1], **common))
+            rules.append(Rule(kind="cause", subject=m[1], value=float(m[2] or 0.0), **common))
         elif when == "new_cause":
             rules.append(Rule(kind="new_cause", **common))
         elif m := _STATE.match(when):
             rules.append(Rule(kind="state", subject=m[1], **common))
         else:
             raise InputError(source, f"{where}.when", f"cannot read {when!r}; expected "
-                             f"'{'|'.join(METRICS)} >= NUMBER', 'cause == NAME', 'new_cause' "
+                             f"'{'|'.join(METRICS)} >= NUMBER', 'cause == NAME [and speedup >= "
+                             "NUMBER]', 'new_cause' "
                              "or 'state == stalled'")
     return rules
 
@@ -184,16 +185,17 @@ class AlertEngine:
                                    + (f", {k} windows in a row" if k > 1 else "")
                                    + _top_cause(current)}
         elif rule.kind == "cause":
-            for f in current.get("diagnosis") or []:
-                if f.get("cause") != rule.subject:
-                    continue
-                place = _place(f)
-                if len(recent) >= k and all(_has_cause(w, rule.subject, place)
-                                            for w in recent[:k]):
-                    extra = _place_labels(f)
-                    yield self._labels(rule, job, **extra), {
-                        "summary": rule.summary or f"job {job}: {f.get('headline') or rule.subject}",
-                        "description": str(f.get("evidence", ""))}
+            if len(recent) < k:
+                return
+            held = [_places(w, rule) for w in recent[:k]]
+            for place, (labels, f) in held[0].items():
+                if all(place in h for h in held[1:]):
+                    what = f"{rule.subject.replace('_', ' ')} at rank {labels['rank']}" \
+                        if "rank" in labels and "," not in labels["rank"] else \
+                        (f.get("headline") or rule.subject)
+                    yield self._labels(rule, job, **labels), {
+                        "summary": rule.summary or f"job {job}: {what}",
+                        "description": str(f.get("headline") or f.get("evidence", ""))}
         elif rule.kind == "new_cause":
             # the job's first window has no previous one: every cause in it is new
             before = {f.get("cause") for f in recent[1].get("diagnosis") or []} \
@@ -260,26 +262,42 @@ def _top_cause(window: dict) -> str:
     return f"; {causes[0].get('headline') or causes[0]['cause']}" if causes else ""
 
 
-def _place(finding: dict) -> tuple:
-    return tuple(finding.get("ranks") or ()) or json.dumps(finding.get("where"), sort_keys=True)
+def _counts(finding: dict, rule: Rule) -> bool:
+    """A finding of the rule's cause that buys at least the rule's speedup if fixed."""
+    return finding.get("cause") == rule.subject and \
+        float(finding.get("speedup_if_fixed") or 0.0) >= rule.value
 
 
-def _has_cause(window: dict, cause: str, place) -> bool:
-    return any(f.get("cause") == cause and _place(f) == place
-               for f in window.get("diagnosis") or [])
+# Causes that sit on single workers: one alert per worker, so a second slow worker is its own
+# alert and a finding that names {1, 2} one window and {1} the next keeps rank 1's alert.
+WORKER_CAUSES = ("worker_fault", "host_stall")
 
 
-def _place_labels(finding: dict) -> dict:
-    ranks = finding.get("ranks") or []
-    out = {"cause": finding.get("cause", "")}
-    if ranks:
-        out["rank"] = ",".join(map(str, ranks))
-    if finding.get("hosts"):
-        out["host"] = ",".join(finding["hosts"])
-    loc = finding.get("where") or {}
-    for key in ("dp", "pp"):
-        if key in loc and isinstance(loc[key], list):
-            out[key] = ",".join(map(str, loc[key]))
+def _places(window: dict, rule: Rule) -> dict:
+    """place → (labels, finding) of the rule's cause in a window."""
+    out = {}
+    for f in window.get("diagnosis") or []:
+        if not _counts(f, rule):
+            continue
+        if f.get("cause") in WORKER_CAUSES and f.get("ranks"):
+            workers = {}
+            for w in (f.get("where") or {}).get("workers") or []:
+                if isinstance(w, dict) and "rank" in w:
+                    workers[int(w["rank"])] = w
+            for r in f["ranks"]:
+                w = workers.get(int(r), {})
+                labels = {"cause": f["cause"], "rank": str(r)}
+                labels.update({k: str(w[k]) for k in ("dp", "pp", "host") if w.get(k) is not None})
+                out[("rank", int(r))] = (labels, f)
+        else:
+            loc = f.get("where") or {}
+            labels = {"cause": str(f.get("cause", ""))}
+            for key in ("dp", "pp"):
+                if isinstance(loc.get(key), list):
+                    labels[key] = ",".join(map(str, loc[key]))
+            if f.get("ranks"):
+                labels["rank"] = ",".join(map(str, f["ranks"]))
+            out[("where", json.dumps(labels, sort_keys=True))] = (labels, f)
     return out
 
 

@@ -143,6 +143,10 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         check_job_name(job, "path")
         return FileResponse(PAGES["job"], media_type="text/html")
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon():
+        return Response(status_code=204)
+
     @app.get("/static/plotly.min.js")
     async def plotly():
         """plotly.js from the installed plotly package."""

@@ -1,0 +1,202 @@
+// The monitor's dashboard: polls the JSON API once a second and redraws what changed.
+"use strict";
+
+const POLL_MS = 1000;
+const MAX_COLUMNS = 128;  // more DP ranks than this: columns are aggregated (max per group)
+
+function text(el, value) { el.textContent = value; }
+function ago(t) {
+  if (!t) return "never";
+  const s = Math.max(0, Date.now() / 1000 - t);
+  return s < 90 ? `${s.toFixed(0)} s ago` : `${(s / 60).toFixed(0)} min ago`;
+}
+function fmt(x, digits = 3) { return x === null || x === undefined ? "–" : Number(x).toFixed(digits); }
+function cell(tr, value, cls) {
+  const td = document.createElement("td");
+  if (value instanceof Node) td.appendChild(value); else td.textContent = value;
+  if (cls) td.className = cls;
+  tr.appendChild(td);
+}
+
+async function getJSON(url) {
+  const r = await fetch(url, {cache: "no-store"});
+  if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+  return r.json();
+}
+
+// ---- job list ------------------------------------------------------------------------------
+
+function startJobList() {
+  const body = document.querySelector("#jobs tbody");
+  async function refresh() {
+    try {
+      const data = await getJSON("/api/jobs");
+      body.replaceChildren();
+      for (const j of data.jobs) {
+        const tr = document.createElement("tr");
+        tr.dataset.job = j.job;
+        const a = document.createElement("a");
+        a.href = `/jobs/${encodeURIComponent(j.job)}`;
+        a.textContent = j.job;
+        cell(tr, a);
+        cell(tr, j.world_size ?? "–");
+        cell(tr, fmt(j.slowdown), "slowdown");
+        cell(tr, j.state, `state-${j.state}`);
+        cell(tr, ago(j.last_part_at));
+        cell(tr, j.open_alerts, j.open_alerts ? "firing" : "");
+        cell(tr, j.upload_dropped);
+        body.appendChild(tr);
+      }
+      document.getElementById("empty").hidden = data.jobs.length > 0;
+    } catch (e) { console.warn(e); }
+  }
+  refresh();
+  setInterval(refresh, POLL_MS);
+}
+
+// ---- job page ------------------------------------------------------------------------------
+
+function heatmapTrace(win, dp, pp) {
+  // x = DP rank, y = PP stage, colour = S_w on a fixed 1.0–1.5 scale (values above saturate).
+  const groups = dp > MAX_COLUMNS ? Math.ceil(dp / MAX_COLUMNS) : 1;
+  const cols = Math.ceil(dp / groups);
+  const z = Array.from({length: pp}, () => Array(cols).fill(null));
+  const hover = Array.from({length: pp}, () => Array(cols).fill(""));
+  for (const s of win.scores) {
+    const c = Math.floor(s.dp / groups);
+    if (z[s.pp] === undefined) continue;
+    if (z[s.pp][c] === null || s.score > z[s.pp][c]) {
+      z[s.pp][c] = s.score;
+      const where = groups > 1 ? `dp ${c * groups}–${Math.min(dp, (c + 1) * groups) - 1} (max)` : `dp ${s.dp}`;
+      hover[s.pp][c] = `${where}, pp ${s.pp}<br>rank ${s.rank}${s.host ? " on " + s.host : ""}` +
+        `<br>S_w = ${s.score.toFixed(3)}${s.decomposed ? "" : " (S below 1.03: not attributed)"}`;
+    }
+  }
+  const x = Array.from({length: cols}, (_, i) => groups > 1 ? i * groups : i);
+  return {note: groups > 1 ? `${dp} DP ranks: each column is the max over ${groups} ranks.` : "",
+          trace: {type: "heatmap", z, x, y: Array.from({length: pp}, (_, i) => i), text: hover,
+                  hovertemplate: "%{text}<extra></extra>", zmin: 1.0, zmax: 1.5,
+                  colorscale: "YlOrRd", reversescale: true, colorbar: {title: {text: "S_w"}}}};
+}
+
+function startJobPage() {
+  const job = decodeURIComponent(location.pathname.split("/").pop());
+  const slider = document.getElementById("window-slider");
+  const follow = document.getElementById("follow");
+  document.title = `stragglers monitor: ${job}`;
+  text(document.getElementById("job-title"), job);
+  let last = null, shownWindow = null, info = null;
+
+  slider.addEventListener("input", () => {
+    follow.checked = Number(slider.value) === Number(slider.max);
+    showWindow(Number(slider.value));
+  });
+  follow.addEventListener("change", () => { if (follow.checked) refresh(true); });
+
+  async function showWindow(idx) {
+    if (!info) return;
+    const summary = info.windows.find(w => w.idx === idx);
+    if (!summary) return;
+    const win = (info.window && info.window.idx === idx) ? info.window
+      : await getJSON(`/api/jobs/${encodeURIComponent(job)}/windows/${idx}`);
+    shownWindow = idx;
+    drawWindow(win);
+  }
+
+  function drawWindow(win) {
+    text(document.getElementById("window-label"),
+         `#${win.idx}: steps ${win.first_step}–${win.last_step}` +
+         (win.reason !== "complete" ? ` (closed: job ${win.reason})` : "") +
+         (win.missing_ranks.length ? `; ranks missing: ${win.missing_ranks.join(", ")}` : ""));
+    const hm = heatmapTrace(win, info.dp || 1, info.pp || 1);
+    Plotly.react("heatmap", [hm.trace], {
+      margin: {t: 10, r: 10, b: 45, l: 50},
+      xaxis: {title: {text: "DP rank"}, dtick: 1}, yaxis: {title: {text: "PP stage"}, dtick: 1}},
+      {displayModeBar: false});
+    text(document.getElementById("heatmap-note"), hm.note);
+    const list = document.getElementById("diagnosis");
+    list.replaceChildren();
+    const summary = document.getElementById("summary");
+    if (win.error) {
+      text(summary, `This window could not be analysed: ${win.error}`);
+      return;
+    }
+    text(summary, `S = ${fmt(win.slowdown)} (waste ${fmt(100 * win.waste, 1)}%), ` +
+         `M_W = ${fmt(win.m_w, 2)}, M_S = ${fmt(win.m_s, 2)}, ` +
+         `replay error ${fmt(100 * (win.sim_error || 0), 1)}%.`);
+    for (const f of win.diagnosis) {
+      const li = document.createElement("li");
+      li.dataset.cause = f.cause;
+      li.dataset.ranks = (f.ranks || []).join(",");
+      const head = document.createElement("strong");
+      head.textContent = f.headline || f.cause;
+      li.appendChild(head);
+      if (f.evidence) {
+        const ev = document.createElement("div");
+        ev.className = "muted";
+        ev.textContent = f.evidence;
+        li.appendChild(ev);
+      }
+      list.appendChild(li);
+    }
+  }
+
+  function drawHistory() {
+    const ws = info.windows.filter(w => w.slowdown !== null);
+    Plotly.react("slowdown-chart", [{
+      type: "scatter", mode: "lines+markers", x: ws.map(w => w.idx), y: ws.map(w => w.slowdown),
+      text: ws.map(w => `steps ${w.first_step}–${w.last_step}<br>${w.causes.join(", ")}`),
+      hovertemplate: "window %{x}: S = %{y:.3f}<br>%{text}<extra></extra>"}], {
+      margin: {t: 10, r: 10, b: 45, l: 50}, xaxis: {title: {text: "window"}},
+      yaxis: {title: {text: "S"}, rangemode: "tozero"},
+      shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: 1.1, y1: 1.1,
+                line: {dash: "dot", color: "#b35900"}}]}, {displayModeBar: false});
+  }
+
+  function drawAlerts() {
+    const body = document.querySelector("#alert-log tbody");
+    body.replaceChildren();
+    for (const e of info.alert_log) {
+      const tr = document.createElement("tr");
+      tr.dataset.rule = e.rule;
+      tr.dataset.status = e.status;
+      cell(tr, new Date(e.at * 1000).toLocaleTimeString());
+      cell(tr, e.status, e.status);
+      cell(tr, e.rule);
+      cell(tr, e.severity);
+      cell(tr, e.summary);
+      body.appendChild(tr);
+    }
+  }
+
+  async function refresh(force = false) {
+    try {
+      const data = await getJSON(`/api/jobs/${encodeURIComponent(job)}`);
+      info = data;
+      text(document.getElementById("state"), data.state);
+      document.getElementById("state").className = `state-${data.state}`;
+      text(document.getElementById("shape"),
+           `dp ${data.dp} × pp ${data.pp} (world ${data.world_size}), windows of ${data.window_steps} steps`);
+      text(document.getElementById("updated"), `last part ${ago(data.last_part_at)}`);
+      const drops = Object.values(data.upload_dropped).reduce((a, b) => a + b, 0);
+      text(document.getElementById("drops"), drops || data.skipped_parts
+           ? `${drops} parts dropped by uploaders, ${data.skipped_parts} never arrived` : "");
+      if (!force && data.version === last) return;
+      last = data.version;
+      drawHistory();
+      drawAlerts();
+      if (!data.windows.length) return;
+      const latest = data.windows[data.windows.length - 1].idx;
+      slider.min = data.windows[0].idx;
+      slider.max = latest;
+      if (follow.checked || shownWindow === null) {
+        slider.value = latest;
+        shownWindow = latest;
+        drawWindow(data.window);
+      }
+      document.body.dataset.window = String(shownWindow);
+    } catch (e) { console.warn(e); }
+  }
+  refresh();
+  setInterval(refresh, POLL_MS);
+}
