@@ -56,6 +56,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-server", default="embedded", help="service URL or 'embedded'")
+    p.add_argument("--service-token-file", type=Path, default=None,
+                   help="token of a --shard-server started with --token-file (to create the data set)")
     p.add_argument("--workdir", type=Path, default=Path("runs/adaptive"))
     p.add_argument("--ckpt-every", type=int, default=20)
     p.add_argument("--restart-cost", type=float, default=10.0, help="predicted seconds per restart")
@@ -121,9 +123,12 @@ def main() -> None:
     # Shard service (embedded in rank 0 unless a URL is given); rank 0 registers the data set
     # with the job's token, which every rank learns through the torchrun store.
     svc = job_service(args.shard_server, args.workdir / "shards.db", args.workdir / "job.token")
-    # (A service on a public address, when the job spans hosts, also wants the token to create.)
+    # Creating needs the service's token where it has one: the job token for an embedded
+    # service on a public address (the job spans hosts), the given file's for a standalone one.
+    service_token = (args.service_token_file.read_text().strip() if args.service_token_file
+                     else svc.token)
     client = ShardClient(svc.url, "digits", worker=f"rank{rank}", token=svc.token,
-                         service_token=svc.token)
+                         service_token=service_token)
     if rank == 0:
         client.create_dataset(DatasetConfig("digits", len(x), shard_size=4 * args.global_batch // world,
                                             seed=args.seed, num_epochs=args.epochs, lease_s=args.lease_s))

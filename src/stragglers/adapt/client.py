@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import httpx
 
 from stragglers.adapt.dataset import DatasetConfig
-from stragglers.adapt.shards import Conflict, Fenced, Forbidden, LeaseLost, NotFound
+from stragglers.adapt.errors import Conflict, Fenced, Forbidden, LeaseLost, NotFound
 from stragglers.errors import EnvironmentFailure, InputError
 
 _CONFLICTS = {"Fenced": Fenced, "LeaseLost": LeaseLost}

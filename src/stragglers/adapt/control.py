@@ -6,12 +6,11 @@ controllers, and each job's rank 0 configures its controller again at every inca
 
 from __future__ import annotations
 
-import hmac
 import threading
 from dataclasses import asdict
 
 from stragglers.adapt.controller import ControlConfig, Controller
-from stragglers.adapt.shards import Conflict, Forbidden, NotFound
+from stragglers.adapt.errors import Conflict, NotFound, authorize
 from stragglers.errors import InputError
 
 MAX_JOBS = 1024
@@ -35,7 +34,7 @@ class ControlPlane:
             have = self._jobs.get(job)
             if have is not None:
                 owner, ctl = have
-                _authorize(owner, token_sha256, job)
+                authorize(owner, token_sha256, f"job '{job}'")
                 if cfg == ctl.config:
                     return {"configured": False, "incarnation": cfg.incarnation}
                 if cfg.incarnation <= ctl.config.incarnation:
@@ -90,10 +89,5 @@ class ControlPlane:
         if have is None:
             raise NotFound(f"no controller for job '{job}' (POST /jobs/{job}/control/config first)")
         if token_sha256 is not False:
-            _authorize(have[0], token_sha256, job)
+            authorize(have[0], token_sha256, f"job '{job}'")
         return have[1]
-
-
-def _authorize(owner: str | None, token_sha256: str | None, job: str) -> None:
-    if owner is not None and (token_sha256 is None or not hmac.compare_digest(owner, token_sha256)):
-        raise Forbidden(f"the bearer token does not own job '{job}'")

@@ -33,7 +33,8 @@ from stragglers.adapt import requests as rq
 from stragglers.adapt.control import ControlPlane
 from stragglers.adapt.controller import ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name
-from stragglers.adapt.shards import Conflict, Forbidden, LeaseLost, NotFound, ShardStore
+from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Forbidden, NotFound, Unauthorized
+from stragglers.adapt.shards import ShardStore
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 
@@ -67,18 +68,6 @@ class ServiceConfig(Config):
                         choices=("httptools", "h11"))
     loop: str = setting("uvloop", "event loop (asyncio: the standard library's)",
                         choices=("uvloop", "asyncio"))
-
-
-class Unauthorized(StragglersError):
-    """No (well-formed) bearer token on a write."""
-
-
-class BodyTooLarge(InputError):
-    """The request body exceeds the service's limit."""
-
-
-_STATUS = ((BodyTooLarge, 413), (Unauthorized, 401), (Forbidden, 403), (NotFound, 404),
-           (Conflict, 409), (LeaseLost, 409), (InputError, 400), (EnvironmentFailure, 503))
 
 
 def token_digest(token: str) -> str:
@@ -173,7 +162,7 @@ def _json(payload: dict, status: int = 200) -> Response:
 
 
 def _error(exc: StragglersError) -> Response:
-    status = next((code for cls, code in _STATUS if isinstance(exc, cls)), 400)
+    status = next((code for cls, code in HTTP_STATUS if isinstance(exc, cls)), 400)
     body = {"error": str(exc), "kind": type(exc).__name__, "field": getattr(exc, "field", None)}
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     resp = _json(body, status)

@@ -9,7 +9,6 @@ it either happens entirely, reply included, or not at all.
 
 from __future__ import annotations
 
-import hmac
 import json
 import sqlite3
 import threading
@@ -22,7 +21,9 @@ import numpy as np
 from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_FAILED_IN_REPLY, STATES, TODO,
                                      WORKER_PATTERN, DatasetConfig, check_name,
                                      epoch_permutation, validate_snapshot)
-from stragglers.errors import InputError, StragglersError
+from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,  # noqa: F401
+                                    authorize)
+from stragglers.errors import InputError
 
 SCHEMA_VERSION = 2
 
@@ -42,26 +43,6 @@ CREATE TABLE IF NOT EXISTS workers (
     dataset TEXT, worker TEXT, fence INTEGER, request_id TEXT, reply TEXT,
     PRIMARY KEY (dataset, worker));
 """
-
-
-class LeaseLost(StragglersError):
-    """The worker no longer holds the shard (lease expired and the shard was requeued)."""
-
-
-class Fenced(LeaseLost):
-    """A newer incarnation of this worker joined: this one must stop (its calls are refused)."""
-
-
-class Conflict(StragglersError):
-    """The request contradicts existing state (a re-create with another config, a stale config)."""
-
-
-class NotFound(StragglersError):
-    """No such data set (or job)."""
-
-
-class Forbidden(StragglersError):
-    """The bearer token does not own this data set (or job)."""
 
 
 class ShardStore:
@@ -182,7 +163,7 @@ class ShardStore:
         if row is None:
             raise NotFound(f"no data set named '{name}'")
         if write:
-            _authorize(row[8], token_sha256, f"data set '{name}'")
+            authorize(row[8], token_sha256, f"data set '{name}'")
         cfg = DatasetConfig(name, row[0], row[1], row[2], row[3], row[4], row[5])
         return cfg, row[6], row[7]
 
@@ -206,7 +187,7 @@ class ShardStore:
                             " max_retries, token_sha256 FROM datasets WHERE name=?",
                             (cfg.name,)).fetchone()
             if row is not None:
-                _authorize(row[6], token_sha256, f"data set '{cfg.name}'")
+                authorize(row[6], token_sha256, f"data set '{cfg.name}'")
                 have = dict(zip(("num_samples", "shard_size", "seed", "num_epochs", "lease_s",
                                  "max_retries"), row[:6]))
                 want = {k: getattr(cfg, k) for k in have}
@@ -493,11 +474,3 @@ def _lease(store: ShardStore, cfg: DatasetConfig, epoch: int, shard: int, start:
     """One shard handed to a worker: the sample indices still to consume, from `offset`."""
     return {"epoch": epoch, "shard": shard, "offset": consumed,
             "indices": store._indices(cfg, epoch, start + consumed, stop), "size": stop - start}
-
-
-def _authorize(owner_sha256: str | None, token_sha256: str | None, what: str) -> None:
-    """Constant-time check that the caller's token digest is the owner's."""
-    if owner_sha256 is None:
-        return  # created without a token (in-process use): anyone with the file may write
-    if token_sha256 is None or not hmac.compare_digest(owner_sha256, token_sha256):
-        raise Forbidden(f"the bearer token does not own {what}")

@@ -1,0 +1,48 @@
+"""The error kinds of the shard service and control plane, and the HTTP status of each."""
+
+from __future__ import annotations
+
+import hmac
+
+from stragglers.errors import EnvironmentFailure, InputError, StragglersError
+
+
+class LeaseLost(StragglersError):
+    """The worker no longer holds the shard (lease expired and the shard was requeued)."""
+
+
+class Fenced(LeaseLost):
+    """A newer incarnation of this worker joined: this one must stop (its calls are refused)."""
+
+
+class Conflict(StragglersError):
+    """The request contradicts existing state (a re-create with another config, a stale config)."""
+
+
+class NotFound(StragglersError):
+    """No such data set (or job)."""
+
+
+class Forbidden(StragglersError):
+    """The bearer token does not own this data set (or job)."""
+
+
+class Unauthorized(StragglersError):
+    """No (well-formed) bearer token on a write."""
+
+
+class BodyTooLarge(InputError):
+    """The request body exceeds the service's limit."""
+
+
+# The HTTP status of each kind (first match): whose fault it is, and whether to retry.
+HTTP_STATUS = ((BodyTooLarge, 413), (Unauthorized, 401), (Forbidden, 403), (NotFound, 404),
+               (Conflict, 409), (LeaseLost, 409), (InputError, 400), (EnvironmentFailure, 503))
+
+
+def authorize(owner_sha256: str | None, token_sha256: str | None, what: str) -> None:
+    """Constant-time check that the caller's token digest is the owner's."""
+    if owner_sha256 is None:
+        return  # created without a token (in-process use): anyone with the file may write
+    if token_sha256 is None or not hmac.compare_digest(owner_sha256, token_sha256):
+        raise Forbidden(f"the bearer token does not own {what}")
