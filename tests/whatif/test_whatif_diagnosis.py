@@ -199,3 +199,15 @@ def test_hosts_come_from_the_layout_metadata():
     # synth ranks: stage * dp + dp_rank = 14, on node 3
     assert f["where"]["workers"] == [{"dp": 6, "pp": 1, "rank": 14, "host": "node-3"}]
     assert f["where"]["hosts"] == ["node-3"] and "rank 14 on node-3" in f["evidence"]
+
+
+def test_incomplete_steps_are_left_out_of_every_per_step_result():
+    trace = generate(dp=2, pp=2, microbatches=4, steps=6, seed=13,
+                     slow_link={"kind": "p2p", "dp": 1, "stage_from": 0, "stage_to": 1,
+                                "factor": 80, "steps": [1]})
+    ops = trace.ops
+    keep = ~((ops["step"] == 4) & (ops["rank"] == 3))       # rank 3 lost step 4
+    r = analyze(trace.select(keep))
+    assert r["steps_analysed"] == [0, 1, 2, 3, 5]
+    assert sorted(r["step_slowdown"]) == [0, 1, 2, 3, 5]
+    assert finding(r, "communication")["where"]["steps"] == [1]

@@ -144,7 +144,7 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     pp = max(trace.meta.pp_size, int(node_stage.max()) + 1)
     node_mc, node_gmc = _chunks(ops, node, n, node_stage, pp)
     vpp = max(trace.meta.vpp_size, int(node_mc.max()) + 1)
-    grid = OpGrid(node_stage, node_optype, node_seq, dp_ranks, step_ids,
+    grid = OpGrid(node_stage, node_optype, node_seq, dp_ranks, step_ids[complete],
                   start.reshape(shape)[:, :, complete], duration.reshape(shape)[:, :, complete],
                   present[:, :, complete], row.reshape(shape)[:, :, complete],
                   pp_size=pp, node_mc=node_mc, node_gmc=node_gmc, vpp_size=vpp, warnings=warnings)
