@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
-WIDTH = 192
+WIDTH = 256
+BURN = 24  # matmuls of base forward work per microbatch: ~10 ms, long against preemption
 
 
 def parse_args():
@@ -30,7 +31,7 @@ def parse_args():
     p.add_argument("--inject", default="none", choices=("none", "slow", "sleep-backward", "stall"))
     p.add_argument("--rank", type=int, default=-1)
     p.add_argument("--factor", type=int, default=8)
-    p.add_argument("--sleep-ms", type=float, default=60.0)
+    p.add_argument("--sleep-ms", type=float, default=250.0)
     p.add_argument("--steps", type=int, default=6, help="profiled (active) steps")
     p.add_argument("--no-shapes", action="store_true", help="profile without record_shapes")
     return p.parse_args()
@@ -58,25 +59,25 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     me = rank == args.rank
-    extra = 4 * args.factor if me and args.inject == "slow" else 0
+    extra = BURN * (args.factor - 1) if me and args.inject == "slow" else 0
     sleep_s = args.sleep_ms / 1e3 if me else 0.0
     x = torch.randn(128, WIDTH)
     pp = args.pp
     if pp == 1:
-        model = torch.nn.parallel.DistributedDataParallel(block(3))
+        model = torch.nn.parallel.DistributedDataParallel(block(4))
         dp_group = None
     else:
         dp = world // pp
         groups = [dist.new_group([d * pp + s for d in range(dp)]) for s in range(pp)]
         stage = rank % pp
         dp_group = groups[stage]
-        model = block(3)
+        model = block(4)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
     def ddp_step() -> None:
         if args.inject == "stall":
             time.sleep(sleep_s)
-        h = burn(x, 4 + extra)
+        h = burn(x, BURN + extra)
         loss = model(h).square().mean()
         if args.inject == "sleep-backward":
             time.sleep(sleep_s)
@@ -91,13 +92,13 @@ def main() -> None:
         outs, ins = [], []
         for mb in range(2):  # forwards
             if stage == 0:
-                h = burn(x, 4 + extra)
+                h = burn(x, BURN + extra)
                 inp = h
             else:
                 inp = torch.empty(128, WIDTH)
                 dist.recv(inp, rank - 1)
                 inp.requires_grad_()
-                h = burn(inp, 4 + extra)
+                h = burn(inp, BURN + extra)
             y = model(h)
             if stage == 0:
                 dist.send(y.detach(), rank + 1)

@@ -136,7 +136,8 @@ def _other_notes(per_rank, total: Counter) -> list:
                              "annotations count as host time before the step's compute, not as "
                              "compute"))
     out.append(("other", "compute ops are busy time (the union of their kernels' or CPU ops' "
-                         "intervals); idle gaps inside a phase are launch delays of the next op. "
+                         "intervals; on CPU traces gaps under 1 ms between ops count as Python "
+                         "dispatch); idle gaps inside a phase are launch delays of the next op. "
                          "Work issued after a step's last gradient collective (DDP's bucket "
                          "copy, clipping, optimizer) is the optimizer op"))
     return out

@@ -30,6 +30,10 @@ COLLECTIVE_OPTYPES = {
     "allgather": "params-all-gather",
 }
 P2P_KINDS = {"send", "recv", "sendrecv"}
+# On CPU traces a gap this short between two ops of one phase is Python dispatching the next
+# op (tens of µs normally, more on a busy machine), so it counts as busy; longer gaps (a sleep,
+# waiting on input) are idle and become launch delay of the next op.
+CPU_DISPATCH_GAP_US = 1000.0
 PHASE_OPTYPES = ("forward-compute", "backward-compute", "optimizer")
 _FWD, _BWD, _OPT = 0, 1, 2
 
@@ -464,6 +468,7 @@ def _compute_ops(parts: RankParts, colls: list[Coll], rows: list, counts: Counte
     n = len(parts.item_start)
     if not n:
         return
+    bridge = CPU_DISPATCH_GAP_US if parts.mode == "cpu" else 0.0
     # A send/recv issued between two items ends the run (ties: the send/recv first).
     events = [(int(parts.item_step[i]), float(parts.item_key[i]), 1, i) for i in range(n)]
     events += [(c.step, c.launch, 0, -1) for c in colls]
@@ -487,6 +492,9 @@ def _compute_ops(parts: RankParts, colls: list[Coll], rows: list, counts: Counte
         reach = np.maximum.accumulate(end)
         # Busy time: the union of the intervals (kernels on concurrent streams overlap).
         gaps = np.maximum(start[1:] - reach[:-1], 0.0)
+        # On CPU traces the interpreter runs between two recorded ops: short gaps are that
+        # work (Python dispatching the next op), not idle time.
+        gaps[gaps < bridge] = 0.0
         busy = float(reach[-1] - start[0] - gaps.sum())
         out.append([s, phase, float(start[0]), busy])
     out.sort(key=lambda r: (r[0], r[2]))
