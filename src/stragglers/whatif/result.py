@@ -186,6 +186,11 @@ class AnalysisResult(_ByName):
         if self.straggling is None:
             self.straggling = self.slowdown >= self.straggling_threshold
 
+    def __repr__(self) -> str:  # the whole dataclass repr is pages long: say what matters
+        causes = ", ".join(f.cause for f in self.diagnosis) or "no diagnosis"
+        return (f"AnalysisResult(job={self.job.name!r}, slowdown={self.slowdown:.4f}, "
+                f"straggling={self.straggling}, diagnosis=[{causes}], notes={len(self.notes)})")
+
     @property
     def decomposed(self) -> bool:
         """Whether the attribution (by op type, stage, DP rank or worker) is present."""
