@@ -59,36 +59,53 @@ class PlannedGCRemedy(DiagnosedFix):
     absent = "the diagnosis found no uncoordinated GC pauses worth 2% (no gc ops, or too short)"
     cost = "one full collection every N steps, on every rank at once"
 
-    def every(self, ctx: AdviceContext) -> int:
-        """N: about one planned collection per automatic pause a worker now takes."""
-        g = ctx.w.grid
-        nodes = g.node_optype == GC
-        if not nodes.any():
-            return 5
-        pauses = float((g.duration[nodes] > 0).sum()) / (g.shape[1] * g.pp_size * g.shape[2])
-        return int(np.clip(round(1.0 / max(pauses, 1e-3)), 1, 1000))
+    def full_pauses(self, ctx: AdviceContext) -> tuple[float, float]:
+        """(pause of a full collection, full collections per rank and step) from the gc rows.
 
-    def settings(self, ctx: AdviceContext) -> dict:
-        return {"every": self.every(ctx)}
-
-    def predict(self, ctx: AdviceContext) -> RemedyAdvice:
-        """Every rank pays the job's mean pause per step, at once (gc slots at their mean).
-
-        The diagnosis removes the pauses altogether (an upper bound); planned collections still
-        cost the same total pause time, only no rank waits for another's. Where the pauses are
-        hidden inside compute (no gc rows) the diagnosis's number is all there is.
+        Young-generation pauses are short and frequent, full ones long and rare; planned GC
+        turns the automatic ones off and runs a full collection, so it is the full ones that
+        set its price. Full = at least half the longest pause.
         """
         g = ctx.w.grid
         nodes = g.node_optype == GC
+        dur = g.duration[nodes]
+        if not nodes.any() or dur.max() <= 0:
+            return 0.0, 0.0
+        full = dur[dur >= 0.5 * dur.max()]
+        return float(np.median(full)), len(full) / (g.shape[1] * g.pp_size * g.shape[2])
+
+    def every(self, ctx: AdviceContext) -> int:
+        """N: one planned collection per automatic full collection a rank now takes."""
+        _, rate = self.full_pauses(ctx)
+        return int(np.clip(round(1.0 / rate), 1, 10_000)) if rate > 0 else 5
+
+    def settings(self, ctx: AdviceContext) -> dict:
+        pause, rate = self.full_pauses(ctx)
+        return {"every": self.every(ctx), "full_pause_s": pause, "full_per_rank_step": rate}
+
+    def predict(self, ctx: AdviceContext) -> RemedyAdvice:
+        """Every rank pays one full collection per N steps, at once; young pauses are gone.
+
+        The diagnosis removes the pauses altogether (an upper bound); planned collections still
+        cost a full collection every N steps, only no rank waits for another's. Where the
+        pauses are hidden inside compute (no gc rows) the diagnosis's number is all there is.
+        """
+        g = ctx.w.grid
+        nodes = np.flatnonzero(g.node_optype == GC)
         f = ctx.finding(self.cause)
-        if f is None or not nodes.any() or not (g.duration[nodes] > 0).any():
+        pause, rate = self.full_pauses(ctx)
+        if f is None or pause <= 0:
             return super().predict(ctx)
+        n = self.every(ctx)
         cost = ctx.w.cost.copy()
-        cost[nodes] = np.broadcast_to(ctx.w.ideal, cost.shape)[nodes]
+        cost[nodes] = 0.0
+        first = nodes[np.argmin(g.node_seq[nodes])]
+        cost[first] = pause / n          # the planned pause, amortised, on every rank alike
         return self.priced(
             ctx, ctx.step_time(cost),
-            "replay with each gc slot at its mean over ranks and steps (zeros included): the "
-            "same total pause time, paid by every rank at the same step",
+            f"replay with the automatic pauses gone and every rank paying one full collection "
+            f"({1e3 * pause:.0f} ms, the median of the recorded full ones) every N = {n} steps "
+            f"at the same point, amortised per step",
             self.cost, self.switch_on(ctx),
             {"where": f["where"], "diagnosis_speedup": f["speedup_if_fixed"], **self.settings(ctx)})
 
