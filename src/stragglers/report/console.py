@@ -33,8 +33,7 @@ from stragglers.report.summary import (
     share_words,
     title_of,
 )
-from stragglers.whatif.diagnosis import STRAGGLING
-from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD
+from stragglers.whatif.config import DECOMPOSE_SLOWDOWN, STRAGGLING_SLOWDOWN
 from stragglers.whatif.result import AnalysisResult
 
 # Above this many DP ranks the worker grid shows coloured blocks instead of numbers.
@@ -42,7 +41,7 @@ GRID_NUMBERS_MAX_DP = 16
 TOP_STEPS = 5
 
 
-def slowdown_style(value: float | None, straggling: float = STRAGGLING) -> str:
+def slowdown_style(value: float | None, straggling: float = STRAGGLING_SLOWDOWN) -> str:
     """The colour of a slowdown value: green when clean, red when it hurts."""
     if value is None or not math.isfinite(value):
         return "dim"
@@ -50,7 +49,7 @@ def slowdown_style(value: float | None, straggling: float = STRAGGLING) -> str:
         return "bold red"
     if value >= straggling:
         return "red"
-    if value >= DECOMPOSE_THRESHOLD:
+    if value >= DECOMPOSE_SLOWDOWN:
         return "yellow"
     return "green"
 

@@ -18,8 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.whatif.config import STRAGGLING_SLOWDOWN
-from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD
+from stragglers.whatif.config import DECOMPOSE_SLOWDOWN, STRAGGLING_SLOWDOWN
 
 # Version of the JSON layout: bump when a field changes meaning or is removed.
 SCHEMA_VERSION = 1
@@ -199,7 +198,7 @@ class AnalysisResult(_ByName):
     @property
     def decompose_threshold(self) -> float:
         """The S from which attribution is computed (spec §7)."""
-        return DECOMPOSE_THRESHOLD
+        return DECOMPOSE_SLOWDOWN
 
     @property
     def sim_error_high(self) -> bool:
