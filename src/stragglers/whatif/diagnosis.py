@@ -58,18 +58,24 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
         # A cause can hide behind another (a heavy stage behind a slow worker that every DP
         # rank waits for): it also counts when fixing it buys enough once the others are fixed.
         others = found[:i] + found[i + 1:]
-        if others:
+        entry["speedup_alone"] = entry["speedup_if_fixed"]
+        entry["speedup_after_others"] = entry["speedup_if_fixed"]
+        entry["basis"] = "alone"
+        if entry["interval"][0] < cfg.min_gain and others:
             t_rest, t_both = _after_others(w, cand, others)
-            after = ratio_interval(t_rest, t_both, cfg, cand.strata)
-            entry["speedup_after_others"] = float(t_rest.mean() / t_both.mean())
-        else:
-            after = entry["interval"]
-            entry["speedup_after_others"] = entry["speedup_if_fixed"]
-        if max(entry["interval"][0], after[0]) >= cfg.min_gain:
+            after = float(t_rest.mean() / t_both.mean())
+            lo, hi = ratio_interval(t_rest, t_both, cfg, cand.strata)
+            entry["speedup_after_others"] = after
+            if lo >= cfg.min_gain:
+                entry.update(speedup_if_fixed=after, interval=[min(lo, after), max(hi, after)],
+                             basis="after_others")
+                entry["evidence"] += (f"; it pays once the other causes are fixed (×{after:.2f}; "
+                                      f"alone ×{entry['speedup_alone']:.2f})")
+        if entry["interval"][0] >= cfg.min_gain:
             kept.append((cand, entry))
         else:
             log.debug("dropped %s: interval %s below min_gain", cand.cause, entry["interval"])
-    kept.sort(key=lambda ce: -max(ce[1]["speedup_if_fixed"], ce[1]["speedup_after_others"]))
+    kept.sort(key=lambda ce: -ce[1]["speedup_if_fixed"])
     floor = noise_floor(w, cfg)
     summary = {"noise_floor": floor, "all_fixed": None, "all_fixed_interval": None,
                "explained": None, "unexplained": None}
