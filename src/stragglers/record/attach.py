@@ -118,6 +118,7 @@ class Attached:
         self._opt = None            # open optimizer span: (start mark, gc index)
         self._seq: dict[int, tuple[float, int]] = {}
         self._handles: list = []
+        self._bwd_hooks: list = []
         self._restore: list = []
         self._closed = False
         self.recorder.start()
@@ -222,11 +223,24 @@ class Attached:
         if self.recorder._buf is None:
             return None
         self._close_seg()
-        outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if outs:
-            torch.autograd.graph.register_multi_grad_hook(
-                outs, lambda grad, mb=mb: self._bwd_start(mb), mode="any")
+        outs = [output] if isinstance(output, torch.Tensor) else tree_leaves(output)
+        start = self._bwd_hooks[mb] if mb < len(self._bwd_hooks) else self._bwd_hook(mb)
+        for t in outs:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                # A pre-hook on the node that produced the output runs when backward reaches
+                # the model (the cheapest hook autograd offers: no tensor hook wrapper).
+                if t.grad_fn is not None:
+                    t.grad_fn.register_prehook(start)
+                else:
+                    t.register_hook(start)
         return None
+
+    def _bwd_hook(self, mb: int):
+        """The backward-start hook of microbatch `mb` (made once, reused every step)."""
+        while len(self._bwd_hooks) <= mb:
+            i = len(self._bwd_hooks)
+            self._bwd_hooks.append(lambda *_grads, i=i: self._bwd_start(i))
+        return self._bwd_hooks[mb]
 
     def _bwd_start(self, mb: int) -> None:
         if self._in_bwd or self.recorder._buf is None:
@@ -242,6 +256,14 @@ class Attached:
             return
         self._close_seg()
         if self._in_opt:
+            # A closure inside optimizer.step (Lightning): the optimizer's own work starts after
+            # the backward's end-of-pass callbacks, DDP's wait for its all-reduces among them;
+            # a callback queued now runs after those queued before it.
+            torch.autograd.Variable._execution_engine.queue_callback(self._opt_restart)
+
+    def _opt_restart(self) -> None:
+        buf = self.recorder._buf
+        if self._in_opt and buf is not None:
             self._opt = (self._timer.mark(), len(buf.gc))
 
     def _opt_pre(self, optimizer, args, kwargs):

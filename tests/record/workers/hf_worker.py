@@ -36,7 +36,7 @@ def main(out: str, steps: int, slow_rank: int) -> None:
     config = GPT2Config(vocab_size=128, n_positions=64, n_embd=64, n_layer=2, n_head=2)
     model = GPT2LMHeadModel(config)
     if int(os.environ["RANK"]) == slow_rank:
-        slow_down(model.transformer, 0.08, 0.16)
+        slow_down(model.transformer.ln_f, 0.08, 0.16)
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=steps,
                              report_to=[], save_strategy="no", logging_strategy="no",
                              use_cpu=True, ddp_backend="gloo", dataloader_num_workers=0,
