@@ -34,16 +34,20 @@ class DiagnosedFix(RemedyBase):
         f = ctx.finding(self.cause)
         if f is None or f["speedup_if_fixed"] is None:
             return self.refuse(self.absent)
-        saved = ctx.saved_by_finding(float(f["speedup_if_fixed"]))
+        # This remedy alone: a diagnosis that predicts a cause on top of the others' fixes
+        # keeps the alone figure too.
+        alone = f.get("speedup_alone") or f["speedup_if_fixed"]
+        saved = ctx.saved_by_finding(float(alone))
         details = {"where": f["where"], "diagnosis_speedup": f["speedup_if_fixed"],
-                   **self.settings(ctx)}
-        extra = getattr(f, "extra", None) or {}
-        details.update({k: v for k, v in extra.items() if "interval" in k or "bound" in k})
-        method = (f"the diagnosis's prediction for {self.cause} (replay with that cause's share "
-                  f"removed: {f['evidence']}), its seconds saved per step taken off the replay "
-                  "with launch delays")
-        if extra.get("upper_bound"):
-            method += "; an upper bound"
+                   "diagnosis_speedup_alone": alone, **self.settings(ctx)}
+        for key in ("interval", "upper_bound", "basis"):
+            if f.get(key) is not None:
+                details[f"diagnosis_{key}"] = f.get(key)
+        method = (f"the diagnosis's prediction for {self.cause} alone (replay with that cause's "
+                  f"share removed: {f['evidence']}), its seconds saved per step taken off the "
+                  "replay with launch delays")
+        if f.get("upper_bound"):
+            method += "; an upper bound (a perfect fix)"
         return self.priced(ctx, ctx.baseline_step_s - saved, method, self.cost,
                            self.switch_on(ctx), details)
 
