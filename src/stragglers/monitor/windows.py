@@ -55,6 +55,7 @@ class JobTracker:
         self.consumed_step, self.next_idx = int(consumed_step), int(next_idx)
         self.ranks: dict[int, RankParts] = {}
         self.chunks: list[dict[str, np.ndarray]] = []
+        self._steps: set[int] = set()  # steps with pending rows (kept, not recomputed per part)
         self.pending_rows = 0
         self.closed_marker = False
         self.late_rows = 0   # rows of steps already analysed when they arrived (dropped)
@@ -96,6 +97,7 @@ class JobTracker:
             if len(columns["step"]):
                 self.chunks.append(columns)
                 self.pending_rows += len(columns["step"])
+                self._steps.update(np.unique(columns["step"]).tolist())
         self._advance(rp, arrived_at)
 
     def _advance(self, rp: RankParts, now: float) -> None:
@@ -139,9 +141,7 @@ class JobTracker:
         return self._cut(steps[:self.window_steps] if reason == "complete" else steps, now, reason)
 
     def _pending_steps(self) -> np.ndarray:
-        if not self.chunks:
-            return np.zeros(0, np.int64)
-        return np.unique(np.concatenate([c["step"] for c in self.chunks]))
+        return np.array(sorted(self._steps), dtype=np.int64)
 
     def _cut(self, steps: np.ndarray, now: float, reason: str) -> Window:
         last = int(steps[-1])
@@ -152,6 +152,7 @@ class JobTracker:
         self.chunks = [{k: v[rest] for k, v in ops.items()}] if rest.any() else []
         self.pending_rows = int(rest.sum())
         self.consumed_step = last
+        self._steps = {s for s in self._steps if s > last}
         present = set(np.unique(window_ops["rank"]).tolist())
         missing = [r for r in self.expected_ranks if r not in present]
         w = Window(self.job, self.next_idx, [int(s) for s in steps],

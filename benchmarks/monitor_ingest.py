@@ -1,0 +1,294 @@
+"""The live monitor: durable ingest rate through each way in, window-close → published latency,
+many jobs at once, and the monitor's memory per job.
+
+    .venv/bin/python benchmarks/monitor_ingest.py [--quick]
+
+1. files: run directories of synthetic dp × pp jobs (recorder-style parts) are written before
+   the monitor starts; measured from start until every part is durable in SQLite (WAL, fsync
+   per commit), against the baseline of reading the same files with pyarrow alone (the floor
+   of any Parquet ingest), side by side.
+2. http: the same parts PUT by 8 client threads to a monitor in another process; each reply
+   comes once the part is fsynced and committed.
+3. latency: for a 64-worker and a 1,024-worker job, the last part that completes a window is
+   written; measured from the window closing (the monitor's timestamp) until /metrics and the
+   job's JSON (what the dashboard polls) show it.
+4. 20 jobs watched at once, each flushing a part per rank every 0.5 s: time from each window
+   closing to its analysis being stored, and the monitor's RSS per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from stragglers.monitor.ingest_files import DirectoryWatcher  # noqa: E402
+from stragglers.monitor.service import Monitor  # noqa: E402
+from stragglers.monitor.settings import MonitorConfig  # noqa: E402
+from stragglers.monitor.store import Store  # noqa: E402
+from stragglers.trace.runformat import write_meta, write_rank  # noqa: E402
+from stragglers.trace.synth import generate  # noqa: E402
+
+
+def job(dp: int, pp: int, steps: int, seed: int = 0, slow=None):
+    """A synthetic job with a recorder-style layout."""
+    t = generate(dp=dp, pp=pp, microbatches=8, steps=steps, seed=seed,
+                 slow_worker=slow or (dp - 1, pp - 1, 2.0))
+    o = t.ops
+    keys = np.unique(np.stack([o["rank"], o["dp_rank"], o["stage"]], axis=1), axis=0)
+    t.meta.extra["layout"] = [{"rank": int(r), "dp_rank": int(d), "stage": int(s),
+                               "host": f"node{int(r) // 8}"} for r, d, s in keys]
+    return t
+
+
+def split(trace, steps_per_part: int) -> list[tuple[int, int, dict]]:
+    """(rank, part, columns) in flush order."""
+    o = trace.ops
+    order = np.lexsort((o["step"], o["rank"]))
+    o = {k: v[order] for k, v in o.items()}
+    steps = np.unique(o["step"])
+    out = []
+    ranks = np.unique(o["rank"])
+    bounds = np.searchsorted(o["rank"], ranks)
+    ends = np.append(bounds[1:], len(o["rank"]))
+    per_rank = {int(r): {k: v[b:e] for k, v in o.items()} for r, b, e in zip(ranks, bounds, ends)}
+    for part, first in enumerate(range(0, len(steps), steps_per_part)):
+        chunk = steps[first:first + steps_per_part]
+        for r, cols in per_rank.items():
+            sel = (cols["step"] >= chunk[0]) & (cols["step"] <= chunk[-1])
+            out.append((r, part, {k: v[sel] for k, v in cols.items()}))
+    return out
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+)", text)[1]) / 1024
+
+
+def wait(cond, timeout=600.0, interval=0.01):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(interval)
+    raise TimeoutError("condition not reached")
+
+
+# ---- 1. watched files ---------------------------------------------------------------------
+
+def bench_files(tmp: Path, jobs: int, dp: int, pp: int, steps: int, spp: int) -> dict:
+    runs = tmp / "runs"
+    total = 0
+    files = []
+    for j in range(jobs):
+        t = job(dp, pp, steps, seed=j)
+        d = runs / f"job{j:02d}"
+        write_meta(d, t.meta)
+        for r, p, cols in split(t, spp):
+            files.append(write_rank(d, r, cols, part=p))
+        total += len(t)
+    os.sync()
+    t0 = time.perf_counter()
+    rows = sum(pq.read_table(f).num_rows for f in files)     # baseline: pyarrow alone
+    t_read = time.perf_counter() - t0
+    assert rows == total
+    store = Store(tmp / "files.db", durable=True)
+    cfg = MonitorConfig(window_steps=10, stall_after_s=3600)
+    mon = Monitor(store, cfg).start()
+    watcher = DirectoryWatcher(mon, [runs], rescan_s=3600)
+    t0 = time.perf_counter()
+    watcher.start()
+    wait(lambda: store.totals()["by_way"].get("files", {}).get("parts", 0) == len(files))
+    t_ingest = time.perf_counter() - t0
+    wait(mon.idle)
+    t_all = time.perf_counter() - t0
+    watcher.stop()
+    mon.stop()
+    windows = sum(len(store.windows(f"job{j:02d}")) for j in range(jobs))
+    store.close()
+    return {"records": total, "parts": len(files), "rows_per_part": total // len(files),
+            "durable_s": t_ingest, "records_per_s": total / t_ingest,
+            "pyarrow_read_s": t_read, "pyarrow_records_per_s": total / t_read,
+            "ratio_to_pyarrow_read": t_ingest / t_read, "windows": windows,
+            "with_analysis_s": t_all}
+
+
+# ---- 2. HTTP uploads ----------------------------------------------------------------------
+
+def start_service(tmp: Path, name: str, *extra: str):
+    sock_port = _free_port()
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text("settings: {window_steps: 10, stall_after_s: 3600, tick_s: 0.05}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "stragglers.monitor", "serve", "--db",
+                             str(tmp / f"{name}.db"), "--port", str(sock_port), "--config",
+                             str(cfg), *extra], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    url = f"http://127.0.0.1:{sock_port}"
+    wait(lambda: _up(url), 120, 0.1)
+    return proc, url
+
+
+def _up(url):
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_http(tmp: Path, dp: int, pp: int, steps: int, spp: int, clients: int = 8) -> dict:
+    t = job(dp, pp, steps)
+    parts = split(t, spp)
+    blobs = []
+    import io
+    from stragglers.trace.columns import columns_to_table
+    for r, p, cols in parts:
+        buf = io.BytesIO()
+        pq.write_table(columns_to_table(cols), buf, compression="zstd")
+        blobs.append((r, p, buf.getvalue()))
+    proc, url = start_service(tmp, "http")
+    try:
+        rss0 = rss_mb(proc.pid)
+        httpx.put(f"{url}/api/jobs/bench/meta", json=t.meta.to_dict()).raise_for_status()
+        lanes = [blobs[i::clients] for i in range(clients)]
+
+        def lane(items):
+            with httpx.Client(base_url=url, timeout=60) as c:
+                for r, p, data in items:
+                    c.put(f"/api/jobs/bench/ranks/{r}/parts/{p}", content=data).raise_for_status()
+
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(clients) as ex:
+            list(ex.map(lane, lanes))
+        dt = time.perf_counter() - t0
+        rss1 = rss_mb(proc.pid)
+        stats = httpx.get(url + "/api/stats").json()["by_way"]["http"]
+        assert stats["records"] == len(t), stats
+        return {"records": len(t), "parts": len(blobs), "rows_per_part": len(t) // len(blobs),
+                "clients": clients, "durable_s": dt, "records_per_s": len(t) / dt,
+                "bytes": sum(len(b) for _, _, b in blobs), "server_rss_mb_before": rss0,
+                "server_rss_mb_after": rss1}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# ---- 3. latency window close → published ----------------------------------------------------
+
+def bench_latency(tmp: Path, dp: int, pp: int, window: int = 10) -> dict:
+    t = job(dp, pp, window + 1)
+    parts = split(t, window)            # part 0: steps 0..9 (the window), part 1: step 10
+    (tmp / f"lat{dp * pp}").mkdir()
+    proc, url = start_service(tmp, f"lat{dp * pp}", "--watch", str(tmp / f"lat{dp * pp}"))
+    run = tmp / f"lat{dp * pp}" / "job"
+    try:
+        write_meta(run, t.meta)
+        held = [p for p in parts if p[1] == 0 and p[0] == 0]
+        for r, p, cols in parts:
+            if (r, p) != (0, 0):
+                write_rank(run, r, cols, part=p)
+        with httpx.Client(base_url=url, timeout=30) as c:
+            wait(lambda: c.get("/api/stats").json()["by_way"].get("files", {}).get("parts", 0)
+                 == len(parts) - 1, 600, 0.05)
+            r, p, cols = held[0]
+            write_rank(run, r, cols, part=p)   # this completes the window
+            seen = {}
+
+            def metrics():
+                if "metrics" not in seen and 'stragglers_windows_total{job="job"} 1.0' in \
+                        c.get("/metrics").text:
+                    seen["metrics"] = time.time()
+                if "json" not in seen and c.get("/api/jobs/job").json()["windows"]:
+                    seen["json"] = time.time()
+                return len(seen) == 2
+
+            wait(metrics, 600, 0.005)
+            w = c.get("/api/jobs/job").json()["window"]
+        return {"workers": dp * pp, "ops_in_window": int((t.ops["step"] < window).sum()),
+                "analysis_s": w["analysis_s"],
+                "close_to_metrics_s": seen["metrics"] - w["closed_at"],
+                "close_to_dashboard_json_s": seen["json"] - w["closed_at"],
+                "slowdown": w["slowdown"], "error": w["error"]}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# ---- 4. 20 jobs at once -------------------------------------------------------------------
+
+def bench_many_jobs(tmp: Path, jobs: int, dp: int, pp: int, steps: int, every_s: float) -> dict:
+    runs = tmp / "many"
+    traces = [job(dp, pp, steps, seed=j) for j in range(jobs)]
+    splits = [split(t, 1) for t in traces]
+    store = Store(tmp / "many.db")
+    rss0 = rss_mb()
+    mon = Monitor(store, MonitorConfig(window_steps=10, stall_after_s=3600, tick_s=0.1)).start()
+    watcher = DirectoryWatcher(mon, [runs.mkdir(parents=True) or runs], rescan_s=5).start()
+    for j, t in enumerate(traces):
+        write_meta(runs / f"j{j:02d}", t.meta)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        for j, parts in enumerate(splits):
+            for r, p, cols in parts:
+                if p == step:
+                    write_rank(runs / f"j{j:02d}", r, cols, part=p)
+        time.sleep(max(0.0, t0 + (step + 1) * every_s - time.perf_counter()))
+    wait(lambda: all(len(store.windows(f"j{j:02d}")) == steps // 10 for j in range(jobs)), 600)
+    wait(mon.idle)
+    rss1 = rss_mb()
+    lat = [w["analysed_at"] - w["closed_at"] for j in range(jobs)
+           for w in store.windows(f"j{j:02d}")]
+    watcher.stop()
+    mon.stop()
+    store.close()
+    return {"jobs": jobs, "workers_per_job": dp * pp, "part_every_s": every_s,
+            "windows": len(lat), "close_to_stored_s_median": float(np.median(lat)),
+            "close_to_stored_s_max": float(np.max(lat)),
+            "rss_mb_per_job": (rss1 - rss0) / jobs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args()
+    q = args.quick
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="monitor-bench-") as d:
+        tmp = Path(d)
+        out["files"] = bench_files(tmp, 2 if q else 4, 8, 4, 40 if q else 100, 10)
+        print("files", json.dumps(out["files"]), flush=True)
+        out["http"] = bench_http(tmp, 8, 4, 40 if q else 100, 10)
+        print("http", json.dumps(out["http"]), flush=True)
+        out["latency"] = [bench_latency(tmp, 16, 4)] + ([] if q else [bench_latency(tmp, 256, 4)])
+        print("latency", json.dumps(out["latency"]), flush=True)
+        out["many_jobs"] = bench_many_jobs(tmp, 20, 4, 2, 20 if q else 40, 0.5)
+        print("many_jobs", json.dumps(out["many_jobs"]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The live demo: a monitor, and examples/train_gpt.py with a slow rank uploading to it.
+
+    python -m stragglers.monitor.demo [--port 8150] [--steps 80] [--out runs/demo-live] [--keep]
+
+Starts `stragglers monitor serve`, prints the dashboard URL, runs a 4-process torchrun job
+(dp 2 × pp 2) whose rank 1 is 4× slow for the first half of the steps and uploads its parts
+(`--monitor-url`), then prints the windows and alerts. With --keep the monitor stays up until
+Ctrl-C; otherwise it stops, and `stragglers monitor serve --db OUT/monitor.db` shows it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from stragglers.errors import EnvironmentFailure
+
+REPO = Path(__file__).resolve().parents[3]
+TRAIN = REPO / "examples" / "train_gpt.py"
+RULES = """settings: {window_steps: 5, stall_after_s: 120, close_grace_s: 2}
+rules:
+  - {name: straggling, when: "slowdown >= 1.1", for_windows: 3, severity: warning}
+  - {name: severe, when: "slowdown >= 1.8", for_windows: 1, severity: critical}
+  - {name: worker_fault, when: "cause == worker_fault and speedup >= 1.5", for_windows: 2,
+     severity: critical}
+  - {name: stalled, when: "state == stalled"}
+"""
+
+
+def run_demo(port: int = 8150, steps: int = 80, out: Path = Path("runs/demo-live"),
+             keep: bool = False) -> int:
+    """Run the live demo; returns the training's exit code."""
+    if not TRAIN.exists():
+        raise EnvironmentFailure(str(TRAIN), "the demo needs a source checkout with examples/")
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rules.yaml").write_text(RULES)
+    url = f"http://127.0.0.1:{port}"
+    monitor = subprocess.Popen(
+        [sys.executable, "-m", "stragglers.monitor", "serve", "--db", str(out / "monitor.db"),
+         "--port", str(port), "--config", str(out / "rules.yaml"), "--data-dir",
+         str(out / "uploads")])
+    try:
+        _wait_up(url, monitor)
+        print(f"dashboard: {url}/jobs/gpt   (all jobs: {url}/, metrics: {url}/metrics)",
+              flush=True)
+        run = out / "gpt"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=4", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(TRAIN),
+               "--pp", "2", "--steps", str(steps), "--layers", "2", "--d-model", "32",
+               "--max-seq-len", "64", "--slow-rank", "1", "--slow-factor", "4",
+               "--slow-until-step", str(steps // 2), "--flush-interval", "0.3",
+               "--trace-dir", str(run), "--overwrite", "--monitor-url", url]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        rc = subprocess.call(cmd, env=env, cwd=REPO)
+        time.sleep(3)
+        job = httpx.get(f"{url}/api/jobs/gpt", timeout=30).json()
+        for w in job.get("windows", []):
+            print(f"window {w['idx']:2d} steps {w['first_step']:3d}-{w['last_step']:3d}  "
+                  f"S = {w['slowdown'] or float('nan'):.2f}  {', '.join(w['causes'])}")
+        for e in reversed(job.get("alert_log", [])):
+            print(f"alert {e['status']:8s} {e['rule']}: {e['summary']}")
+        print(f"dashboard: {url}/jobs/gpt", flush=True)
+        if keep:
+            print("monitor still running; Ctrl-C stops it", flush=True)
+            monitor.wait()
+        return rc
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if monitor.poll() is None:
+            monitor.terminate()
+            monitor.wait(timeout=30)
+
+
+def _wait_up(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EnvironmentFailure(url, f"the monitor exited ({proc.returncode}); is the port "
+                                     "taken? try --port")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise EnvironmentFailure(url, "the monitor did not answer in time")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    """Command line of the demo."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=8150)
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--out", type=Path, default=Path("runs/demo-live"))
+    p.add_argument("--keep", action="store_true", help="keep the monitor up after the run")
+    a = p.parse_args()
+    sys.exit(run_demo(a.port, a.steps, a.out, a.keep))
+
+
+if __name__ == "__main__":
+    main()
