@@ -7,8 +7,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from stragglers.collectives.commands import register
-from stragglers.errors import InputError
+from stragglers.collectives.commands import calibrate_collectives, register
+from stragglers.errors import EnvironmentFailure, InputError
 
 app = typer.Typer()
 register(app)
@@ -16,33 +16,48 @@ runner = CliRunner()
 
 
 def test_schedule_command_prints_and_verifies():
-    result = runner.invoke(app, ["stragglar-schedule", "8"])
+    result = runner.invoke(app, ["collectives", "schedule", "--n", "8"])
     assert result.exit_code == 0, result.output
     assert "R8:" in result.output and "9 rounds (lower bound 9)" in result.output
     assert "verifier: OK" in result.output
 
 
+def test_old_name_is_a_hidden_deprecated_alias_with_options():
+    result = runner.invoke(app, ["stragglar-schedule", "--n", "8", "--no-show"])
+    assert result.exit_code == 0 and "9 rounds" in result.output
+    assert "stragglar-schedule" not in runner.invoke(app, ["--help"]).output
+
+
 def test_schedule_command_odd_n_explains_itself():
-    result = runner.invoke(app, ["stragglar-schedule", "7", "--no-show"])
+    result = runner.invoke(app, ["collectives", "schedule", "--n", "7", "--no-show"])
     assert result.exit_code == 0 and "odd n" in result.output
 
 
 def test_bad_n_is_an_input_error_and_exit_code_2():
-    result = runner.invoke(app, ["stragglar-schedule", "1"])
+    result = runner.invoke(app, ["collectives", "schedule", "--n", "1"])
     assert isinstance(result.exception, InputError)
     proc = subprocess.run([sys.executable, "-c", "from stragglers.cli import main; main()",
-                           "stragglar-schedule", "1"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "N" in proc.stderr and "Traceback" not in proc.stderr
+                           "collectives", "schedule", "--n", "1"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--n" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_model_command_table():
-    result = runner.invoke(app, ["stragglar-model", "8", "--delay-ms", "5"])
+    result = runner.invoke(app, ["collectives", "model", "--n", "8", "--delay-ms", "5"])
     assert result.exit_code == 0, result.output
     assert "stragglar" in result.output and "1.133x" in result.output
 
 
+def test_calibrate_worker_failure_is_an_environment_failure(monkeypatch):
+    # a good input whose workers die is not the user's input error (exit 3, not 2)
+    import stragglers.collectives.commands as commands
+
+    monkeypatch.setattr(commands.sys, "executable", "/bin/false")
+    with pytest.raises(EnvironmentFailure, match="torchrun"):
+        calibrate_collectives(nproc=2, max_size_mb=0.25)
+
+
 @pytest.mark.distributed
 def test_calibrate_collectives_measures_alpha_beta():
-    result = runner.invoke(app, ["calibrate-collectives", "--nproc", "2", "--max-size-mb", "0.25"])
+    result = runner.invoke(app, ["collectives", "calibrate", "--nproc", "2", "--max-size-mb", "0.25"])
     assert result.exit_code == 0, result.output
     assert "alpha =" in result.output and "--alpha-us" in result.output

@@ -58,3 +58,16 @@ def test_bad_parameters_are_user_errors():
     det = StragglerDetector(4)
     with pytest.raises(InputError, match="expected 4"):
         det.observe([0.1, 0.2])
+
+
+def test_ranks_within_half_a_millisecond_are_not_flagged_by_the_hook_default():
+    # the same rank last every time, but by 0.4 ms: noise, and far too little for StragglAR
+    from stragglers.collectives.ddp_hook import DEFAULT_MIN_LEAD_S
+
+    det = StragglerDetector(4, window=8, threshold=0.6, min_lead_s=DEFAULT_MIN_LEAD_S)
+    for _ in range(20):
+        det.observe([0.0104, 0.0103, 0.0100, 0.0096])  # rank 3 spent the least time inside
+    assert det.history[-1].last == 3 and det.persistent_straggler() is None
+    for _ in range(8):
+        det.observe([0.0304, 0.0303, 0.0300, 0.0096])  # now 20 ms late: a straggler
+    assert det.persistent_straggler() == 3

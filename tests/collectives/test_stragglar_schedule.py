@@ -56,12 +56,50 @@ def test_power_of_two_schedules_are_optimal_and_valid(n):
     assert sched.note == ""
 
 
+# spec §2: the paper's greedy maximum-weight matching measured 6→7, 10→12, 12→15, 24→27
+PAPER_ROUNDS = {6: 7, 10: 12, 12: 15, 24: 27}
+
+
 @pytest.mark.parametrize("n", [6, 10, 12, 14, 24])
 def test_other_even_n_get_a_valid_schedule_with_a_note(n):
     sched = synthesize(n)
     verify(sched)
     assert sched.num_rounds >= lower_bound_rounds(n)
     assert "not a power of two" in sched.note and str(sched.num_rounds) in sched.note
+
+
+@pytest.mark.timeout(1800)  # ~1 min of CPU; minutes of wall time on the shared 2-core box
+def test_every_even_n_up_to_64_matches_or_beats_the_paper():
+    """The paper's counts where the spec lists them; elsewhere its formula n−2+⌈log₂n⌉ ("close
+    to"), which we meet or miss by at most 2 rounds (measured: +1 for most n, +2 for 50, 58,
+    62, 64 is a power of two and optimal)."""
+    rounds = {}
+    for n in range(4, 65, 2):
+        sched = synthesize(n)
+        verify(sched)
+        rounds[n] = sched.num_rounds
+        assert rounds[n] <= PAPER_ROUNDS.get(n, lower_bound_rounds(n) + 2), (n, rounds[n])
+    assert all(rounds[n] == lower_bound_rounds(n) for n in (4, 8, 16, 32, 64))
+    assert rounds[10] == 12 and rounds[24] == 27 and rounds[12] <= 14  # 12: one better
+
+
+def test_plans_are_kept_per_schedule_not_per_id():
+    # the old cache was keyed by id(schedule): after an eviction a new schedule could get an
+    # old id and the plan of another n (a 46-round schedule got the 4-round plan)
+    seen = {}
+    for _ in range(3):
+        for n in (4, 5, 6, 8):
+            synthesize.cache_clear()
+            sched = synthesize(n)
+            for rank in range(n):
+                plan = sched.rank_plan(rank)
+                assert len(plan) == sched.num_rounds
+                assert all(t.src == rank for sends, _ in plan for t in sends)
+                assert all(t.dst == rank for _, recvs in plan for t in recvs)
+            seen.setdefault(n, sched.rounds)
+            assert sched.rounds == seen[n]  # deterministic: every rank builds the same one
+    with pytest.raises(InputError, match="rank"):
+        synthesize(4).rank_plan(4)
 
 
 @pytest.mark.parametrize("n", [3, 5, 7, 9])

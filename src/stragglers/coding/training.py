@@ -90,6 +90,22 @@ def _flat_grad(model: torch.nn.Module) -> torch.Tensor:
                       for p in model.parameters()])
 
 
+def combine_messages(decoding, messages: list[torch.Tensor]) -> torch.Tensor:
+    """Σ_k a_k f_k in float64 on the messages' device (complex codes: interleaved real/imag
+    parts in, the real part out); `messages` in the order of `decoding.survivors`."""
+    if len(messages) != len(decoding.survivors):
+        raise InputError(decoding.code.name, "messages", f"expected one message per survivor "
+                                                         f"({len(decoding.survivors)}), got "
+                                                         f"{len(messages)}")
+    device = messages[0].device
+    a = torch.as_tensor(decoding.coefficients[list(decoding.survivors)], device=device)
+    M = torch.stack(messages).double()
+    if decoding.code.is_complex:
+        M = torch.view_as_complex(M.reshape(len(messages), -1, 2))
+    combined = a.to(M.dtype) @ M
+    return combined.real if combined.is_complex() else combined
+
+
 def part_gradient(model: torch.nn.Module, loss_fn: Callable, data: PartitionedData, part: int,
                   step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The flat gradient and the loss of part `part`'s mini-batch at `step`."""
@@ -277,13 +293,7 @@ class _Aggregator:
         t0 = time.perf_counter()
         survivors = [w for w, _ in got]
         decoding = code.decode(survivors)
-        a = torch.as_tensor(decoding.coefficients[survivors], device=self.device)
-        M = torch.stack([buf[1:] for _, buf in got]).double()
-        if code.is_complex:
-            M = torch.view_as_complex(M.reshape(len(got), -1, 2))
-        combined = a.to(M.dtype) @ M
-        if combined.is_complex():
-            combined = combined.real
+        combined = combine_messages(decoding, [buf[1:] for _, buf in got])
         _sync(self.device)
         decode_s = time.perf_counter() - t0
         grad, loss = combined[:P] / n, float(combined[P]) / n

@@ -6,40 +6,50 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from stragglers.collectives.devices import control_device
+
 
 class TimeExchange:
     """Shares each rank's time inside the last collective with a tiny asynchronous all_reduce.
 
     Posted right after the collective (all ranks are in step then, so it costs one small
-    message round) and collected at the next call, so nobody waits on it.
+    message round) and collected at the next call, so nobody waits on it. The vector lives on
+    the backend's device (CUDA for NCCL), so it is legal on every backend.
     """
 
-    def __init__(self, group=None):
+    def __init__(self, group=None, device: torch.device | None = None):
         self.group = group
         self.n = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self._pending: tuple[object, torch.Tensor] | None = None
+        self.device = device if device is not None else control_device(group)
+        self._pending: tuple[object, torch.Tensor, object] | None = None
 
-    def post(self, seconds_inside: float) -> None:
+    def post(self, seconds_inside: float, tag: object = None) -> None:
         """Start sharing this rank's time inside the collective that just finished."""
-        vec = torch.zeros(self.n, dtype=torch.float64)
+        vec = torch.zeros(self.n, dtype=torch.float64, device=self.device)
         vec[self.rank] = seconds_inside  # the other slots are 0, so the sum is exact
-        self._pending = (dist.all_reduce(vec, group=self.group, async_op=True), vec)
+        self._pending = (dist.all_reduce(vec, group=self.group, async_op=True), vec, tag)
 
     def collect(self) -> list[float] | None:
         """The per-rank times from the last post (identical on every rank), or None."""
+        got = self.collect_tagged()
+        return None if got is None else got[0]
+
+    def collect_tagged(self) -> tuple[list[float], object] | None:
+        """(per-rank times, the tag given to `post`) of the last post, or None."""
         if self._pending is None:
             return None
-        work, vec = self._pending
+        work, vec, tag = self._pending
         work.wait()
         self._pending = None
-        return vec.tolist()
+        return vec.tolist(), tag  # .tolist() waits for the GPU: only the tiny all_reduce
 
 
 class StoreArrivalOrder:
     """Eager mode: ranks count their arrival in the c10d store; the rank missing from the first
     n-1 arrivals is this call's straggler. The ready ranks learn it as soon as n-1 have arrived,
-    which is exactly when phase 1 can start anyway."""
+    which is exactly when phase 1 can start anyway. Store traffic is TCP, not a collective, so
+    it is the same on every backend."""
 
     _instances = 0  # every rank creates its instances in the same order, so this names them alike
 

@@ -1,15 +1,20 @@
 """Measure α (latency) and β (s/byte) of the current backend by ping-pong, and the effective β
-when every rank exchanges at once (what a round of StragglAR or Ring does)."""
+when every rank exchanges at once (what a round of StragglAR or Ring does).
+
+Device-safe: the buffers and the reduced timing tensor live on the backend's device (CUDA for
+NCCL), and each exchange is timed with CUDA events on the stream there (the host clock on
+CPU), never with a host clock around asynchronous NCCL work.
+"""
 
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from stragglers.collectives.cost_model import LinkModel
+from stragglers.collectives.devices import Stopwatch, backend_of, control_device
 
 DEFAULT_SIZES = (8, 1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
@@ -40,18 +45,20 @@ def measure_link(sizes=DEFAULT_SIZES, reps: int = 5, all_pairs: bool = False, gr
     active = rank < (n - n % 2 if all_pairs else 2)
     peer = rank ^ 1
     medians = []
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend_of(group) \
+        and torch.cuda.is_available() else torch.device("cpu")
     for size in sizes:
-        device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
         buf = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
         out = torch.empty_like(buf)
         samples = []
         for _ in range(reps + 1):  # first is warm-up
             dist.barrier(group)
-            t0 = time.perf_counter()
+            watch = Stopwatch(device).start()
             if active:
                 _one_exchange(buf, out, to_global(peer), group)
-            samples.append(time.perf_counter() - t0)
-        t = torch.tensor([statistics.median(samples[1:])], dtype=torch.float64)
+            samples.append(watch.stop().seconds())
+        t = torch.tensor([statistics.median(samples[1:])], dtype=torch.float64,
+                         device=control_device(group))
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         medians.append(t.item())
     return _fit([max(4, s - s % 4) for s in sizes], medians) if rank == 0 else None

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from stragglers.errors import InputError
+from stragglers.protocols import ALLREDUCE_ALGORITHMS
 
 ALGORITHMS = ("ring", "halving_doubling", "tree", "stragglar")
 
@@ -84,13 +85,26 @@ def stragglar_time(n: int, size: float, link: LinkModel, delay: float = 0.0,
     return max(delay, reduce_scatter_time(n - 1, size, link)) + stragglar_phase2_time(n, size, link, rounds)
 
 
+@dataclass(frozen=True)
+class PricedAllReduce:
+    """An all-reduce algorithm of the cost model (the `AllReduceAlgorithm` protocol)."""
+
+    name: str
+    model: object  # (n, size, link, delay) -> seconds
+
+    def time(self, n: int, size: float, link: LinkModel, delay: float = 0.0) -> float:
+        """α–β time in seconds of an all-reduce of `size` bytes on n ranks, straggler `delay` late."""
+        return self.model(n, size, link, delay)
+
+
+for _name, _model in (("ring", ring_time), ("halving_doubling", halving_doubling_time),
+                      ("tree", tree_time), ("stragglar", stragglar_time)):
+    ALLREDUCE_ALGORITHMS.register(_name)(PricedAllReduce(_name, _model))
+
+
 def algorithm_time(name: str, n: int, size: float, link: LinkModel, delay: float = 0.0) -> float:
-    """Dispatch by name: one of ALGORITHMS."""
-    table = {"ring": ring_time, "halving_doubling": halving_doubling_time, "tree": tree_time,
-             "stragglar": stragglar_time}
-    if name not in table:
-        raise InputError("cost model", "algorithm", f"expected one of {', '.join(ALGORITHMS)}, got {name!r}")
-    return table[name](n, size, link, delay)
+    """The time of the algorithm registered as `name` in ALLREDUCE_ALGORITHMS."""
+    return ALLREDUCE_ALGORITHMS.get(name, "algorithm").time(n, size, link, delay)
 
 
 def break_even_delay(n: int, size: float, link: LinkModel) -> float:

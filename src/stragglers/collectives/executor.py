@@ -3,6 +3,11 @@
 Phase 1: the n-1 ready ranks reduce-scatter their buffers (the library collective on a
 sub-group where the backend has it, else a ring of isend/irecv). Phase 2: the synthesised
 schedule, one batch of isend/irecv per round. In place and SUM, like `dist.all_reduce`.
+
+NCCL: every tensor that travels is the caller's (device) tensor or a device scratch buffer;
+the up-front agreement check uses a control tensor on the backend's device; phase 1 uses the
+library ReduceScatter; phase 2 rounds are `batch_isend_irecv` groups, posted in round order on
+every rank (NCCL matches p2p in posting order, which is the same as the round order here).
 """
 
 from __future__ import annotations
@@ -12,14 +17,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from stragglers.collectives.devices import backend_of, control_device
+from stragglers.collectives.groups import create_ready_subgroups, group_ranks, ready_subgroups
 from stragglers.collectives.schedule import synthesize
 from stragglers.errors import InputError
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 PHASE1_PATHS = ("auto", "library", "ring")
-
-# ready-rank sub-groups per (parent group, straggler), created on first use
-_SUBGROUPS: dict[tuple[int, int], object] = {}
+_DTYPE_CODES = {dt: i for i, dt in enumerate(SUPPORTED_DTYPES)}
 
 
 @dataclass(frozen=True)
@@ -36,30 +41,82 @@ def _library_reduce_scatter_preferred(group) -> bool:
     """NCCL/XCCL: the library ReduceScatter. gloo in torch 2.13 has reduce_scatter_tensor, but
     it measured slower than a whole AllReduce (32 MB, 3 of 4 ranks: 0.33-0.37 s vs 0.25-0.31 s),
     so on gloo "auto" picks the p2p ring."""
-    backend = str(dist.get_backend(group)).lower()
+    backend = backend_of(group)
     return backend in ("nccl", "xccl")
 
 
 def prepare_subgroups(group=None) -> None:
-    """Create the n ready-rank sub-groups (one per possible straggler) on every rank at once.
+    """Create the n ready-rank sub-groups (one per possible straggler) of `group`.
 
-    Called collectively; `stragglar_all_reduce` calls it on first library use. Creating them
-    lazily per straggler does not work: ranks that skipped a creation disagree on group order.
+    Collective over the *default* group: every rank of the job calls it at the same point
+    (each with its own group, or one it is not in), as `dist.new_group` requires; see
+    `groups.create_ready_subgroups`.
+    `stragglar_all_reduce` does it on first library use when `group` is the whole job; for a
+    smaller group it must be called up front (otherwise a hang would be the only outcome).
     """
-    gid = id(group) if group is not None else 0
-    if (gid, 0) in _SUBGROUPS:
-        return
-    n = dist.get_world_size(group)
-    to_global = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
-    for s in range(n):
-        _SUBGROUPS[(gid, s)] = dist.new_group([to_global(r) for r in range(n) if r != s])
+    create_ready_subgroups(group)
 
 
 def _ready_subgroup(group, straggler: int):
-    key = (id(group) if group is not None else 0, straggler)
-    if key not in _SUBGROUPS:
-        prepare_subgroups(group)
-    return _SUBGROUPS[key]
+    subs = ready_subgroups(group)
+    if subs is None and group_ranks(group) == tuple(range(dist.get_world_size())):
+        create_ready_subgroups(group)  # every rank of the job is in this call: collective
+        subs = ready_subgroups(group)
+    if subs is None:
+        raise InputError("stragglar_all_reduce", "phase1",
+                         "the library phase 1 on a sub-group needs prepare_subgroups(group) "
+                         "called on every rank of the job first")
+    return subs[straggler]
+
+
+def _metadata(tensor, straggler, device) -> torch.Tensor:
+    is_tensor = isinstance(tensor, torch.Tensor)
+    numel = tensor.numel() if is_tensor else -1
+    dtype = _DTYPE_CODES.get(tensor.dtype, -1) if is_tensor else -2
+    who = straggler if isinstance(straggler, int) and not isinstance(straggler, bool) else -1
+    return torch.tensor([numel, dtype, who], dtype=torch.int64, device=device)
+
+
+def _raise_on_mismatch(rows: list[list[int]]) -> None:
+    for i, field in enumerate(("tensor.numel()", "tensor.dtype", "straggler")):
+        values = [r[i] for r in rows]
+        if len(set(values)) > 1:
+            if field == "tensor.dtype":
+                values = [str(SUPPORTED_DTYPES[v]) if v >= 0 else
+                          ("unsupported" if v == -1 else "not a tensor") for v in values]
+            raise InputError("stragglar_all_reduce", field,
+                             f"every rank must pass the same value; got {values}")
+
+
+class _Agreement:
+    """The up-front input check, without making the ready ranks wait for the straggler.
+
+    Every rank posts a tiny asynchronous all_gather of (length, dtype, straggler) over the
+    group at once; the ready ranks also compare among themselves (a blocking all_gather on
+    their sub-group, which they reach together) before phase 1, and everyone checks the full
+    gather before phase 2, which needs the straggler anyway. A mismatch is the same InputError
+    on every rank, never a hang or a wrong sum.
+    """
+
+    def __init__(self, tensor, straggler, group):
+        self.n = dist.get_world_size(group)
+        device = control_device(group, tensor if isinstance(tensor, torch.Tensor) else None)
+        self.mine = _metadata(tensor, straggler, device)
+        self.rows = torch.empty(self.n * 3, dtype=torch.int64, device=device)
+        self.work = dist.all_gather_into_tensor(self.rows, self.mine, group=group, async_op=True)
+        self.device = device
+
+    def among_ready(self, subgroup) -> None:
+        """Before phase 1, on a ready rank: the ready ranks agree with each other."""
+        m = dist.get_world_size(subgroup)
+        rows = torch.empty(m * 3, dtype=torch.int64, device=self.device)
+        dist.all_gather_into_tensor(rows, self.mine, group=subgroup)
+        _raise_on_mismatch(rows.view(m, 3).tolist())
+
+    def everyone(self) -> None:
+        """Before phase 2: all ranks, the straggler included, agree."""
+        self.work.wait()
+        _raise_on_mismatch(self.rows.view(self.n, 3).tolist())
 
 
 def _p2p(ops: list[tuple[str, torch.Tensor, int]], group) -> None:
@@ -161,15 +218,31 @@ PHASE2_MODES = ("dataflow", "lockstep")
 
 
 def stragglar_all_reduce(tensor: torch.Tensor, straggler: int, group=None,
-                         phase1: str = "auto", phase2: str = "dataflow") -> StragglarRun:
+                         phase1: str = "auto", phase2: str = "dataflow",
+                         check: bool = True) -> StragglarRun:
     """Sum `tensor` over the group in place, treating rank `straggler` (group rank) as late.
 
     Every rank must pass the same `straggler`. Any length, float32/float64/bfloat16/float16.
     `phase1`: "library" (reduce_scatter_tensor on the ready ranks), "ring" (p2p ring) or "auto"
     (library on NCCL, ring on gloo). `phase2`: "lockstep" (one batch_isend_irecv per round, wait
     for all of it) or "dataflow" (per-round batches, each send waits only for its own chunk).
-    The returned StragglarRun says which paths ran.
+    `check` (default): first agree on length, dtype and straggler with one tiny all_gather, so
+    a mismatch is the same InputError on every rank instead of a hang or a wrong sum (callers
+    that guarantee agreement, like the DDP hook, pass False; after such an error the ready
+    ranks' tensors are unspecified, as after a failed collective). Tensors that require grad are
+    reduced like `dist.all_reduce` does (outside autograd). The StragglarRun says what ran.
     """
+    with torch.no_grad():
+        return _stragglar_all_reduce(tensor, straggler, group, phase1, phase2, check)
+
+
+def _stragglar_all_reduce(tensor, straggler, group, phase1, phase2, check) -> StragglarRun:
+    agreement = None
+    if check and dist.get_world_size(group) > 1:
+        # first: an error raised on one rank only would leave the others hanging
+        agreement = _Agreement(tensor, straggler, group)
+        if not (isinstance(straggler, int) and 0 <= straggler < dist.get_world_size(group)):
+            agreement.everyone()  # the same error everywhere if ranks disagree, else below
     if not isinstance(tensor, torch.Tensor):
         raise InputError("stragglar_all_reduce", "tensor", f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in SUPPORTED_DTYPES:
@@ -181,7 +254,7 @@ def stragglar_all_reduce(tensor: torch.Tensor, straggler: int, group=None,
         raise InputError("stragglar_all_reduce", "phase1", f"expected one of {PHASE1_PATHS}, got {phase1!r}")
     n = dist.get_world_size(group)
     me = dist.get_rank(group)
-    if not isinstance(straggler, int) or not 0 <= straggler < n:
+    if isinstance(straggler, bool) or not isinstance(straggler, int) or not 0 <= straggler < n:
         raise InputError("stragglar_all_reduce", "straggler", f"expected a rank in 0..{n - 1}, got {straggler!r}")
     if n == 1:
         return StragglarRun("none", 0, False)
@@ -207,9 +280,11 @@ def stragglar_all_reduce(tensor: torch.Tensor, straggler: int, group=None,
         work = tensor.view(-1)
     chunks = list(work.tensor_split(m))
 
-    if path == "library":
+    if path == "library" or (agreement is not None and m > 1):
         subgroup = _ready_subgroup(group, straggler)  # every rank, the straggler too, the first time
     if logical != n - 1 and m > 1:
+        if agreement is not None:
+            agreement.among_ready(subgroup)
         if path == "library":
             out = torch.empty_like(chunks[logical])
             dist.reduce_scatter_tensor(out, work, group=subgroup)
@@ -217,6 +292,8 @@ def stragglar_all_reduce(tensor: torch.Tensor, straggler: int, group=None,
         else:
             _ring_reduce_scatter(chunks, logical, m, ready_peer, group)
 
+    if agreement is not None:
+        agreement.everyone()
     sched = synthesize(n)
     plan = sched.rank_plan(logical)
     if phase2 == "lockstep":

@@ -14,9 +14,6 @@ from typing import NamedTuple
 from stragglers.errors import InputError, StragglersError
 
 
-_PLANS: dict[tuple[int, int], list] = {}  # per-rank views of cached schedules
-
-
 class Transfer(NamedTuple):
     """One message of one round: `src` sends chunk `chunk` to `dst`.
 
@@ -39,6 +36,9 @@ class Schedule:
     method: str
     note: str = ""
     lower_bound: int = field(default=0)
+    # per-rank views, kept on the schedule itself: they live and die with it, so a plan can
+    # never be served for another schedule (a cache keyed by id() did, after an eviction)
+    _plans: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     @property
     def straggler(self) -> int:
@@ -57,11 +57,12 @@ class Schedule:
 
     def rank_plan(self, rank: int) -> list[tuple[list[Transfer], list[Transfer]]]:
         """Per round, what `rank` sends and what it receives."""
-        key = (id(self), rank)
-        if key not in _PLANS:
-            _PLANS[key] = [([t for t in rnd if t.src == rank], [t for t in rnd if t.dst == rank])
-                           for rnd in self.rounds]
-        return _PLANS[key]
+        if not 0 <= rank < self.n:
+            raise InputError("stragglar schedule", "rank", f"expected 0..{self.n - 1}, got {rank!r}")
+        if rank not in self._plans:
+            self._plans[rank] = [([t for t in rnd if t.src == rank], [t for t in rnd if t.dst == rank])
+                                 for rnd in self.rounds]
+        return self._plans[rank]
 
     def describe(self) -> str:
         """The schedule in the notation of spec §2 (a⇄S:k, a→b:k, a⇄b:k/l)."""
@@ -288,19 +289,39 @@ def _best_greedy_schedule(n: int) -> list[list[Transfer]]:
     return best
 
 
+MATCHING_MAX_N = 64  # the matching search costs seconds here; above, the greedy (milliseconds)
+
+
+def _matching_or_greedy(n: int) -> tuple[list[list[Transfer]], str]:
+    greedy = _best_greedy_schedule(n)
+    if n > MATCHING_MAX_N or len(greedy) == lower_bound_rounds(n):
+        return greedy, "greedy matching"
+    from stragglers.collectives.matching import matching_schedule
+
+    best, method = greedy, "greedy matching"
+    for width, seed in ((16, 0), (16, 2)) if n <= 32 else ((8, 0),):
+        found = matching_schedule(n, width=width, seed=seed, max_rounds=len(best) - 1)
+        if found is not None and len(found) < len(best):
+            best = [[Transfer(*x) for x in rnd] for rnd in found]
+            method = "maximum-weight matching per round"
+        if len(best) == lower_bound_rounds(n):
+            break
+    return best, method
+
+
 @lru_cache(maxsize=64)
 def synthesize(n: int) -> Schedule:
-    """The phase-2 schedule for n ranks (cached); optimal for powers of two, greedy otherwise."""
-    if not isinstance(n, int) or n < 2:
+    """The phase-2 schedule for n ranks (cached): the optimal construction for powers of two;
+    otherwise the shorter of a maximum-weight matching per round (n <= 64) and a greedy one."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise InputError("stragglar schedule", "n", f"need an integer number of ranks >= 2, got {n!r}")
     bound = lower_bound_rounds(n)
     if _is_power_of_two(n):
         rounds = _power_of_two_schedule(n)
         method, note = "power-of-two construction", ""
     else:
-        rounds = _best_greedy_schedule(n)
-        method = "greedy matching"
-        note = (f"n={n} is not a power of two: greedy schedule with {len(rounds)} rounds "
+        rounds, method = _matching_or_greedy(n)
+        note = (f"n={n} is not a power of two: {method} schedule with {len(rounds)} rounds "
                 f"(lower bound {bound})")
         if n % 2:
             note += "; odd n is outside the paper, the greedy schedule is verified but not proven near-optimal"
