@@ -175,8 +175,8 @@ def test_launch_delay_slowdown_is_defined(slow_result):
 
 def test_where_words_are_plural_only_when_plural():
     assert describe_where({"workers": [[0, 2], [3, 2]], "dp": [0, 3], "pp": [2]}) \
-        == "workers dp 0/pp 2, dp 3/pp 2"
-    assert describe_where({"workers": [[1, 1]]}) == "worker dp 1/pp 1"
+        == "workers dp 0 / pp 2, dp 3 / pp 2"
+    assert describe_where({"workers": [[1, 1]]}) == "worker dp 1 / pp 1"
     assert describe_where({"steps": [5]}) == "step 5"
     assert "workerss" not in describe_where({"workers": [[0, 0]] * 3})
 

@@ -236,9 +236,9 @@ def _item_words(value: Any) -> str:
     if isinstance(value, Mapping) and "dp" in value and "pp" in value:
         place = [f"rank {value['rank']}"] if value.get("rank") is not None else []
         place += [str(value["host"])] if value.get("host") else []
-        return f"dp {value['dp']}/pp {value['pp']}" + (f" ({', '.join(place)})" if place else "")
+        return f"dp {value['dp']} / pp {value['pp']}" + (f" ({', '.join(place)})" if place else "")
     if isinstance(value, (list, tuple)) and len(value) == 2:
-        return f"dp {value[0]}/pp {value[1]}"
+        return f"dp {value[0]} / pp {value[1]}"
     return str(value)
 
 
