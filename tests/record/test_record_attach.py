@@ -159,3 +159,20 @@ def test_activation_checkpoint_recomputation_is_not_a_microbatch(tmp_path):
             opt.zero_grad()
     ops = read_run(tmp_path / "run").ops
     assert rows(ops, 1) == [(FWD, 0), (BWD, 0), (FWD, 1), (BWD, 1), (OPT, -1)]
+
+
+def test_a_pipelining_stage_module_is_refused(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+
+    model, opt = make()
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    try:
+        stage = PipelineStage(model, stage_index=0, num_stages=1, device=torch.device("cpu"))
+        with pytest.raises(InputError, match="pipelining stage"):
+            attach(model, opt, tmp_path / "run")
+        del stage
+    finally:
+        dist.destroy_process_group()
+    assert not (tmp_path / "run").exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import sys
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -59,9 +61,27 @@ def _refuse_unknown_wrappers(model: nn.Module) -> None:
         raise InputError("attach", "model", f"expected a torch.nn.Module, got {name}")
 
 
+def _refuse_pipeline_stages(model: nn.Module) -> None:
+    """A torch.distributed.pipelining stage's module: attach would take stages for replicas."""
+    if "torch.distributed.pipelining" not in sys.modules:
+        return  # no pipelining in this process: nothing to look for
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    def stage_of(obj) -> bool:
+        return isinstance(obj, _PipelineStageBase) or (
+            isinstance(obj, dict) and any(isinstance(r, _PipelineStageBase)
+                                          for r in gc.get_referrers(obj)))
+
+    if isinstance(model, _PipelineStageBase) or any(stage_of(r) for r in gc.get_referrers(model)):
+        raise InputError("attach", "model", "belongs to a torch.distributed.pipelining stage; "
+                         "attach records data-parallel jobs and would take pipeline stages for "
+                         "replicas; record the schedule with Recorder instead")
+
+
 def read_layout(model: nn.Module) -> JobLayout:
     """The layout of this rank: from DDP's process group, FSDP2's DeviceMesh, or the world."""
     _refuse_unknown_wrappers(model)
+    _refuse_pipeline_stages(model)
     distributed = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
     rank = dist.get_rank() if distributed else 0
