@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
