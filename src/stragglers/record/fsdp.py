@@ -13,7 +13,6 @@ import math
 import time
 import warnings
 
-import torch
 import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
