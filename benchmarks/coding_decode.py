@@ -1,7 +1,9 @@
-"""Decode time for n = 64: closed form vs least squares, side by side in one run.
+"""Decode time and accuracy for n = 64: the closed form vs least squares, side by side.
 
     .venv/bin/python benchmarks/coding_decode.py
-Goal: every decode for n = 64 under 1 ms.
+Goal: every decode for n = 64 under 1 ms. Accuracy: the residual ‖aᵀB − 1ᵀ‖₂ over random
+survivor sets and over the contiguous one (survivors on an arc: the worst case of cyclic
+codes), for the default decoder and, for cyclic MDS codes, the closed form too.
 """
 
 import time
@@ -9,8 +11,7 @@ import warnings
 
 import numpy as np
 
-from stragglers.coding import make_code, stability_report
-from stragglers.coding.protocol import least_squares_decoding
+from stragglers.coding import CyclicMDSCode, make_code, stability_report
 
 N = 64
 REPEATS = 200
@@ -26,31 +27,38 @@ def median_us(fn, sets) -> float:
     return float(np.median(times) * 1e6)
 
 
+def worst_residual(code, sets) -> float:
+    """The largest residual over the random sets and the contiguous survivor set."""
+    return max(code.decode(K).residual for K in sets[:20] + [list(range(code.needed))])
+
+
 def main() -> None:
-    """Print one row per (scheme, s)."""
+    """Print one row per (code, s, decoder)."""
     rng = np.random.default_rng(0)
     rows = []
-    cases = [("cyclic-mds-real", s) for s in (1, 3, 5, 7)]
-    cases += [("cyclic-mds-complex", s) for s in (1, 2, 4, 8)]
+    cases = [("cyclic-mds-real", s) for s in (1, 3, 5, 7, 11)]
+    cases += [("cyclic-mds-complex", s) for s in (1, 2, 4, 8, 11)]
     cases += [("frc", s) for s in (1, 3, 7)]
     cases += [("cyclic-repetition", s) for s in (1, 4)]
     cases += [("expander", s) for s in (4, 8)]
     for scheme, s in cases:
+        if scheme == "cyclic-mds-real" and (N - s) % 2 == 0:
+            continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            code = make_code(scheme, N, s, on_unstable="ignore")
+            codes = [make_code(scheme, N, s, on_unstable="ignore")]
+        if scheme.startswith("cyclic-mds"):
+            codes.append(CyclicMDSCode(N, s, scheme.rsplit("-", 1)[1], decoder="closed-form"))
         sets = [list(rng.permutation(N)[: N - s]) for _ in range(REPEATS)]
-        ours = median_us(code.decode, sets)
-        lstsq = median_us(lambda K: least_squares_decoding(code, K), sets)
-        worst = max(code.decode(K).residual for K in sets[:20])
-        verdict = "stable" if stability_report(code).stable else "guard refuses in float32"
-        rows.append((code.name, s, code.decode(sets[0]).method, ours, lstsq, worst, verdict))
+        for code in codes:
+            us = median_us(code.decode, sets)
+            report = stability_report(code)
+            verdict = "stable" if report.stable else f"refused ({report.method})"
+            rows.append((code.name, s, code.decoder, us, worst_residual(code, sets), verdict))
     print(f"n = {N}, median over {REPEATS} random survivor sets of size n - s")
-    print(f"{'code':<20}{'s':>3}  {'method':<12}{'decode us':>10}{'lstsq us':>10}{'speedup':>9}"
-          f"{'max resid':>11}  guard (float32)")
-    for name, s, method, ours, lstsq, worst, verdict in rows:
-        print(f"{name:<20}{s:>3}  {method:<12}{ours:>10.1f}{lstsq:>10.1f}{lstsq / ours:>9.2f}"
-              f"{worst:>11.1e}  {verdict}")
+    print(f"{'code':<20}{'s':>3}  {'decoder':<12}{'decode us':>10}{'max resid':>11}  guard (float32)")
+    for name, s, decoder, us, worst, verdict in rows:
+        print(f"{name:<20}{s:>3}  {decoder:<12}{us:>10.1f}{worst:>11.1e}  {verdict}")
     slowest = max(r[3] for r in rows)
     print(f"slowest decode: {slowest:.1f} us -> goal (< 1000 us) {'met' if slowest < 1000 else 'MISSED'}")
 

@@ -59,7 +59,10 @@ def main() -> None:
     for scheme, s in runs:
         with warnings.catch_warnings(record=True) as notes:
             warnings.simplefilter("always")
-            code = make_code(scheme, n, s, d=args.degree, seed=args.seed)
+            # d applies to the expander only (other schemes refuse it); the guard runs again
+            # inside train_coded for the float32 messages actually sent
+            code = make_code(scheme, n, s, d=args.degree if scheme == "expander" else None,
+                             seed=args.seed)
         set_seed(args.seed)  # every scheme starts from the same weights
         model = make_model()
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

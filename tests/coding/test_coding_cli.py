@@ -45,3 +45,13 @@ def test_d_for_a_non_expander_scheme_is_refused():
 def test_old_names_are_hidden_from_help():
     out = invoke("--help")
     assert "coding" in out.output and "code-info" not in out.output
+
+
+def test_coding_package_is_torch_free_and_registers_its_codes():
+    code = ("import sys, stragglers.coding as c; c.make_code('cyclic-mds', 7, 2); "
+            "from stragglers.protocols import GRADIENT_CODES; "
+            "assert set(c.SCHEMES) <= set(GRADIENT_CODES.names()), GRADIENT_CODES.names(); "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "assert 'train_coded' in c.__all__; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr

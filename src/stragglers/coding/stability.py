@@ -42,7 +42,7 @@ UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 **
 U64 = 2.0 ** -53
 DEFAULT_TOLERANCE = 1e-3
 MAX_SETS = 20000  # survivor sets decoded one by one when certifying exhaustively
-MAX_WORK = 1e8  # and at most this many flops (sets × n × (n−s)²), a few seconds here
+MAX_WORK = 5e8  # and at most this many flops (sets × n × (n−s)²): about a second on an idle core
 
 
 class UnstableCodeError(StragglersError):

@@ -1,9 +1,22 @@
 """StragglAR AllReduce: schedules, executor, cost model, straggler detection and a DDP hook.
 
-torch is imported lazily so `stragglers.collectives.schedule`/`cost_model` work without it.
+`import stragglers.collectives` loads nothing; each name loads its module on first use, so
+the torch-free parts (`synthesize`, `verify`, `lower_bound_rounds`, `StragglerDetector`, the
+cost model) work without torch.
+
+Public names (`__all__`):
+
+* schedules (no torch): `synthesize(n)`, `verify(schedule)`, `lower_bound_rounds(n)`, `Schedule`
+* the collective (torch): `stragglar_all_reduce`, `StragglarRun`, `prepare_subgroups`
+* the DDP hook (torch): `StragglarHookState`, `stragglar_hook`
+* detection (no torch): `StragglerDetector`
+* cost model (no torch): `LinkModel`, `algorithm_time`, `break_even_delay`, `speedup_over_ring`
+* device helpers (torch): `control_device`, `Stopwatch`
 """
 
 from __future__ import annotations
+
+import importlib
 
 _LAZY = {
     "stragglar_all_reduce": "stragglers.collectives.executor",
@@ -13,7 +26,15 @@ _LAZY = {
     "stragglar_hook": "stragglers.collectives.ddp_hook",
     "synthesize": "stragglers.collectives.schedule",
     "verify": "stragglers.collectives.schedule",
+    "lower_bound_rounds": "stragglers.collectives.schedule",
+    "Schedule": "stragglers.collectives.schedule",
     "StragglerDetector": "stragglers.collectives.detection",
+    "LinkModel": "stragglers.collectives.cost_model",
+    "algorithm_time": "stragglers.collectives.cost_model",
+    "break_even_delay": "stragglers.collectives.cost_model",
+    "speedup_over_ring": "stragglers.collectives.cost_model",
+    "control_device": "stragglers.collectives.devices",
+    "Stopwatch": "stragglers.collectives.devices",
 }
 
 __all__ = sorted(_LAZY)
@@ -21,7 +42,9 @@ __all__ = sorted(_LAZY)
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(name)
+    raise AttributeError(f"module 'stragglers.collectives' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

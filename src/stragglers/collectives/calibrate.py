@@ -75,9 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     top = int(args.max_size_mb * 2**20)
     sizes = tuple(s for s in DEFAULT_SIZES if s < top) + (top,)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":  # before the group exists, so NCCL binds the right GPU
+        import os
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     dist.init_process_group(backend)
-    if backend == "nccl":
-        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     single = measure_link(sizes, args.reps)
     many = measure_link(sizes, args.reps, all_pairs=True)
     if dist.get_rank() == 0:
