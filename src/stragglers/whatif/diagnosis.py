@@ -135,10 +135,13 @@ def _combined(w: WhatIf, cands: list[Candidate]) -> tuple[np.ndarray, np.ndarray
     """Costs and delays with every fix applied: each fix scales cells, so the scalings multiply."""
     cost = w.cost.copy()
     delay = w.launch_delay.copy()
-    safe = np.where(w.cost > 0, w.cost, 1.0)
+    measured = w.cost > 0
+    scale = np.empty_like(cost)
     for c in cands:
         if c.cost is not None:
-            cost *= np.where(w.cost > 0, c.cost / safe, 1.0)
+            scale.fill(1.0)
+            np.divide(c.cost, w.cost, out=scale, where=measured)
+            cost *= scale
         if c.delay is not None:
             np.minimum(delay, c.delay, out=delay)
     return cost, delay

@@ -103,15 +103,10 @@ def host_stall(ctx: Context) -> list[Candidate]:
         return []
     fixed = w.launch_delay.copy()
     per_step = np.zeros(ctx.steps)
-    stalled = {(d, p) for d, p in workers}
     for d, p in workers:
         sel = g.node_stage == p
-        peers = [(e, q) for e in range(len(g.dp_ranks)) for q in range(g.pp_size)
-                 if (e, q) not in stalled and (q == p or len(g.dp_ranks) == 1)]
-        typical = np.median(np.concatenate([w.launch_delay[g.node_stage == q][:, e, :]
-                                            for e, q in peers]), axis=0) \
-            if peers else np.zeros(ctx.steps)
         # Fixed = no gap longer than a peer's typical one; the worker's usual gaps stay.
+        typical = _typical_peer_gap(w, named, p)
         fixed[sel, d, :] = np.minimum(fixed[sel, d, :], typical[None, :])
         per_step = np.maximum(per_step, excess[d, p])
     steps = ctx.steps_where(per_step)
@@ -126,3 +121,17 @@ def host_stall(ctx: Context) -> list[Candidate]:
         evidence += f"; only in steps {fmt_steps(steps)}"
     where = ctx.where_workers(workers, **({"steps": steps} if steps else {}))
     return [Candidate("host_stall", where, evidence, delay=fixed, strata=ctx.step_mask(steps))]
+
+
+def _typical_peer_gap(w, named: np.ndarray, stage: int) -> np.ndarray:
+    """Median launch delay per step [T] over the ops of the healthy peers of a stage's workers
+    (with one DP rank: of the other stages' workers)."""
+    g = w.grid
+    if len(g.dp_ranks) > 1:
+        rows = w.launch_delay[g.node_stage == stage][:, ~named[:, stage], :]
+        samples = rows.reshape(-1, rows.shape[-1])
+    else:
+        samples = np.concatenate([w.launch_delay[g.node_stage == q][:, 0, :]
+                                  for q in range(g.pp_size) if q != stage and not named[0, q]]
+                                 or [np.zeros((1, g.shape[2]))])
+    return np.median(samples, axis=0) if len(samples) else np.zeros(g.shape[2])
