@@ -29,7 +29,7 @@ test: venv browser
 
 # API reference generated from the docstrings into docs/api (open docs/api/index.html).
 docs: venv
-	$(VENV)/bin/pdoc --docformat google -o docs/api stragglers stragglers.trace stragglers.whatif stragglers.report stragglers.record stragglers.collectives stragglers.coding stragglers.adapt stragglers.mitigate stragglers.protocols stragglers.config stragglers.errors
+	$(VENV)/bin/pdoc --docformat google -o docs/api stragglers stragglers.trace stragglers.whatif stragglers.report stragglers.record stragglers.collectives stragglers.coding stragglers.adapt stragglers.mitigate stragglers.advise stragglers.monitor stragglers.protocols stragglers.config stragglers.errors
 	@echo "API reference: docs/api/index.html"
 
 # On a machine with CUDA GPUs: every GPU path run once, as one table (skips without a GPU).

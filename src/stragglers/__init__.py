@@ -32,6 +32,8 @@ _LAZY = {
     "print_report": "stragglers.report",
     "write_html": "stragglers.report",
     "write_perfetto": "stragglers.report",
+    "advise": ("stragglers.advise.advisor", "advise"),
+    "AdvisePolicy": "stragglers.advise.act",
     # Record
     "Recorder": "stragglers.record",
     # Tolerate: StragglAR and gradient coding

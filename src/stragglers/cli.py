@@ -15,8 +15,8 @@ from stragglers.errors import StragglersError
 app = typer.Typer(
     name="stragglers",
     help="Find, explain and remove stragglers in distributed training.\n\n"
-         "Understand: analyze, convert, synth.  Watch: monitor.  Tolerate: collectives, coding.  "
-         "Adapt: adapt.  Run `stragglers COMMAND --help` for each.",
+         "Understand: analyze, advise, convert, synth.  Record: record.  Watch: monitor.  "
+         "Tolerate: collectives, coding.  Adapt: adapt.  Run `stragglers COMMAND --help` for each.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -55,7 +55,10 @@ def _root(
 # One module per capability owns its commands; each exposes register(app).
 COMMAND_MODULES = (
     "stragglers.whatif.commands",
+    "stragglers.advise.commands",
     "stragglers.trace.commands",
+    "stragglers.record.commands",
+    "stragglers.monitor.commands",
     "stragglers.collectives.commands",
     "stragglers.coding.commands",
     "stragglers.adapt.commands",
