@@ -27,6 +27,7 @@ _LAZY = {
     "load_trace": "stragglers.trace.load",
     "parse_steps": "stragglers.trace.load",
     "convert": "stragglers.trace.convert",
+    "AnalysisResult": "stragglers.whatif.result",
     "Trace": "stragglers.trace.model",
     "JobMeta": "stragglers.trace.model",
     "print_report": "stragglers.report",

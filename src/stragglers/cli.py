@@ -71,7 +71,9 @@ for _name in COMMAND_MODULES:
 def main() -> None:
     """Run the CLI: user errors exit 2, environment failures 3, each as one line on stderr."""
     try:
-        app(standalone_mode=False)
+        # non-standalone click returns an Exit's code instead of raising it
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except StragglersError as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -2,6 +2,7 @@
 
 from stragglers.trace.model import (
     COLUMNS,
+    NOTE_KINDS,
     OPTYPES,
     STREAM_OF_OPTYPE,
     STREAMS,
@@ -10,4 +11,4 @@ from stragglers.trace.model import (
     optype_code,
 )
 
-__all__ = ["COLUMNS", "OPTYPES", "STREAMS", "STREAM_OF_OPTYPE", "JobMeta", "Trace", "optype_code"]
+__all__ = ["COLUMNS", "NOTE_KINDS", "OPTYPES", "STREAMS", "STREAM_OF_OPTYPE", "JobMeta", "Trace", "optype_code"]

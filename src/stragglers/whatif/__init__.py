@@ -9,6 +9,7 @@ from stragglers.lazy import lazy_exports
 
 _LAZY = {
     "analyze": "stragglers.whatif.analyze",
+    "AnalysisResult": "stragglers.whatif.result",
     "analyze_with_model": "stragglers.whatif.analyze",
     "timelines": "stragglers.whatif.analyze",
     "WhatIf": "stragglers.whatif.metrics",
