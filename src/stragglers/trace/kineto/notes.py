@@ -126,11 +126,10 @@ def _other_notes(per_rank, total: Counter) -> list:
     if total["runs clipped"]:
         out.append(("other", f"{total['runs clipped']} compute run(s) overlapped the next one on "
                              "another stream and were cut at its start"))
-    if total["tail work before collectives"]:
-        out.append(("other", f"{total['tail work before collectives']} op(s) issued between a "
-                             "step's last backward op and its gradient collectives (e.g. "
-                             "flattening grads) have no op type: they show as launch delay of "
-                             "those collectives"))
+    if total["tail work between collectives"]:
+        out.append(("other", f"{total['tail work between collectives']} op(s) issued between "
+                             "two of a step's gradient collectives (e.g. a gradient norm) have "
+                             "no op type: they show as launch delay of the next collective"))
     if total["data loading ops"]:
         out.append(("other", f"{total['data loading ops']} CPU op(s) under enumerate(DataLoader) "
                              "annotations count as host time before the step's compute, not as "

@@ -233,20 +233,23 @@ def _phase_of(steps: _Steps, top: _TopLevel, by_ops: bool, s: int, t: float, tid
 def _step_tail_phases(arr: np.ndarray, colls: list[Coll], counts: Counter) -> np.ndarray:
     """Phases of the step tail: non-autograd work issued after a step's last backward item.
 
-    Work issued after the tail's last gradient collective (DDP's copy of buckets back to the
-    grads, clipping, the optimizer) waits for it: the optimizer op. Work issued between the
-    last backward item and that collective (flattening grads into a buffer, a norm) is no op
-    type of the model; like the recorder, it is left to show as launch delay of the collective.
-    Returns the mask of items kept.
+    Work issued before the tail's first gradient collective ends backward; work issued after
+    its last one (DDP's copy of buckets back to the grads, clipping, the optimizer) waits for
+    it: the optimizer op. Work between two of them (a gradient norm between the gradient and
+    the clipping all-reduce) is no op type of the model; like the recorder, it is left to show
+    as launch delay of the next collective. Returns the mask of items kept.
     """
     keep = np.ones(len(arr), dtype=bool)
     if not len(arr):
         return keep
     key, step, phase = arr[:, 2], arr[:, 3].astype(np.int64), arr[:, 4]
     launches: dict[int, list[float]] = {}
+    p2p: dict[int, list[float]] = {}
     for c in colls:
         if c.kind in COLLECTIVE_OPTYPES:
             launches.setdefault(c.step, []).append(c.launch)
+        elif c.kind in P2P_KINDS:
+            p2p.setdefault(c.step, []).append(c.launch)
     for s in np.unique(step):
         mine = step == s
         bwd = mine & (phase == _BWD)
@@ -254,12 +257,18 @@ def _step_tail_phases(arr: np.ndarray, colls: list[Coll], counts: Counter) -> np
             continue
         last = key[bwd].max()
         tail = mine & (phase == _FWD) & (key > last)
-        after = [t for t in launches.get(int(s), []) if t > last]
+        after = sorted(t for t in launches.get(int(s), []) if t > last)
         if after:
-            before = tail & (key < max(after))
-            keep &= ~before
-            counts["tail work before collectives"] += int(before.sum())
-            tail &= ~before
+            # Before the first gradient collective: the end of backward (work the backward
+            # did after its last autograd op, grads gathered into buckets).
+            # (Only when no send/recv separates it from backward; else it would be a new
+            # backward op of its own: launch delay, as between collectives.)
+            cut = min([t for t in p2p.get(int(s), []) if t > last] + [after[0]])
+            phase[tail & (key < cut)] = _BWD
+            between = tail & (key > cut) & (key < after[-1])
+            keep &= ~between
+            counts["tail work between collectives"] += int(between.sum())
+            tail &= key > after[-1]
         phase[tail] = _OPT
     return keep
 
@@ -394,14 +403,15 @@ def _cpu_collectives(ev: RankEvents, counts: Counter) -> list[tuple]:
 
 
 def _outermost(colls: list[tuple]) -> list[tuple]:
-    """Drop collectives nested in another on the same thread (one collective seen twice)."""
+    """Drop collectives nested in one of the same kind on the same thread (one collective
+    seen twice). Other kinds may overlap: an isend's span lasts until it completes."""
     out = []
     for tid_colls in _index_by_tid(colls).values():
-        outer_end = -float("inf")
+        outer_end: dict = {}
         for c in tid_colls:
-            if c[0] < outer_end:
+            if c[0] < outer_end.get(c[3], -float("inf")):
                 continue
-            outer_end = c[0] + c[1]
+            outer_end[c[3]] = c[0] + c[1]
             out.append(c)
     return sorted(out, key=lambda c: c[0])
 
@@ -451,7 +461,7 @@ def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
     # into pieces of different sizes would be idealised with one mean (spec §6), moving the
     # buckets' launches; whole, backward feeds the dependency model's bucketed sync (each
     # all-reduce after the compute that ended before it started, the optimizer after both).
-    _compute_ops(parts, [c for c in emitted if c.kind in P2P_KINDS], rows, counts)
+    _compute_ops(parts, [(c, o) for c, o in emitted if c.kind in P2P_KINDS], rows, counts)
     if not rows:
         raise InputError(parts.source, "traceEvents", "no compute or collective falls inside "
                          "any ProfilerStep#N span")
@@ -462,7 +472,8 @@ def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
                     np.array([r[3] for r in rows], dtype=np.float64), sync, spans, counts)
 
 
-def _compute_ops(parts: RankParts, colls: list[Coll], rows: list, counts: Counter) -> None:
+def _compute_ops(parts: RankParts, colls: list[tuple[Coll, str]], rows: list,
+                 counts: Counter) -> None:
     """Compute ops: items of one phase issued between two pipeline sends/recvs; the duration
     is the busy time (union of the items' intervals) from the first item's start."""
     n = len(parts.item_start)
@@ -471,21 +482,38 @@ def _compute_ops(parts: RankParts, colls: list[Coll], rows: list, counts: Counte
     bridge = CPU_DISPATCH_GAP_US if parts.mode == "cpu" else 0.0
     # A send/recv issued between two items ends the run (ties: the send/recv first).
     events = [(int(parts.item_step[i]), float(parts.item_key[i]), 1, i) for i in range(n)]
-    events += [(c.step, c.launch, 0, -1) for c in colls]
+    events += [(c.step, c.launch, 0, k) for k, (c, _o) in enumerate(colls)]
     events.sort()
-    runs: list[list] = []   # [step, phase, item indices]
-    current: list | None = None
+    segments: list[list[list]] = [[]]   # runs between two sends/recvs: [step, phase, items]
     for s, _key, is_item, i in events:
         if not is_item:
-            current = None
+            # The work just before a send produced what it sends: an activation (forward) or
+            # a gradient (backward), whatever the ops looked like (extra work after an
+            # autograd call, say).
+            optype = colls[i][1]
+            seg = segments[-1]
+            if seg and optype in ("forward-send", "backward-send"):
+                last, j = seg[-1][1], len(seg) - 1
+                while j >= 0 and seg[j][1] == last:
+                    seg[j][1] = _FWD if optype == "forward-send" else _BWD
+                    j -= 1
+            segments.append([])
             continue
         phase = int(parts.item_phase[i])
-        if current is None or current[0] != s or current[1] != phase:
-            current = [s, phase, []]
-            runs.append(current)
-        current[2].append(i)
+        seg = segments[-1]
+        if seg and seg[-1][0] != s:
+            segments.append([])
+            seg = segments[-1]
+        seg.append([s, phase, [i]])
+    runs: list[list] = []
+    for seg in segments:
+        for run in seg:
+            if runs and runs[-1][0] == run[0] and runs[-1][1] == run[1] and runs[-1][3] is seg:
+                runs[-1][2].extend(run[2])
+            else:
+                runs.append([run[0], run[1], list(run[2]), seg])
     out = []
-    for s, phase, idx in runs:
+    for s, phase, idx, _seg in runs:
         start, end = parts.item_start[idx], parts.item_end[idx]
         order = np.argsort(start, kind="stable")
         start, end = start[order], end[order]
@@ -519,10 +547,10 @@ def sync_key(c: Coll, parts: RankParts, placement: Placement, index: Counter) ->
 
 
 def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: dict,
-                     spans: dict, counts: Counter) -> list[Coll]:
+                     spans: dict, counts: Counter) -> list[tuple[Coll, str]]:
     """Rows for collectives with an op type; every non-p2p collective is a clock sync point."""
     index: Counter = Counter()
-    emitted: list[Coll] = []
+    emitted: list[tuple[Coll, str]] = []
     for c in sorted(parts.colls, key=lambda c: c.start):
         kind = c.kind or "unknown"
         if kind in P2P_KINDS:
@@ -539,7 +567,7 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
                 counts[f"{kind} left out"] += 1
                 continue
         rows.append((c.step, OPTYPE_CODES[optype], c.start, c.end - c.start))
-        emitted.append(c)
+        emitted.append((c, optype))
     return emitted
 
 
