@@ -15,6 +15,7 @@ Read top to bottom: arguments → model → data → pipeline schedule → step 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -57,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--flush-every", type=int, default=64, help="at most this many steps per part")
     p.add_argument("--flush-interval", type=float, default=1.0, help="write a part at least every S s")
     p.add_argument("--no-record", action="store_true", help="run without the recorder")
+    p.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                   help="also write torch.profiler traces of every step (one JSON per rank)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run in --trace-dir (refused otherwise)")
     p.add_argument("--summary", type=Path, default=None, help="write step times as JSON (rank 0)")
@@ -450,6 +453,26 @@ def injections(args, dp: int, layers: list[int]) -> list[dict]:
     return out
 
 
+@contextlib.contextmanager
+def profiler(args, rank: int, use_cuda: bool):
+    """torch.profiler over steps 1.. when --profile DIR is given: DIR/trace_rank-R.json."""
+    if args.profile is None:
+        yield None
+        return
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    def export(prof) -> None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(args.profile / f"trace_rank-{rank}.json"))
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+    # A schedule makes the profiler mark steps (ProfilerStep#k = step k); step 0 warms it up.
+    # record_shapes: gloo's send/recv then carry their peer rank (c10d 'Concrete Inputs').
+    with profile(activities=activities, record_shapes=True, on_trace_ready=export,
+                 schedule=schedule(wait=0, warmup=1, active=max(1, args.steps - 1))) as prof:
+        yield prof
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     # checked before any process group exists, so a bad flag is one line, not a hang
@@ -519,7 +542,7 @@ def main(argv=None) -> None:
     planned_gc = PlannedGC(args.planned_gc) if args.planned_gc else None
     pipeline = Pipeline(args, rec, model, stage, dp_rank, device, bwd_group)
     step_starts = []
-    with rec:
+    with rec, profiler(args, rank, use_cuda) as prof:
         if planned_gc:
             planned_gc.start()
         for step in range(args.steps):
@@ -532,6 +555,8 @@ def main(argv=None) -> None:
                 if planned_gc:
                     planned_gc.step(step)  # the collection is recorded as a gc op by its pause
                 sync_and_update(args, rec, model, opt, dp_groups[stage], dp)
+            if prof is not None:
+                prof.step()
             if stage == args.pp - 1 and dp_rank == 0 and (step % 5 == 0 or step == args.steps - 1):
                 print(f"step {step:4d} loss {loss:.3f}", flush=True)
         step_starts.append(time.perf_counter())
