@@ -11,8 +11,6 @@ or a stage (an imbalance) is gone. S at or below the floor is noise, whatever it
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from stragglers.whatif.config import DiagnosisConfig
@@ -31,12 +29,23 @@ def residuals(w: WhatIf) -> np.ndarray:
         & (g.node_optype != GC)[:, None, None]
     if g.shape[2] < 2:
         return np.zeros(w.cost.shape)
-    cost = np.where(use, w.cost, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN rows: ops never measured
-        typical = np.nanmedian(cost, axis=2, keepdims=True)
-        out = np.log(cost / typical)
-    return np.where(np.isfinite(out), out, 0.0)
+    typical = _median_over_steps(w.cost, use)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.log(w.cost / typical)
+    return np.where(use & np.isfinite(out), out, 0.0)
+
+
+def _median_over_steps(values: np.ndarray, use: np.ndarray) -> np.ndarray:
+    """Median over the last axis of the cells where use is true ([N, D, 1]; NaN where none).
+
+    np.nanmedian goes through masked arrays here, ten times slower on large jobs.
+    """
+    ordered = np.sort(np.where(use, values, np.inf), axis=2)
+    count = use.sum(axis=2, keepdims=True)
+    lo = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0), axis=2)
+    hi = np.take_along_axis(ordered, np.minimum(count // 2, values.shape[2] - 1), axis=2)
+    with np.errstate(invalid="ignore"):
+        return np.where(count > 0, (lo + hi) / 2, np.nan)
 
 
 def noise_floor(w: WhatIf, cfg: DiagnosisConfig) -> float:
