@@ -15,7 +15,8 @@ from pathlib import Path
 
 from stragglers.errors import InputError
 from stragglers.trace.kineto.events import read_rank_events
-from stragglers.trace.kineto.ops import RankParts, rank_parts
+from stragglers.trace.kineto.items import rank_parts
+from stragglers.trace.kineto.ops import RankParts
 
 # Below this much input, starting processes costs more than it saves.
 PARALLEL_MIN_BYTES = 8 << 20
