@@ -76,7 +76,8 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
         else:
             log.debug("dropped %s: interval %s below min_gain", cand.cause, entry["interval"])
     kept.sort(key=lambda ce: -ce[1]["speedup_if_fixed"])
-    floor = noise_floor(w, cfg)
+    # The floor decides only the verdict without findings; it costs replays on big jobs.
+    floor = None if kept else noise_floor(w, cfg)
     summary = {"noise_floor": floor, "all_fixed": None, "all_fixed_interval": None,
                "explained": None, "unexplained": None}
     if kept:

@@ -23,31 +23,30 @@ def communication(ctx: Context) -> list[Candidate]:
     """Per op-type family: transfers far above their median on some workers (or steps)."""
     w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
     found = []
-    ideal = np.broadcast_to(w.ideal, w.cost.shape)
     for name, codes in _families(g.node_optype).items():
-        nodes = np.isin(g.node_optype, codes) & ~w.model.no_op
-        if not nodes.any():
+        ids = np.flatnonzero(np.isin(g.node_optype, codes) & ~w.model.no_op)
+        if not len(ids):
             continue
-        cost = w.cost
-        ratio = cost[nodes] / np.maximum(ideal[nodes], 1e-9)
-        slow = np.zeros(cost.shape, bool)
-        slow[nodes] = (ratio >= cfg.comm_min_ratio) & g.present[nodes]
+        cost, ideal = w.cost[ids], w.ideal[ids]                            # [n, D, T], [n, 1, 1]
+        slow = (cost >= cfg.comm_min_ratio * np.maximum(ideal, 1e-9)) & g.present[ids]
         excess = np.where(slow, cost - ideal, 0.0)
-        per = per_worker_sum(excess, g.node_stage, nodes, g.pp_size)        # [D, P, T]
+        stage = g.node_stage[ids]
+        per = per_worker_sum(excess, stage, np.ones(len(ids), bool), g.pp_size)   # [D, P, T]
         mean = per.mean(axis=-1)
         worst = float(mean.max())
         if worst <= 0:
             continue
         hot = [(int(d), int(p)) for d, p in zip(*np.nonzero(mean >= cfg.comm_min_share * worst))]
-        hot_mask = np.zeros(cost.shape[:2], bool)
+        hot_mask = np.zeros((len(ids), cost.shape[1]), bool)
         for d, p in hot:
-            hot_mask[g.node_stage == p, d] = True
+            hot_mask[stage == p, d] = True
         fix = slow & hot_mask[:, :, None]
         fixed = w.cost.copy()
-        fixed[fix] = ideal[fix]
+        fixed[ids] = np.where(fix, np.broadcast_to(ideal, cost.shape), cost)
+        times = float(np.median(cost[fix] / np.maximum(np.broadcast_to(ideal, cost.shape)[fix],
+                                                       1e-9)))
         per_step = sum(per[d, p] for d, p in hot)
         steps = ctx.steps_where(per_step)
-        times = float(np.median(cost[fix] / np.maximum(ideal[fix], 1e-9)))
         evidence = (f"{name} transfers take {times:.1f}× their median on "
                     f"{', '.join(ctx.name(d, p) for d, p in hot[:8])}"
                     + (f" (+{len(hot) - 8} more)" if len(hot) > 8 else "")
