@@ -47,7 +47,7 @@ def test_a_slow_rank_is_diagnosed_at_its_rank_and_host(tmp_path, wrap, nproc, sl
     top = result["diagnosis"][0]
     assert top["cause"] == "worker_fault", result["diagnosis"]
     assert top["where"]["ranks"] == [slow] and top["where"]["hosts"] == [socket.gethostname()]
-    assert result["sim_error"] <= (0.02 if wrap == "fsdp2" else 0.10), result["sim_error"]
+    assert result["sim_error"] <= 0.02, result["sim_error"]
 
 
 def test_a_clean_fsdp2_run_is_diagnosed_as_none(tmp_path):

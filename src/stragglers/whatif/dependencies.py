@@ -8,6 +8,7 @@ import numpy as np
 
 from stragglers.errors import DependencyCycleError
 from stragglers.trace.model import DP_COLLECTIVES, OPTYPE_CODES as C
+from stragglers.whatif.buckets import bucket_producers
 from stragglers.whatif.grid import OpGrid
 
 P2P_PEER = {  # optype → (peer optype, stage delta of the peer)
@@ -144,10 +145,9 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
             if overlapped:
                 _link_grads(grid, grads, comp, ref_end, deps)
         if bucketed:
-            for g in grads:
-                before = [c for c in comp if ref_end[c] <= ref_start[g] + _EPS]
-                if before:
-                    deps[g].append(before[-1])
+            # the producer that holds on every replica, not on the first one only (buckets.py)
+            for g, c in bucket_producers(grid, grads, comp).items():
+                deps[g].append(c)
         # Step tail: last compute → gc → layernorm → embedding → DP grads → clip → optimizer.
         tail: list[int] = []
         tail += of_type(stage, "layernorm-grads-all-reduce")

@@ -1,4 +1,4 @@
-"""whatif.schedule_order: bucket producers that hold on every replica, on a DDP-shaped trace."""
+"""whatif.buckets: bucket producers that hold on every replica, on a DDP-shaped trace."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from stragglers.trace.model import OPTYPE_CODES, JobMeta, Trace
 from stragglers.whatif.grid import build_grid
-from stragglers.whatif.schedule_order import bucket_producers
+from stragglers.whatif.buckets import bucket_producers
 
 BWD, AR = OPTYPE_CODES["backward-compute"], OPTYPE_CODES["grads-all-reduce"]
 

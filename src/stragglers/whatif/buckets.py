@@ -1,4 +1,4 @@
-"""Dependencies taken from what every replica's recorded order agrees on (not one replica's).
+"""Dependencies taken from what every replica's recorded order agrees on: DDP and FSDP2 bucket producers.
 
 The dependency model (dependencies.py) builds its edges from the first DP rank's first step.
 For gradient collectives launched while backward still runs (DDP buckets, FSDP2 per-unit
