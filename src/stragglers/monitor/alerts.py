@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from stragglers.errors import InputError
+from stragglers.whatif.config import STRAGGLING_SLOWDOWN
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ SEVERITIES = ("info", "warning", "critical")
 RULE_KEYS = ("name", "when", "for_windows", "severity", "summary")
 
 DEFAULT_RULES = [
-    {"name": "straggling", "when": "slowdown >= 1.1", "for_windows": 3, "severity": "warning"},
+    {"name": "straggling", "when": f"slowdown >= {STRAGGLING_SLOWDOWN:g}", "for_windows": 3, "severity": "warning"},
     {"name": "severe", "when": "slowdown >= 1.5", "for_windows": 1, "severity": "critical"},
     {"name": "worker_fault", "when": "cause == worker_fault", "for_windows": 2,
      "severity": "critical"},

@@ -21,17 +21,18 @@ from pathlib import Path
 import httpx
 
 from stragglers.errors import EnvironmentFailure
+from stragglers.whatif.config import STRAGGLING_SLOWDOWN
 
 REPO = Path(__file__).resolve().parents[3]
 TRAIN = REPO / "examples" / "train_gpt.py"
 RULES = """settings: {window_steps: 5, stall_after_s: 120, close_grace_s: 2}
 rules:
-  - {name: straggling, when: "slowdown >= 1.1", for_windows: 3, severity: warning}
+  - {name: straggling, when: "slowdown >= %g", for_windows: 3, severity: warning}
   - {name: severe, when: "slowdown >= 1.8", for_windows: 1, severity: critical}
   - {name: worker_fault, when: "cause == worker_fault and speedup >= 1.5", for_windows: 2,
      severity: critical}
   - {name: stalled, when: "state == stalled"}
-"""
+""" % STRAGGLING_SLOWDOWN
 
 
 def run_demo(port: int = 8150, steps: int = 80, out: Path = Path("runs/demo-live"),
