@@ -37,6 +37,7 @@ _LAZY = {
     "AdvisePolicy": "stragglers.advise.act",
     # Record
     "Recorder": "stragglers.record",
+    "attach": "stragglers.record",
     # Tolerate: StragglAR and gradient coding
     "stragglar_all_reduce": "stragglers.collectives",
     "stragglar_hook": "stragglers.collectives",

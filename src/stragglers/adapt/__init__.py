@@ -8,6 +8,8 @@ torchrun launch helpers do, and are imported lazily on first use.
 
 from __future__ import annotations
 
+from stragglers.lazy import lazy_exports
+
 _LAZY = {
     "DatasetConfig": "stragglers.adapt.dataset",
     "epoch_permutation": "stragglers.adapt.dataset",
@@ -36,12 +38,4 @@ _LAZY = {
     "SimulatedDevice": "stragglers.adapt.heterogeneity",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'stragglers.adapt' has no attribute {name!r}")
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

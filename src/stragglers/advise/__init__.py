@@ -9,7 +9,7 @@ next windows against the prediction and rolls back a remedy that did not pay; it
 
 from __future__ import annotations
 
-import importlib
+from stragglers.lazy import lazy_exports
 
 _LAZY = {
     "advise": "stragglers.advise.advisor",
@@ -24,10 +24,4 @@ _LAZY = {
     "SwitchableCommHook": "stragglers.advise.hooks",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'stragglers.advise' has no attribute {name!r}")
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

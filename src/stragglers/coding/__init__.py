@@ -18,7 +18,7 @@ Public names (`__all__`):
 
 from __future__ import annotations
 
-import importlib
+from stragglers.lazy import lazy_exports
 
 _LAZY = {
     "CyclicMDSCode": "stragglers.coding.mds",
@@ -47,16 +47,4 @@ _LAZY = {
     "train_coded": "stragglers.coding.training",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'stragglers.coding' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -16,7 +16,7 @@ Public names (`__all__`):
 
 from __future__ import annotations
 
-import importlib
+from stragglers.lazy import lazy_exports
 
 _LAZY = {
     "stragglar_all_reduce": "stragglers.collectives.executor",
@@ -37,14 +37,4 @@ _LAZY = {
     "Stopwatch": "stragglers.collectives.devices",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'stragglers.collectives' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

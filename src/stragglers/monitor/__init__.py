@@ -8,7 +8,7 @@ live dashboard. Start it with `stragglers monitor serve`. Nothing here needs tor
 
 from __future__ import annotations
 
-import importlib
+from stragglers.lazy import lazy_exports
 
 _LAZY = {
     "MonitorServer": "stragglers.monitor.server",
@@ -21,10 +21,4 @@ _LAZY = {
     "create_app": "stragglers.monitor.app",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'stragglers.monitor' has no attribute {name!r}")
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

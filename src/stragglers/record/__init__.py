@@ -3,9 +3,22 @@
 - `attach(model, optimizer, out)`: one call records a DDP / FSDP2 / plain loop unchanged.
 - `Recorder`: the explicit form (`rec.step`, `rec.op`, recorded p2p and collectives).
 - `RecordedWork`: a recorded asynchronous send/recv.
+- `RecordCallback` (Lightning) and `record_trainer` (Hugging Face Trainer): the trainer forms.
+- `PartUploader`: sends each flushed part to the live monitor.
+
+Exports are lazy: `import stragglers.record` does not import torch until a name is used.
 """
 
-from stragglers.record.attach import Attached, attach
-from stragglers.record.recorder import RecordedWork, Recorder
+from stragglers.lazy import lazy_exports
 
-__all__ = ["attach", "Attached", "Recorder", "RecordedWork"]
+_LAZY = {
+    "attach": "stragglers.record.attach",
+    "Attached": "stragglers.record.attach",
+    "Recorder": "stragglers.record.recorder",
+    "RecordedWork": "stragglers.record.recorder",
+    "RecordCallback": "stragglers.record.lightning",
+    "record_trainer": "stragglers.record.hf_trainer",
+    "PartUploader": "stragglers.record.upload",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
