@@ -33,10 +33,11 @@ from stragglers.adapt import requests as rq
 from stragglers.adapt.control import ControlPlane
 from stragglers.adapt.controller import ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name
-from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Forbidden, NotFound, Unauthorized
+from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Forbidden, Unauthorized
 from stragglers.adapt.shards import ShardStore
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
+from stragglers.serving import listen_socket
 
 log = logging.getLogger(__name__)
 
@@ -369,27 +370,11 @@ def serve(db: str | Path, config: ServiceConfig | None = None,
     config = config or ServiceConfig()
     _check_exposure(config.host, service_token)
     store = ShardStore(db, durable=config.durable, busy_timeout_s=config.busy_timeout_s)
-    sock = _bind(config.host, config.port)
+    sock = listen_socket(config.host, config.port)
     try:
         _uvicorn_server(create_app(store, config, service_token), config).run(sockets=[sock])
     finally:
         store.close()
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Linux copies TCP_NODELAY to accepted sockets; without it Nagle + delayed ACK add ~40 ms
-    # to every keep-alive request whose response uvicorn writes in two pieces.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise EnvironmentFailure(f"{host}:{port}", f"cannot listen there ({exc.strerror})") from exc
-    sock.listen(1024)
-    return sock
 
 
 class EmbeddedServer:
@@ -416,7 +401,7 @@ class EmbeddedServer:
         _check_exposure(self.host, self.service_token)
         store = ShardStore(self.db, durable=self.config.durable,
                            busy_timeout_s=self.config.busy_timeout_s)
-        sock = _bind(self.host, self.port)
+        sock = listen_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._server = _uvicorn_server(create_app(store, self.config, self.service_token),
                                        self.config)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 from stragglers.errors import EnvironmentFailure, InputError
 from stragglers.monitor.alerts import parse_rules
 from stragglers.monitor.settings import MonitorConfig, load_config_file
+from stragglers.serving import listen_socket
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class MonitorServer:
         self.host, self.port = host, int(port)
         if not 0 <= self.port <= 65535:
             raise InputError("--port", None, f"expected 0..65535, got {port}")
-        self.sock = _bind(host, self.port)
+        self.sock = listen_socket(host, self.port)
         self.port = self.sock.getsockname()[1]
         external = str(raw.get("external_url") or self.url)
         self.store = Store(db, durable=cfg.durable)
@@ -124,14 +124,3 @@ class MonitorServer:
         self.store.close()
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise EnvironmentFailure(f"{host}:{port}", f"cannot listen there ({exc.strerror})") from None
-    sock.listen(1024)
-    return sock
