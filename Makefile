@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium >/dev/null; }
 
+# The main job end to end (train with a slow rank, analyse), then the same job watched live.
 demo: venv
 	$(PY) examples/demo.py
+	$(PY) -m stragglers.monitor.demo --port 8150 --steps 80
 
 test: venv browser
 	$(VENV)/bin/pytest -q
