@@ -92,12 +92,14 @@ def gc_slots(trace: Trace, worker_step: np.ndarray) -> np.ndarray:
 def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     """Place every op on the grid, drop incomplete steps with a warning, reject duplicates."""
     ops = trace.ops
+    source_rows = None   # grid.row indexes the caller's trace, whatever steps were selected
     if steps is not None:
         keep = np.isin(ops["step"], np.asarray(steps))
         if not keep.any():
             have = np.unique(ops["step"])
             raise InputError(trace.source, "step", f"none of the requested steps are in the trace "
                              f"(it has {len(have)} steps, {int(have.min())}–{int(have.max())})")
+        source_rows = np.flatnonzero(keep)
         trace = trace.select(keep)
         ops = trace.ops
     dp_ranks, d_idx = dense_ids(ops["dp_rank"])
@@ -139,7 +141,7 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     duration = np.zeros(n * d * t)
     duration[flat] = ops["duration"]
     row = np.full(n * d * t, -1, dtype=np.int64)
-    row[flat] = np.arange(len(flat))
+    row[flat] = np.arange(len(flat)) if source_rows is None else source_rows
     shape = (n, d, t)
     pp = max(trace.meta.pp_size, int(node_stage.max()) + 1)
     node_mc, node_gmc = _chunks(ops, node, n, node_stage, pp)
