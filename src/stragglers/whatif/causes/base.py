@@ -67,10 +67,11 @@ class Context:
         return len(self.w.grid.steps)
 
     def where_workers(self, workers: list[tuple[int, int]], **more) -> dict:
-        """A `where` naming (dp index, stage) workers by DP rank, stage, global rank and host."""
+        """A `where` naming (dp index, stage) workers by DP rank, stage, global rank and host;
+        `workers` keeps the order given (the causes give the most severe first)."""
         g = self.w.grid
         listed = []
-        for d, p in sorted(workers, key=lambda x: (x[1], x[0])):
+        for d, p in workers:
             rank = int(self.ranks[d, p])
             listed.append({"dp": int(g.dp_ranks[d]), "pp": int(p),
                            "rank": rank if rank >= 0 else None,

@@ -37,6 +37,12 @@ def _stands_out(ctx: Context, score: np.ndarray, lo: np.ndarray, threshold: floa
     return hit
 
 
+def _worst_first(named: np.ndarray, severity: np.ndarray) -> list[tuple[int, int]]:
+    """The named (dp index, stage) workers, the most severe first."""
+    workers = [(int(d), int(p)) for d, p in zip(*np.nonzero(named))]
+    return sorted(workers, key=lambda dp: -float(severity[dp]))
+
+
 def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
     """Workers whose own compute per step stands out from their stage peers'."""
     w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
@@ -48,7 +54,7 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
     mean = ratio.mean(axis=-1)
     lo, hi = mean_interval(ratio, cfg)
     named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess)
-    workers = [(int(d), int(p)) for d, p in zip(*np.nonzero(named))]
+    workers = _worst_first(named, mean)
     if not workers:
         return []
     cost = w.cost.copy()
@@ -97,8 +103,11 @@ def host_stall(ctx: Context) -> list[Candidate]:
     mean = excess.mean(axis=-1)
     lo, hi = mean_interval(excess, cfg)
     threshold = max(cfg.stall_min_seconds, cfg.stall_min_fraction * float(np.median(w.t_base)))
-    named = _stands_out(ctx, mean, lo, threshold)
-    workers = [(int(d), int(p)) for d, p in zip(*np.nonzero(named))]
+    # the outlier test compares fractions of the step, as worker_fault compares ratios (the
+    # spread floor is a ratio: in seconds it would hide any stall under ~0.1 s)
+    step_time = max(float(np.median(w.t_base)), 1e-12)
+    named = _stands_out(ctx, mean / step_time, lo, threshold)
+    workers = _worst_first(named, mean)
     if not workers:
         return []
     fixed = w.launch_delay.copy()
@@ -110,7 +119,6 @@ def host_stall(ctx: Context) -> list[Candidate]:
         fixed[sel, d, :] = np.minimum(fixed[sel, d, :], typical[None, :])
         per_step = np.maximum(per_step, excess[d, p])
     steps = ctx.steps_where(per_step)
-    step_time = float(np.median(w.t_base))
     evidence = "; ".join(
         f"{ctx.name(d, p)} starts its work {1e3 * mean[d, p]:.1f} ms "
         f"({1e3 * lo[d, p]:.1f}–{1e3 * hi[d, p]:.1f}) per step later than its peers "
