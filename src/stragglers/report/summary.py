@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from stragglers import wording
 from stragglers.trace.model import NOTE_KINDS
 from stragglers.whatif.diagnosis import FIXES
 from stragglers.whatif.result import AnalysisResult, Finding
@@ -243,15 +244,8 @@ def _item_words(value: Any) -> str:
 
 
 def ranges(values: list[int]) -> str:
-    """Compact '1–3, 7' rendering of sorted integers."""
-    out, i = [], 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        out.append(f"{values[i]}" if i == j else f"{values[i]}–{values[j]}")
-        i = j + 1
-    return ", ".join(out)
+    """Compact '1–3, 7' rendering of sorted integers, as reports write them."""
+    return wording.ranges(values, dash="–")
 
 
 def fmt(value: float | None, spec: str = ".3f", missing: str = "—") -> str:

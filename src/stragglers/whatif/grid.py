@@ -8,6 +8,7 @@ import numpy as np
 
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPE_CODES, Trace
+from stragglers.wording import ranges
 
 GC = OPTYPE_CODES["gc"]
 FWD = OPTYPE_CODES["forward-compute"]
@@ -179,7 +180,7 @@ def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnin
         steps = [int(s) for s in step_ids[bad_steps]]
         shown = ", ".join(f"(dp {a}, pp {b})" for a, b in workers[:8])
         warnings.append(f"{len(steps)} of {len(step_ids)} steps are incomplete and were left out "
-                        f"(steps {_ranges(steps)}): ops missing from workers {shown}"
+                        f"(steps {ranges(steps)}): ops missing from workers {shown}"
                         + (" …" if len(workers) > 8 else ""))
     return ~bad_steps
 
@@ -191,15 +192,3 @@ def _check_stages(grid: OpGrid, trace: Trace) -> None:
         if not np.any(np.isin(grid.node_optype[sel], (FWD, BWD))):
             raise InputError(trace.source, "optype", f"stage {s} has no forward/backward-compute "
                              "ops; expected compute on every pipeline stage")
-
-
-def _ranges(values: list[int]) -> str:
-    """Compact '1-3, 7' rendering of sorted integers."""
-    out, i = [], 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        out.append(f"{values[i]}" if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ", ".join(out)

@@ -7,18 +7,7 @@ from collections import Counter
 from stragglers.trace.kineto.layout import Pipelines, p2p_summary
 from stragglers.trace.kineto.ops import RankParts, RankRows
 from stragglers.trace.kineto.placement import JobShape
-
-
-def ranges(values: list[int]) -> str:
-    """Compact '1-3, 7' rendering of sorted integers."""
-    out, i = [], 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        out.append(f"{values[i]}" if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ", ".join(out)
+from stragglers.wording import ranges
 
 
 def reader_notes(per_rank: dict[int, RankRows], parts: dict[int, RankParts], shape: JobShape,
