@@ -5,50 +5,99 @@ from __future__ import annotations
 from pathlib import Path
 
 from stragglers.errors import InputError
+from stragglers.protocols import TRACE_READERS
 from stragglers.trace.model import Trace
 
 META_FILE = "meta.json"  # as in runformat; not imported so Kineto input never loads pyarrow
 _KINETO_SUFFIXES = (".json", ".json.gz")
 
 
-def load_trace(path: Path | str, meta: Path | str | None = None, *, dp_size: int | None = None,
-               pp_size: int | None = None) -> Trace:
-    """Read a run directory, an NDTimeline trace (+ meta YAML) or PyTorch-profiler JSON files.
+class KinetoReader:
+    """PyTorch-profiler (Kineto) JSON: one .json/.json.gz file per rank, a file or a folder."""
 
-    dp_size / pp_size place Kineto ranks on a DP × PP grid (the profiler does not record it).
-    Only the reader a path needs is imported (the Parquet ones bring pyarrow).
-    """
-    path = Path(path)
-    if path.is_dir() and not (path / META_FILE).exists():
-        entries = [f for f in path.iterdir() if not f.name.startswith(".")]
-        if any(f.is_file() and f.name.endswith(_KINETO_SUFFIXES) for f in entries):
-            from stragglers.trace.kineto import read_kineto
+    name = "kineto"
 
-            return read_kineto(path, dp_size=dp_size, pp_size=pp_size)
-        if not any(f.name.endswith(".parquet") for f in entries):
-            what = "empty directory" if not entries else "no trace files in this directory"
-            raise InputError(path, None, f"{what}; expected a run directory ({META_FILE} and "
-                             "rank-NNNNN.parquet files) or PyTorch-profiler traces (*.json / "
-                             "*.json.gz, one per rank)")
-    if path.is_file() and path.name.endswith(_KINETO_SUFFIXES):
+    def can_read(self, path: Path) -> bool:
+        """A profiler file, or a folder of them without our meta.json."""
+        if path.is_file():
+            return path.name.endswith(_KINETO_SUFFIXES)
+        return path.is_dir() and not (path / META_FILE).exists() and any(
+            f.is_file() and f.name.endswith(_KINETO_SUFFIXES) for f in path.iterdir())
+
+    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None) -> Trace:
+        """Read the ranks' files, placed on a DP × PP grid by dp_size / pp_size."""
         from stragglers.trace.kineto import read_kineto
 
         return read_kineto(path, dp_size=dp_size, pp_size=pp_size)
-    if path.is_dir():
+
+
+class RunReader:
+    """Our run format: a directory with meta.json and Parquet op tables per rank."""
+
+    name = "run"
+
+    def can_read(self, path: Path) -> bool:
+        """Any directory that is not a folder of profiler files."""
+        return path.is_dir()
+
+    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None) -> Trace:
+        """Read every rank's op tables and the job's meta.json."""
         if meta is not None:
             raise InputError(meta, None, f"--meta is for NDTimeline files; {path} is a run "
                              f"directory with its own {META_FILE}")
         from stragglers.trace.runformat import read_run
 
         return read_run(path)
+
+
+class NDTimelineReader:
+    """NDTimeline: trace-<name>.parquet with its meta-<name>.yaml beside it (or --meta)."""
+
+    name = "ndtimeline"
+
+    def can_read(self, path: Path) -> bool:
+        """A .parquet file."""
+        return path.is_file() and path.suffix == ".parquet"
+
+    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None) -> Trace:
+        """Read the op table and its metadata YAML."""
+        from stragglers.trace.ndtimeline import read_ndtimeline
+
+        return read_ndtimeline(path, meta)
+
+
+# Tried in this order; the first whose can_read() accepts the path reads it.
+for _reader in (KinetoReader(), RunReader(), NDTimelineReader()):
+    TRACE_READERS.register(_reader.name)(_reader)
+
+
+def load_trace(path: Path | str, meta: Path | str | None = None, *, dp_size: int | None = None,
+               pp_size: int | None = None, format: str | None = None) -> Trace:
+    """Read a run directory, an NDTimeline trace (+ meta YAML) or PyTorch-profiler JSON files.
+
+    dp_size / pp_size place Kineto ranks on a DP × PP grid (the profiler does not record it).
+    `format` names a registered reader (`TRACE_READERS`) instead of recognising the path.
+    Only the reader a path needs is imported (the Parquet ones bring pyarrow).
+    """
+    path = Path(path)
     if not path.exists():
         raise InputError(path, None, "no such file or directory")
-    if path.suffix != ".parquet":
-        raise InputError(path, None, "expected a run directory, an NDTimeline .parquet trace or "
-                         "PyTorch-profiler .json/.json.gz files")
-    from stragglers.trace.ndtimeline import read_ndtimeline
-
-    return read_ndtimeline(path, meta)
+    options = {"meta": meta, "dp_size": dp_size, "pp_size": pp_size}
+    if format is not None:
+        return TRACE_READERS.get(format, "format").read(path, **options)
+    if path.is_dir() and not (path / META_FILE).exists():
+        entries = [f for f in path.iterdir() if not f.name.startswith(".")]
+        if not any(f.name.endswith((".parquet", *_KINETO_SUFFIXES)) for f in entries):
+            what = "empty directory" if not entries else "no trace files in this directory"
+            raise InputError(path, None, f"{what}; expected a run directory ({META_FILE} and "
+                             "rank-NNNNN.parquet files) or PyTorch-profiler traces (*.json / "
+                             "*.json.gz, one per rank)")
+    for name in TRACE_READERS:
+        reader = TRACE_READERS.get(name)
+        if reader.can_read(path):
+            return reader.read(path, **options)
+    raise InputError(path, None, "expected a run directory, an NDTimeline .parquet trace or "
+                     "PyTorch-profiler .json/.json.gz files")
 
 
 def parse_steps(spec: str | None) -> list[int] | None:
