@@ -53,3 +53,21 @@ def test_version_and_exit_codes():
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "/nonexistent/run" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_analyze_settings_come_from_the_diagnosis_config(tmp_path):
+    import json
+
+    import stragglers as st
+    from stragglers.trace.runformat import write_run
+
+    write_run(tmp_path / "run", st.synth(dp=2, pp=2, microbatches=4, steps=6, seed=1))
+    cli = [sys.executable, "-m", "stragglers.cli", "analyze", str(tmp_path / "run"), "-q"]
+    ok = subprocess.run(cli + ["--set", "worker_min_excess=0.5", "--json", str(tmp_path / "r.json")],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["diagnosis_config"]["worker_min_excess"] == 0.5
+    for bad, field in (("bogus=1", "bogus"), ("worker_min_excess=abc", "worker_min_excess"),
+                       ("worker_min_excess=-1", "worker_min_excess")):
+        proc = subprocess.run(cli + ["--set", bad], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr

@@ -42,6 +42,10 @@ def analyze_command(
     fail_threshold: Optional[float] = typer.Option(
         None, "--fail-threshold", min=1.0, help="The S at which --fail-on-straggling fails "
         "(default: the straggling threshold, 1.1)."),
+    settings: Optional[list[str]] = typer.Option(
+        None, "--set", metavar="NAME=VALUE", help="A diagnosis setting (DiagnosisConfig, "
+        "documented in src/stragglers/whatif/README.md), e.g. --set worker_min_excess=0.2; "
+        "repeatable."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No console report."),
 ) -> None:
     """How much faster would this job be without stragglers, and who or what is to blame.
@@ -53,14 +57,19 @@ def analyze_command(
     from stragglers.trace.load import load_trace
     from stragglers.whatif.analyze import analyze_with_model, timelines
 
+    from stragglers.config import cli_overrides
+    from stragglers.whatif.config import DiagnosisConfig
+
     console = Console()
     selection = _steps_option(steps)
+    config = cli_overrides(DiagnosisConfig, settings, "--set")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"reading {path}")
         trace = load_trace(path, meta, dp_size=dp_size, pp_size=pp_size)
         result, w = analyze_with_model(
-            trace, progress=lambda msg: bar.update(task, description=msg), **selection)
+            trace, progress=lambda msg: bar.update(task, description=msg), config=config,
+            **selection)
         if json_out:
             bar.update(task, description=f"writing {json_out}")
             json_out.parent.mkdir(parents=True, exist_ok=True)
