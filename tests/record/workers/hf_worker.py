@@ -8,10 +8,12 @@ A two-layer GPT-2 built from a config (nothing downloaded), random token sequenc
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
 import torch
+import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from slowdown import slow_down
@@ -44,6 +46,12 @@ def main(out: str, steps: int, slow_rank: int) -> None:
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(4 * steps * 2))
     record_trainer(trainer, out + "/trace", flush_interval_s=0.05)
     trainer.train()
+    # Shut down in order: the DDP model (it holds the process group and the comm hook) goes
+    # before the group. Left to interpreter exit, gloo's threads can abort the process.
+    del trainer, model
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
