@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import threading
+import time
 
 from stragglers.errors import EnvironmentFailure
 
@@ -22,3 +24,20 @@ def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
         raise EnvironmentFailure(f"{host}:{port}", f"cannot listen there ({exc.strerror})") from None
     sock.listen(backlog)
     return sock
+
+
+def serve_in_thread(server, sock: socket.socket, name: str, what: str,
+                    timeout: float = 60.0) -> threading.Thread:
+    """Run a uvicorn.Server on `sock` in a daemon thread; return once it answers requests.
+
+    EnvironmentFailure naming `what` when it dies or has not started within `timeout` seconds.
+    """
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=name,
+                              daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise EnvironmentFailure(what, "did not start")
+        time.sleep(0.01)
+    return thread

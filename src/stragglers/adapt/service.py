@@ -37,7 +37,7 @@ from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Forbidden, Unauth
 from stragglers.adapt.shards import ShardStore
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
-from stragglers.serving import listen_socket
+from stragglers.serving import listen_socket, serve_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -405,14 +405,8 @@ class EmbeddedServer:
         self.port = sock.getsockname()[1]
         self._server = _uvicorn_server(create_app(store, self.config, self.service_token),
                                        self.config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name="shard-service", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise EnvironmentFailure(f"shard service on {self.url}", "did not start")
-            time.sleep(0.01)
+        self._thread = serve_in_thread(self._server, sock, "shard-service",
+                                       f"shard service on {self.url}", timeout)
         return self
 
     def stop(self) -> None:

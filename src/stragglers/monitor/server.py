@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from pathlib import Path
 
-from stragglers.errors import EnvironmentFailure, InputError
+from stragglers.errors import InputError
 from stragglers.monitor.alerts import parse_rules
 from stragglers.monitor.settings import MonitorConfig, load_config_file
-from stragglers.serving import listen_socket
+from stragglers.serving import listen_socket, serve_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +98,8 @@ class MonitorServer:
     def start(self, timeout: float = 60.0) -> "MonitorServer":
         """Serve on a daemon thread; returns once requests are answered."""
         self._begin()
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.sock]},
-                                        name="stragglers-monitor-http", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise EnvironmentFailure(self.url, "the monitor did not start")
-            time.sleep(0.01)
+        self._thread = serve_in_thread(self._server, self.sock, "stragglers-monitor-http",
+                                       f"the monitor on {self.url}", timeout)
         return self
 
     def stop(self) -> None:
