@@ -88,8 +88,87 @@ def test_a_second_faulty_worker_is_its_own_alert_and_state_rules_follow_states(t
     ([{"name": "a", "when": "new_cause"}, {"name": "a", "when": "new_cause"}], "rules[1].name"),
     ([{"name": "a", "when": "new_cause", "severity": "loud"}], "rules[0].severity"),
     ({"name": "a"}, "rules"),
+    ([{"name": "a", "when": "slowdown >= 1.8", "resolve_when": "slowdown < 1.9"}],
+     "rules[0].resolve_when"),
+    ([{"name": "a", "when": "slowdown >= 1.8", "resolve_when": "slowdown <= 1.8"}],
+     "rules[0].resolve_when"),
+    ([{"name": "a", "when": "slowdown >= 1.8", "resolve_when": "m_w < 1.2"}],
+     "rules[0].resolve_when"),
+    ([{"name": "a", "when": "cause == gc and speedup >= 1.5", "resolve_when": "speedup < 1.6"}],
+     "rules[0].resolve_when"),
+    ([{"name": "a", "when": "new_cause", "resolve_when": "slowdown < 1"}], "rules[0].resolve_when"),
+    ([{"name": "a", "when": "new_cause", "resolve_for_windows": 0}],
+     "rules[0].resolve_for_windows"),
+    ([{"name": "a", "when": "state == stalled", "resolve_for_windows": 2}],
+     "rules[0].resolve_for_windows"),
 ])
 def test_bad_rules_name_the_field(rules, field):
     with pytest.raises(InputError) as err:
         parse_rules(rules, "rules.yaml")
     assert err.value.field == field and "rules.yaml" in str(err.value)
+
+
+# ---- hysteresis: fire after M windows above, resolve after N windows below a lower threshold --
+
+# S hovering around 1.8 (CPU noise on a real slowdown), then a recovery with one relapse
+HOVER = [1.9, 1.7, 1.85, 1.9, 1.75, 1.82, 1.5, 1.55, 1.7, 1.5, 1.4, 1.3]
+
+
+def transitions(rules, slowdowns, fresh_engine=False, tmp_path=None, name="h"):
+    """(window index, status) of every message, feeding one hand-made window at a time."""
+    store = Store(tmp_path / f"{name}.db")
+    store.register_job("j", str(tmp_path), "files", None)
+    engine = AlertEngine(rules, store, repeat_s=3600)
+    out = []
+    for i, s in enumerate(slowdowns):
+        if fresh_engine:  # a restarted monitor: every decision comes from the stored windows
+            engine = AlertEngine(rules, store, repeat_s=3600)
+        out += [(i, m["status"]) for m in feed(engine, store, window(i, s), float(i + 1))]
+    return out, store
+
+
+def test_a_plain_threshold_flaps_on_a_hovering_value(tmp_path):
+    rules = parse_rules([{"name": "severe", "when": "slowdown >= 1.8"}])
+    got, _ = transitions(rules, HOVER, tmp_path=tmp_path)
+    assert got == [(0, "firing"), (1, "resolved"), (2, "firing"), (4, "resolved"),
+                   (5, "firing"), (6, "resolved")]
+
+
+def test_hysteresis_fires_after_m_windows_and_resolves_after_n_clear_ones(tmp_path):
+    rules = parse_rules([{"name": "severe", "when": "slowdown >= 1.8", "for_windows": 2,
+                          "resolve_when": "slowdown < 1.6", "resolve_for_windows": 3}])
+    got, store = transitions(rules, HOVER, tmp_path=tmp_path)
+    # fires at the 2nd window in a row above 1.8 (index 3); 1.75 and 1.82 keep it firing; the
+    # run of windows below 1.6 at 6-7 is broken by 1.7; it resolves at the 3rd in a row (11)
+    assert got == [(3, "firing"), (11, "resolved")]
+    log = store.alert_log(job="j")
+    assert [(e["status"], e["window"]) for e in log[::-1]] == [("firing", 3), ("resolved", 11)]
+    again, _ = transitions(rules, HOVER, fresh_engine=True, tmp_path=tmp_path, name="restart")
+    assert again == got
+
+
+def test_hysteresis_on_a_worker_fault_keeps_one_alert_per_worker(tmp_path):
+    rules = parse_rules([{"name": "fault", "when": "cause == worker_fault and speedup >= 1.5",
+                          "for_windows": 2, "resolve_when": "speedup < 1.2",
+                          "resolve_for_windows": 2}])
+    store = Store(tmp_path / "f.db")
+    store.register_job("j", str(tmp_path), "files", None)
+    engine = AlertEngine(rules, store, repeat_s=3600)
+
+    def faults(idx, *found):
+        w = window(idx, 1.5)
+        w["diagnosis"] = [{"cause": "worker_fault", "where": {"workers": [{"dp": r, "pp": 0,
+                           "rank": r, "host": "h"}]}, "ranks": [r], "speedup_if_fixed": x,
+                           "headline": f"worker fault at rank {r}"} for r, x in found] or \
+            [{"cause": "none", "where": {}}]
+        return w
+
+    # rank 2's fault: 1.6, 1.7 (fires), 1.3 (between the thresholds: still firing), gone,
+    # back at 1.6 (not clear), gone, gone (2nd clear window in a row: resolves).
+    # rank 3 at 1.3 (a noise-sized finding) never fires, and does not disturb rank 2's alert.
+    seq = [[(2, 1.6)], [(2, 1.7)], [(2, 1.3), (3, 1.3)], [(3, 1.3)], [(2, 1.6)], [], []]
+    got = []
+    for i, found in enumerate(seq):
+        for m in feed(engine, store, faults(i, *found), float(i + 1)):
+            got.append((i, m["status"], m["alerts"][0]["labels"]["rank"]))
+    assert got == [(1, "firing", "2"), (6, "resolved", "2")]

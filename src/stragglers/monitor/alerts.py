@@ -1,9 +1,13 @@
 """Alert rules (YAML), their evaluation per window, and delivery in Alertmanager's webhook format.
 
 An alert is identified by its labels (rule, job and, for rules about a place, the ranks): its
-fingerprint is a hash of them. While it fires it is sent once, and again every `repeat_s`;
-when its condition is false for one window it resolves and a resolve is sent
-(specs/monitor.md §3). Alert state lives in the store, so a restart neither forgets a firing
+fingerprint is a hash of them. It fires once its condition held for `for_windows` consecutive
+windows; while it fires it is sent once, and again every `repeat_s`. It resolves, with a resolve
+message, once its clear condition held for `resolve_for_windows` consecutive windows
+(default: the condition is false for one window, specs/monitor.md §3). A clear condition
+stricter than "not the condition" (`resolve_when`: a lower threshold) is hysteresis: a value
+that hovers around the threshold neither fires twice nor resolves in between. Every decision
+is a function of the stored windows, so a restart decides the same way. Alert state lives in the store, so a restart neither forgets a firing
 alert nor sends it twice. Delivery runs on its own thread per receiver, with retries and
 backoff: a receiver that is down never holds up ingest or analysis.
 """
@@ -32,9 +36,11 @@ METRICS = ("slowdown", "waste", "m_w", "m_s")
 _NUMERIC = re.compile(r"^(slowdown|waste|m_w|m_s)\s*(>=|>|<=|<)\s*([0-9]*\.?[0-9]+)$")
 _CAUSE = re.compile(r"^cause\s*==\s*([a-z_]+)(?:\s+and\s+speedup\s*>=\s*([0-9]*\.?[0-9]+))?$")
 _STATE = re.compile(r"^state\s*==\s*(stalled|finished)$")
+_SPEEDUP_BELOW = re.compile(r"^speedup\s*<\s*([0-9]*\.?[0-9]+)$")
 _COMPARE = {">=": float.__ge__, ">": float.__gt__, "<=": float.__le__, "<": float.__lt__}
 SEVERITIES = ("info", "warning", "critical")
-RULE_KEYS = ("name", "when", "for_windows", "severity", "summary")
+RULE_KEYS = ("name", "when", "for_windows", "resolve_when", "resolve_for_windows", "severity",
+             "summary")
 
 DEFAULT_RULES = [
     {"name": "straggling", "when": f"slowdown >= {STRAGGLING_SLOWDOWN:g}", "for_windows": 3, "severity": "warning"},
@@ -58,11 +64,22 @@ class Rule:
     for_windows: int = 1
     severity: str = "warning"
     summary: str = ""
+    resolve_windows: int = 1     # consecutive clear windows before a firing alert resolves
+    resolve_op: str = ""         # metric rules: the clear condition (empty: `not holds`)
+    resolve_value: float | None = None  # metric: its threshold; cause: the speedup below which
+    #                                     a firing place counts as clear (None: the rule's own)
 
     def holds(self, window: dict) -> bool:
         """Whether a metric rule's condition holds on an analysed window."""
         v = window.get(self.subject)
         return v is not None and _COMPARE[self.op](float(v), self.value)
+
+    def clears(self, window: dict) -> bool:
+        """Whether a metric rule's clear condition holds on an analysed window."""
+        if not self.resolve_op:
+            return not self.holds(window)
+        v = window.get(self.subject)
+        return v is None or _COMPARE[self.resolve_op](float(v), self.resolve_value)
 
 
 def parse_rules(raw: Any, source: object = "rules") -> list[Rule]:
@@ -96,22 +113,66 @@ def parse_rules(raw: Any, source: object = "rules") -> list[Rule]:
         summary = r.get("summary", "")
         if not isinstance(summary, str):
             raise InputError(source, f"{where}.summary", "expected text")
+        n = r.get("resolve_for_windows", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 10_000:
+            raise InputError(source, f"{where}.resolve_for_windows",
+                             f"expected 1..10000, got {n!r}")
         when = str(r.get("when", "")).strip()
-        common = {"name": name, "for_windows": k, "severity": severity, "summary": summary}
+        common = {"name": name, "for_windows": k, "severity": severity, "summary": summary,
+                  "resolve_windows": n}
         if m := _NUMERIC.match(when):
-            rules.append(Rule(kind="metric", subject=m[1], op=m[2], value=float(m[3]), **common))
+            rule = Rule(kind="metric", subject=m[1], op=m[2], value=float(m[3]), **common)
         elif m := _CAUSE.match(when):
-            rules.append(Rule(kind="cause", subject=m[1], value=float(m[2] or 0.0), **common))
+            rule = Rule(kind="cause", subject=m[1], value=float(m[2] or 0.0), **common)
         elif when == "new_cause":
-            rules.append(Rule(kind="new_cause", **common))
+            rule = Rule(kind="new_cause", **common)
         elif m := _STATE.match(when):
-            rules.append(Rule(kind="state", subject=m[1], **common))
+            rule = Rule(kind="state", subject=m[1], **common)
         else:
             raise InputError(source, f"{where}.when", f"cannot read {when!r}; expected "
                              f"'{'|'.join(METRICS)} >= NUMBER', 'cause == NAME [and speedup >= "
                              "NUMBER]', 'new_cause' "
                              "or 'state == stalled'")
+        if "resolve_when" in r:
+            rule = _with_resolve(rule, r["resolve_when"], source, f"{where}.resolve_when")
+        elif rule.kind == "state" and n != 1:
+            raise InputError(source, f"{where}.resolve_for_windows", "a state rule resolves when "
+                             "the state changes; expected 1")
+        rules.append(rule)
     return rules
+
+
+def _with_resolve(rule: Rule, raw: Any, source: object, field: str) -> Rule:
+    """The rule with its clear condition (`resolve_when`), which must exclude the condition."""
+    text = str(raw).strip()
+    if rule.kind == "metric":
+        m = _NUMERIC.match(text)
+        if m is None or m[1] != rule.subject:
+            raise InputError(source, field, f"cannot read {text!r}; expected '{rule.subject} "
+                             "(<|<=|>|>=) NUMBER' (the same quantity as `when`)")
+        op, value = m[2], float(m[3])
+        up, resolve_up = rule.op.startswith(">"), op.startswith(">")
+        # the two conditions must be disjoint: no value may both fire and clear an alert
+        both_inclusive = op.endswith("=") and rule.op.endswith("=")
+        beyond = value < rule.value if up else value > rule.value
+        disjoint = up != resolve_up and (beyond or (value == rule.value and not both_inclusive))
+        if not disjoint:
+            raise InputError(source, field, f"{text!r} overlaps `when: {rule.subject} {rule.op} "
+                             f"{rule.value:g}`; expected a threshold on the other side of it "
+                             f"(e.g. '{rule.subject} {'<' if up else '>'} {rule.value:g}' or "
+                             "beyond)")
+        return Rule(**{**rule.__dict__, "resolve_op": op, "resolve_value": value})
+    if rule.kind == "cause":
+        m = _SPEEDUP_BELOW.match(text)
+        if m is None:
+            raise InputError(source, field, f"cannot read {text!r}; expected 'speedup < NUMBER'")
+        value = float(m[1])
+        if value > rule.value:
+            raise InputError(source, field, f"speedup < {value:g} overlaps `when` (speedup >= "
+                             f"{rule.value:g}); expected a number at most {rule.value:g}")
+        return Rule(**{**rule.__dict__, "resolve_value": value})
+    raise InputError(source, field, f"a {rule.kind} rule has no resolve condition; use "
+                     "resolve_for_windows alone")
 
 
 def fingerprint(labels: dict) -> str:
@@ -132,7 +193,7 @@ class AlertEngine:
     def __init__(self, rules: list[Rule], store, repeat_s: float, external_url: str = ""):
         self.rules, self.store, self.repeat_s = rules, store, float(repeat_s)
         self.external_url = external_url.rstrip("/")
-        self.max_k = max([r.for_windows for r in rules] + [2])
+        self.max_k = max([max(r.for_windows, r.resolve_windows) for r in rules] + [2])
 
     def on_window(self, job: str, window: dict, now: float | None = None):
         """Alert changes caused by a new analysed window: (alert rows, log rows, messages)."""
@@ -142,6 +203,8 @@ class AlertEngine:
         active: dict[str, dict] = {}   # fingerprint -> alert that holds now
         decided: set[str] = set()      # rules (name) evaluated on this window
         if window.get("error") is None:
+            firing = self.store.alerts(job=job, status="firing")
+            recent = [w for w in history if w.get("error") is None]
             for rule in self.rules:
                 if rule.kind == "state":
                     continue
@@ -149,7 +212,36 @@ class AlertEngine:
                 for labels, annotations in self._holding(rule, job, history):
                     active[fingerprint(labels)] = {"rule": rule, "labels": labels,
                                                    "annotations": annotations}
+                # a firing alert whose clear condition has not held long enough keeps firing
+                for a in firing:
+                    if a["rule"] == rule.name and a["fingerprint"] not in active and \
+                            not self._cleared(rule, a["labels"], recent):
+                        active[a["fingerprint"]] = {"rule": rule, "labels": a["labels"],
+                                                    "annotations": a["annotations"]}
         return self._apply(job, active, decided, now, window["idx"])
+
+    @staticmethod
+    def _cleared(rule: Rule, labels: dict, recent: list[dict]) -> bool:
+        """Whether the alert's clear condition held on the last `resolve_windows` windows."""
+        n = rule.resolve_windows
+        if len(recent) < n:
+            return False
+        if rule.kind == "metric":
+            return all(rule.clears(w) for w in recent[:n])
+        if rule.kind == "cause":
+            key = _place_key(labels)
+            threshold = rule.value if rule.resolve_value is None else rule.resolve_value
+            return all(key not in _places(w, rule, threshold) for w in recent[:n])
+        if rule.kind == "new_cause":
+            cause = labels.get("cause")
+            for i in range(n):
+                before = {f.get("cause") for f in recent[i + 1].get("diagnosis") or []} \
+                    if i + 1 < len(recent) else set()
+                now_causes = {f.get("cause") for f in recent[i].get("diagnosis") or []}
+                if cause in now_causes and cause not in before:
+                    return False
+            return True
+        return True
 
     def on_state(self, job: str, state: str, now: float | None = None):
         """Alert changes caused by a job's state change (stalled, running again, finished)."""
@@ -263,10 +355,10 @@ def _top_cause(window: dict) -> str:
     return f"; {causes[0].get('headline') or causes[0]['cause']}" if causes else ""
 
 
-def _counts(finding: dict, rule: Rule) -> bool:
-    """A finding of the rule's cause that buys at least the rule's speedup if fixed."""
+def _counts(finding: dict, rule: Rule, threshold: float) -> bool:
+    """A finding of the rule's cause that buys at least `threshold` speedup if fixed."""
     return finding.get("cause") == rule.subject and \
-        float(finding.get("speedup_if_fixed") or 0.0) >= rule.value
+        float(finding.get("speedup_if_fixed") or 0.0) >= threshold
 
 
 # Causes that sit on single workers: one alert per worker, so a second slow worker is its own
@@ -274,11 +366,21 @@ def _counts(finding: dict, rule: Rule) -> bool:
 WORKER_CAUSES = ("worker_fault", "host_stall")
 
 
-def _places(window: dict, rule: Rule) -> dict:
-    """place → (labels, finding) of the rule's cause in a window."""
+def _place_key(labels: dict) -> tuple:
+    """Where an alert of a cause rule points: a worker's rank, or its place labels."""
+    if labels.get("cause") in WORKER_CAUSES and "rank" in labels and "," not in labels["rank"]:
+        return ("rank", int(labels["rank"]))
+    place = {k: labels[k] for k in ("cause", "dp", "pp", "rank") if k in labels}
+    return ("where", json.dumps(place, sort_keys=True))
+
+
+def _places(window: dict, rule: Rule, threshold: float | None = None) -> dict:
+    """place → (labels, finding) of the rule's cause in a window (counting findings that buy
+    at least `threshold`, by default the rule's own)."""
     out = {}
+    threshold = rule.value if threshold is None else threshold
     for f in window.get("diagnosis") or []:
-        if not _counts(f, rule):
+        if not _counts(f, rule, threshold):
             continue
         if f.get("cause") in WORKER_CAUSES and f.get("ranks"):
             workers = {}
@@ -289,7 +391,7 @@ def _places(window: dict, rule: Rule) -> dict:
                 w = workers.get(int(r), {})
                 labels = {"cause": f["cause"], "rank": str(r)}
                 labels.update({k: str(w[k]) for k in ("dp", "pp", "host") if w.get(k) is not None})
-                out[("rank", int(r))] = (labels, f)
+                out[_place_key(labels)] = (labels, f)
         else:
             loc = f.get("where") or {}
             labels = {"cause": str(f.get("cause", ""))}
@@ -298,7 +400,7 @@ def _places(window: dict, rule: Rule) -> dict:
                     labels[key] = ",".join(map(str, loc[key]))
             if f.get("ranks"):
                 labels["rank"] = ",".join(map(str, f["ranks"]))
-            out[("where", json.dumps(labels, sort_keys=True))] = (labels, f)
+            out[_place_key(labels)] = (labels, f)
     return out
 
 
