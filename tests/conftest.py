@@ -25,14 +25,22 @@ def free_port() -> int:
 
 
 def torchrun(script: str | Path, nproc: int, *args: str, timeout: float = 300,
-             env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """Launch `script` under real torchrun (standalone rendezvous on loopback) and wait."""
+             env: dict | None = None, check: bool = True,
+             one_cpu: bool = False) -> subprocess.CompletedProcess:
+    """Launch `script` under real torchrun (standalone rendezvous on loopback) and wait.
+
+    one_cpu: every rank on the same CPU. On a shared machine the OS can give one rank less
+    CPU than another for a whole run (another process sits on its core): a real straggler
+    that the analysis rightly names. A test that needs a job without stragglers (a clean
+    run) makes that impossible by construction: ranks on one CPU share its slowdowns.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
            str(script), *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
                 "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = run_tree(cmd, timeout=timeout, env=full_env, cwd=str(REPO))
+    cpus = {min(os.sched_getaffinity(0))} if one_cpu else None
+    proc = run_tree(cmd, timeout=timeout, env=full_env, cwd=str(REPO), cpus=cpus)
     if check and proc.returncode != 0:
         raise AssertionError(f"torchrun {script} failed ({proc.returncode}):\n"
                              f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}")
@@ -40,14 +48,15 @@ def torchrun(script: str | Path, nproc: int, *args: str, timeout: float = 300,
 
 
 def run_tree(cmd: list[str], *, timeout: float, env: dict | None = None,
-             cwd: str | None = None) -> subprocess.CompletedProcess:
+             cwd: str | None = None, cpus: set[int] | None = None) -> subprocess.CompletedProcess:
     """subprocess.run in its own session; on timeout the whole process tree is killed.
 
     torchrun's workers are its children: killing torchrun alone would leave them running
-    (and loading the machine) after a test timed out.
+    (and loading the machine) after a test timed out. cpus: the CPUs the tree may run on.
     """
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=cwd, start_new_session=True)
+                            env=env, cwd=cwd, start_new_session=True, preexec_fn=pin)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
