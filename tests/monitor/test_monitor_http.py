@@ -140,3 +140,35 @@ def test_private_mode_guards_reads(tmp_path):
             assert c.get("/health").status_code == 200
     finally:
         s.stop()
+
+
+def test_the_event_stream_tells_a_page_when_something_is_stored_and_ends_at_shutdown(tmp_path):
+    s = MonitorServer(tmp_path / "ev.db", port=0, token=TOKEN, config=CFG).start()
+    trace = slow_job(steps=5, slow=(0, 1, 3.0))
+    events = []
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c, \
+                c.stream("GET", "/api/events") as stream:
+            assert stream.status_code == 200
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            lines = stream.iter_lines()
+
+            def next_version():
+                for line in lines:
+                    if line.startswith("data: "):
+                        return int(line.split('"version": ')[1].rstrip("}"))
+            events.append(next_version())              # where the store stands now
+            assert put_meta(c, "job-e", trace).status_code == 200   # a write: the job row
+            events.append(next_version())
+            assert events[1] > events[0]
+            rank, part, cols = parts_of(trace, steps_per_part=5)[0]
+            assert c.put(f"/api/jobs/job-e/ranks/{rank}/parts/{part}",
+                         content=parquet_bytes(cols), headers=AUTH).status_code == 200
+            events.append(next_version())
+            assert events[2] > events[1] and events[2] <= s.store.version
+            s.stop()   # with the stream open: the feed ends it, the body completes cleanly
+            assert not s._thread.is_alive()
+            rest = list(lines)   # ends without a protocol error: the body was completed
+            assert not any(line.startswith("data:") for line in rest)
+    finally:
+        s.stop()

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Path as PathParam, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from stragglers.errors import InputError
+from stragglers.monitor.events import ChangeFeed
 from stragglers.monitor.ingest_http import HTTPProblem, add_upload_routes
 from stragglers.monitor.metrics import CONTENT_TYPE
 from stragglers.monitor.parts import check_job_name
@@ -33,6 +34,8 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     """The app; with a token, writes need it (and reads too when `private`)."""
     app = FastAPI(title="stragglers monitor", docs_url=None, redoc_url=None, openapi_url=None)
     store = monitor.store
+    feed = ChangeFeed(store)
+    app.state.change_feed = feed
 
     def require_write(request: Request) -> None:
         if token is None:
@@ -120,6 +123,15 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
             raise HTTPProblem(404, f"path 'idx': job {job!r} has no window {idx}",
                               "unknown_window")
         return w
+
+    @app.get("/api/events", dependencies=read)
+    async def events():
+        """Server-Sent Events: `change` (with the store version) whenever something is stored."""
+        if feed.full():
+            raise HTTPProblem(503, f"request: {feed.max_subscribers} event streams are open "
+                              "already; poll the JSON API instead", "too_many_streams")
+        return StreamingResponse(feed.stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
 
     @app.get("/api/alerts", dependencies=read)
     async def alerts():

@@ -28,9 +28,14 @@ TRAIN = REPO / "examples" / "train_gpt.py"
 RULES = """settings: {window_steps: 5, stall_after_s: 120, close_grace_s: 2}
 rules:
   - {name: straggling, when: "slowdown >= %g", for_windows: 3, severity: warning}
-  - {name: severe, when: "slowdown >= 1.8", for_windows: 1, severity: critical}
+  # 4 ranks on a shared CPU: healthy windows reach S 1.7-2.3 (contention), so a plain
+  # threshold flaps; hysteresis: fire after 2 windows >= 2.0, resolve after 3 below 1.8
+  - {name: severe, when: "slowdown >= 2.0", for_windows: 2, resolve_when: "slowdown < 1.8",
+     resolve_for_windows: 3, severity: critical}
+  # healthy windows show worker_fault findings of x1.1-1.4 on random ranks: a worker's alert
+  # fires at x1.5 twice in a row and resolves after 2 windows without a finding of x1.2 there
   - {name: worker_fault, when: "cause == worker_fault and speedup >= 1.5", for_windows: 2,
-     severity: critical}
+     resolve_when: "speedup < 1.2", resolve_for_windows: 2, severity: critical}
   - {name: stalled, when: "state == stalled"}
 """ % STRAGGLING_SLOWDOWN
 

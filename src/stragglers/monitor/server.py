@@ -78,7 +78,8 @@ class MonitorServer:
         import uvicorn
 
         config = uvicorn.Config(self.app, http="httptools", loop="uvloop", log_level="warning",
-                                access_log=False, lifespan="off", timeout_keep_alive=60)
+                                access_log=False, lifespan="off", timeout_keep_alive=60,
+                                timeout_graceful_shutdown=5)
         return uvicorn.Server(config)
 
     def _begin(self) -> None:
@@ -104,6 +105,7 @@ class MonitorServer:
 
     def stop(self) -> None:
         """Stop serving and the threads behind it."""
+        self.app.state.change_feed.close()  # open event streams end, so shutdown need not wait
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:

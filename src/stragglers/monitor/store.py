@@ -8,11 +8,14 @@ identity is (job, rank, part): the primary key makes a part seen twice count onc
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Iterable
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -66,6 +69,7 @@ class Store:
         self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         self._db.executescript(SCHEMA)
         self.version = 0  # bumped on every write; pages poll it to skip unchanged reads
+        self._listeners: list = []
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
@@ -94,7 +98,16 @@ class Store:
                 raise
             self._db.execute("COMMIT")
             self.version += 1
-            return out
+        for listener in list(self._listeners):
+            try:
+                listener(self.version)
+            except Exception:  # a listener (the dashboard's event stream) must not fail a write
+                log.exception("store change listener failed")
+        return out
+
+    def on_change(self, listener) -> None:
+        """Call `listener(version)` after every committed write (from the writing thread)."""
+        self._listeners.append(listener)
 
     def _rows(self, sql: str, args: Iterable = ()) -> list[dict]:
         return [dict(r) for r in self._reader().execute(sql, tuple(args))]

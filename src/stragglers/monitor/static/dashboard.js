@@ -1,7 +1,9 @@
-// The monitor's dashboard: polls the JSON API once a second and redraws what changed.
+// The monitor's dashboard: re-reads the JSON API when the service's event stream says something
+// was stored (push), and redraws what changed; it polls only while the stream is not open.
 "use strict";
 
-const POLL_MS = 1000;
+const POLL_MS = 1000;          // polling while the event stream is not open
+const QUIET_POLL_MS = 5000;    // with the stream open: the "N s ago" texts still move on
 const MAX_COLUMNS = 128;  // more DP ranks than this: columns are aggregated (max per group)
 
 function text(el, value) { el.textContent = value; }
@@ -16,6 +18,27 @@ function cell(tr, value, cls) {
   if (value instanceof Node) td.appendChild(value); else td.textContent = value;
   if (cls) td.className = cls;
   tr.appendChild(td);
+}
+
+// Calls refresh() on every change event, one call at a time (events during a call make one more).
+function followChanges(refresh) {
+  let running = false, again = false, lastRun = 0, stream = null;
+  async function run() {
+    if (running) { again = true; return; }
+    running = true;
+    try {
+      do { again = false; lastRun = Date.now(); await refresh(); } while (again);
+    } finally { running = false; }
+  }
+  if (window.EventSource) {
+    stream = new EventSource("/api/events");
+    stream.addEventListener("change", run);
+  }
+  setInterval(() => {
+    const open = stream !== null && stream.readyState === EventSource.OPEN;
+    if (!open || Date.now() - lastRun >= QUIET_POLL_MS) run();
+  }, POLL_MS);
+  run();
 }
 
 async function getJSON(url) {
@@ -50,8 +73,7 @@ function startJobList() {
       document.getElementById("empty").hidden = data.jobs.length > 0;
     } catch (e) { console.warn(e); }
   }
-  refresh();
-  setInterval(refresh, POLL_MS);
+  followChanges(refresh);
 }
 
 // ---- job page ------------------------------------------------------------------------------
@@ -197,6 +219,5 @@ function startJobPage() {
       document.body.dataset.window = String(shownWindow);
     } catch (e) { console.warn(e); }
   }
-  refresh();
-  setInterval(refresh, POLL_MS);
+  followChanges(refresh);
 }
