@@ -1,16 +1,19 @@
 """Each remedy's predicted speedup (advise on the before run) beside its measured speedup.
 
-    .venv/bin/python benchmarks/advise_remedies.py [--only slow-device,late-host,gc] [--reps 1]
+    .venv/bin/python benchmarks/advise_remedies.py [--only slow-device,late-host,gc] [--reps 2]
 
 Each row is a real job (examples/train_advised.py under torchrun, gloo, no controller) with one
-injected cause. The before run writes its step timings as a run directory; `advise` on it
-predicts every remedy; then the job runs again with each measurable remedy switched on from
-step 0 (the StragglAR hook, the advised per-rank batches, planned GC with the advised N), and
-for ND without the injection (what a restart on a healthy host gives; the restart's own cost is
-left out of both the prediction and the measurement). Runs of one repetition go before, then
-each remedy; the next repetition reverses the order. Measured speedup = mean step time before /
-after (steps after the first 2, the slowest rank's end per step). Goals: the first-ranked
-applicable remedy measures best; each prediction within 15% of its measurement.
+injected cause. The before run calibrates (`--calibrate`: each rank's compute at three batch
+sizes, a full collection on every rank at once) and writes its step timings and calibration as
+a run directory; `advise` on it predicts every remedy; then the job runs again with each
+measurable remedy that applies switched on from step 0 (the StragglAR hook, the advised per-rank
+batches, planned GC with the advised N), and for ND without the injection (what a restart on a
+healthy host gives; the restart's own cost is left out of both the prediction and the
+measurement). A repetition runs before, the remedies, and a second before (A/A); the next
+repetition reverses the order. Measured speedup = mean of the two befores / after (steps after
+the first 2, the slowest rank's end per step). The A/A spread |before − before2| / mean is the
+noise floor printed next to each error: an error inside it cannot be told from noise.
+Goals: the first-ranked applicable remedy measures best; each prediction within 15%.
 """
 
 from __future__ import annotations
@@ -50,12 +53,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train(nproc: int, args: list[str], out: Path, steps: int) -> dict:
+def train(nproc: int, args: list[str], out: Path, steps: int, calibrate: bool = False) -> dict:
     """One torchrun job of examples/train_advised.py; returns its summary."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
            str(REPO / "examples" / "train_advised.py"), "--no-act", *args, "--steps", str(steps),
+           *(["--calibrate"] if calibrate else []),
            "--summary", str(out / "summary.json")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
@@ -92,7 +96,18 @@ def predicted(name: str, plan) -> float | None:
     return advice.predicted_speedup
 
 
-def run_row(name: str, steps: int, reps: int, tmp: Path) -> list[dict]:
+def uncalibrated(trace):
+    """The same trace without the calibration step's numbers (advise then assumes compute ∝
+    batch and prices planned GC from the recorded automatic collections)."""
+    from dataclasses import replace
+
+    from stragglers.trace.model import Trace
+
+    extra = {k: v for k, v in (trace.meta.extra or {}).items() if k != "calibration"}
+    return Trace(trace.ops, replace(trace.meta, extra=extra), trace.source)
+
+
+def run_row(name: str, steps: int, reps: int, tmp: Path, measure_all: bool = False) -> list[dict]:
     from stragglers.advise import advise
     from stragglers.trace.runformat import read_run
 
@@ -100,38 +115,36 @@ def run_row(name: str, steps: int, reps: int, tmp: Path) -> list[dict]:
     rows = []
     for rep in range(reps):
         before_dir = tmp / f"{name}-before-{rep}"
-        runs, order = {}, ["before", *MEASURED]
+        runs = {}
+        # the plan is needed to switch remedies on: a before run always comes first; the
+        # repetition's second before (the A/A pair) closes it, on the other side of the remedies
+        b = train(nproc, common + inject + ["--trace-dir", str(before_dir / "trace")],
+                  before_dir, steps, calibrate=True)
+        trace = read_run(before_dir / "trace")
+        plan = advise(trace, remaining_steps=steps)
+        plain = advise(uncalibrated(trace), remaining_steps=steps)  # what the model alone says
+        runs["before"] = b
+        todo = [m for m in MEASURED if m == "antdt-nd" or measure_all
+                or (plan.get(m) is not None and plan.get(m).applies)]
         if rep % 2:
-            order = order[::-1]
-        plan = None
-        # the plan is needed to switch remedies on: the before run always goes first in its pair
-        if order[0] != "before":
-            b = train(nproc, common + inject + ["--trace-dir", str(before_dir / "trace")],
-                      before_dir, steps)
-            plan = advise(read_run(before_dir / "trace"), remaining_steps=steps)
-            runs["before"] = b
-            order = [o for o in order if o != "before"] + ["before"]
-        for which in order:
-            if which == "before":
-                if plan is None:
-                    runs["before"] = train(nproc, common + inject + ["--trace-dir",
-                                           str(before_dir / "trace")], before_dir, steps)
-                    plan = advise(read_run(before_dir / "trace"), remaining_steps=steps)
-                else:
-                    out = tmp / f"{name}-before2-{rep}"
-                    runs["before2"] = train(nproc, common + inject, out, steps)
-                continue
+            todo = todo[::-1]
+        for which in todo:
             spec = remedy_args(which, plan, inject)
             if spec is None:
                 continue
             extra, inj = spec
             runs[which] = train(nproc, common + inj + extra, tmp / f"{name}-{which}-{rep}", steps)
+        runs["before2"] = train(nproc, common + inject, tmp / f"{name}-before2-{rep}", steps,
+                                calibrate=True)
         befores = [runs[k]["mean_step_s"] for k in ("before", "before2") if k in runs]
         before = statistics.mean(befores)
         row = {"row": name, "rep": rep, "note": note, "before_ms": [1e3 * b for b in befores],
+               "aa_spread": abs(befores[0] - befores[-1]) / before,
+               "calibration": runs["before"].get("calibration"),
                "ranking": [r.name for r in plan.remedies if r.applies], "remedies": {}}
         for r in plan.remedies:
-            entry = {"applies": r.applies, "why_not": r.why_not, "predicted": predicted(r.name, plan)}
+            entry = {"applies": r.applies, "why_not": r.why_not, "predicted": predicted(r.name, plan),
+                     "predicted_uncalibrated": predicted(r.name, plain)}
             if r.name in runs:
                 entry["after_ms"] = 1e3 * runs[r.name]["mean_step_s"]
                 entry["measured"] = before / runs[r.name]["mean_step_s"]
@@ -142,19 +155,24 @@ def run_row(name: str, steps: int, reps: int, tmp: Path) -> list[dict]:
 
 
 def print_row(row: dict) -> None:
+    aa = f"{100 * row['aa_spread']:.0f}%"
     print(f"\n{row['row']} rep {row['rep']} ({row['note']}): before "
-          f"{', '.join(f'{b:.0f}' for b in row['before_ms'])} ms; ranked {row['ranking']}", flush=True)
-    print("| remedy | applies | predicted | measured | |Δ|/measured | after ms |", flush=True)
-    print("|---|---|---|---|---|---|", flush=True)
+          f"{', '.join(f'{b:.0f}' for b in row['before_ms'])} ms (A/A spread {aa}); ranked "
+          f"{row['ranking']}", flush=True)
+    print("| remedy | applies | predicted (uncalibrated) | measured | |Δ|/measured | A/A | after ms |",
+          flush=True)
+    print("|---|---|---|---|---|---|---|", flush=True)
     for name, e in row["remedies"].items():
         pred = f"×{e['predicted']:.3f}" if e["predicted"] else "–"
+        if e.get("predicted_uncalibrated") and e["predicted_uncalibrated"] != e["predicted"]:
+            pred += f" (×{e['predicted_uncalibrated']:.3f})"
         meas = f"×{e['measured']:.3f}" if "measured" in e else "not measured"
         err = f"{100 * abs(e['predicted'] - e['measured']) / e['measured']:.0f}%" \
             if e["predicted"] and "measured" in e else "–"
         after = f"{e['after_ms']:.0f}" if "after_ms" in e else "–"
         why = "" if e["applies"] else f" ({e['why_not'][:70]}…)" if e["why_not"] else ""
-        print(f"| {name} | {'yes' if e['applies'] else 'no'}{why} | {pred} | {meas} | {err} | {after} |",
-              flush=True)
+        print(f"| {name} | {'yes' if e['applies'] else 'no'}{why} | {pred} | {meas} | {err} | {aa} "
+              f"| {after} |", flush=True)
     # among the remedies the plan offers (ND refused for a short job is measured for its prediction)
     measured = {k: e["measured"] for k, e in row["remedies"].items()
                 if "measured" in e and e["applies"]}
@@ -173,7 +191,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default=",".join(ROWS))
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--measure-all", action="store_true",
+                   help="also measure remedies the plan says do not apply")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--keep", type=Path, default=None, help="keep the runs (traces) in this folder")
     args = p.parse_args()
@@ -181,7 +201,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         where = args.keep or Path(tmp)
         for name in args.only.split(","):
-            report += run_row(name, args.steps, args.reps, where)
+            report += run_row(name, args.steps, args.reps, where, args.measure_all)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

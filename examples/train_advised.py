@@ -55,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--settle", type=int, default=2, help="steps ignored after a switch")
     p.add_argument("--force", default="", help="apply this remedy at the first window whatever "
                    "the advice, e.g. planned-gc:1 or stragglar (tests, demos)")
+    p.add_argument("--calibrate", action="store_true", help="before training, measure each "
+                   "rank's compute at three batch sizes and a full collection on every rank at "
+                   "once (advise prices DD and planned GC with them)")
     # injections
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-factor", type=float, default=1.0)
@@ -130,6 +133,43 @@ def make_cyclic_garbage(megabytes: float, rng: np.random.Generator) -> list:
     return keep
 
 
+def calibrate(ddp, device, args, batch: int, n: int, group) -> dict:
+    """The calibration step: every rank's compute curve and a synchronous full collection.
+
+    DD moves samples between ranks, so it needs t_i(b), not t_i(b)/b: each rank times its
+    forward + device time + backward (no gradient sync: DDP's no_sync) at b/2, b and 3b/2
+    samples, all ranks at once (the contention training has), and fits t = a + c·b. Planned GC
+    makes every rank collect at the same moment, which on shared cores is not one collection
+    alone: it is timed as it will run, every rank at once after a barrier.
+    """
+    x, _ = global_batch(0, args)
+    sizes = sorted({max(1, batch // 2), batch, min(args.global_batch, batch + batch // 2)})
+    points = []
+    for _ in range(3):
+        for b in sizes:
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            with ddp.no_sync():
+                out = ddp(x[:b]).pow(2).sum()
+                device.run(b)
+                out.backward()
+            points.append((b, time.perf_counter() - t0))
+    ddp.zero_grad(set_to_none=True)
+    bs, ts = np.array(points, dtype=float).T
+    per_sample, fixed = np.polyfit(bs, ts, 1)
+    pauses = []
+    for _ in range(2):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        gc.collect()
+        pauses.append(time.perf_counter() - t0)
+    mine = torch.tensor([fixed, max(per_sample, 1e-9), float(np.mean(pauses))], dtype=torch.float64)
+    rows = [torch.zeros(3, dtype=torch.float64) for _ in range(n)]
+    dist.all_gather(rows, mine, group=group)
+    return {"compute_curves": [(float(r[0]), float(r[1])) for r in rows],
+            "gc_sync_pause_s": max(float(r[2]) for r in rows)}  # the step waits for the last
+
+
 # ---- the run --------------------------------------------------------------------------------
 
 def main(argv=None) -> None:
@@ -154,6 +194,10 @@ def main(argv=None) -> None:
     if len(batches) != n or sum(batches) != args.global_batch:
         raise SystemExit(f"--batch-sizes {args.batch_sizes}: expected {n} values summing to "
                          f"--global-batch {args.global_batch}")
+    calibration = calibrate(ddp, device, args, batches[rank], n, timing_group) \
+        if args.calibrate else None
+    if rank == 0 and calibration:
+        print(f"calibration: {json.dumps(calibration)}", flush=True)
     planned = PlannedGC(args.planned_gc).start() if args.planned_gc else None
     if args.stragglar:
         hook.use_stragglar()
@@ -164,7 +208,7 @@ def main(argv=None) -> None:
             name, _, value = args.force.partition(":")
             force = {"name": name, **({"every": int(value)} if name == "planned-gc" and value else {})}
         policy = AdvisePolicy(n, args.global_batch, window=args.window, settle=args.settle,
-                              force=force, remaining_steps=args.steps)
+                              force=force, remaining_steps=args.steps, **(calibration or {}))
 
     everyone: list[list[StepTiming]] = []
     for step in range(args.steps):
@@ -220,7 +264,7 @@ def main(argv=None) -> None:
     if planned:
         planned.stop()
     if rank == 0:
-        report(args, everyone, policy, ddp, hook)
+        report(args, everyone, policy, ddp, hook, calibration)
     dist.barrier()
     del ddp, opt
     gc.collect()
@@ -228,7 +272,7 @@ def main(argv=None) -> None:
 
 
 def report(args, everyone: list[list[StepTiming]], policy, model: nn.Module,
-           hook: SwitchableCommHook) -> None:
+           hook: SwitchableCommHook, calibration: dict | None) -> None:
     """Rank 0: predicted vs measured per decision, step times, and the requested outputs."""
     steps = everyone[args.skip:]
     mean = window_step_time(steps)
@@ -246,12 +290,14 @@ def report(args, everyone: list[list[StepTiming]], policy, model: nn.Module,
         args.summary.write_text(json.dumps({
             "mean_step_s": mean, "skipped_steps": args.skip,
             "step_times": [window_step_time([s]) for s in everyone],
-            "decisions": decisions, "stragglar_calls": hook.stragglar_calls}, indent=1))
+            "decisions": decisions, "stragglar_calls": hook.stragglar_calls,
+            "calibration": calibration}, indent=1))
     if args.trace_dir:
         from stragglers.trace.runformat import write_run
 
         write_run(args.trace_dir, window_trace(steps, name="train_advised",
-                                               global_batch=args.global_batch))
+                                               global_batch=args.global_batch,
+                                               calibration=calibration))
     if args.params_out:
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
         np.save(args.params_out, flat)

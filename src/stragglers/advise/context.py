@@ -38,6 +38,11 @@ class JobKnobs:
     devices: dict[int, str] | None = None  # DP rank -> device type (deterministic stragglers)
     max_s: int = 2                         # gradient codes tolerating s = 1 .. max_s
     threshold: float = 0.6                 # StragglAR: last in this share of steps = persistent
+    # Measured in the job by a calibration step (see examples/train_advised.py --calibrate):
+    compute_curves: list[tuple[float, float]] | None = None  # per DP rank: forward+backward
+    #                                       seconds = fixed + per_sample × batch (DD)
+    gc_sync_pause_s: float | None = None   # one full collection with every rank collecting
+    #                                       at once (planned GC's price)
 
 
 def load_calibration(path: Path | str) -> LinkModel:
@@ -168,6 +173,14 @@ class AdviceContext:
             if isinstance(entry, dict) and entry.get("dp_rank") == rank_id and entry.get("device"):
                 return str(entry["device"])
         return None
+
+    def calibrated(self, key: str):
+        """A value measured by the job's calibration step: the knob when given, else the
+        trace metadata's `extra.calibration` (what examples/train_advised.py --calibrate writes)."""
+        value = getattr(self.knobs, key)
+        if value is None:
+            value = ((self.trace.meta.extra or {}).get("calibration") or {}).get(key)
+        return value
 
     def finding(self, cause: str):
         """The diagnosis finding for `cause`, or None."""

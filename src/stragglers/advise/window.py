@@ -62,8 +62,12 @@ def window_step_time(steps: list[list[StepTiming]]) -> float:
 
 
 def window_trace(steps: list[list[StepTiming]], name: str = "window",
-                 global_batch: int | None = None) -> Trace:
-    """The op table of a window: `steps[i]` holds every rank's StepTiming of one step."""
+                 global_batch: int | None = None, calibration: dict | None = None) -> Trace:
+    """The op table of a window: `steps[i]` holds every rank's StepTiming of one step.
+
+    `calibration` (the job's calibration step: compute_curves, gc_sync_pause_s) goes into the
+    metadata's extra, where `advise` reads it.
+    """
     if not steps or not steps[0]:
         raise InputError("window", "steps", "expected at least one step with every rank's timing")
     n = len(steps[0])
@@ -95,6 +99,8 @@ def window_trace(steps: list[list[StepTiming]], name: str = "window",
             add(t, "backward-compute", f1 + g2, b1, 0)
             add(t, "grads-all-reduce", b1, t.sync_end)
             add(t, "optimizer", t.sync_end, t.optimizer_end)
-    meta = JobMeta(name=name, dp_size=n, pp_size=1,
-                   extra={"global_batch": global_batch or sum(t.batch for t in steps[0])})
+    extra = {"global_batch": global_batch or sum(t.batch for t in steps[0])}
+    if calibration:
+        extra["calibration"] = dict(calibration)
+    meta = JobMeta(name=name, dp_size=n, pp_size=1, extra=extra)
     return Trace.from_rows(rows, meta, source=f"<{name}>")

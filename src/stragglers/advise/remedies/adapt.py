@@ -9,6 +9,7 @@ from stragglers.adapt.policies import restart_gain, split_batch
 from stragglers.advise.context import COMPUTE, AdviceContext
 from stragglers.advise.plan import RemedyAdvice
 from stragglers.advise.remedies.base import RemedyBase
+from stragglers.errors import InputError
 from stragglers.protocols import REMEDIES
 
 WORKER_COMPUTE = 1.1   # a worker computing this much longer than its peers is a straggler (ND)
@@ -19,12 +20,53 @@ def dp_rank_times(ctx: AdviceContext) -> np.ndarray:
     return ctx.worker_compute().max(axis=1)
 
 
+def compute_curves(ctx: AdviceContext) -> list[tuple[float, float]] | None:
+    """The measured per-DP-rank compute curves (fixed s, s per sample), checked, or None."""
+    curves = ctx.calibrated("compute_curves")
+    if curves is None:
+        return None
+    if not isinstance(curves, (list, tuple)) or len(curves) != ctx.dp:
+        raise InputError("advise", "compute_curves", f"expected {ctx.dp} (fixed, per_sample) "
+                         f"pairs, one per DP rank, got {curves!r:.80}")
+    out = []
+    for i, pair in enumerate(curves):
+        try:
+            a, c = (float(x) for x in pair)
+        except (TypeError, ValueError):
+            a = c = float("nan")
+        if not (np.isfinite(a) and np.isfinite(c)) or c <= 0:
+            raise InputError("advise", f"compute_curves[{i}]", f"expected (fixed seconds, "
+                             f"seconds per sample > 0), got {pair!r:.60}")
+        out.append((a, c))
+    return out
+
+
 def rebalanced_batches(ctx: AdviceContext) -> tuple[list[int], list[int], list[float], str]:
-    """(current, re-split batches, throughputs v_i, where the batch came from) as the DD policy splits."""
+    """(current, re-split batches, split weights, where the batch came from).
+
+    Without a measured compute curve the DD policy's split: v_i = b_i / t_i (compute ∝
+    batch). With one (t_i(b) = a_i + c_i·b), the split that ends every rank's compute at
+    the same time: b_i = (T − a_i) / c_i with Σ b_i = B, rounded by the same split_batch.
+    """
     sizes, total, source = ctx.batch_sizes()
-    t = dp_rank_times(ctx).mean(axis=1)
-    v = [b / x if x > 0 else 0.0 for b, x in zip(sizes, t)]
-    return sizes, split_batch(total, v), v, source
+    curves = compute_curves(ctx)
+    if curves is None:
+        t = dp_rank_times(ctx).mean(axis=1)
+        v = [b / x if x > 0 else 0.0 for b, x in zip(sizes, t)]
+        return sizes, split_batch(total, v), v, source
+    inv = sum(1.0 / c for _, c in curves)
+    finish = (total + sum(a / c for a, c in curves)) / inv
+    w = [max(finish - a, 0.0) / c for a, c in curves]
+    return sizes, split_batch(total, w), w, source
+
+
+def batch_scale(ctx: AdviceContext, d: int, old: int, new: int) -> float:
+    """How much DP rank d's forward/backward grows going from `old` to `new` samples."""
+    curves = compute_curves(ctx)
+    if curves is None:
+        return new / old
+    a, c = curves[d]
+    return max(a + c * new, 0.0) / max(a + c * old, 1e-12)
 
 
 @REMEDIES.register("antdt-dd")
@@ -44,7 +86,7 @@ class DynamicBatches(RemedyBase):
         comp = ctx.nodes_of(COMPUTE)
         cost = ctx.w.cost.copy()
         for d, (b, b2) in enumerate(zip(sizes, new)):
-            cost[comp, d, :] *= b2 / b
+            cost[comp, d, :] *= batch_scale(ctx, d, b, b2)
         step = ctx.step_time(cost)
         why = None
         spread = max(v) / max(min(v), 1e-30)
@@ -53,17 +95,25 @@ class DynamicBatches(RemedyBase):
                   "between DP ranks cannot help"
         elif spread < 1.05:
             why = f"the DP ranks compute at the same speed (fastest/slowest {spread:.3f})"
+        if compute_curves(ctx) is None:
+            method = (f"per-DP-rank speed v_i = b_i / mean forward+backward time (slowest "
+                      f"stage), batches re-split by split_batch(B = {sum(sizes)}, v) — the DD "
+                      f"policy's rounding — and each rank's forward/backward scaled by b_i'/b_i "
+                      f"(compute ∝ batch assumed), replayed (batches {source})")
+        else:
+            method = (f"the measured compute curves t_i(b) = a_i + c_i·b (calibration step); "
+                      f"batches b_i = (T − a_i)/c_i with Σ b_i = {sum(sizes)}, rounded by "
+                      f"split_batch; each rank's forward/backward scaled by t_i(b_i')/t_i(b_i), "
+                      f"replayed (batches {source})")
         return self.priced(
-            ctx, step,
-            f"per-DP-rank speed v_i = b_i / mean forward+backward time (slowest stage), batches "
-            f"re-split by split_batch(B = {sum(sizes)}, v) — the DD policy's rounding — and each "
-            f"rank's forward/backward scaled by b_i'/b_i, replayed (batches {source})",
+            ctx, step, method,
             "none at runtime: the same global batch, re-partitioned; each local mean loss is "
             "scaled by n·b_i/B so the update is the B-sample batch's",
             f"per-rank batches {new} (from {sizes}): stragglers.adapt.policies.split_batch(B, v) "
             "with loss_scale(n, b_i, B); AntDT-DD: examples/train_adaptive.py --policy dd; in a "
             "running job: stragglers.advise.act (AdvisePolicy)",
-            {"batch_sizes": sizes, "new_batch_sizes": new, "throughputs": v}, why_small=why)
+            {"batch_sizes": sizes, "new_batch_sizes": new, "split_weights": v,
+             "compute_curves": compute_curves(ctx)}, why_small=why)
 
 
 @REMEDIES.register("antdt-nd")
