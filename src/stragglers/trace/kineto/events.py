@@ -1,8 +1,10 @@
 """Parse one rank's PyTorch-profiler (Kineto) JSON into the few events the op table needs.
 
-Memory is the point of this module: a json.load object hook turns every trace event into a
-small tuple (or drops it) while the document is being decoded, so a rank's file never lives as
-millions of Python dicts, and only one file is decoded at a time.
+Memory is the point of this module: every trace event becomes a small tuple (or is dropped)
+as soon as it is decoded, so a rank's file never lives as millions of Python dicts, and only
+one file is decoded at a time. With msgspec installed (`fastdecode`), events are decoded one
+at a time into typed structs that hold only the fields used here; without it, a stdlib
+json.loads object hook does the same job, slower.
 """
 
 from __future__ import annotations
@@ -92,95 +94,141 @@ class RankEvents:
         return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else None
 
 
-class _Collector:
-    """The json object hook: files every event dict into RankEvents and returns None for it."""
+# What an event is, by its name and category (classified once per distinct pair).
+(_SKIP, _STEP_SPAN, _KERNEL, _RUNTIME, _OPTIMIZER, _LOADER, _BACKWARD_MARK, _BACKEND,
+ _CPU) = range(9)
 
-    def __init__(self, out: RankEvents):
+
+def _classify(name: Any, cat: Any) -> tuple:
+    """(what, details...) for an 'X' event's name and category; see _Collector.file."""
+    if not isinstance(name, str) or not isinstance(cat, str):
+        return (_SKIP,)
+    cat = cat.lower()
+    step = _STEP.match(name)
+    if step:
+        return (_STEP_SPAN, int(step.group(1)), cat == "gpu_user_annotation")
+    if cat in _GPU_CATS:
+        nccl = name.startswith(NCCL_KERNEL_PREFIXES)
+        return (_KERNEL, nccl, _kernel_kind(name) if nccl else None)
+    if cat.endswith("runtime") or cat.endswith("driver"):
+        return (_RUNTIME,)
+    annotation = cat == "user_annotation"
+    if cat not in _CPU_OP_CATS and not annotation:
+        return (_SKIP,)
+    if name.startswith("Optimizer.step#"):
+        return (_OPTIMIZER,)
+    if annotation and name.startswith("enumerate(DataLoader)"):
+        return (_LOADER,)
+    evaluate = name.startswith("autograd::engine::evaluate_function")
+    if not evaluate and annotation and "backward" in name.lower():
+        return (_BACKWARD_MARK,)
+    m = _BACKEND_COLL.match(name)
+    if m and collective_kind(m.group(2)) in KNOWN_COLLECTIVES:
+        return (_BACKEND, collective_kind(m.group(2)))
+    comm = name == "record_param_comms" or name.startswith("c10d::")
+    c10d_kind = collective_kind(name[len("c10d::"):]) if name.startswith("c10d::") else None
+    flag = COMM_OP if comm else (
+        BACKWARD_OP if evaluate else NO_WORK_OP if name in NO_WORK_OPS else 0)
+    return (_CPU, evaluate, comm, c10d_kind, _C10D_PEER_ARG.get(name), cat in _CPU_OP_CATS,
+            flag)
+
+
+def _checked(ts: float, dur: float) -> tuple[float, float]:
+    return ts, dur
+
+
+class _Collector:
+    """Files trace events into RankEvents; as a json object hook it returns None for each event.
+
+    `checked=True` when the decoder already made ts and dur finite floats (dur >= 0).
+    """
+
+    def __init__(self, out: RankEvents, checked: bool = False):
         self.out = out
+        self._kinds: dict[tuple, tuple] = {}
+        self._times = _checked if checked else self._check_times
 
     def __call__(self, obj: dict) -> Any:
         if "ph" not in obj:
             return obj  # the document, distributedInfo, args: kept as they are
-        out = self.out
-        out.events += 1
-        ph = obj.get("ph")
-        if ph != "X":
+        self.out.events += 1
+        if obj.get("ph") != "X":
             return None  # flows, counters, metadata, instants: the op table needs none of them
-        name, cat = obj.get("name"), obj.get("cat")
-        if not isinstance(name, str) or not isinstance(cat, str):
-            return None
-        cat = cat.lower()
-        step = _STEP.match(name)
-        if step:
-            ts, dur = self._times(obj)
-            target = out.gpu_steps if cat == "gpu_user_annotation" else out.steps
-            target.append((int(step.group(1)), ts, dur))
-        elif cat in _GPU_CATS:
-            ts, dur = self._times(obj)
-            args = _args(obj)
-            corr = args.get("correlation")
-            corr = corr if isinstance(corr, int) and not isinstance(corr, bool) else None
-            nccl = name.startswith(NCCL_KERNEL_PREFIXES)
-            kind_args = kind_name = pg = seq = src = dst = None
-            if nccl:
-                kind_args = collective_kind(args.get("Collective name"))
-                kind_name = _kernel_kind(name)
-                pg, seq, src, dst = _comm_args(args)
-            out.kernels.append((ts, dur, _hashable(obj.get("tid")), corr, nccl, kind_args,
-                                kind_name, pg, seq, src, dst))
-        elif cat.endswith("runtime") or cat.endswith("driver"):
-            corr = _args(obj).get("correlation")
-            if isinstance(corr, int) and not isinstance(corr, bool):
-                ts, _ = self._times(obj)
-                out.runtime[corr] = (ts, _hashable(obj.get("tid")))
-        elif cat in _CPU_OP_CATS or cat == "user_annotation":
-            self._cpu(obj, name, cat)
+        args = obj.get("args")
+        args = args if isinstance(args, dict) else {}
+        self.file(obj.get("name"), obj.get("cat"), obj.get("ts"), obj.get("dur", 0),
+                  obj.get("tid"), args.get("correlation"), args)
         return None
 
-    def _cpu(self, obj: dict, name: str, cat: str) -> None:
+    def file(self, name: Any, cat: Any, ts: Any, dur: Any, tid: Any, corr: Any, args) -> None:
+        """File one complete ('X') event: its fields as decoded, `args` with a dict's .get."""
+        try:
+            what = self._kinds[(name, cat)]
+        except KeyError:
+            what = self._kinds[(name, cat)] = _classify(name, cat)
+        except TypeError:
+            return  # an unhashable name or category (a list, an object): not an event we read
+        code = what[0]
+        if code == _SKIP:
+            return
         out = self.out
-        ts, dur = self._times(obj)
-        tid = _hashable(obj.get("tid"))
-        if name.startswith("Optimizer.step#"):
-            out.optimizer.append(ts)
+        if tid.__class__ is not int:
+            tid = _hashable(tid)
+        if code == _RUNTIME:
+            if corr.__class__ is int:  # not a bool
+                out.runtime[corr] = (self._times(ts, dur)[0], tid)
             return
-        if cat == "user_annotation" and name.startswith("enumerate(DataLoader)"):
-            out.loader.append((ts, ts + dur))
-            return
-        if name.startswith("autograd::engine::evaluate_function"):
-            out.backward.append(ts)
-        elif cat == "user_annotation" and "backward" in name.lower():
-            out.backward_annotations.append(ts)
-            return
-        m = _BACKEND_COLL.match(name)
-        if m and collective_kind(m.group(2)) in KNOWN_COLLECTIVES:
-            pg, seq, src, dst = _comm_args(_args(obj))
-            out.collectives.append((ts, dur, tid, collective_kind(m.group(2)), pg, seq, src, dst,
-                                    True))
-            return
-        comm = name == "record_param_comms" or name.startswith("c10d::")
-        if comm:
-            args = _args(obj)
-            kind = collective_kind(args.get("Collective name"))
-            if kind is None and name.startswith("c10d::"):
-                kind = collective_kind(name[len("c10d::"):])
-            if kind in KNOWN_COLLECTIVES:
+        ts, dur = self._times(ts, dur)
+        if code == _KERNEL:
+            corr = corr if corr.__class__ is int else None
+            if what[1]:  # an NCCL kernel
                 pg, seq, src, dst = _comm_args(args)
-                if "Concrete Inputs" in args:
-                    out.record_shapes = True
-                if name in _C10D_PEER_ARG and src is None and dst is None:
-                    peer = _concrete_int(args, _C10D_PEER_ARG[name])
-                    if kind == "send":
-                        dst = peer
-                    else:
-                        src = peer
-                self._group(pg, args)
-                out.collectives.append((ts, dur, tid, kind, pg, seq, src, dst, False))
-        if cat in _CPU_OP_CATS:
-            flag = COMM_OP if comm else (
-                BACKWARD_OP if name.startswith("autograd::engine::evaluate_function") else
-                NO_WORK_OP if name in NO_WORK_OPS else 0)
-            out.cpu_ops.append((ts, dur, tid, flag))
+                out.kernels.append((ts, dur, tid, corr, True,
+                                    collective_kind(args.get("Collective name")), what[2], pg,
+                                    seq, src, dst))
+            else:
+                out.kernels.append((ts, dur, tid, corr, False, None, None, None, None, None,
+                                    None))
+        elif code == _CPU:
+            _, evaluate, comm, c10d_kind, peer_arg, cpu_op, flag = what
+            if evaluate:
+                out.backward.append(ts)
+            if comm:
+                self._issued(name, ts, dur, tid, args, c10d_kind, peer_arg)
+            if cpu_op:
+                out.cpu_ops.append((ts, dur, tid, flag))
+        elif code == _STEP_SPAN:
+            (out.gpu_steps if what[2] else out.steps).append((what[1], ts, dur))
+        elif code == _BACKEND:
+            pg, seq, src, dst = _comm_args(args)
+            out.collectives.append((ts, dur, tid, what[1], pg, seq, src, dst, True))
+        elif code == _OPTIMIZER:
+            out.optimizer.append(ts)
+        elif code == _LOADER:
+            out.loader.append((ts, ts + dur))
+        elif code == _BACKWARD_MARK:
+            out.backward_annotations.append(ts)
+
+    def _issued(self, name: str, ts: float, dur: float, tid: Any, args, c10d_kind: str | None,
+                peer_arg: int | None) -> None:
+        """A collective as the program issued it (record_param_comms, c10d::*)."""
+        out = self.out
+        kind = collective_kind(args.get("Collective name"))
+        if kind is None:
+            kind = c10d_kind
+        if kind not in KNOWN_COLLECTIVES:
+            return
+        pg, seq, src, dst = _comm_args(args)
+        if args.get("Concrete Inputs") is not None:
+            out.record_shapes = True
+        if peer_arg is not None and src is None and dst is None:
+            peer = _concrete_int(args, peer_arg)
+            if kind == "send":
+                dst = peer
+            else:
+                src = peer
+        self._group(pg, args)
+        out.collectives.append((ts, dur, tid, kind, pg, seq, src, dst, False))
 
     def _group(self, pg: str | None, args: dict) -> None:
         """Remember the member ranks a collective's args give for its process group."""
@@ -196,8 +244,7 @@ class _Collector:
                 isinstance(r, int) and not isinstance(r, bool) for r in ranks):
             self.out.pg_ranks[pg] = tuple(ranks)
 
-    def _times(self, obj: dict) -> tuple[float, float]:
-        ts, dur = obj.get("ts"), obj.get("dur", 0)
+    def _check_times(self, ts: Any, dur: Any) -> tuple[float, float]:
         where = f"traceEvents[{self.out.events - 1}]"
         if not _finite_number(ts):
             raise InputError(self.out.source, f"{where}.ts", f"expected a finite number of "
@@ -219,11 +266,6 @@ def _short(x: Any) -> str:
 
 def _hashable(x: Any) -> Any:
     return x if isinstance(x, (int, float, str)) or x is None else repr(x)
-
-
-def _args(obj: dict) -> dict:
-    args = obj.get("args")
-    return args if isinstance(args, dict) else {}
 
 
 def _int_or_none(x: Any) -> int | None:
@@ -262,8 +304,8 @@ def _kernel_kind(name: str) -> str | None:
     return None
 
 
-def open_text(path: Path) -> str:
-    """The decoded text of a .json or .json.gz file (gzip is detected by its magic bytes)."""
+def open_bytes(path: Path) -> bytes:
+    """The (decompressed) bytes of a .json or .json.gz file (gzip is told by its magic bytes)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -278,6 +320,15 @@ def open_text(path: Path) -> str:
         except (EOFError, OSError, zlib.error) as exc:
             raise InputError(path, None, f"not a readable gzip file (truncated or corrupt: "
                              f"{exc})") from None
+    return raw
+
+
+def open_text(path: Path) -> str:
+    """The decoded text of a .json or .json.gz file."""
+    return _text(path, open_bytes(path))
+
+
+def _text(path: Path, raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -285,11 +336,30 @@ def open_text(path: Path) -> str:
                          "JSON") from None
 
 
-def read_rank_events(path: Path | str) -> RankEvents:
-    """Decode one trace file into RankEvents; any problem is an InputError naming file and field."""
+def read_rank_events(path: Path | str, decoder: str | None = None) -> RankEvents:
+    """Decode one trace file into RankEvents; any problem is an InputError naming file and field.
+
+    `decoder`: "msgspec" (typed decoding that skips unused fields; the default when msgspec is
+    installed) or "json" (the stdlib, with an object hook). A file msgspec refuses (invalid
+    JSON, NaN, unexpected shapes) is decoded again by the stdlib, whose errors name the place.
+    """
     path = Path(path)
+    raw = open_bytes(path)
+    if decoder not in (None, "msgspec", "json"):
+        raise InputError("decoder", None, f"expected 'msgspec' or 'json', got {decoder!r}")
+    if decoder != "json":
+        from stragglers.trace.kineto import fastdecode  # noqa: PLC0415  (optional msgspec)
+
+        if fastdecode.AVAILABLE:
+            out = RankEvents(str(path))
+            top = fastdecode.decode_events(raw, _Collector(out, checked=True))
+            if top is not None:
+                return _finish(path, out, top)
+        elif decoder == "msgspec":
+            raise InputError("decoder", None, "msgspec is not installed (pip install msgspec)")
     out = RankEvents(str(path))
-    text = open_text(path)
+    text = _text(path, raw)
+    del raw
     try:
         doc = json.loads(text, object_hook=_Collector(out))
     except json.JSONDecodeError as exc:
@@ -301,6 +371,11 @@ def read_rank_events(path: Path | str) -> RankEvents:
     if not isinstance(doc, dict):
         raise InputError(path, None, "expected a JSON object with 'traceEvents' (a PyTorch "
                          "profiler trace)")
+    return _finish(path, out, doc)
+
+
+def _finish(path: Path, out: RankEvents, doc: dict) -> RankEvents:
+    """Check the document's top-level fields and file them into `out`."""
     if "traceEvents" not in doc:
         raise InputError(path, "traceEvents", "missing; expected a PyTorch profiler trace "
                          "(torch.profiler export_chrome_trace / tensorboard_trace_handler)")
