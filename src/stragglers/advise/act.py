@@ -9,7 +9,10 @@ that keeps a switch of the DDP hook from deadlocking). Per window of `window` st
     window measured → KEEP it if it made the step at least `keep_gain` faster, else ROLLBACK
     (and never try it again)
 
-Torch-free: the training loop carries out the decisions (see examples/train_advised.py).
+The windows come either from the policy's own count of fed steps (`observe`, one step at a
+time) or from the live monitor (`observe_window`, one closed window as an op table: see
+stragglers.advise.live). Torch-free: the training loop carries out the decisions (see
+examples/train_advised.py).
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from stragglers.advise.plan import MIN_GAIN, Plan
 from stragglers.advise.window import StepTiming, window_step_time, window_trace
 from stragglers.errors import InputError
 from stragglers.protocols import CONTROLLER_POLICIES
+from stragglers.trace.model import Trace
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,7 @@ class ActDecision:
     measured_step_s: float | None = None    # measured in the window after (keep / rollback)
     measured_speedup: float | None = None
     reason: str = ""
+    source: str = ""                        # the window it was decided on (e.g. a monitor's)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values."""
@@ -78,7 +85,7 @@ class AdvisePolicy:
         self.batch_sizes = [global_batch // n + (1 if i < global_batch % n else 0) for i in range(n)]
         self.phase = "observe"
         self.buffer: list[list[StepTiming]] = []
-        self.skip = 0
+        self.ready_from = 0   # windows holding an earlier step straddle a switch: not used
         self.active: ActDecision | None = None
         self.rejected: list[str] = []
         self.decisions: list[ActDecision] = []
@@ -90,27 +97,44 @@ class AdvisePolicy:
 
     def observe(self, timings: list[StepTiming]) -> list[ActDecision]:
         """Feed one step (every rank's timing); returns the decisions it triggers."""
-        if self.phase == "done":
-            return []
-        if self.skip > 0:
-            self.skip -= 1
+        if self.phase == "done" or timings[0].step < self.ready_from:
             return []
         self.buffer.append(sorted(timings, key=lambda t: t.rank))
         if len(self.buffer) < self.window:
             return []
         window, self.buffer = self.buffer, []
-        step = window[-1][0].step + 1
-        measured = window_step_time(window)
-        new = self._verify(step, measured) if self.phase == "verify" else self._apply(step, window, measured)
-        self.decisions.extend(new)
+        trace = window_trace(window, global_batch=self.global_batch)
+        return self._decide(trace, window[-1][0].step + 1, window_step_time(window))
+
+    def observe_window(self, trace: Trace, slowdown: float | None = None,
+                       source: str = "") -> list[ActDecision]:
+        """Feed one closed window as an op table (the live monitor's); returns the decisions.
+
+        `slowdown` is the monitor's S of the window: below `apply_gain` no remedy can buy
+        `apply_gain` (none beats the ideal), so a window the monitor found healthy is not priced.
+        A window holding steps from before a switch has settled is skipped.
+        """
+        if self.phase == "done" or not len(trace):
+            return []
+        steps = np.unique(trace.ops["step"])
+        if int(steps.min()) < self.ready_from:
+            return []
+        if self.phase == "observe" and slowdown is not None and slowdown < self.apply_gain:
+            return []
+        return self._decide(trace, int(steps.max()) + 1, trace_step_time(trace), source)
+
+    def _decide(self, trace: Trace, step: int, measured: float, source: str = "") -> list[ActDecision]:
+        new = self._verify(step, measured) if self.phase == "verify" else \
+            self._apply(step, trace, measured)
         for d in new:
+            d.source = source or trace.source
             log.info("advise/act: %s %s at step %d (%s)", d.kind, d.remedy, d.step, d.reason)
+        self.decisions.extend(new)
         return new
 
-    def _apply(self, step: int, window: list[list[StepTiming]], measured: float) -> list[ActDecision]:
+    def _apply(self, step: int, trace: Trace, measured: float) -> list[ActDecision]:
         from stragglers.advise.advisor import advise
 
-        trace = window_trace(window, global_batch=self.global_batch)
         plan = advise(trace, batch_sizes=list(self.batch_sizes), max_s=1,
                       remedies=list(self.remedies), **self.knobs)
         self.plans.append(plan)
@@ -129,7 +153,7 @@ class AdvisePolicy:
                                measured / speedup if speedup else None, speedup, reason=reason)
         self.active = decision
         self.phase = "verify"
-        self.skip = max(self.settle, STRAGGLAR_WARMUP if name == "stragglar" else 0)
+        self.ready_from = step + max(self.settle, STRAGGLAR_WARMUP if name == "stragglar" else 0)
         if name == "antdt-dd":
             self.batch_sizes = list(params["batch_sizes"])
         return [decision]
@@ -174,5 +198,17 @@ class AdvisePolicy:
                 n = self.world_size
                 self.batch_sizes = [self.global_batch // n + (1 if i < self.global_batch % n else 0)
                                     for i in range(n)]
-            self.skip = self.settle
+            self.ready_from = step + self.settle
         return [decision]
+
+
+def trace_step_time(trace: Trace) -> float:
+    """Mean over the trace's steps of (last op end − first op start) over ranks."""
+    o = trace.ops
+    steps, inverse = np.unique(o["step"], return_inverse=True)
+    end = o["start_ts"] + o["duration"]
+    first = np.full(len(steps), np.inf)
+    last = np.full(len(steps), -np.inf)
+    np.minimum.at(first, inverse, o["start_ts"])
+    np.maximum.at(last, inverse, end)
+    return float(np.mean(last - first))

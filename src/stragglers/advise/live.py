@@ -1,0 +1,139 @@
+"""The live monitor's windows into the act loop: publish a job's step timings, follow its windows.
+
+Every rank uploads its own rows of the all-gathered step timings (`window_trace`, the same op
+table `advise` replays) as parts of one monitor job (`stragglers.record.upload.PartUploader`,
+never blocking training); the monitor cuts windows of steps every rank finished and analyses
+them. Rank 0 follows the job's analysed windows over the monitor's HTTP API
+(`MonitorWindows.poll`) and feeds each to `AdvisePolicy.observe_window` as the op table of
+exactly that window's steps; its decisions are broadcast so every rank switches at the same
+step. Standard library only (no torch, no monitor extra on a training node).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from stragglers.advise.window import StepTiming, window_trace
+from stragglers.errors import InputError
+from stragglers.trace.model import Trace
+
+log = logging.getLogger(__name__)
+
+
+def part_bytes(trace: Trace) -> bytes:
+    """One part's Parquet bytes (the run format's columns), as the monitor accepts them."""
+    import pyarrow.parquet as pq
+
+    from stragglers.trace.columns import columns_to_table
+
+    buf = io.BytesIO()
+    pq.write_table(columns_to_table(trace.ops), buf, compression="zstd")
+    return buf.getvalue()
+
+
+def job_meta(name: str, world_size: int, global_batch: int, calibration: dict | None) -> dict:
+    """meta.json of a DDP job of `world_size` ranks, with its layout (so windows wait for all)."""
+    extra = {"global_batch": int(global_batch),
+             "layout": [{"rank": r, "dp_rank": r, "stage": 0} for r in range(world_size)]}
+    if calibration:
+        extra["calibration"] = dict(calibration)
+    return {"name": name, "dp_size": world_size, "pp_size": 1, "world_size": world_size,
+            "extra": extra}
+
+
+class TimingPublisher:
+    """One rank's rows of the step timings, uploaded as monitor parts every `every` steps."""
+
+    def __init__(self, url: str, job: str, rank: int, world_size: int, global_batch: int,
+                 token: str | None = None, every: int = 1, calibration: dict | None = None):
+        from stragglers.monitor.parts import check_job_name
+        from stragglers.record.upload import PartUploader
+
+        if every < 1:
+            raise InputError("TimingPublisher", "every", f"expected >= 1 step per part, got {every}")
+        self.job = check_job_name(job, "TimingPublisher")
+        self.rank, self.every, self.global_batch = int(rank), int(every), int(global_batch)
+        try:
+            self.uploader = PartUploader(url, token, job, rank)
+        except ValueError as exc:
+            raise InputError("TimingPublisher", "url", str(exc)) from None
+        if self.rank == 0:
+            self.uploader.submit_meta(job_meta(job, world_size, global_batch, calibration))
+        self.pending: list[list[StepTiming]] = []
+        self.parts = 0
+
+    def add(self, timings: list[StepTiming]) -> None:
+        """One step's timings of every rank (the all-gather); a part goes out every `every` steps."""
+        self.pending.append(timings)
+        if len(self.pending) >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Upload this rank's rows of the pending steps as the next part."""
+        if not self.pending:
+            return
+        trace = window_trace(self.pending, name=self.job, global_batch=self.global_batch)
+        mine = trace.select(trace.ops["rank"] == self.rank)
+        self.uploader.submit(self.parts, part_bytes(mine))
+        self.parts += 1
+        self.pending = []
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Send what is left; True when everything was delivered."""
+        self.flush()
+        return self.uploader.close(timeout)
+
+
+class MonitorWindows:
+    """The analysed windows of one job on a monitor, each returned once, oldest first."""
+
+    def __init__(self, url: str, job: str, token: str | None = None, timeout_s: float = 2.0):
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise InputError("MonitorWindows", "url", f"{url!r}: expected http://host:port")
+        self.url = f"{url.rstrip('/')}/api/jobs/{urllib.parse.quote(job, safe='')}"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.timeout_s = timeout_s
+        self.seen = -1
+        self.failures = 0
+
+    def poll(self) -> list[dict]:
+        """Windows analysed since the last poll: {idx, first_step, last_step, slowdown, error, ...}.
+
+        A monitor that is down, slow or does not know the job yet gives no windows (it must
+        never stop training); the failure is counted and logged.
+        """
+        request = urllib.request.Request(self.url, headers=self.headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:  # 404: the job's meta has not arrived yet
+                self.failures += 1
+                log.warning("monitor %s: HTTP %d", self.url, exc.code)
+            return []
+        except (OSError, ValueError) as exc:
+            self.failures += 1
+            log.warning("monitor %s unreachable: %s", self.url, exc)
+            return []
+        new = [w for w in body.get("windows") or [] if isinstance(w, dict)
+               and isinstance(w.get("idx"), int) and w["idx"] > self.seen]
+        new.sort(key=lambda w: w["idx"])
+        if new:
+            self.seen = new[-1]["idx"]
+        return new
+
+
+def window_of(summary: dict, timings_by_step: dict[int, list[StepTiming]], name: str,
+              global_batch: int, calibration: dict | None = None) -> Trace | None:
+    """The op table of a monitor window's steps from the job's own timings (None if not all held)."""
+    steps = range(int(summary["first_step"]), int(summary["last_step"]) + 1)
+    if not all(s in timings_by_step for s in steps):
+        return None
+    return window_trace([timings_by_step[s] for s in steps], name=name,
+                        global_batch=global_batch, calibration=calibration)

@@ -1,0 +1,115 @@
+"""The act loop fed by a real live monitor on loopback: step timings uploaded as parts, the
+monitor's analysed windows polled over HTTP, each priced by AdvisePolicy.observe_window."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from stragglers.advise.act import APPLY, KEEP, AdvisePolicy
+from stragglers.advise.live import MonitorWindows, TimingPublisher, window_of
+from stragglers.advise.window import StepTiming
+from stragglers.errors import InputError
+
+N, B, W = 4, 64, 4   # ranks, global batch, monitor window steps
+
+
+def step_timings(step: int, t0: float, batches: list[int], slow: float = 2.5) -> list[StepTiming]:
+    """One DDP step: rank 3 computes each sample `slow`× slower (compute ∝ batch); all leave
+    the sync together."""
+    compute = [b * 0.001 * (slow if r == 3 else 1.0) for r, b in enumerate(batches)]
+    done = t0 + max(compute) + 0.01
+    return [StepTiming(r, step, t0, t0, t0 + c / 3, t0 + c, done, done + 0.005, batches[r],
+                       4 << 20) for r, c in enumerate(compute)]
+
+
+@pytest.fixture()
+def monitor(tmp_path):
+    from stragglers.monitor import MonitorConfig, MonitorServer
+
+    cfg = MonitorConfig(window_steps=W, stall_after_s=600, tick_s=0.05, durable=False)
+    server = MonitorServer(tmp_path / "mon.db", port=0, config=cfg).start()
+    yield server
+    server.stop()
+
+
+def wait_for(windows: MonitorWindows, deadline_s: float = 60.0) -> list[dict]:
+    """The next analysed window(s): the monitor analyses on its own threads."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        new = windows.poll()
+        if new:
+            return new
+        time.sleep(0.05)
+    raise AssertionError("the monitor analysed no new window within the deadline")
+
+
+def test_monitor_windows_drive_apply_and_keep(monitor):
+    job = "advised-job"
+    policy = AdvisePolicy(N, B, window=W, settle=1)
+    publishers = [TimingPublisher(monitor.url, job, r, N, B) for r in range(N)]
+    windows = MonitorWindows(monitor.url, job)
+    held: dict[int, list[StepTiming]] = {}
+    decisions, t = [], 0.0
+    for step in range(6 * W):
+        timings = step_timings(step, t, policy.batch_sizes)
+        t = timings[0].optimizer_end + 0.001
+        held[step] = timings
+        for p in publishers:
+            p.add(timings)
+        if (step + 1) % W:
+            continue
+        # the job goes on only once the monitor closed this window: the test's verdict must
+        # not depend on how fast the monitor is under load
+        for summary in wait_for(windows):
+            assert summary["error"] is None, summary
+            trace = window_of(summary, held, job, B)
+            decisions += policy.observe_window(trace, summary["slowdown"],
+                                               source=f"monitor:{job}#{summary['idx']}")
+    for p in publishers:
+        assert p.close(10.0)
+    kinds = [(d.kind, d.remedy) for d in decisions]
+    assert kinds == [(APPLY, "antdt-dd"), (KEEP, "antdt-dd")], kinds
+    apply, keep = decisions
+    # the first window was straggling and analysed by the monitor; DD was decided on it
+    assert apply.source == f"monitor:{job}#0" and apply.step == W
+    assert apply.params["batch_sizes"][3] < apply.params["batch_sizes"][0]
+    assert sum(apply.params["batch_sizes"]) == B
+    # the window right after the switch holds the settle step: the verdict is the one after
+    assert keep.source == f"monitor:{job}#2"
+    assert keep.measured_speedup == pytest.approx(apply.predicted_speedup, rel=0.02)
+
+
+def test_a_healthy_monitor_window_is_not_priced(monitor):
+    job = "healthy-job"
+    policy = AdvisePolicy(N, B, window=W)
+    publishers = [TimingPublisher(monitor.url, job, r, N, B, every=W) for r in range(N)]
+    windows = MonitorWindows(monitor.url, job)
+    held, t = {}, 0.0
+    for step in range(W):
+        timings = step_timings(step, t, [16] * N, slow=1.0)
+        t = timings[0].optimizer_end + 0.001
+        held[step] = timings
+        for p in publishers:
+            p.add(timings)
+    [summary] = wait_for(windows)
+    assert summary["slowdown"] < policy.apply_gain
+    assert policy.observe_window(window_of(summary, held, job, B), summary["slowdown"]) == []
+    assert policy.plans == []   # not even priced
+    for p in publishers:
+        p.close(10.0)
+
+
+def test_an_unreachable_monitor_gives_no_windows_and_bad_urls_are_refused():
+    import socket
+
+    with socket.socket() as s:   # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    windows = MonitorWindows(f"http://127.0.0.1:{port}", "job", timeout_s=0.5)
+    assert windows.poll() == [] and windows.failures == 1
+    with pytest.raises(InputError, match="url"):
+        MonitorWindows("ftp://x", "job")
+    with pytest.raises(InputError, match="job"):
+        TimingPublisher("http://127.0.0.1:1", "../etc", 0, 2, 8)
