@@ -16,6 +16,10 @@ time, slept, is --slow-factor × longer), --stall-rank/--stall-s (host-side work
 forward, e.g. a slow data loader), --gc-garbage (cyclic garbage each step over a live heap of
 --gc-heap-mb, so automatic collections pause the ranks at different steps).
 Fixed remedies without the controller (for benchmarks): --stragglar, --batch-sizes, --planned-gc.
+With --monitor-url the windows are the live monitor's: every rank uploads its rows of the step
+timings as parts of job --monitor-job, rank 0 follows the job's analysed windows over HTTP,
+prices each (`AdvisePolicy.observe_window`) and broadcasts its decisions, so every rank switches
+at the same step (start one with `stragglers monitor serve --db monitor.db`).
 
 Read top to bottom: arguments → data and model → one step → the loop → the report.
 """
@@ -36,6 +40,7 @@ import torch.nn as nn
 from stragglers.adapt.heterogeneity import SimulatedDevice
 from stragglers.advise.act import APPLY, AdvisePolicy
 from stragglers.advise.hooks import SwitchableCommHook, switchable_hook
+from stragglers.advise.live import MonitorWindows, TimingPublisher, window_of
 from stragglers.advise.window import ROW_WIDTH, StepTiming, window_step_time, window_trace
 from stragglers.mitigate import PlannedGC
 
@@ -58,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--calibrate", action="store_true", help="before training, measure each "
                    "rank's compute at three batch sizes and a full collection on every rank at "
                    "once (advise prices DD and planned GC with them)")
+    p.add_argument("--monitor-url", default="", help="take the windows from this live monitor")
+    p.add_argument("--monitor-job", default="train_advised", help="the job's name on the monitor")
+    p.add_argument("--monitor-token-file", type=Path, default=None, help="bearer token for uploads")
     # injections
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-factor", type=float, default=1.0)
@@ -210,6 +218,13 @@ def main(argv=None) -> None:
         policy = AdvisePolicy(n, args.global_batch, window=args.window, settle=args.settle,
                               force=force, remaining_steps=args.steps, **(calibration or {}))
 
+    publisher = feed = None
+    if args.monitor_url:
+        token = args.monitor_token_file.read_text().strip() if args.monitor_token_file else None
+        publisher = TimingPublisher(args.monitor_url, args.monitor_job, rank, n,
+                                    args.global_batch, token, calibration=calibration)
+        feed = MonitorWindows(args.monitor_url, args.monitor_job, token) if rank == 0 else None
+
     everyone: list[list[StepTiming]] = []
     for step in range(args.steps):
         device.step = step
@@ -245,7 +260,9 @@ def main(argv=None) -> None:
                         group=timing_group)
         timings = [StepTiming.from_row(r.tolist()) for r in gathered]
         everyone.append(timings)
-        for d in (policy.observe(timings) if policy else []):
+        if publisher is not None:
+            publisher.add(timings)
+        for d in decide(policy, timings, feed, everyone, args, calibration, timing_group):
             # Every rank got the same decision from the same numbers: switch together.
             on = d.kind == APPLY
             if d.remedy == "stragglar":
@@ -263,12 +280,36 @@ def main(argv=None) -> None:
     hook.close()
     if planned:
         planned.stop()
+    if publisher is not None:
+        publisher.close()
     if rank == 0:
         report(args, everyone, policy, ddp, hook, calibration)
     dist.barrier()
     del ddp, opt
     gc.collect()
     dist.destroy_process_group()
+
+
+def decide(policy, timings, feed, everyone, args, calibration, group) -> list:
+    """This step's decisions: from the policy's own windows, or from the monitor's via rank 0."""
+    if policy is None:
+        return []
+    if feed is None and not args.monitor_url:
+        return policy.observe(timings)
+    decisions = []
+    if feed is not None:  # rank 0: the monitor's windows analysed since the last step
+        held = dict(enumerate(everyone))
+        for w in feed.poll():
+            trace = window_of(w, held, args.monitor_job, args.global_batch, calibration)
+            if trace is not None and w.get("error") is None:
+                decisions += policy.observe_window(trace, w.get("slowdown"),
+                                                   source=f"monitor:{args.monitor_job}#{w['idx']}",
+                                                   applied_at=len(everyone))
+    box = [decisions]
+    dist.broadcast_object_list(box, src=0, group=group)  # every rank switches at this step
+    if dist.get_rank() != 0:
+        policy.decisions.extend(box[0])
+    return box[0]
 
 
 def report(args, everyone: list[list[StepTiming]], policy, model: nn.Module,

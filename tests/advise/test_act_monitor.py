@@ -113,3 +113,19 @@ def test_an_unreachable_monitor_gives_no_windows_and_bad_urls_are_refused():
         MonitorWindows("ftp://x", "job")
     with pytest.raises(InputError, match="job"):
         TimingPublisher("http://127.0.0.1:1", "../etc", 0, 2, 8)
+
+
+def test_a_late_window_counts_from_the_step_the_switch_is_applied():
+    # the monitor's window 0 (steps 0..3) is priced only at step 9: the switch happens then,
+    # and the verifying window must start after 9 + settle, not after 4 + settle
+    policy = AdvisePolicy(N, B, window=W, settle=1)
+    held, t = {}, 0.0
+    for step in range(20):
+        held[step] = step_timings(step, t, [16] * N)
+        t = held[step][0].optimizer_end + 0.001
+    first = window_of({"first_step": 0, "last_step": 3}, held, "j", B)
+    [apply] = policy.observe_window(first, applied_at=9)
+    assert apply.kind == APPLY and apply.step == 9 and policy.ready_from == 10
+    assert policy.observe_window(window_of({"first_step": 8, "last_step": 11}, held, "j", B)) == []
+    [verdict] = policy.observe_window(window_of({"first_step": 12, "last_step": 15}, held, "j", B))
+    assert verdict.step == 16

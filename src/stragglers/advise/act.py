@@ -106,13 +106,15 @@ class AdvisePolicy:
         trace = window_trace(window, global_batch=self.global_batch)
         return self._decide(trace, window[-1][0].step + 1, window_step_time(window))
 
-    def observe_window(self, trace: Trace, slowdown: float | None = None,
-                       source: str = "") -> list[ActDecision]:
+    def observe_window(self, trace: Trace, slowdown: float | None = None, source: str = "",
+                       applied_at: int | None = None) -> list[ActDecision]:
         """Feed one closed window as an op table (the live monitor's); returns the decisions.
 
         `slowdown` is the monitor's S of the window: below `apply_gain` no remedy can buy
         `apply_gain` (none beats the ideal), so a window the monitor found healthy is not priced.
-        A window holding steps from before a switch has settled is skipped.
+        `applied_at`: the first step that will run with a decision taken now (a monitor's window
+        arrives some steps after it closed; default the step after the window). A window holding
+        steps from before a switch has settled is skipped.
         """
         if self.phase == "done" or not len(trace):
             return []
@@ -121,7 +123,8 @@ class AdvisePolicy:
             return []
         if self.phase == "observe" and slowdown is not None and slowdown < self.apply_gain:
             return []
-        return self._decide(trace, int(steps.max()) + 1, trace_step_time(trace), source)
+        step = max(int(steps.max()) + 1, applied_at if applied_at is not None else 0)
+        return self._decide(trace, step, trace_step_time(trace), source)
 
     def _decide(self, trace: Trace, step: int, measured: float, source: str = "") -> list[ActDecision]:
         new = self._verify(step, measured) if self.phase == "verify" else \
