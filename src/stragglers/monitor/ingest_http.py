@@ -7,7 +7,9 @@ Every write needs the bearer token when one is set. A part is identified by (job
 sending it again answers `duplicate` and changes nothing, so a client may retry freely. A part
 is checked (Parquet, the op-table schema, its rank) before anything is written; it then lands
 in the run format under the monitor's data directory (fsynced) and is stored like a watched
-file, so both ways in feed the same analysis. The reply comes once the part is durable.
+file, so both ways in feed the same analysis. The reply comes once the part is durable. The
+checks, writes and commit happen on the monitor's ingest thread for a whole batch of parts at
+once (one check per column, one directory fsync and one commit per batch), not per request.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stragglers.errors import InputError
-from stragglers.monitor.parts import MAX_PART, MAX_RANK, check_job_name, read_part_bytes, \
-    write_part_file
+from stragglers.monitor.parts import MAX_PART, MAX_RANK, check_job_name
 from stragglers.monitor.service import Monitor, PartIn
 from stragglers.trace.runformat import write_meta
 
@@ -116,19 +117,19 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write) -> None:
         body = await read_body(request, cfg.max_part_bytes, "a part")
         if tracker.knows(rank, part):
             return {"status": "duplicate"}
-        source = f"part {job}/{rank}/{part}"
+        # the ingest thread checks the bytes (with the other parts of its batch), writes them
+        # into the run format and stores the part; the reply waits until it is durable
+        done: Future = Future()
+        item = PartIn(job, rank, part, "http", body=body, done=done)
+        monitor.submit(item)
         try:
-            data = await run_in_threadpool(read_part_bytes, body, source, rank, part)
+            status = await asyncio.wrap_future(done)
         except InputError as exc:
             raise HTTPProblem(422, str(exc), "bad_part") from None
-        await run_in_threadpool(write_part_file, monitor.data_dir / job, rank, part, body)
-        done: Future = Future()
-        monitor.submit(PartIn(job, rank, part, "http", data=data, done=done))
-        status = await asyncio.wrap_future(done)
         if dropped is not None and dropped.isdigit():
             await run_in_threadpool(monitor.store.set_upload_dropped, job, rank, int(dropped))
             monitor.metrics.upload_dropped.labels(job, str(rank)).set(int(dropped))
-        return {"status": status, "records": data.records}
+        return {"status": status, "records": item.records}
 
 
 def validation_message(exc: ValidationError, where: str) -> str:

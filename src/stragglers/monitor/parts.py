@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,40 +71,142 @@ def check_part(table: pa.Table, source: object, rank: int, part: int, nbytes: in
     return PartData(rank, part, cols, nbytes)
 
 
+def check_parts(tables: list[pa.Table], sources: list, ids: list[tuple[int, int]],
+                nbytes: list[int]) -> list[PartData | InputError]:
+    """Validate many parts at once: each result is the part's PartData or the InputError that
+    names what is wrong with it.
+
+    Parts with the same columns are concatenated and checked as one table: checking a column
+    costs the same fixed overhead for 2,000 rows as for 2,000,000, and that overhead was most
+    of the ingest time. Only a group that fails is checked again part by part, to name the part.
+    """
+    out: list[PartData | InputError | None] = [None] * len(tables)
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tables):
+        groups.setdefault(tuple((f.name, str(f.type)) for f in t.schema), []).append(i)
+    for members in groups.values():
+        try:
+            cols = _check_group([tables[i] for i in members], [ids[i][0] for i in members])
+        except (InputError, pa.ArrowException, ValueError):
+            for i in members:  # one of them is bad: find which, keep the others
+                try:
+                    out[i] = check_part(tables[i], sources[i], *ids[i], nbytes[i])
+                except InputError as exc:
+                    out[i] = exc
+            continue
+        start = 0
+        for i in members:
+            end = start + tables[i].num_rows
+            out[i] = PartData(*ids[i], {k: v[start:end] for k, v in cols.items()}, nbytes[i])
+            start = end
+    return out
+
+
+def _check_group(tables: list[pa.Table], ranks: list[int]) -> dict[str, np.ndarray]:
+    big = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+    cols = table_to_columns(big, "batch")
+    expected = np.repeat(np.asarray(ranks, dtype=cols["rank"].dtype),
+                         [t.num_rows for t in tables])
+    if (cols["rank"] != expected).any():
+        raise InputError("batch", "rank", "rows of another rank")
+    return cols
+
+
+def read_part_files(paths: list[Path], pool: Executor | None = None
+                    ) -> list[PartData | InputError]:
+    """Read part files of run directories (on `pool`'s threads: Parquet decoding releases the
+    GIL) and validate them together (check_parts)."""
+    tables, sources, ids, sizes, out = [], [], [], [], {}
+    read = pool.map(_read_sized, paths) if pool is not None else map(_read_sized, paths)
+    for i, (path, got) in enumerate(zip(paths, read)):
+        if isinstance(got, InputError):
+            out[i] = got
+            continue
+        table, size = got
+        tables.append(table)
+        sizes.append(size)
+        sources.append(path)
+        ids.append(parse_part_name(path.name))
+        out[i] = None
+    checked = iter(check_parts(tables, sources, ids, sizes))
+    return [next(checked) if v is None else v for _, v in sorted(out.items())]
+
+
 def read_small_parquet(source) -> pa.Table:
     """One small Parquet file, read on this thread: for parts of a few thousand rows this is
     ~5× faster than pq.read_table (no dataset discovery, no thread-pool hand-offs)."""
     return pq.ParquetFile(source).read(use_threads=False)
 
 
-def read_part_bytes(data: bytes, source: object, rank: int, part: int) -> PartData:
-    """Parse and validate an uploaded part (Parquet bytes)."""
+def _read_bytes(data: bytes, source: object) -> pa.Table:
     try:
-        table = read_small_parquet(pa.BufferReader(data))
+        return read_small_parquet(pa.BufferReader(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(source, "body", f"not a readable Parquet file ({first[:200]})") from None
-    return check_part(table, source, rank, part, len(data))
 
 
-def read_part_file(path: Path) -> PartData:
-    """Read and validate a part file of a run directory."""
-    ids = parse_part_name(path.name)
-    if ids is None:
+def read_part_bytes(data: bytes, source: object, rank: int, part: int) -> PartData:
+    """Parse and validate an uploaded part (Parquet bytes)."""
+    return check_part(_read_bytes(data, source), source, rank, part, len(data))
+
+
+def read_uploads(uploads: list[tuple[bytes, object, int, int]], pool: Executor | None = None
+                 ) -> list[PartData | InputError]:
+    """Parse uploaded parts (bytes, source, rank, part) on `pool`'s threads and validate them
+    together (check_parts)."""
+    def parse(u):
+        try:
+            return _read_bytes(u[0], u[1])
+        except InputError as exc:
+            return exc
+
+    parsed = list(pool.map(parse, uploads) if pool is not None else map(parse, uploads))
+    good = [i for i, t in enumerate(parsed) if not isinstance(t, InputError)]
+    checked = check_parts([parsed[i] for i in good], [uploads[i][1] for i in good],
+                          [(uploads[i][2], uploads[i][3]) for i in good],
+                          [len(uploads[i][0]) for i in good])
+    for i, result in zip(good, checked):
+        parsed[i] = result
+    return parsed
+
+
+def _read_sized(path: Path) -> tuple[pa.Table, int] | InputError:
+    try:
+        return _read_file(path), path.stat().st_size
+    except InputError as exc:
+        return exc
+    except OSError:
+        return InputError(path, None, "vanished before it could be read")
+
+
+def _read_file(path: Path) -> pa.Table:
+    if parse_part_name(path.name) is None:
         raise InputError(path, None, "not a rank-RRRRR.part-PPPPPP.parquet file")
     try:
-        table = read_small_parquet(path)
-        nbytes = path.stat().st_size
+        return read_small_parquet(path)
     except FileNotFoundError:
         raise InputError(path, None, "vanished before it could be read") from None
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(path, None, f"not a readable Parquet file ({first[:200]})") from None
+
+
+def read_part_file(path: Path) -> PartData:
+    """Read and validate a part file of a run directory."""
+    table = _read_file(path)
+    try:
+        nbytes = path.stat().st_size
+    except FileNotFoundError:
+        raise InputError(path, None, "vanished before it could be read") from None
+    ids = parse_part_name(path.name)
     return check_part(table, path, ids[0], ids[1], nbytes)
 
 
-def write_part_file(directory: Path, rank: int, part: int, data: bytes) -> Path:
-    """Put uploaded bytes in the run format, atomically and durably (fsync, then rename)."""
+def write_part_file(directory: Path, rank: int, part: int, data: bytes,
+                    sync_dir: bool = True) -> Path:
+    """Put uploaded bytes in the run format, atomically and durably (fsync, then rename; with
+    sync_dir=False the caller fsyncs the directory, once for many files)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / rank_file_name(rank, part)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{id(data):x}.tmp")
@@ -112,9 +215,15 @@ def write_part_file(directory: Path, rank: int, part: int, data: bytes) -> Path:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    if sync_dir:
+        sync_directory(directory)
+    return path
+
+
+def sync_directory(directory: Path) -> None:
+    """fsync a directory: the renames in it survive a power cut before a part is acknowledged."""
     fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(fd)  # the rename itself must survive a power cut before the part is acknowledged
+        os.fsync(fd)
     finally:
         os.close(fd)
-    return path

@@ -15,14 +15,15 @@ import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stragglers.errors import InputError
 from stragglers.monitor.alerts import AlertEngine, WebhookSender, parse_rules
 from stragglers.monitor.metrics import MonitorMetrics
-from stragglers.monitor.parts import PartData, read_part_file
+from stragglers.monitor.parts import PartData, read_part_file, read_part_files, read_uploads, \
+    sync_directory, write_part_file
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.store import JobConflict, Store
 from stragglers.monitor.windows import JobTracker, Window, analyse_window
@@ -42,8 +43,10 @@ class PartIn:
     rank: int
     part: int
     way: str                        # files | http
-    path: Path | None = None
-    data: PartData | None = None
+    path: Path | None = None       # a watched file, read by the ingest thread
+    data: PartData | None = None   # or a part already read and checked
+    body: bytes | None = None      # or uploaded bytes: checked, then written into data_dir
+    records: int = 0
     queued_at: float = field(default_factory=time.monotonic)
     done: Future | None = None      # set to "stored" or "duplicate" once durable
 
@@ -73,6 +76,7 @@ class Monitor:
         self._count_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._readers: ThreadPoolExecutor | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -85,6 +89,8 @@ class Monitor:
             self.metrics.set_state(job["job"], job["state"])
             if job["state"] != "finished" and job["meta"]:
                 self._rebuild(job)
+        self._readers = ThreadPoolExecutor(self.config.read_threads,
+                                           thread_name_prefix="stragglers-monitor-read")
         for name, target in (("ingest", self._ingest_loop), ("analysis", self._analysis_loop),
                              ("tick", self._tick_loop)):
             t = threading.Thread(target=target, name=f"stragglers-monitor-{name}", daemon=True)
@@ -99,6 +105,8 @@ class Monitor:
         self._analysis.put(None)
         for t in self._threads:
             t.join(timeout=10)
+        if self._readers is not None:
+            self._readers.shutdown(wait=True)
         for s in self.senders:
             s.close()
 
@@ -216,7 +224,7 @@ class Monitor:
                 self._count(-len(batch))
 
     def _ingest_batch(self, batch: list[PartIn]) -> None:
-        rows, taken = [], []
+        rows, taken, fresh = [], [], []
         for it in batch:
             tr = self.tracker(it.job)
             if tr is None:
@@ -226,13 +234,26 @@ class Monitor:
             if tr.knows(it.rank, it.part):
                 _settle(it, "duplicate")
                 continue
-            data = it.data
-            if data is None:
-                try:
-                    data = read_part_file(it.path)
-                except InputError as exc:
-                    self.reject("bad_part", str(it.path), exc.problem)
-                    continue
+            fresh.append(it)
+        # watched files and uploads of the whole batch are read, then checked together (one
+        # check per column for the batch, not per part); uploads are written once checked
+        files = [it for it in fresh if it.data is None and it.body is None]
+        uploads = [it for it in fresh if it.body is not None]
+        read = dict(zip(map(id, files), read_part_files([it.path for it in files],
+                                                           self._readers)))
+        read.update(zip(map(id, uploads), read_uploads(
+            [(it.body, f"part {it.job}/{it.rank}/{it.part}", it.rank, it.part) for it in uploads],
+            self._readers)))
+        self._write_uploads([it for it in uploads if not isinstance(read[id(it)], InputError)])
+        for it in fresh:
+            data = it.data if id(it) not in read else read[id(it)]
+            if isinstance(data, InputError):
+                if it.done is not None:   # the request answers 422 (and counts the refusal)
+                    _settle(it, exc=data)
+                else:
+                    self.reject("bad_part", str(it.path), data.problem)
+                continue
+            it.records = data.records
             rows.append((it.job, it.rank, it.part, data.records, data.first_step,
                          data.last_step, data.nbytes, it.way))
             taken.append((it, data))
@@ -259,6 +280,18 @@ class Monitor:
                 windows.extend(self.trackers[job].close_ready(now))
         for w in windows:
             self._queue_analysis(w)
+
+    def _write_uploads(self, uploads: list[PartIn]) -> None:
+        """Checked uploads into the run format: each file fsynced, each directory once."""
+        def write(it: PartIn) -> Path:
+            return write_part_file(self.directories[it.job], it.rank, it.part, it.body,
+                                   sync_dir=False)
+
+        paths = list(self._readers.map(write, uploads) if self._readers else map(write, uploads))
+        for directory in {p.parent for p in paths}:
+            sync_directory(directory)
+        for it in uploads:
+            it.body = None  # the bytes are on disk now; do not hold them
 
     # ---- analysis and states -----------------------------------------------------------------
 
