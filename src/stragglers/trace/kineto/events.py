@@ -344,19 +344,18 @@ def read_rank_events(path: Path | str, decoder: str | None = None) -> RankEvents
     JSON, NaN, unexpected shapes) is decoded again by the stdlib, whose errors name the place.
     """
     path = Path(path)
-    raw = open_bytes(path)
     if decoder not in (None, "msgspec", "json"):
         raise InputError("decoder", None, f"expected 'msgspec' or 'json', got {decoder!r}")
     if decoder != "json":
         from stragglers.trace.kineto import fastdecode  # noqa: PLC0415  (optional msgspec)
 
         if fastdecode.AVAILABLE:
-            out = RankEvents(str(path))
-            top = fastdecode.decode_events(raw, _Collector(out, checked=True))
-            if top is not None:
-                return _finish(path, out, top)
+            out = _read_streaming(path, fastdecode)
+            if out is not None:
+                return out
         elif decoder == "msgspec":
             raise InputError("decoder", None, "msgspec is not installed (pip install msgspec)")
+    raw = open_bytes(path)
     out = RankEvents(str(path))
     text = _text(path, raw)
     del raw
@@ -372,6 +371,21 @@ def read_rank_events(path: Path | str, decoder: str | None = None) -> RankEvents
         raise InputError(path, None, "expected a JSON object with 'traceEvents' (a PyTorch "
                          "profiler trace)")
     return _finish(path, out, doc)
+
+
+def _read_streaming(path: Path, fastdecode) -> RankEvents | None:
+    """RankEvents by msgspec a chunk at a time, or None: the stdlib path then reads the file
+    (and reports what is wrong with it)."""
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        return None
+    with fh:
+        stream = gzip.GzipFile(fileobj=fh) if fh.read(2) == b"\x1f\x8b" else fh
+        fh.seek(0)
+        out = RankEvents(str(path))
+        top = fastdecode.decode_stream(stream, _Collector(out, checked=True))
+    return None if top is None else _finish(path, out, top)
 
 
 def _finish(path: Path, out: RankEvents, doc: dict) -> RankEvents:

@@ -2,15 +2,17 @@
 
 The stdlib decoder builds every key and value of every event before the reader throws most of
 them away (kernel launch geometry, occupancy, External id, Input Dims, …); a msgspec Struct
-skips undeclared fields while parsing, without building them. The events array is first
-split into raw byte slices (`msgspec.Raw`, views of the input) and each slice is decoded and
-filed at once, so the decoded events never exist together: memory stays about the file's bytes
-plus the compact tuples. msgspec is optional (extra `fast`); without it, `events` uses the
-stdlib.
+skips undeclared fields while parsing, without building them. The file is read a chunk at a
+time (4 MB): the events up to the last boundary between two events in the chunk are decoded,
+filed as compact tuples and dropped, so neither the file's text nor its decoded events exist
+whole; memory is one chunk plus the tuples kept. msgspec is optional (extra `fast`); without
+it, `events` uses the stdlib.
 """
 
 from __future__ import annotations
 
+import re
+import zlib
 from typing import Annotated, Any
 
 try:
@@ -68,7 +70,7 @@ if AVAILABLE:
         args: _Args | None = None
 
     class _Doc(msgspec.Struct, gc=False):
-        """The document: the events as raw slices, and the few top-level keys read."""
+        """The document without its events, and the few top-level keys read."""
 
         traceEvents: list[msgspec.Raw] = _UNSET  # noqa: N815  (the JSON name)
         distributedInfo: Any = _UNSET  # noqa: N815
@@ -81,44 +83,107 @@ if AVAILABLE:
         TORCHELASTIC_RUN_ID: Any = _UNSET  # noqa: N815
 
     _DOC = msgspec.json.Decoder(_Doc)
-    _EVENT = msgspec.json.Decoder(_Event)
+    _EVENTS = msgspec.json.Decoder(list[_Event])
 
 
-def decode_events(raw: bytes, collector) -> dict | None:
-    """File every complete event of the JSON document `raw` through `collector.file(...)`
-    (a collector made with checked=True: ts and dur arrive as finite floats).
+# Bytes read at a time: events are decoded a chunk at a time, so memory holds about one chunk
+# of text and its decoded events, not the whole file.
+CHUNK_BYTES = 4 << 20
+# Give up streaming (and let the stdlib report the problem) when no event boundary decodes
+# within this much text.
+MAX_PENDING_BYTES = 64 << 20
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+# Candidate cuts between two events: '}' ',' '{' (a cut inside a string or a nested object
+# makes the chunk invalid JSON, which the decoder then refuses, so a wrong guess is safe).
+_BETWEEN = re.compile(rb"\}\s*(,)\s*\{")
+_END = re.compile(rb"\}\s*(\])|\[\s*(\])")
 
-    Returns the document's top-level keys the reader needs (as a dict, absent keys left out,
-    `traceEvents` as an empty list when it is a list), or None when msgspec cannot decode the
-    file as a plain trace (invalid JSON, NaN, a non-object event, non-object args): the caller
+
+def decode_stream(stream, collector) -> dict | None:
+    """File every complete event of the JSON document read from the binary `stream` through
+    `collector.file(...)` (a collector made with checked=True: ts and dur arrive as finite
+    floats), a chunk at a time.
+
+    Returns the document's top-level keys the reader needs (a dict, absent keys left out,
+    `traceEvents` an empty list), or None when this decoder cannot take the file as a plain
+    trace (invalid JSON, NaN, a non-object event or args, no `traceEvents` array): the caller
     then decodes it with the stdlib, whose errors name the place.
     """
     try:
-        doc = _DOC.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+        return _decode_stream(stream, collector)
+    except (msgspec.DecodeError, msgspec.ValidationError, EOFError, OSError, zlib.error):
         return None
-    events = doc.traceEvents
+
+
+def _decode_stream(stream, collector) -> dict | None:
+    buf = bytearray()
+    while True:  # the text before the events array
+        m = _EVENTS_KEY.search(buf)
+        if m:
+            break
+        chunk = stream.read(CHUNK_BYTES)
+        if not chunk or len(buf) > MAX_PENDING_BYTES:
+            return None
+        buf += chunk
+    prefix = bytes(buf[:m.end() - 1])
+    del buf[:m.end() - 1]  # buf starts with the array's '['
+    count, eof = 0, False
+    while True:
+        taken = _take(buf, _BETWEEN, last=True)
+        if taken is None and eof:
+            taken = _take(buf, _END, last=False)
+            if taken is None:
+                return None
+            count += _file_events(taken[1], collector)
+            suffix = bytes(buf[taken[0] + 1:])
+            break
+        if taken is not None:
+            count += _file_events(taken[1], collector)
+            del buf[:taken[0]]
+            buf[0] = 0x5B  # the ',' after the last filed event opens the next chunk: '['
+            continue
+        if len(buf) > MAX_PENDING_BYTES:
+            return None
+        chunk = stream.read(CHUNK_BYTES)
+        eof = not chunk
+        buf += chunk
+    del buf
+    doc = _DOC.decode(prefix + b"[]" + suffix)
+    if doc.traceEvents != []:
+        return None  # the key found was not the document's own events array
     top = {k: getattr(doc, k) for k in _TOP_KEYS if getattr(doc, k) is not _UNSET}
-    if events is _UNSET:
-        return top  # events.py says it is missing
-    doc = None
-    decode, file, count = _EVENT.decode, collector.file, 0
-    try:
-        for i in range(len(events)):
-            ev = decode(events[i])
-            events[i] = None  # its slice is no longer needed
-            ph = ev.ph
-            if ph is _UNSET:
-                continue  # not an event (the stdlib hook keeps such objects, unread)
-            count += 1
-            if ph == "X":
-                a = ev.args
-                if a is None:
-                    file(ev.name, ev.cat, ev.ts, ev.dur, ev.tid, None, _NO_ARGS)
-                else:
-                    file(ev.name, ev.cat, ev.ts, ev.dur, ev.tid, a.correlation, a)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    collector.out.events += count
     top["traceEvents"] = []
+    collector.out.events += count
     return top
+
+
+def _take(buf: bytearray, pattern: re.Pattern, last: bool) -> tuple[int, list] | None:
+    """(index of the separator, decoded events) for the events from buf[0] ('[') up to a
+    separator: a ',' between two events (the last that decodes, looked for in the buffer's
+    tail) or the array's closing ']' (the first that decodes). None when no candidate decodes
+    (the caller reads more). A well-formed chunk with a wrong type raises ValidationError."""
+    start = max(0, len(buf) - (1 << 16)) if last else 0
+    found = [m.start(m.lastindex) for m in pattern.finditer(buf, start)]
+    for pos in (found[::-1] if last else found)[:4]:
+        try:
+            return pos, _EVENTS.decode(bytes(buf[:pos]) + b"]")
+        except msgspec.DecodeError:
+            continue
+    return None
+
+
+def _file_events(events: list, collector) -> int:
+    """File the complete events of a decoded chunk; returns how many events it held."""
+    file, count = collector.file, 0
+    for ev in events:
+        ph = ev.ph
+        if ph is _UNSET:
+            continue  # not an event (the stdlib hook keeps such objects, unread)
+        count += 1
+        if ph == "X":
+            a = ev.args
+            if a is None:
+                file(ev.name, ev.cat, ev.ts, ev.dur, ev.tid, None, _NO_ARGS)
+            else:
+                file(ev.name, ev.cat, ev.ts, ev.dur, ev.tid, a.correlation, a)
+    return count
