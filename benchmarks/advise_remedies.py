@@ -44,6 +44,8 @@ ROWS = {
     "gc": (4, ["--sample-time", "0.002"], ["--gc-heap-mb", "30", "--gc-garbage", "0.6"],
            "30 MB live heap, cyclic garbage in each forward: automatic collections at different steps"),
 }
+# measured in a row even where the plan says it does not apply (the prediction is checked too)
+ALWAYS = {"gc": ("planned-gc",)}
 MEASURED = ("stragglar", "antdt-dd", "planned-gc", "antdt-nd")
 
 
@@ -77,7 +79,7 @@ def remedy_args(name: str, plan, inject: list[str]) -> tuple[list[str], list[str
         sizes = advice.details.get("new_batch_sizes") if advice else None
         return (["--batch-sizes", ",".join(map(str, sizes))], inject) if sizes else None
     if name == "planned-gc":
-        if advice is None or not advice.applies:
+        if advice is None or "every" not in advice.details:
             return None
         return ["--planned-gc", str(advice.details["every"])], inject
     if name == "antdt-nd":
@@ -124,7 +126,7 @@ def run_row(name: str, steps: int, reps: int, tmp: Path, measure_all: bool = Fal
         plan = advise(trace, remaining_steps=steps)
         plain = advise(uncalibrated(trace), remaining_steps=steps)  # what the model alone says
         runs["before"] = b
-        todo = [m for m in MEASURED if m == "antdt-nd" or measure_all
+        todo = [m for m in MEASURED if m == "antdt-nd" or measure_all or m in ALWAYS.get(name, ())
                 or (plan.get(m) is not None and plan.get(m).applies)]
         if rep % 2:
             todo = todo[::-1]
@@ -134,8 +136,11 @@ def run_row(name: str, steps: int, reps: int, tmp: Path, measure_all: bool = Fal
                 continue
             extra, inj = spec
             runs[which] = train(nproc, common + inj + extra, tmp / f"{name}-{which}-{rep}", steps)
-        runs["before2"] = train(nproc, common + inject, tmp / f"{name}-before2-{rep}", steps,
-                                calibrate=True)
+        before2_dir = tmp / f"{name}-before2-{rep}"
+        runs["before2"] = train(nproc, common + inject + ["--trace-dir", str(before2_dir / "trace")],
+                                before2_dir, steps, calibrate=True)
+        # the same prediction from the A′ run: how much of an error is the predicting run's noise
+        plan2 = advise(read_run(before2_dir / "trace"), remaining_steps=steps)
         befores = [runs[k]["mean_step_s"] for k in ("before", "before2") if k in runs]
         before = statistics.mean(befores)
         row = {"row": name, "rep": rep, "note": note, "before_ms": [1e3 * b for b in befores],
@@ -144,7 +149,8 @@ def run_row(name: str, steps: int, reps: int, tmp: Path, measure_all: bool = Fal
                "ranking": [r.name for r in plan.remedies if r.applies], "remedies": {}}
         for r in plan.remedies:
             entry = {"applies": r.applies, "why_not": r.why_not, "predicted": predicted(r.name, plan),
-                     "predicted_uncalibrated": predicted(r.name, plain)}
+                     "predicted_uncalibrated": predicted(r.name, plain),
+                     "predicted_a2": predicted(r.name, plan2)}
             if r.name in runs:
                 entry["after_ms"] = 1e3 * runs[r.name]["mean_step_s"]
                 entry["measured"] = before / runs[r.name]["mean_step_s"]
@@ -159,13 +165,16 @@ def print_row(row: dict) -> None:
     print(f"\n{row['row']} rep {row['rep']} ({row['note']}): before "
           f"{', '.join(f'{b:.0f}' for b in row['before_ms'])} ms (A/A spread {aa}); ranked "
           f"{row['ranking']}", flush=True)
-    print("| remedy | applies | predicted (uncalibrated) | measured | |Δ|/measured | A/A | after ms |",
+    print("| remedy | applies | predicted (uncalibrated); from A′ | measured | |Δ|/measured | A/A | "
+          "after ms |",
           flush=True)
     print("|---|---|---|---|---|---|---|", flush=True)
     for name, e in row["remedies"].items():
         pred = f"×{e['predicted']:.3f}" if e["predicted"] else "–"
         if e.get("predicted_uncalibrated") and e["predicted_uncalibrated"] != e["predicted"]:
             pred += f" (×{e['predicted_uncalibrated']:.3f})"
+        if e.get("predicted_a2"):
+            pred += f"; A′ ×{e['predicted_a2']:.3f}"
         meas = f"×{e['measured']:.3f}" if "measured" in e else "not measured"
         err = f"{100 * abs(e['predicted'] - e['measured']) / e['measured']:.0f}%" \
             if e["predicted"] and "measured" in e else "–"

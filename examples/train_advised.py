@@ -60,9 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--settle", type=int, default=2, help="steps ignored after a switch")
     p.add_argument("--force", default="", help="apply this remedy at the first window whatever "
                    "the advice, e.g. planned-gc:1 or stragglar (tests, demos)")
-    p.add_argument("--calibrate", action="store_true", help="before training, measure each "
-                   "rank's compute at three batch sizes and a full collection on every rank at "
-                   "once (advise prices DD and planned GC with them)")
+    p.add_argument("--calibrate", action="store_true", help="measure each rank's compute at "
+                   "three batch sizes before training and a full collection on every rank at "
+                   "once after it (advise prices DD and planned GC with them)")
     p.add_argument("--monitor-url", default="", help="take the windows from this live monitor")
     p.add_argument("--monitor-job", default="train_advised", help="the job's name on the monitor")
     p.add_argument("--monitor-token-file", type=Path, default=None, help="bearer token for uploads")
@@ -142,13 +142,11 @@ def make_cyclic_garbage(megabytes: float, rng: np.random.Generator) -> list:
 
 
 def calibrate(ddp, device, args, batch: int, n: int, group) -> dict:
-    """The calibration step: every rank's compute curve and a synchronous full collection.
+    """The calibration step before training: every rank's compute curve t_i(b) = a_i + c_i·b.
 
     DD moves samples between ranks, so it needs t_i(b), not t_i(b)/b: each rank times its
     forward + device time + backward (no gradient sync: DDP's no_sync) at b/2, b and 3b/2
-    samples, all ranks at once (the contention training has), and fits t = a + c·b. Planned GC
-    makes every rank collect at the same moment, which on shared cores is not one collection
-    alone: it is timed as it will run, every rank at once after a barrier.
+    samples, all ranks at once (the contention training has), three times, and fits a line.
     """
     x, _ = global_batch(0, args)
     sizes = sorted({max(1, batch // 2), batch, min(args.global_batch, batch + batch // 2)})
@@ -165,17 +163,32 @@ def calibrate(ddp, device, args, batch: int, n: int, group) -> dict:
     ddp.zero_grad(set_to_none=True)
     bs, ts = np.array(points, dtype=float).T
     per_sample, fixed = np.polyfit(bs, ts, 1)
+    rows = gather_floats([fixed, max(per_sample, 1e-9)], n, group)
+    return {"compute_curves": [(r[0], r[1]) for r in rows]}
+
+
+def calibrate_gc(n: int, group) -> float:
+    """The calibration of planned GC, after the steps: a full collection on every rank at once.
+
+    On shared cores (or memory bandwidth) that is not one collection alone, so it is timed as
+    planned GC runs it, all ranks after a barrier; the step waits for the last rank. It runs
+    after the measured steps because a full collection promotes the live heap to the oldest
+    generation, which changes the very automatic collections the steps are measuring.
+    """
     pauses = []
     for _ in range(2):
         dist.barrier(group=group)
         t0 = time.perf_counter()
         gc.collect()
         pauses.append(time.perf_counter() - t0)
-    mine = torch.tensor([fixed, max(per_sample, 1e-9), float(np.mean(pauses))], dtype=torch.float64)
-    rows = [torch.zeros(3, dtype=torch.float64) for _ in range(n)]
-    dist.all_gather(rows, mine, group=group)
-    return {"compute_curves": [(float(r[0]), float(r[1])) for r in rows],
-            "gc_sync_pause_s": max(float(r[2]) for r in rows)}  # the step waits for the last
+    return max(r[0] for r in gather_floats([float(np.mean(pauses))], n, group))
+
+
+def gather_floats(values: list[float], n: int, group) -> list[list[float]]:
+    """Every rank's `values`, on every rank."""
+    rows = [torch.zeros(len(values), dtype=torch.float64) for _ in range(n)]
+    dist.all_gather(rows, torch.tensor(values, dtype=torch.float64), group=group)
+    return [[float(v) for v in r] for r in rows]
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -282,6 +295,8 @@ def main(argv=None) -> None:
         planned.stop()
     if publisher is not None:
         publisher.close()
+    if calibration is not None:
+        calibration["gc_sync_pause_s"] = calibrate_gc(n, timing_group)
     if rank == 0:
         report(args, everyone, policy, ddp, hook, calibration)
     dist.barrier()
