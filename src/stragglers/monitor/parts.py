@@ -146,11 +146,6 @@ def _read_bytes(data: bytes, source: object) -> pa.Table:
         raise InputError(source, "body", f"not a readable Parquet file ({first[:200]})") from None
 
 
-def read_part_bytes(data: bytes, source: object, rank: int, part: int) -> PartData:
-    """Parse and validate an uploaded part (Parquet bytes)."""
-    return check_part(_read_bytes(data, source), source, rank, part, len(data))
-
-
 def read_uploads(uploads: list[tuple[bytes, object, int, int]], pool: Executor | None = None
                  ) -> list[PartData | InputError]:
     """Parse uploaded parts (bytes, source, rank, part) on `pool`'s threads and validate them

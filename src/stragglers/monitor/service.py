@@ -77,6 +77,7 @@ class Monitor:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._readers: ThreadPoolExecutor | None = None
+        self._writers: ThreadPoolExecutor | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -91,6 +92,8 @@ class Monitor:
                 self._rebuild(job)
         self._readers = ThreadPoolExecutor(self.config.read_threads,
                                            thread_name_prefix="stragglers-monitor-read")
+        self._writers = ThreadPoolExecutor(self.config.write_threads,
+                                           thread_name_prefix="stragglers-monitor-write")
         for name, target in (("ingest", self._ingest_loop), ("analysis", self._analysis_loop),
                              ("tick", self._tick_loop)):
             t = threading.Thread(target=target, name=f"stragglers-monitor-{name}", daemon=True)
@@ -105,8 +108,9 @@ class Monitor:
         self._analysis.put(None)
         for t in self._threads:
             t.join(timeout=10)
-        if self._readers is not None:
-            self._readers.shutdown(wait=True)
+        for pool in (self._readers, self._writers):
+            if pool is not None:
+                pool.shutdown(wait=True)
         for s in self.senders:
             s.close()
 
@@ -287,7 +291,7 @@ class Monitor:
             return write_part_file(self.directories[it.job], it.rank, it.part, it.body,
                                    sync_dir=False)
 
-        paths = list(self._readers.map(write, uploads) if self._readers else map(write, uploads))
+        paths = list(self._writers.map(write, uploads) if self._writers else map(write, uploads))
         for directory in {p.parent for p in paths}:
             sync_directory(directory)
         for it in uploads:

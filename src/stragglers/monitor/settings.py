@@ -36,6 +36,8 @@ class MonitorConfig(Config):
     durable: bool = setting(True, "fsync every commit (a part acknowledged survives a power cut)")
     read_threads: int = setting(2, "threads that read the part files of an ingest batch "
                                 "(Parquet decoding runs outside the GIL)", minimum=1, maximum=64)
+    write_threads: int = setting(2, "threads that write and fsync the uploaded parts of an "
+                                 "ingest batch", minimum=1, maximum=64)
     rescan_s: float = setting(10.0, "watched directories are also rescanned this often (file "
                               "systems that drop change events)", minimum=0.1)
 

@@ -183,7 +183,9 @@ def analyse_window(window: Window) -> dict:
            "m_s": None, "scores": [], "diagnosis": [], "missing_ranks": window.missing_ranks,
            "error": None, "closed_at": window.closed_at, "reason": window.reason}
     try:
-        result = as_plain_dict(analyze(window.trace, steps=window.steps))
+        # the window's trace holds exactly its steps: "all" skips selecting them again (a copy
+        # of every column) and the warm-up detection, which a window must not do
+        result = as_plain_dict(analyze(window.trace, steps="all"))
     except StragglersError as exc:
         row["error"] = str(exc)
     except Exception as exc:  # a bug must not stop the monitor; the window says what happened
