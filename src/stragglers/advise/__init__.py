@@ -3,8 +3,9 @@
 `advise(trace_or_result)` replays the job with each remedy's modified durations (the what-if
 engine, no torch) and returns a ranked `Plan`. `stragglers.advise.act` holds the opt-in
 controller policy that applies the best runtime-switchable remedy in a running job, checks the
-next windows against the prediction and rolls back a remedy that did not pay; its torch side
-(the switchable DDP hook) is imported lazily.
+next windows against the prediction and rolls back a remedy that did not pay, on windows it
+counts itself or on the live monitor's (`stragglers.advise.live`); its torch side (the
+switchable DDP hook) is imported lazily.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ _LAZY = {
     "StepTiming": "stragglers.advise.window",
     "window_trace": "stragglers.advise.window",
     "SwitchableCommHook": "stragglers.advise.hooks",
+    "MonitorWindows": "stragglers.advise.live",
+    "TimingPublisher": "stragglers.advise.live",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
