@@ -146,6 +146,7 @@ class _Collector:
     def __init__(self, out: RankEvents, checked: bool = False):
         self.out = out
         self._kinds: dict[tuple, tuple] = {}
+        self._tids: dict[int, int] = {}
         self._times = _checked if checked else self._check_times
 
     def __call__(self, obj: dict) -> Any:
@@ -172,8 +173,8 @@ class _Collector:
         if code == _SKIP:
             return
         out = self.out
-        if tid.__class__ is not int:
-            tid = _hashable(tid)
+        # One object per thread id, not one per event (millions of equal ints otherwise).
+        tid = self._tids.setdefault(tid, tid) if tid.__class__ is int else _hashable(tid)
         if code == _RUNTIME:
             if corr.__class__ is int:  # not a bool
                 out.runtime[corr] = (self._times(ts, dur)[0], tid)

@@ -3,7 +3,7 @@
 The stdlib decoder builds every key and value of every event before the reader throws most of
 them away (kernel launch geometry, occupancy, External id, Input Dims, …); a msgspec Struct
 skips undeclared fields while parsing, without building them. The file is read a chunk at a
-time (4 MB): the events up to the last boundary between two events in the chunk are decoded,
+time (1 MB): the events up to the last boundary between two events in the chunk are decoded,
 filed as compact tuples and dropped, so neither the file's text nor its decoded events exist
 whole; memory is one chunk plus the tuples kept. msgspec is optional (extra `fast`); without
 it, `events` uses the stdlib.
@@ -88,7 +88,7 @@ if AVAILABLE:
 
 # Bytes read at a time: events are decoded a chunk at a time, so memory holds about one chunk
 # of text and its decoded events, not the whole file.
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 1 << 20
 # Give up streaming (and let the stdlib report the problem) when no event boundary decodes
 # within this much text.
 MAX_PENDING_BYTES = 64 << 20
