@@ -169,3 +169,48 @@ def test_advised_gradient_code_is_exact_for_every_survivor_set():
         assert code.exact
         for survivors in itertools.combinations(range(4), 4 - s):
             assert code.decode(survivors).residual < 1e-9
+
+
+def test_measured_compute_curves_price_dd_with_the_fixed_part():
+    trace = generate(dp=4, pp=1, microbatches=2, steps=12, sync="ddp", seed=0,
+                     slow_worker=(3, 0, 2.0))
+    linear = advise(trace, remedies=["antdt-dd"], global_batch=64).get("antdt-dd")
+    # per-rank compute 120 ms at 16 samples (240 ms on rank 3), half of it a fixed part that
+    # does not shrink with the batch: rank 3 is t(b) = 0.12 + 0.0075·b, the others 0.06 + 0.00375·b
+    curves = [(0.06, 0.00375)] * 3 + [(0.12, 0.0075)]
+    fixed = advise(trace, remedies=["antdt-dd"], global_batch=64,
+                   compute_curves=curves).get("antdt-dd")
+    # b_i = (T − a_i)/c_i, Σ b_i = 64: T = (64 + 3·16 + 16) / (3/0.00375 + 1/0.0075) = 0.1371 s,
+    # so 20.57 samples on each fast rank and 2.29 on rank 3 (its fixed 120 ms alone is 0.88 T)
+    assert fixed.details["new_batch_sizes"] == [21, 21, 20, 2]
+    assert linear.details["new_batch_sizes"] == [18, 19, 18, 9]   # 64·(1, 1, 1, ½)/3.5
+    assert "calibration" in fixed.method and "∝ batch" in linear.method
+    # every rank's compute now ends at T = 137 ms instead of rank 3's 240 ms; the rest of the
+    # step is unchanged
+    plan = advise(trace, remedies=["antdt-dd"], global_batch=64, compute_curves=curves)
+    assert plan.baseline_step_s - fixed.predicted_step_s == pytest.approx(0.240 - 0.137, abs=0.01)
+    with pytest.raises(InputError, match="compute_curves"):
+        advise(trace, remedies=["antdt-dd"], compute_curves=[(0.0, 1.0)] * 3)
+    with pytest.raises(InputError, match=r"compute_curves\[1\]"):
+        advise(trace, remedies=["antdt-dd"], compute_curves=[(0.0, 1.0), (0.0, -1.0)] * 2)
+
+
+def test_a_measured_synchronous_collection_prices_planned_gc():
+    from dataclasses import replace
+
+    from stragglers.trace.model import Trace
+
+    trace = generate(dp=4, pp=1, microbatches=4, steps=12, sync="ddp", seed=0, gc=(0.5, 0.08))
+    recorded = advise(trace, remedies=["planned-gc"]).get("planned-gc")
+    # every rank collecting at once takes 4× a recorded pause: the gain shrinks
+    slow = advise(trace, remedies=["planned-gc"], gc_sync_pause_s=4 * 0.08).get("planned-gc")
+    assert slow.details["planned_pause_s"] == pytest.approx(0.32)
+    assert "measured in this job" in slow.method
+    assert slow.predicted_speedup < recorded.predicted_speedup
+    # the same number from the run's metadata (what train_advised.py --calibrate writes)
+    extra = {**trace.meta.extra, "calibration": {"gc_sync_pause_s": 0.32}}
+    meta_trace = Trace(trace.ops, replace(trace.meta, extra=extra), trace.source)
+    from_meta = advise(meta_trace, remedies=["planned-gc"]).get("planned-gc")
+    assert from_meta.predicted_speedup == pytest.approx(slow.predicted_speedup)
+    with pytest.raises(InputError, match="gc_sync_pause_s"):
+        advise(trace, remedies=["planned-gc"], gc_sync_pause_s=-1.0)
