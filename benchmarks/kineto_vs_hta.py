@@ -12,8 +12,10 @@ Two inputs, each analysed by both tools in fresh processes, one after the other:
 Ours: `read_kineto` + `analyze` (the straggler = the ranks the first finding names).
 HTA 0.5.0 (installed with pip into a separate venv, never into this project's):
 `TraceAnalysis(trace_dir=...)` + `get_potential_stragglers()`.
-Measured: wall time, and peak memory of the whole process tree (PSS of the tool's process and
-all its children, summed, sampled every 20 ms from /proc), plus what each names.
+Measured: wall time, CPU time (user + sys of the tool's process and all the children it waited
+for), and peak memory of the whole process tree (PSS of the tool's process and all its
+children, summed, sampled every 20 ms from /proc), plus what each names. The load average
+is printed with each row: on a shared machine wall times move with it, CPU times much less.
 
     python benchmarks/kineto_vs_hta.py [--cases cpu,nccl] [--work DIR] [--hta-venv /tmp/hta-venv]
 """
@@ -26,6 +28,7 @@ import gzip
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import textwrap
@@ -42,7 +45,7 @@ RANKS = 8
 OURS = textwrap.dedent("""
     import json, sys, time
     t0 = time.perf_counter()
-    from stragglers.trace.kineto import read_kineto
+    from stragglers.trace.kineto import fastdecode, read_kineto
     from stragglers.whatif.analyze import analyze
     trace = read_kineto(sys.argv[1])
     t1 = time.perf_counter()
@@ -50,7 +53,8 @@ OURS = textwrap.dedent("""
     first = next((f for f in result["diagnosis"] if f.where.get("ranks")), None)
     print(json.dumps({"load_s": t1 - t0, "total_s": time.perf_counter() - t0,
                       "named": first.where["ranks"] if first else [],
-                      "cause": first.cause if first else None, "S": result["slowdown"]}))
+                      "cause": first.cause if first else None, "S": result["slowdown"],
+                      "decoder": "msgspec" if fastdecode.AVAILABLE else "json"}))
 """)
 HTA = textwrap.dedent("""
     import json, logging, sys, time
@@ -122,7 +126,10 @@ def _pss(pid: int) -> int:
 
 
 def run_tool(python: str, code: str, trace_dir: Path, env: dict | None = None) -> dict:
-    """Run one tool in a fresh process; its JSON answer plus wall time and tree peak memory."""
+    """Run one tool in a fresh process; its JSON answer plus wall time, tree peak memory and
+    CPU time (user + sys of the process and every child it waited for: HTA's parser pool,
+    our parse workers)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen([python, "-c", code, str(trace_dir)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
@@ -130,11 +137,14 @@ def run_tool(python: str, code: str, trace_dir: Path, env: dict | None = None) -
     out, err = proc.communicate()
     peak = mem.stop()
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    measured = {"wall_s": wall, "cpu_s": cpu, "peak_bytes": peak, "load": os.getloadavg()[0]}
     if proc.returncode != 0:
-        return {"wall_s": wall, "peak_bytes": peak, "named": [], "error":
+        return {**measured, "named": [], "error":
                 (err.strip().splitlines() or ["exit %d" % proc.returncode])[-1][:200]}
     answer = json.loads(out.strip().splitlines()[-1])
-    return {"wall_s": wall, "peak_bytes": peak, **answer}
+    return {**measured, **answer}
 
 
 # ---- inputs ---------------------------------------------------------------------------------
@@ -279,14 +289,26 @@ def main() -> None:
         print(f"  hta:  {hta}", flush=True)
         rows.append((case, _size(d), ours, hta))
     print()
-    print("| case | JSON | ours: time | HTA: time | speed-up | ours: peak PSS (tree) | "
-          "HTA: peak PSS (tree) | memory ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores; "
+          f"command: python benchmarks/kineto_vs_hta.py --cases {args.cases}")
+    print()
+    print("| case | JSON | ours: wall / CPU | HTA: wall / CPU | speed-up (wall) | speed-up (CPU) | "
+          "ours: peak PSS (tree) | HTA: peak PSS (tree) | memory ratio | load (ours, HTA) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for case, size, ours, hta in rows:
-        print(f"| {case} | {size / 1e6:.0f} MB | {ours['wall_s']:.1f} s | {hta['wall_s']:.1f} s | "
-              f"{hta['wall_s'] / ours['wall_s']:.1f}x | {ours['peak_bytes'] / 2**20:.0f} MiB | "
-              f"{hta['peak_bytes'] / 2**20:.0f} MiB | "
-              f"{ours['peak_bytes'] / max(1, hta['peak_bytes']):.2f} |")
+        print(f"| {case} | {size / 1e6:.0f} MB | {ours['wall_s']:.1f} s / {ours['cpu_s']:.1f} s | "
+              f"{hta['wall_s']:.1f} s / {hta['cpu_s']:.1f} s | "
+              f"**{hta['wall_s'] / ours['wall_s']:.1f}x** | {hta['cpu_s'] / ours['cpu_s']:.1f}x | "
+              f"{ours['peak_bytes'] / 2**20:.0f} MiB | {hta['peak_bytes'] / 2**20:.0f} MiB | "
+              f"**{ours['peak_bytes'] / max(1, hta['peak_bytes']):.2f}** | "
+              f"{ours['load']:.1f}, {hta['load']:.1f} |")
+    print()
+    for case, _, ours, hta in rows:
+        speed = hta["wall_s"] / ours["wall_s"]
+        memory = ours["peak_bytes"] / max(1, hta["peak_bytes"])
+        print(f"goals on {case}: >= 3x faster: {'met' if speed >= 3 else 'MISSED'} ({speed:.1f}x); "
+              f"<= 1/3 of HTA's peak memory: {'met' if memory <= 1 / 3 else 'MISSED'} "
+              f"({memory:.2f}); our decoder: {ours.get('decoder')}")
     print()
     print(f"| case | injected | ours names (cause, S) | HTA names |")
     print("|---|---|---|---|")
