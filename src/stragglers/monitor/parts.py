@@ -97,7 +97,9 @@ def check_parts(tables: list[pa.Table], sources: list, ids: list[tuple[int, int]
         start = 0
         for i in members:
             end = start + tables[i].num_rows
-            out[i] = PartData(*ids[i], {k: v[start:end] for k, v in cols.items()}, nbytes[i])
+            # copies, not views: a part held until its window closes must not pin the batch
+            out[i] = PartData(*ids[i], {k: v[start:end].copy() for k, v in cols.items()},
+                              nbytes[i])
             start = end
     return out
 
