@@ -59,6 +59,11 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, out: str | Path |
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InputError("attach", "optimizer", f"expected a torch.optim.Optimizer, got "
                          f"{type(optimizer).__name__}")
+    from stragglers.record.pipelining import attach_pipeline, is_pipeline_schedule
+    if is_pipeline_schedule(model):  # a torch.distributed.pipelining schedule: per action
+        return attach_pipeline(model, optimizer, out, name=name, sample_every=sample_every,
+                               overwrite=overwrite, enabled=enabled, extra=extra,
+                               flush_interval_s=flush_interval_s)
     layout = read_layout(model)
     for m in (model, layout.inner):
         if m in _ATTACHED:

@@ -24,9 +24,13 @@ OPTYPES: tuple[str, ...] = (
     "layernorm-grads-all-reduce",
     "embedding-grads-all-reduce",
     "optimizer-clip-main-grad",
+    # Weight-gradient half of a split backward (zero-bubble schedules' W; their I is
+    # backward-compute): a compute-stream op with no pipeline send of its own.
+    "backward-weight-compute",
 )
 OPTYPE_CODES = {name: i for i, name in enumerate(OPTYPES)}
-COMPUTE_OPTYPES = ("forward-compute", "backward-compute", "optimizer", "gc")
+COMPUTE_OPTYPES = ("forward-compute", "backward-compute", "optimizer", "gc",
+                   "backward-weight-compute")
 P2P_OPTYPES = ("forward-send", "forward-recv", "backward-send", "backward-recv")
 DP_COLLECTIVES = ("params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce",
                   "grads-all-reduce")

@@ -15,6 +15,11 @@ P2P_PEER = {  # optype → (peer optype, stage delta of the peer)
     "forward-send": ("forward-recv", +1), "forward-recv": ("forward-send", -1),
     "backward-send": ("backward-recv", -1), "backward-recv": ("backward-send", +1),
 }
+# Rows recorded per pipeline action (record/pipelining.py) name the peer's stage in gmc; this
+# rank's own stage is the peer's plus this offset.
+OWN_FROM_PEER = {"forward-send": -1, "forward-recv": +1, "backward-send": +1, "backward-recv": -1}
+_COMPUTE = (C["forward-compute"], C["backward-compute"], C["backward-weight-compute"])
+_FB = (C["forward-compute"], C["backward-compute"])
 _DP_COLL = tuple(C[o] for o in DP_COLLECTIVES)
 _EPS = 5e-5  # seconds of clock error tolerated when deciding whether a p2p op was launched
 
@@ -31,8 +36,16 @@ class DependencyModel:
     order: list[int]               # super-node order: group ids as -(g+1), plain ops as n
 
 
-def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
-    """Build the model from the first DP rank's first complete step (all replicas share it)."""
+def build_dependencies(grid: OpGrid, dsp_size: int = 1,
+                       schedule_order: bool | None = None) -> DependencyModel:
+    """Build the model from the first DP rank's first complete step (all replicas share it).
+
+    `schedule_order`: pipeline transfers follow the recorded action order (rows recorded per
+    schedule action, see recorded_per_action) instead of Megatron's 1F1B rules; None decides
+    from the trace.
+    """
+    if schedule_order is None:
+        schedule_order = recorded_per_action(grid)
     n_nodes = len(grid.node_stage)
     deps: list[list[int]] = [[] for _ in range(n_nodes)]
     groups: list[list[int]] = []
@@ -59,16 +72,18 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
 
     for stage in range(pp):
         nodes = by_stage.get(stage, np.array([], int))
-        comp = nodes[np.isin(grid.node_optype[nodes], (C["forward-compute"], C["backward-compute"]))]
+        comp = nodes[np.isin(grid.node_optype[nodes], _COMPUTE)]
         comp = [int(x) for x in comp[np.lexsort((grid.node_optype[comp], grid.node_seq[comp],
                                                  ref_start[comp]))]]
         # Compute stream: fwd/bwd in observed order, gc pauses at their slot (fwd/bwd before them).
         gcs = nodes[grid.node_optype[nodes] == C["gc"]]
         gc_at = {int(grid.node_seq[g]): int(g) for g in gcs}
-        stream = []
-        for i, c in enumerate(comp):
-            if i in gc_at and i > 0:
-                stream.append(gc_at[i])
+        stream, n_fb = [], 0  # gc slots count forward/backward ops only (grid.gc_slots)
+        for c in comp:
+            if grid.node_optype[c] in _FB:
+                if n_fb in gc_at and n_fb > 0:
+                    stream.append(gc_at[n_fb])
+                n_fb += 1
             stream.append(c)
         chain(stream)
         if 0 in gc_at:  # a pause before the first compute op: it leads the stream
@@ -76,13 +91,16 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
         stream_before = {c: stream[k - 1] for k, c in enumerate(stream) if k > 0}
         if 0 in gc_at and comp:
             stream_before[comp[0]] = gc_at[0]
-        tail_gc = gc_at.get(len(comp))
+        tail_gc = gc_at.get(n_fb)
         last_compute = max(comp, key=lambda c: ref_end[c]) if comp else None
         if tail_gc is not None and last_compute is not None:
             deps[tail_gc].append(last_compute)
 
         # Pipeline p2p: match launched sends/recvs to the compute op they feed or follow.
-        for direction in ("forward", "backward"):
+        if schedule_order:
+            _schedule_p2p(grid, stage, stream, of_type, chain, deps, ref_start, ref_end,
+                          p2p_launched)
+        for direction in (() if schedule_order else ("forward", "backward")):
             t_comp = sorted(of_type(stage, f"{direction}-compute"), key=lambda c: grid.node_seq[c])
             if not t_comp:
                 continue
@@ -118,7 +136,7 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
                 p2p_launched[(stage, name)] = [o for o in cand if not no_op[o]]
         # The first backward send/recv waits for the second-to-last forward before the first backward.
         kinds = [grid.node_optype[c] for c in comp]
-        if C["backward-compute"] in kinds:
+        if C["backward-compute"] in kinds and not schedule_order:
             fb = kinds.index(C["backward-compute"])
             if fb >= 2:
                 anchor = comp[fb - 2]
@@ -172,7 +190,10 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
         groups.append(members)
         dp_sync.append(sync)
 
-    for stage in range(pp):
+    if schedule_order:
+        for members in _schedule_pairs(grid, p2p_launched):
+            add_group(members, False)
+    for stage in (() if schedule_order else range(pp)):
         for name in ("forward-send", "backward-send"):
             peer_name, delta = P2P_PEER[name]
             mine = p2p_launched.get((stage, name), [])
@@ -195,6 +216,70 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1) -> DependencyModel:
         add_group(clip, True)
     order = _topological_order(grid, deps, groups, group_of)
     return DependencyModel(deps, groups, dp_sync, group_of, no_op, order)
+
+
+def recorded_per_action(grid: OpGrid) -> bool:
+    """Whether the pipeline transfers were recorded per schedule action (record/pipelining.py).
+
+    Those rows name the peer stage in gmc (never the row's own pipeline rank); every other
+    source gives a transfer its own stage there. A weight-gradient op (W) is only recorded so.
+    """
+    if np.any(grid.node_optype == C["backward-weight-compute"]):
+        return True
+    p2p = np.isin(grid.node_optype, [C[n] for n in P2P_PEER])
+    return bool(p2p.any()) and not np.any(grid.node_gmc[p2p] == grid.node_stage[p2p])
+
+
+def _schedule_p2p(grid: OpGrid, stage: int, stream: list[int], of_type, chain, deps, ref_start,
+                  ref_end, launched: dict) -> None:
+    """Transfers recorded per action: each feeds (or follows) the compute op of its own stage
+    and microbatch order, and was posted after the compute-stream op that ended last before it.
+    """
+    # Post edges must hold in every step: a transfer row may start later than its post (the
+    # recorder starts a transfer queued behind the previous one when that one ends).
+    posters = [c for c in stream if grid.node_optype[c] != C["gc"]]
+    ends = (grid.start[posters] + grid.duration[posters]) if posters else np.zeros((0, 1, 1))
+    for name, offset in OWN_FROM_PEER.items():
+        ops = of_type(stage, name)
+        chain(ops)  # each p2p direction is its own in-order stream
+        code = C["forward-compute"] if name.startswith("forward") else C["backward-compute"]
+        by_own: dict[int, list[int]] = {}
+        for o in ops:
+            by_own.setdefault(int(grid.node_gmc[o]) + offset, []).append(o)
+        for own, lst in by_own.items():
+            comp = [c for c in stream if grid.node_optype[c] == code and grid.node_gmc[c] == own]
+            for k, o in enumerate(lst):
+                if comp:  # several tensors of one action share its compute op
+                    c = comp[min(k * len(comp) // len(lst), len(comp) - 1)]
+                    if name.endswith("send"):
+                        deps[o].append(c)
+                    else:
+                        deps[c].append(o)
+                # posted by the training thread after the op it had just finished
+                start = grid.start[o][None]
+                ok = ((ends <= start) | np.isnan(ends) | np.isnan(start)).all(axis=(1, 2))
+                done = np.flatnonzero(ok)
+                if len(done):
+                    before = posters[int(done[-1])]
+                    if before not in deps[o]:
+                        deps[o].append(before)
+            launched[(stage, name, own)] = lst
+
+
+def _schedule_pairs(grid: OpGrid, launched: dict) -> list[list[int]]:
+    """Each send with the peer's receive of the same pair of stages, in posting order."""
+    pairs = []
+    for (stage, name, own), sends in launched.items():
+        if not name.endswith("send"):
+            continue
+        peer_name, _ = P2P_PEER[name]
+        peer = int(grid.node_gmc[sends[0]])
+        sends = sorted(sends, key=lambda o: grid.node_seq[o])
+        recvs = [o for (_s, n, g), lst in launched.items() if n == peer_name and g == peer
+                 for o in lst if int(grid.node_gmc[o]) == own]
+        recvs.sort(key=lambda o: grid.node_seq[o])
+        pairs += [[a, b] for a, b in zip(sends, recvs)]
+    return pairs
 
 
 def _p2p_targets(grid: OpGrid, t_comp: list[int], n_ops: int, kind: str, delta: int,

@@ -1,0 +1,315 @@
+"""Record a torch.distributed.pipelining job per schedule action (F, B or I, W; sends, receives).
+
+`attach(schedule, optimizer, out=...)` lands here (see attach.py). What is recorded, and how:
+- a step: from the schedule's `step()` call to the end of `optimizer.step()`;
+- forward-compute / backward-compute / backward-weight-compute per microbatch and stage: the
+  stage's `forward_one_chunk`, `backward_one_chunk` (a full backward B, or the input half I of
+  a split one) and `backward_weight_one_chunk` (W), wrapped on the stage object;
+- every activation / gradient send and receive: the P2POps the stage's `get_{fwd,bwd}_{send,
+  recv}_ops` return are re-pointed at the Recorder's `isend`/`irecv`, so each row spans the
+  post to the completion of that transfer, whether the schedule posts it alone or batched;
+- the optimizer step (step hooks) and GC pauses (the Recorder).
+Rows carry the microbatch and the local chunk (mc); compute rows carry their global stage index
+in gmc, transfer rows the peer's, so the what-if model pairs each transfer with its peer and
+its compute exactly and follows the schedule's own order (whatif/dependencies.py).
+
+Torch internals relied on (checked at attach; torch 2.13 is the version this was built on): the
+schedule's `_stage` / `_stages`, `_has_backward`, `_comp_type_to_function_map` (custom action
+functions would bypass the stage) and the stage's `stage_index`, `num_stages`, `group`, the six
+methods above with their 2.13 signatures, and that non-coalescing backends (gloo) post a P2POp
+by calling its `op` attribute.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import socket
+import weakref
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from stragglers.errors import InputError
+from stragglers.record.recorder import Recorder
+from stragglers.trace.model import JobMeta
+
+log = logging.getLogger(__name__)
+
+# Schedules whose every action reaches the stage through the wrapped methods (torch 2.13).
+KNOWN_SCHEDULES = ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleLoopedBFS",
+                   "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+_STAGE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk",
+                  "get_fwd_recv_ops", "get_bwd_recv_ops", "get_fwd_send_ops", "get_bwd_send_ops")
+# stage method → (op type, Recorder post, the peer stage's offset from this stage)
+_P2P = {"get_fwd_recv_ops": ("forward-recv", "irecv", -1),
+        "get_bwd_recv_ops": ("backward-recv", "irecv", +1),
+        "get_fwd_send_ops": ("forward-send", "isend", +1),
+        "get_bwd_send_ops": ("backward-send", "isend", -1)}
+_ATTACHED: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def is_pipeline_schedule(obj) -> bool:
+    """Whether obj is a torch.distributed.pipelining schedule (without importing pipelining)."""
+    import sys
+
+    mod = sys.modules.get("torch.distributed.pipelining.schedules")
+    return mod is not None and isinstance(obj, mod._PipelineSchedule)
+
+
+def schedule_stages(schedule) -> list:
+    """The stages this rank runs, in the schedule's order (refuses what cannot be recorded)."""
+    from torch.distributed.pipelining import schedules as sch
+
+    kind = type(schedule)
+    if kind.__name__ not in KNOWN_SCHEDULES or kind.__module__ != sch.__name__:
+        raise InputError("attach", "model", f"{kind.__name__} is not a pipelining schedule the "
+                         f"recorder knows (known: {', '.join(KNOWN_SCHEDULES)}); its actions "
+                         "could not be recorded correctly")
+    if not getattr(schedule, "_has_backward", False):
+        raise InputError("attach", "model", f"{kind.__name__} has no loss_fn: a forward-only "
+                         "schedule is not a training step")
+    if getattr(schedule, "_comp_type_to_function_map", None):
+        raise InputError("attach", "model", f"{kind.__name__} has custom action functions "
+                         "(register_custom_function): those actions bypass the stage and would "
+                         "go unrecorded")
+    stages = list(getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)])
+    if not stages or any(s is None for s in stages):
+        raise InputError("attach", "model", f"{kind.__name__} holds no stages (torch "
+                         f"{torch.__version__}: expected `_stage` or `_stages`)")
+    for s in stages:
+        missing = [m for m in _STAGE_METHODS + ("stage_index", "num_stages", "group")
+                   if not hasattr(s, m)]
+        if missing:
+            raise InputError("attach", "model", f"pipeline stage lacks {', '.join(missing)} (torch "
+                             f"{torch.__version__}); cannot record its actions")
+    return stages
+
+
+class AttachedPipeline:
+    """The wrappers `attach` installed on one rank's pipeline stages, and the Recorder they feed."""
+
+    def __init__(self, schedule, optimizer: torch.optim.Optimizer, out: Path, *, name: str,
+                 sample_every: int, overwrite: bool, enabled: bool, extra: dict,
+                 flush_interval_s: float):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise InputError("attach", "model", "a pipelining schedule needs an initialised "
+                             "process group (launch with torchrun)")
+        stages = schedule_stages(schedule)
+        _check_optimizer(optimizer, stages)
+        if schedule in _ATTACHED or any(s in _ATTACHED for s in stages):
+            raise InputError("attach", "model", "this schedule already has a recorder attached; "
+                             "attach once per job (close() the first one to attach again)")
+        group = stages[0].group
+        pp = dist.get_world_size(group)
+        world = dist.get_world_size()
+        if pp != world:
+            raise InputError("attach", "model", f"the pipeline group has {pp} of {world} ranks: "
+                             "pipelining combined with data parallelism is not recorded yet")
+        backend = group._get_backend(stages[0].device) if hasattr(group, "_get_backend") else None
+        if backend is not None and getattr(backend, "supports_coalescing", False):
+            raise InputError("attach", "model", f"the pipeline group's backend ({dist.get_backend(group)}) "
+                             "coalesces batched sends/recvs; per-transfer recording is implemented "
+                             "for gloo only")
+        self.schedule, self.optimizer, self.stages = schedule, optimizer, stages
+        index = sorted(s.stage_index for s in stages)
+        self._mc = {si: index.index(si) for si in index}       # local chunk of each stage
+        rank = dist.get_rank(group)
+        meta = JobMeta(name=name, dp_size=1, pp_size=pp, vpp_size=len(stages), world_size=world,
+                       run_id=os.environ.get("TORCHELASTIC_RUN_ID", "0"))
+        meta.extra.update({"recorded_by": "attach", "wrapper": "pipelining",
+                           "pipeline_schedule": type(schedule).__name__,
+                           "pipeline_stages": int(stages[0].num_stages),
+                           "n_microbatches": int(getattr(schedule, "_n_microbatches", 0)),
+                           "stage_of_rank": _gather_stage_map(stages, group), **extra})
+        self.recorder = Recorder(out, meta, dp_rank=0, stage=rank, sample_every=sample_every,
+                                 flush_interval_s=flush_interval_s, device=stages[0].device,
+                                 enabled=enabled, overwrite=overwrite)
+        self._step = 0
+        self._span = None     # the open step (Recorder.step context), sampled or not
+        self._opt = None      # the open optimizer op
+        self._handles: list = []
+        self._closed = False
+        self.recorder.start()
+        self._gc_hook = _training_thread_gc(self.recorder)
+        if not enabled:
+            self._closed = True
+            return
+        _ATTACHED.add(schedule)
+        for s in stages:
+            _ATTACHED.add(s)
+        self._install()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> "AttachedPipeline":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close(collective=exc_type is None)
+        return False
+
+    def close(self, collective: bool = True) -> None:
+        """Remove the wrappers, flush, and close the Recorder (a collective)."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        for obj, attr in [(s, m) for s in self.stages for m in _STAGE_METHODS] + [(self.schedule, "step")]:
+            obj.__dict__.pop(attr, None)  # the class's method shows through again
+        _ATTACHED.discard(self.schedule)
+        for s in self.stages:
+            _ATTACHED.discard(s)
+        if self._span is not None:
+            self.recorder._buf = None  # a step cut by close() has no optimizer end: dropped
+            self._span = None
+        self.recorder.close(collective=collective)
+        if self._gc_hook in gc.callbacks:
+            gc.callbacks.remove(self._gc_hook)
+
+    @property
+    def steps_seen(self) -> int:
+        """Optimizer steps seen since attach (sampled or not)."""
+        return self._step
+
+    # ---- wrappers --------------------------------------------------------------------------
+
+    def _install(self) -> None:
+        rec = self.recorder
+        step = self.schedule.step
+
+        def scheduled_step(*args, **kwargs):
+            if self._span is None:
+                self._span = rec.step(self._step)
+                self._span.__enter__()
+            return step(*args, **kwargs)
+
+        self.schedule.step = scheduled_step
+        for s in self.stages:
+            self._wrap_stage(s)
+        self._handles += [self.optimizer.register_step_pre_hook(self._opt_pre),
+                          self.optimizer.register_step_post_hook(self._opt_post)]
+
+    def _wrap_stage(self, stage) -> None:
+        rec, gmc = self.recorder, int(stage.stage_index)
+        mc = self._mc[gmc]
+        fwd, bwd, bwd_w = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+        def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
+            with rec.op("forward-compute", fwd_chunk_id, mc=mc, gmc=gmc):
+                return fwd(fwd_chunk_id, *args, **kwargs)
+
+        def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
+            with rec.op("backward-compute", bwd_chunk_id, mc=mc, gmc=gmc):
+                return bwd(bwd_chunk_id, *args, **kwargs)
+
+        def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
+            with rec.op("backward-weight-compute", bwd_chunk_id, mc=mc, gmc=gmc):
+                return bwd_w(bwd_chunk_id, *args, **kwargs)
+
+        stage.forward_one_chunk = forward_one_chunk
+        stage.backward_one_chunk = backward_one_chunk
+        stage.backward_weight_one_chunk = backward_weight_one_chunk
+        for method, (optype, post, offset) in _P2P.items():
+            setattr(stage, method, self._p2p_wrapper(getattr(stage, method), optype, post, mc,
+                                                     gmc + offset))
+
+    def _p2p_wrapper(self, get_ops, optype: str, post: str, mc: int, peer_gmc: int):
+        rec = self.recorder
+        post_fn = getattr(rec, post)
+
+        def wrapped(chunk_id, *args, **kwargs):
+            ops = get_ops(chunk_id, *args, **kwargs)
+            for p in ops:
+                # The schedule posts each op by calling p.op (gloo posts batched ops one by one
+                # too); pointing it at the Recorder records the transfer and posts the same one.
+                def op(*_a, _p=p, **_k):
+                    work = post_fn(_p.tensor, _p.peer, optype, group=_p.group, tag=_p.tag)
+                    code, _mb, _mc, _gmc, nbytes = work.row
+                    # gmc of a transfer row: the peer's stage (specs/trace-formats.md)
+                    work.row = (code, int(chunk_id), mc, peer_gmc, nbytes)
+                    return work
+                p.op = op
+            return ops
+
+        return wrapped
+
+    def _opt_pre(self, optimizer, args, kwargs):
+        if self._span is not None:
+            self._opt = self.recorder.op("optimizer")
+            self._opt.__enter__()
+
+    def _opt_post(self, optimizer, args, kwargs):
+        if self._opt is not None:
+            self._opt.__exit__(None, None, None)
+            self._opt = None
+        if self._span is not None:
+            self._span.__exit__(None, None, None)
+            self._span = None
+            self._step += 1
+
+
+def _training_thread_gc(rec: Recorder):
+    """Feed the Recorder only the GC pauses of this (the training) thread.
+
+    A collection run by one of the Recorder's completion-waiter threads can sit in a finalizer
+    that releases the GIL while the training thread computes: that is no pause of the step,
+    and recorded it overlaps compute rows (seen: a 57 ms "gc" across a forward). Until the
+    Recorder filters by thread itself, its callback is swapped for a filtered one here.
+    """
+    if rec._on_gc not in gc.callbacks:
+        return None
+    me, inner = threading.get_ident(), rec._on_gc
+    gc.callbacks.remove(inner)
+
+    def on_gc(phase, info):
+        if threading.get_ident() == me:
+            inner(phase, info)
+
+    gc.callbacks.append(on_gc)
+    return on_gc
+
+
+def _check_optimizer(optimizer, stages) -> None:
+    """The optimizer must hold every trainable parameter of this rank's stages."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InputError("attach", "optimizer", f"expected one torch.optim.Optimizer over this "
+                         f"rank's stages, got {type(optimizer).__name__}")
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    for s in stages:
+        own = [p for p in s.submod.parameters() if p.requires_grad]
+        if own and not any(id(p) in held for p in own):
+            raise InputError("attach", "optimizer", f"holds none of pipeline stage "
+                             f"{s.stage_index}'s parameters; pass the optimizer that steps "
+                             "every stage of this rank")
+
+
+def _gather_stage_map(stages, group) -> dict:
+    """{global stage index: {"rank", "host"}} over the pipeline group (for the report)."""
+    mine = [(int(s.stage_index), dist.get_rank(), socket.gethostname()) for s in stages]
+    every: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    return {str(si): {"rank": r, "host": h} for part in every for si, r, h in part}
+
+
+def attach_pipeline(schedule, optimizer: torch.optim.Optimizer, out: str | Path | None = None, *,
+                    name: str | None = None, sample_every: int | None = None,
+                    overwrite: bool = False, enabled: bool | None = None,
+                    extra: dict | None = None, flush_interval_s: float = 1.0) -> AttachedPipeline:
+    """Record this rank's pipeline schedule into `out` (a collective; `attach` calls this)."""
+    from stragglers.record.attach import ENV_DIR, ENV_OVERWRITE, ENV_SAMPLE, ENV_SWITCH, _job_name
+
+    env = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if enabled is None:
+        enabled = env not in ("0", "off", "false", "no")
+    out = Path(os.environ.get(ENV_DIR) or out or Path("runs") / _job_name(name))
+    every = int(os.environ.get(ENV_SAMPLE) or sample_every or 1)
+    overwrite = overwrite or os.environ.get(ENV_OVERWRITE, "") == "1"
+    return AttachedPipeline(schedule, optimizer, out, name=_job_name(name), sample_every=every,
+                            overwrite=overwrite, enabled=enabled, extra=extra or {},
+                            flush_interval_s=flush_interval_s)

@@ -1,0 +1,95 @@
+"""The dependency model on traces recorded per pipeline action (split backward, looped stages)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stragglers.trace.model import OPTYPE_CODES as C
+from stragglers.trace.synth import generate
+from stragglers.trace.synth.actions import action_trace, looped_orders, single_orders
+from stragglers.whatif.analyze import analyze
+from stragglers.whatif.dependencies import build_dependencies, recorded_per_action
+from stragglers.whatif.grid import build_grid
+from stragglers.whatif.metrics import WhatIf
+
+SAMPLES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ndtimeline-samples"
+CASES = {"gpipe": lambda: single_orders(3, 4, "gpipe"), "1f1b": lambda: single_orders(3, 5, "1f1b"),
+         "zb": lambda: single_orders(3, 5, "zb"), "looped": lambda: looped_orders(2, 3)}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_replay_with_launch_delays_reproduces_every_step(case):
+    trace = action_trace(CASES[case](), steps=4, gap=0.002, seed=3)
+    grid = build_grid(trace)
+    assert recorded_per_action(grid)
+    w = WhatIf.build(grid)
+    np.testing.assert_allclose(w.t_replay, w.t_base, rtol=1e-6)
+    assert w.sim_error <= 1e-6
+
+
+def _node(grid, stage, optype, seq):
+    return int(np.flatnonzero((grid.node_stage == stage) & (grid.node_optype == C[optype])
+                              & (grid.node_seq == seq))[0])
+
+
+def test_split_backward_edges_and_pairs():
+    """I sends the input gradient, W depends only on the compute stream; pairs by stage and order."""
+    grid = build_grid(action_trace(single_orders(2, 3, "zb"), steps=2))
+    model = build_dependencies(grid)
+    w_nodes = np.flatnonzero(grid.node_optype == C["backward-weight-compute"])
+    assert len(w_nodes) == 6  # 3 microbatches × 2 stages
+    p2p = {C[n] for n in ("forward-send", "forward-recv", "backward-send", "backward-recv")}
+    sends = {C["forward-send"], C["backward-send"]}
+    for w in w_nodes:  # a W sends nothing and waits for no transfer (a recv may be posted after it)
+        assert not any(grid.node_optype[d] in p2p for d in model.deps[w])
+        assert not any(w in model.deps[n] for n in range(len(model.deps))
+                       if grid.node_optype[n] in sends)
+    # stage 1's k-th backward (I) feeds its k-th backward-send, which pairs with stage 0's k-th
+    # backward-recv, which feeds stage 0's k-th I.
+    for k in range(3):
+        i1, send = _node(grid, 1, "backward-compute", k), _node(grid, 1, "backward-send", k)
+        recv, i0 = _node(grid, 0, "backward-recv", k), _node(grid, 0, "backward-compute", k)
+        assert i1 in model.deps[send] and recv in model.deps[i0]
+        assert model.group_of[send] == model.group_of[recv] >= 0
+    assert not model.no_op.any()
+
+
+def test_looped_stages_pair_by_peer_stage():
+    """Two stages per rank: the send of stage 1 (rank 1) pairs with stage 2's recv (rank 0)."""
+    grid = build_grid(action_trace(looped_orders(2, 3), steps=2))
+    model = build_dependencies(grid)
+    for g in model.groups:
+        if len(g) != 2:
+            continue
+        a, b = g
+        send, recv = (a, b) if "send" in grid.node_name(a) else (b, a)
+        own_send = grid.node_gmc[send] + (-1 if grid.node_optype[send] == C["forward-send"] else 1)
+        assert grid.node_gmc[recv] == own_send  # the recv names the sender's stage
+    assert sum(len(g) == 2 for g in model.groups) == 3 * 3 * 2  # 3 links × 3 mbs × 2 directions
+
+
+def test_heavy_stage_found_and_clean_job_none():
+    clean = analyze(action_trace(single_orders(3, 6, "zb"), steps=6, seed=1))
+    assert [f["cause"] for f in clean["diagnosis"]] == ["none"]
+    heavy = analyze(action_trace(single_orders(3, 6, "zb"), steps=6, seed=1, slow={1: 3.0}))
+    top = heavy["diagnosis"][0]
+    assert top["cause"] == "stage_imbalance" and top["where"]["pp"] == [1]
+
+
+def test_other_sources_keep_the_megatron_model():
+    assert not recorded_per_action(build_grid(generate(dp=2, pp=4, microbatches=4, steps=3)))
+    from stragglers.trace.load import load_trace
+
+    st = SAMPLES / "trace-ST.parquet"
+    if st.exists():
+        assert not recorded_per_action(build_grid(load_trace(st)))
+
+
+def test_deadlocking_action_lists_refused():
+    orders = single_orders(2, 2, "1f1b")
+    orders[0] = [("B", 0, 0), ("F", 0, 0)] + orders[0][2:]  # waits for a gradient before sending
+    with pytest.raises(ValueError, match="deadlock"):
+        action_trace(orders, steps=1)
