@@ -316,3 +316,47 @@ def test_an_interrupted_batch_leaves_the_store_usable(store, tmp_path):
         store.run_batch([interrupted])
     assert dump(tmp_path / "shards.db") == before
     assert store.join("d", "w")["fence"] == 1  # the connection is out of the aborted transaction
+
+
+def test_expiry_and_failed_report_see_writes_of_another_connection(tmp_path):
+    # The store keeps a lower bound of the earliest lease deadline and the FAILED report in
+    # memory; a write by another process (here a second connection whose clock runs behind)
+    # must not hide an expired lease or a FAILED shard from the first one.
+    a_clock, b_clock = Clock(), Clock()
+    a = ShardStore(tmp_path / "s.db", clock=a_clock)
+    a.create_dataset(DatasetConfig("d", 40, 10, lease_s=10.0, max_retries=0))
+    fa = a.join("d", "wa")["fence"]
+    one(a, "d", "wa", fa)  # bound: a's deadline 1010
+    b_clock.now = 900.0
+    b = ShardStore(tmp_path / "s.db", clock=b_clock)
+    fb = b.join("d", "wb")["fence"]
+    lost = one(b, "d", "wb", fb)  # deadline 910, under a's bound
+    a_clock.now = 950.0  # b's lease has expired, a's has not
+    reply = a.lease("d", "wa", fa)
+    assert [[f["epoch"], f["shard"]] for f in reply["failed"]] == [[lost["epoch"], lost["shard"]]]
+    assert reply["failed_total"] == 1
+    # b's FAILED shard is requeued by b; a's next lease reply no longer lists it.
+    assert b.retry_failed("d")["requeued"] == [[lost["epoch"], lost["shard"]]]
+    assert a.lease("d", "wa", fa)["failed_total"] == 0
+    a.close()
+    b.close()
+
+
+def test_rolled_back_call_in_a_batch_leaves_no_stale_state(store):
+    store.create_dataset(DatasetConfig("d", 30, 10, lease_s=10.0, max_retries=0))
+    fence = store.join("d", "w")["fence"]
+    first = one(store, "d", "w", fence)
+    store.clock.now += 11.0  # the lease has expired
+
+    def expire_then_fail():  # one store call that expires the lease, then fails
+        with store._tx() as c:
+            cfg, _, front = store._config(c, "d")
+            store._expire(c, cfg, front, store.clock.now)
+            raise RuntimeError("boom")
+
+    results = store.run_batch([expire_then_fail, lambda: store.lease("d", "w", fence)])
+    assert not results[0][0] and results[1][0]
+    # The failing call was rolled back, the lease call after it expired the shard itself.
+    assert results[1][1]["failed"] == [{"epoch": 0, "shard": first["shard"], "samples": 10,
+                                        "retries": 1, "error": "lease of w expired"}]
+    assert store.status("d")["epochs"]["0"]["FAILED"] == 1

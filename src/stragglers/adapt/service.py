@@ -141,19 +141,24 @@ class GroupCommitter:
                 results = [(False, error)] * len(batch)
             self.batches += 1
             self.calls += len(batch)
+            # One wake-up of each event loop per batch, not one per call.
+            by_loop: dict = {}
             for (_, future, loop), (ok, value) in zip(batch, results):
+                by_loop.setdefault(loop, []).append((future, ok, value))
+            for loop, settled in by_loop.items():
                 try:
-                    loop.call_soon_threadsafe(_settle, future, ok, value)
+                    loop.call_soon_threadsafe(_settle, settled)
                 except RuntimeError:
-                    pass  # that request's event loop is gone (server stopping)
+                    pass  # that event loop is gone (server stopping)
 
 
-def _settle(future: asyncio.Future, ok: bool, value) -> None:
-    if not future.done():
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
+def _settle(settled: list) -> None:
+    for future, ok, value in settled:
+        if not future.done():
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
 
 
 def _json(payload: dict, status: int = 200) -> Response:
@@ -211,7 +216,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     commit = GroupCommitter(store, config.max_batch, config.stall_s)
     service_digest = token_digest(service_token) if service_token else None
 
-    def route(path: str, fn, methods=("POST",)) -> Route:
+    def handler(fn):
         async def endpoint(request: Request) -> Response:
             try:
                 return _json(await fn(request))
@@ -221,7 +226,10 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                 log.exception("shard service: %s %s failed", request.method, request.url.path)
                 return _json({"error": "internal error (see the service log)",
                               "kind": "InternalError", "field": None}, 500)
-        return Route(path, endpoint, methods=list(methods))
+        return endpoint
+
+    def route(path: str, fn, methods=("POST",)) -> Route:
+        return Route(path, handler(fn), methods=list(methods))
 
     async def parsed(request: Request, model, limit: int | None = None):
         return rq.parse(model, await _body(request, limit or config.max_body_bytes))
@@ -336,7 +344,29 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     ]
     app = Starlette(routes=routes)
     app.state.commit = commit
-    return app
+    return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)})
+
+
+class _FastPath:
+    """ASGI app: POST /datasets/{name}/lease and /ack straight to their endpoints, the rest to Starlette.
+
+    Those two are nearly every request of a training job; Starlette's middleware and its regex
+    route matching cost about as much CPU as the store call itself. The endpoint (validation,
+    token, errors) is the very one the Starlette route runs.
+    """
+
+    def __init__(self, app: Starlette, hot: dict):
+        self.app, self.hot, self.state = app, hot, app.state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            parts = scope["path"].split("/")
+            if len(parts) == 4 and parts[1] == "datasets" and parts[2] and parts[3] in self.hot:
+                scope["path_params"] = {"name": parts[2]}
+                response = await self.hot[parts[3]](Request(scope, receive))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _uvicorn_server(app, config: ServiceConfig):

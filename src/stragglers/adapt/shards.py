@@ -10,6 +10,7 @@ it either happens entirely, reply included, or not at all.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -78,6 +79,14 @@ class ShardStore:
         except sqlite3.DatabaseError as exc:
             raise InputError(db, None, f"not a usable SQLite database ({exc})") from exc
         self._perm_cache: dict[tuple[str, int], np.ndarray] = {}
+        # Derived state kept in memory so that a lease does not query it again (see _Tx):
+        # per data set, a lower bound of the earliest DOING lease_until (no lease can have
+        # expired before it) and the FAILED report of lease replies. Dropped whenever another
+        # connection committed (PRAGMA data_version) or one of our calls was rolled back.
+        self._next_expiry: dict[str, float] = {}
+        self._failed_cache: dict[str, tuple[list[dict], int]] = {}
+        self._undo: list = []  # in-memory changes of the running call, undone on rollback
+        self._data_version: int | None = None
 
     def close(self) -> None:
         """Close the database connection."""
@@ -92,39 +101,28 @@ class ShardStore:
             self._grace = {r[0] for r in self._conn.execute("SELECT name FROM datasets")}
 
     # -- transactions -------------------------------------------------------------------
-    def _tx(self):
+    def _tx(self) -> "_Tx":
         """One transaction, or a savepoint when running inside run_batch (group commit)."""
-        store = self
+        return _Tx(self)
 
-        class _Tx:
-            def __enter__(self):
-                if getattr(store._local, "in_batch", False):
-                    store._conn.execute("SAVEPOINT op")
-                    return store._conn
-                store._lock.acquire()
-                try:
-                    store._conn.execute("BEGIN IMMEDIATE")
-                except BaseException:
-                    store._lock.release()
-                    raise
-                return store._conn
+    def _sync(self) -> None:
+        """At the start of a transaction: forget derived state if another connection wrote."""
+        version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            self._forget()
+            self._data_version = version
 
-            def __exit__(self, typ, exc, tb):
-                if getattr(store._local, "in_batch", False):
-                    if typ is not None:
-                        store._conn.execute("ROLLBACK TO op")
-                    store._conn.execute("RELEASE op")
-                    return
-                try:
-                    store._conn.execute("COMMIT" if typ is None else "ROLLBACK")
-                except BaseException:
-                    if store._conn.in_transaction:
-                        store._conn.execute("ROLLBACK")
-                    raise
-                finally:
-                    store._lock.release()
+    def _forget(self) -> None:
+        """Drop the in-memory derived state (it is recomputed from the database)."""
+        self._next_expiry.clear()
+        self._failed_cache.clear()
 
-        return _Tx()
+    def _rolled_back(self, mark: int = 0) -> None:
+        """Undo the in-memory changes made since `mark` (a rolled-back savepoint or transaction)."""
+        undo, self._undo = self._undo[mark:], self._undo[:mark]
+        for fn in reversed(undo):
+            fn()
+        self._forget()
 
     def run_batch(self, calls: list) -> list[tuple[bool, object]]:
         """Group commit: run several store calls in one transaction, one fsync for all.
@@ -137,7 +135,9 @@ class ShardStore:
         results: list[tuple[bool, object]] = []
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
+            self._undo = []
             try:
+                self._sync()
                 self._local.in_batch = True
                 try:
                     for call in calls:
@@ -148,10 +148,12 @@ class ShardStore:
                 finally:
                     self._local.in_batch = False
                 self._conn.execute("COMMIT")
+                self._undo = []
             except BaseException:
                 # Never leave the connection inside a transaction: the next batch must start.
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
+                self._rolled_back()
                 raise
         return results
 
@@ -171,12 +173,22 @@ class ShardStore:
         """Refuse a call of a fenced-off (or never joined) incarnation; the worker row."""
         row = c.execute("SELECT fence, request_id, reply FROM workers WHERE dataset=? AND"
                         " worker=?", (name, worker)).fetchone()
+        return _check_fence(row, name, worker, fence)
+
+    def _config_fence(self, c, name: str, worker: str, fence: int,
+                      token_sha256: str | None) -> tuple[DatasetConfig, int, int, dict]:
+        """_config then _fence (same checks, same order) in one query: the lease/ack path."""
+        row = c.execute("SELECT d.num_samples, d.shard_size, d.seed, d.num_epochs, d.lease_s,"
+                        " d.max_retries, d.epochs_created, d.front, d.token_sha256, w.fence,"
+                        " w.request_id, w.reply FROM datasets d LEFT JOIN workers w ON"
+                        " w.dataset=d.name AND w.worker=? WHERE d.name=?",
+                        (worker, name)).fetchone()
         if row is None:
-            raise Fenced(f"worker '{worker}' has not joined '{name}' (POST .../join first)")
-        if row[0] != fence:
-            raise Fenced(f"worker '{worker}' fence {fence} is stale: incarnation {row[0]} of"
-                         f" it joined '{name}' since; this one must stop")
-        return {"request_id": row[1], "reply": row[2]}
+            raise NotFound(f"no data set named '{name}'")
+        authorize(row[8], token_sha256, f"data set '{name}'")
+        wrow = _check_fence(None if row[9] is None else row[9:], name, worker, fence)
+        cfg = DatasetConfig(name, row[0], row[1], row[2], row[3], row[4], row[5])
+        return cfg, row[6], row[7], wrow
 
     # -- public API -----------------------------------------------------------------------
     def create_dataset(self, cfg: DatasetConfig, token_sha256: str | None = None) -> dict:
@@ -217,6 +229,8 @@ class ShardStore:
         retries = retries + (1 if failure else 0)
         front -= 1
         state = FAILED if retries > cfg.max_retries else TODO
+        if state == FAILED:
+            self._failed_cache.pop(cfg.name, None)
         c.execute("UPDATE shards SET state=?, worker=NULL, fence=NULL, lease_until=NULL,"
                   " retries=?, queue_pos=?, error=COALESCE(?, error) WHERE dataset=? AND"
                   " epoch=? AND shard=?", (state, retries, front, error, cfg.name, epoch, shard))
@@ -226,16 +240,37 @@ class ShardStore:
         if cfg.name in self._grace:
             # First call since this store was opened (a service restart): the holders could not
             # renew while no service ran, so each lease gets a full lease_s from now.
+            # (Deadlines only grow here, so the next_expiry bound stays a lower bound.)
             c.execute("UPDATE shards SET lease_until=MAX(lease_until, ?) WHERE dataset=? AND"
                       " state='DOING'", (now + cfg.lease_s, cfg.name))
             self._grace.discard(cfg.name)
+            self._undo.append(lambda: self._grace.add(cfg.name))
             return front
+        bound = self._next_expiry.get(cfg.name)
+        if bound is not None and now <= bound:
+            return front  # no DOING lease ends before `bound`: nothing can have expired
         expired = c.execute("SELECT epoch, shard, retries, worker FROM shards WHERE dataset=?"
                             " AND state='DOING' AND lease_until<?", (cfg.name, now)).fetchall()
         for epoch, shard, retries, worker in expired:
             front = self._requeue(c, cfg, front, epoch, shard, retries, True,
                                   f"lease of {worker} expired")
+        earliest = c.execute("SELECT MIN(lease_until) FROM shards WHERE dataset=? AND"
+                             " state='DOING'", (cfg.name,)).fetchone()[0]
+        self._next_expiry[cfg.name] = math.inf if earliest is None else earliest
         return front
+
+    def _leased_until(self, name: str, deadline: float) -> None:
+        """A DOING shard of `name` now ends at `deadline`: keep next_expiry a lower bound."""
+        bound = self._next_expiry.get(name)
+        if bound is not None and deadline < bound:
+            self._next_expiry[name] = deadline
+
+    def _failed_report(self, c, name: str) -> tuple[list[dict], int]:
+        """The FAILED report of a lease reply (first MAX_FAILED_IN_REPLY), kept in memory."""
+        report = self._failed_cache.get(name)
+        if report is None:
+            report = self._failed_cache[name] = self._failed(c, name, MAX_FAILED_IN_REPLY)
+        return [dict(f) for f in report[0]], report[1]
 
     def _indices(self, cfg: DatasetConfig, epoch: int, start: int, stop: int) -> list[int]:
         key = (cfg.name, epoch)
@@ -274,35 +309,38 @@ class ShardStore:
         """
         now = self._clock()
         with self._tx() as c:
-            cfg, epochs_created, front0 = self._config(c, name, token_sha256)
-            wrow = self._fence(c, name, worker, fence)
+            cfg, epochs_created, front0, wrow = self._config_fence(c, name, worker, fence,
+                                                                   token_sha256)
             front = self._expire(c, cfg, front0, now)
             repeated = request_id is not None and wrow["request_id"] == request_id
             leases = self._repeat(c, cfg, worker, fence, json.loads(wrow["reply"]), now) \
                 if repeated else []
-            # A new request, or a retry whose shards were all lost meanwhile: lease afresh.
-            while not leases or (len(leases) < count and not repeated):
-                row = c.execute("SELECT epoch, shard, start, stop, consumed FROM shards WHERE"
-                                " dataset=? AND state='TODO' ORDER BY queue_pos LIMIT 1",
-                                (name,)).fetchone()
-                if row is None and (cfg.num_epochs is None or epochs_created < cfg.num_epochs):
+            # A new request: `count` shards; a retry whose shards were all lost meanwhile: one.
+            want = 0 if leases else 1 if repeated else count
+            deadline = now + cfg.lease_s
+            while len(leases) < want:
+                # The queue's head in one statement (RETURNING: SQLite >= 3.35).
+                rows = c.execute("UPDATE shards SET state='DOING', worker=?, fence=?,"
+                                 " lease_until=? WHERE rowid IN (SELECT rowid FROM shards WHERE"
+                                 " dataset=? AND state='TODO' ORDER BY queue_pos LIMIT ?)"
+                                 " RETURNING queue_pos, epoch, shard, start, stop, consumed",
+                                 (worker, fence, deadline, name, want - len(leases))).fetchall()
+                if rows:
+                    self._leased_until(name, deadline)
+                for _, epoch, shard, start, stop, consumed in sorted(rows):
+                    leases.append(_lease(self, cfg, epoch, shard, start, stop, consumed))
+                if len(leases) < want:  # TODO is empty
+                    if cfg.num_epochs is not None and epochs_created >= cfg.num_epochs:
+                        break
                     self._create_epoch(c, cfg, epochs_created)
                     epochs_created += 1
-                    continue
-                if row is None:
-                    break
-                epoch, shard, start, stop, consumed = row
-                c.execute("UPDATE shards SET state='DOING', worker=?, fence=?, lease_until=?"
-                          " WHERE dataset=? AND epoch=? AND shard=?",
-                          (worker, fence, now + cfg.lease_s, name, epoch, shard))
-                leases.append(_lease(self, cfg, epoch, shard, start, stop, consumed))
             if front != front0:
                 c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
             if request_id is not None:
                 c.execute("UPDATE workers SET request_id=?, reply=? WHERE dataset=? AND worker=?",
                           (request_id, json.dumps([[x["epoch"], x["shard"]] for x in leases]),
                            name, worker))
-            failed, n_failed = self._failed(c, name, MAX_FAILED_IN_REPLY)
+            failed, n_failed = self._failed_report(c, name)
             if not leases:
                 doing = c.execute("SELECT 1 FROM shards WHERE dataset=? AND state='DOING'"
                                   " LIMIT 1", (name,)).fetchone()
@@ -321,6 +359,7 @@ class ShardStore:
             if row is not None:
                 c.execute("UPDATE shards SET lease_until=? WHERE dataset=? AND epoch=? AND"
                           " shard=?", (now + cfg.lease_s, cfg.name, epoch, shard))
+                self._leased_until(cfg.name, now + cfg.lease_s)
                 out.append(_lease(self, cfg, epoch, shard, *row))
         return out
 
@@ -333,8 +372,7 @@ class ShardStore:
         """
         now = self._clock()
         with self._tx() as c:
-            cfg, _, _ = self._config(c, name, token_sha256)
-            self._fence(c, name, worker, fence)
+            cfg, _, _, _ = self._config_fence(c, name, worker, fence, token_sha256)
             row = c.execute("SELECT state, worker, fence, start, stop, consumed FROM shards"
                             " WHERE dataset=? AND epoch=? AND shard=?",
                             (name, epoch, shard)).fetchone()
@@ -355,6 +393,7 @@ class ShardStore:
             c.execute("UPDATE shards SET consumed=?, state=?, lease_until=? WHERE dataset=? AND"
                       " epoch=? AND shard=?", (consumed, new_state, now + cfg.lease_s, name,
                                                epoch, shard))
+            self._leased_until(name, now + cfg.lease_s)
         return {"state": new_state, "consumed": consumed}
 
     def release(self, name: str, worker: str, fence: int | None = None, failure: bool = True,
@@ -389,6 +428,7 @@ class ShardStore:
             cfg, _, front = self._config(c, name, token_sha256)
             rows = c.execute("SELECT epoch, shard FROM shards WHERE dataset=? AND"
                              " state='FAILED'", (name,)).fetchall()
+            self._failed_cache.pop(name, None)
             for epoch, shard in sorted(rows):
                 front -= 1
                 c.execute("UPDATE shards SET state='TODO', retries=0, queue_pos=? WHERE"
@@ -452,6 +492,7 @@ class ShardStore:
                 raise Forbidden(f"restoring creates data set '{cfg.name}': that needs the"
                                 " service token")
             owner = exists[0] if exists is not None else token_sha256
+            self._forget()
             c.execute("DELETE FROM shards WHERE dataset=?", (cfg.name,))
             c.execute("INSERT OR REPLACE INTO datasets VALUES (?,?,?,?,?,?,?,?,0,?)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
@@ -467,6 +508,68 @@ class ShardStore:
                            for e, s, st, consumed, retries, pos, err in rows])
             c.execute("UPDATE datasets SET front=? WHERE name=?", (front, cfg.name))
         return {"restored": len(rows), "requeued_first": len(doing)}
+
+
+
+def _check_fence(row, name: str, worker: str, fence: int) -> dict:
+    """The worker row (fence, request_id, reply) of a current incarnation, else Fenced."""
+    if row is None:
+        raise Fenced(f"worker '{worker}' has not joined '{name}' (POST .../join first)")
+    if row[0] != fence:
+        raise Fenced(f"worker '{worker}' fence {fence} is stale: incarnation {row[0]} of"
+                     f" it joined '{name}' since; this one must stop")
+    return {"request_id": row[1], "reply": row[2]}
+
+
+class _Tx:
+    """ShardStore._tx: BEGIN IMMEDIATE ... COMMIT, or SAVEPOINT ... RELEASE inside run_batch."""
+
+    __slots__ = ("store", "nested", "mark")
+
+    def __init__(self, store: ShardStore):
+        self.store = store
+        self.nested = getattr(store._local, "in_batch", False)
+        self.mark = 0
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self.store
+        if self.nested:
+            store._conn.execute("SAVEPOINT op")
+            self.mark = len(store._undo)  # the batch's earlier calls keep theirs
+            return store._conn
+        store._lock.acquire()
+        try:
+            store._conn.execute("BEGIN IMMEDIATE")
+            store._sync()
+        except BaseException:
+            if store._conn.in_transaction:
+                store._conn.execute("ROLLBACK")
+            store._lock.release()
+            raise
+        store._undo = []
+        return store._conn
+
+    def __exit__(self, typ, exc, tb) -> None:
+        store = self.store
+        if self.nested:
+            if typ is not None:
+                store._conn.execute("ROLLBACK TO op")
+                store._rolled_back(self.mark)
+            store._conn.execute("RELEASE op")
+            return
+        try:
+            store._conn.execute("COMMIT" if typ is None else "ROLLBACK")
+            if typ is None:
+                store._undo = []
+            else:
+                store._rolled_back()
+        except BaseException:
+            if store._conn.in_transaction:
+                store._conn.execute("ROLLBACK")
+            store._rolled_back()
+            raise
+        finally:
+            store._lock.release()
 
 
 def _lease(store: ShardStore, cfg: DatasetConfig, epoch: int, shard: int, start: int,
