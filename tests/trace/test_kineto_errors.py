@@ -180,3 +180,65 @@ def test_fuzzed_bytes_never_crash(data, cut):
                 read_kineto(path)
             except StragglersError as exc:
                 assert "\n" not in str(exc)
+
+
+# --- the msgspec decoder (a chunk at a time) reads exactly what the stdlib decoder reads.
+
+def _decoded(path: Path, decoder: str):
+    """RankEvents of one file with one decoder, or the error line it gave."""
+    from stragglers.trace.kineto.events import read_rank_events
+
+    try:
+        return read_rank_events(path, decoder)
+    except InputError as exc:
+        return str(exc)
+
+
+# Events whose strings and args hold what a cut between two events looks like.
+TRAPS = [
+    {"ph": "X", "cat": "cpu_op", "name": 'aten::mm}, {"ph": "X"]', "pid": 1, "tid": 1,
+     "ts": 1100.0, "dur": 20.0, "args": {"Input Dims": [[{"a": 1}, {"b": [2]}], []],
+                                          "Concrete Inputs": ["", "}, {", "]", "\\\"}"]}},
+    {"ph": "X", "cat": "cpu_op", "name": "c10d::send", "pid": 1, "tid": 1, "ts": 1200.0,
+     "dur": 5.0, "args": {"Concrete Inputs": ["", "", "3", "0"], "Process Group Name": "0",
+                          "Seq": "4"}},
+    {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": "t}, {", "ts": 1300,
+     "dur": 7, "args": {"Collective name": "allreduce", "Process Group Ranks": "[0, 1]",
+                        "Process Group Name": "0", "nested": {"x": [{"y": "}]"}, {}]}}},
+    {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 3, "pid": 1, "tid": 1, "ts": 1301.0},
+    {"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: MmBackward0",
+     "pid": 1, "tid": 2, "ts": 1400.0, "dur": 30.0},
+]
+
+
+@pytest.mark.parametrize("indent", [None, 1])
+def test_streaming_cuts_never_split_an_event(tmp_path, monkeypatch, indent):
+    pytest.importorskip("msgspec")
+    from stragglers.trace.kineto import fastdecode
+    from stragglers.trace.kineto.events import _read_streaming
+
+    monkeypatch.setattr(fastdecode, "CHUNK_BYTES", 61)  # many cuts, most of them wrong guesses
+    doc = {"distributedInfo": {"rank": 0, "world_size": 2, "traceEvents": "not these"},
+           "traceEvents": GOOD_EVENTS + TRAPS * 40, "traceName": '"traceEvents": [}]',
+           "baseTimeNanoseconds": 1700000000000000000}
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps(doc, indent=indent))
+    fast = _read_streaming(path, fastdecode)
+    assert fast is not None
+    assert fast == _decoded(path, "json")
+    assert fast.base_ns == 1700000000000000000 and len(fast.cpu_ops) == 1 + 4 * 40
+    assert {c[7] for c in fast.collectives if c[3] == "send"} == {3}
+    assert fast.pg_ranks == {"0": (0, 1)} and fast.events == 2 + 5 * 40
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(doc=_document, gz=st.booleans(), chunk=st.sampled_from([7, 64, 1 << 20]))
+def test_fuzzed_documents_decode_alike(monkeypatch, doc, gz, chunk):
+    pytest.importorskip("msgspec")
+    from stragglers.trace.kineto import fastdecode
+
+    monkeypatch.setattr(fastdecode, "CHUNK_BYTES", chunk)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _write(Path(tmp) / f"rank-0.json{'.gz' if gz else ''}", doc, gz)
+        assert _decoded(path, "msgspec") == _decoded(path, "json")

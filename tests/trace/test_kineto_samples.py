@@ -122,3 +122,51 @@ def test_missing_rank_is_a_clear_error_naming_the_file():
 def test_samples_are_detected_as_kineto():
     assert looks_like_kineto(SAMPLED[0]) and looks_like_kineto(KINETO)
     assert not looks_like_kineto(KINETO / "LICENSE")
+
+
+# --- the two decoders (msgspec, a chunk at a time; the stdlib) read the same events.
+
+ALL_SAMPLES = sorted(KINETO.glob("*.json.gz"))
+
+
+@pytest.mark.parametrize("path", ALL_SAMPLES, ids=lambda p: p.name[:40])
+def test_msgspec_and_stdlib_decoders_read_the_same_events(path):
+    pytest.importorskip("msgspec")
+    from stragglers.trace.kineto import fastdecode
+    from stragglers.trace.kineto.events import _read_streaming, read_rank_events
+
+    fast = _read_streaming(path, fastdecode)
+    assert fast is not None, "the streaming decoder fell back to the stdlib on a real trace"
+    assert fast == read_rank_events(path, "json")
+    assert fast.events > 0 and (fast.kernels or fast.cpu_ops)
+
+
+def test_without_msgspec_the_stdlib_reads_and_analyses(tmp_path):
+    """The analysis path runs without msgspec (and without torch): same trace, decoder json."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, json\n"
+        "sys.modules['msgspec'] = None  # import msgspec now fails, as when it is not installed\n"
+        "sys.modules['torch'] = None\n"
+        "from stragglers.trace.kineto import fastdecode, read_kineto\n"
+        "from stragglers.trace.kineto.events import read_rank_events\n"
+        "from stragglers.errors import InputError\n"
+        "from stragglers.whatif.analyze import analyze\n"
+        "assert not fastdecode.AVAILABLE\n"
+        "t = read_kineto(sys.argv[1:])\n"
+        "try:\n"
+        "    read_rank_events(sys.argv[1], 'msgspec')\n"
+        "except InputError as exc:\n"
+        "    assert 'msgspec is not installed' in str(exc)\n"
+        "else:\n"
+        "    raise AssertionError('decoder=msgspec without msgspec')\n"
+        "print(json.dumps([len(t), float(analyze(t)['slowdown'])]))\n")
+    out = subprocess.run([sys.executable, "-c", code, *map(str, SAMPLED)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    n, slowdown = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    trace = read_kineto(SAMPLED)
+    assert n == len(trace)
+    assert slowdown == pytest.approx(float(analyze(trace)["slowdown"]), rel=1e-12)
