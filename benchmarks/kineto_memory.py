@@ -7,13 +7,16 @@ cudaLaunchKernel with ac2g flows, NCCL all-reduces, CPU ops) and runs three chil
 count, side by side in this one run, each reporting its own peak RSS (ru_maxrss) and CPU time:
   all-at-once  json.load every file and keep them all (what tools that need 950 GB do);
   per-file     json.load one file at a time, dropping it (the stdlib parse cost, no op table);
-  read_kineto  our reader (object hook, one file at a time) building the whole op table.
+  read_kineto  our reader building the whole op table, one process (workers=1) so that its
+               peak RSS is all of it: msgspec decoding 1 MB at a time (the default);
+  read_kineto-stdlib  the same without msgspec (a stdlib json.loads object hook, whole file).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,8 +27,14 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from stragglers.trace.kineto import read_kineto  # same imports (and baseline RSS) in every child
 mode, folder = sys.argv[1], Path(sys.argv[2])
+if mode.endswith("-stdlib"):
+    sys.modules["msgspec"] = None  # as if it were not installed
+try:
+    import msgspec  # noqa: F401  (same imports, and baseline RSS, in every child)
+except ImportError:
+    pass
+from stragglers.trace.kineto import read_kineto
 files = sorted(folder.glob("*.json"))
 base_kb = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
 t0 = time.process_time()
@@ -39,7 +48,7 @@ elif mode == "per-file":
         n += len(doc["traceEvents"])
         del doc
 else:
-    n = len(read_kineto(folder))
+    n = len(read_kineto(folder, workers=1))
 cpu = time.process_time() - t0
 peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"n": n, "cpu_s": cpu, "peak_mb": (peak_kb - base_kb) / 1024}))
@@ -110,16 +119,22 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         size = sum(write_rank(folder / f"rank-{r}.json", r, args.kernels) for r in range(n))
         row = {"mb_on_disk": size / 2**20}
-        for mode in ("all-at-once", "per-file", "read_kineto"):
+        for mode in ("all-at-once", "per-file", "read_kineto", "read_kineto-stdlib"):
             row[mode] = run_child(mode, folder)
         results[n] = row
-        a, p, k = row["all-at-once"], row["per-file"], row["read_kineto"]
+        for f in folder.glob("rank-*.json"):
+            f.unlink()
+        a, p, k, j = (row["all-at-once"], row["per-file"], row["read_kineto"],
+                      row["read_kineto-stdlib"])
         print(f"{n} ranks, {row['mb_on_disk']:.0f} MB JSON: peak RSS growth all-at-once "
               f"{a['peak_mb']:.0f} MB, per-file {p['peak_mb']:.0f} MB, read_kineto "
               f"{k['peak_mb']:.0f} MB (×{a['peak_mb'] / k['peak_mb']:.1f} less than all-at-once); "
               f"CPU all-at-once {a['cpu_s']:.2f} s, per-file {p['cpu_s']:.2f} s, read_kineto "
-              f"{k['cpu_s']:.2f} s (×{k['cpu_s'] / p['cpu_s']:.2f} of the bare parse); "
-              f"{k['n']} rows", flush=True)
+              f"{k['cpu_s']:.2f} s (×{k['cpu_s'] / p['cpu_s']:.2f} of the bare parse); without "
+              f"msgspec {j['peak_mb']:.0f} MB, {j['cpu_s']:.2f} s; {k['n']} rows "
+              f"({'same' if k['n'] == j['n'] else 'DIFFERENT'} without msgspec)", flush=True)
+    if args.workdir is None:
+        shutil.rmtree(base, ignore_errors=True)
     ns = sorted(results)
     if len(ns) > 1:
         lo, hi = results[ns[0]], results[ns[-1]]
