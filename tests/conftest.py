@@ -81,3 +81,18 @@ def ndtimeline_dir() -> Path:
     if not NDTIMELINE.exists():
         pytest.skip(f"{NDTIMELINE} not present")
     return NDTIMELINE
+
+
+def persistent_findings(result: dict, steps: int) -> list[tuple[str, list]]:
+    """(cause, ranks) of the findings that name workers on at least half of the steps.
+
+    What a clean run must not have: a finding limited to a few steps (a transfer the loaded
+    machine stalled in steps 2 and 7, say) is a true statement about those steps, and
+    `unexplained` names nobody.
+    """
+    out = []
+    for f in result["diagnosis"]:
+        ranks = f["where"].get("ranks") if f["where"] else None
+        if ranks and len(f["where"].get("steps") or range(steps)) * 2 > steps:
+            out.append((f["cause"], list(ranks)))
+    return out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import torchrun
+from conftest import persistent_findings, torchrun
 
 from stragglers.errors import InputError
 from stragglers.trace.kineto import read_kineto
@@ -93,11 +93,8 @@ def test_a_clean_run_names_nobody(recorded, name):
     trace = load_trace(recorded(name))
     result = analyze(trace)
     steps = len(set(trace.ops["step"]))
-    # No worker is named as a persistent straggler. A finding limited to a few steps (a
-    # transfer that the loaded machine stalled in steps 2 and 7, say) is a true statement
-    # about those steps, not a straggler.
-    persistent = [(f.cause, f.where.get("ranks")) for f in result["diagnosis"]
-                  if f.where.get("ranks") and len(f.where.get("steps") or range(steps)) * 2 > steps]
+    # No worker is named as a persistent straggler (conftest.persistent_findings).
+    persistent = persistent_findings(result, steps)
     assert not persistent, (result["slowdown"], persistent)
 
 
