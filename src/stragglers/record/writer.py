@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 import warnings
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,27 +40,33 @@ class RankWriter:
         self.rank, self.dp_rank, self.stage = rank, dp_rank, stage
         self.timer = timer
         self.offset_ns, self.origin_ns = offset_ns, origin_ns
-        # A part is written when this many steps are held or this long after the first one
-        # arrived: few files and little CPU, yet a crash loses at most ~flush_interval_s.
+        # A part is written every flush_interval_s, or earlier when flush_every steps are
+        # pending: few files and little CPU, yet a crash loses at most ~flush_interval_s.
         self.flush_every = max(1, int(flush_every))
         self.flush_interval_s = float(flush_interval_s)
-        self._held_since = 0.0
         self.parts_written = 0
         self.steps_written = 0
         self.error: BaseException | None = None
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # The training thread only appends to a deque (atomic, no lock, no thread wake-up per
+        # step): waking the writer for every step made it take the GIL in the middle of the
+        # step and stall the training thread for its conversion work. The writer wakes on its
+        # own every flush_interval_s, or early when flush_every steps are pending.
+        self._pending: deque[StepBuffer] = deque()
+        self._wake: queue.SimpleQueue = queue.SimpleQueue()
         self._held: list[dict[str, np.ndarray]] = []
         self._thread = threading.Thread(target=self._run, name=f"stragglers-writer-{rank}",
                                         daemon=True)
         self._thread.start()
 
     def submit(self, buf: StepBuffer) -> None:
-        """Hand a finished step to the background thread (never blocks the caller)."""
-        self._queue.put(buf)
+        """Hand a finished step to the background thread (never blocks, rarely wakes it)."""
+        self._pending.append(buf)
+        if len(self._pending) == self.flush_every:
+            self._wake.put(True)
 
     def close(self) -> None:
-        """Write everything still queued and stop the thread."""
-        self._queue.put(None)
+        """Write everything still queued and stop the thread (joined before returning)."""
+        self._wake.put(None)
         self._thread.join()
         if self.error is not None:
             warnings.warn(f"stragglers recorder: writing rank {self.rank}'s trace failed: "
@@ -69,28 +75,18 @@ class RankWriter:
     def _run(self) -> None:
         while True:
             try:
-                timeout = None
-                if self._held:
-                    timeout = max(0.0, self._held_since + self.flush_interval_s - time.monotonic())
-                buf = self._queue.get(timeout=timeout)
+                msg = self._wake.get(timeout=self.flush_interval_s)
             except queue.Empty:
-                buf = False  # the interval passed with steps held: write them
+                msg = True  # the interval passed: write what is pending
             try:
-                if buf is None:
-                    self._write_held()
-                    return
-                if buf is not False:
-                    if not self._held:
-                        self._held_since = time.monotonic()
-                    self._held.append(self.columns(buf))
-                if len(self._held) >= self.flush_every or (
-                        self._held and time.monotonic() - self._held_since >= self.flush_interval_s):
-                    self._write_held()
+                while self._pending:
+                    self._held.append(self.columns(self._pending.popleft()))
+                self._write_held()
             except BaseException as exc:  # keep training alive; report at close
                 self.error = exc
                 self._held.clear()
-                if buf is None:
-                    return
+            if msg is None:
+                return
 
     def _write_held(self) -> None:
         if not self._held:
@@ -106,16 +102,20 @@ class RankWriter:
     def columns(self, buf: StepBuffer) -> dict[str, np.ndarray]:
         """One step's rows as op-table columns on the common clock, with seq_id filled in."""
         timer, anchor = self.timer, buf.anchor
-        rows = []
-        for code, s, e, mb, mc, gmc, attn, tok, nbytes, pauses in buf.ops:
-            rows.append([code, timer.resolve(s, anchor), timer.resolve(e, anchor), mb, mc, gmc,
-                         attn, tok, nbytes, pauses])
+        rows = buf.ops
+        if timer.is_cuda:
+            rows = [(r[0], timer.resolve(r[1], anchor), timer.resolve(r[2], anchor), *r[3:])
+                    for r in rows]
         timer.release(anchor)
-        rows.extend(place_gc_pauses(rows, buf.gc, self.stage))
+        if buf.gc or any(r[9] for r in rows):  # GC pauses to place (rare): row by row
+            rows = [list(r) for r in rows]
+            rows.extend(place_gc_pauses(rows, buf.gc, self.stage))
         n = len(rows)
-        code = np.fromiter((r[0] for r in rows), np.int8, n)
-        start = np.fromiter((r[1] for r in rows), np.int64, n)
-        end = np.fromiter((r[2] for r in rows), np.int64, n)
+        # Column-wise conversion in C (zip, np.array): the writer holds the GIL for less time.
+        cols = list(zip(*rows)) if n else [()] * 10
+        code = np.array(cols[0], np.int8)
+        start = np.array(cols[1], np.int64)
+        end = np.array(cols[2], np.int64)
         order = np.lexsort((end, start))
         code, start, end = code[order], start[order], end[order]
         seq_id = np.zeros(n, np.int32)
@@ -124,7 +124,7 @@ class RankWriter:
             seq_id[idx] = np.arange(len(idx), dtype=np.int32)
 
         def col(i, dtype):
-            return np.fromiter((rows[j][i] for j in order), dtype, n)
+            return np.array(cols[i], dtype)[order]
 
         return {
             "rank": np.full(n, self.rank, np.int32),
