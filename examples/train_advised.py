@@ -229,7 +229,8 @@ def main(argv=None) -> None:
             name, _, value = args.force.partition(":")
             force = {"name": name, **({"every": int(value)} if name == "planned-gc" and value else {})}
         policy = AdvisePolicy(n, args.global_batch, window=args.window, settle=args.settle,
-                              force=force, remaining_steps=args.steps, **(calibration or {}))
+                              force=force, remaining_steps=args.steps, warmup=args.skip,
+                              **(calibration or {}))
 
     publisher = feed = None
     if args.monitor_url:

@@ -99,3 +99,11 @@ def test_window_with_uncoordinated_gc_pauses_is_advised_planned_gc():
     assert (trace.optype_names() == "gc").sum() == sum(x.gc_forward_s > 0 for s in steps for x in s)
     plan = advise(trace, remedies=["planned-gc", "antdt-dd", "stragglar"])
     assert plan.remedies[0].name == "planned-gc", [(r.name, r.predicted_speedup) for r in plan.remedies]
+
+
+def test_warmup_steps_are_left_out_of_the_first_window():
+    policy = AdvisePolicy(4, 64, window=4, settle=1, warmup=3)
+    decisions = run(policy, slow_rank_3, 12)
+    assert decisions[0].kind == APPLY and decisions[0].step == 3 + 4   # window = steps 3..6
+    with pytest.raises(InputError, match="warmup"):
+        AdvisePolicy(4, 64, warmup=-1)

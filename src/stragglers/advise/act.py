@@ -66,11 +66,12 @@ class AdvisePolicy:
 
     def __init__(self, world_size: int, global_batch: int, window: int = 8, settle: int = 2,
                  remedies: tuple[str, ...] = RUNTIME_REMEDIES, force: Mapping | None = None,
-                 apply_gain: float = 1.05, keep_gain: float = MIN_GAIN, **knobs: Any):
+                 apply_gain: float = 1.05, keep_gain: float = MIN_GAIN, warmup: int = 0,
+                 **knobs: Any):
         if world_size < 2:
             raise InputError("AdvisePolicy", "world_size", f"expected >= 2 ranks, got {world_size}")
-        if window < 2 or settle < 0:
-            raise InputError("AdvisePolicy", "window", "expected window >= 2 and settle >= 0")
+        if window < 2 or settle < 0 or warmup < 0:
+            raise InputError("AdvisePolicy", "window", "expected window >= 2, settle >= 0 and warmup >= 0")
         bad = [r for r in remedies if r not in RUNTIME_REMEDIES]
         if bad:
             raise InputError("AdvisePolicy", "remedies", f"{bad[0]!r} cannot be switched at "
@@ -85,7 +86,9 @@ class AdvisePolicy:
         self.batch_sizes = [global_batch // n + (1 if i < global_batch % n else 0) for i in range(n)]
         self.phase = "observe"
         self.buffer: list[list[StepTiming]] = []
-        self.ready_from = 0   # windows holding an earlier step straddle a switch: not used
+        # windows holding an earlier step are not used: the job's first (warm-up) steps, then
+        # the settle steps after each switch
+        self.ready_from = int(warmup)
         self.active: ActDecision | None = None
         self.rejected: list[str] = []
         self.decisions: list[ActDecision] = []
