@@ -134,7 +134,7 @@ def bench_files(tmp: Path, jobs: int, dp: int, pp: int, steps: int, spp: int) ->
 def start_service(tmp: Path, name: str, *extra: str):
     sock_port = _free_port()
     cfg = tmp / f"{name}.yaml"
-    cfg.write_text("settings: {window_steps: 10, stall_after_s: 3600, tick_s: 0.05}\n")
+    cfg.write_text("settings: {window_steps: 10, stall_after_s: 3600, gap_wait_s: 3600, tick_s: 0.05}\n")
     proc = subprocess.Popen([sys.executable, "-m", "stragglers.monitor", "serve", "--db",
                              str(tmp / f"{name}.db"), "--port", str(sock_port), "--config",
                              str(cfg), *extra], cwd=REPO, stdout=subprocess.DEVNULL,
