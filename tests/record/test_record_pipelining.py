@@ -19,33 +19,37 @@ SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBu
              "ZBVZeroBubble", "DualPipeV"]
 SPLIT = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")  # backward split into I and W
 MB, STEPS, PP = 4, 5, 2
-COMMON = ["--microbatches", str(MB)]
 
 
-def _job(base, runs: dict[str, list[str]], one_cpu: bool, steps: int = STEPS,
-         size: tuple[int, int] = (128, 16)) -> dict:
-    common = [*COMMON, "--steps", str(steps), "--d-model", str(size[0]), "--batch", str(size[1])]
-    argv = [[*common, "--out", str(base / name), *extra] for name, extra in runs.items()]
-    torchrun(WORKER, PP, json.dumps(argv), timeout=400, one_cpu=one_cpu)
-    return {name: read_run(base / name) for name in runs}
+CLEAN = ["--steps", str(STEPS), "--d-model", "128", "--batch", "16"]
+# Injected runs: eight steps of a larger model, so that compute outweighs the loaded machine's
+# wake-up latency of gloo transfers (tens of ms here) and one disturbed step does not decide.
+INJECTED = ["--steps", "8", "--d-model", "256", "--batch", "64"]
 
 
 @pytest.fixture(scope="module")
-def schedules(tmp_path_factory):
-    """One clean run of every schedule, all in one torchrun job."""
-    return _job(tmp_path_factory.mktemp("pipe"), {s: ["--schedule", s] for s in SCHEDULES},
-                one_cpu=False)
+def runs(tmp_path_factory):
+    """Every run of this file in one torchrun job: a clean run of each schedule, a heavy stage
+    (1F1B) and a slow rank (interleaved: both of its stages)."""
+    base = tmp_path_factory.mktemp("pipe")
+    plan = {s: [*CLEAN, "--schedule", s] for s in SCHEDULES}
+    plan["heavy"] = [*INJECTED, "--schedule", "1F1B", "--heavy-stage", "1", "--heavy-factor", "5"]
+    plan["slow"] = [*INJECTED, "--schedule", "Interleaved1F1B", "--slow-rank", "0",
+                    "--slow-factor", "5"]
+    argv = [["--microbatches", str(MB), "--out", str(base / name), *extra]
+            for name, extra in plan.items()]
+    torchrun(WORKER, PP, json.dumps(argv), timeout=500)
+    return {name: read_run(base / name) for name in plan}
 
 
 @pytest.fixture(scope="module")
-def injected(tmp_path_factory):
-    """A heavy stage (1F1B) and a slow rank (interleaved: both of its stages) in one job; eight
-    steps of a larger model, so that compute outweighs the loaded machine's wake-up latency of
-    gloo transfers (tens of ms here) and one disturbed step does not decide the interval."""
-    return _job(tmp_path_factory.mktemp("pipe-inj"), {
-        "heavy": ["--schedule", "1F1B", "--heavy-stage", "1", "--heavy-factor", "5"],
-        "slow": ["--schedule", "Interleaved1F1B", "--slow-rank", "0", "--slow-factor", "5"],
-    }, one_cpu=False, steps=8, size=(256, 64))
+def schedules(runs):
+    return runs
+
+
+@pytest.fixture(scope="module")
+def injected(runs):
+    return runs
 
 
 def _analyse(trace):
