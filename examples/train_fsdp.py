@@ -15,6 +15,7 @@ Read top to bottom: arguments → model → injected slowness → main.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from pathlib import Path
@@ -165,7 +166,10 @@ def main(argv=None) -> None:
             if rank == 0 and (step % 5 == 0 or step == args.steps - 1):
                 print(f"step {step:3d} loss {loss.item() * args.microbatches:.4f}", flush=True)
     save_params(model, args.params_out, rank)
-    del model, opt  # DDP/FSDP2 hold the process group: they go before it does
+    # Shutdown order: the recorder is closed (the `with` above), then the model goes (DDP and
+    # FSDP2 hold the process group; their hooks form cycles, hence the collect), then the group.
+    del model, opt, loss  # the last loss holds the autograd graph, hooks and all
+    gc.collect()
     dist.destroy_process_group()
 
 

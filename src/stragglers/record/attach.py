@@ -160,6 +160,12 @@ class Attached:
         if self._open and self.recorder._buf is not None:
             self.recorder._buf = None  # a step cut by close() has no optimizer end: dropped
         self.recorder.close(collective=collective)
+        # Shutdown order (README, Lifecycle): close() → free the model → destroy_process_group.
+        # Nothing here may keep the model (and through it DDP/FSDP2 and their process group)
+        # alive once the caller drops it.
+        self._bwd_hooks.clear()
+        self._seg = self._opt = None
+        self.model = self.optimizer = self._seq_fn = self.layout.inner = None
 
     # ---- hooks -----------------------------------------------------------------------------
 
@@ -183,14 +189,22 @@ class Attached:
         # step's rows would not line up with the later steps', so recording starts at step 1.
         self._first_step = 1
         recorded = self.recorder.ddp_comm_hook()
+        # DDP keeps the hook for its lifetime (there is no unregister) in C++, where Python's
+        # garbage collector cannot see it: a hook holding this Attached (which holds the
+        # model) would keep DDP, its reducer and its process group alive forever. A weak
+        # reference breaks that cycle, so `del model` frees DDP before destroy_process_group.
+        me = weakref.ref(self)
 
         def hook(state, bucket):
+            att = me()
+            if att is None or att._closed:
+                return recorded(state, bucket)  # the Recorder is closed: no row is made
             # A bucket is ready: the backward so far produced it. Splitting the backward span
             # here gives each all-reduce the compute it depends on (specs/whatif.md §3).
-            if self._seg is not None and self._seg[0] == BWD and self.recorder._buf is not None:
-                mb = self._seg[1]
-                self._close_seg()
-                self._open_seg(BWD, mb)
+            if att._seg is not None and att._seg[0] == BWD and att.recorder._buf is not None:
+                mb = att._seg[1]
+                att._close_seg()
+                att._open_seg(BWD, mb)
             return recorded(state, bucket)
 
         try:

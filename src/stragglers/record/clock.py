@@ -75,6 +75,19 @@ def control_channel(group=None) -> ControlChannel:
     return ControlChannel(group, torch.device("cuda", torch.cuda.current_device()))
 
 
+def release_control_channel(channel: ControlChannel) -> None:
+    """Destroy the gloo side group behind `channel`, if control_channel created one.
+
+    Called by Recorder.close() after its last control collective, so that the side group's
+    worker threads are joined before the caller destroys the job's process group (a gloo
+    thread still alive at interpreter exit can abort the process).
+    """
+    for key, side in list(_SIDE_GROUPS.items()):
+        if side is channel.group:
+            del _SIDE_GROUPS[key]
+            dist.destroy_process_group(side)
+
+
 def measure_offset(rounds: int = 8, group=None, channel: ControlChannel | None = None
                    ) -> ClockEstimate:
     """Measure every rank's offset to rank 0 (a collective: all ranks of the group must call it).

@@ -10,7 +10,6 @@ around it (Attached.blocked), so compute rows hold compute and the wait shows in
 from __future__ import annotations
 
 import math
-import time
 import warnings
 
 import torch.distributed as dist
@@ -32,25 +31,23 @@ class _RecordedWork(dist.Work):
         super().__init__()
         self._work, self._att, self._buf = work, att, buf
         self._start, self._nbytes = start, nbytes
-        self._done_ns = None
         self._closed = False
-        if not att._timer.is_cuda:
-            try:  # stamp the real completion; the wait may come much later (prefetch)
-                work.get_future().add_done_callback(self._stamp)
-            except (RuntimeError, AttributeError):
-                pass
-
-    def _stamp(self, _fut) -> None:
-        self._done_ns = time.perf_counter_ns()
+        # No done-callback on the work's future: a Python callback runs (and is freed) on
+        # gloo's worker thread, which must take the GIL there; at interpreter exit that thread
+        # is ended by pthread_exit inside a noexcept frame ("terminate called without an
+        # active exception"). Completion is read at wait() instead.
 
     def wait(self, timeout=None) -> bool:
+        entered = self._att._timer.mark()
+        # a prefetched gather already done when waited: it ended no later than the wait began
+        done_before = not self._att._timer.is_cuda and self._work.is_completed()
         with self._att.blocked():
             ok = self._work.wait() if timeout is None else self._work.wait(timeout)
             end = self._att._timer.mark()
         if not self._closed:
             self._closed = True
-            if self._done_ns is not None and isinstance(end, int):
-                end = min(end, self._done_ns)
+            if done_before:
+                end = entered
             if self._att.recorder._buf is self._buf:  # still the step it was issued in
                 self._buf.ops.append(_row(AG, self._start, end, self._nbytes))
         return ok

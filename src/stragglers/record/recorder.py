@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from stragglers.errors import InputError, StragglersError
 from stragglers.record.clock import (ClockEstimate, common_origin_ns, control_channel,
-                                     measure_offset, same_host_as_rank0)
+                                     measure_offset, release_control_channel,
+                                     same_host_as_rank0)
 from stragglers.record.timers import CpuTimer, CudaTimer
 from stragglers.record.writer import RankWriter, StepBuffer
 from stragglers.trace.model import OPTYPE_CODES, JobMeta
@@ -257,6 +258,9 @@ class Recorder:
         if collective and self.distributed:
             self.clock_end = measure_offset(self.clock_rounds, channel=self._ctl)
             self._gather_clock("end", self.clock_end)
+        ctl = getattr(self, "_ctl", None)
+        if ctl is not None:  # the gloo side group (NCCL jobs only) goes with the recorder
+            release_control_channel(ctl)
         if self._uploader is not None:  # bounded: a monitor that is away cannot hold us here
             self._uploader.close(self.monitor_close_timeout_s)
 
