@@ -5,7 +5,7 @@ them away (kernel launch geometry, occupancy, External id, Input Dims, …); a m
 skips undeclared fields while parsing, without building them. The file is read a chunk at a
 time (1 MB): the events up to the last boundary between two events in the chunk are decoded,
 filed as compact tuples and dropped, so neither the file's text nor its decoded events exist
-whole; memory is one chunk plus the tuples kept. msgspec is optional (extra `fast`); without
+whole; memory is one chunk plus the tuples kept. msgspec is a base dependency but optional at run time; without
 it, `events` uses the stdlib.
 """
 
