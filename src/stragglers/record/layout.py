@@ -74,8 +74,8 @@ def _refuse_pipeline_stages(model: nn.Module) -> None:
 
     if isinstance(model, _PipelineStageBase) or any(stage_of(r) for r in gc.get_referrers(model)):
         raise InputError("attach", "model", "belongs to a torch.distributed.pipelining stage; "
-                         "attach records data-parallel jobs and would take pipeline stages for "
-                         "replicas; record the schedule with Recorder instead")
+                         "pass the schedule instead: attach(schedule, optimizer, out=...) "
+                         "records it per action")
 
 
 def read_layout(model: nn.Module) -> JobLayout:

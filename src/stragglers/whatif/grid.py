@@ -13,6 +13,8 @@ from stragglers.wording import ranges
 GC = OPTYPE_CODES["gc"]
 FWD = OPTYPE_CODES["forward-compute"]
 BWD = OPTYPE_CODES["backward-compute"]
+# the weight-gradient half of a split backward (zero-bubble schedules): compute, like BWD
+BWW = OPTYPE_CODES["backward-weight-compute"]
 _SEQ_BITS = 24
 _OPTYPE_BITS = 5
 

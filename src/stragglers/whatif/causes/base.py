@@ -8,11 +8,11 @@ import numpy as np
 
 from stragglers.trace.model import OPTYPE_CODES as C, Trace
 from stragglers.whatif.config import DiagnosisConfig
-from stragglers.whatif.grid import BWD, FWD
+from stragglers.whatif.grid import BWD, BWW, FWD
 from stragglers.whatif.metrics import WhatIf
 
 OPT = C["optimizer"]
-BUSY = (FWD, BWD, OPT)  # a worker's own compute (what a slow GPU or CPU stretches)
+BUSY = (FWD, BWD, BWW, OPT)  # a worker's own compute (what a slow GPU or CPU stretches)
 
 
 @dataclass

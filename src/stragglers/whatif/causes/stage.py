@@ -6,7 +6,7 @@ import numpy as np
 
 from stragglers.whatif.causes.base import Candidate, Context, per_worker_sum
 from stragglers.whatif.confidence import mean_interval
-from stragglers.whatif.grid import BWD, FWD
+from stragglers.whatif.grid import BWD, BWW, FWD
 
 
 def stage_compute(ctx: Context) -> np.ndarray:
@@ -16,7 +16,8 @@ def stage_compute(ctx: Context) -> np.ndarray:
     not make its stage look heavy.
     """
     g = ctx.w.grid
-    fb = per_worker_sum(g.duration, g.node_stage, np.isin(g.node_optype, (FWD, BWD)), g.pp_size)
+    compute = np.isin(g.node_optype, (FWD, BWD, BWW))
+    fb = per_worker_sum(g.duration, g.node_stage, compute, g.pp_size)
     return fb.min(axis=0) if fb.shape[0] == 2 else np.median(fb, axis=0)
 
 
@@ -37,7 +38,7 @@ def stage_imbalance(ctx: Context) -> list[Candidate]:
     # (what moving layers achieves at best; suggest_stage_split finds the layer split).
     scale = cs.mean() / np.maximum(cs.mean(axis=1), 1e-12)
     cost = w.cost.copy()
-    fb = np.isin(g.node_optype, (FWD, BWD))
+    fb = np.isin(g.node_optype, (FWD, BWD, BWW))
     for p in range(g.pp_size):
         cost[fb & (g.node_stage == p)] *= scale[p]
     shares = ", ".join(f"{100 * v / cs.mean(axis=1).sum():.0f}%" for v in cs.mean(axis=1))
