@@ -27,6 +27,8 @@ import torch.nn.functional as F
 
 from stragglers.record import attach
 
+from injection import SlowDown  # examples/injection.py (the script's folder is on sys.path)
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -84,36 +86,6 @@ def batch(args, step: int, rank: int, mb: int) -> tuple[torch.Tensor, torch.Tens
 
 
 # ---- injected slowness ----------------------------------------------------------------------
-
-def burn(seconds: float) -> None:
-    """Real extra compute for `seconds`."""
-    a = torch.randn(64, 64)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        a = torch.tanh(a @ a)
-
-
-class _Burn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, fwd_s: float, bwd_s: float):
-        ctx.bwd_s = bwd_s
-        burn(fwd_s)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        burn(ctx.bwd_s)
-        return grad, None, None
-
-
-class SlowDown(nn.Module):
-    """Identity that adds compute in forward and backward (0 s unless calibrated)."""
-
-    fwd_s = bwd_s = 0.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Burn.apply(x, self.fwd_s, self.bwd_s) if self.fwd_s or self.bwd_s else x
-
 
 def calibrate_slowdown(model: Model, args, factor: float) -> None:
     """Time this rank's own forward and backward, then make both `factor`× as long."""

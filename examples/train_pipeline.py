@@ -29,6 +29,8 @@ from torch.distributed.pipelining import PipelineStage, schedules
 
 from stragglers.record import attach
 
+from injection import SlowDown  # examples/injection.py (the script's folder is on sys.path)
+
 SCHEDULES = {"GPipe": schedules.ScheduleGPipe, "1F1B": schedules.Schedule1F1B,
              "Interleaved1F1B": schedules.ScheduleInterleaved1F1B,
              "LoopedBFS": schedules.ScheduleLoopedBFS,
@@ -86,36 +88,6 @@ def batch(args, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ---- injected slowness ----------------------------------------------------------------------
-
-def burn(seconds: float) -> None:
-    """Real extra compute for `seconds`."""
-    a = torch.randn(64, 64)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        a = torch.tanh(a @ a)
-
-
-class _Burn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, fwd_s: float, bwd_s: float):
-        ctx.bwd_s = bwd_s
-        burn(fwd_s)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        burn(ctx.bwd_s)
-        return grad, None, None
-
-
-class SlowDown(nn.Module):
-    """Identity that adds compute in forward and in the input-gradient backward."""
-
-    fwd_s = bwd_s = 0.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Burn.apply(x, self.fwd_s, self.bwd_s) if self.fwd_s or self.bwd_s else x
-
 
 def calibrate(module: StageModule, args, factor: float) -> None:
     """Time the stage's own forward and backward on one microbatch; make both `factor`× as long."""

@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_leaves
 
 from stragglers.errors import InputError
 from stragglers.record.layout import JobLayout, fsdp2_units, read_layout
+from stragglers.record.lifecycle import ClosesOnExit
 from stragglers.record.recorder import Recorder
 from stragglers.trace.model import OPTYPE_CODES, JobMeta
 
@@ -69,17 +70,22 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, out: str | Path |
         if m in _ATTACHED:
             raise InputError("attach", "model", "already has a recorder attached; attach once "
                              "per job (close() the first one to attach again)")
-    env = os.environ.get(ENV_SWITCH, "").strip().lower()
-    if enabled is None:
-        enabled = env not in ("0", "off", "false", "no")
-    out = Path(os.environ.get(ENV_DIR) or out or Path("runs") / _job_name(name))
-    every = int(os.environ.get(ENV_SAMPLE) or sample_every or 1)
-    overwrite = overwrite or os.environ.get(ENV_OVERWRITE, "") == "1"
+    enabled, out, every, overwrite = launcher_settings(enabled, out, name, sample_every, overwrite)
     for note in layout.notes:
         warnings.warn(f"stragglers.record.attach: {note}", stacklevel=2)
     return Attached(model, optimizer, layout, out, seq_lens=seq_lens, name=_job_name(name),
                     sample_every=every, overwrite=overwrite, enabled=enabled, extra=extra or {},
                     flush_interval_s=flush_interval_s, device=device)
+
+
+def launcher_settings(enabled, out, name, sample_every, overwrite) -> tuple[bool, Path, int, bool]:
+    """(enabled, out, sample_every, overwrite) with the launcher's environment switches applied."""
+    env = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if enabled is None:
+        enabled = env not in ("0", "off", "false", "no")
+    out = Path(os.environ.get(ENV_DIR) or out or Path("runs") / _job_name(name))
+    every = int(os.environ.get(ENV_SAMPLE) or sample_every or 1)
+    return enabled, out, every, overwrite or os.environ.get(ENV_OVERWRITE, "") == "1"
 
 
 def _job_name(name: str | None) -> str:
@@ -95,7 +101,7 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-class Attached:
+class Attached(ClosesOnExit):
     """The hooks `attach` installed on one rank, and the Recorder they feed."""
 
     def __init__(self, model: nn.Module, optimizer, layout: JobLayout, out: Path, *,
@@ -137,21 +143,8 @@ class Attached:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    def __enter__(self) -> "Attached":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        self.close(collective=exc_type is None)
-        return False
-
-    def close(self, collective: bool = True) -> None:
-        """Remove the hooks, flush, and close the Recorder (joins its threads; a collective)."""
-        if self._closed:
-            return
-        self._closed = True
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+    def _release(self, collective: bool) -> None:
+        """Undo the patches, flush, and close the Recorder (joins its threads; a collective)."""
         for undo in self._restore:
             undo()
         self._restore.clear()

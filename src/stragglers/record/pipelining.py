@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from stragglers.errors import InputError
+from stragglers.record.lifecycle import ClosesOnExit
 from stragglers.record.recorder import Recorder
 from stragglers.trace.model import JobMeta
 
@@ -89,7 +90,7 @@ def schedule_stages(schedule) -> list:
     return stages
 
 
-class AttachedPipeline:
+class AttachedPipeline(ClosesOnExit):
     """The wrappers `attach` installed on one rank's pipeline stages, and the Recorder they feed."""
 
     def __init__(self, schedule, optimizer: torch.optim.Optimizer, out: Path, *, name: str,
@@ -145,21 +146,8 @@ class AttachedPipeline:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    def __enter__(self) -> "AttachedPipeline":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        self.close(collective=exc_type is None)
-        return False
-
-    def close(self, collective: bool = True) -> None:
-        """Remove the wrappers, flush, and close the Recorder (a collective)."""
-        if self._closed:
-            return
-        self._closed = True
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+    def _release(self, collective: bool) -> None:
+        """Remove the method wrappers, flush, and close the Recorder (a collective)."""
         for obj, attr in [(s, m) for s in self.stages for m in _STAGE_METHODS] + [(self.schedule, "step")]:
             obj.__dict__.pop(attr, None)  # the class's method shows through again
         _ATTACHED.discard(self.schedule)
@@ -302,14 +290,9 @@ def attach_pipeline(schedule, optimizer: torch.optim.Optimizer, out: str | Path 
                     overwrite: bool = False, enabled: bool | None = None,
                     extra: dict | None = None, flush_interval_s: float = 1.0) -> AttachedPipeline:
     """Record this rank's pipeline schedule into `out` (a collective; `attach` calls this)."""
-    from stragglers.record.attach import ENV_DIR, ENV_OVERWRITE, ENV_SAMPLE, ENV_SWITCH, _job_name
+    from stragglers.record.attach import _job_name, launcher_settings
 
-    env = os.environ.get(ENV_SWITCH, "").strip().lower()
-    if enabled is None:
-        enabled = env not in ("0", "off", "false", "no")
-    out = Path(os.environ.get(ENV_DIR) or out or Path("runs") / _job_name(name))
-    every = int(os.environ.get(ENV_SAMPLE) or sample_every or 1)
-    overwrite = overwrite or os.environ.get(ENV_OVERWRITE, "") == "1"
+    enabled, out, every, overwrite = launcher_settings(enabled, out, name, sample_every, overwrite)
     return AttachedPipeline(schedule, optimizer, out, name=_job_name(name), sample_every=every,
                             overwrite=overwrite, enabled=enabled, extra=extra or {},
                             flush_interval_s=flush_interval_s)
