@@ -22,10 +22,8 @@ by calling its `op` attribute.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
-import threading
 import socket
 import weakref
 from pathlib import Path
@@ -135,7 +133,6 @@ class AttachedPipeline(ClosesOnExit):
         self._handles: list = []
         self._closed = False
         self.recorder.start()
-        self._gc_hook = _training_thread_gc(self.recorder)
         if not enabled:
             self._closed = True
             return
@@ -157,8 +154,6 @@ class AttachedPipeline(ClosesOnExit):
             self.recorder._buf = None  # a step cut by close() has no optimizer end: dropped
             self._span = None
         self.recorder.close(collective=collective)
-        if self._gc_hook in gc.callbacks:
-            gc.callbacks.remove(self._gc_hook)
 
     @property
     def steps_seen(self) -> int:
@@ -240,27 +235,6 @@ class AttachedPipeline(ClosesOnExit):
             self._span.__exit__(None, None, None)
             self._span = None
             self._step += 1
-
-
-def _training_thread_gc(rec: Recorder):
-    """Feed the Recorder only the GC pauses of this (the training) thread.
-
-    A collection run by one of the Recorder's completion-waiter threads can sit in a finalizer
-    that releases the GIL while the training thread computes: that is no pause of the step,
-    and recorded it overlaps compute rows (seen: a 57 ms "gc" across a forward). Until the
-    Recorder filters by thread itself, its callback is swapped for a filtered one here.
-    """
-    if rec._on_gc not in gc.callbacks:
-        return None
-    me, inner = threading.get_ident(), rec._on_gc
-    gc.callbacks.remove(inner)
-
-    def on_gc(phase, info):
-        if threading.get_ident() == me:
-            inner(phase, info)
-
-    gc.callbacks.append(on_gc)
-    return on_gc
 
 
 def _check_optimizer(optimizer, stages) -> None:
