@@ -68,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also upload each flushed part to a live monitor (stragglers monitor serve)")
     p.add_argument("--monitor-token-file", type=Path, default=None,
                    help="file holding the monitor's bearer token")
+    p.add_argument("--monitor-close-timeout", type=float, default=10.0, metavar="S",
+                   help="at the end, wait at most S seconds to deliver parts still queued for "
+                        "the monitor (they stay in --trace-dir either way)")
     # injections (all off by default)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-factor", type=float, default=1.0)
@@ -538,7 +541,8 @@ def main(argv=None) -> None:
                    device=device, enabled=not args.no_record and args.trace_dir is not None,
                    overwrite=args.overwrite, monitor=args.monitor_url,
                    monitor_token=args.monitor_token_file.read_text().strip()
-                   if args.monitor_token_file else None)
+                   if args.monitor_token_file else None,
+                   monitor_close_timeout_s=args.monitor_close_timeout)
     planned_gc = PlannedGC(args.planned_gc) if args.planned_gc else None
     pipeline = Pipeline(args, rec, model, stage, dp_rank, device, bwd_group)
     step_starts = []

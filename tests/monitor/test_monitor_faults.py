@@ -78,7 +78,7 @@ def test_training_keeps_going_while_the_monitor_is_down_and_delivers_after(tmp_p
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "examples/train_gpt.py", "--pp", "2",
            "--steps", "150", "--layers", "2", "--d-model", "32", "--max-seq-len", "64",
            "--flush-interval", "0.3", "--trace-dir", str(tmp_path / "gpt-down"),
-           "--monitor-url", url]
+           "--monitor-url", url, "--monitor-close-timeout", "300"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
            "PYTHONUNBUFFERED": "1"}
     train = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -97,7 +97,9 @@ def test_training_keeps_going_while_the_monitor_is_down_and_delivers_after(tmp_p
             kill9(proc)                                       # and down again, mid-run
             proc = monitor(tmp_path, port)
             eventually(lambda: c.get("/health").status_code == 200, 120, what="restarted")
-            # (a monitor back within the uploaders' close timeout gets everything)
+            # A monitor back within the uploaders' close timeout gets everything: the timeout
+            # (300 s) is far beyond a restart, so training that ends while the monitor is still
+            # down (a loaded machine) waits for it instead of the verdict resting on a race.
             out, _ = train.communicate(timeout=400)
             assert train.returncode == 0, (first + out)[-4000:]
             local = read_run(tmp_path / "gpt-down")
