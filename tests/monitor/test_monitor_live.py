@@ -47,12 +47,15 @@ class Receiver(BaseHTTPRequestHandler):
 
 def start_monitor(tmp: Path, port: int, webhook: str, token_file: Path) -> subprocess.Popen:
     rules = tmp / "rules.yaml"
+    # hysteresis on the fault rule: on a loaded machine one window of the slow phase can dip
+    # below the firing threshold (seen: fired, resolved, fired again), which a plain threshold
+    # turns into a second alert
     rules.write_text(f"""
 settings: {{window_steps: 5, stall_after_s: 600, close_grace_s: 2, tick_s: 0.2}}
 rules:
   - {{name: severe, when: "slowdown >= 1.8", for_windows: 1, severity: critical}}
   - {{name: worker_fault, when: "cause == worker_fault and speedup >= 1.5", for_windows: 2,
-      severity: critical}}
+      resolve_when: "speedup < 1.2", resolve_for_windows: 2, severity: critical}}
 webhooks: ["{webhook}"]
 external_url: "http://monitor.example:8150"
 """)
