@@ -25,7 +25,7 @@ CASES = [
                  "stage_imbalance", {"pp": [1]}, id="stage_imbalance"),
     pytest.param(
         "sequence_imbalance", 2, ["--pp", "1", "--steps", "16", "--seq-len-dist", "lognormal",
-                                  "--max-seq-len", "1024", "--microbatches", "4"],
+                                  "--max-seq-len", "2048", "--microbatches", "4"],
         "sequence_imbalance", None, id="sequence_imbalance"),
     pytest.param("gc", 2, ["--pp", "1", "--steps", "10", "--gc-garbage", "80"], "gc", None,
                  id="gc"),
