@@ -284,23 +284,32 @@ def bench_many_jobs(tmp: Path, jobs: int, dp: int, pp: int, steps: int, every_s:
             "rss_mb_per_job": (rss1 - rss0) / jobs}
 
 
+PARTS = ("files", "http", "latency", "many_jobs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--only", action="append", choices=PARTS, default=None,
+                    help="run only this part (repeatable; default: all)")
     args = ap.parse_args()
+    only = set(args.only or PARTS)
     q = args.quick
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="monitor-bench-") as d:
         tmp = Path(d)
-        out["files"] = bench_files(tmp, 2 if q else 4, 8, 4, 40 if q else 100, 10)
-        print("files", json.dumps(out["files"]), flush=True)
-        out["http"] = bench_http(tmp, 8, 4, 40 if q else 100, 10)
-        print("http", json.dumps(out["http"]), flush=True)
-        out["latency"] = [bench_latency(tmp, 16, 4)] + ([] if q else [bench_latency(tmp, 256, 4)])
-        print("latency", json.dumps(out["latency"]), flush=True)
-        out["many_jobs"] = bench_many_jobs(tmp, 20, 4, 2, 20 if q else 40, 0.5)
-        print("many_jobs", json.dumps(out["many_jobs"]), flush=True)
+        runs = {
+            "files": lambda: bench_files(tmp, 2 if q else 4, 8, 4, 40 if q else 100, 10),
+            "http": lambda: bench_http(tmp, 8, 4, 40 if q else 100, 10),
+            "latency": lambda: [bench_latency(tmp, 16, 4)]
+            + ([] if q else [bench_latency(tmp, 256, 4)]),
+            "many_jobs": lambda: bench_many_jobs(tmp, 20, 4, 2, 20 if q else 40, 0.5),
+        }
+        for name in PARTS:
+            if name in only:
+                out[name] = runs[name]()
+                print(name, json.dumps(out[name]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 
