@@ -35,6 +35,8 @@ from stragglers.adapt.launch import init_distributed, job_service
 from stragglers.adapt.policies import micro_batches
 from stragglers.adapt.step import DataParallelStep
 
+from launch import require_torchrun  # examples/launch.py (the script's folder is on sys.path)
+
 RUN_FILES = ("shards.db", "shards.db-wal", "shards.db-shm", "checkpoint.pt", "metrics.jsonl",
              "summary.json", "job.token")
 
@@ -99,6 +101,7 @@ def refuse_silent_resume(args: argparse.Namespace, incarnation: int) -> None:
 
 def main() -> None:
     args = parse_args()
+    require_torchrun()
     refuse_silent_resume(args, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     incarnation = init_distributed("gloo")  # incarnation = torchrun restart count
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -44,6 +44,8 @@ from stragglers.advise.live import MonitorWindows, TimingPublisher, window_of
 from stragglers.advise.window import ROW_WIDTH, StepTiming, window_step_time, window_trace
 from stragglers.mitigate import PlannedGC
 
+from launch import require_torchrun  # examples/launch.py (the script's folder is on sys.path)
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -195,6 +197,7 @@ def gather_floats(values: list[float], n: int, group) -> list[list[float]]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    require_torchrun()
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
     timing_group = dist.new_group(list(range(n)))  # the controller's all_gather, apart from DDP's

@@ -18,6 +18,8 @@ from stragglers.coding.data import load_digits_parts
 from stragglers.coding.delays import DISTRIBUTIONS, DelaySampler
 from stragglers.coding.training import set_seed, train_coded
 
+from launch import require_torchrun  # examples/launch.py (the script's folder is on sys.path)
+
 
 def parse_args() -> argparse.Namespace:
     """Command-line options."""
@@ -45,6 +47,7 @@ def make_model() -> torch.nn.Module:
 def main() -> None:
     """Train each requested scheme in the same process group and print a comparison."""
     args = parse_args()
+    require_torchrun(3)
     dist.init_process_group("gloo")
     n = dist.get_world_size() - 1  # rank 0 aggregates
     data = load_digits_parts(n, batch_size=args.batch_size, seed=args.seed)

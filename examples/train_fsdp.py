@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from stragglers.record import attach
 
 from injection import SlowDown  # examples/injection.py (the script's folder is on sys.path)
+from launch import require_torchrun  # examples/launch.py (the script's folder is on sys.path)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -107,6 +108,7 @@ def calibrate_slowdown(model: Model, args, factor: float) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    require_torchrun()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = Model(args)

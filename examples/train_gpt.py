@@ -34,6 +34,8 @@ from stragglers.record import Recorder
 from stragglers.trace.synth.schedule import compute_order
 from stragglers.trace.model import JobMeta
 
+from launch import require_torchrun  # examples/launch.py (the script's folder is on sys.path)
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -486,6 +488,7 @@ def main(argv=None) -> None:
                          f"{args.vpp}) needs a multiple of --pp {args.pp}")
     chunk_blocks = chunk_layout(args) if args.vpp > 1 else None
     use_cuda = torch.cuda.is_available()
+    require_torchrun()
     dist.init_process_group("nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if world % args.pp:

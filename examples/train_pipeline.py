@@ -30,6 +30,7 @@ from torch.distributed.pipelining import PipelineStage, schedules
 from stragglers.record import attach
 
 from injection import SlowDown  # examples/injection.py (the script's folder is on sys.path)
+from launch import require_torchrun  # examples/launch.py (the script's folder is on sys.path)
 
 SCHEDULES = {"GPipe": schedules.ScheduleGPipe, "1F1B": schedules.Schedule1F1B,
              "Interleaved1F1B": schedules.ScheduleInterleaved1F1B,
@@ -149,8 +150,10 @@ def injections(args, pp: int) -> list[dict]:
 # ---- main -----------------------------------------------------------------------------------
 
 def main(argv=None) -> None:
+    args = parse_args(argv)
+    require_torchrun()
     dist.init_process_group("gloo")
-    train(parse_args(argv))
+    train(args)
     dist.destroy_process_group()
 
 
