@@ -120,6 +120,15 @@ def test_hostile_requests_get_a_4xx_naming_the_problem_and_change_nothing(server
         assert r.status_code == 413
         r = c.put(url, content=good)                           # no token
         assert r.status_code == 401
+        # window indices: negative, past any window, past SQLite's integers, not a number
+        for path in ("/api/jobs/job-x/windows/-1", "/api/jobs/job-x/windows/" + "9" * 25,
+                     "/api/jobs/job-x?window=-1", "/api/jobs/job-x?window=" + "9" * 25,
+                     "/api/jobs/job-x/windows/abc"):
+            r = c.get(path)
+            assert r.status_code == 422 and ("'idx'" in r.json()["error"]
+                                             or "'window'" in r.json()["error"]), (path, r.text)
+        r = c.get("/api/jobs/job-x/windows/7")
+        assert r.status_code == 404 and "no window 7" in r.json()["error"]
         # nothing of all that was stored or written
         assert get(c, "/api/stats")["by_way"] == {}
         files = sorted(p.name for p in (server.monitor.data_dir / "job-x").iterdir())

@@ -6,7 +6,7 @@ import hmac
 import logging
 from pathlib import Path
 
-from fastapi import Depends, FastAPI, Path as PathParam, Request
+from fastapi import Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
@@ -14,7 +14,7 @@ from stragglers.errors import InputError
 from stragglers.monitor.events import ChangeFeed
 from stragglers.monitor.ingest_http import HTTPProblem, add_upload_routes
 from stragglers.monitor.metrics import CONTENT_TYPE
-from stragglers.monitor.parts import check_job_name
+from stragglers.monitor.parts import MAX_WINDOW, check_job_name
 from stragglers.monitor.service import Monitor
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,8 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         return {"version": store.version, "jobs": store.jobs()}
 
     @app.get("/api/jobs/{job}", dependencies=read)
-    async def job(job: str = PathParam(max_length=128), window: int | None = None):
+    async def job(job: str = PathParam(max_length=128),
+                  window: int | None = Query(None, ge=0, le=MAX_WINDOW)):
         """A job: its state, window history, the chosen (default: latest) window, alerts."""
         check_job_name(job, "path")
         row = store.job(job)
@@ -115,7 +116,7 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
             "alert_log": store.alert_log(job=job)}
 
     @app.get("/api/jobs/{job}/windows/{idx}", dependencies=read)
-    async def job_window(job: str = PathParam(max_length=128), idx: int = PathParam(ge=0)):
+    async def job_window(job: str = PathParam(max_length=128), idx: int = PathParam(ge=0, le=MAX_WINDOW)):
         """One analysed window in full (scores per worker, diagnosis)."""
         check_job_name(job, "path")
         w = store.window(job, idx)

@@ -20,6 +20,7 @@ from stragglers.trace.runformat import RANK_FILE, rank_file_name
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_RANK = 9_999_999
 MAX_PART = 999_999
+MAX_WINDOW = 2**31 - 1  # a window index in a request: larger cannot exist (and overflows SQLite)
 
 
 def check_job_name(job: str, source: object = "job") -> str:
