@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pyarrow as pa
@@ -133,9 +134,28 @@ def test_hostile_requests_get_a_4xx_naming_the_problem_and_change_nothing(server
         assert get(c, "/api/stats")["by_way"] == {}
         files = sorted(p.name for p in (server.monitor.data_dir / "job-x").iterdir())
         assert files == ["meta.json"]
+        # rows at a stage or DP rank the job does not have (pp 2, dp 2)
+        for column in ("stage", "dp_rank"):
+            moved = {k: v.copy() for k, v in cols.items()}
+            moved[column][:] = 2
+            r = c.put(url, content=parquet_bytes(moved), headers=AUTH)
+            assert r.status_code == 422 and f"'{column}'" in r.json()["error"], r.text
+            assert "expected < 2" in r.json()["error"]
+        assert get(c, "/api/stats")["by_way"] == {}
         assert c.put(url, content=good, headers=AUTH).json()["status"] == "stored"
+        # the same number again: the same bytes are a retry, other bytes a conflict (409) that
+        # replaces nothing (a restarted job numbering its parts from 0 again)
+        assert c.put(url, content=good, headers=AUTH).json()["status"] == "duplicate"
+        later = {k: v.copy() for k, v in cols.items()}
+        later["duration"] = later["duration"] * 2
+        r = c.put(url, content=parquet_bytes(later), headers=AUTH)
+        assert r.status_code == 409 and "different content" in r.json()["error"], r.text
+        stored = sorted((server.monitor.data_dir / "job-x").glob("rank-*"))
+        assert len(stored) == 1 and stored[0].read_bytes() == good
+        assert get(c, "/api/stats")["by_way"]["http"]["parts"] == 1
         text = c.get("/metrics").text
-        for reason in ("unauthorized", "unknown_job", "bad_part", "too_large", "bad_rank"):
+        for reason in ("unauthorized", "unknown_job", "bad_part", "too_large", "bad_rank",
+                       "conflict"):
             assert f'stragglers_ingest_rejected_total{{reason="{reason}"}}' in text
 
 
@@ -181,3 +201,54 @@ def test_the_event_stream_tells_a_page_when_something_is_stored_and_ends_at_shut
             assert not any(line.startswith("data:") for line in rest)
     finally:
         s.stop()
+
+
+def test_one_part_number_raced_with_two_contents_keeps_one_and_refuses_the_other(server):
+    trace = slow_job(steps=10)
+    rank, part, cols = parts_of(trace, steps_per_part=5)[0]
+    other = {k: v.copy() for k, v in cols.items()}
+    other["duration"] = other["duration"] * 3
+    bodies = [parquet_bytes(cols), parquet_bytes(other)] * 4
+    url = f"/api/jobs/race/ranks/{rank}/parts/{part}"
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert put_meta(c, "race", trace).status_code == 200
+
+        def send(body):
+            with httpx.Client(base_url=server.url, timeout=60) as own:
+                r = own.put(url, content=body, headers=AUTH)
+                return body, r.status_code, (r.json().get("status") if r.status_code == 200
+                                             else r.json()["error"])
+
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            replies = list(pool.map(send, bodies))
+        stored = [body for body, code, what in replies if what == "stored"]
+        assert len(stored) == 1, replies
+        for body, code, what in replies:
+            if body == stored[0]:
+                assert what in ("stored", "duplicate"), what
+            else:
+                assert code == 409 and "different content" in what, what
+        files = sorted((server.monitor.data_dir / "race").glob("rank-*"))
+        assert len(files) == 1 and files[0].read_bytes() == stored[0]
+
+
+def test_a_store_from_before_fingerprints_opens_and_takes_parts(tmp_path):
+    import sqlite3
+
+    from stragglers.monitor.store import Store
+
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.execute("CREATE TABLE parts (job TEXT NOT NULL, rank INTEGER NOT NULL, part INTEGER NOT "
+               "NULL, records INTEGER NOT NULL, first_step INTEGER NOT NULL, last_step INTEGER "
+               "NOT NULL, bytes INTEGER NOT NULL, way TEXT NOT NULL, ingested_at REAL NOT NULL, "
+               "PRIMARY KEY (job, rank, part)) WITHOUT ROWID")
+    db.execute("INSERT INTO parts VALUES ('j', 0, 0, 5, 0, 4, 100, 'http', 1.0)")
+    db.commit()
+    db.close()
+    store = Store(tmp_path / "old.db")
+    try:
+        assert store.part_digest("j", 0, 0) is None          # stored before: not known
+        assert store.add_parts([("j", 0, 1, 5, 5, 9, 100, "http", "abc")]) == [True]
+        assert store.part_digest("j", 0, 1) == "abc"
+    finally:
+        store.close()

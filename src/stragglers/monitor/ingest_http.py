@@ -4,7 +4,8 @@
     PUT /api/jobs/{job}/ranks/{rank}/parts/{n}   one part (Parquet bytes)
 
 Every write needs the bearer token when one is set. A part is identified by (job, rank, n):
-sending it again answers `duplicate` and changes nothing, so a client may retry freely. A part
+sending the same bytes again answers `duplicate` and changes nothing, so a client may retry
+freely; other bytes under a stored number answer 409 and replace nothing (no silent loss). A part
 is checked (Parquet, the op-table schema, its rank) before anything is written; it then lands
 in the run format under the monitor's data directory (fsynced) and is stored like a watched
 file, so both ways in feed the same analysis. The reply comes once the part is durable. The
@@ -23,7 +24,8 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stragglers.errors import InputError
-from stragglers.monitor.parts import MAX_PART, MAX_RANK, check_job_name
+from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
+    check_same_part, fingerprint
 from stragglers.monitor.service import Monitor, PartIn
 from stragglers.trace.runformat import write_meta
 
@@ -115,15 +117,26 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write) -> None:
                               f"size {world})", "bad_rank")
         dropped = request.headers.get("x-stragglers-dropped")
         body = await read_body(request, cfg.max_part_bytes, "a part")
+        # (hashing a large body off the event loop; hashlib drops the GIL for it)
+        digest = fingerprint(body) if len(body) < 1 << 20 else \
+            await run_in_threadpool(fingerprint, body)
         if tracker.knows(rank, part):
+            # a retry (same bytes) is a duplicate; other bytes under a stored number: 409
+            stored = await run_in_threadpool(monitor.store.part_digest, job, rank, part)
+            try:
+                check_same_part(stored, digest, job, rank, part)
+            except PartConflict as exc:
+                raise HTTPProblem(409, str(exc), "conflict") from None
             return {"status": "duplicate"}
         # the ingest thread checks the bytes (with the other parts of its batch), writes them
         # into the run format and stores the part; the reply waits until it is durable
         done: Future = Future()
-        item = PartIn(job, rank, part, "http", body=body, done=done)
+        item = PartIn(job, rank, part, "http", body=body, digest=digest, done=done)
         monitor.submit(item)
         try:
             status = await asyncio.wrap_future(done)
+        except PartConflict as exc:    # another upload of this number was stored first
+            raise HTTPProblem(409, str(exc), "conflict") from None
         except InputError as exc:
             raise HTTPProblem(422, str(exc), "bad_part") from None
         if dropped is not None and dropped.isdigit():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from concurrent.futures import Executor
@@ -20,7 +21,26 @@ from stragglers.trace.runformat import RANK_FILE, rank_file_name
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_RANK = 9_999_999
 MAX_PART = 999_999
-MAX_WINDOW = 2**31 - 1  # a window index in a request: larger cannot exist (and overflows SQLite)
+MAX_WINDOW = 2**63 - 1  # a window index in a request: SQLite's largest integer
+
+
+class PartConflict(InputError):
+    """A part number already stored with other bytes: answered 409, nothing is replaced."""
+
+
+def fingerprint(body: bytes) -> str:
+    """The digest that tells a retried upload (same bytes) from a different part."""
+    return hashlib.blake2b(body, digest_size=16).hexdigest()
+
+
+def check_same_part(stored: str | None, digest: str | None, job: str, rank: int,
+                    part: int) -> None:
+    """PartConflict when an upload reuses a stored part's number with different bytes."""
+    if stored is not None and digest is not None and stored != digest:
+        raise PartConflict(f"part {job}/{rank}/{part}", None,
+                           f"part {part} of rank {rank} is already stored with different "
+                           "content; a restarted job that numbers its parts from 0 again "
+                           "needs a new job name (nothing was replaced)")
 
 
 def check_job_name(job: str, source: object = "job") -> str:
@@ -70,6 +90,18 @@ def check_part(table: pa.Table, source: object, rank: int, part: int, nbytes: in
         raise InputError(source, "rank", f"rows of rank {other} in a part of rank {rank}; "
                          "expected one rank per part")
     return PartData(rank, part, cols, nbytes)
+
+
+def check_in_job(data: PartData, meta, source: object) -> None:
+    """InputError when a part's rows sit at a stage or DP rank its job's meta does not have
+    (the part is refused alone, rather than failing every window it would be analysed in)."""
+    for column, size, name in (("stage", meta.pp_size, "pp_size"),
+                               ("dp_rank", meta.dp_size, "dp_size")):
+        values = data.columns[column]
+        bad = np.flatnonzero(values >= size)
+        if len(bad):
+            raise InputError(source, column, f"value {int(values[bad[0]])} at row {int(bad[0])}; "
+                             f"expected < {size} (the job's {name})")
 
 
 def check_parts(tables: list[pa.Table], sources: list, ids: list[tuple[int, int]],

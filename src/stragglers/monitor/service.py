@@ -22,8 +22,8 @@ from pathlib import Path
 from stragglers.errors import InputError
 from stragglers.monitor.alerts import AlertEngine, WebhookSender, parse_rules
 from stragglers.monitor.metrics import MonitorMetrics
-from stragglers.monitor.parts import PartData, read_part_file, read_part_files, read_uploads, \
-    sync_directory, write_part_file
+from stragglers.monitor.parts import PartConflict, PartData, check_in_job, check_same_part, \
+    read_part_file, read_part_files, read_uploads, sync_directory, write_part_file
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.store import JobConflict, Store
 from stragglers.monitor.windows import JobTracker, Window, analyse_window
@@ -46,6 +46,7 @@ class PartIn:
     path: Path | None = None       # a watched file, read by the ingest thread
     data: PartData | None = None   # or a part already read and checked
     body: bytes | None = None      # or uploaded bytes: checked, then written into data_dir
+    digest: str | None = None      # the uploaded bytes' fingerprint (parts.fingerprint)
     records: int = 0
     queued_at: float = field(default_factory=time.monotonic)
     done: Future | None = None      # set to "stored" or "duplicate" once durable
@@ -227,7 +228,32 @@ class Monitor:
             finally:
                 self._count(-len(batch))
 
+    def _settle_known(self, it: PartIn) -> None:
+        """A part number seen before: `duplicate` for the same bytes, a conflict for others."""
+        if it.digest is None:   # a watched file seen again (files are replaced atomically)
+            _settle(it, "duplicate")
+            return
+        try:
+            check_same_part(self.store.part_digest(it.job, it.rank, it.part), it.digest,
+                            it.job, it.rank, it.part)
+        except PartConflict as exc:   # only uploads carry a digest; the request counts it
+            _settle(it, exc=exc)
+            return
+        _settle(it, "duplicate")
+
     def _ingest_batch(self, batch: list[PartIn]) -> None:
+        # the same part number twice in one batch: the second waits until the first is stored
+        # or refused (it would otherwise overwrite the first's file before either is checked)
+        seen: set = set()
+        first, again = [], []
+        for it in batch:
+            key = (it.job, it.rank, it.part)
+            (again if key in seen else first).append(it)
+            seen.add(key)
+        if again:
+            self._ingest_batch(first)
+            self._ingest_batch(again)
+            return
         rows, taken, fresh = [], [], []
         for it in batch:
             tr = self.tracker(it.job)
@@ -236,7 +262,7 @@ class Monitor:
                 _settle(it, exc=InputError(it.job, "job", "unknown job"))
                 continue
             if tr.knows(it.rank, it.part):
-                _settle(it, "duplicate")
+                self._settle_known(it)
                 continue
             fresh.append(it)
         # watched files and uploads of the whole batch are read, then checked together (one
@@ -248,6 +274,14 @@ class Monitor:
         read.update(zip(map(id, uploads), read_uploads(
             [(it.body, f"part {it.job}/{it.rank}/{it.part}", it.rank, it.part) for it in uploads],
             self._readers)))
+        for it in files + uploads:   # places the job does not have (stage 7 of a 2-stage job)
+            data = read[id(it)]
+            if not isinstance(data, InputError):
+                try:
+                    check_in_job(data, self.trackers[it.job].meta,
+                                 it.path or f"part {it.job}/{it.rank}/{it.part}")
+                except InputError as exc:
+                    read[id(it)] = exc
         self._write_uploads([it for it in uploads if not isinstance(read[id(it)], InputError)])
         for it in fresh:
             data = it.data if id(it) not in read else read[id(it)]
@@ -259,7 +293,7 @@ class Monitor:
                 continue
             it.records = data.records
             rows.append((it.job, it.rank, it.part, data.records, data.first_step,
-                         data.last_step, data.nbytes, it.way))
+                         data.last_step, data.nbytes, it.way, it.digest))
             taken.append((it, data))
         if not rows:
             return
@@ -270,7 +304,7 @@ class Monitor:
             touched = set()
             for (it, data), is_new in zip(taken, new):
                 if not is_new:
-                    _settle(it, "duplicate")
+                    self._settle_known(it)
                     continue
                 self.trackers[it.job].add_part(it.rank, it.part, data.last_step, data.columns, now)
                 self.metrics.parts.labels(it.way).inc()

@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS parts (
     job TEXT NOT NULL, rank INTEGER NOT NULL, part INTEGER NOT NULL, records INTEGER NOT NULL,
     first_step INTEGER NOT NULL, last_step INTEGER NOT NULL, bytes INTEGER NOT NULL,
-    way TEXT NOT NULL, ingested_at REAL NOT NULL, PRIMARY KEY (job, rank, part)) WITHOUT ROWID;
+    way TEXT NOT NULL, ingested_at REAL NOT NULL, digest TEXT,
+    PRIMARY KEY (job, rank, part)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS windows (
     job TEXT NOT NULL, idx INTEGER NOT NULL, first_step INTEGER NOT NULL,
     last_step INTEGER NOT NULL, steps TEXT NOT NULL, slowdown REAL, waste REAL, t_base REAL,
@@ -68,6 +69,9 @@ class Store:
         # NORMAL survives a killed process (the WAL is still on disk) but not a power cut.
         self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         self._db.executescript(SCHEMA)
+        # stores from before uploads were fingerprinted: add the column (NULL = not known)
+        if "digest" not in {r[1] for r in self._db.execute("PRAGMA table_info(parts)")}:
+            self._db.execute("ALTER TABLE parts ADD COLUMN digest TEXT")
         self.version = 0  # bumped on every write; pages poll it to skip unchanged reads
         self._listeners: list = []
 
@@ -172,15 +176,19 @@ class Store:
     # ---- parts ------------------------------------------------------------------------------
 
     def add_parts(self, rows: list[tuple], now: float | None = None) -> list[bool]:
-        """Insert parts (job, rank, part, records, first_step, last_step, bytes, way) in one
-        transaction; returns for each whether it was new (False: seen before, not counted)."""
+        """Insert parts (job, rank, part, records, first_step, last_step, bytes, way[, digest])
+        in one transaction; returns for each whether it was new (False: seen before, not
+        counted). digest: the uploaded bytes' fingerprint (None for watched files)."""
         now = time.time() if now is None else now
 
         def tx(db):
             new = []
             for r in rows:
-                cur = db.execute("INSERT OR IGNORE INTO parts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 (*r, now))
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO parts (job, rank, part, records, first_step, "
+                    "last_step, bytes, way, ingested_at, digest) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (*r[:8], now, r[8] if len(r) > 8 else None))
                 new.append(cur.rowcount == 1)
             for job in {r[0] for r, n in zip(rows, new) if n}:
                 db.execute("UPDATE jobs SET last_part_at = ? WHERE job = ?", (now, job))
@@ -192,6 +200,12 @@ class Store:
         """Whether this part was stored already."""
         return bool(self._rows("SELECT 1 FROM parts WHERE job = ? AND rank = ? AND part = ?",
                                (job, rank, part)))
+
+    def part_digest(self, job: str, rank: int, part: int) -> str | None:
+        """The stored fingerprint of an uploaded part (None: not stored, or not known)."""
+        rows = self._rows("SELECT digest FROM parts WHERE job = ? AND rank = ? AND part = ?",
+                          (job, rank, part))
+        return rows[0]["digest"] if rows else None
 
     def parts(self, job: str, after_step: int = -1) -> list[dict]:
         """A job's parts that hold steps after `after_step` (for rebuilding after a restart)."""

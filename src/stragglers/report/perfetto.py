@@ -73,12 +73,12 @@ def _check_timeline(name: str, trace: Trace, start: np.ndarray, end: np.ndarray
     if huge.any():
         i = int(np.argmax(huge))
         raise InputError("timelines", name, f"times must be seconds (|t| < {MAX_SECONDS:.0e}); "
-                         f"row {i} has start {start[i]!r}, end {end[i]!r}")
+                         f"row {i} has start {float(start[i])!r}, end {float(end[i])!r}")
     bad = end < start - 1e-9
     if bad.any():
         i = int(np.argmax(bad))
         raise InputError("timelines", name, f"{int(bad.sum())} ops end before they start "
-                         f"(first: row {i}, start {start[i]!r}, end {end[i]!r})")
+                         f"(first: row {i}, start {float(start[i])!r}, end {float(end[i])!r})")
     return start, end
 
 

@@ -102,8 +102,9 @@ def check_values(ops: dict[str, np.ndarray], source: Path | str) -> None:
                              f"(first at row {int(np.argmax(bad))}); expected finite seconds")
     neg = ops["duration"] < 0
     if neg.any():
+        first = float(ops["duration"][neg][0])
         raise InputError(source, "duration", f"{int(neg.sum())} negative durations (first at row "
-                         f"{int(np.argmax(neg))}: {ops['duration'][neg][0]!r}); expected >= 0 s")
+                         f"{int(np.argmax(neg))}: {first:g} s); expected >= 0 s")
     for name in ("rank", "dp_rank", "stage", "step"):
         neg = ops[name] < 0
         if neg.any():
