@@ -101,8 +101,8 @@ def refuse_silent_resume(args: argparse.Namespace, incarnation: int) -> None:
 
 def main() -> None:
     args = parse_args()
-    require_torchrun()
     refuse_silent_resume(args, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    require_torchrun()
     incarnation = init_distributed("gloo")  # incarnation = torchrun restart count
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:
