@@ -211,3 +211,18 @@ def test_incomplete_steps_are_left_out_of_every_per_step_result():
     assert r["steps_analysed"] == [0, 1, 2, 3, 5]
     assert sorted(r["step_slowdown"]) == [0, 1, 2, 3, 5]
     assert finding(r, "communication")["where"]["steps"] == [1]
+
+
+def test_a_slow_link_with_no_healthy_link_to_compare_says_so():
+    # a two-stage pipeline has one link: slow in steps 2 and 5, it is found, and the evidence
+    # says a congested network and late-waking hosts look the same in such a trace
+    alone = generate(dp=1, pp=2, microbatches=8, steps=8, seed=3, slow_link={
+        "kind": "p2p", "dp": 0, "stage_from": 0, "stage_to": 1, "factor": 20, "steps": [2, 5]})
+    f = finding(analyze(alone), "communication")
+    assert f["where"]["steps"] == [2, 5]
+    assert "no healthy link to compare with" in f["evidence"], f["evidence"]
+    # one slow link among several: located, no such caveat
+    located = generate(dp=2, pp=4, microbatches=8, steps=8, seed=3, slow_link={
+        "kind": "p2p", "dp": 1, "stage_from": 1, "stage_to": 2, "factor": 20})
+    f = finding(analyze(located), "communication")
+    assert f["where"]["pp"] == [1, 2] and "no healthy link" not in f["evidence"]

@@ -36,7 +36,9 @@ FIXES = {
     "gc": "plan GC: automatic GC off, gc.collect() on all ranks at the same step "
           "(stragglers.mitigate.PlannedGC)",
     "communication": "check the slow link or collective on the named workers (NIC, switch port, "
-                     "NCCL settings)",
+                     "NCCL settings); where the hosts are busy, check too that the waiting "
+                     "processes get a CPU promptly (more processes or threads than cores "
+                     "delays every receive)",
 }
 
 

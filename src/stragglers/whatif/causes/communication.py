@@ -53,6 +53,14 @@ def communication(ctx: Context) -> list[Candidate]:
                     + f", {1e3 * float(per_step.mean()):.1f} ms per step in all")
         if steps:
             evidence += f", only in steps {fmt_steps(steps)}"
+        carriers = {(int(d), int(p)) for p in range(g.pp_size)
+                    for d in np.flatnonzero(g.present[ids][stage == p].any(axis=(0, 2)))}
+        if carriers <= set(hot):
+            # nothing healthy to compare with: say what the trace cannot tell apart
+            evidence += (f"; these are all the workers that carry {name} in this job, so the "
+                         "trace has no healthy link to compare with: a slow or congested network "
+                         "and hosts too busy to wake their waiting threads promptly (CPU "
+                         "contention) look the same here")
         optypes = sorted({OPTYPES[c] for c in codes})
         extra = {"optypes": optypes, **({"steps": steps} if steps else {})}
         found.append(Candidate("communication", ctx.where_workers(hot, **extra), evidence,
