@@ -254,9 +254,9 @@ class Monitor:
             self._ingest_batch(first)
             self._ingest_batch(again)
             return
-        rows, taken, fresh = [], [], []
+        rows, taken, fresh, trackers = [], [], [], {}
         for it in batch:
-            tr = self.tracker(it.job)
+            tr = trackers[it.job] = self.tracker(it.job)
             if tr is None:
                 self.reject("unknown_job", f"{it.job}/{it.rank}/{it.part}", "unknown job")
                 _settle(it, exc=InputError(it.job, "job", "unknown job"))
@@ -278,7 +278,7 @@ class Monitor:
             data = read[id(it)]
             if not isinstance(data, InputError):
                 try:
-                    check_in_job(data, self.trackers[it.job].meta,
+                    check_in_job(data, trackers[it.job].meta,
                                  it.path or f"part {it.job}/{it.rank}/{it.part}")
                 except InputError as exc:
                     read[id(it)] = exc
