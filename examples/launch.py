@@ -22,3 +22,17 @@ def require_torchrun(nproc: int = 2) -> None:
           f"e.g. python -m torch.distributed.run --nproc-per-node {nproc} {script} "
           f"{' '.join(sys.argv[1:])}".rstrip(), file=sys.stderr)
     raise SystemExit(2)
+
+
+def exit_without_finalizing(code: int = 0) -> None:
+    """End a finished distributed script at once: stdio flushed, no interpreter shutdown.
+
+    torch 2.13 keeps DDP's and FSDP2's world-group gloo threads alive after
+    destroy_process_group(); one that frees a Python callback while the interpreter shuts
+    down is killed mid-C++ frame and the process aborts ("terminate called without an active
+    exception", SIGABRT), rarely, after all the work is done. Call this last, once the
+    recorder is closed, files are written and the group is destroyed: nothing is left to lose.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

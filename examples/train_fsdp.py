@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from stragglers.record import attach
 
 from injection import SlowDown  # examples/injection.py (the script's folder is on sys.path)
-from launch import require_torchrun  # examples/launch.py (the script's folder is on sys.path)
+from launch import exit_without_finalizing, require_torchrun  # examples/launch.py (the script's folder is on sys.path)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -163,3 +163,4 @@ def save_params(model: nn.Module, path: Path | None, rank: int) -> None:
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
+    exit_without_finalizing()  # see examples/launch.py: a rare gloo abort at shutdown

@@ -10,7 +10,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from stragglers.record import Recorder
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+from launch import exit_without_finalizing  # noqa: E402  (examples/launch.py)
+from stragglers.record import Recorder  # noqa: E402
 from stragglers.trace.model import JobMeta
 
 
@@ -50,3 +52,4 @@ def main(trace_dir: str, steps: int) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]))
+    exit_without_finalizing()  # examples/launch.py: no rare gloo abort at shutdown

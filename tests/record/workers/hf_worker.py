@@ -16,7 +16,9 @@ import torch
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-from slowdown import slow_down
+from slowdown import slow_down  # (puts examples/ on sys.path)
+
+from launch import exit_without_finalizing  # noqa: E402  (examples/launch.py)
 from stragglers.record.hf_trainer import record_trainer
 
 
@@ -56,3 +58,4 @@ def main(out: str, steps: int, slow_rank: int) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    exit_without_finalizing()  # examples/launch.py: no rare gloo abort at shutdown

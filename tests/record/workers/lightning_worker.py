@@ -15,7 +15,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from slowdown import slow_down
+from slowdown import slow_down  # (puts examples/ on sys.path)
+
+from launch import exit_without_finalizing  # noqa: E402  (examples/launch.py)
 from stragglers.record.lightning import RecordCallback
 
 
@@ -50,3 +52,4 @@ def main(out: str, steps: int, slow_rank: int) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    exit_without_finalizing()  # examples/launch.py: no rare gloo abort at shutdown
