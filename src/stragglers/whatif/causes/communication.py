@@ -28,7 +28,8 @@ def communication(ctx: Context) -> list[Candidate]:
         if not len(ids):
             continue
         cost, ideal = w.cost[ids], w.ideal[ids]                            # [n, D, T], [n, 1, 1]
-        slow = (cost >= cfg.comm_min_ratio * np.maximum(ideal, 1e-9)) & g.present[ids]
+        present = g.present[ids]
+        slow = (cost >= cfg.comm_min_ratio * np.maximum(ideal, 1e-9)) & present
         excess = np.where(slow, cost - ideal, 0.0)
         stage = g.node_stage[ids]
         per = per_worker_sum(excess, stage, np.ones(len(ids), bool), g.pp_size)   # [D, P, T]
@@ -54,7 +55,7 @@ def communication(ctx: Context) -> list[Candidate]:
         if steps:
             evidence += f", only in steps {fmt_steps(steps)}"
         carriers = {(int(d), int(p)) for p in range(g.pp_size)
-                    for d in np.flatnonzero(g.present[ids][stage == p].any(axis=(0, 2)))}
+                    for d in np.flatnonzero(present[stage == p].any(axis=(0, 2)))}
         if carriers <= set(hot):
             # nothing healthy to compare with: say what the trace cannot tell apart
             evidence += (f"; these are all the workers that carry {name} in this job, so the "
