@@ -209,6 +209,7 @@ def main() -> None:
 
     checkpoint(step)
     agent.close()
+    dd.close()
     if rank == 0:
         summary = {"steps": step, "incarnation": incarnation, "failed_shards": client.status()["failed"],
                    "control": client.control_state(), "late_actions": agent.late}

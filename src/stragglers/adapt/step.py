@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from stragglers.collectives.completion import CompletionThread, reduce_bucket
+
 
 @dataclass
 class StepResult:
@@ -66,6 +68,9 @@ class DataParallelStep:
                                            bucket_cap_mb=bucket_cap_mb)
         self._reductions = 0
         self._last_ready = 0.0
+        # The futures DDP waits on are completed by a thread of ours, never by a Python
+        # callback on gloo's (collectives/completion.py says why).
+        self._completer = CompletionThread("stragglers-dd-buckets")
         self.ddp.register_comm_hook(group, self._sum_hook)
         self._host = torch.zeros(1 + n_extras, pin_memory=cuda)
 
@@ -73,8 +78,11 @@ class DataParallelStep:
         """Sum (not average) each bucket: the weighting is done with the global count."""
         self._reductions += 1
         self._last_ready = time.perf_counter()
-        work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
+        return reduce_bucket(self._completer, bucket, group, average=False)
+
+    def close(self) -> None:
+        """Join the thread that completes the buckets' futures (after the last step)."""
+        self._completer.stop()
 
     def step(self, sum_loss: Callable, inputs: torch.Tensor, targets: torch.Tensor,
              micro_sizes: Sequence[int], optimizer: torch.optim.Optimizer,

@@ -11,8 +11,7 @@ No `from __future__ import annotations` here: DDP checks the hook's annotations 
 import time
 
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
+from stragglers.collectives.completion import CompletionThread, reduce_bucket
 from stragglers.collectives.ddp_hook import StragglarHookState, stragglar_hook
 
 
@@ -30,6 +29,8 @@ class SwitchableCommHook:
         self.arrived = None       # perf_counter when the last bucket's sync was called
         self.completed = None     # ... and when its result was ready
         self.nbytes = 0
+        # completes the futures DDP waits on (no Python callback on gloo's: completion.py)
+        self.completer = CompletionThread("stragglers-advise-buckets")
 
     @property
     def mode(self) -> str:
@@ -50,8 +51,9 @@ class SwitchableCommHook:
             self.stragglar = None
 
     def close(self) -> None:
-        """Finish StragglAR's queued work (call on every rank after training)."""
+        """Finish StragglAR's queued work and join the hook's thread (every rank, after training)."""
         self.use_library()
+        self.completer.stop()
 
 
 def switchable_hook(state, bucket):
@@ -59,13 +61,11 @@ def switchable_hook(state, bucket):
     state.arrived = time.perf_counter()
     buf = bucket.buffer()
     state.nbytes = buf.numel() * buf.element_size()
+
+    def done():
+        state.completed = time.perf_counter()
+
     if state.stragglar is not None:
         fut = stragglar_hook(state.stragglar, bucket)
-    else:
-        fut = allreduce_hook(state.process_group, bucket)
-
-    def done(f):
-        state.completed = time.perf_counter()
-        return f.value()
-
-    return fut.then(done)
+        return state.completer.complete(fut, fut.value, done, buf.device)
+    return reduce_bucket(state.completer, bucket, state.process_group, on_done=done)

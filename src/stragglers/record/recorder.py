@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from stragglers.collectives.completion import CompletionThread, reduce_bucket
 from stragglers.errors import InputError, StragglersError
 from stragglers.record.clock import (ClockEstimate, common_origin_ns, control_channel,
                                      measure_offset, release_control_channel,
@@ -180,6 +181,7 @@ class Recorder:
         self.offset_applied = False
         self._closed = False
         self._waiters: dict[str, _CompletionWaiter] = {}
+        self._ddp_completer = CompletionThread("stragglers-ddp-buckets")
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -257,6 +259,7 @@ class Recorder:
         for waiter in self._waiters.values():
             waiter.stop()
         self._waiters.clear()
+        self._ddp_completer.stop()  # a DDP hook called after close starts it again, idle at exit
         if self._writer is not None:
             self._writer.close()
         if collective and self.distributed:
@@ -428,34 +431,38 @@ class Recorder:
                         nbytes=tensor.numel() * tensor.element_size())
 
     def ddp_comm_hook(self, inner=None, optype: str = "grads-all-reduce"):
-        """Wrap a DDP communication hook (default: allreduce) so each bucket is a recorded op."""
-        if inner is None:
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-            inner = allreduce_hook
+        """Wrap a DDP communication hook (default: allreduce) so each bucket is a recorded op.
+
+        The bucket's end is stamped, and the future DDP waits on is completed, by a thread of
+        the recorder (collectives/completion.py), never by a Python callback on gloo's future.
+        """
         code = OPTYPE_CODES[optype]
         last_end = [0]
+        completer = self._ddp_completer
 
         def hook(state, bucket):
             buf = self._buf
-            if buf is None:
-                return inner(state, bucket)
-            start = self._timer.mark()
-            flat = bucket.buffer()
-            nbytes = flat.numel() * flat.element_size()
-            fut = inner(state, bucket)
+            start = None
+            if buf is not None:
+                start = self._timer.mark()
+                flat = bucket.buffer()
+                nbytes = flat.numel() * flat.element_size()
 
-            def done(f):
-                # Runs when the bucket's collective completes; the op ends here. Buckets go out
-                # in order on one stream: one queued behind the previous starts when that ends.
+            def done():
+                # The bucket's collective has completed; the op ends here. Buckets go out in
+                # order on one stream: one queued behind the previous starts when that ends.
                 end = self._timer.mark()
                 s = start
                 if isinstance(s, int):
                     s = min(max(s, last_end[0]), end)
                     last_end[0] = max(last_end[0], end)
                 buf.ops.append((code, s, end, -1, 0, self.stage, math.nan, -1, nbytes, ()))
-                return f.value()
 
-            return fut.then(done)
+            on_done = done if buf is not None else None
+            if inner is None:
+                return reduce_bucket(completer, bucket, state, on_done=on_done)
+            fut = inner(state, bucket)
+            return completer.complete(fut, fut.value, on_done, bucket.buffer().device)
 
         return hook
 

@@ -61,4 +61,5 @@ if rank == 0:
     with open(sys.argv[1], "w") as f:
         json.dump({"max_abs_diff": diff, "naive_diff": naive_diff, "collectives": collectives,
                    "flags": flags, "last_mean_loss": res.mean_loss, "ref_last_loss": losses[-1]}, f)
+dd.close()
 dist.destroy_process_group()
