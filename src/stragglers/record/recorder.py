@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from stragglers.collectives.completion import CompletionThread, reduce_bucket
+from stragglers.collectives.completion import CompletionThread, RunDelay, reduce_bucket
 from stragglers.errors import InputError, StragglersError
 from stragglers.record.clock import (ClockEstimate, common_origin_ns, control_channel,
                                      measure_offset, release_control_channel,
@@ -81,15 +81,22 @@ class _CompletionWaiter:
         self._thread.join()
 
     def _run(self) -> None:
+        delay = RunDelay()
         while True:
             rw = self._queue.get()
             if rw is None:
+                delay.close()
                 return
+            waited_from = delay.read()
             try:
                 rw.work.wait()
             except BaseException as exc:  # re-raised in the training thread by wait()
                 rw.error = exc
-            rw.end_ns = time.perf_counter_ns()
+            # This thread sleeps inside wait() until the transfer completes; time it then spent
+            # runnable but without a CPU (its run delay) is the wake-up of a busy host, not the
+            # transfer: the stamp moves back by it (a loaded host otherwise shows a slow link).
+            late = delay.read() - waited_from
+            rw.end_ns = max(time.perf_counter_ns() - late, rw.start)
             # Transfers of one direction go out in order: a send posted while the previous one
             # was still in flight starts when that one ends (a stream, as in the model).
             rw.start = max(rw.start, self._last_end)
