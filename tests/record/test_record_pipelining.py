@@ -4,13 +4,14 @@ schedule recorded per action, replayed within 2%, injected heavy stage and slow 
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import numpy as np
 import pytest
 from conftest import REPO, torchrun
 
-from stragglers.trace.model import OPTYPE_CODES as C
+from stragglers.trace.model import OPTYPE_CODES as C, P2P_OPTYPES
 from stragglers.trace.runformat import read_run
 
 WORKER = REPO / "tests" / "record" / "workers" / "pipe_worker.py"
@@ -88,6 +89,11 @@ def test_every_action_recorded_and_replayed(schedules, schedule):
             assert len(sends) == len(recvs) > 0
     if schedule in SPLIT:
         assert np.any(ops["optype"] == w_code)
+    # every transfer carries the CPU wait of the threads that moved it (schedstat), no other row
+    p2p = np.isin(ops["optype"], [C[o] for o in P2P_OPTYPES])
+    if os.path.exists("/proc/thread-self/schedstat"):
+        assert np.all(np.isfinite(ops["cpu_wait"][p2p])) and np.all(ops["cpu_wait"][p2p] >= 0)
+    assert np.all(np.isnan(ops["cpu_wait"][~p2p]))
 
 
 def test_replay_reproduces_the_recorded_schedules(schedules):

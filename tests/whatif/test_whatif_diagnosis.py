@@ -226,3 +226,44 @@ def test_a_slow_link_with_no_healthy_link_to_compare_says_so():
         "kind": "p2p", "dp": 1, "stage_from": 1, "stage_to": 2, "factor": 20})
     f = finding(analyze(located), "communication")
     assert f["where"]["pp"] == [1, 2] and "no healthy link" not in f["evidence"]
+
+
+def _with_cpu_wait(trace, fraction):
+    """The trace with cpu_wait on its p2p rows: `fraction` of each slow transfer's time beyond
+    the median (as if the threads carrying it waited that long for a CPU), 0 on the others."""
+    from stragglers.trace.model import OPTYPE_CODES as C, P2P_OPTYPES
+
+    ops = dict(trace.ops)
+    p2p = np.isin(ops["optype"], [C[o] for o in P2P_OPTYPES])
+    median = np.median(ops["duration"][p2p])
+    slow = p2p & (ops["duration"] > 2 * median)
+    ops["cpu_wait"] = np.where(slow, fraction * (ops["duration"] - median),
+                               np.where(p2p, 0.0, np.nan))
+    return Trace(ops, trace.meta)
+
+
+def test_a_slow_link_its_threads_waited_for_a_cpu_is_cpu_contention():
+    link = generate(dp=2, pp=4, microbatches=8, steps=8, seed=3, slow_link={
+        "kind": "p2p", "dp": 1, "stage_from": 1, "stage_to": 2, "factor": 20})
+    # no waits measured during the slow transfers: the link itself is slow
+    comm = finding(analyze(_with_cpu_wait(link, 0.0)), "communication")
+    assert comm["where"]["pp"] == [1, 2] and "0% of their lateness" in comm["evidence"]
+    # the threads that carried them waited for a CPU the whole time: a busy host, not the link
+    r = analyze(_with_cpu_wait(link, 1.0))
+    assert "communication" not in causes(r), r["diagnosis"]
+    f = finding(r, "cpu_contention")
+    assert f["where"]["pp"] == [1, 2] and "not a slow link" in f["evidence"], f["evidence"]
+    # the same transfers at their median: the same prediction, another remedy
+    assert f["speedup_if_fixed"] == pytest.approx(comm["speedup_if_fixed"]) and "core" in f["fix"]
+    # traces without the column (other formats, older runs) read as before
+    assert "communication" in causes(analyze(link))
+
+
+def test_sweep_contention_explains():
+    link = _with_cpu_wait(generate(dp=2, pp=4, microbatches=8, steps=8, seed=3, slow_link={
+        "kind": "p2p", "dp": 1, "stage_from": 1, "stage_to": 2, "factor": 20}), 0.5)
+    for threshold, expected in ((0.2, "cpu_contention"), (0.45, "cpu_contention"),
+                                (0.6, "communication"), (1.0, "communication")):
+        r = analyze(link, config=DiagnosisConfig(contention_explains=threshold))
+        assert expected in causes(r) and len(
+            {"cpu_contention", "communication"} & set(causes(r))) == 1, (threshold, causes(r))

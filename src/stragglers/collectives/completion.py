@@ -10,42 +10,12 @@ object and its threads never need the GIL.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from typing import Callable
 
 import torch
 import torch.distributed as dist
-
-
-class RunDelay:
-    """The calling thread's run delay: ns it was runnable but waiting for a CPU (Linux schedstat).
-
-    Create it on the thread it measures (/proc/thread-self names the opening thread); where the
-    kernel does not expose schedstat, every read is 0 and nothing is corrected.
-    """
-
-    def __init__(self):
-        try:
-            self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-        except OSError:
-            self._fd = None
-
-    def read(self) -> int:
-        """Run delay so far (ns); fields: on-CPU time, run delay, time slices."""
-        if self._fd is None:
-            return 0
-        try:
-            return int(os.pread(self._fd, 96, 0).split()[1])
-        except (OSError, IndexError, ValueError):
-            return 0
-
-    def close(self) -> None:
-        """Release the file."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class CompletionThread:

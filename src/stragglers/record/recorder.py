@@ -14,11 +14,12 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from stragglers.collectives.completion import CompletionThread, RunDelay, reduce_bucket
+from stragglers.collectives.completion import CompletionThread, reduce_bucket
 from stragglers.errors import InputError, StragglersError
 from stragglers.record.clock import (ClockEstimate, common_origin_ns, control_channel,
                                      measure_offset, release_control_channel,
                                      same_host_as_rank0)
+from stragglers.record.schedstat import CommWaitProbe, RunDelay, TransportRunDelay
 from stragglers.record.timers import CpuTimer, CudaTimer
 from stragglers.record.writer import RankWriter, StepBuffer
 from stragglers.trace.model import OPTYPE_CODES, JobMeta
@@ -81,13 +82,14 @@ class _CompletionWaiter:
         self._thread.join()
 
     def _run(self) -> None:
-        delay = RunDelay()
+        delay, transport = RunDelay(), TransportRunDelay()
         while True:
             rw = self._queue.get()
             if rw is None:
                 delay.close()
+                transport.close()
                 return
-            waited_from = delay.read()
+            waited_from, transport_from = delay.read(), transport.read()
             try:
                 rw.work.wait()
             except BaseException as exc:  # re-raised in the training thread by wait()
@@ -97,6 +99,11 @@ class _CompletionWaiter:
             # transfer: the stamp moves back by it (a loaded host otherwise shows a slow link).
             late = delay.read() - waited_from
             rw.end_ns = max(time.perf_counter_ns() - late, rw.start)
+            # gloo's threads that moved it may have waited too: the diagnosis weighs that wait
+            # against the transfer's lateness (cpu_contention); the row keeps its duration
+            transport_to = transport.read()
+            rw.cpu_wait = math.nan if transport_from is None or transport_to is None \
+                else max(0, transport_to - transport_from) / 1e9
             # Transfers of one direction go out in order: a send posted while the previous one
             # was still in flight starts when that one ends (a stream, as in the model).
             rw.start = max(rw.start, self._last_end)
@@ -107,13 +114,15 @@ class _CompletionWaiter:
 class RecordedWork:
     """A posted p2p op: its row spans from the post to the completion of the transfer."""
 
-    __slots__ = ("work", "rec", "buf", "row", "start", "done", "completed", "end_ns", "error")
+    __slots__ = ("work", "rec", "buf", "row", "start", "done", "completed", "end_ns", "error",
+                 "cpu_wait")
 
     def __init__(self, work, rec: "Recorder", buf: StepBuffer | None, row: tuple, start,
                  waiter: _CompletionWaiter | None = None):
         self.work, self.rec, self.buf, self.row, self.start = work, rec, buf, row, start
         self.done = False
         self.completed = self.error = self.end_ns = None
+        self.cpu_wait = math.nan
         if buf is not None:
             buf.pending.append(self)
             if waiter is not None:
@@ -136,6 +145,8 @@ class RecordedWork:
         if self.buf is not None:
             code, mb, mc, gmc, nbytes = self.row
             self.buf.ops.append((code, self.start, end, mb, mc, gmc, math.nan, -1, nbytes, ()))
+            if self.cpu_wait == self.cpu_wait:  # measured (not NaN)
+                self.buf.cpu_waits[(code, self.start, end)] = self.cpu_wait
 
     def is_completed(self) -> bool:
         """Whether the underlying work has finished (does not close the row)."""
@@ -189,6 +200,7 @@ class Recorder:
         self._closed = False
         self._waiters: dict[str, _CompletionWaiter] = {}
         self._ddp_completer = CompletionThread("stragglers-ddp-buckets")
+        self._probes = threading.local()  # per calling thread: its CommWaitProbe
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -267,6 +279,9 @@ class Recorder:
             waiter.stop()
         self._waiters.clear()
         self._ddp_completer.stop()  # a DDP hook called after close starts it again, idle at exit
+        probe = getattr(self._probes, "probe", None)
+        if probe is not None:
+            probe.close()
         if self._writer is not None:
             self._writer.close()
         if collective and self.distributed:
@@ -425,10 +440,17 @@ class Recorder:
         buf = self._buf
         if buf is None:
             return fn(*args, **kwargs)
+        probe = getattr(self._probes, "probe", None)
+        if probe is None:
+            probe = self._probes.probe = CommWaitProbe()
+        mark = probe.mark()
+        n = len(buf.ops)
         with _OpSpan(self, buf, (OPTYPE_CODES[optype], -1, 0, self.stage, math.nan, -1, nbytes)):
             out = fn(*args, **kwargs)
             if hasattr(out, "wait"):  # async_op=True callers still get a completed op
                 out.wait()
+        if len(buf.ops) > n:  # the op's row is the last one appended
+            buf.cpu_waits[buf.ops[-1][:3]] = probe.waited_s(mark)
         return out
 
     def all_reduce(self, tensor: torch.Tensor, optype: str = "grads-all-reduce",

@@ -24,6 +24,7 @@ CAUSE_TITLES = {
     "gc": "Garbage-collection pauses",
     "communication": "Communication straggler",
     "host_stall": "Host-side stall",
+    "cpu_contention": "CPU contention",
     "unexplained": "Unexplained slowdown",
     "none": "No straggler",
 }

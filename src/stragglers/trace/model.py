@@ -54,8 +54,12 @@ OPTIONAL_COLUMNS: dict[str, np.dtype] = {
     "attn_cost": np.dtype(np.float64),  # Σ s_i² of the microbatch
     "tokens": np.dtype(np.int64),
     "bytes": np.dtype(np.int64),
+    # communication ops our recorder ran on CPU: s the threads carrying the op (its waiting
+    # thread, gloo's transport and collective threads) were runnable but had no CPU during it
+    # (Linux schedstat): CPU contention, not the link
+    "cpu_wait": np.dtype(np.float64),
 }
-OPTIONAL_FILL = {"attn_cost": np.nan, "tokens": -1, "bytes": -1}
+OPTIONAL_FILL = {"attn_cost": np.nan, "tokens": -1, "bytes": -1, "cpu_wait": np.nan}
 
 
 def optype_code(name: str) -> int:

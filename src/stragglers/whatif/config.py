@@ -84,6 +84,10 @@ class DiagnosisConfig(Config):
     comm_min_share: float = setting(
         0.5, "workers whose excess transfer time reaches this fraction of the worst worker's "
         "are part of the slow link", minimum=0.0, maximum=1.0)
+    contention_explains: float = setting(
+        0.5, "a slow link whose transfers' lateness lies at least this fraction within their "
+        "threads' waits for a CPU (recorded cpu_wait) is reported as cpu_contention",
+        minimum=0.0, maximum=1.0)
     intermittent_fraction: float = setting(
         0.5, "a slowdown seen on fewer than this fraction of steps is intermittent: its steps "
         "are named", minimum=0.0, maximum=1.0)

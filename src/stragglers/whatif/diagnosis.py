@@ -39,6 +39,9 @@ FIXES = {
                      "NCCL settings); where the hosts are busy, check too that the waiting "
                      "processes get a CPU promptly (more processes or threads than cores "
                      "delays every receive)",
+    "cpu_contention": "give every rank's busy threads a core: fewer ranks, intra-op threads "
+                      "(OMP_NUM_THREADS, torch.set_num_threads) or DataLoader workers per host, "
+                      "other work off those hosts, ranks pinned to distinct cores",
 }
 
 

@@ -42,6 +42,7 @@ class Context:
     cfg: DiagnosisConfig
     ranks: np.ndarray     # [D, pp] global rank of each worker (-1 unknown)
     hosts: dict           # global rank → host name
+    _waits: tuple | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, w: WhatIf, trace: Trace, cfg: DiagnosisConfig) -> "Context":
@@ -61,6 +62,14 @@ class Context:
             if isinstance(entry, dict) and entry.get("host") is not None and "rank" in entry:
                 hosts[int(entry["rank"])] = str(entry["host"])
         return cls(w, trace, cfg, ranks, hosts)
+
+    @property
+    def cpu_waits(self) -> np.ndarray | None:
+        """[D, P, T] s each worker's process waited for a CPU per step (None: not recorded)."""
+        if self._waits is None:
+            from stragglers.whatif.causes.contention import cpu_wait
+            self._waits = (cpu_wait(self),)
+        return self._waits[0]
 
     @property
     def steps(self) -> int:

@@ -6,6 +6,7 @@ import numpy as np
 
 from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES as C, OPTYPES, P2P_OPTYPES
 from stragglers.whatif.causes.base import Candidate, Context, fmt_steps, per_worker_sum
+from stragglers.whatif.causes.contention import as_contention
 
 _COMPUTE = {C[o] for o in COMPUTE_OPTYPES}
 
@@ -59,11 +60,14 @@ def communication(ctx: Context) -> list[Candidate]:
         if carriers <= set(hot):
             # nothing healthy to compare with: say what the trace cannot tell apart
             evidence += (f"; these are all the workers that carry {name} in this job, so the "
-                         "trace has no healthy link to compare with: a slow or congested network "
-                         "and hosts too busy to wake their waiting threads promptly (CPU "
-                         "contention) look the same here")
+                         "trace has no healthy link to compare with")
+            if ctx.cpu_waits is None:  # with recorded CPU waits, as_contention tells them apart
+                evidence += (": a slow or congested network and hosts too busy to wake their "
+                             "waiting threads promptly (CPU contention) look the same here")
         optypes = sorted({OPTYPES[c] for c in codes})
         extra = {"optypes": optypes, **({"steps": steps} if steps else {})}
-        found.append(Candidate("communication", ctx.where_workers(hot, **extra), evidence,
-                               cost=fixed, strata=ctx.step_mask(steps)))
+        cand = Candidate("communication", ctx.where_workers(hot, **extra), evidence,
+                         cost=fixed, strata=ctx.step_mask(steps))
+        late = np.where(fix, cost - np.broadcast_to(ideal, cost.shape), 0.0)
+        found.append(as_contention(ctx, cand, ids, late, "a slow link"))
     return found

@@ -1,0 +1,129 @@
+"""Linux schedstat: how long threads were runnable but waiting for a CPU (their run delay).
+
+A busy host delays work without any op being slow: a thread woken by a finished transfer waits
+for a core before it can stamp the end, a gloo thread waits before it moves the bytes. The
+recorder reads these counters around each transfer (its waiter thread's own, gloo's
+communication threads') so the diagnosis can tell CPU contention from a slow link
+(whatif/README.md, `cpu_contention`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+_TASKS = "/proc/self/task"
+
+
+class RunDelay:
+    """The calling thread's run delay: ns it was runnable but waiting for a CPU (Linux schedstat).
+
+    Create it on the thread it measures (/proc/thread-self names the opening thread); where the
+    kernel does not expose schedstat, every read is 0 and nothing is corrected.
+    """
+
+    def __init__(self):
+        try:
+            self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def read(self) -> int:
+        """Run delay so far (ns); fields: on-CPU time, run delay, time slices."""
+        if self._fd is None:
+            return 0
+        try:
+            return int(os.pread(self._fd, 96, 0).split()[1])
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    def close(self) -> None:
+        """Release the file."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class TransportRunDelay:
+    """Run delay summed over this process's communication threads (gloo's, by thread name).
+
+    gloo moves a transfer's bytes on its transport loop (`gloo_tcp_loop`) and runs collectives
+    on `pt_gloo_runloop` threads. On an idle host those threads sleep until data arrives; on a
+    busy one they are woken and then wait for a core: that wait is CPU contention, not the link.
+    The thread list is rescanned at most every `rescan_s` (groups made later add threads).
+    """
+
+    NAMES = ("gloo_tcp_loop", "pt_gloo_runloop")
+
+    def __init__(self, rescan_s: float = 1.0):
+        self.rescan_ns = int(rescan_s * 1e9)
+        self._fds: dict[str, int] = {}
+        self._seen: set[str] = set()
+        self._scanned = None
+        self.available = os.path.exists("/proc/thread-self/schedstat")
+
+    def read(self) -> int | None:
+        """Run delay so far of the communication threads (ns); None where none is readable."""
+        if not self.available:
+            return None
+        now = time.monotonic_ns()
+        if self._scanned is None or now - self._scanned > self.rescan_ns:
+            self._scan()
+            self._scanned = now
+        total, found = 0, False
+        for tid, fd in list(self._fds.items()):
+            try:
+                total += int(os.pread(fd, 96, 0).split()[1])
+                found = True
+            except (OSError, IndexError, ValueError):
+                os.close(self._fds.pop(tid))  # the thread ended
+        return total if found else None
+
+    def close(self) -> None:
+        """Release the files."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _scan(self) -> None:
+        try:
+            tids = os.listdir(_TASKS)
+        except OSError:
+            return
+        for tid in tids:
+            if tid in self._seen:
+                continue
+            self._seen.add(tid)
+            try:
+                with open(f"{_TASKS}/{tid}/comm") as f:
+                    name = f.read().strip()
+                if name in self.NAMES:
+                    self._fds[tid] = os.open(f"{_TASKS}/{tid}/schedstat", os.O_RDONLY)
+            except OSError:
+                continue
+
+
+class CommWaitProbe:
+    """What a communication op's threads waited for a CPU: the calling thread's own run delay
+    plus gloo's communication threads'. Create and use it on one thread."""
+
+    def __init__(self):
+        self.own = RunDelay()
+        self.transport = TransportRunDelay()
+
+    def mark(self) -> tuple[int, int | None]:
+        """The counters now (pass to `waited_s` after the op)."""
+        return self.own.read(), self.transport.read()
+
+    def waited_s(self, mark: tuple[int, int | None]) -> float:
+        """Seconds waited since `mark` (NaN where schedstat is not readable)."""
+        own0, tr0 = mark
+        own1, tr1 = self.own.read(), self.transport.read()
+        if tr0 is None or tr1 is None:
+            return float("nan")
+        return (max(0, own1 - own0) + max(0, tr1 - tr0)) / 1e9
+
+    def close(self) -> None:
+        """Release the files."""
+        self.own.close()
+        self.transport.close()
