@@ -16,14 +16,21 @@ from stragglers.whatif.causes.base import Candidate, Context
 
 
 def cpu_wait(ctx: Context) -> np.ndarray | None:
-    """[N, D, T] s each op's threads waited for a CPU (0 where not measured); None if the trace
-    measured none."""
+    """[N, D, T] s the threads at both ends of each transfer waited for a CPU during it (0 where
+    not measured); None if the trace measured none."""
     col = ctx.trace.ops.get("cpu_wait")
     if col is None or not np.isfinite(col).any():
         return None
     rows = ctx.w.grid.row                                            # [N, D, T], -1 where absent
-    vals = np.where(rows >= 0, col[np.maximum(rows, 0)], np.nan)
-    return np.nan_to_num(vals, nan=0.0)
+    vals = np.nan_to_num(np.where(rows >= 0, col[np.maximum(rows, 0)], np.nan), nan=0.0)
+    # A transfer is late when either end's threads wait: a send and its receive (one comm
+    # group of one DP rank) each get the waits of both ends.
+    model = ctx.w.model
+    out = vals.copy()
+    for members, dp_sync in zip(model.groups, model.group_dp_sync):
+        if len(members) > 1 and not dp_sync:
+            out[members] = vals[members].sum(axis=0)
+    return out
 
 
 def as_contention(ctx: Context, cand: Candidate, ids: np.ndarray, late: np.ndarray,
