@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,13 @@ def test_every_rank_records_the_1f1b_schedule(slow_run):
     assert np.all(ops["tokens"][fwd] == 256) and np.all(ops["attn_cost"][fwd] == 256.0 ** 2)
     p2p = np.isin(ops["optype"], [OPTYPE_CODES[n] for n in ("forward-send", "forward-recv")])
     assert np.all(ops["bytes"][p2p] == 256 * 64 * 4)
+    # communication rows (sends stamped by the waiter, blocking recvs and all-reduces) carry the
+    # CPU wait of their threads; compute rows carry none
+    comm = np.isin(ops["optype"], [OPTYPE_CODES[n] for n in (
+        "forward-send", "forward-recv", "backward-send", "backward-recv", "grads-all-reduce")])
+    if os.path.exists("/proc/thread-self/schedstat"):
+        assert np.all(np.isfinite(ops["cpu_wait"][comm])) and np.all(ops["cpu_wait"][comm] >= 0)
+    assert np.all(np.isnan(ops["cpu_wait"][fwd]))
 
 
 def test_clock_offsets_are_measured_at_start_and_end(slow_run):

@@ -42,7 +42,7 @@ _NULL = _NullSpan()
 class _OpSpan:
     """A foreground op: GC pauses inside it are moved before it, so its duration is its own."""
 
-    __slots__ = ("rec", "buf", "row", "i0", "start")
+    __slots__ = ("rec", "buf", "row", "i0", "start", "end")
 
     def __init__(self, rec: "Recorder", buf: StepBuffer, row: tuple):
         self.rec, self.buf, self.row = rec, buf, row
@@ -53,7 +53,7 @@ class _OpSpan:
         return self
 
     def __exit__(self, *exc):
-        end = self.rec._timer.mark()
+        self.end = end = self.rec._timer.mark()
         self.rec._close_foreground(self.buf, self.i0, self.row, self.start, end)
         return False
 
@@ -146,7 +146,7 @@ class RecordedWork:
             code, mb, mc, gmc, nbytes = self.row
             self.buf.ops.append((code, self.start, end, mb, mc, gmc, math.nan, -1, nbytes, ()))
             if self.cpu_wait == self.cpu_wait:  # measured (not NaN)
-                self.buf.cpu_waits[(code, self.start, end)] = self.cpu_wait
+                self.buf.cpu_waits[(code, end)] = self.cpu_wait
 
     def is_completed(self) -> bool:
         """Whether the underlying work has finished (does not close the row)."""
@@ -440,17 +440,17 @@ class Recorder:
         buf = self._buf
         if buf is None:
             return fn(*args, **kwargs)
-        probe = getattr(self._probes, "probe", None)
-        if probe is None:
+        code = OPTYPE_CODES[optype]
+        probe = None if self._timer.is_cuda else getattr(self._probes, "probe", None)
+        if probe is None and not self._timer.is_cuda:
             probe = self._probes.probe = CommWaitProbe()
-        mark = probe.mark()
-        n = len(buf.ops)
-        with _OpSpan(self, buf, (OPTYPE_CODES[optype], -1, 0, self.stage, math.nan, -1, nbytes)):
+        mark = probe.mark() if probe is not None else None
+        with _OpSpan(self, buf, (code, -1, 0, self.stage, math.nan, -1, nbytes)) as span:
             out = fn(*args, **kwargs)
             if hasattr(out, "wait"):  # async_op=True callers still get a completed op
                 out.wait()
-        if len(buf.ops) > n:  # the op's row is the last one appended
-            buf.cpu_waits[buf.ops[-1][:3]] = probe.waited_s(mark)
+        if probe is not None:
+            buf.cpu_waits[(code, span.end)] = probe.waited_s(mark)
         return out
 
     def all_reduce(self, tensor: torch.Tensor, optype: str = "grads-all-reduce",

@@ -90,6 +90,7 @@ class TransportRunDelay:
             tids = os.listdir(_TASKS)
         except OSError:
             return
+        self._seen &= set(tids)  # an ended thread's id may come back as a new thread's
         for tid in tids:
             if tid in self._seen:
                 continue

@@ -27,8 +27,9 @@ class StepBuffer:
     ops: list = field(default_factory=list)
     gc: list = field(default_factory=list)  # (start ns, end ns) of pauses not yet placed
     pending: list = field(default_factory=list)  # posted, not yet waited works
-    # (optype code, start mark, end mark) of a communication row → s its threads waited for a
-    # CPU during it (record/schedstat.py); rows not in it get NaN
+    # (optype code, end mark) of a communication row → s its threads waited for a CPU during it
+    # (record/schedstat.py); rows not in it get NaN. Keyed by the end: placing GC pauses may
+    # move a row's start, never its end.
     cpu_waits: dict = field(default_factory=dict)
 
 
@@ -144,15 +145,15 @@ class RankWriter:
             "attn_cost": col(6, np.float64),
             "tokens": col(7, np.int64),
             "bytes": col(8, np.int64),
-            "cpu_wait": _cpu_waits(buf.cpu_waits, code, start, end),
+            "cpu_wait": _cpu_waits(buf.cpu_waits, code, end),
         }
 
 
-def _cpu_waits(waits: dict, code: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def _cpu_waits(waits: dict, code: np.ndarray, end: np.ndarray) -> np.ndarray:
     """The cpu_wait column: each row's measured wait, NaN where none was measured."""
     out = np.full(len(code), np.nan)
     if waits:
-        for i, key in enumerate(zip(code.tolist(), start.tolist(), end.tolist())):
+        for i, key in enumerate(zip(code.tolist(), end.tolist())):
             out[i] = waits.get(key, np.nan)
     return out
 
