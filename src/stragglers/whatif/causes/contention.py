@@ -54,6 +54,5 @@ def as_contention(ctx: Context, cand: Candidate, ids: np.ndarray, late: np.ndarr
             if hosts else "hosts are"
         cand.evidence += (f": the {on} too busy to run them promptly (more busy threads than "
                           f"cores), so this is CPU contention, not {instead_of}")
-        cand.stats["read_first_as"] = cand.cause
         cand.cause = "cpu_contention"
     return cand
