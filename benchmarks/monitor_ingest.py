@@ -15,6 +15,9 @@ many jobs at once, and the monitor's memory per job.
    (/api/events) has re-read the job's JSON with the window in it.
 4. 20 jobs watched at once, each flushing a part per rank every 0.5 s: time from each window
    closing to its analysis being stored, and the monitor's RSS per job.
+
+--analysis process|thread (repeatable, run in turn): where the monitor analyses windows (the
+`analysis_process` setting; process is the default).
 """
 
 from __future__ import annotations
@@ -91,6 +94,9 @@ def wait(cond, timeout=600.0, interval=0.01):
 
 # ---- 1. watched files ---------------------------------------------------------------------
 
+IN_PROCESS = [True]   # the analysis_process setting of the monitors started (set by --analysis)
+
+
 def bench_files(tmp: Path, jobs: int, dp: int, pp: int, steps: int, spp: int) -> dict:
     runs = tmp / "runs"
     total = 0
@@ -109,7 +115,7 @@ def bench_files(tmp: Path, jobs: int, dp: int, pp: int, steps: int, spp: int) ->
     t_read = time.perf_counter() - t0
     assert rows == total
     store = Store(tmp / "files.db", durable=True)
-    cfg = MonitorConfig(window_steps=10, stall_after_s=3600)
+    cfg = MonitorConfig(window_steps=10, stall_after_s=3600, analysis_process=IN_PROCESS[0])
     mon = Monitor(store, cfg).start()
     watcher = DirectoryWatcher(mon, [runs], rescan_s=3600)
     t0 = time.perf_counter()
@@ -134,7 +140,8 @@ def bench_files(tmp: Path, jobs: int, dp: int, pp: int, steps: int, spp: int) ->
 def start_service(tmp: Path, name: str, *extra: str):
     sock_port = _free_port()
     cfg = tmp / f"{name}.yaml"
-    cfg.write_text("settings: {window_steps: 10, stall_after_s: 3600, gap_wait_s: 3600, tick_s: 0.05}\n")
+    cfg.write_text("settings: {window_steps: 10, stall_after_s: 3600, gap_wait_s: 3600, "
+                   f"tick_s: 0.05, analysis_process: {str(IN_PROCESS[0]).lower()}}}\n")
     proc = subprocess.Popen([sys.executable, "-m", "stragglers.monitor", "serve", "--db",
                              str(tmp / f"{name}.db"), "--port", str(sock_port), "--config",
                              str(cfg), *extra], cwd=REPO, stdout=subprocess.DEVNULL,
@@ -259,7 +266,8 @@ def bench_many_jobs(tmp: Path, jobs: int, dp: int, pp: int, steps: int, every_s:
     splits = [split(t, 1) for t in traces]
     store = Store(tmp / "many.db")
     rss0 = rss_mb()
-    mon = Monitor(store, MonitorConfig(window_steps=10, stall_after_s=3600, tick_s=0.1)).start()
+    mon = Monitor(store, MonitorConfig(window_steps=10, stall_after_s=3600, tick_s=0.1,
+                                       analysis_process=IN_PROCESS[0])).start()
     watcher = DirectoryWatcher(mon, [runs.mkdir(parents=True) or runs], rescan_s=5).start()
     for j, t in enumerate(traces):
         write_meta(runs / f"j{j:02d}", t.meta)
@@ -293,23 +301,33 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--only", action="append", choices=PARTS, default=None,
                     help="run only this part (repeatable; default: all)")
+    ap.add_argument("--analysis", action="append", choices=("process", "thread"), default=None,
+                    help="where windows are analysed (repeatable: each in turn; default process)")
     args = ap.parse_args()
     only = set(args.only or PARTS)
+    modes = args.analysis or ["process"]
     q = args.quick
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count()}
-    with tempfile.TemporaryDirectory(prefix="monitor-bench-") as d:
-        tmp = Path(d)
-        runs = {
-            "files": lambda: bench_files(tmp, 2 if q else 4, 8, 4, 40 if q else 100, 10),
-            "http": lambda: bench_http(tmp, 8, 4, 40 if q else 100, 10),
-            "latency": lambda: [bench_latency(tmp, 16, 4)]
-            + ([] if q else [bench_latency(tmp, 256, 4)]),
-            "many_jobs": lambda: bench_many_jobs(tmp, 20, 4, 2, 20 if q else 40, 0.5),
-        }
-        for name in PARTS:
-            if name in only:
-                out[name] = runs[name]()
-                print(name, json.dumps(out[name]), flush=True)
+    runs = {
+        "files": lambda tmp: bench_files(tmp, 2 if q else 4, 8, 4, 40 if q else 100, 10),
+        "http": lambda tmp: {rows: bench_http(tmp / rows, 8, 4, 40 if q else 100, spp)
+                             for rows, spp in (("455", 10), ("2275", 50))},
+        "latency": lambda tmp: [bench_latency(tmp, 16, 4)]
+        + ([] if q else [bench_latency(tmp, 256, 4)]),
+        "many_jobs": lambda tmp: bench_many_jobs(tmp, 20, 4, 2, 20 if q else 40, 0.5),
+    }
+    for name in PARTS:
+        for mode in modes:
+            if name not in only:
+                continue
+            IN_PROCESS[0] = mode == "process"
+            key = name if len(modes) == 1 else f"{name}[{mode}]"
+            with tempfile.TemporaryDirectory(prefix="monitor-bench-") as d:
+                tmp = Path(d) / key
+                (tmp / "455").mkdir(parents=True)
+                (tmp / "2275").mkdir()
+                out[key] = runs[name](tmp)
+            print(key, json.dumps(out[key]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

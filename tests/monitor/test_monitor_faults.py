@@ -33,6 +33,25 @@ def kill9(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def children(pid: int) -> set[int]:
+    """The live child processes of `pid` (Linux /proc)."""
+    kids = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids |= {int(k) for k in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return {k for k in kids if alive(k)}
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie waits for a reaper)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def test_kill_9_during_ingest_keeps_history_and_counts_no_part_twice(tmp_path):
     runs = tmp_path / "runs"
     run = runs / "job-k"
@@ -50,9 +69,13 @@ def test_kill_9_during_ingest_keeps_history_and_counts_no_part_twice(tmp_path):
                        >= 20, 120, what="some parts in")
             before = get(c, "/api/jobs/job-k")["windows"]
             write_parts(run, parts[40:60])                    # the service is busy with these...
+            helpers = children(proc.pid)                      # (its analysis process among them)
+            assert helpers, "the monitor had no analysis process"
             kill9(proc)                                       # ...when it is killed
             write_parts(run, parts[60:])                      # the job goes on meanwhile
             proc = monitor(tmp_path, port, "--watch", str(runs))
+            # the killed service's helper processes end by themselves (no orphans left)
+            eventually(lambda: not any(map(alive, helpers)), 120, what="helpers gone")
             eventually(lambda: c.get("/health").status_code == 200, 120, what="restarted")
             stats = eventually(lambda: (s := get(c, "/api/stats"))["by_way"].get("files", {})
                                .get("parts") == len(parts) and s, 180, what="all parts")

@@ -2,9 +2,10 @@
 
 Three threads do the work, so neither way in waits on the analysis: the *ingest* thread reads
 and checks parts, stores a batch of them in one transaction (durable before any upload is
-acknowledged) and hands their rows to the job trackers; the *analysis* thread runs the what-if
-engine on each closed window and stores the result with the alert changes it causes, in one
-transaction; the *tick* thread closes windows of parts that were waited for, and moves jobs
+acknowledged) and hands their rows to the job trackers; the *analysis* thread has the what-if
+engine run each closed window (in a separate process, analyser.py, so that it does not hold
+the interpreter lock the ingest needs) and stores the result with the alert changes it causes,
+in one transaction; the *tick* thread closes windows of parts that were waited for, and moves jobs
 between running, stalled and finished.
 """
 
@@ -21,12 +22,13 @@ from pathlib import Path
 
 from stragglers.errors import InputError
 from stragglers.monitor.alerts import AlertEngine, WebhookSender, parse_rules
+from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.parts import PartConflict, PartData, check_in_job, check_same_part, \
     read_part_file, read_part_files, read_uploads, sync_directory, write_part_file
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.store import JobConflict, Store
-from stragglers.monitor.windows import JobTracker, Window, analyse_window
+from stragglers.monitor.windows import JobTracker, Window
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import meta_from_dict, rank_file_name
 
@@ -66,6 +68,7 @@ class Monitor:
                                   self.config.repeat_s, external_url)
         self.receiver = receiver
         self.senders = [WebhookSender(url) for url in webhooks]
+        self.analyser = WindowAnalyser(in_process=not self.config.analysis_process)
         self.trackers: dict[str, JobTracker] = {}
         self.states: dict[str, str] = {}
         self.directories: dict[str, Path] = {}
@@ -112,6 +115,7 @@ class Monitor:
         for pool in (self._readers, self._writers):
             if pool is not None:
                 pool.shutdown(wait=True)
+        self.analyser.close()
         for s in self.senders:
             s.close()
 
@@ -170,6 +174,7 @@ class Monitor:
         tr = JobTracker(name, meta, self.config.window_steps, self.config.gap_wait_s,
                         consumed_step=last["last_step"] if last else -1,
                         next_idx=last["idx"] + 1 if last else 0)
+        self.analyser.warm()  # a job means windows soon: start the analysis process now
         for p in self.store.part_index(name):
             columns = None
             if p["last_step"] > tr.consumed_step:
@@ -349,7 +354,7 @@ class Monitor:
                 self._count(-1)
 
     def _analyse(self, window: Window) -> None:
-        row = analyse_window(window)
+        row = self.analyser.analyse(window)
         alert_rows, log_rows, messages = self.alerts.on_window(window.job, row)
         self.store.add_window(row, alert_rows, log_rows)
         self.metrics.publish_window(row)

@@ -38,6 +38,9 @@ class MonitorConfig(Config):
                                 "(Parquet decoding runs outside the GIL)", minimum=1, maximum=64)
     write_threads: int = setting(2, "threads that write and fsync the uploaded parts of an "
                                  "ingest batch", minimum=1, maximum=64)
+    analysis_process: bool = setting(True, "analyse windows in a separate process (the what-if "
+                                     "engine then leaves the ingest threads' interpreter lock "
+                                     "alone and uses another core); off: on a thread")
     rescan_s: float = setting(10.0, "watched directories are also rescanned this often (file "
                               "systems that drop change events)", minimum=0.1)
 
