@@ -17,7 +17,7 @@ many jobs at once, and the monitor's memory per job.
    closing to its analysis being stored, and the monitor's RSS per job.
 
 --analysis process|thread (repeatable, run in turn): where the monitor analyses windows (the
-`analysis_process` setting; process is the default).
+`analysis_process` setting; process is what `stragglers monitor serve` uses).
 """
 
 from __future__ import annotations

@@ -98,3 +98,22 @@ def test_bad_watch_dir_and_config_are_one_line_errors(tmp_path):
     cfg.write_text("settings:\n  window_steps: 0\n")
     with pytest.raises(InputError, match="window_steps"):
         MonitorServer(tmp_path / "m.db", port=0, config_file=cfg)
+
+
+def test_the_service_analyses_in_a_process_unless_its_config_says_otherwise(tmp_path):
+    # `stragglers monitor serve` passes this default; a program embedding the server does not
+    serve_default = {"analysis_process": True}
+    cases = [(None, None, False), (None, serve_default, True),
+             ("settings:\n  analysis_process: false\n", serve_default, False),
+             ("settings:\n  window_steps: 3\n", serve_default, True)]
+    for i, (text, defaults, expected) in enumerate(cases):
+        cfg = None
+        if text is not None:
+            cfg = tmp_path / f"c{i}.yaml"
+            cfg.write_text(text)
+        server = MonitorServer(tmp_path / f"m{i}.db", port=0, config_file=cfg, defaults=defaults)
+        try:
+            assert server.monitor.config.analysis_process is expected, (text, defaults)
+            assert server.monitor.analyser.in_process is (not expected)
+        finally:
+            server.sock.close()

@@ -46,8 +46,10 @@ def serve(
     from stragglers.monitor.server import MonitorServer, read_token
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    # the service analyses windows in a process of its own (our main module is safe to
+    # re-import there); a config file may still say analysis_process: false
     server = MonitorServer(db, watch, host, port, read_token(token_file), private, config,
-                           data_dir)
+                           data_dir, defaults={"analysis_process": True})
     typer.echo(f"stragglers monitor on {server.url} (store {db}"
                + (f", watching {', '.join(map(str, watch))}" if watch else "")
                + "); Ctrl-C stops it", err=False)

@@ -33,7 +33,7 @@ class MonitorServer:
     def __init__(self, db: Path, watch: list[Path] = (), host: str = "127.0.0.1",
                  port: int = 8150, token: str | None = None, private: bool = False,
                  config_file: Path | None = None, data_dir: Path | None = None,
-                 config: MonitorConfig | None = None):
+                 config: MonitorConfig | None = None, defaults: dict | None = None):
         from stragglers.monitor.app import create_app
         from stragglers.monitor.ingest_files import DirectoryWatcher
         from stragglers.monitor.service import Monitor
@@ -48,7 +48,10 @@ class MonitorServer:
             raise InputError("--private", None, "needs --token-file (reads are guarded by it)")
         raw = load_config_file(config_file)
         source = config_file or "config"
-        cfg = config or MonitorConfig.from_mapping(raw.get("settings"), source)
+        settings = raw.get("settings")
+        if defaults and (settings is None or isinstance(settings, dict)):
+            settings = {**defaults, **(settings or {})}  # the file's settings win
+        cfg = config or MonitorConfig.from_mapping(settings, source)
         rules = parse_rules(raw.get("rules"), source)
         webhooks = raw.get("webhooks") or []
         if not isinstance(webhooks, list) or not all(

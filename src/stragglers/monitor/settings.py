@@ -38,9 +38,11 @@ class MonitorConfig(Config):
                                 "(Parquet decoding runs outside the GIL)", minimum=1, maximum=64)
     write_threads: int = setting(2, "threads that write and fsync the uploaded parts of an "
                                  "ingest batch", minimum=1, maximum=64)
-    analysis_process: bool = setting(True, "analyse windows in a separate process (the what-if "
-                                     "engine then leaves the ingest threads' interpreter lock "
-                                     "alone and uses another core); off: on a thread")
+    analysis_process: bool = setting(False, "analyse windows in a separate, spawned process "
+                                     "(the what-if engine then leaves the ingest threads' "
+                                     "interpreter lock alone); `stragglers monitor serve` turns "
+                                     "it on; off by default in a program that embeds the "
+                                     "monitor, whose main script a spawned process re-imports")
     rescan_s: float = setting(10.0, "watched directories are also rescanned this often (file "
                               "systems that drop change events)", minimum=0.1)
 
