@@ -47,3 +47,35 @@ def test_the_producer_is_the_one_every_replica_agrees_on():
     # bucket k is produced by backward segment k on both replicas (dp 0 alone would say the
     # last segment for buckets 1 and 2)
     assert [producers[g] for g in grads] == bwd
+
+
+def test_a_bucket_launched_mid_backward_on_one_replica_only_makes_the_sync_bucketed():
+    # Profiler-shaped DDP: one backward op per step. dp 0 launches its single bucket when its
+    # backward ends; dp 1's backward goes on for 25 ms after its bucket was ready. Decided on
+    # dp 0's first step alone, the all-reduce would wait for the whole backward everywhere and
+    # the replay of dp 1 would run 25 ms late (sim_error of 5% on a real profiler run).
+    from stragglers.whatif.analyze import analyze_with_model
+
+    rows = {k: [] for k in ("rank", "dp_rank", "stage", "step", "optype", "start_ts", "duration",
+                            "seq_id", "mb_id", "mc", "gmc")}
+
+    def add(dp, step, optype, start, dur, mb):
+        for k, v in (("rank", dp), ("dp_rank", dp), ("stage", 0), ("step", step),
+                     ("optype", optype), ("start_ts", start), ("duration", dur), ("seq_id", 0),
+                     ("mb_id", mb), ("mc", 0), ("gmc", 0)):
+            rows[k].append(v)
+
+    for step in range(4):
+        t0 = step * 1.0
+        add(0, step, "forward-compute", t0, 0.020, 0)
+        add(0, step, "backward-compute", t0 + 0.020, 0.040, 0)
+        add(1, step, "forward-compute", t0, 0.020, 0)
+        add(1, step, "backward-compute", t0 + 0.020, 0.065, 0)
+        # the all-reduce ends together on both (dp 1's launch at 0.060 is the later one)
+        add(0, step, "grads-all-reduce", t0 + 0.060, 0.010, -1)
+        add(1, step, "grads-all-reduce", t0 + 0.060, 0.010, -1)
+        for dp, end in ((0, 0.070), (1, 0.085)):
+            add(dp, step, "optimizer", t0 + end, 0.005, -1)
+    trace = Trace.from_rows(rows, JobMeta(name="t", dp_size=2, pp_size=1))
+    result, w = analyze_with_model(trace, steps="all")
+    assert result.sim_error < 1e-6, (w.t_replay, w.t_base)

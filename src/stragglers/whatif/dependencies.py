@@ -154,7 +154,7 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         # DDP-style bucketed sync: gradient collectives launched while backward still runs,
         # each after the compute run that produced its bucket.
         bucketed = (not overlapped and bool(grads) and last_compute is not None
-                    and ref_start[grads[0]] < ref_end[last_compute] - _EPS)
+                    and _launched_inside(grid, grads[0], last_compute))
         if use_dp:
             chain(gathers)
             if overlapped or bucketed:
@@ -376,3 +376,16 @@ def _find_cycle(nodes: set, preds: dict) -> list:
         path.append(k)
         k = next(p for p in preds[k] if p in nodes)
     return path[seen[k]:] + [k]
+
+
+def _launched_inside(grid: OpGrid, coll: int, last_compute: int) -> bool:
+    """The collective started before the last compute op ended on some DP rank in some step.
+
+    Decided over every replica, not the first one's first step: a gradient all-reduce that a
+    healthy rank launches at the end of its backward is launched mid-backward on a rank whose
+    backward goes on past its gradients' buckets, and an edge "after the backward" on that
+    rank points forward in time (a negative launch delay, clamped: the replay runs late).
+    """
+    both = grid.present[coll] & grid.present[last_compute]
+    end = grid.start[last_compute] + grid.duration[last_compute]
+    return bool(np.any(both & (grid.start[coll] < end - _EPS)))
