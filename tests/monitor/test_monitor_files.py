@@ -117,3 +117,4 @@ def test_the_service_analyses_in_a_process_unless_its_config_says_otherwise(tmp_
             assert server.monitor.analyser.in_process is (not expected)
         finally:
             server.sock.close()
+            server.store.close()

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from stragglers.monitor.windows import Window, analyse_window, failed_window
+from stragglers.monitor.windows import Window, analyse_window, window_row
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class WindowAnalyser:
                 self._replace(pool)
         log.error("job %s window %d: the analysis process died on it twice; a new one takes "
                   "the next window", window.job, window.idx)
-        return failed_window(window, "analysis failed: the analysis process died (out of "
+        return window_row(window, "analysis failed: the analysis process died (out of "
                              "memory or killed) while analysing this window, twice")
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
@@ -73,7 +73,7 @@ class WindowAnalyser:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def pids(self) -> list[int]:
-        """Process ids of the running analysis process (for tests and the kill -9 check)."""
+        """The analysis process's id, [] when none runs (for tests)."""
         with self._lock:
             pool = self._pool
         return [pool.submit(os.getpid).result()] if pool is not None else []

@@ -4,8 +4,9 @@ Three threads do the work, so neither way in waits on the analysis: the *ingest*
 and checks parts, stores a batch of them in one transaction (durable before any upload is
 acknowledged) and hands their rows to the job trackers; the *analysis* thread has the what-if
 engine run each closed window (in the service, in a separate process, analyser.py, so that it
-does not hold the interpreter lock the ingest needs) and stores the result with the alert changes it causes,
-in one transaction; the *tick* thread closes windows of parts that were waited for, and moves jobs
+does not hold the interpreter lock the ingest needs) and stores the result with the alert
+changes it causes, in one transaction; the *tick* thread closes windows of parts that were
+waited for, and moves jobs
 between running, stalled and finished.
 """
 

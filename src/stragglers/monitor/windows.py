@@ -177,7 +177,7 @@ def analyse_window(window: Window) -> dict:
     from stragglers.whatif.analyze import analyze
 
     t0 = time.perf_counter()
-    row = failed_window(window, None)
+    row = window_row(window)
     try:
         # the window's trace holds exactly its steps: "all" skips selecting them again (a copy
         # of every column) and the warm-up detection, which a window must not do
@@ -201,8 +201,8 @@ def analyse_window(window: Window) -> dict:
     return row
 
 
-def failed_window(window: Window, error: str | None) -> dict:
-    """The row of a window without results: what analyse_window fills in, or stores as is."""
+def window_row(window: Window, error: str | None = None) -> dict:
+    """A window's stored row without results: analyse_window fills it in; an error row as is."""
     return {"job": window.job, "idx": window.idx, "first_step": window.steps[0],
             "last_step": window.steps[-1], "steps": window.steps, "slowdown": None,
             "waste": None, "t_base": None, "t_ideal": None, "sim_error": None, "m_w": None,
