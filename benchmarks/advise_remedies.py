@@ -1,6 +1,6 @@
 """Each remedy's predicted speedup (advise on the before run) beside its measured speedup.
 
-    .venv/bin/python benchmarks/advise_remedies.py [--only slow-device,late-host,gc] [--reps 2]
+    .venv/bin/python benchmarks/advise_remedies.py [--only slow-device,late-host,gc,stage] [--reps 2]
 
 Each row is a real job (examples/train_advised.py under torchrun, gloo, no controller) with one
 injected cause. The before run calibrates (`--calibrate`: each rank's compute at three batch
@@ -9,10 +9,15 @@ a run directory; `advise` on it predicts every remedy; then the job runs again w
 measurable remedy that applies switched on from step 0 (the StragglAR hook, the advised per-rank
 batches, planned GC with the advised N), and for ND without the injection (what a restart on a
 healthy host gives; the restart's own cost is left out of both the prediction and the
-measurement). A repetition runs before, the remedies, and a second before (A/A); the next
-repetition reverses the order. Measured speedup = mean of the two befores / after (steps after
-the first 2, the slowest rank's end per step). The A/A spread |before − before2| / mean is the
-noise floor printed next to each error: an error inside it cannot be told from noise.
+measurement), and for gradient coding the job on the coded trainer (benchmarks/coded_remedy.py:
+the same model, batch and simulated device, master/worker, n + 1 ranks; its uncoded step on that
+trainer is printed beside it). A repetition runs before, the remedies, and a second
+before (A/A); the next repetition reverses the order. Measured speedup = mean of the two befores
+/ after (steps after the first 2, the slowest rank's end per step). The rows `stage` and
+`sequence` are examples/train_gpt.py jobs (recorded, as record_fixes.py runs them) for the
+remedies the diagnosis prices: stage split (`--balance-stages`) and sequence balancing. The A/A
+spread |before − before2| / mean is the noise floor printed next to each error: an error inside
+it cannot be told from noise.
 Goals: the first-ranked applicable remedy measures best; each prediction within 15%.
 """
 
@@ -44,6 +49,18 @@ ROWS = {
     "gc": (4, ["--sample-time", "0.002"], ["--gc-heap-mb", "30", "--gc-garbage", "0.6"],
            "30 MB live heap, cyclic garbage in each forward: automatic collections at different steps"),
 }
+# rows on examples/train_gpt.py (the recorder's trace, analysed): name: (processes, injection
+# args, note, {remedy: the args that switch it on}); the fixes are those of record_fixes.py
+GPT_ROWS = {
+    # dp 1 x pp 2: one core per rank on the 2-core machine (4 ranks would share cores)
+    "stage": (2, ["--pp", "2", "--extra-last-stage-layers", "4"],
+              "dp 1 × pp 2, 4 extra blocks on the last stage",
+              {"stage-split": ["--balance-stages"]}),
+    "sequence": (2, ["--pp", "1", "--seq-len-dist", "lognormal", "--max-seq-len", "1024",
+                     "--microbatches", "2"],
+                 "dp 2, lognormal sequence lengths up to 1024 tokens, 2 microbatches",
+                 {"sequence-balancing": ["--balance-sequences"]}),
+}
 # measured in a row even where the plan says it does not apply (the prediction is checked too)
 ALWAYS = {"gc": ("planned-gc",)}
 # ND is measured as the run without the injection: what a restart on a healthy host gives. A
@@ -72,6 +89,26 @@ def train(nproc: int, args: list[str], out: Path, steps: int, calibrate: bool = 
     if proc.returncode:
         raise SystemExit(f"training failed:\n{proc.stderr[-3000:]}")
     return json.loads((out / "summary.json").read_text())
+
+
+def train_coded(nproc: int, args: list[str], advice, out: Path, steps: int) -> dict | None:
+    """The job under coded training (benchmarks/coded_remedy.py, n + 1 ranks), and uncoded on the
+    same trainer for reference. None where the row's injection is not modelled there."""
+    if any(a.startswith("--gc") for a in args):
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    scheme, s = advice.details["scheme"], advice.details["s"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc + 1}", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           str(REPO / "benchmarks" / "coded_remedy.py"), *args, "--scheme", scheme,
+           "--stragglers", str(s), "--steps", str(steps), "--summary", str(out / "summary.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"coded training failed:\n{proc.stderr[-3000:]}")
+    runs = json.loads((out / "summary.json").read_text())
+    coded, plain = runs[f"{scheme}-s{s}"], runs["wait-for-all"]
+    return {"mean_step_s": coded["mean_step_s"], "uncoded_step_s": plain["mean_step_s"]}
 
 
 def remedy_args(name: str, plan, inject: list[str]) -> tuple[list[str], list[str]] | None:
@@ -132,9 +169,17 @@ def run_row(name: str, steps: int, reps: int, tmp: Path, measure_all: bool = Fal
         runs["before"] = b
         todo = [m for m in MEASURED if (m == "antdt-nd" and name in ND_MEASURED) or measure_all
                 or m in ALWAYS.get(name, ()) or (plan.get(m) is not None and plan.get(m).applies)]
+        todo += [r.name for r in plan.remedies if r.name.startswith("gradient-coding")
+                 and (r.applies or measure_all)]
         if rep % 2:
             todo = todo[::-1]
         for which in todo:
+            if which.startswith("gradient-coding"):
+                coded = train_coded(nproc, common + inject, plan.get(which),
+                                    tmp / f"{name}-{which}-{rep}", steps)
+                if coded is not None:
+                    runs[which] = coded
+                continue
             spec = remedy_args(which, plan, inject)
             if spec is None:
                 continue
@@ -145,23 +190,53 @@ def run_row(name: str, steps: int, reps: int, tmp: Path, measure_all: bool = Fal
                                 before2_dir, steps, calibrate=True)
         # the same prediction from the A′ run: how much of an error is the predicting run's noise
         plan2 = advise(read_run(before2_dir / "trace"), remaining_steps=steps)
-        befores = [runs[k]["mean_step_s"] for k in ("before", "before2") if k in runs]
-        before = statistics.mean(befores)
-        row = {"row": name, "rep": rep, "note": note, "before_ms": [1e3 * b for b in befores],
-               "aa_spread": abs(befores[0] - befores[-1]) / before,
-               "calibration": runs["before"].get("calibration"),
-               "ranking": [r.name for r in plan.remedies if r.applies], "remedies": {}}
-        for r in plan.remedies:
-            entry = {"applies": r.applies, "why_not": r.why_not, "predicted": predicted(r.name, plan),
-                     "predicted_uncalibrated": predicted(r.name, plain),
-                     "predicted_a2": predicted(r.name, plan2)}
-            if r.name in runs:
-                entry["after_ms"] = 1e3 * runs[r.name]["mean_step_s"]
-                entry["measured"] = before / runs[r.name]["mean_step_s"]
-            row["remedies"][r.name] = entry
-        rows.append(row)
-        print_row(row)
+        rows.append(finish_row(name, rep, note, runs, plan, plain, plan2,
+                               runs["before"].get("calibration")))
     return rows
+
+
+def run_gpt_row(name: str, steps: int, reps: int, tmp: Path, measure_all: bool = False
+                ) -> list[dict]:
+    """A train_gpt row: before (recorded, advised), each fix that applies, a second before."""
+    from record_fixes import train as train_gpt  # the same job runner as the fixes benchmark
+
+    from stragglers.advise import advise
+    from stragglers.trace.runformat import read_run
+
+    nproc, inject, note, fixes = GPT_ROWS[name]
+    rows = []
+    for rep in range(reps):
+        runs = {"before": train_gpt(nproc, inject, tmp / f"{name}-before-{rep}", steps)}
+        plan = advise(read_run(tmp / f"{name}-before-{rep}" / "trace"), remaining_steps=steps)
+        todo = [k for k in fixes if measure_all or (plan.get(k) is not None and plan.get(k).applies)]
+        for which in todo[::-1] if rep % 2 else todo:
+            runs[which] = train_gpt(nproc, inject + fixes[which], tmp / f"{name}-{which}-{rep}",
+                                    steps)
+        runs["before2"] = train_gpt(nproc, inject, tmp / f"{name}-before2-{rep}", steps)
+        plan2 = advise(read_run(tmp / f"{name}-before2-{rep}" / "trace"), remaining_steps=steps)
+        rows.append(finish_row(name, rep, note, runs, plan, None, plan2, None))
+    return rows
+
+
+def finish_row(name, rep, note, runs, plan, plain, plan2, calibration) -> dict:
+    """The row's record (befores, A/A, each remedy's predictions and measurement), printed."""
+    befores = [runs[k]["mean_step_s"] for k in ("before", "before2") if k in runs]
+    before = statistics.mean(befores)
+    row = {"row": name, "rep": rep, "note": note, "before_ms": [1e3 * b for b in befores],
+           "aa_spread": abs(befores[0] - befores[-1]) / before, "calibration": calibration,
+           "ranking": [r.name for r in plan.remedies if r.applies], "remedies": {}}
+    for r in plan.remedies:
+        entry = {"applies": r.applies, "why_not": r.why_not, "predicted": predicted(r.name, plan),
+                 "predicted_uncalibrated": predicted(r.name, plain) if plain else None,
+                 "predicted_a2": predicted(r.name, plan2)}
+        if r.name in runs:
+            entry["after_ms"] = 1e3 * runs[r.name]["mean_step_s"]
+            entry["measured"] = before / runs[r.name]["mean_step_s"]
+            if "uncoded_step_s" in runs[r.name]:  # the coded trainer's own uncoded step
+                entry["uncoded_ms"] = 1e3 * runs[r.name]["uncoded_step_s"]
+        row["remedies"][r.name] = entry
+    print_row(row)
+    return row
 
 
 def print_row(row: dict) -> None:
@@ -183,6 +258,8 @@ def print_row(row: dict) -> None:
         err = f"{100 * abs(e['predicted'] - e['measured']) / e['measured']:.0f}%" \
             if e["predicted"] and "measured" in e else "–"
         after = f"{e['after_ms']:.0f}" if "after_ms" in e else "–"
+        if "uncoded_ms" in e:
+            after += f" (uncoded on the coded trainer {e['uncoded_ms']:.0f})"
         why = "" if e["applies"] else f" ({e['why_not'][:70]}…)" if e["why_not"] else ""
         print(f"| {name} | {'yes' if e['applies'] else 'no'}{why} | {pred} | {meas} | {err} | {aa} "
               f"| {after} |", flush=True)
@@ -202,8 +279,9 @@ def print_row(row: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default=",".join(ROWS))
+    p.add_argument("--only", default=",".join([*ROWS, *GPT_ROWS]))
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--gpt-steps", type=int, default=16, help="steps of the train_gpt rows")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--measure-all", action="store_true",
                    help="also measure remedies the plan says do not apply")
@@ -214,7 +292,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         where = args.keep or Path(tmp)
         for name in args.only.split(","):
-            report += run_row(name, args.steps, args.reps, where, args.measure_all)
+            if name in GPT_ROWS:
+                report += run_gpt_row(name, args.gpt_steps, args.reps, where, args.measure_all)
+            else:
+                report += run_row(name, args.steps, args.reps, where, args.measure_all)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

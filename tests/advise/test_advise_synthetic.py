@@ -6,12 +6,15 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from stragglers.advise import advise, load_calibration
+from stragglers.advise.context import DP_COLLECTIVE, AdviceContext
+from stragglers.advise.remedies.tolerate import GradientCoding
 from stragglers.errors import InputError
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif.analyze import analyze, analyze_with_model
 
 # A big all-reduce (the synth default is 6 ms), so that hiding part of it matters.
 BIG_ALLREDUCE = {"kind": "collective", "optype": "grads-all-reduce", "stage": None, "factor": 20}
@@ -70,10 +73,36 @@ def test_late_host_with_a_big_allreduce_gets_stragglar():
     assert not plan.get("antdt-dd").applies
     assert all(not r.applies or r.predicted_speedup < best.predicted_speedup
                for r in plan.remedies[1:])
-    # a longer stall than the compute: dropping the late worker with a code now wins
+    # a longer stall than the compute: dropping the late worker with a code would win, but the
+    # aggregator's exchange (2(n − s) model-sized messages through one link) is priced too, and
+    # with this 120 ms all-reduce it costs more than the stall: StragglAR stays first
     long = generate(dp=8, pp=1, microbatches=2, steps=10, sync="ddp", seed=0,
                     slow_link=BIG_ALLREDUCE, host_stall={"dp": 7, "stage": 0, "seconds": 0.4})
-    assert advise(long).remedies[0].name == "gradient-coding-s1"
+    plan = advise(long)
+    assert plan.remedies[0].name == "stragglar"
+    assert not plan.get("gradient-coding-s1").applies
+    assert "exchange" in plan.get("gradient-coding-s1").why_not
+
+
+def test_a_code_drops_a_long_stall_and_pays_the_aggregator_exchange():
+    # the same stall with the default (6 ms) all-reduce: the code wins; its step is the replay
+    # with 2× compute, the stalled worker dropped and the all-reduce × (n − s)·n/(n − 1)
+    trace = generate(dp=8, pp=1, microbatches=2, steps=10, sync="ddp", seed=0,
+                     host_stall={"dp": 7, "stage": 0, "seconds": 0.4})
+    plan = advise(trace)
+    code = plan.remedies[0]
+    assert code.name == "gradient-coding-s1" and code.exact
+    result, w = analyze_with_model(trace)
+    ctx = AdviceContext(trace, result, w)
+    ring = sum(float(np.nanmedian(w.cost[m])) for m in ctx.nodes_of(DP_COLLECTIVE))
+    assert ring > 0
+    assert code.details["exchange_s"] == pytest.approx(ring * 7 * 8 / 7, rel=1e-9)
+    # without the exchange (the all-reduce kept as measured) the same code would predict more
+    free = GradientCoding(1)
+    priced = free.predict(ctx).predicted_speedup
+    assert priced == pytest.approx(code.predicted_speedup, rel=1e-9)
+    ctx.w.cost[ctx.nodes_of(DP_COLLECTIVE)] = 0.0  # an all-reduce that cost nothing
+    assert GradientCoding(1).predict(AdviceContext(trace, result, ctx.w)).predicted_speedup > priced
 
 
 def test_calibration_changes_the_phase_shares(tmp_path):
