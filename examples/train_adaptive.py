@@ -35,7 +35,7 @@ from stragglers.adapt.launch import init_distributed, job_service
 from stragglers.adapt.policies import micro_batches
 from stragglers.adapt.step import DataParallelStep
 
-from launch import require_torchrun  # examples/launch.py (the script's folder is on sys.path)
+from launch import exit_without_finalizing, require_torchrun  # examples/launch.py (on sys.path)
 
 RUN_FILES = ("shards.db", "shards.db-wal", "shards.db-shm", "checkpoint.pt", "metrics.jsonl",
              "summary.json", "job.token")
@@ -222,4 +222,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # torch's gloo threads can abort a finished process at exit (examples/launch.py)
+    exit_without_finalizing(main() or 0)

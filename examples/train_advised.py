@@ -44,7 +44,7 @@ from stragglers.advise.live import MonitorWindows, TimingPublisher, window_of
 from stragglers.advise.window import ROW_WIDTH, StepTiming, window_step_time, window_trace
 from stragglers.mitigate import PlannedGC
 
-from launch import require_torchrun  # examples/launch.py (the script's folder is on sys.path)
+from launch import exit_without_finalizing, require_torchrun  # examples/launch.py (on sys.path)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -365,3 +365,4 @@ def report(args, everyone: list[list[StepTiming]], policy, model: nn.Module,
 
 if __name__ == "__main__":
     main()
+    exit_without_finalizing()  # torch's gloo threads can abort a finished process at exit

@@ -40,7 +40,10 @@ import torch.distributed as dist
 from stragglers.record.schedstat import CommWaitProbe, TransportRunDelay
 
 dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
-transport = TransportRunDelay()
+transport = TransportRunDelay(rescan_s=0.05)
+deadline = time.monotonic() + 60   # each thread names itself once it runs: on a busy host, later
+while transport.read() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
 assert transport.read() is not None, "gloo's threads not found by name"
 cpu = min(os.sched_getaffinity(0))
 burn = "import os, time\\nos.sched_setaffinity(0, {%d})\\nt = time.time()\\n" \\
@@ -80,3 +83,38 @@ def test_a_probe_without_readable_counters_reports_nan_not_zero():
     probe.transport.available = False  # as on a kernel without schedstat
     assert math.isnan(probe.waited_s(probe.mark()))
     probe.close()
+
+
+def test_a_thread_named_after_a_scan_is_followed_from_the_next_scan():
+    # gloo's threads name themselves once they run; a scan that saw one before that must not
+    # forget it (on a busy host the name can come long after the group was made)
+    import ctypes
+
+    from stragglers.record.schedstat import TransportRunDelay
+
+    libc = ctypes.CDLL(None)
+    go, named, done, tid = threading.Event(), threading.Event(), threading.Event(), []
+
+    def worker():
+        tid.append(str(threading.get_native_id()))
+        go.wait()
+        libc.prctl(15, b"gloo_tcp_loop", 0, 0, 0)  # PR_SET_NAME, as the thread itself does
+        named.set()
+        done.wait()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    probe = TransportRunDelay(rescan_s=0)
+    try:
+        while not tid:
+            pass
+        probe.read()
+        assert tid[0] not in probe._fds       # not named yet: not followed
+        go.set()
+        named.wait(30)
+        assert probe.read() is not None
+        assert tid[0] in probe._fds           # named now: followed from this scan on
+    finally:
+        done.set()
+        t.join()
+        probe.close()

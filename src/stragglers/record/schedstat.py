@@ -58,7 +58,6 @@ class TransportRunDelay:
     def __init__(self, rescan_s: float = 1.0):
         self.rescan_ns = int(rescan_s * 1e9)
         self._fds: dict[str, int] = {}
-        self._seen: set[str] = set()
         self._scanned = None
         self.available = os.path.exists("/proc/thread-self/schedstat")
 
@@ -90,11 +89,12 @@ class TransportRunDelay:
             tids = os.listdir(_TASKS)
         except OSError:
             return
-        self._seen &= set(tids)  # an ended thread's id may come back as a new thread's
+        # Every thread not yet followed is looked at again: a thread names itself once it runs,
+        # so one listed just after its group was made may still carry its parent's name (on a
+        # busy host for a while); remembering it as "not gloo's" would lose it for good.
         for tid in tids:
-            if tid in self._seen:
+            if tid in self._fds:
                 continue
-            self._seen.add(tid)
             try:
                 with open(f"{_TASKS}/{tid}/comm") as f:
                     name = f.read().strip()

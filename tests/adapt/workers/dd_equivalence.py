@@ -2,12 +2,15 @@
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from stragglers.adapt.policies import micro_batches
 from stragglers.adapt.step import DataParallelStep
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+from launch import exit_without_finalizing  # noqa: E402  (examples/launch.py)
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -63,3 +66,4 @@ if rank == 0:
                    "flags": flags, "last_mean_loss": res.mean_loss, "ref_last_loss": losses[-1]}, f)
 dd.close()
 dist.destroy_process_group()
+exit_without_finalizing()  # torch's gloo threads can abort a finished process at exit

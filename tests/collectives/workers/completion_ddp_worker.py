@@ -1,12 +1,16 @@
 """DDP with the completion-thread hook trains exactly like DDP's own C++ all-reduce (2 ranks, gloo)."""
 
+import sys
 import threading
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglers.collectives.completion import CompletionThread, reduce_bucket
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+from launch import exit_without_finalizing  # noqa: E402  (examples/launch.py)
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -74,3 +78,4 @@ summed.stop()
 completer.stop()
 print("completion ok", flush=True)
 dist.destroy_process_group()
+exit_without_finalizing()  # torch's gloo threads can abort a finished process at exit

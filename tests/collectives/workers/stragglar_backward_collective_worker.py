@@ -9,6 +9,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglers.collectives.ddp_hook import StragglarHookState, stragglar_hook
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+from launch import exit_without_finalizing  # noqa: E402  (examples/launch.py)
 
 STEPS = 10
 DELAY = 0.3  # rank 1's backward starts this much later every step (>> noise on a loaded box)
@@ -105,3 +109,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_finalizing()  # torch's gloo threads can abort a finished process at exit

@@ -8,6 +8,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglers.collectives.ddp_hook import StragglarHookState, stragglar_hook
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+from launch import exit_without_finalizing  # noqa: E402  (examples/launch.py)
 
 STEPS = 14
 DELAY = 0.12
@@ -68,3 +72,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_without_finalizing()  # torch's gloo threads can abort a finished process at exit

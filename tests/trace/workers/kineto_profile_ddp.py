@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+from launch import exit_without_finalizing  # noqa: E402  (examples/launch.py)
 
 
 def main() -> None:
@@ -45,3 +47,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_without_finalizing()  # torch's gloo threads can abort a finished process at exit

@@ -19,6 +19,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
+import sys
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+from launch import exit_without_finalizing  # noqa: E402  (examples/launch.py)
 
 WIDTH = 256
 BURN = 24  # matmuls of base forward work per microbatch: ~10 ms, long against preemption
@@ -136,3 +139,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_without_finalizing()  # torch's gloo threads can abort a finished process at exit
