@@ -243,3 +243,19 @@ def test_a_measured_synchronous_collection_prices_planned_gc():
     assert from_meta.predicted_speedup == pytest.approx(slow.predicted_speedup)
     with pytest.raises(InputError, match="gc_sync_pause_s"):
         advise(trace, remedies=["planned-gc"], gc_sync_pause_s=-1.0)
+
+
+def test_a_gain_inside_the_jobs_step_noise_is_not_advised():
+    # a 10% slower rank under 30% op jitter: the replay predicts a small DD gain, but the
+    # steps resampled put it anywhere from nothing to ×1.06, so it is not offered; the same
+    # cause, large against the jitter, is offered with its interval
+    noisy = generate(dp=4, pp=1, microbatches=2, steps=8, sync="ddp", seed=0, noise=0.3,
+                     slow_worker=(3, 0, 1.1))
+    dd = advise(noisy, remaining_steps=20).get("antdt-dd")
+    assert dd.predicted_speedup >= 1.02 and not dd.applies
+    assert dd.interval[0] < 1.02 < dd.interval[1] and "interval" in dd.why_not
+    clear = generate(dp=4, pp=1, microbatches=2, steps=12, sync="ddp", seed=0,
+                     slow_worker=(3, 0, 2.0))
+    dd = advise(clear, remaining_steps=20).get("antdt-dd")
+    assert dd.applies and 1.02 <= dd.interval[0] <= dd.predicted_speedup <= dd.interval[1]
+    assert json.loads(advise(clear).to_json())["remedies"][0]["interval"] == dd.interval

@@ -54,3 +54,16 @@ def test_import_is_lazy():
                            "if m in sys.modules))"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_advise_is_callable_after_a_submodule_of_its_package_is_imported():
+    # `stragglers.advise` is both the function and a package: importing a submodule binds the
+    # package to the name, and st.advise(trace) must still give the plan
+    code = ("import stragglers as st\n"
+            "import stragglers.advise.act\n"
+            "trace = st.synth(dp=4, pp=1, microbatches=2, steps=6, sync='ddp', seed=0, "
+            "slow_worker=(3, 0, 2.0))\n"
+            "print(type(st.advise(trace)).__name__, st.advise.advise(trace).best().name)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["Plan", "antdt-dd"]

@@ -54,12 +54,14 @@ def print_plan(plan, console: Console) -> None:
     """The plan as a table, best first, then how to switch on the best one."""
     table = Table(title=f"{plan.job}: measured step {1e3 * plan.measured_step_s:.1f} ms "
                   f"(replay {1e3 * plan.baseline_step_s:.1f} ms)")
-    for col in ("#", "remedy", "applies", "step (ms)", "speedup", "why not / cost"):
-        table.add_column(col, justify="right" if col in ("#", "step (ms)", "speedup") else "left")
+    for col in ("#", "remedy", "applies", "step (ms)", "speedup", "90% interval", "why not / cost"):
+        table.add_column(col, justify="left" if col in ("remedy", "applies", "why not / cost")
+                         else "right")
     for i, r in enumerate(plan.remedies, 1):
         step = f"{1e3 * r.predicted_step_s:.1f}" if r.predicted_step_s else "–"
         speed = f"×{r.predicted_speedup:.3f}" if r.predicted_speedup else "–"
-        table.add_row(str(i), r.name, "yes" if r.applies else "no", step, speed,
+        band = f"×{r.interval[0]:.3f}–{r.interval[1]:.3f}" if r.interval else "–"
+        table.add_row(str(i), r.name, "yes" if r.applies else "no", step, speed, band,
                       r.cost if r.applies else (r.why_not or ""))
     console.print(table)
     best = plan.best()

@@ -85,10 +85,19 @@ class AdviceContext:
         """Mean step time of the replay of measured costs with measured launch delays."""
         return float(self.w.t_replay.mean())
 
+    @property
+    def baseline_step_times(self) -> np.ndarray:
+        """Each step's time [T] in that replay (what remedies' per-step replays are paired with)."""
+        return np.asarray(self.w.t_replay, dtype=float)
+
     def step_time(self, cost: np.ndarray, delay: np.ndarray | None = None) -> float:
         """Mean step time of a replay of `cost` [N, D, T] with the measured launch delays (or `delay`)."""
+        return float(self.step_times(cost, delay).mean())
+
+    def step_times(self, cost: np.ndarray, delay: np.ndarray | None = None) -> np.ndarray:
+        """Each step's time [T] in a replay of `cost` with the measured launch delays (or `delay`)."""
         delay = self.w.launch_delay if delay is None else delay
-        return float(replay(self.w.plan, cost, self.w.step_start, delay).mean())
+        return np.asarray(replay(self.w.plan, cost, self.w.step_start, delay), dtype=float)
 
     def timeline(self, cost: np.ndarray | None = None, delay: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray]:

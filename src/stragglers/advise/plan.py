@@ -7,8 +7,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# A remedy must buy at least this much to be worth switching on (the diagnosis's MIN_GAIN).
+# A remedy must buy at least this much to be worth switching on (the diagnosis's MIN_GAIN),
+# and the low end of its interval too: a gain inside the job's own noise is not one.
 MIN_GAIN = 1.02
+# The interval: resamples of the analysed steps, and the two-sided coverage.
+INTERVAL_SAMPLES = 400
+INTERVAL_LEVEL = 0.90
 
 
 @dataclass
@@ -26,6 +30,8 @@ class RemedyAdvice:
     runtime_switchable: bool = False     # can `stragglers.advise.act` apply it in a running job
     exact: bool = False                  # changes no parameters (same update as the plain run)
     details: dict[str, Any] = field(default_factory=dict)
+    # 90% interval of predicted_speedup: the steps resampled (the job's own step-to-step noise)
+    interval: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values (NaN/inf become None)."""

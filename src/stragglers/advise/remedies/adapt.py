@@ -87,7 +87,7 @@ class DynamicBatches(RemedyBase):
         cost = ctx.w.cost.copy()
         for d, (b, b2) in enumerate(zip(sizes, new)):
             cost[comp, d, :] *= batch_scale(ctx, d, b, b2)
-        step = ctx.step_time(cost)
+        step = ctx.step_times(cost)
         why = None
         spread = max(v) / max(min(v), 1e-30)
         if "stage_imbalance" in ctx.causes():
@@ -145,7 +145,8 @@ class KillRestart(RemedyBase):
         cost = ctx.w.cost.copy()
         sel = np.flatnonzero(np.isin(ctx.w.grid.node_optype, COMPUTE) & (ctx.w.grid.node_stage == p))
         cost[sel, d, :] /= np.maximum(ratio[d, p], 1e-12)[None, :]
-        fixed = ctx.step_time(cost)
+        fixed_steps = ctx.step_times(cost)
+        fixed = float(fixed_steps.mean())
         now = ctx.baseline_step_s
         restart = ctx.knobs.restart_cost_s
         restart = ControlConfig.restart_cost_s if restart is None else restart
@@ -179,4 +180,6 @@ class KillRestart(RemedyBase):
                                f"the {remaining} remaining steps", predicted_step_s=amortised,
                                predicted_speedup=now / amortised, method=method, cost=price,
                                switch_on=switch, details=details)
-        return self.priced(ctx, amortised, method, price, switch, details)
+        # per step, as `amortised` is on average (the interval over the steps)
+        return self.priced(ctx, fixed_steps + restart / max(remaining, 1), method, price, switch,
+                           details)

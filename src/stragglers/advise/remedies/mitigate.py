@@ -49,8 +49,13 @@ class DiagnosedFix(RemedyBase):
                   "replay with launch delays")
         if f.get("upper_bound"):
             method += "; an upper bound (a perfect fix)"
+        interval = None
+        if f.get("interval"):  # the diagnosis's bootstrap interval, on this remedy's footing
+            scale = float(alone) / float(f["speedup_if_fixed"])
+            interval = [ctx.baseline_step_s / (ctx.baseline_step_s - ctx.saved_by_finding(e * scale))
+                        for e in f["interval"]]
         return self.priced(ctx, ctx.baseline_step_s - saved, method, self.cost,
-                           self.switch_on(ctx), details)
+                           self.switch_on(ctx), details, interval=interval)
 
 
 @REMEDIES.register("planned-gc")
@@ -117,7 +122,7 @@ class PlannedGCRemedy(DiagnosedFix):
         first = nodes[np.argmin(g.node_seq[nodes])]
         cost[first] = planned / n        # the planned pause, amortised, on every rank alike
         return self.priced(
-            ctx, ctx.step_time(cost),
+            ctx, ctx.step_times(cost),
             f"replay with the automatic pauses gone and every rank paying one full collection "
             f"({basis}) every N = {n} steps at the same point, amortised per step",
             self.cost, self.switch_on(ctx),

@@ -109,7 +109,7 @@ class StragglAR(RemedyBase):
                 others = np.delete(a, s, axis=0).max(axis=0)
                 end = np.maximum(others + t_rs, a[s]) + t_p2
                 cost[node] = (end - a.max(axis=0))[None, :]
-        step = ctx.step_time(cost)
+        step = ctx.step_times(cost)
         start, _ = ctx.timeline()
         details, leads = {}, []
         for node, (s, t_rs, t_p2) in per_node.items():
@@ -192,7 +192,7 @@ class GradientCoding(RemedyBase):
         factor = np.where(total > 0, np.maximum(total - excess, 0.0) / np.maximum(total, 1e-30), 1.0)
         cost[before] *= factor[None]
         delay[before] *= factor[None]
-        step = ctx.step_time(cost, delay)
+        step = ctx.step_times(cost, delay)
         # exact codes only: FRC where (s+1) | n, else the real cyclic MDS code (n − s odd) or
         # the complex one (spec §2), named explicitly so the code does not fall back silently
         scheme = "frc" if n % (s + 1) == 0 else \
