@@ -84,6 +84,15 @@ class PlannedGCRemedy(DiagnosedFix):
         full = dur[dur >= 0.5 * dur.max()]
         return float(np.median(full)), len(full) / (g.shape[1] * g.pp_size * g.shape[2])
 
+    def full_share(self, ctx: AdviceContext) -> np.ndarray:
+        """Each step's full collections over the mean per step [T] (all 1 where none)."""
+        g = ctx.w.grid
+        dur = g.duration[g.node_optype == GC]                         # [gc ops, D, T]
+        if not dur.size or dur.max() <= 0:
+            return np.ones(g.shape[2])
+        per_step = (dur >= 0.5 * dur.max()).sum(axis=(0, 1)).astype(float)
+        return per_step / per_step.mean() if per_step.sum() > 0 else np.ones(g.shape[2])
+
     def every(self, ctx: AdviceContext) -> int:
         """N: one planned collection per automatic full collection a rank now takes."""
         _, rate = self.full_pauses(ctx)
@@ -120,7 +129,11 @@ class PlannedGCRemedy(DiagnosedFix):
         cost = ctx.w.cost.copy()
         cost[nodes] = 0.0
         first = nodes[np.argmin(g.node_seq[nodes])]
-        cost[first] = planned / n        # the planned pause, amortised, on every rank alike
+        # The planned pause, amortised, on every rank alike: planned / N a step on average,
+        # laid on the steps in proportion to the automatic full collections they held (one
+        # planned collection per automatic one). The mean is the same; the interval resamples
+        # steps, and a resample with fewer automatic collections then also plans fewer.
+        cost[first] = (planned / n) * self.full_share(ctx)[None, :]
         return self.priced(
             ctx, ctx.step_times(cost),
             f"replay with the automatic pauses gone and every rank paying one full collection "
