@@ -50,10 +50,18 @@ def rebalanced_batches(ctx: AdviceContext) -> tuple[list[int], list[int], list[f
     """
     sizes, total, source = ctx.batch_sizes()
     curves = compute_curves(ctx)
+    t = dp_rank_times(ctx).mean(axis=1)
     if curves is None:
-        t = dp_rank_times(ctx).mean(axis=1)
         v = [b / x if x > 0 else 0.0 for b, x in zip(sizes, t)]
         return sizes, split_batch(total, v), v, source
+    # The speeds are the job's own: each curve is scaled so that it gives the rank's measured
+    # compute at its current batch, over all the analysed steps. The calibration, one short
+    # measurement per batch size, sets only the shape (the fixed part against the per-sample
+    # part); its level is noisier (on shared cores two equal ranks can calibrate 30% apart).
+    # batch_scale is a ratio of one rank's curve, so the scaling leaves it as it was.
+    curves = [(a * k, c * k) for (a, c), k in
+              ((ac, x / (ac[0] + ac[1] * b) if x > 0 and ac[0] + ac[1] * b > 0 else 1.0)
+               for ac, b, x in zip(curves, sizes, t))]
     inv = sum(1.0 / c for _, c in curves)
     finish = (total + sum(a / c for a, c in curves)) / inv
     w = [max(finish - a, 0.0) / c for a, c in curves]
