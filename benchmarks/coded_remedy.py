@@ -10,8 +10,9 @@ worker --slow-rank) and the same host stall (--stall-rank/--stall-s per step). T
 process group, one after the other: wait-for-all (s = 0, every worker computes its own part:
 the uncoded job) and the code (every worker computes s + 1 parts, the aggregator needs n − s
 arrivals). Rank 0 writes the mean step time of each, the first --skip steps left out.
-The coded trainer is master/worker (stragglers.coding.train_coded), not DDP, so its speedup is
-measured against its own uncoded run on the same trainer, not against the DDP job.
+The coded trainer is master/worker (stragglers.coding.train_coded), not DDP: advise_remedies.py
+sets the coded step against the DDP job's (what switching would buy) and prints the uncoded step
+on this trainer beside it.
 """
 
 from __future__ import annotations

@@ -93,10 +93,12 @@ def test_a_thread_named_after_a_scan_is_followed_from_the_next_scan():
     from stragglers.record.schedstat import TransportRunDelay
 
     libc = ctypes.CDLL(None)
-    go, named, done, tid = threading.Event(), threading.Event(), threading.Event(), []
+    started, go, named, done = (threading.Event() for _ in range(4))
+    tid = []
 
     def worker():
         tid.append(str(threading.get_native_id()))
+        started.set()
         go.wait()
         libc.prctl(15, b"gloo_tcp_loop", 0, 0, 0)  # PR_SET_NAME, as the thread itself does
         named.set()
@@ -106,12 +108,11 @@ def test_a_thread_named_after_a_scan_is_followed_from_the_next_scan():
     t.start()
     probe = TransportRunDelay(rescan_s=0)
     try:
-        while not tid:
-            pass
+        started.wait()
         probe.read()
         assert tid[0] not in probe._fds       # not named yet: not followed
         go.set()
-        named.wait(30)
+        named.wait()
         assert probe.read() is not None
         assert tid[0] in probe._fds           # named now: followed from this scan on
     finally:

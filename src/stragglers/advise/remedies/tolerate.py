@@ -37,15 +37,20 @@ def persistent_straggler(ctx: AdviceContext, node: int) -> tuple[int | None, flo
     return s, share
 
 
+def message_bytes(ctx: AdviceContext, node: int) -> float | None:
+    """The median message size of a collective's rows, or None where the trace has none."""
+    if "bytes" not in ctx.trace.ops:
+        return None
+    rows = ctx.w.grid.row[node]
+    b = ctx.trace.ops["bytes"][rows[rows >= 0]]
+    b = b[b > 0]
+    return float(np.median(b)) if len(b) else None
+
+
 def stragglar_shares(ctx: AdviceContext, node: int) -> tuple[float, float, float, str]:
     """(T_RS / T_ring, T_phase2 / T_ring, message bytes or nan, where the α–β split came from)."""
     n = ctx.dp
-    sizes = None
-    if "bytes" in ctx.trace.ops:
-        rows = ctx.w.grid.row[node]
-        b = ctx.trace.ops["bytes"][rows[rows >= 0]]
-        b = b[b > 0]
-        sizes = float(np.median(b)) if len(b) else None
+    sizes = message_bytes(ctx, node)
     link = ctx.knobs.link
     if link is not None and sizes is not None:
         how = f"calibrated α = {link.alpha * 1e6:.1f} µs, 1/β = {1 / max(link.beta, 1e-30) / 2**20:.0f} MiB/s"
@@ -217,11 +222,9 @@ class GradientCoding(RemedyBase):
 def coded_exchange_s(ctx: AdviceContext, sync: list[int], n: int, s: int) -> tuple[float, str]:
     """Seconds per step the aggregator spends exchanging parameters and coded gradients."""
     measured = float(sum(np.nanmedian(ctx.w.cost[m]) for m in sync))  # the all-reduce(s) now
-    link, size = ctx.knobs.link, None
-    if link is not None and "bytes" in ctx.trace.ops:
-        sizes = [ctx.trace.ops["bytes"][r[r >= 0]] for r in (ctx.w.grid.row[m] for m in sync)]
-        sizes = [float(np.median(b[b > 0])) for b in sizes if (b > 0).any()]
-        size = sum(sizes) if len(sizes) == len(sync) else None
+    link = ctx.knobs.link
+    sizes = [message_bytes(ctx, m) for m in sync] if link is not None else [None]
+    size = sum(sizes) if None not in sizes else None
     if link is not None and size is not None:
         return 2 * (n - s) * (link.alpha + size * link.beta), \
             f"calibrated α–β, {size / 2**20:.1f} MiB of gradients"
