@@ -88,6 +88,48 @@ def test_bad_files_are_refused_and_named_without_changing_anything(tmp_path):
         server.stop()
 
 
+def test_parts_are_taken_by_their_footers_and_rows_found_bad_later_are_refused_alone(tmp_path):
+    # a part's footer is checked at ingest and its rows are read by its window; NaN times are
+    # not in Parquet's min/max, so that part is refused when its window reads it, and the
+    # window is analysed without it; a part written without statistics is read whole at ingest
+    import numpy as np
+    import pyarrow.parquet as pq
+    from stragglers.trace.columns import columns_to_table
+    run = tmp_path / "job-c"
+    trace = slow_job(steps=10, slow=(1, 1, 3.0))
+    parts = parts_of(trace, steps_per_part=5)
+    start_run(run, trace)
+    assert [(r, p) for r, p, _ in parts[:6]] == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1)]
+    nan_rank, nan_part, cols = parts[5]                       # rank 1's steps 5..9
+    cols = {**cols, "duration": np.where(np.arange(len(cols["step"])) == 3, np.nan,
+                                         cols["duration"])}
+    bare_rank, bare_part, bare = parts[2]
+    write_parts(run, [p for i, p in enumerate(parts) if i not in (5, 2)])
+    pq.write_table(columns_to_table(cols), run / f"rank-{nan_rank:05d}.part-{nan_part:06d}.parquet")
+    pq.write_table(columns_to_table(bare), run / f"rank-{bare_rank:05d}.part-{bare_part:06d}"
+                   ".parquet", write_statistics=False)
+    server = serve(tmp_path, [run])
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            wins = eventually(lambda: len(get(c, "/api/jobs/job-c")["windows"]) == 2
+                              and get(c, "/api/jobs/job-c")["windows"], what="2 windows")
+            assert get(c, "/api/stats")["by_way"]["files"] == {"parts": len(parts),
+                                                               "records": len(trace)}
+            rejects = get(c, "/api/stats")["rejects"]
+            assert len(rejects) == 1 and rejects[0]["source"].endswith(
+                f"rank-{nan_rank:05d}.part-{nan_part:06d}.parquet")
+            assert "NaN" in rejects[0]["problem"] and rejects[0]["reason"] == "bad_part"
+            by_first = {w["first_step"]: server.store.window("job-c", w["idx"]) for w in wins}
+            assert by_first[0]["error"] is None and by_first[0]["missing_ranks"] == []
+            # the window without rank 1's rows: the engine says which worker has no ops
+            assert by_first[5]["missing_ranks"] == [nan_rank]
+            assert "ops missing from workers" in by_first[5]["error"]
+            assert 'stragglers_ingest_rejected_total{reason="bad_part"} 1.0' in \
+                c.get("/metrics").text
+    finally:
+        server.stop()
+
+
 def test_bad_watch_dir_and_config_are_one_line_errors(tmp_path):
     with pytest.raises(InputError, match="not a directory"):
         MonitorServer(tmp_path / "m.db", watch=[tmp_path / "nope"], port=0)

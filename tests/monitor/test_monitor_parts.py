@@ -57,3 +57,55 @@ def test_parts_with_different_optype_dictionaries_are_decoded_right(tmp_path):
     got = read_part_files(sorted(tmp_path.glob("*.parquet")))
     assert np.array_equal(got[0].columns["optype"], a["optype"])
     assert np.array_equal(got[1].columns["optype"], b["optype"])
+
+
+def _write(path, cols, **kw):
+    import pyarrow.parquet as pq
+    from stragglers.trace.columns import columns_to_table
+    pq.write_table(columns_to_table(cols), path, **kw)
+    return path
+
+
+def test_a_footer_tells_what_a_whole_read_would_refuse_and_sends_the_rest_to_be_read(tmp_path):
+    from stragglers.monitor.parts import PartFile, check_file_in_job, read_part_footer
+    trace = slow_job(steps=4, slow=(0, 1, 3.0))
+    r, p, cols = parts_of(trace, steps_per_part=4)[1]
+    name = f"rank-{r:05d}.part-{p:06d}.parquet"
+    n = len(cols["step"])
+
+    (tmp_path / "a").mkdir()
+    good = read_part_footer(_write(tmp_path / "a" / name, cols))
+    alone = read_part_file(tmp_path / "a" / name)
+    assert isinstance(good, PartFile)
+    assert (good.rank, good.part, good.records, good.first_step, good.last_step, good.nbytes) == \
+        (r, p, alone.records, alone.first_step, alone.last_step, alone.nbytes)
+    with np.testing.assert_raises(InputError):
+        check_file_in_job(good, type("M", (), {"pp_size": int(cols["stage"].max()),
+                                              "dp_size": 8})(), "x")
+
+    bad = {  # field the footer names -> columns that a whole read refuses for that field
+        "rank": {**cols, "rank": np.where(np.arange(n) == 3, r + 1, r)},
+        "duration": {**cols, "duration": np.where(np.arange(n) == 2, -0.5, cols["duration"])},
+        "start_ts": {**cols, "start_ts": np.where(np.arange(n) == 1, np.inf, cols["start_ts"])},
+        "step": {**cols, "step": np.where(np.arange(n) == 0, -1, cols["step"])},
+    }
+    for i, (field, c) in enumerate(bad.items()):
+        d = tmp_path / f"bad{i}"
+        d.mkdir()
+        got = read_part_footer(_write(d / name, c))
+        assert isinstance(got, InputError) and got.field == field, (field, got)
+        with np.testing.assert_raises(InputError):
+            read_part_file(d / name)
+
+    # what the footer cannot tell goes to a whole read: no statistics, a step range with gaps
+    d = tmp_path / "nostats"
+    d.mkdir()
+    assert read_part_footer(_write(d / name, cols, write_statistics=False)) is None
+    d = tmp_path / "gaps"
+    d.mkdir()
+    assert read_part_footer(_write(d / name, {**cols, "step": cols["step"] * 10**6})) is None
+    # NaN is not in Parquet's min/max: the footer passes it, the window's read refuses it
+    d = tmp_path / "nan"
+    d.mkdir()
+    nan = {**cols, "duration": np.where(np.arange(n) == 4, np.nan, cols["duration"])}
+    assert isinstance(read_part_footer(_write(d / name, nan)), PartFile)

@@ -87,3 +87,29 @@ def test_window_analysis_scores_the_slow_worker_hottest_with_rank_and_host():
     fault = [f for f in row["diagnosis"] if f["cause"] == "worker_fault"]
     assert fault and fault[0]["ranks"] == [slow_rank]
     assert f"rank {slow_rank}" in fault[0]["headline"]
+
+
+def test_windows_read_from_part_files_hold_exactly_the_rows_of_held_columns(tmp_path):
+    # parts of 3 steps, windows of 5: a part reaching past a window is read by both windows
+    from stragglers.monitor.parts import read_part_footer
+    from stragglers.trace.runformat import write_rank
+    trace = slow_job(steps=12)
+    parts = parts_of(trace, steps_per_part=3)
+    held, files = tracker_for(trace), tracker_for(trace)
+    for rank, part, cols in parts:
+        held.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
+        f = read_part_footer(write_rank(tmp_path, rank, cols, part=part))
+        files.add_part(rank, part, f.last_step, None, 0.0, f)
+    a, b = held.close_ready(0.0), files.close_ready(0.0)
+    assert [w.steps for w in a] == [w.steps for w in b] == [list(range(5)), list(range(5, 10))]
+    assert files.pending_rows == sum(len(c["step"]) for _, p, c in parts if p == 3)
+    for wa, wb in zip(a, b):
+        assert wb.trace is None and wb.missing_ranks == wa.missing_ranks == []
+        tb, refused = wb.load()
+        assert refused == []
+        order_a = np.lexsort((wa.trace.ops["start_ts"], wa.trace.ops["rank"]))
+        order_b = np.lexsort((tb.ops["start_ts"], tb.ops["rank"]))
+        assert sorted(tb.ops) == sorted(wa.trace.ops)
+        for k in wa.trace.ops:
+            assert np.array_equal(tb.ops[k][order_b], wa.trace.ops[k][order_a]), k
+    assert analyse_window(b[0])["slowdown"] == analyse_window(a[0])["slowdown"]

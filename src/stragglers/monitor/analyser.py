@@ -40,14 +40,15 @@ class WindowAnalyser:
         if not self.in_process:
             self._executor()
 
-    def analyse(self, window: Window) -> dict:
-        """The window's stored row; an error row if the analysis process died on it."""
+    def analyse(self, window: Window, then: Window | None = None) -> dict:
+        """The window's stored row; an error row if the analysis process died on it. `then`,
+        the window queued next, has its part files read ahead."""
         if self.in_process:
-            return analyse_window(window)
+            return analyse_window(window, then)
         for _ in range(2):
             pool = self._executor()
             try:
-                return pool.submit(analyse_window, window).result()
+                return pool.submit(analyse_window, window, then).result()
             except BrokenProcessPool:
                 # the process died (out of memory, a signal), on this window or just before
                 # it: a fresh one tries once more; a window that kills that one too keeps an

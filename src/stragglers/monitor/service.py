@@ -25,8 +25,9 @@ from stragglers.errors import InputError
 from stragglers.monitor.alerts import AlertEngine, WebhookSender, parse_rules
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.metrics import MonitorMetrics
-from stragglers.monitor.parts import PartConflict, PartData, check_in_job, check_same_part, \
-    read_part_file, read_part_files, read_uploads, sync_directory, write_part_file
+from stragglers.monitor.parts import PartConflict, PartData, PartFile, check_file_in_job, \
+    check_in_job, check_same_part, read_part_file, read_part_files, read_part_footer, \
+    read_part_footers, read_uploads, sync_directory, write_part_file
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.store import JobConflict, Store
 from stragglers.monitor.windows import JobTracker, Window
@@ -177,13 +178,19 @@ class Monitor:
                         next_idx=last["idx"] + 1 if last else 0)
         self.analyser.warm()  # a job means windows soon: start the analysis process now
         for p in self.store.part_index(name):
-            columns = None
-            if p["last_step"] > tr.consumed_step:
+            columns, file = None, None
+            if p["last_step"] > tr.consumed_step:   # not analysed yet: its window reads it
+                path = directory / rank_file_name(p["rank"], p["part"])
                 try:
-                    columns = read_part_file(directory / rank_file_name(p["rank"], p["part"])).columns
+                    file = read_part_footer(path)
+                    if isinstance(file, InputError):
+                        raise file
+                    if file is None:
+                        columns = read_part_file(path).columns
                 except InputError as exc:
                     log.warning("job %s: stored part unreadable now: %s", name, exc)
-            tr.add_part(p["rank"], p["part"], p["last_step"], columns, p["ingested_at"])
+                    file = None
+            tr.add_part(p["rank"], p["part"], p["last_step"], columns, p["ingested_at"], file)
         self.trackers[name] = tr
         return tr
 
@@ -271,21 +278,26 @@ class Monitor:
                 self._settle_known(it)
                 continue
             fresh.append(it)
-        # watched files and uploads of the whole batch are read, then checked together (one
+        # watched files are checked from their footers (their rows are read by their window);
+        # those whose footer cannot tell, and uploads, are read whole and checked together (one
         # check per column for the batch, not per part); uploads are written once checked
         files = [it for it in fresh if it.data is None and it.body is None]
+        footers = read_part_footers([it.path for it in files], self._readers)
+        read = {id(it): f for it, f in zip(files, footers) if f is not None}
+        whole = [it for it, f in zip(files, footers) if f is None]
         uploads = [it for it in fresh if it.body is not None]
-        read = dict(zip(map(id, files), read_part_files([it.path for it in files],
-                                                           self._readers)))
+        read.update(zip(map(id, whole), read_part_files([it.path for it in whole],
+                                                        self._readers)))
         read.update(zip(map(id, uploads), read_uploads(
             [(it.body, f"part {it.job}/{it.rank}/{it.part}", it.rank, it.part) for it in uploads],
             self._readers)))
         for it in files + uploads:   # places the job does not have (stage 7 of a 2-stage job)
             data = read[id(it)]
             if not isinstance(data, InputError):
+                check = check_file_in_job if isinstance(data, PartFile) else check_in_job
                 try:
-                    check_in_job(data, trackers[it.job].meta,
-                                 it.path or f"part {it.job}/{it.rank}/{it.part}")
+                    check(data, trackers[it.job].meta,
+                          it.path or f"part {it.job}/{it.rank}/{it.part}")
                 except InputError as exc:
                     read[id(it)] = exc
         self._write_uploads([it for it in uploads if not isinstance(read[id(it)], InputError)])
@@ -312,7 +324,12 @@ class Monitor:
                 if not is_new:
                     self._settle_known(it)
                     continue
-                self.trackers[it.job].add_part(it.rank, it.part, data.last_step, data.columns, now)
+                if isinstance(data, PartFile):
+                    self.trackers[it.job].add_part(it.rank, it.part, data.last_step, None, now,
+                                                   data)
+                else:
+                    self.trackers[it.job].add_part(it.rank, it.part, data.last_step,
+                                                   data.columns, now)
                 self.metrics.parts.labels(it.way).inc()
                 self.metrics.records.labels(it.way).inc(data.records)
                 self.metrics.ingest_seconds.labels(it.way).observe(time.monotonic() - it.queued_at)
@@ -355,7 +372,13 @@ class Monitor:
                 self._count(-1)
 
     def _analyse(self, window: Window) -> None:
-        row = self.analyser.analyse(window)
+        with self._analysis.mutex:   # the next window queued: its files are read meanwhile
+            then = next((w for w in self._analysis.queue if isinstance(w, Window)), None)
+        row = self.analyser.analyse(window, then)
+        for source, problem in row.get("refused", []):
+            # a watched part whose rows turned out bad (its footer was fine): the window was
+            # analysed without it
+            self.reject("bad_part", source, problem)
         alert_rows, log_rows, messages = self.alerts.on_window(window.job, row)
         self.store.add_window(row, alert_rows, log_rows)
         self.metrics.publish_window(row)

@@ -6,6 +6,8 @@ stays missing for `gap_wait_s` after a later one arrived is given up on (it was 
 uploader's full buffer, say). A step is complete when it lies at or below every expected rank's
 frontier; a window is the next `window_steps` complete steps (specs/monitor.md §1). Only the
 rows of steps not yet analysed are held in memory, and each window reads only its own rows.
+Watched files are held as PartFiles (their footer: path and step range) and their rows are read
+by the window, in the analysis process (parts.read_window_rows).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from stragglers.errors import StragglersError
+from stragglers.monitor.parts import PartFile, read_window_rows
 from stragglers.trace.model import JobMeta, Trace
 
 log = logging.getLogger(__name__)
@@ -25,15 +29,32 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Window:
-    """A closed window: its steps, its rows, and the ranks that did not report them."""
+    """A closed window: its steps, its rows (held, or in part files it reads), and the ranks
+    that did not report them."""
 
     job: str
     idx: int
     steps: list[int]
-    trace: Trace
+    trace: Trace | None            # the rows held in memory (None: all are in files)
     missing_ranks: list[int]
     closed_at: float
     reason: str = "complete"  # complete | stalled | finished
+    files: list[PartFile] = field(default_factory=list)
+    meta: JobMeta | None = None
+
+    def load(self) -> tuple[Trace | None, list[tuple[str, str]]]:
+        """The window's trace with the rows of its part files read in (None when no row was
+        readable), and (file, problem) of each part file refused on reading."""
+        if not self.files:
+            return self.trace, []
+        chunks, refused = read_window_rows(self.files, self.steps, _readers())
+        if self.trace is not None:
+            chunks.append(self.trace.ops)
+        if not chunks:
+            return None, refused
+        keys = set(chunks[0]).intersection(*chunks[1:])
+        ops = {k: np.concatenate([c[k] for c in chunks]) for k in sorted(keys)}
+        return Trace(ops, self.meta, f"monitor:{self.job}#{self.idx}"), refused
 
 
 @dataclass
@@ -55,6 +76,7 @@ class JobTracker:
         self.consumed_step, self.next_idx = int(consumed_step), int(next_idx)
         self.ranks: dict[int, RankParts] = {}
         self.chunks: list[dict[str, np.ndarray]] = []
+        self.files: list[PartFile] = []   # watched parts whose rows are read by their windows
         self._steps: set[int] = set()  # steps with pending rows (kept, not recomputed per part)
         self.pending_rows = 0
         self.closed_marker = False
@@ -84,11 +106,23 @@ class JobTracker:
         return rp is not None and part in rp.parts
 
     def add_part(self, rank: int, part: int, last_step: int, columns: dict | None,
-                 arrived_at: float) -> None:
-        """Take a new part (its columns, or None when its rows are already analysed)."""
+                 arrived_at: float, file: PartFile | None = None) -> None:
+        """Take a new part: its columns, or its file (rows read when its window closes), or
+        neither when its rows are already analysed."""
         rp = self.ranks.setdefault(rank, RankParts())
         rp.parts[part] = (int(last_step), arrived_at)
         self.last_arrival = max(self.last_arrival or arrived_at, arrived_at)
+        if file is not None and file.records:
+            if file.last_step <= self.consumed_step:
+                self.late_rows += file.records
+            else:
+                # the footer gives the step range; steps are consecutive in a recorded run,
+                # and read_part_footer sends a part whose range is wider than its rows to be
+                # read whole, so this set stays bounded by the rows held
+                self.files.append(file)
+                self.pending_rows += file.records
+                self._steps.update(range(max(file.first_step, self.consumed_step + 1),
+                                         file.last_step + 1))
         if columns is not None and len(columns["step"]):
             keep = columns["step"] > self.consumed_step
             if not keep.all():
@@ -121,7 +155,8 @@ class JobTracker:
         for rp in self.ranks.values():
             self._advance(rp, now)
         expected = self.expected_ranks
-        if not self.chunks or not expected or any(r not in self.ranks for r in expected):
+        if not (self.chunks or self.files) or not expected \
+                or any(r not in self.ranks for r in expected):
             return []
         through = min(self.ranks[r].frontier for r in expected)
         steps = self._pending_steps()
@@ -144,20 +179,28 @@ class JobTracker:
         return np.array(sorted(self._steps), dtype=np.int64)
 
     def _cut(self, steps: np.ndarray, now: float, reason: str) -> Window:
-        last = int(steps[-1])
-        ops = {k: np.concatenate([c[k] for c in self.chunks]) for k in self._common_columns()}
-        inside = np.isin(ops["step"], steps)
-        rest = ops["step"] > last
-        window_ops = {k: v[inside] for k, v in ops.items()}
-        self.chunks = [{k: v[rest] for k, v in ops.items()}] if rest.any() else []
-        self.pending_rows = int(rest.sum())
+        first, last = int(steps[0]), int(steps[-1])
+        trace, present, rest_rows = None, set(), 0
+        if self.chunks:
+            ops = {k: np.concatenate([c[k] for c in self.chunks]) for k in self._common_columns()}
+            inside = np.isin(ops["step"], steps)
+            rest = ops["step"] > last
+            window_ops = {k: v[inside] for k, v in ops.items()}
+            self.chunks = [{k: v[rest] for k, v in ops.items()}] if rest.any() else []
+            rest_rows = int(rest.sum())
+            present = set(np.unique(window_ops["rank"]).tolist())
+            if len(window_ops["step"]):
+                trace = Trace(window_ops, self.meta, f"monitor:{self.job}#{self.next_idx}")
+        files = [f for f in self.files if f.first_step <= last and f.last_step >= first]
+        present |= {f.rank for f in files}
+        # a part reaching past the window stays for the next one (read again there)
+        self.files = [f for f in self.files if f.last_step > last]
+        self.pending_rows = rest_rows + sum(f.records for f in self.files)
         self.consumed_step = last
         self._steps = {s for s in self._steps if s > last}
-        present = set(np.unique(window_ops["rank"]).tolist())
         missing = [r for r in self.expected_ranks if r not in present]
-        w = Window(self.job, self.next_idx, [int(s) for s in steps],
-                   Trace(window_ops, self.meta, f"monitor:{self.job}#{self.next_idx}"),
-                   missing, now, reason)
+        w = Window(self.job, self.next_idx, [int(s) for s in steps], trace, missing, now, reason,
+                   files, self.meta)
         self.next_idx += 1
         return w
 
@@ -172,24 +215,62 @@ class JobTracker:
         return sum(rp.skipped for rp in self.ranks.values())
 
 
-def analyse_window(window: Window) -> dict:
-    """Run the what-if engine on one window; the row the store keeps (errors kept, not raised)."""
+_POOLS: dict[str, ThreadPoolExecutor] = {}
+_LOADS: dict[tuple[str, int], Future] = {}   # windows whose part files are being read ahead
+
+
+def _pool(name: str, threads: int) -> ThreadPoolExecutor:
+    """A named thread pool of this process, started on first use."""
+    if name not in _POOLS:
+        _POOLS[name] = ThreadPoolExecutor(threads, thread_name_prefix=f"stragglers-window-{name}")
+    return _POOLS[name]
+
+
+def _readers() -> ThreadPoolExecutor:
+    """The threads that read a window's part files (Parquet decoding releases the GIL)."""
+    return _pool("read", 2)
+
+
+def _load(window: Window, then: Window | None) -> tuple[Trace | None, list]:
+    """window.load(), read ahead if it was; starts reading `then`'s files ahead: they are
+    decoded (on other threads, without the interpreter lock) while this window is analysed."""
+    ahead = _LOADS.pop((window.job, window.idx), None)
+    if then is not None and then.files:
+        key = (then.job, then.idx)
+        for stale in [k for k in _LOADS if k != key]:
+            del _LOADS[stale]   # read ahead for a window that was not analysed next
+        if key not in _LOADS:
+            _LOADS[key] = _pool("ahead", 1).submit(then.load)
+    return ahead.result() if ahead is not None else window.load()
+
+
+def analyse_window(window: Window, then: Window | None = None) -> dict:
+    """Run the what-if engine on one window; the row the store keeps (errors kept, not raised).
+    `then`, the window to be analysed next if known, has its part files read ahead."""
     from stragglers.whatif.analyze import analyze
 
     t0 = time.perf_counter()
     row = window_row(window)
     try:
+        trace, row["refused"] = _load(window, then)
+        if row["refused"]:   # a rank whose only part here was refused did not report
+            read = set(np.unique(trace.ops["rank"]).tolist()) if trace is not None else set()
+            row["missing_ranks"] = sorted(set(window.missing_ranks)
+                                          | ({f.rank for f in window.files} - read))
+        if trace is None:
+            raise StragglersError("no readable rows in this window: every part file of it was "
+                                  "refused (see the refusals)")
         # the window's trace holds exactly its steps: "all" skips selecting them again (a copy
         # of every column) and the warm-up detection, which a window must not do
-        result = as_plain_dict(analyze(window.trace, steps="all"))
+        result = as_plain_dict(analyze(trace, steps="all"))
     except StragglersError as exc:
         row["error"] = str(exc)
     except Exception as exc:  # a bug must not stop the monitor; the window says what happened
         log.exception("job %s window %d: analysis failed", window.job, window.idx)
         row["error"] = f"analysis failed: {type(exc).__name__}: {exc}"
     else:
-        where = workers_of(window.trace)
-        hosts = {r: str(e.get("host", "")) for r, e in _layout(window.trace.meta).items()}
+        where = workers_of(trace)
+        hosts = {r: str(e.get("host", "")) for r, e in _layout(trace.meta).items()}
         row.update(slowdown=result["slowdown"], waste=result["waste"],
                    t_base=result.get("T_base"), t_ideal=result.get("T_ideal"),
                    sim_error=result.get("sim_error"), m_w=result.get("M_W"),
@@ -208,7 +289,7 @@ def window_row(window: Window, error: str | None = None) -> dict:
             "waste": None, "t_base": None, "t_ideal": None, "sim_error": None, "m_w": None,
             "m_s": None, "scores": [], "diagnosis": [], "missing_ranks": window.missing_ranks,
             "error": error, "closed_at": window.closed_at, "reason": window.reason,
-            "analysed_at": time.time(), "analysis_s": 0.0}
+            "analysed_at": time.time(), "analysis_s": 0.0, "refused": []}
 
 
 def as_plain_dict(result) -> dict:
