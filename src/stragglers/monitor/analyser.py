@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from stragglers.monitor.readahead import read_ahead_parts
 from stragglers.monitor.windows import Window, analyse_window, window_row
 
 log = logging.getLogger(__name__)
@@ -40,15 +41,27 @@ class WindowAnalyser:
         if not self.in_process:
             self._executor()
 
-    def analyse(self, window: Window, then: Window | None = None) -> dict:
-        """The window's stored row; an error row if the analysis process died on it. `then`,
-        the window queued next, has its part files read ahead."""
+    def read_ahead(self, files: list) -> None:
+        """Have these watched part files (PartFiles) decoded ahead where windows are analysed;
+        never waits (a dead process or a closed pool just means windows read them later)."""
+        if not files:
+            return
         if self.in_process:
-            return analyse_window(window, then)
+            read_ahead_parts(files)
+            return
+        try:
+            self._executor().submit(read_ahead_parts, files)
+        except (BrokenProcessPool, RuntimeError):
+            pass
+
+    def analyse(self, window: Window) -> dict:
+        """The window's stored row; an error row if the analysis process died on it."""
+        if self.in_process:
+            return analyse_window(window)
         for _ in range(2):
             pool = self._executor()
             try:
-                return pool.submit(analyse_window, window, then).result()
+                return pool.submit(analyse_window, window).result()
             except BrokenProcessPool:
                 # the process died (out of memory, a signal), on this window or just before
                 # it: a fresh one tries once more; a window that kills that one too keeps an

@@ -261,14 +261,19 @@ def check_file_in_job(part: PartFile, meta, source: object) -> None:
                              f"(the job's {name})")
 
 
-def read_window_rows(files: list[PartFile], steps: list[int], pool: Executor | None = None
+def read_window_rows(files: list[PartFile], steps: list[int], pool: Executor | None = None,
+                     ready: dict | None = None
                      ) -> tuple[list[dict[str, np.ndarray]], list[tuple[str, str]]]:
-    """The rows at `steps` of parts known by their footers (read on `pool`'s threads, checked
-    together), and (file, problem) for each part whose rows turn out bad (NaN times, unknown op
-    types): those are left out of the window."""
+    """The rows at `steps` of parts known by their footers (those not `ready` — path → what was
+    read ahead — read on `pool`'s threads, checked together), and (file, problem) for each part
+    whose rows turn out bad (NaN times, unknown op types): those are left out of the window."""
     chunks, refused = [], []
     wanted = np.asarray(steps, dtype=np.int64)
-    for f, data in zip(files, read_part_files([f.path for f in files], pool)):
+    ready = dict(ready or {})
+    rest = [f for f in files if str(f.path) not in ready]
+    ready.update(zip((str(f.path) for f in rest), read_part_files([f.path for f in rest], pool)))
+    for f in files:
+        data = ready[str(f.path)]
         if isinstance(data, InputError):
             refused.append((str(f.path), data.problem))
             continue

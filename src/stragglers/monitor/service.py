@@ -191,6 +191,7 @@ class Monitor:
                     log.warning("job %s: stored part unreadable now: %s", name, exc)
                     file = None
             tr.add_part(p["rank"], p["part"], p["last_step"], columns, p["ingested_at"], file)
+        self.analyser.read_ahead(list(tr.files))
         self.trackers[name] = tr
         return tr
 
@@ -317,7 +318,7 @@ class Monitor:
             return
         now = time.time()
         new = self.store.add_parts(rows, now)
-        windows = []
+        windows, ahead = [], []
         with self._lock:
             touched = set()
             for (it, data), is_new in zip(taken, new):
@@ -325,8 +326,9 @@ class Monitor:
                     self._settle_known(it)
                     continue
                 if isinstance(data, PartFile):
-                    self.trackers[it.job].add_part(it.rank, it.part, data.last_step, None, now,
-                                                   data)
+                    if self.trackers[it.job].add_part(it.rank, it.part, data.last_step, None,
+                                                      now, data):
+                        ahead.append(data)
                 else:
                     self.trackers[it.job].add_part(it.rank, it.part, data.last_step,
                                                    data.columns, now)
@@ -339,6 +341,9 @@ class Monitor:
                 if self.states.get(job) != "running":
                     self._set_state(job, "running")
                 windows.extend(self.trackers[job].close_ready(now))
+        # the watched files taken by their footers are decoded ahead in the analysis process
+        # (queued before the windows they close, so those find them read)
+        self.analyser.read_ahead(ahead)
         for w in windows:
             self._queue_analysis(w)
 
@@ -372,9 +377,7 @@ class Monitor:
                 self._count(-1)
 
     def _analyse(self, window: Window) -> None:
-        with self._analysis.mutex:   # the next window queued: its files are read meanwhile
-            then = next((w for w in self._analysis.queue if isinstance(w, Window)), None)
-        row = self.analyser.analyse(window, then)
+        row = self.analyser.analyse(window)
         for source, problem in row.get("refused", []):
             # a watched part whose rows turned out bad (its footer was fine): the window was
             # analysed without it

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,7 +47,9 @@ class Window:
         readable), and (file, problem) of each part file refused on reading."""
         if not self.files:
             return self.trace, []
-        chunks, refused = read_window_rows(self.files, self.steps, _readers())
+        from stragglers.monitor.readahead import read_ahead
+        ready = read_ahead().take(self.files, self.steps[-1])
+        chunks, refused = read_window_rows(self.files, self.steps, _readers(), ready)
         if self.trace is not None:
             chunks.append(self.trace.ops)
         if not chunks:
@@ -106,9 +108,9 @@ class JobTracker:
         return rp is not None and part in rp.parts
 
     def add_part(self, rank: int, part: int, last_step: int, columns: dict | None,
-                 arrived_at: float, file: PartFile | None = None) -> None:
+                 arrived_at: float, file: PartFile | None = None) -> bool:
         """Take a new part: its columns, or its file (rows read when its window closes), or
-        neither when its rows are already analysed."""
+        neither when its rows are already analysed. True when the file is held for a window."""
         rp = self.ranks.setdefault(rank, RankParts())
         rp.parts[part] = (int(last_step), arrived_at)
         self.last_arrival = max(self.last_arrival or arrived_at, arrived_at)
@@ -123,6 +125,8 @@ class JobTracker:
                 self.pending_rows += file.records
                 self._steps.update(range(max(file.first_step, self.consumed_step + 1),
                                          file.last_step + 1))
+                self._advance(rp, arrived_at)
+                return True
         if columns is not None and len(columns["step"]):
             keep = columns["step"] > self.consumed_step
             if not keep.all():
@@ -133,6 +137,7 @@ class JobTracker:
                 self.pending_rows += len(columns["step"])
                 self._steps.update(np.unique(columns["step"]).tolist())
         self._advance(rp, arrived_at)
+        return False
 
     def _advance(self, rp: RankParts, now: float) -> None:
         while True:
@@ -215,44 +220,24 @@ class JobTracker:
         return sum(rp.skipped for rp in self.ranks.values())
 
 
-_POOLS: dict[str, ThreadPoolExecutor] = {}
-_LOADS: dict[tuple[str, int], Future] = {}   # windows whose part files are being read ahead
-
-
-def _pool(name: str, threads: int) -> ThreadPoolExecutor:
-    """A named thread pool of this process, started on first use."""
-    if name not in _POOLS:
-        _POOLS[name] = ThreadPoolExecutor(threads, thread_name_prefix=f"stragglers-window-{name}")
-    return _POOLS[name]
+_READERS: list[ThreadPoolExecutor] = []
 
 
 def _readers() -> ThreadPoolExecutor:
-    """The threads that read a window's part files (Parquet decoding releases the GIL)."""
-    return _pool("read", 2)
+    """The threads that read a window's part files not read ahead (decoding releases the GIL)."""
+    if not _READERS:
+        _READERS.append(ThreadPoolExecutor(2, thread_name_prefix="stragglers-window-read"))
+    return _READERS[0]
 
 
-def _load(window: Window, then: Window | None) -> tuple[Trace | None, list]:
-    """window.load(), read ahead if it was; starts reading `then`'s files ahead: they are
-    decoded (on other threads, without the interpreter lock) while this window is analysed."""
-    ahead = _LOADS.pop((window.job, window.idx), None)
-    if then is not None and then.files:
-        key = (then.job, then.idx)
-        for stale in [k for k in _LOADS if k != key]:
-            del _LOADS[stale]   # read ahead for a window that was not analysed next
-        if key not in _LOADS:
-            _LOADS[key] = _pool("ahead", 1).submit(then.load)
-    return ahead.result() if ahead is not None else window.load()
-
-
-def analyse_window(window: Window, then: Window | None = None) -> dict:
-    """Run the what-if engine on one window; the row the store keeps (errors kept, not raised).
-    `then`, the window to be analysed next if known, has its part files read ahead."""
+def analyse_window(window: Window) -> dict:
+    """Run the what-if engine on one window; the row the store keeps (errors kept, not raised)."""
     from stragglers.whatif.analyze import analyze
 
     t0 = time.perf_counter()
     row = window_row(window)
     try:
-        trace, row["refused"] = _load(window, then)
+        trace, row["refused"] = window.load()
         if row["refused"]:   # a rank whose only part here was refused did not report
             read = set(np.unique(trace.ops["rank"]).tolist()) if trace is not None else set()
             row["missing_ranks"] = sorted(set(window.missing_ranks)
