@@ -113,3 +113,25 @@ def test_windows_read_from_part_files_hold_exactly_the_rows_of_held_columns(tmp_
         for k in wa.trace.ops:
             assert np.array_equal(tb.ops[k][order_b], wa.trace.ops[k][order_a]), k
     assert analyse_window(b[0])["slowdown"] == analyse_window(a[0])["slowdown"]
+
+
+def test_read_ahead_holds_parts_until_the_window_that_ends_them_and_stays_bounded(tmp_path):
+    from stragglers.monitor.parts import read_part_file, read_part_footer
+    from stragglers.monitor.readahead import ReadAhead
+    from stragglers.trace.runformat import write_rank
+    trace = slow_job(steps=6)
+    files = [read_part_footer(write_rank(tmp_path, r, c, part=p))
+             for r, p, c in parts_of(trace, steps_per_part=3)]
+    rows = sum(f.records for f in files)
+    ahead = ReadAhead(max_rows=rows - 1)         # one part too many: the last is left out
+    ahead.add(files)
+    assert ahead.rows == rows - files[-1].records
+    got = ahead.take(files, last_step=2)           # a window of steps 0..2
+    assert sorted(got) == sorted(str(f.path) for f in files[:-1])
+    for f in files[:-1]:
+        alone = read_part_file(f.path).columns
+        assert all(np.array_equal(got[str(f.path)].columns[k], v) for k, v in alone.items())
+    # parts ending at step 2 are let go; those reaching step 5 stay for the next window
+    assert ahead.rows == sum(f.records for f in files[:-1] if f.last_step > 2)
+    ahead.take(files, last_step=5)
+    assert ahead.rows == 0 and ahead.take(files, last_step=5) == {}
