@@ -100,8 +100,8 @@ def calibrate_slowdown(model: Model, args, factor: float) -> None:
         loss.backward()
         fwd.append(t1 - t0)
         bwd.append(time.perf_counter() - t1)
-    model.slow.fwd_s = (factor - 1) * sorted(fwd)[2]
-    model.slow.bwd_s = (factor - 1) * sorted(bwd)[2]
+    model.slow.fwd_s = (factor - 1) * min(fwd)
+    model.slow.bwd_s = (factor - 1) * min(bwd)
 
 
 # ---- main -----------------------------------------------------------------------------------

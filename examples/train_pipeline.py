@@ -101,8 +101,8 @@ def calibrate(module: StageModule, args, factor: float) -> None:
         y.sum().backward()
         fwd.append(t1 - t0)
         bwd.append(time.perf_counter() - t1)
-    module.slow.fwd_s = (factor - 1) * sorted(fwd)[2]
-    module.slow.bwd_s = (factor - 1) * sorted(bwd)[2]
+    module.slow.fwd_s = (factor - 1) * min(fwd)
+    module.slow.bwd_s = (factor - 1) * min(bwd)
 
 
 # ---- stages ---------------------------------------------------------------------------------

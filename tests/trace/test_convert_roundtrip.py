@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +42,11 @@ def recorded_run(tmp_path_factory):
                 with rec.op("optimizer"):
                     opt.step()
                     opt.zero_grad()
+            # the writer takes every step pending when it wakes: on a busy machine it may
+            # wake once for all five, so each step waits for its part (parts are the point here)
+            deadline = time.monotonic() + 120
+            while rec._writer.parts_written < step + 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
     return out
 
 
