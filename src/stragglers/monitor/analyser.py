@@ -33,7 +33,9 @@ class WindowAnalyser:
     def __init__(self, in_process: bool = False):
         self.in_process = in_process
         self._pool: ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._ahead: list = []         # parts to read ahead, waiting for the task in flight
+        self._ahead_busy = False
         self.restarts = 0   # analysis processes that died and were replaced
 
     def warm(self) -> None:
@@ -49,10 +51,26 @@ class WindowAnalyser:
         if self.in_process:
             read_ahead_parts(files)
             return
+        # one read-ahead task in flight at a time, carrying every part that came meanwhile: a
+        # task per ingest batch (many jobs, small batches) queued the windows behind them
+        with self._lock:
+            self._ahead.extend(files)
+            if self._ahead_busy:
+                return
+            self._ahead_busy = True
+        self._send_ahead()
+
+    def _send_ahead(self, _done=None) -> None:
+        with self._lock:
+            files, self._ahead = self._ahead, []
+            if not files:
+                self._ahead_busy = False
+                return
         try:
-            self._executor().submit(read_ahead_parts, files)
+            self._executor().submit(read_ahead_parts, files).add_done_callback(self._send_ahead)
         except (BrokenProcessPool, RuntimeError):
-            pass
+            with self._lock:
+                self._ahead_busy = False
 
     def analyse(self, window: Window) -> dict:
         """The window's stored row; an error row if the analysis process died on it."""
