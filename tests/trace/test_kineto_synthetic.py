@@ -347,3 +347,28 @@ def test_empty_and_broken_directories_say_what_was_expected(tmp_path):
     with pytest.raises(InputError, match="not valid JSON") as err:
         load_trace(tmp_path)
     assert "meta.json" not in str(err.value)
+
+
+def test_gloo_work_is_paired_with_its_issuing_op_when_the_window_cuts_one_off():
+    # gloo runs a send on its own thread: the work (annotation) starts after the op that issued
+    # it. The profiled window holds the late work of an op issued before it began, and misses
+    # the work of its last op: the counts match, and first-with-first would give every work
+    # its neighbour's issue time and peer
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from stragglers.trace.kineto.items import _cpu_collectives
+    issued = [(t, 0.01, 1, "send", "0", None, None, dst, False)
+              for t, dst in ((1.0, 1), (2.0, 2), (3.0, 3))]
+    work = [(t, 0.01, 9, "send", None, None, None, None, True) for t in (1.005, 1.02, 2.02)]
+    counts = Counter()
+    out = _cpu_collectives(SimpleNamespace(collectives=issued + work), counts)
+    by_start = {round(o[0], 3): o for o in out}
+    assert by_start[1.02][2] == 1.0 and by_start[1.02][7] == 1     # op 1's work: its launch, peer
+    assert by_start[2.02][2] == 2.0 and by_start[2.02][7] == 2
+    assert by_start[1.005][7] is None and counts["unpaired annotations"] == 1
+    # nothing cut off: first with first
+    counts = Counter()
+    out = _cpu_collectives(SimpleNamespace(collectives=issued + [
+        (t, 0.01, 9, "send", None, None, None, None, True) for t in (1.02, 2.02, 3.02)]), counts)
+    assert [o[7] for o in sorted(out)] == [1, 2, 3] and not counts["unpaired annotations"]

@@ -297,10 +297,9 @@ def _cpu_collectives(ev: RankEvents, counts: Counter) -> list[tuple]:
     for kind in {a[3] for a in annotated}:
         mine = [i for i, a in enumerate(annotated) if a[3] == kind and i not in partner]
         theirs = [c for j, c in enumerate(issued) if c[3] == kind and j not in used]
-        if mine and len(mine) == len(theirs):
-            partner.update(zip(mine, theirs))
-        elif mine:
-            counts["unpaired annotations"] += len(mine)
+        pairs = _pair_in_order([annotated[i] for i in mine], theirs)
+        partner.update((mine[i], theirs[j]) for i, j in pairs)
+        counts["unpaired annotations"] += len(mine) - len(pairs)
     out = []
     for i, a in enumerate(annotated):
         ts, dur, _tid, kind, pg, seq, src, dst, _ = a
@@ -314,6 +313,33 @@ def _cpu_collectives(ev: RankEvents, counts: Counter) -> list[tuple]:
             dst = dst if dst is not None else c[7]
         out.append((ts, dur, launch, kind, pg, seq, src, dst))
     return out
+
+
+def _pair_in_order(work: list[tuple], issued: list[tuple]) -> list[tuple[int, int]]:
+    """(i, j) pairs of annotations (the work, in time order) with the ops that issued them (in
+    time order): in order, at the offset that fits their times.
+
+    An op is issued before its work starts, so a right pairing has no work starting before its
+    op, and among those the shortest waits. Pairing simply first-with-first is off by one for
+    the whole trace when the profiled window holds the work of an op issued before it started
+    (on a busy machine gloo's thread runs it late) or misses the work of its last op; every op
+    then took its neighbour's issue time and peer, and all steps came out incomplete.
+    """
+    n, m = len(work), len(issued)
+    if not n or not m:
+        return []
+    reach = abs(n - m) + 2
+    best, best_key = [], None
+    for off in range(-reach, reach + 1):   # work i ↔ op i - off
+        pairs = [(i, i - off) for i in range(max(0, off), min(n, m + off))]
+        if not pairs:
+            continue
+        lags = sorted(work[i][0] - issued[j][0] for i, j in pairs)
+        early = sum(lag < -1e-6 for lag in lags)   # work before its op: not its op
+        key = (early, lags[len(lags) // 2], -len(pairs))
+        if best_key is None or key < best_key:
+            best, best_key = pairs, key
+    return best
 
 
 def _outermost(colls: list[tuple]) -> list[tuple]:
