@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import REPO, torchrun
 
+from stragglers.errors import InputError
 from stragglers.trace.load import load_trace
 from stragglers.whatif.analyze import analyze
 
@@ -28,6 +30,16 @@ def _first_named(result) -> tuple[str, int, int] | None:
     return None
 
 
+def _op_counts(trace, step: int) -> dict:
+    """{rank: {op type: count}} in one step."""
+    o, names = trace.ops, trace.optype_names()
+    out: dict = {}
+    for i in np.flatnonzero(o["step"] == step):
+        per = out.setdefault(int(o["rank"][i]), {})
+        per[names[i]] = per.get(names[i], 0) + 1
+    return out
+
+
 @pytest.mark.distributed
 def test_profiler_and_recorder_traces_of_one_run_agree(tmp_path: Path):
     pytest.importorskip("torch")
@@ -40,7 +52,11 @@ def test_profiler_and_recorder_traces_of_one_run_agree(tmp_path: Path):
     steps = sorted({int(s) for s in profiled.ops["step"]})
     assert steps == list(range(1, 8))   # step 0 warms the profiler up
     by_recorder = analyze(load_trace(rec), steps)
-    by_profiler = analyze(profiled, steps)
+    try:
+        by_profiler = analyze(profiled, steps)
+    except InputError as exc:   # what the reader made of each rank, so a failure can be traced
+        raise AssertionError(f"{exc}\nstep 1 op counts: {_op_counts(profiled, 1)}\n"
+                             f"notes: {profiled.notes}") from exc
     # The profiler's layout came from who sends to whom (train_gpt: rank = dp_rank * pp + stage).
     assert profiled.meta.pp_size == 2 and profiled.meta.dp_size == 2
     first = _first_named(by_recorder)
