@@ -133,12 +133,13 @@ def test_verifier_rejects_broken_schedules(corrupt, message):
 
 def test_schedules_are_cached_and_n256_is_fast():
     synthesize.cache_clear()
-    t0 = time.perf_counter()
+    # CPU time, not wall time: other processes on the shared box stretch the wall clock
+    t0 = time.process_time()
     sched = synthesize(256)
-    elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - t0
     assert sched.num_rounds == 262
     assert synthesize(256) is sched
-    assert elapsed < 3.0  # the goal is <= 1 s on an idle core; the shared CI box gets slack
+    assert cpu < 3.0  # the goal is <= 1 s of one core (benchmarks measure it)
 
 
 def test_bad_n_is_a_user_error():
