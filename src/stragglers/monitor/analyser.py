@@ -36,6 +36,7 @@ class WindowAnalyser:
         self._lock = threading.RLock()
         self._ahead: list = []         # parts to read ahead, waiting for the task in flight
         self._ahead_busy = False
+        self._closed = False
         self.restarts = 0   # analysis processes that died and were replaced
 
     def warm(self) -> None:
@@ -63,8 +64,8 @@ class WindowAnalyser:
     def _send_ahead(self, _done=None) -> None:
         with self._lock:
             files, self._ahead = self._ahead, []
-            if not files:
-                self._ahead_busy = False
+            if not files or self._closed:   # (a task finishing while close() shuts the pool
+                self._ahead_busy = False    # down must not start a new process)
                 return
         try:
             self._executor().submit(read_ahead_parts, files).add_done_callback(self._send_ahead)
@@ -101,6 +102,7 @@ class WindowAnalyser:
         """Stop the analysis process (waits for a window in progress)."""
         with self._lock:
             pool, self._pool = self._pool, None
+            self._closed = True
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -112,6 +114,8 @@ class WindowAnalyser:
 
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the window analyser is closed")
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
                     1, mp_context=multiprocessing.get_context("spawn"),
