@@ -97,6 +97,17 @@ def test_a_footer_tells_what_a_whole_read_would_refuse_and_sends_the_rest_to_be_
         with np.testing.assert_raises(InputError):
             read_part_file(d / name)
 
+    # a nested column first: Parquet's leaf columns are found by path, not by Arrow position
+    import pyarrow.parquet as pq
+    from stragglers.trace.columns import columns_to_table
+    d = tmp_path / "nested"
+    d.mkdir()
+    table = columns_to_table(cols)
+    pq.write_table(table.add_column(0, "extra", pa.array([{"a": 1, "b": 2.0}] * n)), d / name)
+    nested = read_part_footer(d / name)
+    assert (nested.first_step, nested.last_step, nested.max_stage, nested.max_dp) == \
+        (good.first_step, good.last_step, good.max_stage, good.max_dp)
+
     # what the footer cannot tell goes to a whole read: no statistics, a step range with gaps
     d = tmp_path / "nostats"
     d.mkdir()

@@ -231,7 +231,11 @@ def read_part_footer(path: Path) -> PartFile | InputError | None:
 def _footer_ranges(meta, schema) -> tuple[dict | None, dict | None]:
     """min and max of the checked columns over every row group, (None, None) if a row group
     has no statistics for one of them (or has nulls in it)."""
-    where = {name: schema.get_field_index(name) for name in _CHECKED}
+    # Parquet's leaf columns, by path (an Arrow field index differs once a column is nested)
+    leaves = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+    if any(name not in leaves for name in _CHECKED):
+        return None, None
+    where = {name: leaves[name] for name in _CHECKED}
     lo: dict = {}
     hi: dict = {}
     for g in range(meta.num_row_groups):
