@@ -315,6 +315,9 @@ def _cpu_collectives(ev: RankEvents, counts: Counter) -> list[tuple]:
     return out
 
 
+MAX_CUT_OFF = 8   # works or ops a profiled window's edges may cut off, per collective kind
+
+
 def _pair_in_order(work: list[tuple], issued: list[tuple]) -> list[tuple[int, int]]:
     """(i, j) pairs of annotations (the work, in time order) with the ops that issued them (in
     time order): in order, at the offset that fits their times.
@@ -326,8 +329,8 @@ def _pair_in_order(work: list[tuple], issued: list[tuple]) -> list[tuple[int, in
     then took its neighbour's issue time and peer, and all steps came out incomplete.
     """
     n, m = len(work), len(issued)
-    if not n or not m:
-        return []
+    if not n or not m or abs(n - m) > MAX_CUT_OFF:
+        return []   # not a window's edges: more than that is missing on one side
     reach = abs(n - m) + 2
     best, best_key = [], None
     for off in range(-reach, reach + 1):   # work i ↔ op i - off
