@@ -6,8 +6,9 @@ stays missing for `gap_wait_s` after a later one arrived is given up on (it was 
 uploader's full buffer, say). A step is complete when it lies at or below every expected rank's
 frontier; a window is the next `window_steps` complete steps (specs/monitor.md §1). Only the
 rows of steps not yet analysed are held in memory, and each window reads only its own rows.
-Watched files are held as PartFiles (their footer: path and step range) and their rows are read
-by the window, in the analysis process (parts.read_window_rows).
+Watched files are held as PartFiles (their footer: path and step range); their rows are decoded
+ahead in the analysis process as they arrive (readahead.py) and taken by the window there (the
+files of parts not read ahead are read by the window: parts.read_window_rows).
 """
 
 from __future__ import annotations
