@@ -20,8 +20,11 @@ pytestmark = pytest.mark.distributed
 # each verdict is decided by the injection, not by the machine. No retries.
 CASES = [
     pytest.param("none", 2, ["--pp", "1", "--steps", "16"], "none", None, id="none"),
-    pytest.param("stage_imbalance", 4, ["--pp", "2", "--steps", "10",
-                                        "--extra-last-stage-layers", "8"],
+    # 16 steps and 12 extra layers: with 10 and 8 a run beside a CPU hog whose noise floor was
+    # S = 1.29 gave the imbalance an interval under min_gain ("unexplained"); low ends measured
+    # 1.09-1.20 (10 steps, 8 layers) and 1.17-1.21 (16, 12) in 3 runs each beside the suite
+    pytest.param("stage_imbalance", 4, ["--pp", "2", "--steps", "16",
+                                        "--extra-last-stage-layers", "12"],
                  "stage_imbalance", {"pp": [1]}, id="stage_imbalance"),
     # two microbatches per rank: the ranks' per-step sums of Σs² differ more than over four
     # (the imbalance is larger against the load's jitter: prediction interval 1.10–1.12 at
