@@ -202,7 +202,7 @@ def read_part_footer(path: Path) -> PartFile | InputError | None:
             return None   # whole numbers stored as floats: checked row by row
     if meta.num_rows == 0:
         return PartFile(*ids, path, 0, -1, -1, nbytes, -1, -1)
-    lo, hi = _footer_ranges(meta, schema)
+    lo, hi = _footer_ranges(meta)
     if lo is None:
         return None
     for name in ("rank", "dp_rank", "stage", "step"):
@@ -228,7 +228,7 @@ def read_part_footer(path: Path) -> PartFile | InputError | None:
                     int(hi["dp_rank"]))
 
 
-def _footer_ranges(meta, schema) -> tuple[dict | None, dict | None]:
+def _footer_ranges(meta) -> tuple[dict | None, dict | None]:
     """min and max of the checked columns over every row group, (None, None) if a row group
     has no statistics for one of them (or has nulls in it)."""
     # Parquet's leaf columns, by path (an Arrow field index differs once a column is nested)

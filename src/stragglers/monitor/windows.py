@@ -23,6 +23,7 @@ import numpy as np
 
 from stragglers.errors import StragglersError
 from stragglers.monitor.parts import PartFile, read_window_rows
+from stragglers.monitor.readahead import read_ahead
 from stragglers.trace.model import JobMeta, Trace
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,6 @@ class Window:
         readable), and (file, problem) of each part file refused on reading."""
         if not self.files:
             return self.trace, []
-        from stragglers.monitor.readahead import read_ahead
         ready = read_ahead().take(self.files, self.steps[-1])
         chunks, refused = read_window_rows(self.files, self.steps, _readers(), ready)
         if self.trace is not None:
