@@ -118,13 +118,23 @@ def test_live_dashboard_shows_the_slow_rank_alerts_and_resolves(tmp_path):
                                    '[data-status="resolved"]', timeout=240_000)
             eventually(lambda: get(c, "/api/jobs/live-gpt")["state"] == "finished", 120,
                        what="job finished")
-            # The window slider goes back to a slow window: the hot cell is rank 1's.
+            # The window slider goes back to the slow window where the diagnosis finds the
+            # fault strongest: there the hot cell is rank 1's. (Not just any slow window: beside
+            # a CPU hog, contention can lift every worker's S_w to ~2 in one window — S_w is
+            # min(S_dp, S_pp), which cannot separate a ×6 worker from a machine-wide ×2 — while
+            # the diagnosis still names rank 1 there, at a smaller gain.)
             job = get(c, "/api/jobs/live-gpt")
-            slow = [w["idx"] for w in job["windows"] if w["last_step"] < SLOW_UNTIL and any(
-                f["cause"] == "worker_fault" and SLOW_RANK in f["ranks"] for f in
-                get(c, f"/api/jobs/live-gpt/windows/{w['idx']}")["diagnosis"])]
+            slow = {}
+            for w in job["windows"]:
+                if w["last_step"] >= SLOW_UNTIL:
+                    continue
+                gains = [f["speedup_if_fixed"] for f in get(
+                    c, f"/api/jobs/live-gpt/windows/{w['idx']}")["diagnosis"]
+                    if f["cause"] == "worker_fault" and SLOW_RANK in f["ranks"]]
+                if gains:
+                    slow[w["idx"]] = max(gains)
             assert slow, job["windows"]
-            idx = slow[-1]
+            idx = max(slow, key=slow.get)
             page.uncheck("#follow")
             page.eval_on_selector("#window-slider", f"(el) => {{ el.value = {idx}; "
                                   "el.dispatchEvent(new Event('input')); }")
@@ -159,7 +169,9 @@ def test_live_dashboard_shows_the_slow_rank_alerts_and_resolves(tmp_path):
         assert statuses.count("firing") == 1      # de-duplicated while it kept firing
     finally:
         for proc in (train, monitor):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            if proc is not None:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                proc.stdout.close()    # a failed run must not leave its pipes to the next test
         receiver.shutdown()
