@@ -8,6 +8,7 @@ on restore like any other request.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -57,7 +58,11 @@ def read_checkpoint(path: str | Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
+        with warnings.catch_warnings():
+            # torch warns about a foreign pickle protocol before refusing the file; the refusal
+            # below is the one line the user gets
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - unpickling errors come in many types
         raise InputError(path, None, f"not a checkpoint this code wrote, or tampered with"
                          f" ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
