@@ -9,6 +9,7 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stragglers.errors import InputError
 from stragglers.monitor.events import ChangeFeed
@@ -69,6 +70,17 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         msg = f"{kind} parameter '{'.'.join(map(str, loc))}': {err.get('msg', 'invalid')}"
         monitor.reject("bad_request", f"{request.method} {request.url.path}", msg)
         return JSONResponse({"error": msg}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _no_route(request: Request, exc: StarletteHTTPException):
+        # no route matched (404) or not with this method (405): the API's own error format,
+        # naming the path as the server saw it (a %2F decodes to '/', so a path trick lands here)
+        what = "no such endpoint" if exc.status_code == 404 else \
+            f"method {request.method} is not allowed here" if exc.status_code == 405 else \
+            str(exc.detail)
+        monitor.reject("bad_request", f"{request.method} {request.url.path}", what)
+        return JSONResponse({"error": f"path {request.url.path[:200]!r}: {what}"},
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     read = [Depends(require_read)]
     add_upload_routes(app, monitor, require_write)

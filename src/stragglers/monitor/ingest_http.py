@@ -93,7 +93,16 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write) -> None:
             raise HTTPProblem(409, f"path 'job': {job!r} is a watched run ({known}); uploads "
                               "cannot write into it", "conflict")
         raw = meta.model_dump()
-        registered = await run_in_threadpool(monitor.register_job, job, directory, "http", raw)
+        try:
+            registered = await run_in_threadpool(monitor.register_job, job, directory, "http",
+                                                 raw)
+        except InputError as exc:
+            if exc.source.endswith("meta.json"):   # the body's sizes disagree: name the body's
+                field = f": field '{exc.field}'" if exc.field else ""
+                raise HTTPProblem(422, f"request body{field}: {exc.problem}",
+                                  "bad_meta") from None   # field, not the server's file
+            # the name is taken by another run, or the monitor is full: the job cannot be made
+            raise HTTPProblem(409, f"path 'job': {exc.problem}", "conflict") from None
         await run_in_threadpool(write_meta, directory, registered)
         return {"job": job, "status": "ok", "world_size": registered.world_size}
 
