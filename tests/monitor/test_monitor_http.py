@@ -256,3 +256,59 @@ def test_a_store_from_before_fingerprints_opens_and_takes_parts(tmp_path):
         assert store.part_digest("j", 0, 1) == "abc"
     finally:
         store.close()
+
+
+def test_the_upload_fast_path_answers_every_request_as_the_route_does(tmp_path):
+    # Two real servers: the app as served (uploads take the fast path in front of FastAPI) and
+    # the FastAPI app alone (every upload through its route). The same requests, in the same
+    # order, must get the same status and body from both, and store the same parts.
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, steps_per_part=5)
+    rank, part, cols = parts[0]
+    good = parquet_bytes(cols)
+    wrong = io.BytesIO()
+    pq.write_table(pa.table({"rank": [rank], "step": [0]}), wrong)
+    requests = [
+        ("unknown job", f"/api/jobs/job-f/ranks/{rank}/parts/{part}", good, AUTH),
+        ("meta", "/api/jobs/job-f/meta", None, AUTH),
+        ("no token", f"/api/jobs/job-f/ranks/{rank}/parts/{part}", good, {}),
+        ("wrong token", f"/api/jobs/job-f/ranks/{rank}/parts/{part}", good,
+         {"Authorization": "Bearer nope"}),
+        ("not parquet", f"/api/jobs/job-f/ranks/{rank}/parts/{part}", b"PAR1 junk", AUTH),
+        ("wrong columns", f"/api/jobs/job-f/ranks/{rank}/parts/{part}", wrong.getvalue(), AUTH),
+        ("rank outside", "/api/jobs/job-f/ranks/99/parts/0", good, AUTH),
+        ("rank too big", "/api/jobs/job-f/ranks/99999999999/parts/0", good, AUTH),
+        ("part not a number", f"/api/jobs/job-f/ranks/{rank}/parts/x1", good, AUTH),
+        ("leading zeros", f"/api/jobs/job-f/ranks/{rank}/parts/000{part}", good, AUTH),
+        ("duplicate", f"/api/jobs/job-f/ranks/{rank}/parts/{part}", good, AUTH),
+        ("other bytes", f"/api/jobs/job-f/ranks/{rank}/parts/{part}", parquet_bytes(
+            parts[2][2]), AUTH),
+        ("bad job name", f"/api/jobs/a..b/ranks/{rank}/parts/{part}", good, AUTH),
+        ("too large", f"/api/jobs/job-f/ranks/{rank}/parts/7", b"x" * (300 * 1024), AUTH),
+    ]
+    answers = []
+    for fast in (True, False):
+        s = MonitorServer(tmp_path / f"mon-{fast}.db", port=0, token=TOKEN, config=CFG)
+        assert type(s.app).__name__ == "UploadFastPath"
+        if not fast:
+            s.app = s.app.app          # the FastAPI app alone
+        s.start()
+        try:
+            got = []
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                for what, url, body, headers in requests:
+                    r = put_meta(c, "job-f", trace, headers) if body is None else \
+                        c.put(url, content=body, headers=headers)
+                    got.append((what, r.status_code, r.json()))
+                got.append(("stored", get(c, "/api/stats")["by_way"]))
+            answers.append(got)
+        finally:
+            s.stop()
+    for fast, plain in zip(*answers):
+        assert fast == plain
+    statuses = {a[0]: a[1] for a in answers[0][:-1]}
+    assert statuses == {"unknown job": 404, "meta": 200, "no token": 401, "wrong token": 401,
+                        "not parquet": 422, "wrong columns": 422, "rank outside": 422,
+                        "rank too big": 422, "part not a number": 422, "leading zeros": 200,
+                        "duplicate": 200, "other bytes": 409, "bad job name": 422,
+                        "too large": 413}

@@ -74,8 +74,10 @@ async def read_body(request: Request, limit: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
-def add_upload_routes(app: FastAPI, monitor: Monitor, require_write) -> None:
-    """The two upload endpoints, on `app`."""
+def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
+    """The two upload endpoints, on `app`; returns the part upload's own coroutine
+    `store_part(request, job, rank, part)` (what the route runs once its parameters are
+    checked), for the fast path in front of the app (app.py, UploadFastPath)."""
     cfg = monitor.config
 
     @app.put("/api/jobs/{job}/meta", dependencies=[Depends(require_write)])
@@ -106,11 +108,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write) -> None:
         await run_in_threadpool(write_meta, directory, registered)
         return {"job": job, "status": "ok", "world_size": registered.world_size}
 
-    @app.put("/api/jobs/{job}/ranks/{rank}/parts/{part}",
-             dependencies=[Depends(require_write)])
-    async def put_part(request: Request, job: str = PathParam(max_length=128),
-                       rank: int = PathParam(ge=0, le=MAX_RANK),
-                       part: int = PathParam(ge=0, le=MAX_PART)):
+    async def store_part(request: Request, job: str, rank: int, part: int) -> dict:
         """Store one part (Parquet bytes); idempotent by (job, rank, part)."""
         check_job_name(job, "path")
         tracker = monitor.tracker(job)
@@ -152,6 +150,16 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write) -> None:
             await run_in_threadpool(monitor.store.set_upload_dropped, job, rank, int(dropped))
             monitor.metrics.upload_dropped.labels(job, str(rank)).set(int(dropped))
         return {"status": status, "records": item.records}
+
+    @app.put("/api/jobs/{job}/ranks/{rank}/parts/{part}",
+             dependencies=[Depends(require_write)])
+    async def put_part(request: Request, job: str = PathParam(max_length=128),
+                       rank: int = PathParam(ge=0, le=MAX_RANK),
+                       part: int = PathParam(ge=0, le=MAX_PART)):
+        """Store one part (Parquet bytes); idempotent by (job, rank, part)."""
+        return await store_part(request, job, rank, part)
+
+    return store_part
 
 
 def validation_message(exc: ValidationError, where: str) -> str:
