@@ -312,3 +312,53 @@ def test_the_upload_fast_path_answers_every_request_as_the_route_does(tmp_path):
                         "rank too big": 422, "part not a number": 422, "leading zeros": 200,
                         "duplicate": 200, "other bytes": 409, "bad job name": 422,
                         "too large": 413}
+
+
+def test_bad_values_in_an_upload_are_refused_before_the_reply(server):
+    # Values a Parquet footer cannot vouch for (NaN — min/max leave it out —, unknown op type
+    # names) are refused before the part is acknowledged, naming the column, and nothing is
+    # stored; a part written without statistics is stored and analysed like the others.
+    import numpy as np
+
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, steps_per_part=5)
+    rank, part, cols = parts[0]
+    n = len(cols["step"])
+
+    def with_(name, values):
+        return parquet_bytes({**cols, name: values})
+
+    nan_start = with_("start_ts", np.where(np.arange(n) == 2, np.nan, cols["start_ts"]))
+    nan_dur = with_("duration", np.where(np.arange(n) == n - 1, np.nan, cols["duration"]))
+    table = columns_to_table(cols)
+    names = pa.array(["forward-compute"] * (n - 1) + ["warp-drive"])
+    unknown = io.BytesIO()
+    pq.write_table(table.set_column(table.schema.get_field_index("optype"), "optype", names),
+                   unknown)
+    no_stats = io.BytesIO()
+    pq.write_table(table, no_stats, write_statistics=False)
+    url = f"/api/jobs/job-v/ranks/{rank}/parts/{part}"
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert put_meta(c, "job-v", trace).status_code == 200
+        for body, column, words in ((nan_start, "start_ts", "NaN"), (nan_dur, "duration", "NaN"),
+                                    (unknown.getvalue(), "optype", "warp-drive")):
+            r = c.put(url, content=body, headers=AUTH)
+            error = r.json()["error"]
+            assert r.status_code == 422 and f"field '{column}'" in error and words in error, error
+        assert get(c, "/api/stats")["by_way"].get("http", {}).get("parts", 0) == 0
+        assert not list((server.monitor.data_dir / "job-v").glob("rank-*.parquet"))
+        r = c.put(url, content=no_stats.getvalue(), headers=AUTH)
+        assert r.status_code == 200 and r.json() == {"status": "stored", "records": n}, r.text
+        for rk, pt, cs in parts[1:]:
+            r = c.put(f"/api/jobs/job-v/ranks/{rk}/parts/{pt}", content=parquet_bytes(cs),
+                      headers=AUTH)
+            assert r.status_code == 200 and r.json()["status"] == "stored", r.text
+        # the parts taken by their footers are analysed like the others: both windows, every
+        # rank present, every record counted once
+        job = eventually(lambda: len(get(c, "/api/jobs/job-v")["windows"]) == 2
+                         and get(c, "/api/jobs/job-v"), what="2 windows")
+        for w in job["windows"]:
+            full = get(c, f"/api/jobs/job-v/windows/{w['idx']}")
+            assert full["missing_ranks"] == [] and full["error"] is None, full
+        assert get(c, "/api/stats")["by_way"]["http"] == {"parts": len(parts),
+                                                          "records": len(trace)}
