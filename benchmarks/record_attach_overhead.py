@@ -15,7 +15,9 @@ and unrecorded side by side under the same machine load:
    even steps only, so each recorded step has an unrecorded neighbour; per round the overhead
    is median t(even)/t(odd) over neighbour pairs divided by the same ratio of a control run
    without attach; rounds alternate which run goes first; the control spread is the median
-   |ratio − 1| of the control runs.
+   |ratio − 1| of the control runs. On a shared machine that spread is larger than the goal, so
+   the cost is also computed from part 1: rows recorded per big step (read back from the run) ×
+   the DDP per-op cost (the hooks' work does not grow with tensor size), over the step time.
 Goals (issue 15): ≤ 2 µs per recorded op, ≤ 1% of a ≥ 100 ms step.
 """
 
@@ -37,6 +39,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from stragglers.record import attach  # noqa: E402
+from stragglers.trace.runformat import read_run  # noqa: E402
 
 
 def ddp(d_in: int, d_hidden: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -120,13 +123,14 @@ def plain(d_in: int, d_hidden: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=1e-4)
 
 
-def big_step_overhead(steps: int, rounds: int) -> tuple[list[float], list[float], float]:
-    """(per-round overheads, control |ratio − 1| values, median step s) on a ≥100 ms step."""
+def big_step_overhead(steps: int, rounds: int) -> tuple[list[float], list[float], float, float]:
+    """(per-round overheads, control |ratio − 1| values, median step s, recorded rows per
+    recorded step) on a ≥100 ms step."""
     model, opt = ddp(1024, 4096)
     x = torch.randn(256, 1024)
     microbatches = 2
     run_steps(model, opt, x, 2, microbatches)
-    overheads, control_spread, step_s = [], [], []
+    overheads, control_spread, step_s, rows_per_step = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(rounds):
             ratios = {}
@@ -139,6 +143,8 @@ def big_step_overhead(steps: int, rounds: int) -> tuple[list[float], list[float]
                         t = run_steps(rmodel, ropt, x, steps, microbatches)  # even recorded
                     t = t[1:]  # start at step 2 (even)
                     del rmodel, ropt
+                    ops = read_run(Path(tmp) / f"big{k}").ops["step"]
+                    rows_per_step.append(len(ops) / len(set(ops.tolist())))
                 else:
                     t = run_steps(model, opt, x, steps, microbatches)[1:]
                 pairs = [t[i] / t[i + 1] for i in range(0, len(t) - 1, 2)]
@@ -146,7 +152,7 @@ def big_step_overhead(steps: int, rounds: int) -> tuple[list[float], list[float]
                 step_s.append(statistics.median(t))
             overheads.append(ratios[True] / ratios[False] - 1)
             control_spread.append(abs(ratios[False] - 1))
-    return overheads, control_spread, statistics.median(step_s)
+    return overheads, control_spread, statistics.median(step_s), statistics.median(rows_per_step)
 
 
 def main() -> None:
@@ -163,15 +169,23 @@ def main() -> None:
         unit = null_context_ns()
         print(f"unit: an empty `with` block costs {unit:.0f} ns of thread CPU here", flush=True)
         for wrap in (False, True):
-            c = per_op_cost(wrap, args.reps)
+            c = cost = per_op_cost(wrap, args.reps)
             name = "DDP (comm hook)" if wrap else "plain module"
             print(f"per recorded op, {name}: {c['ops']} ops/step, bare step {c['bare_step_cpu_ns'] / 1e3:.0f} "
                   f"µs CPU; attach adds {c['cpu_ns'] / 1e3:.2f} µs CPU per op (A/A control "
                   f"{c['cpu_aa_ns'] / 1e3:.2f}) = {c['cpu_ns'] / unit:.0f}× an empty with-block; wall "
                   f"{c['wall_ns'] / 1e3:.2f} µs per op (A/A {c['wall_aa_ns'] / 1e3:.2f}); goal <= 2 µs: "
                   f"{'met' if c['cpu_ns'] <= 2000 else 'MISSED'} (CPU)", flush=True)
-        over, spread, step = big_step_overhead(args.steps, args.rounds)
+        over, spread, step, rows = big_step_overhead(args.steps, args.rounds)
         med, noise = statistics.median(over), statistics.median(spread)
+        # The same cost from the per-op figure: rows recorded per big step (read back from the
+        # run) × the DDP per-op wall cost above, over the step — resolvable where the direct
+        # ratio is not (its control spread is the machine's noise, not the recorder's cost).
+        bound = rows * max(cost["wall_ns"], cost["cpu_ns"]) / 1e9 / step
+        print(f"big step ({step * 1e3:.0f} ms): {rows:.0f} rows per recorded step × "
+              f"{max(cost['wall_ns'], cost['cpu_ns']) / 1e3:.1f} µs per op = "
+              f"{100 * bound:.2f}% of the step (goal <= 1%: {'met' if bound <= 0.01 else 'MISSED'})",
+              flush=True)
         print(f"big step ({step * 1e3:.0f} ms): overhead per round "
               f"{', '.join(f'{100 * o:+.2f}%' for o in over)}; median {100 * med:+.2f}%; control "
               f"even/odd spread {100 * noise:.2f}% (goal <= 1%: "
