@@ -187,7 +187,9 @@ def bench_http(tmp: Path, dp: int, pp: int, steps: int, spp: int, clients: int =
         def lane(items):
             with httpx.Client(base_url=url, timeout=60) as c:
                 for r, p, data in items:
-                    c.put(f"/api/jobs/bench/ranks/{r}/parts/{p}", content=data).raise_for_status()
+                    # as the recorder's uploader sends them: with its drop count (0)
+                    c.put(f"/api/jobs/bench/ranks/{r}/parts/{p}", content=data,
+                          headers={"X-Stragglers-Dropped": "0"}).raise_for_status()
 
         t0 = time.perf_counter()
         with cf.ThreadPoolExecutor(clients) as ex:

@@ -125,6 +125,10 @@ def test_hostile_requests_get_a_4xx_naming_the_problem_and_change_nothing(server
         assert r.status_code == 413
         r = c.put(url, content=good)                           # no token
         assert r.status_code == 401
+        # a drop count past SQLite's integers, or not a count, in the uploader's header
+        for count in ("9" * 25, "-1", "two", "१२".encode()):
+            r = c.put(url, content=good, headers={**AUTH, "X-Stragglers-Dropped": count})
+            assert r.status_code == 422 and "X-Stragglers-Dropped" in r.json()["error"], r.text
         # window indices: negative, past any window, past SQLite's integers, not a number
         for path in ("/api/jobs/job-x/windows/-1", "/api/jobs/job-x/windows/" + "9" * 25,
                      "/api/jobs/job-x?window=-1", "/api/jobs/job-x?window=" + "9" * 25,

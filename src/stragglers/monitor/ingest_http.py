@@ -30,6 +30,9 @@ from stragglers.monitor.service import Monitor, PartIn
 from stragglers.trace.runformat import write_meta
 
 
+MAX_COUNT_DIGITS = 12   # X-Stragglers-Dropped: fits SQLite's 64-bit integers with room
+
+
 class MetaUpload(BaseModel):
     """meta.json as a client sends it (the recorder's JobMeta.to_dict())."""
 
@@ -79,6 +82,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     `store_part(request, job, rank, part)` (what the route runs once its parameters are
     checked), for the fast path in front of the app (app.py, UploadFastPath)."""
     cfg = monitor.config
+    reported: dict[tuple[str, int], int] = {}   # (job, rank) → drop count stored (this process)
 
     @app.put("/api/jobs/{job}/meta", dependencies=[Depends(require_write)])
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
@@ -123,6 +127,10 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             raise HTTPProblem(422, f"path 'rank': {rank} is not a rank of job {job!r} (world "
                               f"size {world})", "bad_rank")
         dropped = request.headers.get("x-stragglers-dropped")
+        if dropped is not None and not (dropped.isascii() and dropped.isdigit()
+                                        and len(dropped) <= MAX_COUNT_DIGITS):
+            raise HTTPProblem(422, "request header 'X-Stragglers-Dropped': expected a count "
+                              f"of 0 to {MAX_COUNT_DIGITS} digits", "bad_request")
         body = await read_body(request, cfg.max_part_bytes, "a part")
         # (hashing a large body off the event loop; hashlib drops the GIL for it)
         digest = fingerprint(body) if len(body) < 1 << 20 else \
@@ -146,8 +154,11 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             raise HTTPProblem(409, str(exc), "conflict") from None
         except InputError as exc:
             raise HTTPProblem(422, str(exc), "bad_part") from None
-        if dropped is not None and dropped.isdigit():
+        # the uploader sends its drop count with every part: it is stored when it grew, not
+        # with a durable commit (and a dashboard refresh) per upload
+        if dropped is not None and int(dropped) > reported.get((job, rank), -1):
             await run_in_threadpool(monitor.store.set_upload_dropped, job, rank, int(dropped))
+            reported[(job, rank)] = int(dropped)
             monitor.metrics.upload_dropped.labels(job, str(rank)).set(int(dropped))
         return {"status": status, "records": item.records}
 
