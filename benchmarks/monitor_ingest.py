@@ -16,6 +16,8 @@ many jobs at once, and the monitor's memory per job.
    (/api/events) has re-read the job's JSON with the window in it.
 4. 20 jobs watched at once, each flushing a part per rank every 0.5 s: time from each window
    closing to its analysis being stored, and the monitor's RSS per job.
+5. flood: 64 uploads at once, twice over, of 4 MB bodies that are not Parquet and of parts of
+   1,000,001 identical rows (a few kB that decode to ~60 MB): the service's peak RSS.
 
 --analysis process|thread (repeatable, run in turn): where the monitor analyses windows (the
 `analysis_process` setting; process is what `stragglers monitor serve` uses).
@@ -296,7 +298,60 @@ def bench_many_jobs(tmp: Path, jobs: int, dp: int, pp: int, steps: int, every_s:
             "rss_mb_per_job": (rss1 - rss0) / jobs}
 
 
-PARTS = ("files", "http", "latency", "many_jobs")
+# ---- 5. a hostile flood: the service's memory while many large or row-heavy uploads arrive --
+
+def bench_flood(tmp: Path, clients: int = 64, body_mb: int = 4, rounds: int = 2) -> dict:
+    """`clients` uploads at once, twice over: `body_mb` MB bodies that are not Parquet, then
+    parts of 1,000,001 identical rows (a few kB each, ~60 MB decoded); the service's RSS
+    sampled every 50 ms (peak), and what the uploads were answered."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    import io
+    import threading
+    from stragglers.trace.columns import columns_to_table
+    t = job(2, 2, 2)
+    one = {k: v[:1] for k, v in t.ops.items()}
+    rows = 1_000_001
+    buf = io.BytesIO()
+    pq.write_table(columns_to_table({k: np.repeat(v, rows) for k, v in one.items()}), buf,
+                   compression="zstd")
+    bomb, junk = buf.getvalue(), os.urandom(body_mb * 2**20)
+    rank = int(one["rank"][0])
+    proc, url = start_service(tmp, "flood")
+    peak, stop = [rss_mb(proc.pid)], threading.Event()
+
+    def sample():
+        while not stop.wait(0.05):
+            peak.append(rss_mb(proc.pid))
+
+    threading.Thread(target=sample, daemon=True).start()
+    answers: dict[int, int] = {}
+    try:
+        httpx.put(f"{url}/api/jobs/flood/meta", json=t.meta.to_dict()).raise_for_status()
+        rss0 = rss_mb(proc.pid)
+
+        def send(i, body):
+            with httpx.Client(base_url=url, timeout=300) as c:
+                r = c.put(f"/api/jobs/flood/ranks/{rank}/parts/{i}", content=body)
+                answers[r.status_code] = answers.get(r.status_code, 0) + 1
+
+        t0 = time.perf_counter()
+        for body in [junk, bomb] * rounds:
+            with cf.ThreadPoolExecutor(clients) as ex:
+                list(ex.map(send, range(clients), [body] * clients))
+        dt = time.perf_counter() - t0
+        stop.set()
+        return {"clients": clients, "junk_body_mb": body_mb, "bomb_rows": rows,
+                "bomb_bytes": len(bomb), "rounds": rounds, "seconds": dt,
+                "answers": {str(k): v for k, v in sorted(answers.items())},
+                "server_rss_mb_before": rss0, "server_rss_mb_peak": max(peak),
+                "server_rss_mb_after": rss_mb(proc.pid)}
+    finally:
+        stop.set()
+        proc.kill()
+        proc.wait()
+
+
+PARTS = ("files", "http", "latency", "many_jobs", "flood")
 
 
 def main() -> None:
@@ -319,6 +374,7 @@ def main() -> None:
         "latency": lambda tmp: [bench_latency(tmp, 16, 4)]
         + ([] if q else [bench_latency(tmp, 256, 4)]),
         "many_jobs": lambda tmp: bench_many_jobs(tmp, 20, 4, 2, 20 if q else 40, 0.5),
+        "flood": lambda tmp: bench_flood(tmp, 16 if q else 64),
     }
     for name in PARTS:
         for mode in modes:

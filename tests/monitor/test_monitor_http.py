@@ -366,3 +366,77 @@ def test_bad_values_in_an_upload_are_refused_before_the_reply(server):
             assert full["missing_ranks"] == [] and full["error"] is None, full
         assert get(c, "/api/stats")["by_way"]["http"] == {"parts": len(parts),
                                                           "records": len(trace)}
+
+
+def test_a_flood_of_uploads_holds_at_most_the_budget_and_is_stored_on_retry(tmp_path):
+    # One upload is held open half-sent (its Content-Length counted, the rest not yet sent): a
+    # second that does not fit in what is left of max_upload_bytes_held gets 503 naming the
+    # budget and changes nothing; once the first is stored, the second's retry is stored too.
+    import threading
+
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, steps_per_part=5)
+    (r0, p0, c0), (r1, p1, c1) = parts[0], parts[1]
+    first, second = parquet_bytes(c0), b"\0" * 2048     # the second: any 2 kB body
+    half = len(first) // 2
+    limit = len(first) + 1024     # the first fits; the first and the second do not
+    cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05,
+                        max_part_bytes=256 * 1024, max_upload_bytes_held=limit)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=cfg).start()
+    release = threading.Event()
+    got = {}
+
+    def slow_body():
+        yield first[:half]
+        release.wait(60)
+        yield first[half:]
+
+    def send_first():
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            got["first"] = c.put(f"/api/jobs/job-b/ranks/{r0}/parts/{p0}", content=slow_body(),
+                                 headers={**AUTH, "Content-Length": str(len(first))})
+
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert put_meta(c, "job-b", trace).status_code == 200
+            t = threading.Thread(target=send_first)
+            t.start()
+            # wait until the first upload's first chunk is counted
+            eventually(lambda: c.put(f"/api/jobs/job-b/ranks/{r1}/parts/{p1}", content=second,
+                                     headers=AUTH).status_code == 503, what="budget taken")
+            r = c.put(f"/api/jobs/job-b/ranks/{r1}/parts/{p1}", content=second, headers=AUTH)
+            assert r.status_code == 503 and f"at most {limit}" in r.json()["error"], r.text
+            # sent without a Content-Length (chunked) it counts as the largest part allowed
+            r = c.put(f"/api/jobs/job-b/ranks/{r1}/parts/{p1}", content=iter([second]),
+                      headers=AUTH)
+            assert r.status_code == 503, r.text
+            assert get(c, "/api/stats")["by_way"] == {}
+            release.set()
+            t.join(60)
+            assert got["first"].status_code == 200, got["first"].text
+            r = c.put(f"/api/jobs/job-b/ranks/{r1}/parts/{p1}", content=parquet_bytes(c1),
+                      headers=AUTH)
+            assert r.status_code == 200 and r.json()["status"] == "stored", r.text
+    finally:
+        release.set()
+        s.stop()
+
+
+def test_a_part_of_more_rows_than_a_part_may_hold_is_refused_before_it_is_decoded(server):
+    # 1,000,001 identical rows compress to a few kB of Parquet but decode to ~60 MB: the row
+    # count in the footer refuses it first (parts.MAX_PART_ROWS).
+    import numpy as np
+
+    from stragglers.monitor.parts import MAX_PART_ROWS
+
+    trace = slow_job(steps=10)
+    rank, part, cols = parts_of(trace, steps_per_part=5)[0]
+    n = MAX_PART_ROWS + 1
+    big = {k: np.repeat(v[:1], n) for k, v in cols.items()}
+    body = parquet_bytes(big)
+    assert len(body) < 200 * 1024
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert put_meta(c, "job-r", trace).status_code == 200
+        r = c.put(f"/api/jobs/job-r/ranks/{rank}/parts/{part}", content=body, headers=AUTH)
+        assert r.status_code == 422 and f"{n} rows in one part" in r.json()["error"], r.text
+        assert get(c, "/api/stats")["by_way"] == {}

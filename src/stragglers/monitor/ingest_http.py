@@ -57,8 +57,34 @@ class HTTPProblem(Exception):
         self.status, self.message, self.reason = status, message, reason
 
 
-async def read_body(request: Request, limit: int, what: str) -> bytes:
-    """The request body, refusing more than `limit` bytes before reading them all."""
+class BodyBudget:
+    """Bytes of upload bodies held at once, across requests (used on the event loop only).
+
+    A body is counted from before its first byte is read until its part is stored or refused:
+    its Content-Length, or the largest part allowed when it is sent without one (chunked; the
+    unused rest is given back once it is read). A request that would go past the limit is
+    answered 503 before its body is read, and the uploader retries it later, so a flood of
+    uploads holds at most `limit` bytes (plus one part: a single body is always let in, or a
+    part larger than the limit could never be stored).
+    """
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+
+    def take(self, n: int, what: str) -> None:
+        if self.held and self.held + n > self.limit:
+            raise HTTPProblem(503, f"request body: the monitor holds {self.held} bytes of "
+                              f"uploads (at most {self.limit}); retry {what} later", "busy")
+        self.held += n
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
+async def read_body(request: Request, limit: int, what: str,
+                    budget: BodyBudget | None = None) -> bytes:
+    """The request body, refusing more than `limit` bytes before reading them all; with a
+    budget, its bytes are taken from it first (the caller gives back len(body) once done)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -67,13 +93,24 @@ async def read_body(request: Request, limit: int, what: str) -> bytes:
         if int(declared) > limit:
             raise HTTPProblem(413, f"request body: {declared} bytes is more than the {limit} "
                               f"bytes allowed for {what}", "too_large")
+    reserved = 0
+    if budget is not None:
+        reserved = int(declared) if declared is not None else limit
+        budget.take(reserved, what)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPProblem(413, f"request body: more than the {limit} bytes allowed for "
-                              f"{what}", "too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPProblem(413, f"request body: more than the {limit} bytes allowed for "
+                                  f"{what}", "too_large")
+            chunks.append(chunk)
+    except BaseException:
+        if budget is not None:
+            budget.give(reserved)
+        raise
+    if budget is not None:
+        budget.give(reserved - size)   # a chunked body: what it did not use
     return b"".join(chunks)
 
 
@@ -83,6 +120,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     checked), for the fast path in front of the app (app.py, UploadFastPath)."""
     cfg = monitor.config
     reported: dict[tuple[str, int], int] = {}   # (job, rank) → drop count stored (this process)
+    budget = BodyBudget(cfg.max_upload_bytes_held)
 
     @app.put("/api/jobs/{job}/meta", dependencies=[Depends(require_write)])
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
@@ -131,7 +169,16 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                                         and len(dropped) <= MAX_COUNT_DIGITS):
             raise HTTPProblem(422, "request header 'X-Stragglers-Dropped': expected a count "
                               f"of 0 to {MAX_COUNT_DIGITS} digits", "bad_request")
-        body = await read_body(request, cfg.max_part_bytes, "a part")
+        body = await read_body(request, cfg.max_part_bytes, "a part", budget)
+        held = [len(body)]   # given back here, or by the ingest thread once it let go of body
+        try:
+            return await _store(job, rank, part, tracker, body, dropped, held)
+        finally:
+            budget.give(held[0])
+
+    async def _store(job: str, rank: int, part: int, tracker, body: bytes, dropped: str | None,
+                     held: list[int]) -> dict:
+        """store_part once the body is read and counted in the budget."""
         # (hashing a large body off the event loop; hashlib drops the GIL for it)
         digest = fingerprint(body) if len(body) < 1 << 20 else \
             await run_in_threadpool(fingerprint, body)
@@ -147,6 +194,18 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         # into the run format and stores the part; the reply waits until it is durable
         done: Future = Future()
         item = PartIn(job, rank, part, "http", body=body, digest=digest, done=done)
+        # the body is held until the ingest thread answers (written or refused), even if this
+        # request is gone by then (a client that hangs up does not free the budget early)
+        loop, n = asyncio.get_running_loop(), held[0]
+
+        def give_back(_):
+            try:
+                loop.call_soon_threadsafe(budget.give, n)
+            except RuntimeError:   # the service is shutting down: its loop is closed
+                pass
+
+        done.add_done_callback(give_back)
+        held[0] = 0
         monitor.submit(item)
         try:
             status = await asyncio.wrap_future(done)

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stragglers.errors import InputError
-from stragglers.trace.columns import table_to_columns
+from stragglers.trace.columns import check_finite_times, optype_codes, table_to_columns
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS
 from stragglers.trace.runformat import RANK_FILE, rank_file_name
 
@@ -23,6 +23,7 @@ JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_RANK = 9_999_999
 MAX_PART = 999_999
 MAX_WINDOW = 2**63 - 1  # a window index in a request: SQLite's largest integer
+MAX_PART_ROWS = 1_000_000   # rows in one part (a recorder's flush holds hundreds to thousands)
 
 
 class PartConflict(InputError):
@@ -150,7 +151,8 @@ def _check_group(tables: list[pa.Table], ranks: list[int]) -> dict[str, np.ndarr
 
 @dataclass
 class PartFile:
-    """A watched part known from its Parquet footer: its rows are read when a window needs them.
+    """A part (watched or uploaded) known from its Parquet footer: its rows are read when a
+    window needs them.
 
     Decoding a 455-row part costs ~1.2 ms, reading its footer ~70 µs; a part's rows are needed
     only once, by the window that analyses them, so the ingest reads the footer (schema, row
@@ -187,17 +189,62 @@ def read_part_footer(path: Path) -> PartFile | InputError | None:
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return InputError(path, None, f"not a readable Parquet file ({first[:200]})")
+    return _check_footer(meta, schema, ids, path, path, nbytes)
+
+
+def read_upload(body: bytes, source: object, rank: int, part: int, path: Path
+                ) -> PartFile | InputError | None:
+    """An uploaded part checked without decoding it whole: its footer (as read_part_footer)
+    and the three columns a footer cannot vouch for — op type names, and NaN in start_ts and
+    duration (Parquet's min/max leave NaN out) — so a bad part is still refused before it is
+    acknowledged. PartFile (at `path`, where it is to be written), the InputError naming what
+    is wrong, or None when the footer cannot tell (read it whole: read_uploads)."""
+    try:
+        f = pq.ParquetFile(pa.BufferReader(body))
+        meta, schema = f.metadata, f.schema_arrow
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return InputError(source, "body", f"not a readable Parquet file ({first[:200]})")
+    got = _check_footer(meta, schema, (rank, part), source, path, len(body))
+    if not isinstance(got, PartFile) or got.records == 0:
+        return got
+    try:
+        t = f.read(columns=["optype", "start_ts", "duration"], use_threads=False)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return InputError(source, "body", f"not a readable Parquet file ({first[:200]})")
+    try:
+        optype_codes(t.column("optype"), source)
+        times = {}
+        for name in ("start_ts", "duration"):
+            col = t.column(name)
+            if col.null_count:
+                raise InputError(source, name, f"{col.null_count} null values; expected numbers")
+            times[name] = col.to_numpy()
+        check_finite_times(times, source)
+    except InputError as exc:
+        return exc
+    return got
+
+
+def _check_footer(meta, schema: pa.Schema, ids: tuple[int, int], source: object, path: Path,
+                  nbytes: int) -> PartFile | InputError | None:
+    """What a part's footer tells: PartFile, the InputError naming a problem (in `source`), or
+    None when the footer cannot tell."""
+    too_many = check_part_rows(meta.num_rows, source)
+    if too_many is not None:
+        return too_many
     names = schema.names
     missing = [c for c in COLUMNS if c not in names]
     if missing:
-        return InputError(path, missing[0], f"missing column (required: {', '.join(COLUMNS)}; "
+        return InputError(source, missing[0], f"missing column (required: {', '.join(COLUMNS)}; "
                           f"found: {', '.join(names) or 'none'})")
     for name in [*COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in names)]:
         if name == "optype":
             continue   # its names are checked when the rows are read
         t = schema.field(name).type
         if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
-            return InputError(path, name, f"expected a number column, got {t}")
+            return InputError(source, name, f"expected a number column, got {t}")
         if COLUMNS.get(name, OPTIONAL_COLUMNS.get(name)).kind == "i" and not pa.types.is_integer(t):
             return None   # whole numbers stored as floats: checked row by row
     if meta.num_rows == 0:
@@ -207,25 +254,34 @@ def read_part_footer(path: Path) -> PartFile | InputError | None:
         return None
     for name in ("rank", "dp_rank", "stage", "step"):
         if lo[name] < 0:
-            return InputError(path, name, "negative value; expected >= 0")
+            return InputError(source, name, "negative value; expected >= 0")
         info = np.iinfo(COLUMNS[name])
         if hi[name] > info.max:
-            return InputError(path, name, f"values must lie in [{info.min}, {info.max}]")
+            return InputError(source, name, f"values must lie in [{info.min}, {info.max}]")
     for name in ("start_ts", "duration"):
         if not (np.isfinite(lo[name]) and np.isfinite(hi[name])):
-            return InputError(path, name, "infinite values; expected finite seconds")
+            return InputError(source, name, "infinite values; expected finite seconds")
     if lo["duration"] < 0:
-        return InputError(path, "duration", f"negative durations (down to {lo['duration']:g} s); "
-                          "expected >= 0 s")
+        return InputError(source, "duration", f"negative durations (down to {lo['duration']:g} "
+                          "s); expected >= 0 s")
     if lo["rank"] != ids[0] or hi["rank"] != ids[0]:
         other = lo["rank"] if lo["rank"] != ids[0] else hi["rank"]
-        return InputError(path, "rank", f"rows of rank {int(other)} in a part of rank {ids[0]}; "
-                          "expected one rank per part")
+        return InputError(source, "rank", f"rows of rank {int(other)} in a part of rank "
+                          f"{ids[0]}; expected one rank per part")
     first, last = int(lo["step"]), int(hi["step"])
     if last - first + 1 > meta.num_rows:
         return None   # steps with gaps wider than its rows: the steps are read, not assumed
     return PartFile(*ids, path, int(meta.num_rows), first, last, nbytes, int(hi["stage"]),
                     int(hi["dp_rank"]))
+
+
+def check_part_rows(rows: int, source: object) -> InputError | None:
+    """A part of more than MAX_PART_ROWS rows is refused before it is decoded: a few kB of
+    Parquet can hold millions of identical rows (a 0.8 MB file decodes to 1 GB)."""
+    if rows > MAX_PART_ROWS:
+        return InputError(source, None, f"{rows} rows in one part; expected at most "
+                          f"{MAX_PART_ROWS} (a recorder writes a part per flush, far fewer)")
+    return None
 
 
 def _footer_ranges(meta) -> tuple[dict | None, dict | None]:
@@ -307,15 +363,20 @@ def read_part_files(paths: list[Path], pool: Executor | None = None
     return [next(checked) if v is None else v for _, v in sorted(out.items())]
 
 
-def read_small_parquet(source) -> pa.Table:
+def read_small_parquet(source, name: object = None) -> pa.Table:
     """One small Parquet file, read on this thread: for parts of a few thousand rows this is
-    ~5× faster than pq.read_table (no dataset discovery, no thread-pool hand-offs)."""
-    return pq.ParquetFile(source).read(use_threads=False)
+    ~5× faster than pq.read_table (no dataset discovery, no thread-pool hand-offs). A file of
+    more than MAX_PART_ROWS rows is refused (InputError naming `name`) before it is decoded."""
+    f = pq.ParquetFile(source)
+    too_many = check_part_rows(f.metadata.num_rows, source if name is None else name)
+    if too_many is not None:
+        raise too_many
+    return f.read(use_threads=False)
 
 
 def _read_bytes(data: bytes, source: object) -> pa.Table:
     try:
-        return read_small_parquet(pa.BufferReader(data))
+        return read_small_parquet(pa.BufferReader(data), source)
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(source, "body", f"not a readable Parquet file ({first[:200]})") from None

@@ -27,7 +27,7 @@ from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.parts import PartConflict, PartData, PartFile, check_file_in_job, \
     check_in_job, check_same_part, read_part_file, read_part_files, read_part_footer, \
-    read_part_footers, read_uploads, sync_directory, write_part_file
+    read_part_footers, read_upload, read_uploads, sync_directory, write_part_file
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.store import JobConflict, Store
 from stragglers.monitor.windows import JobTracker, Window
@@ -279,9 +279,11 @@ class Monitor:
                 self._settle_known(it)
                 continue
             fresh.append(it)
-        # watched files are checked from their footers (their rows are read by their window);
-        # those whose footer cannot tell, and uploads, are read whole and checked together (one
-        # check per column for the batch, not per part); uploads are written once checked
+        # watched files are checked from their footers and uploads from their footers and the
+        # three columns a footer cannot vouch for (read_upload): their rows are read by their
+        # window (decoded ahead in the analysis process), so the service holds no rows of them;
+        # those whose footer cannot tell are read whole and checked together (one check per
+        # column for the batch, not per part); uploads are written once checked
         files = [it for it in fresh if it.data is None and it.body is None]
         footers = read_part_footers([it.path for it in files], self._readers)
         read = {id(it): f for it, f in zip(files, footers) if f is not None}
@@ -289,16 +291,17 @@ class Monitor:
         uploads = [it for it in fresh if it.body is not None]
         read.update(zip(map(id, whole), read_part_files([it.path for it in whole],
                                                         self._readers)))
-        read.update(zip(map(id, uploads), read_uploads(
-            [(it.body, f"part {it.job}/{it.rank}/{it.part}", it.rank, it.part) for it in uploads],
-            self._readers)))
+        checked = self._map(self._read_upload, uploads)
+        read.update((id(it), f) for it, f in zip(uploads, checked) if f is not None)
+        unsure = [it for it, f in zip(uploads, checked) if f is None]
+        read.update(zip(map(id, unsure), read_uploads(
+            [(it.body, _source(it), it.rank, it.part) for it in unsure], self._readers)))
         for it in files + uploads:   # places the job does not have (stage 7 of a 2-stage job)
             data = read[id(it)]
             if not isinstance(data, InputError):
                 check = check_file_in_job if isinstance(data, PartFile) else check_in_job
                 try:
-                    check(data, trackers[it.job].meta,
-                          it.path or f"part {it.job}/{it.rank}/{it.part}")
+                    check(data, trackers[it.job].meta, it.path or _source(it))
                 except InputError as exc:
                     read[id(it)] = exc
         self._write_uploads([it for it in uploads if not isinstance(read[id(it)], InputError)])
@@ -346,6 +349,13 @@ class Monitor:
         self.analyser.read_ahead(ahead)
         for w in windows:
             self._queue_analysis(w)
+
+    def _read_upload(self, it: PartIn) -> PartFile | InputError | None:
+        path = self.directories[it.job] / rank_file_name(it.rank, it.part)
+        return read_upload(it.body, _source(it), it.rank, it.part, path)
+
+    def _map(self, fn, items: list) -> list:
+        return list(self._readers.map(fn, items) if self._readers else map(fn, items))
 
     def _write_uploads(self, uploads: list[PartIn]) -> None:
         """Checked uploads into the run format: each file fsynced, each directory once."""
@@ -449,6 +459,11 @@ class Monitor:
         self.states[job] = state
         self.metrics.set_state(job, state)
         windows.append((job, state))
+
+
+def _source(it: PartIn) -> str:
+    """How an uploaded part is named in the errors its client gets."""
+    return f"part {it.job}/{it.rank}/{it.part}"
 
 
 def _settle(item: PartIn, result: str | None = None, exc: BaseException | None = None) -> None:

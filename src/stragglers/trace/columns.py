@@ -95,11 +95,7 @@ def _numeric(col: pa.ChunkedArray, name: str, dtype: np.dtype, source, fill=None
 
 def check_values(ops: dict[str, np.ndarray], source: Path | str) -> None:
     """Reject NaN/inf/negative times and negative ids."""
-    for name in ("start_ts", "duration"):
-        bad = ~np.isfinite(ops[name])
-        if bad.any():
-            raise InputError(source, name, f"{int(bad.sum())} rows are NaN or infinite "
-                             f"(first at row {int(np.argmax(bad))}); expected finite seconds")
+    check_finite_times(ops, source)
     neg = ops["duration"] < 0
     if neg.any():
         first = float(ops["duration"][neg][0])
@@ -110,6 +106,15 @@ def check_values(ops: dict[str, np.ndarray], source: Path | str) -> None:
         if neg.any():
             raise InputError(source, name, f"negative value at row {int(np.argmax(neg))}; "
                              "expected >= 0")
+
+
+def check_finite_times(ops: dict[str, np.ndarray], source: Path | str) -> None:
+    """Reject NaN or infinite start_ts / duration."""
+    for name in ("start_ts", "duration"):
+        bad = ~np.isfinite(ops[name])
+        if bad.any():
+            raise InputError(source, name, f"{int(bad.sum())} rows are NaN or infinite "
+                             f"(first at row {int(np.argmax(bad))}); expected finite seconds")
 
 
 def columns_to_table(ops: dict[str, np.ndarray]) -> pa.Table:
