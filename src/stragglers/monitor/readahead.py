@@ -1,5 +1,6 @@
-"""Part files (watched or uploaded) decoded ahead, in the analysis process, as they arrive: a window that
-closes finds its rows read (the footer-only ingest otherwise moves every decode to the close)."""
+"""Part files (watched or uploaded) decoded ahead, in the analysis process, as they arrive: a
+window that closes finds its rows read (the footer-only ingest otherwise moves every decode to
+the close)."""
 
 from __future__ import annotations
 
