@@ -126,11 +126,13 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
         """Create or update a job from its meta.json (JSON body)."""
         check_job_name(job, "path")
-        body = await read_body(request, cfg.max_meta_bytes, "meta.json")
+        body = await read_body(request, cfg.max_meta_bytes, "meta.json", budget)
         try:
             meta = MetaUpload.model_validate_json(body)
         except ValidationError as exc:
             raise HTTPProblem(422, validation_message(exc, "request body"), "bad_meta") from None
+        finally:
+            budget.give(len(body))   # (meta bodies count in the same budget while parsed)
         directory = monitor.data_dir / job
         known = monitor.directories.get(job)
         if known is not None and known != directory:
