@@ -26,8 +26,9 @@ class MonitorConfig(Config):
                                    minimum=0.0)
     max_part_bytes: int = setting(64 * 2**20, "largest accepted part upload (bytes)",
                                   minimum=1024)
-    max_upload_bytes_held: int = setting(256 * 2**20, "bytes of upload bodies (parts, meta.json) held at once "
-                                         "(received and not yet stored); past it an upload is "
+    max_upload_bytes_held: int = setting(256 * 2**20, "bytes of upload bodies (parts, "
+                                         "meta.json) held at once (received and not yet "
+                                         "stored); past it an upload is "
                                          "answered 503 and the recorder retries it later",
                                          minimum=1024)
     max_meta_bytes: int = setting(1 * 2**20, "largest accepted meta.json upload (bytes)",
