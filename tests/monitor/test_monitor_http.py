@@ -440,3 +440,36 @@ def test_a_part_of_more_rows_than_a_part_may_hold_is_refused_before_it_is_decode
         r = c.put(f"/api/jobs/job-r/ranks/{rank}/parts/{part}", content=body, headers=AUTH)
         assert r.status_code == 422 and f"{n} rows in one part" in r.json()["error"], r.text
         assert get(c, "/api/stats")["by_way"] == {}
+
+
+def test_idle_connections_past_the_limit_get_503_and_a_hang_up_mid_body_is_one_line(tmp_path,
+                                                                                   caplog):
+    # Connections that send a request head and then nothing hold the server's slots: past
+    # max_connections new requests are answered 503 (not left to exhaust file descriptors);
+    # when the clients hang up, each half-read body is one refusal ("client_gone") in the
+    # stats and the log, with no traceback, and the service answers again.
+    import logging
+    import socket
+
+    cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, max_connections=8)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=cfg).start()
+    held = []
+    try:
+        with caplog.at_level(logging.WARNING), httpx.Client(base_url=s.url, timeout=30) as c:
+            for _ in range(12):
+                k = socket.create_connection(("127.0.0.1", s.port))
+                k.sendall(b"PUT /api/jobs/x/meta HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                          + TOKEN.encode() + b"\r\nContent-Length: 100\r\n\r\n{")
+                held.append(k)
+            eventually(lambda: c.get("/health").status_code == 503, what="503 past the limit")
+            for k in held:
+                k.close()
+            eventually(lambda: c.get("/health").status_code == 200, what="served again")
+            gone = eventually(lambda: [r for r in get(c, "/api/stats")["rejects"]
+                                       if r["reason"] == "client_gone"], what="hang-ups counted")
+            assert "the client hung up after 1 bytes of meta.json" in gone[0]["problem"]
+        assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    finally:
+        for k in held:
+            k.close()
+        s.stop()

@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Path as PathParam, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 from stragglers.errors import InputError
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
@@ -105,6 +106,12 @@ async def read_body(request: Request, limit: int, what: str,
                 raise HTTPProblem(413, f"request body: more than the {limit} bytes allowed for "
                                   f"{what}", "too_large")
             chunks.append(chunk)
+    except ClientDisconnect:
+        # one line in the log and the refusals, not a traceback (nobody is left to answer)
+        if budget is not None:
+            budget.give(reserved)
+        raise HTTPProblem(400, f"request body: the client hung up after {size} bytes of "
+                          f"{what}", "client_gone") from None
     except BaseException:
         if budget is not None:
             budget.give(reserved)

@@ -82,7 +82,8 @@ class MonitorServer:
 
         config = uvicorn.Config(self.app, http="httptools", loop="uvloop", log_level="warning",
                                 access_log=False, lifespan="off", timeout_keep_alive=60,
-                                timeout_graceful_shutdown=5)
+                                timeout_graceful_shutdown=5,
+                                limit_concurrency=self.monitor.config.max_connections)
         return uvicorn.Server(config)
 
     def _begin(self) -> None:

@@ -31,6 +31,9 @@ class MonitorConfig(Config):
                                          "stored); past it an upload is "
                                          "answered 503 and the recorder retries it later",
                                          minimum=1024)
+    max_connections: int = setting(1000, "HTTP connections served at once; past it new ones "
+                                   "are answered 503 (an idle or slow client cannot take every "
+                                   "file descriptor)", minimum=8)
     max_meta_bytes: int = setting(1 * 2**20, "largest accepted meta.json upload (bytes)",
                                   minimum=1024)
     max_jobs: int = setting(10_000, "jobs the monitor keeps track of at once", minimum=1)
