@@ -262,3 +262,45 @@ def test_jobs_have_separate_controllers(setup):
     other.configure_control({"policy": "dd", "world_size": 4, "global_batch": 128})
     assert other.control_state()["config"]["policy"] == "dd"
     assert httpx.get(f"{setup['url']}/jobs/d/control/state").json()["config"]["policy"] == "nd"
+
+
+def test_idle_connections_past_the_limit_get_503_and_hang_ups_leave_no_traceback(tmp_path,
+                                                                                caplog):
+    # Clients that send a request head and part of a body, then nothing, hold the service's
+    # connection slots: past max_connections, new requests are answered 503; when they hang
+    # up, each is one line in the log (no traceback) and the service answers again.
+    import logging
+    import socket
+    import time
+
+    from stragglers.adapt.service import ServiceConfig
+
+    srv = EmbeddedServer(tmp_path / "s.db", config=ServiceConfig(max_connections=8)).start()
+    held = []
+
+    def health() -> int:
+        return httpx.get(f"{srv.url}/health", timeout=30).status_code
+
+    def until(cond, what):
+        deadline = time.monotonic() + 120
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    try:
+        with caplog.at_level(logging.INFO):
+            for _ in range(12):
+                k = socket.create_connection(("127.0.0.1", srv.port))
+                k.sendall(b"POST /datasets HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                          b"\r\nContent-Length: 100\r\n\r\n{")
+                held.append(k)
+            until(lambda: health() == 503, "503 past the limit")
+            for k in held:
+                k.close()
+            until(lambda: health() == 200, "served again")
+        assert not [r for r in caplog.records if r.exc_info], \
+            [r.getMessage() for r in caplog.records if r.exc_info]
+    finally:
+        for k in held:
+            k.close()
+        srv.stop()

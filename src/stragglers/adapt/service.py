@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -62,6 +62,9 @@ class ServiceConfig(Config):
                              maximum=65536)
     keep_alive_s: float = setting(60.0, "idle keep-alive connection timeout", minimum=1.0,
                                   maximum=3600.0)
+    max_connections: int = setting(1000, "connections served at once; past it new requests are "
+                                   "answered 503 (idle or slow clients cannot take every file "
+                                   "descriptor)", minimum=8, maximum=1_000_000)
     stall_s: float = setting(2.0, "a pause of the service longer than this (SIGSTOP, a frozen"
                              " VM) grants held leases a grace period, as a restart does",
                              minimum=0.5, maximum=3600.0)
@@ -186,11 +189,14 @@ async def _body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise BodyTooLarge("request body", None, f"{declared} bytes; at most {limit} accepted")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge("request body", None, f"more than {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge("request body", None, f"more than {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:   # nobody is left to answer: one line, not a traceback
+        raise InputError("request body", None, f"the client hung up after {size} bytes") from None
     return b"".join(chunks)
 
 
@@ -375,6 +381,7 @@ def _uvicorn_server(app, config: ServiceConfig):
     # httptools + uvloop: the C parser and event loop (the pure-Python h11 path is ~2x slower).
     cfg = uvicorn.Config(app, http=config.http, loop=config.loop, log_level="warning",
                          access_log=False, lifespan="off", timeout_keep_alive=config.keep_alive_s,
+                         limit_concurrency=config.max_connections,
                          server_header=False, date_header=False)
     return uvicorn.Server(cfg)
 
