@@ -304,3 +304,19 @@ def test_idle_connections_past_the_limit_get_503_and_hang_ups_leave_no_traceback
         for k in held:
             k.close()
         srv.stop()
+
+
+@pytest.mark.parametrize("path", ["/datasets", "/datasets/d/restore", "/datasets/d/join",
+                                  "/jobs/d/control/config", "/jobs/d/control/report"])
+def test_a_write_without_a_token_is_refused_before_its_body_is_read(setup, path):
+    # The request head announces a 60 MB body and none of it is sent: the service answers 401
+    # from the head alone (it used to read and parse the body first — up to 64 MiB of JSON for
+    # a restore — before looking at the token).
+    import socket
+
+    host, port = setup["url"].removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as k:
+        k.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: 60000000\r\n\r\n".encode())
+        head = k.recv(4096).decode(errors="replace")
+    assert head.startswith("HTTP/1.1 401"), head[:200]

@@ -260,32 +260,32 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                 "failed_batches": commit.failed_batches, "stalls": commit.stalls}
 
     async def create_dataset(request: Request) -> dict:
+        digest = creator(request)   # the tokens before the body: no parsing for strangers
         body = await parsed(request, rq.CreateDataset)
-        digest = creator(request)
         cfg = DatasetConfig(**body.model_dump())
         return await commit.run(lambda: store.create_dataset(cfg, digest))
 
     async def join(request: Request) -> dict:
-        name, body, digest = name_of(request), await parsed(request, rq.Join), _bearer(request)
+        name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Join)
         return await commit.run(lambda: store.join(name, body.worker, digest))
 
     async def lease(request: Request) -> dict:
-        name, body, digest = name_of(request), await parsed(request, rq.Lease), _bearer(request)
+        name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Lease)
         return await commit.run(lambda: store.lease(name, body.worker, body.fence, body.count,
                                                     body.request_id, digest))
 
     async def ack(request: Request) -> dict:
-        name, b, digest = name_of(request), await parsed(request, rq.Ack), _bearer(request)
+        name, digest, b = name_of(request), _bearer(request), await parsed(request, rq.Ack)
         return await commit.run(lambda: store.ack(name, b.worker, b.fence, b.epoch, b.shard,
                                                   b.consumed, digest))
 
     async def release(request: Request) -> dict:
-        name, b, digest = name_of(request), await parsed(request, rq.Release), _bearer(request)
+        name, digest, b = name_of(request), _bearer(request), await parsed(request, rq.Release)
         return await commit.run(lambda: store.release(name, b.worker, b.fence, b.failure,
                                                       b.error, digest))
 
     async def retry_failed(request: Request) -> dict:
-        name, _, digest = name_of(request), await parsed(request, rq.Empty), _bearer(request)
+        name, digest, _ = name_of(request), _bearer(request), await parsed(request, rq.Empty)
         return await commit.run(lambda: store.retry_failed(name, digest))
 
     async def status(request: Request) -> dict:
@@ -298,8 +298,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def restore(request: Request) -> dict:
         name = name_of(request)
+        digest = _bearer(request)   # before up to 64 MiB of JSON is read and parsed
         snap = (await parsed(request, rq.Snapshot, config.max_restore_bytes)).model_dump()
-        digest = _bearer(request)
         if snap["dataset"]["name"] != name:
             raise InputError("snapshot", "dataset.name", f"expected '{name}' (the URL's data set),"
                              f" got '{snap['dataset']['name']}'")
@@ -309,18 +309,17 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def control_config(request: Request) -> dict:
         job = name_of(request, "job")
+        digest = _bearer(request)
         body = await parsed(request, rq.ControlConfigBody)
         cfg = ControlConfig.from_mapping(body.model_dump(), "control config")
-        digest = _bearer(request)
         if service_digest is not None and not control.has(job):
             digest = creator(request)
         return control.configure(job, cfg, digest)
 
     async def control_report(request: Request) -> dict:
-        job = name_of(request, "job")
+        job, digest = name_of(request, "job"), _bearer(request)
         b = await parsed(request, rq.Report)
-        return control.report(job, b.rank, b.records, b.device, b.incarnation, b.since,
-                              _bearer(request))
+        return control.report(job, b.rank, b.records, b.device, b.incarnation, b.since, digest)
 
     async def control_actions(request: Request) -> dict:
         job = name_of(request, "job")
