@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from stragglers.errors import StragglersError
 
@@ -75,7 +76,9 @@ def main() -> None:
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
     except StragglersError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # escaped: a message quotes file names and rules, whose brackets are not markup
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+                                   soft_wrap=True)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -89,8 +92,8 @@ def main() -> None:
         if _verbosity:
             raise
         Console(stderr=True).print(
-            f"[bold red]internal error:[/] {type(exc).__name__}: {exc} (this is a bug in "
-            "stragglers; run with -v for the traceback and report it)", highlight=False,
+            f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} (this is a "
+            "bug in stragglers; run with -v for the traceback and report it)", highlight=False,
             soft_wrap=True)
         sys.exit(4)
 

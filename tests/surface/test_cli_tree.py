@@ -71,3 +71,26 @@ def test_analyze_settings_come_from_the_diagnosis_config(tmp_path):
                        ("worker_min_excess=-1", "worker_min_excess")):
         proc = subprocess.run(cli + ["--set", bad], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_file_names_with_brackets_are_printed_as_given_not_read_as_markup(tmp_path):
+    # Paths and job names reach the console in messages, progress lines and tables; rich would
+    # read "[/x]" in them as a closing markup tag (MarkupError: "internal error", exit 4) and
+    # "[b]" as a style (dropped from the message).
+    from stragglers.trace.synth import generate
+    from stragglers.trace.runformat import write_run
+
+    run = tmp_path / "run[/x][b]"
+    write_run(run, generate(dp=2, pp=2, microbatches=2, steps=4, seed=0))
+    cli = [sys.executable, "-m", "stragglers.cli"]
+    missing = subprocess.run(cli + ["analyze", str(tmp_path / "gone[/bold][b]")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "gone[/bold][b]" in missing.stderr, missing.stderr
+    html, js = tmp_path / "out[/y].html", tmp_path / "out[b].json"
+    ok = subprocess.run(cli + ["analyze", str(run), "--html", str(html), "--json", str(js)],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert str(html.resolve()) in ok.stdout.replace("\n", "") and html.exists() and js.exists()
+    advised = subprocess.run(cli + ["advise", str(run)], capture_output=True, text=True,
+                             timeout=300)
+    assert advised.returncode == 0, advised.stderr[-2000:]

@@ -7,7 +7,9 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +39,7 @@ def advise_command(
     from stragglers.advise.context import load_calibration
 
     link = load_calibration(calibration) if calibration else None
-    with Console(stderr=True).status(f"analysing {path} and replaying each remedy …"):
+    with Console(stderr=True).status(escape(f"analysing {path} and replaying each remedy …")):
         plan = advise(path, link=link, remaining_steps=remaining_steps,
                       restart_cost_s=restart_cost, global_batch=global_batch, max_s=max_s)
     if json_out:
@@ -47,13 +49,13 @@ def advise_command(
     if not quiet:
         print_plan(plan, console)
     if json_out:
-        console.print(f"JSON: {json_out.resolve()}")
+        console.print(f"JSON: {json_out.resolve()}", markup=False, highlight=False)
 
 
 def print_plan(plan, console: Console) -> None:
     """The plan as a table, best first, then how to switch on the best one."""
-    table = Table(title=f"{plan.job}: measured step {1e3 * plan.measured_step_s:.1f} ms "
-                  f"(replay {1e3 * plan.baseline_step_s:.1f} ms)")
+    table = Table(title=Text(f"{plan.job}: measured step {1e3 * plan.measured_step_s:.1f} ms "
+                  f"(replay {1e3 * plan.baseline_step_s:.1f} ms)"))
     for col in ("#", "remedy", "applies", "step (ms)", "speedup", "90% interval", "why not / cost"):
         table.add_column(col, justify="left" if col in ("remedy", "applies", "why not / cost")
                          else "right")
@@ -61,15 +63,15 @@ def print_plan(plan, console: Console) -> None:
         step = f"{1e3 * r.predicted_step_s:.1f}" if r.predicted_step_s else "–"
         speed = f"×{r.predicted_speedup:.3f}" if r.predicted_speedup else "–"
         band = f"×{r.interval[0]:.3f}–{r.interval[1]:.3f}" if r.interval else "–"
-        table.add_row(str(i), r.name, "yes" if r.applies else "no", step, speed, band,
-                      r.cost if r.applies else (r.why_not or ""))
+        table.add_row(str(i), Text(r.name), "yes" if r.applies else "no", step, speed, band,
+                      Text(r.cost if r.applies else (r.why_not or "")))
     console.print(table)
     best = plan.best()
     if best is None:
-        console.print("No remedy applies.", highlight=False)
+        console.print("No remedy applies.", markup=False, highlight=False)
     else:
         console.print(f"Best: {best.name} (×{best.predicted_speedup:.3f}). How: {best.method}.",
-                      highlight=False)
-        console.print(f"Switch it on: {best.switch_on}", highlight=False)
+                      markup=False, highlight=False)
+        console.print(f"Switch it on: {best.switch_on}", markup=False, highlight=False)
     for note in plan.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", markup=False, highlight=False)

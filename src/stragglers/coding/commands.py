@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from stragglers.errors import InputError
@@ -21,7 +22,7 @@ def _build(scheme: str, n: int, s: int, d: int | None, seed: int, dtype: str, to
         code = make_code(scheme, n, s, d=d, seed=seed, decoder=decoder, dtype=dtype,
                          tolerance=tolerance, on_unstable="warn")
     for note in notes:
-        console.print(f"[yellow]note:[/] {note.message}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]note:[/] {escape(str(note.message))}", highlight=False, soft_wrap=True)
     return code
 
 
@@ -51,7 +52,7 @@ def code_info(
     console.print(table)
     report = stability_report(code, dtype, tolerance)
     style = "green" if report.stable else "bold red"
-    console.print(f"[{style}]{report.message()}[/]", highlight=False, soft_wrap=True)
+    console.print(f"[{style}]{escape(report.message())}[/]", highlight=False, soft_wrap=True)
 
 
 def code_decode(

@@ -87,7 +87,7 @@ def calibrate_collectives(
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "stragglers.collectives.calibrate", "--max-size-mb", str(max_size_mb)]
     console = Console()
-    console.print("running: " + " ".join(cmd), highlight=False)
+    console.print("running: " + " ".join(cmd), markup=False, highlight=False)
     with console.status("measuring α and β …"):
         proc = subprocess.run(cmd, capture_output=True, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})

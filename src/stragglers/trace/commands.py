@@ -31,7 +31,7 @@ def convert_command(
     from stragglers.trace.convert import convert
 
     out = convert(source, dest, meta, dp_size=dp_size, pp_size=pp_size)
-    Console().print(f"wrote {out}")
+    Console().print(f"wrote {out}", markup=False, highlight=False)
 
 
 def synth(
@@ -94,8 +94,9 @@ def synth(
         gc_in_compute=(gc_in_compute, gc_length) if gc_in_compute is not None else None,
     )
     console = Console(stderr=True)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+    # descriptions carry file names: plain text, not rich markup
+    with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
         progress.add_task("generating the trace", total=None)
         trace = generate(**kwargs)
         progress.add_task(f"writing {len(trace):,} ops", total=None)

@@ -63,8 +63,9 @@ def analyze_command(
     console = Console()
     selection = _steps_option(steps)
     config = cli_overrides(DiagnosisConfig, settings, "--set")
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
+    # descriptions carry file names: plain text, not rich markup
+    with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"reading {path}")
         trace = load_trace(path, meta, dp_size=dp_size, pp_size=pp_size)
         result, w = analyze_with_model(
@@ -85,7 +86,7 @@ def analyze_command(
         print_report(result, console)
     for label, out in (("JSON", json_out), ("HTML report", html_out), ("Perfetto timelines", perfetto)):
         if out:
-            console.print(f"{label}: {out.resolve()}")
+            console.print(f"{label}: {out.resolve()}", markup=False, highlight=False)
     threshold = result.straggling_threshold if fail_threshold is None else fail_threshold
     if fail_on_straggling and result.slowdown >= threshold:
         Console(stderr=True).print(f"straggling: S = {result.slowdown:.3f} ≥ {threshold} "
