@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import sys
 import threading
 import time
 
@@ -41,3 +43,25 @@ def serve_in_thread(server, sock: socket.socket, name: str, what: str,
             raise EnvironmentFailure(what, "did not start")
         time.sleep(0.01)
     return thread
+
+
+def serve_in_foreground(server, sock: socket.socket) -> None:
+    """Run a uvicorn.Server on `sock` until SIGINT or SIGTERM, letting the caller's `finally`
+    run (stop threads, close the store) after either.
+
+    uvicorn shuts down gracefully on a signal, then restores the handler it found and raises the
+    signal again; for SIGTERM that handler is the default one, which kills the process at once —
+    before the caller's cleanup. With this handler in place the signal becomes SystemExit(143).
+    """
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    sys.exit(128 + signal.SIGTERM)

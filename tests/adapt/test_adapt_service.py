@@ -303,3 +303,21 @@ def test_cli_reports_bad_arguments_in_one_line(tmp_path):
                              capture_output=True, text=True, env=ENV, timeout=120)
         assert bad.returncode == 2 and needle in bad.stderr, (args, bad.stderr)
         assert "Traceback" not in bad.stderr
+
+
+def test_sigterm_stops_the_service_cleanly(service):
+    # SIGTERM: the service finishes its requests, closes the store (SQLite folds the
+    # write-ahead log back into the file) and exits 143 — uvicorn re-raising the signal after
+    # its graceful shutdown no longer kills the process before that cleanup.
+    proc = service.start()
+    client = ShardClient(service.url, "d", "w", token=TOKEN,
+                         service_token=service.service_token)
+    client.create_dataset(DatasetConfig("d", 40, 10))
+    assert client.join() == 1
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err, err
+    assert not Path(f"{service.db}-wal").exists()
+    with sqlite3.connect(service.db) as c:
+        assert c.execute("SELECT count(*) FROM datasets").fetchone() == (1,)

@@ -136,3 +136,42 @@ def test_training_keeps_going_while_the_monitor_is_down_and_delivers_after(tmp_p
         for p in (train, proc):
             if p is not None and p.poll() is None:
                 kill9(p)
+
+
+def test_sigterm_stops_the_service_cleanly(tmp_path):
+    # SIGTERM (what `kill`, systemd and Kubernetes send): the service stops its threads and
+    # its analysis process and closes the store, then exits 143. uvicorn re-raises the signal
+    # after its graceful shutdown; with the default handler that killed the process before the
+    # cleanup (the analysis process's semaphores were reported leaked, the store left open).
+    runs = tmp_path / "runs"
+    run = runs / "job-t"
+    trace = slow_job(steps=8)
+    start_run(run, trace)
+    write_parts(run, parts_of(trace, steps_per_part=4))
+    port = free_port()
+    cfg = tmp_path / "monitor.yaml"
+    cfg.write_text(SETTINGS)
+    proc = subprocess.Popen([sys.executable, "-m", "stragglers.monitor", "serve", "--db",
+                             str(tmp_path / "mon.db"), "--port", str(port), "--config", str(cfg),
+                             "--watch", str(runs)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+            eventually(lambda: c.get("/health").status_code == 200, 120, what="monitor up")
+            eventually(lambda: len(get(c, "/api/jobs/job-t")["windows"]) == 2, 120,
+                       what="2 windows")
+        helpers = children(proc.pid)
+        assert helpers, "the monitor had no analysis process"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + signal.SIGTERM, out
+        assert "leaked" not in out and "Traceback" not in out, out
+        eventually(lambda: not any(map(alive, helpers)), 60, what="helpers gone")
+        # the store was closed: SQLite folds its write-ahead log back when the last
+        # connection closes
+        assert not (tmp_path / "mon.db-wal").exists()
+    finally:
+        if proc.poll() is None:
+            kill9(proc)
+        if proc.stdout:
+            proc.stdout.close()

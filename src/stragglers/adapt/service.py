@@ -37,7 +37,7 @@ from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Forbidden, Unauth
 from stragglers.adapt.shards import ShardStore
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
-from stragglers.serving import listen_socket, serve_in_thread
+from stragglers.serving import listen_socket, serve_in_foreground, serve_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -408,7 +408,8 @@ def serve(db: str | Path, config: ServiceConfig | None = None,
     store = ShardStore(db, durable=config.durable, busy_timeout_s=config.busy_timeout_s)
     sock = listen_socket(config.host, config.port)
     try:
-        _uvicorn_server(create_app(store, config, service_token), config).run(sockets=[sock])
+        serve_in_foreground(_uvicorn_server(create_app(store, config, service_token), config),
+                            sock)
     finally:
         store.close()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from stragglers.errors import InputError
 from stragglers.monitor.alerts import parse_rules
 from stragglers.monitor.settings import MonitorConfig, load_config_file
-from stragglers.serving import listen_socket, serve_in_thread
+from stragglers.serving import listen_socket, serve_in_foreground, serve_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class MonitorServer:
         """Serve until interrupted."""
         self._begin()
         try:
-            self._server.run(sockets=[self.sock])
+            serve_in_foreground(self._server, self.sock)   # SIGTERM too ends in _end()
         finally:
             self._end()
 
