@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from stragglers.errors import EnvironmentFailure
+from stragglers.errors import EnvironmentFailure, StragglersError
 from stragglers.whatif.config import STRAGGLING_SLOWDOWN
 
 REPO = Path(__file__).resolve().parents[3]
@@ -110,12 +110,16 @@ def _free_port() -> int:
 def main() -> None:
     """Command line of the demo."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--port", type=int, default=8150)
+    p.add_argument("--port", type=int, default=8150, help="the monitor's port (0: any free)")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--out", type=Path, default=Path("runs/demo-live"))
     p.add_argument("--keep", action="store_true", help="keep the monitor up after the run")
     a = p.parse_args()
-    sys.exit(run_demo(a.port, a.steps, a.out, a.keep))
+    try:
+        sys.exit(run_demo(a.port or _free_port(), a.steps, a.out, a.keep))
+    except StragglersError as exc:   # one line, as the CLI prints it
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":
