@@ -52,6 +52,12 @@ def test_uploaded_parts_are_stored_once_land_in_the_run_format_and_are_analysed(
         assert again.json() == {"status": "duplicate"}
         wins = eventually(lambda: len(get(c, "/api/jobs/job-h")["windows"]) == 2
                           and get(c, "/api/jobs/job-h"), what="2 windows")
+        assert (wins["windows_total"], wins["first_window"]) == (2, 0)
+        recent = get(c, "/api/jobs/job-h?history=1")      # the last window only; the first
+        assert [w["idx"] for w in recent["windows"]] == [1] and recent["windows_total"] == 2
+        assert get(c, "/api/jobs/job-h/windows/0")["idx"] == 0   # still there by index
+        for bad in ("0", "100001", "x"):
+            assert c.get(f"/api/jobs/job-h?history={bad}").status_code == 422
         hot = max(wins["window"]["scores"], key=lambda s: s["score"])
         assert hot["rank"] == rank_of(trace, 0, 1)
         assert wins["upload_dropped"] == {str(r): 2 for r in range(4)}

@@ -105,7 +105,9 @@ def test_live_dashboard_shows_the_slow_rank_alerts_and_resolves(tmp_path):
             browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1200, "height": 1000})
             # The page is open before the job exists; all it shows later comes without a reload.
-            page.goto(f"{url}/jobs/live-gpt")
+            # (history=3: the chart holds the last 3 windows, so the slow window the slider
+            # goes back to below is fetched by its index, as a long job's old windows are)
+            page.goto(f"{url}/jobs/live-gpt?history=3")
             page.wait_for_function("typeof Plotly !== 'undefined'", timeout=120_000)
             assert page.inner_text("#shape") == "" and get(c, "/api/jobs")["jobs"] == []
             train = start_training(tmp_path, url, token)

@@ -114,8 +114,10 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
 
     @app.get("/api/jobs/{job}", dependencies=read)
     async def job(job: str = PathParam(max_length=128),
-                  window: int | None = Query(None, ge=0, le=MAX_WINDOW)):
-        """A job: its state, window history, the chosen (default: latest) window, alerts."""
+                  window: int | None = Query(None, ge=0, le=MAX_WINDOW),
+                  history: int = Query(100_000, ge=1, le=100_000)):
+        """A job: its state, its last `history` windows (summaries; `windows_total` and
+        `first_window` tell how many there are), the chosen (default: latest) window, alerts."""
         check_job_name(job, "path")
         row = store.job(job)
         if row is None:
@@ -135,7 +137,8 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
             "pending_rows": tracker.pending_rows if tracker else 0,
             "skipped_parts": tracker.skipped_parts() if tracker else 0,
             "upload_dropped": store.upload_dropped(job),
-            "windows": store.windows(job), "window": chosen,
+            "windows": store.windows(job, history), "window": chosen,
+            **dict(zip(("windows_total", "first_window"), store.window_span(job))),
             "alerts": store.alerts(job=job, status="firing"),
             "alert_log": store.alert_log(job=job)}
 

@@ -280,6 +280,12 @@ class Store:
         rows = self._rows("SELECT * FROM windows WHERE job = ? AND idx = ?", (job, idx))
         return _decode_window(rows[0]) if rows else None
 
+    def window_span(self, job: str) -> tuple[int, int | None]:
+        """(how many windows the job has, the first one's index or None)."""
+        n, first = self._reader().execute("SELECT count(*), min(idx) FROM windows WHERE job = ?",
+                                          (job,)).fetchone()
+        return int(n), first
+
     def windows(self, job: str, limit: int = 100_000) -> list[dict]:
         """Summaries (no scores, no diagnosis) of a job's windows, oldest first."""
         rows = self._rows(f"SELECT {', '.join(WINDOW_SUMMARY)}, diagnosis FROM windows "

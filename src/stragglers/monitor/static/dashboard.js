@@ -5,6 +5,8 @@
 const POLL_MS = 1000;          // polling while the event stream is not open
 const QUIET_POLL_MS = 5000;    // with the stream open: the "N s ago" texts still move on
 const MAX_COLUMNS = 128;  // more DP ranks than this: columns are aggregated (max per group)
+// windows of S over time the job page fetches (older ones: by index); ?history=N changes it
+const HISTORY = Number(new URLSearchParams(location.search).get("history")) || 2000;
 
 function text(el, value) { el.textContent = value; }
 function ago(t) {
@@ -117,10 +119,12 @@ function startJobPage() {
 
   async function showWindow(idx) {
     if (!info) return;
-    const summary = info.windows.find(w => w.idx === idx);
-    if (!summary) return;
-    const win = (info.window && info.window.idx === idx) ? info.window
-      : await getJSON(`/api/jobs/${encodeURIComponent(job)}/windows/${idx}`);
+    // windows older than the history the page holds are fetched by index like any other
+    let win = (info.window && info.window.idx === idx) ? info.window : null;
+    if (!win) {
+      try { win = await getJSON(`/api/jobs/${encodeURIComponent(job)}/windows/${idx}`); }
+      catch (e) { return; }   // no such window (a gap): keep what is shown
+    }
     shownWindow = idx;
     drawWindow(win);
   }
@@ -193,7 +197,8 @@ function startJobPage() {
 
   async function refresh(force = false) {
     try {
-      const data = await getJSON(`/api/jobs/${encodeURIComponent(job)}`);
+      // the chart shows the last HISTORY windows; the slider reaches back to the first
+      const data = await getJSON(`/api/jobs/${encodeURIComponent(job)}?history=${HISTORY}`);
       info = data;
       text(document.getElementById("state"), data.state);
       document.getElementById("state").className = `state-${data.state}`;
@@ -209,7 +214,7 @@ function startJobPage() {
       drawAlerts();
       if (!data.windows.length) return;
       const latest = data.windows[data.windows.length - 1].idx;
-      slider.min = data.windows[0].idx;
+      slider.min = data.first_window ?? data.windows[0].idx;
       slider.max = latest;
       if (follow.checked || shownWindow === null) {
         slider.value = latest;
