@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import signal
 import socket
 import sys
@@ -9,6 +10,15 @@ import threading
 import time
 
 from stragglers.errors import EnvironmentFailure
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (only this machine can connect)."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
 def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:

@@ -479,3 +479,14 @@ def test_idle_connections_past_the_limit_get_503_and_a_hang_up_mid_body_is_one_l
         for k in held:
             k.close()
         s.stop()
+
+
+def test_serving_beyond_loopback_needs_a_token(tmp_path):
+    # Loopback by default; an address other machines reach is refused without a token (one
+    # line naming --host), as the shard service does.
+    from stragglers.errors import InputError
+
+    with pytest.raises(InputError, match="--host: 0.0.0.0 is reachable from other machines"):
+        MonitorServer(tmp_path / "mon.db", host="0.0.0.0", port=0, config=CFG)
+    s = MonitorServer(tmp_path / "mon.db", host="127.0.0.1", port=0, config=CFG).start()
+    s.stop()

@@ -13,12 +13,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import queue
 import re
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -37,7 +35,8 @@ from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Forbidden, Unauth
 from stragglers.adapt.shards import ShardStore
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
-from stragglers.serving import listen_socket, serve_in_foreground, serve_in_thread
+from stragglers.serving import is_loopback, listen_socket, serve_in_foreground, \
+    serve_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -383,15 +382,6 @@ def _uvicorn_server(app, config: ServiceConfig):
                          limit_concurrency=config.max_connections,
                          server_header=False, date_header=False)
     return uvicorn.Server(cfg)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is a loopback address (only this machine can connect)."""
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except socket.gaierror:
-        return False
-    return all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
 def _check_exposure(host: str, service_token: str | None) -> None:

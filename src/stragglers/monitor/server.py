@@ -9,7 +9,8 @@ from pathlib import Path
 from stragglers.errors import InputError
 from stragglers.monitor.alerts import parse_rules
 from stragglers.monitor.settings import MonitorConfig, load_config_file
-from stragglers.serving import listen_socket, serve_in_foreground, serve_in_thread
+from stragglers.serving import is_loopback, listen_socket, serve_in_foreground, \
+    serve_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,9 @@ class MonitorServer:
             raise InputError(db, None, f"directory {db.parent} does not exist")
         if private and token is None:
             raise InputError("--private", None, "needs --token-file (reads are guarded by it)")
+        if token is None and not is_loopback(host):
+            raise InputError("--host", None, f"{host} is reachable from other machines; serving "
+                             "there needs --token-file (every write is guarded by it)")
         raw = load_config_file(config_file)
         source = config_file or "config"
         settings = raw.get("settings")
