@@ -490,3 +490,17 @@ def test_serving_beyond_loopback_needs_a_token(tmp_path):
         MonitorServer(tmp_path / "mon.db", host="0.0.0.0", port=0, config=CFG)
     s = MonitorServer(tmp_path / "mon.db", host="127.0.0.1", port=0, config=CFG).start()
     s.stop()
+
+
+def test_a_store_that_is_not_a_database_is_one_line_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a database\n")
+    for cmd in (["monitor", "serve"], ["adapt", "serve"]):
+        r = subprocess.run([sys.executable, "-m", "stragglers.cli", *cmd, "--db", str(junk),
+                            "--port", "0"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (cmd, r.stderr)
+        assert "not a usable SQLite database" in r.stderr and "Traceback" not in r.stderr
+        assert "internal error" not in r.stderr

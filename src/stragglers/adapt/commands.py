@@ -47,9 +47,9 @@ def serve_command(
     if not db.parent.exists():
         raise InputError(db, None, f"directory {db.parent} does not exist")
     token = _read_token(token_file)
-    typer.echo(f"shard service on http://{host}:{port} (state in {db},"
-               f" {'durable' if durable else 'non-durable'} commits); Ctrl-C stops it")
-    serve(db, config, token)
+    serve(db, config, token, announce=lambda url: typer.echo(
+        f"shard service on {url} (state in {db}, {'durable' if durable else 'non-durable'} "
+        "commits); Ctrl-C stops it"))
 
 
 def status_command(

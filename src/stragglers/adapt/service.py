@@ -391,13 +391,16 @@ def _check_exposure(host: str, service_token: str | None) -> None:
 
 
 def serve(db: str | Path, config: ServiceConfig | None = None,
-          service_token: str | None = None) -> None:
-    """Run the service in the foreground until interrupted."""
+          service_token: str | None = None, announce=None) -> None:
+    """Run the service in the foreground until interrupted; `announce(url)` is called once the
+    store is open and the socket bound (the URL carries the port a `port=0` got)."""
     config = config or ServiceConfig()
     _check_exposure(config.host, service_token)
     store = ShardStore(db, durable=config.durable, busy_timeout_s=config.busy_timeout_s)
-    sock = listen_socket(config.host, config.port)
     try:
+        sock = listen_socket(config.host, config.port)
+        if announce is not None:
+            announce(f"http://{config.host}:{sock.getsockname()[1]}")
         serve_in_foreground(_uvicorn_server(create_app(store, config, service_token), config),
                             sock)
     finally:

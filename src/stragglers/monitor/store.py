@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Iterable
 
+from stragglers.errors import InputError
+
 log = logging.getLogger(__name__)
 
 SCHEMA = """
@@ -63,15 +65,19 @@ class Store:
         self.path = str(path)
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._db = self._connect()
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: the WAL is fsynced at every commit, so what was acknowledged survives power loss;
-        # NORMAL survives a killed process (the WAL is still on disk) but not a power cut.
-        self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-        self._db.executescript(SCHEMA)
-        # stores from before uploads were fingerprinted: add the column (NULL = not known)
-        if "digest" not in {r[1] for r in self._db.execute("PRAGMA table_info(parts)")}:
-            self._db.execute("ALTER TABLE parts ADD COLUMN digest TEXT")
+        try:
+            self._db = self._connect()
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # FULL: the WAL is fsynced at every commit, so what was acknowledged survives power
+            # loss; NORMAL survives a killed process (the WAL is still on disk), not a power cut.
+            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self._db.executescript(SCHEMA)
+            # stores from before uploads were fingerprinted: add the column (NULL = not known)
+            if "digest" not in {r[1] for r in self._db.execute("PRAGMA table_info(parts)")}:
+                self._db.execute("ALTER TABLE parts ADD COLUMN digest TEXT")
+        except sqlite3.DatabaseError as exc:   # another kind of file, or a damaged store
+            raise InputError(path, None, f"not a usable SQLite database ({exc}); expected the "
+                             "monitor's store or a path for a new one") from None
         self.version = 0  # bumped on every write; pages poll it to skip unchanged reads
         self._listeners: list = []
 
