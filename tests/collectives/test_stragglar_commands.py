@@ -41,6 +41,12 @@ def test_bad_n_is_an_input_error_and_exit_code_2():
     assert proc.returncode == 2 and "--n" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_schedule_past_the_largest_is_refused_before_it_is_built():
+    # ~n²/2 transfers: 100,000 ranks would be 5e9 of them (it ran for hours, then out of memory)
+    result = runner.invoke(app, ["collectives", "schedule", "--n", "100000", "--no-show"])
+    assert isinstance(result.exception, InputError) and "at most 4096" in str(result.exception)
+
+
 def test_model_command_table():
     result = runner.invoke(app, ["collectives", "model", "--n", "8", "--delay-ms", "5"])
     assert result.exit_code == 0, result.output
