@@ -82,6 +82,16 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        if exc.filename is not None and exc.strerror:
+            # a path given on the command line that cannot be read or written (no such
+            # directory, permission, read-only file system, disk full): it and the reason
+            where = f"{exc.filename} → {exc.filename2}" if exc.filename2 else str(exc.filename)
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(where)}: "
+                                       f"{escape(exc.strerror)}", highlight=False,
+                                       soft_wrap=True)
+            sys.exit(2)
+        _internal_error(exc)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
     except Exception as exc:  # usage errors arrive here in non-standalone mode
@@ -89,13 +99,18 @@ def main() -> None:
         if callable(show) and hasattr(exc, "exit_code"):  # a click/typer usage error
             show()
             sys.exit(2)
-        if _verbosity:
-            raise
-        Console(stderr=True).print(
-            f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} (this is a "
-            "bug in stragglers; run with -v for the traceback and report it)", highlight=False,
-            soft_wrap=True)
-        sys.exit(4)
+        _internal_error(exc)
+
+
+def _internal_error(exc: BaseException) -> None:
+    """One line for a bug (the traceback with -v), exit 4."""
+    if _verbosity:
+        raise exc
+    Console(stderr=True).print(
+        f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} (this is a "
+        "bug in stragglers; run with -v for the traceback and report it)", highlight=False,
+        soft_wrap=True)
+    sys.exit(4)
 
 
 if __name__ == "__main__":

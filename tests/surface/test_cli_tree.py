@@ -94,3 +94,15 @@ def test_file_names_with_brackets_are_printed_as_given_not_read_as_markup(tmp_pa
     advised = subprocess.run(cli + ["advise", str(run)], capture_output=True, text=True,
                              timeout=300)
     assert advised.returncode == 0, advised.stderr[-2000:]
+
+
+def test_an_output_path_that_cannot_be_written_is_one_line_exit_2(tmp_path):
+    # (it was "internal error: FileNotFoundError ... this is a bug", exit 4)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    cli = [sys.executable, "-m", "stragglers.cli"]
+    for args in (["synth", str(blocker / "run")], ["synth", "/proc/no/such/dir"]):
+        r = subprocess.run(cli + args, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.strip().startswith("error: ") and args[1] in r.stderr.replace("\n", "")
+        assert "internal error" not in r.stderr and "Traceback" not in r.stderr
