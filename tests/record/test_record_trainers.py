@@ -83,3 +83,18 @@ def test_the_launcher_switches_recording_on_for_an_unchanged_job(tmp_path):
     again = CliRunner().invoke(app, ["record", "--out", str(out), "--", *job])
     # refused before the job starts; the stragglers CLI turns an InputError into exit status 2
     assert isinstance(again.exception, InputError) and "is not empty" in str(again.exception)
+
+
+def test_the_launcher_passes_on_the_jobs_exit_status_and_signal(tmp_path):
+    # The job's status is the launcher's; a job killed by a signal exits 128 + its number (the
+    # shell's convention: 137 for SIGKILL), not Python's -9 turned into 247, and says so.
+    import subprocess
+
+    cli = [sys.executable, "-m", "stragglers.cli", "record"]
+    for code, job in ((3, "import sys; sys.exit(3)"),
+                      (137, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")):
+        r = subprocess.run([*cli, "--out", str(tmp_path / f"r{code}"), "--", sys.executable,
+                            "-c", job], capture_output=True, text=True, timeout=120)
+        assert r.returncode == code, r.stderr
+        said = "killed by signal 9" if code == 137 else "exited with status 3"
+        assert said in r.stderr, r.stderr

@@ -55,4 +55,9 @@ def record_command(
     elif (out / "meta.json").exists():
         typer.echo(f"stragglers record: run in {out}; analyse it with: stragglers analyze {out}",
                    err=True)
+    if code < 0:   # the job was killed by a signal: the shell's convention, 128 + its number
+        typer.echo(f"stragglers record: the job was killed by signal {-code}", err=True)
+        code = 128 - code
+    elif code:
+        typer.echo(f"stragglers record: the job exited with status {code}", err=True)
     raise typer.Exit(code)
