@@ -20,6 +20,7 @@ from stragglers.record.clock import (ClockEstimate, common_origin_ns, control_ch
                                      measure_offset, release_control_channel,
                                      same_host_as_rank0)
 from stragglers.record.schedstat import CommWaitProbe, RunDelay, TransportRunDelay
+from stragglers.record.signals import FlushOnTerm
 from stragglers.record.timers import CpuTimer, CudaTimer
 from stragglers.record.writer import RankWriter, StepBuffer
 from stragglers.trace.model import OPTYPE_CODES, JobMeta
@@ -261,6 +262,7 @@ class Recorder:
         # 57 ms "gc" row across a forward).
         self._gc_thread = threading.get_ident()
         gc.callbacks.append(self._on_gc)
+        self._on_term = FlushOnTerm(self._write_out)
         if self.distributed:
             self._gather_clock("start", self.clock_start)
 
@@ -269,6 +271,9 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
+        on_term = getattr(self, "_on_term", None)
+        if on_term is not None:
+            on_term.remove()
         if self._buf is not None:
             self._end_step(failed=not collective)
         if self._on_gc in gc.callbacks:
@@ -292,6 +297,14 @@ class Recorder:
             release_control_channel(ctl)
         if self._uploader is not None:  # bounded: a monitor that is away cannot hold us here
             self._uploader.close(self.monitor_close_timeout_s)
+
+    def _write_out(self) -> None:
+        """On SIGTERM: put the steps recorded so far on disk and deliver them to the monitor
+        (the step under way is incomplete and left out)."""
+        if self._writer is not None:
+            self._writer.flush()
+        if self._uploader is not None:
+            self._uploader.drain(self.monitor_close_timeout_s)
 
     def _check_output_dir(self, ctl_group) -> None:
         """Refuse a directory holding another run unless overwrite=True (then clear our files).

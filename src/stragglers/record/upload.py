@@ -91,16 +91,22 @@ class PartUploader:
                     "dropped": self.dropped, "rejected": self.rejected, "retries": self.retries,
                     "pending": len(self._buf), "last_error": self.last_error}
 
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait at most `timeout` s for what is queued to go out; True if it all did."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._cv:
+            self._cv.notify_all()  # a thread backing off after a failure tries again now
+            while (self._buf or self._meta is not None) and time.monotonic() < deadline \
+                    and self._thread.is_alive():
+                self._cv.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            return not self._buf and self._meta is None
+
     def close(self, timeout: float = 10.0) -> bool:
         """Deliver what is queued for at most `timeout` s, then stop; True if all went out."""
         deadline = time.monotonic() + max(0.0, timeout)
         with self._cv:
             self._closing = True
-            self._cv.notify_all()
-            while (self._buf or self._meta is not None) and time.monotonic() < deadline \
-                    and self._thread.is_alive():
-                self._cv.wait(min(0.05, max(0.0, deadline - time.monotonic())))
-            done = not self._buf and self._meta is None
+            done = self.drain(timeout)
             self._stopped = True
             self._cv.notify_all()
         self._thread.join(timeout=max(0.1, deadline - time.monotonic()) + self.timeout_s)

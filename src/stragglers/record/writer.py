@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
@@ -68,6 +69,16 @@ class RankWriter:
         if len(self._pending) == self.flush_every:
             self._wake.put(True)
 
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Write the steps queued so far now; True once they are on disk (the thread goes on)."""
+        done = threading.Event()
+        self._wake.put(done)
+        deadline = time.monotonic() + timeout
+        while not done.wait(0.05):
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                return False
+        return True
+
     def close(self) -> None:
         """Write everything still queued and stop the thread (joined before returning)."""
         self._wake.put(None)
@@ -89,7 +100,9 @@ class RankWriter:
             except BaseException as exc:  # keep training alive; report at close
                 self.error = exc
                 self._held.clear()
-            if msg is None:
+            if isinstance(msg, threading.Event):  # flush(): its caller waits for this
+                msg.set()
+            elif msg is None:
                 return
 
     def _write_held(self) -> None:
