@@ -169,7 +169,7 @@ class Recorder:
                  group=None, clock_rounds: int = 8, gc_min_s: float = 50e-6, enabled: bool = True,
                  overwrite: bool = False, monitor: str | None = None,
                  monitor_token: str | None = None, monitor_job: str | None = None,
-                 monitor_close_timeout_s: float = 10.0):
+                 monitor_close_timeout_s: float = 10.0, flush_on_sigterm: bool = True):
         if sample_every < 1:
             raise StragglersError(f"Recorder: sample_every must be >= 1, got {sample_every}")
         self.trace_dir = Path(trace_dir)
@@ -187,6 +187,7 @@ class Recorder:
         self.monitor, self.monitor_token = monitor, monitor_token
         self.monitor_job = monitor_job or self.trace_dir.name
         self.monitor_close_timeout_s = float(monitor_close_timeout_s)
+        self.flush_on_sigterm = bool(flush_on_sigterm)  # record/signals.py
         self._uploader = None
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if self.distributed else 0
@@ -262,7 +263,7 @@ class Recorder:
         # 57 ms "gc" row across a forward).
         self._gc_thread = threading.get_ident()
         gc.callbacks.append(self._on_gc)
-        self._on_term = FlushOnTerm(self._write_out)
+        self._on_term = FlushOnTerm(self._write_out) if self.flush_on_sigterm else None
         if self.distributed:
             self._gather_clock("start", self.clock_start)
 
