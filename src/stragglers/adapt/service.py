@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -35,8 +35,8 @@ from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Forbidden, Unauth
 from stragglers.adapt.shards import ShardStore
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
-from stragglers.serving import is_loopback, listen_socket, serve_in_foreground, \
-    serve_in_thread
+from stragglers.serving import BodyRefused, declared_length, is_loopback, listen_socket, \
+    read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
 
 log = logging.getLogger(__name__)
 
@@ -181,22 +181,20 @@ def _error(exc: StragglersError) -> Response:
 
 async def _body(request: Request, limit: int) -> bytes:
     """The request body, refused (413) past `limit` bytes without reading the rest."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit() or len(declared) > 18:
-            raise InputError("request", "Content-Length", f"expected a byte count, got {declared!r:.30}")
-        if int(declared) > limit:
-            raise BodyTooLarge("request body", None, f"{declared} bytes; at most {limit} accepted")
-    chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge("request body", None, f"more than {limit} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect:   # nobody is left to answer: one line, not a traceback
-        raise InputError("request body", None, f"the client hung up after {size} bytes") from None
-    return b"".join(chunks)
+        declared_length(request, limit)
+        return await read_bounded(request, limit)
+    except BodyRefused as refused:
+        if refused.kind == "bad_length":
+            raise InputError("request", "Content-Length",
+                             f"expected a byte count, got "
+                             f"{request.headers.get('content-length')!r:.30}") from None
+        if refused.kind == "client_gone":
+            raise InputError("request body", None,
+                             f"the client hung up after {refused.size} bytes") from None
+        raise BodyTooLarge("request body", None, f"{refused.declared} bytes; at most {limit} "
+                           "accepted" if refused.declared is not None
+                           else f"more than {limit} bytes") from None
 
 
 def _bearer(request: Request) -> str:
@@ -374,14 +372,8 @@ class _FastPath:
 
 
 def _uvicorn_server(app, config: ServiceConfig):
-    import uvicorn
-
-    # httptools + uvloop: the C parser and event loop (the pure-Python h11 path is ~2x slower).
-    cfg = uvicorn.Config(app, http=config.http, loop=config.loop, log_level="warning",
-                         access_log=False, lifespan="off", timeout_keep_alive=config.keep_alive_s,
-                         limit_concurrency=config.max_connections,
-                         server_header=False, date_header=False)
-    return uvicorn.Server(cfg)
+    return uvicorn_server(app, max_connections=config.max_connections,
+                          keep_alive_s=config.keep_alive_s, http=config.http, loop=config.loop)
 
 
 def _check_exposure(host: str, service_token: str | None) -> None:

@@ -22,12 +22,12 @@ from typing import Any
 from fastapi import Depends, FastAPI, Path as PathParam, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.requests import ClientDisconnect
 
 from stragglers.errors import InputError
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
     check_same_part, fingerprint
 from stragglers.monitor.service import Monitor, PartIn
+from stragglers.serving import BodyRefused, declared_length, read_bounded
 from stragglers.trace.runformat import write_meta
 
 
@@ -86,39 +86,40 @@ async def read_body(request: Request, limit: int, what: str,
                     budget: BodyBudget | None = None) -> bytes:
     """The request body, refusing more than `limit` bytes before reading them all; with a
     budget, its bytes are taken from it first (the caller gives back len(body) once done)."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise HTTPProblem(400, "request header 'Content-Length': expected a number",
-                              "bad_request")
-        if int(declared) > limit:
-            raise HTTPProblem(413, f"request body: {declared} bytes is more than the {limit} "
-                              f"bytes allowed for {what}", "too_large")
+    try:
+        declared = declared_length(request, limit)
+    except BodyRefused as refused:
+        raise _problem(refused, what) from None
     reserved = 0
     if budget is not None:
-        reserved = int(declared) if declared is not None else limit
+        reserved = declared if declared is not None else limit
         budget.take(reserved, what)
-    chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPProblem(413, f"request body: more than the {limit} bytes allowed for "
-                                  f"{what}", "too_large")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        # one line in the log and the refusals, not a traceback (nobody is left to answer)
+        body = await read_bounded(request, limit)
+    except BaseException as exc:
         if budget is not None:
             budget.give(reserved)
-        raise HTTPProblem(400, f"request body: the client hung up after {size} bytes of "
-                          f"{what}", "client_gone") from None
-    except BaseException:
-        if budget is not None:
-            budget.give(reserved)
+        if isinstance(exc, BodyRefused):
+            raise _problem(exc, what) from None
         raise
     if budget is not None:
-        budget.give(reserved - size)   # a chunked body: what it did not use
-    return b"".join(chunks)
+        budget.give(reserved - len(body))   # a chunked body: what it did not use
+    return body
+
+
+def _problem(refused: BodyRefused, what: str) -> HTTPProblem:
+    """A body refused while reading, in the API's error format."""
+    if refused.kind == "bad_length":
+        return HTTPProblem(400, "request header 'Content-Length': expected a number",
+                           "bad_request")
+    if refused.kind == "client_gone":
+        return HTTPProblem(400, f"request body: the client hung up after {refused.size} bytes "
+                           f"of {what}", "client_gone")
+    if refused.declared is not None:
+        return HTTPProblem(413, f"request body: {refused.declared} bytes is more than the "
+                           f"{refused.limit} bytes allowed for {what}", "too_large")
+    return HTTPProblem(413, f"request body: more than the {refused.limit} bytes allowed for "
+                       f"{what}", "too_large")
 
 
 def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):

@@ -10,7 +10,7 @@ from stragglers.errors import InputError
 from stragglers.monitor.alerts import parse_rules
 from stragglers.monitor.settings import MonitorConfig, load_config_file
 from stragglers.serving import is_loopback, listen_socket, serve_in_foreground, \
-    serve_in_thread
+    serve_in_thread, uvicorn_server
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,8 @@ class MonitorServer:
         return f"http://{host}:{self.port}"
 
     def _uvicorn(self):
-        import uvicorn
-
-        config = uvicorn.Config(self.app, http="httptools", loop="uvloop", log_level="warning",
-                                access_log=False, lifespan="off", timeout_keep_alive=60,
-                                timeout_graceful_shutdown=5,
-                                limit_concurrency=self.monitor.config.max_connections)
-        return uvicorn.Server(config)
+        return uvicorn_server(self.app, max_connections=self.monitor.config.max_connections,
+                              keep_alive_s=60, graceful_s=5)
 
     def _begin(self) -> None:
         self.monitor.start()
