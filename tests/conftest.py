@@ -1,4 +1,4 @@
-"""Shared test fixtures: paths to ../shared/data and a real torchrun launcher."""
+"""Shared test fixtures: paths to ../shared/data, a real torchrun launcher, polling."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,21 @@ def persistent_findings(result: dict, steps: int) -> list[tuple[str, list]]:
         if ranks and len(f["where"].get("steps") or range(steps)) * 2 > steps:
             out.append((f["cause"], list(ranks)))
     return out
+
+
+def eventually(fn, timeout: float = 120.0, interval: float = 0.1, what: str = "condition"):
+    """Poll fn() until it returns a truthy value (generous deadline: the machine is loaded)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except (AssertionError, OSError, httpx.HTTPError) as exc:  # not up yet
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"{what} not reached in {timeout} s (last: {last!r})")

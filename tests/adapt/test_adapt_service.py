@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import free_port
+from conftest import eventually, free_port
 from stragglers.adapt.client import ServiceUnavailable, ShardBatchSampler, ShardClient
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig
@@ -39,12 +39,8 @@ def start_worker(url, worker, log, delay=0.05, timeout_s=10.0):
 
 
 def wait_lines(path, n, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and len(path.read_text().splitlines()) >= n:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{path} did not reach {n} lines in {timeout}s")
+    eventually(lambda: path.exists() and len(path.read_text().splitlines()) >= n, timeout,
+               interval=0.02, what=f"{n} lines in {path}")
 
 
 def consumed(*logs):

@@ -3,9 +3,9 @@ monitor's analysed windows polled over HTTP, each priced by AdvisePolicy.observe
 
 from __future__ import annotations
 
-import time
 
 import pytest
+from conftest import eventually
 
 from stragglers.advise.act import APPLY, KEEP, AdvisePolicy
 from stragglers.advise.live import MonitorWindows, TimingPublisher, window_of
@@ -36,13 +36,7 @@ def monitor(tmp_path):
 
 def wait_for(windows: MonitorWindows, deadline_s: float = 60.0) -> list[dict]:
     """The next analysed window(s): the monitor analyses on its own threads."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        new = windows.poll()
-        if new:
-            return new
-        time.sleep(0.05)
-    raise AssertionError("the monitor analysed no new window within the deadline")
+    return eventually(windows.poll, deadline_s, interval=0.05, what="a newly analysed window")
 
 
 def test_monitor_windows_drive_apply_and_keep(monitor):

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from stragglers.trace.model import Trace
@@ -51,22 +49,6 @@ def write_parts(directory: Path, parts) -> None:
 def start_run(directory: Path, trace: Trace) -> None:
     """meta.json as the recorder's start() writes it."""
     write_meta(directory, trace.meta)
-
-
-def eventually(fn, timeout: float = 120.0, interval: float = 0.1, what: str = "condition"):
-    """Poll fn() until it returns a truthy value (generous deadline: the machine is loaded)."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except (AssertionError, OSError, httpx.HTTPError) as exc:  # not up yet
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"{what} not reached in {timeout} s (last: {last!r})")
 
 
 def get(client, url: str, **kw):

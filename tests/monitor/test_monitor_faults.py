@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import REPO, free_port
-from monitor_jobs import eventually, get, parts_of, slow_job, start_run, write_parts
+from conftest import REPO, eventually, free_port
+from monitor_jobs import get, parts_of, slow_job, start_run, write_parts
 from stragglers.trace.runformat import read_run
 
 SETTINGS = "settings: {window_steps: 4, stall_after_s: 600, tick_s: 0.1, rescan_s: 0.5}\n"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from monitor_jobs import eventually, get, parts_of, rank_of, slow_job, start_run, write_parts
+from conftest import eventually
+from monitor_jobs import get, parts_of, rank_of, slow_job, start_run, write_parts
 from stragglers.errors import InputError
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig

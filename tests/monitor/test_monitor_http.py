@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from monitor_jobs import eventually, get, parts_of, rank_of, slow_job
+from conftest import eventually
+from monitor_jobs import get, parts_of, rank_of, slow_job
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.trace.columns import columns_to_table
@@ -116,9 +117,9 @@ def test_hostile_requests_get_a_4xx_naming_the_problem_and_change_nothing(server
         r = c.put(url.replace(f"/ranks/{rank}/", f"/ranks/{other[0]}/"), content=good,
                   headers=AUTH)
         assert r.status_code == 422 and "rank" in r.json()["error"]
-        r = c.put(f"/api/jobs/job-x/ranks/99/parts/0", content=good, headers=AUTH)
+        r = c.put("/api/jobs/job-x/ranks/99/parts/0", content=good, headers=AUTH)
         assert r.status_code == 422 and "world size 4" in r.json()["error"]
-        r = c.put(f"/api/jobs/job-x/ranks/-1/parts/0", content=good, headers=AUTH)
+        r = c.put("/api/jobs/job-x/ranks/-1/parts/0", content=good, headers=AUTH)
         assert r.status_code == 422 and "rank" in r.json()["error"]
         r = c.put(url, content=b"\0" * (CFG.max_part_bytes + 1), headers=AUTH)
         assert r.status_code == 413 and str(CFG.max_part_bytes) in r.json()["error"]

@@ -10,15 +10,14 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import REPO, free_port
-from monitor_jobs import eventually, get
+from conftest import REPO, eventually, free_port
+from monitor_jobs import get
 from stragglers.trace.runformat import read_run
 
 CHROMIUM = Path("/usr/bin/chromium")

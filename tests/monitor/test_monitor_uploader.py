@@ -7,13 +7,13 @@ import io
 import httpx
 import pyarrow.parquet as pq
 
-from monitor_jobs import eventually, get, parts_of, slow_job
+from monitor_jobs import get, parts_of, slow_job
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.record.upload import PartUploader
 from stragglers.trace.columns import columns_to_table
 
-from conftest import free_port
+from conftest import eventually, free_port
 
 CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
 
