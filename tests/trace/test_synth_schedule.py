@@ -10,7 +10,8 @@ import pytest
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPES
 from stragglers.trace.synth import generate
-from stragglers.trace.synth.schedule import compute_order
+from stragglers.trace.synth.generate import upper_bound_ops
+from stragglers.trace.synth.schedule import build_schedule, compute_order
 
 
 def expected_counts(stage: int, pp: int, vpp: int, mbs: int, sync: str) -> Counter:
@@ -117,6 +118,8 @@ def test_synth_seq_id_is_start_order_and_steps_are_numbered():
      "slow_link optype"),
     (dict(slow_link={"kind": "wire"}), "slow_link"),
     (dict(dp=4096, steps=100_000), "steps"),  # too big to hold: refused before allocating
+    # a schedule too big to build (10^10 workers): refused before building it (it filled memory)
+    (dict(dp=100_000, pp=100_000), "steps"), (dict(pp=10_000_000, steps=1), "steps"),
 ])
 def test_synth_bad_parameters_are_input_errors(kwargs, field):
     with pytest.raises(InputError) as err:
@@ -130,3 +133,12 @@ def test_synth_odd_parameters_warn():
     assert (trace.optype_names() == "gc").sum() == 2 * 2 * 2  # every forward paused
     with pytest.warns(UserWarning, match="only stage"):
         generate(dp=2, pp=1, steps=2, heavy_last_stage=1.5)
+
+
+@pytest.mark.parametrize("pp,vpp,mb", [(1, 1, 1), (2, 1, 4), (8, 1, 32), (4, 2, 8), (8, 4, 16),
+                                       (16, 1, 1), (3, 1, 7)])
+def test_the_size_bound_checked_before_building_holds(pp, vpp, mb):
+    for sync in ("zero", "ddp"):
+        for gc_slots in (False, True):
+            nodes = len(build_schedule(pp, vpp, mb, sync, gc_slots=gc_slots).nodes)
+            assert nodes <= upper_bound_ops(pp, vpp, mb), (sync, gc_slots, nodes)

@@ -51,12 +51,10 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
         seq_imbalance=seq_imbalance, gc=gc, slow_link=slow_link, host_stall=host_stall,
         gc_in_compute=gc_in_compute, stage_scale=stage_scale, launch_delay=launch_delay,
         step_gap=step_gap))
+    # refused before the schedule is built: with pp = 100,000 building it alone fills memory
+    _check_size(dp, pp, vpp, microbatches, steps, upper_bound_ops(pp, vpp, microbatches) * dp * steps)
     sched = build_schedule(pp, vpp, microbatches, params["sync"], gc_slots=params["gc"] is not None)
-    slots = len(sched.nodes) * dp * steps
-    if slots > MAX_OPS:
-        raise InputError(SOURCE, "steps", f"dp={dp}, pp={pp}, vpp={vpp}, microbatches="
-                         f"{microbatches} and steps={steps} make {slots:,} ops; the generator "
-                         f"keeps ~100 bytes per op in memory and takes at most {MAX_OPS:,}")
+    _check_size(dp, pp, vpp, microbatches, steps, len(sched.nodes) * dp * steps)
     costs = sample_costs(sched, dp, steps, params["seed"], **_cost_args(params))
     start, end = run_forward(sched, costs, dp, steps)
     impacts = measure_impacts(sched, params, start, end) \
@@ -69,6 +67,21 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
                           "generator": {"tool": "stragglers.trace.synth", "version": 1,
                                         **params, **costs.notes}})
     return Trace(ops, meta, source=f"<synthetic {name}>")
+
+
+def upper_bound_ops(pp: int, vpp: int, microbatches: int) -> int:
+    """At least the ops of one step of all of a DP rank's stages, without building the schedule:
+    per stage, model chunk and microbatch a forward, a backward and up to four transfers, plus
+    each stage's collectives, optimizer and GC slots."""
+    return pp * (vpp * microbatches * 6 + 8 + vpp * microbatches)
+
+
+def _check_size(dp: int, pp: int, vpp: int, microbatches: int, steps: int, ops: int) -> None:
+    if ops > MAX_OPS:
+        raise InputError(SOURCE, "steps", f"dp={dp}, pp={pp}, vpp={vpp}, microbatches="
+                         f"{microbatches} and steps={steps} make about {ops:,} ops; the "
+                         f"generator keeps ~100 bytes per op in memory and takes at most "
+                         f"{MAX_OPS:,}")
 
 
 INJECTIONS = ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link",
