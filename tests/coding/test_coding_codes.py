@@ -139,6 +139,11 @@ def test_more_survivors_than_needed_uses_all_of_them():
     (lambda: make_code("cyclic-mds", 7, 2, d=3), "d"),
     (lambda: make_code("frc", 6, 2, decoder="fixed"), "decoder"),
     (lambda: make_code("wait-for-all", 6, 2), "s"),
+    # refused before a dense n × n matrix is allocated (n = 100,000 asked for 75 GB)
+    (lambda: make_code("cyclic-mds", 100_000, 3), "n"),
+    (lambda: make_code("expander", 2049, 2), "n"),
+    (lambda: make_code("cyclic-mds", 10, 2, tolerance=float("nan")), "tolerance"),
+    (lambda: make_code("cyclic-mds", 10, 2, tolerance=-1.0), "tolerance"),
 ])
 def test_bad_parameters_are_input_errors(call, field):
     with pytest.raises(InputError) as err:

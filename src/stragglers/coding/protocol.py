@@ -178,9 +178,18 @@ def least_squares_decoding(code: GradientCode, K: list[int], method: str = "lsts
     return Decoding(code, K, a, method)
 
 
+# Codes are dense n × n matrices built and certified with O(n³) linear algebra (an expander
+# code's spectrum, least-squares decoders): n = 1,000 takes ~18 s on this 2-core machine under
+# load, n = 2,048 a few minutes; n = 100,000 asked for 75 GB.
+MAX_WORKERS = 2048
+
+
 def check_n_s(source: str, n: int, s: int) -> None:
-    """Validate the basic parameters: n >= 1 workers, 0 <= s < n stragglers."""
+    """Validate the basic parameters: 1 <= n <= MAX_WORKERS workers, 0 <= s < n stragglers."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise InputError(source, "n", f"expected a positive number of workers, got {n!r}")
+    if n > MAX_WORKERS:
+        raise InputError(source, "n", f"expected at most {MAX_WORKERS} workers (codes are dense "
+                         f"n × n matrices built in O(n³) time), got {n}")
     if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 0 <= s < n:
         raise InputError(source, "s", f"expected 0 <= s < n = {n} stragglers, got {s!r}")

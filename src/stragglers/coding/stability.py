@@ -158,6 +158,9 @@ def stability_report(code: GradientCode, dtype: str = "float32",
     if dtype not in UNIT_ROUNDOFF:
         raise InputError("stability", "dtype", f"expected one of {sorted(UNIT_ROUNDOFF)}, "
                                                f"got {dtype!r}")
+    if not float(tolerance) > 0:   # NaN too; inf accepts every code
+        raise InputError("stability", "tolerance", f"expected a decode error > 0 (in units of "
+                         f"‖G‖_F), got {tolerance!r}")
     key = (dtype, float(tolerance))
     if key in code._stability:
         return code._stability[key]
