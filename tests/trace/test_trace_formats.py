@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from stragglers.errors import InputError, StragglersError
 from stragglers.trace.convert import convert
-from stragglers.trace.load import load_trace
+from stragglers.trace.load import load_trace, parse_steps
 from stragglers.trace.ndtimeline import read_ndtimeline
 from stragglers.trace.runformat import read_run
 
@@ -261,3 +261,20 @@ def test_bad_meta_json_is_one_line(ndtimeline_dir, tmp_path, meta, field):
     convert(ndtimeline_dir / "trace-ST.parquet", tmp_path / "run")
     (tmp_path / "run" / "meta.json").write_bytes(meta)
     one_line_error(cli("analyze", tmp_path / "run"), "meta.json", field)
+
+
+@pytest.mark.parametrize("spec,expected", [("12,20-23", [12, 20, 21, 22, 23]), ("3, 1,,2", [1, 2, 3]),
+                                           ("5-5,4", [4, 5])])
+def test_step_selections(spec, expected):
+    assert parse_steps(spec) == expected
+
+
+@pytest.mark.parametrize("spec,words", [
+    ("5-2", "cannot read '5-2'"), ("-1", "cannot read"), ("a", "cannot read"), (",", "no steps"),
+    # a huge range is refused before it is expanded (it got the analysis killed for memory)
+    ("0-99999999999999999999", "more than 1,000,000 steps"),
+    ("0-600000,700000-1300000", "more than 1,000,000 steps")])
+def test_bad_step_selections_are_one_line(spec, words):
+    with pytest.raises(InputError, match=words) as err:
+        parse_steps(spec)
+    assert err.value.source == "--steps" and "\n" not in str(err.value)

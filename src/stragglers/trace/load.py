@@ -100,25 +100,35 @@ def load_trace(path: Path | str, meta: Path | str | None = None, *, dp_size: int
                      "PyTorch-profiler .json/.json.gz files")
 
 
+# A selection is a list of step numbers; '0-99999999999999999999' would expand past memory
+# (it got the analysis killed), and a million steps is more than any trace holds.
+MAX_SELECTED_STEPS = 1_000_000
+
+
 def parse_steps(spec: str | None) -> list[int] | None:
-    """'12,20-23' → [12, 20, 21, 22, 23]."""
+    """'12,20-23' → [12, 20, 21, 22, 23]; at most MAX_SELECTED_STEPS steps."""
     if spec is None:
         return None
-    steps: set[int] = set()
+    spans: list[tuple[int, int]] = []
     for part in spec.split(","):
         part = part.strip()
         try:
             if "-" in part:
                 a, b = part.split("-", 1)
                 lo, hi = int(a), int(b)
-                if hi < lo:
-                    raise ValueError
-                steps.update(range(lo, hi + 1))
             elif part:
-                steps.add(int(part))
+                lo = hi = int(part)
+            else:
+                continue
+            if hi < lo:
+                raise ValueError
         except ValueError:
             raise InputError("--steps", None, f"cannot read {part!r}; expected steps like "
                              "'12,20-23'") from None
-    if not steps:
+        spans.append((lo, hi))
+        if sum(hi - lo + 1 for lo, hi in spans) > MAX_SELECTED_STEPS:
+            raise InputError("--steps", None, f"{part!r} makes more than "
+                             f"{MAX_SELECTED_STEPS:,} steps; select fewer")
+    if not spans:
         raise InputError("--steps", None, "no steps given; expected steps like '12,20-23'")
-    return sorted(steps)
+    return sorted({step for lo, hi in spans for step in range(lo, hi + 1)})
