@@ -278,3 +278,20 @@ def test_bad_step_selections_are_one_line(spec, words):
     with pytest.raises(InputError, match=words) as err:
         parse_steps(spec)
     assert err.value.source == "--steps" and "\n" not in str(err.value)
+
+
+def test_options_of_another_format_are_refused_not_ignored(ndtimeline_dir, tmp_path):
+    from conftest import KINETO
+
+    nd = ndtimeline_dir / "trace-ST.parquet"
+    run = tmp_path / "run"
+    convert(nd, run)
+    cases = [((run,), {"dp_size": 3}, "--dp-size", "run directory"),
+             ((run,), {"pp_size": 2}, "--pp-size", "run directory"),
+             ((nd,), {"pp_size": 2}, "--pp-size", "NDTimeline"),
+             ((KINETO / "trace_filter_sampled_rank-0.json.gz", nd.with_name("meta-ST.yaml")), {},
+              str(nd.with_name("meta-ST.yaml")), "--meta is for NDTimeline")]
+    for args, kwargs, source, words in cases:
+        with pytest.raises(InputError, match=words) as err:
+            load_trace(*args, **kwargs)
+        assert err.value.source == source and "\n" not in str(err.value)

@@ -28,6 +28,10 @@ class KinetoReader:
         """Read the ranks' files, placed on a DP × PP grid by dp_size / pp_size."""
         from stragglers.trace.kineto import read_kineto
 
+        if meta is not None:
+            raise InputError(meta, None, f"--meta is for NDTimeline files; {path} holds "
+                             "PyTorch-profiler traces (their layout: --dp-size, --pp-size)")
+
         return read_kineto(path, dp_size=dp_size, pp_size=pp_size)
 
 
@@ -45,6 +49,7 @@ class RunReader:
         if meta is not None:
             raise InputError(meta, None, f"--meta is for NDTimeline files; {path} is a run "
                              f"directory with its own {META_FILE}")
+        _layout_is_given(path, f"a run directory with its own {META_FILE}", dp_size, pp_size)
         from stragglers.trace.runformat import read_run
 
         return read_run(path)
@@ -63,7 +68,17 @@ class NDTimelineReader:
         """Read the op table and its metadata YAML."""
         from stragglers.trace.ndtimeline import read_ndtimeline
 
+        _layout_is_given(path, "an NDTimeline trace, laid out by its metadata YAML", dp_size,
+                         pp_size)
         return read_ndtimeline(path, meta)
+
+
+def _layout_is_given(path: Path, what: str, dp_size, pp_size) -> None:
+    """--dp-size / --pp-size place profiler ranks; a format that records its layout refuses
+    them rather than ignoring them (a user who gave one expects it to count)."""
+    for flag, value in (("--dp-size", dp_size), ("--pp-size", pp_size)):
+        if value is not None:
+            raise InputError(flag, None, f"only places PyTorch-profiler ranks; {path} is {what}")
 
 
 # Tried in this order; the first whose can_read() accepts the path reads it.
