@@ -53,6 +53,24 @@ def test_model_command_table():
     assert "stragglar" in result.output and "1.133x" in result.output
 
 
+@pytest.mark.parametrize("args,field", [
+    (["--n", "100000000"], "--n"),      # its StragglAR time needs a schedule that big: it hung
+    (["--n", "1"], "--n"), (["--size-mb", "inf"], "--size-mb"), (["--size-mb", "nan"], "--size-mb"),
+    (["--delay-ms", "inf"], "--delay-ms"), (["--alpha-us", "-1"], "--alpha-us"),
+    (["--bandwidth-gibs", "0"], "--bandwidth-gibs")])
+def test_model_bad_values_are_input_errors(args, field):
+    result = runner.invoke(app, ["collectives", "model", *(["--n", "8"] if args[0] != "--n" else []),
+                                 *args])
+    assert isinstance(result.exception, InputError), result.output
+    assert result.exception.field == field
+
+
+def test_model_infinite_bandwidth_is_a_model():
+    # what calibrate suggests when it measures no per-byte cost
+    result = runner.invoke(app, ["collectives", "model", "--n", "8", "--bandwidth-gibs", "inf"])
+    assert result.exit_code == 0, result.output
+
+
 def test_calibrate_worker_failure_is_an_environment_failure(monkeypatch):
     # a good input whose workers die is not the user's input error (exit 3, not 2)
     import stragglers.collectives.commands as commands

@@ -60,11 +60,17 @@ def stragglar_model(
     from stragglers.collectives.cost_model import LinkModel, algorithm_time, break_even_delay
     from stragglers.protocols import ALLREDUCE_ALGORITHMS
 
-    for name, value, ok in (("--n", n, n >= 2), ("--size-mb", size_mb, size_mb >= 0),
+    if not 2 <= n <= MAX_SCHEDULE_N:   # StragglAR's time counts the rounds of its schedule
+        raise InputError("collectives model", "--n", f"expected 2 to {MAX_SCHEDULE_N} ranks "
+                         f"(StragglAR's time needs its schedule, built for n ranks), got {n}")
+    for name, value, ok in (("--size-mb", size_mb, size_mb >= 0),
                             ("--delay-ms", delay_ms, delay_ms >= 0), ("--alpha-us", alpha_us, alpha_us >= 0),
                             ("--bandwidth-gibs", bandwidth_gibs, bandwidth_gibs > 0)):
-        if not ok:
-            raise InputError("collectives model", name, f"out of range: {value}")
+        # NaN fails `ok`; an infinite bandwidth is a model (β = 0: calibrate suggests it when
+        # it measures no per-byte cost), an infinite size, delay or latency is not
+        if not ok or (value == float("inf") and name != "--bandwidth-gibs"):
+            raise InputError("collectives model", name, f"expected a finite number "
+                             f"{'> 0' if name == '--bandwidth-gibs' else '>= 0'}, got {value}")
     link = LinkModel.from_bandwidth(alpha_us * 1e-6, bandwidth_gibs * 2**30)
     size = size_mb * 2**20
     table = Table(title=f"n={n}, s={size_mb:g} MiB, D={delay_ms:g} ms")
