@@ -34,6 +34,7 @@ from stragglers.adapt.heterogeneity import SimulatedDevice, parse_speeds
 from stragglers.adapt.launch import init_distributed, job_service
 from stragglers.adapt.policies import micro_batches
 from stragglers.adapt.step import DataParallelStep
+from stragglers.serving import read_token_file
 
 from launch import exit_without_finalizing, require_torchrun  # examples/launch.py (on sys.path)
 
@@ -128,8 +129,8 @@ def main() -> None:
     svc = job_service(args.shard_server, args.workdir / "shards.db", args.workdir / "job.token")
     # Creating needs the service's token where it has one: the job token for an embedded
     # service on a public address (the job spans hosts), the given file's for a standalone one.
-    service_token = (args.service_token_file.read_text().strip() if args.service_token_file
-                     else svc.token)
+    service_token = (read_token_file(args.service_token_file, "--service-token-file")
+                     if args.service_token_file else svc.token)
     client = ShardClient(svc.url, "digits", worker=f"rank{rank}", token=svc.token,
                          service_token=service_token)
     if rank == 0:

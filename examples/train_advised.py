@@ -43,6 +43,7 @@ from stragglers.advise.hooks import SwitchableCommHook, switchable_hook
 from stragglers.advise.live import MonitorWindows, TimingPublisher, window_of
 from stragglers.advise.window import ROW_WIDTH, StepTiming, window_step_time, window_trace
 from stragglers.mitigate import PlannedGC
+from stragglers.serving import read_token_file
 
 from launch import exit_without_finalizing, require_torchrun  # examples/launch.py (on sys.path)
 
@@ -237,7 +238,7 @@ def main(argv=None) -> None:
 
     publisher = feed = None
     if args.monitor_url:
-        token = args.monitor_token_file.read_text().strip() if args.monitor_token_file else None
+        token = read_token_file(args.monitor_token_file, "--monitor-token-file")
         publisher = TimingPublisher(args.monitor_url, args.monitor_job, rank, n,
                                     args.global_batch, token, calibration=calibration)
         feed = MonitorWindows(args.monitor_url, args.monitor_job, token) if rank == 0 else None

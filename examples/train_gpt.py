@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from stragglers.mitigate import PlannedGC, balance_sequences, suggest_stage_split
 from stragglers.record import Recorder
+from stragglers.serving import read_token_file
 from stragglers.trace.synth.schedule import compute_order
 from stragglers.trace.model import JobMeta
 
@@ -543,8 +544,7 @@ def main(argv=None) -> None:
                    flush_interval_s=args.flush_interval,
                    device=device, enabled=not args.no_record and args.trace_dir is not None,
                    overwrite=args.overwrite, monitor=args.monitor_url,
-                   monitor_token=args.monitor_token_file.read_text().strip()
-                   if args.monitor_token_file else None,
+                   monitor_token=read_token_file(args.monitor_token_file, "--monitor-token-file"),
                    monitor_close_timeout_s=args.monitor_close_timeout)
     planned_gc = PlannedGC(args.planned_gc) if args.planned_gc else None
     pipeline = Pipeline(args, rec, model, stage, dp_rank, device, bwd_group)

@@ -4,22 +4,59 @@ bounded request-body reader."""
 from __future__ import annotations
 
 import ipaddress
+import re
 import signal
 import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
-from stragglers.errors import EnvironmentFailure
+from stragglers.errors import EnvironmentFailure, InputError
 
 
 def is_loopback(host: str) -> bool:
-    """Whether `host` is a loopback address (only this machine can connect)."""
+    """Whether `host` is a loopback address (only this machine can connect); InputError
+    naming --host when it is no address or name this machine can resolve."""
     try:
         infos = socket.getaddrinfo(host, None)
-    except socket.gaierror:
-        return False
-    return all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+    except (socket.gaierror, UnicodeError):
+        raise _unresolvable(host) from None
+    return all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
+def _unresolvable(host: str) -> InputError:
+    return InputError("--host", None, f"{host!r} is not an address or a host name this machine "
+                      "can resolve")
+
+
+def base_url(host: str, port: int) -> str:
+    """http://host:port, with an IPv6 address in brackets and a wildcard as loopback."""
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+# A bearer token as RFC 6750 allows it (b64token characters), long enough not to be guessed.
+TOKEN_PATTERN = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
+
+
+def read_token_file(path: Path | str | None, option: str = "--token-file") -> str | None:
+    """The token a file holds (first line, stripped), never taken from the command line (it
+    would show in `ps`); one-line InputError naming the file and `option` otherwise."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_bytes().strip().decode("ascii")
+    except OSError as exc:
+        raise InputError(path, None, f"{option}: cannot read the token file "
+                         f"({exc.strerror})") from None
+    except UnicodeDecodeError:
+        token = ""
+    if not TOKEN_PATTERN.fullmatch(token):
+        raise InputError(path, None, f"{option}: expected one line of 16-512 characters of "
+                         "[A-Za-z0-9._~+/=-] as the token")
+    return token
 
 
 def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
@@ -32,6 +69,9 @@ def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
+    except socket.gaierror:
+        sock.close()
+        raise _unresolvable(host) from None
     except OSError as exc:
         sock.close()
         raise EnvironmentFailure(f"{host}:{port}", f"cannot listen there ({exc.strerror})") from None

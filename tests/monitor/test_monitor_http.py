@@ -505,3 +505,36 @@ def test_a_store_that_is_not_a_database_is_one_line_exit_2(tmp_path):
         assert r.returncode == 2, (cmd, r.stderr)
         assert "not a usable SQLite database" in r.stderr and "Traceback" not in r.stderr
         assert "internal error" not in r.stderr
+
+
+def test_token_files_and_hosts_are_checked_alike_by_both_services(tmp_path):
+    # one token reader and one host check for the monitor and the shard service (each had its
+    # own: a 5-character token was taken, a non-UTF-8 file was an internal error, and an
+    # address that does not resolve was called "reachable from other machines")
+    import subprocess
+    import sys
+
+    good, short, binary = tmp_path / "good", tmp_path / "short", tmp_path / "binary"
+    good.write_text("a-token-of-20-chars\n")
+    short.write_text("short\n")
+    binary.write_bytes(b"\xff\xfe" + b"a" * 20)
+    cases = [(["--token-file", str(short)], "short: --token-file: expected one line of 16-512"),
+             (["--token-file", str(binary)], "binary: --token-file: expected one line of 16-512"),
+             (["--token-file", str(tmp_path / "none")], "--token-file: cannot read the token file"),
+             (["--token-file", str(good), "--host", "999.1.1.1"],
+              "--host: '999.1.1.1' is not an address or a host name this machine can resolve")]
+    for cmd in (["monitor", "serve"], ["adapt", "serve"]):
+        for args, words in cases:
+            r = subprocess.run([sys.executable, "-m", "stragglers.cli", *cmd, "--db",
+                                str(tmp_path / "s.db"), "--port", "0", *args],
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 2 and words in r.stderr, (cmd, args, r.stderr)
+            assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_urls_of_ipv6_and_wildcard_hosts():
+    from stragglers.serving import base_url
+
+    assert base_url("::1", 8150) == "http://[::1]:8150"
+    assert base_url("0.0.0.0", 1) == "http://127.0.0.1:1"
+    assert base_url("127.0.0.1", 2) == "http://127.0.0.1:2"

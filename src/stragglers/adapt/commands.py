@@ -10,17 +10,6 @@ import typer
 from stragglers.errors import InputError, MissingExtraError
 
 
-def _read_token(path: Path | None, option: str = "--token-file") -> str | None:
-    if path is None:
-        return None
-    if not path.is_file():
-        raise InputError(path, None, f"{option}: expected a file holding a token")
-    token = path.read_text().strip()
-    if not 16 <= len(token) <= 512:
-        raise InputError(path, None, f"{option}: expected a token of 16-512 characters")
-    return token
-
-
 def serve_command(
     db: Path = typer.Option(..., "--db", help="SQLite file holding the shard state (created if absent)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (non-loopback needs --token-file)"),
@@ -39,6 +28,7 @@ def serve_command(
         raise MissingExtraError(exc.name or "fastapi", "service") from exc
     from stragglers.adapt.service import ServiceConfig, serve
     from stragglers.config import cli_overrides
+    from stragglers.serving import read_token_file
 
     base = cli_overrides(ServiceConfig, set_)
     config = base.replace(host=host, port=port, durable=durable)
@@ -46,7 +36,7 @@ def serve_command(
         raise InputError(db, None, "expected a SQLite file, got a directory")
     if not db.parent.exists():
         raise InputError(db, None, f"directory {db.parent} does not exist")
-    token = _read_token(token_file)
+    token = read_token_file(token_file)
     serve(db, config, token, announce=lambda url: typer.echo(
         f"shard service on {url} (state in {db}, {'durable' if durable else 'non-durable'} "
         "commits); Ctrl-C stops it"))

@@ -16,7 +16,6 @@ import hmac
 import json
 import logging
 import queue
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -35,12 +34,11 @@ from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Forbidden, Unauth
 from stragglers.adapt.shards import ShardStore
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
-from stragglers.serving import BodyRefused, declared_length, is_loopback, listen_socket, \
-    read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
+from stragglers.serving import TOKEN_PATTERN, BodyRefused, base_url, declared_length, is_loopback, \
+    listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
 
 log = logging.getLogger(__name__)
 
-TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9._~+/=-]{16,512}$")
 SERVICE_TOKEN_HEADER = "x-service-token"
 
 
@@ -201,7 +199,7 @@ def _bearer(request: Request) -> str:
     """SHA-256 of the request's bearer token; Unauthorized when absent or malformed."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not TOKEN_PATTERN.match(token.strip()):
+    if scheme.lower() != "bearer" or not TOKEN_PATTERN.fullmatch(token.strip()):
         raise Unauthorized("expected 'Authorization: Bearer <token>' (16-512 characters"
                            " of [A-Za-z0-9._~+/=-]) on every write")
     return token_digest(token.strip())
@@ -392,7 +390,7 @@ def serve(db: str | Path, config: ServiceConfig | None = None,
     try:
         sock = listen_socket(config.host, config.port)
         if announce is not None:
-            announce(f"http://{config.host}:{sock.getsockname()[1]}")
+            announce(base_url(config.host, sock.getsockname()[1]))
         serve_in_foreground(_uvicorn_server(create_app(store, config, service_token), config),
                             sock)
     finally:
@@ -415,8 +413,7 @@ class EmbeddedServer:
     @property
     def url(self) -> str:
         """Base URL of the running server."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return base_url(self.host, self.port)
 
     def start(self, timeout: float = 60.0) -> "EmbeddedServer":
         """Bind (port 0 picks a free one), start serving, return once requests are answered."""

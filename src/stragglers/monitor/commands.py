@@ -43,12 +43,13 @@ def serve(
         import watchfiles  # noqa: F401
     except ImportError as exc:
         raise MissingExtraError(exc.name or "fastapi", "monitor") from None
-    from stragglers.monitor.server import MonitorServer, read_token
+    from stragglers.monitor.server import MonitorServer
+    from stragglers.serving import read_token_file
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     # the service analyses windows in a process of its own (our main module is safe to
     # re-import there); a config file may still say analysis_process: false
-    server = MonitorServer(db, watch, host, port, read_token(token_file), private, config,
+    server = MonitorServer(db, watch, host, port, read_token_file(token_file), private, config,
                            data_dir, defaults={"analysis_process": True})
     typer.echo(f"stragglers monitor on {server.url} (store {db}"
                + (f", watching {', '.join(map(str, watch))}" if watch else "")

@@ -9,23 +9,10 @@ from pathlib import Path
 from stragglers.errors import InputError
 from stragglers.monitor.alerts import parse_rules
 from stragglers.monitor.settings import MonitorConfig, load_config_file
-from stragglers.serving import is_loopback, listen_socket, serve_in_foreground, \
+from stragglers.serving import base_url, is_loopback, listen_socket, serve_in_foreground, \
     serve_in_thread, uvicorn_server
 
 log = logging.getLogger(__name__)
-
-
-def read_token(path: Path | None) -> str | None:
-    """The bearer token from a file (first line), never from the command line."""
-    if path is None:
-        return None
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise InputError(path, None, f"cannot read the token file ({exc.strerror})") from None
-    if not token or len(token) > 4096 or not token.isprintable():
-        raise InputError(path, None, "expected one line of printable text as the token")
-    return token
 
 
 class MonitorServer:
@@ -78,8 +65,7 @@ class MonitorServer:
     @property
     def url(self) -> str:
         """Base URL of the service."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
+        return base_url(self.host, self.port)
 
     def _uvicorn(self):
         return uvicorn_server(self.app, max_connections=self.monitor.config.max_connections,
