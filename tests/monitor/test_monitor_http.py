@@ -538,3 +538,18 @@ def test_urls_of_ipv6_and_wildcard_hosts():
     assert base_url("::1", 8150) == "http://[::1]:8150"
     assert base_url("0.0.0.0", 1) == "http://127.0.0.1:1"
     assert base_url("127.0.0.1", 2) == "http://127.0.0.1:2"
+
+
+def test_a_data_dir_that_cannot_be_written_is_refused_at_start(tmp_path):
+    # it was taken, and the first upload of a job would have failed instead
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = subprocess.run([sys.executable, "-m", "stragglers.cli", "monitor", "serve", "--db",
+                        str(tmp_path / "m.db"), "--port", "0", "--data-dir", str(blocker / "up")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "--data-dir: uploads cannot be written there (Not a directory)" in r.stderr
+    assert "stragglers monitor on" not in r.stdout and "Traceback" not in r.stderr

@@ -12,7 +12,9 @@ between running, stalled and finished.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import queue
 import threading
 import time
@@ -65,6 +67,15 @@ class Monitor:
                  receiver: str = "stragglers"):
         self.store, self.config = store, config or MonitorConfig()
         self.data_dir = Path(data_dir) if data_dir else Path(store.path + ".uploads")
+        # uploads are written there: a folder that cannot be is refused now, not at the first
+        # upload of a job (a 5xx to a recorder that can do nothing about it)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.data_dir, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "Permission denied")
+        except OSError as exc:
+            raise InputError(self.data_dir, None, f"--data-dir: uploads cannot be written there "
+                             f"({exc.strerror})") from None
         self.metrics = MonitorMetrics()
         self.alerts = AlertEngine(rules if rules is not None else parse_rules(None), store,
                                   self.config.repeat_s, external_url)
