@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 from stragglers.errors import EnvironmentFailure, InputError
@@ -23,6 +24,22 @@ def is_loopback(host: str) -> bool:
     except (socket.gaierror, UnicodeError):
         raise _unresolvable(host) from None
     return all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
+def check_url(url: object, source: str, field: str = "url") -> urllib.parse.SplitResult:
+    """A service's base URL split into parts; InputError naming `source` and `field` unless
+    it is http(s)://host[:port][/path] (a bad port or bracket was an internal error)."""
+    problem = f"expected http://host:port, got {str(url)[:200]!r}"
+    if not isinstance(url, str):
+        raise InputError(source, field, problem)
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        parsed.port   # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError:
+        raise InputError(source, field, problem) from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise InputError(source, field, problem)
+    return parsed
 
 
 def _unresolvable(host: str) -> InputError:

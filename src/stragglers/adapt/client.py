@@ -9,9 +9,10 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
-from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import Conflict, Fenced, Forbidden, LeaseLost, NotFound
 from stragglers.errors import EnvironmentFailure, InputError
+from stragglers.serving import check_url
 
 _CONFLICTS = {"Fenced": Fenced, "LeaseLost": LeaseLost}
 
@@ -32,6 +33,8 @@ class ShardClient:
     def __init__(self, url: str, dataset: str, worker: str, token: str | None = None,
                  retry_s: float = 60.0, timeout_s: float = 10.0, job: str | None = None,
                  service_token: str | None = None):
+        check_url(url, "shard service")
+        check_name(dataset, "dataset")
         self.url, self.dataset, self.worker = url.rstrip("/"), dataset, worker
         self.job = job or dataset
         self.retry_s = retry_s

@@ -20,6 +20,7 @@ import urllib.request
 
 from stragglers.advise.window import StepTiming, window_trace
 from stragglers.errors import InputError
+from stragglers.serving import check_url
 from stragglers.trace.model import Trace
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,8 @@ class TimingPublisher:
             raise InputError("TimingPublisher", "every", f"expected >= 1 step per part, got {every}")
         self.job = check_job_name(job, "TimingPublisher")
         self.rank, self.every, self.global_batch = int(rank), int(every), int(global_batch)
-        try:
-            self.uploader = PartUploader(url, token, job, rank)
-        except ValueError as exc:
-            raise InputError("TimingPublisher", "url", str(exc)) from None
+        check_url(url, "TimingPublisher")
+        self.uploader = PartUploader(url, token, job, rank)
         if self.rank == 0:
             self.uploader.submit_meta(job_meta(job, world_size, global_batch, calibration))
         self.pending: list[list[StepTiming]] = []
@@ -93,9 +92,7 @@ class MonitorWindows:
     """The analysed windows of one job on a monitor, each returned once, oldest first."""
 
     def __init__(self, url: str, job: str, token: str | None = None, timeout_s: float = 2.0):
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise InputError("MonitorWindows", "url", f"{url!r}: expected http://host:port")
+        check_url(url, "MonitorWindows")
         self.url = f"{url.rstrip('/')}/api/jobs/{urllib.parse.quote(job, safe='')}"
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.timeout_s = timeout_s

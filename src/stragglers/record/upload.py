@@ -16,8 +16,9 @@ import json
 import logging
 import threading
 import time
-import urllib.parse
 from collections import deque
+
+from stragglers.serving import check_url
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,7 @@ class PartUploader:
     def __init__(self, url: str, token: str | None, job: str, rank: int, *,
                  max_buffer: int = 256, max_buffer_bytes: int = 256 * 2**20,
                  timeout_s: float = 10.0, backoff_s: float = 0.2, max_backoff_s: float = 10.0):
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"monitor URL {url!r}: expected http://host:port")
+        parsed = check_url(url, "monitor URL")
         self.url, self.job, self.rank = url.rstrip("/"), job, int(rank)
         self._scheme, self._host = parsed.scheme, parsed.hostname
         self._port = parsed.port or (443 if parsed.scheme == "https" else 80)
