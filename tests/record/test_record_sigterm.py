@@ -15,7 +15,10 @@ from stragglers.trace.runformat import read_run
 WORKER = Path(__file__).parent / "workers" / "term_worker.py"
 
 
-def _start(out: Path, mode: str) -> subprocess.Popen:
+def _terminated(tmp_path: Path, mode: str) -> tuple[Path, subprocess.Popen, str, str]:
+    """Run the worker in `mode` until it has recorded 5 steps, send SIGTERM, wait for it."""
+    pytest.importorskip("torch")
+    out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, str(WORKER), str(out), mode], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     line = proc.stdout.readline()
@@ -23,7 +26,9 @@ def _start(out: Path, mode: str) -> subprocess.Popen:
         proc.kill()
         out_, err = proc.communicate()
         pytest.fail(f"worker did not start: {line!r} {out_!r} {err[-2000:]!r}")
-    return proc
+    proc.send_signal(signal.SIGTERM)
+    stdout, err = proc.communicate(timeout=60)
+    return out, proc, stdout, err
 
 
 def _steps(out: Path) -> list[int]:
@@ -31,11 +36,7 @@ def _steps(out: Path) -> list[int]:
 
 
 def test_sigterm_writes_the_queued_steps_and_still_ends_the_process(tmp_path):
-    pytest.importorskip("torch")
-    out = tmp_path / "run"
-    proc = _start(out, "default")
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    out, proc, _, err = _terminated(tmp_path, "default")
     # killed by the signal, as without the recorder (a shell reports 143)
     assert proc.returncode == -signal.SIGTERM, (proc.returncode, err[-2000:])
     # the writer was told to write once an hour: without the flush on SIGTERM no part exists
@@ -43,11 +44,7 @@ def test_sigterm_writes_the_queued_steps_and_still_ends_the_process(tmp_path):
 
 
 def test_the_programs_own_handler_still_runs_and_recording_goes_on(tmp_path):
-    pytest.importorskip("torch")
-    out = tmp_path / "run"
-    proc = _start(out, "handler")
-    proc.send_signal(signal.SIGTERM)
-    stdout, err = proc.communicate(timeout=60)
+    out, proc, stdout, err = _terminated(tmp_path, "handler")
     assert proc.returncode == 0, err[-2000:]
     recorded = int(stdout.split("recorded ")[-1])
     # the program's handler stopped its loop; the 2 steps it recorded after the flush and
