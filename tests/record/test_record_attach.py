@@ -145,6 +145,17 @@ def test_the_environment_switch_turns_recording_off_or_redirects_it(tmp_path, mo
     assert len(read_run(tmp_path / "redirected").ops["step"]) > 0
 
 
+@pytest.mark.parametrize("value", ["two", "0", "1.5"])
+def test_a_bad_sampling_switch_is_one_line_naming_it(tmp_path, monkeypatch, value):
+    # "two" was a ValueError traceback from int(); "0" reached the recorder's own check
+    model, opt = make()
+    monkeypatch.setenv("STRAGGLERS_RECORD_SAMPLE_EVERY", value)
+    with pytest.raises(InputError) as err:
+        attach(model, opt, tmp_path / "run")
+    assert "\n" not in str(err.value)
+    assert "STRAGGLERS_RECORD_SAMPLE_EVERY" in str(err.value) or err.value.field == "sample_every"
+
+
 def test_activation_checkpoint_recomputation_is_not_a_microbatch(tmp_path):
     from torch.utils.checkpoint import checkpoint
 

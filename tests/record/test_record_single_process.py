@@ -119,12 +119,18 @@ def test_place_gc_pauses_merges_per_slot_and_keeps_tail_pauses_inside():
     assert gcs[0][2] <= rows[1][1]
 
 
-def test_bad_sampling_is_refused(tmp_path):
-    from stragglers.errors import StragglersError
+@pytest.mark.parametrize("setting,value", [
+    ("sample_every", 0), ("sample_every", 2.5), ("flush_every", 0),
+    # a negative or NaN interval killed the writer thread (no step reached the disk); 0 spun
+    ("flush_interval_s", -1.0), ("flush_interval_s", float("nan")), ("flush_interval_s", 0),
+    ("gc_min_s", -1.0), ("clock_rounds", 0), ("monitor_close_timeout_s", float("inf"))])
+def test_bad_settings_are_refused(tmp_path, setting, value):
+    from stragglers.errors import InputError
 
-    with pytest.raises(StragglersError, match="sample_every"):
+    with pytest.raises(InputError) as err:
         Recorder(tmp_path, JobMeta(name="t", dp_size=1, pp_size=1), dp_rank=0, stage=0,
-                 sample_every=0)
+                 **{setting: value})
+    assert err.value.field == setting and "\n" not in str(err.value)
 
 
 def test_world_size_mismatch_is_refused(tmp_path):

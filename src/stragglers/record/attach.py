@@ -84,7 +84,13 @@ def launcher_settings(enabled, out, name, sample_every, overwrite) -> tuple[bool
     if enabled is None:
         enabled = env not in ("0", "off", "false", "no")
     out = Path(os.environ.get(ENV_DIR) or out or Path("runs") / _job_name(name))
-    every = int(os.environ.get(ENV_SAMPLE) or sample_every or 1)
+    every = sample_every or 1
+    if os.environ.get(ENV_SAMPLE):
+        try:
+            every = int(os.environ[ENV_SAMPLE])
+        except ValueError:
+            raise InputError(ENV_SAMPLE, None, f"expected an integer >= 1, got "
+                             f"{os.environ[ENV_SAMPLE][:40]!r}") from None
     return enabled, out, every, overwrite or os.environ.get(ENV_OVERWRITE, "") == "1"
 
 

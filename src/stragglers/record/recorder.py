@@ -154,6 +154,23 @@ class RecordedWork:
         return self.work.is_completed()
 
 
+def _check_settings(**values) -> None:
+    """Counts are integers >= 1, seconds finite and >= 0 (> 0 for the flush interval): a
+    negative or NaN interval killed the writer thread, so no step reached the disk, and 0 made
+    it spin on a core."""
+    for name, value in values.items():
+        if name.endswith("_s"):
+            positive = name == "flush_interval_s"
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value) and (value > 0 if positive else value >= 0)
+            expected = f"a finite number of seconds {'> 0' if positive else '>= 0'}"
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            expected = "an integer >= 1"
+        if not ok:
+            raise InputError("Recorder", name, f"expected {expected}, got {value!r}")
+
+
 class Recorder:
     """Record one rank's ops into a run directory (our format), sampling one step in k.
 
@@ -170,8 +187,9 @@ class Recorder:
                  overwrite: bool = False, monitor: str | None = None,
                  monitor_token: str | None = None, monitor_job: str | None = None,
                  monitor_close_timeout_s: float = 10.0, flush_on_sigterm: bool = True):
-        if sample_every < 1:
-            raise StragglersError(f"Recorder: sample_every must be >= 1, got {sample_every}")
+        _check_settings(sample_every=sample_every, flush_every=flush_every,
+                        flush_interval_s=flush_interval_s, clock_rounds=clock_rounds,
+                        gc_min_s=gc_min_s, monitor_close_timeout_s=monitor_close_timeout_s)
         self.trace_dir = Path(trace_dir)
         self.meta = meta
         self.dp_rank, self.stage = int(dp_rank), int(stage)
