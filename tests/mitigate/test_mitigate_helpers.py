@@ -6,6 +6,7 @@ import gc
 import itertools
 import warnings
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -90,6 +91,10 @@ def test_balance_sequences_rejects_bad_input():
         balance_sequences([3], 0, 1)
     with pytest.raises(InputError, match="max_tokens"):
         balance_sequences([300], 1, 1, max_tokens=100)
+    for bad in (2.7, float("nan"), "a"):   # truncated, or a bare ValueError from int()
+        with pytest.raises(InputError, match="integer lengths"):
+            balance_sequences([3, bad], 1, 1)
+    assert balance_sequences(np.array([3, 5]), 1, 2).tokens == [[5, 3]]   # numpy ints are fine
 
 
 def make_cycles(n: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import operator
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -44,7 +45,15 @@ def balance_sequences(seq_lens: Sequence[int], dp_size: int, num_microbatches: i
     if dp_size < 1 or num_microbatches < 1:
         raise InputError("balance_sequences", "dp_size" if dp_size < 1 else "num_microbatches",
                          "expected a positive integer")
-    lens = [int(s) for s in seq_lens]
+    # integers (numpy's and one-element integer tensors too): int() truncated 2.7 and failed
+    # with a bare ValueError on NaN or 'a'
+    lens = []
+    for s in seq_lens:
+        try:
+            lens.append(operator.index(s))
+        except TypeError:
+            raise InputError("balance_sequences", "seq_lens", f"expected integer lengths >= 1, "
+                             f"got {s!r:.40}") from None
     if any(s < 1 for s in lens):
         raise InputError("balance_sequences", "seq_lens", "expected lengths >= 1")
     if max_tokens is not None and lens and max(lens) > max_tokens:
