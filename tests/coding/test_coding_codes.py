@@ -142,8 +142,8 @@ def test_more_survivors_than_needed_uses_all_of_them():
     # refused before a dense n × n matrix is allocated (n = 100,000 asked for 75 GB)
     (lambda: make_code("cyclic-mds", 100_000, 3), "n"),
     (lambda: make_code("expander", 2049, 2), "n"),
-    (lambda: make_code("cyclic-mds", 10, 2, tolerance=float("nan")), "tolerance"),
-    (lambda: make_code("cyclic-mds", 10, 2, tolerance=-1.0), "tolerance"),
+    (lambda: make_code("cyclic-mds", 9, 2, tolerance=float("nan")), "tolerance"),
+    (lambda: make_code("cyclic-mds", 9, 2, tolerance=-1.0), "tolerance"),
 ])
 def test_bad_parameters_are_input_errors(call, field):
     with pytest.raises(InputError) as err:

@@ -13,7 +13,7 @@ from stragglers.coding.mds import CyclicMDSCode
 from stragglers.coding.protocol import GradientCode, check_n_s
 from stragglers.coding.repetition import (CyclicRepetitionCode, FractionalRepetitionCode,
                                           ignore_stragglers, wait_for_all)
-from stragglers.coding.stability import DEFAULT_TOLERANCE, check_stability
+from stragglers.coding.stability import DEFAULT_TOLERANCE, check_stability, check_tolerance
 from stragglers.errors import InputError
 from stragglers.protocols import GRADIENT_CODES
 
@@ -109,6 +109,7 @@ def make_code(scheme: str, n: int, s: int, *, d: int | None = None, seed: int = 
     """
     factory = GRADIENT_CODES.get(scheme, "scheme")
     check_n_s(scheme, n, s)
+    check_tolerance(tolerance)   # before building: a big code takes a while
     code = factory(n, s, d=d, seed=seed, decoder=decoder)
     check_stability(code, dtype, tolerance, on_unstable)
     return code

@@ -152,15 +152,20 @@ def _analytic_bound(code: GradientCode, dtype: str) -> float | None:
     return float(residual + (message_gamma(code, dtype) + 2 * gamma(code.n + 2, U64)) * amp)
 
 
+def check_tolerance(tolerance: float) -> None:
+    """The guard's tolerance: a decode error > 0 in units of ‖G‖_F (inf accepts every code)."""
+    if not float(tolerance) > 0:   # NaN too
+        raise InputError("stability", "tolerance", f"expected a decode error > 0 (in units of "
+                         f"‖G‖_F), got {tolerance!r}")
+
+
 def stability_report(code: GradientCode, dtype: str = "float32",
                      tolerance: float = DEFAULT_TOLERANCE) -> StabilityReport:
     """Certify the worst-case decoding error of `code` with messages in `dtype`."""
     if dtype not in UNIT_ROUNDOFF:
         raise InputError("stability", "dtype", f"expected one of {sorted(UNIT_ROUNDOFF)}, "
                                                f"got {dtype!r}")
-    if not float(tolerance) > 0:   # NaN too; inf accepts every code
-        raise InputError("stability", "tolerance", f"expected a decode error > 0 (in units of "
-                         f"‖G‖_F), got {tolerance!r}")
+    check_tolerance(tolerance)
     key = (dtype, float(tolerance))
     if key in code._stability:
         return code._stability[key]
