@@ -23,7 +23,9 @@ class DiagnosisConfig(Config):
         minimum=1.0, maximum=10.0)
     min_gain: float = setting(
         1.03, "a finding is reported only when the lower end of its speedup interval reaches "
-        "this (the noise floor of a single cause)", minimum=1.0, maximum=2.0)
+        "this (the noise floor of a single cause); a worker fault the outlier test "
+        "established (five workers or more) when its speedup reaches this and its interval "
+        "lies above 1", minimum=1.0, maximum=2.0)
     confidence: float = setting(
         0.9, "coverage of the bootstrap intervals (over steps)", minimum=0.5, maximum=0.999)
     bootstrap_samples: int = setting(

@@ -66,17 +66,17 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
         entry["speedup_alone"] = entry["speedup_if_fixed"]
         entry["speedup_after_others"] = entry["speedup_if_fixed"]
         entry["basis"] = "alone"
-        if entry["interval"][0] < cfg.min_gain and others:
+        if not _clears(cand, entry["speedup_if_fixed"], entry["interval"][0], cfg) and others:
             t_rest, t_both = _after_others(w, cand, others)
             after = float(t_rest.mean() / t_both.mean())
             lo, hi = ratio_interval(t_rest, t_both, cfg, cand.strata)
             entry["speedup_after_others"] = after
-            if lo >= cfg.min_gain:
+            if _clears(cand, after, lo, cfg):
                 entry.update(speedup_if_fixed=after, interval=[min(lo, after), max(hi, after)],
                              basis="after_others")
                 entry["evidence"] += (f"; it pays once the other causes are fixed (×{after:.2f}; "
                                       f"alone ×{entry['speedup_alone']:.2f})")
-        if entry["interval"][0] >= cfg.min_gain:
+        if _clears(cand, entry["speedup_if_fixed"], entry["interval"][0], cfg):
             kept.append((cand, entry))
         else:
             log.debug("dropped %s: interval %s below min_gain", cand.cause, entry["interval"])
@@ -100,6 +100,16 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
                        unexplained=None if explained is None else max(0.0, 1.0 - explained))
         return [e for _, e in kept], summary
     return [_verdict(w, cfg, floor)], summary
+
+
+def _clears(cand: Candidate, gain: float, lo: float, cfg: DiagnosisConfig) -> bool:
+    """Whether a candidate is reported: the lower end of its gain's interval reaches min_gain;
+    for one its detector established apart from noise (a worker that is an outlier among
+    five or more), a gain of at least min_gain whose interval lies above 1 (a real, relevant
+    gain: the bootstrap over a few noisy steps is wide, and its lower end hid such workers)."""
+    if lo >= cfg.min_gain:
+        return True
+    return cand.established and gain >= cfg.min_gain and lo > 1.0
 
 
 def _before_after(w: WhatIf, cost: np.ndarray | None, delay: np.ndarray | None):

@@ -29,6 +29,10 @@ class Candidate:
     cost: np.ndarray | None = None
     delay: np.ndarray | None = None
     upper_bound: bool = False
+    # Its detector's own test already separates it from noise (worker_fault with the outlier
+    # test over five workers or more): the diagnosis then asks of its gain only that it be
+    # positive (interval above 1) and at least min_gain (point), not the interval's lower end.
+    established: bool = False
     stats: dict = field(default_factory=dict)
     strata: np.ndarray | None = None   # bool [T]: the steps of an intermittent cause
 

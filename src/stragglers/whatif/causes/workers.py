@@ -78,6 +78,7 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
         evidence += f"; only in steps {fmt_steps(steps)}"
     where = ctx.where_workers(workers, **({"steps": steps} if steps else {}))
     return [Candidate("worker_fault", where, evidence, cost=cost, strata=ctx.step_mask(steps),
+                      established=mean.size >= 5,   # _stands_out applied the outlier test
                       stats={"ratio": {f"{g.dp_ranks[d]},{p}": float(mean[d, p])
                                        for d, p in workers}})]
 
