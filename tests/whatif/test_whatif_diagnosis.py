@@ -121,13 +121,29 @@ def test_straggling_threshold_is_defined_once():
 # --- thresholds swept on synthetic jobs: each decides what its documentation says ----------
 
 def test_sweep_worker_min_excess():
-    trace = generate(dp=8, pp=2, microbatches=8, steps=6, seed=9, slow_worker=(3, 0, 1.4))
+    # the margin of jobs with fewer than five workers, where no outlier test is possible
+    trace = generate(dp=2, pp=2, microbatches=8, steps=6, seed=9, slow_worker=(1, 0, 1.4))
     found = {}
     for excess in (0.05, 0.2, 0.35, 0.5, 1.0):
         r = analyze(trace, config=DiagnosisConfig(worker_min_excess=excess))
         found[excess] = "worker_fault" in causes(r)
     # the worker computes 1.4x as long: named while the threshold is below 0.4, never above
     assert found == {0.05: True, 0.2: True, 0.35: True, 0.5: False, 1.0: False}
+    # with five workers or more the outlier test decides: the margin does not apply
+    big = generate(dp=8, pp=2, microbatches=8, steps=6, seed=9, slow_worker=(3, 0, 1.4))
+    for excess in (0.05, 1.0):
+        assert "worker_fault" in causes(analyze(big, config=DiagnosisConfig(
+            worker_min_excess=excess)))
+
+
+def test_a_worker_under_the_small_job_margin_is_named_among_many():
+    # a x1.15 worker among 16 (below worker_min_excess, which small jobs need): the outlier
+    # test names it while outlier_z is under its robust z, never above
+    trace = generate(dp=8, pp=2, microbatches=8, steps=10, seed=4, noise=0.02,
+                     slow_worker=(5, 1, 1.15))
+    named = {z: "worker_fault" in causes(analyze(trace, config=DiagnosisConfig(outlier_z=z)))
+             for z in (3.0, 6.0, 50.0)}
+    assert named == {3.0: True, 6.0: True, 50.0: False}
 
 
 def test_sweep_min_gain():

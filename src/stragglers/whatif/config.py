@@ -33,8 +33,10 @@ class DiagnosisConfig(Config):
     seed: int = setting(0, "seed of the bootstrap (same trace, same intervals)", minimum=0)
     # --- worker fault and host stall ---------------------------------------------------
     worker_min_excess: float = setting(
-        0.15, "a faulty worker's busy compute per step exceeds its stage peers' median by at "
-        "least this fraction (lower end of its interval)", minimum=0.01, maximum=10.0)
+        0.15, "with fewer than five workers (no outlier test possible), a faulty worker's busy "
+        "compute per step exceeds its stage peers' median by at least this fraction (lower end "
+        "of its interval); with five or more the outlier test decides", minimum=0.01,
+        maximum=10.0)
     outlier_z: float = setting(
         6.0, "a named worker stands out from all workers by this many robust standard "
         "deviations (1.4826·MAD) of the per-worker ratio", minimum=1.0, maximum=100.0)

@@ -28,13 +28,15 @@ def peer_reference(values: np.ndarray) -> np.ndarray:
     return np.stack([np.median(np.delete(values, i, axis=0), axis=0) for i in range(d)])
 
 
-def _stands_out(ctx: Context, score: np.ndarray, lo: np.ndarray, threshold: float) -> np.ndarray:
-    """bool [D, P]: lower end of the interval past the threshold and a robust outlier among
-    all workers (the z test needs five workers to mean anything)."""
-    hit = lo >= threshold
-    if score.size >= 5:
-        hit &= robust_z(score, ctx.cfg.outlier_scale_floor) >= ctx.cfg.outlier_z
-    return hit
+def _stands_out(ctx: Context, score: np.ndarray, lo: np.ndarray, threshold: float,
+                floor: float | None = None) -> np.ndarray:
+    """bool [D, P]: a robust outlier among all workers with the lower end of its interval
+    past `floor`, or, where that test is impossible (it needs five workers to mean anything),
+    past `threshold`. `floor` None: past `threshold` in both cases."""
+    if score.size < 5:
+        return lo >= threshold
+    outlier = robust_z(score, ctx.cfg.outlier_scale_floor) >= ctx.cfg.outlier_z
+    return outlier & (lo >= (threshold if floor is None else floor))
 
 
 def _worst_first(named: np.ndarray, severity: np.ndarray) -> list[tuple[int, int]]:
@@ -53,7 +55,13 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
     ratio = busy / np.maximum(peer_reference(busy), 1e-12)
     mean = ratio.mean(axis=-1)
     lo, hi = mean_interval(ratio, cfg)
-    named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess)
+    # With five workers or more the outlier test decides, among workers surely slower than
+    # their peers (interval above 1): its scale floor already asks for outlier_z ×
+    # outlier_scale_floor (6%) over identical peers, and the gain gate asks for a relevant
+    # gain. worker_min_excess is the margin where no such test is possible: with 2-4 workers
+    # a rank slowed by its host's load would otherwise be named (a x1.15 worker among 32,
+    # costing its job x1.04-1.11, was missed under it).
+    named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0 + 1e-9)
     workers = _worst_first(named, mean)
     if not workers:
         return []
