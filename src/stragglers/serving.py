@@ -1,5 +1,4 @@
-"""What every HTTP service of the package shares: its uvicorn server, listening socket and
-bounded request-body reader."""
+"""What the package's HTTP services and their clients share: server, socket, bodies, tokens, URLs."""
 
 from __future__ import annotations
 
