@@ -1,4 +1,4 @@
-"""What the package's HTTP services and their clients share: server, socket, bodies, tokens, URLs."""
+"""What the HTTP services and their clients share: server, socket, bodies, tokens, URLs."""
 
 from __future__ import annotations
 
