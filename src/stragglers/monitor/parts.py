@@ -182,14 +182,15 @@ def read_part_footer(path: Path) -> PartFile | InputError | None:
     if ids is None:
         return InputError(path, None, "not a rank-RRRRR.part-PPPPPP.parquet file")
     try:
-        f = pq.ParquetFile(path)
-        meta, schema, nbytes = f.metadata, f.schema_arrow, path.stat().st_size
+        # the footer alone (a ParquetFile also resolves a filesystem and builds the Arrow
+        # schema, which _schema_facts needs only for a schema it has not seen)
+        meta, nbytes = pq.read_metadata(str(path)), path.stat().st_size
     except FileNotFoundError:
         return InputError(path, None, "vanished before it could be read")
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return InputError(path, None, f"not a readable Parquet file ({first[:200]})")
-    return _check_footer(meta, schema, ids, path, path, nbytes)
+    return _check_footer(meta, ids, path, path, nbytes)
 
 
 def read_upload(body: bytes, source: object, rank: int, part: int, path: Path
@@ -201,11 +202,11 @@ def read_upload(body: bytes, source: object, rank: int, part: int, path: Path
     is wrong, or None when the footer cannot tell (read it whole: read_uploads)."""
     try:
         f = pq.ParquetFile(pa.BufferReader(body))
-        meta, schema = f.metadata, f.schema_arrow
+        meta = f.metadata
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return InputError(source, "body", f"not a readable Parquet file ({first[:200]})")
-    got = _check_footer(meta, schema, (rank, part), source, path, len(body))
+    got = _check_footer(meta, (rank, part), source, path, len(body))
     if not isinstance(got, PartFile) or got.records == 0:
         return got
     try:
@@ -227,29 +228,22 @@ def read_upload(body: bytes, source: object, rank: int, part: int, path: Path
     return got
 
 
-def _check_footer(meta, schema: pa.Schema, ids: tuple[int, int], source: object, path: Path,
+def _check_footer(meta, ids: tuple[int, int], source: object, path: Path,
                   nbytes: int) -> PartFile | InputError | None:
     """What a part's footer tells: PartFile, the InputError naming a problem (in `source`), or
     None when the footer cannot tell."""
     too_many = check_part_rows(meta.num_rows, source)
     if too_many is not None:
         return too_many
-    names = schema.names
-    missing = [c for c in COLUMNS if c not in names]
-    if missing:
-        return InputError(source, missing[0], f"missing column (required: {', '.join(COLUMNS)}; "
-                          f"found: {', '.join(names) or 'none'})")
-    for name in [*COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in names)]:
-        if name == "optype":
-            continue   # its names are checked when the rows are read
-        t = schema.field(name).type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
-            return InputError(source, name, f"expected a number column, got {t}")
-        if COLUMNS.get(name, OPTIONAL_COLUMNS.get(name)).kind == "i" and not pa.types.is_integer(t):
-            return None   # whole numbers stored as floats: checked row by row
+    verdict, where = _schema_facts(meta)
+    if verdict == "whole":
+        return None   # whole numbers stored as floats: checked row by row
+    if verdict is not None:
+        column, problem = verdict
+        return InputError(source, column, problem)
     if meta.num_rows == 0:
         return PartFile(*ids, path, 0, -1, -1, nbytes, -1, -1)
-    lo, hi = _footer_ranges(meta)
+    lo, hi = _footer_ranges(meta, where)
     if lo is None:
         return None
     for name in ("rank", "dp_rank", "stage", "step"):
@@ -284,14 +278,60 @@ def check_part_rows(rows: int, source: object) -> InputError | None:
     return None
 
 
-def _footer_ranges(meta) -> tuple[dict | None, dict | None]:
-    """min and max of the checked columns over every row group, (None, None) if a row group
-    has no statistics for one of them (or has nulls in it)."""
-    # Parquet's leaf columns, by path (an Arrow field index differs once a column is nested)
-    leaves = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+# The checks that depend on a part's schema alone, for the last schemas seen (a job's parts
+# share one): they were ~40% of the footer check's time, repeated for every part. A schema is
+# the Parquet schema and the file's key-value metadata (which holds the Arrow schema the
+# columns are read as), compared with .equals and == (~0.1 µs; hashing one costs ~13 µs).
+_SCHEMA_FACTS: list[tuple[object, object, tuple]] = []
+_SCHEMAS_KEPT = 8
+
+
+def _schema_facts(meta) -> tuple:
+    """(verdict, where) for a part's footer `meta`: verdict None (the columns are fine),
+    "whole" (an integer column stored as floats: read the rows), or (column, problem); where
+    maps each checked column to its Parquet leaf index (None when one is not a leaf)."""
+    parquet_schema, extra = meta.schema, meta.metadata
+    for known, known_extra, facts in list(_SCHEMA_FACTS):
+        if known_extra == extra and known.equals(parquet_schema):
+            return facts
+    facts = (_schema_verdict(parquet_schema.to_arrow_schema()), _checked_leaves(parquet_schema))
+    _SCHEMA_FACTS.insert(0, (parquet_schema, extra, facts))
+    del _SCHEMA_FACTS[_SCHEMAS_KEPT:]
+    return facts
+
+
+def _schema_verdict(schema: pa.Schema):
+    """None, "whole" or (column, problem): see _schema_facts."""
+    names = schema.names
+    missing = [c for c in COLUMNS if c not in names]
+    if missing:
+        return missing[0], (f"missing column (required: {', '.join(COLUMNS)}; found: "
+                            f"{', '.join(names) or 'none'})")
+    for name in [*COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in names)]:
+        if name == "optype":
+            continue   # its names are checked when the rows are read
+        t = schema.field(name).type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+            return name, f"expected a number column, got {t}"
+        if COLUMNS.get(name, OPTIONAL_COLUMNS.get(name)).kind == "i" and not pa.types.is_integer(t):
+            return "whole"
+    return None
+
+
+def _checked_leaves(parquet_schema) -> dict | None:
+    """The Parquet leaf index of each checked column (an Arrow field index differs once a
+    column is nested), None when one of them is not a leaf."""
+    leaves = {parquet_schema.column(i).path: i for i in range(len(parquet_schema))}
     if any(name not in leaves for name in _CHECKED):
+        return None
+    return {name: leaves[name] for name in _CHECKED}
+
+
+def _footer_ranges(meta, where: dict | None) -> tuple[dict | None, dict | None]:
+    """min and max of the checked columns (`where`: their leaf indices) over every row group,
+    (None, None) if a row group has no statistics for one of them (or has nulls in it)."""
+    if where is None:
         return None, None
-    where = {name: leaves[name] for name in _CHECKED}
     lo: dict = {}
     hi: dict = {}
     for g in range(meta.num_row_groups):

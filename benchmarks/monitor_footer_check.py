@@ -1,0 +1,67 @@
+"""The per-part footer check of watched files (monitor/parts.read_part_footer), µs per part.
+
+A job's parts (dp 8 × pp 4, 455 rows each) are written once; then read_part_footer runs over
+all of them, alternating the current module with another version of parts.py given by path
+(e.g. a worktree of the commit before), best of several rounds, in one process. Run:
+
+    .venv/bin/python benchmarks/monitor_footer_check.py [--other PATH/TO/parts.py] [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from monitor_ingest import job, split  # noqa: E402
+
+from stragglers.monitor import parts  # noqa: E402
+from stragglers.trace.runformat import write_meta, write_rank  # noqa: E402
+
+
+def load(path: str):
+    """parts.py at `path` as a module of its own."""
+    spec = importlib.util.spec_from_file_location("parts_other", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["parts_other"] = module   # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def per_part(module, files: list[Path]) -> float:
+    t0 = time.perf_counter()
+    for f in files:
+        module.read_part_footer(f)
+    return (time.perf_counter() - t0) / len(files)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--other", help="another parts.py to compare with")
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = job(8, 4, 100, seed=0)
+        run = Path(tmp) / "job"
+        write_meta(run, trace.meta)
+        files = [write_rank(run, r, cols, part=p) for r, p, cols in split(trace, 5)]
+        versions = {"current": parts}
+        if args.other:
+            versions["other"] = load(args.other)
+        best = {name: float("inf") for name in versions}
+        for _ in range(args.rounds):
+            for name, module in versions.items():
+                best[name] = min(best[name], per_part(module, files))
+        print(f"{len(files)} parts; best of {args.rounds} rounds, µs per part:")
+        for name, value in best.items():
+            print(f"  {name}: {1e6 * value:.1f}")
+        if args.other:
+            print(f"  current / other: {best['current'] / best['other']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
