@@ -1,7 +1,8 @@
-"""The per-part footer check of watched files (monitor/parts.read_part_footer), µs per part.
+"""The per-part checks of the monitor: a watched file's footer (parts.read_part_footer) and an
+upload's footer and three columns (parts.read_upload), µs per part.
 
-A job's parts (dp 8 × pp 4, 455 rows each) are written once; then read_part_footer runs over
-all of them, alternating the current module with another version of parts.py given by path
+A job's parts (dp 8 × pp 4, 455 rows each) are written once; then each check runs over all
+of them, alternating the current module with another version of parts.py given by path
 (e.g. a worktree of the commit before), best of several rounds, in one process. Run:
 
     .venv/bin/python benchmarks/monitor_footer_check.py [--other PATH/TO/parts.py] [--rounds 9]
@@ -32,10 +33,18 @@ def load(path: str):
     return module
 
 
-def per_part(module, files: list[Path]) -> float:
+def footers(module, files: list[Path], bodies: list[bytes]) -> float:
     t0 = time.perf_counter()
     for f in files:
         module.read_part_footer(f)
+    return (time.perf_counter() - t0) / len(files)
+
+
+def uploads(module, files: list[Path], bodies: list[bytes]) -> float:
+    t0 = time.perf_counter()
+    for f, body in zip(files, bodies):
+        rank, part = module.parse_part_name(f.name)
+        module.read_upload(body, "upload", rank, part, f)
     return (time.perf_counter() - t0) / len(files)
 
 
@@ -49,18 +58,20 @@ def main() -> None:
         run = Path(tmp) / "job"
         write_meta(run, trace.meta)
         files = [write_rank(run, r, cols, part=p) for r, p, cols in split(trace, 5)]
+        bodies = [f.read_bytes() for f in files]
         versions = {"current": parts}
         if args.other:
             versions["other"] = load(args.other)
-        best = {name: float("inf") for name in versions}
-        for _ in range(args.rounds):
-            for name, module in versions.items():
-                best[name] = min(best[name], per_part(module, files))
-        print(f"{len(files)} parts; best of {args.rounds} rounds, µs per part:")
-        for name, value in best.items():
-            print(f"  {name}: {1e6 * value:.1f}")
-        if args.other:
-            print(f"  current / other: {best['current'] / best['other']:.2f}")
+        for check in (footers, uploads):
+            best = {name: float("inf") for name in versions}
+            for _ in range(args.rounds):
+                for name, module in versions.items():
+                    best[name] = min(best[name], check(module, files, bodies))
+            print(f"{check.__name__}: {len(files)} parts; best of {args.rounds} rounds, "
+                  f"µs per part: " + ", ".join(f"{name} {1e6 * value:.1f}"
+                                               for name, value in best.items())
+                  + (f"; current / other {best['current'] / best['other']:.2f}"
+                     if args.other else ""))
 
 
 if __name__ == "__main__":
