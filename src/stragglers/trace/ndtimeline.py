@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import yaml
 
 from stragglers.errors import InputError
-from stragglers.trace.columns import table_to_columns
-from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTYPES, JobMeta, Trace
+from stragglers.trace.columns import OPTYPE_NAMES, table_to_columns
+from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, JobMeta, Trace
 from stragglers.trace.runformat import (check_against_meta, meta_from_dict, notes_from_dict,
                                         read_parquet)
 
@@ -81,7 +81,7 @@ def write_ndtimeline(trace: Trace, trace_path: Path | str) -> tuple[Path, Path]:
     for name in list(COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in trace.ops]:
         values = trace.ops[name]
         if name == "optype":
-            arr = pa.DictionaryArray.from_arrays(pa.array(values, pa.int8()), pa.array(OPTYPES))
+            arr = pa.DictionaryArray.from_arrays(pa.array(values, pa.int8()), OPTYPE_NAMES)
         elif name in _NDT_TYPES:
             arr = pa.array(values).cast(_fitting(_NDT_TYPES[name], values))
         else:
