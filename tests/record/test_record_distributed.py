@@ -115,7 +115,11 @@ def test_a_dying_rank_leaves_readable_steps(tmp_path):
     from stragglers.whatif.analyze import analyze
 
     result = analyze(trace)
-    assert result["job"]["steps"] >= 5
+    # every complete step is analysed or named as warm-up: on a loaded machine more than the
+    # first step can be slow enough to count as warm-up (4 analysed, seen beside a CPU hog),
+    # the analyser's documented default (it says so in its warnings), not a lost step
+    assert result["job"]["steps"] + len(result["warmup_steps"]) >= 5, result["warmup_steps"]
+    assert result["job"]["steps"] >= 2
     text = " ".join(result["warnings"])
     if steps_of[0] != steps_of[1]:
         assert "step" in text, "the analyser must say which steps it dropped"
