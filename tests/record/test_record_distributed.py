@@ -115,9 +115,9 @@ def test_a_dying_rank_leaves_readable_steps(tmp_path):
     from stragglers.whatif.analyze import analyze
 
     result = analyze(trace)
-    # every complete step is analysed or named as warm-up: on a loaded machine more than the
-    # first step can be slow enough to count as warm-up (4 analysed, seen beside a CPU hog),
-    # the analyser's documented default (it says so in its warnings), not a lost step
+    # every complete step is analysed or named as warm-up: the analyser leaves out slow
+    # leading steps by default (and says so); with 5 complete steps and one of them warm-up,
+    # 4 are analysed (seen beside a CPU hog, when the crash left step 5 incomplete)
     assert result["job"]["steps"] + len(result["warmup_steps"]) >= 5, result["warmup_steps"]
     assert result["job"]["steps"] >= 2
     text = " ".join(result["warnings"])
