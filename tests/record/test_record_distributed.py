@@ -116,8 +116,8 @@ def test_a_dying_rank_leaves_readable_steps(tmp_path):
 
     result = analyze(trace)
     # every complete step is analysed or named as warm-up: the analyser leaves out slow
-    # leading steps by default (and says so); with 5 complete steps and one of them warm-up,
-    # 4 are analysed (seen beside a CPU hog, when the crash left step 5 incomplete)
+    # leading steps by default (and says so), so 5 or 6 complete steps can leave 4 analysed
+    # (seen beside a CPU hog)
     assert result["job"]["steps"] + len(result["warmup_steps"]) >= 5, result["warmup_steps"]
     assert result["job"]["steps"] >= 2
     text = " ".join(result["warnings"])
