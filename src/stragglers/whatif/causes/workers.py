@@ -31,12 +31,12 @@ def peer_reference(values: np.ndarray) -> np.ndarray:
 def _stands_out(ctx: Context, score: np.ndarray, lo: np.ndarray, threshold: float,
                 floor: float | None = None) -> np.ndarray:
     """bool [D, P]: a robust outlier among all workers with the lower end of its interval
-    past `floor`, or, where that test is impossible (it needs five workers to mean anything),
-    past `threshold`. `floor` None: past `threshold` in both cases."""
+    above `floor`, or, where that test is impossible (it needs five workers to mean anything),
+    at least `threshold`. `floor` None: at least `threshold` in both cases."""
     if score.size < 5:
         return lo >= threshold
     outlier = robust_z(score, ctx.cfg.outlier_scale_floor) >= ctx.cfg.outlier_z
-    return outlier & (lo >= (threshold if floor is None else floor))
+    return outlier & ((lo >= threshold) if floor is None else (lo > floor))
 
 
 def _worst_first(named: np.ndarray, severity: np.ndarray) -> list[tuple[int, int]]:
@@ -61,7 +61,7 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
     # gain. worker_min_excess is the margin where no such test is possible: with 2-4 workers
     # a rank slowed by its host's load would otherwise be named (a x1.15 worker among 32,
     # costing its job x1.04-1.11, was missed under it).
-    named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0 + 1e-9)
+    named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0)
     workers = _worst_first(named, mean)
     if not workers:
         return []
