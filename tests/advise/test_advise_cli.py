@@ -44,3 +44,12 @@ def test_advise_command_names_a_bad_calibration_file(tmp_path):
     res = CliRunner().invoke(make_app(), ["advise", str(run), "--calibration", str(cal)])
     assert res.exit_code != 0
     assert "cal.json" in str(res.exception)
+
+
+def test_advise_command_refuses_a_restart_cost_no_job_has(tmp_path):
+    run = write_run(tmp_path / "run", generate(dp=2, pp=1, microbatches=2, steps=4, sync="ddp", seed=0))
+    for value in ("inf", "nan", "-1", "1e8"):
+        res = CliRunner().invoke(make_app(), ["advise", str(run), "--restart-cost", value, "-q"])
+        assert res.exit_code == 2 and "--restart-cost" in res.output, (value, res.output)
+    assert CliRunner().invoke(make_app(), ["advise", str(run), "--restart-cost", "1e7",
+                                           "-q"]).exit_code == 0

@@ -174,6 +174,12 @@ def test_bad_input_is_one_clear_error(tmp_path):
         advise(trace, remainig_steps=3)
     with pytest.raises(InputError, match="remedies"):
         advise(trace, remedies=["no-such-remedy"])
+    for knob, value in (("restart_cost_s", float("inf")), ("restart_cost_s", float("nan")),
+                        ("remaining_steps", -1), ("remaining_steps", 2.5), ("max_s", 0),
+                        ("threshold", 2.0), ("global_batch", True), ("gc_sync_pause_s", -1.0)):
+        with pytest.raises(InputError) as err:
+            advise(trace, **{knob: value})
+        assert err.value.field == knob, (knob, value)
     bad = tmp_path / "cal.json"
     bad.write_text(json.dumps({"alpha": -1, "beta": 1e-9}))
     with pytest.raises(InputError, match="alpha"):

@@ -83,13 +83,16 @@ def test_a_footer_tells_what_a_whole_read_would_refuse_and_sends_the_rest_to_be_
         check_file_in_job(good, type("M", (), {"pp_size": int(cols["stage"].max()),
                                               "dp_size": 8})(), "x")
 
-    bad = {  # field the footer names -> columns that a whole read refuses for that field
-        "rank": {**cols, "rank": np.where(np.arange(n) == 3, r + 1, r)},
-        "duration": {**cols, "duration": np.where(np.arange(n) == 2, -0.5, cols["duration"])},
-        "start_ts": {**cols, "start_ts": np.where(np.arange(n) == 1, np.inf, cols["start_ts"])},
-        "step": {**cols, "step": np.where(np.arange(n) == 0, -1, cols["step"])},
-    }
-    for i, (field, c) in enumerate(bad.items()):
+    bad = [  # (field the footer names, columns that a whole read refuses for that field)
+        ("rank", {**cols, "rank": np.where(np.arange(n) == 3, r + 1, r)}),
+        ("duration", {**cols, "duration": np.where(np.arange(n) == 2, -0.5, cols["duration"])}),
+        ("start_ts", {**cols, "start_ts": np.where(np.arange(n) == 1, np.inf, cols["start_ts"])}),
+        ("step", {**cols, "step": np.where(np.arange(n) == 0, -1, cols["step"])}),
+        # epoch milliseconds read as seconds, and a duration no clock measures
+        ("start_ts", {**cols, "start_ts": cols["start_ts"] * 1e3 + 1.8e12}),
+        ("duration", {**cols, "duration": np.where(np.arange(n) == 2, 2e11, cols["duration"])}),
+    ]
+    for i, (field, c) in enumerate(bad):
         d = tmp_path / f"bad{i}"
         d.mkdir()
         got = read_part_footer(_write(d / name, c))

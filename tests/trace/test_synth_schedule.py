@@ -108,6 +108,9 @@ def test_synth_seq_id_is_start_order_and_steps_are_numbered():
     (dict(slow_worker=(0, 0)), "slow_worker"), (dict(slow_worker=(0, 0, 0)), "slow_worker factor"),
     (dict(heavy_last_stage=-1), "heavy_last_stage"), (dict(gc=(1.0,)), "gc"),
     (dict(gc=(0.5, float("nan"))), "gc length"),
+    # finite sizes whose times overflow (or leave any clock): refused, never written
+    (dict(noise=300.0), None), (dict(slow_worker=(0, 1, 1e308)), None),
+    (dict(gc=(1.0, 1e300)), None),
     (dict(seq_imbalance={"dist": "zipf"}), "seq_imbalance.dist"),
     (dict(seq_imbalance={"lengths": 3}), "seq_imbalance"),
     (dict(slow_link={"kind": "p2p", "dp": 0, "stage_from": 0, "stage_to": 2, "factor": 2}),

@@ -37,6 +37,7 @@ def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = No
     if unknown:
         raise InputError("advise", sorted(unknown)[0], "unknown option; expected one of "
                          + ", ".join(JobKnobs.__dataclass_fields__))
+    job_knobs = JobKnobs(**knobs)  # checked before the (slow) analysis
     source = result_or_trace
     if isinstance(source, (str, Path)):
         from stragglers.trace.load import load_trace
@@ -52,7 +53,7 @@ def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = No
                              "pass the trace it came from (trace=...) or the trace itself")
         if whatif is None:
             result, whatif = analyze_with_model(trace)
-    ctx = AdviceContext(trace, result, whatif, JobKnobs(**knobs))
+    ctx = AdviceContext(trace, result, whatif, job_knobs)
     registry = _remedies()
     names = remedies or registry.names()
     advice = []

@@ -27,8 +27,9 @@ def advise_command(
         "backend (from `stragglers calibrate-collectives`)."),
     remaining_steps: Optional[int] = typer.Option(None, "--remaining-steps", min=0,
                                                   help="Steps the job still runs (prices ND)."),
-    restart_cost: Optional[float] = typer.Option(None, "--restart-cost", min=0.0,
-                                                 help="Seconds one restart costs (ND)."),
+    restart_cost: Optional[float] = typer.Option(None, "--restart-cost", min=0.0, max=1e7,
+                                                 help="Seconds one restart costs (ND; at most "
+                                                 "1e7, the adapt service's bound)."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1,
                                                help="Samples per global step (DD's split)."),
     max_s: int = typer.Option(2, "--s", min=1, max=16, help="Price gradient codes s = 1 .. this."),

@@ -44,6 +44,28 @@ class JobKnobs:
     gc_sync_pause_s: float | None = None   # one full collection with every rank collecting
     #                                       at once (planned GC's price)
 
+    def __post_init__(self) -> None:
+        """Refuse numbers no job has (a prediction priced with them would be meaningless)."""
+        for name, low, high, whole in (("remaining_steps", 0, None, True),
+                                       ("restart_cost_s", 0.0, 1e7, False),
+                                       ("global_batch", 1, None, True),
+                                       ("max_s", 1, 16, True),
+                                       ("threshold", 0.0, 1.0, False),
+                                       ("gc_sync_pause_s", 0.0, 1e7, False)):
+            _check_knob(name, getattr(self, name), low, high, whole)
+
+
+def _check_knob(name: str, value: Any, low: float, high: float | None, whole: bool) -> None:
+    if value is None:
+        return
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) if whole else \
+        isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+    if not ok or value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise InputError("advise", name, f"expected {'an integer' if whole else 'a finite number'}"
+                         f" {bound}, got {value!r}")
+
 
 def load_calibration(path: Path | str) -> LinkModel:
     """A calibration file: JSON {"alpha": s, "beta": s/byte} (or "bytes_per_second" for beta)."""

@@ -57,6 +57,12 @@ def _codes_of_strings(values: pa.Array, source: Path | str) -> np.ndarray:
     return pc.fill_null(codes, -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
+# Seconds on any real clock (the epoch is ~1.8e9 s in 2026, monotonic clocks are smaller) lie
+# far inside this bound; beyond it lie other units (ms, µs, ns read as seconds) or garbage whose
+# squares and sums overflow the analysis.
+MAX_SECONDS = 1e11
+
+
 def table_to_columns(table: pa.Table, source: Path | str) -> dict[str, np.ndarray]:
     """Validate an Arrow op table and return numpy columns of the canonical dtypes."""
     missing = [c for c in COLUMNS if c not in table.column_names]
@@ -98,8 +104,9 @@ def _numeric(col: pa.ChunkedArray, name: str, dtype: np.dtype, source, fill=None
 
 
 def check_values(ops: dict[str, np.ndarray], source: Path | str) -> None:
-    """Reject NaN/inf/negative times and negative ids."""
+    """Reject NaN/inf/negative times, unresolvable timestamps and negative ids."""
     check_finite_times(ops, source)
+    check_time_resolution(ops, source)
     neg = ops["duration"] < 0
     if neg.any():
         first = float(ops["duration"][neg][0])
@@ -113,12 +120,38 @@ def check_values(ops: dict[str, np.ndarray], source: Path | str) -> None:
 
 
 def check_finite_times(ops: dict[str, np.ndarray], source: Path | str) -> None:
-    """Reject NaN or infinite start_ts / duration."""
+    """Reject NaN, infinite or implausibly large start_ts / duration."""
     for name in ("start_ts", "duration"):
-        bad = ~np.isfinite(ops[name])
-        if bad.any():
-            raise InputError(source, name, f"{int(bad.sum())} rows are NaN or infinite "
-                             f"(first at row {int(np.argmax(bad))}); expected finite seconds")
+        values = ops[name]
+        bad = ~(np.abs(values) <= MAX_SECONDS)  # one pass: NaN compares false too
+        if not bad.any():
+            continue
+        nonfinite = ~np.isfinite(values)
+        if nonfinite.any():
+            raise InputError(source, name, f"{int(nonfinite.sum())} rows are NaN or infinite "
+                             f"(first at row {int(np.argmax(nonfinite))}); expected finite "
+                             "seconds")
+        first = int(np.argmax(bad))
+        raise InputError(source, name, f"{int(bad.sum())} rows lie beyond ±{MAX_SECONDS:g} s "
+                         f"(first at row {first}: {float(values[first]):g}); expected seconds "
+                         "(convert milliseconds, microseconds or nanoseconds first)")
+
+
+def check_time_resolution(ops: dict[str, np.ndarray], source: Path | str) -> None:
+    """Reject timestamps so large that float64 cannot tell the ops' typical durations apart."""
+    start, duration = ops["start_ts"], ops["duration"]
+    positive = duration[duration > 0]
+    if not len(start) or not len(positive):
+        return  # nothing to resolve (an all-zero trace is refused where durations are used)
+    # Why: start + duration is rounded to a multiple of float64's spacing at that size; once
+    # the spacing reaches a typical op's length every end time, gap and replay is noise.
+    reach = float(np.abs(start).max()) + float(positive.max())
+    spacing = float(np.spacing(reach))
+    typical = float(np.median(positive))
+    if spacing >= typical:
+        raise InputError(source, "start_ts", f"timestamps reach {reach:.3g} s, where float64 "
+                         f"steps by {spacing:.3g} s, no finer than the ops' median duration "
+                         f"({typical:.3g} s); expected seconds on one clock (epoch or monotonic)")
 
 
 def columns_to_table(ops: dict[str, np.ndarray]) -> pa.Table:

@@ -140,10 +140,21 @@ def parse_steps(spec: str | None) -> list[int] | None:
         except ValueError:
             raise InputError("--steps", None, f"cannot read {part!r}; expected steps like "
                              "'12,20-23'") from None
-        spans.append((lo, hi))
-        if sum(hi - lo + 1 for lo, hi in spans) > MAX_SELECTED_STEPS:
+        if hi - lo + 1 > MAX_SELECTED_STEPS:  # refused before it is expanded
             raise InputError("--steps", None, f"{part!r} makes more than "
                              f"{MAX_SELECTED_STEPS:,} steps; select fewer")
+        spans.append((lo, hi))
     if not spans:
         raise InputError("--steps", None, "no steps given; expected steps like '12,20-23'")
+    # distinct steps, counted over the merged spans (a step given twice counts once), in one
+    # pass over the sorted spans: a selection of many small parts costs no quadratic sum
+    count, reach = 0, None
+    for lo, hi in sorted(spans):
+        if reach is not None:
+            lo = max(lo, reach + 1)
+        count += max(0, hi - lo + 1)
+        reach = hi if reach is None else max(reach, hi)
+    if count > MAX_SELECTED_STEPS:
+        raise InputError("--steps", None, f"selects {count:,} steps, more than "
+                         f"{MAX_SELECTED_STEPS:,}; select fewer")
     return sorted({step for lo, hi in spans for step in range(lo, hi + 1)})

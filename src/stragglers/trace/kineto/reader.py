@@ -17,6 +17,7 @@ from stragglers.trace.kineto.notes import reader_notes
 from stragglers.trace.kineto.ops import Placement, RankParts, RankRows, rank_rows
 from stragglers.trace.kineto.parse import parse_files
 from stragglers.trace.kineto.placement import JobShape, job_shape, place, rank_of, world_size_of
+from stragglers.trace.columns import check_values
 from stragglers.trace.model import COLUMNS, JobMeta, Trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -125,6 +126,7 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
                           "time_origin_unix_s": origin_s,
                           "clock_offsets_s": {str(r): offsets.get(r, 0.0) for r in ranks},
                           "clock_alignment": {str(r): quality.get(r, {}) for r in ranks}})
+    check_values(ops, source)  # the checks every other reader's columns get
     trace = Trace(ops, meta, source)
     for kind, message in notes:
         trace.note(kind, message)

@@ -61,6 +61,7 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
         if len(sched.nodes) * dp * steps <= MAX_IMPACT_OPS else None
     ops = assemble_ops(sched, costs, start, end, dp, steps)
     del start, end
+    _check_usable(ops, params)
     name = name or _default_name(params)
     meta = JobMeta(name=name, dp_size=dp, pp_size=pp, vpp_size=vpp, run_id=str(seed),
                    extra={"ground_truth": ground_truth(params, costs, impacts),
@@ -82,6 +83,19 @@ def _check_size(dp: int, pp: int, vpp: int, microbatches: int, steps: int, ops: 
                          f"{microbatches} and steps={steps} make about {ops:,} ops; the "
                          f"generator keeps ~100 bytes per op in memory and takes at most "
                          f"{MAX_OPS:,}")
+
+
+def _check_usable(ops: dict[str, np.ndarray], params: dict) -> None:
+    """Refuse parameters whose trace the loaders would refuse (overflowing or unresolvable times)."""
+    from stragglers.trace.columns import check_values
+
+    try:
+        check_values(ops, SOURCE)
+    except InputError as exc:
+        given = {k: params[k] for k in ("noise",) + INJECTIONS if params.get(k) is not None}
+        raise InputError(SOURCE, None, f"these sizes make a trace no loader accepts "
+                         f"({exc.field}: {exc.problem}); lower the noise or the injected "
+                         f"factors and lengths (given: {given})") from None
 
 
 INJECTIONS = ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link",
