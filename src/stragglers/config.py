@@ -84,7 +84,9 @@ def _parse_value(f: dataclasses.Field, raw: str, source: str) -> Any:
         if kind in (int, float):
             return kind(raw)
     except ValueError:
-        raise InputError(source, f.name, f"expected a {kind.__name__}, got {raw!r}") from None
+        words = {bool: "true or false", int: "a whole number", float: "a number"}
+        raise InputError(source, f.name, f"expected {words.get(kind, kind.__name__)}, got "
+                         f"{raw!r}") from None
     return raw
 
 

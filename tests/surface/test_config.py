@@ -36,8 +36,11 @@ def test_good_settings_and_cli_overrides():
     assert (cfg.threshold, cfg.count, cfg.enabled) == (1.3, 4, False)
     assert Example().replace(count=3).count == 3
     assert [name for name, _, _ in Example.describe()] == ["threshold", "count", "mode", "enabled"]
-    with pytest.raises(InputError):
-        cli_overrides(Example, ["count=many"])
+    for text, words in (("count=many", "expected a whole number, got 'many'"),
+                        ("threshold=fast", "expected a number"),
+                        ("enabled=maybe", "expected true or false")):
+        with pytest.raises(InputError, match=words):
+            cli_overrides(Example, [text])
 
 
 def test_registry_lists_choices():
