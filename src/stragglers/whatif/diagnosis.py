@@ -81,6 +81,7 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
         else:
             log.debug("dropped %s: interval %s below min_gain", cand.cause, entry["interval"])
     kept.sort(key=lambda ce: -ce[1]["speedup_if_fixed"])
+    kept = _without_explained(w, kept, cfg)
     # The floor decides only the verdict without findings; it costs replays on big jobs.
     floor = None if kept else noise_floor(w, cfg)
     summary = {"noise_floor": floor, "all_fixed": None, "all_fixed_interval": None,
@@ -112,6 +113,56 @@ def _clears(cand: Candidate, gain: float, lo: float, cfg: DiagnosisConfig) -> bo
     return cand.established and gain >= cfg.min_gain and lo > 1.0
 
 
+def _without_explained(w: WhatIf, kept: list[tuple[Candidate, dict]],
+                       cfg: DiagnosisConfig) -> list[tuple[Candidate, dict]]:
+    """The kept findings, strongest first, less those a stronger one already explains.
+
+    A cause can look like another: a DP rank whose sequences were the longest in two steps
+    computes longer in those steps, as a slow worker would. Fixing the stronger cause (its
+    Σs² balanced) then leaves nothing for the weaker one to buy. Independent fixes do not
+    shrink each other's gain (the others' fix shortens the step, so the same saving weighs
+    more), so a gain that falls below the gate and to under half once the stronger causes
+    are fixed is the same slowness counted twice: dropped, and named in the stronger one's
+    evidence. Strongest first, so of two causes explaining each other one stays.
+    """
+    out: list[tuple[Candidate, dict]] = []
+    for cand, entry in kept:
+        if out and entry["basis"] == "alone":
+            t_rest, t_both = _after_others(w, cand, [c for c, _ in out])
+            after = float(t_rest.mean() / t_both.mean())
+            lo, _ = ratio_interval(t_rest, t_both, cfg, cand.strata)
+            if not _clears(cand, after, lo, cfg) and \
+                    after - 1 < 0.5 * (entry["speedup_if_fixed"] - 1):
+                first = out[0][1]
+                by = "it" if len(out) == 1 else "it with the causes below it"
+                first["evidence"] += (f"; fixing {by} also removes an apparent "
+                                      f"{cand.cause.replace('_', ' ')} ({_place(entry['where'])}:"
+                                      f" ×{entry['speedup_if_fixed']:.2f} alone, "
+                                      f"×{after:.2f} once it is fixed)")
+                log.debug("dropped %s: explained by %s", cand.cause,
+                          [c.cause for c, _ in out])
+                continue
+        out.append((cand, entry))
+    return out
+
+
+def _place(where: dict) -> str:
+    """A short 'where' for evidence: workers, else stages, else 'the job'."""
+    workers = where.get("workers") or []
+    if workers:
+        names = [f"dp {x['dp']} pp {x['pp']}" for x in workers[:3]]
+        more = f" +{len(workers) - 3} more" if len(workers) > 3 else ""
+        text = ", ".join(names) + more
+    elif where.get("pp"):
+        text = "stage(s) " + ", ".join(map(str, where["pp"]))
+    else:
+        text = "the job"
+    if where.get("steps"):
+        text += " in steps " + ", ".join(map(str, where["steps"][:6])) + \
+            ("…" if len(where["steps"]) > 6 else "")
+    return text
+
+
 def _before_after(w: WhatIf, cost: np.ndarray | None, delay: np.ndarray | None):
     """(step times before, after the fix, straggler excess) on the fix's own basis.
 
@@ -133,8 +184,10 @@ def _after_others(w: WhatIf, cand: Candidate, others: list[Candidate]):
     if cand.delay is None:
         return (replay(w.plan, rest_cost, w.step_start),
                 replay(w.plan, all_cost, w.step_start))
-    return (replay(w.plan, w.cost, w.step_start, rest_delay),
-            replay(w.plan, w.cost, w.step_start, all_delay))
+    # a launch-delay fix on its own basis (with delays), but over the others' fixed costs
+    # too: a stall that other ranks' GC pauses cover in most steps shows once GC is fixed
+    return (replay(w.plan, rest_cost, w.step_start, rest_delay),
+            replay(w.plan, all_cost, w.step_start, all_delay))
 
 
 def _finding(cand: Candidate, t_now: np.ndarray, t_fix: np.ndarray, excess: float,

@@ -47,6 +47,7 @@ class Context:
     ranks: np.ndarray     # [D, pp] global rank of each worker (-1 unknown)
     hosts: dict           # global rank → host name
     _waits: tuple | None = field(default=None, repr=False)
+    _balanced: tuple | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, w: WhatIf, trace: Trace, cfg: DiagnosisConfig) -> "Context":
@@ -74,6 +75,14 @@ class Context:
             from stragglers.whatif.causes.contention import cpu_wait
             self._waits = (cpu_wait(self),)
         return self._waits[0]
+
+    @property
+    def seq_balanced(self) -> np.ndarray | None:
+        """[N, D, T] costs with the share Σs² explains taken out (None: no Σs² in the trace)."""
+        if self._balanced is None:
+            from stragglers.whatif.causes.sequence import balanced_by_attn_cost
+            self._balanced = (balanced_by_attn_cost(self),)
+        return self._balanced[0]
 
     @property
     def steps(self) -> int:

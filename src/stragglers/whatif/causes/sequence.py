@@ -18,7 +18,7 @@ def sequence_imbalance(ctx: Context) -> list[Candidate]:
     evidence = (f"microbatch compute varies by {100 * cv:.0f}% within each worker and step on "
                 f"stage(s) {', '.join(map(str, stages))}; forward and backward of the same "
                 f"microbatch correlate at {corr:.2f}")
-    balanced = _balanced_by_attn_cost(ctx)
+    balanced = ctx.seq_balanced
     if balanced is not None:
         evidence += f"; compute follows Σs² (correlation {fit:.2f})" if fit is not None else ""
         evidence += "; the prediction moves every microbatch's Σs² to the step's mean"
@@ -62,7 +62,7 @@ def _detect(ctx: Context):
         (float(np.mean(fits)) if fits else None)
 
 
-def _balanced_by_attn_cost(ctx: Context) -> np.ndarray | None:
+def balanced_by_attn_cost(ctx: Context) -> np.ndarray | None:
     """Costs after Σs² is balanced across DP ranks and microbatches of each stage and step.
 
     Per stage and compute type, duration ≈ f(Σs²) (least-squares polynomial, both relative to
