@@ -115,35 +115,47 @@ def _clears(cand: Candidate, gain: float, lo: float, cfg: DiagnosisConfig) -> bo
 
 def _without_explained(w: WhatIf, kept: list[tuple[Candidate, dict]],
                        cfg: DiagnosisConfig) -> list[tuple[Candidate, dict]]:
-    """The kept findings, strongest first, less those a stronger one already explains.
+    """The kept findings, strongest first, less those the others already explain.
 
     A cause can look like another: a DP rank whose sequences were the longest in two steps
-    computes longer in those steps, as a slow worker would. Fixing the stronger cause (its
-    Σs² balanced) then leaves nothing for the weaker one to buy. Independent fixes do not
-    shrink each other's gain (the others' fix shortens the step, so the same saving weighs
-    more), so a gain that falls below the gate and to under half once the stronger causes
-    are fixed is the same slowness counted twice: dropped, and named in the stronger one's
-    evidence. Strongest first, so of two causes explaining each other one stays.
+    computes longer in those steps, as a slow worker would. Fixing the real cause (Σs²
+    balanced) then leaves nothing for the apparent one to buy. Each finding's gain is tried
+    once every other remaining finding is fixed: with all of them fixed, none is left to
+    mask it (a slow worker that every DP rank waits for hides how much balancing sequences
+    would buy), so a gain that falls below the gate and to under half of its gain alone
+    means the others' fixes already remove its slowness: the same slowness counted twice.
+    It is dropped and named in the evidence of the finding whose fix removes most of it.
+    Weakest first, so of two causes that explain each other the stronger stays.
     """
-    out: list[tuple[Candidate, dict]] = []
-    for cand, entry in kept:
-        if out and entry["basis"] == "alone":
-            t_rest, t_both = _after_others(w, cand, [c for c, _ in out])
-            after = float(t_rest.mean() / t_both.mean())
-            lo, _ = ratio_interval(t_rest, t_both, cfg, cand.strata)
-            if not _clears(cand, after, lo, cfg) and \
-                    after - 1 < 0.5 * (entry["speedup_if_fixed"] - 1):
-                first = out[0][1]
-                by = "it" if len(out) == 1 else "it with the causes below it"
-                first["evidence"] += (f"; fixing {by} also removes an apparent "
-                                      f"{cand.cause.replace('_', ' ')} ({_place(entry['where'])}:"
-                                      f" ×{entry['speedup_if_fixed']:.2f} alone, "
-                                      f"×{after:.2f} once it is fixed)")
-                log.debug("dropped %s: explained by %s", cand.cause,
-                          [c.cause for c, _ in out])
-                continue
-        out.append((cand, entry))
+    out = list(kept)
+    for cand, entry in reversed(kept):
+        others = [c for c, _ in out if c is not cand]
+        if not others or entry["basis"] != "alone":
+            continue
+        t_rest, t_both = _after_others(w, cand, others)
+        after = float(t_rest.mean() / t_both.mean())
+        lo, _ = ratio_interval(t_rest, t_both, cfg, cand.strata)
+        if _clears(cand, after, lo, cfg) or after - 1 >= 0.5 * (entry["speedup_if_fixed"] - 1):
+            continue
+        out = [(c, e) for c, e in out if c is not cand]
+        by = _explainer(w, cand, out)
+        by["evidence"] += (f"; fixing it also removes an apparent "
+                           f"{cand.cause.replace('_', ' ')} ({_place(entry['where'])}: "
+                           f"×{entry['speedup_if_fixed']:.2f} alone, ×{after:.2f} once the "
+                           f"other causes are fixed)")
+        log.debug("dropped %s: explained by the others", cand.cause)
     return out
+
+
+def _explainer(w: WhatIf, cand: Candidate, out: list[tuple[Candidate, dict]]) -> dict:
+    """The entry, of the findings left, whose fix alone leaves `cand` the least to buy."""
+    if len(out) == 1:
+        return out[0][1]
+    gains = []
+    for other, entry in out:
+        t_rest, t_both = _after_others(w, cand, [other])
+        gains.append(float(t_rest.mean() / t_both.mean()))
+    return out[int(np.argmin(gains))][1]
 
 
 def _place(where: dict) -> str:

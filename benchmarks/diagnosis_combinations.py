@@ -1,0 +1,125 @@
+"""Random jobs with zero to three causes at once: every strong cause named where it sits, none invented.
+
+Each job draws a shape (dp 2-32 × pp 1-8, ZeRO or DDP, op noise 2 or 5%) and up to three
+causes of random place and size (slow worker ×1.3-2.5, heavy last stage ×1.3-2, sequence
+imbalance, GC pauses, a slow p2p link or one stage's slow collective, a host stall). Graded
+against the generator's ground truth:
+- missed: an injected cause whose impact (step time with it / without it) is ≥ ×1.05 and that
+  the diagnosis does not name (a weaker one may be named or not: slack);
+- invented: a named cause that was not injected;
+- misplaced: a worker fault or host stall named at other workers, a stage imbalance at
+  another stage.
+A collective slowed on every rank is not drawn: its median is the slow value (spec §6), so by
+the contract it is no straggler.
+
+    .venv/bin/python benchmarks/diagnosis_combinations.py [--jobs 200] [--seed 11]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import numpy as np
+
+from stragglers.trace.synth import generate
+from stragglers.whatif.analyze import analyze
+
+CAUSES = ("worker_fault", "stage_imbalance", "sequence_imbalance", "gc", "communication",
+          "host_stall")
+STRONG = 1.05
+
+
+def injection(rng, dp: int, pp: int, sync: str, cause: str) -> dict:
+    """Generator keywords of one cause of random place and size."""
+    if cause == "worker_fault":
+        return {"slow_worker": (int(rng.integers(dp)), int(rng.integers(pp)),
+                                float(rng.uniform(1.3, 2.5)))}
+    if cause == "stage_imbalance":
+        return {"heavy_last_stage": float(rng.uniform(1.3, 2.0))}
+    if cause == "sequence_imbalance":
+        return {"seq_imbalance": {"dist": str(rng.choice(["lognormal", "uniform"]))}}
+    if cause == "gc":
+        return {"gc": (float(rng.uniform(0.2, 1.0)), float(rng.uniform(0.05, 0.3)))}
+    if cause == "communication":
+        if pp >= 3 and rng.random() < 0.5:
+            optype = "grads-reduce-scatter" if sync == "zero" else "grads-all-reduce"
+            return {"slow_link": {"kind": "collective", "optype": optype,
+                                  "stage": int(rng.integers(pp)),
+                                  "factor": float(rng.uniform(3, 10))}}
+        a = int(rng.integers(pp - 1))
+        return {"slow_link": {"kind": "p2p", "dp": int(rng.integers(dp)), "stage_from": a,
+                              "stage_to": a + 1, "factor": float(rng.uniform(30, 120))}}
+    return {"host_stall": {"dp": int(rng.integers(dp)), "stage": int(rng.integers(pp)),
+                           "seconds": float(rng.uniform(0.08, 0.3))}}
+
+
+def grade(truth: list[dict], found: list[dict]) -> tuple[list, list, list]:
+    """(missed, invented, misplaced) cause names."""
+    named = {f["cause"] for f in found} - {"none", "unexplained"}
+    strong = {t["cause"] for t in truth if t["impact"] is None or t["impact"] >= STRONG}
+    injected = {t["cause"] for t in truth}
+    misplaced = []
+    for t in truth:
+        mine = [f["where"] for f in found if f["cause"] == t["cause"]]
+        if not mine:
+            continue
+        if t["cause"] in ("worker_fault", "host_stall"):
+            ok = any(w.get("dp") == t["where"]["dp"] and w.get("pp") == t["where"]["pp"]
+                     for w in mine)
+        elif t["cause"] == "stage_imbalance":
+            ok = any(w.get("pp") == t["where"]["pp"] for w in mine)
+        else:
+            continue
+        if not ok:
+            misplaced.append(t["cause"])
+    return sorted(strong - named), sorted(named - injected), misplaced
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=11)
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    counts = collections.Counter()
+    bad = []
+    t0 = time.perf_counter()
+    for i in range(args.jobs):
+        dp, pp = int(rng.choice([2, 4, 8, 16, 32])), int(rng.choice([1, 2, 4, 8]))
+        sync = str(rng.choice(["zero", "ddp"]))
+        options = [c for c in CAUSES if pp > 1 or c not in ("stage_imbalance", "communication")]
+        chosen = rng.choice(options, size=int(rng.choice([0, 1, 1, 2, 2, 3])), replace=False)
+        kwargs = {}
+        for cause in chosen:
+            kwargs.update(injection(rng, dp, pp, sync, str(cause)))
+        noise = float(rng.choice([0.02, 0.05]))
+        trace = generate(dp=dp, pp=pp, microbatches=8, steps=8, seed=1000 + i, noise=noise,
+                         sync=sync, **kwargs)
+        truth = trace.meta.extra["ground_truth"]
+        found = analyze(trace)["diagnosis"]
+        missed, invented, misplaced = grade(truth, found)
+        counts["jobs"] += 1
+        counts["causes injected"] += len(truth)
+        counts["strong causes"] += sum(t["impact"] is None or t["impact"] >= STRONG for t in truth)
+        counts["missed"] += len(missed)
+        counts["invented"] += len(invented)
+        counts["misplaced"] += len(misplaced)
+        if missed or invented or misplaced:
+            bad.append((i, dp, pp, sync, noise, kwargs,
+                        {t["cause"]: round(t["impact"], 3) for t in truth if t["impact"]},
+                        [f["cause"] for f in found], missed, invented, misplaced))
+    print(f"{counts['jobs']} jobs, {counts['causes injected']} causes injected, "
+          f"{counts['strong causes']} strong (impact >= x{STRONG}); "
+          f"{time.perf_counter() - t0:.0f} s")
+    print("| jobs right | strong causes missed | causes invented | misplaced |")
+    print("|---|---|---|---|")
+    print(f"| {counts['jobs'] - len(bad)} of {counts['jobs']} | {counts['missed']} | "
+          f"{counts['invented']} | {counts['misplaced']} |")
+    for row in bad:
+        print("not right:", row)
+
+
+if __name__ == "__main__":
+    main()
