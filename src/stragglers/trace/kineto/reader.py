@@ -9,6 +9,7 @@ from typing import Iterable
 import numpy as np
 
 from stragglers.errors import InputError
+from stragglers.trace.columns import check_values
 from stragglers.trace.kineto.align import clock_offsets
 from stragglers.trace.kineto.layout import (
     Pipelines, check_given_layout, pipelines_from_p2p)
@@ -17,7 +18,6 @@ from stragglers.trace.kineto.notes import reader_notes
 from stragglers.trace.kineto.ops import Placement, RankParts, RankRows, rank_rows
 from stragglers.trace.kineto.parse import parse_files
 from stragglers.trace.kineto.placement import JobShape, job_shape, place, rank_of, world_size_of
-from stragglers.trace.columns import check_values
 from stragglers.trace.model import COLUMNS, JobMeta, Trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
