@@ -125,6 +125,26 @@ def test_gc_inside_compute_is_found_from_the_duration_pattern():
     assert r["diagnosis"][0]["upper_bound"] is True
 
 
+def test_frequent_gc_inside_a_deep_pipeline_is_not_taken_for_sequences():
+    # 16 compute ops per microbatch, DP rank and step (pp 8): at 5% of ops paused, half the
+    # pauses share a microbatch with another by chance; that is no sequence pattern.
+    trace = generate(dp=16, pp=8, microbatches=8, steps=8, seed=1127, noise=0.02, sync="ddp",
+                     gc_in_compute=(0.814553360615379, 0.11000307822627246))
+    r = analyze(trace)
+    assert causes(r) == ["gc"], r["diagnosis"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_gc_inside_compute_and_uneven_sequences_are_both_found(seed):
+    # with Σs² in the trace: pauses are told apart from long microbatches, and the sequence
+    # pattern is read with the pauses taken out (one paused op broke the forward/backward
+    # correlation)
+    trace = generate(dp=8, pp=8, microbatches=8, steps=8, seed=seed, noise=0.02,
+                     seq_imbalance={"dist": "lognormal"}, gc_in_compute=(0.6, 0.2))
+    r = analyze(trace)
+    assert set(causes(r)) == {"gc", "sequence_imbalance"}, r["diagnosis"]
+
+
 def test_intermittent_slowdown_names_its_steps():
     trace = generate(dp=2, pp=4, microbatches=8, steps=10, seed=7, slow_link={
         "kind": "collective", "optype": "grads-reduce-scatter", "stage": 1, "factor": 100,

@@ -78,9 +78,9 @@ class DiagnosisConfig(Config):
         0.1, "without gc rows: pauses are rare, at most this fraction of compute ops",
         minimum=0.0, maximum=1.0)
     gc_max_bound: float = setting(
-        0.5, "without gc rows: at most this fraction of outliers may coincide with an outlier "
-        "of the same microbatch elsewhere (else it is sequence imbalance)", minimum=0.0,
-        maximum=1.0)
+        0.5, "without gc rows: at most this fraction of the outliers that chance does not "
+        "already put beside an outlier of the same microbatch elsewhere may sit there (else "
+        "it is sequence imbalance)", minimum=0.0, maximum=1.0)
     # --- communication -----------------------------------------------------------------
     comm_min_ratio: float = setting(
         2.0, "a slow link's transfers take at least this multiple of their op type's median",

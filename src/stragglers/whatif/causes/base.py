@@ -48,6 +48,7 @@ class Context:
     hosts: dict           # global rank → host name
     _waits: tuple | None = field(default=None, repr=False)
     _balanced: tuple | None = field(default=None, repr=False)
+    _paused: tuple | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, w: WhatIf, trace: Trace, cfg: DiagnosisConfig) -> "Context":
@@ -83,6 +84,20 @@ class Context:
             from stragglers.whatif.causes.sequence import balanced_by_attn_cost
             self._balanced = (balanced_by_attn_cost(self),)
         return self._balanced[0]
+
+    @property
+    def compute_pauses(self) -> list:
+        """The GC pauses found inside compute from the duration pattern ([] or [Candidate])."""
+        if self._paused is None:
+            from stragglers.whatif.causes.gc import pauses_in_compute
+            self._paused = (pauses_in_compute(self),)
+        return self._paused[0]
+
+    @property
+    def pause_free(self) -> np.ndarray:
+        """[N, D, T] durations of compute ops with the pauses found inside them taken out."""
+        found = self.compute_pauses
+        return found[0].cost if found else self.w.grid.duration
 
     @property
     def steps(self) -> int:

@@ -16,7 +16,7 @@ _REL_SPREAD_FLOOR = 1e-3
 def gc_pauses(ctx: Context) -> list[Candidate]:
     """GC pauses recorded as gc rows, or (no pause in any gc row) hidden inside compute."""
     found = _from_rows(ctx)
-    return [found] if found is not None else _from_pattern(ctx)
+    return [found] if found is not None else ctx.compute_pauses
 
 
 def _from_rows(ctx: Context) -> Candidate | None:
@@ -39,7 +39,7 @@ def _from_rows(ctx: Context) -> Candidate | None:
                      upper_bound=True, strata=ctx.step_mask(steps))
 
 
-def _from_pattern(ctx: Context) -> list[Candidate]:
+def pauses_in_compute(ctx: Context) -> list[Candidate]:
     """Rare, large outliers of forward/backward compute that the same microbatch does not share.
 
     Each op is compared with the same op on the same worker in the other steps (median), so a
@@ -47,10 +47,16 @@ def _from_pattern(ctx: Context) -> list[Candidate]:
     elsewhere too (backward, other stages) is sequence imbalance, not a pause.
     """
     w, g, trace, cfg = ctx.w, ctx.w.grid, ctx.trace, ctx.cfg
-    if ctx.steps < 3:
-        return []   # the median over steps needs a majority of pause-free steps
+    if ctx.steps < 3 or _from_rows(ctx) is not None:
+        return []   # the median over steps needs a majority of pause-free steps; gc rows
+        #             that carry the pauses say where they are
     compute = np.flatnonzero(np.isin(g.node_optype, (FWD, BWD)))
-    dur = g.duration[compute]                                      # [n, D, T]
+    raw = g.duration[compute]                                      # [n, D, T]
+    # Where the trace carries Σs², ops are compared without the share their sequences
+    # explain: a microbatch of long sequences is no pause, and with sequences that vary from
+    # step to step the pauses hide among such microbatches.
+    balanced = ctx.seq_balanced
+    dur = raw if balanced is None else balanced[compute]
     typical = np.median(dur, axis=2, keepdims=True)
     rel = (dur - typical) / np.maximum(typical, 1e-12)
     # Compute noise is multiplicative: the outlier test is on log durations.
@@ -71,16 +77,23 @@ def _from_pattern(ctx: Context) -> list[Candidate]:
     for n, mb in mb_of.items():
         by_mb.setdefault(mb, []).append(index[n])
     bound = np.zeros_like(outlier)
+    rate = count / outlier.size
+    chance = 0.0    # outliers that independent pauses would put beside another one
     for rows in by_mb.values():
         hits = outlier[rows].sum(axis=0)                           # [D, T]
         bound[rows] = outlier[rows] & (hits >= 2)[None]
-    if bound.sum() > cfg.gc_max_bound * count:
+        chance += float(outlier[rows].sum()) * (1.0 - (1.0 - rate) ** (len(rows) - 1))
+    chance /= count
+    # Sequence imbalance binds a microbatch's ops together far beyond chance; pauses only by
+    # chance, which is large where a microbatch has many ops (pp 8: 16 per DP rank and step,
+    # so at 5% of ops paused half the pauses share a microbatch with another).
+    if bound.sum() > count * (chance + cfg.gc_max_bound * (1.0 - chance)):
         return []
     # The pattern is GC: every outlier is a pause (two may hit one microbatch by chance).
     pause = outlier
     excess = np.where(pause, dur - typical, 0.0)
     cost = w.cost.copy()
-    cost[compute] = np.where(pause, np.minimum(dur, typical), cost[compute])
+    cost[compute] = np.where(pause, np.maximum(raw - excess, 0.0), cost[compute])
     k, d, t = np.nonzero(pause)
     workers = sorted({(int(x), int(g.node_stage[compute[y]])) for y, x in zip(k, d)})
     steps = sorted({int(g.steps[x]) for x in t})

@@ -39,8 +39,10 @@ def _detect(ctx: Context):
     g, trace, cfg = ctx.w.grid, ctx.trace, ctx.cfg
     stages, corrs, cvs, fits = [], [], [], []
     for s in range(g.pp_size):
-        f = _by_microbatch(g, trace, s, FWD)
-        b = _by_microbatch(g, trace, s, BWD)
+        # GC pauses inside compute (found first) would break the pattern: one op of a
+        # microbatch paused, its partner not
+        f = _by_microbatch(ctx, s, FWD)
+        b = _by_microbatch(ctx, s, BWD)
         if f is None or b is None or f.shape != b.shape or f.shape[0] < 2:
             continue
         fn = f / np.maximum(f.mean(axis=0, keepdims=True), 1e-12)
@@ -162,7 +164,8 @@ def microbatch_nodes(g, trace: Trace, stage: int, code: int) -> np.ndarray:
     return nodes[np.argsort(key, kind="stable")]
 
 
-def _by_microbatch(g, trace: Trace, stage: int, code: int):
-    """Durations [microbatch, D, T] of one compute type on one stage, ordered by (mc, mb_id)."""
-    nodes = microbatch_nodes(g, trace, stage, code)
-    return g.duration[nodes] if len(nodes) else None
+def _by_microbatch(ctx: Context, stage: int, code: int):
+    """Pause-free durations [microbatch, D, T] of one compute type on one stage, ordered by
+    (mc, mb_id)."""
+    nodes = microbatch_nodes(ctx.w.grid, ctx.trace, stage, code)
+    return ctx.pause_free[nodes] if len(nodes) else None
