@@ -7,12 +7,20 @@ against the generator's ground truth:
 - missed: an injected cause whose impact (step time with it / without it) is ≥ ×1.05 and that
   the diagnosis does not name (a weaker one may be named or not: slack);
 - invented: a named cause that was not injected;
-- misplaced: a worker fault or host stall named at other workers, a stage imbalance at
-  another stage.
+- misplaced: a strong worker fault or host stall named at other workers, a strong stage
+  imbalance at another stage.
 A collective slowed on every rank is not drawn: its median is the slow value (spec §6), so by
 the contract it is no straggler.
 
     .venv/bin/python benchmarks/diagnosis_combinations.py [--jobs 200] [--seed 11] [--no-seq-lens]
+                                                          [--wide]
+
+--wide draws from a wider set: dp 1-64, interleaved pipelines (vpp 2) in 40% of pipelined
+jobs, and GC pauses inside compute (no gc rows, as NDTimeline shows them) as a seventh cause
+(never with the gc-row kind in one job: a trace's gc rows carry its pauses or carry none).
+With one DP rank a worker has no peers: by the contract a slow one is its stage's imbalance
+(named there, counted right), and with pp 1 no cause on one worker is a straggler; a slow
+p2p link needs other links to compare with (pp >= 3). Those are not counted as missed.
 
 --no-seq-lens drops Σs² and token counts from the traces, as NDTimeline and profiler traces
 come: sequence imbalance is then told from the microbatch pattern alone.
@@ -31,6 +39,7 @@ from stragglers.whatif.analyze import analyze
 
 CAUSES = ("worker_fault", "stage_imbalance", "sequence_imbalance", "gc", "communication",
           "host_stall")
+WIDE_CAUSES = CAUSES + ("gc_in_compute",)
 STRONG = 1.05
 
 
@@ -54,19 +63,28 @@ def injection(rng, dp: int, pp: int, sync: str, cause: str) -> dict:
         a = int(rng.integers(pp - 1))
         return {"slow_link": {"kind": "p2p", "dp": int(rng.integers(dp)), "stage_from": a,
                               "stage_to": a + 1, "factor": float(rng.uniform(30, 120))}}
+    if cause == "gc_in_compute":
+        return {"gc_in_compute": (float(rng.uniform(0.2, 1.0)), float(rng.uniform(0.05, 0.3)))}
     return {"host_stall": {"dp": int(rng.integers(dp)), "stage": int(rng.integers(pp)),
                            "seconds": float(rng.uniform(0.08, 0.3))}}
 
 
-def grade(truth: list[dict], found: list[dict]) -> tuple[list, list, list]:
+def grade(truth: list[dict], found: list[dict], dp: int = 2,
+          pp: int = 2) -> tuple[list, list, list]:
     """(missed, invented, misplaced) cause names."""
     named = {f["cause"] for f in found} - {"none", "unexplained"}
     strong = {t["cause"] for t in truth if t["impact"] is None or t["impact"] >= STRONG}
     injected = {t["cause"] for t in truth}
+    if dp == 1:   # no peers: see the module docstring
+        if "worker_fault" in injected and pp > 1:
+            injected.add("stage_imbalance")
+            truth = [{**t, "cause": "stage_imbalance", "where": {"pp": t["where"]["pp"]}}
+                     if t["cause"] == "worker_fault" else t for t in truth]
+        strong -= {"worker_fault", "host_stall"} | ({"communication"} if pp < 3 else set())
     misplaced = []
     for t in truth:
         mine = [f["where"] for f in found if f["cause"] == t["cause"]]
-        if not mine:
+        if not mine or (t["impact"] is not None and t["impact"] < STRONG):
             continue
         if t["cause"] in ("worker_fault", "host_stall"):
             ok = any(w.get("dp") == t["where"]["dp"] and w.get("pp") == t["where"]["pp"]
@@ -84,6 +102,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--wide", action="store_true",
+                        help="dp 1-64, interleaved pipelines, GC inside compute (see above)")
     parser.add_argument("--no-seq-lens", action="store_true",
                         help="drop Σs² and tokens from the traces (as NDTimeline has none)")
     args = parser.parse_args()
@@ -92,22 +112,28 @@ def main() -> None:
     bad = []
     t0 = time.perf_counter()
     for i in range(args.jobs):
-        dp, pp = int(rng.choice([2, 4, 8, 16, 32])), int(rng.choice([1, 2, 4, 8]))
+        sizes = [1, 2, 4, 8, 16, 64] if args.wide else [2, 4, 8, 16, 32]
+        dp, pp = int(rng.choice(sizes)), int(rng.choice([1, 2, 4, 8]))
+        vpp = 2 if args.wide and pp > 1 and rng.random() < 0.4 else 1
         sync = str(rng.choice(["zero", "ddp"]))
-        options = [c for c in CAUSES if pp > 1 or c not in ("stage_imbalance", "communication")]
-        chosen = rng.choice(options, size=int(rng.choice([0, 1, 1, 2, 2, 3])), replace=False)
+        options = [c for c in (WIDE_CAUSES if args.wide else CAUSES)
+                   if pp > 1 or c not in ("stage_imbalance", "communication")]
+        chosen = list(rng.choice(options, size=int(rng.choice([0, 1, 1, 2, 2, 3])),
+                                 replace=False))
+        if "gc" in chosen and "gc_in_compute" in chosen:
+            chosen.remove("gc_in_compute")   # a trace has gc rows that carry the pauses or not
         kwargs = {}
         for cause in chosen:
             kwargs.update(injection(rng, dp, pp, sync, str(cause)))
         noise = float(rng.choice([0.02, 0.05]))
-        trace = generate(dp=dp, pp=pp, microbatches=8, steps=8, seed=1000 + i, noise=noise,
+        trace = generate(dp=dp, pp=pp, vpp=vpp, microbatches=8, steps=8, seed=1000 + i, noise=noise,
                          sync=sync, **kwargs)
         if args.no_seq_lens:
             for column in ("attn_cost", "tokens"):
                 trace.ops.pop(column, None)
         truth = trace.meta.extra["ground_truth"]
         found = analyze(trace)["diagnosis"]
-        missed, invented, misplaced = grade(truth, found)
+        missed, invented, misplaced = grade(truth, found, dp, pp)
         counts["jobs"] += 1
         counts["causes injected"] += len(truth)
         counts["strong causes"] += sum(t["impact"] is None or t["impact"] >= STRONG for t in truth)
@@ -115,7 +141,7 @@ def main() -> None:
         counts["invented"] += len(invented)
         counts["misplaced"] += len(misplaced)
         if missed or invented or misplaced:
-            bad.append((i, dp, pp, sync, noise, kwargs,
+            bad.append((i, dp, pp, vpp, sync, noise, kwargs,
                         {t["cause"]: round(t["impact"], 3) for t in truth if t["impact"]},
                         [f["cause"] for f in found], missed, invented, misplaced))
     print(f"{counts['jobs']} jobs, {counts['causes injected']} causes injected, "
