@@ -255,3 +255,8 @@ def test_synth_real_cli_reports_errors_in_one_line(tmp_path):
                            "--slow-worker", "9,0,2"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "slow_worker" in proc.stderr and "Traceback" not in proc.stderr
+    # sizes that overflow: one line, no numpy warnings before it
+    proc = subprocess.run([sys.executable, "-m", "stragglers.cli", "synth", str(tmp_path / "y"),
+                           "--noise", "300"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and not (tmp_path / "y").exists()
+    assert proc.stderr.strip().count("\n") == 0 and "noise" in proc.stderr, proc.stderr

@@ -55,13 +55,16 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
     _check_size(dp, pp, vpp, microbatches, steps, upper_bound_ops(pp, vpp, microbatches) * dp * steps)
     sched = build_schedule(pp, vpp, microbatches, params["sync"], gc_slots=params["gc"] is not None)
     _check_size(dp, pp, vpp, microbatches, steps, len(sched.nodes) * dp * steps)
-    costs = sample_costs(sched, dp, steps, params["seed"], **_cost_args(params))
-    start, end = run_forward(sched, costs, dp, steps)
+    # Sizes that overflow float64 are refused by _check_usable, in one line: numpy's own
+    # overflow warnings on the way there would only bury it.
+    with np.errstate(over="ignore", invalid="ignore"):
+        costs = sample_costs(sched, dp, steps, params["seed"], **_cost_args(params))
+        start, end = run_forward(sched, costs, dp, steps)
+        ops = assemble_ops(sched, costs, start, end, dp, steps)
+    _check_usable(ops, params)
     impacts = measure_impacts(sched, params, start, end) \
         if len(sched.nodes) * dp * steps <= MAX_IMPACT_OPS else None
-    ops = assemble_ops(sched, costs, start, end, dp, steps)
     del start, end
-    _check_usable(ops, params)
     name = name or _default_name(params)
     meta = JobMeta(name=name, dp_size=dp, pp_size=pp, vpp_size=vpp, run_id=str(seed),
                    extra={"ground_truth": ground_truth(params, costs, impacts),
