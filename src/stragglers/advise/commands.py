@@ -30,6 +30,8 @@ def advise_command(
     restart_cost: Optional[float] = typer.Option(None, "--restart-cost", min=0.0, max=1e7,
                                                  help="Seconds one restart costs (ND; at most "
                                                  "1e7, the adapt service's bound)."),
+    # (1e7 is advise.context.MAX_KNOB_SECONDS, written out: this module is imported when the
+    # CLI starts and the context module pulls in the what-if engine)
     global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1,
                                                help="Samples per global step (DD's split)."),
     max_s: int = typer.Option(2, "--s", min=1, max=16, help="Price gradient codes s = 1 .. this."),

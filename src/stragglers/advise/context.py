@@ -26,6 +26,9 @@ DP_COLLECTIVE = ALLREDUCE + (C["params-all-gather"], C["grads-reduce-scatter"])
 COMPUTE = (FWD, BWD)
 
 
+MAX_KNOB_SECONDS = 1e7   # the adapt service's bound on a restart's cost (adapt/requests.py)
+
+
 @dataclass
 class JobKnobs:
     """What the trace cannot tell and a remedy's price depends on (all optional)."""
@@ -47,11 +50,11 @@ class JobKnobs:
     def __post_init__(self) -> None:
         """Refuse numbers no job has (a prediction priced with them would be meaningless)."""
         for name, low, high, whole in (("remaining_steps", 0, None, True),
-                                       ("restart_cost_s", 0.0, 1e7, False),
+                                       ("restart_cost_s", 0.0, MAX_KNOB_SECONDS, False),
                                        ("global_batch", 1, None, True),
                                        ("max_s", 1, 16, True),
                                        ("threshold", 0.0, 1.0, False),
-                                       ("gc_sync_pause_s", 0.0, 1e7, False)):
+                                       ("gc_sync_pause_s", 0.0, MAX_KNOB_SECONDS, False)):
             _check_knob(name, getattr(self, name), low, high, whole)
 
 

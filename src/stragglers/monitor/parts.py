@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stragglers.errors import InputError
-from stragglers.trace.columns import (MAX_SECONDS, check_finite_times, optype_codes,
-                                      table_to_columns)
+from stragglers.trace.columns import (MAX_SECONDS, beyond_clock, check_finite_times,
+                                      optype_codes, table_to_columns)
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS
 from stragglers.trace.runformat import RANK_FILE, rank_file_name
 
@@ -256,10 +256,9 @@ def _check_footer(meta, ids: tuple[int, int], source: object, path: Path,
     for name in ("start_ts", "duration"):
         if not (np.isfinite(lo[name]) and np.isfinite(hi[name])):
             return InputError(source, name, "infinite values; expected finite seconds")
-        if max(abs(lo[name]), abs(hi[name])) > MAX_SECONDS:
-            return InputError(source, name, f"values reach {max(abs(lo[name]), abs(hi[name])):g}"
-                              f", beyond ±{MAX_SECONDS:g} s; expected seconds (convert "
-                              "milliseconds, microseconds or nanoseconds first)")
+        reach = max(abs(lo[name]), abs(hi[name]))
+        if reach > MAX_SECONDS:
+            return InputError(source, name, beyond_clock("values reach", reach))
     if lo["duration"] < 0:
         return InputError(source, "duration", f"negative durations (down to {lo['duration']:g} "
                           "s); expected >= 0 s")

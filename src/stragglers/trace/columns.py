@@ -63,6 +63,12 @@ def _codes_of_strings(values: pa.Array, source: Path | str) -> np.ndarray:
 MAX_SECONDS = 1e11
 
 
+def beyond_clock(count: str, value: float) -> str:
+    """The problem text for times beyond ±MAX_SECONDS (readers and the monitor say the same)."""
+    return (f"{count} beyond ±{MAX_SECONDS:g} s ({value:g}); expected seconds (convert "
+            "milliseconds, microseconds or nanoseconds first)")
+
+
 def table_to_columns(table: pa.Table, source: Path | str) -> dict[str, np.ndarray]:
     """Validate an Arrow op table and return numpy columns of the canonical dtypes."""
     missing = [c for c in COLUMNS if c not in table.column_names]
@@ -132,9 +138,8 @@ def check_finite_times(ops: dict[str, np.ndarray], source: Path | str) -> None:
                              f"(first at row {int(np.argmax(nonfinite))}); expected finite "
                              "seconds")
         first = int(np.argmax(bad))
-        raise InputError(source, name, f"{int(bad.sum())} rows lie beyond ±{MAX_SECONDS:g} s "
-                         f"(first at row {first}: {float(values[first]):g}); expected seconds "
-                         "(convert milliseconds, microseconds or nanoseconds first)")
+        raise InputError(source, name, beyond_clock(f"{int(bad.sum())} rows lie (first at row "
+                                                    f"{first})", float(values[first])))
 
 
 def check_time_resolution(ops: dict[str, np.ndarray], source: Path | str) -> None:
@@ -150,7 +155,7 @@ def check_time_resolution(ops: dict[str, np.ndarray], source: Path | str) -> Non
         return  # nothing to resolve (an all-zero trace is refused where durations are used)
     # Why: start + duration is rounded to a multiple of float64's spacing at that size; once
     # the spacing reaches a typical op's length every end time, gap and replay is noise.
-    reach = float(np.abs(start).max()) + float(duration.max())
+    reach = max(float(start.max()), -float(start.min())) + float(duration.max())
     spacing = float(np.spacing(reach))
     typical = float(np.median(positive))
     if spacing >= typical:

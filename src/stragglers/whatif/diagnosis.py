@@ -15,6 +15,7 @@ import numpy as np
 
 from stragglers.trace.model import OPTYPES, Trace
 from stragglers.whatif.causes import DETECTORS, Candidate, Context
+from stragglers.whatif.causes.base import fmt_steps
 from stragglers.whatif.config import DEFAULT, STRAGGLING_SLOWDOWN, DiagnosisConfig
 from stragglers.whatif.confidence import ratio_interval
 from stragglers.whatif.metrics import WhatIf
@@ -170,8 +171,7 @@ def _place(where: dict) -> str:
     else:
         text = "the job"
     if where.get("steps"):
-        text += " in steps " + ", ".join(map(str, where["steps"][:6])) + \
-            ("…" if len(where["steps"]) > 6 else "")
+        text += " in steps " + fmt_steps(where["steps"])
     return text
 
 

@@ -19,14 +19,23 @@ def gc_pauses(ctx: Context) -> list[Candidate]:
     return [found] if found is not None else ctx.compute_pauses
 
 
-def _from_rows(ctx: Context) -> Candidate | None:
-    w, g = ctx.w, ctx.w.grid
+def _gc_row_durations(ctx: Context) -> np.ndarray | None:
+    """[n_gc, D, T] durations of the gc rows, or None when none carries a pause (NDTimeline
+    writes zero-length gc rows: the pauses are then inside compute)."""
+    g = ctx.w.grid
     nodes = g.node_optype == GC
     if not nodes.any():
         return None
-    dur = np.where(g.present[nodes], g.duration[nodes], 0.0)   # [n_gc, D, T]
-    if dur.sum() <= 0:
-        return None   # NDTimeline writes zero-length gc rows: look inside compute instead
+    dur = np.where(g.present[nodes], g.duration[nodes], 0.0)
+    return dur if dur.sum() > 0 else None
+
+
+def _from_rows(ctx: Context) -> Candidate | None:
+    w, g = ctx.w, ctx.w.grid
+    dur = _gc_row_durations(ctx)
+    if dur is None:
+        return None
+    nodes = g.node_optype == GC
     pause = dur > ctx.cfg.gc_pause_fraction * dur.max()
     ids = np.flatnonzero(nodes)
     workers = sorted({(int(d), int(g.node_stage[ids[k]])) for k, d, _ in zip(*np.nonzero(pause))})
@@ -47,7 +56,7 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
     elsewhere too (backward, other stages) is sequence imbalance, not a pause.
     """
     w, g, trace, cfg = ctx.w, ctx.w.grid, ctx.trace, ctx.cfg
-    if ctx.steps < 3 or _from_rows(ctx) is not None:
+    if ctx.steps < 3 or _gc_row_durations(ctx) is not None:
         return []   # the median over steps needs a majority of pause-free steps; gc rows
         #             that carry the pauses say where they are
     compute = np.flatnonzero(np.isin(g.node_optype, (FWD, BWD)))
