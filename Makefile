@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[dev]" "torch==2.13.0"
+	# attach's native (C++) recording hooks, built once into torch's extension cache; without a
+	# compiler attach records with its Python hooks (and says so)
+	$(PY) -m stragglers.record.native || echo "attach will record with its Python hooks"
 	touch $(STAMP)
 
 # Headless Chromium from Debian for the browser tests (Playwright drives the system browser).

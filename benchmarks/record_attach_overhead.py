@@ -4,10 +4,11 @@
 
 Everything runs in one process (a one-rank gloo group, so DDP's comm hook path runs), recorded
 and unrecorded side by side under the same machine load:
-1. Per recorded op, on tiny models (the hooks dominate), for a plain module and for DDP: each
+1. Per recorded op, on tiny models (the hooks dominate), for a plain module and for DDP, with
+   attach's Python hooks (STRAGGLERS_RECORD_NATIVE=0) and with its native hooks: each
    repetition times a block of bare steps, a block of attached steps, and a second bare block
    (A B A'); the cost is the median over repetitions of rec − (A + A')/2, divided by the ops per
-   step; the control (A/A) spread is the median |A' − A| per op. Both the training thread's CPU
+   step (the rows each recorded step holds, read back from the run); the control (A/A) spread is the median |A' − A| per op. Both the training thread's CPU
    time (time.thread_time_ns: what the hooks cost, free of the scheduler's noise on a shared
    machine) and wall time are shown, with the cost of a no-op Python `with` block measured in
    the same process as the unit (the ratio says how many empty context managers an op costs).
@@ -38,8 +39,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from stragglers.record import attach  # noqa: E402
+from stragglers.record import attach, native  # noqa: E402
 from stragglers.trace.runformat import read_run  # noqa: E402
+
+
+NATIVE_ENV = native.ENV
 
 
 def ddp(d_in: int, d_hidden: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -90,29 +94,48 @@ def timed_block(model, opt, x, steps: int, microbatches: int) -> tuple[float, fl
     return (time.thread_time_ns() - c0) / steps, (time.perf_counter_ns() - w0) / steps
 
 
-def per_op_cost(wrap: bool, reps: int, steps: int = 50, microbatches: int = 4) -> dict:
-    """Per-op cost of attach on a tiny model: interleaved A B A' blocks, medians over reps."""
+def per_op_cost(wrap: bool, reps: int, native: bool, steps: int = 50,
+                microbatches: int = 4) -> dict:
+    """Per-op cost of attach on a tiny model: interleaved A B A' blocks, medians over reps.
+
+    The plain module is the same model in all three blocks (attached for B, closed after), so
+    no difference between two models' memory layouts is counted; DDP takes one comm hook for
+    life, so each repetition uses a fresh pair of models.
+    """
     make = ddp if wrap else plain
-    bare_m, bare_o = make(8, 8)
-    rec_m, rec_o = make(8, 8)
     x = torch.randn(4, 8)
-    ops = 2 * microbatches + 1 + (1 if wrap else 0)  # fwd+bwd per mb, optimizer, one bucket
+    rows = []  # rows recorded per step, read back from each repetition's run
     diff = {"cpu": [], "wall": []}
     aa = {"cpu": [], "wall": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        with attach(rec_m, rec_o, Path(tmp) / "r", flush_interval_s=1.0):
-            for _ in range(3):  # warm-up (DDP's step 0 is not recorded anyway)
-                run_steps(bare_m, bare_o, x, 10, microbatches)
-                run_steps(rec_m, rec_o, x, 10, microbatches)
-            for _ in range(reps):
+    os.environ[NATIVE_ENV] = "1" if native else "0"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            bare_m, bare_o = make(8, 8)
+            for rep in range(reps):
+                if wrap:
+                    bare_m, bare_o = make(8, 8)
+                    rec_m, rec_o = make(8, 8)
+                else:
+                    rec_m, rec_o = bare_m, bare_o
+                run_steps(bare_m, bare_o, x, 10, microbatches)  # warm-up
                 a = timed_block(bare_m, bare_o, x, steps, microbatches)
-                r = timed_block(rec_m, rec_o, x, steps, microbatches)
+                with attach(rec_m, rec_o, Path(tmp) / f"r{rep}", flush_interval_s=1.0) as att:
+                    assert (att._native is not None) == native, "native hooks not as asked"
+                    run_steps(rec_m, rec_o, x, 3, microbatches)  # DDP's step 0 is not recorded
+                    r = timed_block(rec_m, rec_o, x, steps, microbatches)
                 a2 = timed_block(bare_m, bare_o, x, steps, microbatches)
+                # ops per step: the rows it recorded (DDP without no_sync: a bucket all-reduce
+                # per microbatch, its backward split where the bucket went out)
+                recorded = read_run(Path(tmp) / f"r{rep}").ops["step"]
+                rows.append(len(recorded) / len(set(recorded.tolist())))
+                ops = rows[-1]
                 for i, k in enumerate(("cpu", "wall")):
                     diff[k].append((r[i] - (a[i] + a2[i]) / 2) / ops)
                     aa[k].append(abs(a2[i] - a[i]) / ops)
             bare_cpu = a[0]
-    return {"ops": ops, "bare_step_cpu_ns": bare_cpu,
+    finally:
+        os.environ.pop(NATIVE_ENV, None)
+    return {"ops": statistics.median(rows), "bare_step_cpu_ns": bare_cpu,
             **{f"{k}_ns": statistics.median(v) for k, v in diff.items()},
             **{f"{k}_aa_ns": statistics.median(v) for k, v in aa.items()}}
 
@@ -168,10 +191,15 @@ def main() -> None:
     try:
         unit = null_context_ns()
         print(f"unit: an empty `with` block costs {unit:.0f} ns of thread CPU here", flush=True)
-        for wrap in (False, True):
-            c = cost = per_op_cost(wrap, args.reps)
-            name = "DDP (comm hook)" if wrap else "plain module"
-            print(f"per recorded op, {name}: {c['ops']} ops/step, bare step {c['bare_step_cpu_ns'] / 1e3:.0f} "
+        if native.load() is None:
+            sys.exit(f"the native hooks are not built ({native.last_error()})")
+        # Python hooks and native hooks side by side, in this order, in one process
+        for wrap, hooks in [(w, h) for w in (False, True) for h in ("python", "native")]:
+            c = per_op_cost(wrap, args.reps, native=hooks == "native")
+            if hooks == "native":
+                cost = c
+            name = ("DDP (comm hook)" if wrap else "plain module") + f", {hooks} hooks"
+            print(f"per recorded op, {name}: {c['ops']:.0f} ops/step, bare step {c['bare_step_cpu_ns'] / 1e3:.0f} "
                   f"µs CPU; attach adds {c['cpu_ns'] / 1e3:.2f} µs CPU per op (A/A control "
                   f"{c['cpu_aa_ns'] / 1e3:.2f}) = {c['cpu_ns'] / unit:.0f}× an empty with-block; wall "
                   f"{c['wall_ns'] / 1e3:.2f} µs per op (A/A {c['wall_aa_ns'] / 1e3:.2f}); goal <= 2 µs: "

@@ -62,13 +62,16 @@ def test_a_clean_fsdp2_run_is_diagnosed_as_none(tmp_path):
     assert result["sim_error"] <= 0.02
 
 
-@pytest.mark.parametrize("wrap", ["fsdp2", "ddp"])
-def test_attach_changes_no_parameter(tmp_path, wrap):
+# DDP on CPU records with the native hooks where built (record/native.py), else and with
+# STRAGGLERS_RECORD_NATIVE=0 with the Python ones; FSDP2 always with the Python ones
+@pytest.mark.parametrize("wrap,native", [("fsdp2", "1"), ("ddp", "1"), ("ddp", "0")])
+def test_attach_changes_no_parameter(tmp_path, wrap, native):
     params = {}
     for mode in ("on", "off"):
         extra = ["--no-record"] if mode == "off" else []
         torchrun(TRAIN, 2, "--wrap", wrap, "--steps", "3", "--out", str(tmp_path / mode),
-                 "--params-out", str(tmp_path / f"{mode}.pt"), *extra, timeout=300)
+                 "--params-out", str(tmp_path / f"{mode}.pt"), *extra, timeout=300,
+                 env={"STRAGGLERS_RECORD_NATIVE": native})
         params[mode] = torch.load(tmp_path / f"{mode}.pt")
     assert (tmp_path / "on" / "meta.json").exists() and not (tmp_path / "off").exists()
     assert params["on"].keys() == params["off"].keys()

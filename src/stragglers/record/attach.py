@@ -11,6 +11,9 @@ What is recorded, and from where (see README.md):
   comms wrapping FSDP2's own), the optimizer step, GC pauses (the Recorder's gc callback).
 Where the training thread blocks on a recorded collective, the compute span is split around
 the wait: compute rows hold compute only, waiting shows in the collective's row.
+On the host clock (CPU) with a plain module or DDP, the backward and DDP stamps come from native
+hooks (native.py: C++, no Python on their path) and forward is timed by a wrapper of the
+module's forward instead of module hooks; the rows are the same, at a fraction of the cost.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -29,6 +33,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
 from stragglers.errors import InputError
+from stragglers.record import native as native_hooks
 from stragglers.record.layout import JobLayout, fsdp2_units, read_layout
 from stragglers.record.lifecycle import ClosesOnExit
 from stragglers.record.recorder import Recorder
@@ -101,6 +106,30 @@ def _job_name(name: str | None) -> str:
     return script or "job"
 
 
+_CALL = "_stragglers_call"
+_RECORDED_CLASSES: dict[type, type] = {}
+
+
+def _recorded_class(cls: type) -> type:
+    """The subclass of `cls` whose instances' calls go through their `_stragglers_call`."""
+    sub = _RECORDED_CLASSES.get(cls)
+    if sub is None:
+        def __call__(self, *args, **kwargs):
+            return self.__dict__[_CALL](*args, **kwargs)
+
+        sub = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+                                          "__qualname__": cls.__qualname__})
+        _RECORDED_CLASSES[cls] = sub
+    return sub
+
+
+def _coarse_ddp_warning(exc: Exception) -> None:
+    # DDP takes one comm hook, and the user has one already
+    warnings.warn("stragglers.record.attach: DistributedDataParallel already has a comm "
+                  f"hook ({exc}); gradient all-reduces are recorded coarsely: their "
+                  "waiting shows as launch delay before the optimizer", stacklevel=5)
+
+
 def _model_device(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device if p.device.type != "meta" else torch.device("cpu")
@@ -138,10 +167,17 @@ class Attached(ClosesOnExit):
         self._bwd_hooks: list = []
         self._restore: list = []
         self._closed = False
+        self._native = None         # native.cpp's event log, when the native hooks are used
+        self._depth = 0             # nesting of the wrapped forward (native path)
+        self._opt_after_bwd = False  # a closure ran inside optimizer.step (native path)
         self.recorder.start()
         if not enabled:
             self._closed = True
             return
+        if layout.wrapper in ("none", "ddp") and not self._timer.is_cuda:
+            # GPU spans need CUDA events recorded on the stream, and FSDP2 splits the backward
+            # around its waits in Python (blocked()): those keep the Python hooks.
+            self._native = native_hooks.stamps()
         _ATTACHED[model] = _ATTACHED[layout.inner] = self
         self._install()
         if layout.wrapper == "fsdp2":
@@ -154,6 +190,8 @@ class Attached(ClosesOnExit):
         for undo in self._restore:
             undo()
         self._restore.clear()
+        if self._native is not None:
+            self._native.close()
         for m in (self.model, self.layout.inner):
             _ATTACHED.pop(m, None)
         if self._open and self.recorder._buf is not None:
@@ -170,9 +208,14 @@ class Attached(ClosesOnExit):
 
     def _install(self) -> None:
         inner = self.layout.inner
+        if self._native is not None:
+            self._restore.append(self._wrap_call(inner))
+        else:
+            self._handles += [
+                inner.register_forward_pre_hook(self._fwd_pre, prepend=True, with_kwargs=True),
+                inner.register_forward_hook(self._fwd_post, always_call=True),
+            ]
         self._handles += [
-            inner.register_forward_pre_hook(self._fwd_pre, prepend=True, with_kwargs=True),
-            inner.register_forward_hook(self._fwd_post, always_call=True),
             self.optimizer.register_step_pre_hook(self._opt_pre),
             self.optimizer.register_step_post_hook(self._opt_post),
         ]
@@ -187,6 +230,12 @@ class Attached(ClosesOnExit):
         # DDP builds provisional buckets for its first step and rebuilds them after it: that
         # step's rows would not line up with the later steps', so recording starts at step 1.
         self._first_step = 1
+        if self._native is not None:
+            try:  # DDP's default all-reduce, stamped in C++ (native.cpp: TimedAllReduce)
+                self._native.register_ddp(self.model.reducer, self.model.process_group)
+            except RuntimeError as exc:
+                _coarse_ddp_warning(exc)
+            return
         recorded = self.recorder.ddp_comm_hook()
         # DDP keeps the hook for its lifetime (there is no unregister) in C++, where Python's
         # garbage collector cannot see it: a hook holding this Attached (which holds the
@@ -208,38 +257,111 @@ class Attached(ClosesOnExit):
 
         try:
             self.model.register_comm_hook(None, hook)
-        except RuntimeError as exc:  # DDP takes one comm hook, and the user has one already
-            warnings.warn("stragglers.record.attach: DistributedDataParallel already has a comm "
-                          f"hook ({exc}); gradient all-reduces are recorded coarsely: their "
-                          "waiting shows as launch delay before the optimizer", stacklevel=4)
+        except RuntimeError as exc:
+            _coarse_ddp_warning(exc)
+
+    def _wrap_call(self, module: nn.Module):
+        """Time the module's calls by wrapping them (module hooks cost more); returns the undo.
+
+        The module's class becomes a subclass whose __call__ goes through `recorded_call`
+        (as fully_shard does to its modules): trainers that patch `forward` for one call
+        (Lightning's forward redirection) are still seen. The common case (a sampled step, no
+        GC pause, no closure) is written out inline: this runs once per microbatch, and each
+        Python call it saves is a fraction of a µs.
+        """
+        cls = type(module)
+        call = cls.__call__
+        in_graph_task = torch._C._current_graph_task_id  # -1 outside a backward pass
+        grad_on, now, Tensor = torch.is_grad_enabled, time.perf_counter_ns, torch.Tensor
+        rec, mark, start = self.recorder, self._native.mark_backward, self._native.start
+        no_seq = (math.nan, -1)
+
+        def recorded_call(*args, **kwargs):
+            if self._depth or not module.training or not grad_on() or in_graph_task() != -1:
+                # nested, evaluation, or recomputation inside backward: not a microbatch
+                self._depth += 1
+                try:
+                    return call(module, *args, **kwargs)
+                finally:
+                    self._depth -= 1
+            if not self._open:
+                self._begin()
+            buf, mb = rec._buf, self._mb
+            self._depth = 1
+            if buf is None:  # a step not sampled: counted, not recorded
+                try:
+                    return call(module, *args, **kwargs)
+                finally:
+                    self._depth, self._mb = 0, mb + 1
+            if self._seq_fn is not None:
+                self._read_seq(mb, args, kwargs)
+            if self._in_opt:
+                self._opt, self._opt_after_bwd = None, True  # see _fwd_begin
+            gc0 = len(buf.gc)
+            t0 = now()
+            try:
+                output = call(module, *args, **kwargs)
+            finally:  # also when forward raised, as an always_call hook would
+                t1 = now()
+                self._depth, self._mb = 0, mb + 1
+                attn, tok = self._seq.get(mb, no_seq) if self._seq else no_seq
+                if len(buf.gc) > gc0:
+                    rec._close_foreground(buf, gc0, (FWD, mb, 0, 0, attn, tok, -1), t0, t1)
+                else:
+                    buf.ops.append((FWD, t0, t1, mb, 0, 0, attn, tok, -1, ()))
+            for t in ((output,) if isinstance(output, Tensor) else tree_leaves(output)):
+                if isinstance(t, Tensor) and t.requires_grad and not mark(t, mb):
+                    t.register_hook(lambda _grad, mb=mb: start(mb))  # a leaf: no node to hook
+            return output
+
+        module.__dict__[_CALL] = recorded_call  # not nn.Module.__setattr__: a plain attribute
+        module.__class__ = _recorded_class(cls)
+
+        def undo():
+            if type(module) is _recorded_class(cls):
+                module.__class__ = cls
+                module.__dict__.pop(_CALL, None)
+            else:  # its class was changed again since (e.g. fully_shard): calls pass through
+                module.__dict__[_CALL] = lambda *args, **kwargs: call(module, *args, **kwargs)
+
+        return undo
 
     def _fwd_pre(self, module, args, kwargs):
         counts = module.training and torch.is_grad_enabled() and not self._in_bwd
         self._stack.append(counts and len(self._stack) == 0)
-        if not self._stack[-1]:
-            return None
+        if self._stack[-1]:
+            self._fwd_begin(args, kwargs)
+
+    def _fwd_begin(self, args, kwargs) -> None:
+        """A microbatch's forward starts."""
         if not self._open:
             self._begin()
         buf = self.recorder._buf
         if buf is None:
             return None
         if self._seq_fn is not None:
-            lens = self._seq_fn(*args, **kwargs)
-            if lens is not None:
-                lens = [int(s) for s in lens]
-                self._seq[self._mb] = (float(sum(s * s for s in lens)), int(sum(lens)))
+            self._read_seq(self._mb, args, kwargs)
         if self._in_opt:
             self._opt = None  # a closure inside optimizer.step: its span restarts after backward
+            self._opt_after_bwd = True
         self._open_seg(FWD, self._mb)
-        return None
+
+    def _read_seq(self, mb: int, args, kwargs) -> None:
+        lens = self._seq_fn(*args, **kwargs)
+        if lens is not None:
+            lens = [int(s) for s in lens]
+            self._seq[mb] = (float(sum(s * s for s in lens)), int(sum(lens)))
 
     def _fwd_post(self, module, args, output):
-        if not self._stack.pop():
-            return None
+        if self._stack.pop():
+            self._fwd_end(output)
+
+    def _fwd_end(self, output) -> None:
+        """A microbatch's forward ended: close its row, hook the start of its backward."""
         mb = self._mb
         self._mb += 1
         if self.recorder._buf is None:
-            return None
+            return
         self._close_seg()
         outs = [output] if isinstance(output, torch.Tensor) else tree_leaves(output)
         start = self._bwd_hooks[mb] if mb < len(self._bwd_hooks) else self._bwd_hook(mb)
@@ -251,7 +373,6 @@ class Attached(ClosesOnExit):
                     t.grad_fn.register_prehook(start)
                 else:
                     t.register_hook(start)
-        return None
 
     def _bwd_hook(self, mb: int):
         """The backward-start hook of microbatch `mb` (made once, reused every step)."""
@@ -295,6 +416,15 @@ class Attached(ClosesOnExit):
     def _opt_post(self, optimizer, args, kwargs):
         self._in_opt = False
         buf = self.recorder._buf
+        if buf is not None and self._opt is None and self._opt_after_bwd and \
+                self._native is not None:
+            # a closure inside optimizer.step: the optimizer's own work starts once its
+            # backward and the all-reduces DDP waits for at the end of it are done
+            self._stash_stamps(buf)
+            last = native_hooks.last_stamp(buf.stamps)
+            if last is not None:
+                self._opt = (last, sum(1 for s, _ in buf.gc if s < last))
+        self._opt_after_bwd = False
         if buf is not None and self._opt is not None:
             start, i0 = self._opt
             self.recorder._close_foreground(buf, i0, (OPT, -1, 0, 0, math.nan, -1, -1), start,
@@ -306,16 +436,30 @@ class Attached(ClosesOnExit):
 
     def _begin(self) -> None:
         self._open, self._mb = True, 0
-        self._seq.clear()
+        self._seq = {}  # a new dict: the last step's went to the writer with its stamps
+        if self._native is not None:
+            self._native.reset()
         if self._step >= self._first_step:
             self.recorder._begin_step(self._step)
 
     def _end(self) -> None:
-        if self.recorder._buf is not None:
+        buf = self.recorder._buf
+        if buf is not None:
             self._close_seg()
+            if self._native is not None:
+                self._stash_stamps(buf)
+                buf.seq = self._seq
             self.recorder._end_step()
+        elif self._native is not None:
+            self._native.drain()  # a step not sampled (or DDP's first): its stamps are dropped
         self._open = False
         self._step += 1
+
+    def _stash_stamps(self, buf) -> None:
+        """Move the native stamps so far into the step: the writer makes their rows."""
+        stamps = self._native.drain()
+        if stamps:
+            buf.stamps.append(stamps)
 
     def _open_seg(self, code: int, mb: int) -> None:
         self._seg = (code, mb, self._timer.mark(), len(self.recorder._buf.gc))

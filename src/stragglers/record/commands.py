@@ -20,6 +20,23 @@ def register(app: typer.Typer) -> None:
                 )(record_command)
 
 
+def _build_native_hooks() -> None:
+    """Build attach's native hooks here, once, before the job's ranks start (they load them)."""
+    from stragglers.record import native
+
+    if os.environ.get(native.ENV, "").strip().lower() in ("0", "off", "false", "no"):
+        return
+    try:
+        built = native.load() is not None
+    except Exception:  # no torch here: the job's own environment decides
+        return
+    if not built:
+        typer.echo("stragglers record: building attach's native hooks (once, ~30 s)", err=True)
+        if native.load(build=True) is None:
+            typer.echo(f"stragglers record: native hooks unavailable ({native.last_error()}); "
+                       "the job records with Python hooks", err=True)
+
+
 def record_command(
     command: list[str] = typer.Argument(..., help="The job to run, after `--`, e.g. "
                                         "-- torchrun --nproc-per-node 8 train.py --lr 3e-4"),
@@ -45,6 +62,7 @@ def record_command(
                          "new --out or pass --overwrite")
     env = {**os.environ, ENV_SWITCH: "1", ENV_DIR: str(out), ENV_SAMPLE: str(sample_every),
            ENV_OVERWRITE: "1" if overwrite else "0"}
+    _build_native_hooks()
     try:
         code = subprocess.call(command, env=env)
     except OSError as exc:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stragglers.record.native import stamp_rows
 from stragglers.trace.model import OPTYPE_CODES
 from stragglers.trace.runformat import write_rank
 
@@ -32,6 +33,10 @@ class StepBuffer:
     # (record/schedstat.py); rows not in it get NaN. Keyed by the end: placing GC pauses may
     # move a row's start, never its end.
     cpu_waits: dict = field(default_factory=dict)
+    # native hooks (attach on CPU, record/native.py): raw stamps, made into rows here, off the
+    # training thread; seq: mb → (attn_cost, tokens) for their backward rows
+    stamps: list = field(default_factory=list)
+    seq: dict = field(default_factory=dict)
 
 
 class RankWriter:
@@ -59,6 +64,7 @@ class RankWriter:
         self._pending: deque[StepBuffer] = deque()
         self._wake: queue.SimpleQueue = queue.SimpleQueue()
         self._held: list[dict[str, np.ndarray]] = []
+        self._held_steps = 0
         self._thread = threading.Thread(target=self._run, name=f"stragglers-writer-{rank}",
                                         daemon=True)
         self._thread.start()
@@ -94,12 +100,17 @@ class RankWriter:
             except queue.Empty:
                 msg = True  # the interval passed: write what is pending
             try:
+                bufs = []
                 while self._pending:
-                    self._held.append(self.columns(self._pending.popleft()))
+                    bufs.append(self._pending.popleft())
+                if bufs:  # converted together: numpy's cost per call is paid once, not per step
+                    self._held.append(self.columns(*bufs))
+                    self._held_steps += len(bufs)
                 self._write_held()
             except BaseException as exc:  # keep training alive; report at close
                 self.error = exc
                 self._held.clear()
+                self._held_steps = 0
             if isinstance(msg, threading.Event):  # flush(): its caller waits for this
                 msg.set()
             elif msg is None:
@@ -114,31 +125,36 @@ class RankWriter:
         if self.uploader is not None:  # non-blocking: a bounded buffer and its own thread
             self.uploader.submit(self.parts_written, path.read_bytes())
         self.parts_written += 1
-        self.steps_written += len(parts)
+        self.steps_written += self._held_steps
+        self._held_steps = 0
 
-    def columns(self, buf: StepBuffer) -> dict[str, np.ndarray]:
-        """One step's rows as op-table columns on the common clock, with seq_id filled in."""
-        timer, anchor = self.timer, buf.anchor
-        rows = buf.ops
-        if timer.is_cuda:
-            rows = [(r[0], timer.resolve(r[1], anchor), timer.resolve(r[2], anchor), *r[3:])
-                    for r in rows]
-        timer.release(anchor)
-        if buf.gc or any(r[9] for r in rows):  # GC pauses to place (rare): row by row
-            rows = [list(r) for r in rows]
-            rows.extend(place_gc_pauses(rows, buf.gc, self.stage))
+    def columns(self, *bufs: StepBuffer) -> dict[str, np.ndarray]:
+        """Steps' rows as op-table columns on the common clock, with seq_id filled in."""
+        rows, step_of, waits = [], [], {}
+        for buf in bufs:
+            step_rows = self._rows(buf)
+            rows.extend(step_rows)
+            step_of.append((buf.step, len(step_rows)))
+            for (code, end), wait in buf.cpu_waits.items():
+                waits[(buf.step, code, end)] = wait
         n = len(rows)
         # Column-wise conversion in C (zip, np.array): the writer holds the GIL for less time.
         cols = list(zip(*rows)) if n else [()] * 10
+        step = np.repeat(np.array([s for s, _ in step_of], np.int64),
+                         np.array([k for _, k in step_of], np.int64))
         code = np.array(cols[0], np.int8)
         start = np.array(cols[1], np.int64)
         end = np.array(cols[2], np.int64)
-        order = np.lexsort((end, start))
-        code, start, end = code[order], start[order], end[order]
+        order = np.lexsort((end, start, step))
+        step, code, start, end = step[order], code[order], start[order], end[order]
+        # seq_id: the row's place among its step's rows of its op type, in time order
+        by_kind = np.lexsort((np.arange(n), code, step))
         seq_id = np.zeros(n, np.int32)
-        for c in np.unique(code):
-            idx = np.flatnonzero(code == c)
-            seq_id[idx] = np.arange(len(idx), dtype=np.int32)
+        if n:
+            key_sorted = step[by_kind] * 256 + code[by_kind]
+            first = np.flatnonzero(np.r_[True, key_sorted[1:] != key_sorted[:-1]])
+            group_start = np.repeat(first, np.diff(np.r_[first, n]))
+            seq_id[by_kind] = (np.arange(n) - group_start).astype(np.int32)
 
         def col(i, dtype):
             return np.array(cols[i], dtype)[order]
@@ -147,7 +163,7 @@ class RankWriter:
             "rank": np.full(n, self.rank, np.int32),
             "dp_rank": np.full(n, self.dp_rank, np.int32),
             "stage": np.full(n, self.stage, np.int32),
-            "step": np.full(n, buf.step, np.int64),
+            "step": step,
             "optype": code,
             "start_ts": (start + self.offset_ns - self.origin_ns) / 1e9,
             "duration": (end - start) / 1e9,
@@ -158,15 +174,30 @@ class RankWriter:
             "attn_cost": col(6, np.float64),
             "tokens": col(7, np.int64),
             "bytes": col(8, np.int64),
-            "cpu_wait": _cpu_waits(buf.cpu_waits, code, end),
+            "cpu_wait": _cpu_waits(waits, step, code, end),
         }
 
+    def _rows(self, buf: StepBuffer) -> list:
+        """One step's rows on the host clock, native stamps made rows, GC pauses placed."""
+        timer, anchor = self.timer, buf.anchor
+        rows = buf.ops
+        if timer.is_cuda:
+            rows = [(r[0], timer.resolve(r[1], anchor), timer.resolve(r[2], anchor), *r[3:])
+                    for r in rows]
+        timer.release(anchor)
+        if buf.stamps:
+            rows = rows + stamp_rows(buf.stamps, buf.seq, buf.gc, self.stage)
+        if buf.gc or any(r[9] for r in rows):  # GC pauses to place (rare): row by row
+            rows = [list(r) for r in rows]
+            rows.extend(place_gc_pauses(rows, buf.gc, self.stage))
+        return rows
 
-def _cpu_waits(waits: dict, code: np.ndarray, end: np.ndarray) -> np.ndarray:
+
+def _cpu_waits(waits: dict, step: np.ndarray, code: np.ndarray, end: np.ndarray) -> np.ndarray:
     """The cpu_wait column: each row's measured wait, NaN where none was measured."""
     out = np.full(len(code), np.nan)
     if waits:
-        for i, key in enumerate(zip(code.tolist(), end.tolist())):
+        for i, key in enumerate(zip(step.tolist(), code.tolist(), end.tolist())):
             out[i] = waits.get(key, np.nan)
     return out
 
