@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import warnings
 
 import numpy as np
@@ -200,3 +201,41 @@ def test_a_pipelining_stage_module_is_refused(tmp_path):
     finally:
         dist.destroy_process_group()
     assert not (tmp_path / "run").exists()
+
+
+class CollectsInForward(nn.Module):
+    """A model whose forward holds a real garbage collection (a pause of ≥ 50 µs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(16, 4)
+
+    def forward(self, x):
+        garbage = [[] for _ in range(20000)]
+        for a, b in zip(garbage, garbage[1:]):  # cycles: only the collector frees them
+            a.append(b)
+            b.append(a)
+        del garbage, a, b
+        gc.collect()
+        return self.net(x)
+
+
+def test_a_gc_pause_inside_forward_moves_before_its_row(tmp_path):
+    torch.manual_seed(0)
+    model = CollectsInForward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gc.disable()  # only the collections in forward pause
+    try:
+        with attach(model, opt, tmp_path / "run", flush_interval_s=0.01):
+            train(model, opt, steps=2, microbatches=1)
+    finally:
+        gc.enable()
+    ops = read_run(tmp_path / "run").ops
+    for step in range(2):
+        assert rows(ops, step) == [(FWD, 0), (BWD, 0), (OPT, -1)]
+        sel = ops["step"] == step
+        g = np.flatnonzero(sel & (ops["optype"] == GC))
+        f = np.flatnonzero(sel & (ops["optype"] == FWD))[0]
+        assert len(g) == 1 and ops["duration"][g[0]] >= 50e-6
+        # the pause precedes the forward, which keeps only its own time
+        assert ops["start_ts"][g[0]] + ops["duration"][g[0]] <= ops["start_ts"][f] + 1e-9

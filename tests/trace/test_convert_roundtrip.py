@@ -29,7 +29,7 @@ def recorded_run(tmp_path_factory):
     model = torch.nn.Linear(16, 16)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     meta = JobMeta(name="tiny", dp_size=1, pp_size=1, extra={"injections": []})
-    with Recorder(out, meta, dp_rank=0, stage=0, flush_every=1) as rec:
+    with Recorder(out, meta, dp_rank=0, stage=0, flush_every=1, flush_interval_s=0.05) as rec:
         for step in range(5):
             with rec.step(step):
                 for mb in range(3):

@@ -22,6 +22,7 @@ import math
 import os
 import sys
 import time
+import types
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ from torch.utils._pytree import tree_leaves
 
 from stragglers.errors import InputError
 from stragglers.record import native as native_hooks
+from stragglers.record.native import FAST, SKIP, SLOW
 from stragglers.record.layout import JobLayout, fsdp2_units, read_layout
 from stragglers.record.lifecycle import ClosesOnExit
 from stragglers.record.recorder import Recorder
@@ -110,15 +112,14 @@ _CALL = "_stragglers_call"
 _RECORDED_CLASSES: dict[type, type] = {}
 
 
-def _recorded_class(cls: type) -> type:
-    """The subclass of `cls` whose instances' calls go through their `_stragglers_call`."""
+def _recorded_class(cls: type, native) -> type:
+    """The subclass of `cls` whose instances' calls go through their `_stragglers_call` (a
+    native Forward: its __call__ is native too, no Python frame of ours per call)."""
     sub = _RECORDED_CLASSES.get(cls)
     if sub is None:
-        def __call__(self, *args, **kwargs):
-            return self.__dict__[_CALL](*args, **kwargs)
-
-        sub = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+        sub = type(cls.__name__, (cls,), {"__module__": cls.__module__,
                                           "__qualname__": cls.__qualname__})
+        sub.__call__ = native.call_method()
         _RECORDED_CLASSES[cls] = sub
     return sub
 
@@ -168,7 +169,7 @@ class Attached(ClosesOnExit):
         self._restore: list = []
         self._closed = False
         self._native = None         # native.cpp's event log, when the native hooks are used
-        self._depth = 0             # nesting of the wrapped forward (native path)
+        self._fwd = None            # the native Forward timing the module's calls
         self._opt_after_bwd = False  # a closure ran inside optimizer.step (native path)
         self.recorder.start()
         if not enabled:
@@ -178,6 +179,7 @@ class Attached(ClosesOnExit):
             # GPU spans need CUDA events recorded on the stream, and FSDP2 splits the backward
             # around its waits in Python (blocked()): those keep the Python hooks.
             self._native = native_hooks.stamps()
+            self._native_module = native_hooks.load()
         _ATTACHED[model] = _ATTACHED[layout.inner] = self
         self._install()
         if layout.wrapper == "fsdp2":
@@ -215,9 +217,11 @@ class Attached(ClosesOnExit):
                 inner.register_forward_pre_hook(self._fwd_pre, prepend=True, with_kwargs=True),
                 inner.register_forward_hook(self._fwd_post, always_call=True),
             ]
+        native = self._native is not None
         self._handles += [
             self.optimizer.register_step_pre_hook(self._opt_pre),
-            self.optimizer.register_step_post_hook(self._opt_post),
+            self.optimizer.register_step_post_hook(self._opt_post_native if native else
+                                                   self._opt_post),
         ]
         if self.layout.wrapper == "ddp":
             self._install_ddp()
@@ -263,36 +267,20 @@ class Attached(ClosesOnExit):
     def _wrap_call(self, module: nn.Module):
         """Time the module's calls by wrapping them (module hooks cost more); returns the undo.
 
-        The module's class becomes a subclass whose __call__ goes through `recorded_call`
-        (as fully_shard does to its modules): trainers that patch `forward` for one call
-        (Lightning's forward redirection) are still seen. The common case (a sampled step, no
-        GC pause, no closure) is written out inline: this runs once per microbatch, and each
-        Python call it saves is a fraction of a µs.
+        The module's class becomes a subclass whose __call__ runs the instance's native Forward
+        (as fully_shard swaps its modules' classes): trainers that patch `forward` for one call
+        (Lightning's forward redirection) are still seen. The Forward times a sampled step's
+        microbatches in C++; what needs Python (sequence lengths, a closure inside
+        optimizer.step, the first call of a step) comes back here.
         """
         cls = type(module)
         call = cls.__call__
-        in_graph_task = torch._C._current_graph_task_id  # -1 outside a backward pass
-        grad_on, now, Tensor = torch.is_grad_enabled, time.perf_counter_ns, torch.Tensor
         rec, mark, start = self.recorder, self._native.mark_backward, self._native.start
-        no_seq = (math.nan, -1)
+        now, no_seq, Tensor = time.perf_counter_ns, (math.nan, -1), torch.Tensor
 
-        def recorded_call(*args, **kwargs):
-            if self._depth or not module.training or not grad_on() or in_graph_task() != -1:
-                # nested, evaluation, or recomputation inside backward: not a microbatch
-                self._depth += 1
-                try:
-                    return call(module, *args, **kwargs)
-                finally:
-                    self._depth -= 1
-            if not self._open:
-                self._begin()
-            buf, mb = rec._buf, self._mb
-            self._depth = 1
-            if buf is None:  # a step not sampled: counted, not recorded
-                try:
-                    return call(module, *args, **kwargs)
-                finally:
-                    self._depth, self._mb = 0, mb + 1
+        def slow(mb, args, kwargs):
+            """A microbatch's forward in a step the native side cannot time alone."""
+            buf = rec._buf
             if self._seq_fn is not None:
                 self._read_seq(mb, args, kwargs)
             if self._in_opt:
@@ -303,26 +291,28 @@ class Attached(ClosesOnExit):
                 output = call(module, *args, **kwargs)
             finally:  # also when forward raised, as an always_call hook would
                 t1 = now()
-                self._depth, self._mb = 0, mb + 1
-                attn, tok = self._seq.get(mb, no_seq) if self._seq else no_seq
-                if len(buf.gc) > gc0:
-                    rec._close_foreground(buf, gc0, (FWD, mb, 0, 0, attn, tok, -1), t0, t1)
-                else:
-                    buf.ops.append((FWD, t0, t1, mb, 0, 0, attn, tok, -1, ()))
+                attn, tok = self._seq.get(mb, no_seq)
+                rec._close_foreground(buf, gc0, (FWD, mb, 0, 0, attn, tok, -1), t0, t1)
             for t in ((output,) if isinstance(output, Tensor) else tree_leaves(output)):
                 if isinstance(t, Tensor) and t.requires_grad and not mark(t, mb):
-                    t.register_hook(lambda _grad, mb=mb: start(mb))  # a leaf: no node to hook
+                    leaf_hook(t, mb)
             return output
 
-        module.__dict__[_CALL] = recorded_call  # not nn.Module.__setattr__: a plain attribute
-        module.__class__ = _recorded_class(cls)
+        def leaf_hook(t, mb):  # an output with no node to hook: a tensor hook starts its span
+            t.register_hook(lambda _grad: start(mb))
+
+        self._fwd = self._native.forward(call, self._begin, slow, tree_leaves, leaf_hook)
+        # not nn.Module.__setattr__: a plain attribute
+        module.__dict__[_CALL] = self._native_module.capsule(self._fwd)
+        module.__class__ = _recorded_class(cls, self._native_module)
 
         def undo():
-            if type(module) is _recorded_class(cls):
+            self._fwd.release()
+            if type(module) is _recorded_class(cls, self._native_module):
                 module.__class__ = cls
                 module.__dict__.pop(_CALL, None)
             else:  # its class was changed again since (e.g. fully_shard): calls pass through
-                module.__dict__[_CALL] = lambda *args, **kwargs: call(module, *args, **kwargs)
+                module.__dict__[_CALL] = types.MethodType(call, module)
 
         return undo
 
@@ -410,6 +400,8 @@ class Attached(ClosesOnExit):
             self._begin()
         self._in_opt = True
         buf = self.recorder._buf
+        if self._fwd is not None and buf is not None:
+            self._fwd.set_mode(SLOW)  # a forward now is a closure's: Python handles it
         if buf is not None:
             self._opt = (self._timer.mark(), len(buf.gc))
 
@@ -421,7 +413,7 @@ class Attached(ClosesOnExit):
             # a closure inside optimizer.step: the optimizer's own work starts once its
             # backward and the all-reduces DDP waits for at the end of it are done
             self._stash_stamps(buf)
-            last = native_hooks.last_stamp(buf.stamps)
+            last = native_hooks.last_stamp(buf.stamps or [])
             if last is not None:
                 self._opt = (last, sum(1 for s, _ in buf.gc if s < last))
         self._opt_after_bwd = False
@@ -432,15 +424,40 @@ class Attached(ClosesOnExit):
         self._opt = None
         self._end()
 
+    def _opt_post_native(self, optimizer, args, kwargs):
+        """_opt_post for the common case with native hooks (no closure, no GC pause, no
+        sequence lengths): once per step, so written out inline."""
+        end = time.perf_counter_ns()
+        buf, opt = self.recorder._buf, self._opt
+        if buf is None or opt is None or self._seg is not None or self._opt_after_bwd or \
+                len(buf.gc) > opt[1] or self._seq:
+            return self._opt_post(optimizer, args, kwargs)
+        buf.ops.append((OPT, opt[0], end, -1, 0, 0, math.nan, -1, -1, ()))
+        self._in_opt, self._opt = False, None
+        stamps = self._native.drain()
+        if stamps:
+            if buf.stamps is None:
+                buf.stamps = [stamps]
+            else:
+                buf.stamps.append(stamps)
+        self.recorder._end_step()
+        self._fwd.disarm()
+        self._open = False
+        self._step += 1
+
     # ---- steps and spans -------------------------------------------------------------------
 
     def _begin(self) -> None:
         self._open, self._mb = True, 0
-        self._seq = {}  # a new dict: the last step's went to the writer with its stamps
-        if self._native is not None:
-            self._native.reset()
+        if self._seq:  # a new dict: the last step's went to the writer with its stamps
+            self._seq = {}
+        if self._fwd is None and self._native is not None:
+            self._native.reset()  # (Forward.arm resets it too)
         if self._step >= self._first_step:
             self.recorder._begin_step(self._step)
+        if self._fwd is not None:
+            self._fwd.arm(SKIP if self.recorder._buf is None else
+                          SLOW if self._seq_fn is not None or self._in_opt else FAST)
 
     def _end(self) -> None:
         buf = self.recorder._buf
@@ -448,10 +465,13 @@ class Attached(ClosesOnExit):
             self._close_seg()
             if self._native is not None:
                 self._stash_stamps(buf)
-                buf.seq = self._seq
+                if self._seq:
+                    buf.seq = self._seq
             self.recorder._end_step()
         elif self._native is not None:
             self._native.drain()  # a step not sampled (or DDP's first): its stamps are dropped
+        if self._fwd is not None:
+            self._fwd.disarm()
         self._open = False
         self._step += 1
 
@@ -459,7 +479,10 @@ class Attached(ClosesOnExit):
         """Move the native stamps so far into the step: the writer makes their rows."""
         stamps = self._native.drain()
         if stamps:
-            buf.stamps.append(stamps)
+            if buf.stamps is None:
+                buf.stamps = [stamps]
+            else:
+                buf.stamps.append(stamps)
 
     def _open_seg(self, code: int, mb: int) -> None:
         self._seg = (code, mb, self._timer.mark(), len(self.recorder._buf.gc))

@@ -1,15 +1,19 @@
 // Native recording hooks of stragglers.record.attach (CPU host clock; see native.py).
 //
 // The Python hooks attach used cost ~10-20 us of the training thread per recorded op, most of
-// it torch's own dispatch of Python hooks. These stamp the same instants with no Python on the
-// path: the backward pass's start (a pre-hook on the node that produced the model's output)
-// and end (an autograd engine callback), and each DDP bucket's all-reduce (a C++ comm hook
-// that does what DDP's default hook does: divide by the group size, all-reduce). Stamps go to
-// an event log the Python side drains once per step and turns into rows.
+// it torch's own dispatch of Python hooks. These stamp the same instants with no Python of
+// ours on the path: each microbatch's forward (a wrapper of the module's call), the backward
+// pass's start (a pre-hook on the node that produced the model's output) and end (an autograd
+// engine callback), and each DDP bucket's all-reduce (a C++ comm hook that does what DDP's
+// default hook does: divide by the group size, all-reduce). Stamps go to an event log the
+// Python side drains once per step and turns into rows (native.stamp_rows, on the writer
+// thread).
 
 #include <torch/extension.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
@@ -23,8 +27,9 @@
 
 namespace {
 
-using Event = std::array<int64_t, 4>;  // (kind, id, time ns, bytes)
-enum Kind : int64_t { BWD_START = 1, BWD_END = 2, BUCKET_READY = 3, BUCKET_DONE = 4 };
+// (kind, id, time ns, value): value is a bucket's bytes (BUCKET_READY) or a forward's end ns
+using Event = std::array<int64_t, 4>;
+enum Kind : int64_t { BWD_START = 1, BWD_END = 2, BUCKET_READY = 3, BUCKET_DONE = 4, FWD = 5 };
 
 // CLOCK_MONOTONIC: the clock Python's time.perf_counter_ns reads on Linux (native.py checks).
 int64_t now_ns() {
@@ -103,6 +108,188 @@ struct TimedAllReduce
   std::shared_ptr<Log> log_;
 };
 
+// A module's calls, timed. The state of the step (open, mode, microbatch count) is set by the
+// Python side at each step's start and end (Attached._begin/_end through arm()); the common
+// case, a training forward in a sampled step with nothing else to read, runs here alone.
+class Forward {
+ public:
+  enum Mode : int { SLOW = 0, FAST = 1, SKIP = 2 };
+
+  Forward(std::shared_ptr<Log> log, py::object call, py::object begin, py::object slow,
+          py::object leaves, py::object leaf_hook)
+      : log_(std::move(log)), call_(std::move(call)), begin_(std::move(begin)),
+        slow_(std::move(slow)), leaves_(std::move(leaves)), leaf_hook_(std::move(leaf_hook)) {}
+
+  // module(*args, **kwargs) in CPython's vectorcall form (args[0] is the module, `dict` its
+  // __dict__), recorded when it is a microbatch's forward; a new reference, or null with the
+  // Python error set.
+  PyObject* call(PyObject* const* args, size_t nargsf, PyObject* kwnames, PyObject* dict) {
+    PyObject* fn = call_.ptr();
+    if (released_) {
+      return PyObject_Vectorcall(fn, args, nargsf, kwnames);
+    }
+    // nested, evaluation, or recomputation inside backward: not a microbatch
+    PyObject* training = PyDict_GetItem(dict, training_key());  // nn.Module keeps it there
+    if (depth_ > 0 || !at::GradMode::is_enabled() ||
+        torch::autograd::get_current_graph_task_id() != -1 || training != Py_True) {
+      Depth nested(depth_);
+      return PyObject_Vectorcall(fn, args, nargsf, kwnames);
+    }
+    try {
+      if (!open_) {
+        begin_();  // Attached._begin: arms this step
+      }
+      const int64_t mb = mb_++;
+      Depth top(depth_);
+      if (mode_ == SKIP) {  // a step not sampled: counted, not recorded
+        return PyObject_Vectorcall(fn, args, nargsf, kwnames);
+      }
+      if (mode_ == SLOW) {  // sequence lengths, a closure inside optimizer.step, ...: Python
+        return slow_(mb, positional(args, nargsf), keywords(args, nargsf, kwnames))
+            .release()
+            .ptr();
+      }
+      const int64_t t0 = now_ns();
+      PyObject* out = PyObject_Vectorcall(fn, args, nargsf, kwnames);
+      log_->add(FWD, mb, t0, now_ns());  // also when forward raised, as an always_call hook
+      if (out == nullptr) {
+        return nullptr;
+      }
+      py::object output = py::reinterpret_steal<py::object>(out);
+      if (THPVariable_Check(out)) {
+        mark(out, mb);
+      } else {
+        for (py::handle leaf : leaves_(output)) {
+          if (THPVariable_Check(leaf.ptr())) {
+            mark(leaf.ptr(), mb);
+          }
+        }
+      }
+      return output.release().ptr();
+    } catch (py::error_already_set& e) {
+      e.restore();
+    } catch (const std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+    return nullptr;
+  }
+
+  // A step starts (microbatches count from 0, outside a backward pass: one that raised
+  // never ran its end callback), or its mode changes, or it ends.
+  void arm(int mode) {
+    log_->in_backward.store(false);
+    open_ = true;
+    mode_ = mode;
+    mb_ = 0;
+  }
+  void set_mode(int mode) { mode_ = mode; }
+  void disarm() { open_ = false; }
+
+  // Drop the references to Python objects (the attach closed): calls pass straight through.
+  void release() {
+    released_ = true;
+    begin_ = slow_ = leaves_ = leaf_hook_ = py::none();
+  }
+
+  int64_t mb() const { return mb_; }
+
+ private:
+  static PyObject* training_key() {
+    static PyObject* key = PyUnicode_InternFromString("training");
+    return key;
+  }
+
+  // The call's arguments after the module, as a tuple and a dict (the slow path's form).
+  static py::tuple positional(PyObject* const* args, size_t nargsf) {
+    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    py::tuple out(n - 1);
+    for (Py_ssize_t i = 1; i < n; ++i) {
+      out[i - 1] = py::reinterpret_borrow<py::object>(args[i]);
+    }
+    return out;
+  }
+  static py::dict keywords(PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+    py::dict out;
+    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    for (Py_ssize_t i = 0; kwnames != nullptr && i < PyTuple_GET_SIZE(kwnames); ++i) {
+      out[PyTuple_GET_ITEM(kwnames, i)] = py::reinterpret_borrow<py::object>(args[n + i]);
+    }
+    return out;
+  }
+
+  struct Depth {  // one more level of the module's calls, for the scope of a call
+    explicit Depth(int& d) : d_(d) { ++d_; }
+    ~Depth() { --d_; }
+    int& d_;
+  };
+
+  // The backward of this output starts this microbatch's backward span.
+  void mark(PyObject* obj, int64_t mb) {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!t.requires_grad()) {
+      return;
+    }
+    const auto& fn = t.grad_fn();
+    if (fn) {
+      fn->add_pre_hook(std::make_unique<BackwardStart>(log_, mb));
+    } else {
+      leaf_hook_(py::handle(obj), mb);  // a leaf: no node to hook (a tensor hook, in Python)
+    }
+  }
+
+  std::shared_ptr<Log> log_;
+  py::object call_, begin_, slow_, leaves_, leaf_hook_;
+  bool open_ = false, released_ = false;
+  int mode_ = SLOW, depth_ = 0;
+  int64_t mb_ = 0;
+};
+
+// The __call__ of a recorded module's class, in C (no pybind dispatch: it runs once per
+// microbatch): the instance's Forward, held by a capsule in its __dict__, runs the call; any
+// other callable there (the attach was undone under a changed class) is called as is.
+constexpr const char* kCapsule = "stragglers.record.native.Forward";
+
+PyObject* recorded_call(PyObject*, PyObject* const* args, Py_ssize_t nargsf,
+                        PyObject* kwnames) {
+  static PyObject* key = PyUnicode_InternFromString("_stragglers_call");
+  if (PyVectorcall_NARGS(nargsf) < 1) {
+    PyErr_SetString(PyExc_TypeError, "__call__ needs the module");
+    return nullptr;
+  }
+  PyObject* dict = PyObject_GenericGetDict(args[0], nullptr);
+  if (dict == nullptr) {
+    return nullptr;
+  }
+  PyObject* held = PyDict_GetItem(dict, key);  // borrowed
+  PyObject* out = nullptr;
+  if (held == nullptr) {
+    PyErr_SetString(PyExc_AttributeError, "module has no _stragglers_call");
+  } else if (PyCapsule_IsValid(held, kCapsule)) {
+    auto* forward = static_cast<Forward*>(PyCapsule_GetPointer(held, kCapsule));
+    out = forward->call(args, static_cast<size_t>(nargsf), kwnames, dict);
+  } else {
+    out = PyObject_Vectorcall(held, args + 1, PyVectorcall_NARGS(nargsf) - 1, kwnames);
+  }
+  Py_DECREF(dict);
+  return out;
+}
+
+PyMethodDef recorded_call_def = {"__call__", reinterpret_cast<PyCFunction>(recorded_call),
+                                 METH_FASTCALL | METH_KEYWORDS,
+                                 "Call the module, timed when it is a microbatch's forward."};
+
+// A capsule for a module's __dict__ holding its Forward (and a reference to it).
+py::object capsule(py::object forward) {
+  auto* ptr = forward.cast<Forward*>();
+  PyObject* cap = PyCapsule_New(ptr, kCapsule, [](PyObject* c) {
+    Py_XDECREF(static_cast<PyObject*>(PyCapsule_GetContext(c)));
+  });
+  if (cap == nullptr || PyCapsule_SetContext(cap, forward.release().ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(cap);
+}
+
 class Stamps {
  public:
   Stamps() : log_(std::make_shared<Log>()) {}
@@ -118,6 +305,13 @@ class Stamps {
   }
 
   void start(int64_t mb) { start_backward(log_, mb); }
+
+  // A timed call of a module: `call` is its class's original __call__ (the module first).
+  Forward forward(py::object call, py::object begin, py::object slow, py::object leaves,
+                  py::object leaf_hook) {
+    return Forward(log_, std::move(call), std::move(begin), std::move(slow), std::move(leaves),
+                   std::move(leaf_hook));
+  }
 
   void register_ddp(py::object reducer, py::object group) {
     auto* r = reducer.cast<c10d::Reducer*>();
@@ -156,10 +350,32 @@ class Stamps {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "stragglers.record native hooks: backward and DDP bucket stamps without Python";
   m.def("now_ns", &now_ns, "The clock the stamps are on (CLOCK_MONOTONIC), in ns.");
+  m.def("call_method", []() {
+    PyObject* fn = PyCFunction_New(&recorded_call_def, nullptr);
+    if (fn == nullptr) {
+      throw py::error_already_set();
+    }
+    PyObject* method = PyInstanceMethod_New(fn);  // binds the instance, as a def would
+    Py_DECREF(fn);
+    if (method == nullptr) {
+      throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::object>(method);
+  }, "A __call__ for a recorded module's class: runs each instance's Forward.");
+  m.def("capsule", &capsule, py::arg("forward"),
+        "What a module's __dict__ holds under _stragglers_call: its Forward.");
+  py::class_<Forward>(m, "Forward")
+      .def("arm", &Forward::arm, py::arg("mode"))
+      .def("set_mode", &Forward::set_mode, py::arg("mode"))
+      .def("disarm", &Forward::disarm)
+      .def("release", &Forward::release)
+      .def_property_readonly("mb", &Forward::mb);
   py::class_<Stamps>(m, "Stamps")
       .def(py::init<>())
       .def("mark_backward", &Stamps::mark_backward, py::arg("output"), py::arg("mb"))
       .def("start", &Stamps::start, py::arg("mb"))
+      .def("forward", &Stamps::forward, py::arg("call"), py::arg("begin"), py::arg("slow"),
+           py::arg("leaves"), py::arg("leaf_hook"))
       .def("register_ddp", &Stamps::register_ddp, py::arg("reducer"), py::arg("group"))
       .def("drain", &Stamps::drain)
       .def("reset", &Stamps::reset)

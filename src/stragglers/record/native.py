@@ -22,7 +22,8 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("native.cpp")
 ENV = "STRAGGLERS_RECORD_NATIVE"
-BWD_START, BWD_END, BUCKET_READY, BUCKET_DONE = 1, 2, 3, 4  # event kinds (native.cpp)
+BWD_START, BWD_END, BUCKET_READY, BUCKET_DONE, FWD = 1, 2, 3, 4, 5  # event kinds (native.cpp)
+SLOW, FAST, SKIP = 0, 1, 2  # a Forward's modes in a step (native.cpp: Forward::Mode)
 _loaded: dict = {}
 _told = False
 
@@ -90,7 +91,8 @@ def stamps():
 
 
 def stamp_events(stamps: list[bytes]) -> list[tuple[int, int, int, int]]:
-    """Drained stamps (Stamps.drain()'s bytes) as (kind, id, ns, bytes) events in time order."""
+    """Drained stamps (Stamps.drain()'s bytes) as (kind, id, ns, value) events in time order
+    (value: a bucket's bytes, a forward's end)."""
     import numpy as np
 
     flat = np.frombuffer(b"".join(stamps), np.int64).reshape(-1, 4)
@@ -101,8 +103,11 @@ def last_stamp(stamps: list[bytes]) -> int | None:
     """The latest instant among drained stamps (None if none)."""
     import numpy as np
 
-    flat = np.frombuffer(b"".join(stamps), np.int64)
-    return int(flat[2::4].max()) if flat.size else None
+    flat = np.frombuffer(b"".join(stamps), np.int64).reshape(-1, 4)
+    if not len(flat):
+        return None
+    ends = np.where(flat[:, 0] == FWD, flat[:, 3], flat[:, 2])  # a forward's end is its value
+    return int(ends.max())
 
 
 def stamp_rows(stamps: list[bytes], seq: dict, gc: list, stage: int) -> list[tuple]:
@@ -114,21 +119,24 @@ def stamp_rows(stamps: list[bytes], seq: dict, gc: list, stage: int) -> list[tup
     """
     from stragglers.trace.model import OPTYPE_CODES
 
-    bwd_code, ar_code = OPTYPE_CODES["backward-compute"], OPTYPE_CODES["grads-all-reduce"]
-    comms, spans = [], []
+    fwd_code, bwd_code = OPTYPE_CODES["forward-compute"], OPTYPE_CODES["backward-compute"]
+    ar_code = OPTYPE_CODES["grads-all-reduce"]
+    comms, spans = [], []  # spans: (code, mb, start, end)
     bwd = None  # (mb, start) of the open backward span
     ready: dict[int, tuple[int, int]] = {}
     last_end = 0
     for kind, ident, t, nbytes in stamp_events(stamps):
-        if kind == BWD_START:
+        if kind == FWD:  # (mb, start, end): one event per forward
+            spans.append((fwd_code, ident, t, nbytes))
+        elif kind == BWD_START:
             bwd = (ident, t)
         elif kind == BWD_END and bwd is not None:
-            spans.append((bwd[0], bwd[1], t))
+            spans.append((bwd_code, bwd[0], bwd[1], t))
             bwd = None
         elif kind == BUCKET_READY:
             ready[ident] = (t, nbytes)
             if bwd is not None:
-                spans.append((bwd[0], bwd[1], t))
+                spans.append((bwd_code, bwd[0], bwd[1], t))
                 bwd = (bwd[0], t)
         elif kind == BUCKET_DONE and ident in ready:
             s, nbytes = ready.pop(ident)
@@ -138,17 +146,77 @@ def stamp_rows(stamps: list[bytes], seq: dict, gc: list, stage: int) -> list[tup
             last_end = max(last_end, t)
             comms.append((ar_code, s, t, -1, 0, stage, math.nan, -1, nbytes, ()))
     rows = []
-    for mb, s, e in spans:
+    for code, mb, s, e in spans:
         attn, tok = seq.get(mb, (math.nan, -1))
         pauses = ()
         inside = [p for p in gc if s <= p[0] and p[1] <= e]
         if inside:
             gc[:] = [p for p in gc if not (s <= p[0] and p[1] <= e)]
             pauses = tuple(pe - ps for ps, pe in inside)
-        rows.append((bwd_code, s, e, mb, 0, 0, attn, tok, -1, pauses))
+        rows.append((code, s, e, mb, 0, 0, attn, tok, -1, pauses))
     # compute first: a bucket's all-reduce starts at the instant its span ends and the next
     # begins, and a stable sort by start then keeps the compute that launched it before it
     return rows + comms
+
+
+def stamp_columns(steps: list[int], stamps: list[list[bytes]], stage: int) -> dict:
+    """Many steps' stamps as op-table columns at once (the writer's common case: no GC pause,
+    no sequence lengths), the rows stamp_rows makes, without a Python loop per event.
+
+    Columns: step, code, start, end, mb, mc, gmc, attn, tokens, bytes. Per step, the boundary
+    events of the backward pass (start, a bucket ready, end) cut it into spans; a bucket's
+    all-reduce runs from its ready instant, or from the end of the bucket before it when it was
+    queued behind that one, to its done instant.
+    """
+    import numpy as np
+
+    from stragglers.trace.model import OPTYPE_CODES
+
+    fwd_code, bwd_code = OPTYPE_CODES["forward-compute"], OPTYPE_CODES["backward-compute"]
+    ar_code = OPTYPE_CODES["grads-all-reduce"]
+    parts = [np.frombuffer(b"".join(s), np.int64).reshape(-1, 4) for s in stamps]
+    ev = np.concatenate(parts) if parts else np.zeros((0, 4), np.int64)
+    st = np.repeat(np.asarray(steps, np.int64), [len(p) for p in parts])
+    order = np.lexsort((np.arange(len(ev)), ev[:, 2], st))  # by step, then time, stably
+    ev, st = ev[order], st[order]
+    kind, ident, t, value = ev[:, 0], ev[:, 1], ev[:, 2], ev[:, 3]
+    out = {k: [] for k in ("step", "code", "start", "end", "mb", "gmc", "bytes")}
+
+    def add(step, code, start, end, mb, gmc, nbytes):
+        for k, v in zip(out, (step, code, start, end, mb, gmc, nbytes)):
+            out[k].append(np.broadcast_to(v, len(start)))
+
+    fwd = kind == FWD  # (mb, start, end)
+    add(st[fwd], fwd_code, t[fwd], value[fwd], ident[fwd], 0, -1)
+    # backward spans: between a boundary inside an open pass and the next boundary of its step
+    b = np.flatnonzero((kind == BWD_START) | (kind == BWD_END) | (kind == BUCKET_READY))
+    bk, bst, bt = kind[b], st[b], t[b]
+    idx = np.arange(len(b))
+    last_start = np.maximum.accumulate(np.where(bk == BWD_START, idx, -1)) if len(b) else idx
+    last_end = np.maximum.accumulate(np.where(bk == BWD_END, idx, -1)) if len(b) else idx
+    open_after = (last_start > last_end) & (bk != BWD_END)
+    open_after &= bst[np.maximum(last_start, 0)] == bst  # a pass of this step
+    nxt = idx[:-1][open_after[:-1] & (bst[1:] == bst[:-1])]
+    add(bst[nxt], bwd_code, bt[nxt], bt[nxt + 1], ident[b][last_start[nxt]], 0, -1)
+    # buckets: each done pairs with the ready just before it of the same bucket in its step
+    q = np.flatnonzero((kind == BUCKET_READY) | (kind == BUCKET_DONE))
+    q = q[np.lexsort((np.arange(len(q)), ident[q], st[q]))]  # by step, bucket, then time
+    pair = (kind[q[:-1]] == BUCKET_READY) & (kind[q[1:]] == BUCKET_DONE) & \
+        (st[q[:-1]] == st[q[1:]]) & (ident[q[:-1]] == ident[q[1:]])
+    ready, done = q[:-1][pair], q[1:][pair]
+    by_done = np.lexsort((t[done], st[done]))  # in the order they completed, per step
+    ready, done = ready[by_done], done[by_done]
+    # one stream: a bucket queued behind the previous one starts when that one ends
+    prev_end = np.r_[0, t[done][:-1]]
+    prev_end[np.r_[True, st[done][1:] != st[done][:-1]]] = 0
+    start = np.minimum(np.maximum(t[ready], prev_end), t[done])
+    add(st[done], ar_code, start, t[done], -1, stage, value[ready])
+    cols = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in out.items()}
+    n = len(cols["start"])
+    cols["mc"] = np.zeros(n, np.int64)
+    cols["attn"] = np.full(n, math.nan)
+    cols["tokens"] = np.full(n, -1, np.int64)
+    return cols
 
 
 def _import(name: str, library: Path):

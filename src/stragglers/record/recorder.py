@@ -125,6 +125,8 @@ class RecordedWork:
         self.completed = self.error = self.end_ns = None
         self.cpu_wait = math.nan
         if buf is not None:
+            if buf.pending is None:
+                buf.pending = []
             buf.pending.append(self)
             if waiter is not None:
                 self.completed = threading.Event()
@@ -147,6 +149,8 @@ class RecordedWork:
             code, mb, mc, gmc, nbytes = self.row
             self.buf.ops.append((code, self.start, end, mb, mc, gmc, math.nan, -1, nbytes, ()))
             if self.cpu_wait == self.cpu_wait:  # measured (not NaN)
+                if self.buf.cpu_waits is None:
+                    self.buf.cpu_waits = {}
                 self.buf.cpu_waits[(code, end)] = self.cpu_wait
 
     def is_completed(self) -> bool:
@@ -430,10 +434,11 @@ class Recorder:
             # The step raised (a peer died, say): its rows are incomplete and its posted works
             # may never finish, so it is dropped; the steps before it are already queued.
             return
-        for work in list(buf.pending):
-            if not work.done:
-                work.wait()  # a row needs its end; an unwaited send at step end is waited here
-        buf.pending.clear()
+        if buf.pending:
+            for work in list(buf.pending):
+                if not work.done:
+                    work.wait()  # a row needs its end; an unwaited send at step end is waited
+            buf.pending.clear()
         if self._writer is not None:
             self._writer.submit(buf)
 
@@ -482,6 +487,8 @@ class Recorder:
             if hasattr(out, "wait"):  # async_op=True callers still get a completed op
                 out.wait()
         if probe is not None:
+            if buf.cpu_waits is None:
+                buf.cpu_waits = {}
             buf.cpu_waits[(code, span.end)] = probe.waited_s(mark)
         return out
 

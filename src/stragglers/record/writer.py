@@ -12,31 +12,39 @@ from pathlib import Path
 
 import numpy as np
 
-from stragglers.record.native import stamp_rows
+from stragglers.record.native import stamp_columns, stamp_rows
 from stragglers.trace.model import OPTYPE_CODES
 from stragglers.trace.runformat import write_rank
 
 GC_CODE = OPTYPE_CODES["gc"]
 
 
-@dataclass
+@dataclass(slots=True)
 class StepBuffer:
-    """What one sampled step recorded: op rows (with unresolved marks) and GC pauses (host ns)."""
+    """What one sampled step recorded: op rows (with unresolved marks) and GC pauses (host ns).
+
+    Slots, and containers only where a step has something to hold: thousands of steps a second
+    each allocating a few more objects make Python's collector run more often in the training
+    thread.
+    """
 
     step: int
     anchor: object
     # (optype code, start mark, end mark, mb_id, mc, gmc, attn_cost, tokens, bytes, pauses inside)
     ops: list = field(default_factory=list)
     gc: list = field(default_factory=list)  # (start ns, end ns) of pauses not yet placed
-    pending: list = field(default_factory=list)  # posted, not yet waited works
+    pending: list | None = None  # posted, not yet waited works
     # (optype code, end mark) of a communication row → s its threads waited for a CPU during it
     # (record/schedstat.py); rows not in it get NaN. Keyed by the end: placing GC pauses may
     # move a row's start, never its end.
-    cpu_waits: dict = field(default_factory=dict)
+    cpu_waits: dict | None = None
     # native hooks (attach on CPU, record/native.py): raw stamps, made into rows here, off the
-    # training thread; seq: mb → (attn_cost, tokens) for their backward rows
-    stamps: list = field(default_factory=list)
-    seq: dict = field(default_factory=dict)
+    # training thread; seq: mb → (attn_cost, tokens) for their rows
+    stamps: list | None = None
+    seq: dict | None = None
+
+
+MAX_HELD_ROWS = 250_000  # converted rows held for the next part (~30 MB) before it is written
 
 
 class RankWriter:
@@ -50,8 +58,12 @@ class RankWriter:
         self.rank, self.dp_rank, self.stage = rank, dp_rank, stage
         self.timer = timer
         self.offset_ns, self.origin_ns = offset_ns, origin_ns
-        # A part is written every flush_interval_s, or earlier when flush_every steps are
-        # pending: few files and little CPU, yet a crash loses at most ~flush_interval_s.
+        # Pending steps are converted every flush_interval_s, or earlier when flush_every are
+        # pending (bounded memory); a part is written every flush_interval_s (or at flush and
+        # close, or when MAX_HELD_ROWS are held): few files and little CPU — writing a Parquet
+        # file costs the same for 10 rows as for 10,000, and this thread's work is taken from
+        # the training thread's (the GIL, the cores) — yet a crash loses at most
+        # ~flush_interval_s.
         self.flush_every = max(1, int(flush_every))
         self.flush_interval_s = float(flush_interval_s)
         self.parts_written = 0
@@ -64,7 +76,7 @@ class RankWriter:
         self._pending: deque[StepBuffer] = deque()
         self._wake: queue.SimpleQueue = queue.SimpleQueue()
         self._held: list[dict[str, np.ndarray]] = []
-        self._held_steps = 0
+        self._held_steps = self._held_rows = 0
         self._thread = threading.Thread(target=self._run, name=f"stragglers-writer-{rank}",
                                         daemon=True)
         self._thread.start()
@@ -94,6 +106,7 @@ class RankWriter:
                           f"{self.error!r}; the run directory misses those steps", stacklevel=2)
 
     def _run(self) -> None:
+        written = time.monotonic()
         while True:
             try:
                 msg = self._wake.get(timeout=self.flush_interval_s)
@@ -104,13 +117,18 @@ class RankWriter:
                 while self._pending:
                     bufs.append(self._pending.popleft())
                 if bufs:  # converted together: numpy's cost per call is paid once, not per step
-                    self._held.append(self.columns(*bufs))
+                    held = self.columns(*bufs)
+                    self._held.append(held)
                     self._held_steps += len(bufs)
-                self._write_held()
+                    self._held_rows += len(held["step"])
+                if msg is not True or self._held_rows >= MAX_HELD_ROWS or \
+                        time.monotonic() - written >= self.flush_interval_s:
+                    self._write_held()
+                    written = time.monotonic()
             except BaseException as exc:  # keep training alive; report at close
                 self.error = exc
                 self._held.clear()
-                self._held_steps = 0
+                self._held_steps = self._held_rows = 0
             if isinstance(msg, threading.Event):  # flush(): its caller waits for this
                 msg.set()
             elif msg is None:
@@ -126,27 +144,30 @@ class RankWriter:
             self.uploader.submit(self.parts_written, path.read_bytes())
         self.parts_written += 1
         self.steps_written += self._held_steps
-        self._held_steps = 0
+        self._held_steps = self._held_rows = 0
 
     def columns(self, *bufs: StepBuffer) -> dict[str, np.ndarray]:
         """Steps' rows as op-table columns on the common clock, with seq_id filled in."""
-        rows, step_of, waits = [], [], {}
+        rows, step_of, waits, batch = [], [], {}, []
         for buf in bufs:
-            step_rows = self._rows(buf)
+            step_rows = self._rows(buf, batch)
             rows.extend(step_rows)
             step_of.append((buf.step, len(step_rows)))
-            for (code, end), wait in buf.cpu_waits.items():
+            for (code, end), wait in (buf.cpu_waits or {}).items():
                 waits[(buf.step, code, end)] = wait
-        n = len(rows)
         # Column-wise conversion in C (zip, np.array): the writer holds the GIL for less time.
-        cols = list(zip(*rows)) if n else [()] * 10
-        step = np.repeat(np.array([s for s, _ in step_of], np.int64),
-                         np.array([k for _, k in step_of], np.int64))
-        code = np.array(cols[0], np.int8)
-        start = np.array(cols[1], np.int64)
-        end = np.array(cols[2], np.int64)
-        order = np.lexsort((end, start, step))
-        step, code, start, end = step[order], code[order], start[order], end[order]
+        cols = list(zip(*rows)) if rows else [()] * 10
+        c = {"step": np.repeat(np.array([s for s, _ in step_of], np.int64),
+                               np.array([k for _, k in step_of], np.int64))}
+        for i, (name, dtype) in enumerate(ROW_FIELDS):
+            c[name] = np.array(cols[i], dtype)
+        if batch:  # native stamps of steps with nothing to place: decoded together
+            more = stamp_columns([b.step for b in batch], [b.stamps for b in batch], self.stage)
+            c = {k: np.concatenate([v, more[k].astype(v.dtype)]) for k, v in c.items()}
+        n = len(c["step"])
+        order = np.lexsort((c["end"], c["start"], c["step"]))
+        c = {k: v[order] for k, v in c.items()}
+        step, code, start, end = c["step"], c["code"], c["start"], c["end"]
         # seq_id: the row's place among its step's rows of its op type, in time order
         by_kind = np.lexsort((np.arange(n), code, step))
         seq_id = np.zeros(n, np.int32)
@@ -155,10 +176,6 @@ class RankWriter:
             first = np.flatnonzero(np.r_[True, key_sorted[1:] != key_sorted[:-1]])
             group_start = np.repeat(first, np.diff(np.r_[first, n]))
             seq_id[by_kind] = (np.arange(n) - group_start).astype(np.int32)
-
-        def col(i, dtype):
-            return np.array(cols[i], dtype)[order]
-
         return {
             "rank": np.full(n, self.rank, np.int32),
             "dp_rank": np.full(n, self.dp_rank, np.int32),
@@ -168,29 +185,41 @@ class RankWriter:
             "start_ts": (start + self.offset_ns - self.origin_ns) / 1e9,
             "duration": (end - start) / 1e9,
             "seq_id": seq_id,
-            "mb_id": col(3, np.int32),
-            "mc": col(4, np.int32),
-            "gmc": col(5, np.int32),
-            "attn_cost": col(6, np.float64),
-            "tokens": col(7, np.int64),
-            "bytes": col(8, np.int64),
+            "mb_id": c["mb"].astype(np.int32),
+            "mc": c["mc"].astype(np.int32),
+            "gmc": c["gmc"].astype(np.int32),
+            "attn_cost": c["attn"],
+            "tokens": c["tokens"],
+            "bytes": c["bytes"],
             "cpu_wait": _cpu_waits(waits, step, code, end),
         }
 
-    def _rows(self, buf: StepBuffer) -> list:
-        """One step's rows on the host clock, native stamps made rows, GC pauses placed."""
+    def _rows(self, buf: StepBuffer, batch: list) -> list:
+        """One step's rows on the host clock, native stamps made rows, GC pauses placed; a step
+        whose native stamps need nothing placed goes to `batch` (decoded with the others)."""
         timer, anchor = self.timer, buf.anchor
         rows = buf.ops
         if timer.is_cuda:
             rows = [(r[0], timer.resolve(r[1], anchor), timer.resolve(r[2], anchor), *r[3:])
                     for r in rows]
         timer.release(anchor)
+        pauses = buf.gc or any(r[9] for r in rows)
         if buf.stamps:
-            rows = rows + stamp_rows(buf.stamps, buf.seq, buf.gc, self.stage)
-        if buf.gc or any(r[9] for r in rows):  # GC pauses to place (rare): row by row
+            if not pauses and not buf.seq:
+                batch.append(buf)
+                return rows
+            rows = rows + stamp_rows(buf.stamps, buf.seq or {}, buf.gc, self.stage)
+            pauses = pauses or any(r[9] for r in rows)
+        if pauses:  # GC pauses to place (rare): row by row
             rows = [list(r) for r in rows]
             rows.extend(place_gc_pauses(rows, buf.gc, self.stage))
         return rows
+
+
+# A row's fields after (code, start, end) are as in StepBuffer.ops
+ROW_FIELDS = (("code", np.int8), ("start", np.int64), ("end", np.int64), ("mb", np.int32),
+              ("mc", np.int32), ("gmc", np.int32), ("attn", np.float64), ("tokens", np.int64),
+              ("bytes", np.int64))
 
 
 def _cpu_waits(waits: dict, step: np.ndarray, code: np.ndarray, end: np.ndarray) -> np.ndarray:
