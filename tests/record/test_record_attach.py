@@ -239,3 +239,33 @@ def test_a_gc_pause_inside_forward_moves_before_its_row(tmp_path):
         assert len(g) == 1 and ops["duration"][g[0]] >= 50e-6
         # the pause precedes the forward, which keeps only its own time
         assert ops["start_ts"][g[0]] + ops["duration"][g[0]] <= ops["start_ts"][f] + 1e-9
+
+
+class FailsInBackward(torch.autograd.Function):
+    """Identity whose backward raises (a NaN check, an OOM): the pass ends without its end."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("backward failed")
+
+
+def test_a_step_after_a_failed_backward_is_recorded_whole(tmp_path):
+    model, opt = make()
+    with attach(model, opt, tmp_path / "run", flush_interval_s=0.01):
+        train(model, opt, steps=1, microbatches=2)
+        x, y = data(1, 0)
+        # fails below the model: its backward span has started and never ends
+        x = FailsInBackward.apply(x.requires_grad_())
+        with pytest.raises(RuntimeError, match="backward failed"):
+            F.mse_loss(model(x), y).backward()
+        opt.zero_grad()
+        opt.step()  # the user skips the update; the step ends here
+        train(model, opt, steps=2, microbatches=2)
+    ops = read_run(tmp_path / "run").ops
+    expect = [(FWD, 0), (BWD, 0), (FWD, 1), (BWD, 1), (OPT, -1)]
+    assert rows(ops, 0) == expect and rows(ops, 2) == expect and rows(ops, 3) == expect
+    assert rows(ops, 1) == [(FWD, 0), (OPT, -1)]  # no backward row: its end is unknown

@@ -434,12 +434,7 @@ class Attached(ClosesOnExit):
             return self._opt_post(optimizer, args, kwargs)
         buf.ops.append((OPT, opt[0], end, -1, 0, 0, math.nan, -1, -1, ()))
         self._in_opt, self._opt = False, None
-        stamps = self._native.drain()
-        if stamps:
-            if buf.stamps is None:
-                buf.stamps = [stamps]
-            else:
-                buf.stamps.append(stamps)
+        self._stash_stamps(buf)
         self.recorder._end_step()
         self._fwd.disarm()
         self._open = False
@@ -451,8 +446,6 @@ class Attached(ClosesOnExit):
         self._open, self._mb = True, 0
         if self._seq:  # a new dict: the last step's went to the writer with its stamps
             self._seq = {}
-        if self._fwd is None and self._native is not None:
-            self._native.reset()  # (Forward.arm resets it too)
         if self._step >= self._first_step:
             self.recorder._begin_step(self._step)
         if self._fwd is not None:
@@ -460,6 +453,8 @@ class Attached(ClosesOnExit):
                           SLOW if self._seq_fn is not None or self._in_opt else FAST)
 
     def _end(self) -> None:
+        if self._in_bwd:  # a backward that raised never ran its end callback: no span
+            self._in_bwd, self._seg = False, None
         buf = self.recorder._buf
         if buf is not None:
             self._close_seg()

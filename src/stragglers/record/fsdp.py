@@ -5,6 +5,8 @@ collectives FSDP2 issues for each unit; the recorded versions wrap the comms FSD
 defaults, or a user's), so the bytes moved and the result are the same. An asynchronous
 all-gather returns a Work whose wait() is recorded: the compute span that waits is split
 around it (Attached.blocked), so compute rows hold compute and the wait shows in the gather.
+On CPU each row carries its threads' waits for a CPU (cpu_wait, as Recorder.collective's), so
+the diagnosis tells a busy host from a slow link.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ def _row(code: int, start, end, nbytes: int) -> tuple:
 class _RecordedWork(dist.Work):
     """An asynchronous all-gather: the row ends at completion, the wait() splits compute."""
 
-    def __init__(self, work, att, buf, start, nbytes: int):
+    def __init__(self, work, att, buf, start, nbytes: int, waits: tuple):
         super().__init__()
         self._work, self._att, self._buf = work, att, buf
         self._start, self._nbytes = start, nbytes
+        self._waits = waits  # (probe, mark): CPU waits from the issue on
         self._closed = False
         # No done-callback on the work's future: a Python callback runs (and is freed) on
         # gloo's worker thread, which must take the GIL there; at interpreter exit that thread
@@ -50,6 +53,7 @@ class _RecordedWork(dist.Work):
                 end = entered
             if self._att.recorder._buf is self._buf:  # still the step it was issued in
                 self._buf.ops.append(_row(AG, self._start, end, self._nbytes))
+                self._att.recorder.note_comm_wait(self._buf, AG, end, *self._waits)
         return ok
 
     def is_completed(self) -> bool:
@@ -71,13 +75,17 @@ class RecordedAllGather(AllGather):
         if buf is None:
             return self.inner(output_tensor, input_tensor, group, async_op)
         nbytes = output_tensor.numel() * output_tensor.element_size()
+        waits = att.recorder.comm_wait_mark()
         start = att._timer.mark()
         if async_op:
             work = self.inner(output_tensor, input_tensor, group, True)
-            return _RecordedWork(work, att, buf, start, nbytes) if work is not None else None
+            return _RecordedWork(work, att, buf, start, nbytes, waits) if work is not None \
+                else None
         with _host_wait(att):
             work = self.inner(output_tensor, input_tensor, group, False)
-        buf.ops.append(_row(AG, start, att._timer.mark(), nbytes))
+        end = att._timer.mark()
+        buf.ops.append(_row(AG, start, end, nbytes))
+        att.recorder.note_comm_wait(buf, AG, end, *waits)
         return work
 
 
@@ -96,12 +104,15 @@ class RecordedReduceScatter(ReduceScatter):
         if buf is None:
             return self.inner(output_tensor, input_tensor, group, op, async_op)
         nbytes = input_tensor.numel() * input_tensor.element_size()
+        waits = att.recorder.comm_wait_mark()
         start = att._timer.mark()
         with _host_wait(att):
             work = self.inner(output_tensor, input_tensor, group, op, async_op)
             if async_op and work is not None:
                 work.wait()
-        buf.ops.append(_row(RS, start, att._timer.mark(), nbytes))
+        end = att._timer.mark()
+        buf.ops.append(_row(RS, start, end, nbytes))
+        att.recorder.note_comm_wait(buf, RS, end, *waits)
         return work
 
 

@@ -6,8 +6,8 @@
 // pass's start (a pre-hook on the node that produced the model's output) and end (an autograd
 // engine callback), and each DDP bucket's all-reduce (a C++ comm hook that does what DDP's
 // default hook does: divide by the group size, all-reduce). Stamps go to an event log the
-// Python side drains once per step and turns into rows (native.stamp_rows, on the writer
-// thread).
+// Python side drains once per step; the writer thread turns them into rows (native.py:
+// stamp_columns, stamp_rows).
 
 #include <torch/extension.h>
 #include <torch/csrc/autograd/engine.h>
@@ -331,9 +331,6 @@ class Stamps {
     return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(Event));
   }
 
-  // A backward that raised never ran its end callback: a new step starts outside backward.
-  void reset() { log_->in_backward.store(false); }
-
   // Hooks already installed stay (DDP keeps its comm hook for life) but stamp nothing.
   void close() {
     log_->on.store(false);
@@ -378,6 +375,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("leaves"), py::arg("leaf_hook"))
       .def("register_ddp", &Stamps::register_ddp, py::arg("reducer"), py::arg("group"))
       .def("drain", &Stamps::drain)
-      .def("reset", &Stamps::reset)
       .def("close", &Stamps::close);
 }

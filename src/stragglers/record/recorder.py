@@ -478,19 +478,31 @@ class Recorder:
         if buf is None:
             return fn(*args, **kwargs)
         code = OPTYPE_CODES[optype]
-        probe = None if self._timer.is_cuda else getattr(self._probes, "probe", None)
-        if probe is None and not self._timer.is_cuda:
-            probe = self._probes.probe = CommWaitProbe()
-        mark = probe.mark() if probe is not None else None
+        probe, mark = self.comm_wait_mark()
         with _OpSpan(self, buf, (code, -1, 0, self.stage, math.nan, -1, nbytes)) as span:
             out = fn(*args, **kwargs)
             if hasattr(out, "wait"):  # async_op=True callers still get a completed op
                 out.wait()
+        self.note_comm_wait(buf, code, span.end, probe, mark)
+        return out
+
+    def comm_wait_mark(self) -> tuple:
+        """(this thread's CommWaitProbe, its counters now) before a communication op; (None,
+        None) on CUDA, where the host does not wait for the transfer."""
+        if self._timer.is_cuda:
+            return None, None
+        probe = getattr(self._probes, "probe", None)
+        if probe is None:
+            probe = self._probes.probe = CommWaitProbe()
+        return probe, probe.mark()
+
+    @staticmethod
+    def note_comm_wait(buf: StepBuffer, code: int, end, probe, mark) -> None:
+        """Put the CPU waits since `comm_wait_mark` on the row (code, end) of `buf`."""
         if probe is not None:
             if buf.cpu_waits is None:
                 buf.cpu_waits = {}
-            buf.cpu_waits[(code, span.end)] = probe.waited_s(mark)
-        return out
+            buf.cpu_waits[(code, end)] = probe.waited_s(mark)
 
     def all_reduce(self, tensor: torch.Tensor, optype: str = "grads-all-reduce",
                    op=dist.ReduceOp.SUM, group=None) -> None:
