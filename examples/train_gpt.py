@@ -58,8 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     # recorder
     p.add_argument("--trace-dir", type=Path, default=None, help="where the run's traces go")
     p.add_argument("--sample-every", type=int, default=1, help="record one step in k")
-    p.add_argument("--flush-every", type=int, default=64, help="at most this many steps per part")
-    p.add_argument("--flush-interval", type=float, default=1.0, help="write a part at least every S s")
+    p.add_argument("--flush-every", type=int, default=64,
+                   help="convert recorded steps once this many are pending (bounds their memory)")
+    p.add_argument("--flush-interval", type=float, default=1.0, help="write a part every S s")
     p.add_argument("--no-record", action="store_true", help="run without the recorder")
     p.add_argument("--profile", type=Path, default=None, metavar="DIR",
                    help="also write torch.profiler traces of every step (one JSON per rank)")
