@@ -269,3 +269,27 @@ def test_a_step_after_a_failed_backward_is_recorded_whole(tmp_path):
     expect = [(FWD, 0), (BWD, 0), (FWD, 1), (BWD, 1), (OPT, -1)]
     assert rows(ops, 0) == expect and rows(ops, 2) == expect and rows(ops, 3) == expect
     assert rows(ops, 1) == [(FWD, 0), (OPT, -1)]  # no backward row: its end is unknown
+
+
+def test_a_recorded_model_copies_and_saves_as_its_own_class_unrecorded(tmp_path, hooks):
+    if hooks == "python":
+        pytest.skip("Python hooks sit in the module's hook dicts: copy its state_dict instead")
+    import copy
+    import io
+
+    model, opt = make()
+    with attach(model, opt, tmp_path / "run", flush_interval_s=0.01):
+        train(model, opt, steps=1, microbatches=1)
+        weights = {k: v.clone() for k, v in model.state_dict().items()}
+        ema = copy.deepcopy(model)  # as an EMA of the weights is made, mid-training
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        ema(data(9, 9)[0]).sum().backward()  # a training-mode forward of the copy: not recorded
+        train(model, opt, steps=1, microbatches=1)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for m in (ema, loaded):
+        assert type(m) is nn.Sequential and "_stragglers_call" not in m.__dict__
+        assert all(torch.equal(v, weights[k]) for k, v in m.state_dict().items())
+    ops = read_run(tmp_path / "run").ops
+    assert rows(ops, 1) == [(FWD, 0), (BWD, 0), (OPT, -1)]

@@ -18,6 +18,7 @@ module's forward instead of module hooks; the rows are the same, at a fraction o
 
 from __future__ import annotations
 
+import copyreg
 import math
 import os
 import sys
@@ -118,10 +119,21 @@ def _recorded_class(cls: type, native) -> type:
     sub = _RECORDED_CLASSES.get(cls)
     if sub is None:
         sub = type(cls.__name__, (cls,), {"__module__": cls.__module__,
-                                          "__qualname__": cls.__qualname__})
+                                          "__qualname__": cls.__qualname__,
+                                          "__reduce_ex__": _reduce_unrecorded})
         sub.__call__ = native.call_method()
         _RECORDED_CLASSES[cls] = sub
     return sub
+
+
+def _reduce_unrecorded(module: nn.Module, protocol: int):
+    """A recorded module copies and pickles as its own class, unrecorded (an EMA copy made with
+    copy.deepcopy, torch.save of the whole model), not as the recorder's subclass."""
+    cls = type(module).__mro__[1]
+    state = {k: v for k, v in module.__dict__.items() if k != _CALL}
+    # copyreg's own reconstructor (what pickle protocols 0-1 use): a file that holds the model
+    # loads without stragglers installed
+    return copyreg._reconstructor, (cls, object, None), state
 
 
 def _coarse_ddp_warning(exc: Exception) -> None:
