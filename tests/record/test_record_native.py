@@ -3,7 +3,6 @@ and what happens without them."""
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import subprocess
@@ -12,13 +11,12 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
-from test_record_attach import data, make, rows, train
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_record_attach import make, rows, train
 
 from stragglers.record import attach, native
 from stragglers.trace.model import OPTYPE_CODES
