@@ -129,9 +129,8 @@ class Forward {
       return PyObject_Vectorcall(fn, args, nargsf, kwnames);
     }
     // nested, evaluation, or recomputation inside backward: not a microbatch
-    PyObject* training = PyDict_GetItem(dict, training_key());  // nn.Module keeps it there
     if (depth_ > 0 || !at::GradMode::is_enabled() ||
-        torch::autograd::get_current_graph_task_id() != -1 || training != Py_True) {
+        torch::autograd::get_current_graph_task_id() != -1 || !training(args[0], dict)) {
       Depth nested(depth_);
       return PyObject_Vectorcall(fn, args, nargsf, kwnames);
     }
@@ -194,9 +193,19 @@ class Forward {
   int64_t mb() const { return mb_; }
 
  private:
-  static PyObject* training_key() {
+  // module.training: nn.Module keeps it in the instance __dict__ (a subclass that makes it a
+  // property is asked the usual way)
+  static bool training(PyObject* module, PyObject* dict) {
     static PyObject* key = PyUnicode_InternFromString("training");
-    return key;
+    PyObject* value = PyDict_GetItem(dict, key);  // borrowed
+    if (value != nullptr) {
+      return value == Py_True;
+    }
+    PyObject* attr = PyObject_GetAttr(module, key);
+    const bool on = attr != nullptr && PyObject_IsTrue(attr) == 1;
+    Py_XDECREF(attr);
+    PyErr_Clear();
+    return on;
   }
 
   // The call's arguments after the module, as a tuple and a dict (the slow path's form).
