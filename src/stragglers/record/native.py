@@ -90,15 +90,6 @@ def stamps():
     return module.Stamps()
 
 
-def stamp_events(stamps: list[bytes]) -> list[tuple[int, int, int, int]]:
-    """Drained stamps (Stamps.drain()'s bytes) as (kind, id, ns, value) events in time order
-    (value: a bucket's bytes, a forward's end)."""
-    import numpy as np
-
-    flat = np.frombuffer(b"".join(stamps), np.int64).reshape(-1, 4)
-    return [tuple(e) for e in flat[np.argsort(flat[:, 2], kind="stable")].tolist()]
-
-
 def last_stamp(stamps: list[bytes]) -> int | None:
     """The latest instant among drained stamps (None if none)."""
     import numpy as np
@@ -111,62 +102,37 @@ def last_stamp(stamps: list[bytes]) -> int | None:
 
 
 def stamp_rows(stamps: list[bytes], seq: dict, gc: list, stage: int) -> list[tuple]:
-    """A step's native stamps as op rows, the rows the Python hooks make (run by the writer).
-
-    A backward span is split where a DDP bucket became ready (its all-reduce depends on the
-    compute before it, specs/whatif.md §3); GC pauses inside a span go with it (taken out of
-    `gc`; the writer places them before the span). `seq`: mb → (attn_cost, tokens).
+    """A step's native stamps as op rows (stamp_columns' rows, the rows the Python hooks make),
+    for a step with something to place: `seq` (mb → (attn_cost, tokens)) goes on its compute
+    rows, and the GC pauses inside a compute span go with it (taken out of `gc`; the writer
+    places them before the span).
     """
     from stragglers.trace.model import OPTYPE_CODES
 
-    fwd_code, bwd_code = OPTYPE_CODES["forward-compute"], OPTYPE_CODES["backward-compute"]
     ar_code = OPTYPE_CODES["grads-all-reduce"]
-    comms, spans = [], []  # spans: (code, mb, start, end)
-    bwd = None  # (mb, start) of the open backward span
-    ready: dict[int, tuple[int, int]] = {}
-    last_end = 0
-    for kind, ident, t, nbytes in stamp_events(stamps):
-        if kind == FWD:  # (mb, start, end): one event per forward
-            spans.append((fwd_code, ident, t, nbytes))
-        elif kind == BWD_START:
-            bwd = (ident, t)
-        elif kind == BWD_END and bwd is not None:
-            spans.append((bwd_code, bwd[0], bwd[1], t))
-            bwd = None
-        elif kind == BUCKET_READY:
-            ready[ident] = (t, nbytes)
-            if bwd is not None:
-                spans.append((bwd_code, bwd[0], bwd[1], t))
-                bwd = (bwd[0], t)
-        elif kind == BUCKET_DONE and ident in ready:
-            s, nbytes = ready.pop(ident)
-            # buckets go out in order on one stream: one queued behind the previous starts
-            # when that one ends (as Recorder.ddp_comm_hook stamps them)
-            s = min(max(s, last_end), t)
-            last_end = max(last_end, t)
-            comms.append((ar_code, s, t, -1, 0, stage, math.nan, -1, nbytes, ()))
+    c = stamp_columns([0], [stamps], stage)
     rows = []
-    for code, mb, s, e in spans:
+    for code, s, e, mb, gmc, nbytes in zip(*(c[k].tolist() for k in (
+            "code", "start", "end", "mb", "gmc", "bytes"))):
         attn, tok = seq.get(mb, (math.nan, -1))
         pauses = ()
-        inside = [p for p in gc if s <= p[0] and p[1] <= e]
+        inside = [p for p in gc if s <= p[0] and p[1] <= e] if code != ar_code else ()
         if inside:
             gc[:] = [p for p in gc if not (s <= p[0] and p[1] <= e)]
             pauses = tuple(pe - ps for ps, pe in inside)
-        rows.append((code, s, e, mb, 0, 0, attn, tok, -1, pauses))
-    # compute first: a bucket's all-reduce starts at the instant its span ends and the next
-    # begins, and a stable sort by start then keeps the compute that launched it before it
-    return rows + comms
+        rows.append((code, s, e, mb, 0, gmc, attn, tok, nbytes, pauses))
+    return rows
 
 
 def stamp_columns(steps: list[int], stamps: list[list[bytes]], stage: int) -> dict:
-    """Many steps' stamps as op-table columns at once (the writer's common case: no GC pause,
-    no sequence lengths), the rows stamp_rows makes, without a Python loop per event.
+    """Many steps' stamps as op-table columns at once, without a Python loop per event.
 
-    Columns: step, code, start, end, mb, mc, gmc, attn, tokens, bytes. Per step, the boundary
-    events of the backward pass (start, a bucket ready, end) cut it into spans; a bucket's
-    all-reduce runs from its ready instant, or from the end of the bucket before it when it was
-    queued behind that one, to its done instant.
+    Columns: step, code, start, end, mb, mc, gmc, attn, tokens, bytes; compute rows first. Per
+    step, the boundary events of the backward pass (start, a bucket ready, end) cut it into
+    spans: a bucket's all-reduce depends on the compute before it (specs/whatif.md §3). A
+    bucket's all-reduce runs from its ready instant, or from the end of the bucket before it
+    when it was queued behind that one (one stream, as Recorder.ddp_comm_hook stamps them), to
+    its done instant.
     """
     import numpy as np
 
