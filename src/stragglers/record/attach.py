@@ -182,7 +182,6 @@ class Attached(ClosesOnExit):
         self._closed = False
         self._native = None         # native.cpp's event log, when the native hooks are used
         self._fwd = None            # the native Forward timing the module's calls
-        self._opt_after_bwd = False  # a closure ran inside optimizer.step (native path)
         self.recorder.start()
         if not enabled:
             self._closed = True
@@ -296,7 +295,7 @@ class Attached(ClosesOnExit):
             if self._seq_fn is not None:
                 self._read_seq(mb, args, kwargs)
             if self._in_opt:
-                self._opt, self._opt_after_bwd = None, True  # see _fwd_begin
+                self._opt = None  # a closure inside optimizer.step (see _opt_post)
             gc0 = len(buf.gc)
             t0 = now()
             try:
@@ -331,11 +330,8 @@ class Attached(ClosesOnExit):
     def _fwd_pre(self, module, args, kwargs):
         counts = module.training and torch.is_grad_enabled() and not self._in_bwd
         self._stack.append(counts and len(self._stack) == 0)
-        if self._stack[-1]:
-            self._fwd_begin(args, kwargs)
-
-    def _fwd_begin(self, args, kwargs) -> None:
-        """A microbatch's forward starts."""
+        if not self._stack[-1]:
+            return None
         if not self._open:
             self._begin()
         buf = self.recorder._buf
@@ -345,8 +341,8 @@ class Attached(ClosesOnExit):
             self._read_seq(self._mb, args, kwargs)
         if self._in_opt:
             self._opt = None  # a closure inside optimizer.step: its span restarts after backward
-            self._opt_after_bwd = True
         self._open_seg(FWD, self._mb)
+        return None
 
     def _read_seq(self, mb: int, args, kwargs) -> None:
         lens = self._seq_fn(*args, **kwargs)
@@ -355,15 +351,12 @@ class Attached(ClosesOnExit):
             self._seq[mb] = (float(sum(s * s for s in lens)), int(sum(lens)))
 
     def _fwd_post(self, module, args, output):
-        if self._stack.pop():
-            self._fwd_end(output)
-
-    def _fwd_end(self, output) -> None:
-        """A microbatch's forward ended: close its row, hook the start of its backward."""
+        if not self._stack.pop():
+            return None
         mb = self._mb
         self._mb += 1
         if self.recorder._buf is None:
-            return
+            return None
         self._close_seg()
         outs = [output] if isinstance(output, torch.Tensor) else tree_leaves(output)
         start = self._bwd_hooks[mb] if mb < len(self._bwd_hooks) else self._bwd_hook(mb)
@@ -375,6 +368,7 @@ class Attached(ClosesOnExit):
                     t.grad_fn.register_prehook(start)
                 else:
                     t.register_hook(start)
+        return None
 
     def _bwd_hook(self, mb: int):
         """The backward-start hook of microbatch `mb` (made once, reused every step)."""
@@ -420,15 +414,13 @@ class Attached(ClosesOnExit):
     def _opt_post(self, optimizer, args, kwargs):
         self._in_opt = False
         buf = self.recorder._buf
-        if buf is not None and self._opt is None and self._opt_after_bwd and \
-                self._native is not None:
-            # a closure inside optimizer.step: the optimizer's own work starts once its
-            # backward and the all-reduces DDP waits for at the end of it are done
+        if buf is not None and self._opt is None and self._native is not None:
+            # a closure's forward ran inside optimizer.step: the optimizer's own work starts
+            # once its backward and the all-reduces DDP waits for at the end of it are done
             self._stash_stamps(buf)
             last = native_hooks.last_stamp(buf.stamps or [])
             if last is not None:
                 self._opt = (last, sum(1 for s, _ in buf.gc if s < last))
-        self._opt_after_bwd = False
         if buf is not None and self._opt is not None:
             start, i0 = self._opt
             self.recorder._close_foreground(buf, i0, (OPT, -1, 0, 0, math.nan, -1, -1), start,
@@ -437,20 +429,15 @@ class Attached(ClosesOnExit):
         self._end()
 
     def _opt_post_native(self, optimizer, args, kwargs):
-        """_opt_post for the common case with native hooks (no closure, no GC pause, no
-        sequence lengths): once per step, so written out inline."""
+        """_opt_post for the common case with native hooks (no closure, no GC pause during the
+        optimizer): once per step, so its row is appended here directly."""
         end = time.perf_counter_ns()
         buf, opt = self.recorder._buf, self._opt
-        if buf is None or opt is None or self._seg is not None or self._opt_after_bwd or \
-                len(buf.gc) > opt[1] or self._seq:
+        if buf is None or opt is None or len(buf.gc) > opt[1]:
             return self._opt_post(optimizer, args, kwargs)
         buf.ops.append((OPT, opt[0], end, -1, 0, 0, math.nan, -1, -1, ()))
         self._in_opt, self._opt = False, None
-        self._stash_stamps(buf)
-        self.recorder._end_step()
-        self._fwd.disarm()
-        self._open = False
-        self._step += 1
+        self._end()
 
     # ---- steps and spans -------------------------------------------------------------------
 

@@ -190,8 +190,6 @@ class Forward {
     begin_ = slow_ = leaves_ = leaf_hook_ = py::none();
   }
 
-  int64_t mb() const { return mb_; }
-
  private:
   // module.training: nn.Module keeps it in the instance __dict__ (a subclass that makes it a
   // property is asked the usual way)
@@ -374,8 +372,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("arm", &Forward::arm, py::arg("mode"))
       .def("set_mode", &Forward::set_mode, py::arg("mode"))
       .def("disarm", &Forward::disarm)
-      .def("release", &Forward::release)
-      .def_property_readonly("mb", &Forward::mb);
+      .def("release", &Forward::release);
   py::class_<Stamps>(m, "Stamps")
       .def(py::init<>())
       .def("mark_backward", &Stamps::mark_backward, py::arg("output"), py::arg("mb"))

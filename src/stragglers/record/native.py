@@ -85,7 +85,8 @@ def stamps():
         if not _told:
             _told = True
             warnings.warn(f"stragglers.record.attach: native hooks unavailable ({last_error()}); "
-                          "recording with Python hooks (the same rows, 4-9x the cost per op)", stacklevel=3)
+                          "recording with Python hooks (the same rows, 4-15x the cost per op)",
+                          stacklevel=3)
         return None
     return module.Stamps()
 
@@ -208,17 +209,24 @@ def _reason(exc: Exception) -> str:
 def _build(name: str, where: Path):
     from torch.utils.cpp_extension import load as load_extension
 
+    path = os.environ.get("PATH", "")
     try:  # the ninja wheel's binary, found even when the venv's bin/ is not on PATH
         import ninja
 
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
     except ImportError:
         pass
     where.mkdir(parents=True, exist_ok=True)
     # torch logs its compiler checks as multi-line banners; a failure is reported in one line
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    return load_extension(name, [str(SOURCE)], extra_cflags=["-O2"], build_directory=str(where),
-                          verbose=False)
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return load_extension(name, [str(SOURCE)], extra_cflags=["-O2"],
+                              build_directory=str(where), verbose=False)
+    finally:  # the caller's process as it was
+        log.setLevel(level)
+        os.environ["PATH"] = path
 
 
 def _check_clock(module) -> None:

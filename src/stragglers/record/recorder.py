@@ -149,9 +149,7 @@ class RecordedWork:
             code, mb, mc, gmc, nbytes = self.row
             self.buf.ops.append((code, self.start, end, mb, mc, gmc, math.nan, -1, nbytes, ()))
             if self.cpu_wait == self.cpu_wait:  # measured (not NaN)
-                if self.buf.cpu_waits is None:
-                    self.buf.cpu_waits = {}
-                self.buf.cpu_waits[(code, end)] = self.cpu_wait
+                self.buf.add_cpu_wait(code, end, self.cpu_wait)
 
     def is_completed(self) -> bool:
         """Whether the underlying work has finished (does not close the row)."""
@@ -500,9 +498,7 @@ class Recorder:
     def note_comm_wait(buf: StepBuffer, code: int, end, probe, mark) -> None:
         """Put the CPU waits since `comm_wait_mark` on the row (code, end) of `buf`."""
         if probe is not None:
-            if buf.cpu_waits is None:
-                buf.cpu_waits = {}
-            buf.cpu_waits[(code, end)] = probe.waited_s(mark)
+            buf.add_cpu_wait(code, end, probe.waited_s(mark))
 
     def all_reduce(self, tensor: torch.Tensor, optype: str = "grads-all-reduce",
                    op=dist.ReduceOp.SUM, group=None) -> None:

@@ -43,6 +43,12 @@ class StepBuffer:
     stamps: list | None = None
     seq: dict | None = None
 
+    def add_cpu_wait(self, code: int, end, seconds: float) -> None:
+        """The CPU waits of the communication row (code, end)."""
+        if self.cpu_waits is None:
+            self.cpu_waits = {}
+        self.cpu_waits[(code, end)] = seconds
+
 
 MAX_HELD_ROWS = 250_000  # converted rows held for the next part (~30 MB) before it is written
 
