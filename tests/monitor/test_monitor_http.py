@@ -15,15 +15,19 @@ from monitor_jobs import get, parts_of, rank_of, slow_job
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.trace.columns import columns_to_table
+from stragglers.trace.runformat import table_bytes
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, max_part_bytes=256 * 1024)
 
 
-def parquet_bytes(cols) -> bytes:
+def parquet_bytes(cols, codec: str | None = None) -> bytes:
+    """A part as the recorder uploads it, or written with another Parquet codec."""
+    if codec is None:
+        return table_bytes(cols)
     buf = io.BytesIO()
-    pq.write_table(columns_to_table(cols), buf, compression="zstd")
+    pq.write_table(columns_to_table(cols), buf, compression=codec)
     return buf.getvalue()
 
 
@@ -43,12 +47,15 @@ def test_uploaded_parts_are_stored_once_land_in_the_run_format_and_are_analysed(
     parts = parts_of(trace, steps_per_part=5)
     with httpx.Client(base_url=server.url, timeout=60) as c:
         assert put_meta(c, "job-h", trace).status_code == 200
-        for rank, part, cols in reversed(parts):          # out of order on purpose
-            r = c.put(f"/api/jobs/job-h/ranks/{rank}/parts/{part}", content=parquet_bytes(cols),
+        # some as recorders before the LZ4 run format wrote them: any codec is taken
+        bodies = [parquet_bytes(cols, "zstd" if i % 2 else None)
+                  for i, (_, _, cols) in enumerate(parts)]
+        for (rank, part, _), body in reversed(list(zip(parts, bodies))):   # out of order
+            r = c.put(f"/api/jobs/job-h/ranks/{rank}/parts/{part}", content=body,
                       headers={**AUTH, "X-Stragglers-Dropped": "2"})
             assert r.status_code == 200 and r.json()["status"] == "stored", r.text
         rank, part, cols = parts[0]
-        again = c.put(f"/api/jobs/job-h/ranks/{rank}/parts/{part}", content=parquet_bytes(cols),
+        again = c.put(f"/api/jobs/job-h/ranks/{rank}/parts/{part}", content=bodies[0],
                       headers=AUTH)
         assert again.json() == {"status": "duplicate"}
         wins = eventually(lambda: len(get(c, "/api/jobs/job-h")["windows"]) == 2

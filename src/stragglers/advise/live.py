@@ -11,7 +11,6 @@ step. Standard library only (no torch, no monitor extra on a training node).
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import urllib.error
@@ -28,13 +27,9 @@ log = logging.getLogger(__name__)
 
 def part_bytes(trace: Trace) -> bytes:
     """One part's Parquet bytes (the run format's columns), as the monitor accepts them."""
-    import pyarrow.parquet as pq
+    from stragglers.trace.runformat import table_bytes
 
-    from stragglers.trace.columns import columns_to_table
-
-    buf = io.BytesIO()
-    pq.write_table(columns_to_table(trace.ops), buf, compression="zstd")
-    return buf.getvalue()
+    return table_bytes(trace.ops)
 
 
 def job_meta(name: str, world_size: int, global_batch: int, calibration: dict | None) -> dict:
