@@ -32,6 +32,7 @@ import concurrent.futures as cf
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -395,6 +396,9 @@ def main() -> None:
                     help="where windows are analysed (repeatable: each in turn; default process)")
     ap.add_argument("--tmp", type=Path, default=None,
                     help="where the benchmark's files go (default: the system's temp folder)")
+    ap.add_argument("--keep", action="store_true",
+                    help="leave the files there (deleting thousands of files slows the file "
+                    "creations of a run that follows within minutes, on this machine's disk)")
     args = ap.parse_args()
     only = set(args.only or PARTS)
     modes = args.analysis or ["process"]
@@ -414,7 +418,9 @@ def main() -> None:
     # journal) creating a file skips every inode of its block group deleted in the last
     # 60–360 s, and deleting one part's thousands of files made the next part's uploads pay
     # ~1 ms of kernel time per file for it (perf: find_inode_bit → recently_deleted).
-    with tempfile.TemporaryDirectory(prefix="monitor-bench-", dir=args.tmp) as d:
+    # (--keep leaves them: a run started within minutes of another's deletions pays for them)
+    d = tempfile.mkdtemp(prefix="monitor-bench-", dir=args.tmp)
+    try:
         for name in PARTS:
             for mode in modes:
                 if name not in only:
@@ -424,6 +430,9 @@ def main() -> None:
                 (Path(d) / key).mkdir()
                 out[key] = runs[name](Path(d) / key)
                 print(key, json.dumps(out[key]), flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(d, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 
