@@ -241,6 +241,38 @@ def test_a_gc_pause_inside_forward_moves_before_its_row(tmp_path):
         assert ops["start_ts"][g[0]] + ops["duration"][g[0]] <= ops["start_ts"][f] + 1e-9
 
 
+def collect_cycles() -> None:
+    """A real garbage collection of a few ms (cycles only the collector frees)."""
+    garbage = [[] for _ in range(20000)]
+    for a, b in zip(garbage, garbage[1:]):
+        a.append(b)
+        b.append(a)
+    del garbage, a, b
+    gc.collect()
+
+
+def test_a_gc_pause_between_steps_is_no_row(tmp_path):
+    # (the native hooks begin a step as the previous one ends; a pause while the next batch
+    # is loaded is still no part of either step, as with the Python hooks)
+    model, opt = make()
+    gc.disable()
+    try:
+        with attach(model, opt, tmp_path / "run", flush_interval_s=0.01):
+            for step in range(3):
+                collect_cycles()            # "data loading"
+                for mb in range(2):
+                    x, y = data(step, mb)
+                    (F.mse_loss(model(x), y) / 2).backward()
+                opt.step()
+                opt.zero_grad()
+    finally:
+        gc.enable()
+    ops = read_run(tmp_path / "run").ops
+    assert not (ops["optype"] == GC).any()
+    for step in range(3):
+        assert rows(ops, step) == [(FWD, 0), (BWD, 0), (FWD, 1), (BWD, 1), (OPT, -1)]
+
+
 class FailsInBackward(torch.autograd.Function):
     """Identity whose backward raises (a NaN check, an OOM): the pass ends without its end."""
 

@@ -28,6 +28,7 @@ import warnings
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
+from time import perf_counter_ns
 from typing import Callable, Sequence
 
 import torch
@@ -40,6 +41,7 @@ from stragglers.record.native import FAST, SKIP, SLOW
 from stragglers.record.layout import JobLayout, fsdp2_units, read_layout
 from stragglers.record.lifecycle import ClosesOnExit
 from stragglers.record.recorder import Recorder
+from stragglers.record.writer import StepBuffer
 from stragglers.trace.model import OPTYPE_CODES, JobMeta
 
 FWD, BWD, OPT = (OPTYPE_CODES[n] for n in ("forward-compute", "backward-compute", "optimizer"))
@@ -230,7 +232,8 @@ class Attached(ClosesOnExit):
             ]
         native = self._native is not None
         self._handles += [
-            self.optimizer.register_step_pre_hook(self._opt_pre),
+            self.optimizer.register_step_pre_hook(self._opt_pre_native if native else
+                                                  self._opt_pre),
             self.optimizer.register_step_post_hook(self._opt_post_native if native else
                                                    self._opt_post),
         ]
@@ -314,7 +317,8 @@ class Attached(ClosesOnExit):
 
         self._fwd = self._native.forward(call, self._begin, slow, tree_leaves, leaf_hook)
         # not nn.Module.__setattr__: a plain attribute
-        module.__dict__[_CALL] = self._native_module.capsule(self._fwd)
+        capsule = module.__dict__[_CALL] = self._native_module.capsule(self._fwd)
+        self._set_mode, self._step_end = self._native_module.step_calls(capsule)
         module.__class__ = _recorded_class(cls, self._native_module)
 
         def undo():
@@ -428,16 +432,43 @@ class Attached(ClosesOnExit):
         self._opt = None
         self._end()
 
+    def _opt_pre_native(self, optimizer, args, kwargs):
+        """_opt_pre with native hooks (the CPU timer's marks are perf_counter_ns)."""
+        if not self._open:
+            self._begin()
+        self._in_opt = True
+        buf = self.recorder._buf
+        if buf is not None:
+            self._set_mode(SLOW)  # a forward now is a closure's: Python handles it
+            self._opt = (perf_counter_ns(), len(buf.gc))
+
     def _opt_post_native(self, optimizer, args, kwargs):
         """_opt_post for the common case with native hooks (no closure, no GC pause during the
-        optimizer): once per step, so its row is appended here directly."""
-        end = time.perf_counter_ns()
-        buf, opt = self.recorder._buf, self._opt
-        if buf is None or opt is None or len(buf.gc) > opt[1]:
+        optimizer, nothing open in Python): the step's last row is appended, the step goes to
+        the writer, and the next step begins now, armed by the same C call that drains this
+        step's stamps — its forwards then run in C alone, with no call back into Python (a
+        step's Python work on the training thread is these two hooks)."""
+        end = perf_counter_ns()
+        rec = self.recorder
+        buf, opt = rec._buf, self._opt
+        if (buf is None or opt is None or len(buf.gc) > opt[1] or self._in_bwd or self._seq
+                or buf.pending or self._seg is not None or rec._writer is None):
             return self._opt_post(optimizer, args, kwargs)
         buf.ops.append((OPT, opt[0], end, -1, 0, 0, math.nan, -1, -1, ()))
-        self._in_opt, self._opt = False, None
-        self._end()
+        self._in_opt, self._opt, self._mb = False, None, 0
+        step = self._step = self._step + 1
+        # (as _begin and Recorder._begin_step; the CPU timer, the only one with native hooks,
+        # anchors nothing; GC pauses before the step's first op are dropped by the writer)
+        sampled = step >= self._first_step and rec.sampled(step) and not rec._closed
+        stamps = self._step_end((SLOW if self._seq_fn is not None else FAST) if sampled
+                                else SKIP)
+        if stamps:
+            if buf.stamps is None:
+                buf.stamps = [stamps]
+            else:
+                buf.stamps.append(stamps)
+        rec._buf = StepBuffer(step, None) if sampled else None
+        rec._writer.submit(buf)
 
     # ---- steps and spans -------------------------------------------------------------------
 

@@ -48,6 +48,17 @@ struct Log {
     std::lock_guard<std::mutex> guard(mu);
     events.push_back({kind, id, t, bytes});
   }
+
+  // The events so far as bytes (int64 rows of kind, id, ns, bytes): one object to hand to the
+  // writer thread, which decodes them (stamp_rows); b"" when there are none.
+  py::bytes drain() {
+    std::vector<Event> out;
+    {
+      std::lock_guard<std::mutex> guard(mu);
+      out.swap(events);
+    }
+    return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(Event));
+  }
 };
 
 // The first microbatch whose output the backward pass reaches opens the span; its end is the
@@ -184,6 +195,18 @@ class Forward {
   void set_mode(int mode) { mode_ = mode; }
   void disarm() { open_ = false; }
 
+  // A step ends: its stamps, and the next step armed in `mode` (disarmed when mode < 0: the
+  // next forward then calls Attached._begin).
+  py::bytes step_end(int mode) {
+    py::bytes out = log_->drain();
+    if (mode < 0) {
+      disarm();
+    } else {
+      arm(mode);
+    }
+    return out;
+  }
+
   // Drop the references to Python objects (the attach closed): calls pass straight through.
   void release() {
     released_ = true;
@@ -297,6 +320,52 @@ py::object capsule(py::object forward) {
   return py::reinterpret_steal<py::object>(cap);
 }
 
+// The two calls the optimizer hooks make once per step, as C functions bound to a module's
+// capsule (METH_O: no pybind dispatch, ~0.5 µs a call on a cold step in perf).
+Forward* forward_of(PyObject* cap) {
+  return static_cast<Forward*>(PyCapsule_GetPointer(cap, kCapsule));
+}
+
+PyObject* forward_set_mode(PyObject* cap, PyObject* arg) {
+  Forward* forward = forward_of(cap);
+  const long mode = PyLong_AsLong(arg);
+  if (forward == nullptr || (mode == -1 && PyErr_Occurred())) {
+    return nullptr;
+  }
+  forward->set_mode(static_cast<int>(mode));
+  Py_RETURN_NONE;
+}
+
+PyObject* forward_step_end(PyObject* cap, PyObject* arg) {
+  Forward* forward = forward_of(cap);
+  const long mode = PyLong_AsLong(arg);
+  if (forward == nullptr || (mode == -1 && PyErr_Occurred())) {
+    return nullptr;
+  }
+  try {
+    return forward->step_end(static_cast<int>(mode)).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+PyMethodDef set_mode_def = {"set_mode", reinterpret_cast<PyCFunction>(forward_set_mode), METH_O,
+                            "set_mode(mode): how the step's next forwards are timed."};
+PyMethodDef step_end_def = {"step_end", reinterpret_cast<PyCFunction>(forward_step_end), METH_O,
+                            "step_end(mode) -> bytes: the step's stamps; the next step armed "
+                            "in mode (disarmed when mode < 0)."};
+
+py::object bound(PyMethodDef* def, py::handle cap) {
+  PyObject* fn = PyCFunction_New(def, cap.ptr());
+  if (fn == nullptr) {
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(fn);
+}
+
 class Stamps {
  public:
   Stamps() : log_(std::make_shared<Log>()) {}
@@ -327,16 +396,8 @@ class Stamps {
     r->register_comm_hook(std::make_unique<TimedAllReduce>(owned, log_));
   }
 
-  // The events so far as bytes (int64 rows of kind, id, ns, bytes): one object to hand to
-  // the writer thread, which decodes them (stamp_rows); b"" when there are none.
-  py::bytes drain() {
-    std::vector<Event> out;
-    {
-      std::lock_guard<std::mutex> guard(log_->mu);
-      out.swap(log_->events);
-    }
-    return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(Event));
-  }
+  // The events so far (Log::drain).
+  py::bytes drain() { return log_->drain(); }
 
   // Hooks already installed stay (DDP keeps its comm hook for life) but stamp nothing.
   void close() {
@@ -368,6 +429,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "A __call__ for a recorded module's class: runs each instance's Forward.");
   m.def("capsule", &capsule, py::arg("forward"),
         "What a module's __dict__ holds under _stragglers_call: its Forward.");
+  m.def("step_calls", [](py::object cap) {
+    if (!PyCapsule_IsValid(cap.ptr(), kCapsule)) {
+      throw py::type_error("expected a Forward's capsule");
+    }
+    return py::make_tuple(bound(&set_mode_def, cap), bound(&step_end_def, cap));
+  }, py::arg("capsule"), "(set_mode, step_end) of a capsule's Forward, as plain C functions.");
   py::class_<Forward>(m, "Forward")
       .def("arm", &Forward::arm, py::arg("mode"))
       .def("set_mode", &Forward::set_mode, py::arg("mode"))

@@ -209,6 +209,13 @@ class RankWriter:
             rows = [(r[0], timer.resolve(r[1], anchor), timer.resolve(r[2], anchor), *r[3:])
                     for r in rows]
         timer.release(anchor)
+        if buf.stamps and buf.gc:
+            # the native hooks begin a step as the last one ends: pauses before its first op
+            # fell between the steps (the Python hooks begin it at its first forward)
+            starts = [int(np.frombuffer(b, np.int64)[2::4].min()) for b in buf.stamps if b]
+            starts += [r[1] for r in rows]
+            first = min(starts, default=None)
+            buf.gc = [p for p in buf.gc if first is not None and p[0] >= first]
         pauses = buf.gc or any(r[9] for r in rows)
         if buf.stamps:
             if not pauses and not buf.seq:
