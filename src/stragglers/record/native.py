@@ -85,7 +85,7 @@ def stamps():
         if not _told:
             _told = True
             warnings.warn(f"stragglers.record.attach: native hooks unavailable ({last_error()}); "
-                          "recording with Python hooks (the same rows, 4-15x the cost per op)",
+                          "recording with Python hooks (the same rows, 6-20x the cost per op)",
                           stacklevel=3)
         return None
     return module.Stamps()
