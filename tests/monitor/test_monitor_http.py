@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -481,7 +482,11 @@ def test_idle_connections_past_the_limit_get_503_and_a_hang_up_mid_body_is_one_l
             eventually(lambda: c.get("/health").status_code == 200, what="served again")
             gone = eventually(lambda: [r for r in get(c, "/api/stats")["rejects"]
                                        if r["reason"] == "client_gone"], what="hang-ups counted")
-            assert "the client hung up after 1 bytes of meta.json" in gone[0]["problem"]
+            # (the server reads the 1 byte sent if it reaches the body before the hang-up; on
+            # a loaded machine uvicorn may see the hang-up first and drop the byte unread)
+            for r in gone:
+                assert re.fullmatch(r"request body: the client hung up after [01] bytes of "
+                                    r"meta\.json", r["problem"]), r
         assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     finally:
         for k in held:
