@@ -216,29 +216,19 @@ def bench_http(tmp: Path, dp: int, pp: int, steps: int, spp: int) -> dict:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its children alive now (from /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process and its children alive now."""
+    import psutil
+
     total = 0.0
-    for p in [pid] + children(pid):
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    for p in procs:
         try:
-            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
             continue
-        total += (int(f[11]) + int(f[12])) / tick
+        total += t.user + t.system
     return total
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid`."""
-    out = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                if int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(p))
-            except OSError:
-                continue
-    return out
 
 
 # ---- 3. latency window close → published ----------------------------------------------------

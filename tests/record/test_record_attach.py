@@ -203,6 +203,16 @@ def test_a_pipelining_stage_module_is_refused(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def collect_cycles() -> None:
+    """A real garbage collection of a few ms (cycles only the collector frees)."""
+    garbage = [[] for _ in range(20000)]
+    for a, b in zip(garbage, garbage[1:]):
+        a.append(b)
+        b.append(a)
+    del garbage, a, b
+    gc.collect()
+
+
 class CollectsInForward(nn.Module):
     """A model whose forward holds a real garbage collection (a pause of ≥ 50 µs)."""
 
@@ -211,12 +221,7 @@ class CollectsInForward(nn.Module):
         self.net = nn.Linear(16, 4)
 
     def forward(self, x):
-        garbage = [[] for _ in range(20000)]
-        for a, b in zip(garbage, garbage[1:]):  # cycles: only the collector frees them
-            a.append(b)
-            b.append(a)
-        del garbage, a, b
-        gc.collect()
+        collect_cycles()
         return self.net(x)
 
 
@@ -239,16 +244,6 @@ def test_a_gc_pause_inside_forward_moves_before_its_row(tmp_path):
         assert len(g) == 1 and ops["duration"][g[0]] >= 50e-6
         # the pause precedes the forward, which keeps only its own time
         assert ops["start_ts"][g[0]] + ops["duration"][g[0]] <= ops["start_ts"][f] + 1e-9
-
-
-def collect_cycles() -> None:
-    """A real garbage collection of a few ms (cycles only the collector frees)."""
-    garbage = [[] for _ in range(20000)]
-    for a, b in zip(garbage, garbage[1:]):
-        a.append(b)
-        b.append(a)
-    del garbage, a, b
-    gc.collect()
 
 
 def test_a_gc_pause_between_steps_is_no_row(tmp_path):

@@ -168,6 +168,9 @@ class Attached(ClosesOnExit):
                                  sample_every=sample_every, flush_interval_s=flush_interval_s,
                                  device=device, enabled=enabled, overwrite=overwrite)
         self._timer = self.recorder._timer
+        # a span's marks: the CPU timer's are perf_counter_ns (called directly: the optimizer
+        # hooks run every step), the GPU timer's CUDA events
+        self._mark = self._timer.mark if self._timer.is_cuda else perf_counter_ns
         self._step = 0
         self._first_step = 0        # steps before it are not recorded (DDP's bucket rebuild)
         self._open = False          # a step (sampled or not) has begun
@@ -232,8 +235,7 @@ class Attached(ClosesOnExit):
             ]
         native = self._native is not None
         self._handles += [
-            self.optimizer.register_step_pre_hook(self._opt_pre_native if native else
-                                                  self._opt_pre),
+            self.optimizer.register_step_pre_hook(self._opt_pre),
             self.optimizer.register_step_post_hook(self._opt_post_native if native else
                                                    self._opt_post),
         ]
@@ -403,17 +405,17 @@ class Attached(ClosesOnExit):
     def _opt_restart(self) -> None:
         buf = self.recorder._buf
         if self._in_opt and buf is not None:
-            self._opt = (self._timer.mark(), len(buf.gc))
+            self._opt = (self._mark(), len(buf.gc))
 
     def _opt_pre(self, optimizer, args, kwargs):
         if not self._open:
             self._begin()
         self._in_opt = True
         buf = self.recorder._buf
-        if self._fwd is not None and buf is not None:
-            self._fwd.set_mode(SLOW)  # a forward now is a closure's: Python handles it
         if buf is not None:
-            self._opt = (self._timer.mark(), len(buf.gc))
+            if self._native is not None:
+                self._set_mode(SLOW)  # a forward now is a closure's: Python handles it
+            self._opt = (self._mark(), len(buf.gc))
 
     def _opt_post(self, optimizer, args, kwargs):
         self._in_opt = False
@@ -421,26 +423,16 @@ class Attached(ClosesOnExit):
         if buf is not None and self._opt is None and self._native is not None:
             # a closure's forward ran inside optimizer.step: the optimizer's own work starts
             # once its backward and the all-reduces DDP waits for at the end of it are done
-            self._stash_stamps(buf)
+            buf.add_stamps(self._native.drain())
             last = native_hooks.last_stamp(buf.stamps or [])
             if last is not None:
                 self._opt = (last, sum(1 for s, _ in buf.gc if s < last))
         if buf is not None and self._opt is not None:
             start, i0 = self._opt
             self.recorder._close_foreground(buf, i0, (OPT, -1, 0, 0, math.nan, -1, -1), start,
-                                            self._timer.mark())
+                                            self._mark())
         self._opt = None
         self._end()
-
-    def _opt_pre_native(self, optimizer, args, kwargs):
-        """_opt_pre with native hooks (the CPU timer's marks are perf_counter_ns)."""
-        if not self._open:
-            self._begin()
-        self._in_opt = True
-        buf = self.recorder._buf
-        if buf is not None:
-            self._set_mode(SLOW)  # a forward now is a closure's: Python handles it
-            self._opt = (perf_counter_ns(), len(buf.gc))
 
     def _opt_post_native(self, optimizer, args, kwargs):
         """_opt_post for the common case with native hooks (no closure, no GC pause during the
@@ -460,13 +452,8 @@ class Attached(ClosesOnExit):
         # (as _begin and Recorder._begin_step; the CPU timer, the only one with native hooks,
         # anchors nothing; GC pauses before the step's first op are dropped by the writer)
         sampled = step >= self._first_step and rec.sampled(step) and not rec._closed
-        stamps = self._step_end((SLOW if self._seq_fn is not None else FAST) if sampled
-                                else SKIP)
-        if stamps:
-            if buf.stamps is None:
-                buf.stamps = [stamps]
-            else:
-                buf.stamps.append(stamps)
+        buf.add_stamps(self._step_end((SLOW if self._seq_fn is not None else FAST) if sampled
+                                      else SKIP))
         rec._buf = StepBuffer(step, None) if sampled else None
         rec._writer.submit(buf)
 
@@ -485,32 +472,22 @@ class Attached(ClosesOnExit):
     def _end(self) -> None:
         if self._in_bwd:  # a backward that raised never ran its end callback: no span
             self._in_bwd, self._seg = False, None
+        # the step's stamps (dropped when it is not sampled, or DDP's first); the forwards are
+        # disarmed: the next one begins a step
+        stamps = self._step_end(-1) if self._native is not None else None
         buf = self.recorder._buf
         if buf is not None:
             self._close_seg()
-            if self._native is not None:
-                self._stash_stamps(buf)
+            if stamps is not None:
+                buf.add_stamps(stamps)
                 if self._seq:
                     buf.seq = self._seq
             self.recorder._end_step()
-        elif self._native is not None:
-            self._native.drain()  # a step not sampled (or DDP's first): its stamps are dropped
-        if self._fwd is not None:
-            self._fwd.disarm()
         self._open = False
         self._step += 1
 
-    def _stash_stamps(self, buf) -> None:
-        """Move the native stamps so far into the step: the writer makes their rows."""
-        stamps = self._native.drain()
-        if stamps:
-            if buf.stamps is None:
-                buf.stamps = [stamps]
-            else:
-                buf.stamps.append(stamps)
-
     def _open_seg(self, code: int, mb: int) -> None:
-        self._seg = (code, mb, self._timer.mark(), len(self.recorder._buf.gc))
+        self._seg = (code, mb, self._mark(), len(self.recorder._buf.gc))
 
     def _close_seg(self) -> None:
         seg, self._seg = self._seg, None
@@ -519,7 +496,7 @@ class Attached(ClosesOnExit):
         code, mb, start, i0 = seg
         attn, tok = self._seq.get(mb, (math.nan, -1))
         self.recorder._close_foreground(self.recorder._buf, i0, (code, mb, 0, 0, attn, tok, -1),
-                                        start, self._timer.mark())
+                                        start, self._mark())
 
     @contextmanager
     def blocked(self):

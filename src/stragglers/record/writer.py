@@ -43,6 +43,14 @@ class StepBuffer:
     stamps: list | None = None
     seq: dict | None = None
 
+    def add_stamps(self, stamps: bytes) -> None:
+        """Native stamps drained from the hooks (b"" when there were none)."""
+        if stamps:
+            if self.stamps is None:
+                self.stamps = [stamps]
+            else:
+                self.stamps.append(stamps)
+
     def add_cpu_wait(self, code: int, end, seconds: float) -> None:
         """The CPU waits of the communication row (code, end)."""
         if self.cpu_waits is None:

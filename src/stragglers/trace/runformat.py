@@ -20,8 +20,9 @@ META_FILE = "meta.json"
 RANK_FILE = re.compile(r"^rank-(\d+)(?:\.part-(\d+))?\.parquet$")
 # Parquet codec of the op tables written: LZ4 decodes a recorder's small parts 2.3× faster than
 # zstd (zstd's per-page set-up is most of a few-hundred-row part's read) and a 1.2M-row table
-# 2.2× faster, for files ~5–13% larger (BENCHMARKS.md, "Run-format parts in LZ4"); readers take
-# any codec Parquet has, so runs written before keep reading.
+# 2.2× faster, for files ~5–13% larger (BENCHMARKS.md, issue 14, "HTTP uploads as recorders
+# send them, run-format parts in LZ4"); readers take any codec Parquet has, so runs written
+# before keep reading.
 CODEC = "lz4"
 META_INT_FIELDS = ("dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size", "world_size")
 
@@ -128,15 +129,20 @@ def write_rank(directory: Path, rank: int, ops: dict[str, np.ndarray], part: int
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / rank_file_name(rank, part)
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(columns_to_table(ops), tmp, compression=CODEC)
+    write_table(ops, tmp)
     tmp.replace(path)
     return path
+
+
+def write_table(ops: dict[str, np.ndarray], where) -> None:
+    """An op table written as a rank file's Parquet (to a path or an Arrow output stream)."""
+    pq.write_table(columns_to_table(ops), where, compression=CODEC)
 
 
 def table_bytes(ops: dict[str, np.ndarray]) -> bytes:
     """An op table as the Parquet bytes of a rank file (what a recorder uploads as a part)."""
     sink = pa.BufferOutputStream()
-    pq.write_table(columns_to_table(ops), sink, compression=CODEC)
+    write_table(ops, sink)
     return sink.getvalue().to_pybytes()
 
 
