@@ -7,6 +7,7 @@ from typing import Callable
 import numpy as np
 
 from stragglers.errors import InputError
+from stragglers.lazy import callable_module
 from stragglers.trace.model import Trace
 from stragglers.whatif.config import DEFAULT, DiagnosisConfig
 from stragglers.whatif.diagnosis import diagnose
@@ -142,3 +143,7 @@ def timelines(w: WhatIf, trace: Trace) -> tuple[Trace, dict]:
     measured = (measured_start, measured_start + sub.ops["duration"])
     ideal = (start[present][order] + offset, end[present][order] + offset)
     return sub, {"measured": measured, "ideal": ideal}
+
+
+# `from stragglers.whatif import analyze` gives this module once it was imported by path
+callable_module(__name__)
