@@ -67,3 +67,34 @@ def test_advise_is_callable_after_a_submodule_of_its_package_is_imported():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["Plan", "antdt-dd"]
+
+
+EVERY_EXPORT_AFTER_EVERY_IMPORT = """
+import importlib, pkgutil, types
+import stragglers
+packages = [m.name for m in pkgutil.walk_packages(stragglers.__path__, "stragglers.")]
+for name in packages:                  # every submodule first, by its path ...
+    importlib.import_module(name)
+bad = []
+for name in ["stragglers", *packages]:  # ... then every lazy export of every package
+    table = getattr(importlib.import_module(name), "_LAZY", None) or {}
+    for export, target in table.items():
+        module, attr = target if isinstance(target, tuple) else (target, export)
+        want = getattr(importlib.import_module(module), attr)
+        got = getattr(importlib.import_module(name), export)
+        if got is not want and not (isinstance(got, types.ModuleType) and callable(got)
+                                    and getattr(got, export, None) is want):
+            bad.append(f"{name}.{export}: {got!r}")
+print(len(packages), bad)
+"""
+
+
+def test_every_export_is_what_it_names_after_its_modules_were_imported_by_path():
+    # Importing a submodule binds it on its package under its own name: where a lazy export
+    # shares that name (record.attach, whatif.analyze, ...), `from pkg import name` would give
+    # the module. Each such module is callable as its function.
+    out = subprocess.run([sys.executable, "-c", EVERY_EXPORT_AFTER_EVERY_IMPORT],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    count, bad = out.stdout.split(" ", 1)
+    assert int(count) > 50 and bad.strip() == "[]", out.stdout

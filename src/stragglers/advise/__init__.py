@@ -10,10 +10,7 @@ switchable DDP hook) is imported lazily.
 
 from __future__ import annotations
 
-import sys
-import types
-
-from stragglers.lazy import lazy_exports
+from stragglers.lazy import callable_module, lazy_exports
 
 _LAZY = {
     "advise": "stragglers.advise.advisor",
@@ -33,17 +30,7 @@ _LAZY = {
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
-class _CallablePackage(types.ModuleType):
-    """This package, callable as `advise(...)`.
-
-    `stragglers.advise` names both the function (the top-level lazy export) and this package;
-    importing any submodule (e.g. `stragglers.advise.act`) binds the package to that name on
-    `stragglers`, so `st.advise(trace)` would then reach the package. Calling it calls the
-    function, whichever of the two the name holds.
-    """
-
-    def __call__(self, *args, **kwargs):
-        return self.advise(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallablePackage
+# `stragglers.advise` names both the function (the top-level lazy export) and this package;
+# importing any submodule (e.g. `stragglers.advise.act`) binds the package to that name on
+# `stragglers`: calling the package calls the function.
+callable_module(__name__)
