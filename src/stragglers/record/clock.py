@@ -8,6 +8,7 @@ explicit synchronise so host times are read after the data has really arrived.
 
 from __future__ import annotations
 
+import pickle
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -145,3 +146,51 @@ def common_origin_ns(offset_ns: int, group=None, channel: ControlChannel | None 
     root = dist.get_global_rank(ch.group, 0) if ch.group is not None else 0
     dist.broadcast(t, src=root, group=ch.group)
     return ch.read(t)
+
+
+def gather_objects(obj, channel: ControlChannel) -> list:
+    """Every rank's `obj`, in group rank order (dist.all_gather_object by point-to-point).
+
+    Recorder.close() ends with this gather, often the script's last collective. A gloo
+    collective runs on the process group's worker thread, which drops its reference to the
+    tensors after the caller's wait() has returned, and dropping it needs the GIL (torch then
+    releases the tensor's Python object): when the script has reached interpreter shutdown by
+    then, that thread is killed mid-C++ frame and the finished process aborts (SIGABRT,
+    "terminate called without an active exception"). Sends and receives run on the calling
+    thread: rank 0 receives every rank's bytes and sends the whole list back.
+    """
+    group = channel.group
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if world == 1:
+        return [obj]
+
+    def peer(r: int) -> int:
+        return dist.get_global_rank(group, r) if group is not None else r
+
+    if rank == 0:
+        parts = [pickle.dumps(obj)] + [_recv_bytes(channel, peer(r)) for r in range(1, world)]
+        blob = pickle.dumps(parts)
+        for r in range(1, world):
+            _send_bytes(channel, blob, peer(r))
+    else:
+        _send_bytes(channel, pickle.dumps(obj), peer(0))
+        parts = pickle.loads(_recv_bytes(channel, peer(0)))
+    return [pickle.loads(p) for p in parts]
+
+
+def _send_bytes(channel: ControlChannel, data: bytes, dst: int) -> None:
+    """Send a length, then the bytes."""
+    dist.send(channel.tensor(len(data)), dst=dst, group=channel.group)
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(channel.device)
+    dist.send(payload, dst=dst, group=channel.group)
+    channel.settle()
+
+
+def _recv_bytes(channel: ControlChannel, src: int) -> bytes:
+    """Receive what _send_bytes sent."""
+    size = channel.tensor(0)
+    dist.recv(size, src=src, group=channel.group)
+    payload = torch.empty(channel.read(size), dtype=torch.uint8, device=channel.device)
+    dist.recv(payload, src=src, group=channel.group)
+    channel.settle()
+    return payload.cpu().numpy().tobytes()

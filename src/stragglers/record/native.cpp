@@ -7,7 +7,8 @@
 // engine callback), and each DDP bucket's all-reduce (a C++ comm hook that does what DDP's
 // default hook does: divide by the group size, all-reduce). Stamps go to an event log the
 // Python side drains once per step; the writer thread turns them into rows (native.py:
-// stamp_columns, stamp_rows).
+// stamp_columns, stamp_rows). A Waiter waits the Recorder's p2p transfers and stamps their
+// completion on a C++ thread (recorder.py: _NativeCompletionWaiter).
 
 #include <torch/extension.h>
 #include <torch/csrc/autograd/engine.h>
@@ -17,12 +18,24 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -412,6 +425,216 @@ class Stamps {
   std::shared_ptr<Log> log_;
 };
 
+
+// ---- p2p completion waiter -------------------------------------------------------------------
+
+// Run delay (ns runnable without a CPU) from an open schedstat file; -1 if unreadable.
+int64_t run_delay(int fd) {
+  char buf[128];
+  ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+  if (n <= 0) {
+    return -1;
+  }
+  buf[n] = 0;
+  unsigned long long on_cpu = 0, delay = 0;
+  return std::sscanf(buf, "%llu %llu", &on_cpu, &delay) == 2 ? static_cast<int64_t>(delay) : -1;
+}
+
+// Run delay summed over gloo's communication threads (schedstat.TransportRunDelay in C++):
+// the threads are found by name, the list rescanned at most once a second.
+class TransportDelay {
+ public:
+  ~TransportDelay() {
+    for (auto& kv : fds_) {
+      close(kv.second);
+    }
+  }
+
+  int64_t read() {
+    int64_t now = now_ns();
+    if (scanned_ < 0 || now - scanned_ > 1000000000LL) {
+      scan();
+      scanned_ = now;
+    }
+    int64_t total = 0;
+    bool found = false;
+    for (auto it = fds_.begin(); it != fds_.end();) {
+      int64_t d = run_delay(it->second);
+      if (d < 0) {  // the thread ended
+        close(it->second);
+        it = fds_.erase(it);
+        continue;
+      }
+      total += d;
+      found = true;
+      ++it;
+    }
+    return found ? total : -1;
+  }
+
+ private:
+  void scan() {
+    DIR* dir = opendir("/proc/self/task");
+    if (dir == nullptr) {
+      return;
+    }
+    // Threads not followed yet are looked at again each scan: a new thread names itself once
+    // it runs, so it may still carry its parent's name the first time.
+    while (dirent* e = readdir(dir)) {
+      std::string tid = e->d_name;
+      if (tid[0] == '.' || fds_.count(tid)) {
+        continue;
+      }
+      std::string base = "/proc/self/task/" + tid;
+      int cfd = open((base + "/comm").c_str(), O_RDONLY);
+      if (cfd < 0) {
+        continue;
+      }
+      char comm[64];
+      ssize_t n = ::read(cfd, comm, sizeof(comm) - 1);
+      close(cfd);
+      std::string name(comm, n > 0 ? static_cast<size_t>(n) : 0);
+      while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) {
+        name.pop_back();
+      }
+      if (name == "gloo_tcp_loop" || name == "pt_gloo_runloop") {
+        int fd = open((base + "/schedstat").c_str(), O_RDONLY);
+        if (fd >= 0) {
+          fds_[tid] = fd;
+        }
+      }
+    }
+    closedir(dir);
+  }
+
+  std::map<std::string, int> fds_;
+  int64_t scanned_ = -1;
+};
+
+// Waits posted p2p works in posting order on a thread of its own and stamps each completion
+// there, never holding the GIL. A Python thread doing this wakes from the wait (or takes the
+// next work off its queue) only when it gets the GIL: on a busy training thread that was up to
+// ~5 ms, and a transfer done meanwhile was stamped that late (tens of times its real length).
+class Waiter {
+ public:
+  struct Done {
+    int64_t end = 0, prev_end = 0, cpu_wait = -1;
+    bool failed = false;
+    std::string error;
+  };
+
+  Waiter() : thread_([this] { run(); }) {}
+
+  // The thread may free works' Python objects (taking the GIL): never join it holding the GIL.
+  ~Waiter() {
+    if (!thread_.joinable()) {
+      return;
+    }
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      stop();
+    } else {
+      stop();
+    }
+  }
+
+  // Queue a work; returns its ticket for result().
+  int64_t watch(c10d::Work& work) {
+    auto ptr = c10::intrusive_ptr<c10d::Work>::reclaim_copy(&work);
+    std::lock_guard<std::mutex> guard(mu_);
+    if (stopping_) {
+      throw std::runtime_error("the completion waiter was stopped");
+    }
+    int64_t id = next_++;
+    queue_.push_back({std::move(ptr), id});
+    posted_.notify_one();
+    return id;
+  }
+
+  // (end ns, end ns of the work before it, cpu_wait ns or -1, error or None), once done.
+  py::tuple result(int64_t id) {
+    Done d;
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock<std::mutex> lock(mu_);
+      finished_.wait(lock, [&] { return done_.count(id) > 0; });
+      d = std::move(done_[id]);
+      done_.erase(id);
+    }
+    return py::make_tuple(d.end, d.prev_end, d.cpu_wait,
+                          d.failed ? py::object(py::str(d.error)) : py::object(py::none()));
+  }
+
+  // Let the queued works finish, then end the thread.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> guard(mu_);
+      stopping_ = true;
+      posted_.notify_one();
+    }
+    if (thread_.joinable()) {
+      thread_.join();
+    }
+  }
+
+ private:
+  void run() {
+    pthread_setname_np(pthread_self(), "stragglers-p2p");
+    int self = open("/proc/thread-self/schedstat", O_RDONLY);
+    TransportDelay transport;
+    int64_t last_end = 0;
+    for (;;) {
+      std::pair<c10::intrusive_ptr<c10d::Work>, int64_t> item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        posted_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) {
+          break;
+        }
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      int64_t delay_from = self >= 0 ? run_delay(self) : -1;
+      int64_t transport_from = transport.read();
+      Done d;
+      try {
+        item.first->wait();
+      } catch (const std::exception& e) {
+        d.failed = true;
+        d.error = e.what();
+      }
+      int64_t now = now_ns();
+      // Time this thread then spent runnable without a CPU is the wake-up of a busy host, not
+      // the transfer: the stamp moves back by it.
+      int64_t delay_to = self >= 0 ? run_delay(self) : -1;
+      int64_t late = (delay_from >= 0 && delay_to >= 0) ? std::max<int64_t>(0, delay_to - delay_from) : 0;
+      int64_t transport_to = transport.read();
+      d.end = now - late;
+      d.prev_end = last_end;
+      d.cpu_wait = (transport_from < 0 || transport_to < 0) ? -1
+                   : std::max<int64_t>(0, transport_to - transport_from);
+      last_end = d.end;
+      item.first.reset();  // our reference goes before the next wait (no GIL needed here)
+      {
+        std::lock_guard<std::mutex> guard(mu_);
+        done_[item.second] = std::move(d);
+      }
+      finished_.notify_all();
+    }
+    if (self >= 0) {
+      close(self);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable posted_, finished_;
+  std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> queue_;
+  std::unordered_map<int64_t, Done> done_;
+  int64_t next_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;  // last: it starts once the members above exist
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -449,4 +672,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("register_ddp", &Stamps::register_ddp, py::arg("reducer"), py::arg("group"))
       .def("drain", &Stamps::drain)
       .def("close", &Stamps::close);
+  py::class_<Waiter>(m, "Waiter")
+      .def(py::init<>())
+      .def("watch", &Waiter::watch, py::arg("work"))
+      .def("result", &Waiter::result, py::arg("ticket"))
+      .def("stop", &Waiter::stop, py::call_guard<py::gil_scoped_release>());
 }

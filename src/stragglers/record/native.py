@@ -4,7 +4,8 @@
 
 attach() uses them when they are built and the run is timed on the host clock (CPU): the
 backward pass's start and end and DDP's bucket all-reduces are then stamped in C++ (native.cpp)
-instead of by Python hooks, which is most of what recording costs the training thread. When they
+instead of by Python hooks, which is most of what recording costs the training thread; and the
+Recorder's p2p transfers are waited and stamped by a C++ thread (`waiter()`), without the GIL. When they
 are not built, attach records with Python hooks (the same rows, at a higher cost per op) and says
 so once. STRAGGLERS_RECORD_NATIVE=0 turns them off; =build builds them on first use.
 """
@@ -89,6 +90,17 @@ def stamps():
                           stacklevel=3)
         return None
     return module.Stamps()
+
+
+def waiter():
+    """A native p2p completion waiter (native.cpp: Waiter), or None where the native module is
+    switched off or not built (the recorder then waits on a Python thread: the same rows, with
+    end stamps late by however long that thread waited for the GIL)."""
+    mode = os.environ.get(ENV, "").strip().lower()
+    if mode in ("0", "off", "false", "no"):
+        return None
+    module = load(build=mode == "build")
+    return module.Waiter() if module is not None else None
 
 
 def last_stamp(stamps: list[bytes]) -> int | None:

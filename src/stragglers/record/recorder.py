@@ -16,8 +16,9 @@ import torch.distributed as dist
 
 from stragglers.collectives.completion import CompletionThread, reduce_bucket
 from stragglers.errors import InputError, StragglersError
+from stragglers.record import native as native_hooks
 from stragglers.record.clock import (ClockEstimate, common_origin_ns, control_channel,
-                                     measure_offset, release_control_channel,
+                                     gather_objects, measure_offset, release_control_channel,
                                      same_host_as_rank0)
 from stragglers.record.schedstat import CommWaitProbe, RunDelay, TransportRunDelay
 from stragglers.record.signals import FlushOnTerm
@@ -75,6 +76,7 @@ class _CompletionWaiter:
 
     def watch(self, work: "RecordedWork") -> None:
         """Queue a work; its `completed` event is set when it is done."""
+        work.completed = threading.Event()
         self._queue.put(work)
 
     def stop(self) -> None:
@@ -112,31 +114,69 @@ class _CompletionWaiter:
             rw.completed.set()
 
 
+class _NativeCompletionWaiter:
+    """_CompletionWaiter's work done by a C++ thread (native.cpp: Waiter) that needs no GIL to
+    take a posted work, wait for it and stamp its completion."""
+
+    def __init__(self, native):
+        self._native = native
+
+    def watch(self, work: "RecordedWork") -> None:
+        """Queue a work; its wait() then takes the result by ticket."""
+        work.ticket = self._native.watch(work.work)
+        work.completed = self
+
+    def result(self, rw: "RecordedWork") -> None:
+        """Block (without the GIL) until the work is done; fill its end, start and cpu_wait."""
+        end, prev_end, cpu_wait, error = self._native.result(rw.ticket)
+        if error is not None:
+            rw.error = getattr(dist, "DistBackendError", RuntimeError)(error)
+        rw.end_ns = max(end, rw.start)
+        # in order on one direction: a send posted while the previous was in flight starts
+        # when that one ended
+        rw.start = min(max(rw.start, prev_end), rw.end_ns)
+        rw.cpu_wait = math.nan if cpu_wait < 0 else cpu_wait / 1e9
+
+    def stop(self) -> None:
+        """Let the queued works finish, then end the thread and join it."""
+        self._native.stop()
+
+
+def _completion_waiter(name: str):
+    """The native waiter where it is built, else the Python one."""
+    native = native_hooks.waiter()
+    return _NativeCompletionWaiter(native) if native is not None else _CompletionWaiter(name)
+
+
 class RecordedWork:
     """A posted p2p op: its row spans from the post to the completion of the transfer."""
 
     __slots__ = ("work", "rec", "buf", "row", "start", "done", "completed", "end_ns", "error",
-                 "cpu_wait")
+                 "cpu_wait", "ticket")
 
     def __init__(self, work, rec: "Recorder", buf: StepBuffer | None, row: tuple, start,
                  waiter: _CompletionWaiter | None = None):
         self.work, self.rec, self.buf, self.row, self.start = work, rec, buf, row, start
         self.done = False
-        self.completed = self.error = self.end_ns = None
+        self.completed = self.error = self.end_ns = self.ticket = None
         self.cpu_wait = math.nan
         if buf is not None:
             if buf.pending is None:
                 buf.pending = []
             buf.pending.append(self)
             if waiter is not None:
-                self.completed = threading.Event()
                 waiter.watch(self)
 
     def wait(self) -> None:
         """Wait for the transfer and close the row."""
         if self.done:
             return
-        if self.completed is not None:
+        if self.ticket is not None:
+            self.completed.result(self)
+            if self.error is not None:
+                raise self.error
+            end = self.end_ns
+        elif self.completed is not None:
             self.completed.wait()
             if self.error is not None:
                 raise self.error
@@ -356,8 +396,7 @@ class Recorder:
                 "host": socket.gethostname()}
 
     def _gather_clock(self, when: str, est: ClockEstimate) -> None:
-        entries: list = [None] * self.world_size
-        dist.all_gather_object(entries, est.to_dict(), group=self._ctl.group)
+        entries = gather_objects(est.to_dict(), self._ctl)
         if self.rank != 0:
             return
         clock = self.meta.extra.setdefault("clock", {})
@@ -467,7 +506,7 @@ class Recorder:
         if buf is not None and not self._timer.is_cuda:
             waiter = self._waiters.get(optype)
             if waiter is None:  # one per op type: transfers in one direction complete in order
-                waiter = self._waiters[optype] = _CompletionWaiter(f"stragglers-{optype}")
+                waiter = self._waiters[optype] = _completion_waiter(f"stragglers-{optype}")
         return RecordedWork(work, self, buf, row, start, waiter)
 
     def collective(self, optype: str, fn, *args, nbytes: int = -1, **kwargs):

@@ -1,0 +1,37 @@
+"""A transfer's end is stamped when it completes, not when Python next gets the GIL."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import REPO, torchrun
+
+from stragglers.trace.model import OPTYPE_CODES
+from stragglers.trace.runformat import read_run
+
+WORKER = REPO / "tests" / "record" / "workers" / "gil_worker.py"
+HOLD_S = 2.0  # the worker's pure-Python loop after the transfer completed
+pytestmark = pytest.mark.distributed
+
+
+def recv_durations(out) -> list[float]:
+    ops = read_run(out).ops
+    sel = (ops["rank"] == 0) & (ops["optype"] == OPTYPE_CODES["forward-recv"])
+    return sorted(ops["duration"][sel].tolist())
+
+
+def test_the_native_waiter_stamps_a_receive_done_while_the_gil_is_held(tmp_path):
+    proc = torchrun(WORKER, 2, str(tmp_path / "native"), timeout=240)
+    assert "rank 0 native waiter: True" in proc.stdout, proc.stdout  # `make` builds it
+    # done at the barrier, 2 s before the training thread let go of the GIL
+    durations = recv_durations(tmp_path / "native")
+    assert len(durations) == 2 and max(durations) < HOLD_S / 2, durations
+
+
+def test_the_python_waiter_stamps_it_only_once_it_gets_the_gil(tmp_path):
+    # The fallback (native module switched off) is as late as the GIL keeps it: what the
+    # native waiter is for, and what the test above would see without it.
+    proc = torchrun(WORKER, 2, str(tmp_path / "python"), timeout=240,
+                    env={"STRAGGLERS_RECORD_NATIVE": "0"})
+    assert "rank 0 native waiter: False" in proc.stdout, proc.stdout
+    assert np.all(np.array(recv_durations(tmp_path / "python")) >= HOLD_S * 0.9)
