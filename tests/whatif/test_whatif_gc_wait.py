@@ -15,32 +15,24 @@ def one_f_one_b(rows: dict, step: int, t0: float, pause: tuple[float, float] | N
 
     `pause`: a gc pause on stage 1 (start, end in ms) in the slot before its second forward.
     """
-    def add(stage, optype, seq, start, end, mb):
+    f1 = 52.0 if pause is None else max(52.0, pause[1])  # stage 1's second forward starts
+    table = [  # (stage, optype, seq, start ms, end ms, mb)
+        # stage 0: F0 F1 B0 B1; its long F1 keeps stage 1 waiting
+        (0, "forward-compute", 0, 0, 10, 0), (0, "forward-send", 0, 10, 12, 0),
+        (0, "forward-compute", 1, 10, 50, 1), (0, "forward-send", 1, 50, 52, 1),
+        (0, "backward-recv", 0, 50.5, 52.5, 0), (0, "backward-compute", 0, 52.5, 62.5, 0),
+        (0, "backward-recv", 1, 63, 80, 1), (0, "backward-compute", 1, 80, 90, 1),
+        # stage 1: F0 B0 F1 B1; the recv of F1 is posted right after B0 and waits for stage 0
+        (1, "forward-recv", 0, 0, 12, 0), (1, "forward-compute", 0, 12, 22, 0),
+        (1, "backward-compute", 0, 22, 32, 0), (1, "backward-send", 0, 32, 52.5, 0),
+        (1, "forward-recv", 1, 33, 52, 1), (1, "forward-compute", 1, f1, f1 + 10, 1),
+        (1, "backward-compute", 1, f1 + 10, f1 + 20, 1),
+        (1, "backward-send", 1, f1 + 20, max(f1 + 22, 82.0), 1),
+    ] + ([(1, "gc", 2, *pause, -1)] if pause is not None else [])
+    for stage, optype, seq, start, end, mb in table:
         for k, v in zip(COLUMNS, (stage, 0, stage, step, optype, t0 + start * MS,
                                   (end - start) * MS, seq, mb, 0, stage)):
             rows[k].append(v)
-    # stage 0: F0 F1 B0 B1; its long F1 keeps stage 1 waiting
-    add(0, "forward-compute", 0, 0, 10, 0)
-    add(0, "forward-send", 0, 10, 12, 0)
-    add(0, "forward-compute", 1, 10, 50, 1)
-    add(0, "forward-send", 1, 50, 52, 1)
-    add(0, "backward-recv", 0, 50.5, 52.5, 0)
-    add(0, "backward-compute", 0, 52.5, 62.5, 0)
-    add(0, "backward-recv", 1, 63, 80, 1)
-    add(0, "backward-compute", 1, 80, 90, 1)
-    # stage 1: F0 B0 F1 B1; the recv of F1 is posted right after B0 and waits for stage 0
-    add(1, "forward-recv", 0, 0, 12, 0)
-    add(1, "forward-compute", 0, 12, 22, 0)
-    add(1, "backward-compute", 0, 22, 32, 0)
-    add(1, "backward-send", 0, 32, 52.5, 0)
-    add(1, "forward-recv", 1, 33, 52, 1)
-    f1 = 52.0
-    if pause is not None:
-        add(1, "gc", 2, *pause, -1)
-        f1 = max(f1, pause[1])
-    add(1, "forward-compute", 1, f1, f1 + 10, 1)
-    add(1, "backward-compute", 1, f1 + 10, f1 + 20, 1)
-    add(1, "backward-send", 1, f1 + 20, max(f1 + 22, 82.0), 1)
 
 
 def trace(pause) -> Trace:
