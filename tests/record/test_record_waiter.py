@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from conftest import REPO, torchrun
 
@@ -10,7 +9,8 @@ from stragglers.trace.model import OPTYPE_CODES
 from stragglers.trace.runformat import read_run
 
 WORKER = REPO / "tests" / "record" / "workers" / "gil_worker.py"
-HOLD_S = 2.0  # the worker's pure-Python loop after the transfer completed
+# the worker: rank 0 holds the GIL for HOLD_S after a barrier; rank 1 sends SEND_AFTER_S after it
+HOLD_S, SEND_AFTER_S = 3.0, 1.0
 pytestmark = pytest.mark.distributed
 
 
@@ -23,9 +23,9 @@ def recv_durations(out) -> list[float]:
 def test_the_native_waiter_stamps_a_receive_done_while_the_gil_is_held(tmp_path):
     proc = torchrun(WORKER, 2, str(tmp_path / "native"), timeout=240)
     assert "rank 0 native waiter: True" in proc.stdout, proc.stdout  # `make` builds it
-    # done at the barrier, 2 s before the training thread let go of the GIL
+    # done ~1 s after the post, 2 s before the training thread let go of the GIL
     durations = recv_durations(tmp_path / "native")
-    assert len(durations) == 2 and max(durations) < HOLD_S / 2, durations
+    assert len(durations) == 2 and max(durations) < SEND_AFTER_S + 1.0, durations
 
 
 def test_the_python_waiter_stamps_it_only_once_it_gets_the_gil(tmp_path):
@@ -34,4 +34,5 @@ def test_the_python_waiter_stamps_it_only_once_it_gets_the_gil(tmp_path):
     proc = torchrun(WORKER, 2, str(tmp_path / "python"), timeout=240,
                     env={"STRAGGLERS_RECORD_NATIVE": "0"})
     assert "rank 0 native waiter: False" in proc.stdout, proc.stdout
-    assert np.all(np.array(recv_durations(tmp_path / "python")) >= HOLD_S * 0.9)
+    durations = recv_durations(tmp_path / "python")
+    assert len(durations) == 2 and min(durations) >= HOLD_S - 0.5, durations

@@ -2,7 +2,7 @@
 
 argv: OUT. Rank 0 posts `rec.irecv`, meets rank 1 at a barrier, then computes in pure Python for
 HOLD_S without letting go of the GIL (a switch interval longer than that), then waits; rank 1
-sends right after the barrier. The receive completes at the barrier; its row must end there.
+sends SEND_AFTER_S after the barrier, while rank 0 computes. The receive's row must end then.
 """
 
 import sys
@@ -14,7 +14,7 @@ import torch.distributed as dist
 from stragglers.record import Recorder, native
 from stragglers.trace.model import JobMeta
 
-HOLD_S = 2.0
+HOLD_S, SEND_AFTER_S = 3.0, 1.0
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -36,5 +36,6 @@ with Recorder(sys.argv[1], meta, dp_rank=0, stage=rank, flush_interval_s=0.05) a
                 assert float(buf.sum()) == 16.0 * (step + 1)
             else:
                 dist.barrier()
+                time.sleep(SEND_AFTER_S)  # rank 0 is inside its loop by then
                 rec.isend(torch.full((16,), float(step + 1)), dst=0).wait()
 dist.destroy_process_group()
