@@ -50,5 +50,5 @@ def callable_module(name: str, function: str | None = None) -> None:
     import attach` gives that module. Calling it calls the function, whichever the name holds.
     """
     module = sys.modules[name]
-    cls = type(f"{name}.callable", (_Callable,), {"_function_name": function or name.rsplit(".", 1)[-1]})
-    module.__class__ = cls
+    function = function or name.rsplit(".", 1)[-1]
+    module.__class__ = type(f"{name}.callable", (_Callable,), {"_function_name": function})

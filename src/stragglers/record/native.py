@@ -5,9 +5,9 @@
 attach() uses them when they are built and the run is timed on the host clock (CPU): the
 backward pass's start and end and DDP's bucket all-reduces are then stamped in C++ (native.cpp)
 instead of by Python hooks, which is most of what recording costs the training thread; and the
-Recorder's p2p transfers are waited and stamped by a C++ thread (`waiter()`), without the GIL. When they
-are not built, attach records with Python hooks (the same rows, at a higher cost per op) and says
-so once. STRAGGLERS_RECORD_NATIVE=0 turns them off; =build builds them on first use.
+Recorder's p2p transfers are waited and stamped by a C++ thread (`waiter()`), without the GIL.
+When they are not built, attach records with Python hooks (the same rows, at a higher cost per
+op) and says so once. STRAGGLERS_RECORD_NATIVE=0 turns them off; =build builds them on first use.
 """
 
 from __future__ import annotations
@@ -78,10 +78,9 @@ def last_error() -> str:
 def stamps():
     """A fresh native event log for one attach, or None (switched off, or not built: said once)."""
     global _told
-    mode = os.environ.get(ENV, "").strip().lower()
-    if mode in ("0", "off", "false", "no"):
+    if _switched_off():
         return None
-    module = load(build=mode == "build")
+    module = _load_as_switched()
     if module is None:
         if not _told:
             _told = True
@@ -96,11 +95,18 @@ def waiter():
     """A native p2p completion waiter (native.cpp: Waiter), or None where the native module is
     switched off or not built (the recorder then waits on a Python thread: the same rows, with
     end stamps late by however long that thread waited for the GIL)."""
-    mode = os.environ.get(ENV, "").strip().lower()
-    if mode in ("0", "off", "false", "no"):
-        return None
-    module = load(build=mode == "build")
+    module = None if _switched_off() else _load_as_switched()
     return module.Waiter() if module is not None else None
+
+
+def _switched_off() -> bool:
+    """STRAGGLERS_RECORD_NATIVE=0 (or off/false/no)."""
+    return os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no")
+
+
+def _load_as_switched():
+    """load(), building first where STRAGGLERS_RECORD_NATIVE=build."""
+    return load(build=os.environ.get(ENV, "").strip().lower() == "build")
 
 
 def last_stamp(stamps: list[bytes]) -> int | None:

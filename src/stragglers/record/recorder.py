@@ -79,6 +79,11 @@ class _CompletionWaiter:
         work.completed = threading.Event()
         self._queue.put(work)
 
+    @staticmethod
+    def result(rw: "RecordedWork") -> None:
+        """Block until this thread has stamped the work."""
+        rw.completed.wait()
+
     def stop(self) -> None:
         """Let the queued works finish, then end the thread and join it."""
         self._queue.put(None)
@@ -124,7 +129,6 @@ class _NativeCompletionWaiter:
     def watch(self, work: "RecordedWork") -> None:
         """Queue a work; its wait() then takes the result by ticket."""
         work.ticket = self._native.watch(work.work)
-        work.completed = self
 
     def result(self, rw: "RecordedWork") -> None:
         """Block (without the GIL) until the work is done; fill its end, start and cpu_wait."""
@@ -151,33 +155,29 @@ def _completion_waiter(name: str):
 class RecordedWork:
     """A posted p2p op: its row spans from the post to the completion of the transfer."""
 
-    __slots__ = ("work", "rec", "buf", "row", "start", "done", "completed", "end_ns", "error",
-                 "cpu_wait", "ticket")
+    __slots__ = ("work", "rec", "buf", "row", "start", "done", "waiter", "completed", "ticket",
+                 "end_ns", "error", "cpu_wait")
 
     def __init__(self, work, rec: "Recorder", buf: StepBuffer | None, row: tuple, start,
                  waiter: _CompletionWaiter | None = None):
         self.work, self.rec, self.buf, self.row, self.start = work, rec, buf, row, start
         self.done = False
-        self.completed = self.error = self.end_ns = self.ticket = None
+        self.waiter = self.completed = self.ticket = self.error = self.end_ns = None
         self.cpu_wait = math.nan
         if buf is not None:
             if buf.pending is None:
                 buf.pending = []
             buf.pending.append(self)
             if waiter is not None:
+                self.waiter = waiter
                 waiter.watch(self)
 
     def wait(self) -> None:
         """Wait for the transfer and close the row."""
         if self.done:
             return
-        if self.ticket is not None:
-            self.completed.result(self)
-            if self.error is not None:
-                raise self.error
-            end = self.end_ns
-        elif self.completed is not None:
-            self.completed.wait()
+        if self.waiter is not None:
+            self.waiter.result(self)
             if self.error is not None:
                 raise self.error
             end = self.end_ns
