@@ -88,11 +88,11 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         chain(stream)
         if 0 in gc_at:  # a pause before the first compute op: it leads the stream
             deps[comp[0]].append(gc_at[0])
-        # The op a recv is posted after: the training thread's previous compute op. A gc pause
-        # is no poster: it falls wherever an allocation triggers it, often while the recv
-        # already waits, and a recv chained behind it would count that wait twice.
-        posters = [c for c in stream if grid.node_optype[c] != C["gc"]]
-        stream_before = {c: posters[k - 1] for k, c in enumerate(posters) if k > 0}
+        # The op a recv is posted after: the training thread's previous compute op (`comp`, the
+        # stream without its pauses). A gc pause is no poster: it falls wherever an allocation
+        # triggers it, often while the recv already waits, and a recv chained behind it would
+        # count that wait twice.
+        stream_before = {c: comp[k - 1] for k, c in enumerate(comp) if k > 0}
         tail_gc = gc_at.get(n_fb)
         last_compute = max(comp, key=lambda c: ref_end[c]) if comp else None
         if tail_gc is not None and last_compute is not None:
