@@ -25,9 +25,14 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium >/dev/null; }
 
 # The main job end to end (train with a slow rank, analyse), then the same job watched live.
+# Shorter: `make demo DEMO_STEPS=10 WATCH_STEPS=20 DEMO_PORT=0` (0: any free port), as the
+# README walk test (tests/surface/test_readme_walk.py) runs it.
+DEMO_STEPS ?= 20
+WATCH_STEPS ?= 80
+DEMO_PORT ?= 8150
 demo: venv
-	$(PY) examples/demo.py
-	$(PY) -m stragglers.monitor.demo --port 8150 --steps 80
+	$(PY) examples/demo.py --steps $(DEMO_STEPS)
+	$(PY) -m stragglers.monitor.demo --port $(DEMO_PORT) --steps $(WATCH_STEPS)
 
 test: venv browser
 	$(VENV)/bin/pytest -q

@@ -1,13 +1,16 @@
-"""What the distributed examples check first: that torchrun started them (else one line and exit 2).
+"""What the distributed examples share: the torchrun check and how a worker reports an error.
 
 Outside torchrun, `init_process_group` fails deep inside torch ("environment variable RANK
-expected"); the examples say instead how to launch them.
+expected"); the examples say instead how to launch them. Under torchrun every worker runs the
+same checks, so a refused flag would be printed once per rank (each with a traceback):
+`main_once` prints it once, as one line from rank 0.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Callable
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -36,3 +39,41 @@ def exit_without_finalizing(code: int = 0) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def main_once(main: Callable[[], object]) -> int:
+    """Run a worker's main; a refusal (SystemExit with a message, or a stragglers error) is one
+    line on rank 0's stderr and exit 2 on every rank (torchrun then reports the failed job)."""
+    from stragglers.errors import StragglersError
+
+    try:
+        code = main()
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        say_once(exc.code)
+        return 2
+    except StragglersError as exc:
+        say_once(str(exc))
+        return exc.exit_code
+    return code if isinstance(code, int) else 0
+
+
+def say_once(message: str) -> None:
+    """Print `message` as an error line on rank 0 only (every rank hits the same refusal)."""
+    if os.environ.get("RANK", "0") == "0":
+        text = message if message.startswith("error:") else f"error: {message}"
+        print(text, file=sys.stderr, flush=True)
+
+
+def refuse_earlier_run(directory, overwrite: bool, flag: str = "--trace-dir") -> None:
+    """Exit with one line naming --overwrite when `directory` already holds files (a finished
+    run): checked before any process group exists, so no rank waits on another."""
+    from pathlib import Path
+
+    d = Path(directory)
+    found = sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+    if found and not overwrite:
+        shown = ", ".join(found[:3]) + (", …" if len(found) > 3 else "")
+        raise SystemExit(f"{flag} {d} holds an earlier run ({shown}); pass --overwrite to "
+                         f"replace it, or choose another {flag}")

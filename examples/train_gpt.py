@@ -35,7 +35,7 @@ from stragglers.serving import read_token_file
 from stragglers.trace.synth.schedule import compute_order
 from stragglers.trace.model import JobMeta
 
-from launch import require_torchrun  # examples/launch.py (the script's folder is on sys.path)
+from launch import main_once, refuse_earlier_run, require_torchrun  # examples/launch.py (on sys.path)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -491,6 +491,8 @@ def main(argv=None) -> None:
     chunk_blocks = chunk_layout(args) if args.vpp > 1 else None
     use_cuda = torch.cuda.is_available()
     require_torchrun()
+    if args.trace_dir is not None and not args.no_record:
+        refuse_earlier_run(args.trace_dir, args.overwrite)
     dist.init_process_group("nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if world % args.pp:
@@ -595,4 +597,4 @@ def report_summary(args, rank: int, world: int, step_starts: list[float], rec: R
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main_once(main))

@@ -53,3 +53,24 @@ def test_advise_command_refuses_a_restart_cost_no_job_has(tmp_path):
         assert res.exit_code == 2 and "--restart-cost" in res.output, (value, res.output)
     assert CliRunner().invoke(make_app(), ["advise", str(run), "--restart-cost", "1e7",
                                            "-q"]).exit_code == 0
+
+
+def test_advise_reads_whole_at_80_columns(tmp_path):
+    # a pipelined job: every remedy but one does not apply, each with a sentence saying why
+    run = write_run(tmp_path / "run", generate(dp=4, pp=4, microbatches=8, steps=10, seed=0,
+                                               slow_worker=(1, 2, 1.5)))
+    out = tmp_path / "plan.json"
+    res = CliRunner().invoke(make_app(), ["advise", str(run), "--json", str(out)],
+                             env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert "…" not in res.output                       # no word cut short
+    assert len(lines) < 45, res.output                 # was ~80 (reasons wrapped in a column)
+    plan = json.loads(out.read_text())
+    table = [line for line in lines if line.startswith("│")]
+    for i, remedy in enumerate(plan["remedies"], 1):
+        # every remedy's full name once in the table, and its reason or cost below it
+        assert sum(f" {remedy['name']} " in row for row in table) == 1, remedy["name"]
+        reason = remedy["cost"] if remedy["applies"] else remedy["why_not"]
+        assert " ".join(reason.split()[:3]) in " ".join(res.output.split()), remedy["name"]

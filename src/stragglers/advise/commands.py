@@ -24,7 +24,7 @@ def advise_command(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the plan as JSON."),
     calibration: Optional[Path] = typer.Option(
         None, "--calibration", help="JSON {\"alpha\": s, \"beta\": s/byte} of the DP collective's "
-        "backend (from `stragglers calibrate-collectives`)."),
+        "backend (from `stragglers collectives calibrate`)."),
     remaining_steps: Optional[int] = typer.Option(None, "--remaining-steps", min=0,
                                                   help="Steps the job still runs (prices ND)."),
     restart_cost: Optional[float] = typer.Option(None, "--restart-cost", min=0.0, max=1e7,
@@ -56,19 +56,21 @@ def advise_command(
 
 
 def print_plan(plan, console: Console) -> None:
-    """The plan as a table, best first, then how to switch on the best one."""
+    """The plan as a table of numbers, best first; each remedy's cost or reason below it (whole
+    words at any width: long prose in a table column is cut or wraps a word per line), then how
+    to switch on the best one."""
     table = Table(title=Text(f"{plan.job}: measured step {1e3 * plan.measured_step_s:.1f} ms "
-                  f"(replay {1e3 * plan.baseline_step_s:.1f} ms)"))
-    for col in ("#", "remedy", "applies", "step (ms)", "speedup", "90% interval", "why not / cost"):
-        table.add_column(col, justify="left" if col in ("remedy", "applies", "why not / cost")
-                         else "right")
+                  f"(replay {1e3 * plan.baseline_step_s:.1f} ms)"), title_justify="left")
+    for col in ("#", "remedy", "applies", "step (ms)", "speedup", "90% interval"):
+        table.add_column(col, no_wrap=True,
+                         justify="left" if col in ("remedy", "applies") else "right")
     for i, r in enumerate(plan.remedies, 1):
         step = f"{1e3 * r.predicted_step_s:.1f}" if r.predicted_step_s else "–"
         speed = f"×{r.predicted_speedup:.3f}" if r.predicted_speedup else "–"
         band = f"×{r.interval[0]:.3f}–{r.interval[1]:.3f}" if r.interval else "–"
-        table.add_row(str(i), Text(r.name), "yes" if r.applies else "no", step, speed, band,
-                      Text(r.cost if r.applies else (r.why_not or "")))
+        table.add_row(str(i), Text(r.name), "yes" if r.applies else "no", step, speed, band)
     console.print(table)
+    console.print(reasons_grid(plan))
     best = plan.best()
     if best is None:
         console.print("No remedy applies.", markup=False, highlight=False)
@@ -78,3 +80,21 @@ def print_plan(plan, console: Console) -> None:
         console.print(f"Switch it on: {best.switch_on}", markup=False, highlight=False)
     for note in plan.notes:
         console.print(f"note: {note}", markup=False, highlight=False)
+
+
+def reasons_grid(plan) -> Table:
+    """'#  remedy: cost' or 'why not' lines, one per distinct text (remedies that share a reason,
+    such as the gradient codes for each s, share a line), wrapped with a hanging indent."""
+    grouped: dict[tuple[bool, str], list[tuple[int, str]]] = {}
+    for i, r in enumerate(plan.remedies, 1):
+        text = r.cost if r.applies else (r.why_not or "")
+        if text:
+            grouped.setdefault((r.applies, text), []).append((i, r.name))
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(justify="right", no_wrap=True)
+    grid.add_column()
+    for (applies, text), rows in grouped.items():
+        numbers = ", ".join(str(i) for i, _ in rows)
+        names = ", ".join(name for _, name in rows)
+        grid.add_row(numbers, Text(f"{names} — {'cost' if applies else 'why not'}: {text}"))
+    return grid
