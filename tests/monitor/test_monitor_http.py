@@ -473,7 +473,7 @@ def test_idle_connections_past_the_limit_get_503_and_a_hang_up_mid_body_is_one_l
         with caplog.at_level(logging.WARNING), httpx.Client(base_url=s.url, timeout=30) as c:
             for _ in range(12):
                 k = socket.create_connection(("127.0.0.1", s.port))
-                k.sendall(b"PUT /api/jobs/x/meta HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                k.sendall(b"PUT /api/jobs/x/meta HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
                           + TOKEN.encode() + b"\r\nContent-Length: 100\r\n\r\n{")
                 held.append(k)
             eventually(lambda: c.get("/health").status_code == 503, what="503 past the limit")
@@ -530,6 +530,8 @@ def test_token_files_and_hosts_are_checked_alike_by_both_services(tmp_path):
     good.write_text("a-token-of-20-chars\n")
     short.write_text("short\n")
     binary.write_bytes(b"\xff\xfe" + b"a" * 20)
+    for f in (good, short, binary):
+        f.chmod(0o600)
     cases = [(["--token-file", str(short)], "short: --token-file: expected one line of 16-512"),
              (["--token-file", str(binary)], "binary: --token-file: expected one line of 16-512"),
              (["--token-file", str(tmp_path / "none")], "--token-file: cannot read the token file"),

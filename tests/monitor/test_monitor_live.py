@@ -93,6 +93,7 @@ def test_live_dashboard_shows_the_slow_rank_alerts_and_resolves(tmp_path):
     Receiver.bodies = []
     token = tmp_path / "token"
     token.write_text("live-test-token-0123\n")
+    token.chmod(0o600)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     monitor = start_monitor(tmp_path, port, f"http://127.0.0.1:{receiver.server_port}/alerts",

@@ -9,7 +9,7 @@ from pathlib import Path
 from stragglers.errors import InputError
 from stragglers.monitor.alerts import parse_rules
 from stragglers.monitor.settings import MonitorConfig, load_config_file
-from stragglers.serving import base_url, is_loopback, listen_socket, serve_in_foreground, \
+from stragglers.serving import ConnectionLimits, base_url, is_loopback, listen_socket, serve_in_foreground, \
     serve_in_thread, uvicorn_server
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,16 @@ class MonitorServer:
         return base_url(self.host, self.port)
 
     def _uvicorn(self):
-        return uvicorn_server(self.app, max_connections=self.monitor.config.max_connections,
-                              keep_alive_s=60, graceful_s=5)
+        cfg = self.monitor.config
+        limits = ConnectionLimits(max_connections=cfg.max_connections,
+                                  per_client=min(cfg.max_connections_per_client,
+                                                 cfg.max_connections),
+                                  header_timeout_s=cfg.header_timeout_s,
+                                  body_min_bytes_per_s=cfg.body_min_bytes_per_s)
+        hosts = [h for h in cfg.allowed_hosts.split(",") if h.strip()]
+        return uvicorn_server(self.app, max_connections=cfg.max_connections,
+                              keep_alive_s=cfg.keep_alive_s, graceful_s=5, limits=limits,
+                              allowed_hosts=hosts or None)
 
     def _begin(self) -> None:
         self.monitor.start()

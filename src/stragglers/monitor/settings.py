@@ -34,6 +34,19 @@ class MonitorConfig(Config):
     max_connections: int = setting(1000, "HTTP connections served at once; past it new ones "
                                    "are answered 503 (an idle or slow client cannot take every "
                                    "file descriptor)", minimum=8)
+    max_connections_per_client: int = setting(256, "connections one client address may "
+                                              "hold open; past it (or past max_connections) "
+                                              "its oldest idle one is closed, and a new one is "
+                                              "refused 503 only when all are busy", minimum=1)
+    header_timeout_s: float = setting(10.0, "a request's head must arrive within this long of "
+                                      "its first byte (or of the connection)", minimum=0.5)
+    keep_alive_s: float = setting(30.0, "an idle keep-alive connection is closed after this "
+                                  "long", minimum=1.0)
+    body_min_bytes_per_s: float = setting(8192.0, "a request body slower than this (after a "
+                                          "10 s grace) is cut with 408", minimum=1.0)
+    allowed_hosts: str = setting("", "Host names accepted besides the loopback names, comma "
+                                 "separated ('*': any); empty: loopback names only on a "
+                                 "loopback address, any name on another")
     max_meta_bytes: int = setting(1 * 2**20, "largest accepted meta.json upload (bytes)",
                                   minimum=1024)
     max_jobs: int = setting(10_000, "jobs the monitor keeps track of at once", minimum=1)

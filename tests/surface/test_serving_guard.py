@@ -1,0 +1,242 @@
+"""The shared serving layer under hostile clients (stragglers.serving): real uvicorn servers on
+127.0.0.1, raw sockets for the clients that misbehave, httpx for the one that behaves."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route
+
+from stragglers.errors import InputError
+from stragglers.serving import ConnectionLimits, listen_socket, read_token_file, \
+    serve_in_thread, uvicorn_server
+
+
+async def health(request: Request):
+    return JSONResponse({"ok": True})
+
+
+async def upload(request: Request):
+    body = await request.body()
+    return JSONResponse({"got": len(body)})
+
+
+async def disk_full(request: Request):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+async def bug(request: Request):
+    raise RuntimeError("a bug")
+
+
+async def plain(request: Request):
+    return PlainTextResponse("teapot says no\nsecond line", status_code=418)
+
+
+APP = Starlette(routes=[Route("/health", health), Route("/upload", upload, methods=["PUT"]),
+                        Route("/full", disk_full), Route("/bug", bug), Route("/plain", plain)])
+
+
+class Served:
+    def __init__(self, limits: ConnectionLimits | None = None, allowed_hosts=None,
+                 http: str = "httptools"):
+        self.sock = listen_socket("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn_server(APP, max_connections=limits.max_connections if limits
+                                     else 1000, keep_alive_s=30, limits=limits,
+                                     allowed_hosts=allowed_hosts, http=http)
+        serve_in_thread(self.server, self.sock, "test-serving", "test server")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=30)
+
+    def stop(self):
+        self.server.should_exit = True
+
+
+@pytest.fixture
+def serve():
+    started = []
+
+    def make(*a, **kw):
+        started.append(Served(*a, **kw))
+        return started[-1]
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+def closed_within(k: socket.socket, seconds: float) -> bytes | None:
+    """What the server sent before closing the socket, None if still open after `seconds`."""
+    k.settimeout(0.5)
+    got, deadline = b"", time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            chunk = k.recv(65536)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            return got
+        if not chunk:
+            return got
+        got += chunk
+    return None
+
+
+def status_and_json(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_idle_sockets_past_the_cap_do_not_lock_a_client_out(serve, http):
+    # 1,000 TCP connections that send nothing answered everyone 503 and were never closed:
+    # now past the cap the oldest idle one is closed to admit a new one
+    s = serve(ConnectionLimits(max_connections=64, per_client=64, header_timeout_s=60), http=http)
+    idle = [s.connect() for _ in range(300)]
+    try:
+        with httpx.Client(base_url=s.url, timeout=30) as c:
+            for _ in range(3):
+                r = c.get("/health")
+                assert r.status_code == 200, r.text
+        # the first ones were closed to make room, without a word (they asked nothing)
+        assert closed_within(idle[0], 20) == b""
+    finally:
+        for k in idle:
+            k.close()
+
+
+def test_a_connection_that_sends_nothing_or_half_a_head_is_closed(serve):
+    s = serve(ConnectionLimits(header_timeout_s=1.0, sweep_s=0.2))
+    silent, half = s.connect(), s.connect()
+    half.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    assert closed_within(silent, 30) == b""
+    status, body = status_and_json(closed_within(half, 30))
+    assert status == 408 and "request head" in body["error"]
+
+
+def test_a_body_slower_than_the_minimum_rate_is_cut_with_408(serve):
+    s = serve(ConnectionLimits(body_min_bytes_per_s=1000, body_grace_s=1.0, sweep_s=0.2))
+    k = s.connect()
+    k.sendall(b"PUT /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 67108864\r\n\r\nab")
+    got = closed_within(k, 30)
+    assert got is not None
+    status, body = status_and_json(got)
+    assert status == 408 and "request body" in body["error"]
+
+
+def test_one_client_holds_at_most_its_share_of_connections(serve):
+    s = serve(ConnectionLimits(max_connections=1000, per_client=8, header_timeout_s=60))
+    held = [s.connect() for _ in range(20)]
+    try:
+        with httpx.Client(base_url=s.url, timeout=30) as c:
+            assert c.get("/health").status_code == 200
+        closed = [k for k in held[:12] if closed_within(k, 5) is not None]
+        assert len(closed) >= 12 - 8 + 1   # the oldest, to leave room for 8 (httpx's included)
+    finally:
+        for k in held:
+            k.close()
+
+
+def test_busy_connections_past_the_cap_refuse_a_new_one_in_json(serve):
+    s = serve(ConnectionLimits(max_connections=4, per_client=4, header_timeout_s=60,
+                               body_grace_s=60))
+    busy = []
+    for _ in range(4):
+        k = s.connect()
+        k.sendall(b"PUT /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\nab")
+        busy.append(k)
+    time.sleep(0.5)
+    k = s.connect()
+    status, body = status_and_json(closed_within(k, 30))
+    assert status == 503 and "busy" in body["error"]
+    for b in busy:
+        b.close()
+
+
+@pytest.mark.parametrize("host,ok", [("127.0.0.1", True), ("localhost", True), ("[::1]", True),
+                                     ("app.localhost", True), ("evil.example", False),
+                                     ("127.0.0.1.evil.example", False), ("", False)])
+def test_a_loopback_service_answers_only_loopback_host_names(serve, host, ok):
+    # a page of another site whose name was rebound to 127.0.0.1 sends its own name as Host
+    s = serve()
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        r = c.get("/health", headers={"Host": f"{host}:{s.port}" if host else ""})
+    if ok:
+        assert r.status_code == 200
+    else:
+        assert r.status_code == 400 and "request header 'Host'" in r.json()["error"]
+
+
+def test_configured_host_names_are_answered_too(serve):
+    s = serve(allowed_hosts=["monitor.example"])
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        assert c.get("/health", headers={"Host": "monitor.example:80"}).status_code == 200
+        assert c.get("/health", headers={"Host": "other.example"}).status_code == 400
+
+
+def test_every_response_carries_the_security_headers(serve):
+    s = serve()
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        for path in ("/health", "/nope", "/plain"):
+            h = c.get(path).headers
+            assert h["x-content-type-options"] == "nosniff"
+            assert h["x-frame-options"] == "DENY"
+            assert "frame-ancestors 'none'" in h["content-security-policy"]
+
+
+def test_errors_are_json_for_every_status_without_tracebacks(serve):
+    s = serve()
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        r = c.get("/full")
+        assert r.status_code == 507 and "disk is full" in r.json()["error"]
+        r = c.get("/bug")
+        assert r.status_code == 500 and "Traceback" not in r.text and r.json()["error"]
+        r = c.get("/plain")
+        assert r.status_code == 418 and r.json() == {"error": "teapot says no"}
+        r = c.get("/nope")
+        assert r.status_code == 404 and r.json()["error"]
+    k = s.connect()
+    k.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+    status, body = status_and_json(closed_within(k, 30))
+    assert status == 400 and body["error"].startswith("request:")
+
+
+def test_a_token_file_others_may_read_or_write_is_refused_with_the_fix(tmp_path):
+    f = tmp_path / "token"
+    f.write_text("a-token-of-20-chars-ok\n")
+    for mode in (0o644, 0o604, 0o620, 0o660):
+        os.chmod(f, mode)
+        with pytest.raises(InputError) as err:
+            read_token_file(f)
+        text = str(err.value)
+        assert str(f) in text and f"chmod 600 {f}" in text and "\n" not in text
+    os.chmod(f, 0o600)
+    assert read_token_file(f) == "a-token-of-20-chars-ok"
+    os.chmod(f, 0o400)
+    assert read_token_file(f) == "a-token-of-20-chars-ok"
+
+
+def test_a_token_file_of_two_lines_gives_its_first_line(tmp_path):
+    f = tmp_path / "token"
+    f.write_text("first-line-token-0123\nsecond line: a comment\n")
+    os.chmod(f, 0o600)
+    assert read_token_file(f) == "first-line-token-0123"
+
+
+def test_a_fifo_as_token_file_is_refused_without_blocking(tmp_path):
+    f = tmp_path / "token"
+    os.mkfifo(f, 0o600)
+    with pytest.raises(InputError, match="not a regular file"):
+        read_token_file(f)
