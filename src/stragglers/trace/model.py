@@ -27,6 +27,13 @@ OPTYPES: tuple[str, ...] = (
     # Weight-gradient half of a split backward (zero-bubble schedules' W; their I is
     # backward-compute): a compute-stream op with no pipeline send of its own.
     "backward-weight-compute",
+    # Collectives that block the work after them on their rank until the whole process group
+    # took part (specs/whatif.md §6: every collective is modelled): MoE/DLRM all-to-alls,
+    # broadcasts, barriers, and batched send/recv whose direction is no pipeline's.
+    "all-to-all",
+    "broadcast",
+    "barrier",
+    "send-recv",
 )
 OPTYPE_CODES = {name: i for i, name in enumerate(OPTYPES)}
 COMPUTE_OPTYPES = ("forward-compute", "backward-compute", "optimizer", "gc",
@@ -34,6 +41,8 @@ COMPUTE_OPTYPES = ("forward-compute", "backward-compute", "optimizer", "gc",
 P2P_OPTYPES = ("forward-send", "forward-recv", "backward-send", "backward-recv")
 DP_COLLECTIVES = ("params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce",
                   "grads-all-reduce")
+# On the compute stream in program order: the next op of the rank needs their result.
+BLOCKING_COLLECTIVES = ("all-to-all", "broadcast", "barrier", "send-recv")
 
 # Required columns and their in-memory dtypes (optype holds codes into OPTYPES).
 COLUMNS: dict[str, np.dtype] = {

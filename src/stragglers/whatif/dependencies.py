@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stragglers.errors import DependencyCycleError
-from stragglers.trace.model import DP_COLLECTIVES, OPTYPE_CODES as C
+from stragglers.trace.model import BLOCKING_COLLECTIVES, DP_COLLECTIVES, OPTYPE_CODES as C
 from stragglers.whatif.buckets import bucket_producers
 from stragglers.whatif.grid import OpGrid
 
@@ -21,6 +21,7 @@ OWN_FROM_PEER = {"forward-send": -1, "forward-recv": +1, "backward-send": +1, "b
 _COMPUTE = (C["forward-compute"], C["backward-compute"], C["backward-weight-compute"])
 _FB = (C["forward-compute"], C["backward-compute"])
 _DP_COLL = tuple(C[o] for o in DP_COLLECTIVES)
+_BLOCKING = tuple(C[o] for o in BLOCKING_COLLECTIVES)
 _EPS = 5e-5  # seconds of clock error tolerated when deciding whether a p2p op was launched
 
 
@@ -79,13 +80,13 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         gcs = nodes[grid.node_optype[nodes] == C["gc"]]
         gc_at = {int(grid.node_seq[g]): int(g) for g in gcs}
         stream, n_fb = [], 0  # gc slots count forward/backward ops only (grid.gc_slots)
-        for c in comp:
+        for c in _with_blocking(grid, nodes, comp, ref_start):
             if grid.node_optype[c] in _FB:
                 if n_fb in gc_at and n_fb > 0:
                     stream.append(gc_at[n_fb])
                 n_fb += 1
             stream.append(c)
-        chain(stream)
+        _chain_stream(grid, stream, deps)
         if 0 in gc_at:  # a pause before the first compute op: it leads the stream
             deps[comp[0]].append(gc_at[0])
         # The op a recv is posted after: the training thread's previous compute op (`comp`, the
@@ -208,7 +209,7 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
             continue
         if no_op[n] or (name_code in (C[x] for x in P2P_PEER)):
             add_group([n], False)  # unmatched p2p: a singleton of its own transfer time
-        elif name_code in _DP_COLL and use_dp:
+        elif name_code in _DP_COLL + _BLOCKING and use_dp:
             add_group([n], True)
     emb = [x for s in sorted({0, pp - 1}) for x in of_type(s, "embedding-grads-all-reduce")[:1]]
     if emb:
@@ -218,6 +219,58 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         add_group(clip, True)
     order = _topological_order(grid, deps, groups, group_of)
     return DependencyModel(deps, groups, dp_sync, group_of, no_op, order)
+
+
+def _chain_stream(grid: OpGrid, stream: list[int], deps: list[list[int]]) -> None:
+    """Each op of the compute stream after the one before it; a blocking collective after the
+    work it needs and after the collective before it (one communication stream, in order).
+
+    On a GPU a collective waits only for the work issued before it that it reads, and the
+    program goes on issuing work after an asynchronous collective, which runs beside it until
+    the stream waits for the result (or never does). So an edge between a collective and the
+    work around it is kept only where it holds in every replica and step: the collective after
+    the latest work that ended before it started, the next op after the collective only where
+    it started once the collective had ended (else after the work before the collective).
+    """
+    last = prev_coll = None
+    work: list[int] = []
+    for k, n in enumerate(stream):
+        if grid.node_optype[n] not in _BLOCKING:
+            if last is not None:
+                deps[n].append(last)
+            last = n
+            work.append(n)
+            continue
+        if last is not None and (last == prev_coll or _waited(grid, last, n)):
+            deps[n].append(last)
+        else:
+            poster = next((h for h in reversed(work[-64:]) if _waited(grid, h, n)), None)
+            if poster is not None:
+                deps[n].append(poster)
+        if prev_coll is not None and prev_coll not in deps[n]:
+            deps[n].append(prev_coll)
+        prev_coll = n
+        nxt = stream[k + 1] if k + 1 < len(stream) else None
+        if nxt is None or grid.node_optype[nxt] in _BLOCKING or _waited(grid, n, nxt):
+            last = n
+
+
+def _waited(grid: OpGrid, coll: int, nxt: int) -> bool:
+    """Whether `nxt` started after `coll` ended wherever both were recorded."""
+    both = grid.present[coll] & grid.present[nxt]
+    end = grid.start[coll] + grid.duration[coll]
+    return bool(np.all(np.where(both, grid.start[nxt] >= end - _EPS, True)))
+
+
+def _with_blocking(grid: OpGrid, nodes: np.ndarray, comp: list[int], ref_start) -> list[int]:
+    """The compute ops with the stage's blocking collectives (all-to-all, broadcast, barrier)
+    among them in observed order: the work after one needs its result, the one after the
+    work before it."""
+    blocking = nodes[np.isin(grid.node_optype[nodes], _BLOCKING)]
+    if not len(blocking):
+        return comp
+    merged = comp + [int(x) for x in blocking]
+    return sorted(merged, key=lambda n: (ref_start[n], grid.node_optype[n] not in _BLOCKING))
 
 
 def recorded_per_action(grid: OpGrid) -> bool:

@@ -15,6 +15,8 @@ FWD = OPTYPE_CODES["forward-compute"]
 BWD = OPTYPE_CODES["backward-compute"]
 # the weight-gradient half of a split backward (zero-bubble schedules): compute, like BWD
 BWW = OPTYPE_CODES["backward-weight-compute"]
+# compute a worker does between its communication ops (absent on one worker: zero)
+_WORK = (FWD, BWD, BWW, OPTYPE_CODES["optimizer"])
 _SEQ_BITS = 24
 _OPTYPE_BITS = 5
 
@@ -169,21 +171,35 @@ def _chunks(ops, node, n, node_stage, pp) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings) -> np.ndarray:
-    """Steps where every non-gc op of the schedule is present on every DP rank."""
-    required = node_optype != GC
-    missing = ~present[required]                      # [N_req, D, T]
-    bad_steps = missing.any(axis=(0, 1))
+    """Steps where every communication op of the schedule is present on every DP rank, and
+    every worker computes.
+
+    A compute op absent on one worker in a step whose communication it all did is taken as
+    zero (like a gc slot without a pause): profilers split a rank's work into runs at its
+    collectives and at phase changes, and a rank whose trace lost or merged a run has one
+    fewer than its peers; its collectives still say that the step was whole.
+    """
+    compute = np.isin(node_optype, _WORK)
+    required = (node_optype != GC) & ~compute
+    worker_missing = np.zeros((len(dp_ranks), int(node_stage.max()) + 1, len(step_ids)), bool)
+    for s in np.unique(node_stage):
+        sel = required & (node_stage == s)
+        worker_missing[:, s, :] = ~present[sel].all(axis=0)
+        if (compute & (node_stage == s)).any():   # none at all: _check_stages says so
+            worker_missing[:, s, :] |= ~present[compute & (node_stage == s)].any(axis=0)
+    bad_steps = worker_missing.any(axis=(0, 1))
     if bad_steps.any():
-        worker_missing = np.zeros((len(dp_ranks), int(node_stage.max()) + 1, len(step_ids)), bool)
-        for s in np.unique(node_stage[required]):
-            sel = node_stage[required] == s
-            worker_missing[:, s, :] = missing[sel].any(axis=0)
         workers = sorted({(int(dp_ranks[a]), int(b)) for a, b, _ in zip(*np.nonzero(worker_missing))})
         steps = [int(s) for s in step_ids[bad_steps]]
         shown = ", ".join(f"(dp {a}, pp {b})" for a, b in workers[:8])
         warnings.append(f"{len(steps)} of {len(step_ids)} steps are incomplete and were left out "
                         f"(steps {ranges(steps)}): ops missing from workers {shown}"
                         + (" …" if len(workers) > 8 else ""))
+    absent = ~present[compute][:, :, ~bad_steps]
+    if absent.any():
+        warnings.append(f"{int(absent.sum())} compute op(s) absent on some workers in complete "
+                        "steps (their traces hold fewer compute runs there than their peers') "
+                        "were taken as zero")
     return ~bad_steps
 
 

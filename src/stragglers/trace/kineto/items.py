@@ -196,9 +196,16 @@ def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
     colls: list[Coll] = []
     last_phase: dict[int, int] = {}
     last_key: dict[int, float] = {}
+    # Correlation ids grow with every launch: a kernel whose id is below every launch the
+    # window recorded was launched before the window, by the step before the first traced
+    # one (its GPU work runs into that step's span). It is no work of any traced step.
+    first_corr = min(ev.runtime) if ev.runtime else None
     for k in order:
         ts, dur, _stream, corr, nccl, kind_args, kind_name, pg, seq, src, dst = ev.kernels[k]
         launch = ev.runtime.get(corr) if corr is not None else None
+        if launch is None and first_corr is not None and _before(corr, first_corr):
+            counts["pre-window kernels"] += 1
+            continue
         if launch is not None:
             s = steps.index(launch[0])
             phase = _phase_of(steps, top, by_ops, s, launch[0], launch[1]) if s >= 0 else _FWD
@@ -229,6 +236,14 @@ def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
         kind = kind or kind_name
         colls.append(Coll(ts, ts + dur, key, s, kind, pg, seq, src, dst))
     return items, colls
+
+
+def _before(corr, first) -> bool:
+    """Whether a correlation id precedes the window's first recorded launch."""
+    try:
+        return corr < first
+    except TypeError:      # ids of mixed types (a malformed trace): no order to go by
+        return False
 
 
 def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, counts: Counter):

@@ -83,12 +83,18 @@ def _dropped_notes(total: Counter) -> list:
                                    "direction (forward/backward) and partner are unknown"))
         elif key.endswith(" left out"):
             kind = key[:-len(" left out")]
-            out.append(("dropped", f"{n} {kind} collective(s) left out: the what-if model has no "
-                                   "op type for them (their time shows as gaps between compute "
-                                   "ops); they still align clocks"))
+            out.append(("dropped", f"{n} collective(s) of unknown kind ({kind}) left out: no "
+                                   "'Collective name', enclosing collective op or kernel name "
+                                   "says what they are (their time shows as gaps between "
+                                   "compute ops); they still align clocks"))
     if total["outside steps"]:
         out.append(("dropped", f"{total['outside steps']} kernel(s)/op(s) outside every "
                                "ProfilerStep#N span were left out"))
+    if total["pre-window kernels"]:
+        out.append(("dropped", f"{total['pre-window kernels']} GPU kernel(s) launched before the "
+                               "profiling window (correlation ids below its first recorded "
+                               "launch) belong to the step before the first traced one and "
+                               "were left out"))
     if total["unpaired annotations"]:
         out.append(("dropped", f"{total['unpaired annotations']} collective annotation(s) could "
                                "not be paired with the op that issued them: no process group, "

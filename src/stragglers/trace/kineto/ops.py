@@ -12,7 +12,7 @@ the op after it, not as compute.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -20,14 +20,30 @@ import numpy as np
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPE_CODES
 
-# Collectives the op table has an op type for. The rest (all-to-all, broadcast, barrier, …)
-# are left out of the rows but still used to align clocks.
+# Gradient/parameter collectives: DDP and FSDP launch them beside the backward, so they do not
+# cut compute (the dependency model links each to the compute that produced its bucket).
 COLLECTIVE_OPTYPES = {
     "allreduce": "grads-all-reduce",
     "reducescatter": "grads-reduce-scatter",
     "allgather": "params-all-gather",
 }
+# Collectives whose result the rank's next work needs (an all-to-all's tokens or embeddings, a
+# broadcast's tensor, a barrier): they sit between two compute ops (specs/whatif.md §6: every
+# collective is modelled, synchronising its process group).
+BLOCKING_OPTYPES = {
+    "alltoall": "all-to-all",
+    "alltoallv": "all-to-all",
+    "broadcast": "broadcast",
+    "barrier": "barrier",
+    "reduce": "broadcast",     # one root, the group waits: the same shape as a broadcast
+    "gather": "broadcast",
+    "scatter": "broadcast",
+}
 P2P_KINDS = {"send", "recv", "sendrecv"}
+BLOCKING_NAMES = set(BLOCKING_OPTYPES.values()) | {"send-recv"}
+# Batched send/recv with no pipeline direction (NCCL's grouped SendRecv kernels of an
+# all-to-all written as p2p, or pairs of exchanges): a blocking exchange among its peers.
+SEND_RECV = "send-recv"
 # On CPU traces a gap this short between two ops of one phase is Python dispatching the next
 # op (tens of µs normally, more on a busy machine), so it counts as busy; longer gaps (a sleep,
 # waiting on input) are idle and become launch delay of the next op.
@@ -109,12 +125,13 @@ def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
     sync: dict[tuple, float] = {}
     spans: dict[tuple, tuple[float, float]] = {}
     emitted = _collective_rows(parts, placement, rows, sync, spans, counts)
-    # Only pipeline sends/recvs that become rows split compute (they separate microbatches).
-    # Collectives do not: DDP's bucket all-reduces start while backward runs, and backward cut
-    # into pieces of different sizes would be idealised with one mean (spec §6), moving the
-    # buckets' launches; whole, backward feeds the dependency model's bucketed sync (each
-    # all-reduce after the compute that ended before it started, the optimizer after both).
-    _compute_ops(parts, [(c, o) for c, o in emitted if c.kind in P2P_KINDS], rows, counts)
+    # Pipeline sends/recvs split compute (they separate microbatches), and so do blocking
+    # collectives (the work after an all-to-all needs its result). Gradient collectives do
+    # not: DDP's bucket all-reduces start while backward runs; whole, backward feeds the
+    # dependency model's bucketed sync (each all-reduce after the compute that ended before
+    # it started, the optimizer after both).
+    cuts = [(c, o) for c, o in emitted if c.kind in P2P_KINDS or o in BLOCKING_NAMES]
+    _compute_ops(parts, cuts, rows, counts)
     if not rows:
         raise InputError(parts.source, "traceEvents", "no compute or collective falls inside "
                          "any ProfilerStep#N span")
@@ -208,11 +225,16 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
         kind = c.kind or "unknown"
         if kind in P2P_KINDS:
             optype, why = p2p_optype(kind, c, placement)
-            if optype is None:
+            if optype is None and kind == "sendrecv" and placement.pp_size <= 1:
+                optype = SEND_RECV   # an exchange among peers: blocking, as a collective
+                key = sync_key(c, parts, placement, index)
+                sync.setdefault(key, c.end)
+                spans.setdefault(key, (c.start, c.end))
+            elif optype is None:
                 counts[f"p2p {kind} left out: {why}"] += 1
                 continue
         else:
-            optype = COLLECTIVE_OPTYPES.get(kind)
+            optype = COLLECTIVE_OPTYPES.get(kind) or BLOCKING_OPTYPES.get(kind)
             key = sync_key(c, parts, placement, index)
             sync.setdefault(key, c.end)
             spans.setdefault(key, (c.start, c.end))
