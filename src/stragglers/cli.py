@@ -5,9 +5,12 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import time
 from typing import Optional
 
 import typer
+import typer.main
+from typer.core import TyperOption
 from rich.console import Console
 from rich.markup import escape
 
@@ -25,6 +28,7 @@ app = typer.Typer(
 )
 
 _verbosity = 0
+log = logging.getLogger("stragglers.cli")
 
 
 def _version(value: bool) -> None:
@@ -45,12 +49,30 @@ def _root(
     """Find, explain and remove stragglers in distributed training."""
     global _verbosity
     _verbosity = verbose
-    if verbose:
-        from rich.logging import RichHandler
+    configure_logging(verbose)
+    log.info("stragglers %s", " ".join(sys.argv[1:]))
+    if verbose > 1:
+        import platform
 
-        logger = logging.getLogger("stragglers")
-        logger.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
-        logger.addHandler(RichHandler(console=Console(stderr=True), show_path=False))
+        from stragglers import __version__
+
+        log.debug("stragglers %s on Python %s (%s)", __version__, platform.python_version(),
+                  sys.executable)
+
+
+def configure_logging(verbosity: int) -> None:
+    """The package's loggers from -v (info) and -vv (debug, and torch's and httpx's warnings
+    and up), on stderr; one handler however often it is called."""
+    if verbosity <= 0:
+        return
+    from rich.logging import RichHandler
+
+    logger = logging.getLogger("stragglers")
+    logger.setLevel(logging.DEBUG if verbosity > 1 else logging.INFO)
+    if not any(isinstance(h, RichHandler) for h in logger.handlers):
+        logger.addHandler(RichHandler(console=Console(stderr=True), show_path=False,
+                                      show_time=verbosity > 1))
+    logger.propagate = False  # a root handler (pytest's, a host application's) would repeat it
 
 
 # One module per capability owns its commands; each exposes register(app).
@@ -69,11 +91,51 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+def command():
+    """The click command tree of `app`, its option types written for a reader: flags and counts
+    take no value (no `<bool>`, `<int>`), a repeatable option names its element (`<path>`, not
+    `<list[Path]>`)."""
+    root = typer.main.get_command(app)
+    for cmd in _walk(root):
+        for param in cmd.params:
+            _reader_metavar(param)
+        cmd.get_help_option = _help_option(cmd.get_help_option)  # made per context, by click
+    return root
+
+
+def _reader_metavar(param) -> None:
+    if not isinstance(param, TyperOption) or param.metavar is not None:
+        return
+    if param.is_flag or param.count:
+        param.metavar = ""
+        param.show_default = param.show_default and not param.count  # "-vv", not "[default: 0]"
+    elif param.multiple:
+        label = param.bare_type()  # list[X]
+        param.metavar = "<" + label.removeprefix("list[").removesuffix("]").lower() + ">"
+
+
+def _help_option(make):
+    def get_help_option(ctx):
+        option = make(ctx)
+        if option is not None:
+            _reader_metavar(option)
+        return option
+    return get_help_option
+
+
+def _walk(cmd):
+    yield cmd
+    for sub in getattr(cmd, "commands", {}).values():
+        yield from _walk(sub)
+
+
 def main() -> None:
     """Run the CLI: user errors exit 2, environment failures 3, each as one line on stderr."""
+    started = time.perf_counter()
     try:
         # non-standalone click returns an Exit's code instead of raising it
-        code = app(standalone_mode=False)
+        code = command()(standalone_mode=False, prog_name="stragglers")
+        log.info("done in %.2f s", time.perf_counter() - started)
         sys.exit(code if isinstance(code, int) else 0)
     except StragglersError as exc:
         # escaped: a message quotes file names and rules, whose brackets are not markup

@@ -1,0 +1,68 @@
+"""What a reader of the command line sees: help without type noise, -v/-vv that log, one-line
+errors without stray blank lines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from stragglers.trace.runformat import write_run
+from stragglers.trace.synth import generate
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "stragglers.cli", *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "100",
+                                                       **(env or {})})
+
+
+@pytest.mark.parametrize("path", [(), ("analyze",), ("advise",), ("monitor", "serve"),
+                                  ("synth",)], ids=lambda p: " ".join(p) or "root")
+def test_help_shows_what_an_option_takes_not_its_python_type(path):
+    out = cli(*path, "--help")
+    assert out.returncode == 0, out.stderr
+    assert "<bool>" not in out.stdout          # a flag takes no value
+    assert "<list[" not in out.stdout          # a repeatable option names its element
+    for line in out.stdout.splitlines():
+        if "--verbose" in line:
+            assert "<int>" not in line and "[default: 0]" not in line, line  # a count: -v, -vv
+
+
+def test_advise_help_cites_current_commands_only():
+    out = cli("advise", "--help")
+    words = " ".join(out.stdout.replace("│", " ").split())
+    assert "calibrate-collectives" not in words and "collectives calibrate" in words
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return write_run(tmp_path_factory.mktemp("cli") / "run",
+                     generate(dp=2, pp=1, microbatches=2, steps=4, sync="ddp", seed=0))
+
+
+@pytest.mark.parametrize("command", ["analyze", "synth"])
+def test_verbose_logs_what_the_command_does(command, run_dir, tmp_path):
+    def args(i: int) -> list[str]:
+        if command == "analyze":
+            return [str(run_dir), "-q"]
+        return [str(tmp_path / f"new{i}"), "--dp", "2", "--pp", "1", "--steps", "2"]
+
+    plain = cli(command, *args(0))
+    assert plain.returncode == 0 and "INFO" not in plain.stderr, plain.stderr
+    info = cli("-v", command, *args(1))
+    assert info.returncode == 0, info.stderr
+    assert "INFO" in info.stderr and command in info.stderr and "done in" in info.stderr
+    assert "DEBUG" not in info.stderr
+    debug = cli("-vv", command, *args(2))
+    assert debug.returncode == 0, debug.stderr
+    assert "DEBUG" in debug.stderr and "Python" in debug.stderr
+
+
+def test_an_error_is_one_line_without_blank_lines(run_dir):
+    out = cli("synth", str(run_dir), "--dp", "2")  # the run exists: refused
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, repr(out.stderr)

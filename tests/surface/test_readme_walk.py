@@ -1,0 +1,153 @@
+"""The README followed top to bottom by a newcomer: every shell block, in order, in a fresh clone,
+exits 0 — so a command of the README can never again fail when followed.
+
+The clone is this repository's HEAD plus the working tree's changes (edits, and files not yet
+added that git does not ignore), so it runs the code under test; nothing ignored (runs/, build
+outputs) comes along. It sits beside a link to ../shared, as a checkout does, and reuses this
+checkout's .venv (linked, never rebuilt). Long runs are shortened
+by their own documented flags (SHORTER); `make test` is the suite this test belongs to.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, free_port, kill_tree
+
+README = REPO / "README.md"
+VENV = REPO / ".venv"
+
+# Replacements applied to the blocks, each a documented flag of its command: the walk checks
+# that every command runs as written; the full-length runs are measured elsewhere.
+MONITOR_PORT = free_port()
+SHORTER = [
+    ("make demo ", "make demo DEMO_STEPS=10 WATCH_STEPS=20 DEMO_PORT=0 "),  # Makefile variables
+    ("monitor serve --db", f"monitor serve --port {MONITOR_PORT} --db"),  # 8150 may be taken
+    ("--steps 200", "--steps 20"),                                   # train_gpt.py --steps
+    ("train_coded.py --scheme", "train_coded.py --steps 20 --scheme"),
+    ("train_adaptive.py --policy", "train_adaptive.py --steps 20 --policy"),
+]
+SKIPPED = {"make test": "the test suite, which this test is part of"}
+BLOCK_TIMEOUT_S = 300
+
+
+def shell_blocks(text: str) -> list[str]:
+    """The ```sh blocks of a Markdown text, dedented (blocks inside list items are indented)."""
+    blocks, current, indent = [], None, 0
+    for line in text.splitlines():
+        fence = re.match(r"^(\s*)```(\w*)\s*$", line)
+        if current is None and fence and fence.group(2) in ("sh", "bash", "shell"):
+            current, indent = [], len(fence.group(1))
+        elif current is not None and fence and not fence.group(2):
+            blocks.append("\n".join(current))
+            current = None
+        elif current is not None:
+            current.append(line[indent:])
+    return blocks
+
+
+def as_walked(block: str) -> str:
+    """The block with SKIPPED commands left out and SHORTER applied."""
+    kept = [line for line in block.splitlines()
+            if not any(line.split("#")[0].strip() == cmd for cmd in SKIPPED)]
+    text = "\n".join(kept)
+    for old, new in SHORTER:
+        text = text.replace(old, new)
+    return text
+
+
+def test_readme_blocks_are_found_and_every_shortening_still_applies():
+    blocks = shell_blocks(README.read_text())
+    assert len(blocks) >= 6, "the README's shell blocks were not found"
+    text = "\n".join(blocks)
+    for old, _ in SHORTER:
+        assert old in text, f"SHORTER entry {old!r} matches no README command any more"
+    for cmd in SKIPPED:
+        assert cmd in text, f"SKIPPED entry {cmd!r} matches no README command any more"
+
+
+def fresh_clone(tmp: Path) -> tuple[Path, set[str]]:
+    """HEAD + the working tree's changes, beside ../shared, with the venv linked; and the
+    not-yet-added files copied in (not strays of the walk)."""
+    clone = tmp / "stragglers"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(clone)], check=True,
+                   timeout=300)
+    diff = subprocess.run(["git", "-C", str(REPO), "diff", "HEAD", "--binary"], check=True,
+                          capture_output=True, timeout=120).stdout
+    if diff.strip():
+        subprocess.run(["git", "-C", str(clone), "apply", "--whitespace=nowarn"], input=diff,
+                       check=True, timeout=120)
+    added = subprocess.run(["git", "-C", str(REPO), "ls-files", "--others", "--exclude-standard",
+                            "-z"], check=True, capture_output=True, text=True, timeout=120)
+    copied = {name for name in added.stdout.split("\0") if name and (REPO / name).is_file()}
+    for name in copied:
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, clone / name)
+    shared = REPO.parent / "shared"
+    if shared.exists():
+        (tmp / "shared").symlink_to(shared)
+    (clone / ".venv").symlink_to(VENV)
+    # `make demo` depends on the venv's stamp: keep the clone's pyproject.toml older than it, so
+    # make uses the linked venv instead of rebuilding it
+    stamp = (VENV / ".installed").stat().st_mtime
+    os.utime(clone / "pyproject.toml", (stamp - 60, stamp - 60))
+    return clone, copied
+
+
+def newcomer_env(clone: Path) -> dict:
+    """The environment after `source .venv/bin/activate` in the clone (its own sources first)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    env.update(VIRTUAL_ENV=str(clone / ".venv"), PATH=f"{clone / '.venv' / 'bin'}:{env['PATH']}",
+               PYTHONPATH=str(clone / "src"), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+               PYTHONUNBUFFERED="1", COLUMNS="100")
+    return env
+
+
+def run_block(block: str, clone: Path, env: dict) -> subprocess.CompletedProcess:
+    """One block as a bash script with -e (a newcomer sees every failing line), in its own
+    session; whatever it left running in the background is stopped afterwards."""
+    proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", block], cwd=clone, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        out, err = proc.communicate()
+        err += f"\n(timed out after {BLOCK_TIMEOUT_S} s)"
+    finally:
+        kill_tree(proc)
+    return subprocess.CompletedProcess(block, proc.returncode, out, err)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(900)
+def test_every_readme_shell_block_runs_in_order_in_a_fresh_clone(tmp_path):
+    if not (REPO / ".git").exists() or not (VENV / ".installed").exists():
+        pytest.skip("needs a git checkout with its venv built (make venv)")
+    clone, copied = fresh_clone(tmp_path)
+    env = newcomer_env(clone)
+    timings = []
+    for i, block in enumerate(shell_blocks(README.read_text()), 1):
+        walked = as_walked(block)
+        if not walked.strip():
+            continue
+        t0 = time.monotonic()
+        proc = run_block(walked, clone, env)
+        timings.append(f"block {i}: {time.monotonic() - t0:.0f} s")
+        assert proc.returncode == 0, (
+            f"README shell block {i} failed (exit {proc.returncode}):\n{walked}\n"
+            f"--- stdout (end)\n{proc.stdout[-3000:]}\n--- stderr (end)\n{proc.stderr[-5000:]}")
+    print("README walk:", ", ".join(timings))
+    # Everything the README writes goes under runs/ or is ignored: no stray files in the clone.
+    status = subprocess.run(["git", "-C", str(clone), "status", "--porcelain",
+                             "--untracked-files=all"], capture_output=True, text=True, check=True)
+    stray = [line[3:] for line in status.stdout.splitlines()
+             if line.startswith("??") and line[3:] not in copied]
+    assert not stray, f"README commands left untracked files in the repository: {stray[:10]}"
