@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Callable
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -51,19 +52,22 @@ def main_once(main: Callable[[], object]) -> int:
     except SystemExit as exc:
         if not isinstance(exc.code, str):
             raise
-        say_once(exc.code)
-        return 2
+        return refused(exc.code, 2)
     except StragglersError as exc:
-        say_once(str(exc))
-        return exc.exit_code
+        return refused(str(exc), exc.exit_code)
     return code if isinstance(code, int) else 0
 
 
-def say_once(message: str) -> None:
-    """Print `message` as an error line on rank 0 only (every rank hits the same refusal)."""
+def refused(message: str, code: int, wait_s: float = 60.0) -> int:
+    """Rank 0 prints `message` as one error line; the other ranks, which hit the same refusal,
+    wait (at most wait_s) so that rank 0 has printed before torchrun, seeing a rank exit, stops
+    the group: torchrun ends them when rank 0 exits."""
     if os.environ.get("RANK", "0") == "0":
         text = message if message.startswith("error:") else f"error: {message}"
         print(text, file=sys.stderr, flush=True)
+    else:
+        time.sleep(wait_s)
+    return code
 
 
 def refuse_earlier_run(directory, overwrite: bool, flag: str = "--trace-dir") -> None:

@@ -8,7 +8,8 @@
 nd: ADJUST_BS for transient stragglers, KILL_RESTART for persistent ones (AntDT-ND).
 Device speed is injected: each micro-batch of m samples sleeps m x --sample-time / speed.
 A --workdir holding an earlier run is refused unless --resume (continue it) or --overwrite
-(start afresh) is given; torchrun's own restarts always resume.
+(start afresh) is given; torchrun's own restarts always resume. Rank 0 prints progress every 10
+steps and ends with a verdict: the step time before and after the policy re-split the batches.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from stragglers.adapt.policies import micro_batches
 from stragglers.adapt.step import DataParallelStep
 from stragglers.serving import read_token_file
 
-from launch import exit_without_finalizing, require_torchrun  # examples/launch.py (on sys.path)
+from launch import exit_without_finalizing, main_once, require_torchrun  # examples/launch.py
 
 RUN_FILES = ("shards.db", "shards.db-wal", "shards.db-shm", "checkpoint.pt", "metrics.jsonl",
              "summary.json", "job.token")
@@ -95,9 +96,34 @@ def refuse_silent_resume(args: argparse.Namespace, incarnation: int) -> None:
     """Exit 2 when the first incarnation would silently continue an earlier run."""
     found = earlier_run(args.workdir)
     if incarnation == 0 and found and not (args.resume or args.overwrite):
-        print(f"error: {args.workdir} holds an earlier run ({', '.join(found[:4])}); pass"
-              " --resume to continue it or --overwrite to start afresh", file=sys.stderr)
-        sys.exit(2)
+        raise SystemExit(f"--workdir {args.workdir} holds an earlier run ({', '.join(found[:4])});"
+                         " pass --resume to continue it or --overwrite to start afresh")
+
+
+class StepTimes:
+    """Rank 0's step times, grouped by the batch split they ran with: what the policy bought."""
+
+    def __init__(self) -> None:
+        self.splits: list[tuple[list[int], list[float]]] = []  # (batch sizes, step seconds)
+
+    def add(self, batch_sizes: list[int], seconds: float) -> None:
+        if not self.splits or self.splits[-1][0] != batch_sizes:
+            self.splits.append((list(batch_sizes), []))
+        self.splits[-1][1].append(seconds)
+
+    def verdict(self, policy: str) -> str:
+        """'verdict: ...' with the mean step time before the first re-split and after the last."""
+        if not self.splits:
+            return "verdict: no step ran"
+        mean = lambda xs: sum(xs[1:] or xs) / len(xs[1:] or xs)  # noqa: E731  (first: warm-up)
+        (first, before), (last, after) = self.splits[0], self.splits[-1]
+        if len(self.splits) == 1:
+            return (f"verdict: {policy} kept batches {first}; step time {mean(before):.3f} s over "
+                    f"{len(before)} steps")
+        return (f"verdict: {policy} re-split batches {first} -> {last}; step time "
+                f"{mean(before):.3f} s -> {mean(after):.3f} s ({mean(before) / mean(after):.2f}x "
+                f"faster; {len(before)} steps before the first re-split, {len(after)} after "
+                "the last)")
 
 
 def main() -> None:
@@ -169,8 +195,11 @@ def main() -> None:
         save_job_checkpoint(ckpt_path, step, model, optimizer, client)
 
     last_loss = float("nan")
+    times = StepTimes()
     while step < args.steps:
+        t0 = time.perf_counter()
         plan = agent.plan(step)
+        split = list(agent.batch_sizes)  # the split in force for this step
         device.step = step
         batch = next(batches, None)
         inputs, targets = batch if batch is not None else (x[:0], y[:0])
@@ -183,6 +212,11 @@ def main() -> None:
         step += 1
         last_loss = result.mean_loss if result.global_count else last_loss
         agent.record(step, result.compute_s, len(inputs))
+        if rank == 0:
+            times.add(split, time.perf_counter() - t0)
+            if step % 10 == 0 or step == args.steps:
+                print(f"step {step}/{args.steps}: loss {last_loss:.4f}, step "
+                      f"{time.perf_counter() - t0:.3f} s, batches {agent.batch_sizes}", flush=True)
         if samples_log:
             samples_log.write(json.dumps({"inc": incarnation, "step": step, "ids": sampler.last_batch,
                                           "epochs": sampler.last_batch_epochs}) + "\n")
@@ -216,6 +250,7 @@ def main() -> None:
                    "control": client.control_state(), "late_actions": agent.late}
         (args.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"done: {step} steps, last loss {last_loss:.4f}, batch sizes {agent.batch_sizes}")
+        print(times.verdict(args.policy), flush=True)
     dist.barrier()
     if svc.server:
         svc.server.stop()
@@ -224,4 +259,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     # torch's gloo threads can abort a finished process at exit (examples/launch.py)
-    exit_without_finalizing(main() or 0)
+    exit_without_finalizing(main_once(main))

@@ -66,3 +66,14 @@ def test_an_error_is_one_line_without_blank_lines(run_dir):
     out = cli("synth", str(run_dir), "--dp", "2")  # the run exists: refused
     assert out.returncode == 2
     assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, repr(out.stderr)
+
+
+def test_the_stragglar_schedule_comes_with_a_legend_of_its_notation():
+    out = cli("collectives", "schedule", "--n", "4")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    first_round = next(i for i, line in enumerate(lines) if line.startswith("R0:"))
+    legend = "\n".join(lines[:first_round])
+    for notation in ("a⇄S:k", "a→b:k", "a⇄b:k/l", "S = the straggler (rank 3)"):
+        assert notation in legend, legend
+    assert all(len(line) <= 80 for line in lines[:first_round])

@@ -34,6 +34,8 @@ SHORTER = [
     ("train_adaptive.py --policy", "train_adaptive.py --steps 20 --policy"),
 ]
 SKIPPED = {"make test": "the test suite, which this test is part of"}
+# Long examples end with a verdict line (what the run showed), printed by rank 0.
+VERDICT_EXAMPLES = ("examples/train_coded.py", "examples/train_adaptive.py")
 BLOCK_TIMEOUT_S = 300
 
 
@@ -144,6 +146,9 @@ def test_every_readme_shell_block_runs_in_order_in_a_fresh_clone(tmp_path):
         assert proc.returncode == 0, (
             f"README shell block {i} failed (exit {proc.returncode}):\n{walked}\n"
             f"--- stdout (end)\n{proc.stdout[-3000:]}\n--- stderr (end)\n{proc.stderr[-5000:]}")
+        if any(example in walked for example in VERDICT_EXAMPLES):
+            last = (proc.stdout.strip().splitlines() or [""])[-1]
+            assert last.startswith("verdict: "), f"block {i} ends without a verdict:\n{proc.stdout}"
     print("README walk:", ", ".join(timings))
     # Everything the README writes goes under runs/ or is ignored: no stray files in the clone.
     status = subprocess.run(["git", "-C", str(clone), "status", "--porcelain",

@@ -38,6 +38,7 @@ def stragglar_schedule(
     if show:
         # plain text, not through rich: wrapping n rounds of n/2 transfers each took rich
         # minutes at n = 1024 (the schedule itself: 2 s)
+        typer.echo(schedule_legend(n))
         typer.echo(sched.describe())
     t0 = time.perf_counter()
     verify(sched)
@@ -47,6 +48,15 @@ def stragglar_schedule(
                   f"(verification alone {verify_s:.3f} s); verifier: OK", highlight=False)
     if sched.note:
         console.print(f"note: {sched.note}", highlight=False)
+
+
+def schedule_legend(n: int) -> str:
+    """How to read `Schedule.describe()` (the notation of specs/stragglar.md §2), < 80 columns."""
+    return (f"StragglAR phase 2 for n={n}, one line per round; S = the straggler "
+            f"(rank {n - 1}).\n"
+            "  a⇄S:k    a and S swap chunk k (a's partial sum, S's data): both then hold it\n"
+            "  a→b:k    a copies the reduced chunk k to b\n"
+            "  a⇄b:k/l  a sends reduced chunk k to b, b sends reduced chunk l to a\n")
 
 
 def stragglar_model(
