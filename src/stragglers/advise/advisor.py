@@ -66,6 +66,9 @@ def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = No
     if result.sim_error is not None and result.sim_error > 0.05:
         notes.append(f"the replay misses the measured step time by {100 * result.sim_error:.1f}% "
                      "(> 5%): predictions are less certain")
-    if not result.straggling:
+    if result.straggling is None:
+        notes.append(f"S = {result.slowdown:.3f} over a partial trace: whether the job "
+                     "straggles is unknown (trace every rank)")
+    elif not result.straggling:
         notes.append(f"S = {result.slowdown:.3f}: the job is not straggling")
     return Plan(result.job["name"], float(result.t_base), ctx.baseline_step_s, advice, notes)

@@ -82,7 +82,11 @@ def _headline(r: AnalysisResult) -> Panel:
     extent = ", ".join(f"{getattr(job, k):,} {k} analysed" for k in ("steps", "ops")
                        if isinstance(getattr(job, k), int))
     t = r.straggling_threshold
-    verdict = (Text(f"STRAGGLING (S ≥ {t})", style="bold red") if r.straggling
+    verdict = (Text("PARTIAL TRACE: no job-wide verdict (straggling unknown)",
+                    style="bold yellow") if r.straggling is None
+               else Text(f"STRAGGLING (S ≥ {t})", style="bold red") if r.straggling
+               else Text(f"not straggling (S ≥ {t}, but within the noise floor)",
+                         style="bold green") if r.slowdown >= t
                else Text(f"not straggling (S < {t})", style="bold green"))
     lines = Text()
     lines.append(f"{job.name}", style="bold")

@@ -150,7 +150,10 @@ def _card(value: str, label: str, css: str = "") -> str:
 
 
 def _headline(r: AnalysisResult) -> str:
-    verdict = ("straggling", "bad") if r.straggling else ("not straggling", "good")
+    verdict = (("unknown: partial trace", "warn") if r.straggling is None
+               else ("straggling", "bad") if r.straggling
+               else ("not straggling (within noise)", "good") if r.slowdown >= r.straggling_threshold
+               else ("not straggling", "good"))
     cards = [
         _card(fmt(r.slowdown), "slowdown S", "bad" if r.straggling else "good"),
         _card(fmt(r.waste, ".1%"), "resource waste W = 1 − 1/S"),

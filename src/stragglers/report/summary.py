@@ -19,6 +19,7 @@ HEATMAP_RANGE = (1.0, 1.5)
 
 CAUSE_TITLES = {
     "worker_fault": "Worker fault",
+    "slow_group": "Slow group of workers (heterogeneous capacity)",
     "stage_imbalance": "Stage partitioning imbalance",
     "sequence_imbalance": "Sequence-length imbalance",
     "gc": "Garbage-collection pauses",
@@ -27,6 +28,7 @@ CAUSE_TITLES = {
     "cpu_contention": "CPU contention",
     "unexplained": "Unexplained slowdown",
     "none": "No straggler",
+    "partial": "Partial trace: no job-wide verdict",
 }
 NOTE_TITLES = {"ranks": "ranks", "layout": "layout", "clock": "clock alignment",
                "dropped": "dropped", "other": "note"}
@@ -85,7 +87,7 @@ def title_of(finding: Finding) -> str:
 
 def advice_of(finding: Finding) -> str:
     """What to do about a finding (results saved without a fix get the standard one)."""
-    return "" if finding.cause in ("none", "unexplained") else (finding.fix or FIXES.get(finding.cause, ""))
+    return "" if finding.cause in ("none", "unexplained", "partial") else (finding.fix or FIXES.get(finding.cause, ""))
 
 
 def attribution_note(result: AnalysisResult) -> str:
@@ -181,7 +183,7 @@ def combined_words(result: AnalysisResult) -> list[str]:
     summary = result.diagnosis_summary
     if summary is None or summary.all_fixed is None:
         return []
-    causes = [f for f in result.diagnosis if f.cause not in ("none", "unexplained")]
+    causes = [f for f in result.diagnosis if f.cause not in ("none", "unexplained", "partial")]
     which = "the one listed cause" if len(causes) == 1 else f"all {len(causes)} listed causes together"
     text = f"Fixing {which}: {summary.all_fixed:.2f}× faster"
     if summary.all_fixed_interval:

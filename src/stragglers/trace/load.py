@@ -73,6 +73,29 @@ class NDTimelineReader:
         return read_ndtimeline(path, meta)
 
 
+class StepTimesReader:
+    """Per-worker step times: a .csv table with worker, step and time columns."""
+
+    name = "step_times"
+
+    def can_read(self, path: Path) -> bool:
+        """A .csv file whose header names a worker, a step and a time column."""
+        from stragglers.trace.steptimes import looks_like_step_times
+
+        return looks_like_step_times(path)
+
+    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None) -> Trace:
+        """Each worker's step as one compute op and one synchronising all-reduce."""
+        from stragglers.trace.steptimes import read_step_times
+
+        _layout_is_given(path, "a table of per-worker step times (data parallel, one stage)",
+                         dp_size, pp_size)
+        if meta is not None:
+            raise InputError(meta, None, f"--meta is for NDTimeline files; {path} is a table "
+                             "of step times")
+        return read_step_times(path)
+
+
 def _layout_is_given(path: Path, what: str, dp_size, pp_size) -> None:
     """--dp-size / --pp-size place profiler ranks; a format that records its layout refuses
     them rather than ignoring them (a user who gave one expects it to count)."""
@@ -82,7 +105,7 @@ def _layout_is_given(path: Path, what: str, dp_size, pp_size) -> None:
 
 
 # Tried in this order; the first whose can_read() accepts the path reads it.
-for _reader in (KinetoReader(), RunReader(), NDTimelineReader()):
+for _reader in (KinetoReader(), RunReader(), NDTimelineReader(), StepTimesReader()):
     TRACE_READERS.register(_reader.name)(_reader)
 
 
@@ -111,8 +134,9 @@ def load_trace(path: Path | str, meta: Path | str | None = None, *, dp_size: int
         reader = TRACE_READERS.get(name)
         if reader.can_read(path):
             return reader.read(path, **options)
-    raise InputError(path, None, "expected a run directory, an NDTimeline .parquet trace or "
-                     "PyTorch-profiler .json/.json.gz files")
+    raise InputError(path, None, "expected a run directory, an NDTimeline .parquet trace, "
+                     "PyTorch-profiler .json/.json.gz files or a .csv table of per-worker "
+                     "step times (worker, step and time columns)")
 
 
 # A selection is a list of step numbers; '0-99999999999999999999' would expand past memory

@@ -10,7 +10,7 @@ from stragglers.errors import InputError
 from stragglers.lazy import callable_module
 from stragglers.trace.model import Trace
 from stragglers.whatif.config import DEFAULT, DiagnosisConfig
-from stragglers.whatif.diagnosis import diagnose
+from stragglers.whatif.diagnosis import Coverage, diagnose
 from stragglers.whatif.grid import build_grid
 from stragglers.whatif.warmup import warmup_steps
 from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD, WhatIf
@@ -68,12 +68,17 @@ def analyze_with_model(trace: Trace, steps: list[int] | str | None = None,
         m_w, top = w.m_w(scores)
         m_s = w.m_s()
     tick("diagnosis")
+    job = job_info(trace, steps=len(grid.steps), ops=int(grid.present.sum()))
+    partial = coverage(trace, job, w)
     diagnosis, diagnosis_summary = diagnose(
-        w, trace, cfg, {(s_["dp"], s_["pp"]): s_["score"] for s_ in scores} or None)
+        w, trace, cfg, {(s_["dp"], s_["pp"]): s_["score"] for s_ in scores} or None, partial)
     scores = _with_ranks(scores, w, trace, cfg)
     result = AnalysisResult(
-        job=job_info(trace, steps=len(grid.steps), ops=int(grid.present.sum())),
+        job=job,
         slowdown=s,
+        # a trace of some ranks cannot say whether the job straggles (unknown, not false)
+        straggling=_straggling(s, cfg, partial, diagnosis),
+        partial=partial is not None,
         straggling_threshold=cfg.straggling_slowdown,
         sim_error=w.sim_error,
         launch_slowdown=w.launch_slowdown,
@@ -100,6 +105,26 @@ def analyze_with_model(trace: Trace, steps: list[int] | str | None = None,
         diagnosis_config=plain(cfg.to_dict()),
     )
     return result, w
+
+
+def _straggling(s: float, cfg, partial, diagnosis: list[dict]) -> bool | None:
+    """The headline verdict: unknown on a partial trace; S ≥ the threshold, unless all of it is
+    what jitter alone gives (the diagnosis then says `none`, and the headline agrees)."""
+    if partial is not None:
+        return None
+    within_noise = len(diagnosis) == 1 and diagnosis[0]["cause"] == "none"
+    return s >= cfg.straggling_slowdown and not within_noise
+
+
+def coverage(trace: Trace, job, w: WhatIf) -> Coverage | None:
+    """What part of its job a trace holds, when it is not the whole job (None: all of it)."""
+    missing = trace.meta.extra.get("ranks_missing") or []
+    if not missing and not job.missing_workers:
+        return None
+    world = int(trace.meta.world_size or job.world_size or 0)
+    read = int(job.ranks_read)
+    workers = len(w.grid.dp_ranks) * w.grid.pp_size
+    return Coverage(read, max(world, read + len(missing)), workers)
 
 
 def _with_ranks(scores: list[dict], w: WhatIf, trace: Trace, cfg) -> list[dict]:

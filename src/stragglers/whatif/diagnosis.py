@@ -28,6 +28,9 @@ STRAGGLING = STRAGGLING_SLOWDOWN  # older name, kept for importers
 FIXES = {
     "worker_fault": "replace or restart the slow worker (stragglers.adapt KILL_RESTART), or route "
                     "around it (StragglAR, gradient coding)",
+    "slow_group": "re-split each step's work in proportion to the workers' measured speed "
+                  "(stragglers.adapt's DD policy; `stragglers advise` prices it), or move the "
+                  "slow group onto the same hardware as the fast one",
     "host_stall": "find the host-side work on that worker before or between its ops (data "
                   "loading: more DataLoader workers, pinned memory, prefetch; logging, "
                   "checkpointing) and move it off the critical path",
@@ -46,17 +49,36 @@ FIXES = {
 }
 
 
+# Causes found by comparing workers with each other: from a trace of some ranks of a job they
+# say nothing of the ranks not traced (specs/whatif.md §6, partial traces).
+CROSS_RANK = ("worker_fault", "slow_group", "host_stall", "stage_imbalance", "sequence_imbalance",
+              "communication", "cpu_contention")
+
+
 def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
-             scores: dict | None = None) -> tuple[list[dict], dict]:
+             scores: dict | None = None, partial: "Coverage | None" = None
+             ) -> tuple[list[dict], dict]:
     """(findings, summary): findings most valuable first, [`none`] or [`unexplained`] if no cause.
 
     `scores` maps (dp rank, stage) → S_w where the attribution was computed (for evidence).
+    `partial`: the trace holds only some ranks of its job. With one worker traced no cross-rank
+    cause is looked for; with several, those found are labelled as among the traced ranks; and
+    without findings the verdict is `partial`, never a job-wide `none` or `unexplained`.
     """
     cfg = config or DEFAULT
     ctx = Context.build(w, trace, cfg)
     found = []
     for name, detect in DETECTORS.items():
+        if partial is not None and partial.workers < 2 and name in CROSS_RANK:
+            continue
         found += detect(ctx, scores) if name == "worker_fault" else detect(ctx)
+    found = [c for c in found
+             if not (partial is not None and partial.workers < 2 and c.cause in CROSS_RANK)]
+    if partial is not None:
+        for c in found:
+            if c.cause in CROSS_RANK:
+                c.evidence = f"among the {partial.traced_text} only: " + c.evidence
+                c.where["scope"] = "traced ranks"
     kept: list[tuple[Candidate, dict]] = []
     for i, cand in enumerate(found):
         t_now, t_fix, excess = _before_after(w, cand.cost, cand.delay)
@@ -101,7 +123,38 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
                        all_fixed_interval=[lo, hi], explained=explained,
                        unexplained=None if explained is None else max(0.0, 1.0 - explained))
         return [e for _, e in kept], summary
+    if partial is not None:
+        return [_partial_verdict(w, partial)], summary
     return [_verdict(w, cfg, floor)], summary
+
+
+class Coverage:
+    """Which part of a job a trace holds: ranks read of the world size, workers of the grid."""
+
+    def __init__(self, ranks_read: int, world_size: int, workers: int) -> None:
+        self.ranks_read, self.world_size, self.workers = ranks_read, world_size, workers
+
+    @property
+    def traced_text(self) -> str:
+        """'2 traced ranks of 128'."""
+        return (f"{self.ranks_read} traced rank{'s' if self.ranks_read != 1 else ''} of "
+                f"{self.world_size}")
+
+
+def _partial_verdict(w: WhatIf, partial: Coverage) -> dict:
+    """The verdict of a partial trace without findings: what cannot be told, and how to tell."""
+    s = w.slowdown
+    what = ("whether the job straggles, and who does, cannot be told from one rank: a "
+            "straggler shows against its peers" if partial.workers < 2 else
+            "the traced ranks do not straggle against each other, but the ranks not traced "
+            "may")
+    return {"cause": "partial", "where": {}, "speedup_if_fixed": None, "interval": None,
+            "upper_bound": False, "share": None, "fix": None,
+            "evidence": f"only {partial.ranks_read} of {partial.world_size} ranks "
+                        f"{'was' if partial.ranks_read == 1 else 'were'} traced: {what}. Their "
+                        f"own steps give "
+                        f"S = {s:.3f} (step-to-step variation of these ranks only). Trace all "
+                        f"{partial.world_size} ranks over the same steps to diagnose the job"}
 
 
 def _clears(cand: Candidate, gain: float, lo: float, cfg: DiagnosisConfig) -> bool:
@@ -249,7 +302,7 @@ def _verdict(w: WhatIf, cfg: DiagnosisConfig, floor: float) -> dict:
 def _plain_where(where: dict) -> dict:
     out = {}
     for k, v in where.items():
-        if k in ("workers", "hosts", "optypes"):
+        if k in ("workers", "hosts", "optypes", "scope"):
             out[k] = v
         else:
             out[k] = [int(x) for x in v]

@@ -58,15 +58,16 @@ def ideal_costs(grid: OpGrid, cost: np.ndarray, no_op: np.ndarray | None = None
             continue
         code = int(grid.node_optype[nodes][0])
         sample = cost[nodes]
-        if code == GC:
-            # Every gc slot counts (zero where no pause happened): the same total pause time,
-            # spread evenly, is what a perfectly balanced job would see.
+        if code == GC or code in _COMPUTE:
+            # Every slot counts (zero where no pause happened, or where a worker's trace has
+            # no such compute run): the same total time, spread evenly, is what a perfectly
+            # balanced job would see.
             v = float(sample.mean())
         else:
             present = grid.present[nodes]
             if not present.any():
                 continue
-            v = float(sample[present].mean() if code in _COMPUTE else np.median(sample[present]))
+            v = float(np.median(sample[present]))
         ideal[nodes] = v
     values: dict[str, float] = {}
     for code in np.unique(grid.node_optype):

@@ -153,8 +153,10 @@ class AnalysisResult(_ByName):
     slowdown: float
     job: JobInfo = field(default_factory=JobInfo)
     waste: float | None = None
-    straggling: bool | None = None
+    straggling: bool | None = None          # None on a partial trace: unknown, not false
     straggling_threshold: float = STRAGGLING_SLOWDOWN
+    # the trace holds only some ranks of its job (specs/whatif.md §6): no job-wide verdict
+    partial: bool = False
     sim_error: float | None = None
     launch_slowdown: float | None = None   # mean T_base / mean T_nodelay
     t_base: float | None = None
@@ -182,7 +184,7 @@ class AnalysisResult(_ByName):
     def __post_init__(self) -> None:
         if self.waste is None and self.slowdown > 0:
             self.waste = 1.0 - 1.0 / self.slowdown
-        if self.straggling is None:
+        if self.straggling is None and not self.partial:
             self.straggling = self.slowdown >= self.straggling_threshold
 
     def __repr__(self) -> str:  # the whole dataclass repr is pages long: say what matters
@@ -237,6 +239,7 @@ class AnalysisResult(_ByName):
             waste=r.number("waste"),
             straggling=r.flag("straggling"),
             straggling_threshold=r.number("straggling_threshold") or STRAGGLING_SLOWDOWN,
+            partial=bool(r.flag("partial")),
             sim_error=r.number("sim_error"),
             launch_slowdown=r.number("launch_slowdown"),
             t_base=r.number("T_base"), t_nodelay=r.number("T_nodelay"),

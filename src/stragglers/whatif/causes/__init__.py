@@ -5,6 +5,7 @@ predicts, bounds and ranks them. The contract is in whatif/README.md.
 """
 
 from stragglers.whatif.causes.base import Candidate, Context
+from stragglers.whatif.causes.capacity import slow_group
 from stragglers.whatif.causes.communication import communication
 from stragglers.whatif.causes.gc import gc_pauses
 from stragglers.whatif.causes.sequence import sequence_imbalance
@@ -12,11 +13,12 @@ from stragglers.whatif.causes.stage import stage_imbalance
 from stragglers.whatif.causes.workers import host_stall, worker_fault
 
 __all__ = ["Candidate", "Context", "DETECTORS", "communication", "gc_pauses", "host_stall",
-           "sequence_imbalance", "stage_imbalance", "worker_fault"]
+           "sequence_imbalance", "slow_group", "stage_imbalance", "worker_fault"]
 
 # name → detector, in the order they run (the diagnosis ranks the findings by gain).
 DETECTORS = {
     "worker_fault": worker_fault,
+    "slow_group": slow_group,
     "host_stall": host_stall,
     "stage_imbalance": stage_imbalance,
     "sequence_imbalance": sequence_imbalance,

@@ -49,6 +49,7 @@ class Context:
     _waits: tuple | None = field(default=None, repr=False)
     _balanced: tuple | None = field(default=None, repr=False)
     _paused: tuple | None = field(default=None, repr=False)
+    _arrivals: tuple | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, w: WhatIf, trace: Trace, cfg: DiagnosisConfig) -> "Context":
@@ -100,6 +101,13 @@ class Context:
         return found[0].cost if found else self.w.grid.duration
 
     @property
+    def arrivals(self) -> "Arrivals | None":
+        """Who arrives last at the collectives that synchronise all DP ranks (None: none)."""
+        if self._arrivals is None:
+            self._arrivals = (arrival_order(self.w),)
+        return self._arrivals[0]
+
+    @property
     def steps(self) -> int:
         return len(self.w.grid.steps)
 
@@ -146,6 +154,49 @@ class Context:
         if hit.mean() >= self.cfg.intermittent_fraction:
             return None
         return [int(s) for s in self.w.grid.steps[hit]]
+
+
+@dataclass
+class Arrivals:
+    """Arrival order at the job's synchronising collectives, per worker (the measured starts).
+
+    A collective ends only once its last member arrived: the last one holds up the others by
+    the time between its arrival and the one before it (`gating`), the others wait. Arriving
+    early and waiting is evidence that a worker is not the straggler, whatever its own
+    compute or gaps look like.
+    """
+
+    gating: np.ndarray     # [D, P, T] s this worker, arriving last, held the others up
+    lateness: np.ndarray   # [D, P] mean of (its arrival − the group's median arrival), s
+    groups: int            # synchronising collectives per step
+
+
+def arrival_order(w: WhatIf) -> Arrivals | None:
+    """The arrival order at every collective that synchronises all DP ranks (None: none)."""
+    g = w.grid
+    d, t = len(g.dp_ranks), len(g.steps)
+    groups = [m for m, sync in zip(w.model.groups, w.model.group_dp_sync) if sync]
+    if d < 2 or not groups:
+        return None
+    gating = np.zeros((d, g.pp_size, t))
+    late = np.zeros((d, g.pp_size))
+    count = np.zeros((d, g.pp_size))
+    for members in groups:
+        arrive = g.start[members]                                       # [m, D, T]
+        if not np.isfinite(arrive).all():
+            continue
+        stage = np.repeat(g.node_stage[members], d)                     # [m·D]
+        dp = np.tile(np.arange(d), len(members))
+        flat = arrive.reshape(-1, t)                                    # [m·D, T]
+        order = np.argsort(flat, axis=0)
+        last, second = order[-1], order[-2]
+        cols = np.arange(t)
+        np.add.at(gating, (dp[last], stage[last], cols), flat[last, cols] - flat[second, cols])
+        np.add.at(late, (dp, stage), (flat - np.median(flat, axis=0)).mean(axis=1))
+        np.add.at(count, (dp, stage), 1)
+    if not count.any():
+        return None
+    return Arrivals(gating, late / np.maximum(count, 1), len(groups))
 
 
 def per_worker_sum(values: np.ndarray, node_stage: np.ndarray, nodes: np.ndarray,

@@ -66,6 +66,10 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
     # a rank slowed by its host's load would otherwise be named (a x1.15 worker among 32,
     # costing its job x1.04-1.11, was missed under it).
     named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0)
+    if ctx.arrivals is not None:
+        # a worker that reaches the collectives ahead of its peers and waits there is not
+        # what the job waits for, however long it computes (its host started it early)
+        named &= ctx.arrivals.lateness >= 0
     workers = _worst_first(named, mean)
     if not workers:
         return []
@@ -120,7 +124,17 @@ def host_stall(ctx: Context) -> list[Candidate]:
     # spread floor is a ratio: in seconds it would hide any stall under ~0.1 s)
     step_time = max(float(np.median(w.t_base)), 1e-12)
     named = _stands_out(ctx, mean / step_time, lo, threshold)
-    workers = _worst_first(named, mean)
+    late = ctx.arrivals
+    gating = np.zeros_like(mean)
+    if late is not None:
+        # Who is late, not who waits: a worker that reaches the collectives ahead of its
+        # peers waits there, whatever its gaps; and the worker that arrives last holds the
+        # group up even where its gaps look like its peers' (they all wait for something).
+        gating = late.gating.mean(axis=-1)
+        g_lo, _ = mean_interval(late.gating, cfg)
+        named = (named & (late.lateness >= 0)) | _stands_out(ctx, gating / step_time, g_lo,
+                                                              threshold)
+    workers = _worst_first(named, np.maximum(mean, gating))
     if not workers:
         return []
     fixed = w.launch_delay.copy()
@@ -132,16 +146,28 @@ def host_stall(ctx: Context) -> list[Candidate]:
         fixed[sel, d, :] = np.minimum(fixed[sel, d, :], typical[None, :])
         per_step = np.maximum(per_step, excess[d, p])
     steps = ctx.steps_where(per_step)
-    evidence = "; ".join(
-        f"{ctx.name(d, p)} starts its work {1e3 * mean[d, p]:.1f} ms "
-        f"({1e3 * lo[d, p]:.1f}–{1e3 * hi[d, p]:.1f}) per step later than its peers "
-        f"({100 * mean[d, p] / step_time:.0f}% of the step)" for d, p in workers[:8])
+    evidence = "; ".join(_stall_words(ctx, d, p, mean, lo, hi, gating, step_time)
+                         for d, p in workers[:8])
     evidence += ("; the gaps are launch delays (host-side work between ops or before the step, "
                  "e.g. a slow data loader) that the others wait for at the next collective")
     if steps:
         evidence += f"; only in steps {fmt_steps(steps)}"
     where = ctx.where_workers(workers, **({"steps": steps} if steps else {}))
     return [Candidate("host_stall", where, evidence, delay=fixed, strata=ctx.step_mask(steps))]
+
+
+def _stall_words(ctx: Context, d: int, p: int, mean, lo, hi, gating, step_time: float) -> str:
+    """One worker's stall in words: its extra gaps, and how long it held the others up."""
+    text = f"{ctx.name(d, p)} "
+    if mean[d, p] > 0:
+        text += (f"starts its work {1e3 * mean[d, p]:.1f} ms ({1e3 * lo[d, p]:.1f}–"
+                 f"{1e3 * hi[d, p]:.1f}) per step later than its peers "
+                 f"({100 * mean[d, p] / step_time:.0f}% of the step)")
+    if gating[d, p] > 0:
+        text += ("; " if mean[d, p] > 0 else "") + (
+            f"arrives last at the collectives, holding the others up {1e3 * gating[d, p]:.1f} "
+            f"ms per step ({100 * gating[d, p] / step_time:.0f}% of the step)")
+    return text
 
 
 def _typical_peer_gap(w, named: np.ndarray, stage: int) -> np.ndarray:

@@ -1,0 +1,99 @@
+"""Heterogeneous capacity: a group of workers slower than the rest, not one outlier among many.
+
+Production clusters mix device generations and shared hosts: half of a job's workers may run
+3× slower than the other half. The outlier test of `worker_fault` cannot see that (the slow
+half moves the median), so this detector splits the workers of a stage into a fast and a slow
+group at the widest gap between their per-step compute, and names every worker of the slow
+group with its speed relative to the fast ones. The fix is the one that such capacity allows,
+work re-split in proportion to speed (AntDT's DD policy, `stragglers advise`): its prediction
+gives every worker the time the stage's total speed needs for the whole work, an upper bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stragglers.whatif.causes.base import BUSY, Candidate, Context, per_worker_sum
+from stragglers.whatif.confidence import mean_interval, robust_z
+
+# The two groups' closest workers differ by at least this fraction of the faster one's time.
+MIN_GAP = 0.05
+
+
+def slow_group(ctx: Context) -> list[Candidate]:
+    """A group of two or more workers per stage whose compute stands apart from the rest."""
+    w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
+    if len(g.dp_ranks) < 3:
+        return []  # two workers: one of them is a worker fault or nothing
+    busy_nodes = np.isin(g.node_optype, BUSY)
+    own = ctx.seq_balanced if ctx.seq_balanced is not None else g.duration
+    busy = per_worker_sum(own, g.node_stage, busy_nodes, g.pp_size)              # [D, P, T]
+    cost = w.cost.copy()
+    named: list[tuple[int, int]] = []
+    parts: list[str] = []
+    stats: dict[str, float] = {}
+    for p in range(g.pp_size):
+        split = _split(busy[:, p, :], cfg)
+        if split is None:
+            continue
+        slow, ratio = split
+        sel = busy_nodes & (g.node_stage == p)
+        # Re-split in proportion to speed: every worker then needs what the stage's summed
+        # speed needs for the whole work of the step, the harmonic mean of their times.
+        times = np.maximum(busy[:, p, :], 1e-12)                                  # [D, T]
+        balanced = len(times) / (1.0 / times).sum(axis=0)                         # [T]
+        cost[sel] *= (balanced[None, :] / times)[None, :, :]
+        workers = sorted(((int(d), p) for d in np.flatnonzero(slow)),
+                         key=lambda dp: -float(ratio[dp[0]]))
+        named += workers
+        point, lo, hi = _group_interval(busy[:, p, :], slow, cfg)
+        shown = ", ".join(f"{ctx.name(d, q)} {ratio[d]:.2f}×" for d, q in workers[:8])
+        more = f" (+{len(workers) - 8} more)" if len(workers) > 8 else ""
+        parts.append(f"{len(workers)} of {len(slow)} workers of stage {p} compute "
+                     f"{point:.2f}× ({lo:.2f}–{hi:.2f}) as long per step (the groups' medians) "
+                     f"as the other {int((~slow).sum())}: {shown}{more}")
+        stats.update({f"{g.dp_ranks[d]},{q}": float(ratio[d]) for d, q in workers})
+    if not named:
+        return []
+    evidence = ("; ".join(parts) + "; a slow group, not one outlier (heterogeneous devices or "
+                "shared hosts): re-splitting each step's work in proportion to speed gives "
+                "every worker the same time")
+    return [Candidate("slow_group", ctx.where_workers(named), evidence, cost=cost,
+                      upper_bound=True, stats={"relative_time": stats})]
+
+
+def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
+    """(slow mask [D], time relative to the fast group's median [D]) of one stage's workers
+    ([D, T] busy seconds), or None when they do not fall into two separate groups."""
+    mean = times.mean(axis=1)
+    if not np.all(mean > 0):
+        return None
+    x = np.log(mean)
+    order = np.argsort(x)
+    gaps = np.diff(x[order])
+    k = int(np.argmax(gaps))                      # the widest gap: fast = order[:k+1]
+    slow = np.zeros(len(x), dtype=bool)
+    slow[order[k + 1:]] = True
+    if slow.sum() < 2 or (~slow).sum() < 1:
+        return None                               # one slow worker is a worker fault
+    # Two groups apart where they meet; noise alone leaves per-worker means within a few
+    # percent of each other, and the group test below asks for a persistent 15%.
+    if gaps[k] < np.log1p(MIN_GAP):
+        return None
+    # A slow minority that the outlier test finds is worker_fault's to name.
+    if (robust_z(mean, cfg.outlier_scale_floor)[slow] >= cfg.outlier_z).all() \
+            and slow.sum() * 4 < len(slow):
+        return None
+    ratio = mean / float(np.median(mean[~slow]))
+    _, lo, _ = _group_interval(times, slow, cfg)
+    if lo < 1 + cfg.worker_min_excess:
+        return None                               # not slower in (nearly) every step
+    return slow, ratio
+
+
+def _group_interval(times: np.ndarray, slow: np.ndarray, cfg) -> tuple[float, float, float]:
+    """Mean over steps of the slow group's median time over the fast group's, with its
+    interval."""
+    per_step = np.median(times[slow], axis=0) / np.maximum(np.median(times[~slow], axis=0), 1e-12)
+    lo, hi = mean_interval(per_step[None, :], cfg)
+    return float(per_step.mean()), float(np.ravel(lo)[0]), float(np.ravel(hi)[0])
