@@ -104,3 +104,42 @@ def test_page_renders_offline_in_headless_chromium(tmp_path):
             browser.close()
     assert not page_errors, page_errors
     assert not network_requests, f"the page tried to reach the network: {network_requests}"
+
+
+def _overlapping(boxes: list[list[float]]) -> list[tuple[int, int]]:
+    """Pairs of [left, right, top, bottom] boxes that intersect."""
+    return [(i, j) for i, a in enumerate(boxes) for j, b in enumerate(boxes[i + 1:], i + 1)
+            if a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]]
+
+
+@pytest.mark.browser
+def test_a_long_run_s_chart_keeps_its_labels_apart(tmp_path):
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install it with `make browser`")
+    from playwright.sync_api import sync_playwright
+
+    result = straggling_result()
+    # 200 steps, S just above the straggling line: both line labels near the same height
+    result["step_slowdown"] = {step: 1.10 + 0.02 * ((step * 7) % 5) / 4 for step in range(200)}
+    result["slowdown"] = 1.115
+    path = write_html(result, tmp_path / "report.html")
+    boxes = "els => els.map(e => { const b = e.getBoundingClientRect(); " \
+            "return [b.left, b.right, b.top, b.bottom]; })"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context(offline=True, viewport={"width": 1280, "height": 900}) \
+                .new_page()
+            page.set_default_timeout(60_000)
+            page.goto(path.as_uri(), wait_until="load")
+            page.wait_for_selector("#steps .plotly svg.main-svg")
+            ticks = page.eval_on_selector_all("#steps .xtick text", boxes)
+            labels = page.eval_on_selector_all("#steps .xtick text",
+                                               "els => els.map(e => e.textContent)")
+            notes = page.eval_on_selector_all("#steps .annotation", boxes)
+        finally:
+            browser.close()
+    assert 5 <= len(ticks) <= 15, labels          # a readable number of step labels
+    assert all(label.isdigit() for label in labels), labels  # whole steps only
+    assert not _overlapping(ticks), labels
+    assert len(notes) == 2 and not _overlapping(notes)  # "job S" and "straggling" apart

@@ -249,6 +249,9 @@ def _figure_div(fig: Any, div_id: str) -> str:
                        default_height="440px", config={"displaylogo": False})
 
 
+LABEL_BACKDROP = "rgba(255, 255, 255, 0.85)"
+
+
 def _layout(**kwargs: Any) -> dict[str, Any]:
     return dict(template="plotly_white", margin=dict(l=60, r=30, t=30, b=50), **kwargs)
 
@@ -282,13 +285,31 @@ def _steps_figure(r: AnalysisResult) -> Any:
     values = [v for _, v in ordered]
     fig = go.Figure(go.Bar(x=steps, y=values, marker_color="#e67e22",
                            hovertemplate="step %{x}: S = %{y:.3f}<extra></extra>"))
-    fig.add_hline(y=r.slowdown, line_dash="dash", annotation_text=f"job S {r.slowdown:.3f}")
+    # the two line labels on opposite sides, on a backdrop: S and the threshold are often close
+    fig.add_hline(y=r.slowdown, line_dash="dash", annotation_text=f"job S {r.slowdown:.3f}",
+                  annotation_position="top left", annotation_bgcolor=LABEL_BACKDROP)
     fig.add_hline(y=r.straggling_threshold, line_dash="dot", line_color="#c0392b",
-                  annotation_text="straggling", annotation_position="bottom right")
+                  annotation_text="straggling", annotation_position="bottom right",
+                  annotation_bgcolor=LABEL_BACKDROP)
     lo = min(min(values), 1.0) - 0.02
-    fig.update_layout(**_layout(xaxis=dict(title="step", type="category"),
+    # steps on a number axis with whole-step ticks, few enough to stay apart at any run length
+    # (a category axis labels every step: 200 steps crowd into one another)
+    fig.update_layout(**_layout(xaxis=dict(title="step", type="linear", tickformat="d",
+                                           dtick=step_tick(steps)),
                                 yaxis=dict(title="S(step)", range=[lo, max(values) * 1.05])))
     return fig
+
+
+def step_tick(steps: list[int], most: int = 12) -> int:
+    """Distance between step ticks: 1, 2, 5, 10, 20, 50, … so at most `most` ticks show."""
+    span = max(steps) - min(steps) + 1
+    tick = 1
+    while span / tick > most:
+        for factor in (2, 5 / 2, 2):  # 1 → 2 → 5 → 10 → …
+            tick = round(tick * factor)
+            if span / tick <= most:
+                break
+    return tick
 
 
 def _bar_figure(labels: list[str], values: list[float], xtitle: str, job_s: float) -> Any:
