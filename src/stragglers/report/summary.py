@@ -152,6 +152,8 @@ def prediction_words(finding: Finding) -> str:
         return ""
     if finding.interval:
         text += f" (interval {finding.interval[0]:.2f}–{finding.interval[1]:.2f})"
+    else:
+        text += " (one step analysed: no interval)"
     if finding.upper_bound:
         text = f"at most {text}: an upper bound, what a perfect fix would buy"
     return text

@@ -89,17 +89,18 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
         entry["speedup_alone"] = entry["speedup_if_fixed"]
         entry["speedup_after_others"] = entry["speedup_if_fixed"]
         entry["basis"] = "alone"
-        if not _clears(cand, entry["speedup_if_fixed"], entry["interval"][0], cfg) and others:
+        if not _clears(cand, entry["speedup_if_fixed"], _low(entry), cfg) and others:
             t_rest, t_both = _after_others(w, cand, others)
             after = float(t_rest.mean() / t_both.mean())
             lo, hi = ratio_interval(t_rest, t_both, cfg, cand.strata)
             entry["speedup_after_others"] = after
             if _clears(cand, after, lo, cfg):
-                entry.update(speedup_if_fixed=after, interval=[min(lo, after), max(hi, after)],
-                             basis="after_others")
+                entry.update(speedup_if_fixed=after, basis="after_others",
+                             interval=[min(lo, after), max(hi, after)] if entry["interval"]
+                             else None)
                 entry["evidence"] += (f"; it pays once the other causes are fixed (×{after:.2f}; "
                                       f"alone ×{entry['speedup_alone']:.2f})")
-        if _clears(cand, entry["speedup_if_fixed"], entry["interval"][0], cfg):
+        if _clears(cand, entry["speedup_if_fixed"], _low(entry), cfg):
             kept.append((cand, entry))
         else:
             log.debug("dropped %s: interval %s below min_gain", cand.cause, entry["interval"])
@@ -116,11 +117,12 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
         t_cost = replay(w.plan, cost, w.step_start)
         t_delay = replay(w.plan, w.cost, w.step_start, delay)
         t_all = w.t_base * (t_cost / w.t_nodelay) * (t_delay / w.t_replay)
-        lo, hi = ratio_interval(w.t_base, t_all, cfg)
+        lo, hi = ratio_interval(w.t_base, t_all, cfg) if len(w.t_base) > 1 else (None, None)
         excess = float(w.t_base.mean() - w.t_ideal.mean())
         explained = float(w.t_base.mean() - t_all.mean()) / excess if excess > 0 else None
         summary.update(all_fixed=float(w.t_base.mean() / t_all.mean()),
-                       all_fixed_interval=[lo, hi], explained=explained,
+                       all_fixed_interval=[lo, hi] if lo is not None else None,
+                       explained=explained,
                        unexplained=None if explained is None else max(0.0, 1.0 - explained))
         return [e for _, e in kept], summary
     if partial is not None:
@@ -155,6 +157,11 @@ def _partial_verdict(w: WhatIf, partial: Coverage) -> dict:
                         f"own steps give "
                         f"S = {s:.3f} (step-to-step variation of these ranks only). Trace all "
                         f"{partial.world_size} ranks over the same steps to diagnose the job"}
+
+
+def _low(entry: dict) -> float:
+    """The lower end of a finding's interval (its point where one step gives none)."""
+    return entry["interval"][0] if entry["interval"] else entry["speedup_if_fixed"]
 
 
 def _clears(cand: Candidate, gain: float, lo: float, cfg: DiagnosisConfig) -> bool:
@@ -260,8 +267,10 @@ def _finding(cand: Candidate, t_now: np.ndarray, t_fix: np.ndarray, excess: floa
     speedup = float(t_now.mean() / t_fix.mean())
     lo, hi = ratio_interval(t_now, t_fix, cfg, cand.strata)
     share = (float(t_now.mean()) - float(t_fix.mean())) / excess if excess > 0 else None
+    # one step: no spread over steps to give an interval from (reports say so)
+    interval = [min(lo, speedup), max(hi, speedup)] if len(t_now) > 1 else None
     return {"cause": cand.cause, "where": _plain_where(cand.where), "evidence": cand.evidence,
-            "speedup_if_fixed": speedup, "interval": [min(lo, speedup), max(hi, speedup)],
+            "speedup_if_fixed": speedup, "interval": interval,
             "upper_bound": bool(cand.upper_bound), "share": share, "fix": FIXES.get(cand.cause)}
 
 

@@ -15,12 +15,22 @@ from stragglers.trace.kineto.ops import RankParts
 OVERLAP_TOLERANCE_S = 2e-3
 
 
+# One profiling window of one job: its ranks' first steps lie within this much of each other.
+SAME_WINDOW_S = 3600.0
+
+
 def check_metadata(parts: dict[int, RankParts]) -> None:
     """Run identifiers, process groups and step numbers must agree across files."""
     ranks = sorted(parts)
     ref = parts[ranks[0]]
     for r in ranks[1:]:
         p = parts[r]
+        apart = _start_s(p) - _start_s(ref)
+        if abs(apart) > SAME_WINDOW_S:
+            raise InputError(p.source, "traceEvents", f"these are two jobs: its steps were "
+                             f"recorded on {_day(p)}, {_duration(abs(apart))} "
+                             f"{'after' if apart > 0 else 'before'} those of {ref.source} "
+                             f"({_day(ref)}); pass the files of one profiling window of one job")
         for key in ref.run_ids.keys() & p.run_ids.keys():
             if ref.run_ids[key] != p.run_ids[key]:
                 raise InputError(p.source, key, f"{p.run_ids[key]!r}, but {ref.source} says "
@@ -69,6 +79,28 @@ def check_overlap(spans: dict[int, dict[tuple, tuple[float, float]]],
                              f"collectives it shares with rank {ref} ({sources[ref]}) overlap in "
                              "time, even after clock alignment: the files are from different "
                              "runs; pass the files of one run")
+
+
+def _start_s(p: RankParts) -> float:
+    """Unix seconds at which the file's first step began."""
+    first = min((a for a, _ in p.step_spans), default=0.0)
+    return p.base_ns / 1e9 + first / 1e6
+
+
+def _day(p: RankParts) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(_start_s(p), datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M UTC")
+
+
+def _duration(seconds: float) -> str:
+    """'16 months', '3 days', '5 hours'."""
+    for unit, size in (("month", 30.44 * 86400), ("day", 86400.0), ("hour", 3600.0)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    return f"{seconds:.0f} s"
 
 
 def _span(steps: set[int]) -> str:

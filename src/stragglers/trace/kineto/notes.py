@@ -47,6 +47,10 @@ def _layout_notes(per_rank, parts, shape: JobShape, pp: int, found: Pipelines) -
         out.append(("layout", f"ranks placed from dp_size={shape.dp_size}, pp_size="
                               f"{shape.pp_size} (tp={shape.tp_size}) assuming Megatron rank order "
                               "(tp fastest, pp slowest)"))
+        if shape.tp_size > 1:
+            out.append(("layout", f"the {shape.tp_size} tensor-parallel ranks of each replica "
+                                  "are analysed as workers of their own (dp_rank = dp·tp + tp "
+                                  "rank), every collective synchronising all of them"))
         if total and not found.chains:
             out.append(("layout", f"the layout could not be checked against the send/recv "
                                   f"pattern ({found.why_not})"))

@@ -78,7 +78,9 @@ def place(ev, rank: int, shape: JobShape) -> Placement:
                          f"size {shape.world_size}{where}")
     per_stage = shape.world_size // shape.pp_size
     if shape.how == "given":
-        return Placement(rank, (rank % per_stage) // shape.tp_size, rank // per_stage,
+        # Tensor-parallel ranks of one replica (tp fastest) each keep their own column of the
+        # grid: a slow one is named as the rank it is, not merged into its replica.
+        return Placement(rank, rank % per_stage, rank // per_stage,
                          (lambda r: r // per_stage) if shape.pp_size > 1 else None,
                          shape.pp_size)
     pp_group, dp_group = _named_groups(ev, rank)

@@ -111,6 +111,12 @@ class Context:
     def steps(self) -> int:
         return len(self.w.grid.steps)
 
+    def spread(self, lo: float, hi: float, fmt: str = ".2f", scale: float = 1.0) -> str:
+        """' (lo–hi)' for an interval over steps; '' from one step (no interval to give)."""
+        if self.steps < 2:
+            return ""
+        return f" ({scale * lo:{fmt}}–{scale * hi:{fmt}})"
+
     def where_workers(self, workers: list[tuple[int, int]], **more) -> dict:
         """A `where` naming (dp index, stage) workers by DP rank, stage, global rank and host;
         `workers` keeps the order given (the causes give the most severe first)."""

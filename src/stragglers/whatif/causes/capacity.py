@@ -50,7 +50,7 @@ def slow_group(ctx: Context) -> list[Candidate]:
         shown = ", ".join(f"{ctx.name(d, q)} {ratio[d]:.2f}×" for d, q in workers[:8])
         more = f" (+{len(workers) - 8} more)" if len(workers) > 8 else ""
         parts.append(f"{len(workers)} of {len(slow)} workers of stage {p} compute "
-                     f"{point:.2f}× ({lo:.2f}–{hi:.2f}) as long per step (the groups' medians) "
+                     f"{point:.2f}×{ctx.spread(lo, hi)} as long per step (the groups' medians) "
                      f"as the other {int((~slow).sum())}: {shown}{more}")
         stats.update({f"{g.dp_ranks[d]},{q}": float(ratio[d]) for d, q in workers})
     if not named:

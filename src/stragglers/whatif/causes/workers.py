@@ -82,7 +82,7 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
         per_step = np.maximum(per_step, ratio[d, p] - 1)
     steps = ctx.steps_where(per_step)
     healthy = mean[~named]
-    parts = [f"{ctx.name(d, p)} computes {mean[d, p]:.2f}× ({lo[d, p]:.2f}–{hi[d, p]:.2f}) as "
+    parts = [f"{ctx.name(d, p)} computes {mean[d, p]:.2f}×{ctx.spread(lo[d, p], hi[d, p])} as "
              f"long per step as its stage's median peer"
              + (f", S_w = {scores[(int(g.dp_ranks[d]), p)]:.3f}" if scores else "")
              for d, p in workers[:8]]
@@ -130,8 +130,11 @@ def host_stall(ctx: Context) -> list[Candidate]:
         # Who is late, not who waits: a worker that reaches the collectives ahead of its
         # peers waits there, whatever its gaps; and the worker that arrives last holds the
         # group up even where its gaps look like its peers' (they all wait for something).
-        gating = late.gating.mean(axis=-1)
-        g_lo, _ = mean_interval(late.gating, cfg)
+        # only the hold-up its own extra gaps account for: a worker that computes slowly
+        # arrives last too (a worker fault), and so does one whose pipeline peer is slow
+        held = np.minimum(late.gating, np.maximum(excess, 0.0))
+        gating = held.mean(axis=-1)
+        g_lo, _ = mean_interval(held, cfg)
         named = (named & (late.lateness >= 0)) | _stands_out(ctx, gating / step_time, g_lo,
                                                               threshold)
     workers = _worst_first(named, np.maximum(mean, gating))
@@ -160,8 +163,8 @@ def _stall_words(ctx: Context, d: int, p: int, mean, lo, hi, gating, step_time: 
     """One worker's stall in words: its extra gaps, and how long it held the others up."""
     text = f"{ctx.name(d, p)} "
     if mean[d, p] > 0:
-        text += (f"starts its work {1e3 * mean[d, p]:.1f} ms ({1e3 * lo[d, p]:.1f}–"
-                 f"{1e3 * hi[d, p]:.1f}) per step later than its peers "
+        text += (f"starts its work {1e3 * mean[d, p]:.1f} ms"
+                 f"{ctx.spread(lo[d, p], hi[d, p], '.1f', 1e3)} per step later than its peers "
                  f"({100 * mean[d, p] / step_time:.0f}% of the step)")
     if gating[d, p] > 0:
         text += ("; " if mean[d, p] > 0 else "") + (
