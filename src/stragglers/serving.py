@@ -336,7 +336,7 @@ class ServiceGuard:
 def error_status(exc: BaseException) -> tuple[int, str]:
     """(status, one-line message) for an unhandled exception: 507 when the disk is full, 503
     for another OS or database error (retry later), 500 otherwise."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return 507, "the service's disk is full; nothing was stored (retry later)"
     if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
         return 507, "the service's disk is full; nothing was stored (retry later)"

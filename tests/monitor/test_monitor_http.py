@@ -384,17 +384,20 @@ def test_bad_values_in_an_upload_are_refused_before_the_reply(server):
 
 
 def test_a_flood_of_uploads_holds_at_most_the_budget_and_is_stored_on_retry(tmp_path):
-    # One upload is held open half-sent (its Content-Length counted, the rest not yet sent): a
-    # second that does not fit in what is left of max_upload_bytes_held gets 503 naming the
-    # budget and changes nothing; once the first is stored, the second's retry is stored too.
+    # One upload is held open half-sent: it holds the bytes it sent (not the ones it declared:
+    # four slow bodies declaring 64 MiB once held the whole budget). A second whose
+    # Content-Length does not fit in what is left of max_upload_bytes_held gets 503 naming the
+    # budget and changes nothing, as does one sent chunked once its bytes do not fit; a small
+    # one still fits; once the first is stored, the second's retry is stored too.
     import threading
 
     trace = slow_job(steps=10)
     parts = parts_of(trace, steps_per_part=5)
     (r0, p0, c0), (r1, p1, c1) = parts[0], parts[1]
-    first, second = parquet_bytes(c0), b"\0" * 2048     # the second: any 2 kB body
+    first = parquet_bytes(c0)
     half = len(first) // 2
     limit = len(first) + 1024     # the first fits; the first and the second do not
+    second = b"\0" * (limit - half + 1)
     cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05,
                         max_part_bytes=256 * 1024, max_upload_bytes_held=limit)
     s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=cfg).start()
@@ -421,10 +424,14 @@ def test_a_flood_of_uploads_holds_at_most_the_budget_and_is_stored_on_retry(tmp_
                                      headers=AUTH).status_code == 503, what="budget taken")
             r = c.put(f"/api/jobs/job-b/ranks/{r1}/parts/{p1}", content=second, headers=AUTH)
             assert r.status_code == 503 and f"at most {limit}" in r.json()["error"], r.text
-            # sent without a Content-Length (chunked) it counts as the largest part allowed
+            # sent without a Content-Length (chunked): refused once its bytes do not fit
             r = c.put(f"/api/jobs/job-b/ranks/{r1}/parts/{p1}", content=iter([second]),
                       headers=AUTH)
             assert r.status_code == 503, r.text
+            # what fits beside the half-sent body is read (and refused for what it is)
+            r = c.put(f"/api/jobs/job-b/ranks/{r1}/parts/{p1}", content=b"\0" * 100,
+                      headers=AUTH)
+            assert r.status_code == 422 and "not a readable Parquet" in r.text, r.text
             assert get(c, "/api/stats")["by_way"] == {}
             release.set()
             t.join(60)
@@ -534,7 +541,7 @@ def test_token_files_and_hosts_are_checked_alike_by_both_services(tmp_path):
         f.chmod(0o600)
     cases = [(["--token-file", str(short)], "short: --token-file: expected one line of 16-512"),
              (["--token-file", str(binary)], "binary: --token-file: expected one line of 16-512"),
-             (["--token-file", str(tmp_path / "none")], "--token-file: cannot read the token file"),
+             (["--token-file", str(tmp_path / "none")], "none: --token-file: "),
              (["--token-file", str(good), "--host", "999.1.1.1"],
               "--host: '999.1.1.1' is not an address or a host name this machine can resolve")]
     for cmd in (["monitor", "serve"], ["adapt", "serve"]):

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -42,6 +43,15 @@ class Receiver(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def wait_true(page, expression: str, timeout_s: float) -> None:
+    """Poll a JavaScript expression until it is true (page.wait_for_function evaluates its
+    predicate with eval, which the dashboard's Content-Security-Policy refuses)."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"not true within {timeout_s} s: {expression}"
+        time.sleep(0.1)
 
 
 def start_monitor(tmp: Path, port: int, webhook: str, token_file: Path) -> subprocess.Popen:
@@ -108,7 +118,12 @@ def test_live_dashboard_shows_the_slow_rank_alerts_and_resolves(tmp_path):
             # (history=3: the chart holds the last 3 windows, so the slow window the slider
             # goes back to below is fetched by its index, as a long job's old windows are)
             page.goto(f"{url}/jobs/live-gpt?history=3")
-            page.wait_for_function("typeof Plotly !== 'undefined'", timeout=120_000)
+            # the page runs under the dashboard's Content-Security-Policy (no inline script, no
+            # eval): nothing it does may be refused by it
+            refused = []
+            page.on("console", lambda m: refused.append(m.text)
+                    if "Content Security Policy" in m.text else None)
+            wait_true(page, "typeof Plotly !== 'undefined'", 120)
             assert page.inner_text("#shape") == "" and get(c, "/api/jobs")["jobs"] == []
             train = start_training(tmp_path, url, token)
             page.wait_for_selector("#shape:not(:empty)", timeout=300_000)
@@ -140,8 +155,8 @@ def test_live_dashboard_shows_the_slow_rank_alerts_and_resolves(tmp_path):
             page.uncheck("#follow")
             page.eval_on_selector("#window-slider", f"(el) => {{ el.value = {idx}; "
                                   "el.dispatchEvent(new Event('input')); }")
-            page.wait_for_function(f"document.getElementById('window-label').textContent"
-                                   f".startsWith('#{idx}:')", timeout=30_000)
+            wait_true(page, f"document.getElementById('window-label').textContent"
+                      f".startsWith('#{idx}:')", 30)
             text = page.inner_text('#diagnosis li[data-cause="worker_fault"]')
             assert f"rank {SLOW_RANK}" in text.split(":")[0]     # the headline names the rank
             z = heat(page)
@@ -152,6 +167,7 @@ def test_live_dashboard_shows_the_slow_rank_alerts_and_resolves(tmp_path):
             hover = page.evaluate("document.getElementById('heatmap').data[0].text")
             assert f"rank {SLOW_RANK}" in hover[SLOW_RANK % 2][SLOW_RANK // 2]
             page.screenshot(path=str(tmp_path / "job.png"), full_page=True)
+            assert not refused, refused
             browser.close()
             # Everything the recorder flushed arrived exactly once.
             local = read_run(tmp_path / "live-gpt")

@@ -17,6 +17,7 @@ from stragglers.monitor.ingest_http import HTTPProblem, add_upload_routes
 from stragglers.monitor.metrics import CONTENT_TYPE
 from stragglers.monitor.parts import JOB_NAME, MAX_PART, MAX_RANK, MAX_WINDOW, check_job_name
 from stragglers.monitor.service import Monitor
+from stragglers.serving import error_status
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,15 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         return JSONResponse({"error": f"path {request.url.path[:200]!r}: {what}"},
                             status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
+    @app.exception_handler(Exception)
+    async def _unhandled(request: Request, exc: Exception):
+        # a full disk (507), storage that fails (503) or a bug (500): the API's error shape,
+        # one line in the log, no traceback in the answer (serving.ServiceGuard for the rest)
+        status, message = error_status(exc)
+        monitor.reject("storage" if status != 500 else "internal",
+                       f"{request.method} {request.url.path}", message)
+        return JSONResponse({"error": message}, status_code=status)
+
     read = [Depends(require_read)]
     store_part = add_upload_routes(app, monitor, require_write)
 
@@ -110,7 +120,11 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     @app.get("/api/jobs", dependencies=read)
     async def jobs():
         """Every job: name, world size, current S, state, last update, open alerts."""
-        return {"version": store.version, "jobs": store.jobs()}
+        # the server's directories stay on the server: readers of the list get job names
+        return {"version": store.version, "jobs": [
+            {k: v for k, v in j.items() if k != "directory"}
+            | ({"state": "quarantined"} if j["job"] in monitor.quarantined else {})
+            for j in store.jobs()]}
 
     @app.get("/api/jobs/{job}", dependencies=read)
     async def job(job: str = PathParam(max_length=128),
@@ -123,6 +137,7 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         if row is None:
             raise HTTPProblem(404, f"path 'job': unknown job {job!r}", "unknown_job")
         meta = row.pop("meta") or {}
+        meta = meta if isinstance(meta, dict) else {}
         tracker = monitor.trackers.get(job)
         chosen = store.window(job, window) if window is not None else store.last_window(job)
         if window is not None and chosen is None:
@@ -130,7 +145,8 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
                               "unknown_window")
         return {
             "version": store.version, "job": job, "state": monitor.states.get(job, row["state"]),
-            "way": row["way"], "directory": row["directory"], "created_at": row["created_at"],
+            "way": row["way"], "created_at": row["created_at"],
+            "quarantined": monitor.quarantined.get(job),
             "last_part_at": row["last_part_at"], "dp": meta.get("dp_size"),
             "pp": meta.get("pp_size"), "world_size": meta.get("world_size"),
             "window_steps": monitor.config.window_steps,

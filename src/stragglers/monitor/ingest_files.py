@@ -9,7 +9,6 @@ them. Directories are also rescanned now and then, for file systems that drop ev
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 from pathlib import Path
@@ -17,7 +16,8 @@ from pathlib import Path
 import watchfiles
 
 from stragglers.errors import InputError
-from stragglers.monitor.parts import JOB_NAME, parse_part_name
+from stragglers.monitor.jobmeta import read_meta_file
+from stragglers.monitor.parts import JOB_NAME, MAX_PART, parse_part_name
 from stragglers.monitor.service import Monitor, PartIn
 from stragglers.trace.runformat import META_FILE
 
@@ -37,13 +37,17 @@ class DirectoryWatcher:
         self.rescan_s = monitor.config.rescan_s if rescan_s is None else rescan_s
         self.jobs: dict[Path, str] = {}          # run directory -> job name
         self.waiting: dict[Path, set[Path]] = {}  # parts seen before their meta.json
+        self.refused: set[Path] = set()          # part names refused (said once)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
     def start(self) -> "DirectoryWatcher":
         """Scan what is there now, then follow changes on a thread."""
-        self.scan()
+        try:
+            self.scan()
+        except Exception:   # noqa: BLE001 - listing a root failed: the rescans try again
+            log.exception("first scan of %s failed", ", ".join(map(str, self.roots)))
         for target, name in ((self._watch, "watch"), (self._rescan, "rescan")):
             t = threading.Thread(target=target, name=f"stragglers-files-{name}", daemon=True)
             t.start()
@@ -72,15 +76,27 @@ class DirectoryWatcher:
         return out
 
     def scan(self) -> None:
-        """Register every run and queue every part not yet known."""
+        """Register every run and queue every part not yet known (a run that cannot be taken
+        is refused and named; the others go on)."""
         for run in self.run_dirs():
-            self._meta_changed(run)
-            try:
-                names = [p for p in run.iterdir() if parse_part_name(p.name)]
-            except OSError:
-                continue
-            for path in sorted(names):
-                self._part_seen(path)
+            self._guarded(self._scan_run, run)
+
+    def _scan_run(self, run: Path) -> None:
+        self._meta_changed(run)
+        try:
+            names = [p for p in run.iterdir() if parse_part_name(p.name)]
+        except OSError:
+            return
+        for path in sorted(names):
+            self._part_seen(path)
+
+    def _guarded(self, fn, path: Path) -> None:
+        """fn(path); any failure is one refusal naming `path`, never the end of the watcher
+        (a bad meta.json once stopped the watch thread, or the start itself)."""
+        try:
+            fn(path)
+        except Exception as exc:   # noqa: BLE001
+            self.monitor.reject("bad_run", str(path), f"{type(exc).__name__}: {str(exc)[:200]}")
 
     def _rescan(self) -> None:
         while not self._stop.wait(self.rescan_s):
@@ -97,7 +113,7 @@ class DirectoryWatcher:
                 for change, name in changes:
                     if change == watchfiles.Change.deleted:
                         continue
-                    self._path_changed(Path(name))
+                    self._guarded(self._path_changed, Path(name))
         except Exception:
             log.exception("watching %s failed; rescans continue every %.0f s",
                           ", ".join(map(str, self.roots)), self.rescan_s)
@@ -130,9 +146,14 @@ class DirectoryWatcher:
         if not path.exists():
             return
         try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            self.monitor.reject("bad_meta", str(path), f"not readable JSON ({exc})")
+            # a regular file of bounded size, opened without blocking (a FIFO named meta.json
+            # once blocked the watcher for good)
+            raw = read_meta_file(path, self.monitor.config.max_meta_bytes)
+        except InputError as exc:
+            self.monitor.reject("bad_meta", str(path), exc.problem)
+            return
+        except OSError as exc:
+            self.monitor.reject("bad_meta", str(path), f"cannot be read ({exc.strerror})")
             return
         job = self._job_name(run)
         try:
@@ -155,6 +176,13 @@ class DirectoryWatcher:
                 self.waiting.setdefault(run, set()).add(path)
             return
         if tracker.knows(rank, part):
+            return
+        if rank >= tracker.meta.world_size or part > MAX_PART:
+            if path not in self.refused:
+                self.refused.add(path)
+                self.monitor.reject("bad_part", str(path), f"rank {rank}, part {part}: expected "
+                                    f"a rank below the world size ({tracker.meta.world_size}) "
+                                    f"and a part number up to {MAX_PART}")
             return
         self.monitor.submit(PartIn(job, rank, part, "files", path=path))
 

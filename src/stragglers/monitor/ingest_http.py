@@ -27,8 +27,13 @@ from stragglers.errors import InputError
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
     check_same_part, fingerprint
 from stragglers.monitor.service import Monitor, PartIn
-from stragglers.serving import BodyRefused, declared_length, read_bounded
-from stragglers.trace.runformat import write_meta
+from stragglers.serving import BodyRefused, declared_length
+import json
+import os
+from pathlib import Path
+
+from stragglers.trace.model import JobMeta
+from stragglers.trace.runformat import META_FILE
 
 
 MAX_COUNT_DIGITS = 12   # X-Stragglers-Dropped: fits SQLite's 64-bit integers with room
@@ -61,22 +66,30 @@ class HTTPProblem(Exception):
 class BodyBudget:
     """Bytes of upload bodies held at once, across requests (used on the event loop only).
 
-    A body is counted from before its first byte is read until its part is stored or refused:
-    its Content-Length, or the largest part allowed when it is sent without one (chunked; the
-    unused rest is given back once it is read). A request that would go past the limit is
-    answered 503 before its body is read, and the uploader retries it later, so a flood of
-    uploads holds at most `limit` bytes (plus one part: a single body is always let in, or a
-    part larger than the limit could never be stored).
+    A body is counted as its bytes arrive, until its part is stored or refused. A request
+    whose Content-Length would take the bytes held past the limit is answered 503 before its
+    body is read, and one whose bytes do while it is read is answered 503 then; the uploader
+    retries it later. So a flood of uploads holds at most `limit` bytes (plus one part: a body
+    alone is always let in, or a part larger than the limit could never be stored), and slow
+    clients that declare 64 MiB and send a byte a second hold what they sent, not what they
+    declared (four of them once held the whole budget).
     """
 
     def __init__(self, limit: int):
         self.limit, self.held = limit, 0
 
-    def take(self, n: int, what: str) -> None:
-        if self.held and self.held + n > self.limit:
-            raise HTTPProblem(503, f"request body: the monitor holds {self.held} bytes of "
-                              f"uploads (at most {self.limit}); retry {what} later", "busy")
+    def check(self, declared: int, what: str) -> None:
+        if self.held and self.held + declared > self.limit:
+            raise self._busy(what)
+
+    def take(self, n: int, what: str, mine: int = 0) -> None:
+        if self.held - mine > 0 and self.held + n > self.limit:
+            raise self._busy(what)
         self.held += n
+
+    def _busy(self, what: str) -> HTTPProblem:
+        return HTTPProblem(503, f"request body: the monitor holds {self.held} bytes of "
+                           f"uploads (at most {self.limit}); retry {what} later", "busy")
 
     def give(self, n: int) -> None:
         self.held -= n
@@ -85,26 +98,34 @@ class BodyBudget:
 async def read_body(request: Request, limit: int, what: str,
                     budget: BodyBudget | None = None) -> bytes:
     """The request body, refusing more than `limit` bytes before reading them all; with a
-    budget, its bytes are taken from it first (the caller gives back len(body) once done)."""
+    budget, its bytes are taken from it as they arrive (the caller gives back len(body) once
+    done)."""
+    from starlette.requests import ClientDisconnect
+
     try:
         declared = declared_length(request, limit)
     except BodyRefused as refused:
         raise _problem(refused, what) from None
-    reserved = 0
     if budget is not None:
-        reserved = declared if declared is not None else limit
-        budget.take(reserved, what)
+        budget.check(declared or 0, what)
+    chunks, size = [], 0
     try:
-        body = await read_bounded(request, limit)
-    except BaseException as exc:
+        async for chunk in request.stream():
+            if size + len(chunk) > limit:
+                raise _problem(BodyRefused("too_large", limit, size + len(chunk)), what)
+            if budget is not None:
+                budget.take(len(chunk), what, size)
+            size += len(chunk)
+            chunks.append(chunk)
+    except ClientDisconnect:
         if budget is not None:
-            budget.give(reserved)
-        if isinstance(exc, BodyRefused):
-            raise _problem(exc, what) from None
+            budget.give(size)
+        raise _problem(BodyRefused("client_gone", limit, size), what) from None
+    except BaseException:
+        if budget is not None:
+            budget.give(size)
         raise
-    if budget is not None:
-        budget.give(reserved - len(body))   # a chunked body: what it did not use
-    return body
+    return b"".join(chunks)
 
 
 def _problem(refused: BodyRefused, what: str) -> HTTPProblem:
@@ -157,13 +178,17 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                                   "bad_meta") from None   # field, not the server's file
             # the name is taken by another run, or the monitor is full: the job cannot be made
             raise HTTPProblem(409, f"path 'job': {exc.problem}", "conflict") from None
-        await run_in_threadpool(write_meta, directory, registered)
+        await run_in_threadpool(write_meta_file, directory, registered)
         return {"job": job, "status": "ok", "world_size": registered.world_size}
 
     async def store_part(request: Request, job: str, rank: int, part: int) -> dict:
         """Store one part (Parquet bytes); idempotent by (job, rank, part)."""
         check_job_name(job, "path")
         tracker = monitor.tracker(job)
+        if tracker is None and job in monitor.quarantined:
+            raise HTTPProblem(409, f"path 'job': job {job!r} is set aside (its stored metadata "
+                              f"cannot be used: {monitor.quarantined[job][:200]}); PUT its "
+                              "meta again", "quarantined")
         if tracker is None:
             raise HTTPProblem(404, f"path 'job': unknown job {job!r}; PUT /api/jobs/{job}/meta "
                               "first", "unknown_job")
@@ -240,6 +265,24 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         return await store_part(request, job, rank, part)
 
     return store_part
+
+
+def write_meta_file(directory: Path, meta: JobMeta) -> Path:
+    """meta.json of an uploaded job, atomically (temp file, fsync, rename); a full disk leaves
+    no temp file behind and the error goes to the client as a 507 (serving.ServiceGuard)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / META_FILE
+    tmp = path.with_name(f"{META_FILE}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(json.dumps(meta.to_dict(), indent=2, sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def validation_message(exc: ValidationError, where: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,16 @@ MAX_RANK = 9_999_999
 MAX_PART = 999_999
 MAX_WINDOW = 2**63 - 1  # a window index in a request: SQLite's largest integer
 MAX_PART_ROWS = 1_000_000   # rows in one part (a recorder's flush holds hundreds to thousands)
+# bytes a part may take once decoded, bounded from its footer before any page is decoded: the
+# columns' declared uncompressed sizes plus 8 bytes per row and column of Arrow buffers (the op
+# type is read as a dictionary, so 1M rows of one 1,000-byte name stay ~4 MB)
+MAX_DECODED_BYTES = 384 * 2**20
+MAX_PART_FILE_BYTES = 1 << 30   # a watched part file (an upload is bounded by max_part_bytes)
+# a part's steps may lie at most this far past the job's steps seen so far (or apart from each
+# other): one wild number (a step of 2**63-1) would otherwise become the job's last analysed
+# step, and every later row would be dropped as late
+MAX_STEP_GAP = 1_000_000
+ALLOWED_COLUMNS = (*COLUMNS, *OPTIONAL_COLUMNS)
 
 
 class PartConflict(InputError):
@@ -61,6 +72,18 @@ def parse_part_name(name: str) -> tuple[int, int] | None:
     if m is None:
         return None
     return int(m[1]), int(m[2]) if m[2] is not None else 0
+
+
+def part_path(directory: Path, rank: int, part: int) -> Path:
+    """Where a stored part's file is: its part file, or for part 0 a whole-rank file
+    (rank-RRRRR.parquet names part 0 too; rebuilding the part-file name for it lost a watched
+    run's unanalysed tail at every restart)."""
+    path = directory / rank_file_name(rank, part)
+    if part == 0 and not os.path.lexists(path):
+        whole = directory / rank_file_name(rank)
+        if os.path.lexists(whole):
+            return whole
+    return path
 
 
 @dataclass
@@ -125,10 +148,8 @@ def check_parts(tables: list[pa.Table], sources: list, ids: list[tuple[int, int]
             cols = _check_group([tables[i] for i in members], [ids[i][0] for i in members])
         except (InputError, pa.ArrowException, ValueError):
             for i in members:  # one of them is bad: find which, keep the others
-                try:
-                    out[i] = check_part(tables[i], sources[i], *ids[i], nbytes[i])
-                except InputError as exc:
-                    out[i] = exc
+                out[i] = _guarded(lambda t: check_part(t, sources[i], *ids[i], nbytes[i]),
+                                  tables[i], sources[i])
             continue
         start = 0
         for i in members:
@@ -175,6 +196,24 @@ class PartFile:
 _CHECKED = ("rank", "dp_rank", "stage", "step", "start_ts", "duration")
 
 
+def open_part_file(path: Path, limit: int = MAX_PART_FILE_BYTES):
+    """(binary file, size) of a part file, opened without blocking and only if it is a
+    regular file of at most `limit` bytes (a FIFO named like a part would block the ingest
+    thread for good); InputError naming the file otherwise (FileNotFoundError passes)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(path, None, "not a regular file (a FIFO, device or directory "
+                             "named like a part); expected a Parquet file")
+        if st.st_size > limit:
+            raise InputError(path, None, f"{st.st_size} bytes; expected at most {limit}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb"), st.st_size
+
+
 def read_part_footer(path: Path) -> PartFile | InputError | None:
     """A watched part checked from its footer: PartFile, the InputError naming what is wrong,
     or None when the footer cannot tell (no statistics, float ids, a step range wider than its
@@ -183,11 +222,16 @@ def read_part_footer(path: Path) -> PartFile | InputError | None:
     if ids is None:
         return InputError(path, None, "not a rank-RRRRR.part-PPPPPP.parquet file")
     try:
-        # the footer alone (a ParquetFile also resolves a filesystem and builds the Arrow
-        # schema, which _schema_facts needs only for a schema it has not seen)
-        meta, nbytes = pq.read_metadata(str(path)), path.stat().st_size
+        f, nbytes = open_part_file(path)
+    except InputError as exc:
+        return exc
     except FileNotFoundError:
         return InputError(path, None, "vanished before it could be read")
+    except OSError as exc:
+        return InputError(path, None, f"cannot be opened ({exc.strerror})")
+    try:
+        with f:
+            meta = pq.read_metadata(f)
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return InputError(path, None, f"not a readable Parquet file ({first[:200]})")
@@ -202,7 +246,7 @@ def read_upload(body: bytes, source: object, rank: int, part: int, path: Path
     acknowledged. PartFile (at `path`, where it is to be written), the InputError naming what
     is wrong, or None when the footer cannot tell (read it whole: read_uploads)."""
     try:
-        f = pq.ParquetFile(pa.BufferReader(body))
+        f = parquet_file(pa.BufferReader(body))
         meta = f.metadata
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -211,7 +255,9 @@ def read_upload(body: bytes, source: object, rank: int, part: int, path: Path
     if not isinstance(got, PartFile) or got.records == 0:
         return got
     try:
-        t = f.read(columns=["optype", "start_ts", "duration"], use_threads=False)
+        # every column decoded (a corrupt page in any column is found before the part is
+        # acknowledged; the footer bounded what this takes); the op type as a dictionary
+        t = f.read(use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return InputError(source, "body", f"not a readable Parquet file ({first[:200]})")
@@ -233,7 +279,7 @@ def _check_footer(meta, ids: tuple[int, int], source: object, path: Path,
                   nbytes: int) -> PartFile | InputError | None:
     """What a part's footer tells: PartFile, the InputError naming a problem (in `source`), or
     None when the footer cannot tell."""
-    too_many = check_part_rows(meta.num_rows, source)
+    too_many = check_part_rows(meta.num_rows, source) or check_decode_budget(meta, source)
     if too_many is not None:
         return too_many
     verdict, where = _schema_facts(meta)
@@ -282,6 +328,42 @@ def check_part_rows(rows: int, source: object) -> InputError | None:
     return None
 
 
+def decoded_bound(meta) -> int:
+    """An upper bound of the bytes a part takes decoded, from its footer alone."""
+    declared = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        declared += sum(max(group.column(i).total_uncompressed_size, 0)
+                        for i in range(group.num_columns))
+    return declared + int(meta.num_rows) * 8 * (meta.num_columns + 1)
+
+
+def check_decode_budget(meta, source: object) -> InputError | None:
+    """A part whose decoded size could pass MAX_DECODED_BYTES is refused before it is decoded."""
+    bound = decoded_bound(meta)
+    if bound > MAX_DECODED_BYTES:
+        return InputError(source, None, f"would take up to {bound} bytes decoded (its columns' "
+                          f"declared sizes); expected at most {MAX_DECODED_BYTES}")
+    return None
+
+
+def check_step_gaps(steps: np.ndarray, known: int, source: object) -> InputError | None:
+    """A part whose steps lie more than MAX_STEP_GAP apart, or past `known` (the job's last
+    step seen so far, -1 for none) by more than that, is refused: see MAX_STEP_GAP."""
+    if not len(steps):
+        return None
+    u = np.unique(steps)
+    gaps = np.diff(u)
+    if len(gaps) and int(gaps.max()) > MAX_STEP_GAP:
+        at = int(np.argmax(gaps))
+        return InputError(source, "step", f"steps jump from {int(u[at])} to {int(u[at + 1])}; "
+                          f"expected at most {MAX_STEP_GAP} steps apart")
+    if known >= 0 and int(u[0]) - known > MAX_STEP_GAP:
+        return InputError(source, "step", f"first step {int(u[0])} is more than {MAX_STEP_GAP} "
+                          f"steps past the job's last step so far ({known})")
+    return None
+
+
 # The checks that depend on a part's schema alone, for the last schemas seen (a job's parts
 # share one): they were ~40% of the footer check's time, repeated for every part. A schema is
 # the Parquet schema and the file's key-value metadata (which holds the Arrow schema the
@@ -307,6 +389,11 @@ def _schema_facts(meta) -> tuple:
 def _schema_verdict(schema: pa.Schema):
     """None, "whole" or (column, problem): see _schema_facts."""
     names = schema.names
+    unknown = [c for c in names if c not in ALLOWED_COLUMNS]
+    if unknown or len(set(names)) != len(names):
+        name = unknown[0] if unknown else next(n for n in names if names.count(n) > 1)
+        return name, (f"unexpected column (or one named twice); expected only "
+                      f"{', '.join(ALLOWED_COLUMNS)}")
     missing = [c for c in COLUMNS if c not in names]
     if missing:
         return missing[0], (f"missing column (required: {', '.join(COLUMNS)}; found: "
@@ -352,8 +439,24 @@ def _footer_ranges(meta, where: dict | None) -> tuple[dict | None, dict | None]:
 def read_part_footers(paths: list[Path], pool: Executor | None = None
                       ) -> list[PartFile | InputError | None]:
     """read_part_footer of many files (on `pool`'s threads)."""
-    return list(pool.map(read_part_footer, paths) if pool is not None
-                else map(read_part_footer, paths))
+    return list(pool.map(_guarded_footer, paths) if pool is not None
+                else map(_guarded_footer, paths))
+
+
+def _guarded_footer(path: Path) -> PartFile | InputError | None:
+    return _guarded(read_part_footer, path, path)
+
+
+def _guarded(fn, arg, source):
+    """fn(arg), or the InputError naming `source` for whatever it raised: one part that a
+    check does not foresee is refused alone, never its whole batch (nor the ingest thread)."""
+    try:
+        return fn(arg)
+    except InputError as exc:
+        return exc
+    except Exception as exc:   # noqa: BLE001
+        return InputError(source, None, f"could not be checked ({type(exc).__name__}: "
+                          f"{str(exc)[:120]}); expected an op-table Parquet file")
 
 
 def check_file_in_job(part: PartFile, meta, source: object) -> None:
@@ -392,7 +495,10 @@ def read_part_files(paths: list[Path], pool: Executor | None = None
     """Read part files of run directories (on `pool`'s threads: Parquet decoding releases the
     GIL) and validate them together (check_parts)."""
     tables, sources, ids, sizes, out = [], [], [], [], {}
-    read = pool.map(_read_sized, paths) if pool is not None else map(_read_sized, paths)
+    def read_one(path):
+        return _guarded(_read_sized, path, path)
+
+    read = pool.map(read_one, paths) if pool is not None else map(read_one, paths)
     for i, (path, got) in enumerate(zip(paths, read)):
         if isinstance(got, InputError):
             out[i] = got
@@ -407,14 +513,33 @@ def read_part_files(paths: list[Path], pool: Executor | None = None
     return [next(checked) if v is None else v for _, v in sorted(out.items())]
 
 
+def parquet_file(source) -> pq.ParquetFile:
+    """A ParquetFile whose op type column is read as a dictionary (its names decoded once,
+    not once per row); a file without that column opens as it is (its check names it)."""
+    try:
+        return pq.ParquetFile(source, read_dictionary=["optype"])
+    except KeyError:
+        if hasattr(source, "seek"):
+            source.seek(0)
+        return pq.ParquetFile(source)
+
+
 def read_small_parquet(source, name: object = None) -> pa.Table:
     """One small Parquet file, read on this thread: for parts of a few thousand rows this is
     ~5× faster than pq.read_table (no dataset discovery, no thread-pool hand-offs). A file of
-    more than MAX_PART_ROWS rows is refused (InputError naming `name`) before it is decoded."""
-    f = pq.ParquetFile(source)
-    too_many = check_part_rows(f.metadata.num_rows, source if name is None else name)
-    if too_many is not None:
-        raise too_many
+    more than MAX_PART_ROWS rows, one that could take more than MAX_DECODED_BYTES decoded, or
+    one with columns outside the op table's is refused (InputError naming `name`) before any
+    of it is decoded; the op type is read as a dictionary (its names, once)."""
+    f = parquet_file(source)
+    where = source if name is None else name
+    refused = check_part_rows(f.metadata.num_rows, where) or \
+        check_decode_budget(f.metadata, where)
+    if refused is not None:
+        raise refused
+    unknown = [c for c in f.schema_arrow.names if c not in ALLOWED_COLUMNS]
+    if unknown:
+        raise InputError(where, unknown[0], "unexpected column; expected only "
+                         f"{', '.join(ALLOWED_COLUMNS)}")
     return f.read(use_threads=False)
 
 
@@ -431,10 +556,7 @@ def read_uploads(uploads: list[tuple[bytes, object, int, int]], pool: Executor |
     """Parse uploaded parts (bytes, source, rank, part) on `pool`'s threads and validate them
     together (check_parts)."""
     def parse(u):
-        try:
-            return _read_bytes(u[0], u[1])
-        except InputError as exc:
-            return exc
+        return _guarded(lambda b: _read_bytes(b, u[1]), u[0], u[1])
 
     parsed = list(pool.map(parse, uploads) if pool is not None else map(parse, uploads))
     good = [i for i, t in enumerate(parsed) if not isinstance(t, InputError)]
@@ -448,20 +570,24 @@ def read_uploads(uploads: list[tuple[bytes, object, int, int]], pool: Executor |
 
 def _read_sized(path: Path) -> tuple[pa.Table, int] | InputError:
     try:
-        return _read_file(path), path.stat().st_size
+        return _read_file(path)
     except InputError as exc:
         return exc
-    except OSError:
-        return InputError(path, None, "vanished before it could be read")
 
 
-def _read_file(path: Path) -> pa.Table:
+def _read_file(path: Path) -> tuple[pa.Table, int]:
+    """A part file's table and size (InputError naming the file when it cannot be had)."""
     if parse_part_name(path.name) is None:
         raise InputError(path, None, "not a rank-RRRRR.part-PPPPPP.parquet file")
     try:
-        return read_small_parquet(path)
+        f, size = open_part_file(path)
     except FileNotFoundError:
         raise InputError(path, None, "vanished before it could be read") from None
+    except OSError as exc:
+        raise InputError(path, None, f"cannot be opened ({exc.strerror})") from None
+    try:
+        with f:
+            return read_small_parquet(f, path), size
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(path, None, f"not a readable Parquet file ({first[:200]})") from None
@@ -469,11 +595,7 @@ def _read_file(path: Path) -> pa.Table:
 
 def read_part_file(path: Path) -> PartData:
     """Read and validate a part file of a run directory."""
-    table = _read_file(path)
-    try:
-        nbytes = path.stat().st_size
-    except FileNotFoundError:
-        raise InputError(path, None, "vanished before it could be read") from None
+    table, nbytes = _read_file(path)
     ids = parse_part_name(path.name)
     return check_part(table, path, ids[0], ids[1], nbytes)
 
@@ -485,11 +607,15 @@ def write_part_file(directory: Path, rank: int, part: int, data: bytes,
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / rank_file_name(rank, part)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{id(data):x}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)   # a full disk leaves no half-written file behind
+        raise
     if sync_dir:
         sync_directory(directory)
     return path

@@ -23,18 +23,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from stragglers.errors import InputError
 from stragglers.monitor.alerts import AlertEngine, WebhookSender, parse_rules
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.metrics import MonitorMetrics
+from stragglers.monitor.jobmeta import check_meta
 from stragglers.monitor.parts import PartConflict, PartData, PartFile, check_file_in_job, \
-    check_in_job, check_same_part, read_part_file, read_part_files, read_part_footer, \
-    read_part_footers, read_upload, read_uploads, sync_directory, write_part_file
+    check_in_job, check_same_part, check_step_gaps, part_path, read_part_file, \
+    read_part_files, read_part_footer, read_part_footers, read_upload, read_uploads, \
+    sync_directory, write_part_file
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.store import JobConflict, Store
 from stragglers.monitor.windows import JobTracker, Window
 from stragglers.trace.model import JobMeta
-from stragglers.trace.runformat import meta_from_dict, rank_file_name
+from stragglers.trace.runformat import rank_file_name
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +90,7 @@ class Monitor:
         self.states: dict[str, str] = {}
         self.directories: dict[str, Path] = {}
         self.recent_rejects: deque = deque(maxlen=100)
+        self.quarantined: dict[str, str] = {}   # job → why its stored rows cannot be used
         self._lock = threading.RLock()
         self._ingest: queue.Queue = queue.Queue()
         self._analysis: queue.Queue = queue.Queue()
@@ -106,7 +111,7 @@ class Monitor:
             self.states[job["job"]] = job["state"]
             self.metrics.set_state(job["job"], job["state"])
             if job["state"] != "finished" and job["meta"]:
-                self._rebuild(job)
+                self._rebuild_or_quarantine(job)
         self._readers = ThreadPoolExecutor(self.config.read_threads,
                                            thread_name_prefix="stragglers-monitor-read")
         self._writers = ThreadPoolExecutor(self.config.write_threads,
@@ -149,7 +154,9 @@ class Monitor:
 
     def register_job(self, job: str, directory: Path, way: str, raw_meta: dict) -> JobMeta:
         """Create or update a job from its meta.json contents (InputError if they are bad)."""
-        meta = meta_from_dict(raw_meta, directory / "meta.json")
+        # checked in full before anything is stored (a bad layout once went into the store and
+        # failed every later start)
+        meta = check_meta(raw_meta, directory / "meta.json", self.config.max_meta_bytes)
         with self._lock:
             if job not in self.directories and len(self.directories) >= self.config.max_jobs:
                 raise InputError(job, "job", f"the monitor tracks {self.config.max_jobs} jobs "
@@ -159,12 +166,14 @@ class Monitor:
             except JobConflict as exc:
                 raise InputError(job, "job", str(exc)) from None
             self.directories[job] = Path(directory)
+            self.quarantined.pop(job, None)   # good metadata again: the job is back
             tracker = self.trackers.get(job)
             if tracker is None:
-                self._rebuild(self.store.job(job))
+                self._rebuild_or_quarantine(self.store.job(job))
             else:
                 tracker.set_meta(meta)
-            if job not in self.states:
+            if self.states.get(job, "quarantined") == "quarantined" and \
+                    job not in self.quarantined:
                 self.states[job] = "running"
                 self.metrics.set_state(job, "running")
         return meta
@@ -173,16 +182,32 @@ class Monitor:
         """The job's tracker, rebuilt from the store if the job finished and comes back."""
         with self._lock:
             tr = self.trackers.get(job)
-            if tr is None and job in self.directories:
+            if tr is None and job in self.directories and job not in self.quarantined:
                 row = self.store.job(job)
                 if row and row["meta"]:
-                    tr = self._rebuild(row)
+                    tr = self._rebuild_or_quarantine(row)
             return tr
+
+    def _rebuild_or_quarantine(self, job: dict) -> JobTracker | None:
+        """_rebuild, or, when the job's stored rows cannot be used (its metadata damaged or
+        refused by today's checks), the job set aside — named in the log, /api/stats and its
+        state — while every other job goes on (a bad row once made every start exit 4)."""
+        try:
+            return self._rebuild(job)
+        except Exception as exc:   # noqa: BLE001 - one job's rows must not stop the service
+            problem = str(exc) if isinstance(exc, InputError) else \
+                f"{type(exc).__name__}: {str(exc)[:200]}"
+            self.quarantined[job["job"]] = problem
+            self.trackers.pop(job["job"], None)
+            self.states[job["job"]] = "quarantined"
+            self.reject("quarantined", f"job {job['job']}", f"stored rows unusable, job set "
+                        f"aside: {problem}")
+            return None
 
     def _rebuild(self, job: dict) -> JobTracker:
         """A tracker from the store: analysed steps skipped, later parts read from disk."""
         name, directory = job["job"], Path(job["directory"])
-        meta = meta_from_dict(job["meta"], directory / "meta.json")
+        meta = check_meta(job["meta"], f"stored metadata of job {name!r}")
         last = self.store.last_window(name)
         tr = JobTracker(name, meta, self.config.window_steps, self.config.gap_wait_s,
                         consumed_step=last["last_step"] if last else -1,
@@ -191,7 +216,7 @@ class Monitor:
         for p in self.store.part_index(name):
             columns, file = None, None
             if p["last_step"] > tr.consumed_step:   # not analysed yet: its window reads it
-                path = directory / rank_file_name(p["rank"], p["part"])
+                path = part_path(directory, p["rank"], p["part"])
                 try:
                     file = read_part_footer(path)
                     if isinstance(file, InputError):
@@ -315,6 +340,12 @@ class Monitor:
                     check(data, trackers[it.job].meta, it.path or _source(it))
                 except InputError as exc:
                     read[id(it)] = exc
+                    continue
+                steps = data.columns["step"] if isinstance(data, PartData) else \
+                    np.array([data.first_step, data.last_step], dtype=np.int64)
+                wild = check_step_gaps(steps, trackers[it.job].max_step, it.path or _source(it))
+                if wild is not None:
+                    read[id(it)] = wild
         self._write_uploads([it for it in uploads if not isinstance(read[id(it)], InputError)])
         for it in fresh:
             data = it.data if id(it) not in read else read[id(it)]
@@ -363,7 +394,11 @@ class Monitor:
 
     def _read_upload(self, it: PartIn) -> PartFile | InputError | None:
         path = self.directories[it.job] / rank_file_name(it.rank, it.part)
-        return read_upload(it.body, _source(it), it.rank, it.part, path)
+        try:
+            return read_upload(it.body, _source(it), it.rank, it.part, path)
+        except Exception as exc:   # noqa: BLE001 - one part's bytes must not fail its batch
+            return InputError(_source(it), "body", f"could not be checked "
+                              f"({type(exc).__name__}); expected an op-table Parquet file")
 
     def _map(self, fn, items: list) -> list:
         return list(self._readers.map(fn, items) if self._readers else map(fn, items))

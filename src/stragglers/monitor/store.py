@@ -159,7 +159,9 @@ class Store:
         if not rows:
             return None
         row = rows[0]
-        row["meta"] = json.loads(row["meta"]) if row["meta"] else None
+        # a row that does not decode comes back as its text: check_meta refuses it and the
+        # job is quarantined (Monitor), rather than every read of the store failing
+        row["meta"] = _loads(row["meta"], row["meta"]) if row["meta"] else None
         return row
 
     def jobs(self) -> list[dict]:
@@ -174,7 +176,8 @@ class Store:
             "(SELECT MAX(idx) FROM windows WHERE job = j.job) "
             "ORDER BY COALESCE(j.last_part_at, j.created_at) DESC")
         for r in rows:
-            meta = json.loads(r.pop("meta")) if r["meta"] else {}
+            meta = _loads(r.pop("meta"), {}) if r["meta"] else {}
+            meta = meta if isinstance(meta, dict) else {}
             r["world_size"] = meta.get("world_size")
             r["dp"], r["pp"] = meta.get("dp_size"), meta.get("pp_size")
         return rows
@@ -297,7 +300,9 @@ class Store:
         rows = self._rows(f"SELECT {', '.join(WINDOW_SUMMARY)}, diagnosis FROM windows "
                           "WHERE job = ? ORDER BY idx DESC LIMIT ?", (job, limit))
         for r in rows:
-            r["causes"] = [f["cause"] for f in json.loads(r.pop("diagnosis"))]
+            found = _loads(r.pop("diagnosis"), [])
+            r["causes"] = [f.get("cause") for f in found if isinstance(f, dict)] \
+                if isinstance(found, list) else []
         return rows[::-1]
 
     def recent_windows(self, job: str, count: int) -> list[dict]:
@@ -315,7 +320,7 @@ class Store:
             sql, args = sql + " AND status = ?", [*args, status]
         rows = self._rows(sql + " ORDER BY starts_at", args)
         for r in rows:
-            r["labels"], r["annotations"] = json.loads(r["labels"]), json.loads(r["annotations"])
+            r["labels"], r["annotations"] = _loads(r["labels"], {}), _loads(r["annotations"], {})
         return rows
 
     def alert_log(self, job: str | None = None, limit: int = 200) -> list[dict]:
@@ -328,7 +333,19 @@ class Store:
 
 def _decode_window(row: dict) -> dict:
     for key in ("steps", "scores", "diagnosis", "missing_ranks"):
-        row[key] = json.loads(row[key])
+        row[key] = _loads(row[key], [])
+        if not isinstance(row[key], list):
+            row[key] = []
     return row
+
+
+def _loads(text, default):
+    """Stored JSON decoded; `default` for text that does not decode (a damaged row is shown
+    as empty, not a failure of every read)."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        log.warning("store: a stored value does not decode as JSON: %.80r", text)
+        return default
 
 

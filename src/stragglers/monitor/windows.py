@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stragglers.errors import StragglersError
-from stragglers.monitor.parts import PartFile, read_window_rows
+from stragglers.monitor.parts import MAX_STEP_GAP, PartFile, read_window_rows
 from stragglers.monitor.readahead import read_ahead
 from stragglers.trace.model import JobMeta, Trace
 
@@ -85,13 +85,13 @@ class JobTracker:
         self.closed_marker = False
         self.late_rows = 0   # rows of steps already analysed when they arrived (dropped)
         self.last_arrival: float | None = None
+        self.max_step = int(consumed_step)   # the job's last step seen (step gaps are checked)
         self.set_meta(meta)
 
     def set_meta(self, meta: JobMeta) -> None:
         """New metadata (meta.json rewritten): layout and the close marker."""
         self.meta = meta
-        layout = meta.extra.get("layout") or []
-        self.layout = {int(e["rank"]): e for e in layout if isinstance(e, dict) and "rank" in e}
+        self.layout = _layout(meta)
         clock = meta.extra.get("clock") or {}
         if isinstance(clock, dict) and clock.get("end"):
             self.closed_marker = True  # the recorder's close() rewrites meta with the end clock
@@ -114,6 +114,7 @@ class JobTracker:
         neither when its rows are already analysed. True when the file is held for a window."""
         rp = self.ranks.setdefault(rank, RankParts())
         rp.parts[part] = (int(last_step), arrived_at)
+        self.max_step = max(self.max_step, int(last_step))
         self.last_arrival = max(self.last_arrival or arrived_at, arrived_at)
         if file is not None and file.records:
             if file.last_step <= self.consumed_step:
@@ -146,12 +147,15 @@ class JobTracker:
                 rp.frontier = max(rp.frontier, rp.parts[rp.next_part][0])
                 rp.next_part += 1
                 continue
-            later = [t for p, (_, t) in rp.parts.items() if p > rp.next_part]
-            if later and now - min(later) >= self.gap_wait_s:
-                log.warning("job %s: a part before %d never arrived; going on without it",
-                            self.job, min(p for p in rp.parts if p > rp.next_part))
-                rp.skipped += 1
-                rp.next_part += 1
+            later = [(t, p) for p, (_, t) in rp.parts.items() if p > rp.next_part]
+            if later and now - min(later)[0] >= self.gap_wait_s:
+                # every missing number up to the next part is given up on at once, in one log
+                # line (a part numbered 999999 once wrote 999,998 lines, one per number)
+                nxt = min(p for _, p in later)
+                log.warning("job %s: parts %d..%d never arrived; going on without them",
+                            self.job, rp.next_part, nxt - 1)
+                rp.skipped += nxt - rp.next_part
+                rp.next_part = nxt
                 continue
             return
 
@@ -179,7 +183,12 @@ class JobTracker:
         steps = self._pending_steps()
         if not len(steps):
             return None
-        return self._cut(steps[:self.window_steps] if reason == "complete" else steps, now, reason)
+        if reason == "complete":
+            steps = steps[:self.window_steps]
+        gaps = np.flatnonzero(np.diff(steps) > MAX_STEP_GAP)
+        if len(gaps):   # steps far apart are not one window (nor do they move it that far)
+            steps = steps[:gaps[0] + 1]
+        return self._cut(steps, now, reason)
 
     def _pending_steps(self) -> np.ndarray:
         return np.array(sorted(self._steps), dtype=np.int64)
@@ -286,7 +295,13 @@ def as_plain_dict(result) -> dict:
 
 
 def _layout(meta: JobMeta) -> dict[int, dict]:
-    return {int(e["rank"]): e for e in meta.extra.get("layout") or [] if isinstance(e, dict)}
+    """rank → layout entry (meta.json's extra.layout, checked by jobmeta.check_meta: entries
+    whose rank is not an int are left out rather than failing a window)."""
+    layout = meta.extra.get("layout") if isinstance(meta.extra, dict) else None
+    if not isinstance(layout, list):
+        return {}
+    return {e["rank"]: e for e in layout if isinstance(e, dict)
+            and isinstance(e.get("rank"), int) and not isinstance(e.get("rank"), bool)}
 
 
 def workers_of(trace: Trace) -> dict[tuple[int, int], int]:

@@ -1,0 +1,121 @@
+"""A job's meta.json as the monitor takes it: checked in full before it is stored, and again
+when it is read back (a bad stored row quarantines its job, never the service).
+
+`meta_from_dict` checks the sizes; the monitor also relies on `extra.layout` (the ranks a
+window waits for, each one's host) and `extra.clock` (the recorder's close marker), so those
+are checked here too: a layout whose rank was "x", null, 1e400 or [1] once failed every
+request of its job with a 500 and every later start of the monitor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from stragglers.errors import InputError
+from stragglers.trace.model import JobMeta
+from stragglers.trace.runformat import meta_from_dict
+
+MAX_META_BYTES = 1 << 20
+MAX_DEPTH = 32
+_HOST_CHARS = 255
+
+
+def check_meta(raw: object, source: Path | str, max_bytes: int = MAX_META_BYTES) -> JobMeta:
+    """The JobMeta of a meta.json mapping; InputError naming `source` and the field unless
+    every value is plain finite JSON of at most `max_bytes`, the sizes agree, `extra.layout`
+    is a list of {rank, [dp_rank], [stage], [host]} with distinct int ranks inside the world
+    size, and `extra.clock` is a mapping."""
+    _check_plain(raw, source, "", 0)
+    try:
+        size = len(json.dumps(raw, allow_nan=False))
+    except (ValueError, TypeError, RecursionError):
+        raise InputError(source, None, "expected plain JSON values") from None
+    if size > max_bytes:
+        raise InputError(source, None, f"{size} bytes of metadata; expected at most {max_bytes}")
+    meta = meta_from_dict(raw, source)
+    layout = meta.extra.get("layout")
+    if layout is not None:
+        _check_layout(layout, meta, source)
+    clock = meta.extra.get("clock")
+    if clock is not None and not isinstance(clock, dict):
+        raise InputError(source, "extra.clock", f"expected a mapping, got {type(clock).__name__}")
+    return meta
+
+
+def _check_plain(value: object, source, where: str, depth: int) -> None:
+    """Finite numbers, strings, booleans, null, lists and string-keyed mappings, not too deep."""
+    if depth > MAX_DEPTH:
+        raise InputError(source, where or None, f"nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(source, where or None, f"{value!r}; expected a finite number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InputError(source, where or None, "expected string keys")
+            _check_plain(v, source, f"{where}.{k}" if where else k, depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_plain(v, source, f"{where}[{i}]", depth + 1)
+    elif not (value is None or isinstance(value, (str, int, float, bool))):
+        raise InputError(source, where or None, f"expected a JSON value, got "
+                         f"{type(value).__name__}")
+
+
+def _int_in(value: object, top: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < top
+
+
+def _check_layout(layout: object, meta: JobMeta, source) -> None:
+    if not isinstance(layout, list):
+        raise InputError(source, "extra.layout", f"expected a list of rank entries, got "
+                         f"{type(layout).__name__}")
+    if len(layout) > meta.world_size:
+        raise InputError(source, "extra.layout", f"{len(layout)} entries; expected at most "
+                         f"the world size ({meta.world_size})")
+    seen: set[int] = set()
+    for i, e in enumerate(layout):
+        field = f"extra.layout[{i}]"
+        if not isinstance(e, dict):
+            raise InputError(source, field, f"expected a mapping, got {type(e).__name__}")
+        if not _int_in(e.get("rank"), meta.world_size):
+            raise InputError(source, f"{field}.rank", f"{str(e.get('rank'))[:40]!r}; expected "
+                             f"an integer in 0..{meta.world_size - 1} (the world size)")
+        if e["rank"] in seen:
+            raise InputError(source, f"{field}.rank", f"rank {e['rank']} listed twice")
+        seen.add(e["rank"])
+        for key, top, name in (("dp_rank", meta.dp_size, "dp_size"),
+                               ("stage", meta.pp_size, "pp_size")):
+            if key in e and not _int_in(e[key], top):
+                raise InputError(source, f"{field}.{key}", f"{str(e[key])[:40]!r}; expected "
+                                 f"an integer in 0..{top - 1} (the job's {name})")
+        host = e.get("host")
+        if host is not None and not (isinstance(host, str) and len(host) <= _HOST_CHARS):
+            raise InputError(source, f"{field}.host", f"expected a name of at most "
+                             f"{_HOST_CHARS} characters")
+
+
+def read_meta_file(path: Path, max_bytes: int = MAX_META_BYTES) -> object:
+    """The JSON of a watched meta.json, opened without blocking and only if it is a regular
+    file of at most `max_bytes` (a FIFO named meta.json would block the watcher for good);
+    InputError naming the file otherwise (FileNotFoundError passes)."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(path, None, "not a regular file; expected the job's JSON metadata")
+        if st.st_size > max_bytes:
+            raise InputError(path, None, f"{st.st_size} bytes; expected at most {max_bytes}")
+        data = os.read(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise InputError(path, None, f"more than {max_bytes} bytes; expected at most {max_bytes}")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(path, None, f"not readable JSON ({str(exc)[:200]})") from None
