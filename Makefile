@@ -37,9 +37,28 @@ demo: venv
 test: venv browser
 	$(VENV)/bin/pytest -q
 
-# API reference generated from the docstrings into docs/api (open docs/api/index.html).
+# API reference generated from the docstrings into docs/api (open docs/api/index.html). pdoc's
+# own index only redirects to the package page, which lists the submodules in stragglers.__all__
+# (one): the index is written here instead, one link per module with its docstring's first line.
+DOC_MODULES := stragglers stragglers.trace stragglers.whatif stragglers.report stragglers.record \
+	stragglers.collectives stragglers.coding stragglers.adapt stragglers.mitigate stragglers.advise \
+	stragglers.monitor stragglers.protocols stragglers.config stragglers.errors
+define DOCS_INDEX
+import ast, html, importlib.util, sys
+rows = []
+for name in sys.argv[1:]:
+    spec = importlib.util.find_spec(name)
+    doc = ast.get_docstring(ast.parse(open(spec.origin, encoding="utf-8").read())) or ""
+    page = name.replace(".", "/") + ".html"
+    rows.append(f'<li><a href="{page}">{name}</a> — {html.escape(doc.splitlines()[0] if doc else "")}</li>')
+open("docs/api/index.html", "w", encoding="utf-8").write(
+    "<!doctype html><html><head><meta charset=\"utf-8\"><title>stragglers API reference</title>"
+    "</head><body><h1>stragglers API reference</h1><ul>\n" + "\n".join(rows) + "\n</ul></body></html>\n")
+endef
+export DOCS_INDEX
 docs: venv
-	$(VENV)/bin/pdoc --docformat google -o docs/api stragglers stragglers.trace stragglers.whatif stragglers.report stragglers.record stragglers.collectives stragglers.coding stragglers.adapt stragglers.mitigate stragglers.advise stragglers.monitor stragglers.protocols stragglers.config stragglers.errors
+	$(VENV)/bin/pdoc --docformat google -o docs/api $(DOC_MODULES)
+	$(PY) -c "$$DOCS_INDEX" $(DOC_MODULES)
 	@echo "API reference: docs/api/index.html"
 
 # On a machine with CUDA GPUs: every GPU path run once, as one table (skips without a GPU).
