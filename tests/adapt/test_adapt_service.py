@@ -177,6 +177,7 @@ class Service:
 def service(tmp_path):
     token_file = tmp_path / "service.token"
     token_file.write_text("service-token-abcdef0123456789\n")
+    token_file.chmod(0o600)   # a token file others can read is refused
     svc = Service(tmp_path, "--token-file", str(token_file))
     svc.service_token = "service-token-abcdef0123456789"
     yield svc

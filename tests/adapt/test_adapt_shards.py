@@ -153,14 +153,43 @@ def test_a_retried_lease_request_returns_the_same_shards(store):
     assert store.status("d")["epochs"]["0"]["DOING"] == 4
 
 
-def test_a_retry_after_the_lease_was_lost_leases_afresh(store):
+def test_a_retry_after_the_lease_was_lost_leases_nothing_new(store):
+    # The lost shard comes back with no indices and held: false; no other shard is leased
+    # (it would be an orphan nobody trains, later FAILED with a retry burned for nothing).
     store.create_dataset(DatasetConfig("d", 100, 10, lease_s=5))
     f = store.join("d", "w")["fence"]
     first = store.lease("d", "w", f, request_id="r1")["leases"][0]
     store.clock.now += 6
     store.lease("d", "w2", store.join("d", "w2")["fence"])  # expires it, re-leases it to w2
-    again = store.lease("d", "w", f, request_id="r1")["leases"][0]
-    assert again["shard"] != first["shard"]
+    again = store.lease("d", "w", f, request_id="r1")
+    assert again["status"] == "ok" and again["leases"] == [
+        {"epoch": 0, "shard": first["shard"], "offset": 0, "indices": [], "size": 10,
+         "held": False}]
+    assert store.status("d")["epochs"]["0"]["DOING"] == 1
+
+
+def test_an_older_request_id_or_one_whose_shard_was_acked_leases_nothing_new(store):
+    store.create_dataset(DatasetConfig("d", 100, 10, max_retries=0))
+    f = store.join("d", "w")["fence"]
+    replies = [store.lease("d", "w", f, request_id=f"r{i}") for i in range(5)]
+    shards = [r["leases"][0]["shard"] for r in replies]
+    store.ack("d", "w", f, 0, shards[0], 10)
+    store.ack("d", "w", f, 0, shards[1], 4)
+    # r0: acked (DONE) -> offset 10, nothing left; r1: held, from its acked offset; r2: as before
+    r0 = store.lease("d", "w", f, request_id="r0")["leases"]
+    r1 = store.lease("d", "w", f, request_id="r1")["leases"]
+    r2 = store.lease("d", "w", f, request_id="r2")
+    assert r0 == [{"epoch": 0, "shard": shards[0], "offset": 10, "indices": [], "size": 10,
+                   "held": False}]
+    assert r1[0]["offset"] == 4 and r1[0]["indices"] == replies[1]["leases"][0]["indices"][4:]
+    assert r2 == replies[2]
+    status = store.status("d")
+    assert status["epochs"]["0"]["DOING"] == 4 and status["epochs"]["0"]["DONE"] == 1
+    assert status["failed"] == []
+    # the history is bounded per incarnation: a new one (join) starts without it
+    g = store.join("d", "w")["fence"]
+    fresh = store.lease("d", "w", g, request_id="r0")["leases"]
+    assert fresh[0]["indices"]
 
 
 def test_a_new_incarnation_fences_off_its_predecessor(store):

@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 import httpx
 
 from stragglers.adapt.dataset import DatasetConfig, check_name
-from stragglers.adapt.errors import Conflict, Fenced, Forbidden, LeaseLost, NotFound
+from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,
+                                     Quarantined, QuotaExceeded)
 from stragglers.errors import EnvironmentFailure, InputError
 from stragglers.serving import check_url
 
@@ -58,6 +59,8 @@ class ShardClient:
                 resp = self._http.request(method, path, json=body, params=params)
                 if resp.status_code < 500:
                     break
+                if _kind(resp) == "Quarantined":   # a damaged stored row: waiting won't help
+                    raise Quarantined(_message(resp))
                 problem = f"answered {resp.status_code}: {_message(resp)}"
             except httpx.TransportError as exc:
                 problem = f"unreachable ({type(exc).__name__}: {exc})"
@@ -75,6 +78,8 @@ class ShardClient:
                 raise Forbidden(msg)
             if resp.status_code == 404:
                 raise NotFound(msg)
+            if resp.status_code == 429:
+                raise QuotaExceeded(msg)
             raise InputError(f"{self.url}{path}", field, msg)
         return resp.json()
 

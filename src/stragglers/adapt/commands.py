@@ -9,13 +9,18 @@ import typer
 
 from stragglers.errors import InputError, MissingExtraError
 
+# The command that makes a token file: a random token that fits the 16-512 character rule.
+TOKEN_FILE_RECIPE = "(umask 077; python3 -c 'import secrets; print(secrets.token_hex(32))' > {path})"
+
 
 def serve_command(
     db: Path = typer.Option(..., "--db", help="SQLite file holding the shard state (created if absent)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (non-loopback needs --token-file)"),
     port: int = typer.Option(8151, "--port", help="TCP port"),
     token_file: Path = typer.Option(None, "--token-file",
-                                    help="file with the service token, required to create data sets and jobs"),
+                                    help="file whose first line is the service token (16-512 characters of"
+                                         " [A-Za-z0-9._~+/=-], mode 0600), required to create data sets and"
+                                         " jobs; create one with: " + TOKEN_FILE_RECIPE.format(path="FILE")),
     durable: bool = typer.Option(True, "--durable/--no-durable",
                                  help="fsync every commit (survives a machine crash)"),
     set_: list[str] = typer.Option(None, "--set", help="NAME=VALUE of ServiceConfig, repeatable"),
@@ -36,6 +41,10 @@ def serve_command(
         raise InputError(db, None, "expected a SQLite file, got a directory")
     if not db.parent.exists():
         raise InputError(db, None, f"directory {db.parent} does not exist")
+    if token_file is not None and not token_file.exists() and not token_file.is_symlink():
+        raise InputError(token_file, None, "--token-file: no such file; create it (a random"
+                         " token of 16-512 characters of [A-Za-z0-9._~+/=-], readable by you"
+                         f" only) with: {TOKEN_FILE_RECIPE.format(path=token_file)}")
     token = read_token_file(token_file)
     serve(db, config, token, announce=lambda url: typer.echo(
         f"shard service on {url} (state in {db}, {'durable' if durable else 'non-durable'} "

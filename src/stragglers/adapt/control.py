@@ -10,19 +10,21 @@ import threading
 from dataclasses import asdict
 
 from stragglers.adapt.controller import ControlConfig, Controller
-from stragglers.adapt.errors import Conflict, NotFound, authorize
+from stragglers.adapt.errors import Conflict, NotFound, QuotaExceeded, authorize
 from stragglers.errors import InputError
 
 MAX_JOBS = 1024
+MAX_JOBS_PER_TOKEN = 16
 
 
 class ControlPlane:
     """Per-job controllers; a job's token must accompany every write on it."""
 
-    def __init__(self, max_jobs: int = MAX_JOBS):
+    def __init__(self, max_jobs: int = MAX_JOBS, max_jobs_per_token: int = MAX_JOBS_PER_TOKEN):
         self._lock = threading.Lock()
         self._jobs: dict[str, tuple[str | None, Controller]] = {}
-        self.max_jobs = max_jobs
+        self._owned: dict[str | None, int] = {}  # controllers per owner digest
+        self.max_jobs, self.max_jobs_per_token = max_jobs, max_jobs_per_token
 
     def configure(self, job: str, cfg: ControlConfig, token_sha256: str | None) -> dict:
         """Start the job's controller, or a new one for a later incarnation of the job.
@@ -42,8 +44,9 @@ class ControlPlane:
                                    f" configured; a different config needs a later incarnation,"
                                    f" got {cfg.incarnation}")
                 token_sha256 = owner
-            elif len(self._jobs) >= self.max_jobs:
-                raise InputError("control plane", "job", f"already {self.max_jobs} jobs")
+            else:
+                self._check_quota(token_sha256)
+                self._owned[token_sha256] = self._owned.get(token_sha256, 0) + 1
             self._jobs[job] = (token_sha256, Controller(cfg))
         return {"configured": True, "incarnation": cfg.incarnation}
 
@@ -63,6 +66,16 @@ class ControlPlane:
                 for step, bpt, batch in records:
                     ctl.observe(rank, step, bpt, batch, device)
             return self._actions(ctl, since)
+
+    def _check_quota(self, token_sha256: str | None) -> None:
+        """A new controller: within the service's limit and this token's (QuotaExceeded: 429)."""
+        if len(self._jobs) >= self.max_jobs:
+            raise QuotaExceeded(f"the service holds {len(self._jobs)} controllers, its limit"
+                                f" (max_jobs={self.max_jobs})")
+        mine = self._owned.get(token_sha256, 0)
+        if token_sha256 is not None and mine >= self.max_jobs_per_token:
+            raise QuotaExceeded(f"this token already owns {mine} controllers, its limit"
+                                f" (max_jobs_per_token={self.max_jobs_per_token})")
 
     def has(self, job: str) -> bool:
         """Whether `job` has a controller."""

@@ -93,7 +93,11 @@ class DatasetConfig:
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     """The deterministic shuffle of epoch `epoch` (same seed and epoch, same order)."""
-    return np.random.default_rng([seed, epoch]).permutation(num_samples).astype(np.int32)
+    # Generator.permutation(n) shuffles arange(n) (int64); shuffling an int32 arange with the
+    # same generator gives the same order with half the memory and time.
+    perm = np.arange(num_samples, dtype=np.int32)
+    np.random.default_rng([seed, epoch]).shuffle(perm)
+    return perm
 
 
 

@@ -31,13 +31,26 @@ class Unauthorized(StragglersError):
     """No (well-formed) bearer token on a write."""
 
 
+class QuotaExceeded(StragglersError):
+    """The token (or the whole service) already holds as many data sets or controllers as allowed."""
+
+
+class Quarantined(StragglersError):
+    """A stored row of this data set is damaged: its calls are refused, other data sets are served."""
+
+
+class Busy(StragglersError):
+    """Too many heavy reads are queued; retry later."""
+
+
 class BodyTooLarge(InputError):
     """The request body exceeds the service's limit."""
 
 
 # The HTTP status of each kind (first match): whose fault it is, and whether to retry.
 HTTP_STATUS = ((BodyTooLarge, 413), (Unauthorized, 401), (Forbidden, 403), (NotFound, 404),
-               (Conflict, 409), (LeaseLost, 409), (InputError, 400), (EnvironmentFailure, 503))
+               (Conflict, 409), (LeaseLost, 409), (QuotaExceeded, 429), (InputError, 400),
+               (Quarantined, 503), (Busy, 503), (EnvironmentFailure, 503))
 
 
 def authorize(owner_sha256: str | None, token_sha256: str | None, what: str) -> None:

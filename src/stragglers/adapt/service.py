@@ -18,20 +18,24 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from stragglers.adapt import reads
 from stragglers.adapt import requests as rq
 from stragglers.adapt.control import ControlPlane
 from stragglers.adapt.controller import ControlConfig
-from stragglers.adapt.dataset import DatasetConfig, check_name
+from stragglers.adapt.dataset import DatasetConfig, check_name, validate_snapshot
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Forbidden, Unauthorized
-from stragglers.adapt.shards import ShardStore
+from stragglers.adapt.permutations import Pending
+from stragglers.adapt.shards import ShardStore, resolve_indices
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import TOKEN_PATTERN, BodyRefused, base_url, declared_length, is_loopback, \
@@ -65,6 +69,16 @@ class ServiceConfig(Config):
     stall_s: float = setting(2.0, "a pause of the service longer than this (SIGSTOP, a frozen"
                              " VM) grants held leases a grace period, as a restart does",
                              minimum=0.5, maximum=3600.0)
+    max_datasets: int = setting(4096, "data sets the service holds (past it: 429)", minimum=1,
+                                maximum=1 << 20)
+    max_datasets_per_token: int = setting(64, "data sets one job token may own (past it: 429)",
+                                          minimum=1, maximum=1 << 20)
+    max_jobs: int = setting(1024, "controllers the service holds (past it: 429)", minimum=1,
+                            maximum=1 << 16)
+    max_jobs_per_token: int = setting(16, "controllers one job token may own (past it: 429)",
+                                      minimum=1, maximum=1 << 16)
+    max_queued_reads: int = setting(64, "snapshot/status reads waiting for the reader thread"
+                                    " (past it: 503)", minimum=1, maximum=1 << 16)
     http: str = setting("httptools", "HTTP parser (h11: uvicorn's pure-Python one)",
                         choices=("httptools", "h11"))
     loop: str = setting("uvloop", "event loop (asyncio: the standard library's)",
@@ -161,6 +175,21 @@ def _settle(settled: list) -> None:
                 future.set_exception(value)
 
 
+def _checked_snapshot(raw: bytes, name: str) -> tuple:
+    """Parse and validate a restore body (on a worker thread, not the event loop or the writer)."""
+    snap = rq.parse(rq.Snapshot, raw).model_dump()
+    if snap["dataset"]["name"] != name:
+        raise InputError("snapshot", "dataset.name", f"expected '{name}' (the URL's data set),"
+                         f" got '{snap['dataset']['name']}'")
+    snap["shards"] = [list(r) for r in snap["shards"]]
+    return validate_snapshot(snap)
+
+
+def _internal_error() -> Response:
+    return _json({"error": "internal error (see the service log)", "kind": "InternalError",
+                  "field": None}, 500)
+
+
 def _json(payload: dict, status: int = 200) -> Response:
     # The stdlib encoder directly: a lease reply is mostly a list of ints.
     return Response(json.dumps(payload, separators=(",", ":"), allow_nan=False), status,
@@ -213,21 +242,38 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     the X-Service-Token header (a job's own token then guards every write on it).
     """
     config = config or ServiceConfig()
-    control = ControlPlane()
+    control = ControlPlane(config.max_jobs, config.max_jobs_per_token)
     commit = GroupCommitter(store, config.max_batch, config.stall_s)
     service_digest = token_digest(service_token) if service_token else None
+    # Heavy work that must not run on the commit thread: reads of whole data sets (snapshot,
+    # status) on a reader thread with its own connection, and epoch shuffles (up to 2**26
+    # samples, seconds each) on their own threads.
+    store.defer_indices = True
+    reader = reads.ReadSide(store.db, store.generation, max_queued=config.max_queued_reads,
+                            busy_timeout_s=config.busy_timeout_s)
+    shuffles = ThreadPoolExecutor(2, thread_name_prefix="shard-shuffles")
 
     def handler(fn):
         async def endpoint(request: Request) -> Response:
             try:
-                return _json(await fn(request))
+                result = await fn(request)
+                return result if isinstance(result, Response) else _json(result)
             except StragglersError as exc:
                 return _error(exc)
             except Exception:  # noqa: BLE001 - a bug must not leak a traceback to clients
                 log.exception("shard service: %s %s failed", request.method, request.url.path)
-                return _json({"error": "internal error (see the service log)",
-                              "kind": "InternalError", "field": None}, 500)
+                return _internal_error()
         return endpoint
+
+    async def read(fn, *args):
+        return await asyncio.wrap_future(reader.submit(fn, *args))
+
+    async def with_indices(reply: dict) -> dict:
+        """A lease reply with its Pending indices computed on a shuffle thread (not the writer)."""
+        if any(isinstance(x["indices"], Pending) for x in reply.get("leases", ())):
+            await asyncio.get_running_loop().run_in_executor(shuffles, resolve_indices, store,
+                                                             reply)
+        return reply
 
     def route(path: str, fn, methods=("POST",)) -> Route:
         return Route(path, handler(fn), methods=list(methods))
@@ -266,8 +312,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def lease(request: Request) -> dict:
         name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Lease)
-        return await commit.run(lambda: store.lease(name, body.worker, body.fence, body.count,
-                                                    body.request_id, digest))
+        return await with_indices(await commit.run(
+            lambda: store.lease(name, body.worker, body.fence, body.count, body.request_id,
+                                digest)))
 
     async def ack(request: Request) -> dict:
         name, digest, b = name_of(request), _bearer(request), await parsed(request, rq.Ack)
@@ -284,23 +331,29 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         return await commit.run(lambda: store.retry_failed(name, digest))
 
     async def status(request: Request) -> dict:
+        # Read on the reader thread; the writer only requeues expired leases, when there are.
         name = name_of(request)
-        return await commit.run(lambda: store.status(name))
+        store.raise_if_quarantined(name)
+        # (The first call on a data set since the file was opened checks its rows: the writer.)
+        if name not in store._verified or await read(reads.has_expired, name, store._clock()):
+            await commit.run(lambda: store.expire(name))
+        return await read(reads.status_of, name)
 
-    async def snapshot(request: Request) -> dict:
+    async def snapshot(request: Request) -> Response:
         name = name_of(request)
-        return await commit.run(lambda: store.snapshot(name))
+        store.raise_if_quarantined(name)
+        body = await asyncio.wrap_future(reader.snapshot(name))
+        return Response(body, 200, media_type="application/json")
 
     async def restore(request: Request) -> dict:
         name = name_of(request)
         digest = _bearer(request)   # before up to 64 MiB of JSON is read and parsed
-        snap = (await parsed(request, rq.Snapshot, config.max_restore_bytes)).model_dump()
-        if snap["dataset"]["name"] != name:
-            raise InputError("snapshot", "dataset.name", f"expected '{name}' (the URL's data set),"
-                             f" got '{snap['dataset']['name']}'")
-        snap["shards"] = [list(r) for r in snap["shards"]]
         allowed = may_create(request)
-        return await commit.run(lambda: store.restore(snap, digest, allowed))
+        # Ownership, the right to create and the quota, all before the body is read.
+        await read(lambda conn: store.may_restore(name, digest, allowed, conn))
+        raw = await _body(request, config.max_restore_bytes)
+        checked = await asyncio.to_thread(_checked_snapshot, raw, name)
+        return await commit.run(lambda: store.restore_checked(checked, digest, allowed))
 
     async def control_config(request: Request) -> dict:
         job = name_of(request, "job")
@@ -310,6 +363,19 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         if service_digest is not None and not control.has(job):
             digest = creator(request)
         return control.configure(job, cfg, digest)
+
+    async def not_found(request: Request, exc: HTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        body = {"error": f"{request.method} {request.url.path[:200]}: {exc.detail}",
+                "kind": "NotFound" if exc.status_code == 404 else "HTTPError", "field": None}
+        resp = _json(body, exc.status_code)
+        resp.headers.update(headers)
+        return resp
+
+    async def crashed(request: Request, exc: Exception) -> Response:
+        log.error("shard service: %s %s failed: %s", request.method, request.url.path[:200],
+                  exc)
+        return _internal_error()
 
     async def control_report(request: Request) -> dict:
         job, digest = name_of(request, "job"), _bearer(request)
@@ -342,8 +408,10 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         route("/jobs/{job}/control/actions", control_actions, ("GET",)),
         route("/jobs/{job}/control/state", control_state, ("GET",)),
     ]
-    app = Starlette(routes=routes)
-    app.state.commit = commit
+    app = Starlette(routes=routes,
+                    exception_handlers={HTTPException: not_found, Exception: crashed})
+    app.router.redirect_slashes = False   # a 307 with no body; unknown paths answer 404 JSON
+    app.state.commit, app.state.reader, app.state.store = commit, reader, store
     return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)})
 
 
@@ -386,15 +454,25 @@ def serve(db: str | Path, config: ServiceConfig | None = None,
     store is open and the socket bound (the URL carries the port a `port=0` got)."""
     config = config or ServiceConfig()
     _check_exposure(config.host, service_token)
-    store = ShardStore(db, durable=config.durable, busy_timeout_s=config.busy_timeout_s)
+    store = open_store(db, config)
+    app = None
     try:
         sock = listen_socket(config.host, config.port)
         if announce is not None:
             announce(base_url(config.host, sock.getsockname()[1]))
-        serve_in_foreground(_uvicorn_server(create_app(store, config, service_token), config),
-                            sock)
+        app = create_app(store, config, service_token)
+        serve_in_foreground(_uvicorn_server(app, config), sock)
     finally:
+        if app is not None:
+            app.state.reader.close()
         store.close()
+
+
+def open_store(db: str | Path, config: ServiceConfig) -> ShardStore:
+    """The ShardStore of a service with this config (durability, lock wait, quotas)."""
+    return ShardStore(db, durable=config.durable, busy_timeout_s=config.busy_timeout_s,
+                      max_datasets=config.max_datasets,
+                      max_datasets_per_token=config.max_datasets_per_token)
 
 
 class EmbeddedServer:
@@ -408,6 +486,7 @@ class EmbeddedServer:
         self.service_token = service_token
         self.host, self.port = host, port
         self._server = None
+        self.app = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -418,12 +497,11 @@ class EmbeddedServer:
     def start(self, timeout: float = 60.0) -> "EmbeddedServer":
         """Bind (port 0 picks a free one), start serving, return once requests are answered."""
         _check_exposure(self.host, self.service_token)
-        store = ShardStore(self.db, durable=self.config.durable,
-                           busy_timeout_s=self.config.busy_timeout_s)
+        store = open_store(self.db, self.config)
         sock = listen_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
-        self._server = _uvicorn_server(create_app(store, self.config, self.service_token),
-                                       self.config)
+        self.app = create_app(store, self.config, self.service_token)
+        self._server = _uvicorn_server(self.app, self.config)
         self._thread = serve_in_thread(self._server, sock, "shard-service",
                                        f"shard service on {self.url}", timeout)
         return self
@@ -434,3 +512,5 @@ class EmbeddedServer:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.app is not None:
+            self.app.state.reader.close()

@@ -17,16 +17,21 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
-from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_FAILED_IN_REPLY, STATES, TODO,
+from stragglers.adapt import reads
+from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_FAILED_IN_REPLY, TODO,
                                      WORKER_PATTERN, DatasetConfig, check_name,
-                                     epoch_permutation, validate_snapshot)
+                                     validate_snapshot)
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,  # noqa: F401
-                                    authorize)
+                                    Quarantined, QuotaExceeded, authorize)
+from stragglers.adapt.permutations import Pending, Permutations
+from stragglers.adapt.stored import (check_dataset_row, check_shard, check_worker_row,
+                                     config_of, damaged, first_bad_shard)
 from stragglers.errors import InputError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Lease request ids remembered per worker incarnation: a replay of any of the last
+# REQUEST_HISTORY requests returns what that request got (never a new shard).
+REQUEST_HISTORY = 256
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -41,9 +46,16 @@ CREATE INDEX IF NOT EXISTS shards_queue ON shards (dataset, state, queue_pos);
 CREATE INDEX IF NOT EXISTS shards_lease ON shards (dataset, state, lease_until);
 CREATE INDEX IF NOT EXISTS shards_holder ON shards (dataset, worker, state);
 CREATE TABLE IF NOT EXISTS workers (
-    dataset TEXT, worker TEXT, fence INTEGER, request_id TEXT, reply TEXT,
+    dataset TEXT, worker TEXT, fence INTEGER, request_id TEXT, reply TEXT, seq INTEGER DEFAULT 0,
     PRIMARY KEY (dataset, worker));
+CREATE TABLE IF NOT EXISTS lease_requests (
+    dataset TEXT, worker TEXT, seq INTEGER, request_id TEXT, fence INTEGER, status TEXT,
+    reply TEXT, PRIMARY KEY (dataset, worker, seq));
+CREATE UNIQUE INDEX IF NOT EXISTS lease_requests_id ON lease_requests (dataset, worker, request_id);
+CREATE INDEX IF NOT EXISTS datasets_owner ON datasets (token_sha256);
 """
+# Schema 2 -> 3: a history of lease request ids per worker (schema 2 kept only the last one).
+_MIGRATE_2 = "ALTER TABLE workers ADD COLUMN seq INTEGER DEFAULT 0;"
 
 
 class ShardStore:
@@ -54,8 +66,11 @@ class ShardStore:
     """
 
     def __init__(self, db: str | Path, durable: bool = True, clock=time.time,
-                 busy_timeout_s: float = 10.0):
+                 busy_timeout_s: float = 10.0, max_datasets: int = 4096,
+                 max_datasets_per_token: int = 64):
         self.db = str(db)
+        self.busy_timeout_s = busy_timeout_s
+        self.max_datasets, self.max_datasets_per_token = max_datasets, max_datasets_per_token
         self._clock = clock
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -68,9 +83,11 @@ class ShardStore:
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             old = self._conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
-            if old is not None and version != SCHEMA_VERSION:
+            if old is not None and version not in (2, SCHEMA_VERSION):
                 raise InputError(db, None, f"shard database of schema version {version};"
                                  f" this version reads {SCHEMA_VERSION} (start a new file)")
+            if old is not None and version == 2:
+                self._conn.executescript(_MIGRATE_2)
             self._conn.executescript(_SCHEMA)
             self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             # Leases held while no service ran get a full lease from the first call after this
@@ -78,7 +95,20 @@ class ShardStore:
             self._grace = {r[0] for r in self._conn.execute("SELECT name FROM datasets")}
         except sqlite3.DatabaseError as exc:
             raise InputError(db, None, f"not a usable SQLite database ({exc})") from exc
-        self._perm_cache: dict[tuple[str, int], np.ndarray] = {}
+        self.permutations = Permutations()
+        self._read_conns: list[sqlite3.Connection] = []
+        # True in the service: a lease whose epoch's shuffle is not in memory carries Pending
+        # indices, computed off the commit thread (service.py); False: computed here.
+        self.defer_indices = False
+        # Per data set, a number that changes after every commit that touched it (read caches
+        # are keyed by it, see reads.ReadSide); _touched: the names of the running transaction.
+        self._gen: dict[str, int] = {}
+        self._ext_gen = 0
+        self._touched: set[str] = set()
+        # Data sets whose rows were checked in full since the file was opened (or last written
+        # by another process), and those found damaged: every call on them is refused.
+        self._verified: set[str] = set()
+        self._quarantined: dict[str, Quarantined] = {}
         # Derived state kept in memory so that a lease does not query it again (see _Tx):
         # per data set, a lower bound of the earliest DOING lease_until (no lease can have
         # expired before it) and the FAILED report of lease replies. Dropped whenever another
@@ -90,8 +120,21 @@ class ShardStore:
         self._data_version: int | None = None
 
     def close(self) -> None:
-        """Close the database connection."""
+        """Close the database connections (the writer's last: it folds the WAL into the file)."""
+        for conn in self._read_conns:
+            conn.close()
+        self._read_conns = []
         self._conn.close()
+
+    def generation(self, name: str) -> tuple[int, int]:
+        """Changes after every commit that touched data set `name` (or after another process wrote)."""
+        return self._ext_gen, self._gen.get(name, 0)
+
+    def _committed(self) -> None:
+        """After COMMIT (or ROLLBACK): every data set the transaction touched has a new generation."""
+        for name in self._touched:
+            self._gen[name] = self._gen.get(name, 0) + 1
+        self._touched = set()
 
     def grant_grace(self) -> None:
         """After a pause of the service (no calls could be answered), treat it like a restart.
@@ -111,6 +154,10 @@ class ShardStore:
         version = self._conn.execute("PRAGMA data_version").fetchone()[0]
         if version != self._data_version:
             self._forget()
+            if self._data_version is not None:
+                self._ext_gen += 1
+                self._verified.clear()   # another process wrote: check its rows again
+                self._quarantined.clear()
             self._data_version = version
 
     def _forget(self) -> None:
@@ -156,6 +203,8 @@ class ShardStore:
                     self._conn.execute("ROLLBACK")
                 self._rolled_back()
                 raise
+            finally:
+                self._committed()
         return results
 
     def _config(self, c: sqlite3.Connection, name: str, token_sha256: str | None = None,
@@ -165,15 +214,16 @@ class ShardStore:
                         (name,)).fetchone()
         if row is None:
             raise NotFound(f"no data set named '{name}'")
+        self._touched.add(name)
+        cfg = self._verify(c, name, row[:6], row[6], row[7], row[8])
         if write:
             authorize(row[8], token_sha256, f"data set '{name}'")
-        cfg = DatasetConfig(name, row[0], row[1], row[2], row[3], row[4], row[5])
         return cfg, row[6], row[7]
 
-    def _fence(self, c, name: str, worker: str, fence: int) -> dict | None:
-        """Refuse a call of a fenced-off (or never joined) incarnation; the worker row."""
-        row = c.execute("SELECT fence, request_id, reply FROM workers WHERE dataset=? AND"
-                        " worker=?", (name, worker)).fetchone()
+    def _fence(self, c, name: str, worker: str, fence: int) -> int:
+        """Refuse a call of a fenced-off (or never joined) incarnation; the worker's seq."""
+        row = c.execute("SELECT fence, seq FROM workers WHERE dataset=? AND worker=?",
+                        (name, worker)).fetchone()
         return _check_fence(row, name, worker, fence)
 
     def _config_fence(self, c, name: str, worker: str, fence: int,
@@ -181,14 +231,47 @@ class ShardStore:
         """_config then _fence (same checks, same order) in one query: the lease/ack path."""
         row = c.execute("SELECT d.num_samples, d.shard_size, d.seed, d.num_epochs, d.lease_s,"
                         " d.max_retries, d.epochs_created, d.front, d.token_sha256, w.fence,"
-                        " w.request_id, w.reply FROM datasets d LEFT JOIN workers w ON"
+                        " w.seq FROM datasets d LEFT JOIN workers w ON"
                         " w.dataset=d.name AND w.worker=? WHERE d.name=?",
                         (worker, name)).fetchone()
         if row is None:
             raise NotFound(f"no data set named '{name}'")
+        self._touched.add(name)
+        cfg = self._verify(c, name, row[:6], row[6], row[7], row[8])
         authorize(row[8], token_sha256, f"data set '{name}'")
-        wrow = _check_fence(None if row[9] is None else row[9:], name, worker, fence)
-        return self._config_of(name, row[:6]), row[6], row[7], wrow
+        seq = _check_fence(None if row[9] is None else row[9:], name, worker, fence)
+        return cfg, row[6], row[7], seq
+
+    def _verify(self, c, name: str, values: tuple, epochs_created, front, owner) -> DatasetConfig:
+        """The data set's config, its row checked; all its rows checked at its first call.
+
+        A damaged row quarantines the data set (every later call refused, 503) until another
+        process changes the file; other data sets are served as before.
+        """
+        if name in self._quarantined:
+            raise self._quarantined[name]
+        try:
+            check_dataset_row(name, epochs_created, front, owner)
+            cfg = self._config_of(name, values)
+            if name not in self._verified:
+                first_bad_shard(c, cfg, epochs_created)
+                bad = c.execute("SELECT worker, fence, seq FROM workers WHERE dataset=? AND"
+                                " NOT (typeof(fence)='integer' AND fence >= 1 AND"
+                                " typeof(seq)='integer' AND seq >= 0) LIMIT 1",
+                                (name,)).fetchone()
+                if bad is not None:
+                    check_worker_row(name, str(bad[0]), bad[1], bad[2])
+                self._verified.add(name)
+        except Quarantined as exc:
+            self._quarantined[name] = exc
+            raise
+        return cfg
+
+    def raise_if_quarantined(self, name: str) -> None:
+        """Quarantined if a call on `name` found a damaged row (reads check this first)."""
+        exc = self._quarantined.get(name)
+        if exc is not None:
+            raise exc
 
     def _config_of(self, name: str, values: tuple) -> DatasetConfig:
         """The DatasetConfig of a datasets row, reused while the row's values are the same
@@ -198,7 +281,7 @@ class ShardStore:
         if cfg is None:
             if len(self._configs) >= 1024:
                 self._configs.clear()
-            cfg = self._configs[key] = DatasetConfig(name, *values)
+            cfg = self._configs[key] = config_of(name, values)
         return cfg
 
     # -- public API -----------------------------------------------------------------------
@@ -210,6 +293,7 @@ class ShardStore:
                             " max_retries, token_sha256 FROM datasets WHERE name=?",
                             (cfg.name,)).fetchone()
             if row is not None:
+                check_dataset_row(cfg.name, 0, 0, row[6])
                 authorize(row[6], token_sha256, f"data set '{cfg.name}'")
                 have = dict(zip(("num_samples", "shard_size", "seed", "num_epochs", "lease_s",
                                  "max_retries"), row[:6]))
@@ -219,11 +303,54 @@ class ShardStore:
                     raise Conflict(f"data set '{cfg.name}' exists with another config"
                                    f" (existing, requested): {diff}")
                 return {"created": False}
+            self._check_quota(c, token_sha256)
+            self._touched.add(cfg.name)
             c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
                        cfg.lease_s, cfg.max_retries, token_sha256))
             self._create_epoch(c, cfg, 0)
         return {"created": True}
+
+    def _check_quota(self, c, token_sha256: str | None) -> None:
+        """Refuse a new data set past the service's or this token's limit (QuotaExceeded: 429)."""
+        total = c.execute("SELECT COUNT(*) FROM datasets").fetchone()[0]
+        if total >= self.max_datasets:
+            raise QuotaExceeded(f"the service holds {total} data sets, its limit"
+                                f" (max_datasets={self.max_datasets})")
+        if token_sha256 is None:
+            return   # in-process use without tokens
+        mine = c.execute("SELECT COUNT(*) FROM datasets WHERE token_sha256=?",
+                         (token_sha256,)).fetchone()[0]
+        if mine >= self.max_datasets_per_token:
+            raise QuotaExceeded(f"this token already owns {mine} data sets, its limit"
+                                f" (max_datasets_per_token={self.max_datasets_per_token})")
+
+    def may_restore(self, name: str, token_sha256: str | None, may_create: bool,
+                    conn: sqlite3.Connection | None = None) -> None:
+        """The checks of a restore that need no body: ownership, creation right and quota.
+
+        Run before a snapshot body (up to max_restore_bytes) is read: a stranger's token is
+        refused without reading or parsing anything.
+        """
+        conn = conn or self._read_conn()
+        exists, owner = reads.owner_of(conn, name)
+        if exists:
+            authorize(owner, token_sha256, f"data set '{name}'")
+            return
+        if not may_create:
+            raise Forbidden(f"restoring creates data set '{name}': that needs the service token")
+        self._check_quota(conn, token_sha256)
+
+    def _read_conn(self) -> sqlite3.Connection:
+        """This thread's read-only connection (reads that must not wait for the commit thread)."""
+        conn = getattr(self._local, "read_conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.db, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+            conn.execute("PRAGMA query_only=1")
+            self._local.read_conn = conn
+            self._read_conns.append(conn)
+        return conn
 
     def _create_epoch(self, c: sqlite3.Connection, cfg: DatasetConfig, epoch: int) -> None:
         n = cfg.num_shards
@@ -237,6 +364,8 @@ class ShardStore:
     def _requeue(self, c, cfg: DatasetConfig, front: int, epoch: int, shard: int,
                  retries: int, failure: bool, error: str | None) -> int:
         """Put a DOING shard back at the front of TODO, or FAILED past the retry bound."""
+        if type(retries) is not int:
+            raise damaged(cfg.name, f"shard {epoch}/{shard}", f"retries={retries!r:.40}")
         retries = retries + (1 if failure else 0)
         front -= 1
         state = FAILED if retries > cfg.max_retries else TODO
@@ -283,14 +412,16 @@ class ShardStore:
             report = self._failed_cache[name] = self._failed(c, name, MAX_FAILED_IN_REPLY)
         return [dict(f) for f in report[0]], report[1]
 
-    def _indices(self, cfg: DatasetConfig, epoch: int, start: int, stop: int) -> list[int]:
-        key = (cfg.name, epoch)
-        perm = self._perm_cache.get(key)
-        if perm is None:
-            if len(self._perm_cache) >= 4:
-                self._perm_cache.pop(next(iter(self._perm_cache)))
-            perm = self._perm_cache[key] = epoch_permutation(cfg.num_samples, cfg.seed, epoch)
-        return perm[start:stop].tolist()
+    def _indices(self, cfg: DatasetConfig, epoch: int, start: int, stop: int) -> list[int] | Pending:
+        key = (cfg.num_samples, cfg.seed, epoch)
+        if start >= stop:
+            return []
+        perm = self.permutations.cached(key)
+        if perm is not None:
+            return perm[start:stop].tolist()
+        if self.defer_indices:
+            return Pending(key, start, stop)   # a shuffle of up to 2**26: not on this thread
+        return self.permutations.indices(key, start, stop)
 
     def join(self, name: str, worker: str, token_sha256: str | None = None,
              error: str | None = None) -> dict:
@@ -304,9 +435,13 @@ class ShardStore:
             cfg, _, front = self._config(c, name, token_sha256)
             row = c.execute("SELECT fence FROM workers WHERE dataset=? AND worker=?",
                             (name, worker)).fetchone()
+            if row is not None:
+                check_worker_row(name, worker, row[0], 0)
             fence = (row[0] if row else 0) + 1
-            c.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,NULL,NULL)",
+            c.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,NULL,NULL,0)",
                       (name, worker, fence))
+            # The request history belongs to the incarnation: a new one starts without it.
+            c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=?", (name, worker))
             released = self._release_rows(c, cfg, front, worker, None, True,
                                           error or f"{worker} restarted (fence {fence})")
         return {"fence": fence, "released": released}
@@ -315,64 +450,112 @@ class ShardStore:
               request_id: str | None = None, token_sha256: str | None = None) -> dict:
         """Hand up to `count` shards to `worker`: {"status": "ok", "leases": [...]}, "wait" or "finished".
 
-        A retry with the same `request_id` returns the shards the first attempt leased (those
-        still held), instead of leasing new ones.
+        A request id seen before (any of this incarnation's last REQUEST_HISTORY) gets the
+        answer of its first attempt again: the same shards (those still held renewed, from
+        their current offset; those acked or lost with no indices left), never a new one.
         """
         now = self._clock()
         with self._tx() as c:
-            cfg, epochs_created, front0, wrow = self._config_fence(c, name, worker, fence,
-                                                                   token_sha256)
+            cfg, epochs_created, front0, seq = self._config_fence(c, name, worker, fence,
+                                                                  token_sha256)
             front = self._expire(c, cfg, front0, now)
-            repeated = request_id is not None and wrow["request_id"] == request_id
-            leases = self._repeat(c, cfg, worker, fence, json.loads(wrow["reply"]), now) \
-                if repeated else []
-            # A new request: `count` shards; a retry whose shards were all lost meanwhile: one.
-            want = 0 if leases else 1 if repeated else count
-            deadline = now + cfg.lease_s
-            while len(leases) < want:
-                # The queue's head in one statement (RETURNING: SQLite >= 3.35).
-                rows = c.execute("UPDATE shards SET state='DOING', worker=?, fence=?,"
-                                 " lease_until=? WHERE rowid IN (SELECT rowid FROM shards WHERE"
-                                 " dataset=? AND state='TODO' ORDER BY queue_pos LIMIT ?)"
-                                 " RETURNING queue_pos, epoch, shard, start, stop, consumed",
-                                 (worker, fence, deadline, name, want - len(leases))).fetchall()
-                if rows:
-                    self._leased_until(name, deadline)
-                for _, epoch, shard, start, stop, consumed in sorted(rows):
-                    leases.append(_lease(self, cfg, epoch, shard, start, stop, consumed))
-                if len(leases) < want:  # TODO is empty
-                    if cfg.num_epochs is not None and epochs_created >= cfg.num_epochs:
-                        break
-                    self._create_epoch(c, cfg, epochs_created)
-                    epochs_created += 1
             if front != front0:
                 c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
             if request_id is not None:
-                c.execute("UPDATE workers SET request_id=?, reply=? WHERE dataset=? AND worker=?",
-                          (request_id, json.dumps([[x["epoch"], x["shard"]] for x in leases]),
-                           name, worker))
+                seen = c.execute("SELECT status, reply FROM lease_requests WHERE dataset=? AND"
+                                 " worker=? AND request_id=?",
+                                 (name, worker, request_id)).fetchone()
+                if seen is not None:
+                    return self._replay(c, cfg, worker, fence, seen, now)
+            leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
+                                                now)
             failed, n_failed = self._failed_report(c, name)
+            status = "ok"
             if not leases:
                 doing = c.execute("SELECT 1 FROM shards WHERE dataset=? AND state='DOING'"
                                   " LIMIT 1", (name,)).fetchone()
-                return {"status": "wait" if doing else "finished", "leases": [],
-                        "failed": failed, "failed_total": n_failed}
-        return {"status": "ok", "leases": leases, "failed": failed, "failed_total": n_failed}
+                status = "wait" if doing else "finished"
+            if request_id is not None:
+                self._remember(c, name, worker, fence, seq, request_id, status, leases)
+        return {"status": status, "leases": leases, "failed": failed, "failed_total": n_failed}
 
-    def _repeat(self, c, cfg: DatasetConfig, worker: str, fence: int, keys: list,
-                now: float) -> list[dict]:
-        """The leases of a retried request that this incarnation still holds (renewed)."""
-        out = []
-        for epoch, shard in keys:
-            row = c.execute("SELECT start, stop, consumed FROM shards WHERE dataset=? AND epoch=?"
-                            " AND shard=? AND state='DOING' AND worker=? AND fence=?",
-                            (cfg.name, epoch, shard, worker, fence)).fetchone()
-            if row is not None:
+    def _take(self, c, cfg: DatasetConfig, worker: str, fence: int, want: int,
+              epochs_created: int, now: float) -> tuple[list[dict], int]:
+        """Lease up to `want` shards from the queue's head (new epochs as TODO runs out)."""
+        leases: list[dict] = []
+        deadline = now + cfg.lease_s
+        while len(leases) < want:
+            # The queue's head in one statement (RETURNING: SQLite >= 3.35).
+            rows = c.execute("UPDATE shards SET state='DOING', worker=?, fence=?,"
+                             " lease_until=? WHERE rowid IN (SELECT rowid FROM shards WHERE"
+                             " dataset=? AND state='TODO' ORDER BY queue_pos LIMIT ?)"
+                             " RETURNING queue_pos, epoch, shard, start, stop, consumed",
+                             (worker, fence, deadline, cfg.name, want - len(leases))).fetchall()
+            if rows:
+                self._leased_until(cfg.name, deadline)
+            try:
+                rows.sort()
+            except TypeError:   # a damaged queue_pos (text among integers)
+                raise damaged(cfg.name, "shard row", "queue_pos is not an integer") from None
+            for _, epoch, shard, start, stop, consumed in rows:
+                leases.append(_lease(self, cfg, epoch, shard, start, stop, consumed))
+            if len(leases) < want:  # TODO is empty
+                if cfg.num_epochs is not None and epochs_created >= cfg.num_epochs:
+                    break
+                self._create_epoch(c, cfg, epochs_created)
+                epochs_created += 1
+        return leases, epochs_created
+
+    def _remember(self, c, name: str, worker: str, fence: int, seq: int, request_id: str,
+                  status: str, leases: list[dict]) -> None:
+        """Record a lease request's answer; forget this worker's requests past REQUEST_HISTORY."""
+        seq += 1
+        c.execute("INSERT INTO lease_requests VALUES (?,?,?,?,?,?,?)",
+                  (name, worker, seq, request_id, fence, status,
+                   json.dumps([[x["epoch"], x["shard"], x["offset"]] for x in leases])))
+        c.execute("UPDATE workers SET seq=? WHERE dataset=? AND worker=?", (seq, name, worker))
+        if seq > REQUEST_HISTORY:
+            c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=? AND seq<=?",
+                      (name, worker, seq - REQUEST_HISTORY))
+
+    def _replay(self, c, cfg: DatasetConfig, worker: str, fence: int, seen: tuple,
+                now: float) -> dict:
+        """The answer to a request id seen before: its shards as they stand for this worker.
+
+        Nothing new is leased and no retry is counted: a shard still held is renewed and
+        handed out from its current offset; one this incarnation completed (DONE) or no longer
+        holds (its lease expired) comes back with no indices and `"held": false`.
+        """
+        status, recorded = seen
+        try:
+            keys = json.loads(recorded)
+            keys = [(int(e), int(s), int(o)) for e, s, o in keys]
+        except (TypeError, ValueError):
+            raise damaged(cfg.name, f"lease request of worker '{worker}'", "reply") from None
+        leases = []
+        for epoch, shard, offset in keys:
+            row = c.execute("SELECT start, stop, consumed, state, worker, fence FROM shards"
+                            " WHERE dataset=? AND epoch=? AND shard=?",
+                            (cfg.name, epoch, shard)).fetchone()
+            if row is None:
+                raise damaged(cfg.name, f"lease request of worker '{worker}'",
+                              f"shard {epoch}/{shard} does not exist")
+            start, stop, consumed, state, holder, holder_fence = row
+            mine = holder == worker and holder_fence == fence
+            if state == DOING and mine:
                 c.execute("UPDATE shards SET lease_until=? WHERE dataset=? AND epoch=? AND"
                           " shard=?", (now + cfg.lease_s, cfg.name, epoch, shard))
                 self._leased_until(cfg.name, now + cfg.lease_s)
-                out.append(_lease(self, cfg, epoch, shard, *row))
-        return out
+                leases.append(_lease(self, cfg, epoch, shard, start, stop, consumed))
+                continue
+            check_shard(cfg, epoch, shard, start, stop, consumed, state)
+            done = state == DONE and mine
+            leases.append({"epoch": epoch, "shard": shard,
+                           "offset": consumed if done else offset, "indices": [],
+                           "size": stop - start, "held": False})
+        failed, n_failed = self._failed_report(c, cfg.name)
+        return {"status": status if status in ("ok", "wait", "finished") else "ok",
+                "leases": leases, "failed": failed, "failed_total": n_failed}
 
     def ack(self, name: str, worker: str, fence: int, epoch: int, shard: int, consumed: int,
             token_sha256: str | None = None) -> dict:
@@ -390,6 +573,7 @@ class ShardStore:
             if row is None:
                 raise InputError("shard service", "shard", f"no shard {epoch}/{shard} in '{name}'")
             state, holder, holder_fence, start, stop, done = row
+            check_shard(cfg, epoch, shard, start, stop, done, state)
             if not 0 <= consumed <= stop - start:
                 raise InputError("shard service", "consumed",
                                  f"expected 0..{stop - start}, got {consumed}")
@@ -450,36 +634,31 @@ class ShardStore:
     def _failed(self, c, name: str, limit: int | None = None) -> tuple[list[dict], int]:
         rows = c.execute("SELECT epoch, shard, start, stop, consumed, retries, error FROM shards"
                          " WHERE dataset=? AND state='FAILED'", (name,)).fetchall()
-        rows.sort()  # in Python: an ORDER BY here makes SQLite scan the primary key
-        shown = rows if limit is None else rows[:limit]
-        return ([{"epoch": e, "shard": s, "samples": b - a - k, "retries": r, "error": err}
-                 for e, s, a, b, k, r, err in shown], len(rows))
+        try:
+            rows.sort()  # in Python: an ORDER BY here makes SQLite scan the primary key
+            shown = rows if limit is None else rows[:limit]
+            return ([{"epoch": e, "shard": s, "samples": b - a - k, "retries": r, "error": err}
+                     for e, s, a, b, k, r, err in shown], len(rows))
+        except TypeError:
+            raise damaged(name, "FAILED shard row", "a column is not an integer") from None
 
-    def status(self, name: str) -> dict:
-        """Shard counts per epoch and state, plus the report of FAILED shards."""
+    def expire(self, name: str) -> None:
+        """Requeue the shards of `name` whose lease ended (what a lease call does first)."""
         now = self._clock()
         with self._tx() as c:
-            cfg, epochs_created, front0 = self._config(c, name, write=False)
+            cfg, _, front0 = self._config(c, name, write=False)
             front = self._expire(c, cfg, front0, now)
             if front != front0:
                 c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
-            counts: dict[int, dict[str, int]] = {}
-            for epoch, state, n in c.execute("SELECT epoch, state, COUNT(*) FROM shards WHERE"
-                                             " dataset=? GROUP BY epoch, state", (name,)):
-                counts.setdefault(epoch, {s: 0 for s in STATES})[state] = n
-            failed, _ = self._failed(c, name)
-        return {"dataset": asdict(cfg), "epochs_created": epochs_created,
-                "epochs": {str(e): v for e, v in sorted(counts.items())}, "failed": failed}
+
+    def status(self, name: str) -> dict:
+        """Shard counts per epoch and state, plus the report of FAILED shards (after expiry)."""
+        self.expire(name)
+        return reads.status_of(self._read_conn(), name)
 
     def snapshot(self, name: str) -> dict:
         """The full shard state, to be saved atomically inside the model checkpoint."""
-        with self._tx() as c:
-            cfg, epochs_created, _ = self._config(c, name, write=False)
-            rows = c.execute("SELECT epoch, shard, state, consumed, retries, queue_pos, error"
-                             " FROM shards WHERE dataset=? ORDER BY epoch, shard",
-                             (name,)).fetchall()
-        return {"dataset": asdict(cfg), "epochs_created": epochs_created,
-                "shards": [list(r) for r in rows]}
+        return json.loads(reads.snapshot_bytes(self._read_conn(), name))
 
     def restore(self, snap: dict, token_sha256: str | None = None,
                 may_create: bool = True) -> dict:
@@ -489,7 +668,13 @@ class ShardStore:
         an offset outside its shard, an unknown state) or its config differs from the data
         set's: a restore never loses samples silently nor changes a lease time.
         """
-        cfg, epochs_created, rows = validate_snapshot(snap)
+        return self.restore_checked(validate_snapshot(snap), token_sha256, may_create)
+
+    def restore_checked(self, checked: tuple, token_sha256: str | None = None,
+                        may_create: bool = True) -> dict:
+        """restore() of a snapshot validate_snapshot() returned (the service validates it off
+        the commit thread)."""
+        cfg, epochs_created, rows = checked
         doing = sorted((r for r in rows if r[2] == DOING), key=lambda r: r[5])
         with self._tx() as c:
             exists = c.execute("SELECT token_sha256 FROM datasets WHERE name=?",
@@ -502,9 +687,14 @@ class ShardStore:
             elif not may_create:
                 raise Forbidden(f"restoring creates data set '{cfg.name}': that needs the"
                                 " service token")
+            else:
+                self._check_quota(c, token_sha256)
             owner = exists[0] if exists is not None else token_sha256
             self._forget()
+            self._touched.add(cfg.name)
             c.execute("DELETE FROM shards WHERE dataset=?", (cfg.name,))
+            # Recorded lease answers name shards whose state the snapshot replaces.
+            c.execute("DELETE FROM lease_requests WHERE dataset=?", (cfg.name,))
             c.execute("INSERT OR REPLACE INTO datasets VALUES (?,?,?,?,?,?,?,?,0,?)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
                        cfg.lease_s, cfg.max_retries, 0, owner))
@@ -522,14 +712,16 @@ class ShardStore:
 
 
 
-def _check_fence(row, name: str, worker: str, fence: int) -> dict:
-    """The worker row (fence, request_id, reply) of a current incarnation, else Fenced."""
+def _check_fence(row, name: str, worker: str, fence: int) -> int:
+    """The request counter (seq) of a current incarnation's workers row, else Fenced."""
     if row is None:
         raise Fenced(f"worker '{worker}' has not joined '{name}' (POST .../join first)")
+    seq = 0 if row[1] is None else row[1]
+    check_worker_row(name, worker, row[0], seq)
     if row[0] != fence:
         raise Fenced(f"worker '{worker}' fence {fence} is stale: incarnation {row[0]} of"
                      f" it joined '{name}' since; this one must stop")
-    return {"request_id": row[1], "reply": row[2]}
+    return seq
 
 
 class _Tx:
@@ -580,11 +772,23 @@ class _Tx:
             store._rolled_back()
             raise
         finally:
+            store._committed()
             store._lock.release()
 
 
 def _lease(store: ShardStore, cfg: DatasetConfig, epoch: int, shard: int, start: int,
            stop: int, consumed: int) -> dict:
     """One shard handed to a worker: the sample indices still to consume, from `offset`."""
+    check_shard(cfg, epoch, shard, start, stop, consumed)
     return {"epoch": epoch, "shard": shard, "offset": consumed,
             "indices": store._indices(cfg, epoch, start + consumed, stop), "size": stop - start}
+
+
+def resolve_indices(store: ShardStore, reply: dict) -> dict:
+    """Replace the Pending indices of a lease reply by the sample indices (computes shuffles)."""
+    for lease in reply.get("leases", ()):
+        pending = lease["indices"]
+        if isinstance(pending, Pending):
+            lease["indices"] = store.permutations.indices(pending.key, pending.start,
+                                                          pending.stop)
+    return reply

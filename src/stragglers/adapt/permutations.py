@@ -1,0 +1,80 @@
+"""Per-epoch shuffles kept in memory, bounded in bytes, each computed once (single flight).
+
+A shuffle of 2**26 samples takes seconds; the service computes it on its own threads (never on
+the commit thread, see `service.py`), so one big data set's new epoch delays only its own leases.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from stragglers.adapt.dataset import epoch_permutation
+
+Key = tuple[int, int, int]  # (num_samples, seed, epoch): the shuffle depends on nothing else
+
+
+class Pending:
+    """Indices of a lease whose epoch's shuffle is not in memory yet (filled off the commit thread)."""
+
+    __slots__ = ("key", "start", "stop")
+
+    def __init__(self, key: Key, start: int, stop: int):
+        self.key, self.start, self.stop = key, start, stop
+
+
+class Permutations:
+    """LRU of epoch permutations (int32) up to `max_bytes`; concurrent requests share one computation."""
+
+    def __init__(self, max_bytes: int = 512 << 20):
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[Key, np.ndarray] = OrderedDict()
+        self._running: dict[Key, threading.Event] = {}
+        self.computed = 0
+        self.threads: set[str] = set()  # names of the threads shuffles ran on (tested)
+
+    def cached(self, key: Key) -> np.ndarray | None:
+        """The permutation if it is in memory (no computation)."""
+        with self._lock:
+            perm = self._cache.get(key)
+            if perm is not None:
+                self._cache.move_to_end(key)
+            return perm
+
+    def get(self, key: Key) -> np.ndarray:
+        """The permutation, computed here (once, whoever asks meanwhile waits for it)."""
+        while True:
+            with self._lock:
+                perm = self._cache.get(key)
+                if perm is not None:
+                    self._cache.move_to_end(key)
+                    return perm
+                running = self._running.get(key)
+                if running is None:
+                    running = self._running[key] = threading.Event()
+                    break
+            running.wait()
+        try:
+            self.threads.add(threading.current_thread().name)
+            perm = epoch_permutation(*key)
+            with self._lock:
+                self._keep(key, perm)
+                self.computed += 1
+            return perm
+        finally:
+            with self._lock:
+                del self._running[key]
+            running.set()
+
+    def _keep(self, key: Key, perm: np.ndarray) -> None:
+        used = sum(p.nbytes for p in self._cache.values())
+        while self._cache and used + perm.nbytes > self.max_bytes:
+            used -= self._cache.popitem(last=False)[1].nbytes
+        self._cache[key] = perm
+
+    def indices(self, key: Key, start: int, stop: int) -> list[int]:
+        """Positions start..stop of the permutation, as a list (computed if needed)."""
+        return self.get(key)[start:stop].tolist()

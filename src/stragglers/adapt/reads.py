@@ -1,0 +1,211 @@
+"""Reads of the shard state (snapshot, status), off the commit thread.
+
+Anyone may GET a data set's snapshot or status (no token), and a snapshot of 65,536 shards x 10
+epochs is 655,360 rows: run on the commit thread, five of them stalled every other job's leases
+for seconds. Here they run on a reader thread with its own SQLite connection (WAL: readers never
+block the writer, and see a consistent committed state), the JSON is built in chunks (the GIL is
+given back between them), a snapshot's bytes are kept while its data set is unchanged (the same
+snapshot asked again costs nothing), and the number of queued reads is bounded (503 past it).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
+
+from stragglers.adapt.dataset import STATES, DatasetConfig
+from stragglers.adapt.errors import Busy, NotFound
+from stragglers.adapt.stored import (check_dataset_row, config_of, first_bad_shard)
+
+CHUNK_ROWS = 4096
+MAX_FAILED_IN_STATUS = 1024
+
+
+def _dataset(conn: sqlite3.Connection, name: str) -> tuple[DatasetConfig, int]:
+    row = conn.execute("SELECT num_samples, shard_size, seed, num_epochs, lease_s, max_retries,"
+                       " epochs_created, front, token_sha256 FROM datasets WHERE name=?",
+                       (name,)).fetchone()
+    if row is None:
+        raise NotFound(f"no data set named '{name}'")
+    cfg = config_of(name, row[:6])
+    check_dataset_row(name, row[6], row[7], row[8])
+    return cfg, row[6]
+
+
+def snapshot_bytes(conn: sqlite3.Connection, name: str) -> bytes:
+    """The snapshot of data set `name` as JSON bytes (checked first: a damaged row quarantines it)."""
+    with _read(conn):
+        cfg, epochs = _dataset(conn, name)
+        first_bad_shard(conn, cfg, epochs)
+        head = json.dumps({"dataset": asdict(cfg), "epochs_created": epochs},
+                          separators=(",", ":"))
+        parts = [head[:-1].encode(), b',"shards":[']
+        cur = conn.execute("SELECT epoch, shard, state, consumed, retries, queue_pos, error"
+                           " FROM shards WHERE dataset=? ORDER BY epoch, shard", (name,))
+        first = True
+        while rows := cur.fetchmany(CHUNK_ROWS):
+            # One chunk per json.dumps call: the C encoder holds the GIL for a whole call.
+            text = json.dumps(rows, separators=(",", ":"))[1:-1]
+            parts.append(text.encode() if first else b"," + text.encode())
+            first = False
+        parts.append(b"]}")
+    return b"".join(parts)
+
+
+def status_of(conn: sqlite3.Connection, name: str) -> dict:
+    """Shard counts per epoch and state, and the FAILED report (first MAX_FAILED_IN_STATUS)."""
+    with _read(conn):
+        cfg, epochs = _dataset(conn, name)
+        counts: dict[int, dict[str, int]] = {}
+        for epoch, state, n in conn.execute("SELECT epoch, state, COUNT(*) FROM shards WHERE"
+                                            " dataset=? GROUP BY epoch, state", (name,)):
+            if state not in STATES or type(epoch) is not int:
+                first_bad_shard(conn, cfg, epochs)
+            counts.setdefault(epoch, {s: 0 for s in STATES})[state] = n
+        rows = conn.execute("SELECT epoch, shard, start, stop, consumed, retries, error FROM"
+                            " shards WHERE dataset=? AND state='FAILED' ORDER BY epoch, shard"
+                            " LIMIT ?", (name, MAX_FAILED_IN_STATUS)).fetchall()
+        total = sum(c.get("FAILED", 0) for c in counts.values())
+        try:
+            failed = [{"epoch": e, "shard": s, "samples": b - a - k, "retries": r, "error": err}
+                      for e, s, a, b, k, r, err in rows]
+        except TypeError:
+            first_bad_shard(conn, cfg, epochs)
+            raise
+    return {"dataset": asdict(cfg), "epochs_created": epochs,
+            "epochs": {str(e): v for e, v in sorted(counts.items())}, "failed": failed,
+            "failed_total": total}
+
+
+def has_expired(conn: sqlite3.Connection, name: str, now: float) -> bool:
+    """Whether a DOING lease of `name` ended before `now` (then the writer must requeue it)."""
+    row = conn.execute("SELECT 1 FROM shards WHERE dataset=? AND state='DOING' AND"
+                       " lease_until<? LIMIT 1", (name, now)).fetchone()
+    return row is not None
+
+
+def owner_of(conn: sqlite3.Connection, name: str) -> tuple[bool, str | None]:
+    """(exists, owner digest) of a data set."""
+    row = conn.execute("SELECT token_sha256 FROM datasets WHERE name=?", (name,)).fetchone()
+    if row is None:
+        return False, None
+    check_dataset_row(name, 0, 0, row[0])
+    return True, row[0]
+
+
+class _read:
+    """One read transaction: every query inside sees the same committed state."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def __enter__(self):
+        self.conn.execute("BEGIN")
+
+    def __exit__(self, *exc) -> None:
+        self.conn.execute("COMMIT")
+
+
+class ReadSide:
+    """Reader threads with their own connections, a snapshot cache and a bound on queued reads.
+
+    `generation(name)` must change after every commit that touched `name` (ShardStore does it
+    after the COMMIT returned), so a cached snapshot is never older than what a caller saw
+    acknowledged.
+    """
+
+    def __init__(self, db: str, generation, threads: int = 1, max_queued: int = 64,
+                 cache_bytes: int = 256 << 20, busy_timeout_s: float = 10.0):
+        self.db, self.generation = db, generation
+        self.max_queued, self.cache_bytes = max_queued, cache_bytes
+        self.busy_timeout_s = busy_timeout_s
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shard-reads")
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._cache: OrderedDict[str, tuple[object, bytes]] = OrderedDict()
+        self._flights: dict[tuple, Future] = {}
+        self.computed = 0  # snapshots built (not served from the cache)
+        self.threads_used: set[str] = set()  # names of the threads reads ran on (tested)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.db, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+            conn.execute("PRAGMA query_only=1")
+            self._local.conn = conn
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
+    def submit(self, fn, *args) -> Future:
+        """Run fn(conn, *args) on a reader thread; Busy when max_queued reads already wait."""
+        with self._lock:
+            if self._queued >= self.max_queued:
+                raise Busy(f"{self._queued} reads are queued; retry in a moment")
+            self._queued += 1
+        try:
+            return self._pool.submit(self._run, fn, args)
+        except BaseException:
+            self._done()
+            raise
+
+    def _run(self, fn, args):
+        try:
+            self.threads_used.add(threading.current_thread().name)
+            return fn(self._conn(), *args)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._lock:
+            self._queued -= 1
+
+    def snapshot(self, name: str) -> Future:
+        """A future of the snapshot bytes: from the cache while the data set is unchanged."""
+        gen = self.generation(name)
+        with self._lock:
+            hit = self._cache.get(name)
+            if hit is not None and hit[0] == gen:
+                self._cache.move_to_end(name)
+                done: Future = Future()
+                done.set_result(hit[1])
+                return done
+            flight = self._flights.get((name, gen))
+            if flight is not None:
+                return flight   # the same snapshot is being built: share it
+        flight = self.submit(self._build, name, gen)
+        with self._lock:
+            self._flights[(name, gen)] = flight
+        flight.add_done_callback(lambda _: self._forget_flight(name, gen))
+        return flight
+
+    def _forget_flight(self, name: str, gen) -> None:
+        with self._lock:
+            self._flights.pop((name, gen), None)
+
+    def _build(self, conn: sqlite3.Connection, name: str, gen) -> bytes:
+        body = snapshot_bytes(conn, name)
+        self.computed += 1
+        with self._lock:
+            if len(body) <= self.cache_bytes // 4:
+                self._cache[name] = (gen, body)
+                self._cache.move_to_end(name)
+                while sum(len(b) for _, b in self._cache.values()) > self.cache_bytes:
+                    self._cache.popitem(last=False)
+        return body
+
+    def close(self) -> None:
+        """Stop the reader threads and close their connections (the last one to close folds
+        the write-ahead log back into the file)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
