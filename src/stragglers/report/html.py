@@ -167,12 +167,13 @@ def _headline(r: AnalysisResult) -> str:
         cards.append(_card(fmt_seconds(r.t_base), "mean measured step"))
     if r.t_ideal is not None:
         cards.append(_card(fmt_seconds(r.t_ideal), "mean straggler-free step"))
-    if r.m_w is not None:
-        cards.append(_card(fmt(r.m_w), "M<sub>W</sub>: share fixed by the top 3% workers",
-                           "" if 0 <= r.m_w <= 1 else "warn"))
-    if r.m_s is not None:
-        cards.append(_card(fmt(r.m_s), "M<sub>S</sub>: share fixed by the last stage",
-                           "" if 0 <= r.m_s <= 1 else "warn"))
+    for name, value, what in (("W", r.m_w, "the top 3% workers"), ("S", r.m_s, "the last stage")):
+        if value is None:
+            continue
+        share = 0 <= value <= 1  # a share only inside [0, 1]; the note below says why not
+        cards.append(_card(fmt(value), f"M<sub>{name}</sub>: " + (
+            f"share of the excess fixed by {what}" if share else
+            f"fix fraction of {what}, outside 0–1 (see below)"), "" if share else "warn"))
     why = [w for w in (fix_fraction_words("M_W", r.m_w, "the top workers"),
                        fix_fraction_words("M_S", r.m_s, "the last stage")) if w]
     notes = "".join(f'<p class="note">{_e(w)}.</p>' for w in why)

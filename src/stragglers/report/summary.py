@@ -145,13 +145,23 @@ def speedup_words(value: float | None) -> str:
     return f"{value:.2f}× faster"
 
 
+def interval_words(lo: float, hi: float) -> str:
+    """' (interval 1.21–1.29)', with a third decimal when two would print one number twice, and
+    ' (the same on every resample of the steps)' when the interval has no width at all."""
+    for digits in (2, 3):
+        a, b = f"{lo:.{digits}f}", f"{hi:.{digits}f}"
+        if a != b:
+            return f" (interval {a}–{b})"
+    return " (the same on every resample of the steps)"
+
+
 def prediction_words(finding: Finding) -> str:
     """'1.25× faster (interval 1.21–1.29)', 'at most …' for upper bounds; '' when none."""
     text = speedup_words(finding.speedup_if_fixed)
     if not text:
         return ""
     if finding.interval:
-        text += f" (interval {finding.interval[0]:.2f}–{finding.interval[1]:.2f})"
+        text += interval_words(*finding.interval)
     else:
         text += " (one step analysed: no interval)"
     if finding.upper_bound:
@@ -189,8 +199,7 @@ def combined_words(result: AnalysisResult) -> list[str]:
     which = "the one listed cause" if len(causes) == 1 else f"all {len(causes)} listed causes together"
     text = f"Fixing {which}: {summary.all_fixed:.2f}× faster"
     if summary.all_fixed_interval:
-        lo, hi = summary.all_fixed_interval
-        text += f" (interval {lo:.2f}–{hi:.2f})"
+        text += interval_words(*summary.all_fixed_interval)
     lines = [text]
     if summary.explained is not None:
         if summary.explained > 1:
