@@ -75,6 +75,9 @@ def refuse_earlier_run(directory, overwrite: bool, flag: str = "--trace-dir") ->
     run): checked before any process group exists, so no rank waits on another."""
     from pathlib import Path
 
+    if os.environ.get("STRAGGLERS_RECORD_DIR") or \
+            os.environ.get("STRAGGLERS_RECORD", "").strip().lower() in ("0", "off", "false", "no"):
+        return  # `stragglers record --out DIR` chose (and checked) the directory, or it is off
     d = Path(directory)
     found = sorted(p.name for p in d.iterdir()) if d.is_dir() else []
     if found and not overwrite:

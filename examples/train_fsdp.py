@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from stragglers.record import attach
 
 from injection import SlowDown  # examples/injection.py (the script's folder is on sys.path)
-from launch import exit_without_finalizing, require_torchrun  # examples/launch.py (the script's folder is on sys.path)
+from launch import exit_without_finalizing, main_once, refuse_earlier_run, require_torchrun
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -109,6 +109,8 @@ def calibrate_slowdown(model: Model, args, factor: float) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     require_torchrun()
+    if not args.no_record:
+        refuse_earlier_run(args.out, args.overwrite, "--out")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = Model(args)
@@ -162,5 +164,4 @@ def save_params(model: nn.Module, path: Path | None, rank: int) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
-    exit_without_finalizing()  # see examples/launch.py: a rare gloo abort at shutdown
+    exit_without_finalizing(main_once(main))  # see examples/launch.py: a rare gloo abort at shutdown

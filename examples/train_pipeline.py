@@ -30,7 +30,7 @@ from torch.distributed.pipelining import PipelineStage, schedules
 from stragglers.record import attach
 
 from injection import SlowDown  # examples/injection.py (the script's folder is on sys.path)
-from launch import require_torchrun  # examples/launch.py (the script's folder is on sys.path)
+from launch import main_once, refuse_earlier_run, require_torchrun  # examples/launch.py
 
 SCHEDULES = {"GPipe": schedules.ScheduleGPipe, "1F1B": schedules.Schedule1F1B,
              "Interleaved1F1B": schedules.ScheduleInterleaved1F1B,
@@ -152,6 +152,8 @@ def injections(args, pp: int) -> list[dict]:
 def main(argv=None) -> None:
     args = parse_args(argv)
     require_torchrun()
+    if not args.no_record:
+        refuse_earlier_run(args.out, args.overwrite, "--out")
     dist.init_process_group("gloo")
     train(args)
     dist.destroy_process_group()
@@ -187,4 +189,4 @@ def train(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
+    raise SystemExit(main_once(main))
