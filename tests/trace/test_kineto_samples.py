@@ -72,6 +72,11 @@ def test_analysis_runs_on_the_sampled_job(sampled):
     result = analyze(sampled)
     assert result["slowdown"] >= 1 - 1e-9
     assert result["job"]["steps"] == 2
+    # 2 ranks of 128: no job-wide verdict, and what compares ranks says it is among those two
+    assert result.partial and result.straggling is None
+    for f in result.diagnosis:
+        assert f.cause == "partial" or f.where.get("scope") == "traced ranks"
+        assert f.cause == "partial" or f.evidence.startswith("among the 2 traced ranks of 128")
 
 
 def test_modern_nccl_trace_with_collective_metadata():

@@ -181,8 +181,12 @@ def test_unknown_collectives_are_left_out_with_a_note(tmp_path):
     b.kernel("ncclDevKernel_Generic_4", 1_000_400, 1_000_500, 50, stream=20)
     trace = read_kineto(b.write(tmp_path / "x.json"))
     notes = " ".join(_messages(trace))
-    assert "alltoall collective(s) left out" in notes and "unknown collective(s)" in notes
-    # They do not split compute: forward stays one run.
+    # The all-to-all is a row of its own (every collective is modelled); only the kernel that
+    # names no collective is left out, and says why.
+    assert len(_rows(trace, 0, "all-to-all")["step"]) == 1
+    assert "alltoall" not in notes and "collective(s) of unknown kind" in notes
+    # The unknown one does not split compute (here the all-to-all comes after the step's
+    # forward work, so neither does it): one forward run per step.
     assert len(_rows(trace, 0, "forward-compute")["step"]) == 2
 
 
@@ -230,8 +234,12 @@ def test_dp_size_with_tensor_parallel_and_run_format_round_trip(tmp_path):
 
     f = ddp_rank(3, 0.0).write(tmp_path / "r3.json", info={"rank": 3, "world_size": 4})
     trace = read_kineto(f, dp_size=2)
-    assert trace.meta.tp_size == 2 and trace.meta.dp_size == 2 and trace.meta.pp_size == 1
-    assert set(trace.ops["dp_rank"]) == {1}          # tp fastest: ranks 2, 3 are DP rank 1
+    # dp 2 × tp 2: tp fastest, so rank 3 is TP rank 1 of DP replica 1; each TP rank is a
+    # worker (column) of its own, dp·tp + t, so the table holds 4 of them
+    assert trace.meta.extra["tp_size_implied"] == 2 and trace.meta.dp_size == 4
+    assert trace.meta.pp_size == 1 and trace.meta.world_size == 4
+    assert set(trace.ops["dp_rank"]) == {3}
+    assert any("tensor-parallel ranks" in m for m in _messages(trace))
     back = read_run(write_run(tmp_path / "run", trace))
     assert all(np.array_equal(trace.ops[k], back.ops[k]) for k in trace.ops)
     assert back.meta.extra["clock_offsets_s"] == trace.meta.extra["clock_offsets_s"]

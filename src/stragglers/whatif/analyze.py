@@ -73,11 +73,14 @@ def analyze_with_model(trace: Trace, steps: list[int] | str | None = None,
     diagnosis, diagnosis_summary = diagnose(
         w, trace, cfg, {(s_["dp"], s_["pp"]): s_["score"] for s_ in scores} or None, partial)
     scores = _with_ranks(scores, w, trace, cfg)
+    straggling = _straggling(s, cfg, partial, diagnosis)
+    if straggling is False:
+        _label_below_threshold(diagnosis, s, w, cfg)
     result = AnalysisResult(
         job=job,
         slowdown=s,
         # a trace of some ranks cannot say whether the job straggles (unknown, not false)
-        straggling=_straggling(s, cfg, partial, diagnosis),
+        straggling=straggling,
         partial=partial is not None,
         straggling_threshold=cfg.straggling_slowdown,
         sim_error=w.sim_error,
@@ -114,6 +117,24 @@ def _straggling(s: float, cfg, partial, diagnosis: list[dict]) -> bool | None:
         return None
     within_noise = len(diagnosis) == 1 and diagnosis[0]["cause"] == "none"
     return s >= cfg.straggling_slowdown and not within_noise
+
+
+def _label_below_threshold(diagnosis: list[dict], s: float, w: WhatIf, cfg) -> None:
+    """Causes found in a job that is not straggling say so, so no report lists a cause under a
+    'not straggling' headline unlabelled: a duration cause is minor (S < the threshold); a
+    host stall is counted in the launch-delay slowdown, which S leaves out."""
+    for entry in diagnosis:
+        if entry["cause"] in ("none", "unexplained", "partial"):
+            continue
+        entry["below_threshold"] = True
+        if entry["cause"] == "host_stall":
+            why = (f"the job is not straggling by S = {s:.3f} (< {cfg.straggling_slowdown}), "
+                   f"which leaves out launch delays; they cost ×{w.launch_slowdown:.2f} on top, "
+                   "and this is part of it")
+        else:
+            why = (f"minor: the job is not straggling (S = {s:.3f} < "
+                   f"{cfg.straggling_slowdown})")
+        entry["evidence"] = f"{why}; {entry['evidence']}"
 
 
 def coverage(trace: Trace, job, w: WhatIf) -> Coverage | None:

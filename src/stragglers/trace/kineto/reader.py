@@ -115,14 +115,17 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
     max_stage = int(ops["stage"].max())
     pp = max(shape.pp_size, max_stage + 1)
     dp = shape.dp_size if pp == shape.pp_size else max(1, shape.world_size // (pp * shape.tp_size))
+    # each tensor-parallel rank is a worker (column) of its own: the table holds dp·tp of them
+    workers_per_stage, implied_tp = dp * shape.tp_size, shape.tp_size
     notes = reader_notes(per_rank, parts, shape, pp, found, notes)
     missing = sorted(set(range(shape.world_size)) - set(ranks))
-    meta = JobMeta(name=name or _default_name(paths, files), dp_size=dp, pp_size=pp,
-                   tp_size=shape.tp_size, world_size=shape.world_size,
+    meta = JobMeta(name=name or _default_name(paths, files), dp_size=workers_per_stage,
+                   pp_size=pp, world_size=shape.world_size,
                    extra={"source_format": "kineto",
                           "files": {str(r): parts[r].source for r in ranks},
                           "ranks_read": ranks, "ranks_missing": missing,
                           "world_size_known": shape.known,
+                          "tp_size_implied": implied_tp,
                           "time_origin_unix_s": origin_s,
                           "clock_offsets_s": {str(r): offsets.get(r, 0.0) for r in ranks},
                           "clock_alignment": {str(r): quality.get(r, {}) for r in ranks}})

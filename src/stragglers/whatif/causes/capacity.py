@@ -80,9 +80,8 @@ def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
     # percent of each other, and the group test below asks for a persistent 15%.
     if gaps[k] < np.log1p(MIN_GAP):
         return None
-    # A slow minority that the outlier test finds is worker_fault's to name.
-    if (robust_z(mean, cfg.outlier_scale_floor)[slow] >= cfg.outlier_z).all() \
-            and slow.sum() * 4 < len(slow):
+    # Slow workers that the outlier test finds one by one are worker_fault's to name.
+    if (robust_z(mean, cfg.outlier_scale_floor)[slow] >= cfg.outlier_z).all():
         return None
     ratio = mean / float(np.median(mean[~slow]))
     _, lo, _ = _group_interval(times, slow, cfg)

@@ -67,9 +67,10 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
     # costing its job x1.04-1.11, was missed under it).
     named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0)
     if ctx.arrivals is not None:
-        # a worker that reaches the collectives ahead of its peers and waits there is not
-        # what the job waits for, however long it computes (its host started it early)
-        named &= ctx.arrivals.lateness >= 0
+        # a worker that reaches the collectives ahead of its peers by more than its extra
+        # compute is not what the job waits for (its host started it early: it waits there)
+        extra = (busy - peer_reference(busy)).mean(axis=-1)
+        named &= ctx.arrivals.lateness + extra > 0
     workers = _worst_first(named, mean)
     if not workers:
         return []
@@ -135,8 +136,8 @@ def host_stall(ctx: Context) -> list[Candidate]:
         held = np.minimum(late.gating, np.maximum(excess, 0.0))
         gating = held.mean(axis=-1)
         g_lo, _ = mean_interval(held, cfg)
-        named = (named & (late.lateness >= 0)) | _stands_out(ctx, gating / step_time, g_lo,
-                                                              threshold)
+        named = (named & (late.lateness + mean > 0)) | _stands_out(ctx, gating / step_time,
+                                                                    g_lo, threshold)
     workers = _worst_first(named, np.maximum(mean, gating))
     if not workers:
         return []
