@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -157,3 +158,24 @@ def test_every_readme_shell_block_runs_in_order_in_a_fresh_clone(tmp_path):
     stray = [line[3:] for line in status.stdout.splitlines()
              if line.startswith("??") and line[3:] not in copied]
     assert not stray, f"README commands left untracked files in the repository: {stray[:10]}"
+
+
+def python_blocks(text: str) -> list[str]:
+    """The ```python blocks of a Markdown text."""
+    return re.findall(r"^```python\n(.*?)^```$", text, re.M | re.S)
+
+
+def test_the_readme_library_call_prints_what_the_readme_says():
+    # The block that needs no training job (the others use a model of the reader's own); the
+    # comment line after a print is the output the README promises.
+    block = next(b for b in python_blocks(README.read_text()) if "st.analyze(" in b)
+    lines = block.splitlines()
+    promised = [lines[i + 1][2:] for i, line in enumerate(lines[:-1])
+                if line.startswith("print(") and lines[i + 1].startswith("# ")]
+    assert promised, "the README's analyze example no longer shows its output"
+    proc = subprocess.run([sys.executable, "-c", block], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = proc.stdout.splitlines()
+    for line in promised:
+        assert line in printed, (line, printed[:5])
