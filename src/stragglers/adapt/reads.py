@@ -81,6 +81,11 @@ def status_of(conn: sqlite3.Connection, name: str) -> dict:
             "failed_total": total}
 
 
+def status_bytes(conn: sqlite3.Connection, name: str) -> bytes:
+    """status_of as JSON bytes."""
+    return json.dumps(status_of(conn, name), separators=(",", ":")).encode()
+
+
 def has_expired(conn: sqlite3.Connection, name: str, now: float) -> bool:
     """Whether a DOING lease of `name` ended before `now` (then the writer must requeue it)."""
     row = conn.execute("SELECT 1 FROM shards WHERE dataset=? AND state='DOING' AND"
@@ -128,7 +133,7 @@ class ReadSide:
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._queued = 0
-        self._cache: OrderedDict[str, tuple[object, bytes]] = OrderedDict()
+        self._cache: OrderedDict[tuple, tuple[object, bytes]] = OrderedDict()
         self._flights: dict[tuple, Future] = {}
         self.computed = 0  # snapshots built (not served from the cache)
         self.threads_used: set[str] = set()  # names of the threads reads ran on (tested)
@@ -169,34 +174,43 @@ class ReadSide:
 
     def snapshot(self, name: str) -> Future:
         """A future of the snapshot bytes: from the cache while the data set is unchanged."""
+        return self._cached("snapshot", name, snapshot_bytes)
+
+    def status(self, name: str) -> Future:
+        """A future of the status JSON bytes: from the cache while the data set is unchanged."""
+        return self._cached("status", name, status_bytes)
+
+    def _cached(self, kind: str, name: str, build) -> Future:
         gen = self.generation(name)
+        key = (kind, name)
         with self._lock:
-            hit = self._cache.get(name)
+            hit = self._cache.get(key)
             if hit is not None and hit[0] == gen:
-                self._cache.move_to_end(name)
+                self._cache.move_to_end(key)
                 done: Future = Future()
                 done.set_result(hit[1])
                 return done
-            flight = self._flights.get((name, gen))
+            flight = self._flights.get((key, gen))
             if flight is not None:
-                return flight   # the same snapshot is being built: share it
-        flight = self.submit(self._build, name, gen)
+                return flight   # the same read is under way: share it
+        flight = self.submit(self._build, key, gen, build)
         with self._lock:
-            self._flights[(name, gen)] = flight
-        flight.add_done_callback(lambda _: self._forget_flight(name, gen))
+            self._flights[(key, gen)] = flight
+        flight.add_done_callback(lambda _: self._forget_flight(key, gen))
         return flight
 
-    def _forget_flight(self, name: str, gen) -> None:
+    def _forget_flight(self, key: tuple, gen) -> None:
         with self._lock:
-            self._flights.pop((name, gen), None)
+            self._flights.pop((key, gen), None)
 
-    def _build(self, conn: sqlite3.Connection, name: str, gen) -> bytes:
-        body = snapshot_bytes(conn, name)
-        self.computed += 1
+    def _build(self, conn: sqlite3.Connection, key: tuple, gen, build) -> bytes:
+        body = build(conn, key[1])
+        if key[0] == "snapshot":
+            self.computed += 1
         with self._lock:
             if len(body) <= self.cache_bytes // 4:
-                self._cache[name] = (gen, body)
-                self._cache.move_to_end(name)
+                self._cache[key] = (gen, body)
+                self._cache.move_to_end(key)
                 while sum(len(b) for _, b in self._cache.values()) > self.cache_bytes:
                     self._cache.popitem(last=False)
         return body

@@ -77,6 +77,11 @@ class ServiceConfig(Config):
                             maximum=1 << 16)
     max_jobs_per_token: int = setting(16, "controllers one job token may own (past it: 429)",
                                       minimum=1, maximum=1 << 16)
+    max_snapshot_sends: int = setting(1, "snapshot bodies sent at once (the others wait)",
+                                      minimum=1, maximum=1024)
+    snapshot_bytes_per_s: float = setting(float(256 << 20), "pace of a snapshot body (a 26 MB"
+                                          " snapshot: 0.1 s)", minimum=float(1 << 20),
+                                          maximum=float(1 << 40))
     max_queued_reads: int = setting(64, "snapshot/status reads waiting for the reader thread"
                                     " (past it: 503)", minimum=1, maximum=1 << 16)
     http: str = setting("httptools", "HTTP parser (h11: uvicorn's pure-Python one)",
@@ -185,6 +190,44 @@ def _checked_snapshot(raw: bytes, name: str) -> tuple:
     return validate_snapshot(snap)
 
 
+class _SendSlots:
+    """At most `n` big bodies (snapshots) being sent at once; the others wait their turn."""
+
+    def __init__(self, n: int, bytes_per_s: float):
+        self.n, self.bytes_per_s = n, bytes_per_s
+        self._sem: asyncio.Semaphore | None = None
+
+    def semaphore(self) -> asyncio.Semaphore:
+        if self._sem is None:   # created on the event loop that serves
+            self._sem = asyncio.Semaphore(self.n)
+        return self._sem
+
+
+class _SharedSend(Response):
+    """A big JSON body sent in chunks, each after the client took the previous one, holding one
+    of the service's send slots: anonymous clients asking for a 26 MB snapshot in a loop keep
+    one transfer going, not one per connection (each costs both ends CPU time)."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, body: bytes, slots: _SendSlots):
+        super().__init__(b"", 200, media_type="application/json")
+        self.payload, self.slots = body, slots
+        self.headers["content-length"] = str(len(body))
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with self.slots.semaphore():
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            view, start = memoryview(self.payload), time.monotonic()
+            for i in range(0, max(len(view), 1), self.CHUNK):
+                await send({"type": "http.response.body", "body": bytes(view[i:i + self.CHUNK]),
+                            "more_body": i + self.CHUNK < len(view)})
+                ahead = (i + self.CHUNK) / self.slots.bytes_per_s - (time.monotonic() - start)
+                if ahead > 0 and i + self.CHUNK < len(view):
+                    await asyncio.sleep(ahead)   # paced: a loop of snapshots is not a CPU hog
+
+
 def _internal_error() -> Response:
     return _json({"error": "internal error (see the service log)", "kind": "InternalError",
                   "field": None}, 500)
@@ -252,6 +295,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     reader = reads.ReadSide(store.db, store.generation, max_queued=config.max_queued_reads,
                             busy_timeout_s=config.busy_timeout_s)
     shuffles = ThreadPoolExecutor(2, thread_name_prefix="shard-shuffles")
+    sending = _SendSlots(config.max_snapshot_sends, config.snapshot_bytes_per_s)
 
     def handler(fn):
         async def endpoint(request: Request) -> Response:
@@ -337,13 +381,14 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         # (The first call on a data set since the file was opened checks its rows: the writer.)
         if name not in store._verified or await read(reads.has_expired, name, store._clock()):
             await commit.run(lambda: store.expire(name))
-        return await read(reads.status_of, name)
+        body = await asyncio.wrap_future(reader.status(name))
+        return Response(body, 200, media_type="application/json")
 
     async def snapshot(request: Request) -> Response:
         name = name_of(request)
         store.raise_if_quarantined(name)
         body = await asyncio.wrap_future(reader.snapshot(name))
-        return Response(body, 200, media_type="application/json")
+        return _SharedSend(body, sending)
 
     async def restore(request: Request) -> dict:
         name = name_of(request)

@@ -1,0 +1,162 @@
+"""Lease latency of a well-behaved job while others abuse the shard service (issue 34).
+
+    .venv/bin/python benchmarks/adapt_dos.py [--leases 300] [--attackers 5]
+
+One service process (`stragglers adapt serve`, durable commits). The measured job leases one
+shard and acks it, `--leases` times in a row, on its own small data set; the figure is the
+median and 95th percentile of one lease + ack round trip. It runs quiet first, then while
+`--attackers` processes each keep doing one of:
+
+* snapshot: anonymous GET of a 655,360-row snapshot (65,536 shards x 10 epochs), in a loop;
+* status: anonymous GET of the same data set's status, in a loop;
+* shuffle: leases from data sets of 2**26 samples (each new one needs a shuffle of 2**26);
+* restore: a stranger's token POSTs a 60 MB restore body onto the job's data set.
+
+Each row is the ratio to the quiet run of the same process (goal: <= 2x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from stragglers.adapt.client import ShardClient
+from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.shards import ShardStore
+
+JOB, BIG = "job-token-0123456789abcdef", "big-owner-token-0123456789"
+STRANGER = "stranger-token-0123456789ab"
+
+
+def big_db(db: Path) -> None:
+    """A data set of 65,536 shards with 10 epochs created: a 655,360-row snapshot."""
+    store = ShardStore(db)
+    cfg = DatasetConfig("big", 655_360, 10, num_epochs=10)
+    store.create_dataset(cfg)
+    with store._tx() as c:
+        for epoch in range(1, 10):
+            store._create_epoch(c, cfg, epoch)
+    store.close()
+
+
+def start_service(db: Path) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "stragglers.cli", "adapt", "serve", "--db",
+                             str(db), "--port", "0"], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    url = line.split(" on ", 1)[1].split(" ", 1)[0]
+    return proc, url
+
+
+def attack(kind: str, url: str, i: int, stop) -> None:
+    http = httpx.Client(base_url=url, timeout=600)
+    if kind == "shuffle":
+        client = ShardClient(url, f"huge{i}", "w", token=f"{STRANGER}{i}", timeout_s=600)
+        client.create_dataset(DatasetConfig(f"huge{i}", 1 << 26, 1024, num_epochs=None,
+                                            seed=i))
+        client.join()
+    body = b'{"dataset":' + b" " * 60_000_000 + b"}"
+    while not stop.is_set():
+        if kind == "snapshot":
+            http.get("/datasets/big/snapshot")
+        elif kind == "status":
+            http.get("/datasets/big/status")
+        elif kind == "restore":
+            http.post("/datasets/job/restore", content=body,
+                      headers={"Authorization": f"Bearer {STRANGER}"})
+        elif kind == "shuffle":
+            # a new seed each time: a new data set name means a new shuffle of 2**26
+            client.lease()
+            i += 1000
+            client = ShardClient(url, f"huge{i}", "w", token=f"{STRANGER}{i % 7}",
+                                 timeout_s=600)
+            try:
+                client.create_dataset(DatasetConfig(f"huge{i}", 1 << 26, 1024, seed=i))
+                client.join()
+            except Exception:  # noqa: BLE001 - the quota ends it: keep the load anyway
+                stop.wait(0.5)
+
+
+def measure(url: str, leases: int) -> list[float]:
+    client = ShardClient(url, "job", "w", token=JOB)
+    out = []
+    for _ in range(leases):
+        t = time.perf_counter()
+        got = client.lease()
+        lease = got["lease"]
+        client.ack(lease["epoch"], lease["shard"], lease["size"])
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def summary(xs: list[float]) -> tuple[float, float]:
+    xs = sorted(xs)
+    return statistics.median(xs) * 1e3, xs[int(0.95 * (len(xs) - 1))] * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--leases", type=int, default=300)
+    ap.add_argument("--attackers", type=int, default=5)
+    ap.add_argument("--cases", default="snapshot,status,shuffle,restore")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="adapt-dos-"))
+    db = tmp / "shards.db"
+    t = time.perf_counter()
+    big_db(db)
+    print(f"setup: 655,360-row data set in {time.perf_counter() - t:.1f} s")
+    proc, url = start_service(db)
+    try:
+        job = ShardClient(url, "job", "w", token=JOB)
+        job.create_dataset(DatasetConfig("job", 500_000, 10, num_epochs=None))
+        job.join()
+        measure(url, 20)   # warm (its shuffle, connections)
+        quiet = summary(measure(url, args.leases))
+        print(f"{'case':<10} {'median ms':>10} {'p95 ms':>8} {'ratio':>6}")
+        print(f"{'quiet':<10} {quiet[0]:>10.2f} {quiet[1]:>8.2f} {1.0:>6.2f}")
+        rows = {}
+        for kind in args.cases.split(","):
+            stop = mp.Event()
+            procs = [mp.Process(target=attack, args=(kind, url, i, stop), daemon=True)
+                     for i in range(args.attackers)]
+            for p in procs:
+                p.start()
+            time.sleep(3.0)   # the attack under way (first snapshot built, shuffles started)
+            cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
+            loaded = summary(measure(url, args.leases))
+            share = (cpu_s(proc.pid) - cpu0) / (time.perf_counter() - t0)
+            print(f"  (service CPU under {kind}: {share:.2f} cores)")
+            stop.set()
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+            rows[kind] = loaded
+            print(f"{kind:<10} {loaded[0]:>10.2f} {loaded[1]:>8.2f} "
+                  f"{loaded[0] / quiet[0]:>6.2f}", flush=True)
+            quiet_now = summary(measure(url, args.leases // 3))
+            print(f"{'  quiet':<10} {quiet_now[0]:>10.2f} {quiet_now[1]:>8.2f}", flush=True)
+        print(json.dumps({"quiet_ms": quiet, **{k: v for k, v in rows.items()},
+                          "cpus": os.cpu_count()}))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
