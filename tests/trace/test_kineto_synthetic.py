@@ -132,10 +132,12 @@ def test_phases_runs_and_columns(tmp_path):
     # Both forward kernels form one run: start of the first to end of the second.
     assert np.allclose(fwd["duration"], 1000e-6)
     bwd = _rows(trace, 0, "backward-compute")
-    # One backward op per step: the all-reduce launched in the middle does not cut it (DDP's
-    # bucketed sync overlaps backward), and two kernels on two streams overlapping count once.
-    assert list(bwd["seq_id"]) == [0, 0] and list(bwd["mb_id"]) == [0, 0]
-    assert bwd["duration"][0] == pytest.approx(1200e-6)
+    # The bucket all-reduce launched in the middle cuts backward in two (the bucket's all-reduce
+    # follows the work that produced it); the first piece, on another stream, overlaps the
+    # second and is cut at its start (600 µs of kernel, 500 µs before the next piece starts).
+    assert list(bwd["seq_id"]) == [0, 1, 0, 1] and list(bwd["mb_id"]) == [0, 0, 0, 0]
+    assert list(bwd["duration"][:2]) == pytest.approx([500e-6, 700e-6])
+    assert trace.meta.extra["compute_split_at_collectives"]
     opt = _rows(trace, 0, "optimizer")
     assert len(opt["step"]) == 2 and np.all(opt["mb_id"] == -1)
     ar = _rows(trace, 0, "grads-all-reduce")

@@ -39,6 +39,9 @@ class OpGrid:
     node_gmc: np.ndarray        # [N] global model chunk of compute ops (mc·pp + stage)
     vpp_size: int = 1
     warnings: list[str] = field(default_factory=list)
+    # compute ops are pieces cut at collectives (profiler traces): the i-th piece of a step
+    # is one kind of work, the pieces are not (idealise.identities)
+    compute_by_index: bool = False
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -154,7 +157,8 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     grid = OpGrid(node_stage, node_optype, node_seq, dp_ranks, step_ids[complete],
                   start.reshape(shape)[:, :, complete], duration.reshape(shape)[:, :, complete],
                   present[:, :, complete], row.reshape(shape)[:, :, complete],
-                  pp_size=pp, node_mc=node_mc, node_gmc=node_gmc, vpp_size=vpp, warnings=warnings)
+                  pp_size=pp, node_mc=node_mc, node_gmc=node_gmc, vpp_size=vpp, warnings=warnings,
+                  compute_by_index=bool(trace.meta.extra.get("compute_split_at_collectives")))
     _check_stages(grid, trace)
     return grid
 

@@ -22,7 +22,8 @@ def identities(grid: OpGrid) -> np.ndarray:
     It lumps unlike work in two cases, and there the op's index in its step joins the key:
     collectives of which a worker runs several per step (DDP's buckets of very different
     sizes, a model's several all-to-alls), and compute cut into pieces by blocking
-    collectives (the work between two all-to-alls is not the work between the next two).
+    collectives (the work between two all-to-alls is not the work between the next two; a
+    profiler trace's backward cut at DDP's bucket all-reduces, `grid.compute_by_index`).
     The stage is not part of the key: stage imbalance counts as straggling (spec §6).
     """
     code = grid.node_optype.astype(np.int64)
@@ -33,11 +34,9 @@ def identities(grid: OpGrid) -> np.ndarray:
             continue
         nodes = code == c
         several[nodes] = seq[nodes].max() > 0
-    pieces = np.zeros(len(code), dtype=bool)
+    work = np.isin(code, [c for c in _COMPUTE if c != GC])
     blocked_stages = np.unique(grid.node_stage[np.isin(code, _BLOCKING)])
-    if len(blocked_stages):
-        pieces = (np.isin(grid.node_stage, blocked_stages)
-                  & np.isin(code, [c for c in _COMPUTE if c != GC]))
+    pieces = work & (np.isin(grid.node_stage, blocked_stages) | grid.compute_by_index)
     return np.where(several | pieces, code * (1 << 24) + seq + 1, code * (1 << 24))
 
 

@@ -40,6 +40,7 @@ BLOCKING_OPTYPES = {
     "scatter": "broadcast",
 }
 P2P_KINDS = {"send", "recv", "sendrecv"}
+GRADIENT_NAMES = set(COLLECTIVE_OPTYPES.values())
 BLOCKING_NAMES = set(BLOCKING_OPTYPES.values()) | {"send-recv"}
 # Batched send/recv with no pipeline direction (NCCL's grouped SendRecv kernels of an
 # all-to-all written as p2p, or pairs of exchanges): a blocking exchange among its peers.
@@ -125,12 +126,13 @@ def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
     sync: dict[tuple, float] = {}
     spans: dict[tuple, tuple[float, float]] = {}
     emitted = _collective_rows(parts, placement, rows, sync, spans, counts)
-    # Pipeline sends/recvs split compute (they separate microbatches), and so do blocking
-    # collectives (the work after an all-to-all needs its result). Gradient collectives do
-    # not: DDP's bucket all-reduces start while backward runs; whole, backward feeds the
-    # dependency model's bucketed sync (each all-reduce after the compute that ended before
-    # it started, the optimizer after both).
-    cuts = [(c, o) for c, o in emitted if c.kind in P2P_KINDS or o in BLOCKING_NAMES]
+    # Every collective splits compute: pipeline sends/recvs separate microbatches, the work
+    # after an all-to-all needs its result, and each of DDP's bucket all-reduces follows the
+    # backward work that produced its bucket (whole, the backward would hide a slow rank's
+    # progress in the buckets' launch delays). The pieces are unlike work: the trace says so
+    # (meta.extra["compute_split_at_collectives"]) and the ideal is taken per piece.
+    cuts = [(c, o) for c, o in emitted if c.kind in P2P_KINDS or o in BLOCKING_NAMES
+            or o in GRADIENT_NAMES]
     _compute_ops(parts, cuts, rows, counts)
     if not rows:
         raise InputError(parts.source, "traceEvents", "no compute or collective falls inside "

@@ -126,6 +126,9 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
                           "ranks_read": ranks, "ranks_missing": missing,
                           "world_size_known": shape.known,
                           "tp_size_implied": implied_tp,
+                          "compute_split_at_collectives": True,
+                          "compute_from": ("gpu kernels" if all(
+                              per_rank[r].mode == "gpu" for r in ranks) else "cpu ops"),
                           "time_origin_unix_s": origin_s,
                           "clock_offsets_s": {str(r): offsets.get(r, 0.0) for r in ranks},
                           "clock_alignment": {str(r): quality.get(r, {}) for r in ranks}})

@@ -59,6 +59,9 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
     if ctx.steps < 3 or _gc_row_durations(ctx) is not None:
         return []   # the median over steps needs a majority of pause-free steps; gc rows
         #             that carry the pauses say where they are
+    if trace.meta.extra.get("compute_from") == "gpu kernels":
+        return []   # a pause of the Python host cannot lengthen a GPU kernel: on a GPU trace
+        #             it leaves the GPU idle (a launch delay), never a longer compute op
     compute = np.flatnonzero(np.isin(g.node_optype, (FWD, BWD)))
     raw = g.duration[compute]                                      # [n, D, T]
     # Where the trace carries Σs², ops are compared without the share their sequences

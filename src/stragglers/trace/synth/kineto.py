@@ -1,0 +1,202 @@
+"""Synthetic GPU jobs written as PyTorch-profiler (Kineto) JSON, one file per rank, with the
+injected causes recorded as ground truth.
+
+A data-parallel GPU job on NCCL is simulated step by step: each rank's host issues its work
+(it can be late: a host stall), kernels run on a compute stream (slower on a faulty GPU or on a
+slow group of devices), all-to-alls block the forward until every rank has arrived, DDP's
+gradient buckets are all-reduced on a communication stream while backward runs, and the
+optimizer follows the last bucket. Every collective ends on all ranks when its last member
+arrived plus its transfer time, as on real hardware. The files then hold what Kineto writes:
+`ProfilerStep#N` spans, `cudaLaunchKernel` events linked to kernels by correlation id,
+autograd ops on their own thread, `record_param_comms` with `Collective name`, `Seq`, sizes
+and the process group, NCCL kernels on their own stream, a clock offset per host, and kernels
+still running from before the profiling window (no launch record).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+_CPU, _GPU = 100, 0
+_COMPUTE_STREAM, _NCCL_STREAM = 7, 20
+_MAIN, _AUTOGRAD = 1, 2
+
+
+@dataclass
+class GpuJob:
+    """What to simulate; the injections are the ground truth of the job written."""
+
+    ranks: int = 8
+    steps: int = 6
+    seed: int = 0
+    first_step: int = 10
+    all_to_alls: int = 2            # blocking all-to-alls in each forward
+    buckets: int = 4                # DDP gradient buckets (unequal sizes)
+    forward_us: float = 4000.0
+    backward_us: float = 8000.0
+    jitter: float = 0.02            # relative noise of every kernel
+    clock_offset_us: float = 300.0  # hosts' clocks differ by up to this
+    late_rank: tuple[int, float] | None = None        # (rank, µs late at every step start)
+    slow_rank: tuple[int, float] | None = None        # (rank, compute factor)
+    slow_group: tuple[tuple[int, ...], float] | None = None   # (ranks, compute factor)
+    base_ns: int = 1_700_000_000_000_000_000
+    truth: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        found = []
+        if self.late_rank is not None:
+            found.append({"cause": "host_stall", "ranks": [self.late_rank[0]]})
+        if self.slow_rank is not None:
+            found.append({"cause": "worker_fault", "ranks": [self.slow_rank[0]]})
+        if self.slow_group is not None:
+            found.append({"cause": "slow_group", "ranks": sorted(self.slow_group[0])})
+        self.truth = {"causes": found or [{"cause": "none", "ranks": []}]}
+
+
+class _Rank:
+    """One rank's events as Kineto writes them (µs on its own clock)."""
+
+    def __init__(self, rank: int, offset: float, corr: int) -> None:
+        self.rank, self.offset, self.corr = rank, offset, corr
+        self.events: list[dict] = []
+        self.cpu = 0.0      # the host's cursor: it issues work in program order, ahead of the GPU
+
+    def issue(self, at_least: float = 0.0) -> float:
+        """The time the host issues its next call (a few µs after the one before)."""
+        self.cpu = max(self.cpu + 8.0, at_least)
+        return self.cpu
+
+    def x(self, cat: str, name: str, ts: float, dur: float, pid: int, tid: int,
+          args: dict | None = None) -> None:
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid,
+                            "ts": round(ts + self.offset, 3), "dur": round(max(dur, 0.0), 3),
+                            "args": args or {}})
+
+    def kernel(self, name: str, launch: float, start: float, dur: float, stream: int,
+               tid: int = _MAIN, args: dict | None = None, launched: bool = True) -> None:
+        self.corr += 1
+        if launched:
+            self.x("cuda_runtime", "cudaLaunchKernel", launch, 4.0, _CPU, tid,
+                   {"correlation": self.corr})
+        self.x("kernel", name, start, dur, _GPU, stream, {"correlation": self.corr, **(args or {})})
+
+
+def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
+    """Simulate the job and write rank-N.json.gz files (and truth.yaml) into `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(job.seed)
+    n = job.ranks
+    speed = np.ones(n)
+    if job.slow_rank is not None:
+        speed[job.slow_rank[0]] = job.slow_rank[1]
+    if job.slow_group is not None:
+        speed[list(job.slow_group[0])] = job.slow_group[1]
+    late = np.zeros(n)
+    if job.late_rank is not None:
+        late[job.late_rank[0]] = job.late_rank[1]
+    offsets = rng.uniform(-job.clock_offset_us, job.clock_offset_us, n)
+    ranks = [_Rank(r, offsets[r], 10_000 * (r + 1)) for r in range(n)]
+    sizes = rng.uniform(0.3, 1.7, job.buckets)
+    sizes = sizes / sizes.sum()
+    seq = 0
+    _pre_window(ranks, rng)
+    t = 1_000_000.0                                  # step start (true time, µs)
+    for s in range(job.steps):
+        step = job.first_step + s
+        host = t + late + rng.uniform(0, 30, n)      # when each host begins the step
+        for r in range(n):
+            ranks[r].cpu = host[r] - 8.0
+        gpu = host + 15.0                            # its first kernel can start
+        pieces = job.all_to_alls + 1
+        for k in range(pieces):
+            dur = job.forward_us / pieces * speed * (1 + job.jitter * rng.standard_normal(n))
+            for r in range(n):
+                ranks[r].kernel(f"volta_sgemm_fwd_{k}", ranks[r].issue(), gpu[r], dur[r],
+                                _COMPUTE_STREAM)
+            gpu = gpu + dur
+            if k < job.all_to_alls:
+                seq += 1
+                gpu = _collective(ranks, "all_to_all", "ncclDevKernel_SendRecv", seq, gpu,
+                                  60.0 + 40.0 * rng.random(), 1 << 20, rng)
+        # backward with DDP buckets on the NCCL stream
+        bwd = job.backward_us * speed * (1 + job.jitter * rng.standard_normal(n))
+        bstart = gpu
+        for r in range(n):
+            ranks[r].x("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0",
+                       ranks[r].issue(), 6.0, _CPU, _AUTOGRAD)
+        ready = np.cumsum(sizes)[:, None] * bwd[None, :] + bstart[None, :]        # [B, n]
+        chunks = np.diff(np.concatenate([bstart[None, :], ready]), axis=0)
+        comm = np.full(n, -np.inf)
+        for b in range(job.buckets):
+            for r in range(n):
+                ranks[r].kernel(f"volta_sgemm_bwd_{b}", ranks[r].issue(),
+                                ready[b, r] - chunks[b, r], chunks[b, r], _COMPUTE_STREAM,
+                                tid=_AUTOGRAD)
+            seq += 1
+            arrive = np.maximum(ready[b] + 5.0, comm)
+            comm = _collective(ranks, "all_reduce", "ncclDevKernel_AllReduce_RING_LL_Sum_float",
+                               seq, arrive, 150.0 + 900.0 * sizes[b] * job.buckets / 2,
+                               int(sizes[b] * (1 << 26)), rng, tid=_AUTOGRAD)
+        done = np.maximum(comm, ready[-1])
+        opt = 300.0 * (1 + job.jitter * rng.standard_normal(n))
+        for r in range(n):
+            at = ranks[r].issue()
+            ranks[r].x("user_annotation", "Optimizer.step#SGD.step", at, 20.0, _CPU, _MAIN)
+            ranks[r].kernel("multi_tensor_apply_kernel", ranks[r].issue(), done[r], opt[r],
+                            _COMPUTE_STREAM)
+        end = done + opt
+        for r in range(n):
+            ranks[r].x("user_annotation", f"ProfilerStep#{step}", host[r], end[r] + 10 - host[r],
+                       _CPU, _MAIN)
+        t = float(end.max()) + 50.0
+    for r in ranks:
+        _write_rank(r, job, out / f"rank-{r.rank}.json.gz")
+    (out / "truth.yaml").write_text(json.dumps(job.truth, indent=2))  # JSON is YAML; not *.json: the reader takes those as ranks
+    return job.truth
+
+
+def _collective(ranks: list[_Rank], name: str, kernel: str, seq: int, arrive: np.ndarray,
+                transfer: float, nbytes: int, rng, tid: int = _MAIN) -> np.ndarray:
+    """A collective of all ranks: each arrives when it can, all end together."""
+    end = float(arrive.max()) + transfer * (1 + 0.02 * rng.standard_normal())
+    args = {"Collective name": name, "Process Group Name": "0",
+            "Process Group Description": "default_pg", "Process Group Ranks": str(
+                list(range(len(ranks)))), "Group size": len(ranks), "Seq": seq,
+            "In msg nelems": nbytes // 4, "Out msg nelems": nbytes // 4, "dtype": "Float"}
+    for r, rk in enumerate(ranks):
+        at = rk.issue()
+        rk.x("cpu_op", "record_param_comms", at, 6.0, _CPU, tid, args)
+        rk.kernel(kernel, at + 1.0, arrive[r], end - arrive[r], _NCCL_STREAM, tid=tid,
+                  args=args)
+        rk.cpu = at + 1.0
+    return np.full(len(ranks), end)
+
+
+def _pre_window(ranks: list[_Rank], rng) -> None:
+    """Kernels of the step before the window, still running when it opened (no launch)."""
+    for rk in ranks:
+        first = rk.corr
+        rk.corr -= 5
+        for i in range(3):
+            rk.kernel("volta_sgemm_bwd_prev", 0, 1_000_000.0 + 20 * i, 15.0, _COMPUTE_STREAM,
+                      launched=False)
+        rk.corr = first
+
+
+def _write_rank(rk: _Rank, job: GpuJob, path: Path) -> None:
+    """One rank's Kineto document."""
+    doc = {"schemaVersion": 1,
+           "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
+           "distributedInfo": {"backend": "nccl", "rank": rk.rank, "world_size": job.ranks,
+                               "pg_config": [{"pg_name": "0", "pg_desc": "default_pg",
+                                              "pg_size": job.ranks,
+                                              "ranks": list(range(job.ranks))}]},
+           "baseTimeNanoseconds": job.base_ns,
+           "traceEvents": sorted(rk.events, key=lambda e: e["ts"])}
+    path.write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
