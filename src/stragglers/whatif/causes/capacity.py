@@ -62,6 +62,18 @@ def slow_group(ctx: Context) -> list[Candidate]:
                       upper_bound=True, stats={"relative_time": stats})]
 
 
+def group_members(ctx: Context, busy: np.ndarray) -> np.ndarray:
+    """bool [D, P]: the workers this detector names as a slow group (worker_fault leaves them)."""
+    out = np.zeros(busy.shape[:2], dtype=bool)
+    if busy.shape[0] < 3:
+        return out
+    for p in range(busy.shape[1]):
+        split = _split(busy[:, p, :], ctx.cfg)
+        if split is not None:
+            out[:, p] = split[0]
+    return out
+
+
 def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
     """(slow mask [D], time relative to the fast group's median [D]) of one stage's workers
     ([D, T] busy seconds), or None when they do not fall into two separate groups."""
@@ -80,8 +92,10 @@ def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
     # percent of each other, and the group test below asks for a persistent 15%.
     if gaps[k] < np.log1p(MIN_GAP):
         return None
-    # Slow workers that the outlier test finds one by one are worker_fault's to name.
-    if (robust_z(mean, cfg.outlier_scale_floor)[slow] >= cfg.outlier_z).all():
+    # Slow workers of different speeds that the outlier test finds one by one are faults of
+    # their own (worker_fault's to name); a tight group of alike ones is a group, however few.
+    tight = float(np.ptp(x[slow])) <= gaps[k] / 2
+    if not tight and (robust_z(mean, cfg.outlier_scale_floor)[slow] >= cfg.outlier_z).all():
         return None
     ratio = mean / float(np.median(mean[~slow]))
     _, lo, _ = _group_interval(times, slow, cfg)

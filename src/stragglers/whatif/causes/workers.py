@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from stragglers.whatif.causes.base import BUSY, Candidate, Context, fmt_steps, per_worker_sum
+from stragglers.whatif.causes.capacity import group_members
 from stragglers.whatif.confidence import mean_interval, robust_z
 
 # Leave-one-out medians are exact up to this many DP ranks; beyond, one worker barely moves
@@ -66,6 +67,7 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
     # a rank slowed by its host's load would otherwise be named (a x1.15 worker among 32,
     # costing its job x1.04-1.11, was missed under it).
     named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0)
+    named &= ~group_members(ctx, busy)        # a slow group is slow_group's (capacity.py)
     if ctx.arrivals is not None:
         # a worker that reaches the collectives ahead of its peers by more than its extra
         # compute is not what the job waits for (its host started it early: it waits there)
