@@ -116,11 +116,20 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
         # the combined step time is the product of the two ratios, per step.
         t_cost = replay(w.plan, cost, w.step_start)
         t_delay = replay(w.plan, w.cost, w.step_start, delay)
-        t_all = w.t_base * (t_cost / w.t_nodelay) * (t_delay / w.t_replay)
-        lo, hi = ratio_interval(w.t_base, t_all, cfg) if len(w.t_base) > 1 else (None, None)
-        excess = float(w.t_base.mean() - w.t_ideal.mean())
-        explained = float(w.t_base.mean() - t_all.mean()) / excess if excess > 0 else None
-        summary.update(all_fixed=float(w.t_base.mean() / t_all.mean()),
+        # One basis with the findings' own (_before_after): duration fixes alone are replayed
+        # without launch delays, launch-delay fixes alone with them, so one cause's share and
+        # "explained" are the same number; mixed, the measured step time is the basis.
+        kinds = {c.delay is None for c, _ in kept}
+        if kinds == {True}:
+            t_now, t_all = w.t_nodelay, t_cost
+        elif kinds == {False}:
+            t_now, t_all = w.t_replay, t_delay
+        else:
+            t_now, t_all = w.t_base, w.t_base * (t_cost / w.t_nodelay) * (t_delay / w.t_replay)
+        lo, hi = ratio_interval(t_now, t_all, cfg) if len(t_now) > 1 else (None, None)
+        excess = float(t_now.mean() - w.t_ideal.mean())
+        explained = float(t_now.mean() - t_all.mean()) / excess if excess > 0 else None
+        summary.update(all_fixed=float(t_now.mean() / t_all.mean()),
                        all_fixed_interval=[lo, hi] if lo is not None else None,
                        explained=explained,
                        unexplained=None if explained is None else max(0.0, 1.0 - explained))
