@@ -2,9 +2,10 @@
 injected ranks, and no healthy rank named.
 
 Each job draws a shape (4-8 ranks, 4-8 profiled steps, 0-2 all-to-alls per forward, 2-6 DDP
-buckets of unequal sizes, kernel noise 1-3%, host clocks up to 500 µs apart) and one of: no
-cause (noise only), a late host (one rank starts every step 1.5-4 ms late: `host_stall`), a
-slow GPU (one rank computes ×1.3-2.5: `worker_fault`) or a slow group (2 to half the ranks
+buckets of unequal sizes, kernel noise 1-3%, host clocks up to 500 µs apart, every host
+starting each step up to 0-400 µs late at random) and one of: no cause (noise only), a late
+host (one rank starts every step 1.5-4 ms late: `host_stall`), a slow GPU (one rank computes
+×1.2-2.5: `worker_fault`) or a slow group (2 to half the ranks
 compute ×1.5-3: `slow_group`). The job is written as one .json.gz per rank the way Kineto
 writes it (stragglers.trace.synth.kineto), read back with the Kineto reader and analysed.
 
@@ -39,12 +40,13 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
     shape = dict(ranks=ranks, steps=int(rng.integers(4, 9)), seed=seed,
                  all_to_alls=int(rng.integers(0, 3)), buckets=int(rng.integers(2, 7)),
                  jitter=float(rng.uniform(0.01, 0.03)),
-                 clock_offset_us=float(rng.uniform(0, 500)))
+                 clock_offset_us=float(rng.uniform(0, 500)),
+                 host_jitter_us=float(rng.uniform(0, 400)))
     kind = KINDS[int(rng.integers(len(KINDS)))]
     if kind == "host_stall":
         shape["late_rank"] = (int(rng.integers(ranks)), float(rng.uniform(1500, 4000)))
     elif kind == "worker_fault":
-        shape["slow_rank"] = (int(rng.integers(ranks)), float(rng.uniform(1.3, 2.5)))
+        shape["slow_rank"] = (int(rng.integers(ranks)), float(rng.uniform(1.2, 2.5)))
     elif kind == "slow_group":
         size = int(rng.integers(2, ranks // 2 + 1))
         group = tuple(int(r) for r in rng.choice(ranks, size, replace=False))

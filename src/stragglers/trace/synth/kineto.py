@@ -41,6 +41,7 @@ class GpuJob:
     backward_us: float = 8000.0
     jitter: float = 0.02            # relative noise of every kernel
     clock_offset_us: float = 300.0  # hosts' clocks differ by up to this
+    host_jitter_us: float = 0.0     # every host starts every step up to this late (noise)
     late_rank: tuple[int, float] | None = None        # (rank, µs late at every step start)
     slow_rank: tuple[int, float] | None = None        # (rank, compute factor)
     slow_group: tuple[tuple[int, ...], float] | None = None   # (ranks, compute factor)
@@ -109,7 +110,7 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
     t = 1_000_000.0                                  # step start (true time, µs)
     for s in range(job.steps):
         step = job.first_step + s
-        host = t + late + rng.uniform(0, 30, n)      # when each host begins the step
+        host = t + late + rng.uniform(0, 30 + job.host_jitter_us, n)  # the step's begin
         for r in range(n):
             ranks[r].cpu = host[r] - 8.0
         gpu = host + 15.0                            # its first kernel can start
