@@ -13,6 +13,7 @@ from stragglers.errors import InputError
 def register(app: typer.Typer) -> None:
     """Add this capability's commands to the `stragglers` app."""
     app.command("synth")(synth)
+    app.command("synth-gpu")(synth_gpu)
     app.command("convert")(convert_command)
 
 
@@ -104,6 +105,51 @@ def synth(
             path.unlink()
         write_run(out_dir, trace)
     typer.echo(f"wrote {out_dir}: {summary(trace)}")
+
+
+def synth_gpu(
+    out_dir: Path = typer.Argument(..., help="Folder to write rank-N.json.gz (+ truth.yaml) into."),
+    ranks: int = typer.Option(8, min=2, max=256, help="Ranks (one GPU each, data parallel)."),
+    steps: int = typer.Option(6, min=1, max=1000, help="Profiled steps."),
+    all_to_alls: int = typer.Option(2, min=0, max=16, help="Blocking all-to-alls per forward."),
+    buckets: int = typer.Option(4, min=1, max=64, help="DDP gradient buckets (unequal sizes)."),
+    late_rank: Optional[str] = typer.Option(None, help="RANK,MICROSECONDS: that rank's host "
+                                            "starts every step late."),
+    slow_rank: Optional[str] = typer.Option(None, help="RANK,FACTOR: that rank's GPU computes "
+                                            "FACTOR times as long."),
+    slow_group: Optional[str] = typer.Option(None, help="R1;R2;...,FACTOR: those ranks compute "
+                                             "FACTOR times as long."),
+    seed: int = typer.Option(0, help="Random seed (same seed, same files)."),
+) -> None:
+    """Write a synthetic GPU job as PyTorch-profiler JSON, one file per rank, with ground truth."""
+    from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
+
+    def pair(text: str, field: str, cast) -> tuple:
+        a, b = _numbers(text, field, 2)
+        try:
+            return cast(a), float(b)
+        except ValueError:
+            raise InputError("stragglers synth-gpu", field, f"expected two comma-separated "
+                             f"values, got {text!r}") from None
+
+    def ranks_of(text: str) -> tuple[int, ...]:
+        out = tuple(int(x) for x in text.split(";"))
+        if any(not 0 <= r < ranks for r in out):
+            raise ValueError(text)
+        return out
+
+    job = GpuJob(ranks=ranks, steps=steps, seed=seed, all_to_alls=all_to_alls, buckets=buckets,
+                 late_rank=pair(late_rank, "--late-rank", int) if late_rank else None,
+                 slow_rank=pair(slow_rank, "--slow-rank", int) if slow_rank else None,
+                 slow_group=pair(slow_group, "--slow-group", ranks_of) if slow_group else None)
+    for field, value in (("--late-rank", job.late_rank), ("--slow-rank", job.slow_rank)):
+        if value is not None and not 0 <= value[0] < ranks:
+            raise InputError("stragglers synth-gpu", field, f"rank {value[0]} is not one of the "
+                             f"{ranks} ranks")
+    truth = write_gpu_job(job, out_dir)
+    causes = "; ".join(f"{c['cause']} {c['ranks']}" for c in truth["causes"])
+    typer.echo(f"wrote {out_dir}: {ranks} ranks x {steps} steps of Kineto JSON; ground truth: "
+               f"{causes}")
 
 
 def summary(trace) -> str:
