@@ -382,3 +382,21 @@ def test_gloo_work_is_paired_with_its_issuing_op_when_the_window_cuts_one_off():
     out = _cpu_collectives(SimpleNamespace(collectives=issued + [
         (t, 0.01, 9, "send", None, None, None, None, True) for t in (1.02, 2.02, 3.02)]), counts)
     assert [o[7] for o in sorted(out)] == [1, 2, 3] and not counts["unpaired annotations"]
+
+
+def test_tensor_parallel_group_from_pg_config(tmp_path):
+    # world 8 = pp 2 × dp 2 × tp 2 (tp fastest): rank = 4·pp + 2·dp + tp
+    def info(rank):
+        pp, dp, tp = rank // 4, rank // 2 % 2, rank % 2
+        groups = [("mesh_pp", [r for r in range(8) if r % 4 == rank % 4]),
+                  ("mesh_dp", [4 * pp + 2 * d + tp for d in range(2)]),
+                  ("mesh_tp", [4 * pp + 2 * dp + t for t in range(2)])]
+        return {"backend": "nccl", "rank": rank, "world_size": 8,
+                "pg_config": [{"pg_name": str(i + 1), "pg_desc": d, "pg_size": 2, "ranks": r}
+                              for i, (d, r) in enumerate(groups)]}
+    for rank, (stage, column) in {3: (0, 3), 6: (1, 2)}.items():
+        trace = read_kineto(ddp_rank(rank, 0.0).write(tmp_path / f"r{rank}.json",
+                                                      info=info(rank)))
+        # each TP rank of a replica is a worker (column) of its own: dp·tp + t
+        assert set(trace.ops["stage"]) == {stage} and set(trace.ops["dp_rank"]) == {column}
+        (tmp_path / f"r{rank}.json").unlink()

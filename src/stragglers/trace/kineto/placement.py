@@ -12,6 +12,7 @@ from stragglers.trace.kineto.ops import Placement
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _PP_WORDS = {"pp", "pipe", "pipeline"}
 _DP_WORDS = {"dp", "data"}
+_TP_WORDS = {"tp", "tensor"}
 
 
 def rank_of(ev, notes: list[str]) -> int:
@@ -83,22 +84,26 @@ def place(ev, rank: int, shape: JobShape) -> Placement:
         return Placement(rank, rank % per_stage, rank // per_stage,
                          (lambda r: r // per_stage) if shape.pp_size > 1 else None,
                          shape.pp_size)
-    pp_group, dp_group = _named_groups(ev, rank)
+    pp_group, dp_group, tp_group = _named_groups(ev, rank)
     if pp_group is not None:
         stage = pp_group.index(rank)
         dp_rank = dp_group.index(rank) if dp_group is not None else rank % max(1, per_stage)
+        if tp_group is not None and dp_group is not None:
+            # each tensor-parallel rank of a replica is a worker of its own
+            dp_rank = dp_rank * len(tp_group) + tp_group.index(rank)
         members = list(pp_group)
         return Placement(rank, dp_rank, stage,
                          lambda r: members.index(r) if r in members else -10, len(members))
     return Placement(rank, rank, 0, None)
 
 
-def _named_groups(ev, rank: int) -> tuple[list[int] | None, list[int] | None]:
-    """The pipeline and data-parallel groups of this rank, when pg_config names them."""
+def _named_groups(ev, rank: int) -> tuple[list[int] | None, list[int] | None,
+                                          list[int] | None]:
+    """The pipeline, data- and tensor-parallel groups of this rank, when pg_config names them."""
     groups = (ev.distributed_info or {}).get("pg_config")
-    pp = dp = None
+    pp = dp = tp = None
     if not isinstance(groups, list):
-        return None, None
+        return None, None, None
     for g in groups:
         if not isinstance(g, dict):
             continue
@@ -113,4 +118,6 @@ def _named_groups(ev, rank: int) -> tuple[list[int] | None, list[int] | None]:
             pp = ranks
         elif words & _DP_WORDS and len(ranks) > 1:
             dp = ranks
-    return pp, dp
+        elif words & _TP_WORDS and len(ranks) > 1:
+            tp = ranks
+    return pp, dp, tp
