@@ -193,7 +193,9 @@ class AlertEngine:
     def __init__(self, rules: list[Rule], store, repeat_s: float, external_url: str = ""):
         self.rules, self.store, self.repeat_s = rules, store, float(repeat_s)
         self.external_url = external_url.rstrip("/")
-        self.max_k = max([max(r.for_windows, r.resolve_windows) for r in rules] + [2])
+        self.max_k = max([max(r.for_windows, r.resolve_windows) for r in rules]
+                         + [2, NEW_CAUSE_LOOKBACK + max(r.resolve_windows for r in rules)
+                            if rules else 2])
 
     def on_window(self, job: str, window: dict, now: float | None = None):
         """Alert changes caused by a new analysed window: (alert rows, log rows, messages)."""
@@ -235,10 +237,8 @@ class AlertEngine:
         if rule.kind == "new_cause":
             cause = labels.get("cause")
             for i in range(n):
-                before = {f.get("cause") for f in recent[i + 1].get("diagnosis") or []} \
-                    if i + 1 < len(recent) else set()
                 now_causes = {f.get("cause") for f in recent[i].get("diagnosis") or []}
-                if cause in now_causes and cause not in before:
+                if cause in now_causes and cause not in _causes_before(recent, i):
                     return False
             return True
         return True
@@ -257,6 +257,11 @@ class AlertEngine:
                     "summary": rule.summary or f"job {job} is {state}",
                     "description": f"no new part of job {job} arrived for the stall limit"}}
         return self._apply(job, active, decided, now, None)
+
+    def on_reset(self, job: str, now: float | None = None):
+        """A new run of the job: every alert of the old one resolves."""
+        now = time.time() if now is None else now
+        return self._apply(job, {}, {r.name for r in self.rules}, now, None)
 
     def _labels(self, rule: Rule, job: str, **extra) -> dict:
         return {"alertname": rule.name, "job": job, "severity": rule.severity,
@@ -290,9 +295,12 @@ class AlertEngine:
                         "summary": rule.summary or f"job {job}: {what}",
                         "description": str(f.get("headline") or f.get("evidence", ""))}
         elif rule.kind == "new_cause":
-            # the job's first window has no previous one: every cause in it is new
-            before = {f.get("cause") for f in recent[1].get("diagnosis") or []} \
-                if len(recent) >= 2 else set()
+            # new: absent from the previous NEW_CAUSE_LOOKBACK windows (the job's first window
+            # has none before it: every cause in it is new); a cause that comes and goes from
+            # one window to the next is not new each time it comes back (it fired, resolved
+            # and fired again every few seconds)
+            recent = [w for w in history if w.get("error") is None][:NEW_CAUSE_LOOKBACK + 1]
+            before = _causes_before(recent, 0)
             for f in current.get("diagnosis") or []:
                 cause = f.get("cause")
                 if cause and cause != "none" and cause not in before:
@@ -348,6 +356,15 @@ class AlertEngine:
                         "endsAt": rfc3339(row["ends_at"]),
                         "generatorURL": f"{self.external_url}/jobs/{labels['job']}",
                         "fingerprint": row["fingerprint"]}]}
+
+
+NEW_CAUSE_LOOKBACK = 10   # windows a cause must have been absent from to be new again
+
+
+def _causes_before(recent: list[dict], i: int) -> set:
+    """The causes of the NEW_CAUSE_LOOKBACK windows before recent[i] (newest first)."""
+    return {f.get("cause") for w in recent[i + 1:i + 1 + NEW_CAUSE_LOOKBACK]
+            for f in w.get("diagnosis") or []}
 
 
 def _top_cause(window: dict) -> str:

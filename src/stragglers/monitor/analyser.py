@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from stragglers.monitor.readahead import read_ahead_parts
+from stragglers.monitor.readahead import forget_parts, read_ahead_parts
 from stragglers.monitor.windows import Window, analyse_window, window_row
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,22 @@ class WindowAnalyser:
                 return
             self._ahead_busy = True
         self._send_ahead()
+
+    def forget(self, directory: str) -> None:
+        """Drop what is read ahead (or about to be) from `directory`: a new run of a job writes
+        the same file names, whose old rows must not stand in for the new ones."""
+        if not directory:
+            return
+        prefix = directory.rstrip("/") + "/"
+        with self._lock:
+            self._ahead = [f for f in self._ahead if not str(f.path).startswith(prefix)]
+        if self.in_process:
+            forget_parts(directory)
+            return
+        try:
+            self._executor().submit(forget_parts, directory)
+        except (BrokenProcessPool, RuntimeError):
+            pass   # no process: nothing held there
 
     def _send_ahead(self, _done=None) -> None:
         with self._lock:

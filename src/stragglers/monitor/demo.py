@@ -5,7 +5,8 @@
 Starts `stragglers monitor serve`, prints the dashboard URL, runs a 4-process torchrun job
 (dp 2 × pp 2) whose rank 1 is 4× slow for the first half of the steps and uploads its parts
 (`--monitor-url`), then prints the windows and alerts. With --keep the monitor stays up until
-Ctrl-C; otherwise it stops, and `stragglers monitor serve --db OUT/monitor.db` shows it again.
+Ctrl-C; otherwise it stops and the last line is the command that serves the store again (with
+the demo's rules file, so its 5-step windows read as 5-step windows).
 """
 
 from __future__ import annotations
@@ -73,10 +74,15 @@ def run_demo(port: int = 8150, steps: int = 80, out: Path = Path("runs/demo-live
                   f"S = {w['slowdown'] or float('nan'):.2f}  {', '.join(w['causes'])}")
         for e in reversed(job.get("alert_log", [])):
             print(f"alert {e['status']:8s} {e['rule']}: {e['summary']}")
-        print(f"dashboard: {url}/jobs/gpt", flush=True)
         if keep:
-            print("monitor still running; Ctrl-C stops it", flush=True)
+            print(f"dashboard: {url}/jobs/gpt   (the monitor is still running; Ctrl-C stops "
+                  "it)", flush=True)
             monitor.wait()
+        else:
+            # the monitor stops with the demo: a bare link here would be a dead one; with the
+            # demo's rules (5-step windows) the store reads back as it was shown
+            print(f"the monitor stopped; to see this job again: {reopen_command(out, port)} "
+                  f"then open {url}/jobs/gpt (or run the demo with --keep)", flush=True)
         return rc
     except KeyboardInterrupt:
         return 130
@@ -84,6 +90,12 @@ def run_demo(port: int = 8150, steps: int = 80, out: Path = Path("runs/demo-live
         if monitor.poll() is None:
             monitor.terminate()
             monitor.wait(timeout=30)
+
+
+def reopen_command(out: Path, port: int) -> str:
+    """The command that serves the demo's store again, with the demo's settings."""
+    return (f"stragglers monitor serve --db {out / 'monitor.db'} --config {out / 'rules.yaml'} "
+            f"--data-dir {out / 'uploads'} --port {port}")
 
 
 def _wait_up(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:

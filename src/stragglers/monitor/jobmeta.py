@@ -96,6 +96,29 @@ def _check_layout(layout: object, meta: JobMeta, source) -> None:
                              f"{_HOST_CHARS} characters")
 
 
+def run_start(raw: object) -> str | None:
+    """What identifies one run of a job: the recorder's start clock (one entry per rank, set
+    once the ranks met), with the run id; None while it is not known yet."""
+    if not isinstance(raw, dict):
+        return None
+    extra = raw.get("extra")
+    clock = extra.get("clock") if isinstance(extra, dict) else None
+    start = clock.get("start") if isinstance(clock, dict) else None
+    if not isinstance(start, list) or all(e is None for e in start):
+        return None
+    return json.dumps([raw.get("run_id"), start], sort_keys=True)
+
+
+def is_new_run(stored: object, raw: object) -> bool:
+    """Whether `raw` (meta.json as it is now) belongs to another run than `stored` (as the
+    monitor holds it): the stored run had started (its start clock is known) and the new one
+    has not yet, or started at another time. A recorder writes its start clock once and only
+    adds the end clock after it, so a run rewriting its own meta.json is never a new run; a
+    re-run (`--overwrite`, the same trace directory or job name) always is."""
+    old = run_start(stored)
+    return old is not None and run_start(raw) != old
+
+
 def read_meta_file(path: Path, max_bytes: int = MAX_META_BYTES) -> object:
     """The JSON of a watched meta.json, opened without blocking and only if it is a regular
     file of at most `max_bytes` (a FIFO named meta.json would block the watcher for good);

@@ -74,6 +74,14 @@ def parse_part_name(name: str) -> tuple[int, int] | None:
     return int(m[1]), int(m[2]) if m[2] is not None else 0
 
 
+def is_whole_rank_file(path: Path | None) -> bool:
+    """Whether a part file is a whole rank's ops (rank-RRRRR.parquet), written once a run ended."""
+    if path is None:
+        return False
+    m = RANK_FILE.match(path.name)
+    return m is not None and m[2] is None
+
+
 def part_path(directory: Path, rank: int, part: int) -> Path:
     """Where a stored part's file is: its part file, or for part 0 a whole-rank file
     (rank-RRRRR.parquet names part 0 too; rebuilding the part-file name for it lost a watched

@@ -57,6 +57,14 @@ class ReadAhead:
         return out
 
 
+    def forget(self, directory: str) -> None:
+        """Let go of every part held from `directory` (a new run writes the same file names)."""
+        prefix = directory.rstrip("/") + "/"
+        with self._lock:
+            for key in [k for k in self._held if k.startswith(prefix)]:
+                self.rows -= self._held.pop(key)[0].records
+
+
 _AHEAD: list[ReadAhead] = []
 
 
@@ -65,6 +73,11 @@ def read_ahead() -> ReadAhead:
     if not _AHEAD:
         _AHEAD.append(ReadAhead())
     return _AHEAD[0]
+
+
+def forget_parts(directory: str) -> None:
+    """ReadAhead.forget in this process (the analyser submits this to its process)."""
+    read_ahead().forget(directory)
 
 
 def read_ahead_parts(files: list[PartFile]) -> None:

@@ -29,9 +29,9 @@ from stragglers.errors import InputError
 from stragglers.monitor.alerts import AlertEngine, WebhookSender, parse_rules
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.metrics import MonitorMetrics
-from stragglers.monitor.jobmeta import check_meta
+from stragglers.monitor.jobmeta import check_meta, is_new_run
 from stragglers.monitor.parts import PartConflict, PartData, PartFile, check_file_in_job, \
-    check_in_job, check_same_part, check_step_gaps, part_path, read_part_file, \
+    check_in_job, check_same_part, check_step_gaps, is_whole_rank_file, part_path, read_part_file, \
     read_part_files, read_part_footer, read_part_footers, read_upload, read_uploads, \
     sync_directory, write_part_file
 from stragglers.monitor.settings import MonitorConfig
@@ -161,6 +161,10 @@ class Monitor:
             if job not in self.directories and len(self.directories) >= self.config.max_jobs:
                 raise InputError(job, "job", f"the monitor tracks {self.config.max_jobs} jobs "
                                  "already (max_jobs)")
+            old = self.store.job(job)
+            if old is not None and old["directory"] == str(directory) and \
+                    is_new_run(old["meta"], raw_meta):
+                self._reset(job, raw_meta)
             try:
                 self.store.register_job(job, str(directory), way, raw_meta)
             except JobConflict as exc:
@@ -177,6 +181,21 @@ class Monitor:
                 self.states[job] = "running"
                 self.metrics.set_state(job, "running")
         return meta
+
+    def _reset(self, job: str, raw_meta: dict) -> None:
+        """A new run of a job (the same name, a new start clock: `--overwrite`): the old run's
+        parts, windows and held rows go and its alerts resolve, so the job's page shows the new
+        run's history only (the old one's windows were shown as the new run's, and its alerts
+        kept firing)."""
+        alert_rows, log_rows, messages = self.alerts.on_reset(job)
+        self.store.reset_job(job, raw_meta, alert_rows, log_rows)
+        self.trackers.pop(job, None)
+        self.analyser.forget(str(self.directories.get(job, "")))
+        self.states[job] = "running"
+        self.metrics.set_state(job, "running")
+        log.warning("job %s: a new run began (its start clock changed); its history starts "
+                    "again", job)
+        self._deliver(job, messages)
 
     def tracker(self, job: str) -> JobTracker | None:
         """The job's tracker, rebuilt from the store if the job finished and comes back."""
@@ -227,6 +246,8 @@ class Monitor:
                     log.warning("job %s: stored part unreadable now: %s", name, exc)
                     file = None
             tr.add_part(p["rank"], p["part"], p["last_step"], columns, p["ingested_at"], file)
+            if p["part"] == 0 and is_whole_rank_file(part_path(directory, p["rank"], 0)):
+                tr.mark_whole(p["rank"])
         self.analyser.read_ahead(list(tr.files))
         self.trackers[name] = tr
         return tr
@@ -377,6 +398,8 @@ class Monitor:
                 else:
                     self.trackers[it.job].add_part(it.rank, it.part, data.last_step,
                                                    data.columns, now)
+                if is_whole_rank_file(it.path):
+                    self.trackers[it.job].mark_whole(it.rank)
                 self.metrics.parts.labels(it.way).inc()
                 self.metrics.records.labels(it.way).inc(data.records)
                 self.metrics.ingest_seconds.labels(it.way).observe(time.monotonic() - it.queued_at)

@@ -144,6 +144,22 @@ class Store:
 
         return self._write(tx)
 
+    def reset_job(self, job: str, meta: dict, alert_rows: list[dict],
+                  log_rows: list[dict]) -> None:
+        """A new run of a job: its parts, windows and upload drop counts go, its metadata is
+        replaced, and its alerts resolve (alert_rows, log_rows), in one transaction."""
+        meta_text = json.dumps(meta, sort_keys=True)
+
+        def tx(db):
+            for table in ("parts", "windows", "upload_drops"):
+                db.execute(f"DELETE FROM {table} WHERE job = ?", (job,))
+            db.execute("UPDATE jobs SET meta = ?, state = 'running', last_part_at = NULL, "
+                       "finished_at = NULL, closed = 0, created_at = ? WHERE job = ?",
+                       (meta_text, time.time(), job))
+            self._alert_changes(db, alert_rows, log_rows)
+
+        self._write(tx)
+
     def set_job_state(self, job: str, state: str, closed: bool | None = None,
                       finished_at: float | None = None) -> None:
         """Record a job's state (running, stalled, finished)."""
@@ -301,7 +317,8 @@ class Store:
                           "WHERE job = ? ORDER BY idx DESC LIMIT ?", (job, limit))
         for r in rows:
             found = _loads(r.pop("diagnosis"), [])
-            r["causes"] = [f.get("cause") for f in found if isinstance(f, dict)] \
+            # each cause once (a cause found at two places is two findings, one cause)
+            r["causes"] = list(dict.fromkeys(f.get("cause") for f in found if isinstance(f, dict))) \
                 if isinstance(found, list) else []
         return rows[::-1]
 

@@ -86,6 +86,7 @@ class JobTracker:
         self.late_rows = 0   # rows of steps already analysed when they arrived (dropped)
         self.last_arrival: float | None = None
         self.max_step = int(consumed_step)   # the job's last step seen (step gaps are checked)
+        self.whole: set[int] = set()   # ranks delivered as one whole-rank file (a finished run)
         self.set_meta(meta)
 
     def set_meta(self, meta: JobMeta) -> None:
@@ -95,6 +96,14 @@ class JobTracker:
         clock = meta.extra.get("clock") or {}
         if isinstance(clock, dict) and clock.get("end"):
             self.closed_marker = True  # the recorder's close() rewrites meta with the end clock
+
+    def mark_whole(self, rank: int) -> None:
+        """A rank came as one whole-rank file (rank-RRRRR.parquet): a run written whole is
+        finished, so once every expected rank came so, the job closes as the recorder's close
+        marker closes it (a synthetic run was shown running, then stalled with an alert)."""
+        self.whole.add(rank)
+        if self.expected_ranks and set(self.expected_ranks) <= self.whole:
+            self.closed_marker = True
 
     @property
     def expected_ranks(self) -> list[int]:

@@ -81,7 +81,9 @@ function startJobList() {
 // ---- job page ------------------------------------------------------------------------------
 
 function heatmapTrace(win, dp, pp) {
-  // x = DP rank, y = PP stage, colour = S_w on a fixed 1.0–1.5 scale (values above saturate).
+  // x = DP rank, y = PP stage, colour = S_w from 1.0 to the window's largest score (at least
+  // 1.5, so a window without stragglers stays pale); each cell shows its number. A fixed
+  // 1.0–1.5 scale saturated every cell at S 2.57, and no worker stood out.
   const groups = dp > MAX_COLUMNS ? Math.ceil(dp / MAX_COLUMNS) : 1;
   const cols = Math.ceil(dp / groups);
   const z = Array.from({length: pp}, () => Array(cols).fill(null));
@@ -97,9 +99,12 @@ function heatmapTrace(win, dp, pp) {
     }
   }
   const x = Array.from({length: cols}, (_, i) => groups > 1 ? i * groups : i);
+  const top = Math.max(1.5, ...z.flat().filter(v => v !== null));
+  const cells = pp * cols <= 1024;   // numbers in the cells while they can be read
   return {note: groups > 1 ? `${dp} DP ranks: each column is the max over ${groups} ranks.` : "",
           trace: {type: "heatmap", z, x, y: Array.from({length: pp}, (_, i) => i), text: hover,
-                  hovertemplate: "%{text}<extra></extra>", zmin: 1.0, zmax: 1.5,
+                  hovertemplate: "%{text}<extra></extra>", zmin: 1.0, zmax: top,
+                  texttemplate: cells ? "%{z:.2f}" : "", textfont: {size: 11},
                   colorscale: "YlOrRd", reversescale: true, colorbar: {title: {text: "S_w"}}}};
 }
 
@@ -173,7 +178,10 @@ function startJobPage() {
       type: "scatter", mode: "lines+markers", x: ws.map(w => w.idx), y: ws.map(w => w.slowdown),
       text: ws.map(w => `steps ${w.first_step}–${w.last_step}<br>${w.causes.join(", ")}`),
       hovertemplate: "window %{x}: S = %{y:.3f}<br>%{text}<extra></extra>"}], {
-      margin: {t: 10, r: 10, b: 45, l: 50}, xaxis: {title: {text: "window"}},
+      margin: {t: 10, r: 10, b: 45, l: 50},
+      // whole window numbers only, about a dozen of them (fractional ticks on few windows)
+      xaxis: {title: {text: "window"}, tick0: 0, tickformat: "d", dtick: Math.max(1,
+              Math.ceil((ws.length ? ws[ws.length - 1].idx - ws[0].idx + 1 : 1) / 12))},
       yaxis: {title: {text: "S"}, rangemode: "tozero"},
       shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: 1.1, y1: 1.1,
                 line: {dash: "dot", color: "#b35900"}}]}, {displayModeBar: false});

@@ -1,0 +1,121 @@
+"""A well-behaved recorder's upload latency on the monitor, quiet and under connection DoS.
+
+    python benchmarks/monitor_dos.py [--rounds 60]
+
+For each case the same client (one keep-alive httpx connection, as the PartUploader keeps)
+uploads `rounds` parts one after the other; the figure is the median latency under the case
+divided by the quiet median of the same run (issue 34: within 2x). Cases: 1,000 idle TCP
+connections; 200 connections sending half a request head; 32 slow bodies declaring 64 MiB
+each (a byte a second); the same well-behaved client opening a new connection per upload
+while 1,000 idle connections are held (what the idle-eviction is for).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "monitor"))
+from monitor_jobs import parts_of, slow_job  # noqa: E402
+
+from stragglers.monitor.server import MonitorServer  # noqa: E402
+from stragglers.monitor.settings import MonitorConfig  # noqa: E402
+from stragglers.trace.runformat import table_bytes  # noqa: E402
+
+TOKEN = "benchmark-token-0123456"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def uploads(url: str, job: str, bodies, fresh: bool) -> list[float]:
+    """Latency (s) of each upload, over one keep-alive connection or a new one each time."""
+    out = []
+    client = None if fresh else httpx.Client(base_url=url, timeout=60)
+    for rank, part, body in bodies:
+        c = httpx.Client(base_url=url, timeout=60) if fresh else client
+        t0 = time.perf_counter()
+        r = c.put(f"/api/jobs/{job}/ranks/{rank}/parts/{part}", content=body, headers=AUTH)
+        out.append(time.perf_counter() - t0)
+        assert r.status_code == 200, r.text
+        if fresh:
+            c.close()
+    if client is not None:
+        client.close()
+    return out
+
+
+def idle(port: int, n: int) -> list[socket.socket]:
+    return [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+
+
+def half_heads(port: int, n: int) -> list[socket.socket]:
+    socks = idle(port, n)
+    for k in socks:
+        k.sendall(b"PUT /api/jobs/x/meta HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    return socks
+
+
+def slow_bodies(port: int, n: int, stop: threading.Event) -> list[socket.socket]:
+    socks = idle(port, n)
+    for i, k in enumerate(socks):
+        k.sendall(f"PUT /api/jobs/dos/ranks/0/parts/{500 + i} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                  f"Authorization: Bearer {TOKEN}\r\nContent-Length: {64 * 2**20}\r\n\r\n"
+                  .encode())
+
+    def trickle():
+        while not stop.wait(1.0):
+            for k in socks:
+                try:
+                    k.sendall(b"x")
+                except OSError:
+                    pass
+
+    threading.Thread(target=trickle, daemon=True).start()
+    return socks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=60)
+    args = ap.parse_args()
+    trace = slow_job(steps=5 * args.rounds, dp=2, pp=2)
+    parts = [(r, p, table_bytes(c)) for r, p, c in parts_of(trace, steps_per_part=5)]
+    cfg = MonitorConfig(window_steps=10, stall_after_s=600, durable=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        s = MonitorServer(Path(tmp) / "mon.db", port=0, token=TOKEN, config=cfg).start()
+        try:
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                for job in ("quiet", "dos"):
+                    c.put(f"/api/jobs/{job}/meta", json=trace.meta.to_dict(), headers=AUTH)
+            chunks = [parts[i::5] for i in range(5)]
+            quiet = statistics.median(uploads(s.url, "quiet", chunks[0], False))
+            print(f"quiet: median upload {quiet * 1e3:.2f} ms")
+            cases = [("1,000 idle connections", lambda st: idle(s.port, 1000), False),
+                     ("200 half request heads", lambda st: half_heads(s.port, 200), False),
+                     ("32 slow 64 MiB bodies", lambda st: slow_bodies(s.port, 32, st), False),
+                     ("1,000 idle, new connection per upload", lambda st: idle(s.port, 1000),
+                      True)]
+            for (name, attack, fresh), bodies in zip(cases, chunks[1:]):
+                stop = threading.Event()
+                socks = attack(stop)
+                time.sleep(0.5)
+                try:
+                    got = statistics.median(uploads(s.url, "dos", bodies, fresh))
+                finally:
+                    stop.set()
+                    for k in socks:
+                        k.close()
+                print(f"{name}: median upload {got * 1e3:.2f} ms, {got / quiet:.2f}x quiet")
+        finally:
+            s.stop()
+
+
+if __name__ == "__main__":
+    main()
