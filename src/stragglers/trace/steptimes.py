@@ -9,7 +9,7 @@ all-reduce that ends when the slowest worker of the step arrives; the next step 
 The table needs a worker column, a step column and a time column; their names are recognised
 (`rank`/`worker`, `step`/`iteration`/`time`, `step_time`/`batch_time`/`duration`...). Times
 are seconds, or milliseconds / microseconds where the column name ends in `_ms` / `_us`;
-normalised times (`*_norm`) keep their unit (only ratios matter to the analysis).
+normalised times (`*_norm`) are shown as milliseconds (only ratios matter to the analysis).
 """
 
 from __future__ import annotations
@@ -97,8 +97,9 @@ def _values(rows: list[list[str]], cols: tuple[int, int, int], header: list[str]
 
 
 def _unit(column: str) -> float:
-    """Seconds per unit of a time column, from its name."""
-    if column.endswith("_ms"):
+    """Seconds per unit of a time column, from its name (normalised, unitless times are read as
+    milliseconds: a step of 0-1000 of them reads as a plausible step, and only ratios matter)."""
+    if column.endswith(("_ms", "_norm")):
         return 1e-3
     if column.endswith("_us"):
         return 1e-6
@@ -156,6 +157,9 @@ def _trace(worker, step, seconds, name: str, source: str, column: str) -> Trace:
     if repeated:
         trace.note("dropped", f"{repeated} row(s) repeating a worker's step with the same time "
                               "were read once")
+    if column.endswith("_norm"):
+        trace.note("other", f"{column!r} holds normalised (unitless) times: they are shown as "
+                            "milliseconds; every ratio, S and speedup is unaffected")
     trace.note("other", f"step times only ({column!r}): each worker's step is one compute op, "
                         "then a gradient all-reduce that ends when the step's slowest worker "
                         "arrives (synchronous data parallelism assumed); the next step starts "

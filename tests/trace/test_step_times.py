@@ -1,0 +1,73 @@
+"""Per-worker step-time tables (.csv): read as a synchronous data-parallel job, bad input refused
+with one line naming the file and column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stragglers.advise import advise
+from stragglers.errors import InputError
+from stragglers.trace.load import load_trace
+from stragglers.whatif.analyze import analyze
+
+PAI = Path(__file__).resolve().parents[1] / "data" / "real" / "pai-minibatch"
+
+
+def _csv(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_a_table_becomes_compute_and_a_synchronising_all_reduce(tmp_path):
+    rows = ["rank,step,step_time_ms"]
+    for step in range(4):
+        rows += [f"{r},{step},{100 + 50 * (r == 2)}" for r in range(3)]
+    trace = load_trace(_csv(tmp_path / "t.csv", "\n".join(rows)))
+    names = trace.optype_names()
+    assert list(names).count("forward-compute") == 12 and list(names).count("grads-all-reduce") == 12
+    comp = trace.ops["duration"][names == "forward-compute"]
+    assert sorted(set(np.round(comp, 6))) == [0.1, 0.15]               # milliseconds read
+    ends = (trace.ops["start_ts"] + trace.ops["duration"])[names == "grads-all-reduce"]
+    # every worker's all-reduce of a step ends when the slowest worker (rank 2) arrives
+    assert np.allclose(np.sort(ends), np.repeat(np.arange(1, 5) * 0.15, 3))
+    result = analyze(trace)
+    assert result.sim_error < 1e-9
+
+
+def test_diagnosis_and_advise_agree_on_the_slow_half():
+    path = PAI / "job_4_norm.csv"
+    result = analyze(load_trace(path))
+    slow = {w["rank"] for f in result.diagnosis for w in f.where.get("workers", [])}
+    assert slow == {0, 5, 6, 7, 8}
+    plan = advise(load_trace(path))
+    dd = next(a for a in plan.remedies if a.name == "antdt-dd")
+    assert dd.applies
+    # the DD re-split gives exactly the slow half the smaller batches
+    before, after = dd.details["batch_sizes"], dd.details["new_batch_sizes"]
+    assert {i for i, (b, n) in enumerate(zip(before, after)) if n < b} == slow
+
+
+@pytest.mark.parametrize("text, field", [
+    ("who,step,step_time\n0,1,2\n", "worker"),
+    ("rank,step,colour\n0,1,2\n", "time"),
+    ("rank,step,step_time\n0,1,fast\n", "step_time"),
+    ("rank,step,step_time\n0,1.5,2\n", "step"),
+    ("rank,step,step_time\n0,1,-2\n", "step_time"),
+    ("rank,step,step_time\n0,1,2\n0,1,3\n", "step"),
+])
+def test_bad_tables_are_one_line_errors(tmp_path, text, field):
+    path = _csv(tmp_path / "bad.csv", text)
+    with pytest.raises(InputError) as err:
+        from stragglers.trace.steptimes import read_step_times
+        read_step_times(path)
+    assert err.value.field == field and "bad.csv" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_csv_without_the_columns_is_not_taken_for_step_times(tmp_path):
+    path = _csv(tmp_path / "other.csv", "a,b\n1,2\n")
+    with pytest.raises(InputError, match="step times"):
+        load_trace(path)
