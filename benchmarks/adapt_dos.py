@@ -45,7 +45,7 @@ def big_db(db: Path) -> None:
     store.create_dataset(cfg)
     with store._tx() as c:
         for epoch in range(1, 10):
-            store._create_epoch(c, cfg, epoch)
+            store._create_epoch(c, cfg, epoch, full=True)
     store.close()
 
 

@@ -389,3 +389,67 @@ def test_rolled_back_call_in_a_batch_leaves_no_stale_state(store):
     assert results[1][1]["failed"] == [{"epoch": 0, "shard": first["shard"], "samples": 10,
                                         "retries": 1, "error": "lease of w expired"}]
     assert store.status("d")["epochs"]["0"]["FAILED"] == 1
+
+
+def test_a_big_epoch_is_written_in_chunks_as_its_queue_reaches_them(store, tmp_path):
+    # Creating 65,536 shard rows in one transaction held the commit thread (every other job)
+    # for seconds: an epoch's rows are written EPOCH_CHUNK at a time. Status, snapshot,
+    # restore and the order of the queue are those of a fully written epoch.
+    from stragglers.adapt.shards import EPOCH_CHUNK
+
+    def rows():
+        with sqlite3.connect(tmp_path / "shards.db") as c:
+            return c.execute("SELECT COUNT(*) FROM shards").fetchone()[0]
+
+    store.create_dataset(DatasetConfig("big", 1 << 26, 1024))
+    assert rows() == EPOCH_CHUNK
+    assert store.status("big")["epochs"]["0"]["TODO"] == 65_536
+    n = 3 * EPOCH_CHUNK + 5
+    store.create_dataset(DatasetConfig("d", n, 1, num_epochs=2))
+    assert len(store.snapshot("d")["shards"]) == n
+    f = store.join("d", "w")["fence"]
+    first = store.lease("d", "w", f, count=256)["leases"]
+    store.ack("d", "w", f, 0, first[0]["shard"], 1)
+    with pytest.raises(LeaseLost):   # a shard not written yet is TODO: not held
+        store.ack("d", "w", f, 0, n - 1, 1)
+    snap = store.snapshot("d")
+    seen = collections.Counter(x["indices"][0] for x in first)
+    order = [x["shard"] for x in first]
+    while True:
+        reply = store.lease("d", "w", f, count=256)
+        if reply["status"] != "ok":
+            break
+        for x in reply["leases"]:
+            order.append(x["shard"])
+            seen.update(x["indices"])
+        if len(order) >= n:
+            break
+    assert order[:n] == list(range(n)) and sorted(seen) == list(range(n))
+    assert store.status("d")["epochs"]["0"]["TODO"] == 0
+    # a snapshot taken while only part of the epoch was written restores in full
+    assert store.restore(snap) == {"restored": n, "requeued_first": 255}
+    again = store.snapshot("d")["shards"]
+    assert [r[:4] for r in again[1:]] == [[0, s, "TODO", 0] for s in range(1, n)]
+    assert sorted(r[5] for r in again[1:256]) == [r[5] for r in again[1:256]] < [again[256][5]]
+
+
+def test_a_schema_2_file_is_upgraded_in_place(tmp_path):
+    db = tmp_path / "old.db"
+    s = ShardStore(db)
+    s.create_dataset(DatasetConfig("d", 100, 10))
+    f = s.join("d", "w")["fence"]
+    held = s.lease("d", "w", f, request_id="r1")["leases"][0]
+    s.close()
+    with sqlite3.connect(db) as c:   # back to the schema-2 layout
+        c.executescript("DROP TABLE lease_requests; ALTER TABLE workers DROP COLUMN seq;"
+                        " UPDATE datasets SET materialized=NULL;"
+                        " ALTER TABLE datasets DROP COLUMN materialized; PRAGMA user_version=2;")
+    s = ShardStore(db)
+    try:
+        assert s.status("d")["epochs"]["0"]["DOING"] == 1
+        assert s.ack("d", "w", f, 0, held["shard"], 10)["state"] == DONE
+        assert s.lease("d", "w", f, request_id="r2")["status"] == "ok"
+    finally:
+        s.close()
+    with sqlite3.connect(db) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 3

@@ -17,37 +17,49 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 
-from stragglers.adapt.dataset import STATES, DatasetConfig
+from stragglers.adapt.dataset import STATES, TODO, DatasetConfig
 from stragglers.adapt.errors import Busy, NotFound
-from stragglers.adapt.stored import (check_dataset_row, config_of, first_bad_shard)
+from stragglers.adapt.stored import (check_dataset_row, check_materialized, config_of,
+                                     first_bad_shard)
 
 CHUNK_ROWS = 4096
 MAX_FAILED_IN_STATUS = 1024
 
 
-def _dataset(conn: sqlite3.Connection, name: str) -> tuple[DatasetConfig, int]:
+def _dataset(conn: sqlite3.Connection, name: str) -> tuple[DatasetConfig, int, int]:
+    """(config, epochs created, shard rows written of the last epoch), checked."""
     row = conn.execute("SELECT num_samples, shard_size, seed, num_epochs, lease_s, max_retries,"
-                       " epochs_created, front, token_sha256 FROM datasets WHERE name=?",
-                       (name,)).fetchone()
+                       " epochs_created, front, token_sha256, materialized FROM datasets WHERE"
+                       " name=?", (name,)).fetchone()
     if row is None:
         raise NotFound(f"no data set named '{name}'")
     cfg = config_of(name, row[:6])
     check_dataset_row(name, row[6], row[7], row[8])
-    return cfg, row[6]
+    return cfg, row[6], check_materialized(cfg, row[9])
+
+
+def _unwritten(cfg: DatasetConfig, epochs: int, written: int):
+    """The snapshot rows of the last epoch's shards not written yet: TODO, in queue order."""
+    epoch, n = epochs - 1, cfg.num_shards
+    base = epoch * (n + 1) + 1
+    return [[epoch, s, "TODO", 0, 0, base + s, None] for s in range(written, n)]
 
 
 def snapshot_bytes(conn: sqlite3.Connection, name: str) -> bytes:
     """The snapshot of data set `name` as JSON bytes (checked first: a damaged row quarantines it)."""
     with _read(conn):
-        cfg, epochs = _dataset(conn, name)
-        first_bad_shard(conn, cfg, epochs)
+        cfg, epochs, written = _dataset(conn, name)
+        first_bad_shard(conn, cfg, epochs, written)
         head = json.dumps({"dataset": asdict(cfg), "epochs_created": epochs},
                           separators=(",", ":"))
         parts = [head[:-1].encode(), b',"shards":[']
         cur = conn.execute("SELECT epoch, shard, state, consumed, retries, queue_pos, error"
                            " FROM shards WHERE dataset=? ORDER BY epoch, shard", (name,))
         first = True
-        while rows := cur.fetchmany(CHUNK_ROWS):
+        tail = _unwritten(cfg, epochs, written)
+        while rows := cur.fetchmany(CHUNK_ROWS) or tail:
+            if rows is tail:
+                rows, tail = tail[:CHUNK_ROWS], tail[CHUNK_ROWS:]
             # One chunk per json.dumps call: the C encoder holds the GIL for a whole call.
             text = json.dumps(rows, separators=(",", ":"))[1:-1]
             parts.append(text.encode() if first else b"," + text.encode())
@@ -59,13 +71,16 @@ def snapshot_bytes(conn: sqlite3.Connection, name: str) -> bytes:
 def status_of(conn: sqlite3.Connection, name: str) -> dict:
     """Shard counts per epoch and state, and the FAILED report (first MAX_FAILED_IN_STATUS)."""
     with _read(conn):
-        cfg, epochs = _dataset(conn, name)
+        cfg, epochs, written = _dataset(conn, name)
         counts: dict[int, dict[str, int]] = {}
         for epoch, state, n in conn.execute("SELECT epoch, state, COUNT(*) FROM shards WHERE"
                                             " dataset=? GROUP BY epoch, state", (name,)):
             if state not in STATES or type(epoch) is not int:
-                first_bad_shard(conn, cfg, epochs)
+                first_bad_shard(conn, cfg, epochs, written)
             counts.setdefault(epoch, {s: 0 for s in STATES})[state] = n
+        if written < cfg.num_shards:   # the last epoch's shards not written yet are TODO
+            last = counts.setdefault(epochs - 1, {s: 0 for s in STATES})
+            last[TODO] += cfg.num_shards - written
         rows = conn.execute("SELECT epoch, shard, start, stop, consumed, retries, error FROM"
                             " shards WHERE dataset=? AND state='FAILED' ORDER BY epoch, shard"
                             " LIMIT ?", (name, MAX_FAILED_IN_STATUS)).fetchall()
@@ -74,7 +89,7 @@ def status_of(conn: sqlite3.Connection, name: str) -> dict:
             failed = [{"epoch": e, "shard": s, "samples": b - a - k, "retries": r, "error": err}
                       for e, s, a, b, k, r, err in rows]
         except TypeError:
-            first_bad_shard(conn, cfg, epochs)
+            first_bad_shard(conn, cfg, epochs, written)
             raise
     return {"dataset": asdict(cfg), "epochs_created": epochs,
             "epochs": {str(e): v for e, v in sorted(counts.items())}, "failed": failed,

@@ -294,7 +294,10 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     store.defer_indices = True
     reader = reads.ReadSide(store.db, store.generation, max_queued=config.max_queued_reads,
                             busy_timeout_s=config.busy_timeout_s)
-    shuffles = ThreadPoolExecutor(2, thread_name_prefix="shard-shuffles")
+    # Two shuffle threads: small epochs (up to 2**20 samples, milliseconds) never queue behind
+    # big ones (seconds each), and big ones together use at most one core.
+    shuffles = {False: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-small"),
+                True: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-big")}
     sending = _SendSlots(config.max_snapshot_sends, config.snapshot_bytes_per_s)
 
     def handler(fn):
@@ -314,9 +317,12 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def with_indices(reply: dict) -> dict:
         """A lease reply with its Pending indices computed on a shuffle thread (not the writer)."""
-        if any(isinstance(x["indices"], Pending) for x in reply.get("leases", ())):
-            await asyncio.get_running_loop().run_in_executor(shuffles, resolve_indices, store,
-                                                             reply)
+        pending = [x["indices"] for x in reply.get("leases", ())
+                   if isinstance(x["indices"], Pending)]
+        if pending:
+            big = max(p.key[0] for p in pending) > 1 << 20
+            await asyncio.get_running_loop().run_in_executor(shuffles[big], resolve_indices,
+                                                             store, reply)
         return reply
 
     def route(path: str, fn, methods=("POST",)) -> Route:

@@ -24,8 +24,8 @@ from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_FAILED_IN_REPLY, 
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,  # noqa: F401
                                     Quarantined, QuotaExceeded, authorize)
 from stragglers.adapt.permutations import Pending, Permutations
-from stragglers.adapt.stored import (check_dataset_row, check_shard, check_worker_row,
-                                     config_of, damaged, first_bad_shard)
+from stragglers.adapt.stored import (check_dataset_row, check_materialized, check_shard,
+                                     check_worker_row, config_of, damaged, first_bad_shard)
 from stragglers.errors import InputError
 
 SCHEMA_VERSION = 3
@@ -37,7 +37,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
     name TEXT PRIMARY KEY, num_samples INTEGER, shard_size INTEGER, seed INTEGER,
     num_epochs INTEGER, lease_s REAL, max_retries INTEGER, epochs_created INTEGER,
-    front INTEGER, token_sha256 TEXT);
+    front INTEGER, token_sha256 TEXT, materialized INTEGER);
 CREATE TABLE IF NOT EXISTS shards (
     dataset TEXT, epoch INTEGER, shard INTEGER, start INTEGER, stop INTEGER,
     state TEXT, worker TEXT, fence INTEGER, lease_until REAL, consumed INTEGER,
@@ -55,7 +55,15 @@ CREATE UNIQUE INDEX IF NOT EXISTS lease_requests_id ON lease_requests (dataset, 
 CREATE INDEX IF NOT EXISTS datasets_owner ON datasets (token_sha256);
 """
 # Schema 2 -> 3: a history of lease request ids per worker (schema 2 kept only the last one).
-_MIGRATE_2 = "ALTER TABLE workers ADD COLUMN seq INTEGER DEFAULT 0;"
+# Schema 2 -> 3, also: the last epoch's rows are written in chunks (materialized: how many of
+# them exist; NULL: all).
+_MIGRATE_2 = ("ALTER TABLE workers ADD COLUMN seq INTEGER DEFAULT 0;"
+              " ALTER TABLE datasets ADD COLUMN materialized INTEGER;")
+# Rows of an epoch written at once: creating a data set or an epoch of 65,536 shards in one
+# transaction held the commit thread (every other job's calls) for seconds. The rest of the
+# epoch's rows are written EPOCH_CHUNK at a time as its queue reaches them (all of them are TODO
+# and queued after the written ones, so the order of the queue is the same).
+EPOCH_CHUNK = 1024
 
 
 class ShardStore:
@@ -254,7 +262,7 @@ class ShardStore:
             check_dataset_row(name, epochs_created, front, owner)
             cfg = self._config_of(name, values)
             if name not in self._verified:
-                first_bad_shard(c, cfg, epochs_created)
+                first_bad_shard(c, cfg, epochs_created, self._materialized(c, cfg))
                 bad = c.execute("SELECT worker, fence, seq FROM workers WHERE dataset=? AND"
                                 " NOT (typeof(fence)='integer' AND fence >= 1 AND"
                                 " typeof(seq)='integer' AND seq >= 0) LIMIT 1",
@@ -305,7 +313,7 @@ class ShardStore:
                 return {"created": False}
             self._check_quota(c, token_sha256)
             self._touched.add(cfg.name)
-            c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?)",
+            c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?,0)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
                        cfg.lease_s, cfg.max_retries, token_sha256))
             self._create_epoch(c, cfg, 0)
@@ -352,14 +360,32 @@ class ShardStore:
             self._read_conns.append(conn)
         return conn
 
-    def _create_epoch(self, c: sqlite3.Connection, cfg: DatasetConfig, epoch: int) -> None:
-        n = cfg.num_shards
-        base = epoch * (n + 1) + 1  # queue positions after everything of earlier epochs
+    def _create_epoch(self, c: sqlite3.Connection, cfg: DatasetConfig, epoch: int,
+                      full: bool = False) -> None:
+        """A new epoch: its first EPOCH_CHUNK shard rows (all of them with `full`)."""
+        upto = cfg.num_shards if full else min(cfg.num_shards, EPOCH_CHUNK)
+        self._write_rows(c, cfg, epoch, 0, upto)
+        c.execute("UPDATE datasets SET epochs_created=?, materialized=? WHERE name=?",
+                  (epoch + 1, upto, cfg.name))
+
+    def _write_rows(self, c, cfg: DatasetConfig, epoch: int, lo: int, hi: int) -> None:
+        base = epoch * (cfg.num_shards + 1) + 1  # queue positions after earlier epochs
         rows = [(cfg.name, epoch, s, s * cfg.shard_size,
                  min((s + 1) * cfg.shard_size, cfg.num_samples), TODO, None, None, None, 0, 0,
-                 base + s, None) for s in range(n)]
+                 base + s, None) for s in range(lo, hi)]
         c.executemany("INSERT INTO shards VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-        c.execute("UPDATE datasets SET epochs_created=? WHERE name=?", (epoch + 1, cfg.name))
+
+    def _materialized(self, c, cfg: DatasetConfig) -> int:
+        """Shard rows written of the last epoch (the others are TODO, queued after them)."""
+        value = c.execute("SELECT materialized FROM datasets WHERE name=?",
+                          (cfg.name,)).fetchone()[0]
+        return check_materialized(cfg, value)
+
+    def _extend_epoch(self, c, cfg: DatasetConfig, epoch: int, have: int) -> None:
+        """Write the next EPOCH_CHUNK rows of the last epoch (its queue reached them)."""
+        upto = min(cfg.num_shards, have + EPOCH_CHUNK)
+        self._write_rows(c, cfg, epoch, have, upto)
+        c.execute("UPDATE datasets SET materialized=? WHERE name=?", (upto, cfg.name))
 
     def _requeue(self, c, cfg: DatasetConfig, front: int, epoch: int, shard: int,
                  retries: int, failure: bool, error: str | None) -> int:
@@ -499,7 +525,11 @@ class ShardStore:
                 raise damaged(cfg.name, "shard row", "queue_pos is not an integer") from None
             for _, epoch, shard, start, stop, consumed in rows:
                 leases.append(_lease(self, cfg, epoch, shard, start, stop, consumed))
-            if len(leases) < want:  # TODO is empty
+            if len(leases) < want:  # no TODO row: write more of the epoch, or a new epoch
+                have = self._materialized(c, cfg)
+                if have < cfg.num_shards:
+                    self._extend_epoch(c, cfg, epochs_created - 1, have)
+                    continue
                 if cfg.num_epochs is not None and epochs_created >= cfg.num_epochs:
                     break
                 self._create_epoch(c, cfg, epochs_created)
@@ -566,11 +596,14 @@ class ShardStore:
         """
         now = self._clock()
         with self._tx() as c:
-            cfg, _, _, _ = self._config_fence(c, name, worker, fence, token_sha256)
+            cfg, epochs_created, _, _ = self._config_fence(c, name, worker, fence, token_sha256)
             row = c.execute("SELECT state, worker, fence, start, stop, consumed FROM shards"
                             " WHERE dataset=? AND epoch=? AND shard=?",
                             (name, epoch, shard)).fetchone()
             if row is None:
+                if epoch < epochs_created and shard < cfg.num_shards:   # not written yet: TODO
+                    raise LeaseLost(f"shard {epoch}/{shard} of '{name}' is TODO, not leased to"
+                                    f" {worker} fence {fence}")
                 raise InputError("shard service", "shard", f"no shard {epoch}/{shard} in '{name}'")
             state, holder, holder_fence, start, stop, done = row
             check_shard(cfg, epoch, shard, start, stop, done, state)
@@ -695,11 +728,11 @@ class ShardStore:
             c.execute("DELETE FROM shards WHERE dataset=?", (cfg.name,))
             # Recorded lease answers name shards whose state the snapshot replaces.
             c.execute("DELETE FROM lease_requests WHERE dataset=?", (cfg.name,))
-            c.execute("INSERT OR REPLACE INTO datasets VALUES (?,?,?,?,?,?,?,?,0,?)",
+            c.execute("INSERT OR REPLACE INTO datasets VALUES (?,?,?,?,?,?,?,?,0,?,NULL)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
                        cfg.lease_s, cfg.max_retries, 0, owner))
             for e in range(epochs_created):
-                self._create_epoch(c, cfg, e)
+                self._create_epoch(c, cfg, e, full=True)
             front = min([0] + [r[5] for r in rows]) - len(doing) - 1
             pos_of_doing = {(r[0], r[1]): front + i for i, r in enumerate(doing)}
             c.executemany("UPDATE shards SET state=?, consumed=?, retries=?, queue_pos=?, error=?"

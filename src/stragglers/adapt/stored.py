@@ -50,6 +50,15 @@ def check_dataset_row(name: str, epochs_created: object, front: object, owner: o
         raise damaged(name, "row", "token_sha256 is not a SHA-256 hex digest")
 
 
+def check_materialized(cfg: DatasetConfig, value: object) -> int:
+    """Shard rows written of the last epoch (NULL: all of them)."""
+    if value is None:
+        return cfg.num_shards
+    if not _is_int(value, 0, cfg.num_shards):
+        raise damaged(cfg.name, "row", f"materialized={value!r:.40}")
+    return value
+
+
 def check_worker_row(name: str, worker: str, fence: object, seq: object) -> None:
     """A workers row: its fence and request counter."""
     if not _is_int(fence, 1) or not _is_int(seq, 0):
@@ -96,7 +105,7 @@ def shard_params(cfg: DatasetConfig, epochs_created: int) -> dict:
             "max_pos": MAX_QUEUE_POS}
 
 
-def first_bad_shard(conn, cfg: DatasetConfig, epochs_created: int) -> None:
+def first_bad_shard(conn, cfg: DatasetConfig, epochs_created: int, materialized: int) -> None:
     """Raise Quarantined naming the first invalid shard row of the data set (one SQL scan)."""
     row = conn.execute(f"SELECT epoch, shard, start, stop, consumed, state, retries FROM shards"
                        f" WHERE dataset=:name AND NOT ({VALID_SHARD_SQL}) LIMIT 1",
@@ -107,6 +116,6 @@ def first_bad_shard(conn, cfg: DatasetConfig, epochs_created: int) -> None:
         raise damaged(cfg.name, f"shard {epoch!r:.20}/{shard!r:.20}",
                       "a DONE shard not fully consumed, a bad queue position or error text")
     count = conn.execute("SELECT COUNT(*) FROM shards WHERE dataset=?", (cfg.name,)).fetchone()[0]
-    if count != epochs_created * cfg.num_shards:
-        raise damaged(cfg.name, "shards table", f"{count} rows, expected {epochs_created} x"
-                      f" {cfg.num_shards}")
+    if count != (epochs_created - 1) * cfg.num_shards + materialized:
+        raise damaged(cfg.name, "shards table", f"{count} rows, expected {epochs_created - 1} x"
+                      f" {cfg.num_shards} + {materialized}")
