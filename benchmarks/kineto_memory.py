@@ -1,6 +1,7 @@
 """Peak memory and time of read_kineto against loading every rank's JSON at once (the known failing).
 
 Usage: .venv/bin/python benchmarks/kineto_memory.py [--ranks 2,4] [--kernels 40000] [--workdir DIR]
+       .venv/bin/python benchmarks/kineto_memory.py --big --ranks 8 --kernels 1300000  (8 × ~1 GB)
 
 Writes synthetic Kineto traces (DDP-like steps: forward/backward kernels launched by
 cudaLaunchKernel with ac2g flows, NCCL all-reduces, CPU ops) and runs three children per rank
@@ -47,11 +48,19 @@ elif mode == "per-file":
         doc = json.load(open(f))
         n += len(doc["traceEvents"])
         del doc
+elif mode == "read+analyze":
+    from stragglers.whatif.analyze import analyze
+    trace = read_kineto(folder)          # parse workers as the CLI runs them
+    n = len(trace)
+    analyze(trace)
 else:
     n = len(read_kineto(folder, workers=1))
 cpu = time.process_time() - t0
+children = resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu += children.ru_utime + children.ru_stime
 peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"n": n, "cpu_s": cpu, "peak_mb": (peak_kb - base_kb) / 1024}))
+print(json.dumps({"n": n, "cpu_s": cpu, "peak_mb": (peak_kb - base_kb) / 1024,
+                  "child_peak_mb": children.ru_maxrss / 1024}))
 """
 
 
@@ -111,7 +120,12 @@ def main() -> None:
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--kernels", type=int, default=40_000, help="GPU kernels per rank")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--big", action="store_true", help="only our reader and the whole analysis "
+                    "(read+analyze, parse workers as the CLI runs them), with wall time: for "
+                    "inputs too large to load at once")
     args = ap.parse_args()
+    if args.big:
+        return big(args)
     base = args.workdir or Path(tempfile.mkdtemp(prefix="kineto-bench-"))
     results = {}
     for n in [int(x) for x in args.ranks.split(",")]:
@@ -141,6 +155,28 @@ def main() -> None:
         print(f"peak growth {ns[0]}→{ns[-1]} ranks: all-at-once "
               f"×{hi['all-at-once']['peak_mb'] / lo['all-at-once']['peak_mb']:.2f}, read_kineto "
               f"×{hi['read_kineto']['peak_mb'] / lo['read_kineto']['peak_mb']:.2f}")
+
+
+def big(args) -> None:
+    """Our reader alone and the whole analysis on inputs too large for the all-at-once load."""
+    import time as _time
+
+    base = args.workdir or Path(tempfile.mkdtemp(prefix="kineto-big-"))
+    for n in [int(x) for x in args.ranks.split(",")]:
+        folder = base / f"ranks{n}"
+        folder.mkdir(parents=True, exist_ok=True)
+        size = sum(write_rank(folder / f"rank-{r}.json", r, args.kernels) for r in range(n))
+        for mode in ("read_kineto", "read+analyze"):
+            t0 = _time.perf_counter()
+            row = run_child(mode, folder)
+            wall = _time.perf_counter() - t0
+            print(f"{n} ranks, {size / 2**30:.2f} GiB JSON, {mode}: wall {wall:.1f} s, CPU "
+                  f"{row['cpu_s']:.1f} s ({row['cpu_s'] / (size / 2**30):.1f} s per GiB), peak "
+                  f"RSS growth {row['peak_mb']:.0f} MB (largest parse worker "
+                  f"{row['child_peak_mb']:.0f} MB), {row['n']:,} rows", flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+    if args.workdir is None:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""The verdict on every real trace we have (none made by us), as one table.
+
+Inputs: the single-rank GPU samples and NDTimeline samples in ../shared/data, the 8-rank DLRM
+job and the PAI mini-batch tables in tests/data/real. For each: ranks read, steps analysed,
+S, replay error, the verdict (causes and the ranks they name), and the time to read and
+analyse. A regression check for the reader and the diagnosis on what users bring.
+
+    .venv/bin/python benchmarks/real_traces.py
+"""
+
+from __future__ import annotations
+
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from stragglers.trace.load import load_trace
+from stragglers.whatif.analyze import analyze
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+REAL = ROOT / "tests" / "data" / "real"
+
+
+def inputs(tmp: Path) -> list[tuple[str, Path]]:
+    """(label, path) of every real input present."""
+    out = []
+    with tarfile.open(REAL / "dlrm-8xv100" / "dlrm_kineto.tar.gz") as tar:
+        tar.extractall(tmp, filter="data")
+    out.append(("DLRM, 8 of 8 ranks, V100", tmp / "dlrm_kineto"))
+    for folder in sorted((SHARED / "kineto-gpu-samples").glob("*/")):
+        out.append((folder.name, folder))
+    for name in ("job_4_norm.csv", "job_2_norm.csv"):
+        out.append((f"PAI {name}", REAL / "pai-minibatch" / name))
+    for x in ("AR", "SE", "ST"):
+        out.append((f"NDTimeline {x}", SHARED / "ndtimeline-samples" / f"trace-{x}.parquet"))
+    return [(label, p) for label, p in out if p.exists()]
+
+
+def verdict(result) -> str:
+    parts = []
+    for f in result.diagnosis:
+        ranks = sorted({w["rank"] for w in f.where.get("workers", []) if w.get("rank") is not None})
+        parts.append(f.cause + (f" {ranks}" if ranks else ""))
+    return "; ".join(parts)
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        print("| input | ranks read | steps | S | sim_error | straggling | verdict | read + analyse |")
+        print("|---|---|---|---|---|---|---|---|")
+        for label, path in inputs(Path(tmp)):
+            t0 = time.perf_counter()
+            trace = load_trace(path)
+            result = analyze(trace)
+            dt = time.perf_counter() - t0
+            job = result.job
+            print(f"| {label} | {job.ranks_read} of {job.world_size} | "
+                  f"{len(result.steps_analysed)} | {result.slowdown:.4f} | "
+                  f"{100 * result.sim_error:.2f}% | {result.straggling} | {verdict(result)} | "
+                  f"{dt:.2f} s |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
