@@ -139,3 +139,15 @@ def test_workers_of_two_speeds_with_a_repeated_row(tmp_path):
     result = analyze(trace)
     # workers 0-2 run ~700, the other seven 800-900 (normalised): the slow ones, not the fast
     assert _named(result) and not _named(result) & {0, 1, 2}
+
+
+def test_the_new_collectives_survive_conversion(tmp_path, dlrm_result):
+    from stragglers.trace.convert import convert
+
+    trace, result = dlrm_result
+    for dest in (tmp_path / "trace-dlrm.parquet", tmp_path / "run"):
+        back = load_trace(convert(trace.source, dest))
+        assert list(back.optype_names()).count("all-to-all") == 40
+        again = analyze(back)
+        assert again.slowdown == pytest.approx(result.slowdown, rel=1e-12)
+        assert _named(again, "host_stall") == {7}
