@@ -145,8 +145,10 @@ def test_every_readme_shell_block_runs_in_order_in_a_fresh_clone(tmp_path):
         t0 = time.monotonic()
         proc = run_block(walked, clone, env)
         timings.append(f"block {i}: {time.monotonic() - t0:.0f} s")
+        errors = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("error"))
         assert proc.returncode == 0, (
             f"README shell block {i} failed (exit {proc.returncode}):\n{walked}\n"
+            f"--- error lines\n{errors}\n"
             f"--- stdout (end)\n{proc.stdout[-3000:]}\n--- stderr (end)\n{proc.stderr[-5000:]}")
         if any(example in walked for example in VERDICT_EXAMPLES):
             last = (proc.stdout.strip().splitlines() or [""])[-1]
