@@ -44,7 +44,8 @@ def exit_without_finalizing(code: int = 0) -> None:
 
 def main_once(main: Callable[[], object]) -> int:
     """Run a worker's main; a refusal (SystemExit with a message, or a stragglers error) is one
-    line on rank 0's stderr and exit 2 on every rank (torchrun then reports the failed job)."""
+    line and exit 2 (3 for an environment failure). Before the process group exists every rank
+    runs the same checks, so only rank 0 prints it; after, the rank that failed prints it."""
     from stragglers.errors import StragglersError
 
     try:
@@ -59,11 +60,18 @@ def main_once(main: Callable[[], object]) -> int:
 
 
 def refused(message: str, code: int, wait_s: float = 60.0) -> int:
-    """Rank 0 prints `message` as one error line; the other ranks, which hit the same refusal,
-    wait (at most wait_s) so that rank 0 has printed before torchrun, seeing a rank exit, stops
-    the group: torchrun ends them when rank 0 exits."""
-    if os.environ.get("RANK", "0") == "0":
-        text = message if message.startswith("error:") else f"error: {message}"
+    """Print `message` as one error line, once for the job when no group exists yet.
+
+    Before the group: rank 0 prints; the other ranks, which hit the same refusal, wait (at most
+    wait_s) so that rank 0 has printed before torchrun, seeing a rank exit, stops the group (it
+    ends them when rank 0 exits). After: this rank's own failure, printed by it at once.
+    """
+    text = message if message.startswith("error:") else f"error: {message}"
+    rank = os.environ.get("RANK", "0")
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        print(f"error: rank {rank}: {text.removeprefix('error: ')}", file=sys.stderr, flush=True)
+    elif rank == "0":
         print(text, file=sys.stderr, flush=True)
     else:
         time.sleep(wait_s)

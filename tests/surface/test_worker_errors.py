@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from conftest import REPO, torchrun
 
@@ -20,3 +22,40 @@ def test_an_earlier_run_in_the_trace_dir_is_one_line_naming_overwrite(tmp_path):
     assert "overwrite=True" not in proc.stderr              # the script's flag, not the API's
     assert "[rank" not in proc.stderr                       # no worker tracebacks
     assert (trace_dir / "meta.json").read_text() == "{}"   # the earlier run is untouched
+
+
+def test_before_the_group_only_rank_0_prints_a_refusal(monkeypatch, capsys):
+    sys.path.insert(0, str(REPO / "examples"))
+    from launch import main_once
+
+    def refuse():
+        raise SystemExit("--flag 3: expected at most 2")
+
+    monkeypatch.setenv("RANK", "0")
+    assert main_once(refuse) == 2
+    assert capsys.readouterr().err == "error: --flag 3: expected at most 2\n"
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr("launch.time.sleep", lambda s: None)  # torchrun would end it here
+    assert main_once(refuse) == 2
+    assert capsys.readouterr().err == ""
+
+
+def test_after_the_group_exists_the_rank_that_failed_prints_at_once(monkeypatch, capsys, tmp_path):
+    dist = pytest.importorskip("torch.distributed")
+    from stragglers.errors import InputError
+
+    sys.path.insert(0, str(REPO / "examples"))
+    from launch import main_once
+
+    def fail():
+        raise InputError("shards.db", None, "is damaged")
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        monkeypatch.setenv("RANK", "3")  # a failure of its own: no other rank would print it
+        monkeypatch.setattr("launch.time.sleep", lambda s: pytest.fail("a failed rank waited"))
+        assert main_once(fail) == 2
+    finally:
+        dist.destroy_process_group()
+    assert capsys.readouterr().err == "error: rank 3: shards.db: is damaged\n"
