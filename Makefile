@@ -25,7 +25,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium >/dev/null; }
 
 # The main job end to end (train with a slow rank, analyse), then the same job watched live.
-# Shorter: `make demo DEMO_STEPS=10 WATCH_STEPS=20 DEMO_PORT=0` (0: any free port), as the
+# Shorter: `make demo DEMO_STEPS=10 WATCH_STEPS=10 DEMO_PORT=0` (0: any free port), as the
 # README walk test (tests/surface/test_readme_walk.py) runs it.
 DEMO_STEPS ?= 20
 WATCH_STEPS ?= 80

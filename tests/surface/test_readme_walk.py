@@ -28,11 +28,11 @@ VENV = REPO / ".venv"
 # that every command runs as written; the full-length runs are measured elsewhere.
 MONITOR_PORT, SHARDS_PORT = free_port(), free_port()
 SHORTER = [
-    ("make demo ", "make demo DEMO_STEPS=10 WATCH_STEPS=20 DEMO_PORT=0 "),  # Makefile variables
+    ("make demo ", "make demo DEMO_STEPS=10 WATCH_STEPS=10 DEMO_PORT=0 "),  # Makefile variables
     ("monitor serve --db", f"monitor serve --port {MONITOR_PORT} --db"),  # 8150 may be taken
     ("adapt serve --db", f"adapt serve --port {SHARDS_PORT} --db"),        # 8151 too
-    ("--steps 200", "--steps 20"),                                   # train_gpt.py --steps
-    ("train_coded.py --scheme", "train_coded.py --steps 20 --scheme"),
+    ("--steps 200", "--steps 10"),                                   # train_gpt.py --steps
+    ("train_coded.py --scheme", "train_coded.py --steps 10 --scheme"),
     ("train_adaptive.py --policy", "train_adaptive.py --steps 20 --policy"),
 ]
 SKIPPED = {"make test": "the test suite, which this test is part of"}
