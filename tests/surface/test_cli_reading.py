@@ -77,3 +77,13 @@ def test_the_stragglar_schedule_comes_with_a_legend_of_its_notation():
     for notation in ("a⇄S:k", "a→b:k", "a⇄b:k/l", "S = the straggler (rank 3)"):
         assert notation in legend, legend
     assert all(len(line) <= 80 for line in lines[:first_round])
+
+
+def test_coding_info_says_how_to_read_its_table_and_cites_current_commands():
+    out = cli("coding", "info", "cyclic-mds", "--n", "8", "--s", "1")
+    assert out.returncode == 0, out.stderr
+    words = " ".join(out.stdout.split())
+    assert "cyclic-mds-real" in words   # the code train_coded.py uses with 9 processes
+    assert "decodes the exact full gradient from any 7 of the 8 messages" in words
+    decode_help = " ".join(cli("coding", "decode", "--help").stdout.replace("│", " ").split())
+    assert "code-info" not in decode_help and "stragglers coding info" in decode_help

@@ -50,13 +50,22 @@ def code_info(
         weights = ", ".join(_fmt(w) for w in code.weights(i))
         table.add_row(str(i), " ".join(map(str, code.parts(i))), weights)
     console.print(table)
+    console.print(legend(code.exact, n, s), highlight=False)
     report = stability_report(code, dtype, tolerance)
     style = "green" if report.stable else "bold red"
     console.print(f"[{style}]{escape(report.message())}[/]", highlight=False, soft_wrap=True)
 
 
+def legend(exact: bool, n: int, s: int) -> str:
+    """How to read the table: what a worker sends and what the master needs."""
+    needs = f"all {n} messages" if s == 0 else f"any {n - s} of the {n} messages (s = {s} late)"
+    gets = "the exact full gradient" if exact else "an approximate gradient (see the error below)"
+    return (f"Worker i sends Σ weight × gradient over its parts; the master decodes {gets} "
+            f"from {needs}.")
+
+
 def code_decode(
-    scheme: str = typer.Argument(..., help="code name, as for code-info"),
+    scheme: str = typer.Argument(..., help="code name, as for `stragglers coding info`"),
     n: int = typer.Option(..., "--n", help="number of workers"),
     s: int = typer.Option(..., "--s", help="stragglers to tolerate"),
     survivors: str = typer.Option(..., help="comma-separated worker ids that arrived, e.g. 0,1,2"),
