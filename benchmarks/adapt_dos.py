@@ -66,14 +66,11 @@ def attack(kind: str, url: str, i: int, stop) -> None:
         client.join()
     body = b'{"dataset":' + b" " * 60_000_000 + b"}"
     while not stop.is_set():
-        if kind == "snapshot":
-            http.get("/datasets/big/snapshot")
-        elif kind == "status":
-            http.get("/datasets/big/status")
-        elif kind == "restore":
-            http.post("/datasets/job/restore", content=body,
-                      headers={"Authorization": f"Bearer {STRANGER}"})
-        elif kind == "shuffle":
+        try:
+            once(kind, http, body)
+        except httpx.HTTPError:
+            pass   # the service may cut a refused upload short
+        if kind == "shuffle":
             # a new seed each time: a new data set name means a new shuffle of 2**26
             client.lease()
             i += 1000
@@ -84,6 +81,17 @@ def attack(kind: str, url: str, i: int, stop) -> None:
                 client.join()
             except Exception:  # noqa: BLE001 - the quota ends it: keep the load anyway
                 stop.wait(0.5)
+
+
+def once(kind: str, http: httpx.Client, body: bytes) -> None:
+    """One abusive request."""
+    if kind == "snapshot":
+        http.get("/datasets/big/snapshot")
+    elif kind == "status":
+        http.get("/datasets/big/status")
+    elif kind == "restore":
+        http.post("/datasets/job/restore", content=body,
+                  headers={"Authorization": f"Bearer {STRANGER}"})
 
 
 def measure(url: str, leases: int) -> list[float]:

@@ -71,6 +71,8 @@ def test_snapshot_and_status_are_answered_while_the_writer_is_held(server):
     with store._lock:
         snap = httpx.get(f"{server.url}/datasets/d/snapshot", timeout=30)
         status = httpx.get(f"{server.url}/datasets/d/status", timeout=30)
+        for op in ("status", "snapshot"):   # unknown names too: 404 from the reader
+            assert httpx.get(f"{server.url}/datasets/nope/{op}", timeout=30).status_code == 404
     assert snap.status_code == 200 and len(snap.json()["shards"]) == 100
     assert status.status_code == 200 and status.json()["epochs"]["0"]["DOING"] == 1
     assert commit.calls == calls, "a read went through the commit thread"

@@ -102,7 +102,10 @@ def status_bytes(conn: sqlite3.Connection, name: str) -> bytes:
 
 
 def has_expired(conn: sqlite3.Connection, name: str, now: float) -> bool:
-    """Whether a DOING lease of `name` ended before `now` (then the writer must requeue it)."""
+    """Whether a DOING lease of `name` ended before `now` (then the writer must requeue it);
+    NotFound for an unknown data set (answered here, never by the writer)."""
+    if conn.execute("SELECT 1 FROM datasets WHERE name=?", (name,)).fetchone() is None:
+        raise NotFound(f"no data set named '{name}'")
     row = conn.execute("SELECT 1 FROM shards WHERE dataset=? AND state='DOING' AND"
                        " lease_until<? LIMIT 1", (name, now)).fetchone()
     return row is not None

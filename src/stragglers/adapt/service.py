@@ -385,7 +385,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         name = name_of(request)
         store.raise_if_quarantined(name)
         # (The first call on a data set since the file was opened checks its rows: the writer.)
-        if name not in store._verified or await read(reads.has_expired, name, store._clock()):
+        expired = await read(reads.has_expired, name, store._clock())   # 404 from the reader
+        if expired or name not in store._verified:
             await commit.run(lambda: store.expire(name))
         body = await asyncio.wrap_future(reader.status(name))
         return Response(body, 200, media_type="application/json")
