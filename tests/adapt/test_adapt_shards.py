@@ -453,3 +453,13 @@ def test_a_schema_2_file_is_upgraded_in_place(tmp_path):
         s.close()
     with sqlite3.connect(db) as c:
         assert c.execute("PRAGMA user_version").fetchone()[0] == 3
+
+
+def test_a_lease_reply_holds_a_bounded_number_of_indices(store):
+    from stragglers.adapt.shards import MAX_INDICES_PER_REPLY
+
+    store.create_dataset(DatasetConfig("d", 1 << 22, 65_536))
+    f = store.join("d", "w")["fence"]
+    leases = store.lease("d", "w", f, count=256)["leases"]
+    assert len(leases) == MAX_INDICES_PER_REPLY // 65_536
+    assert sum(len(x["indices"]) for x in leases) <= MAX_INDICES_PER_REPLY

@@ -64,6 +64,7 @@ _MIGRATE_2 = ("ALTER TABLE workers ADD COLUMN seq INTEGER DEFAULT 0;"
 # epoch's rows are written EPOCH_CHUNK at a time as its queue reaches them (all of them are TODO
 # and queued after the written ones, so the order of the queue is the same).
 EPOCH_CHUNK = 1024
+MAX_INDICES_PER_REPLY = 1 << 18
 
 
 class ShardStore:
@@ -476,6 +477,8 @@ class ShardStore:
               request_id: str | None = None, token_sha256: str | None = None) -> dict:
         """Hand up to `count` shards to `worker`: {"status": "ok", "leases": [...]}, "wait" or "finished".
 
+        At most MAX_INDICES_PER_REPLY sample indices in all (at least one shard).
+
         A request id seen before (any of this incarnation's last REQUEST_HISTORY) gets the
         answer of its first attempt again: the same shards (those still held renewed, from
         their current offset; those acked or lost with no indices left), never a new one.
@@ -493,6 +496,9 @@ class ShardStore:
                                  (name, worker, request_id)).fetchone()
                 if seen is not None:
                     return self._replay(c, cfg, worker, fence, seen, now)
+            # Up to MAX_INDICES_PER_REPLY indices in a reply (256 shards of 65,536 made a reply
+            # of 16.7M integers, encoded on the event loop): fewer shards, never none.
+            count = min(count, max(1, MAX_INDICES_PER_REPLY // cfg.shard_size))
             leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
                                                 now)
             failed, n_failed = self._failed_report(c, name)
