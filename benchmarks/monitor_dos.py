@@ -83,36 +83,44 @@ def slow_bodies(port: int, n: int, stop: threading.Event) -> list[socket.socket]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=15, help="parts per rank per case")
     args = ap.parse_args()
     trace = slow_job(steps=5 * args.rounds, dp=2, pp=2)
     parts = [(r, p, table_bytes(c)) for r, p, c in parts_of(trace, steps_per_part=5)]
-    cfg = MonitorConfig(window_steps=10, stall_after_s=600, durable=False)
+    # as `stragglers monitor serve` runs: the analysis in its own process
+    cfg = MonitorConfig(window_steps=10, stall_after_s=600, durable=False,
+                        analysis_process=True)
+    cases = [("quiet", None, False),
+             ("1,000 idle connections", lambda p, st: idle(p, 1000), False),
+             ("200 half request heads", lambda p, st: half_heads(p, 200), False),
+             ("32 slow 64 MiB bodies", lambda p, st: slow_bodies(p, 32, st), False),
+             ("quiet, again", None, False),
+             ("quiet, a new connection per upload", None, True),
+             ("1,000 idle, a new connection per upload", lambda p, st: idle(p, 1000), True)]
     with tempfile.TemporaryDirectory() as tmp:
         s = MonitorServer(Path(tmp) / "mon.db", port=0, token=TOKEN, config=cfg).start()
         try:
             with httpx.Client(base_url=s.url, timeout=60) as c:
-                for job in ("quiet", "dos"):
-                    c.put(f"/api/jobs/{job}/meta", json=trace.meta.to_dict(), headers=AUTH)
-            chunks = [parts[i::5] for i in range(5)]
-            quiet = statistics.median(uploads(s.url, "quiet", chunks[0], False))
-            print(f"quiet: median upload {quiet * 1e3:.2f} ms")
-            cases = [("1,000 idle connections", lambda st: idle(s.port, 1000), False),
-                     ("200 half request heads", lambda st: half_heads(s.port, 200), False),
-                     ("32 slow 64 MiB bodies", lambda st: slow_bodies(s.port, 32, st), False),
-                     ("1,000 idle, new connection per upload", lambda st: idle(s.port, 1000),
-                      True)]
-            for (name, attack, fresh), bodies in zip(cases, chunks[1:]):
+                c.put("/api/jobs/dos/meta", json=trace.meta.to_dict(), headers=AUTH)
+                for i in range(len(cases)):   # a job per case, each sent the same parts
+                    c.put(f"/api/jobs/case{i}/meta", json=trace.meta.to_dict(), headers=AUTH)
+            base = {}
+            for i, (name, attack, fresh) in enumerate(cases):
                 stop = threading.Event()
-                socks = attack(stop)
+                socks = attack(s.port, stop) if attack else []
                 time.sleep(0.5)
                 try:
-                    got = statistics.median(uploads(s.url, "dos", bodies, fresh))
+                    got = statistics.median(uploads(s.url, f"case{i}", parts, fresh))
                 finally:
                     stop.set()
                     for k in socks:
                         k.close()
-                print(f"{name}: median upload {got * 1e3:.2f} ms, {got / quiet:.2f}x quiet")
+                if attack is None:
+                    base.setdefault(fresh, got)
+                ratio = got / base[fresh]
+                print(f"{name}: median upload {got * 1e3:.2f} ms ({len(parts)} uploads), "
+                      f"{ratio:.2f}x quiet", flush=True)
+                s.monitor.wait_idle(120)
         finally:
             s.stop()
 

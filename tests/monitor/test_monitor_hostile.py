@@ -384,21 +384,18 @@ def test_pages_carry_security_headers_and_refuse_other_host_names(tmp_path):
 SERVE_LIMITED = """
 import resource, signal, sys
 from pathlib import Path
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])   # taken by sigwait below
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails (EFBIG), no kill
 limit = int(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
 cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
-s = MonitorServer(Path(sys.argv[1]), port=int(sys.argv[2]), token=sys.argv[4], config=cfg)
-s.run()
+s = MonitorServer(Path(sys.argv[1]), port=0, token=sys.argv[4], config=cfg).start()
+print(s.port, flush=True)
+signal.sigwait([signal.SIGTERM])
+s.stop()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as k:
-        k.bind(("127.0.0.1", 0))
-        return k.getsockname()[1]
 
 
 def test_a_part_the_disk_cannot_take_is_a_json_507_with_nothing_left_behind(tmp_path):
@@ -415,11 +412,13 @@ def test_a_part_the_disk_cannot_take_is_a_json_507_with_nothing_left_behind(tmp_
     body = table_bytes(big)
     limit = 6 * 2**20
     assert len(body) > limit
-    port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", SERVE_LIMITED, str(tmp_path / "mon.db"),
-                             str(port), str(limit), TOKEN], stderr=subprocess.PIPE, text=True)
+                             "0", str(limit), TOKEN], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), proc.stderr.read()[-3000:]
+        with httpx.Client(base_url=f"http://127.0.0.1:{int(line)}", timeout=60) as c:
             eventually(lambda: c.get("/health").status_code == 200, what="monitor up")
             job_with_meta(c, "job-f", trace)
             r = put_part(c, "job-f", rank, part, body)

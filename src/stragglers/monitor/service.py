@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 import queue
+import sqlite3
 import threading
 import time
 from collections import deque
@@ -462,10 +463,27 @@ class Monitor:
             # analysed without it
             self.reject("bad_part", source, problem)
         alert_rows, log_rows, messages = self.alerts.on_window(window.job, row)
-        self.store.add_window(row, alert_rows, log_rows)
+        self._store_window(row, alert_rows, log_rows)
         self.metrics.publish_window(row)
         self.metrics.publish_latency.observe(max(0.0, time.time() - window.closed_at))
         self._deliver(window.job, messages)
+
+    def _store_window(self, row: dict, alert_rows: list, log_rows: list) -> None:
+        """Store an analysed window, waiting out a full disk (or a locked store) rather than
+        dropping it: a window dropped while later ones were stored was never analysed again,
+        not even after a restart (its steps lay below the last stored window's)."""
+        delay = 0.5
+        while True:
+            try:
+                self.store.add_window(row, alert_rows, log_rows)
+                return
+            except (sqlite3.OperationalError, OSError) as exc:
+                if delay == 0.5:
+                    log.error("job %s window %d cannot be stored (%s); retrying until it can",
+                              row["job"], row["idx"], exc)
+                if self._stop.wait(delay):
+                    return   # stopping: the restart analyses this window again
+                delay = min(delay * 2, 10.0)
 
     def _state_changed(self, job: str, state: str) -> None:
         finished_at = time.time() if state == "finished" else None
