@@ -12,6 +12,9 @@ from stragglers.whatif.grid import BWD, BWW, FWD
 from stragglers.whatif.metrics import WhatIf
 
 OPT = C["optimizer"]
+# An effect whose steps without a spike keep at least this share of the spikes' size is there on
+# every step: persistent, with spikes (steps_where).
+PERSISTENT_SHARE = 0.25
 BUSY = (FWD, BWD, BWW, OPT)  # a worker's own compute (what a slow GPU or CPU stretches)
 
 
@@ -153,11 +156,18 @@ class Context:
         return np.isin(self.w.grid.steps, steps)
 
     def steps_where(self, per_step: np.ndarray) -> list[int] | None:
-        """The steps of an intermittent effect (per_step [T] near its max); None if persistent."""
+        """The steps of an intermittent effect (per_step [T] near its max); None if persistent.
+
+        A fault present on (nearly) every step is persistent even when a few steps spike far
+        above it: the steps below the spikes still carry PERSISTENT_SHARE of the spikes' size
+        (an intermittent effect leaves them near nothing)."""
         top = per_step.max()
         hit = per_step >= self.cfg.intermittent_step_share * top if top > 0 \
             else np.zeros_like(per_step, bool)
         if hit.mean() >= self.cfg.intermittent_fraction:
+            return None
+        if hit.any() and (~hit).any() and np.median(per_step[~hit]) >= \
+                PERSISTENT_SHARE * np.median(per_step[hit]):
             return None
         return [int(s) for s in self.w.grid.steps[hit]]
 
