@@ -173,6 +173,7 @@ class ConnectionLimits:
     max_connections: int = 1000          # open connections; past it one is evicted (below)
     per_client: int = 256                # open connections from one address
     header_timeout_s: float = 10.0       # a request's head, from its first byte (or the accept)
+    max_head_bytes: int = 64 * 1024      # a request's head (httptools sets no bound: 431 past it)
     body_min_bytes_per_s: float = 8192.0  # a body slower than this, once past the grace, is cut
     body_grace_s: float = 10.0
     sweep_s: float = 1.0
@@ -391,6 +392,10 @@ def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
             self._g_bytes += len(data)
             self._g_phase_bytes += len(data)
             super().data_received(data)
+            if self._g_phase_bytes > limits.max_head_bytes and _waiting(self) \
+                    and not self.transport.is_closing():
+                _close(self, 431, "Request Header Fields Too Large",
+                       f"request head: more than {limits.max_head_bytes} bytes")
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

@@ -126,6 +126,18 @@ def test_a_connection_that_sends_nothing_or_half_a_head_is_closed(serve):
     assert status == 408 and "request head" in body["error"]
 
 
+def test_a_head_past_its_size_limit_is_refused_with_431(serve):
+    # httptools bounds no header: a client could send headers until memory ran out
+    s = serve(ConnectionLimits(max_head_bytes=8192))
+    k = s.connect()
+    k.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    k.sendall(b"".join(b"X-Filler: " + b"a" * 1000 + b"\r\n" for _ in range(9)))
+    status, body = status_and_json(closed_within(k, 30))
+    assert status == 431 and "request head" in body["error"]
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        assert c.get("/health", headers={"X-Big": "a" * 4000}).status_code == 200
+
+
 def test_a_body_slower_than_the_minimum_rate_is_cut_with_408(serve):
     s = serve(ConnectionLimits(body_min_bytes_per_s=1000, body_grace_s=1.0, sweep_s=0.2))
     k = s.connect()

@@ -36,6 +36,16 @@ MAX_PART_FILE_BYTES = 1 << 30   # a watched part file (an upload is bounded by m
 # step, and every later row would be dropped as late
 MAX_STEP_GAP = 1_000_000
 ALLOWED_COLUMNS = (*COLUMNS, *OPTIONAL_COLUMNS)
+# a part's Parquet footer (a recorder's is a few kB): a larger one is refused before it is
+# parsed (its thrift decoding allocates per declared column and row group)
+MAX_FOOTER_BYTES = 4 << 20
+
+
+def footer_length(tail: bytes) -> int | None:
+    """The footer length a Parquet file's last 8 bytes give, None when they are not Parquet's."""
+    if len(tail) != 8 or tail[4:] != b"PAR1":
+        return None
+    return int.from_bytes(tail[:4], "little")
 
 
 class PartConflict(InputError):
@@ -239,6 +249,13 @@ def read_part_footer(path: Path) -> PartFile | InputError | None:
         return InputError(path, None, f"cannot be opened ({exc.strerror})")
     try:
         with f:
+            if nbytes >= 8:
+                f.seek(nbytes - 8)
+                footer = footer_length(f.read(8))
+                if footer is None or footer > MAX_FOOTER_BYTES:
+                    return InputError(path, None, "not a readable Parquet file (no footer, or "
+                                      f"one of more than {MAX_FOOTER_BYTES} bytes)")
+                f.seek(0)
             meta = pq.read_metadata(f)
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -253,6 +270,10 @@ def read_upload(body: bytes, source: object, rank: int, part: int, path: Path
     duration (Parquet's min/max leave NaN out) — so a bad part is still refused before it is
     acknowledged. PartFile (at `path`, where it is to be written), the InputError naming what
     is wrong, or None when the footer cannot tell (read it whole: read_uploads)."""
+    footer = footer_length(body[-8:])
+    if footer is None or footer > MAX_FOOTER_BYTES:
+        return InputError(source, "body", "not a readable Parquet file (no footer, or one of "
+                          f"more than {MAX_FOOTER_BYTES} bytes)")
     try:
         f = parquet_file(pa.BufferReader(body))
         meta = f.metadata
@@ -270,16 +291,17 @@ def read_upload(body: bytes, source: object, rank: int, part: int, path: Path
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return InputError(source, "body", f"not a readable Parquet file ({first[:200]})")
     try:
-        optype_codes(t.column("optype"), source)
-        times = {}
-        for name in ("start_ts", "duration"):
-            col = t.column(name)
-            if col.null_count:
-                raise InputError(source, name, f"{col.null_count} null values; expected numbers")
-            times[name] = col.to_numpy()
-        check_finite_times(times, source)
+        # every value checked (op types, NaN times, negative ids, the rank), and the rows
+        # must say what the footer's statistics said: the window trusts the footer's steps
+        rows = check_part(t, source, rank, part, len(body))
     except InputError as exc:
         return exc
+    stage, dp = (int(rows.columns[c].max()) for c in ("stage", "dp_rank"))
+    if (rows.first_step, rows.last_step) != (got.first_step, got.last_step) or \
+            stage != got.max_stage or dp != got.max_dp:
+        return InputError(source, "body", "the footer's statistics disagree with the rows "
+                          f"(steps {rows.first_step}..{rows.last_step}, footer "
+                          f"{got.first_step}..{got.last_step}); expected a file as written")
     return got
 
 
