@@ -7,7 +7,7 @@ Two inputs, each analysed by both tools in fresh processes, one after the other:
 * nccl: 8 ranks x 24 steps of NCCL traces (~600 MB of JSON), made by tiling HTA's own sample
         `nccl_parser_config_nccl_data` (3 steps of a real 2-GPU DDP job) eight times per rank,
         with per-rank clock offsets and rank 5 stalling 120 ms at the start of every step (its
-        all-reduces start late; the other ranks' first all-reduce waits for it).
+        collectives start late; the other ranks' first collective of the step waits for it).
 
 Ours: `read_kineto` + `analyze` (the straggler = the ranks the first finding names).
 HTA 0.5.0 (installed with pip into a separate venv, never into this project's):
@@ -167,7 +167,7 @@ _STEP = re.compile(r"ProfilerStep#(\d+)")
 
 def make_nccl_case(out: Path, blocks: int = 8, stall_us: float = 120_000.0) -> Path:
     """RANKS ranks, each the sample's 3 steps tiled `blocks` times; SLOW_RANK stalls at every
-    step start, and the others' first all-reduce of the step waits for it."""
+    step start, and the others' first collective of the step waits for it."""
     if len(list(out.glob("rank-*.json"))) == RANKS:
         return out
     out.mkdir(parents=True, exist_ok=True)
@@ -182,10 +182,11 @@ def make_nccl_case(out: Path, blocks: int = 8, stall_us: float = 120_000.0) -> P
     first_step = steps[0][0]
     n_steps = len(steps)
     period = (t_max - t_min) + (n_steps + 1) * stall_us + 1000.0
+    # Each step's first collective kernel (GPU time) and its end: every rank waits for the
+    # late one there (the sample's broadcasts come before its all-reduces; a collective is
+    # one, whatever its kind).
     all_reduce = [e for e in timed if e.get("cat") == "kernel"
-                  and e["name"].startswith(("ncclKernel_", "ncclDevKernel_"))
-                  and "AllReduce" in e["name"]]
-    # Each step's first all-reduce kernel (GPU time) and its end.
+                  and e["name"].startswith(("ncclKernel_", "ncclDevKernel_"))]
     first_ar = []
     for i, s in enumerate(starts):
         nxt = starts[i + 1] if i + 1 < n_steps else float("inf")
@@ -247,7 +248,7 @@ _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
 def _shift(e: dict, rank: int, cuts: dict, stall_us: float) -> float:
     """How far an event moves: one stall per step whose cut it is past. The slow rank's cut is
     the step start (its whole step is late); on the others the GPU waits from the end of the
-    step's first all-reduce and the CPU at its next sync (the optimizer step)."""
+    step's first collective and the CPU at its next sync (the optimizer step)."""
     if rank == SLOW_RANK:
         marks = cuts["start"]
     else:
