@@ -587,6 +587,11 @@ def report_summary(args, rank: int, world: int, step_starts: list[float], rec: R
     steady = np.array(everyone[0][skip:])
     print(f"mean step time {steady.mean() * 1e3:.1f} ms over steps {skip}..{len(times) - 1}",
           flush=True)
+    # the last line says what to do next: the analysis is the verdict on this run
+    injected = ", ".join(i["cause"] for i in injections(args, world // args.pp, [])) or "nothing"
+    print(f"done: {len(times)} steps, injected: {injected}; " + (
+        f"explain it: stragglers analyze {rec.trace_dir}" if rec.enabled else
+        "not recorded (pass --trace-dir DIR to record it)"), flush=True)
     if args.summary:
         args.summary.parent.mkdir(parents=True, exist_ok=True)
         args.summary.write_text(json.dumps({
