@@ -398,6 +398,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
                        f"request head: more than {limits.max_head_bytes} bytes")
 
         def on_response_complete(self) -> None:
+            book.fresh.pop(self, None)
             super().on_response_complete()
             self._g_phase_at, self._g_phase_cycle = time.monotonic(), self.cycle
             self._g_phase_bytes, self._g_fresh, self._g_body = 0, False, None
@@ -417,12 +418,14 @@ class _Connections:
     def __init__(self, limits: ConnectionLimits):
         self.limits = limits
         self.open: dict[object, None] = {}     # insertion-ordered
+        self.fresh: dict[object, None] = {}    # those that never completed a request, oldest first
         self.by_client: dict[str, int] = {}
         self._timer = None
 
     def admit(self, conn) -> None:
         client = (conn.client or ("?",))[0]
         self.open[conn] = None
+        self.fresh[conn] = None
         self.by_client[client] = self.by_client.get(client, 0) + 1
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.limits.sweep_s,
@@ -433,6 +436,7 @@ class _Connections:
             self._make_room(conn, None)
 
     def forget(self, conn) -> None:
+        self.fresh.pop(conn, None)
         if self.open.pop(conn, 1) is None:
             client = (conn.client or ("?",))[0]
             self.by_client[client] -= 1
@@ -444,6 +448,13 @@ class _Connections:
         else an idle keep-alive one (oldest first), else the slowest body past its grace;
         when every one is busy, `new` is refused (503, JSON)."""
         now = time.monotonic()
+        # the oldest connection that never sent a whole request, found without a scan of all
+        for c in self.fresh:
+            if c is not new and _waiting(c) and not c.transport.is_closing() and \
+                    (client is None or (c.client or ("?",))[0] == client):
+                _close(c)
+                self.forget(c)
+                return
         best, best_key = None, None
         for c in self.open:
             if c is new or (client is not None and (c.client or ("?",))[0] != client) \
