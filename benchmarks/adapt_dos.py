@@ -12,7 +12,8 @@ median and 95th percentile of one lease + ack round trip. It runs quiet first, t
 * shuffle: leases from data sets of 2**26 samples (each new one needs a shuffle of 2**26);
 * restore: a stranger's token POSTs a 60 MB restore body onto the job's data set.
 
-Each row is the ratio to the quiet run of the same process (goal: <= 2x).
+Each row is the ratio of the median to a quiet run just before it, in the same process (goal:
+<= 2x), with the service process's CPU use under the attack (/proc).
 """
 
 from __future__ import annotations
@@ -134,11 +135,12 @@ def main() -> None:
         job.create_dataset(DatasetConfig("job", 500_000, 10, num_epochs=None))
         job.join()
         measure(url, 20)   # warm (its shuffle, connections)
-        quiet = summary(measure(url, args.leases))
-        print(f"{'case':<10} {'median ms':>10} {'p95 ms':>8} {'ratio':>6}")
-        print(f"{'quiet':<10} {quiet[0]:>10.2f} {quiet[1]:>8.2f} {1.0:>6.2f}")
+        print(f"{'case':<10} {'quiet ms':>9} {'loaded ms':>10} {'p95 quiet':>10}"
+              f" {'p95 loaded':>11} {'ratio':>6} {'service cores':>14}")
         rows = {}
         for kind in args.cases.split(","):
+            # the quiet run right before each case: the machine's other load changes over time
+            quiet = summary(measure(url, args.leases))
             stop = mp.Event()
             procs = [mp.Process(target=attack, args=(kind, url, i, stop), daemon=True)
                      for i in range(args.attackers)]
@@ -148,19 +150,16 @@ def main() -> None:
             cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
             loaded = summary(measure(url, args.leases))
             share = (cpu_s(proc.pid) - cpu0) / (time.perf_counter() - t0)
-            print(f"  (service CPU under {kind}: {share:.2f} cores)")
             stop.set()
             for p in procs:
                 p.join(timeout=30)
                 if p.is_alive():
                     p.kill()
-            rows[kind] = loaded
-            print(f"{kind:<10} {loaded[0]:>10.2f} {loaded[1]:>8.2f} "
-                  f"{loaded[0] / quiet[0]:>6.2f}", flush=True)
-            quiet_now = summary(measure(url, args.leases // 3))
-            print(f"{'  quiet':<10} {quiet_now[0]:>10.2f} {quiet_now[1]:>8.2f}", flush=True)
-        print(json.dumps({"quiet_ms": quiet, **{k: v for k, v in rows.items()},
-                          "cpus": os.cpu_count()}))
+            rows[kind] = {"quiet_ms": quiet, "loaded_ms": loaded,
+                          "ratio": loaded[0] / quiet[0], "service_cores": share}
+            print(f"{kind:<10} {quiet[0]:>9.2f} {loaded[0]:>10.2f} {quiet[1]:>10.2f}"
+                  f" {loaded[1]:>11.2f} {loaded[0] / quiet[0]:>6.2f} {share:>14.2f}", flush=True)
+        print(json.dumps({"cases": rows, "cpus": os.cpu_count()}))
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -332,3 +332,33 @@ def test_a_missing_token_file_says_how_to_create_it(tmp_path):
                                "--help"], capture_output=True, text=True, timeout=120,
                               env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}).stdout
     assert "16-512" in helptext and "umask 077" in helptext
+
+
+# -- reads paced, refusals slow and final --------------------------------------------------------
+def test_reads_past_their_rate_wait_their_turn_then_get_503(tmp_path):
+    # Clients polling status/snapshot in a tight loop sleep instead of spinning the CPUs that
+    # other jobs' leases need; past max_read_wait_s the answer is 503 Busy, not a longer queue.
+    config = ServiceConfig(reads_per_s=1.0, max_read_wait_s=0.5)
+    srv = EmbeddedServer(tmp_path / "s.db", config=config).start()
+    try:
+        ShardClient(srv.url, "d", "w", token=OWNER).create_dataset(DatasetConfig("d", 100, 10))
+        codes = [httpx.get(f"{srv.url}/datasets/d/status", timeout=30).status_code
+                 for _ in range(3)]
+        assert codes[0] == 200 and 503 in codes[1:], codes
+        busy = httpx.get(f"{srv.url}/datasets/d/snapshot", timeout=30)
+        assert busy.status_code == 503 and error_shape(busy)["kind"] == "Busy"
+        # a job's own leases are not paced
+        client = ShardClient(srv.url, "d", "w", token=OWNER)
+        client.join()
+        assert all(client.lease()["status"] == "ok" for _ in range(5))
+    finally:
+        srv.stop()
+
+
+def test_a_refused_token_is_answered_after_a_pause_and_the_connection_closed(server):
+    ShardClient(server.url, "d", "w", token=OWNER).create_dataset(DatasetConfig("d", 100, 10))
+    start = time.monotonic()
+    resp = httpx.post(f"{server.url}/datasets/d/join", json={"worker": "x"},
+                      headers=bearer(STRANGER))
+    assert resp.status_code == 403 and time.monotonic() - start >= 0.25
+    assert resp.headers["connection"] == "close" and error_shape(resp)["kind"] == "Forbidden"

@@ -33,7 +33,7 @@ from stragglers.adapt import requests as rq
 from stragglers.adapt.control import ControlPlane
 from stragglers.adapt.controller import ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name, validate_snapshot
-from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Forbidden, Unauthorized
+from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Busy, Forbidden, Unauthorized
 from stragglers.adapt.permutations import Pending
 from stragglers.adapt.shards import ShardStore, resolve_indices
 from stragglers.config import Config, setting
@@ -82,6 +82,12 @@ class ServiceConfig(Config):
     snapshot_bytes_per_s: float = setting(float(256 << 20), "pace of a snapshot body (a 26 MB"
                                           " snapshot: 0.1 s)", minimum=float(1 << 20),
                                           maximum=float(1 << 40))
+    auth_failure_delay_s: float = setting(0.25, "pause before a 401/403 answer", minimum=0.0,
+                                          maximum=10.0)
+    reads_per_s: float = setting(50.0, "status and snapshot GETs answered per second (the"
+                                 " others wait their turn)", minimum=1.0, maximum=1e6)
+    max_read_wait_s: float = setting(10.0, "longest wait for a read's turn (then 503)",
+                                     minimum=0.1, maximum=600.0)
     max_queued_reads: int = setting(64, "snapshot/status reads waiting for the reader thread"
                                     " (past it: 503)", minimum=1, maximum=1 << 16)
     http: str = setting("httptools", "HTTP parser (h11: uvicorn's pure-Python one)",
@@ -188,6 +194,29 @@ def _checked_snapshot(raw: bytes, name: str) -> tuple:
                          f" got '{snap['dataset']['name']}'")
     snap["shards"] = [list(r) for r in snap["shards"]]
     return validate_snapshot(snap)
+
+
+class _ReadPacer:
+    """Anonymous whole-data-set reads (status, snapshot) at most `rate` per second, in turn.
+
+    A caller past the rate waits for its turn (sleeping costs nothing), up to `max_wait_s`, then
+    503 Busy: clients polling status in a tight loop sleep instead of spinning the machine's
+    CPUs on cheap answers (a lease of another job waits for CPU time, not for these reads).
+    """
+
+    def __init__(self, rate: float, max_wait_s: float):
+        self.interval, self.max_wait_s = 1.0 / rate, max_wait_s
+        self._next = 0.0
+
+    async def turn(self) -> None:
+        now = time.monotonic()
+        at = max(now, self._next)
+        if at - now > self.max_wait_s:
+            raise Busy(f"more than {1 / self.interval:g} status/snapshot reads per second are"
+                       " asked; retry in a moment")
+        self._next = at + self.interval
+        if at > now:
+            await asyncio.sleep(at - now)
 
 
 class _SendSlots:
@@ -299,6 +328,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     shuffles = {False: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-small"),
                 True: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-big")}
     sending = _SendSlots(config.max_snapshot_sends, config.snapshot_bytes_per_s)
+    pacer = _ReadPacer(config.reads_per_s, config.max_read_wait_s)
 
     def handler(fn):
         async def endpoint(request: Request) -> Response:
@@ -306,7 +336,17 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                 result = await fn(request)
                 return result if isinstance(result, Response) else _json(result)
             except StragglersError as exc:
-                return _error(exc)
+                response = _error(exc)
+                if response.status_code in (401, 403) and config.auth_failure_delay_s:
+                    # A refused token is answered after a pause (sleeping costs nothing): a
+                    # client retrying 64 MB uploads with a stranger's token in a loop waits
+                    # instead of spinning the machine's CPUs (and guessing tokens is slower).
+                    await asyncio.sleep(config.auth_failure_delay_s)
+                if response.status_code in (401, 403, 413):
+                    # The body may be unread (refused from the head): close rather than read
+                    # up to 64 MiB only to throw it away (the sender would spin sending it).
+                    response.headers["connection"] = "close"
+                return response
             except Exception:  # noqa: BLE001 - a bug must not leak a traceback to clients
                 log.exception("shard service: %s %s failed", request.method, request.url.path)
                 return _internal_error()
@@ -383,6 +423,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def status(request: Request) -> dict:
         # Read on the reader thread; the writer only requeues expired leases, when there are.
         name = name_of(request)
+        await pacer.turn()
         store.raise_if_quarantined(name)
         # (The first call on a data set since the file was opened checks its rows: the writer.)
         expired = await read(reads.has_expired, name, store._clock())   # 404 from the reader
@@ -393,6 +434,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def snapshot(request: Request) -> Response:
         name = name_of(request)
+        await pacer.turn()
         store.raise_if_quarantined(name)
         body = await asyncio.wrap_future(reader.snapshot(name))
         return _SharedSend(body, sending)
@@ -419,7 +461,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def not_found(request: Request, exc: HTTPException) -> Response:
         headers = dict(exc.headers or {})
         body = {"error": f"{request.method} {request.url.path[:200]}: {exc.detail}",
-                "kind": "NotFound" if exc.status_code == 404 else "HTTPError", "field": None}
+                "kind": {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code,
+                                                                       "HTTPError"),
+                "field": None}
         resp = _json(body, exc.status_code)
         resp.headers.update(headers)
         return resp
