@@ -387,12 +387,16 @@ def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if self.cycle is self._g_phase_cycle and not self._g_phase_bytes:
+            # bytes of the next request's head (not the rest of a body answered before it was
+            # read, as a 413 is)
+            head = _waiting(self) and not _body_left(self)
+            if head and not self._g_phase_bytes:
                 self._g_phase_at = time.monotonic()   # the head starts with its first byte
             self._g_bytes += len(data)
-            self._g_phase_bytes += len(data)
+            if head:
+                self._g_phase_bytes += len(data)
             super().data_received(data)
-            if self._g_phase_bytes > limits.max_head_bytes and _waiting(self) \
+            if head and self._g_phase_bytes > limits.max_head_bytes and _waiting(self) \
                     and not self.transport.is_closing():
                 _close(self, 431, "Request Header Fields Too Large",
                        f"request head: more than {limits.max_head_bytes} bytes")
@@ -486,6 +490,10 @@ class _Connections:
             if c.transport.is_closing():
                 continue
             if _waiting(c):
+                if _body_left(c):   # a body answered before it was read, still coming
+                    if now - c._g_phase_at > lim.header_timeout_s:
+                        _close(c)
+                    continue
                 if not c._g_phase_bytes and not c._g_fresh:
                     continue   # idle between requests: uvicorn's keep-alive timeout
                 if now - c._g_phase_at > lim.header_timeout_s:
@@ -518,6 +526,11 @@ class _Connections:
 def _waiting(conn) -> bool:
     """Whether a connection waits for a request's head (no request in progress)."""
     return conn.cycle is conn._g_phase_cycle
+
+
+def _body_left(conn) -> bool:
+    """Whether the current request's body is still arriving."""
+    return conn.cycle is not None and getattr(conn.cycle, "more_body", False)
 
 
 def _close(conn, status: int | None = None, reason: str = "", message: str = "") -> None:

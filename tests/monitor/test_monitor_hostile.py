@@ -87,7 +87,7 @@ def test_a_bad_stored_row_quarantines_its_job_not_the_service(tmp_path):
     trace = slow_job(steps=10)
     s = serve(tmp_path)
     with httpx.Client(base_url=s.url, timeout=60) as c:
-        for job in ("good", "bad", "worse"):
+        for job in ("good", "bad", "worse", "odd"):
             assert c.put(f"/api/jobs/{job}/meta", json=meta_of(trace),
                          headers=AUTH).status_code == 200
     s.stop()
@@ -96,11 +96,13 @@ def test_a_bad_stored_row_quarantines_its_job_not_the_service(tmp_path):
     with sqlite3.connect(tmp_path / "mon.db") as db:
         db.execute("UPDATE jobs SET meta = ? WHERE job = 'bad'", (json.dumps(broken),))
         db.execute("UPDATE jobs SET meta = ? WHERE job = 'worse'", ("{not json",))
+        db.execute("UPDATE jobs SET directory = x'00ff' WHERE job = 'odd'")
     s = serve(tmp_path)
     try:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             jobs = {j["job"]: j["state"] for j in get(c, "/api/jobs")["jobs"]}
-            assert jobs["bad"] == jobs["worse"] == "quarantined" and jobs["good"] == "running"
+            assert jobs["bad"] == jobs["worse"] == jobs["odd"] == "quarantined"
+            assert jobs["good"] == "running"
             assert "extra.layout" in get(c, "/api/jobs/bad")["quarantined"]
             r = put_part(c, "bad", 0, 0, table_bytes(parts_of(trace, 5)[0][2]))
             assert r.status_code == 409 and "set aside" in r.json()["error"]

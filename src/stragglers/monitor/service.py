@@ -107,10 +107,14 @@ class Monitor:
     def start(self) -> "Monitor":
         """Rebuild unfinished jobs from the store (reading only unanalysed parts), start threads."""
         for row in self.store.jobs():
-            job = self.store.job(row["job"])
-            self.directories[job["job"]] = Path(job["directory"])
-            self.states[job["job"]] = job["state"]
-            self.metrics.set_state(job["job"], job["state"])
+            try:
+                job = self.store.job(row["job"])
+                self.directories[job["job"]] = Path(job["directory"])
+                self.states[job["job"]] = job["state"]
+                self.metrics.set_state(job["job"], job["state"])
+            except Exception as exc:   # noqa: BLE001 - a damaged row: that job only
+                self._quarantine(str(row["job"]), exc)
+                continue
             if job["state"] != "finished" and job["meta"]:
                 self._rebuild_or_quarantine(job)
         self._readers = ThreadPoolExecutor(self.config.read_threads,
@@ -215,14 +219,17 @@ class Monitor:
         try:
             return self._rebuild(job)
         except Exception as exc:   # noqa: BLE001 - one job's rows must not stop the service
-            problem = str(exc) if isinstance(exc, InputError) else \
-                f"{type(exc).__name__}: {str(exc)[:200]}"
-            self.quarantined[job["job"]] = problem
-            self.trackers.pop(job["job"], None)
-            self.states[job["job"]] = "quarantined"
-            self.reject("quarantined", f"job {job['job']}", f"stored rows unusable, job set "
-                        f"aside: {problem}")
+            self._quarantine(job["job"], exc)
             return None
+
+    def _quarantine(self, job: str, exc: Exception) -> None:
+        problem = str(exc) if isinstance(exc, InputError) else \
+            f"{type(exc).__name__}: {str(exc)[:200]}"
+        self.quarantined[job] = problem
+        self.trackers.pop(job, None)
+        self.states[job] = "quarantined"
+        self.reject("quarantined", f"job {job}", f"stored rows unusable, job set aside: "
+                    f"{problem}")
 
     def _rebuild(self, job: dict) -> JobTracker:
         """A tracker from the store: analysed steps skipped, later parts read from disk."""
