@@ -9,6 +9,7 @@ stored row quarantines its data set only, and every error is the service's JSON 
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import sqlite3
 import subprocess
@@ -362,3 +363,34 @@ def test_a_refused_token_is_answered_after_a_pause_and_the_connection_closed(ser
                       headers=bearer(STRANGER))
     assert resp.status_code == 403 and time.monotonic() - start >= 0.25
     assert resp.headers["connection"] == "close" and error_shape(resp)["kind"] == "Forbidden"
+
+
+def test_a_stranger_polling_a_big_snapshot_in_training_does_not_make_it_rebuild(tmp_path):
+    # 131,072 shard rows (4 MB of JSON): a caller without the owner's token may get the
+    # snapshot up to stranger_snapshot_stale_s old; the owner (its checkpoints) always gets
+    # the current one.
+    from stragglers.adapt.shards import ShardStore
+
+    db = tmp_path / "s.db"
+    store = ShardStore(db)
+    cfg = DatasetConfig("big", 65_536, 1, num_epochs=2)
+    store.create_dataset(cfg, hashlib.sha256(OWNER.encode()).hexdigest())
+    with store._tx() as c:
+        store._write_rows(c, cfg, 0, 1024, 65_536)
+        store._create_epoch(c, cfg, 1, full=True)
+    store.close()
+    srv = EmbeddedServer(db, config=ServiceConfig(stranger_snapshot_stale_s=600)).start()
+    try:
+        owner = ShardClient(srv.url, "big", "w", token=OWNER)
+        owner.join()
+        held = owner.lease()["lease"]
+        reader = srv.app.state.reader
+        first = httpx.get(f"{srv.url}/datasets/big/snapshot", timeout=120)
+        assert first.status_code == 200 and len(first.content) >= 2 << 20
+        owner.ack(held["epoch"], held["shard"], 1)   # DONE: the data set changed
+        again = httpx.get(f"{srv.url}/datasets/big/snapshot", timeout=120)
+        assert again.content == first.content and reader.computed == 1
+        fresh = owner.snapshot()["shards"]
+        assert fresh[held["shard"]][2] == "DONE" and reader.computed == 2
+    finally:
+        srv.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
@@ -23,6 +24,7 @@ from stragglers.adapt.stored import (check_dataset_row, check_materialized, conf
                                      first_bad_shard)
 
 CHUNK_ROWS = 4096
+BIG_SNAPSHOT = 2 << 20   # bytes (about 50,000 shard rows)
 MAX_FAILED_IN_STATUS = 1024
 
 
@@ -151,7 +153,7 @@ class ReadSide:
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._queued = 0
-        self._cache: OrderedDict[tuple, tuple[object, bytes]] = OrderedDict()
+        self._cache: OrderedDict[tuple, tuple[object, bytes, float]] = OrderedDict()
         self._flights: dict[tuple, Future] = {}
         self.computed = 0  # snapshots built (not served from the cache)
         self.threads_used: set[str] = set()  # names of the threads reads ran on (tested)
@@ -190,20 +192,27 @@ class ReadSide:
         with self._lock:
             self._queued -= 1
 
-    def snapshot(self, name: str) -> Future:
-        """A future of the snapshot bytes: from the cache while the data set is unchanged."""
-        return self._cached("snapshot", name, snapshot_bytes)
+    def snapshot(self, name: str, stale_s: float = 0.0) -> Future:
+        """A future of the snapshot bytes: from the cache while the data set is unchanged.
+
+        `stale_s`: a big cached snapshot (BIG_SNAPSHOT bytes or more) built less than that
+        long ago is served even if the data set changed since (callers that do not own it:
+        a stranger polling the snapshot of a data set in training cannot make the reader
+        rebuild 655,360 rows after every commit).
+        """
+        return self._cached("snapshot", name, snapshot_bytes, stale_s)
 
     def status(self, name: str) -> Future:
         """A future of the status JSON bytes: from the cache while the data set is unchanged."""
         return self._cached("status", name, status_bytes)
 
-    def _cached(self, kind: str, name: str, build) -> Future:
+    def _cached(self, kind: str, name: str, build, stale_s: float = 0.0) -> Future:
         gen = self.generation(name)
         key = (kind, name)
         with self._lock:
             hit = self._cache.get(key)
-            if hit is not None and hit[0] == gen:
+            if hit is not None and (hit[0] == gen or (
+                    len(hit[1]) >= BIG_SNAPSHOT and time.monotonic() - hit[2] < stale_s)):
                 self._cache.move_to_end(key)
                 done: Future = Future()
                 done.set_result(hit[1])
@@ -227,9 +236,9 @@ class ReadSide:
             self.computed += 1
         with self._lock:
             if len(body) <= self.cache_bytes // 4:
-                self._cache[key] = (gen, body)
+                self._cache[key] = (gen, body, time.monotonic())
                 self._cache.move_to_end(key)
-                while sum(len(b) for _, b in self._cache.values()) > self.cache_bytes:
+                while sum(len(b) for _, b, _ in self._cache.values()) > self.cache_bytes:
                     self._cache.popitem(last=False)
         return body
 

@@ -84,6 +84,10 @@ class ServiceConfig(Config):
                                           maximum=float(1 << 40))
     auth_failure_delay_s: float = setting(0.25, "pause before a 401/403 answer", minimum=0.0,
                                           maximum=10.0)
+    stranger_snapshot_stale_s: float = setting(5.0, "age up to which a big snapshot (2 MiB+)"
+                                               " is served to callers without the owner's token"
+                                               " though the data set changed", minimum=0.0,
+                                               maximum=3600.0)
     reads_per_s: float = setting(50.0, "status and snapshot GETs answered per second (the"
                                  " others wait their turn)", minimum=1.0, maximum=1e6)
     max_read_wait_s: float = setting(10.0, "longest wait for a read's turn (then 503)",
@@ -296,6 +300,14 @@ async def _body(request: Request, limit: int) -> bytes:
                            else f"more than {limit} bytes") from None
 
 
+def _bearer_or_none(request: Request) -> str | None:
+    """_bearer, or None when the request carries no well-formed bearer token."""
+    try:
+        return _bearer(request)
+    except Unauthorized:
+        return None
+
+
 def _bearer(request: Request) -> str:
     """SHA-256 of the request's bearer token; Unauthorized when absent or malformed."""
     header = request.headers.get("authorization", "")
@@ -436,7 +448,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         name = name_of(request)
         await pacer.turn()
         store.raise_if_quarantined(name)
-        body = await asyncio.wrap_future(reader.snapshot(name))
+        owner = store.owner_digest(name)
+        digest = _bearer_or_none(request)
+        mine = owner is None or (digest is not None and hmac.compare_digest(owner, digest))
+        stale_s = 0.0 if mine else config.stranger_snapshot_stale_s
+        body = await asyncio.wrap_future(reader.snapshot(name, stale_s))
         return _SharedSend(body, sending)
 
     async def restore(request: Request) -> dict:

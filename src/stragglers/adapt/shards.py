@@ -118,6 +118,7 @@ class ShardStore:
         # by another process), and those found damaged: every call on them is refused.
         self._verified: set[str] = set()
         self._quarantined: dict[str, Quarantined] = {}
+        self._owners: dict[str, str | None] = {}   # owner digests seen (read caches use them)
         # Derived state kept in memory so that a lease does not query it again (see _Tx):
         # per data set, a lower bound of the earliest DOING lease_until (no lease can have
         # expired before it) and the FAILED report of lease replies. Dropped whenever another
@@ -261,6 +262,7 @@ class ShardStore:
             raise self._quarantined[name]
         try:
             check_dataset_row(name, epochs_created, front, owner)
+            self._owners[name] = owner
             cfg = self._config_of(name, values)
             if name not in self._verified:
                 first_bad_shard(c, cfg, epochs_created, self._materialized(c, cfg))
@@ -275,6 +277,10 @@ class ShardStore:
             self._quarantined[name] = exc
             raise
         return cfg
+
+    def owner_digest(self, name: str) -> str | None:
+        """The owner's token digest of a data set a call has seen (None: none or unknown)."""
+        return self._owners.get(name)
 
     def raise_if_quarantined(self, name: str) -> None:
         """Quarantined if a call on `name` found a damaged row (reads check this first)."""
