@@ -3,6 +3,8 @@ errors without stray blank lines."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import subprocess
 import sys
 
@@ -87,3 +89,23 @@ def test_coding_info_says_how_to_read_its_table_and_cites_current_commands():
     assert "decodes the exact full gradient from any 7 of the 8 messages" in words
     decode_help = " ".join(cli("coding", "decode", "--help").stdout.replace("│", " ").split())
     assert "code-info" not in decode_help and "stragglers coding info" in decode_help
+
+
+def test_analyze_and_synth_log_their_stages_with_v_and_errors_end_clean(tmp_path):
+    import subprocess
+    import sys
+
+    STRAGGLERS = str(Path(sys.executable).with_name("stragglers"))   # the installed command
+    run = tmp_path / "run"
+    cmd = [STRAGGLERS, "-v", "synth", str(run), "--dp", "2", "--pp", "2",
+           "--steps", "3"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "generating the trace" in out.stderr
+    out = subprocess.run([STRAGGLERS, "-v", "analyze", str(run), "-q"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0
+    for stage in ("reading", "dependency model", "ideal replay", "diagnosis"):
+        assert stage in out.stderr, out.stderr
+    bad = subprocess.run([STRAGGLERS, "analyze", str(tmp_path / "no")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "\n\n" not in bad.stderr

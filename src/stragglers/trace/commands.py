@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from stragglers.errors import InputError
+
+log = logging.getLogger(__name__)
 
 
 def register(app: typer.Typer) -> None:
@@ -95,12 +98,16 @@ def synth(
         gc_in_compute=(gc_in_compute, gc_length) if gc_in_compute is not None else None,
     )
     console = Console(stderr=True)
-    # descriptions carry file names: plain text, not rich markup
+    # descriptions carry file names: plain text, not rich markup; no bar where stderr is no
+    # terminal (it would leave a blank line); -v logs the stages either way
     with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
+                  TimeElapsedColumn(), console=console, transient=True,
+                  disable=not console.is_terminal) as progress:
         progress.add_task("generating the trace", total=None)
+        log.info("generating the trace: %s", {k: v for k, v in kwargs.items() if v is not None})
         trace = generate(**kwargs)
         progress.add_task(f"writing {len(trace):,} ops", total=None)
+        log.info("writing %s ops to %s", f"{len(trace):,}", out_dir)
         for path in existing:
             path.unlink()
         write_run(out_dir, trace)

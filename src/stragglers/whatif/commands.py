@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Optional
@@ -9,6 +10,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+log = logging.getLogger(__name__)
 
 # Exit status of `analyze --fail-on-straggling` when the job is straggling (bad input is 2).
 EXIT_STRAGGLING = 1
@@ -63,14 +66,24 @@ def analyze_command(
     console = Console()
     selection = _steps_option(steps)
     config = cli_overrides(DiagnosisConfig, settings, "--set")
-    # descriptions carry file names: plain text, not rich markup
+    err = Console(stderr=True)
+
+    def progress(msg: str) -> None:
+        """The bar on a terminal; the -v log either way (each stage of the analysis)."""
+        bar.update(task, description=msg)
+        log.info("%s", msg)
+
+    # descriptions carry file names: plain text, not rich markup; no bar (and none of the
+    # blank line it leaves behind) where stderr is no terminal
     with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+                  TimeElapsedColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as bar:
         task = bar.add_task(f"reading {path}")
+        log.info("reading %s", path)
         trace = load_trace(path, meta, dp_size=dp_size, pp_size=pp_size)
-        result, w = analyze_with_model(
-            trace, progress=lambda msg: bar.update(task, description=msg), config=config,
-            **selection)
+        log.info("read %s ops of %s rank(s)", f"{len(trace):,}",
+                 len(trace.meta.extra.get("ranks_read") or []) or "all")
+        result, w = analyze_with_model(trace, progress=progress, config=config, **selection)
         if json_out:
             bar.update(task, description=f"writing {json_out}")
             json_out.parent.mkdir(parents=True, exist_ok=True)
