@@ -92,9 +92,6 @@ def test_coding_info_says_how_to_read_its_table_and_cites_current_commands():
 
 
 def test_analyze_and_synth_log_their_stages_with_v_and_errors_end_clean(tmp_path):
-    import subprocess
-    import sys
-
     STRAGGLERS = str(Path(sys.executable).with_name("stragglers"))   # the installed command
     run = tmp_path / "run"
     cmd = [STRAGGLERS, "-v", "synth", str(run), "--dp", "2", "--pp", "2",
