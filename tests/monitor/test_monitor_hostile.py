@@ -430,7 +430,12 @@ def test_a_part_the_disk_cannot_take_is_a_json_507_with_nothing_left_behind(tmp_
             assert put_part(c, "job-f", rank, part, table_bytes(cols)).status_code == 200
         left = [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
         assert not left, left
+        # and what a killed service left behind goes at the next start
+        stale = tmp_path / "mon.db.uploads" / "job-f" / "rank-00000.part-000001.parquet.9.ab.tmp"
+        stale.write_bytes(b"half")
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=60)
     assert err.count("Traceback") <= 1, err[-3000:]
+    MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start().stop()
+    assert not stale.exists()

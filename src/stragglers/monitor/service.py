@@ -106,6 +106,7 @@ class Monitor:
 
     def start(self) -> "Monitor":
         """Rebuild unfinished jobs from the store (reading only unanalysed parts), start threads."""
+        self._remove_stale_temps()
         for row in self.store.jobs():
             try:
                 job = self.store.job(row["job"])
@@ -127,6 +128,20 @@ class Monitor:
             t.start()
             self._threads.append(t)
         return self
+
+    def _remove_stale_temps(self) -> None:
+        """Half-written uploads a killed service left (`*.tmp` in the upload folders: written
+        before their rename, so never acknowledged) are removed at start."""
+        try:
+            temps = list(self.data_dir.glob("*/*.tmp"))
+        except OSError:
+            return
+        for tmp in temps:
+            if tmp.name.startswith(("rank-", "meta.json.")):
+                try:
+                    tmp.unlink()
+                except OSError as exc:
+                    log.warning("cannot remove %s: %s", tmp, exc.strerror)
 
     def stop(self) -> None:
         """Stop the threads (what is stored stays; windows in flight are redone at restart)."""
