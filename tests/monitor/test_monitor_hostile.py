@@ -323,6 +323,37 @@ def test_a_part_numbered_999999_is_one_log_line_not_a_million(tmp_path, caplog):
         s.stop()
 
 
+def test_a_wild_part_number_does_not_hold_the_job_s_windows(tmp_path):
+    # after part 999999 the rank skipped ahead to part 1,000,000: its real parts 2 and 3,
+    # numbered below, never moved its frontier, and no window after them closed
+    trace = slow_job(steps=20)
+    parts = parts_of(trace, 5)
+    wild = parts[0][0]
+    s = serve(tmp_path, config=CFG.replace(gap_wait_s=0.2))
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            job_with_meta(c, "job-g", trace)
+            for rank, part, cols in parts:
+                if rank != wild:
+                    assert put_part(c, "job-g", rank, part, table_bytes(cols)).status_code == 200
+                elif part == 0:
+                    assert put_part(c, "job-g", rank, 0, table_bytes(cols)).status_code == 200
+                elif part == 1:
+                    assert put_part(c, "job-g", rank, 999_999,
+                                    table_bytes(cols)).status_code == 200
+            eventually(lambda: get(c, "/api/jobs/job-g")["skipped_parts"] == 999_998,
+                       what="the gap given up")
+            for rank, part, cols in parts:
+                if rank == wild and part >= 2:
+                    assert put_part(c, "job-g", rank, part, table_bytes(cols)).status_code == 200
+            wins = eventually(lambda: len(get(c, "/api/jobs/job-g")["windows"]) == 4
+                              and get(c, "/api/jobs/job-g")["windows"], what="4 windows")
+            assert [get(c, f"/api/jobs/job-g/windows/{w['idx']}")["missing_ranks"]
+                    for w in wins] == [[], [], [], []]
+    finally:
+        s.stop()
+
+
 # ---- connections ------------------------------------------------------------------------------
 
 def test_a_thousand_idle_connections_do_not_lock_the_monitor(tmp_path):

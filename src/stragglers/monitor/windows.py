@@ -123,6 +123,11 @@ class JobTracker:
         neither when its rows are already analysed. True when the file is held for a window."""
         rp = self.ranks.setdefault(rank, RankParts())
         rp.parts[part] = (int(last_step), arrived_at)
+        if part < rp.next_part:
+            # a part below a gap already given up on (a wild number such as 999999 made the
+            # rank skip ahead): nothing before it is awaited, so it moves the frontier, or the
+            # rank's later parts — all "late" — would hold the job's windows for good
+            rp.frontier = max(rp.frontier, int(last_step))
         self.max_step = max(self.max_step, int(last_step))
         self.last_arrival = max(self.last_arrival or arrived_at, arrived_at)
         if file is not None and file.records:
