@@ -162,6 +162,7 @@ def test_fifos_and_bad_meta_in_watched_runs_hold_nothing_and_good_runs_still_com
                                 for r in get(c, "/api/stats")["rejects"])
             assert "not a regular file" in problems and "extra.layout" in problems
             assert "bytes; expected at most" in problems
+            assert "fifo-meta/meta.json" in problems and str(tmp_path) not in problems
     finally:
         t0 = time.monotonic()
         s.stop()

@@ -35,6 +35,7 @@ class DirectoryWatcher:
                 raise InputError(r, None, "not a directory (expected a run directory or a "
                                  "folder of run directories to watch)")
         self.rescan_s = monitor.config.rescan_s if rescan_s is None else rescan_s
+        monitor.private_roots.update(str(r) for r in self.roots)
         self.jobs: dict[Path, str] = {}          # run directory -> job name
         self.waiting: dict[Path, set[Path]] = {}  # parts seen before their meta.json
         self.refused: set[Path] = set()          # part names refused (said once)

@@ -92,6 +92,10 @@ class Monitor:
         self.directories: dict[str, Path] = {}
         self.recent_rejects: deque = deque(maxlen=100)
         self.quarantined: dict[str, str] = {}   # job → why its stored rows cannot be used
+        # directories whose paths readers of /api/stats are not shown (the watcher adds its
+        # roots): the uploads folder and the store's
+        self.private_roots = {str(self.data_dir.resolve()), str(self.data_dir),
+                              str(Path(store.path).resolve().parent)}
         self._lock = threading.RLock()
         self._ingest: queue.Queue = queue.Queue()
         self._analysis: queue.Queue = queue.Queue()
@@ -293,9 +297,20 @@ class Monitor:
     def reject(self, reason: str, source: str, problem: str) -> None:
         """Count and remember a refused part or request."""
         self.metrics.rejected.labels(reason).inc()
-        self.recent_rejects.appendleft({"at": time.time(), "reason": reason, "source": source,
-                                        "problem": problem})
+        # readers of /api/stats see the run's own names, not the server's directories (the
+        # log keeps the whole path for the operator)
+        self.recent_rejects.appendleft({"at": time.time(), "reason": reason,
+                                        "source": self._public(source),
+                                        "problem": self._public(problem)})
         log.warning("refused %s: %s", source, problem)
+
+    def _public(self, text: str) -> str:
+        """`text` with the server's directories (uploads, watched roots) left out: paths read
+        relative to them (run/meta.json)."""
+        text = str(text)
+        for root in sorted(self.private_roots, key=len, reverse=True):
+            text = text.replace(root + "/", "").replace(root, ".")
+        return text
 
     def _ingest_loop(self) -> None:
         while True:
