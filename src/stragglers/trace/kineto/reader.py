@@ -78,7 +78,8 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
     """Read PyTorch-profiler traces, one file per rank, into one op table on one clock.
 
     Files are parsed in parallel processes (`workers`, default: one per core, bounded by memory;
-    1 parses in this process). What the reader assumed or left out is in `Trace.notes`.
+    1 parses one file at a time, in this process unless the input is 256 MB or more). What the
+    reader assumed or left out is in `Trace.notes`.
     """
     files = kineto_files(paths)
     source = str(paths) if isinstance(paths, (str, Path)) else str(files[0].parent)
