@@ -133,3 +133,22 @@ def test_the_demo_ends_on_a_command_that_serves_its_store_again(tmp_path):
 
     cmd = reopen_command(tmp_path, 8150)
     assert f"--db {tmp_path / 'monitor.db'}" in cmd and f"--config {tmp_path / 'rules.yaml'}" in cmd
+
+
+def test_a_store_served_again_with_other_settings_says_how_its_windows_were_cut(tmp_path):
+    trace = slow_job(steps=10)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        c.put("/api/jobs/j/meta", json=trace.meta.to_dict(), headers=AUTH)
+        for rank, part, cols in parts_of(trace, 5):
+            c.put(f"/api/jobs/j/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                  headers=AUTH)
+        eventually(lambda: len(get(c, "/api/jobs/j")["windows"]) == 2, what="windows")
+    s.stop()
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN,
+                      config=CFG.replace(window_steps=10)).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert get(c, "/api/jobs/j")["window_steps"] == 5
+    finally:
+        s.stop()

@@ -149,7 +149,7 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
             "quarantined": monitor.quarantined.get(job),
             "last_part_at": row["last_part_at"], "dp": meta.get("dp_size"),
             "pp": meta.get("pp_size"), "world_size": meta.get("world_size"),
-            "window_steps": monitor.config.window_steps,
+            "window_steps": _window_steps(store.last_window(job), monitor.config.window_steps),
             "pending_rows": tracker.pending_rows if tracker else 0,
             "skipped_parts": tracker.skipped_parts() if tracker else 0,
             "upload_dropped": store.upload_dropped(job),
@@ -244,6 +244,15 @@ class UploadFastPath:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _window_steps(last: dict | None, configured: int) -> int:
+    """Steps per window as the job's windows were cut (its last complete window), else as
+    configured now: a store served again without the rules it was made with said "windows of
+    10 steps" for 5-step windows."""
+    if last and last.get("reason") == "complete" and last.get("steps"):
+        return len(last["steps"])
+    return configured
 
 
 def _bounded(text: str, top: int) -> bool:
