@@ -1,7 +1,8 @@
 """Synthetic GPU jobs as Kineto JSON, read and diagnosed: exactly the injected causes, at the
 injected ranks, and no healthy rank named.
 
-Each job draws a shape (4-8 ranks, 4-8 profiled steps, 0-2 all-to-alls per forward, 2-6 DDP
+Each job draws a shape (4-8 ranks, 4-8 profiled steps, 0-2 all-to-alls per forward in one or
+two expert-parallel groups (their own process groups), 2-6 DDP
 buckets of unequal sizes, kernel noise 1-3%, host clocks up to 500 µs apart, every host
 starting each step up to 0-400 µs late at random) and one of: no cause (noise only), a late
 host (one rank starts every step 1.5-4 ms late: `host_stall`), a slow GPU (one rank computes
@@ -42,6 +43,8 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
                  jitter=float(rng.uniform(0.01, 0.03)),
                  clock_offset_us=float(rng.uniform(0, 500)),
                  host_jitter_us=float(rng.uniform(0, 400)))
+    if shape["all_to_alls"] and ranks >= 4:
+        shape["expert_groups"] = int(rng.integers(1, 3))   # all-to-alls in 1 or 2 EP groups
     kind = KINDS[int(rng.integers(len(KINDS)))]
     if kind == "host_stall":
         shape["late_rank"] = (int(rng.integers(ranks)), float(rng.uniform(1500, 4000)))

@@ -72,3 +72,24 @@ def test_cli_writes_a_job_and_refuses_a_bad_rank(tmp_path):
     bad = runner.invoke(app, ["synth-gpu", str(tmp_path / "bad"), "--ranks", "4",
                               "--slow-rank", "7,2"])
     assert bad.exit_code != 0 and "rank 7 is not one of the 4 ranks" in str(bad.exception)
+
+
+def test_all_to_alls_in_expert_groups_synchronise_their_group_only(tmp_path):
+    from stragglers.whatif.analyze import analyze_with_model
+
+    job = GpuJob(ranks=8, steps=5, seed=2, all_to_alls=3, expert_groups=2,
+                 late_rank=(2, 2500.0))
+    write_gpu_job(job, tmp_path)
+    trace = load_trace(tmp_path)
+    assert set(trace.ops["pg"]) >= {0, 1, 2}            # the default group and two EP groups
+    result, w = analyze_with_model(trace)
+    a2a = [p for members, p in zip(w.model.groups, w.model.group_parts)
+           if trace.optype_names()[w.grid.row[members[0], 0, 0]] == "all-to-all"]
+    # ranks 0-3 and 4-7 wait for their own group's late member only
+    assert a2a and all(len(set(p[:4])) == 1 and len(set(p[4:])) == 1 and p[0] != p[4]
+                       for p in a2a)
+    assert result.sim_error < 1e-6
+    assert _named(result) == {("host_stall", 2)}
+    # without the groups every all-to-all would wait for rank 2: the replay runs late
+    trace.ops.pop("pg")
+    assert analyze(trace).sim_error > 1e-3

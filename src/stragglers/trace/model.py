@@ -67,8 +67,11 @@ OPTIONAL_COLUMNS: dict[str, np.dtype] = {
     # thread, gloo's transport and collective threads) were runnable but had no CPU during it
     # (Linux schedstat): CPU contention, not the link
     "cpu_wait": np.dtype(np.float64),
+    # collectives: the process group they ran in, a job-wide id (-1 unknown): a collective
+    # synchronises the ranks of its group only (a tensor-parallel pair, not every DP rank)
+    "pg": np.dtype(np.int32),
 }
-OPTIONAL_FILL = {"attn_cost": np.nan, "tokens": -1, "bytes": -1, "cpu_wait": np.nan}
+OPTIONAL_FILL = {"attn_cost": np.nan, "tokens": -1, "bytes": -1, "cpu_wait": np.nan, "pg": -1}
 
 
 def optype_code(name: str) -> int:

@@ -31,10 +31,17 @@ class DependencyModel:
 
     deps: list[list[int]]          # deps[n] = template ops n waits for (same DP rank and step)
     groups: list[list[int]]        # comm groups (members end together)
-    group_dp_sync: list[bool]      # group also synchronises all DP ranks
+    group_dp_sync: list[bool]      # group also synchronises DP ranks (all, or its parts)
     group_of: np.ndarray           # [N] group id or -1
     no_op: np.ndarray              # [N] p2p op recorded but never launched (no peer)
     order: list[int]               # super-node order: group ids as -(g+1), plain ops as n
+    # per group: None (a dp-sync group synchronises all DP ranks) or labels [D]: DP ranks with
+    # one label synchronise together (the process groups the collective ran in)
+    group_parts: list = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.group_parts is None:
+            self.group_parts = [None] * len(self.groups)
 
 
 def build_dependencies(grid: OpGrid, dsp_size: int = 1,
@@ -218,7 +225,33 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
     if clip:
         add_group(clip, True)
     order = _topological_order(grid, deps, groups, group_of)
-    return DependencyModel(deps, groups, dp_sync, group_of, no_op, order)
+    parts = [_sync_parts(grid, members) if sync else None for members, sync in zip(groups, dp_sync)]
+    return DependencyModel(deps, groups, dp_sync, group_of, no_op, order, parts)
+
+
+def _sync_parts(grid: OpGrid, members: list[int]) -> np.ndarray | None:
+    """Labels [D] of the DP ranks that a collective synchronises together, from the process
+    groups it ran in (None: all of them, the group unknown somewhere or the same everywhere)."""
+    if grid.node_pg is None:
+        return None
+    labels = grid.node_pg[members[0]]
+    if (labels < 0).any() or len(np.unique(labels)) == 1:
+        return None
+    if any(not np.array_equal(grid.node_pg[m], labels) for m in members[1:]):
+        return None
+    return labels.astype(np.int64)
+
+
+def sync_max(values: np.ndarray, parts: np.ndarray | None) -> np.ndarray:
+    """The max over the DP ranks that synchronise together ([D, T] → [D, T] or [1, T])."""
+    if parts is None or len(values) != len(parts):
+        # (a replay broadcast over identical DP ranks, the ideal one, has a single row)
+        return values.max(axis=0, keepdims=True)
+    out = np.empty_like(values)
+    for label in np.unique(parts):
+        cols = parts == label
+        out[cols] = values[cols].max(axis=0, keepdims=True)
+    return out
 
 
 def _chain_stream(grid: OpGrid, stream: list[int], deps: list[list[int]]) -> None:

@@ -42,6 +42,9 @@ class OpGrid:
     # compute ops are pieces cut at collectives (profiler traces): the i-th piece of a step
     # is one kind of work, the pieces are not (idealise.identities)
     compute_by_index: bool = False
+    # [N, D] the process group each template op ran in on each DP rank (a job-wide id; -1
+    # unknown), where the trace says (its `pg` column); None: every collective syncs all DP ranks
+    node_pg: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -154,11 +157,17 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     pp = max(trace.meta.pp_size, int(node_stage.max()) + 1)
     node_mc, node_gmc = _chunks(ops, node, n, node_stage, pp)
     vpp = max(trace.meta.vpp_size, int(node_mc.max()) + 1)
+    node_pg = None
+    if "pg" in ops:
+        pg = np.full(n * d * t, -1, dtype=np.int64)
+        pg[flat] = ops["pg"]
+        node_pg = pg.reshape(n, d, t).max(axis=2)      # the same group in every step
     grid = OpGrid(node_stage, node_optype, node_seq, dp_ranks, step_ids[complete],
                   start.reshape(shape)[:, :, complete], duration.reshape(shape)[:, :, complete],
                   present[:, :, complete], row.reshape(shape)[:, :, complete],
                   pp_size=pp, node_mc=node_mc, node_gmc=node_gmc, vpp_size=vpp, warnings=warnings,
-                  compute_by_index=bool(trace.meta.extra.get("compute_split_at_collectives")))
+                  compute_by_index=bool(trace.meta.extra.get("compute_split_at_collectives")),
+                  node_pg=node_pg)
     _check_stages(grid, trace)
     return grid
 

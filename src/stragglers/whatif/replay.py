@@ -7,14 +7,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from stragglers.lazy import callable_module
-from stragglers.whatif.dependencies import DependencyModel
+from stragglers.whatif.dependencies import DependencyModel, sync_max
 
 
 @dataclass
 class ReplayPlan:
     """The model compiled for replay: per super-node, its members and their dependencies."""
 
-    steps: list[tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool, bool]]
+    # (members, their deps, is a group, dp sync: False, True (all DP ranks) or labels [D])
+    steps: list[tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool, object]]
     n_nodes: int
 
 
@@ -25,8 +26,11 @@ def compile_plan(model: DependencyModel) -> ReplayPlan:
         if sn < 0:
             g = -sn - 1
             members = tuple(int(m) for m in model.groups[g])
+            sync = model.group_dp_sync[g]
+            if sync and model.group_parts[g] is not None:
+                sync = model.group_parts[g]          # labels: the process groups' DP ranks
             steps.append((members, tuple(tuple(sorted(set(model.deps[m]))) for m in members),
-                          True, model.group_dp_sync[g]))
+                          True, sync))
         else:
             steps.append(((int(sn),), (tuple(sorted(set(model.deps[sn]))),), False, False))
     return ReplayPlan(steps, len(model.deps))
@@ -75,11 +79,13 @@ def replay(plan: ReplayPlan, cost: np.ndarray, step_start: np.ndarray,
         g = ready(members[0], deps[0], np.empty((d, t)))
         for m, dep in zip(members[1:], deps[1:]):
             np.maximum(g, ready(m, dep, scratch), out=g)
-        if dp_sync:
+        if dp_sync is True or (dp_sync is not False and jobs > 1):
             if jobs == 1:
                 g = g.max(axis=0, keepdims=True)
-            else:
+            else:   # each job syncs within itself (a pair of replicas: no process groups)
                 g = np.repeat(g.reshape(jobs, -1, t).max(axis=1), d // jobs, axis=0)
+        elif dp_sync is not False:
+            g = sync_max(g, dp_sync)
         for m in members:
             np.add(g, cost[m], out=end[m])
     if jobs == 1:

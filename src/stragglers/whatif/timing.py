@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from stragglers.trace.model import OPTYPE_CODES, P2P_OPTYPES
-from stragglers.whatif.dependencies import DependencyModel
+from stragglers.whatif.dependencies import DependencyModel, sync_max
 from stragglers.whatif.grid import OpGrid
 
 P2P_CODES = [OPTYPE_CODES[o] for o in P2P_OPTYPES]
@@ -26,10 +26,10 @@ def measured_costs(grid: OpGrid, model: DependencyModel) -> np.ndarray:
     cost = grid.duration.copy()
     end = grid.start + grid.duration
     group_start = np.full(grid.start.shape, np.nan)
-    for members, sync in zip(model.groups, model.group_dp_sync):
+    for members, sync, parts in zip(model.groups, model.group_dp_sync, model.group_parts):
         g = np.max(grid.start[members], axis=0)
         if sync:
-            g = g.max(axis=0, keepdims=True)
+            g = sync_max(g, parts)
         group_start[members] = g
     group_start = np.where(np.isnan(group_start), grid.start, group_start)
     _per_call(grid, model, end, group_start)

@@ -117,6 +117,7 @@ class RankRows:
     sync: dict[tuple, float] = field(default_factory=dict)   # collective key → end (µs)
     sync_span: dict[tuple, tuple[float, float]] = field(default_factory=dict)  # key → start, end
     counts: Counter = field(default_factory=Counter)          # things worth a note
+    group: list = field(default_factory=list)   # per row: its collective's process group or None
 
 
 def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
@@ -141,7 +142,8 @@ def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
     return RankRows(placement, parts.mode, step_ids,
                     np.array([r[1] for r in rows], dtype=np.int8),
                     np.array([r[2] for r in rows], dtype=np.float64),
-                    np.array([r[3] for r in rows], dtype=np.float64), sync, spans, counts)
+                    np.array([r[3] for r in rows], dtype=np.float64), sync, spans, counts,
+                    [r[4] if len(r) > 4 else None for r in rows])
 
 
 def _compute_ops(parts: RankParts, colls: list[tuple[Coll, str]], rows: list,
@@ -243,7 +245,9 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
             if optype is None:
                 counts[f"{kind} left out"] += 1
                 continue
-        rows.append((c.step, OPTYPE_CODES[optype], c.start, c.end - c.start))
+        # pipeline p2p pairs its two stages (the model's own groups); collectives their group
+        group = c.pg if kind not in P2P_KINDS or optype == SEND_RECV else None
+        rows.append((c.step, OPTYPE_CODES[optype], c.start, c.end - c.start, group))
         emitted.append((c, optype))
     return emitted
 

@@ -18,7 +18,7 @@ from stragglers.trace.kineto.notes import reader_notes
 from stragglers.trace.kineto.ops import Placement, RankParts, RankRows, rank_rows
 from stragglers.trace.kineto.parse import parse_files
 from stragglers.trace.kineto.placement import JobShape, job_shape, place, rank_of, world_size_of
-from stragglers.trace.model import COLUMNS, JobMeta, Trace
+from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, JobMeta, Trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -224,8 +224,11 @@ def _one_time_base(parts: dict[int, RankParts], per_rank: dict[int, RankRows]):
 
 
 def _columns(per_rank: dict[int, RankRows], starts: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
-    """Concatenate ranks' rows; seq_id numbers each optype by start within (step, rank)."""
-    parts: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+    """Concatenate ranks' rows; seq_id numbers each optype by start within (step, rank); `pg`
+    numbers the process groups the collectives ran in, one id per group name job-wide."""
+    names = sorted({g for rows in per_rank.values() for g in rows.group if g is not None})
+    pg_id = {g: i for i, g in enumerate(names)}
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in (*COLUMNS, "pg")}
     for r in sorted(per_rank):
         rows = per_rank[r]
         n = len(rows.step)
@@ -233,6 +236,8 @@ def _columns(per_rank: dict[int, RankRows], starts: dict[int, np.ndarray]) -> di
         start = starts[r]
         order = np.lexsort((start, rows.optype, rows.step))
         step, optype = rows.step[order], rows.optype[order]
+        parts["pg"].append(np.array([pg_id.get(rows.group[i], -1) if rows.group else -1
+                                     for i in order], dtype=np.int64))
         start, dur = start[order], rows.dur_us[order]
         first = np.ones(n, dtype=bool)
         first[1:] = (step[1:] != step[:-1]) | (optype[1:] != optype[:-1])
@@ -253,7 +258,10 @@ def _columns(per_rank: dict[int, RankRows], starts: dict[int, np.ndarray]) -> di
         parts["mb_id"].append(np.where(is_compute, mb, -1))
         parts["mc"].append(np.zeros(n))
         parts["gmc"].append(np.full(n, p.stage))
-    return {c: np.concatenate(parts[c]).astype(dt) for c, dt in COLUMNS.items()}
+    out = {c: np.concatenate(parts[c]).astype(dt) for c, dt in COLUMNS.items()}
+    if names:
+        out["pg"] = np.concatenate(parts["pg"]).astype(OPTIONAL_COLUMNS["pg"])
+    return out
 
 
 def _default_name(paths, files: list[Path]) -> str:

@@ -42,6 +42,8 @@ class GpuJob:
     jitter: float = 0.02            # relative noise of every kernel
     clock_offset_us: float = 300.0  # hosts' clocks differ by up to this
     host_jitter_us: float = 0.0     # every host starts every step up to this late (noise)
+    expert_groups: int = 1          # the all-to-alls run within this many groups of ranks
+                                    # (expert parallelism); the gradient all-reduce spans all
     late_rank: tuple[int, float] | None = None        # (rank, µs late at every step start)
     slow_rank: tuple[int, float] | None = None        # (rank, compute factor)
     slow_group: tuple[tuple[int, ...], float] | None = None   # (ranks, compute factor)
@@ -105,7 +107,7 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
     ranks = [_Rank(r, offsets[r], 10_000 * (r + 1)) for r in range(n)]
     sizes = rng.uniform(0.3, 1.7, job.buckets)
     sizes = sizes / sizes.sum()
-    seq = 0
+    seq = ep_seq = 0
     _pre_window(ranks, rng)
     t = 1_000_000.0                                  # step start (true time, µs)
     for s in range(job.steps):
@@ -122,9 +124,13 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
                                 _COMPUTE_STREAM)
             gpu = gpu + dur
             if k < job.all_to_alls:
-                seq += 1
-                gpu = _collective(ranks, "all_to_all", "ncclDevKernel_SendRecv", seq, gpu,
-                                  60.0 + 40.0 * rng.random(), 1 << 20, rng)
+                ep_seq += 1
+                transfer = 60.0 + 40.0 * rng.random()
+                for gi, members in enumerate(np.array_split(np.arange(n), job.expert_groups)):
+                    gpu[members] = _collective(
+                        ranks, "all_to_all", "ncclDevKernel_SendRecv", ep_seq, gpu, transfer,
+                        1 << 20, rng, members=[int(m) for m in members],
+                        pg=str(gi + 1) if job.expert_groups > 1 else "0")
         # backward with DDP buckets on the NCCL stream
         bwd = job.backward_us * speed * (1 + job.jitter * rng.standard_normal(n))
         bstart = gpu
@@ -163,20 +169,24 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
 
 
 def _collective(ranks: list[_Rank], name: str, kernel: str, seq: int, arrive: np.ndarray,
-                transfer: float, nbytes: int, rng, tid: int = _MAIN) -> np.ndarray:
-    """A collective of all ranks: each arrives when it can, all end together."""
-    end = float(arrive.max()) + transfer * (1 + 0.02 * rng.standard_normal())
-    args = {"Collective name": name, "Process Group Name": "0",
-            "Process Group Description": "default_pg", "Process Group Ranks": str(
-                list(range(len(ranks)))), "Group size": len(ranks), "Seq": seq,
+                transfer: float, nbytes: int, rng, tid: int = _MAIN,
+                members: list[int] | None = None, pg: str = "0") -> np.ndarray:
+    """A collective of its process group (all ranks by default): each member arrives when it
+    can, all end together. Returns the members' ends."""
+    members = list(range(len(ranks))) if members is None else members
+    end = float(arrive[members].max()) + transfer * (1 + 0.02 * rng.standard_normal())
+    args = {"Collective name": name, "Process Group Name": pg,
+            "Process Group Description": "default_pg" if pg == "0" else "ep_group",
+            "Process Group Ranks": str(members), "Group size": len(members), "Seq": seq,
             "In msg nelems": nbytes // 4, "Out msg nelems": nbytes // 4, "dtype": "Float"}
-    for r, rk in enumerate(ranks):
+    for r in members:
+        rk = ranks[r]
         at = rk.issue()
         rk.x("cpu_op", "record_param_comms", at, 6.0, _CPU, tid, args)
         rk.kernel(kernel, at + 1.0, arrive[r], end - arrive[r], _NCCL_STREAM, tid=tid,
                   args=args)
         rk.cpu = at + 1.0
-    return np.full(len(ranks), end)
+    return np.full(len(members), end)
 
 
 def _pre_window(ranks: list[_Rank], rng) -> None:
@@ -197,7 +207,12 @@ def _write_rank(rk: _Rank, job: GpuJob, path: Path) -> None:
            "distributedInfo": {"backend": "nccl", "rank": rk.rank, "world_size": job.ranks,
                                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg",
                                               "pg_size": job.ranks,
-                                              "ranks": list(range(job.ranks))}]},
+                                              "ranks": list(range(job.ranks))}] + ([
+                                   {"pg_name": str(i + 1), "pg_desc": "ep_group",
+                                    "pg_size": len(m), "ranks": [int(x) for x in m]}
+                                   for i, m in enumerate(np.array_split(
+                                       np.arange(job.ranks), job.expert_groups))]
+                                   if job.expert_groups > 1 else [])},
            "baseTimeNanoseconds": job.base_ns,
            "traceEvents": sorted(rk.events, key=lambda e: e["ts"])}
     path.write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))

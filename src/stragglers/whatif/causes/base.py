@@ -191,28 +191,39 @@ def arrival_order(w: WhatIf) -> Arrivals | None:
     """The arrival order at every collective that synchronises all DP ranks (None: none)."""
     g = w.grid
     d, t = len(g.dp_ranks), len(g.steps)
-    groups = [m for m, sync in zip(w.model.groups, w.model.group_dp_sync) if sync]
+    groups = [(m, parts) for m, sync, parts in zip(w.model.groups, w.model.group_dp_sync,
+                                                    w.model.group_parts) if sync]
     if d < 2 or not groups:
         return None
     gating = np.zeros((d, g.pp_size, t))
     late = np.zeros((d, g.pp_size))
     count = np.zeros((d, g.pp_size))
-    for members in groups:
-        arrive = g.start[members]                                       # [m, D, T]
-        if not np.isfinite(arrive).all():
-            continue
-        stage = np.repeat(g.node_stage[members], d)                     # [m·D]
-        dp = np.tile(np.arange(d), len(members))
-        flat = arrive.reshape(-1, t)                                    # [m·D, T]
-        order = np.argsort(flat, axis=0)
-        last, second = order[-1], order[-2]
-        cols = np.arange(t)
-        np.add.at(gating, (dp[last], stage[last], cols), flat[last, cols] - flat[second, cols])
-        np.add.at(late, (dp, stage), (flat - np.median(flat, axis=0)).mean(axis=1))
-        np.add.at(count, (dp, stage), 1)
+    for members, parts in groups:
+        # each process group of the collective is a race of its own (all DP ranks: one race)
+        for cols in ([np.arange(d)] if parts is None else
+                     [np.flatnonzero(parts == label) for label in np.unique(parts)]):
+            if len(cols) > 1:
+                _race(g, members, cols, t, gating, late, count)
     if not count.any():
         return None
     return Arrivals(gating, late / np.maximum(count, 1), len(groups))
+
+
+def _race(g, members: list[int], cols: np.ndarray, t: int, gating, late, count) -> None:
+    """One collective's arrivals among the DP ranks `cols`: the last one's hold-up, and every
+    member's arrival against the median (added into gating, late, count)."""
+    arrive = g.start[members][:, cols]                                  # [m, c, T]
+    if np.isfinite(arrive).all():
+        stage = np.repeat(g.node_stage[members], len(cols))             # [m·c]
+        dp = np.tile(cols, len(members))
+        flat = arrive.reshape(-1, t)                                    # [m·c, T]
+        order = np.argsort(flat, axis=0)
+        last, second = order[-1], order[-2]
+        steps = np.arange(t)
+        np.add.at(gating, (dp[last], stage[last], steps),
+                  flat[last, steps] - flat[second, steps])
+        np.add.at(late, (dp, stage), (flat - np.median(flat, axis=0)).mean(axis=1))
+        np.add.at(count, (dp, stage), 1)
 
 
 def per_worker_sum(values: np.ndarray, node_stage: np.ndarray, nodes: np.ndarray,
