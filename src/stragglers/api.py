@@ -10,13 +10,13 @@ from stragglers.trace.model import Trace
 
 def analyze(source: "Trace | str | Path", *, steps: Any = None, meta: "str | Path | None" = None,
             dp_size: int | None = None, pp_size: int | None = None,
-            progress: Callable[[str], None] | None = None):
+            progress: Callable[[str], None] | None = None, tp_size: int | None = None):
     """What-if analysis of a trace or of the trace at `source` (run dir, NDTimeline, profiler JSON)."""
     from stragglers.trace.load import load_trace, parse_steps
     from stragglers.whatif.analyze import analyze as analyze_trace
 
     trace = source if isinstance(source, Trace) else load_trace(
-        source, meta, dp_size=dp_size, pp_size=pp_size)
+        source, meta, dp_size=dp_size, pp_size=pp_size, tp_size=tp_size)
     if isinstance(steps, str) and steps != "all":
         steps = parse_steps(steps)
     return analyze_trace(trace, steps, progress)

@@ -151,3 +151,16 @@ def test_the_new_collectives_survive_conversion(tmp_path, dlrm_result):
         again = analyze(back)
         assert again.slowdown == pytest.approx(result.slowdown, rel=1e-12)
         assert _named(again, "host_stall") == {7}
+
+
+def test_tp_size_is_a_layout_and_a_wrong_one_a_clear_error(dlrm):
+    trace = load_trace(dlrm, tp_size=2)
+    assert trace.meta.extra["tp_size_implied"] == 2 and trace.meta.dp_size == 8
+    assert _named(analyze(trace), "host_stall") == {7}
+    for kwargs, words in (({"tp_size": 3}, "3 does not divide"),
+                          ({"tp_size": 2, "dp_size": 2}, "is not the 8 ranks")):
+        with pytest.raises(InputError, match=words) as err:
+            load_trace(dlrm, **kwargs)
+        assert err.value.field == "tp_size"
+    with pytest.raises(InputError, match="--tp-size"):
+        load_trace(REAL / "pai-minibatch" / "job_2_norm.csv", tp_size=2)

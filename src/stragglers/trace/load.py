@@ -24,15 +24,15 @@ class KinetoReader:
         return path.is_dir() and not (path / META_FILE).exists() and any(
             f.is_file() and f.name.endswith(_KINETO_SUFFIXES) for f in path.iterdir())
 
-    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None) -> Trace:
-        """Read the ranks' files, placed on a DP × PP grid by dp_size / pp_size."""
+    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None, tp_size=None) -> Trace:
+        """Read the ranks' files, placed on a DP × PP grid by dp_size / pp_size / tp_size."""
         from stragglers.trace.kineto import read_kineto
 
         if meta is not None:
             raise InputError(meta, None, f"--meta is for NDTimeline files; {path} holds "
                              "PyTorch-profiler traces (their layout: --dp-size, --pp-size)")
 
-        return read_kineto(path, dp_size=dp_size, pp_size=pp_size)
+        return read_kineto(path, dp_size=dp_size, pp_size=pp_size, tp_size=tp_size)
 
 
 class RunReader:
@@ -44,12 +44,13 @@ class RunReader:
         """Any directory that is not a folder of profiler files."""
         return path.is_dir()
 
-    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None) -> Trace:
+    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None, tp_size=None) -> Trace:
         """Read every rank's op tables and the job's meta.json."""
         if meta is not None:
             raise InputError(meta, None, f"--meta is for NDTimeline files; {path} is a run "
                              f"directory with its own {META_FILE}")
-        _layout_is_given(path, f"a run directory with its own {META_FILE}", dp_size, pp_size)
+        _layout_is_given(path, f"a run directory with its own {META_FILE}", dp_size, pp_size,
+                         tp_size)
         from stragglers.trace.runformat import read_run
 
         return read_run(path)
@@ -64,12 +65,12 @@ class NDTimelineReader:
         """A .parquet file."""
         return path.is_file() and path.suffix == ".parquet"
 
-    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None) -> Trace:
+    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None, tp_size=None) -> Trace:
         """Read the op table and its metadata YAML."""
         from stragglers.trace.ndtimeline import read_ndtimeline
 
         _layout_is_given(path, "an NDTimeline trace, laid out by its metadata YAML", dp_size,
-                         pp_size)
+                         pp_size, tp_size)
         return read_ndtimeline(path, meta)
 
 
@@ -84,22 +85,22 @@ class StepTimesReader:
 
         return looks_like_step_times(path)
 
-    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None) -> Trace:
+    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None, tp_size=None) -> Trace:
         """Each worker's step as one compute op and one synchronising all-reduce."""
         from stragglers.trace.steptimes import read_step_times
 
         _layout_is_given(path, "a table of per-worker step times (data parallel, one stage)",
-                         dp_size, pp_size)
+                         dp_size, pp_size, tp_size)
         if meta is not None:
             raise InputError(meta, None, f"--meta is for NDTimeline files; {path} is a table "
                              "of step times")
         return read_step_times(path)
 
 
-def _layout_is_given(path: Path, what: str, dp_size, pp_size) -> None:
+def _layout_is_given(path: Path, what: str, dp_size, pp_size, tp_size=None) -> None:
     """--dp-size / --pp-size place profiler ranks; a format that records its layout refuses
     them rather than ignoring them (a user who gave one expects it to count)."""
-    for flag, value in (("--dp-size", dp_size), ("--pp-size", pp_size)):
+    for flag, value in (("--dp-size", dp_size), ("--pp-size", pp_size), ("--tp-size", tp_size)):
         if value is not None:
             raise InputError(flag, None, f"only places PyTorch-profiler ranks; {path} is {what}")
 
@@ -110,17 +111,19 @@ for _reader in (KinetoReader(), RunReader(), NDTimelineReader(), StepTimesReader
 
 
 def load_trace(path: Path | str, meta: Path | str | None = None, *, dp_size: int | None = None,
-               pp_size: int | None = None, format: str | None = None) -> Trace:
+               pp_size: int | None = None, format: str | None = None,
+               tp_size: int | None = None) -> Trace:
     """Read a run directory, an NDTimeline trace (+ meta YAML) or PyTorch-profiler JSON files.
 
-    dp_size / pp_size place Kineto ranks on a DP × PP grid (the profiler does not record it).
+    dp_size / pp_size / tp_size place Kineto ranks on a DP × PP grid (the profiler does not
+    record it; each tensor-parallel rank is a worker of its own).
     `format` names a registered reader (`TRACE_READERS`) instead of recognising the path.
     Only the reader a path needs is imported (the Parquet ones bring pyarrow).
     """
     path = Path(path)
     if not path.exists():
         raise InputError(path, None, "no such file or directory")
-    options = {"meta": meta, "dp_size": dp_size, "pp_size": pp_size}
+    options = {"meta": meta, "dp_size": dp_size, "pp_size": pp_size, "tp_size": tp_size}
     if format is not None:
         return TRACE_READERS.get(format, "format").read(path, **options)
     if path.is_dir() and not (path / META_FILE).exists():

@@ -39,6 +39,8 @@ def analyze_command(
                                           "DP size (ranks are placed in Megatron order)."),
     pp_size: Optional[int] = typer.Option(None, "--pp-size", help="PyTorch-profiler traces: "
                                           "PP size."),
+    tp_size: Optional[int] = typer.Option(None, "--tp-size", help="PyTorch-profiler traces: "
+                                          "tensor-parallel size (each TP rank a worker)."),
     fail_on_straggling: bool = typer.Option(
         False, "--fail-on-straggling", help=f"Exit with status {EXIT_STRAGGLING} when the job is "
         "straggling (S ≥ the threshold), after writing every report: for CI."),
@@ -80,7 +82,7 @@ def analyze_command(
                   disable=not err.is_terminal) as bar:
         task = bar.add_task(f"reading {path}")
         log.info("reading %s", path)
-        trace = load_trace(path, meta, dp_size=dp_size, pp_size=pp_size)
+        trace = load_trace(path, meta, dp_size=dp_size, pp_size=pp_size, tp_size=tp_size)
         log.info("read %s ops of %s rank(s)", f"{len(trace):,}",
                  len(trace.meta.extra.get("ranks_read") or []) or "all")
         result, w = analyze_with_model(trace, progress=progress, config=config, **selection)

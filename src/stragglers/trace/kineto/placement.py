@@ -52,20 +52,30 @@ class JobShape:
 
 
 def job_shape(world: int, dp_size: int | None, pp_size: int | None, source: str,
-              known: bool = True) -> JobShape:
-    """Sizes from the caller's dp/pp and the world size (tensor parallel fills what is left)."""
-    for label, value in (("pp_size", pp_size), ("dp_size", dp_size)):
+              known: bool = True, tp_size: int | None = None) -> JobShape:
+    """Sizes from the caller's dp/pp/tp and the world size (tensor parallel fills what is
+    left when only dp is given; dp what is left when tp is)."""
+    for label, value in (("pp_size", pp_size), ("dp_size", dp_size), ("tp_size", tp_size)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise InputError(source, label, f"expected a whole number >= 1, got {value!r}")
     pp = pp_size or 1
     if world % pp:
         raise InputError(source, "pp_size", f"{pp} does not divide the world size {world}")
     per_stage = world // pp
+    if tp_size is not None:
+        if per_stage % tp_size:
+            raise InputError(source, "tp_size", f"{tp_size} does not divide the {per_stage} "
+                             f"ranks per stage (world size {world}, pp_size {pp})")
+        if dp_size is not None and dp_size * tp_size != per_stage:
+            raise InputError(source, "tp_size", f"dp_size {dp_size} × tp_size {tp_size} is not "
+                             f"the {per_stage} ranks per stage (world size {world}, pp_size "
+                             f"{pp})")
+        dp_size = per_stage // tp_size
     dp = dp_size or per_stage
     if per_stage % dp:
         raise InputError(source, "dp_size", f"{dp} does not divide the {per_stage} ranks per "
                          f"stage (world size {world}, pp_size {pp})")
-    how = "given" if (pp_size or dp_size) else "none"
+    how = "given" if (pp_size or dp_size or tp_size) else "none"
     return JobShape(world, dp, pp, per_stage // dp, how, known)
 
 

@@ -74,7 +74,7 @@ def _sniff(path: Path) -> bool:
 
 def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None = None,
                 pp_size: int | None = None, name: str | None = None,
-                workers: int | None = None) -> Trace:
+                workers: int | None = None, tp_size: int | None = None) -> Trace:
     """Read PyTorch-profiler traces, one file per rank, into one op table on one clock.
 
     Files are parsed in parallel processes (`workers`, default: one per core, bounded by memory;
@@ -86,10 +86,11 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
     notes: list[tuple[str, str]] = []
     parts = _ranks(parse_files(files, workers), notes)
     world, known = _world(parts, len(files))
-    shape = job_shape(world, dp_size, pp_size, source, known)
+    shape = job_shape(world, dp_size, pp_size, source, known, tp_size)
     check_metadata(parts)
     found = pipelines_from_p2p(parts)
-    check_given_layout(source, pp_size, dp_size, parts, found, shape.world_size)
+    check_given_layout(source, pp_size, shape.dp_size if tp_size else dp_size, parts, found,
+                       shape.world_size)
     placements = _placements(parts, shape, found, notes)
     per_rank = {r: rank_rows(parts[r], placements[r]) for r in sorted(parts)}
     origin_s, starts, sync_s, spans_s = _one_time_base(parts, per_rank)
