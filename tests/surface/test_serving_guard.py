@@ -167,9 +167,15 @@ def test_busy_connections_past_the_cap_refuse_a_new_one_in_json(serve):
     busy = []
     for _ in range(4):
         k = s.connect()
-        k.sendall(b"PUT /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\nab")
+        k.sendall(b"PUT /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n"
+                  b"Expect: 100-continue\r\n\r\n")
+        got = b""
+        while b"100 Continue" not in got:   # the app reads the body: the request is busy
+            chunk = k.recv(100)
+            assert chunk, got
+            got += chunk
+        k.sendall(b"ab")
         busy.append(k)
-    time.sleep(0.5)
     k = s.connect()
     status, body = status_and_json(closed_within(k, 30))
     assert status == 503 and "busy" in body["error"]
