@@ -304,6 +304,23 @@ def test_one_wild_step_does_not_stop_later_windows(tmp_path):
         s.stop()
 
 
+def test_a_wild_step_in_a_job_s_first_part_is_refused_too(tmp_path):
+    # with no earlier step to judge it by, 2**63-1 as the first part's step would have become
+    # the job's first window and its last analysed step
+    trace = slow_job(steps=10)
+    s = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            job_with_meta(c, "job-v", trace)
+            rank, part, cols = parts_of(trace, 5)[0]
+            wild = {k: v.copy() for k, v in cols.items()}
+            wild["step"][:] = 2**63 - 1
+            r = put_part(c, "job-v", rank, part, table_bytes(wild))
+            assert r.status_code == 422 and "2**53-1" in r.json()["error"], r.text
+    finally:
+        s.stop()
+
+
 def test_a_part_numbered_999999_is_one_log_line_not_a_million(tmp_path, caplog):
     trace = slow_job(steps=10)
     parts = parts_of(trace, 5)

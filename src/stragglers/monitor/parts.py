@@ -35,6 +35,10 @@ MAX_PART_FILE_BYTES = 1 << 30   # a watched part file (an upload is bounded by m
 # other): one wild number (a step of 2**63-1) would otherwise become the job's last analysed
 # step, and every later row would be dropped as late
 MAX_STEP_GAP = 1_000_000
+# the largest step taken: past 2**53 a JSON reader (the dashboard) no longer holds a step
+# exactly, and no training runs that long; a first part at 2**63-1 has no earlier step to be
+# judged against by MAX_STEP_GAP
+MAX_STEP = 2**53 - 1
 ALLOWED_COLUMNS = (*COLUMNS, *OPTIONAL_COLUMNS)
 # a part's Parquet footer (a recorder's is a few kB): a larger one is refused before it is
 # parsed (its thrift decoding allocates per declared column and row group)
@@ -383,6 +387,9 @@ def check_step_gaps(steps: np.ndarray, known: int, source: object) -> InputError
     if not len(steps):
         return None
     u = np.unique(steps)
+    if int(u[-1]) > MAX_STEP:
+        return InputError(source, "step", f"step {int(u[-1])}; expected at most {MAX_STEP} "
+                          "(2**53-1: the largest step a JSON reader keeps exact)")
     gaps = np.diff(u)
     if len(gaps) and int(gaps.max()) > MAX_STEP_GAP:
         at = int(np.argmax(gaps))
