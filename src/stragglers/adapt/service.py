@@ -35,7 +35,7 @@ from stragglers.adapt.controller import ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name, validate_snapshot
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Busy, Forbidden, Unauthorized
 from stragglers.adapt.permutations import Pending
-from stragglers.adapt.shards import ShardStore, resolve_indices
+from stragglers.adapt.shards import ShardStore, prepare_restore, resolve_indices
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import TOKEN_PATTERN, BodyRefused, base_url, declared_length, is_loopback, \
@@ -190,14 +190,15 @@ def _settle(settled: list) -> None:
                 future.set_exception(value)
 
 
-def _checked_snapshot(raw: bytes, name: str) -> tuple:
-    """Parse and validate a restore body (on a worker thread, not the event loop or the writer)."""
+def _checked_snapshot(raw: bytes, name: str):
+    """Parse, validate and prepare a restore body (on a worker thread, not the event loop or
+    the writer)."""
     snap = rq.parse(rq.Snapshot, raw).model_dump()
     if snap["dataset"]["name"] != name:
         raise InputError("snapshot", "dataset.name", f"expected '{name}' (the URL's data set),"
                          f" got '{snap['dataset']['name']}'")
     snap["shards"] = [list(r) for r in snap["shards"]]
-    return validate_snapshot(snap)
+    return prepare_restore(validate_snapshot(snap))
 
 
 class _ReadPacer:
@@ -463,7 +464,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         await read(lambda conn: store.may_restore(name, digest, allowed, conn))
         raw = await _body(request, config.max_restore_bytes)
         checked = await asyncio.to_thread(_checked_snapshot, raw, name)
-        return await commit.run(lambda: store.restore_checked(checked, digest, allowed))
+        return await commit.run(lambda: store.restore_prepared(checked, digest, allowed))
 
     async def control_config(request: Request) -> dict:
         job = name_of(request, "job")

@@ -14,7 +14,7 @@ import math
 import sqlite3
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from stragglers.adapt import reads
@@ -713,14 +713,14 @@ class ShardStore:
         an offset outside its shard, an unknown state) or its config differs from the data
         set's: a restore never loses samples silently nor changes a lease time.
         """
-        return self.restore_checked(validate_snapshot(snap), token_sha256, may_create)
+        return self.restore_prepared(prepare_restore(validate_snapshot(snap)), token_sha256,
+                                     may_create)
 
-    def restore_checked(self, checked: tuple, token_sha256: str | None = None,
-                        may_create: bool = True) -> dict:
-        """restore() of a snapshot validate_snapshot() returned (the service validates it off
-        the commit thread)."""
-        cfg, epochs_created, rows = checked
-        doing = sorted((r for r in rows if r[2] == DOING), key=lambda r: r[5])
+    def restore_prepared(self, prepared: "PreparedRestore", token_sha256: str | None = None,
+                         may_create: bool = True) -> dict:
+        """restore() of a snapshot validated and prepared by prepare_restore() (the service does
+        both off the commit thread; this writes the rows, nothing else)."""
+        cfg = prepared.cfg
         with self._tx() as c:
             exists = c.execute("SELECT token_sha256 FROM datasets WHERE name=?",
                                (cfg.name,)).fetchone()
@@ -740,21 +740,39 @@ class ShardStore:
             c.execute("DELETE FROM shards WHERE dataset=?", (cfg.name,))
             # Recorded lease answers name shards whose state the snapshot replaces.
             c.execute("DELETE FROM lease_requests WHERE dataset=?", (cfg.name,))
-            c.execute("INSERT OR REPLACE INTO datasets VALUES (?,?,?,?,?,?,?,?,0,?,NULL)",
+            c.execute("INSERT OR REPLACE INTO datasets VALUES (?,?,?,?,?,?,?,?,?,?,NULL)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
-                       cfg.lease_s, cfg.max_retries, 0, owner))
-            for e in range(epochs_created):
-                self._create_epoch(c, cfg, e, full=True)
-            front = min([0] + [r[5] for r in rows]) - len(doing) - 1
-            pos_of_doing = {(r[0], r[1]): front + i for i, r in enumerate(doing)}
-            c.executemany("UPDATE shards SET state=?, consumed=?, retries=?, queue_pos=?, error=?"
-                          " WHERE dataset=? AND epoch=? AND shard=?",
-                          [(TODO if st == DOING else st, consumed, retries,
-                            pos_of_doing.get((e, s), pos), err, cfg.name, e, s)
-                           for e, s, st, consumed, retries, pos, err in rows])
-            c.execute("UPDATE datasets SET front=? WHERE name=?", (front, cfg.name))
-        return {"restored": len(rows), "requeued_first": len(doing)}
+                       cfg.lease_s, cfg.max_retries, prepared.epochs_created, prepared.front,
+                       owner))
+            # The rows with their final values in one statement (no insert-then-update).
+            c.executemany("INSERT INTO shards VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                          prepared.rows)
+        return {"restored": len(prepared.rows), "requeued_first": prepared.requeued_first}
 
+
+@dataclass(frozen=True)
+class PreparedRestore:
+    """The shard rows a restore writes, computed before the transaction."""
+
+    cfg: DatasetConfig
+    epochs_created: int
+    rows: list[tuple]
+    front: int
+    requeued_first: int
+
+
+def prepare_restore(checked: tuple) -> PreparedRestore:
+    """The rows of a validated snapshot as restore writes them: DOING shards back to TODO at
+    the front of the queue (in their queue order), every other row as it was."""
+    cfg, epochs_created, rows = checked
+    doing = sorted((r for r in rows if r[2] == DOING), key=lambda r: r[5])
+    front = min([0] + [r[5] for r in rows]) - len(doing) - 1
+    pos_of_doing = {(r[0], r[1]): front + i for i, r in enumerate(doing)}
+    size, n = cfg.shard_size, cfg.num_samples
+    out = [(cfg.name, e, s, s * size, min((s + 1) * size, n), TODO if st == DOING else st,
+            None, None, None, consumed, retries, pos_of_doing.get((e, s), pos), err)
+           for e, s, st, consumed, retries, pos, err in rows]
+    return PreparedRestore(cfg, epochs_created, out, front, len(doing))
 
 
 def _check_fence(row, name: str, worker: str, fence: int) -> int:
