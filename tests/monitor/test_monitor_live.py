@@ -159,6 +159,9 @@ def test_live_dashboard_shows_the_slow_rank_alerts_and_resolves(tmp_path):
                       f".startsWith('#{idx}:')", 30)
             text = page.inner_text('#diagnosis li[data-cause="worker_fault"]')
             assert f"rank {SLOW_RANK}" in text.split(":")[0]     # the headline names the rank
+            # S is said to be the window's, over its steps, not the whole run's
+            summary = page.inner_text("#summary")
+            assert f"(window {idx};" in summary and "over steps" in summary, summary
             z = heat(page)
             hottest = max((v, pp, dp) for pp, row in enumerate(z) for dp, v in enumerate(row)
                           if v is not None)

@@ -152,9 +152,12 @@ function startJobPage() {
       text(summary, `This window could not be analysed: ${win.error}`);
       return;
     }
-    text(summary, `S = ${fmt(win.slowdown)} (waste ${fmt(100 * win.waste, 1)}%), ` +
+    text(summary, `S = ${fmt(win.slowdown)} over steps ${win.first_step}–${win.last_step} ` +
+         `(window ${win.idx}; waste ${fmt(100 * win.waste, 1)}%), ` +
          `M_W = ${fmt(win.m_w, 2)}, M_S = ${fmt(win.m_s, 2)}, ` +
-         `replay error ${fmt(100 * (win.sim_error || 0), 1)}%.`);
+         `replay error ${fmt(100 * (win.sim_error || 0), 1)}%. S is this window's: ` +
+         `the whole run's (stragglers analyze, warm-up left out) averages over every step ` +
+         `and differs where the job changes over time.`);
     for (const f of win.diagnosis) {
       const li = document.createElement("li");
       li.dataset.cause = f.cause;
