@@ -200,13 +200,14 @@ def _segments(parts: RankParts, colls: list[tuple[Coll, str]]):
     order = np.lexsort((which, is_item, keys, steps))
     seen = np.cumsum(~is_item[order])                     # collectives issued so far
     mine = is_item[order]
-    idx = which[order][mine]
+    which = which[order]
+    idx = which[mine]
     seg, step = seen[mine], steps[order][mine]
     phase = parts.item_phase[idx].astype(np.int64)
     # The work just before a send produced what it sends: an activation (forward) or a
     # gradient (backward), whatever the ops looked like (extra work after an autograd call).
     for pos in np.flatnonzero(~mine):
-        optype = colls[which[order][pos]][1]
+        optype = colls[which[pos]][1]
         if optype not in ("forward-send", "backward-send"):
             continue
         before = int(seen[pos]) - 1                       # the segment this send closes
