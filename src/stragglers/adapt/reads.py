@@ -122,6 +122,14 @@ def owner_of(conn: sqlite3.Connection, name: str) -> tuple[bool, str | None]:
     return True, row[0]
 
 
+def read_only_connection(db, busy_timeout_s: float) -> sqlite3.Connection:
+    """A connection that only reads (query_only), waiting up to busy_timeout_s for a lock."""
+    conn = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+    conn.execute("PRAGMA query_only=1")
+    return conn
+
+
 class _read:
     """One read transaction: every query inside sees the same committed state."""
 
@@ -161,9 +169,7 @@ class ReadSide:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.db, isolation_level=None, check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA query_only=1")
+            conn = read_only_connection(self.db, self.busy_timeout_s)
             self._local.conn = conn
             with self._lock:
                 self._conns.append(conn)

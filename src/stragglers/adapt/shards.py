@@ -360,9 +360,7 @@ class ShardStore:
         """This thread's read-only connection (reads that must not wait for the commit thread)."""
         conn = getattr(self._local, "read_conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.db, isolation_level=None, check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA query_only=1")
+            conn = reads.read_only_connection(self.db, self.busy_timeout_s)
             self._local.read_conn = conn
             self._read_conns.append(conn)
         return conn
