@@ -51,6 +51,14 @@ def start_run(directory: Path, trace: Trace) -> None:
     write_meta(directory, trace.meta)
 
 
+def write_whole_run(directory: Path, trace: Trace) -> None:
+    """A run written as whole-rank files (rank-RRRRR.parquet, no parts), its meta.json first."""
+    start_run(directory, trace)
+    o = trace.ops
+    for rank in np.unique(o["rank"]):
+        write_rank(directory, int(rank), {k: v[o["rank"] == rank] for k, v in o.items()})
+
+
 def get(client, url: str, **kw):
     """GET returning JSON, asserting 200."""
     r = client.get(url, **kw)

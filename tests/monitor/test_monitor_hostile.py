@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import eventually
-from monitor_jobs import get, parts_of, slow_job, start_run
+from monitor_jobs import get, parts_of, slow_job, start_run, write_whole_run
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.trace.columns import columns_to_table
@@ -175,10 +175,7 @@ def test_watched_whole_rank_files_keep_their_tail_across_a_restart(tmp_path):
     runs = tmp_path / "runs"
     run = runs / "whole"
     trace = slow_job(steps=22)
-    start_run(run, trace)
-    o = trace.ops
-    for rank in np.unique(o["rank"]):
-        write_rank(run, int(rank), {k: v[o["rank"] == rank] for k, v in o.items()})
+    write_whole_run(run, trace)
     s = serve(tmp_path, watch=[runs])
     with httpx.Client(base_url=s.url, timeout=60) as c:
         eventually(lambda: len(get(c, "/api/jobs/whole")["windows"]) == 4, what="4 windows")

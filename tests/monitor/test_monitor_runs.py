@@ -7,15 +7,14 @@ from __future__ import annotations
 import copy
 
 import httpx
-import numpy as np
 
 from conftest import eventually
-from monitor_jobs import get, parts_of, slow_job, start_run
+from monitor_jobs import get, parts_of, slow_job, write_whole_run
 from stragglers.monitor.alerts import AlertEngine, parse_rules
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.store import Store
-from stragglers.trace.runformat import table_bytes, write_rank
+from stragglers.trace.runformat import table_bytes
 
 TOKEN = "runs-test-token-0123456"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -77,10 +76,7 @@ def test_a_run_written_whole_is_finished_not_running_then_stalled(tmp_path):
     runs = tmp_path / "runs"
     run = runs / "synth"
     trace = slow_job(steps=12)
-    start_run(run, trace)
-    o = trace.ops
-    for rank in np.unique(o["rank"]):
-        write_rank(run, int(rank), {k: v[o["rank"] == rank] for k, v in o.items()})
+    write_whole_run(run, trace)
     s = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0,
                       config=CFG.replace(stall_after_s=30)).start()
     try:
