@@ -51,6 +51,7 @@ class MetaUpload(BaseModel):
     tp_size: int = Field(1, ge=1, le=100_000)
     dsp_size: int = Field(1, ge=1, le=100_000)
     vpp_size: int = Field(1, ge=1, le=1_000)
+    ep_size: int = Field(1, ge=1, le=100_000)
     world_size: int = Field(0, ge=0, le=MAX_RANK + 1)
     extra: dict[str, Any] = Field(default_factory=dict)
 

@@ -34,6 +34,13 @@ OPTYPES: tuple[str, ...] = (
     "broadcast",
     "barrier",
     "send-recv",
+    # Collectives of model parallelism inside forward/backward (tensor- and sequence-parallel
+    # all-reduces, all-gathers and reduce-scatters, context-parallel exchanges): the next
+    # compute of the rank needs their result, unlike the gradient collectives above, which
+    # DDP/FSDP overlap with the backward.
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
 )
 OPTYPE_CODES = {name: i for i, name in enumerate(OPTYPES)}
 COMPUTE_OPTYPES = ("forward-compute", "backward-compute", "optimizer", "gc",
@@ -42,7 +49,8 @@ P2P_OPTYPES = ("forward-send", "forward-recv", "backward-send", "backward-recv")
 DP_COLLECTIVES = ("params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce",
                   "grads-all-reduce")
 # On the compute stream in program order: the next op of the rank needs their result.
-BLOCKING_COLLECTIVES = ("all-to-all", "broadcast", "barrier", "send-recv")
+BLOCKING_COLLECTIVES = ("all-to-all", "broadcast", "barrier", "send-recv", "all-reduce",
+                        "all-gather", "reduce-scatter")
 
 # Required columns and their in-memory dtypes (optype holds codes into OPTYPES).
 COLUMNS: dict[str, np.dtype] = {
@@ -61,6 +69,7 @@ COLUMNS: dict[str, np.dtype] = {
 # Optional per-op metadata our recorder adds (NaN / -1 where unknown).
 OPTIONAL_COLUMNS: dict[str, np.dtype] = {
     "attn_cost": np.dtype(np.float64),  # Σ s_i² of the microbatch
+    # compute: tokens of the microbatch; all-to-all: rows this rank received (an EP rank's load)
     "tokens": np.dtype(np.int64),
     "bytes": np.dtype(np.int64),
     # communication ops our recorder ran on CPU: s the threads carrying the op (its waiting
@@ -87,8 +96,9 @@ class JobMeta:
     dp_size: int
     pp_size: int
     tp_size: int = 1
-    dsp_size: int = 1
+    dsp_size: int = 1            # context (sequence) parallel degree
     vpp_size: int = 1
+    ep_size: int = 1             # expert parallel degree (MoE all-to-all groups; within dp·tp)
     world_size: int = 0
     run_id: str = "0"
     extra: dict[str, Any] = field(default_factory=dict)

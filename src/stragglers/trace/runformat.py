@@ -24,7 +24,8 @@ RANK_FILE = re.compile(r"^rank-(\d+)(?:\.part-(\d+))?\.parquet$")
 # send them, run-format parts in LZ4"); readers take any codec Parquet has, so runs written
 # before keep reading.
 CODEC = "lz4"
-META_INT_FIELDS = ("dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size", "world_size")
+META_INT_FIELDS = ("dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size", "ep_size",
+                   "world_size")
 
 
 def rank_file_name(rank: int, part: int | None = None) -> str:
@@ -98,6 +99,9 @@ def meta_from_dict(raw: object, source: Path | str) -> JobMeta:
         raise InputError(source, "world_size", f"{meta.world_size} is inconsistent with the sizes: "
                          f"dp·pp·tp·dsp = {meta.dp_size}·{meta.pp_size}·{meta.tp_size}·"
                          f"{meta.dsp_size} = {expected}")
+    if meta.world_size % meta.ep_size:
+        raise InputError(source, "ep_size", f"{meta.ep_size} does not divide the world size "
+                         f"{meta.world_size}; expected the size of one expert-parallel group")
     return meta
 
 
