@@ -93,3 +93,43 @@ def test_all_to_alls_in_expert_groups_synchronise_their_group_only(tmp_path):
     # without the groups every all-to-all would wait for rank 2: the replay runs late
     trace.ops.pop("pg")
     assert analyze(trace).sim_error > 1e-3
+
+
+def _strip_group_descriptions(folder) -> None:
+    """Rewrite the files as a profiler without pg_config descriptions would have them."""
+    for path in folder.glob("rank-*.json.gz"):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        doc["distributedInfo"].pop("pg_config")
+        for e in doc["traceEvents"]:
+            e.get("args", {}).pop("Process Group Description", None)
+        path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+
+
+@pytest.mark.parametrize("described", [True, False])
+def test_tensor_parallel_all_reduces_block_and_the_slow_tp_rank_is_named(tmp_path, described):
+    """A TP pair's all-reduces are blocking `all-reduce` ops (found from the group's description,
+    or from --tp-size and the groups' ranks); the slow rank is named, not its waiting peer."""
+    truth = write_gpu_job(GpuJob(ranks=8, steps=5, seed=4, tp_size=2, slow_rank=(3, 1.5)),
+                          tmp_path)
+    if not described:
+        _strip_group_descriptions(tmp_path)
+    trace = load_trace(tmp_path, **({} if described else {"tp_size": 2}))
+    from stragglers.trace.model import OPTYPES
+    kinds = [OPTYPES[o] for o in trace.ops["optype"]]
+    # one TP all-reduce per forward piece (3: two all-to-alls cut it) on every rank and step;
+    # DDP's buckets stay gradient all-reduces
+    assert kinds.count("all-reduce") == 8 * 5 * 3
+    assert kinds.count("grads-all-reduce") == 8 * 5 * 4
+    result = analyze(trace)
+    assert _named(result) == {(c["cause"], r) for c in truth["causes"] for r in c["ranks"]}
+    assert result.sim_error < 0.01
+
+
+def test_a_clean_tensor_parallel_job_says_none(tmp_path):
+    write_gpu_job(GpuJob(ranks=8, steps=5, seed=9, tp_size=4, all_to_alls=1), tmp_path)
+    assert _named(analyze(load_trace(tmp_path))) == {("none", -1)}
+
+
+def test_a_tp_size_that_does_not_divide_the_ranks_is_refused():
+    with pytest.raises(ValueError, match="does not divide"):
+        GpuJob(ranks=6, tp_size=4)

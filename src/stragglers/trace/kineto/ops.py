@@ -39,9 +39,17 @@ BLOCKING_OPTYPES = {
     "gather": "broadcast",
     "scatter": "broadcast",
 }
+# The same collectives in a model-parallel group (tensor parallel's all-reduce after a row-
+# parallel matmul, sequence parallel's all-gather/reduce-scatter): the next compute needs them.
+MODEL_PARALLEL_OPTYPES = {
+    "allreduce": "all-reduce",
+    "reducescatter": "reduce-scatter",
+    "allgather": "all-gather",
+}
 P2P_KINDS = {"send", "recv", "sendrecv"}
 GRADIENT_NAMES = set(COLLECTIVE_OPTYPES.values())
-BLOCKING_NAMES = set(BLOCKING_OPTYPES.values()) | {"send-recv"}
+BLOCKING_NAMES = (set(BLOCKING_OPTYPES.values()) | set(MODEL_PARALLEL_OPTYPES.values())
+                  | {"send-recv"})
 # Batched send/recv with no pipeline direction (NCCL's grouped SendRecv kernels of an
 # all-to-all written as p2p, or pairs of exchanges): a blocking exchange among its peers.
 SEND_RECV = "send-recv"
@@ -62,6 +70,9 @@ class Placement:
     stage: int
     stage_of: Callable[[int], int] | None = None  # peer rank → stage, when pipeline is known
     pp_size: int = 1
+    # the rank's tensor/context/expert-parallel process groups: their all-reduces, all-gathers
+    # and reduce-scatters feed the next compute (blocking), unlike DP gradient buckets
+    model_parallel: frozenset = frozenset()
 
 
 @dataclass
@@ -253,7 +264,10 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
                 counts[f"p2p {kind} left out: {why}"] += 1
                 continue
         else:
-            optype = COLLECTIVE_OPTYPES.get(kind) or BLOCKING_OPTYPES.get(kind)
+            gradient = COLLECTIVE_OPTYPES.get(kind)
+            if gradient is not None and c.pg is not None and c.pg in placement.model_parallel:
+                gradient = MODEL_PARALLEL_OPTYPES[kind]
+            optype = gradient or BLOCKING_OPTYPES.get(kind)
             key = sync_key(c, parts, placement, index)
             sync.setdefault(key, c.end)
             spans.setdefault(key, (c.start, c.end))

@@ -13,6 +13,9 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _PP_WORDS = {"pp", "pipe", "pipeline"}
 _DP_WORDS = {"dp", "data"}
 _TP_WORDS = {"tp", "tensor"}
+# Words of process-group descriptions (Megatron's, torchtitan's mesh dims) that name model
+# parallelism: their collectives sit inside forward/backward.
+_MODEL_PARALLEL_WORDS = _TP_WORDS | {"cp", "context", "ep", "expert", "moe"}
 
 
 def rank_of(ev, notes: list[str]) -> int:
@@ -131,3 +134,26 @@ def _named_groups(ev, rank: int) -> tuple[list[int] | None, list[int] | None,
         elif words & _TP_WORDS and len(ranks) > 1:
             tp = ranks
     return pp, dp, tp
+
+
+def model_parallel_groups(ev, rank: int, tp_size: int) -> frozenset:
+    """Names of this rank's model-parallel process groups: those pg_config describes as tensor,
+    context or expert parallel, and with tensor parallelism of `tp_size` (tp fastest), any
+    group of two or more ranks inside the rank's own block of tp consecutive ranks."""
+    out = set()
+    groups = (ev.distributed_info or {}).get("pg_config")
+    for g in groups if isinstance(groups, list) else []:
+        ranks, desc = (g.get("ranks"), g.get("pg_desc")) if isinstance(g, dict) else (None, None)
+        if not (isinstance(ranks, list) and rank in ranks and len(ranks) > 1
+                and isinstance(desc, str)):
+            continue
+        words = set(re.split(r"[^a-z]+", desc.lower()))
+        # expert-data-parallel groups (Megatron) and dp_shard_cp (torchtitan) sync gradients
+        if words & _MODEL_PARALLEL_WORDS and not words & _DP_WORDS:
+            out.add(str(g.get("pg_name")))
+    if tp_size > 1:
+        block = range(rank // tp_size * tp_size, rank // tp_size * tp_size + tp_size)
+        for name, members in ev.pg_ranks.items():
+            if rank in members and len(members) > 1 and all(m in block for m in members):
+                out.add(str(name))
+    return frozenset(out)

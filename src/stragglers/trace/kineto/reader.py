@@ -17,7 +17,8 @@ from stragglers.trace.kineto.mix import check_metadata, check_overlap
 from stragglers.trace.kineto.notes import reader_notes
 from stragglers.trace.kineto.ops import Placement, RankParts, RankRows, rank_rows
 from stragglers.trace.kineto.parse import parse_files
-from stragglers.trace.kineto.placement import JobShape, job_shape, place, rank_of, world_size_of
+from stragglers.trace.kineto.placement import (JobShape, job_shape, model_parallel_groups, place,
+                                               rank_of, world_size_of)
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, JobMeta, Trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -92,6 +93,8 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
     check_given_layout(source, pp_size, shape.dp_size if tp_size else dp_size, parts, found,
                        shape.world_size)
     placements = _placements(parts, shape, found, notes)
+    for r, where in placements.items():
+        where.model_parallel = model_parallel_groups(parts[r], r, shape.tp_size)
     per_rank = {r: rank_rows(parts[r], placements[r]) for r in sorted(parts)}
     origin_s, starts, sync_s, spans_s = _one_time_base(parts, per_rank)
     hosts = {r: parts[r].host for r in parts}

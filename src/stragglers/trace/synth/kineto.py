@@ -44,6 +44,9 @@ class GpuJob:
     host_jitter_us: float = 0.0     # every host starts every step up to this late (noise)
     expert_groups: int = 1          # the all-to-alls run within this many groups of ranks
                                     # (expert parallelism); the gradient all-reduce spans all
+    tp_size: int = 1                # tensor parallelism: blocks of this many consecutive ranks
+                                    # all-reduce after every forward piece (blocking); DDP's
+                                    # buckets then run in the data-parallel groups
     late_rank: tuple[int, float] | None = None        # (rank, µs late at every step start)
     slow_rank: tuple[int, float] | None = None        # (rank, compute factor)
     slow_group: tuple[tuple[int, ...], float] | None = None   # (ranks, compute factor)
@@ -51,6 +54,8 @@ class GpuJob:
     truth: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.tp_size < 1 or self.ranks % self.tp_size:
+            raise ValueError(f"tp_size {self.tp_size} does not divide the {self.ranks} ranks")
         found = []
         if self.late_rank is not None:
             found.append({"cause": "host_stall", "ranks": [self.late_rank[0]]})
@@ -107,7 +112,7 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
     ranks = [_Rank(r, offsets[r], 10_000 * (r + 1)) for r in range(n)]
     sizes = rng.uniform(0.3, 1.7, job.buckets)
     sizes = sizes / sizes.sum()
-    seq = ep_seq = 0
+    seq = ep_seq = tp_seq = 0
     _pre_window(ranks, rng)
     t = 1_000_000.0                                  # step start (true time, µs)
     for s in range(job.steps):
@@ -123,6 +128,12 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
                 ranks[r].kernel(f"volta_sgemm_fwd_{k}", ranks[r].issue(), gpu[r], dur[r],
                                 _COMPUTE_STREAM)
             gpu = gpu + dur
+            for gi, members in enumerate(_tp_groups(job)):
+                gpu[members] = _collective(
+                    ranks, "all_reduce", "ncclDevKernel_AllReduce_RING_LL_Sum_bf16", tp_seq + 1,
+                    gpu, 40.0 + 20.0 * rng.random(), 1 << 18, rng, members=members,
+                    pg=_tp_pg(job, gi), desc="tensor_model_parallel")
+            tp_seq += 1 if job.tp_size > 1 else 0
             if k < job.all_to_alls:
                 ep_seq += 1
                 transfer = 60.0 + 40.0 * rng.random()
@@ -134,22 +145,26 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
         # backward with DDP buckets on the NCCL stream
         bwd = job.backward_us * speed * (1 + job.jitter * rng.standard_normal(n))
         bstart = gpu
-        for r in range(n):
-            ranks[r].x("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0",
-                       ranks[r].issue(), 6.0, _CPU, _AUTOGRAD)
         ready = np.cumsum(sizes)[:, None] * bwd[None, :] + bstart[None, :]        # [B, n]
         chunks = np.diff(np.concatenate([bstart[None, :], ready]), axis=0)
         comm = np.full(n, -np.inf)
         for b in range(job.buckets):
             for r in range(n):
-                ranks[r].kernel(f"volta_sgemm_bwd_{b}", ranks[r].issue(),
-                                ready[b, r] - chunks[b, r], chunks[b, r], _COMPUTE_STREAM,
-                                tid=_AUTOGRAD)
+                # the autograd engine launches each backward kernel inside its function's op
+                at = ranks[r].issue()
+                ranks[r].x("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0",
+                           at, 12.0, _CPU, _AUTOGRAD)
+                ranks[r].kernel(f"volta_sgemm_bwd_{b}", at + 2.0, ready[b, r] - chunks[b, r],
+                                chunks[b, r], _COMPUTE_STREAM, tid=_AUTOGRAD)
             seq += 1
             arrive = np.maximum(ready[b] + 5.0, comm)
-            comm = _collective(ranks, "all_reduce", "ncclDevKernel_AllReduce_RING_LL_Sum_float",
-                               seq, arrive, 150.0 + 900.0 * sizes[b] * job.buckets / 2,
-                               int(sizes[b] * (1 << 26)), rng, tid=_AUTOGRAD)
+            transfer = 150.0 + 900.0 * sizes[b] * job.buckets / 2
+            for gi, members in enumerate(_dp_groups(job)):
+                comm[members] = _collective(
+                    ranks, "all_reduce", "ncclDevKernel_AllReduce_RING_LL_Sum_float", seq,
+                    arrive, transfer, int(sizes[b] * (1 << 26)), rng, tid=_AUTOGRAD,
+                    members=members, pg=_dp_pg(job, gi),
+                    desc="default_pg" if job.tp_size == 1 else "data_parallel")
         done = np.maximum(comm, ready[-1])
         opt = 300.0 * (1 + job.jitter * rng.standard_normal(n))
         for r in range(n):
@@ -168,15 +183,52 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
     return job.truth
 
 
+def _tp_groups(job: GpuJob) -> list[list[int]]:
+    """Tensor-parallel groups: blocks of tp consecutive ranks (none without TP)."""
+    if job.tp_size == 1:
+        return []
+    return [list(range(b, b + job.tp_size)) for b in range(0, job.ranks, job.tp_size)]
+
+
+def _dp_groups(job: GpuJob) -> list[list[int]]:
+    """Data-parallel groups: the ranks with one tensor-parallel index."""
+    return [list(range(i, job.ranks, job.tp_size)) for i in range(job.tp_size)]
+
+
+def _tp_pg(job: GpuJob, i: int) -> str:
+    return str(1 + job.expert_groups + i)
+
+
+def _dp_pg(job: GpuJob, i: int) -> str:
+    return "0" if job.tp_size == 1 else str(1 + job.expert_groups + job.ranks // job.tp_size + i)
+
+
+def _groups(job: GpuJob) -> list[dict]:
+    """distributedInfo.pg_config: the world, the EP, TP and DP groups, as torch writes it."""
+    out = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": job.ranks,
+            "ranks": list(range(job.ranks))}]
+    if job.expert_groups > 1:
+        out += [{"pg_name": str(i + 1), "pg_desc": "ep_group", "pg_size": len(m),
+                 "ranks": [int(x) for x in m]}
+                for i, m in enumerate(np.array_split(np.arange(job.ranks), job.expert_groups))]
+    if job.tp_size > 1:
+        out += [{"pg_name": _tp_pg(job, i), "pg_desc": "tensor_model_parallel",
+                 "pg_size": len(m), "ranks": m} for i, m in enumerate(_tp_groups(job))]
+        out += [{"pg_name": _dp_pg(job, i), "pg_desc": "data_parallel", "pg_size": len(m),
+                 "ranks": m} for i, m in enumerate(_dp_groups(job))]
+    return out
+
+
 def _collective(ranks: list[_Rank], name: str, kernel: str, seq: int, arrive: np.ndarray,
                 transfer: float, nbytes: int, rng, tid: int = _MAIN,
-                members: list[int] | None = None, pg: str = "0") -> np.ndarray:
+                members: list[int] | None = None, pg: str = "0",
+                desc: str | None = None) -> np.ndarray:
     """A collective of its process group (all ranks by default): each member arrives when it
     can, all end together. Returns the members' ends."""
     members = list(range(len(ranks))) if members is None else members
     end = float(arrive[members].max()) + transfer * (1 + 0.02 * rng.standard_normal())
     args = {"Collective name": name, "Process Group Name": pg,
-            "Process Group Description": "default_pg" if pg == "0" else "ep_group",
+            "Process Group Description": desc or ("default_pg" if pg == "0" else "ep_group"),
             "Process Group Ranks": str(members), "Group size": len(members), "Seq": seq,
             "In msg nelems": nbytes // 4, "Out msg nelems": nbytes // 4, "dtype": "Float"}
     for r in members:
@@ -205,14 +257,7 @@ def _write_rank(rk: _Rank, job: GpuJob, path: Path) -> None:
     doc = {"schemaVersion": 1,
            "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
            "distributedInfo": {"backend": "nccl", "rank": rk.rank, "world_size": job.ranks,
-                               "pg_config": [{"pg_name": "0", "pg_desc": "default_pg",
-                                              "pg_size": job.ranks,
-                                              "ranks": list(range(job.ranks))}] + ([
-                                   {"pg_name": str(i + 1), "pg_desc": "ep_group",
-                                    "pg_size": len(m), "ranks": [int(x) for x in m]}
-                                   for i, m in enumerate(np.array_split(
-                                       np.arange(job.ranks), job.expert_groups))]
-                                   if job.expert_groups > 1 else [])},
+                               "pg_config": _groups(job)},
            "baseTimeNanoseconds": job.base_ns,
            "traceEvents": sorted(rk.events, key=lambda e: e["ts"])}
     path.write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
