@@ -6,7 +6,7 @@
 Each round records, with real torchrun jobs on gloo (2 ranks): examples/train_gpt.py as
 Megatron-style 1F1B (pp 2) and interleaved 1F1B (pp 2 × vpp 2), and examples/train_pipeline.py
 with every torch.distributed.pipelining schedule, none of them with an injected straggler.
-sim_error = |mean replayed − mean measured step time| / mean measured (specs/whatif.md §5),
+sim_error = |mean replayed − mean measured step time| / mean measured (docs/whatif.md §5),
 replayed with the measured launch delays; and the diagnosis's first cause (`none` is right).
 --traces analyses traces kept by an earlier --keep instead of recording: with --src pointing
 at another checkout's src/ the same traces are analysed by that code, side by side.

@@ -45,7 +45,7 @@ class Decoding(Protocol):
 
 @runtime_checkable
 class GradientCode(Protocol):
-    """n workers, n data parts, encoding matrix B; tolerates s stragglers (specs/gradient-coding.md)."""
+    """n workers, n data parts, encoding matrix B; tolerates s stragglers (docs/gradient-coding.md)."""
 
     name: str
     n: int
@@ -64,7 +64,7 @@ class GradientCode(Protocol):
 
 @runtime_checkable
 class AllReduceAlgorithm(Protocol):
-    """An all-reduce with a cost model (specs/stragglar.md): run on torch.distributed, or priced."""
+    """An all-reduce with a cost model (docs/stragglar.md): run on torch.distributed, or priced."""
 
     name: str
 
@@ -74,7 +74,7 @@ class AllReduceAlgorithm(Protocol):
 
 @runtime_checkable
 class ControllerPolicy(Protocol):
-    """Turns observed per-worker speeds into actions (specs/adaptive-training.md)."""
+    """Turns observed per-worker speeds into actions (docs/adaptive.md)."""
 
     name: str
 

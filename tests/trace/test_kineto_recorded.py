@@ -73,7 +73,7 @@ def test_the_injected_rank_is_named_first(recorded, name):
     named = [ranks for ranks in _named(result) if ranks]
     if "slow" in name:
         # Slow compute raises S itself. A sleep or a stall is launch delay (host-side time),
-        # which S leaves out by definition (specs/whatif.md: it compares replays without launch
+        # which S leaves out by definition (docs/whatif.md §7: it compares replays without launch
         # delays); the host_stall finding below is what names it.
         assert result["slowdown"] > 1.1, result["slowdown"]
     else:

@@ -62,7 +62,7 @@ def test_sampled_ranks_clocks_are_matched_and_close(sampled):
     # some wrong; the offset comes from the pairs that agree (both all-gathers, two all-reduces).
     assert quality["agreeing"] >= 4 and quality["median_residual_s"] < 5e-4
     assert any("few agreeing collectives" in n for n in _messages(sampled))
-    # every collective is a row (specs/whatif.md §6), none is left out for want of an op type
+    # every collective is a row (docs/whatif.md §2, §12), none is left out for want of an op type
     assert all(_count(sampled, r, s, "all-to-all") == 2 for r in (0, 1) for s in (551, 552))
     assert not any("left out" in n for n in _messages(sampled))
     assert any("stage 0" in n for n in _messages(sampled))

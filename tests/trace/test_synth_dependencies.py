@@ -1,4 +1,4 @@
-"""The generated traces obey the replay engine's dependency model (specs/whatif.md §3).
+"""The generated traces obey the replay engine's dependency model (docs/whatif.md §3).
 
 The checker rebuilds the dependencies from the op table alone (as a replay engine must) and
 asserts every one holds: then each launch delay is >= 0 and each group member ends at or after

@@ -1,4 +1,4 @@
-"""The what-if engine on the real NDTimeline samples: the reference numbers of specs/whatif.md §7."""
+"""The what-if engine on the real NDTimeline samples: the reference numbers of docs/whatif.md §8."""
 
 import json
 import subprocess

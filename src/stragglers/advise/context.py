@@ -1,6 +1,6 @@
 """What every remedy's prediction reads: the trace, its analysis, the what-if model and the job's knobs.
 
-Every prediction is a replay (specs/whatif.md §5) of modified op costs with the *measured*
+Every prediction is a replay (docs/whatif.md §5) of modified op costs with the *measured*
 launch delays kept, so a prediction is compared with the replay of the measured costs (which
 reproduces the measured step time to within `sim_error`). Nothing here needs torch.
 """

@@ -51,7 +51,7 @@ def stragglar_schedule(
 
 
 def schedule_legend(n: int) -> str:
-    """How to read `Schedule.describe()` (the notation of specs/stragglar.md §2), < 80 columns."""
+    """How to read `Schedule.describe()` (the notation of docs/stragglar.md §2), < 80 columns."""
     return (f"StragglAR phase 2 for n={n}, one line per round; S = the straggler "
             f"(rank {n - 1}).\n"
             "  a⇄S:k    a and S swap chunk k (a's partial sum, S's data): both then hold it\n"

@@ -13,7 +13,7 @@ class PlannedGC:
     Automatic collections start whenever one rank's allocation counters cross a threshold, so
     they land on different ranks at different times and every rank waits for the slowest at the
     next synchronisation. Collecting at a fixed step on all ranks pays the same cost once, in
-    parallel (specs/whatif.md §8: +12.6% with 128 DP ranks, N=500).
+    parallel (docs/whatif.md §10: +12.6% with 128 DP ranks, N=500).
     """
 
     def __init__(self, every: int, generation: int = 2):

@@ -1,4 +1,4 @@
-"""stragglers.monitor: the live straggler monitor (SMon, specs/monitor.md).
+"""stragglers.monitor: the live straggler monitor (SMon, docs/monitor.md).
 
 A service that follows running jobs (watched run directories, or parts uploaded by the
 recorder), runs the what-if analysis on every closed window of steps, keeps the history in

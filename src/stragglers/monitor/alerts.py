@@ -4,7 +4,7 @@ An alert is identified by its labels (rule, job and, for rules about a place, th
 fingerprint is a hash of them. It fires once its condition held for `for_windows` consecutive
 windows; while it fires it is sent once, and again every `repeat_s`. It resolves, with a resolve
 message, once its clear condition held for `resolve_for_windows` consecutive windows
-(default: the condition is false for one window, specs/monitor.md §3). A clear condition
+(default: the condition is false for one window, docs/monitor.md §3). A clear condition
 stricter than "not the condition" (`resolve_when`: a lower threshold) is hysteresis: a value
 that hovers around the threshold neither fires twice nor resolves in between. Every decision
 is a function of the stored windows, so a restart decides the same way. Alert state lives in the store, so a restart neither forgets a firing

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the monitor (names are the contract of specs/monitor.md §5)."""
+"""Prometheus metrics of the monitor (names are the contract of docs/monitor.md §5)."""
 
 from __future__ import annotations
 

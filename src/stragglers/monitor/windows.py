@@ -4,7 +4,7 @@ A rank's parts arrive in any order (uploads are retried, directory events come i
 rank's *frontier* is the last step of its longest run of consecutive part numbers; a part that
 stays missing for `gap_wait_s` after a later one arrived is given up on (it was dropped by an
 uploader's full buffer, say). A step is complete when it lies at or below every expected rank's
-frontier; a window is the next `window_steps` complete steps (specs/monitor.md §1). Only the
+frontier; a window is the next `window_steps` complete steps (docs/monitor.md §1). Only the
 rows of steps not yet analysed are held in memory, and each window reads only its own rows.
 Watched files are held as PartFiles (their footer: path and step range); their rows are decoded
 ahead in the analysis process as they arrive (readahead.py) and taken by the window there (the

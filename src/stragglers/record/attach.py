@@ -269,7 +269,7 @@ class Attached(ClosesOnExit):
             if att is None or att._closed:
                 return recorded(state, bucket)  # the Recorder is closed: no row is made
             # A bucket is ready: the backward so far produced it. Splitting the backward span
-            # here gives each all-reduce the compute it depends on (specs/whatif.md §3).
+            # here gives each all-reduce the compute it depends on (docs/whatif.md §3).
             if att._seg is not None and att._seg[0] == BWD and att.recorder._buf is not None:
                 mb = att._seg[1]
                 att._close_seg()

@@ -148,7 +148,7 @@ def stamp_columns(steps: list[int], stamps: list[list[bytes]], stage: int) -> di
 
     Columns: step, code, start, end, mb, mc, gmc, attn, tokens, bytes; compute rows first. Per
     step, the boundary events of the backward pass (start, a bucket ready, end) cut it into
-    spans: a bucket's all-reduce depends on the compute before it (specs/whatif.md §3). A
+    spans: a bucket's all-reduce depends on the compute before it (docs/whatif.md §3). A
     bucket's all-reduce runs from its ready instant, or from the end of the bucket before it
     when it was queued behind that one (one stream, as Recorder.ddp_comm_hook stamps them), to
     its done instant.

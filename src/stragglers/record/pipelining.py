@@ -214,7 +214,7 @@ class AttachedPipeline(ClosesOnExit):
                 def op(*_a, _p=p, **_k):
                     work = post_fn(_p.tensor, _p.peer, optype, group=_p.group, tag=_p.tag)
                     code, _mb, _mc, _gmc, nbytes = work.row
-                    # gmc of a transfer row: the peer's stage (specs/trace-formats.md)
+                    # gmc of a transfer row: the peer's stage (docs/trace-formats.md §1)
                     work.row = (code, int(chunk_id), mc, peer_gmc, nbytes)
                     return work
                 p.op = op

@@ -32,7 +32,7 @@ class CpuTimer:
 class CudaTimer:
     """GPU timestamps from CUDA events on the current stream, mapped onto the host clock.
 
-    Creating a fresh event pair per op costs tens of µs of host time (specs/whatif.md §11), so
+    Creating a fresh event pair per op costs tens of µs of host time (docs/whatif.md §11), so
     events come from a pool and go back to it once the background writer has read them: the
     training thread only records (a few µs), it never waits on an event. Event times are
     mapped to the host clock through an anchor: one event recorded on an idle device (after a

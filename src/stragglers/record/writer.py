@@ -262,7 +262,7 @@ TAIL = tuple(OPTYPE_CODES[n] for n in (
 def place_gc_pauses(rows: list[list], free: list[tuple[int, int]], gmc: int = 0) -> list[list]:
     """Turn GC pauses into `gc` rows, one per compute slot, and move op starts past their pauses.
 
-    The dependency model (specs/whatif.md §3) has one gc op per slot between consecutive
+    The dependency model (docs/whatif.md §3) has one gc op per slot between consecutive
     forward/backward ops, and one between the last of them and the step tail. A pause inside an
     op moves before it (the op's start shifts by the pause, so its duration is its own), and the
     pauses of one slot merge into one row: it starts at the slot's first pause and lasts their

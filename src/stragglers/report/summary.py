@@ -14,7 +14,7 @@ from stragglers.trace.model import NOTE_KINDS
 from stragglers.whatif.diagnosis import FIXES
 from stragglers.whatif.result import AnalysisResult, Finding
 
-# The heatmap colour scale of SMon (specs/whatif.md §9).
+# The heatmap colour scale of SMon (docs/monitor.md §4; the HTML report keeps SMon's fixed scale).
 HEATMAP_RANGE = (1.0, 1.5)
 
 CAUSE_TITLES = {
