@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import ipaddress
 import json
@@ -17,10 +16,11 @@ import sys
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass
 from pathlib import Path
 
 from stragglers.errors import EnvironmentFailure, InputError
+# the connection guard lives in serving_guard; its names stay importable from here
+from stragglers.serving_guard import ConnectionLimits, guarded_protocol, json_response_bytes  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -161,22 +161,6 @@ def serve_in_foreground(server, sock: socket.socket) -> None:
 
 def _exit_on_sigterm(signum, frame) -> None:
     sys.exit(128 + signal.SIGTERM)
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """What one connection may hold of a service, enforced below the app (serving.py's
-    protocol): uvicorn has a keep-alive timeout between requests but no timeout for a request's
-    head or body, and counts idle connections against `limit_concurrency`, so 1,000 sockets
-    that send nothing answered every other client 503."""
-
-    max_connections: int = 1000          # open connections; past it one is evicted (below)
-    per_client: int = 256                # open connections from one address
-    header_timeout_s: float = 10.0       # a request's head, from its first byte (or the accept)
-    max_head_bytes: int = 64 * 1024      # a request's head (httptools sets no bound: 431 past it)
-    body_min_bytes_per_s: float = 8192.0  # a body slower than this, once past the grace, is cut
-    body_grace_s: float = 10.0
-    sweep_s: float = 1.0
 
 
 def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str = "httptools",
@@ -358,195 +342,6 @@ async def send_json(send, status: int, message: str, headers=None) -> None:
         *keep]})
     await send({"type": "http.response.body", "body": body})
 
-
-def json_response_bytes(status: int, reason: str, message: str) -> bytes:
-    """A whole HTTP/1.1 response with a JSON error body, closing the connection (written by
-    the protocol when there is no app to answer: a timeout, a refused connection)."""
-    body = json.dumps({"error": message}).encode()
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n"
-            "x-content-type-options: nosniff\r\n\r\n")
-    return head.encode() + body
-
-
-def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
-    """uvicorn's HTTP protocol class `base` with ConnectionLimits enforced (see there)."""
-    book = _Connections(limits)
-
-    class Guarded(base):
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            now = time.monotonic()
-            self._g_phase_at, self._g_phase_cycle, self._g_bytes = now, None, 0
-            self._g_phase_bytes, self._g_fresh, self._g_served = 0, True, 0
-            self._g_body = None    # (cycle, started_at, bytes then)
-            book.admit(self)
-
-        def connection_lost(self, exc) -> None:
-            book.forget(self)
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            # bytes of the next request's head (not the rest of a body answered before it was
-            # read, as a 413 is)
-            head = _waiting(self) and not _body_left(self)
-            if head and not self._g_phase_bytes:
-                self._g_phase_at = time.monotonic()   # the head starts with its first byte
-            self._g_bytes += len(data)
-            if head:
-                self._g_phase_bytes += len(data)
-            super().data_received(data)
-            if head and self._g_phase_bytes > limits.max_head_bytes and _waiting(self) \
-                    and not self.transport.is_closing():
-                _close(self, 431, "Request Header Fields Too Large",
-                       f"request head: more than {limits.max_head_bytes} bytes")
-
-        def on_response_complete(self) -> None:
-            book.fresh.pop(self, None)
-            super().on_response_complete()
-            self._g_phase_at, self._g_phase_cycle = time.monotonic(), self.cycle
-            self._g_phase_bytes, self._g_fresh, self._g_body = 0, False, None
-            self._g_served += 1
-
-        def send_400_response(self, msg: str) -> None:
-            self.transport.write(json_response_bytes(400, "Bad Request", f"request: {msg}"))
-            self.transport.close()
-
-    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
-    return Guarded
-
-
-class _Connections:
-    """The open connections of one server, swept every `sweep_s` on its event loop."""
-
-    def __init__(self, limits: ConnectionLimits):
-        self.limits = limits
-        self.open: dict[object, None] = {}     # insertion-ordered
-        self.fresh: dict[object, None] = {}    # those that never completed a request, oldest first
-        self.by_client: dict[str, int] = {}
-        self._timer = None
-
-    def admit(self, conn) -> None:
-        client = (conn.client or ("?",))[0]
-        self.open[conn] = None
-        self.fresh[conn] = None
-        self.by_client[client] = self.by_client.get(client, 0) + 1
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.limits.sweep_s,
-                                                                self.sweep)
-        if self.by_client[client] > self.limits.per_client:
-            self._make_room(conn, client)
-        if len(self.open) > self.limits.max_connections:
-            self._make_room(conn, None)
-
-    def forget(self, conn) -> None:
-        self.fresh.pop(conn, None)
-        if self.open.pop(conn, 1) is None:
-            client = (conn.client or ("?",))[0]
-            self.by_client[client] -= 1
-            if not self.by_client[client]:
-                del self.by_client[client]
-
-    def _make_room(self, new, client: str | None) -> None:
-        """Close one connection to make room for `new`: one that never sent a whole request,
-        else an idle keep-alive one (oldest first), else the slowest body past its grace;
-        when every one is busy, `new` is refused (503, JSON)."""
-        now = time.monotonic()
-        # the oldest connection that never sent a whole request, found without a scan of all
-        for c in self.fresh:
-            if c is not new and _waiting(c) and not c.transport.is_closing() and \
-                    (client is None or (c.client or ("?",))[0] == client):
-                _close(c)
-                self.forget(c)
-                return
-        best, best_key = None, None
-        for c in self.open:
-            if c is new or (client is not None and (c.client or ("?",))[0] != client) \
-                    or c.transport.is_closing():
-                continue
-            if _waiting(c):
-                key = (0 if c._g_fresh else 1, c._g_phase_at)
-            elif c._g_body is not None and now - c._g_body[1] >= 1.0:
-                key = (2, (c._g_bytes - c._g_body[2]) / max(now - c._g_body[1], 1e-3))
-            else:
-                continue
-            if best_key is None or key < best_key:
-                best, best_key = c, key
-        if best is None:
-            _close(new, 503, "Service Unavailable", "request: too many connections are "
-                   "busy (from this client)" if client else "request: too many connections "
-                   "are busy; retry later")
-        elif _waiting(best):
-            _close(best)
-        else:
-            _close(best, 503, "Service Unavailable", "request body: too slow while the "
-                   "service is full of connections; retry later")
-        self.forget(best or new)
-
-    def sweep(self) -> None:
-        self._timer = None
-        now, lim = time.monotonic(), self.limits
-        for c in list(self.open):
-            if c.transport.is_closing():
-                continue
-            if _waiting(c):
-                if _body_left(c):   # a body answered before it was read, still coming
-                    if now - c._g_phase_at > lim.header_timeout_s:
-                        _close(c)
-                    continue
-                if not c._g_phase_bytes and not c._g_fresh:
-                    continue   # idle between requests: uvicorn's keep-alive timeout
-                if now - c._g_phase_at > lim.header_timeout_s:
-                    if c._g_phase_bytes:
-                        _close(c, 408, "Request Timeout", f"request head: not complete "
-                               f"within {lim.header_timeout_s:g} s")
-                    else:
-                        _close(c)
-                continue
-            cycle = c.cycle
-            if cycle is None or not getattr(cycle, "more_body", False) \
-                    or cycle.response_complete:
-                continue
-            if c._g_body is None or c._g_body[0] is not cycle:
-                c._g_body = (cycle, now, c._g_bytes)
-                continue
-            if getattr(c.flow, "read_paused", False):   # the app is not reading: not the client's fault
-                c._g_body = (cycle, c._g_body[1] + lim.sweep_s, c._g_body[2])
-                continue
-            spent = now - c._g_body[1]
-            if spent > lim.body_grace_s and \
-                    c._g_bytes - c._g_body[2] < lim.body_min_bytes_per_s * spent:
-                _close(c, None if getattr(cycle, "response_started", False) else 408,
-                       "Request Timeout", f"request body: slower than "
-                       f"{lim.body_min_bytes_per_s:g} bytes/s")
-        if self.open:
-            self._timer = asyncio.get_running_loop().call_later(lim.sweep_s, self.sweep)
-
-
-def _waiting(conn) -> bool:
-    """Whether a connection waits for a request's head (no request in progress)."""
-    return conn.cycle is conn._g_phase_cycle
-
-
-def _body_left(conn) -> bool:
-    """Whether the current request's body is still arriving."""
-    return conn.cycle is not None and getattr(conn.cycle, "more_body", False)
-
-
-def _close(conn, status: int | None = None, reason: str = "", message: str = "") -> None:
-    try:
-        if status is not None:
-            conn.transport.write(json_response_bytes(status, reason, message))
-        conn.transport.close()
-        # gone from uvicorn's count now (its connection_lost comes later): its own limit
-        # would otherwise answer the connection admitted in its place with a plain-text 503
-        conn.connections.discard(conn)
-    except Exception:   # noqa: BLE001 - a transport already gone
-        pass
-    cycle = getattr(conn, "cycle", None)
-    if cycle is not None and not cycle.response_complete:
-        cycle.disconnected = True
-        cycle.message_event.set()
 
 
 class BodyRefused(Exception):

@@ -433,26 +433,35 @@ def test_a_big_epoch_is_written_in_chunks_as_its_queue_reaches_them(store, tmp_p
     assert sorted(r[5] for r in again[1:256]) == [r[5] for r in again[1:256]] < [again[256][5]]
 
 
-def test_a_schema_2_file_is_upgraded_in_place(tmp_path):
+@pytest.mark.parametrize("version", [2, 3])
+def test_an_older_schema_file_is_upgraded_in_place(tmp_path, version):
+    from stragglers.adapt.schema import SCHEMA_VERSION
+
     db = tmp_path / "old.db"
     s = ShardStore(db)
     s.create_dataset(DatasetConfig("d", 100, 10))
     f = s.join("d", "w")["fence"]
     held = s.lease("d", "w", f, request_id="r1")["leases"][0]
     s.close()
-    with sqlite3.connect(db) as c:   # back to the schema-2 layout
-        c.executescript("DROP TABLE lease_requests; ALTER TABLE workers DROP COLUMN seq;"
-                        " UPDATE datasets SET materialized=NULL;"
-                        " ALTER TABLE datasets DROP COLUMN materialized; PRAGMA user_version=2;")
+    with sqlite3.connect(db) as c:   # back to the schema-3 layout (no rows keys, no creator)
+        c.executescript("DROP TABLE row_sets; DROP INDEX datasets_creator;"
+                        " ALTER TABLE datasets DROP COLUMN rows_key;"
+                        " ALTER TABLE datasets DROP COLUMN creator; PRAGMA user_version=3;")
+        if version == 2:
+            c.executescript("DROP TABLE lease_requests; ALTER TABLE workers DROP COLUMN seq;"
+                            " UPDATE datasets SET materialized=NULL;"
+                            " ALTER TABLE datasets DROP COLUMN materialized;"
+                            " PRAGMA user_version=2;")
     s = ShardStore(db)
     try:
         assert s.status("d")["epochs"]["0"]["DOING"] == 1
         assert s.ack("d", "w", f, 0, held["shard"], 10)["state"] == DONE
         assert s.lease("d", "w", f, request_id="r2")["status"] == "ok"
+        assert s.restore(s.snapshot("d"))["restored"] == 10   # the new columns are used
     finally:
         s.close()
     with sqlite3.connect(db) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_a_lease_reply_holds_a_bounded_number_of_indices(store):

@@ -20,24 +20,25 @@ from dataclasses import asdict
 
 from stragglers.adapt.dataset import STATES, TODO, DatasetConfig
 from stragglers.adapt.errors import Busy, NotFound
-from stragglers.adapt.stored import (check_dataset_row, check_materialized, config_of,
-                                     first_bad_shard)
+from stragglers.adapt.stored import (check_dataset_row, check_materialized, check_rows_key,
+                                     config_of, first_bad_shard)
 
 CHUNK_ROWS = 4096
 BIG_SNAPSHOT = 2 << 20   # bytes (about 50,000 shard rows)
 MAX_FAILED_IN_STATUS = 1024
 
 
-def _dataset(conn: sqlite3.Connection, name: str) -> tuple[DatasetConfig, int, int]:
-    """(config, epochs created, shard rows written of the last epoch), checked."""
+def _dataset(conn: sqlite3.Connection, name: str) -> tuple[DatasetConfig, int, int, str]:
+    """(config, epochs created, shard rows written of the last epoch, the key its rows are
+    stored under), checked."""
     row = conn.execute("SELECT num_samples, shard_size, seed, num_epochs, lease_s, max_retries,"
-                       " epochs_created, front, token_sha256, materialized FROM datasets WHERE"
-                       " name=?", (name,)).fetchone()
+                       " epochs_created, front, token_sha256, materialized, rows_key FROM"
+                       " datasets WHERE name=?", (name,)).fetchone()
     if row is None:
         raise NotFound(f"no data set named '{name}'")
     cfg = config_of(name, row[:6])
     check_dataset_row(name, row[6], row[7], row[8])
-    return cfg, row[6], check_materialized(cfg, row[9])
+    return cfg, row[6], check_materialized(cfg, row[9]), check_rows_key(name, row[10])
 
 
 def _unwritten(cfg: DatasetConfig, epochs: int, written: int):
@@ -50,13 +51,13 @@ def _unwritten(cfg: DatasetConfig, epochs: int, written: int):
 def snapshot_bytes(conn: sqlite3.Connection, name: str) -> bytes:
     """The snapshot of data set `name` as JSON bytes (checked first: a damaged row quarantines it)."""
     with _read(conn):
-        cfg, epochs, written = _dataset(conn, name)
-        first_bad_shard(conn, cfg, epochs, written)
+        cfg, epochs, written, key = _dataset(conn, name)
+        first_bad_shard(conn, cfg, epochs, written, key)
         head = json.dumps({"dataset": asdict(cfg), "epochs_created": epochs},
                           separators=(",", ":"))
         parts = [head[:-1].encode(), b',"shards":[']
         cur = conn.execute("SELECT epoch, shard, state, consumed, retries, queue_pos, error"
-                           " FROM shards WHERE dataset=? ORDER BY epoch, shard", (name,))
+                           " FROM shards WHERE dataset=? ORDER BY epoch, shard", (key,))
         first = True
         tail = _unwritten(cfg, epochs, written)
         while rows := cur.fetchmany(CHUNK_ROWS) or tail:
@@ -73,25 +74,25 @@ def snapshot_bytes(conn: sqlite3.Connection, name: str) -> bytes:
 def status_of(conn: sqlite3.Connection, name: str) -> dict:
     """Shard counts per epoch and state, and the FAILED report (first MAX_FAILED_IN_STATUS)."""
     with _read(conn):
-        cfg, epochs, written = _dataset(conn, name)
+        cfg, epochs, written, key = _dataset(conn, name)
         counts: dict[int, dict[str, int]] = {}
         for epoch, state, n in conn.execute("SELECT epoch, state, COUNT(*) FROM shards WHERE"
-                                            " dataset=? GROUP BY epoch, state", (name,)):
+                                            " dataset=? GROUP BY epoch, state", (key,)):
             if state not in STATES or type(epoch) is not int:
-                first_bad_shard(conn, cfg, epochs, written)
+                first_bad_shard(conn, cfg, epochs, written, key)
             counts.setdefault(epoch, {s: 0 for s in STATES})[state] = n
         if written < cfg.num_shards:   # the last epoch's shards not written yet are TODO
             last = counts.setdefault(epochs - 1, {s: 0 for s in STATES})
             last[TODO] += cfg.num_shards - written
         rows = conn.execute("SELECT epoch, shard, start, stop, consumed, retries, error FROM"
                             " shards WHERE dataset=? AND state='FAILED' ORDER BY epoch, shard"
-                            " LIMIT ?", (name, MAX_FAILED_IN_STATUS)).fetchall()
+                            " LIMIT ?", (key, MAX_FAILED_IN_STATUS)).fetchall()
         total = sum(c.get("FAILED", 0) for c in counts.values())
         try:
             failed = [{"epoch": e, "shard": s, "samples": b - a - k, "retries": r, "error": err}
                       for e, s, a, b, k, r, err in rows]
         except TypeError:
-            first_bad_shard(conn, cfg, epochs, written)
+            first_bad_shard(conn, cfg, epochs, written, key)
             raise
     return {"dataset": asdict(cfg), "epochs_created": epochs,
             "epochs": {str(e): v for e, v in sorted(counts.items())}, "failed": failed,
@@ -106,10 +107,12 @@ def status_bytes(conn: sqlite3.Connection, name: str) -> bytes:
 def has_expired(conn: sqlite3.Connection, name: str, now: float) -> bool:
     """Whether a DOING lease of `name` ended before `now` (then the writer must requeue it);
     NotFound for an unknown data set (answered here, never by the writer)."""
-    if conn.execute("SELECT 1 FROM datasets WHERE name=?", (name,)).fetchone() is None:
+    row = conn.execute("SELECT COALESCE(rows_key, name) FROM datasets WHERE name=?",
+                       (name,)).fetchone()
+    if row is None:
         raise NotFound(f"no data set named '{name}'")
     row = conn.execute("SELECT 1 FROM shards WHERE dataset=? AND state='DOING' AND"
-                       " lease_until<? LIMIT 1", (name, now)).fetchone()
+                       " lease_until<? LIMIT 1", (row[0], now)).fetchone()
     return row is not None
 
 

@@ -4,7 +4,9 @@ A shard is a contiguous range of positions in an epoch's deterministic permutati
 sample indices; only ranges are stored, indices are recomputed from (seed, epoch).
 
 Every public method is one transaction (or one savepoint of a group commit, see `run_batch`):
-it either happens entirely, reply included, or not at all.
+it either happens entirely, reply included, or not at all. The store is assembled from one
+part per responsibility: transactions.py (transactions, group commit), epochs.py (rows of an
+epoch), history.py (replayed lease requests), restores.py (restores and quotas), schema.py.
 """
 
 from __future__ import annotations
@@ -14,96 +16,54 @@ import math
 import sqlite3
 import threading
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from stragglers.adapt import reads
-from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_FAILED_IN_REPLY, TODO,
-                                     WORKER_PATTERN, DatasetConfig, check_name,
-                                     validate_snapshot)
+from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_FAILED_IN_REPLY, TODO,  # noqa: F401
+                                     WORKER_PATTERN, DatasetConfig, check_name)
+from stragglers.adapt.epochs import EPOCH_CHUNK, Epochs  # noqa: F401
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,  # noqa: F401
                                     Quarantined, QuotaExceeded, authorize)
+from stragglers.adapt.history import REQUEST_HISTORY, LeaseHistory  # noqa: F401
 from stragglers.adapt.permutations import Pending, Permutations
-from stragglers.adapt.stored import (check_dataset_row, check_materialized, check_shard,
+from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
+from stragglers.adapt.schema import SCHEMA_VERSION, open_database  # noqa: F401
+from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_shard,
                                      check_worker_row, config_of, damaged, first_bad_shard)
+from stragglers.adapt.transactions import Transactions
 from stragglers.errors import InputError
 
-SCHEMA_VERSION = 3
-# Lease request ids remembered per worker incarnation: a replay of any of the last
-# REQUEST_HISTORY requests returns what that request got (never a new shard).
-REQUEST_HISTORY = 256
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS datasets (
-    name TEXT PRIMARY KEY, num_samples INTEGER, shard_size INTEGER, seed INTEGER,
-    num_epochs INTEGER, lease_s REAL, max_retries INTEGER, epochs_created INTEGER,
-    front INTEGER, token_sha256 TEXT, materialized INTEGER);
-CREATE TABLE IF NOT EXISTS shards (
-    dataset TEXT, epoch INTEGER, shard INTEGER, start INTEGER, stop INTEGER,
-    state TEXT, worker TEXT, fence INTEGER, lease_until REAL, consumed INTEGER,
-    retries INTEGER, queue_pos INTEGER, error TEXT, PRIMARY KEY (dataset, epoch, shard));
-CREATE INDEX IF NOT EXISTS shards_queue ON shards (dataset, state, queue_pos);
-CREATE INDEX IF NOT EXISTS shards_lease ON shards (dataset, state, lease_until);
-CREATE INDEX IF NOT EXISTS shards_holder ON shards (dataset, worker, state);
-CREATE TABLE IF NOT EXISTS workers (
-    dataset TEXT, worker TEXT, fence INTEGER, request_id TEXT, reply TEXT, seq INTEGER DEFAULT 0,
-    PRIMARY KEY (dataset, worker));
-CREATE TABLE IF NOT EXISTS lease_requests (
-    dataset TEXT, worker TEXT, seq INTEGER, request_id TEXT, fence INTEGER, status TEXT,
-    reply TEXT, PRIMARY KEY (dataset, worker, seq));
-CREATE UNIQUE INDEX IF NOT EXISTS lease_requests_id ON lease_requests (dataset, worker, request_id);
-CREATE INDEX IF NOT EXISTS datasets_owner ON datasets (token_sha256);
-"""
-# Schema 2 -> 3: a history of lease request ids per worker (schema 2 kept only the last one).
-# Schema 2 -> 3, also: the last epoch's rows are written in chunks (materialized: how many of
-# them exist; NULL: all).
-_MIGRATE_2 = ("ALTER TABLE workers ADD COLUMN seq INTEGER DEFAULT 0;"
-              " ALTER TABLE datasets ADD COLUMN materialized INTEGER;")
-# Rows of an epoch written at once: creating a data set or an epoch of 65,536 shards in one
-# transaction held the commit thread (every other job's calls) for seconds. The rest of the
-# epoch's rows are written EPOCH_CHUNK at a time as its queue reaches them (all of them are TODO
-# and queued after the written ones, so the order of the queue is the same).
-EPOCH_CHUNK = 1024
 MAX_INDICES_PER_REPLY = 1 << 18
 
 
-class ShardStore:
+class ShardStore(Transactions, Epochs, LeaseHistory, Restores):
     """All shard bookkeeping; every method is one SQLite transaction (durable on return).
 
     `token_sha256` arguments: a data set created with one is owned by it; every later write on
-    it must pass the same digest (compared in constant time), else Forbidden.
+    it must pass the same digest (compared in constant time), else Forbidden. `creator`
+    arguments: the client address that creates (per-client quotas; None in-process).
     """
 
     def __init__(self, db: str | Path, durable: bool = True, clock=time.time,
                  busy_timeout_s: float = 10.0, max_datasets: int = 4096,
-                 max_datasets_per_token: int = 64):
+                 max_datasets_per_token: int = 64, max_datasets_per_client: int = 1024):
         self.db = str(db)
         self.busy_timeout_s = busy_timeout_s
         self.max_datasets, self.max_datasets_per_token = max_datasets, max_datasets_per_token
+        self.max_datasets_per_client = max_datasets_per_client
         self._clock = clock
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._conn = open_database(db, durable, busy_timeout_s)
         try:
-            self._conn = sqlite3.connect(self.db, isolation_level=None, check_same_thread=False)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            # FULL: the WAL is fsynced at every commit, so an acknowledged lease/ack survives
-            # a crash of the machine, not only of the process.
-            self._conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-            self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            old = self._conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
-            if old is not None and version not in (2, SCHEMA_VERSION):
-                raise InputError(db, None, f"shard database of schema version {version};"
-                                 f" this version reads {SCHEMA_VERSION} (start a new file)")
-            if old is not None and version == 2:
-                self._conn.executescript(_MIGRATE_2)
-            self._conn.executescript(_SCHEMA)
-            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             # Leases held while no service ran get a full lease from the first call after this
             # restart (see _expire): a long outage must not expire every in-flight lease.
             self._grace = {r[0] for r in self._conn.execute("SELECT name FROM datasets")}
+            # a restore that was being written when the last process stopped never finishes
+            self._conn.execute("UPDATE row_sets SET state='garbage' WHERE state='writing'")
         except sqlite3.DatabaseError as exc:
             raise InputError(db, None, f"not a usable SQLite database ({exc})") from exc
+        self._keys: dict[str, str] = {}   # data set -> the key its shard rows are stored under
         self.permutations = Permutations()
         self._read_conns: list[sqlite3.Connection] = []
         # True in the service: a lease whose epoch's shuffle is not in memory carries Pending
@@ -129,22 +89,13 @@ class ShardStore:
         self._undo: list = []  # in-memory changes of the running call, undone on rollback
         self._data_version: int | None = None
 
+
     def close(self) -> None:
         """Close the database connections (the writer's last: it folds the WAL into the file)."""
         for conn in self._read_conns:
             conn.close()
         self._read_conns = []
         self._conn.close()
-
-    def generation(self, name: str) -> tuple[int, int]:
-        """Changes after every commit that touched data set `name` (or after another process wrote)."""
-        return self._ext_gen, self._gen.get(name, 0)
-
-    def _committed(self) -> None:
-        """After COMMIT (or ROLLBACK): every data set the transaction touched has a new generation."""
-        for name in self._touched:
-            self._gen[name] = self._gen.get(name, 0) + 1
-        self._touched = set()
 
     def grant_grace(self) -> None:
         """After a pause of the service (no calls could be answered), treat it like a restart.
@@ -154,78 +105,15 @@ class ShardStore:
         with self._lock:
             self._grace = {r[0] for r in self._conn.execute("SELECT name FROM datasets")}
 
-    # -- transactions -------------------------------------------------------------------
-    def _tx(self) -> "_Tx":
-        """One transaction, or a savepoint when running inside run_batch (group commit)."""
-        return _Tx(self)
-
-    def _sync(self) -> None:
-        """At the start of a transaction: forget derived state if another connection wrote."""
-        version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-        if version != self._data_version:
-            self._forget()
-            if self._data_version is not None:
-                self._ext_gen += 1
-                self._verified.clear()   # another process wrote: check its rows again
-                self._quarantined.clear()
-            self._data_version = version
-
-    def _forget(self) -> None:
-        """Drop the in-memory derived state (it is recomputed from the database)."""
-        self._next_expiry.clear()
-        self._failed_cache.clear()
-
-    def _rolled_back(self, mark: int = 0) -> None:
-        """Undo the in-memory changes made since `mark` (a rolled-back savepoint or transaction)."""
-        undo, self._undo = self._undo[mark:], self._undo[:mark]
-        for fn in reversed(undo):
-            fn()
-        self._forget()
-
-    def run_batch(self, calls: list) -> list[tuple[bool, object]]:
-        """Group commit: run several store calls in one transaction, one fsync for all.
-
-        Each call is isolated by a savepoint, so one that fails is rolled back alone; the
-        results are (ok, value-or-exception), and none is durable before the single COMMIT.
-        A failure of the transaction itself (BEGIN or COMMIT, e.g. "database is locked")
-        is raised: nothing of the batch was committed.
-        """
-        results: list[tuple[bool, object]] = []
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._undo = []
-            try:
-                self._sync()
-                self._local.in_batch = True
-                try:
-                    for call in calls:
-                        try:
-                            results.append((True, call()))
-                        except Exception as exc:  # noqa: BLE001 - handed back to its caller
-                            results.append((False, exc))
-                finally:
-                    self._local.in_batch = False
-                self._conn.execute("COMMIT")
-                self._undo = []
-            except BaseException:
-                # Never leave the connection inside a transaction: the next batch must start.
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                self._rolled_back()
-                raise
-            finally:
-                self._committed()
-        return results
-
     def _config(self, c: sqlite3.Connection, name: str, token_sha256: str | None = None,
                 write: bool = True) -> tuple[DatasetConfig, int, int]:
         row = c.execute("SELECT num_samples, shard_size, seed, num_epochs, lease_s, max_retries,"
-                        " epochs_created, front, token_sha256 FROM datasets WHERE name=?",
+                        " epochs_created, front, token_sha256, rows_key FROM datasets WHERE name=?",
                         (name,)).fetchone()
         if row is None:
             raise NotFound(f"no data set named '{name}'")
         self._touched.add(name)
-        cfg = self._verify(c, name, row[:6], row[6], row[7], row[8])
+        cfg = self._verify(c, name, row[:6], row[6], row[7], row[8], row[9])
         if write:
             authorize(row[8], token_sha256, f"data set '{name}'")
         return cfg, row[6], row[7]
@@ -240,19 +128,20 @@ class ShardStore:
                       token_sha256: str | None) -> tuple[DatasetConfig, int, int, dict]:
         """_config then _fence (same checks, same order) in one query: the lease/ack path."""
         row = c.execute("SELECT d.num_samples, d.shard_size, d.seed, d.num_epochs, d.lease_s,"
-                        " d.max_retries, d.epochs_created, d.front, d.token_sha256, w.fence,"
-                        " w.seq FROM datasets d LEFT JOIN workers w ON"
+                        " d.max_retries, d.epochs_created, d.front, d.token_sha256, d.rows_key,"
+                        " w.fence, w.seq FROM datasets d LEFT JOIN workers w ON"
                         " w.dataset=d.name AND w.worker=? WHERE d.name=?",
                         (worker, name)).fetchone()
         if row is None:
             raise NotFound(f"no data set named '{name}'")
         self._touched.add(name)
-        cfg = self._verify(c, name, row[:6], row[6], row[7], row[8])
+        cfg = self._verify(c, name, row[:6], row[6], row[7], row[8], row[9])
         authorize(row[8], token_sha256, f"data set '{name}'")
-        seq = _check_fence(None if row[9] is None else row[9:], name, worker, fence)
+        seq = _check_fence(None if row[10] is None else row[10:], name, worker, fence)
         return cfg, row[6], row[7], seq
 
-    def _verify(self, c, name: str, values: tuple, epochs_created, front, owner) -> DatasetConfig:
+    def _verify(self, c, name: str, values: tuple, epochs_created, front, owner,
+                rows_key=None) -> DatasetConfig:
         """The data set's config, its row checked; all its rows checked at its first call.
 
         A damaged row quarantines the data set (every later call refused, 503) until another
@@ -262,10 +151,12 @@ class ShardStore:
             raise self._quarantined[name]
         try:
             check_dataset_row(name, epochs_created, front, owner)
+            self._keys[name] = check_rows_key(name, rows_key)
             self._owners[name] = owner
             cfg = self._config_of(name, values)
             if name not in self._verified:
-                first_bad_shard(c, cfg, epochs_created, self._materialized(c, cfg))
+                first_bad_shard(c, cfg, epochs_created, self._materialized(c, cfg),
+                                self._keys[name])
                 bad = c.execute("SELECT worker, fence, seq FROM workers WHERE dataset=? AND"
                                 " NOT (typeof(fence)='integer' AND fence >= 1 AND"
                                 " typeof(seq)='integer' AND seq >= 0) LIMIT 1",
@@ -277,6 +168,11 @@ class ShardStore:
             self._quarantined[name] = exc
             raise
         return cfg
+
+    def _key(self, name: str) -> str:
+        """The key the shard rows of data set `name` are stored under (its config was read in
+        this transaction: a restore changes it)."""
+        return self._keys.get(name, name)
 
     def owner_digest(self, name: str) -> str | None:
         """The owner's token digest of a data set a call has seen (None: none or unknown)."""
@@ -300,7 +196,8 @@ class ShardStore:
         return cfg
 
     # -- public API -----------------------------------------------------------------------
-    def create_dataset(self, cfg: DatasetConfig, token_sha256: str | None = None) -> dict:
+    def create_dataset(self, cfg: DatasetConfig, token_sha256: str | None = None,
+                       creator: str | None = None) -> dict:
         """Register a data set (idempotent for the same config and owner; otherwise refused)."""
         cfg.validate()
         with self._tx() as c:
@@ -318,43 +215,14 @@ class ShardStore:
                     raise Conflict(f"data set '{cfg.name}' exists with another config"
                                    f" (existing, requested): {diff}")
                 return {"created": False}
-            self._check_quota(c, token_sha256)
+            self._check_quota(c, token_sha256, creator)
             self._touched.add(cfg.name)
-            c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?,0)",
+            c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?,0,NULL,?)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
-                       cfg.lease_s, cfg.max_retries, token_sha256))
+                       cfg.lease_s, cfg.max_retries, token_sha256, creator))
+            self._keys[cfg.name] = cfg.name
             self._create_epoch(c, cfg, 0)
         return {"created": True}
-
-    def _check_quota(self, c, token_sha256: str | None) -> None:
-        """Refuse a new data set past the service's or this token's limit (QuotaExceeded: 429)."""
-        total = c.execute("SELECT COUNT(*) FROM datasets").fetchone()[0]
-        if total >= self.max_datasets:
-            raise QuotaExceeded(f"the service holds {total} data sets, its limit"
-                                f" (max_datasets={self.max_datasets})")
-        if token_sha256 is None:
-            return   # in-process use without tokens
-        mine = c.execute("SELECT COUNT(*) FROM datasets WHERE token_sha256=?",
-                         (token_sha256,)).fetchone()[0]
-        if mine >= self.max_datasets_per_token:
-            raise QuotaExceeded(f"this token already owns {mine} data sets, its limit"
-                                f" (max_datasets_per_token={self.max_datasets_per_token})")
-
-    def may_restore(self, name: str, token_sha256: str | None, may_create: bool,
-                    conn: sqlite3.Connection | None = None) -> None:
-        """The checks of a restore that need no body: ownership, creation right and quota.
-
-        Run before a snapshot body (up to max_restore_bytes) is read: a stranger's token is
-        refused without reading or parsing anything.
-        """
-        conn = conn or self._read_conn()
-        exists, owner = reads.owner_of(conn, name)
-        if exists:
-            authorize(owner, token_sha256, f"data set '{name}'")
-            return
-        if not may_create:
-            raise Forbidden(f"restoring creates data set '{name}': that needs the service token")
-        self._check_quota(conn, token_sha256)
 
     def _read_conn(self) -> sqlite3.Connection:
         """This thread's read-only connection (reads that must not wait for the commit thread)."""
@@ -364,33 +232,6 @@ class ShardStore:
             self._local.read_conn = conn
             self._read_conns.append(conn)
         return conn
-
-    def _create_epoch(self, c: sqlite3.Connection, cfg: DatasetConfig, epoch: int,
-                      full: bool = False) -> None:
-        """A new epoch: its first EPOCH_CHUNK shard rows (all of them with `full`)."""
-        upto = cfg.num_shards if full else min(cfg.num_shards, EPOCH_CHUNK)
-        self._write_rows(c, cfg, epoch, 0, upto)
-        c.execute("UPDATE datasets SET epochs_created=?, materialized=? WHERE name=?",
-                  (epoch + 1, upto, cfg.name))
-
-    def _write_rows(self, c, cfg: DatasetConfig, epoch: int, lo: int, hi: int) -> None:
-        base = epoch * (cfg.num_shards + 1) + 1  # queue positions after earlier epochs
-        rows = [(cfg.name, epoch, s, s * cfg.shard_size,
-                 min((s + 1) * cfg.shard_size, cfg.num_samples), TODO, None, None, None, 0, 0,
-                 base + s, None) for s in range(lo, hi)]
-        c.executemany("INSERT INTO shards VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-
-    def _materialized(self, c, cfg: DatasetConfig) -> int:
-        """Shard rows written of the last epoch (the others are TODO, queued after them)."""
-        value = c.execute("SELECT materialized FROM datasets WHERE name=?",
-                          (cfg.name,)).fetchone()[0]
-        return check_materialized(cfg, value)
-
-    def _extend_epoch(self, c, cfg: DatasetConfig, epoch: int, have: int) -> None:
-        """Write the next EPOCH_CHUNK rows of the last epoch (its queue reached them)."""
-        upto = min(cfg.num_shards, have + EPOCH_CHUNK)
-        self._write_rows(c, cfg, epoch, have, upto)
-        c.execute("UPDATE datasets SET materialized=? WHERE name=?", (upto, cfg.name))
 
     def _requeue(self, c, cfg: DatasetConfig, front: int, epoch: int, shard: int,
                  retries: int, failure: bool, error: str | None) -> int:
@@ -404,7 +245,8 @@ class ShardStore:
             self._failed_cache.pop(cfg.name, None)
         c.execute("UPDATE shards SET state=?, worker=NULL, fence=NULL, lease_until=NULL,"
                   " retries=?, queue_pos=?, error=COALESCE(?, error) WHERE dataset=? AND"
-                  " epoch=? AND shard=?", (state, retries, front, error, cfg.name, epoch, shard))
+                  " epoch=? AND shard=?", (state, retries, front, error, self._key(cfg.name), epoch,
+                                             shard))
         return front
 
     def _expire(self, c, cfg: DatasetConfig, front: int, now: float) -> int:
@@ -413,7 +255,7 @@ class ShardStore:
             # renew while no service ran, so each lease gets a full lease_s from now.
             # (Deadlines only grow here, so the next_expiry bound stays a lower bound.)
             c.execute("UPDATE shards SET lease_until=MAX(lease_until, ?) WHERE dataset=? AND"
-                      " state='DOING'", (now + cfg.lease_s, cfg.name))
+                      " state='DOING'", (now + cfg.lease_s, self._key(cfg.name)))
             self._grace.discard(cfg.name)
             self._undo.append(lambda: self._grace.add(cfg.name))
             return front
@@ -421,12 +263,13 @@ class ShardStore:
         if bound is not None and now <= bound:
             return front  # no DOING lease ends before `bound`: nothing can have expired
         expired = c.execute("SELECT epoch, shard, retries, worker FROM shards WHERE dataset=?"
-                            " AND state='DOING' AND lease_until<?", (cfg.name, now)).fetchall()
+                            " AND state='DOING' AND lease_until<?",
+                            (self._key(cfg.name), now)).fetchall()
         for epoch, shard, retries, worker in expired:
             front = self._requeue(c, cfg, front, epoch, shard, retries, True,
                                   f"lease of {worker} expired")
         earliest = c.execute("SELECT MIN(lease_until) FROM shards WHERE dataset=? AND"
-                             " state='DOING'", (cfg.name,)).fetchone()[0]
+                             " state='DOING'", (self._key(cfg.name),)).fetchone()[0]
         self._next_expiry[cfg.name] = math.inf if earliest is None else earliest
         return front
 
@@ -442,6 +285,14 @@ class ShardStore:
         if report is None:
             report = self._failed_cache[name] = self._failed(c, name, MAX_FAILED_IN_REPLY)
         return [dict(f) for f in report[0]], report[1]
+
+    def _lease_of(self, cfg: DatasetConfig, epoch: int, shard: int, start: int, stop: int,
+                  consumed: int) -> dict:
+        """One shard handed to a worker: the sample indices still to consume, from `offset`."""
+        check_shard(cfg, epoch, shard, start, stop, consumed)
+        return {"epoch": epoch, "shard": shard, "offset": consumed,
+                "indices": self._indices(cfg, epoch, start + consumed, stop),
+                "size": stop - start}
 
     def _indices(self, cfg: DatasetConfig, epoch: int, start: int, stop: int) -> list[int] | Pending:
         key = (cfg.num_samples, cfg.seed, epoch)
@@ -509,7 +360,7 @@ class ShardStore:
             status = "ok"
             if not leases:
                 doing = c.execute("SELECT 1 FROM shards WHERE dataset=? AND state='DOING'"
-                                  " LIMIT 1", (name,)).fetchone()
+                                  " LIMIT 1", (self._key(name),)).fetchone()
                 status = "wait" if doing else "finished"
             if request_id is not None:
                 self._remember(c, name, worker, fence, seq, request_id, status, leases)
@@ -526,7 +377,8 @@ class ShardStore:
                              " lease_until=? WHERE rowid IN (SELECT rowid FROM shards WHERE"
                              " dataset=? AND state='TODO' ORDER BY queue_pos LIMIT ?)"
                              " RETURNING queue_pos, epoch, shard, start, stop, consumed",
-                             (worker, fence, deadline, cfg.name, want - len(leases))).fetchall()
+                             (worker, fence, deadline, self._key(cfg.name),
+                              want - len(leases))).fetchall()
             if rows:
                 self._leased_until(cfg.name, deadline)
             try:
@@ -534,7 +386,7 @@ class ShardStore:
             except TypeError:   # a damaged queue_pos (text among integers)
                 raise damaged(cfg.name, "shard row", "queue_pos is not an integer") from None
             for _, epoch, shard, start, stop, consumed in rows:
-                leases.append(_lease(self, cfg, epoch, shard, start, stop, consumed))
+                leases.append(self._lease_of(cfg, epoch, shard, start, stop, consumed))
             if len(leases) < want:  # no TODO row: write more of the epoch, or a new epoch
                 have = self._materialized(c, cfg)
                 if have < cfg.num_shards:
@@ -545,57 +397,6 @@ class ShardStore:
                 self._create_epoch(c, cfg, epochs_created)
                 epochs_created += 1
         return leases, epochs_created
-
-    def _remember(self, c, name: str, worker: str, fence: int, seq: int, request_id: str,
-                  status: str, leases: list[dict]) -> None:
-        """Record a lease request's answer; forget this worker's requests past REQUEST_HISTORY."""
-        seq += 1
-        c.execute("INSERT INTO lease_requests VALUES (?,?,?,?,?,?,?)",
-                  (name, worker, seq, request_id, fence, status,
-                   json.dumps([[x["epoch"], x["shard"], x["offset"]] for x in leases])))
-        c.execute("UPDATE workers SET seq=? WHERE dataset=? AND worker=?", (seq, name, worker))
-        if seq > REQUEST_HISTORY:
-            c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=? AND seq<=?",
-                      (name, worker, seq - REQUEST_HISTORY))
-
-    def _replay(self, c, cfg: DatasetConfig, worker: str, fence: int, seen: tuple,
-                now: float) -> dict:
-        """The answer to a request id seen before: its shards as they stand for this worker.
-
-        Nothing new is leased and no retry is counted: a shard still held is renewed and
-        handed out from its current offset; one this incarnation completed (DONE) or no longer
-        holds (its lease expired) comes back with no indices and `"held": false`.
-        """
-        status, recorded = seen
-        try:
-            keys = json.loads(recorded)
-            keys = [(int(e), int(s), int(o)) for e, s, o in keys]
-        except (TypeError, ValueError):
-            raise damaged(cfg.name, f"lease request of worker '{worker}'", "reply") from None
-        leases = []
-        for epoch, shard, offset in keys:
-            row = c.execute("SELECT start, stop, consumed, state, worker, fence FROM shards"
-                            " WHERE dataset=? AND epoch=? AND shard=?",
-                            (cfg.name, epoch, shard)).fetchone()
-            if row is None:
-                raise damaged(cfg.name, f"lease request of worker '{worker}'",
-                              f"shard {epoch}/{shard} does not exist")
-            start, stop, consumed, state, holder, holder_fence = row
-            mine = holder == worker and holder_fence == fence
-            if state == DOING and mine:
-                c.execute("UPDATE shards SET lease_until=? WHERE dataset=? AND epoch=? AND"
-                          " shard=?", (now + cfg.lease_s, cfg.name, epoch, shard))
-                self._leased_until(cfg.name, now + cfg.lease_s)
-                leases.append(_lease(self, cfg, epoch, shard, start, stop, consumed))
-                continue
-            check_shard(cfg, epoch, shard, start, stop, consumed, state)
-            done = state == DONE and mine
-            leases.append({"epoch": epoch, "shard": shard,
-                           "offset": consumed if done else offset, "indices": [],
-                           "size": stop - start, "held": False})
-        failed, n_failed = self._failed_report(c, cfg.name)
-        return {"status": status if status in ("ok", "wait", "finished") else "ok",
-                "leases": leases, "failed": failed, "failed_total": n_failed}
 
     def ack(self, name: str, worker: str, fence: int, epoch: int, shard: int, consumed: int,
             token_sha256: str | None = None) -> dict:
@@ -609,7 +410,7 @@ class ShardStore:
             cfg, epochs_created, _, _ = self._config_fence(c, name, worker, fence, token_sha256)
             row = c.execute("SELECT state, worker, fence, start, stop, consumed FROM shards"
                             " WHERE dataset=? AND epoch=? AND shard=?",
-                            (name, epoch, shard)).fetchone()
+                            (self._key(name), epoch, shard)).fetchone()
             if row is None:
                 if epoch < epochs_created and shard < cfg.num_shards:   # not written yet: TODO
                     raise LeaseLost(f"shard {epoch}/{shard} of '{name}' is TODO, not leased to"
@@ -629,8 +430,8 @@ class ShardStore:
             consumed = max(consumed, done)
             new_state = DONE if consumed == stop - start else DOING
             c.execute("UPDATE shards SET consumed=?, state=?, lease_until=? WHERE dataset=? AND"
-                      " epoch=? AND shard=?", (consumed, new_state, now + cfg.lease_s, name,
-                                               epoch, shard))
+                      " epoch=? AND shard=?", (consumed, new_state, now + cfg.lease_s,
+                                               self._key(name), epoch, shard))
             self._leased_until(name, now + cfg.lease_s)
         return {"state": new_state, "consumed": consumed}
 
@@ -653,7 +454,7 @@ class ShardStore:
 
     def _release_rows(self, c, cfg, front, worker, fence, failure, error) -> list:
         rows = c.execute("SELECT epoch, shard, retries, fence FROM shards WHERE dataset=? AND"
-                         " worker=? AND state='DOING'", (cfg.name, worker)).fetchall()
+                         " worker=? AND state='DOING'", (self._key(cfg.name), worker)).fetchall()
         rows = [r for r in rows if fence is None or r[3] == fence]
         for epoch, shard, retries, _ in rows:
             front = self._requeue(c, cfg, front, epoch, shard, retries, failure, error)
@@ -665,12 +466,13 @@ class ShardStore:
         with self._tx() as c:
             cfg, _, front = self._config(c, name, token_sha256)
             rows = c.execute("SELECT epoch, shard FROM shards WHERE dataset=? AND"
-                             " state='FAILED'", (name,)).fetchall()
+                             " state='FAILED'", (self._key(name),)).fetchall()
             self._failed_cache.pop(name, None)
             for epoch, shard in sorted(rows):
                 front -= 1
                 c.execute("UPDATE shards SET state='TODO', retries=0, queue_pos=? WHERE"
-                          " dataset=? AND epoch=? AND shard=?", (front, name, epoch, shard))
+                          " dataset=? AND epoch=? AND shard=?",
+                          (front, self._key(name), epoch, shard))
             c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
         return {"requeued": [list(r) for r in sorted(rows)]}
 
@@ -680,10 +482,10 @@ class ShardStore:
         rows = c.execute("SELECT epoch, shard, start, stop, consumed, retries, error FROM shards"
                          " INDEXED BY shards_queue WHERE dataset=? AND state='FAILED'"
                          " ORDER BY epoch, shard LIMIT ?",
-                         (name, -1 if limit is None else limit)).fetchall()
+                         (self._key(name), -1 if limit is None else limit)).fetchall()
         total = len(rows) if limit is None or len(rows) < limit else c.execute(
             "SELECT COUNT(*) FROM shards INDEXED BY shards_queue WHERE dataset=? AND"
-            " state='FAILED'", (name,)).fetchone()[0]
+            " state='FAILED'", (self._key(name),)).fetchone()[0]
         try:
             return ([{"epoch": e, "shard": s, "samples": b - a - k, "retries": r, "error": err}
                      for e, s, a, b, k, r, err in rows], total)
@@ -708,75 +510,6 @@ class ShardStore:
         """The full shard state, to be saved atomically inside the model checkpoint."""
         return json.loads(reads.snapshot_bytes(self._read_conn(), name))
 
-    def restore(self, snap: dict, token_sha256: str | None = None,
-                may_create: bool = True) -> dict:
-        """Replace a data set's state with a validated snapshot: its DOING shards go first.
-
-        Refused (nothing changed) when the snapshot is inconsistent (a shard missing or twice,
-        an offset outside its shard, an unknown state) or its config differs from the data
-        set's: a restore never loses samples silently nor changes a lease time.
-        """
-        return self.restore_prepared(prepare_restore(validate_snapshot(snap)), token_sha256,
-                                     may_create)
-
-    def restore_prepared(self, prepared: "PreparedRestore", token_sha256: str | None = None,
-                         may_create: bool = True) -> dict:
-        """restore() of a snapshot validated and prepared by prepare_restore() (the service does
-        both off the commit thread; this writes the rows, nothing else)."""
-        cfg = prepared.cfg
-        with self._tx() as c:
-            exists = c.execute("SELECT token_sha256 FROM datasets WHERE name=?",
-                               (cfg.name,)).fetchone()
-            if exists is not None:
-                have, _, _ = self._config(c, cfg.name, token_sha256)
-                if have != cfg:
-                    raise Conflict(f"snapshot of '{cfg.name}' has another config than the data"
-                                   f" set: {asdict(cfg)} vs {asdict(have)}")
-            elif not may_create:
-                raise Forbidden(f"restoring creates data set '{cfg.name}': that needs the"
-                                " service token")
-            else:
-                self._check_quota(c, token_sha256)
-            owner = exists[0] if exists is not None else token_sha256
-            self._forget()
-            self._touched.add(cfg.name)
-            c.execute("DELETE FROM shards WHERE dataset=?", (cfg.name,))
-            # Recorded lease answers name shards whose state the snapshot replaces.
-            c.execute("DELETE FROM lease_requests WHERE dataset=?", (cfg.name,))
-            c.execute("INSERT OR REPLACE INTO datasets VALUES (?,?,?,?,?,?,?,?,?,?,NULL)",
-                      (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
-                       cfg.lease_s, cfg.max_retries, prepared.epochs_created, prepared.front,
-                       owner))
-            # The rows with their final values in one statement (no insert-then-update).
-            c.executemany("INSERT INTO shards VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                          prepared.rows)
-        return {"restored": len(prepared.rows), "requeued_first": prepared.requeued_first}
-
-
-@dataclass(frozen=True)
-class PreparedRestore:
-    """The shard rows a restore writes, computed before the transaction."""
-
-    cfg: DatasetConfig
-    epochs_created: int
-    rows: list[tuple]
-    front: int
-    requeued_first: int
-
-
-def prepare_restore(checked: tuple) -> PreparedRestore:
-    """The rows of a validated snapshot as restore writes them: DOING shards back to TODO at
-    the front of the queue (in their queue order), every other row as it was."""
-    cfg, epochs_created, rows = checked
-    doing = sorted((r for r in rows if r[2] == DOING), key=lambda r: r[5])
-    front = min([0] + [r[5] for r in rows]) - len(doing) - 1
-    pos_of_doing = {(r[0], r[1]): front + i for i, r in enumerate(doing)}
-    size, n = cfg.shard_size, cfg.num_samples
-    out = [(cfg.name, e, s, s * size, min((s + 1) * size, n), TODO if st == DOING else st,
-            None, None, None, consumed, retries, pos_of_doing.get((e, s), pos), err)
-           for e, s, st, consumed, retries, pos, err in rows]
-    return PreparedRestore(cfg, epochs_created, out, front, len(doing))
-
 
 def _check_fence(row, name: str, worker: str, fence: int) -> int:
     """The request counter (seq) of a current incarnation's workers row, else Fenced."""
@@ -788,66 +521,6 @@ def _check_fence(row, name: str, worker: str, fence: int) -> int:
         raise Fenced(f"worker '{worker}' fence {fence} is stale: incarnation {row[0]} of"
                      f" it joined '{name}' since; this one must stop")
     return seq
-
-
-class _Tx:
-    """ShardStore._tx: BEGIN IMMEDIATE ... COMMIT, or SAVEPOINT ... RELEASE inside run_batch."""
-
-    __slots__ = ("store", "nested", "mark")
-
-    def __init__(self, store: ShardStore):
-        self.store = store
-        self.nested = getattr(store._local, "in_batch", False)
-        self.mark = 0
-
-    def __enter__(self) -> sqlite3.Connection:
-        store = self.store
-        if self.nested:
-            store._conn.execute("SAVEPOINT op")
-            self.mark = len(store._undo)  # the batch's earlier calls keep theirs
-            return store._conn
-        store._lock.acquire()
-        try:
-            store._conn.execute("BEGIN IMMEDIATE")
-            store._sync()
-        except BaseException:
-            if store._conn.in_transaction:
-                store._conn.execute("ROLLBACK")
-            store._lock.release()
-            raise
-        store._undo = []
-        return store._conn
-
-    def __exit__(self, typ, exc, tb) -> None:
-        store = self.store
-        if self.nested:
-            if typ is not None:
-                store._conn.execute("ROLLBACK TO op")
-                store._rolled_back(self.mark)
-            store._conn.execute("RELEASE op")
-            return
-        try:
-            store._conn.execute("COMMIT" if typ is None else "ROLLBACK")
-            if typ is None:
-                store._undo = []
-            else:
-                store._rolled_back()
-        except BaseException:
-            if store._conn.in_transaction:
-                store._conn.execute("ROLLBACK")
-            store._rolled_back()
-            raise
-        finally:
-            store._committed()
-            store._lock.release()
-
-
-def _lease(store: ShardStore, cfg: DatasetConfig, epoch: int, shard: int, start: int,
-           stop: int, consumed: int) -> dict:
-    """One shard handed to a worker: the sample indices still to consume, from `offset`."""
-    check_shard(cfg, epoch, shard, start, stop, consumed)
-    return {"epoch": epoch, "shard": shard, "offset": consumed,
-            "indices": store._indices(cfg, epoch, start + consumed, stop), "size": stop - start}
 
 
 def resolve_indices(store: ShardStore, reply: dict) -> dict:

@@ -30,6 +30,17 @@ def _is_int(value: object, lo: int = -_BIG, hi: int = _BIG) -> bool:
     return type(value) is int and lo <= value <= hi
 
 
+def check_rows_key(name: str, rows_key: object) -> str:
+    """The key a data set's shard rows are stored under: its name (NULL), or after a restore
+    its name, '/' and a hex id."""
+    if rows_key is None:
+        return name
+    if not (isinstance(rows_key, str) and rows_key.startswith(name + "/")
+            and re.fullmatch(r"[0-9a-f]{32}", rows_key[len(name) + 1:])):
+        raise damaged(name, "row", f"rows_key={rows_key!r:.60}")
+    return rows_key
+
+
 def config_of(name: str, values: tuple) -> DatasetConfig:
     """The DatasetConfig of a datasets row's (num_samples .. max_retries), validated."""
     try:
@@ -105,17 +116,20 @@ def shard_params(cfg: DatasetConfig, epochs_created: int) -> dict:
             "max_pos": MAX_QUEUE_POS}
 
 
-def first_bad_shard(conn, cfg: DatasetConfig, epochs_created: int, materialized: int) -> None:
-    """Raise Quarantined naming the first invalid shard row of the data set (one SQL scan)."""
+def first_bad_shard(conn, cfg: DatasetConfig, epochs_created: int, materialized: int,
+                    key: str | None = None) -> None:
+    """Raise Quarantined naming the first invalid shard row of the data set (one SQL scan);
+    `key`: the key its rows are stored under (check_rows_key; default its name)."""
+    key = key or cfg.name
     row = conn.execute(f"SELECT epoch, shard, start, stop, consumed, state, retries FROM shards"
                        f" WHERE dataset=:name AND NOT ({VALID_SHARD_SQL}) LIMIT 1",
-                       {"name": cfg.name, **shard_params(cfg, epochs_created)}).fetchone()
+                       {"name": key, **shard_params(cfg, epochs_created)}).fetchone()
     if row is not None:
         epoch, shard, start, stop, consumed, state, retries = row
         check_shard(cfg, epoch, shard, start, stop, consumed, state, retries)
         raise damaged(cfg.name, f"shard {epoch!r:.20}/{shard!r:.20}",
                       "a DONE shard not fully consumed, a bad queue position or error text")
-    count = conn.execute("SELECT COUNT(*) FROM shards WHERE dataset=?", (cfg.name,)).fetchone()[0]
+    count = conn.execute("SELECT COUNT(*) FROM shards WHERE dataset=?", (key,)).fetchone()[0]
     if count != (epochs_created - 1) * cfg.num_shards + materialized:
         raise damaged(cfg.name, "shards table", f"{count} rows, expected {epochs_created - 1} x"
                       f" {cfg.num_shards} + {materialized}")

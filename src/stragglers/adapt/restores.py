@@ -1,0 +1,202 @@
+"""Restores of a data set from a snapshot, written beside its old rows a chunk at a time.
+
+A snapshot of 65,536 shards x 10 epochs is 655,360 rows: deleting the old rows and inserting the
+new ones in one transaction held the commit thread (every other job's leases) for ~5.6 s. Here
+the rows are checked and prepared off the commit thread (prepare_restore), written under a key of
+their own RESTORE_CHUNK rows per transaction (restore_rows; other calls run between chunks), and
+the data set switches to them in one small transaction (restore_finish); the old rows are then
+deleted GARBAGE_CHUNK at a time (collect_garbage). A restore interrupted half-way changes nothing:
+its rows are deleted as garbage, at the latest after the next start.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass
+
+from stragglers.adapt import reads
+from stragglers.adapt.dataset import DOING, TODO, DatasetConfig, validate_snapshot
+from stragglers.adapt.errors import Conflict, Forbidden, QuotaExceeded, authorize
+
+RESTORE_CHUNK = 512    # rows written per transaction (a few ms of the commit thread)
+GARBAGE_CHUNK = 1024   # old rows deleted per transaction
+
+
+@dataclass(frozen=True)
+class PreparedRestore:
+    """The shard rows a restore writes (without their key), computed before any transaction."""
+
+    cfg: DatasetConfig
+    epochs_created: int
+    rows: list[tuple]
+    front: int
+    requeued_first: int
+
+
+def prepare_restore(checked: tuple) -> PreparedRestore:
+    """The rows of a validated snapshot as restore writes them: DOING shards back to TODO at
+    the front of the queue (in their queue order), every other row as it was."""
+    cfg, epochs_created, rows = checked
+    doing = sorted((r for r in rows if r[2] == DOING), key=lambda r: r[5])
+    front = min([0] + [r[5] for r in rows]) - len(doing) - 1
+    pos_of_doing = {(r[0], r[1]): front + i for i, r in enumerate(doing)}
+    size, n = cfg.shard_size, cfg.num_samples
+    out = [(e, s, s * size, min((s + 1) * size, n), TODO if st == DOING else st,
+            None, None, None, consumed, retries, pos_of_doing.get((e, s), pos), err)
+           for e, s, st, consumed, retries, pos, err in rows]
+    return PreparedRestore(cfg, epochs_created, out, front, len(doing))
+
+
+class Restores:
+    """ShardStore's restores and quotas (what a token or a client may create)."""
+
+    def _check_quota(self, c, token_sha256: str | None, creator: str | None = None) -> None:
+        """Refuse a new data set past the service's, this token's or this client's limit
+        (QuotaExceeded: 429): minting tokens does not get one client past its share."""
+        total = c.execute("SELECT COUNT(*) FROM datasets").fetchone()[0]
+        if total >= self.max_datasets:
+            raise QuotaExceeded(f"the service holds {total} data sets, its limit"
+                                f" (max_datasets={self.max_datasets})")
+        if creator is not None:
+            theirs = c.execute("SELECT COUNT(*) FROM datasets WHERE creator=?",
+                               (creator,)).fetchone()[0]
+            if theirs >= self.max_datasets_per_client:
+                raise QuotaExceeded(f"client {creator} already created {theirs} data sets"
+                                    f" (under any token), its limit (max_datasets_per_client="
+                                    f"{self.max_datasets_per_client})")
+        if token_sha256 is None:
+            return   # in-process use without tokens
+        mine = c.execute("SELECT COUNT(*) FROM datasets WHERE token_sha256=?",
+                         (token_sha256,)).fetchone()[0]
+        if mine >= self.max_datasets_per_token:
+            raise QuotaExceeded(f"this token already owns {mine} data sets, its limit"
+                                f" (max_datasets_per_token={self.max_datasets_per_token})")
+
+    def may_restore(self, name: str, token_sha256: str | None, may_create: bool,
+                    conn=None, creator: str | None = None) -> None:
+        """The checks of a restore that need no body: ownership, creation right and quota.
+
+        Run before a snapshot body (up to max_restore_bytes) is read: a stranger's token is
+        refused without reading or parsing anything.
+        """
+        conn = conn or self._read_conn()
+        exists, owner = reads.owner_of(conn, name)
+        if exists:
+            authorize(owner, token_sha256, f"data set '{name}'")
+            return
+        if not may_create:
+            raise Forbidden(f"restoring creates data set '{name}': that needs the service token")
+        self._check_quota(conn, token_sha256, creator)
+
+    def restore(self, snap: dict, token_sha256: str | None = None,
+                may_create: bool = True) -> dict:
+        """Replace a data set's state with a validated snapshot: its DOING shards go first.
+
+        Refused (nothing changed) when the snapshot is inconsistent (a shard missing or twice,
+        an offset outside its shard, an unknown state) or its config differs from the data
+        set's: a restore never loses samples silently nor changes a lease time.
+        """
+        return self.restore_prepared(prepare_restore(validate_snapshot(snap)), token_sha256,
+                                     may_create)
+
+    def restore_prepared(self, prepared: PreparedRestore, token_sha256: str | None = None,
+                         may_create: bool = True, creator: str | None = None) -> dict:
+        """restore() of a prepared snapshot, every step in a row (the service paces them)."""
+        key = self.restore_begin(prepared, token_sha256, may_create, creator)
+        try:
+            for i in range(0, len(prepared.rows), RESTORE_CHUNK):
+                self.restore_rows(key, prepared.rows[i:i + RESTORE_CHUNK])
+            reply = self.restore_finish(prepared, key, token_sha256, may_create, creator)
+        except BaseException:
+            self.restore_abort(key)
+            raise
+        while self.collect_garbage():
+            pass
+        return reply
+
+    def _restore_checks(self, c, cfg: DatasetConfig, token_sha256: str | None,
+                        may_create: bool, creator: str | None) -> bool:
+        """Whether the data set exists; Forbidden, Conflict or QuotaExceeded when the restore
+        may not happen (checked when it begins and again when it switches)."""
+        if c.execute("SELECT 1 FROM datasets WHERE name=?", (cfg.name,)).fetchone() is None:
+            if not may_create:
+                raise Forbidden(f"restoring creates data set '{cfg.name}': that needs the"
+                                " service token")
+            self._check_quota(c, token_sha256, creator)
+            return False
+        have, _, _ = self._config(c, cfg.name, token_sha256)
+        if have != cfg:
+            raise Conflict(f"snapshot of '{cfg.name}' has another config than the data"
+                           f" set: {asdict(cfg)} vs {asdict(have)}")
+        return True
+
+    def restore_begin(self, prepared: PreparedRestore, token_sha256: str | None = None,
+                      may_create: bool = True, creator: str | None = None) -> str:
+        """Check a restore and open the key its rows are written under (restore_rows)."""
+        with self._tx() as c:
+            self._restore_checks(c, prepared.cfg, token_sha256, may_create, creator)
+            key = f"{prepared.cfg.name}/{uuid.uuid4().hex}"   # '/' is in no data set name
+            c.execute("INSERT INTO row_sets VALUES (?,?,'writing')", (key, prepared.cfg.name))
+        return key
+
+    def restore_rows(self, key: str, rows: list[tuple]) -> int:
+        """Write one chunk of a restore's rows under its key (invisible until it switches)."""
+        with self._tx() as c:
+            c.executemany("INSERT INTO shards VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                          [(key, *r) for r in rows])
+        return len(rows)
+
+    def restore_finish(self, prepared: PreparedRestore, key: str,
+                       token_sha256: str | None = None, may_create: bool = True,
+                       creator: str | None = None) -> dict:
+        """Switch the data set to the rows written under `key` (one small transaction); its
+        old rows become garbage (collect_garbage) and its lease request history is dropped."""
+        cfg = prepared.cfg
+        with self._tx() as c:
+            exists = self._restore_checks(c, cfg, token_sha256, may_create, creator)
+            state = c.execute("SELECT state FROM row_sets WHERE rows_key=?", (key,)).fetchone()
+            if state is None or state[0] != "writing":
+                raise Conflict(f"the restore of '{cfg.name}' was interrupted (the service"
+                               " restarted while writing it); send it again")
+            self._forget()
+            self._touched.add(cfg.name)
+            # Recorded lease answers name shards whose state the snapshot replaces.
+            c.execute("DELETE FROM lease_requests WHERE dataset=?", (cfg.name,))
+            c.execute("DELETE FROM row_sets WHERE rows_key=?", (key,))
+            if exists:
+                c.execute("INSERT OR REPLACE INTO row_sets VALUES (?,?,'garbage')",
+                          (self._key(cfg.name), cfg.name))
+                c.execute("UPDATE datasets SET epochs_created=?, front=?, materialized=NULL,"
+                          " rows_key=? WHERE name=?",
+                          (prepared.epochs_created, prepared.front, key, cfg.name))
+            else:
+                c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,?,?,?,NULL,?,?)",
+                          (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed,
+                           cfg.num_epochs, cfg.lease_s, cfg.max_retries,
+                           prepared.epochs_created, prepared.front, token_sha256, key, creator))
+            self._keys[cfg.name] = key
+        return {"restored": len(prepared.rows), "requeued_first": prepared.requeued_first}
+
+    def restore_abort(self, key: str) -> None:
+        """A restore that will not finish: its rows written so far become garbage."""
+        with self._tx() as c:
+            c.execute("UPDATE row_sets SET state='garbage' WHERE rows_key=? AND"
+                      " state='writing'", (key,))
+
+    def has_garbage(self) -> bool:
+        """Whether rows of finished or abandoned restores are left to delete."""
+        return self._conn.execute("SELECT 1 FROM row_sets WHERE state='garbage' LIMIT 1"
+                                  ).fetchone() is not None
+
+    def collect_garbage(self, limit: int = GARBAGE_CHUNK) -> int:
+        """Delete up to `limit` rows left by restores (one transaction); 0 when none are left."""
+        with self._tx() as c:
+            row = c.execute("SELECT rows_key FROM row_sets WHERE state='garbage' LIMIT 1"
+                            ).fetchone()
+            if row is None:
+                return 0
+            gone = c.execute("DELETE FROM shards WHERE rowid IN (SELECT rowid FROM shards"
+                             " WHERE dataset=? LIMIT ?)", (row[0], limit)).rowcount
+            if gone < limit:
+                c.execute("DELETE FROM row_sets WHERE rows_key=?", (row[0],))
+        return max(gone, 1)

@@ -1,0 +1,70 @@
+"""The shard database's tables, their versions and the upgrade of older files."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from stragglers.errors import InputError
+
+SCHEMA_VERSION = 4
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS datasets (
+    name TEXT PRIMARY KEY, num_samples INTEGER, shard_size INTEGER, seed INTEGER,
+    num_epochs INTEGER, lease_s REAL, max_retries INTEGER, epochs_created INTEGER,
+    front INTEGER, token_sha256 TEXT, materialized INTEGER, rows_key TEXT, creator TEXT);
+CREATE TABLE IF NOT EXISTS shards (
+    dataset TEXT, epoch INTEGER, shard INTEGER, start INTEGER, stop INTEGER,
+    state TEXT, worker TEXT, fence INTEGER, lease_until REAL, consumed INTEGER,
+    retries INTEGER, queue_pos INTEGER, error TEXT, PRIMARY KEY (dataset, epoch, shard));
+CREATE INDEX IF NOT EXISTS shards_queue ON shards (dataset, state, queue_pos);
+CREATE INDEX IF NOT EXISTS shards_lease ON shards (dataset, state, lease_until);
+CREATE INDEX IF NOT EXISTS shards_holder ON shards (dataset, worker, state);
+CREATE TABLE IF NOT EXISTS workers (
+    dataset TEXT, worker TEXT, fence INTEGER, request_id TEXT, reply TEXT, seq INTEGER DEFAULT 0,
+    PRIMARY KEY (dataset, worker));
+CREATE TABLE IF NOT EXISTS lease_requests (
+    dataset TEXT, worker TEXT, seq INTEGER, request_id TEXT, fence INTEGER, status TEXT,
+    reply TEXT, PRIMARY KEY (dataset, worker, seq));
+CREATE UNIQUE INDEX IF NOT EXISTS lease_requests_id ON lease_requests (dataset, worker, request_id);
+CREATE INDEX IF NOT EXISTS datasets_owner ON datasets (token_sha256);
+CREATE INDEX IF NOT EXISTS datasets_creator ON datasets (creator);
+CREATE TABLE IF NOT EXISTS row_sets (rows_key TEXT PRIMARY KEY, dataset TEXT, state TEXT);
+"""
+# Schema 2 -> 3: a history of lease request ids per worker (schema 2 kept only the last one),
+# and the last epoch's rows written in chunks (materialized: how many of them exist; NULL: all).
+_MIGRATE_2 = ("ALTER TABLE workers ADD COLUMN seq INTEGER DEFAULT 0;"
+              " ALTER TABLE datasets ADD COLUMN materialized INTEGER;")
+# Schema 3 -> 4: a data set's shard rows under a key of their own (rows_key; NULL: its name), so
+# that a restore writes its rows beside the old ones, a chunk at a time, and then switches the
+# key in one small transaction (row_sets: keys being written, or left to delete); the client
+# address that created a data set (creator), for the per-client quota.
+_MIGRATE_3 = ("ALTER TABLE datasets ADD COLUMN rows_key TEXT;"
+              " ALTER TABLE datasets ADD COLUMN creator TEXT;")
+
+
+def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlite3.Connection:
+    """The writer's connection (WAL), its file upgraded to SCHEMA_VERSION; InputError naming
+    the file when it is no shard database this version reads."""
+    try:
+        conn = sqlite3.connect(str(db), isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        # FULL: the WAL is fsynced at every commit, so an acknowledged lease/ack survives
+        # a crash of the machine, not only of the process.
+        conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+        conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        old = conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
+        if old is not None and version not in (2, 3, SCHEMA_VERSION):
+            raise InputError(db, None, f"shard database of schema version {version};"
+                             f" this version reads {SCHEMA_VERSION} (start a new file)")
+        if old is not None and version == 2:
+            conn.executescript(_MIGRATE_2)
+        if old is not None and version in (2, 3):
+            conn.executescript(_MIGRATE_3)
+        conn.executescript(_SCHEMA)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    except sqlite3.DatabaseError as exc:
+        raise InputError(db, None, f"not a usable SQLite database ({exc})") from exc
+    return conn

@@ -1,0 +1,137 @@
+"""The shard store's transactions: one per call, or savepoints of a group commit."""
+
+from __future__ import annotations
+
+import sqlite3
+
+
+class Transactions:
+    """ShardStore's transaction machinery: BEGIN IMMEDIATE per call, group commit (run_batch),
+    generations per data set and the in-memory state undone on rollback."""
+
+    def generation(self, name: str) -> tuple[int, int]:
+        """Changes after every commit that touched data set `name` (or after another process wrote)."""
+        return self._ext_gen, self._gen.get(name, 0)
+
+    def _committed(self) -> None:
+        """After COMMIT (or ROLLBACK): every data set the transaction touched has a new generation."""
+        for name in self._touched:
+            self._gen[name] = self._gen.get(name, 0) + 1
+        self._touched = set()
+
+
+    def _tx(self) -> "_Tx":
+        """One transaction, or a savepoint when running inside run_batch (group commit)."""
+        return _Tx(self)
+
+    def _sync(self) -> None:
+        """At the start of a transaction: forget derived state if another connection wrote."""
+        version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            self._forget()
+            if self._data_version is not None:
+                self._ext_gen += 1
+                self._verified.clear()   # another process wrote: check its rows again
+                self._quarantined.clear()
+            self._data_version = version
+
+    def _forget(self) -> None:
+        """Drop the in-memory derived state (it is recomputed from the database)."""
+        self._next_expiry.clear()
+        self._failed_cache.clear()
+
+    def _rolled_back(self, mark: int = 0) -> None:
+        """Undo the in-memory changes made since `mark` (a rolled-back savepoint or transaction)."""
+        undo, self._undo = self._undo[mark:], self._undo[:mark]
+        for fn in reversed(undo):
+            fn()
+        self._forget()
+
+    def run_batch(self, calls: list) -> list[tuple[bool, object]]:
+        """Group commit: run several store calls in one transaction, one fsync for all.
+
+        Each call is isolated by a savepoint, so one that fails is rolled back alone; the
+        results are (ok, value-or-exception), and none is durable before the single COMMIT.
+        A failure of the transaction itself (BEGIN or COMMIT, e.g. "database is locked")
+        is raised: nothing of the batch was committed.
+        """
+        results: list[tuple[bool, object]] = []
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._undo = []
+            try:
+                self._sync()
+                self._local.in_batch = True
+                try:
+                    for call in calls:
+                        try:
+                            results.append((True, call()))
+                        except Exception as exc:  # noqa: BLE001 - handed back to its caller
+                            results.append((False, exc))
+                finally:
+                    self._local.in_batch = False
+                self._conn.execute("COMMIT")
+                self._undo = []
+            except BaseException:
+                # Never leave the connection inside a transaction: the next batch must start.
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                self._rolled_back()
+                raise
+            finally:
+                self._committed()
+        return results
+
+
+
+class _Tx:
+    """ShardStore._tx: BEGIN IMMEDIATE ... COMMIT, or SAVEPOINT ... RELEASE inside run_batch."""
+
+    __slots__ = ("store", "nested", "mark")
+
+    def __init__(self, store: Transactions):
+        self.store = store
+        self.nested = getattr(store._local, "in_batch", False)
+        self.mark = 0
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self.store
+        if self.nested:
+            store._conn.execute("SAVEPOINT op")
+            self.mark = len(store._undo)  # the batch's earlier calls keep theirs
+            return store._conn
+        store._lock.acquire()
+        try:
+            store._conn.execute("BEGIN IMMEDIATE")
+            store._sync()
+        except BaseException:
+            if store._conn.in_transaction:
+                store._conn.execute("ROLLBACK")
+            store._lock.release()
+            raise
+        store._undo = []
+        return store._conn
+
+    def __exit__(self, typ, exc, tb) -> None:
+        store = self.store
+        if self.nested:
+            if typ is not None:
+                store._conn.execute("ROLLBACK TO op")
+                store._rolled_back(self.mark)
+            store._conn.execute("RELEASE op")
+            return
+        try:
+            store._conn.execute("COMMIT" if typ is None else "ROLLBACK")
+            if typ is None:
+                store._undo = []
+            else:
+                store._rolled_back()
+        except BaseException:
+            if store._conn.in_transaction:
+                store._conn.execute("ROLLBACK")
+            store._rolled_back()
+            raise
+        finally:
+            store._committed()
+            store._lock.release()
+
