@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.trace.kineto.events import BACKWARD_OP, COMM_OP, NO_WORK_OP, RankEvents
+from stragglers.trace.kineto.events import BACKWARD_OP, COMM_OP, NO_CORR, NO_WORK_OP, RankEvents
 from stragglers.trace.kineto.ops import (
     _BWD, _FWD, _OPT, COLLECTIVE_OPTYPES, P2P_KINDS, Coll, RankParts)
 
@@ -45,6 +45,14 @@ class _Steps:
         i = bisect.bisect_right(self.starts, t) - 1
         return i if i >= 0 and t <= self.ends[i] else -1
 
+    def indices(self, t: np.ndarray) -> np.ndarray:
+        """Index of the step whose span holds each time, or -1."""
+        starts, ends = np.asarray(self.starts), np.asarray(self.ends)
+        if not len(starts):
+            return np.full(len(t), -1, dtype=np.int64)
+        i = np.searchsorted(starts, t, side="right") - 1
+        return np.where((i >= 0) & (t <= ends[np.maximum(i, 0)]), i, -1)
+
     def phase(self, i: int, t: float) -> int:
         """0 forward, 1 backward, 2 optimizer for a CPU time t in step i (by phase marks)."""
         if t >= self.opt[i]:
@@ -55,33 +63,49 @@ class _Steps:
 class _TopLevel:
     """Top-level CPU ops per thread, to ask which op (autograd or not) holds a time."""
 
-    def __init__(self, cpu_ops: list[tuple]):
-        by_tid: dict = {}
-        for ts, dur, tid, flag in cpu_ops:
-            by_tid.setdefault(tid, []).append((ts, ts + dur, flag))
+    def __init__(self, ev: RankEvents):
+        ts, dur = _column(ev.cpu_ts, np.float64), _column(ev.cpu_dur, np.float64)
+        tid, flag = _column(ev.cpu_tid, np.int64), _column(ev.cpu_flag, np.int8)
+        end = ts + dur
+        order = np.lexsort((-end, ts, tid))        # per thread, by start, the enclosing op first
+        bounds = np.flatnonzero(np.diff(tid[order])) + 1 if len(order) else np.zeros(0, int)
+        # thread id (as the trace names it) → (starts, ends, flags) of its top-level ops
         self.ops: dict = {}
-        for tid, ops in by_tid.items():
-            ops.sort(key=lambda o: (o[0], -o[1]))
-            top, end = [], -float("inf")
-            for o in ops:
-                if o[0] >= end:
-                    top.append(o)
-                    end = o[1]
-            self.ops[tid] = ([o[0] for o in top], top)
+        for part in np.split(order, bounds) if len(order) else []:
+            starts, ends = ts[part], end[part]
+            keep = np.zeros(len(part), dtype=bool)
+            reach = -float("inf")
+            for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
+                if a >= reach:
+                    keep[i] = True
+                    reach = b
+            self.ops[ev.tids[int(tid[part[0]])]] = (starts[keep], ends[keep], flag[part][keep])
         # A thread that only runs autograd ops (CUDA's device threads) is a backward thread.
-        self.backward_threads = {tid for tid, (_, top) in self.ops.items()
-                                 if top and sum(o[2] == BACKWARD_OP for o in top) > 0.9 * len(top)}
+        self.backward_threads = {t for t, (_, _, f) in self.ops.items()
+                                 if len(f) and np.sum(f == BACKWARD_OP) > 0.9 * len(f)}
 
-    def flag_at(self, tid, t: float) -> int | None:
-        """The flag of the top-level op on tid holding t (None outside every op)."""
-        found = self.ops.get(tid)
-        if not found:
-            return None
-        starts, top = found
-        i = bisect.bisect_right(starts, t) - 1
-        if i >= 0 and t <= top[i][1]:
-            return top[i][2]
-        return BACKWARD_OP if tid in self.backward_threads else None
+    def flags_at(self, tids: np.ndarray, t: np.ndarray, names: list) -> np.ndarray:
+        """The flag of the top-level op holding each time t on its thread (tids index
+        `names`); -1 outside every op (BACKWARD_OP on a backward thread)."""
+        out = np.full(len(t), -1, dtype=np.int64)
+        for no in np.unique(tids):
+            at = np.flatnonzero(tids == no)
+            name = names[int(no)]
+            found = self.ops.get(name)
+            if name in self.backward_threads:
+                out[at] = BACKWARD_OP
+            if found is None or not len(found[0]):
+                continue
+            starts, ends, flags = found
+            i = np.searchsorted(starts, t[at], side="right") - 1
+            inside = (i >= 0) & (t[at] <= ends[np.maximum(i, 0)])
+            out[at[inside]] = flags[i[inside]]
+        return out
+
+
+def _column(values, dtype) -> np.ndarray:
+    """A decoded column (array.array) as numpy, without copying."""
+    return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
 
 
 def rank_parts(ev: RankEvents) -> RankParts:
@@ -96,23 +120,23 @@ def rank_parts(ev: RankEvents) -> RankParts:
         raise InputError(ev.source, "traceEvents", f"ProfilerStep#{big[0]}: step number too large")
     steps = _Steps(ev.steps or ev.gpu_steps, ev)
     counts: Counter = Counter()
-    top = _TopLevel(ev.cpu_ops)
-    by_ops = any(flag == BACKWARD_OP for *_, flag in ev.cpu_ops)
+    top = _TopLevel(ev)
+    by_ops = BACKWARD_OP in ev.cpu_flag
     if not by_ops:
         if steps.marks_from is None:
             counts["no backward marker"] += 1
         elif steps.marks_from == "annotation":
             counts["backward from annotation"] += 1
-    if ev.kernels:
+    if ev.has_kernels:
         mode = "gpu"
         items, colls = _gpu_items(ev, steps, top, by_ops, counts)
     else:
         mode = "cpu"
         items, colls = _cpu_items(ev, steps, top, by_ops, counts)
-    if not items and not colls:
+    if not len(items) and not colls:
         raise InputError(ev.source, "traceEvents", f"no {'kernels' if mode == 'gpu' else 'CPU ops'}"
                          " or collectives fall inside any ProfilerStep#N span")
-    arr = np.array(items, dtype=np.float64).reshape(-1, 5)
+    arr = np.asarray(items, dtype=np.float64).reshape(-1, 5)
     if by_ops:
         arr = arr[_step_tail_phases(arr, colls, counts)]
     return RankParts(
@@ -128,20 +152,6 @@ def _small_info(info: dict | None) -> dict | None:
         return None
     return {k: v for k, v in info.items() if k in ("backend", "rank", "world_size", "pg_config",
                                                     "pg_count", "nccl_version")}
-
-
-def _phase_of(steps: _Steps, top: _TopLevel, by_ops: bool, s: int, t: float, tid) -> int:
-    """Phase of work issued at CPU time t on thread tid in step s.
-
-    With autograd ops in the trace, work issued inside an autograd op is backward and other
-    work forward (pipelines interleave them); the step tail is fixed up afterwards. Without
-    them, phases follow the step's marks in time.
-    """
-    if t >= steps.opt[s]:
-        return _OPT
-    if by_ops:
-        return _BWD if top.flag_at(tid, t) == BACKWARD_OP else _FWD
-    return steps.phase(s, t)
 
 
 def _step_tail_phases(arr: np.ndarray, colls: list[Coll], counts: Counter) -> np.ndarray:
@@ -193,62 +203,128 @@ def _step_tail_phases(arr: np.ndarray, colls: list[Coll], counts: Counter) -> np
 
 
 def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, counts: Counter):
-    """Compute kernels (start, end, key, step, phase) and NCCL collectives, on the GPU clock."""
-    gpu_steps = _Steps(ev.gpu_steps, ev) if ev.gpu_steps and ev.steps else None
-    cpu_colls = _index_by_tid(ev.collectives)
-    order = sorted(range(len(ev.kernels)), key=lambda k: ev.kernels[k][0])
-    items: list[tuple] = []
-    colls: list[Coll] = []
-    last_phase: dict[int, int] = {}
-    last_key: dict[int, float] = {}
+    """Compute kernels as rows (start, end, key, step, phase) and NCCL collectives, on the GPU
+    clock. Array work over the columns: a 1 GB trace holds over a million kernels."""
+    n_comp = len(ev.kernel_ts)
+    nccl = ev.nccl_kernels
+    ts = np.concatenate([_column(ev.kernel_ts, np.float64),
+                         np.array([k[0] for k in nccl], dtype=np.float64)])
+    dur = np.concatenate([_column(ev.kernel_dur, np.float64),
+                          np.array([k[1] for k in nccl], dtype=np.float64)])
+    corr = np.concatenate([_column(ev.kernel_corr, np.int64),
+                           np.array([NO_CORR if k[3] is None else k[3] for k in nccl],
+                                    dtype=np.int64)])
+    order = np.argsort(ts, kind="stable")
+    ts, dur, corr = ts[order], dur[order], corr[order]
+    launched, launch_ts, launch_tid = _launches(ev, corr)
     # Correlation ids grow with every launch: a kernel whose id is below every launch the
     # window recorded was launched before the window, by the step before the first traced
     # one (its GPU work runs into that step's span). It is no work of any traced step.
-    first_corr = min(ev.runtime) if ev.runtime else None
-    for k in order:
-        ts, dur, _stream, corr, nccl, kind_args, kind_name, pg, seq, src, dst = ev.kernels[k]
-        launch = ev.runtime.get(corr) if corr is not None else None
-        if launch is None and first_corr is not None and _before(corr, first_corr):
-            counts["pre-window kernels"] += 1
-            continue
-        if launch is not None:
-            s = steps.index(launch[0])
-            phase = _phase_of(steps, top, by_ops, s, launch[0], launch[1]) if s >= 0 else _FWD
-            key = launch[0]
-        else:
-            counts["kernels without launch"] += 1
-            s = gpu_steps.index(ts) if gpu_steps is not None else steps.index(ts)
-            phase = last_phase.get(s, _FWD)  # an unlinked kernel continues the phase before it
-            key = last_key.get(s, -float("inf"))
-        if s < 0:
-            counts["outside steps"] += 1
-            continue
-        if not by_ops:  # phases by marks never go back in GPU order
-            phase = max(phase, last_phase.get(s, _FWD))
-        last_phase[s] = phase
-        last_key[s] = key
-        if not nccl:
-            items.append((ts, ts + dur, key, s, phase))
-            continue
-        kind = kind_args
-        host = _enclosing(cpu_colls, launch) if launch is not None else None
-        if host is not None:
-            kind = kind or host[3]
-            pg = pg if pg is not None else host[4]
-            seq = seq if seq is not None else host[5]
-            src = src if src is not None else host[6]
-            dst = dst if dst is not None else host[7]
-        kind = kind or kind_name
-        colls.append(Coll(ts, ts + dur, key, s, kind, pg, seq, src, dst))
+    before = np.zeros(len(ts), dtype=bool)
+    if len(ev.runtime_corr):
+        before = ~launched & (corr != NO_CORR) & (corr < min(ev.runtime_corr))
+    _count(counts, "pre-window kernels", int(before.sum()))
+    _count(counts, "kernels without launch", int((~launched & ~before).sum()))
+    step = np.full(len(ts), -1, dtype=np.int64)
+    step[launched] = steps.indices(launch_ts[launched])
+    gpu_steps = _Steps(ev.gpu_steps, ev) if ev.gpu_steps and ev.steps else steps
+    lost = ~launched & ~before
+    step[lost] = gpu_steps.indices(ts[lost])
+    phase = np.full(len(ts), -1, dtype=np.int64)          # -1: continues the phase before it
+    key = np.where(launched, launch_ts, np.nan)
+    mine = launched & (step >= 0)
+    phase[mine] = _phases(steps, top, by_ops, step[mine], launch_ts[mine], launch_tid[mine],
+                          ev.tids)
+    _count(counts, "outside steps", int((~before & (step < 0)).sum()))
+    keep = ~before & (step >= 0)
+    phase, key = _carry_within_steps(step[keep], phase[keep], key[keep], not by_ops)
+    kept = np.flatnonzero(keep)
+    is_nccl = order[kept] >= n_comp
+    comp = ~is_nccl
+    items = np.column_stack([ts[kept][comp], (ts + dur)[kept][comp], key[comp],
+                             step[kept][comp], phase[comp]]) if comp.any() else np.zeros((0, 5))
+    cpu_colls = _index_by_tid(ev.collectives)
+    colls: list[Coll] = []
+    for j in np.flatnonzero(is_nccl):
+        i = kept[j]
+        t0, d, _stream, _corr, kind, kind_name, pg, seq, src, dst = nccl[order[i] - n_comp]
+        if launched[i]:
+            host = _enclosing(cpu_colls, (float(launch_ts[i]), ev.tids[int(launch_tid[i])]))
+            if host is not None:
+                kind = kind or host[3]
+                pg = pg if pg is not None else host[4]
+                seq = seq if seq is not None else host[5]
+                src = src if src is not None else host[6]
+                dst = dst if dst is not None else host[7]
+        colls.append(Coll(t0, t0 + d, float(key[j]), int(step[i]), kind or kind_name, pg, seq,
+                          src, dst))
     return items, colls
 
 
-def _before(corr, first) -> bool:
-    """Whether a correlation id precedes the window's first recorded launch."""
-    try:
-        return corr < first
-    except TypeError:      # ids of mixed types (a malformed trace): no order to go by
-        return False
+def _count(counts: Counter, what: str, n: int) -> None:
+    """Count what happened, leaving out what did not (notes list every key)."""
+    if n:
+        counts[what] += n
+
+
+def _launches(ev: RankEvents, corr: np.ndarray):
+    """(found, launch time, launching thread's index in ev.tids) of each kernel by its
+    correlation id; a later launch record of one id replaces an earlier one."""
+    rc = _column(ev.runtime_corr, np.int64)
+    found = np.zeros(len(corr), dtype=bool)
+    at, tid = np.full(len(corr), np.nan), np.zeros(len(corr), dtype=np.int64)
+    if not len(rc):
+        return found, at, tid
+    order = np.argsort(rc, kind="stable")
+    last = np.append(rc[order][1:] != rc[order][:-1], True)   # the last record of each id
+    order = order[last]
+    ids = rc[order]
+    pos = np.minimum(np.searchsorted(ids, corr), len(ids) - 1)
+    found = (ids[pos] == corr) & (corr != NO_CORR)
+    at[found] = _column(ev.runtime_ts, np.float64)[order[pos[found]]]
+    tid[found] = _column(ev.runtime_tid, np.int64)[order[pos[found]]]
+    return found, at, tid
+
+
+def _phases(steps: _Steps, top: _TopLevel, by_ops: bool, step: np.ndarray, t: np.ndarray,
+            tids: np.ndarray, names: list) -> np.ndarray:
+    """Phase of work issued at CPU times t (on threads tids) in steps `step`.
+
+    With autograd ops in the trace, work issued inside an autograd op is backward and other
+    work forward (pipelines interleave them); the step tail is fixed up afterwards. Without
+    them, phases follow the step's marks in time.
+    """
+    opt = np.asarray(steps.opt)[step]
+    if by_ops:
+        phase = np.where(top.flags_at(tids, t, names) == BACKWARD_OP, _BWD, _FWD)
+    else:
+        phase = np.where(t >= np.asarray(steps.bwd)[step], _BWD, _FWD)
+    return np.where(t >= opt, _OPT, phase)
+
+
+def _carry_within_steps(step: np.ndarray, phase: np.ndarray, key: np.ndarray, monotone: bool):
+    """Kernels without a launch (phase -1, key NaN) continue the phase and key of the kernel
+    before them in their step (GPU order; forward and -inf first); by phase marks, phases
+    never go back within a step."""
+    n = len(step)
+    by_step = np.argsort(step, kind="stable")
+    s, ph, k = step[by_step], phase[by_step].copy(), key[by_step].copy()
+    first = np.ones(n, dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    has = ph >= 0
+    last = np.maximum.accumulate(np.where(has, np.arange(n), -1))
+    ok = ~has & (last >= group_start)
+    ph[~has] = _FWD
+    k[~has] = -np.inf
+    ph[ok] = ph[last[ok]]
+    k[ok] = k[last[ok]]
+    if monotone:   # a running maximum that starts again at each step
+        group = np.cumsum(first)
+        ph = np.maximum.accumulate(ph + 8 * group) - 8 * group
+    out_phase, out_key = np.empty(n, dtype=np.int64), np.empty(n)
+    out_phase[by_step], out_key[by_step] = ph, k
+    return out_phase, out_key
 
 
 def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, counts: Counter):
@@ -257,8 +333,8 @@ def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
     loader = sorted(ev.loader)
     loader_starts = [a for a, _ in loader]
     items: list[tuple] = []
-    for tid, (_, ops) in top.ops.items():
-        for start, end, flag in ops:
+    for starts, ends, flags in top.ops.values():
+        for start, end, flag in zip(starts.tolist(), ends.tolist(), flags.tolist()):
             s = steps.index(start)
             if s < 0:
                 counts["outside steps"] += 1
