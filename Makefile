@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv browser bench docs gpu-check clean
+.PHONY: demo test test-fast venv browser bench docs gpu-check clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,10 @@ demo: venv
 
 test: venv browser
 	$(VENV)/bin/pytest -q
+
+# The fast tier: no torchrun jobs, no browser, nothing marked slow (tests/README.md).
+test-fast: venv
+	$(VENV)/bin/pytest -q -m "not distributed and not browser and not slow"
 
 # API reference generated from the docstrings into docs/api (open docs/api/index.html). pdoc's
 # own index only redirects to the package page, which lists the submodules in stragglers.__all__

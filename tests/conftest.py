@@ -18,6 +18,14 @@ NDTIMELINE = SHARED_DATA / "ndtimeline-samples"
 KINETO = SHARED_DATA / "kineto-samples"
 
 
+def pytest_configure(config) -> None:
+    """The `slow` marker (`distributed` and `browser` are in pyproject.toml): registered here so
+    a change to it does not touch pyproject.toml, which the Makefile's venv stamp depends on."""
+    config.addinivalue_line(
+        "markers", "slow: a second or more on the 2-core development machine (services, "
+        "subprocesses, exhaustive searches); left out of `make test-fast`")
+
+
 def free_port() -> int:
     """A free TCP port on loopback for a rendezvous endpoint."""
     with socket.socket() as s:

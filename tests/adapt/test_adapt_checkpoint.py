@@ -35,6 +35,7 @@ def test_a_tampered_checkpoint_runs_no_code(tmp_path):
     assert not marker.exists(), "loading the checkpoint executed code"
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_plain_state_round_trips(tmp_path):
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -54,6 +55,7 @@ def test_a_checkpoint_of_plain_state_round_trips(tmp_path):
         read_checkpoint(tmp_path / "partial.pt")
 
 
+@pytest.mark.slow
 def test_the_example_refuses_to_resume_silently(tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"earlier run")
     run = subprocess.run([sys.executable, str(EXAMPLE), "--workdir", str(tmp_path)],

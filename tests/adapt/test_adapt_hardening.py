@@ -124,6 +124,7 @@ def test_queued_reads_are_bounded(tmp_path):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_a_big_shuffle_runs_off_the_commit_thread_and_other_jobs_lease_meanwhile(server):
     # 2**26 samples: the epoch's shuffle takes seconds. It runs on a shuffle thread; the
     # commit thread goes on leasing other data sets' shards meanwhile.
@@ -238,6 +239,7 @@ def test_replayed_request_ids_never_lease_a_new_shard(server):
 
 
 # -- damaged stored rows ------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [
     "UPDATE datasets SET num_samples='many' WHERE name='bad'",
     "UPDATE datasets SET lease_s=-1 WHERE name='bad'",
@@ -304,6 +306,7 @@ def dump(db) -> dict:
 
 
 # -- error bodies -------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("method,path,status", [
     ("GET", "/nope", 404), ("GET", "/datasets/d/status/", 404), ("POST", "/health", 405),
     ("GET", "/datasets/d/lease", 405), ("DELETE", "/datasets/d", 404),
@@ -317,6 +320,7 @@ def test_every_error_is_the_services_json_shape(server, method, path, status):
 
 
 # -- the command line -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_missing_token_file_says_how_to_create_it(tmp_path):
     token = tmp_path / "token"
     run = subprocess.run([sys.executable, "-m", "stragglers.cli", "adapt", "serve", "--db",
@@ -365,6 +369,7 @@ def test_a_refused_token_is_answered_after_a_pause_and_the_connection_closed(ser
     assert resp.headers["connection"] == "close" and error_shape(resp)["kind"] == "Forbidden"
 
 
+@pytest.mark.slow
 def test_a_stranger_polling_a_big_snapshot_in_training_does_not_make_it_rebuild(tmp_path):
     # 131,072 shard rows (4 MB of JSON): a caller without the owner's token may get the
     # snapshot up to stranger_snapshot_stale_s old; the owner (its checkpoints) always gets

@@ -214,6 +214,7 @@ def snapshot_variant(snap: dict, kind: str) -> dict:
     return snap
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_hostile_request_is_refused_and_changes_nothing(setup, case):
     _, method, path, body, headers, status, named = case
@@ -303,6 +304,7 @@ def test_stalled_connections_past_the_limit_do_not_lock_clients_out(tmp_path, ca
         srv.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/datasets", "/datasets/d/restore", "/datasets/d/join",
                                   "/jobs/d/control/config", "/jobs/d/control/report"])
 def test_a_write_without_a_token_is_refused_before_its_body_is_read(setup, path):

@@ -74,6 +74,7 @@ def admin(url, **kw):
     return ShardClient(url, "d", "launcher", token=TOKEN, **kw)
 
 
+@pytest.mark.slow
 def test_killed_worker_mid_shard_loses_nothing(server, tmp_path):
     admin(server.url).create_dataset(DatasetConfig("d", 400, 40, lease_s=60))
     log_a, log_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
@@ -95,6 +96,7 @@ def test_killed_worker_mid_shard_loses_nothing(server, tmp_path):
                                                          "FAILED": 0}
 
 
+@pytest.mark.slow
 def test_expired_lease_of_a_hung_worker_is_reassigned(server, tmp_path):
     # lease_s well above any stall of the live worker B on a loaded machine: only A's expires.
     admin(server.url).create_dataset(DatasetConfig("d", 300, 30, lease_s=5.0))
@@ -116,6 +118,7 @@ def test_expired_lease_of_a_hung_worker_is_reassigned(server, tmp_path):
     assert admin(server.url).status()["epochs"]["0"]["DONE"] == 10
 
 
+@pytest.mark.slow
 def test_hung_predecessor_with_the_same_name_is_fenced_off(server, tmp_path):
     """A restarted worker and its hung predecessor share the name "A": only the new one acks."""
     admin(server.url).create_dataset(DatasetConfig("d", 400, 40, lease_s=600))
@@ -184,6 +187,7 @@ def service(tmp_path):
     svc.close()
 
 
+@pytest.mark.slow
 def test_service_killed_three_times_resumes_exactly_once(service, tmp_path):
     service.start()
     client = ShardClient(service.url, "d", "W", token=TOKEN, retry_s=120,
@@ -217,6 +221,7 @@ def test_service_killed_three_times_resumes_exactly_once(service, tmp_path):
     assert old.returncode == 0 and json.loads(old.stdout)["epochs"] == status["epochs"]
 
 
+@pytest.mark.slow
 def test_an_outage_longer_than_the_lease_expires_no_lease(tmp_path):
     """kill -9 of the service for 2.5x lease_s while a worker is mid-shard: nothing expires."""
     service = Service(tmp_path)
@@ -240,6 +245,7 @@ def test_an_outage_longer_than_the_lease_expires_no_lease(tmp_path):
         service.close()
 
 
+@pytest.mark.slow
 def test_a_stalled_service_and_client_timeouts_orphan_no_shard(tmp_path):
     """SIGSTOP the service for longer than the lease and than the client's timeout, twice.
 
@@ -290,6 +296,7 @@ def test_a_locked_database_answers_every_call_then_recovers(tmp_path):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_cli_reports_bad_arguments_in_one_line(tmp_path):
     for args, needle in [(["--db", str(tmp_path / "no" / "such" / "x.db")], "does not exist"),
                          (["--db", str(tmp_path / "x.db"), "--host", "0.0.0.0"], "token"),
@@ -302,6 +309,7 @@ def test_cli_reports_bad_arguments_in_one_line(tmp_path):
         assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_service_cleanly(service):
     # SIGTERM: the service finishes its requests, closes the store (SQLite folds the
     # write-ahead log back into the file) and exits 143 — uvicorn re-raising the signal after

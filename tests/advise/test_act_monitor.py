@@ -39,6 +39,7 @@ def wait_for(windows: MonitorWindows, deadline_s: float = 60.0) -> list[dict]:
     return eventually(windows.poll, deadline_s, interval=0.05, what="a newly analysed window")
 
 
+@pytest.mark.slow
 def test_monitor_windows_drive_apply_and_keep(monitor):
     job = "advised-job"
     policy = AdvisePolicy(N, B, window=W, settle=1)

@@ -62,6 +62,7 @@ def _exact_codes(n, s):
         yield FractionalRepetitionCode(n, s)
 
 
+@pytest.mark.slow
 def test_every_survivor_set_decodes_exactly_up_to_n12():
     checked = 0
     for n in range(2, 13):
@@ -100,6 +101,7 @@ def test_mds_closed_form_matches_least_squares(nsk, field):
     np.testing.assert_allclose(d.coefficients, ls.coefficients, atol=tol)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(n_s_survivors(), st.sampled_from(["cyclic-repetition", "cyclic-mds", "frc"]))
 def test_decoded_combination_is_the_gradient_sum(nsk, scheme):

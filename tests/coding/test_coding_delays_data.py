@@ -35,6 +35,7 @@ def test_bad_delay_options(kwargs, field):
     assert err.value.field == field
 
 
+@pytest.mark.slow
 def test_digits_parts_are_equal_and_deterministic():
     parts = load_digits_parts(8, batch_size=32, seed=0)
     assert parts.X.shape == (8, 224, 64) and parts.part_size == 224

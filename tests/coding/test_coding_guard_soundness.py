@@ -31,6 +31,7 @@ CASES = [(n, s) for n in (16, 60, 64, 100, 127, 128)
          for s in sorted({1, 2, 3, n // 2, n - 5, n - 3, n - 2, n - 1})]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,s", CASES)
 def test_generator_matches_high_precision_expansion(n, s):
     for field in ("real", "complex"):
@@ -77,6 +78,7 @@ def _accepted_codes(max_n):
                         yield code
 
 
+@pytest.mark.slow
 def test_every_accepted_code_up_to_n10_decodes_every_set_within_tolerance_in_float32():
     rng = np.random.default_rng(0)
     checked = 0

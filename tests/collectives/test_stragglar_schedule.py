@@ -60,6 +60,7 @@ def test_power_of_two_schedules_are_optimal_and_valid(n):
 PAPER_ROUNDS = {6: 7, 10: 12, 12: 15, 24: 27}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [6, 10, 12, 14, 24])
 def test_other_even_n_get_a_valid_schedule_with_a_note(n):
     sched = synthesize(n)
@@ -68,6 +69,7 @@ def test_other_even_n_get_a_valid_schedule_with_a_note(n):
     assert "not a power of two" in sched.note and str(sched.num_rounds) in sched.note
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)  # ~1 min of CPU; minutes of wall time on the shared 2-core box
 def test_every_even_n_up_to_64_matches_or_beats_the_paper():
     """The paper's counts where the spec lists them; elsewhere its formula n−2+⌈log₂n⌉ ("close

@@ -61,6 +61,7 @@ def test_a_process_killed_between_windows_is_replaced_and_the_window_analysed(an
     assert analyser.restarts == 1 and analyser.pids() != [old]
 
 
+@pytest.mark.slow
 def test_a_window_that_kills_the_process_keeps_an_error_row_and_the_next_is_analysed(analyser):
     bad, good = windows(2)
     meta = bad.trace.meta   # (shared by the job's windows: the poisoned one gets a copy)

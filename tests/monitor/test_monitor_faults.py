@@ -52,6 +52,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_kill_9_during_ingest_keeps_history_and_counts_no_part_twice(tmp_path):
     runs = tmp_path / "runs"
     run = runs / "job-k"
@@ -138,6 +139,7 @@ def test_training_keeps_going_while_the_monitor_is_down_and_delivers_after(tmp_p
                 kill9(p)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_service_cleanly(tmp_path):
     # SIGTERM (what `kill`, systemd and Kubernetes send): the service stops its threads and
     # its analysis process and closes the store, then exits 143. uvicorn re-raises the signal

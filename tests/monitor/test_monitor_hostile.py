@@ -47,6 +47,7 @@ def put_part(c, job, rank, part, body):
 
 # ---- stored documents -------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ['"x"', "null", "1e400", "[1]", "true", "-1", "99"])
 def test_a_layout_rank_that_is_no_rank_is_refused_and_nothing_is_stored(tmp_path, bad):
     trace = slow_job(steps=5)
@@ -169,6 +170,7 @@ def test_fifos_and_bad_meta_in_watched_runs_hold_nothing_and_good_runs_still_com
         assert time.monotonic() - t0 < 60   # nothing blocked on a FIFO
 
 
+@pytest.mark.slow
 def test_watched_whole_rank_files_keep_their_tail_across_a_restart(tmp_path):
     # rank-RRRRR.parquet is part 0 of its rank; the restart rebuilt a part-file name for it,
     # found nothing, and the steps not yet in a window were never analysed
@@ -371,6 +373,7 @@ def test_a_wild_part_number_does_not_hold_the_job_s_windows(tmp_path):
 
 # ---- connections ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_thousand_idle_connections_do_not_lock_the_monitor(tmp_path):
     # they once answered everyone 503, and none was closed after 75 s
     s = serve(tmp_path, config=CFG.replace(header_timeout_s=2.0))
@@ -446,6 +449,7 @@ s.stop()
 """
 
 
+@pytest.mark.slow
 def test_a_part_the_disk_cannot_take_is_a_json_507_with_nothing_left_behind(tmp_path):
     # (a file-size limit stands in for a full disk: the write fails the same way, with no
     # privileges needed) — it was a plain-text 500 with two tracebacks and .tmp files left

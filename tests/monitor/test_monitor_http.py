@@ -512,6 +512,7 @@ def test_serving_beyond_loopback_needs_a_token(tmp_path):
     s.stop()
 
 
+@pytest.mark.slow
 def test_a_store_that_is_not_a_database_is_one_line_exit_2(tmp_path):
     import subprocess
     import sys
@@ -526,6 +527,7 @@ def test_a_store_that_is_not_a_database_is_one_line_exit_2(tmp_path):
         assert "internal error" not in r.stderr
 
 
+@pytest.mark.slow
 def test_token_files_and_hosts_are_checked_alike_by_both_services(tmp_path):
     # one token reader and one host check for the monitor and the shard service (each had its
     # own: a 5-character token was taken, a non-UTF-8 file was an internal error, and an

@@ -225,6 +225,7 @@ class CollectsInForward(nn.Module):
         return self.net(x)
 
 
+@pytest.mark.slow
 def test_a_gc_pause_inside_forward_moves_before_its_row(tmp_path):
     torch.manual_seed(0)
     model = CollectsInForward()
@@ -246,6 +247,7 @@ def test_a_gc_pause_inside_forward_moves_before_its_row(tmp_path):
         assert ops["start_ts"][g[0]] + ops["duration"][g[0]] <= ops["start_ts"][f] + 1e-9
 
 
+@pytest.mark.slow
 def test_a_gc_pause_between_steps_is_no_row(tmp_path):
     # (the native hooks begin a step as the previous one ends; a pause while the next batch
     # is loaded is still no part of either step, as with the Python hooks)

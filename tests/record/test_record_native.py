@@ -149,6 +149,7 @@ def test_without_built_hooks_attach_says_so_once_and_records_with_python_hooks(
         assert rows(read_run(tmp_path / f"run{k}").ops, 1)  # recorded all the same
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to answer torch's checks")
 def test_a_failed_build_is_one_line_and_a_nonzero_exit(tmp_path):
     # a compiler that answers torch's version checks as g++ does and fails to compile
@@ -222,6 +223,7 @@ def read_one_by_one(stamps: list[bytes], stage: int) -> list[tuple]:
     return rows
 
 
+@pytest.mark.slow
 @given(st.lists(step_events(), min_size=1, max_size=4))
 @settings(max_examples=200, deadline=None)
 def test_stamps_decoded_together_are_what_reading_them_event_by_event_makes(steps):

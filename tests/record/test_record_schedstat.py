@@ -66,6 +66,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_a_communicating_thread_sharing_its_cpu_with_two_burners_waits_for_it():
     # This thread and two busy processes on one CPU: the scheduler gives it about a third of
     # it, and it waits (runnable, not running) for the rest, which the probe reports.

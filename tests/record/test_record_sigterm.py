@@ -35,6 +35,7 @@ def _steps(out: Path) -> list[int]:
     return np.unique(read_run(out).ops["step"]).tolist()
 
 
+@pytest.mark.slow
 def test_sigterm_writes_the_queued_steps_and_still_ends_the_process(tmp_path):
     out, proc, _, err = _terminated(tmp_path, "default")
     # killed by the signal, as without the recorder (a shell reports 143)
@@ -43,6 +44,7 @@ def test_sigterm_writes_the_queued_steps_and_still_ends_the_process(tmp_path):
     assert _steps(out) == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_the_programs_own_handler_still_runs_and_recording_goes_on(tmp_path):
     out, proc, stdout, err = _terminated(tmp_path, "handler")
     assert proc.returncode == 0, err[-2000:]

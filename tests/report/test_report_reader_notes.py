@@ -27,6 +27,7 @@ def analysed(tmp_path_factory):
     return proc.stdout, json.loads((out / "r.json").read_text()), (out / "r.html").read_text()
 
 
+@pytest.mark.slow
 def test_ranks_read_and_missing_in_every_output(analysed):
     console, result, page = analysed
     assert result["job"]["ranks_read"] == 1 and result["job"]["world_size"] == 128

@@ -186,6 +186,7 @@ def cli(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_fail_on_straggling_exit_codes(slow_job, tmp_path):
     from stragglers.trace.runformat import write_run
 
@@ -202,6 +203,7 @@ def test_fail_on_straggling_exit_codes(slow_job, tmp_path):
     assert proc.returncode == 0, proc.stderr  # below the given threshold: success
 
 
+@pytest.mark.slow
 def test_steps_all_keeps_the_warm_up(slow_job, tmp_path):
     from stragglers.trace.runformat import write_run
 

@@ -22,6 +22,7 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                                                        **(env or {})})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", [(), ("analyze",), ("advise",), ("monitor", "serve"),
                                   ("synth",)], ids=lambda p: " ".join(p) or "root")
 def test_help_shows_what_an_option_takes_not_its_python_type(path):
@@ -46,6 +47,7 @@ def run_dir(tmp_path_factory):
                      generate(dp=2, pp=1, microbatches=2, steps=4, sync="ddp", seed=0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["analyze", "synth"])
 def test_verbose_logs_what_the_command_does(command, run_dir, tmp_path):
     def args(i: int) -> list[str]:
@@ -64,6 +66,7 @@ def test_verbose_logs_what_the_command_does(command, run_dir, tmp_path):
     assert "DEBUG" in debug.stderr and "Python" in debug.stderr
 
 
+@pytest.mark.slow
 def test_an_error_is_one_line_without_blank_lines(run_dir):
     out = cli("synth", str(run_dir), "--dp", "2")  # the run exists: refused
     assert out.returncode == 2
@@ -81,6 +84,7 @@ def test_the_stragglar_schedule_comes_with_a_legend_of_its_notation():
     assert all(len(line) <= 80 for line in lines[:first_round])
 
 
+@pytest.mark.slow
 def test_coding_info_says_how_to_read_its_table_and_cites_current_commands():
     out = cli("coding", "info", "cyclic-mds", "--n", "8", "--s", "1")
     assert out.returncode == 0, out.stderr
@@ -91,6 +95,7 @@ def test_coding_info_says_how_to_read_its_table_and_cites_current_commands():
     assert "code-info" not in decode_help and "stragglers coding info" in decode_help
 
 
+@pytest.mark.slow
 def test_analyze_and_synth_log_their_stages_with_v_and_errors_end_clean(tmp_path):
     STRAGGLERS = str(Path(sys.executable).with_name("stragglers"))   # the installed command
     run = tmp_path / "run"

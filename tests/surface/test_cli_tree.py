@@ -28,6 +28,7 @@ DEPRECATED = sorted(name for path, c in COMMANDS if getattr(c, "deprecated", Fal
                     for name in path[-1:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=lambda p: " ".join(p) or "root")
 def test_help_of_every_command(path):
     proc = subprocess.run([sys.executable, "-m", "stragglers.cli", *path, "--help"],
@@ -54,6 +55,7 @@ def test_deprecated_aliases_are_hidden_and_say_so():
                 "use 'stragglers" in (command.help or "").lower(), " ".join(path)
 
 
+@pytest.mark.slow
 def test_version_and_exit_codes():
     from stragglers import __version__
 
@@ -66,6 +68,7 @@ def test_version_and_exit_codes():
     assert "/nonexistent/run" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_analyze_settings_come_from_the_diagnosis_config(tmp_path):
     import json
 
@@ -84,6 +87,7 @@ def test_analyze_settings_come_from_the_diagnosis_config(tmp_path):
         assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_file_names_with_brackets_are_printed_as_given_not_read_as_markup(tmp_path):
     # Paths and job names reach the console in messages, progress lines and tables; rich would
     # read "[/x]" in them as a closing markup tag (MarkupError: "internal error", exit 4) and
@@ -107,6 +111,7 @@ def test_file_names_with_brackets_are_printed_as_given_not_read_as_markup(tmp_pa
     assert advised.returncode == 0, advised.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_an_output_path_that_cannot_be_written_is_one_line_exit_2(tmp_path):
     # (it was "internal error: FileNotFoundError ... this is a bug", exit 4)
     blocker = tmp_path / "a-file"

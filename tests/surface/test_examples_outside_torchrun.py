@@ -44,6 +44,7 @@ def test_every_distributed_example_checks_before_it_joins_a_group(script):
     assert 0 <= check < INIT.search(text).start(), f"{script} joins a process group unchecked"
 
 
+@pytest.mark.slow
 def test_an_example_run_without_torchrun_exits_2_in_one_line():
     pytest.importorskip("torch")
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARIABLES}

@@ -15,6 +15,7 @@ PACKAGES = ["stragglers", "stragglers.trace", "stragglers.whatif", "stragglers.r
             "stragglers.adapt", "stragglers.mitigate", "stragglers.protocols"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_name_in_all_imports(package):
     module = importlib.import_module(package)
@@ -89,6 +90,7 @@ print(len(packages), bad)
 """
 
 
+@pytest.mark.slow
 def test_every_export_is_what_it_names_after_its_modules_were_imported_by_path():
     # Importing a submodule binds it on its package under its own name: where a lazy export
     # shares that name (record.attach, whatif.analyze, ...), `from pkg import name` would give

@@ -117,6 +117,7 @@ def test_idle_sockets_past_the_cap_do_not_lock_a_client_out(serve, http):
             k.close()
 
 
+@pytest.mark.slow
 def test_a_connection_that_sends_nothing_or_half_a_head_is_closed(serve):
     s = serve(ConnectionLimits(header_timeout_s=1.0, sweep_s=0.2))
     silent, half = s.connect(), s.connect()
@@ -138,6 +139,7 @@ def test_a_head_past_its_size_limit_is_refused_with_431(serve):
         assert c.get("/health", headers={"X-Big": "a" * 4000}).status_code == 200
 
 
+@pytest.mark.slow
 def test_a_body_slower_than_the_minimum_rate_is_cut_with_408(serve):
     s = serve(ConnectionLimits(body_min_bytes_per_s=1000, body_grace_s=1.0, sweep_s=0.2))
     k = s.connect()

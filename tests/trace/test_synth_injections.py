@@ -250,6 +250,7 @@ def test_synth_command_writes_a_run(tmp_path):
         assert isinstance(res.exception, InputError), (bad, res.output)
 
 
+@pytest.mark.slow
 def test_synth_real_cli_reports_errors_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "stragglers.cli", "synth", str(tmp_path / "x"),
                            "--slow-worker", "9,0,2"], capture_output=True, text=True, timeout=120)

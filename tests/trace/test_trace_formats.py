@@ -63,6 +63,7 @@ def good_table(n=4):
                      "gmc": [0] * n, "mb_id": list(range(n))})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutate,field", [
     (lambda t: t.drop_columns(["duration"]), "duration"),
     (lambda t: t.set_column(6, "duration", pa.array(["a", "b", "c", "d"])), "duration"),
@@ -122,6 +123,7 @@ def test_cycle_is_reported_with_op_names(ndtimeline_dir, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.dictionaries(
     st.sampled_from(["dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration",
@@ -218,6 +220,7 @@ def test_metadata_that_disagrees_in_a_run_directory_is_refused(ndtimeline_dir, t
     one_line_error(cli("analyze", tmp_path / "run"), "meta.json", "pp_size")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("meta, words", [
     ("trial_name: X\ndp_size: null\npp_size: 1\n", ["meta-X.yaml", "'dp_size'", "null"]),
     ("trial_name: X\ndp_size: 1\npp_size: ~\n", ["meta-X.yaml", "'pp_size'", "null"]),
@@ -252,6 +255,7 @@ def test_all_zero_durations_are_an_error_not_nan(ndtimeline_dir, tmp_path):
     assert not out.exists()  # no half-written, NaN-bearing JSON
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start, duration, field, words", [
     (1.8e12, 0.05, "start_ts", ["beyond", "milliseconds"]),   # epoch ms read as seconds
     (1e300, 0.05, "start_ts", ["beyond"]),                    # was "every op has zero duration"
@@ -279,6 +283,7 @@ def test_epoch_seconds_with_microsecond_ops_are_accepted(tmp_path):
     assert np.all(np.diff(trace.ops["start_ts"]) > 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("meta, field", [
     (b'{"dp_size": null, "pp_size": 4}', "'dp_size'"),
     (b'{"dp_size": 2, "pp_size": 4, "name": "\xff"}', "JSON"),
