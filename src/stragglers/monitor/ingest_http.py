@@ -16,6 +16,7 @@ once (one check per column, one directory fsync and one commit per batch), not p
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from concurrent.futures import Future
 from typing import Any
 
@@ -28,6 +29,7 @@ from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job
     check_same_part, fingerprint
 from stragglers.monitor.service import Monitor, PartIn
 from stragglers.serving import BodyRefused, declared_length
+from stragglers.serving_quota import KeyedLimits, LimitExceeded, RequestLimits
 import json
 import os
 from pathlib import Path
@@ -97,10 +99,11 @@ class BodyBudget:
 
 
 async def read_body(request: Request, limit: int, what: str,
-                    budget: BodyBudget | None = None) -> bytes:
+                    budget: BodyBudget | None = None, share: RequestLimits | None = None
+                    ) -> bytes:
     """The request body, refusing more than `limit` bytes before reading them all; with a
-    budget, its bytes are taken from it as they arrive (the caller gives back len(body) once
-    done)."""
+    budget (and the writer's share), its bytes are taken from it as they arrive (the caller
+    gives back len(body) once done)."""
     from starlette.requests import ClientDisconnect
 
     try:
@@ -116,17 +119,49 @@ async def read_body(request: Request, limit: int, what: str,
                 raise _problem(BodyRefused("too_large", limit, size + len(chunk)), what)
             if budget is not None:
                 budget.take(len(chunk), what, size)
+            if share is not None:
+                try:
+                    share.take(len(chunk), size)
+                except LimitExceeded as exc:
+                    if budget is not None:
+                        budget.give(len(chunk))
+                    raise HTTPProblem(429, f"request body: {exc.what} (max_upload_bytes_per_"
+                                      f"writer); retry {what} later", "busy") from None
             size += len(chunk)
             chunks.append(chunk)
     except ClientDisconnect:
-        if budget is not None:
-            budget.give(size)
+        _give(budget, share, size)
         raise _problem(BodyRefused("client_gone", limit, size), what) from None
     except BaseException:
-        if budget is not None:
-            budget.give(size)
+        _give(budget, share, size)
         raise
     return b"".join(chunks)
+
+
+def _give(budget: BodyBudget | None, share: RequestLimits | None, n: int) -> None:
+    """Give `n` body bytes back to the service's budget and the writer's share."""
+    if budget is not None:
+        budget.give(n)
+    if share is not None:
+        share.give(n)
+
+
+def writer_limits(cfg) -> KeyedLimits:
+    """Uploads in progress and bytes held per writer (a bearer token and a client address: the
+    monitor has one token, so its writers are told apart by address)."""
+    return KeyedLimits("writer", cfg.max_uploads_per_writer, cfg.max_upload_bytes_per_writer)
+
+
+def writer_share(request: Request, limits: KeyedLimits) -> RequestLimits:
+    """This request's share of its writer's limits; 429 when the writer is at one of them."""
+    auth = request.headers.get("authorization", "")
+    key = (hashlib.sha256(auth.encode("latin-1", "replace")).hexdigest()[:16],
+           request.client.host if request.client else "?")
+    try:
+        return RequestLimits([(limits, key)])
+    except LimitExceeded as exc:
+        raise HTTPProblem(429, f"request: {exc.what} (max_uploads_per_writer); retry later",
+                          "busy") from None
 
 
 def _problem(refused: BodyRefused, what: str) -> HTTPProblem:
@@ -151,18 +186,24 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     cfg = monitor.config
     reported: dict[tuple[str, int], int] = {}   # (job, rank) → drop count stored (this process)
     budget = BodyBudget(cfg.max_upload_bytes_held)
+    writers = writer_limits(cfg)
 
     @app.put("/api/jobs/{job}/meta", dependencies=[Depends(require_write)])
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
         """Create or update a job from its meta.json (JSON body)."""
         check_job_name(job, "path")
-        body = await read_body(request, cfg.max_meta_bytes, "meta.json", budget)
+        share = writer_share(request, writers)
         try:
-            meta = MetaUpload.model_validate_json(body)
-        except ValidationError as exc:
-            raise HTTPProblem(422, validation_message(exc, "request body"), "bad_meta") from None
+            body = await read_body(request, cfg.max_meta_bytes, "meta.json", budget, share)
+            try:
+                meta = MetaUpload.model_validate_json(body)
+            except ValidationError as exc:
+                raise HTTPProblem(422, validation_message(exc, "request body"),
+                                  "bad_meta") from None
+            finally:
+                _give(budget, share, len(body))   # (meta bodies count while parsed)
         finally:
-            budget.give(len(body))   # (meta bodies count in the same budget while parsed)
+            share.close()
         directory = monitor.data_dir / job
         known = monitor.directories.get(job)
         if known is not None and known != directory:
@@ -205,15 +246,19 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                                         and len(dropped) <= MAX_COUNT_DIGITS):
             raise HTTPProblem(422, "request header 'X-Stragglers-Dropped': expected a count "
                               f"of 0 to {MAX_COUNT_DIGITS} digits", "bad_request")
-        body = await read_body(request, cfg.max_part_bytes, "a part", budget)
-        held = [len(body)]   # given back here, or by the ingest thread once it let go of body
+        share = writer_share(request, writers)
         try:
-            return await _store(job, rank, part, tracker, body, dropped, held)
+            body = await read_body(request, cfg.max_part_bytes, "a part", budget, share)
+            held = [len(body)]   # given back here, or by the ingest thread once done with body
+            try:
+                return await _store(job, rank, part, tracker, body, dropped, held, share)
+            finally:
+                _give(budget, share, held[0])
         finally:
-            budget.give(held[0])
+            share.close()
 
     async def _store(job: str, rank: int, part: int, tracker, body: bytes, dropped: str | None,
-                     held: list[int]) -> dict:
+                     held: list[int], share: RequestLimits) -> dict:
         """store_part once the body is read and counted in the budget."""
         # (hashing a large body off the event loop; hashlib drops the GIL for it)
         digest = fingerprint(body) if len(body) < 1 << 20 else \
@@ -236,7 +281,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
 
         def give_back(_):
             try:
-                loop.call_soon_threadsafe(budget.give, n)
+                loop.call_soon_threadsafe(_give, budget, share, n)
             except RuntimeError:   # the service is shutting down: its loop is closed
                 pass
 

@@ -31,6 +31,12 @@ class MonitorConfig(Config):
                                          "stored); past it an upload is "
                                          "answered 503 and the recorder retries it later",
                                          minimum=1024)
+    max_uploads_per_writer: int = setting(64, "uploads in progress from one writer (a bearer "
+                                          "token and a client address); past it 429 and the "
+                                          "recorder retries", minimum=1)
+    max_upload_bytes_per_writer: int = setting(64 * 2**20, "bytes of upload bodies one writer "
+                                               "may hold at once (one body alone is always "
+                                               "let in); past it 429", minimum=1024)
     max_connections: int = setting(1000, "HTTP connections served at once; past it new ones "
                                    "are answered 503 (an idle or slow client cannot take every "
                                    "file descriptor)", minimum=8)

@@ -1,0 +1,103 @@
+"""One writer (a bearer token and a client address) cannot hold the monitor's whole upload
+budget: uploads in progress and bytes held per writer are bounded (429, one line of JSON, the
+recorder retries), and another writer's uploads go on meanwhile."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+
+from conftest import eventually
+from monitor_jobs import parts_of, slow_job
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.trace.runformat import table_bytes
+
+TOKEN = "writers-test-token-0123"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def serve(tmp_path, **settings):
+    config = MonitorConfig(window_steps=5, tick_s=0.05, stall_after_s=600, **settings)
+    return MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=config).start()
+
+
+def busy_upload(port: int, part: int, length: int, send: bytes = b"") -> socket.socket:
+    """An upload whose body the monitor has started to read (100 Continue), left unfinished."""
+    k = socket.create_connection(("127.0.0.1", port), timeout=30)
+    k.sendall(f"PUT /api/jobs/j/ranks/0/parts/{part} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              f"Authorization: Bearer {TOKEN}\r\nContent-Length: {length}\r\n"
+              "Expect: 100-continue\r\n\r\n".encode())
+    got = b""
+    while b"100 Continue" not in got:
+        chunk = k.recv(100)
+        assert chunk, got
+        got += chunk
+    k.sendall(send)
+    return k
+
+
+def client_from(url: str, address: str) -> httpx.Client:
+    return httpx.Client(base_url=url, timeout=60,
+                        transport=httpx.HTTPTransport(local_address=address))
+
+
+def test_uploads_in_progress_are_bounded_per_writer(tmp_path):
+    trace = slow_job(steps=5)
+    rank, part, cols = parts_of(trace, 5)[0]
+    s = serve(tmp_path, max_uploads_per_writer=2)
+    held = []
+    try:
+        with client_from(s.url, "127.0.0.1") as mine, client_from(s.url, "127.0.0.2") as other:
+            assert mine.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                            headers=AUTH).status_code == 200
+            held = [busy_upload(s.port, 100 + i, 10_000) for i in range(2)]
+            r = mine.put(f"/api/jobs/j/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                         headers=AUTH)
+            assert r.status_code == 429, r.text
+            assert "max_uploads_per_writer" in r.json()["error"]
+            assert "\n" not in r.json()["error"]
+            # another client address is another writer: its upload is stored
+            r = other.put(f"/api/jobs/j/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                          headers=AUTH)
+            assert r.status_code == 200 and r.json()["status"] == "stored", r.text
+            for k in held:
+                k.close()
+            # the writer's uploads ended with their connections: it may upload again
+            eventually(lambda: mine.put(f"/api/jobs/j/ranks/{rank}/parts/{part + 1}",
+                                        content=table_bytes(cols),
+                                        headers=AUTH).status_code == 200,
+                       what="the writer's slots given back")
+    finally:
+        for k in held:
+            k.close()
+        s.stop()
+
+
+def test_bytes_held_are_bounded_per_writer(tmp_path):
+    trace = slow_job(steps=5)
+    rank, part, cols = parts_of(trace, 5)[0]
+    body = table_bytes(cols)
+    s = serve(tmp_path, max_upload_bytes_per_writer=64 * 1024)
+    held = []
+    try:
+        with client_from(s.url, "127.0.0.1") as mine, client_from(s.url, "127.0.0.2") as other:
+            assert mine.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                            headers=AUTH).status_code == 200
+            held = [busy_upload(s.port, 100, 1 << 20, b"x" * 60_000)]
+            attempt = iter(range(200, 10_000))
+
+            def refused():
+                r = mine.put(f"/api/jobs/j/ranks/{rank}/parts/{next(attempt)}", content=body,
+                             headers=AUTH)
+                return r if r.status_code == 429 else None
+
+            r = eventually(refused, what="the writer's bytes counted")
+            assert "max_upload_bytes_per_writer" in r.json()["error"], r.text
+            r = other.put(f"/api/jobs/j/ranks/{rank}/parts/{part}", content=body, headers=AUTH)
+            assert r.status_code == 200 and r.json()["status"] == "stored", r.text
+    finally:
+        for k in held:
+            k.close()
+        s.stop()
