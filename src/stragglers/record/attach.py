@@ -40,7 +40,9 @@ from stragglers.lazy import callable_module
 from stragglers.record import native as native_hooks
 from stragglers.record.native import FAST, SKIP, SLOW
 from stragglers.record.layout import JobLayout, fsdp2_units, read_layout
+from stragglers.record import modelparallel
 from stragglers.record.lifecycle import ClosesOnExit
+from stragglers.record.modelparallel import A2A, GroupIds, ModelParallelOp, member_groups
 from stragglers.record.recorder import Recorder
 from stragglers.record.writer import StepBuffer
 from stragglers.trace.model import OPTYPE_CODES, JobMeta
@@ -160,14 +162,30 @@ class Attached(ClosesOnExit):
                  enabled: bool, extra: dict, flush_interval_s: float, device):
         self.model, self.optimizer, self.layout = model, optimizer, layout
         self._seq_fn = seq_lens
-        meta = JobMeta(name=name, dp_size=layout.dp_size, pp_size=1, tp_size=layout.tp_size,
-                       dsp_size=layout.dsp_size, world_size=layout.world_size,
+        # every tensor-/context-parallel rank is a worker (column) of its own, as the Kineto
+        # reader places them: dp_size counts the workers, the parallel degrees are in extra
+        meta = JobMeta(name=name, dp_size=layout.workers, pp_size=1,
+                       world_size=layout.world_size,
                        run_id=os.environ.get("TORCHELASTIC_RUN_ID", "0"))
         meta.extra.update({"recorded_by": "attach", "wrapper": layout.wrapper, **extra})
+        if layout.mesh is not None:
+            meta.extra.update({"mesh": layout.mesh, "parallel": {
+                "dp": layout.dp_size, "tp": layout.tp_size, "cp": layout.dsp_size, "ep": 1,
+                "pp": 1}, "tp_size_implied": layout.tp_size})
         device = torch.device(device) if device is not None else _model_device(model)
-        self.recorder = Recorder(out, meta, dp_rank=layout.dp_rank, stage=0,
+        self.recorder = Recorder(out, meta, dp_rank=layout.worker, stage=0,
                                  sample_every=sample_every, flush_interval_s=flush_interval_s,
                                  device=device, enabled=enabled, overwrite=overwrite)
+        if layout.mesh is not None:
+            self.recorder.layout_extra.update({"replica": layout.dp_rank,
+                                               "tp_rank": layout.tp_rank,
+                                               "cp_rank": layout.cp_rank})
+        self.recorder.layout_extra["groups"] = member_groups()  # taken out in _on_layout
+        self.recorder.on_layout = self._on_layout
+        self.groups = GroupIds([])  # every rank's groups once gathered (record/modelparallel.py)
+        self.ep_size = 1
+        self._pg_on = False
+        self._pg_defaults: dict[int, int] = {}
         self._timer = self.recorder._timer
         # a span's marks: the CPU timer's are perf_counter_ns (called directly: the optimizer
         # hooks run every step), the GPU timer's CUDA events
@@ -201,6 +219,8 @@ class Attached(ClosesOnExit):
         self._install()
         if layout.wrapper == "fsdp2":
             meta.extra["fsdp_units"] = len(fsdp2_units(model))
+        if layout.tp_size * layout.dsp_size > 1:
+            self._record_pg()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -223,10 +243,52 @@ class Attached(ClosesOnExit):
         self._seg = self._opt = None
         self.model = self.optimizer = self._seq_fn = self.layout.inner = None
 
+    # ---- process groups and model-parallel collectives (record/modelparallel.py) ----------
+
+    def _on_layout(self, entries: list[dict]) -> None:
+        """Every rank's entry, gathered: the job's process groups get their ids."""
+        groups = set()
+        for e in entries:
+            groups.update(tuple(g) for g in e.pop("groups", ()))
+        self.groups = GroupIds(groups)
+
+    def _record_pg(self) -> None:
+        """From now on the rows carry their process group (the pg column)."""
+        if self._pg_on:
+            return
+        self._pg_on = True
+        self.recorder.record_pg(self._pg_defaults)
+        if self.recorder.rank == 0:  # written with meta.json (at close at the latest)
+            self.recorder.meta.extra["process_groups"] = [list(g) for g in self.groups.groups]
+
+    def model_parallel_op(self, code: int, group) -> ModelParallelOp:
+        """The span of one blocking model-parallel collective (modelparallel.py calls it)."""
+        pg, size = self.groups.of(group)
+        if code == A2A and self.ep_size == 1 and size > 1:
+            self._note_ep(size)
+        if not self._pg_on:
+            self._record_pg()
+        mb = self._seg[1] if self._seg is not None else -1
+        return ModelParallelOp(self, self.recorder._buf, code, pg, mb)
+
+    def _note_ep(self, size: int) -> None:
+        """The first all-to-all's group: the expert-parallel degree (meta.ep_size)."""
+        meta = self.recorder.meta
+        if meta.world_size % size:
+            warnings.warn(f"stragglers.record.attach: an all-to-all group of {size} ranks does "
+                          f"not divide the world size {meta.world_size}; ep_size stays 1",
+                          stacklevel=4)
+            self.ep_size = -1
+            return
+        self.ep_size = meta.ep_size = size
+        if isinstance(meta.extra.get("parallel"), dict):
+            meta.extra["parallel"]["ep"] = size
+
     # ---- hooks -----------------------------------------------------------------------------
 
     def _install(self) -> None:
         inner = self.layout.inner
+        self._restore.append(modelparallel.install(self))
         if self._native is not None:
             self._restore.append(self._wrap_call(inner))
         else:
@@ -251,6 +313,8 @@ class Attached(ClosesOnExit):
         # DDP builds provisional buckets for its first step and rebuilds them after it: that
         # step's rows would not line up with the later steps', so recording starts at step 1.
         self._first_step = 1
+        self._pg_defaults[OPTYPE_CODES["grads-all-reduce"]] = self.groups.of(
+            self.model.process_group)[0]
         if self._native is not None:
             try:  # DDP's default all-reduce, stamped in C++ (native.cpp: TimedAllReduce)
                 self._native.register_ddp(self.model.reducer, self.model.process_group)

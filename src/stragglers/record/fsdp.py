@@ -29,9 +29,9 @@ def _row(code: int, start, end, nbytes: int) -> tuple:
 class _RecordedWork(dist.Work):
     """An asynchronous all-gather: the row ends at completion, the wait() splits compute."""
 
-    def __init__(self, work, att, buf, start, nbytes: int, waits: tuple):
+    def __init__(self, work, att, buf, start, nbytes: int, waits: tuple, pg: int):
         super().__init__()
-        self._work, self._att, self._buf = work, att, buf
+        self._work, self._att, self._buf, self._pg = work, att, buf, pg
         self._start, self._nbytes = start, nbytes
         self._waits = waits  # (probe, mark): CPU waits from the issue on
         self._closed = False
@@ -54,6 +54,8 @@ class _RecordedWork(dist.Work):
             if self._att.recorder._buf is self._buf:  # still the step it was issued in
                 self._buf.ops.append(_row(AG, self._start, end, self._nbytes))
                 self._att.recorder.note_comm_wait(self._buf, AG, end, *self._waits)
+                if self._att._pg_on:
+                    self._buf.add_pg(AG, end, self._pg)
         return ok
 
     def is_completed(self) -> bool:
@@ -79,13 +81,15 @@ class RecordedAllGather(AllGather):
         start = att._timer.mark()
         if async_op:
             work = self.inner(output_tensor, input_tensor, group, True)
-            return _RecordedWork(work, att, buf, start, nbytes, waits) if work is not None \
-                else None
+            return _RecordedWork(work, att, buf, start, nbytes, waits,
+                                 att.groups.of(group)[0]) if work is not None else None
         with _host_wait(att):
             work = self.inner(output_tensor, input_tensor, group, False)
         end = att._timer.mark()
         buf.ops.append(_row(AG, start, end, nbytes))
         att.recorder.note_comm_wait(buf, AG, end, *waits)
+        if att._pg_on:
+            buf.add_pg(AG, end, att.groups.of(group)[0])
         return work
 
 
@@ -113,6 +117,8 @@ class RecordedReduceScatter(ReduceScatter):
         end = att._timer.mark()
         buf.ops.append(_row(RS, start, end, nbytes))
         att.recorder.note_comm_wait(buf, RS, end, *waits)
+        if att._pg_on:
+            buf.add_pg(RS, end, att.groups.of(group)[0])
         return work
 
 

@@ -1,4 +1,10 @@
-"""The job's layout (dp, pp, tp, this rank's place) read from the model's wrapper and groups."""
+"""The job's layout (dp, tp, cp, this rank's place) read from the model's wrapper and DeviceMesh.
+
+A tensor- or context-parallel rank is a worker of its own in the op table (as the Kineto reader
+places them): its `dp_rank` column is the worker index ((dp_rank·cp + cp_rank)·tp + tp_rank),
+so every rank of a stage has its own column and a collective names the ranks it synchronises
+in its `pg` column (record/modelparallel.py).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ DP_DIM_NAMES = ("dp", "dp_replicate", "dp_shard", "dp_shard_cp", "replicate", "s
                 "ddp", "hsdp")
 TP_DIM_NAMES = ("tp", "tensor")
 CP_DIM_NAMES = ("cp", "context", "sp")
+PP_DIM_NAMES = ("pp", "pipeline")
 
 
 @dataclass
@@ -30,7 +37,20 @@ class JobLayout:
     rank: int
     tp_size: int = 1
     dsp_size: int = 1
+    tp_rank: int = 0
+    cp_rank: int = 0
+    mesh: dict[str, int] | None = None  # the DeviceMesh's dims {name: size}, where there is one
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def workers(self) -> int:
+        """Workers (op-table columns) per stage: every data-, tensor- and context-parallel rank."""
+        return self.dp_size * self.tp_size * self.dsp_size
+
+    @property
+    def worker(self) -> int:
+        """This rank's column: (dp_rank·cp + cp_rank)·tp + tp_rank."""
+        return (self.dp_rank * self.dsp_size + self.cp_rank) * self.tp_size + self.tp_rank
 
 
 def fsdp2_units(model: nn.Module) -> list[nn.Module]:
@@ -92,6 +112,14 @@ def read_layout(model: nn.Module) -> JobLayout:
     units = fsdp2_units(model)
     if units:
         return _fill(_fsdp2_layout(model, world, rank))
+    mesh = _parameter_mesh(model)
+    if mesh is not None:  # tensor parallel without a data-parallel wrapper
+        layout = _fill(_mesh_layout("none", model, mesh, world, rank))
+        if layout.dp_size > 1:
+            layout.notes.append(f"{layout.dp_size} data-parallel replicas without a "
+                                "DistributedDataParallel or fully_shard wrapper: gradient "
+                                "communication is not recorded")
+        return layout
     layout = JobLayout("none", model, world, rank, world, rank)
     if world > 1:
         layout.notes.append("no DistributedDataParallel or fully_shard wrapper found: gradient "
@@ -100,38 +128,63 @@ def read_layout(model: nn.Module) -> JobLayout:
     return layout
 
 
-def _fsdp2_layout(model: nn.Module, world: int, rank: int) -> JobLayout:
-    mesh = None
+def _parameter_mesh(model: nn.Module):
+    """The DeviceMesh of the model's DTensor parameters (its root: the whole job's mesh)."""
     for p in model.parameters():
         mesh = getattr(p, "device_mesh", None)
         if mesh is not None:
-            break
+            root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else None
+            return root if root is not None else mesh
+    return None
+
+
+def _fsdp2_layout(model: nn.Module, world: int, rank: int) -> JobLayout:
+    mesh = _parameter_mesh(model)
     if mesh is None:
         return JobLayout("fsdp2", model, world, rank, world, rank)
+    return _mesh_layout("fsdp2", model, mesh, world, rank)
+
+
+def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int) -> JobLayout:
+    """dp (replicate × shard dims), tp and cp from the mesh's named dims; others refused."""
     names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+    dims = dict(zip(names, (int(n) for n in mesh.shape)))
     dp = tp = cp = 1
-    dp_rank = 0
+    dp_rank = tp_rank = cp_rank = 0
     for i, name in enumerate(names):
         size, local = mesh.size(i), mesh.get_local_rank(i)
         if name in TP_DIM_NAMES:
-            tp *= size
+            tp, tp_rank = tp * size, tp_rank * size + local
         elif name in CP_DIM_NAMES:
-            cp *= size
-        else:  # unnamed dims of a 1-D or 2-D FSDP mesh are data parallel (replicate × shard)
+            cp, cp_rank = cp * size, cp_rank * size + local
+        elif name in PP_DIM_NAMES:
+            if size > 1:
+                raise InputError("attach", "model", f"its DeviceMesh {dims} has a pipeline "
+                                 f"dimension {name!r} of size {size}: pipelining combined with "
+                                 "tensor or data parallelism (3-D) is not recorded yet; record "
+                                 "the 1-D pipeline schedule, or time the loop with Recorder")
+        elif name in DP_DIM_NAMES or (mesh.mesh_dim_names is None and mesh.ndim <= 2):
+            # unnamed dims of a 1-D or 2-D FSDP mesh are data parallel (replicate × shard)
             dp_rank = dp_rank * size + local
             dp *= size
-    layout = JobLayout("fsdp2", model, dp, dp_rank, world, rank, tp_size=tp, dsp_size=cp)
-    if tp > 1 or cp > 1:
-        raise InputError("attach", "model", f"its DeviceMesh {dict(zip(names, mesh.shape))} has "
-                         "tensor/context-parallel dimensions; attach records data-parallel "
-                         "FSDP2 jobs (tp = cp = 1) for now")
-    return layout
+        else:
+            known = ", ".join(DP_DIM_NAMES + TP_DIM_NAMES + CP_DIM_NAMES + PP_DIM_NAMES)
+            raise InputError("attach", "model", f"its DeviceMesh {dims} has a dimension "
+                             f"{name!r} the recorder does not model; expected names among "
+                             f"{known}")
+    if world % (tp * cp):
+        what = "tensor" if cp == 1 else "tensor × context"
+        raise InputError("attach", "tp_size", f"the {what}-parallel degree {tp * cp} (DeviceMesh "
+                         f"{dims}) does not divide the world size {world}")
+    return JobLayout(wrapper, model, dp, dp_rank, world, rank, tp_size=tp, dsp_size=cp,
+                     tp_rank=tp_rank, cp_rank=cp_rank, mesh=dims)
 
 
 def _fill(layout: JobLayout) -> JobLayout:
     """Ranks outside the data-parallel group would be layers attach cannot see: refuse."""
-    if layout.dp_size * layout.tp_size * layout.dsp_size != layout.world_size:
-        raise InputError("attach", "model", f"data parallelism spans {layout.dp_size} of the "
+    if layout.workers != layout.world_size:
+        what = "data parallelism" if layout.mesh is None else f"the DeviceMesh {layout.mesh}"
+        raise InputError("attach", "model", f"{what} spans {layout.workers} of the "
                          f"{layout.world_size} ranks; attach records jobs whose other ranks it can "
                          "place (pipelining: record the schedule; otherwise use Recorder)")
     return layout

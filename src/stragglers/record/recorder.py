@@ -263,6 +263,12 @@ class Recorder:
         self._waiters: dict[str, _CompletionWaiter] = {}
         self._ddp_completer = CompletionThread("stragglers-ddp-buckets")
         self._probes = threading.local()  # per calling thread: its CommWaitProbe
+        # what a caller adds to this rank's entry of meta.extra["layout"] (attach: tp_rank...),
+        # and a function that sees every rank's entry once gathered (on every rank, before
+        # rank 0 writes meta.json; it may take keys out: attach's process groups)
+        self.layout_extra: dict = {}
+        self.on_layout = None
+        self.layout: list[dict] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -300,6 +306,9 @@ class Recorder:
             self._check_output_dir(None)
             self.clock_start = ClockEstimate(0, 0, 0, 0)
             layout = [self._layout_entry()]
+        if self.on_layout is not None:
+            self.on_layout(layout)
+        self.layout = layout
         self._offset_ns, self._origin_ns = offset, origin
         if self.monitor:
             from stragglers.record.upload import PartUploader
@@ -393,7 +402,14 @@ class Recorder:
 
     def _layout_entry(self) -> dict:
         return {"rank": self.rank, "dp_rank": self.dp_rank, "stage": self.stage,
-                "host": socket.gethostname()}
+                "host": socket.gethostname(), **self.layout_extra}
+
+    def record_pg(self, defaults: dict[int, int] | None = None) -> None:
+        """Write the pg column (process-group ids) from now on; `defaults`: the group of every
+        row of an op type whose rows carry none (DDP's bucket all-reduces)."""
+        if self._writer is not None:
+            self._writer.pg_defaults.update(defaults or {})
+            self._writer.records_pg = True
 
     def _gather_clock(self, when: str, est: ClockEstimate) -> None:
         entries = gather_objects(est.to_dict(), self._ctl)

@@ -42,6 +42,9 @@ class StepBuffer:
     # training thread; seq: mb → (attn_cost, tokens) for their rows
     stamps: list | None = None
     seq: dict | None = None
+    # (optype code, end mark) of a collective row → its process group's job-wide id
+    # (record/modelparallel.py: GroupIds); rows not in it get the writer's default for their code
+    pgs: dict | None = None
 
     def add_stamps(self, stamps: bytes) -> None:
         """Native stamps drained from the hooks (b"" when there were none)."""
@@ -56,6 +59,12 @@ class StepBuffer:
         if self.cpu_waits is None:
             self.cpu_waits = {}
         self.cpu_waits[(code, end)] = seconds
+
+    def add_pg(self, code: int, end, pg: int) -> None:
+        """The process group of the collective row (code, end)."""
+        if self.pgs is None:
+            self.pgs = {}
+        self.pgs[(code, end)] = pg
 
 
 MAX_HELD_ROWS = 250_000  # converted rows held for the next part (~30 MB) before it is written
@@ -83,6 +92,11 @@ class RankWriter:
         self.parts_written = 0
         self.steps_written = 0
         self.error: BaseException | None = None
+        # the pg column (job-wide process-group ids) is written once the recorder asks for it
+        # (a model-parallel layout, or the first model-parallel collective): per row from the
+        # step's pgs, else pg_defaults[code] (DDP's group for its buckets), else -1
+        self.records_pg = False
+        self.pg_defaults: dict[int, int] = {}
         # The training thread only appends to a deque (atomic, no lock, no thread wake-up per
         # step): waking the writer for every step made it take the GIL in the middle of the
         # step and stall the training thread for its conversion work. The writer wakes on its
@@ -162,13 +176,15 @@ class RankWriter:
 
     def columns(self, *bufs: StepBuffer) -> dict[str, np.ndarray]:
         """Steps' rows as op-table columns on the common clock, with seq_id filled in."""
-        rows, step_of, waits, batch = [], [], {}, []
+        rows, step_of, waits, pgs, batch = [], [], {}, {}, []
         for buf in bufs:
             step_rows = self._rows(buf, batch)
             rows.extend(step_rows)
             step_of.append((buf.step, len(step_rows)))
             for (code, end), wait in (buf.cpu_waits or {}).items():
                 waits[(buf.step, code, end)] = wait
+            for (code, end), pg in (buf.pgs or {}).items():
+                pgs[(buf.step, code, end)] = pg
         # Column-wise conversion in C (zip, np.array): the writer holds the GIL for less time.
         cols = list(zip(*rows)) if rows else [()] * 10
         c = {"step": np.repeat(np.array([s for s, _ in step_of], np.int64),
@@ -190,7 +206,7 @@ class RankWriter:
             first = np.flatnonzero(np.r_[True, key_sorted[1:] != key_sorted[:-1]])
             group_start = np.repeat(first, np.diff(np.r_[first, n]))
             seq_id[by_kind] = (np.arange(n) - group_start).astype(np.int32)
-        return {
+        out = {
             "rank": np.full(n, self.rank, np.int32),
             "dp_rank": np.full(n, self.dp_rank, np.int32),
             "stage": np.full(n, self.stage, np.int32),
@@ -207,6 +223,9 @@ class RankWriter:
             "bytes": c["bytes"],
             "cpu_wait": _cpu_waits(waits, step, code, end),
         }
+        if self.records_pg:
+            out["pg"] = _pgs(pgs, self.pg_defaults, step, code, end)
+        return out
 
     def _rows(self, buf: StepBuffer, batch: list) -> list:
         """One step's rows on the host clock, native stamps made rows, GC pauses placed; a step
@@ -226,10 +245,12 @@ class RankWriter:
             buf.gc = [p for p in buf.gc if first is not None and p[0] >= first]
         pauses = buf.gc or any(r[9] for r in rows)
         if buf.stamps:
-            if not pauses and not buf.seq:
+            if not pauses and not buf.seq and not buf.pgs:
                 batch.append(buf)
                 return rows
             rows = rows + stamp_rows(buf.stamps, buf.seq or {}, buf.gc, self.stage)
+            if buf.pgs:  # collectives inside natively timed compute: cut it there
+                rows = cut_compute_at_collectives(rows)
             pauses = pauses or any(r[9] for r in rows)
         if pauses:  # GC pauses to place (rare): row by row
             rows = [list(r) for r in rows]
@@ -252,7 +273,47 @@ def _cpu_waits(waits: dict, step: np.ndarray, code: np.ndarray, end: np.ndarray)
     return out
 
 
+def _pgs(pgs: dict, defaults: dict, step: np.ndarray, code: np.ndarray,
+         end: np.ndarray) -> np.ndarray:
+    """The pg column: each row's recorded group, else its op type's default, else -1."""
+    out = np.full(len(code), -1, np.int32)
+    for c, pg in defaults.items():
+        out[code == c] = pg
+    if pgs:
+        for i, key in enumerate(zip(step.tolist(), code.tolist(), end.tolist())):
+            pg = pgs.get(key)
+            if pg is not None:
+                out[i] = pg
+    return out
+
+
 FWD_BWD = (OPTYPE_CODES["forward-compute"], OPTYPE_CODES["backward-compute"])
+BLOCKING_CUTS = tuple(OPTYPE_CODES[n] for n in ("all-reduce", "all-gather", "reduce-scatter",
+                                                "all-to-all"))
+
+
+def cut_compute_at_collectives(rows: list[tuple]) -> list[tuple]:
+    """Compute rows that hold blocking collectives (native forward/backward spans, timed in C++
+    around the whole call) become the pieces between them; a piece's GC pauses (durations
+    only) stay with the first piece. Rows are StepBuffer.ops tuples."""
+    colls = sorted((r[1], r[2]) for r in rows if r[0] in BLOCKING_CUTS)
+    if not colls:
+        return rows
+    out = []
+    for r in rows:
+        if r[0] not in FWD_BWD:
+            out.append(r)
+            continue
+        inside = [c for c in colls if r[1] <= c[0] and c[1] <= r[2]]
+        if not inside:
+            out.append(r)
+            continue
+        start, pauses = r[1], r[9]
+        for c_start, c_end in inside:
+            out.append((r[0], start, max(c_start, start), *r[3:9], pauses))
+            start, pauses = c_end, ()
+        out.append((r[0], start, max(r[2], start), *r[3:9], ()))
+    return out
 TAIL = tuple(OPTYPE_CODES[n] for n in (
     "params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce", "grads-all-reduce",
     "layernorm-grads-all-reduce", "embedding-grads-all-reduce", "optimizer-clip-main-grad",

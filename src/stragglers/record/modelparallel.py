@@ -1,0 +1,297 @@
+"""Collectives of model parallelism (tensor, context, expert) recorded where torch issues them.
+
+- Tensor/context parallel: DTensor's redistributions (ColwiseParallel, RowwiseParallel, ...)
+  call the functional collectives of `torch.distributed._functional_collectives` (funcol):
+  `all_reduce`, `all_gather_single`, `reduce_scatter_single`, `all_to_all_single`; the
+  deprecated and autograd-named variants reach the same functions. In forward and in backward
+  (DTensor's redistribute is an autograd Function whose backward redistributes again).
+- Expert parallel: `torch.distributed.all_to_all_single`, the c10d call a MoE layer makes for
+  its dispatch and combine (directly or through `torch.distributed.nn.functional`).
+
+Each is wrapped while a recorder is attached (module attributes: code that looks them up at
+call time, as torch's own modules do, is seen). In a sampled step outside `optimizer.step`, one
+call is one blocking row (all-reduce, all-gather, reduce-scatter, all-to-all) from its issue to
+its result, with its process group's job-wide id (`pg`), and the compute span open around it is
+cut there. A functional collective returns a tensor that waits at first use; the wrapper waits
+at once (the same values; on a GPU the wait is the stream's, the host goes on), so the row ends
+where the result is ready and the work after it is the next compute piece.
+
+For an all-to-all, `tokens` holds the rows this rank received (the sum of its output split
+sizes, or the output's rows): an expert rank's load in the dispatch. `bytes` is the received
+output's size. The first all-to-all's group size is the job's expert-parallel degree (ep_size).
+
+Not seen: collectives issued by code that bound the function before attach
+(`from torch.distributed import all_to_all_single`), and the backward of a functional
+collective with autograd (`funcol.all_to_all_single_autograd`: torch runs its backward
+collective as an op, not through these functions); those backward pieces stay uncut.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import zlib
+from typing import Callable
+
+import torch.distributed as dist
+
+from stragglers.trace.model import OPTYPE_CODES
+
+AR, AG, RS, A2A = (OPTYPE_CODES[n] for n in ("all-reduce", "all-gather", "reduce-scatter",
+                                             "all-to-all"))
+MODEL_PARALLEL_CODES = (AR, AG, RS, A2A)
+# ids of groups first seen after attach: a hash of their ranks, above every gathered group's
+FALLBACK_BASE = 1 << 20
+
+
+# ---- process-group ids ---------------------------------------------------------------------
+
+def member_groups() -> list[tuple[int, ...]]:
+    """The sorted rank tuples of every process group this rank belongs to."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return []
+    me = dist.get_rank()
+    world = getattr(dist.distributed_c10d, "_world", None)
+    groups = getattr(world, "pg_group_ranks", {}) if world is not None else {}
+    return sorted({tuple(sorted(int(r) for r in ranks)) for ranks in groups.values()
+                   if me in ranks})
+
+
+class GroupIds:
+    """Job-wide ids of process groups: the index of a group's sorted rank tuple among every
+    group the job's ranks belonged to at attach (gathered from all ranks, so every rank
+    computes the same ids). A group made later gets FALLBACK_BASE + a hash of its ranks."""
+
+    def __init__(self, groups):
+        self.groups = sorted({tuple(int(r) for r in g) for g in groups})
+        self._ids = {g: i for i, g in enumerate(self.groups)}
+        self._cache: dict = {}
+
+    def of_ranks(self, ranks) -> int:
+        """The id of the group of these global ranks."""
+        key = tuple(sorted(int(r) for r in ranks))
+        found = self._ids.get(key)
+        if found is None:
+            found = FALLBACK_BASE + zlib.crc32(repr(key).encode()) % ((1 << 31) - FALLBACK_BASE)
+        return found
+
+    def of(self, group) -> tuple[int, int]:
+        """(id, size) of a ProcessGroup (None: the world), a funcol group (a (mesh, dim) pair,
+        a mesh, a group name) or a list of ranks."""
+        try:
+            hit = self._cache.get(group)
+        except TypeError:  # an unhashable group (a list of ranks)
+            hit = None
+        if hit is not None:
+            return hit
+        ranks = _group_ranks(group)
+        hit = (self.of_ranks(ranks), len(ranks))
+        try:
+            self._cache[group] = hit
+        except TypeError:
+            pass
+        return hit
+
+
+def _group_ranks(group) -> tuple[int, ...]:
+    """The global ranks of any group form torch.distributed accepts."""
+    if group is None:
+        return tuple(range(dist.get_world_size()))
+    if isinstance(group, dist.ProcessGroup):
+        return tuple(dist.get_process_group_ranks(group))
+    if isinstance(group, (list, tuple)) and group and all(isinstance(r, int) for r in group):
+        return tuple(group)
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    name = funcol._resolve_group_name(group)
+    return tuple(dist.get_process_group_ranks(_resolve_process_group(name)))
+
+
+# ---- the wrappers --------------------------------------------------------------------------
+
+class _Recording:
+    """The attached recorders whose steps the wrapped collectives go to (usually one)."""
+
+    def __init__(self):
+        self.active: list = []
+        self.restore: list[Callable[[], None]] = []
+        self.lock = threading.Lock()
+        self.inside = threading.local()  # a wrapped call inside another (no second row)
+
+
+_REC = _Recording()
+
+
+def install(att) -> Callable[[], None]:
+    """Record `att`'s model-parallel collectives from now on; returns the undo."""
+    with _REC.lock:
+        if not _REC.active:
+            _patch()
+        _REC.active.append(att)
+
+    def undo():
+        with _REC.lock:
+            if att in _REC.active:
+                _REC.active.remove(att)
+            if not _REC.active:
+                for restore in _REC.restore:
+                    restore()
+                _REC.restore.clear()
+
+    return undo
+
+
+def _set(module, name: str, value) -> None:
+    old = getattr(module, name)
+    setattr(module, name, value)
+    _REC.restore.append(lambda: setattr(module, name, old))
+
+
+def _patch() -> None:
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed import distributed_c10d as c10d
+
+    for name, code in (("all_reduce", AR), ("all_gather_single", AG),
+                       ("reduce_scatter_single", RS), ("all_to_all_single", A2A)):
+        _set(funcol, name, _functional(getattr(funcol, name), code))
+    wrapped = _c10d_all_to_all(c10d.all_to_all_single)
+    _set(c10d, "all_to_all_single", wrapped)
+    if dist.all_to_all_single is not wrapped:
+        _set(dist, "all_to_all_single", wrapped)
+
+
+def _recording():
+    """The attached recorder that takes this call's row, or None (not sampled, not training,
+    inside the optimizer step, or inside another recorded call)."""
+    if not _REC.active or getattr(_REC.inside, "depth", 0):
+        return None
+    att = _REC.active[-1]
+    if att._closed or att._in_opt or att.recorder._buf is None:
+        return None
+    return att
+
+
+class _Inside:
+    """Marks a recorded call on this thread: collectives it makes itself are its own."""
+
+    def __enter__(self):
+        _REC.inside.depth = getattr(_REC.inside, "depth", 0) + 1
+
+    def __exit__(self, *exc):
+        _REC.inside.depth -= 1
+        return False
+
+
+def _rows_received(output, output_split_sizes) -> int:
+    if output_split_sizes is not None:
+        return int(sum(int(s) for s in output_split_sizes))
+    return int(output.shape[0]) if output.dim() else 1
+
+
+def _functional(fn, code: int):
+    """A funcol collective recorded as one blocking row; it waits for its result at once."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    # the group's place after the tensor: all_reduce(t, op, group), all_gather_single(t, dim,
+    # group), reduce_scatter_single(t, op, dim, group), all_to_all_single(t, out, in, group)
+    group_at = 1 if code in (AR, AG) else 2
+
+    def recorded(self, *args, **kwargs):
+        att = _recording()
+        if att is None:
+            return fn(self, *args, **kwargs)
+        group = kwargs["group"] if "group" in kwargs else args[group_at]
+        with _Inside(), att.model_parallel_op(code, group) as op:
+            out = fn(self, *args, **kwargs)
+            if isinstance(out, AsyncCollectiveTensor):
+                out = out.trigger_wait()
+            if code == A2A:
+                splits = kwargs.get("output_split_sizes", args[0] if args else None)
+                op.tokens = _rows_received(out, splits)
+                op.nbytes = out.numel() * out.element_size()
+            else:
+                op.nbytes = (out if code == AG else self).numel() * self.element_size()
+        return out
+
+    recorded.__wrapped__ = fn
+    recorded.__doc__ = fn.__doc__
+    return recorded
+
+
+def _c10d_all_to_all(fn):
+    """dist.all_to_all_single recorded as an all-to-all row (tokens: rows received)."""
+
+    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+                          group=None, async_op: bool = False):
+        att = _recording()
+        if att is None:
+            return fn(output, input, output_split_sizes, input_split_sizes, group, async_op)
+        tokens = _rows_received(output, output_split_sizes)
+        nbytes = output.numel() * output.element_size()
+        if async_op:  # the row is the wait: where the rank blocks, in program order
+            work = fn(output, input, output_split_sizes, input_split_sizes, group, True)
+            return _WaitRecorded(work, att, group, tokens, nbytes)
+        with _Inside(), att.model_parallel_op(A2A, group) as op:
+            op.tokens, op.nbytes = tokens, nbytes
+            return fn(output, input, output_split_sizes, input_split_sizes, group, False)
+
+    all_to_all_single.__wrapped__ = fn
+    all_to_all_single.__doc__ = fn.__doc__
+    return all_to_all_single
+
+
+class _WaitRecorded(dist.Work):
+    """An asynchronous all-to-all: its row is its wait() (recorded once, in its step)."""
+
+    def __init__(self, work, att, group, tokens: int, nbytes: int):
+        super().__init__()
+        self._work, self._att, self._group = work, att, group
+        self._tokens, self._nbytes = tokens, nbytes
+        self._buf = att.recorder._buf
+        self._done = False
+
+    def wait(self, timeout=None) -> bool:
+        if self._done or self._att.recorder._buf is not self._buf or self._att._closed:
+            return self._work.wait() if timeout is None else self._work.wait(timeout)
+        self._done = True
+        with _Inside(), self._att.model_parallel_op(A2A, self._group) as op:
+            op.tokens, op.nbytes = self._tokens, self._nbytes
+            return self._work.wait() if timeout is None else self._work.wait(timeout)
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def get_future(self):
+        return self._work.get_future()
+
+
+class ModelParallelOp:
+    """One recorded collective in progress: the context Attached.model_parallel_op returns."""
+
+    __slots__ = ("att", "buf", "code", "pg", "mb", "tokens", "nbytes", "start", "seg", "waits")
+
+    def __init__(self, att, buf, code: int, pg: int, mb: int):
+        self.att, self.buf, self.code, self.pg, self.mb = att, buf, code, pg, mb
+        self.tokens, self.nbytes = -1, -1
+
+    def __enter__(self):
+        att = self.att
+        self.seg = att._seg
+        if self.seg is not None:
+            att._close_seg()
+        self.waits = att.recorder.comm_wait_mark()
+        self.start = att._timer.mark()
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        att, buf = self.att, self.buf
+        end = att._timer.mark()
+        if exc_type is None and att.recorder._buf is buf:
+            buf.ops.append((self.code, self.start, end, self.mb, 0, 0, math.nan, self.tokens,
+                            self.nbytes, ()))
+            att.recorder.note_comm_wait(buf, self.code, end, *self.waits)
+            buf.add_pg(self.code, end, self.pg)
+        if self.seg is not None and att.recorder._buf is buf:
+            att._open_seg(self.seg[0], self.seg[1])
+        return False

@@ -1,0 +1,204 @@
+"""attach() on tensor- and expert-parallel jobs: real torchrun/gloo runs of the two examples,
+the rows the dependency model keys on, parameters untouched, bad layouts refused in one line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, torchrun
+
+from stragglers.errors import InputError
+from stragglers.record.modelparallel import FALLBACK_BASE, GroupIds
+from stragglers.record.writer import cut_compute_at_collectives
+from stragglers.trace.model import OPTYPE_CODES
+from stragglers.trace.runformat import read_run
+
+TP_EXAMPLE = REPO / "examples" / "train_tp.py"
+MOE_EXAMPLE = REPO / "examples" / "train_moe.py"
+FWD, BWD, AR, AG, A2A = (OPTYPE_CODES[n] for n in ("forward-compute", "backward-compute",
+                                                   "all-reduce", "all-gather", "all-to-all"))
+BLOCKING = (AR, AG, OPTYPE_CODES["reduce-scatter"], A2A)
+TOKENS_PER_RANK = 4 * 16  # --batch 4 --seq 16 below
+
+
+def rows_of(ops, rank: int, step: int, code: int) -> dict[str, np.ndarray]:
+    m = (ops["rank"] == rank) & (ops["step"] == step) & (ops["optype"] == code)
+    order = np.argsort(ops["seq_id"][m])
+    return {k: v[m][order] for k, v in ops.items()}
+
+
+def assert_compute_is_cut(ops) -> None:
+    """On every rank no compute row overlaps a blocking collective row (program order)."""
+    for r in np.unique(ops["rank"]):
+        for s in np.unique(ops["step"]):
+            m = (ops["rank"] == r) & (ops["step"] == s)
+            start, end = ops["start_ts"][m], ops["start_ts"][m] + ops["duration"][m]
+            comp = np.isin(ops["optype"][m], (FWD, BWD))
+            coll = np.isin(ops["optype"][m], BLOCKING)
+            for cs, ce in zip(start[coll], end[coll]):
+                inside = comp & (start < ce - 1e-9) & (end > cs + 1e-9)
+                assert not inside.any(), (r, s, cs, ce)
+
+
+@pytest.mark.distributed
+def test_tensor_parallel_collectives_share_their_keys_across_each_tp_group(tmp_path):
+    torchrun(TP_EXAMPLE, 4, "--tp", "2", "--steps", "3", "--seq", "16", "--out",
+             str(tmp_path / "run"), timeout=400)
+    trace = read_run(tmp_path / "run")
+    ops, meta = trace.ops, trace.meta
+    # every rank is a worker (column) of its own; the degrees are in extra
+    assert (meta.dp_size, meta.world_size) == (4, 4)
+    assert meta.extra["parallel"] == {"dp": 2, "tp": 2, "cp": 1, "ep": 1, "pp": 1}
+    assert sorted(set(ops["dp_rank"].tolist())) == [0, 1, 2, 3]
+    groups = [tuple(g) for g in meta.extra["process_groups"]]
+    steps = sorted(set(ops["step"].tolist()))
+    assert len(steps) == 3
+    for code in (AR, AG):
+        for step in steps:
+            by_rank = {r: rows_of(ops, r, step, code) for r in range(4)}
+            assert len(by_rank[0]["seq_id"]) >= 1
+            for a, b in ((0, 1), (2, 3)):  # the TP pairs of a (dp, tp) = (2, 2) mesh
+                # the same collective on both ranks: the same (step, optype, seq_id) key
+                assert by_rank[a]["seq_id"].tolist() == by_rank[b]["seq_id"].tolist()
+                assert by_rank[a]["bytes"].tolist() == by_rank[b]["bytes"].tolist()
+                pg = set(by_rank[a]["pg"].tolist()) | set(by_rank[b]["pg"].tolist())
+                assert len(pg) == 1 and groups[pg.pop()] == (a, b)
+            assert set(by_rank[0]["pg"].tolist()) != set(by_rank[2]["pg"].tolist())
+    # forward holds all-reduces (row-wise outputs) and backward too (column-wise inputs)
+    ar = ops["optype"] == AR
+    mbs = ops["mb_id"][ar]
+    assert (mbs == 0).all()
+    # FSDP2's collectives run over the dp groups {0, 2} and {1, 3}
+    ag = ops["optype"] == OPTYPE_CODES["params-all-gather"]
+    assert {groups[p] for p in set(ops["pg"][ag].tolist())} == {(0, 2), (1, 3)}
+    assert_compute_is_cut(ops)
+
+
+@pytest.mark.distributed
+def test_all_to_all_rows_carry_the_tokens_each_expert_rank_received(tmp_path):
+    skew, hot = 0.5, 2
+    torchrun(MOE_EXAMPLE, 4, "--steps", "2", "--batch", "4", "--seq", "16", "--hot-expert",
+             str(hot), "--routing-skew", str(skew), "--out", str(tmp_path / "run"), timeout=400)
+    trace = read_run(tmp_path / "run")
+    ops, meta = trace.ops, trace.meta
+    assert meta.ep_size == 4 and meta.extra["parallel"]["ep"] == 4
+    world_pg = [tuple(g) for g in meta.extra["process_groups"]].index((0, 1, 2, 3))
+    forced = int(np.sum((np.arange(TOKENS_PER_RANK) * 7919) % 1000 < skew * 1000))
+    for step in sorted(set(ops["step"].tolist())):
+        a2a = {r: rows_of(ops, r, step, A2A) for r in range(4)}
+        for r in range(4):
+            assert (a2a[r]["pg"] == world_pg).all()
+            # per layer in forward: counts, dispatch, combine; in backward combine, dispatch
+            assert len(a2a[r]["tokens"]) == 2 * 3 + 2 * 2
+        for layer in range(2):
+            counts, dispatch, combine = (np.array([a2a[r]["tokens"][3 * layer + i]
+                                                   for r in range(4)]) for i in range(3))
+            assert (counts == 4).all()              # one count per source rank
+            assert (combine == TOKENS_PER_RANK).all()  # each rank gets its own tokens back
+            assert dispatch.sum() == 4 * TOKENS_PER_RANK
+            # the hot expert's rank receives every rank's forced share and more than any other
+            assert dispatch[hot] >= 4 * forced
+            assert dispatch[hot] > max(np.delete(dispatch, hot))
+        assert (a2a[0]["bytes"] > 0).all()
+    assert_compute_is_cut(ops)
+
+
+@pytest.mark.distributed
+def test_balanced_routing_gives_every_expert_rank_the_same_tokens(tmp_path):
+    torchrun(MOE_EXAMPLE, 2, "--steps", "2", "--layers", "1", "--batch", "4", "--seq", "16",
+             "--balanced", "--out", str(tmp_path / "run"), timeout=400)
+    ops = read_run(tmp_path / "run").ops
+    dispatch = ops["tokens"][(ops["optype"] == A2A) & (ops["seq_id"] == 1)]
+    assert len(dispatch) == 2 * 2 and (dispatch == TOKENS_PER_RANK).all()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("example,nproc,args", [
+    (TP_EXAMPLE, 4, ("--tp", "2", "--seq", "16")),
+    (MOE_EXAMPLE, 2, ("--layers", "1", "--batch", "4", "--seq", "16", "--hot-expert", "1",
+                      "--routing-skew", "0.5")),
+], ids=["tp", "moe"])
+def test_attach_changes_no_parameter(tmp_path, example, nproc, args):
+    saved = {}
+    for record in (True, False):
+        where = tmp_path / ("with" if record else "without")
+        torchrun(example, nproc, *args, "--steps", "3", "--out", str(where / "run"),
+                 "--params-out", str(where / ("params" if example == MOE_EXAMPLE else
+                                              "params.pt")),
+                 *(() if record else ("--no-record",)), timeout=400)
+        files = sorted(where.glob("params/rank-*.pt")) or [where / "params.pt"]
+        saved[record] = [torch.load(f) for f in files]
+    assert len(saved[True]) == len(saved[False]) >= 1
+    for a, b in zip(saved[True], saved[False]):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert torch.equal(a[name], b[name]), name
+
+
+# ---- layouts attach cannot model: one line each ----------------------------------------------
+
+class FakeMesh:
+    """What read_layout reads of a DeviceMesh (torch refuses to build these over a world)."""
+
+    def __init__(self, names, shape, local):
+        self.mesh_dim_names, self.shape, self.ndim, self._local = names, shape, len(shape), local
+
+    def size(self, i):
+        return self.shape[i]
+
+    def get_local_rank(self, i):
+        return self._local[i]
+
+
+@pytest.mark.parametrize("names,shape,world,expected", [
+    (("dp", "expert_shard"), (2, 2), 4, "dimension 'expert_shard' the recorder does not model"),
+    (("dp", "tp"), (1, 3), 4, "tensor-parallel degree 3 (DeviceMesh {'dp': 1, 'tp': 3}) does "
+                              "not divide the world size 4"),
+    (("dp", "tp"), (1, 2), 4, "the DeviceMesh {'dp': 1, 'tp': 2} spans 2 of the 4 ranks"),
+    (("pp", "dp", "tp"), (2, 1, 2), 4, "pipeline dimension 'pp' of size 2"),
+])
+def test_a_layout_attach_cannot_model_is_one_line(names, shape, world, expected):
+    from stragglers.record.layout import _fill, _mesh_layout
+
+    with pytest.raises(InputError) as err:
+        _fill(_mesh_layout("fsdp2", torch.nn.Linear(2, 2), FakeMesh(names, shape, (0,) * len(shape)),
+                           world, 0))
+    message = str(err.value)
+    assert expected in message and "\n" not in message
+
+
+def test_a_tp_layout_places_each_rank_as_its_own_worker():
+    from stragglers.record.layout import _fill, _mesh_layout
+
+    layout = _fill(_mesh_layout("fsdp2", torch.nn.Linear(2, 2),
+                                FakeMesh(("dp", "tp"), (2, 2), (1, 1)), 4, 3))
+    assert (layout.dp_size, layout.tp_size, layout.workers, layout.worker) == (2, 2, 4, 3)
+
+
+# ---- the pieces the rows are made of ----------------------------------------------------------
+
+def test_group_ids_are_the_same_on_every_rank_and_distinct_per_group():
+    gathered = [(0, 1), (2, 3), (0, 2), (1, 3), (0, 1, 2, 3)]
+    ids_a, ids_b = GroupIds(gathered), GroupIds(list(reversed(gathered)))
+    assert [ids_a.of_ranks(g) for g in gathered] == [ids_b.of_ranks(g) for g in gathered]
+    assert len({ids_a.of_ranks(g) for g in gathered}) == len(gathered)
+    assert ids_a.of_ranks((3, 1)) == ids_a.of_ranks((1, 3))
+    late = ids_a.of_ranks((0, 3))  # a group made after attach: its ranks' hash, the same anywhere
+    assert late >= FALLBACK_BASE and late == GroupIds([]).of_ranks((0, 3))
+
+
+def test_natively_timed_compute_is_cut_at_the_collectives_inside_it():
+    nan = math.nan
+    fwd = (FWD, 0, 100, 0, 0, 0, nan, -1, -1, (5,))
+    a2a_1 = (A2A, 20, 30, 0, 0, 0, nan, 8, 64, ())
+    a2a_2 = (A2A, 50, 70, 0, 0, 0, nan, 8, 64, ())
+    bwd = (BWD, 110, 150, 0, 0, 0, nan, -1, -1, ())
+    rows = cut_compute_at_collectives([fwd, a2a_1, a2a_2, bwd])
+    spans = sorted((r[0], r[1], r[2]) for r in rows)
+    assert spans == sorted([(FWD, 0, 20), (FWD, 30, 50), (FWD, 70, 100), (A2A, 20, 30),
+                            (A2A, 50, 70), (BWD, 110, 150)])
+    pauses = [r[9] for r in rows if r[0] == FWD]
+    assert sorted(pauses, key=len) == [(), (), (5,)]  # the span's GC pause stays once
