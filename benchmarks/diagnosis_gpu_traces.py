@@ -2,12 +2,15 @@
 injected ranks, and no healthy rank named.
 
 Each job draws a shape (4-8 ranks, 4-8 profiled steps, 0-2 all-to-alls per forward in one or
-two expert-parallel groups (their own process groups), 2-6 DDP
-buckets of unequal sizes, kernel noise 1-3%, host clocks up to 500 µs apart, every host
-starting each step up to 0-400 µs late at random) and one of: no cause (noise only), a late
-host (one rank starts every step 1.5-4 ms late: `host_stall`), a slow GPU (one rank computes
-×1.2-2.5: `worker_fault`) or a slow group (2 to half the ranks
-compute ×1.5-3: `slow_group`). The job is written as one .json.gz per rank the way Kineto
+two expert-parallel groups (their own process groups) with the rows each rank receives drawn
+from balanced routing, tensor parallelism of 2 on half the jobs with an even rank count (a
+blocking all-reduce in each TP pair after every forward piece, DDP in the data-parallel
+groups), 2-6 DDP buckets of unequal sizes, kernel noise 1-3%, host clocks up to 500 µs
+apart, every host starting each step up to 0-400 µs late at random) and one of: no cause
+(noise only), a late host (one rank starts every step 1.5-4 ms late: `host_stall`), a slow
+GPU (one rank computes ×1.2-2.5: `worker_fault`), a slow group (2 to half the ranks compute
+×1.5-3: `slow_group`) or a hot expert (jobs with all-to-alls: one rank is 2-4× as likely a
+destination of the routing: `expert_imbalance`). The job is written as one .json.gz per rank the way Kineto
 writes it (stragglers.trace.synth.kineto), read back with the Kineto reader and analysed.
 
 A job is exact when the set of (cause, rank) named equals the injected one; noise-only jobs
@@ -32,7 +35,7 @@ from stragglers.trace.load import load_trace
 from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
 from stragglers.whatif.analyze import analyze
 
-KINDS = ("none", "host_stall", "worker_fault", "slow_group")
+KINDS = ("none", "host_stall", "worker_fault", "slow_group", "expert_imbalance")
 
 
 def draw(rng: np.random.Generator, seed: int) -> GpuJob:
@@ -45,7 +48,11 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
                  host_jitter_us=float(rng.uniform(0, 400)))
     if shape["all_to_alls"] and ranks >= 4:
         shape["expert_groups"] = int(rng.integers(1, 3))   # all-to-alls in 1 or 2 EP groups
+    if ranks % 2 == 0 and rng.random() < 0.5:
+        shape["tp_size"] = 2
     kind = KINDS[int(rng.integers(len(KINDS)))]
+    if kind == "expert_imbalance" and not shape["all_to_alls"]:
+        shape["all_to_alls"] = int(rng.integers(1, 3))      # routing needs a dispatch
     if kind == "host_stall":
         shape["late_rank"] = (int(rng.integers(ranks)), float(rng.uniform(1500, 4000)))
     elif kind == "worker_fault":
@@ -54,6 +61,8 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
         size = int(rng.integers(2, ranks // 2 + 1))
         group = tuple(int(r) for r in rng.choice(ranks, size, replace=False))
         shape["slow_group"] = (group, float(rng.uniform(1.5, 3.0)))
+    elif kind == "expert_imbalance":
+        shape["hot_expert"] = (int(rng.integers(ranks)), float(rng.uniform(2.0, 4.0)))
     return GpuJob(**shape)
 
 

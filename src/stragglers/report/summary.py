@@ -22,6 +22,7 @@ CAUSE_TITLES = {
     "slow_group": "Slow group of workers (heterogeneous capacity)",
     "stage_imbalance": "Stage partitioning imbalance",
     "sequence_imbalance": "Sequence-length imbalance",
+    "expert_imbalance": "Expert load imbalance (MoE routing)",
     "gc": "Garbage-collection pauses",
     "communication": "Communication straggler",
     "host_stall": "Host-side stall",

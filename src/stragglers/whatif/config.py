@@ -63,6 +63,14 @@ class DiagnosisConfig(Config):
     seq_cv: float = setting(
         0.1, "coefficient of variation of microbatch compute within a worker and step",
         minimum=0.0, maximum=10.0)
+    # --- expert imbalance (MoE) ---------------------------------------------------------
+    expert_corr: float = setting(
+        0.8, "the compute after an all-to-all dispatch correlates with the rows each rank "
+        "received at least this much (across the group's ranks, each step's mean taken out)",
+        minimum=0.0, maximum=1.0)
+    expert_min_excess: float = setting(
+        0.1, "the busiest rank of an expert-parallel group receives at least this fraction "
+        "more rows than the group's mean (mean over steps)", minimum=0.0, maximum=100.0)
     # --- GC ------------------------------------------------------------------------------
     gc_pause_fraction: float = setting(
         0.2, "a gc row counts as a pause when it lasts this fraction of the longest one",

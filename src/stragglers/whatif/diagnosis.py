@@ -37,6 +37,9 @@ FIXES = {
     "stage_imbalance": "rebalance layers across stages (stragglers.mitigate.suggest_stage_split)",
     "sequence_imbalance": "balance Σs² across DP ranks and microbatches "
                           "(stragglers.mitigate.balance_sequences)",
+    "expert_imbalance": "balance the routing: an auxiliary load-balancing loss or a higher "
+                        "weight on it, a capacity factor (tokens beyond it dropped or sent to "
+                        "a second choice), or move hot experts onto ranks of their own",
     "gc": "plan GC: automatic GC off, gc.collect() on all ranks at the same step "
           "(stragglers.mitigate.PlannedGC)",
     "communication": "check the slow link or collective on the named workers (NIC, switch port, "
@@ -49,10 +52,12 @@ FIXES = {
 }
 
 
+# Detector statistics a finding carries into the result (what each fix option buys).
+REPORTED_STATS = ("capacity_factor",)
 # Causes found by comparing workers with each other: from a trace of some ranks of a job they
 # say nothing of the ranks not traced (specs/whatif.md §6, partial traces).
 CROSS_RANK = ("worker_fault", "slow_group", "host_stall", "stage_imbalance", "sequence_imbalance",
-              "communication", "cpu_contention")
+              "expert_imbalance", "communication", "cpu_contention")
 
 
 def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
@@ -280,7 +285,8 @@ def _finding(cand: Candidate, t_now: np.ndarray, t_fix: np.ndarray, excess: floa
     interval = [min(lo, speedup), max(hi, speedup)] if len(t_now) > 1 else None
     return {"cause": cand.cause, "where": _plain_where(cand.where), "evidence": cand.evidence,
             "speedup_if_fixed": speedup, "interval": interval,
-            "upper_bound": bool(cand.upper_bound), "share": share, "fix": FIXES.get(cand.cause)}
+            "upper_bound": bool(cand.upper_bound), "share": share, "fix": FIXES.get(cand.cause),
+            **{k: v for k, v in cand.stats.items() if k in REPORTED_STATS}}
 
 
 def _combined(w: WhatIf, cands: list[Candidate]) -> tuple[np.ndarray, np.ndarray]:

@@ -76,7 +76,7 @@ class RankEvents:
     loader: list[tuple[float, float]] = field(default_factory=list)  # DataLoader spans (ts, end)
     backward: list[float] = field(default_factory=list)                      # evaluate_function ts
     backward_annotations: list[float] = field(default_factory=list)          # '## backward ##' ts
-    # (ts, dur, tid, kind, pg, seq, src, dst, from_annotation)
+    # (ts, dur, tid, kind, pg, seq, src, dst, from_annotation, rows received)
     collectives: list[tuple] = field(default_factory=list)
     # The three kinds of event a GPU trace has millions of are kept as columns (8 bytes a
     # value): a tuple per event held ~0.2 KB, 1.2 GB for a 1.1 GB file. *_tid columns index
@@ -89,7 +89,7 @@ class RankEvents:
     kernel_dur: array = field(default_factory=lambda: array("d"))
     kernel_corr: array = field(default_factory=lambda: array("q"))
     # NCCL kernels (few): (ts, dur, stream, correlation, kind from args, kind from name, pg,
-    # seq, src, dst)
+    # seq, src, dst, rows received)
     nccl_kernels: list[tuple] = field(default_factory=list)
     # CPU ops: flag COMM_OP (collective enqueue), BACKWARD_OP (autograd), NO_WORK_OP or 0
     cpu_ts: array = field(default_factory=lambda: array("d"))
@@ -212,7 +212,7 @@ class _Collector:
                 pg, seq, src, dst = _comm_args(args)
                 out.nccl_kernels.append((ts, dur, tid, corr,
                                          collective_kind(args.get("Collective name")), what[2],
-                                         pg, seq, src, dst))
+                                         pg, seq, src, dst, rows_received(args)))
             else:
                 out.kernel_ts.append(ts)
                 out.kernel_dur.append(dur)
@@ -232,7 +232,8 @@ class _Collector:
             (out.gpu_steps if what[2] else out.steps).append((what[1], ts, dur))
         elif code == _BACKEND:
             pg, seq, src, dst = _comm_args(args)
-            out.collectives.append((ts, dur, tid, what[1], pg, seq, src, dst, True))
+            out.collectives.append((ts, dur, tid, what[1], pg, seq, src, dst, True,
+                                    rows_received(args)))
         elif code == _OPTIMIZER:
             out.optimizer.append(ts)
         elif code == _LOADER:
@@ -259,7 +260,8 @@ class _Collector:
             else:
                 src = peer
         self._group(pg, args)
-        out.collectives.append((ts, dur, tid, kind, pg, seq, src, dst, False))
+        out.collectives.append((ts, dur, tid, kind, pg, seq, src, dst, False,
+                                rows_received(args)))
 
     def _group(self, pg: str | None, args: dict) -> None:
         """Remember the member ranks a collective's args give for its process group."""
@@ -315,6 +317,24 @@ def _concrete_int(args: dict, index: int) -> int | None:
     if isinstance(values, list) and len(values) > index:
         return _int_or_none(values[index])
     return None
+
+
+def rows_received(args: dict) -> int | None:
+    """The rows an all-to-all brought this rank: the sum of its `Out split size` (a list, or
+    the profiler's text of one); None where absent or not whole numbers >= 0."""
+    sizes = args.get("Out split size")
+    if isinstance(sizes, str):
+        text = sizes.strip()
+        if not (text.startswith("[") and text.endswith("]")) or len(text) > 1 << 16:
+            return None
+        sizes = [_int_or_none(x) for x in text[1:-1].split(",")] if text[1:-1].strip() else []
+    if not isinstance(sizes, list) or not sizes or len(sizes) > 1 << 16:
+        return None
+    values = [x if isinstance(x, int) and not isinstance(x, bool) else None for x in sizes]
+    if any(v is None or v < 0 for v in values):
+        return None
+    total = sum(values)
+    return total if total < 1 << 62 else None
 
 
 def _comm_args(args: dict) -> tuple[str | None, int | None, int | None, int | None]:

@@ -41,6 +41,7 @@ if AVAILABLE:
         # Lists, rarely needed: kept as raw JSON and decoded only when asked for.
         concrete_inputs: msgspec.Raw = msgspec.field(default=_UNSET, name="Concrete Inputs")
         pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+        out_split: Any = msgspec.field(default=None, name="Out split size")
 
         def get(self, key: str, default: Any = None) -> Any:
             """dict.get over the JSON names, so events.py reads both decoders' args alike."""

@@ -247,7 +247,8 @@ def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
     colls: list[Coll] = []
     for j in np.flatnonzero(is_nccl):
         i = kept[j]
-        t0, d, _stream, _corr, kind, kind_name, pg, seq, src, dst = nccl[order[i] - n_comp]
+        t0, d, _stream, _corr, kind, kind_name, pg, seq, src, dst, rows = \
+            nccl[order[i] - n_comp]
         if launched[i]:
             host = _enclosing(cpu_colls, (float(launch_ts[i]), ev.tids[int(launch_tid[i])]))
             if host is not None:
@@ -256,8 +257,9 @@ def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
                 seq = seq if seq is not None else host[5]
                 src = src if src is not None else host[6]
                 dst = dst if dst is not None else host[7]
+                rows = rows if rows is not None else host[9]
         colls.append(Coll(t0, t0 + d, float(key[j]), int(step[i]), kind or kind_name, pg, seq,
-                          src, dst))
+                          src, dst, rows))
     return items, colls
 
 
@@ -352,12 +354,12 @@ def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
                 phase = steps.phase(s, start)
             items.append((start, end, start, s, phase))
     colls: list[Coll] = []
-    for ts, dur, launch, kind, pg, seq, src, dst in _cpu_collectives(ev, counts):
+    for ts, dur, launch, kind, pg, seq, src, dst, rows in _cpu_collectives(ev, counts):
         s = steps.index(launch)
         if s < 0:
             s = steps.index(ts)
         if s >= 0:
-            colls.append(Coll(ts, ts + dur, launch, s, kind, pg, seq, src, dst))
+            colls.append(Coll(ts, ts + dur, launch, s, kind, pg, seq, src, dst, rows))
         else:
             counts["outside steps"] += 1
     if ev.distributed_info and str(ev.distributed_info.get("backend", "")).lower() == "nccl":
@@ -366,7 +368,7 @@ def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
 
 
 def _cpu_collectives(ev: RankEvents, counts: Counter) -> list[tuple]:
-    """CPU collectives as (ts, dur, launch, kind, pg, seq, src, dst).
+    """CPU collectives as (ts, dur, launch, kind, pg, seq, src, dst, rows received).
 
     Backend annotations (gloo:all_reduce, nccl:send) span the work itself; record_param_comms
     and c10d:: ops are where the program issued it, and carry the process group, sequence
@@ -378,7 +380,8 @@ def _cpu_collectives(ev: RankEvents, counts: Counter) -> list[tuple]:
     annotated = sorted((c for c in ev.collectives if c[8]), key=lambda c: c[0])
     issued = sorted((c for c in ev.collectives if not c[8]), key=lambda c: c[0])
     if not annotated:
-        return [(c[0], c[1], c[0], c[3], c[4], c[5], c[6], c[7]) for c in _outermost(issued)]
+        return [(c[0], c[1], c[0], c[3], c[4], c[5], c[6], c[7], c[9])
+                for c in _outermost(issued)]
     annotated = _outermost(annotated)
     partner: dict[int, tuple] = {}
     used: set[int] = set()
@@ -398,7 +401,7 @@ def _cpu_collectives(ev: RankEvents, counts: Counter) -> list[tuple]:
         counts["unpaired annotations"] += len(mine) - len(pairs)
     out = []
     for i, a in enumerate(annotated):
-        ts, dur, _tid, kind, pg, seq, src, dst, _ = a
+        ts, dur, _tid, kind, pg, seq, src, dst, _, rows = a
         c = partner.get(i)
         launch = ts
         if c is not None:
@@ -407,7 +410,8 @@ def _cpu_collectives(ev: RankEvents, counts: Counter) -> list[tuple]:
             seq = seq if seq is not None else c[5]
             src = src if src is not None else c[6]
             dst = dst if dst is not None else c[7]
-        out.append((ts, dur, launch, kind, pg, seq, src, dst))
+            rows = rows if rows is not None else c[9]
+        out.append((ts, dur, launch, kind, pg, seq, src, dst, rows))
     return out
 
 

@@ -88,6 +88,7 @@ class Coll:
     seq: int | None
     src: int | None
     dst: int | None
+    rows: int | None = None   # all-to-all: rows this rank received (its experts' load)
 
 
 @dataclass
@@ -129,6 +130,7 @@ class RankRows:
     sync_span: dict[tuple, tuple[float, float]] = field(default_factory=dict)  # key → start, end
     counts: Counter = field(default_factory=Counter)          # things worth a note
     group: list = field(default_factory=list)   # per row: its collective's process group or None
+    tokens: list = field(default_factory=list)  # per row: rows an all-to-all received, else -1
 
 
 def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
@@ -154,7 +156,8 @@ def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
                     np.array([r[1] for r in rows], dtype=np.int8),
                     np.array([r[2] for r in rows], dtype=np.float64),
                     np.array([r[3] for r in rows], dtype=np.float64), sync, spans, counts,
-                    [r[4] if len(r) > 4 else None for r in rows])
+                    [r[4] if len(r) > 4 else None for r in rows],
+                    [r[5] if len(r) > 5 else -1 for r in rows])
 
 
 def _compute_ops(parts: RankParts, colls: list[tuple[Coll, str]], rows: list,
@@ -276,7 +279,8 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
                 continue
         # pipeline p2p pairs its two stages (the model's own groups); collectives their group
         group = c.pg if kind not in P2P_KINDS or optype == SEND_RECV else None
-        rows.append((c.step, OPTYPE_CODES[optype], c.start, c.end - c.start, group))
+        rows.append((c.step, OPTYPE_CODES[optype], c.start, c.end - c.start, group,
+                     c.rows if c.rows is not None and optype == "all-to-all" else -1))
         emitted.append((c, optype))
     return emitted
 

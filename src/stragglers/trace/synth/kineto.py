@@ -50,6 +50,11 @@ class GpuJob:
     late_rank: tuple[int, float] | None = None        # (rank, µs late at every step start)
     slow_rank: tuple[int, float] | None = None        # (rank, compute factor)
     slow_group: tuple[tuple[int, ...], float] | None = None   # (ranks, compute factor)
+    # MoE routing: each all-to-all dispatches `rows` rows per rank in all, drawn over the
+    # ranks of its group (uniformly: balanced routing with its sampling noise; the hot rank
+    # `factor` times as likely); the compute after it scales with the rows received
+    rows: int = 4096
+    hot_expert: tuple[int, float] | None = None       # (rank, routing weight)
     base_ns: int = 1_700_000_000_000_000_000
     truth: dict = field(default_factory=dict)
 
@@ -63,6 +68,10 @@ class GpuJob:
             found.append({"cause": "worker_fault", "ranks": [self.slow_rank[0]]})
         if self.slow_group is not None:
             found.append({"cause": "slow_group", "ranks": sorted(self.slow_group[0])})
+        if self.hot_expert is not None:
+            if not self.all_to_alls:
+                raise ValueError("hot_expert needs all-to-alls (all_to_alls >= 1)")
+            found.append({"cause": "expert_imbalance", "ranks": [self.hot_expert[0]]})
         self.truth = {"causes": found or [{"cause": "none", "ranks": []}]}
 
 
@@ -122,8 +131,9 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
             ranks[r].cpu = host[r] - 8.0
         gpu = host + 15.0                            # its first kernel can start
         pieces = job.all_to_alls + 1
+        load = np.ones(n)                            # the first piece routes nothing
         for k in range(pieces):
-            dur = job.forward_us / pieces * speed * (1 + job.jitter * rng.standard_normal(n))
+            dur = job.forward_us / pieces * speed * load * (1 + job.jitter * rng.standard_normal(n))
             for r in range(n):
                 ranks[r].kernel(f"volta_sgemm_fwd_{k}", ranks[r].issue(), gpu[r], dur[r],
                                 _COMPUTE_STREAM)
@@ -138,10 +148,12 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
                 ep_seq += 1
                 transfer = 60.0 + 40.0 * rng.random()
                 for gi, members in enumerate(np.array_split(np.arange(n), job.expert_groups)):
+                    got = _routed(job, members, rng)
+                    load[members] = got / job.rows
                     gpu[members] = _collective(
                         ranks, "all_to_all", "ncclDevKernel_SendRecv", ep_seq, gpu, transfer,
                         1 << 20, rng, members=[int(m) for m in members],
-                        pg=str(gi + 1) if job.expert_groups > 1 else "0")
+                        pg=str(gi + 1) if job.expert_groups > 1 else "0", received=got)
         # backward with DDP buckets on the NCCL stream
         bwd = job.backward_us * speed * (1 + job.jitter * rng.standard_normal(n))
         bstart = gpu
@@ -183,6 +195,14 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
     return job.truth
 
 
+def _routed(job: GpuJob, members: np.ndarray, rng) -> np.ndarray:
+    """Rows each member receives at one dispatch: the group's rows drawn over its ranks."""
+    weight = np.ones(len(members))
+    if job.hot_expert is not None and job.hot_expert[0] in members:
+        weight[list(members).index(job.hot_expert[0])] = job.hot_expert[1]
+    return rng.multinomial(job.rows * len(members), weight / weight.sum()).astype(np.int64)
+
+
 def _tp_groups(job: GpuJob) -> list[list[int]]:
     """Tensor-parallel groups: blocks of tp consecutive ranks (none without TP)."""
     if job.tp_size == 1:
@@ -222,7 +242,7 @@ def _groups(job: GpuJob) -> list[dict]:
 def _collective(ranks: list[_Rank], name: str, kernel: str, seq: int, arrive: np.ndarray,
                 transfer: float, nbytes: int, rng, tid: int = _MAIN,
                 members: list[int] | None = None, pg: str = "0",
-                desc: str | None = None) -> np.ndarray:
+                desc: str | None = None, received: np.ndarray | None = None) -> np.ndarray:
     """A collective of its process group (all ranks by default): each member arrives when it
     can, all end together. Returns the members' ends."""
     members = list(range(len(ranks))) if members is None else members
@@ -231,9 +251,15 @@ def _collective(ranks: list[_Rank], name: str, kernel: str, seq: int, arrive: np
             "Process Group Description": desc or ("default_pg" if pg == "0" else "ep_group"),
             "Process Group Ranks": str(members), "Group size": len(members), "Seq": seq,
             "In msg nelems": nbytes // 4, "Out msg nelems": nbytes // 4, "dtype": "Float"}
-    for r in members:
+    for i, r in enumerate(members):
         rk = ranks[r]
         at = rk.issue()
+        if received is not None:   # an all-to-all's split sizes: rows from each member
+            split = np.full(len(members), int(received[i]) // len(members))
+            split[: int(received[i]) % len(members)] += 1
+            args = {**args, "Out split size": str(split.tolist()),
+                    "In split size": str([job_rows // len(members)] * len(members))
+                    if (job_rows := int(received.sum()) // len(members)) else "[]"}
         rk.x("cpu_op", "record_param_comms", at, 6.0, _CPU, tid, args)
         rk.kernel(kernel, at + 1.0, arrive[r], end - arrive[r], _NCCL_STREAM, tid=tid,
                   args=args)

@@ -7,12 +7,14 @@ predicts, bounds and ranks them. The contract is in whatif/README.md.
 from stragglers.whatif.causes.base import Candidate, Context
 from stragglers.whatif.causes.capacity import slow_group
 from stragglers.whatif.causes.communication import communication
+from stragglers.whatif.causes.experts import expert_imbalance
 from stragglers.whatif.causes.gc import gc_pauses
 from stragglers.whatif.causes.sequence import sequence_imbalance
 from stragglers.whatif.causes.stage import stage_imbalance
 from stragglers.whatif.causes.workers import host_stall, worker_fault
 
-__all__ = ["Candidate", "Context", "DETECTORS", "communication", "gc_pauses", "host_stall",
+__all__ = ["Candidate", "Context", "DETECTORS", "communication", "expert_imbalance", "gc_pauses",
+           "host_stall",
            "sequence_imbalance", "slow_group", "stage_imbalance", "worker_fault"]
 
 # name → detector, in the order they run (the diagnosis ranks the findings by gain).
@@ -22,6 +24,7 @@ DETECTORS = {
     "host_stall": host_stall,
     "stage_imbalance": stage_imbalance,
     "sequence_imbalance": sequence_imbalance,
+    "expert_imbalance": expert_imbalance,
     "gc": gc_pauses,
     "communication": communication,
 }

@@ -53,6 +53,7 @@ class Context:
     _balanced: tuple | None = field(default=None, repr=False)
     _paused: tuple | None = field(default=None, repr=False)
     _arrivals: tuple | None = field(default=None, repr=False)
+    _experts: tuple | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, w: WhatIf, trace: Trace, cfg: DiagnosisConfig) -> "Context":
@@ -88,6 +89,24 @@ class Context:
             from stragglers.whatif.causes.sequence import balanced_by_attn_cost
             self._balanced = (balanced_by_attn_cost(self),)
         return self._balanced[0]
+
+    @property
+    def expert_load(self):
+        """The MoE dispatches whose expert compute follows the rows received (None: none)."""
+        if self._experts is None:
+            from stragglers.whatif.causes.experts import expert_load
+            self._experts = (expert_load(self, self.w.grid.duration),)
+        return self._experts[0]
+
+    @property
+    def own_durations(self) -> np.ndarray:
+        """[N, D, T] durations with the shares uneven work explains taken out (Σs² of the
+        sequences, rows routed to experts): what a worker's own speed is judged on."""
+        own = self.seq_balanced if self.seq_balanced is not None else self.w.grid.duration
+        if self.expert_load is None:
+            return own
+        from stragglers.whatif.causes.experts import balanced_costs
+        return balanced_costs(self.expert_load, own)
 
     @property
     def compute_pauses(self) -> list:

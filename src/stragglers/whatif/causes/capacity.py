@@ -26,7 +26,7 @@ def slow_group(ctx: Context) -> list[Candidate]:
     if len(g.dp_ranks) < 3:
         return []  # two workers: one of them is a worker fault or nothing
     busy_nodes = np.isin(g.node_optype, BUSY)
-    own = ctx.seq_balanced if ctx.seq_balanced is not None else g.duration
+    own = ctx.own_durations
     busy = per_worker_sum(own, g.node_stage, busy_nodes, g.pp_size)              # [D, P, T]
     cost = w.cost.copy()
     named: list[tuple[int, int]] = []

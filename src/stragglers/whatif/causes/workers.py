@@ -55,7 +55,7 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
     # Where the trace carries Σs², a worker is judged on the compute its sequences do not
     # explain: a DP rank that drew a step's longest sequences is no slow worker, and peers
     # whose compute follows their sequences would hide a slow one among them.
-    own = ctx.seq_balanced if ctx.seq_balanced is not None else g.duration
+    own = ctx.own_durations
     busy = per_worker_sum(own, g.node_stage, busy_nodes, g.pp_size)              # [D, P, T]
     ratio = busy / np.maximum(peer_reference(busy), 1e-12)
     mean = ratio.mean(axis=-1)

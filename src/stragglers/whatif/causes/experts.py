@@ -1,0 +1,160 @@
+"""Expert load imbalance in MoE training: the rank holding a hot expert computes longest.
+
+A mixture-of-experts layer sends each token to its experts with an all-to-all (the dispatch),
+runs the experts, and sends the results back (the combine). The rows a rank receives at the
+dispatch are its experts' load, which the trace carries in the all-to-all's `tokens` column
+(our recorder from the split sizes, the Kineto reader from `Out split size`). When routing
+favours some experts, the ranks holding them receive more rows, their expert compute takes
+longer, and every rank of the expert-parallel group waits at the combine.
+
+Found when the compute right after a dispatch follows the rows received across the group's
+ranks (pooled linear fit, slope > 0, correlation ≥ `expert_corr`) and the rows are uneven
+(the busiest rank at least `expert_min_excess` above the group's mean). The prediction gives
+every rank the group's mean rows at the fitted time per row (its own speed kept): the step
+time with routing perfectly balanced, an upper bound. The same fit prices capacity factors
+(rows beyond C × mean dropped) at the measured routing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stragglers.trace.model import OPTYPE_CODES as C
+from stragglers.whatif.causes.base import Candidate, Context
+from stragglers.whatif.grid import BWD, BWW, FWD
+
+A2A = C["all-to-all"]
+_COMPUTE = (FWD, BWD, BWW)
+# Capacity factors priced in the finding (GShard/Switch use 1.0-2.0; 1.25 is the usual default).
+CAPACITY_FACTORS = (1.0, 1.25, 1.5, 2.0)
+
+
+@dataclass
+class ExpertLoad:
+    """Dispatches whose following compute follows the rows each rank received."""
+
+    pairs: list[tuple[int, int]]   # (dispatch all-to-all node, expert compute node)
+    rows: np.ndarray               # [K, D, T] rows received at each dispatch
+    mean: np.ndarray               # [K, D, T] the mean rows of each rank's group that step
+    slope: np.ndarray              # [K] seconds per row (pooled fit)
+    corr: np.ndarray               # [K] correlation of expert time with rows
+
+
+def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
+    """The dispatches with a token-driven expert compute after them, or None."""
+    g, ops = ctx.w.grid, ctx.trace.ops
+    if "tokens" not in ops or len(g.dp_ranks) < 2:
+        return None
+    pairs, rows, means, slopes, corrs = [], [], [], [], []
+    for n in np.flatnonzero(g.node_optype == A2A):
+        tok = _rows_received(g, ops["tokens"], n)
+        expert = _next_compute(g, n) if tok is not None else None
+        if expert is None:
+            continue
+        mean = _group_mean(g, n, tok)
+        fit = _fit(tok, durations[expert])
+        if fit is None:
+            continue
+        slope, corr = fit
+        if corr < ctx.cfg.expert_corr or (tok / mean).max(axis=0).mean() < \
+                1 + ctx.cfg.expert_min_excess:
+            continue
+        pairs.append((int(n), expert))
+        rows.append(tok)
+        means.append(mean)
+        slopes.append(slope)
+        corrs.append(corr)
+    if not pairs:
+        return None
+    return ExpertLoad(pairs, np.array(rows), np.array(means), np.array(slopes), np.array(corrs))
+
+
+def balanced_costs(load: ExpertLoad, durations: np.ndarray, cap: float | None = None
+                   ) -> np.ndarray:
+    """[N, D, T] durations with each rank's rows at its group's mean (`cap`: rows beyond
+    cap × mean dropped instead, a capacity factor)."""
+    out = durations.copy()
+    for k, (_, expert) in enumerate(load.pairs):
+        target = load.mean[k] if cap is None else np.minimum(load.rows[k], cap * load.mean[k])
+        out[expert] = np.maximum(durations[expert] - load.slope[k] * (load.rows[k] - target), 0)
+    return out
+
+
+def expert_imbalance(ctx: Context) -> list[Candidate]:
+    """MoE expert-parallel groups whose ranks receive uneven rows and compute accordingly."""
+    w = ctx.w
+    load = ctx.expert_load
+    if load is None:
+        return []
+    rel = (load.rows / load.mean).mean(axis=(0, 2))                      # [D]
+    hot = [d for d in np.argsort(-rel) if rel[d] >= 1 + ctx.cfg.expert_min_excess]
+    stages = {int(w.grid.node_stage[n]) for n, _ in load.pairs}
+    workers = [(int(d), p) for d in hot for p in sorted(stages)]
+    cost = balanced_costs(load, w.cost)
+    base = w.mean_step_time(w.cost)
+    capacity = {}
+    for cap in CAPACITY_FACTORS:
+        t = w.mean_step_time(balanced_costs(load, w.cost, cap))
+        dropped = float(np.maximum(load.rows - cap * load.mean, 0).sum() / load.rows.sum())
+        capacity[f"{cap:g}"] = {"speedup": base / t if t > 0 else 1.0, "dropped": dropped}
+    shown = ", ".join(f"{ctx.name(d, p)} {rel[d]:.2f}×" for d, p in workers[:6])
+    priced = "; ".join(f"C={c}: ×{v['speedup']:.2f}, {100 * v['dropped']:.1f}% of rows dropped"
+                       for c, v in capacity.items())
+    evidence = (f"the compute after {len(load.pairs)} all-to-all dispatch(es) follows the rows "
+                f"each rank receives (correlation {float(load.corr.mean()):.2f}, "
+                f"{1e6 * float(load.slope.mean()):.2f} µs per row); ranks holding hot experts "
+                f"receive more than their group's mean: {shown}; the prediction balances the "
+                f"rows across each expert-parallel group (an upper bound: what perfect routing, "
+                f"or an auxiliary load-balancing loss at its best, buys); capacity factors at "
+                f"the measured routing: {priced}")
+    return [Candidate("expert_imbalance", ctx.where_workers(workers), evidence, cost=cost,
+                      upper_bound=True,
+                      stats={"rows_relative": {f"{int(w.grid.dp_ranks[d])},{p}": float(rel[d])
+                                               for d, p in workers},
+                             "capacity_factor": capacity,
+                             "seconds_per_row": float(load.slope.mean())})]
+
+
+def _rows_received(g, tokens: np.ndarray, n: int) -> np.ndarray | None:
+    """[D, T] rows each rank received at all-to-all node n (None unless every cell has them)."""
+    rows = g.row[n]
+    if (rows < 0).any():
+        return None
+    tok = tokens[rows].astype(np.float64)
+    return tok if (tok > 0).all() else None
+
+
+def _next_compute(g, n: int) -> int | None:
+    """The compute node that starts right after node n ends on the same stage (median gap)."""
+    cands = np.flatnonzero((g.node_stage == g.node_stage[n]) & np.isin(g.node_optype, _COMPUTE))
+    if not len(cands):
+        return None
+    end = g.start[n] + g.duration[n]                                      # [D, T]
+    gap = g.start[cands] - end[None]                                      # [C, D, T]
+    gap = np.where(gap >= -1e-9, gap, np.inf)
+    med = np.median(gap.reshape(len(cands), -1), axis=1)
+    best = int(np.argmin(med))
+    return int(cands[best]) if np.isfinite(med[best]) else None
+
+
+def _group_mean(g, n: int, tok: np.ndarray) -> np.ndarray:
+    """[D, T] the mean rows of each rank's process group at node n (all ranks without groups)."""
+    groups = g.node_pg[n] if g.node_pg is not None else np.full(len(g.dp_ranks), -1)
+    out = np.empty_like(tok)
+    for pg in np.unique(groups):
+        sel = groups == pg
+        out[sel] = tok[sel].mean(axis=0, keepdims=True)
+    return out
+
+
+def _fit(tok: np.ndarray, dur: np.ndarray) -> tuple[float, float] | None:
+    """(slope, correlation) of duration on rows across ranks, each step's mean taken out."""
+    x = (tok - tok.mean(axis=0, keepdims=True)).ravel()
+    y = (dur - dur.mean(axis=0, keepdims=True)).ravel()
+    if np.std(x) == 0 or np.std(y) == 0:
+        return None
+    slope = float(np.dot(x, y) / np.dot(x, x))
+    corr = float(np.corrcoef(x, y)[0, 1])
+    return (slope, corr) if slope > 0 else None
