@@ -159,6 +159,7 @@ class FakeMesh:
                               "not divide the world size 4"),
     (("dp", "tp"), (1, 2), 4, "the DeviceMesh {'dp': 1, 'tp': 2} spans 2 of the 4 ranks"),
     (("pp", "dp", "tp"), (2, 1, 2), 4, "pipeline dimension 'pp' of size 2"),
+    (("dp", "cp"), (2, 2), 4, "context-parallel dimension of size 2: not recorded"),
 ])
 def test_a_layout_attach_cannot_model_is_one_line(names, shape, world, expected):
     from stragglers.record.layout import _fill, _mesh_layout

@@ -12,6 +12,7 @@ import gc
 import sys
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 
@@ -172,6 +173,14 @@ def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int) ->
             raise InputError("attach", "model", f"its DeviceMesh {dims} has a dimension "
                              f"{name!r} the recorder does not model; expected names among "
                              f"{known}")
+    if cp > 1:
+        raise InputError("attach", "model", f"its DeviceMesh {dims} has a context-parallel "
+                         f"dimension of size {cp}: not recorded. torch {torch.__version__}'s "
+                         "ring attention (context_parallel) runs on the CUDA attention kernels "
+                         "only (on CPU it fails: no ring rule for "
+                         "aten._scaled_dot_product_flash_attention_for_cpu), and on a GPU the "
+                         "recorder would wait for each ring exchange where it is issued, "
+                         "serialising the overlap ring attention is built on")
     if world % (tp * cp):
         what = "tensor" if cp == 1 else "tensor × context"
         raise InputError("attach", "tp_size", f"the {what}-parallel degree {tp * cp} (DeviceMesh "

@@ -1,7 +1,7 @@
-"""Collectives of model parallelism (tensor, context, expert) recorded where torch issues them.
+"""Collectives of model parallelism (tensor, expert) recorded where torch issues them.
 
-- Tensor/context parallel: DTensor's redistributions (ColwiseParallel, RowwiseParallel, ...)
-  call the functional collectives of `torch.distributed._functional_collectives` (funcol):
+- Tensor parallel: DTensor's redistributions (ColwiseParallel, RowwiseParallel, ...) call the
+  functional collectives of `torch.distributed._functional_collectives` (funcol):
   `all_reduce`, `all_gather_single`, `reduce_scatter_single`, `all_to_all_single`; the
   deprecated and autograd-named variants reach the same functions. In forward and in backward
   (DTensor's redistribute is an autograd Function whose backward redistributes again).

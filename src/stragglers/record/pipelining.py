@@ -107,7 +107,8 @@ class AttachedPipeline(ClosesOnExit):
         world = dist.get_world_size()
         if pp != world:
             raise InputError("attach", "model", f"the pipeline group has {pp} of {world} ranks: "
-                             "pipelining combined with data parallelism is not recorded yet")
+                             "pipelining combined with data or tensor parallelism (FSDP2 + "
+                             "TP + PP) is not recorded yet; the pipeline must span the world")
         backend = group._get_backend(stages[0].device) if hasattr(group, "_get_backend") else None
         if backend is not None and getattr(backend, "supports_coalescing", False):
             raise InputError("attach", "model", f"the pipeline group's backend ({dist.get_backend(group)}) "
