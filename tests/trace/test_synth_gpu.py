@@ -133,3 +133,17 @@ def test_a_clean_tensor_parallel_job_says_none(tmp_path):
 def test_a_tp_size_that_does_not_divide_the_ranks_is_refused():
     with pytest.raises(ValueError, match="does not divide"):
         GpuJob(ranks=6, tp_size=4)
+
+
+def test_layout_sizes_come_from_the_process_groups(tmp_path):
+    """tp and ep from pg_config's descriptions; ep from the all-to-alls' groups without them."""
+    write_gpu_job(GpuJob(ranks=8, steps=3, seed=2, tp_size=2, all_to_alls=1, expert_groups=2),
+                  tmp_path / "described")
+    trace = load_trace(tmp_path / "described")
+    assert trace.meta.extra["group_sizes"] == {"tp": 2, "ep": 4} and trace.meta.ep_size == 4
+    assert any("tp = 2" in n["message"] for n in trace.notes)
+    write_gpu_job(GpuJob(ranks=8, steps=3, seed=2, all_to_alls=1, expert_groups=4),
+                  tmp_path / "bare")
+    _strip_group_descriptions(tmp_path / "bare")
+    trace = load_trace(tmp_path / "bare")
+    assert trace.meta.extra["group_sizes"] == {"ep": 2} and trace.meta.ep_size == 2

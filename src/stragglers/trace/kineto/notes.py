@@ -50,7 +50,7 @@ def _layout_notes(per_rank, parts, shape: JobShape, pp: int, found: Pipelines) -
         if shape.tp_size > 1:
             out.append(("layout", f"the {shape.tp_size} tensor-parallel ranks of each replica "
                                   "are analysed as workers of their own (dp_rank = dp·tp + tp "
-                                  "rank), every collective synchronising all of them"))
+                                  "rank); each collective synchronises its own process group"))
         if total and not found.chains:
             out.append(("layout", f"the layout could not be checked against the send/recv "
                                   f"pattern ({found.why_not})"))

@@ -157,3 +157,29 @@ def model_parallel_groups(ev, rank: int, tp_size: int) -> frozenset:
             if rank in members and len(members) > 1 and all(m in block for m in members):
                 out.add(str(name))
     return frozenset(out)
+
+
+_KIND_WORDS = {"tp": _TP_WORDS, "cp": {"cp", "context"}, "ep": {"ep", "expert", "moe"}}
+
+
+def group_sizes(parts: dict) -> dict[str, int]:
+    """Sizes of the model-parallel dimensions the ranks' process groups show: tp, cp and ep from
+    pg_config descriptions (not data parallel), ep also from the groups all-to-alls ran in.
+    A dimension no group shows is left out."""
+    sizes: dict[str, set] = {k: set() for k in _KIND_WORDS}
+    for ev in parts.values():
+        groups = (ev.distributed_info or {}).get("pg_config")
+        for g in groups if isinstance(groups, list) else []:
+            ranks, desc = (g.get("ranks"), g.get("pg_desc")) if isinstance(g, dict) else (None, None)
+            if not isinstance(ranks, list) or len(ranks) < 2 or not isinstance(desc, str):
+                continue
+            words = set(re.split(r"[^a-z]+", desc.lower()))
+            for kind, names in _KIND_WORDS.items():
+                if words & names and not words & _DP_WORDS:
+                    sizes[kind].add(len(ranks))
+        if not sizes["ep"]:
+            for c in ev.colls:
+                members = ev.pg_ranks.get(c.pg) if c.kind in ("alltoall", "alltoallv") else None
+                if members and 1 < len(members):
+                    sizes["ep"].add(len(members))
+    return {k: max(v) for k, v in sizes.items() if v}

@@ -17,8 +17,9 @@ from stragglers.trace.kineto.mix import check_metadata, check_overlap
 from stragglers.trace.kineto.notes import reader_notes
 from stragglers.trace.kineto.ops import Placement, RankParts, RankRows, rank_rows
 from stragglers.trace.kineto.parse import parse_files
-from stragglers.trace.kineto.placement import (JobShape, job_shape, model_parallel_groups, place,
-                                               rank_of, world_size_of)
+from stragglers.trace.kineto.placement import (JobShape, group_sizes, job_shape,
+                                               model_parallel_groups, place, rank_of,
+                                               world_size_of)
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, JobMeta, Trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -124,13 +125,21 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
     workers_per_stage, implied_tp = dp * shape.tp_size, shape.tp_size
     notes = reader_notes(per_rank, parts, shape, pp, found, notes)
     missing = sorted(set(range(shape.world_size)) - set(ranks))
+    dims = group_sizes(parts)
+    ep = dims.get("ep", 1)
+    if dims:
+        notes.append(("layout", "process groups show " + ", ".join(
+            f"{k} = {v}" for k, v in sorted(dims.items())) + " (distributedInfo.pg_config, "
+            "all-to-all groups); their collectives synchronise their own group"))
     meta = JobMeta(name=name or _default_name(paths, files), dp_size=workers_per_stage,
                    pp_size=pp, world_size=shape.world_size,
+                   ep_size=ep if shape.world_size % ep == 0 else 1,
                    extra={"source_format": "kineto",
                           "files": {str(r): parts[r].source for r in ranks},
                           "ranks_read": ranks, "ranks_missing": missing,
                           "world_size_known": shape.known,
                           "tp_size_implied": implied_tp,
+                          "group_sizes": dims,
                           "compute_split_at_collectives": True,
                           "compute_from": ("gpu kernels" if all(
                               per_rank[r].mode == "gpu" for r in ranks) else "cpu ops"),
