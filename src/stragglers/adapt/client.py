@@ -18,6 +18,11 @@ from stragglers.serving import check_url
 _CONFLICTS = {"Fenced": Fenced, "LeaseLost": LeaseLost}
 
 
+# A restore of 655,360 rows is written in paced steps (other jobs' calls run between them):
+# tens of seconds on a loaded machine.
+RESTORE_TIMEOUT_S = 600.0
+
+
 class ServiceUnavailable(EnvironmentFailure):
     """The shard service did not answer (or answered 5xx) within the retry budget."""
 
@@ -51,12 +56,14 @@ class ShardClient:
         """Close the connection pool."""
         self._http.close()
 
-    def _call(self, method: str, path: str, body: dict | None = None, params=None) -> dict:
+    def _call(self, method: str, path: str, body: dict | None = None, params=None,
+              timeout: float | None = None) -> dict:
         deadline = time.monotonic() + self.retry_s
         delay = 0.05
         while True:
             try:
-                resp = self._http.request(method, path, json=body, params=params)
+                resp = self._http.request(method, path, json=body, params=params,
+                                          timeout=timeout or httpx.USE_CLIENT_DEFAULT)
                 if resp.status_code < 500:
                     break
                 if _kind(resp) == "Quarantined":   # a damaged stored row: waiting won't help
@@ -143,8 +150,9 @@ class ShardClient:
         return self._call("GET", self._ds("snapshot"))
 
     def restore(self, snap: dict) -> dict:
-        """Reset the service to a snapshot taken with the model checkpoint being loaded."""
-        return self._call("POST", self._ds("restore"), snap)
+        """Reset the service to a snapshot taken with the model checkpoint being loaded (a big
+        one is written in paced steps: up to RESTORE_TIMEOUT_S)."""
+        return self._call("POST", self._ds("restore"), snap, timeout=RESTORE_TIMEOUT_S)
 
     def configure_control(self, config) -> dict:
         """Start the job's controller for this incarnation (a ControlConfig or its dict)."""

@@ -15,18 +15,23 @@ from stragglers.errors import InputError
 
 MAX_JOBS = 1024
 MAX_JOBS_PER_TOKEN = 16
+MAX_JOBS_PER_CLIENT = 256
 
 
 class ControlPlane:
     """Per-job controllers; a job's token must accompany every write on it."""
 
-    def __init__(self, max_jobs: int = MAX_JOBS, max_jobs_per_token: int = MAX_JOBS_PER_TOKEN):
+    def __init__(self, max_jobs: int = MAX_JOBS, max_jobs_per_token: int = MAX_JOBS_PER_TOKEN,
+                 max_jobs_per_client: int = MAX_JOBS_PER_CLIENT):
         self._lock = threading.Lock()
         self._jobs: dict[str, tuple[str | None, Controller]] = {}
         self._owned: dict[str | None, int] = {}  # controllers per owner digest
+        self._created: dict[str, int] = {}       # controllers per creating client address
         self.max_jobs, self.max_jobs_per_token = max_jobs, max_jobs_per_token
+        self.max_jobs_per_client = max_jobs_per_client
 
-    def configure(self, job: str, cfg: ControlConfig, token_sha256: str | None) -> dict:
+    def configure(self, job: str, cfg: ControlConfig, token_sha256: str | None,
+                  client: str | None = None) -> dict:
         """Start the job's controller, or a new one for a later incarnation of the job.
 
         The same config again is a no-op (a retried request); an older incarnation, or another
@@ -45,8 +50,10 @@ class ControlPlane:
                                    f" got {cfg.incarnation}")
                 token_sha256 = owner
             else:
-                self._check_quota(token_sha256)
+                self._check_quota(token_sha256, client)
                 self._owned[token_sha256] = self._owned.get(token_sha256, 0) + 1
+                if client is not None:
+                    self._created[client] = self._created.get(client, 0) + 1
             self._jobs[job] = (token_sha256, Controller(cfg))
         return {"configured": True, "incarnation": cfg.incarnation}
 
@@ -67,11 +74,17 @@ class ControlPlane:
                     ctl.observe(rank, step, bpt, batch, device)
             return self._actions(ctl, since)
 
-    def _check_quota(self, token_sha256: str | None) -> None:
-        """A new controller: within the service's limit and this token's (QuotaExceeded: 429)."""
+    def _check_quota(self, token_sha256: str | None, client: str | None = None) -> None:
+        """A new controller: within the service's limit, this client's (under any tokens: one
+        client minting tokens cannot take every slot) and this token's (QuotaExceeded: 429)."""
         if len(self._jobs) >= self.max_jobs:
             raise QuotaExceeded(f"the service holds {len(self._jobs)} controllers, its limit"
                                 f" (max_jobs={self.max_jobs})")
+        theirs = self._created.get(client, 0) if client is not None else 0
+        if theirs >= self.max_jobs_per_client:
+            raise QuotaExceeded(f"client {client} already created {theirs} controllers (under"
+                                f" any tokens), its limit (max_jobs_per_client="
+                                f"{self.max_jobs_per_client})")
         mine = self._owned.get(token_sha256, 0)
         if token_sha256 is not None and mine >= self.max_jobs_per_token:
             raise QuotaExceeded(f"this token already owns {mine} controllers, its limit"

@@ -34,8 +34,10 @@ from stragglers.adapt.control import ControlPlane
 from stragglers.adapt.controller import ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name, validate_snapshot
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Busy, Forbidden, Unauthorized
+from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
-from stragglers.adapt.shards import ShardStore, prepare_restore, resolve_indices
+from stragglers.adapt.restores import prepare_restore
+from stragglers.adapt.shards import ShardStore, resolve_indices
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import TOKEN_PATTERN, BodyRefused, base_url, declared_length, is_loopback, \
@@ -77,6 +79,17 @@ class ServiceConfig(Config):
                             maximum=1 << 16)
     max_jobs_per_token: int = setting(16, "controllers one job token may own (past it: 429)",
                                       minimum=1, maximum=1 << 16)
+    max_jobs_per_client: int = setting(256, "controllers one client address may create, under"
+                                       " any tokens (past it: 429; minting tokens does not get"
+                                       " one client every slot)", minimum=1, maximum=1 << 16)
+    max_datasets_per_client: int = setting(1024, "data sets one client address may create,"
+                                           " under any tokens (past it: 429)", minimum=1,
+                                           maximum=1 << 20)
+    restore_share: float = setting(0.25, "share of the commit thread a restore's writes may"
+                                   " take (written in small steps, other jobs' calls between"
+                                   " them)", minimum=0.01, maximum=1.0)
+    max_restores: int = setting(1, "restores written at once (one per token; the others: 503)",
+                                minimum=1, maximum=64)
     max_snapshot_sends: int = setting(1, "snapshot bodies sent at once (the others wait)",
                                       minimum=1, maximum=1024)
     snapshot_bytes_per_s: float = setting(float(256 << 20), "pace of a snapshot body (a 26 MB"
@@ -301,6 +314,11 @@ async def _body(request: Request, limit: int) -> bytes:
                            else f"more than {limit} bytes") from None
 
 
+def client_of(request: Request) -> str | None:
+    """The client address a request came from (per-client quotas)."""
+    return request.client.host if request.client else None
+
+
 def _bearer_or_none(request: Request) -> str | None:
     """_bearer, or None when the request carries no well-formed bearer token."""
     try:
@@ -327,8 +345,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     the X-Service-Token header (a job's own token then guards every write on it).
     """
     config = config or ServiceConfig()
-    control = ControlPlane(config.max_jobs, config.max_jobs_per_token)
+    control = ControlPlane(config.max_jobs, config.max_jobs_per_token, config.max_jobs_per_client)
     commit = GroupCommitter(store, config.max_batch, config.stall_s)
+    # restores written a chunk at a time (and the rows they replaced deleted so), paced
+    paced = PacedWriter(commit, store, config.restore_share, 1, config.max_restores)
+    garbage = [store.has_garbage()]   # left by restores of an earlier process: deleted soon
     service_digest = token_digest(service_token) if service_token else None
     # Heavy work that must not run on the commit thread: reads of whole data sets (snapshot,
     # status) on a reader thread with its own connection, and epoch shuffles (up to 2**26
@@ -345,6 +366,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     def handler(fn):
         async def endpoint(request: Request) -> Response:
+            if garbage[0]:
+                garbage[0] = False
+                paced.collect()
             try:
                 result = await fn(request)
                 return result if isinstance(result, Response) else _json(result)
@@ -407,7 +431,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         digest = creator(request)   # the tokens before the body: no parsing for strangers
         body = await parsed(request, rq.CreateDataset)
         cfg = DatasetConfig(**body.model_dump())
-        return await commit.run(lambda: store.create_dataset(cfg, digest))
+        client = client_of(request)
+        return await commit.run(lambda: store.create_dataset(cfg, digest, client))
 
     async def join(request: Request) -> dict:
         name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Join)
@@ -459,12 +484,18 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def restore(request: Request) -> dict:
         name = name_of(request)
         digest = _bearer(request)   # before up to 64 MiB of JSON is read and parsed
-        allowed = may_create(request)
+        allowed, client = may_create(request), client_of(request)
         # Ownership, the right to create and the quota, all before the body is read.
-        await read(lambda conn: store.may_restore(name, digest, allowed, conn))
-        raw = await _body(request, config.max_restore_bytes)
-        checked = await asyncio.to_thread(_checked_snapshot, raw, name)
-        return await commit.run(lambda: store.restore_prepared(checked, digest, allowed))
+        await read(lambda conn: store.may_restore(name, digest, allowed, conn, client))
+        slot = paced.hold(digest)   # one restore per token (and max_restores in all) at once
+        try:
+            raw = await _body(request, config.max_restore_bytes)
+            checked = await asyncio.to_thread(_checked_snapshot, raw, name)
+            del raw
+            # parsed and validated off the commit thread; written there in paced chunks
+            return await paced.restore(checked, digest, allowed, client)
+        finally:
+            slot.close()
 
     async def control_config(request: Request) -> dict:
         job = name_of(request, "job")
@@ -473,7 +504,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         cfg = ControlConfig.from_mapping(body.model_dump(), "control config")
         if service_digest is not None and not control.has(job):
             digest = creator(request)
-        return control.configure(job, cfg, digest)
+        return control.configure(job, cfg, digest, client_of(request))
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
         headers = dict(exc.headers or {})
@@ -585,7 +616,8 @@ def open_store(db: str | Path, config: ServiceConfig) -> ShardStore:
     """The ShardStore of a service with this config (durability, lock wait, quotas)."""
     return ShardStore(db, durable=config.durable, busy_timeout_s=config.busy_timeout_s,
                       max_datasets=config.max_datasets,
-                      max_datasets_per_token=config.max_datasets_per_token)
+                      max_datasets_per_token=config.max_datasets_per_token,
+                      max_datasets_per_client=config.max_datasets_per_client)
 
 
 class EmbeddedServer:

@@ -1,0 +1,120 @@
+"""Restores written beside the old rows a chunk at a time (other jobs' calls run between the
+chunks), switched to in one small transaction, the replaced rows deleted afterwards; a restore
+that never finishes changes nothing."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import httpx
+import pytest
+
+from conftest import eventually
+from stragglers.adapt.client import ShardClient
+from stragglers.adapt.dataset import DatasetConfig, validate_snapshot
+from stragglers.adapt.errors import Conflict
+from stragglers.adapt.restores import RESTORE_CHUNK, prepare_restore
+from stragglers.adapt.service import EmbeddedServer
+from stragglers.adapt.shards import ShardStore
+
+OWNER = "owner-token-0123456789"
+N_SHARDS = 40 * RESTORE_CHUNK
+
+
+def staged_rows(db) -> int:
+    """Shard rows stored under a restore's own key (written, not yet switched to)."""
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT COUNT(*) FROM shards WHERE dataset LIKE 'big/%' AND"
+                         " dataset NOT IN (SELECT rows_key FROM datasets WHERE"
+                         " rows_key IS NOT NULL)").fetchone()[0]
+
+
+def rows_of_big(db) -> int:
+    """Shard rows of data set 'big' under any key (its own, staged or replaced)."""
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT COUNT(*) FROM shards WHERE dataset='big' OR"
+                         " dataset LIKE 'big/%'").fetchone()[0]
+
+
+@pytest.fixture
+def big(tmp_path):
+    """A service with data set 'big' (N_SHARDS shards, one epoch) and its snapshot."""
+    srv = EmbeddedServer(tmp_path / "s.db").start()
+    owner = ShardClient(srv.url, "big", "w", token=OWNER)
+    owner.create_dataset(DatasetConfig("big", N_SHARDS, 1, num_epochs=1))
+    owner.join()
+    owner.lease()
+    snap = owner.snapshot()
+    yield srv, owner, snap
+    srv.stop()
+
+
+def test_a_restore_is_written_in_chunks_other_calls_between(big, tmp_path):
+    srv, owner, snap = big
+    db = tmp_path / "s.db"
+    other = ShardClient(srv.url, "small", "w", token="other-token-0123456789")
+    other.create_dataset(DatasetConfig("small", 10**6, 64))
+    other.join()
+    reply = {}
+    t = threading.Thread(target=lambda: reply.update(owner.restore(snap)))
+    t.start()
+    seen, leases = set(), 0
+    while t.is_alive():
+        seen.add(staged_rows(db))
+        other.lease()
+        leases += 1
+    t.join()
+    assert reply == {"restored": N_SHARDS, "requeued_first": 1}
+    # rows were committed a chunk at a time (one transaction showed none, then all of them)
+    assert any(0 < n < N_SHARDS for n in seen), sorted(seen)[:10]
+    assert all(n % RESTORE_CHUNK == 0 for n in seen), sorted(seen)[:10]
+    assert leases >= 2
+    # the replaced rows are deleted after the switch, and the state is the snapshot's
+    eventually(lambda: rows_of_big(db) == N_SHARDS, what="the replaced rows deleted")
+    after = owner.snapshot()
+    assert after["epochs_created"] == snap["epochs_created"]
+    assert len(after["shards"]) == N_SHARDS
+    assert owner.status()["epochs"]["0"]["DOING"] == 0   # the held shard went back to TODO
+
+
+def test_one_restore_per_token_at_once(big, tmp_path):
+    srv, owner, snap = big
+    db = tmp_path / "s.db"
+    t = threading.Thread(target=owner.restore, args=(snap,))
+    t.start()
+    try:
+        eventually(lambda: staged_rows(db) > 0, what="the first restore under way")
+        r = httpx.post(f"{srv.url}/datasets/big/restore", json=snap,
+                       headers={"Authorization": f"Bearer {OWNER}"}, timeout=60)
+        assert r.status_code == 503 and r.json()["kind"] == "Busy", r.text
+        assert "restore is under way" in r.json()["error"]
+    finally:
+        t.join()
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+
+
+def test_a_restore_cut_short_changes_nothing_and_its_rows_are_deleted(tmp_path):
+    db = tmp_path / "s.db"
+    store = ShardStore(db)
+    store.create_dataset(DatasetConfig("big", 3 * RESTORE_CHUNK, 1))
+    f = store.join("big", "w")["fence"]
+    store.lease("big", "w", f)
+    before = store.snapshot("big")
+    prepared = prepare_restore(validate_snapshot(before))
+    key = store.restore_begin(prepared)
+    store.restore_rows(key, prepared.rows[:RESTORE_CHUNK])
+    store.close()   # the service stopped half-way
+    store = ShardStore(db)
+    try:
+        assert store.snapshot("big") == before
+        with pytest.raises(Conflict, match="interrupted"):
+            store.restore_finish(prepared, key)
+        assert store.has_garbage()
+        while store.collect_garbage():
+            pass
+        assert rows_of_big(db) == 1024   # the epoch's rows written so far, nothing staged
+        assert store.snapshot("big") == before
+        assert store.lease("big", "w", f)["status"] == "ok"
+    finally:
+        store.close()
