@@ -147,3 +147,17 @@ def test_layout_sizes_come_from_the_process_groups(tmp_path):
     _strip_group_descriptions(tmp_path / "bare")
     trace = load_trace(tmp_path / "bare")
     assert trace.meta.extra["group_sizes"] == {"ep": 2} and trace.meta.ep_size == 2
+
+
+def test_context_parallel_all_gathers_block_within_their_group(tmp_path):
+    """tp 2 × cp 2 × dp 2: the CP groups' all-gathers are blocking `all-gather` ops; a slow
+    rank is named alone; the layout note shows both dimensions."""
+    truth = write_gpu_job(GpuJob(ranks=8, steps=5, seed=6, tp_size=2, cp_size=2, all_to_alls=0,
+                                 slow_rank=(6, 1.5)), tmp_path)
+    trace = load_trace(tmp_path)
+    from stragglers.trace.model import OPTYPES
+    kinds = [OPTYPES[o] for o in trace.ops["optype"]]
+    assert kinds.count("all-gather") == 8 * 5 and kinds.count("all-reduce") == 8 * 5
+    assert trace.meta.extra["group_sizes"] == {"tp": 2, "cp": 2}
+    result = analyze(trace)
+    assert _named(result) == {(c["cause"], r) for c in truth["causes"] for r in c["ranks"]}

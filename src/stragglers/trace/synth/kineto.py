@@ -44,6 +44,8 @@ class GpuJob:
     host_jitter_us: float = 0.0     # every host starts every step up to this late (noise)
     expert_groups: int = 1          # the all-to-alls run within this many groups of ranks
                                     # (expert parallelism); the gradient all-reduce spans all
+    cp_size: int = 1                # context parallelism: after TP's all-reduce each forward
+                                    # piece all-gathers K/V in its CP group (ranks tp apart)
     tp_size: int = 1                # tensor parallelism: blocks of this many consecutive ranks
                                     # all-reduce after every forward piece (blocking); DDP's
                                     # buckets then run in the data-parallel groups
@@ -59,8 +61,9 @@ class GpuJob:
     truth: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.tp_size < 1 or self.ranks % self.tp_size:
-            raise ValueError(f"tp_size {self.tp_size} does not divide the {self.ranks} ranks")
+        if self.tp_size < 1 or self.cp_size < 1 or self.ranks % (self.tp_size * self.cp_size):
+            raise ValueError(f"tp_size {self.tp_size} × cp_size {self.cp_size} does not divide "
+                             f"the {self.ranks} ranks")
         found = []
         if self.late_rank is not None:
             found.append({"cause": "host_stall", "ranks": [self.late_rank[0]]})
@@ -121,7 +124,7 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
     ranks = [_Rank(r, offsets[r], 10_000 * (r + 1)) for r in range(n)]
     sizes = rng.uniform(0.3, 1.7, job.buckets)
     sizes = sizes / sizes.sum()
-    seq = ep_seq = tp_seq = 0
+    seq = ep_seq = tp_seq = cp_seq = 0
     _pre_window(ranks, rng)
     t = 1_000_000.0                                  # step start (true time, µs)
     for s in range(job.steps):
@@ -144,6 +147,12 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
                     gpu, 40.0 + 20.0 * rng.random(), 1 << 18, rng, members=members,
                     pg=_tp_pg(job, gi), desc="tensor_model_parallel")
             tp_seq += 1 if job.tp_size > 1 else 0
+            for gi, members in enumerate(_cp_groups(job)):
+                gpu[members] = _collective(
+                    ranks, "all_gather", "ncclDevKernel_AllGather_RING_LL", cp_seq + 1, gpu,
+                    50.0 + 30.0 * rng.random(), 1 << 19, rng, members=members,
+                    pg=_cp_pg(job, gi), desc="context_parallel")
+            cp_seq += 1 if job.cp_size > 1 else 0
             if k < job.all_to_alls:
                 ep_seq += 1
                 transfer = 60.0 + 40.0 * rng.random()
@@ -176,7 +185,7 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
                     ranks, "all_reduce", "ncclDevKernel_AllReduce_RING_LL_Sum_float", seq,
                     arrive, transfer, int(sizes[b] * (1 << 26)), rng, tid=_AUTOGRAD,
                     members=members, pg=_dp_pg(job, gi),
-                    desc="default_pg" if job.tp_size == 1 else "data_parallel")
+                    desc="default_pg" if job.tp_size * job.cp_size == 1 else "data_parallel")
         done = np.maximum(comm, ready[-1])
         opt = 300.0 * (1 + job.jitter * rng.standard_normal(n))
         for r in range(n):
@@ -210,17 +219,33 @@ def _tp_groups(job: GpuJob) -> list[list[int]]:
     return [list(range(b, b + job.tp_size)) for b in range(0, job.ranks, job.tp_size)]
 
 
+def _cp_groups(job: GpuJob) -> list[list[int]]:
+    """Context-parallel groups (Megatron order: tp fastest, then cp): ranks tp apart."""
+    if job.cp_size == 1:
+        return []
+    block = job.tp_size * job.cp_size
+    return [[b + t + k * job.tp_size for k in range(job.cp_size)]
+            for b in range(0, job.ranks, block) for t in range(job.tp_size)]
+
+
 def _dp_groups(job: GpuJob) -> list[list[int]]:
-    """Data-parallel groups: the ranks with one tensor-parallel index."""
-    return [list(range(i, job.ranks, job.tp_size)) for i in range(job.tp_size)]
+    """Data-parallel groups: the ranks with one tensor- and context-parallel index."""
+    block = job.tp_size * job.cp_size
+    return [list(range(i, job.ranks, block)) for i in range(block)]
 
 
 def _tp_pg(job: GpuJob, i: int) -> str:
     return str(1 + job.expert_groups + i)
 
 
+def _cp_pg(job: GpuJob, i: int) -> str:
+    return str(1 + job.expert_groups + job.ranks // job.tp_size + i)
+
+
 def _dp_pg(job: GpuJob, i: int) -> str:
-    return "0" if job.tp_size == 1 else str(1 + job.expert_groups + job.ranks // job.tp_size + i)
+    if job.tp_size * job.cp_size == 1:
+        return "0"
+    return str(1 + job.expert_groups + job.ranks // job.tp_size + job.ranks // job.cp_size + i)
 
 
 def _groups(job: GpuJob) -> list[dict]:
@@ -231,9 +256,11 @@ def _groups(job: GpuJob) -> list[dict]:
         out += [{"pg_name": str(i + 1), "pg_desc": "ep_group", "pg_size": len(m),
                  "ranks": [int(x) for x in m]}
                 for i, m in enumerate(np.array_split(np.arange(job.ranks), job.expert_groups))]
-    if job.tp_size > 1:
-        out += [{"pg_name": _tp_pg(job, i), "pg_desc": "tensor_model_parallel",
-                 "pg_size": len(m), "ranks": m} for i, m in enumerate(_tp_groups(job))]
+    out += [{"pg_name": _tp_pg(job, i), "pg_desc": "tensor_model_parallel",
+             "pg_size": len(m), "ranks": m} for i, m in enumerate(_tp_groups(job))]
+    out += [{"pg_name": _cp_pg(job, i), "pg_desc": "context_parallel",
+             "pg_size": len(m), "ranks": m} for i, m in enumerate(_cp_groups(job))]
+    if job.tp_size * job.cp_size > 1:
         out += [{"pg_name": _dp_pg(job, i), "pg_desc": "data_parallel", "pg_size": len(m),
                  "ranks": m} for i, m in enumerate(_dp_groups(job))]
     return out
