@@ -5,13 +5,14 @@ Each job draws a shape (4-8 ranks, 4-8 profiled steps, 0-2 all-to-alls per forwa
 two expert-parallel groups (their own process groups) with the rows each rank receives drawn
 from balanced routing, tensor parallelism of 2 on half the jobs with an even rank count (a
 blocking all-reduce in each TP pair after every forward piece, DDP in the data-parallel
-groups), 2-6 DDP buckets of unequal sizes, kernel noise 1-3%, host clocks up to 500 µs
+groups), context parallelism of 2 on 30% of the jobs whose ranks allow it (a blocking
+all-gather in each CP group after every forward piece), 2-6 DDP buckets of unequal sizes, kernel noise 1-3%, host clocks up to 500 µs
 apart, every host starting each step up to 0-400 µs late at random) and one of: no cause
 (noise only), a late host (one rank starts every step 1.5-4 ms late: `host_stall`), a slow
 GPU (one rank computes ×1.2-2.5: `worker_fault`), a slow group (2 to half the ranks compute
 ×1.5-3: `slow_group`) or a hot expert (jobs with all-to-alls: one rank is 2-4× as likely a
-destination of the routing: `expert_imbalance`). The job is written as one .json.gz per rank the way Kineto
-writes it (stragglers.trace.synth.kineto), read back with the Kineto reader and analysed.
+destination of the routing: `expert_imbalance`). The job is written as one .json.gz per
+rank the way Kineto writes it (stragglers.trace.synth.kineto), read back with the Kineto reader and analysed.
 
 A job is exact when the set of (cause, rank) named equals the injected one; noise-only jobs
 must say `none`. Reported: exact share (goal ≥ 97.5%), per kind, healthy ranks named, and the
@@ -50,6 +51,8 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
         shape["expert_groups"] = int(rng.integers(1, 3))   # all-to-alls in 1 or 2 EP groups
     if ranks % 2 == 0 and rng.random() < 0.5:
         shape["tp_size"] = 2
+    if ranks % (2 * shape.get("tp_size", 1)) == 0 and rng.random() < 0.3:
+        shape["cp_size"] = 2
     kind = KINDS[int(rng.integers(len(KINDS)))]
     if kind == "expert_imbalance" and not shape["all_to_alls"]:
         shape["all_to_alls"] = int(rng.integers(1, 3))      # routing needs a dispatch
