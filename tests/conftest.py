@@ -22,7 +22,7 @@ def pytest_configure(config) -> None:
     """The `slow` marker (`distributed` and `browser` are in pyproject.toml): registered here so
     a change to it does not touch pyproject.toml, which the Makefile's venv stamp depends on."""
     config.addinivalue_line(
-        "markers", "slow: a second or more on the 2-core development machine (services, "
+        "markers", "slow: half a second or more on the 2-core development machine (services, "
         "subprocesses, exhaustive searches); left out of `make test-fast`")
 
 

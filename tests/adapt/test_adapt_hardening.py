@@ -59,6 +59,7 @@ def head_only(url: str, path: str, headers: dict, length: int = 60_000_000) -> s
 
 
 # -- heavy reads off the commit thread ----------------------------------------------------------
+@pytest.mark.slow
 def test_snapshot_and_status_are_answered_while_the_writer_is_held(server):
     # The writer (the store's lock, the commit thread's transaction) is held by this test: a
     # snapshot or status that ran on the commit thread would wait for it (a 655k-row snapshot
@@ -153,6 +154,7 @@ def test_a_big_shuffle_runs_off_the_commit_thread_and_other_jobs_lease_meanwhile
 
 
 # -- restores: ownership before the body, bounded ---------------------------------------------
+@pytest.mark.slow
 def test_a_restore_is_refused_before_its_body_is_read(tmp_path):
     srv = EmbeddedServer(tmp_path / "s.db", service_token=SERVICE).start()
     try:
@@ -175,6 +177,7 @@ def test_a_restore_is_refused_before_its_body_is_read(tmp_path):
 
 
 # -- quotas -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_one_token_cannot_take_every_controller_or_data_set_slot(tmp_path):
     config = ServiceConfig(max_jobs_per_token=3, max_datasets_per_token=2)
     srv = EmbeddedServer(tmp_path / "s.db", config=config).start()   # no service token
@@ -210,6 +213,7 @@ def test_one_token_cannot_take_every_controller_or_data_set_slot(tmp_path):
 
 
 # -- replayed lease requests ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_replayed_request_ids_never_lease_a_new_shard(server):
     client = ShardClient(server.url, "d", "w", token=OWNER)
     client.create_dataset(DatasetConfig("d", 100, 10, max_retries=0))
@@ -360,6 +364,7 @@ def test_reads_past_their_rate_wait_their_turn_then_get_503(tmp_path):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_a_refused_token_is_answered_after_a_pause_and_the_connection_closed(server):
     ShardClient(server.url, "d", "w", token=OWNER).create_dataset(DatasetConfig("d", 100, 10))
     start = time.monotonic()

@@ -265,6 +265,7 @@ def test_jobs_have_separate_controllers(setup):
     assert httpx.get(f"{setup['url']}/jobs/d/control/state").json()["config"]["policy"] == "nd"
 
 
+@pytest.mark.slow
 def test_stalled_connections_past_the_limit_do_not_lock_clients_out(tmp_path, caplog):
     # Clients that send a request head and part of a body, then nothing, past max_connections:
     # the serving layer evicts stalled connections, so /health is still answered (it used to

@@ -274,6 +274,7 @@ def test_a_stalled_service_and_client_timeouts_orphan_no_shard(tmp_path):
         service.close()
 
 
+@pytest.mark.slow
 def test_a_locked_database_answers_every_call_then_recovers(tmp_path):
     """Another process holds the write lock: calls fail with 503 (never hang), then succeed."""
     srv = EmbeddedServer(tmp_path / "shards.db", config=ServiceConfig(busy_timeout_s=0.2)).start()

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from stragglers.cli import app
@@ -28,6 +29,7 @@ def test_code_decode_prints_spec_vector():
         assert "a = [0.333333, 0, 0.333333, 0, 0.333333, 0]" in out.output
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_code_2():
     bad = subprocess.run([sys.executable, "-m", "stragglers.cli", "coding", "decode", "cyclic-mds",
                           "--n", "6", "--s", "3", "--survivors", "0,2"],

@@ -66,6 +66,7 @@ def test_guard_fires_for_n50_s11_float32():
     assert not report.stable
 
 
+@pytest.mark.slow
 def test_guard_matches_spec_condition_numbers_and_passes_stable_codes():
     for n, s, kappa in [(12, 3, 76), (20, 5, 3.0e3), (30, 9, 9.7e5)]:
         assert stability_report(CyclicMDSCode(n, s, "real")).worst_condition == \

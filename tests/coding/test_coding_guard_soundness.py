@@ -132,6 +132,7 @@ def test_guard_refuses_what_it_cannot_certify_and_counts_every_set():
     assert report.method == "rotations" and report.sets_checked == 55  # C(11, 2)
 
 
+@pytest.mark.slow
 def test_cyclic_repetition_worst_set_is_found_not_sampled():
     # the old guard sampled 25 sets; the worst of all 3003 sets is what must be bounded
     code = CyclicRepetitionCode(14, 5, seed=3)

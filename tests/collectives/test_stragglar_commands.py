@@ -28,11 +28,13 @@ def test_old_name_is_a_hidden_deprecated_alias_with_options():
     assert "stragglar-schedule" not in runner.invoke(app, ["--help"]).output
 
 
+@pytest.mark.slow
 def test_schedule_command_odd_n_explains_itself():
     result = runner.invoke(app, ["collectives", "schedule", "--n", "7", "--no-show"])
     assert result.exit_code == 0 and "odd n" in result.output
 
 
+@pytest.mark.slow
 def test_bad_n_is_an_input_error_and_exit_code_2():
     result = runner.invoke(app, ["collectives", "schedule", "--n", "1"])
     assert isinstance(result.exception, InputError)

@@ -103,6 +103,7 @@ def make_cycles(n: int) -> None:
         a.append([a])
 
 
+@pytest.mark.slow
 def test_planned_gc_collects_only_on_its_steps():
     pauses: list[int] = []
 

@@ -40,6 +40,7 @@ def analyser():
     a.close()
 
 
+@pytest.mark.slow
 def test_a_window_analysed_in_the_process_gets_the_row_a_thread_gets(analyser):
     (w,) = windows(1)
     here = WindowAnalyser(in_process=True).analyse(w)
@@ -51,6 +52,7 @@ def test_a_window_analysed_in_the_process_gets_the_row_a_thread_gets(analyser):
         {k: v for k, v in here.items() if k not in TIMINGS}
 
 
+@pytest.mark.slow
 def test_a_process_killed_between_windows_is_replaced_and_the_window_analysed(analyser):
     first, second = windows(2)
     assert analyser.analyse(first)["error"] is None

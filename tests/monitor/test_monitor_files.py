@@ -18,6 +18,7 @@ def serve(tmp_path, watch, config=FAST):
     return MonitorServer(tmp_path / "mon.db", watch=watch, port=0, config=config).start()
 
 
+@pytest.mark.slow
 def test_watched_run_is_analysed_window_by_window_and_served(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()

@@ -67,6 +67,7 @@ def test_a_layout_rank_that_is_no_rank_is_refused_and_nothing_is_stored(tmp_path
     serve(tmp_path).stop()   # and the service starts again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ['"all"', "{}", "[[0]]", '[{"rank": 0}, {"rank": 0}]'])
 def test_a_layout_that_is_no_list_of_ranks_is_refused(tmp_path, layout):
     trace = slow_job(steps=5)
@@ -82,6 +83,7 @@ def test_a_layout_that_is_no_list_of_ranks_is_refused(tmp_path, layout):
         s.stop()
 
 
+@pytest.mark.slow
 def test_a_bad_stored_row_quarantines_its_job_not_the_service(tmp_path):
     # a row damaged in the store (or written by a version with looser checks): the service
     # starts, names the job as set aside, and serves every other job
@@ -215,6 +217,7 @@ def test_extra_columns_are_refused(tmp_path):
         s.stop()
 
 
+@pytest.mark.slow
 def test_a_million_rows_of_a_long_op_name_are_refused_without_decoding_them(tmp_path):
     # 0.14 MB of Parquet once decoded to +2 GB before its unknown op type was refused
     n = 1_000_000
@@ -270,6 +273,7 @@ def test_a_corrupt_page_in_any_column_is_refused_before_the_reply(tmp_path):
         s.stop()
 
 
+@pytest.mark.slow
 def test_one_wild_step_does_not_stop_later_windows(tmp_path):
     # a part holding a step of 2**63-1 once made it the job's last analysed step: every later
     # row was dropped as late and no window came again
@@ -320,6 +324,7 @@ def test_a_wild_step_in_a_job_s_first_part_is_refused_too(tmp_path):
         s.stop()
 
 
+@pytest.mark.slow
 def test_a_part_numbered_999999_is_one_log_line_not_a_million(tmp_path, caplog):
     trace = slow_job(steps=10)
     parts = parts_of(trace, 5)
@@ -340,6 +345,7 @@ def test_a_part_numbered_999999_is_one_log_line_not_a_million(tmp_path, caplog):
         s.stop()
 
 
+@pytest.mark.slow
 def test_a_wild_part_number_does_not_hold_the_job_s_windows(tmp_path):
     # after part 999999 the rank skipped ahead to part 1,000,000: its real parts 2 and 3,
     # numbered below, never moved its frontier, and no window after them closed
@@ -393,6 +399,7 @@ def test_a_thousand_idle_connections_do_not_lock_the_monitor(tmp_path):
         s.stop()
 
 
+@pytest.mark.slow
 def test_slow_bodies_declaring_64_mib_do_not_hold_the_upload_budget(tmp_path):
     trace = slow_job(steps=5)
     s = serve(tmp_path, config=CFG.replace(max_part_bytes=64 * 2**20))

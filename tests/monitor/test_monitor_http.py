@@ -563,6 +563,7 @@ def test_urls_of_ipv6_and_wildcard_hosts():
     assert base_url("127.0.0.1", 2) == "http://127.0.0.1:2"
 
 
+@pytest.mark.slow
 def test_a_data_dir_that_cannot_be_written_is_refused_at_start(tmp_path):
     # it was taken, and the first upload of a job would have failed instead
     import subprocess

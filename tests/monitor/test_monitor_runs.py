@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 import httpx
+import pytest
 
 from conftest import eventually
 from monitor_jobs import get, parts_of, slow_job, write_whole_run
@@ -29,6 +30,7 @@ def with_start(trace, start):
     return raw
 
 
+@pytest.mark.slow
 def test_a_rerun_of_a_job_starts_a_new_history_and_resolves_the_old_alerts(tmp_path):
     # after `--overwrite` the old windows and alerts stayed ("severe" still firing), and the
     # new run's parts, numbered from 0 again, were refused as other bytes under stored numbers
@@ -72,6 +74,7 @@ def test_a_rerun_of_a_job_starts_a_new_history_and_resolves_the_old_alerts(tmp_p
         s.stop()
 
 
+@pytest.mark.slow
 def test_a_run_written_whole_is_finished_not_running_then_stalled(tmp_path):
     runs = tmp_path / "runs"
     run = runs / "synth"
@@ -131,6 +134,7 @@ def test_the_demo_ends_on_a_command_that_serves_its_store_again(tmp_path):
     assert f"--db {tmp_path / 'monitor.db'}" in cmd and f"--config {tmp_path / 'rules.yaml'}" in cmd
 
 
+@pytest.mark.slow
 def test_a_store_served_again_with_other_settings_says_how_its_windows_were_cut(tmp_path):
     trace = slow_job(steps=10)
     s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()

@@ -6,6 +6,7 @@ import io
 
 import httpx
 import pyarrow.parquet as pq
+import pytest
 
 from monitor_jobs import get, parts_of, slow_job
 from stragglers.monitor.server import MonitorServer
@@ -75,6 +76,7 @@ def test_a_refusing_monitor_neither_blocks_nor_raises_and_refusals_are_counted(t
         server.stop()
 
 
+@pytest.mark.slow
 def test_close_gives_up_after_its_timeout_when_nobody_answers():
     up = PartUploader(f"http://127.0.0.1:{free_port()}", None, "job", 0, backoff_s=0.05)
     up.submit(0, b"x" * 100)

@@ -64,6 +64,7 @@ def rows(ops, step: int) -> list[tuple[int, int]]:
     return [(int(ops["optype"][i]), int(ops["mb_id"][i])) for i in sel]
 
 
+@pytest.mark.slow
 def test_a_plain_loop_records_microbatches_and_the_optimizer(tmp_path):
     model, opt = make()
     with attach(model, opt, tmp_path / "run", flush_interval_s=0.01,
@@ -83,6 +84,7 @@ def test_a_plain_loop_records_microbatches_and_the_optimizer(tmp_path):
     assert (trace.meta.dp_size, trace.meta.pp_size) == (1, 1)
 
 
+@pytest.mark.slow
 def test_recording_changes_no_parameter(tmp_path):
     ref, ref_opt = make()
     train(ref, ref_opt)

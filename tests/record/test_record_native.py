@@ -72,6 +72,7 @@ def _same_recording(a, b, steps) -> None:
                               equal_nan=True), col
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(native.load() is None, reason="native hooks not built")
 @pytest.mark.parametrize("seq", [False, True])
 def test_native_and_python_hooks_record_the_same_rows_of_a_plain_loop(tmp_path, monkeypatch,
@@ -85,6 +86,7 @@ def test_native_and_python_hooks_record_the_same_rows_of_a_plain_loop(tmp_path, 
     assert np.all(nat.ops["duration"] >= 0)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(native.load() is None, reason="native hooks not built")
 def test_native_and_python_hooks_record_the_same_rows_under_ddp(tmp_path, monkeypatch,
                                                                 one_rank_group):

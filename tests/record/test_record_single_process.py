@@ -66,6 +66,7 @@ def test_records_sampled_steps_with_seq_lengths(tmp_path):
     assert trace.meta.extra["recorder"]["sample_every"] == 2
 
 
+@pytest.mark.slow
 def test_gc_pause_inside_an_op_moves_before_it(tmp_path):
     meta = JobMeta(name="t", dp_size=1, pp_size=1)
     gc.disable()  # only the explicit collection below pauses

@@ -15,6 +15,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
+@pytest.mark.slow
 def test_page_is_self_contained(tmp_path):
     path = write_html(json_round_trip(straggling_result()), tmp_path / "sub" / "report.html")
     page = path.read_text(encoding="utf-8")

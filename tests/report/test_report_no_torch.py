@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = """
 import sys
 sys.modules["torch"] = None  # any `import torch` now raises ImportError
@@ -16,6 +18,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_report_runs_without_torch():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                           timeout=120)

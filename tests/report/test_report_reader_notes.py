@@ -39,6 +39,7 @@ def test_ranks_read_and_missing_in_every_output(analysed):
     assert "missing: pp 0: dp 1–127" in page and "read 1 of 128 ranks" in page
 
 
+@pytest.mark.slow
 def test_every_reader_note_reaches_console_and_html(analysed):
     console, result, page = analysed
     kinds = {n["kind"] for n in result["notes"]}

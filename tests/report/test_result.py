@@ -119,6 +119,7 @@ def test_unknown_fields_are_kept_through_json():
     assert r.to_dict()["diagnosis"][0]["blame"] == "the switch"
 
 
+@pytest.mark.slow
 def test_reports_read_the_result_or_its_json_alike(slow_result):
     assert render(slow_result) == render(json.loads(slow_result.to_json()))
     assert render_html(slow_result) == render_html(json.loads(slow_result.to_json()))

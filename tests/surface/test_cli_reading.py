@@ -35,6 +35,7 @@ def test_help_shows_what_an_option_takes_not_its_python_type(path):
             assert "<int>" not in line and "[default: 0]" not in line, line  # a count: -v, -vv
 
 
+@pytest.mark.slow
 def test_advise_help_cites_current_commands_only():
     out = cli("advise", "--help")
     words = " ".join(out.stdout.replace("│", " ").split())
@@ -73,6 +74,7 @@ def test_an_error_is_one_line_without_blank_lines(run_dir):
     assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, repr(out.stderr)
 
 
+@pytest.mark.slow
 def test_the_stragglar_schedule_comes_with_a_legend_of_its_notation():
     out = cli("collectives", "schedule", "--n", "4")
     assert out.returncode == 0, out.stderr

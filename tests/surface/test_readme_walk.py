@@ -169,6 +169,7 @@ def python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```$", text, re.M | re.S)
 
 
+@pytest.mark.slow
 def test_the_readme_library_call_prints_what_the_readme_says():
     # The block that needs no training job (the others use a model of the reader's own); the
     # comment line after a print is the output the README promises.

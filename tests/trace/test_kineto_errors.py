@@ -169,6 +169,7 @@ def test_fuzzed_documents_never_crash(docs, gz):
         assert np.all(np.isfinite(trace.ops["start_ts"])) and np.all(trace.ops["duration"] >= 0)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(data=st.binary(max_size=300), cut=st.integers(0, 400))
 def test_fuzzed_bytes_never_crash(data, cut):
@@ -232,6 +233,7 @@ def test_streaming_cuts_never_split_an_event(tmp_path, monkeypatch, indent):
     assert fast.pg_ranks == {"0": (0, 1)} and fast.events == 2 + 5 * 40
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(doc=_document, gz=st.booleans(), chunk=st.sampled_from([7, 64, 1 << 20]))

@@ -150,6 +150,7 @@ def test_msgspec_and_stdlib_decoders_read_the_same_events(path):
     assert fast.events > 0 and (fast.has_kernels or len(fast.cpu_ts))
 
 
+@pytest.mark.slow
 def test_without_msgspec_the_stdlib_reads_and_analyses(tmp_path):
     """The analysis path runs without msgspec (and without torch): same trace, decoder json."""
     import subprocess

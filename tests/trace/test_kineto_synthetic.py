@@ -297,6 +297,7 @@ def test_cpu_only_trace_uses_cpu_ops(tmp_path):
     assert any("no GPU rows" in n for n in _messages(trace))
 
 
+@pytest.mark.slow
 def test_parallel_parsing_gives_the_same_trace(tmp_path):
     for r in (0, 1):
         ddp_rank(r, 300.0 * r, steps=tuple(range(10, 40))).write(tmp_path / f"r{r}.json")

@@ -37,6 +37,7 @@ def test_a_table_becomes_compute_and_a_synchronising_all_reduce(tmp_path):
     assert result.sim_error < 1e-9
 
 
+@pytest.mark.slow
 def test_diagnosis_and_advise_agree_on_the_slow_half():
     path = PAI / "job_4_norm.csv"
     result = analyze(load_trace(path))

@@ -43,6 +43,7 @@ def test_round_trip_ndtimeline_run_ndtimeline(ndtimeline_dir, tmp_path):
     assert (tmp_path / "back" / "meta-ST.yaml").exists()
 
 
+@pytest.mark.slow
 def test_convert_cli(ndtimeline_dir, tmp_path):
     proc = cli("convert", ndtimeline_dir / "trace-AR.parquet", tmp_path / "ar")
     assert proc.returncode == 0, proc.stderr
@@ -107,6 +108,7 @@ def test_run_dir_errors(tmp_path):
         load_trace(tmp_path / "nothing-here")
 
 
+@pytest.mark.slow
 def test_cycle_is_reported_with_op_names(ndtimeline_dir, tmp_path):
     t = pq.read_table(ndtimeline_dir / "trace-ST.parquet")
     cols = {c: t.column(c).to_pylist() for c in t.column_names}
@@ -198,6 +200,7 @@ def st_two_stages(ndtimeline_dir, tmp_path, meta_text):
     return path
 
 
+@pytest.mark.slow
 def test_metadata_that_disagrees_with_the_trace_is_refused(ndtimeline_dir, tmp_path):
     # pp_size 4 in the YAML but only stages 0-1 in the table: the pipeline would be wrong.
     path = st_two_stages(ndtimeline_dir, tmp_path,
@@ -212,6 +215,7 @@ def test_metadata_that_disagrees_with_the_trace_is_refused(ndtimeline_dir, tmp_p
     assert read_ndtimeline(path).meta.pp_size == 2
 
 
+@pytest.mark.slow
 def test_metadata_that_disagrees_in_a_run_directory_is_refused(ndtimeline_dir, tmp_path):
     convert(ndtimeline_dir / "trace-ST.parquet", tmp_path / "run")
     for victim in sorted((tmp_path / "run").glob("rank-*.parquet")):
@@ -244,6 +248,7 @@ def test_null_optional_sizes_take_their_defaults(tmp_path):
     assert (meta.tp_size, meta.world_size) == (1, 1)
 
 
+@pytest.mark.slow
 def test_all_zero_durations_are_an_error_not_nan(ndtimeline_dir, tmp_path):
     t = pq.read_table(ndtimeline_dir / "trace-ST.parquet")
     zeros = pa.array(np.zeros(t.num_rows, dtype=np.float32))

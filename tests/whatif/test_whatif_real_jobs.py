@@ -72,6 +72,7 @@ def test_the_late_rank_is_named_and_the_ranks_that_wait_are_not(dlrm_result):
     assert result.straggling is False and stall.extra.get("below_threshold") is True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", sorted(ONE_RANK))
 def test_one_rank_of_a_larger_job_gets_a_partial_verdict(folder):
     path = GPU / folder

@@ -50,6 +50,7 @@ def test_samples_are_diagnosed(results, name, cause, where):
     assert first["speedup_if_fixed"] > 1.05
 
 
+@pytest.mark.slow
 def test_json_keys_and_cli(ndtimeline_dir, tmp_path):
     out = tmp_path / "ar.json"
     proc = subprocess.run([sys.executable, "-m", "stragglers.cli", "analyze",
