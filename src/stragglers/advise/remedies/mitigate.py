@@ -176,3 +176,25 @@ class StageSplitRemedy(DiagnosedFix):
     def switch_on(self, ctx: AdviceContext) -> str:
         return ("stragglers.mitigate.suggest_stage_split(layer_costs, num_stages).layers_per_stage "
                 "as the new split (examples/train_gpt.py --balance-stages or --stage-split A,B)")
+
+
+@REMEDIES.register("expert-balancing")
+class ExpertBalancing(DiagnosedFix):
+    """Balance MoE routing so every expert-parallel rank receives its group's mean rows."""
+
+    name = "expert-balancing"
+    cause = "expert_imbalance"
+    absent = "the diagnosis found no expert load imbalance (no all-to-all with rows received, " \
+             "or routing even enough)"
+    cost = ("a higher auxiliary load-balancing loss weight changes what the model learns; a "
+            "capacity factor drops (or re-routes) the rows beyond it")
+
+    def settings(self, ctx: AdviceContext) -> dict:
+        """What each capacity factor buys at the measured routing (the diagnosis's replays)."""
+        f = ctx.finding(self.cause)
+        return {"capacity_factor": f.get("capacity_factor")} if f is not None else {}
+
+    def switch_on(self, ctx: AdviceContext) -> str:
+        return ("raise the router's auxiliary load-balancing loss weight, or cap each expert at "
+                "a capacity factor (details.capacity_factor prices 1.0-2.0); "
+                "examples/train_moe.py --balanced runs the same job with balanced routing")
