@@ -369,9 +369,10 @@ def test_gloo_work_is_paired_with_its_issuing_op_when_the_window_cuts_one_off():
     from types import SimpleNamespace
 
     from stragglers.trace.kineto.items import _cpu_collectives
-    issued = [(t, 0.01, 1, "send", "0", None, None, dst, False)
+    issued = [(t, 0.01, 1, "send", "0", None, None, dst, False, None)
               for t, dst in ((1.0, 1), (2.0, 2), (3.0, 3))]
-    work = [(t, 0.01, 9, "send", None, None, None, None, True) for t in (1.005, 1.02, 2.02)]
+    work = [(t, 0.01, 9, "send", None, None, None, None, True, None)
+            for t in (1.005, 1.02, 2.02)]
     counts = Counter()
     out = _cpu_collectives(SimpleNamespace(collectives=issued + work), counts)
     by_start = {round(o[0], 3): o for o in out}
@@ -381,7 +382,8 @@ def test_gloo_work_is_paired_with_its_issuing_op_when_the_window_cuts_one_off():
     # nothing cut off: first with first
     counts = Counter()
     out = _cpu_collectives(SimpleNamespace(collectives=issued + [
-        (t, 0.01, 9, "send", None, None, None, None, True) for t in (1.02, 2.02, 3.02)]), counts)
+        (t, 0.01, 9, "send", None, None, None, None, True, None) for t in (1.02, 2.02, 3.02)]),
+        counts)
     assert [o[7] for o in sorted(out)] == [1, 2, 3] and not counts["unpaired annotations"]
 
 
