@@ -1,4 +1,4 @@
-"""The op table (one row per op, specs/whatif.md §2) and the job metadata."""
+"""The op table (one row per op, docs/whatif.md §2) and the job metadata."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ OPTYPES: tuple[str, ...] = (
     # backward-compute): a compute-stream op with no pipeline send of its own.
     "backward-weight-compute",
     # Collectives that block the work after them on their rank until the whole process group
-    # took part (specs/whatif.md §6: every collective is modelled): MoE/DLRM all-to-alls,
+    # took part (docs/whatif.md §2, §12: every collective is modelled): MoE/DLRM all-to-alls,
     # broadcasts, barriers, and batched send/recv whose direction is no pipeline's.
     "all-to-all",
     "broadcast",
@@ -174,7 +174,7 @@ class Trace:
         return cls(ops, meta, source)
 
 
-# In-worker streams (specs/whatif.md §3): ops on one stream run in observed start order.
+# In-worker streams (docs/whatif.md §3): ops on one stream run in observed start order.
 STREAMS: tuple[str, ...] = ("compute", "dp-comm", "f-send", "f-recv", "b-send", "b-recv")
 _STREAM_BY_NAME = {
     "forward-send": "f-send", "forward-recv": "f-recv",

@@ -1,4 +1,4 @@
-"""What-if analysis: dependency model, replay, idealisation, metrics and diagnosis (specs/whatif.md).
+"""What-if analysis: dependency model, replay, idealisation, metrics and diagnosis (docs/whatif.md).
 
 Pure functions of an op table (`stragglers.trace.model.Trace`); no torch.
 """

@@ -22,7 +22,7 @@ from stragglers.whatif.result import (AnalysisResult, findings_from, job_info, p
 def analyze(trace: Trace, steps: list[int] | str | None = None,
             progress: Callable[[str], None] | None = None,
             config: DiagnosisConfig | None = None) -> AnalysisResult:
-    """S and its decompositions, M_W, M_S and the diagnosis (specs/whatif.md §4–§7).
+    """S and its decompositions, M_W, M_S and the diagnosis (docs/whatif.md §4–§7).
 
     steps: None = every step but the warm-up (detected, named in the result); "all" = every
     step; a list = exactly those steps.

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from stragglers.config import Config, setting
 
-# A job is straggling when S ≥ 1.1 (specs/whatif.md §7). Reports import this one constant.
+# A job is straggling when S ≥ 1.1 (docs/whatif.md §7). Reports import this one constant.
 STRAGGLING_SLOWDOWN = 1.1
-# Attribution (by op type, stage, DP rank) is computed from this S on (spec §7).
+# Attribution (by op type, stage, DP rank) is computed from this S on (docs/whatif.md §7).
 DECOMPOSE_SLOWDOWN = 1.03
 
 
@@ -19,7 +19,7 @@ class DiagnosisConfig(Config):
     source = "diagnosis config"
 
     straggling_slowdown: float = setting(
-        STRAGGLING_SLOWDOWN, "S at or above this: the job is straggling (spec §7)",
+        STRAGGLING_SLOWDOWN, "S at or above this: the job is straggling (docs/whatif.md §7)",
         minimum=1.0, maximum=10.0)
     min_gain: float = setting(
         1.03, "a finding is reported only when the lower end of its speedup interval reaches "
@@ -56,7 +56,7 @@ class DiagnosisConfig(Config):
     # --- sequence imbalance ------------------------------------------------------------
     seq_corr: float = setting(
         0.9, "forward and backward of the same microbatch correlate at least this much "
-        "(spec §7)", minimum=0.0, maximum=1.0)
+        "(docs/whatif.md §7)", minimum=0.0, maximum=1.0)
     seq_fit: float = setting(
         0.6, "or: a microbatch's compute correlates with its recorded Σs² at least this much",
         minimum=0.0, maximum=1.0)

@@ -1,4 +1,4 @@
-"""The dependency model of specs/whatif.md §3: in-worker edges and cross-worker comm groups."""
+"""The dependency model of docs/whatif.md §3: in-worker edges and cross-worker comm groups."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
                         deps[o].append(c)
                     else:
                         deps[c].append(o)
-                        # posted after the op right before c on the compute stream (spec §3;
+                        # posted after the op right before c on the compute stream (docs/whatif.md §3;
                         # in 1F1B a forward's recv follows the backward before it)
                         before = stream_before.get(c)
                         if before is not None:

@@ -1,4 +1,4 @@
-"""Diagnosis (spec §7): every cause present, where it sits, what fixing only it buys, how sure.
+"""Diagnosis (docs/whatif.md §7): every cause present, where it sits, what fixing only it buys, how sure.
 
 The detectors in whatif/causes find candidates, each with the costs its fix would leave (its
 own share only). Here each is replayed for its prediction with a bootstrap interval over steps,
@@ -55,7 +55,7 @@ FIXES = {
 # Detector statistics a finding carries into the result (what each fix option buys).
 REPORTED_STATS = ("capacity_factor",)
 # Causes found by comparing workers with each other: from a trace of some ranks of a job they
-# say nothing of the ranks not traced (specs/whatif.md §6, partial traces).
+# say nothing of the ranks not traced (docs/whatif.md §7, partial traces).
 CROSS_RANK = ("worker_fault", "slow_group", "host_stall", "stage_imbalance", "sequence_imbalance",
               "expert_imbalance", "communication", "cpu_contention")
 
@@ -252,7 +252,7 @@ def _place(where: dict) -> str:
 def _before_after(w: WhatIf, cost: np.ndarray | None, delay: np.ndarray | None):
     """(step times before, after the fix, straggler excess) on the fix's own basis.
 
-    A duration fix is replayed without launch delays (the basis of S, spec §5): the measured
+    A duration fix is replayed without launch delays (the basis of S, docs/whatif.md §5): the measured
     delays also hold waits the dependency model does not explain, which would stay fixed while
     the work moves. A launch-delay fix (host stall) is replayed with the delays, its basis.
     """

@@ -1,4 +1,4 @@
-"""Idealised (straggler-free) op costs, spec §6: mean for compute, median transfer for comm,
+"""Idealised (straggler-free) op costs, docs/whatif.md §6: mean for compute, median transfer for comm,
 each taken over the ops of the same identity (the same kind of work), not the same op type."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def identities(grid: OpGrid) -> np.ndarray:
     sizes, a model's several all-to-alls), and compute cut into pieces by blocking
     collectives (the work between two all-to-alls is not the work between the next two; a
     profiler trace's backward cut at DDP's bucket all-reduces, `grid.compute_by_index`).
-    The stage is not part of the key: stage imbalance counts as straggling (spec §6).
+    The stage is not part of the key: stage imbalance counts as straggling (docs/whatif.md §6).
     """
     code = grid.node_optype.astype(np.int64)
     seq = grid.node_seq.astype(np.int64)

@@ -1,4 +1,4 @@
-"""What-if metrics (spec §7): S, per-step S, attribution by group, worker scores, M_W, M_S."""
+"""What-if metrics (docs/whatif.md §7): S, per-step S, attribution by group, worker scores, M_W, M_S."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from stragglers.whatif.idealise import ideal_costs
 from stragglers.whatif.replay import ReplayPlan, compile_plan, replay
 from stragglers.whatif.timing import base_step_times, launch_delays, measured_costs, step_starts
 
-DECOMPOSE_THRESHOLD = DECOMPOSE_SLOWDOWN  # attribution from this S on (spec §7)
+DECOMPOSE_THRESHOLD = DECOMPOSE_SLOWDOWN  # attribution from this S on (docs/whatif.md §7)
 TOP_WORKER_PERCENT = 3
-# Send and recv of one direction are one thing to fix (spec §7).
+# Send and recv of one direction are one thing to fix (docs/whatif.md §7).
 MERGED_OPTYPE = {"forward-send": "forward-pp-comm", "forward-recv": "forward-pp-comm",
                  "backward-send": "backward-pp-comm", "backward-recv": "backward-pp-comm"}
 
@@ -108,7 +108,7 @@ class WhatIf:
         return out
 
     def by_dp_rank(self) -> dict[int, float]:
-        """S per DP rank: rank d measured next to one ideal replica (spec §10), all in one pass."""
+        """S per DP rank: rank d measured next to one ideal replica (docs/whatif.md §9), all in one pass."""
         self.progress(f"attribution: {len(self.grid.dp_ranks)} dp ranks")
         n, d, t = self.cost.shape
         pairs = np.empty((n, d, 2, t))

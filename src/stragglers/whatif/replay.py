@@ -1,4 +1,4 @@
-"""Replay a job on its dependency graph (specs/whatif.md §5), vectorised over DP ranks and steps."""
+"""Replay a job on its dependency graph (docs/whatif.md §5), vectorised over DP ranks and steps."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from stragglers.whatif.config import DECOMPOSE_SLOWDOWN, STRAGGLING_SLOWDOWN
 
 # Version of the JSON layout: bump when a field changes meaning or is removed.
 SCHEMA_VERSION = 1
-# The replay is trusted when it reproduces the measured step time within this (spec §5).
+# The replay is trusted when it reproduces the measured step time within this (docs/whatif.md §5).
 SIM_ERROR_LIMIT = 0.05
 SOURCE = "analysis result"
 
@@ -102,7 +102,7 @@ class JobInfo(_ByName):
 
 @dataclass
 class WorkerScore(_ByName):
-    """S_w of one worker (spec §7), with what else the analysis knows of it (rank, host)."""
+    """S_w of one worker (docs/whatif.md §7), with what else the analysis knows of it (rank, host)."""
 
     dp: int
     pp: int
@@ -144,7 +144,7 @@ class DiagnosisSummary(_ByName):
 
 @dataclass
 class AnalysisResult(_ByName):
-    """S, its decompositions, M_W/M_S, the diagnosis and what the reader noted (spec §5–§7)."""
+    """S, its decompositions, M_W/M_S, the diagnosis and what the reader noted (docs/whatif.md §5–§7)."""
 
     _JSON_NAMES: ClassVar[dict[str, str]] = {
         "T_base": "t_base", "T_nodelay": "t_nodelay", "T_ideal": "t_ideal",
@@ -155,7 +155,7 @@ class AnalysisResult(_ByName):
     waste: float | None = None
     straggling: bool | None = None          # None on a partial trace: unknown, not false
     straggling_threshold: float = STRAGGLING_SLOWDOWN
-    # the trace holds only some ranks of its job (specs/whatif.md §6): no job-wide verdict
+    # the trace holds only some ranks of its job (docs/whatif.md §7): no job-wide verdict
     partial: bool = False
     sim_error: float | None = None
     launch_slowdown: float | None = None   # mean T_base / mean T_nodelay
@@ -199,7 +199,7 @@ class AnalysisResult(_ByName):
 
     @property
     def decompose_threshold(self) -> float:
-        """The S from which attribution is computed (spec §7)."""
+        """The S from which attribution is computed (docs/whatif.md §7)."""
         return DECOMPOSE_SLOWDOWN
 
     @property

@@ -1,4 +1,4 @@
-"""Measured quantities: transfer/blocking split, launch delays, measured step times (spec §4)."""
+"""Measured quantities: transfer/blocking split, launch delays, measured step times (docs/whatif.md §4)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def measured_costs(grid: OpGrid, model: DependencyModel) -> np.ndarray:
     # The member that arrived last waited for nobody; a small negative is clock error.
     grouped = model.group_of >= 0
     cost[grouped] = np.maximum(end[grouped] - group_start[grouped], 0.0)
-    cost[model.no_op] = 0.0  # recorded but never launched: zero transfer time (spec §3)
+    cost[model.no_op] = 0.0  # recorded but never launched: zero transfer time (docs/whatif.md §3)
     return cost
 
 

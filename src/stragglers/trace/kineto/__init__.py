@@ -1,4 +1,4 @@
-"""PyTorch-profiler (Kineto) traces → the op table (specs/trace-formats.md §2)."""
+"""PyTorch-profiler (Kineto) traces → the op table (docs/trace-formats.md §3)."""
 
 from stragglers.trace.kineto.reader import kineto_files, looks_like_kineto, read_kineto
 

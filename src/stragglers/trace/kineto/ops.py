@@ -28,7 +28,7 @@ COLLECTIVE_OPTYPES = {
     "allgather": "params-all-gather",
 }
 # Collectives whose result the rank's next work needs (an all-to-all's tokens or embeddings, a
-# broadcast's tensor, a barrier): they sit between two compute ops (specs/whatif.md §6: every
+# broadcast's tensor, a barrier): they sit between two compute ops (docs/whatif.md §2, §12: every
 # collective is modelled, synchronising its process group).
 BLOCKING_OPTYPES = {
     "alltoall": "all-to-all",

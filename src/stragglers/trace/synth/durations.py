@@ -12,7 +12,7 @@ import numpy as np
 
 from stragglers.trace.synth.schedule import BASE_COST, Schedule
 
-# specs/whatif.md §11: one transformer block, forward + backward over 16,384 packed tokens costs
+# docs/whatif.md §11: one transformer block, forward + backward over 16,384 packed tokens costs
 # ≈ 19.4 ms + 0.76 ms per 10⁶ of Σ s_i² (the spec prints 10⁹, but its own data points,
 # 16K → 224 ms and 2×8K → 120 ms, fit 10⁶). Only the ratio of the two terms shapes our costs.
 ATTN_FIXED_S = 0.0194

@@ -2,7 +2,7 @@
 
 All DP ranks and all steps run the same schedule, so the graph is built once per stage (a few
 hundred nodes) and the generator evaluates it on vectors that span every (step, dp rank).
-The dependency rules are those of specs/whatif.md §3 (the replay engine's model).
+The dependency rules are those of docs/whatif.md §3 (the replay engine's model).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sequence-length imbalance: microbatches whose cost differs the way their Σ sᵢ² does (spec §7)."""
+"""Sequence-length imbalance: microbatches whose cost differs the way their Σ sᵢ² does (docs/whatif.md §7)."""
 
 from __future__ import annotations
 

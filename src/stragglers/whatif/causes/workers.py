@@ -105,7 +105,7 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
 def host_stall(ctx: Context) -> list[Candidate]:
     """Workers that launch their work late (data loader, host-side work) beyond their peers.
 
-    Launch delay (spec §4) is the gap between an op's dependencies ending and the op starting;
+    Launch delay (docs/whatif.md §4) is the gap between an op's dependencies ending and the op starting;
     a worker whose gaps exceed its peers' makes everyone that syncs with it wait.
     """
     w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
