@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from stragglers.whatif.causes.base import BUSY, Candidate, Context, fmt_steps, per_worker_sum
@@ -140,11 +142,18 @@ def host_stall(ctx: Context) -> list[Candidate]:
         g_lo, _ = mean_interval(held, cfg)
         named &= late.lateness + mean > 0
         if mean.size >= 5:
-            # With five workers or more the outlier test tells a hold-up from chance; with
-            # fewer only the threshold would, and a hold-up counted from the steps a rank
-            # happened to be last (its gaps clipped at zero elsewhere) sits above the gaps'
-            # own interval: on a clean 2-rank run one rank was named so
+            # With five workers or more the outlier test tells a hold-up from chance
             named |= _stands_out(ctx, gating / step_time, g_lo, threshold)
+        else:
+            # With fewer only the threshold can, and a hold-up counted from the steps a rank
+            # happened to be last (its gaps clipped at zero elsewhere) is positive under
+            # noise alone (on a clean 2-rank run one rank was named so): the hold-up must
+            # exceed its peers' own, which carry the same clipping, in the typical step
+            # (median: a peer's rare pause does not hide it) and in more steps than chance
+            # gives (a one-sided sign test at 5%)
+            beyond = held - peer_reference(held)
+            named |= ((np.median(beyond, axis=-1) >= threshold) & _mostly_positive(beyond)
+                      & (late.lateness + mean > 0))
     workers = _worst_first(named, np.maximum(mean, gating))
     if not workers:
         return []
@@ -165,6 +174,16 @@ def host_stall(ctx: Context) -> list[Candidate]:
         evidence += f"; only in steps {fmt_steps(steps)}"
     where = ctx.where_workers(workers, **({"steps": steps} if steps else {}))
     return [Candidate("host_stall", where, evidence, delay=fixed, strata=ctx.step_mask(steps))]
+
+
+def _mostly_positive(values: np.ndarray, alpha: float = 0.05) -> np.ndarray:
+    """bool [D, P]: positive in more steps than a fair coin gives at level alpha (sign test)."""
+    n = values.shape[-1]
+    k = (values > 0).sum(axis=-1)
+    # P(X >= k) for X ~ Binomial(n, 1/2)
+    tail = np.array([sum(math.comb(n, j) for j in range(int(x), n + 1)) / 2 ** n
+                     for x in k.ravel()]).reshape(k.shape)
+    return tail <= alpha
 
 
 def _stall_words(ctx: Context, d: int, p: int, mean, lo, hi, gating, step_time: float) -> str:
