@@ -21,6 +21,16 @@ and unrecorded side by side under the same machine load:
    the cost is also computed from part 1: rows recorded per big step (read back from the run) ×
    the DDP per-op cost (the hooks' work does not grow with tensor size), over the step time.
 Goals (issue 15): ≤ 2 µs per recorded op, ≤ 1% of a ≥ 100 ms step.
+
+3. Model parallelism (issue 30), `--parallel`: the tensor-parallel example (examples/train_tp.py,
+   FSDP2 + TP, dp 1 × tp 2) and the expert-parallel one (examples/train_moe.py, EP 2), each
+   under torchrun with 2 gloo ranks, small sizes (the hooks dominate). Per rank, repetitions of
+   bare / attached / bare blocks of the example's own step on the same model (attach is closed
+   after each block); cost per op = median over repetitions and ranks of attached − mean of
+   the bare blocks, over the rows each recorded step holds (read back from the run); the steps'
+   CPU (training thread) and wall times side by side, with their ratio attached / bare.
+
+    .venv/bin/python benchmarks/record_attach_overhead.py --parallel [--reps 10] [--steps 10]
 """
 
 from __future__ import annotations
@@ -196,12 +206,137 @@ def big_step_overhead(steps: int, rounds: int) -> tuple[list[float], list[float]
     return overheads, control_spread, statistics.median(step_s), statistics.median(rows_per_step)
 
 
+# ---- model parallelism (issue 30): the TP and MoE examples under torchrun -------------------
+
+PARALLEL = {  # example → its flags (small: the hooks' cost, not the model's, is measured)
+    "tp": ("train_tp", ["--tp", "2", "--layers", "2", "--d-model", "32", "--seq", "8",
+                        "--batch", "2", "--vocab", "64"]),
+    "moe": ("train_moe", ["--layers", "2", "--d-model", "32", "--d-expert", "64", "--seq", "8",
+                          "--batch", "2", "--vocab", "64", "--hot-expert", "1",
+                          "--routing-skew", "0.3"]),
+}
+
+
+def parallel_worker(kind: str, reps: int, steps: int, workdir: Path) -> None:
+    """One rank of the A B A' measurement on an example's model (run under torchrun)."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "examples"))
+    name, flags = PARALLEL[kind]
+    ex = importlib.import_module(name)
+    args = ex.parse_args(flags)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if kind == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+        model, dp_rank = ex.parallelize(ex.Transformer(args), mesh), mesh["dp"].get_local_rank()
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        model, dp_rank = ex.Transformer(args, world, rank), rank
+        model = fully_shard(model, ignored_params=set(model.expert_parameters()))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    import torch.nn.functional as F
+
+    def block(n: int) -> tuple[float, float]:
+        c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+        for step in range(n):
+            tokens = ex.batch(args, step, dp_rank, 0)
+            logits = model(tokens[:, :-1])
+            F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+            opt.step()
+            opt.zero_grad()
+        return (time.thread_time_ns() - c0) / n, (time.perf_counter_ns() - w0) / n
+
+    block(5)  # warm-up
+    out = []
+    # the runs go to the launcher's folder (one path for every rank)
+    for rep in range(reps):
+        a = block(steps)
+        where = workdir / f"{kind}{rep}"
+        with attach(model, opt, where, flush_interval_s=1.0):
+            block(1)
+            b = block(steps)
+        a2 = block(steps)
+        dist.barrier()
+        ops = read_run(where).ops
+        mine = ops["step"][ops["rank"] == rank]
+        rows = len(mine) / len(set(mine.tolist()))
+        out.append((a, b, a2, rows))
+    every: list = [None] * world
+    dist.all_gather_object(every, out)
+    if rank == 0:
+        print("RESULT " + repr(every), flush=True)
+    dist.destroy_process_group()
+
+
+def parallel_costs(reps: int, steps: int) -> None:
+    """Launch each example's measurement under torchrun (2 ranks) and print its figures."""
+    import ast
+    import shutil
+    import socket
+    import subprocess
+
+    for kind in PARALLEL:
+        workdir = tempfile.mkdtemp(prefix=f"attach-{kind}-")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=2", "--rdzv-endpoint", f"127.0.0.1:{port}", __file__,
+               "--worker", kind, "--reps", str(reps), "--steps", str(steps),
+               "--workdir", workdir]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        shutil.rmtree(workdir, ignore_errors=True)
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode or not line:
+            sys.exit(f"{kind}: torchrun failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        every = ast.literal_eval(line[0][len("RESULT "):])
+        cost = {"cpu": [], "wall": []}
+        bare = {"cpu": [], "wall": []}
+        rec = {"cpu": [], "wall": []}
+        rows = []
+        for per_rank in every:
+            for a, b, a2, n in per_rank:
+                rows.append(n)
+                for i, k in enumerate(("cpu", "wall")):
+                    base = (a[i] + a2[i]) / 2
+                    cost[k].append((b[i] - base) / n)
+                    bare[k].append(base)
+                    rec[k].append(b[i])
+        med = {k: statistics.median(v) for k, v in cost.items()}
+        ci = median_interval(cost["cpu"])
+        print(f"{kind} ({PARALLEL[kind][0]}.py, 2 ranks): {statistics.median(rows):.0f} rows per "
+              f"recorded step; step bare {statistics.median(bare['cpu']) / 1e6:.2f} ms CPU / "
+              f"{statistics.median(bare['wall']) / 1e6:.2f} ms wall, attached "
+              f"{statistics.median(rec['cpu']) / 1e6:.2f} ms CPU / "
+              f"{statistics.median(rec['wall']) / 1e6:.2f} ms wall (ratio "
+              f"{statistics.median(rec['cpu']) / statistics.median(bare['cpu']):.3f} CPU, "
+              f"{statistics.median(rec['wall']) / statistics.median(bare['wall']):.3f} wall); "
+              f"attach adds {med['cpu'] / 1e3:.1f} µs CPU per op (median of the repetitions' "
+              f"differences, 95% interval {ci[0] / 1e3:.1f}-{ci[1] / 1e3:.1f}; from the medians "
+              f"above {(statistics.median(rec['cpu']) - statistics.median(bare['cpu'])) / statistics.median(rows) / 1e3:.1f}), "
+              f"{med['wall'] / 1e3:.1f} µs wall per op", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=30, help="A B A' repetitions per tiny model")
     p.add_argument("--steps", type=int, default=40, help="steps per big-step run")
     p.add_argument("--rounds", type=int, default=3, help="recorded/control big-step rounds")
+    p.add_argument("--parallel", action="store_true",
+                   help="measure the TP and MoE examples instead (part 3)")
+    p.add_argument("--worker", choices=sorted(PARALLEL), help=argparse.SUPPRESS)
+    p.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.worker:
+        return parallel_worker(args.worker, args.reps, args.steps, args.workdir)
+    if args.parallel:
+        return parallel_costs(args.reps, args.steps)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))
     torch.set_num_threads(1)

@@ -52,6 +52,8 @@ def test_tensor_parallel_collectives_share_their_keys_across_each_tp_group(tmp_p
     # every rank is a worker (column) of its own; the degrees are in extra
     assert (meta.dp_size, meta.world_size) == (4, 4)
     assert meta.extra["parallel"] == {"dp": 2, "tp": 2, "cp": 1, "ep": 1, "pp": 1}
+    assert meta.extra["group_sizes"] == {"tp": 2}  # as the Kineto reader names them
+    assert meta.extra["compute_split_at_collectives"] is True
     assert sorted(set(ops["dp_rank"].tolist())) == [0, 1, 2, 3]
     groups = [tuple(g) for g in meta.extra["process_groups"]]
     steps = sorted(set(ops["step"].tolist()))
@@ -85,6 +87,7 @@ def test_all_to_all_rows_carry_the_tokens_each_expert_rank_received(tmp_path):
     trace = read_run(tmp_path / "run")
     ops, meta = trace.ops, trace.meta
     assert meta.ep_size == 4 and meta.extra["parallel"]["ep"] == 4
+    assert meta.extra["group_sizes"] == {"ep": 4}
     world_pg = [tuple(g) for g in meta.extra["process_groups"]].index((0, 1, 2, 3))
     forced = int(np.sum((np.arange(TOKENS_PER_RANK) * 7919) % 1000 < skew * 1000))
     for step in sorted(set(ops["step"].tolist())):
@@ -194,12 +197,34 @@ def test_group_ids_are_the_same_on_every_rank_and_distinct_per_group():
 def test_natively_timed_compute_is_cut_at_the_collectives_inside_it():
     nan = math.nan
     fwd = (FWD, 0, 100, 0, 0, 0, nan, -1, -1, (5,))
-    a2a_1 = (A2A, 20, 30, 0, 0, 0, nan, 8, 64, ())
-    a2a_2 = (A2A, 50, 70, 0, 0, 0, nan, 8, 64, ())
-    bwd = (BWD, 110, 150, 0, 0, 0, nan, -1, -1, ())
-    rows = cut_compute_at_collectives([fwd, a2a_1, a2a_2, bwd])
+    a2a_1 = (A2A, 20, 30, -1, 0, 0, nan, 8, 64, ())
+    a2a_2 = (A2A, 50, 70, -1, 0, 0, nan, 8, 64, ())
+    bwd = (BWD, 110, 150, 1, 0, 0, nan, -1, -1, ())
+    a2a_3 = (A2A, 105, 108, -1, 0, 0, nan, 8, 64, ())  # between forward and backward
+    rows = cut_compute_at_collectives([fwd, a2a_1, a2a_2, a2a_3, bwd])
     spans = sorted((r[0], r[1], r[2]) for r in rows)
     assert spans == sorted([(FWD, 0, 20), (FWD, 30, 50), (FWD, 70, 100), (A2A, 20, 30),
-                            (A2A, 50, 70), (BWD, 110, 150)])
+                            (A2A, 50, 70), (A2A, 105, 108), (BWD, 110, 150)])
+    assert sorted(r[3] for r in rows if r[0] == A2A) == [-1, 0, 0]  # the piece's microbatch
     pauses = [r[9] for r in rows if r[0] == FWD]
     assert sorted(pauses, key=len) == [(), (), (5,)]  # the span's GC pause stays once
+
+
+@pytest.mark.distributed
+def test_natively_timed_compute_of_a_real_moe_job_is_cut_at_its_all_to_alls(tmp_path):
+    from stragglers.record import native
+
+    if native.load() is None:
+        pytest.skip(f"native hooks not built ({native.last_error()})")
+    torchrun(REPO / "tests" / "record" / "workers" / "moe_plain_worker.py", 2,
+             str(tmp_path / "run"), timeout=300)
+    trace = read_run(tmp_path / "run")
+    ops = trace.ops
+    assert trace.meta.extra["native"] is True
+    a2a = ops["optype"] == A2A
+    # per step: counts, dispatch, combine in forward; combine, dispatch in backward
+    assert np.bincount(ops["step"][a2a] * 2 + ops["rank"][a2a]).max() == 5
+    assert (ops["mb_id"][a2a] == 0).all()  # the microbatch of the compute they cut
+    fwd = ops["optype"] == FWD
+    assert set(np.bincount(ops["step"][fwd] * 2 + ops["rank"][fwd]).tolist()) - {0} == {4}
+    assert_compute_is_cut(ops)

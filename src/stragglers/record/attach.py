@@ -259,7 +259,14 @@ class Attached(ClosesOnExit):
         self._pg_on = True
         self.recorder.record_pg(self._pg_defaults)
         if self.recorder.rank == 0:  # written with meta.json (at close at the latest)
-            self.recorder.meta.extra["process_groups"] = [list(g) for g in self.groups.groups]
+            extra = self.recorder.meta.extra
+            extra["process_groups"] = [list(g) for g in self.groups.groups]
+            # the compute rows are pieces between blocking collectives (as the Kineto reader's):
+            # the i-th piece of a step is one kind of work, the pieces are not
+            extra["compute_split_at_collectives"] = True
+            extra.setdefault("group_sizes", {}).update(
+                {k: v for k, v in (("tp", self.layout.tp_size), ("cp", self.layout.dsp_size))
+                 if v > 1})
 
     def model_parallel_op(self, code: int, group) -> ModelParallelOp:
         """The span of one blocking model-parallel collective (modelparallel.py calls it)."""
@@ -283,6 +290,7 @@ class Attached(ClosesOnExit):
         self.ep_size = meta.ep_size = size
         if isinstance(meta.extra.get("parallel"), dict):
             meta.extra["parallel"]["ep"] = size
+        meta.extra.setdefault("group_sizes", {})["ep"] = size
 
     # ---- hooks -----------------------------------------------------------------------------
 

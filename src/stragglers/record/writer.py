@@ -294,26 +294,29 @@ BLOCKING_CUTS = tuple(OPTYPE_CODES[n] for n in ("all-reduce", "all-gather", "red
 
 def cut_compute_at_collectives(rows: list[tuple]) -> list[tuple]:
     """Compute rows that hold blocking collectives (native forward/backward spans, timed in C++
-    around the whole call) become the pieces between them; a piece's GC pauses (durations
-    only) stay with the first piece. Rows are StepBuffer.ops tuples."""
-    colls = sorted((r[1], r[2]) for r in rows if r[0] in BLOCKING_CUTS)
+    around the whole call) become the pieces between them, and the collectives take the
+    piece's microbatch; a piece's GC pauses (durations only) stay with the first piece. Rows
+    are StepBuffer.ops tuples."""
+    colls = sorted((r for r in rows if r[0] in BLOCKING_CUTS), key=lambda r: r[1])
     if not colls:
         return rows
-    out = []
+    out = [r for r in rows if r[0] not in FWD_BWD and r[0] not in BLOCKING_CUTS]
+    placed = set()
     for r in rows:
         if r[0] not in FWD_BWD:
-            out.append(r)
             continue
-        inside = [c for c in colls if r[1] <= c[0] and c[1] <= r[2]]
-        if not inside:
-            out.append(r)
-            continue
+        inside = [c for c in colls if r[1] <= c[1] and c[2] <= r[2]]
         start, pauses = r[1], r[9]
-        for c_start, c_end in inside:
-            out.append((r[0], start, max(c_start, start), *r[3:9], pauses))
-            start, pauses = c_end, ()
-        out.append((r[0], start, max(r[2], start), *r[3:9], ()))
+        for c in inside:
+            out.append((r[0], start, max(c[1], start), *r[3:9], pauses))
+            out.append((*c[:3], r[3] if c[3] < 0 else c[3], *c[4:]))
+            placed.add(id(c))
+            start, pauses = c[2], ()
+        out.append((r[0], start, max(r[2], start), *r[3:9], pauses))
+    out.extend(c for c in colls if id(c) not in placed)
     return out
+
+
 TAIL = tuple(OPTYPE_CODES[n] for n in (
     "params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce", "grads-all-reduce",
     "layernorm-grads-all-reduce", "embedding-grads-all-reduce", "optimizer-clip-main-grad",
