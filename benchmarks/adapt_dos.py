@@ -10,7 +10,10 @@ median and 95th percentile of one lease + ack round trip. It runs quiet first, t
 * snapshot: anonymous GET of a 655,360-row snapshot (65,536 shards x 10 epochs), in a loop;
 * status: anonymous GET of the same data set's status, in a loop;
 * shuffle: leases from data sets of 2**26 samples (each new one needs a shuffle of 2**26);
-* restore: a stranger's token POSTs a 60 MB restore body onto the job's data set.
+* restore: a stranger's token POSTs a 60 MB restore body onto the job's data set;
+* owner_restore: the 655,360-row snapshot restored onto its data set (whose token may), in a
+  loop: written on the commit thread in paced 512-row steps (one restore at a time; the other
+  attackers are answered 503 Busy).
 
 Each row is the ratio of the median to a quiet run just before it, in the same process (goal:
 <= 2x), with the service process's CPU use under the attack (/proc).
@@ -45,7 +48,8 @@ def big_db(db: Path) -> None:
     cfg = DatasetConfig("big", 655_360, 10, num_epochs=10)
     store.create_dataset(cfg)
     with store._tx() as c:
-        for epoch in range(1, 10):
+        c.execute("DELETE FROM shards WHERE dataset='big'")   # epoch 0 written whole below
+        for epoch in range(10):
             store._create_epoch(c, cfg, epoch, full=True)
     store.close()
 
@@ -58,7 +62,7 @@ def start_service(db: Path) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-def attack(kind: str, url: str, i: int, stop) -> None:
+def attack(kind: str, url: str, i: int, stop, done=None) -> None:
     http = httpx.Client(base_url=url, timeout=600)
     if kind == "shuffle":
         client = ShardClient(url, f"huge{i}", "w", token=f"{STRANGER}{i}", timeout_s=600)
@@ -66,9 +70,13 @@ def attack(kind: str, url: str, i: int, stop) -> None:
                                             seed=i))
         client.join()
     body = b'{"dataset":' + b" " * 60_000_000 + b"}"
+    if kind == "owner_restore":
+        body = http.get("/datasets/big/snapshot").content
     while not stop.is_set():
         try:
-            once(kind, http, body)
+            t0 = time.perf_counter()
+            if once(kind, http, body) and done is not None:
+                done.put(time.perf_counter() - t0)
         except httpx.HTTPError:
             pass   # the service may cut a refused upload short
         if kind == "shuffle":
@@ -84,8 +92,8 @@ def attack(kind: str, url: str, i: int, stop) -> None:
                 stop.wait(0.5)
 
 
-def once(kind: str, http: httpx.Client, body: bytes) -> None:
-    """One abusive request."""
+def once(kind: str, http: httpx.Client, body: bytes) -> bool:
+    """One abusive request; True for a restore written whole."""
     if kind == "snapshot":
         http.get("/datasets/big/snapshot")
     elif kind == "status":
@@ -93,6 +101,45 @@ def once(kind: str, http: httpx.Client, body: bytes) -> None:
     elif kind == "restore":
         http.post("/datasets/job/restore", content=body,
                   headers={"Authorization": f"Bearer {STRANGER}"})
+    elif kind == "owner_restore":
+        r = http.post("/datasets/big/restore", content=body,
+                      headers={"Authorization": f"Bearer {BIG}"})
+        assert r.status_code in (200, 503), r.text[:200]
+        return r.status_code == 200
+    return False
+
+
+def wait_for_staged_rows(db: Path, timeout: float = 300.0) -> None:
+    """Until a restore's rows are being written (its body was sent and parsed first)."""
+    import sqlite3
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with sqlite3.connect(db, timeout=60) as c:
+            if c.execute("SELECT 1 FROM row_sets WHERE state='writing' LIMIT 1").fetchone():
+                return
+        time.sleep(0.2)
+    raise SystemExit("no restore was written within 300 s")
+
+
+def restore_alone(url: str) -> float:
+    """Seconds one restore of the 655,360-row snapshot takes, nothing else running."""
+    http = httpx.Client(base_url=url, timeout=600)
+    body = http.get("/datasets/big/snapshot", headers={"Authorization": f"Bearer {BIG}"}).content
+    while True:
+        t0 = time.perf_counter()
+        r = http.post("/datasets/big/restore", content=body,
+                      headers={"Authorization": f"Bearer {BIG}"})
+        if r.status_code == 200:
+            return time.perf_counter() - t0
+        time.sleep(1.0)   # an attacker's restore still being written
+
+
+def drain(q) -> list[float]:
+    out = []
+    while not q.empty():
+        out.append(q.get())
+    return out
 
 
 def measure(url: str, leases: int) -> list[float]:
@@ -122,7 +169,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--leases", type=int, default=300)
     ap.add_argument("--attackers", type=int, default=5)
-    ap.add_argument("--cases", default="snapshot,status,shuffle,restore")
+    ap.add_argument("--cases", default="snapshot,status,shuffle,restore,owner_restore")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="adapt-dos-"))
     db = tmp / "shards.db"
@@ -141,28 +188,40 @@ def main() -> None:
         for kind in args.cases.split(","):
             # the quiet run right before each case: the machine's other load changes over time
             quiet = summary(measure(url, args.leases))
-            stop = mp.Event()
-            procs = [mp.Process(target=attack, args=(kind, url, i, stop), daemon=True)
+            stop, done = mp.Event(), mp.Queue()
+            procs = [mp.Process(target=attack, args=(kind, url, i, stop, done), daemon=True)
                      for i in range(args.attackers)]
             for p in procs:
                 p.start()
             time.sleep(3.0)   # the attack under way (first snapshot built, shuffles started)
+            if kind == "owner_restore":
+                wait_for_staged_rows(db)
             cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
             loaded = summary(measure(url, args.leases))
             share = (cpu_s(proc.pid) - cpu0) / (time.perf_counter() - t0)
             stop.set()
+            restores = drain(done)
             for p in procs:
                 p.join(timeout=30)
                 if p.is_alive():
                     p.kill()
             rows[kind] = {"quiet_ms": quiet, "loaded_ms": loaded,
-                          "ratio": loaded[0] / quiet[0], "service_cores": share}
+                          "ratio": loaded[0] / quiet[0], "service_cores": share,
+                          "restores_s": restores}
             print(f"{kind:<10} {quiet[0]:>9.2f} {loaded[0]:>10.2f} {quiet[1]:>10.2f}"
-                  f" {loaded[1]:>11.2f} {loaded[0] / quiet[0]:>6.2f} {share:>14.2f}", flush=True)
-        print(json.dumps({"cases": rows, "cpus": os.cpu_count()}))
+                  f" {loaded[1]:>11.2f} {loaded[0] / quiet[0]:>6.2f} {share:>14.2f}"
+                  + (f"   restores whole: {', '.join(f'{x:.1f} s' for x in restores)}"
+                     if restores else ""), flush=True)
+        alone = restore_alone(url) if "owner_restore" in args.cases.split(",") else None
+        if alone is not None:
+            print(f"one 655,360-row restore alone: {alone:.1f} s (paced)")
+        print(json.dumps({"cases": rows, "cpus": os.cpu_count(), "restore_alone_s": alone}))
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        proc.terminate()   # (a restore under way is finished first)
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 if __name__ == "__main__":

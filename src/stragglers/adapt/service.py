@@ -374,12 +374,15 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                 return result if isinstance(result, Response) else _json(result)
             except StragglersError as exc:
                 response = _error(exc)
-                if response.status_code in (401, 403) and config.auth_failure_delay_s:
+                # (a restore refused Busy: its unread body is up to 64 MiB, like a 401's)
+                busy_restore = isinstance(exc, Busy) and request.url.path.endswith("/restore")
+                if (response.status_code in (401, 403) or busy_restore) \
+                        and config.auth_failure_delay_s:
                     # A refused token is answered after a pause (sleeping costs nothing): a
                     # client retrying 64 MB uploads with a stranger's token in a loop waits
                     # instead of spinning the machine's CPUs (and guessing tokens is slower).
                     await asyncio.sleep(config.auth_failure_delay_s)
-                if response.status_code in (401, 403, 413):
+                if response.status_code in (401, 403, 413) or busy_restore:
                     # The body may be unread (refused from the head): close rather than read
                     # up to 64 MiB only to throw it away (the sender would spin sending it).
                     response.headers["connection"] = "close"

@@ -12,7 +12,6 @@ epoch), history.py (replayed lease requests), restores.py (restores and quotas),
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import threading
 import time
@@ -26,6 +25,7 @@ from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, Not
                                     Quarantined, QuotaExceeded, authorize)
 from stragglers.adapt.history import REQUEST_HISTORY, LeaseHistory  # noqa: F401
 from stragglers.adapt.permutations import Pending, Permutations
+from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
 from stragglers.adapt.schema import SCHEMA_VERSION, open_database  # noqa: F401
 from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_shard,
@@ -36,7 +36,7 @@ from stragglers.errors import InputError
 MAX_INDICES_PER_REPLY = 1 << 18
 
 
-class ShardStore(Transactions, Epochs, LeaseHistory, Restores):
+class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
     """All shard bookkeeping; every method is one SQLite transaction (durable on return).
 
     `token_sha256` arguments: a data set created with one is owned by it; every later write on
@@ -233,59 +233,6 @@ class ShardStore(Transactions, Epochs, LeaseHistory, Restores):
             self._read_conns.append(conn)
         return conn
 
-    def _requeue(self, c, cfg: DatasetConfig, front: int, epoch: int, shard: int,
-                 retries: int, failure: bool, error: str | None) -> int:
-        """Put a DOING shard back at the front of TODO, or FAILED past the retry bound."""
-        if type(retries) is not int:
-            raise damaged(cfg.name, f"shard {epoch}/{shard}", f"retries={retries!r:.40}")
-        retries = retries + (1 if failure else 0)
-        front -= 1
-        state = FAILED if retries > cfg.max_retries else TODO
-        if state == FAILED:
-            self._failed_cache.pop(cfg.name, None)
-        c.execute("UPDATE shards SET state=?, worker=NULL, fence=NULL, lease_until=NULL,"
-                  " retries=?, queue_pos=?, error=COALESCE(?, error) WHERE dataset=? AND"
-                  " epoch=? AND shard=?", (state, retries, front, error, self._key(cfg.name), epoch,
-                                             shard))
-        return front
-
-    def _expire(self, c, cfg: DatasetConfig, front: int, now: float) -> int:
-        if cfg.name in self._grace:
-            # First call since this store was opened (a service restart): the holders could not
-            # renew while no service ran, so each lease gets a full lease_s from now.
-            # (Deadlines only grow here, so the next_expiry bound stays a lower bound.)
-            c.execute("UPDATE shards SET lease_until=MAX(lease_until, ?) WHERE dataset=? AND"
-                      " state='DOING'", (now + cfg.lease_s, self._key(cfg.name)))
-            self._grace.discard(cfg.name)
-            self._undo.append(lambda: self._grace.add(cfg.name))
-            return front
-        bound = self._next_expiry.get(cfg.name)
-        if bound is not None and now <= bound:
-            return front  # no DOING lease ends before `bound`: nothing can have expired
-        expired = c.execute("SELECT epoch, shard, retries, worker FROM shards WHERE dataset=?"
-                            " AND state='DOING' AND lease_until<?",
-                            (self._key(cfg.name), now)).fetchall()
-        for epoch, shard, retries, worker in expired:
-            front = self._requeue(c, cfg, front, epoch, shard, retries, True,
-                                  f"lease of {worker} expired")
-        earliest = c.execute("SELECT MIN(lease_until) FROM shards WHERE dataset=? AND"
-                             " state='DOING'", (self._key(cfg.name),)).fetchone()[0]
-        self._next_expiry[cfg.name] = math.inf if earliest is None else earliest
-        return front
-
-    def _leased_until(self, name: str, deadline: float) -> None:
-        """A DOING shard of `name` now ends at `deadline`: keep next_expiry a lower bound."""
-        bound = self._next_expiry.get(name)
-        if bound is not None and deadline < bound:
-            self._next_expiry[name] = deadline
-
-    def _failed_report(self, c, name: str) -> tuple[list[dict], int]:
-        """The FAILED report of a lease reply (first MAX_FAILED_IN_REPLY), kept in memory."""
-        report = self._failed_cache.get(name)
-        if report is None:
-            report = self._failed_cache[name] = self._failed(c, name, MAX_FAILED_IN_REPLY)
-        return [dict(f) for f in report[0]], report[1]
-
     def _lease_of(self, cfg: DatasetConfig, epoch: int, shard: int, start: int, stop: int,
                   consumed: int) -> dict:
         """One shard handed to a worker: the sample indices still to consume, from `offset`."""
@@ -451,55 +398,6 @@ class ShardStore(Transactions, Epochs, LeaseHistory, Restores):
             released = self._release_rows(c, cfg, front, worker, fence, failure,
                                           error or (f"released by {worker}" if failure else None))
         return {"released": released}
-
-    def _release_rows(self, c, cfg, front, worker, fence, failure, error) -> list:
-        rows = c.execute("SELECT epoch, shard, retries, fence FROM shards WHERE dataset=? AND"
-                         " worker=? AND state='DOING'", (self._key(cfg.name), worker)).fetchall()
-        rows = [r for r in rows if fence is None or r[3] == fence]
-        for epoch, shard, retries, _ in rows:
-            front = self._requeue(c, cfg, front, epoch, shard, retries, failure, error)
-        c.execute("UPDATE datasets SET front=? WHERE name=?", (front, cfg.name))
-        return [[e, s] for e, s, _, _ in rows]
-
-    def retry_failed(self, name: str, token_sha256: str | None = None) -> dict:
-        """Put every FAILED shard back at the front of TODO with its retry count reset."""
-        with self._tx() as c:
-            cfg, _, front = self._config(c, name, token_sha256)
-            rows = c.execute("SELECT epoch, shard FROM shards WHERE dataset=? AND"
-                             " state='FAILED'", (self._key(name),)).fetchall()
-            self._failed_cache.pop(name, None)
-            for epoch, shard in sorted(rows):
-                front -= 1
-                c.execute("UPDATE shards SET state='TODO', retries=0, queue_pos=? WHERE"
-                          " dataset=? AND epoch=? AND shard=?",
-                          (front, self._key(name), epoch, shard))
-            c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
-        return {"requeued": [list(r) for r in sorted(rows)]}
-
-    def _failed(self, c, name: str, limit: int | None = None) -> tuple[list[dict], int]:
-        # INDEXED BY: the FAILED rows' range of the queue index, sorted (without it SQLite
-        # walks the primary key for the ORDER BY); only the first `limit` become objects.
-        rows = c.execute("SELECT epoch, shard, start, stop, consumed, retries, error FROM shards"
-                         " INDEXED BY shards_queue WHERE dataset=? AND state='FAILED'"
-                         " ORDER BY epoch, shard LIMIT ?",
-                         (self._key(name), -1 if limit is None else limit)).fetchall()
-        total = len(rows) if limit is None or len(rows) < limit else c.execute(
-            "SELECT COUNT(*) FROM shards INDEXED BY shards_queue WHERE dataset=? AND"
-            " state='FAILED'", (self._key(name),)).fetchone()[0]
-        try:
-            return ([{"epoch": e, "shard": s, "samples": b - a - k, "retries": r, "error": err}
-                     for e, s, a, b, k, r, err in rows], total)
-        except TypeError:
-            raise damaged(name, "FAILED shard row", "a column is not an integer") from None
-
-    def expire(self, name: str) -> None:
-        """Requeue the shards of `name` whose lease ended (what a lease call does first)."""
-        now = self._clock()
-        with self._tx() as c:
-            cfg, _, front0 = self._config(c, name, write=False)
-            front = self._expire(c, cfg, front0, now)
-            if front != front0:
-                c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
 
     def status(self, name: str) -> dict:
         """Shard counts per epoch and state, plus the report of FAILED shards (after expiry)."""
