@@ -22,6 +22,7 @@ _COMPUTE = (C["forward-compute"], C["backward-compute"], C["backward-weight-comp
 _FB = (C["forward-compute"], C["backward-compute"])
 _DP_COLL = tuple(C[o] for o in DP_COLLECTIVES)
 _BLOCKING = tuple(C[o] for o in BLOCKING_COLLECTIVES)
+_GC = C["gc"]
 _EPS = 5e-5  # seconds of clock error tolerated when deciding whether a p2p op was launched
 
 
@@ -176,6 +177,8 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
             # the producer that holds on every replica, not on the first one only (buckets.py)
             for g, c in bucket_producers(grid, grads, comp).items():
                 deps[g].append(c)
+        waited = (_link_waited(grid, coll, grads, comp, ref_start, ref_end, deps, bucketed)
+                  if grid.compute_by_index and use_dp and not overlapped else set())
         # Step tail: last compute → gc → layernorm → embedding → DP grads → clip → optimizer.
         tail: list[int] = []
         tail += of_type(stage, "layernorm-grads-all-reduce")
@@ -183,7 +186,7 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         if overlapped:
             tail += of_type(stage, "separate-grads-all-reduce")
         elif not bucketed:
-            tail += grads
+            tail += [x for x in grads if x not in waited]
         tail += of_type(stage, "optimizer-clip-main-grad")
         tail += of_type(stage, "optimizer")
         lead = [tail_gc] if tail_gc is not None else ([last_compute] if last_compute is not None else [])
@@ -283,7 +286,9 @@ def _chain_stream(grid: OpGrid, stream: list[int], deps: list[list[int]]) -> Non
         if prev_coll is not None and prev_coll not in deps[n]:
             deps[n].append(prev_coll)
         prev_coll = n
-        nxt = stream[k + 1] if k + 1 < len(stream) else None
+        # the work after the collective; a GC pause in between falls wherever an allocation
+        # triggers it (often inside the collective's wait), so the work after it decides
+        nxt = next((m for m in stream[k + 1:] if grid.node_optype[m] != _GC), None)
         if nxt is None or grid.node_optype[nxt] in _BLOCKING or _waited(grid, n, nxt):
             last = n
 
@@ -399,6 +404,64 @@ def _link_gathers(grid: OpGrid, gathers: list[int], comp: list[int], ref_start, 
         if ref_start[g] <= ref_start[first]:  # a gather after the forward is not its prefetch
             deps[first].append(g)
         done.add(mc)
+
+
+def _link_waited(grid: OpGrid, coll: list[int], grads: list[int], comp: list[int], ref_start,
+                 ref_end, deps, bucketed: bool) -> set[int]:
+    """Compute that waited for a DP collective, where the trace cuts compute at collectives.
+
+    A collective the program waits for before its next compute (FSDP2 on gloo unshards and
+    reduces in line) holds that compute up: kept where the next compute started once the
+    collective had ended in most replicas and steps (a synchronous collective is waited for
+    in all but the odd cell a recorder's clock reads late; on a GPU the next kernels run
+    beside an overlapped one in nearly all, and no edge is kept). A collective so
+    waited for is issued by the program after the compute before it (where that held in
+    every replica and step): a gradient collective then follows the compute that produced
+    its gradients, not the step's last compute. Returns the gradient collectives linked so
+    (bucketed ones are linked to their producers already)."""
+    linked = set()
+    prev_grad = None
+    for g in coll:
+        after = [c for c in comp if ref_start[c] >= ref_start[g]]
+        nxt = min(after, key=lambda c: ref_start[c]) if after else None
+        is_grad = g in grads
+        if nxt is None or not _mostly_waited(grid, g, nxt):
+            continue
+        if not (is_grad and bucketed):
+            before = [c for c in comp if ref_end[c] <= ref_start[g] + _EPS]
+            poster = max(before, key=lambda c: ref_end[c]) if before else None
+            if poster is not None and _waited(grid, poster, g) and not _reaches(deps, poster, g):
+                deps[g].append(poster)
+            if is_grad and prev_grad is not None:
+                deps[g].append(prev_grad)
+        if is_grad:
+            prev_grad = g
+        if _reaches(deps, g, nxt):
+            continue
+        deps[nxt].append(g)
+        if is_grad:
+            linked.add(g)
+    return linked
+
+
+def _mostly_waited(grid: OpGrid, coll: int, nxt: int) -> bool:
+    """Whether `nxt` started after `coll` ended in most replica-steps where both ran."""
+    both = grid.present[coll] & grid.present[nxt]
+    gap = (grid.start[nxt] - grid.start[coll] - grid.duration[coll])[both]
+    return bool(len(gap)) and float(np.median(gap)) >= -_EPS
+
+
+def _reaches(deps, start: int, target: int) -> bool:
+    """Whether `start` depends on `target`, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        n = todo.pop()
+        if n == target:
+            return True
+        if n not in seen:
+            seen.add(n)
+            todo.extend(deps[n])
+    return False
 
 
 def _link_grads(grid: OpGrid, grads: list[int], comp: list[int], ref_end, deps) -> None:

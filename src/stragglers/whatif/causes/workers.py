@@ -121,6 +121,10 @@ def host_stall(ctx: Context) -> list[Candidate]:
         sel = free & (g.node_stage == p)
         if sel.any():
             delay[:, p, :] += w.launch_delay[sel].max(axis=0)
+    # ... less what the worker's own previous step explains: steps are replayed from the
+    # job's first start, and a worker whose last step ended late (it waited for a slow peer
+    # at the end of it) starts this one late without any host-side work of its own
+    delay = np.maximum(delay - _carried_over(g, w.step_start), 0.0)
     excess = delay - peer_reference(delay)
     mean = excess.mean(axis=-1)
     lo, hi = mean_interval(excess, cfg)
@@ -174,6 +178,22 @@ def host_stall(ctx: Context) -> list[Candidate]:
         evidence += f"; only in steps {fmt_steps(steps)}"
     where = ctx.where_workers(workers, **({"steps": steps} if steps else {}))
     return [Candidate("host_stall", where, evidence, delay=fixed, strata=ctx.step_mask(steps))]
+
+
+def _carried_over(g, step_start: np.ndarray) -> np.ndarray:
+    """[D, P, T] the part of a worker's late start in each step that its previous step (the
+    step before, where the grid holds it) explains: it still ran past the step's start."""
+    end = np.where(g.present, g.start + g.duration, -np.inf)
+    begin = np.where(g.present, g.start, np.inf)
+    out = np.zeros((len(g.dp_ranks), g.pp_size, len(g.steps)))
+    follows = np.zeros(len(g.steps), dtype=bool)
+    follows[1:] = np.diff(g.steps) == 1
+    for p in range(g.pp_size):
+        last = end[g.node_stage == p].max(axis=0)                                # [D, T]
+        lead = begin[g.node_stage == p].min(axis=0) - step_start[None, :]        # [D, T]
+        late = np.minimum(last[:, :-1] - step_start[None, 1:], lead[:, 1:])
+        out[:, p, 1:] = np.where(follows[None, 1:] & np.isfinite(late), np.maximum(late, 0), 0)
+    return out
 
 
 def _mostly_positive(values: np.ndarray, alpha: float = 0.05) -> np.ndarray:

@@ -1,0 +1,65 @@
+"""Real torchrun jobs on gloo with tensor and expert parallelism, recorded by attach and
+diagnosed: the slow TP rank is named (not its waiting peers), the hot expert's rank is named
+as expert imbalance, and runs without an injection name no worker as a persistent straggler.
+
+The examples are examples/train_tp.py (FSDP2 + TP on a dp 2 × tp 2 mesh) and
+examples/train_moe.py (top-1 MoE, one expert per rank, EP over 4 ranks).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO, persistent_findings, torchrun
+
+from stragglers.trace.load import load_trace
+from stragglers.whatif.analyze import analyze
+
+TP = REPO / "examples" / "train_tp.py"
+MOE = REPO / "examples" / "train_moe.py"
+pytestmark = pytest.mark.distributed
+
+# Findings a loaded 2-core machine can rightly make about a run without injections: transfers
+# its CPUs stalled, and verdicts that name nobody.
+STEP_LIMITED = {"none", "unexplained", "communication", "cpu_contention", "gc"}
+
+
+def _named(result, causes) -> set[int]:
+    return {r for f in result.diagnosis if f.cause in causes for r in f.where.get("ranks") or []}
+
+
+def test_a_slow_tensor_parallel_rank_is_named_and_its_peers_are_not(tmp_path):
+    out = tmp_path / "run"
+    torchrun(TP, 4, "--tp", "2", "--steps", "10", "--slow-rank", "3", "--slow-ms", "20",
+             "--out", str(out), timeout=400)
+    result = analyze(load_trace(out))
+    assert result.diagnosis[0].cause == "worker_fault"
+    assert result.diagnosis[0].where["ranks"] == [3]
+    # the TP peer waits at every all-reduce and the DP peers at FSDP's collectives: waiting is
+    # no host stall and no slow compute
+    assert _named(result, {"worker_fault", "host_stall", "slow_group"}) == {3}
+
+
+def test_a_hot_expert_is_named_as_expert_imbalance_at_its_rank(tmp_path):
+    out = tmp_path / "run"
+    torchrun(MOE, 4, "--steps", "10", "--hot-expert", "2", "--routing-skew", "0.6",
+             "--d-expert", "1024", "--out", str(out), timeout=400)
+    result = analyze(load_trace(out))
+    first = result.diagnosis[0]
+    assert first.cause == "expert_imbalance" and first.where["ranks"] == [2]
+    assert _named(result, {"worker_fault", "host_stall", "slow_group"}) == set()
+
+
+@pytest.mark.parametrize("example,args", [
+    (MOE, ("--balanced", "--d-expert", "1024")),
+    (TP, ("--tp", "2")),
+], ids=["moe-balanced", "tp-clean"])
+def test_runs_without_an_injection_name_no_persistent_straggler(tmp_path, example, args):
+    out = tmp_path / "run"
+    # every rank on one CPU: the machine's load cannot make one of them a real straggler
+    torchrun(example, 4, "--steps", "10", *args, "--out", str(out), timeout=400, one_cpu=True)
+    trace = load_trace(out)
+    result = analyze(trace)
+    steps = len(set(trace.ops["step"]))
+    plain = {"diagnosis": [{"cause": f.cause, "where": f.where} for f in result.diagnosis]}
+    assert not persistent_findings(plain, steps), result.diagnosis
+    assert {f.cause for f in result.diagnosis} <= STEP_LIMITED, result.diagnosis
