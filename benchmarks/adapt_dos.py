@@ -109,17 +109,22 @@ def once(kind: str, http: httpx.Client, body: bytes) -> bool:
     return False
 
 
-def wait_for_staged_rows(db: Path, timeout: float = 300.0) -> None:
-    """Until a restore's rows are being written (its body was sent and parsed first)."""
+def wait_for(db: Path, query: str, present: bool = True, timeout: float = 600.0) -> None:
+    """Until `query` finds a row (or none, `present` False) in the service's database."""
     import sqlite3
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with sqlite3.connect(db, timeout=60) as c:
-            if c.execute("SELECT 1 FROM row_sets WHERE state='writing' LIMIT 1").fetchone():
+            if (c.execute(query).fetchone() is not None) == present:
                 return
         time.sleep(0.2)
-    raise SystemExit("no restore was written within 300 s")
+    raise SystemExit(f"{query}: not {'found' if present else 'gone'} within {timeout} s")
+
+
+def wait_for_staged_rows(db: Path) -> None:
+    """Until a restore's rows are being written (its body was sent and parsed first)."""
+    wait_for(db, "SELECT 1 FROM row_sets WHERE state='writing' LIMIT 1")
 
 
 def restore_alone(url: str) -> float:
@@ -212,8 +217,12 @@ def main() -> None:
                   f" {loaded[1]:>11.2f} {loaded[0] / quiet[0]:>6.2f} {share:>14.2f}"
                   + (f"   restores whole: {', '.join(f'{x:.1f} s' for x in restores)}"
                      if restores else ""), flush=True)
-        alone = restore_alone(url) if "owner_restore" in args.cases.split(",") else None
-        if alone is not None:
+        alone = None
+        if "owner_restore" in args.cases.split(","):
+            t = time.perf_counter()
+            wait_for(db, "SELECT 1 FROM row_sets LIMIT 1", present=False)
+            print(f"the attack's replaced rows deleted {time.perf_counter() - t:.1f} s later")
+            alone = restore_alone(url)
             print(f"one 655,360-row restore alone: {alone:.1f} s (paced)")
         print(json.dumps({"cases": rows, "cpus": os.cpu_count(), "restore_alone_s": alone}))
     finally:

@@ -20,7 +20,7 @@ class PacedWriter:
 
     A 655,360-row restore written in one transaction held the commit thread ~5.6 s (every other
     job's lease waited); as RESTORE_CHUNK-row steps it takes longer but a lease waits at most one
-    step. Restores at once are bounded per token and in all (`restores`, the others: 503 Busy).
+    step. Restores at once are bounded per token and in all (the others: 503 Busy).
     """
 
     def __init__(self, commit, store, share: float = 0.25, per_token: int = 1,
@@ -29,6 +29,7 @@ class PacedWriter:
         self.by_token = KeyedLimits("token", per_token, 1 << 62)
         self.in_all = KeyedLimits("service", in_all, 1 << 62)
         self._lock: asyncio.Lock | None = None
+        self._calls_seen = 0   # the committer's call count after the last step (and its pause)
         self._collector: asyncio.Task | None = None
 
     def hold(self, token: str | None) -> RequestLimits:
@@ -39,13 +40,17 @@ class PacedWriter:
             raise Busy(f"a restore is under way ({exc.what}); retry when it is done") from None
 
     async def step(self, call):
-        """Run `call` on the commit thread, then pause (share of the thread's time)."""
+        """Run `call` on the commit thread, then pause (share of the thread's time) when other
+        calls were committed since the last step (an idle service is not kept waiting)."""
         if self._lock is None:   # made on the event loop that serves
             self._lock = asyncio.Lock()
         async with self._lock:
             t0 = time.monotonic()
             result = await self.commit.run(call)
-            await asyncio.sleep((time.monotonic() - t0) * (1 - self.share) / self.share)
+            others = self.commit.calls - self._calls_seen - 1
+            pause = (time.monotonic() - t0) * (1 - self.share) / self.share if others else 0.0
+            await asyncio.sleep(pause)
+            self._calls_seen = self.commit.calls
         return result
 
     async def restore(self, prepared: PreparedRestore, token: str | None, may_create: bool,
