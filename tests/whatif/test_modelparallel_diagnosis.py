@@ -32,8 +32,9 @@ def test_a_slow_tensor_parallel_rank_is_named_and_its_peers_are_not(tmp_path):
     torchrun(TP, 4, "--tp", "2", "--steps", "10", "--slow-rank", "3", "--slow-ms", "20",
              "--out", str(out), timeout=400)
     result = analyze(load_trace(out))
-    assert result.diagnosis[0].cause == "worker_fault"
-    assert result.diagnosis[0].where["ranks"] == [3]
+    # (transfers a loaded machine stalls may be listed beside it, as cpu_contention)
+    fault = next(f for f in result.diagnosis if f.cause == "worker_fault")
+    assert fault.where["ranks"] == [3]
     # the TP peer waits at every all-reduce and the DP peers at FSDP's collectives: waiting is
     # no host stall and no slow compute
     assert _named(result, {"worker_fault", "host_stall", "slow_group"}) == {3}
@@ -44,8 +45,8 @@ def test_a_hot_expert_is_named_as_expert_imbalance_at_its_rank(tmp_path):
     torchrun(MOE, 4, "--steps", "10", "--hot-expert", "2", "--routing-skew", "0.6",
              "--d-expert", "1024", "--out", str(out), timeout=400)
     result = analyze(load_trace(out))
-    first = result.diagnosis[0]
-    assert first.cause == "expert_imbalance" and first.where["ranks"] == [2]
+    found = next(f for f in result.diagnosis if f.cause == "expert_imbalance")
+    assert found.where["ranks"] == [2] and found.upper_bound
     assert _named(result, {"worker_fault", "host_stall", "slow_group"}) == set()
 
 
