@@ -161,3 +161,20 @@ def test_context_parallel_all_gathers_block_within_their_group(tmp_path):
     assert trace.meta.extra["group_sizes"] == {"tp": 2, "cp": 2}
     result = analyze(trace)
     assert _named(result) == {(c["cause"], r) for c in truth["causes"] for r in c["ranks"]}
+
+
+def test_a_coalesced_collective_takes_its_kind_from_the_kernel(tmp_path):
+    """NCCL names collectives issued under one coalescing call "coalesced": the kernel's own
+    name (ncclDevKernel_AllReduce…) says what it is, and nothing is left out."""
+    write_gpu_job(GpuJob(ranks=4, steps=3, seed=2, all_to_alls=0), tmp_path)
+    for path in tmp_path.glob("rank-*.json.gz"):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        for e in doc["traceEvents"]:
+            if e.get("args", {}).get("Collective name") == "all_reduce":
+                e["args"]["Collective name"] = "coalesced"
+        path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    trace = load_trace(tmp_path)
+    from stragglers.trace.model import OPTYPES
+    kinds = [OPTYPES[o] for o in trace.ops["optype"]]
+    assert kinds.count("grads-all-reduce") == 4 * 3 * 4
+    assert not any("coalesced" in n["message"] for n in trace.notes)

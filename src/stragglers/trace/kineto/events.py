@@ -54,7 +54,12 @@ def collective_kind(name: str | None) -> str | None:
     for suffix in ("_coalesced", "_into_tensor", "_tensor", "_base", "_single", "_"):
         s = s.removesuffix(suffix)
     s = s.replace("_", "")
-    return s or None
+    return _ALIASES.get(s, s) or None
+
+
+# Names of collectives that are one of the known ones under another name.
+_ALIASES = {"monitoredbarrier": "barrier", "recvanysource": "recv",
+            "batchisendirecv": "sendrecv"}
 
 
 # Collective tokens that the op table knows, and those we recognise but have no op type for.

@@ -13,7 +13,8 @@ from collections import Counter
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.trace.kineto.events import BACKWARD_OP, COMM_OP, NO_CORR, NO_WORK_OP, RankEvents
+from stragglers.trace.kineto.events import (BACKWARD_OP, COMM_OP, KNOWN_COLLECTIVES, NO_CORR,
+                                           NO_WORK_OP, RankEvents)
 from stragglers.trace.kineto.ops import (
     _BWD, _FWD, _OPT, COLLECTIVE_OPTYPES, P2P_KINDS, Coll, RankParts)
 
@@ -249,6 +250,9 @@ def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
         i = kept[j]
         t0, d, _stream, _corr, kind, kind_name, pg, seq, src, dst, rows = \
             nccl[order[i] - n_comp]
+        # a name the args give that is no collective we know ("coalesced": several under
+        # one call) leaves the kind to the issuing op or the kernel's own name
+        kind = kind if kind in KNOWN_COLLECTIVES else None
         if launched[i]:
             host = _enclosing(cpu_colls, (float(launch_ts[i]), ev.tids[int(launch_tid[i])]))
             if host is not None:
