@@ -10,8 +10,10 @@ all-gather in each CP group after every forward piece), 2-6 DDP buckets of unequ
 apart, every host starting each step up to 0-400 µs late at random) and one of: no cause
 (noise only), a late host (one rank starts every step 1.5-4 ms late: `host_stall`), a slow
 GPU (one rank computes ×1.2-2.5: `worker_fault`), a slow group (2 to half the ranks compute
-×1.5-3: `slow_group`) or a hot expert (jobs with all-to-alls: one rank is 2-4× as likely a
-destination of the routing: `expert_imbalance`). The job is written as one .json.gz per
+×1.5-3: `slow_group`), a hot expert (jobs with all-to-alls: one rank is 2-4× as likely a
+destination of the routing: `expert_imbalance`) or a slow link (6-8 ranks in three or four
+expert-parallel groups, one group's all-to-alls transferring ×5-15 as long: `communication`
+at that group's ranks). The job is written as one .json.gz per
 rank the way Kineto writes it (stragglers.trace.synth.kineto), read back with the Kineto reader and analysed.
 
 A job is exact when the set of (cause, rank) named equals the injected one; noise-only jobs
@@ -36,7 +38,7 @@ from stragglers.trace.load import load_trace
 from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
 from stragglers.whatif.analyze import analyze
 
-KINDS = ("none", "host_stall", "worker_fault", "slow_group", "expert_imbalance")
+KINDS = ("none", "host_stall", "worker_fault", "slow_group", "expert_imbalance", "communication")
 
 
 def draw(rng: np.random.Generator, seed: int) -> GpuJob:
@@ -54,8 +56,17 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
     if ranks % (2 * shape.get("tp_size", 1)) == 0 and rng.random() < 0.3:
         shape["cp_size"] = 2
     kind = KINDS[int(rng.integers(len(KINDS)))]
-    if kind == "expert_imbalance" and not shape["all_to_alls"]:
+    if kind in ("expert_imbalance", "communication") and not shape["all_to_alls"]:
         shape["all_to_alls"] = int(rng.integers(1, 3))      # routing needs a dispatch
+    if kind == "communication":
+        # a slow link among three or four expert-parallel groups: the healthy groups are the
+        # transfers' median (with two, half the transfers are slow and none stands out)
+        shape["ranks"] = ranks = max(ranks, 6)
+        shape["expert_groups"] = int(rng.integers(3, min(4, ranks // 2) + 1))
+        if ranks % shape.get("tp_size", 1) or ranks % (shape.get("tp_size", 1)
+                                                      * shape.get("cp_size", 1)):
+            shape.pop("tp_size", None)
+            shape.pop("cp_size", None)
     if kind == "host_stall":
         shape["late_rank"] = (int(rng.integers(ranks)), float(rng.uniform(1500, 4000)))
     elif kind == "worker_fault":
@@ -66,6 +77,8 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
         shape["slow_group"] = (group, float(rng.uniform(1.5, 3.0)))
     elif kind == "expert_imbalance":
         shape["hot_expert"] = (int(rng.integers(ranks)), float(rng.uniform(2.0, 4.0)))
+    elif kind == "communication":
+        shape["slow_link"] = (int(rng.integers(ranks)), float(rng.uniform(5.0, 15.0)))
     return GpuJob(**shape)
 
 

@@ -178,3 +178,10 @@ def test_a_coalesced_collective_takes_its_kind_from_the_kernel(tmp_path):
     kinds = [OPTYPES[o] for o in trace.ops["optype"]]
     assert kinds.count("grads-all-reduce") == 4 * 3 * 4
     assert not any("coalesced" in n["message"] for n in trace.notes)
+
+
+def test_a_slow_link_in_one_expert_group_is_communication_at_its_ranks(tmp_path):
+    truth = write_gpu_job(GpuJob(ranks=6, steps=5, seed=3, all_to_alls=2, expert_groups=3,
+                                 slow_link=(4, 8.0)), tmp_path)
+    assert truth["causes"] == [{"cause": "communication", "ranks": [4, 5]}]
+    assert _named(analyze(load_trace(tmp_path))) == {("communication", 4), ("communication", 5)}

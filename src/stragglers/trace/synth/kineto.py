@@ -57,6 +57,9 @@ class GpuJob:
     # `factor` times as likely); the compute after it scales with the rows received
     rows: int = 4096
     hot_expert: tuple[int, float] | None = None       # (rank, routing weight)
+    # a slow link: the all-to-alls of the expert-parallel group holding the rank take this
+    # many times as long to transfer (every member of a collective waits for its slowest link)
+    slow_link: tuple[int, float] | None = None        # (rank, transfer factor)
     base_ns: int = 1_700_000_000_000_000_000
     truth: dict = field(default_factory=dict)
 
@@ -71,6 +74,12 @@ class GpuJob:
             found.append({"cause": "worker_fault", "ranks": [self.slow_rank[0]]})
         if self.slow_group is not None:
             found.append({"cause": "slow_group", "ranks": sorted(self.slow_group[0])})
+        if self.slow_link is not None:
+            if not self.all_to_alls:
+                raise ValueError("slow_link needs all-to-alls (all_to_alls >= 1)")
+            group = next(m for m in np.array_split(np.arange(self.ranks), self.expert_groups)
+                         if self.slow_link[0] in m)
+            found.append({"cause": "communication", "ranks": [int(r) for r in group]})
         if self.hot_expert is not None:
             if not self.all_to_alls:
                 raise ValueError("hot_expert needs all-to-alls (all_to_alls >= 1)")
@@ -159,8 +168,10 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
                 for gi, members in enumerate(np.array_split(np.arange(n), job.expert_groups)):
                     got = _routed(job, members, rng)
                     load[members] = got / job.rows
+                    slow = job.slow_link is not None and job.slow_link[0] in members
                     gpu[members] = _collective(
-                        ranks, "all_to_all", "ncclDevKernel_SendRecv", ep_seq, gpu, transfer,
+                        ranks, "all_to_all", "ncclDevKernel_SendRecv", ep_seq, gpu,
+                        transfer * (job.slow_link[1] if slow else 1.0),
                         1 << 20, rng, members=[int(m) for m in members],
                         pg=str(gi + 1) if job.expert_groups > 1 else "0", received=got)
         # backward with DDP buckets on the NCCL stream
