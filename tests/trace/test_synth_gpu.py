@@ -185,3 +185,16 @@ def test_a_slow_link_in_one_expert_group_is_communication_at_its_ranks(tmp_path)
                                  slow_link=(4, 8.0)), tmp_path)
     assert truth["causes"] == [{"cause": "communication", "ranks": [4, 5]}]
     assert _named(analyze(load_trace(tmp_path))) == {("communication", 4), ("communication", 5)}
+
+
+def test_cli_writes_model_parallel_jobs_and_refuses_bad_layouts(tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(app, ["synth-gpu", str(tmp_path / "moe"), "--ranks", "8", "--steps", "3",
+                              "--tp-size", "2", "--expert-groups", "2", "--hot-expert", "5,3"])
+    assert out.exit_code == 0, out.output
+    assert "expert_imbalance [5]" in out.output
+    for args, words in ((["--tp-size", "3"], "does not divide the 8 ranks"),
+                        (["--all-to-alls", "0", "--slow-link", "1,5"], "needs all-to-alls"),
+                        (["--hot-expert", "9,2"], "rank 9 is not one of the 8 ranks")):
+        bad = runner.invoke(app, ["synth-gpu", str(tmp_path / "bad"), "--ranks", "8", *args])
+        assert bad.exit_code != 0 and words in str(bad.exception), (args, bad.output)

@@ -126,6 +126,16 @@ def synth_gpu(
                                             "FACTOR times as long."),
     slow_group: Optional[str] = typer.Option(None, help="R1;R2;...,FACTOR: those ranks compute "
                                              "FACTOR times as long."),
+    tp_size: int = typer.Option(1, min=1, max=64, help="Tensor parallelism (blocks of ranks "
+                                "all-reducing after every forward piece)."),
+    cp_size: int = typer.Option(1, min=1, max=64, help="Context parallelism (groups tp apart "
+                                "all-gathering after every forward piece)."),
+    expert_groups: int = typer.Option(1, min=1, max=64, help="Expert-parallel groups the "
+                                      "all-to-alls run in."),
+    hot_expert: Optional[str] = typer.Option(None, help="RANK,WEIGHT: routing sends that rank "
+                                             "WEIGHT times its share of the rows."),
+    slow_link: Optional[str] = typer.Option(None, help="RANK,FACTOR: the all-to-alls of that "
+                                            "rank's expert group transfer FACTOR times as long."),
     seed: int = typer.Option(0, help="Random seed (same seed, same files)."),
 ) -> None:
     """Write a synthetic GPU job as PyTorch-profiler JSON, one file per rank, with ground truth."""
@@ -145,14 +155,28 @@ def synth_gpu(
             raise ValueError(text)
         return out
 
-    job = GpuJob(ranks=ranks, steps=steps, seed=seed, all_to_alls=all_to_alls, buckets=buckets,
-                 late_rank=pair(late_rank, "--late-rank", int) if late_rank else None,
-                 slow_rank=pair(slow_rank, "--slow-rank", int) if slow_rank else None,
-                 slow_group=pair(slow_group, "--slow-group", ranks_of) if slow_group else None)
-    for field, value in (("--late-rank", job.late_rank), ("--slow-rank", job.slow_rank)):
+    if ranks % (tp_size * cp_size):
+        raise InputError("stragglers synth-gpu", "--tp-size", f"tp {tp_size} × cp {cp_size} "
+                         f"does not divide the {ranks} ranks")
+    if expert_groups > ranks:
+        raise InputError("stragglers synth-gpu", "--expert-groups", f"{expert_groups} groups "
+                         f"of {ranks} ranks; expected at most one group per rank")
+    for field, value in (("--hot-expert", hot_expert), ("--slow-link", slow_link)):
+        if value and not all_to_alls:
+            raise InputError("stragglers synth-gpu", field, "needs all-to-alls "
+                             "(--all-to-alls 1 or more)")
+    one_rank = {field: pair(text, field, int) if text else None for field, text in (
+        ("--late-rank", late_rank), ("--slow-rank", slow_rank), ("--hot-expert", hot_expert),
+        ("--slow-link", slow_link))}
+    for field, value in one_rank.items():
         if value is not None and not 0 <= value[0] < ranks:
             raise InputError("stragglers synth-gpu", field, f"rank {value[0]} is not one of the "
                              f"{ranks} ranks")
+    job = GpuJob(ranks=ranks, steps=steps, seed=seed, all_to_alls=all_to_alls, buckets=buckets,
+                 tp_size=tp_size, cp_size=cp_size, expert_groups=expert_groups,
+                 late_rank=one_rank["--late-rank"], slow_rank=one_rank["--slow-rank"],
+                 slow_group=pair(slow_group, "--slow-group", ranks_of) if slow_group else None,
+                 hot_expert=one_rank["--hot-expert"], slow_link=one_rank["--slow-link"])
     truth = write_gpu_job(job, out_dir)
     causes = "; ".join(f"{c['cause']} {c['ranks']}" for c in truth["causes"])
     typer.echo(f"wrote {out_dir}: {ranks} ranks x {steps} steps of Kineto JSON; ground truth: "
