@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,3 +229,47 @@ def test_steps_all_keeps_the_warm_up(slow_job, tmp_path):
     kept = json.loads(out.read_text())
     assert kept["warmup_steps"] == [] and kept["job"]["steps"] == 5
     assert "0" in kept["step_slowdown"] and kept["job"]["ops"] > default["job"]["ops"]
+
+
+# Findings as `analyze --json` wrote them before their documented fields were typed (one of
+# each: expert_imbalance with capacity factors, after_others, below_threshold, a `none` verdict).
+BEFORE_TYPING = Path(__file__).parent / "data" / "findings_before_typing.json"
+
+
+def test_documented_finding_fields_are_typed_and_json_is_unchanged():
+    raw = json.loads(BEFORE_TYPING.read_text())
+    r = AnalysisResult.from_dict(raw)
+    moe, stall, minor, none = r.diagnosis
+    assert moe.capacity_factor["1.25"]["dropped"] > 0 and moe.basis == "alone"
+    assert stall.basis == "after_others" and stall.speedup_alone < stall.speedup_if_fixed
+    assert minor.below_threshold and not stall.below_threshold
+    assert none.basis is none.speedup_alone is none.capacity_factor is None
+    assert all(f.extra == {} for f in r.diagnosis)
+    # the same keys, in the same order, with the same values
+    assert json.dumps(r.to_dict()["diagnosis"]) == json.dumps(raw["diagnosis"])
+    assert "basis" not in none and none.get("basis") is None and stall["basis"] == "after_others"
+    with pytest.raises(KeyError):
+        none["below_threshold"]
+
+
+def test_findings_without_the_later_fields_still_load():
+    raw = json.loads(BEFORE_TYPING.read_text())
+    for f in raw["diagnosis"]:
+        for key in ("basis", "speedup_alone", "capacity_factor", "below_threshold"):
+            f.pop(key, None)
+    r = AnalysisResult.from_dict(raw)
+    assert [f.basis for f in r.diagnosis] == [None] * 4
+    assert json.dumps(r.to_dict()["diagnosis"]) == json.dumps(raw["diagnosis"])
+
+
+@pytest.mark.parametrize("entry, field", [
+    ({"capacity_factor": {"1": {"speedup": "x"}}}, "diagnosis[0].capacity_factor.1.speedup"),
+    ({"capacity_factor": {"1": 1.2}}, "diagnosis[0].capacity_factor.1"),
+    ({"capacity_factor": [1.2]}, "diagnosis[0].capacity_factor"),
+    ({"speedup_alone": "fast"}, "diagnosis[0].speedup_alone"),
+    ({"below_threshold": "yes"}, "diagnosis[0].below_threshold"),
+])
+def test_bad_finding_fields_name_the_field(entry, field):
+    with pytest.raises(InputError) as err:
+        AnalysisResult.from_dict({"slowdown": 1.2, "diagnosis": [{"cause": "gc", **entry}]})
+    assert err.value.field == field

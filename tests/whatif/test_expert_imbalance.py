@@ -53,7 +53,7 @@ def test_the_hot_expert_rank_is_named_and_not_as_a_slow_worker(tmp_path, shape):
     assert _named(result) == {("expert_imbalance", 5)}
     finding = result.diagnosis[0]
     assert finding.upper_bound
-    capacity = finding.extra["capacity_factor"]
+    capacity = finding.capacity_factor
     speedups = [capacity[c]["speedup"] for c in ("1", "1.25", "1.5", "2")]
     dropped = [capacity[c]["dropped"] for c in ("1", "1.25", "1.5", "2")]
     assert speedups == sorted(speedups, reverse=True) and dropped == sorted(dropped, reverse=True)

@@ -83,7 +83,7 @@ def test_a_host_stall_other_ranks_gc_pauses_cover_is_found_once_gc_is_fixed():
     assert set(causes(r)) == {"gc", "host_stall"}, r["diagnosis"]
     stall = finding(r, "host_stall")
     assert workers(stall) == [(5, 0)]
-    assert stall["basis"] == "after_others" and stall["speedup_alone"] < 1.1
+    assert stall.basis == "after_others" and stall.speedup_alone < 1.1
     assert stall["speedup_if_fixed"] > 1.3
 
 

@@ -69,7 +69,7 @@ def test_the_late_rank_is_named_and_the_ranks_that_wait_are_not(dlrm_result):
     # one profiled step: no interval over steps, and no zero-width one either
     assert stall.interval is None
     # S leaves out launch delays: the job is not straggling by it, and the finding says so
-    assert result.straggling is False and stall.extra.get("below_threshold") is True
+    assert result.straggling is False and stall.below_threshold is True
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPE_CODES as C, Trace
 from stragglers.whatif.grid import BWD, FWD
 from stragglers.whatif.replay import replay
+from stragglers.whatif.result import AnalysisResult, Finding
 
 ALLREDUCE = (C["grads-all-reduce"], C["separate-grads-all-reduce"])
 DP_COLLECTIVE = ALLREDUCE + (C["params-all-gather"], C["grads-reduce-scatter"])
@@ -99,7 +100,7 @@ class AdviceContext:
     """The analysed job as the remedies see it."""
 
     trace: Trace
-    result: Any                 # stragglers.whatif.result.AnalysisResult
+    result: AnalysisResult
     w: Any                      # stragglers.whatif.metrics.WhatIf
     knobs: JobKnobs = field(default_factory=JobKnobs)
     _timeline: tuple | None = field(default=None, repr=False)
@@ -216,16 +217,13 @@ class AdviceContext:
             value = ((self.trace.meta.extra or {}).get("calibration") or {}).get(key)
         return value
 
-    def finding(self, cause: str):
+    def finding(self, cause: str) -> Finding | None:
         """The diagnosis finding for `cause`, or None."""
-        for f in self.result.diagnosis:
-            if f["cause"] == cause:
-                return f
-        return None
+        return next((f for f in self.result.diagnosis if f.cause == cause), None)
 
     def causes(self) -> list[str]:
         """The diagnosed causes, most important first."""
-        return [f["cause"] for f in self.result.diagnosis]
+        return [f.cause for f in self.result.diagnosis]
 
     def saved_by_finding(self, speedup: float) -> float:
         """Seconds per step a diagnosis fix saves: it predicts T_nodelay / speedup."""

@@ -61,9 +61,12 @@ class _ByName:
 
     def __getitem__(self, key: str) -> Any:
         attr = self._JSON_NAMES.get(key, key)
-        if attr != "extra" and attr in {f.name for f in fields(self)}:
+        declared = {f.name: f for f in fields(self) if f.name != "extra"}  # type: ignore[arg-type]
+        if attr in declared:
+            if _omitted(declared[attr], getattr(self, attr)):
+                raise KeyError(key)  # as in the JSON form, which leaves it out
             return getattr(self, attr)
-        return self.extra[key]
+        return self.extra[key]  # type: ignore[attr-defined]
 
     def get(self, key: str, default: Any = None) -> Any:
         """The field called `key` in the JSON form, or default."""
@@ -77,6 +80,16 @@ class _ByName:
 
 
 _MISSING = object()
+
+
+def when_set(default: Any) -> Any:
+    """A field declared after the first schema: written to JSON only when it differs from default."""
+    return field(default=default, metadata={"json": "when set"})
+
+
+def _omitted(f: Any, value: Any) -> bool:
+    """Whether the JSON form leaves out this field's value (a when_set field at its default)."""
+    return f.metadata.get("json") == "when set" and value == f.default
 
 
 @dataclass
@@ -126,6 +139,13 @@ class Finding(_ByName):
     upper_bound: bool = False               # the speedup is what a perfect fix would buy
     share: float | None = None              # fraction of the straggler excess it removes
     speedup_after_others: float | None = None  # fixing it once the other causes are fixed
+    # Declared later, so written only when set (a verdict such as `none` has none of them):
+    # expert_imbalance: per capacity factor C ("1", "1.25", …), {"speedup", "dropped"} at the
+    # measured routing
+    capacity_factor: dict[str, dict[str, float]] | None = when_set(None)
+    speedup_alone: float | None = when_set(None)  # fixing only this cause, as the job is
+    basis: str | None = when_set(None)  # "alone" | "after_others": what speedup_if_fixed assumes
+    below_threshold: bool = when_set(False)  # found in a job that is not straggling (evidence: why)
     # Fields a newer diagnosis adds beyond these, kept as given.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -274,7 +294,8 @@ def _to_plain(value: Any) -> Any:
 
 def _record(obj: _ByName) -> dict[str, Any]:
     """A JobInfo / WorkerScore / Finding as a plain dict, its extras merged in."""
-    out = {f.name: plain(getattr(obj, f.name)) for f in fields(obj) if f.name != "extra"}
+    out = {f.name: plain(getattr(obj, f.name)) for f in fields(obj)  # type: ignore[arg-type]
+           if f.name != "extra" and not _omitted(f, getattr(obj, f.name))}
     out.update(plain(obj.extra))  # type: ignore[attr-defined]
     return out
 
@@ -394,11 +415,22 @@ class _Reader:
             elif f.type == "bool":
                 if not isinstance(v, bool):
                     raise self.fail(where, f"expected true or false, got {v!r}")
+            elif f.type == "dict[str, dict[str, float]] | None":
+                v = self.table(where, v)
             elif f.type == "str" or f.type == "str | None":
                 v = str(v)
             values[f.name] = v
         known = {f.name for f in fields(cls)}
         return cls(**values, extra={k: v for k, v in entry.items() if k not in known})
+
+    def table(self, key: str, value: Any) -> dict[str, dict[str, float]]:
+        """{name: {name: number}}, as a finding's capacity_factor."""
+        out = {}
+        for k, row in self.mapping(key, value).items():
+            if not isinstance(row, Mapping):
+                raise self.fail(f"{key}.{k}", f"expected an object of numbers, got {row!r}")
+            out[str(k)] = {str(n): self.number(f"{key}.{k}.{n}", True, x) for n, x in row.items()}
+        return out
 
     def ints(self, key: str) -> list[int]:
         value = self.raw.get(key) or []

@@ -33,27 +33,28 @@ class DiagnosedFix(RemedyBase):
     def predict(self, ctx: AdviceContext) -> RemedyAdvice:
         """The diagnosis's speedup_if_fixed for the cause, as seconds saved off the baseline."""
         f = ctx.finding(self.cause)
-        if f is None or f["speedup_if_fixed"] is None:
+        if f is None or f.speedup_if_fixed is None:
             return self.refuse(self.absent)
         # This remedy alone: a diagnosis that predicts a cause on top of the others' fixes
         # keeps the alone figure too.
-        alone = f.get("speedup_alone") or f["speedup_if_fixed"]
+        alone = f.speedup_alone or f.speedup_if_fixed
         saved = ctx.saved_by_finding(float(alone))
-        details = {"where": f["where"], "diagnosis_speedup": f["speedup_if_fixed"],
+        details = {"where": f.where, "diagnosis_speedup": f.speedup_if_fixed,
                    "diagnosis_speedup_alone": alone, **self.settings(ctx)}
-        for key in ("interval", "upper_bound", "basis"):
-            if f.get(key) is not None:
-                details[f"diagnosis_{key}"] = f.get(key)
+        for key, value in (("interval", f.interval), ("upper_bound", f.upper_bound),
+                           ("basis", f.basis)):
+            if value is not None:
+                details[f"diagnosis_{key}"] = value
         method = (f"the diagnosis's prediction for {self.cause} alone (replay with that cause's "
-                  f"share removed: {f['evidence']}), its seconds saved per step taken off the "
+                  f"share removed: {f.evidence}), its seconds saved per step taken off the "
                   "replay with launch delays")
-        if f.get("upper_bound"):
+        if f.upper_bound:
             method += "; an upper bound (a perfect fix)"
         interval = None
-        if f.get("interval"):  # the diagnosis's bootstrap interval, on this remedy's footing
-            scale = float(alone) / float(f["speedup_if_fixed"])
+        if f.interval:  # the diagnosis's bootstrap interval, on this remedy's footing
+            scale = float(alone) / float(f.speedup_if_fixed)
             interval = [ctx.baseline_step_s / (ctx.baseline_step_s - ctx.saved_by_finding(e * scale))
-                        for e in f["interval"]]
+                        for e in f.interval]
         return self.priced(ctx, ctx.baseline_step_s - saved, method, self.cost,
                            self.switch_on(ctx), details, interval=interval)
 
@@ -139,7 +140,7 @@ class PlannedGCRemedy(DiagnosedFix):
             f"replay with the automatic pauses gone and every rank paying one full collection "
             f"({basis}) every N = {n} steps at the same point, amortised per step",
             self.cost, self.switch_on(ctx),
-            {"where": f["where"], "diagnosis_speedup": f["speedup_if_fixed"], **self.settings(ctx),
+            {"where": f.where, "diagnosis_speedup": f.speedup_if_fixed, **self.settings(ctx),
              "planned_pause_s": planned})
 
     def switch_on(self, ctx: AdviceContext) -> str:
@@ -192,7 +193,7 @@ class ExpertBalancing(DiagnosedFix):
     def settings(self, ctx: AdviceContext) -> dict:
         """What each capacity factor buys at the measured routing (the diagnosis's replays)."""
         f = ctx.finding(self.cause)
-        return {"capacity_factor": f.get("capacity_factor")} if f is not None else {}
+        return {"capacity_factor": f.capacity_factor} if f is not None else {}
 
     def switch_on(self, ctx: AdviceContext) -> str:
         return ("raise the router's auxiliary load-balancing loss weight, or cap each expert at "
