@@ -43,6 +43,15 @@ def analyze_with_model(trace: Trace, steps: list[int] | str | None = None,
         raise InputError(trace.source, "steps", f"expected a list of steps, None or 'all', "
                          f"got {steps!r}")
     grid = build_grid(trace, None if isinstance(steps, str) else steps)
+    return analyze_grid(trace, grid, steps, tick, cfg)
+
+
+def analyze_grid(trace: Trace, grid, steps, tick: Callable[[str], None], cfg: DiagnosisConfig,
+                 build: Callable[..., WhatIf] = WhatIf.build, job_trace=None
+                 ) -> tuple[AnalysisResult, WhatIf]:
+    """The analysis of a trace laid on its grid: `build` makes the WhatIf (whatif/partitioned.py
+    replays on a Dask cluster), `job_trace` holds the job's facts when `trace` holds only the
+    grid's rows."""
     warmup = warmup_steps(grid, cfg) if steps is None else []
     if warmup:
         grid = grid.select_steps(~np.isin(grid.steps, warmup))
@@ -50,7 +59,7 @@ def analyze_with_model(trace: Trace, steps: list[int] | str | None = None,
                              f"): slower than {cfg.warmup_factor}× the median step; "
                              "--steps all keeps them")
     tick("dependency model")
-    w = WhatIf.build(grid, trace.meta.dsp_size, tick)
+    w = build(grid, trace.meta.dsp_size, tick)
     if not w.t_ideal.mean() > 0:  # every duration zero: no step time to compare against
         raise InputError(trace.source, "duration", "every op in the analysed steps has zero "
                          "duration, so the slowdown is undefined; expected measured durations")
@@ -68,7 +77,8 @@ def analyze_with_model(trace: Trace, steps: list[int] | str | None = None,
         m_w, top = w.m_w(scores)
         m_s = w.m_s()
     tick("diagnosis")
-    job = job_info(trace, steps=len(grid.steps), ops=int(grid.present.sum()))
+    job = job_info(trace if job_trace is None else job_trace, steps=len(grid.steps),
+                   ops=int(grid.present.sum()))
     partial = coverage(trace, job, w)
     diagnosis, diagnosis_summary = diagnose(
         w, trace, cfg, {(s_["dp"], s_["pp"]): s_["score"] for s_ in scores} or None, partial)

@@ -52,6 +52,12 @@ def analyze_command(
         "documented in src/stragglers/whatif/README.md), e.g. --set worker_min_excess=0.2; "
         "repeatable."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No console report."),
+    dask: Optional[str] = typer.Option(None, "--dask", metavar="ADDRESS", help="Run directories: "
+                                       "read and replay the steps in partitions on the Dask "
+                                       "scheduler at ADDRESS (tcp://host:8786; the workers must "
+                                       "see PATH). Same results as one process."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Like --dask, on a local Dask "
+                                          "cluster of this many worker processes."),
 ) -> None:
     """How much faster would this job be without stragglers, and who or what is to blame.
 
@@ -59,7 +65,6 @@ def analyze_command(
     field); with --fail-on-straggling, 1 when S ≥ the threshold.
     """
     from stragglers.report import print_report, write_html, write_perfetto
-    from stragglers.trace.load import load_trace
     from stragglers.whatif.analyze import analyze_with_model, timelines
 
     from stragglers.config import cli_overrides
@@ -81,11 +86,12 @@ def analyze_command(
                   TimeElapsedColumn(), console=err, transient=True,
                   disable=not err.is_terminal) as bar:
         task = bar.add_task(f"reading {path}")
-        log.info("reading %s", path)
-        trace = load_trace(path, meta, dp_size=dp_size, pp_size=pp_size, tp_size=tp_size)
-        log.info("read %s ops of %s rank(s)", f"{len(trace):,}",
-                 len(trace.meta.extra.get("ranks_read") or []) or "all")
-        result, w = analyze_with_model(trace, progress=progress, config=config, **selection)
+        if dask is not None or workers is not None:
+            result, w = _on_dask(path, dask, workers, (meta, dp_size, pp_size, tp_size, perfetto),
+                                 progress, config, selection)
+        else:
+            trace = _read(path, meta, dp_size, pp_size, tp_size)
+            result, w = analyze_with_model(trace, progress=progress, config=config, **selection)
         if json_out:
             bar.update(task, description=f"writing {json_out}")
             json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +115,35 @@ def analyze_command(
         # SystemExit, not typer.Exit: the CLI runs click with standalone_mode=False, which turns
         # typer.Exit into a return value and would lose the status.
         sys.exit(EXIT_STRAGGLING)
+
+
+def _read(path: Path, meta, dp_size, pp_size, tp_size):
+    """The whole trace, in this process."""
+    from stragglers.trace.load import load_trace
+
+    log.info("reading %s", path)
+    trace = load_trace(path, meta, dp_size=dp_size, pp_size=pp_size, tp_size=tp_size)
+    log.info("read %s ops of %s rank(s)", f"{len(trace):,}",
+             len(trace.meta.extra.get("ranks_read") or []) or "all")
+    return trace
+
+
+def _on_dask(path: Path, address, workers, single_process_only, progress, config, selection):
+    """The analysis of a run directory by step partitions on Dask (whatif/dask_runner.py)."""
+    from stragglers.errors import InputError
+    from stragglers.whatif.dask_runner import analyze_run_on_dask
+
+    flag = "--dask" if address is not None else "--workers"
+    for name, value in zip(("--meta", "--dp-size", "--pp-size", "--tp-size", "--perfetto"),
+                           single_process_only):
+        if value is not None:
+            raise InputError(flag, None, f"analyses a run directory by step partitions; {name} "
+                             "needs the whole trace in one process (leave it out, or drop "
+                             f"{flag})")
+    log.info("analysing %s on Dask (%s)", path,
+             address if address is not None else f"{workers} local workers")
+    return analyze_run_on_dask(path, address=address, workers=workers, progress=progress,
+                               config=config, **selection)
 
 
 def _steps_option(spec: Optional[str]) -> dict:

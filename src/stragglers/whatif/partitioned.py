@@ -1,0 +1,432 @@
+"""The what-if of a run directory in step partitions: each partition read and laid on the grid
+where its Parquet files lie, the replays run per partition, the diagnosis on the assembled job.
+
+Steps are independent in the replay (each starts from its own measured start), so a step
+partition replays on its own and the per-step times it returns are bit for bit those of the
+whole job's replay. What needs every step is small and gathered: the template ops and DP ranks
+(keys), which steps are complete (a bool per cell), the timing grid that the dependency model,
+the ideal costs (medians over all DP ranks and steps) and the diagnosis read. The trace itself
+(every column, incomplete steps) never sits in one process: the driver keeps the grid and the
+few columns the diagnosis looks up (rank, mb_id, mc and the optional per-op metadata).
+
+Nothing here imports Dask: `whatif/dask_runner.py` maps these functions onto a cluster; any
+map (a list comprehension in tests of the pieces) gives the same result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from stragglers.errors import InputError
+from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_FILL, Trace
+from stragglers.whatif.grid import (GC, _SEQ_BITS, _OPTYPE_BITS, OpGrid, _check_stages,
+                                    _complete_steps, dense_ids, gc_slots)
+from stragglers.whatif.metrics import WhatIf
+from stragglers.whatif.replay import ReplayPlan, replay
+
+# What the diagnosis looks up in the trace by a grid cell's row (whatif/causes).
+DIAGNOSIS_COLUMNS = ("rank", "mb_id", "mc", "attn_cost", "tokens", "cpu_wait")
+
+
+# --- the run's layout (driver) -----------------------------------------------------------
+@dataclass
+class RunLayout:
+    """A run directory's metadata, rank files and step range, read without its op tables."""
+
+    directory: str
+    meta: Any
+    notes: list
+    files: list[str]
+    optional: list[str]          # optional columns some file carries (filled elsewhere)
+    steps: np.ndarray            # the steps to analyse (sorted), from the files' statistics
+
+
+def run_layout(directory: Path | str, steps: list[int] | None = None) -> RunLayout:
+    """meta.json, the rank files and their steps (Parquet statistics: no op table is read)."""
+    import pyarrow.parquet as pq
+
+    from stragglers.trace.runformat import (META_FILE, RANK_FILE, _read_meta_json,
+                                            meta_from_dict, notes_from_dict)
+
+    directory = Path(directory)
+    if not directory.is_dir() or not (directory / META_FILE).exists():
+        raise InputError(directory, None, "--dask/--workers read a run directory (meta.json and "
+                         "rank-NNNNN.parquet files); convert other traces with `stragglers "
+                         "trace convert` first")
+    raw = _read_meta_json(directory / META_FILE)
+    meta = meta_from_dict(raw, directory / META_FILE)
+    notes = notes_from_dict(raw, directory / META_FILE)
+    files = sorted(p for p in directory.iterdir() if RANK_FILE.match(p.name))
+    if not files:
+        raise InputError(directory, None, "holds no rank-NNNNN.parquet op tables")
+    optional: set[str] = set()
+    lo, hi = None, None
+    for f in files:
+        try:
+            md = pq.read_metadata(f)
+        except Exception as exc:  # noqa: BLE001 - any Arrow failure names the file
+            raise InputError(f, None, f"not a readable Parquet file ({exc})") from None
+        names = md.schema.names
+        optional |= {c for c in OPTIONAL_COLUMNS if c in names}
+        if "step" not in names:
+            raise InputError(f, "step", "missing column")
+        a, b = _step_range(md, names.index("step"), f)
+        lo = a if lo is None else min(lo, a)
+        hi = b if hi is None else max(hi, b)
+    if lo is None:
+        raise InputError(directory, None, "the op tables hold no ops")
+    every = np.arange(lo, hi + 1, dtype=np.int64)
+    chosen = every if steps is None else np.intersect1d(every, np.asarray(steps, np.int64))
+    if steps is not None and not len(chosen):
+        raise InputError(directory, "step", f"none of the requested steps are in the trace "
+                         f"(it has steps {lo}–{hi})")
+    return RunLayout(str(directory), meta, notes, [str(f) for f in files],
+                     [c for c in OPTIONAL_COLUMNS if c in optional], chosen)
+
+
+def _step_range(md, column: int, path) -> tuple[int, int] | tuple[None, None]:
+    """(min, max) step of a file from its row groups' statistics (read from the column if none)."""
+    lo = hi = None
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        if rg.num_rows == 0:
+            continue
+        st = rg.column(column).statistics
+        if st is None or not st.has_min_max:
+            import pyarrow.parquet as pq
+            values = pq.read_table(path, columns=["step"]).column("step").to_numpy()
+            return (int(values.min()), int(values.max())) if len(values) else (lo, hi)
+        lo = int(st.min) if lo is None else min(lo, int(st.min))
+        hi = int(st.max) if hi is None else max(hi, int(st.max))
+    return lo, hi
+
+
+def step_partitions(steps: np.ndarray, n: int) -> list[np.ndarray]:
+    """The steps cut into at most n contiguous partitions of (nearly) equal size."""
+    n = max(1, min(n, len(steps)))
+    return [p for p in np.array_split(steps, n) if len(p)]
+
+
+# --- a partition (worker) ----------------------------------------------------------------
+@dataclass
+class Partition:
+    """One step partition's ops, with each row's place in the run (file, row in file)."""
+
+    ops: dict[str, np.ndarray]
+    position: np.ndarray         # file index << 40 | row in file: the whole trace's row order
+    source: str
+
+
+def read_partition(layout: RunLayout, steps: np.ndarray) -> Partition:
+    """The rows of these steps from every rank file, in the order read_run reads them."""
+    import pyarrow.parquet as pq
+
+    from stragglers.trace.columns import table_to_columns
+    from stragglers.trace.runformat import check_against_meta, read_parquet
+
+    parts, pos = [], []
+    lo, hi = int(steps.min()), int(steps.max())
+    for i, f in enumerate(layout.files):
+        step = pq.read_table(f, columns=["step"]).column("step").to_numpy()
+        keep = (step >= lo) & (step <= hi)
+        if len(steps) != hi - lo + 1:
+            keep &= np.isin(step, steps)
+        if not keep.any():
+            continue
+        rows = np.flatnonzero(keep)
+        table = read_parquet(Path(f)).take(rows)
+        cols = table_to_columns(table, f)
+        for c in layout.optional:
+            if c not in cols:
+                cols[c] = np.full(len(rows), OPTIONAL_FILL[c], dtype=OPTIONAL_COLUMNS[c])
+        parts.append(cols)
+        pos.append((np.int64(i) << 40) | rows.astype(np.int64))
+    names = list(COLUMNS) + list(layout.optional)
+    if not parts:
+        ops = {c: np.empty(0, dtype=COLUMNS.get(c, OPTIONAL_COLUMNS.get(c))) for c in names}
+        return Partition(ops, np.empty(0, np.int64), layout.directory)
+    ops = {c: np.concatenate([p[c] for p in parts]) for c in names}
+    # the ranges only: whether every stage holds ops is a question for the whole run (assemble)
+    every_stage = np.arange(layout.meta.pp_size, dtype=ops["stage"].dtype)
+    check_against_meta({"dp_rank": ops["dp_rank"], "stage": np.concatenate([ops["stage"],
+                                                                             every_stage])},
+                       layout.meta, layout.directory, Path(layout.directory) / "meta.json")
+    return Partition(ops, np.concatenate(pos), layout.directory)
+
+
+def node_keys(part: Partition) -> np.ndarray:
+    """The (stage, optype, seq) key of every row, gc pauses keyed by their slot (grid.build_grid)."""
+    ops = part.ops
+    seq = ops["seq_id"].astype(np.int64)
+    is_gc = ops["optype"] == GC
+    if is_gc.any():
+        _, d_idx = dense_ids(ops["dp_rank"])
+        step_ids, t_idx = dense_ids(ops["step"])
+        worker_step = (d_idx.astype(np.int64) * (int(ops["stage"].max()) + 1)
+                       + ops["stage"]) * len(step_ids) + t_idx
+        trace = Trace(ops, None, part.source)  # type: ignore[arg-type]
+        seq = np.where(is_gc, gc_slots(trace, worker_step), seq)
+    if len(seq) and (seq.min() < 0 or seq.max() >= (1 << _SEQ_BITS)):
+        raise InputError(part.source, "seq_id", f"expected 0 ≤ seq_id < {1 << _SEQ_BITS}")
+    return ((ops["stage"].astype(np.int64) << (_SEQ_BITS + _OPTYPE_BITS))
+            | (ops["optype"].astype(np.int64) << _SEQ_BITS) | seq)
+
+
+@dataclass
+class PartitionSummary:
+    """What the driver needs from a partition to agree on the job's template."""
+
+    keys: np.ndarray             # sorted template keys
+    last_position: np.ndarray    # [K] position of each key's last row
+    last_mc: np.ndarray          # [K] mc of that row
+    last_gmc: np.ndarray         # [K] gmc of that row
+    dp_ranks: np.ndarray
+    cells: np.ndarray            # unique dp_rank·pp_size + stage (job_info)
+    ranks: np.ndarray            # unique global ranks
+    stages: np.ndarray
+    rows: int
+
+
+def summarise(part: Partition, pp_size: int) -> PartitionSummary:
+    """The partition's template keys, DP ranks and the facts job_info reads."""
+    ops, keys = part.ops, node_keys(part)
+    order = np.lexsort((part.position, keys))
+    k = keys[order]
+    last = np.ones(len(k), bool)
+    last[:-1] = k[1:] != k[:-1]
+    rows = order[last]
+    cells = np.unique(ops["dp_rank"].astype(np.int64) * pp_size + ops["stage"])
+    return PartitionSummary(k[last], part.position[rows], ops["mc"][rows], ops["gmc"][rows],
+                            np.unique(ops["dp_rank"]), cells, np.unique(ops["rank"]),
+                            np.unique(ops["stage"]), len(keys))
+
+
+@dataclass
+class Template:
+    """The job's template ops and DP ranks, agreed over every partition."""
+
+    keys: np.ndarray
+    dp_ranks: np.ndarray
+    node_mc_raw: np.ndarray      # mc / gmc of each key's last row in the whole trace
+    node_gmc_raw: np.ndarray
+
+
+def merge_summaries(summaries: list[PartitionSummary]) -> Template:
+    """One template from the partitions' (each key's values from its last row in the run)."""
+    keys = np.concatenate([s.keys for s in summaries])
+    pos = np.concatenate([s.last_position for s in summaries])
+    mc = np.concatenate([s.last_mc for s in summaries])
+    gmc = np.concatenate([s.last_gmc for s in summaries])
+    order = np.lexsort((pos, keys))
+    k = keys[order]
+    last = np.ones(len(k), bool)
+    last[:-1] = k[1:] != k[:-1]
+    rows = order[last]
+    dp = np.unique(np.concatenate([s.dp_ranks for s in summaries]))
+    return Template(k[last], dp, mc[rows], gmc[rows])
+
+
+@dataclass
+class PlacedPartition:
+    """A partition on the job's grid: every step of it, complete or not."""
+
+    steps: np.ndarray            # [Tp]
+    start: np.ndarray            # [N, D, Tp]
+    duration: np.ndarray
+    present: np.ndarray
+    row: np.ndarray              # index into `columns` (-1 where absent)
+    pg: np.ndarray | None        # [N, D] max pg over the partition's steps (-1 none)
+    columns: dict[str, np.ndarray]   # DIAGNOSIS_COLUMNS of the partition's rows
+
+
+def place(part: Partition, template: Template) -> PlacedPartition:
+    """Lay the partition's rows on the template's grid; two rows in one cell are refused."""
+    ops, keys = part.ops, node_keys(part)
+    n, d = len(template.keys), len(template.dp_ranks)
+    node = np.searchsorted(template.keys, keys)
+    d_idx = np.searchsorted(template.dp_ranks, ops["dp_rank"])
+    steps, t_idx = dense_ids(ops["step"])
+    t = len(steps)
+    flat = (node.astype(np.int64) * d + d_idx) * t + t_idx
+    counts = np.bincount(flat, minlength=n * d * t)
+    if counts.max() > 1:
+        dup = int(np.flatnonzero(counts[flat] > 1)[0])
+        raise InputError(part.source, "seq_id", f"two ops share (dp_rank={ops['dp_rank'][dup]}, "
+                         f"stage={ops['stage'][dup]}, step={ops['step'][dup]}, "
+                         f"optype={Trace(ops, None).optype_names()[dup]}, "  # type: ignore[arg-type]
+                         f"seq_id={ops['seq_id'][dup]}); expected seq_id to number each op "
+                         "type within a step and worker")
+    start = np.full(n * d * t, np.nan)
+    start[flat] = ops["start_ts"]
+    duration = np.zeros(n * d * t)
+    duration[flat] = ops["duration"]
+    row = np.full(n * d * t, -1, dtype=np.int64)
+    row[flat] = np.arange(len(flat))
+    pg = None
+    if "pg" in ops:
+        cell = np.full(n * d * t, -1, dtype=np.int64)
+        cell[flat] = ops["pg"]
+        pg = cell.reshape(n, d, t).max(axis=2)
+    shape = (n, d, t)
+    columns = {c: ops[c] for c in DIAGNOSIS_COLUMNS if c in ops}
+    return PlacedPartition(steps, start.reshape(shape), duration.reshape(shape),
+                           (counts > 0).reshape(shape), row.reshape(shape), pg, columns)
+
+
+# --- the job assembled (driver) ----------------------------------------------------------
+@dataclass
+class Assembled:
+    """The job's grid (complete steps), the trace rows the diagnosis reads, the job's facts."""
+
+    grid: OpGrid
+    trace: Trace                 # DIAGNOSIS_COLUMNS of the partitions' rows; grid.row indexes it
+    job_trace: Any               # what job_info reads: unique cells and ranks of the whole run
+
+
+def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition],
+             summaries: list[PartitionSummary]) -> Assembled:
+    """The grid build_grid would make of the whole run, from its partitions (in step order)."""
+    meta = layout.meta
+    keys = template.keys
+    node_stage = (keys >> (_SEQ_BITS + _OPTYPE_BITS)).astype(np.int32)
+    node_optype = ((keys >> _SEQ_BITS) & ((1 << _OPTYPE_BITS) - 1)).astype(np.int8)
+    node_seq = (keys & ((1 << _SEQ_BITS) - 1)).astype(np.int64)
+    stages = np.unique(np.concatenate([s.stages for s in summaries]))
+    from stragglers.trace.runformat import check_against_meta
+    check_against_meta({"dp_rank": template.dp_ranks, "stage": stages}, meta, layout.directory,
+                       Path(layout.directory) / "meta.json")
+    steps = np.concatenate([p.steps for p in placed])
+    present = np.concatenate([p.present for p in placed], axis=2)
+    warnings: list[str] = []
+    complete = _complete_steps(present, node_optype, node_stage, template.dp_ranks, steps,
+                               warnings)
+    if not complete.any():
+        raise InputError(layout.directory, None, "no step has ops from every worker; "
+                         + (warnings[0] if warnings else "cannot analyse"))
+    present = present[:, :, complete]
+    start = np.concatenate([p.start for p in placed], axis=2)[:, :, complete]
+    duration = np.concatenate([p.duration for p in placed], axis=2)[:, :, complete]
+    offsets = np.cumsum([0] + [len(p.columns["rank"]) for p in placed])
+    row = np.concatenate([np.where(p.row >= 0, p.row + off, -1)
+                          for p, off in zip(placed, offsets)], axis=2)[:, :, complete]
+    columns = {c: np.concatenate([p.columns[c] for p in placed]) for c in placed[0].columns}
+    pp = max(meta.pp_size, int(node_stage.max()) + 1)
+    node_mc = np.maximum(template.node_mc_raw, 0).astype(np.int64)
+    node_gmc = template.node_gmc_raw.astype(np.int64)
+    node_gmc = np.where(node_gmc < 0, node_mc * pp + node_stage, node_gmc)
+    vpp = max(meta.vpp_size, int(node_mc.max()) + 1)
+    node_pg = None
+    if placed[0].pg is not None:
+        node_pg = np.max(np.stack([p.pg for p in placed]), axis=0)
+    grid = OpGrid(node_stage, node_optype, node_seq, template.dp_ranks, steps[complete],
+                  start, duration, present, row, pp_size=pp, node_mc=node_mc, node_gmc=node_gmc,
+                  vpp_size=vpp, warnings=warnings,
+                  compute_by_index=bool(meta.extra.get("compute_split_at_collectives")),
+                  node_pg=node_pg)
+    trace = Trace(columns, meta, layout.directory, list(layout.notes))
+    _check_stages(grid, trace)
+    cells = np.unique(np.concatenate([s.cells for s in summaries]))
+    job_trace = Trace({"dp_rank": cells // pp, "stage": cells % pp,
+                       "rank": np.unique(np.concatenate([s.ranks for s in summaries])),
+                       "step": cells}, meta, layout.directory, list(layout.notes))
+    return Assembled(grid, trace, job_trace)
+
+
+# --- replays by step partition -----------------------------------------------------------
+@dataclass
+class ReplayShard:
+    """What one worker holds to replay its steps: the plan, costs and delays of those steps."""
+
+    plan: ReplayPlan
+    cost: np.ndarray             # [N, D, Ts]
+    delay: np.ndarray            # [N, D, Ts]
+    ideal: np.ndarray            # [N, 1, 1]
+    step_start: np.ndarray       # [Ts]
+
+
+def shard_replay(shard: ReplayShard, kind: str, nodes: np.ndarray | None = None) -> np.ndarray:
+    """Per-step times of one replay of the shard's steps ([Ts], or [D, Ts] for `pairs`).
+
+    kind: "delay" (measured, launch delays), "nodelay", "ideal", "restored" (ideal but
+    `nodes` measured), "pairs" (each DP rank measured next to one ideal replica).
+    """
+    s = shard
+    if kind == "delay":
+        return replay(s.plan, s.cost, s.step_start, s.delay)
+    if kind == "nodelay":
+        return replay(s.plan, s.cost, s.step_start)
+    if kind == "ideal":
+        return replay(s.plan, s.ideal, s.step_start)
+    if kind == "restored":
+        cost = np.broadcast_to(s.ideal, s.cost.shape).copy()
+        cost[nodes] = s.cost[nodes]
+        return replay(s.plan, cost, s.step_start)
+    if kind == "pairs":
+        n, d, t = s.cost.shape
+        pairs = np.empty((n, d, 2, t))
+        pairs[:, :, 0, :] = s.cost
+        pairs[:, :, 1, :] = s.ideal
+        return replay(s.plan, pairs.reshape(n, 2 * d, t), s.step_start, jobs=d)
+    raise ValueError(f"unknown replay kind {kind!r}")
+
+
+# A function that runs shard_replay(kind, nodes) on every shard and returns the per-step
+# results concatenated along the step axis, in step order.
+ReplayAll = Callable[[str, "np.ndarray | None"], np.ndarray]
+
+
+@dataclass
+class PartitionedWhatIf(WhatIf):
+    """A WhatIf whose attribution replays run by step partition (same numbers, bit for bit:
+    the per-step times are the whole job's, and every mean is taken over all of them)."""
+
+    replay_all: ReplayAll | None = field(default=None, repr=False)
+
+    def restored(self, nodes: np.ndarray) -> float:
+        """S_g, replayed by step partition."""
+        return float(self.replay_all("restored", nodes).mean() / self.t_ideal.mean())
+
+    def by_dp_rank(self) -> dict[int, float]:
+        """S per DP rank, every rank's pair replayed by step partition in one pass."""
+        self.progress(f"attribution: {len(self.grid.dp_ranks)} dp ranks")
+        d = len(self.grid.dp_ranks)
+        times = self.replay_all("pairs", None)
+        ratio = np.reshape(times, (d, -1)).mean(axis=1) / self.t_ideal.mean()
+        return {int(r): float(v) for r, v in zip(self.grid.dp_ranks, ratio)}
+
+
+def make_builder(load: Callable[[ReplayPlan, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+                                ReplayAll]) -> Callable[..., WhatIf]:
+    """A WhatIf.build whose replays run on the shards `load` places (it returns replay_all)."""
+    from stragglers.whatif.dependencies import build_dependencies
+    from stragglers.whatif.idealise import ideal_costs
+    from stragglers.whatif.replay import compile_plan
+    from stragglers.whatif.timing import (base_step_times, launch_delays, measured_costs,
+                                          step_starts)
+
+    def build(grid: OpGrid, dsp_size: int = 1, progress=None) -> WhatIf:
+        """The model, costs and ideal costs of the job; the three top-level replays by shard."""
+        tick = progress or (lambda _msg: None)
+        model = build_dependencies(grid, dsp_size)
+        plan = compile_plan(model)
+        cost = measured_costs(grid, model)
+        tick("launch delays")
+        delay = launch_delays(grid, model)
+        start = step_starts(grid)
+        ideal, values = ideal_costs(grid, cost, model.no_op)
+        replay_all = load(plan, cost, delay, ideal, start)
+        tick("replay with launch delays")
+        t_replay = replay_all("delay", None)
+        tick("replay without launch delays")
+        t_nodelay = replay_all("nodelay", None)
+        tick("ideal replay")
+        t_ideal = replay_all("ideal", None)
+        return PartitionedWhatIf(grid, model, cost, ideal, values, start, base_step_times(grid),
+                                 t_replay, t_nodelay, t_ideal, delay, plan, tick,
+                                 replay_all=replay_all)
+
+    return build
