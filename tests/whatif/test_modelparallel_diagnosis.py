@@ -62,5 +62,10 @@ def test_runs_without_an_injection_name_no_persistent_straggler(tmp_path, exampl
     result = analyze(trace)
     steps = len(set(trace.ops["step"]))
     plain = {"diagnosis": [{"cause": f.cause, "where": f.where} for f in result.diagnosis]}
-    assert not persistent_findings(plain, steps), result.diagnosis
+    everyone = set(range(4))
+    # four ranks on one CPU do contend for it in every step: a transfer finding naming all of
+    # them says so of the whole job, and names no straggler
+    stragglers = [(cause, ranks) for cause, ranks in persistent_findings(plain, steps)
+                  if not (cause in ("cpu_contention", "communication") and set(ranks) == everyone)]
+    assert not stragglers, result.diagnosis
     assert {f.cause for f in result.diagnosis} <= STEP_LIMITED, result.diagnosis
