@@ -9,12 +9,15 @@ case; the figure is the median latency under the case divided by the quiet media
 it (issue 34: within 2x). Cases: 1,000 idle TCP
 connections; 200 connections sending half a request head; 32 slow bodies declaring 64 MiB
 each (a byte a second); the same well-behaved client opening a new connection per upload
-while 1,000 idle connections are held (what the idle-eviction is for).
+while 1,000 idle connections are held (what the idle-eviction is for); 4 clients of another
+address uploading parts whose page headers declare 1 GB (refused 422 from the headers); 4 clients
+of another address uploading 16 MiB bodies in a loop (one writer: at most 64 MiB held, then 429).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import socket
 import statistics
 import subprocess
@@ -28,6 +31,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "monitor"))
 from monitor_jobs import parts_of, slow_job  # noqa: E402
+
+from test_monitor_pages import lying_part  # noqa: E402
 
 from stragglers.trace.runformat import table_bytes  # noqa: E402
 
@@ -82,6 +87,40 @@ def slow_bodies(port: int, n: int, stop: threading.Event) -> list[socket.socket]
     return socks
 
 
+def flood(url: str, body: bytes, n: int, stop: threading.Event) -> list:
+    """`n` client processes of another address (127.0.0.2) PUTting `body` as parts in a loop
+    (processes: threads here would take the measured client's interpreter lock)."""
+    done = mp.Event()
+    procs = [mp.Process(target=flood_loop, args=(url, body, i, done), daemon=True)
+             for i in range(n)]
+    for proc in procs:
+        proc.start()
+
+    def end():
+        stop.wait()
+        done.set()
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+
+    threading.Thread(target=end, daemon=True).start()
+    return []
+
+
+def flood_loop(url: str, body: bytes, i: int, done) -> None:
+    with httpx.Client(base_url=url, timeout=60,
+                      transport=httpx.HTTPTransport(local_address="127.0.0.2")) as c:
+        k = 0
+        while not done.is_set():
+            k += 1
+            try:
+                c.put(f"/api/jobs/dos/ranks/0/parts/{1000 + 1000 * i + k % 1000}",
+                      content=body, headers=AUTH)
+            except httpx.HTTPError:
+                pass
+
+
 def serve(tmp: Path) -> tuple[subprocess.Popen, str]:
     """`stragglers monitor serve` in its own process (as deployed: the analysis in a process
     of its own), on a free port; (process, URL) once it answers."""
@@ -116,7 +155,12 @@ def main() -> None:
     cases = [("1,000 idle connections", lambda p, st: idle(p, 1000), False),
              ("200 half request heads", lambda p, st: half_heads(p, 200), False),
              ("32 slow 64 MiB bodies", lambda p, st: slow_bodies(p, 32, st), False),
-             ("1,000 idle, a new connection per upload", lambda p, st: idle(p, 1000), True)]
+             ("1,000 idle, a new connection per upload", lambda p, st: idle(p, 1000), True),
+             ("4 clients: parts whose pages declare 1 GB",
+              lambda p, st: flood(url, lying_part("lz4", 2, 1 << 30), 4, st), False),
+             ("4 clients: 16 MiB bodies in a loop",
+              lambda p, st: flood(url, b"x" * (16 << 20), 4, st), False)]
+    url = ""   # (the flood cases read it when they start)
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = serve(Path(tmp))
         port = int(url.rsplit(":", 1)[1])

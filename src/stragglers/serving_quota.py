@@ -41,6 +41,11 @@ class KeyedLimits:
         else:
             self.requests.pop(key, None)
 
+    def fits(self, key: object, n: int) -> bool:
+        """Whether a body of `n` bytes (declared) would be let in now."""
+        held = self.held.get(key, 0)
+        return held == 0 or held + n <= self.max_bytes
+
     def take(self, key: object, n: int, mine: int = 0) -> None:
         """Count `n` more body bytes of `key` (`mine`: what this request holds already);
         LimitExceeded when the key holds bytes of other requests and would pass max_bytes."""
@@ -73,6 +78,10 @@ class RequestLimits:
         except LimitExceeded:
             self.close()
             raise
+
+    def fits(self, n: int) -> bool:
+        """Whether a body of `n` bytes (declared) would be let in by every limit now."""
+        return all(limits.fits(key, n) for limits, key in self.pairs)
 
     def take(self, n: int, mine: int = 0) -> None:
         """Count `n` body bytes in every limit, none when one refuses them."""

@@ -101,3 +101,30 @@ def test_bytes_held_are_bounded_per_writer(tmp_path):
         for k in held:
             k.close()
         s.stop()
+
+
+def test_a_big_body_that_is_no_parquet_is_refused_before_it_is_read_whole(tmp_path):
+    trace = slow_job(steps=5)
+    s = serve(tmp_path, max_part_bytes=64 * 2**20)
+    sent = [0]
+
+    def junk():
+        for _ in range(64):
+            sent[0] += 1
+            yield b"\0" * 2**20
+
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            try:
+                r = c.put("/api/jobs/j/ranks/0/parts/0", content=junk(), headers=AUTH)
+                status, error = r.status_code, r.json()["error"]
+            except httpx.HTTPError:   # the monitor closed while the rest was being sent
+                status, error = None, ""
+            assert status in (422, None), (status, error)
+            assert status is None or "not a readable Parquet" in error, error
+            assert sent[0] < 64   # the other 60-odd MiB were never read
+            assert c.get("/health").status_code == 200
+    finally:
+        s.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from pathlib import Path
@@ -20,6 +21,7 @@ from stragglers.monitor.service import Monitor
 from stragglers.serving import error_status
 
 log = logging.getLogger(__name__)
+REFUSAL_PAUSE_S = 0.25   # before a refused upload's answer (see _problem)
 
 STATIC = Path(__file__).parent / "static"
 PAGES = {"index": STATIC / "index.html", "job": STATIC / "job.html"}
@@ -57,7 +59,14 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     @app.exception_handler(HTTPProblem)
     async def _problem(request: Request, exc: HTTPProblem):
         monitor.reject(exc.reason, f"{request.method} {request.url.path}", exc.message)
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+        if exc.close or exc.status == 401:
+            # the body may be unread: close rather than read (up to 64 MiB) to throw it away
+            headers["Connection"] = "close"
+        if exc.status in (413, 429) or exc.reason in ("bad_part", "unauthorized"):
+            # a client looping on refused uploads (past its limits, junk, lying parts, a
+            # wrong token) waits instead of spinning the CPUs other jobs' uploads need
+            await asyncio.sleep(REFUSAL_PAUSE_S)
         return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(InputError)

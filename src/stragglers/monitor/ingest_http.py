@@ -39,6 +39,10 @@ from stragglers.trace.runformat import META_FILE
 
 
 MAX_COUNT_DIGITS = 12   # X-Stragglers-Dropped: fits SQLite's 64-bit integers with room
+# a part body not starting with PAR1 is refused once this many bytes arrived (not read to its
+# end: a flood of 16 MiB junk bodies cost a well-behaved upload 4x); smaller ones are refused
+# by the Parquet reader, naming what is wrong
+MAGIC_AFTER = 1 << 20
 
 
 class MetaUpload(BaseModel):
@@ -59,11 +63,12 @@ class MetaUpload(BaseModel):
 
 
 class HTTPProblem(Exception):
-    """A refused request: status code and a one-line message naming what is wrong."""
+    """A refused request: status code and a one-line message naming what is wrong; `close`:
+    its body may be unread (the connection is closed rather than read to its end)."""
 
-    def __init__(self, status: int, message: str, reason: str):
+    def __init__(self, status: int, message: str, reason: str, close: bool = False):
         super().__init__(message)
-        self.status, self.message, self.reason = status, message, reason
+        self.status, self.message, self.reason, self.close = status, message, reason, close
 
 
 class BodyBudget:
@@ -92,18 +97,20 @@ class BodyBudget:
 
     def _busy(self, what: str) -> HTTPProblem:
         return HTTPProblem(503, f"request body: the monitor holds {self.held} bytes of "
-                           f"uploads (at most {self.limit}); retry {what} later", "busy")
+                           f"uploads (at most {self.limit}); retry {what} later", "busy",
+                           close=True)
 
     def give(self, n: int) -> None:
         self.held -= n
 
 
 async def read_body(request: Request, limit: int, what: str,
-                    budget: BodyBudget | None = None, share: RequestLimits | None = None
-                    ) -> bytes:
+                    budget: BodyBudget | None = None, share: RequestLimits | None = None,
+                    magic: bytes = b"") -> bytes:
     """The request body, refusing more than `limit` bytes before reading them all; with a
     budget (and the writer's share), its bytes are taken from it as they arrive (the caller
-    gives back len(body) once done)."""
+    gives back len(body) once done); a body that does not start with `magic` is refused at its
+    first bytes (a Parquet part starts with PAR1: a junk flood is not read to its end)."""
     from starlette.requests import ClientDisconnect
 
     try:
@@ -112,6 +119,10 @@ async def read_body(request: Request, limit: int, what: str,
         raise _problem(refused, what) from None
     if budget is not None:
         budget.check(declared or 0, what)
+    if share is not None and not share.fits(declared or 0):
+        raise HTTPProblem(429, f"request body: {declared} bytes would take this writer past "
+                          f"its max_upload_bytes_per_writer; retry {what} later", "busy",
+                          close=True)
     chunks, size = [], 0
     try:
         async for chunk in request.stream():
@@ -126,8 +137,14 @@ async def read_body(request: Request, limit: int, what: str,
                     if budget is not None:
                         budget.give(len(chunk))
                     raise HTTPProblem(429, f"request body: {exc.what} (max_upload_bytes_per_"
-                                      f"writer); retry {what} later", "busy") from None
+                                      f"writer); retry {what} later", "busy",
+                                      close=True) from None
             size += len(chunk)
+            if magic and size - len(chunk) < MAGIC_AFTER <= size and \
+                    b"".join((chunks + [chunk])[:len(magic)])[:len(magic)] != magic:
+                raise HTTPProblem(422, f"request body: not a readable Parquet file (it does "
+                                  f"not start with {magic.decode()}; the rest of {what} was "
+                                  "not read)", "bad_part", close=True)
             chunks.append(chunk)
     except ClientDisconnect:
         _give(budget, share, size)
@@ -161,22 +178,22 @@ def writer_share(request: Request, limits: KeyedLimits) -> RequestLimits:
         return RequestLimits([(limits, key)])
     except LimitExceeded as exc:
         raise HTTPProblem(429, f"request: {exc.what} (max_uploads_per_writer); retry later",
-                          "busy") from None
+                          "busy", close=True) from None
 
 
 def _problem(refused: BodyRefused, what: str) -> HTTPProblem:
     """A body refused while reading, in the API's error format."""
     if refused.kind == "bad_length":
         return HTTPProblem(400, "request header 'Content-Length': expected a number",
-                           "bad_request")
+                           "bad_request", close=True)
     if refused.kind == "client_gone":
         return HTTPProblem(400, f"request body: the client hung up after {refused.size} bytes "
                            f"of {what}", "client_gone")
     if refused.declared is not None:
         return HTTPProblem(413, f"request body: {refused.declared} bytes is more than the "
-                           f"{refused.limit} bytes allowed for {what}", "too_large")
+                           f"{refused.limit} bytes allowed for {what}", "too_large", close=True)
     return HTTPProblem(413, f"request body: more than the {refused.limit} bytes allowed for "
-                       f"{what}", "too_large")
+                       f"{what}", "too_large", close=True)
 
 
 def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
@@ -248,7 +265,8 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                               f"of 0 to {MAX_COUNT_DIGITS} digits", "bad_request")
         share = writer_share(request, writers)
         try:
-            body = await read_body(request, cfg.max_part_bytes, "a part", budget, share)
+            body = await read_body(request, cfg.max_part_bytes, "a part", budget, share,
+                                   b"PAR1")
             held = [len(body)]   # given back here, or by the ingest thread once done with body
             try:
                 return await _store(job, rank, part, tracker, body, dropped, held, share)
