@@ -7,12 +7,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# A remedy must buy at least this much to be worth switching on (the diagnosis's MIN_GAIN),
-# and the low end of its interval too: a gain inside the job's own noise is not one.
-MIN_GAIN = 1.02
-# The interval: resamples of the analysed steps, and the two-sided coverage.
-INTERVAL_SAMPLES = 400
-INTERVAL_LEVEL = 0.90
+from stragglers.whatif.confidence import ADVISE
+
+# A remedy must buy at least this much to be worth switching on, and the low end of its
+# interval too (a gain inside the job's own noise is not one): the gain test advise shares
+# with the diagnosis (whatif/confidence.py), at ×1.02 over 400 resamples.
+MIN_GAIN = ADVISE.min_gain
 
 
 @dataclass

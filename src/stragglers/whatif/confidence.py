@@ -1,27 +1,83 @@
-"""Intervals and outlier tests for the diagnosis: seeded bootstrap over steps, robust z-scores."""
+"""Is a gain real: seeded bootstrap intervals over steps and the one gate (diagnosis, advise)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Protocol
+
 import numpy as np
 
-from stragglers.whatif.config import DiagnosisConfig
+from stragglers.config import Config, setting
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal sample × this = its standard deviation
 
 
-def step_resamples(steps: int, cfg: DiagnosisConfig) -> np.ndarray:
+class Bootstrap(Protocol):
+    """The settings an interval reads: GainTest's, which DiagnosisConfig also carries."""
+
+    @property
+    def bootstrap_samples(self) -> int: ...
+    @property
+    def confidence(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
+
+
+class Gate(Bootstrap, Protocol):
+    """The settings the gate reads besides the interval's."""
+
+    @property
+    def min_gain(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class GainTest(Config):
+    """When a predicted speedup is real: its seeded bootstrap interval over steps reaches min_gain.
+
+    The diagnosis's values are DiagnosisConfig's fields of the same names; advise uses ADVISE.
+    """
+
+    source = "gain test"
+
+    min_gain: float = setting(1.03, "the speedup and the lower end of its interval reach this",
+                              minimum=1.0, maximum=2.0)
+    confidence: float = setting(0.9, "coverage of the bootstrap intervals (over steps)",
+                                minimum=0.5, maximum=0.999)
+    bootstrap_samples: int = setting(200, "bootstrap resamples of the steps per interval",
+                                     minimum=20, maximum=10000)
+    seed: int = setting(0, "seed of the bootstrap (same trace, same intervals)", minimum=0)
+
+
+# advise's test: a remedy worth switching on (×1.02; a finding needs the diagnosis's ×1.03)
+ADVISE = GainTest(min_gain=1.02, bootstrap_samples=400)
+
+
+def gain_is_real(gain: float, low: float | None, test: Gate, established: bool = False) -> bool:
+    """Whether a gain counts: it and its interval's lower end (None: no interval) reach min_gain.
+
+    `established`: a detector already set the cause apart from noise (a worker that is an
+    outlier among five or more); then a gain of at least min_gain whose interval lies above 1
+    counts (the bootstrap over a few noisy steps is wide, and its lower end hid such workers).
+    """
+    low = gain if low is None else min(low, gain)
+    if low >= test.min_gain:
+        return True
+    return established and gain >= test.min_gain and low > 1.0
+
+
+def step_resamples(steps: int, cfg: Bootstrap) -> np.ndarray:
     """Bootstrap indices [B, T] over steps; seeded, so the same trace gives the same intervals."""
     rng = np.random.default_rng(cfg.seed)
     return rng.integers(0, steps, size=(cfg.bootstrap_samples, steps))
 
 
-def _bounds(samples: np.ndarray, cfg: DiagnosisConfig) -> tuple[float, float]:
+def _bounds(samples: np.ndarray, cfg: Bootstrap) -> tuple[float, float]:
     tail = 100 * (1 - cfg.confidence) / 2
     lo, hi = np.percentile(samples, [tail, 100 - tail], axis=0)
     return float(lo), float(hi)
 
 
-def ratio_interval(num: np.ndarray, den: np.ndarray, cfg: DiagnosisConfig,
+def ratio_interval(num: np.ndarray, den: np.ndarray, cfg: Bootstrap,
                    strata: np.ndarray | None = None) -> tuple[float, float]:
     """Interval of mean(num)/mean(den), both per step [T], resampling steps.
 
@@ -40,7 +96,7 @@ def ratio_interval(num: np.ndarray, den: np.ndarray, cfg: DiagnosisConfig,
     return _bounds(num[idx].mean(axis=1) / np.maximum(den[idx].mean(axis=1), 1e-300), cfg)
 
 
-def mean_interval(values: np.ndarray, cfg: DiagnosisConfig) -> tuple[np.ndarray, np.ndarray]:
+def mean_interval(values: np.ndarray, cfg: Bootstrap) -> tuple[np.ndarray, np.ndarray]:
     """Interval of the mean over the last axis (steps) of every row of values [..., T]."""
     idx = step_resamples(values.shape[-1], cfg)
     means = values[..., idx].mean(axis=-1)          # [..., B]

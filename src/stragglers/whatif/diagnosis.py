@@ -2,7 +2,8 @@
 
 The detectors in whatif/causes find candidates, each with the costs its fix would leave (its
 own share only). Here each is replayed for its prediction with a bootstrap interval over steps,
-kept when the interval clears the noise floor (`min_gain`), and ranked by its gain; then all
+kept when the gain is real (`confidence.gain_is_real`, the gate advise uses too, at
+`min_gain`), and ranked by its gain; then all
 kept fixes are replayed together for the combined prediction and the unexplained remainder.
 The contract is in whatif/README.md; every threshold is a field of DiagnosisConfig.
 """
@@ -17,7 +18,7 @@ from stragglers.trace.model import OPTYPES, Trace
 from stragglers.whatif.causes import DETECTORS, Candidate, Context
 from stragglers.whatif.causes.base import fmt_steps
 from stragglers.whatif.config import DEFAULT, STRAGGLING_SLOWDOWN, DiagnosisConfig
-from stragglers.whatif.confidence import ratio_interval
+from stragglers.whatif.confidence import gain_is_real, ratio_interval
 from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif.noise import noise_floor
 from stragglers.whatif.replay import replay
@@ -179,13 +180,9 @@ def _low(entry: dict) -> float:
 
 
 def _clears(cand: Candidate, gain: float, lo: float, cfg: DiagnosisConfig) -> bool:
-    """Whether a candidate is reported: the lower end of its gain's interval reaches min_gain;
-    for one its detector established apart from noise (a worker that is an outlier among
-    five or more), a gain of at least min_gain whose interval lies above 1 (a real, relevant
-    gain: the bootstrap over a few noisy steps is wide, and its lower end hid such workers)."""
-    if lo >= cfg.min_gain:
-        return True
-    return cand.established and gain >= cfg.min_gain and lo > 1.0
+    """Whether a candidate is reported: the gate shared with advise (confidence.gain_is_real),
+    with the candidate's detector saying whether it is established apart from noise."""
+    return gain_is_real(gain, lo, cfg, cand.established)
 
 
 def _without_explained(w: WhatIf, kept: list[tuple[Candidate, dict]],

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from stragglers.advise.context import AdviceContext
-from stragglers.advise.plan import INTERVAL_LEVEL, INTERVAL_SAMPLES, MIN_GAIN, RemedyAdvice
+from stragglers.advise.plan import RemedyAdvice
+from stragglers.whatif.confidence import ADVISE, gain_is_real, ratio_interval
 
 
 class RemedyBase:
@@ -33,38 +34,34 @@ class RemedyBase:
                interval: list[float] | None = None) -> RemedyAdvice:
         """The advice for a predicted step time (per step: an array over the analysed steps).
 
-        Refused with `why_small` below MIN_GAIN, or when the interval's low end is: per-step
-        predictions get a bootstrap interval over steps (`speedup_interval`); a prediction
-        made otherwise may pass its own."""
+        Refused unless the gain is real (`gain_is_real` at ADVISE.min_gain): with `why_small`
+        below it, or when the interval's low end is: per-step predictions get a bootstrap
+        interval over steps (`speedup_interval`); a prediction made otherwise may pass its own."""
         if isinstance(step_s, np.ndarray):
             interval = speedup_interval(ctx.baseline_step_times, step_s)
             step_s = float(step_s.mean())
         speedup = ctx.baseline_step_s / step_s if step_s > 0 else None
-        applies = speedup is not None and speedup >= MIN_GAIN
+        low = interval[0] if interval is not None else None
+        applies = speedup is not None and gain_is_real(speedup, low, ADVISE)
         why = None
-        if not applies:
+        if speedup is None or speedup < ADVISE.min_gain:
             gain = f"×{speedup:.3f}" if speedup is not None else "nothing"
             why = (why_small + "; " if why_small else "") + \
-                f"predicted {gain}, below the ×{MIN_GAIN} worth switching on"
-        elif interval is not None and interval[0] < MIN_GAIN:
-            applies = False
-            why = (f"predicted ×{speedup:.3f}, but its {100 * INTERVAL_LEVEL:.0f}% interval over "
-                   f"the job's steps [×{interval[0]:.3f}, ×{interval[1]:.3f}] reaches below the "
-                   f"×{MIN_GAIN} worth switching on: not clear of this job's step-to-step noise")
+                f"predicted {gain}, below the ×{ADVISE.min_gain} worth switching on"
+        elif not applies:
+            why = (f"predicted ×{speedup:.3f}, but its {100 * ADVISE.confidence:.0f}% interval "
+                   f"over the job's steps [×{interval[0]:.3f}, ×{interval[1]:.3f}] reaches below "
+                   f"the ×{ADVISE.min_gain} worth switching on: not clear of this job's "
+                   "step-to-step noise")
         return RemedyAdvice(self.name, applies, why, step_s, speedup, method, cost, switch_on,
                             self.runtime_switchable, self.exact, details or {}, interval)
 
 
 def speedup_interval(baseline: np.ndarray, remedy: np.ndarray) -> list[float] | None:
-    """Bootstrap interval of mean(baseline) / mean(remedy) over the steps (paired, seeded);
-    None with fewer than 4 steps."""
+    """The diagnosis's bootstrap interval of mean(baseline) / mean(remedy) over the steps
+    (paired, seeded) at ADVISE's settings; None with fewer than 4 usable steps."""
     baseline, remedy = np.asarray(baseline, float), np.asarray(remedy, float)
     ok = np.isfinite(baseline) & np.isfinite(remedy) & (remedy > 0)
-    baseline, remedy = baseline[ok], remedy[ok]
-    if len(baseline) < 4:
+    if ok.sum() < 4:
         return None
-    idx = np.random.default_rng(0).integers(0, len(baseline), (INTERVAL_SAMPLES, len(baseline)))
-    ratios = baseline[idx].mean(axis=1) / remedy[idx].mean(axis=1)
-    tail = 100 * (1 - INTERVAL_LEVEL) / 2
-    lo, hi = np.percentile(ratios, [tail, 100 - tail])
-    return [float(lo), float(hi)]
+    return list(ratio_interval(baseline[ok], remedy[ok], ADVISE))
