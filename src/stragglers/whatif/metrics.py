@@ -47,17 +47,11 @@ class WhatIf:
     def build(cls, grid: OpGrid, dsp_size: int = 1, progress=None) -> "WhatIf":
         """Build the model and run the three top-level replays."""
         tick = progress or (lambda _msg: None)
-        model = build_dependencies(grid, dsp_size)
-        plan = compile_plan(model)
-        cost = measured_costs(grid, model)
-        tick("launch delays")
-        delay = launch_delays(grid, model)
-        start = step_starts(grid)
+        model, plan, cost, delay, start, ideal, values = model_and_costs(grid, dsp_size, tick)
         tick("replay with launch delays")
         t_replay = replay(plan, cost, start, delay)
         tick("replay without launch delays")
         t_nodelay = replay(plan, cost, start)
-        ideal, values = ideal_costs(grid, cost, model.no_op)
         tick("ideal replay")
         t_ideal = replay(plan, ideal, start)
         return cls(grid, model, cost, ideal, values, start, base_step_times(grid), t_replay,
@@ -167,3 +161,16 @@ class WhatIf:
     def m_s(self) -> float:
         """M_S: fix only the last stage."""
         return self.fix_fraction(self.ops_mask(self.grid.node_stage == self.grid.pp_size - 1))[0]
+
+
+def model_and_costs(grid: OpGrid, dsp_size: int, tick) -> tuple:
+    """(model, plan, cost, launch delay, step starts, ideal cost, ideal values) of a grid: what
+    every replay of the job starts from (in one process or by step partition)."""
+    model = build_dependencies(grid, dsp_size)
+    plan = compile_plan(model)
+    cost = measured_costs(grid, model)
+    tick("launch delays")
+    delay = launch_delays(grid, model)
+    start = step_starts(grid)
+    ideal, values = ideal_costs(grid, cost, model.no_op)
+    return model, plan, cost, delay, start, ideal, values

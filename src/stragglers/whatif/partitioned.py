@@ -402,22 +402,13 @@ class PartitionedWhatIf(WhatIf):
 def make_builder(load: Callable[[ReplayPlan, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
                                 ReplayAll]) -> Callable[..., WhatIf]:
     """A WhatIf.build whose replays run on the shards `load` places (it returns replay_all)."""
-    from stragglers.whatif.dependencies import build_dependencies
-    from stragglers.whatif.idealise import ideal_costs
-    from stragglers.whatif.replay import compile_plan
-    from stragglers.whatif.timing import (base_step_times, launch_delays, measured_costs,
-                                          step_starts)
+    from stragglers.whatif.metrics import model_and_costs
+    from stragglers.whatif.timing import base_step_times
 
     def build(grid: OpGrid, dsp_size: int = 1, progress=None) -> WhatIf:
         """The model, costs and ideal costs of the job; the three top-level replays by shard."""
         tick = progress or (lambda _msg: None)
-        model = build_dependencies(grid, dsp_size)
-        plan = compile_plan(model)
-        cost = measured_costs(grid, model)
-        tick("launch delays")
-        delay = launch_delays(grid, model)
-        start = step_starts(grid)
-        ideal, values = ideal_costs(grid, cost, model.no_op)
+        model, plan, cost, delay, start, ideal, values = model_and_costs(grid, dsp_size, tick)
         replay_all = load(plan, cost, delay, ideal, start)
         tick("replay with launch delays")
         t_replay = replay_all("delay", None)
