@@ -195,6 +195,11 @@ class Restores:
                             ).fetchone()
             if row is None:
                 return 0
+            if c.execute("SELECT 1 FROM datasets WHERE COALESCE(rows_key, name)=? LIMIT 1",
+                         (row[0],)).fetchone() is not None:
+                # a data set's live rows named garbage (an edited file): never deleted
+                c.execute("DELETE FROM row_sets WHERE rows_key=?", (row[0],))
+                return 1
             gone = c.execute("DELETE FROM shards WHERE rowid IN (SELECT rowid FROM shards"
                              " WHERE dataset=? LIMIT ?)", (row[0], limit)).rowcount
             if gone < limit:
