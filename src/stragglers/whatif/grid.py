@@ -100,6 +100,19 @@ def gc_slots(trace: Trace, worker_step: np.ndarray) -> np.ndarray:
     return slots
 
 
+def one_op_per_cell(flat: np.ndarray, cells: int, trace: Trace) -> np.ndarray:
+    """Ops per (template op, DP rank, step) cell; two on one cell are refused, the first named."""
+    counts = np.bincount(flat, minlength=cells)
+    if counts.max() > 1:
+        ops = trace.ops
+        dup = int(np.flatnonzero(counts[flat] > 1)[0])
+        raise InputError(trace.source, "seq_id", f"two ops share (dp_rank={ops['dp_rank'][dup]}, "
+                         f"stage={ops['stage'][dup]}, step={ops['step'][dup]}, "
+                         f"optype={trace.optype_names()[dup]}, seq_id={ops['seq_id'][dup]}); "
+                         "expected seq_id to number each op type within a step and worker")
+    return counts
+
+
 def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     """Place every op on the grid, drop incomplete steps with a warning, reject duplicates."""
     ops = trace.ops
@@ -131,14 +144,7 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     keys[node] = key
     n, d, t = len(keys), len(dp_ranks), len(step_ids)
     flat = (node.astype(np.int64) * d + d_idx) * t + t_idx
-    counts = np.bincount(flat, minlength=n * d * t)
-    if counts.max() > 1:
-        dup = int(np.flatnonzero(counts[flat] > 1)[0])
-        raise InputError(trace.source, "seq_id", f"two ops share (dp_rank={ops['dp_rank'][dup]}, "
-                         f"stage={ops['stage'][dup]}, step={ops['step'][dup]}, "
-                         f"optype={trace.optype_names()[dup]}, seq_id={ops['seq_id'][dup]}); "
-                         "expected seq_id to number each op type within a step and worker")
-    present = (counts > 0).reshape(n, d, t)
+    present = (one_op_per_cell(flat, n * d * t, trace) > 0).reshape(n, d, t)
     node_stage = (keys >> (_SEQ_BITS + _OPTYPE_BITS)).astype(np.int32)
     node_optype = ((keys >> _SEQ_BITS) & ((1 << _OPTYPE_BITS) - 1)).astype(np.int8)
     node_seq = (keys & ((1 << _SEQ_BITS) - 1)).astype(np.int64)

@@ -24,7 +24,7 @@ import numpy as np
 from stragglers.errors import InputError
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_FILL, Trace
 from stragglers.whatif.grid import (GC, _SEQ_BITS, _OPTYPE_BITS, OpGrid, _check_stages,
-                                    _complete_steps, dense_ids, gc_slots)
+                                    _complete_steps, dense_ids, gc_slots, one_op_per_cell)
 from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif.replay import ReplayPlan, replay
 
@@ -252,14 +252,7 @@ def place(part: Partition, template: Template) -> PlacedPartition:
     steps, t_idx = dense_ids(ops["step"])
     t = len(steps)
     flat = (node.astype(np.int64) * d + d_idx) * t + t_idx
-    counts = np.bincount(flat, minlength=n * d * t)
-    if counts.max() > 1:
-        dup = int(np.flatnonzero(counts[flat] > 1)[0])
-        raise InputError(part.source, "seq_id", f"two ops share (dp_rank={ops['dp_rank'][dup]}, "
-                         f"stage={ops['stage'][dup]}, step={ops['step'][dup]}, "
-                         f"optype={Trace(ops, None).optype_names()[dup]}, "  # type: ignore[arg-type]
-                         f"seq_id={ops['seq_id'][dup]}); expected seq_id to number each op "
-                         "type within a step and worker")
+    counts = one_op_per_cell(flat, n * d * t, Trace(ops, None, part.source))  # type: ignore[arg-type]
     start = np.full(n * d * t, np.nan)
     start[flat] = ops["start_ts"]
     duration = np.zeros(n * d * t)
