@@ -164,17 +164,23 @@ def write_run(directory: Path | str, trace: Trace) -> Path:
     return directory
 
 
-def read_run(directory: Path | str) -> Trace:
-    """Read a run directory; every Parquet file is validated and named in errors."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise InputError(directory, None, "not a run directory (expected a folder with meta.json)")
+def run_contents(directory: Path) -> tuple[JobMeta, list[dict[str, str]], list[Path]]:
+    """(metadata, reader notes, rank files in name order) of a run directory, validated."""
     raw = _read_meta_json(directory / META_FILE)
     meta = meta_from_dict(raw, directory / META_FILE)
     notes = notes_from_dict(raw, directory / META_FILE)
     files = sorted(p for p in directory.iterdir() if RANK_FILE.match(p.name))
     if not files:
         raise InputError(directory, None, "holds no rank-NNNNN.parquet op tables")
+    return meta, notes, files
+
+
+def read_run(directory: Path | str) -> Trace:
+    """Read a run directory; every Parquet file is validated and named in errors."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError(directory, None, "not a run directory (expected a folder with meta.json)")
+    meta, notes, files = run_contents(directory)
     ops = _read_all_at_once(directory, files)
     if ops is None:
         ops = _read_file_by_file(files)

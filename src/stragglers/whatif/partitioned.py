@@ -49,20 +49,14 @@ def run_layout(directory: Path | str, steps: list[int] | None = None) -> RunLayo
     """meta.json, the rank files and their steps (Parquet statistics: no op table is read)."""
     import pyarrow.parquet as pq
 
-    from stragglers.trace.runformat import (META_FILE, RANK_FILE, _read_meta_json,
-                                            meta_from_dict, notes_from_dict)
+    from stragglers.trace.runformat import META_FILE, run_contents
 
     directory = Path(directory)
     if not directory.is_dir() or not (directory / META_FILE).exists():
         raise InputError(directory, None, "--dask/--workers read a run directory (meta.json and "
                          "rank-NNNNN.parquet files); convert other traces with `stragglers "
                          "trace convert` first")
-    raw = _read_meta_json(directory / META_FILE)
-    meta = meta_from_dict(raw, directory / META_FILE)
-    notes = notes_from_dict(raw, directory / META_FILE)
-    files = sorted(p for p in directory.iterdir() if RANK_FILE.match(p.name))
-    if not files:
-        raise InputError(directory, None, "holds no rank-NNNNN.parquet op tables")
+    meta, notes, files = run_contents(directory)
     optional: set[str] = set()
     lo, hi = None, None
     for f in files:
