@@ -174,6 +174,8 @@ def test_the_readme_library_call_prints_what_the_readme_says():
     # The block that needs no training job (the others use a model of the reader's own); the
     # comment line after a print is the output the README promises.
     block = next(b for b in python_blocks(README.read_text()) if "st.analyze(" in b)
+    if "../shared/data" in block and not (REPO.parent / "shared" / "data").exists():
+        pytest.skip("the README's analyze example reads ../shared/data, which is not present")
     lines = block.splitlines()
     promised = [lines[i + 1][2:] for i, line in enumerate(lines[:-1])
                 if line.startswith("print(") and lines[i + 1].startswith("# ")]
