@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from stragglers.record import attach
 
-from injection import work  # examples/injection.py (the script's folder is on sys.path)
+from injection import SlowDown  # examples/injection.py (the script's folder is on sys.path)
 from launch import exit_without_finalizing, main_once, refuse_earlier_run, require_torchrun
 
 
@@ -91,11 +91,11 @@ class Block(nn.Module):
         super().__init__()
         self.attention_norm, self.ffn_norm = nn.RMSNorm(d), nn.RMSNorm(d)
         self.attention, self.feed_forward = Attention(d, heads), FeedForward(d)
-        self.slow_s = 0.0  # injected extra compute per forward and backward (s)
+        self.slow = SlowDown()  # injected extra compute per forward and backward (0 s unless set)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
-        return _Slow.apply(x + self.feed_forward(self.ffn_norm(x)), self.slow_s)
+        return self.slow(x + self.feed_forward(self.ffn_norm(x)))
 
 
 class Transformer(nn.Module):
@@ -147,23 +147,6 @@ def parallelize(model: Transformer, mesh) -> Transformer:
     return fully_shard(model, mesh=mesh["dp"])
 
 
-# ---- injected slowness ----------------------------------------------------------------------
-
-class _Slow(torch.autograd.Function):
-    """Extra compute (examples/injection.py: work) in a block's forward and backward."""
-
-    @staticmethod
-    def forward(ctx, x, seconds: float):
-        ctx.seconds = seconds
-        work(seconds)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        work(ctx.seconds)
-        return grad, None
-
-
 # ---- main -----------------------------------------------------------------------------------
 
 def main(argv=None) -> None:
@@ -184,7 +167,7 @@ def main(argv=None) -> None:
     model = Transformer(args)
     if rank == args.slow_rank:
         for layer in model.layers:
-            layer.slow_s = args.slow_ms / 1e3
+            layer.slow.fwd_s = layer.slow.bwd_s = args.slow_ms / 1e3
     model = parallelize(model, mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     injections = ([{"cause": "worker_fault", "rank": args.slow_rank, "stage": 0,
