@@ -69,7 +69,7 @@ KNOWN_COLLECTIVES = {"allreduce", "reducescatter", "allgather", "alltoall", "bro
 
 @dataclass
 class RankEvents:
-    """What one rank's trace holds that the op table needs, as compact tuples (times in µs)."""
+    """What one rank's trace holds that the op table needs: typed columns and small tuples (µs)."""
 
     source: str
     distributed_info: dict[str, Any] | None = None

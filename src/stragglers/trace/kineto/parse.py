@@ -27,7 +27,8 @@ PARALLEL_MIN_BYTES = 8 << 20
 # behind in the process, 13 MB of it live), and the parent keeps only the compact parts.
 SEPARATE_PROCESS_BYTES = 256 << 20
 # A file needs about this many times its (decompressed) size while it is parsed: msgspec reads
-# it a chunk at a time (what stays is the compact events, ~1.3x measured on 48-69 MB files);
+# it a chunk at a time (what stays is the events as typed columns: 0.4x measured on 1.1 GB
+# files, BENCHMARKS.md issue 29; 1.5 keeps the margin of the tuples it used to hold);
 # the stdlib holds its whole text and the events.
 MEMORY_PER_BYTE = 1.5 if fastdecode.AVAILABLE else 3
 

@@ -14,8 +14,9 @@ _PP_WORDS = {"pp", "pipe", "pipeline"}
 _DP_WORDS = {"dp", "data"}
 _TP_WORDS = {"tp", "tensor"}
 # Words of process-group descriptions (Megatron's, torchtitan's mesh dims) that name model
-# parallelism: their collectives sit inside forward/backward.
-_MODEL_PARALLEL_WORDS = _TP_WORDS | {"cp", "context", "ep", "expert", "moe"}
+# parallelism, by dimension: their collectives sit inside forward/backward.
+_KIND_WORDS = {"tp": _TP_WORDS, "cp": {"cp", "context"}, "ep": {"ep", "expert", "moe"}}
+_MODEL_PARALLEL_WORDS = set().union(*_KIND_WORDS.values())
 
 
 def rank_of(ev, notes: list[str]) -> int:
@@ -110,28 +111,30 @@ def place(ev, rank: int, shape: JobShape) -> Placement:
     return Placement(rank, rank, 0, None)
 
 
+def _described(ev):
+    """(name, ranks, words of the description) of every well-formed pg_config group."""
+    groups = (ev.distributed_info or {}).get("pg_config")
+    for g in groups if isinstance(groups, list) else []:
+        if not isinstance(g, dict):
+            continue
+        ranks, desc = g.get("ranks"), g.get("pg_desc")
+        if isinstance(ranks, list) and isinstance(desc, str) and all(
+                isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            yield str(g.get("pg_name")), ranks, set(re.split(r"[^a-z]+", desc.lower()))
+
+
 def _named_groups(ev, rank: int) -> tuple[list[int] | None, list[int] | None,
                                           list[int] | None]:
     """The pipeline, data- and tensor-parallel groups of this rank, when pg_config names them."""
-    groups = (ev.distributed_info or {}).get("pg_config")
     pp = dp = tp = None
-    if not isinstance(groups, list):
-        return None, None, None
-    for g in groups:
-        if not isinstance(g, dict):
+    for _, ranks, words in _described(ev):
+        if rank not in ranks or len(ranks) < 2:
             continue
-        ranks = g.get("ranks")
-        desc = g.get("pg_desc")
-        if not isinstance(ranks, list) or not isinstance(desc, str) or rank not in ranks:
-            continue
-        if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-            continue
-        words = set(re.split(r"[^a-z]+", desc.lower()))
-        if words & _PP_WORDS and len(ranks) > 1:
+        if words & _PP_WORDS:
             pp = ranks
-        elif words & _DP_WORDS and len(ranks) > 1:
+        elif words & _DP_WORDS:
             dp = ranks
-        elif words & _TP_WORDS and len(ranks) > 1:
+        elif words & _TP_WORDS:
             tp = ranks
     return pp, dp, tp
 
@@ -141,16 +144,11 @@ def model_parallel_groups(ev, rank: int, tp_size: int) -> frozenset:
     context or expert parallel, and with tensor parallelism of `tp_size` (tp fastest), any
     group of two or more ranks inside the rank's own block of tp consecutive ranks."""
     out = set()
-    groups = (ev.distributed_info or {}).get("pg_config")
-    for g in groups if isinstance(groups, list) else []:
-        ranks, desc = (g.get("ranks"), g.get("pg_desc")) if isinstance(g, dict) else (None, None)
-        if not (isinstance(ranks, list) and rank in ranks and len(ranks) > 1
-                and isinstance(desc, str)):
-            continue
-        words = set(re.split(r"[^a-z]+", desc.lower()))
+    for name, ranks, words in _described(ev):
         # expert-data-parallel groups (Megatron) and dp_shard_cp (torchtitan) sync gradients
-        if words & _MODEL_PARALLEL_WORDS and not words & _DP_WORDS:
-            out.add(str(g.get("pg_name")))
+        if rank in ranks and len(ranks) > 1 and words & _MODEL_PARALLEL_WORDS \
+                and not words & _DP_WORDS:
+            out.add(name)
     if tp_size > 1:
         block = range(rank // tp_size * tp_size, rank // tp_size * tp_size + tp_size)
         for name, members in ev.pg_ranks.items():
@@ -159,8 +157,6 @@ def model_parallel_groups(ev, rank: int, tp_size: int) -> frozenset:
     return frozenset(out)
 
 
-_KIND_WORDS = {"tp": _TP_WORDS, "cp": {"cp", "context"}, "ep": {"ep", "expert", "moe"}}
-
 
 def group_sizes(parts: dict) -> dict[str, int]:
     """Sizes of the model-parallel dimensions the ranks' process groups show: tp, cp and ep from
@@ -168,14 +164,9 @@ def group_sizes(parts: dict) -> dict[str, int]:
     A dimension no group shows is left out."""
     sizes: dict[str, set] = {k: set() for k in _KIND_WORDS}
     for ev in parts.values():
-        groups = (ev.distributed_info or {}).get("pg_config")
-        for g in groups if isinstance(groups, list) else []:
-            ranks, desc = (g.get("ranks"), g.get("pg_desc")) if isinstance(g, dict) else (None, None)
-            if not isinstance(ranks, list) or len(ranks) < 2 or not isinstance(desc, str):
-                continue
-            words = set(re.split(r"[^a-z]+", desc.lower()))
+        for _, ranks, words in _described(ev):
             for kind, names in _KIND_WORDS.items():
-                if words & names and not words & _DP_WORDS:
+                if len(ranks) > 1 and words & names and not words & _DP_WORDS:
                     sizes[kind].add(len(ranks))
         if not sizes["ep"]:
             for c in ev.colls:
