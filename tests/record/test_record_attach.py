@@ -324,3 +324,18 @@ def test_a_recorded_model_copies_and_saves_as_its_own_class_unrecorded(tmp_path,
         assert all(torch.equal(v, weights[k]) for k, v in m.state_dict().items())
     ops = read_run(tmp_path / "run").ops
     assert rows(ops, 1) == [(FWD, 0), (BWD, 0), (OPT, -1)]
+
+
+def test_attach_is_the_function_whatever_was_imported_first(hooks):
+    # the implementation is the private stragglers.record._attach: no module shadows the name
+    import importlib
+    import types
+
+    import stragglers
+    import stragglers.record
+    import stragglers.record._attach as impl
+
+    assert isinstance(stragglers.record.attach, types.FunctionType)
+    assert stragglers.record.attach is impl.attach is stragglers.attach
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("stragglers.record.attach")

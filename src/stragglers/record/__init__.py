@@ -12,8 +12,8 @@ Exports are lazy: `import stragglers.record` does not import torch until a name 
 from stragglers.lazy import lazy_exports
 
 _LAZY = {
-    "attach": "stragglers.record.attach",
-    "Attached": "stragglers.record.attach",
+    "attach": "stragglers.record._attach",
+    "Attached": "stragglers.record._attach",
     "Recorder": "stragglers.record.recorder",
     "RecordedWork": "stragglers.record.recorder",
     "RecordCallback": "stragglers.record.lightning",

@@ -50,7 +50,7 @@ def record_command(
     The job's code needs only `stragglers.record.attach(model, optimizer)` (its `out` is
     overridden); the exit status is the job's. Then: `stragglers analyze OUT`.
     """
-    from stragglers.record.attach import ENV_DIR, ENV_OVERWRITE, ENV_SAMPLE, ENV_SWITCH
+    from stragglers.record._attach import ENV_DIR, ENV_OVERWRITE, ENV_SAMPLE, ENV_SWITCH
 
     if not command:
         raise InputError("record", "command", "expected the job to run after `--`")

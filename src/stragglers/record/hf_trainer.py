@@ -17,7 +17,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from stragglers.record.attach import Attached, attach
+from stragglers.record._attach import Attached, attach
 
 
 def lengths_from_attention_mask(*args, **kwargs) -> list[int] | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
-from stragglers.record.attach import Attached, attach
+from stragglers.record._attach import Attached, attach
 
 
 class RecordCallback(Callback):

@@ -1,6 +1,6 @@
 """Record a torch.distributed.pipelining job per schedule action (F, B or I, W; sends, receives).
 
-`attach(schedule, optimizer, out=...)` lands here (see attach.py). What is recorded, and how:
+`attach(schedule, optimizer, out=...)` lands here (see _attach.py). What is recorded, and how:
 - a step: from the schedule's `step()` call to the end of `optimizer.step()`;
 - forward-compute / backward-compute / backward-weight-compute per microbatch and stage: the
   stage's `forward_one_chunk`, `backward_one_chunk` (a full backward B, or the input half I of
@@ -265,7 +265,7 @@ def attach_pipeline(schedule, optimizer: torch.optim.Optimizer, out: str | Path 
                     overwrite: bool = False, enabled: bool | None = None,
                     extra: dict | None = None, flush_interval_s: float = 1.0) -> AttachedPipeline:
     """Record this rank's pipeline schedule into `out` (a collective; `attach` calls this)."""
-    from stragglers.record.attach import _job_name, launcher_settings
+    from stragglers.record._attach import _job_name, launcher_settings
 
     enabled, out, every, overwrite = launcher_settings(enabled, out, name, sample_every, overwrite)
     return AttachedPipeline(schedule, optimizer, out, name=_job_name(name), sample_every=every,

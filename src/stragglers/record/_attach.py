@@ -36,7 +36,6 @@ import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
 from stragglers.errors import InputError
-from stragglers.lazy import callable_module
 from stragglers.record import native as native_hooks
 from stragglers.record.native import FAST, SKIP, SLOW
 from stragglers.record.layout import JobLayout, fsdp2_units, read_layout
@@ -588,6 +587,3 @@ class Attached(ClosesOnExit):
         """Optimizer steps seen since attach (sampled or not)."""
         return self._step
 
-
-# `from stragglers.record import attach` gives this module once it was imported by path
-callable_module(__name__)
