@@ -1,0 +1,123 @@
+"""Bounds a part must keep before it is decoded (rows, decoded bytes, footer, page headers)
+or analysed (steps)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stragglers.errors import InputError
+from stragglers.monitor.pages import check_pages
+from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS
+
+
+MAX_PART_ROWS = 1_000_000   # rows in one part (a recorder's flush holds hundreds to thousands)
+
+# bytes a part may take once decoded, bounded from its footer before any page is decoded: the
+# columns' declared uncompressed sizes plus 8 bytes per row and column of Arrow buffers (the op
+# type is read as a dictionary, so 1M rows of one 1,000-byte name stay ~4 MB)
+MAX_DECODED_BYTES = 384 * 2**20
+
+# a part's steps may lie at most this far past the job's steps seen so far (or apart from each
+# other): one wild number (a step of 2**63-1) would otherwise become the job's last analysed
+# step, and every later row would be dropped as late
+MAX_STEP_GAP = 1_000_000
+
+# the largest step taken: past 2**53 a JSON reader (the dashboard) no longer holds a step
+# exactly, and no training runs that long; a first part at 2**63-1 has no earlier step to be
+# judged against by MAX_STEP_GAP
+MAX_STEP = 2**53 - 1
+
+ALLOWED_COLUMNS = (*COLUMNS, *OPTIONAL_COLUMNS)
+
+# a part's Parquet footer (a recorder's is a few kB): a larger one is refused before it is
+# parsed (its thrift decoding allocates per declared column and row group)
+MAX_FOOTER_BYTES = 4 << 20
+
+
+
+def footer_length(tail: bytes) -> int | None:
+    """The footer length a Parquet file's last 8 bytes give, None when they are not Parquet's."""
+    if len(tail) != 8 or tail[4:] != b"PAR1":
+        return None
+    return int.from_bytes(tail[:4], "little")
+
+
+
+def check_part_rows(rows: int, source: object) -> InputError | None:
+    """A part of more than MAX_PART_ROWS rows is refused before it is decoded: a few kB of
+    Parquet can hold millions of identical rows (a 0.8 MB file decodes to 1 GB)."""
+    if rows > MAX_PART_ROWS:
+        return InputError(source, None, f"{rows} rows in one part; expected at most "
+                          f"{MAX_PART_ROWS} (a recorder writes a part per flush, far fewer)")
+    return None
+
+
+
+def decoded_bound(meta) -> int:
+    """An upper bound of the bytes a part takes decoded, from its footer alone."""
+    declared = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        declared += sum(max(group.column(i).total_uncompressed_size, 0)
+                        for i in range(group.num_columns))
+    return declared + int(meta.num_rows) * 8 * (meta.num_columns + 1)
+
+
+
+def check_decode_budget(meta, source: object) -> InputError | None:
+    """A part whose decoded size could pass MAX_DECODED_BYTES is refused before it is decoded."""
+    bound = decoded_bound(meta)
+    if bound > MAX_DECODED_BYTES:
+        return InputError(source, None, f"would take up to {bound} bytes decoded (its columns' "
+                          f"declared sizes); expected at most {MAX_DECODED_BYTES}")
+    return None
+
+
+
+def check_page_headers(meta, data, source: object) -> InputError | None:
+    """A part whose page headers declare more than its footer (a page of 2 GB uncompressed, a
+    page past its column chunk, a dictionary of 2**31 values) is refused before any page is
+    decoded (pages.check_pages); `data`: the whole file (bytes or an mmap)."""
+    footer = footer_length(bytes(data[-8:])) if len(data) >= 12 else None
+    if footer is None:
+        return None   # no Parquet footer: the reader says so
+    bad = check_pages(meta, data, len(data) - 8 - footer)
+    if bad is None:
+        return None
+    column, problem = bad
+    return InputError(source, column, f"page headers: {problem}; expected pages within the "
+                      "sizes the footer declares (nothing of the part was decoded)")
+
+
+
+def check_step_gaps(steps: np.ndarray, known: int, source: object) -> InputError | None:
+    """A part whose steps lie more than MAX_STEP_GAP apart, or past `known` (the job's last
+    step seen so far, -1 for none) by more than that, is refused: see MAX_STEP_GAP."""
+    if not len(steps):
+        return None
+    u = np.unique(steps)
+    if int(u[-1]) > MAX_STEP:
+        return InputError(source, "step", f"step {int(u[-1])}; expected at most {MAX_STEP} "
+                          "(2**53-1: the largest step a JSON reader keeps exact)")
+    gaps = np.diff(u)
+    if len(gaps) and int(gaps.max()) > MAX_STEP_GAP:
+        at = int(np.argmax(gaps))
+        return InputError(source, "step", f"steps jump from {int(u[at])} to {int(u[at + 1])}; "
+                          f"expected at most {MAX_STEP_GAP} steps apart")
+    if known >= 0 and int(u[0]) - known > MAX_STEP_GAP:
+        return InputError(source, "step", f"first step {int(u[0])} is more than {MAX_STEP_GAP} "
+                          f"steps past the job's last step so far ({known})")
+    return None
+
+
+
+def guarded(fn, arg, source):
+    """fn(arg), or the InputError naming `source` for whatever it raised: one part that a
+    check does not foresee is refused alone, never its whole batch (nor the ingest thread)."""
+    try:
+        return fn(arg)
+    except InputError as exc:
+        return exc
+    except Exception as exc:   # noqa: BLE001
+        return InputError(source, None, f"could not be checked ({type(exc).__name__}: "
+                          f"{str(exc)[:120]}); expected an op-table Parquet file")
