@@ -48,7 +48,7 @@ def torchrun(nproc: int, script: Path, *args: str) -> None:
 
 def findings(run: Path) -> list[tuple[str, str]]:
     from stragglers.trace.runformat import read_run
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
 
     result = analyze(read_run(run))
     out = []

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 
 def step_time(trace) -> float:

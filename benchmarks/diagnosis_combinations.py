@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 CAUSES = ("worker_fault", "stage_imbalance", "sequence_imbalance", "gc", "communication",
           "host_stall")

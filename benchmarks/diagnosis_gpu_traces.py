@@ -41,7 +41,7 @@ import numpy as np
 
 from stragglers.trace.load import load_trace
 from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 KINDS = ("none", "host_stall", "worker_fault", "slow_group", "expert_imbalance", "communication")
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from stragglers.trace.synth import generate
 from stragglers.whatif import diagnosis
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 SHAPES = [(32, 4), (64, 2), (16, 8), (8, 4)]
 

@@ -49,7 +49,7 @@ elif mode == "per-file":
         n += len(doc["traceEvents"])
         del doc
 elif mode.startswith("read+analyze"):
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
     # parse workers as the CLI runs them, or one parse process at a time (read+analyze-1)
     trace = read_kineto(folder, workers=1 if mode.endswith("-1") else None)
     n = len(trace)

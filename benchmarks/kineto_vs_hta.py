@@ -46,7 +46,7 @@ OURS = textwrap.dedent("""
     import json, sys, time
     t0 = time.perf_counter()
     from stragglers.trace.kineto import fastdecode, read_kineto
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
     trace = read_kineto(sys.argv[1])
     t1 = time.perf_counter()
     result = analyze(trace)

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from stragglers.trace.load import load_trace  # noqa: E402
-from stragglers.whatif.analyze import analyze  # noqa: E402
+from stragglers.whatif import analyze  # noqa: E402
 from stragglers.whatif.grid import build_grid  # noqa: E402
 from stragglers.whatif.metrics import WhatIf  # noqa: E402
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from stragglers.trace.load import load_trace
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

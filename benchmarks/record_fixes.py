@@ -66,7 +66,7 @@ def analyse(trace_dir: Path, cause: str) -> tuple[dict, float]:
     import numpy as np
 
     from stragglers.trace.runformat import read_run
-    from stragglers.whatif.analyze import analyze_with_model
+    from stragglers.whatif import analyze_with_model
     from stragglers.whatif.grid import BWD, FWD, GC
 
     result, w = analyze_with_model(read_run(trace_dir))

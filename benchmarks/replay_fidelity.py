@@ -39,7 +39,7 @@ JOBS = {
 TRACE_FLAG = {"train_gpt.py": "--trace-dir", "train_pipeline.py": "--out"}
 ANALYSE = ("import json, sys\n"
            "from stragglers.trace.runformat import read_run\n"
-           "from stragglers.whatif.analyze import analyze\n"
+           "from stragglers.whatif import analyze\n"
            "out = {}\n"
            "for p in sys.argv[1:]:\n"
            "    r = analyze(read_run(p))\n"

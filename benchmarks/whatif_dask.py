@@ -39,7 +39,7 @@ run, mode = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
 if mode == "single":
     from stragglers.trace.runformat import read_run
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
     r = analyze(read_run(run))
 else:
     from stragglers.whatif.dask_runner import analyze_with_client, dask_client

@@ -5,7 +5,7 @@ must be diagnosed `none`. Prints the ones that are not, with S and the noise flo
 """
 
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 SHAPES = [(128, 1, 1, 1), (128, 2, 2, 1), (64, 4, 4, 1), (16, 4, 4, 2), (2, 8, 8, 1), (1, 1, 4, 1),
           (64, 8, 8, 1)]  # (dp, pp, microbatches, vpp)

@@ -25,7 +25,7 @@ CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 from stragglers.trace.load import load_trace
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 trace = load_trace(sys.argv[1])
 t1 = time.perf_counter()
 r = analyze(trace)

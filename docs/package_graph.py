@@ -23,7 +23,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "stragglers"
 
 
 def node_of(module: str) -> str | None:
-    """The graph node of a dotted module name: `stragglers.whatif.replay` -> `whatif`.
+    """The graph node of a dotted module name: `stragglers.whatif.grid` -> `whatif`.
 
     A package's `commands.py` (its `stragglers` sub-commands, which cli.py loads by name) and
     `__main__.py` (`python -m stragglers.monitor`) are
@@ -40,7 +40,7 @@ def node_of(module: str) -> str | None:
 
 
 def module_name(path: Path) -> str:
-    """`src/stragglers/whatif/replay.py` -> `stragglers.whatif.replay`."""
+    """`src/stragglers/whatif/grid.py` -> `stragglers.whatif.grid`."""
     rel = path.relative_to(SRC.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":

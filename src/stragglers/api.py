@@ -13,7 +13,7 @@ def analyze(source: "Trace | str | Path", *, steps: Any = None, meta: "str | Pat
             progress: Callable[[str], None] | None = None, tp_size: int | None = None):
     """What-if analysis of a trace or of the trace at `source` (run dir, NDTimeline, profiler JSON)."""
     from stragglers.trace.load import load_trace, parse_steps
-    from stragglers.whatif.analyze import analyze as analyze_trace
+    from stragglers.whatif import analyze as analyze_trace
 
     trace = source if isinstance(source, Trace) else load_trace(
         source, meta, dp_size=dp_size, pp_size=pp_size, tp_size=tp_size)

@@ -14,7 +14,7 @@ from stragglers.advise.context import DP_COLLECTIVE, AdviceContext
 from stragglers.advise.remedies.tolerate import GradientCoding
 from stragglers.errors import InputError
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze, analyze_with_model
+from stragglers.whatif import analyze, analyze_with_model
 
 # A big all-reduce (the synth default is 6 ms), so that hiding part of it matters.
 BIG_ALLREDUCE = {"kind": "collective", "optype": "grads-all-reduce", "stage": None, "factor": 20}

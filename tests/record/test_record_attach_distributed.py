@@ -24,7 +24,7 @@ def run(out, nproc: int, *args: str, one_cpu: bool = False):
 
 
 def analysed(trace):
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
 
     return analyze(trace)
 

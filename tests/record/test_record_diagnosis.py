@@ -46,7 +46,7 @@ CASES = [
 
 @pytest.mark.parametrize("name,nproc,args,cause,where", CASES)
 def test_injection_is_diagnosed_at_its_place(tmp_path, name, nproc, args, cause, where):
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
 
     out = tmp_path / "trace"
     # the clean run has its ranks on one CPU: the machine's load cannot make one of them a

@@ -76,7 +76,7 @@ def test_clock_offsets_are_measured_at_start_and_end(slow_run):
 
 
 def test_replay_reproduces_the_measured_step_times(slow_run):
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
 
     # every step: whether step 0 counts as warm-up depends on the machine's load that moment,
     # and the replay must reproduce warm-up steps too
@@ -88,7 +88,7 @@ def test_replay_reproduces_the_measured_step_times(slow_run):
 
 
 def test_the_slow_worker_is_diagnosed_at_its_place(slow_run):
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
 
     result = analyze(read_run(slow_run))
     top = result["diagnosis"][0]
@@ -112,7 +112,7 @@ def test_a_dying_rank_leaves_readable_steps(tmp_path):
     assert set(range(5)) <= steps_of[0]
     assert trace.meta.extra["injections"][0]["cause"] == "crash"
 
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
 
     result = analyze(trace)
     # every complete step is analysed or named as warm-up: the analyser leaves out slow

@@ -11,7 +11,7 @@ from conftest import REPO, torchrun
 
 from stragglers.trace.model import OPTYPE_CODES
 from stragglers.trace.runformat import read_run
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 TRAIN = REPO / "examples" / "train_gpt.py"
 pytestmark = pytest.mark.distributed

@@ -54,7 +54,7 @@ def injected(runs):
 
 
 def _analyse(trace):
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
 
     return analyze(trace)
 

@@ -19,7 +19,7 @@ FWD, AR = OPTYPE_CODES["forward-compute"], OPTYPE_CODES["grads-all-reduce"]
 
 
 def diagnose(trace) -> dict:
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
 
     return analyze(trace)
 

@@ -219,7 +219,7 @@ def test_real_ndtimeline_trace_exports_without_losing_ops(tmp_path, ndtimeline_d
 
 def test_timelines_carry_the_result_and_the_reader_notes(tmp_path):
     from stragglers.trace.synth import generate
-    from stragglers.whatif.analyze import analyze_with_model, timelines
+    from stragglers.whatif import analyze_with_model, timelines
 
     trace = generate(dp=2, pp=2, microbatches=4, steps=3, seed=2, slow_worker=(0, 1, 1.5))
     trace.note("clock", "clock alignment residual 0.2 ms")

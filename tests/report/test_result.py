@@ -17,7 +17,7 @@ from stragglers.errors import InputError
 from stragglers.report import print_report, render_html
 from stragglers.report.summary import describe_where, fix_fraction_words
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 from stragglers.whatif.result import SCHEMA_VERSION, AnalysisResult
 
 # The field names `stragglers analyze --json` wrote before the typed result: all still there.

@@ -93,7 +93,7 @@ print(len(packages), bad)
 @pytest.mark.slow
 def test_every_export_is_what_it_names_after_its_modules_were_imported_by_path():
     # Importing a submodule binds it on its package under its own name: where a lazy export
-    # shares that name (record.attach, whatif.analyze, ...), `from pkg import name` would give
+    # shares that name (record.attach, advise, ...), `from pkg import name` would give
     # the module. Each such module is callable as its function.
     out = subprocess.run([sys.executable, "-c", EVERY_EXPORT_AFTER_EVERY_IMPORT],
                          capture_output=True, text=True, timeout=300)

@@ -14,7 +14,7 @@ from stragglers.trace.convert import convert
 from stragglers.trace.model import OPTIONAL_COLUMNS, JobMeta
 from stragglers.trace.ndtimeline import read_ndtimeline
 from stragglers.trace.runformat import read_run
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 torch = pytest.importorskip("torch")
 

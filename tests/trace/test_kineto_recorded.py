@@ -18,7 +18,7 @@ from conftest import persistent_findings, torchrun
 from stragglers.errors import InputError
 from stragglers.trace.kineto import read_kineto
 from stragglers.trace.load import load_trace
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 WORKER = Path(__file__).parent / "workers" / "kineto_profile_job.py"
 # name → (processes, worker arguments, injected rank or None)

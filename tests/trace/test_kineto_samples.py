@@ -10,7 +10,7 @@ from conftest import KINETO
 
 from stragglers.errors import InputError
 from stragglers.trace.kineto import looks_like_kineto, read_kineto
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 
 def _messages(trace) -> list[str]:
@@ -163,7 +163,7 @@ def test_without_msgspec_the_stdlib_reads_and_analyses(tmp_path):
         "from stragglers.trace.kineto import fastdecode, read_kineto\n"
         "from stragglers.trace.kineto.events import read_rank_events\n"
         "from stragglers.errors import InputError\n"
-        "from stragglers.whatif.analyze import analyze\n"
+        "from stragglers.whatif import analyze\n"
         "assert not fastdecode.AVAILABLE\n"
         "t = read_kineto(sys.argv[1:])\n"
         "try:\n"

@@ -11,7 +11,7 @@ import pytest
 
 from stragglers.errors import InputError
 from stragglers.trace.kineto import looks_like_kineto, read_kineto
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 
 def _messages(trace) -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 from conftest import torchrun
 
 from stragglers.trace.kineto import looks_like_kineto, read_kineto
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 WORKER = Path(__file__).parent / "workers" / "kineto_profile_ddp.py"
 SLOW_RANK, FACTOR = 1, 60

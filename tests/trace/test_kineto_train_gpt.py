@@ -11,7 +11,7 @@ from conftest import REPO, torchrun
 
 from stragglers.errors import InputError
 from stragglers.trace.load import load_trace
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 SLOW_RANK = 1
 

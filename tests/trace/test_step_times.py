@@ -11,7 +11,7 @@ import pytest
 from stragglers.advise import advise
 from stragglers.errors import InputError
 from stragglers.trace.load import load_trace
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 PAI = Path(__file__).resolve().parents[1] / "data" / "real" / "pai-minibatch"
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from stragglers.cli import app
 from stragglers.trace.load import load_trace
 from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 CASES = {
     "none": {},
@@ -75,7 +75,7 @@ def test_cli_writes_a_job_and_refuses_a_bad_rank(tmp_path):
 
 
 def test_all_to_alls_in_expert_groups_synchronise_their_group_only(tmp_path):
-    from stragglers.whatif.analyze import analyze_with_model
+    from stragglers.whatif import analyze_with_model
 
     job = GpuJob(ranks=8, steps=5, seed=2, all_to_alls=3, expert_groups=2,
                  late_rank=(2, 2500.0))

@@ -147,7 +147,7 @@ def test_reader_fuzz_never_crashes(tmp_path, columns):
                        meta="trial_name: X\ndp_size: 4\npp_size: 4\nworld_size: 16\n")
     try:
         trace = read_ndtimeline(path)
-        from stragglers.whatif.analyze import analyze
+        from stragglers.whatif import analyze
         analyze(trace)
     except StragglersError:
         pass

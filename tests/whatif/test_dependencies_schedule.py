@@ -10,7 +10,7 @@ import pytest
 from stragglers.trace.model import OPTYPE_CODES as C
 from stragglers.trace.synth import generate
 from stragglers.trace.synth.actions import action_trace, looped_orders, single_orders
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 from stragglers.whatif.dependencies import build_dependencies, recorded_per_action
 from stragglers.whatif.grid import build_grid
 from stragglers.whatif.metrics import WhatIf

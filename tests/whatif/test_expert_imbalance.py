@@ -16,7 +16,7 @@ import pytest
 from stragglers.trace.load import load_trace
 from stragglers.trace.model import OPTYPE_CODES
 from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 
 def _named(result) -> set[tuple[str, int]]:

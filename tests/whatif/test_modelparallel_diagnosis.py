@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, persistent_findings, torchrun
 
 from stragglers.trace.load import load_trace
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 TP = REPO / "examples" / "train_tp.py"
 MOE = REPO / "examples" / "train_moe.py"

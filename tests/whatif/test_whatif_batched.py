@@ -5,7 +5,7 @@ import pytest
 
 from stragglers.trace.model import OPTYPE_CODES as C, Trace
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze_with_model
+from stragglers.whatif import analyze_with_model
 
 
 def batched(trace: Trace, stage: int, first: str, second: str, shift: int) -> Trace:

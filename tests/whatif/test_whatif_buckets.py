@@ -54,7 +54,7 @@ def test_a_bucket_launched_mid_backward_on_one_replica_only_makes_the_sync_bucke
     # backward ends; dp 1's backward goes on for 25 ms after its bucket was ready. Decided on
     # dp 0's first step alone, the all-reduce would wait for the whole backward everywhere and
     # the replay of dp 1 would run 25 ms late (sim_error of 5% on a real profiler run).
-    from stragglers.whatif.analyze import analyze_with_model
+    from stragglers.whatif import analyze_with_model
 
     rows = {k: [] for k in ("rank", "dp_rank", "stage", "step", "optype", "start_ts", "duration",
                             "seq_id", "mb_id", "mc", "gmc")}

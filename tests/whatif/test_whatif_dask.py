@@ -17,7 +17,7 @@ from stragglers.errors import InputError  # noqa: E402
 from stragglers.trace.ndtimeline import read_ndtimeline  # noqa: E402
 from stragglers.trace.runformat import read_run, write_run  # noqa: E402
 from stragglers.trace.synth import generate  # noqa: E402
-from stragglers.whatif.analyze import analyze  # noqa: E402
+from stragglers.whatif import analyze  # noqa: E402
 from stragglers.whatif.dask_runner import analyze_with_client, dask_client  # noqa: E402
 
 JOBS = {

@@ -7,7 +7,7 @@ import pytest
 from stragglers.errors import InputError
 from stragglers.trace.model import Trace
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 from stragglers.whatif.config import STRAGGLING_SLOWDOWN, DiagnosisConfig
 
 
@@ -90,7 +90,7 @@ def test_a_host_stall_other_ranks_gc_pauses_cover_is_found_once_gc_is_fixed():
 def test_a_cause_another_explains_is_named_in_its_evidence_not_twice():
     from stragglers.whatif.diagnosis import _without_explained
     from stragglers.whatif.causes.base import Candidate
-    from stragglers.whatif.analyze import analyze_with_model
+    from stragglers.whatif import analyze_with_model
 
     trace = generate(dp=4, pp=2, microbatches=4, steps=6, seed=0, slow_worker=(2, 1, 1.8))
     _, w = analyze_with_model(trace)

@@ -6,7 +6,7 @@ import pytest
 from stragglers.trace.ndtimeline import read_ndtimeline, write_ndtimeline
 from stragglers.trace.runformat import read_run, write_run
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 
 def summary(result):

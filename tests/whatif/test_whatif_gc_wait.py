@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stragglers.trace.model import JobMeta, Trace
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 MS = 1e-3
 COLUMNS = ("rank", "dp_rank", "stage", "step", "optype", "start_ts", "duration", "seq_id",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 
 def test_a_stall_of_a_tenth_of_the_step_among_eight_workers_is_named():

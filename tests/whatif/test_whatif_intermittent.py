@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze_with_model
+from stragglers.whatif import analyze_with_model
 from stragglers.whatif.causes import Context
 from stragglers.whatif.config import DEFAULT
 

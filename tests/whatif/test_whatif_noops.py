@@ -4,7 +4,7 @@ import numpy as np
 
 from stragglers.trace.model import OPTYPE_CODES, Trace
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 
 def with_noop_recvs(trace: Trace) -> Trace:

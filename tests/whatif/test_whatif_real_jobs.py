@@ -15,7 +15,7 @@ from conftest import SHARED_DATA
 
 from stragglers.errors import InputError
 from stragglers.trace.load import load_trace
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"
 GPU = SHARED_DATA / "kineto-gpu-samples"

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from stragglers.trace.ndtimeline import read_ndtimeline
-from stragglers.whatif.analyze import analyze
+from stragglers.whatif import analyze
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_steps_filter(ndtimeline_dir):
 def test_analysis_runs_without_torch(ndtimeline_dir):
     code = ("import sys; sys.modules['torch'] = None\n"
             "from stragglers.trace.ndtimeline import read_ndtimeline\n"
-            "from stragglers.whatif.analyze import analyze\n"
+            "from stragglers.whatif import analyze\n"
             "from stragglers.report import print_report, write_html\n"
             f"r = analyze(read_ndtimeline({str(ndtimeline_dir / 'trace-ST.parquet')!r}))\n"
             "print_report(r)\n"

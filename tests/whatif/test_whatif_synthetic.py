@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from stragglers.trace.synth import generate
-from stragglers.whatif.analyze import analyze, analyze_with_model
+from stragglers.whatif import analyze, analyze_with_model
 
 SHAPE = dict(dp=4, pp=4, microbatches=8, steps=6)
 

@@ -31,7 +31,7 @@ def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = No
     JobKnobs (link, global_batch, batch_sizes, remaining_steps, restart_cost_s, devices, max_s,
     threshold). `remedies` limits the plan to these registered names.
     """
-    from stragglers.whatif.analyze import analyze_with_model
+    from stragglers.whatif import analyze_with_model
 
     unknown = set(knobs) - set(JobKnobs.__dataclass_fields__)
     if unknown:

@@ -19,7 +19,7 @@ from stragglers.collectives.cost_model import LinkModel
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPE_CODES as C, Trace
 from stragglers.whatif.grid import BWD, FWD
-from stragglers.whatif.replay import replay
+from stragglers.whatif import replay
 from stragglers.whatif.result import AnalysisResult, Finding
 
 ALLREDUCE = (C["grads-all-reduce"], C["separate-grads-all-reduce"])

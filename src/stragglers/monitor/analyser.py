@@ -153,4 +153,4 @@ def _start_in_child(parent: int) -> None:
 
 
 def _import_engine() -> None:
-    import stragglers.whatif.analyze  # noqa: F401  (the first window then starts at once)
+    from stragglers.whatif import analyze  # noqa: F401  (the first window then starts at once)

@@ -256,7 +256,7 @@ def _readers() -> ThreadPoolExecutor:
 
 def analyse_window(window: Window) -> dict:
     """Run the what-if engine on one window; the row the store keeps (errors kept, not raised)."""
-    from stragglers.whatif.analyze import analyze
+    from stragglers.whatif import analyze
 
     t0 = time.perf_counter()
     row = window_row(window)

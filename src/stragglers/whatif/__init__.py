@@ -8,13 +8,13 @@ from __future__ import annotations
 from stragglers.lazy import lazy_exports
 
 _LAZY = {
-    "analyze": "stragglers.whatif.analyze",
+    "analyze": "stragglers.whatif._analyze",
     "AnalysisResult": "stragglers.whatif.result",
-    "analyze_with_model": "stragglers.whatif.analyze",
-    "timelines": "stragglers.whatif.analyze",
+    "analyze_with_model": "stragglers.whatif._analyze",
+    "timelines": "stragglers.whatif._analyze",
     "WhatIf": "stragglers.whatif.metrics",
     "build_grid": "stragglers.whatif.grid",
-    "replay": "stragglers.whatif.replay",
+    "replay": "stragglers.whatif._replay",
     "diagnose": "stragglers.whatif.diagnosis",
 }
 

@@ -65,7 +65,7 @@ def analyze_command(
     field); with --fail-on-straggling, 1 when S ≥ the threshold.
     """
     from stragglers.report import print_report, write_html, write_perfetto
-    from stragglers.whatif.analyze import analyze_with_model, timelines
+    from stragglers.whatif._analyze import analyze_with_model, timelines
 
     from stragglers.config import cli_overrides
     from stragglers.whatif.config import DiagnosisConfig

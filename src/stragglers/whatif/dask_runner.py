@@ -75,7 +75,7 @@ def analyze_run_on_dask(path: Path | str, steps=None, progress: Callable[[str], 
 def analyze_with_client(client, path, steps=None, progress=None, config=None,
                         partitions: int | None = None):
     """The partitioned analysis on an existing Dask client."""
-    from stragglers.whatif.analyze import analyze_grid
+    from stragglers.whatif._analyze import analyze_grid
     from stragglers.whatif.config import DEFAULT
 
     cfg = config or DEFAULT

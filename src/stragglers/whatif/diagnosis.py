@@ -21,7 +21,7 @@ from stragglers.whatif.config import DEFAULT, STRAGGLING_SLOWDOWN, DiagnosisConf
 from stragglers.whatif.confidence import gain_is_real, ratio_interval
 from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif.noise import noise_floor
-from stragglers.whatif.replay import replay
+from stragglers.whatif._replay import replay
 
 log = logging.getLogger(__name__)
 

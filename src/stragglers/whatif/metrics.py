@@ -13,7 +13,7 @@ from stragglers.whatif.config import DECOMPOSE_SLOWDOWN
 from stragglers.whatif.dependencies import DependencyModel, build_dependencies
 from stragglers.whatif.grid import OpGrid
 from stragglers.whatif.idealise import ideal_costs
-from stragglers.whatif.replay import ReplayPlan, compile_plan, replay
+from stragglers.whatif._replay import ReplayPlan, compile_plan, replay
 from stragglers.whatif.timing import base_step_times, launch_delays, measured_costs, step_starts
 
 DECOMPOSE_THRESHOLD = DECOMPOSE_SLOWDOWN  # attribution from this S on (docs/whatif.md §7)

@@ -16,7 +16,7 @@ import numpy as np
 from stragglers.whatif.config import DiagnosisConfig
 from stragglers.whatif.grid import GC
 from stragglers.whatif.metrics import WhatIf
-from stragglers.whatif.replay import replay
+from stragglers.whatif._replay import replay
 
 
 def residuals(w: WhatIf) -> np.ndarray:

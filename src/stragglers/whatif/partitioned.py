@@ -26,7 +26,7 @@ from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_FILL, Tra
 from stragglers.whatif.grid import (GC, _SEQ_BITS, _OPTYPE_BITS, OpGrid, _check_stages,
                                     _complete_steps, dense_ids, gc_slots, one_op_per_cell)
 from stragglers.whatif.metrics import WhatIf
-from stragglers.whatif.replay import ReplayPlan, replay
+from stragglers.whatif._replay import ReplayPlan, replay
 
 # What the diagnosis looks up in the trace by a grid cell's row (whatif/causes).
 DIAGNOSIS_COLUMNS = ("rank", "mb_id", "mc", "attn_cost", "tokens", "cpu_wait")

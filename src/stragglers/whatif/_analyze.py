@@ -7,14 +7,13 @@ from typing import Callable
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.lazy import callable_module
 from stragglers.trace.model import Trace
 from stragglers.whatif.config import DEFAULT, DiagnosisConfig
 from stragglers.whatif.diagnosis import Coverage, diagnose
 from stragglers.whatif.grid import build_grid
 from stragglers.whatif.warmup import warmup_steps
 from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD, WhatIf
-from stragglers.whatif.replay import replay
+from stragglers.whatif._replay import replay
 from stragglers.whatif.result import (AnalysisResult, findings_from, job_info, plain,
                                       reader_notes, scores_from, summary_from)
 
@@ -200,6 +199,3 @@ def timelines(w: WhatIf, trace: Trace) -> tuple[Trace, dict]:
     ideal = (start[present][order] + offset, end[present][order] + offset)
     return sub, {"measured": measured, "ideal": ideal}
 
-
-# `from stragglers.whatif import analyze` gives this module once it was imported by path
-callable_module(__name__)

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stragglers.lazy import callable_module
 from stragglers.whatif.dependencies import DependencyModel, sync_max
 
 
@@ -96,6 +95,3 @@ def replay(plan: ReplayPlan, cost: np.ndarray, step_start: np.ndarray,
         return step_time, start, end
     return step_time
 
-
-# `from stragglers.whatif import replay` gives this module once it was imported by path
-callable_module(__name__)
