@@ -11,7 +11,7 @@ from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPES
 from stragglers.trace.synth import generate
 from stragglers.trace.synth.generate import upper_bound_ops
-from stragglers.trace.synth.schedule import build_schedule, compute_order
+from stragglers.trace.synth.schedule import build_step_graph, compute_order
 
 
 def expected_counts(stage: int, pp: int, vpp: int, mbs: int, sync: str) -> Counter:
@@ -143,5 +143,5 @@ def test_synth_odd_parameters_warn():
 def test_the_size_bound_checked_before_building_holds(pp, vpp, mb):
     for sync in ("zero", "ddp"):
         for gc_slots in (False, True):
-            nodes = len(build_schedule(pp, vpp, mb, sync, gc_slots=gc_slots).nodes)
+            nodes = len(build_step_graph(pp, vpp, mb, sync, gc_slots=gc_slots).nodes)
             assert nodes <= upper_bound_ops(pp, vpp, mb), (sync, gc_slots, nodes)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stragglers.trace.synth.schedule import BASE_COST, Schedule
+from stragglers.trace.synth.schedule import BASE_COST, StepGraph
 
 # docs/whatif.md §11: one transformer block, forward + backward over 16,384 packed tokens costs
 # ≈ 19.4 ms + 0.76 ms per 10⁶ of Σ s_i² (the spec prints 10⁹, but its own data points,
@@ -37,13 +37,13 @@ class Costs:
     pause_cells: tuple | None = None  # (fwd/bwd ids, bool [ids, columns], stage of each id)
 
 
-def node_rows(sched: Schedule, optypes: tuple[str, ...], stage: int | None = None) -> np.ndarray:
+def node_rows(sched: StepGraph, optypes: tuple[str, ...], stage: int | None = None) -> np.ndarray:
     """Ids of the nodes with one of the op types (on one stage if given)."""
     return np.array([n.id for n in sched.nodes if n.optype in optypes
                      and (stage is None or n.stage == stage)], dtype=np.int64)
 
 
-def sample_costs(sched: Schedule, dp: int, steps: int, seed: int, *, noise: float,
+def sample_costs(sched: StepGraph, dp: int, steps: int, seed: int, *, noise: float,
                  launch_delay: float, step_gap: float, slow_worker, heavy_last_stage,
                  seq_imbalance, gc, slow_link, host_stall=None, gc_in_compute=None,
                  stage_scale=None) -> Costs:
@@ -109,7 +109,7 @@ def sample_costs(sched: Schedule, dp: int, steps: int, seed: int, *, noise: floa
     return costs
 
 
-def _apply_pauses_in_compute(sched: Schedule, costs: Costs, fb: np.ndarray,
+def _apply_pauses_in_compute(sched: StepGraph, costs: Costs, fb: np.ndarray,
                              rng: np.random.Generator, gc: tuple, noise: float) -> None:
     """GC pauses that land inside forward/backward compute (no gc rows, as NDTimeline shows them)."""
     rate, length = gc
@@ -121,7 +121,7 @@ def _apply_pauses_in_compute(sched: Schedule, costs: Costs, fb: np.ndarray,
     costs.pause_cells = (fb, active, np.array([sched.nodes[i].stage for i in fb]))
 
 
-def slow_link_rows(sched: Schedule, link: dict) -> tuple[np.ndarray, float]:
+def slow_link_rows(sched: StepGraph, link: dict) -> tuple[np.ndarray, float]:
     """Nodes whose transfer a slow link multiplies (both members of each affected p2p pair)."""
     if link["kind"] == "p2p":
         pair = {link["stage_from"], link["stage_to"]}
@@ -134,7 +134,7 @@ def slow_link_rows(sched: Schedule, link: dict) -> tuple[np.ndarray, float]:
     return node_rows(sched, (link["optype"],), stage), link["factor"]
 
 
-def _apply_sequence_imbalance(sched: Schedule, costs: Costs, fb: np.ndarray,
+def _apply_sequence_imbalance(sched: StepGraph, costs: Costs, fb: np.ndarray,
                               rng: np.random.Generator, cfg: dict, cols: int) -> None:
     """Scale forward/backward by a + b·Σs_i², normalised so the mean cost is unchanged."""
     tokens = int(cfg["tokens_per_mb"])

@@ -14,7 +14,7 @@ import numpy as np
 from stragglers.errors import InputError
 from stragglers.trace.model import COLUMNS, JobMeta, Trace, optype_code
 from stragglers.trace.synth.durations import FORWARD_BACKWARD, Costs, sample_costs
-from stragglers.trace.synth.schedule import Schedule, build_schedule
+from stragglers.trace.synth.schedule import StepGraph, build_step_graph
 from stragglers.trace.synth.validate import SOURCE, ground_truth, validate_parameters
 
 
@@ -53,7 +53,8 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
         step_gap=step_gap))
     # refused before the schedule is built: with pp = 100,000 building it alone fills memory
     _check_size(dp, pp, vpp, microbatches, steps, upper_bound_ops(pp, vpp, microbatches) * dp * steps)
-    sched = build_schedule(pp, vpp, microbatches, params["sync"], gc_slots=params["gc"] is not None)
+    sched = build_step_graph(pp, vpp, microbatches, params["sync"],
+                             gc_slots=params["gc"] is not None)
     _check_size(dp, pp, vpp, microbatches, steps, len(sched.nodes) * dp * steps)
     # Sizes that overflow float64 are refused by _check_usable, in one line: numpy's own
     # overflow warnings on the way there would only bury it.
@@ -119,7 +120,7 @@ def mean_step_time(start: np.ndarray, end: np.ndarray, dp: int, steps: int) -> f
     return float((last - first).mean())
 
 
-def measure_impacts(sched: Schedule, params: dict, start: np.ndarray, end: np.ndarray) -> dict:
+def measure_impacts(sched: StepGraph, params: dict, start: np.ndarray, end: np.ndarray) -> dict:
     """Per injected cause: mean step time with it / without it (all other draws unchanged).
 
     An injection can have no effect (a slow collective on a stage with slack before the clip),
@@ -144,7 +145,7 @@ def _default_name(params: dict) -> str:
             f"{'+'.join(causes) or 'noise'}-seed{params['seed']}")
 
 
-def step_begin(sched: Schedule, costs: Costs, dp: int) -> np.ndarray:
+def step_begin(sched: StepGraph, costs: Costs, dp: int) -> np.ndarray:
     """(pp, columns): when each worker starts a step, relative to the previous barrier start."""
     barrier = sched.groups[sched.barrier]
     begin = np.empty_like(costs.step_gap)
@@ -157,7 +158,7 @@ def step_begin(sched: Schedule, costs: Costs, dp: int) -> np.ndarray:
     return begin
 
 
-def run_forward(sched: Schedule, costs: Costs, dp: int,
+def run_forward(sched: StepGraph, costs: Costs, dp: int,
                 steps: int) -> tuple[np.ndarray, np.ndarray]:
     """Absolute start and end of every (node, column), following the dependency model."""
     n, cols = len(sched.nodes), dp * steps
@@ -199,7 +200,7 @@ def run_forward(sched: Schedule, costs: Costs, dp: int,
     return start, end
 
 
-def assemble_ops(sched: Schedule, costs: Costs, start: np.ndarray, end: np.ndarray,
+def assemble_ops(sched: StepGraph, costs: Costs, start: np.ndarray, end: np.ndarray,
                  dp: int, steps: int) -> dict[str, np.ndarray]:
     """Op-table columns: rows grouped by rank, then step, then schedule position; a rank's
     (sparse) GC pauses follow its other rows."""
@@ -253,7 +254,7 @@ def assemble_ops(sched: Schedule, costs: Costs, start: np.ndarray, end: np.ndarr
     return out
 
 
-def _put_gc_pauses(sched: Schedule, costs: Costs, start: np.ndarray, end: np.ndarray, dp: int,
+def _put_gc_pauses(sched: StepGraph, costs: Costs, start: np.ndarray, end: np.ndarray, dp: int,
                    out: dict[str, np.ndarray], offset: int) -> None:
     """Append the rows of the GC pauses that happened (absent slots are not ops)."""
     active = costs.gc_active

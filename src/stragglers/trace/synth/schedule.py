@@ -94,7 +94,7 @@ def compute_order(stage: int, pp: int, vpp: int, microbatches: int) -> list[tupl
 
 
 @dataclass
-class Schedule:
+class StepGraph:
     """Nodes of every stage (one step, one DP rank) plus communication groups and event order."""
 
     pp: int
@@ -111,9 +111,9 @@ class Schedule:
     events: list[tuple[str, int]] = field(default_factory=list)  # ("S", node) / ("E", group)
 
 
-def build_schedule(pp: int, vpp: int, microbatches: int, sync: str, gc_slots: bool) -> Schedule:
+def build_step_graph(pp: int, vpp: int, microbatches: int, sync: str, gc_slots: bool) -> StepGraph:
     """Build the symbolic graph of one step for all stages and order it topologically."""
-    sched = Schedule(pp, vpp, microbatches, sync, gc_slots)
+    sched = StepGraph(pp, vpp, microbatches, sync, gc_slots)
     p2p_keys: dict[tuple, list[int]] = {}
     tail: dict[str, list[int]] = {}
     for stage in range(pp):
@@ -141,7 +141,7 @@ def build_schedule(pp: int, vpp: int, microbatches: int, sync: str, gc_slots: bo
     return sched
 
 
-def _add_group(sched: Schedule, members: list[int], kind: str, across_dp: bool = False,
+def _add_group(sched: StepGraph, members: list[int], kind: str, across_dp: bool = False,
                shared_transfer: bool = False) -> int:
     gid = len(sched.groups)
     sched.groups.append(Group(gid, list(members), kind, across_dp, shared_transfer))
@@ -150,7 +150,7 @@ def _add_group(sched: Schedule, members: list[int], kind: str, across_dp: bool =
     return gid
 
 
-def _build_stage(sched: Schedule, stage: int, p2p_keys: dict, tail: dict) -> None:
+def _build_stage(sched: StepGraph, stage: int, p2p_keys: dict, tail: dict) -> None:
     """Append one stage's nodes in stream order; record p2p keys and tail collectives."""
     pp, vpp = sched.pp, sched.vpp
     ids: list[int] = []
@@ -211,7 +211,7 @@ def _build_stage(sched: Schedule, stage: int, p2p_keys: dict, tail: dict) -> Non
     sched.by_stage.append(ids)
 
 
-def _event_order(sched: Schedule) -> list[tuple[str, int]]:
+def _event_order(sched: StepGraph) -> list[tuple[str, int]]:
     """Kahn order of start events (node) and end events (group); a cycle is a schedule bug."""
     n_nodes, n_groups = len(sched.nodes), len(sched.groups)
     # event index: node start i -> i; group end g -> n_nodes + g
