@@ -45,7 +45,7 @@ test-fast: venv
 # own index only redirects to the package page, which lists the submodules in stragglers.__all__
 # (one): the index is written here instead, one link per module with its docstring's first line.
 DOC_MODULES := stragglers stragglers.trace stragglers.whatif stragglers.report stragglers.record \
-	stragglers.collectives stragglers.coding stragglers.adapt stragglers.mitigate stragglers.advise \
+	stragglers.collectives stragglers.coding stragglers.adapt stragglers.mitigate stragglers.advice \
 	stragglers.monitor stragglers.protocols stragglers.config stragglers.errors
 define DOCS_INDEX
 import ast, html, importlib.util, sys

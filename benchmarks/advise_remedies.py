@@ -151,7 +151,7 @@ def uncalibrated(trace):
 
 
 def run_row(name: str, steps: int, reps: int, tmp: Path, measure_all: bool = False) -> list[dict]:
-    from stragglers.advise import advise
+    from stragglers.advice import advise
     from stragglers.trace.runformat import read_run
 
     nproc, common, inject, note = ROWS[name]
@@ -200,7 +200,7 @@ def run_gpt_row(name: str, steps: int, reps: int, tmp: Path, measure_all: bool =
     """A train_gpt row: before (recorded, advised), each fix that applies, a second before."""
     from record_fixes import train as train_gpt  # the same job runner as the fixes benchmark
 
-    from stragglers.advise import advise
+    from stragglers.advice import advise
     from stragglers.trace.runformat import read_run
 
     nproc, inject, note, fixes = GPT_ROWS[name]

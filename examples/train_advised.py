@@ -7,7 +7,7 @@ best runtime remedy and checks the prediction against the next window.
 Every rank times its steps (host work, forward, backward up to the DDP hook, the gradient sync,
 the optimizer, GC pauses) and all-gathers the timings, so every rank feeds the same numbers to
 the same `AdvisePolicy` and takes the same decisions. Each window the policy replays the window
-with each remedy's modified durations (`stragglers.advise.advise`), applies the best one that
+with each remedy's modified durations (`stragglers.advice.advise`), applies the best one that
 can change at runtime — the DDP hook switched to StragglAR, batches re-split (AntDT-DD) or
 planned GC — and keeps it only if the next window is faster; otherwise it rolls it back.
 
@@ -38,10 +38,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from stragglers.adapt.heterogeneity import SimulatedDevice
-from stragglers.advise.act import APPLY, AdvisePolicy
-from stragglers.advise.hooks import SwitchableCommHook, switchable_hook
-from stragglers.advise.live import MonitorWindows, TimingPublisher, window_of
-from stragglers.advise.window import ROW_WIDTH, StepTiming, window_step_time, window_trace
+from stragglers.advice.act import APPLY, AdvisePolicy
+from stragglers.advice.hooks import SwitchableCommHook, switchable_hook
+from stragglers.advice.live import MonitorWindows, TimingPublisher, window_of
+from stragglers.advice.window import ROW_WIDTH, StepTiming, window_step_time, window_trace
 from stragglers.mitigate import PlannedGC
 from stragglers.serving import read_token_file
 

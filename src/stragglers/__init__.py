@@ -33,8 +33,8 @@ _LAZY = {
     "print_report": "stragglers.report",
     "write_html": "stragglers.report",
     "write_perfetto": "stragglers.report",
-    "advise": ("stragglers.advise.advisor", "advise"),
-    "AdvisePolicy": "stragglers.advise.act",
+    "advise": ("stragglers.advice.advisor", "advise"),
+    "AdvisePolicy": "stragglers.advice.act",
     # Record
     "Recorder": "stragglers.record",
     "attach": "stragglers.record",

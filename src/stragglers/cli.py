@@ -78,7 +78,7 @@ def configure_logging(verbosity: int) -> None:
 # One module per capability owns its commands; each exposes register(app).
 COMMAND_MODULES = (
     "stragglers.whatif.commands",
-    "stragglers.advise.commands",
+    "stragglers.advice.commands",
     "stragglers.trace.commands",
     "stragglers.record.commands",
     "stragglers.monitor.commands",

@@ -84,7 +84,7 @@ class ControllerPolicy(Protocol):
 
 @runtime_checkable
 class Remedy(Protocol):
-    """A fix for one straggler cause, with its prediction on a given job (advise/)."""
+    """A fix for one straggler cause, with its prediction on a given job (advice/)."""
 
     name: str
 

@@ -14,7 +14,7 @@ REGISTRIES = {
     "GRADIENT_CODES": ("stragglers.coding.schemes", {"frc", "cyclic-mds", "expander"}),
     "ALLREDUCE_ALGORITHMS": ("stragglers.collectives.cost_model", {"ring", "stragglar"}),
     "CONTROLLER_POLICIES": ("stragglers.adapt.controller", {"dd", "nd"}),
-    "REMEDIES": ("stragglers.advise.remedies.tolerate", {"stragglar"}),
+    "REMEDIES": ("stragglers.advice.remedies.tolerate", {"stragglar"}),
 }
 PROTOCOL = {"TRACE_READERS": protocols.TraceReader,
             "ALLREDUCE_ALGORITHMS": protocols.AllReduceAlgorithm}

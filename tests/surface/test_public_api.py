@@ -57,14 +57,18 @@ def test_import_is_lazy():
     assert proc.stdout.strip() == "[]"
 
 
-def test_advise_is_callable_after_a_submodule_of_its_package_is_imported():
-    # `stragglers.advise` is both the function and a package: importing a submodule binds the
-    # package to the name, and st.advise(trace) must still give the plan
-    code = ("import stragglers as st\n"
-            "import stragglers.advise.act\n"
+def test_advise_is_the_function_after_the_advice_package_is_imported():
+    # the package is `advice`, so importing its submodules binds nothing over `st.advise`,
+    # and no module of the package is callable
+    code = ("import types\n"
+            "import stragglers as st\n"
+            "import stragglers.advice.act\n"
+            "assert type(st.advise) is types.FunctionType, st.advise\n"
+            "assert not callable(st.advice)\n"
             "trace = st.synth(dp=4, pp=1, microbatches=2, steps=6, sync='ddp', seed=0, "
             "slow_worker=(3, 0, 2.0))\n"
-            "print(type(st.advise(trace)).__name__, st.advise.advise(trace).best().name)\n")
+            "plan = st.advise(trace)\n"
+            "print(type(plan).__name__, plan.best().name)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["Plan", "antdt-dd"]
@@ -93,7 +97,7 @@ print(len(packages), bad)
 @pytest.mark.slow
 def test_every_export_is_what_it_names_after_its_modules_were_imported_by_path():
     # Importing a submodule binds it on its package under its own name: where a lazy export
-    # shares that name (record.attach, advise, ...), `from pkg import name` would give
+    # shares that name (record.attach, ...), `from pkg import name` would give
     # the module. Each such module is callable as its function.
     out = subprocess.run([sys.executable, "-c", EVERY_EXPORT_AFTER_EVERY_IMPORT],
                          capture_output=True, text=True, timeout=300)

@@ -25,7 +25,7 @@ def test_good_service_urls_pass(url):
 def test_every_client_checks_its_url_before_connecting():
     # the shard client took 'http://[::1' to an internal error and retried 'notaurl' for 2 s
     from stragglers.adapt.client import ShardClient
-    from stragglers.advise.live import MonitorWindows
+    from stragglers.advice.live import MonitorWindows
     from stragglers.record.upload import PartUploader
 
     for make, source in ((lambda: ShardClient("http://[::1", "d", "w"), "shard service"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stragglers.advise import advise
+from stragglers.advice import advise
 from stragglers.errors import InputError
 from stragglers.trace.load import load_trace
 from stragglers.whatif import analyze
@@ -41,7 +41,7 @@ def test_a_table_becomes_compute_and_a_synchronising_all_reduce(tmp_path):
 def test_diagnosis_and_advise_agree_on_the_slow_half():
     path = PAI / "job_4_norm.csv"
     result = analyze(load_trace(path))
-    slow = {w["rank"] for f in result.diagnosis for w in f.where.get("workers", [])}
+    slow = {w.rank for f in result.diagnosis for w in f.where.workers}
     assert slow == {0, 5, 6, 7, 8}
     plan = advise(load_trace(path))
     dd = next(a for a in plan.remedies if a.name == "antdt-dd")

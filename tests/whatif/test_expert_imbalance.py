@@ -20,8 +20,8 @@ from stragglers.whatif import analyze
 
 
 def _named(result) -> set[tuple[str, int]]:
-    return {(f.cause, int(w["rank"])) for f in result.diagnosis
-            for w in f.where.get("workers") or [{"rank": -1}]}
+    return {(f.cause, int(w.rank)) for f in result.diagnosis
+            for w in f.where.workers or [{"rank": -1}]}
 
 
 def _mean_step(trace) -> float:
@@ -113,20 +113,20 @@ def test_split_sizes_as_lists_or_text_and_bad_ones_ignored(tmp_path):
 
 
 def test_advise_prices_balanced_routing_as_the_diagnosis_does(tmp_path):
-    from stragglers.advise.advisor import advise
+    from stragglers.advice.advisor import advise
 
     write_gpu_job(GpuJob(ranks=8, steps=6, seed=5, all_to_alls=2, hot_expert=(3, 3.0)), tmp_path)
     trace = load_trace(tmp_path)
     finding = analyze(trace).diagnosis[0]
     remedy = next(r for r in advise(trace).remedies if r.name == "expert-balancing")
-    assert remedy.applies and remedy.details["where"]["ranks"] == [3]
+    assert remedy.applies and remedy.details.where.ranks == [3]
     assert remedy.details["diagnosis_speedup"] == pytest.approx(finding.speedup_if_fixed)
-    assert set(remedy.details["capacity_factor"]) == {"1", "1.25", "1.5", "2"}
+    assert set(remedy.details.capacity_factor) == {"1", "1.25", "1.5", "2"}
     assert remedy.predicted_speedup > 1.1
 
 
 def test_advise_refuses_expert_balancing_without_a_hot_expert(tmp_path):
-    from stragglers.advise.advisor import advise
+    from stragglers.advice.advisor import advise
 
     write_gpu_job(GpuJob(ranks=4, steps=4, seed=1, all_to_alls=1), tmp_path)
     remedy = next(r for r in advise(load_trace(tmp_path)).remedies if r.name == "expert-balancing")

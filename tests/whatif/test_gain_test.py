@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from stragglers.advise.plan import MIN_GAIN
-from stragglers.advise.remedies.base import speedup_interval
+from stragglers.advice.plan import MIN_GAIN
+from stragglers.advice.remedies.base import speedup_interval
 from stragglers.errors import InputError
 from stragglers.whatif.config import DiagnosisConfig
 from stragglers.whatif.confidence import ADVISE, GainTest, gain_is_real, ratio_interval

@@ -1,4 +1,4 @@
-"""CLI command of stragglers.advise: `stragglers advise RUN`."""
+"""CLI command of stragglers.advice: `stragglers advise RUN`."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def advise_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No console table."),
 ) -> None:
     """Which remedy would buy most on this job: each remedy's predicted step time and speedup."""
-    from stragglers.advise.advisor import advise
-    from stragglers.advise.context import load_calibration
+    from stragglers.advice.advisor import advise
+    from stragglers.advice.context import load_calibration
 
     link = load_calibration(calibration) if calibration else None
     with Console(stderr=True).status(escape(f"analysing {path} and replaying each remedy …")):

@@ -27,7 +27,7 @@ class RemedyAdvice:
     method: str = ""                     # how the prediction was made
     cost: str = ""                       # what switching it on costs
     switch_on: str = ""                  # the exact flag, hook or call
-    runtime_switchable: bool = False     # can `stragglers.advise.act` apply it in a running job
+    runtime_switchable: bool = False     # can `stragglers.advice.act` apply it in a running job
     exact: bool = False                  # changes no parameters (same update as the plain run)
     details: dict[str, Any] = field(default_factory=dict)
     # 90% interval of predicted_speedup: the steps resampled (the job's own step-to-step noise)

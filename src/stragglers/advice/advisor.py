@@ -6,8 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from stragglers.advise.context import AdviceContext, JobKnobs
-from stragglers.advise.plan import Plan
+from stragglers.advice.context import AdviceContext, JobKnobs
+from stragglers.advice.plan import Plan
 from stragglers.errors import InputError
 from stragglers.trace.model import Trace
 
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 def _remedies():
     """The remedy registry, with every remedy module imported (they register on import)."""
-    from stragglers.advise.remedies import adapt, mitigate, tolerate  # noqa: F401
+    from stragglers.advice.remedies import adapt, mitigate, tolerate  # noqa: F401
     from stragglers.protocols import REMEDIES
 
     return REMEDIES

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stragglers.advise.act import APPLY, KEEP, ROLLBACK, AdvisePolicy
-from stragglers.advise.window import StepTiming, window_trace
+from stragglers.advice.act import APPLY, KEEP, ROLLBACK, AdvisePolicy
+from stragglers.advice.window import StepTiming, window_trace
 from stragglers.errors import InputError
 from stragglers.protocols import CONTROLLER_POLICIES
 
@@ -81,7 +81,7 @@ def test_window_trace_refuses_a_missing_rank():
 
 
 def test_window_with_uncoordinated_gc_pauses_is_advised_planned_gc():
-    from stragglers.advise import advise
+    from stragglers.advice import advise
 
     steps, t = [], 0.0
     for step in range(12):

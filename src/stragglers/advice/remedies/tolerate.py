@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from stragglers.advise.context import COMPUTE, DP_COLLECTIVE, AdviceContext
-from stragglers.advise.plan import RemedyAdvice
-from stragglers.advise.remedies.base import RemedyBase
+from stragglers.advice.context import COMPUTE, DP_COLLECTIVE, AdviceContext
+from stragglers.advice.plan import RemedyAdvice
+from stragglers.advice.remedies.base import RemedyBase
 from stragglers.collectives.cost_model import (LinkModel, reduce_scatter_time, ring_time,
                                                stragglar_phase2_time)
 from stragglers.collectives.detection import StragglerDetector
@@ -16,7 +16,7 @@ from stragglers.whatif.grid import GC
 STRAGGLAR_SWITCH = (
     "ddp.register_comm_hook(StragglarHookState(process_group=dist.new_group(), "
     "mode='persistent'), stragglar_hook)  # from stragglers.collectives import "
-    "StragglarHookState, stragglar_hook; in a running job: stragglers.advise.act "
+    "StragglarHookState, stragglar_hook; in a running job: stragglers.advice.act "
     "(AdvisePolicy + SwitchableCommHook)")
 
 

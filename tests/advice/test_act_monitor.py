@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from conftest import eventually
 
-from stragglers.advise.act import APPLY, KEEP, AdvisePolicy
-from stragglers.advise.live import MonitorWindows, TimingPublisher, window_of
-from stragglers.advise.window import StepTiming
+from stragglers.advice.act import APPLY, KEEP, AdvisePolicy
+from stragglers.advice.live import MonitorWindows, TimingPublisher, window_of
+from stragglers.advice.window import StepTiming
 from stragglers.errors import InputError
 
 N, B, W = 4, 64, 4   # ranks, global batch, monitor window steps

@@ -11,7 +11,7 @@ that keeps a switch of the DDP hook from deadlocking). Per window of `window` st
 
 The windows come either from the policy's own count of fed steps (`observe`, one step at a
 time) or from the live monitor (`observe_window`, one closed window as an op table: see
-stragglers.advise.live). Torch-free: the training loop carries out the decisions (see
+stragglers.advice.live). Torch-free: the training loop carries out the decisions (see
 examples/train_advised.py).
 """
 
@@ -23,8 +23,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from stragglers.advise.plan import MIN_GAIN, Plan
-from stragglers.advise.window import StepTiming, window_step_time, window_trace
+from stragglers.advice.plan import MIN_GAIN, Plan
+from stragglers.advice.window import StepTiming, window_step_time, window_trace
 from stragglers.errors import InputError
 from stragglers.protocols import CONTROLLER_POLICIES
 from stragglers.trace.model import Trace
@@ -139,7 +139,7 @@ class AdvisePolicy:
         return new
 
     def _apply(self, step: int, trace: Trace, measured: float) -> list[ActDecision]:
-        from stragglers.advise.advisor import advise
+        from stragglers.advice.advisor import advise
 
         plan = advise(trace, batch_sizes=list(self.batch_sizes), max_s=1,
                       remedies=list(self.remedies), **self.knobs)

@@ -7,7 +7,7 @@ import json
 import typer
 from typer.testing import CliRunner
 
-from stragglers.advise.commands import register
+from stragglers.advice.commands import register
 from stragglers.trace.runformat import write_run
 from stragglers.trace.synth import generate
 

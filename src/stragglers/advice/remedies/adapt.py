@@ -6,9 +6,9 @@ import numpy as np
 
 from stragglers.adapt.controller import ControlConfig
 from stragglers.adapt.policies import restart_gain, split_batch
-from stragglers.advise.context import COMPUTE, AdviceContext
-from stragglers.advise.plan import RemedyAdvice
-from stragglers.advise.remedies.base import RemedyBase
+from stragglers.advice.context import COMPUTE, AdviceContext
+from stragglers.advice.plan import RemedyAdvice
+from stragglers.advice.remedies.base import RemedyBase
 from stragglers.errors import InputError
 from stragglers.protocols import REMEDIES
 
@@ -119,7 +119,7 @@ class DynamicBatches(RemedyBase):
             "scaled by n·b_i/B so the update is the B-sample batch's",
             f"per-rank batches {new} (from {sizes}): stragglers.adapt.policies.split_batch(B, v) "
             "with loss_scale(n, b_i, B); AntDT-DD: examples/train_adaptive.py --policy dd; in a "
-            "running job: stragglers.advise.act (AdvisePolicy)",
+            "running job: stragglers.advice.act (AdvisePolicy)",
             {"batch_sizes": sizes, "new_batch_sizes": new, "split_weights": v,
              "compute_curves": compute_curves(ctx)}, why_small=why)
 

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from stragglers.advise.window import StepTiming, window_trace
+from stragglers.advice.window import StepTiming, window_trace
 from stragglers.errors import InputError
 from stragglers.serving import check_url
 from stragglers.trace.model import Trace

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from stragglers.advise.context import AdviceContext
-from stragglers.advise.plan import RemedyAdvice
+from stragglers.advice.context import AdviceContext
+from stragglers.advice.plan import RemedyAdvice
 from stragglers.whatif.confidence import ADVISE, gain_is_real, ratio_interval
 
 

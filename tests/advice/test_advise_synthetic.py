@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from stragglers.advise import advise, load_calibration
-from stragglers.advise.context import DP_COLLECTIVE, AdviceContext
-from stragglers.advise.remedies.tolerate import GradientCoding
+from stragglers.advice import advise, load_calibration
+from stragglers.advice.context import DP_COLLECTIVE, AdviceContext
+from stragglers.advice.remedies.tolerate import GradientCoding
 from stragglers.errors import InputError
 from stragglers.trace.synth import generate
 from stragglers.whatif import analyze, analyze_with_model
@@ -190,7 +190,7 @@ def test_bad_input_is_one_clear_error(tmp_path):
 
 def test_advise_runs_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from stragglers.advise import advise\n"
+            "from stragglers.advice import advise\n"
             "from stragglers.trace.synth import generate\n"
             "p = advise(generate(dp=4, pp=1, microbatches=2, steps=4, sync='ddp', seed=0, "
             "slow_worker=(3, 0, 2.0)))\n"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from stragglers.advise.context import AdviceContext
-from stragglers.advise.plan import RemedyAdvice
-from stragglers.advise.remedies.base import RemedyBase
+from stragglers.advice.context import AdviceContext
+from stragglers.advice.plan import RemedyAdvice
+from stragglers.advice.remedies.base import RemedyBase
 from stragglers.errors import InputError
 from stragglers.protocols import REMEDIES
 from stragglers.whatif.grid import GC
@@ -147,7 +147,7 @@ class PlannedGCRemedy(DiagnosedFix):
         n = self.every(ctx)
         return (f"stragglers.mitigate.PlannedGC(every={n}).start(), then planned_gc.step(step) "
                 f"every step (examples/train_gpt.py --planned-gc {n}); in a running job: "
-                "stragglers.advise.act")
+                "stragglers.advice.act")
 
 
 @REMEDIES.register("sequence-balancing")
