@@ -1,7 +1,12 @@
 """Limits per key (a token, a client address, a job) on requests in progress and the body
-bytes they hold, so that one writer cannot take a whole service's upload budget."""
+bytes they hold, so that one writer cannot take a whole service's upload budget; and the
+rate at which new owners (tokens, jobs) may appear."""
 
 from __future__ import annotations
+
+import ipaddress
+import time
+from collections import OrderedDict
 
 
 class LimitExceeded(Exception):
@@ -106,3 +111,92 @@ class RequestLimits:
             self.open = False
             for limits, key in self.pairs:
                 limits.leave(key)
+
+
+def quota_client(host: str | None) -> str | None:
+    """The key per-client quotas count a request under: its address, or None (no per-client
+    quota) for a loopback or unknown one — every local process connects from loopback, and may
+    pick any of 127.0.0.0/8 as its source, so a loopback address tells no two clients apart
+    (one process would take every local client's share; local clients are told apart by their
+    tokens, and what they may create is bounded by the rates below and the service's limits)."""
+    if not host:
+        return None
+    try:
+        return None if ipaddress.ip_address(host.split("%")[0]).is_loopback else host
+    except ValueError:
+        return host   # a name (a UNIX socket path, a test client): counted as given
+
+
+class RateLimited(LimitExceeded):
+    """Past a creation rate: `retry_after_s` until the next one would be let in."""
+
+    def __init__(self, what: str, retry_after_s: float):
+        super().__init__(what)
+        self.retry_after_s = retry_after_s
+
+
+class _Bucket:
+    """A token bucket: `capacity` at once, refilled at `rate` per second."""
+
+    __slots__ = ("level", "at")
+
+    def __init__(self, capacity: float, now: float):
+        self.level, self.at = capacity, now
+
+    def fill(self, capacity: float, rate: float, now: float) -> float:
+        self.level = min(capacity, self.level + (now - self.at) * rate)
+        self.at = now
+        return self.level
+
+
+class MintRate:
+    """How fast new owners (tokens creating their first data set or controller, new jobs) may
+    appear, per client and in total: a token bucket of `per_client` a minute for each client
+    key (None: no per-client bucket, see quota_client) and one of `total` a minute for all.
+
+    Owners once admitted are remembered (the last `remember` of them), so a retried or later
+    creation of the same owner costs nothing; a new one past a rate is RateLimited (429 with
+    Retry-After). Used from one thread at a time (each service's event loop).
+    """
+
+    def __init__(self, name: str, per_client: float, total: float, remember: int = 65536,
+                 clock=time.monotonic):
+        self.name, self.per_client, self.total = name, per_client, total
+        self.remember, self.clock = remember, clock
+        self.known: OrderedDict[object, None] = OrderedDict()
+        self._all = _Bucket(total, clock())
+        self._clients: dict[str, _Bucket] = {}
+
+    def know(self, owner: object) -> None:
+        """Remember `owner` as admitted (one that owns something already: no mint)."""
+        self.known[owner] = None
+        self.known.move_to_end(owner)
+        while len(self.known) > self.remember:
+            self.known.popitem(last=False)
+
+    def admit(self, owner: object, client: str | None) -> None:
+        """Let `owner` create (counting it as new unless known); RateLimited past a rate."""
+        if owner in self.known:
+            self.known.move_to_end(owner)
+            return
+        now = self.clock()
+        bucket = None
+        if client is not None:
+            bucket = self._clients.get(client)
+            if bucket is None:
+                if len(self._clients) >= 4096:   # forget the clients whose buckets are full
+                    self._clients = {k: b for k, b in self._clients.items()
+                                     if b.fill(self.per_client, self.per_client / 60, now)
+                                     < self.per_client}
+                bucket = self._clients[client] = _Bucket(self.per_client, now)
+            if bucket.fill(self.per_client, self.per_client / 60, now) < 1:
+                raise RateLimited(f"client {client} created more than {self.per_client:g} new "
+                                  f"{self.name}s a minute", (1 - bucket.level) * 60 /
+                                  self.per_client)
+        if self._all.fill(self.total, self.total / 60, now) < 1:
+            raise RateLimited(f"more than {self.total:g} new {self.name}s a minute were "
+                              "created in all", (1 - self._all.level) * 60 / self.total)
+        self._all.level -= 1
+        if bucket is not None:
+            bucket.level -= 1
+        self.know(owner)

@@ -1,12 +1,14 @@
-"""One writer (a bearer token and a client address) cannot hold the monitor's whole upload
-budget: uploads in progress and bytes held per writer are bounded (429, one line of JSON, the
-recorder retries), and another writer's uploads go on meanwhile."""
+"""One writer (a bearer token and a client address; from loopback, where every local process is
+127.0.0.0/8, a token and a job) cannot hold the monitor's whole upload budget: uploads in
+progress and bytes held per writer are bounded (429, one line of JSON, the recorder retries),
+and another writer's uploads go on meanwhile; new jobs are rate-limited."""
 
 from __future__ import annotations
 
 import socket
 
 import httpx
+import pytest
 
 from conftest import eventually
 from monitor_jobs import parts_of, slow_job
@@ -43,6 +45,7 @@ def client_from(url: str, address: str) -> httpx.Client:
                         transport=httpx.HTTPTransport(local_address=address))
 
 
+@pytest.mark.slow
 def test_uploads_in_progress_are_bounded_per_writer(tmp_path):
     trace = slow_job(steps=5)
     rank, part, cols = parts_of(trace, 5)[0]
@@ -58,9 +61,16 @@ def test_uploads_in_progress_are_bounded_per_writer(tmp_path):
             assert r.status_code == 429, r.text
             assert "max_uploads_per_writer" in r.json()["error"]
             assert "\n" not in r.json()["error"]
-            # another client address is another writer: its upload is stored
+            # another loopback address is no other writer (any local process may take one)
             r = other.put(f"/api/jobs/j/ranks/{rank}/parts/{part}", content=table_bytes(cols),
                           headers=AUTH)
+            assert r.status_code == 429, r.text
+            # another local job is: its upload is stored (a local process at its limit once
+            # held every local job's uploads, all from 127.0.0.1)
+            assert mine.put("/api/jobs/k/meta", json=trace.meta.to_dict(),
+                            headers=AUTH).status_code == 200
+            r = mine.put(f"/api/jobs/k/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                         headers=AUTH)
             assert r.status_code == 200 and r.json()["status"] == "stored", r.text
             for k in held:
                 k.close()
@@ -75,6 +85,7 @@ def test_uploads_in_progress_are_bounded_per_writer(tmp_path):
         s.stop()
 
 
+@pytest.mark.slow
 def test_bytes_held_are_bounded_per_writer(tmp_path):
     trace = slow_job(steps=5)
     rank, part, cols = parts_of(trace, 5)[0]
@@ -95,7 +106,9 @@ def test_bytes_held_are_bounded_per_writer(tmp_path):
 
             r = eventually(refused, what="the writer's bytes counted")
             assert "max_upload_bytes_per_writer" in r.json()["error"], r.text
-            r = other.put(f"/api/jobs/j/ranks/{rank}/parts/{part}", content=body, headers=AUTH)
+            assert other.put("/api/jobs/k/meta", json=trace.meta.to_dict(),
+                             headers=AUTH).status_code == 200
+            r = other.put(f"/api/jobs/k/ranks/{rank}/parts/{part}", content=body, headers=AUTH)
             assert r.status_code == 200 and r.json()["status"] == "stored", r.text
     finally:
         for k in held:
@@ -125,6 +138,31 @@ def test_a_big_body_that_is_no_parquet_is_refused_before_it_is_read_whole(tmp_pa
             assert status in (422, None), (status, error)
             assert status is None or "not a readable Parquet" in error, error
             assert sent[0] < 64   # the other 60-odd MiB were never read
+            assert c.get("/health").status_code == 200
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_new_jobs_are_rate_limited(tmp_path):
+    trace = slow_job(steps=5)
+    s = serve(tmp_path, new_jobs_per_minute=3)
+    try:
+        with client_from(s.url, "127.0.0.1") as c, client_from(s.url, "127.0.0.3") as c3:
+            meta = trace.meta.to_dict()
+            codes = [c.put(f"/api/jobs/j{i}/meta", json=meta, headers=AUTH).status_code
+                     for i in range(3)]
+            assert codes == [200, 200, 200], codes
+            # another loopback address is no other client
+            r = c3.put("/api/jobs/j3/meta", json=meta, headers=AUTH)
+            assert r.status_code == 429 and "new_jobs_per_minute" in r.json()["error"], r.text
+            assert int(r.headers["retry-after"]) >= 1 and "\n" not in r.json()["error"]
+            # a job it has is no new one: its meta may be sent again, its parts uploaded
+            assert c.put("/api/jobs/j0/meta", json=meta, headers=AUTH).status_code == 200
+            rank, part, cols = parts_of(trace, 5)[0]
+            r = c.put(f"/api/jobs/j0/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                      headers=AUTH)
+            assert r.status_code == 200, r.text
             assert c.get("/health").status_code == 200
     finally:
         s.stop()

@@ -60,6 +60,8 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     async def _problem(request: Request, exc: HTTPProblem):
         monitor.reject(exc.reason, f"{request.method} {request.url.path}", exc.message)
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+        if exc.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, round(exc.retry_after_s + 0.5)))
         if exc.close or exc.status == 401:
             # the body may be unread: close rather than read (up to 64 MiB) to throw it away
             headers["Connection"] = "close"

@@ -29,7 +29,8 @@ from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job
     check_same_part, fingerprint
 from stragglers.monitor.service import Monitor, PartIn
 from stragglers.serving import BodyRefused, declared_length
-from stragglers.serving_quota import KeyedLimits, LimitExceeded, RequestLimits
+from stragglers.serving_quota import KeyedLimits, LimitExceeded, MintRate, RateLimited, \
+    RequestLimits, quota_client
 import json
 import os
 from pathlib import Path
@@ -66,9 +67,11 @@ class HTTPProblem(Exception):
     """A refused request: status code and a one-line message naming what is wrong; `close`:
     its body may be unread (the connection is closed rather than read to its end)."""
 
-    def __init__(self, status: int, message: str, reason: str, close: bool = False):
+    def __init__(self, status: int, message: str, reason: str, close: bool = False,
+                 retry_after_s: float | None = None):
         super().__init__(message)
         self.status, self.message, self.reason, self.close = status, message, reason, close
+        self.retry_after_s = retry_after_s
 
 
 class BodyBudget:
@@ -164,18 +167,24 @@ def _give(budget: BodyBudget | None, share: RequestLimits | None, n: int) -> Non
 
 
 def writer_limits(cfg) -> KeyedLimits:
-    """Uploads in progress and bytes held per writer (a bearer token and a client address: the
-    monitor has one token, so its writers are told apart by address)."""
+    """Uploads in progress and bytes held per writer (see writer_key)."""
     return KeyedLimits("writer", cfg.max_uploads_per_writer, cfg.max_upload_bytes_per_writer)
 
 
-def writer_share(request: Request, limits: KeyedLimits) -> RequestLimits:
-    """This request's share of its writer's limits; 429 when the writer is at one of them."""
+def writer_key(request: Request, job: str) -> tuple:
+    """Who a writer is: its bearer token and client address, or from loopback its token and
+    job (every local process is 127.0.0.0/8, any address of it: keyed by address, one local
+    process holding its share left every other local job's uploads 429)."""
     auth = request.headers.get("authorization", "")
-    key = (hashlib.sha256(auth.encode("latin-1", "replace")).hexdigest()[:16],
-           request.client.host if request.client else "?")
+    digest = hashlib.sha256(auth.encode("latin-1", "replace")).hexdigest()[:16]
+    client = quota_client(request.client.host if request.client else None)
+    return (digest, client) if client is not None else (digest, "loopback", job)
+
+
+def writer_share(request: Request, limits: KeyedLimits, job: str) -> RequestLimits:
+    """This request's share of its writer's limits; 429 when the writer is at one of them."""
     try:
-        return RequestLimits([(limits, key)])
+        return RequestLimits([(limits, writer_key(request, job))])
     except LimitExceeded as exc:
         raise HTTPProblem(429, f"request: {exc.what} (max_uploads_per_writer); retry later",
                           "busy", close=True) from None
@@ -204,12 +213,23 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     reported: dict[tuple[str, int], int] = {}   # (job, rank) → drop count stored (this process)
     budget = BodyBudget(cfg.max_upload_bytes_held)
     writers = writer_limits(cfg)
+    # new jobs per minute, per client address and in all: one writer creating jobs in a loop
+    # would take every one of max_jobs (the jobs tracked already are no new ones)
+    new_jobs = MintRate("job", cfg.new_jobs_per_client_per_minute, cfg.new_jobs_per_minute)
 
     @app.put("/api/jobs/{job}/meta", dependencies=[Depends(require_write)])
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
         """Create or update a job from its meta.json (JSON body)."""
         check_job_name(job, "path")
-        share = writer_share(request, writers)
+        if job not in monitor.directories:
+            try:
+                new_jobs.admit(job, quota_client(request.client.host if request.client
+                                                 else None))
+            except RateLimited as exc:
+                raise HTTPProblem(429, f"path 'job': {exc.what} (new_jobs_per_minute); "
+                                  f"retry {job!r} later", "busy", close=True,
+                                  retry_after_s=exc.retry_after_s) from None
+        share = writer_share(request, writers, job)
         try:
             body = await read_body(request, cfg.max_meta_bytes, "meta.json", budget, share)
             try:
@@ -263,7 +283,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                                         and len(dropped) <= MAX_COUNT_DIGITS):
             raise HTTPProblem(422, "request header 'X-Stragglers-Dropped': expected a count "
                               f"of 0 to {MAX_COUNT_DIGITS} digits", "bad_request")
-        share = writer_share(request, writers)
+        share = writer_share(request, writers, job)
         try:
             body = await read_body(request, cfg.max_part_bytes, "a part", budget, share,
                                    b"PAR1")

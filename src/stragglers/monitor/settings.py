@@ -56,6 +56,12 @@ class MonitorConfig(Config):
     max_meta_bytes: int = setting(1 * 2**20, "largest accepted meta.json upload (bytes)",
                                   minimum=1024)
     max_jobs: int = setting(10_000, "jobs the monitor keeps track of at once", minimum=1)
+    new_jobs_per_minute: float = setting(120.0, "jobs that may be created per minute by "
+                                         "uploads, in all (past it 429 with Retry-After: the "
+                                         "uploader retries)", minimum=0.1)
+    new_jobs_per_client_per_minute: float = setting(30.0, "the same, per client address (a "
+                                                    "loopback client has no address quota: "
+                                                    "the total bounds it)", minimum=0.1)
     repeat_s: float = setting(4 * 3600.0, "a still-firing alert is sent again after this long",
                               minimum=1.0)
     tick_s: float = setting(0.5, "how often job states and time-based rules are checked",
