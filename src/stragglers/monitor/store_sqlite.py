@@ -1,0 +1,135 @@
+"""The store in one SQLite file (WAL): the embedded default, one monitor instance.
+
+Writes go through one connection under a lock (one writer, as SQLite wants); every reading
+thread gets its own connection, which WAL lets read while a write is in progress. A part's
+identity is (job, rank, part): the primary key makes a part seen twice count once.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Iterable
+
+from stragglers.errors import InputError
+from stragglers.monitor.store_base import SQLStore
+
+log = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job TEXT PRIMARY KEY, directory TEXT NOT NULL, way TEXT NOT NULL, meta TEXT,
+    state TEXT NOT NULL DEFAULT 'running', created_at REAL NOT NULL, last_part_at REAL,
+    finished_at REAL, closed INTEGER NOT NULL DEFAULT 0, part_seq INTEGER NOT NULL DEFAULT 0,
+    run INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS parts (
+    job TEXT NOT NULL, rank INTEGER NOT NULL, part INTEGER NOT NULL, records INTEGER NOT NULL,
+    first_step INTEGER NOT NULL, last_step INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    way TEXT NOT NULL, ingested_at REAL NOT NULL, digest TEXT, seq INTEGER,
+    PRIMARY KEY (job, rank, part)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS windows (
+    job TEXT NOT NULL, idx INTEGER NOT NULL, first_step INTEGER NOT NULL,
+    last_step INTEGER NOT NULL, steps TEXT NOT NULL, slowdown REAL, waste REAL, t_base REAL,
+    t_ideal REAL, sim_error REAL, m_w REAL, m_s REAL, scores TEXT NOT NULL,
+    diagnosis TEXT NOT NULL, missing_ranks TEXT NOT NULL, error TEXT, reason TEXT NOT NULL,
+    closed_at REAL NOT NULL,
+    analysed_at REAL NOT NULL, analysis_s REAL NOT NULL, PRIMARY KEY (job, idx)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS alerts (
+    fingerprint TEXT PRIMARY KEY, rule TEXT NOT NULL, job TEXT NOT NULL, labels TEXT NOT NULL,
+    annotations TEXT NOT NULL, status TEXT NOT NULL, starts_at REAL NOT NULL, ends_at REAL,
+    last_sent REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS alert_log (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, fingerprint TEXT NOT NULL,
+    job TEXT NOT NULL, rule TEXT NOT NULL, status TEXT NOT NULL, severity TEXT NOT NULL,
+    summary TEXT NOT NULL, description TEXT NOT NULL, window INTEGER);
+CREATE INDEX IF NOT EXISTS alert_log_job ON alert_log (job, id);
+CREATE TABLE IF NOT EXISTS upload_drops (
+    job TEXT NOT NULL, rank INTEGER NOT NULL, dropped INTEGER NOT NULL,
+    PRIMARY KEY (job, rank)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leases (
+    job TEXT PRIMARY KEY, owner TEXT, epoch INTEGER NOT NULL DEFAULT 0, expires_at REAL,
+    taken_at REAL);
+CREATE TABLE IF NOT EXISTS instances (
+    id TEXT PRIMARY KEY, url TEXT NOT NULL, started_at REAL NOT NULL, seen_at REAL NOT NULL,
+    expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS alert_outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL, sent_at REAL NOT NULL, alert TEXT NOT NULL, created_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0, claimed_by TEXT, claim_until REAL,
+    delivered_by TEXT, delivered_at REAL, failed_at REAL, UNIQUE (fingerprint, status, sent_at));
+CREATE INDEX IF NOT EXISTS alert_outbox_due ON alert_outbox (delivered_at, failed_at, id);
+"""
+
+# columns added since the first stores: (table, column, declaration)
+ADDED_COLUMNS = (("parts", "digest", "TEXT"), ("parts", "seq", "INTEGER"),
+                 ("jobs", "part_seq", "INTEGER NOT NULL DEFAULT 0"),
+                 ("jobs", "run", "INTEGER NOT NULL DEFAULT 0"))
+
+
+class SQLiteStore(SQLStore):
+    """Jobs, parts, windows and alerts in one SQLite file (WAL)."""
+
+    def __init__(self, path: str | Path, durable: bool = True):
+        super().__init__()
+        self.path = str(path)
+        self.transient_errors = (sqlite3.OperationalError,)
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        try:
+            self._db = self._connect()
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # FULL: the WAL is fsynced at every commit, so what was acknowledged survives power
+            # loss; NORMAL survives a killed process (the WAL is still on disk), not a power cut.
+            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:   # another kind of file, or a damaged store
+            raise InputError(path, None, f"not a usable SQLite database ({exc}); expected the "
+                             "monitor's store or a path for a new one") from None
+
+    def _migrate(self) -> None:
+        """Create the tables; add the columns a store from an earlier version lacks."""
+        self._db.executescript(SCHEMA)
+        for table, column, declaration in ADDED_COLUMNS:
+            have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        # jobs stored before leases: each gets its (free) lease
+        self._db.execute("INSERT INTO leases (job) SELECT job FROM jobs WHERE true "
+                         "ON CONFLICT (job) DO NOTHING")
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                             timeout=30.0)
+        db.row_factory = sqlite3.Row
+        return db
+
+    def _reader(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = self._connect()
+        return db
+
+    def close(self) -> None:
+        """Close the writing connection."""
+        with self._lock:
+            self._db.close()
+
+    def _write(self, fn, notify: bool = True):
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(self._db)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            if notify:
+                self.version += 1
+        if notify:
+            self._notify()
+        return out
+
+    def _rows(self, sql: str, args: Iterable = ()) -> list[dict]:
+        return [dict(r) for r in self._reader().execute(sql, tuple(args))]

@@ -1,0 +1,100 @@
+"""A real PostgreSQL cluster for tests and benchmarks: initdb + pg_ctl in a temporary directory.
+
+initdb refuses to run as root, so as root the cluster is made and run by the `postgres` system
+user (the Debian package's) with `runuser`; as anyone else, by that user. The server listens on
+loopback TCP on a free port; `stop()` stops it (immediate mode) and removes the directory.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+def postgres_bin() -> Path | None:
+    """The directory of initdb and pg_ctl (Debian's /usr/lib/postgresql/N/bin), or None."""
+    for name in ("initdb",):
+        found = shutil.which(name)
+        if found and shutil.which("pg_ctl"):
+            return Path(found).resolve().parent
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                      key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
+    return Path(versions[-1]).parent if versions else None
+
+
+def why_not() -> str | None:
+    """Why no cluster can be started here (None: it can)."""
+    if postgres_bin() is None:
+        return "PostgreSQL's initdb/pg_ctl are not installed (make postgres installs them)"
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "running as root and there is no `postgres` user to run initdb as"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PostgresCluster:
+    """One throwaway PostgreSQL server; `url(db)` names a database in it."""
+
+    def __init__(self):
+        self.bin = postgres_bin()
+        self.port = _free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="stragglers-pg-"))
+        self.data = self.dir / "data"
+        self._as = []
+        if os.geteuid() == 0:
+            user = pwd.getpwnam("postgres")
+            os.chown(self.dir, user.pw_uid, user.pw_gid)
+            self._as = ["runuser", "-u", "postgres", "--"]
+
+    def _run(self, *cmd: str, timeout: float = 120) -> None:
+        proc = subprocess.run([*self._as, *cmd], capture_output=True, text=True,
+                              timeout=timeout, cwd=self.dir)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{Path(cmd[0]).name} failed ({proc.returncode}): "
+                               f"{proc.stderr.strip()[-2000:]}")
+
+    def start(self) -> "PostgresCluster":
+        """initdb (trust on loopback, no fsync: a test cluster) and start; returns self."""
+        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U",
+                  "postgres", "-E", "UTF8", "--no-sync")
+        # fsync off: the tests kill monitor instances, never this server
+        options = (f"-p {self.port} -h 127.0.0.1 -k {self.dir} -c fsync=off "
+                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l",
+                  str(self.dir / "server.log"), "-w", "-t", "60", "start")
+        return self
+
+    def url(self, database: str = "postgres") -> str:
+        """A connection URL for `database` on this server."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_schema(self, name: str) -> str:
+        """A new empty schema (a database of its own costs ~1 s to create); a URL whose
+        connections put their tables there."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as db:
+            db.execute(f'CREATE SCHEMA "{name}"')
+        return f"{self.url()}?options=-csearch_path%3D{name}"
+
+    def stop(self) -> None:
+        """Stop the server and remove its directory."""
+        try:
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
+                      "-w", "stop", timeout=60)
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)

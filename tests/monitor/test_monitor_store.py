@@ -1,0 +1,199 @@
+"""The store contract, run against both backends: SQLite (a file) and PostgreSQL (a real server).
+
+Two store objects on one database stand for two monitor instances: what one writes the other
+reads, leases divide the jobs, a fenced write of an instance whose lease was taken stores
+nothing, and outbox messages are claimed by one instance at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from stragglers.monitor.alerts import AlertEngine, parse_rules
+from stragglers.monitor.store import JobConflict, PostgresStore, SQLiteStore, open_store
+
+RULES = parse_rules([{"name": "straggling", "when": "slowdown >= 1.1", "for_windows": 1}])
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def stores(request, tmp_path):
+    """open(): a new store object on the test's one database (each one an 'instance')."""
+    if request.param == "sqlite":
+        target = str(tmp_path / "mon.db")
+    else:
+        target = request.getfixturevalue("postgres_url")
+    opened = []
+
+    def open_one():
+        opened.append(open_store(target))
+        return opened[-1]
+
+    yield open_one
+    for s in opened:
+        s.close()
+
+
+def window(job, idx, s=1.0):
+    return {"job": job, "idx": idx, "first_step": idx * 10, "last_step": idx * 10 + 9,
+            "steps": list(range(idx * 10, idx * 10 + 10)), "slowdown": s, "waste": 1 - 1 / s,
+            "t_base": 1.0, "t_ideal": 1.0, "sim_error": 0.0, "m_w": None, "m_s": None,
+            "scores": [{"dp": 0, "pp": 0, "rank": 0, "host": "h", "score": s}],
+            "diagnosis": [{"cause": "none"}], "missing_ranks": [], "error": None,
+            "reason": "complete", "closed_at": 1.0, "analysed_at": 2.0, "analysis_s": 0.5}
+
+
+def test_the_backend_is_chosen_by_the_db_argument(stores, tmp_path):
+    s = stores()
+    assert isinstance(s, PostgresStore if s.shared else SQLiteStore)
+    from stragglers.monitor.store_postgres import redacted
+
+    assert redacted("postgresql://mon:s3cret@db:5432/m") == "postgresql://mon:***@db:5432/m"
+
+
+def test_jobs_parts_and_their_sequence(stores):
+    a, b = stores(), stores()
+    assert a.register_job("j", "/runs/j", "http", {"world_size": 2}) is True
+    assert b.register_job("j", "/runs/j", "http", {"world_size": 2}) is False
+    with pytest.raises(JobConflict):
+        b.register_job("j", "/elsewhere", "http", None)
+    assert a.add_parts([("j", 0, 0, 5, 0, 4, 100, "http", "d0"),
+                        ("j", 1, 0, 5, 0, 4, 100, "http", "d1")], now=10.0) == [True, True]
+    # the same part from the other instance counts once; a new one gets the next number
+    assert b.add_parts([("j", 0, 0, 5, 0, 4, 100, "http", "d0"),
+                        ("j", 0, 1, 7, 5, 9, 100, "files")], now=11.0) == [False, True]
+    assert a.job_marks(["j"])["j"]["part_seq"] == 3
+    assert [(p["rank"], p["part"], p["seq"]) for p in a.part_index("j", after_seq=2)] == \
+        [(0, 1, 3)]
+    assert b.part_digest("j", 1, 0) == "d1" and b.has_part("j", 0, 1)
+    assert a.max_step("j") == 9 and a.max_step("none") == -1
+    totals = b.totals()
+    assert totals["by_job"]["j"] == {"parts": 3, "records": 17}
+    assert type(totals["by_way"]["http"]["records"]) is int   # (PostgreSQL sums to numeric)
+    a.set_upload_dropped("j", 0, 4)
+    b.set_upload_dropped("j", 0, 2)   # an older report does not lower the count
+    assert a.upload_dropped("j") == {0: 4}
+    job = b.jobs()[0]
+    assert job["job"] == "j" and job["upload_dropped"] == 4 and job["world_size"] == 2
+
+
+def test_windows_and_alert_changes_are_stored_once_with_their_messages(stores):
+    a, b = stores(), stores()
+    a.register_job("j", "/runs/j", "http", None)
+    engine = AlertEngine(RULES, a, repeat_s=3600)
+    w = window("j", 0, 1.3)
+    rows, log, _ = engine.on_window("j", w, now=5.0)
+    assert a.add_window(w, rows, log) is True
+    got = b.last_window("j")
+    assert got["scores"][0]["score"] == 1.3 and got["steps"] == list(range(10))
+    assert b.window_span("j") == (1, 0) and b.windows("j")[0]["causes"] == ["none"]
+    assert [x["status"] for x in b.alerts(job="j")] == ["firing"]
+    assert [e["window"] for e in b.alert_log(job="j")] == [0]
+    # the alert change and its message went in together, once
+    assert [(m["status"], m["attempts"]) for m in b.outbox("j")] == [("firing", 0)]
+    a.add_alert_changes(rows, [])   # the same decision again: no second message
+    assert len(b.outbox("j")) == 1
+
+
+def test_leases_divide_jobs_and_a_taken_lease_fences_its_old_holder(stores):
+    a, b = stores(), stores()
+    for j in ("j1", "j2", "j3", "j4"):
+        a.register_job(j, f"/runs/{j}", "http", None)
+    held_a = a.heartbeat("A", "http://a", 60.0, {})
+    assert sorted(held_a) == ["j1", "j2", "j3", "j4"]        # alone: every job
+    assert b.heartbeat("B", "http://b", 60.0, {}) == {}     # all held and not expired
+    held_a = a.heartbeat("A", "http://a", 60.0, held_a)     # B is live: A keeps its half
+    assert len(held_a) == 2
+    held_b = b.heartbeat("B", "http://b", 60.0, {})
+    assert len(held_b) == 2 and not set(held_a) & set(held_b)
+    job = sorted(held_b)[0]
+    assert b.add_window(window(job, 0), [], [], lease=("B", held_b[job])) is True
+    # B stops renewing (killed): once its leases expire, A takes them with a new epoch
+    a.heartbeat("A", "http://a", 0.05, held_a)
+    b.heartbeat("B", "http://b", 0.05, held_b)
+    time.sleep(0.3)
+    held_a = a.heartbeat("A", "http://a", 60.0, held_a)
+    assert sorted(held_a) == ["j1", "j2", "j3", "j4"]
+    assert held_a[job] == held_b[job] + 1
+    # B wakes up and tries to store its next window: fenced out, nothing stored
+    assert b.add_window(window(job, 1), [], [], lease=("B", held_b[job])) is False
+    assert b.window_span(job) == (1, 0)
+    assert b.heartbeat("B", "http://b", 60.0, held_b) == {}   # and it learns it lost them
+    assert a.add_window(window(job, 1), [], [], lease=("A", held_a[job])) is True
+    a.release_leases("A")
+    assert {r["owner"] for r in b.leases()} == {None}
+    assert b.take_lease("B", "j1", 60.0) is not None and a.take_lease("A", "j1", 60.0) is None
+
+
+def test_concurrent_heartbeats_never_give_one_job_to_two_instances(stores):
+    instances = [stores() for _ in range(4)]
+    for i in range(40):
+        instances[0].register_job(f"j{i:02d}", f"/runs/{i}", "http", None)
+    held: dict[str, dict] = {str(n): {} for n in range(4)}
+
+    def run(n):
+        for _ in range(5):
+            held[str(n)] = instances[n].heartbeat(str(n), "u", 60.0, held[str(n)])
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    owners = {r["job"]: r["owner"] for r in instances[0].leases()}
+    for n, jobs in held.items():
+        assert all(owners[j] == n for j in jobs)
+    assert sum(len(j) for j in held.values()) == sum(o is not None for o in owners.values())
+
+
+def test_outbox_messages_are_claimed_by_one_instance_in_order(stores):
+    a, b = stores(), stores()
+    a.register_job("j", "/runs/j", "http", None)
+    engine = AlertEngine(RULES, a, repeat_s=3600)
+    rows, log, _ = engine.on_window("j", window("j", 0, 1.3), now=5.0)
+    a.add_window(window("j", 0, 1.3), rows, log)
+    rows, log, _ = engine.on_window("j", window("j", 1, 1.0), now=6.0)   # it resolves
+    a.add_window(window("j", 1, 1.0), rows, log)
+    first = a.claim_messages("A", 10, claim_s=60.0)
+    assert [m["status"] for m in first] == ["firing"]     # resolved waits for its firing
+    assert b.claim_messages("B", 10, claim_s=60.0) == []  # claimed by A
+    a.message_sent(first[0]["id"], "A")
+    second = b.claim_messages("B", 10, claim_s=60.0)
+    assert [m["status"] for m in second] == ["resolved"]
+    b.message_failed(second[0]["id"], retry_in_s=0.0)   # the receiver was down: again later
+    again = a.claim_messages("A", 10, claim_s=0.05)
+    assert [(m["id"], m["attempts"]) for m in again] == [(second[0]["id"], 2)]
+    time.sleep(0.3)   # A died holding the claim: once it runs out, B may send it
+    assert [m["id"] for m in b.claim_messages("B", 10, claim_s=60.0)] == [second[0]["id"]]
+
+
+def test_a_new_run_is_reset_once_when_two_instances_see_it(stores):
+    a, b = stores(), stores()
+    a.register_job("j", "/runs/j", "http", {"extra": {"clock": {"start": 1}}})
+    a.add_parts([("j", 0, 0, 5, 0, 4, 100, "http")])
+    a.add_window(window("j", 0), [], [])
+    new = {"extra": {"clock": {"start": 2}}}
+
+    def old_run(meta):
+        return (meta or {}).get("extra", {}).get("clock", {}).get("start") == 1
+
+    assert a.reset_job("j", new, [], [], still_old=old_run) is True
+    a.add_parts([("j", 0, 0, 5, 0, 4, 100, "http")])          # the new run's first part
+    assert b.reset_job("j", new, [], [], still_old=old_run) is False   # seen late: no reset
+    assert b.has_part("j", 0, 0) and b.window_span("j") == (0, None)
+    assert b.job_marks(["j"])["j"]["run"] == 1
+
+
+def test_a_change_on_one_postgres_instance_reaches_the_others_listeners(postgres_url):
+    # (one SQLite file has one instance: its listeners hear its own writes)
+    a, b = open_store(postgres_url), open_store(postgres_url)
+    heard = threading.Event()
+    b.on_change(lambda version: heard.set())
+    a.register_job("j", "/runs/j", "http", None)
+    try:
+        assert heard.wait(10.0), "the other instance never heard of the write (LISTEN/NOTIFY)"
+    finally:
+        a.close()
+        b.close()
