@@ -64,6 +64,10 @@ class ShardClient:
             try:
                 resp = self._http.request(method, path, json=body, params=params,
                                           timeout=timeout or httpx.USE_CLIENT_DEFAULT)
+                if resp.status_code == 429 and _kind(resp) == "RateLimited" and \
+                        time.monotonic() + _retry_after(resp) < deadline:
+                    time.sleep(_retry_after(resp))   # new tokens are rate-limited: wait a turn
+                    continue
                 if resp.status_code < 500:
                     break
                 if _kind(resp) == "Quarantined":   # a damaged stored row: waiting won't help
@@ -189,6 +193,12 @@ def _message(resp: httpx.Response) -> str:
 
 def _kind(resp: httpx.Response) -> str:
     return str(_payload(resp).get("kind", ""))
+
+
+def _retry_after(resp: httpx.Response) -> float:
+    """The seconds a 429's Retry-After asks for (1 when absent or not a number; at most 60)."""
+    raw = resp.headers.get("retry-after", "1")
+    return min(60.0, float(raw)) if raw.isdigit() else 1.0
 
 
 def _field(resp: httpx.Response) -> str | None:

@@ -35,6 +35,15 @@ class QuotaExceeded(StragglersError):
     """The token (or the whole service) already holds as many data sets or controllers as allowed."""
 
 
+class RateLimited(QuotaExceeded):
+    """New tokens appear faster than the service lets them (per client or in all); retry after
+    `retry_after_s` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class Quarantined(StragglersError):
     """A stored row of this data set is damaged: its calls are refused, other data sets are served."""
 

@@ -125,6 +125,12 @@ def owner_of(conn: sqlite3.Connection, name: str) -> tuple[bool, str | None]:
     return True, row[0]
 
 
+def owners(conn: sqlite3.Connection) -> list[str]:
+    """The token digests that own a data set (no new tokens when they create again)."""
+    return [r[0] for r in conn.execute("SELECT DISTINCT token_sha256 FROM datasets"
+                                       " WHERE token_sha256 IS NOT NULL")]
+
+
 def read_only_connection(db, busy_timeout_s: float) -> sqlite3.Connection:
     """A connection that only reads (query_only), waiting up to busy_timeout_s for a lock."""
     conn = sqlite3.connect(db, isolation_level=None, check_same_thread=False)

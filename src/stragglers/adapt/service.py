@@ -33,7 +33,8 @@ from stragglers.adapt import requests as rq
 from stragglers.adapt.control import ControlPlane
 from stragglers.adapt.controller import ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name, validate_snapshot
-from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Busy, Forbidden, Unauthorized
+from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Busy, Forbidden, RateLimited, \
+    Unauthorized
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
 from stragglers.adapt.restores import prepare_restore
@@ -42,6 +43,7 @@ from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import TOKEN_PATTERN, BodyRefused, base_url, declared_length, is_loopback, \
     listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
+from stragglers.serving_quota import MintRate, RateLimited as MintRefused, quota_client
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,13 @@ class ServiceConfig(Config):
     max_datasets_per_client: int = setting(1024, "data sets one client address may create,"
                                            " under any tokens (past it: 429)", minimum=1,
                                            maximum=1 << 20)
+    new_tokens_per_minute: float = setting(30.0, "tokens that may create their first data set"
+                                           " or controller per minute, in all (past it: 429"
+                                           " with Retry-After)", minimum=0.1, maximum=1e6)
+    new_tokens_per_client_per_minute: float = setting(6.0, "the same, per client address (a"
+                                                      " loopback client has no address quota:"
+                                                      " the total above bounds it)",
+                                                      minimum=0.1, maximum=1e6)
     restore_share: float = setting(0.25, "share of the commit thread a restore's writes may"
                                    " take (written in small steps, other jobs' calls between"
                                    " them)", minimum=0.01, maximum=1.0)
@@ -92,9 +101,15 @@ class ServiceConfig(Config):
                                 minimum=1, maximum=64)
     max_snapshot_sends: int = setting(1, "snapshot bodies sent at once (the others wait)",
                                       minimum=1, maximum=1024)
-    snapshot_bytes_per_s: float = setting(float(256 << 20), "pace of a snapshot body (a 26 MB"
-                                          " snapshot: 0.1 s)", minimum=float(1 << 20),
-                                          maximum=float(1 << 40))
+    snapshot_bytes_per_s: float = setting(float(256 << 20), "pace of a snapshot body sent to"
+                                          " its owner (a 26 MB snapshot: 0.1 s)",
+                                          minimum=float(1 << 20), maximum=float(1 << 40))
+    stranger_snapshot_bytes_per_s: float = setting(float(16 << 20), "pace of a snapshot body"
+                                                   " sent to a caller without the owner's token"
+                                                   " (a 26 MB snapshot: 1.6 s; the owner's"
+                                                   " sends never wait for these)",
+                                                   minimum=float(1 << 16),
+                                                   maximum=float(1 << 40))
     auth_failure_delay_s: float = setting(0.25, "pause before a 401/403 answer", minimum=0.0,
                                           maximum=10.0)
     stranger_snapshot_stale_s: float = setting(5.0, "age up to which a big snapshot (2 MiB+)"
@@ -255,7 +270,8 @@ class _SharedSend(Response):
     of the service's send slots: anonymous clients asking for a 26 MB snapshot in a loop keep
     one transfer going, not one per connection (each costs both ends CPU time)."""
 
-    CHUNK = 1 << 20
+    # (a chunk is copied and written on the event loop: 256 KiB keeps each step short)
+    CHUNK = 1 << 18
 
     def __init__(self, body: bytes, slots: _SendSlots):
         super().__init__(b"", 200, media_type="application/json")
@@ -290,6 +306,8 @@ def _error(exc: StragglersError) -> Response:
     status = next((code for cls, code in HTTP_STATUS if isinstance(exc, cls)), 400)
     body = {"error": str(exc), "kind": type(exc).__name__, "field": getattr(exc, "field", None)}
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if isinstance(exc, RateLimited):
+        headers = {"Retry-After": str(max(1, round(exc.retry_after_s + 0.5)))}
     resp = _json(body, status)
     if headers:
         resp.headers.update(headers)
@@ -315,8 +333,9 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 def client_of(request: Request) -> str | None:
-    """The client address a request came from (per-client quotas)."""
-    return request.client.host if request.client else None
+    """The key of a request's per-client quotas: its address, None from loopback (every local
+    process is the same address there; serving_quota.quota_client)."""
+    return quota_client(request.client.host if request.client else None)
 
 
 def _bearer_or_none(request: Request) -> str | None:
@@ -361,8 +380,29 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     # big ones (seconds each), and big ones together use at most one core.
     shuffles = {False: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-small"),
                 True: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-big")}
-    sending = _SendSlots(config.max_snapshot_sends, config.snapshot_bytes_per_s)
+    # Owners' snapshot sends and strangers' have slots of their own; strangers' are paced
+    # slowly: five anonymous clients looping on a 26 MB snapshot at the owner's pace received
+    # 256 MB/s, and their CPU (and the service's sends) on the same cores slowed other jobs'
+    # leases 1.5-3.3x.
+    sending = {True: _SendSlots(config.max_snapshot_sends, config.snapshot_bytes_per_s),
+               False: _SendSlots(config.max_snapshot_sends,
+                                 config.stranger_snapshot_bytes_per_s)}
     pacer = _ReadPacer(config.reads_per_s, config.max_read_wait_s)
+    # New tokens per minute, per client address and in all: without a service token anyone
+    # on the machine may create, and each new token brings a fresh per-token quota. Tokens
+    # that own a data set already are no new ones.
+    mints = MintRate("token", config.new_tokens_per_client_per_minute,
+                     config.new_tokens_per_minute)
+    for owner in reader.submit(reads.owners).result():
+        mints.know(owner)
+
+    def minting(digest: str, request: Request) -> None:
+        """Count `digest` as a new token of this client unless it is known; 429 past a rate."""
+        try:
+            mints.admit(digest, client_of(request))
+        except MintRefused as exc:
+            raise RateLimited(f"{exc.what}; retry later (new_tokens_per_minute)",
+                              exc.retry_after_s) from None
 
     def handler(fn):
         async def endpoint(request: Request) -> Response:
@@ -432,6 +472,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def create_dataset(request: Request) -> dict:
         digest = creator(request)   # the tokens before the body: no parsing for strangers
+        minting(digest, request)
         body = await parsed(request, rq.CreateDataset)
         cfg = DatasetConfig(**body.model_dump())
         client = client_of(request)
@@ -478,11 +519,13 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         await pacer.turn()
         store.raise_if_quarantined(name)
         owner = store.owner_digest(name)
+        if owner is None:   # none, or not seen by a call since the file was opened: read it
+            owner = (await read(reads.owner_of, name))[1]
         digest = _bearer_or_none(request)
-        mine = owner is None or (digest is not None and hmac.compare_digest(owner, digest))
-        stale_s = 0.0 if mine else config.stranger_snapshot_stale_s
+        owns = owner is not None and digest is not None and hmac.compare_digest(owner, digest)
+        stale_s = 0.0 if owner is None or owns else config.stranger_snapshot_stale_s
         body = await asyncio.wrap_future(reader.snapshot(name, stale_s))
-        return _SharedSend(body, sending)
+        return _SharedSend(body, sending[owns])
 
     async def restore(request: Request) -> dict:
         name = name_of(request)
@@ -490,6 +533,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         allowed, client = may_create(request), client_of(request)
         # Ownership, the right to create and the quota, all before the body is read.
         await read(lambda conn: store.may_restore(name, digest, allowed, conn, client))
+        minting(digest, request)   # (the owner of an existing data set is a known token)
         slot = paced.hold(digest)   # one restore per token (and max_restores in all) at once
         try:
             raw = await _body(request, config.max_restore_bytes)
@@ -505,8 +549,10 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         digest = _bearer(request)
         body = await parsed(request, rq.ControlConfigBody)
         cfg = ControlConfig.from_mapping(body.model_dump(), "control config")
-        if service_digest is not None and not control.has(job):
-            digest = creator(request)
+        if not control.has(job):
+            if service_digest is not None:
+                digest = creator(request)
+            minting(digest, request)
         return control.configure(job, cfg, digest, client_of(request))
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
