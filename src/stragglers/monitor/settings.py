@@ -67,6 +67,13 @@ class MonitorConfig(Config):
     tick_s: float = setting(0.5, "how often job states and time-based rules are checked",
                             minimum=0.01, maximum=60.0)
     durable: bool = setting(True, "fsync every commit (a part acknowledged survives a power cut)")
+    lease_s: float = setting(10.0, "a job is analysed by the instance holding its lease, renewed "
+                             "every lease_s / 3; an instance that stops (kill -9) has its jobs "
+                             "taken by another within lease_s plus one heartbeat", minimum=0.3,
+                             maximum=3600.0)
+    alert_claim_s: float = setting(30.0, "an alert message claimed by an instance for sending "
+                                   "is sent by another once this passed without it being marked "
+                                   "delivered (its sender died)", minimum=0.5, maximum=3600.0)
     read_threads: int = setting(2, "threads that read the part files of an ingest batch "
                                 "(Parquet decoding runs outside the GIL)", minimum=1, maximum=64)
     write_threads: int = setting(2, "threads that write and fsync the uploaded parts of an "
