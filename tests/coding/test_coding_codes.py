@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stragglers.coding import (CyclicMDSCode, CyclicRepetitionCode, FractionalRepetitionCode,
-                               GradientCode, make_code)
-from stragglers.coding.protocol import least_squares_decoding
+                               MatrixCode, make_code)
+from stragglers.coding.matrix_code import least_squares_decoding
 from stragglers.errors import InputError
 
 PHI = (1 + 5 ** 0.5) / 2
@@ -19,7 +19,7 @@ PHI = (1 + 5 ** 0.5) / 2
 def test_spec_vector_n3_s1_decoders():
     B = np.array([[0.5, 1, 0], [0, 1, -1], [0.5, 0, 1]])
     A = np.array([[0, 1, 2], [1, 0, 1], [2, -1, 0]])
-    code = GradientCode(3, 1, B)
+    code = MatrixCode(3, 1, B)
     for k in range(3):
         survivors = [i for i in range(3) if i != k]
         np.testing.assert_allclose(code.decode(survivors).coefficients, A[k], atol=1e-12)

@@ -9,7 +9,8 @@ Public names (`__all__`):
 * building codes: `make_code(scheme, n, s, ...)`, `SCHEMES`, the classes `CyclicMDSCode`,
   `CyclicRepetitionCode`, `ExpanderCode`, `FractionalRepetitionCode`, `IdentityCode`,
   `wait_for_all`, `ignore_stragglers`; graph helpers `random_regular_graph`, `second_eigenvalue`
-* the interface: `GradientCode`, `Decoding`, `condition_number`
+* the base class of every code (implementing `stragglers.protocols.GradientCode`): `MatrixCode`,
+  its `DecodingVector`, `condition_number`
 * the guard: `check_stability`, `stability_report`, `decode_error_bound`, `StabilityReport`,
   `UnstableCodeError`
 * training (torch): `train_coded`, `TrainResult`, `PartitionedData`, `load_digits_parts`;
@@ -30,9 +31,9 @@ _LAZY = {
     "ExpanderCode": "stragglers.coding.expander",
     "random_regular_graph": "stragglers.coding.expander",
     "second_eigenvalue": "stragglers.coding.expander",
-    "Decoding": "stragglers.coding.protocol",
-    "GradientCode": "stragglers.coding.protocol",
-    "condition_number": "stragglers.coding.protocol",
+    "DecodingVector": "stragglers.coding.matrix_code",
+    "MatrixCode": "stragglers.coding.matrix_code",
+    "condition_number": "stragglers.coding.matrix_code",
     "SCHEMES": "stragglers.coding.schemes",
     "make_code": "stragglers.coding.schemes",
     "StabilityReport": "stragglers.coding.stability",
@@ -47,4 +48,8 @@ _LAZY = {
     "train_coded": "stragglers.coding.training",
 }
 
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+# The base class and its decoding were exported as GradientCode and Decoding, the names of the
+# interfaces in stragglers.protocols that they implement.
+_RENAMED = {"GradientCode": "MatrixCode", "Decoding": "DecodingVector"}
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY, _RENAMED)

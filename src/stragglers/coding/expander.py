@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from stragglers.coding.protocol import Decoding, GradientCode, check_n_s, least_squares_decoding
+from stragglers.coding.matrix_code import (DecodingVector, MatrixCode, check_n_s,
+                                           least_squares_decoding)
 from stragglers.errors import InputError, StragglersError
 
 
@@ -61,7 +62,7 @@ def second_eigenvalue(A: np.ndarray) -> float:
     return float(ev[-2])
 
 
-class ExpanderCode(GradientCode):
+class ExpanderCode(MatrixCode):
     """Approximate code B = A_G/d; `decoder` is "fixed" (n/(n−s)·1_K) or "optimal" (least squares)."""
 
     name = "expander"
@@ -94,14 +95,14 @@ class ExpanderCode(GradientCode):
         """No scheme with each part on <= d workers beats √⌊s/d⌋ in the worst case."""
         return float(np.sqrt(self.s // self.d))
 
-    def decode_fixed(self, survivors) -> Decoding:
+    def decode_fixed(self, survivors) -> DecodingVector:
         """The fixed decoder u = n/(n−s)·1_K, no computation."""
         K = self._check_survivors(survivors)
         u = np.zeros(self.n)
         u[K] = self.n / len(K)
-        return Decoding(self, K, u, "fixed")
+        return DecodingVector(self, K, u, "fixed")
 
-    def decode_optimal(self, survivors) -> Decoding:
+    def decode_optimal(self, survivors) -> DecodingVector:
         """The optimal decoder argmin ‖uᵀB − 1ᵀ‖₂ with supp(u) ⊆ K (float64 least squares).
 
         Falls back to the fixed decoder (method "fixed (fallback)") when least squares is not
@@ -113,7 +114,7 @@ class ExpanderCode(GradientCode):
         fixed = self.decode_fixed(K)
         if best.residual > fixed.residual or \
                 best.amplification > self.OPTIMAL_CAP * fixed.amplification:
-            return Decoding(self, K, fixed.coefficients, "fixed (fallback)")
+            return DecodingVector(self, K, fixed.coefficients, "fixed (fallback)")
         return best
 
     def amplification_bound(self) -> float:
@@ -121,7 +122,7 @@ class ExpanderCode(GradientCode):
         fixed = self.n / np.sqrt(self.d)
         return fixed if self.decoder == "fixed" else self.OPTIMAL_CAP * fixed
 
-    def _decode(self, K: list[int]) -> Decoding:
+    def _decode(self, K: list[int]) -> DecodingVector:
         return self.decode_fixed(K) if self.decoder == "fixed" else self.decode_optimal(K)
 
     def describe(self) -> dict:

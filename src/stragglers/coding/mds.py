@@ -12,7 +12,8 @@ from math import comb
 
 import numpy as np
 
-from stragglers.coding.protocol import Decoding, GradientCode, check_n_s, least_squares_decoding
+from stragglers.coding.matrix_code import (DecodingVector, MatrixCode, check_n_s,
+                                           least_squares_decoding)
 from stragglers.errors import InputError
 
 DECODERS = ("lstsq", "closed-form")
@@ -43,7 +44,7 @@ def cyclic_generator(n: int, s: int, first_root: int) -> np.ndarray:
     return coeffs[: s + 1]
 
 
-class CyclicMDSCode(GradientCode):
+class CyclicMDSCode(MatrixCode):
     """Cyclic MDS code: `field="real"` (needs n−s odd) or `field="complex"` (any n, s).
 
     `decoder="lstsq"` (default): float64 least squares, backward stable. `"closed-form"`: the
@@ -80,7 +81,7 @@ class CyclicMDSCode(GradientCode):
         self.g_at_1 = coeffs.sum()
         super().__init__(n, s, B)
 
-    def _decode(self, K: list[int]) -> Decoding:
+    def _decode(self, K: list[int]) -> DecodingVector:
         if self.decoder == "lstsq" or len(K) > self.needed:
             # more survivors than needed: min-norm least squares over all of them (never worse)
             return least_squares_decoding(self, K)
@@ -88,7 +89,7 @@ class CyclicMDSCode(GradientCode):
         a[K] = closed_form_coefficients(self.n, self.s, self.first_root, self.g_at_1, K)
         if self.field == "real":
             a = a.real.copy()
-        return Decoding(self, K, a, "closed-form")
+        return DecodingVector(self, K, a, "closed-form")
 
     def coefficient_bound(self) -> float:
         """An upper bound on max_k |a_k| over every survivor set of size n−s (exact solution).

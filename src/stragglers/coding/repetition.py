@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from stragglers.coding.protocol import Decoding, GradientCode, check_n_s
+from stragglers.coding.matrix_code import DecodingVector, MatrixCode, check_n_s
 from stragglers.errors import InputError
 
 
-class FractionalRepetitionCode(GradientCode):
+class FractionalRepetitionCode(MatrixCode):
     """FRC: n/(s+1) groups of s+1 workers, each group holds the same s+1 parts and sends their sum."""
 
     name = "frc"
@@ -31,7 +31,7 @@ class FractionalRepetitionCode(GradientCode):
         """The group index of a worker."""
         return worker // (self.s + 1)
 
-    def _decode(self, K: list[int]) -> Decoding:
+    def _decode(self, K: list[int]) -> DecodingVector:
         # 0/1 weights: the first survivor of each group; no arithmetic beyond a sum
         a = np.zeros(self.n)
         seen: set[int] = set()
@@ -41,10 +41,10 @@ class FractionalRepetitionCode(GradientCode):
                 a[k] = 1.0
         if len(seen) != self.n // (self.s + 1):  # unreachable with >= n-s survivors
             raise InputError(self.name, "survivors", f"a whole group straggled: {K}")
-        return Decoding(self, K, a, "group-sum")
+        return DecodingVector(self, K, a, "group-sum")
 
 
-class CyclicRepetitionCode(GradientCode):
+class CyclicRepetitionCode(MatrixCode):
     """Tandon's cyclic code: worker i holds parts i..i+s (mod n) with random real weights."""
 
     name = "cyclic-repetition"
@@ -65,7 +65,7 @@ class CyclicRepetitionCode(GradientCode):
         super().__init__(n, s, B)
 
 
-class IdentityCode(GradientCode):
+class IdentityCode(MatrixCode):
     """B = I: wait-for-all (s = 0) or ignore-stragglers (sum n−s arrivals, scale n/(n−s))."""
 
     uniform_decoding = True
@@ -77,10 +77,10 @@ class IdentityCode(GradientCode):
         self.name = "wait-for-all" if s == 0 else "ignore-stragglers"
         self.exact = s == 0
 
-    def _decode(self, K: list[int]) -> Decoding:
+    def _decode(self, K: list[int]) -> DecodingVector:
         a = np.zeros(self.n)
         a[K] = self.n / len(K)
-        return Decoding(self, K, a, "scaled-sum" if self.s else "sum")
+        return DecodingVector(self, K, a, "scaled-sum" if self.s else "sum")
 
     def error_bound(self) -> float:
         """Worst-case ‖aᵀB − 1ᵀ‖₂ with n−s survivors: exactly √(ns/(n−s))."""

@@ -10,7 +10,7 @@ import warnings
 
 from stragglers.coding.expander import ExpanderCode
 from stragglers.coding.mds import CyclicMDSCode
-from stragglers.coding.protocol import GradientCode, check_n_s
+from stragglers.coding.matrix_code import MatrixCode, check_n_s
 from stragglers.coding.repetition import (CyclicRepetitionCode, FractionalRepetitionCode,
                                           ignore_stragglers, wait_for_all)
 from stragglers.coding.stability import DEFAULT_TOLERANCE, check_stability, check_tolerance
@@ -98,7 +98,7 @@ SCHEMES = tuple(GRADIENT_CODES.names())
 
 def make_code(scheme: str, n: int, s: int, *, d: int | None = None, seed: int = 0,
               decoder: str | None = None, dtype: str = "float32",
-              tolerance: float = DEFAULT_TOLERANCE, on_unstable: str = "raise") -> GradientCode:
+              tolerance: float = DEFAULT_TOLERANCE, on_unstable: str = "raise") -> MatrixCode:
     """Build code `scheme` for n workers and s stragglers, then run the stability guard.
 
     "cyclic-mds" picks the real code when n−s is odd and otherwise falls back (FRC when
@@ -115,7 +115,7 @@ def make_code(scheme: str, n: int, s: int, *, d: int | None = None, seed: int = 
     return code
 
 
-def _cyclic_mds_real_or_fallback(n: int, s: int, decoder: str) -> GradientCode:
+def _cyclic_mds_real_or_fallback(n: int, s: int, decoder: str) -> MatrixCode:
     if (n - s) % 2 == 1:
         return CyclicMDSCode(n, s, "real", decoder)
     if n % (s + 1) == 0:

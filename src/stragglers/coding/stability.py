@@ -32,7 +32,7 @@ from math import comb
 
 import numpy as np
 
-from stragglers.coding.protocol import GradientCode
+from stragglers.coding.matrix_code import MatrixCode
 from stragglers.errors import InputError, StragglersError
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def gamma(m: int, u: float) -> float:
     return m * u / (1 - m * u)
 
 
-def message_gamma(code: GradientCode, dtype: str) -> float:
+def message_gamma(code: MatrixCode, dtype: str) -> float:
     """γ of one worker message in `dtype`: its d products and sums, weight and message rounding."""
     d = code.parts_per_worker
     u = UNIT_ROUNDOFF[dtype]
@@ -120,7 +120,7 @@ def recommend_stable(n: int, s: int) -> str:
             f"code (scheme 'expander', d={min(d, n - 1)}) for n={n}, s={s}")
 
 
-def survivor_sets(code: GradientCode):
+def survivor_sets(code: MatrixCode):
     """The survivor sets the guard must check, and how: ("uniform"|"rotations"|"exhaustive", sets),
     or None when there are too many."""
     n, s, N = code.n, code.s, code.needed
@@ -140,7 +140,7 @@ def survivor_sets(code: GradientCode):
     return None
 
 
-def _analytic_bound(code: GradientCode, dtype: str) -> float | None:
+def _analytic_bound(code: MatrixCode, dtype: str) -> float | None:
     """max_K ρ(K) from the code's own bounds (`amplification_bound`, `residual_bound` for exact
     codes); None when it has none."""
     amp = code.amplification_bound()
@@ -159,7 +159,7 @@ def check_tolerance(tolerance: float) -> None:
                          f"‖G‖_F), got {tolerance!r}")
 
 
-def stability_report(code: GradientCode, dtype: str = "float32",
+def stability_report(code: MatrixCode, dtype: str = "float32",
                      tolerance: float = DEFAULT_TOLERANCE) -> StabilityReport:
     """Certify the worst-case decoding error of `code` with messages in `dtype`."""
     if dtype not in UNIT_ROUNDOFF:
@@ -196,7 +196,7 @@ def stability_report(code: GradientCode, dtype: str = "float32",
     return report
 
 
-def check_stability(code: GradientCode, dtype: str = "float32",
+def check_stability(code: MatrixCode, dtype: str = "float32",
                     tolerance: float = DEFAULT_TOLERANCE, on_unstable: str = "raise"
                     ) -> StabilityReport:
     """Refuse (`on_unstable="raise"`) or warn (`"warn"`) when the code is unstable for `dtype`."""

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stragglers.coding.data import PartitionedData
-from stragglers.coding.protocol import GradientCode
+from stragglers.coding.matrix_code import MatrixCode
 from stragglers.coding.stability import DEFAULT_TOLERANCE, check_stability, decode_error_bound
 from stragglers.errors import InputError, StragglersError
 
@@ -42,7 +42,7 @@ def _sync(device: torch.device) -> None:
 
 
 @dataclass
-class StepRecord:
+class CodedStep:
     """What the aggregator saw at one step."""
 
     step: int
@@ -66,7 +66,7 @@ class TrainResult:
     code: str
     n: int
     s: int
-    records: list[StepRecord] = field(default_factory=list)
+    records: list[CodedStep] = field(default_factory=list)
     params: list[torch.Tensor] = field(default_factory=list)  # after each step (keep_params)
     late_total: int = 0
     drained: int = 0  # late messages collected at shutdown (also unused)
@@ -118,7 +118,7 @@ def part_gradient(model: torch.nn.Module, loss_fn: Callable, data: PartitionedDa
 
 
 def train_coded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
-                data: PartitionedData, code: GradientCode, steps: int, *,
+                data: PartitionedData, code: MatrixCode, steps: int, *,
                 delays: Callable[[int, int], float] | None = None,
                 evaluate: Callable[[torch.nn.Module], float] | None = None, eval_every: int = 10,
                 target_loss: float | None = None, keep_params: bool = False,
@@ -288,7 +288,7 @@ class _Aggregator:
             result.drained = self._shutdown(drain=ok)
         return result
 
-    def _update(self, step, got, late, check_error, record_condition) -> StepRecord:
+    def _update(self, step, got, late, check_error, record_condition) -> CodedStep:
         code, n, P = self.code, self.code.n, self.n_params
         t0 = time.perf_counter()
         survivors = [w for w, _ in got]
@@ -297,7 +297,7 @@ class _Aggregator:
         _sync(self.device)
         decode_s = time.perf_counter() - t0
         grad, loss = combined[:P] / n, float(combined[P]) / n
-        rec = StepRecord(step, 0.0, survivors, late, decode_s, loss)
+        rec = CodedStep(step, 0.0, survivors, late, decode_s, loss)
         rec.numerical_bound = decode_error_bound(decoding, MESSAGE_DTYPES[self.message_dtype])
         if record_condition:
             rec.condition = decoding.condition_number

@@ -1,4 +1,7 @@
-"""The interface every gradient code offers: encoding matrix, parts per worker, decoder."""
+"""The base class of every gradient code given by its encoding matrix B, and its decoding vectors.
+
+It implements the interface `stragglers.protocols.GradientCode` (and `Decoding`).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +14,10 @@ import numpy as np
 from stragglers.errors import InputError
 
 
-class Decoding:
+class DecodingVector:
     """A decoding vector for one survivor set: aᵀB ≈ 1ᵀ with a supported on the survivors."""
 
-    def __init__(self, code: "GradientCode", survivors: Sequence[int], coefficients: np.ndarray,
+    def __init__(self, code: "MatrixCode", survivors: Sequence[int], coefficients: np.ndarray,
                  method: str):
         self.code = code
         self.survivors = tuple(int(k) for k in survivors)
@@ -51,7 +54,7 @@ class Decoding:
         return np.real(out) if np.iscomplexobj(out) else out
 
     def __repr__(self) -> str:
-        return (f"Decoding(code={self.code.name}, survivors={list(self.survivors)}, "
+        return (f"DecodingVector(code={self.code.name}, survivors={list(self.survivors)}, "
                 f"method={self.method})")
 
 
@@ -74,8 +77,8 @@ def worker_id(code_name: str, field: str, value: object) -> int:
     return int(value)
 
 
-class GradientCode:
-    """Base class: n workers, n data parts, encoding matrix B; tolerates s stragglers."""
+class MatrixCode:
+    """A gradient code given by its encoding matrix B: n workers, n data parts, s stragglers."""
 
     name = "code"
     exact = True  # exact codes recover Σ g_j from any n−s survivors
@@ -118,12 +121,12 @@ class GradientCode:
         """The largest number of parts one worker holds (d)."""
         return int((self.B != 0).sum(axis=1).max())
 
-    def decode(self, survivors: Sequence[int]) -> Decoding:
+    def decode(self, survivors: Sequence[int]) -> DecodingVector:
         """A decoding vector supported on `survivors` (at least n−s distinct workers)."""
         K = self._check_survivors(survivors)
         return self._decode(K)
 
-    def _decode(self, K: list[int]) -> Decoding:
+    def _decode(self, K: list[int]) -> DecodingVector:
         return least_squares_decoding(self, K)
 
     def worst_case_condition(self) -> float:
@@ -167,7 +170,7 @@ class GradientCode:
         return f"{type(self).__name__}(n={self.n}, s={self.s})"
 
 
-def least_squares_decoding(code: GradientCode, K: list[int], method: str = "lstsq") -> Decoding:
+def least_squares_decoding(code: MatrixCode, K: list[int], method: str = "lstsq") -> DecodingVector:
     """General decoder: min-norm a on K with B_Kᵀ a = 1, solved in float64 (SVD least squares,
     backward stable: its residual is at rounding level whatever the conditioning)."""
     BK = code.B[K]
@@ -175,7 +178,7 @@ def least_squares_decoding(code: GradientCode, K: list[int], method: str = "lsts
     aK, *_ = np.linalg.lstsq(BK.T, ones, rcond=None)
     a = np.zeros(code.n, dtype=aK.dtype)
     a[K] = aK
-    return Decoding(code, K, a, method)
+    return DecodingVector(code, K, a, method)
 
 
 # Codes are dense n × n matrices built and certified with O(n³) linear algebra (an expander
