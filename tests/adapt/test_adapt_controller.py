@@ -1,11 +1,11 @@
-"""Monitor windows, straggler classes and the DD / ND controller decisions on synthetic records."""
+"""SpeedMonitor windows, straggler classes and DD / ND controller decisions on synthetic records."""
 
 from __future__ import annotations
 
 import pytest
 
 from stragglers.adapt.controller import ADJUST_BS, KILL_RESTART, ControlConfig, Controller
-from stragglers.adapt.monitor import DETERMINISTIC, NONE, PERSISTENT, TRANSIENT, Monitor
+from stragglers.adapt.monitor import DETERMINISTIC, NONE, PERSISTENT, TRANSIENT, SpeedMonitor
 from stragglers.errors import InputError
 
 
@@ -20,7 +20,7 @@ def feed(ctl, steps, per_sample, batches=None, start=0, devices=None):
 
 
 def test_monitor_classes_transient_then_persistent_and_deterministic():
-    m = Monitor(3, window=2, theta=1.3, persistent_windows=3, warmup_steps=0)
+    m = SpeedMonitor(3, window=2, theta=1.3, persistent_windows=3, warmup_steps=0)
     classes = []
     for w in range(4):
         for s in range(2 * w, 2 * w + 2):
@@ -29,7 +29,7 @@ def test_monitor_classes_transient_then_persistent_and_deterministic():
         assert m.window_ready()
         classes.append(m.evaluate()[2]["class"])
     assert classes == [TRANSIENT, TRANSIENT, PERSISTENT, PERSISTENT]
-    d = Monitor(3, window=1, persistent_windows=1, warmup_steps=0)
+    d = SpeedMonitor(3, window=1, persistent_windows=1, warmup_steps=0)
     for r, dev in enumerate(["a100", "a100", "v100"]):
         d.record(r, 0, 0.3 if r == 2 else 0.1, 1, dev)
     out = d.evaluate()
@@ -38,7 +38,7 @@ def test_monitor_classes_transient_then_persistent_and_deterministic():
 
 
 def test_monitor_normalises_by_batch_so_resized_batches_do_not_hide_a_straggler():
-    m = Monitor(2, window=1, persistent_windows=1, warmup_steps=0)
+    m = SpeedMonitor(2, window=1, persistent_windows=1, warmup_steps=0)
     m.record(0, 0, 0.3, 30)  # same BPT, but 3x fewer samples on rank 1
     m.record(1, 0, 0.3, 10)
     assert m.evaluate()[1]["ratio"] == pytest.approx(1.5)  # 3x over a median of 2x
@@ -124,7 +124,15 @@ def test_policies_are_registered_and_configs_are_validated():
 
 
 def test_a_repeated_report_is_not_counted_twice():
-    m = Monitor(1, window=3, warmup_steps=0)
+    m = SpeedMonitor(1, window=3, warmup_steps=0)
     for step in (0, 1, 1, 1, 2):
         m.record(0, step, 0.1, 10)
     assert len(m.workers[0].records) == 3
+
+
+def test_the_old_export_monitor_warns_and_gives_the_speed_monitor():
+    import stragglers.adapt as adapt
+
+    with pytest.warns(DeprecationWarning, match="stragglers.adapt.SpeedMonitor"):
+        assert adapt.Monitor is SpeedMonitor
+    assert "Monitor" not in adapt.__all__

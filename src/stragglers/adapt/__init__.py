@@ -1,7 +1,7 @@
 """Self-adaptive training (AntDT): data-sharding service, monitor/controller/agent, DD and ND policies.
 
 The service side (`ShardStore`, `DatasetConfig`, `create_app`, `EmbeddedServer`, `ShardClient`,
-`ShardBatchSampler`) and the controller (`ControlConfig`, `Controller`, `Monitor`, the
+`ShardBatchSampler`) and the controller (`ControlConfig`, `Controller`, `SpeedMonitor`, the
 `split_batch` arithmetic) need no torch; `DataParallelStep`, the checkpoint functions and the
 torchrun launch helpers do, and are imported lazily on first use.
 """
@@ -25,7 +25,7 @@ _LAZY = {
     "ShardBatchSampler": "stragglers.adapt.client",
     "ControlConfig": "stragglers.adapt.controller",
     "Controller": "stragglers.adapt.controller",
-    "Monitor": "stragglers.adapt.monitor",
+    "SpeedMonitor": "stragglers.adapt.monitor",
     "split_batch": "stragglers.adapt.policies",
     "micro_batches": "stragglers.adapt.policies",
     "Agent": "stragglers.adapt.agent",
@@ -38,4 +38,7 @@ _LAZY = {
     "SimulatedDevice": "stragglers.adapt.heterogeneity",
 }
 
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+# AntDT's monitor was exported as Monitor, the name of the live service (stragglers.monitor).
+_RENAMED = {"Monitor": "SpeedMonitor"}
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY, _RENAMED)

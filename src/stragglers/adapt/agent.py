@@ -21,7 +21,7 @@ MAX_PENDING_RECORDS = 1_000
 
 
 @dataclass
-class Plan:
+class StepPlan:
     """What this rank does at one step."""
 
     batch_size: int
@@ -57,7 +57,7 @@ class Agent:
         with self._lock:
             self._records.append([step, bpt, batch])
 
-    def plan(self, step: int) -> Plan:
+    def plan(self, step: int) -> StepPlan:
         """The batch size in force at `step`, after applying every action due by then."""
         kill, reason = None, ""
         with self._lock:
@@ -74,7 +74,7 @@ class Agent:
             reason = a.get("reason", "")
             self.applied.append({**a, "applied_at": step})
         b = self.batch_sizes[self.rank]
-        return Plan(b, micro_batches(b, self.memory_cap), kill, reason)
+        return StepPlan(b, micro_batches(b, self.memory_cap), kill, reason)
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stragglers.adapt.monitor import DETERMINISTIC, NONE, TRANSIENT, Monitor
+from stragglers.adapt.monitor import DETERMINISTIC, NONE, TRANSIENT, SpeedMonitor
 from stragglers.adapt.policies import restart_gain, split_batch
 from stragglers.config import Config, setting
 from stragglers.errors import InputError
@@ -78,8 +78,8 @@ class Controller:
     def __init__(self, config: ControlConfig):
         self.config = config
         self.policy = CONTROLLER_POLICIES.get(config.policy, field="policy")()
-        self.monitor = Monitor(config.world_size, config.window, config.theta,
-                               config.persistent_windows)
+        self.monitor = SpeedMonitor(config.world_size, config.window, config.theta,
+                                    config.persistent_windows)
         self.batch_sizes = split_batch(config.global_batch, [1.0] * config.world_size)
         self.actions: list[Action] = []
         self.kills = 0

@@ -1,4 +1,5 @@
-"""Monitor: per-worker batch processing time (BPT) over windows, and straggler classes (spec §3)."""
+"""AntDT's monitor (`SpeedMonitor`): per-worker batch processing time (BPT) over windows, and
+straggler classes (docs/adaptive.md §3)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ NONE, TRANSIENT, PERSISTENT, DETERMINISTIC = "none", "transient", "persistent", 
 
 
 @dataclass
-class StepRecord:
+class WorkerStepTime:
     """One worker's compute time for one global step (waiting at the AllReduce excluded)."""
 
     step: int
@@ -31,7 +32,7 @@ class WorkerHistory:
     last_ratio: float = 1.0
 
 
-class Monitor:
+class SpeedMonitor:
     """Collects BPT per worker; each full window yields ratios r_i and straggler classes."""
 
     def __init__(self, world_size: int, window: int = 5, theta: float = 1.3,
@@ -51,7 +52,7 @@ class Monitor:
         w = self.workers[rank]
         if w.records and step <= w.records[-1].step:
             return  # a report the agent sent again (its reply was lost): already counted
-        w.records.append(StepRecord(step, bpt, batch))
+        w.records.append(WorkerStepTime(step, bpt, batch))
         w.since_eval += 1
         w.device = device or w.device
         self.latest_step = max(self.latest_step, step)
@@ -60,7 +61,7 @@ class Monitor:
         """True when every worker has a full new window since the last evaluation."""
         return all(w.since_eval >= self.window for w in self.workers.values())
 
-    def _recent(self, rank: int, n: int) -> list[StepRecord]:
+    def _recent(self, rank: int, n: int) -> list[WorkerStepTime]:
         recs = self.workers[rank].records
         return [r for r in list(recs)[-n:] if r.batch > 0]
 

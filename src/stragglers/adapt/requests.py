@@ -132,16 +132,16 @@ class ControlConfigBody(Strict):
     incarnation: Annotated[int, Field(ge=0, le=1 << 31)] = 0
 
 
-StepRecord = tuple[Annotated[int, Field(ge=0, le=MAX_STEP)],
-                   Annotated[float, Field(gt=0, le=MAX_BPT_S)],
-                   Annotated[int, Field(ge=0, le=MAX_BATCH)]]
+StepTimeRow = tuple[Annotated[int, Field(ge=0, le=MAX_STEP)],          # [step, bpt, batch]
+                    Annotated[float, Field(gt=0, le=MAX_BPT_S)],
+                    Annotated[int, Field(ge=0, le=MAX_BATCH)]]
 
 
 class Report(Strict):
     """POST /jobs/{job}/control/report."""
 
     rank: Annotated[int, Field(ge=0, lt=MAX_WORLD)]
-    records: Annotated[list[StepRecord], Field(max_length=MAX_RECORDS)]
+    records: Annotated[list[StepTimeRow], Field(max_length=MAX_RECORDS)]
     device: Annotated[str, Field(max_length=64)] = ""
     incarnation: Annotated[int, Field(ge=0, le=1 << 31)]
     since: Annotated[int, Field(ge=0, le=1 << 31)] = 0
