@@ -85,6 +85,20 @@ class MonitorConfig(Config):
                                      "monitor, whose main script a spawned process re-imports")
     rescan_s: float = setting(10.0, "watched directories are also rescanned this often (file "
                               "systems that drop change events)", minimum=0.1)
+    change_detector: bool = setting(True, "the fast detector (changes.py): a rank whose busy "
+                                    "time per step rises against its peers and its own "
+                                    "baseline alerts (rank_slowdown) within a few steps, "
+                                    "before its window is analysed")
+    change_min_ratio: float = setting(1.2, "least slowdown of a rank (busy time relative to its "
+                                      "peers, against its baseline) that alerts", minimum=1.01,
+                                      maximum=100.0)
+    change_threshold: float = setting(16.0, "CUSUM decision interval in σ of the rank's own "
+                                      "noise (each step adds at most 3.5): higher alerts later "
+                                      "and more rarely by chance", minimum=2.0, maximum=1000.0)
+    change_baseline_steps: int = setting(60, "steps in a rank's baseline (median and MAD of its "
+                                         "recent in-control values)", minimum=8, maximum=10_000)
+    change_warmup_steps: int = setting(20, "steps a rank is watched before it can alert",
+                                       minimum=4, maximum=10_000)
 
 
 FILE_KEYS = ("settings", "rules", "webhooks", "receiver", "external_url")

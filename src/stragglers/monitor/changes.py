@@ -1,0 +1,248 @@
+"""The fast detector: a per-rank change in step time, seen from the parts as they arrive.
+
+The window analysis needs a whole window of steps on every rank before it can say anything;
+this runs on every ingested part. A rank's *busy time* in a step is the time of its compute ops
+(forward, backward, optimizer, GC): its step time less the time it waited for the others, which
+in a synchronous job every rank shares. Once every rank reported a step (or half of them are
+`SETTLE_LAG` steps past it: a dead rank holds nothing up), each rank's log busy time is taken
+relative to the median of its peers in that step (its stage's ranks when every stage has at
+least 3, else the whole job), which removes what all ranks share (a longer batch, a slower
+step of the whole job). That value is compared with the rank's own baseline — the median and
+MAD of its last `change_baseline_steps` values — by a one-sided CUSUM (Page 1954) on the
+standardised value, each step counted at most `CLIP` σ so that one spike (a GC pause, a
+preemption) cannot alert on its own. When the CUSUM crosses `change_threshold` the change point
+is estimated (where the run's values, less half the least change, sum highest) and the change
+as the median of the values since; the rank alerts only if that is at least
+`change_min_ratio`: a noisy rank whose CUSUM wanders up by chance does not alert for a 3 %
+drift (its baseline takes the drift in instead). The alert resolves once the median of the
+rank's last `change_baseline_steps // 4` values is back below √min_ratio (half the least
+change, in log) of the baseline it fired against.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from stragglers.errors import InputError
+from stragglers.trace.columns import optype_codes
+from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES
+
+log = logging.getLogger(__name__)
+
+COMPUTE_CODES = np.array(sorted(OPTYPE_CODES[n] for n in COMPUTE_OPTYPES), dtype=np.int8)
+K = 0.5            # CUSUM reference value (σ): no drift below half a σ accumulates
+CLIP = 4.0         # a step adds at most this many σ (one spike never alerts alone)
+MIN_SIGMA = 0.005  # σ floor (log units): a very steady rank is not judged on noise of 0.1 %
+MIN_PEERS = 3      # ranks a step's peer median needs
+SETTLE_LAG = 8     # steps half the ranks may be past a step before it is judged without the rest
+MIN_RUN = 4        # least steps a change is estimated from
+RECENT = 64        # values kept per rank for the change estimate
+
+
+def busy_per_step(step: np.ndarray, optype: np.ndarray, duration: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, busy seconds) of one rank's rows: the sum of its compute ops' durations per step."""
+    compute = np.isin(optype, COMPUTE_CODES)
+    if not compute.any():
+        return np.zeros(0, np.int64), np.zeros(0)
+    steps, inverse = np.unique(step[compute], return_inverse=True)
+    return steps.astype(np.int64), np.bincount(inverse, weights=duration[compute])
+
+
+def read_busy(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """busy_per_step of a stored part file (3 of its columns read); None if it cannot be read
+    (the window that reads it says why)."""
+    try:
+        table = pq.ParquetFile(path).read(columns=["step", "optype", "duration"])
+        return busy_per_step(table.column("step").to_numpy(),
+                             optype_codes(table.column("optype"), path),
+                             table.column("duration").to_numpy())
+    except (OSError, InputError, KeyError, ValueError) as exc:
+        log.debug("change detector: %s not read (%s)", path, exc)
+        return None
+
+
+@dataclass(frozen=True)
+class ChangeSettings:
+    """How sure and how large a change must be before a rank alerts."""
+
+    min_ratio: float = 1.2      # least slowdown (busy time relative to peers, vs baseline)
+    threshold: float = 16.0     # CUSUM decision interval h (σ)
+    baseline_steps: int = 60    # values in a rank's baseline (median, MAD)
+    warmup_steps: int = 20      # values a rank needs before it is judged
+
+
+@dataclass(frozen=True)
+class Change:
+    """A rank's change: firing (its busy time rose `ratio`× from `since_step`), or resolved."""
+
+    rank: int
+    status: str        # firing | resolved
+    ratio: float       # busy time relative to peers, over the rank's baseline
+    since_step: int    # the estimated change point
+    at_step: int       # the step whose arrival decided it
+
+
+class RankChangeDetector:
+    """One job's ranks: step values gathered as parts arrive, judged once a step settles."""
+
+    def __init__(self, ranks: list[int], stages: dict[int, int], settings: ChangeSettings):
+        self.ranks = sorted(ranks)
+        self.index = {r: i for i, r in enumerate(self.ranks)}
+        self.s = settings
+        n, b = len(self.ranks), settings.baseline_steps
+        by_stage: dict[int, int] = {}
+        for r in self.ranks:
+            by_stage[stages.get(r, 0)] = by_stage.get(stages.get(r, 0), 0) + 1
+        per_stage = len(by_stage) > 1 and min(by_stage.values()) >= MIN_PEERS
+        self.groups = np.array([stages.get(r, 0) if per_stage else 0 for r in self.ranks])
+        self.pending: dict[int, np.ndarray] = {}   # step → busy per rank (NaN: not yet)
+        self.reported = np.full(n, -1, np.int64)   # last step each rank reported
+        self.settled = -1                          # last step judged
+        self.base = np.full((n, b), np.nan)        # in-control values (ring)
+        self.base_n = np.zeros(n, np.int64)
+        self.recent = np.full((n, RECENT), np.nan)  # every value (ring), for estimates
+        self.recent_n = np.zeros(n, np.int64)
+        self.cusum = np.zeros(n)
+        self.run = np.zeros(n, np.int64)           # steps since the CUSUM was last 0
+        self.firing: dict[int, Change] = {}        # rank → its change while it fires
+        self.fired_at = np.zeros(n, np.int64)      # recent_n when it fired
+        self.frozen = np.zeros(n)                  # the baseline median it fired against
+
+    def warm(self) -> set[int]:
+        """Ranks judged by now (a baseline learnt): their alerts can be decided."""
+        return {r for r, i in self.index.items() if self.base_n[i] >= self.s.warmup_steps}
+
+    def add(self, rank: int, steps: np.ndarray, busy: np.ndarray) -> None:
+        """One part's busy time per step (steps already judged are late and left out)."""
+        i = self.index.get(rank)
+        if i is None or not len(steps):
+            return
+        for step, value in zip(steps.tolist(), busy.tolist()):
+            if step <= self.settled or not value > 0:
+                continue
+            row = self.pending.get(step)
+            if row is None:
+                row = self.pending[step] = np.full(len(self.ranks), np.nan)
+            row[i] = value
+        self.reported[i] = max(self.reported[i], int(steps.max()))
+
+    def settle(self) -> list[Change]:
+        """Judge every step all ranks reported (or half are SETTLE_LAG past); the changes."""
+        if not self.pending:
+            return []
+        through = max(int(self.reported.min()), int(np.median(self.reported)) - SETTLE_LAG)
+        out: list[Change] = []
+        for step in sorted(s for s in self.pending if s <= through):
+            out.extend(self._judge(step, self._relative(self.pending.pop(step))))
+            self.settled = step
+        return out
+
+    def _relative(self, busy: np.ndarray) -> np.ndarray:
+        """log busy time less its peers' median (NaN where a rank or its peers are missing)."""
+        y = np.log(busy)
+        if len(self.ranks) < MIN_PEERS:
+            return y   # no peers: the rank's own baseline alone
+        out = np.full(len(y), np.nan)
+        for g in np.unique(self.groups):
+            members = self.groups == g
+            values = y[members]
+            if np.count_nonzero(~np.isnan(values)) >= MIN_PEERS:
+                out[members] = values - np.nanmedian(values)
+        return out
+
+    def _judge(self, step: int, y: np.ndarray) -> list[Change]:
+        seen = ~np.isnan(y)
+        warm = seen & (self.base_n >= self.s.warmup_steps)
+        h, out = self.s.threshold, []
+        mu, sigma = self._baseline(warm)
+        rows = np.flatnonzero(seen)
+        self.recent[rows, self.recent_n[rows] % RECENT] = y[rows]
+        self.recent_n[rows] += 1
+        firing = self._firing_mask()
+        for i in np.flatnonzero(warm & firing):
+            change = self._maybe_resolved(i, step)
+            if change is not None:
+                out.append(change)
+        judged = warm & ~firing
+        z = np.clip((y - mu) / sigma, -CLIP, CLIP)
+        self.cusum[judged] = np.maximum(0.0, self.cusum[judged] + z[judged] - K)
+        self.run[judged] = np.where(self.cusum[judged] > 0, self.run[judged] + 1, 0)
+        for i in np.flatnonzero(judged & (self.cusum >= h)):
+            change = self._maybe_fired(i, step, mu[i])
+            if change is not None:
+                out.append(change)
+        # the baseline learns in-control values only (not a change being accumulated)
+        learn = seen & ((self.base_n < self.s.warmup_steps)
+                        | ((self.cusum < h / 2) & ~self._firing_mask()))
+        rows = np.flatnonzero(learn)
+        self.base[rows, self.base_n[rows] % self.s.baseline_steps] = y[rows]
+        self.base_n[rows] += 1
+        return out
+
+    def _baseline(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Median and σ (1.4826 MAD, floored) of the chosen ranks' baselines."""
+        n = len(self.ranks)
+        mu, sigma = np.zeros(n), np.full(n, MIN_SIGMA)
+        if rows.any():
+            base = self.base[rows]
+            counts = np.minimum(self.base_n[rows], self.s.baseline_steps)
+            mu[rows] = _row_medians(base, counts)
+            mad = _row_medians(np.abs(base - mu[rows][:, None]), counts)
+            sigma[rows] = np.maximum(1.4826 * mad, MIN_SIGMA)
+        return mu, sigma
+
+    def _last(self, i: int, count: int) -> np.ndarray:
+        count = int(min(count, self.recent_n[i], RECENT))
+        idx = (self.recent_n[i] - 1 - np.arange(count)) % RECENT
+        return self.recent[i, idx]
+
+    def _maybe_fired(self, i: int, step: int, mu: float) -> Change | None:
+        # the change point: where the run's values, less half the least change, sum highest
+        # from (the run itself may have begun on noise before the onset, which would dilute
+        # the estimate); the change: the median from there, over at least MIN_RUN values
+        values = self._last(i, int(self.run[i]))[::-1]   # oldest first
+        tail = np.cumsum((values - mu - math.log(self.s.min_ratio) / 2)[::-1])[::-1]
+        start = min(int(np.argmax(tail)), max(len(values) - MIN_RUN, 0))
+        shift = float(np.median(values[start:])) - mu
+        since = step - (len(values) - start) + 1
+        if shift < math.log(self.s.min_ratio):
+            # sure of a change, but too small to matter: the baseline takes it in (else a
+            # lasting 5 % drift would keep the CUSUM up and the baseline from learning)
+            self.cusum[i], self.run[i] = 0.0, 0
+            return None
+        self.frozen[i], self.fired_at[i] = mu, self.recent_n[i]
+        change = Change(self.ranks[i], "firing", math.exp(shift), since, step)
+        self.firing[self.ranks[i]] = change
+        return change
+
+    def _maybe_resolved(self, i: int, step: int) -> Change | None:
+        window = max(self.s.baseline_steps // 4, 3)
+        if self.recent_n[i] - self.fired_at[i] < window:
+            return None
+        shift = float(np.median(self._last(i, window))) - self.frozen[i]
+        if shift >= math.log(self.s.min_ratio) / 2:
+            return None
+        fired = self.firing.pop(self.ranks[i])
+        self.cusum[i], self.run[i] = 0.0, 0
+        return Change(self.ranks[i], "resolved", math.exp(shift), fired.since_step, step)
+
+    def _firing_mask(self) -> np.ndarray:
+        mask = np.zeros(len(self.ranks), bool)
+        for r in self.firing:
+            mask[self.index[r]] = True
+        return mask
+
+
+def _row_medians(a: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The median of each row's first `counts` values (the rest NaN; np.nanmedian on rows
+    goes through masked arrays, 50× slower)."""
+    ordered = np.sort(a, axis=1)   # NaN sort last
+    rows = np.arange(len(a))
+    return (ordered[rows, (counts - 1) // 2] + ordered[rows, counts // 2]) / 2
