@@ -15,8 +15,10 @@ median and 95th percentile of one lease + ack round trip. It runs quiet first, t
   loop: written on the commit thread in paced 512-row steps (one restore at a time; the other
   attackers are answered 503 Busy).
 
-Each row is the ratio of the median to a quiet run just before it, in the same process (goal:
-<= 2x), with the service process's CPU use under the attack (/proc).
+Each case alternates `--blocks` quiet and attacked blocks (the attackers paused between them),
+and its row is the median of the attacked blocks over that of the quiet ones (goal: <= 2x),
+with each block pair's own ratio, and the CPU the service and the attackers used while
+attacking (cores, /proc) beside the machine's load average.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ def start_service(db: Path) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-def attack(kind: str, url: str, i: int, stop, done=None) -> None:
+def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
+    """One attacker process: `kind` in a loop while `go` is set (paused between the measured
+    blocks; `inflight` counts its requests under way, so a quiet block starts without any)."""
     http = httpx.Client(base_url=url, timeout=600)
     if kind == "shuffle":
         client = ShardClient(url, f"huge{i}", "w", token=f"{STRANGER}{i}", timeout_s=600)
@@ -73,6 +77,10 @@ def attack(kind: str, url: str, i: int, stop, done=None) -> None:
     if kind == "owner_restore":
         body = http.get("/datasets/big/snapshot").content
     while not stop.is_set():
+        if not go.wait(0.1):
+            continue
+        with inflight.get_lock():
+            inflight.value += 1
         try:
             t0 = time.perf_counter()
             if once(kind, http, body) and done is not None:
@@ -90,6 +98,8 @@ def attack(kind: str, url: str, i: int, stop, done=None) -> None:
                 client.join()
             except Exception:  # noqa: BLE001 - the quota ends it: keep the load anyway
                 stop.wait(0.5)
+        with inflight.get_lock():
+            inflight.value -= 1
 
 
 def once(kind: str, http: httpx.Client, body: bytes) -> bool:
@@ -170,10 +180,66 @@ def summary(xs: list[float]) -> tuple[float, float]:
     return statistics.median(xs) * 1e3, xs[int(0.95 * (len(xs) - 1))] * 1e3
 
 
+def run_case(kind: str, url: str, db: Path, pid: int, args) -> dict:
+    """Quiet and attacked blocks of `--leases / --blocks` lease + ack round trips, alternated
+    (the attackers paused, then let go): this machine's other load drifts by the minute, so a
+    quiet run taken once before the attack compared blocks of different minutes."""
+    stop, go, done = mp.Event(), mp.Event(), mp.Queue()
+    inflight = mp.Value("i", 0)
+    procs = [mp.Process(target=attack, args=(kind, url, i, stop, go, inflight, done),
+                        daemon=True) for i in range(args.attackers)]
+    for p in procs:
+        p.start()
+    n = max(1, args.leases // args.blocks)
+    quiet, loaded, blocks = [], [], []
+    service = attackers = spent = 0.0
+    try:
+        for b in range(args.blocks):
+            go.clear()
+            deadline = time.monotonic() + 120
+            while inflight.value and time.monotonic() < deadline:
+                time.sleep(0.05)   # the attack's requests under way finish first
+            q = measure(url, n)
+            go.set()
+            time.sleep(3.0 if b == 0 else 1.0)   # the attack under way again
+            if kind == "owner_restore" and b == 0:
+                wait_for_staged_rows(db)
+            pids = [pid] + [p.pid for p in procs]
+            before, t0 = [cpu_s(x) for x in pids], time.perf_counter()
+            got = measure(url, n)
+            took = time.perf_counter() - t0
+            after = [cpu_s(x) for x in pids]
+            service += after[0] - before[0]
+            attackers += sum(after[1:]) - sum(before[1:])
+            spent += took
+            quiet += q
+            loaded += got
+            blocks.append(statistics.median(got) / statistics.median(q))
+    finally:
+        stop.set()
+        go.set()
+        restores = drain(done)
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    qs, ls = summary(quiet), summary(loaded)
+    row = {"quiet_ms": qs, "loaded_ms": ls, "ratio": ls[0] / qs[0], "blocks": blocks,
+           "service_cores": service / spent, "attacker_cores": attackers / spent,
+           "load": os.getloadavg()[0], "restores_s": restores}
+    print(f"{kind:<13} {qs[0]:>9.2f} {ls[0]:>10.2f} {qs[1]:>10.2f} {ls[1]:>11.2f}"
+          f" {ls[0] / qs[0]:>6.2f} {min(blocks):>7.2f}-{max(blocks):<7.2f}"
+          f" {row['service_cores']:>8.2f} {row['attacker_cores']:>10.2f} {row['load']:>5.1f}"
+          + (f"   restores whole: {', '.join(f'{x:.1f} s' for x in restores)}"
+             if restores else ""), flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--leases", type=int, default=300)
     ap.add_argument("--attackers", type=int, default=5)
+    ap.add_argument("--blocks", type=int, default=4, help="quiet/attacked block pairs per case")
     ap.add_argument("--cases", default="snapshot,status,shuffle,restore,owner_restore")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="adapt-dos-"))
@@ -187,36 +253,12 @@ def main() -> None:
         job.create_dataset(DatasetConfig("job", 500_000, 10, num_epochs=None))
         job.join()
         measure(url, 20)   # warm (its shuffle, connections)
-        print(f"{'case':<10} {'quiet ms':>9} {'loaded ms':>10} {'p95 quiet':>10}"
-              f" {'p95 loaded':>11} {'ratio':>6} {'service cores':>14}")
+        print(f"{'case':<13} {'quiet ms':>9} {'loaded ms':>10} {'p95 quiet':>10}"
+              f" {'p95 loaded':>11} {'ratio':>6} {'per block':>16} {'service':>8}"
+              f" {'attackers':>10} {'load':>5}")
         rows = {}
         for kind in args.cases.split(","):
-            # the quiet run right before each case: the machine's other load changes over time
-            quiet = summary(measure(url, args.leases))
-            stop, done = mp.Event(), mp.Queue()
-            procs = [mp.Process(target=attack, args=(kind, url, i, stop, done), daemon=True)
-                     for i in range(args.attackers)]
-            for p in procs:
-                p.start()
-            time.sleep(3.0)   # the attack under way (first snapshot built, shuffles started)
-            if kind == "owner_restore":
-                wait_for_staged_rows(db)
-            cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
-            loaded = summary(measure(url, args.leases))
-            share = (cpu_s(proc.pid) - cpu0) / (time.perf_counter() - t0)
-            stop.set()
-            restores = drain(done)
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
-            rows[kind] = {"quiet_ms": quiet, "loaded_ms": loaded,
-                          "ratio": loaded[0] / quiet[0], "service_cores": share,
-                          "restores_s": restores}
-            print(f"{kind:<10} {quiet[0]:>9.2f} {loaded[0]:>10.2f} {quiet[1]:>10.2f}"
-                  f" {loaded[1]:>11.2f} {loaded[0] / quiet[0]:>6.2f} {share:>14.2f}"
-                  + (f"   restores whole: {', '.join(f'{x:.1f} s' for x in restores)}"
-                     if restores else ""), flush=True)
+            rows[kind] = run_case(kind, url, db, proc.pid, args)
         alone = None
         if "owner_restore" in args.cases.split(","):
             t = time.perf_counter()
