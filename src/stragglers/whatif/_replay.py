@@ -35,6 +35,12 @@ def compile_plan(model: DependencyModel) -> ReplayPlan:
     return ReplayPlan(steps, len(model.deps))
 
 
+# The most bytes one replay's end times [N, D, steps] take: a longer job is replayed a few
+# steps at a time (steps are independent, so the step times are bit for bit the same) and its
+# working memory is that of a step chunk, not of the job (docs/whatif.md §5).
+CHUNK_BYTES = 256 * 2**20
+
+
 def replay(plan: ReplayPlan, cost: np.ndarray, step_start: np.ndarray,
            launch_delay: np.ndarray | None = None, keep_timeline: bool = False,
            jobs: int = 1):
@@ -45,6 +51,37 @@ def replay(plan: ReplayPlan, cost: np.ndarray, step_start: np.ndarray,
     synchronisation stays within a job): one pass replays them all.
     Returns step times [T] ([B, T] when jobs > 1), and (start, end) when keep_timeline.
     """
+    d = max(cost.shape[1], launch_delay.shape[1] if launch_delay is not None else 1)
+    t = len(step_start)
+    per_step = plan.n_nodes * d * 8 * (2 if keep_timeline else 1)
+    span = max(1, CHUNK_BYTES // max(per_step, 1))
+    if t <= span:
+        return _replay_steps(plan, cost, step_start, launch_delay, keep_timeline, jobs)
+    times, starts, ends = [], [], []
+    for lo in range(0, t, span):
+        sl = slice(lo, min(lo + span, t))
+        got = _replay_steps(plan, _steps_of(cost, sl, t), step_start[sl],
+                            None if launch_delay is None else _steps_of(launch_delay, sl, t),
+                            keep_timeline, jobs)
+        if keep_timeline:
+            got, start, end = got
+            starts.append(start)
+            ends.append(end)
+        times.append(got)
+    out = np.concatenate(times, axis=-1)
+    if keep_timeline:
+        return out, np.concatenate(starts, axis=2), np.concatenate(ends, axis=2)
+    return out
+
+
+def _steps_of(values: np.ndarray, sl: slice, t: int) -> np.ndarray:
+    """The steps `sl` of a [N, D|1, T|1] array (one broadcast along steps stays as it is)."""
+    return values[:, :, sl] if values.shape[2] == t else values
+
+
+def _replay_steps(plan: ReplayPlan, cost: np.ndarray, step_start: np.ndarray,
+                  launch_delay: np.ndarray | None, keep_timeline: bool, jobs: int):
+    """replay() of steps whose end times are held at once."""
     n = plan.n_nodes
     d = max(cost.shape[1], launch_delay.shape[1] if launch_delay is not None else 1)
     t = len(step_start)

@@ -21,6 +21,17 @@ def register(app: typer.Typer) -> None:
     """Add this capability's commands to the `stragglers` app."""
     app.command("analyze", help="How much faster would this job be without stragglers, and who "
                 "or what is to blame.")(analyze_command)
+    app.command("schema", help="Print the JSON Schema of `stragglers analyze --json` (generated "
+                "from the result types; docs/result.schema.json).")(schema_command)
+
+
+def schema_command() -> None:
+    """Print the JSON Schema of the analysis result, generated from its types."""
+    import json
+
+    from stragglers.whatif.result import json_schema
+
+    typer.echo(json.dumps(json_schema(), indent=2, ensure_ascii=False))
 
 
 def analyze_command(
@@ -89,6 +100,11 @@ def analyze_command(
         if dask is not None or workers is not None:
             result, w = _on_dask(path, dask, workers, (meta, dp_size, pp_size, tp_size, perfetto),
                                  progress, config, selection)
+        elif _streams(path, (meta, dp_size, pp_size, tp_size, perfetto)):
+            from stragglers.whatif.partitioned import analyze_run
+
+            log.info("analysing %s by step partitions", path)
+            result, w = analyze_run(path, progress=progress, config=config, **selection)
         else:
             trace = _read(path, meta, dp_size, pp_size, tp_size)
             result, w = analyze_with_model(trace, progress=progress, config=config, **selection)
@@ -126,6 +142,15 @@ def _read(path: Path, meta, dp_size, pp_size, tp_size):
     log.info("read %s ops of %s rank(s)", f"{len(trace):,}",
              len(trace.meta.extra.get("ranks_read") or []) or "all")
     return trace
+
+
+def _streams(path: Path, whole_trace_options) -> bool:
+    """Whether the analysis reads the run by step partitions (a run directory, and no option
+    that needs the whole trace in one process): its memory is then the grid's, not the trace's."""
+    from stragglers.trace.runformat import META_FILE
+
+    return path.is_dir() and (path / META_FILE).is_file() and \
+        all(v is None for v in whole_trace_options)
 
 
 def _on_dask(path: Path, address, workers, single_process_only, progress, config, selection):

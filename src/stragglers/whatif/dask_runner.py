@@ -2,7 +2,7 @@
 
 The partitions of whatif/partitioned.py mapped onto a cluster: each worker reads its steps
 from the run's Parquet files (the path must be readable where the workers run: a local
-cluster, or a shared file system) and lays them on the grid; the driver agrees the template,
+cluster, or a shared file system) and lays them on the grid; the driver merges the template,
 assembles the grid and builds the dependency model, costs and ideal costs; the replays (the
 three top-level ones and the attribution by op type, stage and DP rank) run on the workers,
 each on its steps; the diagnosis runs on the driver (it replays whole-job fixes with
@@ -74,35 +74,24 @@ def analyze_run_on_dask(path: Path | str, steps=None, progress: Callable[[str], 
 
 def analyze_with_client(client, path, steps=None, progress=None, config=None,
                         partitions: int | None = None):
-    """The partitioned analysis on an existing Dask client."""
-    from stragglers.whatif._analyze import analyze_grid
-    from stragglers.whatif.config import DEFAULT
-
-    cfg = config or DEFAULT
-    tick = progress or (lambda _msg: None)
-    if isinstance(steps, str) and steps != "all":
-        raise InputError(path, "steps", f"expected a list of steps, None or 'all', got {steps!r}")
-    layout = P.run_layout(path, None if isinstance(steps, str) else steps)
+    """The partitioned analysis (partitioned.analyze_run) on an existing Dask client: at least
+    one step partition per worker."""
     addresses = sorted(client.scheduler_info()["workers"])
-    parts = P.step_partitions(layout.steps, partitions or len(addresses))
-    tick(f"reading {len(layout.files)} rank files in {len(parts)} step partitions on "
-         f"{len(addresses)} Dask worker(s)")
-    read = [client.submit(_guarded, P.read_partition, layout, p, pure=False,
-                          workers=[addresses[i % len(addresses)]])
-            for i, p in enumerate(parts)]
-    summaries = _gather(client, [client.submit(_guarded, P.summarise, f, layout.meta.pp_size)
-                                 for f in read], tick, "read")
-    template = P.merge_summaries(summaries)
-    shared = client.scatter(template, broadcast=True)
-    placed = _gather(client, [client.submit(_guarded, P.place, f, shared) for f in read],
-                     tick, "laid on the grid")
-    del read
-    tick("assembling the grid")
-    job = P.assemble(layout, template, placed, summaries)
-    del placed
-    build = P.make_builder(lambda *a: _load_shards(client, addresses, *a))
-    return analyze_grid(job.trace, job.grid, steps, tick, cfg, build=build,
-                        job_trace=job.job_trace)
+    return P.analyze_run(path, steps, progress, config,
+                         read_all=lambda *a: _read_on_workers(client, addresses, *a),
+                         load=lambda *a: _load_shards(client, addresses, *a),
+                         partitions=partitions, min_partitions=len(addresses),
+                         where=f"on {len(addresses)} Dask worker(s)")
+
+
+def _read_on_workers(client, addresses: list[str], layout, parts: list,
+                     tick: Callable[[str], None]) -> list:
+    """ReadAll on the cluster: each partition read and laid on the grid where it is assigned
+    (round robin over the workers), the results gathered in step order."""
+    futures = [client.submit(_guarded, P.read_and_place, layout, p, pure=False,
+                             workers=[addresses[i % len(addresses)]])
+               for i, p in enumerate(parts)]
+    return _gather(client, futures, tick, "read")
 
 
 def _load_shards(client, addresses: list[str], plan, cost, delay, ideal, start):

@@ -43,6 +43,14 @@ class RunLayout:
     files: list[str]
     optional: list[str]          # optional columns some file carries (filled elsewhere)
     steps: np.ndarray            # the steps to analyse (sorted), from the files' statistics
+    # per file, its row groups as (first row, rows, lowest step, highest step): a partition
+    # reads only the row groups that hold its steps
+    groups: list[list[tuple[int, int, int, int]]] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        """Ops in the run (every step, from the files' footers)."""
+        return sum(g[1] for groups in self.groups for g in groups)
 
 
 def run_layout(directory: Path | str, steps: list[int] | None = None) -> RunLayout:
@@ -53,12 +61,12 @@ def run_layout(directory: Path | str, steps: list[int] | None = None) -> RunLayo
 
     directory = Path(directory)
     if not directory.is_dir() or not (directory / META_FILE).exists():
-        raise InputError(directory, None, "--dask/--workers read a run directory (meta.json and "
-                         "rank-NNNNN.parquet files); convert other traces with `stragglers "
-                         "trace convert` first")
+        raise InputError(directory, None, "a step-partitioned analysis reads a run directory "
+                         "(meta.json and rank-NNNNN.parquet files); convert other traces with "
+                         "`stragglers trace convert` first")
     meta, notes, files = run_contents(directory)
     optional: set[str] = set()
-    lo, hi = None, None
+    groups = []
     for f in files:
         try:
             md = pq.read_metadata(f)
@@ -68,41 +76,61 @@ def run_layout(directory: Path | str, steps: list[int] | None = None) -> RunLayo
         optional |= {c for c in OPTIONAL_COLUMNS if c in names}
         if "step" not in names:
             raise InputError(f, "step", "missing column")
-        a, b = _step_range(md, names.index("step"), f)
-        lo = a if lo is None else min(lo, a)
-        hi = b if hi is None else max(hi, b)
-    if lo is None:
+        groups.append(_row_groups(md, names.index("step"), f))
+    ranges = [(g[2], g[3]) for file_groups in groups for g in file_groups if g[1]]
+    if not ranges:
         raise InputError(directory, None, "the op tables hold no ops")
+    lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
     every = np.arange(lo, hi + 1, dtype=np.int64)
     chosen = every if steps is None else np.intersect1d(every, np.asarray(steps, np.int64))
     if steps is not None and not len(chosen):
         raise InputError(directory, "step", f"none of the requested steps are in the trace "
                          f"(it has steps {lo}–{hi})")
     return RunLayout(str(directory), meta, notes, [str(f) for f in files],
-                     [c for c in OPTIONAL_COLUMNS if c in optional], chosen)
+                     [c for c in OPTIONAL_COLUMNS if c in optional], chosen, groups)
 
 
-def _step_range(md, column: int, path) -> tuple[int, int] | tuple[None, None]:
-    """(min, max) step of a file from its row groups' statistics (read from the column if none)."""
-    lo = hi = None
+def _row_groups(md, column: int, path) -> list[tuple[int, int, int, int]]:
+    """(first row, rows, min step, max step) of each row group of a file, from its statistics
+    (the step column is read where a row group has none)."""
+    out, first = [], 0
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
-        if rg.num_rows == 0:
-            continue
+        rows = rg.num_rows
         st = rg.column(column).statistics
-        if st is None or not st.has_min_max:
+        if rows and (st is None or not st.has_min_max):
             import pyarrow.parquet as pq
-            values = pq.read_table(path, columns=["step"]).column("step").to_numpy()
-            return (int(values.min()), int(values.max())) if len(values) else (lo, hi)
-        lo = int(st.min) if lo is None else min(lo, int(st.min))
-        hi = int(st.max) if hi is None else max(hi, int(st.max))
-    return lo, hi
+            try:
+                values = pq.ParquetFile(path).read_row_group(g, columns=["step"])
+            except Exception as exc:  # noqa: BLE001 - any Arrow failure names the file
+                raise InputError(path, None, f"not a readable Parquet file ({exc})") from None
+            values = values.column("step").to_numpy()
+            lo, hi = int(values.min()), int(values.max())
+        else:
+            lo, hi = (int(st.min), int(st.max)) if rows else (0, -1)
+        out.append((first, rows, lo, hi))
+        first += rows
+    return out
 
 
 def step_partitions(steps: np.ndarray, n: int) -> list[np.ndarray]:
     """The steps cut into at most n contiguous partitions of (nearly) equal size."""
     n = max(1, min(n, len(steps)))
     return [p for p in np.array_split(steps, n) if len(p)]
+
+
+# Bytes one op row takes while its partition is read and laid on the grid (the Arrow table,
+# its columns, the grid cells and the indices placing them), measured on synthetic runs.
+BYTES_PER_ROW = 200
+# What one partition may take: the run is cut into as many step partitions as this needs.
+PARTITION_BYTES = 1 << 30
+
+
+def partitions_for(layout: RunLayout, budget: int = PARTITION_BYTES) -> int:
+    """How many step partitions keep one partition's reading under `budget` bytes."""
+    every = max(1, int(layout.steps.max() - layout.steps.min() + 1)) if len(layout.steps) else 1
+    rows = layout.rows * len(layout.steps) / every
+    return max(1, int(np.ceil(rows * BYTES_PER_ROW / budget)))
 
 
 # --- a partition (worker) ----------------------------------------------------------------
@@ -115,41 +143,68 @@ class Partition:
     source: str
 
 
-def read_partition(layout: RunLayout, steps: np.ndarray) -> Partition:
-    """The rows of these steps from every rank file, in the order read_run reads them."""
-    import pyarrow.parquet as pq
+def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition:
+    """The rows of these steps from every rank file, in the order read_run reads them (the
+    files read on `pool`'s threads where given: Parquet decoding releases the GIL)."""
+    from stragglers.trace.runformat import check_against_meta
 
-    from stragglers.trace.columns import table_to_columns
-    from stragglers.trace.runformat import check_against_meta, read_parquet
-
-    parts, pos = [], []
     lo, hi = int(steps.min()), int(steps.max())
-    for i, f in enumerate(layout.files):
-        step = pq.read_table(f, columns=["step"]).column("step").to_numpy()
-        keep = (step >= lo) & (step <= hi)
-        if len(steps) != hi - lo + 1:
-            keep &= np.isin(step, steps)
-        if not keep.any():
-            continue
-        rows = np.flatnonzero(keep)
-        table = read_parquet(Path(f)).take(rows)
-        cols = table_to_columns(table, f)
-        for c in layout.optional:
-            if c not in cols:
-                cols[c] = np.full(len(rows), OPTIONAL_FILL[c], dtype=OPTIONAL_COLUMNS[c])
-        parts.append(cols)
-        pos.append((np.int64(i) << 40) | rows.astype(np.int64))
+    every = len(steps) == hi - lo + 1
+    jobs = [(i, f, [(k, g) for k, g in enumerate(groups) if g[1] and g[2] <= hi and g[3] >= lo])
+            for i, (f, groups) in enumerate(zip(layout.files, layout.groups))]
+    jobs = [j for j in jobs if j[2]]
+
+    def read(job):
+        return _read_groups(layout, *job, steps, lo, hi, every)
+
+    got = [r for r in (pool.map(read, jobs) if pool is not None else map(read, jobs)) if r]
     names = list(COLUMNS) + list(layout.optional)
-    if not parts:
+    if not got:
         ops = {c: np.empty(0, dtype=COLUMNS.get(c, OPTIONAL_COLUMNS.get(c))) for c in names}
         return Partition(ops, np.empty(0, np.int64), layout.directory)
-    ops = {c: np.concatenate([p[c] for p in parts]) for c in names}
+    ops = {c: np.concatenate([p[c] for p, _ in got]) for c in names}
+    position = np.concatenate([pos for _, pos in got])
+    del got
     # the ranges only: whether every stage holds ops is a question for the whole run (assemble)
     every_stage = np.arange(layout.meta.pp_size, dtype=ops["stage"].dtype)
     check_against_meta({"dp_rank": ops["dp_rank"], "stage": np.concatenate([ops["stage"],
                                                                              every_stage])},
                        layout.meta, layout.directory, Path(layout.directory) / "meta.json")
-    return Partition(ops, np.concatenate(pos), layout.directory)
+    return Partition(ops, position, layout.directory)
+
+
+def _read_groups(layout: RunLayout, index: int, path: str, groups: list, steps: np.ndarray,
+                 lo: int, hi: int, every: bool):
+    """(columns, positions) of one file's rows at `steps`, read from the row groups holding
+    them (`groups`: (number, (first row, rows, min step, max step))); None when none are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stragglers.trace.columns import table_to_columns
+
+    try:
+        table = pq.ParquetFile(path).read_row_groups([k for k, _ in groups])
+    except FileNotFoundError:
+        raise InputError(path, None, "no such file") from None
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(path, None, f"not a readable Parquet file ({first})") from None
+    step = table.column("step").to_numpy()
+    keep = (step >= lo) & (step <= hi)
+    if not every:
+        keep &= np.isin(step, steps)
+    if not keep.any():
+        return None
+    rows = np.concatenate([np.arange(g[0], g[0] + g[1], dtype=np.int64)
+                           for _, g in groups])[keep]
+    if not keep.all():
+        table = table.filter(pa.array(keep))
+    cols = table_to_columns(table, path)
+    del table
+    for c in layout.optional:
+        if c not in cols:
+            cols[c] = np.full(len(rows), OPTIONAL_FILL[c], dtype=OPTIONAL_COLUMNS[c])
+    return cols, (np.int64(index) << 40) | rows
 
 
 def node_keys(part: Partition) -> np.ndarray:
@@ -235,6 +290,8 @@ class PlacedPartition:
     row: np.ndarray              # index into `columns` (-1 where absent)
     pg: np.ndarray | None        # [N, D] max pg over the partition's steps (-1 none)
     columns: dict[str, np.ndarray]   # DIAGNOSIS_COLUMNS of the partition's rows
+    keys: np.ndarray             # [N] the template ops it was laid on
+    dp_ranks: np.ndarray         # [D] ... and DP ranks
 
 
 def place(part: Partition, template: Template) -> PlacedPartition:
@@ -261,7 +318,39 @@ def place(part: Partition, template: Template) -> PlacedPartition:
     shape = (n, d, t)
     columns = {c: ops[c] for c in DIAGNOSIS_COLUMNS if c in ops}
     return PlacedPartition(steps, start.reshape(shape), duration.reshape(shape),
-                           (counts > 0).reshape(shape), row.reshape(shape), pg, columns)
+                           (counts > 0).reshape(shape), row.reshape(shape), pg, columns,
+                           template.keys, template.dp_ranks)
+
+
+def read_and_place(layout: RunLayout, steps: np.ndarray, pool=None
+                   ) -> tuple[PartitionSummary, PlacedPartition | None]:
+    """One step partition read, summarised and laid on a grid of its own template ops and DP
+    ranks (assemble lays it on the job's): one pass over the run, no partition kept."""
+    part = read_partition(layout, steps, pool)
+    summary = summarise(part, layout.meta.pp_size)
+    if not summary.rows:
+        return summary, None
+    own = Template(summary.keys, summary.dp_ranks, summary.last_mc, summary.last_gmc)
+    return summary, place(part, own)
+
+
+def on_template(p: PlacedPartition, template: Template) -> PlacedPartition:
+    """A placed partition on the job's template (a partition may lack some ops or DP ranks)."""
+    if np.array_equal(p.keys, template.keys) and np.array_equal(p.dp_ranks, template.dp_ranks):
+        return p
+    at = np.ix_(np.searchsorted(template.keys, p.keys),
+                np.searchsorted(template.dp_ranks, p.dp_ranks))
+    shape = (len(template.keys), len(template.dp_ranks), len(p.steps))
+
+    def spread(values, fill, dtype, dims=shape):
+        out = np.full(dims, fill, dtype=dtype)
+        out[at] = values
+        return out
+
+    return PlacedPartition(p.steps, spread(p.start, np.nan, float), spread(p.duration, 0.0, float),
+                           spread(p.present, False, bool), spread(p.row, -1, np.int64),
+                           None if p.pg is None else spread(p.pg, -1, np.int64, shape[:2]),
+                           p.columns, template.keys, template.dp_ranks)
 
 
 # --- the job assembled (driver) ----------------------------------------------------------
@@ -276,7 +365,8 @@ class Assembled:
 
 def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition],
              summaries: list[PartitionSummary]) -> Assembled:
-    """The grid build_grid would make of the whole run, from its partitions (in step order)."""
+    """The grid build_grid would make of the whole run, from its partitions (in step order;
+    their grid arrays are consumed: each is freed once copied into the job's)."""
     meta = layout.meta
     keys = template.keys
     node_stage = (keys >> (_SEQ_BITS + _OPTYPE_BITS)).astype(np.int32)
@@ -286,6 +376,7 @@ def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition
     from stragglers.trace.runformat import check_against_meta
     check_against_meta({"dp_rank": template.dp_ranks, "stage": stages}, meta, layout.directory,
                        Path(layout.directory) / "meta.json")
+    placed = [on_template(p, template) for p in placed]
     steps = np.concatenate([p.steps for p in placed])
     present = np.concatenate([p.present for p in placed], axis=2)
     warnings: list[str] = []
@@ -295,11 +386,12 @@ def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition
         raise InputError(layout.directory, None, "no step has ops from every worker; "
                          + (warnings[0] if warnings else "cannot analyse"))
     present = present[:, :, complete]
-    start = np.concatenate([p.start for p in placed], axis=2)[:, :, complete]
-    duration = np.concatenate([p.duration for p in placed], axis=2)[:, :, complete]
     offsets = np.cumsum([0] + [len(p.columns["rank"]) for p in placed])
-    row = np.concatenate([np.where(p.row >= 0, p.row + off, -1)
-                          for p, off in zip(placed, offsets)], axis=2)[:, :, complete]
+    for p, off in zip(placed, offsets):   # (a copy: arrays from Dask workers are read-only)
+        p.row = np.where(p.row >= 0, p.row + off, -1)
+    start = _joined(placed, "start", complete)
+    duration = _joined(placed, "duration", complete)
+    row = _joined(placed, "row", complete)
     columns = {c: np.concatenate([p.columns[c] for p in placed]) for c in placed[0].columns}
     pp = max(meta.pp_size, int(node_stage.max()) + 1)
     node_mc = np.maximum(template.node_mc_raw, 0).astype(np.int64)
@@ -321,6 +413,22 @@ def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition
                        "rank": np.unique(np.concatenate([s.ranks for s in summaries])),
                        "step": cells}, meta, layout.directory, list(layout.notes))
     return Assembled(grid, trace, job_trace)
+
+
+def _joined(placed: list[PlacedPartition], name: str, complete: np.ndarray) -> np.ndarray:
+    """The partitions' `name` arrays joined along steps (complete steps only), each freed once
+    copied: the job's grid is built beside one array of it, not beside a second grid."""
+    first = getattr(placed[0], name)
+    out = np.empty(first.shape[:2] + (int(complete.sum()),), dtype=first.dtype)
+    at = to = 0
+    for p in placed:
+        values = getattr(p, name)
+        keep = complete[at:at + values.shape[2]]
+        at += values.shape[2]
+        out[:, :, to:to + int(keep.sum())] = values if keep.all() else values[:, :, keep]
+        to += int(keep.sum())
+        setattr(p, name, None)
+    return out
 
 
 # --- replays by step partition -----------------------------------------------------------
@@ -408,3 +516,75 @@ def make_builder(load: Callable[[ReplayPlan, np.ndarray, np.ndarray, np.ndarray,
                                  replay_all=replay_all)
 
     return build
+
+
+# --- the analysis of a run by step partitions (driver) -----------------------------------
+# (layout, partitions, progress) → [(summary, placed partition or None)] in step order
+ReadAll = Callable[[RunLayout, list, Callable[[str], None]], list]
+# threads reading one partition's rank files here (Parquet decoding releases the GIL)
+READ_THREADS = 4
+
+
+def analyze_run(path: Path | str, steps=None, progress: Callable[[str], None] | None = None,
+                config=None, *, read_all: ReadAll | None = None, load=None,
+                partitions: int | None = None, min_partitions: int = 1,
+                where: str = "in this process"):
+    """(AnalysisResult, WhatIf) of a run directory by step partitions: the numbers of
+    analyze_with_model(read_run(path)), the trace never held whole (only the grid the
+    diagnosis reads). `read_all` reads and places the partitions (default: one at a time in
+    this process), `load` places the replay shards (default: step slices here);
+    whatif/dask_runner.py gives both on a cluster. `partitions` default: enough to keep one
+    partition's reading under PARTITION_BYTES, at least `min_partitions`."""
+    from stragglers.whatif._analyze import analyze_grid
+    from stragglers.whatif.config import DEFAULT
+
+    cfg = config or DEFAULT
+    tick = progress or (lambda _msg: None)
+    if isinstance(steps, str) and steps != "all":
+        raise InputError(path, "steps", f"expected a list of steps, None or 'all', got {steps!r}")
+    layout = run_layout(path, None if isinstance(steps, str) else steps)
+    parts = step_partitions(layout.steps,
+                            partitions or max(min_partitions, partitions_for(layout)))
+    tick(f"reading {len(layout.files)} rank files in {len(parts)} step partitions {where}")
+    got = (read_all or read_here)(layout, parts, tick)
+    summaries = [s for s, _ in got]
+    placed = [p for _, p in got if p is not None]
+    del got
+    if not placed:
+        raise InputError(layout.directory, "step", "the selected steps hold no ops")
+    template = merge_summaries(summaries)
+    tick("assembling the grid")
+    job = assemble(layout, template, placed, summaries)
+    del placed
+    return analyze_grid(job.trace, job.grid, steps, tick, cfg, build=make_builder(load or shards_here),
+                        job_trace=job.job_trace)
+
+
+def read_here(layout: RunLayout, parts: list, tick: Callable[[str], None]) -> list:
+    """ReadAll in this process: one partition at a time, its files on a few threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = []
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        for i, steps in enumerate(parts, 1):
+            out.append(read_and_place(layout, steps, pool))
+            tick(f"{i}/{len(parts)} step partitions read")
+    return out
+
+
+def shards_here(plan: ReplayPlan, cost: np.ndarray, delay: np.ndarray, ideal: np.ndarray,
+                start: np.ndarray) -> ReplayAll:
+    """The replay_all of step slices of the costs in this process: an attribution replay's
+    copies (restored costs, pairs of replicas) are a slice's, not the job's."""
+    from stragglers.whatif._replay import CHUNK_BYTES
+
+    n, d, t = cost.shape
+    span = max(1, CHUNK_BYTES // max(1, n * d * 16))   # 'pairs' replays twice the DP ranks
+    shards = [ReplayShard(plan, cost[:, :, lo:lo + span], delay[:, :, lo:lo + span], ideal,
+                          start[lo:lo + span]) for lo in range(0, t, span)]
+
+    def replay_all(kind: str, nodes) -> np.ndarray:
+        """One replay on every slice, per-step results in step order."""
+        return np.concatenate([shard_replay(s, kind, nodes) for s in shards], axis=-1)
+
+    return replay_all
