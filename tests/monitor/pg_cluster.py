@@ -7,7 +7,9 @@ loopback TCP on a free port; `stop()` stops it (immediate mode) and removes the 
 
 from __future__ import annotations
 
+import atexit
 import glob
+import itertools
 import os
 import pwd
 import shutil
@@ -15,6 +17,8 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+import pytest
 
 
 def postgres_bin() -> Path | None:
@@ -98,3 +102,34 @@ class PostgresCluster:
                       "-w", "stop", timeout=60)
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_CLUSTER: list[PostgresCluster] = []
+_names = itertools.count()
+
+
+def shared_cluster() -> PostgresCluster:
+    """The session's one server (started at first use, stopped when the process exits)."""
+    if not _CLUSTER:
+        _CLUSTER.append(PostgresCluster().start())
+        atexit.register(_CLUSTER[0].stop)
+    return _CLUSTER[0]
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> PostgresCluster:
+    """A PostgreSQL server (initdb + pg_ctl in a temporary directory) for the whole session;
+    the tests that need it skip, saying why, where the binaries are absent. (A fixture of this
+    module, imported by the test modules that use it: a tests/monitor/conftest.py would shadow
+    the `conftest` the tests import helpers from.)"""
+    reason = why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    pytest.importorskip("psycopg", reason="the [postgres] extra (psycopg) is not installed")
+    return shared_cluster()
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster) -> str:
+    """A fresh, empty schema on the session's server (as good as a database of its own)."""
+    return postgres_cluster.create_schema(f"t{next(_names)}")

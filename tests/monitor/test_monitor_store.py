@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from pg_cluster import postgres_cluster, postgres_url  # noqa: F401 - fixtures
 
 from stragglers.monitor.alerts import AlertEngine, parse_rules
 from stragglers.monitor.store import JobConflict, PostgresStore, SQLiteStore, open_store

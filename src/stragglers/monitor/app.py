@@ -121,11 +121,13 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     @app.get("/health")
     async def health():
         """Liveness: answers while the service runs."""
-        return {"ok": True, "jobs": len(monitor.directories), "idle": monitor.idle()}
+        return {"ok": True, "jobs": len(monitor.directories), "idle": monitor.idle(),
+                "instance": monitor.instance, "jobs_held": len(monitor.leases.held)}
 
     @app.get("/metrics", dependencies=read)
     async def metrics():
-        """Prometheus text exposition."""
+        """Prometheus text exposition (every job's, whichever instance analyses it)."""
+        monitor.refresh_metrics()
         return Response(monitor.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/api/jobs", dependencies=read)

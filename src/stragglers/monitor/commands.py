@@ -20,8 +20,11 @@ def _group() -> None:
 
 @group.command("serve")
 def serve(
-    db: Path = typer.Option(Path("stragglers-monitor.db"), "--db",
-                            help="SQLite file holding jobs, windows and alerts (created if absent)"),
+    db: str = typer.Option("stragglers-monitor.db", "--db",
+                           help="SQLite file holding jobs, windows and alerts (created if "
+                           "absent), or a postgresql://USER@HOST/DB URL that several instances "
+                           "share (they divide the jobs by leases; needs --data-dir on a "
+                           "shared file system)"),
     watch: list[Path] = typer.Option([], "--watch", help="a run directory, or a folder of run "
                                      "directories, to follow (repeatable)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (loopback by "
@@ -51,7 +54,7 @@ def serve(
     # re-import there); a config file may still say analysis_process: false
     server = MonitorServer(db, watch, host, port, read_token_file(token_file), private, config,
                            data_dir, defaults={"analysis_process": True})
-    typer.echo(f"stragglers monitor on {server.url} (store {db}"
+    typer.echo(f"stragglers monitor on {server.url} (store {server.store.path}"
                + (f", watching {', '.join(map(str, watch))}" if watch else "")
                + "); Ctrl-C stops it", err=False)
     server.run()

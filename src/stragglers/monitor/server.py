@@ -18,20 +18,22 @@ log = logging.getLogger(__name__)
 class MonitorServer:
     """The whole service; `start()` serves on a thread, `run()` in the foreground."""
 
-    def __init__(self, db: Path, watch: list[Path] = (), host: str = "127.0.0.1",
+    def __init__(self, db: Path | str, watch: list[Path] = (), host: str = "127.0.0.1",
                  port: int = 8150, token: str | None = None, private: bool = False,
                  config_file: Path | None = None, data_dir: Path | None = None,
                  config: MonitorConfig | None = None, defaults: dict | None = None):
         from stragglers.monitor.app import create_app
         from stragglers.monitor.ingest_files import DirectoryWatcher
         from stragglers.monitor.service import Monitor
-        from stragglers.monitor.store import Store
+        from stragglers.monitor.store import is_postgres_url, open_store
 
-        db = Path(db)
-        if db.is_dir():
-            raise InputError(db, None, "expected a SQLite file, got a directory")
-        if not db.parent.is_dir():
-            raise InputError(db, None, f"directory {db.parent} does not exist")
+        if not is_postgres_url(db):
+            db = Path(db)
+            if db.is_dir():
+                raise InputError(db, None, "expected a SQLite file or a postgresql:// URL, got "
+                                 "a directory")
+            if not db.parent.is_dir():
+                raise InputError(db, None, f"directory {db.parent} does not exist")
         if private and token is None:
             raise InputError("--private", None, "needs --token-file (reads are guarded by it)")
         if token is None and not is_loopback(host):
@@ -54,7 +56,7 @@ class MonitorServer:
         self.sock = listen_socket(host, self.port)
         self.port = self.sock.getsockname()[1]
         external = str(raw.get("external_url") or self.url)
-        self.store = Store(db, durable=cfg.durable)
+        self.store = open_store(db, durable=cfg.durable)
         self.monitor = Monitor(self.store, cfg, rules, webhooks, data_dir, external,
                                str(raw.get("receiver") or "stragglers"))
         self.watcher = DirectoryWatcher(self.monitor, list(watch)) if watch else None

@@ -13,10 +13,10 @@ between running, stalled and finished.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import queue
-import sqlite3
 import threading
 import time
 from collections import deque
@@ -27,16 +27,18 @@ from pathlib import Path
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.monitor.alerts import AlertEngine, WebhookSender, parse_rules
+from stragglers.monitor.alerts import AlertEngine, parse_rules
 from stragglers.monitor.analyser import WindowAnalyser
+from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.jobmeta import check_meta, is_new_run
+from stragglers.monitor.outbox import OutboxSender
 from stragglers.monitor.parts import PartConflict, PartData, PartFile, check_file_in_job, \
     check_in_job, check_same_part, check_step_gaps, is_whole_rank_file, part_path, read_part_file, \
     read_part_files, read_part_footer, read_part_footers, read_upload, read_uploads, \
     sync_directory, write_part_file
 from stragglers.monitor.settings import MonitorConfig
-from stragglers.monitor.store import JobConflict, Store
+from stragglers.monitor.store import JobConflict, SQLStore
 from stragglers.monitor.windows import JobTracker, Window
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import rank_file_name
@@ -66,11 +68,15 @@ class PartIn:
 class Monitor:
     """Jobs, their windows, alerts and metrics; `start()` runs it, `stop()` ends it."""
 
-    def __init__(self, store: Store, config: MonitorConfig | None = None,
+    def __init__(self, store: SQLStore, config: MonitorConfig | None = None,
                  rules: list | None = None, webhooks: list[str] | tuple = (),
                  data_dir: Path | None = None, external_url: str = "",
-                 receiver: str = "stragglers"):
+                 receiver: str = "stragglers", instance: str | None = None):
         self.store, self.config = store, config or MonitorConfig()
+        if data_dir is None and store.shared:
+            raise InputError("--data-dir", None, "a shared store (PostgreSQL) needs the folder "
+                             "uploads are written to, one every instance reads (a shared file "
+                             "system)")
         self.data_dir = Path(data_dir) if data_dir else Path(store.path + ".uploads")
         # uploads are written there: a folder that cannot be is refused now, not at the first
         # upload of a job (a 5xx to a recorder that can do nothing about it)
@@ -85,7 +91,17 @@ class Monitor:
         self.alerts = AlertEngine(rules if rules is not None else parse_rules(None), store,
                                   self.config.repeat_s, external_url)
         self.receiver = receiver
-        self.senders = [WebhookSender(url) for url in webhooks]
+        # this instance's name in the leases, and its share of the jobs (leases.py)
+        self.instance = instance or instance_id(store)
+        self.leases = LeaseKeeper(store, self.instance, external_url, self.config.lease_s,
+                                  self._gained, self._lost)
+        # alert messages leave from the store's outbox, written with their alert change
+        self.outbox = OutboxSender(store, self.instance, self.alerts, receiver, webhooks,
+                                   self.config.alert_claim_s)
+        self.part_seqs: dict[str, int] = {}   # owned job → last part sequence number taken
+        self.runs: dict[str, tuple] = {}      # owned job → (run number, metadata text) taken
+        self._foreign: dict[str, ForeignJob] = {}
+        self._metrics_at = 0.0
         self.analyser = WindowAnalyser(in_process=not self.config.analysis_process)
         self.trackers: dict[str, JobTracker] = {}
         self.states: dict[str, str] = {}
@@ -94,8 +110,9 @@ class Monitor:
         self.quarantined: dict[str, str] = {}   # job → why its stored rows cannot be used
         # directories whose paths readers of /api/stats are not shown (the watcher adds its
         # roots): the uploads folder and the store's
-        self.private_roots = {str(self.data_dir.resolve()), str(self.data_dir),
-                              str(Path(store.path).resolve().parent)}
+        self.private_roots = {str(self.data_dir.resolve()), str(self.data_dir)}
+        if not store.shared:
+            self.private_roots.add(str(Path(store.path).resolve().parent))
         self._lock = threading.RLock()
         self._ingest: queue.Queue = queue.Queue()
         self._analysis: queue.Queue = queue.Queue()
@@ -105,6 +122,7 @@ class Monitor:
         self._threads: list[threading.Thread] = []
         self._readers: ThreadPoolExecutor | None = None
         self._writers: ThreadPoolExecutor | None = None
+        self._ingest_started: float | None = None   # the batch being stored: its oldest part
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -115,13 +133,15 @@ class Monitor:
             try:
                 job = self.store.job(row["job"])
                 self.directories[job["job"]] = Path(job["directory"])
-                self.states[job["job"]] = job["state"]
                 self.metrics.set_state(job["job"], job["state"])
             except Exception as exc:   # noqa: BLE001 - a damaged row: that job only
                 self._quarantine(str(row["job"]), exc)
-                continue
-            if job["state"] != "finished" and job["meta"]:
-                self._rebuild_or_quarantine(job)
+        # the first heartbeat, before any thread: the jobs this instance holds are rebuilt
+        # now (alone, as with SQLite, every job; the lease of a restarted SQLite monitor is
+        # its own)
+        self.leases.beat()
+        self.leases.start()
+        self.outbox.start()
         self._readers = ThreadPoolExecutor(self.config.read_threads,
                                            thread_name_prefix="stragglers-monitor-read")
         self._writers = ThreadPoolExecutor(self.config.write_threads,
@@ -140,7 +160,14 @@ class Monitor:
             temps = list(self.data_dir.glob("*/*.tmp"))
         except OSError:
             return
+        # on a shared folder another instance may be writing one now: only old ones go
+        young = time.time() - 600 if self.store.shared else float("inf")
         for tmp in temps:
+            try:
+                if tmp.stat().st_mtime > young:
+                    continue
+            except OSError:
+                continue
             if tmp.name.startswith(("rank-", "meta.json.")):
                 try:
                     tmp.unlink()
@@ -158,8 +185,9 @@ class Monitor:
             if pool is not None:
                 pool.shutdown(wait=True)
         self.analyser.close()
-        for s in self.senders:
-            s.close()
+        self.outbox.close()
+        # a clean stop hands the leases back: the other instances take the jobs at once
+        self.leases.stop(release=bool(self._threads))
 
     def idle(self) -> bool:
         """Nothing queued or in progress (for tests and benchmarks)."""
@@ -195,13 +223,18 @@ class Monitor:
                 raise InputError(job, "job", str(exc)) from None
             self.directories[job] = Path(directory)
             self.quarantined.pop(job, None)   # good metadata again: the job is back
+            self._foreign.pop(job, None)
             tracker = self.trackers.get(job)
-            if tracker is None:
-                self._rebuild_or_quarantine(self.store.job(job))
-            else:
+            if tracker is not None:
                 tracker.set_meta(meta)
+                self.runs[job] = self._run_mark(job)
+            elif self.leases.holds(job) or not self.leases.take(job):
+                # held here without a tracker (quarantined until now), or held elsewhere
+                # (its holder finds the new metadata in the store)
+                if self.leases.holds(job):
+                    self._rebuild_or_quarantine(self.store.job(job))
             if self.states.get(job, "quarantined") == "quarantined" and \
-                    job not in self.quarantined:
+                    job not in self.quarantined and self.leases.holds(job):
                 self.states[job] = "running"
                 self.metrics.set_state(job, "running")
         return meta
@@ -212,7 +245,10 @@ class Monitor:
         run's history only (the old one's windows were shown as the new run's, and its alerts
         kept firing)."""
         alert_rows, log_rows, messages = self.alerts.on_reset(job)
-        self.store.reset_job(job, raw_meta, alert_rows, log_rows)
+        # once: two instances that see the new run both come here, the first resets it
+        if not self.store.reset_job(job, raw_meta, alert_rows, log_rows,
+                                    still_old=lambda stored: is_new_run(stored, raw_meta)):
+            return
         self.trackers.pop(job, None)
         self.analyser.forget(str(self.directories.get(job, "")))
         self.states[job] = "running"
@@ -221,15 +257,81 @@ class Monitor:
                     "again", job)
         self._deliver(job, messages)
 
-    def tracker(self, job: str) -> JobTracker | None:
-        """The job's tracker, rebuilt from the store if the job finished and comes back."""
+    def tracker(self, job: str) -> JobTracker | ForeignJob | None:
+        """The job's tracker (rebuilt from the store if the job finished and comes back) when
+        this instance holds its lease; a ForeignJob (its metadata, for checking parts stored
+        here) when another instance does; None for a job unknown or set aside."""
         with self._lock:
             tr = self.trackers.get(job)
-            if tr is None and job in self.directories and job not in self.quarantined:
+            if tr is not None:
+                return tr
+            if job not in self.directories and job not in self.quarantined:
+                row = self.store.job(job)   # registered by another instance since
+                if row is None:
+                    return None
+                self.directories[job] = Path(row["directory"])
+            if job in self.quarantined:
+                return None
+            if self.leases.holds(job):
                 row = self.store.job(job)
                 if row and row["meta"]:
-                    tr = self._rebuild_or_quarantine(row)
-            return tr
+                    return self._rebuild_or_quarantine(row)
+                return None
+            return self._foreign_job(job)
+
+    def _foreign_job(self, job: str) -> ForeignJob | None:
+        """What the ingest needs of a job another instance analyses (read again each second)."""
+        view = self._foreign.get(job)
+        if view is not None and time.monotonic() - view.read_at < 1.0:
+            return view
+        row = self.store.job(job)
+        if row is None or not row["meta"]:
+            return None
+        try:
+            meta = check_meta(row["meta"], f"stored metadata of job {job!r}")
+        except Exception as exc:   # noqa: BLE001 - one job's rows must not stop the service
+            self._quarantine(job, exc)
+            return None
+        view = self._foreign[job] = ForeignJob(meta, self.store.max_step(job), time.monotonic())
+        return view
+
+    def _run_mark(self, job: str) -> tuple:
+        row = self.store.job_marks([job]).get(job) or {}
+        return row.get("run"), row.get("meta")
+
+    # ---- leases ------------------------------------------------------------------------------
+
+    def _gained(self, job: str) -> None:
+        """This instance holds the job's lease now: its tracker from the store (what the last
+        holder analysed is skipped, every later part is read)."""
+        with self._lock:
+            self._foreign.pop(job, None)
+            if job in self.quarantined:
+                return
+            try:
+                row = self.store.job(job)
+                if row is None:
+                    return
+                self.directories[job] = Path(row["directory"])
+            except Exception as exc:   # noqa: BLE001 - a damaged row: that job only
+                self._quarantine(job, exc)
+                return
+            self.states[job] = row["state"]
+            self.metrics.set_state(job, row["state"])
+            self.trackers.pop(job, None)
+            self.part_seqs[job] = int(row["part_seq"])
+            self.runs[job] = self._run_mark(job)
+            if row["state"] != "finished" and row["meta"]:
+                self._rebuild_or_quarantine(row)
+
+    def _lost(self, job: str) -> None:
+        """Another instance analyses the job now: its tracker goes (windows queued for it are
+        not stored: the fence refuses them)."""
+        with self._lock:
+            self.trackers.pop(job, None)
+            self.states.pop(job, None)
+            self.part_seqs.pop(job, None)
+            self.runs.pop(job, None)
 
     def _rebuild_or_quarantine(self, job: dict) -> JobTracker | None:
         """_rebuild, or, when the job's stored rows cannot be used (its metadata damaged or
@@ -258,8 +360,24 @@ class Monitor:
         tr = JobTracker(name, meta, self.config.window_steps, self.config.gap_wait_s,
                         consumed_step=last["last_step"] if last else -1,
                         next_idx=last["idx"] + 1 if last else 0)
+        # its windows are stored under the lease it was built under, and under no later one
+        # (a tracker of an earlier holding, lost and taken again, must not store its windows)
+        tr.lease = self.leases.lease(name)
         self.analyser.warm()  # a job means windows soon: start the analysis process now
-        for p in self.store.part_index(name):
+        index = self.store.part_index(name)
+        self.part_seqs[name] = max([self.part_seqs.get(name, 0)] + [p["seq"] for p in index])
+        self._take_stored(tr, directory, index)
+        self.analyser.read_ahead(list(tr.files))
+        self.trackers[name] = tr
+        return tr
+
+    def _take_stored(self, tr: JobTracker, directory: Path, index: list[dict]) -> list:
+        """Parts from the store into a tracker (their footers read when their steps are not
+        analysed yet); the files held for windows."""
+        held = []
+        for p in index:
+            if tr.knows(p["rank"], p["part"]):
+                continue
             columns, file = None, None
             if p["last_step"] > tr.consumed_step:   # not analysed yet: its window reads it
                 path = part_path(directory, p["rank"], p["part"])
@@ -270,14 +388,55 @@ class Monitor:
                     if file is None:
                         columns = read_part_file(path).columns
                 except InputError as exc:
-                    log.warning("job %s: stored part unreadable now: %s", name, exc)
+                    log.warning("job %s: stored part unreadable now: %s", tr.job, exc)
                     file = None
-            tr.add_part(p["rank"], p["part"], p["last_step"], columns, p["ingested_at"], file)
+            if tr.add_part(p["rank"], p["part"], p["last_step"], columns, p["ingested_at"],
+                           file):
+                held.append(file)
             if p["part"] == 0 and is_whole_rank_file(part_path(directory, p["rank"], 0)):
                 tr.mark_whole(p["rank"])
-        self.analyser.read_ahead(list(tr.files))
-        self.trackers[name] = tr
-        return tr
+        return held
+
+    def _follow_store(self, now: float) -> list:
+        """Parts, new runs and new metadata that other instances stored for the jobs held
+        here (each job's part sequence says what is new); the windows they close."""
+        with self._lock:
+            held = [j for j in self.part_seqs if self.leases.holds(j)]
+        marks = self.store.job_marks(held)
+        windows, ahead = [], []
+        with self._lock:
+            for job, mark in marks.items():
+                if job not in self.part_seqs or job in self.quarantined:
+                    continue
+                if self.runs.get(job, (None,))[0] not in (None, mark["run"]):
+                    # another instance saw a new run: start again from the store
+                    self.trackers.pop(job, None)
+                    self._gained(job)
+                    continue
+                tr = self.trackers.get(job)
+                if tr is not None and self.runs.get(job, (None, None))[1] != mark["meta"]:
+                    try:
+                        tr.set_meta(check_meta(json.loads(mark["meta"]), f"stored metadata "
+                                           f"of job {job!r}"))
+                    except Exception as exc:   # noqa: BLE001 - that job only
+                        self._quarantine(job, exc)
+                        continue
+                self.runs[job] = (mark["run"], mark["meta"])
+                if int(mark["part_seq"]) <= self.part_seqs[job]:
+                    continue
+                if tr is None:
+                    tr = self.tracker(job)   # a finished job comes back: rebuilt whole
+                    if not isinstance(tr, JobTracker):
+                        continue
+                else:
+                    index = self.store.part_index(job, self.part_seqs[job])
+                    self.part_seqs[job] = max([self.part_seqs[job]] + [p["seq"] for p in index])
+                    ahead += self._take_stored(tr, self.directories[job], index)
+                if self.states.get(job) != "running":
+                    self._set_state(job, "running")
+                windows.extend(tr.close_ready(now))
+        self.analyser.read_ahead(ahead)
+        return windows
 
     # ---- parts -------------------------------------------------------------------------------
 
@@ -335,6 +494,7 @@ class Monitor:
                     if it.done is not None and not it.done.done():
                         it.done.set_exception(exc)
             finally:
+                self._ingest_started = None
                 self._count(-len(batch))
 
     def _settle_known(self, it: PartIn) -> None:
@@ -429,6 +589,12 @@ class Monitor:
                 if not is_new:
                     self._settle_known(it)
                     continue
+                if it.job not in self.trackers:
+                    # another instance analyses this job: stored here, taken there from the
+                    # store (its part sequence)
+                    self._counted(it, data)
+                    _settle(it, "stored")
+                    continue
                 if isinstance(data, PartFile):
                     if self.trackers[it.job].add_part(it.rank, it.part, data.last_step, None,
                                                       now, data):
@@ -438,9 +604,7 @@ class Monitor:
                                                    data.columns, now)
                 if is_whole_rank_file(it.path):
                     self.trackers[it.job].mark_whole(it.rank)
-                self.metrics.parts.labels(it.way).inc()
-                self.metrics.records.labels(it.way).inc(data.records)
-                self.metrics.ingest_seconds.labels(it.way).observe(time.monotonic() - it.queued_at)
+                self._counted(it, data)
                 touched.add(it.job)
                 _settle(it, "stored")
             for job in touched:
@@ -452,6 +616,11 @@ class Monitor:
         self.analyser.read_ahead(ahead)
         for w in windows:
             self._queue_analysis(w)
+
+    def _counted(self, it: PartIn, data) -> None:
+        self.metrics.parts.labels(it.way).inc()
+        self.metrics.records.labels(it.way).inc(data.records)
+        self.metrics.ingest_seconds.labels(it.way).observe(time.monotonic() - it.queued_at)
 
     def _read_upload(self, it: PartIn) -> PartFile | InputError | None:
         path = self.directories[it.job] / rank_file_name(it.rank, it.part)
@@ -494,47 +663,74 @@ class Monitor:
                 self._count(-1)
 
     def _analyse(self, window: Window) -> None:
+        lease = window.lease
+        if lease is None or self.leases.lease(window.job) != lease:
+            return   # the job's lease moved on: its holder analyses this window's steps
         row = self.analyser.analyse(window)
         for source, problem in row.get("refused", []):
             # a watched part whose rows turned out bad (its footer was fine): the window was
             # analysed without it
             self.reject("bad_part", source, problem)
         alert_rows, log_rows, messages = self.alerts.on_window(window.job, row)
-        self._store_window(row, alert_rows, log_rows)
+        if not self._store_window(row, alert_rows, log_rows, lease):
+            log.warning("job %s window %d: not stored, the job's lease was taken by another "
+                        "instance (which analyses it from the store)", window.job, window.idx)
+            self._lost(window.job)
+            return
         self.metrics.publish_window(row)
         self.metrics.publish_latency.observe(max(0.0, time.time() - window.closed_at))
         self._deliver(window.job, messages)
 
-    def _store_window(self, row: dict, alert_rows: list, log_rows: list) -> None:
+    def _store_window(self, row: dict, alert_rows: list, log_rows: list,
+                      lease: tuple | None = None) -> bool:
         """Store an analysed window, waiting out a full disk (or a locked store) rather than
         dropping it: a window dropped while later ones were stored was never analysed again,
-        not even after a restart (its steps lay below the last stored window's)."""
+        not even after a restart (its steps lay below the last stored window's). False when
+        the lease was lost (nothing stored: the new holder analyses these steps)."""
         delay = 0.5
         while True:
             try:
-                self.store.add_window(row, alert_rows, log_rows)
-                return
-            except (sqlite3.OperationalError, OSError) as exc:
+                return self.store.add_window(row, alert_rows, log_rows, lease)
+            except (*self.store.transient_errors, OSError) as exc:
                 if delay == 0.5:
                     log.error("job %s window %d cannot be stored (%s); retrying until it can",
                               row["job"], row["idx"], exc)
                 if self._stop.wait(delay):
-                    return   # stopping: the restart analyses this window again
+                    return False   # stopping: the restart analyses this window again
                 delay = min(delay * 2, 10.0)
 
     def _state_changed(self, job: str, state: str) -> None:
+        lease = self.leases.lease(job)
+        if lease is None:
+            return   # the job's holder decides its states
         finished_at = time.time() if state == "finished" else None
         self.store.set_job_state(job, state, finished_at=finished_at)
         alert_rows, log_rows, messages = self.alerts.on_state(job, state)
-        self.store.add_alert_changes(alert_rows, log_rows)
+        self.store.add_alert_changes(alert_rows, log_rows, lease=lease, job=job)
         self._deliver(job, messages)
 
     def _deliver(self, job: str, messages: list[dict]) -> None:
+        """The messages of alert changes just stored leave from the outbox (written in the
+        same transaction as the changes): wake its sender."""
         self.metrics.open_alerts.labels(job).set(len(self.store.alerts(job=job, status="firing")))
-        for m in messages:
-            m["receiver"] = self.receiver
-            for s in self.senders:
-                s.send(m)
+        if messages:
+            self.outbox.wake()
+
+    def refresh_metrics(self) -> None:
+        """/metrics for every job: the jobs other instances analyse are shown from the store
+        (state, S and waste of the latest window, alerts firing), at most once a second."""
+        if time.monotonic() - self._metrics_at < 1.0:
+            return
+        self._metrics_at = time.monotonic()
+        for row in self.store.jobs():
+            job = row["job"]
+            if self.leases.holds(job):
+                continue
+            self.metrics.set_state(job, row["state"])
+            self.metrics.open_alerts.labels(job).set(row["open_alerts"])
+            if row["slowdown"] is not None:
+                self.metrics.slowdown.labels(job).set(row["slowdown"])
+                self.metrics.waste.labels(job).set(1.0 - 1.0 / row["slowdown"])
 
     def _set_state(self, job: str, state: str) -> None:
         self.states[job] = state
@@ -552,7 +748,7 @@ class Monitor:
         """Close windows whose missing parts were given up on; move jobs between states."""
         now = time.time() if now is None else now
         cfg = self.config
-        windows = []
+        windows = self._follow_store(now)
         with self._lock:
             for job, tr in list(self.trackers.items()):
                 windows.extend(tr.close_ready(now))

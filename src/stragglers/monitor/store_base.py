@@ -274,16 +274,19 @@ class SQLStore:
                    lease: tuple[str, int] | None = None) -> bool:
         """Store one analysed window with the alert changes it caused (and their messages,
         in the outbox), in one transaction; with `lease` (owner, epoch) only while that lease
-        holds the job: False (nothing stored) when another instance took it over."""
+        holds the job. False (nothing stored) when another instance took it over, or when the
+        window was stored already."""
         values = {**row, "steps": json.dumps(row["steps"]), "scores": json.dumps(row["scores"]),
                   "diagnosis": json.dumps(row["diagnosis"]),
                   "missing_ranks": json.dumps(row["missing_ranks"])}
         values = {k: values[k] for k in WINDOW_COLUMNS}
-        sql = _upsert("windows", WINDOW_COLUMNS, ("job", "idx"))
+        sql = (f"INSERT INTO windows ({', '.join(WINDOW_COLUMNS)}) VALUES "
+               f"({', '.join(':' + c for c in WINDOW_COLUMNS)}) ON CONFLICT (job, idx) DO NOTHING")
 
         def tx(db):
             self._fence(db, row["job"], lease)
-            self._exec(db, sql, values)
+            if self._exec(db, sql, values).rowcount != 1:
+                raise LeaseLost(row["job"])   # stored already: a window is stored once
             self._alert_changes(db, alert_rows, log_rows)
             return True
 

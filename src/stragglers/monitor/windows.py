@@ -43,6 +43,7 @@ class Window:
     reason: str = "complete"  # complete | stalled | finished
     files: list[PartFile] = field(default_factory=list)
     meta: JobMeta | None = None
+    lease: tuple | None = None     # (instance, epoch) its tracker was built under (leases.py)
 
     def load(self) -> tuple[Trace | None, list[tuple[str, str]]]:
         """The window's trace with the rows of its part files read in (None when no row was
@@ -87,6 +88,7 @@ class JobTracker:
         self.last_arrival: float | None = None
         self.max_step = int(consumed_step)   # the job's last step seen (step gaps are checked)
         self.whole: set[int] = set()   # ranks delivered as one whole-rank file (a finished run)
+        self.lease: tuple | None = None   # the lease it was built under; its windows carry it
         self.set_meta(meta)
 
     def set_meta(self, meta: JobMeta) -> None:
@@ -122,6 +124,10 @@ class JobTracker:
         """Take a new part: its columns, or its file (rows read when its window closes), or
         neither when its rows are already analysed. True when the file is held for a window."""
         rp = self.ranks.setdefault(rank, RankParts())
+        if part in rp.parts:
+            # taken already (from the store, where another thread or instance put it first):
+            # its rows must not be held twice
+            return False
         rp.parts[part] = (int(last_step), arrived_at)
         if part < rp.next_part:
             # a part below a gap already given up on (a wild number such as 999999 made the
@@ -229,7 +235,7 @@ class JobTracker:
         self._steps = {s for s in self._steps if s > last}
         missing = [r for r in self.expected_ranks if r not in present]
         w = Window(self.job, self.next_idx, [int(s) for s in steps], trace, missing, now, reason,
-                   files, self.meta)
+                   files, self.meta, self.lease)
         self.next_idx += 1
         return w
 

@@ -1,0 +1,102 @@
+"""Alert delivery from the store's outbox: any instance sends, each message is claimed once.
+
+An alert change and its outbox message are written in one transaction (store_base
+`_alert_changes`): the decision to send is the row. A sender thread on every instance claims due
+messages (`FOR UPDATE SKIP LOCKED`, for `claim_s`), posts them in Alertmanager's webhook format
+to every configured receiver, and marks them delivered; a failure is retried with backoff (by
+any instance), and a claim whose holder died runs out and is taken by another instance. A
+message is therefore delivered once, except when its sender dies between the receiver's answer
+and the mark (then it is sent again after `claim_s`, with the same fingerprint and startsAt,
+which Alertmanager deduplicates).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+
+log = logging.getLogger(__name__)
+
+
+class OutboxSender:
+    """Claims and posts the outbox's messages from a thread."""
+
+    def __init__(self, store, instance: str, engine, receiver: str, webhooks, claim_s: float,
+                 poll_s: float = 0.25, max_attempts: int = 8, backoff_s: float = 0.5,
+                 max_backoff_s: float = 60.0, timeout_s: float = 5.0):
+        self.store, self.instance, self.engine, self.receiver = store, instance, engine, receiver
+        self.webhooks, self.claim_s, self.poll_s = list(webhooks), float(claim_s), poll_s
+        self.max_attempts, self.backoff_s, self.max_backoff_s = max_attempts, backoff_s, \
+            max_backoff_s
+        self.timeout_s = timeout_s
+        self.sent = self.failed = 0
+        self._done: dict[int, set[str]] = {}   # message id → receivers that took it (retries)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Send on a thread until close()."""
+        self._thread = threading.Thread(target=self._run, name="stragglers-webhook",
+                                        daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Messages were queued: look now rather than at the next poll."""
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop sending (claimed messages not yet sent are sent by an instance once the claim
+        runs out)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+            try:
+                while not self._stop.is_set() and self.send_due():
+                    pass
+            except Exception as exc:  # noqa: BLE001 - the store away: try at the next poll
+                log.warning("alerts: outbox unavailable (%s)", str(exc).splitlines()[0]
+                            if str(exc) else exc)
+
+    def send_due(self) -> int:
+        """Claim and send what is due; how many were claimed."""
+        claimed = self.store.claim_messages(self.instance, 32, self.claim_s)
+        for m in claimed:
+            payload = self.engine.payload(json.loads(m["alert"]), self.receiver)
+            done = self._done.setdefault(m["id"], set())
+            for url in self.webhooks:
+                if url not in done and self._post(url, payload):
+                    done.add(url)
+            if len(done) == len(set(self.webhooks)):
+                self.store.message_sent(m["id"], self.instance)
+                self._done.pop(m["id"], None)
+                self.sent += 1
+            elif m["attempts"] >= self.max_attempts:
+                self.store.message_failed(m["id"], None)
+                self._done.pop(m["id"], None)
+                self.failed += 1
+                log.warning("alerts: gave up on a %s message of %s after %d attempts",
+                            m["status"], m["job"], m["attempts"])
+            else:
+                delay = min(self.backoff_s * 2 ** (m["attempts"] - 1), self.max_backoff_s)
+                self.store.message_failed(m["id"], delay)
+        return len(claimed)
+
+    def _post(self, url: str, payload: dict) -> bool:
+        req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return 200 <= resp.status < 300
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            log.info("webhook %s: %s (will retry)", url, exc)
+            return False
