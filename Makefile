@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv browser bench docs gpu-check clean
+.PHONY: demo test test-fast venv browser postgres bench docs gpu-check clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium >/dev/null; }
 
+# PostgreSQL from Debian for the monitor's tests on a shared store (each starts a throwaway
+# cluster with initdb/pg_ctl in a temporary directory; no service is used).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || { apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq postgresql >/dev/null; }
+
 # The main job end to end (train with a slow rank, analyse), then the same job watched live.
 # Shorter: `make demo DEMO_STEPS=10 WATCH_STEPS=10 DEMO_PORT=0` (0: any free port), as the
 # README walk test (tests/surface/test_readme_walk.py) runs it.
@@ -34,7 +39,7 @@ demo: venv
 	$(PY) examples/demo.py --steps $(DEMO_STEPS)
 	$(PY) -m stragglers.monitor.demo --port $(DEMO_PORT) --steps $(WATCH_STEPS)
 
-test: venv browser
+test: venv browser postgres
 	$(VENV)/bin/pytest -q
 
 # The fast tier: no torchrun jobs, no browser, nothing marked slow (tests/README.md).
