@@ -82,6 +82,15 @@ class Rule:
         return v is None or _COMPARE[self.resolve_op](float(v), self.resolve_value)
 
 
+# Built-in alerts, decided outside the windows (their names are reserved in the YAML file):
+# the fast detector's per-rank change in step time (changes.py), and a rank that stopped
+# sending while the others go on (the job-wide silence is the `stalled` state rule)
+FAST_RULE = Rule(name="rank_slowdown", kind="change", severity="warning")
+SILENT_RULE = Rule(name="rank_silent", kind="silence", severity="warning")
+BUILTIN_RULES = (FAST_RULE, SILENT_RULE)
+BUILTIN_NAMES = frozenset(r.name for r in BUILTIN_RULES)
+
+
 def parse_rules(raw: Any, source: object = "rules") -> list[Rule]:
     """Validate the `rules:` list of the YAML file; errors name the rule and field."""
     if raw is None:
@@ -102,6 +111,9 @@ def parse_rules(raw: Any, source: object = "rules") -> list[Rule]:
             raise InputError(source, f"{where}.name", f"expected an identifier, got {name!r}")
         if name in names:
             raise InputError(source, f"{where}.name", f"rule {name!r} is defined twice")
+        if name in BUILTIN_NAMES:
+            raise InputError(source, f"{where}.name", f"{name!r} is a built-in alert's name "
+                             f"(reserved: {', '.join(sorted(BUILTIN_NAMES))})")
         names.add(name)
         k = r.get("for_windows", 1)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 10_000:
@@ -256,12 +268,52 @@ class AlertEngine:
                 active[fingerprint(labels)] = {"rule": rule, "labels": labels, "annotations": {
                     "summary": rule.summary or f"job {job} is {state}",
                     "description": f"no new part of job {job} arrived for the stall limit"}}
+        if state == "finished":   # the job's built-in alerts end with it
+            decided |= BUILTIN_NAMES
         return self._apply(job, active, decided, now, None)
 
     def on_reset(self, job: str, now: float | None = None):
         """A new run of the job: every alert of the old one resolves."""
         now = time.time() if now is None else now
-        return self._apply(job, {}, {r.name for r in self.rules}, now, None)
+        return self._apply(job, {}, {r.name for r in self.rules} | BUILTIN_NAMES, now, None)
+
+    def on_changes(self, job: str, firing: dict, judged: set[int], places: dict[int, dict],
+                   now: float | None = None):
+        """The fast detector's alerts (rank_slowdown): one per rank whose change fires
+        (`firing`: rank → changes.Change); a firing alert of a rank the detector `judged` and
+        no longer finds changed resolves (a restarted monitor judges a rank again once it
+        learnt its baseline)."""
+        now = time.time() if now is None else now
+        active = {}
+        for rank, c in firing.items():
+            labels = self._labels(FAST_RULE, job, rank=rank, detector="fast",
+                                  **places.get(rank, {}))
+            active[fingerprint(labels)] = {"rule": FAST_RULE, "labels": labels, "annotations": {
+                "summary": f"job {job}: rank {rank} is {c.ratio:.2f}× slower since step "
+                           f"{c.since_step}",
+                "description": f"fast detector: rank {rank}'s busy time per step (its compute, "
+                               f"relative to its peers) rose {c.ratio:.2f}× against its own "
+                               f"baseline from step {c.since_step} (CUSUM, decided at step "
+                               f"{c.at_step}); the window analysis of these steps follows "
+                               "with the what-if attribution"}}
+        return self._apply(job, active, {FAST_RULE.name}, now, None,
+                           settled=lambda labels: int(labels.get("rank", -1)) in judged)
+
+    def on_silence(self, job: str, silent: dict[int, float], places: dict[int, dict],
+                   now: float | None = None):
+        """rank_silent alerts: one per rank that sent nothing for `silent[rank]` seconds while
+        the job's other ranks go on; the others resolve."""
+        now = time.time() if now is None else now
+        active = {}
+        for rank, quiet in silent.items():
+            labels = self._labels(SILENT_RULE, job, rank=rank, **places.get(rank, {}))
+            active[fingerprint(labels)] = {"rule": SILENT_RULE, "labels": labels, "annotations": {
+                "summary": f"job {job}: rank {rank} sent nothing for {quiet:.0f} s",
+                "description": f"no part of rank {rank} arrived for {quiet:.0f} s while the "
+                               "job's other ranks kept sending (a dead recorder or uploader, "
+                               "or a rank that left the job); its windows wait for it, then "
+                               "close without it"}}
+        return self._apply(job, active, {SILENT_RULE.name}, now, None)
 
     def _labels(self, rule: Rule, job: str, **extra) -> dict:
         return {"alertname": rule.name, "job": job, "severity": rule.severity,
@@ -308,7 +360,10 @@ class AlertEngine:
                         "summary": rule.summary or f"job {job}: new cause {cause}",
                         "description": str(f.get("headline") or f.get("evidence", ""))}
 
-    def _apply(self, job: str, active: dict, decided: set, now: float, window_idx):
+    def _apply(self, job: str, active: dict, decided: set, now: float, window_idx,
+               settled=None):
+        """Rows and messages for alerts that start or repeat (`active`) and for firing alerts
+        of the `decided` rules no longer active (those whose labels `settled` accepts)."""
         alert_rows, log_rows, messages = [], [], []
         current = {a["fingerprint"]: a for a in self.store.alerts(job=job)}
         for fp, a in active.items():
@@ -325,7 +380,8 @@ class AlertEngine:
             alert_rows.append(row)
             messages.append(row)
         for fp, old in current.items():
-            if old["status"] == "firing" and old["rule"] in decided and fp not in active:
+            if old["status"] == "firing" and old["rule"] in decided and fp not in active \
+                    and (settled is None or settled(old["labels"])):
                 row = {**old, "status": "resolved", "ends_at": now, "last_sent": now}
                 alert_rows.append(row)
                 log_rows.append(self._log(row, window_idx, now))

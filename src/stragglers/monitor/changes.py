@@ -11,12 +11,13 @@ step of the whole job). That value is compared with the rank's own baseline — 
 MAD of its last `change_baseline_steps` values — by a one-sided CUSUM (Page 1954) on the
 standardised value, each step counted at most `CLIP` σ so that one spike (a GC pause, a
 preemption) cannot alert on its own. When the CUSUM crosses `change_threshold` the change point
-is estimated (where the run's values, less half the least change, sum highest) and the change
-as the median of the values since; the rank alerts only if that is at least
-`change_min_ratio`: a noisy rank whose CUSUM wanders up by chance does not alert for a 3 %
-drift (its baseline takes the drift in instead). The alert resolves once the median of the
-rank's last `change_baseline_steps // 4` values is back below √min_ratio (half the least
-change, in log) of the baseline it fired against.
+is estimated (where the run's values, less half the least change, sum highest), and the rank
+alerts only if it was at least `change_min_ratio` slower in 3 of 4 steps since (the lower
+quartile; the alert reports the median): a noisy rank whose CUSUM wanders up by chance, or a
+cluster of GC pauses, does not alert, and a small lasting drift is taken into the baseline
+instead. The alert resolves once the median of the rank's last `change_baseline_steps // 4`
+values is back below √min_ratio (half the least change, in log) of the baseline it fired
+against.
 """
 
 from __future__ import annotations
@@ -210,9 +211,11 @@ class RankChangeDetector:
         values = self._last(i, int(self.run[i]))[::-1]   # oldest first
         tail = np.cumsum((values - mu - math.log(self.s.min_ratio) / 2)[::-1])[::-1]
         start = min(int(np.argmax(tail)), max(len(values) - MIN_RUN, 0))
-        shift = float(np.median(values[start:])) - mu
-        since = step - (len(values) - start) + 1
-        if shift < math.log(self.s.min_ratio):
+        since_change = values[start:]
+        shift = float(np.median(since_change)) - mu
+        since = step - (len(since_change)) + 1
+        # at least min_ratio slower in 3 of 4 steps since: a cluster of GC pauses is not
+        if float(np.quantile(since_change, 0.25)) - mu < math.log(self.s.min_ratio):
             # sure of a change, but too small to matter: the baseline takes it in (else a
             # lasting 5 % drift would keep the CUSUM up and the baseline from learning)
             self.cusum[i], self.run[i] = 0.0, 0

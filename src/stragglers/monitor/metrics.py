@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import threading
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -44,6 +47,22 @@ class MonitorMetrics:
         self.job_state = Gauge("stragglers_job_state", "1 for the job's current state",
                                ["job", "state"], registry=r)
         self.open_alerts = Gauge("stragglers_alerts_firing", "alerts firing", ["job"], registry=r)
+        # the monitor's own health
+        self.silent_ranks = Gauge("stragglers_silent_ranks", "ranks of a running job that sent "
+                                  "nothing for stall_after_s while the others did", ["job"],
+                                  registry=r)
+        self.alert_changes = Counter("stragglers_alert_changes", "alerts that started "
+                                     "(firing) or ended (resolved)", ["alertname", "status"],
+                                     registry=r)
+        self.store_errors = Counter("stragglers_store_errors", "store operations that failed "
+                                    "(ingest: a batch not taken; window: a window retried; "
+                                    "alerts: alert changes not stored)", ["operation"],
+                                    registry=r)
+        self.last_analysis = Gauge("stragglers_last_analysis_timestamp_seconds", "when a "
+                                   "window was last analysed without error (Unix time)",
+                                   registry=r)
+        for operation in ("ingest", "window", "alerts"):
+            self.store_errors.labels(operation)
         for way in ("files", "http"):  # present from the start, so rates begin at 0
             self.parts.labels(way)
             self.records.labels(way)
@@ -56,6 +75,8 @@ class MonitorMetrics:
         job = row["job"]
         self.windows.labels(job).inc()
         self.analysis_seconds.observe(row["analysis_s"])
+        if row.get("error") is None:
+            self.last_analysis.set(row.get("analysed_at") or time.time())
         if row.get("slowdown") is None:
             return
         with self._lock:
@@ -83,6 +104,53 @@ class MonitorMetrics:
         for s in ("running", "stalled", "finished"):
             self.job_state.labels(job, s).set(1.0 if s == state else 0.0)
 
+    def count_alerts(self, messages: list[dict]) -> None:
+        """Count alert changes (their webhook messages) by alert name and status."""
+        for m in messages:
+            self.alert_changes.labels(m["commonLabels"].get("alertname", ""), m["status"]).inc()
+
+    def watch(self, monitor) -> None:
+        """Expose the monitor's queues, ingest lag, deliveries and per-job silence, read from
+        it at every scrape."""
+        self.registry.register(HealthCollector(monitor))
+
     def render(self) -> bytes:
         """The text exposition format."""
         return generate_latest(self.registry)
+
+
+class HealthCollector:
+    """Gauges and counters read from a running monitor when /metrics is scraped."""
+
+    def __init__(self, monitor):
+        self.monitor = monitor
+
+    def collect(self):
+        """The families (prometheus_client's custom collector protocol)."""
+        m, now = self.monitor.watchdog, time.time()
+        lag = GaugeMetricFamily("stragglers_ingest_lag_seconds", "how long the oldest part "
+                                "queued or being stored has waited (0: none)")
+        lag.add_metric([], m.ingest_lag())
+        yield lag
+        depth = GaugeMetricFamily("stragglers_queue_depth", "items waiting: parts to ingest, "
+                                  "windows and state changes to analyse, change-detector "
+                                  "wake-ups", labels=["queue"])
+        for name, size in m.queue_depths().items():
+            depth.add_metric([name], size)
+        yield depth
+        sent = CounterMetricFamily("stragglers_alert_notifications", "alert messages "
+                                   "delivered to every receiver (sent), given up after "
+                                   "retries (failed) or dropped (a full queue)",
+                                   labels=["outcome"])
+        for outcome, count in m.delivery_counts().items():
+            sent.add_metric([outcome], count)
+        yield sent
+        last = GaugeMetricFamily("stragglers_job_last_part_timestamp_seconds", "when the job's "
+                                 "latest part arrived (Unix time)", labels=["job"])
+        age = GaugeMetricFamily("stragglers_job_silence_seconds", "seconds since the job's "
+                                "latest part arrived", labels=["job"])
+        for job, at in m.last_parts().items():
+            last.add_metric([job], at)
+            age.add_metric([job], max(0.0, now - at))
+        yield last
+        yield age

@@ -38,6 +38,7 @@ from stragglers.monitor.parts import PartConflict, PartData, PartFile, check_fil
     read_part_files, read_part_footer, read_part_footers, read_upload, read_uploads, \
     sync_directory, write_part_file
 from stragglers.monitor.settings import MonitorConfig
+from stragglers.monitor.watchdog import Watchdog
 from stragglers.monitor.store import JobConflict, SQLStore
 from stragglers.monitor.windows import JobTracker, Window
 from stragglers.trace.model import JobMeta
@@ -123,6 +124,9 @@ class Monitor:
         self._readers: ThreadPoolExecutor | None = None
         self._writers: ThreadPoolExecutor | None = None
         self._ingest_started: float | None = None   # the batch being stored: its oldest part
+        # fast alerts (the change detector's thread) and silent ranks, the monitor's health
+        self.watchdog = Watchdog(self)
+        self.metrics.watch(self)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -147,7 +151,7 @@ class Monitor:
         self._writers = ThreadPoolExecutor(self.config.write_threads,
                                            thread_name_prefix="stragglers-monitor-write")
         for name, target in (("ingest", self._ingest_loop), ("analysis", self._analysis_loop),
-                             ("tick", self._tick_loop)):
+                             ("tick", self._tick_loop), ("changes", self.watchdog.run)):
             t = threading.Thread(target=target, name=f"stragglers-monitor-{name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -179,6 +183,7 @@ class Monitor:
         self._stop.set()
         self._ingest.put(None)
         self._analysis.put(None)
+        self.watchdog.stop()
         for t in self._threads:
             t.join(timeout=10)
         for pool in (self._readers, self._writers):
@@ -486,10 +491,12 @@ class Monitor:
                     self._ingest.put(None)
                     break
                 batch.append(item)
+            self._ingest_started = min(it.queued_at for it in batch)
             try:
                 self._ingest_batch(batch)
             except Exception as exc:  # the store failed (disk full): the parts were not taken
                 log.exception("ingest batch failed")
+                self.metrics.store_errors.labels("ingest").inc()
                 for it in batch:
                     if it.done is not None and not it.done.done():
                         it.done.set_exception(exc)
@@ -611,6 +618,8 @@ class Monitor:
                 if self.states.get(job) != "running":
                     self._set_state(job, "running")
                 windows.extend(self.trackers[job].close_ready(now))
+        if touched:   # their parts' step times, to the change detector
+            self.watchdog.wake()
         # the watched files taken by their footers are decoded ahead in the analysis process
         # (queued before the windows they close, so those find them read)
         self.analyser.read_ahead(ahead)
@@ -692,6 +701,7 @@ class Monitor:
             try:
                 return self.store.add_window(row, alert_rows, log_rows, lease)
             except (*self.store.transient_errors, OSError) as exc:
+                self.metrics.store_errors.labels("window").inc()
                 if delay == 0.5:
                     log.error("job %s window %d cannot be stored (%s); retrying until it can",
                               row["job"], row["idx"], exc)
@@ -713,8 +723,25 @@ class Monitor:
         """The messages of alert changes just stored leave from the outbox (written in the
         same transaction as the changes): wake its sender."""
         self.metrics.open_alerts.labels(job).set(len(self.store.alerts(job=job, status="firing")))
+        self.metrics.count_alerts(messages)
         if messages:
             self.outbox.wake()
+
+    def store_alerts(self, job: str, changes: tuple) -> None:
+        """Store and send alert changes decided outside a window (the watchdog's: the fast
+        detector, silent ranks)."""
+        alert_rows, log_rows, messages = changes
+        if not (alert_rows or log_rows):
+            return
+        lease = self.leases.lease(job)
+        if lease is None:
+            return   # the job's holder decides its alerts
+        try:
+            self.store.add_alert_changes(alert_rows, log_rows, lease=lease, job=job)
+        except Exception:
+            self.metrics.store_errors.labels("alerts").inc()
+            raise
+        self._deliver(job, messages)
 
     def refresh_metrics(self) -> None:
         """/metrics for every job: the jobs other instances analyse are shown from the store
@@ -773,6 +800,7 @@ class Monitor:
                     del self.trackers[job]  # its memory goes; a new part brings it back
         for w in windows:
             self._queue_analysis(w)
+        self.watchdog.check_silence(now)
 
     def _set_state_after(self, windows: list, job: str, state: str) -> None:
         # the state change is queued after the windows it closed, so alerts see them first

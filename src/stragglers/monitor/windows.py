@@ -69,6 +69,7 @@ class RankParts:
     next_part: int = 0       # first part number not yet delivered or given up on
     frontier: int = -1       # last step of the consecutive parts
     skipped: int = 0         # parts given up on
+    last_arrival: float | None = None   # when its latest part arrived (a silent rank alerts)
 
 
 class JobTracker:
@@ -86,6 +87,9 @@ class JobTracker:
         self.closed_marker = False
         self.late_rows = 0   # rows of steps already analysed when they arrived (dropped)
         self.last_arrival: float | None = None
+        self.first_arrival: float | None = None   # a rank never heard from is silent since
+        # parts with rows, as they arrive, for the fast detector (monitor/watchdog.py drains it)
+        self.arrived: list[tuple[int, PartFile | dict]] = []
         self.max_step = int(consumed_step)   # the job's last step seen (step gaps are checked)
         self.whole: set[int] = set()   # ranks delivered as one whole-rank file (a finished run)
         self.lease: tuple | None = None   # the lease it was built under; its windows carry it
@@ -129,6 +133,12 @@ class JobTracker:
             # its rows must not be held twice
             return False
         rp.parts[part] = (int(last_step), arrived_at)
+        rp.last_arrival = max(rp.last_arrival or arrived_at, arrived_at)
+        self.first_arrival = min(self.first_arrival or arrived_at, arrived_at)
+        if file is not None and file.records:
+            self.arrived.append((rank, file))
+        elif columns is not None and len(columns["step"]):
+            self.arrived.append((rank, columns))
         if part < rp.next_part:
             # a part below a gap already given up on (a wild number such as 999999 made the
             # rank skip ahead): nothing before it is awaited, so it moves the frontier, or the

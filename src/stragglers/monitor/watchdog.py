@@ -1,0 +1,191 @@
+"""Alerts that do not wait for a window: a rank whose step time changed (the fast detector,
+changes.py) and a rank gone silent while the job goes on.
+
+The detector runs on its own thread, fed by the job trackers' new parts (whatever way they
+came: watched, uploaded, or taken from a shared store), so neither the ingest nor the window
+analysis waits on it, and it never waits on a window being analysed. Silence is checked by the
+tick thread. Their alert changes go through the alert engine and the store like every other
+(stable fingerprints, resolve messages, the outbox)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+
+from stragglers.monitor.changes import ChangeSettings, RankChangeDetector, busy_per_step, \
+    read_busy
+from stragglers.monitor.parts import PartFile
+from stragglers.monitor.windows import JobTracker
+
+log = logging.getLogger(__name__)
+
+
+class Watchdog:
+    """Per-job change detectors and silent ranks of one monitor."""
+
+    def __init__(self, monitor):
+        self.monitor = monitor
+        cfg = monitor.config
+        self.enabled = bool(cfg.change_detector)
+        self.settings = ChangeSettings(min_ratio=cfg.change_min_ratio,
+                                       threshold=cfg.change_threshold,
+                                       baseline_steps=cfg.change_baseline_steps,
+                                       warmup_steps=cfg.change_warmup_steps)
+        self.detectors: dict[str, tuple[JobTracker, tuple, RankChangeDetector]] = {}
+        self.judged: dict[str, set[int]] = {}      # job → ranks whose alerts were decided
+        self.silent: dict[str, dict[int, float]] = {}   # job → silent ranks last decided
+        self.queue: queue.Queue = queue.Queue()
+
+    # ---- the change detector's thread --------------------------------------------------------
+
+    def wake(self) -> None:
+        """New parts were added to trackers: look at them now (counted until looked at)."""
+        self.monitor._count(1)
+        self.queue.put(True)
+
+    def stop(self) -> None:
+        """End run()."""
+        self.queue.put(None)
+
+    def run(self) -> None:
+        """Take the trackers' new parts whenever woken (or every tick: parts a shared store
+        brought in), until stop()."""
+        while True:
+            try:
+                items = [self.queue.get(timeout=self.monitor.config.tick_s)]
+            except queue.Empty:
+                items = []
+            while True:   # every wake-up queued meanwhile is answered by this one pass
+                try:
+                    items.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                if None not in items:
+                    self.detect()
+            except Exception:
+                log.exception("change detection failed")
+            finally:
+                self.monitor._count(-sum(1 for i in items if i is True))
+            if None in items:
+                return
+
+    def detect(self) -> None:
+        """Feed every job's new parts to its detector; store and send the alert changes."""
+        m = self.monitor
+        with m._lock:
+            work = [(job, tr, tr.arrived) for job, tr in m.trackers.items()
+                    if isinstance(tr, JobTracker) and tr.arrived]
+            for _, tr, _ in work:
+                tr.arrived = []
+        for job in [j for j in self.detectors if j not in m.trackers]:
+            self.detectors.pop(job, None)   # finished or held elsewhere: its memory goes
+        if not self.enabled:
+            return
+        for job, tr, arrived in work:
+            detector = self._detector(job, tr)
+            read = m._map(_busy, [src for _, src in arrived])
+            for (rank, _), busy in zip(arrived, read):
+                if busy is not None:
+                    detector.add(rank, *busy)
+            changes = detector.settle()
+            judged = detector.warm()
+            if changes or judged != self.judged.get(job):
+                self.judged[job] = judged
+                places = _places(tr)
+                m.store_alerts(job, m.alerts.on_changes(job, dict(detector.firing), judged,
+                                                        places))
+            for c in changes:
+                log.warning("job %s: rank %d %s (%.2f× since step %d, step %d)", job, c.rank,
+                            "slowed down" if c.status == "firing" else "recovered", c.ratio,
+                            c.since_step, c.at_step)
+
+    def _detector(self, job: str, tr: JobTracker) -> RankChangeDetector:
+        """The job's detector, new when the job's tracker or its ranks changed (a new run, a
+        layout that came later)."""
+        ranks = tuple(tr.expected_ranks)
+        held = self.detectors.get(job)
+        if held is None or held[0] is not tr or held[1] != ranks:
+            stages = {r: int(e.get("stage", 0)) for r, e in tr.layout.items()}
+            held = self.detectors[job] = (tr, ranks, RankChangeDetector(list(ranks), stages,
+                                                                        self.settings))
+            self.judged.pop(job, None)
+        return held[2]
+
+    # ---- silence, on the tick thread ---------------------------------------------------------
+
+    def check_silence(self, now: float) -> None:
+        """rank_silent alerts for the running jobs' ranks that sent nothing for stall_after_s
+        while others did (a job silent as a whole is `stalled`, a state and its own alert)."""
+        m, limit = self.monitor, self.monitor.config.stall_after_s
+        decided = []
+        with m._lock:
+            for job, tr in m.trackers.items():
+                if not isinstance(tr, JobTracker) or m.states.get(job) != "running" \
+                        or tr.first_arrival is None or tr.closed_marker:
+                    continue
+                silent = {}
+                for rank in tr.expected_ranks:
+                    rp = tr.ranks.get(rank)
+                    quiet = now - (rp.last_arrival if rp and rp.last_arrival else tr.first_arrival)
+                    if quiet >= limit:
+                        silent[rank] = quiet
+                if job not in self.silent or set(silent) != set(self.silent[job]):
+                    decided.append((job, silent, _places(tr)))
+        for job, silent, places in decided:
+            self.silent[job] = silent
+            m.metrics.silent_ranks.labels(job).set(len(silent))
+            m.store_alerts(job, m.alerts.on_silence(job, silent, places, now))
+        for job in [j for j in self.silent if j not in m.trackers]:
+            self.silent.pop(job, None)
+            m.metrics.silent_ranks.labels(job).set(0)
+
+    # ---- the monitor's own health, read by /metrics (metrics.HealthCollector) ----------------
+
+    def ingest_lag(self) -> float:
+        """Seconds the oldest part queued or being stored has waited (0 when none)."""
+        m = self.monitor
+        oldest = m._ingest_started
+        with m._ingest.mutex:   # the queue's own lock: a peek at its head
+            head = m._ingest.queue[0] if m._ingest.queue else None
+        if head is not None:
+            oldest = head.queued_at if oldest is None else min(oldest, head.queued_at)
+        return max(0.0, time.monotonic() - oldest) if oldest is not None else 0.0
+
+    def queue_depths(self) -> dict[str, int]:
+        """Items waiting on each of the monitor's queues."""
+        m = self.monitor
+        return {"ingest": m._ingest.qsize(), "analysis": m._analysis.qsize(),
+                "changes": self.queue.qsize()}
+
+    def delivery_counts(self) -> dict[str, int]:
+        """Alert messages sent, given up on and dropped, over every sender."""
+        m = self.monitor
+        senders = [s for s in [getattr(m, "outbox", None), *getattr(m, "senders", ())] if s]
+        return {outcome: sum(getattr(s, outcome, 0) for s in senders)
+                for outcome in ("sent", "failed", "dropped")}
+
+    def last_parts(self) -> dict[str, float]:
+        """job → when its latest part arrived, for the jobs followed here."""
+        m = self.monitor
+        with m._lock:
+            return {job: tr.last_arrival for job, tr in m.trackers.items()
+                    if isinstance(tr, JobTracker) and tr.last_arrival is not None}
+
+
+def _busy(src: PartFile | dict):
+    """(steps, busy seconds) of a part, from its file or its columns."""
+    if isinstance(src, PartFile):
+        return read_busy(src.path)
+    return busy_per_step(src["step"], src["optype"], src["duration"])
+
+
+def _places(tr: JobTracker) -> dict[int, dict]:
+    """rank → the labels that say where it runs (dp, pp, host), from the job's layout."""
+    out = {}
+    for rank, e in tr.layout.items():
+        labels = {"dp": e.get("dp_rank"), "pp": e.get("stage"), "host": e.get("host")}
+        out[rank] = {k: str(v) for k, v in labels.items() if v not in (None, "")}
+    return out
+
