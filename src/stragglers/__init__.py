@@ -34,6 +34,7 @@ _LAZY = {
     "write_html": "stragglers.report",
     "write_perfetto": "stragglers.report",
     "advise": ("stragglers.advice.advisor", "advise"),
+    "AdviseConfig": "stragglers.advice.config",
     "AdvisePolicy": "stragglers.advice.act",
     # Record
     "Recorder": "stragglers.record",

@@ -2,24 +2,35 @@
 
 Each setting is declared once with `setting(default, help, ...)`; the library builds configs
 directly, YAML files go through `from_mapping` (unknown keys refused), and the CLI turns the
-same fields into options with `cli_overrides`. Validation errors name the field and what was
-expected, as `InputError`.
+same fields into options: `--set NAME=VALUE` pairs with `cli_overrides`, or one `--name` option
+per setting with `with_options`. Validation errors name the field and what was expected, as
+`InputError`.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import functools
+import inspect
 import math
-from typing import Any, ClassVar, Mapping
+import numbers
+import types
+import typing
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 from stragglers.errors import InputError
 
 
 def setting(default: Any, help: str, *, minimum: float | None = None,
-            maximum: float | None = None, choices: tuple | None = None) -> Any:
-    """A config field with its documentation and bounds (checked by Config.__post_init__)."""
+            maximum: float | None = None, choices: tuple | None = None,
+            flag: str | None = None) -> Any:
+    """A config field with its documentation and bounds (checked by Config.__post_init__).
+
+    `flag` is its command-line option (`with_options`) when not `--name-with-dashes`.
+    """
     return dataclasses.field(default=default, metadata={
-        "help": help, "minimum": minimum, "maximum": maximum, "choices": choices})
+        "help": help, "minimum": minimum, "maximum": maximum, "choices": choices, "flag": flag})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +41,11 @@ class Config:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            _check(type(self).__name__, f, getattr(self, f.name))
+            value = getattr(self, f.name)
+            if f.default is None and value is not None:
+                # the default says nothing of the type: the annotation does
+                _check_declared(type(self).__name__, f.name, value, _hints(type(self))[f.name])
+            _check(type(self).__name__, f, value)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None, source: object = None):
@@ -72,6 +87,113 @@ def cli_overrides(cls: type[Config], text: list[str] | None, source: str = "--se
                              f"{', '.join(sorted(fields))}")
         values[name] = _parse_value(fields[name], raw.strip(), source)
     return cls.from_mapping(values, source)
+
+
+def with_options(cls: type[Config], *,
+                 exclude: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Decorate a typer command with one option per scalar setting of `cls` (its help, its
+    default, `--name-with-dashes` or the setting's `flag`); the command receives them as one
+    validated `config: cls` argument. A bad value is a usage error naming the option (exit 2,
+    as click's own checks)."""
+    import typer
+
+    fields = [f for f in dataclasses.fields(cls) if f.name not in exclude
+              and _option_type(_hints(cls)[f.name]) is not None]
+
+    def decorate(command: Callable) -> Callable:
+        signature = inspect.signature(command)
+        taken = set(signature.parameters)
+        added = []
+        for f in fields:
+            if f.name in taken:
+                raise TypeError(f"{command.__name__} already has a parameter {f.name!r}")
+            added.append(inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY,
+                annotation=_option_type(_hints(cls)[f.name]),
+                default=typer.Option(f.default, flag_of(f), help=_option_help(f))))
+        kept = [p for p in signature.parameters.values() if p.name != "config"]
+
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            values = {f.name: kwargs.pop(f.name) for f in fields}
+            try:
+                kwargs["config"] = cls(**values)
+            except InputError as exc:
+                flag = next((flag_of(f) for f in fields if f.name == exc.field), exc.field)
+                raise typer.BadParameter(exc.problem, param_hint=f"'{flag}'") from None
+            return command(*args, **kwargs)
+
+        run.__signature__ = signature.replace(parameters=kept + added)  # type: ignore[attr-defined]
+        return run
+
+    return decorate
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """The command-line option of a setting: its `flag`, else `--name-with-dashes`."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _option_help(f: dataclasses.Field) -> str:
+    meta, text = f.metadata, f.metadata.get("help", "")
+    text = text[:1].upper() + text[1:] + "."
+    if meta.get("choices"):
+        text += f" One of {', '.join(map(str, meta['choices']))}."
+    lo, hi = meta.get("minimum"), meta.get("maximum")
+    bounds = f"{lo:g}–{hi:g}" if lo is not None and hi is not None else \
+        f"≥ {lo:g}" if lo is not None else f"≤ {hi:g}" if hi is not None else ""
+    return f"{text} [{bounds}]" if bounds else text
+
+
+def _option_type(hint: Any) -> Any:
+    """The option's type for a setting's annotation, or None when it is no scalar."""
+    optional, inner = _unwrap_optional(hint)
+    if inner not in (bool, int, float, str) or (optional and inner is bool):
+        return None
+    return Optional[inner] if optional else inner
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _unwrap_optional(hint: Any) -> tuple[bool, Any]:
+    """(whether None is allowed, the type besides None)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(rest) == 1 and len(rest) < len(typing.get_args(hint)):
+            return True, rest[0]
+    return False, hint
+
+
+_WORDS = {int: "an integer", float: "a finite number", str: "text", bool: "true or false"}
+
+
+def _check_declared(owner: str, name: str, value: Any, hint: Any) -> None:
+    """Check a value against its annotation (scalars, containers by kind, classes)."""
+    _, kind = _unwrap_optional(hint)
+    origin = typing.get_origin(kind) or kind
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) \
+            and math.isfinite(value)
+    elif origin in (collections.abc.Sequence, tuple, list):
+        ok = isinstance(value, (tuple, list))
+        kind = "a list"
+    elif origin in (collections.abc.Mapping, dict):
+        ok = isinstance(value, collections.abc.Mapping)
+        kind = "a mapping"
+    elif isinstance(origin, type):
+        ok = isinstance(value, origin)
+    else:
+        return  # an annotation this check does not read (Any, a union of several types)
+    if not ok:
+        words = _WORDS.get(kind) or (kind if isinstance(kind, str) else f"a {kind.__name__}")
+        raise InputError(owner, name, f"expected {words}, got {value!r}")
 
 
 def _parse_value(f: dataclasses.Field, raw: str, source: str) -> Any:

@@ -18,7 +18,7 @@ _LAZY = {
     "advise": "stragglers.advice.advisor",
     "Plan": "stragglers.advice.plan",
     "RemedyAdvice": "stragglers.advice.plan",
-    "JobKnobs": "stragglers.advice.context",
+    "AdviseConfig": "stragglers.advice.config",
     "load_calibration": "stragglers.advice.context",
     "AdvisePolicy": "stragglers.advice.act",
     "ActDecision": "stragglers.advice.act",
@@ -29,5 +29,8 @@ _LAZY = {
     "TimingPublisher": "stragglers.advice.live",
 }
 
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+# The job's settings were the mutable JobKnobs; they are one validated AdviseConfig.
+_RENAMED = {"JobKnobs": "AdviseConfig"}
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY, _RENAMED)
 

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from stragglers.advice.config import AdviseConfig, advise_config
 from stragglers.advice.plan import MIN_GAIN, Plan
 from stragglers.advice.window import StepTiming, window_step_time, window_trace
 from stragglers.errors import InputError
@@ -67,7 +68,7 @@ class AdvisePolicy:
     def __init__(self, world_size: int, global_batch: int, window: int = 8, settle: int = 2,
                  remedies: tuple[str, ...] = RUNTIME_REMEDIES, force: Mapping | None = None,
                  apply_gain: float = 1.05, keep_gain: float = MIN_GAIN, warmup: int = 0,
-                 **knobs: Any):
+                 config: AdviseConfig | None = None, **settings: Any):
         if world_size < 2:
             raise InputError("AdvisePolicy", "world_size", f"expected >= 2 ranks, got {world_size}")
         if window < 2 or settle < 0 or warmup < 0:
@@ -81,7 +82,8 @@ class AdvisePolicy:
         self.force = dict(force) if force else None
         # A window is noisy: switch only for a predicted gain well above noise, keep on any gain.
         self.apply_gain, self.keep_gain = apply_gain, keep_gain
-        self.knobs = knobs
+        # the job's AdviseConfig, checked now rather than at the first window
+        self.config = advise_config(config, settings, "AdvisePolicy")
         n = world_size
         self.batch_sizes = [global_batch // n + (1 if i < global_batch % n else 0) for i in range(n)]
         self.phase = "observe"
@@ -141,8 +143,8 @@ class AdvisePolicy:
     def _apply(self, step: int, trace: Trace, measured: float) -> list[ActDecision]:
         from stragglers.advice.advisor import advise
 
-        plan = advise(trace, batch_sizes=list(self.batch_sizes), max_s=1,
-                      remedies=list(self.remedies), **self.knobs)
+        plan = advise(trace, config=self.config, batch_sizes=list(self.batch_sizes), max_s=1,
+                      remedies=list(self.remedies))
         self.plans.append(plan)
         if self.force and self.force["name"] not in self.rejected:
             name = self.force["name"]

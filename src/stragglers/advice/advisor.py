@@ -6,7 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from stragglers.advice.context import AdviceContext, JobKnobs
+from stragglers.advice.config import AdviseConfig, advise_config
+from stragglers.advice.context import AdviceContext
 from stragglers.advice.plan import Plan
 from stragglers.errors import InputError
 from stragglers.trace.model import Trace
@@ -23,21 +24,19 @@ def _remedies():
 
 
 def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = None,
-           remedies: list[str] | None = None, **knobs: Any) -> Plan:
+           remedies: list[str] | None = None, config: AdviseConfig | None = None,
+           **settings: Any) -> Plan:
     """A ranked plan of remedies for one job: predicted step time and speedup of each, by replay.
 
     `result_or_trace`: a Trace, a run directory / trace path, or an AnalysisResult (then pass the
-    `trace` it came from; `whatif` too, to skip re-building the model). `knobs` are the fields of
-    JobKnobs (link, global_batch, batch_sizes, remaining_steps, restart_cost_s, devices, max_s,
-    threshold). `remedies` limits the plan to these registered names.
+    `trace` it came from; `whatif` too, to skip re-building the model). `config`: the job's
+    AdviseConfig (link, global_batch, batch_sizes, remaining_steps, restart_cost_s, devices,
+    max_s, threshold, compute_curves, gc_sync_pause_s); `settings` given as keywords change
+    those fields. `remedies` limits the plan to these registered names.
     """
     from stragglers.whatif import analyze_with_model
 
-    unknown = set(knobs) - set(JobKnobs.__dataclass_fields__)
-    if unknown:
-        raise InputError("advise", sorted(unknown)[0], "unknown option; expected one of "
-                         + ", ".join(JobKnobs.__dataclass_fields__))
-    job_knobs = JobKnobs(**knobs)  # checked before the (slow) analysis
+    config = advise_config(config, settings)   # checked before the (slow) analysis
     source = result_or_trace
     if isinstance(source, (str, Path)):
         from stragglers.trace.load import load_trace
@@ -53,7 +52,7 @@ def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = No
                              "pass the trace it came from (trace=...) or the trace itself")
         if whatif is None:
             result, whatif = analyze_with_model(trace)
-    ctx = AdviceContext(trace, result, whatif, job_knobs)
+    ctx = AdviceContext(trace, result, whatif, config)
     registry = _remedies()
     names = remedies or registry.names()
     advice = []
@@ -72,3 +71,4 @@ def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = No
     elif not result.straggling:
         notes.append(f"S = {result.slowdown:.3f}: the job is not straggling")
     return Plan(result.job["name"], float(result.t_base), ctx.baseline_step_s, advice, notes)
+

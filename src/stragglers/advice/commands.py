@@ -11,6 +11,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from stragglers.advice.config import AdviseConfig
+from stragglers.config import with_options
+
 
 def register(app: typer.Typer) -> None:
     """Add `advise` (an Understand verb, so top level) to the `stragglers` app."""
@@ -18,6 +21,7 @@ def register(app: typer.Typer) -> None:
                 "step time and speedup, by replay, ranked.")(advise_command)
 
 
+@with_options(AdviseConfig)
 def advise_command(
     path: Path = typer.Argument(..., help="A run directory, NDTimeline trace or PyTorch-profiler "
                                 "trace (as for `stragglers analyze`)."),
@@ -25,26 +29,20 @@ def advise_command(
     calibration: Optional[Path] = typer.Option(
         None, "--calibration", help="JSON {\"alpha\": s, \"beta\": s/byte} of the DP collective's "
         "backend (from `stragglers collectives calibrate`)."),
-    remaining_steps: Optional[int] = typer.Option(None, "--remaining-steps", min=0,
-                                                  help="Steps the job still runs (prices ND)."),
-    restart_cost: Optional[float] = typer.Option(None, "--restart-cost", min=0.0, max=1e7,
-                                                 help="Seconds one restart costs (ND; at most "
-                                                 "1e7, the adapt service's bound)."),
-    # (1e7 is advise.context.MAX_KNOB_SECONDS, written out: this module is imported when the
-    # CLI starts and the context module pulls in the what-if engine)
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1,
-                                               help="Samples per global step (DD's split)."),
-    max_s: int = typer.Option(2, "--s", min=1, max=16, help="Price gradient codes s = 1 .. this."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No console table."),
+    config: AdviseConfig = AdviseConfig(),
 ) -> None:
-    """Which remedy would buy most on this job: each remedy's predicted step time and speedup."""
+    """Which remedy would buy most on this job: each remedy's predicted step time and speedup.
+
+    The job's settings are AdviseConfig's, one option each (--remaining-steps, --restart-cost,
+    --global-batch, --s, --threshold, --gc-sync-pause-s)."""
     from stragglers.advice.advisor import advise
     from stragglers.advice.context import load_calibration
 
-    link = load_calibration(calibration) if calibration else None
+    if calibration:
+        config = config.replace(link=load_calibration(calibration))
     with Console(stderr=True).status(escape(f"analysing {path} and replaying each remedy …")):
-        plan = advise(path, link=link, remaining_steps=remaining_steps,
-                      restart_cost_s=restart_cost, global_batch=global_batch, max_s=max_s)
+        plan = advise(path, config=config)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(plan.to_json())

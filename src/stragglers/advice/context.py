@@ -1,4 +1,4 @@
-"""What every remedy's prediction reads: the trace, its analysis, the what-if model and the job's knobs.
+"""What every remedy's prediction reads: the trace, its analysis, the what-if model and the config.
 
 Every prediction is a replay (docs/whatif.md §5) of modified op costs with the *measured*
 launch delays kept, so a prediction is compared with the replay of the measured costs (which
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from stragglers.advice.config import AdviseConfig
 from stragglers.collectives.cost_model import LinkModel
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPE_CODES as C, Trace
@@ -25,50 +26,6 @@ from stragglers.whatif.result import AnalysisResult, Finding
 ALLREDUCE = (C["grads-all-reduce"], C["separate-grads-all-reduce"])
 DP_COLLECTIVE = ALLREDUCE + (C["params-all-gather"], C["grads-reduce-scatter"])
 COMPUTE = (FWD, BWD)
-
-
-MAX_KNOB_SECONDS = 1e7   # the adapt service's bound on a restart's cost (adapt/requests.py)
-
-
-@dataclass
-class JobKnobs:
-    """What the trace cannot tell and a remedy's price depends on (all optional)."""
-
-    link: LinkModel | None = None          # calibrated α–β of the DP collective's backend
-    global_batch: int | None = None        # samples (or tokens) per global step
-    batch_sizes: list[int] | None = None   # current per-DP-rank batch, default equal
-    remaining_steps: int | None = None     # steps the job still has to run (ND's gain)
-    restart_cost_s: float | None = None    # seconds one KILL_RESTART costs (ND)
-    devices: dict[int, str] | None = None  # DP rank -> device type (deterministic stragglers)
-    max_s: int = 2                         # gradient codes tolerating s = 1 .. max_s
-    threshold: float = 0.6                 # StragglAR: last in this share of steps = persistent
-    # Measured in the job by a calibration step (see examples/train_advised.py --calibrate):
-    compute_curves: list[tuple[float, float]] | None = None  # per DP rank: forward+backward
-    #                                       seconds = fixed + per_sample × batch (DD)
-    gc_sync_pause_s: float | None = None   # one full collection with every rank collecting
-    #                                       at once (planned GC's price)
-
-    def __post_init__(self) -> None:
-        """Refuse numbers no job has (a prediction priced with them would be meaningless)."""
-        for name, low, high, whole in (("remaining_steps", 0, None, True),
-                                       ("restart_cost_s", 0.0, MAX_KNOB_SECONDS, False),
-                                       ("global_batch", 1, None, True),
-                                       ("max_s", 1, 16, True),
-                                       ("threshold", 0.0, 1.0, False),
-                                       ("gc_sync_pause_s", 0.0, MAX_KNOB_SECONDS, False)):
-            _check_knob(name, getattr(self, name), low, high, whole)
-
-
-def _check_knob(name: str, value: Any, low: float, high: float | None, whole: bool) -> None:
-    if value is None:
-        return
-    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) if whole else \
-        isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) \
-        and math.isfinite(value)
-    if not ok or value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise InputError("advise", name, f"expected {'an integer' if whole else 'a finite number'}"
-                         f" {bound}, got {value!r}")
 
 
 def load_calibration(path: Path | str) -> LinkModel:
@@ -102,7 +59,7 @@ class AdviceContext:
     trace: Trace
     result: AnalysisResult
     w: Any                      # stragglers.whatif.metrics.WhatIf
-    knobs: JobKnobs = field(default_factory=JobKnobs)
+    config: AdviseConfig = field(default_factory=AdviseConfig)
     _timeline: tuple | None = field(default=None, repr=False)
 
     # --- replays ---------------------------------------------------------------------
@@ -181,7 +138,7 @@ class AdviceContext:
 
     def batch_sizes(self) -> tuple[list[int], int, str]:
         """(per-DP-rank batch, global batch, where they came from)."""
-        k, n = self.knobs, self.dp
+        k, n = self.config, self.dp
         extra = self.trace.meta.extra or {}
         if k.batch_sizes is not None:
             sizes = [int(b) for b in k.batch_sizes]
@@ -199,8 +156,8 @@ class AdviceContext:
         return [100] * n, 100 * n, "assumed equal (the trace does not say; 100 units per rank)"
 
     def device_of(self, dp_index: int) -> str | None:
-        """Device type of a DP rank, from the knobs or the trace's layout metadata."""
-        k = self.knobs
+        """Device type of a DP rank, from the config or the trace's layout metadata."""
+        k = self.config
         rank_id = int(self.w.grid.dp_ranks[dp_index])
         if k.devices and rank_id in k.devices:
             return str(k.devices[rank_id])
@@ -210,9 +167,9 @@ class AdviceContext:
         return None
 
     def calibrated(self, key: str):
-        """A value measured by the job's calibration step: the knob when given, else the
+        """A value measured by the job's calibration step: the setting when given, else the
         trace metadata's `extra.calibration` (what examples/train_advised.py --calibrate writes)."""
-        value = getattr(self.knobs, key)
+        value = getattr(self.config, key)
         if value is None:
             value = ((self.trace.meta.extra or {}).get("calibration") or {}).get(key)
         return value

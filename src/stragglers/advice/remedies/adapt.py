@@ -156,9 +156,9 @@ class KillRestart(RemedyBase):
         fixed_steps = ctx.step_times(cost)
         fixed = float(fixed_steps.mean())
         now = ctx.baseline_step_s
-        restart = ctx.knobs.restart_cost_s
+        restart = ctx.config.restart_cost_s
         restart = ControlConfig.restart_cost_s if restart is None else restart
-        remaining = ctx.knobs.remaining_steps
+        remaining = ctx.config.remaining_steps
         if remaining is None:
             total = (ctx.trace.meta.extra or {}).get("total_steps")
             if isinstance(total, int):

@@ -28,7 +28,7 @@ def persistent_straggler(ctx: AdviceContext, node: int) -> tuple[int | None, flo
     """
     dur = ctx.w.grid.duration[node]                       # [D, T]
     steps = dur.shape[1]
-    det = StragglerDetector(ctx.dp, window=steps, threshold=ctx.knobs.threshold)
+    det = StragglerDetector(ctx.dp, window=steps, threshold=ctx.config.threshold)
     for t in range(steps):
         det.observe([float(x) for x in dur[:, t]])
     last = [a.last for a in det.history]
@@ -51,7 +51,7 @@ def stragglar_shares(ctx: AdviceContext, node: int) -> tuple[float, float, float
     """(T_RS / T_ring, T_phase2 / T_ring, message bytes or nan, where the α–β split came from)."""
     n = ctx.dp
     sizes = message_bytes(ctx, node)
-    link = ctx.knobs.link
+    link = ctx.config.link
     if link is not None and sizes is not None:
         how = f"calibrated α = {link.alpha * 1e6:.1f} µs, 1/β = {1 / max(link.beta, 1e-30) / 2**20:.0f} MiB/s"
     else:
@@ -94,7 +94,7 @@ class StragglAR(RemedyBase):
             if stage_why:
                 why = stage_why
             else:
-                why = (f"no DP rank is last at the all-reduce in ≥ {100 * ctx.knobs.threshold:.0f}% "
+                why = (f"no DP rank is last at the all-reduce in ≥ {100 * ctx.config.threshold:.0f}% "
                        f"of steps (at most {100 * best:.0f}%): no persistent straggler, so the hook "
                        "would keep the library all-reduce")
             return self.refuse(why)
@@ -154,7 +154,7 @@ class GradientCoding(RemedyBase):
 
     @classmethod
     def variants(cls, ctx: AdviceContext) -> list["GradientCoding"]:
-        top = max(1, min(ctx.knobs.max_s, ctx.dp - 1))
+        top = max(1, min(ctx.config.max_s, ctx.dp - 1))
         return [cls(s) for s in range(1, top + 1)]
 
     def predict(self, ctx: AdviceContext) -> RemedyAdvice:
@@ -222,7 +222,7 @@ class GradientCoding(RemedyBase):
 def coded_exchange_s(ctx: AdviceContext, sync: list[int], n: int, s: int) -> tuple[float, str]:
     """Seconds per step the aggregator spends exchanging parameters and coded gradients."""
     measured = float(sum(np.nanmedian(ctx.w.cost[m]) for m in sync))  # the all-reduce(s) now
-    link = ctx.knobs.link
+    link = ctx.config.link
     sizes = [message_bytes(ctx, m) for m in sync] if link is not None else [None]
     size = sum(sizes) if None not in sizes else None
     if link is not None and size is not None:
