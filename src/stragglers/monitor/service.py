@@ -714,7 +714,8 @@ class Monitor:
         if lease is None:
             return   # the job's holder decides its states
         finished_at = time.time() if state == "finished" else None
-        self.store.set_job_state(job, state, finished_at=finished_at)
+        if not self.store.set_job_state(job, state, finished_at=finished_at, lease=lease):
+            return   # the lease moved on meanwhile: its new holder decides
         alert_rows, log_rows, messages = self.alerts.on_state(job, state)
         self.store.add_alert_changes(alert_rows, log_rows, lease=lease, job=job)
         self._deliver(job, messages)
