@@ -133,13 +133,17 @@ class SQLStore:
         return self._write(tx)
 
     def set_job_state(self, job: str, state: str, closed: bool | None = None,
-                      finished_at: float | None = None) -> None:
-        """Record a job's state (running, stalled, finished)."""
+                      finished_at: float | None = None,
+                      lease: tuple[str, int] | None = None) -> bool:
+        """Record a job's state (running, stalled, finished); with `lease`, only while it
+        holds the job (False: not recorded)."""
         def tx(db):
+            self._fence(db, job, lease)
             self._exec(db, "UPDATE jobs SET state = ?, finished_at = COALESCE(?, finished_at), "
                        "closed = COALESCE(?, closed) WHERE job = ?",
                        (state, finished_at, None if closed is None else int(closed), job))
-        self._write(tx)
+            return True
+        return self._fenced(tx)
 
     def job(self, job: str) -> dict | None:
         """One job's row (meta decoded), or None."""
@@ -403,6 +407,11 @@ class SQLStore:
         """Up to `limit` undelivered messages, claimed by `instance` for `claim_s` (another
         instance takes them only once the claim ran out: its holder died mid-send); the oldest
         first, and none while an older one of the same alert waits (firing before resolved)."""
+        # a read first: an idle outbox costs no write transaction (an fsync on SQLite) a poll
+        if not self._rows("SELECT 1 AS due FROM alert_outbox WHERE delivered_at IS NULL AND "
+                          "failed_at IS NULL LIMIT 1"):
+            return []
+
         def tx(db):
             now = self._now(db)
             rows = self._exec(
