@@ -274,11 +274,12 @@ class ServiceGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        host = None
-        for k, v in scope.get("headers") or ():
-            if k == b"host":
-                host = v.decode("latin-1")
-                break
+        hosts = [v.decode("latin-1") for k, v in scope.get("headers") or () if k == b"host"]
+        host = hosts[0] if hosts else None
+        if len(hosts) > 1:   # RFC 9112: answered 400 (one proxy may read the first, one the last)
+            await send_json(send, 400, f"request header 'Host': given {len(hosts)} times; "
+                            "expected once")
+            return
         if not self.host_allowed(host):
             await send_json(send, 400, f"request header 'Host': {host[:100]!r} is not a name "
                             "of this service (expected a loopback name, or one configured in "
@@ -360,7 +361,7 @@ def declared_length(request, limit: int) -> int | None:
     declared = request.headers.get("content-length")
     if declared is None:
         return None
-    if not declared.isdigit() or len(declared) > 18:
+    if not (declared.isascii() and declared.isdigit()) or len(declared) > 18:
         raise BodyRefused("bad_length", limit)
     if int(declared) > limit:
         raise BodyRefused("too_large", limit, declared=int(declared))

@@ -35,10 +35,13 @@ WORKER_PATTERN = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 
 def check_name(value: object, field: str, pattern: re.Pattern = NAME_PATTERN) -> str:
     """A data set / worker name: 1-128 characters of [A-Za-z0-9._-] (workers also ':' and '@')."""
-    if not isinstance(value, str) or not pattern.match(value):
+    # fullmatch: `$` also matches before a final newline ('d\n' named data set 'd\n'); a name
+    # of dots only is refused (an HTTP client folds /datasets/../status into /status)
+    if not isinstance(value, str) or not pattern.fullmatch(value) or not value.strip("."):
         shown = repr(value) if len(repr(value)) < 60 else repr(value)[:60] + "..."
         raise InputError("shard service", field,
-                         f"expected 1-128 characters matching {pattern.pattern}, got {shown}")
+                         f"expected 1-128 characters matching {pattern.pattern} (not only"
+                         f" dots), got {shown}")
     return value
 
 

@@ -578,7 +578,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def control_actions(request: Request) -> dict:
         job = name_of(request, "job")
         raw = request.query_params.get("since", "0")
-        if not raw.isdigit() or len(raw) > 10:
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 10:   # ('²'.isdigit())
             raise InputError("query", "since", f"expected an integer >= 0, got {raw!r:.30}")
         return control.actions(job, int(raw))
 

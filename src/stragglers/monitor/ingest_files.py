@@ -133,7 +133,7 @@ class DirectoryWatcher:
         with self._lock:
             if run in self.jobs:
                 return self.jobs[run]
-            name = run.name if JOB_NAME.match(run.name) and ".." not in run.name else ""
+            name = run.name if JOB_NAME.fullmatch(run.name) and ".." not in run.name else ""
             taken = set(self.jobs.values()) | set(self.monitor.directories)
             if not name or (name in taken and self.monitor.directories.get(name) != run):
                 digest = hashlib.sha1(str(run).encode()).hexdigest()[:8]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
+import weakref
 from concurrent.futures import Future
 from typing import Any
 
@@ -216,6 +218,9 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     # new jobs per minute, per client address and in all: one writer creating jobs in a loop
     # would take every one of max_jobs (the jobs tracked already are no new ones)
     new_jobs = MintRate("job", cfg.new_jobs_per_client_per_minute, cfg.new_jobs_per_minute)
+    # one meta.json of a job registered and written at a time: two at once shared a temp file
+    # (503 for one), and the file could end up the older one while the store held the newer
+    meta_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     @app.put("/api/jobs/{job}/meta", dependencies=[Depends(require_write)])
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
@@ -247,17 +252,21 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             raise HTTPProblem(409, f"path 'job': {job!r} is a watched run ({known}); uploads "
                               "cannot write into it", "conflict")
         raw = meta.model_dump()
-        try:
-            registered = await run_in_threadpool(monitor.register_job, job, directory, "http",
-                                                 raw)
-        except InputError as exc:
-            if exc.source.endswith("meta.json"):   # the body's sizes disagree: name the body's
-                field = f": field '{exc.field}'" if exc.field else ""
-                raise HTTPProblem(422, f"request body{field}: {exc.problem}",
-                                  "bad_meta") from None   # field, not the server's file
-            # the name is taken by another run, or the monitor is full: the job cannot be made
-            raise HTTPProblem(409, f"path 'job': {exc.problem}", "conflict") from None
-        await run_in_threadpool(write_meta_file, directory, registered)
+        lock = meta_locks.get(job)
+        if lock is None:
+            lock = meta_locks[job] = asyncio.Lock()
+        async with lock:
+            try:
+                registered = await run_in_threadpool(monitor.register_job, job, directory,
+                                                     "http", raw)
+            except InputError as exc:
+                if exc.source.endswith("meta.json"):   # the body's sizes disagree: name the
+                    field = f": field '{exc.field}'" if exc.field else ""   # body's field,
+                    raise HTTPProblem(422, f"request body{field}: {exc.problem}",   # not the
+                                      "bad_meta") from None                # server's file
+                # the name is taken by another run, or the monitor is full: it cannot be made
+                raise HTTPProblem(409, f"path 'job': {exc.problem}", "conflict") from None
+            await run_in_threadpool(write_meta_file, directory, registered)
         return {"job": job, "status": "ok", "world_size": registered.world_size}
 
     async def store_part(request: Request, job: str, rank: int, part: int) -> dict:
@@ -356,7 +365,7 @@ def write_meta_file(directory: Path, meta: JobMeta) -> Path:
     no temp file behind and the error goes to the client as a 507 (serving.ServiceGuard)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / META_FILE
-    tmp = path.with_name(f"{META_FILE}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{META_FILE}.{os.getpid()}.{threading.get_ident():x}.tmp")
     try:
         with open(tmp, "w") as f:
             f.write(json.dumps(meta.to_dict(), indent=2, sort_keys=True))

@@ -11,7 +11,8 @@ from stragglers.errors import InputError
 from stragglers.trace.runformat import RANK_FILE, rank_file_name
 
 
-# Job names become directory names: letters, digits, '.', '_', '-', no leading dot, bounded.
+# Job names become directory names: letters, digits, '.', '_', '-', no leading dot, bounded;
+# matched whole (fullmatch: `$` also matches before a final newline, and 'j\n' was a job)
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 MAX_RANK = 9_999_999
@@ -46,7 +47,7 @@ def check_same_part(stored: str | None, digest: str | None, job: str, rank: int,
 
 def check_job_name(job: str, source: object = "job") -> str:
     """The job name if it is safe as a directory name, else InputError naming the problem."""
-    if not isinstance(job, str) or not JOB_NAME.match(job) or ".." in job:
+    if not isinstance(job, str) or not JOB_NAME.fullmatch(job) or ".." in job:
         raise InputError(source, "job", f"{str(job)[:80]!r} is not a valid job name: expected "
                          "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, "
                          "without '..' or path separators")
