@@ -90,3 +90,12 @@ def test_busy_time_from_a_synthetic_job_names_the_slowed_rank():
         changes.extend(d.settle())
     assert [(c.rank, c.status) for c in changes] == [(target, "firing")]
     assert changes[0].at_step - 40 <= 6
+
+
+def test_the_built_in_alert_names_are_reserved_in_a_rules_file():
+    from stragglers.errors import InputError
+    from stragglers.monitor.alerts import parse_rules
+
+    for name in ("rank_slowdown", "rank_silent"):
+        with pytest.raises(InputError, match=r"rules\[0\]\.name.*built-in"):
+            parse_rules([{"name": name, "when": "new_cause"}])
