@@ -110,6 +110,10 @@ class ServiceConfig(Config):
                                                    " sends never wait for these)",
                                                    minimum=float(1 << 16),
                                                    maximum=float(1 << 40))
+    send_timeout_s: float = setting(10.0, "longest wait for a client to take the next 256 KiB"
+                                    " of a snapshot (then its connection is closed: one that"
+                                    " stopped reading held the send slot for good)",
+                                    minimum=0.1, maximum=3600.0)
     auth_failure_delay_s: float = setting(0.25, "pause before a 401/403 answer", minimum=0.0,
                                           maximum=10.0)
     stranger_snapshot_stale_s: float = setting(5.0, "age up to which a big snapshot (2 MiB+)"
@@ -253,10 +257,11 @@ class _ReadPacer:
 
 
 class _SendSlots:
-    """At most `n` big bodies (snapshots) being sent at once; the others wait their turn."""
+    """At most `n` big bodies (snapshots) being sent at once; the others wait their turn, up
+    to `wait_s` (then 503), and a client that takes no chunk for `timeout_s` loses its slot."""
 
-    def __init__(self, n: int, bytes_per_s: float):
-        self.n, self.bytes_per_s = n, bytes_per_s
+    def __init__(self, n: int, bytes_per_s: float, wait_s: float = 10.0, timeout_s: float = 10.0):
+        self.n, self.bytes_per_s, self.wait_s, self.timeout_s = n, bytes_per_s, wait_s, timeout_s
         self._sem: asyncio.Semaphore | None = None
 
     def semaphore(self) -> asyncio.Semaphore:
@@ -279,16 +284,34 @@ class _SharedSend(Response):
         self.headers["content-length"] = str(len(body))
 
     async def __call__(self, scope, receive, send) -> None:
-        async with self.slots.semaphore():
+        sem = self.slots.semaphore()
+        try:
+            await asyncio.wait_for(sem.acquire(), self.slots.wait_s)
+        except asyncio.TimeoutError:
+            busy = Busy(f"snapshots are being sent to other clients for more than"
+                        f" {self.slots.wait_s:g} s; retry in a moment")
+            await _error(busy)(scope, receive, send)
+            return
+        try:
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})
             view, start = memoryview(self.payload), time.monotonic()
             for i in range(0, max(len(view), 1), self.CHUNK):
-                await send({"type": "http.response.body", "body": bytes(view[i:i + self.CHUNK]),
-                            "more_body": i + self.CHUNK < len(view)})
+                try:
+                    await asyncio.wait_for(send({
+                        "type": "http.response.body", "body": bytes(view[i:i + self.CHUNK]),
+                        "more_body": i + self.CHUNK < len(view)}), self.slots.timeout_s)
+                except asyncio.TimeoutError:
+                    # a client that stopped reading held the slot for good (every stranger's
+                    # snapshot waited): the response ends unfinished, uvicorn closes the socket
+                    log.info("snapshot: the client took no data for %.0f s; dropped",
+                             self.slots.timeout_s)
+                    return
                 ahead = (i + self.CHUNK) / self.slots.bytes_per_s - (time.monotonic() - start)
                 if ahead > 0 and i + self.CHUNK < len(view):
                     await asyncio.sleep(ahead)   # paced: a loop of snapshots is not a CPU hog
+        finally:
+            sem.release()
 
 
 def _internal_error() -> Response:
@@ -384,9 +407,10 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     # slowly: five anonymous clients looping on a 26 MB snapshot at the owner's pace received
     # 256 MB/s, and their CPU (and the service's sends) on the same cores slowed other jobs'
     # leases 1.5-3.3x.
-    sending = {True: _SendSlots(config.max_snapshot_sends, config.snapshot_bytes_per_s),
-               False: _SendSlots(config.max_snapshot_sends,
-                                 config.stranger_snapshot_bytes_per_s)}
+    sending = {mine: _SendSlots(config.max_snapshot_sends, rate, config.max_read_wait_s,
+                                config.send_timeout_s)
+               for mine, rate in ((True, config.snapshot_bytes_per_s),
+                                  (False, config.stranger_snapshot_bytes_per_s))}
     pacer = _ReadPacer(config.reads_per_s, config.max_read_wait_s)
     # New tokens per minute, per client address and in all: without a service token anyone
     # on the machine may create, and each new token brings a fresh per-token quota. Tokens
