@@ -29,8 +29,11 @@ Goals (issue 15): ≤ 2 µs per recorded op, ≤ 1% of a ≥ 100 ms step.
    after each block); cost per op = median over repetitions and ranks of attached − mean of
    the bare blocks, over the rows each recorded step holds (read back from the run); the steps'
    CPU (training thread) and wall times side by side, with their ratio attached / bare.
+   The 3-D case (FSDP2 + TP + pipelining, train_tp.py --pp 2: pp 2 × tp 2 on 4 ranks, a 1F1B
+   schedule of 4 microbatches, attach given the schedule) is measured the same way, after them.
 
-    .venv/bin/python benchmarks/record_attach_overhead.py --parallel [--reps 10] [--steps 10]
+    .venv/bin/python benchmarks/record_attach_overhead.py --parallel [--reps 10] [--steps 10] \
+        [--only tp,moe,3d]
 """
 
 from __future__ import annotations
@@ -214,7 +217,10 @@ PARALLEL = {  # example → its flags (small: the hooks' cost, not the model's, 
     "moe": ("train_moe", ["--layers", "2", "--d-model", "32", "--d-expert", "64", "--seq", "8",
                           "--batch", "2", "--vocab", "64", "--hot-expert", "1",
                           "--routing-skew", "0.3"]),
+    "3d": ("train_tp", ["--tp", "2", "--pp", "2", "--microbatches", "4", "--layers", "2",
+                        "--d-model", "32", "--seq", "8", "--batch", "2", "--vocab", "64"]),
 }
+NPROC = {"tp": 2, "moe": 2, "3d": 4}
 
 
 def parallel_worker(kind: str, reps: int, steps: int, workdir: Path) -> None:
@@ -228,11 +234,28 @@ def parallel_worker(kind: str, reps: int, steps: int, workdir: Path) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    schedule = pipe = None
     if kind == "tp":
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
         model, dp_rank = ex.parallelize(ex.Transformer(args), mesh), mesh["dp"].get_local_rank()
+    elif kind == "3d":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        mesh = init_device_mesh("cpu", (args.pp, world // (args.pp * args.tp), args.tp),
+                                mesh_dim_names=("pp", "dp", "tp"))
+        stage = mesh["pp"].get_local_rank()
+        model = ex.parallelize(ex.pipeline_split(ex.Transformer(args), stage, args.pp), mesh,
+                               pipelined=True)
+        dp_rank = mesh["dp"].get_local_rank()
+        pipe = PipelineStage(model, stage, args.pp, torch.device("cpu"),
+                             group=mesh["pp"].get_group())
+        import torch.nn.functional as F
+
+        schedule = Schedule1F1B(pipe, args.microbatches, loss_fn=lambda lg, t: F.cross_entropy(
+            lg.flatten(0, 1), t.flatten()))
     else:
         from torch.distributed.fsdp import fully_shard
 
@@ -241,14 +264,23 @@ def parallel_worker(kind: str, reps: int, steps: int, workdir: Path) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     import torch.nn.functional as F
 
-    def block(n: int) -> tuple[float, float]:
-        c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
-        for step in range(n):
+    def train_step(step: int) -> None:
+        if schedule is not None:  # 3-D: this rank's stage in the 1F1B schedule
+            tokens = torch.cat([ex.batch(args, step, dp_rank, mb)
+                                for mb in range(args.microbatches)])
+            schedule.step(*((tokens[:, :-1],) if pipe.is_first else ()),
+                          target=tokens[:, 1:] if pipe.is_last else None)
+        else:
             tokens = ex.batch(args, step, dp_rank, 0)
             logits = model(tokens[:, :-1])
             F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
-            opt.step()
-            opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
+
+    def block(n: int) -> tuple[float, float]:
+        c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+        for step in range(n):
+            train_step(step)
         return (time.thread_time_ns() - c0) / n, (time.perf_counter_ns() - w0) / n
 
     block(5)  # warm-up
@@ -257,7 +289,8 @@ def parallel_worker(kind: str, reps: int, steps: int, workdir: Path) -> None:
     for rep in range(reps):
         a = block(steps)
         where = workdir / f"{kind}{rep}"
-        with attach(model, opt, where, flush_interval_s=1.0):
+        with attach(schedule if schedule is not None else model, opt, where,
+                    flush_interval_s=1.0):
             block(1)
             b = block(steps)
         a2 = block(steps)
@@ -273,20 +306,20 @@ def parallel_worker(kind: str, reps: int, steps: int, workdir: Path) -> None:
     dist.destroy_process_group()
 
 
-def parallel_costs(reps: int, steps: int) -> None:
-    """Launch each example's measurement under torchrun (2 ranks) and print its figures."""
+def parallel_costs(reps: int, steps: int, only: list[str]) -> None:
+    """Launch each example's measurement under torchrun and print its figures."""
     import ast
     import shutil
     import socket
     import subprocess
 
-    for kind in PARALLEL:
+    for kind in only:
         workdir = tempfile.mkdtemp(prefix=f"attach-{kind}-")
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=2", "--rdzv-endpoint", f"127.0.0.1:{port}", __file__,
+               f"--nproc-per-node={NPROC[kind]}", "--rdzv-endpoint", f"127.0.0.1:{port}", __file__,
                "--worker", kind, "--reps", str(reps), "--steps", str(steps),
                "--workdir", workdir]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
@@ -310,7 +343,8 @@ def parallel_costs(reps: int, steps: int) -> None:
                     rec[k].append(b[i])
         med = {k: statistics.median(v) for k, v in cost.items()}
         ci = median_interval(cost["cpu"])
-        print(f"{kind} ({PARALLEL[kind][0]}.py, 2 ranks): {statistics.median(rows):.0f} rows per "
+        print(f"{kind} ({PARALLEL[kind][0]}.py, {NPROC[kind]} ranks): "
+              f"{statistics.median(rows):.0f} rows per "
               f"recorded step; step bare {statistics.median(bare['cpu']) / 1e6:.2f} ms CPU / "
               f"{statistics.median(bare['wall']) / 1e6:.2f} ms wall, attached "
               f"{statistics.median(rec['cpu']) / 1e6:.2f} ms CPU / "
@@ -329,14 +363,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40, help="steps per big-step run")
     p.add_argument("--rounds", type=int, default=3, help="recorded/control big-step rounds")
     p.add_argument("--parallel", action="store_true",
-                   help="measure the TP and MoE examples instead (part 3)")
+                   help="measure the TP, MoE and 3-D examples instead (part 3)")
+    p.add_argument("--only", default=",".join(PARALLEL),
+                   help="with --parallel: which of them (comma separated: tp, moe, 3d)")
     p.add_argument("--worker", choices=sorted(PARALLEL), help=argparse.SUPPRESS)
     p.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return parallel_worker(args.worker, args.reps, args.steps, args.workdir)
     if args.parallel:
-        return parallel_costs(args.reps, args.steps)
+        only = [k.strip() for k in args.only.split(",") if k.strip()]
+        bad = [k for k in only if k not in PARALLEL]
+        if bad:
+            sys.exit(f"--only: unknown case {bad[0]!r}; expected among {', '.join(PARALLEL)}")
+        return parallel_costs(args.reps, args.steps, only)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))
     torch.set_num_threads(1)

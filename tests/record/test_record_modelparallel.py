@@ -1,5 +1,6 @@
-"""attach() on tensor- and expert-parallel jobs: real torchrun/gloo runs of the two examples,
-the rows the dependency model keys on, parameters untouched, bad layouts refused in one line."""
+"""attach() on tensor-, expert- and pipeline-parallel (3-D) jobs: real torchrun/gloo runs of the
+examples, the rows the dependency model keys on, parameters untouched, the slow rank of a 3-D
+job named, bad layouts refused in one line."""
 
 from __future__ import annotations
 
@@ -161,8 +162,10 @@ class FakeMesh:
     (("dp", "tp"), (1, 3), 4, "tensor-parallel degree 3 (DeviceMesh {'dp': 1, 'tp': 3}) does "
                               "not divide the world size 4"),
     (("dp", "tp"), (1, 2), 4, "the DeviceMesh {'dp': 1, 'tp': 2} spans 2 of the 4 ranks"),
-    (("pp", "dp", "tp"), (2, 1, 2), 4, "pipeline dimension 'pp' of size 2"),
-    (("dp", "cp"), (2, 2), 4, "context-parallel dimension of size 2: not recorded"),
+    (("pp", "dp", "tp"), (2, 1, 2), 4, "pipeline dimension 'pp' of size 2: a module is one "
+                                       "stage; pass the pipelining schedule instead"),
+    (("dp", "cp"), (2, 2), 4, "context-parallel dimension of size 2: not recorded, because "
+                              "torch"),
 ])
 def test_a_layout_attach_cannot_model_is_one_line(names, shape, world, expected):
     from stragglers.record.layout import _fill, _mesh_layout
@@ -180,6 +183,21 @@ def test_a_tp_layout_places_each_rank_as_its_own_worker():
     layout = _fill(_mesh_layout("fsdp2", torch.nn.Linear(2, 2),
                                 FakeMesh(("dp", "tp"), (2, 2), (1, 1)), 4, 3))
     assert (layout.dp_size, layout.tp_size, layout.workers, layout.worker) == (2, 2, 4, 3)
+
+
+def test_a_3d_layout_places_each_rank_of_a_stage_as_its_own_worker():
+    from stragglers.record.layout import _fill, _mesh_layout
+
+    # rank 7 of dp 2 × tp 2 × pp 2 (torchtitan's order: pp outermost): stage 1, replica 1, tp 1
+    layout = _fill(_mesh_layout("fsdp2", torch.nn.Linear(2, 2),
+                                FakeMesh(("pp", "dp", "tp"), (2, 2, 2), (1, 1, 1)), 8, 7,
+                                pipelined=True))
+    assert (layout.pp_size, layout.pp_rank, layout.dp_size, layout.tp_size) == (2, 1, 2, 2)
+    assert (layout.workers, layout.worker) == (4, 3)
+    with pytest.raises(InputError, match="spans 4 of the 8 ranks"):
+        _fill(_mesh_layout("fsdp2", torch.nn.Linear(2, 2),
+                           FakeMesh(("pp", "dp", "tp"), (2, 1, 2), (0, 0, 0)), 8, 0,
+                           pipelined=True))
 
 
 # ---- the pieces the rows are made of ----------------------------------------------------------
@@ -228,3 +246,59 @@ def test_natively_timed_compute_of_a_real_moe_job_is_cut_at_its_all_to_alls(tmp_
     fwd = ops["optype"] == FWD
     assert set(np.bincount(ops["step"][fwd] * 2 + ops["rank"][fwd]).tolist()) - {0} == {4}
     assert_compute_is_cut(ops)
+
+
+# ---- FSDP2 + TP + pipelining (3-D) ----------------------------------------------------------
+
+@pytest.mark.distributed
+def test_a_3d_job_is_recorded_unchanged_and_its_slow_tp_rank_named(tmp_path):
+    # torchtitan's 3-D shape at its smallest: pp 2 × tp 2 on 4 ranks (mesh (pp, dp, tp) =
+    # (2, 1, 2), FSDP2 over the dp dimension); rank 3 (stage 1, tp rank 1) computes longer
+    from stragglers.whatif import analyze
+
+    args = ("--tp", "2", "--pp", "2", "--microbatches", "4", "--seq", "16", "--steps", "6",
+            "--slow-rank", "3", "--slow-ms", "50")
+    params = {}
+    for record in (True, False):
+        where = tmp_path / ("with" if record else "without")
+        torchrun(TP_EXAMPLE, 4, *args, "--out", str(where / "run"), "--params-out",
+                 str(where / "params.pt"), *(() if record else ("--no-record",)), timeout=400)
+        params[record] = [torch.load(where / f"params.pt.stage{s}") for s in (0, 1)]
+    for a, b in zip(params[True], params[False]):  # parameters identical with and without
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    trace = read_run(tmp_path / "with" / "run")
+    ops, meta = trace.ops, trace.meta
+    assert (meta.dp_size, meta.pp_size, meta.world_size) == (2, 2, 4)  # 2 workers per stage
+    assert meta.extra["parallel"] == {"dp": 1, "tp": 2, "cp": 1, "ep": 1, "pp": 2}
+    assert meta.extra["wrapper"] == "pipelining" and meta.extra["stage_wrapper"] == "fsdp2"
+    assert [(e["rank"], e["stage"], e["dp_rank"], e["tp_rank"]) for e in meta.extra["layout"]] \
+        == [(0, 0, 0, 0), (1, 0, 1, 1), (2, 1, 0, 0), (3, 1, 1, 1)]
+    groups = [tuple(g) for g in meta.extra["process_groups"]]
+    for step in sorted(set(ops["step"].tolist())):
+        for a, b in ((0, 1), (2, 3)):  # each stage's TP pair runs the same all-reduces
+            ra, rb = rows_of(ops, a, step, AR), rows_of(ops, b, step, AR)
+            assert len(ra["seq_id"]) >= 4 and ra["seq_id"].tolist() == rb["seq_id"].tolist()
+            assert {groups[p] for p in set(ra["pg"].tolist())} == {(a, b)}
+            # inside the schedule's actions: each carries its microbatch and stage
+            assert set(ra["mb_id"].tolist()) == {0, 1, 2, 3}
+            assert set(ra["gmc"].tolist()) == {a // 2}
+        sends = rows_of(ops, 0, step, OPTYPE_CODES["forward-send"])
+        assert len(sends["seq_id"]) == 4 and set(sends["gmc"].tolist()) == {1}  # the peer stage
+    assert_compute_is_cut(ops)
+
+    result = analyze(trace)
+    fault = next(f for f in result.diagnosis if f.cause == "worker_fault")
+    assert 3 in ranks_of(fault)
+    # rank 2 (its TP peer) waits at every all-reduce: no slow worker (other ranks are not
+    # asserted on: four ranks on a loaded 2-core machine, one can really be slower for a run)
+    named = {r for f in result.diagnosis if f.cause in ("worker_fault", "host_stall",
+                                                        "slow_group") for r in ranks_of(f)}
+    assert 2 not in named
+
+
+def ranks_of(finding) -> list[int]:
+    """The ranks a finding names (its `where` is typed from issue 33 on, a dict before)."""
+    where = finding.where
+    ranks = where.get("ranks") if isinstance(where, dict) else getattr(where, "ranks", None)
+    return list(ranks or [])

@@ -176,3 +176,34 @@ def test_a_directory_holding_another_run_is_refused_unless_overwrite(tmp_path):
     record(overwrite=True)
     parts = sorted(p.name for p in tmp_path.iterdir())
     assert parts == ["meta.json", "notes.txt", "rank-00000.part-000000.parquet"]
+
+
+def test_settings_are_one_recorder_config_and_keywords_override_it(tmp_path):
+    from stragglers.errors import InputError
+    from stragglers.record import RecorderConfig
+
+    meta = JobMeta(name="t", dp_size=1, pp_size=1)
+    rec = Recorder(tmp_path, meta, dp_rank=0, stage=0,
+                   config=RecorderConfig(sample_every=3, gc_min_s=1e-3), overwrite=True)
+    assert (rec.config.sample_every, rec.config.gc_min_s, rec.config.overwrite) == (3, 1e-3, True)
+    assert (rec.sample_every, rec.gc_min_ns, rec.overwrite) == (3, 1_000_000, True)
+    assert Recorder(tmp_path, meta, dp_rank=0, stage=0).config == RecorderConfig()
+    for kwargs, field in (({"sample_evry": 2}, "sample_evry"), ({"config": {"x": 1}}, "config"),
+                          ({"monitor": 8150}, "monitor")):
+        with pytest.raises(InputError) as err:
+            Recorder(tmp_path, meta, dp_rank=0, stage=0, **kwargs)
+        assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_only_the_recorder_reads_its_private_state():
+    # attach and its FSDP2 / model-parallel / pipelining recorders use the hook interface
+    # (README: "The hook interface"), never a Recorder's underscored attributes
+    import re
+    from pathlib import Path
+
+    import stragglers.record as record
+
+    pattern = re.compile(r"\b(?:recorder|rec)\._[a-z]\w*")
+    found = {p.name: pattern.findall(p.read_text())
+             for p in Path(record.__file__).parent.glob("*.py") if p.name != "recorder.py"}
+    assert {k: v for k, v in found.items() if v} == {}

@@ -1,7 +1,8 @@
 """In-process recorder for PyTorch training loops: writes our run format (see README.md).
 
 - `attach(model, optimizer, out)`: one call records a DDP / FSDP2 / plain loop unchanged.
-- `Recorder`: the explicit form (`rec.step`, `rec.op`, recorded p2p and collectives).
+- `Recorder`: the explicit form (`rec.step`, `rec.op`, recorded p2p and collectives), its
+  settings a `RecorderConfig`.
 - `RecordedWork`: a recorded asynchronous send/recv.
 - `RecordCallback` (Lightning) and `record_trainer` (Hugging Face Trainer): the trainer forms.
 - `PartUploader`: sends each flushed part to the live monitor.
@@ -15,6 +16,7 @@ _LAZY = {
     "attach": "stragglers.record._attach",
     "Attached": "stragglers.record._attach",
     "Recorder": "stragglers.record.recorder",
+    "RecorderConfig": "stragglers.record.settings",
     "RecordedWork": "stragglers.record.recorder",
     "RecordCallback": "stragglers.record.lightning",
     "record_trainer": "stragglers.record.hf_trainer",

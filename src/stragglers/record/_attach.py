@@ -26,7 +26,6 @@ import time
 import types
 import warnings
 import weakref
-from contextlib import contextmanager
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Callable, Sequence
@@ -41,9 +40,10 @@ from stragglers.record.native import FAST, SKIP, SLOW
 from stragglers.record.layout import JobLayout, fsdp2_units, read_layout
 from stragglers.record import modelparallel
 from stragglers.record.lifecycle import ClosesOnExit
-from stragglers.record.modelparallel import A2A, GroupIds, ModelParallelOp, member_groups
+from stragglers.record.modelparallel import Collectives
 from stragglers.record.recorder import Recorder
-from stragglers.record.writer import StepBuffer
+from stragglers.record.settings import RecorderConfig
+from stragglers.record.spans import NO_SEQ, ComputeSpan
 from stragglers.trace.model import OPTYPE_CODES, JobMeta
 
 FWD, BWD, OPT = (OPTYPE_CODES[n] for n in ("forward-compute", "backward-compute", "optimizer"))
@@ -172,44 +172,38 @@ class Attached(ClosesOnExit):
                 "dp": layout.dp_size, "tp": layout.tp_size, "cp": layout.dsp_size, "ep": 1,
                 "pp": 1}, "tp_size_implied": layout.tp_size})
         device = torch.device(device) if device is not None else _model_device(model)
-        self.recorder = Recorder(out, meta, dp_rank=layout.worker, stage=0,
-                                 sample_every=sample_every, flush_interval_s=flush_interval_s,
-                                 device=device, enabled=enabled, overwrite=overwrite)
+        config = RecorderConfig(sample_every=sample_every, flush_interval_s=flush_interval_s,
+                                enabled=enabled, overwrite=overwrite)
+        self.recorder = rec = Recorder(out, meta, dp_rank=layout.worker, stage=0, config=config,
+                                       device=device)
         if layout.mesh is not None:
-            self.recorder.layout_extra.update({"replica": layout.dp_rank,
-                                               "tp_rank": layout.tp_rank,
-                                               "cp_rank": layout.cp_rank})
-        self.recorder.layout_extra["groups"] = member_groups()  # taken out in _on_layout
-        self.recorder.on_layout = self._on_layout
-        self.groups = GroupIds([])  # every rank's groups once gathered (record/modelparallel.py)
-        self.ep_size = 1
-        self._pg_on = False
-        self._pg_defaults: dict[int, int] = {}
-        self._timer = self.recorder._timer
-        # a span's marks: the CPU timer's are perf_counter_ns (called directly: the optimizer
-        # hooks run every step), the GPU timer's CUDA events
-        self._mark = self._timer.mark if self._timer.is_cuda else perf_counter_ns
+            rec.layout_extra.update({"replica": layout.dp_rank, "tp_rank": layout.tp_rank,
+                                     "cp_rank": layout.cp_rank})
+        # the open compute span, and what the collective wrappers record into
+        self.compute = ComputeSpan(rec)
+        self.collectives = Collectives(rec, self.compute, {"tp": layout.tp_size,
+                                                           "cp": layout.dsp_size})
+        # a span's marks (the CPU timer's are perf_counter_ns, the GPU timer's CUDA events)
+        self._mark = rec.mark
         self._step = 0
         self._first_step = 0        # steps before it are not recorded (DDP's bucket rebuild)
         self._open = False          # a step (sampled or not) has begun
         self._mb = 0                # forwards so far in this step
         self._stack: list[bool] = []  # per forward call: whether it counts as a microbatch
-        self._seg = None            # open compute span: (code, mb, start mark, gc index)
         self._in_bwd = False
         self._in_opt = False
         self._opt = None            # open optimizer span: (start mark, gc index)
-        self._seq: dict[int, tuple[float, int]] = {}
         self._handles: list = []
         self._bwd_hooks: list = []
         self._restore: list = []
         self._closed = False
         self._native = None         # native.cpp's event log, when the native hooks are used
         self._fwd = None            # the native Forward timing the module's calls
-        self.recorder.start()
+        rec.start()
         if not enabled:
             self._closed = True
             return
-        if layout.wrapper in ("none", "ddp") and not self._timer.is_cuda:
+        if layout.wrapper in ("none", "ddp") and not rec.on_gpu:
             # GPU spans need CUDA events recorded on the stream, and FSDP2 splits the backward
             # around its waits in Python (blocked()): those keep the Python hooks.
             self._native = native_hooks.stamps()
@@ -219,12 +213,13 @@ class Attached(ClosesOnExit):
         if layout.wrapper == "fsdp2":
             meta.extra["fsdp_units"] = len(fsdp2_units(model))
         if layout.tp_size * layout.dsp_size > 1:
-            self._record_pg()
+            self.collectives.record_pg()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     def _release(self, collective: bool) -> None:
         """Undo the patches, flush, and close the Recorder (joins its threads; a collective)."""
+        self.collectives.paused = True
         for undo in self._restore:
             undo()
         self._restore.clear()
@@ -232,70 +227,21 @@ class Attached(ClosesOnExit):
             self._native.close()
         for m in (self.model, self.layout.inner):
             _ATTACHED.pop(m, None)
-        if self._open and self.recorder._buf is not None:
-            self.recorder._buf = None  # a step cut by close() has no optimizer end: dropped
+        if self._open:
+            self.recorder.drop_step()  # a step cut by close() has no optimizer end: dropped
         self.recorder.close(collective=collective)
         # Shutdown order (README, Lifecycle): close() → free the model → destroy_process_group.
         # Nothing here may keep the model (and through it DDP/FSDP2 and their process group)
         # alive once the caller drops it.
         self._bwd_hooks.clear()
-        self._seg = self._opt = None
+        self.compute.current = self._opt = None
         self.model = self.optimizer = self._seq_fn = self.layout.inner = None
-
-    # ---- process groups and model-parallel collectives (record/modelparallel.py) ----------
-
-    def _on_layout(self, entries: list[dict]) -> None:
-        """Every rank's entry, gathered: the job's process groups get their ids."""
-        groups = set()
-        for e in entries:
-            groups.update(tuple(g) for g in e.pop("groups", ()))
-        self.groups = GroupIds(groups)
-
-    def _record_pg(self) -> None:
-        """From now on the rows carry their process group (the pg column)."""
-        if self._pg_on:
-            return
-        self._pg_on = True
-        self.recorder.record_pg(self._pg_defaults)
-        if self.recorder.rank == 0:  # written with meta.json (at close at the latest)
-            extra = self.recorder.meta.extra
-            extra["process_groups"] = [list(g) for g in self.groups.groups]
-            # the compute rows are pieces between blocking collectives (as the Kineto reader's):
-            # the i-th piece of a step is one kind of work, the pieces are not
-            extra["compute_split_at_collectives"] = True
-            extra.setdefault("group_sizes", {}).update(
-                {k: v for k, v in (("tp", self.layout.tp_size), ("cp", self.layout.dsp_size))
-                 if v > 1})
-
-    def model_parallel_op(self, code: int, group) -> ModelParallelOp:
-        """The span of one blocking model-parallel collective (modelparallel.py calls it)."""
-        pg, size = self.groups.of(group)
-        if code == A2A and self.ep_size == 1 and size > 1:
-            self._note_ep(size)
-        if not self._pg_on:
-            self._record_pg()
-        mb = self._seg[1] if self._seg is not None else -1
-        return ModelParallelOp(self, self.recorder._buf, code, pg, mb)
-
-    def _note_ep(self, size: int) -> None:
-        """The first all-to-all's group: the expert-parallel degree (meta.ep_size)."""
-        meta = self.recorder.meta
-        if meta.world_size % size:
-            warnings.warn(f"stragglers.record.attach: an all-to-all group of {size} ranks does "
-                          f"not divide the world size {meta.world_size}; ep_size stays 1",
-                          stacklevel=4)
-            self.ep_size = -1
-            return
-        self.ep_size = meta.ep_size = size
-        if isinstance(meta.extra.get("parallel"), dict):
-            meta.extra["parallel"]["ep"] = size
-        meta.extra.setdefault("group_sizes", {})["ep"] = size
 
     # ---- hooks -----------------------------------------------------------------------------
 
     def _install(self) -> None:
         inner = self.layout.inner
-        self._restore.append(modelparallel.install(self))
+        self._restore.append(modelparallel.install(self.collectives))
         if self._native is not None:
             self._restore.append(self._wrap_call(inner))
         else:
@@ -314,13 +260,14 @@ class Attached(ClosesOnExit):
         elif self.layout.wrapper == "fsdp2":
             from stragglers.record.fsdp import install_fsdp2
 
-            self._restore += install_fsdp2(self, fsdp2_units(self.model))
+            self._restore += install_fsdp2(self.collectives, fsdp2_units(self.model))
 
     def _install_ddp(self) -> None:
         # DDP builds provisional buckets for its first step and rebuilds them after it: that
         # step's rows would not line up with the later steps', so recording starts at step 1.
         self._first_step = 1
-        self._pg_defaults[OPTYPE_CODES["grads-all-reduce"]] = self.groups.of(
+        coll = self.collectives
+        coll.pg_defaults[OPTYPE_CODES["grads-all-reduce"]] = coll.groups.of(
             self.model.process_group)[0]
         if self._native is not None:
             try:  # DDP's default all-reduce, stamped in C++ (native.cpp: TimedAllReduce)
@@ -341,10 +288,10 @@ class Attached(ClosesOnExit):
                 return recorded(state, bucket)  # the Recorder is closed: no row is made
             # A bucket is ready: the backward so far produced it. Splitting the backward span
             # here gives each all-reduce the compute it depends on (docs/whatif.md §3).
-            if att._seg is not None and att._seg[0] == BWD and att.recorder._buf is not None:
-                mb = att._seg[1]
-                att._close_seg()
-                att._open_seg(BWD, mb)
+            seg = att.compute.current
+            if seg is not None and seg[0] == BWD and att.recorder.buffer is not None:
+                att.compute.close()
+                att.compute.open(BWD, seg[1])
             return recorded(state, bucket)
 
         try:
@@ -364,11 +311,11 @@ class Attached(ClosesOnExit):
         cls = type(module)
         call = cls.__call__
         rec, mark, start = self.recorder, self._native.mark_backward, self._native.start
-        now, no_seq, Tensor = time.perf_counter_ns, (math.nan, -1), torch.Tensor
+        now, Tensor, compute = time.perf_counter_ns, torch.Tensor, self.compute
 
         def slow(mb, args, kwargs):
             """A microbatch's forward in a step the native side cannot time alone."""
-            buf = rec._buf
+            buf = rec.buffer
             if self._seq_fn is not None:
                 self._read_seq(mb, args, kwargs)
             if self._in_opt:
@@ -379,8 +326,8 @@ class Attached(ClosesOnExit):
                 output = call(module, *args, **kwargs)
             finally:  # also when forward raised, as an always_call hook would
                 t1 = now()
-                attn, tok = self._seq.get(mb, no_seq)
-                rec._close_foreground(buf, gc0, (FWD, mb, 0, 0, attn, tok, -1), t0, t1)
+                attn, tok = compute.seq.get(mb, NO_SEQ)
+                rec.add_op(buf, gc0, (FWD, mb, 0, 0, attn, tok, -1), t0, t1)
             for t in ((output,) if isinstance(output, Tensor) else tree_leaves(output)):
                 if isinstance(t, Tensor) and t.requires_grad and not mark(t, mb):
                     leaf_hook(t, mb)
@@ -412,30 +359,29 @@ class Attached(ClosesOnExit):
             return None
         if not self._open:
             self._begin()
-        buf = self.recorder._buf
-        if buf is None:
+        if self.recorder.buffer is None:
             return None
         if self._seq_fn is not None:
             self._read_seq(self._mb, args, kwargs)
         if self._in_opt:
             self._opt = None  # a closure inside optimizer.step: its span restarts after backward
-        self._open_seg(FWD, self._mb)
+        self.compute.open(FWD, self._mb)
         return None
 
     def _read_seq(self, mb: int, args, kwargs) -> None:
         lens = self._seq_fn(*args, **kwargs)
         if lens is not None:
             lens = [int(s) for s in lens]
-            self._seq[mb] = (float(sum(s * s for s in lens)), int(sum(lens)))
+            self.compute.seq[mb] = (float(sum(s * s for s in lens)), int(sum(lens)))
 
     def _fwd_post(self, module, args, output):
         if not self._stack.pop():
             return None
         mb = self._mb
         self._mb += 1
-        if self.recorder._buf is None:
+        if self.recorder.buffer is None:
             return None
-        self._close_seg()
+        self.compute.close()
         outs = [output] if isinstance(output, torch.Tensor) else tree_leaves(output)
         start = self._bwd_hooks[mb] if mb < len(self._bwd_hooks) else self._bwd_hook(mb)
         for t in outs:
@@ -456,18 +402,17 @@ class Attached(ClosesOnExit):
         return self._bwd_hooks[mb]
 
     def _bwd_start(self, mb: int) -> None:
-        if self._in_bwd or self.recorder._buf is None:
+        if self._in_bwd or self.recorder.buffer is None:
             return  # one backward over several microbatches' losses: one span (the first's id)
         self._in_bwd = True
-        self._open_seg(BWD, mb)
+        self.compute.open(BWD, mb)
         torch.autograd.Variable._execution_engine.queue_callback(self._bwd_end)
 
     def _bwd_end(self) -> None:
         self._in_bwd = False
-        buf = self.recorder._buf
-        if buf is None:
+        if self.recorder.buffer is None:
             return
-        self._close_seg()
+        self.compute.close()
         if self._in_opt:
             # A closure inside optimizer.step (Lightning): the optimizer's own work starts after
             # the backward's end-of-pass callbacks, DDP's wait for its all-reduces among them;
@@ -475,23 +420,23 @@ class Attached(ClosesOnExit):
             torch.autograd.Variable._execution_engine.queue_callback(self._opt_restart)
 
     def _opt_restart(self) -> None:
-        buf = self.recorder._buf
+        buf = self.recorder.buffer
         if self._in_opt and buf is not None:
             self._opt = (self._mark(), len(buf.gc))
 
     def _opt_pre(self, optimizer, args, kwargs):
         if not self._open:
             self._begin()
-        self._in_opt = True
-        buf = self.recorder._buf
+        self._in_opt = self.collectives.paused = True
+        buf = self.recorder.buffer
         if buf is not None:
             if self._native is not None:
                 self._set_mode(SLOW)  # a forward now is a closure's: Python handles it
             self._opt = (self._mark(), len(buf.gc))
 
     def _opt_post(self, optimizer, args, kwargs):
-        self._in_opt = False
-        buf = self.recorder._buf
+        self._in_opt = self.collectives.paused = False
+        buf = self.recorder.buffer
         if buf is not None and self._opt is None and self._native is not None:
             # a closure's forward ran inside optimizer.step: the optimizer's own work starts
             # once its backward and the all-reduces DDP waits for at the end of it are done
@@ -501,8 +446,7 @@ class Attached(ClosesOnExit):
                 self._opt = (last, sum(1 for s, _ in buf.gc if s < last))
         if buf is not None and self._opt is not None:
             start, i0 = self._opt
-            self.recorder._close_foreground(buf, i0, (OPT, -1, 0, 0, math.nan, -1, -1), start,
-                                            self._mark())
+            self.recorder.add_op(buf, i0, (OPT, -1, 0, 0, math.nan, -1, -1), start, self._mark())
         self._opt = None
         self._end()
 
@@ -514,73 +458,50 @@ class Attached(ClosesOnExit):
         step's Python work on the training thread is these two hooks)."""
         end = perf_counter_ns()
         rec = self.recorder
-        buf, opt = rec._buf, self._opt
-        if (buf is None or opt is None or len(buf.gc) > opt[1] or self._in_bwd or self._seq
-                or buf.pending or self._seg is not None or rec._writer is None):
+        buf, opt = rec.buffer, self._opt
+        if (buf is None or opt is None or len(buf.gc) > opt[1] or self._in_bwd
+                or self.compute.seq or buf.pending or self.compute.current is not None):
             return self._opt_post(optimizer, args, kwargs)
         buf.ops.append((OPT, opt[0], end, -1, 0, 0, math.nan, -1, -1, ()))
         self._in_opt, self._opt, self._mb = False, None, 0
+        self.collectives.paused = False
         step = self._step = self._step + 1
-        # (as _begin and Recorder._begin_step; the CPU timer, the only one with native hooks,
-        # anchors nothing; GC pauses before the step's first op are dropped by the writer)
-        sampled = step >= self._first_step and rec.sampled(step) and not rec._closed
+        # (as _begin; GC pauses before the step's first op are dropped by the writer)
+        sampled = step >= self._first_step and rec.sampled(step)
         buf.add_stamps(self._step_end((SLOW if self._seq_fn is not None else FAST) if sampled
                                       else SKIP))
-        rec._buf = StepBuffer(step, None) if sampled else None
-        rec._writer.submit(buf)
+        rec.end_step()
+        if sampled:
+            rec.begin_step(step)
 
     # ---- steps and spans -------------------------------------------------------------------
 
     def _begin(self) -> None:
         self._open, self._mb = True, 0
-        if self._seq:  # a new dict: the last step's went to the writer with its stamps
-            self._seq = {}
+        if self.compute.seq:  # a new dict: the last step's went to the writer with its stamps
+            self.compute.seq = {}
         if self._step >= self._first_step:
-            self.recorder._begin_step(self._step)
+            self.recorder.begin_step(self._step)
         if self._fwd is not None:
-            self._fwd.arm(SKIP if self.recorder._buf is None else
+            self._fwd.arm(SKIP if self.recorder.buffer is None else
                           SLOW if self._seq_fn is not None or self._in_opt else FAST)
 
     def _end(self) -> None:
         if self._in_bwd:  # a backward that raised never ran its end callback: no span
-            self._in_bwd, self._seg = False, None
+            self._in_bwd, self.compute.current = False, None
         # the step's stamps (dropped when it is not sampled, or DDP's first); the forwards are
         # disarmed: the next one begins a step
         stamps = self._step_end(-1) if self._native is not None else None
-        buf = self.recorder._buf
+        buf = self.recorder.buffer
         if buf is not None:
-            self._close_seg()
+            self.compute.close()
             if stamps is not None:
                 buf.add_stamps(stamps)
-                if self._seq:
-                    buf.seq = self._seq
-            self.recorder._end_step()
+                if self.compute.seq:
+                    buf.seq = self.compute.seq
+            self.recorder.end_step()
         self._open = False
         self._step += 1
-
-    def _open_seg(self, code: int, mb: int) -> None:
-        self._seg = (code, mb, self._mark(), len(self.recorder._buf.gc))
-
-    def _close_seg(self) -> None:
-        seg, self._seg = self._seg, None
-        if seg is None:
-            return
-        code, mb, start, i0 = seg
-        attn, tok = self._seq.get(mb, (math.nan, -1))
-        self.recorder._close_foreground(self.recorder._buf, i0, (code, mb, 0, 0, attn, tok, -1),
-                                        start, self._mark())
-
-    @contextmanager
-    def blocked(self):
-        """Around a wait on a recorded collective: the open compute span stops and resumes."""
-        seg = self._seg
-        if seg is not None and self.recorder._buf is not None:
-            self._close_seg()
-        try:
-            yield
-        finally:
-            if seg is not None and self.recorder._buf is not None:
-                self._open_seg(seg[0], seg[1])
 
     @property
     def steps_seen(self) -> int:

@@ -4,7 +4,7 @@
 collectives FSDP2 issues for each unit; the recorded versions wrap the comms FSDP2 had (its
 defaults, or a user's), so the bytes moved and the result are the same. An asynchronous
 all-gather returns a Work whose wait() is recorded: the compute span that waits is split
-around it (Attached.blocked), so compute rows hold compute and the wait shows in the gather.
+around it (ComputeSpan.blocked), so compute rows hold compute and the wait shows in the gather.
 On CPU each row carries its threads' waits for a CPU (cpu_wait, as Recorder.collective's), so
 the diagnosis tells a busy host from a slow link.
 """
@@ -41,20 +41,21 @@ class _RecordedWork(dist.Work):
         # active exception"). Completion is read at wait() instead.
 
     def wait(self, timeout=None) -> bool:
-        entered = self._att._timer.mark()
+        rec = self._att.recorder
+        entered = rec.mark()
         # a prefetched gather already done when waited: it ended no later than the wait began
-        done_before = not self._att._timer.is_cuda and self._work.is_completed()
-        with self._att.blocked():
+        done_before = not rec.on_gpu and self._work.is_completed()
+        with self._att.compute.blocked():
             ok = self._work.wait() if timeout is None else self._work.wait(timeout)
-            end = self._att._timer.mark()
+            end = rec.mark()
         if not self._closed:
             self._closed = True
             if done_before:
                 end = entered
-            if self._att.recorder._buf is self._buf:  # still the step it was issued in
+            if rec.buffer is self._buf:  # still the step it was issued in
                 self._buf.ops.append(_row(AG, self._start, end, self._nbytes))
-                self._att.recorder.note_comm_wait(self._buf, AG, end, *self._waits)
-                if self._att._pg_on:
+                rec.note_comm_wait(self._buf, AG, end, *self._waits)
+                if self._att.pg_on:
                     self._buf.add_pg(AG, end, self._pg)
         return ok
 
@@ -73,22 +74,23 @@ class RecordedAllGather(AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
         att = self.att
-        buf = att.recorder._buf
+        rec = att.recorder
+        buf = rec.buffer
         if buf is None:
             return self.inner(output_tensor, input_tensor, group, async_op)
         nbytes = output_tensor.numel() * output_tensor.element_size()
-        waits = att.recorder.comm_wait_mark()
-        start = att._timer.mark()
+        waits = rec.comm_wait_mark()
+        start = rec.mark()
         if async_op:
             work = self.inner(output_tensor, input_tensor, group, True)
             return _RecordedWork(work, att, buf, start, nbytes, waits,
                                  att.groups.of(group)[0]) if work is not None else None
         with _host_wait(att):
             work = self.inner(output_tensor, input_tensor, group, False)
-        end = att._timer.mark()
+        end = rec.mark()
         buf.ops.append(_row(AG, start, end, nbytes))
-        att.recorder.note_comm_wait(buf, AG, end, *waits)
-        if att._pg_on:
+        rec.note_comm_wait(buf, AG, end, *waits)
+        if att.pg_on:
             buf.add_pg(AG, end, att.groups.of(group)[0])
         return work
 
@@ -104,20 +106,21 @@ class RecordedReduceScatter(ReduceScatter):
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
         att = self.att
-        buf = att.recorder._buf
+        rec = att.recorder
+        buf = rec.buffer
         if buf is None:
             return self.inner(output_tensor, input_tensor, group, op, async_op)
         nbytes = input_tensor.numel() * input_tensor.element_size()
-        waits = att.recorder.comm_wait_mark()
-        start = att._timer.mark()
+        waits = rec.comm_wait_mark()
+        start = rec.mark()
         with _host_wait(att):
             work = self.inner(output_tensor, input_tensor, group, op, async_op)
             if async_op and work is not None:
                 work.wait()
-        end = att._timer.mark()
+        end = rec.mark()
         buf.ops.append(_row(RS, start, end, nbytes))
-        att.recorder.note_comm_wait(buf, RS, end, *waits)
-        if att._pg_on:
+        rec.note_comm_wait(buf, RS, end, *waits)
+        if att.pg_on:
             buf.add_pg(RS, end, att.groups.of(group)[0])
         return work
 
@@ -129,7 +132,7 @@ class _host_wait:
     """
 
     def __init__(self, att):
-        self.cm = att.blocked() if not att._timer.is_cuda else None
+        self.cm = att.compute.blocked() if not att.recorder.on_gpu else None
 
     def __enter__(self):
         if self.cm is not None:
@@ -142,7 +145,8 @@ class _host_wait:
 
 
 def install_fsdp2(att, units) -> list:
-    """Wrap every unit's comms; returns the callables that put FSDP2's own comms back."""
+    """Wrap every unit's comms to record into `att` (modelparallel.Collectives); returns the
+    callables that put FSDP2's own comms back."""
     undo = []
     for unit in units:
         groups = getattr(unit._get_fsdp_state(), "_fsdp_param_groups", [])
@@ -154,7 +158,7 @@ def install_fsdp2(att, units) -> list:
         unit.set_custom_reduce_scatter(RecordedReduceScatter(att, rs))
         undo.append(lambda g=group, a=ag, r=rs: (setattr(g, "_all_gather_comm", a),
                                                  setattr(g, "_reduce_scatter_comm", r)))
-    if att._timer.is_cuda:
+    if att.recorder.on_gpu:
         warnings.warn("stragglers.record.attach: FSDP2 on CUDA waits for its all-gathers on the "
                       "device; those waits stay inside the compute spans around them (recorded "
                       "coarsely; the gathers themselves are recorded on their stream)",

@@ -1,4 +1,4 @@
-"""The job's layout (dp, tp, cp, this rank's place) read from the model's wrapper and DeviceMesh.
+"""The job's layout (dp, tp, cp, pp, this rank's place) read from the model's wrapper and DeviceMesh.
 
 A tensor- or context-parallel rank is a worker of its own in the op table (as the Kineto reader
 places them): its `dp_rank` column is the worker index ((dp_rank·cp + cp_rank)·tp + tp_rank),
@@ -24,6 +24,15 @@ DP_DIM_NAMES = ("dp", "dp_replicate", "dp_shard", "dp_shard_cp", "replicate", "s
 TP_DIM_NAMES = ("tp", "tensor")
 CP_DIM_NAMES = ("cp", "context", "sp")
 PP_DIM_NAMES = ("pp", "pipeline")
+# Why a context-parallel dimension is refused (checked on torch 2.13, CPU, gloo; see README)
+CP_REFUSAL = (
+    "its DeviceMesh {dims} has a context-parallel dimension of size {cp}: not recorded, because "
+    "torch {torch} cannot train with context parallelism on CPU, where the recording would be "
+    "built and tested: ring attention (context_parallel) has rules for the CUDA flash, "
+    "efficient and cuDNN attention kernels only (CPU attention: no sharding strategy for "
+    "aten._scaled_dot_product_flash_attention_for_cpu; the math kernel mixes DTensor and "
+    "Tensor), and flex_attention's variant fails in backward (FlexAttention does not support "
+    "backward on CPU)")
 
 
 @dataclass
@@ -42,10 +51,13 @@ class JobLayout:
     cp_rank: int = 0
     mesh: dict[str, int] | None = None  # the DeviceMesh's dims {name: size}, where there is one
     notes: list[str] = field(default_factory=list)
+    pp_size: int = 1             # pipeline stages (the mesh's pp dim; the schedule's group)
+    pp_rank: int = 0
 
     @property
     def workers(self) -> int:
-        """Workers (op-table columns) per stage: every data-, tensor- and context-parallel rank."""
+        """Workers (op-table columns) per pipeline stage: every data-, tensor- and
+        context-parallel rank."""
         return self.dp_size * self.tp_size * self.dsp_size
 
     @property
@@ -146,12 +158,14 @@ def _fsdp2_layout(model: nn.Module, world: int, rank: int) -> JobLayout:
     return _mesh_layout("fsdp2", model, mesh, world, rank)
 
 
-def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int) -> JobLayout:
-    """dp (replicate × shard dims), tp and cp from the mesh's named dims; others refused."""
+def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int,
+                 pipelined: bool = False) -> JobLayout:
+    """dp (replicate × shard dims), tp, cp and (`pipelined`: the schedule's stages) pp from the
+    mesh's named dims; others refused."""
     names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
     dims = dict(zip(names, (int(n) for n in mesh.shape)))
-    dp = tp = cp = 1
-    dp_rank = tp_rank = cp_rank = 0
+    dp = tp = cp = pp = 1
+    dp_rank = tp_rank = cp_rank = pp_rank = 0
     for i, name in enumerate(names):
         size, local = mesh.size(i), mesh.get_local_rank(i)
         if name in TP_DIM_NAMES:
@@ -159,11 +173,12 @@ def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int) ->
         elif name in CP_DIM_NAMES:
             cp, cp_rank = cp * size, cp_rank * size + local
         elif name in PP_DIM_NAMES:
-            if size > 1:
+            if size > 1 and not pipelined:
                 raise InputError("attach", "model", f"its DeviceMesh {dims} has a pipeline "
-                                 f"dimension {name!r} of size {size}: pipelining combined with "
-                                 "tensor or data parallelism (3-D) is not recorded yet; record "
-                                 "the 1-D pipeline schedule, or time the loop with Recorder")
+                                 f"dimension {name!r} of size {size}: a module is one stage; "
+                                 "pass the pipelining schedule instead (attach(schedule, "
+                                 "optimizer, out) records FSDP2 + TP + PP)")
+            pp, pp_rank = pp * size, pp_rank * size + local
         elif name in DP_DIM_NAMES or (mesh.mesh_dim_names is None and mesh.ndim <= 2):
             # unnamed dims of a 1-D or 2-D FSDP mesh are data parallel (replicate × shard)
             dp_rank = dp_rank * size + local
@@ -174,26 +189,46 @@ def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int) ->
                              f"{name!r} the recorder does not model; expected names among "
                              f"{known}")
     if cp > 1:
-        raise InputError("attach", "model", f"its DeviceMesh {dims} has a context-parallel "
-                         f"dimension of size {cp}: not recorded. torch {torch.__version__}'s "
-                         "ring attention (context_parallel) runs on the CUDA attention kernels "
-                         "only (on CPU it fails: no ring rule for "
-                         "aten._scaled_dot_product_flash_attention_for_cpu), and on a GPU the "
-                         "recorder would wait for each ring exchange where it is issued, "
-                         "serialising the overlap ring attention is built on")
-    if world % (tp * cp):
+        raise InputError("attach", "model", CP_REFUSAL.format(dims=dims, cp=cp,
+                                                              torch=torch.__version__))
+    if world % (tp * cp * pp):
         what = "tensor" if cp == 1 else "tensor × context"
-        raise InputError("attach", "tp_size", f"the {what}-parallel degree {tp * cp} (DeviceMesh "
-                         f"{dims}) does not divide the world size {world}")
+        what += " × pipeline" if pp > 1 else ""
+        raise InputError("attach", "tp_size", f"the {what}-parallel degree {tp * cp * pp} "
+                         f"(DeviceMesh {dims}) does not divide the world size {world}")
     return JobLayout(wrapper, model, dp, dp_rank, world, rank, tp_size=tp, dsp_size=cp,
-                     tp_rank=tp_rank, cp_rank=cp_rank, mesh=dims)
+                     tp_rank=tp_rank, cp_rank=cp_rank, mesh=dims, pp_size=pp, pp_rank=pp_rank)
 
 
 def _fill(layout: JobLayout) -> JobLayout:
     """Ranks outside the data-parallel group would be layers attach cannot see: refuse."""
-    if layout.workers != layout.world_size:
+    if layout.workers * layout.pp_size != layout.world_size:
         what = "data parallelism" if layout.mesh is None else f"the DeviceMesh {layout.mesh}"
-        raise InputError("attach", "model", f"{what} spans {layout.workers} of the "
-                         f"{layout.world_size} ranks; attach records jobs whose other ranks it can "
-                         "place (pipelining: record the schedule; otherwise use Recorder)")
+        raise InputError("attach", "model", f"{what} spans {layout.workers * layout.pp_size} "
+                         f"of the {layout.world_size} ranks; attach records jobs whose other "
+                         "ranks it can place (pipelining: record the schedule; otherwise use "
+                         "Recorder)")
     return layout
+
+
+def pipeline_layout(stages: list, pp: int, world: int, rank: int) -> JobLayout:
+    """The layout of a pipelining job: pp from the schedule's group, dp / tp inside each stage
+    from its parameters' DeviceMesh (FSDP2 and tensor parallelism, torchtitan's 3-D shape)."""
+    module = stages[0].submod
+    _refuse_unknown_wrappers(module)
+    mesh = _parameter_mesh(module)
+    if mesh is None:
+        if pp != world:
+            raise InputError("attach", "model", f"the pipeline group has {pp} of {world} ranks "
+                             "and its stages hold no DeviceMesh parameters: data parallelism "
+                             "around a stage without a DeviceMesh (DDP, a second process group) "
+                             "is not recorded; FSDP2 / tensor parallelism on a DeviceMesh with "
+                             "a 'pp' dimension is")
+        return JobLayout("none", module, 1, 0, world, rank, pp_size=pp, pp_rank=rank)
+    layout = _mesh_layout("fsdp2" if fsdp2_units(module) else "none", module, mesh, world, rank,
+                          pipelined=True)
+    if layout.pp_size != pp:
+        raise InputError("attach", "model", f"the pipeline group has {pp} ranks but the stages' "
+                         f"DeviceMesh {layout.mesh} has {layout.pp_size} along a pipeline "
+                         f"dimension (expected one named among {', '.join(PP_DIM_NAMES)})")
+    return _fill(layout)

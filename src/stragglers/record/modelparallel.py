@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 import zlib
 from typing import Callable
 
@@ -108,6 +109,75 @@ def _group_ranks(group) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(_resolve_process_group(name)))
 
 
+# ---- what the wrappers record into ----------------------------------------------------------
+
+class Collectives:
+    """One attached recorder as the collective wrappers (this module, fsdp.py) see it: its
+    Recorder, its open compute span (cut around each blocking collective), the job's
+    process-group ids and the pg column. Made before `recorder.start()`: the groups every rank
+    belongs to are gathered with the layout."""
+
+    def __init__(self, recorder, compute, sizes: dict[str, int]):
+        self.recorder, self.compute = recorder, compute
+        self.sizes = {k: v for k, v in sizes.items() if v > 1}  # {"tp": 2, "cp": ...}
+        self.groups = GroupIds([])  # every rank's groups once gathered
+        self.ep_size = 1
+        self.pg_on = False
+        self.pg_defaults: dict[int, int] = {}
+        self.paused = False  # inside optimizer.step, or closed: collectives there are no rows
+        recorder.layout_extra["groups"] = member_groups()  # taken out in _on_layout
+        recorder.on_layout = self._on_layout
+
+    def _on_layout(self, entries: list[dict]) -> None:
+        """Every rank's layout entry, gathered: the job's process groups get their ids."""
+        groups = set()
+        for e in entries:
+            groups.update(tuple(g) for g in e.pop("groups", ()))
+        self.groups = GroupIds(groups)
+
+    def taking_rows(self) -> bool:
+        """Whether a collective now is a row (a sampled step, outside the optimizer step)."""
+        return not self.paused and self.recorder.buffer is not None
+
+    def record_pg(self) -> None:
+        """From now on the rows carry their process group (the pg column)."""
+        if self.pg_on:
+            return
+        self.pg_on = True
+        rec = self.recorder
+        rec.record_pg(self.pg_defaults)
+        if rec.rank == 0:  # written with meta.json (at close at the latest)
+            extra = rec.meta.extra
+            extra["process_groups"] = [list(g) for g in self.groups.groups]
+            # the compute rows are pieces between blocking collectives (as the Kineto reader's):
+            # the i-th piece of a step is one kind of work, the pieces are not
+            extra["compute_split_at_collectives"] = True
+            extra.setdefault("group_sizes", {}).update(self.sizes)
+
+    def op(self, code: int, group) -> "ModelParallelOp":
+        """The span of one blocking model-parallel collective in `group`."""
+        pg, size = self.groups.of(group)
+        if code == A2A and self.ep_size == 1 and size > 1:
+            self._note_ep(size)
+        if not self.pg_on:
+            self.record_pg()
+        return ModelParallelOp(self, self.recorder.buffer, code, pg)
+
+    def _note_ep(self, size: int) -> None:
+        """The first all-to-all's group: the expert-parallel degree (meta.ep_size)."""
+        meta = self.recorder.meta
+        if meta.world_size % size:
+            warnings.warn(f"stragglers.record.attach: an all-to-all group of {size} ranks does "
+                          f"not divide the world size {meta.world_size}; ep_size stays 1",
+                          stacklevel=5)
+            self.ep_size = -1
+            return
+        self.ep_size = meta.ep_size = size
+        if isinstance(meta.extra.get("parallel"), dict):
+            meta.extra["parallel"]["ep"] = size
+        meta.extra.setdefault("group_sizes", {})["ep"] = size
+
+
 # ---- the wrappers --------------------------------------------------------------------------
 
 class _Recording:
@@ -123,8 +193,8 @@ class _Recording:
 _REC = _Recording()
 
 
-def install(att) -> Callable[[], None]:
-    """Record `att`'s model-parallel collectives from now on; returns the undo."""
+def install(att: Collectives) -> Callable[[], None]:
+    """Record the model-parallel collectives into `att` from now on; returns the undo."""
     with _REC.lock:
         if not _REC.active:
             _patch()
@@ -167,9 +237,7 @@ def _recording():
     if not _REC.active or getattr(_REC.inside, "depth", 0):
         return None
     att = _REC.active[-1]
-    if att._closed or att._in_opt or att.recorder._buf is None:
-        return None
-    return att
+    return att if att.taking_rows() else None
 
 
 class _Inside:
@@ -202,7 +270,7 @@ def _functional(fn, code: int):
         if att is None:
             return fn(self, *args, **kwargs)
         group = kwargs["group"] if "group" in kwargs else args[group_at]
-        with _Inside(), att.model_parallel_op(code, group) as op:
+        with _Inside(), att.op(code, group) as op:
             out = fn(self, *args, **kwargs)
             if isinstance(out, AsyncCollectiveTensor):
                 out = out.trigger_wait()
@@ -232,7 +300,7 @@ def _c10d_all_to_all(fn):
         if async_op:  # the row is the wait: where the rank blocks, in program order
             work = fn(output, input, output_split_sizes, input_split_sizes, group, True)
             return _WaitRecorded(work, att, group, tokens, nbytes)
-        with _Inside(), att.model_parallel_op(A2A, group) as op:
+        with _Inside(), att.op(A2A, group) as op:
             op.tokens, op.nbytes = tokens, nbytes
             return fn(output, input, output_split_sizes, input_split_sizes, group, False)
 
@@ -248,14 +316,14 @@ class _WaitRecorded(dist.Work):
         super().__init__()
         self._work, self._att, self._group = work, att, group
         self._tokens, self._nbytes = tokens, nbytes
-        self._buf = att.recorder._buf
+        self._buf = att.recorder.buffer
         self._done = False
 
     def wait(self, timeout=None) -> bool:
-        if self._done or self._att.recorder._buf is not self._buf or self._att._closed:
+        if self._done or self._att.recorder.buffer is not self._buf or self._att.paused:
             return self._work.wait() if timeout is None else self._work.wait(timeout)
         self._done = True
-        with _Inside(), self._att.model_parallel_op(A2A, self._group) as op:
+        with _Inside(), self._att.op(A2A, self._group) as op:
             op.tokens, op.nbytes = self._tokens, self._nbytes
             return self._work.wait() if timeout is None else self._work.wait(timeout)
 
@@ -267,31 +335,33 @@ class _WaitRecorded(dist.Work):
 
 
 class ModelParallelOp:
-    """One recorded collective in progress: the context Attached.model_parallel_op returns."""
+    """One recorded collective in progress: the context Collectives.op returns."""
 
-    __slots__ = ("att", "buf", "code", "pg", "mb", "tokens", "nbytes", "start", "seg", "waits")
+    __slots__ = ("att", "buf", "code", "pg", "tokens", "nbytes", "start", "seg", "waits")
 
-    def __init__(self, att, buf, code: int, pg: int, mb: int):
-        self.att, self.buf, self.code, self.pg, self.mb = att, buf, code, pg, mb
+    def __init__(self, att: Collectives, buf, code: int, pg: int):
+        self.att, self.buf, self.code, self.pg = att, buf, code, pg
         self.tokens, self.nbytes = -1, -1
 
     def __enter__(self):
-        att = self.att
-        self.seg = att._seg
+        compute, rec = self.att.compute, self.att.recorder
+        self.seg = compute.current
         if self.seg is not None:
-            att._close_seg()
-        self.waits = att.recorder.comm_wait_mark()
-        self.start = att._timer.mark()
+            compute.close()
+        self.waits = rec.comm_wait_mark()
+        self.start = rec.mark()
         return self
 
     def __exit__(self, exc_type, *exc):
-        att, buf = self.att, self.buf
-        end = att._timer.mark()
-        if exc_type is None and att.recorder._buf is buf:
-            buf.ops.append((self.code, self.start, end, self.mb, 0, 0, math.nan, self.tokens,
+        rec, buf = self.att.recorder, self.buf
+        end = rec.mark()
+        if exc_type is None and rec.buffer is buf:
+            # the microbatch and chunks of the compute it cut (none: -1 and chunk 0)
+            mb, mc, gmc = self.seg[1:4] if self.seg is not None else (-1, 0, 0)
+            buf.ops.append((self.code, self.start, end, mb, mc, gmc, math.nan, self.tokens,
                             self.nbytes, ()))
-            att.recorder.note_comm_wait(buf, self.code, end, *self.waits)
+            rec.note_comm_wait(buf, self.code, end, *self.waits)
             buf.add_pg(self.code, end, self.pg)
-        if self.seg is not None and att.recorder._buf is buf:
-            att._open_seg(self.seg[0], self.seg[1])
+        if self.seg is not None and rec.buffer is buf:
+            self.att.compute.open(*self.seg[:4])
         return False

@@ -8,7 +8,11 @@
 - every activation / gradient send and receive: the P2POps the stage's `get_{fwd,bwd}_{send,
   recv}_ops` return are re-pointed at the Recorder's `isend`/`irecv`, so each row spans the
   post to the completion of that transfer, whether the schedule posts it alone or batched;
-- the optimizer step (step hooks) and GC pauses (the Recorder).
+- the optimizer step (step hooks) and GC pauses (the Recorder);
+- with FSDP2 and tensor parallelism inside the stages (torchtitan's 3-D shape: a DeviceMesh
+  with a pp dimension, each stage's module parallelised over its dp and tp dimensions), the
+  tensor-parallel collectives and FSDP2's all-gathers / reduce-scatters as attach records them
+  on a module (modelparallel.py, fsdp.py): the compute of an action is cut around each.
 Rows carry the microbatch and the local chunk (mc); compute rows carry their global stage index
 in gmc, transfer rows the peer's, so the what-if model pairs each transfer with its peer and
 its compute exactly and follows the schedule's own order (whatif/dependencies.py).
@@ -32,9 +36,14 @@ import torch
 import torch.distributed as dist
 
 from stragglers.errors import InputError
+from stragglers.record import modelparallel
+from stragglers.record.layout import JobLayout, fsdp2_units, pipeline_layout
 from stragglers.record.lifecycle import ClosesOnExit
+from stragglers.record.modelparallel import Collectives
 from stragglers.record.recorder import Recorder
-from stragglers.trace.model import JobMeta
+from stragglers.record.settings import RecorderConfig
+from stragglers.record.spans import ComputeSpan
+from stragglers.trace.model import OPTYPE_CODES, JobMeta
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +58,8 @@ _P2P = {"get_fwd_recv_ops": ("forward-recv", "irecv", -1),
         "get_fwd_send_ops": ("forward-send", "isend", +1),
         "get_bwd_send_ops": ("backward-send", "isend", -1)}
 _ATTACHED: "weakref.WeakSet" = weakref.WeakSet()
+FWD, BWD, BWD_W = (OPTYPE_CODES[n] for n in ("forward-compute", "backward-compute",
+                                              "backward-weight-compute"))
 
 
 def is_pipeline_schedule(obj) -> bool:
@@ -104,30 +115,42 @@ class AttachedPipeline(ClosesOnExit):
                              "attach once per job (close() the first one to attach again)")
         group = stages[0].group
         pp = dist.get_world_size(group)
-        world = dist.get_world_size()
-        if pp != world:
-            raise InputError("attach", "model", f"the pipeline group has {pp} of {world} ranks: "
-                             "pipelining combined with data or tensor parallelism (FSDP2 + "
-                             "TP + PP) is not recorded yet; the pipeline must span the world")
+        rank = dist.get_rank(group)
+        layout = pipeline_layout(stages, pp, dist.get_world_size(), dist.get_rank())
         backend = group._get_backend(stages[0].device) if hasattr(group, "_get_backend") else None
         if backend is not None and getattr(backend, "supports_coalescing", False):
             raise InputError("attach", "model", f"the pipeline group's backend ({dist.get_backend(group)}) "
                              "coalesces batched sends/recvs; per-transfer recording is implemented "
                              "for gloo only")
         self.schedule, self.optimizer, self.stages = schedule, optimizer, stages
+        self.layout = layout
         index = sorted(s.stage_index for s in stages)
         self._mc = {si: index.index(si) for si in index}       # local chunk of each stage
-        rank = dist.get_rank(group)
-        meta = JobMeta(name=name, dp_size=1, pp_size=pp, vpp_size=len(stages), world_size=world,
+        # each data- / tensor-parallel rank of a stage is a worker (column) of its own
+        meta = JobMeta(name=name, dp_size=layout.workers, pp_size=pp, vpp_size=len(stages),
+                       world_size=layout.world_size,
                        run_id=os.environ.get("TORCHELASTIC_RUN_ID", "0"))
         meta.extra.update({"recorded_by": "attach", "wrapper": "pipelining",
                            "pipeline_schedule": type(schedule).__name__,
                            "pipeline_stages": int(stages[0].num_stages),
                            "n_microbatches": int(getattr(schedule, "_n_microbatches", 0)),
                            "stage_of_rank": _gather_stage_map(stages, group), **extra})
-        self.recorder = Recorder(out, meta, dp_rank=0, stage=rank, sample_every=sample_every,
-                                 flush_interval_s=flush_interval_s, device=stages[0].device,
-                                 enabled=enabled, overwrite=overwrite)
+        config = RecorderConfig(sample_every=sample_every, flush_interval_s=flush_interval_s,
+                                enabled=enabled, overwrite=overwrite)
+        self.recorder = rec = Recorder(out, meta, dp_rank=layout.worker, stage=rank,
+                                       config=config, device=stages[0].device)
+        self.compute = ComputeSpan(rec)
+        self.collectives = None  # the stages' TP / FSDP2 collectives (a DeviceMesh inside them)
+        if layout.mesh is not None:
+            meta.extra.update(_mesh_extra(layout))
+            rec.layout_extra.update({"replica": layout.dp_rank, "tp_rank": layout.tp_rank,
+                                     "cp_rank": layout.cp_rank})
+            self.collectives = Collectives(rec, self.compute, {"tp": layout.tp_size,
+                                                               "cp": layout.dsp_size})
+            # tensor-parallel collectives are rows inside a stage's actions only: the schedule's
+            # first step also runs each stage once to infer shapes, outside any action
+            self.collectives.paused = True
+        self._restore: list = []
         self._step = 0
         self._span = None     # the open step (Recorder.step context), sampled or not
         self._opt = None      # the open optimizer op
@@ -141,18 +164,25 @@ class AttachedPipeline(ClosesOnExit):
         for s in stages:
             _ATTACHED.add(s)
         self._install()
+        if self.collectives is not None:
+            self._install_model_parallel()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     def _release(self, collective: bool) -> None:
         """Remove the method wrappers, flush, and close the Recorder (a collective)."""
+        if self.collectives is not None:
+            self.collectives.paused = True
+        for undo in self._restore:
+            undo()
+        self._restore.clear()
         for obj, attr in [(s, m) for s in self.stages for m in _STAGE_METHODS] + [(self.schedule, "step")]:
             obj.__dict__.pop(attr, None)  # the class's method shows through again
         _ATTACHED.discard(self.schedule)
         for s in self.stages:
             _ATTACHED.discard(s)
         if self._span is not None:
-            self.recorder._buf = None  # a step cut by close() has no optimizer end: dropped
+            self.recorder.drop_step()  # a step cut by close() has no optimizer end: dropped
             self._span = None
         self.recorder.close(collective=collective)
 
@@ -179,29 +209,47 @@ class AttachedPipeline(ClosesOnExit):
         self._handles += [self.optimizer.register_step_pre_hook(self._opt_pre),
                           self.optimizer.register_step_post_hook(self._opt_post)]
 
+    def _install_model_parallel(self) -> None:
+        """Record the stages' tensor-parallel collectives and FSDP2 comms (a DeviceMesh)."""
+        from stragglers.record.fsdp import install_fsdp2
+
+        coll = self.collectives
+        self._restore.append(modelparallel.install(coll))
+        units = [u for s in self.stages for u in fsdp2_units(s.submod)]
+        if units:
+            self._restore += install_fsdp2(coll, units)
+        if self.layout.tp_size * self.layout.dsp_size > 1:
+            coll.record_pg()
+
     def _wrap_stage(self, stage) -> None:
-        rec, gmc = self.recorder, int(stage.stage_index)
+        gmc = int(stage.stage_index)
         mc = self._mc[gmc]
-        fwd, bwd, bwd_w = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
-
-        def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
-            with rec.op("forward-compute", fwd_chunk_id, mc=mc, gmc=gmc):
-                return fwd(fwd_chunk_id, *args, **kwargs)
-
-        def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
-            with rec.op("backward-compute", bwd_chunk_id, mc=mc, gmc=gmc):
-                return bwd(bwd_chunk_id, *args, **kwargs)
-
-        def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
-            with rec.op("backward-weight-compute", bwd_chunk_id, mc=mc, gmc=gmc):
-                return bwd_w(bwd_chunk_id, *args, **kwargs)
-
-        stage.forward_one_chunk = forward_one_chunk
-        stage.backward_one_chunk = backward_one_chunk
-        stage.backward_weight_one_chunk = backward_weight_one_chunk
+        for method, code in (("forward_one_chunk", FWD), ("backward_one_chunk", BWD),
+                             ("backward_weight_one_chunk", BWD_W)):
+            setattr(stage, method, self._compute_wrapper(getattr(stage, method), code, mc, gmc))
         for method, (optype, post, offset) in _P2P.items():
             setattr(stage, method, self._p2p_wrapper(getattr(stage, method), optype, post, mc,
                                                      gmc + offset))
+
+    def _compute_wrapper(self, fn, code: int, mc: int, gmc: int):
+        """A stage action recorded as one compute op (a piece per cut where a tensor-parallel
+        collective or an FSDP2 wait blocks it)."""
+        rec, compute, coll = self.recorder, self.compute, self.collectives
+
+        def wrapped(chunk_id, *args, **kwargs):
+            if rec.buffer is None:
+                return fn(chunk_id, *args, **kwargs)
+            compute.open(code, chunk_id, mc, gmc)
+            if coll is not None:
+                coll.paused = False
+            try:
+                return fn(chunk_id, *args, **kwargs)
+            finally:
+                if coll is not None:
+                    coll.paused = True
+                compute.close()
+
+        return wrapped
 
     def _p2p_wrapper(self, get_ops, optype: str, post: str, mc: int, peer_gmc: int):
         rec = self.recorder
@@ -252,8 +300,17 @@ def _check_optimizer(optimizer, stages) -> None:
                              "every stage of this rank")
 
 
+def _mesh_extra(layout: JobLayout) -> dict:
+    """meta.extra of a 3-D job: the mesh, the stages' wrapper and the parallel degrees."""
+    return {"mesh": layout.mesh, "stage_wrapper": layout.wrapper,
+            "parallel": {"dp": layout.dp_size, "tp": layout.tp_size, "cp": layout.dsp_size,
+                         "ep": 1, "pp": layout.pp_size}}
+
+
 def _gather_stage_map(stages, group) -> dict:
-    """{global stage index: {"rank", "host"}} over the pipeline group (for the report)."""
+    """{global stage index: {"rank", "host"}} over the pipeline group (for the report; with
+    data or tensor parallelism, rank 0's pipeline group: meta.extra["layout"] places every
+    rank)."""
     mine = [(int(s.stage_index), dist.get_rank(), socket.gethostname()) for s in stages]
     every: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, mine, group=group)

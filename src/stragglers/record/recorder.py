@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -20,6 +20,7 @@ from stragglers.record import native as native_hooks
 from stragglers.record.clock import (ClockEstimate, common_origin_ns, control_channel,
                                      gather_objects, measure_offset, release_control_channel,
                                      same_host_as_rank0)
+from stragglers.record.settings import RecorderConfig, recorder_config
 from stragglers.record.schedstat import CommWaitProbe, RunDelay, TransportRunDelay
 from stragglers.record.signals import FlushOnTerm
 from stragglers.record.timers import CpuTimer, CudaTimer
@@ -51,12 +52,12 @@ class _OpSpan:
 
     def __enter__(self):
         self.i0 = len(self.buf.gc)
-        self.start = self.rec._timer.mark()
+        self.start = self.rec.mark()
         return self
 
     def __exit__(self, *exc):
-        self.end = end = self.rec._timer.mark()
-        self.rec._close_foreground(self.buf, self.i0, self.row, self.start, end)
+        self.end = end = self.rec.mark()
+        self.rec.add_op(self.buf, self.i0, self.row, self.start, end)
         return False
 
 
@@ -183,7 +184,7 @@ class RecordedWork:
             end = self.end_ns
         else:
             self.work.wait()
-            end = self.rec._timer.mark() if self.buf is not None else None
+            end = self.rec.mark() if self.buf is not None else None
         self.done = True
         if self.buf is not None:
             code, mb, mc, gmc, nbytes = self.row
@@ -196,63 +197,49 @@ class RecordedWork:
         return self.work.is_completed()
 
 
-def _check_settings(**values) -> None:
-    """Counts are integers >= 1, seconds finite and >= 0 (> 0 for the flush interval): a
-    negative or NaN interval killed the writer thread, so no step reached the disk, and 0 made
-    it spin on a core."""
-    for name, value in values.items():
-        if name.endswith("_s"):
-            positive = name == "flush_interval_s"
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and math.isfinite(value) and (value > 0 if positive else value >= 0)
-            expected = f"a finite number of seconds {'> 0' if positive else '>= 0'}"
-        else:
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-            expected = "an integer >= 1"
-        if not ok:
-            raise InputError("Recorder", name, f"expected {expected}, got {value!r}")
-
-
 class Recorder:
     """Record one rank's ops into a run directory (our format), sampling one step in k.
 
     Use as a context manager around the training loop; every rank of the job creates one.
     `start()` (called by `__enter__`) is a collective: it measures the clock offset to rank 0
     and rank 0 writes meta.json with the rank layout. `close()` re-checks the clock and records
-    the error estimate in meta.extra["clock"].
+    the error estimate in meta.extra["clock"]. Settings: a RecorderConfig (record/settings.py),
+    or its fields by name.
     """
 
     def __init__(self, trace_dir: str | Path, meta: JobMeta, *, dp_rank: int, stage: int,
-                 sample_every: int = 1, flush_every: int = 64,
-                 flush_interval_s: float = 1.0, device: torch.device | str | None = None,
-                 group=None, clock_rounds: int = 8, gc_min_s: float = 50e-6, enabled: bool = True,
-                 overwrite: bool = False, monitor: str | None = None,
-                 monitor_token: str | None = None, monitor_job: str | None = None,
-                 monitor_close_timeout_s: float = 10.0, flush_on_sigterm: bool = True):
-        _check_settings(sample_every=sample_every, flush_every=flush_every,
-                        flush_interval_s=flush_interval_s, clock_rounds=clock_rounds,
-                        gc_min_s=gc_min_s, monitor_close_timeout_s=monitor_close_timeout_s)
+                 config: RecorderConfig | None = None, device: torch.device | str | None = None,
+                 group=None, **settings: Any):
+        """`config` holds the settings (RecorderConfig); each may also be given by name
+        (`sample_every=2, overwrite=True, monitor=URL`), overriding `config`."""
+        self.config = cfg = recorder_config(config, settings)
         self.trace_dir = Path(trace_dir)
         self.meta = meta
         self.dp_rank, self.stage = int(dp_rank), int(stage)
-        self.sample_every, self.flush_every = int(sample_every), int(flush_every)
-        self.flush_interval_s = float(flush_interval_s)
+        self.sample_every, self.flush_every = int(cfg.sample_every), int(cfg.flush_every)
+        self.flush_interval_s = float(cfg.flush_interval_s)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.group = group
-        self.clock_rounds = clock_rounds
-        self.gc_min_ns = int(gc_min_s * 1e9)
-        self.enabled = enabled
-        self.overwrite = bool(overwrite)
+        self.clock_rounds = int(cfg.clock_rounds)
+        self.gc_min_ns = int(cfg.gc_min_s * 1e9)
+        self.enabled = cfg.enabled
+        self.overwrite = cfg.overwrite
         # The live monitor (stragglers.monitor): parts are also uploaded there, off the step.
-        self.monitor, self.monitor_token = monitor, monitor_token
-        self.monitor_job = monitor_job or self.trace_dir.name
-        self.monitor_close_timeout_s = float(monitor_close_timeout_s)
-        self.flush_on_sigterm = bool(flush_on_sigterm)  # record/signals.py
+        self.monitor, self.monitor_token = cfg.monitor, cfg.monitor_token
+        self.monitor_job = cfg.monitor_job or self.trace_dir.name
+        self.monitor_close_timeout_s = float(cfg.monitor_close_timeout_s)
+        self.flush_on_sigterm = cfg.flush_on_sigterm  # record/signals.py
         self._uploader = None
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if self.distributed else 0
         self.world_size = dist.get_world_size(group) if self.distributed else 1
         self._timer = CudaTimer(self.device) if self.device.type == "cuda" else CpuTimer()
+        # the hook interface attach's recorders use (record/_attach.py, fsdp.py,
+        # modelparallel.py, pipelining.py): `mark()` a timestamp of this recorder's clock
+        # (perf_counter_ns itself on CPU: the hooks call it per op), `on_gpu`, `buffer`,
+        # `add_op`, `begin_step`/`end_step`/`drop_step`, `closed`
+        self.mark = self._timer.mark if self._timer.is_cuda else time.perf_counter_ns
+        self.on_gpu = self._timer.is_cuda
         self._buf: StepBuffer | None = None
         self._gc_t0 = 0
         self._writer: RankWriter | None = None
@@ -345,7 +332,7 @@ class Recorder:
         if on_term is not None:
             on_term.remove()
         if self._buf is not None:
-            self._end_step(failed=not collective)
+            self.end_step(failed=not collective)
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         # Every thread the recorder started is joined here, before the caller may destroy the
@@ -429,8 +416,18 @@ class Recorder:
     # ---- steps and ops ---------------------------------------------------------------------
 
     def sampled(self, step: int) -> bool:
-        """Whether this step is recorded (one in `sample_every`)."""
-        return self.enabled and step % self.sample_every == 0
+        """Whether this step is recorded (one in `sample_every`, while the recorder is open)."""
+        return self.enabled and step % self.sample_every == 0 and not self._closed
+
+    @property
+    def buffer(self) -> StepBuffer | None:
+        """The rows of the sampled step in progress (None outside sampled steps)."""
+        return self._buf
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() ran (or the recorder was never enabled)."""
+        return self._closed
 
     def step(self, step: int):
         """Context manager around one training step; ops are recorded only in sampled steps."""
@@ -450,7 +447,9 @@ class Recorder:
         row = (OPTYPE_CODES[optype], mb_id, mc, gmc, attn_cost, tokens, nbytes)
         return _OpSpan(self, buf, row)
 
-    def _close_foreground(self, buf: StepBuffer, i0: int, row: tuple, start, end) -> None:
+    def add_op(self, buf: StepBuffer, i0: int, row: tuple, start, end) -> None:
+        """A foreground op's row (code, mb, mc, gmc, attn, tokens, bytes) from `start` to `end`
+        into `buf`; the GC pauses `buf` got since it held `i0` move before the op."""
         code, mb, mc, gmc, attn, tok, nbytes = row
         pauses = ()
         if len(buf.gc) > i0 and not self._timer.is_cuda:
@@ -473,16 +472,24 @@ class Recorder:
                 buf.gc.append((self._gc_t0, t1))
         self._gc_t0 = 0
 
-    def _begin_step(self, step: int) -> bool:
+    def begin_step(self, step: int) -> bool:
+        """Begin step `step` (ending one in progress); whether it is sampled (recorded)."""
         if self._buf is not None:
-            self._end_step()
-        if self._closed or not self.sampled(step):
+            self.end_step()
+        if not self.sampled(step):
             return False
         self._buf = StepBuffer(step, self._timer.begin_step())
         return True
 
-    def _end_step(self, failed: bool = False) -> None:
+    def drop_step(self) -> None:
+        """Forget the step in progress (cut by close(): it has no end)."""
+        self._buf = None
+
+    def end_step(self, failed: bool = False) -> None:
+        """Hand the step in progress to the writer (`failed`: drop it)."""
         buf, self._buf = self._buf, None
+        if buf is None:
+            return
         if failed:
             # The step raised (a peer died, say): its rows are incomplete and its posted works
             # may never finish, so it is dropped; the steps before it are already queued.
@@ -515,7 +522,7 @@ class Recorder:
 
     def _p2p(self, fn, tensor, peer, optype, group, tag) -> RecordedWork:
         buf = self._buf
-        start = self._timer.mark() if buf is not None else None
+        start = self.mark() if buf is not None else None
         work = fn(tensor, peer, group=group, tag=tag)
         row = (OPTYPE_CODES[optype], -1, 0, self.stage, tensor.numel() * tensor.element_size())
         waiter = None
@@ -575,14 +582,14 @@ class Recorder:
             buf = self._buf
             start = None
             if buf is not None:
-                start = self._timer.mark()
+                start = self.mark()
                 flat = bucket.buffer()
                 nbytes = flat.numel() * flat.element_size()
 
             def done():
                 # The bucket's collective has completed; the op ends here. Buckets go out in
                 # order on one stream: one queued behind the previous starts when that ends.
-                end = self._timer.mark()
+                end = self.mark()
                 s = start
                 if isinstance(s, int):
                     s = min(max(s, last_end[0]), end)
@@ -607,9 +614,9 @@ class _StepSpan:
         self.rec, self.step_no = rec, step
 
     def __enter__(self) -> bool:
-        return self.rec._begin_step(self.step_no)
+        return self.rec.begin_step(self.step_no)
 
     def __exit__(self, exc_type, exc, tb):
         if self.rec._buf is not None:
-            self.rec._end_step(failed=exc_type is not None)
+            self.rec.end_step(failed=exc_type is not None)
         return False
