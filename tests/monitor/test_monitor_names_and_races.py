@@ -1,6 +1,6 @@
 """Cases a hostile or unlucky client found (issue 34, red team): a job name ending in a
-newline, a request with two Host headers, the same new job's meta.json sent at once with
-different contents."""
+newline, sizes whose product is 10^16 ranks, a request with two Host headers, the same new
+job's meta.json sent at once with different contents."""
 
 from __future__ import annotations
 
@@ -37,6 +37,11 @@ def test_names_hosts_and_concurrent_metas(server):
         r = c.put("/api/jobs/d%0A/ranks/0/parts/0", content=b"PAR1", headers=AUTH)
         assert r.status_code == 422, r.text
         assert not (server.monitor.data_dir / "d\n").exists()
+        # sizes whose product is 10^16 ranks (each size within its bound): no upload could
+        # ever complete such a job (ranks stop at 9,999,999)
+        r = c.put("/api/jobs/huge/meta", json={**meta, "dp_size": 10**6, "pp_size": 10**5,
+                                              "tp_size": 10**5, "world_size": 0}, headers=AUTH)
+        assert r.status_code == 422 and "world_size" in r.json()["error"], r.text
 
         # two Host headers: one proxy reads the first, another the last (RFC 9112: 400)
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as k:

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from stragglers.errors import InputError
+from stragglers.monitor.part_names import MAX_RANK
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import meta_from_dict
 
@@ -35,6 +36,11 @@ def check_meta(raw: object, source: Path | str, max_bytes: int = MAX_META_BYTES)
     if size > max_bytes:
         raise InputError(source, None, f"{size} bytes of metadata; expected at most {max_bytes}")
     meta = meta_from_dict(raw, source)
+    if meta.world_size > MAX_RANK + 1:
+        # the sizes' product is unbounded (dp 10^6 × pp 10^5 × tp 10^5 was a job of 10^16
+        # ranks that no upload can complete: ranks stop at MAX_RANK)
+        raise InputError(source, "world_size", f"{meta.world_size} ranks (the product of the "
+                         f"sizes); expected at most {MAX_RANK + 1}")
     layout = meta.extra.get("layout")
     if layout is not None:
         _check_layout(layout, meta, source)
