@@ -71,13 +71,15 @@ class PostgresCluster:
             raise RuntimeError(f"{Path(cmd[0]).name} failed ({proc.returncode}): "
                                f"{proc.stderr.strip()[-2000:]}")
 
-    def start(self) -> "PostgresCluster":
-        """initdb (trust on loopback, no fsync: a test cluster) and start; returns self."""
+    def start(self, durable: bool = False) -> "PostgresCluster":
+        """initdb (trust on loopback) and start; returns self. Not `durable` (tests): no fsync,
+        as the tests kill monitor instances, never this server; `durable` (benchmarks, against
+        SQLite's fsync per commit): PostgreSQL's defaults, every commit flushed."""
         self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U",
                   "postgres", "-E", "UTF8", "--no-sync")
-        # fsync off: the tests kill monitor instances, never this server
-        options = (f"-p {self.port} -h 127.0.0.1 -k {self.dir} -c fsync=off "
-                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        options = f"-p {self.port} -h 127.0.0.1 -k {self.dir} -c max_connections=200"
+        if not durable:
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l",
                   str(self.dir / "server.log"), "-w", "-t", "60", "start")
         return self

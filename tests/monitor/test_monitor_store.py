@@ -19,7 +19,7 @@ from stragglers.monitor.store import JobConflict, PostgresStore, SQLiteStore, op
 RULES = parse_rules([{"name": "straggling", "when": "slowdown >= 1.1", "for_windows": 1}])
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
 def stores(request, tmp_path):
     """open(): a new store object on the test's one database (each one an 'instance')."""
     if request.param == "sqlite":
@@ -98,6 +98,7 @@ def test_windows_and_alert_changes_are_stored_once_with_their_messages(stores):
     assert len(b.outbox("j")) == 1
 
 
+@pytest.mark.slow
 def test_leases_divide_jobs_and_a_taken_lease_fences_its_old_holder(stores):
     a, b = stores(), stores()
     for j in ("j1", "j2", "j3", "j4"):
@@ -128,6 +129,7 @@ def test_leases_divide_jobs_and_a_taken_lease_fences_its_old_holder(stores):
     assert b.take_lease("B", "j1", 60.0) is not None and a.take_lease("A", "j1", 60.0) is None
 
 
+@pytest.mark.slow
 def test_concurrent_heartbeats_never_give_one_job_to_two_instances(stores):
     instances = [stores() for _ in range(4)]
     for i in range(40):
@@ -149,6 +151,7 @@ def test_concurrent_heartbeats_never_give_one_job_to_two_instances(stores):
     assert sum(len(j) for j in held.values()) == sum(o is not None for o in owners.values())
 
 
+@pytest.mark.slow
 def test_outbox_messages_are_claimed_by_one_instance_in_order(stores):
     a, b = stores(), stores()
     a.register_job("j", "/runs/j", "http", None)
@@ -187,6 +190,7 @@ def test_a_new_run_is_reset_once_when_two_instances_see_it(stores):
     assert b.job_marks(["j"])["j"]["run"] == 1
 
 
+@pytest.mark.slow
 def test_a_change_on_one_postgres_instance_reaches_the_others_listeners(postgres_url):
     # (one SQLite file has one instance: its listeners hear its own writes)
     a, b = open_store(postgres_url), open_store(postgres_url)
@@ -198,3 +202,27 @@ def test_a_change_on_one_postgres_instance_reaches_the_others_listeners(postgres
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.slow
+def test_a_postgres_store_that_cannot_be_used_is_refused_in_one_line(tmp_path, postgres_url):
+    # (InputError: the CLI prints its one line and exits 2, as for a SQLite file that is not one)
+    import socket
+
+    from stragglers.errors import InputError
+    from stragglers.monitor.service import Monitor
+
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        nobody = f"postgresql://mon:s3cret@127.0.0.1:{s.getsockname()[1]}/monitor"
+    with pytest.raises(InputError) as bad:
+        open_store(nobody)
+    said = str(bad.value)
+    assert "cannot use this PostgreSQL database" in said and "\n" not in said
+    assert "s3cret" not in said                    # the password is never shown
+    store = open_store(postgres_url)
+    try:
+        with pytest.raises(InputError, match="--data-dir"):   # a shared store needs a shared
+            Monitor(store)                                    # folder for the uploads
+    finally:
+        store.close()

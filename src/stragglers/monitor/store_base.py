@@ -239,9 +239,12 @@ class SQLStore:
     def part_index(self, job: str, after_seq: int = -1) -> list[dict]:
         """(rank, part, last_step, ingested_at, seq) of a job's parts (those numbered after
         `after_seq` in its part sequence; parts stored before sequences count as 0)."""
-        return self._rows("SELECT rank, part, last_step, ingested_at, COALESCE(seq, 0) AS seq "
-                          "FROM parts WHERE job = ? AND COALESCE(seq, 0) > ? "
-                          "ORDER BY rank, part", (job, after_seq))
+        if after_seq < 0:
+            return self._rows("SELECT rank, part, last_step, ingested_at, COALESCE(seq, 0) AS "
+                              "seq FROM parts WHERE job = ? ORDER BY rank, part", (job,))
+        # (seq itself compared, so that the index on (job, seq) serves the holder's every tick)
+        return self._rows("SELECT rank, part, last_step, ingested_at, seq FROM parts "
+                          "WHERE job = ? AND seq > ? ORDER BY rank, part", (job, after_seq))
 
     def max_step(self, job: str) -> int:
         """The last step of any stored part of the job (-1: none)."""
