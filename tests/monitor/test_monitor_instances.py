@@ -25,7 +25,7 @@ from conftest import REPO, eventually, free_port
 from monitor_jobs import get, parts_of, slow_job
 from stragglers.trace.runformat import table_bytes
 
-LEASE_S = 1.5
+LEASE_S = 1.0
 SETTINGS = {"window_steps": 4, "stall_after_s": 600, "tick_s": 0.1, "lease_s": LEASE_S,
             "alert_claim_s": 2.0, "repeat_s": 36000, "analysis_process": False}
 RULES = [{"name": "severe", "when": "slowdown >= 1.3", "for_windows": 1,
@@ -88,7 +88,7 @@ def test_two_instances_share_jobs_and_a_killed_one_is_taken_over(postgres_url, t
     a, url_a = serve(postgres_url, tmp_path, "a", hook.url)
     b, url_b = serve(postgres_url, tmp_path, "b", hook.url)
     db = psycopg.connect(postgres_url, autocommit=True)
-    jobs = {f"job{i}": slow_job(steps=24, slow=(i % 2, 1, 3.0), seed=i) for i in range(4)}
+    jobs = {f"job{i}": slow_job(steps=16, slow=(i % 2, 1, 3.0), seed=i) for i in range(4)}
     parts = {j: parts_of(t, steps_per_part=2) for j, t in jobs.items()}
     try:
         ca, cb = httpx.Client(base_url=url_a, timeout=30), httpx.Client(base_url=url_b, timeout=30)
@@ -119,8 +119,10 @@ def test_two_instances_share_jobs_and_a_killed_one_is_taken_over(postgres_url, t
             what="B holds every lease")
         takeover_s = time.monotonic() - killed_at
         # the bound: A's lease runs out (LEASE_S after its last heartbeat) and B's next
-        # heartbeat (every LEASE_S / 3) takes it; the rest is slack for a loaded machine
-        assert takeover_s <= LEASE_S * 4 / 3 + 5.0, takeover_s
+        # heartbeat (every LEASE_S / 3) takes it; the rest is slack for a loaded machine (it
+        # tells a takeover by the lease from one that waits for anything else, e.g. a job
+        # finishing after an hour of silence)
+        assert takeover_s <= LEASE_S * 4 / 3 + 10.0, takeover_s
         for job, ps in parts.items():                     # the rest of the run, to B
             for rank, part, cols in ps[len(ps) // 2:]:
                 r = cb.put(f"/api/jobs/{job}/ranks/{rank}/parts/{part}",
@@ -132,7 +134,7 @@ def test_two_instances_share_jobs_and_a_killed_one_is_taken_over(postgres_url, t
         def analysed(job):
             w = db.execute("SELECT steps FROM windows WHERE job = %s ORDER BY idx",
                            (job,)).fetchall()
-            return sum(len(json.loads(s)) for (s,) in w) >= 24
+            return sum(len(json.loads(s)) for (s,) in w) >= 16
 
         eventually(lambda: all(analysed(j) for j in jobs), 90, what="every step analysed")
         for job, trace in jobs.items():
