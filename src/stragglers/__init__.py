@@ -57,6 +57,7 @@ _LAZY = {
     "MissingExtraError": "stragglers.errors",
     "Config": "stragglers.config",
     "synth": ("stragglers.trace.synth", "generate"),
+    "SynthSpec": "stragglers.trace.synth.spec",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -108,10 +108,13 @@ def with_options(cls: type[Config], *,
             if f.name in taken:
                 raise TypeError(f"{command.__name__} already has a parameter {f.name!r}")
             added.append(inspect.Parameter(
-                f.name, inspect.Parameter.KEYWORD_ONLY,
+                f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                 annotation=_option_type(_hints(cls)[f.name]),
-                default=typer.Option(f.default, flag_of(f), help=_option_help(f))))
+                default=typer.Option(f.default, _declaration(f), help=_option_help(f))))
         kept = [p for p in signature.parameters.values() if p.name != "config"]
+        # the settings' options right after the command's arguments (help lists them first)
+        arguments = [p for p in kept if isinstance(p.default, typer.models.ArgumentInfo)]
+        rest = [p for p in kept if p not in arguments]
 
         @functools.wraps(command)
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -123,7 +126,8 @@ def with_options(cls: type[Config], *,
                 raise typer.BadParameter(exc.problem, param_hint=f"'{flag}'") from None
             return command(*args, **kwargs)
 
-        run.__signature__ = signature.replace(parameters=kept + added)  # type: ignore[attr-defined]
+        run.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=arguments + added + rest)
         return run
 
     return decorate
@@ -132,6 +136,12 @@ def with_options(cls: type[Config], *,
 def flag_of(f: dataclasses.Field) -> str:
     """The command-line option of a setting: its `flag`, else `--name-with-dashes`."""
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _declaration(f: dataclasses.Field) -> str:
+    """The option's declaration: a true-or-false setting can be turned either way."""
+    flag = flag_of(f)
+    return f"{flag}/--no-{flag[2:]}" if isinstance(f.default, bool) else flag
 
 
 def _option_help(f: dataclasses.Field) -> str:
@@ -220,7 +230,7 @@ def _check(owner: str, f: dataclasses.Field, value: Any) -> None:
             raise InputError(owner, f.name, f"expected true or false, got {value!r}")
         return
     if isinstance(default, (int, float)) and default is not None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise InputError(owner, f.name, f"expected a number, got {value!r}")
         if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) \
                 and not value.is_integer():

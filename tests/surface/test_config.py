@@ -49,3 +49,45 @@ def test_registry_lists_choices():
     assert reg.get("a") is object
     with pytest.raises(InputError, match="expected one of a"):
         reg.get("b")
+
+
+@dataclasses.dataclass(frozen=True)
+class WithOptional(Config):
+    limit: int | None = setting(None, "at most this many", minimum=1)
+    label: str | None = setting(None, "a name")
+    sizes: tuple[int, ...] | None = setting(None, "one per rank")
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"limit": 2.5}, "limit"), ({"limit": 0}, "limit"), ({"label": 3}, "label"),
+    ({"sizes": 4}, "sizes"),
+])
+def test_a_none_default_setting_is_checked_against_its_annotation(changes, field):
+    assert WithOptional(limit=3, label="x", sizes=(1, 2)).limit == 3
+    with pytest.raises(InputError) as err:
+        WithOptional.from_mapping(changes, "job.yaml")
+    assert err.value.field == field
+
+
+def test_with_options_makes_one_option_per_scalar_setting():
+    import typer
+    import typer.main
+
+    from stragglers.config import with_options
+
+    got = {}
+
+    @with_options(Example)
+    def command(path: str = typer.Argument(...), config: Example = Example()) -> None:
+        got["config"] = config
+
+    app = typer.Typer(add_completion=False)
+    app.command()(command)
+    click_command = typer.main.get_command(app)   # an app of one command is that command
+    assert [p.opts[0] for p in click_command.params][1:] == [
+        "--threshold", "--count", "--mode", "--enabled"]
+    click_command.main(["p", "--count", "4", "--no-enabled"], standalone_mode=False)
+    assert got["config"] == Example(count=4, enabled=False)
+    with pytest.raises(typer.BadParameter) as err:
+        click_command.main(["p", "--mode", "medium"], standalone_mode=False)
+    assert "'--mode'" in err.value.format_message()

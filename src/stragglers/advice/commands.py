@@ -32,10 +32,9 @@ def advise_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No console table."),
     config: AdviseConfig = AdviseConfig(),
 ) -> None:
-    """Which remedy would buy most on this job: each remedy's predicted step time and speedup.
-
-    The job's settings are AdviseConfig's, one option each (--remaining-steps, --restart-cost,
-    --global-batch, --s, --threshold, --gc-sync-pause-s)."""
+    """Which remedy would buy most on this job: each remedy's predicted step time and speedup."""
+    # the job's settings (--remaining-steps, --restart-cost, --global-batch, --s, --threshold,
+    # --gc-sync-pause-s) are AdviseConfig's, one option each (with_options)
     from stragglers.advice.advisor import advise
     from stragglers.advice.context import load_calibration
 

@@ -8,7 +8,11 @@ from typing import Optional
 
 import typer
 
+from stragglers.config import with_options
 from stragglers.errors import InputError
+from stragglers.trace.synth.spec import (GC, GCInCompute, HeavyLastStage, HostStall, Injection,
+                                         SequenceImbalance, SlowCollective, SlowLink, SlowWorker,
+                                         SynthSpec)
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +42,9 @@ def convert_command(
     Console().print(f"wrote {out}", markup=False, highlight=False)
 
 
+@with_options(SynthSpec)
 def synth(
     out_dir: Path = typer.Argument(..., help="Run directory to write (meta.json + Parquet)."),
-    dp: int = typer.Option(2, help="Data-parallel size."),
-    pp: int = typer.Option(4, help="Pipeline-parallel size (stages)."),
-    vpp: int = typer.Option(1, help="Model chunks per stage (interleaved schedule when > 1)."),
-    microbatches: int = typer.Option(8, help="Microbatches per step."),
-    steps: int = typer.Option(10, help="Training steps."),
-    sync: str = typer.Option("zero", help="DP gradient sync: zero (all-gather + reduce-scatter) "
-                             "or ddp (all-reduce)."),
-    seed: int = typer.Option(0, help="Random seed (same seed, same trace)."),
-    noise: float = typer.Option(0.02, help="Sigma of the multiplicative lognormal noise."),
     slow_worker: Optional[str] = typer.Option(None, help="DP,STAGE,FACTOR: one slow worker."),
     heavy_last_stage: Optional[float] = typer.Option(None, help="FACTOR on the last stage's "
                                                      "forward/backward."),
@@ -70,11 +66,12 @@ def synth(
     gc_in_compute: Optional[float] = typer.Option(None, help="GC pauses per worker per step "
                                                   "inside forward/backward (no gc rows; "
                                                   "length --gc-length)."),
-    launch_delay: float = typer.Option(20e-6, help="Mean launch delay per op, seconds."),
-    name: Optional[str] = typer.Option(None, help="Job name (default: from the parameters)."),
     force: bool = typer.Option(False, help="Replace the op tables of an existing run directory."),
+    config: SynthSpec = SynthSpec(),
 ) -> None:
     """Generate a synthetic job trace with injected straggler causes (ground truth in meta.json)."""
+    # the job's shape options (--dp ... --step-gap, --name) are SynthSpec's settings
+    # (with_options); each injection option below becomes one typed injection of the spec
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -86,17 +83,17 @@ def synth(
     if existing and not force:
         raise InputError(out_dir, None, f"already holds {len(existing)} op tables; pass --force "
                          "to replace them")
-    kwargs = dict(
-        dp=dp, pp=pp, vpp=vpp, microbatches=microbatches, steps=steps, sync=sync, seed=seed,
-        noise=noise, heavy_last_stage=heavy_last_stage, launch_delay=launch_delay, name=name,
-        slow_worker=_parse_slow_worker(slow_worker) if slow_worker else None,
-        seq_imbalance={"dist": seq_imbalance, "max_len": max_len, "tokens_per_mb": tokens_per_mb}
+    injections: list[Injection | None] = [
+        _parse_slow_worker(slow_worker) if slow_worker else None,
+        HeavyLastStage(heavy_last_stage) if heavy_last_stage is not None else None,
+        SequenceImbalance(dist=seq_imbalance, max_len=max_len, tokens_per_mb=tokens_per_mb)
         if seq_imbalance else None,
-        gc=(gc_rate, gc_length) if gc_rate is not None else None,
-        slow_link=_parse_slow_link(slow_link, slow_link_steps) if slow_link else None,
-        host_stall=_parse_host_stall(host_stall, host_stall_steps) if host_stall else None,
-        gc_in_compute=(gc_in_compute, gc_length) if gc_in_compute is not None else None,
-    )
+        GC(gc_rate, gc_length) if gc_rate is not None else None,
+        _parse_slow_link(slow_link, slow_link_steps) if slow_link else None,
+        _parse_host_stall(host_stall, host_stall_steps) if host_stall else None,
+        GCInCompute(gc_in_compute, gc_length) if gc_in_compute is not None else None,
+    ]
+    spec = config.replace(injections=tuple(i for i in injections if i is not None))
     console = Console(stderr=True)
     # descriptions carry file names: plain text, not rich markup; no bar where stderr is no
     # terminal (it would leave a blank line); -v logs the stages either way
@@ -104,8 +101,8 @@ def synth(
                   TimeElapsedColumn(), console=console, transient=True,
                   disable=not console.is_terminal) as progress:
         progress.add_task("generating the trace", total=None)
-        log.info("generating the trace: %s", {k: v for k, v in kwargs.items() if v is not None})
-        trace = generate(**kwargs)
+        log.info("generating the trace: %s", spec)
+        trace = generate(spec)
         progress.add_task(f"writing {len(trace):,} ops", total=None)
         log.info("writing %s ops to %s", f"{len(trace):,}", out_dir)
         for path in existing:
@@ -213,51 +210,45 @@ def _numbers(text: str, field: str, count: int) -> list[str]:
     return parts
 
 
-def _parse_slow_worker(text: str) -> tuple[int, int, float]:
+def _parse_slow_worker(text: str) -> SlowWorker:
     d, p, f = _numbers(text, "--slow-worker", 3)
     try:
-        return int(d), int(p), float(f)
+        return SlowWorker(int(d), int(p), float(f))
     except ValueError:
         raise InputError("stragglers synth", "--slow-worker", f"expected DP,STAGE,FACTOR "
                          f"(integers and a number), got {text!r}") from None
 
 
-def _parse_host_stall(text: str, steps: str | None) -> dict:
+def _parse_host_stall(text: str, steps: str | None) -> HostStall:
     d, p, sec = _numbers(text, "--host-stall", 3)
     try:
-        stall = {"dp": int(d), "stage": int(p), "seconds": float(sec)}
+        stall = HostStall(int(d), int(p), float(sec))
     except ValueError:
         raise InputError("stragglers synth", "--host-stall", f"expected DP,STAGE,SECONDS "
                          f"(integers and a number), got {text!r}") from None
-    if steps:
-        try:
-            stall["steps"] = [int(x) for x in steps.split(",")]
-        except ValueError:
-            raise InputError("stragglers synth", "--host-stall-steps", "expected "
-                             f"comma-separated step numbers, got {steps!r}") from None
-    return stall
+    return stall.replace(steps=_steps(steps, "--host-stall-steps")) if steps else stall
 
 
-def _parse_slow_link(text: str, steps: str | None) -> dict:
+def _steps(text: str, field: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise InputError("stragglers synth", field, "expected comma-separated step numbers, "
+                         f"got {text!r}") from None
+
+
+def _parse_slow_link(text: str, steps: str | None) -> SlowLink | SlowCollective:
     kind, _, rest = text.partition(":")
     try:
-        link = None
+        link: SlowLink | SlowCollective | None = None
         if kind == "p2p":
             d, a, b, f = _numbers(rest, "--slow-link", 4)
-            link = {"kind": "p2p", "dp": int(d), "stage_from": int(a), "stage_to": int(b),
-                    "factor": float(f)}
+            link = SlowLink(int(d), int(a), int(b), float(f))
         elif kind == "collective":
             optype, stage, f = _numbers(rest, "--slow-link", 3)
-            link = {"kind": "collective", "optype": optype,
-                    "stage": None if stage == "all" else int(stage), "factor": float(f)}
+            link = SlowCollective(optype, float(f), None if stage == "all" else int(stage))
         if link is not None:
-            if steps:
-                try:
-                    link["steps"] = [int(x) for x in steps.split(",")]
-                except ValueError:
-                    raise InputError("stragglers synth", "--slow-link-steps", "expected "
-                                     f"comma-separated step numbers, got {steps!r}") from None
-            return link
+            return link.replace(steps=_steps(steps, "--slow-link-steps")) if steps else link
     except ValueError:
         pass
     raise InputError("stragglers synth", "--slow-link", "expected p2p:DP,FROM,TO,FACTOR or "

@@ -9,28 +9,26 @@ So all steps are evaluated at once and stitched together with a cumulative sum.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from stragglers.errors import InputError
 from stragglers.trace.model import COLUMNS, JobMeta, Trace, optype_code
 from stragglers.trace.synth.durations import FORWARD_BACKWARD, Costs, sample_costs
 from stragglers.trace.synth.schedule import StepGraph, build_step_graph
-from stragglers.trace.synth.validate import SOURCE, ground_truth, validate_parameters
+from stragglers.trace.synth.spec import KEYWORDS as INJECTIONS, SynthSpec, synth_spec
+from stragglers.trace.synth.validate import SOURCE, ground_truth
 
 
-def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, steps: int = 10, *,
-             sync: str = "zero", seed: int = 0, noise: float = 0.02,
-             slow_worker: tuple[int, int, float] | None = None,
-             heavy_last_stage: float | None = None,
-             seq_imbalance: dict | None = None,
-             gc: tuple[float, float] | None = None,
-             slow_link: dict | None = None,
-             host_stall: dict | None = None,
-             gc_in_compute: tuple[float, float] | None = None,
-             stage_scale: list[float] | None = None,
-             launch_delay: float = 20e-6, step_gap: float = 1e-3,
-             name: str | None = None) -> Trace:
+def generate(spec: SynthSpec | None = None, /, **keywords: Any) -> Trace:
     """A synthetic Megatron-style job trace with the given injected straggler causes.
+
+    `spec` is a SynthSpec: the job's shape (dp, pp, vpp, microbatches, steps, sync, seed, noise,
+    launch_delay, step_gap, name, stage_scale) and its typed injections (SlowWorker,
+    HeavyLastStage, SequenceImbalance, GC, GCInCompute, SlowLink, SlowCollective, HostStall);
+    keywords given with it change its fields. Without one, the keyword form, converted by
+    `SynthSpec.from_keywords`:
 
     slow_worker=(dp_rank, stage, factor); heavy_last_stage=factor;
     seq_imbalance={"dist": "lognormal"|"uniform", "max_len", "tokens_per_mb", ...};
@@ -45,12 +43,10 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
     stage_scale=[factor per stage]: the work of each stage's forward/backward (a layer split;
     not a cause by itself, e.g. the rebalanced twin of a heavy-stage job).
     """
-    params = validate_parameters(dict(
-        dp=dp, pp=pp, vpp=vpp, microbatches=microbatches, steps=steps, sync=sync, seed=seed,
-        noise=noise, slow_worker=slow_worker, heavy_last_stage=heavy_last_stage,
-        seq_imbalance=seq_imbalance, gc=gc, slow_link=slow_link, host_stall=host_stall,
-        gc_in_compute=gc_in_compute, stage_scale=stage_scale, launch_delay=launch_delay,
-        step_gap=step_gap))
+    spec = synth_spec(spec, keywords)
+    params = spec.parameters()
+    dp, pp, vpp = params["dp"], params["pp"], params["vpp"]
+    microbatches, steps, name = params["microbatches"], params["steps"], spec.name
     # refused before the schedule is built: with pp = 100,000 building it alone fills memory
     _check_size(dp, pp, vpp, microbatches, steps, upper_bound_ops(pp, vpp, microbatches) * dp * steps)
     sched = build_step_graph(pp, vpp, microbatches, params["sync"],
@@ -67,7 +63,7 @@ def generate(dp: int = 2, pp: int = 4, vpp: int = 1, microbatches: int = 8, step
         if len(sched.nodes) * dp * steps <= MAX_IMPACT_OPS else None
     del start, end
     name = name or _default_name(params)
-    meta = JobMeta(name=name, dp_size=dp, pp_size=pp, vpp_size=vpp, run_id=str(seed),
+    meta = JobMeta(name=name, dp_size=dp, pp_size=pp, vpp_size=vpp, run_id=str(params["seed"]),
                    extra={"ground_truth": ground_truth(params, costs, impacts),
                           "generator": {"tool": "stragglers.trace.synth", "version": 1,
                                         **params, **costs.notes}})
@@ -102,8 +98,6 @@ def _check_usable(ops: dict[str, np.ndarray], params: dict) -> None:
                          f"factors and lengths (given: {given})") from None
 
 
-INJECTIONS = ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link",
-              "host_stall", "gc_in_compute")
 # Measuring impacts replays the job once per injected cause; skipped for big jobs.
 MAX_IMPACT_OPS = 2_000_000
 MAX_OPS = 200_000_000

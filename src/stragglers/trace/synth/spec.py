@@ -1,0 +1,308 @@
+"""`SynthSpec`: one synthetic job, its shape and its injected causes as typed values.
+
+`generate(spec)` runs it. The keyword form (`generate(dp=4, slow_worker=(3, 0, 2.0), ...)`,
+dicts and tuples per injection) is converted in one place, `SynthSpec.from_keywords`, and a
+spec gives it back with `keywords()` (what the trace's metadata records as its generator).
+The injections' bounds depend on the job's shape (a rank, a stage, a step must exist), so a
+spec is checked whole when it is made: a bad value is one InputError naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
+
+from stragglers.config import Config, setting
+from stragglers.errors import InputError
+from stragglers.trace.synth.validate import SEQ_DEFAULTS, SOURCE, validate_parameters
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One injected straggler cause; `keyword` is the generator's keyword it stands for."""
+
+    keyword: ClassVar[str] = ""
+
+    def value(self) -> Any:
+        """The keyword form's value (a tuple or dict, as `generate(**keywords)` takes it)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes: Any) -> "Injection":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class SlowWorker(Injection):
+    """One worker (DP rank, stage) computes `factor` times as long: a worker_fault."""
+
+    keyword: ClassVar[str] = "slow_worker"
+    dp: int
+    stage: int
+    factor: float
+
+    def value(self) -> tuple[int, int, float]:
+        return (self.dp, self.stage, self.factor)
+
+
+@dataclass(frozen=True)
+class HeavyLastStage(Injection):
+    """The last stage's forward/backward × `factor`: a stage_imbalance."""
+
+    keyword: ClassVar[str] = "heavy_last_stage"
+    factor: float
+
+    def value(self) -> float:
+        return self.factor
+
+
+@dataclass(frozen=True)
+class SequenceImbalance(Injection):
+    """Sequence lengths drawn from `dist` and packed per microbatch: a sequence_imbalance."""
+
+    keyword: ClassVar[str] = "seq_imbalance"
+    dist: str = SEQ_DEFAULTS["dist"]                 # "lognormal" or "uniform"
+    max_len: int = SEQ_DEFAULTS["max_len"]
+    min_len: int = SEQ_DEFAULTS["min_len"]
+    tokens_per_mb: int = SEQ_DEFAULTS["tokens_per_mb"]
+    median_len: float = SEQ_DEFAULTS["median_len"]
+    sigma: float = SEQ_DEFAULTS["sigma"]
+
+
+@dataclass(frozen=True)
+class GC(Injection):
+    """Garbage-collection pauses (gc rows): `rate` per worker per step, `seconds` each."""
+
+    keyword: ClassVar[str] = "gc"
+    rate: float
+    seconds: float
+
+    def value(self) -> tuple[float, float]:
+        return (self.rate, self.seconds)
+
+
+@dataclass(frozen=True)
+class GCInCompute(GC):
+    """GC pauses inside forward/backward compute, with no gc rows (what NDTimeline shows)."""
+
+    keyword: ClassVar[str] = "gc_in_compute"
+
+
+@dataclass(frozen=True)
+class SlowLink(Injection):
+    """The p2p link between two neighbouring stages of one DP rank × `factor` (both ways)."""
+
+    keyword: ClassVar[str] = "slow_link"
+    dp: int
+    stage_from: int
+    stage_to: int
+    factor: float
+    steps: Sequence[int] | None = None               # None: every step
+
+    def value(self) -> dict:
+        return {"kind": "p2p", **super().value()}
+
+
+@dataclass(frozen=True)
+class SlowCollective(Injection):
+    """One collective op type × `factor`, on one stage or all (None), on some steps or all."""
+
+    keyword: ClassVar[str] = "slow_link"
+    optype: str
+    factor: float
+    stage: int | None = None
+    steps: Sequence[int] | None = None
+
+    def value(self) -> dict:
+        return {"kind": "collective", **super().value()}
+
+
+@dataclass(frozen=True)
+class HostStall(Injection):
+    """Host-side work (a slow data loader) before one worker's first op of each step."""
+
+    keyword: ClassVar[str] = "host_stall"
+    dp: int
+    stage: int
+    seconds: float
+    steps: Sequence[int] | None = None
+
+
+INJECTION_TYPES: tuple[type[Injection], ...] = (
+    SlowWorker, HeavyLastStage, SequenceImbalance, GC, GCInCompute, SlowLink, SlowCollective,
+    HostStall)
+# the keywords in the generator's order (ground truth, default names, the metadata)
+KEYWORDS = ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link",
+            "host_stall", "gc_in_compute")
+BY_NAME = {cls.__name__: cls for cls in INJECTION_TYPES}
+
+
+@dataclass(frozen=True)
+class SynthSpec(Config):
+    """A synthetic Megatron-style job: its shape, its noise and its injected causes."""
+
+    dp: int = setting(2, "data-parallel size", minimum=1)
+    pp: int = setting(4, "pipeline-parallel size (stages)", minimum=1)
+    vpp: int = setting(1, "model chunks per stage (interleaved schedule when > 1)", minimum=1)
+    microbatches: int = setting(8, "microbatches per step", minimum=1)
+    steps: int = setting(10, "training steps", minimum=1)
+    sync: str = setting("zero", "DP gradient sync: zero (all-gather + reduce-scatter) or ddp "
+                        "(all-reduce)", choices=("zero", "ddp"))
+    seed: int = setting(0, "random seed (same seed, same trace)", minimum=0)
+    noise: float = setting(0.02, "sigma of the multiplicative lognormal noise", minimum=0.0)
+    launch_delay: float = setting(20e-6, "mean launch delay per op, seconds", minimum=0.0)
+    step_gap: float = setting(1e-3, "host time between steps, seconds", minimum=0.0)
+    name: str | None = setting(None, "job name (default: from the parameters)")
+    stage_scale: Sequence[float] | None = setting(
+        None, "the forward/backward work of each stage (a layer split; no cause by itself)")
+    injections: tuple[Injection, ...] = setting((), "the injected causes, one of each kind")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.stage_scale, list):   # as to_dict() writes it
+            object.__setattr__(self, "stage_scale", tuple(self.stage_scale))
+        if not isinstance(self.injections, (list, tuple)):
+            raise InputError(SOURCE, "injections", f"expected a tuple of injections, got "
+                             f"{self.injections!r}")
+        object.__setattr__(self, "injections", tuple(self.injections))
+        seen: dict[str, Injection] = {}
+        for item in self.injections:
+            if not isinstance(item, Injection):
+                raise InputError(SOURCE, "injections", f"expected injections ("
+                                 f"{', '.join(BY_NAME)}), got {item!r}")
+            if item.keyword in seen:
+                raise InputError(SOURCE, "injections", f"{type(seen[item.keyword]).__name__} and "
+                                 f"{type(item).__name__} both set {item.keyword}; the generator "
+                                 "takes one of each kind")
+            seen[item.keyword] = item
+        # checked whole now (ranks, stages and steps must exist); generate() reuses the result
+        object.__setattr__(self, "_parameters", validate_parameters(self.keywords()))
+
+    def keywords(self) -> dict[str, Any]:
+        """The generator's keyword form (a fresh copy; `name` left out, as the metadata does)."""
+        given = {item.keyword: item.value() for item in self.injections}
+        shape = {k: getattr(self, k) for k in ("dp", "pp", "vpp", "microbatches", "steps",
+                                                "sync", "seed", "noise")}
+        stage_scale = None if self.stage_scale is None else list(self.stage_scale)
+        return {**shape, **{k: given.get(k) for k in KEYWORDS}, "stage_scale": stage_scale,
+                "launch_delay": self.launch_delay, "step_gap": self.step_gap}
+
+    def parameters(self) -> dict[str, Any]:
+        """The checked keyword form with defaults filled in (a copy)."""
+        return {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
+                for k, v in self._parameters.items()}   # type: ignore[attr-defined]
+
+    @classmethod
+    def from_keywords(cls, **keywords: Any) -> "SynthSpec":
+        """The one conversion of the keyword form (tuples and dicts per injection) into a spec."""
+        injections = tuple(_injection(k, keywords.pop(k)) for k in KEYWORDS
+                           if keywords.get(k) is not None)
+        for k in KEYWORDS:
+            keywords.pop(k, None)
+        return cls.from_mapping({**keywords, "injections": injections}, SOURCE)
+
+    def to_dict(self) -> dict:
+        """Plain values; each injection as {"type": class name, its fields} (YAML, JSON)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["stage_scale"] = None if self.stage_scale is None else list(self.stage_scale)
+        out["injections"] = [{"type": type(i).__name__, **dataclasses.asdict(i)}
+                             for i in self.injections]
+        return out
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None, source: object = None):
+        """Build from a mapping; injections may be written as {"type": "SlowWorker", ...}."""
+        values = dict(values or {})
+        if isinstance(values.get("injections"), (list, tuple)):
+            values["injections"] = tuple(_from_mapping(i, source or SOURCE)
+                                         for i in values["injections"])
+        return super().from_mapping(values, source)
+
+
+def synth_spec(spec: SynthSpec | None, keywords: dict[str, Any]) -> SynthSpec:
+    """What `generate` runs: the spec, changed by `keywords`, or the keyword form converted."""
+    if spec is None:
+        return SynthSpec.from_keywords(**keywords)
+    if not isinstance(spec, SynthSpec):
+        raise InputError(SOURCE, "spec", f"expected a SynthSpec, got {spec!r}")
+    return spec.replace(**keywords) if keywords else spec
+
+
+def _injection(keyword: str, value: Any) -> Injection:
+    """One keyword-form injection as its typed value (shapes checked here, values by the spec)."""
+    if keyword == "slow_worker":
+        return SlowWorker(*_items(value, 3, keyword, "(dp_rank, stage, factor)"))
+    if keyword == "heavy_last_stage":
+        return HeavyLastStage(value)
+    if keyword in ("gc", "gc_in_compute"):
+        cls = GC if keyword == "gc" else GCInCompute
+        return cls(*_items(value, 2, keyword, "(pauses per worker per step, pause seconds)"))
+    if keyword == "seq_imbalance":
+        value = {"dist": value} if isinstance(value, str) else value
+        return _typed(SequenceImbalance, _keys(value, keyword, set(SEQ_DEFAULTS),
+                                               "a dict or a distribution name"))
+    if keyword == "host_stall":
+        return _typed(HostStall, _keys(value, keyword, {"dp", "stage", "seconds", "steps"},
+                                       "{'dp', 'stage', 'seconds', 'steps' (optional)}"))
+    return _slow_link(value)
+
+
+def _slow_link(value: Any) -> Injection:
+    shape = ("{'kind': 'p2p', 'dp', 'stage_from', 'stage_to', 'factor'} or {'kind': "
+             "'collective', 'optype', 'stage', 'factor'}")
+    if not isinstance(value, Mapping) or value.get("kind") not in ("p2p", "collective"):
+        raise InputError(SOURCE, "slow_link", f"expected {shape}")
+    fields = dict(value)
+    cls = SlowLink if fields.pop("kind") == "p2p" else SlowCollective
+    unknown = set(fields) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise InputError(SOURCE, "slow_link", f"unknown keys {sorted(unknown)}")
+    return _typed(cls, fields)
+
+
+def _typed(cls: type[Injection], fields: dict) -> Injection:
+    """`cls` of these fields; a missing one is None, which the spec's check refuses by name."""
+    missing = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+    return cls(**{**dict.fromkeys(missing - set(fields)), **fields})
+
+
+def _items(value: Any, count: int, keyword: str, shape: str) -> tuple:
+    try:
+        items = tuple(value)
+    except TypeError:
+        items = ()
+    if len(items) != count:
+        raise InputError(SOURCE, keyword, f"expected {shape}")
+    return items
+
+
+def _keys(value: Any, keyword: str, allowed: set[str], shape: str) -> dict:
+    if not isinstance(value, Mapping):
+        raise InputError(SOURCE, keyword, f"expected {shape}, got {value!r}")
+    unknown = set(value) - allowed
+    if unknown:
+        raise InputError(SOURCE, keyword, f"unknown keys {sorted(unknown)}; expected "
+                         f"{sorted(allowed)}")
+    return dict(value)
+
+
+def _from_mapping(item: Any, source: object) -> Injection:
+    """{"type": "SlowWorker", "dp": 1, ...} (as to_dict writes it), or an Injection as is."""
+    if isinstance(item, Injection):
+        return item
+    if not isinstance(item, Mapping) or item.get("type") not in BY_NAME:
+        raise InputError(source, "injections", f"expected {{'type': one of {', '.join(BY_NAME)}, "
+                         f"and its fields}}, got {item!r}")
+    cls = BY_NAME[item["type"]]
+    fields = {k: v for k, v in item.items() if k != "type"}
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise InputError(source, f"injections.{item['type']}", f"unknown field {unknown[0]!r}; "
+                         f"expected {', '.join(sorted(names))}")
+    try:
+        return cls(**fields)
+    except TypeError:
+        raise InputError(source, f"injections.{item['type']}", f"expected the fields "
+                         f"{', '.join(sorted(names))}, got {sorted(fields)}") from None
