@@ -1,5 +1,6 @@
 """Two real `stragglers monitor serve` processes on one real PostgreSQL: jobs stream to both by
-HTTP, one instance is killed with -9 mid-run, and the other takes its jobs over. Every window of
+HTTP and into a run folder both watch, one instance is killed with -9 mid-run, and the other
+takes its jobs over. Every window of
 every job is analysed exactly once (its steps, no gap, no overlap), every alert change is
 delivered once to a real webhook receiver on loopback, and the takeover happens within the
 lease's bound."""
@@ -22,12 +23,13 @@ import pytest
 from pg_cluster import postgres_cluster, postgres_url  # noqa: F401 - fixtures
 
 from conftest import REPO, eventually, free_port
-from monitor_jobs import get, parts_of, slow_job
-from stragglers.trace.runformat import table_bytes
+from monitor_jobs import get, parts_of, slow_job, write_parts
+from stragglers.trace.model import JobMeta
+from stragglers.trace.runformat import table_bytes, write_meta
 
 LEASE_S = 1.0
 SETTINGS = {"window_steps": 4, "stall_after_s": 600, "tick_s": 0.1, "lease_s": LEASE_S,
-            "alert_claim_s": 2.0, "repeat_s": 36000, "analysis_process": False}
+            "alert_claim_s": 2.0, "repeat_s": 36000, "analysis_process": False, "rescan_s": 0.5}
 RULES = [{"name": "severe", "when": "slowdown >= 1.3", "for_windows": 1,
           "severity": "critical"},
          {"name": "recovered_fast", "when": "slowdown >= 1.3", "for_windows": 2,
@@ -68,7 +70,8 @@ def serve(db: str, tmp: Path, name: str, hook: str) -> tuple[subprocess.Popen, s
     log = open(tmp / f"{name}.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "stragglers.monitor", "serve", "--db", db,
                              "--port", str(port), "--config", str(cfg), "--data-dir",
-                             str(tmp / "shared")], cwd=REPO, stdout=log, stderr=log)
+                             str(tmp / "shared"), "--watch", str(tmp / "runs")], cwd=REPO,
+                            stdout=log, stderr=log)
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -85,11 +88,16 @@ def test_two_instances_share_jobs_and_a_killed_one_is_taken_over(postgres_url, t
 
     hook = Receiver()
     (tmp_path / "shared").mkdir()
+    runs = tmp_path / "runs"     # a shared folder of runs, as recorders write them
+    watched = {f"watched{i}": slow_job(steps=16, slow=(1, i % 2, 3.0), seed=10 + i)
+               for i in range(2)}
+    for job, trace in watched.items():
+        write_meta(runs / job, JobMeta(**meta(trace, job)))
     a, url_a = serve(postgres_url, tmp_path, "a", hook.url)
     b, url_b = serve(postgres_url, tmp_path, "b", hook.url)
     db = psycopg.connect(postgres_url, autocommit=True)
     jobs = {f"job{i}": slow_job(steps=16, slow=(i % 2, 1, 3.0), seed=i) for i in range(4)}
-    parts = {j: parts_of(t, steps_per_part=2) for j, t in jobs.items()}
+    parts = {j: parts_of(t, steps_per_part=2) for j, t in {**jobs, **watched}.items()}
     try:
         ca, cb = httpx.Client(base_url=url_a, timeout=30), httpx.Client(base_url=url_b, timeout=30)
         for c in (ca, cb):
@@ -99,13 +107,17 @@ def test_two_instances_share_jobs_and_a_killed_one_is_taken_over(postgres_url, t
                                        json=meta(trace, job)).status_code == 200
         # the first half of every job's parts, each to either instance: a part that lands on
         # the instance not analysing its job is stored there and taken from the store
-        for job, ps in parts.items():
+        for job in jobs:
+            ps = parts[job]
             for k, (rank, part, cols) in enumerate(ps[:len(ps) // 2]):
                 r = (ca, cb)[k % 2].put(f"/api/jobs/{job}/ranks/{rank}/parts/{part}",
                                         content=table_bytes(cols))
                 assert r.status_code == 200, r.text
-        eventually(lambda: all(get(cb, f"/api/jobs/{j}")["windows_total"] >= 2 for j in jobs),
-                   90, what="windows of every job analysed (seen from instance B)")
+        for job in watched:
+            write_parts(runs / job, parts[job][:len(parts[job]) // 2])
+        eventually(lambda: all(get(cb, f"/api/jobs/{j}")["windows_total"] >= 2
+                               for j in parts), 90,
+                   what="windows of every job analysed (seen from instance B)")
         owners = dict(db.execute("SELECT job, owner FROM leases").fetchall())
         a_id = get(ca, "/health")["instance"]
         a_jobs = sorted(j for j, o in owners.items() if o == a_id)
@@ -123,8 +135,11 @@ def test_two_instances_share_jobs_and_a_killed_one_is_taken_over(postgres_url, t
         # tells a takeover by the lease from one that waits for anything else, e.g. a job
         # finishing after an hour of silence)
         assert takeover_s <= LEASE_S * 4 / 3 + 10.0, takeover_s
-        for job, ps in parts.items():                     # the rest of the run, to B
-            for rank, part, cols in ps[len(ps) // 2:]:
+        for job, trace in watched.items():                # the rest of the watched runs
+            write_parts(runs / job, parts[job][len(parts[job]) // 2:])
+            write_meta(runs / job, JobMeta(**meta(trace, job, end=True)))
+        for job in jobs:                                  # the rest of the run, to B
+            for rank, part, cols in parts[job][len(parts[job]) // 2:]:
                 r = cb.put(f"/api/jobs/{job}/ranks/{rank}/parts/{part}",
                            content=table_bytes(cols))
                 assert r.status_code == 200, r.text
@@ -136,8 +151,8 @@ def test_two_instances_share_jobs_and_a_killed_one_is_taken_over(postgres_url, t
                            (job,)).fetchall()
             return sum(len(json.loads(s)) for (s,) in w) >= 16
 
-        eventually(lambda: all(analysed(j) for j in jobs), 90, what="every step analysed")
-        for job, trace in jobs.items():
+        eventually(lambda: all(analysed(j) for j in parts), 90, what="every step analysed")
+        for job, trace in {**jobs, **watched}.items():
             rows = db.execute("SELECT idx, steps, error FROM windows WHERE job = %s ORDER BY "
                               "idx", (job,)).fetchall()
             assert [r[0] for r in rows] == list(range(len(rows)))     # no window lost
@@ -161,7 +176,7 @@ def test_two_instances_share_jobs_and_a_killed_one_is_taken_over(postgres_url, t
         assert log == len(outbox)   # (repeats are off: one message per firing / resolved)
         # every instance serves every job: B's API and metrics show A's old jobs
         text = cb.get("/metrics").text
-        assert all(f'stragglers_slowdown{{job="{j}"}}' in text for j in jobs)
+        assert all(f'stragglers_slowdown{{job="{j}"}}' in text for j in parts)
     finally:
         for p in (a, b):
             if p.poll() is None:

@@ -24,6 +24,9 @@ ALERT_COLUMNS = ("fingerprint", "rule", "job", "labels", "annotations", "status"
                  "ends_at", "last_sent")
 
 
+KEEP_S = 86400.0   # dead instances' rows and delivered messages are kept this long
+
+
 class JobConflict(Exception):
     """A job name already belongs to another directory."""
 
@@ -474,6 +477,9 @@ class SQLStore:
                        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET seen_at = "
                        "excluded.seen_at, expires_at = excluded.expires_at, url = excluded.url",
                        (instance, url, now, now, now + lease_s))
+            # instances gone for a day, and messages delivered a day ago, are forgotten
+            self._exec(db, "DELETE FROM instances WHERE expires_at < ?", (now - KEEP_S,))
+            self._exec(db, "DELETE FROM alert_outbox WHERE delivered_at < ?", (now - KEEP_S,))
             held = {r["job"]: int(r["epoch"]) for r in self._exec(
                 db, "UPDATE leases SET expires_at = ? WHERE owner = ? RETURNING job, epoch",
                 (now + lease_s, instance)).fetchall()}
