@@ -9,7 +9,7 @@ import pytest
 
 from monitor_jobs import rank_of, slow_job
 from stragglers.monitor.changes import SETTLE_LAG, ChangeSettings, RankChangeDetector, \
-    busy_per_step
+    busy_per_step, is_compute, read_busy
 
 
 def busy_table(seed: int, ranks: int, steps: int, sigma: float, spikes: float = 0.02,
@@ -86,7 +86,8 @@ def test_busy_time_from_a_synthetic_job_names_the_slowed_rank():
         o = (clean if step < 40 else slowed).ops
         for rank in d.ranks:
             sel = (o["rank"] == rank) & (o["step"] == step)
-            d.add(rank, *busy_per_step(o["step"][sel], o["optype"][sel], o["duration"][sel]))
+            d.add(rank, *busy_per_step(o["step"][sel], is_compute(o["optype"][sel]),
+                                       o["duration"][sel]))
         changes.extend(d.settle())
     assert [(c.rank, c.status) for c in changes] == [(target, "firing")]
     assert changes[0].at_step - 40 <= 6
@@ -99,3 +100,17 @@ def test_the_built_in_alert_names_are_reserved_in_a_rules_file():
     for name in ("rank_slowdown", "rank_silent"):
         with pytest.raises(InputError, match=r"rules\[0\]\.name.*built-in"):
             parse_rules([{"name": name, "when": "new_cause"}])
+
+
+def test_busy_time_read_from_a_part_file_is_its_compute_per_step(tmp_path):
+    from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPES
+    from stragglers.trace.runformat import write_rank
+
+    o = slow_job(steps=3, dp=2, pp=2, slow=None).ops
+    sel = o["rank"] == 1
+    path = write_rank(tmp_path, 1, {k: v[sel] for k, v in o.items()}, part=0)
+    steps, busy = read_busy(path)
+    compute = np.isin(np.asarray(OPTYPES)[o["optype"][sel]], COMPUTE_OPTYPES)
+    want = [o["duration"][sel][compute & (o["step"][sel] == s)].sum() for s in range(3)]
+    assert steps.tolist() == [0, 1, 2] and np.allclose(busy, want)
+    assert read_busy(tmp_path / "gone.parquet") is None

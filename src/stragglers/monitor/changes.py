@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stragglers.errors import InputError
-from stragglers.trace.columns import optype_codes
 from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES
 
 log = logging.getLogger(__name__)
@@ -46,14 +45,37 @@ MIN_RUN = 4        # least steps a change is estimated from
 RECENT = 64        # values kept per rank for the change estimate
 
 
-def busy_per_step(step: np.ndarray, optype: np.ndarray, duration: np.ndarray
+def busy_per_step(step: np.ndarray, compute: np.ndarray, duration: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, busy seconds) of one rank's rows: the sum of its compute ops' durations per step."""
-    compute = np.isin(optype, COMPUTE_CODES)
-    if not compute.any():
+    """(steps, busy seconds) of one rank's rows (`compute`: which rows are compute ops): the
+    sum of its compute ops' durations per step."""
+    step, duration = step[compute], duration[compute]
+    if not len(step):
         return np.zeros(0, np.int64), np.zeros(0)
-    steps, inverse = np.unique(step[compute], return_inverse=True)
-    return steps.astype(np.int64), np.bincount(inverse, weights=duration[compute])
+    first = step[0]
+    if (step == first).all():   # a part of one step (1 step/s, a part a second): no sort
+        return np.array([first], np.int64), np.array([duration.sum()])
+    steps, inverse = np.unique(step, return_inverse=True)
+    return steps.astype(np.int64), np.bincount(inverse, weights=duration)
+
+
+def is_compute(optype: np.ndarray) -> np.ndarray:
+    """Which rows of an op-type code column are compute ops."""
+    return np.isin(optype, COMPUTE_CODES)
+
+
+def _compute_rows(column: pa.ChunkedArray) -> np.ndarray:
+    """Which rows of a Parquet op-type column (names, as a dictionary or not) are compute ops
+    (by the dictionary's few names, not row by row; unknown names are the window's to refuse)."""
+    out = []
+    for chunk in column.chunks:
+        if pa.types.is_dictionary(chunk.type):
+            names = np.isin(np.asarray(chunk.dictionary.to_pylist(), dtype=object),
+                            COMPUTE_OPTYPES)
+            out.append(names[chunk.indices.to_numpy(zero_copy_only=False)])
+        else:
+            out.append(np.isin(np.asarray(chunk.to_pylist(), dtype=object), COMPUTE_OPTYPES))
+    return np.concatenate(out) if out else np.zeros(0, bool)
 
 
 def read_busy(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
@@ -62,9 +84,9 @@ def read_busy(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
     try:
         table = pq.ParquetFile(path).read(columns=["step", "optype", "duration"])
         return busy_per_step(table.column("step").to_numpy(),
-                             optype_codes(table.column("optype"), path),
+                             _compute_rows(table.column("optype")),
                              table.column("duration").to_numpy())
-    except (OSError, InputError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
         log.debug("change detector: %s not read (%s)", path, exc)
         return None
 

@@ -14,7 +14,7 @@ import queue
 import time
 
 from stragglers.monitor.changes import ChangeSettings, RankChangeDetector, busy_per_step, \
-    read_busy
+    is_compute, read_busy
 from stragglers.monitor.parts import PartFile
 from stragglers.monitor.windows import JobTracker
 
@@ -178,7 +178,7 @@ def _busy(src: PartFile | dict):
     """(steps, busy seconds) of a part, from its file or its columns."""
     if isinstance(src, PartFile):
         return read_busy(src.path)
-    return busy_per_step(src["step"], src["optype"], src["duration"])
+    return busy_per_step(src["step"], is_compute(src["optype"]), src["duration"])
 
 
 def _places(tr: JobTracker) -> dict[int, dict]:
