@@ -122,9 +122,11 @@ def quota_client(host: str | None) -> str | None:
     if not host:
         return None
     try:
-        return None if ipaddress.ip_address(host.split("%")[0]).is_loopback else host
+        address = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
         return host   # a name (a UNIX socket path, a test client): counted as given
+    mapped = getattr(address, "ipv4_mapped", None)   # ::ffff:127.0.0.1 on a dual-stack socket
+    return None if (mapped or address).is_loopback else host
 
 
 class RateLimited(LimitExceeded):

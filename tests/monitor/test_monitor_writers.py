@@ -166,3 +166,11 @@ def test_new_jobs_are_rate_limited(tmp_path):
             assert c.get("/health").status_code == 200
     finally:
         s.stop()
+
+
+def test_a_loopback_address_is_no_client_of_its_own():
+    from stragglers.serving_quota import quota_client
+
+    assert [quota_client(a) for a in ("127.0.0.1", "127.0.0.9", "::1", "::ffff:127.0.0.1",
+                                      None)] == [None] * 5
+    assert quota_client("192.0.2.7") == "192.0.2.7"
