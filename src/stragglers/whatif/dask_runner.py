@@ -119,6 +119,7 @@ def _gather(client, futures: list, tick: Callable[[str], None], what: str) -> li
     out: list = [None] * len(futures)
     for done, f in enumerate(as_completed(futures), 1):
         out[index[f.key]] = _unwrap(f.result())
+        f.release()   # the worker drops its copy now, not once every partition is in
         tick(f"{done}/{len(futures)} step partitions {what}")
     return out
 
