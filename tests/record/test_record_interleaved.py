@@ -48,5 +48,5 @@ def test_interleaved_pipeline_records_chunks_and_replays(tmp_path):
         == [8, 4, 4, 8]
 
     result = analyze(trace)
-    assert result["job"]["vpp"] == 2
-    assert result["sim_error"] <= 0.05, result["sim_error"]
+    assert result.job.vpp == 2
+    assert result.sim_error <= 0.05, result.sim_error
