@@ -85,7 +85,7 @@ def cli_overrides(cls: type[Config], text: list[str] | None, source: str = "--se
         if not sep or name not in fields:
             raise InputError(source, item, f"expected NAME=VALUE with NAME one of "
                              f"{', '.join(sorted(fields))}")
-        values[name] = _parse_value(fields[name], raw.strip(), source)
+        values[name] = _parse_value(fields[name], raw.strip(), source, _hints(cls)[name])
     return cls.from_mapping(values, source)
 
 
@@ -163,9 +163,14 @@ def _option_type(hint: Any) -> Any:
     return Optional[inner] if optional else inner
 
 
-@functools.lru_cache(maxsize=None)
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    """A config class's resolved annotations (computed once per class)."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def _unwrap_optional(hint: Any) -> tuple[bool, Any]:
@@ -206,18 +211,23 @@ def _check_declared(owner: str, name: str, value: Any, hint: Any) -> None:
         raise InputError(owner, name, f"expected {words}, got {value!r}")
 
 
-def _parse_value(f: dataclasses.Field, raw: str, source: str) -> Any:
-    kind = type(f.default)
+def _parse_value(f: dataclasses.Field, raw: str, source: str, hint: Any = None) -> Any:
+    optional, declared = _unwrap_optional(hint)
+    if f.default is None and optional and raw.lower() in ("none", "null"):
+        return None
+    kind = declared if f.default is None else type(f.default)   # None says nothing of it
     try:
         if kind is bool:
             if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError
             return raw.lower() in ("true", "1", "yes")
-        if kind in (int, float):
-            return kind(raw)
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
     except ValueError:
         words = {bool: "true or false", int: "a whole number", float: "a number"}
-        raise InputError(source, f.name, f"expected {words.get(kind, kind.__name__)}, got "
+        raise InputError(source, f.name, f"expected {words.get(kind, str(kind))}, got "
                          f"{raw!r}") from None
     return raw
 

@@ -69,6 +69,14 @@ def test_a_none_default_setting_is_checked_against_its_annotation(changes, field
     assert err.value.field == field
 
 
+def test_cli_overrides_read_a_none_default_setting_as_its_annotation():
+    cfg = cli_overrides(WithOptional, ["limit=3", "label=x"])
+    assert (cfg.limit, cfg.label) == (3, "x")
+    assert cli_overrides(WithOptional, ["limit=none"]).limit is None
+    with pytest.raises(InputError, match="expected a whole number, got 'many'"):
+        cli_overrides(WithOptional, ["limit=many"])
+
+
 def test_with_options_makes_one_option_per_scalar_setting():
     import typer
     import typer.main

@@ -74,7 +74,7 @@ def worker_id(code_name: str, field: str, value: object) -> int:
     if not isinstance(value, numbers.Integral):
         if not float(value).is_integer():
             raise InputError(code_name, field, f"expected integer worker ids, got {value!r}")
-    return int(value)
+    return int(float(value)) if not isinstance(value, numbers.Integral) else int(value)
 
 
 class MatrixCode:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Self, Sequence
 
 from stragglers.config import Config, setting
 from stragglers.errors import InputError
@@ -28,7 +28,7 @@ class Injection:
         """The keyword form's value (a tuple or dict, as `generate(**keywords)` takes it)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    def replace(self, **changes: Any) -> "Injection":
+    def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 

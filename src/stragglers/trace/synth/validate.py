@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -11,8 +12,8 @@ from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPES, P2P_OPTYPES
 
 SOURCE = "stragglers synth"
 COLLECTIVE_OPTYPES = tuple(o for o in OPTYPES if o not in COMPUTE_OPTYPES + P2P_OPTYPES)
-SEQ_DEFAULTS = {"dist": "lognormal", "max_len": 16384, "min_len": 64, "tokens_per_mb": 16384,
-                "median_len": 1024, "sigma": 1.2}
+SEQ_DEFAULTS: dict[str, Any] = {"dist": "lognormal", "max_len": 16384, "min_len": 64,
+                                "tokens_per_mb": 16384, "median_len": 1024, "sigma": 1.2}
 
 
 def _int(params: dict, key: str, low: int = 1) -> int:
