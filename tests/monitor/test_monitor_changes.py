@@ -114,3 +114,12 @@ def test_busy_time_read_from_a_part_file_is_its_compute_per_step(tmp_path):
     want = [o["duration"][sel][compute & (o["step"][sel] == s)].sum() for s in range(3)]
     assert steps.tolist() == [0, 1, 2] and np.allclose(busy, want)
     assert read_busy(tmp_path / "gone.parquet") is None
+
+
+def test_steps_held_for_silent_ranks_are_bounded():
+    d = RankChangeDetector(list(range(8)), {}, ChangeSettings())
+    for step in range(600):              # five of eight ranks never report
+        for rank in range(3):
+            d.add(rank, np.array([step]), np.array([0.1]))
+        d.settle()
+    assert len(d.pending) <= 257 and d.settled >= 600 - 258

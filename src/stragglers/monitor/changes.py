@@ -42,6 +42,7 @@ MIN_SIGMA = 0.005  # σ floor (log units): a very steady rank is not judged on n
 MIN_PEERS = 3      # ranks a step's peer median needs
 SETTLE_LAG = 8     # steps half the ranks may be past a step before it is judged without the rest
 MIN_RUN = 4        # least steps a change is estimated from
+MAX_PENDING = 256  # steps held waiting for ranks (half the job silent cannot fill memory)
 RECENT = 64        # values kept per rank for the change estimate
 
 
@@ -161,6 +162,8 @@ class RankChangeDetector:
         if not self.pending:
             return []
         through = max(int(self.reported.min()), int(np.median(self.reported)) - SETTLE_LAG)
+        if len(self.pending) > MAX_PENDING:   # most ranks silent: judge the oldest with the rest
+            through = max(through, sorted(self.pending)[-MAX_PENDING - 1])
         out: list[Change] = []
         for step in sorted(s for s in self.pending if s <= through):
             out.extend(self._judge(step, self._relative(self.pending.pop(step))))
