@@ -405,6 +405,8 @@ class Monitor:
     def _follow_store(self, now: float) -> list:
         """Parts, new runs and new metadata that other instances stored for the jobs held
         here (each job's part sequence says what is new); the windows they close."""
+        if not self.store.shared:
+            return []   # one instance: nothing is stored but what it stored itself
         with self._lock:
             held = [j for j in self.part_seqs if self.leases.holds(j)]
         marks = self.store.job_marks(held)
