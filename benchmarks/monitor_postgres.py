@@ -70,6 +70,10 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+SRC: list = [None]   # the src/ folder whose monitor is measured (--src; None: this tree's)
+NEW_SETTINGS = ("lease_s", "alert_claim_s", "change_detector")   # unknown to --before trees
+
+
 def free_port() -> int:
     import socket
 
@@ -138,10 +142,10 @@ def bench_ingest(tmp: Path, cluster: PostgresCluster, kind: str, traces, parts,
     the SQLite monitor of the source tree `before`, without leases); records/s."""
     run = tmp / f"ingest-{kind}-{time.monotonic_ns()}"
     (run / "shared").mkdir(parents=True)
-    src = None
+    src = SRC[0]
     if kind == "sqlite-before":
         src = before
-        settings = {k: v for k, v in settings.items() if k not in ("lease_s", "alert_claim_s")}
+        settings = {k: v for k, v in settings.items() if k not in NEW_SETTINGS}
     if kind.startswith("sqlite"):
         db = str(run / "mon.db")
     else:
@@ -184,7 +188,8 @@ def bench_takeover(tmp: Path, cluster: PostgresCluster, jobs: int, steps: int, s
     (run / "shared").mkdir(parents=True)
     db_url = cluster.create_schema("takeover")
     hook = Receiver()
-    (a, url_a), (b, url_b) = (serve(db_url, run, n, settings, hook.url) for n in ("a", "b"))
+    (a, url_a), (b, url_b) = (serve(db_url, run, n, settings, hook.url, SRC[0])
+                              for n in ("a", "b"))
     db = psycopg.connect(db_url, autocommit=True)
     traces, parts = workload(jobs, steps, spp, seed=100)
     ca, cb = httpx.Client(base_url=url_a, timeout=120), httpx.Client(base_url=url_b, timeout=120)
@@ -275,13 +280,19 @@ def main() -> None:
     ap.add_argument("--before", type=Path, default=None, help="the src/ folder of an earlier "
                     "tree (git archive COMMIT src | tar -x -C DIR): its SQLite monitor is run "
                     "side by side as `sqlite-before`")
+    ap.add_argument("--src", type=Path, default=None, help="the src/ folder whose monitor is "
+                    "measured (a snapshot: git archive HEAD src | tar -x -C DIR), so that edits "
+                    "to this tree during the run do not change what runs")
     ap.add_argument("--only", choices=("ingest", "takeover"), default=None)
     args = ap.parse_args()
+    SRC[0] = args.src
     reason = why_not()
     if reason:
         sys.exit(f"monitor_postgres: {reason}")
+    # the fast change detector (item 2) off: this measures the store, the leases and the
+    # outbox, which the --before tree's SQLite monitor lacks, not the detector, which it lacks too
     settings = {"window_steps": 4, "stall_after_s": 600, "tick_s": 0.1, "lease_s": 3.0,
-                "alert_claim_s": 5.0, "repeat_s": 36000}
+                "alert_claim_s": 5.0, "repeat_s": 36000, "change_detector": False}
     # durable: every commit flushed, as SQLite's (synchronous=FULL) is
     cluster = PostgresCluster().start(durable=True)
     tmp = Path(tempfile.mkdtemp(prefix="stragglers-bench-pg-"))
