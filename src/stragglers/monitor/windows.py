@@ -70,6 +70,7 @@ class RankParts:
     frontier: int = -1       # last step of the consecutive parts
     skipped: int = 0         # parts given up on
     last_arrival: float | None = None   # when its latest part arrived (a silent rank alerts)
+    last_step: int = -1      # the last step of any of its parts
 
 
 class JobTracker:
@@ -134,6 +135,7 @@ class JobTracker:
             return False
         rp.parts[part] = (int(last_step), arrived_at)
         rp.last_arrival = max(rp.last_arrival or arrived_at, arrived_at)
+        rp.last_step = max(rp.last_step, int(last_step))
         self.first_arrival = min(self.first_arrival or arrived_at, arrived_at)
         if file is not None and file.records:
             self.arrived.append((rank, file))
