@@ -256,7 +256,7 @@ def test_a_3d_job_is_recorded_unchanged_and_its_slow_tp_rank_named(tmp_path):
     # (2, 1, 2), FSDP2 over the dp dimension); rank 3 (stage 1, tp rank 1) computes longer
     from stragglers.whatif import analyze
 
-    args = ("--tp", "2", "--pp", "2", "--microbatches", "4", "--seq", "16", "--steps", "6",
+    args = ("--tp", "2", "--pp", "2", "--microbatches", "2", "--seq", "16", "--steps", "6",
             "--slow-rank", "3", "--slow-ms", "50")
     params = {}
     for record in (True, False):
@@ -281,10 +281,10 @@ def test_a_3d_job_is_recorded_unchanged_and_its_slow_tp_rank_named(tmp_path):
             assert len(ra["seq_id"]) >= 4 and ra["seq_id"].tolist() == rb["seq_id"].tolist()
             assert {groups[p] for p in set(ra["pg"].tolist())} == {(a, b)}
             # inside the schedule's actions: each carries its microbatch and stage
-            assert set(ra["mb_id"].tolist()) == {0, 1, 2, 3}
+            assert set(ra["mb_id"].tolist()) == {0, 1}
             assert set(ra["gmc"].tolist()) == {a // 2}
         sends = rows_of(ops, 0, step, OPTYPE_CODES["forward-send"])
-        assert len(sends["seq_id"]) == 4 and set(sends["gmc"].tolist()) == {1}  # the peer stage
+        assert len(sends["seq_id"]) == 2 and set(sends["gmc"].tolist()) == {1}  # the peer stage
     assert_compute_is_cut(ops)
 
     result = analyze(trace)

@@ -126,15 +126,7 @@ class AttachedPipeline(ClosesOnExit):
         self.layout = layout
         index = sorted(s.stage_index for s in stages)
         self._mc = {si: index.index(si) for si in index}       # local chunk of each stage
-        # each data- / tensor-parallel rank of a stage is a worker (column) of its own
-        meta = JobMeta(name=name, dp_size=layout.workers, pp_size=pp, vpp_size=len(stages),
-                       world_size=layout.world_size,
-                       run_id=os.environ.get("TORCHELASTIC_RUN_ID", "0"))
-        meta.extra.update({"recorded_by": "attach", "wrapper": "pipelining",
-                           "pipeline_schedule": type(schedule).__name__,
-                           "pipeline_stages": int(stages[0].num_stages),
-                           "n_microbatches": int(getattr(schedule, "_n_microbatches", 0)),
-                           "stage_of_rank": _gather_stage_map(stages, group), **extra})
+        meta = _job_meta(schedule, stages, layout, name, extra)
         config = RecorderConfig(sample_every=sample_every, flush_interval_s=flush_interval_s,
                                 enabled=enabled, overwrite=overwrite)
         self.recorder = rec = Recorder(out, meta, dp_rank=layout.worker, stage=rank,
@@ -142,7 +134,6 @@ class AttachedPipeline(ClosesOnExit):
         self.compute = ComputeSpan(rec)
         self.collectives = None  # the stages' TP / FSDP2 collectives (a DeviceMesh inside them)
         if layout.mesh is not None:
-            meta.extra.update(_mesh_extra(layout))
             rec.layout_extra.update({"replica": layout.dp_rank, "tp_rank": layout.tp_rank,
                                      "cp_rank": layout.cp_rank})
             self.collectives = Collectives(rec, self.compute, {"tp": layout.tp_size,
@@ -300,11 +291,23 @@ def _check_optimizer(optimizer, stages) -> None:
                              "every stage of this rank")
 
 
-def _mesh_extra(layout: JobLayout) -> dict:
-    """meta.extra of a 3-D job: the mesh, the stages' wrapper and the parallel degrees."""
-    return {"mesh": layout.mesh, "stage_wrapper": layout.wrapper,
-            "parallel": {"dp": layout.dp_size, "tp": layout.tp_size, "cp": layout.dsp_size,
-                         "ep": 1, "pp": layout.pp_size}}
+def _job_meta(schedule, stages, layout: JobLayout, name: str, extra: dict) -> JobMeta:
+    """The job's metadata: each data- / tensor-parallel rank of a stage is a worker (column) of
+    its own; the schedule, its stages and (3-D) the mesh and parallel degrees in extra."""
+    meta = JobMeta(name=name, dp_size=layout.workers, pp_size=layout.pp_size,
+                   vpp_size=len(stages), world_size=layout.world_size,
+                   run_id=os.environ.get("TORCHELASTIC_RUN_ID", "0"))
+    meta.extra.update({"recorded_by": "attach", "wrapper": "pipelining",
+                       "pipeline_schedule": type(schedule).__name__,
+                       "pipeline_stages": int(stages[0].num_stages),
+                       "n_microbatches": int(getattr(schedule, "_n_microbatches", 0)),
+                       "stage_of_rank": _gather_stage_map(stages, stages[0].group)})
+    if layout.mesh is not None:
+        meta.extra.update({"mesh": layout.mesh, "stage_wrapper": layout.wrapper,
+                           "parallel": {"dp": layout.dp_size, "tp": layout.tp_size,
+                                        "cp": layout.dsp_size, "ep": 1, "pp": layout.pp_size}})
+    meta.extra.update(extra)
+    return meta
 
 
 def _gather_stage_map(stages, group) -> dict:
