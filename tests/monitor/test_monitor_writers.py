@@ -25,10 +25,11 @@ def serve(tmp_path, **settings):
     return MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=config).start()
 
 
-def busy_upload(port: int, part: int, length: int, send: bytes = b"") -> socket.socket:
+def busy_upload(port: int, part: int, length: int, send: bytes = b"",
+                job: str = "j") -> socket.socket:
     """An upload whose body the monitor has started to read (100 Continue), left unfinished."""
     k = socket.create_connection(("127.0.0.1", port), timeout=30)
-    k.sendall(f"PUT /api/jobs/j/ranks/0/parts/{part} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    k.sendall(f"PUT /api/jobs/{job}/ranks/0/parts/{part} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
               f"Authorization: Bearer {TOKEN}\r\nContent-Length: {length}\r\n"
               "Expect: 100-continue\r\n\r\n".encode())
     got = b""
@@ -174,3 +175,53 @@ def test_a_loopback_address_is_no_client_of_its_own():
     assert [quota_client(a) for a in ("127.0.0.1", "127.0.0.9", "::1", "::ffff:127.0.0.1",
                                       None)] == [None] * 5
     assert quota_client("192.0.2.7") == "192.0.2.7"
+
+
+@pytest.mark.slow
+def test_writers_holding_the_whole_budget_leave_another_writer_its_share(tmp_path):
+    # two writers (jobs a and b) whose bodies keep coming just fast enough not to be cut hold
+    # the monitor's whole upload budget between them: another job's upload was answered 503
+    # until they stopped; now it is let in at its fair share, and theirs are cut back
+    trace = slow_job(steps=5)
+    rank, part, cols = parts_of(trace, 5)[0]
+    body = table_bytes(cols)
+    limit = 256 * 1024
+    assert len(body) < limit // 3
+    # (their bodies are never cut for slowness here: a loaded machine must not end them early)
+    s = serve(tmp_path, max_upload_bytes_held=limit, max_upload_bytes_per_writer=limit // 2,
+              body_min_bytes_per_s=1.0)
+    held = []
+    attempt = iter(range(200, 10_000))
+
+    def refused(status):
+        r = c.put(f"/api/jobs/a/ranks/{rank}/parts/{next(attempt)}", content=body,
+                  headers=AUTH)
+        return r.status_code == status
+
+    try:
+        with client_from(s.url, "127.0.0.1") as c:
+            for job in "abk":
+                assert c.put(f"/api/jobs/{job}/meta", json=trace.meta.to_dict(),
+                             headers=AUTH).status_code == 200
+            # (each declares what still fits, and leaves 4 KiB of it unsent)
+            held = [busy_upload(s.port, 100, 1 << 20, b"x" * (limit // 2), "a")]
+            # (job k's junk body of more than the budget has left once a's bytes are counted:
+            # 503 then; no upload of job a meanwhile, whose own body could be refused for it)
+            junk = b"x" * (limit // 2 + 1024)
+            eventually(lambda: c.put(f"/api/jobs/k/ranks/{rank}/parts/900", content=junk,
+                                     headers=AUTH).status_code == 503,
+                       what="writer a's bytes counted")
+            held.append(busy_upload(s.port, 100, limit // 2, b"x" * (limit // 2 - 4096), "b"))
+            eventually(lambda: refused(503), what="the budget full")
+            r = c.put(f"/api/jobs/k/ranks/{rank}/parts/{part}", content=body, headers=AUTH)
+            assert r.status_code == 200 and r.json()["status"] == "stored", r.text
+            # a writer over its share is refused its next bytes, its connection closed
+            held[0].sendall(b"x" * 65536)
+            held[0].settimeout(30)
+            answer = held[0].recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503") or answer == b"", answer[:200]
+            assert c.get("/health").status_code == 200
+    finally:
+        for k in held:
+            k.close()
+        s.stop()

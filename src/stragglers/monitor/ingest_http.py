@@ -86,19 +86,32 @@ class BodyBudget:
     alone is always let in, or a part larger than the limit could never be stored), and slow
     clients that declare 64 MiB and send a byte a second hold what they sent, not what they
     declared (four of them once held the whole budget).
+
+    With `writers` (their KeyedLimits), a full budget is shared fairly: a writer holding less
+    than limit / (writers holding bytes) is still let in, and one holding more is refused its
+    next bytes (its connection closed, its bytes given back) — writers that kept bodies coming
+    just fast enough not to be cut for slowness once held the whole budget between them, and
+    every other writer's upload was answered 503. So `held` may pass `limit` by a fair share.
     """
 
-    def __init__(self, limit: int):
-        self.limit, self.held = limit, 0
+    def __init__(self, limit: int, writers: KeyedLimits | None = None):
+        self.limit, self.held, self.writers = limit, 0, writers
 
-    def check(self, declared: int, what: str) -> None:
-        if self.held and self.held + declared > self.limit:
+    def check(self, declared: int, what: str, key: object = None) -> None:
+        if self.held and self.held + declared > self.limit and not self._fair(key, declared):
             raise self._busy(what)
 
-    def take(self, n: int, what: str, mine: int = 0) -> None:
-        if self.held - mine > 0 and self.held + n > self.limit:
+    def take(self, n: int, what: str, mine: int = 0, key: object = None) -> None:
+        if self.held - mine > 0 and self.held + n > self.limit and not self._fair(key, n):
             raise self._busy(what)
         self.held += n
+
+    def _fair(self, key: object, n: int) -> bool:
+        """Whether writer `key`, holding `n` bytes more, stays within its fair share."""
+        if self.writers is None or key is None:
+            return False
+        held = self.writers.held
+        return held.get(key, 0) + n <= self.limit / (len(held) + (key not in held))
 
     def _busy(self, what: str) -> HTTPProblem:
         return HTTPProblem(503, f"request body: the monitor holds {self.held} bytes of "
@@ -122,8 +135,9 @@ async def read_body(request: Request, limit: int, what: str,
         declared = declared_length(request, limit)
     except BodyRefused as refused:
         raise _problem(refused, what) from None
+    key = share.pairs[0][1] if share is not None and share.pairs else None
     if budget is not None:
-        budget.check(declared or 0, what)
+        budget.check(declared or 0, what, key)
     if share is not None and not share.fits(declared or 0):
         raise HTTPProblem(429, f"request body: {declared} bytes would take this writer past "
                           f"its max_upload_bytes_per_writer; retry {what} later", "busy",
@@ -134,7 +148,7 @@ async def read_body(request: Request, limit: int, what: str,
             if size + len(chunk) > limit:
                 raise _problem(BodyRefused("too_large", limit, size + len(chunk)), what)
             if budget is not None:
-                budget.take(len(chunk), what, size)
+                budget.take(len(chunk), what, size, key)
             if share is not None:
                 try:
                     share.take(len(chunk), size)
@@ -213,8 +227,8 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     checked), for the fast path in front of the app (app.py, UploadFastPath)."""
     cfg = monitor.config
     reported: dict[tuple[str, int], int] = {}   # (job, rank) → drop count stored (this process)
-    budget = BodyBudget(cfg.max_upload_bytes_held)
     writers = writer_limits(cfg)
+    budget = BodyBudget(cfg.max_upload_bytes_held, writers)
     # new jobs per minute, per client address and in all: one writer creating jobs in a loop
     # would take every one of max_jobs (the jobs tracked already are no new ones)
     new_jobs = MintRate("job", cfg.new_jobs_per_client_per_minute, cfg.new_jobs_per_minute)
