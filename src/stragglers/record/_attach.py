@@ -205,7 +205,7 @@ class Attached(ClosesOnExit):
             return
         if layout.wrapper in ("none", "ddp") and not rec.on_gpu:
             # GPU spans need CUDA events recorded on the stream, and FSDP2 splits the backward
-            # around its waits in Python (blocked()): those keep the Python hooks.
+            # around its waits in Python (ComputeSpan.blocked): those keep the Python hooks.
             self._native = native_hooks.stamps()
             self._native_module = native_hooks.load()
         _ATTACHED[model] = _ATTACHED[layout.inner] = self
