@@ -11,6 +11,8 @@ PostgreSQL's durable defaults: every commit flushed, as SQLite's store is) and r
    SQLite (today's store, the baseline), one instance on PostgreSQL, two instances on one
    PostgreSQL (the uploads split between them). Records/s from the first upload to the last
    reply; the configurations run in turn, `--rounds` times, in alternating order.
+   With --before: also the SQLite store's add_parts alone (3,200 parts in batches of 16, in
+   this process, durable and not), the --before tree's store against this one, alternating.
 2. takeover: 20 jobs streaming to two instances on one PostgreSQL (every job flushes a part per
    rank each round, the round's parts split between the instances); one instance is killed
    with -9 mid-run; the rest of the run goes to the survivor. Measured: the time from the kill
@@ -179,6 +181,45 @@ def bench_ingest(tmp: Path, cluster: PostgresCluster, kind: str, traces, parts,
         stop([p for p, _ in procs])
 
 
+def bench_store(before: Path, durable: bool, runs: int = 6) -> dict:
+    """add_parts of the SQLite store of the `before` tree and of this one, alternating."""
+    import importlib.util
+
+    from stragglers.monitor.store_sqlite import SQLiteStore
+
+    spec = importlib.util.spec_from_file_location(
+        "store_before", before / "stragglers" / "monitor" / "store.py")
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+
+    def run(cls) -> float:
+        with tempfile.TemporaryDirectory() as d:
+            s = cls(Path(d) / "s.db", durable=durable)
+            for j in range(8):
+                s.register_job(f"job{j}", f"/r/{j}", "http", {"world_size": 8})
+            n, t0 = 0, time.perf_counter()
+            for _ in range(200):
+                rows = []
+                for _ in range(16):
+                    p = n // 64
+                    rows.append((f"job{n % 8}", (n // 8) % 8, p, 176, p * 8, p * 8 + 7, 9000,
+                                 "http", "d"))
+                    n += 1
+                s.add_parts(rows)
+            took = time.perf_counter() - t0
+            s.close()
+            return took
+
+    times = {"before": [], "now": []}
+    for i in range(runs):
+        order = (("before", old.Store), ("now", SQLiteStore))
+        for name, cls in order if i % 2 == 0 else order[::-1]:
+            times[name].append(run(cls))
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    return {"durable": durable, "parts": 3200, "seconds": times, "median_s": med,
+            "now_over_before": med["now"] / med["before"]}
+
+
 def bench_takeover(tmp: Path, cluster: PostgresCluster, jobs: int, steps: int, spp: int,
                    settings: dict, round_s: float) -> dict:
     """Two instances, `jobs` jobs streaming, kill -9 of one mid-run (see the module doc)."""
@@ -308,6 +349,13 @@ def main() -> None:
                 print(f"ingest {kind:6s}: {res['parts']} parts, {res['records']} records in "
                       f"{res['seconds']:.2f} s = {res['records_per_s']:,.0f} records/s",
                       flush=True)
+        if args.before and args.only != "takeover":
+            out["store"] = [bench_store(args.before, durable) for durable in (False, True)]
+            for st in out["store"]:
+                how = "durable" if st["durable"] else "no fsync"
+                print(f"store add_parts of 3,200 parts ({how}): before "
+                      f"{st['median_s']['before']:.3f} s, now {st['median_s']['now']:.3f} s "
+                      f"({st['now_over_before']:.2f}x)", flush=True)
         if out["ingest"]:
             med = {k: float(np.median([x["records_per_s"] for x in out["ingest"]
                                        if x["kind"] == k])) for k in kinds}
