@@ -52,11 +52,11 @@ def findings(run: Path) -> list[tuple[str, str]]:
 
     result = analyze(read_run(run))
     out = []
-    for f in result["diagnosis"]:
-        m = SHARE.search(f["evidence"])
-        if f["cause"] in ("communication", "cpu_contention"):
-            out.append((f["cause"], f"{m.group(1)}%" if m else "no cpu_wait"))
-    return out or [(result["diagnosis"][0]["cause"], "-")]
+    for f in result.diagnosis:
+        m = SHARE.search(f.evidence)
+        if f.cause in ("communication", "cpu_contention"):
+            out.append((f.cause, f"{m.group(1)}%" if m else "no cpu_wait"))
+    return out or [(result.diagnosis[0].cause, "-")]
 
 
 def probe_cost(iters: int) -> float:

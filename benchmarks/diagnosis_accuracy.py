@@ -68,10 +68,10 @@ def accuracy(shape: dict, seeds: range) -> list[tuple]:
             true = step_time(trace) / step_time(generate(**twin_kwargs))
             result = analyze(trace)
             name = "gc" if cause == "gc_in_compute" else cause
-            hit = [d for d in result["diagnosis"] if d["cause"] == name]
-            predicted = hit[0]["speedup_if_fixed"] if hit else None
+            hit = [d for d in result.diagnosis if d.cause == name]
+            predicted = hit[0].speedup_if_fixed if hit else None
             rows.append((cause, seed, true, predicted,
-                         hit[0]["interval"] if hit else None))
+                         hit[0].interval if hit else None))
     return rows
 
 
@@ -87,8 +87,8 @@ def combined(shape: dict, seeds: range) -> list[tuple]:
                  "stage_scale": [(pp - 1 + 1.4) / pp] * pp}
         true = step_time(trace) / step_time(generate(**clean))
         result = analyze(trace)
-        found = sorted(d["cause"] for d in result["diagnosis"])
-        rows.append((seed, true, result["diagnosis_summary"]["all_fixed"], found))
+        found = sorted(d.cause for d in result.diagnosis)
+        rows.append((seed, true, result.diagnosis_summary.all_fixed, found))
     return rows
 
 
@@ -116,18 +116,18 @@ def confusion(shapes: list[dict], seeds: range) -> tuple[dict, int, list]:
                 if any(t["impact"] is not None and t["impact"] < 1.03 for t in truth):
                     skipped += 1
                     continue
-                got = analyze(trace)["diagnosis"]
-                diagnosed = "+".join(sorted({d["cause"] for d in got}))
+                got = analyze(trace).diagnosis
+                diagnosed = "+".join(sorted({d.cause for d in got}))
                 table[case][diagnosed] += 1
                 expected = "+".join(sorted({"gc" if p == "gc_in_compute" else p
                                             for p in parts})) or "none"
                 if diagnosed != expected:
                     misses.append((case, shape, seed, diagnosed))
                 for truth in trace.meta.extra["ground_truth"]:
-                    f = next((d for d in got if d["cause"] == truth["cause"]), None)
-                    if f is not None and "dp" in truth["where"] and "workers" in f["where"] \
+                    f = next((d for d in got if d.cause == truth["cause"]), None)
+                    if f is not None and "dp" in truth["where"] and f.where.workers \
                             and truth["cause"] in ("worker_fault", "host_stall"):
-                        named = {(w["dp"], w["pp"]) for w in f["where"]["workers"]}
+                        named = {(w.dp, w.pp) for w in f.where.workers}
                         if named != {(truth["where"]["dp"][0], truth["where"]["pp"][0])}:
                             wrong_place += 1
     return table, wrong_place, misses, skipped
@@ -148,7 +148,7 @@ def main() -> None:
         err = None if pred is None else pred / true - 1
         errors[cause].append(err)
         shown = "missed" if pred is None else f"{pred:.3f}"
-        iv = "" if interval is None else f"{interval[0]:.3f}–{interval[1]:.3f}"
+        iv = "" if interval is None else f"{interval.low:.3f}–{interval.high:.3f}"
         print(f"| {cause} | {seed} | {true:.3f} | {shown} | {iv} | "
               f"{'' if err is None else f'{100 * err:+.1f}%'} |")
     print("\n## Several causes at once: all fixed together (dp 4 × pp 4; slow worker ×1.6, "

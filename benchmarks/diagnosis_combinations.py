@@ -72,7 +72,7 @@ def injection(rng, dp: int, pp: int, sync: str, cause: str) -> dict:
 def grade(truth: list[dict], found: list[dict], dp: int = 2,
           pp: int = 2) -> tuple[list, list, list]:
     """(missed, invented, misplaced) cause names."""
-    named = {f["cause"] for f in found} - {"none", "unexplained"}
+    named = {f.cause for f in found} - {"none", "unexplained"}
     strong = {t["cause"] for t in truth if t["impact"] is None or t["impact"] >= STRONG}
     injected = {t["cause"] for t in truth}
     if dp == 1:   # no peers: see the module docstring
@@ -83,14 +83,14 @@ def grade(truth: list[dict], found: list[dict], dp: int = 2,
         strong -= {"worker_fault", "host_stall"} | ({"communication"} if pp < 3 else set())
     misplaced = []
     for t in truth:
-        mine = [f["where"] for f in found if f["cause"] == t["cause"]]
+        mine = [f.where for f in found if f.cause == t["cause"]]
         if not mine or (t["impact"] is not None and t["impact"] < STRONG):
             continue
         if t["cause"] in ("worker_fault", "host_stall"):
-            ok = any(w.get("dp") == t["where"]["dp"] and w.get("pp") == t["where"]["pp"]
+            ok = any(w.dp == t["where"]["dp"] and w.pp == t["where"]["pp"]
                      for w in mine)
         elif t["cause"] == "stage_imbalance":
-            ok = any(w.get("pp") == t["where"]["pp"] for w in mine)
+            ok = any(w.pp == t["where"]["pp"] for w in mine)
         else:
             continue
         if not ok:
@@ -132,7 +132,7 @@ def main() -> None:
             for column in ("attn_cost", "tokens"):
                 trace.ops.pop(column, None)
         truth = trace.meta.extra["ground_truth"]
-        found = analyze(trace)["diagnosis"]
+        found = analyze(trace).diagnosis
         missed, invented, misplaced = grade(truth, found, dp, pp)
         counts["jobs"] += 1
         counts["causes injected"] += len(truth)
@@ -143,7 +143,7 @@ def main() -> None:
         if missed or invented or misplaced:
             bad.append((i, dp, pp, vpp, sync, noise, kwargs,
                         {t["cause"]: round(t["impact"], 3) for t in truth if t["impact"]},
-                        [f["cause"] for f in found], missed, invented, misplaced))
+                        [f.cause for f in found], missed, invented, misplaced))
     print(f"{counts['jobs']} jobs, {counts['causes injected']} causes injected, "
           f"{counts['strong causes']} strong (impact >= x{STRONG}); "
           f"{time.perf_counter() - t0:.0f} s")

@@ -107,10 +107,10 @@ def named(result) -> set[tuple[str, int]]:
     """(cause, rank) of every finding; `none` as ('none', -1)."""
     out = set()
     for f in result.diagnosis:
-        workers = f.where.get("workers") or []
+        workers = f.where.workers or []
         if not workers:
             out.add((f.cause, -1))
-        out |= {(f.cause, int(w["rank"])) for w in workers}
+        out |= {(f.cause, int(w.rank)) for w in workers}
     return out
 
 

@@ -30,8 +30,8 @@ def strict(cand, gain, lo, cfg) -> bool:
 
 def verdict(result, place) -> str:
     """exact | missed | wrong (a worker_fault naming other workers than the injected one)."""
-    found = [(f["cause"], sorted((w["dp"], w["pp"]) for w in (f["where"] or {}).get("workers", [])))
-             for f in result["diagnosis"]]
+    found = [(f.cause, sorted((w.dp, w.pp) for w in f.where.workers))
+             for f in result.diagnosis]
     faults = [workers for cause, workers in found if cause == "worker_fault"]
     if faults and faults != [[place]]:
         return "wrong"

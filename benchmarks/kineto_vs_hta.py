@@ -50,10 +50,10 @@ OURS = textwrap.dedent("""
     trace = read_kineto(sys.argv[1])
     t1 = time.perf_counter()
     result = analyze(trace)
-    first = next((f for f in result["diagnosis"] if f.where.get("ranks")), None)
+    first = next((f for f in result.diagnosis if f.where.ranks), None)
     print(json.dumps({"load_s": t1 - t0, "total_s": time.perf_counter() - t0,
-                      "named": first.where["ranks"] if first else [],
-                      "cause": first.cause if first else None, "S": result["slowdown"],
+                      "named": first.where.ranks if first else [],
+                      "cause": first.cause if first else None, "S": result.slowdown,
                       "decoder": "msgspec" if fastdecode.AVAILABLE else "json"}))
 """)
 HTA = textwrap.dedent("""

@@ -41,7 +41,7 @@ def inputs(tmp: Path) -> list[tuple[str, Path]]:
 def verdict(result) -> str:
     parts = []
     for f in result.diagnosis:
-        ranks = sorted({w["rank"] for w in f.where.get("workers", []) if w.get("rank") is not None})
+        ranks = sorted({w.rank for w in f.where.workers if w.rank is not None})
         parts.append(f.cause + (f" {ranks}" if ranks else ""))
     return "; ".join(parts)
 

@@ -61,7 +61,7 @@ def train(nproc: int, args: list[str], out: Path, steps: int) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def analyse(trace_dir: Path, cause: str) -> tuple[dict, float]:
+def analyse(trace_dir: Path, cause: str):
     """The analysis, and the what-if gain of fixing the cause's ops whether or not it is diagnosed."""
     import numpy as np
 
@@ -83,6 +83,8 @@ def analyse(trace_dir: Path, cause: str) -> tuple[dict, float]:
 
 
 def main() -> None:
+    from stragglers.whatif.result import plain
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default=",".join(FIXES))
     p.add_argument("--steps", type=int, default=16)
@@ -102,20 +104,20 @@ def main() -> None:
                     summary = train(nproc, inject + (fix if which == "after" else []), out, args.steps)
                     runs[which] = (summary, *analyse(out / "trace", cause))
                 (sb, rb, whatif), (sa, ra, _) = runs["before"], runs["after"]
-                entry = next((d for d in rb["diagnosis"] if d["cause"] == cause), None)
-                predicted = entry["speedup_if_fixed"] if entry else None
+                entry = next((d for d in rb.diagnosis if d.cause == cause), None)
+                predicted = entry.speedup_if_fixed if entry else None
                 measured = sb["mean_step_s"] / sa["mean_step_s"]
-                measured_trace = rb["T_base"] / ra["T_base"]
+                measured_trace = rb.t_base / ra.t_base
                 rows.append({"predicted": predicted, "whatif": whatif, "measured": measured,
-                             "where": entry["where"] if entry else None,
-                             "evidence": entry["evidence"] if entry else None,
+                             "where": plain(entry.where) if entry else None,
+                             "evidence": entry.evidence if entry else None,
                              "measured_trace": measured_trace,
                              "before_ms": sb["mean_step_s"] * 1e3, "after_ms": sa["mean_step_s"] * 1e3,
-                             "S_before": rb["slowdown"], "S_after": ra["slowdown"],
-                             "diagnosed_before": [d["cause"] for d in rb["diagnosis"]],
-                             "diagnosed_after": [d["cause"] for d in ra["diagnosis"]]})
+                             "S_before": rb.slowdown, "S_after": ra.slowdown,
+                             "diagnosed_before": [d.cause for d in rb.diagnosis],
+                             "diagnosed_after": [d.cause for d in ra.diagnosis]})
                 r = rows[-1]
-                pred = f"{predicted:.3f} at {entry['where']}" if predicted else "not diagnosed"
+                pred = f"{predicted:.3f} at {plain(entry.where)}" if predicted else "not diagnosed"
                 print(f"{name} rep {rep}: step {r['before_ms']:.0f} → {r['after_ms']:.0f} ms; "
                       f"measured ×{measured:.3f} (traces ×{measured_trace:.3f}), predicted ×{pred} "
                       f"(what-if of fixing those ops regardless ×{whatif:.3f}); "

@@ -92,8 +92,8 @@ def main() -> None:
         r = rows[mode]
         print(f"{label:<30}{r['wall_s']:>8.2f}{r['analysis_s']:>12.2f}"
               f"{r['peak_bytes'] / 2**20:>9.0f}  {r['slowdown']!r}")
-    same = all(rows[m]["slowdown"] == base["slowdown"] and rows[m]["by_dp_rank"] ==
-               base["by_dp_rank"] and rows[m]["diagnosis"] == base["diagnosis"] for m in rows)
+    same = all(rows[m].slowdown == base.slowdown and rows[m].by_dp_rank ==
+               base.by_dp_rank and rows[m].diagnosis == base.diagnosis for m in rows)
     print(f"S, S per DP rank and the causes identical in all three: {same}")
     gain = rows["1"]["analysis_s"] / rows["2"]["analysis_s"]
     print(f"analysis (cluster started) 1 → 2 workers: {gain:.2f}× (scaling efficiency "

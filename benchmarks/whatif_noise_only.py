@@ -19,7 +19,7 @@ def main() -> None:
                 total += 1
                 r = analyze(generate(dp=dp, pp=pp, microbatches=mb, vpp=vpp, steps=6, seed=seed,
                                      noise=noise, sync="ddp" if pp == 1 else "zero"))
-                causes = [d["cause"] for d in r["diagnosis"]]
+                causes = [d.cause for d in r.diagnosis]
                 if causes != ["none"]:
                     wrong += 1
                     print(f"dp {dp} pp {pp} mb {mb} vpp {vpp} noise {noise} seed {seed}: S = "

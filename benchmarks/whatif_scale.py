@@ -32,7 +32,7 @@ r = analyze(trace)
 t2 = time.perf_counter()
 print(json.dumps({"ops": len(trace), "load_s": t1 - t0, "analyze_s": t2 - t1, "total_s": t2 - t0,
                   "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                  "S": r["slowdown"], "cause": r["diagnosis"][0]["cause"]}))
+                  "S": r.slowdown, "cause": r.diagnosis[0].cause}))
 """
 
 

@@ -92,7 +92,7 @@ def ndtimeline_dir() -> Path:
     return NDTIMELINE
 
 
-def persistent_findings(result: dict, steps: int) -> list[tuple[str, list]]:
+def persistent_findings(result, steps: int) -> list[tuple[str, list]]:
     """(cause, ranks) of the findings that name workers on at least half of the steps.
 
     What a clean run must not have: a finding limited to a few steps (a transfer the loaded
@@ -100,10 +100,9 @@ def persistent_findings(result: dict, steps: int) -> list[tuple[str, list]]:
     `unexplained` names nobody.
     """
     out = []
-    for f in result["diagnosis"]:
-        ranks = f["where"].get("ranks") if f["where"] else None
-        if ranks and len(f["where"].get("steps") or range(steps)) * 2 > steps:
-            out.append((f["cause"], list(ranks)))
+    for f in result.diagnosis:
+        if f.where.ranks and len(f.where.steps or range(steps)) * 2 > steps:
+            out.append((f.cause, list(f.where.ranks)))
     return out
 
 

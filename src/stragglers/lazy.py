@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 import warnings
 from typing import Callable, Mapping
 
@@ -40,24 +38,3 @@ def lazy_exports(package: str, table: Mapping[str, str | tuple[str, str]],
         return sorted(set(names) | {k for k in namespace if not k.startswith("_")})
 
     return names, getattr_, dir_
-
-
-class _Callable(types.ModuleType):
-    """A module callable as the function it shares its name with (see callable_module)."""
-
-    _function_name = ""
-
-    def __call__(self, *args, **kwargs):
-        return getattr(self, self._function_name)(*args, **kwargs)
-
-
-def callable_module(name: str, function: str | None = None) -> None:
-    """Make module `name` callable as its `function` (default: the module's last name part).
-
-    Importing a submodule binds it on its package under its own name, over a lazy export of
-    the same name: once anything imported `stragglers.record.attach`, `from stragglers.record
-    import attach` gives that module. Calling it calls the function, whichever the name holds.
-    """
-    module = sys.modules[name]
-    function = function or name.rsplit(".", 1)[-1]
-    module.__class__ = type(f"{name}.callable", (_Callable,), {"_function_name": function})

@@ -48,12 +48,12 @@ def test_a_slow_rank_is_diagnosed_at_its_rank_and_host(tmp_path, wrap, nproc, sl
     if wrap == "fsdp2":  # one gather per unit in forward (5 units), again in backward
         assert meta.extra["fsdp_units"] == 5
     result = analysed(trace)
-    top = result["diagnosis"][0]
-    assert top["cause"] == "worker_fault", result["diagnosis"]
+    top = result.diagnosis[0]
+    assert top.cause == "worker_fault", result.diagnosis
     # worst first (the finding may name a second rank the burn slowed)
-    worst = top["where"]["workers"][0]
-    assert (worst["rank"], worst["host"]) == (slow, socket.gethostname()), top["where"]
-    assert result["sim_error"] <= 0.02, result["sim_error"]
+    worst = top.where.workers[0]
+    assert (worst.rank, worst.host) == (slow, socket.gethostname()), top.where
+    assert result.sim_error <= 0.02, result.sim_error
 
 
 def test_a_clean_fsdp2_run_is_diagnosed_as_none(tmp_path):
@@ -69,8 +69,8 @@ def test_a_clean_fsdp2_run_is_diagnosed_as_none(tmp_path):
     steps = len(set(trace.ops["step"].tolist()))
     found = [(cause, ranks) for cause, ranks in persistent_findings(result, steps)
              if not (cause == "cpu_contention" and sorted(ranks) == [0, 1])]
-    assert not found, (result["slowdown"], result["diagnosis"])
-    assert result["sim_error"] <= 0.02
+    assert not found, (result.slowdown, result.diagnosis)
+    assert result.sim_error <= 0.02
 
 
 # DDP on CPU records with the native hooks where built (record/native.py), else and with

@@ -56,16 +56,16 @@ def test_injection_is_diagnosed_at_its_place(tmp_path, name, nproc, args, cause,
     assert [i["cause"] for i in trace.meta.extra["injections"]] == \
         ([] if cause == "none" else [cause])
     result = analyze(trace)
-    causes = [d["cause"] for d in result["diagnosis"]]
+    causes = [d.cause for d in result.diagnosis]
     if cause == "none":
         # no worker named as a persistent straggler, and no cause but a step-limited one
         steps = len(set(trace.ops["step"]))
-        assert not persistent_findings(result, steps), (result["slowdown"], result["diagnosis"])
+        assert not persistent_findings(result, steps), (result.slowdown, result.diagnosis)
         step_limited = {"none", "unexplained", "communication", "cpu_contention", "gc"}
-        assert set(causes) <= step_limited, result["diagnosis"]
+        assert set(causes) <= step_limited, result.diagnosis
         return
-    assert cause in causes, (causes, result["slowdown"], result["diagnosis"])
-    found = next(d for d in result["diagnosis"] if d["cause"] == cause)
+    assert cause in causes, (causes, result.slowdown, result.diagnosis)
+    found = next(d for d in result.diagnosis if d.cause == cause)
     for axis, values in (where or {}).items():
-        assert set(values) <= set(found["where"].get(axis, [])), found
-    assert found["speedup_if_fixed"] is not None and found["interval"][0] > 1.0
+        assert set(values) <= set(getattr(found.where, axis)), found
+    assert found.speedup_if_fixed is not None and found.interval.low > 1.0

@@ -81,7 +81,7 @@ def test_replay_reproduces_the_measured_step_times(slow_run):
     # every step: whether step 0 counts as warm-up depends on the machine's load that moment,
     # and the replay must reproduce warm-up steps too
     result = analyze(read_run(slow_run), steps="all")
-    base, replay = result["step_times"]["base"], result["step_times"]["replay"]
+    base, replay = result.step_times["base"], result.step_times["replay"]
     errors = np.array([abs(replay[s] - base[s]) / base[s] for s in base])
     assert len(errors) == 8
     assert np.median(errors) <= 0.02 and errors.max() <= 0.05, errors
@@ -91,12 +91,12 @@ def test_the_slow_worker_is_diagnosed_at_its_place(slow_run):
     from stragglers.whatif import analyze
 
     result = analyze(read_run(slow_run))
-    top = result["diagnosis"][0]
-    assert top["cause"] == "worker_fault", result["diagnosis"]
+    top = result.diagnosis[0]
+    assert top.cause == "worker_fault", result.diagnosis
     # worst first (a 3x burn on 2 shared cores can also slow a rank sharing its core)
-    worst = top["where"]["workers"][0]
-    assert (worst["dp"], worst["pp"]) == (1, 0), top["where"]
-    assert top["speedup_if_fixed"] > 1.2
+    worst = top.where.workers[0]
+    assert (worst.dp, worst.pp) == (1, 0), top.where
+    assert top.speedup_if_fixed > 1.2
 
 
 def test_a_dying_rank_leaves_readable_steps(tmp_path):
@@ -118,9 +118,9 @@ def test_a_dying_rank_leaves_readable_steps(tmp_path):
     # every complete step is analysed or named as warm-up: the analyser leaves out slow
     # leading steps by default (and says so), so 5 or 6 complete steps can leave 4 analysed
     # (seen beside a CPU hog)
-    assert result["job"]["steps"] + len(result["warmup_steps"]) >= 5, result["warmup_steps"]
-    assert result["job"]["steps"] >= 2
-    text = " ".join(result["warnings"])
+    assert result.job.steps + len(result.warmup_steps) >= 5, result.warmup_steps
+    assert result.job.steps >= 2
+    text = " ".join(result.warnings)
     if steps_of[0] != steps_of[1]:
         assert "step" in text, "the analyser must say which steps it dropped"
 

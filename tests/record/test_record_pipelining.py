@@ -101,7 +101,7 @@ def test_replay_reproduces_the_recorded_schedules(schedules):
     # the previous send's completion as the waiter thread stamped it, which can be late, so one
     # schedule in ~15 jobs replays 2.3-2.5% off: the bound on the worst is the one
     # test_record_distributed uses for steps (median 2%, worst 5%).
-    errors = {s: _analyse(schedules[s])["sim_error"] for s in SCHEDULES}
+    errors = {s: _analyse(schedules[s]).sim_error for s in SCHEDULES}
     assert np.median(list(errors.values())) <= 0.02 and max(errors.values()) <= 0.05, errors
 
 
@@ -113,10 +113,10 @@ def test_replay_reproduces_the_recorded_schedules(schedules):
 
 def test_heavy_stage_is_stage_imbalance_at_that_stage(injected):
     result = _analyse(injected["heavy"])
-    found = [f for f in result["diagnosis"] if f["cause"] in ("stage_imbalance", "worker_fault")]
-    assert [f["where"]["pp"] for f in found] == [[1]], result["diagnosis"]
-    assert found[0]["cause"] == "stage_imbalance"
-    assert result["sim_error"] <= 0.02
+    found = [f for f in result.diagnosis if f.cause in ("stage_imbalance", "worker_fault")]
+    assert [f.where.pp for f in found] == [[1]], result.diagnosis
+    assert found[0].cause == "stage_imbalance"
+    assert result.sim_error <= 0.02
 
 
 def test_slow_rank_is_named_with_its_host(injected):
@@ -124,11 +124,11 @@ def test_slow_rank_is_named_with_its_host(injected):
     # stage_imbalance naming the worker (whatif/README.md, known limits).
     # Under this machine's load the slow rank's launch gaps may also come out as host_stall.
     result = _analyse(injected["slow"])
-    found = [f for f in result["diagnosis"] if f["cause"] in ("stage_imbalance", "worker_fault")]
-    assert len(found) == 1, result["diagnosis"]
-    assert found[0]["where"]["ranks"] == [0]
-    assert found[0]["where"]["hosts"] == [socket.gethostname()]
-    assert result["sim_error"] <= 0.02
+    found = [f for f in result.diagnosis if f.cause in ("stage_imbalance", "worker_fault")]
+    assert len(found) == 1, result.diagnosis
+    assert found[0].where.ranks == [0]
+    assert found[0].where.hosts == [socket.gethostname()]
+    assert result.sim_error <= 0.02
 
 
 # ---- bad use: one line each (a one-rank gloo group in this process) ---------------------------

@@ -26,10 +26,10 @@ def diagnose(trace) -> dict:
 
 def assert_slow_rank_found(trace, rank: int) -> None:
     result = diagnose(trace)
-    top = result["diagnosis"][0]
-    assert top["cause"] == "worker_fault", result["diagnosis"]
-    assert top["where"]["ranks"] == [rank] and top["where"]["hosts"] == [socket.gethostname()]
-    assert result["sim_error"] <= 0.05, result["sim_error"]
+    top = result.diagnosis[0]
+    assert top.cause == "worker_fault", result.diagnosis
+    assert top.where.ranks == [rank] and top.where.hosts == [socket.gethostname()]
+    assert result.sim_error <= 0.05, result.sim_error
 
 
 def test_lightning_callback_records_a_ddp_fit(tmp_path):

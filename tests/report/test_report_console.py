@@ -81,8 +81,8 @@ def test_minimal_result_renders():
     ({}, "slowdown"),
     ({"slowdown": "fast"}, "slowdown"),
     ({"slowdown": 1.2, "by_stage": {"x": 1.0}}, "by_stage"),
-    ({"slowdown": 1.2, "worker_scores": [{"dp": 0}]}, "worker_scores"),
-    ({"slowdown": 1.2, "diagnosis": [{"where": {}}]}, "diagnosis[0]"),
+    ({"slowdown": 1.2, "worker_scores": [{"dp": 0}]}, "worker_scores[0].pp"),
+    ({"slowdown": 1.2, "diagnosis": [{"where": {}}]}, "diagnosis[0].cause"),
 ])
 def test_bad_results_raise_input_errors(bad, field):
     with pytest.raises(InputError) as err:

@@ -18,7 +18,8 @@ from stragglers.report import print_report, render_html
 from stragglers.report.summary import describe_where, fix_fraction_words
 from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
-from stragglers.whatif.result import SCHEMA_VERSION, AnalysisResult
+from stragglers.whatif.result import (SCHEMA_VERSION, AnalysisResult, Where, WorkerRef,
+                                      json_schema)
 
 # The field names `stragglers analyze --json` wrote before the typed result: all still there.
 OLD_FIELDS = {"job", "slowdown", "waste", "straggling", "sim_error", "launch_slowdown", "T_base",
@@ -78,14 +79,25 @@ def test_nan_and_inf_never_reach_json():
     assert back["sim_error"] is None and back["M_S"] is None and back["by_stage"] == {"0": None}
 
 
-def test_old_dict_access_still_works(slow_result):
-    assert slow_result["slowdown"] == slow_result.slowdown
-    assert slow_result["M_W"] == slow_result.m_w and slow_result["T_ideal"] == slow_result.t_ideal
-    assert slow_result["diagnosis"][0]["cause"] == slow_result.diagnosis[0].cause
-    assert slow_result["job"]["dp"] == 2 and "slowdown" in slow_result
-    assert slow_result.get("no such field", 7) == 7
-    with pytest.raises(KeyError):
-        slow_result["no such field"]
+def test_the_result_is_typed_from_the_detector_on(slow_result):
+    f = slow_result.diagnosis[0]
+    assert isinstance(f.where, Where) and isinstance(f.where.workers[0], WorkerRef)
+    assert f.where.workers[0].rank == 3 and f.interval.low <= f.speedup_if_fixed <= f.interval.high
+    assert f.basis == "alone" and f.speedup_alone == f.speedup_if_fixed
+    assert slow_result.worker_scores[0].rank is not None
+    with pytest.raises(TypeError):
+        slow_result["slowdown"]  # no dict layer: attributes only
+
+
+def test_the_checked_in_json_schema_is_generated_from_the_types():
+    schema = json_schema()
+    body = schema["$defs"]["AnalysisResult"]
+    assert body["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
+    assert {"T_base", "M_W", "diagnosis", "notes"} <= set(body["properties"])
+    assert schema["$defs"]["Interval"]["minItems"] == 2
+    checked_in = Path(__file__).parents[2] / "docs" / "result.schema.json"
+    assert json.loads(checked_in.read_text()) == schema, \
+        "docs/result.schema.json is stale: run `stragglers schema > docs/result.schema.json`"
 
 
 @pytest.mark.parametrize("bad, field", [
@@ -93,16 +105,22 @@ def test_old_dict_access_still_works(slow_result):
     ({"slowdown": "fast"}, "slowdown"),
     ({"slowdown": 1.2, "schema_version": SCHEMA_VERSION + 1}, "schema_version"),
     ({"slowdown": 1.2, "straggling": "yes"}, "straggling"),
-    ({"slowdown": 1.2, "notes": [3]}, "notes"),
+    ({"slowdown": 1.2, "notes": [3]}, "notes[0]"),
     ({"slowdown": 1.2, "diagnosis": [{"cause": "gc", "speedup_if_fixed": "x"}]},
      "diagnosis[0].speedup_if_fixed"),
     ({"slowdown": 1.2, "diagnosis": [{"cause": "gc", "interval": [1.1]}]}, "diagnosis[0].interval"),
     ({"slowdown": 1.2, "diagnosis": [{"cause": "gc", "upper_bound": "no"}]},
      "diagnosis[0].upper_bound"),
     ({"slowdown": 1.2, "diagnosis_summary": {"all_fixed": "fast"}}, "diagnosis_summary.all_fixed"),
-    ({"slowdown": 1.2, "warmup_steps": [0.5]}, "warmup_steps"),
+    ({"slowdown": 1.2, "warmup_steps": [0.5]}, "warmup_steps[0]"),
     ({"slowdown": 1.2, "job": {"dp": "four"}}, "job.dp"),
-    ({"slowdown": 1.2, "job": {"missing_workers": [3]}}, "job.missing_workers"),
+    ({"slowdown": 1.2, "job": {"missing_workers": [3]}}, "job.missing_workers[0]"),
+    ({"slowdown": 1.2, "worker_scores": [{"dp": 0, "score": 1.1}]}, "worker_scores[0].pp"),
+    ({"slowdown": 1.2, "diagnosis": [{"where": {}}]}, "diagnosis[0].cause"),
+    ({"slowdown": 1.2, "diagnosis": [{"cause": "gc", "where": {"workers": [{"dp": "x"}]}}]},
+     "diagnosis[0].where.workers[0].dp"),
+    ({"slowdown": 1.2, "diagnosis": [{"cause": "gc", "basis": "somehow"}]}, "diagnosis[0].basis"),
+    ({"slowdown": 1.2, "by_stage": {"first": 1.1}}, "by_stage"),
 ])
 def test_bad_json_names_the_field(bad, field):
     with pytest.raises(InputError) as err:
@@ -110,14 +128,11 @@ def test_bad_json_names_the_field(bad, field):
     assert err.value.field == field
 
 
-def test_unknown_fields_are_kept_through_json():
+def test_fields_no_schema_declares_are_not_carried():
     raw = {**straggling_result(), "combined": {"speedup_if_fixed": 1.4}}
     raw["diagnosis"][0]["blame"] = "the switch"
     r = AnalysisResult.from_dict(json.loads(json.dumps(raw)))
-    assert r.extra["combined"] == {"speedup_if_fixed": 1.4}
-    assert r.diagnosis[0]["blame"] == "the switch"
-    assert r.to_dict()["combined"] == {"speedup_if_fixed": 1.4}
-    assert r.to_dict()["diagnosis"][0]["blame"] == "the switch"
+    assert "combined" not in r.to_dict() and "blame" not in r.to_dict()["diagnosis"][0]
 
 
 @pytest.mark.slow
@@ -147,7 +162,7 @@ def test_reader_notes_reach_console_json_and_html(slow_job):
 def test_missing_workers_are_stated(slow_job):
     partial = slow_job.select(slow_job.ops["dp_rank"] == 0)  # dp 1 not traced, meta says dp 2
     r = analyze(partial)
-    assert r.job.workers_read == 2 and r.job.missing_workers == [[1, 0], [1, 1]]
+    assert r.job.workers_read == 2 and r.job.missing_workers == [(1, 0), (1, 1)]
     assert "2 of 4 DP×PP workers traced; missing: pp 0: dp 1; pp 1: dp 1" in render(r)
     assert "missing: pp 0: dp 1" in render_html(r)
 
@@ -176,11 +191,13 @@ def test_launch_delay_slowdown_is_defined(slow_result):
 
 
 def test_where_words_are_plural_only_when_plural():
-    assert describe_where({"workers": [[0, 2], [3, 2]], "dp": [0, 3], "pp": [2]}) \
-        == "workers dp 0 / pp 2, dp 3 / pp 2"
-    assert describe_where({"workers": [[1, 1]]}) == "worker dp 1 / pp 1"
-    assert describe_where({"steps": [5]}) == "step 5"
-    assert "workerss" not in describe_where({"workers": [[0, 0]] * 3})
+    two = Where(dp=[0, 3], pp=[2], workers=[WorkerRef(0, 2), WorkerRef(3, 2, 7, "node-1")])
+    assert describe_where(two) == "workers dp 0 / pp 2, dp 3 / pp 2 (rank 7, node-1)"
+    assert describe_where(Where(workers=[WorkerRef(1, 1)])) == "worker dp 1 / pp 1"
+    assert describe_where(Where(dp=[1], pp=[1])) == "worker dp 1 / pp 1"
+    assert describe_where(Where(steps=[5])) == "step 5"
+    assert describe_where(Where()) == "whole job"
+    assert "workerss" not in describe_where(Where(workers=[WorkerRef(0, 0)] * 3))
 
 
 def cli(*args):
@@ -231,25 +248,24 @@ def test_steps_all_keeps_the_warm_up(slow_job, tmp_path):
     assert "0" in kept["step_slowdown"] and kept["job"]["ops"] > default["job"]["ops"]
 
 
-# Findings as `analyze --json` wrote them before their documented fields were typed (one of
-# each: expert_imbalance with capacity factors, after_others, below_threshold, a `none` verdict).
+# Findings as `analyze --json` wrote them in schema 1, before their documented fields were typed
+# (one of each: expert_imbalance with capacity factors, after_others, below_threshold, `none`).
 BEFORE_TYPING = Path(__file__).parent / "data" / "findings_before_typing.json"
 
 
-def test_documented_finding_fields_are_typed_and_json_is_unchanged():
+def test_schema_1_json_is_read_and_written_back_with_every_field():
     raw = json.loads(BEFORE_TYPING.read_text())
+    assert raw.get("schema_version", 1) == 1
     r = AnalysisResult.from_dict(raw)
     moe, stall, minor, none = r.diagnosis
-    assert moe.capacity_factor["1.25"]["dropped"] > 0 and moe.basis == "alone"
+    assert moe.capacity_factor["1.25"].dropped > 0 and moe.basis == "alone"
     assert stall.basis == "after_others" and stall.speedup_alone < stall.speedup_if_fixed
     assert minor.below_threshold and not stall.below_threshold
     assert none.basis is none.speedup_alone is none.capacity_factor is None
-    assert all(f.extra == {} for f in r.diagnosis)
-    # the same keys, in the same order, with the same values
-    assert json.dumps(r.to_dict()["diagnosis"]) == json.dumps(raw["diagnosis"])
-    assert "basis" not in none and none.get("basis") is None and stall["basis"] == "after_others"
-    with pytest.raises(KeyError):
-        none["below_threshold"]
+    written = r.to_dict()["diagnosis"]
+    for old, new in zip(raw["diagnosis"], written):
+        assert {k: new[k] for k in old} == old  # every value schema 1 wrote, the same
+    assert written[3]["basis"] is None and written[3]["below_threshold"] is False
 
 
 def test_findings_without_the_later_fields_still_load():
@@ -259,12 +275,12 @@ def test_findings_without_the_later_fields_still_load():
             f.pop(key, None)
     r = AnalysisResult.from_dict(raw)
     assert [f.basis for f in r.diagnosis] == [None] * 4
-    assert json.dumps(r.to_dict()["diagnosis"]) == json.dumps(raw["diagnosis"])
+    assert [f.below_threshold for f in r.diagnosis] == [False] * 4
 
 
 @pytest.mark.parametrize("entry, field", [
-    ({"capacity_factor": {"1": {"speedup": "x"}}}, "diagnosis[0].capacity_factor.1.speedup"),
-    ({"capacity_factor": {"1": 1.2}}, "diagnosis[0].capacity_factor.1"),
+    ({"capacity_factor": {"1": {"speedup": "x"}}}, "diagnosis[0].capacity_factor.speedup"),
+    ({"capacity_factor": {"1": 1.2}}, "diagnosis[0].capacity_factor"),
     ({"capacity_factor": [1.2]}, "diagnosis[0].capacity_factor"),
     ({"speedup_alone": "fast"}, "diagnosis[0].speedup_alone"),
     ({"below_threshold": "yes"}, "diagnosis[0].below_threshold"),

@@ -61,7 +61,7 @@ def _messages(trace) -> list[str]:
 
 def _named(result) -> list[list[int]]:
     """The ranks each finding of the diagnosis names, in the diagnosis's order."""
-    return [list(f.where.get("ranks") or []) for f in result["diagnosis"]]
+    return [list(f.where.ranks or []) for f in result.diagnosis]
 
 
 @pytest.mark.distributed
@@ -75,18 +75,18 @@ def test_the_injected_rank_is_named_first(recorded, name):
         # Slow compute raises S itself. A sleep or a stall is launch delay (host-side time),
         # which S leaves out by definition (docs/whatif.md §7: it compares replays without launch
         # delays); the host_stall finding below is what names it.
-        assert result["slowdown"] > 1.1, result["slowdown"]
+        assert result.slowdown > 1.1, result.slowdown
     else:
-        assert result["diagnosis"][0]["cause"] == "host_stall", result["diagnosis"]
+        assert result.diagnosis[0].cause == "host_stall", result.diagnosis
     # The first finding names the injected rank. (On 2 shared cores a peer can be slowed too,
     # by its busy neighbour, so the finding may also name another rank; a finding lists its
     # workers in grid order, so the worker scores say which is worst.)
-    assert named and injected in named[0], (result["slowdown"], _named(result))
+    assert named and injected in named[0], (result.slowdown, _named(result))
     if "slow" in name:  # slow compute: also the top worker score (S_w)
-        top = max(result["worker_scores"], key=lambda w: w["score"])
-        assert trace.ops["rank"][(trace.ops["dp_rank"] == top["dp"])
-                                 & (trace.ops["stage"] == top["pp"])][0] == injected
-    assert result["sim_error"] < 0.05
+        top = max(result.worker_scores, key=lambda w: w.score)
+        assert trace.ops["rank"][(trace.ops["dp_rank"] == top.dp)
+                                 & (trace.ops["stage"] == top.pp)][0] == injected
+    assert result.sim_error < 0.05
 
 
 @pytest.mark.distributed
@@ -104,12 +104,12 @@ def test_a_clean_run_names_nobody(recorded, name):
     # and that contention looks the same.
     persistent = [(cause, ranks) for cause, ranks in persistent_findings(result, steps)
                   if ranks != everyone]
-    assert not persistent, (result["slowdown"], persistent)
-    for f in result["diagnosis"]:
-        if f["where"] and list(f["where"].get("ranks") or []) == everyone:
-            assert f["cause"] == "communication", (f["cause"], f["evidence"])
-            assert "no healthy link to compare with" in f["evidence"], f["evidence"]
-            assert "CPU contention" in f["evidence"], f["evidence"]
+    assert not persistent, (result.slowdown, persistent)
+    for f in result.diagnosis:
+        if f.where and list(f.where.ranks or []) == everyone:
+            assert f.cause == "communication", (f.cause, f.evidence)
+            assert "no healthy link to compare with" in f.evidence, f.evidence
+            assert "CPU contention" in f.evidence, f.evidence
 
 
 @pytest.mark.distributed

@@ -147,8 +147,8 @@ def test_phases_runs_and_columns(tmp_path):
     assert looks_like_kineto(tmp_path) and looks_like_kineto(files[0])
     result = analyze(trace)
     # Two identical ranks: nothing straggles.
-    assert result["slowdown"] == pytest.approx(1.0, abs=1e-6)
-    assert result["sim_error"] < 1e-6
+    assert result.slowdown == pytest.approx(1.0, abs=1e-6)
+    assert result.sim_error < 1e-6
 
 
 def test_base_time_is_added_back(tmp_path):

@@ -51,7 +51,7 @@ def test_profiled_ddp_ranks_read_as_one_job(profiled_run):
 @pytest.mark.distributed
 def test_what_if_blames_the_slow_rank(profiled_run):
     result = analyze(read_kineto(profiled_run))
-    assert result["slowdown"] > 1.1
-    scores = {w["dp"]: w["score"] for w in result["worker_scores"]}
+    assert result.slowdown > 1.1
+    scores = {w.dp: w.score for w in result.worker_scores}
     assert max(scores, key=scores.get) == SLOW_RANK
-    assert np.isfinite(result["sim_error"])
+    assert np.isfinite(result.sim_error)

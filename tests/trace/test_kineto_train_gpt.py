@@ -23,10 +23,10 @@ def _first_named(result) -> tuple[str, int, int] | None:
     shares a core with it, which a finding may name second (a true statement), so the lists are
     not compared.
     """
-    for f in result["diagnosis"]:
-        if f.where.get("workers"):
-            worst = f.where["workers"][0]
-            return f.cause, int(worst["dp"]), int(worst["pp"])
+    for f in result.diagnosis:
+        if f.where.workers:
+            worst = f.where.workers[0]
+            return f.cause, int(worst.dp), int(worst.pp)
     return None
 
 
@@ -61,7 +61,7 @@ def test_profiler_and_recorder_traces_of_one_run_agree(tmp_path: Path):
     assert profiled.meta.pp_size == 2 and profiled.meta.dp_size == 2
     first = _first_named(by_recorder)
     # rank 1 = (dp 0, stage 1) in train_gpt's layout
-    assert first == ("worker_fault", SLOW_RANK // 2, SLOW_RANK % 2), by_recorder["diagnosis"]
-    assert _first_named(by_profiler) == first, (by_profiler["diagnosis"], first)
-    s_rec, s_prof = by_recorder["slowdown"], by_profiler["slowdown"]
+    assert first == ("worker_fault", SLOW_RANK // 2, SLOW_RANK % 2), by_recorder.diagnosis
+    assert _first_named(by_profiler) == first, (by_profiler.diagnosis, first)
+    s_rec, s_prof = by_recorder.slowdown, by_profiler.slowdown
     assert abs(s_prof - s_rec) / s_rec < 0.05, (s_rec, s_prof)

@@ -28,8 +28,8 @@ CASES = {
 def _named(result) -> set[tuple[str, int]]:
     out = set()
     for f in result.diagnosis:
-        workers = f.where.get("workers") or []
-        out |= {(f.cause, int(w["rank"])) for w in workers} or {(f.cause, -1)}
+        workers = f.where.workers or []
+        out |= {(f.cause, int(w.rank)) for w in workers} or {(f.cause, -1)}
     return out
 
 

@@ -73,10 +73,10 @@ def test_looped_stages_pair_by_peer_stage():
 
 def test_heavy_stage_found_and_clean_job_none():
     clean = analyze(action_trace(single_orders(3, 6, "zb"), steps=6, seed=1))
-    assert [f["cause"] for f in clean["diagnosis"]] == ["none"]
+    assert [f.cause for f in clean.diagnosis] == ["none"]
     heavy = analyze(action_trace(single_orders(3, 6, "zb"), steps=6, seed=1, slow={1: 3.0}))
-    top = heavy["diagnosis"][0]
-    assert top["cause"] == "stage_imbalance" and top["where"]["pp"] == [1]
+    top = heavy.diagnosis[0]
+    assert top.cause == "stage_imbalance" and top.where.pp == [1]
 
 
 def test_other_sources_keep_the_megatron_model():

@@ -34,7 +34,7 @@ def test_a_slow_tensor_parallel_rank_is_named_and_its_peers_are_not(tmp_path):
     result = analyze(load_trace(out))
     # (transfers a loaded machine stalls may be listed beside it, as cpu_contention)
     fault = next(f for f in result.diagnosis if f.cause == "worker_fault")
-    assert fault.where["ranks"] == [3]
+    assert fault.where.ranks == [3]
     # rank 2 (its TP peer) waits at every all-reduce and rank 1 (its DP peer) at FSDP's
     # collectives: waiting is no host stall and no slow compute (other ranks are not asserted
     # on: on a loaded 2-core machine one can really be slower for a whole run)
@@ -47,7 +47,7 @@ def test_a_hot_expert_is_named_as_expert_imbalance_at_its_rank(tmp_path):
              "--d-expert", "1024", "--out", str(out), timeout=400)
     result = analyze(load_trace(out))
     found = next(f for f in result.diagnosis if f.cause == "expert_imbalance")
-    assert found.where["ranks"] == [2] and found.upper_bound
+    assert found.where.ranks == [2] and found.upper_bound
     # the rows explain its longer compute: it is no slow worker
     assert 2 not in _named(result, {"worker_fault", "host_stall", "slow_group"})
 
@@ -63,11 +63,10 @@ def test_runs_without_an_injection_name_no_persistent_straggler(tmp_path, exampl
     trace = load_trace(out)
     result = analyze(trace)
     steps = len(set(trace.ops["step"]))
-    plain = {"diagnosis": [{"cause": f.cause, "where": f.where} for f in result.diagnosis]}
     everyone = set(range(4))
     # four ranks on one CPU do contend for it in every step: a transfer finding naming all of
     # them says so of the whole job, and names no straggler
-    stragglers = [(cause, ranks) for cause, ranks in persistent_findings(plain, steps)
+    stragglers = [(cause, ranks) for cause, ranks in persistent_findings(result, steps)
                   if not (cause in ("cpu_contention", "communication") and set(ranks) == everyone)]
     assert not stragglers, result.diagnosis
     assert {f.cause for f in result.diagnosis} <= STEP_LIMITED, result.diagnosis

@@ -40,11 +40,11 @@ def test_slow_worker_behind_a_batched_call_is_a_worker_fault(vpp):
                      slow_worker=(1, 1, 2.0))
     truth = trace.meta.extra["ground_truth"][0]["impact"]
     result, w = analyze_with_model(batched(trace, 2, "forward-send", "forward-recv", 1))
-    causes = [d["cause"] for d in result["diagnosis"]]
-    assert causes == ["worker_fault"], result["diagnosis"]
-    top = result["diagnosis"][0]
-    assert sorted((x["dp"], x["pp"]) for x in top["where"]["workers"]) == [(1, 1)]
-    assert abs(top["speedup_if_fixed"] / truth - 1) < 0.05
+    causes = [d.cause for d in result.diagnosis]
+    assert causes == ["worker_fault"], result.diagnosis
+    top = result.diagnosis[0]
+    assert sorted((x.dp, x.pp) for x in top.where.workers) == [(1, 1)]
+    assert abs(top.speedup_if_fixed / truth - 1) < 0.05
     # the forward-send rows on stage 2 of the batched call keep their own (small) transfer
     g = w.grid
     sends = (g.node_stage == 2) & (g.node_optype == C["forward-send"])

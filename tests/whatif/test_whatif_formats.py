@@ -10,8 +10,8 @@ from stragglers.whatif import analyze
 
 
 def summary(result):
-    return [(d["cause"], sorted((w["dp"], w["pp"]) for w in d["where"].get("workers", [])),
-             round(d["speedup_if_fixed"], 6)) for d in result["diagnosis"]]
+    return [(d.cause, sorted((w.dp, w.pp) for w in d.where.workers),
+             round(d.speedup_if_fixed, 6)) for d in result.diagnosis]
 
 
 @pytest.fixture(scope="module")

@@ -45,10 +45,10 @@ def trace(pause) -> Trace:
 def test_a_pause_after_the_recv_wait_replays_exactly():
     # the pause follows the wait (an allocation right after it triggered the collection)
     result = analyze(trace((53.0, 58.0)))
-    assert result["sim_error"] < 1e-9, result["sim_error"]
+    assert result.sim_error < 1e-9, result.sim_error
 
 
 def test_a_pause_before_the_recv_post_replays_exactly():
     # the pause falls between B0 and the recv's post: the recv's launch delay holds it
     result = analyze(trace((32.1, 32.9)))
-    assert result["sim_error"] < 1e-9, result["sim_error"]
+    assert result.sim_error < 1e-9, result.sim_error

@@ -11,8 +11,8 @@ def test_a_stall_of_a_tenth_of_the_step_among_eight_workers_is_named():
                      host_stall={"dp": 5, "stage": 0, "seconds": 0.05})
     assert trace.meta.extra["ground_truth"][0]["impact"] > 1.08
     top = analyze(trace).diagnosis[0]
-    assert top["cause"] == "host_stall", top
-    assert top["where"]["dp"] == [5] and top["where"]["pp"] == [0]
+    assert top.cause == "host_stall", top
+    assert top.where.dp == [5] and top.where.pp == [0]
 
 
 def test_the_worst_worker_is_listed_first():
@@ -21,5 +21,5 @@ def test_the_worst_worker_is_listed_first():
     ops = trace.ops
     ops["duration"][(ops["dp_rank"] == 1) & (ops["optype"] <= 1)] *= 1.5   # a milder second one
     top = analyze(trace).diagnosis[0]
-    assert top["cause"] == "worker_fault", top
-    assert [w["dp"] for w in top["where"]["workers"]] == [6, 1], top["where"]
+    assert top.cause == "worker_fault", top
+    assert [w.dp for w in top.where.workers] == [6, 1], top.where

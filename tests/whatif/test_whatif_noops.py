@@ -33,6 +33,6 @@ def test_noop_recvs_are_detected_in_interleaved_pipelines():
     trace = generate(dp=2, pp=4, vpp=2, microbatches=8, steps=4, seed=5, heavy_last_stage=1.3)
     plain = analyze(trace)
     noisy = analyze(with_noop_recvs(trace))
-    assert noisy["sim_error"] < 1e-6
-    assert abs(noisy["slowdown"] - plain["slowdown"]) < 1e-6
-    assert noisy["diagnosis"][0]["cause"] == plain["diagnosis"][0]["cause"] == "stage_imbalance"
+    assert noisy.sim_error < 1e-6
+    assert abs(noisy.slowdown - plain.slowdown) < 1e-6
+    assert noisy.diagnosis[0].cause == plain.diagnosis[0].cause == "stage_imbalance"

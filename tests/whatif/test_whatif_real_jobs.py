@@ -43,8 +43,8 @@ def dlrm_result(dlrm):
 
 
 def _named(result, cause=None) -> set[int]:
-    return {w["rank"] for f in result.diagnosis if cause in (None, f.cause)
-            for w in f.where.get("workers", [])}
+    return {w.rank for f in result.diagnosis if cause in (None, f.cause)
+            for w in f.where.workers}
 
 
 def test_every_dlrm_collective_is_modelled(dlrm_result):

@@ -22,19 +22,19 @@ def close(value, expected, rel=0.01):
 
 def test_st_matches_reference_numbers(results):
     r = results["ST"]
-    assert close(r["slowdown"], 1.1787)
-    assert close(r["launch_slowdown"], 1.0192)
+    assert close(r.slowdown, 1.1787)
+    assert close(r.launch_slowdown, 1.0192)
     for stage, expected in {0: 0.998, 1: 0.983, 2: 0.983, 3: 1.232}.items():
-        assert close(r["by_stage"][stage], expected), (stage, r["by_stage"][stage])
-    assert close(r["by_optype"]["forward-compute"], 1.0875)
-    assert close(r["by_optype"]["backward-compute"], 1.0742)
-    assert close(r["M_S"], 1.219)
-    assert abs(r["M_W"] - 0.031) <= 0.01 * 0.031 + 1e-4
+        assert close(r.by_stage[stage], expected), (stage, r.by_stage[stage])
+    assert close(r.by_optype["forward-compute"], 1.0875)
+    assert close(r.by_optype["backward-compute"], 1.0742)
+    assert close(r.m_s, 1.219)
+    assert abs(r.m_w - 0.031) <= 0.01 * 0.031 + 1e-4
 
 
 def test_replay_with_launch_delays_reproduces_measured(results):
     for name, r in results.items():
-        assert r["sim_error"] < 1e-3, name
+        assert r.sim_error < 1e-3, name
 
 
 @pytest.mark.parametrize("name,cause,where", [
@@ -43,11 +43,11 @@ def test_replay_with_launch_delays_reproduces_measured(results):
     ("SE", "sequence_imbalance", None),
 ])
 def test_samples_are_diagnosed(results, name, cause, where):
-    first = results[name]["diagnosis"][0]
-    assert first["cause"] == cause, results[name]["diagnosis"]
+    first = results[name].diagnosis[0]
+    assert first.cause == cause, results[name].diagnosis
     if where is not None:
-        assert {k: first["where"][k] for k in where} == where
-    assert first["speedup_if_fixed"] > 1.05
+        assert {k: getattr(first.where, k) for k in where} == where
+    assert first.speedup_if_fixed > 1.05
 
 
 @pytest.mark.slow
@@ -70,8 +70,8 @@ def test_json_keys_and_cli(ndtimeline_dir, tmp_path):
 def test_steps_filter(ndtimeline_dir):
     trace = read_ndtimeline(ndtimeline_dir / "trace-ST.parquet")
     r = analyze(trace, steps=[23, 25, 33])
-    assert r["job"]["steps"] == 3
-    assert set(r["step_slowdown"]) == {23, 25, 33}
+    assert r.job.steps == 3
+    assert set(r.step_slowdown) == {23, 25, 33}
 
 
 def test_analysis_runs_without_torch(ndtimeline_dir):

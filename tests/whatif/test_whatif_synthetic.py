@@ -10,14 +10,14 @@ SHAPE = dict(dp=4, pp=4, microbatches=8, steps=6)
 
 
 def first_cause(result):
-    return result["diagnosis"][0]
+    return result.diagnosis[0]
 
 
 def test_noise_only_is_not_straggling():
     for seed in (0, 1, 2):
         r = analyze(generate(seed=seed, noise=0.02, **SHAPE))
-        assert r["slowdown"] <= 1.02, r["slowdown"]
-        assert [d["cause"] for d in r["diagnosis"]] == ["none"]
+        assert r.slowdown <= 1.02, r.slowdown
+        assert [d.cause for d in r.diagnosis] == ["none"]
 
 
 @pytest.mark.parametrize("vpp,sync,pp", [(1, "zero", 4), (2, "zero", 4), (1, "ddp", 2), (1, "ddp", 1)])
@@ -40,12 +40,12 @@ def test_replay_with_launch_delays_reproduces_base(vpp, sync, pp):
 def test_injected_cause_is_diagnosed_at_its_place(kwargs, cause, where):
     trace = generate(seed=1, **SHAPE, **kwargs)
     r = analyze(trace)
-    assert r["slowdown"] >= 1.1
+    assert r.slowdown >= 1.1
     top = first_cause(r)
-    assert top["cause"] == cause, r["diagnosis"]
+    assert top.cause == cause, r.diagnosis
     if where:
-        assert {k: top["where"][k] for k in where} == where
-    assert top["speedup_if_fixed"] > 1.05
+        assert {k: getattr(top.where, k) for k in where} == where
+    assert top.speedup_if_fixed > 1.05
     truth = trace.meta.extra["ground_truth"][0]
     assert truth["cause"] == cause
 
@@ -53,16 +53,16 @@ def test_injected_cause_is_diagnosed_at_its_place(kwargs, cause, where):
 def test_gc_pauses_are_located():
     trace = generate(seed=4, **SHAPE, gc=(0.1, 0.4))
     r = analyze(trace)
-    gc = next(d for d in r["diagnosis"] if d["cause"] == "gc")
+    gc = next(d for d in r.diagnosis if d.cause == "gc")
     ops = trace.ops
     pauses = (trace.optype_names() == "gc") & (ops["duration"] > 0.1)
     expected = sorted({(int(d), int(p)) for d, p in zip(ops["dp_rank"][pauses], ops["stage"][pauses])})
-    assert sorted((w["dp"], w["pp"]) for w in gc["where"]["workers"]) == expected
-    assert set(gc["where"]["steps"]) == {int(s) for s in ops["step"][pauses]}
+    assert sorted((w.dp, w.pp) for w in gc.where.workers) == expected
+    assert set(gc.where.steps) == {int(s) for s in ops["step"][pauses]}
 
 
 def test_pipeline_only_job_with_one_dp_rank():
     r = analyze(generate(dp=1, pp=4, microbatches=8, steps=4, seed=1, heavy_last_stage=1.5))
-    assert list(r["by_dp_rank"]) == [0]
-    assert r["diagnosis"][0]["cause"] == "stage_imbalance"
-    assert r["diagnosis"][0]["where"]["pp"] == [3]
+    assert list(r.by_dp_rank) == [0]
+    assert r.diagnosis[0].cause == "stage_imbalance"
+    assert r.diagnosis[0].where.pp == [3]

@@ -70,5 +70,5 @@ def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = No
                      "straggles is unknown (trace every rank)")
     elif not result.straggling:
         notes.append(f"S = {result.slowdown:.3f}: the job is not straggling")
-    return Plan(result.job["name"], float(result.t_base), ctx.baseline_step_s, advice, notes)
+    return Plan(result.job.name, float(result.t_base), ctx.baseline_step_s, advice, notes)
 

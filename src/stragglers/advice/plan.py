@@ -7,6 +7,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import msgspec
+
 from stragglers.whatif.confidence import ADVISE
 
 # A remedy must buy at least this much to be worth switching on, and the low end of its
@@ -82,6 +84,8 @@ def rank(remedies: list[RemedyAdvice]) -> list[RemedyAdvice]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, msgspec.Struct):  # a finding's Where or Interval carried in details
+        value = msgspec.to_builtins(value)
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

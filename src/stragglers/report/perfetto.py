@@ -45,7 +45,7 @@ def write_perfetto(directory: str | Path, trace: Trace,
     if result is not None:
         other.update({"slowdown": result.slowdown, "straggling": result.straggling,
                       "schema_version": SCHEMA_VERSION,
-                      "notes": [n["message"] for n in result.notes]})
+                      "notes": [n.message for n in result.notes]})
     checked = {name: _check_timeline(name, trace, *pair) for name, pair in timelines.items()}
     directory.mkdir(parents=True, exist_ok=True)
     worker_pid, worker_labels = _worker_pids(trace)

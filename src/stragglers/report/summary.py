@@ -12,7 +12,7 @@ import numpy as np
 from stragglers import wording
 from stragglers.trace.model import NOTE_KINDS
 from stragglers.whatif.diagnosis import FIXES
-from stragglers.whatif.result import AnalysisResult, Finding
+from stragglers.whatif.result import AnalysisResult, Finding, Where, WorkerRef
 
 # The heatmap colour scale of SMon (docs/monitor.md §4; the HTML report keeps SMon's fixed scale).
 HEATMAP_RANGE = (1.0, 1.5)
@@ -162,7 +162,7 @@ def prediction_words(finding: Finding) -> str:
     if not text:
         return ""
     if finding.interval:
-        text += interval_words(*finding.interval)
+        text += interval_words(finding.interval.low, finding.interval.high)
     else:
         text += " (one step analysed: no interval)"
     if finding.upper_bound:
@@ -200,7 +200,7 @@ def combined_words(result: AnalysisResult) -> list[str]:
     which = "the one listed cause" if len(causes) == 1 else f"all {len(causes)} listed causes together"
     text = f"Fixing {which}: {summary.all_fixed:.2f}× faster"
     if summary.all_fixed_interval:
-        text += interval_words(*summary.all_fixed_interval)
+        text += interval_words(summary.all_fixed_interval.low, summary.all_fixed_interval.high)
     lines = [text]
     if summary.explained is not None:
         if summary.explained > 1:
@@ -217,44 +217,41 @@ def combined_words(result: AnalysisResult) -> list[str]:
 def notes_by_kind(result: AnalysisResult) -> list[tuple[str, str]]:
     """The reader's notes as (title, message), ordered by NOTE_KINDS."""
     order = {k: i for i, k in enumerate(NOTE_KINDS)}
-    notes = sorted(result.notes, key=lambda n: order.get(n.get("kind", "other"), len(order)))
-    return [(NOTE_TITLES.get(n.get("kind", "other"), n.get("kind", "note")), n["message"])
-            for n in notes]
+    notes = sorted(result.notes, key=lambda n: order.get(n.kind, len(order)))
+    return [(NOTE_TITLES.get(n.kind, n.kind), n.message) for n in notes]
 
 
-def describe_where(where: Any) -> str:
-    """Words for a diagnosis location such as {"dp": [0], "pp": [3], "steps": [5, 9]}."""
-    if not where:
-        return "whole job"
-    if not isinstance(where, Mapping):
-        return str(where)
+def describe_where(where: Where) -> str:
+    """Words for a diagnosis location, e.g. 'worker dp 0 / pp 3; steps 5, 9'."""
     parts = []
-    where = dict(where)
-    if where.get("workers"):  # the workers name their DP ranks, stages, ranks and hosts
-        for key in ("dp", "pp", "ranks", "hosts"):
-            where.pop(key, None)
-    dp, pp = where.get("dp"), where.get("pp")
-    if isinstance(dp, list) and isinstance(pp, list) and len(dp) == 1 and len(pp) == 1:
-        # One DP rank and one stage name one worker.
-        parts.append(f"worker dp {dp[0]} / pp {pp[0]}")
-        del where["dp"], where["pp"]
-    for key, values in where.items():
-        items = list(values) if isinstance(values, (list, tuple)) else [values]
+    fields: list[tuple[str, list[Any]]] = []
+    if where.workers:  # the workers name their DP ranks, stages, ranks and hosts
+        fields.append(("workers", where.workers))
+    elif len(where.dp) == 1 and len(where.pp) == 1:  # one DP rank and one stage: one worker
+        parts.append(f"worker dp {where.dp[0]} / pp {where.pp[0]}")
+        fields += [("ranks", where.ranks), ("hosts", where.hosts)]
+    else:
+        fields += [("dp", where.dp), ("pp", where.pp), ("ranks", where.ranks),
+                   ("hosts", where.hosts)]
+    fields += [("steps", where.steps), ("optypes", where.optypes)]
+    for key, items in fields:
+        if not items:
+            continue
         one, many = WHERE_LABELS.get(key, (key, key))
         shown = ", ".join(_item_words(v) for v in items[:8])
         if len(items) > 8:
             shown += f", … ({len(items)} in all)"
         parts.append(f"{one if len(items) == 1 else many} {shown}")
-    return "; ".join(parts)
+    if where.scope:
+        parts.append(f"among the {where.scope}")
+    return "; ".join(parts) or "whole job"
 
 
 def _item_words(value: Any) -> str:
-    if isinstance(value, Mapping) and "dp" in value and "pp" in value:
-        place = [f"rank {value['rank']}"] if value.get("rank") is not None else []
-        place += [str(value["host"])] if value.get("host") else []
-        return f"dp {value['dp']} / pp {value['pp']}" + (f" ({', '.join(place)})" if place else "")
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return f"dp {value[0]} / pp {value[1]}"
+    if isinstance(value, WorkerRef):
+        place = [f"rank {value.rank}"] if value.rank is not None else []
+        place += [value.host] if value.host else []
+        return f"dp {value.dp} / pp {value.pp}" + (f" ({', '.join(place)})" if place else "")
     return str(value)
 
 

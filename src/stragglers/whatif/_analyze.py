@@ -14,8 +14,8 @@ from stragglers.whatif.grid import build_grid
 from stragglers.whatif.warmup import warmup_steps
 from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD, WhatIf
 from stragglers.whatif._replay import replay
-from stragglers.whatif.result import (AnalysisResult, findings_from, job_info, plain,
-                                      reader_notes, scores_from, summary_from)
+from stragglers.whatif.result import (AnalysisResult, Finding, WorkerScore, job_info, plain,
+                                      reader_notes)
 
 
 def analyze(trace: Trace, steps: list[int] | str | None = None,
@@ -64,7 +64,7 @@ def analyze_grid(trace: Trace, grid, steps, tick: Callable[[str], None], cfg: Di
                          "duration, so the slowdown is undefined; expected measured durations")
     s = w.slowdown
     by_optype = by_stage = by_dp = {}
-    scores: list[dict] = []
+    scores: list[WorkerScore] = []
     m_w = m_s = None
     top: list = []
     if s >= DECOMPOSE_THRESHOLD:
@@ -80,7 +80,7 @@ def analyze_grid(trace: Trace, grid, steps, tick: Callable[[str], None], cfg: Di
                    ops=int(grid.present.sum()))
     partial = coverage(trace, job, w)
     diagnosis, diagnosis_summary = diagnose(
-        w, trace, cfg, {(s_["dp"], s_["pp"]): s_["score"] for s_ in scores} or None, partial)
+        w, trace, cfg, {(s_.dp, s_.pp): s_.score for s_ in scores} or None, partial)
     scores = _with_ranks(scores, w, trace, cfg)
     straggling = _straggling(s, cfg, partial, diagnosis)
     if straggling is False:
@@ -105,13 +105,13 @@ def analyze_grid(trace: Trace, grid, steps, tick: Callable[[str], None], cfg: Di
         by_optype=plain(by_optype),
         by_stage=plain(by_stage),
         by_dp_rank=plain(by_dp),
-        worker_scores=scores_from(scores),
+        worker_scores=scores,
         m_w=m_w,
         m_s=m_s,
-        diagnosis=findings_from(diagnosis),
+        diagnosis=diagnosis,
         warnings=[str(x) for x in grid.warnings],
         notes=reader_notes(trace),
-        diagnosis_summary=summary_from(diagnosis_summary),
+        diagnosis_summary=diagnosis_summary,
         steps_analysed=[int(x) for x in grid.steps],
         warmup_steps=[int(x) for x in warmup],
         diagnosis_config=plain(cfg.to_dict()),
@@ -119,31 +119,31 @@ def analyze_grid(trace: Trace, grid, steps, tick: Callable[[str], None], cfg: Di
     return result, w
 
 
-def _straggling(s: float, cfg, partial, diagnosis: list[dict]) -> bool | None:
+def _straggling(s: float, cfg, partial, diagnosis: list[Finding]) -> bool | None:
     """The headline verdict: unknown on a partial trace; S ≥ the threshold, unless all of it is
     what jitter alone gives (the diagnosis then says `none`, and the headline agrees)."""
     if partial is not None:
         return None
-    within_noise = len(diagnosis) == 1 and diagnosis[0]["cause"] == "none"
+    within_noise = len(diagnosis) == 1 and diagnosis[0].cause == "none"
     return s >= cfg.straggling_slowdown and not within_noise
 
 
-def _label_below_threshold(diagnosis: list[dict], s: float, w: WhatIf, cfg) -> None:
+def _label_below_threshold(diagnosis: list[Finding], s: float, w: WhatIf, cfg) -> None:
     """Causes found in a job that is not straggling say so, so no report lists a cause under a
     'not straggling' headline unlabelled: a duration cause is minor (S < the threshold); a
     host stall is counted in the launch-delay slowdown, which S leaves out."""
     for entry in diagnosis:
-        if entry["cause"] in ("none", "unexplained", "partial"):
+        if entry.cause in ("none", "unexplained", "partial"):
             continue
-        entry["below_threshold"] = True
-        if entry["cause"] == "host_stall":
+        entry.below_threshold = True
+        if entry.cause == "host_stall":
             why = (f"the job is not straggling by S = {s:.3f} (< {cfg.straggling_slowdown}), "
                    f"which leaves out launch delays; they cost ×{w.launch_slowdown:.2f} on top, "
                    "and this is part of it")
         else:
             why = (f"minor: the job is not straggling (S = {s:.3f} < "
                    f"{cfg.straggling_slowdown})")
-        entry["evidence"] = f"{why}; {entry['evidence']}"
+        entry.evidence = f"{why}; {entry.evidence}"
 
 
 def coverage(trace: Trace, job, w: WhatIf) -> Coverage | None:
@@ -157,7 +157,7 @@ def coverage(trace: Trace, job, w: WhatIf) -> Coverage | None:
     return Coverage(read, max(world, read + len(missing)), workers)
 
 
-def _with_ranks(scores: list[dict], w: WhatIf, trace: Trace, cfg) -> list[dict]:
+def _with_ranks(scores: list[WorkerScore], w: WhatIf, trace: Trace, cfg) -> list[WorkerScore]:
     """Worker scores with each worker's global rank and host (where the trace names them)."""
     from stragglers.whatif.causes import Context
 
@@ -165,11 +165,10 @@ def _with_ranks(scores: list[dict], w: WhatIf, trace: Trace, cfg) -> list[dict]:
         return scores
     ctx = Context.build(w, trace, cfg)
     index = {int(d): i for i, d in enumerate(w.grid.dp_ranks)}
-    out = []
     for s_ in scores:
-        rank = int(ctx.ranks[index[s_["dp"]], s_["pp"]])
-        out.append({**s_, "rank": rank if rank >= 0 else None, "host": ctx.hosts.get(rank)})
-    return out
+        rank = int(ctx.ranks[index[s_.dp], s_.pp])
+        s_.rank, s_.host = (rank if rank >= 0 else None), ctx.hosts.get(rank)
+    return scores
 
 
 def _per_step(steps, values) -> dict[int, float]:

@@ -81,9 +81,9 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
 
     for stage in range(pp):
         nodes = by_stage.get(stage, np.array([], int))
-        comp = nodes[np.isin(grid.node_optype[nodes], _COMPUTE)]
-        comp = [int(x) for x in comp[np.lexsort((grid.node_optype[comp], grid.node_seq[comp],
-                                                 ref_start[comp]))]]
+        found = nodes[np.isin(grid.node_optype[nodes], _COMPUTE)]
+        comp = [int(x) for x in found[np.lexsort((grid.node_optype[found], grid.node_seq[found],
+                                                  ref_start[found]))]]
         # Compute stream: fwd/bwd in observed order, gc pauses at their slot (fwd/bwd before them).
         gcs = nodes[grid.node_optype[nodes] == C["gc"]]
         gc_at = {int(grid.node_seq[g]): int(g) for g in gcs}
@@ -157,8 +157,8 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
                         deps[ops[0]].append(anchor)
 
         # DP-comm stream and its links to compute.
-        coll = nodes[np.isin(grid.node_optype[nodes], _DP_COLL)]
-        coll = [int(x) for x in coll[np.lexsort((grid.node_seq[coll], ref_start[coll]))]]
+        found = nodes[np.isin(grid.node_optype[nodes], _DP_COLL)]
+        coll = [int(x) for x in found[np.lexsort((grid.node_seq[found], ref_start[found]))]]
         overlapped = any(grid.node_optype[x] == C["separate-grads-all-reduce"] for x in nodes)
         gathers = [x for x in coll if grid.node_optype[x] == C["params-all-gather"]]
         grads = [x for x in coll if grid.node_optype[x] in (C["grads-reduce-scatter"], C["grads-all-reduce"])]
@@ -483,11 +483,11 @@ def _topological_order(grid: OpGrid, deps, groups, group_of) -> list[int]:
     def sn(n: int) -> int:
         return -(int(group_of[n]) + 1) if group_of[n] >= 0 else n
 
-    members = {}
+    members: dict[int, list[int]] = {}
     for n in range(n_nodes):
         members.setdefault(sn(n), []).append(n)
-    preds = {k: set() for k in members}
-    succs = {k: set() for k in members}
+    preds: dict[int, set[int]] = {k: set() for k in members}
+    succs: dict[int, set[int]] = {k: set() for k in members}
     for n in range(n_nodes):
         for d in deps[n]:
             a, b = sn(d), sn(n)
@@ -520,7 +520,7 @@ def _find_cycle(nodes: set, preds: dict) -> list:
     """One cycle among the nodes left after Kahn's algorithm (each has a predecessor left)."""
     start = next(iter(nodes))
     seen: dict = {}
-    path = []
+    path: list = []
     k = start
     while k not in seen:
         seen[k] = len(path)

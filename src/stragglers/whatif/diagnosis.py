@@ -22,6 +22,7 @@ from stragglers.whatif.confidence import gain_is_real, ratio_interval
 from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif.noise import noise_floor
 from stragglers.whatif._replay import replay
+from stragglers.whatif.result import DiagnosisSummary, Finding, Interval, Where
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,6 @@ FIXES = {
                       "other work off those hosts, ranks pinned to distinct cores",
 }
 
-
-# Detector statistics a finding carries into the result (what each fix option buys).
-REPORTED_STATS = ("capacity_factor",)
 # Causes found by comparing workers with each other: from a trace of some ranks of a job they
 # say nothing of the ranks not traced (docs/whatif.md §7, partial traces).
 CROSS_RANK = ("worker_fault", "slow_group", "host_stall", "stage_imbalance", "sequence_imbalance",
@@ -63,7 +61,7 @@ CROSS_RANK = ("worker_fault", "slow_group", "host_stall", "stage_imbalance", "se
 
 def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
              scores: dict | None = None, partial: "Coverage | None" = None
-             ) -> tuple[list[dict], dict]:
+             ) -> tuple[list[Finding], DiagnosisSummary]:
     """(findings, summary): findings most valuable first, [`none`] or [`unexplained`] if no cause.
 
     `scores` maps (dp rank, stage) → S_w where the attribution was computed (for evidence).
@@ -84,38 +82,34 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
         for c in found:
             if c.cause in CROSS_RANK:
                 c.evidence = f"among the {partial.traced_text} only: " + c.evidence
-                c.where["scope"] = "traced ranks"
-    kept: list[tuple[Candidate, dict]] = []
+                c.where.scope = "traced ranks"
+    kept: list[tuple[Candidate, Finding]] = []
     for i, cand in enumerate(found):
         t_now, t_fix, excess = _before_after(w, cand.cost, cand.delay)
         entry = _finding(cand, t_now, t_fix, excess, cfg)
         # A cause can hide behind another (a heavy stage behind a slow worker that every DP
         # rank waits for): it also counts when fixing it buys enough once the others are fixed.
         others = found[:i] + found[i + 1:]
-        entry["speedup_alone"] = entry["speedup_if_fixed"]
-        entry["speedup_after_others"] = entry["speedup_if_fixed"]
-        entry["basis"] = "alone"
-        if not _clears(cand, entry["speedup_if_fixed"], _low(entry), cfg) and others:
+        if not _clears(cand, entry.speedup_if_fixed, entry.low, cfg) and others:
             t_rest, t_both = _after_others(w, cand, others)
             after = float(t_rest.mean() / t_both.mean())
             lo, hi = ratio_interval(t_rest, t_both, cfg, cand.strata)
-            entry["speedup_after_others"] = after
+            entry.speedup_after_others = after
             if _clears(cand, after, lo, cfg):
-                entry.update(speedup_if_fixed=after, basis="after_others",
-                             interval=[min(lo, after), max(hi, after)] if entry["interval"]
-                             else None)
-                entry["evidence"] += (f"; it pays once the other causes are fixed (×{after:.2f}; "
-                                      f"alone ×{entry['speedup_alone']:.2f})")
-        if _clears(cand, entry["speedup_if_fixed"], _low(entry), cfg):
+                entry.speedup_if_fixed, entry.basis = after, "after_others"
+                if entry.interval is not None:
+                    entry.interval = Interval(min(lo, after), max(hi, after))
+                entry.evidence += (f"; it pays once the other causes are fixed (×{after:.2f}; "
+                                   f"alone ×{entry.speedup_alone:.2f})")
+        if _clears(cand, entry.speedup_if_fixed, entry.low, cfg):
             kept.append((cand, entry))
         else:
-            log.debug("dropped %s: interval %s below min_gain", cand.cause, entry["interval"])
-    kept.sort(key=lambda ce: -ce[1]["speedup_if_fixed"])
+            log.debug("dropped %s: interval %s below min_gain", cand.cause, entry.interval)
+    kept.sort(key=lambda ce: -(ce[1].speedup_if_fixed or 1.0))
     kept = _without_explained(w, kept, cfg)
     # The floor decides only the verdict without findings; it costs replays on big jobs.
-    floor = None if kept else noise_floor(w, cfg)
-    summary = {"noise_floor": floor, "all_fixed": None, "all_fixed_interval": None,
-               "explained": None, "unexplained": None}
+    floor: float | None = None if kept else noise_floor(w, cfg)
+    summary = DiagnosisSummary(noise_floor=floor)
     if kept:
         cost, delay = _combined(w, [c for c, _ in kept])
         # Duration fixes and launch-delay fixes are replayed on their own bases (below), so
@@ -132,17 +126,17 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
             t_now, t_all = w.t_replay, t_delay
         else:
             t_now, t_all = w.t_base, w.t_base * (t_cost / w.t_nodelay) * (t_delay / w.t_replay)
-        lo, hi = ratio_interval(t_now, t_all, cfg) if len(t_now) > 1 else (None, None)
+        spread = Interval(*ratio_interval(t_now, t_all, cfg)) if len(t_now) > 1 else None
         excess = float(t_now.mean() - w.t_ideal.mean())
         explained = float(t_now.mean() - t_all.mean()) / excess if excess > 0 else None
-        summary.update(all_fixed=float(t_now.mean() / t_all.mean()),
-                       all_fixed_interval=[lo, hi] if lo is not None else None,
-                       explained=explained,
-                       unexplained=None if explained is None else max(0.0, 1.0 - explained))
+        summary = DiagnosisSummary(
+            all_fixed=float(t_now.mean() / t_all.mean()),
+            all_fixed_interval=spread,
+            explained=explained, unexplained=None if explained is None else max(0.0, 1.0 - explained))
         return [e for _, e in kept], summary
     if partial is not None:
         return [_partial_verdict(w, partial)], summary
-    return [_verdict(w, cfg, floor)], summary
+    return [_verdict(w, cfg, noise_floor(w, cfg) if floor is None else floor)], summary
 
 
 class Coverage:
@@ -158,35 +152,28 @@ class Coverage:
                 f"{self.world_size}")
 
 
-def _partial_verdict(w: WhatIf, partial: Coverage) -> dict:
+def _partial_verdict(w: WhatIf, partial: Coverage) -> Finding:
     """The verdict of a partial trace without findings: what cannot be told, and how to tell."""
     s = w.slowdown
     what = ("whether the job straggles, and who does, cannot be told from one rank: a "
             "straggler shows against its peers" if partial.workers < 2 else
             "the traced ranks do not straggle against each other, but the ranks not traced "
             "may")
-    return {"cause": "partial", "where": {}, "speedup_if_fixed": None, "interval": None,
-            "upper_bound": False, "share": None, "fix": None,
-            "evidence": f"only {partial.ranks_read} of {partial.world_size} ranks "
-                        f"{'was' if partial.ranks_read == 1 else 'were'} traced: {what}. Their "
-                        f"own steps give "
-                        f"S = {s:.3f} (step-to-step variation of these ranks only). Trace all "
-                        f"{partial.world_size} ranks over the same steps to diagnose the job"}
+    return Finding("partial", evidence=f"only {partial.ranks_read} of {partial.world_size} "
+                   f"ranks {'was' if partial.ranks_read == 1 else 'were'} traced: {what}. Their "
+                   f"own steps give S = {s:.3f} (step-to-step variation of these ranks only). "
+                   f"Trace all {partial.world_size} ranks over the same steps to diagnose the "
+                   "job")
 
 
-def _low(entry: dict) -> float:
-    """The lower end of a finding's interval (its point where one step gives none)."""
-    return entry["interval"][0] if entry["interval"] else entry["speedup_if_fixed"]
-
-
-def _clears(cand: Candidate, gain: float, lo: float, cfg: DiagnosisConfig) -> bool:
+def _clears(cand: Candidate, gain: float | None, lo: float | None, cfg: DiagnosisConfig) -> bool:
     """Whether a candidate is reported: the gate shared with advise (confidence.gain_is_real),
     with the candidate's detector saying whether it is established apart from noise."""
-    return gain_is_real(gain, lo, cfg, cand.established)
+    return gain is not None and lo is not None and gain_is_real(gain, lo, cfg, cand.established)
 
 
-def _without_explained(w: WhatIf, kept: list[tuple[Candidate, dict]],
-                       cfg: DiagnosisConfig) -> list[tuple[Candidate, dict]]:
+def _without_explained(w: WhatIf, kept: list[tuple[Candidate, Finding]],
+                       cfg: DiagnosisConfig) -> list[tuple[Candidate, Finding]]:
     """The kept findings, strongest first, less those the others already explain.
 
     A cause can look like another: a DP rank whose sequences were the longest in two steps
@@ -202,24 +189,24 @@ def _without_explained(w: WhatIf, kept: list[tuple[Candidate, dict]],
     out = list(kept)
     for cand, entry in reversed(kept):
         others = [c for c, _ in out if c is not cand]
-        if not others or entry["basis"] != "alone":
+        if not others or entry.basis != "alone":
             continue
         t_rest, t_both = _after_others(w, cand, others)
         after = float(t_rest.mean() / t_both.mean())
         lo, _ = ratio_interval(t_rest, t_both, cfg, cand.strata)
-        if _clears(cand, after, lo, cfg) or after - 1 >= 0.5 * (entry["speedup_if_fixed"] - 1):
+        if _clears(cand, after, lo, cfg) or after - 1 >= 0.5 * ((entry.speedup_if_fixed or 1.0) - 1):
             continue
         out = [(c, e) for c, e in out if c is not cand]
         by = _explainer(w, cand, out)
-        by["evidence"] += (f"; fixing it also removes an apparent "
-                           f"{cand.cause.replace('_', ' ')} ({_place(entry['where'])}: "
-                           f"×{entry['speedup_if_fixed']:.2f} alone, ×{after:.2f} once the "
-                           f"other causes are fixed)")
+        by.evidence += (f"; fixing it also removes an apparent "
+                        f"{cand.cause.replace('_', ' ')} ({_place(entry.where)}: "
+                        f"×{entry.speedup_if_fixed:.2f} alone, ×{after:.2f} once the "
+                        f"other causes are fixed)")
         log.debug("dropped %s: explained by the others", cand.cause)
     return out
 
 
-def _explainer(w: WhatIf, cand: Candidate, out: list[tuple[Candidate, dict]]) -> dict:
+def _explainer(w: WhatIf, cand: Candidate, out: list[tuple[Candidate, Finding]]) -> Finding:
     """The entry, of the findings left, whose fix alone leaves `cand` the least to buy."""
     if len(out) == 1:
         return out[0][1]
@@ -230,19 +217,18 @@ def _explainer(w: WhatIf, cand: Candidate, out: list[tuple[Candidate, dict]]) ->
     return out[int(np.argmin(gains))][1]
 
 
-def _place(where: dict) -> str:
+def _place(where: Where) -> str:
     """A short 'where' for evidence: workers, else stages, else 'the job'."""
-    workers = where.get("workers") or []
-    if workers:
-        names = [f"dp {x['dp']} pp {x['pp']}" for x in workers[:3]]
-        more = f" +{len(workers) - 3} more" if len(workers) > 3 else ""
+    if where.workers:
+        names = [f"dp {x.dp} pp {x.pp}" for x in where.workers[:3]]
+        more = f" +{len(where.workers) - 3} more" if len(where.workers) > 3 else ""
         text = ", ".join(names) + more
-    elif where.get("pp"):
-        text = "stage(s) " + ", ".join(map(str, where["pp"]))
+    elif where.pp:
+        text = "stage(s) " + ", ".join(map(str, where.pp))
     else:
         text = "the job"
-    if where.get("steps"):
-        text += " in steps " + fmt_steps(where["steps"])
+    if where.steps:
+        text += " in steps " + fmt_steps(where.steps)
     return text
 
 
@@ -254,7 +240,7 @@ def _before_after(w: WhatIf, cost: np.ndarray | None, delay: np.ndarray | None):
     the work moves. A launch-delay fix (host stall) is replayed with the delays, its basis.
     """
     if delay is None:
-        after = replay(w.plan, cost, w.step_start)
+        after = replay(w.plan, w.cost if cost is None else cost, w.step_start)
         return w.t_nodelay, after, float(w.t_nodelay.mean() - w.t_ideal.mean())
     after = replay(w.plan, w.cost if cost is None else cost, w.step_start, delay)
     return w.t_replay, after, float(w.t_replay.mean() - w.t_ideal.mean())
@@ -274,16 +260,18 @@ def _after_others(w: WhatIf, cand: Candidate, others: list[Candidate]):
 
 
 def _finding(cand: Candidate, t_now: np.ndarray, t_fix: np.ndarray, excess: float,
-             cfg: DiagnosisConfig) -> dict:
+             cfg: DiagnosisConfig) -> Finding:
+    """The finding of a candidate, fixing only it (basis `alone`)."""
     speedup = float(t_now.mean() / t_fix.mean())
     lo, hi = ratio_interval(t_now, t_fix, cfg, cand.strata)
     share = (float(t_now.mean()) - float(t_fix.mean())) / excess if excess > 0 else None
     # one step: no spread over steps to give an interval from (reports say so)
-    interval = [min(lo, speedup), max(hi, speedup)] if len(t_now) > 1 else None
-    return {"cause": cand.cause, "where": _plain_where(cand.where), "evidence": cand.evidence,
-            "speedup_if_fixed": speedup, "interval": interval,
-            "upper_bound": bool(cand.upper_bound), "share": share, "fix": FIXES.get(cand.cause),
-            **{k: v for k, v in cand.stats.items() if k in REPORTED_STATS}}
+    interval = Interval(min(lo, speedup), max(hi, speedup)) if len(t_now) > 1 else None
+    return Finding(cand.cause, cand.where, cand.evidence, speedup_if_fixed=speedup,
+                   fix=FIXES.get(cand.cause), interval=interval,
+                   upper_bound=bool(cand.upper_bound), share=share,
+                   speedup_after_others=speedup, capacity_factor=cand.capacity_factor,
+                   speedup_alone=speedup, basis="alone")
 
 
 def _combined(w: WhatIf, cands: list[Candidate]) -> tuple[np.ndarray, np.ndarray]:
@@ -302,32 +290,20 @@ def _combined(w: WhatIf, cands: list[Candidate]) -> tuple[np.ndarray, np.ndarray
     return cost, delay
 
 
-def _verdict(w: WhatIf, cfg: DiagnosisConfig, floor: float) -> dict:
+def _verdict(w: WhatIf, cfg: DiagnosisConfig, floor: float) -> Finding:
     """`none` (not straggling, or S within the noise floor) or `unexplained`."""
     s = w.slowdown
-    base = {"where": {}, "speedup_if_fixed": None, "interval": None, "upper_bound": False,
-            "share": None, "fix": None}
     if s < cfg.straggling_slowdown:
-        return {"cause": "none", **base, "evidence": f"S = {s:.3f} < {cfg.straggling_slowdown}: "
-                f"the job is not straggling (waste {100 * (1 - 1 / s):.1f}%) and no cause "
-                f"buys ×{cfg.min_gain} or more"}
+        return Finding("none", evidence=f"S = {s:.3f} < {cfg.straggling_slowdown}: the job is "
+                       f"not straggling (waste {100 * (1 - 1 / s):.1f}%) and no cause buys "
+                       f"×{cfg.min_gain} or more")
     if s <= floor + cfg.noise_margin:
-        return {"cause": "none", **base, "evidence": f"S = {s:.3f} is what op-to-op jitter of "
-                f"the measured size alone gives on this job (noise floor S = {floor:.3f}, with "
-                f"{len(w.grid.dp_ranks)} DP ranks × {w.grid.pp_size} stages): no cause stands "
-                "out"}
-    return {"cause": "unexplained", **base, "evidence": f"S = {s:.3f} (noise floor {floor:.3f}) "
-            "but no single cause explains it; see the attribution by op type, stage and DP rank"}
-
-
-def _plain_where(where: dict) -> dict:
-    out = {}
-    for k, v in where.items():
-        if k in ("workers", "hosts", "optypes", "scope"):
-            out[k] = v
-        else:
-            out[k] = [int(x) for x in v]
-    return out
+        return Finding("none", evidence=f"S = {s:.3f} is what op-to-op jitter of the measured "
+                       f"size alone gives on this job (noise floor S = {floor:.3f}, with "
+                       f"{len(w.grid.dp_ranks)} DP ranks × {w.grid.pp_size} stages): no cause "
+                       "stands out")
+    return Finding("unexplained", evidence=f"S = {s:.3f} (noise floor {floor:.3f}) but no single "
+                   "cause explains it; see the attribution by op type, stage and DP rank")
 
 
 __all__ = ["diagnose", "STRAGGLING", "STRAGGLING_SLOWDOWN", "FIXES", "OPTYPES", "DiagnosisConfig"]

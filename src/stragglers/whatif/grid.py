@@ -219,7 +219,7 @@ def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnin
         warnings.append(f"{int(absent.sum())} compute op(s) absent on some workers in complete "
                         "steps (their traces hold fewer compute runs there than their peers') "
                         "were taken as zero")
-    return ~bad_steps
+    return np.logical_not(bad_steps)
 
 
 def _check_stages(grid: OpGrid, trace: Trace) -> None:

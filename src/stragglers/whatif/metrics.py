@@ -13,6 +13,7 @@ from stragglers.whatif.config import DECOMPOSE_SLOWDOWN
 from stragglers.whatif.dependencies import DependencyModel, build_dependencies
 from stragglers.whatif.grid import OpGrid
 from stragglers.whatif.idealise import ideal_costs
+from stragglers.whatif.result import WorkerScore
 from stragglers.whatif._replay import ReplayPlan, compile_plan, replay
 from stragglers.whatif.timing import base_step_times, launch_delays, measured_costs, step_starts
 
@@ -112,9 +113,10 @@ class WhatIf:
         ratio = np.reshape(times, (d, t)).mean(axis=1) / self.t_ideal.mean()
         return {int(r): float(v) for r, v in zip(self.grid.dp_ranks, ratio)}
 
-    def worker_scores(self, by_dp: dict[int, float], by_stage: dict[int, float]) -> list[dict]:
+    def worker_scores(self, by_dp: dict[int, float],
+                      by_stage: dict[int, float]) -> list[WorkerScore]:
         """S_w(d, p) = min(S_dp(d), S_pp(p)) for every worker."""
-        return [{"dp": d, "pp": p, "score": min(sd, sp)}
+        return [WorkerScore(d, p, min(sd, sp))
                 for d, sd in by_dp.items() for p, sp in by_stage.items()]
 
     def fix_fraction(self, mask: np.ndarray) -> tuple[float, float]:
@@ -139,11 +141,11 @@ class WhatIf:
         mask[nodes] = True
         return mask
 
-    def top_workers(self, scores: list[dict]) -> list[tuple[int, int]]:
+    def top_workers(self, scores: list[WorkerScore]) -> list[tuple[int, int]]:
         """The top ⌈3%⌉ workers by S_w (ties: lower rank first)."""
         k = max(1, math.ceil(len(scores) * TOP_WORKER_PERCENT / 100))
-        ranked = sorted(scores, key=lambda w: (-w["score"], w["pp"] * 10**6 + w["dp"]))
-        return [(w["dp"], w["pp"]) for w in ranked[:k]]
+        ranked = sorted(scores, key=lambda w: (-w.score, w.pp * 10**6 + w.dp))
+        return [(w.dp, w.pp) for w in ranked[:k]]
 
     def worker_mask(self, workers: list[tuple[int, int]]) -> np.ndarray:
         """bool [N, D] selecting all ops of the given (dp, pp) workers."""
@@ -153,7 +155,7 @@ class WhatIf:
             mask[self.grid.node_stage == p, dp_index[d]] = True
         return mask
 
-    def m_w(self, scores: list[dict]) -> tuple[float, list[tuple[int, int]]]:
+    def m_w(self, scores: list[WorkerScore]) -> tuple[float, list[tuple[int, int]]]:
         """M_W: fix only the top ⌈3%⌉ workers."""
         top = self.top_workers(scores)
         return self.fix_fraction(self.worker_mask(top))[0], top

@@ -54,7 +54,7 @@ class DiagnosedFix(RemedyBase):
         if f.interval:  # the diagnosis's bootstrap interval, on this remedy's footing
             scale = float(alone) / float(f.speedup_if_fixed)
             interval = [ctx.baseline_step_s / (ctx.baseline_step_s - ctx.saved_by_finding(e * scale))
-                        for e in f.interval]
+                        for e in (f.interval.low, f.interval.high)]
         return self.priced(ctx, ctx.baseline_step_s - saved, method, self.cost,
                            self.switch_on(ctx), details, interval=interval)
 

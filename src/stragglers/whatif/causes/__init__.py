@@ -4,6 +4,8 @@ Every detector takes a `Context` and returns `Candidate`s; the diagnosis (whatif
 predicts, bounds and ranks them. The contract is in whatif/README.md.
 """
 
+from collections.abc import Callable
+
 from stragglers.whatif.causes.base import Candidate, Context
 from stragglers.whatif.causes.capacity import slow_group
 from stragglers.whatif.causes.communication import communication
@@ -17,8 +19,9 @@ __all__ = ["Candidate", "Context", "DETECTORS", "communication", "expert_imbalan
            "host_stall",
            "sequence_imbalance", "slow_group", "stage_imbalance", "worker_fault"]
 
-# name → detector, in the order they run (the diagnosis ranks the findings by gain).
-DETECTORS = {
+# name → detector, in the order they run (the diagnosis ranks the findings by gain); each takes
+# the Context (worker_fault also the worker scores S_w) and returns its candidates.
+DETECTORS: dict[str, Callable[..., list[Candidate]]] = {
     "worker_fault": worker_fault,
     "slow_group": slow_group,
     "host_stall": host_stall,

@@ -10,6 +10,7 @@ from stragglers.trace.model import OPTYPE_CODES as C, Trace
 from stragglers.whatif.config import DiagnosisConfig
 from stragglers.whatif.grid import BWD, BWW, FWD
 from stragglers.whatif.metrics import WhatIf
+from stragglers.whatif.result import CapacityOption, Where, WorkerRef
 
 OPT = C["optimizer"]
 # An effect whose steps without a spike keep at least this share of the spikes' size is there on
@@ -27,7 +28,7 @@ class Candidate:
     """
 
     cause: str
-    where: dict
+    where: Where
     evidence: str
     cost: np.ndarray | None = None
     delay: np.ndarray | None = None
@@ -36,7 +37,8 @@ class Candidate:
     # test over five workers or more): the diagnosis then asks of its gain only that it be
     # positive (interval above 1) and at least min_gain (point), not the interval's lower end.
     established: bool = False
-    stats: dict = field(default_factory=dict)
+    # expert_imbalance: what each capacity factor buys at the measured routing (reported)
+    capacity_factor: dict[str, CapacityOption] | None = None
     strata: np.ndarray | None = None   # bool [T]: the steps of an intermittent cause
 
 
@@ -139,24 +141,20 @@ class Context:
             return ""
         return f" ({scale * lo:{fmt}}–{scale * hi:{fmt}})"
 
-    def where_workers(self, workers: list[tuple[int, int]], **more) -> dict:
-        """A `where` naming (dp index, stage) workers by DP rank, stage, global rank and host;
+    def where_workers(self, workers: list[tuple[int, int]], steps: list[int] | None = None,
+                      optypes: list[str] | None = None) -> Where:
+        """A `Where` naming (dp index, stage) workers by DP rank, stage, global rank and host;
         `workers` keeps the order given (the causes give the most severe first)."""
         g = self.w.grid
         listed = []
         for d, p in workers:
             rank = int(self.ranks[d, p])
-            listed.append({"dp": int(g.dp_ranks[d]), "pp": int(p),
-                           "rank": rank if rank >= 0 else None,
-                           "host": self.hosts.get(rank)})
-        where = {"dp": sorted({x["dp"] for x in listed}), "pp": sorted({x["pp"] for x in listed}),
-                 "ranks": sorted({x["rank"] for x in listed if x["rank"] is not None})}
-        hosts = sorted({x["host"] for x in listed if x["host"] is not None})
-        if hosts:
-            where["hosts"] = hosts
-        where["workers"] = listed
-        where.update(more)
-        return where
+            listed.append(WorkerRef(int(g.dp_ranks[d]), int(p), rank if rank >= 0 else None,
+                                    self.hosts.get(rank)))
+        return Where(dp=sorted({x.dp for x in listed}), pp=sorted({x.pp for x in listed}),
+                     ranks=sorted({x.rank for x in listed if x.rank is not None}),
+                     hosts=sorted({x.host for x in listed if x.host is not None}),
+                     workers=listed, steps=list(steps or []), optypes=list(optypes or []))
 
     def name(self, d: int, p: int) -> str:
         """'(dp 3, pp 1, rank 7 on node-2)' for evidence texts."""

@@ -31,7 +31,6 @@ def slow_group(ctx: Context) -> list[Candidate]:
     cost = w.cost.copy()
     named: list[tuple[int, int]] = []
     parts: list[str] = []
-    stats: dict[str, float] = {}
     for p in range(g.pp_size):
         split = _split(busy[:, p, :], cfg)
         if split is None:
@@ -52,14 +51,13 @@ def slow_group(ctx: Context) -> list[Candidate]:
         parts.append(f"{len(workers)} of {len(slow)} workers of stage {p} compute "
                      f"{point:.2f}×{ctx.spread(lo, hi)} as long per step (the groups' medians) "
                      f"as the other {int((~slow).sum())}: {shown}{more}")
-        stats.update({f"{g.dp_ranks[d]},{q}": float(ratio[d]) for d, q in workers})
     if not named:
         return []
     evidence = ("; ".join(parts) + "; a slow group, not one outlier (heterogeneous devices or "
                 "shared hosts): re-splitting each step's work in proportion to speed gives "
                 "every worker the same time")
     return [Candidate("slow_group", ctx.where_workers(named), evidence, cost=cost,
-                      upper_bound=True, stats={"relative_time": stats})]
+                      upper_bound=True)]
 
 
 def group_members(ctx: Context, busy: np.ndarray) -> np.ndarray:

@@ -65,8 +65,7 @@ def communication(ctx: Context) -> list[Candidate]:
                 evidence += (": a slow or congested network and hosts too busy to wake their "
                              "waiting threads promptly (CPU contention) look the same here")
         optypes = sorted({OPTYPES[c] for c in codes})
-        extra = {"optypes": optypes, **({"steps": steps} if steps else {})}
-        cand = Candidate("communication", ctx.where_workers(hot, **extra), evidence,
+        cand = Candidate("communication", ctx.where_workers(hot, steps, optypes), evidence,
                          cost=fixed, strata=ctx.step_mask(steps))
         late = np.where(fix, cost - np.broadcast_to(ideal, cost.shape), 0.0)
         found.append(as_contention(ctx, cand, ids, late, "a slow link"))

@@ -49,7 +49,7 @@ def as_contention(ctx: Context, cand: Candidate, ids: np.ndarray, late: np.ndarr
                       "per step for a CPU during them (runnable, not running: Linux schedstat), "
                       f"{100 * share:.0f}% of their lateness")
     if share >= ctx.cfg.contention_explains:
-        hosts = cand.where.get("hosts") or []
+        hosts = cand.where.hosts
         on = (f"host {hosts[0]} is" if len(hosts) == 1 else f"hosts {', '.join(hosts)} are") \
             if hosts else "hosts are"
         cand.evidence += (f": the {on} too busy to run them promptly (more busy threads than "

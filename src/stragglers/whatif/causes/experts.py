@@ -24,6 +24,7 @@ import numpy as np
 from stragglers.trace.model import OPTYPE_CODES as C
 from stragglers.whatif.causes.base import Candidate, Context
 from stragglers.whatif.grid import BWD, BWW, FWD
+from stragglers.whatif.result import CapacityOption
 
 A2A = C["all-to-all"]
 _COMPUTE = (FWD, BWD, BWW)
@@ -48,10 +49,10 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
     if "tokens" not in ops or len(g.dp_ranks) < 2:
         return None
     pairs, rows, means, slopes, corrs = [], [], [], [], []
-    for n in np.flatnonzero(g.node_optype == A2A):
+    for n in (int(x) for x in np.flatnonzero(g.node_optype == A2A)):
         tok = _rows_received(g, ops["tokens"], n)
         expert = _next_compute(g, n) if tok is not None else None
-        if expert is None:
+        if tok is None or expert is None:
             continue
         mean = _group_mean(g, n, tok)
         fit = _fit(tok, durations[expert])
@@ -98,9 +99,9 @@ def expert_imbalance(ctx: Context) -> list[Candidate]:
     for cap in CAPACITY_FACTORS:
         t = w.mean_step_time(balanced_costs(load, w.cost, cap))
         dropped = float(np.maximum(load.rows - cap * load.mean, 0).sum() / load.rows.sum())
-        capacity[f"{cap:g}"] = {"speedup": base / t if t > 0 else 1.0, "dropped": dropped}
+        capacity[f"{cap:g}"] = CapacityOption(base / t if t > 0 else 1.0, dropped)
     shown = ", ".join(f"{ctx.name(d, p)} {rel[d]:.2f}×" for d, p in workers[:6])
-    priced = "; ".join(f"C={c}: ×{v['speedup']:.2f}, {100 * v['dropped']:.1f}% of rows dropped"
+    priced = "; ".join(f"C={c}: ×{v.speedup:.2f}, {100 * v.dropped:.1f}% of rows dropped"
                        for c, v in capacity.items())
     evidence = (f"the compute after {len(load.pairs)} all-to-all dispatch(es) follows the rows "
                 f"each rank receives (correlation {float(load.corr.mean()):.2f}, "
@@ -110,11 +111,7 @@ def expert_imbalance(ctx: Context) -> list[Candidate]:
                 f"or an auxiliary load-balancing loss at its best, buys); capacity factors at "
                 f"the measured routing: {priced}")
     return [Candidate("expert_imbalance", ctx.where_workers(workers), evidence, cost=cost,
-                      upper_bound=True,
-                      stats={"rows_relative": {f"{int(w.grid.dp_ranks[d])},{p}": float(rel[d])
-                                               for d, p in workers},
-                             "capacity_factor": capacity,
-                             "seconds_per_row": float(load.slope.mean())})]
+                      upper_bound=True, capacity_factor=capacity)]
 
 
 def _rows_received(g, tokens: np.ndarray, n: int) -> np.ndarray | None:

@@ -44,7 +44,7 @@ def _from_rows(ctx: Context) -> Candidate | None:
     cost[nodes] = 0.0
     evidence = (f"{int(pause.sum())} GC pauses totalling {float(dur.sum()):.3f} s on "
                 f"{len(workers)} workers at uncoordinated steps (gc rows)")
-    return Candidate("gc", ctx.where_workers(workers, steps=steps), evidence, cost=cost,
+    return Candidate("gc", ctx.where_workers(workers, steps), evidence, cost=cost,
                      upper_bound=True, strata=ctx.step_mask(steps))
 
 
@@ -115,5 +115,5 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
                 f"more in all, on "
                 f"{len(workers)} workers at random steps ({fmt_steps(steps)}), not tied to a "
                 f"microbatch: GC pauses inside compute (the trace's gc rows carry none)")
-    return [Candidate("gc", ctx.where_workers(workers, steps=steps), evidence, cost=cost,
+    return [Candidate("gc", ctx.where_workers(workers, steps), evidence, cost=cost,
                       upper_bound=True, strata=ctx.step_mask(steps))]

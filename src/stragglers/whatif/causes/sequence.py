@@ -7,6 +7,7 @@ import numpy as np
 from stragglers.trace.model import Trace
 from stragglers.whatif.causes.base import Candidate, Context
 from stragglers.whatif.grid import BWD, FWD
+from stragglers.whatif.result import Where
 
 
 def sequence_imbalance(ctx: Context) -> list[Candidate]:
@@ -27,7 +28,7 @@ def sequence_imbalance(ctx: Context) -> list[Candidate]:
         evidence += ("; no Σs² in the trace: the prediction removes the cost factor each "
                      "microbatch shares across its forward, backward and stages")
         cost = _balanced_by_microbatch_factor(ctx)
-    return [Candidate("sequence_imbalance", {"pp": stages}, evidence, cost=cost,
+    return [Candidate("sequence_imbalance", Where(pp=[int(p) for p in stages]), evidence, cost=cost,
                       upper_bound=True)]
 
 

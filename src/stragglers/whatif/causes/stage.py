@@ -7,6 +7,7 @@ import numpy as np
 from stragglers.whatif.causes.base import Candidate, Context, per_worker_sum
 from stragglers.whatif.confidence import mean_interval
 from stragglers.whatif.grid import BWD, BWW, FWD
+from stragglers.whatif.result import Where
 
 
 def stage_compute(ctx: Context) -> np.ndarray:
@@ -50,7 +51,6 @@ def stage_imbalance(ctx: Context) -> list[Candidate]:
         evidence += ("; with one DP rank a slow worker and a heavy stage look the same: check "
                      f"the worker of stage {hot} too")
     # With one DP rank the heavy stage is one worker: name it (rank, host) too.
-    where = ctx.where_workers([(0, p) for p in heavy]) if len(g.dp_ranks) == 1 else {"pp": heavy}
-    return [Candidate("stage_imbalance", where, evidence, cost=cost, upper_bound=True,
-                      stats={"excess": {int(p): float(mean[p]) for p in range(g.pp_size)},
-                             "scale": [float(x) for x in scale]})]
+    where = ctx.where_workers([(0, p) for p in heavy]) if len(g.dp_ranks) == 1 else \
+        Where(pp=[int(p) for p in heavy])
+    return [Candidate("stage_imbalance", where, evidence, cost=cost, upper_bound=True)]

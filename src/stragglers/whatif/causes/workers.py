@@ -97,11 +97,9 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
                      f"{np.min(healthy):.2f}–{np.max(healthy):.2f}×")
     if steps:
         evidence += f"; only in steps {fmt_steps(steps)}"
-    where = ctx.where_workers(workers, **({"steps": steps} if steps else {}))
-    return [Candidate("worker_fault", where, evidence, cost=cost, strata=ctx.step_mask(steps),
-                      established=mean.size >= 5,   # _stands_out applied the outlier test
-                      stats={"ratio": {f"{g.dp_ranks[d]},{p}": float(mean[d, p])
-                                       for d, p in workers}})]
+    return [Candidate("worker_fault", ctx.where_workers(workers, steps), evidence, cost=cost,
+                      strata=ctx.step_mask(steps),
+                      established=mean.size >= 5)]   # _stands_out applied the outlier test
 
 
 def host_stall(ctx: Context) -> list[Candidate]:
@@ -176,8 +174,8 @@ def host_stall(ctx: Context) -> list[Candidate]:
                  "e.g. a slow data loader) that the others wait for at the next collective")
     if steps:
         evidence += f"; only in steps {fmt_steps(steps)}"
-    where = ctx.where_workers(workers, **({"steps": steps} if steps else {}))
-    return [Candidate("host_stall", where, evidence, delay=fixed, strata=ctx.step_mask(steps))]
+    return [Candidate("host_stall", ctx.where_workers(workers, steps), evidence, delay=fixed,
+                      strata=ctx.step_mask(steps))]
 
 
 def _carried_over(g, step_start: np.ndarray) -> np.ndarray:
