@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv browser postgres bench docs gpu-check clean
+.PHONY: demo test test-fast typecheck venv browser postgres bench docs gpu-check clean
 
 venv: $(STAMP)
 
@@ -39,8 +39,14 @@ demo: venv
 	$(PY) examples/demo.py --steps $(DEMO_STEPS)
 	$(PY) -m stragglers.monitor.demo --port $(DEMO_PORT) --steps $(WATCH_STEPS)
 
-test: venv browser postgres
+# The type checker first (typecheck), then the suite.
+test: venv browser postgres typecheck
 	$(VENV)/bin/pytest -q
+
+# mypy on src/ (configured in pyproject.toml [tool.mypy]); it must pass. Its cache
+# (.mypy_cache) makes a rerun check only what changed.
+typecheck: venv
+	$(PY) -m mypy
 
 # The fast tier: no torchrun jobs, no browser, nothing marked slow (tests/README.md).
 test-fast: venv
