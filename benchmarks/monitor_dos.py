@@ -7,12 +7,12 @@ same client (one keep-alive httpx connection, as the PartUploader keeps) uploads
 (4 ranks x `rounds`) into a job of its own, one after the other, in `blocks` pairs of a quiet
 block and a block under the case, alternated; the figure is the median latency under the case
 divided by the quiet median, with each pair's own ratio and the monitor's CPU while attacked
-(issue 34: within 2x). Cases: 1,000 idle TCP
-connections; 200 connections sending half a request head; 32 slow bodies declaring 64 MiB
-each (a byte a second); the same well-behaved client opening a new connection per upload
-while 1,000 idle connections are held (what the idle-eviction is for); 4 clients of another
-loopback address (another writer only by its job) uploading parts whose page headers declare 1 GB (refused 422 from the headers); 4 clients
-of another address uploading 16 MiB bodies in a loop (one writer: at most 64 MiB held, then 429).
+(issue 34: within 2x). Cases: 1,000 idle TCP connections; 200 connections sending half a
+request head; 32 slow bodies declaring 64 MiB each (a byte a second); the same well-behaved
+client opening a new connection per upload while 1,000 idle connections are held (what the
+idle-eviction is for); 4 client processes of another loopback address (another writer only by
+their job) uploading parts whose page headers declare 1 GB (refused 422 from the headers), or
+16 MiB bodies in a loop (refused after their first MiB).
 """
 
 from __future__ import annotations
