@@ -101,7 +101,11 @@ class LeaseKeeper:
         return True
 
     def start(self) -> None:
-        """Heartbeat every lease_s / 3 on a thread."""
+        """Heartbeat every lease_s / 3 on a thread (on a shared store: alone on its store, an
+        instance's leases are its own for good, and a write a heartbeat, an fsync on SQLite,
+        would buy nothing)."""
+        if not getattr(self.store, "shared", False):
+            return
         self._thread = threading.Thread(target=self._run, name="stragglers-monitor-lease",
                                         daemon=True)
         self._thread.start()
