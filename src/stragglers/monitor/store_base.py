@@ -208,8 +208,8 @@ class SQLStore:
                 seq = seqs[r[0]] + 1
                 cur = self._exec(
                     db, "INSERT INTO parts (job, rank, part, records, first_step, last_step, "
-                    "bytes, way, ingested_at, digest, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT (job, rank, part) DO NOTHING",
+                    "bytes, way, ingested_at, digest, seq) VALUES "
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job, rank, part) DO NOTHING",
                     (*r[:8], now, r[8] if len(r) > 8 else None, seq))
                 new.append(cur.rowcount == 1)
                 if new[-1]:
@@ -378,7 +378,8 @@ class SQLStore:
         for r in rows:
             found = _loads(r.pop("diagnosis"), [])
             # each cause once (a cause found at two places is two findings, one cause)
-            r["causes"] = list(dict.fromkeys(f.get("cause") for f in found if isinstance(f, dict))) \
+            r["causes"] = list(dict.fromkeys(f.get("cause") for f in found
+                                             if isinstance(f, dict))) \
                 if isinstance(found, list) else []
         return rows[::-1]
 
