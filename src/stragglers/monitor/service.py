@@ -780,6 +780,7 @@ class Monitor:
         cfg = self.config
         windows = self._follow_store(now)
         with self._lock:
+            lagging = self.watchdog.lagging()
             for job, tr in list(self.trackers.items()):
                 windows.extend(tr.close_ready(now))
                 quiet = now - (tr.last_arrival or now)
@@ -789,7 +790,9 @@ class Monitor:
                 elif quiet >= cfg.finish_after_s:
                     new = "finished"
                 elif quiet >= cfg.stall_after_s:
-                    new = "stalled"
+                    # behind on its own ingest, the monitor cannot tell a silent job from parts
+                    # still queued (seen: a small job stalled behind a 1,024-rank one's parts)
+                    new = "running" if state == "running" and lagging else "stalled"
                 else:
                     new = "running"
                 if new == state:

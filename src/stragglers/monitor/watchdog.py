@@ -120,6 +120,8 @@ class Watchdog:
         while the others went on past their steps (a job silent as a whole is `stalled`, a
         state and its own alert)."""
         m, limit = self.monitor, self.monitor.config.stall_after_s
+        if self.lagging():
+            return   # its parts may be queued here: decided again once the ingest caught up
         decided = []
         with m._lock:
             for job, tr in m.trackers.items():
@@ -157,6 +159,11 @@ class Watchdog:
         if head is not None:
             oldest = head.queued_at if oldest is None else min(oldest, head.queued_at)
         return max(0.0, time.monotonic() - oldest) if oldest is not None else 0.0
+
+    def lagging(self) -> bool:
+        """Whether the ingest is behind by half stall_after_s or more: a part written that long
+        ago may be waiting here, so quiet is not silence (job and rank silence wait)."""
+        return self.ingest_lag() >= self.monitor.config.stall_after_s / 2
 
     def queue_depths(self) -> dict[str, int]:
         """Items waiting on each of the monitor's queues."""
