@@ -140,7 +140,7 @@ def _attribution_tables(r: AnalysisResult) -> Group:
     tables = []
     t = r.straggling_threshold
     if r.by_optype:
-        ranked = sorted(r.by_optype.items(), key=lambda kv: -kv[1])
+        ranked: list[tuple[Any, float]] = sorted(r.by_optype.items(), key=lambda kv: -kv[1])
         tables.append(_value_table("By op type", "op type", ranked, t))
     if r.by_stage:
         tables.append(_value_table("By PP stage", "stage", sorted(r.by_stage.items()), t))

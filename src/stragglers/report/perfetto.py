@@ -41,7 +41,8 @@ def write_perfetto(directory: str | Path, trace: Trace,
     reader's notes, so a timeline opened on its own says what it shows and what it cannot.
     """
     directory = Path(directory)
-    other = {"job": trace.meta.name, "run_id": trace.meta.run_id, "source": trace.source}
+    other: dict[str, Any] = {"job": trace.meta.name, "run_id": trace.meta.run_id,
+                             "source": trace.source}
     if result is not None:
         other.update({"slowdown": result.slowdown, "straggling": result.straggling,
                       "schema_version": SCHEMA_VERSION,

@@ -165,9 +165,9 @@ def synth_gpu(
     one_rank = {field: pair(text, field, int) if text else None for field, text in (
         ("--late-rank", late_rank), ("--slow-rank", slow_rank), ("--hot-expert", hot_expert),
         ("--slow-link", slow_link))}
-    for field, value in one_rank.items():
-        if value is not None and not 0 <= value[0] < ranks:
-            raise InputError("stragglers synth-gpu", field, f"rank {value[0]} is not one of the "
+    for field, given in one_rank.items():
+        if given is not None and not 0 <= given[0] < ranks:
+            raise InputError("stragglers synth-gpu", field, f"rank {given[0]} is not one of the "
                              f"{ranks} ranks")
     job = GpuJob(ranks=ranks, steps=steps, seed=seed, all_to_alls=all_to_alls, buckets=buckets,
                  tp_size=tp_size, cp_size=cp_size, expert_groups=expert_groups,

@@ -24,7 +24,8 @@ class KinetoReader:
         return path.is_dir() and not (path / META_FILE).exists() and any(
             f.is_file() and f.name.endswith(_KINETO_SUFFIXES) for f in path.iterdir())
 
-    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None, tp_size=None) -> Trace:
+    def read(self, path: Path, *, meta: Path | str | None = None, dp_size: int | None = None,
+             pp_size: int | None = None, tp_size: int | None = None) -> Trace:
         """Read the ranks' files, placed on a DP × PP grid by dp_size / pp_size / tp_size."""
         from stragglers.trace.kineto import read_kineto
 
@@ -44,7 +45,8 @@ class RunReader:
         """Any directory that is not a folder of profiler files."""
         return path.is_dir()
 
-    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None, tp_size=None) -> Trace:
+    def read(self, path: Path, *, meta: Path | str | None = None, dp_size: int | None = None,
+             pp_size: int | None = None, tp_size: int | None = None) -> Trace:
         """Read every rank's op tables and the job's meta.json."""
         if meta is not None:
             raise InputError(meta, None, f"--meta is for NDTimeline files; {path} is a run "
@@ -65,7 +67,8 @@ class NDTimelineReader:
         """A .parquet file."""
         return path.is_file() and path.suffix == ".parquet"
 
-    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None, tp_size=None) -> Trace:
+    def read(self, path: Path, *, meta: Path | str | None = None, dp_size: int | None = None,
+             pp_size: int | None = None, tp_size: int | None = None) -> Trace:
         """Read the op table and its metadata YAML."""
         from stragglers.trace.ndtimeline import read_ndtimeline
 
@@ -85,7 +88,8 @@ class StepTimesReader:
 
         return looks_like_step_times(path)
 
-    def read(self, path: Path, *, meta=None, dp_size=None, pp_size=None, tp_size=None) -> Trace:
+    def read(self, path: Path, *, meta: Path | str | None = None, dp_size: int | None = None,
+             pp_size: int | None = None, tp_size: int | None = None) -> Trace:
         """Each worker's step as one compute op and one synchronising all-reduce."""
         from stragglers.trace.steptimes import read_step_times
 
@@ -97,7 +101,8 @@ class StepTimesReader:
         return read_step_times(path)
 
 
-def _layout_is_given(path: Path, what: str, dp_size, pp_size, tp_size=None) -> None:
+def _layout_is_given(path: Path, what: str, dp_size: int | None, pp_size: int | None,
+                     tp_size: int | None = None) -> None:
     """--dp-size / --pp-size place profiler ranks; a format that records its layout refuses
     them rather than ignoring them (a user who gave one expects it to count)."""
     for flag, value in (("--dp-size", dp_size), ("--pp-size", pp_size), ("--tp-size", tp_size)):
@@ -123,9 +128,9 @@ def load_trace(path: Path | str, meta: Path | str | None = None, *, dp_size: int
     path = Path(path)
     if not path.exists():
         raise InputError(path, None, "no such file or directory")
-    options = {"meta": meta, "dp_size": dp_size, "pp_size": pp_size, "tp_size": tp_size}
     if format is not None:
-        return TRACE_READERS.get(format, "format").read(path, **options)
+        return TRACE_READERS.get(format, "format").read(
+            path, meta=meta, dp_size=dp_size, pp_size=pp_size, tp_size=tp_size)
     if path.is_dir() and not (path / META_FILE).exists():
         entries = [f for f in path.iterdir() if not f.name.startswith(".")]
         if not any(f.name.endswith((".parquet", *_KINETO_SUFFIXES)) for f in entries):
@@ -136,7 +141,8 @@ def load_trace(path: Path | str, meta: Path | str | None = None, *, dp_size: int
     for name in TRACE_READERS:
         reader = TRACE_READERS.get(name)
         if reader.can_read(path):
-            return reader.read(path, **options)
+            return reader.read(path, meta=meta, dp_size=dp_size, pp_size=pp_size,
+                               tp_size=tp_size)
     raise InputError(path, None, "expected a run directory, an NDTimeline .parquet trace, "
                      "PyTorch-profiler .json/.json.gz files or a .csv table of per-worker "
                      "step times (worker, step and time columns)")

@@ -43,12 +43,13 @@ def clock_offsets(sync: dict[int, dict[tuple, float]], hosts: dict[int, str | No
     pending = ranks[1:]
     weak = []
     while pending:
-        best = None
+        best: tuple[int, int, set[tuple]] | None = None
         for r in pending:
             for a in offsets:
                 common = sync[r].keys() & sync[a].keys()
                 if best is None or len(common) > len(best[2]):
                     best = (r, a, common)
+        assert best is not None     # pending and offsets are both non-empty here
         r, a, common = best
         pending.remove(r)
         same = next((b for b in offsets if hosts.get(r) and hosts.get(b) == hosts.get(r)), None)

@@ -335,9 +335,11 @@ def rows_received(args: dict) -> int | None:
         sizes = [_int_or_none(x) for x in text[1:-1].split(",")] if text[1:-1].strip() else []
     if not isinstance(sizes, list) or not sizes or len(sizes) > 1 << 16:
         return None
-    values = [x if isinstance(x, int) and not isinstance(x, bool) else None for x in sizes]
-    if any(v is None or v < 0 for v in values):
-        return None
+    values: list[int] = []
+    for x in sizes:
+        if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+            return None
+        values.append(x)
     total = sum(values)
     return total if total < 1 << 62 else None
 

@@ -18,7 +18,8 @@ from typing import Annotated, Any
 try:
     import msgspec
 except ImportError:  # the stdlib path in events.read_rank_events takes over
-    msgspec = None
+    # mypy types the name as the module; None is how this file says it is absent
+    msgspec = None  # type: ignore[assignment]
 
 AVAILABLE = msgspec is not None
 
@@ -39,7 +40,8 @@ if AVAILABLE:
         src_rank: Any = msgspec.field(default=None, name="Src Rank")
         dst_rank: Any = msgspec.field(default=None, name="Dst Rank")
         # Lists, rarely needed: kept as raw JSON and decoded only when asked for.
-        concrete_inputs: msgspec.Raw = msgspec.field(default=_UNSET, name="Concrete Inputs")
+        concrete_inputs: msgspec.Raw | msgspec.UnsetType = msgspec.field(
+            default=_UNSET, name="Concrete Inputs")
         pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
         out_split: Any = msgspec.field(default=None, name="Out split size")
 
@@ -73,7 +75,7 @@ if AVAILABLE:
     class _Doc(msgspec.Struct, gc=False):
         """The document without its events, and the few top-level keys read."""
 
-        traceEvents: list[msgspec.Raw] = _UNSET  # noqa: N815  (the JSON name)
+        traceEvents: list[msgspec.Raw] | msgspec.UnsetType = _UNSET  # noqa: N815  (the JSON name)
         distributedInfo: Any = _UNSET  # noqa: N815
         baseTimeNanoseconds: Any = _UNSET  # noqa: N815
         host_name: Any = _UNSET
@@ -164,7 +166,8 @@ def _take(buf: bytearray, pattern: re.Pattern, last: bool) -> tuple[int, list] |
     tail) or the array's closing ']' (the first that decodes). None when no candidate decodes
     (the caller reads more). A well-formed chunk with a wrong type raises ValidationError."""
     start = max(0, len(buf) - (1 << 16)) if last else 0
-    found = [m.start(m.lastindex) for m in pattern.finditer(buf, start)]
+    # each alternative of the separator patterns has one group: a match always sets lastindex
+    found = [m.start(m.lastindex or 0) for m in pattern.finditer(buf, start)]
     for pos in (found[::-1] if last else found)[:4]:
         try:
             return pos, _EVENTS.decode(bytes(buf[:pos]) + b"]")

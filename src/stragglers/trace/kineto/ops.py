@@ -177,7 +177,7 @@ def _compute_ops(parts: RankParts, colls: list[tuple[Coll, str]], rows: list,
     cut = np.ones(n, dtype=bool)
     cut[1:] = (seg[1:] != seg[:-1]) | (step[1:] != step[:-1]) | (phase[1:] != phase[:-1])
     bounds = np.flatnonzero(cut)
-    out = []
+    out: list[tuple[int, int, float, float]] = []
     for lo, hi in zip(bounds, np.append(bounds[1:], n)):
         items = idx[lo:hi]
         start, end = parts.item_start[items], parts.item_end[items]
@@ -190,7 +190,7 @@ def _compute_ops(parts: RankParts, colls: list[tuple[Coll, str]], rows: list,
         # work (Python dispatching the next op), not idle time.
         gaps[gaps < bridge] = 0.0
         busy = float(reach[-1] - start[0] - gaps.sum())
-        out.append([int(step[lo]), int(phase[lo]), float(start[0]), busy])
+        out.append((int(step[lo]), int(phase[lo]), float(start[0]), busy))
     out.sort(key=lambda r: (r[0], r[2]))
     for i, (s, ph, start, busy) in enumerate(out):
         # Work on concurrent streams can overlap the next op; the chain model needs them apart.

@@ -196,7 +196,12 @@ def _placements(parts: dict[int, RankParts], shape: JobShape, found: Pipelines,
     groups' names, else every rank a DP rank."""
     if found.chains and found.pp > 1 and shape.tp_size == 1 and shape.pp_size in (1, found.pp):
         per_stage = max(1, shape.world_size // found.pp)
-        stage_of = found.stage.get
+        stages = found.stage
+
+        def stage_of(peer: int) -> int:
+            """The peer's stage; -10 (no neighbour of any stage) for a rank on no chain."""
+            return stages.get(peer, -10)
+
         out = {}
         for i, chain in enumerate(sorted(found.chains)):
             head = chain[0]
@@ -208,8 +213,7 @@ def _placements(parts: dict[int, RankParts], shape: JobShape, found: Pipelines,
                 dp_rank = i
             for stage, r in enumerate(chain):
                 if r in parts:
-                    out[r] = Placement(r, dp_rank, stage, lambda q, f=stage_of: f(q, -10),
-                                       found.pp)
+                    out[r] = Placement(r, dp_rank, stage, stage_of, found.pp)
         shape.pp_size, shape.dp_size = found.pp, per_stage
         shape.how = "p2p"
         return out
