@@ -262,7 +262,9 @@ def test_a_damaged_row_quarantines_its_data_set_not_the_service(tmp_path, damage
         clients = {}
         for name in ("bad", "good"):
             c = clients[name] = ShardClient(srv.url, name, "w", token=OWNER, retry_s=5)
-            c.create_dataset(DatasetConfig(name, 100, 10, lease_s=0.05))
+            # the good data set's lease outlives the checks below (a 50 ms one could expire
+            # between its lease and the status call on a loaded machine)
+            c.create_dataset(DatasetConfig(name, 100, 10, lease_s=0.05 if name == "bad" else 60))
             c.join()
         with sqlite3.connect(db) as c:
             c.execute(damage)
