@@ -19,6 +19,8 @@ Public names (`__all__`):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from stragglers.lazy import lazy_exports
 
 _LAZY = {
@@ -53,3 +55,16 @@ _LAZY = {
 _RENAMED = {"GradientCode": "MatrixCode", "Decoding": "DecodingVector"}
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY, _RENAMED)
+
+if TYPE_CHECKING:   # the same names for type checkers, which do not run __getattr__
+    from stragglers.coding.data import PartitionedData, load_digits_parts
+    from stragglers.coding.delays import DelaySampler
+    from stragglers.coding.expander import ExpanderCode, random_regular_graph, second_eigenvalue
+    from stragglers.coding.matrix_code import DecodingVector, MatrixCode, condition_number
+    from stragglers.coding.mds import CyclicMDSCode
+    from stragglers.coding.repetition import (CyclicRepetitionCode, FractionalRepetitionCode,
+                                              IdentityCode, ignore_stragglers, wait_for_all)
+    from stragglers.coding.schemes import SCHEMES, make_code
+    from stragglers.coding.stability import (StabilityReport, UnstableCodeError, check_stability,
+                                             decode_error_bound, stability_report)
+    from stragglers.coding.training import TrainResult, train_coded

@@ -15,7 +15,7 @@ from stragglers.errors import InputError
 
 def _build(scheme: str, n: int, s: int, d: int | None, seed: int, dtype: str, tolerance: float,
            console: Console, decoder: str | None = None):
-    from stragglers.coding import make_code
+    from stragglers.coding.schemes import make_code
 
     with warnings.catch_warnings(record=True) as notes:
         warnings.simplefilter("always")
@@ -38,7 +38,7 @@ def code_info(
     tolerance: float = typer.Option(1e-3, help="largest acceptable decode error, in units of ‖G‖_F"),
 ) -> None:
     """Show a code: parts per worker, encoding matrix, the guard's certified worst-case error."""
-    from stragglers.coding import stability_report
+    from stragglers.coding.stability import stability_report
 
     console = Console()
     code = _build(scheme, n, s, d, seed, dtype, tolerance, console, decoder)
@@ -74,7 +74,7 @@ def code_decode(
     seed: int = typer.Option(0, help="seed of random constructions"),
 ) -> None:
     """Print the decoding vector for a survivor set, its residual and error bound."""
-    from stragglers.coding import decode_error_bound
+    from stragglers.coding.stability import decode_error_bound
 
     console = Console()
     try:

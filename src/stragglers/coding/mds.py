@@ -8,6 +8,7 @@ survivor nodes z_k = ω^k.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import comb
 
 import numpy as np
@@ -129,7 +130,7 @@ class CyclicMDSCode(MatrixCode):
 
 
 def closed_form_coefficients(n: int, s: int, first_root: int, g_at_1: complex,
-                             K: list[int]) -> np.ndarray:
+                             survivors: Sequence[int]) -> np.ndarray:
     """The decoding coefficients a_K of a cyclic MDS code in closed form, in O(n·s) operations.
 
     With b_k = a_k z_k^{shift}, the system is Σ_k b_k z_k^t = c·δ_{t,t0} (t = 0..N−1, N = n−s),
@@ -139,7 +140,7 @@ def closed_form_coefficients(n: int, s: int, first_root: int, g_at_1: complex,
     Π_{j∈K, j≠k}(z_k − z_j) = n z_k^{-1} / Π_{m∈S}(z_k − ω^m). For the complex code (t0 = N−1)
     this equals the spec's Lagrange form a_k = (n/g(1))·z_k^{N−1}/Π_{j∈K, j≠k}(z_k − z_j).
     """
-    K = np.asarray(K)
+    K = np.asarray(survivors)
     S = np.setdiff1d(np.arange(n), K)
     shift = first_root + s  # exponent of the first non-root: m = shift + t, t = 0..N−1
     t0 = (n - shift) % n  # the moment that must equal n/g(1) (m ≡ 0); all others vanish

@@ -173,11 +173,12 @@ def _work(model, loss_fn, data, code, worker, delays, real) -> None:
         dist.recv(params, src=MASTER, tag=PARAMS_TAG)
         with torch.no_grad():
             vector_to_parameters(params, model.parameters())
-        coded = None
+        coded: torch.Tensor | None = None
         for k, j in enumerate(parts):
             g, loss = part_gradient(model, loss_fn, data, j, step)
             payload = torch.cat([g, loss.reshape(1)]).to(cdtype)
             coded = w[k] * payload if coded is None else coded + w[k] * payload
+        assert coded is not None    # every worker of a code computes at least one part
         if code.is_complex:
             coded = torch.view_as_real(coded).reshape(-1)
         delay = delays(step, worker) if delays else 0.0
@@ -204,7 +205,8 @@ class _Aggregator:
         self.busy: dict[int, int] = {}  # worker -> the step it is computing
         self.poll = dist.get_backend() == "nccl"
 
-    def _assign(self, worker: int, step: int, params: torch.Tensor, command: int = WORK) -> None:
+    def _assign(self, worker: int, step: int, params: torch.Tensor | None,
+                command: int = WORK) -> None:
         for work in self.sends[worker]:  # the worker is idle, so it has received these
             work.wait()
         header = torch.tensor([step, command], dtype=torch.int64, device=self.device)
@@ -212,6 +214,7 @@ class _Aggregator:
         self.sends[worker] = [dist.isend(header, dst=rank, tag=HEADER_TAG)]
         if command == STOP:
             return
+        assert params is not None   # only STOP is sent without parameters
         self.sends[worker].append(dist.isend(params, dst=rank, tag=PARAMS_TAG))
         buf = torch.empty(self.msg_len, dtype=self.message_dtype, device=self.device)
         recv = dist.irecv(buf, src=rank, tag=GRAD_TAG + step)

@@ -16,6 +16,8 @@ Public names (`__all__`):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from stragglers.lazy import lazy_exports
 
 _LAZY = {
@@ -38,3 +40,13 @@ _LAZY = {
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
+if TYPE_CHECKING:   # the same names for type checkers, which do not run __getattr__
+    from stragglers.collectives.cost_model import (LinkModel, algorithm_time, break_even_delay,
+                                                   speedup_over_ring)
+    from stragglers.collectives.ddp_hook import StragglarHookState, stragglar_hook
+    from stragglers.collectives.detection import StragglerDetector
+    from stragglers.collectives.devices import Stopwatch, control_device
+    from stragglers.collectives.executor import (StragglarRun, prepare_subgroups,
+                                                 stragglar_all_reduce)
+    from stragglers.collectives.schedule import Schedule, lower_bound_rounds, synthesize, verify

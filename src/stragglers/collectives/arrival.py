@@ -22,10 +22,11 @@ class TimeExchange:
         self.n = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.device = device if device is not None else control_device(group)
-        self._pending: tuple[object, torch.Tensor, object] | None = None
+        self._pending: tuple[dist.Work, torch.Tensor, int] | None = None
 
-    def post(self, seconds_inside: float, tag: object = None) -> None:
-        """Start sharing this rank's time inside the collective that just finished."""
+    def post(self, seconds_inside: float, tag: int = 0) -> None:
+        """Start sharing this rank's time inside the collective that just finished; `tag` (the
+        hook's bucket index) comes back with the times from `collect_tagged`."""
         vec = torch.zeros(self.n, dtype=torch.float64, device=self.device)
         vec[self.rank] = seconds_inside  # the other slots are 0, so the sum is exact
         self._pending = (dist.all_reduce(vec, group=self.group, async_op=True), vec, tag)
@@ -35,7 +36,7 @@ class TimeExchange:
         got = self.collect_tagged()
         return None if got is None else got[0]
 
-    def collect_tagged(self) -> tuple[list[float], object] | None:
+    def collect_tagged(self) -> tuple[list[float], int] | None:
         """(per-rank times, the tag given to `post`) of the last post, or None."""
         if self._pending is None:
             return None

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     dist.init_process_group(backend)
     single = measure_link(sizes, args.reps)
     many = measure_link(sizes, args.reps, all_pairs=True)
-    if dist.get_rank() == 0:
+    if single is not None and many is not None:     # rank 0 holds the fits
         n = dist.get_world_size()
         for name, m in (("one pair", single), (f"{n // 2} pairs at once", many)):
             print(f"{name}: alpha = {m.alpha * 1e6:.1f} us, 1/beta = {1 / m.beta / 2**20:.0f} MiB/s"

@@ -35,11 +35,12 @@ class CompletionThread:
                  on_done: Callable[[], None] | None = None,
                  device: torch.device | None = None) -> torch.futures.Future:
         """A Future of `result()`, set once `waitable.wait()` returns; `on_done()` runs first."""
-        cuda = device is not None and device.type == "cuda"
+        cuda = device if device is not None and device.type == "cuda" else None
         # On CUDA the future records the waiting thread's stream, so DDP's use of the result
         # is ordered after the collective (waiting made that stream wait on it).
-        fut = torch.futures.Future(devices=[device]) if cuda else torch.futures.Future()
-        self._queue().put((waitable, result, on_done, device if cuda else None, fut))
+        fut: torch.futures.Future = (torch.futures.Future(devices=[cuda]) if cuda is not None
+                                     else torch.futures.Future())
+        self._queue().put((waitable, result, on_done, cuda, fut))
         return fut
 
     def stop(self) -> None:
@@ -47,13 +48,13 @@ class CompletionThread:
         with self._lock:
             jobs, thread = self._jobs, self._thread
             self._jobs = self._thread = None
-        if thread is not None:
+        if thread is not None and jobs is not None:     # set and cleared together
             jobs.put(None)
             thread.join()
 
     def _queue(self) -> queue.SimpleQueue:
         with self._lock:
-            if self._thread is None:
+            if self._thread is None or self._jobs is None:
                 self._jobs = queue.SimpleQueue()
                 self._thread = threading.Thread(target=self._run, args=(self._jobs,),
                                                 name=self.name, daemon=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from stragglers.errors import InputError
 from stragglers.protocols import ALLREDUCE_ALGORITHMS
@@ -90,7 +91,7 @@ class PricedAllReduce:
     """An all-reduce algorithm of the cost model (the `AllReduceAlgorithm` protocol)."""
 
     name: str
-    model: object  # (n, size, link, delay) -> seconds
+    model: Callable[[int, float, LinkModel, float], float]  # (n, size, link, delay) -> seconds
 
     def time(self, n: int, size: float, link: LinkModel, delay: float = 0.0) -> float:
         """α–β time in seconds of an all-reduce of `size` bytes on n ranks, straggler `delay` late."""

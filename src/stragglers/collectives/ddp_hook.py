@@ -53,7 +53,7 @@ class StragglarHookState:
     process group with the ranks of `process_group`.
     """
 
-    process_group: object = None
+    process_group: dist.ProcessGroup | None = None
     mode: str = "persistent"
     window: int = 8
     threshold: float = 0.6
@@ -126,7 +126,7 @@ class StragglarHookState:
         self._post_unposted()
         if self.world_size < 2:
             return None
-        if self.mode == "eager":
+        if self.arrivals is not None:   # eager mode
             return self.arrivals.last_arrival()
         return self.detector(bucket_index).persistent_straggler()
 
@@ -145,8 +145,8 @@ class _CommThread:
 
     def submit(self, fn, device=None) -> torch.futures.Future:
         # on CUDA the future records the streams' work, so DDP's use of the result waits for it
-        fut = torch.futures.Future(devices=[device]) if device is not None and device.type == "cuda" \
-            else torch.futures.Future()
+        fut: torch.futures.Future = torch.futures.Future(devices=[device]) \
+            if device is not None and device.type == "cuda" else torch.futures.Future()
         self.jobs.put((fn, fut, device))
         return fut
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from stragglers.collectives.devices import backend_of, control_device
 from stragglers.collectives.groups import create_ready_subgroups, group_ranks, ready_subgroups
-from stragglers.collectives.schedule import synthesize
+from stragglers.collectives.schedule import Transfer, synthesize
 from stragglers.errors import InputError
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -81,11 +81,12 @@ def _raise_on_mismatch(rows: list[list[int]]) -> None:
     for i, field in enumerate(("tensor.numel()", "tensor.dtype", "straggler")):
         values = [r[i] for r in rows]
         if len(set(values)) > 1:
+            shown: list = values
             if field == "tensor.dtype":
-                values = [str(SUPPORTED_DTYPES[v]) if v >= 0 else
-                          ("unsupported" if v == -1 else "not a tensor") for v in values]
+                shown = [str(SUPPORTED_DTYPES[v]) if v >= 0 else
+                         ("unsupported" if v == -1 else "not a tensor") for v in values]
             raise InputError("stragglar_all_reduce", field,
-                             f"every rank must pass the same value; got {values}")
+                             f"every rank must pass the same value; got {shown}")
 
 
 class _Agreement:
@@ -134,6 +135,7 @@ def _ring_reduce_scatter(chunks: list[torch.Tensor], me: int, m: int, peer, grou
     for k in range(m - 1):
         send_c = (me - k - 1) % m
         recv_c = (me - k - 2) % m
+        assert scratch is not None  # a ring of m > 1 ranks has chunks
         buf = scratch[: chunks[recv_c].numel()]
         _p2p([("send", chunks[send_c], peer((me + 1) % m)), ("recv", buf, peer((me - 1) % m))], group)
         chunks[recv_c].add_(buf)
@@ -188,7 +190,8 @@ def _phase2_dataflow(plan, chunks: list[torch.Tensor], peer, group) -> None:
         for t in sends:
             if not t.exchange:
                 ensure(t.chunk)
-        ops, roles = [], []
+        ops: list[dist.P2POp] = []
+        roles: list[tuple[str, Transfer, torch.Tensor | None]] = []   # (kind, transfer, scratch)
         for t in sends:
             ops.append(dist.P2POp(dist.isend, chunks[t.chunk], peer(t.dst), group, tag=k + 1))
             roles.append(("send", t, None))
@@ -210,8 +213,8 @@ def _phase2_dataflow(plan, chunks: list[torch.Tensor], peer, group) -> None:
                 pending[t.chunk] = (w, buf, own.get(t.chunk) if t.exchange else None)
     for c in list(pending):
         ensure(c)
-    for w in outstanding:
-        wait_once(w)
+    for work in outstanding:
+        wait_once(work)
 
 
 PHASE2_MODES = ("dataflow", "lockstep")

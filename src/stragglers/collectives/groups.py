@@ -59,6 +59,8 @@ def companion_group(group=None, purpose: str = "comm"):
         if ranks == mine:
             _COMPANIONS[(purpose, ranks)] = new
     log.debug("created %s groups for %s", purpose, parents)
+    if mine is None:    # a rank outside `group`
+        return dist.GroupMember.NON_GROUP_MEMBER
     return _COMPANIONS.get((purpose, mine), dist.GroupMember.NON_GROUP_MEMBER)
 
 
@@ -77,7 +79,8 @@ def create_ready_subgroups(group=None) -> None:
 
 def ready_subgroups(group=None) -> dict[int, object] | None:
     """The ready sub-groups of `group` if they were created (a lookup, not collective)."""
-    cached = _READY.get(group_ranks(group))
+    mine = group_ranks(group)
+    cached = _READY.get(mine) if mine is not None else None
     if cached is None or not _alive(cached.values()):
         return None
     return cached

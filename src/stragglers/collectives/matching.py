@@ -124,9 +124,10 @@ def matching_schedule(n: int, width: int = 16, candidates: int = 8, seed: int = 
     rng = np.random.default_rng(seed)
     target = _lower_bound(n)
     max_rounds = max_rounds or 3 * n + 8
-    beam = [(np.zeros((n, n - 1), dtype=bool), [])]
+    beam: list[tuple[np.ndarray, list[Round]]] = [(np.zeros((n, n - 1), dtype=bool), [])]
     for t in range(max_rounds):
-        scored = []
+        # (finish bound, -delivered, order, state, rounds): the beam keeps the lowest
+        scored: list[tuple[int, float, int, np.ndarray, list[Round]]] = []
         seen: set[bytes] = set()  # one copy of each state per level, whatever its parent
         for held, rounds in beam:
             for k in range(candidates):

@@ -104,7 +104,7 @@ def _where(i: int, t: Transfer) -> str:
 def verify(schedule: Schedule) -> None:
     """Check the schedule; raise StragglersError naming the first violated rule (spec §2)."""
     n, s = schedule.n, schedule.n - 1
-    held = [set() for _ in range(n)]  # fully reduced chunks each rank holds
+    held: list[set[int]] = [set() for _ in range(n)]  # fully reduced chunks each rank holds
     exchanged = set()
     for i, rnd in enumerate(schedule.rounds):
         senders, receivers, new = set(), set(), []
@@ -229,7 +229,7 @@ def _greedy_schedule(n: int, max_rounds: int, chunk_order: str = "fewest", sende
     that meet S soonest pick first. sender_pref: holders of the fewest unfinished chunks send first.
     """
     s = n - 1
-    held = [set() for _ in range(n)]
+    held: list[set[int]] = [set() for _ in range(n)]
     holders_of = [0] * (n - 1)
     unfinished = set(range(n - 1))
     rounds: list[list[Transfer]] = []

@@ -41,9 +41,8 @@ class PlannedGC:
     def __enter__(self) -> "PlannedGC":
         return self.start()
 
-    def __exit__(self, *exc) -> bool:
-        self.stop()
-        return False
+    def __exit__(self, *exc: object) -> None:
+        self.stop()     # an exception inside the block propagates
 
     def step(self, step: int) -> bool:
         """Call once per step on every rank; collects after steps every-1, 2·every-1, ..."""
