@@ -9,25 +9,31 @@ import numpy as np
 from stragglers.whatif.dependencies import DependencyModel, sync_max
 
 
+# How a group's members synchronise across DP ranks: not (False), all together (True), or within
+# the process groups labelled per DP rank ([D] labels).
+DpSync = bool | np.ndarray
+
+
 @dataclass
 class ReplayPlan:
     """The model compiled for replay: per super-node, its members and their dependencies."""
 
     # (members, their deps, is a group, dp sync: False, True (all DP ranks) or labels [D])
-    steps: list[tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool, object]]
+    steps: list[tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool, DpSync]]
     n_nodes: int
 
 
 def compile_plan(model: DependencyModel) -> ReplayPlan:
     """Turn the dependency model into a flat list of (members, deps, is_group, dp_sync)."""
-    steps = []
+    steps: list[tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool, DpSync]] = []
     for sn in model.order:
         if sn < 0:
             g = -sn - 1
             members = tuple(int(m) for m in model.groups[g])
-            sync = model.group_dp_sync[g]
-            if sync and model.group_parts[g] is not None:
-                sync = model.group_parts[g]          # labels: the process groups' DP ranks
+            sync: DpSync = bool(model.group_dp_sync[g])
+            parts = model.group_parts[g]
+            if sync and parts is not None:
+                sync = parts                         # labels: the process groups' DP ranks
             steps.append((members, tuple(tuple(sorted(set(model.deps[m]))) for m in members),
                           True, sync))
         else:
@@ -120,7 +126,7 @@ def _replay_steps(plan: ReplayPlan, cost: np.ndarray, step_start: np.ndarray,
                 g = g.max(axis=0, keepdims=True)
             else:   # each job syncs within itself (a pair of replicas: no process groups)
                 g = np.repeat(g.reshape(jobs, -1, t).max(axis=1), d // jobs, axis=0)
-        elif dp_sync is not False:
+        elif isinstance(dp_sync, np.ndarray):
             g = sync_max(g, dp_sync)
         for m in members:
             np.add(g, cost[m], out=end[m])

@@ -168,7 +168,8 @@ def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition
     jobs = [j for j in jobs if j[2]]
 
     def read(job):
-        return _read_groups(layout, *job, steps, lo, hi, every)
+        index, path, groups = job
+        return _read_groups(layout, index, path, groups, steps, lo, hi, every)
 
     got = [r for r in (pool.map(read, jobs) if pool is not None else map(read, jobs)) if r]
     names = list(COLUMNS) + list(layout.optional)
@@ -415,8 +416,9 @@ def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition
     node_gmc = np.where(node_gmc < 0, node_mc * pp + node_stage, node_gmc)
     vpp = max(meta.vpp_size, int(node_mc.max()) + 1)
     node_pg = None
-    if placed[0].pg is not None:
-        node_pg = np.max(np.stack([p.pg for p in placed]), axis=0)
+    pgs = [p.pg for p in placed if p.pg is not None]
+    if pgs and len(pgs) == len(placed):
+        node_pg = np.max(np.stack(pgs), axis=0)
     grid = OpGrid(node_stage, node_optype, node_seq, template.dp_ranks, steps[complete],
                   start, duration, present, row, pp_size=pp, node_mc=node_mc, node_gmc=node_gmc,
                   vpp_size=vpp, warnings=warnings,
@@ -495,7 +497,8 @@ class PartitionedWhatIf(WhatIf):
     """A WhatIf whose attribution replays run by step partition (same numbers, bit for bit:
     the per-step times are the whole job's, and every mean is taken over all of them)."""
 
-    replay_all: ReplayAll | None = field(default=None, repr=False)
+    # always set by its maker; a dataclass field after defaulted ones needs a default
+    replay_all: ReplayAll = field(default=None, repr=False)  # type: ignore[assignment]
 
     def restored(self, nodes: np.ndarray) -> float:
         """S_g, replayed by step partition."""
