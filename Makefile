@@ -40,8 +40,10 @@ demo: venv
 	$(PY) -m stragglers.monitor.demo --port $(DEMO_PORT) --steps $(WATCH_STEPS)
 
 # The type checker first (typecheck), then the suite.
+# Two pytest workers (pytest-xdist), a test file each at a time: most of the suite waits on
+# subprocesses, servers and torchrun jobs, so two streams fit the 2-core machine's 20 minutes.
 test: venv browser postgres typecheck
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 # mypy on src/ (configured in pyproject.toml [tool.mypy]); it must pass. Its cache
 # (.mypy_cache) makes a rerun check only what changed.
