@@ -5,7 +5,6 @@ type / stage / DP rank to 1e-9, and the same diagnosis."""
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ from stragglers.trace.runformat import read_run, write_run  # noqa: E402
 from stragglers.trace.synth import generate  # noqa: E402
 from stragglers.whatif import analyze  # noqa: E402
 from stragglers.whatif.dask_runner import analyze_with_client, dask_client  # noqa: E402
+from same_results import assert_same  # noqa: E402
 
 JOBS = {
     "slow worker + gc": dict(dp=4, pp=2, microbatches=4, steps=6, slow_worker=(1, 1, 1.5),
@@ -40,28 +40,6 @@ def client():
     """A real LocalCluster of two in-process workers (the machine has two shared cores)."""
     with dask_client(workers=2, processes=False) as c:
         yield c
-
-
-def assert_same(single, dask) -> None:
-    """Every number of the two results within 1e-9 (relative), everything else equal."""
-    a, b = json.loads(single.to_json()), json.loads(dask.to_json())
-    assert math.isclose(a["slowdown"], b["slowdown"], rel_tol=0, abs_tol=1e-9)
-    _close(a, b, "result")
-
-
-def _close(a, b, where: str) -> None:
-    if isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (where, a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _close(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, (where, a, b)
 
 
 @pytest.mark.parametrize("name", list(JOBS))

@@ -5,7 +5,6 @@ on synthetic jobs and a real NDTimeline trace; replays of long jobs go a step ch
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
@@ -20,6 +19,7 @@ from stragglers.trace.runformat import read_run, write_meta, write_run
 from stragglers.trace.synth import generate
 from stragglers.whatif import _replay, analyze, analyze_with_model
 from stragglers.whatif.partitioned import analyze_run, run_layout
+from same_results import assert_same, close
 
 JOBS = {
     "slow worker, gc in some steps": dict(dp=4, pp=2, microbatches=4, steps=8,
@@ -34,28 +34,6 @@ JOBS = {
                                    seq_imbalance={"dist": "lognormal", "max_len": 4096,
                                                   "tokens_per_mb": 8192}),
 }
-
-
-def assert_same(whole, streamed) -> None:
-    """Every number of the two results within 1e-9 (relative), everything else equal."""
-    a, b = json.loads(whole.to_json()), json.loads(streamed.to_json())
-    assert math.isclose(a["slowdown"], b["slowdown"], rel_tol=0, abs_tol=1e-9)
-    _close(a, b, "result")
-
-
-def _close(a, b, where: str) -> None:
-    if isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (where, a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _close(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, (where, a, b)
 
 
 @pytest.mark.parametrize("name", list(JOBS))
@@ -132,4 +110,4 @@ def test_cli_streams_a_run_directory(tmp_path):
                            "--json", str(out), "-q"], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert "step partitions read" in proc.stderr
-    _close(json.loads(analyze(read_run(run)).to_json()), json.loads(out.read_text()), "json")
+    close(json.loads(analyze(read_run(run)).to_json()), json.loads(out.read_text()), "json")
