@@ -83,7 +83,7 @@ def main() -> None:
             # advise's footing: the seconds the replay saves, off the measured step
             saved = hot_nodelay - hot_nodelay / predicted if predicted else 0.0
             rows.append({"first": result.diagnosis[0].cause,
-                         "ranks": result.diagnosis[0].where.get("ranks"),
+                         "ranks": result.diagnosis[0].where.ranks,
                          "predicted": predicted, "predicted_measured": hot_base / (hot_base - saved),
                          "measured": hot_base / even_base,
                          "measured_nodelay": hot_nodelay / even_nodelay})

@@ -298,7 +298,5 @@ def test_a_3d_job_is_recorded_unchanged_and_its_slow_tp_rank_named(tmp_path):
 
 
 def ranks_of(finding) -> list[int]:
-    """The ranks a finding names (its `where` is typed from issue 33 on, a dict before)."""
-    where = finding.where
-    ranks = where.get("ranks") if isinstance(where, dict) else getattr(where, "ranks", None)
-    return list(ranks or [])
+    """The ranks a finding names."""
+    return list(finding.where.ranks)

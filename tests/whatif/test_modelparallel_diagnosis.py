@@ -24,7 +24,7 @@ STEP_LIMITED = {"none", "unexplained", "communication", "cpu_contention", "gc"}
 
 
 def _named(result, causes) -> set[int]:
-    return {r for f in result.diagnosis if f.cause in causes for r in f.where.get("ranks") or []}
+    return {r for f in result.diagnosis if f.cause in causes for r in f.where.ranks}
 
 
 def test_a_slow_tensor_parallel_rank_is_named_and_its_peers_are_not(tmp_path):
