@@ -5,6 +5,20 @@ from __future__ import annotations
 import json
 import math
 
+# Synthetic jobs (generate() keywords) both partitioned paths are compared on, one per shape of
+# dependency the partitions must keep: virtual stages, intermittent p2p, launch delays + Σs².
+PARTITION_JOBS = {
+    "heavy last stage, vpp 2": dict(dp=2, pp=4, vpp=2, microbatches=8, steps=5,
+                                    heavy_last_stage=1.4, seed=5),
+    "slow link on some steps": dict(dp=4, pp=2, microbatches=4, steps=8, seed=7,
+                                    slow_link={"kind": "p2p", "dp": 2, "stage_from": 0,
+                                               "stage_to": 1, "factor": 30.0, "steps": [2, 3, 5]}),
+    "host stall + sequences": dict(dp=4, pp=2, microbatches=4, steps=6, seed=9,
+                                   host_stall={"dp": 3, "stage": 0, "seconds": 0.02},
+                                   seq_imbalance={"dist": "lognormal", "max_len": 4096,
+                                                  "tokens_per_mb": 8192}),
+}
+
 
 def assert_same(reference, other) -> None:
     """Every number of the two results within 1e-9 (relative), everything else equal."""

@@ -18,20 +18,12 @@ from stragglers.trace.runformat import read_run, write_run  # noqa: E402
 from stragglers.trace.synth import generate  # noqa: E402
 from stragglers.whatif import analyze  # noqa: E402
 from stragglers.whatif.dask_runner import analyze_with_client, dask_client  # noqa: E402
-from same_results import assert_same  # noqa: E402
+from same_results import PARTITION_JOBS, assert_same  # noqa: E402
 
 JOBS = {
     "slow worker + gc": dict(dp=4, pp=2, microbatches=4, steps=6, slow_worker=(1, 1, 1.5),
                              gc=(1, 0.01), seed=3),
-    "heavy last stage, vpp 2": dict(dp=2, pp=4, vpp=2, microbatches=8, steps=5,
-                                    heavy_last_stage=1.4, seed=5),
-    "slow link on some steps": dict(dp=4, pp=2, microbatches=4, steps=8, seed=7,
-                                    slow_link={"kind": "p2p", "dp": 2, "stage_from": 0,
-                                               "stage_to": 1, "factor": 30.0, "steps": [2, 3, 5]}),
-    "host stall + sequences": dict(dp=4, pp=2, microbatches=4, steps=6, seed=9,
-                                   host_stall={"dp": 3, "stage": 0, "seconds": 0.02},
-                                   seq_imbalance={"dist": "lognormal", "max_len": 4096,
-                                                  "tokens_per_mb": 8192}),
+    **PARTITION_JOBS,
 }
 
 

@@ -19,20 +19,12 @@ from stragglers.trace.runformat import read_run, write_meta, write_run
 from stragglers.trace.synth import generate
 from stragglers.whatif import _replay, analyze, analyze_with_model
 from stragglers.whatif.partitioned import analyze_run, run_layout
-from same_results import assert_same, close
+from same_results import PARTITION_JOBS, assert_same, close
 
 JOBS = {
     "slow worker, gc in some steps": dict(dp=4, pp=2, microbatches=4, steps=8,
                                           slow_worker=(1, 1, 1.5), gc=(0.3, 0.01), seed=3),
-    "heavy last stage, vpp 2": dict(dp=2, pp=4, vpp=2, microbatches=8, steps=5,
-                                    heavy_last_stage=1.4, seed=5),
-    "slow link on some steps": dict(dp=4, pp=2, microbatches=4, steps=8, seed=7,
-                                    slow_link={"kind": "p2p", "dp": 2, "stage_from": 0,
-                                               "stage_to": 1, "factor": 30.0, "steps": [2, 3, 5]}),
-    "host stall + sequences": dict(dp=4, pp=2, microbatches=4, steps=6, seed=9,
-                                   host_stall={"dp": 3, "stage": 0, "seconds": 0.02},
-                                   seq_imbalance={"dist": "lognormal", "max_len": 4096,
-                                                  "tokens_per_mb": 8192}),
+    **PARTITION_JOBS,
 }
 
 

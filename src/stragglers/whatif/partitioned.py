@@ -192,7 +192,6 @@ def _read_groups(layout: RunLayout, index: int, path: str, groups: list, steps: 
     """(columns, positions) of one file's rows at `steps`, read from the row groups holding
     them (`groups`: (number, (first row, rows, min step, max step))); None when none are."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from stragglers.trace.columns import table_to_columns
 
