@@ -1,0 +1,102 @@
+"""String-key lookups per 1,000 lines of src/: how much of the code still passes dicts around.
+
+A lookup is `x["literal"]` or `x.get("literal", ...)` / `x.pop("literal", ...)` /
+`x.setdefault("literal", ...)` with a string constant key. Not counted (they are not records
+passed between our functions): keys that name a column of the op table or the run format
+(`trace.model.COLUMNS` and the optional columns: table columns are the data, not a record),
+`os.environ[...]`, HTTP `headers`/`query_params`/`cookies`, `sys.modules`, `__dict__`,
+`globals()`, and lookups on a subscript of a pyarrow/numpy table by a column name already
+excluded. Reports the total, the rate and the files with the most lookups.
+
+    .venv/bin/python benchmarks/code_metrics.py [--top 15] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "stragglers"
+# Receivers whose string keys are protocol or environment names, not our records.
+_EXEMPT_RECEIVERS = {"environ", "headers", "query_params", "cookies", "modules", "__dict__"}
+_METHODS = {"get", "pop", "setdefault"}
+
+
+def column_names() -> set[str]:
+    """Names of the op table's columns (required and optional)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS
+
+    return set(COLUMNS) | set(OPTIONAL_COLUMNS)
+
+
+def _receiver_name(node: ast.expr) -> str:
+    """The last name of the object a lookup is made on (`a.b.c` -> `c`, `f()` -> `f`)."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Call):
+        return _receiver_name(node.func)
+    return ""
+
+
+def lookups(tree: ast.AST, columns: set[str]) -> int:
+    """Number of counted string-key lookups in one module."""
+    n = 0
+    for node in ast.walk(tree):
+        key: object = None
+        receiver: ast.expr | None = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key, receiver = node.slice.value, node.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in _METHODS and node.args
+              and isinstance(node.args[0], ast.Constant)):
+            key, receiver = node.args[0].value, node.func.value
+        if not isinstance(key, str) or receiver is None:
+            continue
+        if key in columns or _receiver_name(receiver) in _EXEMPT_RECEIVERS | {"globals"}:
+            continue
+        n += 1
+    return n
+
+
+def measure(src: Path = SRC) -> dict[str, object]:
+    """Totals and per-file counts over every module under `src`."""
+    columns = column_names()
+    per_file: Counter[str] = Counter()
+    lines = 0
+    for path in sorted(src.rglob("*.py")):
+        text = path.read_text()
+        lines += text.count("\n")
+        per_file[str(path.relative_to(src))] = lookups(ast.parse(text), columns)
+    total = sum(per_file.values())
+    return {"lookups": total, "lines": lines, "per_1000_lines": round(1000 * total / lines, 2),
+            "files": dict(per_file.most_common())}
+
+
+def main() -> None:
+    """Print the rate and the files with the most lookups."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--json", action="store_true", help="print everything as JSON")
+    args = ap.parse_args()
+    m = measure()
+    if args.json:
+        print(json.dumps(m, indent=1))
+        return
+    print(f"{m['lookups']} string-key lookups in {m['lines']} lines: "
+          f"{m['per_1000_lines']} per 1,000 lines (goal < 8)")
+    files = m["files"]
+    assert isinstance(files, dict)
+    for name, count in list(files.items())[:args.top]:
+        print(f"  {count:5d}  {name}")
+
+
+if __name__ == "__main__":
+    main()
