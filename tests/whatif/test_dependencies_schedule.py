@@ -93,3 +93,58 @@ def test_deadlocking_action_lists_refused():
     orders[0] = [("B", 0, 0), ("F", 0, 0)] + orders[0][2:]  # waits for a gradient before sending
     with pytest.raises(ValueError, match="deadlock"):
         action_trace(orders, steps=1)
+
+
+def _fsdp_replicas(trace, dp: int = 2):
+    """The per-action trace laid out as FSDP2 over `dp` replicas records it (3-D without TP):
+    every worker gathers its stage's parameters inside the first microbatch's forward only, so
+    that forward is three compute pieces with two params-all-gather rows between, the other
+    forwards one piece; replica d runs the same times, d ms later."""
+    from stragglers.trace.model import JobMeta, OPTYPES, Trace
+
+    ops = trace.ops
+    rows = []
+    for i in range(len(ops["step"])):
+        r, step, code = int(ops["rank"][i]), int(ops["step"][i]), int(ops["optype"][i])
+        t, d, mb = float(ops["start_ts"][i]), float(ops["duration"][i]), int(ops["mb_id"][i])
+        mc, gmc = int(ops["mc"][i]), int(ops["gmc"][i])
+        if OPTYPES[code] == "forward-compute" and mb == 0:
+            for name, a, b in (("forward-compute", 0.0, 0.2), ("params-all-gather", 0.2, 0.3),
+                               ("forward-compute", 0.3, 0.5), ("params-all-gather", 0.5, 0.6),
+                               ("forward-compute", 0.6, 1.0)):
+                piece = mb if name == "forward-compute" else -1
+                rows.append((r, step, name, t + a * d, (b - a) * d, piece, mc, gmc))
+        else:
+            rows.append((r, step, OPTYPES[code], t, d, mb, mc, gmc))
+    pp = trace.meta.pp_size
+    cols: dict[str, list] = {k: [] for k in ("rank", "dp_rank", "stage", "step", "optype",
+                                             "start_ts", "duration", "seq_id", "mb_id", "mc",
+                                             "gmc")}
+    for rep in range(dp):
+        seq: dict[tuple, int] = {}
+        for r, step, name, t, d, mb, mc, gmc in sorted(rows, key=lambda x: (x[0], x[1], x[3])):
+            k = (r, step, name)
+            seq[k] = seq.get(k, -1) + 1
+            for col, v in zip(cols, (rep * pp + r, rep, r, step, name, t + rep * 1e-3, d, seq[k],
+                                     mb, mc, gmc)):
+                cols[col].append(v)
+    meta = JobMeta(name="fsdp-replicas", dp_size=dp, pp_size=pp, vpp_size=1)
+    return Trace.from_rows(cols, meta)
+
+
+def test_transfers_feed_their_own_microbatch_where_compute_is_cut_unevenly():
+    """dp 2 × pp 2 (1F1B), the first forward cut by FSDP2's gathers: stage 1's second receive
+    feeds the second microbatch's forward, not a piece of the first (which made a cycle:
+    that receive is posted after the first backward, which follows the first forward)."""
+    grid = build_grid(_fsdp_replicas(action_trace(single_orders(2, 2, "1f1b"), steps=3, seed=2)))
+    assert recorded_per_action(grid) and len(grid.dp_ranks) == 2
+    model = build_dependencies(grid)
+    fwd1 = _node(grid, 1, "forward-compute", 3)       # microbatch 1's only piece
+    recv1 = _node(grid, 1, "forward-recv", 1)
+    assert recv1 in model.deps[fwd1]
+    assert recv1 not in model.deps[_node(grid, 1, "forward-compute", 2)]
+    # a send follows the last piece of its action; a receive feeds the first
+    assert _node(grid, 0, "forward-compute", 2) in model.deps[_node(grid, 0, "forward-send", 0)]
+    assert _node(grid, 1, "forward-recv", 0) in model.deps[_node(grid, 1, "forward-compute", 0)]
+    w = WhatIf.build(grid)  # every edge holds in time: the replay reproduces each step
+    np.testing.assert_allclose(w.t_replay, w.t_base, rtol=1e-6)

@@ -325,13 +325,16 @@ def recorded_per_action(grid: OpGrid) -> bool:
 
 def _schedule_p2p(grid: OpGrid, stage: int, stream: list[int], of_type, chain, deps, ref_start,
                   ref_end, launched: dict) -> None:
-    """Transfers recorded per action: each feeds (or follows) the compute op of its own stage
-    and microbatch order, and was posted after the compute-stream op that ended last before it.
+    """Transfers recorded per action: the k-th transfer of a stage with one peer in one
+    direction feeds (or follows) the k-th action of that kind (F or B) of its own stage: a
+    receive its first compute piece, a send its last; each was posted after the compute-stream
+    op that ended last before it.
     """
     # Post edges must hold in every step: a transfer row may start later than its post (the
     # recorder starts a transfer queued behind the previous one when that one ends).
     posters = [c for c in stream if grid.node_optype[c] != C["gc"]]
     ends = (grid.start[posters] + grid.duration[posters]) if posters else np.zeros((0, 1, 1))
+    nodes = np.flatnonzero(grid.node_stage == stage)
     for name, offset in OWN_FROM_PEER.items():
         ops = of_type(stage, name)
         chain(ops)  # each p2p direction is its own in-order stream
@@ -341,13 +344,14 @@ def _schedule_p2p(grid: OpGrid, stage: int, stream: list[int], of_type, chain, d
             by_own.setdefault(int(grid.node_gmc[o]) + offset, []).append(o)
         for own, lst in by_own.items():
             comp = [c for c in stream if grid.node_optype[c] == code and grid.node_gmc[c] == own]
+            actions = _actions(grid, nodes, comp, ref_start, ref_end)
             for k, o in enumerate(lst):
-                if comp:  # several tensors of one action share its compute op
-                    c = comp[min(k * len(comp) // len(lst), len(comp) - 1)]
+                if actions:  # several tensors of one action share it
+                    act = actions[min(k * len(actions) // len(lst), len(actions) - 1)]
                     if name.endswith("send"):
-                        deps[o].append(c)
+                        deps[o].append(act[-1])
                     else:
-                        deps[c].append(o)
+                        deps[act[0]].append(o)
                 # posted by the training thread after the op it had just finished
                 start = grid.start[o][None]
                 ok = ((ends <= start) | np.isnan(ends) | np.isnan(start)).all(axis=(1, 2))
@@ -357,6 +361,37 @@ def _schedule_p2p(grid: OpGrid, stage: int, stream: list[int], of_type, chain, d
                     if before not in deps[o]:
                         deps[o].append(before)
             launched[(stage, name, own)] = lst
+
+
+_CUTTING = tuple(sorted(set(_BLOCKING) | set(_DP_COLL)))
+
+
+def _actions(grid: OpGrid, nodes: np.ndarray, comp: list[int], ref_start, ref_end) -> list[list[int]]:
+    """The compute pieces of one kind of action (F or B of one stage), grouped by action.
+
+    The recorder cuts an action's compute where a collective blocks it (TP all-reduces, FSDP2's
+    gathers, which run in a step's first microbatch only, so actions differ in their number of
+    pieces): a piece continues the action of the piece before it when, on the reference worker,
+    only collectives (and GC pauses) lie between the two, at least one of them. Between two
+    actions the schedule posts a transfer, or runs other compute; pieces never cut are actions
+    of one piece each, as before.
+    """
+    if not comp:
+        return []
+    kinds = grid.node_optype[nodes]
+    coll = nodes[np.isin(kinds, _CUTTING)]
+    other = nodes[~np.isin(kinds, _CUTTING + (_GC,))]
+    actions = [[comp[0]]]
+    for p, q in zip(comp, comp[1:]):
+        lo, hi = ref_end[p] - _EPS, ref_start[q] + _EPS
+        cut = np.any((ref_start[coll] >= lo) & (ref_start[coll] + grid.duration[coll, 0, 0] <= hi))
+        between = (ref_start[other] >= lo) & (ref_start[other] < ref_start[q] - _EPS)
+        between &= (other != p) & (other != q)
+        if cut and not between.any():
+            actions[-1].append(q)
+        else:
+            actions.append([q])
+    return actions
 
 
 def _schedule_pairs(grid: OpGrid, launched: dict) -> list[list[int]]:
