@@ -162,3 +162,61 @@ def test_the_service_analyses_in_a_process_unless_its_config_says_otherwise(tmp_
         finally:
             server.sock.close()
             server.store.close()
+
+
+def test_a_rescan_queues_again_only_parts_that_changed_or_failed_to_store(tmp_path):
+    # a rescan once queued every part that was seen but not stored: a refused part was read and
+    # refused again every rescan_s (a log line and a re-read each time), and parts still queued
+    # behind a long backlog were queued once more per rescan (the queue grew without bound)
+    from stragglers.monitor.ingest_files import DirectoryWatcher
+    from stragglers.monitor.service import Monitor
+    from stragglers.monitor.store import open_store
+    run = tmp_path / "job-r"
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    start_run(run, trace)
+    write_parts(run, parts[1:])
+    bad = run / "rank-00000.part-000000.parquet"
+    bad.write_bytes(b"PAR1 not parquet at all")
+    store = open_store(tmp_path / "mon.db", durable=False)
+    monitor = Monitor(store, FAST.replace(rescan_s=3600)).start()
+    try:
+        watcher = DirectoryWatcher(monitor, [run])
+        for _ in range(3):
+            watcher.scan()
+            assert monitor.wait_idle(120)
+        refused = [r for r in monitor.recent_rejects if r["source"].endswith(bad.name)]
+        assert len(refused) == 1, refused
+        assert store.totals()["by_way"]["files"]["parts"] == len(parts) - 1
+        # the file replaced by a good one (atomically, as the recorder writes): taken next scan
+        write_parts(run, parts[:1])
+        watcher.scan()
+        assert monitor.wait_idle(120)
+        assert store.totals()["by_way"]["files"]["parts"] == len(parts)
+        assert len([r for r in monitor.recent_rejects if r["source"].endswith(bad.name)]) == 1
+    finally:
+        monitor.stop()
+        store.close()
+
+
+def test_parts_still_queued_are_not_queued_again_by_a_rescan(tmp_path):
+    from stragglers.monitor.ingest_files import DirectoryWatcher
+    from stragglers.monitor.service import Monitor
+    from stragglers.monitor.store import open_store
+    run = tmp_path / "job-q"
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    start_run(run, trace)
+    write_parts(run, parts)
+    store = open_store(tmp_path / "mon.db", durable=False)
+    monitor = Monitor(store, FAST.replace(rescan_s=3600))   # not started: nothing is taken
+    try:
+        watcher = DirectoryWatcher(monitor, [run])
+        watcher.scan()
+        queued = monitor._ingest.qsize()
+        assert queued == len(parts)
+        watcher.scan()
+        watcher.scan()
+        assert monitor._ingest.qsize() == queued
+    finally:
+        store.close()

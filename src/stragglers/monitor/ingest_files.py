@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import watchfiles
@@ -39,6 +41,11 @@ class DirectoryWatcher:
         self.jobs: dict[Path, str] = {}          # run directory -> job name
         self.waiting: dict[Path, set[Path]] = {}  # parts seen before their meta.json
         self.refused: set[Path] = set()          # part names refused (said once)
+        # parts queued, or taken or refused, as the file was then (inode, size, mtime): a
+        # rescan queues a part again only when its file changed or its ingest failed (it once
+        # queued every part not stored: refused ones were re-read every rescan, and parts
+        # behind a long backlog were queued again each time)
+        self.submitted: dict[Path, tuple[int, int, int]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -185,8 +192,33 @@ class DirectoryWatcher:
                                     f"a rank below the world size ({tracker.meta.world_size}) "
                                     f"and a part number up to {MAX_PART}")
             return
-        self.monitor.submit(PartIn(job, rank, part, "files", path=path))
+        try:
+            st = os.stat(path)
+        except OSError:   # gone again (or never a file we may see): nothing to queue
+            return
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            if self.submitted.get(path) == seen:
+                return   # queued already, or taken or refused as it is now
+            self.submitted[path] = seen
+        done: Future = Future()
+        done.add_done_callback(lambda f: self._settled(path, seen, f))
+        self.monitor.submit(PartIn(job, rank, part, "files", path=path, done=done))
 
+    def _settled(self, path: Path, seen: tuple[int, int, int], done: Future) -> None:
+        """A queued part is stored, a duplicate, or refused (named once, until its file
+        changes); when its ingest failed otherwise (the store could not take it), the next
+        scan queues it again."""
+        exc = done.exception()
+        if exc is None:
+            return
+        if isinstance(exc, InputError):
+            if exc.field != "job":   # (an unknown job was named by the monitor already)
+                self.monitor.reject("bad_part", str(path), exc.problem)
+            return
+        with self._lock:
+            if self.submitted.get(path) == seen:
+                del self.submitted[path]
 
 def _is_run(d: Path) -> bool:
     try:
