@@ -15,7 +15,7 @@ from stragglers.errors import InputError
 from stragglers.trace.commands import register
 from stragglers.trace.model import OPTYPES
 from stragglers.trace.runformat import read_run, write_run
-from stragglers.trace.synth import generate
+from stragglers.trace.synth import CauseWhere, generate, ground_truth
 
 F, B = OPTYPES.index("forward-compute"), OPTYPES.index("backward-compute")
 
@@ -210,6 +210,21 @@ def test_synth_round_trips_through_a_run_directory(tmp_path):
     for k in trace.ops:  # rows are already grouped by rank, so the order survives too
         np.testing.assert_array_equal(back.ops[k], trace.ops[k])
     assert back.meta.extra == json.loads(json.dumps(trace.meta.extra))
+    # the typed reading of the ground truth is the same before and after the round trip
+    truth = ground_truth(back)
+    assert truth == ground_truth(trace)
+    assert [t.cause for t in truth] == ["worker_fault", "sequence_imbalance", "gc"]
+    assert truth[0].where == CauseWhere(dp=[0], pp=[1]) and truth[0].params == {"factor": 2.0}
+    assert truth[1].where == CauseWhere() and truth[2].impact is not None
+
+
+def test_ground_truth_reads_the_generators_causes_or_refuses_in_one_line():
+    trace = generate(dp=2, pp=2, microbatches=4, steps=2, seed=1)
+    assert ground_truth(trace) == []
+    trace.meta.extra["ground_truth"] = [{"cause": "gc", "where": {"dp": "all"}, "params": {}}]
+    with pytest.raises(InputError) as err:
+        ground_truth(trace)
+    assert err.value.field == "ground_truth" and "where.dp" in err.value.problem
 
 
 def cli_app() -> typer.Typer:

@@ -167,13 +167,13 @@ class _Transfers:
 def _to_trace(rows, pp, vpp, steps, name) -> Trace:
     rows.sort(key=lambda x: (x[0], x[1], x[3]))
     seq: dict[tuple, int] = {}
-    cols = {k: [] for k in ("rank", "dp_rank", "stage", "step", "optype", "start_ts", "duration",
+    cols: dict[str, list] = {k: [] for k in ("rank", "dp_rank", "stage", "step", "optype", "start_ts", "duration",
                             "seq_id", "mb_id", "mc", "gmc")}
     for r, st, op, s, d, mb, mc, gmc in rows:
         k = (r, st, op)
         seq[k] = seq.get(k, -1) + 1
         for col, v in zip(cols, (r, 0, r, st, op, s, d, seq[k], mb, mc, gmc)):
             cols[col].append(v)
-    meta = JobMeta(name=name, dp_size=1, pp_size=pp, vpp_size=vpp)
-    meta.extra["recorded_by"] = "synthetic-actions"
+    meta = JobMeta(name=name, dp_size=1, pp_size=pp, vpp_size=vpp,
+                   extra={"recorded_by": "synthetic-actions"})
     return Trace.from_rows(cols, meta)

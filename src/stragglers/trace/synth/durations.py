@@ -6,11 +6,14 @@ Every array here is (nodes, columns): one row per schedule node, one column per
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from stragglers.trace.synth.injections import GC, SequenceImbalance, SlowCollective, SlowLink
 from stragglers.trace.synth.schedule import BASE_COST, StepGraph
+from stragglers.trace.synth.validate import Job
 
 # docs/whatif.md §11: one transformer block, forward + backward over 16,384 packed tokens costs
 # ≈ 19.4 ms + 0.76 ms per 10⁶ of Σ s_i² (the spec prints 10⁹, but its own data points,
@@ -19,6 +22,14 @@ ATTN_FIXED_S = 0.0194
 ATTN_PER_SQ_S = 0.76e-3 / 1e6
 ATTN_REF_TOKENS = 16384
 FORWARD_BACKWARD = ("forward-compute", "backward-compute")
+
+
+class PauseCells(NamedTuple):
+    """Where GC pauses landed inside forward/backward compute."""
+
+    ids: np.ndarray      # forward/backward node ids
+    active: np.ndarray   # bool (ids, columns): a pause in that node's run
+    stages: np.ndarray   # stage of each id
 
 
 @dataclass
@@ -33,8 +44,17 @@ class Costs:
     attn_cost: np.ndarray | None  # (microbatches, columns) Σ s_i² of each microbatch
     tokens: int = 0
     gc_slot_stage: np.ndarray | None = None  # stage of each gc slot (rows follow gc_rows)
-    notes: dict = field(default_factory=dict)
-    pause_cells: tuple | None = None  # (fwd/bwd ids, bool [ids, columns], stage of each id)
+    pause_cells: PauseCells | None = None
+    # what the sampling measured, recorded in the trace's metadata
+    attn_cost_cv: float | None = None    # CV of the microbatches' Σ s_i²
+    cost_cv: float | None = None         # CV of the forward/backward cost scale it gives
+    pauses_in_compute: int | None = None
+
+    def notes(self) -> dict[str, Any]:
+        """What the sampling measured, as the trace's metadata records it (those measured)."""
+        measured = {"attn_cost_cv": self.attn_cost_cv, "cost_cv": self.cost_cv,
+                    "pauses_in_compute": self.pauses_in_compute}
+        return {k: v for k, v in measured.items() if v is not None}
 
 
 def node_rows(sched: StepGraph, optypes: tuple[str, ...], stage: int | None = None) -> np.ndarray:
@@ -43,19 +63,17 @@ def node_rows(sched: StepGraph, optypes: tuple[str, ...], stage: int | None = No
                      and (stage is None or n.stage == stage)], dtype=np.int64)
 
 
-def sample_costs(sched: StepGraph, dp: int, steps: int, seed: int, *, noise: float,
-                 launch_delay: float, step_gap: float, slow_worker, heavy_last_stage,
-                 seq_imbalance, gc, slow_link, host_stall=None, gc_in_compute=None,
-                 stage_scale=None) -> Costs:
-    """Sample every op's cost once, then apply the injections multiplicatively.
+def sample_costs(sched: StepGraph, job: Job) -> Costs:
+    """Sample every op's cost of `job` once, then apply the injections multiplicatively.
 
     Noise, sequence lengths and GC pauses draw from separate streams of the seed, so leaving
     one injection out (to measure its impact) leaves every other draw unchanged.
     """
     # spawn(k)[i] does not depend on k: adding streams keeps the old draws
     rng, seq_rng, gc_rng, pause_rng = (np.random.default_rng(s)
-                                       for s in np.random.SeedSequence(seed).spawn(4))
-    n, cols = len(sched.nodes), dp * steps
+                                       for s in np.random.SeedSequence(job.seed).spawn(4))
+    dp, noise, launch_delay, step_gap = job.dp, job.noise, job.launch_delay, job.step_gap
+    n, cols = len(sched.nodes), dp * job.steps
     base = np.array([BASE_COST[node.optype] for node in sched.nodes])
     fb = node_rows(sched, FORWARD_BACKWARD)
     base[fb] /= sched.vpp  # a model chunk holds 1/vpp of the stage's layers
@@ -66,38 +84,40 @@ def sample_costs(sched: StepGraph, dp: int, steps: int, seed: int, *, noise: flo
     delay = rng.exponential(launch_delay, (n, cols)) if launch_delay > 0 else np.zeros((n, cols))
     gaps = rng.exponential(step_gap, (sched.pp, cols)) if step_gap > 0 else \
         np.zeros((sched.pp, cols))
-    col_dp = np.tile(np.arange(dp), steps)
+    col_dp = np.tile(np.arange(dp), job.steps)
     costs = Costs(duration, delay, gaps, None, node_rows(sched, ("gc",)), None)
 
-    if seq_imbalance is not None:
-        _apply_sequence_imbalance(sched, costs, fb, seq_rng, seq_imbalance, cols)
-    if heavy_last_stage is not None:
-        duration[node_rows(sched, FORWARD_BACKWARD, sched.pp - 1)] *= heavy_last_stage
-    if stage_scale is not None:  # per-stage work (a layer split), e.g. a rebalanced pipeline
-        for stage, factor in enumerate(stage_scale):
+    if job.seq_imbalance is not None:
+        _apply_sequence_imbalance(sched, costs, fb, seq_rng, job.seq_imbalance, cols)
+    if job.heavy_last_stage is not None:
+        duration[node_rows(sched, FORWARD_BACKWARD, sched.pp - 1)] *= job.heavy_last_stage.factor
+    if job.stage_scale is not None:  # per-stage work (a layer split), e.g. a rebalanced pipeline
+        for stage, factor in enumerate(job.stage_scale):
             duration[node_rows(sched, FORWARD_BACKWARD, stage)] *= factor
-    if slow_worker is not None:
-        d, p, factor = slow_worker
-        rows = node_rows(sched, FORWARD_BACKWARD + ("optimizer",), p)
-        duration[np.ix_(rows, np.flatnonzero(col_dp == d))] *= factor
-    if slow_link is not None:
-        rows, factor = slow_link_rows(sched, slow_link)
+    slow = job.slow_worker
+    if slow is not None:
+        rows = node_rows(sched, FORWARD_BACKWARD + ("optimizer",), slow.stage)
+        duration[np.ix_(rows, np.flatnonzero(col_dp == slow.dp))] *= slow.factor
+    link = job.slow_link
+    if link is not None:
+        rows = slow_link_rows(sched, link)
         hit = np.ones(cols, dtype=bool)
-        if slow_link["kind"] == "p2p":
-            hit &= col_dp == slow_link["dp"]
-        if slow_link.get("steps") is not None:  # an intermittent slowdown
-            hit &= np.isin(np.arange(cols) // dp, slow_link["steps"])
-        duration[np.ix_(rows, np.flatnonzero(hit))] *= factor
-    if host_stall is not None:  # host-side work before the worker's first op of the step
-        hit = col_dp == host_stall["dp"]
-        if host_stall.get("steps") is not None:
-            hit &= np.isin(np.arange(cols) // dp, host_stall["steps"])
-        gaps[host_stall["stage"], hit] += host_stall["seconds"]
-    if gc_in_compute is not None:
-        _apply_pauses_in_compute(sched, costs, fb, pause_rng, gc_in_compute, noise)
+        if isinstance(link, SlowLink):
+            hit &= col_dp == link.dp
+        if link.steps is not None:  # an intermittent slowdown
+            hit &= np.isin(np.arange(cols) // dp, link.steps)
+        duration[np.ix_(rows, np.flatnonzero(hit))] *= link.factor
+    stall = job.host_stall
+    if stall is not None:  # host-side work before the worker's first op of the step
+        hit = col_dp == stall.dp
+        if stall.steps is not None:
+            hit &= np.isin(np.arange(cols) // dp, stall.steps)
+        gaps[stall.stage, hit] += stall.seconds
+    if job.gc_in_compute is not None:
+        _apply_pauses_in_compute(sched, costs, fb, pause_rng, job.gc_in_compute, noise)
     if len(costs.gc_rows):
         # gc=None with gc slots in the schedule: the same job without its pauses
-        rate, length = gc if gc is not None else (0.0, 0.0)
+        rate, length = (job.gc.rate, job.gc.seconds) if job.gc is not None else (0.0, 0.0)
         forwards = sched.microbatches * sched.vpp
         prob = min(1.0, rate / forwards)
         active = gc_rng.random((len(costs.gc_rows), cols)) < prob
@@ -110,34 +130,34 @@ def sample_costs(sched: StepGraph, dp: int, steps: int, seed: int, *, noise: flo
 
 
 def _apply_pauses_in_compute(sched: StepGraph, costs: Costs, fb: np.ndarray,
-                             rng: np.random.Generator, gc: tuple, noise: float) -> None:
+                             rng: np.random.Generator, gc: GC, noise: float) -> None:
     """GC pauses that land inside forward/backward compute (no gc rows, as NDTimeline shows them)."""
-    rate, length = gc
+    rate, length = gc.rate, gc.seconds
     prob = min(1.0, rate / len(node_rows(sched, FORWARD_BACKWARD, 0)))
     active = rng.random((len(fb), costs.duration.shape[1])) < prob
     pause = length * np.exp(noise * rng.standard_normal(active.shape))
     costs.duration[fb] += np.where(active, pause, 0.0)
-    costs.notes["pauses_in_compute"] = int(active.sum())
-    costs.pause_cells = (fb, active, np.array([sched.nodes[i].stage for i in fb]))
+    costs.pauses_in_compute = int(active.sum())
+    costs.pause_cells = PauseCells(fb, active, np.array([sched.nodes[i].stage for i in fb]))
 
 
-def slow_link_rows(sched: StepGraph, link: dict) -> tuple[np.ndarray, float]:
+def slow_link_rows(sched: StepGraph, link: SlowLink | SlowCollective) -> np.ndarray:
     """Nodes whose transfer a slow link multiplies (both members of each affected p2p pair)."""
-    if link["kind"] == "p2p":
-        pair = {link["stage_from"], link["stage_to"]}
+    if isinstance(link, SlowLink):
+        pair = {link.stage_from, link.stage_to}
         rows = []
         for g in sched.groups:
             if g.kind == "p2p" and {sched.nodes[m].stage for m in g.members} == pair:
                 rows.extend(g.members)
-        return np.array(sorted(rows), dtype=np.int64), link["factor"]
-    stage = link.get("stage")
-    return node_rows(sched, (link["optype"],), stage), link["factor"]
+        return np.array(sorted(rows), dtype=np.int64)
+    return node_rows(sched, (link.optype,), link.stage)
 
 
 def _apply_sequence_imbalance(sched: StepGraph, costs: Costs, fb: np.ndarray,
-                              rng: np.random.Generator, cfg: dict, cols: int) -> None:
+                              rng: np.random.Generator, cfg: SequenceImbalance,
+                              cols: int) -> None:
     """Scale forward/backward by a + b·Σs_i², normalised so the mean cost is unchanged."""
-    tokens = int(cfg["tokens_per_mb"])
+    tokens = int(cfg.tokens_per_mb)
     sq = packed_square_sums(rng, sched.microbatches * cols, tokens, cfg)
     sq = sq.reshape(sched.microbatches, cols)
     fixed = ATTN_FIXED_S * tokens / ATTN_REF_TOKENS
@@ -147,26 +167,27 @@ def _apply_sequence_imbalance(sched: StepGraph, costs: Costs, fb: np.ndarray,
     costs.duration[fb] *= scale[mbs]
     costs.attn_cost = sq
     costs.tokens = tokens
-    costs.notes["attn_cost_cv"] = float(sq.std() / sq.mean())
-    costs.notes["cost_cv"] = float(scale.std())
+    costs.attn_cost_cv = float(sq.std() / sq.mean())
+    costs.cost_cv = float(scale.std())
 
 
-def packed_square_sums(rng: np.random.Generator, count: int, tokens: int, cfg: dict) -> np.ndarray:
+def packed_square_sums(rng: np.random.Generator, count: int, tokens: int,
+                       cfg: SequenceImbalance) -> np.ndarray:
     """Σ s_i² of `count` microbatches, each packed with sequences up to `tokens` tokens.
 
     Sequences are drawn from the length distribution, clipped to [min_len, max_len]; the last
     sequence of a microbatch is cut to fill the token budget exactly.
     """
-    max_len, min_len = int(cfg["max_len"]), int(cfg["min_len"])
+    max_len, min_len = int(cfg.max_len), int(cfg.min_len)
     remaining = np.full(count, tokens, dtype=np.int64)
     sq = np.zeros(count)
     active = np.arange(count)
     while len(active):
-        if cfg["dist"] == "lognormal":
-            lengths = rng.lognormal(np.log(cfg["median_len"]), cfg["sigma"], len(active))
+        if cfg.dist == "lognormal":
+            drawn = rng.lognormal(np.log(cfg.median_len), cfg.sigma, len(active))
         else:
-            lengths = rng.uniform(min_len, max_len, len(active))
-        lengths = np.clip(np.rint(lengths), min_len, max_len).astype(np.int64)
+            drawn = rng.uniform(min_len, max_len, len(active))
+        lengths = np.clip(np.rint(drawn), min_len, max_len).astype(np.int64)
         lengths = np.minimum(lengths, remaining[active])
         sq[active] += lengths.astype(np.float64) ** 2
         remaining[active] -= lengths

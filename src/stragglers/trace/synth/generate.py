@@ -17,8 +17,9 @@ from stragglers.errors import InputError
 from stragglers.trace.model import COLUMNS, JobMeta, Trace, optype_code
 from stragglers.trace.synth.durations import FORWARD_BACKWARD, Costs, sample_costs
 from stragglers.trace.synth.schedule import StepGraph, build_step_graph
-from stragglers.trace.synth.spec import KEYWORDS as INJECTIONS, SynthSpec, synth_spec
-from stragglers.trace.synth.validate import SOURCE, ground_truth
+from stragglers.trace.synth.spec import SynthSpec, synth_spec
+from stragglers.trace.synth.truth import injected_causes
+from stragglers.trace.synth.validate import KEYWORDS, SOURCE, Job
 
 
 def generate(spec: SynthSpec | None = None, /, **keywords: Any) -> Trace:
@@ -44,29 +45,28 @@ def generate(spec: SynthSpec | None = None, /, **keywords: Any) -> Trace:
     not a cause by itself, e.g. the rebalanced twin of a heavy-stage job).
     """
     spec = synth_spec(spec, keywords)
-    params = spec.parameters()
-    dp, pp, vpp = params["dp"], params["pp"], params["vpp"]
-    microbatches, steps, name = params["microbatches"], params["steps"], spec.name
+    job = spec.parameters()
+    dp, steps = job.dp, job.steps
     # refused before the schedule is built: with pp = 100,000 building it alone fills memory
-    _check_size(dp, pp, vpp, microbatches, steps, upper_bound_ops(pp, vpp, microbatches) * dp * steps)
-    sched = build_step_graph(pp, vpp, microbatches, params["sync"],
-                             gc_slots=params["gc"] is not None)
-    _check_size(dp, pp, vpp, microbatches, steps, len(sched.nodes) * dp * steps)
+    _check_size(job, upper_bound_ops(job.pp, job.vpp, job.microbatches) * dp * steps)
+    sched = build_step_graph(job.pp, job.vpp, job.microbatches, job.sync,
+                             gc_slots=job.gc is not None)
+    _check_size(job, len(sched.nodes) * dp * steps)
     # Sizes that overflow float64 are refused by _check_usable, in one line: numpy's own
     # overflow warnings on the way there would only bury it.
     with np.errstate(over="ignore", invalid="ignore"):
-        costs = sample_costs(sched, dp, steps, params["seed"], **_cost_args(params))
+        costs = sample_costs(sched, job)
         start, end = run_forward(sched, costs, dp, steps)
         ops = assemble_ops(sched, costs, start, end, dp, steps)
-    _check_usable(ops, params)
-    impacts = measure_impacts(sched, params, start, end) \
+    _check_usable(ops, job)
+    impacts = measure_impacts(sched, job, start, end) \
         if len(sched.nodes) * dp * steps <= MAX_IMPACT_OPS else None
     del start, end
-    name = name or _default_name(params)
-    meta = JobMeta(name=name, dp_size=dp, pp_size=pp, vpp_size=vpp, run_id=str(params["seed"]),
-                   extra={"ground_truth": ground_truth(params, costs, impacts),
+    name = spec.name or _default_name(job)
+    meta = JobMeta(name=name, dp_size=dp, pp_size=job.pp, vpp_size=job.vpp, run_id=str(job.seed),
+                   extra={"ground_truth": injected_causes(job, costs, impacts),
                           "generator": {"tool": "stragglers.trace.synth", "version": 1,
-                                        **params, **costs.notes}})
+                                        **job.keywords(), **costs.notes()}})
     return Trace(ops, meta, source=f"<synthetic {name}>")
 
 
@@ -77,22 +77,23 @@ def upper_bound_ops(pp: int, vpp: int, microbatches: int) -> int:
     return pp * (vpp * microbatches * 6 + 8 + vpp * microbatches)
 
 
-def _check_size(dp: int, pp: int, vpp: int, microbatches: int, steps: int, ops: int) -> None:
+def _check_size(job: Job, ops: int) -> None:
     if ops > MAX_OPS:
-        raise InputError(SOURCE, "steps", f"dp={dp}, pp={pp}, vpp={vpp}, microbatches="
-                         f"{microbatches} and steps={steps} make about {ops:,} ops; the "
+        raise InputError(SOURCE, "steps", f"dp={job.dp}, pp={job.pp}, vpp={job.vpp}, microbatches="
+                         f"{job.microbatches} and steps={job.steps} make about {ops:,} ops; the "
                          f"generator keeps ~100 bytes per op in memory and takes at most "
                          f"{MAX_OPS:,}")
 
 
-def _check_usable(ops: dict[str, np.ndarray], params: dict) -> None:
+def _check_usable(ops: dict[str, np.ndarray], job: Job) -> None:
     """Refuse parameters whose trace the loaders would refuse (overflowing or unresolvable times)."""
     from stragglers.trace.columns import check_values
 
     try:
         check_values(ops, SOURCE)
     except InputError as exc:
-        given = {k: params[k] for k in ("noise",) + INJECTIONS if params.get(k) is not None}
+        recorded = job.keywords()
+        given = {k: recorded[k] for k in ("noise",) + KEYWORDS if recorded[k] is not None}
         raise InputError(SOURCE, None, f"these sizes make a trace no loader accepts "
                          f"({exc.field}: {exc.problem}); lower the noise or the injected "
                          f"factors and lengths (given: {given})") from None
@@ -103,10 +104,6 @@ MAX_IMPACT_OPS = 2_000_000
 MAX_OPS = 200_000_000
 
 
-def _cost_args(params: dict) -> dict:
-    return {k: params[k] for k in ("noise", "launch_delay", "step_gap", "stage_scale") + INJECTIONS}
-
-
 def mean_step_time(start: np.ndarray, end: np.ndarray, dp: int, steps: int) -> float:
     """Mean over steps of (last end - first start) over all workers."""
     first = start.reshape(len(start), steps, dp).min(axis=(0, 2))
@@ -114,29 +111,27 @@ def mean_step_time(start: np.ndarray, end: np.ndarray, dp: int, steps: int) -> f
     return float((last - first).mean())
 
 
-def measure_impacts(sched: StepGraph, params: dict, start: np.ndarray, end: np.ndarray) -> dict:
+def measure_impacts(sched: StepGraph, job: Job, start: np.ndarray,
+                    end: np.ndarray) -> dict[str, float]:
     """Per injected cause: mean step time with it / without it (all other draws unchanged).
 
     An injection can have no effect (a slow collective on a stage with slack before the clip),
     which a diagnosis test should know.
     """
-    dp, steps = params["dp"], params["steps"]
+    dp, steps = job.dp, job.steps
     with_all = mean_step_time(start, end, dp, steps)
     impacts = {}
-    for cause in INJECTIONS:
-        if params[cause] is None:
-            continue
-        args = {**_cost_args(params), cause: None}
-        costs = sample_costs(sched, dp, steps, params["seed"], **args)
+    for cause, _ in job.injected():
+        costs = sample_costs(sched, job.without(cause))
         s, e = run_forward(sched, costs, dp, steps)
         impacts[cause] = with_all / mean_step_time(s, e, dp, steps)
     return impacts
 
 
-def _default_name(params: dict) -> str:
-    causes = [k for k in INJECTIONS if params[k] is not None]
-    return (f"synth-dp{params['dp']}-pp{params['pp']}-vpp{params['vpp']}-"
-            f"{'+'.join(causes) or 'noise'}-seed{params['seed']}")
+def _default_name(job: Job) -> str:
+    causes = [k for k, _ in job.injected()]
+    return (f"synth-dp{job.dp}-pp{job.pp}-vpp{job.vpp}-{'+'.join(causes) or 'noise'}-"
+            f"seed{job.seed}")
 
 
 def step_begin(sched: StepGraph, costs: Costs, dp: int) -> np.ndarray:
@@ -188,6 +183,7 @@ def run_forward(sched: StepGraph, costs: Costs, dp: int,
         for m in members:
             np.add(latest, dur[members[0] if group.shared_transfer else m], out=end[m])
     # Stitch steps: step k is relative to the barrier start of step k-1.
+    assert barrier_start is not None, "the schedule has no barrier"
     offset = np.repeat(np.concatenate([[0.0], np.cumsum(barrier_start)[:-1]]), dp)
     start += offset
     end += offset
@@ -252,6 +248,7 @@ def _put_gc_pauses(sched: StepGraph, costs: Costs, start: np.ndarray, end: np.nd
                    out: dict[str, np.ndarray], offset: int) -> None:
     """Append the rows of the GC pauses that happened (absent slots are not ops)."""
     active = costs.gc_active
+    assert active is not None, "called for a job with GC pauses"
     # seq_id: ordinal among the pauses of the same worker and step (slots are in stream order)
     ordinal = np.cumsum(active, axis=0, dtype=np.int32) - 1
     for stage in range(sched.pp):

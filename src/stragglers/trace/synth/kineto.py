@@ -165,14 +165,14 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
             if k < job.all_to_alls:
                 ep_seq += 1
                 transfer = 60.0 + 40.0 * rng.random()
-                for gi, members in enumerate(np.array_split(np.arange(n), job.expert_groups)):
-                    got = _routed(job, members, rng)
-                    load[members] = got / job.rows
-                    slow = job.slow_link is not None and job.slow_link[0] in members
-                    gpu[members] = _collective(
+                for gi, group in enumerate(np.array_split(np.arange(n), job.expert_groups)):
+                    got = _routed(job, group, rng)
+                    load[group] = got / job.rows
+                    link = job.slow_link
+                    slow = link[1] if link is not None and link[0] in group else 1.0
+                    gpu[group] = _collective(
                         ranks, "all_to_all", "ncclDevKernel_SendRecv", ep_seq, gpu,
-                        transfer * (job.slow_link[1] if slow else 1.0),
-                        1 << 20, rng, members=[int(m) for m in members],
+                        transfer * slow, 1 << 20, rng, members=[int(m) for m in group],
                         pg=str(gi + 1) if job.expert_groups > 1 else "0", received=got)
         # backward with DDP buckets on the NCCL stream
         bwd = job.backward_us * speed * (1 + job.jitter * rng.standard_normal(n))
@@ -209,8 +209,8 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
             ranks[r].x("user_annotation", f"ProfilerStep#{step}", host[r], end[r] + 10 - host[r],
                        _CPU, _MAIN)
         t = float(end.max()) + 50.0
-    for r in ranks:
-        _write_rank(r, job, out / f"rank-{r.rank}.json.gz")
+    for rk in ranks:
+        _write_rank(rk, job, out / f"rank-{rk.rank}.json.gz")
     (out / "truth.yaml").write_text(json.dumps(job.truth, indent=2))  # JSON is YAML; not *.json: the reader takes those as ranks
     return job.truth
 

@@ -11,131 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Self, Sequence
+from typing import Any, Mapping, Sequence
 
 from stragglers.config import Config, setting
 from stragglers.errors import InputError
-from stragglers.trace.synth.validate import SEQ_DEFAULTS, SOURCE, validate_parameters
-
-
-@dataclass(frozen=True)
-class Injection:
-    """One injected straggler cause; `keyword` is the generator's keyword it stands for."""
-
-    keyword: ClassVar[str] = ""
-
-    def value(self) -> Any:
-        """The keyword form's value (a tuple or dict, as `generate(**keywords)` takes it)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def replace(self, **changes: Any) -> Self:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class SlowWorker(Injection):
-    """One worker (DP rank, stage) computes `factor` times as long: a worker_fault."""
-
-    keyword: ClassVar[str] = "slow_worker"
-    dp: int
-    stage: int
-    factor: float
-
-    def value(self) -> tuple[int, int, float]:
-        return (self.dp, self.stage, self.factor)
-
-
-@dataclass(frozen=True)
-class HeavyLastStage(Injection):
-    """The last stage's forward/backward × `factor`: a stage_imbalance."""
-
-    keyword: ClassVar[str] = "heavy_last_stage"
-    factor: float
-
-    def value(self) -> float:
-        return self.factor
-
-
-@dataclass(frozen=True)
-class SequenceImbalance(Injection):
-    """Sequence lengths drawn from `dist` and packed per microbatch: a sequence_imbalance."""
-
-    keyword: ClassVar[str] = "seq_imbalance"
-    dist: str = SEQ_DEFAULTS["dist"]                 # "lognormal" or "uniform"
-    max_len: int = SEQ_DEFAULTS["max_len"]
-    min_len: int = SEQ_DEFAULTS["min_len"]
-    tokens_per_mb: int = SEQ_DEFAULTS["tokens_per_mb"]
-    median_len: float = SEQ_DEFAULTS["median_len"]
-    sigma: float = SEQ_DEFAULTS["sigma"]
-
-
-@dataclass(frozen=True)
-class GC(Injection):
-    """Garbage-collection pauses (gc rows): `rate` per worker per step, `seconds` each."""
-
-    keyword: ClassVar[str] = "gc"
-    rate: float
-    seconds: float
-
-    def value(self) -> tuple[float, float]:
-        return (self.rate, self.seconds)
-
-
-@dataclass(frozen=True)
-class GCInCompute(GC):
-    """GC pauses inside forward/backward compute, with no gc rows (what NDTimeline shows)."""
-
-    keyword: ClassVar[str] = "gc_in_compute"
-
-
-@dataclass(frozen=True)
-class SlowLink(Injection):
-    """The p2p link between two neighbouring stages of one DP rank × `factor` (both ways)."""
-
-    keyword: ClassVar[str] = "slow_link"
-    dp: int
-    stage_from: int
-    stage_to: int
-    factor: float
-    steps: Sequence[int] | None = None               # None: every step
-
-    def value(self) -> dict:
-        return {"kind": "p2p", **super().value()}
-
-
-@dataclass(frozen=True)
-class SlowCollective(Injection):
-    """One collective op type × `factor`, on one stage or all (None), on some steps or all."""
-
-    keyword: ClassVar[str] = "slow_link"
-    optype: str
-    factor: float
-    stage: int | None = None
-    steps: Sequence[int] | None = None
-
-    def value(self) -> dict:
-        return {"kind": "collective", **super().value()}
-
-
-@dataclass(frozen=True)
-class HostStall(Injection):
-    """Host-side work (a slow data loader) before one worker's first op of each step."""
-
-    keyword: ClassVar[str] = "host_stall"
-    dp: int
-    stage: int
-    seconds: float
-    steps: Sequence[int] | None = None
-
-
-INJECTION_TYPES: tuple[type[Injection], ...] = (
-    SlowWorker, HeavyLastStage, SequenceImbalance, GC, GCInCompute, SlowLink, SlowCollective,
-    HostStall)
-# the keywords in the generator's order (ground truth, default names, the metadata)
-KEYWORDS = ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link",
-            "host_stall", "gc_in_compute")
-BY_NAME = {cls.__name__: cls for cls in INJECTION_TYPES}
+from stragglers.trace.synth.injections import (BY_NAME, GC, GCInCompute, HeavyLastStage,
+                                               HostStall, Injection, SequenceImbalance,
+                                               SlowCollective, SlowLink, SlowWorker)
+from stragglers.trace.synth.validate import KEYWORDS, SOURCE, Job, check
 
 
 @dataclass(frozen=True)
@@ -177,7 +60,7 @@ class SynthSpec(Config):
                                  "takes one of each kind")
             seen[item.keyword] = item
         # checked whole now (ranks, stages and steps must exist); generate() reuses the result
-        object.__setattr__(self, "_parameters", validate_parameters(self.keywords()))
+        object.__setattr__(self, "_job", check(self))
 
     def keywords(self) -> dict[str, Any]:
         """The generator's keyword form (a fresh copy; `name` left out, as the metadata does)."""
@@ -188,10 +71,10 @@ class SynthSpec(Config):
         return {**shape, **{k: given.get(k) for k in KEYWORDS}, "stage_scale": stage_scale,
                 "launch_delay": self.launch_delay, "step_gap": self.step_gap}
 
-    def parameters(self) -> dict[str, Any]:
-        """The checked keyword form with defaults filled in (a copy)."""
-        return {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
-                for k, v in self._parameters.items()}   # type: ignore[attr-defined]
+    def parameters(self) -> Job:
+        """The spec checked whole, as the generator runs it (numbers normalised, steps sorted)."""
+        job: Job = getattr(self, "_job")
+        return job
 
     @classmethod
     def from_keywords(cls, **keywords: Any) -> "SynthSpec":
@@ -205,18 +88,18 @@ class SynthSpec(Config):
     def to_dict(self) -> dict:
         """Plain values; each injection as {"type": class name, its fields} (YAML, JSON)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["stage_scale"] = None if self.stage_scale is None else list(self.stage_scale)
-        out["injections"] = [{"type": type(i).__name__, **dataclasses.asdict(i)}
-                             for i in self.injections]
-        return out
+        return {**out, "stage_scale": None if self.stage_scale is None else list(self.stage_scale),
+                "injections": [{"type": type(i).__name__, **dataclasses.asdict(i)}
+                               for i in self.injections]}
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None, source: object = None):
         """Build from a mapping; injections may be written as {"type": "SlowWorker", ...}."""
         values = dict(values or {})
-        if isinstance(values.get("injections"), (list, tuple)):
-            values["injections"] = tuple(_from_mapping(i, source or SOURCE)
-                                         for i in values["injections"])
+        injections = values.get("injections")
+        if isinstance(injections, (list, tuple)):
+            values.update(injections=tuple(_from_mapping(i, source or SOURCE)
+                                           for i in injections))
         return super().from_mapping(values, source)
 
 
@@ -240,7 +123,7 @@ def _injection(keyword: str, value: Any) -> Injection:
         return cls(*_items(value, 2, keyword, "(pauses per worker per step, pause seconds)"))
     if keyword == "seq_imbalance":
         value = {"dist": value} if isinstance(value, str) else value
-        return _typed(SequenceImbalance, _keys(value, keyword, set(SEQ_DEFAULTS),
+        return _typed(SequenceImbalance, _keys(value, keyword, _field_names(SequenceImbalance),
                                                "a dict or a distribution name"))
     if keyword == "host_stall":
         return _typed(HostStall, _keys(value, keyword, {"dp", "stage", "seconds", "steps"},
@@ -251,10 +134,11 @@ def _injection(keyword: str, value: Any) -> Injection:
 def _slow_link(value: Any) -> Injection:
     shape = ("{'kind': 'p2p', 'dp', 'stage_from', 'stage_to', 'factor'} or {'kind': "
              "'collective', 'optype', 'stage', 'factor'}")
-    if not isinstance(value, Mapping) or value.get("kind") not in ("p2p", "collective"):
+    fields = dict(value) if isinstance(value, Mapping) else {}
+    kind = fields.pop("kind", None)
+    if kind not in ("p2p", "collective"):
         raise InputError(SOURCE, "slow_link", f"expected {shape}")
-    fields = dict(value)
-    cls = SlowLink if fields.pop("kind") == "p2p" else SlowCollective
+    cls = SlowLink if kind == "p2p" else SlowCollective
     unknown = set(fields) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
         raise InputError(SOURCE, "slow_link", f"unknown keys {sorted(unknown)}")
@@ -265,6 +149,10 @@ def _typed(cls: type[Injection], fields: dict) -> Injection:
     """`cls` of these fields; a missing one is None, which the spec's check refuses by name."""
     missing = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
     return cls(**{**dict.fromkeys(missing - set(fields)), **fields})
+
+
+def _field_names(cls: type[Injection]) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
 
 
 def _items(value: Any, count: int, keyword: str, shape: str) -> tuple:
@@ -291,18 +179,19 @@ def _from_mapping(item: Any, source: object) -> Injection:
     """{"type": "SlowWorker", "dp": 1, ...} (as to_dict writes it), or an Injection as is."""
     if isinstance(item, Injection):
         return item
-    if not isinstance(item, Mapping) or item.get("type") not in BY_NAME:
+    name = item.get("type") if isinstance(item, Mapping) else None
+    if name not in BY_NAME:
         raise InputError(source, "injections", f"expected {{'type': one of {', '.join(BY_NAME)}, "
                          f"and its fields}}, got {item!r}")
-    cls = BY_NAME[item["type"]]
+    cls = BY_NAME[name]
     fields = {k: v for k, v in item.items() if k != "type"}
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - names)
     if unknown:
-        raise InputError(source, f"injections.{item['type']}", f"unknown field {unknown[0]!r}; "
+        raise InputError(source, f"injections.{name}", f"unknown field {unknown[0]!r}; "
                          f"expected {', '.join(sorted(names))}")
     try:
         return cls(**fields)
     except TypeError:
-        raise InputError(source, f"injections.{item['type']}", f"expected the fields "
+        raise InputError(source, f"injections.{name}", f"expected the fields "
                          f"{', '.join(sorted(names))}, got {sorted(fields)}") from None

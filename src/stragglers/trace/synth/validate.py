@@ -1,29 +1,114 @@
-"""Checking the generator's parameters and writing down the injected ground truth."""
+"""Checking a synthetic job's parameters: a SynthSpec checked whole into the `Job` it runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from stragglers.errors import InputError
 from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPES, P2P_OPTYPES
+from stragglers.trace.synth.injections import (GC, GCInCompute, HeavyLastStage, HostStall,
+                                               Injection, SequenceImbalance, SlowCollective,
+                                               SlowLink, SlowWorker)
+
+if TYPE_CHECKING:
+    from stragglers.trace.synth.spec import SynthSpec
 
 SOURCE = "stragglers synth"
 COLLECTIVE_OPTYPES = tuple(o for o in OPTYPES if o not in COMPUTE_OPTYPES + P2P_OPTYPES)
-SEQ_DEFAULTS: dict[str, Any] = {"dist": "lognormal", "max_len": 16384, "min_len": 64,
-                                "tokens_per_mb": 16384, "median_len": 1024, "sigma": 1.2}
+# the injections' keywords in the generator's order (ground truth, default names, the metadata)
+KEYWORDS = ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link",
+            "host_stall", "gc_in_compute")
+# Fields of the generator's keyword form the metadata records, in its order.
+_SHAPE = ("dp", "pp", "vpp", "microbatches", "steps", "sync", "seed", "noise")
 
 
-def _int(params: dict, key: str, low: int = 1) -> int:
-    v = params[key]
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-        raise InputError(SOURCE, key, f"expected an integer >= {low}, got {v!r}")
-    return int(v)
+@dataclass(frozen=True)
+class Job:
+    """A SynthSpec checked whole: the sizes, noise and injections the generator runs.
+
+    Numbers are int/float, step lists sorted tuples, every injection's defaults filled in;
+    an injection that is not given is None.
+    """
+
+    dp: int
+    pp: int
+    vpp: int
+    microbatches: int
+    steps: int
+    sync: str
+    seed: int
+    noise: float
+    launch_delay: float
+    step_gap: float
+    stage_scale: tuple[float, ...] | None = None
+    slow_worker: SlowWorker | None = None
+    heavy_last_stage: HeavyLastStage | None = None
+    seq_imbalance: SequenceImbalance | None = None
+    gc: GC | None = None
+    slow_link: SlowLink | SlowCollective | None = None
+    host_stall: HostStall | None = None
+    gc_in_compute: GCInCompute | None = None
+
+    def injected(self) -> list[tuple[str, Injection]]:
+        """(keyword, injection) of the injections given, in the generator's order."""
+        given = ((k, getattr(self, k)) for k in KEYWORDS)
+        return [(k, item) for k, item in given if item is not None]
+
+    def without(self, keyword: str) -> Job:
+        """The same job without one injection (every other draw unchanged)."""
+        if keyword not in KEYWORDS:
+            raise ValueError(f"{keyword!r} is no injection; expected one of {KEYWORDS}")
+        none: dict[str, Any] = {keyword: None}
+        return dataclasses.replace(self, **none)
+
+    def keywords(self) -> dict[str, Any]:
+        """The checked keyword form, as the trace's metadata records it (JSON values)."""
+        shape = {k: getattr(self, k) for k in _SHAPE}
+        injected = dict(self.injected())
+        given = {k: injected[k].record() if k in injected else None for k in KEYWORDS}
+        scale = None if self.stage_scale is None else list(self.stage_scale)
+        return {**shape, **given, "stage_scale": scale, "launch_delay": self.launch_delay,
+                "step_gap": self.step_gap}
 
 
-def _positive(value, field: str, low: float = 0.0, strict: bool = True) -> float:
+def check(spec: SynthSpec) -> Job:
+    """Check sizes and injections of `spec` (one InputError naming the field); the Job it runs."""
+    dp, pp, vpp, microbatches, steps = (_int(getattr(spec, k), k) for k in _SHAPE[:5])
+    seed = _int(spec.seed, "seed", 0)
+    if spec.sync not in ("zero", "ddp"):
+        raise InputError(SOURCE, "sync", f"expected 'zero' or 'ddp', got {spec.sync!r}")
+    if vpp > 1 and pp < 2:
+        raise InputError(SOURCE, "vpp", "an interleaved schedule (vpp > 1) needs pp >= 2")
+    if vpp > 1 and microbatches % pp:
+        raise InputError(SOURCE, "microbatches", f"the interleaved schedule needs a multiple of "
+                         f"pp={pp} microbatches, got {microbatches}")
+    job = Job(dp, pp, vpp, microbatches, steps, spec.sync, seed,
+              noise=_positive(spec.noise, "noise", strict=False),
+              launch_delay=_positive(spec.launch_delay, "launch_delay", strict=False),
+              step_gap=_positive(spec.step_gap, "step_gap", strict=False))
+    given = {item.keyword: item for item in spec.injections}
+    checked = {k: _CHECKS[k](given[k], job) for k in KEYWORDS if k in given}
+    scale = spec.stage_scale
+    if scale is not None:
+        if not isinstance(scale, (list, tuple)) or len(scale) != pp:
+            raise InputError(SOURCE, "stage_scale", f"expected one factor per stage "
+                             f"({pp} numbers), got {scale!r}")
+        scale = tuple(_positive(f, "stage_scale") for f in scale)
+    return dataclasses.replace(job, stage_scale=scale, **checked)
+
+
+def _int(value: Any, field: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise InputError(SOURCE, field, f"expected an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def _positive(value: Any, field: str, low: float = 0.0, strict: bool = True) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -34,79 +119,18 @@ def _positive(value, field: str, low: float = 0.0, strict: bool = True) -> float
     return v
 
 
-def _index(value, field: str, size: int, what: str) -> int:
+def _index(value: Any, field: str, size: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < size:
         raise InputError(SOURCE, field, f"{what} {value!r} is out of range; expected 0..{size - 1}")
     return int(value)
 
 
-def validate_parameters(p: dict) -> dict:
-    """Check sizes and injections; return a JSON-friendly copy with defaults filled in."""
-    for key in ("dp", "pp", "vpp", "microbatches", "steps"):
-        p[key] = _int(p, key)
-    p["seed"] = _int(p, "seed", 0)
-    if p["sync"] not in ("zero", "ddp"):
-        raise InputError(SOURCE, "sync", f"expected 'zero' or 'ddp', got {p['sync']!r}")
-    if p["vpp"] > 1 and p["pp"] < 2:
-        raise InputError(SOURCE, "vpp", "an interleaved schedule (vpp > 1) needs pp >= 2")
-    if p["vpp"] > 1 and p["microbatches"] % p["pp"]:
-        raise InputError(SOURCE, "microbatches", f"the interleaved schedule needs a multiple of "
-                         f"pp={p['pp']} microbatches, got {p['microbatches']}")
-    p["noise"] = _positive(p["noise"], "noise", strict=False)
-    p["launch_delay"] = _positive(p["launch_delay"], "launch_delay", strict=False)
-    p["step_gap"] = _positive(p["step_gap"], "step_gap", strict=False)
-    if p["slow_worker"] is not None:
-        try:
-            d, s, f = p["slow_worker"]
-        except (TypeError, ValueError):
-            raise InputError(SOURCE, "slow_worker", "expected (dp_rank, stage, factor)") from None
-        p["slow_worker"] = [_index(d, "slow_worker", p["dp"], "dp rank"),
-                            _index(s, "slow_worker", p["pp"], "stage"),
-                            _positive(f, "slow_worker factor")]
-    if p["heavy_last_stage"] is not None:
-        p["heavy_last_stage"] = _positive(p["heavy_last_stage"], "heavy_last_stage")
-        if p["pp"] == 1:
-            warnings.warn("heavy_last_stage with pp=1 slows the only stage: every worker is "
-                          "equally slow, so it is no imbalance", stacklevel=3)
-    if p["seq_imbalance"] is not None:
-        p["seq_imbalance"] = _seq_imbalance(p["seq_imbalance"])
-    if p["gc"] is not None:
-        try:
-            rate, length = p["gc"]
-        except (TypeError, ValueError):
-            raise InputError(SOURCE, "gc", "expected (pauses per worker per step, "
-                             "pause seconds)") from None
-        p["gc"] = [_positive(rate, "gc rate"), _positive(length, "gc length")]
-        forwards = p["microbatches"] * p["vpp"]
-        if p["gc"][0] > forwards:
-            warnings.warn(f"gc rate {p['gc'][0]} exceeds the {forwards} forwards per step; "
-                          f"every forward gets a pause (rate capped at {forwards})", stacklevel=3)
-    if p["slow_link"] is not None:
-        p["slow_link"] = _slow_link(p["slow_link"], p)
-    if p["host_stall"] is not None:
-        p["host_stall"] = _host_stall(p["host_stall"], p)
-    if p["gc_in_compute"] is not None:
-        try:
-            rate, length = p["gc_in_compute"]
-        except (TypeError, ValueError):
-            raise InputError(SOURCE, "gc_in_compute", "expected (pauses per worker per step, "
-                             "pause seconds)") from None
-        p["gc_in_compute"] = [_positive(rate, "gc_in_compute rate"),
-                              _positive(length, "gc_in_compute length")]
-    if p["stage_scale"] is not None:
-        scale = p["stage_scale"]
-        if not isinstance(scale, (list, tuple)) or len(scale) != p["pp"]:
-            raise InputError(SOURCE, "stage_scale", f"expected one factor per stage "
-                             f"({p['pp']} numbers), got {scale!r}")
-        p["stage_scale"] = [_positive(f, "stage_scale") for f in scale]
-    return p
-
-
-def _steps_list(value, field: str, p: dict):
+def _steps(value: Sequence[int] | None, field: str, job: Job) -> tuple[int, ...] | None:
+    """A step list sorted and checked (None: every step)."""
     if value is None:
         return None
     try:
-        steps = sorted({_index(s, field, p["steps"], "step") for s in value})
+        steps = tuple(sorted({_index(s, field, job.steps, "step") for s in value}))
     except TypeError:
         raise InputError(SOURCE, field, "expected a list of step numbers") from None
     if not steps:
@@ -114,153 +138,103 @@ def _steps_list(value, field: str, p: dict):
     return steps
 
 
-def _host_stall(stall, p: dict) -> dict:
-    if not isinstance(stall, dict) or set(stall) - {"dp", "stage", "seconds", "steps"}:
-        raise InputError(SOURCE, "host_stall", "expected {'dp', 'stage', 'seconds', 'steps' "
-                         f"(optional)}}, got {stall!r}")
-    return {"dp": _index(stall.get("dp"), "host_stall dp", p["dp"], "dp rank"),
-            "stage": _index(stall.get("stage"), "host_stall stage", p["pp"], "stage"),
-            "seconds": _positive(stall.get("seconds"), "host_stall seconds"),
-            "steps": _steps_list(stall.get("steps"), "host_stall steps", p)}
+def _slow_worker(item: SlowWorker, job: Job) -> SlowWorker:
+    return item.replace(dp=_index(item.dp, "slow_worker", job.dp, "dp rank"),
+                        stage=_index(item.stage, "slow_worker", job.pp, "stage"),
+                        factor=_positive(item.factor, "slow_worker factor"))
 
 
-def _seq_imbalance(cfg) -> dict:
-    if isinstance(cfg, str):
-        cfg = {"dist": cfg}
-    if not isinstance(cfg, dict):
-        raise InputError(SOURCE, "seq_imbalance", f"expected a dict or a distribution name, "
-                         f"got {cfg!r}")
-    unknown = set(cfg) - set(SEQ_DEFAULTS)
-    if unknown:
-        raise InputError(SOURCE, "seq_imbalance", f"unknown keys {sorted(unknown)}; expected "
-                         f"{sorted(SEQ_DEFAULTS)}")
-    out = {**SEQ_DEFAULTS, **cfg}
-    if out["dist"] not in ("lognormal", "uniform"):
+def _heavy_last_stage(item: HeavyLastStage, job: Job) -> HeavyLastStage:
+    checked = item.replace(factor=_positive(item.factor, "heavy_last_stage"))
+    if job.pp == 1:
+        warnings.warn("heavy_last_stage with pp=1 slows the only stage: every worker is "
+                      "equally slow, so it is no imbalance", stacklevel=5)
+    return checked
+
+
+def _seq_imbalance(item: SequenceImbalance, job: Job) -> SequenceImbalance:
+    if item.dist not in ("lognormal", "uniform"):
         raise InputError(SOURCE, "seq_imbalance.dist", f"expected 'lognormal' or 'uniform', "
-                         f"got {out['dist']!r}")
-    for key in ("max_len", "min_len", "tokens_per_mb"):
-        out[key] = int(_positive(out[key], f"seq_imbalance.{key}", low=1, strict=False))
-    if out["min_len"] > out["max_len"]:
-        raise InputError(SOURCE, "seq_imbalance.min_len", f"{out['min_len']} exceeds max_len "
-                         f"{out['max_len']}")
-    out["median_len"] = _positive(out["median_len"], "seq_imbalance.median_len")
-    out["sigma"] = _positive(out["sigma"], "seq_imbalance.sigma", strict=False)
-    return out
+                         f"got {item.dist!r}")
+    max_len, min_len, tokens = (
+        int(_positive(v, f"seq_imbalance.{k}", low=1, strict=False)) for k, v in
+        (("max_len", item.max_len), ("min_len", item.min_len),
+         ("tokens_per_mb", item.tokens_per_mb)))
+    if min_len > max_len:
+        raise InputError(SOURCE, "seq_imbalance.min_len", f"{min_len} exceeds max_len {max_len}")
+    return item.replace(max_len=max_len, min_len=min_len, tokens_per_mb=tokens,
+                        median_len=_positive(item.median_len, "seq_imbalance.median_len"),
+                        sigma=_positive(item.sigma, "seq_imbalance.sigma", strict=False))
 
 
-def _slow_link(link, p: dict) -> dict:
-    if not isinstance(link, dict) or link.get("kind") not in ("p2p", "collective"):
-        raise InputError(SOURCE, "slow_link", "expected {'kind': 'p2p', 'dp', 'stage_from', "
-                         "'stage_to', 'factor'} or {'kind': 'collective', 'optype', 'stage', "
-                         "'factor'}")
-    unknown = set(link) - {"kind", "factor", "steps", "dp", "stage_from", "stage_to", "optype",
-                           "stage"}
-    if unknown:
-        raise InputError(SOURCE, "slow_link", f"unknown keys {sorted(unknown)}")
-    out = {"kind": link["kind"], "factor": _positive(link.get("factor"), "slow_link factor"),
-           "steps": None}
-    if link.get("steps") is not None:
-        try:
-            out["steps"] = sorted({_index(s, "slow_link steps", p["steps"], "step")
-                                   for s in link["steps"]})
-        except TypeError:
-            raise InputError(SOURCE, "slow_link steps", "expected a list of step numbers") from None
-        if not out["steps"]:
-            raise InputError(SOURCE, "slow_link steps", "is empty; give at least one step or None "
-                             "for every step")
-    if link["kind"] == "p2p":
-        if p["pp"] < 2:
-            raise InputError(SOURCE, "slow_link", "a p2p link needs pp >= 2 (no pipeline p2p)")
-        out["dp"] = _index(link.get("dp"), "slow_link dp", p["dp"], "dp rank")
-        a = _index(link.get("stage_from"), "slow_link stage_from", p["pp"], "stage")
-        b = _index(link.get("stage_to"), "slow_link stage_to", p["pp"], "stage")
-        ring = p["vpp"] > 1 and {a, b} == {0, p["pp"] - 1}
-        if abs(a - b) != 1 and not ring:
-            raise InputError(SOURCE, "slow_link", f"stages {a} and {b} are not pipeline "
-                             "neighbours, so no p2p traffic passes between them")
-        out["stage_from"], out["stage_to"] = a, b
-        return out
-    optype = link.get("optype")
+def _gc(item: GC, job: Job) -> GC:
+    """GC pauses with gc rows (keyword gc) or inside compute (gc_in_compute)."""
+    checked = item.replace(rate=_positive(item.rate, f"{item.keyword} rate"),
+                           seconds=_positive(item.seconds, f"{item.keyword} length"))
+    forwards = job.microbatches * job.vpp
+    if item.keyword == "gc" and checked.rate > forwards:
+        warnings.warn(f"gc rate {checked.rate} exceeds the {forwards} forwards per step; "
+                      f"every forward gets a pause (rate capped at {forwards})", stacklevel=5)
+    return checked
+
+
+def _host_stall(item: HostStall, job: Job) -> HostStall:
+    return item.replace(dp=_index(item.dp, "host_stall dp", job.dp, "dp rank"),
+                        stage=_index(item.stage, "host_stall stage", job.pp, "stage"),
+                        seconds=_positive(item.seconds, "host_stall seconds"),
+                        steps=_steps(item.steps, "host_stall steps", job))
+
+
+def _slow_link(item: SlowLink | SlowCollective, job: Job) -> SlowLink | SlowCollective:
+    factor = _positive(item.factor, "slow_link factor")
+    steps = _steps(item.steps, "slow_link steps", job)
+    checked = _p2p_link(item, job) if isinstance(item, SlowLink) else _collective(item, job)
+    return checked.replace(factor=factor, steps=steps)
+
+
+def _p2p_link(item: SlowLink, job: Job) -> SlowLink:
+    if job.pp < 2:
+        raise InputError(SOURCE, "slow_link", "a p2p link needs pp >= 2 (no pipeline p2p)")
+    dp = _index(item.dp, "slow_link dp", job.dp, "dp rank")
+    a = _index(item.stage_from, "slow_link stage_from", job.pp, "stage")
+    b = _index(item.stage_to, "slow_link stage_to", job.pp, "stage")
+    ring = job.vpp > 1 and {a, b} == {0, job.pp - 1}
+    if abs(a - b) != 1 and not ring:
+        raise InputError(SOURCE, "slow_link", f"stages {a} and {b} are not pipeline "
+                         "neighbours, so no p2p traffic passes between them")
+    return item.replace(dp=dp, stage_from=a, stage_to=b)
+
+
+def _collective(item: SlowCollective, job: Job) -> SlowCollective:
+    optype = item.optype
     if optype not in COLLECTIVE_OPTYPES:
         raise InputError(SOURCE, "slow_link optype", f"expected one of "
                          f"{', '.join(COLLECTIVE_OPTYPES)}, got {optype!r}")
-    present = _collectives_present(p)
+    present = collectives_present(job.sync, job.pp)
     if optype not in present:
         raise InputError(SOURCE, "slow_link optype", f"{optype} does not occur in this job "
-                         f"(sync={p['sync']}, pp={p['pp']}); it has {', '.join(present)}")
-    stage = link.get("stage")
-    if optype == "embedding-grads-all-reduce" and stage not in (None, 0, p["pp"] - 1):
+                         f"(sync={job.sync}, pp={job.pp}); it has {', '.join(present)}")
+    stage = item.stage
+    if optype == "embedding-grads-all-reduce" and stage not in (None, 0, job.pp - 1):
         raise InputError(SOURCE, "slow_link stage", "embedding-grads-all-reduce runs only on "
-                         f"stages 0 and {p['pp'] - 1}")
-    out["optype"] = optype
-    out["stage"] = None if stage is None else _index(stage, "slow_link stage", p["pp"], "stage")
-    return out
+                         f"stages 0 and {job.pp - 1}")
+    return item.replace(
+        stage=None if stage is None else _index(stage, "slow_link stage", job.pp, "stage"))
 
 
-def _collectives_present(p: dict) -> list[str]:
-    names = ["params-all-gather", "grads-reduce-scatter"] if p["sync"] == "zero" \
+def collectives_present(sync: str, pp: int) -> list[str]:
+    """The collective op types a job of this sync and pipeline depth runs."""
+    names = ["params-all-gather", "grads-reduce-scatter"] if sync == "zero" \
         else ["grads-all-reduce"]
-    if p["pp"] > 1:
+    if pp > 1:
         names += ["layernorm-grads-all-reduce", "embedding-grads-all-reduce",
                   "optimizer-clip-main-grad"]
     return names
 
 
-def ground_truth(p: dict, costs, impacts: dict | None) -> list[dict]:
-    """The injected causes as [{cause, where, params, impact}], what a diagnosis should find.
+# One check per injection keyword, in the order they run (KEYWORDS).
+_CHECKS: dict[str, Callable[[Any, Job], Any]] = {
+    "slow_worker": _slow_worker, "heavy_last_stage": _heavy_last_stage,
+    "seq_imbalance": _seq_imbalance, "gc": _gc, "slow_link": _slow_link,
+    "host_stall": _host_stall, "gc_in_compute": _gc}
 
-    impact = mean step time with the cause / without it (None for jobs too big to measure).
-    """
-    truth = []
-
-    def add(key: str, cause: str, where: dict, params: dict) -> None:
-        impact = None if impacts is None else round(impacts[key], 6)
-        truth.append({"cause": cause, "where": where, "params": params, "impact": impact})
-
-    if p["slow_worker"] is not None:
-        d, s, f = p["slow_worker"]
-        add("slow_worker", "worker_fault", {"dp": [d], "pp": [s]}, {"factor": f})
-    if p["heavy_last_stage"] is not None:
-        add("heavy_last_stage", "stage_imbalance", {"pp": [p["pp"] - 1]},
-            {"factor": p["heavy_last_stage"]})
-    if p["seq_imbalance"] is not None:
-        add("seq_imbalance", "sequence_imbalance", {},
-            {**p["seq_imbalance"], "attn_cost_cv": costs.notes["attn_cost_cv"],
-             "cost_cv": costs.notes["cost_cv"]})
-    if p["gc"] is not None:
-        active = costs.gc_active
-        slot_stage = costs.gc_slot_stage
-        cols = np.flatnonzero(active.any(axis=0))
-        where = {"dp": sorted(set((cols % p["dp"]).tolist())),
-                 "pp": sorted(set(slot_stage[active.any(axis=1)].tolist())),
-                 "steps": sorted(set((cols // p["dp"]).tolist()))}
-        add("gc", "gc", where, {"rate": p["gc"][0], "length_s": p["gc"][1],
-                                "pauses": int(active.sum()),
-                                "pause_s": float(costs.duration[costs.gc_rows][active].sum())})
-    if p["slow_link"] is not None:
-        link = p["slow_link"]
-        if link["kind"] == "p2p":
-            where = {"dp": [link["dp"]], "pp": sorted([link["stage_from"], link["stage_to"]])}
-            optypes = ["forward-send", "forward-recv", "backward-send", "backward-recv"]
-        else:
-            where = {"pp": list(range(p["pp"])) if link["stage"] is None else [link["stage"]]}
-            optypes = [link["optype"]]
-        if link["steps"] is not None:
-            where["steps"] = link["steps"]
-        add("slow_link", "communication", where, {**link, "optypes": optypes})
-    if p["host_stall"] is not None:
-        stall = p["host_stall"]
-        where = {"dp": [stall["dp"]], "pp": [stall["stage"]]}
-        if stall["steps"] is not None:
-            where["steps"] = stall["steps"]
-        add("host_stall", "host_stall", where, {"seconds": stall["seconds"]})
-    if p["gc_in_compute"] is not None:
-        _, active, stages = costs.pause_cells
-        cols = np.flatnonzero(active.any(axis=0))
-        where = {"dp": sorted(set((cols % p["dp"]).tolist())),
-                 "pp": sorted(set(stages[active.any(axis=1)].tolist())),
-                 "steps": sorted(set((cols // p["dp"]).tolist()))}
-        add("gc_in_compute", "gc", where, {"rate": p["gc_in_compute"][0],
-                                           "length_s": p["gc_in_compute"][1],
-                                           "pauses": int(active.sum()), "in_compute": True})
-    return truth
