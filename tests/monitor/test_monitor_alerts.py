@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from stragglers.errors import InputError
 from stragglers.monitor.alerts import AlertEngine, parse_rules
+from stragglers.monitor.records import WindowRow
 from stragglers.monitor.store import Store
 
 RULES = parse_rules([
@@ -28,6 +30,7 @@ def window(idx, s, causes=()):
 
 
 def feed(engine, store, w, now):
+    w = msgspec.convert(w, WindowRow)   # the typed row the analysis hands the engine
     alerts, log, msgs = engine.on_window("j", w, now)
     store.add_window(w, alerts, log)
     return msgs
@@ -53,9 +56,9 @@ def test_rules_fire_after_k_windows_once_and_resolve(tmp_path):
     assert set(a) == {"status", "labels", "annotations", "startsAt", "endsAt", "generatorURL",
                       "fingerprint"}
     assert a["endsAt"].endswith("Z") and a["generatorURL"] == "http://mon:8150/jobs/j"
-    fault_alert = next(x for x in store.alerts(job="j") if x["rule"] == "fault")
-    assert fault_alert["labels"]["rank"] == "2" and fault_alert["status"] == "resolved"
-    log = [(e["rule"], e["status"]) for e in store.alert_log(job="j")][::-1]
+    fault_alert = next(x for x in store.alerts(job="j") if x.rule == "fault")
+    assert fault_alert.labels.rank == "2" and fault_alert.status == "resolved"
+    log = [(e.rule, e.status) for e in store.alert_log(job="j")][::-1]
     assert log == [("fault", "firing"), ("new", "firing"), ("straggling", "firing"),
                    ("new", "resolved"), ("fault", "resolved"), ("straggling", "resolved")]
 
@@ -142,7 +145,7 @@ def test_hysteresis_fires_after_m_windows_and_resolves_after_n_clear_ones(tmp_pa
     # run of windows below 1.6 at 6-7 is broken by 1.7; it resolves at the 3rd in a row (11)
     assert got == [(3, "firing"), (11, "resolved")]
     log = store.alert_log(job="j")
-    assert [(e["status"], e["window"]) for e in log[::-1]] == [("firing", 3), ("resolved", 11)]
+    assert [(e.status, e.window) for e in log[::-1]] == [("firing", 3), ("resolved", 11)]
     again, _ = transitions(rules, HOVER, fresh_engine=True, tmp_path=tmp_path, name="restart")
     assert again == got
 

@@ -10,6 +10,7 @@ import pytest
 
 from monitor_jobs import parts_of, slow_job
 from stragglers.monitor.analyser import WindowAnalyser
+from stragglers.monitor.records import plain
 from stragglers.monitor.windows import JobTracker
 
 TIMINGS = ("analysed_at", "analysis_s")
@@ -43,23 +44,23 @@ def analyser():
 @pytest.mark.slow
 def test_a_window_analysed_in_the_process_gets_the_row_a_thread_gets(analyser):
     (w,) = windows(1)
-    here = WindowAnalyser(in_process=True).analyse(w)
-    there = analyser.analyse(w)
+    here, _ = WindowAnalyser(in_process=True).analyse(w)
+    there, _ = analyser.analyse(w)
     (child,) = analyser.pids()
     assert child != os.getpid()
-    assert here["error"] is None and here["slowdown"] > 1.3
-    assert {k: v for k, v in there.items() if k not in TIMINGS} == \
-        {k: v for k, v in here.items() if k not in TIMINGS}
+    assert here.error is None and here.slowdown > 1.3
+    assert {k: v for k, v in plain(there).items() if k not in TIMINGS} == \
+        {k: v for k, v in plain(here).items() if k not in TIMINGS}
 
 
 @pytest.mark.slow
 def test_a_process_killed_between_windows_is_replaced_and_the_window_analysed(analyser):
     first, second = windows(2)
-    assert analyser.analyse(first)["error"] is None
+    assert analyser.analyse(first)[0].error is None
     (old,) = analyser.pids()
     os.kill(old, signal.SIGKILL)
-    row = analyser.analyse(second)
-    assert row["error"] is None and row["slowdown"] > 1.3
+    row, _ = analyser.analyse(second)
+    assert row.error is None and row.slowdown > 1.3
     assert analyser.restarts == 1 and analyser.pids() != [old]
 
 
@@ -69,10 +70,10 @@ def test_a_window_that_kills_the_process_keeps_an_error_row_and_the_next_is_anal
     meta = bad.trace.meta   # (shared by the job's windows: the poisoned one gets a copy)
     bad.trace = replace(bad.trace, meta=replace(meta, extra={**meta.extra,
                                                              "poison": _ExitWhenUnpickled()}))
-    row = analyser.analyse(bad)
-    assert row["slowdown"] is None and "analysis process died" in row["error"]
-    assert (row["job"], row["idx"], row["first_step"]) == ("job-a", 0, 0)
+    row, _ = analyser.analyse(bad)
+    assert row.slowdown is None and "analysis process died" in row.error
+    assert (row.job, row.idx, row.first_step) == ("job-a", 0, 0)
     assert analyser.restarts == 2          # tried once more in a fresh process, then given up
-    nxt = analyser.analyse(good)
-    assert nxt["error"] is None and nxt["idx"] == 1 and nxt["slowdown"] > 1.3
+    nxt, _ = analyser.analyse(good)
+    assert nxt.error is None and nxt.idx == 1 and nxt.slowdown > 1.3
     assert analyser.restarts == 2

@@ -20,7 +20,7 @@ def test_every_metric_in_the_dashboard_is_exposed():
     for rank, part, cols in parts_of(trace, 5):
         tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
     metrics = MonitorMetrics()
-    row = analyse_window(tr.close_ready(0.0)[0])
+    row, _ = analyse_window(tr.close_ready(0.0)[0])
     metrics.publish_window(row)
     metrics.set_state("j", "running")
     metrics.open_alerts.labels("j").set(0)

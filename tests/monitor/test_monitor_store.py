@@ -7,13 +7,16 @@ nothing, and outbox messages are claimed by one instance at a time.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
+import msgspec
 import pytest
 from pg_cluster import postgres_cluster, postgres_url  # noqa: F401 - fixtures
 
 from stragglers.monitor.alerts import AlertEngine, parse_rules
+from stragglers.monitor.records import PartCount, WindowRow, plain
 from stragglers.monitor.store import JobConflict, PostgresStore, SQLiteStore, open_store
 
 RULES = parse_rules([{"name": "straggling", "when": "slowdown >= 1.1", "for_windows": 1}])
@@ -38,6 +41,10 @@ def stores(request, tmp_path):
 
 
 def window(job, idx, s=1.0):
+    return msgspec.convert(window_json(job, idx, s), WindowRow)
+
+
+def window_json(job, idx, s=1.0):
     return {"job": job, "idx": idx, "first_step": idx * 10, "last_step": idx * 10 + 9,
             "steps": list(range(idx * 10, idx * 10 + 10)), "slowdown": s, "waste": 1 - 1 / s,
             "t_base": 1.0, "t_ideal": 1.0, "sim_error": 0.0, "m_w": None, "m_s": None,
@@ -65,19 +72,19 @@ def test_jobs_parts_and_their_sequence(stores):
     # the same part from the other instance counts once; a new one gets the next number
     assert b.add_parts([("j", 0, 0, 5, 0, 4, 100, "http", "d0"),
                         ("j", 0, 1, 7, 5, 9, 100, "files")], now=11.0) == [False, True]
-    assert a.job_marks(["j"])["j"]["part_seq"] == 3
-    assert [(p["rank"], p["part"], p["seq"]) for p in a.part_index("j", after_seq=2)] == \
-        [(0, 1, 3)]
+    assert a.job_marks(["j"])["j"].part_seq == 3
+    assert [(p.rank, p.part, p.seq) for p in a.part_index("j", after_seq=2)] == [(0, 1, 3)]
     assert b.part_digest("j", 1, 0) == "d1" and b.has_part("j", 0, 1)
     assert a.max_step("j") == 9 and a.max_step("none") == -1
     totals = b.totals()
-    assert totals["by_job"]["j"] == {"parts": 3, "records": 17}
-    assert type(totals["by_way"]["http"]["records"]) is int   # (PostgreSQL sums to numeric)
+    assert totals["by_job"]["j"] == PartCount(parts=3, records=17)
+    assert type(totals["by_way"]["http"].records) is int   # (PostgreSQL sums to numeric)
     a.set_upload_dropped("j", 0, 4)
     b.set_upload_dropped("j", 0, 2)   # an older report does not lower the count
     assert a.upload_dropped("j") == {0: 4}
     job = b.jobs()[0]
-    assert job["job"] == "j" and job["upload_dropped"] == 4 and job["world_size"] == 2
+    assert job.job == "j" and job.upload_dropped == 4 and job.world_size == 2
+    assert b.job("j").meta == {"world_size": 2} and b.job("none") is None
 
 
 def test_windows_and_alert_changes_are_stored_once_with_their_messages(stores):
@@ -88,17 +95,49 @@ def test_windows_and_alert_changes_are_stored_once_with_their_messages(stores):
     rows, log, _ = engine.on_window("j", w, now=5.0)
     assert a.add_window(w, rows, log) is True
     got = b.last_window("j")
-    assert got["scores"][0]["score"] == 1.3 and got["steps"] == list(range(10))
-    assert b.window_span("j") == (1, 0) and b.windows("j")[0]["causes"] == ["none"]
-    assert [x["status"] for x in b.alerts(job="j")] == ["firing"]
-    assert [e["window"] for e in b.alert_log(job="j")] == [0]
+    assert got == w and got.scores[0].score == 1.3 and got.steps == list(range(10))
+    assert b.window_span("j") == (1, 0) and b.windows("j")[0].causes == ["none"]
+    assert [x.status for x in b.alerts(job="j")] == ["firing"]
+    assert [e.window for e in b.alert_log(job="j")] == [0]
     # the alert change and its message went in together, once
-    assert [(m["status"], m["attempts"]) for m in b.outbox("j")] == [("firing", 0)]
+    assert [(m.status, m.attempts) for m in b.outbox("j")] == [("firing", 0)]
     a.add_alert_changes(rows, [])   # the same decision again: no second message
     assert len(b.outbox("j")) == 1
 
 
 @pytest.mark.slow
+def test_the_stored_json_keeps_its_form_and_older_rows_still_read(stores):
+    a = stores()
+    a.register_job("j", "/runs/j", "http", None)
+    engine = AlertEngine(RULES, a, repeat_s=3600)
+    w = window("j", 0, 1.3)
+    a.add_window(w, *engine.on_window("j", w, now=5.0)[:2])
+    raw = a._rows("SELECT scores, diagnosis FROM windows WHERE job = ?", ("j",))[0]
+    assert json.loads(raw["scores"]) == [{**window_json("j", 0, 1.3)["scores"][0],
+                                          "decomposed": False}]
+    finding = json.loads(raw["diagnosis"])[0]
+    assert finding["cause"] == "none" and finding["where"] == {} and finding["headline"] == ""
+    alert = a._rows("SELECT labels, annotations FROM alerts")[0]
+    # the labels' text, hence Alertmanager's dedup keys, as the dict form wrote them
+    assert alert["labels"] == json.dumps({"alertname": "straggling", "job": "j",
+                                          "severity": "warning"}, sort_keys=True)
+    assert set(json.loads(alert["annotations"])) == {"summary", "description"}
+    # a row written before findings' workers were objects, with a key since dropped
+    old = {**window_json("j", 1), "diagnosis": [
+        {"cause": "worker_fault", "where": {"workers": [[1, 0]]}, "ranks": [3], "gone": 1},
+        {"cause": 7}]}
+    a._write(lambda db: a._exec(db, "INSERT INTO windows (job, idx, first_step, last_step, "
+                                "steps, scores, diagnosis, missing_ranks, reason, closed_at, "
+                                "analysed_at, analysis_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                                "?, ?, ?)", ("j", 1, 10, 19, json.dumps(old["steps"]), "[]",
+                                             json.dumps(old["diagnosis"]), "{}", "complete",
+                                             1.0, 2.0, 0.5)))
+    got = a.window("j", 1)
+    assert [(f.cause, f.where.workers[0].dp, f.ranks) for f in got.diagnosis] == \
+        [("worker_fault", 1, [3])]     # the finding that cannot be read is left out
+    assert got.missing_ranks == [] and plain(got)["scores"] == []
+
+
 def test_leases_divide_jobs_and_a_taken_lease_fences_its_old_holder(stores):
     a, b = stores(), stores()
     for j in ("j1", "j2", "j3", "j4"):
@@ -125,7 +164,7 @@ def test_leases_divide_jobs_and_a_taken_lease_fences_its_old_holder(stores):
     assert b.heartbeat("B", "http://b", 60.0, held_b) == {}   # and it learns it lost them
     assert a.add_window(window(job, 1), [], [], lease=("A", held_a[job])) is True
     a.release_leases("A")
-    assert {r["owner"] for r in b.leases()} == {None}
+    assert {r.owner for r in b.leases()} == {None}
     assert b.take_lease("B", "j1", 60.0) is not None and a.take_lease("A", "j1", 60.0) is None
 
 
@@ -145,7 +184,7 @@ def test_concurrent_heartbeats_never_give_one_job_to_two_instances(stores):
         t.start()
     for t in threads:
         t.join()
-    owners = {r["job"]: r["owner"] for r in instances[0].leases()}
+    owners = {r.job: r.owner for r in instances[0].leases()}
     for n, jobs in held.items():
         assert all(owners[j] == n for j in jobs)
     assert sum(len(j) for j in held.values()) == sum(o is not None for o in owners.values())
@@ -161,16 +200,17 @@ def test_outbox_messages_are_claimed_by_one_instance_in_order(stores):
     rows, log, _ = engine.on_window("j", window("j", 1, 1.0), now=6.0)   # it resolves
     a.add_window(window("j", 1, 1.0), rows, log)
     first = a.claim_messages("A", 10, claim_s=60.0)
-    assert [m["status"] for m in first] == ["firing"]     # resolved waits for its firing
+    assert [m.status for m in first] == ["firing"]     # resolved waits for its firing
+    assert (first[0].alert.labels.alertname, first[0].alert.status) == ("straggling", "firing")
     assert b.claim_messages("B", 10, claim_s=60.0) == []  # claimed by A
-    a.message_sent(first[0]["id"], "A")
+    a.message_sent(first[0].id, "A")
     second = b.claim_messages("B", 10, claim_s=60.0)
-    assert [m["status"] for m in second] == ["resolved"]
-    b.message_failed(second[0]["id"], retry_in_s=0.0)   # the receiver was down: again later
+    assert [m.status for m in second] == ["resolved"]
+    b.message_failed(second[0].id, retry_in_s=0.0)   # the receiver was down: again later
     again = a.claim_messages("A", 10, claim_s=0.05)
-    assert [(m["id"], m["attempts"]) for m in again] == [(second[0]["id"], 2)]
+    assert [(m.id, m.attempts) for m in again] == [(second[0].id, 2)]
     time.sleep(0.3)   # A died holding the claim: once it runs out, B may send it
-    assert [m["id"] for m in b.claim_messages("B", 10, claim_s=60.0)] == [second[0]["id"]]
+    assert [m.id for m in b.claim_messages("B", 10, claim_s=60.0)] == [second[0].id]
 
 
 def test_a_new_run_is_reset_once_when_two_instances_see_it(stores):
@@ -187,7 +227,7 @@ def test_a_new_run_is_reset_once_when_two_instances_see_it(stores):
     a.add_parts([("j", 0, 0, 5, 0, 4, 100, "http")])          # the new run's first part
     assert b.reset_job("j", new, [], [], still_old=old_run) is False   # seen late: no reset
     assert b.has_part("j", 0, 0) and b.window_span("j") == (0, None)
-    assert b.job_marks(["j"])["j"]["run"] == 1
+    assert b.job_marks(["j"])["j"].run == 1
 
 
 @pytest.mark.slow

@@ -78,15 +78,15 @@ def test_window_analysis_scores_the_slow_worker_hottest_with_rank_and_host():
     for rank, part, cols in parts_of(trace, steps_per_part=5):
         tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
     (w,) = tr.close_ready(0.0)
-    row = analyse_window(w)
-    assert row["error"] is None and row["slowdown"] > 1.3
-    hot = max(row["scores"], key=lambda s: s["score"])
+    row, refused = analyse_window(w)
+    assert row.error is None and row.slowdown > 1.3 and refused == []
+    hot = max(row.scores, key=lambda s: s.score)
     slow_rank = rank_of(trace, 1, 1)
-    assert (hot["dp"], hot["pp"], hot["rank"]) == (1, 1, slow_rank)
-    assert hot["host"] == f"host{slow_rank % 2}"
-    fault = [f for f in row["diagnosis"] if f["cause"] == "worker_fault"]
-    assert fault and fault[0]["ranks"] == [slow_rank]
-    assert f"rank {slow_rank}" in fault[0]["headline"]
+    assert (hot.dp, hot.pp, hot.rank) == (1, 1, slow_rank)
+    assert hot.host == f"host{slow_rank % 2}"
+    fault = [f for f in row.diagnosis if f.cause == "worker_fault"]
+    assert fault and fault[0].ranks == [slow_rank]
+    assert f"rank {slow_rank}" in fault[0].headline
 
 
 def test_windows_read_from_part_files_hold_exactly_the_rows_of_held_columns(tmp_path):
@@ -112,7 +112,7 @@ def test_windows_read_from_part_files_hold_exactly_the_rows_of_held_columns(tmp_
         assert sorted(tb.ops) == sorted(wa.trace.ops)
         for k in wa.trace.ops:
             assert np.array_equal(tb.ops[k][order_b], wa.trace.ops[k][order_a]), k
-    assert analyse_window(b[0])["slowdown"] == analyse_window(a[0])["slowdown"]
+    assert analyse_window(b[0])[0].slowdown == analyse_window(a[0])[0].slowdown
 
 
 def test_read_ahead_holds_parts_until_the_window_that_ends_them_and_stays_bounded(tmp_path):

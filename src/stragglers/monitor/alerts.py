@@ -23,12 +23,21 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from stragglers.errors import InputError
+from stragglers.monitor.records import Alert, AlertLogEntry, Annotations, Labels, Place, \
+    WindowFinding, WindowRow, plain, sorted_json
 from stragglers.whatif.config import STRAGGLING_SLOWDOWN
+
+if TYPE_CHECKING:
+    from stragglers.monitor.changes import Change
+    from stragglers.monitor.store_base import SQLStore
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +78,22 @@ class Rule:
     resolve_value: float | None = None  # metric: its threshold; cause: the speedup below which
     #                                     a firing place counts as clear (None: the rule's own)
 
-    def holds(self, window: dict) -> bool:
-        """Whether a metric rule's condition holds on an analysed window."""
-        v = window.get(self.subject)
-        return v is not None and _COMPARE[self.op](float(v), self.value)
+    def figure(self, window: WindowRow) -> float | None:
+        """The window's value of a metric rule's quantity (slowdown, waste, m_w, m_s)."""
+        value = getattr(window, self.subject)
+        return None if value is None else float(value)
 
-    def clears(self, window: dict) -> bool:
+    def holds(self, window: WindowRow) -> bool:
+        """Whether a metric rule's condition holds on an analysed window."""
+        v = self.figure(window)
+        return v is not None and _COMPARE[self.op](v, self.value)
+
+    def clears(self, window: WindowRow) -> bool:
         """Whether a metric rule's clear condition holds on an analysed window."""
         if not self.resolve_op:
             return not self.holds(window)
-        v = window.get(self.subject)
-        return v is None or _COMPARE[self.resolve_op](float(v), self.resolve_value)
+        v = self.figure(window)
+        return v is None or _COMPARE[self.resolve_op](v, float(self.resolve_value or 0.0))
 
 
 # Built-in alerts, decided outside the windows (their names are reserved in the YAML file):
@@ -91,13 +105,26 @@ BUILTIN_RULES = (FAST_RULE, SILENT_RULE)
 BUILTIN_NAMES = frozenset(r.name for r in BUILTIN_RULES)
 
 
+class _RuleSpec(msgspec.Struct):
+    """One rule as written in the YAML file, before its values are checked."""
+
+    name: Any = None
+    when: Any = ""
+    for_windows: Any = 1
+    resolve_when: Any = None
+    resolve_for_windows: Any = 1
+    severity: Any = "warning"
+    summary: Any = ""
+
+
 def parse_rules(raw: Any, source: object = "rules") -> list[Rule]:
     """Validate the `rules:` list of the YAML file; errors name the rule and field."""
     if raw is None:
         raw = DEFAULT_RULES
     if not isinstance(raw, list):
         raise InputError(source, "rules", "expected a list of rules")
-    rules, names = [], set()
+    rules: list[Rule] = []
+    names: set[str] = set()
     for i, r in enumerate(raw):
         where = f"rules[{i}]"
         if not isinstance(r, dict):
@@ -106,7 +133,8 @@ def parse_rules(raw: Any, source: object = "rules") -> list[Rule]:
         if unknown:
             raise InputError(source, f"{where}.{unknown[0]}",
                              f"unknown key; expected one of {', '.join(RULE_KEYS)}")
-        name = r.get("name")
+        spec = msgspec.convert(r, _RuleSpec)
+        name = spec.name
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name):
             raise InputError(source, f"{where}.name", f"expected an identifier, got {name!r}")
         if name in names:
@@ -115,38 +143,38 @@ def parse_rules(raw: Any, source: object = "rules") -> list[Rule]:
             raise InputError(source, f"{where}.name", f"{name!r} is a built-in alert's name "
                              f"(reserved: {', '.join(sorted(BUILTIN_NAMES))})")
         names.add(name)
-        k = r.get("for_windows", 1)
+        k = spec.for_windows
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 10_000:
             raise InputError(source, f"{where}.for_windows", f"expected 1..10000, got {k!r}")
-        severity = r.get("severity", "warning")
+        severity = spec.severity
         if severity not in SEVERITIES:
             raise InputError(source, f"{where}.severity",
                              f"expected one of {', '.join(SEVERITIES)}, got {severity!r}")
-        summary = r.get("summary", "")
+        summary = spec.summary
         if not isinstance(summary, str):
             raise InputError(source, f"{where}.summary", "expected text")
-        n = r.get("resolve_for_windows", 1)
+        n = spec.resolve_for_windows
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 10_000:
             raise InputError(source, f"{where}.resolve_for_windows",
                              f"expected 1..10000, got {n!r}")
-        when = str(r.get("when", "")).strip()
-        common = {"name": name, "for_windows": k, "severity": severity, "summary": summary,
-                  "resolve_windows": n}
+        when = str(spec.when).strip()
+        rule = Rule(name=name, kind="", for_windows=k, severity=severity, summary=summary,
+                    resolve_windows=n)
         if m := _NUMERIC.match(when):
-            rule = Rule(kind="metric", subject=m[1], op=m[2], value=float(m[3]), **common)
+            rule = replace(rule, kind="metric", subject=m[1], op=m[2], value=float(m[3]))
         elif m := _CAUSE.match(when):
-            rule = Rule(kind="cause", subject=m[1], value=float(m[2] or 0.0), **common)
+            rule = replace(rule, kind="cause", subject=m[1], value=float(m[2] or 0.0))
         elif when == "new_cause":
-            rule = Rule(kind="new_cause", **common)
+            rule = replace(rule, kind="new_cause")
         elif m := _STATE.match(when):
-            rule = Rule(kind="state", subject=m[1], **common)
+            rule = replace(rule, kind="state", subject=m[1])
         else:
             raise InputError(source, f"{where}.when", f"cannot read {when!r}; expected "
                              f"'{'|'.join(METRICS)} >= NUMBER', 'cause == NAME [and speedup >= "
                              "NUMBER]', 'new_cause' "
                              "or 'state == stalled'")
         if "resolve_when" in r:
-            rule = _with_resolve(rule, r["resolve_when"], source, f"{where}.resolve_when")
+            rule = _with_resolve(rule, spec.resolve_when, source, f"{where}.resolve_when")
         elif rule.kind == "state" and n != 1:
             raise InputError(source, f"{where}.resolve_for_windows", "a state rule resolves when "
                              "the state changes; expected 1")
@@ -173,7 +201,7 @@ def _with_resolve(rule: Rule, raw: Any, source: object, field: str) -> Rule:
                              f"{rule.value:g}`; expected a threshold on the other side of it "
                              f"(e.g. '{rule.subject} {'<' if up else '>'} {rule.value:g}' or "
                              "beyond)")
-        return Rule(**{**rule.__dict__, "resolve_op": op, "resolve_value": value})
+        return replace(rule, resolve_op=op, resolve_value=value)
     if rule.kind == "cause":
         m = _SPEEDUP_BELOW.match(text)
         if m is None:
@@ -182,14 +210,14 @@ def _with_resolve(rule: Rule, raw: Any, source: object, field: str) -> Rule:
         if value > rule.value:
             raise InputError(source, field, f"speedup < {value:g} overlaps `when` (speedup >= "
                              f"{rule.value:g}); expected a number at most {rule.value:g}")
-        return Rule(**{**rule.__dict__, "resolve_value": value})
+        return replace(rule, resolve_value=value)
     raise InputError(source, field, f"a {rule.kind} rule has no resolve condition; use "
                      "resolve_for_windows alone")
 
 
-def fingerprint(labels: dict) -> str:
+def fingerprint(labels: Labels) -> str:
     """A stable id of an alert: 16 hex digits of a hash of its sorted labels."""
-    return hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(sorted_json(labels).encode()).hexdigest()[:16]
 
 
 def rfc3339(t: float | None) -> str:
@@ -199,43 +227,54 @@ def rfc3339(t: float | None) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+class _Active(msgspec.Struct):
+    """An alert whose condition holds now."""
+
+    rule: Rule
+    labels: Labels
+    annotations: Annotations
+
+
+# What an alert decision returns: rows to store, transitions to log, webhook messages to send.
+Changes = tuple[list[Alert], list[AlertLogEntry], list[dict[str, Any]]]
+
+
 class AlertEngine:
     """Decides which alerts fire and resolve; returns store rows and messages to send."""
 
-    def __init__(self, rules: list[Rule], store, repeat_s: float, external_url: str = ""):
+    def __init__(self, rules: list[Rule], store: SQLStore, repeat_s: float,
+                 external_url: str = ""):
         self.rules, self.store, self.repeat_s = rules, store, float(repeat_s)
         self.external_url = external_url.rstrip("/")
         self.max_k = max([max(r.for_windows, r.resolve_windows) for r in rules]
                          + [2, NEW_CAUSE_LOOKBACK + max(r.resolve_windows for r in rules)
                             if rules else 2])
 
-    def on_window(self, job: str, window: dict, now: float | None = None):
+    def on_window(self, job: str, window: WindowRow, now: float | None = None) -> Changes:
         """Alert changes caused by a new analysed window: (alert rows, log rows, messages)."""
         now = time.time() if now is None else now
         history = [window] + [w for w in self.store.recent_windows(job, self.max_k + 1)
-                              if w["idx"] != window["idx"]]
-        active: dict[str, dict] = {}   # fingerprint -> alert that holds now
-        decided: set[str] = set()      # rules (name) evaluated on this window
-        if window.get("error") is None:
+                              if w.idx != window.idx]
+        active: dict[str, _Active] = {}   # fingerprint -> alert that holds now
+        decided: set[str] = set()         # rules (name) evaluated on this window
+        if window.error is None:
             firing = self.store.alerts(job=job, status="firing")
-            recent = [w for w in history if w.get("error") is None]
+            recent = [w for w in history if w.error is None]
             for rule in self.rules:
                 if rule.kind == "state":
                     continue
                 decided.add(rule.name)
-                for labels, annotations in self._holding(rule, job, history):
-                    active[fingerprint(labels)] = {"rule": rule, "labels": labels,
-                                                   "annotations": annotations}
+                for labels, notes in self._holding(rule, job, history):
+                    active[fingerprint(labels)] = _Active(rule, labels, notes)
                 # a firing alert whose clear condition has not held long enough keeps firing
                 for a in firing:
-                    if a["rule"] == rule.name and a["fingerprint"] not in active and \
-                            not self._cleared(rule, a["labels"], recent):
-                        active[a["fingerprint"]] = {"rule": rule, "labels": a["labels"],
-                                                    "annotations": a["annotations"]}
-        return self._apply(job, active, decided, now, window["idx"])
+                    if a.rule == rule.name and a.fingerprint not in active and \
+                            not self._cleared(rule, a.labels, recent):
+                        active[a.fingerprint] = _Active(rule, a.labels, a.annotations)
+        return self._apply(job, active, decided, now, window.idx)
 
     @staticmethod
-    def _cleared(rule: Rule, labels: dict, recent: list[dict]) -> bool:
+    def _cleared(rule: Rule, labels: Labels, recent: list[WindowRow]) -> bool:
         """Whether the alert's clear condition held on the last `resolve_windows` windows."""
         n = rule.resolve_windows
         if len(recent) < n:
@@ -247,38 +286,38 @@ class AlertEngine:
             threshold = rule.value if rule.resolve_value is None else rule.resolve_value
             return all(key not in _places(w, rule, threshold) for w in recent[:n])
         if rule.kind == "new_cause":
-            cause = labels.get("cause")
             for i in range(n):
-                now_causes = {f.get("cause") for f in recent[i].get("diagnosis") or []}
-                if cause in now_causes and cause not in _causes_before(recent, i):
+                now_causes = {f.cause for f in recent[i].diagnosis}
+                if labels.cause in now_causes and labels.cause not in _causes_before(recent, i):
                     return False
             return True
         return True
 
-    def on_state(self, job: str, state: str, now: float | None = None):
+    def on_state(self, job: str, state: str, now: float | None = None) -> Changes:
         """Alert changes caused by a job's state change (stalled, running again, finished)."""
         now = time.time() if now is None else now
-        active, decided = {}, set()
+        active: dict[str, _Active] = {}
+        decided: set[str] = set()
         for rule in self.rules:
             if rule.kind != "state":
                 continue
             decided.add(rule.name)
             if state == rule.subject:
                 labels = self._labels(rule, job)
-                active[fingerprint(labels)] = {"rule": rule, "labels": labels, "annotations": {
-                    "summary": rule.summary or f"job {job} is {state}",
-                    "description": f"no new part of job {job} arrived for the stall limit"}}
+                active[fingerprint(labels)] = _Active(rule, labels, Annotations(
+                    summary=rule.summary or f"job {job} is {state}",
+                    description=f"no new part of job {job} arrived for the stall limit"))
         if state == "finished":   # the job's built-in alerts end with it
             decided |= BUILTIN_NAMES
         return self._apply(job, active, decided, now, None)
 
-    def on_reset(self, job: str, now: float | None = None):
+    def on_reset(self, job: str, now: float | None = None) -> Changes:
         """A new run of the job: every alert of the old one resolves."""
         now = time.time() if now is None else now
         return self._apply(job, {}, {r.name for r in self.rules} | BUILTIN_NAMES, now, None)
 
-    def on_changes(self, job: str, firing: dict, judged: set[int], places: dict[int, dict],
-                   now: float | None = None):
+    def on_changes(self, job: str, firing: dict[int, Change], judged: set[int],
+                   places: dict[int, Place], now: float | None = None) -> Changes:
         """The fast detector's alerts (rank_slowdown): one per rank whose change fires
         (`firing`: rank → changes.Change); a firing alert of a rank the detector `judged` and
         no longer finds changed resolves (a restarted monitor judges a rank again once it
@@ -286,193 +325,203 @@ class AlertEngine:
         now = time.time() if now is None else now
         active = {}
         for rank, c in firing.items():
-            labels = self._labels(FAST_RULE, job, rank=rank, detector="fast",
-                                  **places.get(rank, {}))
-            active[fingerprint(labels)] = {"rule": FAST_RULE, "labels": labels, "annotations": {
-                "summary": f"job {job}: rank {rank} is {c.ratio:.2f}× slower since step "
-                           f"{c.since_step}",
-                "description": f"fast detector: rank {rank}'s busy time per step (its compute, "
-                               f"relative to its peers) rose {c.ratio:.2f}× against its own "
-                               f"baseline from step {c.since_step} (CUSUM, decided at step "
-                               f"{c.at_step}); the window analysis of these steps follows "
-                               "with the what-if attribution"}}
+            labels = self._labels(FAST_RULE, job, places.get(rank), rank=str(rank),
+                                  detector="fast")
+            active[fingerprint(labels)] = _Active(FAST_RULE, labels, Annotations(
+                summary=f"job {job}: rank {rank} is {c.ratio:.2f}× slower since step "
+                        f"{c.since_step}",
+                description=f"fast detector: rank {rank}'s busy time per step (its compute, "
+                            f"relative to its peers) rose {c.ratio:.2f}× against its own "
+                            f"baseline from step {c.since_step} (CUSUM, decided at step "
+                            f"{c.at_step}); the window analysis of these steps follows "
+                            "with the what-if attribution"))
         return self._apply(job, active, {FAST_RULE.name}, now, None,
-                           settled=lambda labels: int(labels.get("rank", -1)) in judged)
+                           settled=lambda labels: _rank_of(labels) in judged)
 
-    def on_silence(self, job: str, silent: dict[int, float], places: dict[int, dict],
-                   now: float | None = None):
+    def on_silence(self, job: str, silent: dict[int, float], places: dict[int, Place],
+                   now: float | None = None) -> Changes:
         """rank_silent alerts: one per rank that sent nothing for `silent[rank]` seconds while
         the job's other ranks go on; the others resolve."""
         now = time.time() if now is None else now
         active = {}
         for rank, quiet in silent.items():
-            labels = self._labels(SILENT_RULE, job, rank=rank, **places.get(rank, {}))
-            active[fingerprint(labels)] = {"rule": SILENT_RULE, "labels": labels, "annotations": {
-                "summary": f"job {job}: rank {rank} sent nothing for {quiet:.0f} s",
-                "description": f"no part of rank {rank} arrived for {quiet:.0f} s while the "
-                               "job's other ranks kept sending (a dead recorder or uploader, "
-                               "or a rank that left the job); its windows wait for it, then "
-                               "close without it"}}
+            labels = self._labels(SILENT_RULE, job, places.get(rank), rank=str(rank))
+            active[fingerprint(labels)] = _Active(SILENT_RULE, labels, Annotations(
+                summary=f"job {job}: rank {rank} sent nothing for {quiet:.0f} s",
+                description=f"no part of rank {rank} arrived for {quiet:.0f} s while the "
+                            "job's other ranks kept sending (a dead recorder or uploader, "
+                            "or a rank that left the job); its windows wait for it, then "
+                            "close without it"))
         return self._apply(job, active, {SILENT_RULE.name}, now, None)
 
-    def _labels(self, rule: Rule, job: str, **extra) -> dict:
-        return {"alertname": rule.name, "job": job, "severity": rule.severity,
-                **{k: str(v) for k, v in extra.items()}}
+    @staticmethod
+    def _labels(rule: Rule, job: str, place: Place | None = None,
+                **extra: str | None) -> Labels:
+        """An alert's labels: the rule's, the job's, the place's (where a rank runs)."""
+        if place is not None:
+            extra = {"dp": place.dp, "pp": place.pp, "host": place.host, **extra}
+        return Labels(alertname=rule.name, job=job, severity=rule.severity, **extra)
 
-    def _holding(self, rule: Rule, job: str, history: list[dict]):
+    def _holding(self, rule: Rule, job: str,
+                 history: list[WindowRow]) -> Iterator[tuple[Labels, Annotations]]:
         """(labels, annotations) of every alert of `rule` whose condition holds now."""
         k = rule.for_windows
-        recent = [w for w in history if w.get("error") is None][:max(k, 2)]
+        recent = [w for w in history if w.error is None][:max(k, 2)]
         current = history[0]
         if rule.kind == "metric":
-            if len(recent) >= k and all(rule.holds(w) for w in recent[:k]):
-                value = current[rule.subject]
-                yield self._labels(rule, job), {
-                    "summary": rule.summary or f"job {job}: {rule.subject} {value:.3f} "
-                                               f"{rule.op} {rule.value:g}",
-                    "description": f"{rule.subject} = {value:.3f} in window {current['idx']} "
-                                   f"(steps {current['first_step']}–{current['last_step']})"
-                                   + (f", {k} windows in a row" if k > 1 else "")
-                                   + _top_cause(current)}
+            value = rule.figure(current)
+            if value is not None and len(recent) >= k and all(rule.holds(w) for w in recent[:k]):
+                yield self._labels(rule, job), Annotations(
+                    summary=rule.summary or f"job {job}: {rule.subject} {value:.3f} "
+                                            f"{rule.op} {rule.value:g}",
+                    description=f"{rule.subject} = {value:.3f} in window {current.idx} "
+                                f"(steps {current.first_step}–{current.last_step})"
+                                + (f", {k} windows in a row" if k > 1 else "")
+                                + _top_cause(current))
         elif rule.kind == "cause":
             if len(recent) < k:
                 return
             held = [_places(w, rule) for w in recent[:k]]
             for place, (labels, f) in held[0].items():
                 if all(place in h for h in held[1:]):
-                    what = f"{rule.subject.replace('_', ' ')} at rank {labels['rank']}" \
-                        if "rank" in labels and "," not in labels["rank"] else \
-                        (f.get("headline") or rule.subject)
-                    yield self._labels(rule, job, **labels), {
-                        "summary": rule.summary or f"job {job}: {what}",
-                        "description": str(f.get("headline") or f.get("evidence", ""))}
+                    what = f"{rule.subject.replace('_', ' ')} at rank {labels.rank}" \
+                        if labels.rank is not None and "," not in labels.rank else \
+                        (f.headline or rule.subject)
+                    yield self._labels(rule, job, cause=labels.cause, rank=labels.rank,
+                                       dp=labels.dp, pp=labels.pp, host=labels.host), \
+                        Annotations(summary=rule.summary or f"job {job}: {what}",
+                                    description=f.headline or f.evidence)
         elif rule.kind == "new_cause":
             # new: absent from the previous NEW_CAUSE_LOOKBACK windows (the job's first window
             # has none before it: every cause in it is new); a cause that comes and goes from
             # one window to the next is not new each time it comes back (it fired, resolved
             # and fired again every few seconds)
-            recent = [w for w in history if w.get("error") is None][:NEW_CAUSE_LOOKBACK + 1]
+            recent = [w for w in history if w.error is None][:NEW_CAUSE_LOOKBACK + 1]
             before = _causes_before(recent, 0)
-            for f in current.get("diagnosis") or []:
-                cause = f.get("cause")
-                if cause and cause != "none" and cause not in before:
-                    yield self._labels(rule, job, cause=cause), {
-                        "summary": rule.summary or f"job {job}: new cause {cause}",
-                        "description": str(f.get("headline") or f.get("evidence", ""))}
+            for f in current.diagnosis:
+                if f.cause and f.cause != "none" and f.cause not in before:
+                    yield self._labels(rule, job, cause=f.cause), Annotations(
+                        summary=rule.summary or f"job {job}: new cause {f.cause}",
+                        description=f.headline or f.evidence)
 
-    def _apply(self, job: str, active: dict, decided: set, now: float, window_idx,
-               settled=None):
+    def _apply(self, job: str, active: dict[str, _Active], decided: set[str], now: float,
+               window_idx: int | None,
+               settled: Callable[[Labels], bool] | None = None) -> Changes:
         """Rows and messages for alerts that start or repeat (`active`) and for firing alerts
         of the `decided` rules no longer active (those whose labels `settled` accepts)."""
-        alert_rows, log_rows, messages = [], [], []
-        current = {a["fingerprint"]: a for a in self.store.alerts(job=job)}
-        for fp, a in active.items():
+        alert_rows: list[Alert] = []
+        log_rows: list[AlertLogEntry] = []
+        current = {a.fingerprint: a for a in self.store.alerts(job=job)}
+        for fp, act in active.items():
             old = current.get(fp)
-            if old is not None and old["status"] == "firing":
-                if now - old["last_sent"] < self.repeat_s:
+            if old is not None and old.status == "firing":
+                if now - old.last_sent < self.repeat_s:
                     continue
-                row = {**old, "annotations": a["annotations"], "last_sent": now}
+                row = msgspec.structs.replace(old, annotations=act.annotations, last_sent=now)
             else:
-                row = {"fingerprint": fp, "rule": a["rule"].name, "job": job,
-                       "labels": a["labels"], "annotations": a["annotations"],
-                       "status": "firing", "starts_at": now, "ends_at": None, "last_sent": now}
+                row = Alert(fingerprint=fp, rule=act.rule.name, job=job, labels=act.labels,
+                            annotations=act.annotations, status="firing", starts_at=now,
+                            ends_at=None, last_sent=now)
                 log_rows.append(self._log(row, window_idx, now))
             alert_rows.append(row)
-            messages.append(row)
         for fp, old in current.items():
-            if old["status"] == "firing" and old["rule"] in decided and fp not in active \
-                    and (settled is None or settled(old["labels"])):
-                row = {**old, "status": "resolved", "ends_at": now, "last_sent": now}
+            if old.status == "firing" and old.rule in decided and fp not in active \
+                    and (settled is None or settled(old.labels)):
+                row = msgspec.structs.replace(old, status="resolved", ends_at=now, last_sent=now)
                 alert_rows.append(row)
                 log_rows.append(self._log(row, window_idx, now))
-                messages.append(row)
         for e in log_rows:
-            log.warning("alert %s: %s (job %s) %s", e["status"], e["rule"], job, e["summary"])
-        return alert_rows, log_rows, [self.payload(m) for m in messages]
+            log.warning("alert %s: %s (job %s) %s", e.status, e.rule, job, e.summary)
+        return alert_rows, log_rows, [self.payload(a) for a in alert_rows]
 
     @staticmethod
-    def _log(row: dict, window_idx, now: float) -> dict:
-        return {"at": now, "fingerprint": row["fingerprint"], "job": row["job"],
-                "rule": row["rule"], "status": row["status"],
-                "severity": row["labels"].get("severity", ""),
-                "summary": row["annotations"].get("summary", ""),
-                "description": row["annotations"].get("description", ""), "window": window_idx}
+    def _log(row: Alert, window_idx: int | None, now: float) -> AlertLogEntry:
+        return AlertLogEntry(at=now, fingerprint=row.fingerprint, job=row.job, rule=row.rule,
+                             status=row.status, severity=row.labels.severity,
+                             summary=row.annotations.summary,
+                             description=row.annotations.description, window=window_idx)
 
-    def payload(self, row: dict, receiver: str = "stragglers") -> dict:
+    def payload(self, row: Alert, receiver: str = "stragglers") -> dict[str, Any]:
         """The Alertmanager webhook body (version 4) of one alert transition."""
-        labels = row["labels"]
-        group = {"alertname": labels["alertname"], "job": labels["job"]}
+        labels, annotations = plain(row.labels), plain(row.annotations)
+        group = {"alertname": row.labels.alertname, "job": row.labels.job}
         return {
             "version": "4", "groupKey": "{}:" + json.dumps(group, sort_keys=True),
-            "truncatedAlerts": 0, "status": row["status"], "receiver": receiver,
+            "truncatedAlerts": 0, "status": row.status, "receiver": receiver,
             "groupLabels": group, "commonLabels": labels,
-            "commonAnnotations": row["annotations"], "externalURL": self.external_url,
-            "alerts": [{"status": row["status"], "labels": labels,
-                        "annotations": row["annotations"], "startsAt": rfc3339(row["starts_at"]),
-                        "endsAt": rfc3339(row["ends_at"]),
-                        "generatorURL": f"{self.external_url}/jobs/{labels['job']}",
-                        "fingerprint": row["fingerprint"]}]}
+            "commonAnnotations": annotations, "externalURL": self.external_url,
+            "alerts": [{"status": row.status, "labels": labels,
+                        "annotations": annotations, "startsAt": rfc3339(row.starts_at),
+                        "endsAt": rfc3339(row.ends_at),
+                        "generatorURL": f"{self.external_url}/jobs/{row.labels.job}",
+                        "fingerprint": row.fingerprint}]}
 
 
 NEW_CAUSE_LOOKBACK = 10   # windows a cause must have been absent from to be new again
 
 
-def _causes_before(recent: list[dict], i: int) -> set:
+def _causes_before(recent: list[WindowRow], i: int) -> set[str]:
     """The causes of the NEW_CAUSE_LOOKBACK windows before recent[i] (newest first)."""
-    return {f.get("cause") for w in recent[i + 1:i + 1 + NEW_CAUSE_LOOKBACK]
-            for f in w.get("diagnosis") or []}
+    return {f.cause for w in recent[i + 1:i + 1 + NEW_CAUSE_LOOKBACK] for f in w.diagnosis}
 
 
-def _top_cause(window: dict) -> str:
-    causes = [f for f in window.get("diagnosis") or [] if f.get("cause") != "none"]
-    return f"; {causes[0].get('headline') or causes[0]['cause']}" if causes else ""
+def _top_cause(window: WindowRow) -> str:
+    causes = [f for f in window.diagnosis if f.cause != "none"]
+    return f"; {causes[0].headline or causes[0].cause}" if causes else ""
 
 
-def _counts(finding: dict, rule: Rule, threshold: float) -> bool:
+def _counts(finding: WindowFinding, rule: Rule, threshold: float) -> bool:
     """A finding of the rule's cause that buys at least `threshold` speedup if fixed."""
-    return finding.get("cause") == rule.subject and \
-        float(finding.get("speedup_if_fixed") or 0.0) >= threshold
+    return finding.cause == rule.subject and float(finding.speedup_if_fixed or 0.0) >= threshold
+
+
+def _rank_of(labels: Labels) -> int:
+    """The one rank an alert's labels name (-1: none, or several)."""
+    try:
+        return int(labels.rank) if labels.rank is not None else -1
+    except ValueError:
+        return -1
 
 
 # Causes that sit on single workers: one alert per worker, so a second slow worker is its own
 # alert and a finding that names {1, 2} one window and {1} the next keeps rank 1's alert.
 WORKER_CAUSES = ("worker_fault", "host_stall")
+PlaceKey = tuple[str, Any]
 
 
-def _place_key(labels: dict) -> tuple:
+def _place_key(labels: Labels) -> PlaceKey:
     """Where an alert of a cause rule points: a worker's rank, or its place labels."""
-    if labels.get("cause") in WORKER_CAUSES and "rank" in labels and "," not in labels["rank"]:
-        return ("rank", int(labels["rank"]))
-    place = {k: labels[k] for k in ("cause", "dp", "pp", "rank") if k in labels}
-    return ("where", json.dumps(place, sort_keys=True))
+    if labels.cause in WORKER_CAUSES and labels.rank is not None and "," not in labels.rank:
+        return ("rank", int(labels.rank))
+    return ("where", (labels.cause, labels.dp, labels.pp, labels.rank))
 
 
-def _places(window: dict, rule: Rule, threshold: float | None = None) -> dict:
+def _places(window: WindowRow, rule: Rule,
+            threshold: float | None = None) -> dict[PlaceKey, tuple[Labels, WindowFinding]]:
     """place → (labels, finding) of the rule's cause in a window (counting findings that buy
-    at least `threshold`, by default the rule's own)."""
+    at least `threshold`, by default the rule's own); the labels hold the place only."""
     out = {}
     threshold = rule.value if threshold is None else threshold
-    for f in window.get("diagnosis") or []:
+    for f in window.diagnosis:
         if not _counts(f, rule, threshold):
             continue
-        if f.get("cause") in WORKER_CAUSES and f.get("ranks"):
-            workers = {}
-            for w in (f.get("where") or {}).get("workers") or []:
-                if isinstance(w, dict) and "rank" in w:
-                    workers[int(w["rank"])] = w
-            for r in f["ranks"]:
-                w = workers.get(int(r), {})
-                labels = {"cause": f["cause"], "rank": str(r)}
-                labels.update({k: str(w[k]) for k in ("dp", "pp", "host") if w.get(k) is not None})
+        if f.cause in WORKER_CAUSES and f.ranks:
+            workers = {int(w.rank): w for w in f.where.workers if w.rank is not None}
+            for r in f.ranks:
+                w = workers.get(int(r))
+                labels = Labels("", "", "", cause=f.cause, rank=str(r))
+                if w is not None:
+                    labels.dp, labels.pp = str(w.dp), str(w.pp)
+                    labels.host = None if w.host is None else str(w.host)
                 out[_place_key(labels)] = (labels, f)
         else:
-            loc = f.get("where") or {}
-            labels = {"cause": str(f.get("cause", ""))}
-            for key in ("dp", "pp"):
-                if isinstance(loc.get(key), list):
-                    labels[key] = ",".join(map(str, loc[key]))
-            if f.get("ranks"):
-                labels["rank"] = ",".join(map(str, f["ranks"]))
+            labels = Labels("", "", "", cause=f.cause)
+            if f.where.dp:
+                labels.dp = ",".join(map(str, f.where.dp))
+            if f.where.pp:
+                labels.pp = ",".join(map(str, f.where.pp))
+            if f.ranks:
+                labels.rank = ",".join(map(str, f.ranks))
             out[_place_key(labels)] = (labels, f)
     return out
 

@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from stragglers.monitor.readahead import forget_parts, read_ahead_parts
+from stragglers.monitor.records import Refusal, WindowRow
 from stragglers.monitor.windows import Window, analyse_window, window_row
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,9 @@ class WindowAnalyser:
             with self._lock:
                 self._ahead_busy = False
 
-    def analyse(self, window: Window) -> dict:
-        """The window's stored row; an error row if the analysis process died on it."""
+    def analyse(self, window: Window) -> tuple[WindowRow, list[Refusal]]:
+        """The window's stored row and the part files refused on reading it; an error row if
+        the analysis process died on it."""
         if self.in_process:
             return analyse_window(window)
         for _ in range(2):
@@ -105,7 +107,7 @@ class WindowAnalyser:
         log.error("job %s window %d: the analysis process died on it twice; a new one takes "
                   "the next window", window.job, window.idx)
         return window_row(window, "analysis failed: the analysis process died (out of "
-                             "memory or killed) while analysing this window, twice")
+                             "memory or killed) while analysing this window, twice"), []
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
         with self._lock:

@@ -17,6 +17,8 @@ from stragglers.monitor.events import ChangeFeed
 from stragglers.monitor.ingest_http import HTTPProblem, add_upload_routes
 from stragglers.monitor.metrics import CONTENT_TYPE
 from stragglers.monitor.parts import JOB_NAME, MAX_PART, MAX_RANK, MAX_WINDOW, check_job_name
+from stragglers.monitor.records import WindowRow, plain
+from stragglers.monitor.store_base import job_shape
 from stragglers.monitor.service import Monitor
 from stragglers.serving import error_status
 
@@ -135,8 +137,8 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         """Every job: name, world size, current S, state, last update, open alerts."""
         # the server's directories stay on the server: readers of the list get job names
         return {"version": store.version, "jobs": [
-            {k: v for k, v in j.items() if k != "directory"}
-            | ({"state": "quarantined"} if j["job"] in monitor.quarantined else {})
+            {k: v for k, v in plain(j).items() if k != "directory"}
+            | ({"state": "quarantined"} if j.job in monitor.quarantined else {})
             for j in store.jobs()]}
 
     @app.get("/api/jobs/{job}", dependencies=read)
@@ -149,19 +151,18 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         row = store.job(job)
         if row is None:
             raise HTTPProblem(404, f"path 'job': unknown job {job!r}", "unknown_job")
-        meta = row.pop("meta") or {}
-        meta = meta if isinstance(meta, dict) else {}
+        shape = job_shape(row.meta)
         tracker = monitor.trackers.get(job)
         chosen = store.window(job, window) if window is not None else store.last_window(job)
         if window is not None and chosen is None:
             raise HTTPProblem(404, f"query 'window': job {job!r} has no window {window}",
                               "unknown_window")
-        return {
-            "version": store.version, "job": job, "state": monitor.states.get(job, row["state"]),
-            "way": row["way"], "created_at": row["created_at"],
+        return plain({
+            "version": store.version, "job": job, "state": monitor.states.get(job, row.state),
+            "way": row.way, "created_at": row.created_at,
             "quarantined": monitor.quarantined.get(job),
-            "last_part_at": row["last_part_at"], "dp": meta.get("dp_size"),
-            "pp": meta.get("pp_size"), "world_size": meta.get("world_size"),
+            "last_part_at": row.last_part_at, "dp": shape.dp_size,
+            "pp": shape.pp_size, "world_size": shape.world_size,
             "window_steps": _window_steps(store.last_window(job), monitor.config.window_steps),
             "pending_rows": tracker.pending_rows if tracker else 0,
             "skipped_parts": tracker.skipped_parts() if tracker else 0,
@@ -169,7 +170,7 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
             "windows": store.windows(job, history), "window": chosen,
             **dict(zip(("windows_total", "first_window"), store.window_span(job))),
             "alerts": store.alerts(job=job, status="firing"),
-            "alert_log": store.alert_log(job=job)}
+            "alert_log": store.alert_log(job=job)})
 
     @app.get("/api/jobs/{job}/windows/{idx}", dependencies=read)
     async def job_window(job: str = PathParam(max_length=128), idx: int = PathParam(ge=0, le=MAX_WINDOW)):
@@ -179,7 +180,7 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         if w is None:
             raise HTTPProblem(404, f"path 'idx': job {job!r} has no window {idx}",
                               "unknown_window")
-        return w
+        return plain(w)
 
     @app.get("/api/events", dependencies=read)
     async def events():
@@ -193,13 +194,13 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     @app.get("/api/alerts", dependencies=read)
     async def alerts():
         """Alerts firing now and the latest transitions of every job."""
-        return {"firing": store.alerts(status="firing"), "log": store.alert_log()}
+        return plain({"firing": store.alerts(status="firing"), "log": store.alert_log()})
 
     @app.get("/api/stats", dependencies=read)
     async def stats():
         """Parts and records stored (per way in and per job), and recent refusals."""
-        return {**store.totals(), "rejects": list(monitor.recent_rejects),
-                "idle": monitor.idle()}
+        return plain({**store.totals(), "rejects": list(monitor.recent_rejects),
+                      "idle": monitor.idle()})
 
     @app.get("/", dependencies=read)
     async def index():
@@ -259,12 +260,12 @@ class UploadFastPath:
         await self.app(scope, receive, send)
 
 
-def _window_steps(last: dict | None, configured: int) -> int:
+def _window_steps(last: WindowRow | None, configured: int) -> int:
     """Steps per window as the job's windows were cut (its last complete window), else as
     configured now: a store served again without the rules it was made with said "windows of
     10 steps" for 5-step windows."""
-    if last and last.get("reason") == "complete" and last.get("steps"):
-        return len(last["steps"])
+    if last is not None and last.reason == "complete" and last.steps:
+        return len(last.steps)
     return configured
 
 

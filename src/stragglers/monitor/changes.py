@@ -193,7 +193,7 @@ class RankChangeDetector:
         self.recent_n[rows] += 1
         firing = self._firing_mask()
         for i in np.flatnonzero(warm & firing):
-            change = self._maybe_resolved(i, step)
+            change = self._maybe_resolved(int(i), step)
             if change is not None:
                 out.append(change)
         judged = warm & ~firing
@@ -201,7 +201,7 @@ class RankChangeDetector:
         self.cusum[judged] = np.maximum(0.0, self.cusum[judged] + z[judged] - K)
         self.run[judged] = np.where(self.cusum[judged] > 0, self.run[judged] + 1, 0)
         for i in np.flatnonzero(judged & (self.cusum >= h)):
-            change = self._maybe_fired(i, step, mu[i])
+            change = self._maybe_fired(int(i), step, mu[i])
             if change is not None:
                 out.append(change)
         # the baseline learns in-control values only (not a change being accumulated)

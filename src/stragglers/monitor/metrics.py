@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import threading
-
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from stragglers.monitor.records import Alert, WindowRow
+
+if TYPE_CHECKING:
+    from stragglers.monitor.service import Monitor
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -15,7 +21,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class MonitorMetrics:
     """One registry per monitor (so several can live in one process, as tests do)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.slowdown = Gauge("stragglers_slowdown", "S of the latest window", ["job"], registry=r)
         self.waste = Gauge("stragglers_waste", "1 - 1/S of the latest window", ["job"], registry=r)
@@ -66,35 +72,35 @@ class MonitorMetrics:
         for way in ("files", "http"):  # present from the start, so rates begin at 0
             self.parts.labels(way)
             self.records.labels(way)
-        self._workers: dict[str, set[tuple]] = {}
+        self._workers: dict[str, set[tuple[str, str, str, str, str]]] = {}
         self._causes: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
-    def publish_window(self, row: dict) -> None:
+    def publish_window(self, row: WindowRow) -> None:
         """Expose a job's latest window."""
-        job = row["job"]
+        job = row.job
         self.windows.labels(job).inc()
-        self.analysis_seconds.observe(row["analysis_s"])
-        if row.get("error") is None:
-            self.last_analysis.set(row.get("analysed_at") or time.time())
-        if row.get("slowdown") is None:
+        self.analysis_seconds.observe(row.analysis_s)
+        if row.error is None:
+            self.last_analysis.set(row.analysed_at or time.time())
+        if row.slowdown is None:
             return
         with self._lock:
-            self.slowdown.labels(job).set(row["slowdown"])
-            self.waste.labels(job).set(row["waste"])
+            self.slowdown.labels(job).set(row.slowdown)
+            self.waste.labels(job).set(row.waste if row.waste is not None else float("nan"))
             seen = set()
-            for s in row["scores"]:
-                key = (job, str(s["dp"]), str(s["pp"]), str(s["rank"]), s.get("host", ""))
-                self.worker_score.labels(*key).set(s["score"])
+            for s in row.scores:
+                key = (job, str(s.dp), str(s.pp), str(s.rank), s.host or "")
+                self.worker_score.labels(*key).set(s.score)
                 seen.add(key)
             for key in self._workers.get(job, set()) - seen:  # a worker that left the job
                 self.worker_score.remove(*key)
             self._workers[job] = seen
-            causes = {}
-            for f in row["diagnosis"]:
-                if f.get("cause") and f["cause"] != "none":
-                    causes[f["cause"]] = max(causes.get(f["cause"], 0.0),
-                                             float(f.get("speedup_if_fixed") or 0.0))
+            causes: dict[str, float] = {}
+            for f in row.diagnosis:
+                if f.cause and f.cause != "none":
+                    causes[f.cause] = max(causes.get(f.cause, 0.0),
+                                          float(f.speedup_if_fixed or 0.0))
             for cause in self._causes.get(job, set()) | set(causes):
                 self.diagnosis.labels(job, cause).set(causes.get(cause, 0.0))
             self._causes[job] = self._causes.get(job, set()) | set(causes)
@@ -104,12 +110,12 @@ class MonitorMetrics:
         for s in ("running", "stalled", "finished"):
             self.job_state.labels(job, s).set(1.0 if s == state else 0.0)
 
-    def count_alerts(self, messages: list[dict]) -> None:
-        """Count alert changes (their webhook messages) by alert name and status."""
-        for m in messages:
-            self.alert_changes.labels(m["commonLabels"].get("alertname", ""), m["status"]).inc()
+    def count_alerts(self, changes: list[Alert]) -> None:
+        """Count alert changes by alert name and status."""
+        for a in changes:
+            self.alert_changes.labels(a.labels.alertname, a.status).inc()
 
-    def watch(self, monitor) -> None:
+    def watch(self, monitor: Monitor) -> None:
         """Expose the monitor's queues, ingest lag, deliveries and per-job silence, read from
         it at every scrape."""
         self.registry.register(HealthCollector(monitor))
@@ -122,10 +128,10 @@ class MonitorMetrics:
 class HealthCollector:
     """Gauges and counters read from a running monitor when /metrics is scraped."""
 
-    def __init__(self, monitor):
+    def __init__(self, monitor: Monitor):
         self.monitor = monitor
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         """The families (prometheus_client's custom collector protocol)."""
         m, now = self.monitor.watchdog, time.time()
         lag = GaugeMetricFamily("stragglers_ingest_lag_seconds", "how long the oldest part "

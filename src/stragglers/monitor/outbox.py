@@ -17,6 +17,12 @@ import logging
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stragglers.monitor.alerts import AlertEngine
+    from stragglers.monitor.store_base import SQLStore
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +30,8 @@ log = logging.getLogger(__name__)
 class OutboxSender:
     """Claims and posts the outbox's messages from a thread."""
 
-    def __init__(self, store, instance: str, engine, receiver: str, webhooks, claim_s: float,
+    def __init__(self, store: SQLStore, instance: str, engine: AlertEngine, receiver: str,
+                 webhooks: Iterable[str], claim_s: float,
                  poll_s: float = 0.25, max_attempts: int = 8, backoff_s: float = 0.5,
                  max_backoff_s: float = 60.0, timeout_s: float = 5.0):
         self.store, self.instance, self.engine, self.receiver = store, instance, engine, receiver
@@ -71,27 +78,27 @@ class OutboxSender:
         """Claim and send what is due; how many were claimed."""
         claimed = self.store.claim_messages(self.instance, 32, self.claim_s)
         for m in claimed:
-            payload = self.engine.payload(json.loads(m["alert"]), self.receiver)
-            done = self._done.setdefault(m["id"], set())
+            payload = self.engine.payload(m.alert, self.receiver)
+            done = self._done.setdefault(m.id, set())
             for url in self.webhooks:
                 if url not in done and self._post(url, payload):
                     done.add(url)
             if len(done) == len(set(self.webhooks)):
-                self.store.message_sent(m["id"], self.instance)
-                self._done.pop(m["id"], None)
+                self.store.message_sent(m.id, self.instance)
+                self._done.pop(m.id, None)
                 self.sent += 1
-            elif m["attempts"] >= self.max_attempts:
-                self.store.message_failed(m["id"], None)
-                self._done.pop(m["id"], None)
+            elif m.attempts >= self.max_attempts:
+                self.store.message_failed(m.id, None)
+                self._done.pop(m.id, None)
                 self.failed += 1
                 log.warning("alerts: gave up on a %s message of %s after %d attempts",
-                            m["status"], m["job"], m["attempts"])
+                            m.status, m.job, m.attempts)
             else:
-                delay = min(self.backoff_s * 2 ** (m["attempts"] - 1), self.max_backoff_s)
-                self.store.message_failed(m["id"], delay)
+                delay = min(self.backoff_s * 2 ** (m.attempts - 1), self.max_backoff_s)
+                self.store.message_failed(m.id, delay)
         return len(claimed)
 
-    def _post(self, url: str, payload: dict) -> bool:
+    def _post(self, url: str, payload: dict[str, Any]) -> bool:
         req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
         try:

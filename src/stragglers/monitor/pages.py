@@ -11,6 +11,8 @@ most one value per byte.
 
 from __future__ import annotations
 
+from typing import Any
+
 _STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, \
     _STRUCT = range(13)
 _DATA_PAGE, _INDEX_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = range(4)
@@ -85,9 +87,10 @@ class _Reader:
             raise BadPage("a page header runs past its column chunk")
         self.pos += n
 
-    def struct(self, depth: int = 0, wanted: dict | None = None) -> dict:
+    def struct(self, depth: int = 0, wanted: dict[int, bool] | None = None) -> dict[int, Any]:
         """The integer fields of a struct (and of nested structs named in `wanted`, by id)."""
-        fields, last = {}, 0
+        fields: dict[int, Any] = {}
+        last = 0
         while True:
             head = self.byte()
             kind = head & 0x0F
@@ -138,9 +141,9 @@ def check_chunk_pages(buf, start: int, end: int, declared_uncompressed: int,
             raise BadPage("a page header lacks its value count")
         if values is not None and values < 0:
             raise BadPage(f"a page declares {values} values")
-        if kind == _DICTIONARY_PAGE and values > max(header[2], 0):
+        if kind == _DICTIONARY_PAGE and values is not None and values > max(header[2], 0):
             raise BadPage(f"a dictionary page declares {values} values in {header[2]} bytes")
-        if kind in (_DATA_PAGE, _DATA_PAGE_V2) and values > rows:
+        if kind in (_DATA_PAGE, _DATA_PAGE_V2) and values is not None and values > rows:
             raise BadPage(f"a page declares {values} values; its row group has {rows} rows")
 
 

@@ -23,11 +23,12 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.monitor.alerts import AlertEngine, parse_rules
+from stragglers.monitor.alerts import AlertEngine, Changes, Rule, parse_rules
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
@@ -37,6 +38,8 @@ from stragglers.monitor.parts import PartConflict, PartData, PartFile, check_fil
     check_in_job, check_same_part, check_step_gaps, is_whole_rank_file, part_path, read_part_file, \
     read_part_files, read_part_footer, read_part_footers, read_upload, read_uploads, \
     sync_directory, write_part_file
+from stragglers.monitor.records import Alert, AlertLogEntry, JobRecord, Lease, PartIndex, \
+    WindowRow
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.watchdog import Watchdog
 from stragglers.monitor.store import JobConflict, SQLStore
@@ -45,6 +48,8 @@ from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import rank_file_name
 
 log = logging.getLogger(__name__)
+Item = TypeVar("Item")
+Out = TypeVar("Out")
 
 MAX_BATCH = 1024
 
@@ -70,7 +75,7 @@ class Monitor:
     """Jobs, their windows, alerts and metrics; `start()` runs it, `stop()` ends it."""
 
     def __init__(self, store: SQLStore, config: MonitorConfig | None = None,
-                 rules: list | None = None, webhooks: list[str] | tuple = (),
+                 rules: list[Rule] | None = None, webhooks: list[str] | tuple[str, ...] = (),
                  data_dir: Path | None = None, external_url: str = "",
                  receiver: str = "stragglers", instance: str | None = None):
         self.store, self.config = store, config or MonitorConfig()
@@ -100,7 +105,7 @@ class Monitor:
         self.outbox = OutboxSender(store, self.instance, self.alerts, receiver, webhooks,
                                    self.config.alert_claim_s)
         self.part_seqs: dict[str, int] = {}   # owned job → last part sequence number taken
-        self.runs: dict[str, tuple] = {}      # owned job → (run number, metadata text) taken
+        self.runs: dict[str, tuple[int | None, str | None]] = {}      # owned job → (run number, metadata text) taken
         self._foreign: dict[str, ForeignJob] = {}
         self._metrics_at = 0.0
         self.analyser = WindowAnalyser(in_process=not self.config.analysis_process)
@@ -135,11 +140,13 @@ class Monitor:
         self._remove_stale_temps()
         for row in self.store.jobs():
             try:
-                job = self.store.job(row["job"])
-                self.directories[job["job"]] = Path(job["directory"])
-                self.metrics.set_state(job["job"], job["state"])
+                job = self.store.job(row.job)
+                if job is None:   # removed since the list was read
+                    continue
+                self.directories[job.job] = Path(job.directory)
+                self.metrics.set_state(job.job, job.state)
             except Exception as exc:   # noqa: BLE001 - a damaged row: that job only
-                self._quarantine(str(row["job"]), exc)
+                self._quarantine(str(row.job), exc)
         # the first heartbeat, before any thread: the jobs this instance holds are rebuilt
         # now (alone, as with SQLite, every job; the lease of a restarted SQLite monitor is
         # its own)
@@ -219,8 +226,8 @@ class Monitor:
                 raise InputError(job, "job", f"the monitor tracks {self.config.max_jobs} jobs "
                                  "already (max_jobs)")
             old = self.store.job(job)
-            if old is not None and old["directory"] == str(directory) and \
-                    is_new_run(old["meta"], raw_meta):
+            if old is not None and old.directory == str(directory) and \
+                    is_new_run(old.meta, raw_meta):
                 self._reset(job, raw_meta)
             try:
                 self.store.register_job(job, str(directory), way, raw_meta)
@@ -236,8 +243,9 @@ class Monitor:
             elif self.leases.holds(job) or not self.leases.take(job):
                 # held here without a tracker (quarantined until now), or held elsewhere
                 # (its holder finds the new metadata in the store)
-                if self.leases.holds(job):
-                    self._rebuild_or_quarantine(self.store.job(job))
+                stored = self.store.job(job)
+                if self.leases.holds(job) and stored is not None:
+                    self._rebuild_or_quarantine(stored)
             if self.states.get(job, "quarantined") == "quarantined" and \
                     job not in self.quarantined and self.leases.holds(job):
                 self.states[job] = "running"
@@ -249,7 +257,7 @@ class Monitor:
         parts, windows and held rows go and its alerts resolve, so the job's page shows the new
         run's history only (the old one's windows were shown as the new run's, and its alerts
         kept firing)."""
-        alert_rows, log_rows, messages = self.alerts.on_reset(job)
+        alert_rows, log_rows, _ = self.alerts.on_reset(job)
         # once: two instances that see the new run both come here, the first resets it
         if not self.store.reset_job(job, raw_meta, alert_rows, log_rows,
                                     still_old=lambda stored: is_new_run(stored, raw_meta)):
@@ -260,7 +268,7 @@ class Monitor:
         self.metrics.set_state(job, "running")
         log.warning("job %s: a new run began (its start clock changed); its history starts "
                     "again", job)
-        self._deliver(job, messages)
+        self._deliver(job, alert_rows)
 
     def tracker(self, job: str) -> JobTracker | ForeignJob | None:
         """The job's tracker (rebuilt from the store if the job finished and comes back) when
@@ -274,12 +282,12 @@ class Monitor:
                 row = self.store.job(job)   # registered by another instance since
                 if row is None:
                     return None
-                self.directories[job] = Path(row["directory"])
+                self.directories[job] = Path(row.directory)
             if job in self.quarantined:
                 return None
             if self.leases.holds(job):
                 row = self.store.job(job)
-                if row and row["meta"]:
+                if row and row.meta:
                     return self._rebuild_or_quarantine(row)
                 return None
             return self._foreign_job(job)
@@ -290,19 +298,19 @@ class Monitor:
         if view is not None and time.monotonic() - view.read_at < 1.0:
             return view
         row = self.store.job(job)
-        if row is None or not row["meta"]:
+        if row is None or not row.meta:
             return None
         try:
-            meta = check_meta(row["meta"], f"stored metadata of job {job!r}")
+            meta = check_meta(row.meta, f"stored metadata of job {job!r}")
         except Exception as exc:   # noqa: BLE001 - one job's rows must not stop the service
             self._quarantine(job, exc)
             return None
         view = self._foreign[job] = ForeignJob(meta, self.store.max_step(job), time.monotonic())
         return view
 
-    def _run_mark(self, job: str) -> tuple:
-        row = self.store.job_marks([job]).get(job) or {}
-        return row.get("run"), row.get("meta")
+    def _run_mark(self, job: str) -> tuple[int | None, str | None]:
+        mark = self.store.job_marks([job]).get(job)
+        return (mark.run, mark.meta) if mark is not None else (None, None)
 
     # ---- leases ------------------------------------------------------------------------------
 
@@ -317,16 +325,16 @@ class Monitor:
                 row = self.store.job(job)
                 if row is None:
                     return
-                self.directories[job] = Path(row["directory"])
+                self.directories[job] = Path(row.directory)
             except Exception as exc:   # noqa: BLE001 - a damaged row: that job only
                 self._quarantine(job, exc)
                 return
-            self.states[job] = row["state"]
-            self.metrics.set_state(job, row["state"])
+            self.states[job] = row.state
+            self.metrics.set_state(job, row.state)
             self.trackers.pop(job, None)
-            self.part_seqs[job] = int(row["part_seq"])
+            self.part_seqs[job] = int(row.part_seq)
             self.runs[job] = self._run_mark(job)
-            if row["state"] != "finished" and row["meta"]:
+            if row.state != "finished" and row.meta:
                 self._rebuild_or_quarantine(row)
 
     def _lost(self, job: str) -> None:
@@ -338,14 +346,14 @@ class Monitor:
             self.part_seqs.pop(job, None)
             self.runs.pop(job, None)
 
-    def _rebuild_or_quarantine(self, job: dict) -> JobTracker | None:
+    def _rebuild_or_quarantine(self, job: JobRecord) -> JobTracker | None:
         """_rebuild, or, when the job's stored rows cannot be used (its metadata damaged or
         refused by today's checks), the job set aside — named in the log, /api/stats and its
         state — while every other job goes on (a bad row once made every start exit 4)."""
         try:
             return self._rebuild(job)
         except Exception as exc:   # noqa: BLE001 - one job's rows must not stop the service
-            self._quarantine(job["job"], exc)
+            self._quarantine(job.job, exc)
             return None
 
     def _quarantine(self, job: str, exc: Exception) -> None:
@@ -357,49 +365,52 @@ class Monitor:
         self.reject("quarantined", f"job {job}", f"stored rows unusable, job set aside: "
                     f"{problem}")
 
-    def _rebuild(self, job: dict) -> JobTracker:
+    def _rebuild(self, job: JobRecord) -> JobTracker:
         """A tracker from the store: analysed steps skipped, later parts read from disk."""
-        name, directory = job["job"], Path(job["directory"])
-        meta = check_meta(job["meta"], f"stored metadata of job {name!r}")
+        name, directory = job.job, Path(job.directory)
+        meta = check_meta(job.meta, f"stored metadata of job {name!r}")
         last = self.store.last_window(name)
         tr = JobTracker(name, meta, self.config.window_steps, self.config.gap_wait_s,
-                        consumed_step=last["last_step"] if last else -1,
-                        next_idx=last["idx"] + 1 if last else 0)
+                        consumed_step=last.last_step if last else -1,
+                        next_idx=last.idx + 1 if last else 0)
         # its windows are stored under the lease it was built under, and under no later one
         # (a tracker of an earlier holding, lost and taken again, must not store its windows)
         tr.lease = self.leases.lease(name)
         self.analyser.warm()  # a job means windows soon: start the analysis process now
         index = self.store.part_index(name)
-        self.part_seqs[name] = max([self.part_seqs.get(name, 0)] + [p["seq"] for p in index])
+        self.part_seqs[name] = max([self.part_seqs.get(name, 0)] + [p.seq for p in index])
         self._take_stored(tr, directory, index)
         self.analyser.read_ahead(list(tr.files))
         self.trackers[name] = tr
         return tr
 
-    def _take_stored(self, tr: JobTracker, directory: Path, index: list[dict]) -> list:
+    def _take_stored(self, tr: JobTracker, directory: Path,
+                     index: list[PartIndex]) -> list[PartFile]:
         """Parts from the store into a tracker (their footers read when their steps are not
         analysed yet); the files held for windows."""
         held = []
         for p in index:
-            if tr.knows(p["rank"], p["part"]):
+            if tr.knows(p.rank, p.part):
                 continue
-            columns, file = None, None
-            if p["last_step"] > tr.consumed_step:   # not analysed yet: its window reads it
-                path = part_path(directory, p["rank"], p["part"])
+            columns: dict[str, np.ndarray] | None = None
+            file: PartFile | None = None
+            if p.last_step > tr.consumed_step:   # not analysed yet: its window reads it
+                path = part_path(directory, p.rank, p.part)
                 try:
-                    file = read_part_footer(path)
-                    if isinstance(file, InputError):
-                        raise file
+                    footer = read_part_footer(path)
+                    if isinstance(footer, InputError):
+                        raise footer
+                    file = footer
                     if file is None:
                         columns = read_part_file(path).columns
                 except InputError as exc:
                     log.warning("job %s: stored part unreadable now: %s", tr.job, exc)
                     file = None
-            if tr.add_part(p["rank"], p["part"], p["last_step"], columns, p["ingested_at"],
-                           file):
+            if tr.add_part(p.rank, p.part, p.last_step, columns, p.ingested_at,
+                           file) and file is not None:
                 held.append(file)
-            if p["part"] == 0 and is_whole_rank_file(part_path(directory, p["rank"], 0)):
-                tr.mark_whole(p["rank"])
+            if p.part == 0 and is_whole_rank_file(part_path(directory, p.rank, 0)):
+                tr.mark_whole(p.rank)
         return held
 
     def _follow_store(self, now: float) -> list:
@@ -415,29 +426,30 @@ class Monitor:
             for job, mark in marks.items():
                 if job not in self.part_seqs or job in self.quarantined:
                     continue
-                if self.runs.get(job, (None,))[0] not in (None, mark["run"]):
+                if self.runs.get(job, (None,))[0] not in (None, mark.run):
                     # another instance saw a new run: start again from the store
                     self.trackers.pop(job, None)
                     self._gained(job)
                     continue
                 tr = self.trackers.get(job)
-                if tr is not None and self.runs.get(job, (None, None))[1] != mark["meta"]:
+                if tr is not None and self.runs.get(job, (None, None))[1] != mark.meta:
                     try:
-                        tr.set_meta(check_meta(json.loads(mark["meta"]), f"stored metadata "
-                                           f"of job {job!r}"))
+                        tr.set_meta(check_meta(json.loads(mark.meta or "null"), f"stored "
+                                               f"metadata of job {job!r}"))
                     except Exception as exc:   # noqa: BLE001 - that job only
                         self._quarantine(job, exc)
                         continue
-                self.runs[job] = (mark["run"], mark["meta"])
-                if int(mark["part_seq"]) <= self.part_seqs[job]:
+                self.runs[job] = (mark.run, mark.meta)
+                if int(mark.part_seq) <= self.part_seqs[job]:
                     continue
                 if tr is None:
-                    tr = self.tracker(job)   # a finished job comes back: rebuilt whole
-                    if not isinstance(tr, JobTracker):
+                    back = self.tracker(job)   # a finished job comes back: rebuilt whole
+                    if not isinstance(back, JobTracker):
                         continue
+                    tr = back
                 else:
                     index = self.store.part_index(job, self.part_seqs[job])
-                    self.part_seqs[job] = max([self.part_seqs[job]] + [p["seq"] for p in index])
+                    self.part_seqs[job] = max([self.part_seqs[job]] + [p.seq for p in index])
                     ahead += self._take_stored(tr, self.directories[job], index)
                 if self.states.get(job) != "running":
                     self._set_state(job, "running")
@@ -522,8 +534,9 @@ class Monitor:
     def _ingest_batch(self, batch: list[PartIn]) -> None:
         # the same part number twice in one batch: the second waits until the first is stored
         # or refused (it would otherwise overwrite the first's file before either is checked)
-        seen: set = set()
-        first, again = [], []
+        seen: set[tuple[str, int, int]] = set()
+        first: list[PartIn] = []
+        again: list[PartIn] = []
         for it in batch:
             key = (it.job, it.rank, it.part)
             (again if key in seen else first).append(it)
@@ -532,13 +545,17 @@ class Monitor:
             self._ingest_batch(first)
             self._ingest_batch(again)
             return
-        rows, taken, fresh, trackers = [], [], [], {}
+        rows: list[tuple[Any, ...]] = []
+        taken: list[tuple[PartIn, PartData | PartFile]] = []
+        fresh: list[PartIn] = []
+        trackers: dict[str, JobTracker | ForeignJob] = {}
         for it in batch:
-            tr = trackers[it.job] = self.tracker(it.job)
+            tr = self.tracker(it.job)
             if tr is None:
                 self.reject("unknown_job", f"{it.job}/{it.rank}/{it.part}", "unknown job")
                 _settle(it, exc=InputError(it.job, "job", "unknown job"))
                 continue
+            trackers[it.job] = tr
             if tr.knows(it.rank, it.part):
                 self._settle_known(it)
                 continue
@@ -548,24 +565,29 @@ class Monitor:
         # window (decoded ahead in the analysis process), so the service holds no rows of them;
         # those whose footer cannot tell are read whole and checked together (one check per
         # column for the batch, not per part); uploads are written once checked
-        files = [it for it in fresh if it.data is None and it.body is None]
-        footers = read_part_footers([it.path for it in files], self._readers)
-        read = {id(it): f for it, f in zip(files, footers) if f is not None}
-        whole = [it for it, f in zip(files, footers) if f is None]
-        uploads = [it for it in fresh if it.body is not None]
-        read.update(zip(map(id, whole), read_part_files([it.path for it in whole],
-                                                        self._readers)))
+        files = [(it, it.path) for it in fresh
+                 if it.data is None and it.body is None and it.path is not None]
+        footers = read_part_footers([path for _, path in files], self._readers)
+        read: dict[int, PartData | PartFile | InputError] = {
+            id(it): f for (it, _), f in zip(files, footers) if f is not None}
+        whole = [(it, path) for (it, path), f in zip(files, footers) if f is None]
+        uploads = [(it, it.body) for it in fresh if it.body is not None]
+        read.update(zip([id(it) for it, _ in whole],
+                        read_part_files([path for _, path in whole], self._readers)))
         checked = self._map(self._read_upload, uploads)
-        read.update((id(it), f) for it, f in zip(uploads, checked) if f is not None)
-        unsure = [it for it, f in zip(uploads, checked) if f is None]
-        read.update(zip(map(id, unsure), read_uploads(
-            [(it.body, _source(it), it.rank, it.part) for it in unsure], self._readers)))
-        for it in files + uploads:   # places the job does not have (stage 7 of a 2-stage job)
+        read.update((id(it), f) for (it, _), f in zip(uploads, checked) if f is not None)
+        unsure = [(it, body) for (it, body), f in zip(uploads, checked) if f is None]
+        read.update(zip([id(it) for it, _ in unsure], read_uploads(
+            [(body, _source(it), it.rank, it.part) for it, body in unsure], self._readers)))
+        for it in [it for it, _ in files] + [it for it, _ in uploads]:
+            # places the job does not have (stage 7 of a 2-stage job)
             data = read[id(it)]
             if not isinstance(data, InputError):
-                check = check_file_in_job if isinstance(data, PartFile) else check_in_job
                 try:
-                    check(data, trackers[it.job].meta, it.path or _source(it))
+                    if isinstance(data, PartFile):
+                        check_file_in_job(data, trackers[it.job].meta, it.path or _source(it))
+                    else:
+                        check_in_job(data, trackers[it.job].meta, it.path or _source(it))
                 except InputError as exc:
                     read[id(it)] = exc
                     continue
@@ -574,19 +596,22 @@ class Monitor:
                 wild = check_step_gaps(steps, trackers[it.job].max_step, it.path or _source(it))
                 if wild is not None:
                     read[id(it)] = wild
-        self._write_uploads([it for it in uploads if not isinstance(read[id(it)], InputError)])
+        self._write_uploads([(it, body) for it, body in uploads
+                             if not isinstance(read[id(it)], InputError)])
         for it in fresh:
-            data = it.data if id(it) not in read else read[id(it)]
-            if isinstance(data, InputError):
-                if it.done is not None:   # the request answers 422 (and counts the refusal)
-                    _settle(it, exc=data)
-                else:
-                    self.reject("bad_part", str(it.path), data.problem)
+            got = read.get(id(it), it.data)
+            if got is None:   # neither a file, nor bytes, nor rows: nothing to take
                 continue
-            it.records = data.records
-            rows.append((it.job, it.rank, it.part, data.records, data.first_step,
-                         data.last_step, data.nbytes, it.way, it.digest))
-            taken.append((it, data))
+            if isinstance(got, InputError):
+                if it.done is not None:   # the request answers 422 (and counts the refusal)
+                    _settle(it, exc=got)
+                else:
+                    self.reject("bad_part", str(it.path), got.problem)
+                continue
+            it.records = got.records
+            rows.append((it.job, it.rank, it.part, got.records, got.first_step,
+                         got.last_step, got.nbytes, it.way, it.digest))
+            taken.append((it, got))
         if not rows:
             return
         now = time.time()
@@ -633,27 +658,29 @@ class Monitor:
         self.metrics.records.labels(it.way).inc(data.records)
         self.metrics.ingest_seconds.labels(it.way).observe(time.monotonic() - it.queued_at)
 
-    def _read_upload(self, it: PartIn) -> PartFile | InputError | None:
+    def _read_upload(self, upload: tuple[PartIn, bytes]) -> PartFile | InputError | None:
+        it, body = upload
         path = self.directories[it.job] / rank_file_name(it.rank, it.part)
         try:
-            return read_upload(it.body, _source(it), it.rank, it.part, path)
+            return read_upload(body, _source(it), it.rank, it.part, path)
         except Exception as exc:   # noqa: BLE001 - one part's bytes must not fail its batch
             return InputError(_source(it), "body", f"could not be checked "
                               f"({type(exc).__name__}); expected an op-table Parquet file")
 
-    def _map(self, fn, items: list) -> list:
+    def _map(self, fn: Callable[[Item], Out], items: list[Item]) -> list[Out]:
         return list(self._readers.map(fn, items) if self._readers else map(fn, items))
 
-    def _write_uploads(self, uploads: list[PartIn]) -> None:
+    def _write_uploads(self, uploads: list[tuple[PartIn, bytes]]) -> None:
         """Checked uploads into the run format: each file fsynced, each directory once."""
-        def write(it: PartIn) -> Path:
-            return write_part_file(self.directories[it.job], it.rank, it.part, it.body,
+        def write(upload: tuple[PartIn, bytes]) -> Path:
+            it, body = upload
+            return write_part_file(self.directories[it.job], it.rank, it.part, body,
                                    sync_dir=False)
 
         paths = list(self._writers.map(write, uploads) if self._writers else map(write, uploads))
         for directory in {p.parent for p in paths}:
             sync_directory(directory)
-        for it in uploads:
+        for it, _ in uploads:
             it.body = None  # the bytes are on disk now; do not hold them
 
     # ---- analysis and states -----------------------------------------------------------------
@@ -677,12 +704,12 @@ class Monitor:
         lease = window.lease
         if lease is None or self.leases.lease(window.job) != lease:
             return   # the job's lease moved on: its holder analyses this window's steps
-        row = self.analyser.analyse(window)
-        for source, problem in row.get("refused", []):
+        row, refused = self.analyser.analyse(window)
+        for source, problem in refused:
             # a watched part whose rows turned out bad (its footer was fine): the window was
             # analysed without it
             self.reject("bad_part", source, problem)
-        alert_rows, log_rows, messages = self.alerts.on_window(window.job, row)
+        alert_rows, log_rows, _ = self.alerts.on_window(window.job, row)
         if not self._store_window(row, alert_rows, log_rows, lease):
             log.warning("job %s window %d: not stored, the job's lease was taken by another "
                         "instance (which analyses it from the store)", window.job, window.idx)
@@ -690,23 +717,24 @@ class Monitor:
             return
         self.metrics.publish_window(row)
         self.metrics.publish_latency.observe(max(0.0, time.time() - window.closed_at))
-        self._deliver(window.job, messages)
+        self._deliver(window.job, alert_rows)
 
-    def _store_window(self, row: dict, alert_rows: list, log_rows: list,
-                      lease: tuple | None = None) -> bool:
+    def _store_window(self, row: WindowRow, alert_rows: list[Alert],
+                      log_rows: list[AlertLogEntry], lease: Lease | None = None) -> bool:
         """Store an analysed window, waiting out a full disk (or a locked store) rather than
         dropping it: a window dropped while later ones were stored was never analysed again,
         not even after a restart (its steps lay below the last stored window's). False when
         the lease was lost (nothing stored: the new holder analyses these steps)."""
         delay = 0.5
+        retried: tuple[type[Exception], ...] = (*self.store.transient_errors, OSError)
         while True:
             try:
                 return self.store.add_window(row, alert_rows, log_rows, lease)
-            except (*self.store.transient_errors, OSError) as exc:
+            except retried as exc:
                 self.metrics.store_errors.labels("window").inc()
                 if delay == 0.5:
                     log.error("job %s window %d cannot be stored (%s); retrying until it can",
-                              row["job"], row["idx"], exc)
+                              row.job, row.idx, exc)
                 if self._stop.wait(delay):
                     return False   # stopping: the restart analyses this window again
                 delay = min(delay * 2, 10.0)
@@ -718,22 +746,22 @@ class Monitor:
         finished_at = time.time() if state == "finished" else None
         if not self.store.set_job_state(job, state, finished_at=finished_at, lease=lease):
             return   # the lease moved on meanwhile: its new holder decides
-        alert_rows, log_rows, messages = self.alerts.on_state(job, state)
+        alert_rows, log_rows, _ = self.alerts.on_state(job, state)
         self.store.add_alert_changes(alert_rows, log_rows, lease=lease, job=job)
-        self._deliver(job, messages)
+        self._deliver(job, alert_rows)
 
-    def _deliver(self, job: str, messages: list[dict]) -> None:
+    def _deliver(self, job: str, changes: list[Alert]) -> None:
         """The messages of alert changes just stored leave from the outbox (written in the
         same transaction as the changes): wake its sender."""
         self.metrics.open_alerts.labels(job).set(len(self.store.alerts(job=job, status="firing")))
-        self.metrics.count_alerts(messages)
-        if messages:
+        self.metrics.count_alerts(changes)
+        if changes:
             self.outbox.wake()
 
-    def store_alerts(self, job: str, changes: tuple) -> None:
+    def store_alerts(self, job: str, changes: Changes) -> None:
         """Store and send alert changes decided outside a window (the watchdog's: the fast
         detector, silent ranks)."""
-        alert_rows, log_rows, messages = changes
+        alert_rows, log_rows, _ = changes
         if not (alert_rows or log_rows):
             return
         lease = self.leases.lease(job)
@@ -744,7 +772,7 @@ class Monitor:
         except Exception:
             self.metrics.store_errors.labels("alerts").inc()
             raise
-        self._deliver(job, messages)
+        self._deliver(job, alert_rows)
 
     def refresh_metrics(self) -> None:
         """/metrics for every job: the jobs other instances analyse are shown from the store
@@ -753,14 +781,14 @@ class Monitor:
             return
         self._metrics_at = time.monotonic()
         for row in self.store.jobs():
-            job = row["job"]
+            job = row.job
             if self.leases.holds(job):
                 continue
-            self.metrics.set_state(job, row["state"])
-            self.metrics.open_alerts.labels(job).set(row["open_alerts"])
-            if row["slowdown"] is not None:
-                self.metrics.slowdown.labels(job).set(row["slowdown"])
-                self.metrics.waste.labels(job).set(1.0 - 1.0 / row["slowdown"])
+            self.metrics.set_state(job, row.state)
+            self.metrics.open_alerts.labels(job).set(row.open_alerts)
+            if row.slowdown is not None:
+                self.metrics.slowdown.labels(job).set(row.slowdown)
+                self.metrics.waste.labels(job).set(1.0 - 1.0 / row.slowdown)
 
     def _set_state(self, job: str, state: str) -> None:
         self.states[job] = state

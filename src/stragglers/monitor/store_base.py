@@ -11,7 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Iterable
+from typing import Any, Callable, Iterable, TypeVar
+
+import msgspec
+
+from stragglers.monitor.records import Alert, AlertLogEntry, ClaimedMessage, JobMark, \
+    JobRecord, Lease, JobSummary, LeaseRow, OutboxRow, PartCount, PartIndex, PartRow, WindowFinding, \
+    WindowRow, WindowScore, WindowSummary, plain, sorted_json
 
 log = logging.getLogger(__name__)
 
@@ -20,11 +26,80 @@ WINDOW_SUMMARY = ("idx", "first_step", "last_step", "slowdown", "waste", "m_w", 
 WINDOW_COLUMNS = ("job", "idx", "first_step", "last_step", "steps", "slowdown", "waste",
                   "t_base", "t_ideal", "sim_error", "m_w", "m_s", "scores", "diagnosis",
                   "missing_ranks", "error", "reason", "closed_at", "analysed_at", "analysis_s")
+# a window's columns kept as JSON text, and the type of their items
+_WINDOW_JSON: dict[str, Any] = {"steps": int, "scores": WindowScore, "diagnosis": WindowFinding,
+                                "missing_ranks": int}
 ALERT_COLUMNS = ("fingerprint", "rule", "job", "labels", "annotations", "status", "starts_at",
                  "ends_at", "last_sent")
 
 
 KEEP_S = 86400.0   # dead instances' rows and delivered messages are kept this long
+T = TypeVar("T")
+
+
+class _JobDir(msgspec.Struct):
+    directory: str
+    meta: str | None
+
+
+class _Count(msgspec.Struct):
+    n: int
+
+
+class _Seq(msgspec.Struct):
+    part_seq: int
+
+
+class _Held(msgspec.Struct):
+    job: str
+    epoch: int
+
+
+class _Lease(msgspec.Struct):
+    owner: str | None
+    epoch: int
+    expires_at: float | None = None
+
+
+class _Claimed(msgspec.Struct):
+    id: int
+    job: str
+    fingerprint: str
+    status: str
+    alert: str
+    attempts: int
+
+
+class _Totals(msgspec.Struct):
+    key: str
+    n: int
+    records: int
+
+
+class _Span(msgspec.Struct):
+    n: int
+    first: int | None
+
+
+class _Dropped(msgspec.Struct):
+    rank: int
+    dropped: int
+
+
+class JobShape(msgspec.Struct):
+    """The job's shape as its meta.json gives it (the job list shows it)."""
+
+    world_size: int | None = None
+    dp_size: int | None = None
+    pp_size: int | None = None
+
+
+def job_shape(meta: Any) -> JobShape:
+    """The shape of stored metadata (none where it is not a mapping of ints)."""
+    try:
+        return msgspec.convert(meta, JobShape)
+    except msgspec.ValidationError:
+        return JobShape()
 
 
 class JobConflict(Exception):
@@ -44,33 +119,48 @@ class SQLStore:
     FOR_UPDATE = ""            # row locks (PostgreSQL); SQLite's writer lock covers them
     SKIP_LOCKED = ""
 
-    def __init__(self):
+    transient_errors: tuple[type[Exception], ...] = ()   # a write worth retrying (busy, locked)
+
+    def __init__(self) -> None:
         self.version = 0  # bumped on every write seen; pages poll it to skip unchanged reads
-        self._listeners: list = []
+        self._listeners: list[Callable[[int], None]] = []
 
     # ---- what a backend provides ------------------------------------------------------------
 
-    def _write(self, fn, notify: bool = True):
+    def _write(self, fn: Callable[[Any], T], notify: bool = True) -> T:
         """Run fn(db) in one write transaction; its result (then, with `notify`, listeners
         hear of the change)."""
         raise NotImplementedError
 
-    def _rows(self, sql: str, args: Iterable = ()) -> list[dict]:
-        """Rows of a read, as dicts."""
+    def _rows(self, sql: str, args: Iterable[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
+        """Rows of a read, as dicts (the backend's; the store's methods return records)."""
         raise NotImplementedError
 
-    def _now(self, db) -> float:
+    def _typed(self, kind: type[T], sql: str, args: Iterable[Any] = ()) -> list[T]:
+        """Rows of a read as records of `kind` (each column a field)."""
+        return msgspec.convert(self._rows(sql, args), list[kind])  # type: ignore[valid-type]
+
+    def _now(self, db: Any) -> float:
         """The time leases are measured in (the database's clock when shared)."""
         return time.time()
 
-    def _exec(self, db, sql: str, args=()):
+    def _exec(self, db: Any, sql: str, args: Iterable[Any] | dict[str, Any] = ()) -> Any:
         """Execute one statement in a write transaction; the cursor."""
         return db.execute(sql, args)
+
+    def _one(self, db: Any, kind: type[T], sql: str, args: Iterable[Any] = ()) -> T | None:
+        """The first row of a statement in a write transaction as a `kind`, or None."""
+        row = self._exec(db, sql, args).fetchone()
+        return None if row is None else msgspec.convert(dict(row), kind)
+
+    def _many(self, db: Any, kind: type[T], sql: str, args: Iterable[Any] = ()) -> list[T]:
+        """Every row of a statement in a write transaction as `kind`s."""
+        return [msgspec.convert(dict(r), kind) for r in self._exec(db, sql, args).fetchall()]
 
     def close(self) -> None:
         """Close the connections."""
 
-    def on_change(self, listener) -> None:
+    def on_change(self, listener: Callable[[int], None]) -> None:
         """Call `listener(version)` after every committed write (of any instance sharing the
         store, where the backend hears of them)."""
         self._listeners.append(listener)
@@ -85,15 +175,15 @@ class SQLStore:
 
     # ---- jobs -------------------------------------------------------------------------------
 
-    def register_job(self, job: str, directory: str, way: str, meta: dict | None,
+    def register_job(self, job: str, directory: str, way: str, meta: dict[str, Any] | None,
                      now: float | None = None) -> bool:
         """Create or update a job; JobConflict when the name belongs to another directory."""
         now = time.time() if now is None else now
         meta_text = None if meta is None else json.dumps(meta, sort_keys=True)
 
-        def tx(db):
-            row = self._exec(db, "SELECT directory, meta FROM jobs WHERE job = ?" + self.FOR_UPDATE,
-                             (job,)).fetchone()
+        def tx(db: Any) -> bool:
+            row = self._one(db, _JobDir, "SELECT directory, meta FROM jobs WHERE job = ?"
+                            + self.FOR_UPDATE, (job,))
             if row is None:
                 cur = self._exec(db, "INSERT INTO jobs (job, directory, way, meta, created_at) "
                                  "VALUES (?, ?, ?, ?, ?) ON CONFLICT (job) DO NOTHING",
@@ -102,28 +192,30 @@ class SQLStore:
                            (job,))
                 if cur.rowcount == 1:
                     return True
-                row = self._exec(db, "SELECT directory, meta FROM jobs WHERE job = ?",
-                                 (job,)).fetchone()
-            if row["directory"] != directory:
-                raise JobConflict(f"job name {job!r} already belongs to {row['directory']}")
-            if meta_text is not None and meta_text != row["meta"]:
+                row = self._one(db, _JobDir, "SELECT directory, meta FROM jobs WHERE job = ?",
+                                (job,))
+                assert row is not None   # the insert found it there
+            if row.directory != directory:
+                raise JobConflict(f"job name {job!r} already belongs to {row.directory}")
+            if meta_text is not None and meta_text != row.meta:
                 self._exec(db, "UPDATE jobs SET meta = ? WHERE job = ?", (meta_text, job))
             return False
 
         return self._write(tx)
 
-    def reset_job(self, job: str, meta: dict, alert_rows: list[dict],
-                  log_rows: list[dict], still_old=None) -> bool:
+    def reset_job(self, job: str, meta: dict[str, Any], alert_rows: list[Alert],
+                  log_rows: list[AlertLogEntry],
+                  still_old: Callable[[Any], bool] | None = None) -> bool:
         """A new run of a job: its parts, windows and upload drop counts go, its metadata is
         replaced, and its alerts resolve (alert_rows, log_rows), in one transaction. With
         `still_old(stored_meta)`, only while it holds (two instances seeing one new run reset
         it once); False when it did not."""
         meta_text = json.dumps(meta, sort_keys=True)
 
-        def tx(db):
-            row = self._exec(db, "SELECT meta FROM jobs WHERE job = ?" + self.FOR_UPDATE,
-                             (job,)).fetchone()
-            if still_old is not None and (row is None or not still_old(_loads(row["meta"], None))):
+        def tx(db: Any) -> bool:
+            row = self._one(db, _JobDir, "SELECT directory, meta FROM jobs WHERE job = ?"
+                            + self.FOR_UPDATE, (job,))
+            if still_old is not None and (row is None or not still_old(_loads(row.meta, None))):
                 return False
             for table in ("parts", "windows", "upload_drops"):
                 self._exec(db, f"DELETE FROM {table} WHERE job = ?", (job,))
@@ -137,10 +229,10 @@ class SQLStore:
 
     def set_job_state(self, job: str, state: str, closed: bool | None = None,
                       finished_at: float | None = None,
-                      lease: tuple[str, int] | None = None) -> bool:
+                      lease: Lease | None = None) -> bool:
         """Record a job's state (running, stalled, finished); with `lease`, only while it
         holds the job (False: not recorded)."""
-        def tx(db):
+        def tx(db: Any) -> bool:
             self._fence(db, job, lease)
             self._exec(db, "UPDATE jobs SET state = ?, finished_at = COALESCE(?, finished_at), "
                        "closed = COALESCE(?, closed) WHERE job = ?",
@@ -148,21 +240,21 @@ class SQLStore:
             return True
         return self._fenced(tx)
 
-    def job(self, job: str) -> dict | None:
+    def job(self, job: str) -> JobRecord | None:
         """One job's row (meta decoded), or None."""
-        rows = self._rows("SELECT * FROM jobs WHERE job = ?", (job,))
+        rows = self._typed(JobRecord, "SELECT * FROM jobs WHERE job = ?", (job,))
         if not rows:
             return None
         row = rows[0]
         # a row that does not decode comes back as its text: check_meta refuses it and the
         # job is quarantined (Monitor), rather than every read of the store failing
-        row["meta"] = _loads(row["meta"], row["meta"]) if row["meta"] else None
+        row.meta = _loads(row.meta, row.meta) if row.meta else None
         return row
 
-    def jobs(self) -> list[dict]:
+    def jobs(self) -> list[JobSummary]:
         """Every job with its latest window's S and its open alerts, newest activity first."""
         rows = self._rows(
-            "SELECT j.job, j.directory, j.way, j.meta, j.state, j.created_at, j.last_part_at, "
+            "SELECT j.job, j.directory, j.way, j.meta AS meta_text, j.state, j.created_at, j.last_part_at, "
             "j.finished_at, w.idx AS \"window\", w.slowdown, w.analysed_at, "
             "(SELECT COUNT(*) FROM alerts a WHERE a.job = j.job AND a.status = 'firing') "
             "AS open_alerts, (SELECT CAST(COALESCE(SUM(dropped), 0) AS BIGINT) FROM "
@@ -170,26 +262,28 @@ class SQLStore:
             "FROM jobs j LEFT JOIN windows w ON w.job = j.job AND w.idx = "
             "(SELECT MAX(idx) FROM windows WHERE job = j.job) "
             "ORDER BY COALESCE(j.last_part_at, j.created_at) DESC")
+        out = []
         for r in rows:
-            meta = _loads(r.pop("meta"), {}) if r["meta"] else {}
-            meta = meta if isinstance(meta, dict) else {}
-            r["world_size"] = meta.get("world_size")
-            r["dp"], r["pp"] = meta.get("dp_size"), meta.get("pp_size")
-        return rows
+            text = r.pop("meta_text")
+            shape = job_shape(_loads(text, {}) if text else {})
+            out.append(JobSummary(**r, world_size=shape.world_size, dp=shape.dp_size,
+                                  pp=shape.pp_size))
+        return out
 
-    def job_marks(self, jobs: Iterable[str]) -> dict[str, dict]:
+    def job_marks(self, jobs: Iterable[str]) -> dict[str, JobMark]:
         """job → its part sequence, run number and metadata text: what an owner compares to
         learn of parts, new runs and new metadata another instance stored."""
         jobs = list(jobs)
         if not jobs:
             return {}
         marks = ", ".join("?" * len(jobs))
-        return {r["job"]: r for r in self._rows(
-            f"SELECT job, part_seq, run, meta, state FROM jobs WHERE job IN ({marks})", jobs)}
+        return {r.job: r for r in self._typed(
+            JobMark, f"SELECT job, part_seq, run, meta, state FROM jobs WHERE job IN ({marks})",
+            jobs)}
 
     # ---- parts ------------------------------------------------------------------------------
 
-    def add_parts(self, rows: list[tuple], now: float | None = None) -> list[bool]:
+    def add_parts(self, rows: list[tuple[Any, ...]], now: float | None = None) -> list[bool]:
         """Insert parts (job, rank, part, records, first_step, last_step, bytes, way[, digest])
         in one transaction; returns for each whether it was new (False: seen before, not
         counted). digest: the uploaded bytes' fingerprint (None for watched files). Each new
@@ -197,13 +291,14 @@ class SQLStore:
         ordered by its row's lock, so an owner reading `seq > n` misses none)."""
         now = time.time() if now is None else now
 
-        def tx(db):
+        def tx(db: Any) -> list[bool]:
             seqs = {}
             for job in sorted({r[0] for r in rows}):   # locks in one order: no deadlock
-                row = self._exec(db, "SELECT part_seq FROM jobs WHERE job = ?" + self.FOR_UPDATE,
-                                 (job,)).fetchone()
-                seqs[job] = int(row["part_seq"]) if row is not None else 0
-            new, touched = [], set()
+                row = self._one(db, _Seq, "SELECT part_seq FROM jobs WHERE job = ?"
+                                + self.FOR_UPDATE, (job,))
+                seqs[job] = row.part_seq if row is not None else 0
+            new: list[bool] = []
+            touched = set()
             for r in rows:
                 seq = seqs[r[0]] + 1
                 cur = self._exec(
@@ -231,42 +326,40 @@ class SQLStore:
         """The stored fingerprint of an uploaded part (None: not stored, or not known)."""
         rows = self._rows("SELECT digest FROM parts WHERE job = ? AND rank = ? AND part = ?",
                           (job, rank, part))
-        return rows[0]["digest"] if rows else None
+        return next(iter(rows[0].values())) if rows else None
 
-    def parts(self, job: str, after_step: int = -1) -> list[dict]:
+    def parts(self, job: str, after_step: int = -1) -> list[PartRow]:
         """A job's parts that hold steps after `after_step` (for rebuilding after a restart)."""
-        return self._rows("SELECT rank, part, records, first_step, last_step, ingested_at, way "
-                          "FROM parts WHERE job = ? AND last_step > ? ORDER BY rank, part",
-                          (job, after_step))
+        return self._typed(PartRow, "SELECT rank, part, records, first_step, last_step, "
+                           "ingested_at, way FROM parts WHERE job = ? AND last_step > ? "
+                           "ORDER BY rank, part", (job, after_step))
 
-    def part_index(self, job: str, after_seq: int = -1) -> list[dict]:
+    def part_index(self, job: str, after_seq: int = -1) -> list[PartIndex]:
         """(rank, part, last_step, ingested_at, seq) of a job's parts (those numbered after
         `after_seq` in its part sequence; parts stored before sequences count as 0)."""
         if after_seq < 0:
-            return self._rows("SELECT rank, part, last_step, ingested_at, COALESCE(seq, 0) AS "
-                              "seq FROM parts WHERE job = ? ORDER BY rank, part", (job,))
+            return self._typed(PartIndex, "SELECT rank, part, last_step, ingested_at, "
+                               "COALESCE(seq, 0) AS seq FROM parts WHERE job = ? "
+                               "ORDER BY rank, part", (job,))
         # (seq itself compared, so that the index on (job, seq) serves the holder's every tick)
-        return self._rows("SELECT rank, part, last_step, ingested_at, seq FROM parts "
-                          "WHERE job = ? AND seq > ? ORDER BY rank, part", (job, after_seq))
+        return self._typed(PartIndex, "SELECT rank, part, last_step, ingested_at, seq FROM "
+                           "parts WHERE job = ? AND seq > ? ORDER BY rank, part", (job, after_seq))
 
     def max_step(self, job: str) -> int:
         """The last step of any stored part of the job (-1: none)."""
-        rows = self._rows("SELECT MAX(last_step) AS m FROM parts WHERE job = ?", (job,))
-        return int(rows[0]["m"]) if rows and rows[0]["m"] is not None else -1
+        rows = self._typed(_Count, "SELECT COALESCE(MAX(last_step), -1) AS n FROM parts "
+                           "WHERE job = ?", (job,))
+        return rows[0].n if rows else -1
 
-    def totals(self) -> dict:
-        """Parts and op records stored, per way in and per job."""
-        by_way = {r["way"]: {"parts": r["n"], "records": r["records"]} for r in self._rows(
-            "SELECT way, COUNT(*) AS n, CAST(SUM(records) AS BIGINT) AS records FROM parts "
-            "GROUP BY way")}
-        by_job = {r["job"]: {"parts": r["n"], "records": r["records"]} for r in self._rows(
-            "SELECT job, COUNT(*) AS n, CAST(SUM(records) AS BIGINT) AS records FROM parts "
-            "GROUP BY job")}
-        return {"by_way": by_way, "by_job": by_job}
+    def totals(self) -> dict[str, dict[str, PartCount]]:
+        """Parts and op records stored, per way in (`by_way`) and per job (`by_job`)."""
+        return {f"by_{by}": {r.key: PartCount(r.n, r.records) for r in self._typed(
+            _Totals, f"SELECT {by} AS key, COUNT(*) AS n, CAST(SUM(records) AS BIGINT) AS "
+            f"records FROM parts GROUP BY {by}")} for by in ("way", "job")}
 
     def set_upload_dropped(self, job: str, rank: int, dropped: int) -> None:
         """What an uploader reported it had to drop (buffer overflow) so far."""
-        def tx(db):
+        def tx(db: Any) -> None:
             self._exec(db, "INSERT INTO upload_drops (job, rank, dropped) VALUES (?, ?, ?) "
                        "ON CONFLICT (job, rank) DO UPDATE SET dropped = CASE WHEN "
                        "excluded.dropped > upload_drops.dropped THEN excluded.dropped "
@@ -275,142 +368,135 @@ class SQLStore:
 
     def upload_dropped(self, job: str) -> dict[int, int]:
         """Parts each rank's uploader dropped, as reported."""
-        return {r["rank"]: r["dropped"] for r in self._rows(
-            "SELECT rank, dropped FROM upload_drops WHERE job = ?", (job,))}
+        return {r.rank: r.dropped for r in self._typed(
+            _Dropped, "SELECT rank, dropped FROM upload_drops WHERE job = ?", (job,))}
 
     # ---- windows and alerts -----------------------------------------------------------------
 
-    def add_window(self, row: dict, alert_rows: list[dict], log_rows: list[dict],
-                   lease: tuple[str, int] | None = None) -> bool:
+    def add_window(self, row: WindowRow, alert_rows: list[Alert], log_rows: list[AlertLogEntry],
+                   lease: Lease | None = None) -> bool:
         """Store one analysed window with the alert changes it caused (and their messages,
         in the outbox), in one transaction; with `lease` (owner, epoch) only while that lease
         holds the job. False (nothing stored) when another instance took it over, or when the
         window was stored already."""
-        values = {**row, "steps": json.dumps(row["steps"]), "scores": json.dumps(row["scores"]),
-                  "diagnosis": json.dumps(row["diagnosis"]),
-                  "missing_ranks": json.dumps(row["missing_ranks"])}
-        values = {k: values[k] for k in WINDOW_COLUMNS}
+        values = plain(row)
+        for column in _WINDOW_JSON:
+            values[column] = json.dumps(values[column])
         sql = (f"INSERT INTO windows ({', '.join(WINDOW_COLUMNS)}) VALUES "
                f"({', '.join(':' + c for c in WINDOW_COLUMNS)}) ON CONFLICT (job, idx) DO NOTHING")
 
-        def tx(db):
-            self._fence(db, row["job"], lease)
+        def tx(db: Any) -> bool:
+            self._fence(db, row.job, lease)
             if self._exec(db, sql, values).rowcount != 1:
-                raise LeaseLost(row["job"])   # stored already: a window is stored once
+                raise LeaseLost(row.job)   # stored already: a window is stored once
             self._alert_changes(db, alert_rows, log_rows)
             return True
 
         return self._fenced(tx)
 
-    def add_alert_changes(self, alert_rows: list[dict], log_rows: list[dict],
-                          lease: tuple[str, int] | None = None, job: str | None = None) -> bool:
+    def add_alert_changes(self, alert_rows: list[Alert], log_rows: list[AlertLogEntry],
+                          lease: Lease | None = None, job: str | None = None) -> bool:
         """Store alert changes not tied to a window (a job stalled), with their messages;
         with `lease`, only while it holds `job`."""
         if not (alert_rows or log_rows):
             return True
 
-        def tx(db):
-            if lease is not None:
+        def tx(db: Any) -> bool:
+            if lease is not None and job is not None:
                 self._fence(db, job, lease)
             self._alert_changes(db, alert_rows, log_rows)
             return True
 
         return self._fenced(tx)
 
-    def _fenced(self, tx) -> bool:
+    def _fenced(self, tx: Callable[[Any], bool]) -> bool:
         try:
             return self._write(tx)
         except LeaseLost:
             return False
 
-    def _fence(self, db, job: str, lease: tuple[str, int] | None) -> None:
+    def _fence(self, db: Any, job: str, lease: Lease | None) -> None:
         """LeaseLost unless `lease` still holds `job` (its row locked till the commit, so a
         taker waits for this transaction and then sees what it stored)."""
         if lease is None:
             return
-        row = self._exec(db, "SELECT owner, epoch FROM leases WHERE job = ?" + self.FOR_UPDATE,
-                         (job,)).fetchone()
-        if row is None or row["owner"] != lease[0] or int(row["epoch"]) != int(lease[1]):
+        row = self._one(db, _Lease, "SELECT owner, epoch FROM leases WHERE job = ?"
+                        + self.FOR_UPDATE, (job,))
+        if row is None or row.owner != lease[0] or row.epoch != int(lease[1]):
             raise LeaseLost(job)
 
-    def _alert_changes(self, db, alert_rows: list[dict], log_rows: list[dict]) -> None:
+    def _alert_changes(self, db: Any, alert_rows: list[Alert],
+                       log_rows: list[AlertLogEntry]) -> None:
         """Alert rows and log rows, and for each alert row one outbox message (the send
         decision is this transaction: a message is queued once, with its alert's change)."""
         now = time.time()
         for a in alert_rows:
-            values = {**{k: a[k] for k in ALERT_COLUMNS},
-                      "labels": json.dumps(a["labels"], sort_keys=True),
-                      "annotations": json.dumps(a["annotations"], sort_keys=True)}
+            values = {**plain(a), "labels": sorted_json(a.labels),
+                      "annotations": sorted_json(a.annotations)}
             self._exec(db, _upsert("alerts", ALERT_COLUMNS, ("fingerprint",)), values)
-            plain = {k: a[k] for k in ALERT_COLUMNS}
             self._exec(db, "INSERT INTO alert_outbox (job, fingerprint, status, sent_at, alert, "
                        "created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (fingerprint, status, "
                        "sent_at) DO NOTHING",
-                       (a["job"], a["fingerprint"], a["status"], a["last_sent"],
-                        json.dumps(plain, sort_keys=True), now))
+                       (a.job, a.fingerprint, a.status, a.last_sent, sorted_json(a), now))
         for e in log_rows:
             self._exec(db, "INSERT INTO alert_log (at, fingerprint, job, rule, status, severity, "
                        "summary, description, \"window\") VALUES (:at, :fingerprint, :job, :rule, "
                        ":status, :severity, :summary, :description, :window)",
-                       {k: e[k] for k in ("at", "fingerprint", "job", "rule", "status",
-                                          "severity", "summary", "description", "window")})
+                       {k: v for k, v in plain(e).items() if k != "id"})
 
-    def last_window(self, job: str) -> dict | None:
+    def last_window(self, job: str) -> WindowRow | None:
         """The latest window of a job (decoded), or None."""
         rows = self._rows("SELECT * FROM windows WHERE job = ? ORDER BY idx DESC LIMIT 1", (job,))
         return _decode_window(rows[0]) if rows else None
 
-    def window(self, job: str, idx: int) -> dict | None:
+    def window(self, job: str, idx: int) -> WindowRow | None:
         """One window of a job (decoded), or None."""
         rows = self._rows("SELECT * FROM windows WHERE job = ? AND idx = ?", (job, idx))
         return _decode_window(rows[0]) if rows else None
 
     def window_span(self, job: str) -> tuple[int, int | None]:
         """(how many windows the job has, the first one's index or None)."""
-        r = self._rows("SELECT COUNT(*) AS n, MIN(idx) AS first FROM windows WHERE job = ?",
-                       (job,))[0]
-        return int(r["n"]), r["first"]
+        r = self._typed(_Span, "SELECT COUNT(*) AS n, MIN(idx) AS first FROM windows "
+                        "WHERE job = ?", (job,))[0]
+        return r.n, r.first
 
-    def windows(self, job: str, limit: int = 100_000) -> list[dict]:
+    def windows(self, job: str, limit: int = 100_000) -> list[WindowSummary]:
         """Summaries (no scores, no diagnosis) of a job's windows, oldest first."""
         rows = self._rows(f"SELECT {', '.join(WINDOW_SUMMARY)}, diagnosis FROM windows "
                           "WHERE job = ? ORDER BY idx DESC LIMIT ?", (job, limit))
+        out = []
         for r in rows:
-            found = _loads(r.pop("diagnosis"), [])
+            found = _findings(r.pop("diagnosis"))
             # each cause once (a cause found at two places is two findings, one cause)
-            r["causes"] = list(dict.fromkeys(f.get("cause") for f in found
-                                             if isinstance(f, dict))) \
-                if isinstance(found, list) else []
-        return rows[::-1]
+            out.append(WindowSummary(**r, causes=list(dict.fromkeys(f.cause for f in found))))
+        return out[::-1]
 
-    def recent_windows(self, job: str, count: int) -> list[dict]:
+    def recent_windows(self, job: str, count: int) -> list[WindowRow]:
         """The last `count` windows of a job (decoded), newest first."""
         rows = self._rows("SELECT * FROM windows WHERE job = ? ORDER BY idx DESC LIMIT ?",
                           (job, count))
         return [_decode_window(r) for r in rows]
 
-    def alerts(self, job: str | None = None, status: str | None = None) -> list[dict]:
+    def alerts(self, job: str | None = None, status: str | None = None) -> list[Alert]:
         """Current alert states (firing or resolved), optionally of one job / one status."""
-        sql, args = "SELECT * FROM alerts WHERE 1 = 1", []
+        sql, args = "SELECT * FROM alerts WHERE 1 = 1", list[Any]()
         if job is not None:
             sql, args = sql + " AND job = ?", [*args, job]
         if status is not None:
             sql, args = sql + " AND status = ?", [*args, status]
-        rows = self._rows(sql + " ORDER BY starts_at", args)
-        for r in rows:
-            r["labels"], r["annotations"] = _loads(r["labels"], {}), _loads(r["annotations"], {})
-        return rows
+        return [_decode_alert(r) for r in self._rows(sql + " ORDER BY starts_at", args)]
 
-    def alert_log(self, job: str | None = None, limit: int = 200) -> list[dict]:
+    def alert_log(self, job: str | None = None, limit: int = 200) -> list[AlertLogEntry]:
         """Alert transitions (firing, resolved), newest first."""
         if job is None:
-            return self._rows("SELECT * FROM alert_log ORDER BY id DESC LIMIT ?", (limit,))
-        return self._rows("SELECT * FROM alert_log WHERE job = ? ORDER BY id DESC LIMIT ?",
-                          (job, limit))
+            return self._typed(AlertLogEntry, "SELECT * FROM alert_log ORDER BY id DESC LIMIT ?",
+                               (limit,))
+        return self._typed(AlertLogEntry, "SELECT * FROM alert_log WHERE job = ? ORDER BY id "
+                           "DESC LIMIT ?", (job, limit))
 
     # ---- the alert outbox ---------------------------------------------------------------------
 
-    def claim_messages(self, instance: str, limit: int, claim_s: float) -> list[dict]:
+    def claim_messages(self, instance: str, limit: int, claim_s: float) -> list[ClaimedMessage]:
         """Up to `limit` undelivered messages, claimed by `instance` for `claim_s` (another
         instance takes them only once the claim ran out: its holder died mid-send); the oldest
         first, and none while an older one of the same alert waits (firing before resolved)."""
@@ -419,28 +505,31 @@ class SQLStore:
                           "failed_at IS NULL LIMIT 1"):
             return []
 
-        def tx(db):
+        def tx(db: Any) -> list[ClaimedMessage]:
             now = self._now(db)
-            rows = self._exec(
-                db, "SELECT id FROM alert_outbox o WHERE delivered_at IS NULL AND failed_at IS "
+            rows = self._many(
+                db, _Count, "SELECT id AS n FROM alert_outbox o WHERE delivered_at IS NULL AND failed_at IS "
                 "NULL AND (claim_until IS NULL OR claim_until < ?) AND NOT EXISTS (SELECT 1 FROM "
                 "alert_outbox p WHERE p.fingerprint = o.fingerprint AND p.id < o.id AND "
                 "p.delivered_at IS NULL AND p.failed_at IS NULL) ORDER BY id LIMIT ?"
-                + self.FOR_UPDATE + self.SKIP_LOCKED, (now, limit)).fetchall()
-            ids = [r["id"] for r in rows]
+                + self.FOR_UPDATE + self.SKIP_LOCKED, (now, limit))
             out = []
-            for i in ids:
-                out.append(self._exec(
-                    db, "UPDATE alert_outbox SET claimed_by = ?, claim_until = ?, attempts = "
-                    "attempts + 1 WHERE id = ? RETURNING id, job, fingerprint, status, alert, "
-                    "attempts", (instance, now + claim_s, i)).fetchone())
-            return [dict(r) for r in out]
+            for r in rows:
+                got = self._one(
+                    db, _Claimed, "UPDATE alert_outbox SET claimed_by = ?, claim_until = ?, "
+                    "attempts = attempts + 1 WHERE id = ? RETURNING id, job, fingerprint, "
+                    "status, alert, attempts", (instance, now + claim_s, r.n))
+                if got is not None:
+                    out.append(ClaimedMessage(got.id, got.job, got.fingerprint, got.status,
+                                              msgspec.json.decode(got.alert, type=Alert),
+                                              got.attempts))
+            return out
 
         return self._write(tx)
 
     def message_sent(self, message_id: int, instance: str) -> None:
         """A claimed message was delivered."""
-        def tx(db):
+        def tx(db: Any) -> None:
             self._exec(db, "UPDATE alert_outbox SET delivered_at = ?, delivered_by = ? "
                        "WHERE id = ?", (time.time(), instance, message_id))
         self._write(tx, notify=False)
@@ -448,7 +537,7 @@ class SQLStore:
     def message_failed(self, message_id: int, retry_in_s: float | None) -> None:
         """A claimed message was not delivered: tried again after `retry_in_s` (by any
         instance), or given up on (None)."""
-        def tx(db):
+        def tx(db: Any) -> None:
             if retry_in_s is None:
                 self._exec(db, "UPDATE alert_outbox SET failed_at = ? WHERE id = ?",
                            (time.time(), message_id))
@@ -457,13 +546,13 @@ class SQLStore:
                            "WHERE id = ?", (self._now(db) + retry_in_s, message_id))
         self._write(tx, notify=False)
 
-    def outbox(self, job: str | None = None) -> list[dict]:
+    def outbox(self, job: str | None = None) -> list[OutboxRow]:
         """Every queued message with its delivery (for /api/stats, tests and benchmarks)."""
         sql = "SELECT id, job, fingerprint, status, sent_at, attempts, claimed_by, " \
               "delivered_by, delivered_at, failed_at FROM alert_outbox"
         if job is None:
-            return self._rows(sql + " ORDER BY id")
-        return self._rows(sql + " WHERE job = ? ORDER BY id", (job,))
+            return self._typed(OutboxRow, sql + " ORDER BY id")
+        return self._typed(OutboxRow, sql + " WHERE job = ? ORDER BY id", (job,))
 
     # ---- leases -------------------------------------------------------------------------------
 
@@ -472,7 +561,7 @@ class SQLStore:
         """One round of leasing for `instance` (holding `leases`: job → epoch): renew what it
         holds, and take free or expired leases up to its fair share (jobs / live instances).
         Returns the jobs it holds now with their epochs (a job missing was taken over)."""
-        def tx(db):
+        def tx(db: Any) -> dict[str, int]:
             now = self._now(db)
             self._exec(db, "INSERT INTO instances (id, url, started_at, seen_at, expires_at) "
                        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET seen_at = "
@@ -481,13 +570,13 @@ class SQLStore:
             # instances gone for a day, and messages delivered a day ago, are forgotten
             self._exec(db, "DELETE FROM instances WHERE expires_at < ?", (now - KEEP_S,))
             self._exec(db, "DELETE FROM alert_outbox WHERE delivered_at < ?", (now - KEEP_S,))
-            held = {r["job"]: int(r["epoch"]) for r in self._exec(
-                db, "UPDATE leases SET expires_at = ? WHERE owner = ? RETURNING job, epoch",
-                (now + lease_s, instance)).fetchall()}
-            live = self._exec(db, "SELECT COUNT(*) AS n FROM instances WHERE expires_at > ?",
-                              (now,)).fetchone()["n"]
-            total = self._exec(db, "SELECT COUNT(*) AS n FROM leases").fetchone()["n"]
-            share = -(-int(total) // max(1, int(live)))
+            held = {r.job: r.epoch for r in self._many(
+                db, _Held, "UPDATE leases SET expires_at = ? WHERE owner = ? RETURNING job, epoch",
+                (now + lease_s, instance))}
+            live = self._count(db, "SELECT COUNT(*) AS n FROM instances WHERE expires_at > ?",
+                               (now,))
+            total = self._count(db, "SELECT COUNT(*) AS n FROM leases")
+            share = -(-total // max(1, live))
             want = share - len(held)
             if want < 0:
                 # more than a fair share (an instance joined): hand the surplus back, for the
@@ -497,16 +586,12 @@ class SQLStore:
                                "WHERE job = ?", (job,))
                     del held[job]
             elif want > 0:
-                free = self._exec(
-                    db, "SELECT job FROM leases WHERE owner IS NULL OR expires_at < ? "
-                    "ORDER BY job LIMIT ?" + self.FOR_UPDATE + self.SKIP_LOCKED,
-                    (now, want)).fetchall()
+                free = self._many(
+                    db, _Held, "SELECT job, epoch FROM leases WHERE owner IS NULL OR "
+                    "expires_at < ? ORDER BY job LIMIT ?" + self.FOR_UPDATE + self.SKIP_LOCKED,
+                    (now, want))
                 for r in free:
-                    got = self._exec(db, "UPDATE leases SET owner = ?, epoch = epoch + 1, "
-                                     "expires_at = ?, taken_at = ? WHERE job = ? "
-                                     "RETURNING epoch", (instance, now + lease_s, now,
-                                                          r["job"])).fetchone()
-                    held[r["job"]] = int(got["epoch"])
+                    held[r.job] = self._take(db, instance, r.job, now + lease_s, now)
             return held
 
         return self._write(tx, notify=False)
@@ -514,37 +599,48 @@ class SQLStore:
     def take_lease(self, instance: str, job: str, lease_s: float) -> int | None:
         """Take a job's lease now if it is free or expired (a new job, registered here);
         its epoch, or None when another instance holds it."""
-        def tx(db):
+        def tx(db: Any) -> int | None:
             now = self._now(db)
-            row = self._exec(db, "SELECT owner, expires_at, epoch FROM leases WHERE job = ?"
-                             + self.FOR_UPDATE + self.SKIP_LOCKED, (job,)).fetchone()
+            row = self._one(db, _Lease, "SELECT owner, epoch, expires_at FROM leases WHERE "
+                            "job = ?" + self.FOR_UPDATE + self.SKIP_LOCKED, (job,))
             if row is None:
                 return None
-            if row["owner"] == instance:
-                return int(row["epoch"])
-            if row["owner"] is not None and row["expires_at"] is not None and \
-                    row["expires_at"] >= now:
+            if row.owner == instance:
+                return row.epoch
+            if row.owner is not None and row.expires_at is not None and row.expires_at >= now:
                 return None
-            return int(self._exec(db, "UPDATE leases SET owner = ?, epoch = epoch + 1, "
-                                  "expires_at = ?, taken_at = ? WHERE job = ? RETURNING epoch",
-                                  (instance, now + lease_s, now, job)).fetchone()["epoch"])
+            return self._take(db, instance, job, now + lease_s, now)
 
         return self._write(tx, notify=False)
 
+    def _take(self, db: Any, instance: str, job: str, until: float, now: float) -> int:
+        """Take a job's lease (its row locked by the caller); its new epoch."""
+        got = self._one(db, _Held, "UPDATE leases SET owner = ?, epoch = epoch + 1, "
+                        "expires_at = ?, taken_at = ? WHERE job = ? RETURNING job, epoch",
+                        (instance, until, now, job))
+        assert got is not None   # the caller found the row
+        return got.epoch
+
+    def _count(self, db: Any, sql: str, args: Iterable[Any] = ()) -> int:
+        """The `n` a counting statement returns in a write transaction."""
+        row = self._one(db, _Count, sql, args)
+        return row.n if row is not None else 0
+
     def release_leases(self, instance: str) -> None:
         """Give up every lease of `instance` (a clean stop: others take its jobs at once)."""
-        def tx(db):
+        def tx(db: Any) -> None:
             self._exec(db, "UPDATE leases SET owner = NULL, expires_at = NULL WHERE owner = ?",
                        (instance,))
             self._exec(db, "DELETE FROM instances WHERE id = ?", (instance,))
         self._write(tx, notify=False)
 
-    def leases(self) -> list[dict]:
+    def leases(self) -> list[LeaseRow]:
         """Every job's lease: owner, epoch, expiry, when taken."""
-        return self._rows("SELECT job, owner, epoch, expires_at, taken_at FROM leases ORDER BY job")
+        return self._typed(LeaseRow, "SELECT job, owner, epoch, expires_at, taken_at FROM leases "
+                           "ORDER BY job")
 
 
-def _upsert(table: str, columns: tuple, key: tuple) -> str:
+def _upsert(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
     """INSERT of a whole row that replaces the row with the same key (both dialects)."""
     names = ", ".join(columns)
     values = ", ".join(f":{c}" for c in columns)
@@ -553,15 +649,54 @@ def _upsert(table: str, columns: tuple, key: tuple) -> str:
             f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}")
 
 
-def _decode_window(row: dict) -> dict:
-    for key in ("steps", "scores", "diagnosis", "missing_ranks"):
-        row[key] = _loads(row[key], [])
-        if not isinstance(row[key], list):
-            row[key] = []
-    return row
+def _decode_window(row: dict[str, Any]) -> WindowRow:
+    """A stored window row as a record; a JSON column that does not decode is left empty (a
+    damaged row is shown as empty, not a failure of every read)."""
+    for column, kind in _WINDOW_JSON.items():
+        row[column] = _decoded(row[column], kind)
+    return msgspec.convert(row, WindowRow)
 
 
-def _loads(text, default):
+def _decoded(text: Any, kind: Any) -> list[Any]:
+    """A stored JSON list read into `kind` items, skipping items that do not fit."""
+    items = _loads(text, [])
+    if not isinstance(items, list):
+        return []
+    try:
+        return msgspec.convert([_upgraded(item, kind) for item in items], list[kind])
+    except msgspec.ValidationError:
+        pass   # one item at fault: the others are kept
+    out = []
+    for item in items:
+        try:
+            out.append(msgspec.convert(_upgraded(item, kind), kind))
+        except msgspec.ValidationError as exc:
+            log.warning("store: a stored %s does not read: %s", kind.__name__, exc)
+    return out
+
+
+def _upgraded(item: Any, kind: Any) -> Any:
+    """A finding stored before workers were objects ([dp, pp] pairs) in today's form."""
+    if kind is WindowFinding and isinstance(item, dict) and isinstance(item.get("where"), dict):
+        workers = item["where"].get("workers")
+        if isinstance(workers, list) and any(isinstance(w, list) for w in workers):
+            item["where"]["workers"] = [{"dp": w[0], "pp": w[1]} if isinstance(w, list)
+                                        and len(w) >= 2 else w for w in workers]
+    return item
+
+
+def _findings(text: Any) -> list[WindowFinding]:
+    """A window's stored diagnosis."""
+    return _decoded(text, WindowFinding)
+
+
+def _decode_alert(row: dict[str, Any]) -> Alert:
+    """A stored alert row as a record (labels and annotations are JSON text)."""
+    row["labels"], row["annotations"] = _loads(row["labels"], {}), _loads(row["annotations"], {})
+    return msgspec.convert(row, Alert)
+
+
+def _loads(text: Any, default: Any) -> Any:
     """Stored JSON decoded; `default` for text that does not decode (a damaged row is shown
     as empty, not a failure of every read)."""
     try:

@@ -16,6 +16,7 @@ import time
 from stragglers.monitor.changes import ChangeSettings, RankChangeDetector, busy_per_step, \
     is_compute, read_busy
 from stragglers.monitor.parts import PartFile
+from stragglers.monitor.records import Place
 from stragglers.monitor.windows import JobTracker
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class Watchdog:
         ranks = tuple(tr.expected_ranks)
         held = self.detectors.get(job)
         if held is None or held[0] is not tr or held[1] != ranks:
-            stages = {r: int(e.get("stage", 0)) for r, e in tr.layout.items()}
+            stages = {r: e.stage or 0 for r, e in tr.layout.items()}
             held = self.detectors[job] = (tr, ranks, RankChangeDetector(list(ranks), stages,
                                                                         self.settings))
             self.judged.pop(job, None)
@@ -193,11 +194,9 @@ def _busy(src: PartFile | dict):
     return busy_per_step(src["step"], is_compute(src["optype"]), src["duration"])
 
 
-def _places(tr: JobTracker) -> dict[int, dict]:
+def _places(tr: JobTracker) -> dict[int, Place]:
     """rank → the labels that say where it runs (dp, pp, host), from the job's layout."""
-    out = {}
-    for rank, e in tr.layout.items():
-        labels = {"dp": e.get("dp_rank"), "pp": e.get("stage"), "host": e.get("host")}
-        out[rank] = {k: str(v) for k, v in labels.items() if v not in (None, "")}
-    return out
+    return {rank: Place(dp=None if e.dp_rank is None else str(e.dp_rank),
+                        pp=None if e.stage is None else str(e.stage), host=e.host or None)
+            for rank, e in tr.layout.items()}
 

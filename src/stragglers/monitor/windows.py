@@ -13,18 +13,23 @@ files of parts not read ahead are read by the window: parts.read_window_rows).
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
+import msgspec
 import numpy as np
 
 from stragglers.errors import StragglersError
 from stragglers.monitor.parts import MAX_STEP_GAP, PartFile, read_window_rows
 from stragglers.monitor.readahead import read_ahead
+from stragglers.monitor.records import LayoutEntry, Lease, Refusal, WindowFinding, WindowRow, \
+    WindowScore
 from stragglers.trace.model import JobMeta, Trace
+from stragglers.whatif.result import Finding, WorkerScore
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +48,7 @@ class Window:
     reason: str = "complete"  # complete | stalled | finished
     files: list[PartFile] = field(default_factory=list)
     meta: JobMeta | None = None
-    lease: tuple | None = None     # (instance, epoch) its tracker was built under (leases.py)
+    lease: Lease | None = None     # (instance, epoch) its tracker was built under (leases.py)
 
     def load(self) -> tuple[Trace | None, list[tuple[str, str]]]:
         """The window's trace with the rows of its part files read in (None when no row was
@@ -58,6 +63,7 @@ class Window:
             return None, refused
         keys = set(chunks[0]).intersection(*chunks[1:])
         ops = {k: np.concatenate([c[k] for c in chunks]) for k in sorted(keys)}
+        assert self.meta is not None   # a window with part files is cut by its job's tracker
         return Trace(ops, self.meta, f"monitor:{self.job}#{self.idx}"), refused
 
 
@@ -93,15 +99,14 @@ class JobTracker:
         self.arrived: list[tuple[int, PartFile | dict]] = []
         self.max_step = int(consumed_step)   # the job's last step seen (step gaps are checked)
         self.whole: set[int] = set()   # ranks delivered as one whole-rank file (a finished run)
-        self.lease: tuple | None = None   # the lease it was built under; its windows carry it
+        self.lease: Lease | None = None   # the lease it was built under; its windows carry it
         self.set_meta(meta)
 
     def set_meta(self, meta: JobMeta) -> None:
         """New metadata (meta.json rewritten): layout and the close marker."""
         self.meta = meta
-        self.layout = _layout(meta)
-        clock = meta.extra.get("clock") or {}
-        if isinstance(clock, dict) and clock.get("end"):
+        self.layout = layout_of(meta)
+        if _clock(meta).end:
             self.closed_marker = True  # the recorder's close() rewrites meta with the end clock
 
     def mark_whole(self, rank: int) -> None:
@@ -272,68 +277,90 @@ def _readers() -> ThreadPoolExecutor:
     return _READERS[0]
 
 
-def analyse_window(window: Window) -> dict:
-    """Run the what-if engine on one window; the row the store keeps (errors kept, not raised)."""
-    from stragglers.whatif import analyze
+def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
+    """Run the what-if engine on one window: the row the store keeps (errors kept, not raised)
+    and the part files refused on reading."""
+    from stragglers.whatif._analyze import analyze
 
     t0 = time.perf_counter()
     row = window_row(window)
+    refused: list[Refusal] = []
     try:
-        trace, row["refused"] = window.load()
-        if row["refused"]:   # a rank whose only part here was refused did not report
+        trace, refused = window.load()
+        if refused:   # a rank whose only part here was refused did not report
             read = set(np.unique(trace.ops["rank"]).tolist()) if trace is not None else set()
-            row["missing_ranks"] = sorted(set(window.missing_ranks)
-                                          | ({f.rank for f in window.files} - read))
+            row.missing_ranks = sorted(set(window.missing_ranks)
+                                       | ({f.rank for f in window.files} - read))
         if trace is None:
             raise StragglersError("no readable rows in this window: every part file of it was "
                                   "refused (see the refusals)")
         # the window's trace holds exactly its steps: "all" skips selecting them again (a copy
         # of every column) and the warm-up detection, which a window must not do
-        result = as_plain_dict(analyze(trace, steps="all"))
+        result = analyze(trace, steps="all")
     except StragglersError as exc:
-        row["error"] = str(exc)
+        row.error = str(exc)
     except Exception as exc:  # a bug must not stop the monitor; the window says what happened
         log.exception("job %s window %d: analysis failed", window.job, window.idx)
-        row["error"] = f"analysis failed: {type(exc).__name__}: {exc}"
+        row.error = f"analysis failed: {type(exc).__name__}: {exc}"
     else:
         where = workers_of(trace)
-        hosts = {r: str(e.get("host", "")) for r, e in _layout(trace.meta).items()}
-        row.update(slowdown=result["slowdown"], waste=result["waste"],
-                   t_base=result.get("T_base"), t_ideal=result.get("T_ideal"),
-                   sim_error=result.get("sim_error"), m_w=result.get("M_W"),
-                   m_s=result.get("M_S"))
-        row["scores"] = worker_scores(result, where, hosts)
-        row["diagnosis"] = [with_ranks(f, where, hosts) for f in result.get("diagnosis", [])]
-    row["analysed_at"] = time.time()
-    row["analysis_s"] = time.perf_counter() - t0
-    return row
+        hosts = {r: e.host or "" for r, e in layout_of(trace.meta).items()}
+        row.slowdown, row.waste = _finite(result.slowdown), _finite(result.waste)
+        row.t_base, row.t_ideal = _finite(result.t_base), _finite(result.t_ideal)
+        row.sim_error = _finite(result.sim_error)
+        row.m_w, row.m_s = _finite(result.m_w), _finite(result.m_s)
+        row.scores = worker_scores(result.worker_scores, where, hosts)
+        row.diagnosis = [with_ranks(f, where, hosts) for f in result.diagnosis]
+    row.analysed_at = time.time()
+    row.analysis_s = time.perf_counter() - t0
+    return row, refused
 
 
-def window_row(window: Window, error: str | None = None) -> dict:
+def window_row(window: Window, error: str | None = None) -> WindowRow:
     """A window's stored row without results: analyse_window fills it in; an error row as is."""
-    return {"job": window.job, "idx": window.idx, "first_step": window.steps[0],
-            "last_step": window.steps[-1], "steps": window.steps, "slowdown": None,
-            "waste": None, "t_base": None, "t_ideal": None, "sim_error": None, "m_w": None,
-            "m_s": None, "scores": [], "diagnosis": [], "missing_ranks": window.missing_ranks,
-            "error": error, "closed_at": window.closed_at, "reason": window.reason,
-            "analysed_at": time.time(), "analysis_s": 0.0, "refused": []}
+    return WindowRow(job=window.job, idx=window.idx, first_step=window.steps[0],
+                     last_step=window.steps[-1], steps=list(window.steps),
+                     missing_ranks=list(window.missing_ranks), error=error,
+                     closed_at=window.closed_at, reason=window.reason, analysed_at=time.time())
 
 
-def as_plain_dict(result) -> dict:
-    """The analysis result as plain JSON-ready values (AnalysisResult or an older dict)."""
-    if hasattr(result, "to_dict"):
-        return result.to_dict()
-    return json.loads(json.dumps(result, default=float))  # an engine that returned a dict
+def _finite(value: float | None) -> float | None:
+    """A figure as stored: a plain float, None for NaN/inf (strict JSON has no token)."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
-def _layout(meta: JobMeta) -> dict[int, dict]:
+class _Clock(msgspec.Struct):
+    """meta.json's `extra.clock`: the recorder writes `end` at close()."""
+
+    end: Any = None
+
+
+def _clock(meta: JobMeta) -> _Clock:
+    """The job's recorded clock (empty where there is none, or it does not read)."""
+    try:
+        return msgspec.convert(meta.extra.get("clock") or {}, _Clock)
+    except msgspec.ValidationError:
+        return _Clock()
+
+
+def layout_of(meta: JobMeta | None) -> dict[int, LayoutEntry]:
     """rank → layout entry (meta.json's extra.layout, checked by jobmeta.check_meta: entries
     whose rank is not an int are left out rather than failing a window)."""
-    layout = meta.extra.get("layout") if isinstance(meta.extra, dict) else None
+    layout = meta.extra.get("layout") if meta is not None and isinstance(meta.extra, dict) \
+        else None
     if not isinstance(layout, list):
         return {}
-    return {e["rank"]: e for e in layout if isinstance(e, dict)
-            and isinstance(e.get("rank"), int) and not isinstance(e.get("rank"), bool)}
+    out = {}
+    for e in layout:
+        try:
+            entry = msgspec.convert(e, LayoutEntry)
+        except msgspec.ValidationError:
+            continue
+        out[entry.rank] = entry
+    return out
 
 
 def workers_of(trace: Trace) -> dict[tuple[int, int], int]:
@@ -347,47 +374,48 @@ def workers_of(trace: Trace) -> dict[tuple[int, int], int]:
             for k in keys}
 
 
-def worker_scores(result: dict, where: dict, hosts: dict) -> list[dict]:
+def worker_scores(scores: list[WorkerScore], where: dict[tuple[int, int], int],
+                  hosts: dict[int, str]) -> list[WindowScore]:
     """S_w per worker with its rank and host; 1.0 for all when S was below the attribution
     threshold (the engine then does not decompose, and no worker is to blame)."""
-    scores = {(int(s["dp"]), int(s["pp"])): float(s["score"])
-              for s in result.get("worker_scores") or []}
-    out = []
-    for (d, p), rank in sorted(where.items()):
-        out.append({"dp": d, "pp": p, "rank": rank, "host": hosts.get(rank, ""),
-                    "score": scores.get((d, p), 1.0), "decomposed": bool(scores)})
-    return out
+    by_cell = {(int(s.dp), int(s.pp)): float(s.score) for s in scores}
+    return [WindowScore(dp=d, pp=p, rank=rank, host=hosts.get(rank, ""),
+                        score=by_cell.get((d, p), 1.0), decomposed=bool(by_cell))
+            for (d, p), rank in sorted(where.items())]
 
 
-def with_ranks(finding: dict, where: dict, hosts: dict) -> dict:
+def with_ranks(finding: Finding, where: dict[tuple[int, int], int],
+               hosts: dict[int, str]) -> WindowFinding:
     """A diagnosis finding plus the global ranks (and hosts) it points at, and a headline."""
-    f = dict(finding)
-    loc = f.get("where") or {}
-    cells: list[tuple[int, int]] = []
-    if isinstance(loc.get("workers"), list):
-        for w in loc["workers"]:
-            if isinstance(w, dict) and "dp" in w and "pp" in w:
-                cells.append((int(w["dp"]), int(w["pp"])))
-            elif isinstance(w, (list, tuple)) and len(w) >= 2:
-                cells.append((int(w[0]), int(w[1])))
-    elif "dp" in loc and "pp" in loc:
-        cells = [(int(d), int(p)) for d in loc["dp"] for p in loc["pp"]]
-    elif "pp" in loc:
-        cells = [c for c in where if c[1] in set(loc["pp"])]
-    elif "dp" in loc:
-        cells = [c for c in where if c[0] in set(loc["dp"])]
-    ranks = sorted({where[c] for c in cells if c in where})
-    f["ranks"] = ranks
-    f["hosts"] = sorted({hosts.get(r, "") for r in ranks} - {""})
-    f["headline"] = headline(f, ranks, hosts)
+    f = WindowFinding(**msgspec.structs.asdict(finding))
+    for name in _FIGURES:   # NaN/inf as None, as stored
+        setattr(f, name, _finite(getattr(f, name)))
+    loc = f.where
+    cells: list[tuple[int, int]]
+    if loc.workers:
+        cells = [(int(w.dp), int(w.pp)) for w in loc.workers]
+    elif loc.dp and loc.pp:
+        cells = [(int(d), int(p)) for d in loc.dp for p in loc.pp]
+    elif loc.pp:
+        cells = [c for c in where if c[1] in set(loc.pp)]
+    elif loc.dp:
+        cells = [c for c in where if c[0] in set(loc.dp)]
+    else:
+        cells = []
+    f.ranks = sorted({where[c] for c in cells if c in where})
+    f.hosts = sorted({hosts.get(r, "") for r in f.ranks} - {""})
+    f.headline = headline(f, f.ranks, hosts)
     return f
 
 
-def headline(f: dict, ranks: list[int], hosts: dict) -> str:
+_FIGURES = ("speedup_if_fixed", "share", "speedup_after_others", "speedup_alone")
+
+
+def headline(f: Finding, ranks: list[int], hosts: dict[int, str]) -> str:
     """The finding in words: cause, where (ranks and hosts), what fixing it buys."""
-    cause = str(f.get("cause", "")).replace("_", " ")
-    if f.get("cause") == "none":
-        return "no straggler: " + str(f.get("evidence", ""))
+    cause = f.cause.replace("_", " ")
+    if f.cause == "none":
+        return "no straggler: " + f.evidence
     at = ""
     if ranks and len(ranks) <= 8:
         at = " at " + ", ".join(f"rank {r}" + (f" on {hosts[r]}" if hosts.get(r) else "")
@@ -395,9 +423,8 @@ def headline(f: dict, ranks: list[int], hosts: dict) -> str:
     elif ranks:
         at = f" on {len(ranks)} ranks"
     text = f"{cause}{at}"
-    speedup = f.get("speedup_if_fixed")
-    if speedup:
-        text += f": fixing it would make steps {speedup:.2f}× faster"
-    if f.get("fix"):
-        text += f"; fix: {f['fix']}"
+    if f.speedup_if_fixed:
+        text += f": fixing it would make steps {f.speedup_if_fixed:.2f}× faster"
+    if f.fix:
+        text += f"; fix: {f.fix}"
     return text
