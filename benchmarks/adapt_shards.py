@@ -45,12 +45,12 @@ def store_rate(db: Path, durable: bool, seconds: float) -> float:
     """Lease + ack cycles per second on the store in this process (one transaction each)."""
     store = ShardStore(db, durable=durable)
     store.create_dataset(DatasetConfig("bench", SHARD * SHARDS, SHARD, num_epochs=None))
-    fence = store.join("bench", "w")["fence"]
+    fence = store.join("bench", "w").fence
     store.lease("bench", "w", fence)  # computes and caches the epoch's permutation
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        lease = store.lease("bench", "w", fence)["leases"][0]
-        store.ack("bench", "w", fence, lease["epoch"], lease["shard"], lease["size"])
+        lease = store.lease("bench", "w", fence).leases[0]
+        store.ack("bench", "w", fence, lease.epoch, lease.shard, lease.size)
         n += 1
     store.close()
     return n / (time.perf_counter() - start)
@@ -104,7 +104,7 @@ def _client_proc(url: str, worker: str, path: str, count: int, seconds: float, s
     n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         if path == "lease":
-            n += len(client.lease(count=count)["leases"])
+            n += len(client.lease(count=count).leases)
         else:
             client._call("POST", "/datasets/bench/bare", body)
             n += 1

@@ -10,13 +10,14 @@ themselves.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 from stragglers.registry import Registry
 
 if TYPE_CHECKING:   # the implementations' types, for the checker only (no import at run time)
     import numpy as np
 
+    from stragglers.adapt.controller import ControllerState, Proposal
     from stragglers.advice.context import AdviceContext
     from stragglers.advice.plan import RemedyAdvice
     from stragglers.coding.matrix_code import MatrixCode
@@ -104,8 +105,8 @@ class ControllerPolicy(Protocol):
 
     name: str
 
-    def decide(self, state: Mapping[str, Any]) -> list[Any]:
-        """The actions (resize batches, restart a worker, switch a remedy) for this state."""
+    def decide(self, state: ControllerState) -> list[Proposal]:
+        """The actions (resize batches, restart a worker) proposed for this state."""
 
 
 @runtime_checkable

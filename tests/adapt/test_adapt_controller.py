@@ -27,21 +27,21 @@ def test_monitor_classes_transient_then_persistent_and_deterministic():
             for r in range(3):
                 m.record(r, s, 0.1 * (2.0 if r == 2 else 1.0) * 10, 10)
         assert m.window_ready()
-        classes.append(m.evaluate()[2]["class"])
+        classes.append(m.evaluate()[2].category)
     assert classes == [TRANSIENT, TRANSIENT, PERSISTENT, PERSISTENT]
     d = SpeedMonitor(3, window=1, persistent_windows=1, warmup_steps=0)
     for r, dev in enumerate(["a100", "a100", "v100"]):
         d.record(r, 0, 0.3 if r == 2 else 0.1, 1, dev)
     out = d.evaluate()
-    assert out[2]["class"] == DETERMINISTIC and out[0]["class"] == NONE
-    assert out[2]["ratio"] == pytest.approx(3.0)
+    assert out[2].category == DETERMINISTIC and out[0].category == NONE
+    assert out[2].ratio == pytest.approx(3.0)
 
 
 def test_monitor_normalises_by_batch_so_resized_batches_do_not_hide_a_straggler():
     m = SpeedMonitor(2, window=1, persistent_windows=1, warmup_steps=0)
     m.record(0, 0, 0.3, 30)  # same BPT, but 3x fewer samples on rank 1
     m.record(1, 0, 0.3, 10)
-    assert m.evaluate()[1]["ratio"] == pytest.approx(1.5)  # 3x over a median of 2x
+    assert m.evaluate()[1].ratio == pytest.approx(1.5)  # 3x over a median of 2x
 
 
 def test_dd_splits_by_measured_throughput_keeping_the_global_batch():
@@ -82,7 +82,7 @@ def test_nd_returns_to_equal_batches_when_the_straggler_recovers():
 def test_bsp_only_observes():
     ctl = Controller(ControlConfig("bsp", 2, 64, window=2))
     assert feed(ctl, 10, [0.01, 0.05]) == []
-    assert ctl.last_classes[1]["class"] != NONE
+    assert ctl.last_classes[1].category != NONE
 
 
 def test_bad_control_config():
@@ -99,7 +99,7 @@ def test_nd_never_spends_a_restart_on_a_deterministic_straggler():
     ctl = Controller(cfg)
     devices = ["a100", "a100", "a100", "v100"]
     acts = feed(ctl, 20, [0.01, 0.01, 0.01, 0.03], devices=devices)
-    assert ctl.last_classes[3]["class"] == DETERMINISTIC
+    assert ctl.last_classes[3].category == DETERMINISTIC
     assert acts and all(a.kind == ADJUST_BS for a in acts)
     assert acts[-1].batch_sizes[3] < 128 / 4 / 2  # work moved away from it
     # The same slowness on the common device type is persistent, and is restarted.

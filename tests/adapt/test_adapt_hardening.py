@@ -22,6 +22,7 @@ import pytest
 
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.replies import LeaseReply
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig
 
 OWNER, STRANGER = "owner-token-0123456789", "stranger-token-0123456789"
@@ -98,12 +99,12 @@ def test_a_repeated_snapshot_is_built_once_and_never_stale(server):
     client = ShardClient(server.url, "d", "w", token=OWNER)
     client.create_dataset(DatasetConfig("d", 100, 10))
     client.join()
-    lease = client.lease()["lease"]
+    lease = client.lease().leases[0]
     reader = server.app.state.reader
     first = [httpx.get(f"{server.url}/datasets/d/snapshot").json() for _ in range(5)]
     assert reader.computed == 1 and all(s == first[0] for s in first)
-    client.ack(lease["epoch"], lease["shard"], 7)   # acknowledged: the next snapshot has it
-    row = next(r for r in client.snapshot()["shards"] if r[1] == lease["shard"])
+    client.ack(lease.epoch, lease.shard, 7)   # acknowledged: the next snapshot has it
+    row = next(r for r in client.snapshot()["shards"] if r[1] == lease.shard)
     assert row[2:4] == ["DOING", 7] and reader.computed == 2
 
 
@@ -138,18 +139,18 @@ def test_a_big_shuffle_runs_off_the_commit_thread_and_other_jobs_lease_meanwhile
     small.lease()   # its own shuffle done
     perms = server.app.state.store.permutations
     key = (1 << 26, 0, 0)
-    result: dict = {}
-    worker = threading.Thread(target=lambda: result.update(big.lease()))
+    result: list[LeaseReply] = []
+    worker = threading.Thread(target=lambda: result.append(big.lease()))
     worker.start()
     deadline = time.monotonic() + 60
     while key not in perms._running:
         assert time.monotonic() < deadline and worker.is_alive(), "the shuffle never started"
         time.sleep(0.001)
     got = small.lease()
-    assert got["status"] == "ok" and key in perms._running, \
+    assert got.status == "ok" and key in perms._running, \
         "the small job's lease waited for the big shuffle"
     worker.join(timeout=120)
-    assert len(result["lease"]["indices"]) == 1024
+    assert len(result[0].leases[0].indices) == 1024
     assert perms.threads and all(t.startswith("shard-shuffles") for t in perms.threads)
 
 
@@ -171,7 +172,7 @@ def test_a_restore_is_refused_before_its_body_is_read(tmp_path):
         assert head_only(srv.url, "/datasets/d/restore", bearer(OWNER),
                          length=(1 << 26) + 1).startswith("HTTP/1.1 413")
         assert httpx.get(f"{srv.url}/health").status_code == 200
-        assert owner.restore(owner.snapshot())["restored"] == 10
+        assert owner.restore(owner.snapshot()).restored == 10
     finally:
         srv.stop()
 
@@ -290,7 +291,7 @@ def test_a_damaged_row_quarantines_its_data_set_not_the_service(tmp_path, damage
         assert "'bad'" in quarantined.json()["error"]
         assert dump(db)["bad"] == before["bad"], "a quarantined data set was changed"
         good = clients["good"]
-        assert good.lease()["status"] == "ok" and good.status()["epochs"]["0"]["DOING"] == 1
+        assert good.lease().status == "ok" and good.status()["epochs"]["0"]["DOING"] == 1
         assert httpx.get(f"{srv.url}/health").status_code == 200
     finally:
         srv.stop()
@@ -361,7 +362,7 @@ def test_reads_past_their_rate_wait_their_turn_then_get_503(tmp_path):
         # a job's own leases are not paced
         client = ShardClient(srv.url, "d", "w", token=OWNER)
         client.join()
-        assert all(client.lease()["status"] == "ok" for _ in range(5))
+        assert all(client.lease().status == "ok" for _ in range(5))
     finally:
         srv.stop()
 
@@ -395,14 +396,14 @@ def test_a_stranger_polling_a_big_snapshot_in_training_does_not_make_it_rebuild(
     try:
         owner = ShardClient(srv.url, "big", "w", token=OWNER)
         owner.join()
-        held = owner.lease()["lease"]
+        held = owner.lease().leases[0]
         reader = srv.app.state.reader
         first = httpx.get(f"{srv.url}/datasets/big/snapshot", timeout=120)
         assert first.status_code == 200 and len(first.content) >= 2 << 20
-        owner.ack(held["epoch"], held["shard"], 1)   # DONE: the data set changed
+        owner.ack(held.epoch, held.shard, 1)   # DONE: the data set changed
         again = httpx.get(f"{srv.url}/datasets/big/snapshot", timeout=120)
         assert again.content == first.content and reader.computed == 1
         fresh = owner.snapshot()["shards"]
-        assert fresh[held["shard"]][2] == "DONE" and reader.computed == 2
+        assert fresh[held.shard][2] == "DONE" and reader.computed == 2
     finally:
         srv.stop()

@@ -184,15 +184,15 @@ def setup(tmp_path_factory):
     owner = ShardClient(srv.url, "d", "w", token=OWNER, service_token=SERVICE)
     owner.create_dataset(DatasetConfig("d", 40, 10, lease_s=600))
     assert owner.join() == 1
-    held = owner.lease()["lease"]
-    owner.ack(held["epoch"], held["shard"], 3)
+    held = owner.lease().leases[0]
+    owner.ack(held.epoch, held.shard, 3)
     other = ShardClient(srv.url, "e", "w", token=OTHER, service_token=SERVICE)
     other.create_dataset(DatasetConfig("e", 40, 10))
     owner.configure_control(CONFIG)
     owner.report_steps(0, [[3, 0.1, 32]], "", 1)
     snap = owner.snapshot()
-    free = next(s for s in range(4) if s != held["shard"])
-    yield {"url": srv.url, "db": db, "shard": held["shard"], "free": free, "snap": snap,
+    free = next(s for s in range(4) if s != held.shard)
+    yield {"url": srv.url, "db": db, "shard": held.shard, "free": free, "snap": snap,
            "tables": tables(db), "state": httpx.get(f"{srv.url}/jobs/d/control/state").json()}
     srv.stop()
 
@@ -240,7 +240,7 @@ def test_hostile_request_is_refused_and_changes_nothing(setup, case):
 def test_the_service_still_serves_after_the_hostile_requests(setup):
     client = ShardClient(setup["url"], "d", "w", token=OWNER)
     client.fence = 1
-    assert client.ack(0, setup["shard"], 4)["consumed"] == 4
+    assert client.ack(0, setup["shard"], 4).consumed == 4
     with sqlite3.connect(setup["db"]) as c:
         assert c.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 

@@ -14,6 +14,7 @@ from conftest import eventually
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig, validate_snapshot
 from stragglers.adapt.errors import Conflict
+from stragglers.adapt.replies import Restored
 from stragglers.adapt.restores import RESTORE_CHUNK, prepare_restore
 from stragglers.adapt.service import EmbeddedServer
 from stragglers.adapt.shards import ShardStore
@@ -56,8 +57,8 @@ def test_a_restore_is_written_in_chunks_other_calls_between(big, tmp_path):
     other = ShardClient(srv.url, "small", "w", token="other-token-0123456789")
     other.create_dataset(DatasetConfig("small", 10**6, 64))
     other.join()
-    reply = {}
-    t = threading.Thread(target=lambda: reply.update(owner.restore(snap)))
+    reply: list[Restored] = []
+    t = threading.Thread(target=lambda: reply.append(owner.restore(snap)))
     t.start()
     seen, leases = set(), 0
     while t.is_alive():
@@ -65,7 +66,7 @@ def test_a_restore_is_written_in_chunks_other_calls_between(big, tmp_path):
         other.lease()
         leases += 1
     t.join()
-    assert reply == {"restored": N_SHARDS, "requeued_first": 1}
+    assert reply == [Restored(N_SHARDS, 1)]
     # rows were committed a chunk at a time (one transaction showed none, then all of them)
     assert any(0 < n < N_SHARDS for n in seen), sorted(seen)[:10]
     assert all(n % RESTORE_CHUNK == 0 for n in seen), sorted(seen)[:10]
@@ -98,7 +99,7 @@ def test_a_restore_cut_short_changes_nothing_and_its_rows_are_deleted(tmp_path):
     db = tmp_path / "s.db"
     store = ShardStore(db)
     store.create_dataset(DatasetConfig("big", 3 * RESTORE_CHUNK, 1))
-    f = store.join("big", "w")["fence"]
+    f = store.join("big", "w").fence
     store.lease("big", "w", f)
     before = store.snapshot("big")
     prepared = prepare_restore(validate_snapshot(before))
@@ -115,7 +116,7 @@ def test_a_restore_cut_short_changes_nothing_and_its_rows_are_deleted(tmp_path):
             pass
         assert rows_of_big(db) == 1024   # the epoch's rows written so far, nothing staged
         assert store.snapshot("big") == before
-        assert store.lease("big", "w", f)["status"] == "ok"
+        assert store.lease("big", "w", f).status == "ok"
     finally:
         store.close()
 

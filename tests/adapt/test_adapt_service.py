@@ -85,7 +85,7 @@ def test_killed_worker_mid_shard_loses_nothing(server, tmp_path):
     # The launcher sees A die and fences it off; its shard goes back (a lease expiry would do
     # the same, later).
     released = ShardClient(server.url, "d", "A", token=TOKEN).release(
-        error="worker A killed", all_incarnations=True)["released"]
+        error="worker A killed", all_incarnations=True).released
     assert len(released) == 1
     rc, out, err = finish(start_worker(server.url, "B", log_b, delay=0.0))
     assert rc == 0, err
@@ -291,7 +291,7 @@ def test_a_locked_database_answers_every_call_then_recovers(tmp_path):
         finally:
             lock.execute("ROLLBACK")
             lock.close()
-        assert client.lease()["status"] == "ok"
+        assert client.lease().status == "ok"
         assert httpx.get(f"{srv.url}/health").json()["failed_batches"] >= 3
     finally:
         srv.stop()

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass
 
 from stragglers.adapt.client import ShardClient
-from stragglers.adapt.controller import ADJUST_BS, KILL_RESTART
+from stragglers.adapt.controller import ADJUST_BS, KILL_RESTART, Action
 from stragglers.adapt.policies import micro_batches, split_batch
 from stragglers.errors import InputError
 
@@ -30,6 +30,14 @@ class StepPlan:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Applied:
+    """An action this agent applied, and the step it was applied at."""
+
+    action: Action
+    step: int
+
+
 class Agent:
     """Applies controller actions asynchronously for one rank."""
 
@@ -40,10 +48,10 @@ class Agent:
         self.batch_sizes = split_batch(global_batch, [1.0] * world_size)
         self.memory_cap = memory_cap
         self.poll_s = poll_s
-        self.applied: list[dict] = []
+        self.applied: list[Applied] = []
         self.late = 0  # actions that arrived after their effective step (applied at once)
-        self._records: list[list] = []
-        self._pending: list[dict] = []
+        self._records: list[tuple[int, float, int]] = []
+        self._pending: list[Action] = []
         self._seen = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -55,24 +63,24 @@ class Agent:
         if not (math.isfinite(bpt) and bpt > 0):
             return  # nothing the Monitor could use (it ignores such steps too)
         with self._lock:
-            self._records.append([step, bpt, batch])
+            self._records.append((step, bpt, batch))
 
     def plan(self, step: int) -> StepPlan:
         """The batch size in force at `step`, after applying every action due by then."""
         kill, reason = None, ""
         with self._lock:
-            due = [a for a in self._pending if a["effective_step"] <= step]
-            self._pending = [a for a in self._pending if a["effective_step"] > step]
+            due = [a for a in self._pending if a.effective_step <= step]
+            self._pending = [a for a in self._pending if a.effective_step > step]
         for a in due:
-            if a["effective_step"] < step:
+            if a.effective_step < step:
                 self.late += 1
-            if a["kind"] == ADJUST_BS:
-                self.batch_sizes = a["batch_sizes"]
-                self.memory_cap = a.get("memory_cap", self.memory_cap)
-            elif a["kind"] == KILL_RESTART:
-                kill = a["target"]
-            reason = a.get("reason", "")
-            self.applied.append({**a, "applied_at": step})
+            if a.kind == ADJUST_BS:
+                self.batch_sizes = list(a.batch_sizes)
+                self.memory_cap = a.memory_cap
+            elif a.kind == KILL_RESTART:
+                kill = a.target
+            reason = a.reason
+            self.applied.append(Applied(a, step))
         b = self.batch_sizes[self.rank]
         return StepPlan(b, micro_batches(b, self.memory_cap), kill, reason)
 
@@ -100,9 +108,9 @@ class Agent:
                 # stays within the service's bound on records per request.
                 self._records = (records + self._records)[-MAX_PENDING_RECORDS:]
             return
-        if reply.get("incarnation", self.incarnation) != self.incarnation:
+        if reply.incarnation != self.incarnation:
             return
-        new = reply["actions"]
+        new = reply.actions
         self._seen += len(new)
         with self._lock:
             self._pending.extend(new)

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
 import httpx
+import msgspec
 
+from stragglers.adapt.controller import Actions, ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,
                                      Quarantined, QuotaExceeded)
-from stragglers.errors import EnvironmentFailure, InputError
+from stragglers.adapt.replies import (Acked, Configured, Created, FailedShard, Joined,
+                                      LeaseReply, Released, Requeued, Restored)
+from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import check_url
 
-_CONFLICTS = {"Fenced": Fenced, "LeaseLost": LeaseLost}
+_CONFLICTS: dict[str, type[StragglersError]] = {"Fenced": Fenced, "LeaseLost": LeaseLost}
+R = TypeVar("R", bound=msgspec.Struct)
 
 
 # A restore of 655,360 rows is written in paced steps (other jobs' calls run between them):
@@ -45,7 +51,7 @@ class ShardClient:
         self.job = job or dataset
         self.retry_s = retry_s
         self.fence: int | None = None
-        headers = {}
+        headers: dict[str, str] = {}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         if service_token:
@@ -56,8 +62,9 @@ class ShardClient:
         """Close the connection pool."""
         self._http.close()
 
-    def _call(self, method: str, path: str, body: dict | None = None, params=None,
-              timeout: float | None = None) -> dict:
+    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None,
+              params: dict[str, int] | None = None, timeout: float | None = None) -> Any:
+        """The JSON answer of one call, retried while the service is unavailable."""
         deadline = time.monotonic() + self.retry_s
         delay = 0.05
         while True:
@@ -94,105 +101,117 @@ class ShardClient:
             raise InputError(f"{self.url}{path}", field, msg)
         return resp.json()
 
+    def _typed(self, kind: type[R], method: str, path: str, body: Mapping[str, Any] | None = None,
+               params: dict[str, int] | None = None, timeout: float | None = None) -> R:
+        """_call's answer read as a `kind` reply (EnvironmentFailure: the service sent another)."""
+        data = self._call(method, path, body, params, timeout)
+        try:
+            return msgspec.convert(data, kind)
+        except msgspec.ValidationError as exc:
+            raise EnvironmentFailure(f"shard service {self.url}{path}",
+                                     f"not a {kind.__name__} reply: {exc}") from None
+
     def _ds(self, op: str) -> str:
         return f"/datasets/{self.dataset}/{op}"
 
     def _job(self, op: str) -> str:
         return f"/jobs/{self.job}/control/{op}"
 
-    def create_dataset(self, cfg: DatasetConfig) -> dict:
+    def create_dataset(self, cfg: DatasetConfig) -> Created:
         """Register the data set (idempotent for the same config and token)."""
-        return self._call("POST", "/datasets", {**asdict(cfg), "name": self.dataset})
+        return self._typed(Created, "POST", "/datasets", {**asdict(cfg), "name": self.dataset})
 
     def join(self) -> int:
         """Start this worker's incarnation: fences off earlier ones (their shards go back)."""
-        self.fence = self._call("POST", self._ds("join"), {"worker": self.worker})["fence"]
+        self.fence = self._typed(Joined, "POST", self._ds("join"), {"worker": self.worker}).fence
         return self.fence
 
     def _need_fence(self) -> int:
-        if self.fence is None:
-            self.join()
-        return self.fence
+        return self.join() if self.fence is None else self.fence
 
-    def lease(self, count: int = 1) -> dict:
-        """Pull shards: {"status": "ok"|"wait"|"finished", "leases": [...], "failed": [...]}.
-
-        With count == 1 the shard is also under "lease". A failure of this worker returns all
-        of them to the queue.
-        """
+    def lease(self, count: int = 1) -> LeaseReply:
+        """Pull up to `count` shards (status "ok"), or none ("wait", "finished"); `.lease` is the
+        first. A failure of this worker returns all of them to the queue."""
         body = {"worker": self.worker, "fence": self._need_fence(), "count": count,
                 "request_id": uuid.uuid4().hex}
-        reply = self._call("POST", self._ds("lease"), body)
-        if count == 1 and reply["leases"]:
-            reply["lease"] = reply["leases"][0]
-        return reply
+        return self._typed(LeaseReply, "POST", self._ds("lease"), body)
 
-    def ack(self, epoch: int, shard: int, consumed: int) -> dict:
+    def ack(self, epoch: int, shard: int, consumed: int) -> Acked:
         """Report the samples of a shard consumed so far (renews the lease)."""
-        return self._call("POST", self._ds("ack"), {"worker": self.worker,
-                                                     "fence": self._need_fence(), "epoch": epoch,
-                                                     "shard": shard, "consumed": consumed})
+        return self._typed(Acked, "POST", self._ds("ack"), {
+            "worker": self.worker, "fence": self._need_fence(), "epoch": epoch, "shard": shard,
+            "consumed": consumed})
 
     def release(self, failure: bool = True, error: str | None = None,
-                all_incarnations: bool = False) -> dict:
+                all_incarnations: bool = False) -> Released:
         """Give back this incarnation's shards; `all_incarnations`: fence off every one (a launcher)."""
-        body = {"worker": self.worker, "failure": failure, "error": error}
-        if not all_incarnations:
-            body["fence"] = self._need_fence()
-        return self._call("POST", self._ds("release"), body)
+        # without a fence the service fences off every incarnation (the launcher's call)
+        fence = {} if all_incarnations else {"fence": self._need_fence()}
+        body = {"worker": self.worker, "failure": failure, "error": error, **fence}
+        return self._typed(Released, "POST", self._ds("release"), body)
 
-    def retry_failed(self) -> dict:
+    def retry_failed(self) -> Requeued:
         """Put the FAILED shards back in the queue."""
-        return self._call("POST", self._ds("retry-failed"), {})
+        return self._typed(Requeued, "POST", self._ds("retry-failed"), {})
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """Counts per epoch and state, and the FAILED-shard report."""
         return self._call("GET", self._ds("status"))
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         """The shard state to store inside a model checkpoint."""
         return self._call("GET", self._ds("snapshot"))
 
-    def restore(self, snap: dict) -> dict:
+    def restore(self, snap: Mapping[str, Any]) -> Restored:
         """Reset the service to a snapshot taken with the model checkpoint being loaded (a big
         one is written in paced steps: up to RESTORE_TIMEOUT_S)."""
-        return self._call("POST", self._ds("restore"), snap, timeout=RESTORE_TIMEOUT_S)
+        return self._typed(Restored, "POST", self._ds("restore"), snap,
+                           timeout=RESTORE_TIMEOUT_S)
 
-    def configure_control(self, config) -> dict:
+    def configure_control(self, config: ControlConfig | Mapping[str, Any]) -> Configured:
         """Start the job's controller for this incarnation (a ControlConfig or its dict)."""
-        body = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-        return self._call("POST", self._job("config"), body)
+        body = config.to_dict() if isinstance(config, ControlConfig) else dict(config)
+        return self._typed(Configured, "POST", self._job("config"), body)
 
-    def report_steps(self, rank: int, records: list, device: str, incarnation: int,
-                     since: int = 0) -> dict:
+    def report_steps(self, rank: int, records: Sequence[Sequence[float]], device: str,
+                     incarnation: int, since: int = 0) -> Actions:
         """Send step records [[step, bpt, batch], ...] to the Monitor; get actions >= since back."""
-        return self._call("POST", self._job("report"), {"rank": rank, "records": records,
-                                                        "device": device, "incarnation": incarnation,
-                                                        "since": since})
+        return self._typed(Actions, "POST", self._job("report"), {
+            "rank": rank, "records": records, "device": device, "incarnation": incarnation,
+            "since": since})
 
-    def actions(self, since: int) -> dict:
+    def actions(self, since: int) -> Actions:
         """Controller actions with seq >= since."""
-        return self._call("GET", self._job("actions"), params={"since": since})
+        return self._typed(Actions, "GET", self._job("actions"), params={"since": since})
 
-    def control_state(self) -> dict:
-        """The controller's current view."""
-        return self._call("GET", self._job("state"))
+    def control_state(self) -> dict[str, Any]:
+        """The controller's current view (the JSON of controller.ControllerView)."""
+        state: dict[str, Any] = self._call("GET", self._job("state"))
+        return state
 
 
-def _payload(resp: httpx.Response) -> dict:
+class _ErrorBody(msgspec.Struct):
+    """The service's error answer (every status): {"error", "kind", "field"}."""
+
+    error: str = ""
+    kind: str = ""
+    field: str | None = None
+
+
+def _error_body(resp: httpx.Response) -> _ErrorBody:
+    """The error answer, or an empty one when the body is not one (e.g. a proxy's page)."""
     try:
-        body = resp.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+        return msgspec.json.decode(resp.content, type=_ErrorBody)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return _ErrorBody()
 
 
 def _message(resp: httpx.Response) -> str:
-    return str(_payload(resp).get("error") or resp.text[:500])
+    return _error_body(resp).error or resp.text[:500]
 
 
 def _kind(resp: httpx.Response) -> str:
-    return str(_payload(resp).get("kind", ""))
+    return _error_body(resp).kind
 
 
 def _retry_after(resp: httpx.Response) -> float:
@@ -202,7 +221,7 @@ def _retry_after(resp: httpx.Response) -> float:
 
 
 def _field(resp: httpx.Response) -> str | None:
-    return _payload(resp).get("field")
+    return _error_body(resp).field
 
 
 @dataclass
@@ -240,7 +259,7 @@ class ShardBatchSampler:
         self._last_ack = 0.0
         self.join_on_start = join_on_start
         self.finished = False
-        self.failed_report: list[dict] = []
+        self.failed_report: list[FailedShard] = []
         self.lost_samples = 0  # handed out but whose lease was lost before the ack (replayed)
         self._held: list[_Held] = []
         self.last_batch: list[int] = []
@@ -252,20 +271,22 @@ class ShardBatchSampler:
     def _pull(self) -> bool:
         """Lease one more shard; False when none is available now."""
         reply = self.client.lease()
-        self.failed_report = reply.get("failed", [])
-        if reply["status"] == "ok":
-            lease = reply["lease"]
-            self._held.append(_Held(lease["epoch"], lease["shard"], lease["offset"],
-                                    lease["indices"]))
+        self.failed_report = reply.failed
+        lease = reply.lease
+        if reply.status == "ok" and lease is not None:
+            self._held.append(_Held(lease.epoch, lease.shard, lease.offset,
+                                    lease.sample_indices()))
             return True
-        if reply["status"] == "finished":
+        if reply.status == "finished":
             self.finished = True
         return False
 
     def next_batch(self) -> list[int]:
         """The next batch of sample indices (possibly short at the end or while waiting)."""
         self.ack()
-        want, batch, epochs = self._size(), [], []
+        want = self._size()
+        batch: list[int] = []
+        epochs: list[int] = []
         while len(batch) < want:
             head = next((h for h in self._held if h.taken < len(h.indices)), None)
             if head is None:
@@ -321,7 +342,7 @@ class ShardBatchSampler:
             yield batch
 
     @staticmethod
-    def collate(batch: list):
+    def collate(batch: list[Any]) -> Any:
         """DataLoader collate_fn that maps an empty batch (peer holds the last shards) to None."""
         if not batch:
             return None

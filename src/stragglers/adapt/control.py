@@ -7,10 +7,11 @@ controllers, and each job's rank 0 configures its controller again at every inca
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict
+from collections.abc import Sequence
 
-from stragglers.adapt.controller import ControlConfig, Controller
+from stragglers.adapt.controller import Actions, ControlConfig, Controller, ControllerView
 from stragglers.adapt.errors import Conflict, NotFound, QuotaExceeded, authorize
+from stragglers.adapt.replies import Configured
 from stragglers.errors import InputError
 
 MAX_JOBS = 1024
@@ -31,7 +32,7 @@ class ControlPlane:
         self.max_jobs_per_client = max_jobs_per_client
 
     def configure(self, job: str, cfg: ControlConfig, token_sha256: str | None,
-                  client: str | None = None) -> dict:
+                  client: str | None = None) -> Configured:
         """Start the job's controller, or a new one for a later incarnation of the job.
 
         The same config again is a no-op (a retried request); an older incarnation, or another
@@ -43,7 +44,7 @@ class ControlPlane:
                 owner, ctl = have
                 authorize(owner, token_sha256, f"job '{job}'")
                 if cfg == ctl.config:
-                    return {"configured": False, "incarnation": cfg.incarnation}
+                    return Configured(False, cfg.incarnation)
                 if cfg.incarnation <= ctl.config.incarnation:
                     raise Conflict(f"job '{job}' incarnation {ctl.config.incarnation} is"
                                    f" configured; a different config needs a later incarnation,"
@@ -55,24 +56,24 @@ class ControlPlane:
                 if client is not None:
                     self._created[client] = self._created.get(client, 0) + 1
             self._jobs[job] = (token_sha256, Controller(cfg))
-        return {"configured": True, "incarnation": cfg.incarnation}
+        return Configured(True, cfg.incarnation)
 
-    def report(self, job: str, rank: int, records: list, device: str, incarnation: int,
-               since: int, token_sha256: str | None) -> dict:
+    def report(self, job: str, rank: int, records: Sequence[tuple[int, float, int]], device: str,
+               incarnation: int, since: int, token_sha256: str | None) -> Actions:
         """Feed step records [[step, bpt, batch], ...] of one rank; reply with actions >= since.
 
         All records are checked before any is applied; records of another incarnation (an
         agent of a killed incarnation still flushing) are ignored.
         """
         with self._lock:
-            ctl = self._controller(job, token_sha256)
+            ctl = self._controller(job, token_sha256, write=True)
             if not 0 <= rank < ctl.config.world_size:
                 raise InputError("control report", "rank",
                                  f"expected 0..{ctl.config.world_size - 1}, got {rank}")
             if incarnation == ctl.config.incarnation:
                 for step, bpt, batch in records:
                     ctl.observe(rank, step, bpt, batch, device)
-            return self._actions(ctl, since)
+            return ctl.actions_since(since)
 
     def _check_quota(self, token_sha256: str | None, client: str | None = None) -> None:
         """A new controller: within the service's limit, this client's (under any tokens: one
@@ -95,25 +96,22 @@ class ControlPlane:
         with self._lock:
             return job in self._jobs
 
-    def actions(self, job: str, since: int) -> dict:
+    def actions(self, job: str, since: int) -> Actions:
         """Every action with seq >= since."""
         with self._lock:
-            return self._actions(self._controller(job), since)
+            return self._controller(job).actions_since(since)
 
-    def state(self, job: str) -> dict:
+    def state(self, job: str) -> ControllerView:
         """The controller's view (config, classes, batch sizes, actions)."""
         with self._lock:
             return self._controller(job).state()
 
-    @staticmethod
-    def _actions(ctl: Controller, since: int) -> dict:
-        return {"incarnation": ctl.config.incarnation,
-                "actions": [asdict(a) for a in ctl.actions[since:]]}
-
-    def _controller(self, job: str, token_sha256: str | None | bool = False) -> Controller:
+    def _controller(self, job: str, token_sha256: str | None = None,
+                    write: bool = False) -> Controller:
+        """The job's controller; a write must carry the job's token (`token_sha256`)."""
         have = self._jobs.get(job)
         if have is None:
             raise NotFound(f"no controller for job '{job}' (POST /jobs/{job}/control/config first)")
-        if token_sha256 is not False:
+        if write:
             authorize(have[0], token_sha256, f"job '{job}'")
         return have[1]

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from stragglers.adapt.monitor import DETERMINISTIC, NONE, TRANSIENT, SpeedMonitor
+import msgspec
+
+from stragglers.adapt.monitor import DETERMINISTIC, NONE, TRANSIENT, SpeedMonitor, WorkerClass
 from stragglers.adapt.policies import restart_gain, split_batch
 from stragglers.config import Config, setting
 from stragglers.errors import InputError
 from stragglers.protocols import CONTROLLER_POLICIES
 
-ADJUST_BS, KILL_RESTART = "ADJUST_BS", "KILL_RESTART"
+ActionKind = Literal["ADJUST_BS", "KILL_RESTART"]
+ADJUST_BS: ActionKind = "ADJUST_BS"
+KILL_RESTART: ActionKind = "KILL_RESTART"
 MAX_WORLD = 1 << 16
 MAX_BATCH = 1 << 24
 
@@ -59,17 +62,63 @@ class ControlConfig(Config):
         """Kept for callers of the old API: validation now happens at construction."""
 
 
-@dataclass
-class Action:
+class Action(msgspec.Struct, frozen=True):
     """One controller decision; every agent sees every action and applies it at `effective_step`."""
 
     seq: int
-    kind: str
+    kind: ActionKind
     effective_step: int
-    batch_sizes: list[int] = field(default_factory=list)
+    batch_sizes: list[int] = []
     memory_cap: int | None = None
     target: int | None = None
     reason: str = ""
+
+
+class Actions(msgspec.Struct, frozen=True):
+    """The reply of a report or GET .../actions: the job's incarnation and actions >= since."""
+
+    incarnation: int
+    actions: list[Action]
+
+
+class ControllerView(msgspec.Struct, frozen=True):
+    """What the controller knows (GET .../control/state, the job's final report)."""
+
+    config: dict[str, Any]              # ControlConfig.to_dict()
+    batch_sizes: list[int]
+    classes: dict[str, WorkerClass]     # by rank (JSON object keys are strings)
+    actions: list[Action]
+    kills: int
+
+
+@dataclass(frozen=True)
+class AdjustBatches:
+    """A policy's proposal: these per-rank batch sizes (summing to B)."""
+
+    batch_sizes: list[int]
+    reason: str
+
+
+@dataclass(frozen=True)
+class KillRestart:
+    """A policy's proposal: restart the job without rank `target`'s slow node."""
+
+    target: int
+    reason: str
+
+
+Proposal = AdjustBatches | KillRestart
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """What a policy decides on: the job, the monitor, the window's classes, the split in force."""
+
+    config: ControlConfig
+    monitor: SpeedMonitor
+    classes: dict[int, WorkerClass]
+    batch_sizes: list[int]
+    kills: int
 
 
 class Controller:
@@ -83,7 +132,7 @@ class Controller:
         self.batch_sizes = split_batch(config.global_batch, [1.0] * config.world_size)
         self.actions: list[Action] = []
         self.kills = 0
-        self.last_classes: dict[int, dict] = {}
+        self.last_classes: dict[int, WorkerClass] = {}
 
     def observe(self, rank: int, step: int, bpt: float, batch: int, device: str = "") -> list[Action]:
         """Feed one step record; returns the actions decided because a window closed."""
@@ -99,42 +148,40 @@ class Controller:
                 self.actions.append(action)
         return new
 
-    def _view(self) -> dict[str, Any]:
-        return {"config": self.config, "monitor": self.monitor, "classes": self.last_classes,
-                "batch_sizes": list(self.batch_sizes), "kills": self.kills}
+    def _view(self) -> ControllerState:
+        return ControllerState(self.config, self.monitor, self.last_classes,
+                               list(self.batch_sizes), self.kills)
 
     def _lag_steps(self) -> int:
         step_times = [r.bpt for w in self.monitor.workers.values() for r in list(w.records)[-3:]]
         step_time = max(statistics.median(step_times), 1e-3) if step_times else 0.1
         return max(2, math.ceil(self.config.lag_s / step_time))
 
-    def _action(self, proposal: dict) -> Action | None:
+    def _action(self, proposal: Proposal) -> Action | None:
         """Number a policy's proposal and schedule it; a negligible batch change is dropped."""
         cfg = self.config
         effective = self.monitor.latest_step + self._lag_steps()
-        if proposal["kind"] == KILL_RESTART:
+        if isinstance(proposal, KillRestart):
             self.kills += 1
             return Action(len(self.actions), KILL_RESTART, effective, [], None,
-                          proposal["target"], proposal["reason"])
-        sizes = proposal["batch_sizes"]
+                          proposal.target, proposal.reason)
+        sizes = proposal.batch_sizes
         moved = max(abs(a - b) for a, b in zip(sizes, self.batch_sizes))
         if moved <= cfg.min_change * cfg.global_batch / cfg.world_size:
             return None
         self.batch_sizes = list(sizes)
         return Action(len(self.actions), ADJUST_BS, effective, list(sizes), cfg.memory_cap, None,
-                      proposal["reason"])
+                      proposal.reason)
 
-    def state(self) -> dict:
+    def state(self) -> ControllerView:
         """What the controller knows, for status pages and the job's final report."""
-        return {"config": self.config.to_dict(), "batch_sizes": self.batch_sizes,
-                "classes": {str(k): {f: (None if isinstance(x, float) and x != x else x)
-                                     for f, x in v.items()}
-                            for k, v in self.last_classes.items()},
-                "actions": [asdict(a) for a in self.actions], "kills": self.kills}
+        return ControllerView(self.config.to_dict(), list(self.batch_sizes),
+                              {str(k): v for k, v in self.last_classes.items()},
+                              list(self.actions), self.kills)
 
-
-def _adjust(sizes: list[int], reason: str) -> dict:
-    return {"kind": ADJUST_BS, "batch_sizes": sizes, "reason": reason}
+    def actions_since(self, since: int) -> Actions:
+        """Every action with seq >= since, under this controller's incarnation."""
+        return Actions(self.config.incarnation, self.actions[since:])
 
 
 @CONTROLLER_POLICIES.register("bsp")
@@ -143,7 +190,7 @@ class StaticPolicy:
 
     name = "bsp"
 
-    def decide(self, state: Mapping[str, Any]) -> list[dict]:
+    def decide(self, state: ControllerState) -> list[Proposal]:
         """No actions."""
         return []
 
@@ -154,15 +201,15 @@ class DedicatedPolicy:
 
     name = "dd"
 
-    def decide(self, state: Mapping[str, Any]) -> list[dict]:
+    def decide(self, state: ControllerState) -> list[Proposal]:
         """One ADJUST_BS to the split of measured speeds (the controller drops a negligible one)."""
-        cfg, monitor = state["config"], state["monitor"]
+        cfg, monitor = state.config, state.monitor
         fits = [monitor.throughput_and_overhead(r) for r in range(cfg.world_size)]
         v, c = [f[0] for f in fits], [f[1] for f in fits]
         if any(not math.isfinite(x) for x in v):
             return []
-        return [_adjust(split_batch(cfg.global_batch, v, c),
-                        f"DD: throughputs {[round(x, 1) for x in v]} samples/s")]
+        return [AdjustBatches(split_batch(cfg.global_batch, v, c),
+                              f"DD: throughputs {[round(x, 1) for x in v]} samples/s")]
 
 
 @CONTROLLER_POLICIES.register("nd")
@@ -175,32 +222,32 @@ class NonDedicatedPolicy:
 
     name = "nd"
 
-    def decide(self, state: Mapping[str, Any]) -> list[dict]:
+    def decide(self, state: ControllerState) -> list[Proposal]:
         """At most one action per window."""
-        cfg, classes = state["config"], state["classes"]
-        flagged = [r for r, info in classes.items() if info["class"] != NONE]
-        times = [info["per_sample_time"] for info in classes.values()]
-        known = [t for t in times if t == t]
+        cfg, classes = state.config, state.classes
+        flagged = [r for r, info in classes.items() if info.category != NONE]
+        times = [info.per_sample_time for info in classes.values()]
+        known = [t for t in times if t is not None]
         if not known:
             return []
         median_t = statistics.median(known)
         equal_b = cfg.global_batch / cfg.world_size
-        remaining = max(0, cfg.total_steps - state["monitor"].latest_step)
+        remaining = max(0, cfg.total_steps - state.monitor.latest_step)
         for r in flagged:
             info = classes[r]
-            if info["class"] in (TRANSIENT, DETERMINISTIC) or state["kills"] >= cfg.max_restarts:
+            if info.category in (TRANSIENT, DETERMINISTIC) or state.kills >= cfg.max_restarts \
+                    or info.per_sample_time is None:
                 continue
-            gain = restart_gain(info["per_sample_time"] * equal_b, median_t * equal_b, remaining)
+            gain = restart_gain(info.per_sample_time * equal_b, median_t * equal_b, remaining)
             if gain > cfg.restart_cost_s:
-                return [{"kind": KILL_RESTART, "target": r,
-                         "reason": f"ND: rank {r} {info['class']} (r={info['ratio']:.2f} for"
-                                   f" {info['windows']} windows); gain {gain:.1f}s >"
-                                   f" restart cost {cfg.restart_cost_s:.1f}s"}]
-        if any(classes[r]["class"] == DETERMINISTIC for r in flagged):
+                return [KillRestart(r, f"ND: rank {r} {info.category} (r={info.ratio:.2f} for"
+                                       f" {info.windows} windows); gain {gain:.1f}s >"
+                                       f" restart cost {cfg.restart_cost_s:.1f}s")]
+        if any(classes[r].category == DETERMINISTIC for r in flagged):
             return DedicatedPolicy().decide(state)
         if flagged:
-            v = [1.0 / t if t == t and t > 0 else 0.0 for t in times]
-            return [_adjust(split_batch(cfg.global_batch, v),
-                            f"ND: stragglers {flagged}, b_i proportional to 1/BPT_i")]
-        return [_adjust(split_batch(cfg.global_batch, [1.0] * cfg.world_size),
-                        "ND: no straggler, equal batches")]
+            v = [1.0 / t if t is not None and t > 0 else 0.0 for t in times]
+            return [AdjustBatches(split_batch(cfg.global_batch, v),
+                                  f"ND: stragglers {flagged}, b_i proportional to 1/BPT_i")]
+        return [AdjustBatches(split_batch(cfg.global_batch, [1.0] * cfg.world_size),
+                              "ND: no straggler, equal batches")]

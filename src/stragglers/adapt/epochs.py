@@ -6,6 +6,7 @@ import sqlite3
 
 from stragglers.adapt.dataset import TODO, DatasetConfig
 from stragglers.adapt.stored import check_materialized
+from stragglers.adapt.store_state import StoreState
 
 # Rows of an epoch written at once: creating a data set or an epoch of 65,536 shards in one
 # transaction held the commit thread (every other job's calls) for seconds. The rest of the
@@ -14,7 +15,7 @@ from stragglers.adapt.stored import check_materialized
 EPOCH_CHUNK = 1024
 
 
-class Epochs:
+class Epochs(StoreState):
     """ShardStore's epochs: created as TODO rows in queue order, EPOCH_CHUNK at a time."""
 
     def _create_epoch(self, c: sqlite3.Connection, cfg: DatasetConfig, epoch: int,
@@ -25,7 +26,7 @@ class Epochs:
         c.execute("UPDATE datasets SET epochs_created=?, materialized=? WHERE name=?",
                   (epoch + 1, upto, cfg.name))
 
-    def _write_rows(self, c, cfg: DatasetConfig, epoch: int, lo: int, hi: int) -> None:
+    def _write_rows(self, c: sqlite3.Connection, cfg: DatasetConfig, epoch: int, lo: int, hi: int) -> None:
         base = epoch * (cfg.num_shards + 1) + 1  # queue positions after earlier epochs
         key = self._key(cfg.name)
         rows = [(key, epoch, s, s * cfg.shard_size,
@@ -33,13 +34,13 @@ class Epochs:
                  base + s, None) for s in range(lo, hi)]
         c.executemany("INSERT INTO shards VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
 
-    def _materialized(self, c, cfg: DatasetConfig) -> int:
+    def _materialized(self, c: sqlite3.Connection, cfg: DatasetConfig) -> int:
         """Shard rows written of the last epoch (the others are TODO, queued after them)."""
         value = c.execute("SELECT materialized FROM datasets WHERE name=?",
                           (cfg.name,)).fetchone()[0]
         return check_materialized(cfg, value)
 
-    def _extend_epoch(self, c, cfg: DatasetConfig, epoch: int, have: int) -> None:
+    def _extend_epoch(self, c: sqlite3.Connection, cfg: DatasetConfig, epoch: int, have: int) -> None:
         """Write the next EPOCH_CHUNK rows of the last epoch (its queue reached them)."""
         upto = min(cfg.num_shards, have + EPOCH_CHUNK)
         self._write_rows(c, cfg, epoch, have, upto)

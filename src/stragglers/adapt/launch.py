@@ -10,7 +10,9 @@ import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import torch.distributed as dist
 
 from stragglers.adapt.service import EmbeddedServer
@@ -27,6 +29,13 @@ class JobService:
     url: str
     token: str
     server: EmbeddedServer | None = None
+
+
+class _Published(msgspec.Struct):
+    """What rank 0 publishes to the other ranks (JSON in the torchrun store)."""
+
+    url: str
+    token: str
 
 
 def read_or_create_token(token_file: str | Path) -> str:
@@ -104,17 +113,16 @@ def job_service(spec: str, db: str | Path, token_file: str | Path) -> JobService
         if store is not None:
             store.set(key, payload)
         else:
-            box = [payload]
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list([payload], src=0)
         return JobService(url, token, server)
     if store is not None:
         payload = store.get(key).decode()
     else:
-        box = [None]
+        box: list[Any] = [None]
         dist.broadcast_object_list(box, src=0)
         payload = box[0]
-    info = json.loads(payload)
-    return JobService(info["url"], info["token"])
+    where = msgspec.json.decode(payload, type=_Published)
+    return JobService(where.url, where.token)
 
 
 def init_distributed(backend: str = "gloo", timeout_s: float = 300.0) -> int:
@@ -128,7 +136,7 @@ def init_distributed(backend: str = "gloo", timeout_s: float = 300.0) -> int:
     incarnation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+    store: dist.Store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=not agent_store and rank == 0,
                           timeout=timedelta(seconds=timeout_s))
     store = dist.PrefixStore(f"/stragglers/adapt/incarnation_{incarnation}", store)

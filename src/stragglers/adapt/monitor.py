@@ -7,9 +7,19 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 NONE, TRANSIENT, PERSISTENT, DETERMINISTIC = "none", "transient", "persistent", "deterministic"
+
+
+class WorkerClass(msgspec.Struct, frozen=True, rename={"category": "class"}):
+    """One worker's verdict at the close of a window (written with the key "class")."""
+
+    ratio: float                    # r_i: its per-sample time over the median worker's
+    category: str                   # NONE, TRANSIENT, PERSISTENT or DETERMINISTIC
+    per_sample_time: float | None   # median BPT / batch over the window (None: no record)
+    windows: int                    # flagged windows in a row
 
 
 @dataclass
@@ -25,7 +35,7 @@ class WorkerStepTime:
 class WorkerHistory:
     """The recent records of one worker and its detection state."""
 
-    records: deque = field(default_factory=lambda: deque(maxlen=256))
+    records: deque[WorkerStepTime] = field(default_factory=lambda: deque(maxlen=256))
     device: str = ""
     since_eval: int = 0
     flagged_windows: int = 0
@@ -85,14 +95,14 @@ class SpeedMonitor:
         recent = recs[-self.window:]
         return sum(r.batch for r in recent) / sum(r.bpt for r in recent), 0.0
 
-    def evaluate(self) -> dict[int, dict]:
+    def evaluate(self) -> dict[int, WorkerClass]:
         """Close the window: r_i = median_W(per-sample BPT_i) / median_j, and each worker's class."""
         times = {r: self.per_sample_time(r) for r in self.workers}
         known = [t for t in times.values() if t == t]
         med = statistics.median(known) if known else float("nan")
         devices = [w.device for w in self.workers.values()]
         common_device = max(set(devices), key=devices.count)
-        out = {}
+        out: dict[int, WorkerClass] = {}
         for rank, w in self.workers.items():
             w.since_eval = 0
             ratio = times[rank] / med if med == med and med > 0 and times[rank] == times[rank] else 1.0
@@ -106,8 +116,8 @@ class SpeedMonitor:
                 cls = DETERMINISTIC  # stable and tied to a device type unlike the majority's
             else:
                 cls = PERSISTENT
-            out[rank] = {"ratio": ratio, "class": cls, "per_sample_time": times[rank],
-                         "windows": w.flagged_windows}
+            t = times[rank]
+            out[rank] = WorkerClass(ratio, cls, t if t == t else None, w.flagged_windows)
         return out
 
     def reset(self) -> None:

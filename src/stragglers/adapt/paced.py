@@ -8,6 +8,7 @@ import logging
 import time
 
 from stragglers.adapt.errors import Busy
+from stragglers.adapt.replies import Restored
 from stragglers.adapt.restores import RESTORE_CHUNK, PreparedRestore
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, RequestLimits
 
@@ -54,7 +55,7 @@ class PacedWriter:
         return result
 
     async def restore(self, prepared: PreparedRestore, token: str | None, may_create: bool,
-                      creator: str | None) -> dict:
+                      creator: str | None) -> Restored:
         """Write a prepared restore a chunk at a time, then switch to it (store.restore_*)."""
         store = self.store
         key = await self.commit.run(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+import msgspec
 import numpy as np
 
 from stragglers.adapt.dataset import epoch_permutation
@@ -16,13 +17,12 @@ from stragglers.adapt.dataset import epoch_permutation
 Key = tuple[int, int, int]  # (num_samples, seed, epoch): the shuffle depends on nothing else
 
 
-class Pending:
+class Pending(msgspec.Struct, frozen=True):
     """Indices of a lease whose epoch's shuffle is not in memory yet (filled off the commit thread)."""
 
-    __slots__ = ("key", "start", "stop")
-
-    def __init__(self, key: Key, start: int, stop: int):
-        self.key, self.start, self.stop = key, start, stop
+    key: Key
+    start: int
+    stop: int
 
 
 class Permutations:

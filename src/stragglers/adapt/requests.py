@@ -7,7 +7,7 @@ number a range, so no request can make the service store or copy an unbounded va
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -147,7 +147,10 @@ class Report(Strict):
     since: Annotated[int, Field(ge=0, le=1 << 31)] = 0
 
 
-def parse(model: type[Strict], body: bytes, source: str = "request body") -> Strict:
+M = TypeVar("M", bound=Strict)
+
+
+def parse(model: type[M], body: bytes, source: str = "request body") -> M:
     """Validate a JSON body; the first problem becomes an InputError naming the field."""
     try:
         return model.model_validate_json(body or b"{}")

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import math
+import sqlite3
 
 from stragglers.adapt.dataset import FAILED, MAX_FAILED_IN_REPLY, TODO, DatasetConfig
+from stragglers.adapt.replies import FailedShard, Requeued, ShardKey
 from stragglers.adapt.stored import damaged
+from stragglers.adapt.store_state import StoreState
 
 
-class Requeues:
+class Requeues(StoreState):
     """ShardStore's requeues: a DOING shard back at the front of TODO (or FAILED past its
     retries), expired leases found cheaply (a lower bound of the next expiry kept in memory),
     and the FAILED report of lease replies."""
 
-    def _requeue(self, c, cfg: DatasetConfig, front: int, epoch: int, shard: int,
+    def _requeue(self, c: sqlite3.Connection, cfg: DatasetConfig, front: int, epoch: int, shard: int,
                  retries: int, failure: bool, error: str | None) -> int:
         """Put a DOING shard back at the front of TODO, or FAILED past the retry bound."""
         if type(retries) is not int:
@@ -29,7 +32,7 @@ class Requeues:
                                              shard))
         return front
 
-    def _expire(self, c, cfg: DatasetConfig, front: int, now: float) -> int:
+    def _expire(self, c: sqlite3.Connection, cfg: DatasetConfig, front: int, now: float) -> int:
         if cfg.name in self._grace:
             # First call since this store was opened (a service restart): the holders could not
             # renew while no service ran, so each lease gets a full lease_s from now.
@@ -59,23 +62,24 @@ class Requeues:
         if bound is not None and deadline < bound:
             self._next_expiry[name] = deadline
 
-    def _failed_report(self, c, name: str) -> tuple[list[dict], int]:
+    def _failed_report(self, c: sqlite3.Connection, name: str) -> tuple[list[FailedShard], int]:
         """The FAILED report of a lease reply (first MAX_FAILED_IN_REPLY), kept in memory."""
         report = self._failed_cache.get(name)
         if report is None:
             report = self._failed_cache[name] = self._failed(c, name, MAX_FAILED_IN_REPLY)
-        return [dict(f) for f in report[0]], report[1]
+        return list(report[0]), report[1]   # FailedShard is frozen: the rows are shared
 
-    def _release_rows(self, c, cfg, front, worker, fence, failure, error) -> list:
+    def _release_rows(self, c: sqlite3.Connection, cfg: DatasetConfig, front: int, worker: str,
+                      fence: int | None, failure: bool, error: str | None) -> list[ShardKey]:
         rows = c.execute("SELECT epoch, shard, retries, fence FROM shards WHERE dataset=? AND"
                          " worker=? AND state='DOING'", (self._key(cfg.name), worker)).fetchall()
         rows = [r for r in rows if fence is None or r[3] == fence]
         for epoch, shard, retries, _ in rows:
             front = self._requeue(c, cfg, front, epoch, shard, retries, failure, error)
         c.execute("UPDATE datasets SET front=? WHERE name=?", (front, cfg.name))
-        return [[e, s] for e, s, _, _ in rows]
+        return [(e, s) for e, s, _, _ in rows]
 
-    def retry_failed(self, name: str, token_sha256: str | None = None) -> dict:
+    def retry_failed(self, name: str, token_sha256: str | None = None) -> Requeued:
         """Put every FAILED shard back at the front of TODO with its retry count reset."""
         with self._tx() as c:
             cfg, _, front = self._config(c, name, token_sha256)
@@ -88,9 +92,10 @@ class Requeues:
                           " dataset=? AND epoch=? AND shard=?",
                           (front, self._key(name), epoch, shard))
             c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
-        return {"requeued": [list(r) for r in sorted(rows)]}
+        return Requeued([(e, s) for e, s in sorted(rows)])
 
-    def _failed(self, c, name: str, limit: int | None = None) -> tuple[list[dict], int]:
+    def _failed(self, c: sqlite3.Connection, name: str,
+                limit: int | None = None) -> tuple[list[FailedShard], int]:
         # INDEXED BY: the FAILED rows' range of the queue index, sorted (without it SQLite
         # walks the primary key for the ORDER BY); only the first `limit` become objects.
         rows = c.execute("SELECT epoch, shard, start, stop, consumed, retries, error FROM shards"
@@ -101,8 +106,8 @@ class Requeues:
             "SELECT COUNT(*) FROM shards INDEXED BY shards_queue WHERE dataset=? AND"
             " state='FAILED'", (self._key(name),)).fetchone()[0]
         try:
-            return ([{"epoch": e, "shard": s, "samples": b - a - k, "retries": r, "error": err}
-                     for e, s, a, b, k, r, err in rows], total)
+            return ([FailedShard(e, s, b - a - k, r, err) for e, s, a, b, k, r, err in rows],
+                    total)
         except TypeError:
             raise damaged(name, "FAILED shard row", "a column is not an integer") from None
 

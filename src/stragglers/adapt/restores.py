@@ -11,12 +11,15 @@ its rows are deleted as garbage, at the latest after the next start.
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from dataclasses import asdict, dataclass
 
 from stragglers.adapt import reads
 from stragglers.adapt.dataset import DOING, TODO, DatasetConfig, validate_snapshot
 from stragglers.adapt.errors import Conflict, Forbidden, QuotaExceeded, authorize
+from stragglers.adapt.replies import Restored
+from stragglers.adapt.store_state import StoreState
 
 RESTORE_CHUNK = 512    # rows written per transaction (a few ms of the commit thread)
 GARBAGE_CHUNK = 1024   # old rows deleted per transaction
@@ -47,10 +50,10 @@ def prepare_restore(checked: tuple) -> PreparedRestore:
     return PreparedRestore(cfg, epochs_created, out, front, len(doing))
 
 
-class Restores:
+class Restores(StoreState):
     """ShardStore's restores and quotas (what a token or a client may create)."""
 
-    def _check_quota(self, c, token_sha256: str | None, creator: str | None = None) -> None:
+    def _check_quota(self, c: sqlite3.Connection, token_sha256: str | None, creator: str | None = None) -> None:
         """Refuse a new data set past the service's, this token's or this client's limit
         (QuotaExceeded: 429): minting tokens does not get one client past its share."""
         total = c.execute("SELECT COUNT(*) FROM datasets").fetchone()[0]
@@ -73,7 +76,8 @@ class Restores:
                                 f" (max_datasets_per_token={self.max_datasets_per_token})")
 
     def may_restore(self, name: str, token_sha256: str | None, may_create: bool,
-                    conn=None, creator: str | None = None) -> None:
+                    conn: sqlite3.Connection | None = None,
+                    creator: str | None = None) -> None:
         """The checks of a restore that need no body: ownership, creation right and quota.
 
         Run before a snapshot body (up to max_restore_bytes) is read: a stranger's token is
@@ -89,7 +93,7 @@ class Restores:
         self._check_quota(conn, token_sha256, creator)
 
     def restore(self, snap: dict, token_sha256: str | None = None,
-                may_create: bool = True) -> dict:
+                may_create: bool = True) -> Restored:
         """Replace a data set's state with a validated snapshot: its DOING shards go first.
 
         Refused (nothing changed) when the snapshot is inconsistent (a shard missing or twice,
@@ -100,7 +104,7 @@ class Restores:
                                      may_create)
 
     def restore_prepared(self, prepared: PreparedRestore, token_sha256: str | None = None,
-                         may_create: bool = True, creator: str | None = None) -> dict:
+                         may_create: bool = True, creator: str | None = None) -> Restored:
         """restore() of a prepared snapshot, every step in a row (the service paces them)."""
         key = self.restore_begin(prepared, token_sha256, may_create, creator)
         try:
@@ -114,7 +118,7 @@ class Restores:
             pass
         return reply
 
-    def _restore_checks(self, c, cfg: DatasetConfig, token_sha256: str | None,
+    def _restore_checks(self, c: sqlite3.Connection, cfg: DatasetConfig, token_sha256: str | None,
                         may_create: bool, creator: str | None) -> bool:
         """Whether the data set exists; Forbidden, Conflict or QuotaExceeded when the restore
         may not happen (checked when it begins and again when it switches)."""
@@ -148,7 +152,7 @@ class Restores:
 
     def restore_finish(self, prepared: PreparedRestore, key: str,
                        token_sha256: str | None = None, may_create: bool = True,
-                       creator: str | None = None) -> dict:
+                       creator: str | None = None) -> Restored:
         """Switch the data set to the rows written under `key` (one small transaction); its
         old rows become garbage (collect_garbage) and its lease request history is dropped."""
         cfg = prepared.cfg
@@ -175,7 +179,7 @@ class Restores:
                            cfg.num_epochs, cfg.lease_s, cfg.max_retries,
                            prepared.epochs_created, prepared.front, token_sha256, key, creator))
             self._keys[cfg.name] = key
-        return {"restored": len(prepared.rows), "requeued_first": prepared.requeued_first}
+        return Restored(len(prepared.rows), prepared.requeued_first)
 
     def restore_abort(self, key: str) -> None:
         """A restore that will not finish: its rows written so far become garbage."""

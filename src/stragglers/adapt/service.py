@@ -18,10 +18,13 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -31,19 +34,24 @@ from starlette.routing import Route
 from stragglers.adapt import reads
 from stragglers.adapt import requests as rq
 from stragglers.adapt.control import ControlPlane
-from stragglers.adapt.controller import ControlConfig
+from stragglers.adapt.controller import Actions, ControlConfig, ControllerView
 from stragglers.adapt.dataset import DatasetConfig, check_name, validate_snapshot
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Busy, Forbidden, RateLimited, \
     Unauthorized
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
-from stragglers.adapt.restores import prepare_restore
+from stragglers.adapt.replies import (Acked, Configured, Created, Joined, LeaseReply, Released,
+                                      Requeued, Restored, to_builtins)
+from stragglers.adapt.restores import PreparedRestore, prepare_restore
 from stragglers.adapt.shards import ShardStore, resolve_indices
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import TOKEN_PATTERN, BodyRefused, base_url, declared_length, is_loopback, \
     listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
 from stragglers.serving_quota import MintRate, RateLimited as MintRefused, quota_client
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -222,14 +230,16 @@ def _settle(settled: list) -> None:
                 future.set_exception(value)
 
 
-def _checked_snapshot(raw: bytes, name: str):
+def _checked_snapshot(raw: bytes, name: str) -> PreparedRestore:
     """Parse, validate and prepare a restore body (on a worker thread, not the event loop or
     the writer)."""
-    snap = rq.parse(rq.Snapshot, raw).model_dump()
-    if snap["dataset"]["name"] != name:
+    body = rq.parse(rq.Snapshot, raw)
+    if body.dataset.name != name:
         raise InputError("snapshot", "dataset.name", f"expected '{name}' (the URL's data set),"
-                         f" got '{snap['dataset']['name']}'")
-    snap["shards"] = [list(r) for r in snap["shards"]]
+                         f" got '{body.dataset.name}'")
+    # validate_snapshot checks the JSON form (what a checkpoint holds): rows as lists
+    snap = {"dataset": body.dataset.model_dump(), "epochs_created": body.epochs_created,
+            "shards": [list(r) for r in body.shards]}
     return prepare_restore(validate_snapshot(snap))
 
 
@@ -319,7 +329,9 @@ def _internal_error() -> Response:
                   "field": None}, 500)
 
 
-def _json(payload: dict, status: int = 200) -> Response:
+def _json(payload: dict[str, Any] | msgspec.Struct, status: int = 200) -> Response:
+    if isinstance(payload, msgspec.Struct):
+        payload = to_builtins(payload)
     # The stdlib encoder directly: a lease reply is mostly a list of ints.
     return Response(json.dumps(payload, separators=(",", ":"), allow_nan=False), status,
                     media_type="application/json")
@@ -380,7 +392,7 @@ def _bearer(request: Request) -> str:
 
 
 def create_app(store: ShardStore, config: ServiceConfig | None = None,
-               service_token: str | None = None) -> Starlette:
+               service_token: str | None = None) -> _FastPath:
     """The HTTP API; see README.md for the protocol.
 
     `service_token`: when given, creating a data set or a job's controller also needs it in
@@ -459,10 +471,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def read(fn, *args):
         return await asyncio.wrap_future(reader.submit(fn, *args))
 
-    async def with_indices(reply: dict) -> dict:
+    async def with_indices(reply: LeaseReply) -> LeaseReply:
         """A lease reply with its Pending indices computed on a shuffle thread (not the writer)."""
-        pending = [x["indices"] for x in reply.get("leases", ())
-                   if isinstance(x["indices"], Pending)]
+        pending = [x.indices for x in reply.leases if isinstance(x.indices, Pending)]
         if pending:
             big = max(p.key[0] for p in pending) > 1 << 20
             await asyncio.get_running_loop().run_in_executor(shuffles[big], resolve_indices,
@@ -490,11 +501,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             raise Forbidden(f"creating needs this service's token in {SERVICE_TOKEN_HEADER}")
         return digest
 
-    async def health(request: Request) -> dict:
+    async def health(request: Request) -> dict[str, Any]:
         return {"ok": True, "commit_batches": commit.batches, "commit_calls": commit.calls,
                 "failed_batches": commit.failed_batches, "stalls": commit.stalls}
 
-    async def create_dataset(request: Request) -> dict:
+    async def create_dataset(request: Request) -> Created:
         digest = creator(request)   # the tokens before the body: no parsing for strangers
         minting(digest, request)
         body = await parsed(request, rq.CreateDataset)
@@ -502,31 +513,31 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         client = client_of(request)
         return await commit.run(lambda: store.create_dataset(cfg, digest, client))
 
-    async def join(request: Request) -> dict:
+    async def join(request: Request) -> Joined:
         name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Join)
         return await commit.run(lambda: store.join(name, body.worker, digest))
 
-    async def lease(request: Request) -> dict:
+    async def lease(request: Request) -> LeaseReply:
         name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Lease)
         return await with_indices(await commit.run(
             lambda: store.lease(name, body.worker, body.fence, body.count, body.request_id,
                                 digest)))
 
-    async def ack(request: Request) -> dict:
+    async def ack(request: Request) -> Acked:
         name, digest, b = name_of(request), _bearer(request), await parsed(request, rq.Ack)
         return await commit.run(lambda: store.ack(name, b.worker, b.fence, b.epoch, b.shard,
                                                   b.consumed, digest))
 
-    async def release(request: Request) -> dict:
+    async def release(request: Request) -> Released:
         name, digest, b = name_of(request), _bearer(request), await parsed(request, rq.Release)
         return await commit.run(lambda: store.release(name, b.worker, b.fence, b.failure,
                                                       b.error, digest))
 
-    async def retry_failed(request: Request) -> dict:
+    async def retry_failed(request: Request) -> Requeued:
         name, digest, _ = name_of(request), _bearer(request), await parsed(request, rq.Empty)
         return await commit.run(lambda: store.retry_failed(name, digest))
 
-    async def status(request: Request) -> dict:
+    async def status(request: Request) -> Response:
         # Read on the reader thread; the writer only requeues expired leases, when there are.
         name = name_of(request)
         await pacer.turn()
@@ -551,7 +562,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         body = await asyncio.wrap_future(reader.snapshot(name, stale_s))
         return _SharedSend(body, sending[owns])
 
-    async def restore(request: Request) -> dict:
+    async def restore(request: Request) -> Restored:
         name = name_of(request)
         digest = _bearer(request)   # before up to 64 MiB of JSON is read and parsed
         allowed, client = may_create(request), client_of(request)
@@ -568,7 +579,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         finally:
             slot.close()
 
-    async def control_config(request: Request) -> dict:
+    async def control_config(request: Request) -> Configured:
         job = name_of(request, "job")
         digest = _bearer(request)
         body = await parsed(request, rq.ControlConfigBody)
@@ -594,19 +605,19 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                   exc)
         return _internal_error()
 
-    async def control_report(request: Request) -> dict:
+    async def control_report(request: Request) -> Actions:
         job, digest = name_of(request, "job"), _bearer(request)
         b = await parsed(request, rq.Report)
         return control.report(job, b.rank, b.records, b.device, b.incarnation, b.since, digest)
 
-    async def control_actions(request: Request) -> dict:
+    async def control_actions(request: Request) -> Actions:
         job = name_of(request, "job")
         raw = request.query_params.get("since", "0")
         if not (raw.isascii() and raw.isdigit()) or len(raw) > 10:   # ('²'.isdigit())
             raise InputError("query", "since", f"expected an integer >= 0, got {raw!r:.30}")
         return control.actions(job, int(raw))
 
-    async def control_state(request: Request) -> dict:
+    async def control_state(request: Request) -> ControllerView:
         return control.state(name_of(request, "job"))
 
     routes = [
@@ -625,8 +636,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         route("/jobs/{job}/control/actions", control_actions, ("GET",)),
         route("/jobs/{job}/control/state", control_state, ("GET",)),
     ]
-    app = Starlette(routes=routes,
-                    exception_handlers={HTTPException: not_found, Exception: crashed})
+    handlers: dict[Any, Callable[[Request, Any], Awaitable[Response]]] = {
+        HTTPException: not_found, Exception: crashed}
+    app = Starlette(routes=routes, exception_handlers=handlers)
     app.router.redirect_slashes = False   # a 307 with no body; unknown paths answer 404 JSON
     app.state.commit, app.state.reader, app.state.store = commit, reader, store
     return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)})
@@ -703,8 +715,8 @@ class EmbeddedServer:
         self.config = (config or ServiceConfig()).replace(host=host, port=port, durable=durable)
         self.service_token = service_token
         self.host, self.port = host, port
-        self._server = None
-        self.app = None
+        self._server: uvicorn.Server | None = None
+        self.app: _FastPath | None = None
         self._thread: threading.Thread | None = None
 
     @property

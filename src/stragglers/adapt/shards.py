@@ -15,7 +15,9 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from stragglers.adapt import reads
 from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_FAILED_IN_REPLY, TODO,  # noqa: F401
@@ -25,6 +27,8 @@ from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, Not
                                     Quarantined, QuotaExceeded, authorize)
 from stragglers.adapt.history import REQUEST_HISTORY, LeaseHistory  # noqa: F401
 from stragglers.adapt.permutations import Pending, Permutations
+from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease, LeaseReply,
+                                      LeaseStatus, Released)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
 from stragglers.adapt.schema import SCHEMA_VERSION, open_database  # noqa: F401
@@ -44,7 +48,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
     arguments: the client address that creates (per-client quotas; None in-process).
     """
 
-    def __init__(self, db: str | Path, durable: bool = True, clock=time.time,
+    def __init__(self, db: str | Path, durable: bool = True,
+                 clock: Callable[[], float] = time.time,
                  busy_timeout_s: float = 10.0, max_datasets: int = 4096,
                  max_datasets_per_token: int = 64, max_datasets_per_client: int = 1024):
         self.db = str(db)
@@ -84,9 +89,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         # expired before it) and the FAILED report of lease replies. Dropped whenever another
         # connection committed (PRAGMA data_version) or one of our calls was rolled back.
         self._next_expiry: dict[str, float] = {}
-        self._failed_cache: dict[str, tuple[list[dict], int]] = {}
-        self._configs: dict[tuple, DatasetConfig] = {}  # (name, *row values) -> config
-        self._undo: list = []  # in-memory changes of the running call, undone on rollback
+        self._failed_cache: dict[str, tuple[list[FailedShard], int]] = {}
+        self._configs: dict[tuple[object, ...], DatasetConfig] = {}  # (name, *row) -> config
+        # in-memory changes of the running call, undone on rollback
+        self._undo: list[Callable[[], None]] = []
         self._data_version: int | None = None
 
 
@@ -118,14 +124,14 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             authorize(row[8], token_sha256, f"data set '{name}'")
         return cfg, row[6], row[7]
 
-    def _fence(self, c, name: str, worker: str, fence: int) -> int:
+    def _fence(self, c: sqlite3.Connection, name: str, worker: str, fence: int) -> int:
         """Refuse a call of a fenced-off (or never joined) incarnation; the worker's seq."""
         row = c.execute("SELECT fence, seq FROM workers WHERE dataset=? AND worker=?",
                         (name, worker)).fetchone()
         return _check_fence(row, name, worker, fence)
 
-    def _config_fence(self, c, name: str, worker: str, fence: int,
-                      token_sha256: str | None) -> tuple[DatasetConfig, int, int, dict]:
+    def _config_fence(self, c: sqlite3.Connection, name: str, worker: str, fence: int,
+                      token_sha256: str | None) -> tuple[DatasetConfig, int, int, int]:
         """_config then _fence (same checks, same order) in one query: the lease/ack path."""
         row = c.execute("SELECT d.num_samples, d.shard_size, d.seed, d.num_epochs, d.lease_s,"
                         " d.max_retries, d.epochs_created, d.front, d.token_sha256, d.rows_key,"
@@ -140,8 +146,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         seq = _check_fence(None if row[10] is None else row[10:], name, worker, fence)
         return cfg, row[6], row[7], seq
 
-    def _verify(self, c, name: str, values: tuple, epochs_created, front, owner,
-                rows_key=None) -> DatasetConfig:
+    def _verify(self, c: sqlite3.Connection, name: str, values: tuple[Any, ...],
+                epochs_created: Any, front: Any, owner: Any,
+                rows_key: Any = None) -> DatasetConfig:
         """The data set's config, its row checked; all its rows checked at its first call.
 
         A damaged row quarantines the data set (every later call refused, 503) until another
@@ -184,7 +191,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         if exc is not None:
             raise exc
 
-    def _config_of(self, name: str, values: tuple) -> DatasetConfig:
+    def _config_of(self, name: str, values: tuple[object, ...]) -> DatasetConfig:
         """The DatasetConfig of a datasets row, reused while the row's values are the same
         (building the frozen dataclass was ~4% of a one-shard lease's CPU)."""
         key = (name, *values)
@@ -197,7 +204,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
 
     # -- public API -----------------------------------------------------------------------
     def create_dataset(self, cfg: DatasetConfig, token_sha256: str | None = None,
-                       creator: str | None = None) -> dict:
+                       creator: str | None = None) -> Created:
         """Register a data set (idempotent for the same config and owner; otherwise refused)."""
         cfg.validate()
         with self._tx() as c:
@@ -214,7 +221,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                     diff = {k: [have[k], want[k]] for k in have if have[k] != want[k]}
                     raise Conflict(f"data set '{cfg.name}' exists with another config"
                                    f" (existing, requested): {diff}")
-                return {"created": False}
+                return Created(False)
             self._check_quota(c, token_sha256, creator)
             self._touched.add(cfg.name)
             c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?,0,NULL,?)",
@@ -222,7 +229,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                        cfg.lease_s, cfg.max_retries, token_sha256, creator))
             self._keys[cfg.name] = cfg.name
             self._create_epoch(c, cfg, 0)
-        return {"created": True}
+        return Created(True)
 
     def _read_conn(self) -> sqlite3.Connection:
         """This thread's read-only connection (reads that must not wait for the commit thread)."""
@@ -234,12 +241,11 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return conn
 
     def _lease_of(self, cfg: DatasetConfig, epoch: int, shard: int, start: int, stop: int,
-                  consumed: int) -> dict:
+                  consumed: int) -> Lease:
         """One shard handed to a worker: the sample indices still to consume, from `offset`."""
         check_shard(cfg, epoch, shard, start, stop, consumed)
-        return {"epoch": epoch, "shard": shard, "offset": consumed,
-                "indices": self._indices(cfg, epoch, start + consumed, stop),
-                "size": stop - start}
+        return Lease(epoch, shard, consumed, self._indices(cfg, epoch, start + consumed, stop),
+                     stop - start)
 
     def _indices(self, cfg: DatasetConfig, epoch: int, start: int, stop: int) -> list[int] | Pending:
         key = (cfg.num_samples, cfg.seed, epoch)
@@ -253,7 +259,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return self.permutations.indices(key, start, stop)
 
     def join(self, name: str, worker: str, token_sha256: str | None = None,
-             error: str | None = None) -> dict:
+             error: str | None = None) -> Joined:
         """Start a new incarnation of `worker`: a new fence; shards of earlier ones go back.
 
         Calls carrying an older fence are refused from now on (Fenced), so a hung predecessor
@@ -273,11 +279,11 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=?", (name, worker))
             released = self._release_rows(c, cfg, front, worker, None, True,
                                           error or f"{worker} restarted (fence {fence})")
-        return {"fence": fence, "released": released}
+        return Joined(fence, released)
 
     def lease(self, name: str, worker: str, fence: int, count: int = 1,
-              request_id: str | None = None, token_sha256: str | None = None) -> dict:
-        """Hand up to `count` shards to `worker`: {"status": "ok", "leases": [...]}, "wait" or "finished".
+              request_id: str | None = None, token_sha256: str | None = None) -> LeaseReply:
+        """Hand up to `count` shards to `worker` (status "ok"), or none: "wait" or "finished".
 
         At most MAX_INDICES_PER_REPLY sample indices in all (at least one shard).
 
@@ -304,19 +310,19 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
                                                 now)
             failed, n_failed = self._failed_report(c, name)
-            status = "ok"
+            status: LeaseStatus = "ok"
             if not leases:
                 doing = c.execute("SELECT 1 FROM shards WHERE dataset=? AND state='DOING'"
                                   " LIMIT 1", (self._key(name),)).fetchone()
                 status = "wait" if doing else "finished"
             if request_id is not None:
                 self._remember(c, name, worker, fence, seq, request_id, status, leases)
-        return {"status": status, "leases": leases, "failed": failed, "failed_total": n_failed}
+        return LeaseReply(status, leases, failed, n_failed)
 
-    def _take(self, c, cfg: DatasetConfig, worker: str, fence: int, want: int,
-              epochs_created: int, now: float) -> tuple[list[dict], int]:
+    def _take(self, c: sqlite3.Connection, cfg: DatasetConfig, worker: str, fence: int, want: int,
+              epochs_created: int, now: float) -> tuple[list[Lease], int]:
         """Lease up to `want` shards from the queue's head (new epochs as TODO runs out)."""
-        leases: list[dict] = []
+        leases: list[Lease] = []
         deadline = now + cfg.lease_s
         while len(leases) < want:
             # The queue's head in one statement (RETURNING: SQLite >= 3.35).
@@ -346,7 +352,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return leases, epochs_created
 
     def ack(self, name: str, worker: str, fence: int, epoch: int, shard: int, consumed: int,
-            token_sha256: str | None = None) -> dict:
+            token_sha256: str | None = None) -> Acked:
         """Record that `worker` consumed the first `consumed` samples of its shard; renews the lease.
 
         Idempotent: a repeated or older ack changes nothing, and an ack of a shard this
@@ -370,7 +376,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                  f"expected 0..{stop - start}, got {consumed}")
             mine = holder == worker and holder_fence == fence
             if state == DONE and mine:
-                return {"state": DONE, "consumed": done}
+                return Acked(DONE, done)
             if state != DOING or not mine:
                 raise LeaseLost(f"shard {epoch}/{shard} of '{name}' is {state}"
                                 f" (held by {holder}), not leased to {worker} fence {fence}")
@@ -380,10 +386,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                       " epoch=? AND shard=?", (consumed, new_state, now + cfg.lease_s,
                                                self._key(name), epoch, shard))
             self._leased_until(name, now + cfg.lease_s)
-        return {"state": new_state, "consumed": consumed}
+        return Acked(new_state, consumed)
 
     def release(self, name: str, worker: str, fence: int | None = None, failure: bool = True,
-                error: str | None = None, token_sha256: str | None = None) -> dict:
+                error: str | None = None, token_sha256: str | None = None) -> Released:
         """Return the DOING shards of `worker` to the front of TODO (a failure counts a retry).
 
         With `fence`, the worker gives back its own shards (and must be current). Without, a
@@ -391,13 +397,13 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         """
         if fence is None:
             reply = self.join(name, worker, token_sha256, error or f"{worker} released")
-            return {"released": reply["released"]}
+            return Released(reply.released)
         with self._tx() as c:
             cfg, _, front = self._config(c, name, token_sha256)
             self._fence(c, name, worker, fence)
             released = self._release_rows(c, cfg, front, worker, fence, failure,
                                           error or (f"released by {worker}" if failure else None))
-        return {"released": released}
+        return Released(released)
 
     def status(self, name: str) -> dict:
         """Shard counts per epoch and state, plus the report of FAILED shards (after expiry)."""
@@ -409,7 +415,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return json.loads(reads.snapshot_bytes(self._read_conn(), name))
 
 
-def _check_fence(row, name: str, worker: str, fence: int) -> int:
+def _check_fence(row: Sequence[Any] | None, name: str, worker: str, fence: int) -> int:
     """The request counter (seq) of a current incarnation's workers row, else Fenced."""
     if row is None:
         raise Fenced(f"worker '{worker}' has not joined '{name}' (POST .../join first)")
@@ -421,11 +427,10 @@ def _check_fence(row, name: str, worker: str, fence: int) -> int:
     return seq
 
 
-def resolve_indices(store: ShardStore, reply: dict) -> dict:
+def resolve_indices(store: ShardStore, reply: LeaseReply) -> LeaseReply:
     """Replace the Pending indices of a lease reply by the sample indices (computes shuffles)."""
-    for lease in reply.get("leases", ()):
-        pending = lease["indices"]
+    for lease in reply.leases:
+        pending = lease.indices
         if isinstance(pending, Pending):
-            lease["indices"] = store.permutations.indices(pending.key, pending.start,
-                                                          pending.stop)
+            lease.indices = store.permutations.indices(pending.key, pending.start, pending.stop)
     return reply

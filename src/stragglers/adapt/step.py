@@ -127,6 +127,8 @@ class DataParallelStep:
         # Up to the last bucket becoming ready: the time waiting for slower ranks is excluded.
         compute_s = self._last_ready - start
         stats = self._wrapped.statistics.grad
+        if stats is None:   # the last micro-batch's backward always reaches the statistics
+            raise RuntimeError("DataParallelStep: the reduction carried no statistics")
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grads:
             torch._foreach_div_(grads, stats[0].clamp(min=1.0).to(grads[0].dtype))

@@ -9,6 +9,7 @@ data set are refused (503, nothing changed) while every other data set is served
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 from stragglers.adapt.dataset import (MAX_EPOCHS, MAX_QUEUE_POS, MAX_RETRIES, STATES,
                                       DatasetConfig)
@@ -26,7 +27,7 @@ def damaged(name: str, where: str, problem: str) -> Quarantined:
                        " backup, or use a new data set name)")
 
 
-def _is_int(value: object, lo: int = -_BIG, hi: int = _BIG) -> bool:
+def _is_int(value: object, lo: int = -_BIG, hi: int = _BIG) -> TypeGuard[int]:
     return type(value) is int and lo <= value <= hi
 
 

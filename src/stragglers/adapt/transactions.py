@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
+from stragglers.adapt.store_state import StoreState
 
 
-class Transactions:
+class Transactions(StoreState):
     """ShardStore's transaction machinery: BEGIN IMMEDIATE per call, group commit (run_batch),
     generations per data set and the in-memory state undone on rollback."""
 

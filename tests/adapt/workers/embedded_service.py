@@ -36,7 +36,7 @@ if rank == 0:
 dist.barrier()
 client = ShardClient(svc.url, "d", f"rank{rank}", token=svc.token)
 client.join()
-result["leased"] = client.lease()["status"]
+result["leased"] = client.lease().status
 results = [None] * dist.get_world_size()
 dist.all_gather_object(results, result)
 dist.barrier()

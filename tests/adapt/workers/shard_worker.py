@@ -9,6 +9,8 @@ import os
 import sys
 import time
 
+import msgspec
+
 from stragglers.adapt.client import ShardBatchSampler, ShardClient
 from stragglers.adapt.shards import Fenced
 
@@ -27,4 +29,4 @@ with open(log_path, "a") as log:
         print(json.dumps({"worker": worker, "fenced": str(exc)}), flush=True)
         sys.exit(3)
 print(json.dumps({"worker": worker, "lost_samples": sampler.lost_samples,
-                  "failed": sampler.failed_report}), flush=True)
+                  "failed": msgspec.to_builtins(sampler.failed_report)}), flush=True)

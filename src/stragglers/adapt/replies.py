@@ -1,0 +1,120 @@
+"""The shard store's replies, typed: what `ShardStore` returns and the service sends as JSON.
+
+msgspec Structs whose fields are the JSON keys of the protocol (README "Protocol"): the service
+writes them with `to_json`, `ShardClient` reads them back with `from_json`. A lease that is
+held (every lease but a replayed one no longer held) omits `held`, as the wire always did.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from stragglers.adapt.permutations import Pending
+
+LeaseStatus = Literal["ok", "wait", "finished"]
+ShardKey = tuple[int, int]   # (epoch, shard)
+R = TypeVar("R", bound=msgspec.Struct)
+
+
+class Lease(msgspec.Struct, omit_defaults=True):
+    """One shard handed to a worker: the sample indices still to consume, from `offset`."""
+
+    epoch: int
+    shard: int
+    offset: int
+    # Pending only inside the service, between the commit and the shuffle thread (never sent)
+    indices: list[int] | Pending
+    size: int
+    held: bool = True   # False: a replayed lease this incarnation no longer holds (no indices)
+
+    def sample_indices(self) -> list[int]:
+        """The indices, which a reply that left the store has always computed."""
+        if isinstance(self.indices, Pending):
+            raise RuntimeError("lease indices still pending (resolve_indices first)")
+        return self.indices
+
+
+class FailedShard(msgspec.Struct, frozen=True):
+    """A FAILED shard in the report of lease replies and status."""
+
+    epoch: int
+    shard: int
+    samples: int   # samples of it not consumed
+    retries: int
+    error: str | None
+
+
+class LeaseReply(msgspec.Struct):
+    """POST .../lease: the shards taken (or "wait" / "finished") and the FAILED report."""
+
+    status: LeaseStatus
+    leases: list[Lease]
+    failed: list[FailedShard]
+    failed_total: int
+
+    @property
+    def lease(self) -> Lease | None:
+        """The first shard (the one a `count=1` request asked for), if any."""
+        return self.leases[0] if self.leases else None
+
+
+class Created(msgspec.Struct):
+    """POST /datasets: whether this call created the data set (False: it existed, same config)."""
+
+    created: bool
+
+
+class Joined(msgspec.Struct):
+    """POST .../join: the new incarnation's fence and the shards its predecessors gave back."""
+
+    fence: int
+    released: list[ShardKey]
+
+
+class Acked(msgspec.Struct):
+    """POST .../ack: the shard's state and samples consumed after the ack."""
+
+    state: str
+    consumed: int
+
+
+class Released(msgspec.Struct):
+    """POST .../release: the shards given back."""
+
+    released: list[ShardKey]
+
+
+class Requeued(msgspec.Struct):
+    """POST .../retry-failed: the FAILED shards put back in the queue."""
+
+    requeued: list[ShardKey]
+
+
+class Restored(msgspec.Struct):
+    """POST .../restore: rows restored, and DOING shards of the snapshot queued first."""
+
+    restored: int
+    requeued_first: int
+
+
+class Configured(msgspec.Struct):
+    """POST /jobs/{job}/control/config: whether this call started a controller."""
+
+    configured: bool
+    incarnation: int
+
+
+def to_builtins(reply: msgspec.Struct) -> dict[str, Any]:
+    """The reply as the JSON object it is sent as."""
+    out: dict[str, Any] = msgspec.to_builtins(reply)
+    return out
+
+
+def from_json(data: Any, kind: type[R]) -> R:
+    """A reply decoded from its JSON object (ValueError naming the field when it is not one)."""
+    try:
+        return msgspec.convert(data, kind)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"not a {kind.__name__} reply: {exc}") from None
