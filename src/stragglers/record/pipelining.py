@@ -185,13 +185,14 @@ class AttachedPipeline(ClosesOnExit):
     # ---- wrappers --------------------------------------------------------------------------
 
     def _install(self) -> None:
-        rec = self.recorder
         step = self.schedule.step
 
         def scheduled_step(*args, **kwargs):
-            if self._span is None:
-                self._span = rec.step(self._step)
-                self._span.__enter__()
+            # The first step opens at its first action: before it the schedule infers shapes,
+            # running each stage once outside any action (with FSDP2, gathers no later step
+            # has: rows that would leave every later step without step 0's keys).
+            if self._span is None and self._step > 0:
+                self._begin_step()
             return step(*args, **kwargs)
 
         self.schedule.step = scheduled_step
@@ -199,6 +200,12 @@ class AttachedPipeline(ClosesOnExit):
             self._wrap_stage(s)
         self._handles += [self.optimizer.register_step_pre_hook(self._opt_pre),
                           self.optimizer.register_step_post_hook(self._opt_post)]
+
+    def _begin_step(self) -> None:
+        """Open the step's span (sampled or not) unless it is open."""
+        if self._span is None:
+            self._span = self.recorder.step(self._step)
+            self._span.__enter__()
 
     def _install_model_parallel(self) -> None:
         """Record the stages' tensor-parallel collectives and FSDP2 comms (a DeviceMesh)."""
@@ -228,6 +235,7 @@ class AttachedPipeline(ClosesOnExit):
         rec, compute, coll = self.recorder, self.compute, self.collectives
 
         def wrapped(chunk_id, *args, **kwargs):
+            self._begin_step()
             if rec.buffer is None:
                 return fn(chunk_id, *args, **kwargs)
             compute.open(code, chunk_id, mc, gmc)
@@ -247,6 +255,7 @@ class AttachedPipeline(ClosesOnExit):
         post_fn = getattr(rec, post)
 
         def wrapped(chunk_id, *args, **kwargs):
+            self._begin_step()
             ops = get_ops(chunk_id, *args, **kwargs)
             for p in ops:
                 # The schedule posts each op by calling p.op (gloo posts batched ops one by one
