@@ -22,6 +22,21 @@ from typing import Any, Callable, ClassVar, Mapping, Optional
 from stragglers.errors import InputError
 
 
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """What `setting()` declares of a config field besides its default."""
+
+    help: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple | None = None
+    flag: str | None = None    # its command-line option when not `--name-with-dashes`
+
+
+_SETTING = "stragglers.config"   # the dataclass field metadata key that holds its Setting
+_UNDECLARED = Setting()
+
+
 def setting(default: Any, help: str, *, minimum: float | None = None,
             maximum: float | None = None, choices: tuple | None = None,
             flag: str | None = None) -> Any:
@@ -30,7 +45,12 @@ def setting(default: Any, help: str, *, minimum: float | None = None,
     `flag` is its command-line option (`with_options`) when not `--name-with-dashes`.
     """
     return dataclasses.field(default=default, metadata={
-        "help": help, "minimum": minimum, "maximum": maximum, "choices": choices, "flag": flag})
+        _SETTING: Setting(help, minimum, maximum, choices, flag)})
+
+
+def declared(f: dataclasses.Field) -> Setting:
+    """The Setting of a config field (an empty one for a field not made by `setting`)."""
+    return f.metadata.get(_SETTING, _UNDECLARED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +92,7 @@ class Config:
     @classmethod
     def describe(cls) -> list[tuple[str, Any, str]]:
         """(name, default, help) for every setting, for documentation and --help."""
-        return [(f.name, f.default, f.metadata.get("help", "")) for f in dataclasses.fields(cls)]
+        return [(f.name, f.default, declared(f).help) for f in dataclasses.fields(cls)]
 
 
 def cli_overrides(cls: type[Config], text: list[str] | None, source: str = "--set"):
@@ -120,11 +140,11 @@ def with_options(cls: type[Config], *,
         def run(*args: Any, **kwargs: Any) -> Any:
             values = {f.name: kwargs.pop(f.name) for f in fields}
             try:
-                kwargs["config"] = cls(**values)
+                config = cls(**values)
             except InputError as exc:
                 flag = next((flag_of(f) for f in fields if f.name == exc.field), exc.field)
                 raise typer.BadParameter(exc.problem, param_hint=f"'{flag}'") from None
-            return command(*args, **kwargs)
+            return command(*args, config=config, **kwargs)
 
         run.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=arguments + added + rest)
@@ -135,7 +155,7 @@ def with_options(cls: type[Config], *,
 
 def flag_of(f: dataclasses.Field) -> str:
     """The command-line option of a setting: its `flag`, else `--name-with-dashes`."""
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    return declared(f).flag or "--" + f.name.replace("_", "-")
 
 
 def _declaration(f: dataclasses.Field) -> str:
@@ -145,11 +165,11 @@ def _declaration(f: dataclasses.Field) -> str:
 
 
 def _option_help(f: dataclasses.Field) -> str:
-    meta, text = f.metadata, f.metadata.get("help", "")
-    text = text[:1].upper() + text[1:] + "."
-    if meta.get("choices"):
-        text += f" One of {', '.join(map(str, meta['choices']))}."
-    lo, hi = meta.get("minimum"), meta.get("maximum")
+    spec = declared(f)
+    text = spec.help[:1].upper() + spec.help[1:] + "."
+    if spec.choices:
+        text += f" One of {', '.join(map(str, spec.choices))}."
+    lo, hi = spec.minimum, spec.maximum
     bounds = f"{lo:g}–{hi:g}" if lo is not None and hi is not None else \
         f"≥ {lo:g}" if lo is not None else f"≤ {hi:g}" if hi is not None else ""
     return f"{text} [{bounds}]" if bounds else text
@@ -233,7 +253,7 @@ def _parse_value(f: dataclasses.Field, raw: str, source: str, hint: Any = None) 
 
 
 def _check(owner: str, f: dataclasses.Field, value: Any) -> None:
-    meta = f.metadata
+    spec = declared(f)
     default = f.default
     if isinstance(default, bool):
         if not isinstance(value, bool):
@@ -247,7 +267,7 @@ def _check(owner: str, f: dataclasses.Field, value: Any) -> None:
             raise InputError(owner, f.name, f"expected an integer, got {value!r}")
         if not math.isfinite(value):
             raise InputError(owner, f.name, f"expected a finite number, got {value!r}")
-    lo, hi, choices = meta.get("minimum"), meta.get("maximum"), meta.get("choices")
+    lo, hi, choices = spec.minimum, spec.maximum, spec.choices
     if lo is not None and value is not None and value < lo:
         raise InputError(owner, f.name, f"expected at least {lo}, got {value!r}")
     if hi is not None and value is not None and value > hi:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stragglers.advice.act import APPLY, KEEP, ROLLBACK, AdvisePolicy
+from stragglers.advice.act import APPLY, KEEP, ROLLBACK, AdvisePolicy, Forced
 from stragglers.advice.window import StepTiming, window_trace
 from stragglers.errors import InputError
 from stragglers.protocols import CONTROLLER_POLICIES
@@ -66,12 +66,27 @@ def test_policy_does_nothing_for_a_balanced_job():
     assert run(policy, lambda s, p: [0.02, 0.0201, 0.0199, 0.02], 16) == []
 
 
-def test_policy_is_registered_and_checks_its_config():
-    assert CONTROLLER_POLICIES.get("advise") is AdvisePolicy
+def test_policy_checks_its_config():
     with pytest.raises(InputError, match="runtime"):
         AdvisePolicy(4, 64, remedies=("antdt-nd",))
     with pytest.raises(InputError, match="world_size"):
         AdvisePolicy(1, 64)
+    with pytest.raises(InputError, match="force.*runtime"):
+        AdvisePolicy(4, 64, force={"name": "antdt-nd"})
+    with pytest.raises(InputError, match="force.*every"):
+        AdvisePolicy(4, 64, force={"name": "planned-gc", "period": 2})
+    assert AdvisePolicy(4, 64, force=Forced("planned-gc", every=3)).force == \
+        AdvisePolicy(4, 64, force={"name": "planned-gc", "every": 3}).force
+
+
+def test_policy_is_not_an_adapt_controller_policy():
+    # it is fed step timings, not the controller's ControllerState: the adapt controller (which
+    # builds its policy with no arguments) refuses the name instead of failing to construct it
+    from stragglers.adapt.controller import ControlConfig
+
+    assert "advise" not in CONTROLLER_POLICIES
+    with pytest.raises(InputError, match="policy"):
+        ControlConfig(world_size=4, global_batch=64, policy="advise")
 
 
 def test_window_trace_refuses_a_missing_rank():

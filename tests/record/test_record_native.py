@@ -135,7 +135,7 @@ def test_without_built_hooks_attach_says_so_once_and_records_with_python_hooks(
         tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "empty"))
     monkeypatch.delenv(native.ENV, raising=False)
-    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(native, "_loaded", native._Loaded())
     monkeypatch.setattr(native, "_told", False)
     model, opt = make()
     for k in range(2):
@@ -230,12 +230,13 @@ def read_one_by_one(stamps: list[bytes], stage: int) -> list[tuple]:
 @settings(max_examples=200, deadline=None)
 def test_stamps_decoded_together_are_what_reading_them_event_by_event_makes(steps):
     cols = native.stamp_columns(list(range(len(steps))), steps, stage=1)
-    together = sorted(zip(*(cols[k].tolist() for k in (
-        "step", "code", "start", "end", "mb", "mc", "gmc", "tokens", "bytes"))))
+    together = sorted(zip(*(v.tolist() for v in (
+        cols.step, cols.code, cols.start, cols.end, cols.mb, cols.mc, cols.gmc, cols.tokens,
+        cols.bytes))))
     alone = sorted((s, *r) for s, stamps in enumerate(steps)
                    for r in read_one_by_one(stamps, stage=1))
     assert together == alone
-    assert np.isnan(cols["attn"]).all()
+    assert np.isnan(cols.attn).all()
     # the writer's path for steps with something to place gives the same rows
     assert sorted((s, *r[:6], r[7], r[8]) for s, stamps in enumerate(steps)
                   for r in native.stamp_rows(stamps, {}, [], stage=1)) == alone

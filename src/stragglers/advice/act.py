@@ -24,10 +24,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from stragglers.advice.config import AdviseConfig, advise_config
-from stragglers.advice.plan import MIN_GAIN, Plan
+from stragglers.advice.plan import MIN_GAIN, Plan, RemedyAdvice
 from stragglers.advice.window import StepTiming, window_step_time, window_trace
 from stragglers.errors import InputError
-from stragglers.protocols import CONTROLLER_POLICIES
 from stragglers.trace.model import Trace
 
 log = logging.getLogger(__name__)
@@ -59,14 +58,43 @@ class ActDecision:
         return dict(self.__dict__)
 
 
-@CONTROLLER_POLICIES.register("advise")
+@dataclass(frozen=True)
+class Forced:
+    """A runtime remedy applied at the first window whatever the plan says, with its settings."""
+
+    name: str
+    batch_sizes: list[int] | None = None    # antdt-dd: the split (default: the plan's)
+    every: int | None = None                # planned-gc: collect every this many steps
+
+
+def forced(force: Forced | Mapping[str, Any] | None) -> Forced | None:
+    """`force` as a Forced ({"name": ..., "every": ...} accepted); InputError naming a bad key."""
+    if force is None or isinstance(force, Forced):
+        out = force
+    else:
+        try:
+            out = Forced(**force)
+        except TypeError:
+            raise InputError("AdvisePolicy", "force", f"expected name and optionally "
+                             f"batch_sizes or every, got {dict(force)!r}") from None
+    if out is not None and out.name not in RUNTIME_REMEDIES:
+        raise InputError("AdvisePolicy", "force", f"{out.name!r} cannot be switched at runtime; "
+                         f"expected one of {', '.join(RUNTIME_REMEDIES)}")
+    return out
+
+
 class AdvisePolicy:
-    """Advise on each window, apply the best runtime remedy, keep it only if it paid."""
+    """Advise on each window, apply the best runtime remedy, keep it only if it paid.
+
+    Fed every rank's step timings (or the monitor's windows), not the adapt controller's
+    ControllerState: not one of CONTROLLER_POLICIES.
+    """
 
     name = "advise"
 
     def __init__(self, world_size: int, global_batch: int, window: int = 8, settle: int = 2,
-                 remedies: tuple[str, ...] = RUNTIME_REMEDIES, force: Mapping | None = None,
+                 remedies: tuple[str, ...] = RUNTIME_REMEDIES,
+                 force: Forced | Mapping[str, Any] | None = None,
                  apply_gain: float = 1.05, keep_gain: float = MIN_GAIN, warmup: int = 0,
                  config: AdviseConfig | None = None, **settings: Any):
         if world_size < 2:
@@ -79,7 +107,7 @@ class AdvisePolicy:
                              f"runtime; expected some of {', '.join(RUNTIME_REMEDIES)}")
         self.world_size, self.global_batch = world_size, global_batch
         self.window, self.settle, self.remedies = window, settle, tuple(remedies)
-        self.force = dict(force) if force else None
+        self.force = forced(force)
         # A window is noisy: switch only for a predicted gain well above noise, keep on any gain.
         self.apply_gain, self.keep_gain = apply_gain, keep_gain
         # the job's AdviseConfig, checked now rather than at the first window
@@ -95,10 +123,6 @@ class AdvisePolicy:
         self.rejected: list[str] = []
         self.decisions: list[ActDecision] = []
         self.plans: list[Plan] = []
-
-    def decide(self, state: Mapping[str, Any]) -> list[ActDecision]:
-        """ControllerPolicy entry point: state = {"timings": [StepTiming of every rank]}."""
-        return self.observe(state["timings"])
 
     def observe(self, timings: list[StepTiming]) -> list[ActDecision]:
         """Feed one step (every rank's timing); returns the decisions it triggers."""
@@ -146,16 +170,19 @@ class AdvisePolicy:
         plan = advise(trace, config=self.config, batch_sizes=list(self.batch_sizes), max_s=1,
                       remedies=list(self.remedies))
         self.plans.append(plan)
-        if self.force and self.force["name"] not in self.rejected:
-            name = self.force["name"]
+        force = self.force if self.force is not None and \
+            self.force.name not in self.rejected else None
+        advice: RemedyAdvice | None
+        if force is not None:
+            name, reason = force.name, "forced"
             advice = plan.get(name)
-            reason = "forced"
         else:
             advice = plan.best(runtime_only=True, exclude=tuple(self.rejected))
-            if advice is None or advice.predicted_speedup < self.apply_gain:
+            if advice is None or advice.predicted_speedup is None or \
+                    advice.predicted_speedup < self.apply_gain:
                 return []
             name, reason = advice.name, f"best runtime remedy: {advice.method}"
-        params = self._params(name, advice)
+        params = self._params(name, advice, force)
         speedup = advice.predicted_speedup if advice is not None else None
         decision = ActDecision(APPLY, name, step, params, measured,
                                measured / speedup if speedup else None, speedup, reason=reason)
@@ -166,27 +193,31 @@ class AdvisePolicy:
             self.batch_sizes = list(params["batch_sizes"])
         return [decision]
 
-    def _params(self, name: str, advice) -> dict[str, Any]:
-        forced = {k: v for k, v in (self.force or {}).items() if k != "name"} \
-            if self.force and self.force["name"] == name else {}
+    @staticmethod
+    def _params(name: str, advice: RemedyAdvice | None, force: Forced | None
+                ) -> dict[str, Any]:
+        """What the training loop needs to switch `name` on: the forced settings, else the
+        advice's (its details, as the remedy wrote them)."""
         details = advice.details if advice is not None else {}
         if name == "antdt-dd":
-            sizes = forced.get("batch_sizes") or details.get("new_batch_sizes")
+            sizes = (force.batch_sizes if force is not None else None) or \
+                details.get("new_batch_sizes")
             if sizes is None:
                 raise InputError("AdvisePolicy", "force", "antdt-dd needs batch_sizes")
             return {"batch_sizes": [int(b) for b in sizes]}
         if name == "planned-gc":
-            every = forced.get("every")
+            every = force.every if force is not None else None
             if every is None:
                 every = details.get("every")
             return {"every": int(every or 5)}
-        if name == "stragglar":
-            bucket = details.get("bucket 0", {})
-            return {"straggler": bucket.get("straggler_dp_rank")}
-        return forced
+        # stragglar: the straggler the remedy found at the first bucket
+        bucket = details.get("bucket 0", {})
+        return {"straggler": bucket.get("straggler_dp_rank")}
 
     def _verify(self, step: int, measured: float) -> list[ActDecision]:
         a = self.active
+        if a is None or a.baseline_step_s is None:  # verify follows an apply, which sets both
+            raise RuntimeError("AdvisePolicy: verifying with no remedy applied")
         speedup = a.baseline_step_s / measured if measured > 0 else 0.0
         paid = speedup >= self.keep_gain
         kind = KEEP if paid else ROLLBACK

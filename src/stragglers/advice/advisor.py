@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stragglers.advice.config import AdviseConfig, advise_config
 from stragglers.advice.context import AdviceContext
 from stragglers.advice.plan import Plan
 from stragglers.errors import InputError
 from stragglers.trace.model import Trace
+
+if TYPE_CHECKING:
+    from stragglers.whatif.metrics import WhatIf
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +27,7 @@ def _remedies():
     return REMEDIES
 
 
-def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = None,
+def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: WhatIf | None = None,
            remedies: list[str] | None = None, config: AdviseConfig | None = None,
            **settings: Any) -> Plan:
     """A ranked plan of remedies for one job: predicted step time and speedup of each, by replay.
@@ -34,7 +38,7 @@ def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = No
     max_s, threshold, compute_curves, gc_sync_pause_s); `settings` given as keywords change
     those fields. `remedies` limits the plan to these registered names.
     """
-    from stragglers.whatif import analyze_with_model
+    from stragglers.whatif._analyze import analyze_with_model
 
     config = advise_config(config, settings)   # checked before the (slow) analysis
     source = result_or_trace
@@ -70,5 +74,6 @@ def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: Any = No
                      "straggles is unknown (trace every rank)")
     elif not result.straggling:
         notes.append(f"S = {result.slowdown:.3f}: the job is not straggling")
-    return Plan(result.job.name, float(result.t_base), ctx.baseline_step_s, advice, notes)
+    measured = float(result.t_base) if result.t_base is not None else math.nan
+    return Plan(result.job.name, measured, ctx.baseline_step_s, advice, notes)
 

@@ -20,7 +20,8 @@ from stragglers.collectives.cost_model import LinkModel
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPE_CODES as C, Trace
 from stragglers.whatif.grid import BWD, FWD
-from stragglers.whatif import replay
+from stragglers.whatif.metrics import WhatIf
+from stragglers.whatif._replay import replay
 from stragglers.whatif.result import AnalysisResult, Finding
 
 ALLREDUCE = (C["grads-all-reduce"], C["separate-grads-all-reduce"])
@@ -39,17 +40,19 @@ def load_calibration(path: Path | str) -> LinkModel:
         raise InputError(path, None, f"expected JSON with alpha and beta: {exc}") from None
     if not isinstance(raw, dict):
         raise InputError(path, None, "expected a JSON object with alpha and beta")
-    alpha = raw.get("alpha")
-    beta = raw.get("beta")
-    if beta is None and raw.get("bytes_per_second"):
-        bps = raw["bytes_per_second"]
+    alpha, beta, bps = (raw.get(k) for k in ("alpha", "beta", "bytes_per_second"))
+    if beta is None and bps:
         beta = 1.0 / bps if isinstance(bps, (int, float)) and bps > 0 else None
-    for name, value in (("alpha", alpha), ("beta", beta)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
-                or value < 0:
-            raise InputError(path, name, f"expected seconds{' per byte' if name == 'beta' else ''} "
-                             f">= 0, got {value!r}")
-    return LinkModel(float(alpha), float(beta))
+    return LinkModel(_seconds(path, "alpha", alpha), _seconds(path, "beta", beta))
+
+
+def _seconds(path: Path, name: str, value: object) -> float:
+    """A calibration's alpha (s) or beta (s/byte) as a float; InputError unless finite, >= 0."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+            or value < 0:
+        raise InputError(path, name, f"expected seconds{' per byte' if name == 'beta' else ''} "
+                         f">= 0, got {value!r}")
+    return float(value)
 
 
 @dataclass
@@ -58,7 +61,7 @@ class AdviceContext:
 
     trace: Trace
     result: AnalysisResult
-    w: Any                      # stragglers.whatif.metrics.WhatIf
+    w: WhatIf
     config: AdviseConfig = field(default_factory=AdviseConfig)
     _timeline: tuple | None = field(default=None, repr=False)
 

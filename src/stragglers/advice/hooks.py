@@ -24,10 +24,10 @@ class SwitchableCommHook:
         self.process_group = process_group
         self.stragglar_group = dist.new_group(list(range(dist.get_world_size(process_group))))
         self.window, self.threshold = window, threshold
-        self.stragglar = None
+        self.stragglar: StragglarHookState | None = None
         self.stragglar_calls = 0  # bucket calls that ran StragglAR (not its warm-up all-reduces)
-        self.arrived = None       # perf_counter when the last bucket's sync was called
-        self.completed = None     # ... and when its result was ready
+        self.arrived: float | None = None    # perf_counter when the last bucket's sync was called
+        self.completed: float | None = None  # ... and when its result was ready
         self.nbytes = 0
         # completes the futures DDP waits on (no Python callback on gloo's: completion.py)
         self.completer = CompletionThread("stragglers-advise-buckets")

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from stragglers.whatif.confidence import ADVISE
+from stragglers.whatif.result import plain
 
 # A remedy must buy at least this much to be worth switching on, and the low end of its
 # interval too (a gain inside the job's own noise is not one): the gain test advise shares
@@ -37,7 +35,7 @@ class RemedyAdvice:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values (NaN/inf become None)."""
-        return _plain(asdict(self))
+        return plain(self, str_keys=True)
 
 
 @dataclass
@@ -66,8 +64,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain JSON-ready values."""
-        return {"job": self.job, "measured_step_s": _plain(self.measured_step_s),
-                "baseline_step_s": _plain(self.baseline_step_s),
+        return {"job": self.job, "measured_step_s": plain(self.measured_step_s),
+                "baseline_step_s": plain(self.baseline_step_s),
                 "remedies": [r.to_dict() for r in self.remedies], "notes": list(self.notes)}
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -82,16 +80,3 @@ def rank(remedies: list[RemedyAdvice]) -> list[RemedyAdvice]:
         return (0 if r.applies else 1, -speed if r.applies else 0.0)
     return sorted(remedies, key=key)
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, msgspec.Struct):  # a finding's Where or Interval carried in details
-        value = msgspec.to_builtins(value)
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

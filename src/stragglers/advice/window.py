@@ -12,6 +12,7 @@ perf_counter, or offsets corrected).
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -43,9 +44,9 @@ class StepTiming:
     @classmethod
     def from_row(cls, row) -> "StepTiming":
         """Inverse of as_row."""
-        values = [float(x) for x in row]
-        kinds = [f.type for f in fields(cls)]
-        return cls(*[int(round(v)) if k in ("int", int) else v for v, k in zip(values, kinds)])
+        values: dict[str, Any] = {f.name: int(round(float(x))) if f.type in ("int", int)
+                                  else float(x) for f, x in zip(fields(cls), row)}
+        return cls(**values)
 
     @property
     def step_s(self) -> float:
@@ -99,7 +100,7 @@ def window_trace(steps: list[list[StepTiming]], name: str = "window",
             add(t, "backward-compute", f1 + g2, b1, 0)
             add(t, "grads-all-reduce", b1, t.sync_end)
             add(t, "optimizer", t.sync_end, t.optimizer_end)
-    extra = {"global_batch": global_batch or sum(t.batch for t in steps[0])}
+    extra: dict[str, Any] = {"global_batch": global_batch or sum(t.batch for t in steps[0])}
     if calibration:
         extra["calibration"] = dict(calibration)
     meta = JobMeta(name=name, dp_size=n, pp_size=1, extra=extra)

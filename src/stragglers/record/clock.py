@@ -12,11 +12,12 @@ import pickle
 import socket
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-_SIDE_GROUPS: dict = {}  # (id of the group, None for the world) → gloo side group, made once
+_SIDE_GROUPS: dict[int | None, dist.ProcessGroup] = {}  # (id of the group, None for the world) → gloo side group, made once
 
 
 @dataclass
@@ -33,11 +34,24 @@ class ClockEstimate:
         return asdict(self)
 
 
+def clock_record(start: list[ClockEstimate], end: list[ClockEstimate]) -> dict[str, Any]:
+    """meta.extra["clock"]: every rank's estimate at start (and at end, once measured), the
+    largest error of each, and the largest change of a rank's offset between them (drift)."""
+    out: dict[str, Any] = {"start": [e.to_dict() for e in start],
+                           "max_error_start_s": max(e.error_ns for e in start) / 1e9}
+    if end:
+        out.update(end=[e.to_dict() for e in end],
+                   max_error_end_s=max(e.error_ns for e in end) / 1e9,
+                   max_drift_s=max(abs(a.offset_ns - b.offset_ns)
+                                   for a, b in zip(start, end)) / 1e9)
+    return out
+
+
 @dataclass(frozen=True)
 class ControlChannel:
     """Where control tensors go: a process group and the device its backend accepts."""
 
-    group: object
+    group: dist.ProcessGroup | None
     device: torch.device
 
     def tensor(self, value: int) -> torch.Tensor:
@@ -54,7 +68,7 @@ class ControlChannel:
         return int(t.item())
 
 
-def control_channel(group=None) -> ControlChannel:
+def control_channel(group: dist.ProcessGroup | None = None) -> ControlChannel:
     """The group and device for the recorder's control traffic (a collective the first time).
 
     A backend that includes gloo takes CPU tensors. For the world group on any other backend

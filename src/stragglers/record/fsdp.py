@@ -11,8 +11,10 @@ the diagnosis tells a busy host from a slow link.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
+from collections.abc import Callable
 
 import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
@@ -144,10 +146,15 @@ class _host_wait:
         return False
 
 
-def install_fsdp2(att, units) -> list:
+def _put_back(group, all_gather, reduce_scatter) -> None:
+    """Give an FSDP2 param group back the comms it had before install_fsdp2."""
+    group._all_gather_comm, group._reduce_scatter_comm = all_gather, reduce_scatter
+
+
+def install_fsdp2(att, units) -> list[Callable[[], None]]:
     """Wrap every unit's comms to record into `att` (modelparallel.Collectives); returns the
     callables that put FSDP2's own comms back."""
-    undo = []
+    undo: list[Callable[[], None]] = []
     for unit in units:
         groups = getattr(unit._get_fsdp_state(), "_fsdp_param_groups", [])
         if len(groups) != 1:
@@ -156,8 +163,7 @@ def install_fsdp2(att, units) -> list:
         ag, rs = group._all_gather_comm, group._reduce_scatter_comm
         unit.set_custom_all_gather(RecordedAllGather(att, ag))
         unit.set_custom_reduce_scatter(RecordedReduceScatter(att, rs))
-        undo.append(lambda g=group, a=ag, r=rs: (setattr(g, "_all_gather_comm", a),
-                                                 setattr(g, "_reduce_scatter_comm", r)))
+        undo.append(functools.partial(_put_back, group, ag, rs))
     if att.recorder.on_gpu:
         warnings.warn("stragglers.record.attach: FSDP2 on CUDA waits for its all-gathers on the "
                       "device; those waits stay inside the compute spans around them (recorded "

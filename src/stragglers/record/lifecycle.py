@@ -29,6 +29,5 @@ class ClosesOnExit:
     def __enter__(self):
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self.close(collective=exc_type is None)
-        return False

@@ -20,13 +20,42 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SOURCE = Path(__file__).with_name("native.cpp")
 ENV = "STRAGGLERS_RECORD_NATIVE"
 BWD_START, BWD_END, BUCKET_READY, BUCKET_DONE, FWD = 1, 2, 3, 4, 5  # event kinds (native.cpp)
 SLOW, FAST, SKIP = 0, 1, 2  # a Forward's modes in a step (native.cpp: Forward::Mode)
-_loaded: dict = {}
 _told = False
+
+
+class _Loaded:
+    """The extension once loaded (module), or why it was not (error)."""
+
+    module: Any = None
+    error = ""
+
+
+_loaded = _Loaded()
+
+
+class RowColumns(NamedTuple):
+    """Op rows as columns, one array each: the step, then StepBuffer.ops' fields (code, start
+    and end marks, mb, mc, gmc, attn, tokens, bytes), without the pauses."""
+
+    step: np.ndarray
+    code: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    mb: np.ndarray
+    mc: np.ndarray
+    gmc: np.ndarray
+    attn: np.ndarray
+    tokens: np.ndarray
+    bytes: np.ndarray
 
 
 def module_name() -> str:
@@ -49,8 +78,8 @@ def build_directory() -> Path:
 
 def load(build: bool = False):
     """The extension module, or None with the reason in `last_error()`; builds it if `build`."""
-    if "module" in _loaded:
-        return _loaded["module"]
+    if _loaded.module is not None:
+        return _loaded.module
     name, where = module_name(), build_directory()
     library = where / f"{name}.so"
     try:
@@ -59,20 +88,20 @@ def load(build: bool = False):
         elif build:
             module = _build(name, where)
         else:
-            _loaded["error"] = (f"not built (run `{Path(sys.executable).name} -m "
+            _loaded.error = (f"not built (run `{Path(sys.executable).name} -m "
                                 "stragglers.record.native` once)")
             return None
         _check_clock(module)
     except Exception as exc:  # a compiler or torch mismatch: attach falls back to Python hooks
-        _loaded["error"] = _reason(exc)
+        _loaded.error = _reason(exc)
         return None
-    _loaded["module"] = module
+    _loaded.module = module
     return module
 
 
 def last_error() -> str:
     """Why load() returned None."""
-    return _loaded.get("error", "")
+    return _loaded.error
 
 
 def stamps():
@@ -131,8 +160,8 @@ def stamp_rows(stamps: list[bytes], seq: dict, gc: list, stage: int) -> list[tup
     ar_code = OPTYPE_CODES["grads-all-reduce"]
     c = stamp_columns([0], [stamps], stage)
     rows = []
-    for code, s, e, mb, gmc, nbytes in zip(*(c[k].tolist() for k in (
-            "code", "start", "end", "mb", "gmc", "bytes"))):
+    for code, s, e, mb, gmc, nbytes in zip(*(v.tolist() for v in (
+            c.code, c.start, c.end, c.mb, c.gmc, c.bytes))):
         attn, tok = seq.get(mb, (math.nan, -1))
         pauses = ()
         inside = [p for p in gc if s <= p[0] and p[1] <= e] if code != ar_code else ()
@@ -143,10 +172,10 @@ def stamp_rows(stamps: list[bytes], seq: dict, gc: list, stage: int) -> list[tup
     return rows
 
 
-def stamp_columns(steps: list[int], stamps: list[list[bytes]], stage: int) -> dict:
+def stamp_columns(steps: list[int], stamps: list[list[bytes]], stage: int) -> RowColumns:
     """Many steps' stamps as op-table columns at once, without a Python loop per event.
 
-    Columns: step, code, start, end, mb, mc, gmc, attn, tokens, bytes; compute rows first. Per
+    Compute rows first. Per
     step, the boundary events of the backward pass (start, a bucket ready, end) cut it into
     spans: a bucket's all-reduce depends on the compute before it (docs/whatif.md §3). A
     bucket's all-reduce runs from its ready instant, or from the end of the bucket before it
@@ -165,11 +194,12 @@ def stamp_columns(steps: list[int], stamps: list[list[bytes]], stage: int) -> di
     order = np.lexsort((np.arange(len(ev)), ev[:, 2], st))  # by step, then time, stably
     ev, st = ev[order], st[order]
     kind, ident, t, value = ev[:, 0], ev[:, 1], ev[:, 2], ev[:, 3]
-    out = {k: [] for k in ("step", "code", "start", "end", "mb", "gmc", "bytes")}
+    # step, code, start, end, mb, gmc, bytes: the parts of each
+    out: list[list[np.ndarray]] = [[] for _ in range(7)]
 
     def add(step, code, start, end, mb, gmc, nbytes):
-        for k, v in zip(out, (step, code, start, end, mb, gmc, nbytes)):
-            out[k].append(np.broadcast_to(v, len(start)))
+        for parts, v in zip(out, (step, code, start, end, mb, gmc, nbytes)):
+            parts.append(np.broadcast_to(v, len(start)))
 
     fwd = kind == FWD  # (mb, start, end)
     add(st[fwd], fwd_code, t[fwd], value[fwd], ident[fwd], 0, -1)
@@ -196,12 +226,11 @@ def stamp_columns(steps: list[int], stamps: list[list[bytes]], stage: int) -> di
     prev_end[np.r_[True, st[done][1:] != st[done][:-1]]] = 0
     start = np.minimum(np.maximum(t[ready], prev_end), t[done])
     add(st[done], ar_code, start, t[done], -1, stage, value[ready])
-    cols = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in out.items()}
-    n = len(cols["start"])
-    cols["mc"] = np.zeros(n, np.int64)
-    cols["attn"] = np.full(n, math.nan)
-    cols["tokens"] = np.full(n, -1, np.int64)
-    return cols
+    step, code, begin, finish, mb, gmc, nbytes = (
+        np.concatenate(parts) if parts else np.zeros(0, np.int64) for parts in out)
+    n = len(begin)
+    return RowColumns(step, code, begin, finish, mb, np.zeros(n, np.int64), gmc,
+                      np.full(n, math.nan), np.full(n, -1, np.int64), nbytes)
 
 
 def _import(name: str, library: Path):
@@ -210,6 +239,8 @@ def _import(name: str, library: Path):
     import torch  # noqa: F401  (the extension links against torch's libraries)
 
     spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{library} is not a loadable extension")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

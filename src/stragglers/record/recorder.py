@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -17,9 +17,9 @@ import torch.distributed as dist
 from stragglers.collectives.completion import CompletionThread, reduce_bucket
 from stragglers.errors import InputError, StragglersError
 from stragglers.record import native as native_hooks
-from stragglers.record.clock import (ClockEstimate, common_origin_ns, control_channel,
-                                     gather_objects, measure_offset, release_control_channel,
-                                     same_host_as_rank0)
+from stragglers.record.clock import (ClockEstimate, clock_record, common_origin_ns,
+                                     control_channel, gather_objects, measure_offset,
+                                     release_control_channel, same_host_as_rank0)
 from stragglers.record.settings import RecorderConfig, recorder_config
 from stragglers.record.schedstat import CommWaitProbe, RunDelay, TransportRunDelay
 from stragglers.record.signals import FlushOnTerm
@@ -27,6 +27,9 @@ from stragglers.record.timers import CpuTimer, CudaTimer
 from stragglers.record.writer import RankWriter, StepBuffer
 from stragglers.trace.model import OPTYPE_CODES, JobMeta
 from stragglers.trace.runformat import META_FILE, RANK_FILE, write_meta
+
+if TYPE_CHECKING:
+    from stragglers.record.upload import PartUploader
 
 
 class _NullSpan:
@@ -147,7 +150,7 @@ class _NativeCompletionWaiter:
         self._native.stop()
 
 
-def _completion_waiter(name: str):
+def _completion_waiter(name: str) -> _CompletionWaiter | _NativeCompletionWaiter:
     """The native waiter where it is built, else the Python one."""
     native = native_hooks.waiter()
     return _NativeCompletionWaiter(native) if native is not None else _CompletionWaiter(name)
@@ -158,12 +161,18 @@ class RecordedWork:
 
     __slots__ = ("work", "rec", "buf", "row", "start", "done", "waiter", "completed", "ticket",
                  "end_ns", "error", "cpu_wait")
+    # set by the waiter's watch() (Python waiter: completed; native: ticket) and by its result
+    completed: threading.Event
+    ticket: int
+    waiter: "_CompletionWaiter | _NativeCompletionWaiter | None"
+    end_ns: int | None
+    error: BaseException | None
 
     def __init__(self, work, rec: "Recorder", buf: StepBuffer | None, row: tuple, start,
-                 waiter: _CompletionWaiter | None = None):
+                 waiter: "_CompletionWaiter | _NativeCompletionWaiter | None" = None):
         self.work, self.rec, self.buf, self.row, self.start = work, rec, buf, row, start
         self.done = False
-        self.waiter = self.completed = self.ticket = self.error = self.end_ns = None
+        self.waiter = self.error = self.end_ns = None
         self.cpu_wait = math.nan
         if buf is not None:
             if buf.pending is None:
@@ -229,7 +238,7 @@ class Recorder:
         self.monitor_job = cfg.monitor_job or self.trace_dir.name
         self.monitor_close_timeout_s = float(cfg.monitor_close_timeout_s)
         self.flush_on_sigterm = cfg.flush_on_sigterm  # record/signals.py
-        self._uploader = None
+        self._uploader: PartUploader | None = None
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if self.distributed else 0
         self.world_size = dist.get_world_size(group) if self.distributed else 1
@@ -245,9 +254,12 @@ class Recorder:
         self._writer: RankWriter | None = None
         self.clock_start: ClockEstimate | None = None
         self.clock_end: ClockEstimate | None = None
+        # rank 0: every rank's estimate at start and at end (meta.extra["clock"])
+        self._clock_starts: list[ClockEstimate] = []
+        self._clock_ends: list[ClockEstimate] = []
         self.offset_applied = False
         self._closed = False
-        self._waiters: dict[str, _CompletionWaiter] = {}
+        self._waiters: dict[str, _CompletionWaiter | _NativeCompletionWaiter] = {}
         self._ddp_completer = CompletionThread("stragglers-ddp-buckets")
         self._probes = threading.local()  # per calling thread: its CommWaitProbe
         # what a caller adds to this rank's entry of meta.extra["layout"] (attach: tp_rank...),
@@ -263,10 +275,9 @@ class Recorder:
         self.start()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         # After a failure the peers may be gone: flush what we have, skip the collectives.
         self.close(collective=exc_type is None)
-        return False
 
     def start(self) -> None:
         """Measure the clock offset, write meta.json (rank 0), start the background writer."""
@@ -276,7 +287,8 @@ class Recorder:
         if not self.enabled:  # every rank is off together, so skipping the collectives is safe
             self._closed = True
             return
-        offset, origin, layout = 0, time.perf_counter_ns(), None
+        offset, origin = 0, time.perf_counter_ns()
+        layout: list[Any]  # every rank's entry (all_gather_object fills the list)
         if self.distributed:
             # Control traffic on gloo (or the backend's device): never CPU tensors into NCCL.
             self._ctl = control_channel(self.group)
@@ -302,12 +314,10 @@ class Recorder:
             self._uploader = PartUploader(self.monitor, self.monitor_token, self.monitor_job,
                                           self.rank)
         if self.rank == 0:
-            self.meta.extra["layout"] = layout
-            self.meta.extra["recorder"] = {
+            self.meta.extra.update(layout=layout, recorder={
                 "sample_every": self.sample_every, "timer": "cuda-events" if self._timer.is_cuda
                 else "perf_counter_ns", "clock_offset_applied": self.offset_applied,
-                "gc_min_s": self.gc_min_ns / 1e9}
-            self.meta.extra["clock"] = {"start": [None] * self.world_size}
+                "gc_min_s": self.gc_min_ns / 1e9}, clock={"start": [None] * self.world_size})
             write_meta(self.trace_dir, self.meta)
             if self._uploader is not None:
                 self._uploader.submit_meta(self.meta.to_dict())
@@ -374,7 +384,7 @@ class Recorder:
         ours = [p for p in d.iterdir() if p.name == META_FILE or RANK_FILE.match(p.name)
                 or p.name.endswith(".parquet.tmp")] if d.is_dir() else []
         busy = d.is_dir() and any(d.iterdir())
-        seen = [busy]
+        seen: list[Any] = [busy]
         if self.distributed:
             seen = [None] * dist.get_world_size(ctl_group)
             dist.all_gather_object(seen, busy, group=ctl_group)
@@ -399,16 +409,14 @@ class Recorder:
             self._writer.records_pg = True
 
     def _gather_clock(self, when: str, est: ClockEstimate) -> None:
-        entries = gather_objects(est.to_dict(), self._ctl)
+        entries: list[ClockEstimate] = gather_objects(est, self._ctl)
         if self.rank != 0:
             return
-        clock = self.meta.extra.setdefault("clock", {})
-        clock[when] = entries
-        errors = [e["error_ns"] / 1e9 for e in entries]
-        clock[f"max_error_{when}_s"] = max(errors)
-        if "start" in clock and "end" in clock and None not in clock["start"]:
-            clock["max_drift_s"] = max(abs(a["offset_ns"] - b["offset_ns"]) / 1e9
-                                       for a, b in zip(clock["start"], clock["end"]))
+        if when == "start":
+            self._clock_starts = entries
+        else:
+            self._clock_ends = entries
+        self.meta.extra.update(clock=clock_record(self._clock_starts, self._clock_ends))
         write_meta(self.trace_dir, self.meta)
         if self._uploader is not None:  # the end clock is the monitor's close marker
             self._uploader.submit_meta(self.meta.to_dict())
@@ -517,8 +525,12 @@ class Recorder:
     def recv(self, tensor: torch.Tensor, src: int, optype: str = "forward-recv", group=None,
              tag: int = 0) -> None:
         """A recv posted and waited at once (a foreground op: GC pauses inside move before it)."""
-        self.collective(optype, lambda: dist.irecv(tensor, src, group=group, tag=tag).wait(),
-                        nbytes=tensor.numel() * tensor.element_size())
+        def receive() -> None:
+            work = dist.irecv(tensor, src, group=group, tag=tag)
+            if work is not None:  # None: this rank is not in `group` (torch receives nothing)
+                work.wait()
+
+        self.collective(optype, receive, nbytes=tensor.numel() * tensor.element_size())
 
     def _p2p(self, fn, tensor, peer, optype, group, tag) -> RecordedWork:
         buf = self._buf
@@ -582,6 +594,7 @@ class Recorder:
             buf = self._buf
             start = None
             if buf is not None:
+                ops = buf.ops  # the step's rows (done() runs only for a sampled step)
                 start = self.mark()
                 flat = bucket.buffer()
                 nbytes = flat.numel() * flat.element_size()
@@ -594,7 +607,7 @@ class Recorder:
                 if isinstance(s, int):
                     s = min(max(s, last_end[0]), end)
                     last_end[0] = max(last_end[0], end)
-                buf.ops.append((code, s, end, -1, 0, self.stage, math.nan, -1, nbytes, ()))
+                ops.append((code, s, end, -1, 0, self.stage, math.nan, -1, nbytes, ()))
 
             on_done = done if buf is not None else None
             if inner is None:

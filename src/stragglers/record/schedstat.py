@@ -23,6 +23,7 @@ class RunDelay:
     """
 
     def __init__(self):
+        self._fd: int | None
         try:
             self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:
@@ -58,7 +59,7 @@ class TransportRunDelay:
     def __init__(self, rescan_s: float = 1.0):
         self.rescan_ns = int(rescan_s * 1e9)
         self._fds: dict[str, int] = {}
-        self._scanned = None
+        self._scanned: int | None = None
         self.available = os.path.exists("/proc/thread-self/schedstat")
 
     def read(self) -> int | None:

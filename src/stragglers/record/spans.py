@@ -20,7 +20,8 @@ class ComputeSpan:
 
     def __init__(self, recorder):
         self.recorder = recorder
-        self.current: tuple | None = None   # (code, mb, mc, gmc, start mark, gc index)
+        # (code, mb, mc, gmc, start mark, gc index)
+        self.current: tuple[int, int, int, int, float, int] | None = None
         self.seq: dict[int, tuple[float, int]] = {}
 
     def open(self, code: int, mb: int, mc: int = 0, gmc: int = 0) -> None:
@@ -56,5 +57,5 @@ class ComputeSpan:
         try:
             yield
         finally:
-            if live and self.recorder.buffer is not None:
+            if live and cur is not None and self.recorder.buffer is not None:
                 self.open(*cur[:4])

@@ -47,7 +47,7 @@ class CudaTimer:
         self.device = device
         self.reanchor_ns = int(reanchor_s * 1e9)
         self._pool: deque = deque()  # append/pop are atomic, so the writer may give events back
-        self._anchor = None
+        self._anchor: tuple[torch.cuda.Event, int] | None = None
 
     def _event(self):
         try:

@@ -34,7 +34,8 @@ class PartUploader:
                  timeout_s: float = 10.0, backoff_s: float = 0.2, max_backoff_s: float = 10.0):
         parsed = check_url(url, "monitor URL")
         self.url, self.job, self.rank = url.rstrip("/"), job, int(rank)
-        self._scheme, self._host = parsed.scheme, parsed.hostname
+        # check_url refused a URL without a host
+        self._scheme, self._host = parsed.scheme, parsed.hostname or ""
         self._port = parsed.port or (443 if parsed.scheme == "https" else 80)
         self._base = parsed.path.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -124,12 +125,12 @@ class PartUploader:
                     self._cv.wait()
                 if self._stopped:
                     break
-                if self._meta is not None:
-                    item, meta = None, self._meta
-                else:
-                    item, meta = self._buf[0], None
+                # rank 0's meta.json first, then the oldest part
+                job: dict | tuple[int, bytes] = \
+                    self._meta if self._meta is not None else self._buf[0]
             try:
-                outcome = self._send_meta(meta) if meta is not None else self._send_part(*item)
+                outcome = self._send_meta(job) if isinstance(job, dict) else \
+                    self._send_part(*job)
             except Exception as exc:  # never let the thread die: training relies on it
                 outcome = "retry"
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -141,12 +142,12 @@ class PartUploader:
                     delay = min(delay * 2, self.max_backoff_s)
                     continue
                 delay = self.backoff_s
-                if meta is not None:
-                    if self._meta is meta:
+                if isinstance(job, dict):
+                    if self._meta is job:
                         self._meta = None
-                elif self._buf and self._buf[0] is item:
+                elif self._buf and self._buf[0] is job:
                     self._buf.popleft()
-                    self._buf_bytes -= len(item[1])
+                    self._buf_bytes -= len(job[1])
                 self._cv.notify_all()
         self._drop_connection()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stragglers.record.native import stamp_columns, stamp_rows
+from stragglers.record.native import RowColumns, stamp_columns, stamp_rows
 from stragglers.trace.model import OPTYPE_CODES
 from stragglers.trace.runformat import write_rank
 
@@ -37,14 +37,14 @@ class StepBuffer:
     # (optype code, end mark) of a communication row → s its threads waited for a CPU during it
     # (record/schedstat.py); rows not in it get NaN. Keyed by the end: placing GC pauses may
     # move a row's start, never its end.
-    cpu_waits: dict | None = None
+    cpu_waits: dict[tuple[int, object], float] | None = None
     # native hooks (attach on CPU, record/native.py): raw stamps, made into rows here, off the
     # training thread; seq: mb → (attn_cost, tokens) for their rows
-    stamps: list | None = None
-    seq: dict | None = None
+    stamps: list[bytes] | None = None
+    seq: dict[int, tuple[float, int]] | None = None
     # (optype code, end mark) of a collective row → its process group's job-wide id
     # (record/modelparallel.py: GroupIds); rows not in it get the writer's default for their code
-    pgs: dict | None = None
+    pgs: dict[tuple[int, object], int] | None = None
 
     def add_stamps(self, stamps: bytes) -> None:
         """Native stamps drained from the hooks (b"" when there were none)."""
@@ -176,28 +176,33 @@ class RankWriter:
 
     def columns(self, *bufs: StepBuffer) -> dict[str, np.ndarray]:
         """Steps' rows as op-table columns on the common clock, with seq_id filled in."""
-        rows, step_of, waits, pgs, batch = [], [], {}, {}, []
+        rows: list[tuple] = []
+        step_of: list[tuple[int, int]] = []
+        # (step, optype code, end mark) of a row → its CPU wait / its process group
+        waits: dict[tuple[int, int, object], float] = {}
+        pgs: dict[tuple[int, int, object], int] = {}
+        batch: list[StepBuffer] = []
         for buf in bufs:
             step_rows = self._rows(buf, batch)
             rows.extend(step_rows)
             step_of.append((buf.step, len(step_rows)))
-            for (code, end), wait in (buf.cpu_waits or {}).items():
-                waits[(buf.step, code, end)] = wait
-            for (code, end), pg in (buf.pgs or {}).items():
-                pgs[(buf.step, code, end)] = pg
+            for (row_code, row_end), wait in (buf.cpu_waits or {}).items():
+                waits[(buf.step, row_code, row_end)] = wait
+            for (row_code, row_end), pg in (buf.pgs or {}).items():
+                pgs[(buf.step, row_code, row_end)] = pg
         # Column-wise conversion in C (zip, np.array): the writer holds the GIL for less time.
         cols = list(zip(*rows)) if rows else [()] * 10
-        c = {"step": np.repeat(np.array([s for s, _ in step_of], np.int64),
-                               np.array([k for _, k in step_of], np.int64))}
-        for i, (name, dtype) in enumerate(ROW_FIELDS):
-            c[name] = np.array(cols[i], dtype)
+        c = RowColumns(np.repeat(np.array([s for s, _ in step_of], np.int64),
+                                 np.array([k for _, k in step_of], np.int64)),
+                       *(np.array(cols[i], dtype) for i, dtype in enumerate(ROW_DTYPES)))
         if batch:  # native stamps of steps with nothing to place: decoded together
-            more = stamp_columns([b.step for b in batch], [b.stamps for b in batch], self.stage)
-            c = {k: np.concatenate([v, more[k].astype(v.dtype)]) for k, v in c.items()}
-        n = len(c["step"])
-        order = np.lexsort((c["end"], c["start"], c["step"]))
-        c = {k: v[order] for k, v in c.items()}
-        step, code, start, end = c["step"], c["code"], c["start"], c["end"]
+            more = stamp_columns([b.step for b in batch], [b.stamps or [] for b in batch],
+                                 self.stage)
+            c = RowColumns(*(np.concatenate([v, m.astype(v.dtype)]) for v, m in zip(c, more)))
+        n = len(c.step)
+        order = np.lexsort((c.end, c.start, c.step))
+        c = RowColumns(*(v[order] for v in c))
+        step, code, start, end = c.step, c.code, c.start, c.end
         # seq_id: the row's place among its step's rows of its op type, in time order
         by_kind = np.lexsort((np.arange(n), code, step))
         seq_id = np.zeros(n, np.int32)
@@ -206,7 +211,7 @@ class RankWriter:
             first = np.flatnonzero(np.r_[True, key_sorted[1:] != key_sorted[:-1]])
             group_start = np.repeat(first, np.diff(np.r_[first, n]))
             seq_id[by_kind] = (np.arange(n) - group_start).astype(np.int32)
-        out = {
+        out: dict[str, np.ndarray] = {
             "rank": np.full(n, self.rank, np.int32),
             "dp_rank": np.full(n, self.dp_rank, np.int32),
             "stage": np.full(n, self.stage, np.int32),
@@ -215,12 +220,12 @@ class RankWriter:
             "start_ts": (start + self.offset_ns - self.origin_ns) / 1e9,
             "duration": (end - start) / 1e9,
             "seq_id": seq_id,
-            "mb_id": c["mb"].astype(np.int32),
-            "mc": c["mc"].astype(np.int32),
-            "gmc": c["gmc"].astype(np.int32),
-            "attn_cost": c["attn"],
-            "tokens": c["tokens"],
-            "bytes": c["bytes"],
+            "mb_id": c.mb.astype(np.int32),
+            "mc": c.mc.astype(np.int32),
+            "gmc": c.gmc.astype(np.int32),
+            "attn_cost": c.attn,
+            "tokens": c.tokens,
+            "bytes": c.bytes,
             "cpu_wait": _cpu_waits(waits, step, code, end),
         }
         if self.records_pg:
@@ -258,10 +263,10 @@ class RankWriter:
         return rows
 
 
-# A row's fields after (code, start, end) are as in StepBuffer.ops
-ROW_FIELDS = (("code", np.int8), ("start", np.int64), ("end", np.int64), ("mb", np.int32),
-              ("mc", np.int32), ("gmc", np.int32), ("attn", np.float64), ("tokens", np.int64),
-              ("bytes", np.int64))
+# The dtypes of a StepBuffer.ops row's fields (code, start, end, mb, mc, gmc, attn, tokens,
+# bytes: RowColumns after the step)
+ROW_DTYPES = (np.int8, np.int64, np.int64, np.int32, np.int32, np.int32, np.float64, np.int64,
+              np.int64)
 
 
 def _cpu_waits(waits: dict, step: np.ndarray, code: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -13,6 +13,10 @@ from stragglers.errors import InputError
 from stragglers.trace.synth.spec import (GC, GCInCompute, HeavyLastStage, HostStall, Injection,
                                          SequenceImbalance, SlowCollective, SlowLink, SlowWorker,
                                          SynthSpec)
+
+if TYPE_CHECKING:
+    from stragglers.trace.model import Trace
+    from stragglers.trace.synth.truth import InjectedCause
 
 log = logging.getLogger(__name__)
 
@@ -162,43 +166,49 @@ def synth_gpu(
         if value and not all_to_alls:
             raise InputError("stragglers synth-gpu", field, "needs all-to-alls "
                              "(--all-to-alls 1 or more)")
-    one_rank = {field: pair(text, field, int) if text else None for field, text in (
-        ("--late-rank", late_rank), ("--slow-rank", slow_rank), ("--hot-expert", hot_expert),
-        ("--slow-link", slow_link))}
-    for field, given in one_rank.items():
+    fields = ("--late-rank", "--slow-rank", "--hot-expert", "--slow-link")
+    late, slow, hot, link = one_rank = [pair(text, field, int) if text else None for field, text
+                                        in zip(fields, (late_rank, slow_rank, hot_expert,
+                                                        slow_link))]
+    for field, given in zip(fields, one_rank):
         if given is not None and not 0 <= given[0] < ranks:
             raise InputError("stragglers synth-gpu", field, f"rank {given[0]} is not one of the "
                              f"{ranks} ranks")
     job = GpuJob(ranks=ranks, steps=steps, seed=seed, all_to_alls=all_to_alls, buckets=buckets,
                  tp_size=tp_size, cp_size=cp_size, expert_groups=expert_groups,
-                 late_rank=one_rank["--late-rank"], slow_rank=one_rank["--slow-rank"],
+                 late_rank=late, slow_rank=slow,
                  slow_group=pair(slow_group, "--slow-group", ranks_of) if slow_group else None,
-                 hot_expert=one_rank["--hot-expert"], slow_link=one_rank["--slow-link"])
+                 hot_expert=hot, slow_link=link)
     truth = write_gpu_job(job, out_dir)
     causes = "; ".join(f"{c['cause']} {c['ranks']}" for c in truth["causes"])
     typer.echo(f"wrote {out_dir}: {ranks} ranks x {steps} steps of Kineto JSON; ground truth: "
                f"{causes}")
 
 
-def summary(trace) -> str:
+def summary(trace: Trace) -> str:
     """One line: size of the job and the injected causes with their measured impact."""
+    from stragglers.trace.synth.truth import ground_truth
+
     m = trace.meta
     steps = m.extra.get("generator", {}).get("steps") or len(set(trace.ops["step"].tolist()))
-    causes = "; ".join(_describe_cause(t) for t in m.extra.get("ground_truth", [])) \
-        or "none (noise only)"
+    causes = "; ".join(_describe_cause(t) for t in ground_truth(trace)) or "none (noise only)"
     return (f"{len(trace):,} ops, dp {m.dp_size} x pp {m.pp_size} x vpp {m.vpp_size}, "
             f"{steps} steps; ground truth: {causes}")
 
 
-def _describe_cause(truth: dict) -> str:
-    text = truth["cause"]
-    for key, values in truth["where"].items():
+def _describe_cause(truth: InjectedCause) -> str:
+    text = truth.cause
+    for key in truth.where.__struct_fields__:
+        values = getattr(truth.where, key)
+        if values is None:   # not narrowed along this dimension
+            continue
         shown = values if len(values) <= 6 else f"[{values[0]}..{values[-1]}] ({len(values)})"
         text += f" {key}={shown}"
-    if "factor" in truth["params"]:
-        text += f" x{truth['params']['factor']:g}"
-    if truth.get("impact") is not None:
-        text += f" (step time x{truth['impact']:.3f})"
+    factor = truth.params.get("factor")
+    if factor is not None:
+        text += f" x{factor:g}"
+    if truth.impact is not None:
+        text += f" (step time x{truth.impact:.3f})"
     return text
 
 

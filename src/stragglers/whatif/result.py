@@ -235,11 +235,26 @@ class AnalysisResult(msgspec.Struct, rename=_JSON_NAMES):
     @classmethod
     def from_json(cls, text: str | bytes, source: str = SOURCE) -> "AnalysisResult":
         """Read `stragglers analyze --json` output; a bad field is an InputError naming it."""
-        try:
-            raw = json.loads(text)
-        except ValueError as e:
-            raise InputError(source, None, f"not JSON: {e}") from None
-        return cls.from_dict(raw, source)
+        try:   # decoded once, straight into the types
+            doc = msgspec.json.decode(text, type=_Document)
+        except msgspec.MsgspecError:
+            # not JSON, schema 1's plain-string notes, or a bad field: from_dict reads schema 1
+            # and names what is wrong
+            try:
+                raw = json.loads(text)
+            except ValueError as e:
+                raise InputError(source, None, f"not JSON: {e}") from None
+            return cls.from_dict(raw, source)
+        if doc.schema_version > SCHEMA_VERSION:
+            raise InputError(source, "schema_version", f"{doc.schema_version!r} is newer than "
+                             f"this version of stragglers reads (≤ {SCHEMA_VERSION})")
+        return cls(**{name: getattr(doc, name) for name in cls.__struct_fields__})
+
+
+class _Document(AnalysisResult):
+    """A result's JSON form as written: the result with the schema version it was written in."""
+
+    schema_version: int = SCHEMA_VERSION
 
 
 def json_schema() -> dict[str, Any]:
@@ -297,9 +312,10 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def plain(value: Any) -> Any:
-    """A copy with only JSON-ready Python values: numpy scalars unwrapped, NaN/inf → None."""
-    return _finite(msgspec.to_builtins(value, enc_hook=_numpy_value))
+def plain(value: Any, *, str_keys: bool = False) -> Any:
+    """A copy with only JSON-ready Python values: numpy scalars unwrapped, NaN/inf → None
+    (`str_keys`: map keys as text, as JSON writes them)."""
+    return _finite(msgspec.to_builtins(value, enc_hook=_numpy_value, str_keys=str_keys))
 
 
 def job_info(trace: Any, steps: int, ops: int) -> JobInfo:

@@ -138,7 +138,7 @@ class KillRestart(RemedyBase):
         peers = np.median(comp, axis=0, keepdims=True)
         ratio = comp / np.maximum(peers, 1e-12)
         mean = ratio.mean(axis=2)
-        d, p = np.unravel_index(int(np.argmax(mean)), mean.shape)
+        d, p = (int(i) for i in np.unravel_index(int(np.argmax(mean)), mean.shape))
         who = f"(dp {int(ctx.w.grid.dp_ranks[d])}, pp {int(p)})"
         if mean[d, p] < WORKER_COMPUTE:
             return self.refuse(f"no worker computes ≥ {WORKER_COMPUTE}× its peers (the slowest, "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from stragglers.advice.context import AdviceContext
@@ -17,7 +19,7 @@ class RemedyBase:
     exact = False
 
     @classmethod
-    def variants(cls, ctx: AdviceContext) -> list["RemedyBase"]:
+    def variants(cls, ctx: AdviceContext) -> Sequence[RemedyBase]:
         """The settings of this remedy worth predicting on this job (default: one)."""
         return [cls()]
 
@@ -48,7 +50,7 @@ class RemedyBase:
             gain = f"×{speedup:.3f}" if speedup is not None else "nothing"
             why = (why_small + "; " if why_small else "") + \
                 f"predicted {gain}, below the ×{ADVISE.min_gain} worth switching on"
-        elif not applies:
+        elif not applies and interval is not None:
             why = (f"predicted ×{speedup:.3f}, but its {100 * ADVISE.confidence:.0f}% interval "
                    f"over the job's steps [×{interval[0]:.3f}, ×{interval[1]:.3f}] reaches below "
                    f"the ×{ADVISE.min_gain} worth switching on: not clear of this job's "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from stragglers.advice.context import COMPUTE, DP_COLLECTIVE, AdviceContext
@@ -116,7 +118,8 @@ class StragglAR(RemedyBase):
                 cost[node] = (end - a.max(axis=0))[None, :]
         step = ctx.step_times(cost)
         start, _ = ctx.timeline()
-        details, leads = {}, []
+        details: dict[str, dict[str, float]] = {}
+        leads: list[float] = []
         for node, (s, t_rs, t_p2) in per_node.items():
             a = start[node]
             lead = a[s] - np.delete(a, s, axis=0).max(axis=0)
@@ -153,7 +156,7 @@ class GradientCoding(RemedyBase):
         self.name = f"gradient-coding-s{self.s}"
 
     @classmethod
-    def variants(cls, ctx: AdviceContext) -> list["GradientCoding"]:
+    def variants(cls, ctx: AdviceContext) -> Sequence[GradientCoding]:
         top = max(1, min(ctx.config.max_s, ctx.dp - 1))
         return [cls(s) for s in range(1, top + 1)]
 
@@ -223,8 +226,9 @@ def coded_exchange_s(ctx: AdviceContext, sync: list[int], n: int, s: int) -> tup
     """Seconds per step the aggregator spends exchanging parameters and coded gradients."""
     measured = float(sum(np.nanmedian(ctx.w.cost[m]) for m in sync))  # the all-reduce(s) now
     link = ctx.config.link
-    sizes = [message_bytes(ctx, m) for m in sync] if link is not None else [None]
-    size = sum(sizes) if None not in sizes else None
+    sizes = [message_bytes(ctx, m) for m in sync] if link is not None else []
+    known = [b for b in sizes if b is not None]
+    size = sum(known) if known and len(known) == len(sizes) else None
     if link is not None and size is not None:
         return 2 * (n - s) * (link.alpha + size * link.beta), \
             f"calibrated α–β, {size / 2**20:.1f} MiB of gradients"
