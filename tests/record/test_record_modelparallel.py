@@ -297,6 +297,34 @@ def test_a_3d_job_is_recorded_unchanged_and_its_slow_tp_rank_named(tmp_path):
     assert 2 not in named
 
 
+@pytest.mark.distributed
+def test_a_pipeline_with_data_parallel_stages_is_analysed_step_by_step(tmp_path):
+    # dp 2 × pp 2 on 4 ranks (mesh (pp, dp, tp) = (2, 2, 1), FSDP2 over dp): FSDP2 gathers in a
+    # step's first microbatch only, so that forward is cut into more pieces than the second;
+    # and the schedule's shape inference in the first step gathers outside any action. Every
+    # step keeps the same rows (the first opens at its first action), and the analysis replays
+    # (each transfer wired to its own microbatch's compute: no dependency cycle).
+    from stragglers.whatif import analyze
+    from stragglers.whatif.grid import build_grid
+
+    torchrun(TP_EXAMPLE, 4, "--tp", "1", "--pp", "2", "--microbatches", "2", "--seq", "16",
+             "--steps", "5", "--out", str(tmp_path / "run"), timeout=400)
+    trace = read_run(tmp_path / "run")
+    ops = trace.ops
+    assert trace.meta.extra["parallel"] == {"dp": 2, "tp": 1, "cp": 1, "ep": 1, "pp": 2}
+    gathers = ops["optype"] == OPTYPE_CODES["params-all-gather"]
+    per_step = [int((gathers & (ops["step"] == s) & (ops["rank"] == 0)).sum())
+                for s in sorted(set(ops["step"].tolist()))]
+    assert per_step[0] == per_step[-1] > 0, per_step  # no extra gathers in the first step
+    fwd0 = rows_of(ops, 2, 1, FWD)
+    assert len(fwd0["mb_id"]) > 2 and set(fwd0["mb_id"].tolist()) == {0, 1}  # cut unevenly
+    grid = build_grid(trace)
+    assert not grid.warnings and len(grid.steps) == 5
+    result = analyze(trace, steps="all")
+    assert result.steps_analysed == [0, 1, 2, 3, 4]
+    assert result.sim_error < 0.05
+
+
 def ranks_of(finding) -> list[int]:
     """The ranks a finding names."""
     return list(finding.where.ranks)
