@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -65,12 +66,21 @@ def notes_from_dict(raw: object, source: Path | str) -> list[dict[str, str]]:
     notes = raw.get("notes") if isinstance(raw, dict) else None
     if notes is None:
         return []
-    if not isinstance(notes, list) or not all(
-            isinstance(n, dict) and n.get("kind") in NOTE_KINDS and isinstance(n.get("message"), str)
-            for n in notes):
+    try:
+        read = msgspec.convert(notes, list[_Note]) if isinstance(notes, list) else None
+    except msgspec.ValidationError:
+        read = None
+    if read is None or any(n.kind not in NOTE_KINDS for n in read):
         raise InputError(source, "notes", "expected a list of {kind, message} with kind one of "
                          + ", ".join(NOTE_KINDS))
-    return [{"kind": n["kind"], "message": n["message"]} for n in notes]
+    return [{"kind": n.kind, "message": n.message} for n in read]
+
+
+class _Note(msgspec.Struct):
+    """One reader note as meta.json stores it (other keys are ignored)."""
+
+    kind: str
+    message: str
 
 
 def meta_from_dict(raw: object, source: Path | str) -> JobMeta:

@@ -335,7 +335,7 @@ def job_info(trace: Any, steps: int, ops: int) -> JobInfo:
 
 def reader_notes(trace: Any) -> list[Note]:
     """The reader's notes of a trace (Trace.notes; older readers left strings in meta.extra)."""
-    notes = [Note(str(n["kind"]), str(n["message"])) for n in trace.notes]
+    notes = [Note(**n) for n in trace.notes]
     if not notes:
         notes = [Note("other", str(m)) for m in trace.meta.extra.get("notes") or []]
     return notes
