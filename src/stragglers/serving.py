@@ -180,13 +180,15 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
 
     limits = limits or ConnectionLimits(max_connections=max_connections,
                                         per_client=min(256, max_connections))
-    config = uvicorn.Config(ServiceGuard(app, allowed_hosts), http=http, loop=loop,
+    # the guard keeps connections <= max_connections by evicting idle ones, and ServiceGuard
+    # bounds the requests in progress (those of connections cut for a fairer share may run
+    # on a while): uvicorn's own limit answered plain-text 503s, and counted both together
+    config = uvicorn.Config(ServiceGuard(app, allowed_hosts, 2 * limits.max_connections),
+                            http=http, loop=loop,
                             log_level="warning", access_log=False, lifespan="off",
                             timeout_keep_alive=keep_alive_s,
                             timeout_graceful_shutdown=graceful_s,
-                            # the guard keeps connections <= max_connections by evicting idle
-                            # ones; uvicorn's own limit (plain-text 503s) is never reached
-                            limit_concurrency=limits.max_connections + 1,
+                            limit_concurrency=None,
                             server_header=False, date_header=False)
     config.load()
     config.http_protocol_class = guarded_protocol(config.http_protocol_class, limits)
@@ -242,13 +244,16 @@ SECURITY_HEADERS = [
 class ServiceGuard:
     """ASGI middleware every service runs behind: a Host allow-list (a page of another site
     whose name was rebound to 127.0.0.1 cannot reach a loopback service), security headers on
-    every response, and errors in the services' JSON shape — `{"error": "..."}` — for every
+    every response, at most `max_requests` requests in progress (503 past it), and errors in
+    the services' JSON shape — `{"error": "..."}` — for every
     status, including the plain-text ones of the framework (500) and an unhandled exception
     (507 for a full disk, 503 for another OS error, else 500, with one line in the log and no
     traceback in the answer)."""
 
-    def __init__(self, app, allowed_hosts: list[str] | tuple[str, ...] | None = None):
+    def __init__(self, app, allowed_hosts: list[str] | tuple[str, ...] | None = None,
+                 max_requests: int | None = None):
         self.app = app
+        self.max_requests, self.requests = max_requests, 0
         self.extra = {h.strip().lower() for h in allowed_hosts or () if h.strip()}
         self.any_host = False
         self.state = getattr(app, "state", None)
@@ -285,6 +290,10 @@ class ServiceGuard:
                             "of this service (expected a loopback name, or one configured in "
                             "allowed_hosts)")
             return
+        if self.max_requests is not None and self.requests >= self.max_requests:
+            await send_json(send, 503, f"request: {self.requests} requests are in progress, "
+                            "the most this service takes at once; retry later")
+            return
         started, held = [False], {}
 
         async def guarded_send(message):
@@ -304,6 +313,7 @@ class ServiceGuard:
                 return
             await send(message)
 
+        self.requests += 1
         try:
             await self.app(scope, receive, guarded_send)
         except Exception as exc:   # noqa: BLE001 - the answer is the point
@@ -313,6 +323,8 @@ class ServiceGuard:
             if not started[0]:
                 await send_json(send, status, message)
             return
+        finally:
+            self.requests -= 1
         if held and not started[0]:
             lines = held["text"].decode("utf-8", "replace").strip().splitlines()
             await send_json(send, held["start"]["status"], lines[0][:200] if lines else

@@ -1,10 +1,13 @@
-"""The connection guard below every service's app: head and body timeouts, idle eviction, a
-cap of connections per client and in all (uvicorn's protocol class, wrapped)."""
+"""The connection guard below every service's app: head, body and send timeouts, idle eviction,
+a cap of connections per client and in all, shared fairly among clients at the cap (uvicorn's
+protocol class, wrapped)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 import time
 from dataclasses import dataclass
 
@@ -22,6 +25,7 @@ class ConnectionLimits:
     max_head_bytes: int = 64 * 1024      # a request's head (httptools sets no bound: 431 past it)
     body_min_bytes_per_s: float = 8192.0  # a body slower than this, once past the grace, is cut
     body_grace_s: float = 10.0
+    send_stall_s: float = 30.0           # a response the client stops reading for this long is cut
     sweep_s: float = 1.0
 
 
@@ -48,6 +52,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
             self._g_phase_at, self._g_phase_cycle, self._g_bytes = now, None, 0
             self._g_phase_bytes, self._g_fresh, self._g_served = 0, True, 0
             self._g_body = None    # (cycle, started_at, bytes then)
+            self._g_stalled = None  # since when the client has not read what it was sent
             book.admit(self)
 
         def connection_lost(self, exc) -> None:
@@ -68,6 +73,17 @@ def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
                     and not self.transport.is_closing():
                 _close(self, 431, "Request Header Fields Too Large",
                        f"request head: more than {limits.max_head_bytes} bytes")
+
+        def pause_writing(self) -> None:
+            # the transport holds more than its high-water mark unsent: the client stopped
+            # reading (a response uvicorn awaits without end, holding its connection busy)
+            if self._g_stalled is None:
+                self._g_stalled = time.monotonic()
+            super().pause_writing()
+
+        def resume_writing(self) -> None:
+            self._g_stalled = None
+            super().resume_writing()
 
         def on_response_complete(self) -> None:
             book.fresh.pop(self, None)
@@ -95,7 +111,7 @@ class _Connections:
         self._timer = None
 
     def admit(self, conn) -> None:
-        client = (conn.client or ("?",))[0]
+        client = _client(conn)
         self.open[conn] = None
         self.fresh[conn] = None
         self.by_client[client] = self.by_client.get(client, 0) + 1
@@ -104,58 +120,116 @@ class _Connections:
                                                                 self.sweep)
         if self.by_client[client] > self.limits.per_client:
             self._make_room(conn, client)
-        if len(self.open) > self.limits.max_connections:
-            self._make_room(conn, None)
+        if len(self.open) > self.limits.max_connections and not conn.transport.is_closing():
+            self._make_room_fairly(conn, client)
 
     def forget(self, conn) -> None:
         self.fresh.pop(conn, None)
         if self.open.pop(conn, 1) is None:
-            client = (conn.client or ("?",))[0]
+            client = _client(conn)
             self.by_client[client] -= 1
             if not self.by_client[client]:
                 del self.by_client[client]
 
-    def _make_room(self, new, client: str | None) -> None:
-        """Close one connection to make room for `new`: one that never sent a whole request,
-        else an idle keep-alive one (oldest first), else the slowest body past its grace;
-        when every one is busy, `new` is refused (503, JSON)."""
+    def _make_room_fairly(self, new, client: str) -> None:
+        """At the cap of all connections, room for `new` is made by the client holding the
+        most (one of its idle or slow ones, else, if it holds more than `new`'s client, its
+        oldest busy one), so that a client holding few connections is never locked out by one
+        holding many (from several addresses, busy connections could otherwise fill the cap past
+        any per-client share); past that, the oldest idle one anywhere, else `new` is refused."""
+        mine = self.by_client.get(client, 0)
+        # the largest holders first (among equals `new`'s own client first)
+        hogs = sorted(((n, c) for c, n in self.by_client.items() if n >= mine),
+                      key=lambda nc: (-nc[0], nc[1] != client))
+        for n, other in hogs:
+            victim = self._evictable(new, other)
+            if victim is not None:
+                self._evict(victim)
+                return
+        if hogs[0][0] > mine:
+            busy = next((c for c in self.open if c is not new and _client(c) == hogs[0][1]
+                         and not c.transport.is_closing()), None)
+            if busy is not None:
+                started = getattr(busy.cycle, "response_started", False)
+                _close(busy, None if started else 503, "Service Unavailable",
+                       "request: the service is full of connections and this client holds "
+                       "the most of them; retry later", abort=started)
+                self.forget(busy)
+                return
+        idle = self._evictable(new, None, idle_only=True)
+        if idle is not None:
+            self._evict(idle)
+            return
+        _close(new, 503, "Service Unavailable", "request: too many connections are busy; "
+               "retry later")
+        self.forget(new)
+
+    def _evictable(self, new, client: str | None, idle_only: bool = False):
+        """The connection of `client` (None: any) best closed to make room: the oldest that
+        never sent a whole request, else an idle keep-alive one (oldest first), else one whose
+        client stopped reading its response, else the slowest body past its grace (unless
+        `idle_only`); None."""
         now = time.monotonic()
         # the oldest connection that never sent a whole request, found without a scan of all
         for c in self.fresh:
             if c is not new and _waiting(c) and not c.transport.is_closing() and \
-                    (client is None or (c.client or ("?",))[0] == client):
-                _close(c)
-                self.forget(c)
-                return
+                    (client is None or _client(c) == client):
+                return c
         best, best_key = None, None
         for c in self.open:
-            if c is new or (client is not None and (c.client or ("?",))[0] != client) \
+            if c is new or (client is not None and _client(c) != client) \
                     or c.transport.is_closing():
                 continue
-            if _waiting(c):
+            if c._g_stalled is not None:
+                if idle_only or now - c._g_stalled < 1.0:
+                    continue
+                key = (2, c._g_stalled)
+            elif _waiting(c):
                 key = (0 if c._g_fresh else 1, c._g_phase_at)
+            elif idle_only:
+                continue
             elif c._g_body is not None and now - c._g_body[1] >= 1.0:
-                key = (2, (c._g_bytes - c._g_body[2]) / max(now - c._g_body[1], 1e-3))
+                key = (3, (c._g_bytes - c._g_body[2]) / max(now - c._g_body[1], 1e-3))
             else:
                 continue
             if best_key is None or key < best_key:
                 best, best_key = c, key
-        if best is None:
-            _close(new, 503, "Service Unavailable", "request: too many connections are "
-                   "busy (from this client)" if client else "request: too many connections "
-                   "are busy; retry later")
-        elif _waiting(best):
-            _close(best)
+        return best
+
+    def _evict(self, c) -> None:
+        """Close `c` to make room (idle: without a word; a stalled or slow one: 503 if its
+        response has not started)."""
+        if c._g_stalled is not None:
+            _close(c, abort=True)
+        elif _waiting(c):
+            _close(c)
         else:
-            _close(best, 503, "Service Unavailable", "request body: too slow while the "
+            _close(c, 503, "Service Unavailable", "request body: too slow while the "
                    "service is full of connections; retry later")
-        self.forget(best or new)
+        self.forget(c)
+
+    def _make_room(self, new, client: str | None) -> None:
+        """Close one connection (of `client`; None: any) to make room for `new` (see
+        _evictable); when every one is busy, `new` is refused (503, JSON)."""
+        victim = self._evictable(new, client)
+        if victim is not None:
+            self._evict(victim)
+            return
+        _close(new, 503, "Service Unavailable", "request: too many connections are "
+               "busy (from this client)" if client else "request: too many connections "
+               "are busy; retry later")
+        self.forget(new)
 
     def sweep(self) -> None:
         self._timer = None
         now, lim = time.monotonic(), self.limits
         for c in list(self.open):
             if c.transport.is_closing():
+                continue
+            if c._g_stalled is not None and now - c._g_stalled > lim.send_stall_s:
+                # (aborted: a close would wait for the unsent bytes to be taken, for ever; the
+                # app may count its response complete once all of it is in the transport)
+                _close(c, abort=True)
                 continue
             if _waiting(c):
                 if _body_left(c):   # a body answered before it was read, still coming
@@ -201,11 +275,25 @@ def _body_left(conn) -> bool:
     return conn.cycle is not None and getattr(conn.cycle, "more_body", False)
 
 
-def _close(conn, status: int | None = None, reason: str = "", message: str = "") -> None:
+def _client(conn) -> str:
+    """The address a connection comes from ('?' when unknown)."""
+    return (conn.client or ("?",))[0]
+
+
+def _close(conn, status: int | None = None, reason: str = "", message: str = "",
+           abort: bool = False) -> None:
     try:
         if status is not None:
             conn.transport.write(json_response_bytes(status, reason, message))
-        conn.transport.close()
+        if abort:
+            # a reset, not a FIN queued behind the bytes the client does not take (the kernel
+            # would keep those for minutes): SO_LINGER 0, then the socket is closed
+            sock = conn.transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.transport.abort()
+        else:
+            conn.transport.close()
         # gone from uvicorn's count now (its connection_lost comes later): its own limit
         # would otherwise answer the connection admitted in its place with a plain-text 503
         conn.connections.discard(conn)

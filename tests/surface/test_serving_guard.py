@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
 import socket
+import struct
 import time
 
 import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from stragglers.errors import InputError
@@ -42,8 +44,24 @@ async def plain(request: Request):
     return PlainTextResponse("teapot says no\nsecond line", status_code=418)
 
 
+BIG = b"x" * (64 << 20)
+HELD = [0]
+
+
+async def big(request: Request):
+    return Response(BIG, media_type="application/octet-stream")
+
+
+async def hold(request: Request):
+    """A request the app keeps busy (a long poll, a stream)."""
+    HELD[0] += 1
+    await asyncio.sleep(120)
+    return JSONResponse({"held": True})
+
+
 APP = Starlette(routes=[Route("/health", health), Route("/upload", upload, methods=["PUT"]),
-                        Route("/full", disk_full), Route("/bug", bug), Route("/plain", plain)])
+                        Route("/full", disk_full), Route("/bug", bug), Route("/plain", plain),
+                        Route("/big", big), Route("/hold", hold)])
 
 
 class Served:
@@ -57,8 +75,9 @@ class Served:
         serve_in_thread(self.server, self.sock, "test-serving", "test server")
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def connect(self) -> socket.socket:
-        return socket.create_connection(("127.0.0.1", self.port), timeout=30)
+    def connect(self, source: str = "127.0.0.1") -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=30,
+                                        source_address=(source, 0))
 
     def stop(self):
         self.server.should_exit = True
@@ -183,6 +202,67 @@ def test_busy_connections_past_the_cap_refuse_a_new_one_in_json(serve):
     assert status == 503 and "busy" in body["error"]
     for b in busy:
         b.close()
+
+
+def tcp_state(k: socket.socket) -> int:
+    """The kernel's TCP state of a socket (1: established), read without reading its data."""
+    return struct.unpack("B", k.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[:1])[0]
+
+
+def test_a_client_that_stops_reading_its_response_loses_the_connection(serve):
+    # a response the client does not read was awaited without end: its connection stayed busy
+    # for good, and enough of them (from a few addresses) answered every other client 503
+    s = serve(ConnectionLimits(send_stall_s=1.0, sweep_s=0.2))
+    k = socket.socket()
+    k.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    k.connect(("127.0.0.1", s.port))
+    k.sendall(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    deadline = time.monotonic() + 60
+    while tcp_state(k) == 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert tcp_state(k) != 1, "still connected: the stalled response was never cut"
+    k.close()
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        assert c.get("/health").status_code == 200
+
+
+def test_at_the_cap_room_is_made_by_the_client_holding_the_most(serve):
+    # busy connections from other addresses than the per-client cap counts could fill the cap:
+    # a client holding none was refused 503 while one client held all
+    s = serve(ConnectionLimits(max_connections=8, per_client=8, header_timeout_s=60))
+    before = HELD[0]
+    hogs = []
+    for _ in range(8):
+        k = s.connect("127.0.0.2")
+        k.sendall(b"GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        hogs.append(k)
+    deadline = time.monotonic() + 60
+    while HELD[0] < before + 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert HELD[0] == before + 8
+    other = s.connect("127.0.0.3")
+    try:
+        other.sendall(b"GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        while HELD[0] < before + 9 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert HELD[0] == before + 9   # admitted, and busy in the app
+        answers = [closed_within(k, 0.5) for k in hogs]
+        cut = [a for a in answers if a is not None]
+        assert len(cut) == 1
+        status, body = status_and_json(cut[0])
+        assert status == 503 and "holds the most" in body["error"]
+        # the client holding the most is itself refused, not a smaller one cut for it
+        k = s.connect("127.0.0.2")
+        status, body = status_and_json(closed_within(k, 30))
+        assert status == 503 and "busy" in body["error"]
+        with httpx.Client(base_url=s.url, timeout=30, transport=httpx.HTTPTransport(
+                local_address="127.0.0.4")) as c:
+            r = c.get("/health")
+            assert r.status_code == 200, r.text
+    finally:
+        other.close()
+        for k in hogs:
+            k.close()
 
 
 @pytest.mark.parametrize("host,ok", [("127.0.0.1", True), ("localhost", True), ("[::1]", True),
