@@ -122,10 +122,10 @@ def test_parts_are_taken_by_their_footers_and_rows_found_bad_later_are_refused_a
                 f"rank-{nan_rank:05d}.part-{nan_part:06d}.parquet")
             assert "NaN" in rejects[0]["problem"] and rejects[0]["reason"] == "bad_part"
             by_first = {w["first_step"]: server.store.window("job-c", w["idx"]) for w in wins}
-            assert by_first[0]["error"] is None and by_first[0]["missing_ranks"] == []
+            assert by_first[0].error is None and by_first[0].missing_ranks == []
             # the window without rank 1's rows: the engine says which worker has no ops
-            assert by_first[5]["missing_ranks"] == [nan_rank]
-            assert "ops missing from workers" in by_first[5]["error"]
+            assert by_first[5].missing_ranks == [nan_rank]
+            assert "ops missing from workers" in by_first[5].error
             assert 'stragglers_ingest_rejected_total{reason="bad_part"} 1.0' in \
                 c.get("/metrics").text
     finally:
@@ -187,12 +187,12 @@ def test_a_rescan_queues_again_only_parts_that_changed_or_failed_to_store(tmp_pa
             assert monitor.wait_idle(120)
         refused = [r for r in monitor.recent_rejects if r["source"].endswith(bad.name)]
         assert len(refused) == 1, refused
-        assert store.totals()["by_way"]["files"]["parts"] == len(parts) - 1
+        assert store.totals()["by_way"]["files"].parts == len(parts) - 1
         # the file replaced by a good one (atomically, as the recorder writes): taken next scan
         write_parts(run, parts[:1])
         watcher.scan()
         assert monitor.wait_idle(120)
-        assert store.totals()["by_way"]["files"]["parts"] == len(parts)
+        assert store.totals()["by_way"]["files"].parts == len(parts)
         assert len([r for r in monitor.recent_rejects if r["source"].endswith(bad.name)]) == 1
     finally:
         monitor.stop()

@@ -65,6 +65,6 @@ def test_names_hosts_and_concurrent_metas(server):
             t.join()
         assert all(a < 500 for a in answers) and 200 in answers, answers
         on_disk = json.loads((server.monitor.data_dir / "cm" / "meta.json").read_text())
-        assert on_disk["dp_size"] == server.store.job("cm")["meta"]["dp_size"]
+        assert on_disk["dp_size"] == server.store.job("cm").meta["dp_size"]
         assert not list((server.monitor.data_dir / "cm").glob("*.tmp"))
         assert c.get("/health").status_code == 200

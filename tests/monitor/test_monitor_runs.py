@@ -7,11 +7,13 @@ from __future__ import annotations
 import copy
 
 import httpx
+import msgspec
 import pytest
 
 from conftest import eventually
 from monitor_jobs import get, parts_of, slow_job, write_whole_run
 from stragglers.monitor.alerts import AlertEngine, parse_rules
+from stragglers.monitor.records import WindowRow
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.store import Store
@@ -97,6 +99,10 @@ def test_a_run_written_whole_is_finished_not_running_then_stalled(tmp_path):
 
 
 def window(idx, causes):
+    return msgspec.convert(window_json(idx, causes), WindowRow)
+
+
+def window_json(idx, causes):
     return {"job": "j", "idx": idx, "error": None, "slowdown": 1.2, "waste": 0.1, "m_w": 1.0, "m_s": 1.0,
             "first_step": idx * 5, "last_step": idx * 5 + 4, "scores": [], "steps": [],
             "missing_ranks": [], "diagnosis": [{"cause": c, "where": {}} for c in causes],
@@ -113,7 +119,7 @@ def test_a_cause_that_comes_and_goes_is_new_once_not_every_time(tmp_path):
         w = window(i, ["compute_imbalance"] + (["cpu_contention"] if i % 2 else []))
         alert_rows, log_rows, _ = engine.on_window("j", w, now=float(i))
         store.add_window(w, alert_rows, log_rows)
-        fired += [(i, e["summary"]) for e in log_rows if e["status"] == "firing"]
+        fired += [(i, e.summary) for e in log_rows if e.status == "firing"]
     # each cause fires once (window 0, window 1), not again each time it comes back
     assert [i for i, _ in fired] == [0, 1], fired
     store.close()
@@ -123,7 +129,7 @@ def test_a_cause_found_at_two_places_is_listed_once(tmp_path):
     store = Store(tmp_path / "a.db")
     store.register_job("j", str(tmp_path), "http", None)
     store.add_window(window(0, ["cpu_contention", "cpu_contention", "worker_fault"]), [], [])
-    assert store.windows("j")[0]["causes"] == ["cpu_contention", "worker_fault"]
+    assert store.windows("j")[0].causes == ["cpu_contention", "worker_fault"]
     store.close()
 
 

@@ -156,7 +156,7 @@ def test_a_silent_rank_then_a_silent_job_alert_and_resolve(tmp_path, receiver):
             tr = monitor.trackers["j"]
             monitor.tick(min(tr.ranks[r].last_arrival for r in range(4)) + 1.0)
             assert not [a for a in monitor.store.alerts(job="j", status="firing")
-                        if a["rule"] == "rank_silent"], \
+                        if a.rule == "rank_silent"], \
                 {r: tr.ranks[r].last_arrival for r in range(4)}
             # a monitor behind on its ingest (a batch queued 1 s ago still being stored) does
             # not take quiet for silence

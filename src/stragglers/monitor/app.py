@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 REFUSAL_PAUSE_S = 0.25   # before a refused upload's answer (see _problem)
 
 STATIC = Path(__file__).parent / "static"
-PAGES = {"index": STATIC / "index.html", "job": STATIC / "job.html"}
+INDEX_PAGE, JOB_PAGE = STATIC / "index.html", STATIC / "job.html"
 
 
 def plotly_js() -> Path:
@@ -205,13 +205,13 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     @app.get("/", dependencies=read)
     async def index():
         """The dashboard: job list."""
-        return FileResponse(PAGES["index"], media_type="text/html")
+        return FileResponse(INDEX_PAGE, media_type="text/html")
 
     @app.get("/jobs/{job}", dependencies=read)
     async def job_page(job: str = PathParam(max_length=128)):
         """The dashboard: one job."""
         check_job_name(job, "path")
-        return FileResponse(PAGES["job"], media_type="text/html")
+        return FileResponse(JOB_PAGE, media_type="text/html")
 
     @app.get("/favicon.ico", include_in_schema=False)
     async def favicon():

@@ -20,8 +20,10 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
 
 from stragglers.errors import EnvironmentFailure, StragglersError
+from stragglers.monitor.records import AlertLogEntry, WindowSummary
 from stragglers.whatif.config import STRAGGLING_SLOWDOWN
 
 REPO = Path(__file__).resolve().parents[3]
@@ -68,12 +70,13 @@ def run_demo(port: int = 8150, steps: int = 80, out: Path = Path("runs/demo-live
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
         rc = subprocess.call(cmd, env=env, cwd=REPO)
         time.sleep(3)
-        job = httpx.get(f"{url}/api/jobs/gpt", timeout=30).json()
-        for w in job.get("windows", []):
-            print(f"window {w['idx']:2d} steps {w['first_step']:3d}-{w['last_step']:3d}  "
-                  f"S = {w['slowdown'] or float('nan'):.2f}  {', '.join(w['causes'])}")
-        for e in reversed(job.get("alert_log", [])):
-            print(f"alert {e['status']:8s} {e['rule']}: {e['summary']}")
+        job = msgspec.json.decode(httpx.get(f"{url}/api/jobs/gpt", timeout=30).content,
+                                  type=JobPage)
+        for w in job.windows:
+            print(f"window {w.idx:2d} steps {w.first_step:3d}-{w.last_step:3d}  "
+                  f"S = {w.slowdown or float('nan'):.2f}  {', '.join(w.causes)}")
+        for e in reversed(job.alert_log):
+            print(f"alert {e.status:8s} {e.rule}: {e.summary}")
         if keep:
             print(f"dashboard: {url}/jobs/gpt   (the monitor is still running; Ctrl-C stops "
                   "it)", flush=True)
@@ -90,6 +93,13 @@ def run_demo(port: int = 8150, steps: int = 80, out: Path = Path("runs/demo-live
         if monitor.poll() is None:
             monitor.terminate()
             monitor.wait(timeout=30)
+
+
+class JobPage(msgspec.Struct):
+    """What the demo prints of `/api/jobs/NAME`: the job's windows and alert transitions."""
+
+    windows: list[WindowSummary] = []
+    alert_log: list[AlertLogEntry] = []
 
 
 def reopen_command(out: Path, port: int) -> str:
