@@ -31,6 +31,7 @@ import os
 import socket
 import weakref
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -132,7 +133,8 @@ class AttachedPipeline(ClosesOnExit):
         self.recorder = rec = Recorder(out, meta, dp_rank=layout.worker, stage=rank,
                                        config=config, device=stages[0].device)
         self.compute = ComputeSpan(rec)
-        self.collectives = None  # the stages' TP / FSDP2 collectives (a DeviceMesh inside them)
+        # the stages' TP / FSDP2 collectives (a DeviceMesh inside them)
+        self.collectives: Collectives | None = None
         if layout.mesh is not None:
             rec.layout_extra.update({"replica": layout.dp_rank, "tp_rank": layout.tp_rank,
                                      "cp_rank": layout.cp_rank})
@@ -143,8 +145,8 @@ class AttachedPipeline(ClosesOnExit):
             self.collectives.paused = True
         self._restore: list = []
         self._step = 0
-        self._span = None     # the open step (Recorder.step context), sampled or not
-        self._opt = None      # the open optimizer op
+        self._span: Any = None  # the open step (Recorder.step context), sampled or not
+        self._opt: Any = None   # the open optimizer op
         self._handles: list = []
         self._closed = False
         self.recorder.start()
@@ -212,6 +214,8 @@ class AttachedPipeline(ClosesOnExit):
         from stragglers.record.fsdp import install_fsdp2
 
         coll = self.collectives
+        if coll is None:  # only called where the stages hold a DeviceMesh
+            return
         self._restore.append(modelparallel.install(coll))
         units = [u for s in self.stages for u in fsdp2_units(s.submod)]
         if units:
