@@ -298,6 +298,44 @@ def main() -> None:
                 report += run_row(name, args.steps, args.reps, where, args.measure_all)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
+    write_results(report, args)
+
+
+def write_results(report: list[dict], args: argparse.Namespace) -> None:
+    """Predictions within 15% and first-ranked-measures-best over every row, each comparison."""
+    from results import Figure, Run, write
+
+    table, offs, rows_ok = [], [], []
+    for row in report:
+        measured = {k: e["measured"] for k, e in row["remedies"].items()
+                    if "measured" in e and e["applies"]}
+        first = next((k for k in row["ranking"] if k in measured), None)
+        if first:
+            rows_ok.append(first == max(measured, key=measured.get))
+        for name, e in row["remedies"].items():
+            if not (e["predicted"] and "measured" in e):
+                continue
+            off = abs(e["predicted"] - e["measured"]) / e["measured"]
+            offs.append(off)
+            table.append({"row": f"{row['row']} rep {row['rep']}",
+                          "A/A": f"{100 * row['aa_spread']:.0f}%",
+                          "remedy": name + ("" if e["applies"] else " (refused)")
+                          + (" (ranked first)" if name == first else ""),
+                          "predicted": f"×{e['predicted']:.3f}",
+                          "measured": f"×{e['measured']:.3f}", "off": f"{100 * off:.0f}%"})
+    within = sum(o <= 0.15 for o in offs)
+    command = (f".venv/bin/python benchmarks/advise_remedies.py --only {args.only} --reps "
+               f"{args.reps} --steps {args.steps}" + (" --measure-all" if args.measure_all else ""))
+    write(Run(benchmark="Advise: predicted vs measured gain per remedy", issue="17", command=command,
+              figures=[Figure(name="each prediction within 15% of the measured gain",
+                              value=f"{within} of {len(offs)} comparisons (median |off| "
+                                    f"{100 * statistics.median(offs):.0f}%)" if offs else "none",
+                              goal="every prediction within 15%",
+                              met=bool(offs) and within == len(offs)),
+                       Figure(name="the first-ranked remedy measures best",
+                              value=f"{sum(rows_ok)} of {len(rows_ok)} repetitions",
+                              goal="in every repetition", met=bool(rows_ok) and all(rows_ok))],
+              table=table))
 
 
 if __name__ == "__main__":

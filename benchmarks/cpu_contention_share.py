@@ -27,6 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+from results import Figure, Run, write  # noqa: E402
+
 SHARE = re.compile(r"(\d+)% of their lateness")
 
 
@@ -80,21 +82,50 @@ def main() -> None:
     p.add_argument("--probe-iters", type=int, default=20000)
     args = p.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.1f}")
+    clean: dict[str, list[tuple[str, str]]] = {}
+    links: dict[str, list[tuple[str, str]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for schedule in args.schedules:
             run = Path(tmp) / schedule
             torchrun(2, REPO / "examples" / "train_pipeline.py", "--schedule", schedule,
                      "--steps", str(args.steps), "--d-model", "128", "--batch", "16",
                      "--out", str(run))
-            print(f"clean {schedule:22s} {findings(run)}", flush=True)
+            clean[schedule] = findings(run)
+            print(f"clean {schedule:22s} {clean[schedule]}", flush=True)
         for delay in args.delays_ms:
             run = Path(tmp) / f"link{delay:g}"
             torchrun(4, REPO / "examples" / "train_gpt.py", "--pp", "4", "--layers", "4",
                      "--steps", "10", "--comm-delay-rank", "1", "--comm-delay-ms", f"{delay:g}",
                      "--trace-dir", str(run))
-            print(f"slow link {delay:g} ms{'':13s} {findings(run)}", flush=True)
-    print(f"probe per communication op: {probe_cost(args.probe_iters):.1f} µs "
-          f"(load average {os.getloadavg()[0]:.1f})")
+            links[f"{delay:g} ms"] = findings(run)
+            print(f"slow link {delay:g} ms{'':13s} {links[f'{delay:g} ms']}", flush=True)
+    probe = probe_cost(args.probe_iters)
+    print(f"probe per communication op: {probe:.1f} µs (load average {os.getloadavg()[0]:.1f})")
+
+    def said(found: list[tuple[str, str]]) -> str:
+        return ", ".join(f"{cause} {share}" for cause, share in found)
+
+    clean_none = sum(found[0][0] == "none" for found in clean.values())
+    write(Run(benchmark="CPU waits of communication: how much of a slow-looking transfer they "
+                        "explain", issue="15",
+              command=".venv/bin/python benchmarks/cpu_contention_share.py",
+              figures=[Figure(name="injected slow links: first finding, share of lateness "
+                                   "explained by CPU waits",
+                              value="; ".join(f"{k}: {said(v)}" for k, v in links.items()),
+                              goal="communication", met=all(v[0][0] == "communication"
+                                                            for v in links.values())),
+                       Figure(name=f"clean pipelined runs ({len(clean)} schedules) diagnosed "
+                                   "`none`", value=f"{clean_none} of {len(clean)}",
+                              goal="a clean pipelined run is `none` (issue 15)",
+                              met=clean_none == len(clean),
+                              note="the CPU waits a process can see are part of a clean run's "
+                                   "lateness, not most of it"),
+                       Figure(name="probe cost per communication op (mark + read, in-process)",
+                              value=f"{probe:.1f} µs")],
+              table=[{"run": f"clean {k}", "findings (cause, share explained by CPU waits)": said(v)}
+                     for k, v in clean.items()]
+              + [{"run": f"slow link {k}", "findings (cause, share explained by CPU waits)": said(v)}
+                 for k, v in links.items()]))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from results import Figure, Run, write
 
 from stragglers.trace.load import load_trace
 from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
@@ -183,6 +184,27 @@ def main() -> None:
           f"analyse {1e3 * t_analyse / n:.0f} ms")
     for i, want, got, s in misses:
         print(f"  job {i}: injected {want}, named {got} (S {s})")
+    right = sum(exact.values())
+    command = ".venv/bin/python benchmarks/diagnosis_gpu_traces.py"
+    if (args.jobs, args.seed) != (500, 1):
+        command += f" --jobs {args.jobs} --seed {args.seed}"
+    write(Run(benchmark="Synthetic GPU jobs as Kineto JSON, graded against their injections",
+              issue="29", command=command,
+              figures=[Figure(name=f"exact diagnoses, {args.jobs} jobs (seed {args.seed})",
+                              value=f"{right} of {n} graded ({right / n:.1%})", goal="≥ 97.5%",
+                              met=right / n >= 0.975,
+                              note=f"{sum(slack.values())} slack injections (impact < ×1.03) "
+                                   "not graded"),
+                       Figure(name="jobs naming a healthy rank", value=str(healthy_named),
+                              goal="0", met=healthy_named == 0)],
+              table=[{"cause": kind, "exact / graded": f"{exact[kind]}/{total[kind]}",
+                      "weak left unnamed": str(weak[kind]), "slack": str(slack[kind])}
+                     for kind in KINDS if total[kind] or slack[kind]]
+              + [{"cause": "time per job", "exact / graded":
+                  f"write {1e3 * t_write / n:.0f} ms, read {1e3 * t_read / n:.0f} ms, "
+                  f"analyse {1e3 * t_analyse / n:.0f} ms", "weak left unnamed": "", "slack": ""}]),
+          name="diagnosis_gpu_traces" if (args.jobs, args.seed) == (1000, 2)
+          else f"diagnosis_gpu_traces_seed{args.seed}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from monitor_ingest import job, split  # noqa: E402
+from results import Figure, Run, write  # noqa: E402
 
 from stragglers.monitor import parts  # noqa: E402
 from stragglers.trace.runformat import write_meta, write_rank  # noqa: E402
@@ -62,6 +63,7 @@ def main() -> None:
         versions = {"current": parts}
         if args.other:
             versions["other"] = load(args.other)
+        figures = []
         for check in (footers, uploads):
             best = {name: float("inf") for name in versions}
             for _ in range(args.rounds):
@@ -72,6 +74,16 @@ def main() -> None:
                                                for name, value in best.items())
                   + (f"; current / other {best['current'] / best['other']:.2f}"
                      if args.other else ""))
+            figures.append(Figure(
+                name=("footer check (a watched part)" if check is footers else
+                      "upload check (footer + 3 columns)") + f", {len(files)} parts of "
+                     f"{len(trace) // len(files)} rows, best of {args.rounds} rounds",
+                value=f"{1e6 * best['current']:.0f} µs per part",
+                anchor=f"the other parts.py: {1e6 * best['other']:.0f} µs" if args.other else ""))
+    if not args.other:  # a comparison with a tree outside the repository is not a page figure
+        write(Run(benchmark="Monitor: a part's footer and upload checks", issue="14",
+                  command=f".venv/bin/python benchmarks/monitor_footer_check.py --rounds "
+                          f"{args.rounds}", figures=figures))
 
 
 if __name__ == "__main__":

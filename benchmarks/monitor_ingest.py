@@ -425,6 +425,53 @@ def main() -> None:
             shutil.rmtree(d, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
+    write_results(out, args)
+
+
+def write_results(out: dict, args: argparse.Namespace) -> None:
+    """The issue-14 goals against what this run measured, one figure per part that ran."""
+    from results import Figure, Run, write
+
+    figures = []
+    for key, got in out.items():
+        part = key.split("[")[0]
+        if part == "files":
+            figures.append(Figure(
+                name=f"{key}: watched files, {got['rows_per_part']}-row parts, durable",
+                value=f"{got['records_per_s']:,.0f} records/s",
+                anchor=f"a bare pyarrow read of the same files: {got['ratio_to_pyarrow_read']:.2f}× "
+                       "its time", goal="≥ 1,000,000 records/s", met=got["records_per_s"] >= 1e6))
+        elif part == "http":
+            for rows, h in got.items():
+                figures.append(Figure(
+                    name=f"{key}: HTTP uploads as recorders send them, {rows}-row parts, durable",
+                    value=f"{h['records_per_s']:,.0f} records/s (service CPU "
+                          f"{h['service_cpu_ms_per_part']:.1f} ms per part)",
+                    goal="≥ 200,000 records/s", met=h["records_per_s"] >= 2e5))
+        elif part == "latency":
+            for lat in got:
+                goal = 1.0 if lat["workers"] <= 64 else 5.0
+                figures.append(Figure(
+                    name=f"{key}: window closed → `/metrics`, {lat['workers']} workers",
+                    value=f"{lat['close_to_metrics_s']:.2f} s (analysis {lat['analysis_s']:.2f} s)",
+                    goal=f"≤ {goal:g} s", met=lat["close_to_metrics_s"] <= goal))
+        elif part == "many_jobs":
+            figures.append(Figure(
+                name=f"{key}: {got['jobs']} jobs × {got['workers_per_job']} workers, close → stored, "
+                     "median / max", value=f"{got['close_to_stored_s_median']:.2f} / "
+                                           f"{got['close_to_stored_s_max']:.2f} s",
+                goal="≤ 2 s", met=got["close_to_stored_s_max"] <= 2.0))
+        elif part == "flood":
+            figures.append(Figure(
+                name=f"{key}: {got['clients']} hostile clients, service RSS before → peak",
+                value=f"{got['server_rss_mb_before']:.0f} → {got['server_rss_mb_peak']:.0f} MB; "
+                      f"answers {got['answers']}"))
+    flags = "".join(f" --only {o}" for o in (args.only or []))
+    flags += "".join(f" --analysis {m}" for m in (args.analysis or []))
+    write(Run(benchmark="Live monitor: ingest rate and window latency", issue="14",
+              command=f".venv/bin/python benchmarks/monitor_ingest.py{flags}"
+                      + (" --quick" if args.quick else "") + (" --keep" if args.keep else ""),
+              figures=figures))
 
 
 if __name__ == "__main__":

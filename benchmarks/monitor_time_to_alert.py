@@ -354,6 +354,45 @@ def main() -> None:
     print(text)
     if args.json:
         args.json.write_text(text)
+    write_results(out, args)
+
+
+def write_results(out: dict, args: argparse.Namespace) -> None:
+    """Time to alert, false alerts and the dead-man's delays against issue 32's goals."""
+    from results import Figure, Run, write
+
+    def sec(x) -> str:
+        return "–" if x is None else f"{x:.1f} s"
+
+    at_goal = out["ranks"] >= 1024 and out["step_s"] <= 1.0
+    false = len(out["false_fast_alerts_big"]) + len(out["fast_alerts_on_clean_job"])
+    late = [x for x in (out["stalled_delay_s"], out["rank_silent_delay_s"]) if x is not None]
+    write(Run(benchmark="Live monitor: time to alert and silence", issue="32",
+              command=f".venv/bin/python benchmarks/monitor_time_to_alert.py --ranks {out['ranks']} "
+                      f"--clean-ranks {out['clean_ranks']} --steps {out['steps']}"
+                      + (f" --step-s {out['step_s']:g}" if out["step_s"] != 1.0 else "")
+                      + (f" --stall-after {args.stall_after:g}" if args.stall_after != 10 else ""),
+              figures=[Figure(name=f"time to alert, a ×1.5 rank among {out['ranks']} at a step "
+                                   f"every {out['step_s']:g} s ({out['fast_alerted']} of "
+                                   f"{out['trials']} onsets alerted)",
+                              value=f"median {sec(out['fast_median_s'])}, p90 "
+                                    f"{sec(out['fast_p90_s'])}",
+                              anchor="Mycroft 15 s, Holmes 30 s",
+                              goal="median ≤ 10 s at 1,024 ranks, 1 step/s",
+                              met=(out["fast_median_s"] is not None
+                                   and out["fast_median_s"] <= 10) if at_goal else None,
+                              note="" if at_goal else "not the goal's size or rate"),
+                       Figure(name="the monitor's latency (deciding step's parts flushed → "
+                                   "webhook), median / p90",
+                              value=f"{sec(out['pipeline_median_s'])} / {sec(out['pipeline_p90_s'])}"),
+                       Figure(name="false `rank_slowdown` alerts on never-slowed ranks and the "
+                                   "clean job", value=str(false), goal="0", met=false == 0),
+                       Figure(name=f"dead-man, stall_after_s {out['stall_after_s']:g}: `stalled` / "
+                                   "`rank_silent` after the last part",
+                              value=f"{sec(out['stalled_delay_s'])} / "
+                                    f"{sec(out['rank_silent_delay_s'])}",
+                              goal="within stall_after_s + a tick",
+                              met=bool(late) and max(late) <= out["stall_after_s"] + 0.5)]))
 
 
 if __name__ == "__main__":

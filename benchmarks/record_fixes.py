@@ -142,6 +142,28 @@ def main() -> None:
             report[name] = rows
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
+    write_results(report, args)
+
+
+def write_results(report: dict[str, list[dict]], args: argparse.Namespace) -> None:
+    """Per fix: the pairs whose measured gain is within 25% of the prediction; every pair below."""
+    from results import Figure, Run, write
+
+    figures, table = [], []
+    for name, rows in report.items():
+        scored = [r for r in rows if r["predicted"]]
+        within = sum(abs(r["measured"] - r["predicted"]) / r["predicted"] <= 0.25 for r in scored)
+        figures.append(Figure(
+            name=f"{name}: pairs whose measured gain is within 25% of the predicted",
+            value=f"{within} of {len(scored)} (diagnosed in {len(scored)} of {len(rows)} before runs)",
+            goal="within 25%", met=bool(scored) and within == len(scored)))
+        table += [{"fix": name, "step before → after": f"{r['before_ms']:.0f} → {r['after_ms']:.0f} ms",
+                   "measured (traces)": f"×{r['measured']:.3f} (×{r['measured_trace']:.3f})",
+                   "predicted": f"×{r['predicted']:.3f}" if r["predicted"] else "not diagnosed",
+                   "S before → after": f"{r['S_before']:.3f} → {r['S_after']:.3f}"} for r in rows]
+    write(Run(benchmark="Mitigations: predicted vs measured gain of each fix", issue="3",
+              command=f".venv/bin/python benchmarks/record_fixes.py --only {args.only} --steps "
+                      f"{args.steps} --reps {args.reps}", figures=figures, table=table))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ class Run(msgspec.Struct, kw_only=True):
     load: str = ""  # 1-minute load average at the end of the run, filled by write()
     figures: list[Figure]
     table: list[dict[str, str]] = []  # optional detail rows (column -> cell), rendered as given
+    note: str = ""  # one line about the run as a whole, e.g. "measured <date>, not rerun: <why>"
+    text: list[str] = []  # short paragraphs under the table: setup, caveats, what limits a figure
 
 
 def _head() -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -127,6 +128,7 @@ def main() -> None:
         worker(args.sizes_mb, args.reps, args.modes, args.delays, args.paired)
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    rows: list[str] = []
     for n in args.nprocs:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
                str(Path(__file__).resolve()), "--worker", "--reps", str(args.reps), "--modes", *args.modes,
@@ -139,6 +141,41 @@ def main() -> None:
         if out.returncode:
             print(out.stderr[-3000:], file=sys.stderr)
             sys.exit(out.returncode)
+        rows += [ln for ln in lines if ln.startswith("ROW")]
+    write_results(rows, args)
+
+
+def write_results(rows: list[str], args: argparse.Namespace) -> None:
+    """The n = 8, D = T speed-ups against the goal (≥ 1.15×), every row as the detail table."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from results import Figure, Run, write
+
+    table, figures = [], []
+    for line in rows:
+        kv = dict(re.findall(r"(\S+?)=(\S+)", line))
+        spread = {m: r for m, r in re.findall(r"speedup_(\S+?)=\S+ (\[\S+\])", line)}
+        row = {"n": kv["n"], "MB": kv["size_mb"], "D/T": kv["D/T"], "library s": kv["library_s"]}
+        for mode in args.modes:
+            row[f"{mode}: speed-up [range], wins"] = (f"{float(kv[f'speedup_{mode}']):.2f}× "
+                                                      f"{spread.get(mode, '')}, {kv[f'wins_{mode}']}")
+        row["α–β model"] = f"{float(kv['model_speedup']):.2f}×"
+        table.append(row)
+        if kv["n"] == "8" and float(kv["D/T"]) == 1.0:
+            mode = args.modes[0]
+            speedup = float(kv[f"speedup_{mode}"])
+            figures.append(Figure(name=f"n = 8, D = T, {kv['size_mb']} MB, {mode}: median speed-up "
+                                       "[range], wins",
+                                  value=f"{speedup:.2f}× {spread.get(mode, '')}, {kv[f'wins_{mode}']}",
+                                  anchor="`dist.all_reduce`, alternated in the same run",
+                                  goal="≥ 1.15×", met=speedup >= 1.15))
+    command = ".venv/bin/python benchmarks/stragglar_allreduce.py " + " ".join(
+        [f"--nprocs {' '.join(map(str, args.nprocs))}",
+         f"--sizes-mb {' '.join(map(str, args.sizes_mb))}",
+         f"--delays {' '.join(f'{d:g}' for d in args.delays)}", f"--reps {args.reps}",
+         f"--modes {' '.join(args.modes)}"] + ([] if args.paired else ["--no-paired"]))
+    write(Run(benchmark="StragglAR AllReduce vs the library AllReduce", issue="4, 13",
+              command=command, figures=figures or [Figure(name="rows", value=str(len(rows)))],
+              table=table))
 
 
 if __name__ == "__main__":

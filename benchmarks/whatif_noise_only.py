@@ -4,6 +4,8 @@ must be diagnosed `none`. Prints the ones that are not, with S and the noise flo
     .venv/bin/python benchmarks/whatif_noise_only.py
 """
 
+from results import Figure, Run, write
+
 from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
 
@@ -26,6 +28,12 @@ def main() -> None:
                           f"{r['slowdown']:.3f}, floor {r['diagnosis_summary']['noise_floor']:.3f},"
                           f" diagnosed {causes}")
     print(f"noise-only jobs diagnosed none: {total - wrong} of {total}")
+    write(Run(benchmark="Noise-only jobs diagnosed none", issue="10",
+              command=".venv/bin/python benchmarks/whatif_noise_only.py",
+              figures=[Figure(name="noise-only synthetic jobs diagnosed `none` (dp 1–128, pp 1–8, "
+                                   "microbatches 1–8, vpp 1–2, noise σ 0.02 / 0.1 / 0.2, 2 seeds)",
+                              value=f"{total - wrong} of {total}", goal="all `none`",
+                              met=wrong == 0)]))
 
 
 if __name__ == "__main__":
