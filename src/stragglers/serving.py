@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from contextvars import ContextVar
 from pathlib import Path
 
 from stragglers.errors import EnvironmentFailure, InputError
@@ -209,6 +210,11 @@ def _GuardedServer(config):
     return GuardedServer(config)
 
 
+# the address the request being served comes from (set by ServiceGuard for the request's task
+# and those it starts): for shares per client deep in an app, without threading the request
+REQUEST_CLIENT: ContextVar[str | None] = ContextVar("request_client", default=None)
+
+
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -279,6 +285,7 @@ class ServiceGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        REQUEST_CLIENT.set((scope.get("client") or ("?",))[0])
         hosts = [v.decode("latin-1") for k, v in scope.get("headers") or () if k == b"host"]
         host = hosts[0] if hosts else None
         if len(hosts) > 1:   # RFC 9112: answered 400 (one proxy may read the first, one the last)

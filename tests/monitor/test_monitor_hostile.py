@@ -379,6 +379,56 @@ def test_a_wild_part_number_does_not_hold_the_job_s_windows(tmp_path):
 
 # ---- connections ------------------------------------------------------------------------------
 
+def open_stream(port: int, source: str) -> tuple[socket.socket, bytes]:
+    """GET /api/events from `source`; (socket, what came until the first event or the end)."""
+    k = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0))
+    k.sendall(f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+              f"{TOKEN}\r\n\r\n".encode())
+    got = b""
+    while b"event: change" not in got:
+        chunk = k.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    return k, got
+
+
+def ended(k: socket.socket) -> bool:
+    """Whether the server ended this (chunked) stream: its last chunk came, or the socket closed."""
+    k.settimeout(60)
+    got = b""
+    while True:
+        chunk = k.recv(65536)
+        got += chunk
+        if not chunk or got.endswith(b"0\r\n\r\n"):
+            return True
+
+
+def test_one_client_cannot_take_every_event_stream(tmp_path):
+    # 64 subscriber slots and no share per client: one client took them all, and every other
+    # dashboard was answered 503
+    s = serve(tmp_path)
+    hogs = []
+    try:
+        for _ in range(64):
+            k, got = open_stream(s.port, "127.0.0.2")
+            assert b" 200 " in got.split(b"\r\n", 1)[0], got[:300]
+            hogs.append(k)
+        k, got = open_stream(s.port, "127.0.0.2")   # the one holding all: refused, in JSON
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert b" 503 " in head.split(b"\r\n", 1)[0] and b"event streams" in body, got[:300]
+        k.close()
+        mine, got = open_stream(s.port, "127.0.0.1")   # another client: served
+        assert b" 200 " in got.split(b"\r\n", 1)[0] and b"event: change" in got, got[:300]
+        assert ended(hogs[0])   # the oldest stream of the client holding the most made room
+        mine.close()
+    finally:
+        for k in hogs:
+            k.close()
+        s.stop()
+
+
+
 @pytest.mark.slow
 def test_a_thousand_idle_connections_do_not_lock_the_monitor(tmp_path):
     # they once answered everyone 503, and none was closed after 75 s

@@ -7,6 +7,9 @@ before, so the stream holds no state a page could miss (a reconnecting EventSour
 again). Writes wake the subscribers from the writing thread without waiting on them; a
 subscriber is told at most every `min_interval_s` (ingest commits many times a second), and the
 number of subscribers and the life of a stream are bounded (the browser reconnects by itself).
+The subscriber slots are shared among client addresses: when all are taken, a client holding
+fewer than another gets one of that client's (its oldest stream ends), so one client cannot
+hold every slot and lock the others' pages out of push.
 """
 
 from __future__ import annotations
@@ -17,7 +20,19 @@ import threading
 import time
 from typing import AsyncIterator
 
+from stragglers.serving import REQUEST_CLIENT
+
 HEARTBEAT_S = 15.0
+
+
+class _Subscriber:
+    """One open stream: where to wake it, whose it is, whether its slot was given away."""
+
+    __slots__ = ("loop", "event", "client", "since", "ended")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, client: str | None):
+        self.loop, self.event, self.client = loop, asyncio.Event(), client
+        self.since, self.ended = time.monotonic(), False
 
 
 class ChangeFeed:
@@ -28,7 +43,7 @@ class ChangeFeed:
         self.store = store
         self.max_subscribers, self.min_interval_s = max_subscribers, min_interval_s
         self.max_stream_s = max_stream_s
-        self._subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._subscribers: set[_Subscriber] = set()
         self._lock = threading.Lock()
         self.closing = False
         store.on_change(self._changed)
@@ -36,16 +51,35 @@ class ChangeFeed:
     def _changed(self, _version: int) -> None:
         with self._lock:
             subscribers = list(self._subscribers)
-        for loop, event in subscribers:
+        for sub in subscribers:
             try:
-                loop.call_soon_threadsafe(event.set)
+                sub.loop.call_soon_threadsafe(sub.event.set)
             except RuntimeError:  # that loop closed (server shut down); its stream is gone
                 pass
 
     def full(self) -> bool:
-        """Whether a new subscriber would exceed the bound."""
+        """Whether the client of the request being served (serving.REQUEST_CLIENT) is refused
+        a stream: all slots are taken and it holds as many as any other client. When another
+        holds more, that client's oldest stream ends to make room (True means refused)."""
+        client = REQUEST_CLIENT.get()
         with self._lock:
-            return len(self._subscribers) >= self.max_subscribers
+            if len(self._subscribers) < self.max_subscribers:
+                return False
+            held: dict[str | None, list[_Subscriber]] = {}
+            for sub in self._subscribers:
+                held.setdefault(sub.client, []).append(sub)
+            mine = len(held.get(client, ()))
+            most = max(held.values(), key=lambda subs: (len(subs), -min(s.since for s in subs)))
+            if len(most) <= mine:
+                return True
+            victim = min(most, key=lambda s: s.since)
+            victim.ended = True
+            self._subscribers.discard(victim)
+        try:
+            victim.loop.call_soon_threadsafe(victim.event.set)
+        except RuntimeError:   # its loop is closed: the stream is gone already
+            pass
+        return False
 
     def close(self) -> None:
         """End every stream (at shutdown, so the server need not wait for the browsers)."""
@@ -54,31 +88,30 @@ class ChangeFeed:
 
     async def stream(self) -> AsyncIterator[str]:
         """SSE text: `event: change` with the store version on every (coalesced) change."""
-        loop, event = asyncio.get_running_loop(), asyncio.Event()
-        entry = (loop, event)
+        sub = _Subscriber(asyncio.get_running_loop(), REQUEST_CLIENT.get())
         with self._lock:
-            self._subscribers.add(entry)
+            self._subscribers.add(sub)
         try:
             # the first event tells the page where the store stands (it may have missed writes
             # between its last read and subscribing)
             yield _event(self.store.version)
             seen, end = self.store.version, time.monotonic() + self.max_stream_s
-            while not self.closing and time.monotonic() < end:
+            while not self.closing and not sub.ended and time.monotonic() < end:
                 try:
-                    await asyncio.wait_for(event.wait(), HEARTBEAT_S)
+                    await asyncio.wait_for(sub.event.wait(), HEARTBEAT_S)
                 except asyncio.TimeoutError:
                     yield ": keep-alive\n\n"
                     continue
-                event.clear()
-                if self.closing:
-                    break
+                sub.event.clear()
+                if self.closing or sub.ended:
+                    break   # (a page whose slot went to another client reconnects or polls)
                 if self.store.version != seen:
                     seen = self.store.version
                     yield _event(seen)
                     await asyncio.sleep(self.min_interval_s)
         finally:
             with self._lock:
-                self._subscribers.discard(entry)
+                self._subscribers.discard(sub)
 
 
 def _event(version: int) -> str:
