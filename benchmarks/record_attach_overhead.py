@@ -30,10 +30,14 @@ Goals (issue 15): ≤ 2 µs per recorded op, ≤ 1% of a ≥ 100 ms step.
    the bare blocks, over the rows each recorded step holds (read back from the run); the steps'
    CPU (training thread) and wall times side by side, with their ratio attached / bare.
    The 3-D case (FSDP2 + TP + pipelining, train_tp.py --pp 2: pp 2 × tp 2 on 4 ranks, a 1F1B
-   schedule of 4 microbatches, attach given the schedule) is measured the same way, after them.
+   schedule of 4 microbatches, attach given the schedule) is measured the same way, after them,
+   and `3d-dp2` the same on 8 ranks (dp 2 × tp 2 × pp 2: FSDP2 gathers and reduce-scatters too).
 
     .venv/bin/python benchmarks/record_attach_overhead.py --parallel [--reps 10] [--steps 10] \
-        [--only tp,moe,3d]
+        [--only tp,moe,3d,3d-dp2]
+
+Figures go to benchmarks/results/record_attach_overhead.json (parts 1-2) and
+record_attach_overhead_parallel.json (part 3), through benchmarks/results.py.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+from results import Figure, Run, write  # noqa: E402
 from stragglers.record import attach, native  # noqa: E402
 from stragglers.trace.runformat import read_run  # noqa: E402
 
@@ -220,7 +225,9 @@ PARALLEL = {  # example → its flags (small: the hooks' cost, not the model's, 
     "3d": ("train_tp", ["--tp", "2", "--pp", "2", "--microbatches", "4", "--layers", "2",
                         "--d-model", "32", "--seq", "8", "--batch", "2", "--vocab", "64"]),
 }
-NPROC = {"tp": 2, "moe": 2, "3d": 4}
+# dp 2 × tp 2 × pp 2 on 8 ranks: the same flags, FSDP2's gathers and reduce-scatters recorded too
+PARALLEL["3d-dp2"] = PARALLEL["3d"]
+NPROC = {"tp": 2, "moe": 2, "3d": 4, "3d-dp2": 8}
 
 
 def parallel_worker(kind: str, reps: int, steps: int, workdir: Path) -> None:
@@ -306,13 +313,14 @@ def parallel_worker(kind: str, reps: int, steps: int, workdir: Path) -> None:
     dist.destroy_process_group()
 
 
-def parallel_costs(reps: int, steps: int, only: list[str]) -> None:
-    """Launch each example's measurement under torchrun and print its figures."""
+def parallel_costs(reps: int, steps: int, only: list[str]) -> list:
+    """Launch each example's measurement under torchrun, print its figures and return them."""
     import ast
     import shutil
     import socket
     import subprocess
 
+    figures = []
     for kind in only:
         workdir = tempfile.mkdtemp(prefix=f"attach-{kind}-")
         with socket.socket() as sock:
@@ -355,6 +363,14 @@ def parallel_costs(reps: int, steps: int, only: list[str]) -> None:
               f"differences, 95% interval {ci[0] / 1e3:.1f}-{ci[1] / 1e3:.1f}; from the medians "
               f"above {(statistics.median(rec['cpu']) - statistics.median(bare['cpu'])) / statistics.median(rows) / 1e3:.1f}), "
               f"{med['wall'] / 1e3:.1f} µs wall per op", flush=True)
+        figures.append(Figure(
+            name=f"attach cost per recorded op, {kind} ({PARALLEL[kind][0]}.py, {NPROC[kind]} "
+                 f"gloo ranks, {statistics.median(rows):.0f} rows per step), thread CPU",
+            value=f"{med['cpu'] / 1e3:.1f} µs (95% interval {ci[0] / 1e3:.1f}-{ci[1] / 1e3:.1f})",
+            anchor="bare steps of the same model in the same process (A B A')",
+            note=f"wall {med['wall'] / 1e3:.1f} µs per op; step CPU ratio attached/bare "
+                 f"{statistics.median(rec['cpu']) / statistics.median(bare['cpu']):.3f}"))
+    return figures
 
 
 def main() -> None:
@@ -376,7 +392,13 @@ def main() -> None:
         bad = [k for k in only if k not in PARALLEL]
         if bad:
             sys.exit(f"--only: unknown case {bad[0]!r}; expected among {', '.join(PARALLEL)}")
-        return parallel_costs(args.reps, args.steps, only)
+        figures = parallel_costs(args.reps, args.steps, only)
+        write(Run(benchmark="attach cost per recorded op on model-parallel examples",
+                  issue="30", figures=figures,
+                  command=f"python benchmarks/record_attach_overhead.py --parallel --reps "
+                          f"{args.reps} --steps {args.steps} --only {','.join(only)}"),
+              name="record_attach_overhead_parallel")
+        return None
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))
     torch.set_num_threads(1)
@@ -386,6 +408,7 @@ def main() -> None:
         print(f"unit: an empty `with` block costs {unit:.0f} ns of thread CPU here", flush=True)
         if native.load() is None:
             sys.exit(f"the native hooks are not built ({native.last_error()})")
+        figures = []
         # Python hooks and native hooks side by side, in this order, in one process
         for wrap, hooks in [(w, h) for w in (False, True) for h in ("python", "native")]:
             c = per_op_cost(wrap, args.reps, native=hooks == "native")
@@ -398,6 +421,14 @@ def main() -> None:
                   f"{c['cpu_aa_ns'] / 1e3:.2f}) = {c['cpu_ns'] / unit:.0f}× an empty with-block; wall "
                   f"{c['wall_ns'] / 1e3:.2f} µs per op (A/A {c['wall_aa_ns'] / 1e3:.2f}); goal <= 2 µs: "
                   f"{verdict(c['cpu_ci_ns'], 2000)} (CPU)", flush=True)
+            figures.append(Figure(
+                name=f"attach cost per recorded op, {name}, thread CPU",
+                value=f"{c['cpu_ns'] / 1e3:.2f} µs (95% interval {c['cpu_ci_ns'][0] / 1e3:.2f}-"
+                      f"{c['cpu_ci_ns'][1] / 1e3:.2f})", goal="<= 2 µs",
+                met=None if verdict(c['cpu_ci_ns'], 2000) not in ("met", "MISSED")
+                else verdict(c['cpu_ci_ns'], 2000) == "met",
+                anchor="bare steps in the same process (A B A')",
+                note=f"A/A control {c['cpu_aa_ns'] / 1e3:.2f} µs; wall {c['wall_ns'] / 1e3:.2f} µs"))
         over, spread, step, rows = big_step_overhead(args.steps, args.rounds)
         med, noise = statistics.median(over), statistics.median(spread)
         # The same cost from the per-op figure: rows recorded per big step (read back from the
@@ -413,6 +444,15 @@ def main() -> None:
               f"even/odd spread {100 * noise:.2f}% (goal <= 1%: "
               f"{'met' if med <= 0.01 and noise < 0.01 else 'not resolved' if noise >= 0.01 else 'MISSED'})",
               flush=True)
+        figures.append(Figure(name=f"attach cost on a {step * 1e3:.0f} ms DDP step (rows × per-op cost)",
+                              value=f"{100 * bound:.2f}%", goal="<= 1%", met=bound <= 0.01))
+        figures.append(Figure(name=f"attach cost on a {step * 1e3:.0f} ms DDP step (measured)",
+                              value=f"{100 * med:+.2f}%", goal="<= 1%",
+                              met=None if noise >= 0.01 else med <= 0.01,
+                              note=f"control even/odd spread {100 * noise:.2f}%"))
+        write(Run(benchmark="attach cost per recorded op and on a big step", issue="15",
+                  command=f"python benchmarks/record_attach_overhead.py --reps {args.reps} "
+                          f"--steps {args.steps} --rounds {args.rounds}", figures=figures))
     finally:
         dist.destroy_process_group()
 

@@ -9,7 +9,11 @@ with every torch.distributed.pipelining schedule, none of them with an injected 
 sim_error = |mean replayed − mean measured step time| / mean measured (docs/whatif.md §5),
 replayed with the measured launch delays; and the diagnosis's first cause (`none` is right).
 --traces analyses traces kept by an earlier --keep instead of recording: with --src pointing
-at another checkout's src/ the same traces are analysed by that code, side by side.
+at another checkout's src/ the same traces are analysed by that code; --baseline OTHER/src
+analyses them with both and prints the two side by side (a change's effect on the same runs).
+Writes its figures to benchmarks/results/replay_fidelity.json (benchmarks/results.py).
+
+    .venv/bin/python benchmarks/replay_fidelity.py --traces DIR --baseline OLD_TREE/src
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+
+from results import Figure, Run, write
 
 REPO = Path(__file__).resolve().parents[1]
 GPT = ["--microbatches", "4", "--steps", "6", "--layers", "4", "--d-model", "32", "--heads", "2",
@@ -43,7 +49,7 @@ ANALYSE = ("import json, sys\n"
            "out = {}\n"
            "for p in sys.argv[1:]:\n"
            "    r = analyze(read_run(p))\n"
-           "    out[p] = (r['sim_error'], r['diagnosis'][0]['cause'])\n"
+           "    out[p] = (r.sim_error, r.diagnosis[0].cause)\n"
            "print(json.dumps(out))\n")
 
 
@@ -79,6 +85,7 @@ def main() -> None:
     p.add_argument("--keep", type=Path, help="record into this folder and keep the traces")
     p.add_argument("--traces", type=Path, help="analyse the traces of an earlier --keep")
     p.add_argument("--src", type=Path, default=REPO / "src", help="the code that analyses")
+    p.add_argument("--baseline", type=Path, help="also analyse with this src/, side by side")
     a = p.parse_args()
     if a.traces:
         root = a.traces
@@ -90,17 +97,46 @@ def main() -> None:
                 record(script, args, root / f"r{r}-j{k}")
     names = list(JOBS)
     paths = sorted(p for p in root.iterdir() if p.is_dir())
-    errors = analyse(paths, a.src)
-    print(f"| job | runs | sim_error median | max | first cause (clean runs) |  ({a.src})")
-    print("|---|---|---|---|---|")
+    codes = [a.src] + ([a.baseline] if a.baseline else [])
+    errors = {src: analyse(paths, src) for src in codes}
+    head = " | ".join(f"sim_error median, max, first causes ({label(src)})" for src in codes)
+    print(f"| job | runs | {head} |")
+    print("|---|---|" + "---|" * len(codes))
+    table, medians = [], {src: [] for src in codes}
     for k, name in enumerate(names):
-        found = [v for path, v in errors.items() if Path(path).name.endswith(f"-j{k}")]
-        if found:
+        row = {"job": name}
+        cells = []
+        for src in codes:
+            found = [v for path, v in errors[src].items() if Path(path).name.endswith(f"-j{k}")]
+            if not found:
+                continue
             vals = [v[0] for v in found]
             causes = Counter(v[1] for v in found)
-            print(f"| {name} | {len(vals)} | {100 * statistics.median(vals):.2f}% | "
-                  f"{100 * max(vals):.2f}% | "
-                  f"{', '.join(f'{c} {n}' for c, n in causes.most_common())} |")
+            med = statistics.median(vals)
+            medians[src].append(med)
+            cell = (f"{100 * med:.2f}%, {100 * max(vals):.2f}%, "
+                    + ", ".join(f"{c} {n}" for c, n in causes.most_common()))
+            cells.append(cell)
+            row["runs"] = str(len(vals))
+            row[label(src)] = cell
+        if cells:
+            print(f"| {name} | {row['runs']} | " + " | ".join(cells) + " |")
+            table.append(row)
+    figures = [Figure(name=f"median over job kinds of the sim_error median ({label(src)})",
+                      value=f"{100 * statistics.median(medians[src]):.2f}%", goal="<= 2%",
+                      met=statistics.median(medians[src]) <= 0.02,
+                      anchor="" if src == a.src else "the same traces, analysed by the baseline")
+               for src in codes if medians[src]]
+    command = "python benchmarks/replay_fidelity.py " + (
+        "--traces DIR" if a.traces else f"--rounds {a.rounds}") + (
+        " --baseline OLD/src" if a.baseline else "")
+    write(Run(benchmark="Replay fidelity of recorded pipeline runs (sim_error, clean runs)",
+              issue="30", command=command, figures=figures, table=table))
+
+
+def label(src: Path) -> str:
+    """How a table names the code that analysed: this tree, or the other one's path."""
+    return "this tree" if src.resolve() == (REPO / "src").resolve() else str(src)
 
 
 if __name__ == "__main__":

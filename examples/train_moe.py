@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -47,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--d-expert", type=int, default=512, help="hidden size of an expert's MLP")
     p.add_argument("--experts-per-rank", type=int, default=1)
+    p.add_argument("--device-us-per-row", type=float, default=0.0,
+                   help="emulate a device per rank: an expert also waits this many µs per row "
+                        "in forward (twice in backward) without holding a CPU")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--seq", type=int, default=64)
@@ -94,12 +98,33 @@ def exchange_counts(per_expert: torch.Tensor) -> torch.Tensor:
 
 # ---- model ----------------------------------------------------------------------------------
 
+class DeviceTime(torch.autograd.Function):
+    """An emulated accelerator: the rows' compute takes `seconds` (twice in backward) of
+    waiting, as a host waits for its device, leaving the CPU to the other ranks. On a machine
+    with fewer cores than ranks the expert compute of every rank then runs side by side, as
+    on one device each, instead of the ranks sharing the cores."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, seconds: float) -> torch.Tensor:
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        time.sleep(2 * ctx.seconds)
+        return grad, None
+
+
 class Expert(nn.Module):
-    def __init__(self, d: int, hidden: int):
+    def __init__(self, d: int, hidden: int, us_per_row: float = 0.0):
         super().__init__()
         self.w1, self.w2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+        self.us_per_row = us_per_row
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.us_per_row > 0:
+            x = DeviceTime.apply(x, len(x) * self.us_per_row * 1e-6)
         return self.w2(F.gelu(self.w1(x)))
 
 
@@ -111,7 +136,7 @@ class MoE(nn.Module):
         self.args, self.world, self.per_rank = args, world, args.experts_per_rank
         self.n_experts = world * self.per_rank
         self.router = nn.Linear(args.d_model, self.n_experts, bias=False)
-        self.experts = nn.ModuleList(Expert(args.d_model, args.d_expert)
+        self.experts = nn.ModuleList(Expert(args.d_model, args.d_expert, args.device_us_per_row)
                                      for _ in range(self.per_rank))
         first = rank * self.per_rank  # every rank draws every expert: the same init as one process
         for e in range(self.n_experts):
