@@ -344,7 +344,7 @@ def _schedule_p2p(grid: OpGrid, stage: int, stream: list[int], of_type, chain, d
             by_own.setdefault(int(grid.node_gmc[o]) + offset, []).append(o)
         for own, lst in by_own.items():
             comp = [c for c in stream if grid.node_optype[c] == code and grid.node_gmc[c] == own]
-            actions = _actions(grid, nodes, comp, ref_start, ref_end)
+            actions = _actions(grid, nodes, comp)
             for k, o in enumerate(lst):
                 if actions:  # several tensors of one action share it
                     act = actions[min(k * len(actions) // len(lst), len(actions) - 1)]
@@ -364,30 +364,37 @@ def _schedule_p2p(grid: OpGrid, stage: int, stream: list[int], of_type, chain, d
 
 
 _CUTTING = tuple(sorted(set(_BLOCKING) | set(_DP_COLL)))
+_VOTE = 8  # replicas and steps whose layout decides how pieces form actions
 
 
-def _actions(grid: OpGrid, nodes: np.ndarray, comp: list[int], ref_start, ref_end) -> list[list[int]]:
+def _actions(grid: OpGrid, nodes: np.ndarray, comp: list[int]) -> list[list[int]]:
     """The compute pieces of one kind of action (F or B of one stage), grouped by action.
 
     The recorder cuts an action's compute where a collective blocks it (TP all-reduces, FSDP2's
     gathers, which run in a step's first microbatch only, so actions differ in their number of
-    pieces): a piece continues the action of the piece before it when, on the reference worker,
-    only collectives (and GC pauses) lie between the two, at least one of them. Between two
-    actions the schedule posts a transfer, or runs other compute; pieces never cut are actions
-    of one piece each, as before.
+    pieces): a piece continues the action of the piece before it when only collectives (and GC
+    pauses) lie between the two, at least one of them. Between two actions the schedule posts
+    a transfer, or runs other compute. Decided by the majority of replica-steps (of the first
+    `_VOTE` of each), as a transfer row queued behind an earlier one may start anywhere; pieces
+    never cut are actions of one piece each, as before.
     """
     if not comp:
         return []
     kinds = grid.node_optype[nodes]
     coll = nodes[np.isin(kinds, _CUTTING)]
     other = nodes[~np.isin(kinds, _CUTTING + (_GC,))]
+    if not len(coll):
+        return [[c] for c in comp]
+    cells = (slice(None), slice(0, _VOTE), slice(0, _VOTE))
+    start, dur = grid.start[cells], grid.duration[cells]
     actions = [[comp[0]]]
     for p, q in zip(comp, comp[1:]):
-        lo, hi = ref_end[p] - _EPS, ref_start[q] + _EPS
-        cut = np.any((ref_start[coll] >= lo) & (ref_start[coll] + grid.duration[coll, 0, 0] <= hi))
-        between = (ref_start[other] >= lo) & (ref_start[other] < ref_start[q] - _EPS)
-        between &= (other != p) & (other != q)
-        if cut and not between.any():
+        lo, hi = start[p] + dur[p] - _EPS, start[q] + _EPS                   # [D', T']
+        cs = start[coll]
+        cut = ((cs >= lo) & (cs + dur[coll] <= hi)).any(axis=0)
+        mid = other[(other != p) & (other != q)]
+        between = ((start[mid] >= lo) & (start[mid] < start[q] - _EPS)).any(axis=0)
+        if np.mean(cut & ~between) > 0.5:
             actions[-1].append(q)
         else:
             actions.append([q])
