@@ -365,26 +365,26 @@ def test_gloo_work_is_paired_with_its_issuing_op_when_the_window_cuts_one_off():
     # it. The profiled window holds the late work of an op issued before it began, and misses
     # the work of its last op: the counts match, and first-with-first would give every work
     # its neighbour's issue time and peer
-    from collections import Counter
     from types import SimpleNamespace
 
     from stragglers.trace.kineto.items import _cpu_collectives
+    from stragglers.trace.kineto.ops import ReadCounts
     issued = [(t, 0.01, 1, "send", "0", None, None, dst, False, None)
               for t, dst in ((1.0, 1), (2.0, 2), (3.0, 3))]
     work = [(t, 0.01, 9, "send", None, None, None, None, True, None)
             for t in (1.005, 1.02, 2.02)]
-    counts = Counter()
+    counts = ReadCounts()
     out = _cpu_collectives(SimpleNamespace(collectives=issued + work), counts)
     by_start = {round(o[0], 3): o for o in out}
     assert by_start[1.02][2] == 1.0 and by_start[1.02][7] == 1     # op 1's work: its launch, peer
     assert by_start[2.02][2] == 2.0 and by_start[2.02][7] == 2
-    assert by_start[1.005][7] is None and counts["unpaired annotations"] == 1
+    assert by_start[1.005][7] is None and counts.unpaired_annotations == 1
     # nothing cut off: first with first
-    counts = Counter()
+    counts = ReadCounts()
     out = _cpu_collectives(SimpleNamespace(collectives=issued + [
         (t, 0.01, 9, "send", None, None, None, None, True, None) for t in (1.02, 2.02, 3.02)]),
         counts)
-    assert [o[7] for o in sorted(out)] == [1, 2, 3] and not counts["unpaired annotations"]
+    assert [o[7] for o in sorted(out)] == [1, 2, 3] and not counts.unpaired_annotations
 
 
 def test_tensor_parallel_group_from_pg_config(tmp_path):

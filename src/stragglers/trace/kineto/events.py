@@ -67,12 +67,62 @@ KNOWN_COLLECTIVES = {"allreduce", "reducescatter", "allgather", "alltoall", "bro
                      "gather", "scatter", "barrier", "send", "recv", "sendrecv", "alltoallv"}
 
 
+@dataclass(frozen=True)
+class GroupConfig:
+    """One process group of distributedInfo.pg_config (an entry with a list of ranks)."""
+
+    name: str                 # pg_name as text ("None" when absent)
+    ranks: tuple              # the members as the file lists them (checked where used)
+    desc: str | None = None   # pg_desc, when it is text
+
+    def whole_ranks(self) -> list[int] | None:
+        """The members when every one is a whole number (not a bool), else None."""
+        ok = all(isinstance(r, int) and not isinstance(r, bool) for r in self.ranks)
+        return list(self.ranks) if ok else None
+
+
+@dataclass(frozen=True)
+class DistributedInfo:
+    """What the reader reads of a trace's distributedInfo, decoded once (bad values: None)."""
+
+    rank: int | None = None          # a whole number >= 0
+    world_size: int | None = None    # a whole number > 0
+    backend: str = ""
+    groups: tuple[GroupConfig, ...] = ()
+
+
+# The keys of distributedInfo and of a pg_config entry the reader reads (decode_info).
+_INFO_KEYS = ("rank", "world_size", "backend", "pg_config")
+_GROUP_KEYS = ("pg_name", "ranks", "pg_desc")
+
+
+def decode_info(info: dict) -> DistributedInfo:
+    """The typed DistributedInfo of a distributedInfo object (stdlib only: no msgspec here)."""
+    rank, world_size, backend, configs = (info.get(k) for k in _INFO_KEYS)
+    groups = []
+    for entry in configs if isinstance(configs, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        name, ranks, desc = (entry.get(k) for k in _GROUP_KEYS)
+        if isinstance(ranks, list):
+            groups.append(GroupConfig(str(name), tuple(ranks),
+                                      desc if isinstance(desc, str) else None))
+    return DistributedInfo(
+        rank=rank if _whole(rank) and rank >= 0 else None,
+        world_size=world_size if _whole(world_size) and world_size > 0 else None,
+        backend="" if backend is None else str(backend), groups=tuple(groups))
+
+
+def _whole(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 @dataclass
 class RankEvents:
     """What one rank's trace holds that the op table needs: typed columns and small tuples (µs)."""
 
     source: str
-    distributed_info: dict[str, Any] | None = None
+    distributed_info: DistributedInfo | None = None
     base_ns: int = 0                      # baseTimeNanoseconds (0 for absolute-µs traces)
     host: str | None = None               # host_name: ranks on one host share a clock
     steps: list[tuple[int, float, float]] = field(default_factory=list)      # (N, ts, dur) CPU
@@ -114,9 +164,7 @@ class RankEvents:
     @property
     def rank(self) -> int | None:
         """distributedInfo.rank when it is a whole number."""
-        info = self.distributed_info or {}
-        r = info.get("rank")
-        return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else None
+        return None if self.distributed_info is None else self.distributed_info.rank
 
 
 # What an event is, by its name and category (classified once per distinct pair).
@@ -457,7 +505,7 @@ def _finish(path: Path, out: RankEvents, doc: dict) -> RankEvents:
     info = doc.get("distributedInfo")
     if info is not None and not isinstance(info, dict):
         raise InputError(path, "distributedInfo", "expected an object")
-    out.distributed_info = info
+    out.distributed_info = None if info is None else decode_info(info)
     base = doc.get("baseTimeNanoseconds", 0)
     if isinstance(base, float) and base.is_integer():
         base = int(base)

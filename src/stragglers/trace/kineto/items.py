@@ -8,7 +8,6 @@ optimizer) and launch time, which orders it among the collectives the program is
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 
 import numpy as np
 
@@ -16,7 +15,7 @@ from stragglers.errors import InputError
 from stragglers.trace.kineto.events import (BACKWARD_OP, COMM_OP, KNOWN_COLLECTIVES, NO_CORR,
                                            NO_WORK_OP, RankEvents)
 from stragglers.trace.kineto.ops import (
-    _BWD, _FWD, _OPT, COLLECTIVE_OPTYPES, P2P_KINDS, Coll, RankParts)
+    _BWD, _FWD, _OPT, COLLECTIVE_OPTYPES, P2P_KINDS, Coll, RankParts, ReadCounts)
 
 
 class _Steps:
@@ -120,14 +119,14 @@ def rank_parts(ev: RankEvents) -> RankParts:
     if big:
         raise InputError(ev.source, "traceEvents", f"ProfilerStep#{big[0]}: step number too large")
     steps = _Steps(ev.steps or ev.gpu_steps, ev)
-    counts: Counter = Counter()
+    counts = ReadCounts()
     top = _TopLevel(ev)
     by_ops = BACKWARD_OP in ev.cpu_flag
     if not by_ops:
         if steps.marks_from is None:
-            counts["no backward marker"] += 1
+            counts.no_backward_marker += 1
         elif steps.marks_from == "annotation":
-            counts["backward from annotation"] += 1
+            counts.backward_from_annotation += 1
     if ev.has_kernels:
         mode = "gpu"
         items, colls = _gpu_items(ev, steps, top, by_ops, counts)
@@ -141,21 +140,13 @@ def rank_parts(ev: RankEvents) -> RankParts:
     if by_ops:
         arr = arr[_step_tail_phases(arr, colls, counts)]
     return RankParts(
-        ev.source, ev.rank, _small_info(ev.distributed_info), ev.base_ns, ev.host, ev.run_ids,
+        ev.source, ev.rank, ev.distributed_info, ev.base_ns, ev.host, ev.run_ids,
         ev.record_shapes, ev.pg_ranks, mode, steps.ids,
         list(zip(steps.starts, steps.ends)), arr[:, 0].copy(), arr[:, 1].copy(),
         arr[:, 2].copy(), arr[:, 3].astype(np.int64), arr[:, 4].astype(np.int8), colls, counts)
 
 
-def _small_info(info: dict | None) -> dict | None:
-    """distributedInfo without bulky entries we never read."""
-    if info is None:
-        return None
-    return {k: v for k, v in info.items() if k in ("backend", "rank", "world_size", "pg_config",
-                                                    "pg_count", "nccl_version")}
-
-
-def _step_tail_phases(arr: np.ndarray, colls: list[Coll], counts: Counter) -> np.ndarray:
+def _step_tail_phases(arr: np.ndarray, colls: list[Coll], counts: ReadCounts) -> np.ndarray:
     """Phases of the step tail: non-autograd work issued after a step's last backward item.
 
     Work issued before the tail's first gradient collective ends backward; work issued after
@@ -197,13 +188,13 @@ def _step_tail_phases(arr: np.ndarray, colls: list[Coll], counts: Counter) -> np
             phase[idx[tail & (k < cut)]] = _BWD
             between = tail & (k > cut) & (k < after[-1])
             keep[idx[between]] = False
-            counts["tail work between collectives"] += int(between.sum())
+            counts.tail_work_between_collectives += int(between.sum())
             tail &= k > after[-1]
         phase[idx[tail]] = _OPT
     return keep
 
 
-def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, counts: Counter):
+def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, counts: ReadCounts):
     """Compute kernels as rows (start, end, key, step, phase) and NCCL collectives, on the GPU
     clock. Array work over the columns: a 1 GB trace holds over a million kernels."""
     n_comp = len(ev.kernel_ts)
@@ -224,8 +215,8 @@ def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
     before = np.zeros(len(ts), dtype=bool)
     if len(ev.runtime_corr):
         before = ~launched & (corr != NO_CORR) & (corr < min(ev.runtime_corr))
-    _count(counts, "pre-window kernels", int(before.sum()))
-    _count(counts, "kernels without launch", int((~launched & ~before).sum()))
+    counts.pre_window_kernels += int(before.sum())
+    counts.kernels_without_launch += int((~launched & ~before).sum())
     step = np.full(len(ts), -1, dtype=np.int64)
     step[launched] = steps.indices(launch_ts[launched])
     gpu_steps = _Steps(ev.gpu_steps, ev) if ev.gpu_steps and ev.steps else steps
@@ -236,7 +227,7 @@ def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
     mine = launched & (step >= 0)
     phase[mine] = _phases(steps, top, by_ops, step[mine], launch_ts[mine], launch_tid[mine],
                           ev.tids)
-    _count(counts, "outside steps", int((~before & (step < 0)).sum()))
+    counts.outside_steps += int((~before & (step < 0)).sum())
     keep = ~before & (step >= 0)
     phase, key = _carry_within_steps(step[keep], phase[keep], key[keep], not by_ops)
     kept = np.flatnonzero(keep)
@@ -265,12 +256,6 @@ def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
         colls.append(Coll(t0, t0 + d, float(key[j]), int(step[i]), kind or kind_name, pg, seq,
                           src, dst, rows))
     return items, colls
-
-
-def _count(counts: Counter, what: str, n: int) -> None:
-    """Count what happened, leaving out what did not (notes list every key)."""
-    if n:
-        counts[what] += n
 
 
 def _launches(ev: RankEvents, corr: np.ndarray):
@@ -333,9 +318,8 @@ def _carry_within_steps(step: np.ndarray, phase: np.ndarray, key: np.ndarray, mo
     return out_phase, out_key
 
 
-def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, counts: Counter):
+def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, counts: ReadCounts):
     """Top-level CPU ops (start, end, key, step, phase) and CPU-side collectives."""
-    counts["cpu mode"] += 1
     loader = sorted(ev.loader)
     loader_starts = [a for a, _ in loader]
     items: list[tuple] = []
@@ -343,12 +327,12 @@ def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
         for start, end, flag in zip(starts.tolist(), ends.tolist(), flags.tolist()):
             s = steps.index(start)
             if s < 0:
-                counts["outside steps"] += 1
+                counts.outside_steps += 1
             if flag in (COMM_OP, NO_WORK_OP) or s < 0:
                 continue
             j = bisect.bisect_right(loader_starts, start) - 1
             if j >= 0 and start <= loader[j][1]:
-                counts["data loading ops"] += 1
+                counts.data_loading_ops += 1
                 continue  # host-side input work: a launch delay of the forward, not compute
             if start >= steps.opt[s]:
                 phase = _OPT
@@ -365,13 +349,13 @@ def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
         if s >= 0:
             colls.append(Coll(ts, ts + dur, launch, s, kind, pg, seq, src, dst, rows))
         else:
-            counts["outside steps"] += 1
-    if ev.distributed_info and str(ev.distributed_info.get("backend", "")).lower() == "nccl":
-        counts["nccl without device rows"] += 1
+            counts.outside_steps += 1
+    if ev.distributed_info and ev.distributed_info.backend.lower() == "nccl":
+        counts.nccl_without_device_rows += 1
     return items, colls
 
 
-def _cpu_collectives(ev: RankEvents, counts: Counter) -> list[tuple]:
+def _cpu_collectives(ev: RankEvents, counts: ReadCounts) -> list[tuple]:
     """CPU collectives as (ts, dur, launch, kind, pg, seq, src, dst, rows received).
 
     Backend annotations (gloo:all_reduce, nccl:send) span the work itself; record_param_comms
@@ -402,7 +386,7 @@ def _cpu_collectives(ev: RankEvents, counts: Counter) -> list[tuple]:
         theirs = [c for j, c in enumerate(issued) if c[3] == kind and j not in used]
         pairs = _pair_in_order([annotated[i] for i in mine], theirs)
         partner.update((mine[i], theirs[j]) for i, j in pairs)
-        counts["unpaired annotations"] += len(mine) - len(pairs)
+        counts.unpaired_annotations += len(mine) - len(pairs)
     out = []
     for i, a in enumerate(annotated):
         ts, dur, _tid, kind, pg, seq, src, dst, _, rows = a

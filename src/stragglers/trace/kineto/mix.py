@@ -39,11 +39,8 @@ def check_metadata(parts: dict[int, RankParts]) -> None:
     groups: dict[str, tuple[tuple, str]] = {}
     for r in ranks:
         p = parts[r]
-        configs = (p.distributed_info or {}).get("pg_config")
-        for g in configs if isinstance(configs, list) else []:
-            if not isinstance(g, dict) or not isinstance(g.get("ranks"), list):
-                continue
-            name, members = str(g.get("pg_name")), tuple(g["ranks"])
+        for g in p.distributed_info.groups if p.distributed_info else ():
+            name, members = g.name, g.ranks
             seen = groups.setdefault(name, (members, p.source))
             if seen[0] != members and members and seen[0]:
                 raise InputError(p.source, "distributedInfo.pg_config", f"process group {name} "

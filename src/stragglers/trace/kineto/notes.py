@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 from stragglers.trace.kineto.layout import Pipelines, p2p_summary
-from stragglers.trace.kineto.ops import RankParts, RankRows
+from stragglers.trace.kineto.ops import RankParts, RankRows, ReadCounts
 from stragglers.trace.kineto.placement import JobShape
 from stragglers.wording import ranges
 
@@ -16,9 +14,9 @@ def reader_notes(per_rank: dict[int, RankRows], parts: dict[int, RankParts], sha
     ranks = sorted(per_rank)
     out = [("ranks", _ranks_note(ranks, shape))] + list(notes)
     out += _layout_notes(per_rank, parts, shape, pp, found)
-    total: Counter = Counter()
+    total = ReadCounts()
     for rows in per_rank.values():
-        total.update(rows.counts)
+        total.add(rows.counts)
     out += _dropped_notes(total)
     out += _other_notes(per_rank, total)
     return out
@@ -78,59 +76,63 @@ def _layout_notes(per_rank, parts, shape: JobShape, pp: int, found: Pipelines) -
     return out
 
 
-def _dropped_notes(total: Counter) -> list:
+def _dropped_notes(total: ReadCounts) -> list:
+    # in the order of the keys they were counted under before ("<kind> left out",
+    # "p2p <kind> left out: <why>"), so the notes read as they did
+    keyed: list[tuple[str, str, str | None, int]] = [
+        (f"{kind} left out", kind, None, n) for kind, n in total.left_out.items()]
+    keyed += [(f"p2p {kind} left out: {why}", kind, why, n)
+              for (kind, why), n in total.p2p_left_out.items()]
     out = []
-    for key, n in sorted(total.items()):
-        if key.startswith("p2p ") and " left out: " in key:
-            kind, why = key[4:].split(" left out: ", 1)
+    for _, kind, why, n in sorted(keyed, key=lambda k: k[0]):
+        if why is not None:
             out.append(("dropped", f"{n} point-to-point {kind} op(s) left out: {why}, so their "
                                    "direction (forward/backward) and partner are unknown"))
-        elif key.endswith(" left out"):
-            kind = key[:-len(" left out")]
+        else:
             out.append(("dropped", f"{n} collective(s) of unknown kind ({kind}) left out: no "
                                    "'Collective name', enclosing collective op or kernel name "
                                    "says what they are (their time shows as gaps between "
                                    "compute ops); they still align clocks"))
-    if total["outside steps"]:
-        out.append(("dropped", f"{total['outside steps']} kernel(s)/op(s) outside every "
+    if total.outside_steps:
+        out.append(("dropped", f"{total.outside_steps} kernel(s)/op(s) outside every "
                                "ProfilerStep#N span were left out"))
-    if total["pre-window kernels"]:
-        out.append(("dropped", f"{total['pre-window kernels']} GPU kernel(s) launched before the "
+    if total.pre_window_kernels:
+        out.append(("dropped", f"{total.pre_window_kernels} GPU kernel(s) launched before the "
                                "profiling window (correlation ids below its first recorded "
                                "launch) belong to the step before the first traced one and "
                                "were left out"))
-    if total["unpaired annotations"]:
-        out.append(("dropped", f"{total['unpaired annotations']} collective annotation(s) could "
+    if total.unpaired_annotations:
+        out.append(("dropped", f"{total.unpaired_annotations} collective annotation(s) could "
                                "not be paired with the op that issued them: no process group, "
                                "sequence number or peer for them"))
     return out
 
 
-def _other_notes(per_rank, total: Counter) -> list:
+def _other_notes(per_rank, total: ReadCounts) -> list:
     out = []
-    if total["nccl without device rows"]:
+    if total.nccl_without_device_rows:
         out.append(("other", "an NCCL job traced without GPU rows: CPU-side collective spans "
                              "measure the launch, not the transfer"))
-    if total["kernels without launch"]:
-        out.append(("other", f"{total['kernels without launch']} GPU kernel(s) had no launch "
+    if total.kernels_without_launch:
+        out.append(("other", f"{total.kernels_without_launch} GPU kernel(s) had no launch "
                              "record (correlation id): their step came from the step span and "
                              "their phase from the kernel before them"))
-    if total["no backward marker"]:
-        out.append(("other", f"{total['no backward marker']} rank(s) have no autograd::engine::"
+    if total.no_backward_marker:
+        out.append(("other", f"{total.no_backward_marker} rank(s) have no autograd::engine::"
                              "evaluate_function ops nor backward annotation: compute before "
                              "the optimizer counts as forward-compute"))
-    if total["backward from annotation"]:
-        out.append(("other", f"{total['backward from annotation']} rank(s) have no autograd ops: "
+    if total.backward_from_annotation:
+        out.append(("other", f"{total.backward_from_annotation} rank(s) have no autograd ops: "
                              "backward starts at a user annotation naming 'backward'"))
-    if total["runs clipped"]:
-        out.append(("other", f"{total['runs clipped']} compute run(s) overlapped the next one on "
+    if total.runs_clipped:
+        out.append(("other", f"{total.runs_clipped} compute run(s) overlapped the next one on "
                              "another stream and were cut at its start"))
-    if total["tail work between collectives"]:
-        out.append(("other", f"{total['tail work between collectives']} op(s) issued between "
+    if total.tail_work_between_collectives:
+        out.append(("other", f"{total.tail_work_between_collectives} op(s) issued between "
                              "two of a step's gradient collectives (e.g. a gradient norm) have "
                              "no op type: they show as launch delay of the next collective"))
-    if total["data loading ops"]:
-        out.append(("other", f"{total['data loading ops']} CPU op(s) under enumerate(DataLoader) "
+    if total.data_loading_ops:
+        out.append(("other", f"{total.data_loading_ops} CPU op(s) under enumerate(DataLoader) "
                              "annotations count as host time before the step's compute, not as "
                              "compute"))
     out.append(("other", "compute ops are busy time (the union of their kernels' or CPU ops' "

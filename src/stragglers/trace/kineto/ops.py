@@ -11,13 +11,15 @@ the op after it, not as compute.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from stragglers.errors import InputError
+from stragglers.trace.kineto.events import DistributedInfo
 from stragglers.trace.model import OPTYPE_CODES
 
 # Gradient/parameter collectives: DDP and FSDP launch them beside the backward, so they do not
@@ -92,12 +94,45 @@ class Coll:
 
 
 @dataclass
+class ReadCounts:
+    """What reading left out or assumed, counted for the notes (per rank, then summed)."""
+
+    outside_steps: int = 0                   # kernels/ops outside every ProfilerStep#N span
+    pre_window_kernels: int = 0              # launched before the profiling window
+    kernels_without_launch: int = 0          # no launch record (correlation id)
+    unpaired_annotations: int = 0            # collective annotations without their issuing op
+    nccl_without_device_rows: int = 0        # NCCL collectives traced without GPU rows
+    no_backward_marker: int = 0              # ranks without autograd ops or a backward annotation
+    backward_from_annotation: int = 0        # ranks whose backward starts at an annotation
+    runs_clipped: int = 0                    # compute runs cut where the next one starts
+    tail_work_between_collectives: int = 0   # ops between two gradient collectives of a step
+    data_loading_ops: int = 0                # CPU ops under enumerate(DataLoader)
+    # collectives of unknown kind ("<kind>") and p2p ops ("<kind>: <why>") left out
+    left_out: Counter[str] = field(default_factory=Counter)
+    p2p_left_out: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def add(self, other: ReadCounts) -> None:
+        """Add `other`'s counts to these."""
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, Counter):
+                mine.update(theirs)
+            else:
+                setattr(self, f.name, mine + theirs)
+
+    def copy(self) -> ReadCounts:
+        """An independent copy."""
+        return dataclasses.replace(self, left_out=Counter(self.left_out),
+                                   p2p_left_out=Counter(self.p2p_left_out))
+
+
+@dataclass
 class RankParts:
     """What one file contributes, before the job's layout is known (picklable, compact)."""
 
     source: str
     rank: int | None
-    distributed_info: dict[str, Any] | None
+    distributed_info: DistributedInfo | None
     base_ns: int
     host: str | None
     run_ids: dict[str, str]
@@ -113,7 +148,7 @@ class RankParts:
     item_step: np.ndarray
     item_phase: np.ndarray
     colls: list[Coll]
-    counts: Counter = field(default_factory=Counter)
+    counts: ReadCounts = field(default_factory=ReadCounts)
 
 
 @dataclass
@@ -128,14 +163,14 @@ class RankRows:
     dur_us: np.ndarray
     sync: dict[tuple, float] = field(default_factory=dict)   # collective key → end (µs)
     sync_span: dict[tuple, tuple[float, float]] = field(default_factory=dict)  # key → start, end
-    counts: Counter = field(default_factory=Counter)          # things worth a note
+    counts: ReadCounts = field(default_factory=ReadCounts)    # things worth a note
     group: list = field(default_factory=list)   # per row: its collective's process group or None
     tokens: list = field(default_factory=list)  # per row: rows an all-to-all received, else -1
 
 
 def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
     """The op rows of one rank, once its place in the job (and its peers') is known."""
-    counts = Counter(parts.counts)
+    counts = parts.counts.copy()
     rows: list[tuple[int, int, float, float]] = []   # (step index, optype code, start, dur)
     sync: dict[tuple, float] = {}
     spans: dict[tuple, tuple[float, float]] = {}
@@ -161,7 +196,7 @@ def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
 
 
 def _compute_ops(parts: RankParts, colls: list[tuple[Coll, str]], rows: list,
-                 counts: Counter) -> None:
+                 counts: ReadCounts) -> None:
     """Compute ops: items of one phase issued between two collectives; the duration is the busy
     time (union of the items' intervals) from the first item's start.
 
@@ -196,7 +231,7 @@ def _compute_ops(parts: RankParts, colls: list[tuple[Coll, str]], rows: list,
         # Work on concurrent streams can overlap the next op; the chain model needs them apart.
         if i + 1 < len(out) and out[i + 1][0] == s and start + busy > out[i + 1][2]:
             busy = max(out[i + 1][2] - start, 0.0)
-            counts["runs clipped"] += 1
+            counts.runs_clipped += 1
         rows.append((s, OPTYPE_CODES[PHASE_OPTYPES[ph]], start, busy))
 
 
@@ -250,7 +285,7 @@ def sync_key(c: Coll, parts: RankParts, placement: Placement, index: Counter) ->
 
 
 def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: dict,
-                     spans: dict, counts: Counter) -> list[tuple[Coll, str]]:
+                     spans: dict, counts: ReadCounts) -> list[tuple[Coll, str]]:
     """Rows for collectives with an op type; every non-p2p collective is a clock sync point."""
     index: Counter = Counter()
     emitted: list[tuple[Coll, str]] = []
@@ -264,7 +299,7 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
                 sync.setdefault(key, c.end)
                 spans.setdefault(key, (c.start, c.end))
             elif optype is None:
-                counts[f"p2p {kind} left out: {why}"] += 1
+                counts.p2p_left_out[(kind, why)] += 1
                 continue
         else:
             gradient = COLLECTIVE_OPTYPES.get(kind)
@@ -275,7 +310,7 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
             sync.setdefault(key, c.end)
             spans.setdefault(key, (c.start, c.end))
             if optype is None:
-                counts[f"{kind} left out"] += 1
+                counts.left_out[kind] += 1
                 continue
         # pipeline p2p pairs its two stages (the model's own groups); collectives their group
         group = c.pg if kind not in P2P_KINDS or optype == SEND_RECV else None

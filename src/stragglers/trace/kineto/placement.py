@@ -39,8 +39,7 @@ def rank_of(ev, notes: list[str]) -> int:
 
 def world_size_of(ev) -> int | None:
     """distributedInfo.world_size when it is a positive whole number."""
-    w = (ev.distributed_info or {}).get("world_size")
-    return w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else None
+    return None if ev.distributed_info is None else ev.distributed_info.world_size
 
 
 @dataclass
@@ -113,14 +112,10 @@ def place(ev, rank: int, shape: JobShape) -> Placement:
 
 def _described(ev):
     """(name, ranks, words of the description) of every well-formed pg_config group."""
-    groups = (ev.distributed_info or {}).get("pg_config")
-    for g in groups if isinstance(groups, list) else []:
-        if not isinstance(g, dict):
-            continue
-        ranks, desc = g.get("ranks"), g.get("pg_desc")
-        if isinstance(ranks, list) and isinstance(desc, str) and all(
-                isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-            yield str(g.get("pg_name")), ranks, set(re.split(r"[^a-z]+", desc.lower()))
+    for g in ev.distributed_info.groups if ev.distributed_info else ():
+        ranks = g.whole_ranks()
+        if ranks is not None and g.desc is not None:
+            yield g.name, ranks, set(re.split(r"[^a-z]+", g.desc.lower()))
 
 
 def _named_groups(ev, rank: int) -> tuple[list[int] | None, list[int] | None,
