@@ -7,9 +7,10 @@ message, once its clear condition held for `resolve_for_windows` consecutive win
 (default: the condition is false for one window, docs/monitor.md §3). A clear condition
 stricter than "not the condition" (`resolve_when`: a lower threshold) is hysteresis: a value
 that hovers around the threshold neither fires twice nor resolves in between. Every decision
-is a function of the stored windows, so a restart decides the same way. Alert state lives in the store, so a restart neither forgets a firing
-alert nor sends it twice. Delivery runs on its own thread per receiver, with retries and
-backoff: a receiver that is down never holds up ingest or analysis.
+is a function of the stored windows, so a restart decides the same way. Alert state lives in
+the store, so a restart neither forgets a firing alert nor sends it twice. Delivery is
+outbox.py's: its own thread, with retries and backoff, so a receiver that is down never holds
+up ingest or analysis.
 """
 
 from __future__ import annotations
@@ -17,12 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import queue
 import re
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -524,57 +521,3 @@ def _places(window: WindowRow, rule: Rule,
                 labels.rank = ",".join(map(str, f.ranks))
             out[_place_key(labels)] = (labels, f)
     return out
-
-
-class WebhookSender:
-    """Posts alert messages to one receiver URL from a thread, retrying with backoff."""
-
-    def __init__(self, url: str, max_queue: int = 10_000, max_attempts: int = 8,
-                 backoff_s: float = 0.5, max_backoff_s: float = 60.0, timeout_s: float = 5.0):
-        self.url, self.max_attempts = url, max_attempts
-        self.backoff_s, self.max_backoff_s, self.timeout_s = backoff_s, max_backoff_s, timeout_s
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
-        self.sent = self.failed = self.dropped = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="stragglers-webhook", daemon=True)
-        self._thread.start()
-
-    def send(self, payload: dict) -> None:
-        """Queue a message (never blocks; a full queue drops it and counts)."""
-        try:
-            self._queue.put_nowait(payload)
-        except queue.Full:
-            self.dropped += 1
-
-    def close(self) -> None:
-        """Stop the thread (queued messages not yet delivered are abandoned)."""
-        self._stop.set()
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            payload = self._queue.get()
-            if payload is None:
-                return
-            delay = self.backoff_s
-            for attempt in range(self.max_attempts):
-                if self._post(payload):
-                    self.sent += 1
-                    break
-                if self._stop.wait(delay):
-                    return
-                delay = min(delay * 2, self.max_backoff_s)
-            else:
-                self.failed += 1
-                log.warning("webhook %s: gave up on a %s message after %d attempts", self.url,
-                            payload.get("status"), self.max_attempts)
-
-    def _post(self, payload: dict) -> bool:
-        req = urllib.request.Request(self.url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return 200 <= resp.status < 300
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            log.info("webhook %s: %s (will retry)", self.url, exc)
-            return False

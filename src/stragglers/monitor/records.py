@@ -16,9 +16,9 @@ import msgspec
 from stragglers.whatif.result import Finding, WorkerScore, plain
 
 __all__ = ["Alert", "AlertLogEntry", "Annotations", "ClaimedMessage", "JobMark", "JobRecord",
-           "JobSummary", "Labels", "LayoutEntry", "Lease", "LeaseRow", "Place", "OutboxRow", "PartCount", "PartIndex", "PartRow",
-           "Refusal", "WindowFinding", "WindowRow", "WindowScore", "WindowSummary", "plain",
-           "sorted_json"]
+           "JobSummary", "Labels", "LayoutEntry", "Lease", "LeaseRow", "OutboxRow", "PartCount",
+           "PartIndex", "PartRow", "Place", "Refusal", "WindowFinding", "WindowRow", "WindowScore",
+           "WindowSummary", "plain", "sorted_json"]
 
 Lease = tuple[str, int]     # (instance, epoch) a job's lease was taken under (leases.py)
 Refusal = tuple[str, str]   # (part file, problem) of a part refused when its window read it

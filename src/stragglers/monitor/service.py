@@ -105,7 +105,8 @@ class Monitor:
         self.outbox = OutboxSender(store, self.instance, self.alerts, receiver, webhooks,
                                    self.config.alert_claim_s)
         self.part_seqs: dict[str, int] = {}   # owned job → last part sequence number taken
-        self.runs: dict[str, tuple[int | None, str | None]] = {}      # owned job → (run number, metadata text) taken
+        # owned job → (run number, metadata text) taken
+        self.runs: dict[str, tuple[int | None, str | None]] = {}
         self._foreign: dict[str, ForeignJob] = {}
         self._metrics_at = 0.0
         self.analyser = WindowAnalyser(in_process=not self.config.analysis_process)

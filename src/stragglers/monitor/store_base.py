@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable, TypeVar
 import msgspec
 
 from stragglers.monitor.records import Alert, AlertLogEntry, ClaimedMessage, JobMark, \
-    JobRecord, Lease, JobSummary, LeaseRow, OutboxRow, PartCount, PartIndex, PartRow, WindowFinding, \
-    WindowRow, WindowScore, WindowSummary, plain, sorted_json
+    JobRecord, JobSummary, Lease, LeaseRow, OutboxRow, PartCount, PartIndex, PartRow, \
+    WindowFinding, WindowRow, WindowScore, WindowSummary, plain, sorted_json
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,8 @@ class SQLStore:
     def jobs(self) -> list[JobSummary]:
         """Every job with its latest window's S and its open alerts, newest activity first."""
         rows = self._rows(
-            "SELECT j.job, j.directory, j.way, j.meta AS meta_text, j.state, j.created_at, j.last_part_at, "
+            "SELECT j.job, j.directory, j.way, j.meta AS meta_text, j.state, j.created_at, "
+            "j.last_part_at, "
             "j.finished_at, w.idx AS \"window\", w.slowdown, w.analysed_at, "
             "(SELECT COUNT(*) FROM alerts a WHERE a.job = j.job AND a.status = 'firing') "
             "AS open_alerts, (SELECT CAST(COALESCE(SUM(dropped), 0) AS BIGINT) FROM "
@@ -508,7 +509,8 @@ class SQLStore:
         def tx(db: Any) -> list[ClaimedMessage]:
             now = self._now(db)
             rows = self._many(
-                db, _Count, "SELECT id AS n FROM alert_outbox o WHERE delivered_at IS NULL AND failed_at IS "
+                db, _Count, "SELECT id AS n FROM alert_outbox o WHERE delivered_at IS NULL AND "
+                "failed_at IS "
                 "NULL AND (claim_until IS NULL OR claim_until < ?) AND NOT EXISTS (SELECT 1 FROM "
                 "alert_outbox p WHERE p.fingerprint = o.fingerprint AND p.id < o.id AND "
                 "p.delivered_at IS NULL AND p.failed_at IS NULL) ORDER BY id LIMIT ?"
