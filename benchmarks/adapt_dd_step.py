@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from results import Figure, Run, write
+
 
 def flattened_fp64_step(model, sum_loss, x, y, micro, optimizer):
     """The baseline: local accumulation, then all gradients in one fp64 buffer, one all_reduce."""
@@ -87,6 +89,7 @@ def worker(args) -> None:
     if rank == 0:
         skip = min(3, args.steps - 1)
         med = {k: statistics.median(v[skip:]) for k, v in times.items()}
+        record(args, dist.get_world_size(), med, base_bytes, lean_bytes, diff)
         print(json.dumps({
             "world_size": dist.get_world_size(), "parameters": sum(p.numel() for p in lean.parameters()),
             "seconds_per_step": {k: round(v, 4) for k, v in med.items()},
@@ -95,6 +98,27 @@ def worker(args) -> None:
             "max_param_diff_after_all_steps": diff,
         }, indent=1))
     dist.destroy_process_group()
+
+
+def record(args, world: int, med: dict[str, float], base_bytes: int, lean_bytes: int,
+           diff: float) -> None:
+    """The figures, for BENCHMARKS.md (benchmarks/results/adapt_dd_step.json)."""
+    speedup = med["flattened_fp64"] / med["ddp_no_sync"]
+    command = (f".venv/bin/python benchmarks/adapt_dd_step.py --nproc {world} --hidden"
+               f" {args.hidden} --batch {args.batch} --steps {args.steps}")
+    write(Run(benchmark=f"AntDT-DD step: DDP no_sync() vs one flattened fp64 all-reduce"
+                        f" ({world} gloo ranks, CPU)", issue="6, 12", command=command,
+              figures=[
+                  Figure(name="s/step, DDP no_sync() + one weighted bucketed reduction",
+                         value=f"{med['ddp_no_sync']:.3f} s",
+                         anchor=f"flattened fp64 all-reduce: {med['flattened_fp64']:.3f} s"),
+                  Figure(name="speedup over the flattened fp64 step", value=f"{speedup:.2f}x",
+                         goal="> 1", met=speedup > 1.0, anchor="same run, same batches"),
+                  Figure(name="bytes reduced per step", value=f"{lean_bytes / 1e6:.1f} MB",
+                         anchor=f"flattened fp64: {base_bytes / 1e6:.1f} MB"),
+                  Figure(name="max parameter difference after all steps", value=f"{diff:.3g}",
+                         goal="<= 1e-6 (the same update)", met=diff <= 1e-6),
+              ]), name="adapt_dd_step")
 
 
 def main() -> None:

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results import Figure, Run, write
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_adaptive.py"
 
@@ -99,6 +101,30 @@ def main() -> None:
         "nd_after_restart_vs_free": nd_after / free, "nd_after_restart_met": nd_after / free >= 0.9,
     }
     print(json.dumps(out, indent=1, default=lambda x: round(x, 3)))
+    record(args, out)
+
+
+def record(args, out: dict) -> None:
+    """The figures, for BENCHMARKS.md (benchmarks/results/adapt_policies.json)."""
+    g = out["goals"]
+    write(Run(
+        benchmark="AntDT policies under injected stragglers (4 torchrun ranks, CPU)", issue="6",
+        command=f".venv/bin/python benchmarks/adapt_policies.py --steps {args.steps}"
+                f" --sample-time {args.sample_time:g} --global-batch {args.global_batch}",
+        figures=[
+            Figure(name="DD steady throughput / ideal (speeds 1,1,1,0.33)",
+                   value=f"{g['dd_vs_ideal']:.2f}", goal=">= 0.90", met=g["dd_vs_ideal_met"],
+                   anchor=f"measured ideal: {g['dd_vs_measured_ideal']:.2f}"),
+            Figure(name="DD / BSP steady throughput (speeds 1,1,1,0.33)",
+                   value=f"{g['dd_vs_bsp']:.2f}x", goal=">= 1.8x", met=g["dd_vs_bsp_met"]),
+            Figure(name="ND after KILL_RESTART / straggler-free (rank 3 3x slow)",
+                   value=f"{g['nd_after_restart_vs_free']:.2f}", goal=">= 0.90",
+                   met=g["nd_after_restart_met"]),
+        ],
+        table=[{"case": case, "steady samples/s": f"{e['steady_samples_per_s']:.1f}",
+                "whole run": f"{e['whole_run_samples_per_s']:.1f}",
+                "incarnations": str(e["incarnations"])}
+               for case, e in out.items() if "/" in case]))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ from stragglers.adapt.service import EmbeddedServer, ServiceConfig, _uvicorn_ser
 from stragglers.adapt.shards import ShardStore
 from stragglers.serving import listen_socket, serve_in_thread
 
+from results import Figure, Run, write
+
 SHARD = 64
 SHARDS = 60_000
 TOKEN = "benchmark-token-0123456789"
@@ -240,6 +242,32 @@ def main() -> None:
         return round(v, 2) if isinstance(v, float) else v
 
     print(json.dumps(rounded(r), indent=1))
+    record(args, r)
+
+
+def record(args, r: dict) -> None:
+    """The figures, for BENCHMARKS.md (benchmarks/results/adapt_shards.json)."""
+    one = max(r["client_lease_durable"]["per_s"], r["many_lease_durable"]["per_s"])
+    batched = max(r["many_lease16_durable"]["per_s"], r["many_lease64_durable"]["per_s"])
+    load = f"load {r['load_average_at_start']:.0f}-{r['load_average_at_end']:.0f} on" \
+           f" {r['cpus']} CPUs: a bare HTTP round trip bounds the rate"
+    write(Run(
+        benchmark="Shard service throughput (durable: fsync per group commit)", issue="12",
+        command=f".venv/bin/python benchmarks/adapt_shards.py --seconds {args.seconds:g}"
+                f" --clients {args.clients} --connections {args.connections}",
+        figures=[
+            Figure(name="leases/s, one shard per request, durable", value=f"{one:,.0f}/s",
+                   goal=">= 2,000/s", met=one >= 2000,
+                   anchor=f"bare endpoint {r['many_bare']['per_s']:,.0f} requests/s", note=load),
+            Figure(name="leases/s, 16 or 64 shards per request, durable",
+                   value=f"{batched:,.0f}/s", goal=">= 10,000/s", met=batched >= 10_000),
+            Figure(name="store in process, lease+ack, durable",
+                   value=f"{r['store_lease+ack_per_s_durable']:,.0f}/s",
+                   anchor=f"synchronous=NORMAL {r['store_lease+ack_per_s_normal']:,.0f}/s"),
+        ],
+        table=[{"case": case, "per second": f"{v['per_s']:,.0f}",
+                "server CPU µs/request": f"{v.get('server_cpu_us_per_request', float('nan')):.0f}"}
+               for case, v in r.items() if isinstance(v, dict)]))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import msgspec
 import pytest
@@ -11,7 +12,7 @@ from stragglers.adapt.controller import (ADJUST_BS, KILL_RESTART, Actions, Adjus
                                          ControlConfig, Controller, ControllerState,
                                          KillRestart)
 from stragglers.adapt.dataset import DatasetConfig
-from stragglers.adapt.replies import Joined, LeaseReply, from_json, to_builtins
+from stragglers.adapt.replies import Joined, LeaseReply, Status, from_json, to_builtins
 from stragglers.adapt.shards import ShardStore
 from stragglers.protocols import CONTROLLER_POLICIES, ControllerPolicy
 
@@ -42,6 +43,19 @@ def test_lease_replies_have_the_protocols_keys_and_read_back(tmp_path):
     rejoined = store.join("d", "w2")
     assert wire(rejoined) == {"fence": 2, "released": [[0, 0]]}
     assert from_json(wire(rejoined), Joined) == rejoined
+    store.close()
+
+
+def test_status_has_the_protocols_keys_and_reads_back(tmp_path):
+    store = ShardStore(tmp_path / "s.db")
+    cfg = DatasetConfig("d", 30, 10)
+    store.create_dataset(cfg)
+    store.lease("d", "w", store.join("d", "w").fence)
+    sent = wire(store.status("d"))
+    assert list(sent) == ["dataset", "epochs_created", "epochs", "failed", "failed_total"]
+    assert sent["dataset"] == asdict(cfg)
+    assert sent["epochs"] == {"0": {"TODO": 2, "DOING": 1, "DONE": 0, "FAILED": 0}}
+    assert from_json(sent, Status) == store.status("d")
     store.close()
 
 

@@ -131,6 +131,6 @@ def test_live_rows_named_garbage_are_never_deleted(tmp_path):
         while store.collect_garbage():
             pass
         assert rows_of_big(db) == 10
-        assert store.status("big")["epochs"]["0"]["TODO"] == 10
+        assert store.status("big").epochs["0"]["TODO"] == 10
     finally:
         store.close()

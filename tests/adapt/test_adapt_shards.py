@@ -91,7 +91,7 @@ def test_expired_lease_goes_back_and_the_late_ack_is_refused(store):
     assert b.shard == a.shard  # the expired shard is first in line
     with pytest.raises(LeaseLost):
         store.ack("d", "slow", fs, 0, a.shard, 10)
-    assert store.status("d")["epochs"]["0"]["DOING"] == 1
+    assert store.status("d").epochs["0"]["DOING"] == 1
 
 
 def test_acks_renew_the_lease(store):
@@ -112,9 +112,8 @@ def test_bounded_retries_end_in_a_report_not_a_drop(store):
         assert one(store, "d", f"w{attempt}", store.join("d", f"w{attempt}").fence).shard == poison
     store.release("d", "w2", error="segfault")
     status = store.status("d")
-    assert status["epochs"]["0"][FAILED] == 1
-    assert status["failed"] == [{"epoch": 0, "shard": poison, "samples": 10, "retries": 3,
-                                 "error": "segfault"}]
+    assert status.epochs["0"][FAILED] == 1
+    assert status.failed == [FailedShard(0, poison, 10, 3, "segfault")]
     reply, counter = drain(store, "d")
     assert reply.status == "finished" and reply.failed[0].shard == poison
     assert reply.failed_total == 1
@@ -139,7 +138,7 @@ def test_snapshot_restore_puts_doing_shards_first_with_their_offsets(store):
     first, second = one(store, "d", "x", fx), one(store, "d", "x", fx)
     assert (first.shard, first.offset) == (doing.shard, 3)
     assert second.shard == later.shard and second.offset == 0
-    assert store.status("d")["epochs"]["0"][DONE] == 1
+    assert store.status("d").epochs["0"][DONE] == 1
 
 
 def test_a_retried_lease_request_returns_the_same_shards(store):
@@ -151,7 +150,7 @@ def test_a_retried_lease_request_returns_the_same_shards(store):
     assert again == first
     new = store.lease("d", "w", f, count=1, request_id="r2").leases
     assert new[0].shard not in {x.shard for x in first}
-    assert store.status("d")["epochs"]["0"]["DOING"] == 4
+    assert store.status("d").epochs["0"]["DOING"] == 4
 
 
 def test_a_retry_after_the_lease_was_lost_leases_nothing_new(store):
@@ -165,7 +164,7 @@ def test_a_retry_after_the_lease_was_lost_leases_nothing_new(store):
     again = store.lease("d", "w", f, request_id="r1")
     assert again.status == "ok" and again.leases == [
         Lease(0, first.shard, 0, [], 10, held=False)]
-    assert store.status("d")["epochs"]["0"]["DOING"] == 1
+    assert store.status("d").epochs["0"]["DOING"] == 1
 
 
 def test_an_older_request_id_or_one_whose_shard_was_acked_leases_nothing_new(store):
@@ -183,8 +182,8 @@ def test_an_older_request_id_or_one_whose_shard_was_acked_leases_nothing_new(sto
     assert r1[0].offset == 4 and r1[0].indices == replies[1].leases[0].indices[4:]
     assert r2 == replies[2]
     status = store.status("d")
-    assert status["epochs"]["0"]["DOING"] == 4 and status["epochs"]["0"]["DONE"] == 1
-    assert status["failed"] == []
+    assert status.epochs["0"]["DOING"] == 4 and status.epochs["0"]["DONE"] == 1
+    assert status.failed == []
     # the history is bounded per incarnation: a new one (join) starts without it
     g = store.join("d", "w").fence
     fresh = store.lease("d", "w", g, request_id="r0").leases
@@ -251,7 +250,7 @@ def test_leases_held_while_no_service_ran_get_a_grace_period(tmp_path):
     assert b.shard != a.shard  # not expired: its holder could not renew meanwhile
     assert s2.ack("d", "w", f, 0, a.shard, 10).state == DONE
     clock.now += 6  # but a lease not renewed after the restart expires as usual
-    assert s2.status("d")["epochs"]["0"]["DOING"] == 0
+    assert s2.status("d").epochs["0"]["DOING"] == 0
 
 
 def test_config_errors_name_the_field_and_recreate_must_match(store):
@@ -322,7 +321,7 @@ def test_state_survives_reopening_the_file(tmp_path):
     a = one(s, "d", "w", f)
     s.ack("d", "w", f, 0, a.shard, 10)
     s.close()
-    assert ShardStore(tmp_path / "x.db").status("d")["epochs"]["0"][DONE] == 1
+    assert ShardStore(tmp_path / "x.db").status("d").epochs["0"][DONE] == 1
 
 
 def test_not_a_database_is_an_input_error(tmp_path):
@@ -386,7 +385,7 @@ def test_rolled_back_call_in_a_batch_leaves_no_stale_state(store):
     assert not results[0][0] and results[1][0]
     # The failing call was rolled back, the lease call after it expired the shard itself.
     assert results[1][1].failed == [FailedShard(0, first.shard, 10, 1, "lease of w expired")]
-    assert store.status("d")["epochs"]["0"]["FAILED"] == 1
+    assert store.status("d").epochs["0"]["FAILED"] == 1
 
 
 def test_a_big_epoch_is_written_in_chunks_as_its_queue_reaches_them(store, tmp_path):
@@ -401,7 +400,7 @@ def test_a_big_epoch_is_written_in_chunks_as_its_queue_reaches_them(store, tmp_p
 
     store.create_dataset(DatasetConfig("big", 1 << 26, 1024))
     assert rows() == EPOCH_CHUNK
-    assert store.status("big")["epochs"]["0"]["TODO"] == 65_536
+    assert store.status("big").epochs["0"]["TODO"] == 65_536
     n = 3 * EPOCH_CHUNK + 5
     store.create_dataset(DatasetConfig("d", n, 1, num_epochs=2))
     assert len(store.snapshot("d")["shards"]) == n
@@ -423,7 +422,7 @@ def test_a_big_epoch_is_written_in_chunks_as_its_queue_reaches_them(store, tmp_p
         if len(order) >= n:
             break
     assert order[:n] == list(range(n)) and sorted(seen) == list(range(n))
-    assert store.status("d")["epochs"]["0"]["TODO"] == 0
+    assert store.status("d").epochs["0"]["TODO"] == 0
     # a snapshot taken while only part of the epoch was written restores in full
     assert store.restore(snap) == Restored(n, 255)
     again = store.snapshot("d")["shards"]
@@ -452,7 +451,7 @@ def test_an_older_schema_file_is_upgraded_in_place(tmp_path, version):
                             " PRAGMA user_version=2;")
     s = ShardStore(db)
     try:
-        assert s.status("d")["epochs"]["0"]["DOING"] == 1
+        assert s.status("d").epochs["0"]["DOING"] == 1
         assert s.ack("d", "w", f, 0, held.shard, 10).state == DONE
         assert s.lease("d", "w", f, request_id="r2").status == "ok"
         assert s.restore(s.snapshot("d")).restored == 10   # the new columns are used

@@ -16,7 +16,7 @@ from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,
                                      Quarantined, QuotaExceeded)
 from stragglers.adapt.replies import (Acked, Configured, Created, FailedShard, Joined,
-                                      LeaseReply, Released, Requeued, Restored)
+                                      LeaseReply, Released, Requeued, Restored, from_json)
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import check_url
 
@@ -104,12 +104,10 @@ class ShardClient:
     def _typed(self, kind: type[R], method: str, path: str, body: Mapping[str, Any] | None = None,
                params: dict[str, int] | None = None, timeout: float | None = None) -> R:
         """_call's answer read as a `kind` reply (EnvironmentFailure: the service sent another)."""
-        data = self._call(method, path, body, params, timeout)
         try:
-            return msgspec.convert(data, kind)
-        except msgspec.ValidationError as exc:
-            raise EnvironmentFailure(f"shard service {self.url}{path}",
-                                     f"not a {kind.__name__} reply: {exc}") from None
+            return from_json(self._call(method, path, body, params, timeout), kind)
+        except ValueError as exc:   # (InputError, a refusal, is not one: raised by _call)
+            raise EnvironmentFailure(f"shard service {self.url}{path}", str(exc)) from None
 
     def _ds(self, op: str) -> str:
         return f"/datasets/{self.dataset}/{op}"
@@ -155,7 +153,8 @@ class ShardClient:
         return self._typed(Requeued, "POST", self._ds("retry-failed"), {})
 
     def status(self) -> dict[str, Any]:
-        """Counts per epoch and state, and the FAILED-shard report."""
+        """Counts per epoch and state, and the FAILED-shard report: the JSON of replies.Status
+        (a document for reports and the CLI; ShardStore.status() gives it typed)."""
         return self._call("GET", self._ds("status"))
 
     def snapshot(self) -> dict[str, Any]:

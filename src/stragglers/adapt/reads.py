@@ -18,8 +18,11 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 
-from stragglers.adapt.dataset import STATES, TODO, DatasetConfig
+import msgspec
+
+from stragglers.adapt.dataset import FAILED, STATES, TODO, DatasetConfig
 from stragglers.adapt.errors import Busy, NotFound
+from stragglers.adapt.replies import FailedShard, Status
 from stragglers.adapt.stored import (check_dataset_row, check_materialized, check_rows_key,
                                      config_of, first_bad_shard)
 
@@ -71,7 +74,7 @@ def snapshot_bytes(conn: sqlite3.Connection, name: str) -> bytes:
     return b"".join(parts)
 
 
-def status_of(conn: sqlite3.Connection, name: str) -> dict:
+def status_of(conn: sqlite3.Connection, name: str) -> Status:
     """Shard counts per epoch and state, and the FAILED report (first MAX_FAILED_IN_STATUS)."""
     with _read(conn):
         cfg, epochs, written, key = _dataset(conn, name)
@@ -87,21 +90,18 @@ def status_of(conn: sqlite3.Connection, name: str) -> dict:
         rows = conn.execute("SELECT epoch, shard, start, stop, consumed, retries, error FROM"
                             " shards WHERE dataset=? AND state='FAILED' ORDER BY epoch, shard"
                             " LIMIT ?", (key, MAX_FAILED_IN_STATUS)).fetchall()
-        total = sum(c.get("FAILED", 0) for c in counts.values())
+        total = sum(c[FAILED] for c in counts.values())
         try:
-            failed = [{"epoch": e, "shard": s, "samples": b - a - k, "retries": r, "error": err}
-                      for e, s, a, b, k, r, err in rows]
+            failed = [FailedShard(e, s, b - a - k, r, err) for e, s, a, b, k, r, err in rows]
         except TypeError:
             first_bad_shard(conn, cfg, epochs, written, key)
             raise
-    return {"dataset": asdict(cfg), "epochs_created": epochs,
-            "epochs": {str(e): v for e, v in sorted(counts.items())}, "failed": failed,
-            "failed_total": total}
+    return Status(cfg, epochs, {str(e): v for e, v in sorted(counts.items())}, failed, total)
 
 
 def status_bytes(conn: sqlite3.Connection, name: str) -> bytes:
     """status_of as JSON bytes."""
-    return json.dumps(status_of(conn, name), separators=(",", ":")).encode()
+    return msgspec.json.encode(status_of(conn, name))
 
 
 def has_expired(conn: sqlite3.Connection, name: str, now: float) -> bool:

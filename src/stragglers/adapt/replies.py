@@ -1,8 +1,10 @@
 """The shard store's replies, typed: what `ShardStore` returns and the service sends as JSON.
 
 msgspec Structs whose fields are the JSON keys of the protocol (README "Protocol"): the service
-writes them with `to_json`, `ShardClient` reads them back with `from_json`. A lease that is
+writes them with `to_builtins`, `ShardClient` reads them back (`from_json`). A lease that is
 held (every lease but a replayed one no longer held) omits `held`, as the wire always did.
+A snapshot stays the plain JSON document it is on the wire: checkpoints store it and read it
+back with `torch.load(weights_only=True)`, which loads plain values only.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.permutations import Pending
 
 LeaseStatus = Literal["ok", "wait", "finished"]
@@ -58,6 +61,16 @@ class LeaseReply(msgspec.Struct):
     def lease(self) -> Lease | None:
         """The first shard (the one a `count=1` request asked for), if any."""
         return self.leases[0] if self.leases else None
+
+
+class Status(msgspec.Struct):
+    """GET .../status: the data set, shard counts per epoch and state, and the FAILED report."""
+
+    dataset: DatasetConfig
+    epochs_created: int
+    epochs: dict[str, dict[str, int]]   # epoch (a JSON key) -> state -> shards
+    failed: list[FailedShard]           # the first MAX_FAILED_IN_STATUS
+    failed_total: int
 
 
 class Created(msgspec.Struct):

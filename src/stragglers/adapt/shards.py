@@ -28,7 +28,7 @@ from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, Not
 from stragglers.adapt.history import REQUEST_HISTORY, LeaseHistory  # noqa: F401
 from stragglers.adapt.permutations import Pending, Permutations
 from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease, LeaseReply,
-                                      LeaseStatus, Released)
+                                      LeaseStatus, Released, Status)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
 from stragglers.adapt.schema import SCHEMA_VERSION, open_database  # noqa: F401
@@ -405,7 +405,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                           error or (f"released by {worker}" if failure else None))
         return Released(released)
 
-    def status(self, name: str) -> dict:
+    def status(self, name: str) -> Status:
         """Shard counts per epoch and state, plus the report of FAILED shards (after expiry)."""
         self.expire(name)
         return reads.status_of(self._read_conn(), name)
