@@ -1,18 +1,26 @@
 """A well-behaved recorder's upload latency on the monitor, quiet and under connection DoS.
 
-    python benchmarks/monitor_dos.py [--rounds 10] [--blocks 4]
+    python benchmarks/monitor_dos.py [--rounds 5] [--blocks 8]
 
 The monitor runs as deployed (`stragglers monitor serve`, its own process). For each case the
 same client (one keep-alive httpx connection, as the PartUploader keeps) uploads the same parts
 (4 ranks x `rounds`) into a job of its own, one after the other, in `blocks` pairs of a quiet
-block and a block under the case, alternated; the figure is the median latency under the case
-divided by the quiet median, with each pair's own ratio and the monitor's CPU while attacked
-(issue 34: within 2x). Cases: 1,000 idle TCP connections; 200 connections sending half a
-request head; 32 slow bodies declaring 64 MiB each (a byte a second); the same well-behaved
-client opening a new connection per upload while 1,000 idle connections are held (what the
-idle-eviction is for); 4 client processes of another loopback address (another writer only by
-their job) uploading parts whose page headers declare 1 GB (refused 422 from the headers), or
-16 MiB bodies in a loop (refused after their first MiB).
+block and a block under the case, alternated (quiet first in even pairs, attacked first in odd
+ones, so a drift of the machine's load weighs on both alike). Cases: 1,000 idle TCP
+connections; 200 connections sending half a request head; 32 slow bodies declaring 64 MiB each
+(a byte a second); the same well-behaved client opening a new connection per upload while 1,000
+idle connections are held (what the idle-eviction is for); 4 client processes of another
+loopback address (another writer only by their job) uploading parts whose page headers declare
+1 GB (refused 422 from the headers), or 16 MiB bodies in a loop (refused after their first MiB).
+
+What a loaded machine cannot fake (see `measured` and `verdict`): besides the ratio of medians,
+each pair's own ratio (their median, and how many pass 2x), and for every request the time the
+measured client's thread and the service's event-loop thread spent runnable but waiting for a
+CPU (/proc/.../schedstat): the latency less that run-queue wait leaves out most of what the
+machine's other load adds (not all: the service's other threads are not counted), and its
+ratio is judged beside the raw one. Attacker processes run at nice 19: deployed, they run
+on other machines, and their own CPU here is not work the service does for them. The
+service's CPU (cores) in quiet and attacked blocks says what the attack costs it.
 """
 
 from __future__ import annotations
@@ -36,22 +44,149 @@ from monitor_jobs import parts_of, slow_job  # noqa: E402
 
 from test_monitor_pages import lying_part  # noqa: E402
 
+from results import Figure, Run, write  # noqa: E402
 from stragglers.trace.runformat import table_bytes  # noqa: E402
 
 TOKEN = "benchmark-token-0123456"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def uploads(url: str, job: str, bodies, fresh: bool) -> list[float]:
+# ---- measuring on a shared machine (adapt_dos.py uses these too) ------------------------------
+
+class Probe:
+    """Run-queue wait (s) of the calling thread and of a service's main thread (its event
+    loop, on every request's path, there and back): time runnable but not running, the delay
+    a loaded machine adds (/proc/.../schedstat). The service's other threads are left out:
+    their waits overlap (summed, they passed the wall time) and most serve no one measured."""
+
+    def __init__(self, pid: int):
+        self.paths = ["/proc/thread-self/schedstat", f"/proc/{pid}/task/{pid}/schedstat"]
+
+    def waited(self) -> float:
+        total = 0
+        for path in self.paths:
+            try:
+                with open(path) as f:
+                    total += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):   # the service is gone
+                pass
+        return total / 1e9
+
+
+def timed(probe: Probe, fn) -> tuple[float, float]:
+    """(latency, run-queue wait during it) of one call of `fn`."""
+    w0 = probe.waited()
+    t0 = time.perf_counter()
+    fn()
+    t1 = time.perf_counter()
+    return t1 - t0, max(probe.waited() - w0, 0.0)
+
+
+class Block:
+    """One block's requests: latencies and run-queue waits (s), the service's CPU (cores)."""
+
+    def __init__(self):
+        self.lat: list[float] = []
+        self.rq: list[float] = []
+        self.cores = 0.0
+
+    def own(self) -> list[float]:
+        """Latencies less their run-queue wait."""
+        return [max(a - b, 0.0) for a, b in zip(self.lat, self.rq)]
+
+
+def measured(quiet: list[Block], attacked: list[Block]) -> dict:
+    """The case's figures from its alternated block pairs (see the module's docstring)."""
+    med = statistics.median
+    ql = [x for b in quiet for x in b.lat]
+    al = [x for b in attacked for x in b.lat]
+    qo = [x for b in quiet for x in b.own()]
+    ao = [x for b in attacked for x in b.own()]
+    pairs = [med(a.lat) / med(q.lat) for q, a in zip(quiet, attacked)]
+    own_pairs = [med(a.own()) / max(med(q.own()), 1e-9) for q, a in zip(quiet, attacked)]
+    return {"quiet_ms": med(ql) * 1e3, "attacked_ms": med(al) * 1e3,
+            "ratio": med(al) / med(ql), "pair_median": med(pairs),
+            "pairs_within_2x": sum(r <= 2 for r in pairs), "pairs": len(pairs),
+            "pair_range": (min(pairs), max(pairs)),
+            "own_quiet_ms": med(qo) * 1e3, "own_attacked_ms": med(ao) * 1e3,
+            "own_ratio": med(ao) / max(med(qo), 1e-9), "own_pair_median": med(own_pairs),
+            "rq_share_quiet": sum(b for x in quiet for b in x.rq) / sum(ql),
+            "rq_share_attacked": sum(b for x in attacked for b in x.rq) / sum(al),
+            "cores_quiet": statistics.mean(b.cores for b in quiet),
+            "cores_attacked": statistics.mean(b.cores for b in attacked)}
+
+
+def verdict(m: dict) -> tuple[bool | None, str]:
+    """Met (raw and pair ratios within 2x), missed (the service's own time past 2x too), or
+    not judgeable here (only the machine's run-queue wait takes it past 2x)."""
+    if m["ratio"] <= 2 and m["pair_median"] <= 2:
+        return True, "within 2x, raw"
+    if m["own_ratio"] > 2 and m["own_pair_median"] > 2:
+        return False, "past 2x even with the machine's run-queue wait taken out"
+    return None, ("past 2x raw, within 2x once the run-queue wait is taken out: this machine's "
+                  "load, not settled here")
+
+
+def line(name: str, m: dict) -> str:
+    """One printed row of a case."""
+    lo, hi = m["pair_range"]
+    return (f"{name}: {m['attacked_ms']:.2f} ms against {m['quiet_ms']:.2f} ms quiet: "
+            f"{m['ratio']:.2f}x (pairs: median {m['pair_median']:.2f}x, {lo:.2f}-{hi:.2f}, "
+            f"{m['pairs_within_2x']}/{m['pairs']} within 2x); less run-queue wait "
+            f"{m['own_attacked_ms']:.2f} / {m['own_quiet_ms']:.2f} ms: {m['own_ratio']:.2f}x "
+            f"(pairs {m['own_pair_median']:.2f}x); run-queue share {m['rq_share_quiet']:.0%} "
+            f"quiet, {m['rq_share_attacked']:.0%} attacked; service {m['cores_quiet']:.2f} -> "
+            f"{m['cores_attacked']:.2f} cores; load {os.getloadavg()[0]:.1f}")
+
+
+def figures(rows: dict[str, dict], what: str) -> list[Figure]:
+    """results.py figures, one per case."""
+    out = []
+    for name, m in rows.items():
+        met, why = verdict(m)
+        out.append(Figure(
+            name=f"{name}: {what} attacked / quiet",
+            value=f"{m['ratio']:.2f}x (pairs {m['pair_median']:.2f}x, "
+                  f"{m['pairs_within_2x']}/{m['pairs']} within 2x; less run-queue wait "
+                  f"{m['own_ratio']:.2f}x)",
+            goal="<= 2x", met=met,
+            anchor=f"quiet blocks alternated with attacked ones: {m['quiet_ms']:.2f} ms quiet",
+            note=f"{why}; run-queue share {m['rq_share_quiet']:.0%} quiet / "
+                 f"{m['rq_share_attacked']:.0%} attacked; service {m['cores_quiet']:.2f} -> "
+                 f"{m['cores_attacked']:.2f} cores"))
+    return out
+
+
+def order(b: int) -> str:
+    """The block order of pair `b`: quiet first, then attacked first (ABBA against drift)."""
+    return "qa" if b % 2 == 0 else "aq"
+
+
+# ---- the monitor's cases ----------------------------------------------------------------------
+
+def uploads(url: str, job: str, bodies, fresh: bool, probe: Probe | None = None,
+            block: Block | None = None) -> list[float]:
     """Latency (s) of each upload, over one keep-alive connection or a new one each time."""
     out = []
     client = None if fresh else httpx.Client(base_url=url, timeout=60)
     for rank, part, body in bodies:
         c = httpx.Client(base_url=url, timeout=60) if fresh else client
-        t0 = time.perf_counter()
-        r = c.put(f"/api/jobs/{job}/ranks/{rank}/parts/{part}", content=body, headers=AUTH)
-        out.append(time.perf_counter() - t0)
-        assert r.status_code == 200, r.text
+        got = []
+
+        def put():
+            got.append(c.put(f"/api/jobs/{job}/ranks/{rank}/parts/{part}", content=body,
+                             headers=AUTH))
+        if probe is not None:
+            lat, rq = timed(probe, put)
+        else:
+            t0 = time.perf_counter()
+            put()
+            lat, rq = time.perf_counter() - t0, 0.0
+        out.append(lat)
+        if block is not None:
+            block.lat.append(lat)
+            block.rq.append(rq)
+        assert got[0].status_code == 200, got[0].text
         if fresh:
             c.close()
     if client is not None:
@@ -111,6 +246,7 @@ def flood(url: str, body: bytes, n: int, stop: threading.Event) -> list:
 
 
 def flood_loop(url: str, body: bytes, i: int, done) -> None:
+    os.nice(19)   # (see the module's docstring)
     with httpx.Client(base_url=url, timeout=60,
                       transport=httpx.HTTPTransport(local_address="127.0.0.2")) as c:
         k = 0
@@ -156,8 +292,9 @@ def serve(tmp: Path) -> tuple[subprocess.Popen, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=10, help="parts per rank per block")
-    ap.add_argument("--blocks", type=int, default=4, help="quiet/attacked block pairs per case")
+    ap.add_argument("--rounds", type=int, default=5, help="parts per rank per block")
+    ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
+    ap.add_argument("--cases", default="", help="comma-separated case numbers (1-6; all)")
     args = ap.parse_args()
     trace = slow_job(steps=5 * args.rounds, dp=2, pp=2)
     parts = [(r, p, table_bytes(c)) for r, p, c in parts_of(trace, steps_per_part=5)]
@@ -169,16 +306,19 @@ def main() -> None:
               lambda p, st: flood(url, lying_part("lz4", 2, 1 << 30), 4, st), False),
              ("4 clients: 16 MiB bodies in a loop",
               lambda p, st: flood(url, b"x" * (16 << 20), 4, st), False)]
+    chosen = [int(x) - 1 for x in args.cases.split(",") if x] or list(range(len(cases)))
     url = ""   # (the flood cases read it when they start)
+    rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = serve(Path(tmp))
         port = int(url.rsplit(":", 1)[1])
+        probe = Probe(proc.pid)
         try:
             with httpx.Client(base_url=url, timeout=60) as c:
                 c.put("/api/jobs/dos/meta", json=trace.meta.to_dict(), headers=AUTH)
-                for i in range(len(cases)):   # a job per block, each sent the same parts
+                for i in chosen:   # a job per block, each sent the same parts
                     for b in range(args.blocks):
-                        for kind in "ql":
+                        for kind in "qa":
                             r = c.put(f"/api/jobs/run{i}-{b}-{kind}/meta",
                                       json=trace.meta.to_dict(), headers=AUTH)
                             assert r.status_code == 200, r.text
@@ -186,37 +326,38 @@ def main() -> None:
             # warm up: the analysis process starts and imports the engine at the first windows
             uploads(url, "warm", parts, False)
             time.sleep(5)
-            for i, (name, attack, fresh) in enumerate(cases):
-                # quiet and attacked blocks alternated: this machine's load drifts by the
-                # minute, so one quiet run before the attack compared different minutes
-                quiet, loaded, blocks, service = [], [], [], 0.0
+            for i in chosen:
+                name, attack, fresh = cases[i]
+                quiet, attacked = [], []
                 for b in range(args.blocks):
-                    q = uploads(url, f"run{i}-{b}-q", parts, fresh)
-                    time.sleep(1)   # its windows analysed before the attack
-                    stop = threading.Event()
-                    socks = attack(port, stop)
-                    time.sleep(0.5)
-                    cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
-                    try:
-                        got = uploads(url, f"run{i}-{b}-l", parts, fresh)
-                    finally:
-                        service += (cpu_s(proc.pid) - cpu0) / (time.perf_counter() - t0)
-                        stop.set()
-                        for k in socks:
-                            k.close()
-                    quiet += q
-                    loaded += got
-                    blocks.append(statistics.median(got) / statistics.median(q))
-                    time.sleep(1)
-                mq, ml = statistics.median(quiet), statistics.median(loaded)
-                print(f"{name}: median upload {ml * 1e3:.2f} ms against {mq * 1e3:.2f} ms quiet "
-                      f"({len(quiet)} uploads each, {args.blocks} blocks alternated): "
-                      f"{ml / mq:.2f}x (blocks {min(blocks):.2f}-{max(blocks):.2f}; monitor "
-                      f"{service / args.blocks:.2f} cores attacked; load "
-                      f"{os.getloadavg()[0]:.1f})", flush=True)
+                    for kind in order(b):
+                        block = Block()
+                        stop = threading.Event()
+                        socks = attack(port, stop) if kind == "a" else []
+                        if kind == "a":
+                            time.sleep(0.5)
+                        cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
+                        try:
+                            uploads(url, f"run{i}-{b}-{kind}", parts, fresh, probe, block)
+                        finally:
+                            block.cores = (cpu_s(proc.pid) - cpu0) / (time.perf_counter() - t0)
+                            stop.set()
+                            for k in socks:
+                                k.close()
+                        (attacked if kind == "a" else quiet).append(block)
+                        time.sleep(1)   # its windows analysed, the attack gone
+                rows[name] = measured(quiet, attacked)
+                print(line(name, rows[name]), flush=True)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+    write(Run(benchmark="Monitor upload latency under connection DoS", issue="34",
+              command=".venv/bin/python benchmarks/monitor_dos.py "
+                      f"--rounds {args.rounds} --blocks {args.blocks}"
+                      + (f" --cases {args.cases}" if args.cases else ""),
+              figures=figures(rows, "upload latency"),
+              note=f"{os.cpu_count()} CPUs; {args.blocks} alternated quiet/attacked block "
+                   f"pairs of {len(parts)} uploads per case"))
 
 
 if __name__ == "__main__":
