@@ -9,7 +9,7 @@ import numpy as np
 from stragglers.errors import DependencyCycleError
 from stragglers.trace.model import BLOCKING_COLLECTIVES, DP_COLLECTIVES, OPTYPE_CODES as C
 from stragglers.whatif.buckets import bucket_producers
-from stragglers.whatif.grid import OpGrid
+from stragglers.whatif.grid import BWD, BWW, FWD, GC as _GC, OpGrid
 
 P2P_PEER = {  # optype → (peer optype, stage delta of the peer)
     "forward-send": ("forward-recv", +1), "forward-recv": ("forward-send", -1),
@@ -18,11 +18,13 @@ P2P_PEER = {  # optype → (peer optype, stage delta of the peer)
 # Rows recorded per pipeline action (record/pipelining.py) name the peer's stage in gmc; this
 # rank's own stage is the peer's plus this offset.
 OWN_FROM_PEER = {"forward-send": -1, "forward-recv": +1, "backward-send": +1, "backward-recv": -1}
-_COMPUTE = (C["forward-compute"], C["backward-compute"], C["backward-weight-compute"])
-_FB = (C["forward-compute"], C["backward-compute"])
+_COMPUTE = (FWD, BWD, BWW)
+_FB = (FWD, BWD)
 _DP_COLL = tuple(C[o] for o in DP_COLLECTIVES)
 _BLOCKING = tuple(C[o] for o in BLOCKING_COLLECTIVES)
-_GC = C["gc"]
+_SEPARATE, _GATHER, _RS, _AR = (C[o] for o in ("separate-grads-all-reduce", "params-all-gather",
+                                          "grads-reduce-scatter", "grads-all-reduce"))
+_GRADS = (_RS, _AR)
 _EPS = 5e-5  # seconds of clock error tolerated when deciding whether a p2p op was launched
 
 
@@ -85,7 +87,7 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         comp = [int(x) for x in found[np.lexsort((grid.node_optype[found], grid.node_seq[found],
                                                   ref_start[found]))]]
         # Compute stream: fwd/bwd in observed order, gc pauses at their slot (fwd/bwd before them).
-        gcs = nodes[grid.node_optype[nodes] == C["gc"]]
+        gcs = nodes[grid.node_optype[nodes] == _GC]
         gc_at = {int(grid.node_seq[g]): int(g) for g in gcs}
         stream, n_fb = [], 0  # gc slots count forward/backward ops only (grid.gc_slots)
         for c in _with_blocking(grid, nodes, comp, ref_start):
@@ -147,8 +149,8 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
                 p2p_launched[(stage, name)] = [o for o in cand if not no_op[o]]
         # The first backward send/recv waits for the second-to-last forward before the first backward.
         kinds = [grid.node_optype[c] for c in comp]
-        if C["backward-compute"] in kinds and not schedule_order:
-            fb = kinds.index(C["backward-compute"])
+        if BWD in kinds and not schedule_order:
+            fb = kinds.index(BWD)
             if fb >= 2:
                 anchor = comp[fb - 2]
                 for name in ("backward-recv", "backward-send"):
@@ -159,9 +161,9 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         # DP-comm stream and its links to compute.
         found = nodes[np.isin(grid.node_optype[nodes], _DP_COLL)]
         coll = [int(x) for x in found[np.lexsort((grid.node_seq[found], ref_start[found]))]]
-        overlapped = any(grid.node_optype[x] == C["separate-grads-all-reduce"] for x in nodes)
-        gathers = [x for x in coll if grid.node_optype[x] == C["params-all-gather"]]
-        grads = [x for x in coll if grid.node_optype[x] in (C["grads-reduce-scatter"], C["grads-all-reduce"])]
+        overlapped = any(grid.node_optype[x] == _SEPARATE for x in nodes)
+        gathers = [x for x in coll if grid.node_optype[x] == _GATHER]
+        grads = [x for x in coll if grid.node_optype[x] in _GRADS]
         # DDP-style bucketed sync: gradient collectives launched while backward still runs,
         # each after the compute run that produced its bucket.
         bucketed = (not overlapped and bool(grads) and last_compute is not None
@@ -317,7 +319,7 @@ def recorded_per_action(grid: OpGrid) -> bool:
     Those rows name the peer stage in gmc (never the row's own pipeline rank); every other
     source gives a transfer its own stage there. A weight-gradient op (W) is only recorded so.
     """
-    if np.any(grid.node_optype == C["backward-weight-compute"]):
+    if np.any(grid.node_optype == BWW):
         return True
     p2p = np.isin(grid.node_optype, [C[n] for n in P2P_PEER])
     return bool(p2p.any()) and not np.any(grid.node_gmc[p2p] == grid.node_stage[p2p])
@@ -332,13 +334,13 @@ def _schedule_p2p(grid: OpGrid, stage: int, stream: list[int], of_type, chain, d
     """
     # Post edges must hold in every step: a transfer row may start later than its post (the
     # recorder starts a transfer queued behind the previous one when that one ends).
-    posters = [c for c in stream if grid.node_optype[c] != C["gc"]]
+    posters = [c for c in stream if grid.node_optype[c] != _GC]
     ends = (grid.start[posters] + grid.duration[posters]) if posters else np.zeros((0, 1, 1))
     nodes = np.flatnonzero(grid.node_stage == stage)
     for name, offset in OWN_FROM_PEER.items():
         ops = of_type(stage, name)
         chain(ops)  # each p2p direction is its own in-order stream
-        code = C["forward-compute"] if name.startswith("forward") else C["backward-compute"]
+        code = FWD if name.startswith("forward") else BWD
         by_own: dict[int, list[int]] = {}
         for o in ops:
             by_own.setdefault(int(grid.node_gmc[o]) + offset, []).append(o)
@@ -439,7 +441,7 @@ def _link_gathers(grid: OpGrid, gathers: list[int], comp: list[int], ref_start, 
     done = set()
     for g in reversed(gathers):
         mc = grid.node_mc[g]
-        fwds = [c for c in comp if grid.node_optype[c] == C["forward-compute"] and grid.node_mc[c] == mc]
+        fwds = [c for c in comp if grid.node_optype[c] == FWD and grid.node_mc[c] == mc]
         if mc in done or not fwds:
             continue
         first = min(fwds, key=lambda c: ref_start[c])
@@ -511,7 +513,7 @@ def _link_grads(grid: OpGrid, grads: list[int], comp: list[int], ref_end, deps) 
     done = set()
     for g in grads:
         mc = grid.node_mc[g]
-        bwds = [c for c in comp if grid.node_optype[c] == C["backward-compute"] and grid.node_mc[c] == mc]
+        bwds = [c for c in comp if grid.node_optype[c] == BWD and grid.node_mc[c] == mc]
         if mc in done or not bwds:
             continue
         deps[g].append(max(bwds, key=lambda c: ref_end[c]))
