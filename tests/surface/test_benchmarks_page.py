@@ -36,6 +36,12 @@ def test_every_result_names_a_script_of_the_repository(run: Run) -> None:
     assert run.figures, f"{run.benchmark}: no figures"
 
 
+def test_every_section_has_its_own_title() -> None:
+    """Two results with one title would share a heading, and the summary would link the first."""
+    titles = [render_benchmarks.slug(render_benchmarks.title(r)) for r in read_all()]
+    assert len(titles) == len(set(titles)), sorted(t for t in titles if titles.count(t) > 1)
+
+
 def test_the_page_links_nothing_outside_the_repository() -> None:
     """Links are in-page anchors that exist; no path leaves the repository (../shared, /tmp)."""
     page = (REPO / "BENCHMARKS.md").read_text(encoding="utf-8")
@@ -59,6 +65,6 @@ def test_render_lays_out_a_run_as_summary_row_and_section() -> None:
     page = render_benchmarks.render([run])
     assert "| [A \\| b (issue 7)](#a--b-issue-7) | `python benchmarks/x.py` | f1: **1 s** |  " \
            "| ≤ 2 s | yes |" in page
-    assert "| | | f2: **3 s** |  | ≤ 2 s | **no** |" in page
+    assert "|  |  | f2: **3 s** |  | ≤ 2 s | **no** |" in page
     assert "\n## A | b (issue 7)\n" in page and "- f2: why\n" in page
     assert "| col |\n|---|\n| cell |\n" in page
