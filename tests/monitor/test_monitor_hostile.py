@@ -489,6 +489,40 @@ def test_pages_carry_security_headers_and_refuse_other_host_names(tmp_path):
 
 # ---- a full disk ------------------------------------------------------------------------------
 
+def test_uploads_stop_before_the_disk_is_full_not_when_it_is(tmp_path):
+    # a client needing no token (a loopback monitor) could fill the disk at the new-job rate;
+    # the monitor now keeps room for the uploads it may hold at once: here more than the disk
+    import shutil
+    trace = slow_job(steps=5)
+    rank, part, cols = parts_of(trace, 5)[0]
+    s = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            job_with_meta(c, "job-d", trace)
+    finally:
+        s.stop()
+    beyond = CFG.replace(max_upload_bytes_held=shutil.disk_usage(tmp_path).free + 2**40)
+    s = serve(tmp_path, config=beyond)
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for r in (put_part(c, "job-d", rank, part, table_bytes(cols)),
+                      c.put("/api/jobs/job-n/meta", json=meta_of(trace), headers=AUTH)):
+                assert r.status_code == 507 and r.headers["content-type"] == "application/json"
+                assert "disk" in r.json()["error"], r.text
+            assert c.get("/health").status_code == 200
+            assert get(c, "/api/stats")["by_way"] == {}
+            assert [j["job"] for j in get(c, "/api/jobs")["jobs"]] == ["job-d"]
+    finally:
+        s.stop()
+    s = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert put_part(c, "job-d", rank, part, table_bytes(cols)).status_code == 200
+    finally:
+        s.stop()
+
+
+
 SERVE_LIMITED = """
 import resource, signal, sys
 from pathlib import Path

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import shutil
 import threading
+import time
 import weakref
 from concurrent.futures import Future
 from typing import Any
@@ -122,6 +124,39 @@ class BodyBudget:
         self.held -= n
 
 
+class DiskRoom:
+    """Whether the uploads folder's file system has room for one more body: an upload is taken
+    only while the disk keeps, besides it, room for every body the monitor may hold at once
+    (max_upload_bytes_held, all of which it has acknowledged or may yet) and `floor` more for
+    the database; past that, 507 before its body is read. Without it a client needing no
+    token (a loopback monitor) filled the disk at the new-job rate, and every write of the
+    service then failed, the store's included."""
+
+    def __init__(self, path: Path, held: int, floor: int = 64 * 2**20, every_s: float = 1.0):
+        self.path, self.reserve, self.every_s = path, held + floor, every_s
+        self._free, self._at = 0, -1e9
+
+    def free(self) -> int:
+        """Free bytes now (a statvfs at most every `every_s`: a remote file system may be slow)."""
+        now = time.monotonic()
+        if now - self._at >= self.every_s:
+            try:
+                self._free = shutil.disk_usage(self.path).free
+            except OSError:   # the folder is gone: the write will say what is wrong
+                self._free = 1 << 62
+            self._at = now
+        return self._free
+
+    def check(self, declared: int, what: str) -> None:
+        """HTTPProblem 507 when `declared` more bytes would leave less than the reserve."""
+        free = self.free()
+        if free - declared < self.reserve:
+            raise HTTPProblem(507, f"the monitor's disk has {free} bytes free, and keeps "
+                              f"{self.reserve} for uploads under way and its database; "
+                              f"{what} was not stored (retry later)", "disk_full", close=True)
+        self._free -= declared   # (until the next statvfs: a burst cannot pass it at once)
+
+
 async def read_body(request: Request, limit: int, what: str,
                     budget: BodyBudget | None = None, share: RequestLimits | None = None,
                     magic: bytes = b"") -> bytes:
@@ -172,6 +207,14 @@ async def read_body(request: Request, limit: int, what: str,
         _give(budget, share, size)
         raise
     return b"".join(chunks)
+
+
+def _declared(request: Request, limit: int) -> int:
+    """The body's declared length for the disk check (`limit` when chunked or not a number:
+    read_body refuses a bad one)."""
+    declared = request.headers.get("content-length", "")
+    return min(int(declared), limit) if declared.isascii() and declared.isdigit() and \
+        len(declared) <= 18 else limit
 
 
 def _give(budget: BodyBudget | None, share: RequestLimits | None, n: int) -> None:
@@ -235,6 +278,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     # one meta.json of a job registered and written at a time: two at once shared a temp file
     # (503 for one), and the file could end up the older one while the store held the newer
     meta_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+    room = DiskRoom(monitor.data_dir, cfg.max_upload_bytes_held)
 
     @app.put("/api/jobs/{job}/meta", dependencies=[Depends(require_write)])
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
@@ -248,6 +292,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                 raise HTTPProblem(429, f"path 'job': {exc.what} (new_jobs_per_minute); "
                                   f"retry {job!r} later", "busy", close=True,
                                   retry_after_s=exc.retry_after_s) from None
+        room.check(_declared(request, cfg.max_meta_bytes), "meta.json")
         share = writer_share(request, writers, job)
         try:
             body = await read_body(request, cfg.max_meta_bytes, "meta.json", budget, share)
@@ -306,6 +351,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                                         and len(dropped) <= MAX_COUNT_DIGITS):
             raise HTTPProblem(422, "request header 'X-Stragglers-Dropped': expected a count "
                               f"of 0 to {MAX_COUNT_DIGITS} digits", "bad_request")
+        room.check(_declared(request, cfg.max_part_bytes), "the part")
         share = writer_share(request, writers, job)
         try:
             body = await read_body(request, cfg.max_part_bytes, "a part", budget, share,
