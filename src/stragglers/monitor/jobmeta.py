@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from stragglers.errors import InputError
 from stragglers.monitor.part_names import MAX_RANK
@@ -81,22 +84,24 @@ def _check_layout(layout: object, meta: JobMeta, source) -> None:
         raise InputError(source, "extra.layout", f"{len(layout)} entries; expected at most "
                          f"the world size ({meta.world_size})")
     seen: set[int] = set()
-    for i, e in enumerate(layout):
+    for i, raw in enumerate(layout):
         field = f"extra.layout[{i}]"
-        if not isinstance(e, dict):
-            raise InputError(source, field, f"expected a mapping, got {type(e).__name__}")
-        if not _int_in(e.get("rank"), meta.world_size):
-            raise InputError(source, f"{field}.rank", f"{str(e.get('rank'))[:40]!r}; expected "
+        if not isinstance(raw, dict):
+            raise InputError(source, field, f"expected a mapping, got {type(raw).__name__}")
+        e = msgspec.convert(raw, _RawEntry)
+        if not _int_in(e.rank, meta.world_size):
+            raise InputError(source, f"{field}.rank", f"{str(e.rank)[:40]!r}; expected "
                              f"an integer in 0..{meta.world_size - 1} (the world size)")
-        if e["rank"] in seen:
-            raise InputError(source, f"{field}.rank", f"rank {e['rank']} listed twice")
-        seen.add(e["rank"])
-        for key, top, name in (("dp_rank", meta.dp_size, "dp_size"),
-                               ("stage", meta.pp_size, "pp_size")):
-            if key in e and not _int_in(e[key], top):
-                raise InputError(source, f"{field}.{key}", f"{str(e[key])[:40]!r}; expected "
+        assert isinstance(e.rank, int)   # (_int_in)
+        if e.rank in seen:
+            raise InputError(source, f"{field}.rank", f"rank {e.rank} listed twice")
+        seen.add(e.rank)
+        for key, value, top, name in (("dp_rank", e.dp_rank, meta.dp_size, "dp_size"),
+                                      ("stage", e.stage, meta.pp_size, "pp_size")):
+            if value is not msgspec.UNSET and not _int_in(value, top):
+                raise InputError(source, f"{field}.{key}", f"{str(value)[:40]!r}; expected "
                                  f"an integer in 0..{top - 1} (the job's {name})")
-        host = e.get("host")
+        host = e.host
         if host is not None and not (isinstance(host, str) and len(host) <= _HOST_CHARS):
             raise InputError(source, f"{field}.host", f"expected a name of at most "
                              f"{_HOST_CHARS} characters")
@@ -105,14 +110,38 @@ def _check_layout(layout: object, meta: JobMeta, source) -> None:
 def run_start(raw: object) -> str | None:
     """What identifies one run of a job: the recorder's start clock (one entry per rank, set
     once the ranks met), with the run id; None while it is not known yet."""
-    if not isinstance(raw, dict):
+    try:
+        run = msgspec.convert(raw, _RunMark)
+    except msgspec.ValidationError:   # not a mapping, or an extra/clock that is not one
         return None
-    extra = raw.get("extra")
-    clock = extra.get("clock") if isinstance(extra, dict) else None
-    start = clock.get("start") if isinstance(clock, dict) else None
+    start = run.extra.clock.start
     if not isinstance(start, list) or all(e is None for e in start):
         return None
-    return json.dumps([raw.get("run_id"), start], sort_keys=True)
+    return json.dumps([run.run_id, start], sort_keys=True)
+
+
+class _RawEntry(msgspec.Struct):
+    """A layout entry as written, each value still to check (UNSET: the key is absent)."""
+
+    rank: Any = None
+    dp_rank: Any = msgspec.UNSET
+    stage: Any = msgspec.UNSET
+    host: Any = None
+
+
+class _StartClock(msgspec.Struct):
+    start: Any = None
+
+
+class _Extra(msgspec.Struct):
+    clock: _StartClock = msgspec.field(default_factory=_StartClock)
+
+
+class _RunMark(msgspec.Struct):
+    """What run_start reads of meta.json."""
+
+    run_id: Any = None
+    extra: _Extra = msgspec.field(default_factory=_Extra)
 
 
 def is_new_run(stored: object, raw: object) -> bool:
