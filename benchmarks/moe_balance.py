@@ -24,6 +24,10 @@ U` emulates a device per rank instead (the example's expert also waits U µs per
 2U in backward, without holding a CPU, as a host waits for its accelerator): the expert compute
 of the ranks then runs side by side as on dedicated devices, and the gain is measurable on a
 loaded machine. The diagnosis is not told U: it fits time per row from the trace as on any job.
+`--alternate` runs each pair as ONE run whose even steps are skewed and odd steps balanced
+(train_moe.py --alternate): the load falls on neighbouring steps alike. The skewed steps (from
+step 2 on) are analysed; measured: mean skewed step over mean balanced step, and the median of
+the neighbours' ratios.
 """
 
 from __future__ import annotations
@@ -75,6 +79,28 @@ def gain_error(predicted: float | None, measured: float) -> float | None:
     return abs((predicted - 1) - (measured - 1)) / (measured - 1)
 
 
+def alternating(trace, predicted_of) -> dict:
+    """One --alternate run: the skewed (even) steps analysed, measured against their balanced
+    (odd) neighbours."""
+    steps = sorted(int(s) for s in set(trace.ops["step"].tolist()) if s >= 2)
+    result = analyze(trace, steps=[s for s in steps if s % 2 == 0])
+    grid = build_grid(trace, steps)
+    w = WhatIf.build(grid)
+    at = {int(s): k for k, s in enumerate(grid.steps)}
+    pairs = [(at[s], at[s + 1]) for s in at if s % 2 == 0 and s + 1 in at]
+    hot, even = [i for i, _ in pairs], [j for _, j in pairs]
+    base, nodelay = w.t_base, w.t_nodelay
+    predicted = predicted_of(result)
+    hot_nodelay = float(nodelay[hot].mean())
+    saved = hot_nodelay - hot_nodelay / predicted if predicted else 0.0
+    hot_base = float(base[hot].mean())
+    return {"first": result.diagnosis[0].cause, "ranks": result.diagnosis[0].where.ranks,
+            "predicted": predicted, "predicted_measured": hot_base / (hot_base - saved),
+            "measured": hot_base / float(base[even].mean()),
+            "measured_median": float(np.median(base[hot] / base[even])),
+            "measured_nodelay": hot_nodelay / float(nodelay[even].mean())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=3)
@@ -87,6 +113,8 @@ def main() -> None:
                     help="emulate a device per rank (train_moe.py --device-us-per-row)")
     ap.add_argument("--d-expert", type=int, default=1024, help="hidden size of an expert's MLP")
     ap.add_argument("--keep", type=Path, help="keep the runs in this folder")
+    ap.add_argument("--alternate", action="store_true",
+                    help="one run per pair, skewed and balanced steps alternating")
     args = ap.parse_args()
     device = ["--d-expert", str(args.d_expert)] + (
         ["--device-us-per-row", str(args.device_us_per_row)] if args.device_us_per_row else [])
@@ -94,6 +122,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="moe-balance-") as tmp:
         root = args.keep or Path(tmp)
         for i in range(args.pairs):
+            if args.alternate:
+                both = Path(root) / f"alt{i}"
+                run(both, args.steps, ["--hot-expert", str(args.ranks // 2), "--routing-skew",
+                                       str(args.skew), "--alternate", "--seed", str(i), *device],
+                    args.ranks)
+                rows.append(alternating(load_trace(both), lambda res: next(
+                    (f.speedup_if_fixed for f in res.diagnosis if f.cause == "expert_imbalance"),
+                    None)))
+                show(i, rows[-1])
+                continue
             hot, even = Path(root) / f"hot{i}", Path(root) / f"even{i}"
             hot_rank = args.ranks // 2
             runs = [(hot, ["--hot-expert", str(hot_rank), "--routing-skew", str(args.skew)]),
@@ -114,12 +152,7 @@ def main() -> None:
                          "predicted": predicted, "predicted_measured": hot_base / (hot_base - saved),
                          "measured": hot_base / even_base, "measured_median": hot_median / even_median,
                          "measured_nodelay": hot_nodelay / even_nodelay})
-            r = rows[-1]
-            shown = f"×{predicted:.3f}" if predicted else "none (no expert_imbalance finding)"
-            print(f"pair {i}: first finding {r['first']} {r['ranks']}; predicted {shown} "
-                  f"(replay basis), ×{r['predicted_measured']:.3f} (off the measured step); "
-                  f"measured ×{r['measured']:.3f} (mean step), ×{r['measured_median']:.3f} "
-                  f"(median step), ×{r['measured_nodelay']:.3f} (replay basis)", flush=True)
+            show(i, rows[-1])
     figures = []
     for key, against in (("predicted", "measured_nodelay"), ("predicted_measured", "measured"),
                          ("predicted_measured", "measured_median")):
@@ -143,11 +176,22 @@ def main() -> None:
                                                               "measured", "measured_median",
                                                               "measured_nodelay")}}
              for i, r in enumerate(rows)]
-    write(Run(benchmark=f"MoE balanced routing, predicted vs measured (EP {args.ranks}"
+    mode = "alternating steps, " if args.alternate else ""
+    write(Run(benchmark=f"MoE balanced routing, predicted vs measured ({mode}EP {args.ranks}"
                         + (f", emulated device {args.device_us_per_row:g} µs/row)"
                            if args.device_us_per_row else ", CPU)"),
               issue="30", command=command, figures=figures, table=table),
-          name="moe_balance" + (f"_device_{args.device_us_per_row:g}us" if args.device_us_per_row else ""))
+          name="moe_balance" + (f"_device_{args.device_us_per_row:g}us" if args.device_us_per_row
+                                else "") + ("_alternate" if args.alternate else ""))
+
+
+def show(i: int, r: dict) -> None:
+    """One pair's line."""
+    shown = f"×{r['predicted']:.3f}" if r["predicted"] else "none (no expert_imbalance finding)"
+    print(f"pair {i}: first finding {r['first']} {r['ranks']}; predicted {shown} "
+          f"(replay basis), ×{r['predicted_measured']:.3f} (off the measured step); "
+          f"measured ×{r['measured']:.3f} (mean step), ×{r['measured_median']:.3f} "
+          f"(median step), ×{r['measured_nodelay']:.3f} (replay basis)", flush=True)
 
 
 if __name__ == "__main__":

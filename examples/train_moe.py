@@ -17,7 +17,9 @@ the model is unchanged. Routing, by flag:
 - learned (default): the router's top-1 choice;
 - `--hot-expert E --routing-skew P`: a share P of the tokens is sent to expert E whatever the
   router says (injected imbalance, written to meta.json as ground truth);
-- `--balanced`: token i goes to expert i mod E (every expert rank receives the same number).
+- `--balanced`: token i goes to expert i mod E (every expert rank receives the same number);
+- `--alternate`: odd steps balanced, even steps as the flags above say (a skewed and a balanced
+  step side by side in one run, so a loaded machine slows both alike).
 
 Read top to bottom: arguments → expert parallel all-to-all → model → main.
 """
@@ -61,6 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--routing-skew", type=float, default=0.0,
                    help="share of the tokens sent to --hot-expert (0..1)")
     p.add_argument("--balanced", action="store_true", help="token i → expert i mod E")
+    p.add_argument("--alternate", action="store_true", help="balanced routing in odd steps only")
     p.add_argument("--out", type=Path, default=Path("runs/train_moe"), help="the run directory")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out")
     p.add_argument("--no-record", action="store_true", help="run without attach")
@@ -243,13 +246,17 @@ def main(argv=None) -> None:
         and not args.balanced
     injections = ([{"cause": "expert_imbalance", "expert": args.hot_expert,
                     "rank": args.hot_expert // args.experts_per_rank, "stage": 0,
-                    "routing_skew": args.routing_skew}] if hot else [])
+                    "routing_skew": args.routing_skew,
+                    **({"steps": "even"} if args.alternate else {})}] if hot else [])
 
     # The one line that records the job (a collective: every rank calls it).
     with attach(model, opt, args.out, overwrite=args.overwrite, enabled=not args.no_record,
                 extra={"injections": injections, "microbatches": args.microbatches,
-                       "routing": "balanced" if args.balanced else "learned"}):
+                       "routing": "alternate" if args.alternate else
+                       "balanced" if args.balanced else "learned"}):
         for step in range(args.steps):
+            if args.alternate:  # every MoE layer reads it from the shared arguments
+                args.balanced = step % 2 == 1
             for mb in range(args.microbatches):
                 tokens = batch(args, step, rank, mb)
                 logits = model(tokens[:, :-1])
