@@ -136,6 +136,12 @@ def test_the_stored_json_keeps_its_form_and_older_rows_still_read(stores):
     assert [(f.cause, f.where.workers[0].dp, f.ranks) for f in got.diagnosis] == \
         [("worker_fault", 1, [3])]     # the finding that cannot be read is left out
     assert got.missing_ranks == [] and plain(got)["scores"] == []
+    # an alert row whose labels do not decode is left out, the others are read
+    a._write(lambda db: a._exec(db, "INSERT INTO alerts (fingerprint, rule, job, labels, "
+                                "annotations, status, starts_at, ends_at, last_sent) VALUES "
+                                "(?, ?, ?, ?, ?, ?, ?, ?, ?)", ("bad", "straggling", "j", "{x",
+                                                                "{}", "firing", 1.0, None, 1.0)))
+    assert [x.rule for x in a.alerts(job="j")] == ["straggling"]
 
 
 def test_leases_divide_jobs_and_a_taken_lease_fences_its_old_holder(stores):

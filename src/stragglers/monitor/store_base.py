@@ -485,7 +485,8 @@ class SQLStore:
             sql, args = sql + " AND job = ?", [*args, job]
         if status is not None:
             sql, args = sql + " AND status = ?", [*args, status]
-        return [_decode_alert(r) for r in self._rows(sql + " ORDER BY starts_at", args)]
+        alerts = [_decode_alert(r) for r in self._rows(sql + " ORDER BY starts_at", args)]
+        return [a for a in alerts if a is not None]
 
     def alert_log(self, job: str | None = None, limit: int = 200) -> list[AlertLogEntry]:
         """Alert transitions (firing, resolved), newest first."""
@@ -692,10 +693,16 @@ def _findings(text: Any) -> list[WindowFinding]:
     return _decoded(text, WindowFinding)
 
 
-def _decode_alert(row: dict[str, Any]) -> Alert:
-    """A stored alert row as a record (labels and annotations are JSON text)."""
-    row["labels"], row["annotations"] = _loads(row["labels"], {}), _loads(row["annotations"], {})
-    return msgspec.convert(row, Alert)
+def _decode_alert(row: dict[str, Any]) -> Alert | None:
+    """A stored alert row as a record (labels and annotations are JSON text); None, with a
+    warning, for a damaged one (left out rather than failing every read of the alerts)."""
+    for column in ("labels", "annotations"):
+        row[column] = _loads(row[column], None)
+    try:
+        return msgspec.convert(row, Alert)
+    except msgspec.ValidationError as exc:
+        log.warning("store: alert %.20s does not read: %s", row.get("fingerprint"), exc)
+        return None
 
 
 def _loads(text: Any, default: Any) -> Any:
