@@ -11,17 +11,18 @@ The contract is in whatif/README.md; every threshold is a field of DiagnosisConf
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import numpy as np
 
 from stragglers.trace.model import OPTYPES, Trace
 from stragglers.whatif.causes import DETECTORS, Candidate, Context
-from stragglers.whatif.causes.base import fmt_steps
+from stragglers.whatif.causes.base import Rows, fmt_steps
 from stragglers.whatif.config import DEFAULT, STRAGGLING_SLOWDOWN, DiagnosisConfig
 from stragglers.whatif.confidence import gain_is_real, ratio_interval
 from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif.noise import noise_floor
-from stragglers.whatif._replay import replay
+from stragglers.whatif._replay import CHUNK_BYTES, replay
 from stragglers.whatif.result import DiagnosisSummary, Finding, Interval, Where
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,11 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
     for name, detect in DETECTORS.items():
         if partial is not None and partial.workers < 2 and name in CROSS_RANK:
             continue
-        found += detect(ctx, scores) if name == "worker_fault" else detect(ctx)
+        # each candidate keeps only the rows its fix changes: no copy of the job's grid each
+        got = detect(ctx, scores) if name == "worker_fault" else detect(ctx)
+        found += [_compact(c, w) for c in got]
+        del got
+    del ctx   # its cached arrays (balanced costs, pause-free durations) are the detectors'
     found = [c for c in found
              if not (partial is not None and partial.workers < 2 and c.cause in CROSS_RANK)]
     if partial is not None:
@@ -85,7 +90,7 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
                 c.where.scope = "traced ranks"
     kept: list[tuple[Candidate, Finding]] = []
     for i, cand in enumerate(found):
-        t_now, t_fix, excess = _before_after(w, cand.cost, cand.delay)
+        t_now, t_fix, excess = _before_after(w, cand)
         entry = _finding(cand, t_now, t_fix, excess, cfg)
         # A cause can hide behind another (a heavy stage behind a slow worker that every DP
         # rank waits for): it also counts when fixing it buys enough once the others are fixed.
@@ -111,11 +116,11 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
     floor: float | None = None if kept else noise_floor(w, cfg)
     summary = DiagnosisSummary(noise_floor=floor)
     if kept:
-        cost, delay = _combined(w, [c for c, _ in kept])
+        fixes = [c for c, _ in kept]
         # Duration fixes and launch-delay fixes are replayed on their own bases (below), so
         # the combined step time is the product of the two ratios, per step.
-        t_cost = replay(w.plan, cost, w.step_start)
-        t_delay = replay(w.plan, w.cost, w.step_start, delay)
+        t_cost = _by_steps(w, lambda sl: (_fixed_costs(w, fixes, sl), None))
+        t_delay = _by_steps(w, lambda sl: (w.cost[:, :, sl], _fixed_delays(w, fixes, sl)))
         # One basis with the findings' own (_before_after): duration fixes alone are replayed
         # without launch delays, launch-delay fixes alone with them, so one cause's share and
         # "explained" are the same number; mixed, the measured step time is the basis.
@@ -232,31 +237,36 @@ def _place(where: Where) -> str:
     return text
 
 
-def _before_after(w: WhatIf, cost: np.ndarray | None, delay: np.ndarray | None):
+def _before_after(w: WhatIf, cand: Candidate):
     """(step times before, after the fix, straggler excess) on the fix's own basis.
 
     A duration fix is replayed without launch delays (the basis of S, docs/whatif.md §5): the measured
     delays also hold waits the dependency model does not explain, which would stay fixed while
     the work moves. A launch-delay fix (host stall) is replayed with the delays, its basis.
     """
+    cost, delay = _rows(cand.cost, w.cost), _rows(cand.delay, w.launch_delay)
+
+    def fixed(sl: slice):
+        """The fix's costs (and delays) of the steps sl."""
+        return (w.cost[:, :, sl] if cost is None else cost.steps(w.cost, sl),
+                None if delay is None else delay.steps(w.launch_delay, sl))
+
+    after = _by_steps(w, fixed)
     if delay is None:
-        after = replay(w.plan, w.cost if cost is None else cost, w.step_start)
         return w.t_nodelay, after, float(w.t_nodelay.mean() - w.t_ideal.mean())
-    after = replay(w.plan, w.cost if cost is None else cost, w.step_start, delay)
     return w.t_replay, after, float(w.t_replay.mean() - w.t_ideal.mean())
 
 
 def _after_others(w: WhatIf, cand: Candidate, others: list[Candidate]):
     """Step times with the other candidates fixed, then with this one fixed too (its basis)."""
-    rest_cost, rest_delay = _combined(w, others)
-    all_cost, all_delay = _combined(w, others + [cand])
-    if cand.delay is None:
-        return (replay(w.plan, rest_cost, w.step_start),
-                replay(w.plan, all_cost, w.step_start))
-    # a launch-delay fix on its own basis (with delays), but over the others' fixed costs
-    # too: a stall that other ranks' GC pauses cover in most steps shows once GC is fixed
-    return (replay(w.plan, rest_cost, w.step_start, rest_delay),
-            replay(w.plan, all_cost, w.step_start, all_delay))
+    def fixed(cands: list[Candidate]) -> Callable[[slice], tuple]:
+        """The costs of the steps sl with `cands` fixed (and their delays: a delay fix)."""
+        # a launch-delay fix on its own basis (with delays), but over the others' fixed costs
+        # too: a stall that other ranks' GC pauses cover in most steps shows once GC is fixed
+        return lambda sl: (_fixed_costs(w, cands, sl),
+                           None if cand.delay is None else _fixed_delays(w, cands, sl))
+
+    return _by_steps(w, fixed(others)), _by_steps(w, fixed(others + [cand]))
 
 
 def _finding(cand: Candidate, t_now: np.ndarray, t_fix: np.ndarray, excess: float,
@@ -274,20 +284,57 @@ def _finding(cand: Candidate, t_now: np.ndarray, t_fix: np.ndarray, excess: floa
                    speedup_alone=speedup, basis="alone")
 
 
-def _combined(w: WhatIf, cands: list[Candidate]) -> tuple[np.ndarray, np.ndarray]:
-    """Costs and delays with every fix applied: each fix scales cells, so the scalings multiply."""
-    cost = w.cost.copy()
-    delay = w.launch_delay.copy()
-    measured = w.cost > 0
-    scale = np.empty_like(cost)
+def _fixed_costs(w: WhatIf, cands: list[Candidate], sl: slice) -> np.ndarray:
+    """Costs of the steps sl with every fix applied: each fix scales cells, so the scalings
+    multiply (a fix's own rows only: elsewhere its scale is exactly 1)."""
+    cost = w.cost[:, :, sl].copy()
     for c in cands:
-        if c.cost is not None:
-            scale.fill(1.0)
-            np.divide(c.cost, w.cost, out=scale, where=measured)
-            cost *= scale
-        if c.delay is not None:
-            np.minimum(delay, c.delay, out=delay)
-    return cost, delay
+        fix = _rows(c.cost, w.cost)
+        if fix is not None:
+            measured = w.cost[fix.nodes, :, sl]
+            scale = np.ones_like(measured)
+            np.divide(fix.values[:, :, sl], measured, out=scale, where=measured > 0)
+            cost[fix.nodes] *= scale
+    return cost
+
+
+def _fixed_delays(w: WhatIf, cands: list[Candidate], sl: slice) -> np.ndarray:
+    """Launch delays of the steps sl with every delay fix applied (the least of them)."""
+    delay = w.launch_delay[:, :, sl].copy()
+    for c in cands:
+        late = _rows(c.delay, w.launch_delay)
+        if late is not None:
+            delay[late.nodes] = np.minimum(delay[late.nodes], late.values[:, :, sl])
+    return delay
+
+
+def _compact(cand: Candidate, w: WhatIf) -> Candidate:
+    """The candidate with its fix as the rows it changes (a new one: the detectors' context
+    may hold the original)."""
+    from dataclasses import replace
+
+    return replace(cand, cost=_rows(cand.cost, w.cost), delay=_rows(cand.delay, w.launch_delay))
+
+
+def _rows(fixed: np.ndarray | Rows | None, base: np.ndarray) -> Rows | None:
+    """A fix's values as the rows it changes (None: no fix)."""
+    if fixed is None or isinstance(fixed, Rows):
+        return fixed
+    return Rows.of(fixed, base)
+
+
+def _by_steps(w: WhatIf, fixed: Callable[[slice], tuple[np.ndarray, np.ndarray | None]]
+              ) -> np.ndarray:
+    """Step times of a replay whose costs and delays `fixed(steps)` gives, a step slice at a
+    time: each slice's copy, not the job's (steps replay independently: the same numbers)."""
+    n, d, t = w.cost.shape
+    span = max(1, CHUNK_BYTES // max(1, n * d * 8))
+    out = []
+    for lo in range(0, t, span):
+        sl = slice(lo, min(lo + span, t))
+        cost, delay = fixed(sl)
+        out.append(replay(w.plan, cost, w.step_start[sl], delay))
+    return np.concatenate(out)
 
 
 def _verdict(w: WhatIf, cfg: DiagnosisConfig, floor: float) -> Finding:

@@ -253,18 +253,61 @@ class PartitionSummary:
     rows: int
 
 
-def summarise(part: Partition, pp_size: int) -> PartitionSummary:
-    """The partition's template keys, DP ranks and the facts job_info reads."""
-    ops, keys = part.ops, node_keys(part)
-    order = np.lexsort((part.position, keys))
-    k = keys[order]
-    last = np.ones(len(k), bool)
-    last[:-1] = k[1:] != k[:-1]
-    rows = order[last]
-    cells = np.unique(ops["dp_rank"].astype(np.int64) * pp_size + ops["stage"])
-    return PartitionSummary(k[last], part.position[rows], ops["mc"][rows], ops["gmc"][rows],
-                            np.unique(ops["dp_rank"]), cells, np.unique(ops["rank"]),
-                            np.unique(ops["stage"]), len(keys))
+def summarise(part: Partition, pp_size: int, keys: np.ndarray | None = None,
+              node: np.ndarray | None = None) -> PartitionSummary:
+    """The partition's template keys, DP ranks and the facts job_info reads (`keys`, `node`:
+    node_keys(part) and each row's index in their sorted unique values, where known)."""
+    ops = part.ops
+    keys = node_keys(part) if keys is None else keys
+    if node is not None and _increasing(part.position):
+        # rows in run order (read_partition's): a key's last row is its highest row index
+        uniq = np.zeros(int(node.max()) + 1 if len(node) else 0, dtype=keys.dtype)
+        uniq[node] = keys
+        rows = np.full(len(uniq), -1, dtype=np.int64)
+        np.maximum.at(rows, node, np.arange(len(node), dtype=np.int64))
+    else:
+        order = np.lexsort((part.position, keys))
+        k = keys[order]
+        last = np.ones(len(k), bool)
+        last[:-1] = k[1:] != k[:-1]
+        uniq, rows = k[last], order[last]
+    cells = _unique(ops["dp_rank"].astype(np.int64) * pp_size + ops["stage"])
+    return PartitionSummary(uniq, part.position[rows], ops["mc"][rows], ops["gmc"][rows],
+                            _unique(ops["dp_rank"]), cells, _unique(ops["rank"]),
+                            _unique(ops["stage"]), len(keys))
+
+
+def _increasing(values: np.ndarray) -> bool:
+    """Whether values are strictly increasing."""
+    return bool(np.all(values[1:] > values[:-1]))
+
+
+def _unique(values: np.ndarray) -> np.ndarray:
+    """np.unique of integers, by a table where their range is small (ranks, stages: O(n))."""
+    if not len(values):
+        return values[:0]
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo >= _DENSE_RANGE:
+        return np.unique(values)
+    seen = np.zeros(hi - lo + 1, dtype=bool)
+    seen[values - lo] = True
+    return (np.flatnonzero(seen) + lo).astype(values.dtype)
+
+
+# Integer ranges _unique counts by a table (bytes of that table); beyond, np.unique sorts.
+_DENSE_RANGE = 1 << 24
+
+
+def _key_index(keys: np.ndarray) -> np.ndarray:
+    """Each key's index in the sorted unique keys: by a table on (stage, optype, seq) packed
+    densely (O(n), no sort), where that packing is small."""
+    seq = keys & ((1 << _SEQ_BITS) - 1)
+    kind = keys >> _SEQ_BITS                        # stage · 2^optype bits + optype
+    span = int(seq.max()) + 1
+    if (int(kind.max()) + 1) * span < _DENSE_RANGE:
+        # the packed value orders like the key: (stage, optype) first, then seq
+        return dense_ids(kind * span + seq)[1]
+    return np.unique(keys, return_inverse=True)[1]
 
 
 @dataclass
@@ -307,11 +350,14 @@ class PlacedPartition:
     dp_ranks: np.ndarray         # [D] ... and DP ranks
 
 
-def place(part: Partition, template: Template) -> PlacedPartition:
-    """Lay the partition's rows on the template's grid; two rows in one cell are refused."""
-    ops, keys = part.ops, node_keys(part)
+def place(part: Partition, template: Template, node: np.ndarray | None = None
+          ) -> PlacedPartition:
+    """Lay the partition's rows on the template's grid; two rows in one cell are refused
+    (`node`: each row's template op, where known)."""
+    ops = part.ops
     n, d = len(template.keys), len(template.dp_ranks)
-    node = np.searchsorted(template.keys, keys)
+    if node is None:
+        node = np.searchsorted(template.keys, node_keys(part))
     d_idx = np.searchsorted(template.dp_ranks, ops["dp_rank"])
     steps, t_idx = dense_ids(ops["step"])
     t = len(steps)
@@ -340,11 +386,13 @@ def read_and_place(layout: RunLayout, steps: np.ndarray, pool=None
     """One step partition read, summarised and laid on a grid of its own template ops and DP
     ranks (assemble lays it on the job's): one pass over the run, no partition kept."""
     part = read_partition(layout, steps, pool)
-    summary = summarise(part, layout.meta.pp_size)
-    if not summary.rows:
-        return summary, None
+    if not len(part.position):
+        return summarise(part, layout.meta.pp_size), None
+    keys = node_keys(part)
+    node = _key_index(keys)            # (the keys once: summarise and place both need them)
+    summary = summarise(part, layout.meta.pp_size, keys, node)
     own = Template(summary.keys, summary.dp_ranks, summary.last_mc, summary.last_gmc)
-    return summary, place(part, own)
+    return summary, place(part, own, node)
 
 
 def on_template(p: PlacedPartition, template: Template) -> PlacedPartition:
@@ -458,6 +506,24 @@ class ReplayShard:
     delay: np.ndarray            # [N, D, Ts]
     ideal: np.ndarray            # [N, 1, 1]
     step_start: np.ndarray       # [Ts]
+    # ideal costs of the shard's cells, kept between 'restored' replays (each sets its rows
+    # to measured and back): one copy per shard, not one per replay. Not pickled.
+    _ideal_cells: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ideal_cells": None}
+
+    def restored(self, nodes: np.ndarray) -> np.ndarray:
+        """Per-step times with ideal costs except `nodes` (bool [N]) measured; a shard's
+        replays run one at a time (replay_all waits for each), so the cells are its own."""
+        if self._ideal_cells is None:
+            self._ideal_cells = np.broadcast_to(self.ideal, self.cost.shape).copy()
+        cost = self._ideal_cells
+        cost[nodes] = self.cost[nodes]
+        try:
+            return replay(self.plan, cost, self.step_start)
+        finally:
+            cost[nodes] = np.broadcast_to(self.ideal, self.cost.shape)[nodes]
 
 
 def shard_replay(shard: ReplayShard, kind: str, nodes: np.ndarray | None = None) -> np.ndarray:
@@ -474,9 +540,9 @@ def shard_replay(shard: ReplayShard, kind: str, nodes: np.ndarray | None = None)
     if kind == "ideal":
         return replay(s.plan, s.ideal, s.step_start)
     if kind == "restored":
-        cost = np.broadcast_to(s.ideal, s.cost.shape).copy()
-        cost[nodes] = s.cost[nodes]
-        return replay(s.plan, cost, s.step_start)
+        if nodes is None:
+            raise ValueError("a 'restored' replay needs the nodes kept measured")
+        return s.restored(nodes)
     if kind == "pairs":
         n, d, t = s.cost.shape
         pairs = np.empty((n, d, 2, t))

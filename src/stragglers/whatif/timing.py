@@ -24,31 +24,42 @@ def measured_costs(grid: OpGrid, model: DependencyModel) -> np.ndarray:
     from the latest start over all the call's groups.
     """
     cost = grid.duration.copy()
-    end = grid.start + grid.duration
-    group_start = np.full(grid.start.shape, np.nan)
+    # the group starts of the grouped rows only, ends computed a few rows at a time: on a big
+    # job each of these arrays is a grid's size (10⁸ ops: 0.8 GB)
+    grouped = np.flatnonzero(model.group_of >= 0)
+    at = np.full(len(cost), -1, dtype=np.int64)
+    at[grouped] = np.arange(len(grouped))
+    group_start = np.full((len(grouped),) + grid.start.shape[1:], np.nan)
     for members, sync, parts in zip(model.groups, model.group_dp_sync, model.group_parts):
         g = np.max(grid.start[members], axis=0)
         if sync:
             g = sync_max(g, parts)
-        group_start[members] = g
-    group_start = np.where(np.isnan(group_start), grid.start, group_start)
-    _per_call(grid, model, end, group_start)
+        group_start[at[members]] = g
+    np.copyto(group_start, grid.start[grouped], where=np.isnan(group_start))
+    _per_call(grid, model, at, group_start)
     # The member that arrived last waited for nobody; a small negative is clock error.
-    grouped = model.group_of >= 0
-    cost[grouped] = np.maximum(end[grouped] - group_start[grouped], 0.0)
+    for lo in range(0, len(grouped), _ROWS_AT_ONCE):
+        rows = grouped[lo:lo + _ROWS_AT_ONCE]
+        end = grid.start[rows] + grid.duration[rows]
+        cost[rows] = np.maximum(end - group_start[lo:lo + _ROWS_AT_ONCE], 0.0)
     cost[model.no_op] = 0.0  # recorded but never launched: zero transfer time (docs/whatif.md §3)
     return cost
 
 
+# Grid rows whose temporaries measured_costs holds at once.
+_ROWS_AT_ONCE = 64
+
+
 def _batched_somewhere(grid: OpGrid, nodes: np.ndarray, end: np.ndarray) -> bool:
-    """Whether two of these p2p ops share start and end on the first DP rank (a batched call).
+    """Whether two of these p2p ops (`end`: their ends, [k, D, T]) share start and end on the
+    first DP rank (a batched call).
 
     Batching is the schedule's, the same code on every rank: one DP rank tells, which keeps
     traces without batching from paying for the per-call pass.
     """
     present = grid.present[nodes, :1]
     start = np.where(present, grid.start[nodes, :1], np.inf)
-    stop = np.where(present, end[nodes, :1], np.inf)
+    stop = np.where(present, end[:, :1], np.inf)
     order = np.argsort(start, axis=0, kind="stable")
     s = np.take_along_axis(start, order, axis=0)
     e = np.take_along_axis(stop, order, axis=0)
@@ -57,19 +68,23 @@ def _batched_somewhere(grid: OpGrid, nodes: np.ndarray, end: np.ndarray) -> bool
     return bool(same.any())
 
 
-def _per_call(grid: OpGrid, model: DependencyModel, end: np.ndarray,
+def _per_call(grid: OpGrid, model: DependencyModel, at: np.ndarray,
               group_start: np.ndarray) -> None:
-    """Raise each batched p2p row's group start to the latest over its call (in place)."""
+    """Raise each batched p2p row's group start to the latest over its call (in place;
+    `group_start` holds the grouped rows, row n at at[n])."""
     p2p = np.isin(grid.node_optype, P2P_CODES) & ~model.no_op & (model.group_of >= 0)
     for stage in range(grid.pp_size):
         nodes = np.flatnonzero(p2p & (grid.node_stage == stage))
-        if len(nodes) < 2 or not _batched_somewhere(grid, nodes, end):
+        if len(nodes) < 2:
+            continue
+        end = grid.start[nodes] + grid.duration[nodes]
+        if not _batched_somewhere(grid, nodes, end):
             continue
         start = np.where(grid.present[nodes], grid.start[nodes], np.inf)
         order = np.argsort(start, axis=0, kind="stable")                  # [k, D, T]
         s = np.take_along_axis(start, order, axis=0)
-        e = np.take_along_axis(np.where(grid.present[nodes], end[nodes], np.inf), order, axis=0)
-        g = np.take_along_axis(group_start[nodes], order, axis=0)
+        e = np.take_along_axis(np.where(grid.present[nodes], end, np.inf), order, axis=0)
+        g = np.take_along_axis(group_start[at[nodes]], order, axis=0)
         same = (np.abs(np.diff(s, axis=0)) <= BATCH_EPS) & (np.abs(np.diff(e, axis=0)) <= BATCH_EPS)
         if not same.any():
             continue
@@ -80,7 +95,7 @@ def _per_call(grid: OpGrid, model: DependencyModel, end: np.ndarray,
             run[i] = np.where(same[i], run[i + 1], run[i])
         out = np.empty_like(run)
         np.put_along_axis(out, order, run, axis=0)
-        group_start[nodes] = np.where(grid.present[nodes], out, group_start[nodes])
+        group_start[at[nodes]] = np.where(grid.present[nodes], out, group_start[at[nodes]])
 
 
 def step_starts(grid: OpGrid) -> np.ndarray:
@@ -100,18 +115,19 @@ def launch_delays(grid: OpGrid, model: DependencyModel) -> np.ndarray:
     Absent ops (a gc slot without a pause on this worker) are placed at the end of their
     dependencies with zero duration, in dependency order, so their successors see them.
     """
-    start = grid.start.copy()
-    end = start + grid.duration
+    end = grid.start + grid.duration
     first = step_starts(grid)
-    delay = np.zeros_like(start)
+    delay = np.zeros_like(end)
     for sn in model.order:
         members = model.groups[-sn - 1] if sn < 0 else [sn]
         for m in members:
             dep = model.deps[m]
-            ready = end[dep].max(axis=0) if dep else np.broadcast_to(first, start.shape[1:])
+            ready = end[dep].max(axis=0) if dep else np.broadcast_to(first, end.shape[1:])
             absent = ~grid.present[m]
+            start = grid.start[m]
             if absent.any():
-                start[m][absent] = ready[absent]
+                # an op's own row only: a copy of the grid's starts would be the job's size
+                start = np.where(absent, ready, start)
                 end[m][absent] = ready[absent]
-            delay[m] = np.maximum(start[m] - ready, 0.0)
+            delay[m] = np.maximum(start - ready, 0.0)
     return delay

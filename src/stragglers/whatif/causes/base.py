@@ -20,18 +20,63 @@ BUSY = (FWD, BWD, BWW, OPT)  # a worker's own compute (what a slow GPU or CPU st
 
 
 @dataclass
+class Rows:
+    """A fix's values on the template ops it changes: the job's [N, D, T] array with rows
+    `nodes` replaced by `values` (a candidate holds these, not a copy of the job's grid)."""
+
+    nodes: np.ndarray            # int [k] template ops the fix changes
+    values: np.ndarray           # [k, D, T] their values once fixed
+
+    @classmethod
+    def of(cls, fixed: np.ndarray, base: np.ndarray) -> "Rows":
+        """The rows of `fixed` [N, D, T] that differ from `base` (NaN equal to NaN)."""
+        changed = np.zeros(len(base), dtype=bool)
+        for lo in range(0, len(base), _ROWS_AT_ONCE):     # a few rows at a time: no full temp
+            a, b = fixed[lo:lo + _ROWS_AT_ONCE], base[lo:lo + _ROWS_AT_ONCE]
+            same = (a == b) | (np.isnan(a) & np.isnan(b))
+            changed[lo:lo + _ROWS_AT_ONCE] = ~same.reshape(len(a), -1).all(axis=1)
+        nodes = np.flatnonzero(changed)
+        return cls(nodes, fixed[nodes])
+
+    @classmethod
+    def on(cls, base: np.ndarray, nodes: np.ndarray) -> "Rows":
+        """Rows `nodes` (bool [N] or indices) of `base`, copied: a detector then edits them."""
+        index = np.flatnonzero(nodes) if nodes.dtype == bool else np.asarray(nodes)
+        return cls(index, base[index])
+
+    def at(self, nodes: np.ndarray) -> np.ndarray:
+        """Positions in `values` of the template ops `nodes` (bool [N]; each one of the rows)."""
+        return np.searchsorted(self.nodes, np.flatnonzero(nodes))
+
+    def steps(self, base: np.ndarray, sl: slice) -> np.ndarray:
+        """base[:, :, sl] with the fix applied (a copy of those steps only)."""
+        out = base[:, :, sl].copy()
+        out[self.nodes] = self.values[:, :, sl]
+        return out
+
+    def whole(self, base: np.ndarray) -> np.ndarray:
+        """The job's array with the fix applied (a copy of `base`)."""
+        return self.steps(base, slice(None))
+
+
+# Rows compared at once by Rows.of (a bounded temporary, whatever the job's size).
+_ROWS_AT_ONCE = 64
+
+
+@dataclass
 class Candidate:
     """A cause found in the trace, with the costs and launch delays it would leave when fixed.
 
-    `cost` / `delay` are the job's [N, D, T] arrays with only this cause's own share removed
-    (None: unchanged); the diagnosis replays them for the prediction.
+    `cost` / `delay`: the job's [N, D, T] costs / launch delays with only this cause's own
+    share removed, as a whole array or as the rows it changes (`Rows`; the diagnosis keeps
+    only those); None: unchanged. The diagnosis replays them for the prediction.
     """
 
     cause: str
     where: Where
     evidence: str
-    cost: np.ndarray | None = None
-    delay: np.ndarray | None = None
+    cost: np.ndarray | Rows | None = None
+    delay: np.ndarray | Rows | None = None
     upper_bound: bool = False
     # Its detector's own test already separates it from noise (worker_fault with the outlier
     # test over five workers or more): the diagnosis then asks of its gain only that it be
@@ -122,7 +167,10 @@ class Context:
     def pause_free(self) -> np.ndarray:
         """[N, D, T] durations of compute ops with the pauses found inside them taken out."""
         found = self.compute_pauses
-        return found[0].cost if found else self.w.grid.duration
+        if not found:
+            return self.w.grid.duration
+        cost = found[0].cost
+        return cost.whole(self.w.cost) if isinstance(cost, Rows) else cost
 
     @property
     def arrivals(self) -> "Arrivals | None":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES as C, OPTYPES, P2P_OPTYPES
-from stragglers.whatif.causes.base import Candidate, Context, fmt_steps, per_worker_sum
+from stragglers.whatif.causes.base import Candidate, Context, Rows, fmt_steps, per_worker_sum
 from stragglers.whatif.causes.contention import as_contention
 
 _COMPUTE = {C[o] for o in COMPUTE_OPTYPES}
@@ -43,8 +43,8 @@ def communication(ctx: Context) -> list[Candidate]:
         for d, p in hot:
             hot_mask[stage == p, d] = True
         fix = slow & hot_mask[:, :, None]
-        fixed = w.cost.copy()
-        fixed[ids] = np.where(fix, np.broadcast_to(ideal, cost.shape), cost)
+        # the family's rows only (one family per candidate: a copy of the grid each adds up)
+        fixed = Rows(ids, np.where(fix, np.broadcast_to(ideal, cost.shape), cost))
         times = float(np.median(cost[fix] / np.maximum(np.broadcast_to(ideal, cost.shape)[fix],
                                                        1e-9)))
         per_step = sum(per[d, p] for d, p in hot)

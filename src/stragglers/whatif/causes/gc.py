@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stragglers.whatif.causes.base import Candidate, Context, fmt_steps
+from stragglers.whatif.causes.base import Candidate, Context, Rows, fmt_steps
 from stragglers.whatif.causes.sequence import microbatch_nodes
 from stragglers.whatif.confidence import MAD_TO_SIGMA
 from stragglers.whatif.grid import BWD, FWD, GC
@@ -40,8 +40,7 @@ def _from_rows(ctx: Context) -> Candidate | None:
     ids = np.flatnonzero(nodes)
     workers = sorted({(int(d), int(g.node_stage[ids[k]])) for k, d, _ in zip(*np.nonzero(pause))})
     steps = sorted({int(g.steps[t]) for t in np.nonzero(pause)[2]})
-    cost = w.cost.copy()
-    cost[nodes] = 0.0
+    cost = Rows(ids, np.zeros((len(ids),) + w.cost.shape[1:]))   # the gc rows, paused none
     evidence = (f"{int(pause.sum())} GC pauses totalling {float(dur.sum()):.3f} s on "
                 f"{len(workers)} workers at uncoordinated steps (gc rows)")
     return Candidate("gc", ctx.where_workers(workers, steps), evidence, cost=cost,

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from stragglers.whatif.causes.base import BUSY, Candidate, Context, fmt_steps, per_worker_sum
+from stragglers.whatif.causes.base import (BUSY, Candidate, Context, Rows, fmt_steps,
+                                          per_worker_sum)
 from stragglers.whatif.causes.capacity import group_members
 from stragglers.whatif.confidence import mean_interval, robust_z
 
@@ -78,12 +79,13 @@ def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
     workers = _worst_first(named, mean)
     if not workers:
         return []
-    cost = w.cost.copy()
+    # only the rows of the named workers' stages change: the fix holds those, not the grid
+    cost = Rows.on(w.cost, busy_nodes & np.isin(g.node_stage, [p for _, p in workers]))
     per_step = np.zeros(ctx.steps)
     for d, p in workers:
-        sel = busy_nodes & (g.node_stage == p)
+        sel = cost.at(busy_nodes & (g.node_stage == p))
         # Fixed = computes like its stage's median peer, step by step (noise elsewhere kept).
-        cost[sel, d, :] /= np.maximum(ratio[d, p], 1e-12)[None, :]
+        cost.values[sel, d, :] /= np.maximum(ratio[d, p], 1e-12)[None, :]
         per_step = np.maximum(per_step, ratio[d, p] - 1)
     steps = ctx.steps_where(per_step)
     healthy = mean[~named]
@@ -159,13 +161,13 @@ def host_stall(ctx: Context) -> list[Candidate]:
     workers = _worst_first(named, np.maximum(mean, gating))
     if not workers:
         return []
-    fixed = w.launch_delay.copy()
+    fixed = Rows.on(w.launch_delay, np.isin(g.node_stage, [p for _, p in workers]))
     per_step = np.zeros(ctx.steps)
     for d, p in workers:
-        sel = g.node_stage == p
+        sel = fixed.at(g.node_stage == p)
         # Fixed = no gap longer than a peer's typical one; the worker's usual gaps stay.
         typical = _typical_peer_gap(w, named, p)
-        fixed[sel, d, :] = np.minimum(fixed[sel, d, :], typical[None, :])
+        fixed.values[sel, d, :] = np.minimum(fixed.values[sel, d, :], typical[None, :])
         per_step = np.maximum(per_step, excess[d, p])
     steps = ctx.steps_where(per_step)
     evidence = "; ".join(_stall_words(ctx, d, p, mean, lo, hi, gating, step_time)
@@ -181,14 +183,15 @@ def host_stall(ctx: Context) -> list[Candidate]:
 def _carried_over(g, step_start: np.ndarray) -> np.ndarray:
     """[D, P, T] the part of a worker's late start in each step that its previous step (the
     step before, where the grid holds it) explains: it still ran past the step's start."""
-    end = np.where(g.present, g.start + g.duration, -np.inf)
-    begin = np.where(g.present, g.start, np.inf)
     out = np.zeros((len(g.dp_ranks), g.pp_size, len(g.steps)))
     follows = np.zeros(len(g.steps), dtype=bool)
     follows[1:] = np.diff(g.steps) == 1
     for p in range(g.pp_size):
-        last = end[g.node_stage == p].max(axis=0)                                # [D, T]
-        lead = begin[g.node_stage == p].min(axis=0) - step_start[None, :]        # [D, T]
+        # a stage's rows at a time: the temporaries are a stage's, not the job's grid
+        sel = g.node_stage == p
+        present, start = g.present[sel], g.start[sel]
+        last = np.where(present, start + g.duration[sel], -np.inf).max(axis=0)   # [D, T]
+        lead = np.where(present, start, np.inf).min(axis=0) - step_start[None, :]  # [D, T]
         late = np.minimum(last[:, :-1] - step_start[None, 1:], lead[:, 1:])
         out[:, p, 1:] = np.where(follows[None, 1:] & np.isfinite(late), np.maximum(late, 0), 0)
     return out
