@@ -5,18 +5,22 @@ streamed by step partitions in one process, and step partitions on a Dask LocalC
     .venv/bin/python benchmarks/whatif_stream.py --dp 64 --pp 8 --microbatches 32 --steps 172
     .venv/bin/python benchmarks/whatif_stream.py --dp 1280 --pp 8 --microbatches 35 --steps 50 \\
         --modes stream,1,2          # 10,240 ranks × 50 steps: 101M ops
+    .venv/bin/python benchmarks/whatif_stream.py --modes stream --before /tmp/old/src
+                                    # each mode on an older tree too, side by side
 
 The run is generated a few steps at a time (`--chunk`) and written in the run format, one
 Parquet file per rank with a row group per chunk (a recorder's flushes), so generating it
 never holds the job either; it is kept in --workdir and reused. Each configuration runs in a
 fresh process; peak memory is the process and its children (Dask's workers) together, RSS
-sampled every 50 ms, and the process's own ru_maxrss.
+sampled every 50 ms, and the process's own ru_maxrss. The figures go to
+benchmarks/results/whatif_stream_<size>.json (benchmarks/results.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -29,6 +33,8 @@ import json, resource, sys, threading, time
 import psutil
 me = psutil.Process()
 peak = [0]
+stage = ["start"]          # the step of the analysis its progress last named
+stage_peak = {}
 def sample():
     while True:
         total = 0
@@ -38,26 +44,47 @@ def sample():
             except psutil.Error:
                 pass
         peak[0] = max(peak[0], total)
+        stage_peak[stage[0]] = max(stage_peak.get(stage[0], 0), total)
         time.sleep(0.05)
 threading.Thread(target=sample, daemon=True).start()
 run, mode = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
 setup = 0.0
+phases, at = {}, [t0, "reading"]
+def tick(msg):
+    # reading: the step partitions (on the workers, with Dask); analysis: the grid, model,
+    # replays, attribution and diagnosis (the progress messages after the last one is read)
+    now = time.perf_counter()
+    phases[at[1]] = phases.get(at[1], 0.0) + now - at[0]
+    at[0] = now
+    if msg.startswith("assembling"):
+        at[1] = "analysis"
+    stage[0] = ("reading" if "partitions" in msg else msg.split(":")[0])
 if mode == "whole":
     from stragglers.trace.runformat import read_run
     from stragglers.whatif import analyze
     r = analyze(read_run(run))
 elif mode == "stream":
     from stragglers.whatif.partitioned import analyze_run
-    r, _ = analyze_run(run)
+    at[0] = time.perf_counter()      # (the import is in the wall time, not in reading)
+    r, _ = analyze_run(run, progress=tick)
+    tick("end")
 else:
     from stragglers.whatif.dask_runner import analyze_with_client, dask_client
     with dask_client(workers=int(mode)) as client:
         setup = time.perf_counter() - t0
-        r, _ = analyze_with_client(client, run)
+        at[0] = time.perf_counter()
+        r, _ = analyze_with_client(client, run, progress=tick)
+        tick("end")
 wall = time.perf_counter() - t0
 time.sleep(0.1)
+# CPU seconds of this process and of its waited-for children (Dask's worker processes, once
+# the cluster is closed): the same work on more CPUs than the machine gives shows as wall only
+own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu = {"driver": own.ru_utime + own.ru_stime, "workers": kids.ru_utime + kids.ru_stime}
 print(json.dumps({"wall_s": wall, "analysis_s": wall - setup, "peak_bytes": peak[0],
+                  "phases": phases if mode != "whole" else {}, "cpu_s": cpu,
+                  "peak_by_step_GB": {k: round(v / 1e9, 2) for k, v in stage_peak.items()},
                   "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "slowdown": r.slowdown, "ops": r.job.ops, "steps": len(r.steps_analysed),
                   "by_dp_rank": r.by_dp_rank, "diagnosis": [f.cause for f in r.diagnosis]}))
@@ -114,10 +141,11 @@ def write_run_streamed(path: Path, dp: int, pp: int, microbatches: int, steps: i
     return ops_written
 
 
-def run_one(run: Path, mode: str) -> dict:
-    """One configuration in a fresh process."""
+def run_one(run: Path, mode: str, src: str | None = None) -> dict:
+    """One configuration in a fresh process (on the source tree `src`, default: installed)."""
+    env = {**os.environ, "PYTHONPATH": src} if src else None
     proc = subprocess.run([sys.executable, "-c", CHILD, str(run), mode], capture_output=True,
-                          text=True, timeout=7200)
+                          text=True, timeout=7200, env=env)
     if proc.returncode:
         tail = (proc.stderr.strip().splitlines() or ["killed (no output)"])[-1]
         return {"error": f"exit {proc.returncode}: {tail}"}
@@ -133,6 +161,9 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=5, help="steps per generated chunk / row group")
     ap.add_argument("--modes", default="whole,stream,1,2")
     ap.add_argument("--workdir", default=str(REPO / "runs" / "bench"))
+    ap.add_argument("--before", default=None,
+                    help="a source tree (its src/ folder) run as well, each mode right before "
+                         "this tree's: the ratios are of the same run")
     args = ap.parse_args()
     run = Path(args.workdir) / (f"stream-dp{args.dp}-pp{args.pp}-mb{args.microbatches}-"
                                 f"{args.steps}steps-chunk{args.chunk}")
@@ -144,29 +175,99 @@ def main() -> None:
     size = sum(f.stat().st_size for f in run.iterdir())
     print(f"job: dp {args.dp} × pp {args.pp} ({args.dp * args.pp:,} ranks) × {args.steps} steps, "
           f"{args.microbatches} microbatches; {run} ({size / 2**30:.1f} GiB)", flush=True)
+    configs = [(mode, None) for mode in args.modes.split(",")]
+    if args.before:
+        configs = [c for mode, _ in configs for c in ((mode, args.before), (mode, None))]
     rows = {}
-    for mode in args.modes.split(","):
-        rows[mode] = run_one(run, mode)
-        print(mode, json.dumps({k: v for k, v in rows[mode].items() if k != "by_dp_rank"}),
+    for mode, src in configs:
+        key = mode + (" (before)" if src else "")
+        rows[key] = run_one(run, mode, src)
+        print(key, json.dumps({k: v for k, v in rows[key].items() if k != "by_dp_rank"}),
               flush=True)
-    print(f"\n| configuration | ops | wall s | analysis s | peak GB (tree) | maxrss GB | S |")
+    print("\n| configuration | ops | wall s | analysis s | peak GB (tree) | maxrss GB | S |")
     print("|---|---|---|---|---|---|---|")
-    for mode, r in rows.items():
+    for key, r in rows.items():
+        label = _label(key)
         if "error" in r:
-            print(f"| {LABELS[mode]} | – | – | – | – | – | {r['error']} |")
+            print(f"| {label} | – | – | – | – | – | {r['error']} |")
             continue
-        print(f"| {LABELS[mode]} | {r['ops']:,} | {r['wall_s']:.1f} | {r['analysis_s']:.1f} | "
+        print(f"| {label} | {r['ops']:,} | {r['wall_s']:.1f} | {r['analysis_s']:.1f} | "
               f"{r['peak_bytes'] / 1e9:.2f} | {r['maxrss_bytes'] / 1e9:.2f} | "
               f"{r['slowdown']!r} |")
     done = [r for r in rows.values() if "error" not in r]
     same = all(r["slowdown"] == done[0]["slowdown"] and r["by_dp_rank"] == done[0]["by_dp_rank"]
                and r["diagnosis"] == done[0]["diagnosis"] for r in done)
     print(f"S, S per DP rank and the causes identical in every configuration that ran: {same}")
+    for key, r in rows.items():
+        if "error" not in r:
+            print(f"{_label(key)}: {_breakdown(r)}")
+            print(f"  peak GB by step of the analysis: {r.get('peak_by_step_GB')}")
+    for mode in args.modes.split(","):
+        now, then = rows.get(mode, {}), rows.get(mode + " (before)", {})
+        if "error" not in now and now and "error" not in then and then:
+            print(f"{_label(mode)}: wall {now['wall_s'] / then['wall_s']:.2f}×, peak "
+                  f"{now['peak_bytes'] / then['peak_bytes']:.2f}× the tree before")
+    gain = None
     if "error" not in rows.get("1", {"error": 1}) and "error" not in rows.get("2", {"error": 1}):
         gain = rows["1"]["analysis_s"] / rows["2"]["analysis_s"]
         print(f"Dask 1 → 2 workers (cluster started): {gain:.2f}× (scaling efficiency "
               f"{gain / 2:.0%})")
+    _write(args, rows, same, gain)
 
+
+def _breakdown(r: dict) -> str:
+    """'reading 9.1 s, analysis 8.2 s; CPU driver 17.0 s, workers 0.0 s'."""
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in r.get("phases", {}).items())
+    cpu = r.get("cpu_s", {})
+    return (phases + "; " if phases else "") + (
+        f"CPU driver {cpu.get('driver', 0):.1f} s, workers {cpu.get('workers', 0):.1f} s")
+
+
+def _label(key: str) -> str:
+    """The table's name of a configuration ('stream (before)': on the tree before)."""
+    mode, _, before = key.partition(" ")
+    return LABELS[mode] + (", tree before" if before else "")
+
+
+def _write(args, rows: dict, same: bool, gain: float | None) -> None:
+    """The figures, via benchmarks/results.py (results/whatif_stream_<ops>.json)."""
+    from results import Figure, Run, write
+
+    done = {k: r for k, r in rows.items() if "error" not in r}
+    if not done:
+        return
+    ops = next(iter(done.values()))["ops"]
+    big = ops >= 50_000_000
+    figures = []
+    for key, r in done.items():
+        single = not key[0].isdigit()
+        mem_goal = ("<= 8 GB" if big else "<= 3 GB") if single and " " not in key else ""
+        figures.append(Figure(name=f"{ops / 1e6:.0f}M ops, {_label(key)}, peak RSS",
+                              value=f"{r['peak_bytes'] / 1e9:.2f} GB", goal=mem_goal,
+                              met=(r["peak_bytes"] <= (8e9 if big else 3e9)) if mem_goal else None,
+                              note=f"S = {r['slowdown']!r}; diagnosis {r['diagnosis']}"))
+        time_goal = "<= 10 s" if not big and key == "stream" else ""
+        figures.append(Figure(name=f"{ops / 1e6:.0f}M ops, {_label(key)}, wall time",
+                              value=f"{r['wall_s']:.1f} s", goal=time_goal, met=None,
+                              note=f"{_breakdown(r)}; wall times on a shared, loaded "
+                                   "machine: not judged"))
+    for mode in args.modes.split(","):
+        now, then = done.get(mode), done.get(mode + " (before)")
+        if now and then:
+            figures.append(Figure(name=f"{ops / 1e6:.0f}M ops, {_label(mode)}: this tree vs before",
+                                  value=f"wall {now['wall_s'] / then['wall_s']:.2f}×, peak "
+                                        f"{now['peak_bytes'] / then['peak_bytes']:.2f}×",
+                                  anchor=f"the tree at {args.before}, same run"))
+    if gain is not None:
+        figures.append(Figure(name=f"{ops / 1e6:.0f}M ops, Dask 1 → 2 workers", value=f"{gain:.2f}×",
+                              note=f"scaling efficiency {gain / 2:.0%}"))
+    figures.append(Figure(name="S, S per DP rank and causes identical in every configuration",
+                          value=str(same)))
+    argv = " ".join(sys.argv[1:])
+    write(Run(benchmark=f"What-if of {ops / 1e6:.0f}M ops, streamed / on Dask", issue="32",
+              command=f".venv/bin/python benchmarks/whatif_stream.py {argv}".strip(),
+              figures=figures),
+          name=f"whatif_stream_{'100M' if big else f'{ops / 1e6:.0f}M'}")
 
 if __name__ == "__main__":
     main()
