@@ -17,7 +17,7 @@ import zlib
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 from stragglers.errors import InputError
 
@@ -113,7 +113,7 @@ def decode_info(info: dict) -> DistributedInfo:
         backend="" if backend is None else str(backend), groups=tuple(groups))
 
 
-def _whole(x: Any) -> bool:
+def _whole(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -165,6 +165,61 @@ class RankEvents:
     def rank(self) -> int | None:
         """distributedInfo.rank when it is a whole number."""
         return None if self.distributed_info is None else self.distributed_info.rank
+
+
+class EventArgs(Protocol):
+    """The args of a trace event the reader reads, from either decoder (values unchecked)."""
+
+    @property
+    def correlation(self) -> Any: ...
+    @property
+    def collective_name(self) -> Any: ...   # "Collective name"
+    @property
+    def pg_name(self) -> Any: ...           # "Process Group Name"
+    @property
+    def seq(self) -> Any: ...               # "Seq"
+    @property
+    def src_rank(self) -> Any: ...          # "Src Rank"
+    @property
+    def dst_rank(self) -> Any: ...          # "Dst Rank"
+    @property
+    def pg_ranks(self) -> Any: ...          # "Process Group Ranks"
+    @property
+    def out_split(self) -> Any: ...         # "Out split size"
+
+    def concrete_inputs(self) -> Any:
+        """'Concrete Inputs' (decoded on demand: rarely read, sometimes long), or None."""
+
+
+def _json_arg(key: str) -> property:
+    """An EventArgs attribute read from the args dict under its JSON name."""
+    return property(lambda self: self.raw.get(key), doc=f"args[{key!r}] or None")
+
+
+class JsonArgs:
+    """EventArgs over the stdlib decoder's args dict (read lazily: most events need one key)."""
+
+    __slots__ = ("raw",)
+    correlation = _json_arg("correlation")
+    collective_name = _json_arg("Collective name")
+    pg_name = _json_arg("Process Group Name")
+    seq = _json_arg("Seq")
+    src_rank = _json_arg("Src Rank")
+    dst_rank = _json_arg("Dst Rank")
+    pg_ranks = _json_arg("Process Group Ranks")
+    out_split = _json_arg("Out split size")
+    _concrete = _json_arg("Concrete Inputs")
+
+    def __init__(self, raw: dict):
+        self.raw = raw
+
+    def concrete_inputs(self) -> Any:
+        """'Concrete Inputs', or None."""
+        return self._concrete
+
+
+# The keys of a trace event the stdlib path reads, in _Collector.__call__'s order.
+_EVENT_KEYS = ("ph", "name", "cat", "ts", "dur", "tid", "args")
 
 
 # What an event is, by its name and category (classified once per distinct pair).
@@ -226,16 +281,18 @@ class _Collector:
         if "ph" not in obj:
             return obj  # the document, distributedInfo, args: kept as they are
         self.out.events += 1
-        if obj.get("ph") != "X":
+        ph, name, cat, ts, dur, tid, raw_args = map(obj.get, _EVENT_KEYS)
+        if ph != "X":
             return None  # flows, counters, metadata, instants: the op table needs none of them
-        args = obj.get("args")
-        args = args if isinstance(args, dict) else {}
-        self.file(obj.get("name"), obj.get("cat"), obj.get("ts"), obj.get("dur", 0),
-                  obj.get("tid"), args.get("correlation"), args)
+        if dur is None and "dur" not in obj:
+            dur = 0  # a complete event without a duration took no time
+        args = JsonArgs(raw_args if isinstance(raw_args, dict) else {})
+        self.file(name, cat, ts, dur, tid, args.correlation, args)
         return None
 
-    def file(self, name: Any, cat: Any, ts: Any, dur: Any, tid: Any, corr: Any, args) -> None:
-        """File one complete ('X') event: its fields as decoded, `args` with a dict's .get."""
+    def file(self, name: Any, cat: Any, ts: Any, dur: Any, tid: Any, corr: Any,
+             args: EventArgs) -> None:
+        """File one complete ('X') event: its fields as decoded, then its args."""
         try:
             what = self._kinds[(name, cat)]
         except KeyError:
@@ -264,7 +321,7 @@ class _Collector:
             if what[1]:  # an NCCL kernel
                 pg, seq, src, dst = _comm_args(args)
                 out.nccl_kernels.append((ts, dur, tid, corr,
-                                         collective_kind(args.get("Collective name")), what[2],
+                                         collective_kind(args.collective_name), what[2],
                                          pg, seq, src, dst, rows_received(args)))
             else:
                 out.kernel_ts.append(ts)
@@ -294,17 +351,18 @@ class _Collector:
         elif code == _BACKWARD_MARK:
             out.backward_annotations.append(ts)
 
-    def _issued(self, name: str, ts: float, dur: float, tid: Any, args, c10d_kind: str | None,
+    def _issued(self, name: str, ts: float, dur: float, tid: Any, args: EventArgs,
+                c10d_kind: str | None,
                 peer_arg: int | None) -> None:
         """A collective as the program issued it (record_param_comms, c10d::*)."""
         out = self.out
-        kind = collective_kind(args.get("Collective name"))
+        kind = collective_kind(args.collective_name)
         if kind is None:
             kind = c10d_kind
         if kind not in KNOWN_COLLECTIVES:
             return
         pg, seq, src, dst = _comm_args(args)
-        if args.get("Concrete Inputs") is not None:
+        if args.concrete_inputs() is not None:
             out.record_shapes = True
         if peer_arg is not None and src is None and dst is None:
             peer = _concrete_int(args, peer_arg)
@@ -316,11 +374,11 @@ class _Collector:
         out.collectives.append((ts, dur, tid, kind, pg, seq, src, dst, False,
                                 rows_received(args)))
 
-    def _group(self, pg: str | None, args: dict) -> None:
+    def _group(self, pg: str | None, args: EventArgs) -> None:
         """Remember the member ranks a collective's args give for its process group."""
         if pg is None or pg in self.out.pg_ranks:
             return
-        ranks = args.get("Process Group Ranks")
+        ranks = args.pg_ranks
         if isinstance(ranks, str):
             try:
                 ranks = json.loads(ranks)
@@ -364,18 +422,18 @@ def _int_or_none(x: Any) -> int | None:
     return None
 
 
-def _concrete_int(args: dict, index: int) -> int | None:
+def _concrete_int(args: EventArgs, index: int) -> int | None:
     """The index-th 'Concrete Inputs' scalar of an op as a whole number, if recorded."""
-    values = args.get("Concrete Inputs")
+    values = args.concrete_inputs()
     if isinstance(values, list) and len(values) > index:
         return _int_or_none(values[index])
     return None
 
 
-def rows_received(args: dict) -> int | None:
+def rows_received(args: EventArgs) -> int | None:
     """The rows an all-to-all brought this rank: the sum of its `Out split size` (a list, or
     the profiler's text of one); None where absent or not whole numbers >= 0."""
-    sizes = args.get("Out split size")
+    sizes = args.out_split
     if isinstance(sizes, str):
         text = sizes.strip()
         if not (text.startswith("[") and text.endswith("]")) or len(text) > 1 << 16:
@@ -392,12 +450,12 @@ def rows_received(args: dict) -> int | None:
     return total if total < 1 << 62 else None
 
 
-def _comm_args(args: dict) -> tuple[str | None, int | None, int | None, int | None]:
+def _comm_args(args: EventArgs) -> tuple[str | None, int | None, int | None, int | None]:
     """(process group, sequence number, src rank, dst rank) of a collective's args."""
-    pg = args.get("Process Group Name")
+    pg = args.pg_name
     pg = str(pg) if isinstance(pg, (str, int)) and not isinstance(pg, bool) else None
-    return (pg, _int_or_none(args.get("Seq")), _int_or_none(args.get("Src Rank")),
-            _int_or_none(args.get("Dst Rank")))
+    return (pg, _int_or_none(args.seq), _int_or_none(args.src_rank),
+            _int_or_none(args.dst_rank))
 
 
 def _kernel_kind(name: str) -> str | None:
@@ -476,7 +534,34 @@ def read_rank_events(path: Path | str, decoder: str | None = None) -> RankEvents
     if not isinstance(doc, dict):
         raise InputError(path, None, "expected a JSON object with 'traceEvents' (a PyTorch "
                          "profiler trace)")
-    return _finish(path, out, doc)
+    return _finish(path, out, _top_level(doc))
+
+
+_ABSENT = object()   # a top-level key the document does not have
+
+
+@dataclass
+class TopLevel:
+    """The document's top-level keys the reader reads, as the file has them (_finish checks)."""
+
+    events: Any = _ABSENT           # traceEvents (the stdlib's list; [] when streamed)
+    distributed_info: Any = None    # distributedInfo
+    base_ns: Any = None             # baseTimeNanoseconds (absent or null: 0)
+    host_name: Any = None
+    record_shapes: Any = None
+    run_ids: dict[str, Any] = field(default_factory=dict)   # the RUN_ID_KEYS it has
+
+
+# JSON name → TopLevel attribute, for both decoders.
+TOP_KEYS = {"traceEvents": "events", "distributedInfo": "distributed_info",
+            "baseTimeNanoseconds": "base_ns", "host_name": "host_name",
+            "record_shapes": "record_shapes"}
+
+
+def _top_level(doc: dict) -> TopLevel:
+    """The TopLevel of a document the stdlib decoded."""
+    present = {attr: doc[key] for key, attr in TOP_KEYS.items() if key in doc}
+    return TopLevel(**present, run_ids={k: doc[k] for k in RUN_ID_KEYS if k in doc})
 
 
 def _read_streaming(path: Path, fastdecode) -> RankEvents | None:
@@ -494,33 +579,31 @@ def _read_streaming(path: Path, fastdecode) -> RankEvents | None:
     return None if top is None else _finish(path, out, top)
 
 
-def _finish(path: Path, out: RankEvents, doc: dict) -> RankEvents:
+def _finish(path: Path, out: RankEvents, doc: TopLevel) -> RankEvents:
     """Check the document's top-level fields and file them into `out`."""
-    if "traceEvents" not in doc:
+    if doc.events is _ABSENT:
         raise InputError(path, "traceEvents", "missing; expected a PyTorch profiler trace "
                          "(torch.profiler export_chrome_trace / tensorboard_trace_handler)")
-    if not isinstance(doc["traceEvents"], list):
+    if not isinstance(doc.events, list):
         raise InputError(path, "traceEvents", f"expected a list of events, got "
-                         f"{type(doc['traceEvents']).__name__}")
-    info = doc.get("distributedInfo")
+                         f"{type(doc.events).__name__}")
+    info = doc.distributed_info
     if info is not None and not isinstance(info, dict):
         raise InputError(path, "distributedInfo", "expected an object")
     out.distributed_info = None if info is None else decode_info(info)
-    base = doc.get("baseTimeNanoseconds", 0)
+    base = 0 if doc.base_ns is None else doc.base_ns
     if isinstance(base, float) and base.is_integer():
         base = int(base)
-    if base is None:
-        base = 0
     if not isinstance(base, int) or isinstance(base, bool) or base < 0:
         raise InputError(path, "baseTimeNanoseconds", f"expected whole nanoseconds >= 0, got "
                          f"{_short(base)}")
     out.base_ns = base
-    host = doc.get("host_name")
+    host = doc.host_name
     out.host = host if isinstance(host, str) and host else None
-    for where in (doc, info or {}):
+    for where in (doc.run_ids, info or {}):
         for key in RUN_ID_KEYS:
             value = where.get(key)
             if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
                 out.run_ids[key] = str(value)
-    out.record_shapes = bool(doc.get("record_shapes")) or out.record_shapes
+    out.record_shapes = bool(doc.record_shapes) or out.record_shapes
     return out

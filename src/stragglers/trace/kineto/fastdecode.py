@@ -15,6 +15,8 @@ import re
 import zlib
 from typing import Annotated, Any
 
+from stragglers.trace.kineto.events import RUN_ID_KEYS, TOP_KEYS, TopLevel
+
 try:
     import msgspec
 except ImportError:  # the stdlib path in events.read_rank_events takes over
@@ -23,15 +25,11 @@ except ImportError:  # the stdlib path in events.read_rank_events takes over
 
 AVAILABLE = msgspec is not None
 
-# Document keys the reader reads (events.RUN_ID_KEYS included); everything else is skipped.
-_TOP_KEYS = ("distributedInfo", "baseTimeNanoseconds", "host_name", "record_shapes",
-             "distinct_run_id", "run_id", "job_id", "TORCHELASTIC_RUN_ID")
-
 if AVAILABLE:
     _UNSET = msgspec.UNSET
 
     class _Args(msgspec.Struct, gc=False):
-        """The event args the reader reads; values stay untyped (checked by events.py)."""
+        """events.EventArgs: the event args the reader reads; values unchecked (events.py)."""
 
         correlation: Any = None
         collective_name: Any = msgspec.field(default=None, name="Collective name")
@@ -40,24 +38,17 @@ if AVAILABLE:
         src_rank: Any = msgspec.field(default=None, name="Src Rank")
         dst_rank: Any = msgspec.field(default=None, name="Dst Rank")
         # Lists, rarely needed: kept as raw JSON and decoded only when asked for.
-        concrete_inputs: msgspec.Raw | msgspec.UnsetType = msgspec.field(
+        concrete: msgspec.Raw | msgspec.UnsetType = msgspec.field(
             default=_UNSET, name="Concrete Inputs")
         pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
         out_split: Any = msgspec.field(default=None, name="Out split size")
 
-        def get(self, key: str, default: Any = None) -> Any:
-            """dict.get over the JSON names, so events.py reads both decoders' args alike."""
-            attr = _ARG_ATTR.get(key)
-            if attr is None:
-                return default
-            value = getattr(self, attr)
-            if attr == "concrete_inputs":
-                if value is _UNSET:
-                    return default
-                value = msgspec.json.decode(value)
-            return default if value is None else value
+        def concrete_inputs(self) -> Any:
+            """'Concrete Inputs' decoded (kept raw until asked for), or None."""
+            if self.concrete is _UNSET:
+                return None
+            return msgspec.json.decode(self.concrete)
 
-    _ARG_ATTR = {f.encode_name: f.name for f in msgspec.structs.fields(_Args)}
     _NO_ARGS = _Args()
 
     class _Event(msgspec.Struct, gc=False):
@@ -102,13 +93,13 @@ _BETWEEN = re.compile(rb"\}\s*(,)\s*\{")
 _END = re.compile(rb"\}\s*(\])|\[\s*(\])")
 
 
-def decode_stream(stream, collector) -> dict | None:
+def decode_stream(stream, collector) -> TopLevel | None:
     """File every complete event of the JSON document read from the binary `stream` through
     `collector.file(...)` (a collector made with checked=True: ts and dur arrive as finite
     floats), a chunk at a time.
 
-    Returns the document's top-level keys the reader needs (a dict, absent keys left out,
-    `traceEvents` an empty list), or None when this decoder cannot take the file as a plain
+    Returns the document's top-level keys the reader needs (`traceEvents` an empty list),
+    or None when this decoder cannot take the file as a plain
     trace (invalid JSON, NaN, a non-object event or args, no `traceEvents` array): the caller
     then decodes it with the stdlib, whose errors name the place.
     """
@@ -118,7 +109,7 @@ def decode_stream(stream, collector) -> dict | None:
         return None
 
 
-def _decode_stream(stream, collector) -> dict | None:
+def _decode_stream(stream, collector) -> TopLevel | None:
     buf = bytearray()
     while True:  # the text before the events array
         m = _EVENTS_KEY.search(buf)
@@ -154,10 +145,11 @@ def _decode_stream(stream, collector) -> dict | None:
     doc = _DOC.decode(prefix + b"[]" + suffix)
     if doc.traceEvents != []:
         return None  # the key found was not the document's own events array
-    top = {k: getattr(doc, k) for k in _TOP_KEYS if getattr(doc, k) is not _UNSET}
-    top["traceEvents"] = []
     collector.out.events += count
-    return top
+    present = {attr: getattr(doc, key) for key, attr in TOP_KEYS.items()
+               if key != "traceEvents" and getattr(doc, key) is not _UNSET}
+    run_ids = {k: getattr(doc, k) for k in RUN_ID_KEYS if getattr(doc, k) is not _UNSET}
+    return TopLevel(events=[], **present, run_ids=run_ids)
 
 
 def _take(buf: bytearray, pattern: re.Pattern, last: bool) -> tuple[int, list] | None:
