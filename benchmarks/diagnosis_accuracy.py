@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import sys
 import time
 
 import numpy as np
+from results import Figure, Run, write
 
-from stragglers.trace.synth import generate
+from stragglers.trace.synth import generate, ground_truth
 from stragglers.whatif import analyze
 
 
@@ -111,9 +113,9 @@ def confusion(shapes: list[dict], seeds: range) -> tuple[dict, int, list]:
                 for p in parts:
                     kwargs.update(injection(p, shape["dp"], shape["pp"]))
                 trace = generate(**kwargs)
-                truth = trace.meta.extra["ground_truth"]
+                truth = ground_truth(trace)
                 # an injection with no effect on the step time (slack) is no cause to find
-                if any(t["impact"] is not None and t["impact"] < 1.03 for t in truth):
+                if any(t.impact is not None and t.impact < 1.03 for t in truth):
                     skipped += 1
                     continue
                 got = analyze(trace).diagnosis
@@ -123,12 +125,12 @@ def confusion(shapes: list[dict], seeds: range) -> tuple[dict, int, list]:
                                             for p in parts})) or "none"
                 if diagnosed != expected:
                     misses.append((case, shape, seed, diagnosed))
-                for truth in trace.meta.extra["ground_truth"]:
-                    f = next((d for d in got if d.cause == truth["cause"]), None)
-                    if f is not None and "dp" in truth["where"] and f.where.workers \
-                            and truth["cause"] in ("worker_fault", "host_stall"):
+                for t in truth:
+                    f = next((d for d in got if d.cause == t.cause), None)
+                    if f is not None and t.where.dp and t.where.pp and f.where.workers \
+                            and t.cause in ("worker_fault", "host_stall"):
                         named = {(w.dp, w.pp) for w in f.where.workers}
-                        if named != {(truth["where"]["dp"][0], truth["where"]["pp"][0])}:
+                        if named != {(t.where.dp[0], t.where.pp[0])}:
                             wrong_place += 1
     return table, wrong_place, misses, skipped
 
@@ -144,18 +146,22 @@ def main() -> None:
     print("| cause | seed | true | predicted | interval | error |")
     print("|---|---|---|---|---|---|")
     errors = collections.defaultdict(list)
+    rows = []
     for cause, seed, true, pred, interval in accuracy(shape, seeds):
         err = None if pred is None else pred / true - 1
         errors[cause].append(err)
         shown = "missed" if pred is None else f"{pred:.3f}"
         iv = "" if interval is None else f"{interval.low:.3f}–{interval.high:.3f}"
-        print(f"| {cause} | {seed} | {true:.3f} | {shown} | {iv} | "
-              f"{'' if err is None else f'{100 * err:+.1f}%'} |")
+        shown_err = '' if err is None else f'{100 * err:+.1f}%'
+        print(f"| {cause} | {seed} | {true:.3f} | {shown} | {iv} | {shown_err} |")
+        rows.append({"cause": cause, "seed": str(seed), "true": f"{true:.3f}",
+                     "predicted": shown, "interval": iv, "error": shown_err})
     print("\n## Several causes at once: all fixed together (dp 4 × pp 4; slow worker ×1.6, "
           "last stage ×1.4, GC 0.2 pauses of 0.2 s per worker-step)\n")
     print("| seed | true (all removed, stages rebalanced) | predicted all_fixed | error | found |")
     print("|---|---|---|---|---|")
-    for seed, true, pred, found in combined(shape, seeds):
+    together = combined(shape, seeds)
+    for seed, true, pred, found in together:
         print(f"| {seed} | {true:.3f} | {pred:.3f} | {100 * (pred / true - 1):+.1f}% | "
               f"{', '.join(found)} |")
     shapes = [dict(dp=1, pp=4, vpp=1, microbatches=8, steps=6),
@@ -181,6 +187,24 @@ def main() -> None:
         print(f"- miss: {case} on dp {shape['dp']} × pp {shape['pp']} × vpp {shape['vpp']}, "
               f"seed {seed}: diagnosed {got}")
     print(f"\n(total {time.perf_counter() - t0:.0f} s)")
+    found = [e for errs in errors.values() for e in errs if e is not None]
+    missed = sum(e is None for errs in errors.values() for e in errs)
+    worst = max((abs(e) for e in found), default=0.0)
+    worst_all = max(abs(pred / true - 1) for _, true, pred, _ in together)
+    write(Run(benchmark="Diagnosis accuracy on synthetic jobs", issue="10",
+              command=" ".join([".venv/bin/python benchmarks/diagnosis_accuracy.py", *sys.argv[1:]]),
+              figures=[
+                  Figure(name="single causes: predicted vs true speedup, worst error",
+                         value=f"{100 * worst:.1f}% ({len(found)} found, {missed} missed)"),
+                  Figure(name="several causes: all_fixed vs true, worst error",
+                         value=f"{100 * worst_all:.1f}%"),
+                  Figure(name="confusion: jobs diagnosed exactly (set of causes = set injected)",
+                         value=f"{total - len(misses)} of {total}"),
+                  Figure(name="worker-located causes named at a wrong worker set",
+                         value=str(wrong)),
+                  Figure(name="jobs skipped: an injection had no effect (impact < 1.03)",
+                         value=str(skipped))],
+              table=rows))
 
 
 if __name__ == "__main__":

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import sys
 import time
 
+import msgspec
 import numpy as np
+from results import Figure, Run, write
 
-from stragglers.trace.synth import generate
+from stragglers.trace.synth import CauseWhere, InjectedCause, generate, ground_truth
 from stragglers.whatif import analyze
 
 CAUSES = ("worker_fault", "stage_imbalance", "sequence_imbalance", "gc", "communication",
@@ -69,32 +72,32 @@ def injection(rng, dp: int, pp: int, sync: str, cause: str) -> dict:
                            "seconds": float(rng.uniform(0.08, 0.3))}}
 
 
-def grade(truth: list[dict], found: list[dict], dp: int = 2,
+def grade(truth: list[InjectedCause], found: list, dp: int = 2,
           pp: int = 2) -> tuple[list, list, list]:
     """(missed, invented, misplaced) cause names."""
     named = {f.cause for f in found} - {"none", "unexplained"}
-    strong = {t["cause"] for t in truth if t["impact"] is None or t["impact"] >= STRONG}
-    injected = {t["cause"] for t in truth}
+    strong = {t.cause for t in truth if t.impact is None or t.impact >= STRONG}
+    injected = {t.cause for t in truth}
     if dp == 1:   # no peers: see the module docstring
         if "worker_fault" in injected and pp > 1:
             injected.add("stage_imbalance")
-            truth = [{**t, "cause": "stage_imbalance", "where": {"pp": t["where"]["pp"]}}
-                     if t["cause"] == "worker_fault" else t for t in truth]
+            truth = [msgspec.structs.replace(t, cause="stage_imbalance",
+                                             where=CauseWhere(pp=t.where.pp))
+                     if t.cause == "worker_fault" else t for t in truth]
         strong -= {"worker_fault", "host_stall"} | ({"communication"} if pp < 3 else set())
     misplaced = []
     for t in truth:
-        mine = [f.where for f in found if f.cause == t["cause"]]
-        if not mine or (t["impact"] is not None and t["impact"] < STRONG):
+        mine = [f.where for f in found if f.cause == t.cause]
+        if not mine or (t.impact is not None and t.impact < STRONG):
             continue
-        if t["cause"] in ("worker_fault", "host_stall"):
-            ok = any(w.dp == t["where"]["dp"] and w.pp == t["where"]["pp"]
-                     for w in mine)
-        elif t["cause"] == "stage_imbalance":
-            ok = any(w.pp == t["where"]["pp"] for w in mine)
+        if t.cause in ("worker_fault", "host_stall"):
+            ok = any(w.dp == t.where.dp and w.pp == t.where.pp for w in mine)
+        elif t.cause == "stage_imbalance":
+            ok = any(w.pp == t.where.pp for w in mine)
         else:
             continue
         if not ok:
-            misplaced.append(t["cause"])
+            misplaced.append(t.cause)
     return sorted(strong - named), sorted(named - injected), misplaced
 
 
@@ -131,18 +134,18 @@ def main() -> None:
         if args.no_seq_lens:
             for column in ("attn_cost", "tokens"):
                 trace.ops.pop(column, None)
-        truth = trace.meta.extra["ground_truth"]
+        truth = ground_truth(trace)
         found = analyze(trace).diagnosis
         missed, invented, misplaced = grade(truth, found, dp, pp)
         counts["jobs"] += 1
         counts["causes injected"] += len(truth)
-        counts["strong causes"] += sum(t["impact"] is None or t["impact"] >= STRONG for t in truth)
+        counts["strong causes"] += sum(t.impact is None or t.impact >= STRONG for t in truth)
         counts["missed"] += len(missed)
         counts["invented"] += len(invented)
         counts["misplaced"] += len(misplaced)
         if missed or invented or misplaced:
             bad.append((i, dp, pp, vpp, sync, noise, kwargs,
-                        {t["cause"]: round(t["impact"], 3) for t in truth if t["impact"]},
+                        {t.cause: round(t.impact, 3) for t in truth if t.impact},
                         [f.cause for f in found], missed, invented, misplaced))
     print(f"{counts['jobs']} jobs, {counts['causes injected']} causes injected, "
           f"{counts['strong causes']} strong (impact >= x{STRONG}); "
@@ -153,6 +156,17 @@ def main() -> None:
           f"{counts['invented']} | {counts['misplaced']} |")
     for row in bad:
         print("not right:", row)
+    right = counts["jobs"] - len(bad)
+    write(Run(benchmark="Random jobs with zero to three causes" + (" (wide)" if args.wide else ""),
+              issue="10",
+              command=" ".join([".venv/bin/python benchmarks/diagnosis_combinations.py",
+                                *sys.argv[1:]]),
+              figures=[Figure(name="jobs right (every strong cause named where it sits, none "
+                                   "invented)", value=f"{right} of {counts['jobs']}"),
+                       Figure(name="strong causes missed", value=str(counts["missed"])),
+                       Figure(name="causes invented", value=str(counts["invented"])),
+                       Figure(name="misplaced", value=str(counts["misplaced"]))]),
+          "diagnosis_combinations_wide" if args.wide else None)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from results import Figure, Run, write
+
 REPO = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
@@ -152,6 +154,21 @@ def main() -> None:
               f"({'same' if k['n'] == j['n'] else 'DIFFERENT'} without msgspec)", flush=True)
     if args.workdir is None:
         shutil.rmtree(base, ignore_errors=True)
+    figures = []
+    for n, row in sorted(results.items()):
+        a, k, j = row["all-at-once"], row["read_kineto"], row["read_kineto-stdlib"]
+        figures += [
+            Figure(name=f"{n} ranks ({row['mb_on_disk']:.0f} MB JSON): read_kineto peak RSS "
+                        "growth, one process", value=f"{k['peak_mb']:.0f} MB",
+                   anchor=f"all-at-once json.load {a['peak_mb']:.0f} MB (same run)"),
+            Figure(name=f"{n} ranks: read_kineto CPU time", value=f"{k['cpu_s']:.2f} s",
+                   anchor=f"bare per-file json.load {row['per-file']['cpu_s']:.2f} s (same run)"),
+            Figure(name=f"{n} ranks: without msgspec (stdlib decoder)",
+                   value=f"{j['peak_mb']:.0f} MB, {j['cpu_s']:.2f} s",
+                   note="same rows" if k["n"] == j["n"] else "DIFFERENT rows")]
+    write(Run(benchmark="Kineto reader memory and time", issue="",
+              command=" ".join([".venv/bin/python benchmarks/kineto_memory.py", *sys.argv[1:]]),
+              figures=figures))
     ns = sorted(results)
     if len(ns) > 1:
         lo, hi = results[ns[0]], results[ns[-1]]

@@ -36,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 
+from results import Figure, Run, write
+
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO.parent / "shared" / "data" / "kineto-samples" / "nccl_parser_config_nccl_data.json.gz"
 WORKER = REPO / "tests" / "trace" / "workers" / "kineto_profile_job.py"
@@ -318,6 +320,24 @@ def main() -> None:
             if "error" not in ours else f"error: {ours['error']}"
         h = hta.get("named") if not hta.get("error") else f"error: {hta['error']}"
         print(f"| {case} | rank {SLOW_RANK} | {o} | {h} |")
+    figures = []
+    for case, size, ours, hta in rows:
+        speed = hta["wall_s"] / ours["wall_s"]
+        memory = ours["peak_bytes"] / max(1, hta["peak_bytes"])
+        figures += [
+            Figure(name=f"{case} ({size / 1e6:.0f} MB JSON): read_kineto + analyze wall time, "
+                        "speed-up over HTA", value=f"{speed:.1f}x ({ours['wall_s']:.1f} s)",
+                   goal=">= 3x", met=speed >= 3,
+                   anchor=f"HTA 0.5.0 {hta['wall_s']:.1f} s, same run"),
+            Figure(name=f"{case}: peak memory (PSS of the process tree) over HTA's",
+                   value=f"{memory:.2f} ({ours['peak_bytes'] / 2**20:.0f} MiB)", goal="<= 1/3",
+                   met=memory <= 1 / 3, anchor=f"HTA {hta['peak_bytes'] / 2**20:.0f} MiB"),
+            Figure(name=f"{case}: straggler named (injected: rank {SLOW_RANK})",
+                   value=str(ours.get("named") if "error" not in ours else ours["error"]),
+                   anchor=f"HTA names {hta.get('named') if not hta.get('error') else hta['error']}")]
+    write(Run(benchmark="Kineto reader + what-if vs Holistic Trace Analysis", issue="",
+              command=" ".join([".venv/bin/python benchmarks/kineto_vs_hta.py", *sys.argv[1:]]),
+              figures=figures))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from results import Figure, Run, write
+
 SHAPE = dict(dp=16, pp=8, microbatches=16)
 
 
@@ -56,6 +58,7 @@ def main() -> None:
         print(json.dumps(one(int(args.one), args.vpp, args.injections)))
         return
     print(f"job shape {SHAPE}, vpp {args.vpp}, injections {args.injections}")
+    figures = []
     for size in args.sizes:
         cmd = [sys.executable, __file__, "--one", str(size), "--vpp", str(args.vpp)]
         if args.injections:
@@ -67,6 +70,16 @@ def main() -> None:
         print(f"{r['ops']:>11,} ops ({r['steps']} steps): generate {r['generate_s']:6.2f} s "
               f"= {r['ratio']}x the sampling floor {r['floor_s']:.2f} s, "
               f"{r['mops_per_s']} Mops/s, peak RSS {r['peak_rss_mb']} MB{goal}")
+        big = r["ops"] >= 8e6
+        figures.append(Figure(
+            name=f"generate {r['ops']:,} ops ({r['steps']} steps), vpp {args.vpp}"
+                 + (", injections" if args.injections else ""),
+            value=f"{r['generate_s']:.2f} s, peak RSS {r['peak_rss_mb']} MB",
+            goal="< 60 s" if big else "", met=(r["generate_s"] < 60) if big else None,
+            anchor=f"sampling floor {r['floor_s']:.2f} s in the same process ({r['ratio']}x)"))
+    write(Run(benchmark="Synthetic job generation time", issue="",
+              command=" ".join([".venv/bin/python benchmarks/synth_generate.py", *sys.argv[1:]]),
+              figures=figures))
 
 
 if __name__ == "__main__":
