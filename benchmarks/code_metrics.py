@@ -5,8 +5,8 @@ A lookup is `x["literal"]` or `x.get("literal", ...)` / `x.pop("literal", ...)` 
 passed between our functions): keys that name a column of the op table or the run format
 (`trace.model.COLUMNS` and the optional columns: table columns are the data, not a record),
 `os.environ[...]`, HTTP `headers`/`query_params`/`cookies`, `sys.modules`, `__dict__`,
-`globals()`, and lookups on a subscript of a pyarrow/numpy table by a column name already
-excluded. Reports the total, the rate and the files with the most lookups.
+`globals()`, and calls whose first argument is a URL path (`app.get("/api/jobs")` declares a
+route, it looks nothing up). Reports the total, the rate and the files with the most lookups.
 
     .venv/bin/python benchmarks/code_metrics.py [--top 15] [--json]
 """
@@ -60,7 +60,8 @@ def lookups(tree: ast.AST, columns: set[str]) -> int:
             key, receiver = node.args[0].value, node.func.value
         if not isinstance(key, str) or receiver is None:
             continue
-        if key in columns or _receiver_name(receiver) in _EXEMPT_RECEIVERS | {"globals"}:
+        if (key in columns or key.startswith("/")
+                or _receiver_name(receiver) in _EXEMPT_RECEIVERS | {"globals"}):
             continue
         n += 1
     return n
