@@ -247,7 +247,7 @@ def parallel_worker(kind: str, reps: int, steps: int, workdir: Path) -> None:
 
         mesh = init_device_mesh("cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
         model, dp_rank = ex.parallelize(ex.Transformer(args), mesh), mesh["dp"].get_local_rank()
-    elif kind == "3d":
+    elif kind.startswith("3d"):  # 3d, 3d-dp2
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
