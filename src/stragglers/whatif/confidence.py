@@ -96,10 +96,21 @@ def ratio_interval(num: np.ndarray, den: np.ndarray, cfg: Bootstrap,
     return _bounds(num[idx].mean(axis=1) / np.maximum(den[idx].mean(axis=1), 1e-300), cfg)
 
 
+# Bytes of resampled values mean_interval holds at once.
+_RESAMPLE_BYTES = 32 * 2**20
+
+
 def mean_interval(values: np.ndarray, cfg: Bootstrap) -> tuple[np.ndarray, np.ndarray]:
     """Interval of the mean over the last axis (steps) of every row of values [..., T]."""
     idx = step_resamples(values.shape[-1], cfg)
-    means = values[..., idx].mean(axis=-1)          # [..., B]
+    rows = values.reshape(-1, values.shape[-1])
+    means = np.empty((len(rows), len(idx)))
+    # a few rows' resamples at a time ([rows, B, T] each: 10,240 workers × 200 × 50 steps
+    # would be 0.8 GB at once); each row's mean is the same computation either way
+    step = max(1, _RESAMPLE_BYTES // max(1, idx.size * 8))
+    for lo in range(0, len(rows), step):
+        means[lo:lo + step] = rows[lo:lo + step][:, idx].mean(axis=-1)
+    means = means.reshape(values.shape[:-1] + (len(idx),))          # [..., B]
     tail = 100 * (1 - cfg.confidence) / 2
     lo, hi = np.percentile(means, [tail, 100 - tail], axis=-1)
     return lo, hi

@@ -69,11 +69,16 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
     balanced = ctx.seq_balanced
     dur = raw if balanced is None else balanced[compute]
     typical = np.median(dur, axis=2, keepdims=True)
-    rel = (dur - typical) / np.maximum(typical, 1e-12)
-    # Compute noise is multiplicative: the outlier test is on log durations.
-    log_rel = np.log(np.maximum(dur, 1e-12) / np.maximum(typical, 1e-12))
-    scale = max(MAD_TO_SIGMA * float(np.median(np.abs(log_rel))), _REL_SPREAD_FLOOR)
+    # Compute noise is multiplicative: the outlier test is on log durations. (In place: on a
+    # big job each of these is the size of the grid's compute rows.)
+    log_rel = np.maximum(dur, 1e-12)
+    log_rel /= np.maximum(typical, 1e-12)
+    np.log(log_rel, out=log_rel)
+    spread = np.abs(log_rel)
+    scale = max(MAD_TO_SIGMA * float(np.median(spread, overwrite_input=True)), _REL_SPREAD_FLOOR)
+    del spread
     outlier = log_rel >= max(np.log1p(cfg.gc_min_excess), cfg.gc_outlier_z * scale)
+    del log_rel
     count = int(outlier.sum())
     if count == 0 or count > cfg.gc_max_rate * outlier.size:
         return []
@@ -108,7 +113,8 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
     k, d, t = np.nonzero(pause)
     workers = sorted({(int(x), int(g.node_stage[compute[y]])) for y, x in zip(k, d)})
     steps = sorted({int(g.steps[x]) for x in t})
-    times = float(np.median(1 + rel[pause]))
+    at = np.broadcast_to(typical, dur.shape)[pause]
+    times = float(np.median(1 + (dur[pause] - at) / np.maximum(at, 1e-12)))
     evidence = (f"{int(pause.sum())} forward/backward ops ({100 * pause.mean():.1f}% of them) "
                 f"take {times:.1f}× their usual time (median), {float(excess.sum()):.3f} s "
                 f"more in all, on "
