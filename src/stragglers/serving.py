@@ -18,6 +18,7 @@ import time
 import urllib.parse
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
 from stragglers.errors import EnvironmentFailure, InputError
 # the connection guard lives in serving_guard; its names stay importable from here
@@ -33,7 +34,7 @@ def is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(host, None)
     except (socket.gaierror, UnicodeError):
         raise _unresolvable(host) from None
-    return all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+    return all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback for i in infos)
 
 
 def check_url(url: object, source: str, field: str = "url") -> urllib.parse.SplitResult:
@@ -187,8 +188,9 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
     config = uvicorn.Config(ServiceGuard(app, allowed_hosts, 2 * limits.max_connections),
                             http=http, loop=loop,
                             log_level="warning", access_log=False, lifespan="off",
-                            timeout_keep_alive=keep_alive_s,
-                            timeout_graceful_shutdown=graceful_s,
+                            # (typed int, used as a float: loop.call_later, asyncio.wait_for)
+                            timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
+                            timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]
                             limit_concurrency=None,
                             server_header=False, date_header=False)
     config.load()
@@ -292,7 +294,7 @@ class ServiceGuard:
             await send_json(send, 400, f"request header 'Host': given {len(hosts)} times; "
                             "expected once")
             return
-        if not self.host_allowed(host):
+        if host is not None and not self.host_allowed(host):
             await send_json(send, 400, f"request header 'Host': {host[:100]!r} is not a name "
                             "of this service (expected a loopback name, or one configured in "
                             "allowed_hosts)")
@@ -301,7 +303,8 @@ class ServiceGuard:
             await send_json(send, 503, f"request: {self.requests} requests are in progress, "
                             "the most this service takes at once; retry later")
             return
-        started, held = [False], {}
+        started = [False]
+        held: dict[str, Any] = {}   # a plain-text error response, re-worded as JSON once whole
 
         async def guarded_send(message):
             if message["type"] == "http.response.start":

@@ -10,6 +10,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
             self._g_phase_at, self._g_phase_cycle, self._g_bytes = now, None, 0
             self._g_phase_bytes, self._g_fresh, self._g_served = 0, True, 0
             self._g_body = None    # (cycle, started_at, bytes then)
-            self._g_stalled = None  # since when the client has not read what it was sent
+            self._g_stalled: float | None = None  # since when the client has not read what it was sent
             book.admit(self)
 
         def connection_lost(self, exc) -> None:
@@ -105,10 +106,11 @@ class _Connections:
 
     def __init__(self, limits: ConnectionLimits):
         self.limits = limits
-        self.open: dict[object, None] = {}     # insertion-ordered
-        self.fresh: dict[object, None] = {}    # those that never completed a request, oldest first
+        # (connections are uvicorn protocol objects with the guard's _g_ fields: Any)
+        self.open: dict[Any, None] = {}     # insertion-ordered
+        self.fresh: dict[Any, None] = {}    # those that never completed a request, oldest first
         self.by_client: dict[str, int] = {}
-        self._timer = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def admit(self, conn) -> None:
         client = _client(conn)

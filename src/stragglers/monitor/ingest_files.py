@@ -21,6 +21,7 @@ from stragglers.errors import InputError
 from stragglers.monitor.jobmeta import read_meta_file
 from stragglers.monitor.parts import JOB_NAME, MAX_PART, parse_part_name
 from stragglers.monitor.service import Monitor, PartIn
+from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import META_FILE
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,9 @@ class DirectoryWatcher:
         except OSError as exc:
             self.monitor.reject("bad_meta", str(path), f"cannot be read ({exc.strerror})")
             return
+        if not isinstance(raw, dict):
+            self.monitor.reject("bad_meta", str(path), "expected a JSON object")
+            return
         job = self._job_name(run)
         try:
             self.monitor.register_job(job, run, "files", raw)
@@ -176,20 +180,24 @@ class DirectoryWatcher:
 
     def _part_seen(self, path: Path) -> None:
         run = path.parent
-        rank, part = parse_part_name(path.name)
+        ids = parse_part_name(path.name)
+        if ids is None:
+            return
+        rank, part = ids
         job = self.jobs.get(run)
         tracker = self.monitor.tracker(job) if job else None
-        if tracker is None:
+        if job is None or tracker is None:
             with self._lock:
                 self.waiting.setdefault(run, set()).add(path)
             return
         if tracker.knows(rank, part):
             return
-        if rank >= tracker.meta.world_size or part > MAX_PART:
+        world = tracker.meta.world_size if isinstance(tracker.meta, JobMeta) else 0
+        if rank >= world or part > MAX_PART:
             if path not in self.refused:
                 self.refused.add(path)
                 self.monitor.reject("bad_part", str(path), f"rank {rank}, part {part}: expected "
-                                    f"a rank below the world size ({tracker.meta.world_size}) "
+                                    f"a rank below the world size ({world}) "
                                     f"and a part number up to {MAX_PART}")
             return
         try:

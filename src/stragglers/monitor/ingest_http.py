@@ -177,7 +177,8 @@ async def read_body(request: Request, limit: int, what: str,
         raise HTTPProblem(429, f"request body: {declared} bytes would take this writer past "
                           f"its max_upload_bytes_per_writer; retry {what} later", "busy",
                           close=True)
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     try:
         async for chunk in request.stream():
             if size + len(chunk) > limit:
@@ -342,7 +343,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         if monitor.directories.get(job) != monitor.data_dir / job:
             raise HTTPProblem(409, f"path 'job': {job!r} is a watched run; uploads cannot "
                               "write into it", "conflict")
-        world = tracker.meta.world_size
+        world = tracker.meta.world_size if isinstance(tracker.meta, JobMeta) else 0
         if rank >= world:
             raise HTTPProblem(422, f"path 'rank': {rank} is not a rank of job {job!r} (world "
                               f"size {world})", "bad_rank")

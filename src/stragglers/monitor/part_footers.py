@@ -6,6 +6,7 @@ from __future__ import annotations
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -142,7 +143,7 @@ def _check_footer(meta, ids: tuple[int, int], source: object, path: Path,
     if meta.num_rows == 0:
         return PartFile(*ids, path, 0, -1, -1, nbytes, -1, -1)
     lo, hi = _footer_ranges(meta, where)
-    if lo is None:
+    if lo is None or hi is None:
         return None
     for name in ("rank", "dp_rank", "stage", "step"):
         if lo[name] < 0:
@@ -175,7 +176,7 @@ def _check_footer(meta, ids: tuple[int, int], source: object, path: Path,
 # share one): they were ~40% of the footer check's time, repeated for every part. A schema is
 # the Parquet schema and the file's key-value metadata (which holds the Arrow schema the
 # columns are read as), compared with .equals and == (~0.1 µs; hashing one costs ~13 µs).
-_SCHEMA_FACTS: list[tuple[object, object, tuple]] = []
+_SCHEMA_FACTS: list[tuple[Any, object, tuple]] = []   # (pyarrow.parquet schema: untyped)
 
 _SCHEMAS_KEPT = 8
 
@@ -214,7 +215,8 @@ def _schema_verdict(schema: pa.Schema):
         t = schema.field(name).type
         if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
             return name, f"expected a number column, got {t}"
-        if COLUMNS.get(name, OPTIONAL_COLUMNS.get(name)).kind == "i" and not pa.types.is_integer(t):
+        dtype = COLUMNS[name] if name in COLUMNS else OPTIONAL_COLUMNS[name]
+        if dtype.kind == "i" and not pa.types.is_integer(t):
             return "whole"
     return None
 

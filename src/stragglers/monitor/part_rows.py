@@ -47,7 +47,7 @@ class PartData:
 
 def check_part(table: pa.Table, source: object, rank: int, part: int, nbytes: int) -> PartData:
     """Validate an op table as one rank's part (schema, values, and that it is that rank's)."""
-    cols = table_to_columns(table, source)
+    cols = table_to_columns(table, source if isinstance(source, (Path, str)) else str(source))
     if len(cols["rank"]) and (cols["rank"] != rank).any():
         other = int(cols["rank"][cols["rank"] != rank][0])
         raise InputError(source, "rank", f"rows of rank {other} in a part of rank {rank}; "
@@ -97,7 +97,7 @@ def check_parts(tables: list[pa.Table], sources: list, ids: list[tuple[int, int]
             out[i] = PartData(*ids[i], {k: v[start:end].copy() for k, v in cols.items()},
                               nbytes[i])
             start = end
-    return out
+    return [o if o is not None else InputError("part", None, "not checked") for o in out]
 
 
 
@@ -203,8 +203,16 @@ def _read_file(path: Path) -> tuple[pa.Table, int]:
 def read_part_file(path: Path) -> PartData:
     """Read and validate a part file of a run directory."""
     table, nbytes = _read_file(path)
-    ids = parse_part_name(path.name)
+    ids = _ids(path)
     return check_part(table, path, ids[0], ids[1], nbytes)
+
+
+def _ids(path: Path) -> tuple[int, int]:
+    """(rank, part) of a part file (callers pass only files named as parts)."""
+    ids = parse_part_name(path.name)
+    if ids is None:
+        raise InputError(path, None, "not a part file name (rank-RRRRR.part-PPPPPP.parquet)")
+    return ids
 
 
 
@@ -212,7 +220,12 @@ def read_part_files(paths: list[Path], pool: Executor | None = None
                     ) -> list[PartData | InputError]:
     """Read part files of run directories (on `pool`'s threads: Parquet decoding releases the
     GIL) and validate them together (check_parts)."""
-    tables, sources, ids, sizes, out = [], [], [], [], {}
+    tables: list[pa.Table] = []
+    sources: list[Path] = []
+    ids: list[tuple[int, int]] = []
+    sizes: list[int] = []
+    out: dict[int, PartData | InputError | None] = {}
+
     def read_one(path):
         return guarded(_read_sized, path, path)
 
@@ -225,10 +238,10 @@ def read_part_files(paths: list[Path], pool: Executor | None = None
         tables.append(table)
         sizes.append(size)
         sources.append(path)
-        ids.append(parse_part_name(path.name))
+        ids.append(_ids(path))
         out[i] = None
     checked = iter(check_parts(tables, sources, ids, sizes))
-    return [next(checked) if v is None else v for _, v in sorted(out.items())]
+    return [next(checked) if v is None else v for _, v in sorted(out.items(), key=lambda kv: kv[0])]
 
 
 

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 class MonitorServer:
     """The whole service; `start()` serves on a thread, `run()` in the foreground."""
 
-    def __init__(self, db: Path | str, watch: list[Path] = (), host: str = "127.0.0.1",
+    def __init__(self, db: Path | str, watch: list[Path] | tuple[Path, ...] = (), host: str = "127.0.0.1",
                  port: int = 8150, token: str | None = None, private: bool = False,
                  config_file: Path | None = None, data_dir: Path | None = None,
                  config: MonitorConfig | None = None, defaults: dict | None = None):
