@@ -120,8 +120,10 @@ async def _connection(host: str, port: int, worker: str, path: str, count: int,
 
     async def post(route: str, body: dict) -> dict:
         data = json.dumps(body).encode()
-        writer.write(f"POST /datasets/bench/{route} HTTP/1.1\r\nHost: bench\r\nAuthorization:"
-                     f" Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length:"
+        # (the service refuses a Host that is not one of its names)
+        writer.write(f"POST /datasets/bench/{route} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                     f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length:"
                      f" {len(data)}\r\n\r\n".encode() + data)
         head = await reader.readuntil(b"\r\n\r\n")
         status = head[9:12]
