@@ -110,9 +110,9 @@ def mean_interval(values: np.ndarray, cfg: Bootstrap) -> tuple[np.ndarray, np.nd
     step = max(1, _RESAMPLE_BYTES // max(1, idx.size * 8))
     for lo in range(0, len(rows), step):
         means[lo:lo + step] = rows[lo:lo + step][:, idx].mean(axis=-1)
-    means = means.reshape(values.shape[:-1] + (len(idx),))          # [..., B]
     tail = 100 * (1 - cfg.confidence) / 2
-    lo, hi = np.percentile(means, [tail, 100 - tail], axis=-1)
+    lo, hi = np.percentile(means.reshape(values.shape[:-1] + (len(idx),)),   # [..., B]
+                           [tail, 100 - tail], axis=-1)
     return lo, hi
 
 

@@ -14,7 +14,7 @@ from stragglers.whatif.dependencies import DependencyModel, build_dependencies
 from stragglers.whatif.grid import OpGrid
 from stragglers.whatif.idealise import ideal_costs
 from stragglers.whatif.result import WorkerScore
-from stragglers.whatif._replay import ReplayPlan, compile_plan, replay
+from stragglers.whatif._replay import CHUNK_BYTES, ReplayPlan, compile_plan, replay
 from stragglers.whatif.timing import base_step_times, launch_delays, measured_costs, step_starts
 
 DECOMPOSE_THRESHOLD = DECOMPOSE_SLOWDOWN  # attribution from this S on (docs/whatif.md §7)
@@ -123,9 +123,14 @@ class WhatIf:
         """(M_X, mean T_rem): X's ops (bool [N, D]) ideal, everything else measured."""
         key = mask.tobytes()
         if key not in self._fixes:
-            cost = self.cost.copy()
-            cost[mask] = np.broadcast_to(self.ideal, self.cost.shape)[mask]
-            t_rem = self.mean_step_time(cost)
+            n, d, t = self.cost.shape
+            span = max(1, CHUNK_BYTES // max(1, n * d * 8))
+            times = []
+            for lo in range(0, t, span):   # a step slice's copy at a time, not the job's
+                cost = self.cost[:, :, lo:lo + span].copy()
+                cost[mask] = np.broadcast_to(self.ideal, cost.shape)[mask]
+                times.append(replay(self.plan, cost, self.step_start[lo:lo + span]))
+            t_rem = float(np.concatenate(times).mean())
             t_nd, t_id = float(self.t_nodelay.mean()), float(self.t_ideal.mean())
             m = 0.0 if t_nd - t_id <= 1e-12 else (t_nd - t_rem) / (t_nd - t_id)
             self._fixes[key] = (m, t_rem)

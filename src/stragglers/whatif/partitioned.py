@@ -506,24 +506,43 @@ class ReplayShard:
     delay: np.ndarray            # [N, D, Ts]
     ideal: np.ndarray            # [N, 1, 1]
     step_start: np.ndarray       # [Ts]
-    # ideal costs of the shard's cells, kept between 'restored' replays (each sets its rows
-    # to measured and back): one copy per shard, not one per replay. Not pickled.
-    _ideal_cells: np.ndarray | None = field(default=None, repr=False, compare=False)
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_ideal_cells": None}
+    scratch: Scratch = field(default_factory=lambda: Scratch(), repr=False, compare=False)
 
     def restored(self, nodes: np.ndarray) -> np.ndarray:
-        """Per-step times with ideal costs except `nodes` (bool [N]) measured; a shard's
-        replays run one at a time (replay_all waits for each), so the cells are its own."""
-        if self._ideal_cells is None:
-            self._ideal_cells = np.broadcast_to(self.ideal, self.cost.shape).copy()
-        cost = self._ideal_cells
+        """Per-step times with ideal costs except `nodes` (bool [N]) measured."""
+        cost = self.scratch.ideal_cells(self)
         cost[nodes] = self.cost[nodes]
         try:
             return replay(self.plan, cost, self.step_start)
         finally:
             cost[nodes] = np.broadcast_to(self.ideal, self.cost.shape)[nodes]
+
+
+class Scratch:
+    """A buffer of ideal costs the 'restored' replays of shards share (each sets its rows to
+    measured and back): one buffer for a job's shards in a process, not one per replay. A
+    shard's replays run one at a time (replay_all waits for each). Never pickled."""
+
+    def __init__(self) -> None:
+        self.owner: ReplayShard | None = None
+        self.buffer: np.ndarray | None = None
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.owner, self.buffer = None, None
+
+    def ideal_cells(self, shard: ReplayShard) -> np.ndarray:
+        """The shard's cells at ideal cost (the buffer refilled when the shard changes)."""
+        if self.owner is shard and self.buffer is not None:
+            return self.buffer
+        if self.buffer is None or self.buffer.shape != shard.cost.shape:
+            self.buffer = None               # the old one freed before the new one is made
+            self.buffer = np.empty(shard.cost.shape)
+        np.copyto(self.buffer, np.broadcast_to(shard.ideal, shard.cost.shape))
+        self.owner = shard
+        return self.buffer
 
 
 def shard_replay(shard: ReplayShard, kind: str, nodes: np.ndarray | None = None) -> np.ndarray:
@@ -668,8 +687,9 @@ def shards_here(plan: ReplayPlan, cost: np.ndarray, delay: np.ndarray, ideal: np
 
     n, d, t = cost.shape
     span = max(1, CHUNK_BYTES // max(1, n * d * 16))   # 'pairs' replays twice the DP ranks
+    shared = Scratch()     # one buffer for every slice's 'restored' replays
     shards = [ReplayShard(plan, cost[:, :, lo:lo + span], delay[:, :, lo:lo + span], ideal,
-                          start[lo:lo + span]) for lo in range(0, t, span)]
+                          start[lo:lo + span], shared) for lo in range(0, t, span)]
 
     def replay_all(kind: str, nodes) -> np.ndarray:
         """One replay on every slice, per-step results in step order."""

@@ -46,7 +46,7 @@ def measured_costs(grid: OpGrid, model: DependencyModel) -> np.ndarray:
     return cost
 
 
-# Grid rows whose temporaries measured_costs holds at once.
+# Grid rows whose temporaries measured_costs and base_step_times hold at once.
 _ROWS_AT_ONCE = 64
 
 
@@ -105,8 +105,12 @@ def step_starts(grid: OpGrid) -> np.ndarray:
 
 def base_step_times(grid: OpGrid) -> np.ndarray:
     """T_base per step: last end − first start over all workers."""
-    end = np.where(grid.present, grid.start + grid.duration, -np.inf)
-    return end.max(axis=(0, 1)) - step_starts(grid)
+    last = np.full(grid.start.shape[2], -np.inf)
+    for lo in range(0, len(grid.start), _ROWS_AT_ONCE):   # a few rows at a time: no grid copy
+        rows = slice(lo, lo + _ROWS_AT_ONCE)
+        end = np.where(grid.present[rows], grid.start[rows] + grid.duration[rows], -np.inf)
+        np.maximum(last, end.max(axis=(0, 1)), out=last)
+    return last - step_starts(grid)
 
 
 def launch_delays(grid: OpGrid, model: DependencyModel) -> np.ndarray:

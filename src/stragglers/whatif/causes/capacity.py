@@ -28,7 +28,7 @@ def slow_group(ctx: Context) -> list[Candidate]:
     busy_nodes = np.isin(g.node_optype, BUSY)
     own = ctx.own_durations
     busy = per_worker_sum(own, g.node_stage, busy_nodes, g.pp_size)              # [D, P, T]
-    cost = w.cost.copy()
+    cost: np.ndarray | None = None      # a copy of the costs once a group is found
     named: list[tuple[int, int]] = []
     parts: list[str] = []
     for p in range(g.pp_size):
@@ -41,6 +41,8 @@ def slow_group(ctx: Context) -> list[Candidate]:
         # speed needs for the whole work of the step, the harmonic mean of their times.
         times = np.maximum(busy[:, p, :], 1e-12)                                  # [D, T]
         balanced = len(times) / (1.0 / times).sum(axis=0)                         # [T]
+        if cost is None:
+            cost = w.cost.copy()
         cost[sel] *= (balanced[None, :] / times)[None, :, :]
         workers = sorted(((int(d), p) for d in np.flatnonzero(slow)),
                          key=lambda dp: -float(ratio[dp[0]]))
@@ -51,7 +53,7 @@ def slow_group(ctx: Context) -> list[Candidate]:
         parts.append(f"{len(workers)} of {len(slow)} workers of stage {p} compute "
                      f"{point:.2f}×{ctx.spread(lo, hi)} as long per step (the groups' medians) "
                      f"as the other {int((~slow).sum())}: {shown}{more}")
-    if not named:
+    if not named or cost is None:
         return []
     evidence = ("; ".join(parts) + "; a slow group, not one outlier (heterogeneous devices or "
                 "shared hosts): re-splitting each step's work in proportion to speed gives "
