@@ -18,7 +18,6 @@ import time
 import urllib.parse
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
 
 from stragglers.errors import EnvironmentFailure, InputError
 # the connection guard lives in serving_guard; its names stay importable from here
@@ -304,22 +303,24 @@ class ServiceGuard:
                             "the most this service takes at once; retry later")
             return
         started = [False]
-        held: dict[str, Any] = {}   # a plain-text error response, re-worded as JSON once whole
+        held: list[_Held] = []   # a plain-text error response, re-worded as JSON once whole
 
         async def guarded_send(message):
-            if message["type"] == "http.response.start":
+            kind = message["type"]
+            if kind == "http.response.start":
                 headers = list(message.get("headers") or ())
                 names = {k.lower() for k, _ in headers}
                 headers += [(k, v) for k, v in SECURITY_HEADERS if k not in names]
                 message = {**message, "headers": headers}
                 ctype = dict((k.lower(), v) for k, v in headers).get(b"content-type", b"")
-                if message["status"] >= 400 and not ctype.startswith(b"application/json"):
-                    held.update(start=message, text=b"")   # re-worded as JSON once it ends
+                status = message["status"]
+                if status >= 400 and not ctype.startswith(b"application/json"):
+                    held.append(_Held(status, headers))   # re-worded as JSON once it ends
                     return
                 started[0] = True
-            elif held and message["type"] == "http.response.body":
-                if len(held["text"]) < 300:
-                    held["text"] += message.get("body", b"")[:300]
+            elif held and kind == "http.response.body":
+                if len(held[0].text) < 300:
+                    held[0].text += message.get("body", b"")[:300]
                 return
             await send(message)
 
@@ -336,9 +337,18 @@ class ServiceGuard:
         finally:
             self.requests -= 1
         if held and not started[0]:
-            lines = held["text"].decode("utf-8", "replace").strip().splitlines()
-            await send_json(send, held["start"]["status"], lines[0][:200] if lines else
-                            f"HTTP {held['start']['status']}", held["start"].get("headers"))
+            lines = held[0].text.decode("utf-8", "replace").strip().splitlines()
+            await send_json(send, held[0].status, lines[0][:200] if lines else
+                            f"HTTP {held[0].status}", held[0].headers)
+
+
+class _Held:
+    """A plain-text error response held back: its status, headers and first body bytes."""
+
+    __slots__ = ("status", "headers", "text")
+
+    def __init__(self, status: int, headers: list):
+        self.status, self.headers, self.text = status, headers, b""
 
 
 def error_status(exc: BaseException) -> tuple[int, str]:
