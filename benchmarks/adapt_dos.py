@@ -20,7 +20,8 @@ quiet first in even pairs, attacked first in odd ones), and is judged as monitor
 its cases (its `measured` and `verdict`): the median of the attacked blocks over that of the
 quiet ones (goal: <= 2x), each pair's own ratio, the same less the run-queue wait of the
 measured client's thread and of the service's event loop (what this machine's other load adds),
-and the CPU the service used quiet and attacked (cores, /proc). Attackers run at nice 19
+and the CPU the service used quiet and attacked (cores, /proc) and what it had the disk read and
+write (MB/s, /proc/<pid>/io). Attackers run at nice 19
 (deployed, they run elsewhere; their own CPU here is not work the service does for them).
 """
 
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import httpx
 
-from monitor_dos import Block, Probe, figures, line, measured, order, timed
+from monitor_dos import Block, Probe, disk_bytes, figures, line, measured, order, timed
 from results import Run, write
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
@@ -226,10 +227,12 @@ def run_case(kind: str, url: str, db: Path, pid: int, args) -> dict:
                     started = True
                 pids = [pid] + [p.pid for p in procs]
                 before, t0 = [cpu_s(x) for x in pids], time.perf_counter()
+                io0 = disk_bytes(pid)
                 measure(url, n, probe, block)
                 took = time.perf_counter() - t0
                 after = [cpu_s(x) for x in pids]
                 block.cores = (after[0] - before[0]) / took
+                block.disk_mb_s = (disk_bytes(pid) - io0) / took / 1e6
                 if which == "a":
                     attackers += sum(after[1:]) - sum(before[1:])
                     spent += took

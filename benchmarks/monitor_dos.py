@@ -83,16 +83,28 @@ def timed(probe: Probe, fn) -> tuple[float, float]:
 
 
 class Block:
-    """One block's requests: latencies and run-queue waits (s), the service's CPU (cores)."""
+    """One block's requests: latencies and run-queue waits (s), the service's CPU (cores) and
+    the bytes it had the disk read and write per second (MB/s, /proc/<pid>/io: what neither
+    CPU nor run-queue wait shows, the fsync of every commit waiting behind them)."""
 
     def __init__(self):
         self.lat: list[float] = []
         self.rq: list[float] = []
         self.cores = 0.0
+        self.disk_mb_s = 0.0
 
     def own(self) -> list[float]:
         """Latencies less their run-queue wait."""
         return [max(a - b, 0.0) for a, b in zip(self.lat, self.rq)]
+
+
+def disk_bytes(pid: int) -> int:
+    """Bytes a process had the block layer read and write so far (/proc/<pid>/io)."""
+    try:
+        fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    except (OSError, ValueError):
+        return 0
+    return int(fields.get("read_bytes", 0)) + int(fields.get("write_bytes", 0))
 
 
 def measured(quiet: list[Block], attacked: list[Block]) -> dict:
@@ -113,7 +125,9 @@ def measured(quiet: list[Block], attacked: list[Block]) -> dict:
             "rq_share_quiet": sum(b for x in quiet for b in x.rq) / sum(ql),
             "rq_share_attacked": sum(b for x in attacked for b in x.rq) / sum(al),
             "cores_quiet": statistics.mean(b.cores for b in quiet),
-            "cores_attacked": statistics.mean(b.cores for b in attacked)}
+            "cores_attacked": statistics.mean(b.cores for b in attacked),
+            "disk_quiet": statistics.mean(b.disk_mb_s for b in quiet),
+            "disk_attacked": statistics.mean(b.disk_mb_s for b in attacked)}
 
 
 def verdict(m: dict) -> tuple[bool | None, str]:
@@ -136,7 +150,8 @@ def line(name: str, m: dict) -> str:
             f"{m['own_attacked_ms']:.2f} / {m['own_quiet_ms']:.2f} ms: {m['own_ratio']:.2f}x "
             f"(pairs {m['own_pair_median']:.2f}x); run-queue share {m['rq_share_quiet']:.0%} "
             f"quiet, {m['rq_share_attacked']:.0%} attacked; service {m['cores_quiet']:.2f} -> "
-            f"{m['cores_attacked']:.2f} cores; load {os.getloadavg()[0]:.1f}")
+            f"{m['cores_attacked']:.2f} cores, disk {m['disk_quiet']:.1f} -> "
+            f"{m['disk_attacked']:.1f} MB/s; load {os.getloadavg()[0]:.1f}")
 
 
 def figures(rows: dict[str, dict], what: str) -> list[Figure]:
@@ -153,7 +168,8 @@ def figures(rows: dict[str, dict], what: str) -> list[Figure]:
             anchor=f"quiet blocks alternated with attacked ones: {m['quiet_ms']:.2f} ms quiet",
             note=f"{why}; run-queue share {m['rq_share_quiet']:.0%} quiet / "
                  f"{m['rq_share_attacked']:.0%} attacked; service {m['cores_quiet']:.2f} -> "
-                 f"{m['cores_attacked']:.2f} cores"))
+                 f"{m['cores_attacked']:.2f} cores, disk {m['disk_quiet']:.1f} -> "
+                 f"{m['disk_attacked']:.1f} MB/s"))
     return out
 
 
@@ -337,10 +353,13 @@ def main() -> None:
                         if kind == "a":
                             time.sleep(0.5)
                         cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
+                        io0 = disk_bytes(proc.pid)
                         try:
                             uploads(url, f"run{i}-{b}-{kind}", parts, fresh, probe, block)
                         finally:
-                            block.cores = (cpu_s(proc.pid) - cpu0) / (time.perf_counter() - t0)
+                            took = time.perf_counter() - t0
+                            block.cores = (cpu_s(proc.pid) - cpu0) / took
+                            block.disk_mb_s = (disk_bytes(proc.pid) - io0) / took / 1e6
                             stop.set()
                             for k in socks:
                                 k.close()
