@@ -131,14 +131,14 @@ def measured(quiet: list[Block], attacked: list[Block]) -> dict:
 
 
 def verdict(m: dict) -> tuple[bool | None, str]:
-    """Met (raw and pair ratios within 2x), missed (the service's own time past 2x too), or
-    not judgeable here (only the machine's run-queue wait takes it past 2x)."""
+    """Met (raw and pair ratios within 2x), missed (past 2x even less the run-queue wait, by
+    the ratio of medians and the pairs' median both), or not judgeable here (they disagree)."""
     if m["ratio"] <= 2 and m["pair_median"] <= 2:
         return True, "within 2x, raw"
     if m["own_ratio"] > 2 and m["own_pair_median"] > 2:
         return False, "past 2x even with the machine's run-queue wait taken out"
-    return None, ("past 2x raw, within 2x once the run-queue wait is taken out: this machine's "
-                  "load, not settled here")
+    return None, ("not settled here: the ratio of medians, the pairs' median and the same "
+                  "less the run-queue wait disagree about 2x")
 
 
 def line(name: str, m: dict) -> str:
