@@ -56,3 +56,49 @@ def test_the_diagnosis_holds_no_grid_copy_per_candidate():
     # a copy of the cost grid per candidate, and three more to combine them, took 8.2 grids
     # here; a candidate now holds its rows, and a replay a step slice (2.6 grids)
     assert peak < 4 * w.cost.nbytes, peak / w.cost.nbytes
+
+
+def test_bootstrap_means_a_row_at_a_time_are_the_same(monkeypatch):
+    from stragglers.whatif import confidence
+    from stragglers.whatif.config import DiagnosisConfig
+
+    values = np.random.default_rng(3).lognormal(size=(6, 4, 9))
+    cfg = DiagnosisConfig()
+    whole = confidence.mean_interval(values, cfg)
+    monkeypatch.setattr(confidence, "_RESAMPLE_BYTES", 1)    # one row's resamples at a time
+    rows = confidence.mean_interval(values, cfg)
+    idx = confidence.step_resamples(values.shape[-1], cfg)
+    tail = 100 * (1 - cfg.confidence) / 2
+    direct = np.percentile(values[..., idx].mean(axis=-1), [tail, 100 - tail], axis=-1)
+    for got in (whole, rows):
+        np.testing.assert_array_equal(got[0], direct[0])
+        np.testing.assert_array_equal(got[1], direct[1])
+
+
+def test_restored_replays_share_one_buffer_and_leave_it_ideal():
+    import pickle
+
+    from stragglers.whatif.partitioned import ReplayShard, Scratch, shard_replay
+
+    trace = generate(**JOB)
+    _, w = analyze_with_model(trace)
+    shared = Scratch()
+    halves = [ReplayShard(w.plan, w.cost[:, :, sl], w.launch_delay[:, :, sl], w.ideal,
+                          w.step_start[sl], shared) for sl in (slice(0, 10), slice(10, 20))]
+    stage = w.grid.node_stage == 1
+    for nodes in (stage, ~stage, stage):
+        got = np.concatenate([shard_replay(s, "restored", nodes) for s in halves])
+        np.testing.assert_array_equal(got, _restored(w, nodes))
+    assert shared.buffer is not None and shared.buffer.shape == halves[1].cost.shape
+    np.testing.assert_array_equal(shared.buffer, np.broadcast_to(w.ideal, shared.buffer.shape))
+    again = pickle.loads(pickle.dumps(halves[0]))      # the buffer never travels
+    assert again.scratch.buffer is None and again.scratch is not shared
+
+
+def _restored(w, nodes):
+    """Per-step times of the ideal costs with `nodes` measured, the whole job at once."""
+    from stragglers.whatif._replay import replay
+
+    cost = np.broadcast_to(w.ideal, w.cost.shape).copy()
+    cost[nodes] = w.cost[nodes]
+    return replay(w.plan, cost, w.step_start)

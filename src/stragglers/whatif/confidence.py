@@ -106,10 +106,13 @@ def mean_interval(values: np.ndarray, cfg: Bootstrap) -> tuple[np.ndarray, np.nd
     rows = values.reshape(-1, values.shape[-1])
     means = np.empty((len(rows), len(idx)))
     # a few rows' resamples at a time ([rows, B, T] each: 10,240 workers × 200 × 50 steps
-    # would be 0.8 GB at once); each row's mean is the same computation either way
+    # would be 0.8 GB at once). Two rows at least: numpy lays a gather of one row out
+    # differently, and sums it in another order (the last bits of the means would differ)
     step = max(1, _RESAMPLE_BYTES // max(1, idx.size * 8))
-    for lo in range(0, len(rows), step):
-        means[lo:lo + step] = rows[lo:lo + step][:, idx].mean(axis=-1)
+    parts = max(1, min(-(-len(rows) // step), len(rows) // 2))
+    for chunk in np.array_split(np.arange(len(rows)), parts):
+        lo, hi = int(chunk[0]), int(chunk[-1]) + 1
+        means[lo:hi] = rows[lo:hi][:, idx].mean(axis=-1)
     tail = 100 * (1 - cfg.confidence) / 2
     lo, hi = np.percentile(means.reshape(values.shape[:-1] + (len(idx),)),   # [..., B]
                            [tail, 100 - tail], axis=-1)
