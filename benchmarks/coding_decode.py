@@ -71,9 +71,19 @@ def main() -> None:
                        met=us < 1000) for decoder, us in sorted(by_decoder.items())]
     write(Run(benchmark="Gradient decode time, n = 64", issue="5, 13",
               command=".venv/bin/python benchmarks/coding_decode.py", figures=figures,
-              table=[{"code": name, "s": str(s), "decoder": decoder, "decode µs": f"{us:.0f}",
-                      "max residual": f"{worst:.1e}", "guard (float32)": verdict}
-                     for name, s, decoder, us, worst, verdict in rows]))
+              table=grouped(rows)))
+
+
+def grouped(rows: list[tuple]) -> list[dict[str, str]]:
+    """One table row per (code, decoder): its s values, decode times and guard verdicts side by side."""
+    out: dict[tuple[str, str], list[tuple]] = {}
+    for row in rows:
+        out.setdefault((row[0], row[2]), []).append(row)
+    return [{"code": name, "decoder": decoder, "s": " / ".join(str(r[1]) for r in rs),
+             "decode µs": " / ".join(f"{r[3]:.0f}" for r in rs),
+             "max residual": " / ".join(f"{r[4]:.0e}" for r in rs),
+             "guard (float32)": " / ".join(dict.fromkeys(r[5] for r in rs))}
+            for (name, decoder), rs in out.items()]
 
 
 if __name__ == "__main__":
