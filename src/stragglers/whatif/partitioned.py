@@ -533,6 +533,10 @@ class Scratch:
     def __setstate__(self, state: dict) -> None:
         self.owner, self.buffer = None, None
 
+    def release(self) -> None:
+        """Free the buffer (the next 'restored' replay makes a new one)."""
+        self.owner, self.buffer = None, None
+
     def ideal_cells(self, shard: ReplayShard) -> np.ndarray:
         """The shard's cells at ideal cost (the buffer refilled when the shard changes)."""
         if self.owner is shard and self.buffer is not None:
@@ -552,6 +556,8 @@ def shard_replay(shard: ReplayShard, kind: str, nodes: np.ndarray | None = None)
     `nodes` measured), "pairs" (each DP rank measured next to one ideal replica).
     """
     s = shard
+    if kind != "restored":
+        s.scratch.release()        # the 'restored' series is over: its buffer is not kept
     if kind == "delay":
         return replay(s.plan, s.cost, s.step_start, s.delay)
     if kind == "nodelay":
