@@ -1,4 +1,4 @@
-"""Typed replies keep the protocol's JSON: the store's and the controller's, written and read back."""
+"""Typed replies keep the protocol JSON: the store's and the controller's, written and read back."""
 
 from __future__ import annotations
 
