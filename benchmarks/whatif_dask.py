@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 CHILD = r"""
-import json, sys, threading, time
+import json, resource, sys, threading, time
 import psutil
 me = psutil.Process()
 peak = [0]
@@ -49,7 +49,11 @@ else:
 wall = time.perf_counter() - t0
 analysis = (t2 - t1) if mode != "single" else wall
 time.sleep(0.1)
+# CPU seconds of this process and of its waited-for children (the cluster's worker processes)
+own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall_s": wall, "analysis_s": analysis, "peak_bytes": peak[0], "slowdown": r.slowdown,
+                  "cpu_driver_s": own.ru_utime + own.ru_stime,
+                  "cpu_workers_s": kids.ru_utime + kids.ru_stime,
                   "by_dp_rank": r.by_dp_rank, "diagnosis": [f.cause for f in r.diagnosis]}))
 """
 
@@ -85,19 +89,36 @@ def main() -> None:
               f"{time.perf_counter() - t0:.1f} s)")
         rows = {mode: run_one(run, mode) for mode in ("single", "1", "2")}
     base = rows["single"]
-    print(f"{'configuration':<30}{'wall s':>8}{'analysis s':>12}{'peak MB':>9}  S")
-    for mode, label in (("single", "one process"), ("1", "Dask LocalCluster, 1 worker"),
-                        ("2", "Dask LocalCluster, 2 workers")):
+    labels = {"single": "one process", "1": "Dask LocalCluster, 1 worker",
+              "2": "Dask LocalCluster, 2 workers"}
+    print(f"{'configuration':<30}{'wall s':>8}{'analysis s':>12}{'peak MB':>9}"
+          f"{'CPU driver s':>14}{'CPU workers s':>15}  S")
+    for mode, label in labels.items():
         r = rows[mode]
         print(f"{label:<30}{r['wall_s']:>8.2f}{r['analysis_s']:>12.2f}"
-              f"{r['peak_bytes'] / 2**20:>9.0f}  {r['slowdown']!r}")
-    same = all(rows[m].slowdown == base.slowdown and rows[m].by_dp_rank ==
-               base.by_dp_rank and rows[m].diagnosis == base.diagnosis for m in rows)
+              f"{r['peak_bytes'] / 2**20:>9.0f}{r['cpu_driver_s']:>14.1f}"
+              f"{r['cpu_workers_s']:>15.1f}  {r['slowdown']!r}")
+    same = all(rows[m]["slowdown"] == base["slowdown"] and rows[m]["by_dp_rank"] ==
+               base["by_dp_rank"] and rows[m]["diagnosis"] == base["diagnosis"] for m in rows)
     print(f"S, S per DP rank and the causes identical in all three: {same}")
     gain = rows["1"]["analysis_s"] / rows["2"]["analysis_s"]
     print(f"analysis (cluster started) 1 → 2 workers: {gain:.2f}× (scaling efficiency "
           f"{gain / 2:.0%}); wall includes starting the LocalCluster")
+    from results import Figure, Run, write
 
+    figures = [Figure(name=f"{label}, analysis time", value=f"{rows[m]['analysis_s']:.2f} s",
+                      note=f"wall {rows[m]['wall_s']:.2f} s, peak "
+                           f"{rows[m]['peak_bytes'] / 2**20:.0f} MB, CPU driver "
+                           f"{rows[m]['cpu_driver_s']:.1f} s, workers "
+                           f"{rows[m]['cpu_workers_s']:.1f} s; shared, loaded machine")
+               for m, label in labels.items()]
+    figures += [Figure(name="Dask 1 → 2 workers (analysis)", value=f"{gain:.2f}×",
+                       note=f"scaling efficiency {gain / 2:.0%}"),
+                Figure(name="S, S per DP rank and causes identical", value=str(same))]
+    argv = " ".join(sys.argv[1:])
+    write(Run(benchmark=f"What-if on Dask, {ops:,} ops: one process vs 1 and 2 workers",
+              issue="32", command=f".venv/bin/python benchmarks/whatif_dask.py {argv}".strip(),
+              figures=figures))
 
 if __name__ == "__main__":
     main()

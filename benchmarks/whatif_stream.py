@@ -215,6 +215,24 @@ def main() -> None:
     _write(args, rows, same, gain)
 
 
+def _public(argv: list[str]) -> list[str]:
+    """The arguments as the results show them: no path outside the repository (the work
+    directory left out, an older tree named by its role)."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == "--workdir":
+            skip = True
+        elif a == "--before":
+            out += [a, "OLD_TREE/src"]
+            skip = True
+        elif not a.startswith(("--workdir=", "--before=")):
+            out.append(a)
+    return out
+
+
 def _breakdown(r: dict) -> str:
     """'reading 9.1 s, analysis 8.2 s; CPU driver 17.0 s, workers 0.0 s'."""
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in r.get("phases", {}).items())
@@ -263,7 +281,7 @@ def _write(args, rows: dict, same: bool, gain: float | None) -> None:
                               note=f"scaling efficiency {gain / 2:.0%}"))
     figures.append(Figure(name="S, S per DP rank and causes identical in every configuration",
                           value=str(same)))
-    argv = " ".join(sys.argv[1:])
+    argv = " ".join(_public(sys.argv[1:]))
     write(Run(benchmark=f"What-if of {ops / 1e6:.0f}M ops, streamed / on Dask", issue="32",
               command=f".venv/bin/python benchmarks/whatif_stream.py {argv}".strip(),
               figures=figures),
