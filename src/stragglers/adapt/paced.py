@@ -9,7 +9,7 @@ import time
 
 from stragglers.adapt.errors import Busy
 from stragglers.adapt.replies import Restored
-from stragglers.adapt.restores import RESTORE_CHUNK, PreparedRestore
+from stragglers.adapt.restores import PreparedRestore
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, RequestLimits
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,8 @@ class PacedWriter:
         key = await self.commit.run(
             lambda: store.restore_begin(prepared, token, may_create, creator))
         try:
-            for i in range(0, len(prepared.rows), RESTORE_CHUNK):
-                chunk = prepared.rows[i:i + RESTORE_CHUNK]
-                await self.step(lambda chunk=chunk: store.restore_rows(key, chunk))
+            for i in range(len(prepared.chunks)):
+                await self.step(lambda i=i: store.restore_rows(key, prepared.chunk(i)))
             reply = await self.commit.run(
                 lambda: store.restore_finish(prepared, key, token, may_create, creator))
         except BaseException:

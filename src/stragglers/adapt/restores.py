@@ -11,6 +11,7 @@ its rows are deleted as garbage, at the latest after the next start.
 
 from __future__ import annotations
 
+import marshal
 import sqlite3
 import uuid
 from dataclasses import asdict, dataclass
@@ -27,13 +28,23 @@ GARBAGE_CHUNK = 1024   # old rows deleted per transaction
 
 @dataclass(frozen=True)
 class PreparedRestore:
-    """The shard rows a restore writes (without their key), computed before any transaction."""
+    """The shard rows a restore writes (without their key), computed before any transaction.
+
+    The rows are packed RESTORE_CHUNK to a bytes object (marshal: ints, strings and None, no
+    code): they cross from the process that prepares them as a few hundred bytes objects, and
+    each commit step unpacks only its own chunk.
+    """
 
     cfg: DatasetConfig
     epochs_created: int
-    rows: list[tuple]
+    chunks: tuple[bytes, ...]
+    count: int
     front: int
     requeued_first: int
+
+    def chunk(self, i: int) -> list[tuple]:
+        """The rows of chunk `i` (at most RESTORE_CHUNK)."""
+        return marshal.loads(self.chunks[i])
 
 
 def prepare_restore(checked: tuple) -> PreparedRestore:
@@ -47,7 +58,9 @@ def prepare_restore(checked: tuple) -> PreparedRestore:
     out = [(e, s, s * size, min((s + 1) * size, n), TODO if st == DOING else st,
             None, None, None, consumed, retries, pos_of_doing.get((e, s), pos), err)
            for e, s, st, consumed, retries, pos, err in rows]
-    return PreparedRestore(cfg, epochs_created, out, front, len(doing))
+    chunks = tuple(marshal.dumps(out[i:i + RESTORE_CHUNK])
+                   for i in range(0, len(out), RESTORE_CHUNK))
+    return PreparedRestore(cfg, epochs_created, chunks, len(out), front, len(doing))
 
 
 class Restores(StoreState):
@@ -108,8 +121,8 @@ class Restores(StoreState):
         """restore() of a prepared snapshot, every step in a row (the service paces them)."""
         key = self.restore_begin(prepared, token_sha256, may_create, creator)
         try:
-            for i in range(0, len(prepared.rows), RESTORE_CHUNK):
-                self.restore_rows(key, prepared.rows[i:i + RESTORE_CHUNK])
+            for i in range(len(prepared.chunks)):
+                self.restore_rows(key, prepared.chunk(i))
             reply = self.restore_finish(prepared, key, token_sha256, may_create, creator)
         except BaseException:
             self.restore_abort(key)
@@ -179,7 +192,7 @@ class Restores(StoreState):
                            cfg.num_epochs, cfg.lease_s, cfg.max_retries,
                            prepared.epochs_created, prepared.front, token_sha256, key, creator))
             self._keys[cfg.name] = key
-        return Restored(len(prepared.rows), prepared.requeued_first)
+        return Restored(prepared.count, prepared.requeued_first)
 
     def restore_abort(self, key: str) -> None:
         """A restore that will not finish: its rows written so far become garbage."""

@@ -35,14 +35,14 @@ from stragglers.adapt import reads
 from stragglers.adapt import requests as rq
 from stragglers.adapt.control import ControlPlane
 from stragglers.adapt.controller import Actions, ControlConfig, ControllerView
-from stragglers.adapt.dataset import DatasetConfig, check_name, validate_snapshot
+from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Busy, Forbidden, RateLimited, \
     Unauthorized
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
 from stragglers.adapt.replies import (Acked, Configured, Created, Joined, LeaseReply, Released,
                                       Requeued, Restored, to_builtins)
-from stragglers.adapt.restores import PreparedRestore, prepare_restore
+from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import ShardStore, resolve_indices
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
@@ -230,19 +230,6 @@ def _settle(settled: list) -> None:
                 future.set_exception(value)
 
 
-def _checked_snapshot(raw: bytes, name: str) -> PreparedRestore:
-    """Parse, validate and prepare a restore body (on a worker thread, not the event loop or
-    the writer)."""
-    body = rq.parse(rq.Snapshot, raw)
-    if body.dataset.name != name:
-        raise InputError("snapshot", "dataset.name", f"expected '{name}' (the URL's data set),"
-                         f" got '{body.dataset.name}'")
-    # validate_snapshot checks the JSON form (what a checkpoint holds): rows as lists
-    snap = {"dataset": body.dataset.model_dump(), "epochs_created": body.epochs_created,
-            "shards": [list(r) for r in body.shards]}
-    return prepare_restore(validate_snapshot(snap))
-
-
 class _ReadPacer:
     """Anonymous whole-data-set reads (status, snapshot) at most `rate` per second, in turn.
 
@@ -403,6 +390,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     commit = GroupCommitter(store, config.max_batch, config.stall_s)
     # restores written a chunk at a time (and the rows they replaced deleted so), paced
     paced = PacedWriter(commit, store, config.restore_share, 1, config.max_restores)
+    parser = SnapshotParser(config.max_restores)
     garbage = [store.has_garbage()]   # left by restores of an earlier process: deleted soon
     service_digest = token_digest(service_token) if service_token else None
     # Heavy work that must not run on the commit thread: reads of whole data sets (snapshot,
@@ -572,9 +560,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         slot = paced.hold(digest)   # one restore per token (and max_restores in all) at once
         try:
             raw = await _body(request, config.max_restore_bytes)
-            checked = await asyncio.to_thread(_checked_snapshot, raw, name)
+            # parsed and validated in a child process (seconds of Python that, on a thread
+            # here, held the GIL the event loop and the commit thread need); written on the
+            # commit thread in paced chunks
+            checked = await parser.prepare(raw, name)
             del raw
-            # parsed and validated off the commit thread; written there in paced chunks
             return await paced.restore(checked, digest, allowed, client)
         finally:
             slot.close()
@@ -641,6 +631,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     app = Starlette(routes=routes, exception_handlers=handlers)
     app.router.redirect_slashes = False   # a 307 with no body; unknown paths answer 404 JSON
     app.state.commit, app.state.reader, app.state.store = commit, reader, store
+    app.state.parser = parser
     return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)})
 
 
@@ -694,6 +685,7 @@ def serve(db: str | Path, config: ServiceConfig | None = None,
     finally:
         if app is not None:
             app.state.reader.close()
+            app.state.parser.close()
         store.close()
 
 
@@ -744,3 +736,4 @@ class EmbeddedServer:
             self._thread.join(timeout=10)
         if self.app is not None:
             self.app.state.reader.close()
+            self.app.state.parser.close()
