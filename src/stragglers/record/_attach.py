@@ -28,7 +28,7 @@ import warnings
 import weakref
 from pathlib import Path
 from time import perf_counter_ns
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -41,6 +41,9 @@ from stragglers.record.layout import JobLayout, fsdp2_units, read_layout
 from stragglers.record import modelparallel
 from stragglers.record.lifecycle import ClosesOnExit
 from stragglers.record.modelparallel import Collectives
+
+if TYPE_CHECKING:
+    from stragglers.record.pipelining import AttachedPipeline
 from stragglers.record.recorder import Recorder
 from stragglers.record.settings import RecorderConfig
 from stragglers.record.spans import NO_SEQ, ComputeSpan
@@ -59,7 +62,8 @@ SeqLens = Callable[..., Sequence[int] | None]
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, out: str | Path | None = None, *,
            seq_lens: SeqLens | None = None, name: str | None = None, sample_every: int | None = None,
            overwrite: bool = False, enabled: bool | None = None, extra: dict | None = None,
-           flush_interval_s: float = 1.0, device: torch.device | str | None = None) -> "Attached":
+           flush_interval_s: float = 1.0, device: torch.device | str | None = None,
+           ) -> Attached | AttachedPipeline:
     """Record this rank's training loop into `out` (a collective: every rank calls it).
 
     `model` is what the loop calls (a plain module, DistributedDataParallel, or fully_shard);
@@ -124,8 +128,8 @@ def _recorded_class(cls: type, native) -> type:
     if sub is None:
         sub = type(cls.__name__, (cls,), {"__module__": cls.__module__,
                                           "__qualname__": cls.__qualname__,
-                                          "__reduce_ex__": _reduce_unrecorded})
-        sub.__call__ = native.call_method()
+                                          "__reduce_ex__": _reduce_unrecorded,
+                                          "__call__": native.call_method()})
         _RECORDED_CLASSES[cls] = sub
     return sub
 
@@ -137,7 +141,7 @@ def _reduce_unrecorded(module: nn.Module, protocol: int):
     state = {k: v for k, v in module.__dict__.items() if k != _CALL}
     # copyreg's own reconstructor (what pickle protocols 0-1 use): a file that holds the model
     # loads without stragglers installed
-    return copyreg._reconstructor, (cls, object, None), state
+    return copyreg._reconstructor, (cls, object, None), state  # type: ignore[attr-defined]
 
 
 def _coarse_ddp_warning(exc: Exception) -> None:
@@ -159,8 +163,10 @@ class Attached(ClosesOnExit):
     def __init__(self, model: nn.Module, optimizer, layout: JobLayout, out: Path, *,
                  seq_lens: SeqLens | None, name: str, sample_every: int, overwrite: bool,
                  enabled: bool, extra: dict, flush_interval_s: float, device):
-        self.model, self.optimizer, self.layout = model, optimizer, layout
-        self._seq_fn = seq_lens
+        # Any: the hooks call DDP's and FSDP2's own methods, and close() lets go of the model
+        self.model: Any = model
+        self.optimizer, self.layout = optimizer, layout
+        self._seq_fn: SeqLens | None = seq_lens
         # every tensor-/context-parallel rank is a worker (column) of its own, as the Kineto
         # reader places them: dp_size counts the workers, the parallel degrees are in extra
         meta = JobMeta(name=name, dp_size=layout.workers, pp_size=1,
@@ -192,13 +198,13 @@ class Attached(ClosesOnExit):
         self._stack: list[bool] = []  # per forward call: whether it counts as a microbatch
         self._in_bwd = False
         self._in_opt = False
-        self._opt = None            # open optimizer span: (start mark, gc index)
+        self._opt: tuple[int, int] | None = None  # open optimizer span: (start mark, gc index)
         self._handles: list = []
         self._bwd_hooks: list = []
         self._restore: list = []
         self._closed = False
-        self._native = None         # native.cpp's event log, when the native hooks are used
-        self._fwd = None            # the native Forward timing the module's calls
+        self._native: Any = None    # native.cpp's event log, when the native hooks are used
+        self._fwd: Any = None       # the native Forward timing the module's calls
         rec.start()
         if not enabled:
             self._closed = True
@@ -235,7 +241,8 @@ class Attached(ClosesOnExit):
         # alive once the caller drops it.
         self._bwd_hooks.clear()
         self.compute.current = self._opt = None
-        self.model = self.optimizer = self._seq_fn = self.layout.inner = None
+        self.model = self.optimizer = self._seq_fn = None
+        self.layout.inner = None  # type: ignore[assignment]  # closed: let go of the model
 
     # ---- hooks -----------------------------------------------------------------------------
 
@@ -316,6 +323,7 @@ class Attached(ClosesOnExit):
         def slow(mb, args, kwargs):
             """A microbatch's forward in a step the native side cannot time alone."""
             buf = rec.buffer
+            assert buf is not None  # the native side calls this in sampled steps only
             if self._seq_fn is not None:
                 self._read_seq(mb, args, kwargs)
             if self._in_opt:
@@ -369,6 +377,7 @@ class Attached(ClosesOnExit):
         return None
 
     def _read_seq(self, mb: int, args, kwargs) -> None:
+        assert self._seq_fn is not None  # called only when seq_lens was given
         lens = self._seq_fn(*args, **kwargs)
         if lens is not None:
             lens = [int(s) for s in lens]

@@ -18,6 +18,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from stragglers.record._attach import Attached, attach
+from stragglers.record.pipelining import AttachedPipeline
 
 
 def lengths_from_attention_mask(*args, **kwargs) -> list[int] | None:
@@ -34,7 +35,7 @@ class RecordCallback(TrainerCallback):
     def __init__(self, out: str | Path | None = None, trainer=None, **attach_kwargs):
         self.out, self.trainer = out, trainer
         self.attach_kwargs = {"seq_lens": lengths_from_attention_mask, **attach_kwargs}
-        self.attached: Attached | None = None
+        self.attached: Attached | AttachedPipeline | None = None
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         """Attach to the wrapped model (when the trainer is known) and the inner optimizer."""

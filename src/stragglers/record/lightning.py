@@ -15,6 +15,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 
 from stragglers.record._attach import Attached, attach
+from stragglers.record.pipelining import AttachedPipeline
 
 
 class RecordCallback(Callback):
@@ -24,7 +25,7 @@ class RecordCallback(Callback):
         super().__init__()
         self.out = out
         self.attach_kwargs = attach_kwargs
-        self.attached: Attached | None = None
+        self.attached: Attached | AttachedPipeline | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
         """Attach to the model as Lightning wrapped it and to its optimizer."""

@@ -28,6 +28,7 @@ collective as an op, not through these functions); those backward pieces stay un
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import warnings
@@ -130,7 +131,7 @@ class Collectives:
 
     def _on_layout(self, entries: list[dict]) -> None:
         """Every rank's layout entry, gathered: the job's process groups get their ids."""
-        groups = set()
+        groups: set[tuple[int, ...]] = set()
         for e in entries:
             groups.update(tuple(g) for g in e.pop("groups", ()))
         self.groups = GroupIds(groups)
@@ -180,6 +181,12 @@ class Collectives:
 
 # ---- the wrappers --------------------------------------------------------------------------
 
+class _Depth(threading.local):
+    """How many recorded calls this thread is inside."""
+
+    depth = 0
+
+
 class _Recording:
     """The attached recorders whose steps the wrapped collectives go to (usually one)."""
 
@@ -187,7 +194,7 @@ class _Recording:
         self.active: list = []
         self.restore: list[Callable[[], None]] = []
         self.lock = threading.Lock()
-        self.inside = threading.local()  # a wrapped call inside another (no second row)
+        self.inside = _Depth()  # a wrapped call inside another (no second row)
 
 
 _REC = _Recording()
@@ -234,7 +241,7 @@ def _patch() -> None:
 def _recording():
     """The attached recorder that takes this call's row, or None (not sampled, not training,
     inside the optimizer step, or inside another recorded call)."""
-    if not _REC.active or getattr(_REC.inside, "depth", 0):
+    if not _REC.active or _REC.inside.depth:
         return None
     att = _REC.active[-1]
     return att if att.taking_rows() else None
@@ -244,7 +251,7 @@ class _Inside:
     """Marks a recorded call on this thread: collectives it makes itself are its own."""
 
     def __enter__(self):
-        _REC.inside.depth = getattr(_REC.inside, "depth", 0) + 1
+        _REC.inside.depth += 1
 
     def __exit__(self, *exc):
         _REC.inside.depth -= 1
@@ -282,9 +289,8 @@ def _functional(fn, code: int):
                 op.nbytes = (out if code == AG else self).numel() * self.element_size()
         return out
 
-    recorded.__wrapped__ = fn
-    recorded.__doc__ = fn.__doc__
-    return recorded
+    # __wrapped__ lets detach() find the original; the doc stays the library's.
+    return functools.update_wrapper(recorded, fn, assigned=("__doc__",))
 
 
 def _c10d_all_to_all(fn):
@@ -304,9 +310,7 @@ def _c10d_all_to_all(fn):
             op.tokens, op.nbytes = tokens, nbytes
             return fn(output, input, output_split_sizes, input_split_sizes, group, False)
 
-    all_to_all_single.__wrapped__ = fn
-    all_to_all_single.__doc__ = fn.__doc__
-    return all_to_all_single
+    return functools.update_wrapper(all_to_all_single, fn, assigned=("__doc__",))
 
 
 class _WaitRecorded(dist.Work):
