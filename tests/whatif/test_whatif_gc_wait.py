@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stragglers.trace.model import JobMeta, Trace
+from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
 
 MS = 1e-3
@@ -49,6 +50,14 @@ def test_a_pause_after_the_recv_wait_replays_exactly():
 
 
 def test_a_pause_before_the_recv_post_replays_exactly():
-    # the pause falls between B0 and the recv's post: the recv's launch delay holds it
+    # the pause falls between B0 and the recv's post: the recv is posted after the pause
     result = analyze(trace((32.1, 32.9)))
     assert result.sim_error < 1e-9, result.sim_error
+
+
+def test_a_pause_before_each_recv_post_is_gc_not_a_host_stall():
+    # the generator collects before every forward, before posting its recv: chained after the
+    # previous compute op the recvs took each pause as a launch delay, and stage 1 (most pauses,
+    # no DP peer) was named a host stall
+    job = generate(dp=1, pp=4, vpp=1, microbatches=8, steps=6, seed=1, gc=(0.3, 0.2))
+    assert {f.cause for f in analyze(job).diagnosis} == {"gc"}

@@ -104,6 +104,14 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         # triggers it, often while the recv already waits, and a recv chained behind it would
         # count that wait twice.
         stream_before = {c: comp[k - 1] for k, c in enumerate(comp) if k > 0}
+        # ... unless the pause in the slot before the recv's compute op, where it is recorded,
+        # mostly ends before the recv starts: then the thread was collecting when it would have
+        # posted the recv (a schedule that collects before each forward), and chained after the
+        # compute op the recv would take the pause as its launch delay (host-side work)
+        pause_before = {c: stream[k - 1] for k, c in enumerate(stream)
+                        if k > 0 and grid.node_optype[stream[k - 1]] == _GC}
+        if 0 in gc_at and comp:   # the pause that leads the stream (not in `stream`)
+            pause_before[comp[0]] = gc_at[0]
         tail_gc = gc_at.get(n_fb)
         last_compute = max(comp, key=lambda c: ref_end[c]) if comp else None
         if tail_gc is not None and last_compute is not None:
@@ -144,6 +152,9 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
                         # posted after the op right before c on the compute stream (docs/whatif.md §3;
                         # in 1F1B a forward's recv follows the backward before it)
                         before = stream_before.get(c)
+                        pause = pause_before.get(c)
+                        if pause is not None and _posted_after(grid, pause, o):
+                            before = pause   # the pause held the post up: its wait is GC's
                         if before is not None:
                             deps[o].append(before)
                 p2p_launched[(stage, name)] = [o for o in cand if not no_op[o]]
@@ -323,6 +334,18 @@ def recorded_per_action(grid: OpGrid) -> bool:
         return True
     p2p = np.isin(grid.node_optype, [C[n] for n in P2P_PEER])
     return bool(p2p.any()) and not np.any(grid.node_gmc[p2p] == grid.node_stage[p2p])
+
+
+def _posted_after(grid: OpGrid, pause: int, recv: int) -> bool:
+    """Whether a recv was posted after the gc pause before its compute op: in most of the
+    replica-steps holding both, the pause ended before the recv started (majority, as
+    _actions decides an action's pieces: one replica-step may differ)."""
+    both = grid.present[pause] & grid.present[recv]
+    if not both.any():
+        return False
+    pause_end = grid.start[pause] + grid.duration[pause]
+    before = (pause_end <= grid.start[recv] + _EPS) & both
+    return 2 * int(before.sum()) > int(both.sum())
 
 
 def _schedule_p2p(grid: OpGrid, stage: int, stream: list[int], of_type, chain, deps, ref_start,
