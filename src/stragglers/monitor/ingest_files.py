@@ -20,7 +20,7 @@ import watchfiles
 from stragglers.errors import InputError
 from stragglers.monitor.jobmeta import read_meta_file
 from stragglers.monitor.parts import JOB_NAME, MAX_PART, parse_part_name
-from stragglers.monitor.service import Monitor, PartIn
+from stragglers.monitor.service import JobFull, Monitor, PartIn
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import META_FILE
 
@@ -222,7 +222,10 @@ class DirectoryWatcher:
             return
         if isinstance(exc, InputError):
             if exc.field != "job":   # (an unknown job was named by the monitor already)
-                self.monitor.reject("bad_part", str(path), exc.problem)
+                # a part past its job's max_job_bytes is named once too (until its file
+                # changes), and the run's other parts are still looked at
+                reason = "job_full" if isinstance(exc, JobFull) else "bad_part"
+                self.monitor.reject(reason, str(path), exc.problem)
             return
         with self._lock:
             if self.submitted.get(path) == seen:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from stragglers.errors import InputError
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
     check_same_part, fingerprint
-from stragglers.monitor.service import Monitor, PartIn
+from stragglers.monitor.service import JobFull, Monitor, PartIn
 from stragglers.serving import BodyRefused, declared_length
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, MintRate, RateLimited, \
     RequestLimits, quota_client
@@ -353,6 +353,20 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             raise HTTPProblem(422, "request header 'X-Stragglers-Dropped': expected a count "
                               f"of 0 to {MAX_COUNT_DIGITS} digits", "bad_request")
         room.check(_declared(request, cfg.max_part_bytes), "the part")
+        # a part that cannot fit the job's max_job_bytes is refused before its body is read
+        # (the ingest thread checks again with the bytes that arrived: a chunked body, or
+        # uploads of the job stored meanwhile)
+        length = request.headers.get("content-length", "")
+        declared = int(length) if length.isascii() and length.isdigit() and \
+            len(length) <= 18 else 0   # chunked: checked by the ingest thread alone
+        stored = monitor.job_bytes(job, read=False)
+        if stored is None:   # not counted yet here: one read of the store, off the loop
+            stored = await run_in_threadpool(monitor.job_bytes, job)
+        if declared and stored + declared > cfg.max_job_bytes and \
+                not tracker.knows(rank, part):   # (a retry of a stored part: a duplicate)
+            raise job_full(JobFull(_source(job, rank, part), None, f"job {job!r} stores "
+                                   f"{stored} bytes of parts; {declared} more would pass its "
+                                   f"max_job_bytes ({cfg.max_job_bytes})"), close=True)
         share = writer_share(request, writers, job)
         try:
             body = await read_body(request, cfg.max_part_bytes, "a part", budget, share,
@@ -400,7 +414,12 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             status = await asyncio.wrap_future(done)
         except PartConflict as exc:    # another upload of this number was stored first
             raise HTTPProblem(409, str(exc), "conflict") from None
+        except JobFull as exc:
+            raise job_full(exc) from None
         except InputError as exc:
+            if exc.field == "job":   # forgotten while queued (expire_empty_jobs)
+                raise HTTPProblem(404, f"path 'job': unknown job {job!r}; PUT /api/jobs/{job}/"
+                                  "meta first", "unknown_job") from None
             raise HTTPProblem(422, str(exc), "bad_part") from None
         # the uploader sends its drop count with every part: it is stored when it grew, not
         # with a durable commit (and a dashboard refresh) per upload
@@ -419,6 +438,17 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         return await store_part(request, job, rank, part)
 
     return store_part
+
+
+def job_full(exc: JobFull, close: bool = False) -> HTTPProblem:
+    """A part refused for its job's max_job_bytes: 507, which the uploader does not retry."""
+    return HTTPProblem(507, f"{exc.source}: {exc.problem}; nothing was stored", "job_full",
+                       close=close)
+
+
+def _source(job: str, rank: int, part: int) -> str:
+    """How an uploaded part is named in its refusal (as the ingest thread names it)."""
+    return f"part {job}/{rank}/{part}"
 
 
 def write_meta_file(directory: Path, meta: JobMeta) -> Path:

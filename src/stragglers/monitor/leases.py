@@ -88,6 +88,11 @@ class LeaseKeeper:
             log.warning("leases: %d job(s) now analysed by another instance: %s", len(lost),
                         ", ".join(sorted(lost)[:10]))
 
+    def forget(self, job: str) -> None:
+        """A job that is gone (its rows deleted): its lease is no longer held here."""
+        with self._lock:
+            self.held.pop(job, None)
+
     def take(self, job: str) -> bool:
         """Take a new job's lease now if nobody holds it (the job was registered here)."""
         with self._lock:

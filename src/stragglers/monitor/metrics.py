@@ -110,6 +110,14 @@ class MonitorMetrics:
         for s in ("running", "stalled", "finished"):
             self.job_state.labels(job, s).set(1.0 if s == state else 0.0)
 
+    def forget(self, job: str) -> None:
+        """A job that is gone: its state series go."""
+        for s in ("running", "stalled", "finished"):
+            try:
+                self.job_state.remove(job, s)
+            except KeyError:   # never set
+                pass
+
     def count_alerts(self, changes: list[Alert]) -> None:
         """Count alert changes by alert name and status."""
         for a in changes:

@@ -23,7 +23,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar, overload
 
 import numpy as np
 
@@ -52,6 +52,11 @@ Item = TypeVar("Item")
 Out = TypeVar("Out")
 
 MAX_BATCH = 1024
+SWEEP_EVERY_S = 60.0   # empty jobs are looked for at most this often (or expiry / 2)
+
+
+class JobFull(InputError):
+    """A part that would take its job past max_job_bytes (nothing of it is stored)."""
 
 
 @dataclass
@@ -130,6 +135,12 @@ class Monitor:
         self._readers: ThreadPoolExecutor | None = None
         self._writers: ThreadPoolExecutor | None = None
         self._ingest_started: float | None = None   # the batch being stored: its oldest part
+        # job → (bytes of parts stored, when read): max_job_bytes is checked against it
+        self._job_bytes: dict[str, tuple[int, float]] = {}
+        # one ingest batch or one sweep of empty jobs at a time: a job is never forgotten
+        # while a part of it is being written and stored
+        self._batch_lock = threading.Lock()
+        self._swept_at = 0.0
         # fast alerts (the change detector's thread) and silent ranks, the monitor's health
         self.watchdog = Watchdog(self)
         self.metrics.watch(self)
@@ -508,7 +519,8 @@ class Monitor:
                 batch.append(item)
             self._ingest_started = min(it.queued_at for it in batch)
             try:
-                self._ingest_batch(batch)
+                with self._batch_lock:
+                    self._ingest_batch(batch)
             except Exception as exc:  # the store failed (disk full): the parts were not taken
                 log.exception("ingest batch failed")
                 self.metrics.store_errors.labels("ingest").inc()
@@ -580,6 +592,7 @@ class Monitor:
         unsure = [(it, body) for (it, body), f in zip(uploads, checked) if f is None]
         read.update(zip([id(it) for it, _ in unsure], read_uploads(
             [(body, _source(it), it.rank, it.part) for it, body in unsure], self._readers)))
+        pending: dict[str, int] = {}   # job → bytes of this batch's parts taken so far
         for it in [it for it, _ in files] + [it for it, _ in uploads]:
             # places the job does not have (stage 7 of a 2-stage job)
             data = read[id(it)]
@@ -597,6 +610,10 @@ class Monitor:
                 wild = check_step_gaps(steps, trackers[it.job].max_step, it.path or _source(it))
                 if wild is not None:
                     read[id(it)] = wild
+                    continue
+                full = self._over_job_bytes(it, data.nbytes, pending)
+                if full is not None:
+                    read[id(it)] = full
         self._write_uploads([(it, body) for it, body in uploads
                              if not isinstance(read[id(it)], InputError)])
         for it in fresh:
@@ -617,6 +634,10 @@ class Monitor:
             return
         now = time.time()
         new = self.store.add_parts(rows, now)
+        for row, is_new in zip(rows, new):
+            if is_new and row[0] in self._job_bytes:
+                stored, read_at = self._job_bytes[row[0]]
+                self._job_bytes[row[0]] = (stored + int(row[6]), read_at)
         windows, ahead = [], []
         with self._lock:
             touched = set()
@@ -653,6 +674,67 @@ class Monitor:
         self.analyser.read_ahead(ahead)
         for w in windows:
             self._queue_analysis(w)
+
+    @overload
+    def job_bytes(self, job: str) -> int: ...
+
+    @overload
+    def job_bytes(self, job: str, read: bool) -> int | None: ...
+
+    def job_bytes(self, job: str, read: bool = True) -> int | None:
+        """Bytes of parts the job stored (read from the store once, then counted here; read
+        again each second where other instances store parts too); with `read` False, None
+        where that needs a read."""
+        known = self._job_bytes.get(job)
+        if known is not None and (not self.store.shared or time.monotonic() - known[1] < 1.0):
+            return known[0]
+        if not read:
+            return None
+        stored = self.store.job_bytes(job)
+        self._job_bytes[job] = (stored, time.monotonic())
+        return stored
+
+    def _over_job_bytes(self, it: PartIn, nbytes: int, pending: dict[str, int]) -> \
+            JobFull | None:
+        """JobFull when the part would take its job past max_job_bytes (with the parts of
+        this batch taken before it); else the part is counted in `pending`."""
+        limit = self.config.max_job_bytes
+        total = self.job_bytes(it.job) + pending.get(it.job, 0)
+        if total + nbytes > limit:
+            return JobFull(it.path or _source(it), None, f"job {it.job!r} stores {total} bytes "
+                           f"of parts; {nbytes} more would pass its max_job_bytes ({limit})")
+        pending[it.job] = pending.get(it.job, 0) + nbytes
+        return None
+
+    def expire_empty_jobs(self, now: float | None = None) -> list[str]:
+        """Forget the uploaded jobs that stored no part in empty_job_expiry_s since their last
+        meta.json (rows and folders): a client creating empty jobs at the allowed rate once
+        took every place of max_jobs for good. Returns their names."""
+        now = time.time() if now is None else now
+        with self._batch_lock, self._lock:
+            gone = self.store.expire_empty_jobs(now - self.config.empty_job_expiry_s, "http")
+            if self.store.shared:   # forgotten by another instance: forgotten here too
+                known = self.store.job_names()
+                gone += [j for j in self.directories if j not in known and j not in gone]
+            for job in gone:
+                directory = self.directories.pop(job, None)
+                self.trackers.pop(job, None)
+                self.states.pop(job, None)
+                self.quarantined.pop(job, None)
+                self._foreign.pop(job, None)
+                self.part_seqs.pop(job, None)
+                self.runs.pop(job, None)
+                self._job_bytes.pop(job, None)
+                self.leases.forget(job)
+                self.metrics.forget(job)
+                if directory is not None:
+                    self.analyser.forget(str(directory))
+                    if directory == self.data_dir / job:
+                        _remove_empty_upload_dir(directory)
+        if gone:
+            log.warning("forgot %d job(s) that stored no part in %.0f s: %s", len(gone),
+                        self.config.empty_job_expiry_s, ", ".join(sorted(gone)[:10]))
+        return gone
 
     def _counted(self, it: PartIn, data) -> None:
         self.metrics.parts.labels(it.way).inc()
@@ -797,9 +879,13 @@ class Monitor:
         self._queue_analysis((job, state))
 
     def _tick_loop(self) -> None:
+        sweep_s = min(SWEEP_EVERY_S, self.config.empty_job_expiry_s / 2)
         while not self._stop.wait(self.config.tick_s):
             try:
                 self.tick()
+                if time.monotonic() - self._swept_at >= sweep_s:
+                    self._swept_at = time.monotonic()
+                    self.expire_empty_jobs()
             except Exception:
                 log.exception("monitor tick failed")
 
@@ -842,6 +928,22 @@ class Monitor:
         self.states[job] = state
         self.metrics.set_state(job, state)
         windows.append((job, state))
+
+
+def _remove_empty_upload_dir(directory: Path) -> None:
+    """An expired job's upload folder: its meta.json (and temp files) and the folder; a folder
+    holding anything else is left as it is."""
+    try:
+        for path in directory.iterdir():
+            if path.name == "meta.json" or (path.name.startswith("meta.json.")
+                                            and path.name.endswith(".tmp")):
+                path.unlink(missing_ok=True)
+        directory.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("expired job's folder %s not removed: %s", directory,
+                    exc.strerror or exc)
 
 
 def _source(it: PartIn) -> str:

@@ -56,6 +56,17 @@ class MonitorConfig(Config):
     max_meta_bytes: int = setting(1 * 2**20, "largest accepted meta.json upload (bytes)",
                                   minimum=1024)
     max_jobs: int = setting(10_000, "jobs the monitor keeps track of at once", minimum=1)
+    max_job_bytes: int = setting(16 * 2**30, "bytes of parts one job may store (uploads and "
+                                 "watched files alike); past it the job's further parts are "
+                                 "refused (an upload 507, a watched file named in the log "
+                                 "and /api/stats): one job cannot fill the monitor's disk",
+                                 minimum=1024)
+    empty_job_expiry_s: float = setting(3600.0, "an uploaded job that stored no part this long "
+                                        "after its last meta.json is forgotten (its row and "
+                                        "folder go, freeing its place in max_jobs; at the "
+                                        "default rates fewer than 7,200 empty jobs can exist "
+                                        "at once); a job whose first part comes later must "
+                                        "PUT its meta again", minimum=0.01)
     new_jobs_per_minute: float = setting(120.0, "jobs that may be created per minute by "
                                          "uploads, in all (past it 429 with Retry-After: the "
                                          "uploader retries)", minimum=0.1)

@@ -46,6 +46,10 @@ class _Count(msgspec.Struct):
     n: int
 
 
+class _Name(msgspec.Struct):
+    job: str
+
+
 class _Seq(msgspec.Struct):
     part_seq: int
 
@@ -199,9 +203,38 @@ class SQLStore:
                 raise JobConflict(f"job name {job!r} already belongs to {row.directory}")
             if meta_text is not None and meta_text != row.meta:
                 self._exec(db, "UPDATE jobs SET meta = ? WHERE job = ?", (meta_text, job))
+            if way == "http" and meta is not None:
+                # an uploaded job announced again before its first part: its expiry
+                # (expire_empty_jobs) counts from now
+                self._exec(db, "UPDATE jobs SET created_at = ? WHERE job = ? AND NOT EXISTS "
+                           "(SELECT 1 FROM parts WHERE parts.job = ?)", (now, job, job))
             return False
 
         return self._write(tx)
+
+    def expire_empty_jobs(self, before: float, way: str) -> list[str]:
+        """Delete the jobs that came in by `way`, were created (or announced again) before
+        `before` and have no part (their lease and any other row with them); their names."""
+        def tx(db: Any) -> list[str]:
+            gone = [r.job for r in self._many(
+                db, _Name, "DELETE FROM jobs WHERE way = ? AND created_at < ? AND NOT EXISTS "
+                "(SELECT 1 FROM parts WHERE parts.job = jobs.job) RETURNING job", (way, before))]
+            for job in gone:
+                for table in ("leases", "windows", "upload_drops", "alerts"):
+                    self._exec(db, f"DELETE FROM {table} WHERE job = ?", (job,))
+            return gone
+
+        return self._write(tx)
+
+    def job_names(self) -> set[str]:
+        """The names of every job stored."""
+        return {r.job for r in self._typed(_Name, "SELECT job FROM jobs")}
+
+    def job_bytes(self, job: str) -> int:
+        """Bytes of the parts a job stored."""
+        rows = self._typed(_Count, "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) AS n FROM "
+                           "parts WHERE job = ?", (job,))
+        return rows[0].n if rows else 0
 
     def reset_job(self, job: str, meta: dict[str, Any], alert_rows: list[Alert],
                   log_rows: list[AlertLogEntry],
