@@ -261,6 +261,8 @@ def main() -> None:
     ap.add_argument("--attackers", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
     ap.add_argument("--cases", default="snapshot,status,shuffle,restore,owner_restore")
+    ap.add_argument("--name", default=None,
+                    help="results/<name>.json (default: the script's name)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="adapt-dos-"))
     db = tmp / "shards.db"
@@ -291,7 +293,8 @@ def main() -> None:
                   figures=figures(rows, "lease + ack latency"),
                   note=f"{os.cpu_count()} CPUs; {args.blocks} alternated quiet/attacked "
                        f"block pairs of {max(1, args.leases // args.blocks)} round trips"
-                       + (f"; one 655,360-row restore alone {alone:.1f} s" if alone else "")))
+                       + (f"; one 655,360-row restore alone {alone:.1f} s" if alone else "")),
+              args.name)
     finally:
         proc.terminate()   # (a restore under way is finished first)
         try:
