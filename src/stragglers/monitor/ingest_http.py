@@ -360,8 +360,9 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         declared = int(length) if length.isascii() and length.isdigit() and \
             len(length) <= 18 else 0   # chunked: checked by the ingest thread alone
         stored = monitor.job_bytes(job, read=False)
-        if stored is None:   # not counted yet here: one read of the store, off the loop
-            stored = await run_in_threadpool(monitor.job_bytes, job)
+        if stored is None:   # not counted yet here: one read of the store, off the loop (the
+            stored = await run_in_threadpool(monitor.store.job_bytes, job)   # count is the
+            # ingest thread's to keep: a read here could overwrite it with an older value
         if declared and stored + declared > cfg.max_job_bytes and \
                 not tracker.knows(rank, part):   # (a retry of a stored part: a duplicate)
             raise job_full(JobFull(_source(job, rank, part), None, f"job {job!r} stores "

@@ -275,6 +275,7 @@ class Monitor:
                                     still_old=lambda stored: is_new_run(stored, raw_meta)):
             return
         self.trackers.pop(job, None)
+        self._job_bytes.pop(job, None)   # the old run's parts are gone
         self.analyser.forget(str(self.directories.get(job, "")))
         self.states[job] = "running"
         self.metrics.set_state(job, "running")
@@ -684,7 +685,8 @@ class Monitor:
     def job_bytes(self, job: str, read: bool = True) -> int | None:
         """Bytes of parts the job stored (read from the store once, then counted here; read
         again each second where other instances store parts too); with `read` False, None
-        where that needs a read."""
+        where that needs a read. Read (and counted) by the ingest thread only: it alone stores
+        this instance's parts, so no older read can overwrite its count."""
         known = self._job_bytes.get(job)
         if known is not None and (not self.store.shared or time.monotonic() - known[1] < 1.0):
             return known[0]
