@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 import httpx
 import pyarrow.parquet as pq
@@ -82,3 +83,29 @@ def test_close_gives_up_after_its_timeout_when_nobody_answers():
     up.submit(0, b"x" * 100)
     assert up.close(timeout=0.5) is False
     assert up.stats()["pending"] == 1
+
+
+def test_a_job_expired_before_its_first_part_is_announced_again_by_its_uploader(tmp_path):
+    """A slow first step outlives `empty_job_expiry_s`: the part's 404 makes rank 0 send its
+    meta.json again, and the part is stored instead of being retried against 404 for ever."""
+    trace = slow_job(steps=4)
+    rank0 = [(p, c) for r, p, c in parts_of(trace, steps_per_part=2) if r == 0]
+    server = MonitorServer(tmp_path / "m.db", port=0, token="tok", config=CFG,
+                           data_dir=tmp_path / "uploads").start()
+    up = PartUploader(server.url, "tok", "job-late", 0, backoff_s=0.05, max_backoff_s=0.2)
+    try:
+        up.submit_meta(trace.meta.to_dict())
+        assert up.drain(timeout=60)
+        # the job has no part yet: a sweep past its expiry forgets it (clock passed in)
+        assert server.monitor.expire_empty_jobs(time.time() + 10 * CFG.empty_job_expiry_s) \
+            == ["job-late"]
+        for part, cols in rank0:
+            up.submit(part, blob(cols))
+        assert up.close(timeout=120)
+        s = up.stats()
+        assert s["sent"] == len(rank0) and s["rejected"] == 0 and s["pending"] == 0
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            stats = eventually(lambda: get(c, "/api/stats"), what="stats")
+            assert stats["by_job"]["job-late"]["parts"] == len(rank0)
+    finally:
+        server.stop()

@@ -44,6 +44,9 @@ class PartUploader:
         self._buf: deque[tuple[int, bytes]] = deque()
         self._buf_bytes = 0
         self._meta: dict | None = None
+        # the meta.json this rank sent last: sent again when the monitor no longer knows the
+        # job (it expires jobs that got no part for a while: a slow first step)
+        self._sent_meta: dict | None = None
         self._cv = threading.Condition()
         self._closing = self._stopped = False
         self._conn: http.client.HTTPConnection | None = None
@@ -143,6 +146,7 @@ class PartUploader:
                     continue
                 delay = self.backoff_s
                 if isinstance(job, dict):
+                    self._sent_meta = job
                     if self._meta is job:
                         self._meta = None
                 elif self._buf and self._buf[0] is job:
@@ -161,6 +165,10 @@ class PartUploader:
         status, reply = self._request("PUT", path, data, "application/vnd.apache.parquet",
                                       {"X-Stragglers-Dropped": str(self.dropped)})
         outcome = self._outcome((status, reply), f"part {part}")
+        if status == 404:
+            with self._cv:  # the job is unknown there (expired, or a new monitor): announce it
+                if self._meta is None and self._sent_meta is not None:
+                    self._meta = self._sent_meta
         if outcome == "done":
             with self._cv:
                 if b'"duplicate"' in reply:
