@@ -162,9 +162,11 @@ def main() -> None:
               command=" ".join([".venv/bin/python benchmarks/diagnosis_combinations.py",
                                 *sys.argv[1:]]),
               figures=[Figure(name="jobs right (every strong cause named where it sits, none "
-                                   "invented)", value=f"{right} of {counts['jobs']}"),
+                                   "invented)", value=f"{right} of {counts['jobs']}",
+                              goal="all", met=right == counts["jobs"]),
                        Figure(name="strong causes missed", value=str(counts["missed"])),
-                       Figure(name="causes invented", value=str(counts["invented"])),
+                       Figure(name="causes invented", value=str(counts["invented"]), goal="0",
+                              met=counts["invented"] == 0),
                        Figure(name="misplaced", value=str(counts["misplaced"]))]),
           "diagnosis_combinations_wide" if args.wide else None)
 

@@ -87,7 +87,8 @@ def main() -> None:
                                    "slack), the diagnosis's rule",
                               value=f"{now['exact']} of {scored}"),
                        Figure(name="missed / named at wrong workers, the diagnosis's rule",
-                              value=f"{now['missed']} / {now['wrong']}"),
+                              value=f"{now['missed']} / {now['wrong']}", goal="0 / 0",
+                              met=now["missed"] == 0 and now["wrong"] == 0),
                        Figure(name="named exactly by the strict rule it replaced",
                               value=f"{counts['strict']['exact']} of {scored}",
                               anchor="same jobs, same run")]))
