@@ -66,15 +66,28 @@ def title(run: Run) -> str:
     return f"{run.benchmark} (issue {run.issue})" if run.issue else run.benchmark
 
 
+def anchors(titles: list[str]) -> list[str]:
+    """Each heading's anchor as GitHub numbers repeats: the second `x` is `x-1`, the third `x-2`."""
+    seen: dict[str, int] = {"summary": 1}
+    out = []
+    for t in titles:
+        base = slug(t)
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.append(base if n == 0 else f"{base}-{n}")
+    return out
+
+
 def render(runs: list[Run]) -> str:
     """The whole page for these runs."""
     runs = sorted(runs, key=issue_key)
+    links = anchors([title(r) for r in runs])
     out = [HEADER, "## Summary\n\n",
            "| benchmark | command | figure | anchor | goal | met? |\n",
            "|---|---|---|---|---|---|\n"]
-    for run in runs:
+    for run, link in zip(runs, links):
         for i, f in enumerate(run.figures):
-            name = f"[{cell(title(run))}](#{slug(title(run))})" if i == 0 else ""
+            name = f"[{cell(title(run))}](#{link})" if i == 0 else ""
             command = f"`{cell(run.command)}`" if i == 0 else ""
             out.append(f"| {name} | {command} | {cell(f.name)}: **{cell(f.value)}** | "
                        f"{cell(f.anchor)} | {cell(f.goal)} | {met_mark(f.met)} |\n")
