@@ -397,7 +397,9 @@ def main() -> None:
                   issue="30", figures=figures,
                   command=f"python benchmarks/record_attach_overhead.py --parallel --reps "
                           f"{args.reps} --steps {args.steps} --only {','.join(only)}"),
-              name="record_attach_overhead_parallel")
+              # one file per set of cases: a run of some cases keeps the others' figures
+              name="record_attach_overhead_parallel" + (
+                  "" if set(only) == set(PARALLEL) else "_" + "_".join(only)))
         return None
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))

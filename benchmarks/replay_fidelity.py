@@ -135,8 +135,16 @@ def main() -> None:
 
 
 def label(src: Path) -> str:
-    """How a table names the code that analysed: this tree, or the other one's path."""
-    return "this tree" if src.resolve() == (REPO / "src").resolve() else str(src)
+    """How a table names the code that analysed: this tree, or the other tree by its commit
+    (a path of this machine means nothing on the page)."""
+    if src.resolve() == (REPO / "src").resolve():
+        return "this tree"
+    try:
+        out = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=False).stdout
+    except OSError:
+        out = ""
+    return f"baseline {out.strip()}" if out.strip() else "baseline tree"
 
 
 if __name__ == "__main__":
