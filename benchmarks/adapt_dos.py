@@ -81,7 +81,11 @@ def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
         client.join()
     body = b'{"dataset":' + b" " * 60_000_000 + b"}"
     if kind == "owner_restore":
-        body = http.get("/datasets/big/snapshot").content
+        # the owner's snapshot (an anonymous read may be answered 503 Busy: not a snapshot)
+        while (r := http.get("/datasets/big/snapshot",
+                             headers={"Authorization": f"Bearer {BIG}"})).status_code != 200:
+            stop.wait(0.5)
+        body = r.content
     while not stop.is_set():
         if not go.wait(0.1):
             continue

@@ -69,8 +69,9 @@ class SnapshotParser:
         return out[1]
 
     def close(self) -> None:
-        """Stop the child processes."""
+        """Stop the child processes (a restore being prepared is finished first: waiting lets
+        the pool release its queues and locks, which a process exiting under it would leak)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
