@@ -183,20 +183,21 @@ def test_one_client_holds_at_most_its_share_of_connections(serve):
 
 
 def test_busy_connections_past_the_cap_refuse_a_new_one_in_json(serve):
+    # Busy = requests the app holds (a long poll): neither idle nor slow, so nothing may be
+    # evicted for the newcomer however long it comes after them (a body sent in part would
+    # count as slow after a second, which a loaded machine could reach between connects).
     s = serve(ConnectionLimits(max_connections=4, per_client=4, header_timeout_s=60,
                                body_grace_s=60))
+    held_before = HELD[0]
     busy = []
     for _ in range(4):
         k = s.connect()
-        k.sendall(b"PUT /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n"
-                  b"Expect: 100-continue\r\n\r\n")
-        got = b""
-        while b"100 Continue" not in got:   # the app reads the body: the request is busy
-            chunk = k.recv(100)
-            assert chunk, got
-            got += chunk
-        k.sendall(b"ab")
+        k.sendall(b"GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         busy.append(k)
+    deadline = time.monotonic() + 60
+    while HELD[0] - held_before < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert HELD[0] - held_before == 4, "the app did not get the four held requests"
     k = s.connect()
     status, body = status_and_json(closed_within(k, 30))
     assert status == 503 and "busy" in body["error"]
