@@ -64,9 +64,12 @@ def test_runs_without_an_injection_name_no_persistent_straggler(tmp_path, exampl
     result = analyze(trace)
     steps = len(set(trace.ops["step"]))
     everyone = set(range(4))
-    # four ranks on one CPU do contend for it in every step: a transfer finding naming all of
-    # them says so of the whole job, and names no straggler
+    # four ranks on one CPU do contend for it in every step: `cpu_contention` (transfers whose
+    # own threads waited for that CPU) blames the machine, whichever ranks the scheduler kept
+    # waiting longest (all four, or three of them: it varies with the scheduler, not the job);
+    # a `communication` finding names no straggler only when it names the whole job
     stragglers = [(cause, ranks) for cause, ranks in persistent_findings(result, steps)
-                  if not (cause in ("cpu_contention", "communication") and set(ranks) == everyone)]
+                  if cause != "cpu_contention"
+                  and not (cause == "communication" and set(ranks) == everyone)]
     assert not stragglers, result.diagnosis
     assert {f.cause for f in result.diagnosis} <= STEP_LIMITED, result.diagnosis
