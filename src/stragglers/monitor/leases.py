@@ -20,6 +20,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from stragglers.trace.model import JobMeta
+
 log = logging.getLogger(__name__)
 
 
@@ -37,7 +39,7 @@ class ForeignJob:
     parts against) and its last step stored (to check step gaps); parts are stored here and
     found by the owner in the store."""
 
-    meta: object
+    meta: JobMeta
     max_step: int
     read_at: float
 

@@ -19,7 +19,7 @@ from stragglers.monitor.part_limits import ALLOWED_COLUMNS, MAX_FOOTER_BYTES, \
 from stragglers.monitor.part_names import parse_part_name
 from stragglers.monitor.part_rows import check_part, parquet_file
 from stragglers.trace.columns import MAX_SECONDS, beyond_clock
-from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS
+from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, JobMeta
 
 
 @dataclass
@@ -264,7 +264,7 @@ def _guarded_footer(path: Path) -> PartFile | InputError | None:
 
 
 
-def check_file_in_job(part: PartFile, meta, source: object) -> None:
+def check_file_in_job(part: PartFile, meta: JobMeta, source: object) -> None:
     """check_in_job for a part known by its footer."""
     for value, size, column, name in ((part.max_stage, meta.pp_size, "stage", "pp_size"),
                                       (part.max_dp, meta.dp_size, "dp_rank", "dp_size")):

@@ -20,6 +20,7 @@ from stragglers.trace.columns import table_to_columns
 
 if TYPE_CHECKING:
     from stragglers.monitor.part_footers import PartFile
+    from stragglers.trace.model import JobMeta
 
 
 @dataclass
@@ -56,7 +57,7 @@ def check_part(table: pa.Table, source: object, rank: int, part: int, nbytes: in
 
 
 
-def check_in_job(data: PartData, meta, source: object) -> None:
+def check_in_job(data: PartData, meta: JobMeta, source: object) -> None:
     """InputError when a part's rows sit at a stage or DP rank its job's meta does not have
     (the part is refused alone, rather than failing every window it would be analysed in)."""
     for column, size, name in (("stage", meta.pp_size, "pp_size"),
