@@ -321,9 +321,9 @@ def decide(policy, timings, feed, everyone, args, calibration, group) -> list:
         held = dict(enumerate(everyone))
         for w in feed.poll():
             trace = window_of(w, held, args.monitor_job, args.global_batch, calibration)
-            if trace is not None and w.get("error") is None:
-                decisions += policy.observe_window(trace, w.get("slowdown"),
-                                                   source=f"monitor:{args.monitor_job}#{w['idx']}",
+            if trace is not None and w.error is None:
+                decisions += policy.observe_window(trace, w.slowdown,
+                                                   source=f"monitor:{args.monitor_job}#{w.idx}",
                                                    applied_at=len(everyone))
     box = [decisions]
     dist.broadcast_object_list(box, src=0, group=group)  # every rank switches at this step

@@ -11,6 +11,7 @@ from stragglers.advice.act import APPLY, KEEP, AdvisePolicy
 from stragglers.advice.live import MonitorWindows, TimingPublisher, window_of
 from stragglers.advice.window import StepTiming
 from stragglers.errors import InputError
+from stragglers.monitor.records import WindowSummary
 
 N, B, W = 4, 64, 4   # ranks, global batch, monitor window steps
 
@@ -34,7 +35,7 @@ def monitor(tmp_path):
     server.stop()
 
 
-def wait_for(windows: MonitorWindows, deadline_s: float = 60.0) -> list[dict]:
+def wait_for(windows: MonitorWindows, deadline_s: float = 60.0) -> list[WindowSummary]:
     """The next analysed window(s): the monitor analyses on its own threads."""
     return eventually(windows.poll, deadline_s, interval=0.05, what="a newly analysed window")
 
@@ -58,10 +59,10 @@ def test_monitor_windows_drive_apply_and_keep(monitor):
         # the job goes on only once the monitor closed this window: the test's verdict must
         # not depend on how fast the monitor is under load
         for summary in wait_for(windows):
-            assert summary["error"] is None, summary
+            assert summary.error is None, summary
             trace = window_of(summary, held, job, B)
-            decisions += policy.observe_window(trace, summary["slowdown"],
-                                               source=f"monitor:{job}#{summary['idx']}")
+            decisions += policy.observe_window(trace, summary.slowdown,
+                                               source=f"monitor:{job}#{summary.idx}")
     for p in publishers:
         assert p.close(10.0)
     kinds = [(d.kind, d.remedy) for d in decisions]
@@ -89,8 +90,9 @@ def test_a_healthy_monitor_window_is_not_priced(monitor):
         for p in publishers:
             p.add(timings)
     [summary] = wait_for(windows)
-    assert summary["slowdown"] < policy.apply_gain
-    assert policy.observe_window(window_of(summary, held, job, B), summary["slowdown"]) == []
+    assert summary.idx == 0 and (summary.first_step, summary.last_step) == (0, W - 1)
+    assert summary.slowdown is not None and summary.slowdown < policy.apply_gain
+    assert policy.observe_window(window_of(summary, held, job, B), summary.slowdown) == []
     assert policy.plans == []   # not even priced
     for p in publishers:
         p.close(10.0)
@@ -118,9 +120,64 @@ def test_a_late_window_counts_from_the_step_the_switch_is_applied():
     for step in range(20):
         held[step] = step_timings(step, t, [16] * N)
         t = held[step][0].optimizer_end + 0.001
-    first = window_of({"first_step": 0, "last_step": 3}, held, "j", B)
+    first = window_of(steps(0, 3), held, "j", B)
     [apply] = policy.observe_window(first, applied_at=9)
     assert apply.kind == APPLY and apply.step == 9 and policy.ready_from == 10
-    assert policy.observe_window(window_of({"first_step": 8, "last_step": 11}, held, "j", B)) == []
-    [verdict] = policy.observe_window(window_of({"first_step": 12, "last_step": 15}, held, "j", B))
+    assert policy.observe_window(window_of(steps(8, 11), held, "j", B)) == []
+    [verdict] = policy.observe_window(window_of(steps(12, 15), held, "j", B))
     assert verdict.step == 16
+
+
+def steps(first: int, last: int, idx: int = 0) -> WindowSummary:
+    """A monitor window summary of steps first..last (its figures unset)."""
+    return WindowSummary(idx, first, last, None, None, None, None, None, "complete", 0.0, 0.0, 0.0)
+
+
+def test_a_window_held_only_in_part_gives_no_op_table():
+    held = {s: step_timings(s, float(s), [16] * N) for s in (0, 1, 3)}
+    assert window_of(steps(0, 3), held, "j", B) is None
+    trace = window_of(steps(0, 1), held, "j", B)
+    assert trace is not None and sorted(set(trace.ops["step"].tolist())) == [0, 1]
+
+
+def test_poll_returns_typed_windows_once_and_skips_what_is_not_one():
+    """A stand-in monitor: the windows as the monitor's JSON, with one malformed entry."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    pages = [{"windows": [
+        {"idx": 1, "first_step": 4, "last_step": 7, "slowdown": 1.8, "waste": 0.4, "m_w": 1.1,
+         "m_s": 1.0, "error": None, "reason": "complete", "closed_at": 2.0, "analysed_at": 2.1,
+         "analysis_s": 0.1, "causes": ["slow_compute"], "added_later": 1},
+        {"idx": 0, "first_step": 0, "last_step": 3, "slowdown": None, "waste": None,
+         "m_w": None, "m_s": None, "error": "rank 2 missing", "reason": "stalled",
+         "closed_at": 1.0, "analysed_at": 1.0, "analysis_s": 0.0},
+        {"idx": "2", "first_step": 8}]}]
+    pages.append(pages[0])   # the same windows again: none is new
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(pages.pop(0)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        windows = MonitorWindows(f"http://127.0.0.1:{server.server_port}", "job")
+        first = windows.poll()
+        assert [type(w) for w in first] == [WindowSummary, WindowSummary]
+        assert [w.idx for w in first] == [0, 1] and windows.failures == 1   # "2" is skipped
+        assert first[0].error == "rank 2 missing" and first[0].causes == []
+        assert first[1].slowdown == 1.8 and first[1].causes == ["slow_compute"]
+        assert windows.poll() == [] and windows.failures == 2
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -6,7 +6,8 @@ never blocking training); the monitor cuts windows of steps every rank finished 
 them. Rank 0 follows the job's analysed windows over the monitor's HTTP API
 (`MonitorWindows.poll`) and feeds each to `AdvisePolicy.observe_window` as the op table of
 exactly that window's steps; its decisions are broadcast so every rank switches at the same
-step. Standard library only (no torch, no monitor extra on a training node).
+step. Each window comes back typed, as the monitor's own `WindowSummary` (the JSON it serves,
+decoded). No torch, no monitor extra on a training node: the standard library and msgspec.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+import msgspec
+
 from stragglers.advice.window import StepTiming, window_trace
 from stragglers.errors import InputError
+from stragglers.monitor.records import WindowSummary
 from stragglers.serving import check_url
 from stragglers.trace.model import Trace
 
@@ -94,37 +98,52 @@ class MonitorWindows:
         self.seen = -1
         self.failures = 0
 
-    def poll(self) -> list[dict]:
-        """Windows analysed since the last poll: {idx, first_step, last_step, slowdown, error, ...}.
+    def poll(self) -> list[WindowSummary]:
+        """Windows analysed since the last poll, oldest first (the monitor's window summaries).
 
         A monitor that is down, slow or does not know the job yet gives no windows (it must
-        never stop training); the failure is counted and logged.
+        never stop training); the failure is counted and logged. A window that is not a
+        window summary (another monitor version, a proxy's page) is skipped and counted too.
         """
         request = urllib.request.Request(self.url, headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                body = json.loads(response.read())
+                body = msgspec.json.decode(response.read(), type=_JobWindows)
         except urllib.error.HTTPError as exc:
             if exc.code != 404:  # 404: the job's meta has not arrived yet
                 self.failures += 1
                 log.warning("monitor %s: HTTP %d", self.url, exc.code)
             return []
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:   # msgspec's DecodeError is a ValueError
             self.failures += 1
-            log.warning("monitor %s unreachable: %s", self.url, exc)
+            log.warning("monitor %s unreachable or not a monitor: %s", self.url, exc)
             return []
-        new = [w for w in body.get("windows") or [] if isinstance(w, dict)
-               and isinstance(w.get("idx"), int) and w["idx"] > self.seen]
-        new.sort(key=lambda w: w["idx"])
+        new: list[WindowSummary] = []
+        for raw in body.windows or []:
+            try:
+                window = msgspec.convert(raw, WindowSummary)
+            except msgspec.ValidationError as exc:
+                self.failures += 1
+                log.warning("monitor %s: skipped a window: %s", self.url, exc)
+                continue
+            if window.idx > self.seen:
+                new.append(window)
+        new.sort(key=lambda w: w.idx)
         if new:
-            self.seen = new[-1]["idx"]
+            self.seen = new[-1].idx
         return new
 
 
-def window_of(summary: dict, timings_by_step: dict[int, list[StepTiming]], name: str,
+class _JobWindows(msgspec.Struct):
+    """The part of GET /api/jobs/{job} that is read here: its windows, each checked apart."""
+
+    windows: list[object] | None = None
+
+
+def window_of(summary: WindowSummary, timings_by_step: dict[int, list[StepTiming]], name: str,
               global_batch: int, calibration: dict | None = None) -> Trace | None:
     """The op table of a monitor window's steps from the job's own timings (None if not all held)."""
-    steps = range(int(summary["first_step"]), int(summary["last_step"]) + 1)
+    steps = range(summary.first_step, summary.last_step + 1)
     if not all(s in timings_by_step for s in steps):
         return None
     return window_trace([timings_by_step[s] for s in steps], name=name,
