@@ -148,3 +148,24 @@ def test_transfers_feed_their_own_microbatch_where_compute_is_cut_unevenly():
     assert _node(grid, 1, "forward-recv", 0) in model.deps[_node(grid, 1, "forward-compute", 0)]
     w = WhatIf.build(grid)  # every edge holds in time: the replay reproduces each step
     np.testing.assert_allclose(w.t_replay, w.t_base, rtol=1e-6)
+
+
+def test_replica_steps_missing_an_actions_pieces_have_no_say_in_how_it_is_cut():
+    """The first forward's cut pieces and gathers missing in 6 of the 10 replica-steps (rows
+    lost): the 4 that hold them still join them into one action; counted as "not cut", the
+    missing ones split it, and the second receive fed a piece of the first forward (a cycle)."""
+    import dataclasses
+
+    grid = build_grid(_fsdp_replicas(action_trace(single_orders(2, 2, "1f1b"), steps=5, seed=2)))
+    gone = np.zeros(grid.shape[1:], bool)
+    gone[1, :] = gone[0, 4] = True
+    start, duration, present = grid.start.copy(), grid.duration.copy(), grid.present.copy()
+    for n in (_node(grid, 1, "forward-compute", 1), _node(grid, 1, "forward-compute", 2),
+              _node(grid, 1, "params-all-gather", 0), _node(grid, 1, "params-all-gather", 1)):
+        start[n][gone], duration[n][gone], present[n][gone] = np.nan, 0.0, False
+    holed = dataclasses.replace(grid, start=start, duration=duration, present=present)
+    for g in (grid, holed):
+        model = build_dependencies(g)
+        fwd1, recv1 = _node(g, 1, "forward-compute", 3), _node(g, 1, "forward-recv", 1)
+        assert recv1 in model.deps[fwd1]
+        assert recv1 not in model.deps[_node(g, 1, "forward-compute", 2)]

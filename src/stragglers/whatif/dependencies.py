@@ -336,16 +336,19 @@ def recorded_per_action(grid: OpGrid) -> bool:
     return bool(p2p.any()) and not np.any(grid.node_gmc[p2p] == grid.node_stage[p2p])
 
 
+def _most(yes: np.ndarray, held: np.ndarray) -> bool:
+    """Whether yes holds in most of the replica-steps that hold the ops asked about (bool
+    arrays of one shape; none held: no). One replica-step may differ; one missing an op has no
+    say (counted as "no", replica-steps without an action's pieces split it)."""
+    return 2 * int((yes & held).sum()) > int(held.sum())
+
+
 def _posted_after(grid: OpGrid, pause: int, recv: int) -> bool:
-    """Whether a recv was posted after the gc pause before its compute op: in most of the
-    replica-steps holding both, the pause ended before the recv started (majority, as
-    _actions decides an action's pieces: one replica-step may differ)."""
-    both = grid.present[pause] & grid.present[recv]
-    if not both.any():
-        return False
+    """Whether a recv was posted after the gc pause before its compute op: the pause ended
+    before the recv started in most replica-steps holding both (`_most`)."""
     pause_end = grid.start[pause] + grid.duration[pause]
-    before = (pause_end <= grid.start[recv] + _EPS) & both
-    return 2 * int(before.sum()) > int(both.sum())
+    return _most(pause_end <= grid.start[recv] + _EPS,
+                 grid.present[pause] & grid.present[recv])
 
 
 def _schedule_p2p(grid: OpGrid, stage: int, stream: list[int], of_type, chain, deps, ref_start,
@@ -399,9 +402,9 @@ def _actions(grid: OpGrid, nodes: np.ndarray, comp: list[int]) -> list[list[int]
     gathers, which run in a step's first microbatch only, so actions differ in their number of
     pieces): a piece continues the action of the piece before it when only collectives (and GC
     pauses) lie between the two, at least one of them. Between two actions the schedule posts
-    a transfer, or runs other compute. Decided by the majority of replica-steps (of the first
-    `_VOTE` of each), as a transfer row queued behind an earlier one may start anywhere; pieces
-    never cut are actions of one piece each, as before.
+    a transfer, or runs other compute. Decided by the majority of the replica-steps holding
+    both pieces (of the first `_VOTE` of each; `_most`), as a transfer row queued behind an
+    earlier one may start anywhere; pieces never cut are actions of one piece each, as before.
     """
     if not comp:
         return []
@@ -411,7 +414,7 @@ def _actions(grid: OpGrid, nodes: np.ndarray, comp: list[int]) -> list[list[int]
     if not len(coll):
         return [[c] for c in comp]
     cells = (slice(None), slice(0, _VOTE), slice(0, _VOTE))
-    start, dur = grid.start[cells], grid.duration[cells]
+    start, dur, present = grid.start[cells], grid.duration[cells], grid.present[cells]
     actions = [[comp[0]]]
     for p, q in zip(comp, comp[1:]):
         lo, hi = start[p] + dur[p] - _EPS, start[q] + _EPS                   # [D', T']
@@ -419,7 +422,7 @@ def _actions(grid: OpGrid, nodes: np.ndarray, comp: list[int]) -> list[list[int]
         cut = ((cs >= lo) & (cs + dur[coll] <= hi)).any(axis=0)
         mid = other[(other != p) & (other != q)]
         between = ((start[mid] >= lo) & (start[mid] < start[q] - _EPS)).any(axis=0)
-        if np.mean(cut & ~between) > 0.5:
+        if _most(cut & ~between, present[p] & present[q]):
             actions[-1].append(q)
         else:
             actions.append([q])
