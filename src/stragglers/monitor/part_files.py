@@ -1,9 +1,8 @@
-"""Part files on disk: opened only when regular and bounded, mapped, written atomically."""
+"""Part files on disk: opened only when regular and bounded, read in place, written atomically."""
 
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import stat
 from pathlib import Path
@@ -35,11 +34,47 @@ def open_part_file(path: Path, limit: int = MAX_PART_FILE_BYTES):
 
 
 
-def mapped(f, size: int):
-    """The bytes of an open file, mapped (only the page headers are touched)."""
-    if size == 0:
-        return contextlib.nullcontext(b"")
-    return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+def file_bytes(f, size: int):
+    """The bytes of an open file as `size` long, read where touched (only the page headers
+    are): a read past what the file now holds raises OSError. Not an mmap: a file truncated
+    by its writer while mapped killed the whole monitor with SIGBUS on the next page read."""
+    return contextlib.nullcontext(FileBytes(f.fileno(), size))
+
+
+class FileBytes:
+    """Indexable bytes of an open file (ints and slices), read with pread in blocks."""
+
+    BLOCK = 1 << 16
+
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, size
+        self._base, self._block = 0, b""
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _read(self, start: int, n: int) -> bytes:
+        got = os.pread(self.fd, n, start)
+        if len(got) < n:
+            raise OSError(f"the file shrank while read ({start + len(got)} bytes where "
+                          f"{self.size} were)")
+        return got
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.size)
+            if step != 1:
+                raise ValueError("expected a contiguous slice")
+            return self._read(start, max(0, stop - start))
+        i = key + self.size if key < 0 else key
+        if not 0 <= i < self.size:
+            raise IndexError("index past the file's end")
+        off = i - self._base
+        if not 0 <= off < len(self._block):
+            self._base = i
+            self._block = self._read(i, min(self.BLOCK, self.size - i))
+            off = 0
+        return self._block[off]
 
 
 

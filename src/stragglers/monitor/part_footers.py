@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stragglers.errors import InputError
-from stragglers.monitor.part_files import mapped, open_part_file
+from stragglers.monitor.part_files import file_bytes, open_part_file
 from stragglers.monitor.part_limits import ALLOWED_COLUMNS, MAX_FOOTER_BYTES, \
     check_decode_budget, check_page_headers, check_part_rows, footer_length, guarded
 from stragglers.monitor.part_names import parse_part_name
@@ -74,7 +74,7 @@ def read_part_footer(path: Path) -> PartFile | InputError | None:
                                       f"one of more than {MAX_FOOTER_BYTES} bytes)")
                 f.seek(0)
             meta = pq.read_metadata(f)
-            with mapped(f, nbytes) as data:
+            with file_bytes(f, nbytes) as data:
                 bad = check_page_headers(meta, data, path)
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -77,7 +77,7 @@ def check_decode_budget(meta, source: object) -> InputError | None:
 def check_page_headers(meta, data, source: object) -> InputError | None:
     """A part whose page headers declare more than its footer (a page of 2 GB uncompressed, a
     page past its column chunk, a dictionary of 2**31 values) is refused before any page is
-    decoded (pages.check_pages); `data`: the whole file (bytes or an mmap)."""
+    decoded (pages.check_pages); `data`: the whole file (bytes or part_files.FileBytes)."""
     footer = footer_length(bytes(data[-8:])) if len(data) >= 12 else None
     if footer is None:
         return None   # no Parquet footer: the reader says so

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stragglers.errors import InputError
-from stragglers.monitor.part_files import mapped, open_part_file
+from stragglers.monitor.part_files import file_bytes, open_part_file
 from stragglers.monitor.part_limits import ALLOWED_COLUMNS, check_decode_budget, \
     check_page_headers, check_part_rows, guarded
 from stragglers.monitor.part_names import parse_part_name
@@ -193,7 +193,7 @@ def _read_file(path: Path) -> tuple[pa.Table, int]:
     except OSError as exc:
         raise InputError(path, None, f"cannot be opened ({exc.strerror})") from None
     try:
-        with f, mapped(f, size) as data:
+        with f, file_bytes(f, size) as data:
             return read_small_parquet(f, path, data), size
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
