@@ -29,8 +29,8 @@ _HOST_CHARS = 255
 def check_meta(raw: object, source: Path | str, max_bytes: int = MAX_META_BYTES) -> JobMeta:
     """The JobMeta of a meta.json mapping; InputError naming `source` and the field unless
     every value is plain finite JSON of at most `max_bytes`, the sizes agree, `extra.layout`
-    is a list of {rank, [dp_rank], [stage], [host]} with distinct int ranks inside the world
-    size, and `extra.clock` is a mapping."""
+    is a list of {rank, [dp_rank], [stage], [host]}, one per rank of the world size, and
+    `extra.clock` is a mapping."""
     _check_plain(raw, source, "", 0)
     try:
         size = len(json.dumps(raw, allow_nan=False))
@@ -80,9 +80,11 @@ def _check_layout(layout: object, meta: JobMeta, source) -> None:
     if not isinstance(layout, list):
         raise InputError(source, "extra.layout", f"expected a list of rank entries, got "
                          f"{type(layout).__name__}")
-    if len(layout) > meta.world_size:
-        raise InputError(source, "extra.layout", f"{len(layout)} entries; expected at most "
-                         f"the world size ({meta.world_size})")
+    if len(layout) != meta.world_size:
+        # a window waits for the layout's ranks: one that left ranks out (or listed none) had
+        # its windows cut without them, each analysed as a failure
+        raise InputError(source, "extra.layout", f"{len(layout)} entries; expected one per "
+                         f"rank of the world size ({meta.world_size}), as the recorder writes")
     seen: set[int] = set()
     for i, raw in enumerate(layout):
         field = f"extra.layout[{i}]"

@@ -1,0 +1,39 @@
+"""meta.json documents that are valid JSON but not a job the monitor can analyse (issue 34):
+refused before anything is stored, over HTTP and in watched directories."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from monitor_jobs import get, slow_job
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+
+TOKEN = "hostile-meta-token-0123"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=0.5)
+
+
+@pytest.mark.slow
+def test_a_layout_that_leaves_ranks_out_is_refused(tmp_path):
+    # a window waits for the layout's ranks: a layout of rank 0 alone (or of none) had every
+    # window of a 4-rank job cut without the others and stored as an analysis failure
+    trace = slow_job(steps=10)
+    layout = trace.meta.extra["layout"]
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for i, entries in enumerate((layout[:1], [], layout[:3])):
+                meta = trace.meta.to_dict()
+                meta["extra"] = {**meta["extra"], "layout": entries}
+                r = c.put(f"/api/jobs/j{i}/meta", content=json.dumps(meta), headers=AUTH)
+                assert r.status_code == 422, r.text
+                assert "extra.layout" in r.json()["error"] and "one per rank" in r.json()["error"]
+                assert c.get(f"/api/jobs/j{i}").status_code == 404
+            assert get(c, "/api/jobs")["jobs"] == []
+            assert c.get("/health").status_code == 200
+    finally:
+        s.stop()
