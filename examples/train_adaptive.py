@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import torch
 import torch.distributed as dist
 from sklearn.datasets import load_digits
@@ -165,7 +166,7 @@ def main() -> None:
     dist.barrier()
     ckpt_path = args.workdir / "checkpoint.pt"
     state = load_job_checkpoint(ckpt_path, model, optimizer, client)
-    step = state["step"] if state else 0
+    step = state.step if state else 0
 
     speeds = parse_speeds(args.speeds, world)
     device = SimulatedDevice(rank, speeds, args.sample_time, args.transient_rate,
@@ -246,8 +247,9 @@ def main() -> None:
     agent.close()
     dd.close()
     if rank == 0:
-        summary = {"steps": step, "incarnation": incarnation, "failed_shards": client.status()["failed"],
-                   "control": client.control_state(), "late_actions": agent.late}
+        summary = {"steps": step, "incarnation": incarnation,
+                   "failed_shards": msgspec.to_builtins(client.status().failed),
+                   "control": msgspec.to_builtins(client.control_state()), "late_actions": agent.late}
         (args.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"done: {step} steps, last loss {last_loss:.4f}, batch sizes {agent.batch_sizes}")
         print(times.verdict(args.policy), flush=True)

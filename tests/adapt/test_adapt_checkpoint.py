@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from conftest import REPO
-from stragglers.adapt.checkpoint import fsync_directory, read_checkpoint
+from stragglers.adapt.checkpoint import JobCheckpoint, fsync_directory, read_checkpoint
+from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.replies import Snapshot
 from stragglers.errors import InputError
 
 EXAMPLE = REPO / "examples" / "train_adaptive.py"
@@ -41,18 +43,30 @@ def test_a_checkpoint_of_plain_state_round_trips(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    state = {"step": 7, "model": model.state_dict(), "optimizer": opt.state_dict(),
-             "shards": {"dataset": {"name": "d"}, "epochs_created": 1, "shards": [[0, 0, "DONE", 3, 0, 1, None]]},
-             "extra": {}}
-    torch.save(state, tmp_path / "c.pt")
+    snap = Snapshot(DatasetConfig("d", 3, 3), 1, [(0, 0, "DONE", 3, 0, 1, None)])
+    state = JobCheckpoint(7, model.state_dict(), opt.state_dict(), snap, {"note": "x"})
+    plain = state.to_plain()
+    # the file holds the snapshot as the JSON document the service sent (lists, no objects)
+    assert plain["shards"] == {"dataset": {"name": "d", "num_samples": 3, "shard_size": 3,
+                                           "seed": 0, "num_epochs": 1, "lease_s": 30.0,
+                                           "max_retries": 3},
+                               "epochs_created": 1, "shards": [[0, 0, "DONE", 3, 0, 1, None]]}
+    torch.save(plain, tmp_path / "c.pt")
     fsync_directory(tmp_path)
     back = read_checkpoint(tmp_path / "c.pt")
-    assert back["step"] == 7 and back["shards"] == state["shards"]
-    assert torch.equal(back["model"]["weight"], model.state_dict()["weight"])
+    assert back.step == 7 and back.shards == snap and back.extra == {"note": "x"}
+    assert torch.equal(back.model["weight"], model.state_dict()["weight"])
     assert read_checkpoint(tmp_path / "absent.pt") is None
     torch.save({"step": 1}, tmp_path / "partial.pt")
     with pytest.raises(InputError, match="model"):
         read_checkpoint(tmp_path / "partial.pt")
+    torch.save({**plain, "shards": {**plain["shards"], "shards": [[0, 0, "DONE"]]}},
+               tmp_path / "bad.pt")
+    with pytest.raises(InputError, match="shards.*not a shard snapshot"):
+        read_checkpoint(tmp_path / "bad.pt")
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(InputError, match="not a checkpoint"):
+        read_checkpoint(tmp_path / "list.pt")
 
 
 @pytest.mark.slow

@@ -105,8 +105,8 @@ def test_a_repeated_snapshot_is_built_once_and_never_stale(server):
     first = [httpx.get(f"{server.url}/datasets/d/snapshot").json() for _ in range(5)]
     assert reader.computed == 1 and all(s == first[0] for s in first)
     client.ack(lease.epoch, lease.shard, 7)   # acknowledged: the next snapshot has it
-    row = next(r for r in client.snapshot()["shards"] if r[1] == lease.shard)
-    assert row[2:4] == ["DOING", 7] and reader.computed == 2
+    row = next(r for r in client.snapshot().shards if r[1] == lease.shard)
+    assert row[2:4] == ("DOING", 7) and reader.computed == 2
 
 
 def test_queued_reads_are_bounded(tmp_path):
@@ -238,8 +238,8 @@ def test_replayed_request_ids_never_lease_a_new_shard(server):
         done = lease("req-0")["leases"]
         assert done == [{**held[0], "offset": 10, "indices": [], "held": False}]
     status = client.status()
-    assert status["epochs"]["0"]["DOING"] == 3 and status["epochs"]["0"]["DONE"] == 1
-    assert status["epochs"]["0"]["TODO"] == 6 and status["failed"] == []
+    assert status.epochs["0"]["DOING"] == 3 and status.epochs["0"]["DONE"] == 1
+    assert status.epochs["0"]["TODO"] == 6 and status.failed == []
     with sqlite3.connect(server.db) as c:
         assert c.execute("SELECT MAX(retries) FROM shards").fetchone()[0] == 0
 
@@ -292,7 +292,7 @@ def test_a_damaged_row_quarantines_its_data_set_not_the_service(tmp_path, damage
         assert "'bad'" in quarantined.json()["error"]
         assert dump(db)["bad"] == before["bad"], "a quarantined data set was changed"
         good = clients["good"]
-        assert good.lease().status == "ok" and good.status()["epochs"]["0"]["DOING"] == 1
+        assert good.lease().status == "ok" and good.status().epochs["0"]["DOING"] == 1
         assert httpx.get(f"{srv.url}/health").status_code == 200
     finally:
         srv.stop()
@@ -411,7 +411,7 @@ def test_a_stranger_polling_a_big_snapshot_in_training_does_not_make_it_rebuild(
         owner.ack(held.epoch, held.shard, 1)   # DONE: the data set changed
         again = httpx.get(f"{srv.url}/datasets/big/snapshot", timeout=120)
         assert again.content == first.content and reader.computed == 1
-        fresh = owner.snapshot()["shards"]
+        fresh = owner.snapshot().shards
         assert fresh[held.shard][2] == "DONE" and reader.computed == 2
     finally:
         srv.stop()

@@ -16,6 +16,7 @@ import pytest
 
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.replies import to_builtins
 from stragglers.adapt.service import EmbeddedServer
 
 OWNER, OTHER, NEW = "owner-token-0123456789", "other-token-0123456789", "new-job-token-0123456789"
@@ -190,7 +191,7 @@ def setup(tmp_path_factory):
     other.create_dataset(DatasetConfig("e", 40, 10))
     owner.configure_control(CONFIG)
     owner.report_steps(0, [[3, 0.1, 32]], "", 1)
-    snap = owner.snapshot()
+    snap = to_builtins(owner.snapshot())   # the JSON document, to tamper with
     free = next(s for s in range(4) if s != held.shard)
     yield {"url": srv.url, "db": db, "shard": held.shard, "free": free, "snap": snap,
            "tables": tables(db), "state": httpx.get(f"{srv.url}/jobs/d/control/state").json()}
@@ -261,7 +262,7 @@ def test_a_lease_whose_reply_was_lost_is_returned_again(setup):
 def test_jobs_have_separate_controllers(setup):
     other = ShardClient(setup["url"], "e", "agent", token=OTHER, service_token=SERVICE)
     other.configure_control({"policy": "dd", "world_size": 4, "global_batch": 128})
-    assert other.control_state()["config"]["policy"] == "dd"
+    assert other.control_state().config["policy"] == "dd"
     assert httpx.get(f"{setup['url']}/jobs/d/control/state").json()["config"]["policy"] == "nd"
 
 

@@ -12,7 +12,8 @@ from stragglers.adapt.controller import (ADJUST_BS, KILL_RESTART, Actions, Adjus
                                          ControlConfig, Controller, ControllerState,
                                          KillRestart)
 from stragglers.adapt.dataset import DatasetConfig
-from stragglers.adapt.replies import Joined, LeaseReply, Status, from_json, to_builtins
+from stragglers.adapt.replies import (Joined, LeaseReply, Snapshot, Status, from_json,
+                                      to_builtins)
 from stragglers.adapt.shards import ShardStore
 from stragglers.protocols import CONTROLLER_POLICIES, ControllerPolicy
 
@@ -56,6 +57,20 @@ def test_status_has_the_protocols_keys_and_reads_back(tmp_path):
     assert sent["dataset"] == asdict(cfg)
     assert sent["epochs"] == {"0": {"TODO": 2, "DOING": 1, "DONE": 0, "FAILED": 0}}
     assert from_json(sent, Status) == store.status("d")
+    store.close()
+
+
+def test_a_snapshot_reads_back_and_is_sent_as_the_same_json(tmp_path):
+    store = ShardStore(tmp_path / "s.db")
+    store.create_dataset(DatasetConfig("d", 30, 10, num_epochs=2))
+    store.lease("d", "w", store.join("d", "w").fence)
+    sent = store.snapshot("d")   # the JSON document GET .../snapshot answers
+    snap = from_json(sent, Snapshot)
+    assert snap.dataset == DatasetConfig("d", 30, 10, num_epochs=2) and snap.epochs_created == 1
+    assert [row[:3] for row in snap.shards] == [(0, 0, "DOING"), (0, 1, "TODO"), (0, 2, "TODO")]
+    assert wire(snap) == sent   # what ShardClient.restore sends back
+    with pytest.raises(ValueError, match=r"Snapshot.*shards"):
+        from_json({**sent, "shards": [[0, 0, "TODO", 0]]}, Snapshot)
     store.close()
 
 

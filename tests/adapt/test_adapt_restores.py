@@ -14,7 +14,7 @@ from conftest import eventually
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig, validate_snapshot
 from stragglers.adapt.errors import Conflict
-from stragglers.adapt.replies import Restored
+from stragglers.adapt.replies import Restored, to_builtins
 from stragglers.adapt.restores import RESTORE_CHUNK, prepare_restore
 from stragglers.adapt.service import EmbeddedServer
 from stragglers.adapt.shards import ShardStore
@@ -74,9 +74,9 @@ def test_a_restore_is_written_in_chunks_other_calls_between(big, tmp_path):
     # the replaced rows are deleted after the switch, and the state is the snapshot's
     eventually(lambda: rows_of_big(db) == N_SHARDS, what="the replaced rows deleted")
     after = owner.snapshot()
-    assert after["epochs_created"] == snap["epochs_created"]
-    assert len(after["shards"]) == N_SHARDS
-    assert owner.status()["epochs"]["0"]["DOING"] == 0   # the held shard went back to TODO
+    assert after.epochs_created == snap.epochs_created and after.dataset == snap.dataset
+    assert len(after.shards) == N_SHARDS
+    assert owner.status().epochs["0"]["DOING"] == 0   # the held shard went back to TODO
 
 
 def test_a_restore_is_prepared_outside_the_serving_process(big, monkeypatch):
@@ -100,9 +100,10 @@ def test_a_restore_is_prepared_outside_the_serving_process(big, monkeypatch):
     monkeypatch.setattr(ShardStore, "restore_rows", restore_rows)
     assert owner.restore(snap) == Restored(N_SHARDS, 1)
     assert steps and max(steps) <= RESTORE_CHUNK and sum(steps) == N_SHARDS
-    assert owner.status()["epochs"]["0"]["DOING"] == 0   # the held shard went back to TODO
+    assert owner.status().epochs["0"]["DOING"] == 0   # the held shard went back to TODO
     # its refusals still come back as the service's 4xx (built again from the child's values)
-    bad = {**snap, "dataset": {**snap["dataset"], "name": "other"}}
+    plain = to_builtins(snap)
+    bad = {**plain, "dataset": {**plain["dataset"], "name": "other"}}
     r = httpx.post(f"{srv.url}/datasets/big/restore", json=bad,
                    headers={"Authorization": f"Bearer {OWNER}"}, timeout=60)
     assert r.status_code == 400 and "dataset.name" in r.json()["error"], r.text
@@ -115,7 +116,7 @@ def test_one_restore_per_token_at_once(big, tmp_path):
     t.start()
     try:
         eventually(lambda: staged_rows(db) > 0, what="the first restore under way")
-        r = httpx.post(f"{srv.url}/datasets/big/restore", json=snap,
+        r = httpx.post(f"{srv.url}/datasets/big/restore", json=to_builtins(snap),
                        headers={"Authorization": f"Bearer {OWNER}"}, timeout=60)
         assert r.status_code == 503 and r.json()["kind"] == "Busy", r.text
         assert "restore is under way" in r.json()["error"]

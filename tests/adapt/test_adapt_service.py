@@ -92,7 +92,7 @@ def test_killed_worker_mid_shard_loses_nothing(server, tmp_path):
     counts = consumed(log_a, log_b)
     assert {i for _, i in counts} == set(range(400)), "a sample was lost"
     assert sum(counts.values()) - 400 <= BATCH, "replay beyond the stated bound (one batch)"
-    assert admin(server.url).status()["epochs"]["0"] == {"TODO": 0, "DOING": 0, "DONE": 10,
+    assert admin(server.url).status().epochs["0"] == {"TODO": 0, "DOING": 0, "DONE": 10,
                                                          "FAILED": 0}
 
 
@@ -115,7 +115,7 @@ def test_expired_lease_of_a_hung_worker_is_reassigned(server, tmp_path):
     assert {i for _, i in counts} == set(range(300))
     assert sum(counts.values()) - 300 <= BATCH
     assert json.loads(out_a.splitlines()[-1])["lost_samples"] <= BATCH
-    assert admin(server.url).status()["epochs"]["0"]["DONE"] == 10
+    assert admin(server.url).status().epochs["0"]["DONE"] == 10
 
 
 @pytest.mark.slow
@@ -136,7 +136,7 @@ def test_hung_predecessor_with_the_same_name_is_fenced_off(server, tmp_path):
     counts = consumed(log_old, log_new)
     assert {i for _, i in counts} == set(range(400))
     assert sum(counts.values()) - 400 <= BATCH, "the fenced predecessor trained past one batch"
-    assert admin(server.url).status()["epochs"]["0"]["DONE"] == 10
+    assert admin(server.url).status().epochs["0"]["DONE"] == 10
 
 
 class Service:
@@ -208,17 +208,17 @@ def test_service_killed_three_times_resumes_exactly_once(service, tmp_path):
     assert {i for e, i in seen if e == 0} == set(range(300))
     assert {i for e, i in seen if e == 1} == set(range(300))
     status = client.status()
-    assert all(v["DONE"] == 15 for v in status["epochs"].values())
+    assert all(v["DONE"] == 15 for v in status.epochs.values())
     assert retries(service.db) == (None, 0)
     with sqlite3.connect(service.db) as c:
         assert c.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     cli = subprocess.run([sys.executable, "-m", "stragglers.cli", "adapt", "status", "d", "--url",
                           service.url], capture_output=True, text=True, env=ENV, timeout=120)
     assert cli.returncode == 0, cli.stderr
-    assert json.loads(cli.stdout)["epochs"] == status["epochs"]
+    assert json.loads(cli.stdout)["epochs"] == status.epochs
     old = subprocess.run([sys.executable, "-m", "stragglers.cli", "shard-status", "d", "--url",
                           service.url], capture_output=True, text=True, env=ENV, timeout=120)
-    assert old.returncode == 0 and json.loads(old.stdout)["epochs"] == status["epochs"]
+    assert old.returncode == 0 and json.loads(old.stdout)["epochs"] == status.epochs
 
 
 @pytest.mark.slow

@@ -1,21 +1,61 @@
 """Model + optimizer + shard state in one file, written atomically at the same step.
 
 The file holds only tensors and plain containers, and is read with `torch.load(weights_only=True)`:
-a tampered checkpoint cannot run code. The shard snapshot inside it is validated by the service
-on restore like any other request.
+a tampered checkpoint cannot run code. This module is where the typed shard snapshot
+(`replies.Snapshot`) becomes the plain JSON document the file holds and back (`JobCheckpoint`);
+the service validates it again on restore like any other request.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 
 from stragglers.adapt.client import ShardClient
+from stragglers.adapt.replies import Snapshot
 from stragglers.errors import InputError
+
+
+@dataclass(frozen=True)
+class JobCheckpoint:
+    """What a checkpoint holds: the step, the model's and optimizer's state, the shard snapshot."""
+
+    step: int
+    model: dict[str, Any]       # model.state_dict()
+    optimizer: dict[str, Any]   # optimizer.state_dict()
+    shards: Snapshot
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_plain(self) -> dict[str, Any]:
+        """The file's form: tensors and plain containers only (the snapshot as its JSON document)."""
+        return {"step": self.step, "model": self.model, "optimizer": self.optimizer,
+                "shards": msgspec.json.decode(msgspec.json.encode(self.shards)),
+                "extra": self.extra}
+
+    @classmethod
+    def from_plain(cls, state: dict[str, Any], source: str | Path) -> JobCheckpoint:
+        """Read back what `to_plain` wrote (InputError naming the first field that is not)."""
+        missing = {"step", "model", "optimizer", "shards"} - set(state)
+        if missing:
+            raise InputError(source, sorted(missing)[0], "missing from the checkpoint")
+        try:
+            shards = msgspec.convert(state["shards"], Snapshot)
+        except msgspec.ValidationError as exc:
+            raise InputError(source, "shards", f"not a shard snapshot: {exc}") from None
+        for name in ("model", "optimizer", "extra"):
+            if not isinstance(state.get(name, {}), dict):
+                raise InputError(source, name, "expected a dict of state")
+        if type(state["step"]) is not int:
+            raise InputError(source, "step", f"expected an integer, got {state['step']!r}")
+        return cls(state["step"], state["model"], state["optimizer"], shards,
+                   state.get("extra") or {})
 
 
 def save_job_checkpoint(path: str | Path, step: int, model: torch.nn.Module,
@@ -31,11 +71,11 @@ def save_job_checkpoint(path: str | Path, step: int, model: torch.nn.Module,
     dist.barrier()
     if dist.get_rank() == 0:
         path = Path(path)
-        state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "shards": client.snapshot(), "extra": extra or {}}
+        state = JobCheckpoint(step, model.state_dict(), optimizer.state_dict(), client.snapshot(),
+                              extra or {})
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
-            torch.save(state, f)
+            torch.save(state.to_plain(), f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -52,8 +92,8 @@ def fsync_directory(directory: str | Path) -> None:
         os.close(fd)
 
 
-def read_checkpoint(path: str | Path) -> dict | None:
-    """The checkpoint's contents (tensors and plain values only), None when there is none."""
+def read_checkpoint(path: str | Path) -> JobCheckpoint | None:
+    """The checkpoint's contents, None when there is none."""
     path = Path(path)
     if not path.exists():
         return None
@@ -66,20 +106,20 @@ def read_checkpoint(path: str | Path) -> dict | None:
     except Exception as exc:  # noqa: BLE001 - unpickling errors come in many types
         raise InputError(path, None, f"not a checkpoint this code wrote, or tampered with"
                          f" ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
-    missing = {"step", "model", "optimizer", "shards"} - set(state if isinstance(state, dict) else ())
-    if missing:
-        raise InputError(path, sorted(missing)[0], "missing from the checkpoint")
-    return state
+    if not isinstance(state, dict):
+        raise InputError(path, None, f"not a checkpoint this code wrote (a {type(state).__name__})")
+    return JobCheckpoint.from_plain(state, path)
 
 
 def load_job_checkpoint(path: str | Path, model: torch.nn.Module,
-                        optimizer: torch.optim.Optimizer, client: ShardClient) -> dict | None:
+                        optimizer: torch.optim.Optimizer, client: ShardClient
+                        ) -> JobCheckpoint | None:
     """Collective: every rank loads the model; rank 0 puts the shard service back to the same step."""
     state = read_checkpoint(path)
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        model.load_state_dict(state.model)
+        optimizer.load_state_dict(state.optimizer)
         if dist.get_rank() == 0:
-            client.restore(state["shards"])
+            client.restore(state.shards)
     dist.barrier()
     return state

@@ -11,12 +11,13 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
-from stragglers.adapt.controller import Actions, ControlConfig
+from stragglers.adapt.controller import Actions, ControlConfig, ControllerView
 from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,
                                      Quarantined, QuotaExceeded)
 from stragglers.adapt.replies import (Acked, Configured, Created, FailedShard, Joined,
-                                      LeaseReply, Released, Requeued, Restored, from_json)
+                                      LeaseReply, Released, Requeued, Restored, Snapshot,
+                                      Status)
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import check_url
 
@@ -62,14 +63,19 @@ class ShardClient:
         """Close the connection pool."""
         self._http.close()
 
-    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None,
-              params: dict[str, int] | None = None, timeout: float | None = None) -> Any:
-        """The JSON answer of one call, retried while the service is unavailable."""
+    def _call(self, method: str, path: str, body: Mapping[str, Any] | msgspec.Struct | None = None,
+              params: dict[str, int] | None = None, timeout: float | None = None) -> bytes:
+        """The JSON answer of one call (its bytes), retried while the service is unavailable."""
+        # a reply Struct (a snapshot: up to 655,360 rows) goes out encoded by msgspec at once
+        content = msgspec.json.encode(body) if isinstance(body, msgspec.Struct) else None
+        json_body = None if content is not None else body
+        headers = {"Content-Type": "application/json"} if content is not None else None
         deadline = time.monotonic() + self.retry_s
         delay = 0.05
         while True:
             try:
-                resp = self._http.request(method, path, json=body, params=params,
+                resp = self._http.request(method, path, json=json_body, content=content,
+                                          headers=headers, params=params,
                                           timeout=timeout or httpx.USE_CLIENT_DEFAULT)
                 if resp.status_code == 429 and _kind(resp) == "RateLimited" and \
                         time.monotonic() + _retry_after(resp) < deadline:
@@ -99,15 +105,18 @@ class ShardClient:
             if resp.status_code == 429:
                 raise QuotaExceeded(msg)
             raise InputError(f"{self.url}{path}", field, msg)
-        return resp.json()
+        return resp.content
 
-    def _typed(self, kind: type[R], method: str, path: str, body: Mapping[str, Any] | None = None,
+    def _typed(self, kind: type[R], method: str, path: str,
+               body: Mapping[str, Any] | msgspec.Struct | None = None,
                params: dict[str, int] | None = None, timeout: float | None = None) -> R:
         """_call's answer read as a `kind` reply (EnvironmentFailure: the service sent another)."""
+        raw = self._call(method, path, body, params, timeout)
         try:
-            return from_json(self._call(method, path, body, params, timeout), kind)
-        except ValueError as exc:   # (InputError, a refusal, is not one: raised by _call)
-            raise EnvironmentFailure(f"shard service {self.url}{path}", str(exc)) from None
+            return msgspec.json.decode(raw, type=kind)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise EnvironmentFailure(f"shard service {self.url}{path}",
+                                     f"not a {kind.__name__} reply: {exc}") from None
 
     def _ds(self, op: str) -> str:
         return f"/datasets/{self.dataset}/{op}"
@@ -152,16 +161,15 @@ class ShardClient:
         """Put the FAILED shards back in the queue."""
         return self._typed(Requeued, "POST", self._ds("retry-failed"), {})
 
-    def status(self) -> dict[str, Any]:
-        """Counts per epoch and state, and the FAILED-shard report: the JSON of replies.Status
-        (a document for reports and the CLI; ShardStore.status() gives it typed)."""
-        return self._call("GET", self._ds("status"))
+    def status(self) -> Status:
+        """Counts per epoch and state, and the FAILED-shard report."""
+        return self._typed(Status, "GET", self._ds("status"))
 
-    def snapshot(self) -> dict[str, Any]:
-        """The shard state to store inside a model checkpoint."""
-        return self._call("GET", self._ds("snapshot"))
+    def snapshot(self) -> Snapshot:
+        """The shard state to store inside a model checkpoint (which holds its plain form)."""
+        return self._typed(Snapshot, "GET", self._ds("snapshot"))
 
-    def restore(self, snap: Mapping[str, Any]) -> Restored:
+    def restore(self, snap: Snapshot) -> Restored:
         """Reset the service to a snapshot taken with the model checkpoint being loaded (a big
         one is written in paced steps: up to RESTORE_TIMEOUT_S)."""
         return self._typed(Restored, "POST", self._ds("restore"), snap,
@@ -183,10 +191,9 @@ class ShardClient:
         """Controller actions with seq >= since."""
         return self._typed(Actions, "GET", self._job("actions"), params={"since": since})
 
-    def control_state(self) -> dict[str, Any]:
-        """The controller's current view (the JSON of controller.ControllerView)."""
-        state: dict[str, Any] = self._call("GET", self._job("state"))
-        return state
+    def control_state(self) -> ControllerView:
+        """The controller's current view."""
+        return self._typed(ControllerView, "GET", self._job("state"))
 
 
 class _ErrorBody(msgspec.Struct):

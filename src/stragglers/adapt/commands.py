@@ -57,10 +57,11 @@ def status_command(
 ) -> None:
     """Print shard counts per epoch and the report of FAILED shards, as JSON."""
     from stragglers.adapt.client import ShardClient
+    from stragglers.adapt.replies import to_builtins
 
     client = ShardClient(url, dataset, worker="cli", retry_s=2.0)
     try:
-        typer.echo(json.dumps(client.status(), indent=1))
+        typer.echo(json.dumps(to_builtins(client.status()), indent=1))
     finally:
         client.close()
 

@@ -3,8 +3,8 @@
 msgspec Structs whose fields are the JSON keys of the protocol (README "Protocol"): the service
 writes them with `to_builtins`, `ShardClient` reads them back (`from_json`). A lease that is
 held (every lease but a replayed one no longer held) omits `held`, as the wire always did.
-A snapshot stays the plain JSON document it is on the wire: checkpoints store it and read it
-back with `torch.load(weights_only=True)`, which loads plain values only.
+A snapshot is typed too (`Snapshot`); a checkpoint stores its plain form, because
+`torch.load(weights_only=True)` loads plain values only: `adapt/checkpoint.py` converts there.
 """
 
 from __future__ import annotations
@@ -71,6 +71,22 @@ class Status(msgspec.Struct):
     epochs: dict[str, dict[str, int]]   # epoch (a JSON key) -> state -> shards
     failed: list[FailedShard]           # the first MAX_FAILED_IN_STATUS
     failed_total: int
+
+
+# epoch, shard, state, consumed, retries, queue_pos, error: one shard's row of a snapshot
+ShardRow = tuple[int, int, str, int, int, int, "str | None"]
+
+
+class Snapshot(msgspec.Struct):
+    """GET .../snapshot (the body of POST .../restore): the data set and every shard's row.
+
+    The service validates a restore body itself (`requests.Snapshot`, strict and bounded); this
+    is the shape a client reads and sends back.
+    """
+
+    dataset: DatasetConfig
+    epochs_created: int
+    shards: list[ShardRow]
 
 
 class Created(msgspec.Struct):
