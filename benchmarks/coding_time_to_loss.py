@@ -3,7 +3,7 @@
 n = 8 workers (+ 1 aggregator), s in {1, 2, 3}, every scheme under the same heavy-tailed
 per-(step, worker) delays, all in one torchrun run:
 
-    torchrun --standalone --nproc-per-node 9 benchmarks/coding_time_to_loss.py \
+    .venv/bin/torchrun --standalone --nproc-per-node 9 benchmarks/coding_time_to_loss.py \
         --delay-dist pareto --delay-scale 0.01 --seeds 0 1 2 --target-loss 0.15
 Goal: exact codes >= 1.5x faster than wait-for-all to the same loss.
 """
@@ -116,7 +116,7 @@ def write_results(table: list[dict[str, str]], args) -> None:
     value = ", ".join(f"{r['speed-up vs wait-for-all (geo mean)']} ({r['scheme']} s {r['s']})"
                       for r in exact)
     write(Run(benchmark="Gradient coding: time to target loss", issue="5",
-              command="torchrun --standalone --nproc-per-node 9 benchmarks/coding_time_to_loss.py "
+              command=".venv/bin/torchrun --standalone --nproc-per-node 9 benchmarks/coding_time_to_loss.py "
                       f"--delay-dist {args.delay_dist} --delay-scale {args.delay_scale:g} --seeds "
                       f"{' '.join(map(str, args.seeds))} --target-loss {args.target_loss:g}"
                       + (f" --max-steps {args.max_steps}" if args.max_steps != 400 else ""),
