@@ -81,6 +81,8 @@ def check_page_headers(meta, data, source: object) -> InputError | None:
     footer = footer_length(bytes(data[-8:])) if len(data) >= 12 else None
     if footer is None:
         return None   # no Parquet footer: the reader says so
+    if bytes(data[:4]) != b"PAR1":   # (the reader looks at the footer's magic only)
+        return InputError(source, None, "does not start with PAR1; expected a Parquet file")
     bad = check_pages(meta, data, len(data) - 8 - footer)
     if bad is None:
         return None

@@ -17,6 +17,7 @@ from stragglers.monitor.part_limits import ALLOWED_COLUMNS, check_decode_budget,
     check_page_headers, check_part_rows, guarded
 from stragglers.monitor.part_names import parse_part_name
 from stragglers.trace.columns import table_to_columns
+from stragglers.trace.model import OPTYPE_CODES
 
 if TYPE_CHECKING:
     from stragglers.monitor.part_footers import PartFile
@@ -53,7 +54,37 @@ def check_part(table: pa.Table, source: object, rank: int, part: int, nbytes: in
         other = int(cols["rank"][cols["rank"] != rank][0])
         raise InputError(source, "rank", f"rows of rank {other} in a part of rank {rank}; "
                          "expected one rank per part")
+    check_op_ids(cols, source)
     return PartData(rank, part, cols, nbytes)
+
+
+MAX_SEQ_ID = (1 << 24) - 1   # the what-if grid's op numbers (whatif.grid._SEQ_BITS)
+_GC = OPTYPE_CODES["gc"]
+
+
+def check_op_ids(cols: dict[str, np.ndarray], source: object) -> None:
+    """InputError unless every op (gc pauses aside: the grid numbers those itself) has a
+    seq_id in 0..MAX_SEQ_ID and no two share (dp_rank, stage, step, optype, seq_id): the
+    analysis refuses both, and one such part failed the whole window of every rank."""
+    keep = cols["optype"] != _GC
+    seq = cols["seq_id"][keep].astype(np.int64)
+    if not len(seq):
+        return
+    if int(seq.min()) < 0 or int(seq.max()) > MAX_SEQ_ID:
+        bad = int(seq[(seq < 0) | (seq > MAX_SEQ_ID)][0])
+        raise InputError(source, "seq_id", f"seq_id {bad}; expected 0..{MAX_SEQ_ID}")
+    op = (cols["optype"][keep].astype(np.int64) << 24) | seq
+    keys = (op, cols["step"][keep], cols["stage"][keep], cols["dp_rank"][keep])
+    order = np.lexsort(keys)
+    same = np.ones(len(order) - 1, dtype=bool)
+    for k in keys:
+        s = k[order]
+        same &= s[1:] == s[:-1]
+    if same.any():
+        i = int(order[int(np.argmax(same))])
+        raise InputError(source, "seq_id", f"two ops share (step {int(keys[1][i])}, seq_id "
+                         f"{int(seq[i])}) on one worker; expected seq_id to number each op "
+                         "type within a step and worker")
 
 
 
@@ -109,6 +140,7 @@ def _check_group(tables: list[pa.Table], ranks: list[int]) -> dict[str, np.ndarr
                          [t.num_rows for t in tables])
     if (cols["rank"] != expected).any():
         raise InputError("batch", "rank", "rows of another rank")
+    check_op_ids(cols, "batch")   # (ranks differ in their rows' dp_rank or stage)
     return cols
 
 
