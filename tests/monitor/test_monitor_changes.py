@@ -116,6 +116,23 @@ def test_busy_time_read_from_a_part_file_is_its_compute_per_step(tmp_path):
     assert read_busy(tmp_path / "gone.parquet") is None
 
 
+def test_busy_time_of_a_one_step_part_read_without_its_step_column(tmp_path):
+    from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPES
+    from stragglers.trace.runformat import write_rank
+
+    o = slow_job(steps=3, dp=2, pp=2, slow=None).ops
+    sel = (o["rank"] == 1) & (o["step"] == 2)
+    path = write_rank(tmp_path, 1, {k: v[sel] for k, v in o.items()}, part=0)
+    compute = np.isin(np.asarray(OPTYPES)[o["optype"][sel]], COMPUTE_OPTYPES)
+    steps, busy = read_busy(path, 2)   # the footer's one step
+    assert steps.tolist() == [2] and np.allclose(busy, [o["duration"][sel][compute].sum()])
+    assert [a.tolist() for a in read_busy(path)] == [steps.tolist(), busy.tolist()]
+    # a part of communication alone has no busy time (no step to judge)
+    comm = sel & ~np.isin(np.asarray(OPTYPES)[o["optype"]], COMPUTE_OPTYPES)
+    path = write_rank(tmp_path, 1, {k: v[comm] for k, v in o.items()}, part=1)
+    assert [len(a) for a in read_busy(path, 2)] == [0, 0]
+
+
 def test_steps_held_for_silent_ranks_are_bounded():
     d = RankChangeDetector(list(range(8)), {}, ChangeSettings())
     for step in range(600):              # five of eight ranks never report

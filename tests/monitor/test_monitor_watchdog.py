@@ -126,12 +126,13 @@ def test_a_rank_turning_slower_is_alerted_within_steps_then_attributed(tmp_path,
 def test_a_silent_rank_then_a_silent_job_alert_and_resolve(tmp_path, receiver):
     trace = slow_job(steps=12, dp=2, pp=2, slow=None)
     parts = parts_of(trace, steps_per_part=1)
-    # tick_s long: the test moves time itself (monitor.tick(now)), from the parts' arrivals
     # tick_s long: the test moves time itself (monitor.tick(now)), to the parts' arrivals;
-    # each tick comes right after the ranks it must not find silent sent a part
+    # each tick comes right after the ranks it must not find silent sent a part (and the tick
+    # thread, which wakes at each dead-man deadline, is kept asleep)
     server = serve(tmp_path, receiver, "window_steps: 4, stall_after_s: 1.0, "
                    "finish_after_s: 600, tick_s: 30")
     monitor = server.monitor
+    monitor.tick_wait = lambda now: 30.0
     try:
         with httpx.Client(base_url=server.url, timeout=60) as c:
             assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict()).status_code == 200

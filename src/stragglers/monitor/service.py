@@ -128,6 +128,10 @@ class Monitor:
         self._lock = threading.RLock()
         self._ingest: queue.Queue = queue.Queue()
         self._analysis: queue.Queue = queue.Queue()
+        # job → its windows and state changes on the analysis queue: a job with none may have
+        # its stall decided on the tick thread at once (behind a 1,024-rank window it waited)
+        self._queued_for: dict[str, int] = {}
+        self._state_lock = threading.Lock()   # one job state change stored at a time
         self._inflight = 0          # items put on a queue and not yet finished
         self._count_lock = threading.Lock()
         self._stop = threading.Event()
@@ -483,7 +487,21 @@ class Monitor:
 
     def _queue_analysis(self, item) -> None:
         self._count(1)
+        job = item.job if isinstance(item, Window) else item[0]
+        with self._count_lock:
+            self._queued_for[job] = self._queued_for.get(job, 0) + 1
         self._analysis.put(item)
+
+    def _unqueued(self, item) -> None:
+        """An item of the analysis queue is done (its job's count goes down)."""
+        job = item.job if isinstance(item, Window) else item[0]
+        with self._count_lock:
+            left = self._queued_for.get(job, 0) - 1
+            if left > 0:
+                self._queued_for[job] = left
+            else:
+                self._queued_for.pop(job, None)
+        self._count(-1)
 
     def reject(self, reason: str, source: str, problem: str) -> None:
         """Count and remember a refused part or request."""
@@ -633,7 +651,7 @@ class Monitor:
             taken.append((it, got))
         if not rows:
             return
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
         new = self.store.add_parts(rows, now)
         for row, is_new in zip(rows, new):
             if is_new and row[0] in self._job_bytes:
@@ -652,13 +670,16 @@ class Monitor:
                     self._counted(it, data)
                     _settle(it, "stored")
                     continue
+                # a part arrived when it was queued (a watcher's event, an upload's body
+                # read), not when its batch was stored: silence is counted from then
+                heard = now - max(0.0, mono - it.queued_at)
                 if isinstance(data, PartFile):
                     if self.trackers[it.job].add_part(it.rank, it.part, data.last_step, None,
-                                                      now, data):
+                                                      heard, data):
                         ahead.append(data)
                 else:
                     self.trackers[it.job].add_part(it.rank, it.part, data.last_step,
-                                                   data.columns, now)
+                                                   data.columns, heard)
                 if is_whole_rank_file(it.path):
                     self.trackers[it.job].mark_whole(it.rank)
                 self._counted(it, data)
@@ -783,7 +804,7 @@ class Monitor:
             except Exception:
                 log.exception("monitor analysis step failed")
             finally:
-                self._count(-1)
+                self._unqueued(item)
 
     def _analyse(self, window: Window) -> None:
         lease = window.lease
@@ -824,7 +845,15 @@ class Monitor:
                     return False   # stopping: the restart analyses this window again
                 delay = min(delay * 2, 10.0)
 
-    def _state_changed(self, job: str, state: str) -> None:
+    def _state_changed(self, job: str, state: str, current: bool = False) -> None:
+        """Store a job's state change and the alert changes it causes (`current`: only if it
+        is still the job's state: decided on the tick thread, a newer change may have come)."""
+        with self._state_lock:
+            if current and self.states.get(job) != state:
+                return
+            self._store_state(job, state)
+
+    def _store_state(self, job: str, state: str) -> None:
         lease = self.leases.lease(job)
         if lease is None:
             return   # the job's holder decides its states
@@ -882,7 +911,7 @@ class Monitor:
 
     def _tick_loop(self) -> None:
         sweep_s = min(SWEEP_EVERY_S, self.config.empty_job_expiry_s / 2)
-        while not self._stop.wait(self.config.tick_s):
+        while not self._stop.wait(self.tick_wait(time.time())):
             try:
                 self.tick()
                 if time.monotonic() - self._swept_at >= sweep_s:
@@ -891,11 +920,44 @@ class Monitor:
             except Exception:
                 log.exception("monitor tick failed")
 
+    def tick_wait(self, now: float) -> float:
+        """Seconds the tick thread sleeps: tick_s, or less when a dead-man deadline comes
+        first (a stall was alerted up to a tick after stall_after_s)."""
+        deadline = self.silence_deadline(now)
+        if deadline is None:
+            return self.config.tick_s
+        # a hair past it: the tick's own clock reading must find the deadline passed
+        return min(self.config.tick_s, deadline - now + 1e-3)
+
+    def silence_deadline(self, now: float) -> float | None:
+        """The first moment after `now` at which a running job held here has sent nothing for
+        stall_after_s (it stalls), or one of its ranks has (it may be silent); None if none."""
+        limit, out = self.config.stall_after_s, None
+        with self._lock:
+            for job, tr in self.trackers.items():
+                if not isinstance(tr, JobTracker) or tr.last_arrival is None or \
+                        self.states.get(job, "running") != "running":
+                    continue
+                # the job's stall, then its quietest rank's silence (tick and check_silence
+                # decide what they mean: a job that closed, a rank not behind the others)
+                first = tr.last_arrival
+                if tr.first_arrival is not None and not tr.closed_marker:
+                    for rank in tr.expected_ranks:
+                        rp = tr.ranks.get(rank)
+                        last = rp.last_arrival if rp and rp.last_arrival else tr.first_arrival
+                        if last + limit > now:
+                            first = min(first, last)
+                at = first + limit
+                if at > now and (out is None or at < out):
+                    out = at
+        return out
+
     def tick(self, now: float | None = None) -> None:
         """Close windows whose missing parts were given up on; move jobs between states."""
         now = time.time() if now is None else now
         cfg = self.config
         windows = self._follow_store(now)
+        now_stalled: list[str] = []
         with self._lock:
             lagging = self.watchdog.lagging()
             for job, tr in list(self.trackers.items()):
@@ -918,11 +980,21 @@ class Monitor:
                     w = tr.close_partial(new, now)
                     if w is not None:
                         windows.append(w)
+                if new == "stalled" and self._queued_for.get(job, 0) == 0 and \
+                        not any(isinstance(w, Window) and w.job == job for w in windows):
+                    # nothing of the job waits for the analysis thread: its stall (the
+                    # dead-man's alert) is stored and sent now, not behind other jobs' windows
+                    self.states[job] = new
+                    self.metrics.set_state(job, new)
+                    now_stalled.append(job)
+                    continue
                 self._set_state_after(windows, job, new)
                 if new == "finished":
                     del self.trackers[job]  # its memory goes; a new part brings it back
         for w in windows:
             self._queue_analysis(w)
+        for job in now_stalled:
+            self._state_changed(job, "stalled", current=True)
         self.watchdog.check_silence(now)
 
     def _set_state_after(self, windows: list, job: str, state: str) -> None:

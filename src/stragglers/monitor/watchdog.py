@@ -190,7 +190,8 @@ class Watchdog:
 def _busy(src: PartFile | dict):
     """(steps, busy seconds) of a part, from its file or its columns."""
     if isinstance(src, PartFile):
-        return read_busy(src.path)
+        # a part of one step (a part a step): its step is the footer's, not read again
+        return read_busy(src.path, src.first_step if src.first_step == src.last_step else None)
     return busy_per_step(src["step"], is_compute(src["optype"]), src["duration"])
 
 
