@@ -14,7 +14,11 @@ launch delays). The verdict is the median over pairs of the gain error
 |predicted gain − measured gain| / measured gain (gain = speedup − 1).
 
     .venv/bin/python benchmarks/moe_balance.py [--pairs 3] [--steps 16] [--skew 0.6] [--ranks 4]
-        [--device-us-per-row 0]
+        [--device-us-per-row 0] [--alternate] [--keep DIR [--reuse]]
+
+The runs import the package from this checkout's src/ (PYTHONPATH), so the command measures
+the code beside it on a fresh clone too (after `make venv`). `--keep DIR --reuse` analyses the
+runs kept in DIR again instead of running them (a changed analysis on the same runs).
 
 The prediction assumes what the analysis assumes of every job, a device per rank. With more
 ranks than cores (4 ranks on this 2-core VM, shared with other work) the ranks share CPUs: the
@@ -53,13 +57,18 @@ from stragglers.whatif.grid import build_grid  # noqa: E402
 from stragglers.whatif.metrics import WhatIf  # noqa: E402
 
 
-def run(out: Path, steps: int, args: list[str], ranks: int = 4) -> None:
-    """One run of the MoE example on `ranks` gloo ranks."""
+def run(out: Path, steps: int, args: list[str], ranks: int = 4, reuse: bool = False) -> None:
+    """One run of the MoE example on `ranks` gloo ranks (`reuse`: a run already in `out` is
+    kept as it is)."""
+    if reuse and (out / "meta.json").exists():
+        return
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={ranks}",
            str(REPO / "examples" / "train_moe.py"), "--steps", str(steps),
            "--out", str(out), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    # this checkout's package first: an editable install may point at another one
+    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": path}
     subprocess.run(cmd, check=True, env=env, cwd=REPO, capture_output=True, timeout=900)
 
 
@@ -95,7 +104,7 @@ def alternating(trace, predicted_of) -> dict:
     saved = hot_nodelay - hot_nodelay / predicted if predicted else 0.0
     hot_base = float(base[hot].mean())
     return {"first": result.diagnosis[0].cause, "ranks": result.diagnosis[0].where.ranks,
-            "predicted": predicted, "predicted_measured": hot_base / (hot_base - saved),
+            "sent": "sent" in trace.ops, "predicted": predicted, "predicted_measured": hot_base / (hot_base - saved),
             "measured": hot_base / float(base[even].mean()),
             "measured_median": float(np.median(base[hot] / base[even])),
             "measured_nodelay": hot_nodelay / float(nodelay[even].mean())}
@@ -113,9 +122,13 @@ def main() -> None:
                     help="emulate a device per rank (train_moe.py --device-us-per-row)")
     ap.add_argument("--d-expert", type=int, default=1024, help="hidden size of an expert's MLP")
     ap.add_argument("--keep", type=Path, help="keep the runs in this folder")
+    ap.add_argument("--reuse", action="store_true",
+                    help="analyse the runs already in --keep again instead of running them")
     ap.add_argument("--alternate", action="store_true",
                     help="one run per pair, skewed and balanced steps alternating")
     args = ap.parse_args()
+    if args.reuse and not args.keep:
+        raise SystemExit("--reuse needs --keep DIR (the folder holding the runs)")
     device = ["--d-expert", str(args.d_expert)] + (
         ["--device-us-per-row", str(args.device_us_per_row)] if args.device_us_per_row else [])
     rows = []
@@ -126,7 +139,7 @@ def main() -> None:
                 both = Path(root) / f"alt{i}"
                 run(both, args.steps, ["--hot-expert", str(args.ranks // 2), "--routing-skew",
                                        str(args.skew), "--alternate", "--seed", str(i), *device],
-                    args.ranks)
+                    args.ranks, args.reuse)
                 rows.append(alternating(load_trace(both), lambda res: next(
                     (f.speedup_if_fixed for f in res.diagnosis if f.cause == "expert_imbalance"),
                     None)))
@@ -137,7 +150,7 @@ def main() -> None:
             runs = [(hot, ["--hot-expert", str(hot_rank), "--routing-skew", str(args.skew)]),
                     (even, ["--balanced"])]
             for out, flags in (runs if i % 2 == 0 else runs[::-1]):
-                run(out, args.steps, [*flags, "--seed", str(i), *device], args.ranks)
+                run(out, args.steps, [*flags, "--seed", str(i), *device], args.ranks, args.reuse)
             t_hot, t_even = load_trace(hot), load_trace(even)
             result = analyze(t_hot)
             warmup = [int(s) for s in result.warmup_steps]
@@ -148,7 +161,7 @@ def main() -> None:
             # advise's footing: the seconds the replay saves, off the measured step
             saved = hot_nodelay - hot_nodelay / predicted if predicted else 0.0
             rows.append({"first": result.diagnosis[0].cause,
-                         "ranks": result.diagnosis[0].where.ranks,
+                         "ranks": result.diagnosis[0].where.ranks, "sent": "sent" in t_hot.ops,
                          "predicted": predicted, "predicted_measured": hot_base / (hot_base - saved),
                          "measured": hot_base / even_base, "measured_median": hot_median / even_median,
                          "measured_nodelay": hot_nodelay / even_nodelay})
@@ -169,9 +182,12 @@ def main() -> None:
     firsts = sum(r["first"] == "expert_imbalance" for r in rows)
     figures.append(Figure(name="expert_imbalance the first finding", value=f"{firsts} of {len(rows)} pairs",
                           goal="every pair", met=firsts == len(rows)))
-    command = ("python benchmarks/moe_balance.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "keep"))
+    command = ".venv/bin/python benchmarks/moe_balance.py " + " ".join(
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v:g}" if isinstance(v, float)
+                                      else f" {v}")
+        for k, v in vars(args).items() if k not in ("keep", "reuse") and v is not False)
     table = [{"pair": str(i), "first": r["first"], "ranks": str(list(r["ranks"])),
+              "rows sent in trace": "yes" if r["sent"] else "no",
               **{k: f"{r[k]:.3f}" if r[k] else "-" for k in ("predicted", "predicted_measured",
                                                               "measured", "measured_median",
                                                               "measured_nodelay")}}

@@ -41,6 +41,8 @@ class GpuJob:
     backward_us: float = 8000.0
     jitter: float = 0.02            # relative noise of every kernel
     clock_offset_us: float = 300.0  # hosts' clocks differ by up to this
+    ranks_per_host: int = 0         # > 0: blocks of this many ranks share a host (host_name) and
+                                    # its clock; 0: every rank on a host of its own, unnamed
     host_jitter_us: float = 0.0     # every host starts every step up to this late (noise)
     expert_groups: int = 1          # the all-to-alls run within this many groups of ranks
                                     # (expert parallelism); the gradient all-reduce spans all
@@ -57,6 +59,13 @@ class GpuJob:
     # `factor` times as likely); the compute after it scales with the rows received
     rows: int = 4096
     hot_expert: tuple[int, float] | None = None       # (rank, routing weight)
+    # the combine: after the expert compute each dispatch's rows go back to their ranks in a
+    # second all-to-all (a rank sends what it received, receives what it sent)
+    combine: bool = False
+    # all-to-all transfer per row moved: each member's transfer grows by this many µs per row
+    # it moves (received + sent, the split sizes' sums: the ground truth of both), so a hot
+    # expert's rank transfers longest and the others wait for it at the next collective
+    a2a_us_per_row: float = 0.0
     # a slow link: the all-to-alls of the expert-parallel group holding the rank take this
     # many times as long to transfer (every member of a collective waits for its slowest link)
     slow_link: tuple[int, float] | None = None        # (rank, transfer factor)
@@ -130,6 +139,8 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
     if job.late_rank is not None:
         late[job.late_rank[0]] = job.late_rank[1]
     offsets = rng.uniform(-job.clock_offset_us, job.clock_offset_us, n)
+    if job.ranks_per_host > 0:  # one clock per host: its first rank's
+        offsets = offsets[np.arange(n) // job.ranks_per_host * job.ranks_per_host]
     ranks = [_Rank(r, offsets[r], 10_000 * (r + 1)) for r in range(n)]
     sizes = rng.uniform(0.3, 1.7, job.buckets)
     sizes = sizes / sizes.sum()
@@ -162,18 +173,29 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
                     50.0 + 30.0 * rng.random(), 1 << 19, rng, members=members,
                     pg=_cp_pg(job, gi), desc="context_parallel")
             cp_seq += 1 if job.cp_size > 1 else 0
+            if job.combine and 0 < k <= job.all_to_alls:   # the expert results go back
+                ep_seq += 1
+                transfer = 60.0 + 40.0 * rng.random()
+                for gi, group in enumerate(np.array_split(np.arange(n), job.expert_groups)):
+                    sent = np.rint(load[group] * job.rows).astype(np.int64)
+                    back = np.full(len(group), job.rows, dtype=np.int64)
+                    gpu[group] = _collective(
+                        ranks, "all_to_all", "ncclDevKernel_SendRecv", ep_seq, gpu,
+                        _slow_link(job, group) * transfer, 1 << 20, rng,
+                        members=[int(m) for m in group], pg=_ep_pg(job, gi), received=back,
+                        sent=sent, per_row=job.a2a_us_per_row)
             if k < job.all_to_alls:
                 ep_seq += 1
                 transfer = 60.0 + 40.0 * rng.random()
                 for gi, group in enumerate(np.array_split(np.arange(n), job.expert_groups)):
                     got = _routed(job, group, rng)
                     load[group] = got / job.rows
-                    link = job.slow_link
-                    slow = link[1] if link is not None and link[0] in group else 1.0
                     gpu[group] = _collective(
                         ranks, "all_to_all", "ncclDevKernel_SendRecv", ep_seq, gpu,
-                        transfer * slow, 1 << 20, rng, members=[int(m) for m in group],
-                        pg=str(gi + 1) if job.expert_groups > 1 else "0", received=got)
+                        _slow_link(job, group) * transfer, 1 << 20, rng,
+                        members=[int(m) for m in group], pg=_ep_pg(job, gi), received=got,
+                        sent=np.full(len(group), job.rows, dtype=np.int64),
+                        per_row=job.a2a_us_per_row)
         # backward with DDP buckets on the NCCL stream
         bwd = job.backward_us * speed * (1 + job.jitter * rng.standard_normal(n))
         bstart = gpu
@@ -213,6 +235,16 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
         _write_rank(rk, job, out / f"rank-{rk.rank}.json.gz")
     (out / "truth.yaml").write_text(json.dumps(job.truth, indent=2))  # JSON is YAML; not *.json: the reader takes those as ranks
     return job.truth
+
+
+def _slow_link(job: GpuJob, members: np.ndarray) -> float:
+    """The transfer factor of a group's collectives (every member waits for its slowest link)."""
+    link = job.slow_link
+    return link[1] if link is not None and link[0] in members else 1.0
+
+
+def _ep_pg(job: GpuJob, i: int) -> str:
+    return str(i + 1) if job.expert_groups > 1 else "0"
 
 
 def _routed(job: GpuJob, members: np.ndarray, rng) -> np.ndarray:
@@ -280,11 +312,17 @@ def _groups(job: GpuJob) -> list[dict]:
 def _collective(ranks: list[_Rank], name: str, kernel: str, seq: int, arrive: np.ndarray,
                 transfer: float, nbytes: int, rng, tid: int = _MAIN,
                 members: list[int] | None = None, pg: str = "0",
-                desc: str | None = None, received: np.ndarray | None = None) -> np.ndarray:
+                desc: str | None = None, received: np.ndarray | None = None,
+                sent: np.ndarray | None = None, per_row: float = 0.0) -> np.ndarray:
     """A collective of its process group (all ranks by default): each member arrives when it
-    can, all end together. Returns the members' ends."""
+    can, all end together. An all-to-all's split sizes sum to the rows each member
+    `received` and `sent`; with `per_row` µs a row, each member ends that much later per row
+    it moved. Returns the members' ends."""
     members = list(range(len(ranks))) if members is None else members
     end = float(arrive[members].max()) + transfer * (1 + 0.02 * rng.standard_normal())
+    ends = np.full(len(members), end)
+    if per_row and received is not None and sent is not None:
+        ends = ends + per_row * (received + sent)
     args = {"Collective name": name, "Process Group Name": pg,
             "Process Group Description": desc or ("default_pg" if pg == "0" else "ep_group"),
             "Process Group Ranks": str(members), "Group size": len(members), "Seq": seq,
@@ -292,17 +330,19 @@ def _collective(ranks: list[_Rank], name: str, kernel: str, seq: int, arrive: np
     for i, r in enumerate(members):
         rk = ranks[r]
         at = rk.issue()
-        if received is not None:   # an all-to-all's split sizes: rows from each member
-            split = np.full(len(members), int(received[i]) // len(members))
-            split[: int(received[i]) % len(members)] += 1
-            args = {**args, "Out split size": str(split.tolist()),
-                    "In split size": str([job_rows // len(members)] * len(members))
-                    if (job_rows := int(received.sum()) // len(members)) else "[]"}
+        if received is not None and sent is not None:   # rows from / to each member
+            args = {**args, "Out split size": str(_split(int(received[i]), len(members))),
+                    "In split size": str(_split(int(sent[i]), len(members)))}
         rk.x("cpu_op", "record_param_comms", at, 6.0, _CPU, tid, args)
-        rk.kernel(kernel, at + 1.0, arrive[r], end - arrive[r], _NCCL_STREAM, tid=tid,
+        rk.kernel(kernel, at + 1.0, arrive[r], ends[i] - arrive[r], _NCCL_STREAM, tid=tid,
                   args=args)
         rk.cpu = at + 1.0
-    return np.full(len(members), end)
+    return ends
+
+
+def _split(rows: int, parts: int) -> list[int]:
+    """`rows` in `parts` near-equal split sizes (the first ones one larger)."""
+    return [rows // parts + (j < rows % parts) for j in range(parts)]
 
 
 def _pre_window(ranks: list[_Rank], rng) -> None:
@@ -323,5 +363,7 @@ def _write_rank(rk: _Rank, job: GpuJob, path: Path) -> None:
            "distributedInfo": {"backend": "nccl", "rank": rk.rank, "world_size": job.ranks,
                                "pg_config": _groups(job)},
            "baseTimeNanoseconds": job.base_ns,
+           **({"host_name": f"node-{rk.rank // job.ranks_per_host}"} if job.ranks_per_host > 0
+              else {}),
            "traceEvents": sorted(rk.events, key=lambda e: e["ts"])}
     path.write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))

@@ -3,16 +3,23 @@
 A mixture-of-experts layer sends each token to its experts with an all-to-all (the dispatch),
 runs the experts, and sends the results back (the combine). The rows a rank receives at the
 dispatch are its experts' load, which the trace carries in the all-to-all's `tokens` column
-(our recorder from the split sizes, the Kineto reader from `Out split size`). When routing
-favours some experts, the ranks holding them receive more rows, their expert compute takes
-longer, and every rank of the expert-parallel group waits at the combine.
+(our recorder from the split sizes, the Kineto reader from `Out split size`); the rows it
+sent are in the optional `sent` column. When routing favours some experts, the ranks holding
+them receive more rows, their expert compute takes longer, and every rank of the
+expert-parallel group waits at the combine; the all-to-alls also move more rows through the
+busiest rank (it receives the dispatch and sends the combine, and backward the same again).
 
 Found when the compute right after a dispatch follows the rows received across the group's
 ranks (pooled linear fit, slope > 0, correlation ≥ `expert_corr`) and the rows are uneven
 (the busiest rank at least `expert_min_excess` above the group's mean). The prediction gives
-every rank the group's mean rows at the fitted time per row (its own speed kept): the step
-time with routing perfectly balanced, an upper bound. The same fit prices capacity factors
-(rows beyond C × mean dropped) at the measured routing.
+every rank the group's mean rows at the fitted time per row (its own speed kept), and every
+all-to-all its transfer at balanced volume: each rank's transfer (from the group's last
+arrival to its end) is fitted against the rows it moved (received, plus sent where the trace
+has them; pooled over the all-to-alls across the ranks, each one's step mean taken out:
+seconds per row moved), and each rank's rows moved go to its group's mean at that slope; the
+replay makes the group wait for its slowest member. The result: the step time with routing
+perfectly balanced, an upper bound. The same fits price capacity factors (rows
+beyond C × mean dropped, neither computed nor moved) at the measured routing.
 """
 
 from __future__ import annotations
@@ -41,6 +48,19 @@ class ExpertLoad:
     mean: np.ndarray               # [K, D, T] the mean rows of each rank's group that step
     slope: np.ndarray              # [K] seconds per row (pooled fit)
     corr: np.ndarray               # [K] correlation of expert time with rows
+    transfer: "Transfer | None" = None
+
+
+@dataclass
+class Transfer:
+    """The all-to-alls' transfer priced by the rows each rank moves."""
+
+    nodes: np.ndarray              # [M] all-to-all nodes with rows on every rank
+    moved: np.ndarray              # [M, D, T] rows received, plus sent where recorded
+    mean: np.ndarray               # [M, D, T] the mean of `moved` over each rank's group
+    slope: float                   # seconds per row moved (pooled fit across ranks)
+    corr: float                    # correlation of transfer with rows moved
+    with_sent: bool                # whether the rows sent were in the trace
 
 
 def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
@@ -69,7 +89,41 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
         corrs.append(corr)
     if not pairs:
         return None
-    return ExpertLoad(pairs, np.array(rows), np.array(means), np.array(slopes), np.array(corrs))
+    return ExpertLoad(pairs, np.array(rows), np.array(means), np.array(slopes), np.array(corrs),
+                      _transfer(g, ops, ctx.w.cost, ctx.cfg.expert_corr))
+
+
+def _transfer(g, ops, cost: np.ndarray, min_corr: float) -> Transfer | None:
+    """The all-to-alls' transfer per row moved (None: their transfer does not follow the rows
+    moved, slope > 0 and correlation ≥ `min_corr`, the bar the expert compute meets)."""
+    sent_col = ops["sent"] if "sent" in ops else None
+    nodes, moved, means, xs, ys = [], [], [], [], []
+    for n in (int(x) for x in np.flatnonzero(g.node_optype == A2A)):
+        tok = _rows_received(g, ops["tokens"], n)
+        if tok is None:
+            continue
+        if sent_col is not None:
+            sent = _rows_received(g, sent_col, n)
+            if sent is None:  # rows sent unknown at this all-to-all: it is not priced
+                continue
+            tok = tok + sent
+        nodes.append(n)
+        moved.append(tok)
+        means.append(_group_mean(g, n, tok))
+        # each step's mean over the ranks taken out: what differs is how many rows each moved
+        xs.append((tok - tok.mean(axis=0, keepdims=True)).ravel())
+        c = cost[n]
+        ys.append((c - c.mean(axis=0, keepdims=True)).ravel())
+    if not nodes:
+        return None
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    if np.std(x) == 0 or np.std(y) == 0:
+        return None
+    slope, corr = float(np.dot(x, y) / np.dot(x, x)), float(np.corrcoef(x, y)[0, 1])
+    if slope <= 0 or corr < min_corr:
+        return None
+    return Transfer(np.array(nodes), np.array(moved), np.array(means), slope, corr,
+                    sent_col is not None)
 
 
 def balanced_costs(load: ExpertLoad, durations: np.ndarray, cap: float | None = None
@@ -83,6 +137,22 @@ def balanced_costs(load: ExpertLoad, durations: np.ndarray, cap: float | None = 
     return out
 
 
+def balanced_transfer(load: ExpertLoad, cost: np.ndarray, cap: float | None = None
+                      ) -> np.ndarray:
+    """[N, D, T] costs with each all-to-all's transfer at balanced volume: each rank's moved
+    rows at its group's mean, at the fitted time per row (`cap`: rows beyond cap × mean
+    dropped instead). The replay then makes the group wait for its slowest member, as the
+    measured transfer did for the busiest one."""
+    t = load.transfer
+    if t is None:
+        return cost
+    out = cost.copy()
+    for k, n in enumerate(t.nodes):
+        target = t.mean[k] if cap is None else np.minimum(t.moved[k], cap * t.mean[k])
+        out[n] = np.maximum(cost[n] - t.slope * (t.moved[k] - target), 0)
+    return out
+
+
 def expert_imbalance(ctx: Context) -> list[Candidate]:
     """MoE expert-parallel groups whose ranks receive uneven rows and compute accordingly."""
     w = ctx.w
@@ -93,11 +163,11 @@ def expert_imbalance(ctx: Context) -> list[Candidate]:
     hot = [d for d in np.argsort(-rel) if rel[d] >= 1 + ctx.cfg.expert_min_excess]
     stages = {int(w.grid.node_stage[n]) for n, _ in load.pairs}
     workers = [(int(d), p) for d in hot for p in sorted(stages)]
-    cost = balanced_costs(load, w.cost)
+    cost = balanced_transfer(load, balanced_costs(load, w.cost))
     base = w.mean_step_time(w.cost)
     capacity = {}
     for cap in CAPACITY_FACTORS:
-        t = w.mean_step_time(balanced_costs(load, w.cost, cap))
+        t = w.mean_step_time(balanced_transfer(load, balanced_costs(load, w.cost, cap), cap))
         dropped = float(np.maximum(load.rows - cap * load.mean, 0).sum() / load.rows.sum())
         capacity[f"{cap:g}"] = CapacityOption(base / t if t > 0 else 1.0, dropped)
     shown = ", ".join(f"{ctx.name(d, p)} {rel[d]:.2f}×" for d, p in workers[:6])
@@ -107,15 +177,26 @@ def expert_imbalance(ctx: Context) -> list[Candidate]:
                 f"each rank receives (correlation {float(load.corr.mean()):.2f}, "
                 f"{1e6 * float(load.slope.mean()):.2f} µs per row); ranks holding hot experts "
                 f"receive more than their group's mean: {shown}; the prediction balances the "
-                f"rows across each expert-parallel group (an upper bound: what perfect routing, "
-                f"or an auxiliary load-balancing loss at its best, buys); capacity factors at "
-                f"the measured routing: {priced}")
+                f"rows across each expert-parallel group{_transfer_text(load.transfer)} (an "
+                f"upper bound: what perfect routing, or an auxiliary load-balancing loss at its "
+                f"best, buys); capacity factors at the measured routing: {priced}")
     return [Candidate("expert_imbalance", ctx.where_workers(workers), evidence, cost=cost,
                       upper_bound=True, capacity_factor=capacity)]
 
 
+def _transfer_text(t: Transfer | None) -> str:
+    """The evidence's words on the all-to-all transfer priced (or why it is not)."""
+    if t is None:
+        return (" (the all-to-alls' transfer kept as measured: it does not follow the rows "
+                "each rank moves)")
+    moved = "received and sent" if t.with_sent else "received (the trace has no rows sent)"
+    return (f" and the {len(t.nodes)} all-to-alls' transfer at balanced volume "
+            f"({1e6 * t.slope:.2f} µs per row {moved}, correlation {t.corr:.2f})")
+
+
 def _rows_received(g, tokens: np.ndarray, n: int) -> np.ndarray | None:
-    """[D, T] rows each rank received at all-to-all node n (None unless every cell has them)."""
+    """[D, T] rows each rank received (or sent: that column) at all-to-all node n (None
+    unless every cell has them)."""
     rows = g.row[n]
     if (rows < 0).any():
         return None
