@@ -11,6 +11,7 @@ import pytest
 
 from stragglers.advice import advise, load_calibration
 from stragglers.advice.context import DP_COLLECTIVE, AdviceContext
+from stragglers.advice.plan import MIN_GAIN
 from stragglers.advice.remedies.tolerate import GradientCoding
 from stragglers.errors import InputError
 from stragglers.trace.synth import generate
@@ -265,18 +266,18 @@ def test_a_measured_synchronous_collection_prices_planned_gc():
 
 
 def test_a_gain_inside_the_jobs_step_noise_is_not_advised():
-    # a 10% slower rank under 30% op jitter: the replay predicts a small DD gain, but the
-    # steps resampled put it anywhere from nothing to ×1.06, so it is not offered; the same
+    # a 15% slower rank under 30% op jitter: the replay predicts a DD gain of ×1.045, but the
+    # steps resampled put it anywhere from ×1.01 to ×1.08, so it is not offered; the same
     # cause, large against the jitter, is offered with its interval
     noisy = generate(dp=4, pp=1, microbatches=2, steps=8, sync="ddp", seed=0, noise=0.3,
-                     slow_worker=(3, 0, 1.1))
+                     slow_worker=(3, 0, 1.15))
     dd = advise(noisy, remaining_steps=20).get("antdt-dd")
-    assert dd.predicted_speedup >= 1.02 and not dd.applies
-    assert dd.interval[0] < 1.02 < dd.interval[1] and "interval" in dd.why_not
+    assert dd.predicted_speedup >= MIN_GAIN and not dd.applies
+    assert dd.interval[0] < MIN_GAIN < dd.interval[1] and "interval" in dd.why_not
     clear = generate(dp=4, pp=1, microbatches=2, steps=12, sync="ddp", seed=0,
                      slow_worker=(3, 0, 2.0))
     dd = advise(clear, remaining_steps=20).get("antdt-dd")
-    assert dd.applies and 1.02 <= dd.interval[0] <= dd.predicted_speedup <= dd.interval[1]
+    assert dd.applies and MIN_GAIN <= dd.interval[0] <= dd.predicted_speedup <= dd.interval[1]
     assert json.loads(advise(clear).to_json())["remedies"][0]["interval"] == dd.interval
 
 

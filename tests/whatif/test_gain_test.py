@@ -3,25 +3,41 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import numpy as np
 import pytest
 
 from stragglers.advice.plan import MIN_GAIN
-from stragglers.advice.remedies.base import speedup_interval
+from stragglers.advice.remedies.base import RemedyBase, speedup_interval
 from stragglers.errors import InputError
 from stragglers.whatif.config import DiagnosisConfig
-from stragglers.whatif.confidence import ADVISE, GainTest, gain_is_real, ratio_interval
+from stragglers.whatif.confidence import GAIN, GainTest, gain_is_real, ratio_interval
+
+TEST_FIELDS = [f.name for f in dataclasses.fields(GainTest)]
 
 
-def test_the_diagnosis_config_carries_the_gain_tests_settings():
+def test_the_diagnosis_and_advise_read_one_gain_test():
+    # DiagnosisConfig declares the gain test's fields from GainTest: same defaults, same help
+    # (its --set documentation), same bounds; advise's line is the same value
     diagnosis = DiagnosisConfig()
-    for f in dataclasses.fields(GainTest):
-        assert getattr(diagnosis, f.name) == getattr(GainTest(), f.name), f.name
-    assert (ADVISE.min_gain, ADVISE.bootstrap_samples, ADVISE.confidence) == (1.02, 400, 0.9)
-    assert MIN_GAIN == ADVISE.min_gain
+    assert GainTest(**{name: getattr(diagnosis, name) for name in TEST_FIELDS}) == GAIN
+    described = {name: (default, text) for name, default, text in DiagnosisConfig.describe()}
+    assert [(name, *described[name]) for name in TEST_FIELDS] == GainTest.describe()
+    assert MIN_GAIN == GAIN.min_gain == diagnosis.min_gain == 1.03
+    with pytest.raises(InputError, match="min_gain"):
+        DiagnosisConfig(min_gain=0.5)
     with pytest.raises(InputError):
         GainTest(min_gain=0.5)
+
+
+def test_a_remedy_below_the_line_a_finding_must_reach_is_not_offered():
+    # ×1.025 with no interval (one step): a cause the diagnosis would not name, so a remedy
+    # that buys it is not worth switching on either
+    ctx = types.SimpleNamespace(baseline_step_s=1.0)
+    below = RemedyBase().priced(ctx, 1 / 1.025, "replay", "", "")
+    assert not below.applies and f"below the ×{GAIN.min_gain} worth" in below.why_not
+    assert RemedyBase().priced(ctx, 1 / 1.04, "replay", "", "").applies
 
 
 @pytest.mark.parametrize("gain, low, established, real", [
@@ -43,12 +59,12 @@ def test_advise_interval_is_the_diagnosis_bootstrap_at_its_settings():
     rng = np.random.default_rng(3)
     base = 1.0 + 0.1 * rng.random(12)
     remedy = base / (1.05 + 0.02 * rng.standard_normal(12))
-    lo, hi = ratio_interval(base, remedy, ADVISE)
+    lo, hi = ratio_interval(base, remedy, DiagnosisConfig())
     assert speedup_interval(base, remedy) == [lo, hi]
-    # the same numbers as advise's own bootstrap before it was shared (400 seeded resamples)
-    idx = np.random.default_rng(0).integers(0, 12, (400, 12))
-    old = np.percentile(base[idx].mean(axis=1) / remedy[idx].mean(axis=1), [5, 95])
-    assert [lo, hi] == [float(x) for x in old]
+    # the seeded percentile bootstrap, written out: 200 resamples of the 12 steps, 5% and 95%
+    idx = np.random.default_rng(0).integers(0, 12, (200, 12))
+    ref = np.percentile(base[idx].mean(axis=1) / remedy[idx].mean(axis=1), [5, 95])
+    assert [lo, hi] == [float(x) for x in ref]
     # steps that cannot be used are left out; fewer than four left: no interval
     assert speedup_interval(np.r_[base, np.nan], np.r_[remedy, 1.0]) == [lo, hi]
     assert speedup_interval(base[:3], remedy[:3]) is None

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from stragglers.advice.config import AdviseConfig, advise_config
-from stragglers.advice.plan import MIN_GAIN, Plan, RemedyAdvice
+from stragglers.advice.plan import Plan, RemedyAdvice
 from stragglers.advice.window import StepTiming, window_step_time, window_trace
 from stragglers.errors import InputError
 from stragglers.trace.model import Trace
@@ -35,6 +35,10 @@ APPLY, KEEP, ROLLBACK = "apply", "keep", "rollback"
 RUNTIME_REMEDIES = ("stragglar", "antdt-dd", "planned-gc")
 # StragglAR's persistent-mode hook needs this many calls to name the straggler after a switch.
 STRAGGLAR_WARMUP = 5
+# An applied remedy is kept when the measured window after it is at least this much faster
+# than the window before: hysteresis after an APPLY at ×apply_gain, two measured windows
+# compared (no interval), so not the gain test a plan's remedies pass (MIN_GAIN).
+KEEP_GAIN = 1.02
 
 
 @dataclass
@@ -95,7 +99,7 @@ class AdvisePolicy:
     def __init__(self, world_size: int, global_batch: int, window: int = 8, settle: int = 2,
                  remedies: tuple[str, ...] = RUNTIME_REMEDIES,
                  force: Forced | Mapping[str, Any] | None = None,
-                 apply_gain: float = 1.05, keep_gain: float = MIN_GAIN, warmup: int = 0,
+                 apply_gain: float = 1.05, keep_gain: float = KEEP_GAIN, warmup: int = 0,
                  config: AdviseConfig | None = None, **settings: Any):
         if world_size < 2:
             raise InputError("AdvisePolicy", "world_size", f"expected >= 2 ranks, got {world_size}")

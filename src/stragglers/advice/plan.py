@@ -6,13 +6,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from stragglers.whatif.confidence import ADVISE
+from stragglers.whatif.confidence import GAIN
 from stragglers.whatif.result import plain
 
 # A remedy must buy at least this much to be worth switching on, and the low end of its
-# interval too (a gain inside the job's own noise is not one): the gain test advise shares
-# with the diagnosis (whatif/confidence.py), at ×1.02 over 400 resamples.
-MIN_GAIN = ADVISE.min_gain
+# interval too (a gain inside the job's own noise is not one): the diagnosis's gain test
+# (whatif/confidence.py GAIN), the same line as a finding's.
+MIN_GAIN = GAIN.min_gain
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stragglers.config import Config, setting
+from stragglers.whatif.confidence import gain_setting
 
 # A job is straggling when S ≥ 1.1 (docs/whatif.md §7). Reports import this one constant.
 STRAGGLING_SLOWDOWN = 1.1
@@ -21,16 +22,11 @@ class DiagnosisConfig(Config):
     straggling_slowdown: float = setting(
         STRAGGLING_SLOWDOWN, "S at or above this: the job is straggling (docs/whatif.md §7)",
         minimum=1.0, maximum=10.0)
-    min_gain: float = setting(
-        1.03, "a finding is reported only when the lower end of its speedup interval reaches "
-        "this (the noise floor of a single cause); a worker fault the outlier test "
-        "established (five workers or more) when its speedup reaches this and its interval "
-        "lies above 1", minimum=1.0, maximum=2.0)
-    confidence: float = setting(
-        0.9, "coverage of the bootstrap intervals (over steps)", minimum=0.5, maximum=0.999)
-    bootstrap_samples: int = setting(
-        200, "bootstrap resamples of the steps per interval", minimum=20, maximum=10000)
-    seed: int = setting(0, "seed of the bootstrap (same trace, same intervals)", minimum=0)
+    # the gain test's settings, declared once (whatif/confidence.py GainTest, shared with advise)
+    min_gain: float = gain_setting("min_gain")
+    confidence: float = gain_setting("confidence")
+    bootstrap_samples: int = gain_setting("bootstrap_samples")
+    seed: int = gain_setting("seed")
     # --- worker fault and host stall ---------------------------------------------------
     worker_min_excess: float = setting(
         0.15, "with fewer than five workers (no outlier test possible), a faulty worker's busy "

@@ -8,7 +8,7 @@ import numpy as np
 
 from stragglers.advice.context import AdviceContext
 from stragglers.advice.plan import RemedyAdvice
-from stragglers.whatif.confidence import ADVISE, gain_is_real, ratio_interval
+from stragglers.whatif.confidence import GAIN, gain_is_real, ratio_interval
 
 
 class RemedyBase:
@@ -36,7 +36,7 @@ class RemedyBase:
                interval: list[float] | None = None) -> RemedyAdvice:
         """The advice for a predicted step time (per step: an array over the analysed steps).
 
-        Refused unless the gain is real (`gain_is_real` at ADVISE.min_gain): with `why_small`
+        Refused unless the gain is real (`gain_is_real`, the diagnosis's GAIN): with `why_small`
         below it, or when the interval's low end is: per-step predictions get a bootstrap
         interval over steps (`speedup_interval`); a prediction made otherwise may pass its own."""
         if isinstance(step_s, np.ndarray):
@@ -44,16 +44,16 @@ class RemedyBase:
             step_s = float(step_s.mean())
         speedup = ctx.baseline_step_s / step_s if step_s > 0 else None
         low = interval[0] if interval is not None else None
-        applies = speedup is not None and gain_is_real(speedup, low, ADVISE)
+        applies = speedup is not None and gain_is_real(speedup, low, GAIN)
         why = None
-        if speedup is None or speedup < ADVISE.min_gain:
+        if speedup is None or speedup < GAIN.min_gain:
             gain = f"×{speedup:.3f}" if speedup is not None else "nothing"
             why = (why_small + "; " if why_small else "") + \
-                f"predicted {gain}, below the ×{ADVISE.min_gain} worth switching on"
+                f"predicted {gain}, below the ×{GAIN.min_gain} worth switching on"
         elif not applies and interval is not None:
-            why = (f"predicted ×{speedup:.3f}, but its {100 * ADVISE.confidence:.0f}% interval "
+            why = (f"predicted ×{speedup:.3f}, but its {100 * GAIN.confidence:.0f}% interval "
                    f"over the job's steps [×{interval[0]:.3f}, ×{interval[1]:.3f}] reaches below "
-                   f"the ×{ADVISE.min_gain} worth switching on: not clear of this job's "
+                   f"the ×{GAIN.min_gain} worth switching on: not clear of this job's "
                    "step-to-step noise")
         return RemedyAdvice(self.name, applies, why, step_s, speedup, method, cost, switch_on,
                             self.runtime_switchable, self.exact, details or {}, interval)
@@ -61,9 +61,9 @@ class RemedyBase:
 
 def speedup_interval(baseline: np.ndarray, remedy: np.ndarray) -> list[float] | None:
     """The diagnosis's bootstrap interval of mean(baseline) / mean(remedy) over the steps
-    (paired, seeded) at ADVISE's settings; None with fewer than 4 usable steps."""
+    (paired, seeded) at its settings (GAIN); None with fewer than 4 usable steps."""
     baseline, remedy = np.asarray(baseline, float), np.asarray(remedy, float)
     ok = np.isfinite(baseline) & np.isfinite(remedy) & (remedy > 0)
     if ok.sum() < 4:
         return None
-    return list(ratio_interval(baseline[ok], remedy[ok], ADVISE))
+    return list(ratio_interval(baseline[ok], remedy[ok], GAIN))
