@@ -271,6 +271,7 @@ def test_a_store_from_before_fingerprints_opens_and_takes_parts(tmp_path):
     store = Store(tmp_path / "old.db")
     try:
         assert store.part_digest("j", 0, 0) is None          # stored before: not known
+        store.register_job("j", str(tmp_path / "j"), "http", None)
         assert store.add_parts([("j", 0, 1, 5, 5, 9, 100, "http", "abc")]) == [True]
         assert store.part_digest("j", 0, 1) == "abc"
     finally:

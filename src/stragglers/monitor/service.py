@@ -653,6 +653,9 @@ class Monitor:
             return
         now, mono = time.time(), time.monotonic()
         new = self.store.add_parts(rows, now)
+        for (it, _), is_new in zip(taken, new):
+            if is_new is None:   # forgotten meanwhile (another instance's expiry sweep)
+                _settle(it, exc=InputError(it.job, "job", "unknown job"))
         for row, is_new in zip(rows, new):
             if is_new and row[0] in self._job_bytes:
                 stored, read_at = self._job_bytes[row[0]]
@@ -661,6 +664,8 @@ class Monitor:
         with self._lock:
             touched = set()
             for (it, data), is_new in zip(taken, new):
+                if is_new is None:
+                    continue
                 if not is_new:
                     self._settle_known(it)
                     continue

@@ -222,9 +222,21 @@ class SQLStore:
             return []
 
         def tx(db: Any) -> list[str]:
-            gone = [r.job for r in self._many(
-                db, _Name, "DELETE FROM jobs WHERE way = ? AND created_at < ? AND NOT EXISTS "
-                "(SELECT 1 FROM parts WHERE parts.job = jobs.job) RETURNING job", (way, before))]
+            # the jobs' rows locked first (add_parts holds its job's row until its parts are
+            # committed), then parts looked for again by a statement that sees what committed
+            # meanwhile: one DELETE judged the parts by its snapshot, and deleted a job whose
+            # part another instance stored in the same instant (an orphan part row)
+            due = [r.job for r in self._many(
+                db, _Name, "SELECT job FROM jobs WHERE way = ? AND created_at < ? AND NOT "
+                "EXISTS (SELECT 1 FROM parts WHERE parts.job = jobs.job) ORDER BY job"
+                + self.FOR_UPDATE, (way, before))]
+            gone: list[str] = []
+            for i in range(0, len(due), 500):
+                chunk = due[i:i + 500]
+                gone += [r.job for r in self._many(
+                    db, _Name, f"DELETE FROM jobs WHERE job IN ({', '.join('?' * len(chunk))}) "
+                    "AND NOT EXISTS (SELECT 1 FROM parts WHERE parts.job = jobs.job) "
+                    "RETURNING job", chunk)]
             for job in gone:
                 for table in ("leases", "windows", "upload_drops", "alerts"):
                     self._exec(db, f"DELETE FROM {table} WHERE job = ?", (job,))
@@ -323,23 +335,29 @@ class SQLStore:
 
     # ---- parts ------------------------------------------------------------------------------
 
-    def add_parts(self, rows: list[tuple[Any, ...]], now: float | None = None) -> list[bool]:
+    def add_parts(self, rows: list[tuple[Any, ...]],
+                  now: float | None = None) -> list[bool | None]:
         """Insert parts (job, rank, part, records, first_step, last_step, bytes, way[, digest])
         in one transaction; returns for each whether it was new (False: seen before, not
-        counted). digest: the uploaded bytes' fingerprint (None for watched files). Each new
-        part gets the next number of its job's part sequence (commits of one job's parts are
-        ordered by its row's lock, so an owner reading `seq > n` misses none)."""
+        counted; None: its job is gone, nothing stored). digest: the uploaded bytes'
+        fingerprint (None for watched files). Each new part gets the next number of its job's
+        part sequence (commits of one job's parts are ordered by its row's lock, so an owner
+        reading `seq > n` misses none)."""
         now = time.time() if now is None else now
 
-        def tx(db: Any) -> list[bool]:
+        def tx(db: Any) -> list[bool | None]:
             seqs = {}
             for job in sorted({r[0] for r in rows}):   # locks in one order: no deadlock
                 row = self._one(db, _Seq, "SELECT part_seq FROM jobs WHERE job = ?"
                                 + self.FOR_UPDATE, (job,))
-                seqs[job] = row.part_seq if row is not None else 0
-            new: list[bool] = []
+                if row is not None:   # (None: expired by another instance's sweep)
+                    seqs[job] = row.part_seq
+            new: list[bool | None] = []
             touched = set()
             for r in rows:
+                if r[0] not in seqs:
+                    new.append(None)
+                    continue
                 seq = seqs[r[0]] + 1
                 cur = self._exec(
                     db, "INSERT INTO parts (job, rank, part, records, first_step, last_step, "

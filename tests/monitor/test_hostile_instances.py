@@ -1,0 +1,88 @@
+"""Two instances on one PostgreSQL store (issue 34): the empty-job expiry sweep of one and a
+part stored by another in the same moment leave no orphan part row and no part acknowledged
+for a job that is gone. Interleavings are forced with row locks held by a second connection
+(the blocked statement is seen waiting in pg_locks), never with sleeps."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from conftest import eventually
+from pg_cluster import postgres_cluster, postgres_url  # noqa: F401 - fixtures
+from stragglers.monitor.store import open_store
+
+pytestmark = pytest.mark.slow
+
+
+def waiting_on_a_lock(db) -> bool:
+    """Whether another backend waits for a row lock now."""
+    return bool(db.execute("SELECT 1 FROM pg_locks WHERE NOT granted").fetchall())
+
+
+def in_thread(fn):
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:   # noqa: BLE001 - handed to the test
+            out["error"] = exc
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def part_row(job):
+    return (job, 0, 0, 10, 0, 4, 100, "http", "digest")
+
+
+def test_a_part_stored_while_the_sweep_waits_keeps_its_job(postgres_url):
+    import psycopg
+
+    store = open_store(postgres_url)
+    try:
+        store.register_job("j", "/data/j", "http", {"name": "j"}, now=0.0)
+        other = psycopg.connect(postgres_url, autocommit=True)
+        # another instance's add_parts: the job's row locked, its part inserted, not committed
+        with other.transaction():
+            other.execute("SELECT part_seq FROM jobs WHERE job = 'j' FOR UPDATE")
+            other.execute("INSERT INTO parts (job, rank, part, records, first_step, "
+                          "last_step, bytes, way, ingested_at, digest, seq) VALUES "
+                          "('j', 0, 0, 10, 0, 4, 100, 'http', 1.0, 'd', 1)")
+            t, out = in_thread(lambda: store.expire_empty_jobs(before=10.0, way="http"))
+            watch = psycopg.connect(postgres_url, autocommit=True)
+            eventually(lambda: waiting_on_a_lock(watch) or not t.is_alive(),
+                       what="the sweep waiting for the job's row")
+        t.join(60)
+        assert "error" not in out, out
+        assert out["value"] == [], "the sweep deleted a job whose part was just stored"
+        assert store.job("j") is not None
+        assert store.parts("j") and len(store.parts("j")) == 1
+    finally:
+        store.close()
+
+
+def test_a_part_for_a_job_the_sweep_is_deleting_is_not_stored(postgres_url):
+    import psycopg
+
+    store = open_store(postgres_url)
+    try:
+        store.register_job("j", "/data/j", "http", {"name": "j"}, now=0.0)
+        other = psycopg.connect(postgres_url, autocommit=True)
+        # another instance's sweep: the job's row deleted, not committed yet
+        with other.transaction():
+            other.execute("DELETE FROM jobs WHERE job = 'j'")
+            other.execute("DELETE FROM leases WHERE job = 'j'")
+            t, out = in_thread(lambda: store.add_parts([part_row("j")]))
+            watch = psycopg.connect(postgres_url, autocommit=True)
+            eventually(lambda: waiting_on_a_lock(watch) or not t.is_alive(),
+                       what="add_parts waiting for the job's row")
+        t.join(60)
+        assert "error" not in out, out
+        assert out["value"] == [None], "a part of a deleted job was taken as stored"
+        orphans = other.execute("SELECT COUNT(*) FROM parts").fetchone()[0]
+        assert orphans == 0, "an orphan part row of a deleted job"
+    finally:
+        store.close()
