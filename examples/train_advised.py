@@ -338,20 +338,20 @@ def report(args, everyone: list[list[StepTiming]], policy, model: nn.Module,
     steps = everyone[args.skip:]
     mean = window_step_time(steps)
     print(f"mean step time {1e3 * mean:.1f} ms over steps {args.skip}..{args.steps - 1}", flush=True)
-    decisions = [d.to_dict() for d in policy.decisions] if policy else []
+    decisions = policy.decisions if policy else []
     for d in decisions:
-        if d["kind"] != APPLY:
-            pred = f"{1e3 * d['predicted_step_s']:.1f} ms (×{d['predicted_speedup']:.3f})" \
-                if d["predicted_step_s"] else "none"
-            print(f"{d['remedy']}: before {1e3 * d['baseline_step_s']:.1f} ms, predicted {pred}, "
-                  f"measured {1e3 * d['measured_step_s']:.1f} ms (×{d['measured_speedup']:.3f}) "
-                  f"→ {d['kind']}", flush=True)
+        if d.kind != APPLY:
+            pred = f"{1e3 * d.predicted_step_s:.1f} ms (×{d.predicted_speedup:.3f})" \
+                if d.predicted_step_s and d.predicted_speedup else "none"
+            print(f"{d.remedy}: before {ms(d.baseline_step_s)}, predicted {pred}, measured "
+                  f"{ms(d.measured_step_s)} (×{d.measured_speedup or float('nan'):.3f}) → {d.kind}",
+                  flush=True)
     if args.summary:
         args.summary.parent.mkdir(parents=True, exist_ok=True)
         args.summary.write_text(json.dumps({
             "mean_step_s": mean, "skipped_steps": args.skip,
             "step_times": [window_step_time([s]) for s in everyone],
-            "decisions": decisions, "stragglar_calls": hook.stragglar_calls,
+            "decisions": [d.to_dict() for d in decisions], "stragglar_calls": hook.stragglar_calls,
             "calibration": calibration}, indent=1))
     if args.trace_dir:
         from stragglers.trace.runformat import write_run
@@ -362,6 +362,11 @@ def report(args, everyone: list[list[StepTiming]], policy, model: nn.Module,
     if args.params_out:
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
         np.save(args.params_out, flat)
+
+
+def ms(seconds: float | None) -> str:
+    """Seconds as milliseconds for the report ("none" when not measured)."""
+    return "none" if seconds is None else f"{1e3 * seconds:.1f} ms"
 
 
 if __name__ == "__main__":

@@ -40,22 +40,28 @@ class JobCheckpoint:
                 "extra": self.extra}
 
     @classmethod
-    def from_plain(cls, state: dict[str, Any], source: str | Path) -> JobCheckpoint:
+    def from_plain(cls, state: object, source: str | Path) -> JobCheckpoint:
         """Read back what `to_plain` wrote (InputError naming the first field that is not)."""
-        missing = {"step", "model", "optimizer", "shards"} - set(state)
-        if missing:
-            raise InputError(source, sorted(missing)[0], "missing from the checkpoint")
         try:
-            shards = msgspec.convert(state["shards"], Snapshot)
+            f = msgspec.convert(state, _CheckpointFile)
         except msgspec.ValidationError as exc:
-            raise InputError(source, "shards", f"not a shard snapshot: {exc}") from None
-        for name in ("model", "optimizer", "extra"):
-            if not isinstance(state.get(name, {}), dict):
-                raise InputError(source, name, "expected a dict of state")
-        if type(state["step"]) is not int:
-            raise InputError(source, "step", f"expected an integer, got {state['step']!r}")
-        return cls(state["step"], state["model"], state["optimizer"], shards,
-                   state.get("extra") or {})
+            # msgspec's message names the field: "... - at `$.shards.epochs_created`"
+            raise InputError(source, None, f"not a checkpoint this code wrote: {exc}") from None
+        for name, value in (("model", f.model), ("optimizer", f.optimizer), ("extra", f.extra)):
+            if not isinstance(value, dict):
+                raise InputError(source, name, f"expected a dict of state, got {type(value).__name__}")
+        return cls(f.step, f.model, f.optimizer, f.shards, f.extra)
+
+
+class _CheckpointFile(msgspec.Struct):
+    """The file's top level as read back: the state dicts kept as they are (tensors, and their
+    OrderedDict's `_metadata`, which load_state_dict uses), the snapshot typed."""
+
+    step: int
+    model: Any
+    optimizer: Any
+    shards: Snapshot
+    extra: Any = {}
 
 
 def save_job_checkpoint(path: str | Path, step: int, model: torch.nn.Module,
@@ -106,8 +112,6 @@ def read_checkpoint(path: str | Path) -> JobCheckpoint | None:
     except Exception as exc:  # noqa: BLE001 - unpickling errors come in many types
         raise InputError(path, None, f"not a checkpoint this code wrote, or tampered with"
                          f" ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
-    if not isinstance(state, dict):
-        raise InputError(path, None, f"not a checkpoint this code wrote (a {type(state).__name__})")
     return JobCheckpoint.from_plain(state, path)
 
 
