@@ -1,11 +1,14 @@
 """The live monitor's alerting speed and silence: time to alert at 1 step/s with 1,024 ranks.
 
     .venv/bin/python benchmarks/monitor_time_to_alert.py [--ranks 1024] [--steps 120]
-        [--clean-ranks 256] [--stall-after 10] [--quick] [--json out.json]
+        [--clean-ranks 256] [--stall-after 10] [--flush-every 1] [--quick] [--json out.json]
 
 A `stragglers monitor serve` process (as users run it: the analysis process on, default alert
 rules) watches two run directories that this script writes as recorders do, one part per rank
-per step (each part flushed at the end of its step), in real time at 1 step/s:
+per step (each part flushed at the end of its step), in real time at 1 step/s; with
+`--flush-every k`, one part per rank every k steps, flushed at the end of its last step (the
+recorder's `flush_interval_s` = k steps: k times fewer parts, and a step's values reach the
+monitor up to k − 1 steps later, which the time to alert includes):
 
 - job `big`, `--ranks` data-parallel ranks: from step 30, every 4 steps another rank turns
   1.5× slower for 24 steps (its compute; so the others wait for it at the all-reduce), then
@@ -129,25 +132,31 @@ class Job:
                "mc": np.zeros(2 * n), "gmc": np.zeros(2 * n)}
         return {k: np.asarray(v).astype(COLUMNS[k]) for k, v in ops.items()}
 
-    def prepare(self, steps: int, pool: ThreadPoolExecutor) -> None:
-        """Every rank's part of every step, written ahead into a folder nobody watches (this
-        machine cannot encode a thousand parts a second besides running the monitor)."""
+    def prepare(self, steps: int, pool: ThreadPoolExecutor, every: int = 1) -> None:
+        """Every rank's part of every `every` steps (part number = first step // every),
+        written ahead into a folder nobody watches (this machine cannot encode a thousand
+        parts a second besides running the monitor)."""
         n = self.ranks
-        for step in range(steps):
-            ops = self.step_ops(step)
+        for first in range(0, steps, every):
+            blocks = [self.step_ops(step) for step in range(first, min(first + every, steps))]
+            ops = {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
+            rows = np.arange(len(ops["rank"]))
 
             def one(rank: int):
-                sel = np.array([rank, rank + n])
-                write_rank(self.staging, rank, {k: v[sel] for k, v in ops.items()}, part=step)
+                sel = rows[ops["rank"] == rank]
+                write_rank(self.staging, rank, {k: v[sel] for k, v in ops.items()},
+                           part=first // every)
 
             list(pool.map(one, range(n)))
 
-    def flush_step(self, step: int, skip: set = frozenset()) -> None:
-        """Each rank's part of this step (part number = step) into the run directory, by a
-        rename, as the recorder writes its parts."""
+    def flush_step(self, step: int, skip: set = frozenset(), every: int = 1) -> None:
+        """At the end of a step that ends a part (every `every` steps), each rank's part into
+        the run directory, by a rename, as the recorder writes its parts."""
+        if (step + 1) % every:
+            return
         for rank in range(self.ranks):
             if rank not in skip:
-                name = rank_file_name(rank, step)
+                name = rank_file_name(rank, step // every)
                 os.rename(self.staging / name, self.dir / name)
 
 
@@ -181,6 +190,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def process_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of the monitor process and of its children (the analysis
+    process) so far."""
+    import psutil
+
+    main = psutil.Process(pid)
+    out = {"service": sum(main.cpu_times()[:2]), "children": 0.0}
+    for child in main.children(recursive=True):
+        try:
+            out["children"] += sum(child.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def percentile(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
@@ -194,15 +218,19 @@ def run(args) -> dict:
     slow = {int(r): (s, s + SLOW_FOR) for r, s in zip(slow_ranks, onsets)}
     silent_rank = next(r for r in range(args.ranks) if r not in slow)
     receiver = Receiver()
-    tail = int(args.stall_after / args.step_s + 8)
+    k = args.flush_every
+    if args.steps % k:
+        raise SystemExit(f"--steps ({args.steps}) must be a multiple of --flush-every ({k})")
+    tail = -(-int(args.stall_after / args.step_s + 8) // k) * k   # whole parts
     big = Job(tmp / "runs", "big", args.ranks, 2, slow)
     clean = Job(tmp / "runs", "clean", args.clean_ranks, 3, {})
     pool = ThreadPoolExecutor(4)
     t = time.time()
-    big.prepare(args.steps + tail, pool)
-    clean.prepare(args.steps, pool)
+    big.prepare(args.steps + tail, pool, k)
+    clean.prepare(args.steps, pool, k)
     print(f"parts written ahead in {time.time() - t:.0f} s", file=sys.stderr)
     proc, url = start_monitor(tmp, receiver, args.stall_after)
+    cpu0 = process_cpu(proc.pid)   # its start (imports) left out
     began, lag, lag_seen = {}, [], []
     dt = args.step_s
     stop = threading.Event()
@@ -226,10 +254,10 @@ def run(args) -> dict:
             began[step] = t0 + step * dt
             time.sleep(max(0.0, t0 + (step + 1) * dt - time.time()))
             if step < args.steps:
-                clean.flush_step(step)
-                big.flush_step(step)
+                clean.flush_step(step, every=k)
+                big.flush_step(step, every=k)
             else:   # the end: `clean` falls silent, `big` goes on without one rank
-                big.flush_step(step, skip={silent_rank})
+                big.flush_step(step, skip={silent_rank}, every=k)
             if step == args.steps - 1:
                 clean_last = big_rank_last = time.time()
             lag.append(time.time() - (t0 + (step + 1) * dt))
@@ -239,6 +267,7 @@ def run(args) -> dict:
                                                   receiver.first("rank_silent", "big")[0]):
             time.sleep(0.5)
         metrics = httpx.get(url + "/metrics", timeout=10).text
+        cpu = {name: sec - cpu0[name] for name, sec in process_cpu(proc.pid).items()}
     finally:
         stop.set()
         proc.terminate()
@@ -254,7 +283,8 @@ def run(args) -> dict:
             decided = int(re.search(r"decided at step (\d+)",
                                     alert["annotations"]["description"])[1])
             steps_to_decide.append(decided - first + 1)
-            pipeline.append(t - (began[decided] + dt))
+            flushed = (decided // k) * k + k - 1   # the step whose end flushed its part
+            pipeline.append(t - (began[flushed] + dt))
         t, _ = receiver.first("worker_fault", "big", rank)
         window.append(None if t is None else t - began[first])
     false_fast = sorted({a["labels"].get("rank") for _, a in receiver.got
@@ -269,7 +299,7 @@ def run(args) -> dict:
     got_window = [x for x in window if x is not None]
     return {
         "ranks": args.ranks, "clean_ranks": args.clean_ranks, "steps": args.steps,
-        "trials": len(slow), "step_s": args.step_s,
+        "trials": len(slow), "step_s": args.step_s, "flush_every": k,
         "fast_alerted": len(got_fast), "fast_median_s": percentile(got_fast, 50),
         "fast_p90_s": percentile(got_fast, 90), "fast_max_s": max(got_fast, default=None),
         "steps_to_decide": steps_to_decide,
@@ -286,6 +316,11 @@ def run(args) -> dict:
         "stalled_delay_s": None if stalled is None else stalled - clean_last,
         "rank_silent_delay_s": None if silent is None else silent - big_rank_last,
         "writer_lag_median_s": statistics.median(lag), "writer_lag_max_s": max(lag),
+        # CPU per part (load-independent, unlike the times): the service process (watcher,
+        # ingest, change detector, store) and its analysis process (read-ahead, windows)
+        "parts": (parts := args.ranks * (args.steps + tail) // k - tail // k
+                  + args.clean_ranks * args.steps // k),
+        "cpu_us_per_part": {name: round(sec / parts * 1e6) for name, sec in cpu.items()},
         "monitor_health": {line.split(" ")[0]: float(line.split(" ")[-1])
                            for line in metrics.splitlines() if line.startswith((
                                "stragglers_ingest_lag_seconds",
@@ -339,6 +374,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--stall-after", type=float, default=10.0)
     ap.add_argument("--step-s", type=float, default=1.0, help="seconds per step")
+    ap.add_argument("--flush-every", type=int, default=1, help="steps per part (the "
+                    "recorder's flush_interval_s in steps)")
     ap.add_argument("--quick", action="store_true", help="256 ranks, 90 steps")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--overhead", action="store_true", help="only the change detector's cost "
@@ -371,9 +408,12 @@ def write_results(out: dict, args: argparse.Namespace) -> None:
               command=f".venv/bin/python benchmarks/monitor_time_to_alert.py --ranks {out['ranks']} "
                       f"--clean-ranks {out['clean_ranks']} --steps {out['steps']}"
                       + (f" --step-s {out['step_s']:g}" if out["step_s"] != 1.0 else "")
-                      + (f" --stall-after {args.stall_after:g}" if args.stall_after != 10 else ""),
+                      + (f" --stall-after {args.stall_after:g}" if args.stall_after != 10 else "")
+                      + (f" --flush-every {out['flush_every']}" if out["flush_every"] != 1
+                         else ""),
               figures=[Figure(name=f"time to alert, a ×1.5 rank among {out['ranks']} at a step "
-                                   f"every {out['step_s']:g} s ({out['fast_alerted']} of "
+                                   f"every {out['step_s']:g} s, a part every "
+                                   f"{out['flush_every']} step(s) ({out['fast_alerted']} of "
                                    f"{out['trials']} onsets alerted)",
                               value=f"median {sec(out['fast_median_s'])}, p90 "
                                     f"{sec(out['fast_p90_s'])}",
@@ -391,8 +431,10 @@ def write_results(out: dict, args: argparse.Namespace) -> None:
                                    "`rank_silent` after the last part",
                               value=f"{sec(out['stalled_delay_s'])} / "
                                     f"{sec(out['rank_silent_delay_s'])}",
-                              goal="within stall_after_s + a tick",
-                              met=bool(late) and max(late) <= out["stall_after_s"] + 0.5)]))
+                              goal="within stall_after_s of the last part",
+                              met=bool(late) and max(late) <= out["stall_after_s"],
+                              note="from the last part's rename; the monitor counts from "
+                                   "its watcher's event (debounce 50 ms)")]))
 
 
 if __name__ == "__main__":
