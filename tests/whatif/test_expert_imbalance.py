@@ -131,3 +131,27 @@ def test_advise_refuses_expert_balancing_without_a_hot_expert(tmp_path):
     write_gpu_job(GpuJob(ranks=4, steps=4, seed=1, all_to_alls=1), tmp_path)
     remedy = next(r for r in advise(load_trace(tmp_path)).remedies if r.name == "expert-balancing")
     assert not remedy.applies and "no expert load imbalance" in remedy.why_not
+
+
+def test_a_dispatch_that_noise_pushed_below_the_bar_is_balanced_with_the_others(tmp_path):
+    """The dispatches of one job are judged together: noise on the compute after one of them
+    (its own correlation below expert_corr) neither drops it nor makes the hot rank a slow
+    worker."""
+    from stragglers.whatif.causes import experts
+    from stragglers.whatif.causes.base import Context
+    from stragglers.whatif.config import DiagnosisConfig
+    from stragglers.whatif.grid import build_grid
+    from stragglers.whatif.metrics import WhatIf
+
+    write_gpu_job(GpuJob(ranks=8, steps=6, seed=3, all_to_alls=2, hot_expert=(5, 3.0)), tmp_path)
+    trace = load_trace(tmp_path)
+    ops = trace.ops
+    after_second = (ops["optype"] == OPTYPE_CODES["forward-compute"]) & (ops["seq_id"] == 2)
+    noise = np.random.default_rng(0).normal(0, 9e-4, int(after_second.sum()))
+    ops["duration"][after_second] = np.abs(ops["duration"][after_second] + noise)
+    grid = build_grid(trace)
+    ctx = Context.build(WhatIf.build(grid), trace, DiagnosisConfig())
+    load = experts.expert_load(ctx, grid.duration)
+    assert load is not None and len(load.pairs) == 2, load
+    assert min(load.corr) < DiagnosisConfig().expert_corr <= float(np.mean(load.corr))
+    assert _named(analyze(trace)) == {("expert_imbalance", 5)}

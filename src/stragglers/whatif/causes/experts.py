@@ -9,17 +9,17 @@ them receive more rows, their expert compute takes longer, and every rank of the
 expert-parallel group waits at the combine; the all-to-alls also move more rows through the
 busiest rank (it receives the dispatch and sends the combine, and backward the same again).
 
-Found when the compute right after a dispatch follows the rows received across the group's
-ranks (pooled linear fit, slope > 0, correlation ≥ `expert_corr`) and the rows are uneven
-(the busiest rank at least `expert_min_excess` above the group's mean). The prediction gives
-every rank the group's mean rows at the fitted time per row (its own speed kept), and every
-all-to-all its transfer at balanced volume: each rank's transfer (from the group's last
-arrival to its end) is fitted against the rows it moved (received, plus sent where the trace
-has them; pooled over the all-to-alls across the ranks, each one's step mean taken out:
-seconds per row moved), and each rank's rows moved go to its group's mean at that slope; the
-replay makes the group wait for its slowest member. The result: the step time with routing
-perfectly balanced, an upper bound. The same fits price capacity factors (rows
-beyond C × mean dropped, neither computed nor moved) at the measured routing.
+Found when the compute right after the dispatches follows the rows received across the group's
+ranks (a pooled linear fit per dispatch; their correlations' mean ≥ `expert_corr`) and the rows
+are uneven (the busiest rank at least `expert_min_excess` above the group's mean). The
+prediction gives every rank the group's mean rows at the fitted time per row (its own speed
+kept), and every all-to-all its transfer at balanced volume: each rank's transfer (from the
+group's last arrival to its end) is fitted against the rows it moved (received, plus sent where
+the trace has them; pooled over the all-to-alls across the ranks, each one's step mean taken
+out: seconds per row moved), and each rank's rows moved go to its group's mean at that slope;
+the replay makes the group wait for its slowest member. The result: the step time with routing
+perfectly balanced, an upper bound. The same fits price capacity factors (rows beyond C × mean
+dropped, neither computed nor moved) at the measured routing.
 """
 
 from __future__ import annotations
@@ -76,20 +76,26 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
             continue
         mean = _group_mean(g, n, tok)
         fit = _fit(tok, durations[expert])
-        if fit is None:
-            continue
-        slope, corr = fit
-        if corr < ctx.cfg.expert_corr or (tok / mean).max(axis=0).mean() < \
-                1 + ctx.cfg.expert_min_excess:
+        if fit is None or (tok / mean).max(axis=0).mean() < 1 + ctx.cfg.expert_min_excess:
             continue
         pairs.append((int(n), expert))
         rows.append(tok)
         means.append(mean)
-        slopes.append(slope)
-        corrs.append(corr)
-    if not pairs:
+        slopes.append(fit[0])
+        corrs.append(fit[1])
+    # The uneven dispatches of a job share its routing and its experts: their correlations are
+    # judged together (the mean), so one dispatch that a load spike pushed below the bar does
+    # not leave its expert compute unexplained (then blamed on the busiest rank as a slow
+    # worker); a dispatch whose compute does not grow with the rows (slope <= 0) is not
+    # balanced.
+    if not pairs or float(np.mean(corrs)) < ctx.cfg.expert_corr:
         return None
-    return ExpertLoad(pairs, np.array(rows), np.array(means), np.array(slopes), np.array(corrs),
+    keep = [k for k, slope in enumerate(slopes) if slope > 0]
+    if not keep:
+        return None
+    return ExpertLoad([pairs[k] for k in keep], np.array([rows[k] for k in keep]),
+                      np.array([means[k] for k in keep]), np.array([slopes[k] for k in keep]),
+                      np.array([corrs[k] for k in keep]),
                       _transfer(g, ops, ctx.w.cost, ctx.cfg.expert_corr))
 
 
@@ -233,6 +239,4 @@ def _fit(tok: np.ndarray, dur: np.ndarray) -> tuple[float, float] | None:
     y = (dur - dur.mean(axis=0, keepdims=True)).ravel()
     if np.std(x) == 0 or np.std(y) == 0:
         return None
-    slope = float(np.dot(x, y) / np.dot(x, x))
-    corr = float(np.corrcoef(x, y)[0, 1])
-    return (slope, corr) if slope > 0 else None
+    return float(np.dot(x, y) / np.dot(x, x)), float(np.corrcoef(x, y)[0, 1])
