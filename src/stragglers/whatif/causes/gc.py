@@ -19,6 +19,13 @@ def gc_pauses(ctx: Context) -> list[Candidate]:
     return [found] if found is not None else ctx.compute_pauses
 
 
+def _records_gc(trace) -> bool:
+    """Whether the trace's recorder wrote the collector's pauses as gc rows itself (attach:
+    every pause from `gc_min_s` on; meta.extra["recorder"])."""
+    recorder = trace.meta.extra.get("recorder")
+    return isinstance(recorder, dict) and recorder.get("gc_min_s") is not None
+
+
 def _gc_row_durations(ctx: Context) -> np.ndarray | None:
     """[n_gc, D, T] durations of the gc rows, or None when none carries a pause (NDTimeline
     writes zero-length gc rows: the pauses are then inside compute)."""
@@ -61,6 +68,10 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
     if trace.meta.extra.get("compute_from") == "gpu kernels":
         return []   # a pause of the Python host cannot lengthen a GPU kernel: on a GPU trace
         #             it leaves the GPU idle (a launch delay), never a longer compute op
+    if _records_gc(trace):
+        return []   # our recorder writes every pause of the process's collector as a gc row
+        #             (gc.callbacks): with none recorded, long compute ops are no GC pauses
+        #             (on a loaded CPU: the scheduler's preemption, which cpu_contention tells)
     compute = np.flatnonzero(np.isin(g.node_optype, (FWD, BWD)))
     raw = g.duration[compute]                                      # [n, D, T]
     # Where the trace carries Σs², ops are compared without the share their sequences
