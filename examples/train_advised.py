@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from stragglers.adapt.heterogeneity import SimulatedDevice
-from stragglers.advice.act import APPLY, AdvisePolicy
+from stragglers.advice.act import APPLY, AdvisePolicy, Forced
 from stragglers.advice.hooks import SwitchableCommHook, switchable_hook
 from stragglers.advice.live import MonitorWindows, TimingPublisher, window_of
 from stragglers.advice.window import ROW_WIDTH, StepTiming, window_step_time, window_trace
@@ -231,7 +231,7 @@ def main(argv=None) -> None:
         force = None
         if args.force:
             name, _, value = args.force.partition(":")
-            force = {"name": name, **({"every": int(value)} if name == "planned-gc" and value else {})}
+            force = Forced(name, every=int(value) if name == "planned-gc" and value else None)
         policy = AdvisePolicy(n, args.global_batch, window=args.window, settle=args.settle,
                               force=force, remaining_steps=args.steps, warmup=args.skip,
                               **(calibration or {}))
