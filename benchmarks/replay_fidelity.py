@@ -127,7 +127,7 @@ def main() -> None:
                       met=statistics.median(medians[src]) <= 0.02,
                       anchor="" if src == a.src else "the same traces, analysed by the baseline")
                for src in codes if medians[src]]
-    command = "python benchmarks/replay_fidelity.py " + (
+    command = ".venv/bin/python benchmarks/replay_fidelity.py " + (
         "--traces DIR" if a.traces else f"--rounds {a.rounds}") + (
         " --baseline OLD/src" if a.baseline else "")
     write(Run(benchmark="Replay fidelity of recorded pipeline runs (sim_error, clean runs)",
