@@ -21,6 +21,16 @@ OPTYPE_NAMES = pa.array(OPTYPES, type=pa.string())
 def optype_codes(column: pa.ChunkedArray | pa.Array, source: Path | str) -> np.ndarray:
     """Map an optype column (string or dictionary) to codes; unknown names are an error."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if (len(chunks) > 1 and pa.types.is_dictionary(chunks[0].type)
+            and all(c.type == chunks[0].type for c in chunks)):
+        # a table of many row groups or files: one dictionary for all its chunks, so the names
+        # are mapped and checked once, not once per chunk
+        nulls = sum(c.null_count for c in chunks)
+        if nulls:
+            raise InputError(source, "optype", f"{nulls} rows have no op type")
+        chunks = pa.chunked_array(chunks, chunks[0].type).unify_dictionaries().chunks
+        indices = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in chunks])
+        return _dictionary_codes(chunks[0].dictionary, indices, source)
     out = []
     for chunk in chunks:
         if pa.types.is_dictionary(chunk.type):
@@ -29,14 +39,8 @@ def optype_codes(column: pa.ChunkedArray | pa.Array, source: Path | str) -> np.n
             lookup = _codes_of_strings(names, source) if len(names) else np.zeros(0, np.int8)
             if chunk.null_count:
                 raise InputError(source, "optype", f"{chunk.null_count} rows have no op type")
-            idx = chunk.indices.to_numpy(zero_copy_only=False)
-            used = np.unique(idx)
-            bad = used[lookup[used] < 0] if len(used) else used
-            if len(bad):
-                unknown = sorted(str(names[int(i)]) for i in bad[:5])
-                raise InputError(source, "optype", f"unknown op types {unknown}; expected one of "
-                                 f"{', '.join(OPTYPES)}")
-            out.append(lookup[idx].astype(np.int8))
+            out.append(_dictionary_codes(names, chunk.indices.to_numpy(zero_copy_only=False),
+                                         source, lookup))
         else:
             codes = _codes_of_strings(chunk, source)
             if (codes < 0).any():
@@ -45,6 +49,24 @@ def optype_codes(column: pa.ChunkedArray | pa.Array, source: Path | str) -> np.n
                                  f"{', '.join(OPTYPES)}")
             out.append(codes.astype(np.int8))
     return np.concatenate(out) if out else np.zeros(0, np.int8)
+
+
+def _dictionary_codes(names: pa.Array, indices: np.ndarray, source: Path | str,
+                      lookup: np.ndarray | None = None) -> np.ndarray:
+    """Codes of dictionary indices into `names` (`lookup`: the names' codes, where known);
+    a used name that is no op type is an error."""
+    if lookup is None:
+        lookup = _codes_of_strings(names, source) if len(names) else np.zeros(0, np.int8)
+    if not len(indices):
+        return np.zeros(0, np.int8)
+    # which names are used: a count per name (O(rows), no sort of the indices)
+    used = np.flatnonzero(np.bincount(indices, minlength=len(names)))
+    bad = used[lookup[used] < 0]
+    if len(bad):
+        unknown = sorted(str(names[int(i)]) for i in bad[:5])
+        raise InputError(source, "optype", f"unknown op types {unknown}; expected one of "
+                         f"{', '.join(OPTYPES)}")
+    return lookup[indices].astype(np.int8)
 
 
 def _codes_of_strings(values: pa.Array, source: Path | str) -> np.ndarray:
@@ -102,7 +124,7 @@ def _numeric(col: pa.ChunkedArray, name: str, dtype: np.dtype, source, fill=None
     if dtype.kind == "i" and arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
             raise InputError(source, name, "expected whole numbers")
-    if dtype.kind == "i" and len(arr):
+    if dtype.kind == "i" and len(arr) and not np.can_cast(arr.dtype, dtype, "safe"):
         lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
         if arr.min() < lo or arr.max() > hi:  # a silent wrap-around would corrupt ids
             raise InputError(source, name, f"values must lie in [{lo}, {hi}]")

@@ -115,10 +115,44 @@ def _row_groups(md, column: int, path) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def step_partitions(steps: np.ndarray, n: int) -> list[np.ndarray]:
-    """The steps cut into at most n contiguous partitions of (nearly) equal size."""
+def step_partitions(steps: np.ndarray, n: int, layout: RunLayout | None = None
+                    ) -> list[np.ndarray]:
+    """The steps cut into at most n contiguous partitions of (nearly) equal size; with a
+    `layout`, each cut moved to the nearest step where no row group holds steps on both sides
+    (within a quarter of a partition): then no row group is read twice or read in part."""
     n = max(1, min(n, len(steps)))
-    return [p for p in np.array_split(steps, n) if len(p)]
+    cuts = np.cumsum([len(p) for p in np.array_split(steps, n)])[:-1]
+    if layout is not None and n > 1:
+        cuts = _aligned_cuts(layout, steps, cuts, max(0, len(steps) // n // 4))
+    return [p for p in np.split(steps, cuts) if len(p)]
+
+
+def _aligned_cuts(layout: RunLayout, steps: np.ndarray, cuts: np.ndarray, reach: int
+                  ) -> np.ndarray:
+    """Each cut (an index into steps: a partition starts there) moved by at most `reach` to
+    one that no row group straddles, where there is one."""
+    bounds = np.array([(g[2], g[3]) for groups in layout.groups for g in groups if g[1]],
+                      dtype=np.int64).reshape(-1, 2)
+    order = np.argsort(bounds[:, 0], kind="stable")
+    low, reach_hi = bounds[order, 0], np.maximum.accumulate(bounds[order, 1])
+    # a cut between steps[j-1] and steps[j] is straddled by a group with low <= steps[j-1]
+    # and high >= steps[j]: the highest high among the groups starting by steps[j-1] tells
+    at = np.searchsorted(low, steps[:-1], side="right") - 1
+    straddled = (at >= 0) & (reach_hi[np.maximum(at, 0)] >= steps[1:])
+    clean = np.flatnonzero(~straddled) + 1            # cut indices no group straddles
+    out, last = [], 0
+    for cut in cuts:
+        best = int(cut)
+        if len(clean):
+            k = np.searchsorted(clean, cut)
+            near = [int(clean[i]) for i in (k - 1, k) if 0 <= i < len(clean)]
+            near = [c for c in near if abs(c - cut) <= reach and c > last]
+            if near:
+                best = min(near, key=lambda c: (abs(c - cut), c))
+        best = max(best, last + 1)
+        out.append(best)
+        last = best
+    return np.array([c for c in out if c < len(steps)], dtype=np.int64)
 
 
 # Bytes one op row takes while its partition is read and laid on the grid (the Arrow table,
@@ -140,10 +174,11 @@ def _parquet(path: str):
     page, not once per row: 4× faster to read)."""
     import pyarrow.parquet as pq
 
+    # memory-mapped: the pages are decoded from the page cache, not copied into buffers first
     try:
-        return pq.ParquetFile(path, read_dictionary=["optype"])
+        return pq.ParquetFile(path, read_dictionary=["optype"], memory_map=True)
     except KeyError:   # no optype column: table_to_columns names it
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path, memory_map=True)
 
 
 # --- a partition (worker) ----------------------------------------------------------------
@@ -166,19 +201,28 @@ def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition
     jobs = [(i, f, [(k, g) for k, g in enumerate(groups) if g[1] and g[2] <= hi and g[3] >= lo])
             for i, (f, groups) in enumerate(zip(layout.files, layout.groups))]
     jobs = [j for j in jobs if j[2]]
-
-    def read(job):
-        index, path, groups = job
-        return _read_groups(layout, index, path, groups, steps, lo, hi, every)
-
-    got = [r for r in (pool.map(read, jobs) if pool is not None else map(read, jobs)) if r]
-    names = list(COLUMNS) + list(layout.optional)
-    if not got:
-        ops = {c: np.empty(0, dtype=COLUMNS.get(c, OPTIONAL_COLUMNS.get(c))) for c in names}
-        return Partition(ops, np.empty(0, np.int64), layout.directory)
-    ops = {c: np.concatenate([p[c] for p, _ in got]) for c in names}
-    position = np.concatenate([pos for _, pos in got])
-    del got
+    if not jobs:
+        empty = {c: np.empty(0, dtype=COLUMNS.get(c, OPTIONAL_COLUMNS.get(c)))
+                 for c in read_columns(layout)}
+        return Partition(empty, np.empty(0, np.int64), layout.directory)
+    wanted = read_columns(layout)
+    tables = list(pool.map(lambda job: _read_table(job[1], [k for k, _ in job[2]], wanted), jobs)
+                  if pool is not None else (_read_table(f, [k for k, _ in g], wanted)
+                                            for _, f, g in jobs))
+    # the files differ in schema or one holds a bad value: file by file, naming the file
+    ops = _columns_at_once(layout, tables) or _columns_by_file(layout, [j[1] for j in jobs],
+                                                                tables)
+    del tables
+    position = _positions(jobs)
+    step = ops["step"]
+    keep = (step >= lo) & (step <= hi)
+    if not every:
+        keep &= np.isin(step, steps)
+    if not keep.all():
+        ops = {c: v[keep] for c, v in ops.items()}
+        position = position[keep]
+    if not len(position):
+        return Partition(ops, position, layout.directory)
     # the ranges only: whether every stage holds ops is a question for the whole run (assemble)
     every_stage = np.arange(layout.meta.pp_size, dtype=ops["stage"].dtype)
     check_against_meta({"dp_rank": ops["dp_rank"], "stage": np.concatenate([ops["stage"],
@@ -187,37 +231,80 @@ def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition
     return Partition(ops, position, layout.directory)
 
 
-def _read_groups(layout: RunLayout, index: int, path: str, groups: list, steps: np.ndarray,
-                 lo: int, hi: int, every: bool):
-    """(columns, positions) of one file's rows at `steps`, read from the row groups holding
-    them (`groups`: (number, (first row, rows, min step, max step))); None when none are."""
+# Optional columns the partitioned analysis reads (the diagnosis's and the grid's): the others
+# (bytes) stay on disk.
+ANALYSED_OPTIONAL = ("attn_cost", "tokens", "cpu_wait", "pg")
+
+
+def read_columns(layout: RunLayout) -> list[str]:
+    """The columns a partition reads: the required ones and the optional ones analysed."""
+    return list(COLUMNS) + [c for c in layout.optional if c in ANALYSED_OPTIONAL]
+
+
+def _read_table(path: str, groups: list[int], columns: list[str]):
+    """Row groups of one rank file as an Arrow table (the columns of `columns` it has), on this
+    thread: the reading threads are the caller's, not Arrow's nested in each (2 cores)."""
     import pyarrow as pa
 
-    from stragglers.trace.columns import table_to_columns
-
     try:
-        table = _parquet(path).read_row_groups([k for k, _ in groups])
+        f = _parquet(path)
+        have = set(f.schema_arrow.names)
+        return f.read_row_groups(groups, columns=[c for c in columns if c in have],
+                                 use_threads=False)
     except FileNotFoundError:
         raise InputError(path, None, "no such file") from None
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(path, None, f"not a readable Parquet file ({first})") from None
-    step = table.column("step").to_numpy()
-    keep = (step >= lo) & (step <= hi)
-    if not every:
-        keep &= np.isin(step, steps)
-    if not keep.any():
+
+
+def _columns_at_once(layout: RunLayout, tables: list) -> dict[str, np.ndarray] | None:
+    """The files' tables checked and converted as one (one pass per column, not one per file
+    and column); None where their schemas differ or a value is refused (the file-by-file path
+    then names the file)."""
+    import pyarrow as pa
+
+    from stragglers.trace.columns import table_to_columns
+
+    try:
+        table = pa.concat_tables(tables)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
-    rows = np.concatenate([np.arange(g[0], g[0] + g[1], dtype=np.int64)
-                           for _, g in groups])[keep]
-    if not keep.all():
-        table = table.filter(pa.array(keep))
-    cols = table_to_columns(table, path)
+    try:
+        cols = table_to_columns(table, layout.directory)
+    except InputError:
+        return None
     del table
+    return _filled(layout, cols)
+
+
+def _columns_by_file(layout: RunLayout, paths: list[str], tables: list
+                     ) -> dict[str, np.ndarray]:
+    """Each file's table checked and converted on its own (errors name the file), joined."""
+    from stragglers.trace.columns import table_to_columns
+
+    got = [_filled(layout, table_to_columns(t, p)) for p, t in zip(paths, tables)]
+    return {c: np.concatenate([g[c] for g in got]) for c in got[0]}
+
+
+def _filled(layout: RunLayout, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The optional columns analysed that some file of the run has, filled where these rows
+    lack them; the others dropped."""
+    n = len(cols["step"])
+    out = {c: cols[c] for c in COLUMNS}
     for c in layout.optional:
-        if c not in cols:
-            cols[c] = np.full(len(rows), OPTIONAL_FILL[c], dtype=OPTIONAL_COLUMNS[c])
-    return cols, (np.int64(index) << 40) | rows
+        if c in ANALYSED_OPTIONAL:
+            out[c] = cols[c] if c in cols else np.full(n, OPTIONAL_FILL[c],
+                                                        dtype=OPTIONAL_COLUMNS[c])
+    return out
+
+
+def _positions(jobs: list) -> np.ndarray:
+    """file index << 40 | row in file of every row the jobs' row groups hold, in read order."""
+    first = np.array([(i << 40) + g[0] for i, _, groups in jobs for _, g in groups], np.int64)
+    rows = np.array([g[1] for _, _, groups in jobs for _, g in groups], np.int64)
+    before = np.cumsum(rows) - rows          # rows read before each group
+    return np.repeat(first - before, rows) + np.arange(int(rows.sum()), dtype=np.int64)
 
 
 def node_keys(part: Partition) -> np.ndarray:
@@ -368,7 +455,7 @@ def place(part: Partition, template: Template, node: np.ndarray | None = None
     duration = np.zeros(n * d * t)
     duration[flat] = ops["duration"]
     row = np.full(n * d * t, -1, dtype=ROW)
-    row[flat] = np.arange(len(flat))
+    row[flat] = np.arange(len(flat), dtype=ROW)
     pg = None
     if "pg" in ops:
         cell = np.full(n * d * t, -1, dtype=np.int64)
@@ -652,8 +739,10 @@ def analyze_run(path: Path | str, steps=None, progress: Callable[[str], None] | 
     if isinstance(steps, str) and steps != "all":
         raise InputError(path, "steps", f"expected a list of steps, None or 'all', got {steps!r}")
     layout = run_layout(path, None if isinstance(steps, str) else steps)
-    parts = step_partitions(layout.steps,
-                            partitions or max(min_partitions, partitions_for(layout)))
+    if not partitions:   # a multiple of min_partitions: as many partitions on every worker
+        need = partitions_for(layout)
+        partitions = max(1, min_partitions) * -(-need // max(1, min_partitions))
+    parts = step_partitions(layout.steps, partitions, layout)
     tick(f"reading {len(layout.files)} rank files in {len(parts)} step partitions {where}")
     got = (read_all or read_here)(layout, parts, tick)
     summaries = [s for s, _ in got]

@@ -1,0 +1,48 @@
+"""The op type of a table of many row groups or files (a dictionary per chunk) is mapped once over
+the chunks' unified dictionary: the codes are those of each chunk's own names."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from stragglers.errors import InputError
+from stragglers.trace.columns import optype_codes
+from stragglers.trace.model import OPTYPE_CODES
+
+
+def _chunk(names: list[str], indices: list[int | None]) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()),
+                                          pa.array(names, pa.string()))
+
+
+def test_chunks_with_their_own_dictionaries():
+    col = pa.chunked_array([_chunk(["optimizer", "forward-compute"], [1, 0, 1]),
+                            _chunk(["forward-compute", "backward-compute"], [1, 1, 0]),
+                            _chunk(["backward-compute"], [])])
+    want = [OPTYPE_CODES[n] for n in ("forward-compute", "optimizer", "forward-compute",
+                                      "backward-compute", "backward-compute", "forward-compute")]
+    codes = optype_codes(col, "t.parquet")
+    assert codes.dtype == np.int8 and codes.tolist() == want
+    # the same as each chunk mapped on its own
+    one = [optype_codes(c, "t.parquet") for c in col.chunks]
+    assert codes.tolist() == np.concatenate(one).tolist()
+
+
+def test_an_unknown_name_in_a_later_chunk_is_named():
+    col = pa.chunked_array([_chunk(["optimizer"], [0, 0]),
+                            _chunk(["optimizer", "warp-drive"], [0, 1])])
+    with pytest.raises(InputError, match=r"t\.parquet.*optype.*unknown op types \['warp-drive'\]"):
+        optype_codes(col, "t.parquet")
+
+
+def test_an_unused_unknown_name_is_no_error():
+    col = pa.chunked_array([_chunk(["optimizer", "warp-drive"], [0]), _chunk(["optimizer"], [0])])
+    assert optype_codes(col, "t").tolist() == [OPTYPE_CODES["optimizer"]] * 2
+
+
+def test_nulls_in_any_chunk_are_counted():
+    col = pa.chunked_array([_chunk(["optimizer"], [0, None]), _chunk(["optimizer"], [None, 0])])
+    with pytest.raises(InputError, match=r"optype.*2 rows have no op type"):
+        optype_codes(col, "t")
