@@ -1,8 +1,9 @@
 """The shard store's replies, typed: what `ShardStore` returns and the service sends as JSON.
 
 msgspec Structs whose fields are the JSON keys of the protocol (README "Protocol"): the service
-writes them with `to_builtins`, `ShardClient` reads them back (`from_json`). A lease that is
-held (every lease but a replayed one no longer held) omits `held`, as the wire always did.
+writes them with `to_builtins`, `ShardClient` decodes them from the reply's bytes (`from_json`
+reads one from decoded JSON). A lease that is held (every lease but a replayed one no longer
+held) omits `held`, as the wire always did.
 A snapshot is typed too (`Snapshot`); a checkpoint stores its plain form, because
 `torch.load(weights_only=True)` loads plain values only: `adapt/checkpoint.py` converts there.
 """
@@ -74,7 +75,7 @@ class Status(msgspec.Struct):
 
 
 # epoch, shard, state, consumed, retries, queue_pos, error: one shard's row of a snapshot
-ShardRow = tuple[int, int, str, int, int, int, "str | None"]
+ShardRow = tuple[int, int, str, int, int, int, str | None]
 
 
 class Snapshot(msgspec.Struct):
