@@ -199,7 +199,7 @@ def bench_http(tmp: Path, dp: int, pp: int, steps: int, spp: int) -> dict:
         rss1 = rss_mb(proc.pid)
         for u in uploaders.values():
             u.close()
-        assert all(u.stats()["sent"] == u.submitted for u in uploaders.values())
+        assert all(u.stats().sent == u.submitted for u in uploaders.values())
         stats = httpx.get(url + "/api/stats").json()["by_way"]["http"]
         assert stats["records"] == len(t), stats
         n = len(blobs)
