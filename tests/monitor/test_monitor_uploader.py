@@ -38,14 +38,14 @@ def test_parts_submitted_while_the_monitor_is_down_are_delivered_when_it_comes_u
         uploaders[rank].submit(part, blob(cols))
     for up in uploaders.values():
         s = up.stats()
-        assert s["submitted"] == 10 and s["dropped"] == 4 and s["pending"] == 6
-        assert s["retries"] >= 1 and s["sent"] == 0
+        assert s.submitted == 10 and s.dropped == 4 and s.pending == 6
+        assert s.retries >= 1 and s.sent == 0
     server = MonitorServer(tmp_path / "m.db", port=port, token="tok", config=CFG).start()
     try:
         for up in uploaders.values():
             assert up.close(timeout=120)
             s = up.stats()
-            assert s["sent"] == 6 and s["pending"] == 0 and s["rejected"] == 0
+            assert s.sent == 6 and s.pending == 0 and s.rejected == 0
         kept = [(r, p, c) for r, p, c in parts if p >= 4]   # the oldest 4 per rank were dropped
         with httpx.Client(base_url=server.url, timeout=30) as c:
             stats = eventually(lambda: get(c, "/api/stats"), what="stats")
@@ -70,7 +70,7 @@ def test_a_refusing_monitor_neither_blocks_nor_raises_and_refusals_are_counted(t
                 up.submit(part, blob(cols))
         assert up.close(timeout=60)
         s = up.stats()
-        assert s["rejected"] == 2 and s["sent"] == 0 and "401" in s["last_error"]
+        assert s.rejected == 2 and s.sent == 0 and "401" in s.last_error
         with httpx.Client(base_url=server.url) as c:
             assert get(c, "/api/jobs")["jobs"] == []
     finally:
@@ -82,7 +82,7 @@ def test_close_gives_up_after_its_timeout_when_nobody_answers():
     up = PartUploader(f"http://127.0.0.1:{free_port()}", None, "job", 0, backoff_s=0.05)
     up.submit(0, b"x" * 100)
     assert up.close(timeout=0.5) is False
-    assert up.stats()["pending"] == 1
+    assert up.stats().pending == 1
 
 
 def test_a_job_expired_before_its_first_part_is_announced_again_by_its_uploader(tmp_path):
@@ -103,7 +103,7 @@ def test_a_job_expired_before_its_first_part_is_announced_again_by_its_uploader(
             up.submit(part, blob(cols))
         assert up.close(timeout=120)
         s = up.stats()
-        assert s["sent"] == len(rank0) and s["rejected"] == 0 and s["pending"] == 0
+        assert s.sent == len(rank0) and s.rejected == 0 and s.pending == 0
         with httpx.Client(base_url=server.url, timeout=30) as c:
             stats = eventually(lambda: get(c, "/api/stats"), what="stats")
             assert stats["by_job"]["job-late"]["parts"] == len(rank0)

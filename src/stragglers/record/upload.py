@@ -5,8 +5,8 @@ slow or refusing never stalls or crashes training. A background thread sends the
 order (`PUT /api/jobs/{job}/ranks/{rank}/parts/{n}`, idempotent on the monitor, so a retry
 after a lost reply is harmless), retrying with exponential backoff; while the monitor is away
 the buffer holds the parts, and when it is full the oldest part is dropped and counted (the
-count travels with every upload, so the dashboard shows it). Uses only the standard library:
-a training node needs nothing of the monitor's extra.
+count travels with every upload, so the dashboard shows it). Uses only the standard library
+and msgspec (a core dependency): a training node needs nothing of the monitor's extra.
 """
 
 from __future__ import annotations
@@ -18,12 +18,27 @@ import threading
 import time
 from collections import deque
 
+import msgspec
+
 from stragglers.serving import check_url
 
 log = logging.getLogger(__name__)
 
 # Statuses after which sending the same request again can succeed.
 RETRY_STATUSES = {404, 408, 425, 429, 500, 502, 503, 504}
+
+
+class UploadStats(msgspec.Struct, frozen=True):
+    """An uploader's counts at one moment (`PartUploader.stats`)."""
+
+    submitted: int            # parts handed to submit()
+    sent: int                 # parts the monitor stored (new to it)
+    duplicates: int           # parts it already held (a retry after a lost reply)
+    dropped: int              # parts dropped from a full buffer, or submitted after close
+    rejected: int             # parts the monitor refused for good (e.g. 401)
+    retries: int              # requests sent again after a failure
+    pending: int              # parts queued and not yet delivered
+    last_error: str | None    # the last failure, for the log
 
 
 class PartUploader:
@@ -87,12 +102,11 @@ class PartUploader:
         with self._cv:
             return len(self._buf)
 
-    def stats(self) -> dict:
+    def stats(self) -> UploadStats:
         """Counts of submitted, sent, duplicate, dropped and rejected parts, and retries."""
         with self._cv:
-            return {"submitted": self.submitted, "sent": self.sent, "duplicates": self.duplicates,
-                    "dropped": self.dropped, "rejected": self.rejected, "retries": self.retries,
-                    "pending": len(self._buf), "last_error": self.last_error}
+            return UploadStats(self.submitted, self.sent, self.duplicates, self.dropped,
+                               self.rejected, self.retries, len(self._buf), self.last_error)
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait at most `timeout` s for what is queued to go out; True if it all did."""
