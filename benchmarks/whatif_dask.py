@@ -3,14 +3,19 @@ of 1 and 2 worker processes (issue 32, item 3): wall time, peak memory (the driv
 worker processes together, sampled every 50 ms) and S, side by side in one run.
 
     .venv/bin/python benchmarks/whatif_dask.py [--dp 256 --pp 4 --steps 20 --microbatches 8]
+    .venv/bin/python benchmarks/whatif_dask.py --before /tmp/old/src   # an older tree too
 
-Each configuration runs in a fresh Python process so its peak memory is its own.
+Each configuration runs in a fresh Python process so its peak memory is its own; with --before,
+each runs on the older tree right before this one (the machine is shared: only ratios of runs
+side by side say anything). `--chunk K` writes a row group per K steps in each rank file (a
+recorder's flushes) instead of one per file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -58,13 +63,39 @@ print(json.dumps({"wall_s": wall, "analysis_s": analysis, "peak_bytes": peak[0],
 """
 
 
-def run_one(run: Path, mode: str) -> dict:
-    """One configuration in a fresh process."""
+def run_one(run: Path, mode: str, src: str | None = None) -> dict:
+    """One configuration in a fresh process (on the source tree `src`, default: installed)."""
+    env = {**os.environ, "PYTHONPATH": src} if src else None
     proc = subprocess.run([sys.executable, "-c", CHILD, str(run), mode], capture_output=True,
-                          text=True, timeout=3600)
+                          text=True, timeout=3600, env=env)
     if proc.returncode:
         raise SystemExit(f"{mode}: {proc.stderr.strip().splitlines()[-1]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+LABELS = {"single": "one process", "1": "Dask LocalCluster, 1 worker",
+          "2": "Dask LocalCluster, 2 workers"}
+
+
+def _write_chunked(path: Path, trace, chunk: int) -> Path:
+    """The trace as a run directory whose rank files hold a row group per `chunk` steps."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from stragglers.trace.columns import columns_to_table
+    from stragglers.trace.runformat import CODEC, rank_file_name, write_meta
+
+    write_meta(path, trace.meta)
+    ops = trace.ops
+    for rank in np.unique(ops["rank"]):
+        rows = np.flatnonzero(ops["rank"] == rank)
+        table = columns_to_table({k: v[rows] for k, v in ops.items()})
+        step = ops["step"][rows]
+        with pq.ParquetWriter(path / rank_file_name(int(rank)), table.schema,
+                              compression=CODEC) as w:
+            for lo in range(int(step.min()), int(step.max()) + 1, chunk):
+                w.write_table(table.take(np.flatnonzero((step >= lo) & (step < lo + chunk))))
+    return path
 
 
 def main() -> None:
@@ -73,6 +104,10 @@ def main() -> None:
     ap.add_argument("--pp", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--chunk", type=int, default=0,
+                    help="steps per row group in each rank file (0: one row group per file)")
+    ap.add_argument("--before", default=None,
+                    help="an older source tree (its src/ folder) run too, side by side")
     args = ap.parse_args()
     from stragglers.trace.runformat import write_run
     from stragglers.trace.synth import generate
@@ -82,43 +117,62 @@ def main() -> None:
         trace = generate(dp=args.dp, pp=args.pp, microbatches=args.microbatches,
                          steps=args.steps, slow_worker=(args.dp // 3, args.pp - 1, 1.5), seed=0)
         ops = len(trace)
-        run = write_run(Path(tmp) / "run", trace)
+        run = (_write_chunked(Path(tmp) / "run", trace, args.chunk) if args.chunk
+               else write_run(Path(tmp) / "run", trace))
         del trace
         print(f"job: dp {args.dp} × pp {args.pp} × {args.steps} steps, {args.microbatches} "
               f"microbatches, {ops:,} ops (generated and written in "
-              f"{time.perf_counter() - t0:.1f} s)")
-        rows = {mode: run_one(run, mode) for mode in ("single", "1", "2")}
-    base = rows["single"]
-    labels = {"single": "one process", "1": "Dask LocalCluster, 1 worker",
-              "2": "Dask LocalCluster, 2 workers"}
-    print(f"{'configuration':<30}{'wall s':>8}{'analysis s':>12}{'peak MB':>9}"
+              f"{time.perf_counter() - t0:.1f} s)", flush=True)
+        rows = {}
+        for mode in LABELS:
+            for src in ([args.before] if args.before else []) + [None]:
+                key = mode + (" (before)" if src else "")
+                rows[key] = run_one(run, mode, src)
+                print(key, json.dumps({k: v for k, v in rows[key].items() if k != "by_dp_rank"}),
+                      flush=True)
+    print(f"{'configuration':<44}{'wall s':>8}{'analysis s':>12}{'peak MB':>9}"
           f"{'CPU driver s':>14}{'CPU workers s':>15}  S")
-    for mode, label in labels.items():
-        r = rows[mode]
-        print(f"{label:<30}{r['wall_s']:>8.2f}{r['analysis_s']:>12.2f}"
+    for key, r in rows.items():
+        print(f"{_label(key):<44}{r['wall_s']:>8.2f}{r['analysis_s']:>12.2f}"
               f"{r['peak_bytes'] / 2**20:>9.0f}{r['cpu_driver_s']:>14.1f}"
               f"{r['cpu_workers_s']:>15.1f}  {r['slowdown']!r}")
-    same = all(rows[m]["slowdown"] == base["slowdown"] and rows[m]["by_dp_rank"] ==
-               base["by_dp_rank"] and rows[m]["diagnosis"] == base["diagnosis"] for m in rows)
-    print(f"S, S per DP rank and the causes identical in all three: {same}")
+    base = rows["single"]
+    same = all(r["slowdown"] == base["slowdown"] and r["by_dp_rank"] == base["by_dp_rank"]
+               and r["diagnosis"] == base["diagnosis"] for r in rows.values())
+    print(f"S, S per DP rank and the causes identical in every configuration: {same}")
     gain = rows["1"]["analysis_s"] / rows["2"]["analysis_s"]
     print(f"analysis (cluster started) 1 → 2 workers: {gain:.2f}× (scaling efficiency "
           f"{gain / 2:.0%}); wall includes starting the LocalCluster")
     from results import Figure, Run, write
 
-    figures = [Figure(name=f"{label}, analysis time", value=f"{rows[m]['analysis_s']:.2f} s",
-                      note=f"wall {rows[m]['wall_s']:.2f} s, peak "
-                           f"{rows[m]['peak_bytes'] / 2**20:.0f} MB, CPU driver "
-                           f"{rows[m]['cpu_driver_s']:.1f} s, workers "
-                           f"{rows[m]['cpu_workers_s']:.1f} s; shared, loaded machine")
-               for m, label in labels.items()]
+    figures = [Figure(name=f"{_label(key)}, analysis time", value=f"{r['analysis_s']:.2f} s",
+                      note=f"wall {r['wall_s']:.2f} s, peak {r['peak_bytes'] / 2**20:.0f} MB, "
+                           f"CPU driver {r['cpu_driver_s']:.1f} s, workers "
+                           f"{r['cpu_workers_s']:.1f} s; shared, loaded machine")
+               for key, r in rows.items()]
+    for mode in LABELS:
+        now, then = rows[mode], rows.get(mode + " (before)")
+        if then:
+            cpu = now["cpu_driver_s"] + now["cpu_workers_s"]
+            cpu_then = then["cpu_driver_s"] + then["cpu_workers_s"]
+            figures.append(Figure(
+                name=f"{LABELS[mode]}: this tree vs before",
+                value=f"analysis {now['analysis_s'] / then['analysis_s']:.2f}×, CPU "
+                      f"{cpu / cpu_then:.2f}× ({cpu:.1f} vs {cpu_then:.1f} s)",
+                anchor="the tree before this work, run just before it on the same run"))
     figures += [Figure(name="Dask 1 → 2 workers (analysis)", value=f"{gain:.2f}×",
                        note=f"scaling efficiency {gain / 2:.0%}"),
                 Figure(name="S, S per DP rank and causes identical", value=str(same))]
-    argv = " ".join(sys.argv[1:])
+    argv = " ".join(a if not a.startswith("/") else "OLD_TREE/src" for a in sys.argv[1:])
     write(Run(benchmark=f"What-if on Dask, {ops:,} ops: one process vs 1 and 2 workers",
               issue="32", command=f".venv/bin/python benchmarks/whatif_dask.py {argv}".strip(),
-              figures=figures))
+              figures=figures), name="whatif_dask" + (f"_chunk{args.chunk}" if args.chunk else ""))
+
+
+def _label(key: str) -> str:
+    """'2 (before)' → 'Dask LocalCluster, 2 workers, tree before'."""
+    mode, _, before = key.partition(" ")
+    return LABELS[mode] + (", tree before" if before else "")
 
 if __name__ == "__main__":
     main()

@@ -174,11 +174,10 @@ def _parquet(path: str):
     page, not once per row: 4× faster to read)."""
     import pyarrow.parquet as pq
 
-    # memory-mapped: the pages are decoded from the page cache, not copied into buffers first
     try:
-        return pq.ParquetFile(path, read_dictionary=["optype"], memory_map=True)
+        return pq.ParquetFile(path, read_dictionary=["optype"])
     except KeyError:   # no optype column: table_to_columns names it
-        return pq.ParquetFile(path, memory_map=True)
+        return pq.ParquetFile(path)
 
 
 # --- a partition (worker) ----------------------------------------------------------------
@@ -213,6 +212,9 @@ def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition
     ops = _columns_at_once(layout, tables) or _columns_by_file(layout, [j[1] for j in jobs],
                                                                 tables)
     del tables
+    # Arrow keeps freed buffers for reuse: hand them back before the grid is laid beside these
+    import pyarrow as pa
+    pa.default_memory_pool().release_unused()
     position = _positions(jobs)
     step = ops["step"]
     keep = (step >= lo) & (step <= hi)
