@@ -287,12 +287,16 @@ class ServiceGuard:
             await self.app(scope, receive, send)
             return
         REQUEST_CLIENT.set((scope.get("client") or ("?",))[0])
-        hosts = [v.decode("latin-1") for k, v in scope.get("headers") or () if k == b"host"]
-        host = hosts[0] if hosts else None
-        if len(hosts) > 1:   # RFC 9112: answered 400 (one proxy may read the first, one the last)
-            await send_json(send, 400, f"request header 'Host': given {len(hosts)} times; "
+        headers = scope.get("headers") or ()
+        twice = _repeated(headers)
+        if twice is not None:
+            # RFC 9112 (Host): answered 400; the same for a token or a body's type, where one
+            # reader takes the first and another the last (the owner's token then a stranger's)
+            await send_json(send, 400, f"request header '{twice}': given more than once; "
                             "expected once")
             return
+        hosts = [v.decode("latin-1") for k, v in headers if k == b"host"]
+        host = hosts[0] if hosts else None
         if host is not None and not self.host_allowed(host):
             await send_json(send, 400, f"request header 'Host': {host[:100]!r} is not a name "
                             "of this service (expected a loopback name, or one configured in "
@@ -340,6 +344,22 @@ class ServiceGuard:
             lines = held[0].text.decode("utf-8", "replace").strip().splitlines()
             await send_json(send, held[0].status, lines[0][:200] if lines else
                             f"HTTP {held[0].status}", held[0].headers)
+
+
+# request headers that carry one value: given twice, which one counts is up to the reader
+SINGLE_HEADERS = frozenset((b"host", b"authorization", b"content-type", b"x-service-token",
+                            b"content-length"))
+
+
+def _repeated(headers) -> str | None:
+    """The name of a header of SINGLE_HEADERS that `headers` (ASGI pairs) give twice; None."""
+    seen: set[bytes] = set()
+    for name, _ in headers:
+        if name in SINGLE_HEADERS:
+            if name in seen:
+                return name.decode("latin-1")
+            seen.add(name)
+    return None
 
 
 class _Held:

@@ -26,6 +26,10 @@ class ConnectionLimits:
     max_head_bytes: int = 64 * 1024      # a request's head (httptools sets no bound: 431 past it)
     body_min_bytes_per_s: float = 8192.0  # a body slower than this, once past the grace, is cut
     body_grace_s: float = 10.0
+    # at the cap, a body this old (the slowest first) or a response unread this long may be
+    # closed to admit a new connection: shorter than body_grace_s, or connections opened faster
+    # than that, each sending part of a body, would hold the cap against every new client
+    cap_grace_s: float = 1.0
     send_stall_s: float = 30.0           # a response the client stops reading for this long is cut
     sweep_s: float = 1.0
 
@@ -54,6 +58,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
             self._g_phase_bytes, self._g_fresh, self._g_served = 0, True, 0
             self._g_body = None    # (cycle, started_at, bytes then)
             self._g_stalled: float | None = None  # since when the client has not read what it was sent
+            self._g_eof = False    # the client half-closed: close once its requests are answered
             book.admit(self)
 
         def connection_lost(self, exc) -> None:
@@ -75,6 +80,19 @@ def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
                 _close(self, 431, "Request Header Fields Too Large",
                        f"request head: more than {limits.max_head_bytes} bytes")
 
+        def eof_received(self) -> bool | None:
+            # A client that half-closes once its request is sent (shutdown(SHUT_WR)) is
+            # answered: the transport used to close at once, after the app had acted on the
+            # request (a lease taken, nobody told). A request whose body is still to come is
+            # never completed: closed.
+            cycle = self.cycle
+            whole = cycle is not None and not cycle.response_complete \
+                and not getattr(cycle, "more_body", False)
+            if (whole and not _waiting(self)) or getattr(self, "pipeline", None):
+                self._g_eof = True
+                return True   # keep the write side open
+            return super().eof_received()
+
         def pause_writing(self) -> None:
             # the transport holds more than its high-water mark unsent: the client stopped
             # reading (a response uvicorn awaits without end, holding its connection busy)
@@ -92,6 +110,9 @@ def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
             self._g_phase_at, self._g_phase_cycle = time.monotonic(), self.cycle
             self._g_phase_bytes, self._g_fresh, self._g_body = 0, False, None
             self._g_served += 1
+            if self._g_eof and self.cycle is not None and self.cycle.response_complete \
+                    and not getattr(self, "pipeline", None):
+                self.transport.close()   # half-closed, every request answered
 
         def send_400_response(self, msg: str) -> None:
             self.transport.write(json_response_bytes(400, "Bad Request", f"request: {msg}"))
@@ -183,14 +204,14 @@ class _Connections:
                     or c.transport.is_closing():
                 continue
             if c._g_stalled is not None:
-                if idle_only or now - c._g_stalled < 1.0:
+                if idle_only or now - c._g_stalled < self.limits.cap_grace_s:
                     continue
                 key = (2, c._g_stalled)
             elif _waiting(c):
                 key = (0 if c._g_fresh else 1, c._g_phase_at)
             elif idle_only:
                 continue
-            elif c._g_body is not None and now - c._g_body[1] >= 1.0:
+            elif c._g_body is not None and now - c._g_body[1] >= self.limits.cap_grace_s:
                 key = (3, (c._g_bytes - c._g_body[2]) / max(now - c._g_body[1], 1e-3))
             else:
                 continue

@@ -37,13 +37,13 @@ from stragglers.adapt.control import ControlPlane
 from stragglers.adapt.controller import Actions, ControlConfig, ControllerView
 from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Busy, Forbidden, RateLimited, \
-    Unauthorized
+    Unauthorized, UnsupportedMediaType
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
 from stragglers.adapt.replies import (Acked, Configured, Created, Joined, LeaseReply, Released,
                                       Requeued, Restored, to_builtins)
 from stragglers.adapt.restore_parse import SnapshotParser
-from stragglers.adapt.shards import ShardStore, resolve_indices
+from stragglers.adapt.shards import ShardStore, lease_json
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import TOKEN_PATTERN, BodyRefused, base_url, declared_length, is_loopback, \
@@ -336,10 +336,33 @@ def _error(exc: StragglersError) -> Response:
     return resp
 
 
+def check_media_type(request: Request) -> None:
+    """UnsupportedMediaType (415) unless a request with a body declares it JSON in UTF-8.
+
+    A form or text/plain body was parsed as JSON: a body is taken only as what it says it is
+    (an empty one may say nothing)."""
+    given = request.headers.get("content-type")
+    if given is None:
+        empty = request.headers.get("content-length", "") == "0" or (
+            "content-length" not in request.headers
+            and "transfer-encoding" not in request.headers)
+        if empty:
+            return
+        raise UnsupportedMediaType("request", "Content-Type", "missing; expected "
+                                   "application/json for a request body")
+    media, *params = (p.strip().lower() for p in given.split(";"))
+    charsets = [p.partition("=")[2].strip('"') for p in params if p.startswith("charset=")]
+    if media != "application/json" or any(c not in ("utf-8", "utf8") for c in charsets):
+        raise UnsupportedMediaType("request", "Content-Type", f"expected application/json"
+                                   f" (UTF-8), got {given[:60]!r}")
+
+
 async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) past `limit` bytes without reading the rest."""
+    """The request body, refused (413) past `limit` bytes without reading the rest, and
+    (415) unless it is declared JSON."""
     try:
         declared_length(request, limit)
+        check_media_type(request)
         return await read_bounded(request, limit)
     except BodyRefused as refused:
         if refused.kind == "bad_length":
@@ -459,14 +482,18 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def read(fn, *args):
         return await asyncio.wrap_future(reader.submit(fn, *args))
 
-    async def with_indices(reply: LeaseReply) -> LeaseReply:
-        """A lease reply with its Pending indices computed on a shuffle thread (not the writer)."""
+    async def with_indices(reply: LeaseReply) -> LeaseReply | Response:
+        """A lease reply; one with Pending indices is made JSON on a shuffle thread (not the
+        writer, not the event loop: the shuffle, and the list and JSON of up to 262,144
+        indices, a chunk at a time)."""
         pending = [x.indices for x in reply.leases if isinstance(x.indices, Pending)]
-        if pending:
-            big = max(p.key[0] for p in pending) > 1 << 20
-            await asyncio.get_running_loop().run_in_executor(shuffles[big], resolve_indices,
-                                                             store, reply)
-        return reply
+        if not pending:
+            return reply
+        big = max(p.key[0] for p in pending) > 1 << 20 or \
+            sum(p.stop - p.start for p in pending) > 1 << 16
+        body = await asyncio.get_running_loop().run_in_executor(shuffles[big], lease_json,
+                                                                store, reply)
+        return Response(body, 200, media_type="application/json")
 
     def route(path: str, fn, methods=("POST",)) -> Route:
         return Route(path, handler(fn), methods=list(methods))
@@ -505,7 +532,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Join)
         return await commit.run(lambda: store.join(name, body.worker, digest))
 
-    async def lease(request: Request) -> LeaseReply:
+    async def lease(request: Request) -> LeaseReply | Response:
         name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Lease)
         return await with_indices(await commit.run(
             lambda: store.lease(name, body.worker, body.fence, body.count, body.request_id,

@@ -28,7 +28,7 @@ from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, Not
 from stragglers.adapt.history import REQUEST_HISTORY, LeaseHistory  # noqa: F401
 from stragglers.adapt.permutations import Pending, Permutations
 from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease, LeaseReply,
-                                      LeaseStatus, Released, Status)
+                                      LeaseStatus, Released, Status, lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
 from stragglers.adapt.schema import SCHEMA_VERSION, open_database  # noqa: F401
@@ -38,6 +38,9 @@ from stragglers.adapt.transactions import Transactions
 from stragglers.errors import InputError
 
 MAX_INDICES_PER_REPLY = 1 << 18
+# a lease's indices up to this many are made a list on the commit thread when their shuffle is
+# in memory (a few µs); more are left Pending for lease_json
+INLINE_INDICES = 4096
 
 
 class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
@@ -251,6 +254,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         key = (cfg.num_samples, cfg.seed, epoch)
         if start >= stop:
             return []
+        if self.defer_indices and stop - start > INLINE_INDICES:
+            # made a list and JSON a chunk at a time off this thread (replies.indices_json):
+            # 65,536 indices per shard, 4 shards a lease, replayed in a loop, held it ~0.1 s each
+            return Pending(key, start, stop)
         perm = self.permutations.cached(key)
         if perm is not None:
             return perm[start:stop].tolist()
@@ -427,10 +434,13 @@ def _check_fence(row: Sequence[Any] | None, name: str, worker: str, fence: int) 
     return seq
 
 
-def resolve_indices(store: ShardStore, reply: LeaseReply) -> LeaseReply:
-    """Replace the Pending indices of a lease reply by the sample indices (computes shuffles)."""
-    for lease in reply.leases:
+def lease_json(store: ShardStore, reply: LeaseReply) -> bytes:
+    """The JSON of a lease reply whose Pending indices are read from their permutations
+    (computing a shuffle if needed) and encoded a chunk at a time (for a thread of its own)."""
+    def indices_of(lease):
         pending = lease.indices
         if isinstance(pending, Pending):
-            lease.indices = store.permutations.indices(pending.key, pending.start, pending.stop)
-    return reply
+            return store.permutations.get(pending.key)[pending.start:pending.stop]
+        return pending
+
+    return lease_reply_json(reply, indices_of)

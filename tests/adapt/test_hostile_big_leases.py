@@ -1,0 +1,61 @@
+"""A lease of 4 shards of 65,536 samples, asked again and again (a replayed request id costs the
+caller nothing): its 262,144 indices are made a list and JSON off the commit thread, a chunk at
+a time, never all at once on the thread every other job's leases and acks wait for."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import numpy as np
+
+from stragglers.adapt.dataset import epoch_permutation
+from stragglers.adapt.permutations import Permutations
+from stragglers.adapt.replies import INDEX_CHUNK
+from stragglers.adapt.service import EmbeddedServer
+
+TOKEN = "big-lease-token-0123456789"
+LISTS: list[tuple[str, int]] = []   # (thread, length) of each tolist of a kept permutation
+
+
+class Recorded(np.ndarray):
+    """A permutation that records who makes a list of it, and how long."""
+
+    def tolist(self):
+        LISTS.append((threading.current_thread().name, len(self)))
+        return super().tolist()
+
+
+class RecordedPermutations(Permutations):
+    def _keep(self, key, perm):
+        super()._keep(key, perm.view(Recorded))
+
+
+def test_a_big_lease_replayed_is_listed_off_the_commit_thread_in_chunks(tmp_path):
+    srv = EmbeddedServer(tmp_path / "s.db").start()
+    try:
+        assert srv.app is not None
+        store = srv.app.state.store
+        store.permutations = RecordedPermutations()
+        h = {"Authorization": f"Bearer {TOKEN}"}
+        r = httpx.post(f"{srv.url}/datasets", headers=h, json={
+            "name": "big", "num_samples": 1 << 18, "shard_size": 1 << 16, "lease_s": 600})
+        assert r.status_code == 200, r.text
+        fence = httpx.post(f"{srv.url}/datasets/big/join", headers=h,
+                           json={"worker": "w"}).json()["fence"]
+        body = {"worker": "w", "fence": fence, "count": 4, "request_id": "again"}
+        first = httpx.post(f"{srv.url}/datasets/big/lease", headers=h, json=body, timeout=120)
+        LISTS.clear()
+        replies = [httpx.post(f"{srv.url}/datasets/big/lease", headers=h, json=body,
+                              timeout=120).json() for _ in range(3)]
+        perm = epoch_permutation(1 << 18, 0, 0)
+        for reply in [first.json(), *replies]:
+            assert len(reply["leases"]) == 4
+            for lease in reply["leases"]:
+                lo = lease["shard"] << 16
+                assert lease["indices"] == perm[lo:lo + (1 << 16)].tolist()
+        assert LISTS, "the replayed leases were not read from the kept permutation"
+        assert not [x for x in LISTS if x[0] == "group-commit"], LISTS[:5]
+        assert max(n for _, n in LISTS) <= INDEX_CHUNK
+    finally:
+        srv.stop()
