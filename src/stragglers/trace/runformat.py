@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from stragglers.errors import InputError
 from stragglers.trace.columns import columns_to_table, table_to_columns
 from stragglers.trace.model import (COLUMNS, NOTE_KINDS, OPTIONAL_COLUMNS, OPTIONAL_FILL, JobMeta,
-                                    Trace)
+                                    Note, Trace)
 
 META_FILE = "meta.json"
 # rank-00003.parquet, or rank-00003.part-000012.parquet when a recorder flushes in parts.
@@ -34,14 +34,14 @@ def rank_file_name(rank: int, part: int | None = None) -> str:
     return f"rank-{rank:05d}.parquet" if part is None else f"rank-{rank:05d}.part-{part:06d}.parquet"
 
 
-def write_meta(directory: Path, meta: JobMeta, notes: list[dict[str, str]] | None = None) -> Path:
+def write_meta(directory: Path, meta: JobMeta, notes: list[Note] | None = None) -> Path:
     """Write meta.json atomically (write a temp file, then rename), with the reader's notes."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / META_FILE
     tmp = path.with_suffix(".json.tmp")
     raw = meta.to_dict()
     if notes:
-        raw["notes"] = list(notes)
+        raw["notes"] = [msgspec.to_builtins(n) for n in notes]
     tmp.write_text(json.dumps(raw, indent=2, sort_keys=True))
     tmp.replace(path)
     return path
