@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 # Canonical op types. The code of an op type is its index here; readers map names to codes.
@@ -116,13 +118,36 @@ class JobMeta:
 NOTE_KINDS: tuple[str, ...] = ("ranks", "layout", "clock", "dropped", "other")
 
 
-@dataclass
+class Note(msgspec.Struct, frozen=True):
+    """One reader note (Trace.notes): its kind (one of NOTE_KINDS) and what it says."""
+
+    kind: str
+    message: str
+
+    # A transitional read-only mapping view ({"kind", "message"}): the run-format and NDTimeline
+    # writers and whatif.result.reader_notes still take a note as a dict (dict(n), Note(**n)).
+    def keys(self) -> tuple[str, ...]:
+        """The field names, so that dict(note) and f(**note) work."""
+        return self.__struct_fields__
+
+    def __getitem__(self, name: str) -> str:
+        if name not in self.__struct_fields__:
+            raise KeyError(name)
+        return str(getattr(self, name))
+
+
+def as_note(note: Note | Mapping[str, Any]) -> Note:
+    """`note` as a Note (a {"kind", "message"} mapping accepted, as older readers build them)."""
+    return note if isinstance(note, Note) else msgspec.convert(dict(note), Note)
+
+
+@dataclass(init=False)
 class Trace:
     """An op table (dict of equal-length numpy columns, see COLUMNS) with its job metadata.
 
     `notes` is what the reader could not see or had to assume, for the report to state:
-    a list of {"kind": k, "message": m} dicts (plain strings, JSON-ready), where k is one of
-    NOTE_KINDS:
+    a list of `Note(kind, message)` ({"kind", "message"} dicts given are converted), where
+    kind is one of NOTE_KINDS:
       "ranks"   ranks read of the world size, and which are missing;
       "layout"  how ranks were placed on the DP x PP grid (given, taken from groups, assumed);
       "clock"   clock alignment across ranks and its residual;
@@ -134,7 +159,12 @@ class Trace:
     ops: dict[str, np.ndarray]
     meta: JobMeta
     source: str = "<memory>"
-    notes: list[dict[str, str]] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+
+    def __init__(self, ops: dict[str, np.ndarray], meta: JobMeta, source: str = "<memory>",
+                 notes: Iterable[Note | Mapping[str, Any]] = ()) -> None:
+        self.ops, self.meta, self.source = ops, meta, source
+        self.notes = [as_note(n) for n in notes]
 
     def __len__(self) -> int:
         return len(self.ops["step"])
@@ -143,7 +173,7 @@ class Trace:
         """Record one reader note (kind from NOTE_KINDS) for the report."""
         if kind not in NOTE_KINDS:
             raise ValueError(f"note kind {kind!r} is not one of {', '.join(NOTE_KINDS)}")
-        self.notes.append({"kind": kind, "message": str(message)})
+        self.notes.append(Note(kind, str(message)))
 
     @property
     def end_ts(self) -> np.ndarray:
