@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from stragglers.adapt.heterogeneity import SimulatedDevice
-from stragglers.advice.act import APPLY, AdvisePolicy, Forced
+from stragglers.advice.act import APPLY, AdvisePolicy, Forced, GCParams, SplitParams
 from stragglers.advice.hooks import SwitchableCommHook, switchable_hook
 from stragglers.advice.live import MonitorWindows, TimingPublisher, window_of
 from stragglers.advice.window import ROW_WIDTH, StepTiming, window_step_time, window_trace
@@ -285,16 +285,16 @@ def main(argv=None) -> None:
             on = d.kind == APPLY
             if d.remedy == "stragglar":
                 hook.use_stragglar() if on else hook.use_library()
-            elif d.remedy == "antdt-dd":
-                batches = d.params["batch_sizes"] if on else split(args.global_batch, n)
-            elif d.remedy == "planned-gc":
+            elif isinstance(d.params, SplitParams):
+                batches = d.params.batch_sizes if on else split(args.global_batch, n)
+            elif isinstance(d.params, GCParams):
                 if on:
-                    planned = PlannedGC(d.params["every"]).start()
+                    planned = PlannedGC(d.params.every).start()
                 elif planned:
                     planned.stop()
                     planned = None
             if rank == 0:
-                print(f"step {d.step}: {d.kind} {d.remedy} {d.params or ''} — {d.reason}", flush=True)
+                print(f"step {d.step}: {d.kind} {d.remedy} {d.params} — {d.reason}", flush=True)
     hook.close()
     if planned:
         planned.stop()

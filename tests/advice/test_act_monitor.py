@@ -70,8 +70,8 @@ def test_monitor_windows_drive_apply_and_keep(monitor):
     apply, keep = decisions
     # the first window was straggling and analysed by the monitor; DD was decided on it
     assert apply.source == f"monitor:{job}#0" and apply.step == W
-    assert apply.params["batch_sizes"][3] < apply.params["batch_sizes"][0]
-    assert sum(apply.params["batch_sizes"]) == B
+    assert apply.params.batch_sizes[3] < apply.params.batch_sizes[0]
+    assert sum(apply.params.batch_sizes) == B
     # the window right after the switch holds the settle step: the verdict is the one after
     assert keep.source == f"monitor:{job}#2"
     assert keep.measured_speedup == pytest.approx(apply.predicted_speedup, rel=0.02)

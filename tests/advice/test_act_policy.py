@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stragglers.advice.act import APPLY, KEEP, ROLLBACK, AdvisePolicy, Forced
+from stragglers.advice.act import APPLY, KEEP, ROLLBACK, AdvisePolicy, Forced, GCParams
 from stragglers.advice.window import StepTiming, window_trace
 from stragglers.errors import InputError
 from stragglers.protocols import CONTROLLER_POLICIES
@@ -40,8 +40,8 @@ def test_policy_applies_dd_for_a_slow_device_and_keeps_it():
     kinds = [(d.kind, d.remedy) for d in decisions]
     assert kinds == [(APPLY, "antdt-dd"), (KEEP, "antdt-dd")]
     apply, keep = decisions
-    assert apply.params["batch_sizes"][3] < apply.params["batch_sizes"][0]
-    assert sum(apply.params["batch_sizes"]) == 64
+    assert apply.params.batch_sizes[3] < apply.params.batch_sizes[0]
+    assert sum(apply.params.batch_sizes) == 64
     # compute ∝ batch exactly here, so the replay's prediction is what happens
     assert keep.measured_speedup == pytest.approx(apply.predicted_speedup, rel=0.02)
 
@@ -55,7 +55,7 @@ def test_policy_rolls_back_a_remedy_that_made_things_worse():
     policy = AdvisePolicy(4, 64, window=4, settle=1, force={"name": "planned-gc", "every": 1})
     decisions = run(policy, harmed, 16)
     assert [(d.kind, d.remedy) for d in decisions[:2]] == [(APPLY, "planned-gc"), (ROLLBACK, "planned-gc")]
-    assert decisions[0].params == {"every": 1}
+    assert decisions[0].params == GCParams(every=1)
     assert decisions[1].measured_speedup < 0.5
     assert "planned-gc" in policy.rejected
     assert all(d.remedy != "planned-gc" for d in decisions[2:])

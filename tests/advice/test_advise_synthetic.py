@@ -33,7 +33,7 @@ def test_deterministic_slow_worker_gets_dd_and_nd_is_refused():
     assert plan.remedies[0].name == "antdt-dd"
     dd = plan.remedies[0]
     # speeds 1, 1, 1, 1/2: the slow rank gets half the others' batch
-    assert dd.details["new_batch_sizes"][3] * 2 == pytest.approx(dd.details["new_batch_sizes"][0], abs=2)
+    assert dd.details.new_batch_sizes[3] * 2 == pytest.approx(dd.details.new_batch_sizes[0], abs=2)
     # compute 120 ms at speed 1 → T* = 4/3.5 × 120 ms; the rest of the step (~37 ms) unchanged
     assert 1.45 < dd.predicted_speedup < 1.75
     nd = plan.get("antdt-nd")
@@ -47,7 +47,7 @@ def test_persistent_slow_worker_with_many_steps_left_is_restarted():
     plan = advise(trace, remaining_steps=100_000, restart_cost_s=10.0)
     assert names(plan)[:2] == ["antdt-nd", "antdt-dd"]
     nd = plan.remedies[0]
-    assert nd.details["worker"] == [2, 0] and nd.details["gain_s"] > 10.0
+    assert nd.details.worker == [2, 0] and nd.details.gain_s > 10.0
     # few steps left: the same restart does not pay
     short = advise(trace, remaining_steps=20, restart_cost_s=10.0)
     assert not short.get("antdt-nd").applies and "gains only" in short.get("antdt-nd").why_not
@@ -66,10 +66,10 @@ def test_late_host_with_a_big_allreduce_gets_stragglar():
     best = plan.remedies[0]
     assert best.name == "stragglar", [(r.name, r.predicted_speedup, r.why_not) for r in plan.remedies]
     assert best.exact and best.runtime_switchable
-    bucket = best.details["bucket 0"]
-    assert bucket["straggler_dp_rank"] == 7 and bucket["median_lead_s"] > 0.08
+    bucket = best.details.buckets[0]
+    assert bucket.straggler_dp_rank == 7 and bucket.median_lead_s > 0.08
     # n = 8, phase 1 hidden: the all-reduce becomes phase 2 only, 9/7 vs Ring's 7/4 of s·β
-    assert bucket["phase2_s"] / bucket["library_transfer_s"] == pytest.approx(9 / 7 / (7 / 4), rel=1e-6)
+    assert bucket.phase2_s / bucket.library_transfer_s == pytest.approx(9 / 7 / (7 / 4), rel=1e-6)
     assert not plan.get("antdt-nd").applies
     assert not plan.get("antdt-dd").applies
     assert all(not r.applies or r.predicted_speedup < best.predicted_speedup
@@ -97,7 +97,7 @@ def test_a_code_drops_a_long_stall_and_pays_the_aggregator_exchange():
     ctx = AdviceContext(trace, result, w)
     ring = sum(float(np.nanmedian(w.cost[m])) for m in ctx.nodes_of(DP_COLLECTIVE))
     assert ring > 0
-    assert code.details["exchange_s"] == pytest.approx(ring * 7 * 8 / 7, rel=1e-9)
+    assert code.details.exchange_s == pytest.approx(ring * 7 * 8 / 7, rel=1e-9)
     # without the exchange (the all-reduce kept as measured) the same code would predict more
     free = GradientCoding(1)
     priced = free.predict(ctx).predicted_speedup
@@ -117,7 +117,7 @@ def test_calibration_changes_the_phase_shares(tmp_path):
     without = advise(trace).get("stragglar")
     assert "calibrated" in with_alpha.method and "bandwidth-bound" in without.method
     # a large α weighs on phase 2's n−2+log2 n rounds less than on Ring's 2(n−1): cheaper phase 2
-    assert with_alpha.details["bucket 0"]["phase2_s"] < without.details["bucket 0"]["phase2_s"]
+    assert with_alpha.details.buckets[0].phase2_s < without.details.buckets[0].phase2_s
 
 
 def test_gc_pauses_get_planned_gc():
@@ -125,7 +125,7 @@ def test_gc_pauses_get_planned_gc():
     plan = advise(trace, remaining_steps=100_000)
     assert plan.remedies[0].name == "planned-gc", [(r.name, r.predicted_speedup) for r in plan.remedies]
     gc = plan.remedies[0]
-    assert f"PlannedGC(every={gc.details['every']})" in gc.switch_on and gc.details["every"] == 2
+    assert f"PlannedGC(every={gc.details.every})" in gc.switch_on and gc.details.every == 2
     assert not plan.get("stragglar").applies   # the late rank changes from step to step
 
 
@@ -210,8 +210,8 @@ def test_advised_gradient_code_is_exact_for_every_survivor_set():
     for advice in advise(trace, max_s=2).remedies:
         if not advice.name.startswith("gradient-coding"):
             continue
-        s = advice.details["s"]
-        code = make_code(advice.details["scheme"], 4, s)
+        s = advice.details.s
+        code = make_code(advice.details.scheme, 4, s)
         assert code.exact
         for survivors in itertools.combinations(range(4), 4 - s):
             assert code.decode(survivors).residual < 1e-9
@@ -230,9 +230,9 @@ def test_measured_compute_curves_price_dd_with_the_fixed_part():
     # so 20.57 samples on each fast rank and 2.29 on rank 3 (its fixed 120 ms alone is 0.88 T);
     # the curves are anchored on each rank's measured compute, so the trace's 2% jitter decides
     # which fast rank rounds down
-    new = fixed.details["new_batch_sizes"]
+    new = fixed.details.new_batch_sizes
     assert sorted(new[:3]) == [20, 21, 21] and new[3] == 2
-    assert linear.details["new_batch_sizes"] == [18, 19, 18, 9]   # 64·(1, 1, 1, ½)/3.5
+    assert linear.details.new_batch_sizes == [18, 19, 18, 9]   # 64·(1, 1, 1, ½)/3.5
     assert "calibration" in fixed.method and "∝ batch" in linear.method
     # every rank's compute now ends at T = 137 ms instead of rank 3's 240 ms; the rest of the
     # step is unchanged
@@ -253,7 +253,7 @@ def test_a_measured_synchronous_collection_prices_planned_gc():
     recorded = advise(trace, remedies=["planned-gc"]).get("planned-gc")
     # every rank collecting at once takes 4× a recorded pause: the gain shrinks
     slow = advise(trace, remedies=["planned-gc"], gc_sync_pause_s=4 * 0.08).get("planned-gc")
-    assert slow.details["planned_pause_s"] == pytest.approx(0.32)
+    assert slow.details.planned_pause_s == pytest.approx(0.32)
     assert "measured in this job" in slow.method
     assert slow.predicted_speedup < recorded.predicted_speedup
     # the same number from the run's metadata (what train_advised.py --calibrate writes)
@@ -289,4 +289,4 @@ def test_calibrated_curves_take_their_level_from_the_jobs_own_steps():
     curves = [(0.03, 0.0045 / 1.3)] + [(0.03, 0.0045)] * 3
     dd = advise(trace, remedies=["antdt-dd"], global_batch=64, compute_curves=curves).get("antdt-dd")
     assert not dd.applies and dd.predicted_speedup < 1.02, dd
-    assert max(dd.details["new_batch_sizes"]) - min(dd.details["new_batch_sizes"]) <= 1
+    assert max(dd.details.new_batch_sizes) - min(dd.details.new_batch_sizes) <= 1

@@ -47,7 +47,7 @@ def test_diagnosis_and_advise_agree_on_the_slow_half():
     dd = next(a for a in plan.remedies if a.name == "antdt-dd")
     assert dd.applies
     # the DD re-split gives exactly the slow half the smaller batches
-    before, after = dd.details["batch_sizes"], dd.details["new_batch_sizes"]
+    before, after = dd.details.batch_sizes, dd.details.new_batch_sizes
     assert {i for i, (b, n) in enumerate(zip(before, after)) if n < b} == slow
 
 

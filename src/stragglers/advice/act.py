@@ -18,13 +18,15 @@ examples/train_advised.py).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
+import msgspec
 import numpy as np
 
 from stragglers.advice.config import AdviseConfig, advise_config
 from stragglers.advice.plan import Plan, RemedyAdvice
+from stragglers.advice.remedies.details import BatchSplit, DiagnosedDetails, StragglarDetails
 from stragglers.advice.window import StepTiming, window_step_time, window_trace
 from stragglers.errors import InputError
 from stragglers.trace.model import Trace
@@ -41,6 +43,28 @@ STRAGGLAR_WARMUP = 5
 KEEP_GAIN = 1.02
 
 
+class SplitParams(msgspec.Struct):
+    """antdt-dd: each rank's batch from now on."""
+
+    batch_sizes: list[int]
+
+
+class GCParams(msgspec.Struct):
+    """planned-gc: collect on every rank every this many steps."""
+
+    every: int
+
+
+class StragglarParams(msgspec.Struct):
+    """stragglar: the straggler the remedy found at the first bucket (None: the hook finds it)."""
+
+    straggler: int | None
+
+
+# What the training loop needs to switch a remedy on (ActDecision.params), one type per remedy.
+ActParams = SplitParams | GCParams | StragglarParams
+
+
 @dataclass
 class ActDecision:
     """One decision: apply / keep / rollback a remedy at `step`, with its prediction and measurement."""
@@ -48,7 +72,7 @@ class ActDecision:
     kind: str
     remedy: str
     step: int
-    params: dict[str, Any] = field(default_factory=dict)
+    params: ActParams
     baseline_step_s: float | None = None    # measured in the window before
     predicted_step_s: float | None = None
     predicted_speedup: float | None = None
@@ -58,8 +82,8 @@ class ActDecision:
     source: str = ""                        # the window it was decided on (e.g. a monitor's)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values."""
-        return dict(self.__dict__)
+        """Plain values (the params as a JSON object)."""
+        return {**self.__dict__, "params": msgspec.to_builtins(self.params)}
 
 
 @dataclass(frozen=True)
@@ -193,30 +217,30 @@ class AdvisePolicy:
         self.active = decision
         self.phase = "verify"
         self.ready_from = step + max(self.settle, STRAGGLAR_WARMUP if name == "stragglar" else 0)
-        if name == "antdt-dd":
-            self.batch_sizes = list(params["batch_sizes"])
+        if isinstance(params, SplitParams):
+            self.batch_sizes = list(params.batch_sizes)
         return [decision]
 
     @staticmethod
-    def _params(name: str, advice: RemedyAdvice | None, force: Forced | None
-                ) -> dict[str, Any]:
+    def _params(name: str, advice: RemedyAdvice | None, force: Forced | None) -> ActParams:
         """What the training loop needs to switch `name` on: the forced settings, else the
         advice's (its details, as the remedy wrote them)."""
-        details = advice.details if advice is not None else {}
+        details = advice.details if advice is not None else None
         if name == "antdt-dd":
             sizes = (force.batch_sizes if force is not None else None) or \
-                details.get("new_batch_sizes")
+                (details.new_batch_sizes if isinstance(details, BatchSplit) else None)
             if sizes is None:
                 raise InputError("AdvisePolicy", "force", "antdt-dd needs batch_sizes")
-            return {"batch_sizes": [int(b) for b in sizes]}
+            return SplitParams([int(b) for b in sizes])
         if name == "planned-gc":
             every = force.every if force is not None else None
-            if every is None:
-                every = details.get("every")
-            return {"every": int(every or 5)}
+            if every is None and isinstance(details, DiagnosedDetails) and \
+                    isinstance(details.every, int):
+                every = details.every
+            return GCParams(int(every or 5))
         # stragglar: the straggler the remedy found at the first bucket
-        bucket = details.get("bucket 0", {})
-        return {"straggler": bucket.get("straggler_dp_rank")}
+        buckets = details.buckets if isinstance(details, StragglarDetails) else []
+        return StragglarParams(buckets[0].straggler_dp_rank if buckets else None)
 
     def _verify(self, step: int, measured: float) -> list[ActDecision]:
         a = self.active

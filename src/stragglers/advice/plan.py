@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from stragglers.advice.remedies.details import Details
 from stragglers.whatif.confidence import GAIN
 from stragglers.whatif.result import plain
 
@@ -29,13 +30,13 @@ class RemedyAdvice:
     switch_on: str = ""                  # the exact flag, hook or call
     runtime_switchable: bool = False     # can `stragglers.advice.act` apply it in a running job
     exact: bool = False                  # changes no parameters (same update as the plain run)
-    details: dict[str, Any] = field(default_factory=dict)
+    details: Details = field(default_factory=Details)   # the remedy's own (remedies/details.py)
     # 90% interval of predicted_speedup: the steps resampled (the job's own step-to-step noise)
     interval: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready values (NaN/inf become None)."""
-        return plain(self, str_keys=True)
+        """Plain JSON-ready values (NaN/inf become None); the details as their type writes them."""
+        return {**plain(self, str_keys=True), "details": self.details.to_dict()}
 
 
 @dataclass

@@ -9,6 +9,7 @@ from stragglers.adapt.policies import restart_gain, split_batch
 from stragglers.advice.context import COMPUTE, AdviceContext
 from stragglers.advice.plan import RemedyAdvice
 from stragglers.advice.remedies.base import RemedyBase
+from stragglers.advice.remedies.details import BatchSplit, Restart
 from stragglers.errors import InputError
 from stragglers.protocols import REMEDIES
 
@@ -120,8 +121,8 @@ class DynamicBatches(RemedyBase):
             f"per-rank batches {new} (from {sizes}): stragglers.adapt.policies.split_batch(B, v) "
             "with loss_scale(n, b_i, B); AntDT-DD: examples/train_adaptive.py --policy dd; in a "
             "running job: stragglers.advice.act (AdvisePolicy)",
-            {"batch_sizes": sizes, "new_batch_sizes": new, "split_weights": v,
-             "compute_curves": compute_curves(ctx)}, why_small=why)
+            BatchSplit(batch_sizes=sizes, new_batch_sizes=new, split_weights=v,
+                       compute_curves=compute_curves(ctx)), why_small=why)
 
 
 @REMEDIES.register("antdt-nd")
@@ -163,8 +164,9 @@ class KillRestart(RemedyBase):
             total = (ctx.trace.meta.extra or {}).get("total_steps")
             if isinstance(total, int):
                 remaining = max(0, total - int(ctx.w.grid.steps.max()) - 1)
-        details = {"worker": [int(ctx.w.grid.dp_ranks[d]), int(p)], "compute_ratio": float(mean[d, p]),
-                   "fixed_step_s": fixed, "restart_cost_s": restart, "remaining_steps": remaining}
+        details = Restart(worker=[int(ctx.w.grid.dp_ranks[d]), int(p)],
+                          compute_ratio=float(mean[d, p]), fixed_step_s=fixed,
+                          restart_cost_s=restart, remaining_steps=remaining)
         method = (f"replay with {who}'s forward/backward divided by its ratio to the stage's "
                   f"median peer, step by step ({mean[d, p]:.2f}× on average); the gain "
                   f"(T_now − T_fixed) × remaining steps is set against the restart cost, and the "
@@ -179,9 +181,9 @@ class KillRestart(RemedyBase):
                                predicted_step_s=fixed, method=method, cost=price, switch_on=switch,
                                details=details)
         gain = (now - fixed) * remaining
-        details["gain_s"] = gain
-        details["spec_gain_s"] = restart_gain(float(comp[d, p].mean()), float(peers[0, p].mean()),
-                                              remaining)
+        details.gain_s = gain
+        details.spec_gain_s = restart_gain(float(comp[d, p].mean()), float(peers[0, p].mean()),
+                                           remaining)
         amortised = (fixed * remaining + restart) / max(remaining, 1)
         if gain <= restart:
             return self.refuse(f"the restart costs {restart:g} s and gains only {gain:.1f} s over "

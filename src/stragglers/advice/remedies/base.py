@@ -8,6 +8,7 @@ import numpy as np
 
 from stragglers.advice.context import AdviceContext
 from stragglers.advice.plan import RemedyAdvice
+from stragglers.advice.remedies.details import Details
 from stragglers.whatif.confidence import GAIN, gain_is_real, ratio_interval
 
 
@@ -32,7 +33,7 @@ class RemedyBase:
                             exact=self.exact, **fields)
 
     def priced(self, ctx: AdviceContext, step_s: float | np.ndarray, method: str, cost: str,
-               switch_on: str, details: dict | None = None, why_small: str | None = None,
+               switch_on: str, details: Details | None = None, why_small: str | None = None,
                interval: list[float] | None = None) -> RemedyAdvice:
         """The advice for a predicted step time (per step: an array over the analysed steps).
 
@@ -56,7 +57,8 @@ class RemedyBase:
                    f"the ×{GAIN.min_gain} worth switching on: not clear of this job's "
                    "step-to-step noise")
         return RemedyAdvice(self.name, applies, why, step_s, speedup, method, cost, switch_on,
-                            self.runtime_switchable, self.exact, details or {}, interval)
+                            self.runtime_switchable, self.exact,
+                            details if details is not None else Details(), interval)
 
 
 def speedup_interval(baseline: np.ndarray, remedy: np.ndarray) -> list[float] | None:

@@ -7,10 +7,13 @@ taken off the replay with launch delays, the baseline every other remedy is meas
 from __future__ import annotations
 
 import numpy as np
+from msgspec import UNSET
+from msgspec.structs import replace
 
 from stragglers.advice.context import AdviceContext
 from stragglers.advice.plan import RemedyAdvice
 from stragglers.advice.remedies.base import RemedyBase
+from stragglers.advice.remedies.details import DiagnosedDetails
 from stragglers.errors import InputError
 from stragglers.protocols import REMEDIES
 from stragglers.whatif.grid import GC
@@ -26,9 +29,9 @@ class DiagnosedFix(RemedyBase):
     def switch_on(self, ctx: AdviceContext) -> str:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def settings(self, ctx: AdviceContext) -> dict:
-        """The remedy's parameters for this job (default none)."""
-        return {}
+    def settings(self, ctx: AdviceContext, details: DiagnosedDetails) -> DiagnosedDetails:
+        """`details` with the remedy's parameters for this job set (default none)."""
+        return details
 
     def predict(self, ctx: AdviceContext) -> RemedyAdvice:
         """The diagnosis's speedup_if_fixed for the cause, as seconds saved off the baseline."""
@@ -39,12 +42,11 @@ class DiagnosedFix(RemedyBase):
         # keeps the alone figure too.
         alone = f.speedup_alone or f.speedup_if_fixed
         saved = ctx.saved_by_finding(float(alone))
-        details = {"where": f.where, "diagnosis_speedup": f.speedup_if_fixed,
-                   "diagnosis_speedup_alone": alone, **self.settings(ctx)}
-        for key, value in (("interval", f.interval), ("upper_bound", f.upper_bound),
-                           ("basis", f.basis)):
-            if value is not None:
-                details[f"diagnosis_{key}"] = value
+        details = self.settings(ctx, DiagnosedDetails(
+            where=f.where, diagnosis_speedup=f.speedup_if_fixed, diagnosis_speedup_alone=alone,
+            diagnosis_interval=UNSET if f.interval is None else f.interval,
+            diagnosis_upper_bound=f.upper_bound,
+            diagnosis_basis=UNSET if f.basis is None else f.basis))
         method = (f"the diagnosis's prediction for {self.cause} alone (replay with that cause's "
                   f"share removed: {f.evidence}), its seconds saved per step taken off the "
                   "replay with launch delays")
@@ -99,9 +101,10 @@ class PlannedGCRemedy(DiagnosedFix):
         _, rate = self.full_pauses(ctx)
         return int(np.clip(round(1.0 / rate), 1, 10_000)) if rate > 0 else 5
 
-    def settings(self, ctx: AdviceContext) -> dict:
+    def settings(self, ctx: AdviceContext, details: DiagnosedDetails) -> DiagnosedDetails:
+        """`details` with N and the full collections it is priced from."""
         pause, rate = self.full_pauses(ctx)
-        return {"every": self.every(ctx), "full_pause_s": pause, "full_per_rank_step": rate}
+        return replace(details, every=self.every(ctx), full_pause_s=pause, full_per_rank_step=rate)
 
     def predict(self, ctx: AdviceContext) -> RemedyAdvice:
         """Every rank pays one full collection per N steps, at once; young pauses are gone.
@@ -140,8 +143,8 @@ class PlannedGCRemedy(DiagnosedFix):
             f"replay with the automatic pauses gone and every rank paying one full collection "
             f"({basis}) every N = {n} steps at the same point, amortised per step",
             self.cost, self.switch_on(ctx),
-            {"where": f.where, "diagnosis_speedup": f.speedup_if_fixed, **self.settings(ctx),
-             "planned_pause_s": planned})
+            self.settings(ctx, DiagnosedDetails(where=f.where, diagnosis_speedup=f.speedup_if_fixed,
+                                                planned_pause_s=planned)))
 
     def switch_on(self, ctx: AdviceContext) -> str:
         n = self.every(ctx)
@@ -190,10 +193,10 @@ class ExpertBalancing(DiagnosedFix):
     cost = ("a higher auxiliary load-balancing loss weight changes what the model learns; a "
             "capacity factor drops (or re-routes) the rows beyond it")
 
-    def settings(self, ctx: AdviceContext) -> dict:
+    def settings(self, ctx: AdviceContext, details: DiagnosedDetails) -> DiagnosedDetails:
         """What each capacity factor buys at the measured routing (the diagnosis's replays)."""
         f = ctx.finding(self.cause)
-        return {"capacity_factor": f.capacity_factor} if f is not None else {}
+        return replace(details, capacity_factor=f.capacity_factor) if f is not None else details
 
     def switch_on(self, ctx: AdviceContext) -> str:
         return ("raise the router's auxiliary load-balancing loss weight, or cap each expert at "

@@ -9,6 +9,7 @@ import numpy as np
 from stragglers.advice.context import COMPUTE, DP_COLLECTIVE, AdviceContext
 from stragglers.advice.plan import RemedyAdvice
 from stragglers.advice.remedies.base import RemedyBase
+from stragglers.advice.remedies.details import CodeDetails, StragglarBucket, StragglarDetails
 from stragglers.collectives.cost_model import (LinkModel, reduce_scatter_time, ring_time,
                                                stragglar_phase2_time)
 from stragglers.collectives.detection import StragglerDetector
@@ -118,17 +119,13 @@ class StragglAR(RemedyBase):
                 cost[node] = (end - a.max(axis=0))[None, :]
         step = ctx.step_times(cost)
         start, _ = ctx.timeline()
-        details: dict[str, dict[str, float]] = {}
-        leads: list[float] = []
+        buckets: list[StragglarBucket] = []
         for node, (s, t_rs, t_p2) in per_node.items():
             a = start[node]
             lead = a[s] - np.delete(a, s, axis=0).max(axis=0)
-            leads.append(float(np.median(lead)))
-            details[f"bucket {len(details)}"] = {
-                "straggler_dp_rank": int(ctx.w.grid.dp_ranks[s]), "last_share": chosen[node][1],
-                "median_lead_s": float(np.median(lead)),
-                "library_transfer_s": float(np.median(ctx.w.cost[node])),
-                "phase1_s": t_rs, "phase2_s": t_p2}
+            buckets.append(StragglarBucket(
+                int(ctx.w.grid.dp_ranks[s]), chosen[node][1], float(np.median(lead)),
+                float(np.median(ctx.w.cost[node])), t_rs, t_p2))
         rs, p2, size, how = stragglar_shares(ctx, next(iter(per_node)))
         method = (f"replay with each DP all-reduce ending at max(arrival of the others + T_RS, "
                   f"arrival of the straggler) + T_phase2; T_RS and T_phase2 are the α–β model's "
@@ -138,10 +135,10 @@ class StragglAR(RemedyBase):
             ctx, step, method,
             f"same bytes as Ring (2(n−1)s); with no late rank it is ×{zero_delay:.2f} the library "
             "all-reduce (phase 1 not hidden); one comm thread and process group for the hook",
-            STRAGGLAR_SWITCH, details,
-            why_small=stage_why or f"the straggler's lead (median {1e3 * max(leads):.1f} ms) hides at most "
-                      f"phase 1 of a {1e3 * max(v['library_transfer_s'] for v in details.values()):.1f} ms "
-                      "all-reduce")
+            STRAGGLAR_SWITCH, StragglarDetails(buckets=buckets),
+            why_small=stage_why or f"the straggler's lead (median "
+                      f"{1e3 * max(b.median_lead_s for b in buckets):.1f} ms) hides at most phase 1 "
+                      f"of a {1e3 * max(b.library_transfer_s for b in buckets):.1f} ms all-reduce")
 
 
 @REMEDIES.register("gradient-coding")
@@ -217,7 +214,7 @@ class GradientCoding(RemedyBase):
             f"stragglers.coding.train_coded(model, optimizer, loss_fn, data, "
             f"make_code('{scheme}', n={n}, s={s}), ...) under torchrun with {n + 1} processes "
             f"(examples/train_coded.py --scheme {scheme} --stragglers {s})",
-            {"s": s, "scheme": scheme, "exchange_s": exchange},
+            CodeDetails(s=s, scheme=scheme, exchange_s=exchange),
             why_small=f"{s + 1}× compute on every worker and the aggregator's exchange "
                       f"({1e3 * exchange:.1f} ms a step) cost more than waiting for the {s} slowest")
 
