@@ -97,7 +97,7 @@ def train_coded(nproc: int, args: list[str], advice, out: Path, steps: int) -> d
     if any(a.startswith("--gc") for a in args):
         return None
     out.mkdir(parents=True, exist_ok=True)
-    scheme, s = advice.details["scheme"], advice.details["s"]
+    scheme, s = advice.details.scheme, advice.details.s
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc + 1}", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
            str(REPO / "benchmarks" / "coded_remedy.py"), *args, "--scheme", scheme,
@@ -117,12 +117,13 @@ def remedy_args(name: str, plan, inject: list[str]) -> tuple[list[str], list[str
     if name == "stragglar":
         return ["--stragglar"], inject
     if name == "antdt-dd":
-        sizes = advice.details.get("new_batch_sizes") if advice else None
+        sizes = getattr(advice.details, "new_batch_sizes", None) if advice else None
         return (["--batch-sizes", ",".join(map(str, sizes))], inject) if sizes else None
     if name == "planned-gc":
-        if advice is None or "every" not in advice.details:
+        every = getattr(advice.details, "every", None) if advice else None
+        if not isinstance(every, int):  # refused, or unset (UNSET)
             return None
-        return ["--planned-gc", str(advice.details["every"])], inject
+        return ["--planned-gc", str(every)], inject
     if name == "antdt-nd":
         return [], []  # the restarted worker runs on a healthy host: no injection
     return None
@@ -134,7 +135,7 @@ def predicted(name: str, plan) -> float | None:
     if advice is None:
         return None
     if name == "antdt-nd":
-        fixed = advice.details.get("fixed_step_s") or advice.predicted_step_s
+        fixed = getattr(advice.details, "fixed_step_s", None) or advice.predicted_step_s
         return plan.baseline_step_s / fixed if fixed else None
     return advice.predicted_speedup
 
