@@ -119,9 +119,9 @@ def test_advise_prices_balanced_routing_as_the_diagnosis_does(tmp_path):
     trace = load_trace(tmp_path)
     finding = analyze(trace).diagnosis[0]
     remedy = next(r for r in advise(trace).remedies if r.name == "expert-balancing")
-    assert remedy.applies and remedy.details["where"].ranks == [3]
-    assert remedy.details["diagnosis_speedup"] == pytest.approx(finding.speedup_if_fixed)
-    assert set(remedy.details["capacity_factor"]) == {"1", "1.25", "1.5", "2"}
+    assert remedy.applies and remedy.details.where.ranks == [3]
+    assert remedy.details.diagnosis_speedup == pytest.approx(finding.speedup_if_fixed)
+    assert set(remedy.details.capacity_factor) == {"1", "1.25", "1.5", "2"}
     assert remedy.predicted_speedup > 1.1
 
 
