@@ -100,11 +100,13 @@ def alternating(trace, predicted_of) -> dict:
     hot, even = [i for i, _ in pairs], [j for _, j in pairs]
     base, nodelay = w.t_base, w.t_nodelay
     predicted = predicted_of(result)
+    finding = next((f for f in result.diagnosis if f.cause == "expert_imbalance"), None)
     hot_nodelay = float(nodelay[hot].mean())
     saved = hot_nodelay - hot_nodelay / predicted if predicted else 0.0
     hot_base = float(base[hot].mean())
     return {"first": result.diagnosis[0].cause, "ranks": result.diagnosis[0].where.ranks,
-            "sent": "sent" in trace.ops, "predicted": predicted, "predicted_measured": hot_base / (hot_base - saved),
+            "sent": "sent" in trace.ops, "transfer": transfer_priced(finding),
+            "predicted": predicted, "predicted_measured": hot_base / (hot_base - saved),
             "measured": hot_base / float(base[even].mean()),
             "measured_median": float(np.median(base[hot] / base[even])),
             "measured_nodelay": hot_nodelay / float(nodelay[even].mean())}
@@ -162,6 +164,7 @@ def main() -> None:
             saved = hot_nodelay - hot_nodelay / predicted if predicted else 0.0
             rows.append({"first": result.diagnosis[0].cause,
                          "ranks": result.diagnosis[0].where.ranks, "sent": "sent" in t_hot.ops,
+                         "transfer": transfer_priced(finding),
                          "predicted": predicted, "predicted_measured": hot_base / (hot_base - saved),
                          "measured": hot_base / even_base, "measured_median": hot_median / even_median,
                          "measured_nodelay": hot_nodelay / even_nodelay})
@@ -188,6 +191,7 @@ def main() -> None:
         for k, v in vars(args).items() if k not in ("keep", "reuse") and v is not False)
     table = [{"pair": str(i), "first": r["first"], "ranks": str(list(r["ranks"])),
               "rows sent in trace": "yes" if r["sent"] else "no",
+              "all-to-all transfer": r["transfer"],
               **{k: f"{r[k]:.3f}" if r[k] else "-" for k in ("predicted", "predicted_measured",
                                                               "measured", "measured_median",
                                                               "measured_nodelay")}}
@@ -196,9 +200,18 @@ def main() -> None:
     write(Run(benchmark=f"MoE balanced routing, predicted vs measured ({mode}EP {args.ranks}"
                         + (f", emulated device {args.device_us_per_row:g} µs/row)"
                            if args.device_us_per_row else ", CPU)"),
-              issue="30", command=command, figures=figures, table=table),
+              issue="30", command=command, figures=figures, table=table,
+              note="the runs kept by an earlier run of this command (--keep), analysed again "
+                   "(--reuse)" if args.reuse else ""),
           name="moe_balance" + (f"_device_{args.device_us_per_row:g}us" if args.device_us_per_row
                                 else "") + ("_alternate" if args.alternate else ""))
+
+
+def transfer_priced(finding) -> str:
+    """How the finding priced the all-to-alls' transfer: at balanced volume, or as measured."""
+    if finding is None:
+        return "-"
+    return "as measured" if "transfer kept as measured" in finding.evidence else "balanced"
 
 
 def show(i: int, r: dict) -> None:
@@ -207,7 +220,8 @@ def show(i: int, r: dict) -> None:
     print(f"pair {i}: first finding {r['first']} {r['ranks']}; predicted {shown} "
           f"(replay basis), ×{r['predicted_measured']:.3f} (off the measured step); "
           f"measured ×{r['measured']:.3f} (mean step), ×{r['measured_median']:.3f} "
-          f"(median step), ×{r['measured_nodelay']:.3f} (replay basis)", flush=True)
+          f"(median step), ×{r['measured_nodelay']:.3f} (replay basis); transfer "
+          f"{r['transfer']}", flush=True)
 
 
 if __name__ == "__main__":
