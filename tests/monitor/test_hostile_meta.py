@@ -8,9 +8,11 @@ import json
 import httpx
 import pytest
 
-from monitor_jobs import get, slow_job
+from conftest import eventually
+from monitor_jobs import get, parts_of, slow_job
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
+from stragglers.trace.runformat import table_bytes
 
 TOKEN = "hostile-meta-token-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -35,5 +37,28 @@ def test_a_layout_that_leaves_ranks_out_is_refused(tmp_path):
                 assert c.get(f"/api/jobs/j{i}").status_code == 404
             assert get(c, "/api/jobs")["jobs"] == []
             assert c.get("/health").status_code == 200
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_a_job_without_a_layout_waits_for_every_rank_of_its_world_size(tmp_path):
+    # without a layout a window waited for the ranks seen so far: the first rank's part alone
+    # cut the job's first window, analysed with one of four workers (an error row)
+    trace = slow_job(steps=10)
+    meta = trace.meta.to_dict()
+    del meta["extra"]["layout"]
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=meta, headers=AUTH).status_code == 200
+            for rank, part, cols in parts_of(trace, 5):   # rank by rank, as uploads come
+                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                          headers=AUTH)
+                assert r.status_code == 200, r.text
+            eventually(lambda: len(get(c, "/api/jobs/j")["windows"]) == 2, what="windows")
+            windows = get(c, "/api/jobs/j")["windows"]
+            assert [w["error"] for w in windows] == [None, None], windows
+            assert [w["first_step"] for w in windows] == [0, 5]
     finally:
         s.stop()

@@ -119,9 +119,14 @@ class JobTracker:
 
     @property
     def expected_ranks(self) -> list[int]:
-        """The ranks whose steps a window waits for: the layout's, else those seen so far."""
+        """The ranks whose steps a window waits for: the layout's, else every rank of the
+        world size (those seen so far cut a job's first window from the first rank's part alone,
+        stored as an analysis failure), else those seen so far."""
         if self.layout:
             return sorted(self.layout)
+        world = self.meta.world_size if self.meta is not None else 0
+        if world > 0:
+            return list(range(world))
         return sorted(self.ranks)
 
     def knows(self, rank: int, part: int) -> bool:
