@@ -30,25 +30,22 @@ class Gate(Bootstrap, Protocol):
     def min_gain(self) -> float: ...
 
 
+# One test for a finding and a remedy (docs/whatif.md §7). The interval answers "real": its
+# lower end is clear of the job's step-to-step noise. min_gain answers "worth it", one line
+# for both: a remedy that buys less than a cause worth naming is not worth switching on.
+# bootstrap_samples sets neither, only how closely the seeded percentiles approach the
+# bootstrap's own (at 200 the 5% point's Monte Carlo error is about 0.15 standard errors of
+# the mean ratio, against an interval half-width of 1.64 of them); 200 keeps the diagnosis,
+# an interval per worker, as cheap as it was.
 @dataclass(frozen=True)
 class GainTest(Config):
-    """When a predicted speedup is real and worth acting on, for a finding and a remedy alike.
-
-    One setting (GAIN): DiagnosisConfig declares its four fields from this class (`gain_setting`)
-    and advise gates every remedy with GAIN. The interval answers "real": the steps resampled,
-    its lower end clear of the job's step-to-step noise. min_gain answers "worth it": one line
-    for both, as a remedy that buys less than a cause worth naming is not worth switching on.
-    bootstrap_samples only sets how closely the seeded percentiles approach the bootstrap's
-    own (at 200 the 5% point's Monte Carlo error is about 0.15 standard errors of the mean
-    ratio, beside a half-width of 1.64), not where the line is; 200 keeps the diagnosis (an
-    interval per worker) as cheap as it was (docs/whatif.md §7).
-    """
+    """When a predicted speedup is real and worth acting on (GAIN: the diagnosis's, advise's)."""
 
     source = "gain test"
 
     min_gain: float = setting(
         1.03, "a finding is reported, and a remedy offered, only when its speedup and the lower "
-        "end of its speedup interval reach this (the noise floor of a single cause); a worker "
+        "end of its speedup interval reach this (what one cause must buy to be worth it); a worker "
         "fault the outlier test established (five workers or more) when its speedup reaches "
         "this and its interval lies above 1", minimum=1.0, maximum=2.0)
     confidence: float = setting(0.9, "coverage of the bootstrap intervals (over steps)",
@@ -63,8 +60,7 @@ GAIN = GainTest()
 
 
 def gain_setting(name: str) -> Any:
-    """GainTest's declaration of one of its settings (default from GAIN, help, bounds), for a
-    config that carries the gain test's fields itself (DiagnosisConfig)."""
+    """GainTest's declaration of a setting (GAIN's default, help, bounds) for DiagnosisConfig."""
     declared = next(f for f in fields(GainTest) if f.name == name)
     return field(default=getattr(GAIN, name), metadata=declared.metadata)
 

@@ -337,9 +337,9 @@ def recorded_per_action(grid: OpGrid) -> bool:
 
 
 def _most(yes: np.ndarray, held: np.ndarray) -> bool:
-    """Whether yes holds in most of the replica-steps that hold the ops asked about (bool
-    arrays of one shape; none held: no). One replica-step may differ; one missing an op has no
-    say (counted as "no", replica-steps without an action's pieces split it)."""
+    """Whether yes holds in most replica-steps that hold the ops asked about (none: no)."""
+    # one replica-step may differ; one missing an op has no say (counted as "no", the
+    # replica-steps without an action's pieces split it)
     return 2 * int((yes & held).sum()) > int(held.sum())
 
 
