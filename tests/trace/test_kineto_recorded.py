@@ -56,7 +56,7 @@ def recorded(tmp_path_factory):
 
 
 def _messages(trace) -> list[str]:
-    return [n["message"] for n in trace.notes]
+    return [n.message for n in trace.notes]
 
 
 def _named(result) -> list[list[int]]:
@@ -191,5 +191,5 @@ def test_missing_ranks_are_stated(recorded, tmp_path):
     trace = read_kineto(part)
     assert trace.meta.extra["ranks_read"] == [0, 1]
     assert trace.meta.extra["ranks_missing"] == [2, 3]
-    ranks_note = [n["message"] for n in trace.notes if n["kind"] == "ranks"]
+    ranks_note = [n.message for n in trace.notes if n.kind == "ranks"]
     assert ranks_note and "read 2 of 4 ranks" in ranks_note[0] and "missing: 2-3" in ranks_note[0]

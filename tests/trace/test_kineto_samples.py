@@ -15,7 +15,7 @@ from stragglers.whatif import analyze
 
 def _messages(trace) -> list[str]:
     """The reader's notes as plain messages."""
-    return [n["message"] for n in trace.notes]
+    return [n.message for n in trace.notes]
 
 
 pytestmark = pytest.mark.skipif(not KINETO.exists(), reason=f"{KINETO} not present")

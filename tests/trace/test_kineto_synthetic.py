@@ -16,7 +16,7 @@ from stragglers.whatif import analyze
 
 def _messages(trace) -> list[str]:
     """The reader's notes as plain messages."""
-    return [n["message"] for n in trace.notes]
+    return [n.message for n in trace.notes]
 
 
 
@@ -336,8 +336,8 @@ def test_missing_ranks_are_noted(tmp_path):
     info = {"backend": "nccl", "rank": 0, "world_size": 128}
     trace = read_kineto(ddp_rank(0, 0.0).write(tmp_path / "a.json", info=info))
     assert trace.meta.extra["ranks_missing"] == list(range(1, 128))
-    assert trace.notes[0]["kind"] == "ranks"
-    assert "read 1 of 128 ranks (0); missing: 1-127" in trace.notes[0]["message"]
+    assert trace.notes[0].kind == "ranks"
+    assert "read 1 of 128 ranks (0); missing: 1-127" in trace.notes[0].message
 
 
 def test_a_pipeline_size_on_a_data_parallel_trace_is_refused(tmp_path):

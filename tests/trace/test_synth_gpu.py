@@ -141,7 +141,7 @@ def test_layout_sizes_come_from_the_process_groups(tmp_path):
                   tmp_path / "described")
     trace = load_trace(tmp_path / "described")
     assert trace.meta.extra["group_sizes"] == {"tp": 2, "ep": 4} and trace.meta.ep_size == 4
-    assert any("tp = 2" in n["message"] for n in trace.notes)
+    assert any("tp = 2" in n.message for n in trace.notes)
     write_gpu_job(GpuJob(ranks=8, steps=3, seed=2, all_to_alls=1, expert_groups=4),
                   tmp_path / "bare")
     _strip_group_descriptions(tmp_path / "bare")
@@ -177,7 +177,7 @@ def test_a_coalesced_collective_takes_its_kind_from_the_kernel(tmp_path):
     from stragglers.trace.model import OPTYPES
     kinds = [OPTYPES[o] for o in trace.ops["optype"]]
     assert kinds.count("grads-all-reduce") == 4 * 3 * 4
-    assert not any("coalesced" in n["message"] for n in trace.notes)
+    assert not any("coalesced" in n.message for n in trace.notes)
 
 
 def test_a_slow_link_in_one_expert_group_is_communication_at_its_ranks(tmp_path):

@@ -6,7 +6,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import msgspec
 import numpy as np
 
 # Canonical op types. The code of an op type is its index here; readers map names to codes.
@@ -118,27 +117,30 @@ class JobMeta:
 NOTE_KINDS: tuple[str, ...] = ("ranks", "layout", "clock", "dropped", "other")
 
 
-class Note(msgspec.Struct, frozen=True):
-    """One reader note (Trace.notes): its kind (one of NOTE_KINDS) and what it says."""
+@dataclass(frozen=True)
+class Note:
+    """One reader note (Trace.notes): its kind (one of NOTE_KINDS) and what it says.
+
+    A frozen dataclass, not a msgspec Struct: the trace readers run without msgspec."""
 
     kind: str
     message: str
 
-    # A transitional read-only mapping view ({"kind", "message"}): the run-format and NDTimeline
-    # writers and whatif.result.reader_notes still take a note as a dict (dict(n), Note(**n)).
+    # A transitional read-only mapping view ({"kind", "message"}): the NDTimeline writer and
+    # whatif.result.reader_notes still take a note as a dict (dict(n), Note(**n)).
     def keys(self) -> tuple[str, ...]:
         """The field names, so that dict(note) and f(**note) work."""
-        return self.__struct_fields__
+        return ("kind", "message")
 
     def __getitem__(self, name: str) -> str:
-        if name not in self.__struct_fields__:
+        if name not in self.keys():
             raise KeyError(name)
         return str(getattr(self, name))
 
 
 def as_note(note: Note | Mapping[str, Any]) -> Note:
     """`note` as a Note (a {"kind", "message"} mapping accepted, as older readers build them)."""
-    return note if isinstance(note, Note) else msgspec.convert(dict(note), Note)
+    return note if isinstance(note, Note) else Note(**note)
 
 
 @dataclass(init=False)
