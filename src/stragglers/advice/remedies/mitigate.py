@@ -16,6 +16,7 @@ from stragglers.advice.remedies.base import RemedyBase
 from stragglers.advice.remedies.details import DiagnosedDetails
 from stragglers.errors import InputError
 from stragglers.protocols import REMEDIES
+from stragglers.whatif.confidence import GAIN
 from stragglers.whatif.grid import GC
 
 
@@ -69,7 +70,8 @@ class PlannedGCRemedy(DiagnosedFix):
     cause = "gc"
     runtime_switchable = True
     exact = True
-    absent = "the diagnosis found no uncoordinated GC pauses worth 2% (no gc ops, or too short)"
+    absent = (f"the diagnosis found no uncoordinated GC pauses worth ×{GAIN.min_gain} "
+              "(no gc ops, or too short)")
     cost = "one full collection every N steps, on every rank at once"
 
     def full_pauses(self, ctx: AdviceContext) -> tuple[float, float]:
