@@ -13,7 +13,14 @@ median and 95th percentile of one lease + ack round trip. It runs quiet first, t
 * restore: a stranger's token POSTs a 60 MB restore body onto the job's data set;
 * owner_restore: the 655,360-row snapshot restored onto its data set (whose token may), in a
   loop: written on the commit thread in paced 512-row steps (one restore at a time; the other
-  attackers are answered 503 Busy).
+  attackers are answered 503 Busy);
+* big_lease: each attacker owns a data set of 4 shards of 65,536 samples and replays its lease
+  of all 4 (one request id: 262,144 indices, 2.2 MB of JSON a reply) in a loop;
+* bad_input: each attacker sends, in a loop, bodies the service refuses: 1 MiB of ints in an
+  unknown field, 100,000-deep nesting, keys given twice, 1 MiB that is not UTF-8, a form body,
+  and a stranger's token with a 1 MiB body on the job's data set;
+* slow_bodies: each attacker keeps 48 connections that sent a lease's head announcing 1 MiB
+  and then one byte a second (reopened as the service closes them).
 
 Each case alternates `--blocks` quiet and attacked blocks (the attackers paused between them;
 quiet first in even pairs, attacked first in odd ones), and is judged as monitor_dos.py judges
@@ -22,7 +29,9 @@ quiet ones (goal: <= 2x), each pair's own ratio, the same less the run-queue wai
 measured client's thread and of the service's event loop (what this machine's other load adds),
 and the CPU the service used quiet and attacked (cores, /proc) and what it had the disk read and
 write (MB/s, /proc/<pid>/io). Attackers run at nice 19
-(deployed, they run elsewhere; their own CPU here is not work the service does for them).
+(deployed, they run elsewhere; their own CPU here is not work the service does for them);
+`--attacker-nice 0` where a busy machine would leave them no CPU at 19 (then the ratio also
+counts their CPU taken from the job's client and the service: pessimistic).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.shards import ShardStore
 
 JOB, BIG = "job-token-0123456789abcdef", "big-owner-token-0123456789"
+NICE = [19]   # the attackers' niceness (--attacker-nice)
 STRANGER = "stranger-token-0123456789ab"
 
 
@@ -73,14 +83,30 @@ def start_service(db: Path) -> tuple[subprocess.Popen, str]:
 def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
     """One attacker process: `kind` in a loop while `go` is set (paused between the measured
     blocks; `inflight` counts its requests under way, so a quiet block starts without any)."""
-    os.nice(19)   # (see the module's docstring)
+    os.nice(NICE[0])   # (see the module's docstring)
     http = httpx.Client(base_url=url, timeout=600)
     if kind == "shuffle":
         client = ShardClient(url, f"huge{i}", "w", token=f"{STRANGER}{i}", timeout_s=600)
         client.create_dataset(DatasetConfig(f"huge{i}", 1 << 26, 1024, num_epochs=None,
                                             seed=i))
         client.join()
+    if kind in ("big_lease", "bad_input"):
+        http.headers["Authorization"] = f"Bearer {STRANGER}{i}"
+        r = http.post("/datasets", json={"name": f"own{i}", "num_samples": 1 << 18,
+                                         "shard_size": 1 << 16, "lease_s": 3600})
+        assert r.status_code == 200, r.text[:200]
+        fence = http.post(f"/datasets/own{i}/join", json={"worker": "w"}).json()["fence"]
+        http.post(f"/datasets/own{i}/lease", json={"worker": "w", "fence": fence, "count": 4,
+                                                  "request_id": "again"})
+    if kind == "slow_bodies":
+        slow_bodies(url, stop, go, inflight)
+        return
     body = b'{"dataset":' + b" " * 60_000_000 + b"}"
+    if kind == "big_lease":
+        body = json.dumps({"worker": "w", "fence": fence, "count": 4,
+                           "request_id": "again"}).encode()
+    elif kind == "bad_input":
+        body = json.dumps({"ds": f"own{i}", "fence": fence}).encode()
     if kind == "owner_restore":
         # the owner's snapshot (an anonymous read may be answered 503 Busy: not a snapshot)
         while (r := http.get("/datasets/big/snapshot",
@@ -122,12 +148,81 @@ def once(kind: str, http: httpx.Client, body: bytes) -> bool:
     elif kind == "restore":
         http.post("/datasets/job/restore", content=body,
                   headers={"Authorization": f"Bearer {STRANGER}"})
+    elif kind == "big_lease":
+        http.post(_own(http) + "/lease", content=body,
+                  headers={"Content-Type": "application/json"})
+    elif kind == "bad_input":
+        bad_inputs(http, json.loads(body))
     elif kind == "owner_restore":
         r = http.post("/datasets/big/restore", content=body,
                       headers={"Authorization": f"Bearer {BIG}"})
         assert r.status_code in (200, 503), r.text[:200]
         return r.status_code == 200
     return False
+
+
+def _own(http: httpx.Client) -> str:
+    """The path of the attacker's own data set (named after its token's number)."""
+    token = http.headers["Authorization"].removeprefix(f"Bearer {STRANGER}")
+    return f"/datasets/own{token}"
+
+
+def bad_inputs(http: httpx.Client, own: dict) -> None:
+    """One round of bodies the service refuses (see the module's docstring)."""
+    path, fence = f"/datasets/{own['ds']}/lease", own["fence"]
+    js = {"Content-Type": "application/json"}
+    ints = json.dumps({"worker": "w", "fence": fence, "pad": list(range(120_000))}).encode()
+    for content, headers in ((ints, js), (b"[" * 100_000 + b"]" * 100_000, js),
+                             (b'{"worker":"w","fence":%d,"fence":%d}' % (fence, fence), js),
+                             (b'{"worker":"\xff' + b"\xfe" * (1 << 20) + b'"}', js),
+                             (b"worker=w&fence=1", {"Content-Type": "application/x-www-form-urlencoded"})):
+        r = http.post(path, content=content, headers=headers)
+        assert 400 <= r.status_code < 500, (r.status_code, r.text[:200])
+    r = http.post("/datasets/job/lease", content=ints, headers={
+        **js, "Authorization": f"Bearer {STRANGER}"})
+    assert r.status_code in (400, 403, 413), r.text[:200]
+
+
+def slow_bodies(url: str, stop, go, inflight, n: int = 48) -> None:
+    """`n` connections that each sent a lease's head announcing 1 MiB, then a byte a second."""
+    import socket
+
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    head = (f"POST /datasets/job/lease HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+            f"{STRANGER}\r\nContent-Type: application/json\r\nContent-Length: 1048576"
+            "\r\n\r\n").encode()
+    socks: list = []
+    while not stop.is_set():
+        if not go.wait(0.1):
+            for k in socks:
+                k.close()
+            socks = []
+            continue
+        with inflight.get_lock():
+            inflight.value += 1
+        try:
+            alive = []
+            for k in socks:
+                try:
+                    k.send(b" ")
+                    alive.append(k)
+                except OSError:
+                    k.close()
+            while len(alive) < n:
+                try:
+                    k = socket.create_connection((host, int(port)), timeout=5)
+                    k.setblocking(False)
+                    k.send(head)
+                    alive.append(k)
+                except OSError:
+                    break
+            socks = alive
+        finally:
+            with inflight.get_lock():
+                inflight.value -= 1
+        stop.wait(1.0)
+    for k in socks:
+        k.close()
 
 
 def wait_for(db: Path, query: str, present: bool = True, timeout: float = 600.0) -> None:
@@ -265,10 +360,15 @@ def main() -> None:
     ap.add_argument("--leases", type=int, default=320)
     ap.add_argument("--attackers", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
-    ap.add_argument("--cases", default="snapshot,status,shuffle,restore,owner_restore")
+    ap.add_argument("--cases", default="snapshot,status,shuffle,restore,owner_restore,"
+                                       "big_lease,bad_input,slow_bodies")
     ap.add_argument("--name", default=None,
                     help="results/<name>.json (default: the script's name)")
+    ap.add_argument("--attacker-nice", type=int, default=19,
+                    help="the attackers' niceness (0: they take CPU as the job does; on a busy"
+                         " machine at 19 they may hardly run)")
     args = ap.parse_args()
+    NICE[0] = args.attacker_nice
     tmp = Path(tempfile.mkdtemp(prefix="adapt-dos-"))
     db = tmp / "shards.db"
     t = time.perf_counter()
@@ -294,7 +394,7 @@ def main() -> None:
         write(Run(benchmark="Shard service lease latency under DoS", issue="34",
                   command=f".venv/bin/python benchmarks/adapt_dos.py --leases {args.leases} "
                           f"--blocks {args.blocks} --attackers {args.attackers} "
-                          f"--cases {args.cases}",
+                          f"--cases {args.cases} --attacker-nice {args.attacker_nice}",
                   figures=figures(rows, "lease + ack latency"),
                   note=f"{os.cpu_count()} CPUs; {args.blocks} alternated quiet/attacked "
                        f"block pairs of {max(1, args.leases // args.blocks)} round trips"

@@ -1,6 +1,6 @@
 """A lease of 4 shards of 65,536 samples, asked again and again (a replayed request id costs the
-caller nothing): its 262,144 indices are made a list and JSON off the commit thread, a chunk at
-a time, never all at once on the thread every other job's leases and acks wait for."""
+caller nothing): its 262,144 indices are made JSON off the commit thread, a chunk at a time by
+numpy, never made Python ints all at once on the thread every other job's leases wait for."""
 
 from __future__ import annotations
 
@@ -12,18 +12,24 @@ import numpy as np
 from stragglers.adapt.dataset import epoch_permutation
 from stragglers.adapt.permutations import Permutations
 from stragglers.adapt.replies import INDEX_CHUNK
+from stragglers.adapt.shards import INLINE_INDICES
 from stragglers.adapt.service import EmbeddedServer
 
 TOKEN = "big-lease-token-0123456789"
 LISTS: list[tuple[str, int]] = []   # (thread, length) of each tolist of a kept permutation
+ENCODED: list[tuple[str, int]] = []   # (thread, length) of each part made JSON by numpy
 
 
 class Recorded(np.ndarray):
-    """A permutation that records who makes a list of it, and how long."""
+    """A permutation that records who makes a list or JSON of it, and how much at once."""
 
     def tolist(self):
         LISTS.append((threading.current_thread().name, len(self)))
         return super().tolist()
+
+    def astype(self, *a, **kw):
+        ENCODED.append((threading.current_thread().name, len(self)))
+        return super().astype(*a, **kw)
 
 
 class RecordedPermutations(Permutations):
@@ -46,6 +52,7 @@ def test_a_big_lease_replayed_is_listed_off_the_commit_thread_in_chunks(tmp_path
         body = {"worker": "w", "fence": fence, "count": 4, "request_id": "again"}
         first = httpx.post(f"{srv.url}/datasets/big/lease", headers=h, json=body, timeout=120)
         LISTS.clear()
+        ENCODED.clear()
         replies = [httpx.post(f"{srv.url}/datasets/big/lease", headers=h, json=body,
                               timeout=120).json() for _ in range(3)]
         perm = epoch_permutation(1 << 18, 0, 0)
@@ -54,8 +61,9 @@ def test_a_big_lease_replayed_is_listed_off_the_commit_thread_in_chunks(tmp_path
             for lease in reply["leases"]:
                 lo = lease["shard"] << 16
                 assert lease["indices"] == perm[lo:lo + (1 << 16)].tolist()
-        assert LISTS, "the replayed leases were not read from the kept permutation"
-        assert not [x for x in LISTS if x[0] == "group-commit"], LISTS[:5]
-        assert max(n for _, n in LISTS) <= INDEX_CHUNK
+        assert not [x for x in LISTS if x[1] > INLINE_INDICES], LISTS[:5]
+        assert ENCODED, "the replayed leases were not read from the kept permutation"
+        assert not [x for x in ENCODED if x[0] == "group-commit"], ENCODED[:5]
+        assert max(n for _, n in ENCODED) <= INDEX_CHUNK
     finally:
         srv.stop()

@@ -177,3 +177,17 @@ def test_a_half_closed_request_whose_body_never_comes_is_closed(svc):
     exchange(svc["port"], head + b'{"worker":')   # returns: the service closed it
     assert tables(svc["db"]) == before
     assert httpx.get(f"{svc['url']}/health").status_code == 200
+
+
+def test_a_refused_body_is_answered_after_a_pause(svc):
+    # Three clients looping on refused bodies (keys twice, a form, 1 MB of ints in an unknown
+    # field) took the event loop from every job's leases; each refusal now waits
+    # refusal_delay_s (0.25 s) first, as a refused token does.
+    import time
+
+    for body, ctype in ((b'{"worker":"a","worker":"b"}', JSON), (b"worker=a", "text/plain"),
+                        (json.dumps({"worker": "a", "pad": list(range(50_000))}).encode(), JSON)):
+        start = time.monotonic()
+        resp = httpx.post(f"{svc['url']}/datasets/d/join", content=body, headers={
+            "Authorization": f"Bearer {OWNER}", "Content-Type": ctype})
+        assert resp.status_code in (400, 415) and time.monotonic() - start >= 0.25, resp.text
