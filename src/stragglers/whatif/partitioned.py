@@ -756,6 +756,10 @@ def analyze_run(path: Path | str, steps=None, progress: Callable[[str], None] | 
     tick("assembling the grid")
     job = assemble(layout, template, placed, summaries)
     del placed
+    # the partitions' columns, read into Arrow's pool, are copied into the job's: hand their
+    # pages back (the pool keeps freed pages for reuse: 0.15 GB through the analysis at 16M ops)
+    import pyarrow as pa
+    pa.default_memory_pool().release_unused()
     return analyze_grid(job.trace, job.grid, steps, tick, cfg, build=make_builder(load or shards_here),
                         job_trace=job.job_trace)
 
