@@ -17,7 +17,10 @@ for), and peak memory of the whole process tree (PSS of the tool's process and a
 children, summed, sampled every 20 ms from /proc), plus what each names. The load average
 is printed with each row: on a shared machine wall times move with it, CPU times much less.
 
-    python benchmarks/kineto_vs_hta.py [--cases cpu,nccl] [--work DIR] [--hta-venv /tmp/hta-venv]
+    .venv/bin/python benchmarks/kineto_vs_hta.py [--cases cpu,nccl] [--work DIR] [--hta-venv DIR]
+
+The inputs are made under runs/kineto-vs-hta and HTA's venv is runs/hta-venv (both ignored by
+git), made on the first run with pip from PyPI; HTA's sample is read from ../shared/data.
 """
 
 from __future__ import annotations
@@ -267,8 +270,8 @@ def _size(d: Path) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="cpu,nccl")
-    p.add_argument("--work", type=Path, default=Path("/tmp/kineto-vs-hta"))
-    p.add_argument("--hta-venv", type=Path, default=Path("/tmp/hta-venv"))
+    p.add_argument("--work", type=Path, default=REPO / "runs" / "kineto-vs-hta")
+    p.add_argument("--hta-venv", type=Path, default=REPO / "runs" / "hta-venv")
     args = p.parse_args()
     hta_python = args.hta_venv / "bin" / "python"
     if not hta_python.exists():
@@ -293,7 +296,7 @@ def main() -> None:
         rows.append((case, _size(d), ours, hta))
     print()
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores; "
-          f"command: python benchmarks/kineto_vs_hta.py --cases {args.cases}")
+          f"command: .venv/bin/python benchmarks/kineto_vs_hta.py --cases {args.cases}")
     print()
     print("| case | JSON | ours: wall / CPU | HTA: wall / CPU | speed-up (wall) | speed-up (CPU) | "
           "ours: peak PSS (tree) | HTA: peak PSS (tree) | memory ratio | load (ours, HTA) |")
@@ -328,7 +331,10 @@ def main() -> None:
             Figure(name=f"{case} ({size / 1e6:.0f} MB JSON): read_kineto + analyze wall time, "
                         "speed-up over HTA", value=f"{speed:.1f}x ({ours['wall_s']:.1f} s)",
                    goal=">= 3x", met=speed >= 3,
-                   anchor=f"HTA 0.5.0 {hta['wall_s']:.1f} s, same run"),
+                   anchor=f"HTA 0.5.0 {hta['wall_s']:.1f} s, same run",
+                   note=f"CPU time {ours['cpu_s']:.1f} s vs HTA {hta['cpu_s']:.1f} s "
+                        f"({hta['cpu_s'] / ours['cpu_s']:.1f}x); load {ours['load']:.1f} / "
+                        f"{hta['load']:.1f} during each"),
             Figure(name=f"{case}: peak memory (PSS of the process tree) over HTA's",
                    value=f"{memory:.2f} ({ours['peak_bytes'] / 2**20:.0f} MiB)", goal="<= 1/3",
                    met=memory <= 1 / 3, anchor=f"HTA {hta['peak_bytes'] / 2**20:.0f} MiB"),
