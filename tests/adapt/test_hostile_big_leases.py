@@ -67,3 +67,34 @@ def test_a_big_lease_replayed_is_listed_off_the_commit_thread_in_chunks(tmp_path
         assert max(n for _, n in ENCODED) <= INDEX_CHUNK
     finally:
         srv.stop()
+
+
+def test_a_replayed_lease_writes_nothing_until_half_its_lease_is_spent(tmp_path):
+    # A replay renewed its shards each time: a loop of replays was a loop of durable writes
+    # (an fsync each) in the commits every other job's leases wait for.
+    import sqlite3
+
+    from stragglers.adapt.dataset import DatasetConfig
+    from stragglers.adapt.shards import ShardStore
+
+    now = [1000.0]
+    store = ShardStore(tmp_path / "s.db", clock=lambda: now[0])
+    store.create_dataset(DatasetConfig("d", 100, 10, lease_s=60.0))
+    fence = store.join("d", "w").fence
+    first = store.lease("d", "w", fence, 2, "again")
+
+    def until() -> list:
+        with sqlite3.connect(tmp_path / "s.db") as c:
+            return c.execute("SELECT lease_until FROM shards WHERE state='DOING'"
+                             " ORDER BY shard").fetchall()
+
+    held = until()
+    now[0] += 29.0   # less than half of lease_s
+    for _ in range(3):
+        again = store.lease("d", "w", fence, 2, "again")
+        assert [x.shard for x in again.leases] == [x.shard for x in first.leases]
+    assert until() == held, "a replay within half its lease wrote"
+    now[0] += 2.0    # past half: the replay renews, as before
+    store.lease("d", "w", fence, 2, "again")
+    assert until() == [(now[0] + 60.0,)] * 2
+    store.close()
