@@ -124,9 +124,14 @@ def bench_files(tmp: Path, jobs: int, dp: int, pp: int, steps: int, spp: int) ->
     cfg = MonitorConfig(window_steps=10, stall_after_s=3600, analysis_process=IN_PROCESS[0])
     mon = Monitor(store, cfg).start()
     watcher = DirectoryWatcher(mon, [runs], rescan_s=3600)
+
+    def stored() -> int:
+        count = store.totals()["by_way"].get("files")   # a PartCount (records.py)
+        return count.parts if count is not None else 0
+
     t0 = time.perf_counter()
     watcher.start()
-    wait(lambda: store.totals()["by_way"].get("files", {}).get("parts", 0) == len(files))
+    wait(lambda: stored() == len(files))
     t_ingest = time.perf_counter() - t0
     wait(mon.idle)
     t_all = time.perf_counter() - t0

@@ -318,9 +318,14 @@ def run(args) -> dict:
         "writer_lag_median_s": statistics.median(lag), "writer_lag_max_s": max(lag),
         # CPU per part (load-independent, unlike the times): the service process (watcher,
         # ingest, change detector, store) and its analysis process (read-ahead, windows)
-        "parts": (parts := args.ranks * (args.steps + tail) // k - tail // k
-                  + args.clean_ranks * args.steps // k),
-        "cpu_us_per_part": {name: round(sec / parts * 1e6) for name, sec in cpu.items()},
+        # (per part the monitor stored by the end: one far behind has not stored them all)
+        "parts_written": args.ranks * (args.steps + tail) // k - tail // k
+        + args.clean_ranks * args.steps // k,
+        "parts_stored": (stored := int(sum(float(line.split(" ")[-1]) for line in
+                                           metrics.splitlines() if line.startswith(
+                                               "stragglers_parts_ingested_total")))),
+        "cpu_us_per_part": {name: round(sec / max(stored, 1) * 1e6)
+                            for name, sec in cpu.items()},
         "monitor_health": {line.split(" ")[0]: float(line.split(" ")[-1])
                            for line in metrics.splitlines() if line.startswith((
                                "stragglers_ingest_lag_seconds",
