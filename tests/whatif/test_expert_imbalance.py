@@ -134,8 +134,8 @@ def test_advise_refuses_expert_balancing_without_a_hot_expert(tmp_path):
 
 
 def test_a_dispatch_that_noise_pushed_below_the_bar_is_balanced_with_the_others(tmp_path):
-    """The dispatches of one job are judged together: noise on the compute after one of them
-    (its own correlation below expert_corr) neither drops it nor makes the hot rank a slow
+    """Once one dispatch shows the imbalance, noise on the compute after another (its own
+    correlation below expert_corr) neither drops that one nor makes the hot rank a slow
     worker."""
     from stragglers.whatif.causes import experts
     from stragglers.whatif.causes.base import Context
@@ -153,5 +153,5 @@ def test_a_dispatch_that_noise_pushed_below_the_bar_is_balanced_with_the_others(
     ctx = Context.build(WhatIf.build(grid), trace, DiagnosisConfig())
     load = experts.expert_load(ctx, grid.duration)
     assert load is not None and len(load.pairs) == 2, load
-    assert min(load.corr) < DiagnosisConfig().expert_corr <= float(np.mean(load.corr))
+    assert min(load.corr) < DiagnosisConfig().expert_corr <= max(load.corr)
     assert _named(analyze(trace)) == {("expert_imbalance", 5)}

@@ -9,9 +9,10 @@ them receive more rows, their expert compute takes longer, and every rank of the
 expert-parallel group waits at the combine; the all-to-alls also move more rows through the
 busiest rank (it receives the dispatch and sends the combine, and backward the same again).
 
-Found when the compute right after the dispatches follows the rows received across the group's
-ranks (a pooled linear fit per dispatch; their correlations' mean ≥ `expert_corr`) and the rows
-are uneven (the busiest rank at least `expert_min_excess` above the group's mean). The
+Found when the compute right after a dispatch follows the rows received across the group's
+ranks (a pooled linear fit per dispatch, correlation ≥ `expert_corr`) and the rows are uneven
+(the busiest rank at least `expert_min_excess` above the group's mean); then every uneven
+dispatch whose compute grows with the rows (slope > 0) is balanced at its own slope. The
 prediction gives every rank the group's mean rows at the fitted time per row (its own speed
 kept), and every all-to-all its transfer at balanced volume: each rank's transfer (from the
 group's last arrival to its end) is fitted against the rows it moved (received, plus sent where
@@ -83,12 +84,12 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
         means.append(mean)
         slopes.append(fit[0])
         corrs.append(fit[1])
-    # The uneven dispatches of a job share its routing and its experts: their correlations are
-    # judged together (the mean), so one dispatch that a load spike pushed below the bar does
-    # not leave its expert compute unexplained (then blamed on the busiest rank as a slow
-    # worker); a dispatch whose compute does not grow with the rows (slope <= 0) is not
-    # balanced.
-    if not pairs or float(np.mean(corrs)) < ctx.cfg.expert_corr:
+    # Found where one dispatch's compute follows the rows at the bar. The uneven dispatches of
+    # a job share its routing and its experts, so then every one whose compute grows with the
+    # rows (slope > 0) is balanced at its own slope (noise in the durations scatters a fit, it
+    # does not bias its slope): one that a load spike pushed below the bar does not leave its
+    # expert compute unexplained, then blamed on the busiest rank as a slow worker.
+    if not pairs or max(corrs) < ctx.cfg.expert_corr:
         return None
     keep = [k for k, slope in enumerate(slopes) if slope > 0]
     if not keep:
