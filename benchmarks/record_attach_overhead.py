@@ -395,7 +395,7 @@ def main() -> None:
         figures = parallel_costs(args.reps, args.steps, only)
         write(Run(benchmark="attach cost per recorded op on model-parallel examples",
                   issue="30", figures=figures,
-                  command=f"python benchmarks/record_attach_overhead.py --parallel --reps "
+                  command=f".venv/bin/python benchmarks/record_attach_overhead.py --parallel --reps "
                           f"{args.reps} --steps {args.steps} --only {','.join(only)}"),
               # one file per set of cases: a run of some cases keeps the others' figures
               name="record_attach_overhead_parallel" + (
@@ -430,7 +430,8 @@ def main() -> None:
                 met=None if verdict(c['cpu_ci_ns'], 2000) not in ("met", "MISSED")
                 else verdict(c['cpu_ci_ns'], 2000) == "met",
                 anchor="bare steps in the same process (A B A')",
-                note=f"A/A control {c['cpu_aa_ns'] / 1e3:.2f} µs; wall {c['wall_ns'] / 1e3:.2f} µs"))
+                note=f"A/A control {c['cpu_aa_ns'] / 1e3:.2f} µs; wall {c['wall_ns'] / 1e3:.2f} µs; "
+                     f"an empty `with` block: {unit:.0f} ns of thread CPU in this run"))
         over, spread, step, rows = big_step_overhead(args.steps, args.rounds)
         med, noise = statistics.median(over), statistics.median(spread)
         # The same cost from the per-op figure: rows recorded per big step (read back from the
@@ -453,7 +454,7 @@ def main() -> None:
                               met=None if noise >= 0.01 else med <= 0.01,
                               note=f"control even/odd spread {100 * noise:.2f}%"))
         write(Run(benchmark="attach cost per recorded op and on a big step", issue="15",
-                  command=f"python benchmarks/record_attach_overhead.py --reps {args.reps} "
+                  command=f".venv/bin/python benchmarks/record_attach_overhead.py --reps {args.reps} "
                           f"--steps {args.steps} --rounds {args.rounds}", figures=figures))
     finally:
         dist.destroy_process_group()
