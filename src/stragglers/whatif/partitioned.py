@@ -474,7 +474,12 @@ def read_and_place(layout: RunLayout, steps: np.ndarray, pool=None
                    ) -> tuple[PartitionSummary, PlacedPartition | None]:
     """One step partition read, summarised and laid on a grid of its own template ops and DP
     ranks (assemble lays it on the job's): one pass over the run, no partition kept."""
-    part = read_partition(layout, steps, pool)
+    return place_partition(layout, read_partition(layout, steps, pool))
+
+
+def place_partition(layout: RunLayout, part: Partition
+                    ) -> tuple[PartitionSummary, PlacedPartition | None]:
+    """A partition read, summarised and laid on a grid of its own template ops and DP ranks."""
     if not len(part.position):
         return summarise(part, layout.meta.pp_size), None
     keys = node_keys(part)
@@ -765,18 +770,25 @@ def analyze_run(path: Path | str, steps=None, progress: Callable[[str], None] | 
 
 
 def read_here(layout: RunLayout, parts: list, tick: Callable[[str], None]) -> list:
-    """ReadAll in this process: one partition at a time, its files on a few threads."""
+    """ReadAll in this process: one partition at a time, its files on a few threads; the next
+    partition's files are read while this one is laid on the grid (decoding and numpy release
+    the GIL: the two overlap on 2 cores; two partitions' columns are held at once)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import pyarrow as pa
 
     out = []
-    with ThreadPoolExecutor(READ_THREADS) as pool:
-        for i, steps in enumerate(parts, 1):
-            out.append(read_and_place(layout, steps, pool))
+    with ThreadPoolExecutor(READ_THREADS) as pool, ThreadPoolExecutor(1) as ahead:
+        coming = ahead.submit(read_partition, layout, parts[0], pool) if parts else None
+        for i in range(len(parts)):
+            part = coming.result()  # type: ignore[union-attr]
+            coming = (ahead.submit(read_partition, layout, parts[i + 1], pool)
+                      if i + 1 < len(parts) else None)
+            out.append(place_partition(layout, part))
+            del part
             # Arrow keeps freed buffers for reuse: hand them back before the next partition
             pa.default_memory_pool().release_unused()
-            tick(f"{i}/{len(parts)} step partitions read")
+            tick(f"{i + 1}/{len(parts)} step partitions read")
     return out
 
 
