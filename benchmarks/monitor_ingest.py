@@ -314,7 +314,7 @@ def bench_many_jobs(tmp: Path, jobs: int, dp: int, pp: int, steps: int, every_s:
     wait(lambda: all(len(store.windows(f"j{j:02d}")) == steps // 10 for j in range(jobs)), 600)
     wait(mon.idle)
     rss1 = rss_mb()
-    lat = [w["analysed_at"] - w["closed_at"] for j in range(jobs)
+    lat = [w.analysed_at - w.closed_at for j in range(jobs)
            for w in store.windows(f"j{j:02d}")]
     watcher.stop()
     mon.stop()
