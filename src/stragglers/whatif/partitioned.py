@@ -29,7 +29,7 @@ from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif._replay import ReplayPlan, replay
 
 # What the diagnosis looks up in the trace by a grid cell's row (whatif/causes).
-DIAGNOSIS_COLUMNS = ("rank", "mb_id", "mc", "attn_cost", "tokens", "cpu_wait")
+DIAGNOSIS_COLUMNS = ("rank", "mb_id", "mc", "attn_cost", "tokens", "sent", "cpu_wait")
 # A grid cell's row in the assembled columns: 4 bytes a cell (2³¹ ops analysed at most).
 ROW = np.int32
 
@@ -233,9 +233,9 @@ def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition
     return Partition(ops, position, layout.directory)
 
 
-# Optional columns the partitioned analysis reads (the diagnosis's and the grid's): the others
-# (bytes) stay on disk.
-ANALYSED_OPTIONAL = ("attn_cost", "tokens", "cpu_wait", "pg")
+# Optional columns the partitioned analysis reads: the diagnosis's and the grid's process
+# groups; the others (bytes) stay on disk.
+ANALYSED_OPTIONAL = tuple(c for c in OPTIONAL_COLUMNS if c in DIAGNOSIS_COLUMNS or c == "pg")
 
 
 def read_columns(layout: RunLayout) -> list[str]:
