@@ -81,7 +81,7 @@ def test_tensor_parallel_collectives_share_their_keys_across_each_tp_group(tmp_p
 
 
 @pytest.mark.distributed
-def test_all_to_all_rows_carry_the_tokens_each_expert_rank_received(tmp_path):
+def test_all_to_all_rows_carry_the_rows_each_expert_rank_received_and_sent(tmp_path):
     skew, hot = 0.5, 2
     torchrun(MOE_EXAMPLE, 4, "--steps", "2", "--batch", "4", "--seq", "16", "--hot-expert",
              str(hot), "--routing-skew", str(skew), "--out", str(tmp_path / "run"), timeout=400)
@@ -106,6 +106,17 @@ def test_all_to_all_rows_carry_the_tokens_each_expert_rank_received(tmp_path):
             # the hot expert's rank receives every rank's forced share and more than any other
             assert dispatch[hot] >= 4 * forced
             assert dispatch[hot] > max(np.delete(dispatch, hot))
+            # rows sent: each rank dispatches its own tokens, and combines what it received
+            sent_counts, sent_dispatch, sent_combine = (np.array(
+                [a2a[r]["sent"][3 * layer + i] for r in range(4)]) for i in range(3))
+            assert (sent_counts == 4).all() and (sent_dispatch == TOKENS_PER_RANK).all()
+            assert (sent_combine == dispatch).all()
+        # backward sends the gradients back the way the rows came: per layer (last first)
+        # the combine's gradient (received: the dispatch's rows), then the dispatch's
+        back = {r: (a2a[r]["tokens"][6:], a2a[r]["sent"][6:]) for r in range(4)}
+        for r in range(4):
+            received, sent = back[r]
+            assert (sent[1::2] == received[0::2]).all() and (sent[0::2] == TOKENS_PER_RANK).all()
         assert (a2a[0]["bytes"] > 0).all()
     assert_compute_is_cut(ops)
 

@@ -17,8 +17,12 @@ at once (the same values; on a GPU the wait is the stream's, the host goes on), 
 where the result is ready and the work after it is the next compute piece.
 
 For an all-to-all, `tokens` holds the rows this rank received (the sum of its output split
-sizes, or the output's rows): an expert rank's load in the dispatch. `bytes` is the received
-output's size. The first all-to-all's group size is the job's expert-parallel degree (ep_size).
+sizes, or the output's rows): an expert rank's load in the dispatch; `sent` the rows it sent
+(the sum of its input split sizes, or the input's rows): in the combine, the rows its experts
+computed. Both are known when the call is made; together they are the rows the rank moved,
+which the transfer grows with (a hot expert's rank receives the dispatch and sends the
+combine). `bytes` is the received output's size. The first all-to-all's group size is the
+job's expert-parallel degree (ep_size).
 
 Not seen: collectives issued by code that bound the function before attach
 (`from torch.distributed import all_to_all_single`), and the backward of a functional
@@ -258,10 +262,12 @@ class _Inside:
         return False
 
 
-def _rows_received(output, output_split_sizes) -> int:
-    if output_split_sizes is not None:
-        return int(sum(int(s) for s in output_split_sizes))
-    return int(output.shape[0]) if output.dim() else 1
+def _rows(tensor, split_sizes) -> int:
+    """The rows an all-to-all takes from or puts into `tensor`: its split sizes' sum, or all of
+    its rows (no split sizes: equal parts)."""
+    if split_sizes is not None:
+        return int(sum(int(s) for s in split_sizes))
+    return int(tensor.shape[0]) if tensor.dim() else 1
 
 
 def _functional(fn, code: int):
@@ -283,7 +289,8 @@ def _functional(fn, code: int):
                 out = out.trigger_wait()
             if code == A2A:
                 splits = kwargs.get("output_split_sizes", args[0] if args else None)
-                op.tokens = _rows_received(out, splits)
+                sent = kwargs.get("input_split_sizes", args[1] if len(args) > 1 else None)
+                op.tokens, op.sent = _rows(out, splits), _rows(self, sent)
                 op.nbytes = out.numel() * out.element_size()
             else:
                 op.nbytes = (out if code == AG else self).numel() * self.element_size()
@@ -294,20 +301,22 @@ def _functional(fn, code: int):
 
 
 def _c10d_all_to_all(fn):
-    """dist.all_to_all_single recorded as an all-to-all row (tokens: rows received)."""
+    """dist.all_to_all_single recorded as an all-to-all row (tokens: rows received, sent: rows
+    sent)."""
 
     def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
                           group=None, async_op: bool = False):
         att = _recording()
         if att is None:
             return fn(output, input, output_split_sizes, input_split_sizes, group, async_op)
-        tokens = _rows_received(output, output_split_sizes)
+        tokens = _rows(output, output_split_sizes)
+        sent = _rows(input, input_split_sizes)
         nbytes = output.numel() * output.element_size()
         if async_op:  # the row is the wait: where the rank blocks, in program order
             work = fn(output, input, output_split_sizes, input_split_sizes, group, True)
-            return _WaitRecorded(work, att, group, tokens, nbytes)
+            return _WaitRecorded(work, att, group, tokens, sent, nbytes)
         with _Inside(), att.op(A2A, group) as op:
-            op.tokens, op.nbytes = tokens, nbytes
+            op.tokens, op.sent, op.nbytes = tokens, sent, nbytes
             return fn(output, input, output_split_sizes, input_split_sizes, group, False)
 
     return functools.update_wrapper(all_to_all_single, fn, assigned=("__doc__",))
@@ -316,10 +325,10 @@ def _c10d_all_to_all(fn):
 class _WaitRecorded(dist.Work):
     """An asynchronous all-to-all: its row is its wait() (recorded once, in its step)."""
 
-    def __init__(self, work, att, group, tokens: int, nbytes: int):
+    def __init__(self, work, att, group, tokens: int, sent: int, nbytes: int):
         super().__init__()
         self._work, self._att, self._group = work, att, group
-        self._tokens, self._nbytes = tokens, nbytes
+        self._tokens, self._sent, self._nbytes = tokens, sent, nbytes
         self._buf = att.recorder.buffer
         self._done = False
 
@@ -328,7 +337,7 @@ class _WaitRecorded(dist.Work):
             return self._work.wait() if timeout is None else self._work.wait(timeout)
         self._done = True
         with _Inside(), self._att.op(A2A, self._group) as op:
-            op.tokens, op.nbytes = self._tokens, self._nbytes
+            op.tokens, op.sent, op.nbytes = self._tokens, self._sent, self._nbytes
             return self._work.wait() if timeout is None else self._work.wait(timeout)
 
     def is_completed(self) -> bool:
@@ -341,11 +350,11 @@ class _WaitRecorded(dist.Work):
 class ModelParallelOp:
     """One recorded collective in progress: the context Collectives.op returns."""
 
-    __slots__ = ("att", "buf", "code", "pg", "tokens", "nbytes", "start", "seg", "waits")
+    __slots__ = ("att", "buf", "code", "pg", "tokens", "sent", "nbytes", "start", "seg", "waits")
 
     def __init__(self, att: Collectives, buf, code: int, pg: int):
         self.att, self.buf, self.code, self.pg = att, buf, code, pg
-        self.tokens, self.nbytes = -1, -1
+        self.tokens, self.sent, self.nbytes = -1, -1, -1
 
     def __enter__(self):
         compute, rec = self.att.compute, self.att.recorder
@@ -366,6 +375,8 @@ class ModelParallelOp:
                             self.nbytes, ()))
             rec.note_comm_wait(buf, self.code, end, *self.waits)
             buf.add_pg(self.code, end, self.pg)
+            if self.sent >= 0:
+                buf.add_sent(self.code, end, self.sent)
         if self.seg is not None and rec.buffer is buf:
             self.att.compute.open(*self.seg[:4])
         return False

@@ -45,6 +45,9 @@ class StepBuffer:
     # (optype code, end mark) of a collective row → its process group's job-wide id
     # (record/modelparallel.py: GroupIds); rows not in it get the writer's default for their code
     pgs: dict[tuple[int, object], int] | None = None
+    # (optype code, end mark) of an all-to-all row → the rows this rank sent in it
+    # (record/modelparallel.py): the sent column of a part that has one, -1 on other rows
+    sent: dict[tuple[int, object], int] | None = None
 
     def add_stamps(self, stamps: bytes) -> None:
         """Native stamps drained from the hooks (b"" when there were none)."""
@@ -65,6 +68,12 @@ class StepBuffer:
         if self.pgs is None:
             self.pgs = {}
         self.pgs[(code, end)] = pg
+
+    def add_sent(self, code: int, end, rows: int) -> None:
+        """The rows this rank sent in the all-to-all row (code, end)."""
+        if self.sent is None:
+            self.sent = {}
+        self.sent[(code, end)] = rows
 
 
 MAX_HELD_ROWS = 250_000  # converted rows held for the next part (~30 MB) before it is written
@@ -181,6 +190,7 @@ class RankWriter:
         # (step, optype code, end mark) of a row → its CPU wait / its process group
         waits: dict[tuple[int, int, object], float] = {}
         pgs: dict[tuple[int, int, object], int] = {}
+        sent: dict[tuple[int, int, object], int] = {}
         batch: list[StepBuffer] = []
         for buf in bufs:
             step_rows = self._rows(buf, batch)
@@ -190,6 +200,8 @@ class RankWriter:
                 waits[(buf.step, row_code, row_end)] = wait
             for (row_code, row_end), pg in (buf.pgs or {}).items():
                 pgs[(buf.step, row_code, row_end)] = pg
+            for (row_code, row_end), rows_sent in (buf.sent or {}).items():
+                sent[(buf.step, row_code, row_end)] = rows_sent
         # Column-wise conversion in C (zip, np.array): the writer holds the GIL for less time.
         cols = list(zip(*rows)) if rows else [()] * 10
         c = RowColumns(np.repeat(np.array([s for s, _ in step_of], np.int64),
@@ -230,6 +242,9 @@ class RankWriter:
         }
         if self.records_pg:
             out["pg"] = _pgs(pgs, self.pg_defaults, step, code, end)
+        if sent:  # reading fills the column with -1 in parts without it (runformat)
+            out["sent"] = np.array([sent.get(key, -1) for key in
+                                    zip(step.tolist(), code.tolist(), end.tolist())], np.int64)
         return out
 
     def _rows(self, buf: StepBuffer, batch: list) -> list:

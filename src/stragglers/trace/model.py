@@ -72,6 +72,9 @@ OPTIONAL_COLUMNS: dict[str, np.dtype] = {
     "attn_cost": np.dtype(np.float64),  # Σ s_i² of the microbatch
     # compute: tokens of the microbatch; all-to-all: rows this rank received (an EP rank's load)
     "tokens": np.dtype(np.int64),
+    # all-to-all: rows this rank sent (the sum of its input split sizes); with `tokens`, the
+    # rows it moved, which its transfer grows with
+    "sent": np.dtype(np.int64),
     "bytes": np.dtype(np.int64),
     # communication ops our recorder ran on CPU: s the threads carrying the op (its waiting
     # thread, gloo's transport and collective threads) were runnable but had no CPU during it
@@ -81,7 +84,8 @@ OPTIONAL_COLUMNS: dict[str, np.dtype] = {
     # synchronises the ranks of its group only (a tensor-parallel pair, not every DP rank)
     "pg": np.dtype(np.int32),
 }
-OPTIONAL_FILL = {"attn_cost": np.nan, "tokens": -1, "bytes": -1, "cpu_wait": np.nan, "pg": -1}
+OPTIONAL_FILL = {"attn_cost": np.nan, "tokens": -1, "sent": -1, "bytes": -1, "cpu_wait": np.nan,
+                 "pg": -1}
 
 
 def optype_code(name: str) -> int:
