@@ -62,3 +62,38 @@ def test_a_job_without_a_layout_waits_for_every_rank_of_its_world_size(tmp_path)
             assert [w["first_step"] for w in windows] == [0, 5]
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_stored_rows_that_do_not_read_leave_the_service_up(tmp_path):
+    # a job's metadata stored as a blob, a log entry whose time is text: one such row once
+    # stopped every start (the jobs read at start) or failed /api/alerts for every job
+    import sqlite3
+
+    trace = slow_job(steps=5)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        for job in ("good", "bad", "worn"):
+            assert c.put(f"/api/jobs/{job}/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+    s.stop()
+    with sqlite3.connect(tmp_path / "mon.db") as db:
+        db.execute("UPDATE jobs SET meta = x'00ff00' WHERE job = 'bad'")
+        db.execute("INSERT INTO alert_log (at, fingerprint, job, rule, status, severity, "
+                   "summary, description, \"window\") VALUES ('x', 'f', 'bad', 'r', 's', "
+                   "'warning', 's', 'd', 'w')")
+        db.execute("INSERT INTO windows VALUES ('worn', 0, 0, 4, '[0,1,2,3,4]', 'NaN', NULL, "
+                   "NULL, NULL, NULL, NULL, NULL, '[]', '[]', '[]', NULL, 'complete', 0, 0, 0)")
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.get("/health").status_code == 200
+            assert "good" in {j["job"] for j in get(c, "/api/jobs")["jobs"]}
+            assert get(c, "/api/alerts") is not None
+            assert get(c, "/api/jobs/good")["state"] == "running"
+            # a job whose window row does not read: its reads are refused, naming it
+            r = c.get("/api/jobs/worn")
+            assert r.status_code == 409 and "'worn'" in r.json()["error"], r.text
+            assert c.get("/api/jobs/good").status_code == 200
+    finally:
+        s.stop()

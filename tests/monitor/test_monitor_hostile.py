@@ -552,6 +552,7 @@ def test_a_part_the_disk_cannot_take_is_a_json_507_with_nothing_left_behind(tmp_
     big["start_ts"] = rng.random(n) * 100
     big["duration"] = rng.random(n)
     big["step"] = np.sort(rng.integers(0, 4, n)).astype(np.int64)
+    big["seq_id"] = np.arange(n, dtype=np.int32)   # one row per op (two of one are refused)
     body = table_bytes(big)
     limit = 6 * 2**20
     assert len(body) > limit

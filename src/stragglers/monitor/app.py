@@ -7,6 +7,7 @@ import hmac
 import logging
 from pathlib import Path
 
+import msgspec
 from fastapi import Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
@@ -107,6 +108,17 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         monitor.reject("bad_request", f"{request.method} {request.url.path}", what)
         return JSONResponse({"error": f"path {request.url.path[:200]!r}: {what}"},
                             status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(msgspec.ValidationError)
+    async def _damaged(request: Request, exc: msgspec.ValidationError):
+        # a stored row that does not read (damaged in the store, or written by a version with
+        # other types): that job's reads are refused, naming it, and every other job is served
+        job = request.path_params.get("job")
+        what = f"job {str(job)[:128]!r}" if job else "this read"
+        message = f"path {request.url.path[:200]!r}: a stored row of {what} does not read " \
+            f"({str(exc)[:160]}); expected rows as this version writes them"
+        monitor.reject("damaged_row", f"{request.method} {request.url.path}", message)
+        return JSONResponse({"error": message}, status_code=409)
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception):

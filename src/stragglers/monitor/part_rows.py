@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from stragglers.errors import InputError
 from stragglers.monitor.part_files import file_bytes, open_part_file
 from stragglers.monitor.part_limits import ALLOWED_COLUMNS, check_decode_budget, \
-    check_page_headers, check_part_rows, guarded
+    check_page_headers, check_part_rows, check_step_gaps, guarded
 from stragglers.monitor.part_names import parse_part_name
 from stragglers.trace.columns import table_to_columns
 from stragglers.trace.model import OPTYPE_CODES
@@ -54,6 +54,9 @@ def check_part(table: pa.Table, source: object, rank: int, part: int, nbytes: in
         other = int(cols["rank"][cols["rank"] != rank][0])
         raise InputError(source, "rank", f"rows of rank {other} in a part of rank {rank}; "
                          "expected one rank per part")
+    wild = check_step_gaps(cols["step"], -1, source)   # (before op ids: a wild step is named
+    if wild is not None:                                # as such, not as ops it merged)
+        raise wild
     check_op_ids(cols, source)
     return PartData(rank, part, cols, nbytes)
 

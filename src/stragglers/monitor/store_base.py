@@ -128,6 +128,7 @@ class SQLStore:
     def __init__(self) -> None:
         self.version = 0  # bumped on every write seen; pages poll it to skip unchanged reads
         self._listeners: list[Callable[[int], None]] = []
+        self._damaged_seen: set[tuple[str, str]] = set()   # damaged rows named in the log
 
     # ---- what a backend provides ------------------------------------------------------------
 
@@ -141,8 +142,30 @@ class SQLStore:
         raise NotImplementedError
 
     def _typed(self, kind: type[T], sql: str, args: Iterable[Any] = ()) -> list[T]:
-        """Rows of a read as records of `kind` (each column a field)."""
-        return msgspec.convert(self._rows(sql, args), list[kind])  # type: ignore[valid-type]
+        """Rows of a read as records of `kind` (each column a field); a row that does not
+        convert (damaged in the store: a blob for a text, text for a number) is left out and
+        named once in the log: one such row failed every read of its table, and a job row's
+        the start of the whole service."""
+        rows = self._rows(sql, args)
+        try:
+            return msgspec.convert(rows, list[kind])  # type: ignore[valid-type]
+        except msgspec.ValidationError:
+            out = []
+            for row in rows:
+                try:
+                    out.append(msgspec.convert(row, kind))
+                except msgspec.ValidationError as exc:
+                    self._damaged(kind.__name__, row, exc)
+            return out
+
+    def _damaged(self, kind: str, row: dict[str, Any], exc: Exception) -> None:
+        """Log a stored row that does not read, once per table and problem."""
+        key = (kind, str(exc))
+        if key in self._damaged_seen or len(self._damaged_seen) > 1000:
+            return
+        self._damaged_seen.add(key)
+        log.warning("store: a damaged %s row (job %r) is left out of reads: %s", kind,
+                    str(row.get("job", "?"))[:80], exc)
 
     def _now(self, db: Any) -> float:
         """The time leases are measured in (the database's clock when shared)."""
@@ -292,8 +315,10 @@ class SQLStore:
         return self._fenced(tx)
 
     def job(self, job: str) -> JobRecord | None:
-        """One job's row (meta decoded), or None."""
-        rows = self._typed(JobRecord, "SELECT * FROM jobs WHERE job = ?", (job,))
+        """One job's row (meta decoded), or None; msgspec.ValidationError for a damaged row
+        (the monitor sets that job aside)."""
+        rows = msgspec.convert(self._rows("SELECT * FROM jobs WHERE job = ?", (job,)),
+                               list[JobRecord])
         if not rows:
             return None
         row = rows[0]
