@@ -52,7 +52,7 @@ def test_every_dlrm_collective_is_modelled(dlrm_result):
     names = list(trace.optype_names())
     # per rank and step: 5 all-to-alls (embeddings) and 3 gradient all-reduces
     assert names.count("all-to-all") == 8 * 5 and names.count("grads-all-reduce") == 8 * 3
-    assert not any("left out" in n["message"] and "collective" in n["message"]
+    assert not any("left out" in n.message and "collective" in n.message
                    for n in trace.notes)
     assert result.sim_error < 0.01
 
@@ -101,7 +101,7 @@ def test_pre_window_kernels_belong_to_the_step_before(tmp_path):
     # steps are consistent and analysed, and no GC pause is invented from them
     assert result.steps_analysed == [1009, 1010, 1011, 1012, 1013, 1014]
     assert "gc" not in {f.cause for f in result.diagnosis}
-    assert any("before the profiling window" in n["message"] for n in trace.notes)
+    assert any("before the profiling window" in n.message for n in trace.notes)
 
 
 def test_two_jobs_in_one_folder_are_refused_as_two_jobs(tmp_path, dlrm):
@@ -136,7 +136,7 @@ def test_a_slow_half_of_production_workers_is_named(tmp_path):
 
 def test_workers_of_two_speeds_with_a_repeated_row(tmp_path):
     trace = load_trace(REAL / "pai-minibatch" / "job_2_norm.csv")
-    assert any("read once" in n["message"] for n in trace.notes)
+    assert any("read once" in n.message for n in trace.notes)
     result = analyze(trace)
     # workers 0-2 run ~700, the other seven 800-900 (normalised): the slow ones, not the fast
     assert _named(result) and not _named(result) & {0, 1, 2}

@@ -123,23 +123,13 @@ NOTE_KINDS: tuple[str, ...] = ("ranks", "layout", "clock", "dropped", "other")
 
 @dataclass(frozen=True)
 class Note:
-    """One reader note (Trace.notes): its kind (one of NOTE_KINDS) and what it says.
+    """What the trace reader noted about what the trace does not show: kind (NOTE_KINDS), message."""
 
-    A frozen dataclass, not a msgspec Struct: the trace readers run without msgspec."""
+    # A frozen dataclass, not a msgspec Struct: the trace readers run without msgspec (the
+    # result's JSON carries it as it is; msgspec encodes and decodes dataclasses).
 
     kind: str
     message: str
-
-    # A transitional read-only mapping view ({"kind", "message"}): the NDTimeline writer and
-    # whatif.result.reader_notes still take a note as a dict (dict(n), Note(**n)).
-    def keys(self) -> tuple[str, ...]:
-        """The field names, so that dict(note) and f(**note) work."""
-        return ("kind", "message")
-
-    def __getitem__(self, name: str) -> str:
-        if name not in self.keys():
-            raise KeyError(name)
-        return str(getattr(self, name))
 
 
 def as_note(note: Note | Mapping[str, Any]) -> Note:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +98,7 @@ def write_ndtimeline(trace: Trace, trace_path: Path | str) -> tuple[Path, Path]:
     if meta.extra:
         raw["extra"] = meta.extra
     if trace.notes:
-        raw["notes"] = [dict(n) for n in trace.notes]
+        raw["notes"] = [asdict(n) for n in trace.notes]
     meta_path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True), encoding="utf-8")
     return trace_path, meta_path
 

@@ -61,26 +61,19 @@ def _read_meta_json(path: Path) -> object:
         raise InputError(path, None, f"not valid JSON ({exc})") from None
 
 
-def notes_from_dict(raw: object, source: Path | str) -> list[dict[str, str]]:
+def notes_from_dict(raw: object, source: Path | str) -> list[Note]:
     """The reader notes stored beside job metadata ("notes": [{kind, message}])."""
     notes = raw.get("notes") if isinstance(raw, dict) else None
     if notes is None:
         return []
     try:
-        read = msgspec.convert(notes, list[_Note]) if isinstance(notes, list) else None
+        read = msgspec.convert(notes, list[Note]) if isinstance(notes, list) else None
     except msgspec.ValidationError:
         read = None
     if read is None or any(n.kind not in NOTE_KINDS for n in read):
         raise InputError(source, "notes", "expected a list of {kind, message} with kind one of "
                          + ", ".join(NOTE_KINDS))
-    return [{"kind": n.kind, "message": n.message} for n in read]
-
-
-class _Note(msgspec.Struct):
-    """One reader note as meta.json stores it (other keys are ignored)."""
-
-    kind: str
-    message: str
+    return read
 
 
 def meta_from_dict(raw: object, source: Path | str) -> JobMeta:
@@ -174,7 +167,7 @@ def write_run(directory: Path | str, trace: Trace) -> Path:
     return directory
 
 
-def run_contents(directory: Path) -> tuple[JobMeta, list[dict[str, str]], list[Path]]:
+def run_contents(directory: Path) -> tuple[JobMeta, list[Note], list[Path]]:
     """(metadata, reader notes, rank files in name order) of a run directory, validated."""
     raw = _read_meta_json(directory / META_FILE)
     meta = meta_from_dict(raw, directory / META_FILE)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_FILL, Trace
+from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_FILL, Note, Trace
 from stragglers.whatif.grid import (GC, _SEQ_BITS, _OPTYPE_BITS, OpGrid, _check_stages,
                                     _complete_steps, dense_ids, gc_slots, one_op_per_cell)
 from stragglers.whatif.metrics import WhatIf
@@ -41,7 +41,7 @@ class RunLayout:
 
     directory: str
     meta: Any
-    notes: list
+    notes: list[Note]
     files: list[str]
     optional: list[str]          # optional columns some file carries (filled elsewhere)
     steps: np.ndarray            # the steps to analyse (sorted), from the files' statistics

@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 
 from stragglers.errors import InputError
+from stragglers.trace.model import Note
 from stragglers.whatif.config import DECOMPOSE_SLOWDOWN, STRAGGLING_SLOWDOWN
 
 # Version of the JSON layout: bump when a field changes meaning or is removed. 2: every field
@@ -112,13 +113,6 @@ class WorkerScore(msgspec.Struct):
     score: float
     rank: int | None = None
     host: str | None = None
-
-
-class Note(msgspec.Struct):
-    """What the trace reader noted about what the trace does not show (see Trace.notes)."""
-
-    kind: str
-    message: str
 
 
 class JobInfo(msgspec.Struct):
@@ -335,7 +329,7 @@ def job_info(trace: Any, steps: int, ops: int) -> JobInfo:
 
 def reader_notes(trace: Any) -> list[Note]:
     """The reader's notes of a trace (Trace.notes; older readers left strings in meta.extra)."""
-    notes = [Note(**n) for n in trace.notes]
+    notes = list(trace.notes)
     if not notes:
         notes = [Note("other", str(m)) for m in trace.meta.extra.get("notes") or []]
     return notes
