@@ -62,7 +62,9 @@ class DiagnosisConfig(Config):
     # --- expert imbalance (MoE) ---------------------------------------------------------
     expert_corr: float = setting(
         0.8, "the compute after an all-to-all dispatch correlates with the rows each rank "
-        "received at least this much (across the group's ranks, each step's mean taken out)",
+        "received at least this much (across the group's ranks, each step's mean taken out); "
+        "also the bar an all-to-all's transfer must meet against the rows each rank moved "
+        "to be priced at balanced volume",
         minimum=0.0, maximum=1.0)
     expert_min_excess: float = setting(
         0.1, "the busiest rank of an expert-parallel group receives at least this fraction "
