@@ -44,6 +44,25 @@ def test_the_rows_received_come_from_the_split_sizes(tmp_path):
     assert sum(per_rank.values()) == pytest.approx(4 * 4096, rel=1e-9)
 
 
+def test_the_rows_sent_come_from_the_in_split_sizes(tmp_path):
+    """`In split size` gives the rows a rank sent: its own 4096 in a dispatch, and in the
+    combine what its experts computed (the rows the dispatch before brought it)."""
+    write_gpu_job(GpuJob(ranks=4, steps=3, seed=2, all_to_alls=1, hot_expert=(1, 3.0),
+                         combine=True), tmp_path)
+    ops = load_trace(tmp_path).ops
+    a2a = ops["optype"] == OPTYPE_CODES["all-to-all"]
+    assert (ops["sent"][~a2a] == -1).all() and (ops["sent"][a2a] > 0).all()
+    for rank in range(4):
+        mine = a2a & (ops["rank"] == rank)
+        for step in np.unique(ops["step"][mine]):
+            at = mine & (ops["step"] == step)
+            order = np.argsort(ops["start_ts"][at])
+            sent, received = ops["sent"][at][order], ops["tokens"][at][order]
+            assert len(sent) == 2                       # the dispatch, then the combine
+            assert sent[0] == 4096 and received[1] == 4096
+            assert sent[1] == received[0]               # the experts' rows go back
+
+
 @pytest.mark.parametrize("shape", [{}, {"expert_groups": 2}, {"tp_size": 2}],
                          ids=["one-group", "two-ep-groups", "tp2"])
 def test_the_hot_expert_rank_is_named_and_not_as_a_slow_worker(tmp_path, shape):

@@ -17,7 +17,7 @@ import zlib
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypeGuard
+from typing import Any, Callable, NamedTuple, Protocol, TypeGuard
 
 from stragglers.errors import InputError
 
@@ -186,6 +186,8 @@ class EventArgs(Protocol):
     def pg_ranks(self) -> Any: ...          # "Process Group Ranks"
     @property
     def out_split(self) -> Any: ...         # "Out split size"
+    @property
+    def in_split(self) -> Any: ...          # "In split size"
 
     def concrete_inputs(self) -> Any:
         """'Concrete Inputs' (decoded on demand: rarely read, sometimes long), or None."""
@@ -208,6 +210,7 @@ class JsonArgs:
     dst_rank = _json_arg("Dst Rank")
     pg_ranks = _json_arg("Process Group Ranks")
     out_split = _json_arg("Out split size")
+    in_split = _json_arg("In split size")
     _concrete = _json_arg("Concrete Inputs")
 
     def __init__(self, raw: dict):
@@ -332,7 +335,7 @@ class _Collector:
                 pg, seq, src, dst = _comm_args(a)
                 out.nccl_kernels.append((ts, dur, tid, corr,
                                          collective_kind(a.collective_name), what[2],
-                                         pg, seq, src, dst, rows_received(a)))
+                                         pg, seq, src, dst, split_rows(a)))
             else:
                 out.kernel_ts.append(ts)
                 out.kernel_dur.append(dur)
@@ -354,7 +357,7 @@ class _Collector:
             a = self._args(args)
             pg, seq, src, dst = _comm_args(a)
             out.collectives.append((ts, dur, tid, what[1], pg, seq, src, dst, True,
-                                    rows_received(a)))
+                                    split_rows(a)))
         elif code == _OPTIMIZER:
             out.optimizer.append(ts)
         elif code == _LOADER:
@@ -383,7 +386,7 @@ class _Collector:
                 src = peer
         self._group(pg, args)
         out.collectives.append((ts, dur, tid, kind, pg, seq, src, dst, False,
-                                rows_received(args)))
+                                split_rows(args)))
 
     def _group(self, pg: str | None, args: EventArgs) -> None:
         """Remember the member ranks a collective's args give for its process group."""
@@ -441,10 +444,24 @@ def _concrete_int(args: EventArgs, index: int) -> int | None:
     return None
 
 
-def rows_received(args: EventArgs) -> int | None:
-    """The rows an all-to-all brought this rank: the sum of its `Out split size` (a list, or
-    the profiler's text of one); None where absent or not whole numbers >= 0."""
-    sizes = args.out_split
+class SplitRows(NamedTuple):
+    """The rows an all-to-all moved on this rank: received (its experts' load in a dispatch)
+    and sent; None where the trace does not say."""
+
+    received: int | None
+    sent: int | None
+
+
+def split_rows(args: EventArgs) -> SplitRows | None:
+    """The rows an all-to-all received and sent: the sums of its `Out split size` and `In
+    split size`; None when it gives neither."""
+    received, sent = _split_sum(args.out_split), _split_sum(args.in_split)
+    return None if received is None and sent is None else SplitRows(received, sent)
+
+
+def _split_sum(sizes: Any) -> int | None:
+    """The sum of split sizes (a list, or the profiler's text of one); None where absent or not
+    whole numbers >= 0."""
     if isinstance(sizes, str):
         text = sizes.strip()
         if not (text.startswith("[") and text.endswith("]")) or len(text) > 1 << 16:

@@ -42,6 +42,7 @@ if AVAILABLE:
             default=_UNSET, name="Concrete Inputs")
         pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
         out_split: Any = msgspec.field(default=None, name="Out split size")
+        in_split: Any = msgspec.field(default=None, name="In split size")
 
         def concrete_inputs(self) -> Any:
             """'Concrete Inputs' decoded (kept raw until asked for), or None."""

@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.trace.kineto.events import DistributedInfo
+from stragglers.trace.kineto.events import DistributedInfo, SplitRows
 from stragglers.trace.model import OPTYPE_CODES
 
 # Gradient/parameter collectives: DDP and FSDP launch them beside the backward, so they do not
@@ -90,7 +90,7 @@ class Coll:
     seq: int | None
     src: int | None
     dst: int | None
-    rows: int | None = None   # all-to-all: rows this rank received (its experts' load)
+    rows: SplitRows | None = None   # all-to-all: rows this rank received and sent
 
 
 @dataclass
@@ -166,6 +166,7 @@ class RankRows:
     counts: ReadCounts = field(default_factory=ReadCounts)    # things worth a note
     group: list = field(default_factory=list)   # per row: its collective's process group or None
     tokens: list = field(default_factory=list)  # per row: rows an all-to-all received, else -1
+    sent: list = field(default_factory=list)    # per row: rows an all-to-all sent, else -1
 
 
 def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
@@ -192,7 +193,13 @@ def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
                     np.array([r[2] for r in rows], dtype=np.float64),
                     np.array([r[3] for r in rows], dtype=np.float64), sync, spans, counts,
                     [r[4] if len(r) > 4 else None for r in rows],
-                    [r[5] if len(r) > 5 else -1 for r in rows])
+                    [r[5] if len(r) > 5 else -1 for r in rows],
+                    [r[6] if len(r) > 6 else -1 for r in rows])
+
+
+def _or_unknown(rows: int | None) -> int:
+    """A row count for the op table: -1 where the trace does not give it."""
+    return -1 if rows is None else rows
 
 
 def _compute_ops(parts: RankParts, colls: list[tuple[Coll, str]], rows: list,
@@ -314,8 +321,10 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
                 continue
         # pipeline p2p pairs its two stages (the model's own groups); collectives their group
         group = c.pg if kind not in P2P_KINDS or optype == SEND_RECV else None
+        moved = c.rows if optype == "all-to-all" else None
         rows.append((c.step, OPTYPE_CODES[optype], c.start, c.end - c.start, group,
-                     c.rows if c.rows is not None and optype == "all-to-all" else -1))
+                     _or_unknown(moved.received if moved else None),
+                     _or_unknown(moved.sent if moved else None)))
         emitted.append((c, optype))
     return emitted
 

@@ -245,7 +245,7 @@ def _columns(per_rank: dict[int, RankRows], starts: dict[int, np.ndarray]) -> di
     numbers the process groups the collectives ran in, one id per group name job-wide."""
     names = sorted({g for rows in per_rank.values() for g in rows.group if g is not None})
     pg_id = {g: i for i, g in enumerate(names)}
-    parts: dict[str, list[np.ndarray]] = {c: [] for c in (*COLUMNS, "pg", "tokens")}
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in (*COLUMNS, "pg", "tokens", "sent")}
     for r in sorted(per_rank):
         rows = per_rank[r]
         n = len(rows.step)
@@ -255,8 +255,9 @@ def _columns(per_rank: dict[int, RankRows], starts: dict[int, np.ndarray]) -> di
         step, optype = rows.step[order], rows.optype[order]
         parts["pg"].append(np.array([pg_id.get(rows.group[i], -1) if rows.group else -1
                                      for i in order], dtype=np.int64))
-        parts["tokens"].append(np.asarray(rows.tokens, dtype=np.int64)[order] if rows.tokens
-                               else np.full(n, -1, dtype=np.int64))
+        for column, values in (("tokens", rows.tokens), ("sent", rows.sent)):
+            parts[column].append(np.asarray(values, dtype=np.int64)[order] if values
+                                 else np.full(n, -1, dtype=np.int64))
         start, dur = start[order], rows.dur_us[order]
         first = np.ones(n, dtype=bool)
         first[1:] = (step[1:] != step[:-1]) | (optype[1:] != optype[:-1])
@@ -280,9 +281,10 @@ def _columns(per_rank: dict[int, RankRows], starts: dict[int, np.ndarray]) -> di
     out = {c: np.concatenate(parts[c]).astype(dt) for c, dt in COLUMNS.items()}
     if names:
         out["pg"] = np.concatenate(parts["pg"]).astype(OPTIONAL_COLUMNS["pg"])
-    tokens = np.concatenate(parts["tokens"])
-    if (tokens >= 0).any():   # all-to-alls with split sizes: the rows each rank received
-        out["tokens"] = tokens.astype(OPTIONAL_COLUMNS["tokens"])
+    for column in ("tokens", "sent"):   # all-to-alls with split sizes: rows received, sent
+        moved = np.concatenate(parts[column])
+        if (moved >= 0).any():
+            out[column] = moved.astype(OPTIONAL_COLUMNS[column])
     return out
 
 
