@@ -107,7 +107,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=0,
                     help="steps per row group in each rank file (0: one row group per file)")
     ap.add_argument("--before", default=None,
-                    help="an older source tree (its src/ folder) run too, side by side")
+                    help="an older tree run too, side by side: its src/ folder or a git "
+                         "revision")
     args = ap.parse_args()
     from stragglers.trace.runformat import write_run
     from stragglers.trace.synth import generate
@@ -124,8 +125,10 @@ def main() -> None:
               f"microbatches, {ops:,} ops (generated and written in "
               f"{time.perf_counter() - t0:.1f} s)", flush=True)
         rows = {}
+        from trees import source_tree
+        before = source_tree(args.before) if args.before else None
         for mode in LABELS:
-            for src in ([args.before] if args.before else []) + [None]:
+            for src in ([before] if before else []) + [None]:
                 key = mode + (" (before)" if src else "")
                 rows[key] = run_one(run, mode, src)
                 print(key, json.dumps({k: v for k, v in rows[key].items() if k != "by_dp_rank"}),
@@ -159,7 +162,7 @@ def main() -> None:
                 name=f"{LABELS[mode]}: this tree vs before",
                 value=f"analysis {now['analysis_s'] / then['analysis_s']:.2f}×, CPU "
                       f"{cpu / cpu_then:.2f}× ({cpu:.1f} vs {cpu_then:.1f} s)",
-                anchor="the tree before this work, run just before it on the same run"))
+                anchor="the tree given by --before, run just before it on the same run"))
     figures += [Figure(name="Dask 1 → 2 workers (analysis)", value=f"{gain:.2f}×",
                        note=f"scaling efficiency {gain / 2:.0%}"),
                 Figure(name="S, S per DP rank and causes identical", value=str(same))]

@@ -165,8 +165,8 @@ def main() -> None:
     ap.add_argument("--modes", default="whole,stream,1,2")
     ap.add_argument("--workdir", default=str(REPO / "runs" / "bench"))
     ap.add_argument("--before", default=None,
-                    help="a source tree (its src/ folder) run as well, each mode right before "
-                         "this tree's: the ratios are of the same run")
+                    help="an older tree run as well, each mode right before this tree's (the "
+                         "ratios are of the same run): its src/ folder or a git revision")
     args = ap.parse_args()
     run = Path(args.workdir) / (f"stream-dp{args.dp}-pp{args.pp}-mb{args.microbatches}-"
                                 f"{args.steps}steps-chunk{args.chunk}")
@@ -180,7 +180,9 @@ def main() -> None:
           f"{args.microbatches} microbatches; {run} ({size / 2**30:.1f} GiB)", flush=True)
     configs = [(mode, None) for mode in args.modes.split(",")]
     if args.before:
-        configs = [c for mode, _ in configs for c in ((mode, args.before), (mode, None))]
+        from trees import source_tree
+        before = source_tree(args.before)
+        configs = [c for mode, _ in configs for c in ((mode, before), (mode, None))]
     rows = {}
     for mode, src in configs:
         key = mode + (" (before)" if src else "")
@@ -229,7 +231,7 @@ def _public(argv: list[str]) -> list[str]:
         if a == "--workdir":
             skip = True
         elif a == "--before":
-            out += [a, "OLD_TREE/src"]
+            out += [a, argv[i + 1] if not Path(argv[i + 1]).is_dir() else "OLD_TREE/src"]
             skip = True
         elif not a.startswith(("--workdir=", "--before=")):
             out.append(a)
@@ -283,8 +285,8 @@ def _write(args, rows: dict, same: bool, gain: float | None) -> None:
                                         f"s; reading {read:.1f} vs {read_then:.1f} s), wall "
                                         f"{now['wall_s'] / then['wall_s']:.2f}×, peak "
                                         f"{now['peak_bytes'] / then['peak_bytes']:.2f}×",
-                                  anchor="the tree before this work (OLD_TREE), run just "
-                                         "before it on the same run"))
+                                  anchor="the tree given by --before, run just before it on "
+                                         "the same run"))
     if gain is not None:
         figures.append(Figure(name=f"{ops / 1e6:.0f}M ops, Dask 1 → 2 workers", value=f"{gain:.2f}×",
                               note=f"scaling efficiency {gain / 2:.0%}"))
