@@ -272,9 +272,10 @@ def _write(args, rows: dict, same: bool, gain: float | None) -> None:
                               note=f"S = {r['slowdown']!r}; diagnosis {r['diagnosis']}"))
         time_goal = "<= 10 s" if not big and key == "stream" else ""
         figures.append(Figure(name=f"{ops / 1e6:.0f}M ops, {_label(key)}, wall time",
-                              value=f"{r['wall_s']:.1f} s", goal=time_goal, met=None,
-                              note=f"{_breakdown(r)}; wall times on a shared, loaded "
-                                   "machine: not judged"))
+                              value=f"{r['wall_s']:.1f} s", goal=time_goal,
+                              met=(r["wall_s"] <= 10.0) if time_goal else None,
+                              note=f"{_breakdown(r)}; a wall time, so judged at the run's "
+                                   "load (beside it)"))
     for mode in args.modes.split(","):
         now, then = done.get(mode), done.get(mode + " (before)")
         if now and then:
