@@ -445,14 +445,19 @@ def write_results(out: dict, args: argparse.Namespace) -> None:
                 name=f"{key}: watched files, {got['rows_per_part']}-row parts, durable",
                 value=f"{got['records_per_s']:,.0f} records/s",
                 anchor=f"a bare pyarrow read of the same files: {got['ratio_to_pyarrow_read']:.2f}× "
-                       "its time", goal="≥ 1,000,000 records/s", met=got["records_per_s"] >= 1e6))
+                       "its time", goal="≥ 1,000,000 records/s", met=got["records_per_s"] >= 1e6,
+                note="every part's footer and page headers are checked against what it "
+                     "declares before it is stored (a Parquet bomb under the row limit was "
+                     "decoded first); the goal dates from before those checks"))
         elif part == "http":
             for rows, h in got.items():
                 figures.append(Figure(
                     name=f"{key}: HTTP uploads as recorders send them, {rows}-row parts, durable",
                     value=f"{h['records_per_s']:,.0f} records/s (service CPU "
                           f"{h['service_cpu_ms_per_part']:.1f} ms per part)",
-                    goal="≥ 200,000 records/s", met=h["records_per_s"] >= 2e5))
+                    goal="≥ 200,000 records/s", met=h["records_per_s"] >= 2e5,
+                    note="the same checks per part, and HTTP's per-request cost: a recorder "
+                         "sending bigger parts reaches the goal (the next row)"))
         elif part == "latency":
             for lat in got:
                 goal = 1.0 if lat["workers"] <= 64 else 5.0
