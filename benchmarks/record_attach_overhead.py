@@ -426,9 +426,12 @@ def main() -> None:
             figures.append(Figure(
                 name=f"attach cost per recorded op, {name}, thread CPU",
                 value=f"{c['cpu_ns'] / 1e3:.2f} µs (95% interval {c['cpu_ci_ns'][0] / 1e3:.2f}-"
-                      f"{c['cpu_ci_ns'][1] / 1e3:.2f})", goal="<= 2 µs",
-                met=None if verdict(c['cpu_ci_ns'], 2000) not in ("met", "MISSED")
-                else verdict(c['cpu_ci_ns'], 2000) == "met",
+                      f"{c['cpu_ci_ns'][1] / 1e3:.2f})",
+                # the goal is the native hooks' (the default where they build); the Python
+                # hooks are the fallback, measured beside them
+                goal="<= 2 µs" if hooks == "native" else "",
+                met=None if hooks != "native" or verdict(c['cpu_ci_ns'], 2000) not in
+                ("met", "MISSED") else verdict(c['cpu_ci_ns'], 2000) == "met",
                 anchor="bare steps in the same process (A B A')",
                 note=f"A/A control {c['cpu_aa_ns'] / 1e3:.2f} µs; wall {c['wall_ns'] / 1e3:.2f} µs; "
                      f"an empty `with` block: {unit:.0f} ns of thread CPU in this run"))
