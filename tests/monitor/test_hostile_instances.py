@@ -34,30 +34,41 @@ def in_thread(fn):
     return t, out
 
 
+def while_another_holds(url: str, statements: list[str], call, what: str):
+    """`call()`'s result, run while another instance's transaction has run `statements` and not
+    yet committed: started once they hold their row locks, and let go once `call` is seen
+    waiting for them (or is done); (result, the other instance's connection)."""
+    import psycopg
+
+    other = psycopg.connect(url, autocommit=True)
+    with other.transaction():
+        for sql in statements:
+            other.execute(sql)
+        t, out = in_thread(call)
+        watch = psycopg.connect(url, autocommit=True)
+        eventually(lambda: waiting_on_a_lock(watch) or not t.is_alive(), what=what)
+    t.join(60)
+    assert "error" not in out, out
+    return out["value"], other
+
+
 def part_row(job):
     return (job, 0, 0, 10, 0, 4, 100, "http", "digest")
 
 
 def test_a_part_stored_while_the_sweep_waits_keeps_its_job(postgres_url):
-    import psycopg
-
     store = open_store(postgres_url)
     try:
         store.register_job("j", "/data/j", "http", {"name": "j"}, now=0.0)
-        other = psycopg.connect(postgres_url, autocommit=True)
         # another instance's add_parts: the job's row locked, its part inserted, not committed
-        with other.transaction():
-            other.execute("SELECT part_seq FROM jobs WHERE job = 'j' FOR UPDATE")
-            other.execute("INSERT INTO parts (job, rank, part, records, first_step, "
-                          "last_step, bytes, way, ingested_at, digest, seq) VALUES "
-                          "('j', 0, 0, 10, 0, 4, 100, 'http', 1.0, 'd', 1)")
-            t, out = in_thread(lambda: store.expire_empty_jobs(before=10.0, way="http"))
-            watch = psycopg.connect(postgres_url, autocommit=True)
-            eventually(lambda: waiting_on_a_lock(watch) or not t.is_alive(),
-                       what="the sweep waiting for the job's row")
-        t.join(60)
-        assert "error" not in out, out
-        assert out["value"] == [], "the sweep deleted a job whose part was just stored"
+        swept, _ = while_another_holds(
+            postgres_url,
+            ["SELECT part_seq FROM jobs WHERE job = 'j' FOR UPDATE",
+             "INSERT INTO parts (job, rank, part, records, first_step, last_step, bytes, way, "
+             "ingested_at, digest, seq) VALUES ('j', 0, 0, 10, 0, 4, 100, 'http', 1.0, 'd', 1)"],
+            lambda: store.expire_empty_jobs(before=10.0, way="http"),
+            "the sweep waiting for the job's row")
+        assert swept == [], "the sweep deleted a job whose part was just stored"
         assert store.job("j") is not None
         assert store.parts("j") and len(store.parts("j")) == 1
     finally:
@@ -65,23 +76,16 @@ def test_a_part_stored_while_the_sweep_waits_keeps_its_job(postgres_url):
 
 
 def test_a_part_for_a_job_the_sweep_is_deleting_is_not_stored(postgres_url):
-    import psycopg
-
     store = open_store(postgres_url)
     try:
         store.register_job("j", "/data/j", "http", {"name": "j"}, now=0.0)
-        other = psycopg.connect(postgres_url, autocommit=True)
         # another instance's sweep: the job's row deleted, not committed yet
-        with other.transaction():
-            other.execute("DELETE FROM jobs WHERE job = 'j'")
-            other.execute("DELETE FROM leases WHERE job = 'j'")
-            t, out = in_thread(lambda: store.add_parts([part_row("j")]))
-            watch = psycopg.connect(postgres_url, autocommit=True)
-            eventually(lambda: waiting_on_a_lock(watch) or not t.is_alive(),
-                       what="add_parts waiting for the job's row")
-        t.join(60)
-        assert "error" not in out, out
-        assert out["value"] == [None], "a part of a deleted job was taken as stored"
+        stored, other = while_another_holds(
+            postgres_url,
+            ["DELETE FROM jobs WHERE job = 'j'", "DELETE FROM leases WHERE job = 'j'"],
+            lambda: store.add_parts([part_row("j")]),
+            "add_parts waiting for the job's row")
+        assert stored == [None], "a part of a deleted job was taken as stored"
         orphans = other.execute("SELECT COUNT(*) FROM parts").fetchone()[0]
         assert orphans == 0, "an orphan part row of a deleted job"
     finally:
