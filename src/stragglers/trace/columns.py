@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stragglers.errors import InputError
-from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_FILL, OPTYPE_CODES, OPTYPES
+from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_FILL, OPTYPES
 
 _INTEGER_COLUMNS = [c for c, d in COLUMNS.items() if d.kind == "i" and c != "optype"]
 # The op type names as Arrow strings, built once: pa.array() of a Python list without a type
@@ -197,8 +197,3 @@ def columns_to_table(ops: dict[str, np.ndarray]) -> pa.Table:
         arrays.append(arr)
         names.append(name)
     return pa.table(arrays, names=names)
-
-
-def known_optype(name: str) -> bool:
-    """Whether a name is one of the canonical op types."""
-    return name in OPTYPE_CODES
