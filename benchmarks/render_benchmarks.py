@@ -27,10 +27,11 @@ writes when it ends; do not edit it by hand. What was measured before, and why f
 in the git history of `benchmarks/results/` and in `CHANGELOG.md`.
 
 **Machine.** Unless a section says otherwise: a VM with 2 CPU cores and 24 GiB shared with other
-work (its 1-minute load average is printed with every run), CPU only, torch 2.13, gloo over
-loopback. Absolute times move with the load; every figure that compares two things (a speed-up, an
-overhead, "within x%") comes from one run of one script that measures both side by side,
-alternated where the script says so.
+work (its 1-minute load average is printed with every run: at its end, and where the run sampled
+it, its range and median over the run), CPU only, torch 2.13, gloo over loopback. Absolute
+times move with the load; every figure that compares two things (a speed-up, an overhead,
+"within x%") comes from one run of one script that measures both side by side, alternated where
+the script says so.
 
 **Reproducing.** Run a section's command from the repository root (it rewrites its JSON), then
 `.venv/bin/python benchmarks/render_benchmarks.py`; `--check` exits 1 when this page differs from
@@ -78,6 +79,15 @@ def anchors(titles: list[str]) -> list[str]:
     return out
 
 
+def load(run: Run) -> str:
+    """The machine's load: its range over the run where sampled, else the 1-minute load at the end."""
+    over = run.load_over_run
+    if over is None:
+        return f"load {run.load}" if run.load else ""
+    return (f"load {over.min:.1f}–{over.max:.1f} over the run (median {over.median:.1f}, "
+            f"{run.load} at the end)")
+
+
 def render(runs: list[Run]) -> str:
     """The whole page for these runs."""
     runs = sorted(runs, key=issue_key)
@@ -94,7 +104,7 @@ def render(runs: list[Run]) -> str:
     for run in runs:
         out.append(f"\n## {title(run)}\n\n")
         when = ", ".join(x for x in (run.date, f"commit {run.commit}" if run.commit else "",
-                                     f"load {run.load}" if run.load else "") if x)
+                                     load(run)) if x)
         out.append(f"`{run.command}` — {when}.")
         out.append(f" {run.note}\n" if run.note else "\n")
         notes = [f for f in run.figures if f.note]

@@ -6,12 +6,14 @@ import re
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import render_benchmarks  # noqa: E402
+import results  # noqa: E402
 from results import Figure, Run, read_all  # noqa: E402
 
 # A path to a Python file in a command: `benchmarks/x.py`, `examples/y.py`, `tests/z.py`.
@@ -67,3 +69,26 @@ def test_render_lays_out_a_run_as_summary_row_and_section() -> None:
     assert "|  |  | f2: **3 s** |  | ≤ 2 s | **no** |" in page
     assert "\n## A | b (issue 7)\n" in page and "- f2: why\n" in page
     assert "| col |\n|---|\n| cell |\n" in page
+
+
+def test_a_run_is_stamped_with_the_load_over_its_course(tmp_path, monkeypatch) -> None:
+    """write() records the load sampled since the script imported results (at least start and
+    end), keeps the end value in `load`, and the section shows the range."""
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    path = results.write(Run(benchmark="b", command="python benchmarks/x.py",
+                             figures=[Figure(name="f", value="1")]), name="x")
+    run = msgspec.json.decode(path.read_bytes(), type=Run)
+    over = run.load_over_run
+    assert over is not None and over.samples >= 2 and over.seconds >= 0
+    assert over.min <= over.median <= over.max
+    assert run.load == f"{results._SAMPLER.samples[-1][1]:.1f}"
+    assert f"load {over.min:.1f}–{over.max:.1f} over the run" in render_benchmarks.render([run])
+
+
+def test_a_result_written_before_load_sampling_renders_as_before() -> None:
+    """An older JSON (no load_over_run) still reads, and its section shows the end load only."""
+    old = (b'{"benchmark": "b", "command": "python benchmarks/x.py", "date": "d", "load": "10.8",'
+           b' "figures": [{"name": "f", "value": "1"}]}')
+    run = msgspec.json.decode(old, type=Run)
+    assert run.load_over_run is None
+    assert "`python benchmarks/x.py` — d, load 10.8.\n" in render_benchmarks.render([run])
