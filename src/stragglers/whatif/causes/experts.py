@@ -18,8 +18,11 @@ kept), and every all-to-all its transfer at balanced volume: each rank's transfe
 group's last arrival to its end) is fitted against the rows it moved (received, plus sent where
 the trace has them; pooled over the all-to-alls across the ranks, each one's step mean taken
 out: seconds per row moved), and each rank's rows moved go to its group's mean at that slope;
-the replay makes the group wait for its slowest member. The result: the step time with routing
-perfectly balanced, an upper bound. The same fits price capacity factors (rows beyond C × mean
+the replay makes the group wait for its slowest member. An early rank exchanges rows with the
+other early ranks while it waits for the hot one, so its measured transfer lacks those pieces;
+where the balanced replay shortens its wait, the pieces that no longer fit in it are added back
+(the last arriver's transfer, which holds them all, less the rank's own, at most its measured
+wait). The result: the step time with routing perfectly balanced, an upper bound. The same fits price capacity factors (rows beyond C × mean
 dropped, neither computed nor moved) at the measured routing.
 """
 
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stragglers.trace.model import OPTYPE_CODES as C
+from stragglers.whatif._replay import replay
 from stragglers.whatif.causes.base import Candidate, Context
 from stragglers.whatif.grid import BWD, BWW, FWD
 from stragglers.whatif.result import CapacityOption
@@ -50,6 +54,7 @@ class ExpertLoad:
     slope: np.ndarray              # [K] seconds per row (pooled fit)
     corr: np.ndarray               # [K] correlation of expert time with rows
     transfer: "Transfer | None" = None
+    transfer_corr: float | None = None  # the transfer fit's correlation, priced or not
 
 
 @dataclass
@@ -94,15 +99,17 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
     keep = [k for k, slope in enumerate(slopes) if slope > 0]
     if not keep:
         return None
+    transfer, transfer_corr = _transfer(g, ops, ctx.w.cost, ctx.cfg.expert_corr)
     return ExpertLoad([pairs[k] for k in keep], np.array([rows[k] for k in keep]),
                       np.array([means[k] for k in keep]), np.array([slopes[k] for k in keep]),
-                      np.array([corrs[k] for k in keep]),
-                      _transfer(g, ops, ctx.w.cost, ctx.cfg.expert_corr))
+                      np.array([corrs[k] for k in keep]), transfer, transfer_corr)
 
 
-def _transfer(g, ops, cost: np.ndarray, min_corr: float) -> Transfer | None:
+def _transfer(g, ops, cost: np.ndarray, min_corr: float
+              ) -> tuple[Transfer | None, float | None]:
     """The all-to-alls' transfer per row moved (None: their transfer does not follow the rows
-    moved, slope > 0 and correlation ≥ `min_corr`, the bar the expert compute meets)."""
+    moved, slope > 0 and correlation ≥ `min_corr`, the bar the expert compute meets), and the
+    fit's correlation (None: no fit)."""
     sent_col = ops["sent"] if "sent" in ops else None
     nodes, moved, means, xs, ys = [], [], [], [], []
     for n in (int(x) for x in np.flatnonzero(g.node_optype == A2A)):
@@ -122,15 +129,15 @@ def _transfer(g, ops, cost: np.ndarray, min_corr: float) -> Transfer | None:
         c = cost[n]
         ys.append((c - c.mean(axis=0, keepdims=True)).ravel())
     if not nodes:
-        return None
+        return None, None
     x, y = np.concatenate(xs), np.concatenate(ys)
     if np.std(x) == 0 or np.std(y) == 0:
-        return None
+        return None, None
     slope, corr = float(np.dot(x, y) / np.dot(x, x)), float(np.corrcoef(x, y)[0, 1])
     if slope <= 0 or corr < min_corr:
-        return None
+        return None, corr
     return Transfer(np.array(nodes), np.array(moved), np.array(means), slope, corr,
-                    sent_col is not None)
+                    sent_col is not None), corr
 
 
 def balanced_costs(load: ExpertLoad, durations: np.ndarray, cap: float | None = None
@@ -160,6 +167,48 @@ def balanced_transfer(load: ExpertLoad, cost: np.ndarray, cap: float | None = No
     return out
 
 
+def exposed_exchange(w, cost: np.ndarray, passes: int = 2) -> np.ndarray:
+    """[N, D, T] costs with each all-to-all's exchange that hid behind a rank's wait exposed
+    where the replay of `cost` shortens that wait.
+
+    An all-to-all rank that arrives early exchanges its rows with the other early ranks while
+    it waits for the late one, so its measured transfer (from the group's last arrival) holds
+    only the rest; the last arriver did its whole exchange after arriving. A rank's hidden part
+    is the last arriver's transfer less its own, at most its measured wait; where the replay
+    leaves it a shorter wait, the part that no longer fits in the wait is added back.
+    """
+    g = w.grid
+    nodes = np.flatnonzero(g.node_optype == A2A)
+    if not len(nodes):
+        return cost
+    start = g.start[nodes]                                                  # [M, D, T]
+    last = np.stack([_group_max(g, n, start[k]) for k, n in enumerate(nodes)])
+    measured_wait = last - start
+    # the transfer of each group's last arriver, on every rank of the group
+    arrived_last = start >= last
+    full = np.stack([_group_max(g, n, np.where(arrived_last[k], cost[n], -np.inf))
+                     for k, n in enumerate(nodes)])
+    hidden = np.clip(full - cost[nodes], 0, measured_wait)
+    out = cost
+    for _ in range(passes):  # the exposed exchanges move later arrivals a little: once more
+        _, begin, _ = replay(w.plan, out, w.step_start, keep_timeline=True)
+        arrive = begin[nodes]
+        wait = np.stack([_group_max(g, n, arrive[k]) for k, n in enumerate(nodes)]) - arrive
+        out = cost.copy()
+        out[nodes] = cost[nodes] + np.maximum(hidden - wait, 0)
+    return out
+
+
+def _group_max(g, n: int, values: np.ndarray) -> np.ndarray:
+    """[D, T] the max of values over each rank's process group at node n."""
+    groups = g.node_pg[n] if g.node_pg is not None else np.full(len(g.dp_ranks), -1)
+    out = np.empty_like(values)
+    for pg in np.unique(groups):
+        sel = groups == pg
+        out[sel] = values[sel].max(axis=0, keepdims=True)
+    return out
+
+
 def expert_imbalance(ctx: Context) -> list[Candidate]:
     """MoE expert-parallel groups whose ranks receive uneven rows and compute accordingly."""
     w = ctx.w
@@ -170,11 +219,12 @@ def expert_imbalance(ctx: Context) -> list[Candidate]:
     hot = [d for d in np.argsort(-rel) if rel[d] >= 1 + ctx.cfg.expert_min_excess]
     stages = {int(w.grid.node_stage[n]) for n, _ in load.pairs}
     workers = [(int(d), p) for d in hot for p in sorted(stages)]
-    cost = balanced_transfer(load, balanced_costs(load, w.cost))
+    cost = exposed_exchange(w, balanced_transfer(load, balanced_costs(load, w.cost)))
     base = w.mean_step_time(w.cost)
     capacity = {}
     for cap in CAPACITY_FACTORS:
-        t = w.mean_step_time(balanced_transfer(load, balanced_costs(load, w.cost, cap), cap))
+        t = w.mean_step_time(exposed_exchange(
+            w, balanced_transfer(load, balanced_costs(load, w.cost, cap), cap)))
         dropped = float(np.maximum(load.rows - cap * load.mean, 0).sum() / load.rows.sum())
         capacity[f"{cap:g}"] = CapacityOption(base / t if t > 0 else 1.0, dropped)
     shown = ", ".join(f"{ctx.name(d, p)} {rel[d]:.2f}×" for d, p in workers[:6])
@@ -184,18 +234,24 @@ def expert_imbalance(ctx: Context) -> list[Candidate]:
                 f"each rank receives (correlation {float(load.corr.mean()):.2f}, "
                 f"{1e6 * float(load.slope.mean()):.2f} µs per row); ranks holding hot experts "
                 f"receive more than their group's mean: {shown}; the prediction balances the "
-                f"rows across each expert-parallel group{_transfer_text(load.transfer)} (an "
+                f"rows across each expert-parallel group{_transfer_text(load, ctx.cfg.expert_corr)}, and "
+                f"gives the early ranks back the all-to-all exchange they did while waiting for "
+                f"the late one (an "
                 f"upper bound: what perfect routing, or an auxiliary load-balancing loss at its "
                 f"best, buys); capacity factors at the measured routing: {priced}")
     return [Candidate("expert_imbalance", ctx.where_workers(workers), evidence, cost=cost,
                       upper_bound=True, capacity_factor=capacity)]
 
 
-def _transfer_text(t: Transfer | None) -> str:
+def _transfer_text(load: ExpertLoad, bar: float) -> str:
     """The evidence's words on the all-to-all transfer priced (or why it is not)."""
+    t = load.transfer
     if t is None:
+        # a fit below the bar: its correlation (with a positive bar, slope ≤ 0 is below it)
+        reached = ("" if load.transfer_corr is None
+                   else f", correlation {load.transfer_corr:.2f} < expert_corr {bar:.2f}")
         return (" (the all-to-alls' transfer kept as measured: it does not follow the rows "
-                "each rank moves)")
+                f"each rank moves{reached})")
     moved = "received and sent" if t.with_sent else "received (the trace has no rows sent)"
     return (f" and the {len(t.nodes)} all-to-alls' transfer at balanced volume "
             f"({1e6 * t.slope:.2f} µs per row {moved}, correlation {t.corr:.2f})")
