@@ -3,14 +3,14 @@ the measured gain, running both.
 
 Pairs of `examples/train_moe.py` runs under torchrun (`--ranks` gloo ranks, one expert each, EP
 over all of them), one with a hot expert (`--hot-expert R/2 --routing-skew P`), one with balanced
-routing (`--balanced`), same seed, alternated (which of the two runs first alternates too) so
-the machine's load falls on both alike. The skewed run is analysed: its `expert_imbalance`
-finding predicts the speedup of balanced routing (`speedup_if_fixed`, on the replay's basis
-without launch delays, and the measured step with those seconds taken off, as `stragglers
-advise` prices it). Measured: the skewed run's step time over the balanced one's (warm-up steps
-left out, as the analysis leaves them; mean, and median over steps, which a load spike on the
-shared machine moves less), and the same on the replay's basis (each run's replay without
-launch delays). The verdict is the median over pairs of the gain error
+routing (`--balanced`), same seed, alternated (which of the two runs first alternates too). The
+first WARMUP steps of every run are left out of everything (analysis and measurement). The
+skewed run is analysed: its `expert_imbalance` finding predicts the speedup of balanced routing
+(`speedup_if_fixed`, on the replay's basis without launch delays, and the measured step with
+those seconds taken off, as `stragglers advise` prices it). Measured: the skewed run's step
+time over the balanced one's (mean, and median over steps, which a load spike on the shared
+machine moves less), and the same on the replay's basis (each run's replay without launch
+delays). The verdict is the median over pairs of the gain error
 |predicted gain − measured gain| / measured gain (gain = speedup − 1).
 
     .venv/bin/python benchmarks/moe_balance.py [--pairs 3] [--steps 16] [--skew 0.6] [--ranks 4]
@@ -18,7 +18,8 @@ launch delays). The verdict is the median over pairs of the gain error
 
 The runs import the package from this checkout's src/ (PYTHONPATH), so the command measures
 the code beside it on a fresh clone too (after `make venv`). `--keep DIR --reuse` analyses the
-runs kept in DIR again instead of running them (a changed analysis on the same runs).
+runs kept in DIR again instead of running them (a changed analysis on the same runs); the load
+and date each run was recorded at come back from DIR.
 
 The prediction assumes what the analysis assumes of every job, a device per rank. With more
 ranks than cores (4 ranks on this 2-core VM, shared with other work) the ranks share CPUs: the
@@ -28,20 +29,33 @@ U` emulates a device per rank instead (the example's expert also waits U µs per
 2U in backward, without holding a CPU, as a host waits for its accelerator): the expert compute
 of the ranks then runs side by side as on dedicated devices, and the gain is measurable on a
 loaded machine. The diagnosis is not told U: it fits time per row from the trace as on any job.
-`--alternate` runs each pair as ONE run whose even steps are skewed and odd steps balanced
-(train_moe.py --alternate): the load falls on neighbouring steps alike. The skewed steps (from
-step 2 on) are analysed; measured: mean skewed step over mean balanced step, and the median of
-the neighbours' ratios.
+
+Two runs minutes apart meet different loads on a shared machine, and the load moves the balanced
+step (where the work routing does not touch is a larger share) more than the skewed one.
+`--alternate` removes that by method: each pair is ONE run whose even steps are skewed and odd
+steps balanced (train_moe.py --alternate), so the load falls on neighbouring steps alike. The
+skewed steps are analysed; measured: mean skewed step over mean balanced step, the median of
+the neighbours' ratios, and the replay basis. Both modes record the load during every run
+(1-minute load average, sampled each second: min/median/max) and, from the traces, how fast the
+work routing does not change ran in the balanced steps against the skewed ones (the compute
+outside the experts, its per-step median: 1.00 when both met the same machine). Each pair's
+gap between the predicted and the measured balanced step is then accounted op class by op
+class: the typical (per-op median) predicted step replayed with the balanced run's typical
+costs put in one class at a time (expert compute, all-to-alls' transfer, other compute, other
+collectives).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,16 +66,53 @@ sys.path.insert(0, str(REPO / "src"))
 from results import Figure, Run, write  # noqa: E402
 
 from stragglers.trace.load import load_trace  # noqa: E402
+from stragglers.trace.model import OPTYPE_CODES  # noqa: E402
 from stragglers.whatif import analyze  # noqa: E402
+from stragglers.whatif._replay import replay  # noqa: E402
+from stragglers.whatif.causes.base import Context  # noqa: E402
+from stragglers.whatif.causes.experts import expert_imbalance  # noqa: E402
+from stragglers.whatif.config import DEFAULT  # noqa: E402
 from stragglers.whatif.grid import build_grid  # noqa: E402
 from stragglers.whatif.metrics import WhatIf  # noqa: E402
 
+# The first steps of a run (the allocator, gloo's first connections, FSDP2's first gathers) run
+# slower than the rest whatever the routing: left out of both runs in both modes.
+WARMUP = 2
+RUN_FILE = "moe_balance_run.json"  # beside a kept run: when, at which commit and load it ran
+CLASSES = ("expert compute", "all-to-all", "other compute", "other collectives")
+COMPUTE = [OPTYPE_CODES[n] for n in ("forward-compute", "backward-compute",
+                                     "backward-weight-compute", "optimizer")]
 
-def run(out: Path, steps: int, args: list[str], ranks: int = 4, reuse: bool = False) -> None:
-    """One run of the MoE example on `ranks` gloo ranks (`reuse`: a run already in `out` is
-    kept as it is)."""
+
+class LoadSampler:
+    """The 1-minute load average, sampled every second on a thread while a run goes on."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "LoadSampler":
+        self.samples.append(os.getloadavg()[0])
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self.samples.append(os.getloadavg()[0])
+
+
+def run(out: Path, steps: int, args: list[str], ranks: int = 4, reuse: bool = False) -> dict:
+    """One run of the MoE example on `ranks` gloo ranks; returns when it ran and the load it met
+    (`reuse`: a run already in `out` is kept as it is, and what was written of it comes back)."""
     if reuse and (out / "meta.json").exists():
-        return
+        kept = out / RUN_FILE
+        return json.loads(kept.read_text()) if kept.exists() else {}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={ranks}",
            str(REPO / "examples" / "train_moe.py"), "--steps", str(steps),
@@ -69,16 +120,16 @@ def run(out: Path, steps: int, args: list[str], ranks: int = 4, reuse: bool = Fa
     # this checkout's package first: an editable install may point at another one
     path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": path}
-    subprocess.run(cmd, check=True, env=env, cwd=REPO, capture_output=True, timeout=900)
-
-
-def step_times(trace, warmup: list[int]):
-    """(mean measured step time, its median over steps, mean replayed step time without launch
-    delays)."""
-    grid = build_grid(trace)
-    grid = grid.select_steps(~np.isin(grid.steps, warmup))
-    w = WhatIf.build(grid)
-    return float(w.t_base.mean()), float(np.median(w.t_base)), float(w.t_nodelay.mean())
+    began = time.time()
+    with LoadSampler() as load:
+        subprocess.run(cmd, check=True, env=env, cwd=REPO, capture_output=True, timeout=900)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=REPO, check=False).stdout.strip()
+    facts = {"recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(began)),
+             "seconds": round(time.time() - began, 1), "commit": head,
+             "load": [min(load.samples), statistics.median(load.samples), max(load.samples)]}
+    (out / RUN_FILE).write_text(json.dumps(facts))
+    return facts
 
 
 def gain_error(predicted: float | None, measured: float) -> float | None:
@@ -88,28 +139,103 @@ def gain_error(predicted: float | None, measured: float) -> float | None:
     return abs((predicted - 1) - (measured - 1)) / (measured - 1)
 
 
-def alternating(trace, predicted_of) -> dict:
-    """One --alternate run: the skewed (even) steps analysed, measured against their balanced
-    (odd) neighbours."""
-    steps = sorted(int(s) for s in set(trace.ops["step"].tolist()) if s >= 2)
-    result = analyze(trace, steps=[s for s in steps if s % 2 == 0])
-    grid = build_grid(trace, steps)
-    w = WhatIf.build(grid)
-    at = {int(s): k for k, s in enumerate(grid.steps)}
-    pairs = [(at[s], at[s + 1]) for s in at if s % 2 == 0 and s + 1 in at]
-    hot, even = [i for i, _ in pairs], [j for _, j in pairs]
-    base, nodelay = w.t_base, w.t_nodelay
-    predicted = predicted_of(result)
+def later_steps(trace) -> list[int]:
+    """The trace's steps from WARMUP on."""
+    return sorted(int(s) for s in set(trace.ops["step"].tolist()) if s >= WARMUP)
+
+
+def compare(t_hot, hot_steps: list[int], t_even, even_steps: list[int],
+            neighbours: bool) -> dict:
+    """The skewed steps analysed against the balanced ones: prediction, measurement, the
+    untouched work's speed ratio and the gap accounted by op class (`neighbours`: steps s and
+    s + 1 of one run, the measured median is the median of their ratios)."""
+    result = analyze(t_hot, steps=hot_steps)
     finding = next((f for f in result.diagnosis if f.cause == "expert_imbalance"), None)
-    hot_nodelay = float(nodelay[hot].mean())
-    saved = hot_nodelay - hot_nodelay / predicted if predicted else 0.0
-    hot_base = float(base[hot].mean())
-    return {"first": result.diagnosis[0].cause, "ranks": result.diagnosis[0].where.ranks,
-            "sent": "sent" in trace.ops, "transfer": transfer_priced(finding),
-            "predicted": predicted, "predicted_measured": hot_base / (hot_base - saved),
-            "measured": hot_base / float(base[even].mean()),
-            "measured_median": float(np.median(base[hot] / base[even])),
-            "measured_nodelay": hot_nodelay / float(nodelay[even].mean())}
+    predicted = finding.speedup_if_fixed if finding else None
+    w_hot = WhatIf.build(build_grid(t_hot, hot_steps))
+    w_even = WhatIf.build(build_grid(t_even, even_steps))
+    base_h, base_e = w_hot.t_base, w_even.t_base
+    nodelay_h = float(w_hot.t_nodelay.mean())
+    # advise's footing: the seconds the replay saves, off the measured step
+    saved = nodelay_h - nodelay_h / predicted if predicted else 0.0
+    if neighbours:  # step s skewed beside step s + 1 balanced
+        at = {int(s): k for k, s in enumerate(w_even.grid.steps)}
+        ratios = [base_h[k] / base_e[at[int(s) + 1]] for k, s in enumerate(w_hot.grid.steps)
+                  if int(s) + 1 in at]
+        median = float(np.median(ratios))
+    else:
+        median = float(np.median(base_h) / np.median(base_e))
+    ctx = Context.build(w_hot, t_hot, DEFAULT)
+    row = {"first": result.diagnosis[0].cause, "ranks": result.diagnosis[0].where.ranks,
+           "sent": "sent" in t_hot.ops, "transfer": transfer_priced(finding),
+           "transfer_corr": ctx.expert_load.transfer_corr if ctx.expert_load else None,
+           "predicted": predicted,
+           "predicted_measured": float(base_h.mean()) / (float(base_h.mean()) - saved),
+           "measured": float(base_h.mean() / base_e.mean()), "measured_median": median,
+           "measured_nodelay": nodelay_h / float(w_even.t_nodelay.mean())}
+    row.update(account(ctx, w_even))
+    return row
+
+
+def account(ctx: Context, w_even: WhatIf) -> dict:
+    """The untouched compute's speed ratio (balanced / skewed) and the gap between the
+    predicted and the measured typical balanced step by op class, in seconds."""
+    w_hot = ctx.w
+    g = w_hot.grid
+    candidates = expert_imbalance(ctx)
+    if not candidates or not np.array_equal(g.node_optype, w_even.grid.node_optype) \
+            or w_hot.cost.shape[1] != w_even.cost.shape[1]:
+        return {}
+    expert = np.zeros(len(g.node_optype), dtype=bool)
+    expert[[e for _, e in ctx.expert_load.pairs]] = True
+    a2a = g.node_optype == OPTYPE_CODES["all-to-all"]
+    compute = np.isin(g.node_optype, COMPUTE) & ~expert
+    masks = dict(zip(CLASSES, (expert, a2a, compute, ~(expert | a2a | compute))))
+
+    def typical(cost: np.ndarray) -> np.ndarray:
+        """Every op at its median over steps, in every step."""
+        return np.broadcast_to(np.median(cost, axis=2, keepdims=True), w_hot.cost.shape).copy()
+
+    def step(cost: np.ndarray) -> float:
+        return float(replay(w_hot.plan, cost, w_hot.step_start).mean())
+
+    cost, even = typical(candidates[0].cost), typical(w_even.cost)
+    out = {"typical_predicted": step(cost), "typical_balanced": step(even)}
+    previous = out["typical_predicted"]
+    for name, mask in masks.items():
+        cost[mask] = even[mask]
+        now = step(cost)
+        out[f"gap {name}"] = now - previous
+        previous = now
+    hot_work = np.median(w_hot.cost[compute], axis=2).sum(axis=0).mean()
+    out["untouched"] = float(np.median(w_even.cost[compute], axis=2).sum(axis=0).mean()
+                             / hot_work)
+    return out
+
+
+def pair(i: int, root: Path, args, device: list[str]) -> dict:
+    """One pair: its runs (or the kept ones), compared."""
+    skew = ["--hot-expert", str(args.ranks // 2), "--routing-skew", str(args.skew)]
+    if args.alternate:
+        both = root / f"alt{i}"
+        facts = run(both, args.steps, [*skew, "--alternate", "--seed", str(i), *device],
+                    args.ranks, args.reuse)
+        trace = load_trace(both)
+        steps = later_steps(trace)
+        row = compare(trace, [s for s in steps if s % 2 == 0], trace,
+                      [s for s in steps if s % 2 == 1], neighbours=True)
+        row["runs"] = {"skewed and balanced": facts}
+        return row
+    hot, even = root / f"hot{i}", root / f"even{i}"
+    runs = [(hot, skew, "skewed"), (even, ["--balanced"], "balanced")]
+    facts = {}
+    for out, flags, name in (runs if i % 2 == 0 else runs[::-1]):
+        facts[name] = run(out, args.steps, [*flags, "--seed", str(i), *device], args.ranks,
+                          args.reuse)
+    t_hot, t_even = load_trace(hot), load_trace(even)
+    row = compare(t_hot, later_steps(t_hot), t_even, later_steps(t_even), neighbours=False)
+    row["runs"] = {name: facts[name] for name in ("skewed", "balanced")}
+    return row
 
 
 def main() -> None:
@@ -131,43 +257,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.reuse and not args.keep:
         raise SystemExit("--reuse needs --keep DIR (the folder holding the runs)")
+    if args.steps < WARMUP + 2:
+        raise SystemExit(f"--steps {args.steps}: expected at least {WARMUP + 2} (the first "
+                         f"{WARMUP} are left out as warm-up)")
     device = ["--d-expert", str(args.d_expert)] + (
         ["--device-us-per-row", str(args.device_us_per_row)] if args.device_us_per_row else [])
     rows = []
     with tempfile.TemporaryDirectory(prefix="moe-balance-") as tmp:
-        root = args.keep or Path(tmp)
+        root = Path(args.keep or tmp)
         for i in range(args.pairs):
-            if args.alternate:
-                both = Path(root) / f"alt{i}"
-                run(both, args.steps, ["--hot-expert", str(args.ranks // 2), "--routing-skew",
-                                       str(args.skew), "--alternate", "--seed", str(i), *device],
-                    args.ranks, args.reuse)
-                rows.append(alternating(load_trace(both), lambda res: next(
-                    (f.speedup_if_fixed for f in res.diagnosis if f.cause == "expert_imbalance"),
-                    None)))
-                show(i, rows[-1])
-                continue
-            hot, even = Path(root) / f"hot{i}", Path(root) / f"even{i}"
-            hot_rank = args.ranks // 2
-            runs = [(hot, ["--hot-expert", str(hot_rank), "--routing-skew", str(args.skew)]),
-                    (even, ["--balanced"])]
-            for out, flags in (runs if i % 2 == 0 else runs[::-1]):
-                run(out, args.steps, [*flags, "--seed", str(i), *device], args.ranks, args.reuse)
-            t_hot, t_even = load_trace(hot), load_trace(even)
-            result = analyze(t_hot)
-            warmup = [int(s) for s in result.warmup_steps]
-            finding = next((f for f in result.diagnosis if f.cause == "expert_imbalance"), None)
-            hot_base, hot_median, hot_nodelay = step_times(t_hot, warmup)
-            even_base, even_median, even_nodelay = step_times(t_even, warmup)
-            predicted = finding.speedup_if_fixed if finding else None
-            # advise's footing: the seconds the replay saves, off the measured step
-            saved = hot_nodelay - hot_nodelay / predicted if predicted else 0.0
-            rows.append({"first": result.diagnosis[0].cause,
-                         "ranks": result.diagnosis[0].where.ranks, "sent": "sent" in t_hot.ops,
-                         "transfer": transfer_priced(finding),
-                         "predicted": predicted, "predicted_measured": hot_base / (hot_base - saved),
-                         "measured": hot_base / even_base, "measured_median": hot_median / even_median,
-                         "measured_nodelay": hot_nodelay / even_nodelay})
+            rows.append(pair(i, root, args, device))
             show(i, rows[-1])
     figures = []
     for key, against in (("predicted", "measured_nodelay"), ("predicted_measured", "measured"),
@@ -185,26 +284,86 @@ def main() -> None:
     firsts = sum(r["first"] == "expert_imbalance" for r in rows)
     figures.append(Figure(name="expert_imbalance the first finding", value=f"{firsts} of {len(rows)} pairs",
                           goal="every pair", met=firsts == len(rows)))
+    untouched = [r["untouched"] for r in rows if "untouched" in r]
+    if untouched:
+        figures.append(Figure(
+            name="untouched compute, balanced over skewed steps (median over pairs)",
+            value=f"{statistics.median(untouched):.2f}", anchor="1.00: both met the same machine",
+            note="the compute outside the experts, which routing does not change: its ratio "
+                 "is the load's doing"))
     command = ".venv/bin/python benchmarks/moe_balance.py " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v:g}" if isinstance(v, float)
                                       else f" {v}")
         for k, v in vars(args).items() if k not in ("keep", "reuse") and v is not False)
-    table = [{"pair": str(i), "first": r["first"], "ranks": str(list(r["ranks"])),
-              "rows sent in trace": "yes" if r["sent"] else "no",
-              "all-to-all transfer": r["transfer"],
-              **{k: f"{r[k]:.3f}" if r[k] else "-" for k in ("predicted", "predicted_measured",
-                                                              "measured", "measured_median",
-                                                              "measured_nodelay")}}
-             for i, r in enumerate(rows)]
     mode = "alternating steps, " if args.alternate else ""
     write(Run(benchmark=f"MoE balanced routing, predicted vs measured ({mode}EP {args.ranks}"
                         + (f", emulated device {args.device_us_per_row:g} µs/row)"
                            if args.device_us_per_row else ", CPU)"),
-              issue="30", command=command, figures=figures, table=table,
-              note="the runs kept by an earlier run of this command (--keep), analysed again "
-                   "(--reuse)" if args.reuse else ""),
+              issue="30", command=command, figures=figures, table=[cells(i, r) for i, r in
+                                                                    enumerate(rows)],
+              note=run_note(rows, args.reuse), text=texts(rows, args.alternate)),
           name="moe_balance" + (f"_device_{args.device_us_per_row:g}us" if args.device_us_per_row
                                 else "") + ("_alternate" if args.alternate else ""))
+
+
+def cells(i: int, r: dict) -> dict[str, str]:
+    """One pair's row of the results table."""
+    out = {"pair": str(i), "first": r["first"], "ranks": str(list(r["ranks"])),
+           "rows sent in trace": "yes" if r["sent"] else "no", "all-to-all transfer": r["transfer"]}
+    for name, facts in r["runs"].items():
+        load = facts.get("load")
+        out[f"load, {name} run"] = ("/".join(f"{x:.1f}" for x in load) if load
+                                    else "not recorded")
+    for k in ("predicted", "predicted_measured", "measured", "measured_median",
+              "measured_nodelay"):
+        out[k] = f"{r[k]:.3f}" if r[k] else "-"
+    out["untouched compute, balanced/skewed"] = f"{r['untouched']:.2f}" if "untouched" in r else "-"
+    if "typical_predicted" in r:
+        out["typical step, predicted/balanced (ms)"] = (
+            f"{1e3 * r['typical_predicted']:.1f}/{1e3 * r['typical_balanced']:.1f}")
+        out["gap by class (ms)"] = ", ".join(f"{name} {1e3 * r[f'gap {name}']:+.1f}"
+                                            for name in CLASSES)
+    return out
+
+
+def run_note(rows: list[dict], reuse: bool) -> str:
+    """The run's one line: where the runs come from (recorded now, or kept and analysed again)."""
+    facts = [f for r in rows for f in r["runs"].values() if f]
+    if not reuse:
+        return "the load columns: 1-minute load average during each run, min/median/max"
+    if not facts:
+        return ("the runs kept by an earlier run of this command (--keep), analysed again "
+                "(--reuse); when and at what load they ran was not kept")
+    dates = sorted(f["recorded"] for f in facts)
+    commits = sorted({f["commit"] for f in facts})
+    return (f"the runs kept by an earlier run of this command (--keep), recorded {dates[0]} to "
+            f"{dates[-1]} at commit {', '.join(commits)}, analysed again (--reuse) at this "
+            "commit; the load columns: the load during each recorded run, min/median/max")
+
+
+def texts(rows: list[dict], alternate: bool) -> list[str]:
+    """The paragraphs under the table, from this run's figures."""
+    out = [("Each pair is one run whose even steps are skewed and odd steps balanced; "
+            if alternate else "Each pair is two runs, skewed and balanced, one after the "
+            "other; ") + f"the first {WARMUP} steps of every run are left out."]
+    kept = [r["transfer_corr"] for r in rows if r["transfer"] == "as measured"
+            and r["transfer_corr"] is not None]
+    if kept:
+        out.append(f"The all-to-alls' transfer was kept as measured in {len(kept)} of "
+                   f"{len(rows)} pairs: its fit with the rows each rank moved reached "
+                   f"correlation {min(kept):.2f} to {max(kept):.2f}, below expert_corr "
+                   f"{DEFAULT.expert_corr:.2f}.")
+    gaps = [r for r in rows if "typical_predicted" in r]
+    if gaps:
+        total = statistics.median(r["typical_balanced"] - r["typical_predicted"] for r in gaps)
+        parts = ", ".join(f"{name} {1e3 * statistics.median(r[f'gap {name}'] for r in gaps):+.1f}"
+                          for name in CLASSES)
+        out.append(f"Measured typical balanced step less the predicted one, median over pairs: "
+                   f"{1e3 * total:+.1f} ms; by op class (each class's balanced costs put into "
+                   f"the prediction in turn): {parts} ms. The compute outside the experts ran "
+                   f"at {statistics.median(r['untouched'] for r in gaps):.2f}× its skewed-step "
+                   "time in the balanced steps (median over pairs).")
+    return out
 
 
 def transfer_priced(finding) -> str:
@@ -217,11 +376,16 @@ def transfer_priced(finding) -> str:
 def show(i: int, r: dict) -> None:
     """One pair's line."""
     shown = f"×{r['predicted']:.3f}" if r["predicted"] else "none (no expert_imbalance finding)"
+    loads = "; ".join(f"load {name} " + ("/".join(f"{x:.1f}" for x in f["load"])
+                                         if f.get("load") else "-")
+                      for name, f in r["runs"].items())
+    gap = ("; gap ms " + ", ".join(f"{n} {1e3 * r[f'gap {n}']:+.1f}" for n in CLASSES)
+           + f"; untouched compute ×{r['untouched']:.2f}") if "untouched" in r else ""
     print(f"pair {i}: first finding {r['first']} {r['ranks']}; predicted {shown} "
           f"(replay basis), ×{r['predicted_measured']:.3f} (off the measured step); "
           f"measured ×{r['measured']:.3f} (mean step), ×{r['measured_median']:.3f} "
           f"(median step), ×{r['measured_nodelay']:.3f} (replay basis); transfer "
-          f"{r['transfer']}", flush=True)
+          f"{r['transfer']}; {loads}{gap}", flush=True)
 
 
 if __name__ == "__main__":

@@ -178,8 +178,8 @@ def exposed_exchange(w, cost: np.ndarray, passes: int = 2) -> np.ndarray:
     leaves it a shorter wait, the part that no longer fits in the wait is added back.
     """
     g = w.grid
-    nodes = np.flatnonzero(g.node_optype == A2A)
-    if not len(nodes):
+    nodes = [int(n) for n in np.flatnonzero(g.node_optype == A2A)]
+    if not nodes:
         return cost
     start = g.start[nodes]                                                  # [M, D, T]
     last = np.stack([_group_max(g, n, start[k]) for k, n in enumerate(nodes)])
