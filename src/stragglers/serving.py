@@ -21,7 +21,8 @@ from pathlib import Path
 
 from stragglers.errors import EnvironmentFailure, InputError
 # the connection guard lives in serving_guard; its names stay importable from here
-from stragglers.serving_guard import ConnectionLimits, guarded_protocol, json_response_bytes  # noqa: F401
+from stragglers.serving_guard import TARGET_KEY, ConnectionLimits, guarded_protocol, \
+    json_response_bytes  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +96,18 @@ def read_token_file(path: Path | str | None, option: str = "--token-file") -> st
         data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
     finally:
         os.close(fd)
+    # the first line, not the first non-blank one: the README's rule, and a file whose token
+    # sits below a blank line is more likely a mistake (an editor's template) than a token
+    first = data[:MAX_TOKEN_FILE_BYTES].split(b"\n", 1)[0]
     try:
-        token = data[:MAX_TOKEN_FILE_BYTES].decode("ascii").lstrip("\r\n").split("\n", 1)[0].strip()
+        token = first.decode("ascii").strip()
     except UnicodeDecodeError:
-        token = ""
-    if not TOKEN_PATTERN.fullmatch(token):
+        token = None
+    if token == "":
+        where = "its first line is blank" if data else "the file is empty"
+        raise InputError(path, None, f"{option}: {where} (expected the token on the first "
+                         "line: 16-512 characters of [A-Za-z0-9._~+/=-])")
+    if token is None or not TOKEN_PATTERN.fullmatch(token):
         raise InputError(path, None, f"{option}: expected one line of 16-512 characters of "
                          "[A-Za-z0-9._~+/=-] as the token (its first line is used)")
     return token
@@ -282,6 +290,30 @@ class ServiceGuard:
         host = host_of(header)
         return host in self.extra or "*" in self.extra or is_loopback_name(host)
 
+    def absolute_target(self, scope: dict, target: bytes) -> tuple[dict, str | None]:
+        """(scope, None) for a request target in absolute-form (`http://host/path`) whose host
+        is allowed, the scope's path made the target's path; (scope, refusal) otherwise: RFC
+        9112 makes that authority, not the Host header, name the target, so it passes the same
+        allow-list (a loopback service was served `GET http://evil.example/...`)."""
+        shown = target[:100].decode("latin-1")
+        try:
+            parts = urllib.parse.urlsplit(target.decode("latin-1"))
+            parts.port   # noqa: B018 - raises ValueError for a port that is not one
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            return scope, (f"request target {shown!r}: expected a path (/...) or an absolute "
+                           "http:// URL")
+        if not self.host_allowed(parts.netloc.rpartition("@")[2]):
+            return scope, (f"request target {shown!r}: {parts.hostname!r} is not a name of this"
+                           " service (expected a loopback name, or one configured in"
+                           " allowed_hosts)")
+        if TARGET_KEY in scope:
+            return scope, None   # httptools put the target's path in the scope already
+        path = parts.path or "/"   # h11: the scope's path is the whole target
+        return {**scope, "raw_path": path.encode("latin-1"),
+                "path": urllib.parse.unquote(path)}, None
+
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -302,6 +334,12 @@ class ServiceGuard:
                             "of this service (expected a loopback name, or one configured in "
                             "allowed_hosts)")
             return
+        target = scope.get(TARGET_KEY) or scope.get("raw_path") or b"/"
+        if not target.startswith(b"/"):
+            scope, refusal = self.absolute_target(scope, target)
+            if refusal is not None:
+                await send_json(send, 400, refusal)
+                return
         if self.max_requests is not None and self.requests >= self.max_requests:
             await send_json(send, 503, f"request: {self.requests} requests are in progress, "
                             "the most this service takes at once; retry later")

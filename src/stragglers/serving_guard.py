@@ -35,6 +35,12 @@ class ConnectionLimits:
 
 
 
+# the scope key under which the protocol hands ServiceGuard a request target that is not a
+# path (absolute-form, `GET http://host/path`): httptools keeps only its path in the scope, so
+# the authority that RFC 9112 says names the target (not the Host header) was never checked
+TARGET_KEY = "stragglers.request_target"
+
+
 def json_response_bytes(status: int, reason: str, message: str) -> bytes:
     """A whole HTTP/1.1 response with a JSON error body, closing the connection (written by
     the protocol when there is no app to answer: a timeout, a refused connection)."""
@@ -113,6 +119,13 @@ def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
             if self._g_eof and self.cycle is not None and self.cycle.response_complete \
                     and not getattr(self, "pipeline", None):
                 self.transport.close()   # half-closed, every request answered
+
+        def on_headers_complete(self) -> None:
+            # (httptools' protocol only: h11's leaves the whole target in the scope's path)
+            url = getattr(self, "url", b"")
+            if url and not url.startswith(b"/"):
+                self.scope[TARGET_KEY] = bytes(url)
+            super().on_headers_complete()
 
         def send_400_response(self, msg: str) -> None:
             self.transport.write(json_response_bytes(400, "Bad Request", f"request: {msg}"))

@@ -287,6 +287,37 @@ def test_configured_host_names_are_answered_too(serve):
         assert c.get("/health", headers={"Host": "other.example"}).status_code == 400
 
 
+def request_target(s, target: bytes) -> tuple[int, dict]:
+    """The status and JSON body of `GET target` (Host: 127.0.0.1, which the guard allows)."""
+    k = s.connect()
+    try:
+        k.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        raw = closed_within(k, 30)
+    finally:
+        k.close()
+    assert raw, "no answer"
+    return status_and_json(raw)
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+@pytest.mark.parametrize("target,ok", [
+    (b"http://evil.example/health", False), (b"http://evil.example:80/health?x=1", False),
+    (b"https://127.0.0.1.evil.example/health", False), (b"http://user@evil.example/health", False),
+    (b"ftp://127.0.0.1/health", False),
+    (b"http://127.0.0.1/health", True), (b"http://localhost:9/health?x=1", True),
+    (b"http://[::1]/health", True)])
+def test_an_absolute_form_target_names_its_host_and_is_checked_like_one(serve, http, target,
+                                                                          ok):
+    # RFC 9112: the authority of `GET http://host/path` names the target, not the Host header;
+    # httptools kept only the path, so a loopback service served any authority
+    s = serve(http=http)
+    status, body = request_target(s, target)
+    if ok:
+        assert (status, body) == (200, {"ok": True})
+    else:
+        assert status == 400 and body["error"].startswith("request target"), body
+
+
 def test_every_response_carries_the_security_headers(serve):
     s = serve()
     with httpx.Client(base_url=s.url, timeout=30) as c:
@@ -334,6 +365,21 @@ def test_a_token_file_of_two_lines_gives_its_first_line(tmp_path):
     f.write_text("first-line-token-0123\nsecond line: a comment\n")
     os.chmod(f, 0o600)
     assert read_token_file(f) == "first-line-token-0123"
+
+
+@pytest.mark.parametrize("content,words", [
+    ("\nbelow-a-blank-line-0123\n", "its first line is blank"),
+    ("   \r\nbelow-a-blank-line-0123\n", "its first line is blank"),
+    ("", "the file is empty"), ("\n\n", "its first line is blank")])
+def test_a_token_file_whose_first_line_is_blank_is_refused(tmp_path, content, words):
+    # the README: the file's first line is the token (a token below a blank line was taken)
+    f = tmp_path / "token"
+    f.write_text(content)
+    os.chmod(f, 0o600)
+    with pytest.raises(InputError) as err:
+        read_token_file(f)
+    text = str(err.value)
+    assert str(f) in text and words in text and "\n" not in text
 
 
 def test_a_fifo_as_token_file_is_refused_without_blocking(tmp_path):

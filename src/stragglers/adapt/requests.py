@@ -8,6 +8,7 @@ number a range, so no request can make the service store or copy an unbounded va
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -112,7 +113,10 @@ class Snapshot(Strict):
 
     dataset: SnapshotConfig
     epochs_created: Annotated[int, Field(ge=1, le=MAX_EPOCHS)]
-    shards: Annotated[list[ShardRow], Field(max_length=4 * MAX_SHARDS_PER_EPOCH * 16)]
+    # fail_fast: the first bad row refuses the body; collecting an error per row (589,824 bad
+    # rows: 19 s and 1.6 GB before the 400) cost more than the body's limit bounds
+    shards: Annotated[list[ShardRow], Field(max_length=4 * MAX_SHARDS_PER_EPOCH * 16,
+                                            fail_fast=True)]
 
 
 class ControlConfigBody(Strict):
@@ -142,19 +146,19 @@ class Report(Strict):
     """POST /jobs/{job}/control/report."""
 
     rank: Annotated[int, Field(ge=0, lt=MAX_WORLD)]
-    records: Annotated[list[StepTimeRow], Field(max_length=MAX_RECORDS)]
+    records: Annotated[list[StepTimeRow], Field(max_length=MAX_RECORDS, fail_fast=True)]
     device: Annotated[str, Field(max_length=64)] = ""
     incarnation: Annotated[int, Field(ge=0, le=1 << 31)]
     since: Annotated[int, Field(ge=0, le=1 << 31)] = 0
 
 
 M = TypeVar("M", bound=Strict)
-MAX_DUPLICATE_CHECK = 1 << 20   # bodies up to this size are checked for keys given twice
 
 
 def parse(model: type[M], body: bytes, source: str = "request body") -> M:
     """Validate a JSON body; the first problem becomes an InputError naming the field (a key
-    given twice in one object too: which of the two counts differs between parsers)."""
+    given twice in one object too, at any size: which of the two counts differs between
+    parsers)."""
     try:
         value = model.model_validate_json(body or b"{}")
     except ValidationError as exc:
@@ -167,23 +171,36 @@ def parse(model: type[M], body: bytes, source: str = "request body") -> M:
             shown = repr(err["input"])
             problem += f", got {shown if len(shown) <= 60 else shown[:60] + '...'}"
         raise InputError(source, field, problem) from None
-    # (a restore body, up to 64 MiB of rows, is not re-parsed: seconds of the child's CPU)
-    if body and len(body) <= MAX_DUPLICATE_CHECK and body.count(b":") > 1:
-        _refuse_duplicate_keys(body, source)
+    if body.count(b":") > 1:   # (one key cannot be given twice)
+        refuse_duplicate_keys(body, source)
     return value
 
 
-def _refuse_duplicate_keys(body: bytes, source: str) -> None:
-    """InputError naming the first key given twice in one object of `body` (valid JSON)."""
-    def pairs(items: list[tuple[str, object]]) -> dict:
-        seen: set[str] = set()
-        for key, _ in items:
-            if key in seen:
-                raise InputError(source, key[:60], "given twice in one object; expected once")
-            seen.add(key)
-        return dict(items)
+# In valid JSON, one match is: everything up to the next key or brace (values, strings
+# included, so a brace or colon inside a string is never taken for structure), then that key
+# (group 1: a string a colon follows) or brace (group 2). Possessive: no backtracking state,
+# the skipped bytes are never copied; a 26 MB restore body is scanned in ~0.3 s.
+_STRING = rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_NEXT_KEY_OR_BRACE = re.compile(rb'(?:[^"{}]++|' + _STRING + rb'(?![ \t\r\n]*:))*+'
+                                rb'(?:(' + _STRING + rb')[ \t\r\n]*:|([{}]))')
 
-    try:
-        json.loads(body, object_pairs_hook=pairs)
-    except (ValueError, RecursionError):
-        pass   # pydantic's parser took it: the stdlib's stricter limits are no verdict
+
+def refuse_duplicate_keys(body: bytes, source: str = "request body") -> None:
+    """InputError naming the first key given twice in one object of `body` (valid JSON).
+
+    A scan of the bytes, not a second parse: only the keys of the objects still open are held
+    (re-parsing a 64 MiB restore body made Python objects of every row again, so bodies over
+    1 MiB went unchecked)."""
+    open_keys: list[set[str]] = []
+    for m in _NEXT_KEY_OR_BRACE.finditer(body):
+        raw = m.group(1)
+        if raw is not None:
+            key = json.loads(raw) if b"\\" in raw else raw[1:-1].decode("utf-8", "replace")
+            keys = open_keys[-1] if open_keys else set()
+            if key in keys:
+                raise InputError(source, key[:60], "given twice in one object; expected once")
+            keys.add(key)
+        elif m.group(2) == b"{":
+            open_keys.append(set())
+        elif open_keys:
+            open_keys.pop()

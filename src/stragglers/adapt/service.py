@@ -96,6 +96,10 @@ class ServiceConfig(Config):
     max_datasets_per_client: int = setting(1024, "data sets one client address may create,"
                                            " under any tokens (past it: 429)", minimum=1,
                                            maximum=1 << 20)
+    max_workers_per_dataset: int = setting(1024, "worker names one data set keeps (each with"
+                                           " up to 256 remembered lease replies; a join of a"
+                                           " new name past it: 429)", minimum=1,
+                                           maximum=1 << 20)
     new_tokens_per_minute: float = setting(30.0, "tokens that may create their first data set"
                                            " or controller per minute, in all (past it: 429"
                                            " with Retry-After)", minimum=0.1, maximum=1e6)
@@ -166,12 +170,24 @@ class GroupCommitter:
         self.stall_s = stall_s
         self._beat = time.monotonic()
         self._beat_lock = threading.Lock()
-        threading.Thread(target=self._loop, name="group-commit", daemon=True).start()
-        threading.Thread(target=self._heartbeat, name="stall-watch", daemon=True).start()
+        self._closed = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, name="group-commit", daemon=True),
+                         threading.Thread(target=self._heartbeat, name="stall-watch",
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the writer (after the calls queued so far) and the heartbeat, and wait for both:
+        a stopped service's heartbeat went on granting grace periods to a closed store."""
+        self._closed.set()
+        self._queue.put(None)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
 
     def _heartbeat(self) -> None:
-        while True:
-            time.sleep(self.stall_s / 4)
+        while not self._closed.wait(self.stall_s / 4):
             self._check_stall()
 
     def _check_stall(self) -> None:
@@ -191,6 +207,8 @@ class GroupCommitter:
 
     async def run(self, call):
         """Queue `call` (no arguments) and wait until its transaction is durable."""
+        if self._closed.is_set():
+            raise Busy("the service is stopping; retry once it is back")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queue.put((call, future, loop))
@@ -198,12 +216,19 @@ class GroupCommitter:
 
     def _loop(self) -> None:
         while True:
-            batch = [self._queue.get()]
+            first = self._queue.get()
+            if first is None:
+                return   # closed
+            batch = [first]
             while len(batch) < self.max_batch:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
+                if item is None:
+                    self._queue.put(None)   # closed: this batch is the last one
+                    break
+                batch.append(item)
             self._check_stall()
             try:
                 results = self.store.run_batch([call for call, _, _ in batch])
@@ -668,6 +693,16 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     app.router.redirect_slashes = False   # a 307 with no body; unknown paths answer 404 JSON
     app.state.commit, app.state.reader, app.state.store = commit, reader, store
     app.state.parser = parser
+
+    def close() -> None:
+        """Stop every thread and child process of the app (the server has stopped)."""
+        reader.close()
+        parser.close()
+        commit.close()
+        for pool in shuffles.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    app.state.close = close
     return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)})
 
 
@@ -720,8 +755,7 @@ def serve(db: str | Path, config: ServiceConfig | None = None,
         serve_in_foreground(_uvicorn_server(app, config), sock)
     finally:
         if app is not None:
-            app.state.reader.close()
-            app.state.parser.close()
+            app.state.close()
         store.close()
 
 
@@ -730,7 +764,8 @@ def open_store(db: str | Path, config: ServiceConfig) -> ShardStore:
     return ShardStore(db, durable=config.durable, busy_timeout_s=config.busy_timeout_s,
                       max_datasets=config.max_datasets,
                       max_datasets_per_token=config.max_datasets_per_token,
-                      max_datasets_per_client=config.max_datasets_per_client)
+                      max_datasets_per_client=config.max_datasets_per_client,
+                      max_workers_per_dataset=config.max_workers_per_dataset)
 
 
 class EmbeddedServer:
@@ -771,5 +806,4 @@ class EmbeddedServer:
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self.app is not None:
-            self.app.state.reader.close()
-            self.app.state.parser.close()
+            self.app.state.close()

@@ -54,8 +54,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
     def __init__(self, db: str | Path, durable: bool = True,
                  clock: Callable[[], float] = time.time,
                  busy_timeout_s: float = 10.0, max_datasets: int = 4096,
-                 max_datasets_per_token: int = 64, max_datasets_per_client: int = 1024):
+                 max_datasets_per_token: int = 64, max_datasets_per_client: int = 1024,
+                 max_workers_per_dataset: int = 1024):
         self.db = str(db)
+        self.max_workers_per_dataset = max_workers_per_dataset
         self.busy_timeout_s = busy_timeout_s
         self.max_datasets, self.max_datasets_per_token = max_datasets, max_datasets_per_token
         self.max_datasets_per_client = max_datasets_per_client
@@ -279,6 +281,14 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                             (name, worker)).fetchone()
             if row is not None:
                 check_worker_row(name, worker, row[0], 0)
+            else:
+                # each worker name keeps a row and up to REQUEST_HISTORY lease replies: names
+                # invented in a loop would grow the file without bound
+                n = c.execute("SELECT COUNT(*) FROM workers WHERE dataset=?", (name,)).fetchone()[0]
+                if n >= self.max_workers_per_dataset:
+                    raise QuotaExceeded(f"data set '{name}' has {n} workers, its limit"
+                                        f" (max_workers_per_dataset={self.max_workers_per_dataset});"
+                                        " join with a name used before")
             fence = (row[0] if row else 0) + 1
             c.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,NULL,NULL,0)",
                       (name, worker, fence))

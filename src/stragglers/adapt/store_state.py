@@ -31,6 +31,7 @@ class StoreState:
     max_datasets: int
     max_datasets_per_token: int
     max_datasets_per_client: int
+    max_workers_per_dataset: int
     permutations: Permutations
     defer_indices: bool
     _clock: Callable[[], float]
