@@ -1,7 +1,10 @@
 """The dead-man (a job or a rank that stops sending) decides at its deadline: the tick thread
-wakes at stall_after_s after the quietest part, not at its next tick, silence counts from when
-a part was queued (not when its batch was stored), and a stall with nothing of its job on the
-analysis queue is stored on the tick thread at once. Times are given, never waited for."""
+wakes at stall_after_s after the quietest part, not at its next tick; silence counts from when
+a part was written (a watched file's ctime, clamped to file_time_slack_s before its notice) or
+queued, not when its batch was stored; a part in flight at the deadline defers the decision
+until it landed; a stall is stored on the tick thread at once, whatever waits for the analysis
+thread, in one transaction whose message is claimed and handed to the outbox's urgent sender.
+Times are given, never waited for."""
 
 from __future__ import annotations
 
@@ -39,14 +42,25 @@ def monitor(tmp_path):
     store.close()
 
 
-def feed(mon: Monitor, step: int, ranks, queued_ago: float = 0.0) -> None:
-    """Parts of `step` of these ranks, queued `queued_ago` seconds ago, through one batch; the
-    windows they close taken off the analysis queue as if analysed."""
+def feed(mon: Monitor, step: int, ranks, queued_ago: float = 0.0,
+         written_ago: float | None = None) -> None:
+    """Parts of `step` of these ranks, queued `queued_ago` seconds ago (their files written
+    `written_ago` seconds ago: no file time when None), through one batch; the windows they
+    close taken off the analysis queue as if analysed."""
     at = time.monotonic() - queued_ago
+    written = None if written_ago is None else time.time() - written_ago
     mon._ingest_batch([PartIn("j", r, step, "files", path=mon.run / rank_file_name(r, step),
-                              queued_at=at) for r in ranks])
+                              queued_at=at, written_at=written) for r in ranks])
+    drain(mon)
+
+
+def drain(mon: Monitor) -> list:
+    """What the analysis queue held, taken off it as if analysed."""
+    out = []
     while not mon._analysis.empty():
-        mon._unqueued(mon._analysis.get_nowait())
+        out.append(mon._analysis.get_nowait())
+        mon._count(-1)
+    return out
 
 
 def test_silence_counts_from_when_a_part_was_queued_not_when_it_was_stored(monitor):
@@ -79,14 +93,17 @@ def test_the_tick_loop_sleeps_until_the_deadline(monitor):
     feed(monitor, 0, range(4), queued_ago=STALL - 1.0)   # the job's deadline: 1 s from now
     waits = []
 
-    class Stop:
+    class Wake:
         def wait(self, timeout):
             waits.append(timeout)
-            return True   # the loop ends after its first sleep
+            monitor._stop.set()   # the loop ends after its first sleep
 
-    stop, monitor._stop = monitor._stop, Stop()
+        def clear(self):
+            pass
+
+    wake, monitor._tick_wake = monitor._tick_wake, Wake()
     monitor._tick_loop()
-    monitor._stop = stop
+    monitor._tick_wake = wake
     assert 0 < waits[0] <= 1.0 + 2e-3   # not tick_s (2 s)
 
 
@@ -103,14 +120,21 @@ def test_a_stall_is_stored_by_the_tick_itself_when_its_job_has_nothing_queued(mo
     assert monitor._analysis.empty()
 
 
-def test_a_stall_behind_its_jobs_queued_windows_keeps_their_order(monitor):
+def test_a_stall_is_stored_at_once_even_with_its_jobs_windows_queued(monitor):
     feed(monitor, 0, range(4))
-    monitor._queue_analysis(("j", "running"))   # something of the job not analysed yet
+    feed(monitor, 1, range(2))   # step 1 half there: the stall closes a partial window
+    monitor._queue_analysis(("j", "running"))   # and something of the job not analysed yet
     monitor.tick(monitor.trackers["j"].last_arrival + STALL)
-    assert monitor.states["j"] == "stalled"
-    assert monitor.store.job("j").state == "running"   # queued behind it, not stored yet
-    assert [monitor._analysis.get_nowait(), monitor._analysis.get_nowait()] == \
-        [("j", "running"), ("j", "stalled")]
+    # stored by the tick, not behind the analysis queue (it waited ~0.14 s behind a partial
+    # window of 64 ranks, measured)
+    assert monitor.store.job("j").state == "stalled"
+    assert [a.rule for a in monitor.store.alerts(job="j", status="firing")] == ["stalled"]
+    queued = drain(monitor)
+    assert queued[0] == ("j", "running")
+    assert [(w.reason, w.steps) for w in queued[1:]] == [("stalled", [1])]
+    # the older `running`, analysed after the stall was decided, does not undo it
+    monitor._state_changed(*queued[0], current=True)
+    assert monitor.store.job("j").state == "stalled"
 
 
 def test_a_stall_decided_on_the_tick_is_dropped_once_parts_came_again(monitor):
@@ -119,3 +143,153 @@ def test_a_stall_decided_on_the_tick_is_dropped_once_parts_came_again(monitor):
     monitor._state_changed("j", "stalled", current=True)
     assert monitor.store.job("j").state == "running"
     assert not monitor.store.alerts(job="j", status="firing")
+
+
+# ---- silence from the write (file_time_slack_s) ----------------------------------------------
+
+def test_silence_counts_from_the_files_write_when_it_lies_within_the_slack(monitor):
+    # noticed now, written 0.4 s before (the watcher's and the ingest's delays): counted
+    # from the write, so the deadline does not carry those delays
+    feed(monitor, 0, range(4), written_ago=0.4)
+    tr = monitor.trackers["j"]
+    assert tr.last_arrival == pytest.approx(time.time() - 0.4, abs=0.05)
+
+
+def test_a_file_time_far_before_the_notice_moves_silence_by_the_slack_only(monitor):
+    # a writer (or file server) clock 1 h behind: at most file_time_slack_s earlier
+    feed(monitor, 0, range(4), written_ago=3600.0)
+    slack = monitor.config.file_time_slack_s
+    assert monitor.trackers["j"].last_arrival == pytest.approx(time.time() - slack, abs=0.05)
+
+
+def test_a_file_time_after_the_notice_is_not_trusted(monitor):
+    # a clock ahead: never later than the notice (it would hide a silence)
+    feed(monitor, 0, range(4), queued_ago=2.0, written_ago=-60.0)
+    assert monitor.trackers["j"].last_arrival == pytest.approx(time.time() - 2.0, abs=0.05)
+
+
+def test_submit_takes_a_watched_files_ctime(monitor):
+    path = monitor.run / rank_file_name(0, 0)
+    item = PartIn("j", 0, 0, "files", path=path)
+    monitor.submit(item)
+    assert item.written_at == path.stat().st_ctime
+    upload = PartIn("j", 0, 1, "http", body=b"PAR1")
+    monitor.submit(upload)
+    assert upload.written_at is None   # an upload arrives when its body was read
+
+
+# ---- parts in flight at the deadline ---------------------------------------------------------
+
+def test_a_part_in_flight_at_the_deadline_defers_the_stall_until_it_landed(monitor):
+    # a job just slow: its next part, written (and noticed) 0.5 s before the deadline, is in
+    # the ingest at the deadline
+    feed(monitor, 0, range(4), queued_ago=STALL - 0.5)
+    deadline = monitor.trackers["j"].last_arrival + STALL
+    late = [PartIn("j", r, 1, "files", path=monitor.run / rank_file_name(r, 1))
+            for r in range(4)]
+    for it in late:
+        monitor.submit(it)
+    monitor.tick(deadline + 0.01)
+    assert monitor.states["j"] == "running"     # not a false dead-man
+    assert not monitor._tick_wake.is_set()
+    batch = [monitor._ingest.get_nowait() for _ in late]
+    monitor._ingest_batch(batch)
+    monitor._landed(batch)
+    assert monitor._tick_wake.is_set()          # the deferred decision is taken now
+    monitor.tick(deadline + 0.02)
+    assert monitor.states["j"] == "running"     # its part came in time
+    assert monitor.store.job("j").state == "running"
+
+
+def test_a_silent_job_stalls_once_its_refused_part_landed(monitor):
+    feed(monitor, 0, range(4))
+    deadline = monitor.trackers["j"].last_arrival + STALL
+    junk = monitor.run / rank_file_name(0, 1)
+    junk.write_bytes(b"not parquet")
+    monitor.submit(PartIn("j", 0, 1, "files", path=junk))
+    monitor.tick(deadline)
+    assert monitor.states["j"] == "running"
+    batch = [monitor._ingest.get_nowait()]
+    monitor._ingest_batch(batch)
+    monitor._landed(batch)
+    monitor.tick(deadline + 0.01)
+    assert monitor.states["j"] == "stalled"     # a refused part is no sign of life
+    assert monitor.store.job("j").state == "stalled"
+
+
+def test_a_rank_with_a_part_in_flight_is_not_called_silent(monitor):
+    feed(monitor, 0, range(4))
+    feed(monitor, 1, range(3))   # rank 3 behind the others
+    quiet = monitor.trackers["j"].ranks[3].last_arrival
+    monitor.submit(PartIn("j", 3, 1, "files", path=monitor.run / rank_file_name(3, 1),
+                          written_at=quiet + STALL - 0.05))
+    monitor.watchdog.check_silence(quiet + STALL + 0.01)
+    assert not monitor.store.alerts(job="j", status="firing")
+    assert monitor._deferred
+    # without it in flight, the same moment is a silent rank
+    batch = [monitor._ingest.get_nowait()]
+    monitor._landed(batch)   # (refused, say: it never reached the tracker)
+    monitor.watchdog.check_silence(quiet + STALL + 0.02)
+    assert [(a.rule, a.labels.rank) for a in monitor.store.alerts(job="j", status="firing")] \
+        == [("rank_silent", "3")]
+
+
+# ---- the dead-man's own delivery path --------------------------------------------------------
+
+def test_a_stalls_message_is_claimed_in_its_transaction_and_sent_at_once(monitor):
+    feed(monitor, 0, range(4))
+    monitor.tick(monitor.trackers["j"].last_arrival + STALL)
+    [row] = monitor.store.outbox("j")
+    assert row.claimed_by == monitor.instance and row.attempts == 1 and row.delivered_at is None
+    [m] = [monitor.outbox._urgent.get_nowait()]
+    assert (m.id, m.status, m.alert.rule) == (row.id, "firing", "stalled")
+    # the poller does not claim it again while its claim runs
+    assert monitor.store.claim_messages("other", 32, 30.0) == []
+
+
+def test_a_dead_man_message_behind_an_unsent_one_of_its_alert_is_left_to_the_outbox(monitor):
+    feed(monitor, 0, range(4))
+    tr = monitor.trackers["j"]
+    monitor.tick(tr.last_arrival + STALL)                 # stalled: firing, claimed
+    monitor.outbox._urgent.get_nowait()
+    feed(monitor, 1, range(4))
+    monitor._state_changed("j", "running", current=True)   # resolved: in the outbox
+    monitor.store.message_failed(monitor.store.outbox("j")[0].id, 5.0)   # firing not sent yet
+    monitor.tick(tr.last_arrival + STALL)                 # stalled again
+    assert monitor.outbox._urgent.empty()   # not sent before the older messages of its alert
+    assert [r.claimed_by for r in monitor.store.outbox("j")] == [None, None, None]
+
+
+def test_the_urgent_sender_posts_to_a_real_receiver(monitor):
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got, arrived = [], threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+            arrived.set()
+
+        def log_message(self, *args):
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    try:
+        monitor.outbox.webhooks = [f"http://127.0.0.1:{http.server_address[1]}/"]
+        feed(monitor, 0, range(4))
+        monitor.outbox._urgent_thread = threading.Thread(target=monitor.outbox._run_urgent,
+                                                         daemon=True)
+        monitor.outbox._urgent_thread.start()
+        monitor.tick(monitor.trackers["j"].last_arrival + STALL)
+        assert arrived.wait(30)
+        monitor.outbox.close()
+        assert [a["labels"]["alertname"] for a in got[0]["alerts"]] == ["stalled"]
+        [row] = monitor.store.outbox("j")
+        assert row.delivered_by == monitor.instance
+    finally:
+        http.shutdown()

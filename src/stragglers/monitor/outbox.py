@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import urllib.error
 import urllib.request
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stragglers.monitor.alerts import AlertEngine
+    from stragglers.monitor.records import ClaimedMessage
     from stragglers.monitor.store_base import SQLStore
 
 log = logging.getLogger(__name__)
@@ -44,12 +46,26 @@ class OutboxSender:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # messages claimed when they were decided (the dead-man's, store.add_dead_man): sent
+        # on a thread of their own, not after the poller's claim or behind its slow posts
+        self._urgent: queue.Queue = queue.Queue()
+        self._urgent_thread: threading.Thread | None = None
+        self._counts = threading.Lock()
 
     def start(self) -> None:
         """Send on a thread until close()."""
         self._thread = threading.Thread(target=self._run, name="stragglers-webhook",
                                         daemon=True)
         self._thread.start()
+        self._urgent_thread = threading.Thread(target=self._run_urgent,
+                                               name="stragglers-webhook-now", daemon=True)
+        self._urgent_thread.start()
+
+    def send_now(self, claimed: list[ClaimedMessage]) -> None:
+        """Send messages already claimed by this instance at once (on the urgent thread; a
+        failure is retried by the outbox like any other)."""
+        for m in claimed:
+            self._urgent.put(m)
 
     def wake(self) -> None:
         """Messages were queued: look now rather than at the next poll."""
@@ -60,8 +76,21 @@ class OutboxSender:
         runs out)."""
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self._urgent.put(None)
+        for thread in (self._thread, self._urgent_thread):
+            if thread is not None:
+                thread.join(timeout=10)
+
+    def _run_urgent(self) -> None:
+        while True:
+            m = self._urgent.get()
+            if m is None:
+                return
+            try:
+                self._send(m)
+            except Exception as exc:  # noqa: BLE001 - its claim runs out: the poller sends it
+                log.warning("alerts: message not sent now (%s); the outbox retries it",
+                            str(exc).splitlines()[0] if str(exc) else exc)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -78,25 +107,31 @@ class OutboxSender:
         """Claim and send what is due; how many were claimed."""
         claimed = self.store.claim_messages(self.instance, 32, self.claim_s)
         for m in claimed:
-            payload = self.engine.payload(m.alert, self.receiver)
-            done = self._done.setdefault(m.id, set())
-            for url in self.webhooks:
-                if url not in done and self._post(url, payload):
-                    done.add(url)
-            if len(done) == len(set(self.webhooks)):
-                self.store.message_sent(m.id, self.instance)
-                self._done.pop(m.id, None)
-                self.sent += 1
-            elif m.attempts >= self.max_attempts:
-                self.store.message_failed(m.id, None)
-                self._done.pop(m.id, None)
-                self.failed += 1
-                log.warning("alerts: gave up on a %s message of %s after %d attempts",
-                            m.status, m.job, m.attempts)
-            else:
-                delay = min(self.backoff_s * 2 ** (m.attempts - 1), self.max_backoff_s)
-                self.store.message_failed(m.id, delay)
+            self._send(m)
         return len(claimed)
+
+    def _send(self, m: ClaimedMessage) -> None:
+        """Post one claimed message to every receiver that has not taken it; mark it."""
+        payload = self.engine.payload(m.alert, self.receiver)
+        done = self._done.setdefault(m.id, set())
+        for url in self.webhooks:
+            if url not in done and self._post(url, payload):
+                done.add(url)
+        if len(done) == len(set(self.webhooks)):
+            self.store.message_sent(m.id, self.instance)
+            self._done.pop(m.id, None)
+            with self._counts:
+                self.sent += 1
+        elif m.attempts >= self.max_attempts:
+            self.store.message_failed(m.id, None)
+            self._done.pop(m.id, None)
+            with self._counts:
+                self.failed += 1
+            log.warning("alerts: gave up on a %s message of %s after %d attempts",
+                        m.status, m.job, m.attempts)
+        else:
+            delay = min(self.backoff_s * 2 ** (m.attempts - 1), self.max_backoff_s)
+            self.store.message_failed(m.id, delay)
 
     def _post(self, url: str, payload: dict[str, Any]) -> bool:
         req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",

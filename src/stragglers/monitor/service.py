@@ -50,6 +50,7 @@ from stragglers.trace.runformat import rank_file_name
 log = logging.getLogger(__name__)
 Item = TypeVar("Item")
 Out = TypeVar("Out")
+Key = TypeVar("Key")
 
 MAX_BATCH = 1024
 SWEEP_EVERY_S = 60.0   # empty jobs are looked for at most this often (or expiry / 2)
@@ -73,6 +74,9 @@ class PartIn:
     digest: str | None = None      # the uploaded bytes' fingerprint (parts.fingerprint)
     records: int = 0
     queued_at: float = field(default_factory=time.monotonic)
+    # a watched file's ctime (when it got its name: the recorder's rename), the earliest time
+    # silence may count from (clamped to file_time_slack_s before the notice)
+    written_at: float | None = None
     done: Future | None = None      # set to "stored" or "duplicate" once durable
 
 
@@ -128,11 +132,14 @@ class Monitor:
         self._lock = threading.RLock()
         self._ingest: queue.Queue = queue.Queue()
         self._analysis: queue.Queue = queue.Queue()
-        # job → its windows and state changes on the analysis queue: a job with none may have
-        # its stall decided on the tick thread at once (behind a 1,024-rank window it waited)
-        self._queued_for: dict[str, int] = {}
         self._state_lock = threading.Lock()   # one job state change stored at a time
         self._inflight = 0          # items put on a queue and not yet finished
+        # (job, rank) → its parts queued or being stored: silence is not decided over them
+        # (a part written just before the deadline may be in the ingest still)
+        self._parts_in_flight: dict[tuple[str, int], int] = {}
+        self._jobs_in_flight: dict[str, int] = {}
+        self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
+        self._deferred = False
         self._count_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -204,6 +211,7 @@ class Monitor:
     def stop(self) -> None:
         """Stop the threads (what is stored stays; windows in flight are redone at restart)."""
         self._stop.set()
+        self._tick_wake.set()
         self._ingest.put(None)
         self._analysis.put(None)
         self.watchdog.stop()
@@ -291,6 +299,9 @@ class Monitor:
         """The job's tracker (rebuilt from the store if the job finished and comes back) when
         this instance holds its lease; a ForeignJob (its metadata, for checking parts stored
         here) when another instance does; None for a job unknown or set aside."""
+        tr = self.trackers.get(job)   # (a dict read needs no lock: the watcher asks per file
+        if tr is not None:            # and waited behind the ingest's hold of the lock)
+            return tr
         with self._lock:
             tr = self.trackers.get(job)
             if tr is not None:
@@ -478,8 +489,41 @@ class Monitor:
 
     def submit(self, item: PartIn) -> None:
         """Queue a part for the ingest thread (never blocks)."""
-        self._count(1)
+        if item.path is not None and item.written_at is None:
+            try:
+                item.written_at = os.stat(item.path).st_ctime
+            except OSError:
+                pass   # gone: the ingest refuses it
+        key = (item.job, item.rank)
+        with self._count_lock:
+            self._inflight += 1
+            self._parts_in_flight[key] = self._parts_in_flight.get(key, 0) + 1
+            self._jobs_in_flight[item.job] = self._jobs_in_flight.get(item.job, 0) + 1
         self._ingest.put(item)
+
+    def _landed(self, batch: list[PartIn]) -> None:
+        """A batch's parts are stored or refused: no longer in flight (a silence decision
+        deferred over them is taken now)."""
+        with self._count_lock:
+            self._inflight -= len(batch)
+            for it in batch:
+                _decrement(self._parts_in_flight, (it.job, it.rank))
+                _decrement(self._jobs_in_flight, it.job)
+            deferred, self._deferred = self._deferred, False
+        if deferred:
+            self._tick_wake.set()
+
+    def in_flight(self, job: str, rank: int | None = None) -> bool:
+        """Whether parts of the job (of that rank) are queued or being stored."""
+        with self._count_lock:
+            if rank is None:
+                return job in self._jobs_in_flight
+            return (job, rank) in self._parts_in_flight
+
+    def defer_silence(self) -> None:
+        """A silence was not decided over parts in flight: tick again once a batch landed."""
+        with self._count_lock:
+            self._deferred = True
 
     def _count(self, delta: int) -> None:
         with self._count_lock:
@@ -487,21 +531,7 @@ class Monitor:
 
     def _queue_analysis(self, item) -> None:
         self._count(1)
-        job = item.job if isinstance(item, Window) else item[0]
-        with self._count_lock:
-            self._queued_for[job] = self._queued_for.get(job, 0) + 1
         self._analysis.put(item)
-
-    def _unqueued(self, item) -> None:
-        """An item of the analysis queue is done (its job's count goes down)."""
-        job = item.job if isinstance(item, Window) else item[0]
-        with self._count_lock:
-            left = self._queued_for.get(job, 0) - 1
-            if left > 0:
-                self._queued_for[job] = left
-            else:
-                self._queued_for.pop(job, None)
-        self._count(-1)
 
     def reject(self, reason: str, source: str, problem: str) -> None:
         """Count and remember a refused part or request."""
@@ -548,7 +578,7 @@ class Monitor:
                         it.done.set_exception(exc)
             finally:
                 self._ingest_started = None
-                self._count(-len(batch))
+                self._landed(batch)
 
     def _settle_known(self, it: PartIn) -> None:
         """A part number seen before: `duplicate` for the same bytes, a conflict for others."""
@@ -612,6 +642,7 @@ class Monitor:
         read.update(zip([id(it) for it, _ in unsure], read_uploads(
             [(body, _source(it), it.rank, it.part) for it, body in unsure], self._readers)))
         pending: dict[str, int] = {}   # job → bytes of this batch's parts taken so far
+        spans: dict[tuple[str, int], list[tuple[int, int, int]]] = {}   # and their steps
         for it in [it for it, _ in files] + [it for it, _ in uploads]:
             # places the job does not have (stage 7 of a 2-stage job)
             data = read[id(it)]
@@ -629,6 +660,11 @@ class Monitor:
                 wild = check_step_gaps(steps, trackers[it.job].max_step, it.path or _source(it))
                 if wild is not None:
                     read[id(it)] = wild
+                    continue
+                clash = self._overlap(it, data.first_step, data.last_step, trackers[it.job],
+                                      spans)
+                if clash is not None:
+                    read[id(it)] = clash
                     continue
                 full = self._over_job_bytes(it, data.nbytes, pending)
                 if full is not None:
@@ -675,9 +711,7 @@ class Monitor:
                     self._counted(it, data)
                     _settle(it, "stored")
                     continue
-                # a part arrived when it was queued (a watcher's event, an upload's body
-                # read), not when its batch was stored: silence is counted from then
-                heard = now - max(0.0, mono - it.queued_at)
+                heard = self._heard(it, now, mono)
                 if isinstance(data, PartFile):
                     if self.trackers[it.job].add_part(it.rank, it.part, data.last_step, None,
                                                       heard, data):
@@ -701,6 +735,38 @@ class Monitor:
         self.analyser.read_ahead(ahead)
         for w in windows:
             self._queue_analysis(w)
+
+    def _overlap(self, it: PartIn, first: int, last: int, tr: JobTracker | ForeignJob,
+                 batch: dict[tuple[str, int], list[tuple[int, int, int]]]) -> \
+            PartConflict | None:
+        """A conflict when another part of the rank (stored, or earlier in this batch) has
+        steps in first..last: a recorder sends each step once, and rows of a step twice
+        failed its whole window (duplicate ops); else the part's steps are noted in `batch`."""
+        key = (it.job, it.rank)
+        other = next((p for f, l, p in batch.get(key, ()) if f <= last and first <= l), None)
+        if other is None:
+            rp = tr.ranks.get(it.rank) if isinstance(tr, JobTracker) else None
+            # parts come in step order: only one that starts at or below a step the rank
+            # sent already is looked for in the store (another instance's parts too)
+            if not isinstance(tr, JobTracker) or (rp is not None and first <= rp.last_step):
+                other = self.store.overlapping_part(it.job, it.rank, it.part, first, last)
+        if other is None:
+            batch.setdefault(key, []).append((first, last, it.part))
+            return None
+        return PartConflict(it.path or _source(it), "steps", f"steps {first}..{last} of rank "
+                            f"{it.rank} were sent already in its part {other}; each step is "
+                            "sent once (nothing of this part was stored)")
+
+    def _heard(self, it: PartIn, now: float, mono: float) -> float:
+        """When a part arrived, for silence: when it was queued (a watcher's notice, an
+        upload's body read), not when its batch was stored; a watched file when it got its
+        name (ctime), if that lies within file_time_slack_s before the notice (the watcher's
+        and the ingest's delays, up to a few hundred ms for a thousand ranks' parts at once,
+        then no longer make the dead-man late), never after the notice."""
+        noticed = now - max(0.0, mono - it.queued_at)
+        if it.written_at is None:
+            return noticed
+        return min(noticed, max(it.written_at, noticed - self.config.file_time_slack_s))
 
     @overload
     def job_bytes(self, job: str) -> int: ...
@@ -805,11 +871,13 @@ class Monitor:
                 if isinstance(item, Window):
                     self._analyse(item)
                 else:
-                    self._state_changed(*item)
+                    # only if still the job's state: a stall decided on the tick thread
+                    # meanwhile is newer than a `running` queued here before it
+                    self._state_changed(*item, current=True)
             except Exception:
                 log.exception("monitor analysis step failed")
             finally:
-                self._unqueued(item)
+                self._count(-1)
 
     def _analyse(self, window: Window) -> None:
         lease = window.lease
@@ -862,6 +930,9 @@ class Monitor:
         lease = self.leases.lease(job)
         if lease is None:
             return   # the job's holder decides its states
+        if state == "stalled":   # the dead-man: one transaction, its message sent at once
+            self.store_dead_man(job, state, self.alerts.on_state(job, state), lease)
+            return
         finished_at = time.time() if state == "finished" else None
         if not self.store.set_job_state(job, state, finished_at=finished_at, lease=lease):
             return   # the lease moved on meanwhile: its new holder decides
@@ -893,6 +964,28 @@ class Monitor:
             raise
         self._deliver(job, alert_rows)
 
+    def store_dead_man(self, job: str, state: str | None, changes: Changes,
+                       lease: Lease | None = None) -> None:
+        """Store a silence decided (the job's `stalled` state, or its silent ranks' alert
+        changes) in one transaction whose messages are claimed here and posted at once on the
+        outbox's urgent thread: no claim transaction, poll or other alerts' posts before it."""
+        alert_rows, log_rows, _ = changes
+        if state is None and not (alert_rows or log_rows):
+            return
+        lease = lease or self.leases.lease(job)
+        if lease is None:
+            return   # the job's holder decides its alerts
+        try:
+            claimed = self.store.add_dead_man(job, state, alert_rows, log_rows, lease,
+                                              self.instance, self.config.alert_claim_s)
+        except Exception:
+            self.metrics.store_errors.labels("alerts").inc()
+            raise
+        if claimed is None:
+            return   # the lease moved on meanwhile: its new holder decides
+        self.outbox.send_now(claimed)
+        self._deliver(job, alert_rows)
+
     def refresh_metrics(self) -> None:
         """/metrics for every job: the jobs other instances analyse are shown from the store
         (state, S and waste of the latest window, alerts firing), at most once a second."""
@@ -916,7 +1009,12 @@ class Monitor:
 
     def _tick_loop(self) -> None:
         sweep_s = min(SWEEP_EVERY_S, self.config.empty_job_expiry_s / 2)
-        while not self._stop.wait(self.tick_wait(time.time())):
+        while True:
+            # woken early by the ingest when a silence was deferred over parts in flight
+            self._tick_wake.wait(self.tick_wait(time.time()))
+            self._tick_wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
                 if time.monotonic() - self._swept_at >= sweep_s:
@@ -974,9 +1072,14 @@ class Monitor:
                 elif quiet >= cfg.finish_after_s:
                     new = "finished"
                 elif quiet >= cfg.stall_after_s:
-                    # behind on its own ingest, the monitor cannot tell a silent job from parts
-                    # still queued (seen: a small job stalled behind a 1,024-rank one's parts)
-                    new = "running" if state == "running" and lagging else "stalled"
+                    new = "stalled"
+                    if state == "running" and (lagging or self.in_flight(job)):
+                        # behind on its own ingest, the monitor cannot tell a silent job from
+                        # parts still queued (seen: a small job stalled behind a 1,024-rank
+                        # one's parts); with a part of it in flight (written just before the
+                        # deadline), decided again once that part is stored or refused
+                        new = "running"
+                        self.defer_silence()
                 else:
                     new = "running"
                 if new == state:
@@ -985,10 +1088,10 @@ class Monitor:
                     w = tr.close_partial(new, now)
                     if w is not None:
                         windows.append(w)
-                if new == "stalled" and self._queued_for.get(job, 0) == 0 and \
-                        not any(isinstance(w, Window) and w.job == job for w in windows):
-                    # nothing of the job waits for the analysis thread: its stall (the
-                    # dead-man's alert) is stored and sent now, not behind other jobs' windows
+                if new == "stalled":
+                    # the dead-man: stored and sent from here at once, not behind windows on
+                    # the analysis queue (its partial window's included: a state rule's alert
+                    # is no window's to change, alerts.on_state)
                     self.states[job] = new
                     self.metrics.set_state(job, new)
                     now_stalled.append(job)
@@ -996,11 +1099,11 @@ class Monitor:
                 self._set_state_after(windows, job, new)
                 if new == "finished":
                     del self.trackers[job]  # its memory goes; a new part brings it back
-        for w in windows:
-            self._queue_analysis(w)
         for job in now_stalled:
             self._state_changed(job, "stalled", current=True)
         self.watchdog.check_silence(now)
+        for w in windows:
+            self._queue_analysis(w)
 
     def _set_state_after(self, windows: list, job: str, state: str) -> None:
         # the state change is queued after the windows it closed, so alerts see them first
@@ -1023,6 +1126,15 @@ def _remove_empty_upload_dir(directory: Path) -> None:
     except OSError as exc:
         log.warning("expired job's folder %s not removed: %s", directory,
                     exc.strerror or exc)
+
+
+def _decrement(counts: dict[Key, int], key: Key) -> None:
+    """One less of `key` (gone at zero)."""
+    left = counts.get(key, 0) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _source(it: PartIn) -> str:

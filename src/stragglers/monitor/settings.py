@@ -18,6 +18,13 @@ class MonitorConfig(Config):
                                 maximum=100_000)
     stall_after_s: float = setting(120.0, "a job with no new part for this long is stalled "
                                    "(its open window closes with the ranks it has)", minimum=0.1)
+    file_time_slack_s: float = setting(1.0, "a watched part is taken as arrived when its file "
+                                       "got its name or contents (ctime), if that lies at most "
+                                       "this long before the watcher noticed it (else this long "
+                                       "before): silence then counts from the write, not from "
+                                       "the watcher's and ingest's delays, and a writer or file "
+                                       "server clock that is wrong moves a silence alert "
+                                       "earlier by at most this", minimum=0.0, maximum=60.0)
     finish_after_s: float = setting(3600.0, "a job silent for this long is finished", minimum=0.1)
     gap_wait_s: float = setting(30.0, "how long a missing part of a rank is waited for once a "
                                 "later part of that rank arrived", minimum=0.0)

@@ -428,6 +428,14 @@ class SQLStore:
         return self._typed(PartIndex, "SELECT rank, part, last_step, ingested_at, seq FROM "
                            "parts WHERE job = ? AND seq > ? ORDER BY rank, part", (job, after_seq))
 
+    def overlapping_part(self, job: str, rank: int, part: int, first_step: int,
+                         last_step: int) -> int | None:
+        """Another stored part of the rank whose steps meet first_step..last_step, or None."""
+        rows = self._rows("SELECT part FROM parts WHERE job = ? AND rank = ? AND part <> ? AND "
+                          "first_step <= ? AND last_step >= ? ORDER BY part LIMIT 1",
+                          (job, rank, part, last_step, first_step))
+        return int(rows[0]["part"]) if rows else None
+
     def max_step(self, job: str) -> int:
         """The last step of any stored part of the job (-1: none)."""
         rows = self._typed(_Count, "SELECT COALESCE(MAX(last_step), -1) AS n FROM parts "
@@ -491,6 +499,40 @@ class SQLStore:
             return True
 
         return self._fenced(tx)
+
+    def add_dead_man(self, job: str, state: str | None, alert_rows: list[Alert],
+                     log_rows: list[AlertLogEntry], lease: Lease | None, instance: str,
+                     claim_s: float) -> list[ClaimedMessage] | None:
+        """A silence decided (the job's state, if given, and its alert changes) in one
+        transaction, with their messages claimed by `instance` for sending at once (no
+        claim transaction and no poll before the dead-man's alert leaves); a message behind
+        an older one of its alert still unsent is left to the outbox (firing before
+        resolved). None (nothing stored) when `lease` no longer holds the job."""
+        def tx(db: Any) -> list[ClaimedMessage]:
+            self._fence(db, job, lease)
+            if state is not None:
+                self._exec(db, "UPDATE jobs SET state = ? WHERE job = ?", (state, job))
+            self._alert_changes(db, alert_rows, log_rows)
+            now, out = self._now(db), []
+            for a in alert_rows:
+                got = self._one(
+                    db, _Claimed, "UPDATE alert_outbox SET claimed_by = ?, claim_until = ?, "
+                    "attempts = attempts + 1 WHERE fingerprint = ? AND status = ? AND sent_at = ? "
+                    "AND delivered_at IS NULL AND claimed_by IS NULL AND NOT EXISTS (SELECT 1 "
+                    "FROM alert_outbox p WHERE p.fingerprint = ? AND p.id < alert_outbox.id AND "
+                    "p.delivered_at IS NULL AND p.failed_at IS NULL) RETURNING id, job, "
+                    "fingerprint, status, alert, attempts",
+                    (instance, now + claim_s, a.fingerprint, a.status, a.last_sent,
+                     a.fingerprint))
+                if got is not None:
+                    out.append(ClaimedMessage(got.id, got.job, got.fingerprint, got.status, a,
+                                              got.attempts))
+            return out
+
+        try:
+            return self._write(tx)
+        except LeaseLost:
+            return None
 
     def _fenced(self, tx: Callable[[Any], bool]) -> bool:
         try:

@@ -7,7 +7,11 @@ identity is (job, rank, part): the primary key makes a part seen twice count onc
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import resource
+import shutil
 import sqlite3
 import threading
 from pathlib import Path
@@ -84,9 +88,10 @@ class SQLiteStore(SQLStore):
             # loss; NORMAL survives a killed process (the WAL is still on disk), not a power cut.
             self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
             self._migrate()
-        except sqlite3.DatabaseError as exc:   # another kind of file, or a damaged store
-            raise InputError(path, None, f"not a usable SQLite database ({exc}); expected the "
-                             "monitor's store or a path for a new one") from None
+        except sqlite3.DatabaseError as exc:   # another kind of file, a damaged store, or
+            # one that cannot be written now (a WAL past a full disk once read as "not a
+            # usable SQLite database", which sent the operator after a good store)
+            raise InputError(path, None, _open_problem(exc, self.path)) from None
 
     def _migrate(self) -> None:
         """Create the tables; add the columns a store from an earlier version lacks."""
@@ -121,13 +126,27 @@ class SQLiteStore(SQLStore):
 
     def _write(self, fn, notify: bool = True):
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                out = fn(self._db)
-            except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    out = fn(self._db)
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                # a full disk (or file-size limit) as the OSError it is: answered 507, not
+                # 503 (SQLite says "disk I/O error" for a write refused with EFBIG)
+                full = _full(exc, self.path)
+                if self._db.in_transaction:
+                    try:
+                        self._db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                if full is not None:
+                    raise full from exc
                 raise
-            self._db.execute("COMMIT")
             if notify:
                 self.version += 1
         if notify:
@@ -136,3 +155,64 @@ class SQLiteStore(SQLStore):
 
     def _rows(self, sql: str, args: Iterable = ()) -> list[dict]:
         return [dict(r) for r in self._reader().execute(sql, tuple(args))]
+
+
+SQLITE_FULL, SQLITE_IOERR, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_CANTOPEN, \
+    SQLITE_PERM = 13, 10, 5, 6, 8, 14, 3
+ROOM = 1 << 20   # a disk with less free than this cannot take a commit of the store's
+
+
+def _no_room(path: str) -> str | None:
+    """Why the store's files cannot grow now (a full disk, a file-size limit), or None."""
+    folder = Path(path).resolve().parent
+    try:
+        if shutil.disk_usage(folder).free < ROOM:
+            return f"the disk holding {folder} is full"
+    except OSError:
+        pass
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        sizes = [os.path.getsize(p) for p in (path, path + "-wal", path + "-shm")
+                 if os.path.exists(p)]
+        if max(sizes, default=0) + ROOM >= limit:
+            return f"a file of the store is at this process's file-size limit ({limit} bytes, " \
+                   "ulimit -f)"
+    return None
+
+
+def _code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF   # the primary code of an extended one
+
+
+def _full(exc: sqlite3.Error, path: str) -> OSError | None:
+    """An OSError (ENOSPC) for a write refused for room: SQLITE_FULL, or an I/O error while
+    the disk is full or a store file at the file-size limit; None for anything else."""
+    code = _code(exc)
+    if code not in (SQLITE_FULL, SQLITE_IOERR):
+        return None
+    why = _no_room(path)
+    if why is None and code != SQLITE_FULL:
+        return None   # an I/O error with room left: the disk itself (503)
+    return OSError(errno.ENOSPC, f"the store {path} cannot be written: {why or 'disk full'}")
+
+
+def _open_problem(exc: sqlite3.DatabaseError, path: str) -> str:
+    """What is wrong with a store that did not open, and what to do about it."""
+    code = _code(exc)
+    why = _no_room(path) if code in (SQLITE_FULL, SQLITE_IOERR) else None
+    if code == SQLITE_FULL or why is not None:
+        return f"cannot be written ({exc}): {why or 'the disk is full'}; free space (or raise " \
+               "the limit) and start again: the store and its write-ahead log are kept, " \
+               "nothing is lost"
+    if code == SQLITE_IOERR:
+        return f"cannot be read or written ({exc}); check the disk (the store's files are " \
+               "kept as they are)"
+    if code in (SQLITE_READONLY, SQLITE_CANTOPEN, SQLITE_PERM):
+        return f"cannot be opened for writing ({exc}); the monitor needs to write the file " \
+               "and its folder (its -wal and -shm files live next to it)"
+    if code in (SQLITE_BUSY, SQLITE_LOCKED):
+        return f"is locked by another process ({exc}); one monitor uses a SQLite store at a " \
+               "time (several instances share a postgresql:// store)"
+    return f"not a usable SQLite database ({exc}); expected the monitor's store or a path " \
+           "for a new one"

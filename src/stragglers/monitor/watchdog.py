@@ -138,13 +138,20 @@ class Watchdog:
                     # one rank gone (seen: 16 of 32 ranks alerted just before their job stalled)
                     behind = (rp.last_step if rp else -1) < tr.max_step
                     if now - last >= limit and behind:
+                        if m.in_flight(job, rank):
+                            # a part of it is in the ingest (written just before the
+                            # deadline): decided again once it is stored or refused
+                            m.defer_silence()
+                            if rank in self.silent.get(job, {}):   # as decided before
+                                silent[rank] = self.silent[job][rank]
+                            continue
                         silent[rank] = now - last
                 if job not in self.silent or set(silent) != set(self.silent[job]):
                     decided.append((job, silent, _places(tr)))
         for job, silent, places in decided:
             self.silent[job] = silent
             m.metrics.silent_ranks.labels(job).set(len(silent))
-            m.store_alerts(job, m.alerts.on_silence(job, silent, places, now))
+            m.store_dead_man(job, None, m.alerts.on_silence(job, silent, places, now))
         for job in [j for j in self.silent if j not in m.trackers]:
             self.silent.pop(job, None)
             m.metrics.silent_ranks.labels(job).set(0)
