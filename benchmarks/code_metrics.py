@@ -8,6 +8,10 @@ passed between our functions): keys that name a column of the op table or the ru
 `globals()`, and calls whose first argument is a URL path (`app.get("/api/jobs")` declares a
 route, it looks nothing up). Reports the total, the rate and the files with the most lookups.
 
+Also counts the public functions and methods (no leading underscore, in a module without one)
+whose return annotation says nothing of its fields: `Any`, a container of `Any` or `object`, or
+a bare `dict`/`Mapping` (typed maps such as `dict[int, float]` are not counted).
+
     .venv/bin/python benchmarks/code_metrics.py [--top 15] [--json]
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import sys
 from collections import Counter
@@ -25,6 +30,7 @@ SRC = ROOT / "src" / "stragglers"
 # Receivers whose string keys are protocol or environment names, not our records.
 _EXEMPT_RECEIVERS = {"environ", "headers", "query_params", "cookies", "modules", "__dict__"}
 _METHODS = {"get", "pop", "setdefault"}
+_UNTYPED = {"dict", "Dict", "Mapping", "MutableMapping"}
 
 
 def column_names() -> set[str]:
@@ -67,18 +73,60 @@ def lookups(tree: ast.AST, columns: set[str]) -> int:
     return n
 
 
-def measure(src: Path = SRC) -> dict[str, object]:
+def _untyped(annotation: ast.expr) -> bool:
+    """Whether a return annotation says nothing of its fields: `Any`, `object` inside a
+    container, or a bare `dict`/`Mapping` (a typed map such as `dict[int, float]` is not)."""
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        try:
+            annotation = ast.parse(annotation.value, mode="eval").body  # a quoted annotation
+        except SyntaxError:
+            return False
+    for node in ast.walk(annotation):
+        name = node.id if isinstance(node, ast.Name) else \
+            node.attr if isinstance(node, ast.Attribute) else None
+        if name == "Any" or (name == "object" and node is not annotation):
+            return True
+    bare = annotation.id if isinstance(annotation, ast.Name) else \
+        annotation.attr if isinstance(annotation, ast.Attribute) else None
+    return bare in _UNTYPED
+
+
+def untyped_returns(tree: ast.AST, module: str) -> list[str]:
+    """`module:function` of each public function whose return annotation is untyped."""
+    return [f"{module}:{node.name}" for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and not node.name.startswith("_") and node.returns is not None
+            and _untyped(node.returns)]
+
+
+@dataclasses.dataclass
+class Metrics:
+    """What one measurement of src/ found."""
+
+    lookups: int
+    lines: int
+    per_1000_lines: float
+    files: dict[str, int]           # lookups per module, most first
+    untyped_returns: list[str]      # module:function whose return annotation is untyped
+
+
+def measure(src: Path = SRC) -> Metrics:
     """Totals and per-file counts over every module under `src`."""
     columns = column_names()
     per_file: Counter[str] = Counter()
+    untyped: list[str] = []
     lines = 0
     for path in sorted(src.rglob("*.py")):
         text = path.read_text()
         lines += text.count("\n")
-        per_file[str(path.relative_to(src))] = lookups(ast.parse(text), columns)
+        name = str(path.relative_to(src))
+        tree = ast.parse(text)
+        per_file[name] = lookups(tree, columns)
+        if not any(part.startswith("_") and part != "__init__.py" for part in path.parts[-1:]):
+            untyped += untyped_returns(tree, name)
     total = sum(per_file.values())
-    return {"lookups": total, "lines": lines, "per_1000_lines": round(1000 * total / lines, 2),
-            "files": dict(per_file.most_common())}
+    return Metrics(lookups=total, lines=lines, per_1000_lines=round(1000 * total / lines, 2),
+                   files=dict(per_file.most_common()), untyped_returns=untyped)
 
 
 def main() -> None:
@@ -89,15 +137,16 @@ def main() -> None:
     args = ap.parse_args()
     m = measure()
     if args.json:
-        print(json.dumps(m, indent=1))
+        print(json.dumps(dataclasses.asdict(m), indent=1))
         return
-    print(f"{m['lookups']} string-key lookups in {m['lines']} lines: "
-          f"{m['per_1000_lines']} per 1,000 lines (goal < 8)")
-    files = m["files"]
-    assert isinstance(files, dict)
-    for name, count in list(files.items())[:args.top]:
+    print(f"{m.lookups} string-key lookups in {m.lines} lines: "
+          f"{m.per_1000_lines} per 1,000 lines (goal < 8)")
+    for name, count in list(m.files.items())[:args.top]:
         print(f"  {count:5d}  {name}")
-
+    print(f"{len(m.untyped_returns)} public functions return Any, dict[str, Any] or a bare dict")
+    by_file = Counter(f.split(":")[0] for f in m.untyped_returns)
+    for name, count in by_file.most_common(args.top):
+        print(f"  {count:5d}  {name}")
 
 if __name__ == "__main__":
     main()

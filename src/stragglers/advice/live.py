@@ -24,7 +24,7 @@ from stragglers.advice.window import StepTiming, window_trace
 from stragglers.errors import InputError
 from stragglers.monitor.records import WindowSummary
 from stragglers.serving import check_url
-from stragglers.trace.model import Trace
+from stragglers.trace.model import JobMeta, Trace
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +36,14 @@ def part_bytes(trace: Trace) -> bytes:
     return table_bytes(trace.ops)
 
 
-def job_meta(name: str, world_size: int, global_batch: int, calibration: dict | None) -> dict:
-    """meta.json of a DDP job of `world_size` ranks, with its layout (so windows wait for all)."""
-    extra = {"global_batch": int(global_batch),
-             "layout": [{"rank": r, "dp_rank": r, "stage": 0} for r in range(world_size)]}
+def job_meta(name: str, world_size: int, global_batch: int, calibration: dict | None) -> JobMeta:
+    """The meta of a DDP job of `world_size` ranks, with its layout (so windows wait for all)."""
+    extra: dict[str, object] = {
+        "global_batch": int(global_batch),
+        "layout": [{"rank": r, "dp_rank": r, "stage": 0} for r in range(world_size)]}
     if calibration:
         extra["calibration"] = dict(calibration)
-    return {"name": name, "dp_size": world_size, "pp_size": 1, "world_size": world_size,
-            "extra": extra}
+    return JobMeta(name=name, dp_size=world_size, pp_size=1, world_size=world_size, extra=extra)
 
 
 class TimingPublisher:
@@ -61,7 +61,8 @@ class TimingPublisher:
         check_url(url, "TimingPublisher")
         self.uploader = PartUploader(url, token, job, rank)
         if self.rank == 0:
-            self.uploader.submit_meta(job_meta(job, world_size, global_batch, calibration))
+            meta = job_meta(job, world_size, global_batch, calibration)
+            self.uploader.submit_meta(meta.to_dict())
         self.pending: list[list[StepTiming]] = []
         self.parts = 0
 

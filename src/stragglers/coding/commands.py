@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import msgspec
 import numpy as np
 import typer
 from rich.console import Console
@@ -42,7 +43,7 @@ def code_info(
 
     console = Console()
     code = _build(scheme, n, s, d, seed, dtype, tolerance, console, decoder)
-    info = code.describe()
+    info = msgspec.to_builtins(code.describe())
     console.print(", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                             for k, v in info.items()), highlight=False)
     table = Table("worker", "parts", "weights")

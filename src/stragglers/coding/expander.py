@@ -8,9 +8,10 @@ and optimal u = argmin ‖uᵀB − 1ᵀ‖₂ over supp(u) ⊆ K (least squares
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
-from stragglers.coding.matrix_code import (DecodingVector, MatrixCode, check_n_s,
+from stragglers.coding.matrix_code import (CodeSummary, DecodingVector, MatrixCode, check_n_s,
                                            least_squares_decoding)
 from stragglers.errors import InputError, StragglersError
 
@@ -60,6 +61,15 @@ def second_eigenvalue(A: np.ndarray) -> float:
     """λ: the second largest absolute eigenvalue of a symmetric adjacency matrix."""
     ev = np.sort(np.abs(np.linalg.eigvalsh(A)))
     return float(ev[-2])
+
+
+class ExpanderSummary(CodeSummary, kw_only=True, rename={"lam": "lambda"}):
+    """A code's summary plus the expander's degree, λ and worst-case errors."""
+
+    d: int
+    lam: float
+    fixed_decoder_bound: float
+    ignore_stragglers_error: float
 
 
 class ExpanderCode(MatrixCode):
@@ -125,8 +135,9 @@ class ExpanderCode(MatrixCode):
     def _decode(self, K: list[int]) -> DecodingVector:
         return self.decode_fixed(K) if self.decoder == "fixed" else self.decode_optimal(K)
 
-    def describe(self) -> dict:
+    def describe(self) -> ExpanderSummary:
         """Summary plus d, λ, the decoder and its worst-case error bound."""
-        return {**super().describe(), "d": self.d, "lambda": self.lam, "decoder": self.decoder,
-                "fixed_decoder_bound": self.error_bound(),
-                "ignore_stragglers_error": self.ignore_stragglers_error()}
+        base = msgspec.structs.asdict(super().describe())
+        return ExpanderSummary(**base, d=self.d, lam=self.lam,
+                               fixed_decoder_bound=self.error_bound(),
+                               ignore_stragglers_error=self.ignore_stragglers_error())

@@ -9,9 +9,22 @@ import numbers
 from functools import cached_property
 from typing import Sequence
 
+import msgspec
 import numpy as np
 
 from stragglers.errors import InputError
+
+
+class CodeSummary(msgspec.Struct, kw_only=True):
+    """What `stragglers coding info` prints first about a code."""
+
+    name: str
+    n: int
+    s: int
+    exact: bool
+    parts_per_worker: int
+    complex: bool
+    decoder: str
 
 
 class DecodingVector:
@@ -142,11 +155,11 @@ class MatrixCode:
         """An upper bound on the decoder's residual ‖aᵀB − 1ᵀ‖₂ over every set, or None."""
         return None
 
-    def describe(self) -> dict:
-        """A plain summary (name, n, s, parts per worker, exactness, decoder)."""
-        return {"name": self.name, "n": self.n, "s": self.s, "exact": self.exact,
-                "parts_per_worker": self.parts_per_worker, "complex": self.is_complex,
-                "decoder": self.decoder}
+    def describe(self) -> CodeSummary:
+        """A summary (name, n, s, parts per worker, exactness, decoder)."""
+        return CodeSummary(name=self.name, n=self.n, s=self.s, exact=self.exact,
+                           parts_per_worker=self.parts_per_worker, complex=self.is_complex,
+                           decoder=self.decoder)
 
     def _check_worker(self, worker: object, field: str = "worker") -> int:
         w = worker_id(self.name, field, worker)

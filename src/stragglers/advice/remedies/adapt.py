@@ -126,7 +126,7 @@ class DynamicBatches(RemedyBase):
 
 
 @REMEDIES.register("antdt-nd")
-class KillRestart(RemedyBase):
+class KillRestartRemedy(RemedyBase):
     """AntDT-ND KILL_RESTART: relaunch the persistently slow worker away from its host."""
 
     name = "antdt-nd"
