@@ -162,6 +162,9 @@ class Monitor:
         """Rebuild unfinished jobs from the store (reading only unanalysed parts), start threads."""
         self._remove_stale_temps()
         for row in self.store.jobs():
+            if row.state == "quarantined":   # its row does not read (store.jobs)
+                self._quarantine(row.job, _unreadable(self.store, row.job))
+                continue
             try:
                 job = self.store.job(row.job)
                 if job is None:   # removed since the list was read
@@ -1126,6 +1129,16 @@ def _remove_empty_upload_dir(directory: Path) -> None:
     except OSError as exc:
         log.warning("expired job's folder %s not removed: %s", directory,
                     exc.strerror or exc)
+
+
+def _unreadable(store: SQLStore, job: str) -> Exception:
+    """Why a job's stored row does not read (for the quarantine's reason)."""
+    try:
+        row = store.job(job)
+    except Exception as exc:   # noqa: BLE001 - the reason itself
+        return exc
+    what = "its name" if row is None else f"its state {row.state!r}"
+    return InputError(f"job {job!r}", None, f"its stored row does not read ({what})")
 
 
 def _decrement(counts: dict[Key, int], key: Key) -> None:

@@ -181,8 +181,16 @@ class SQLStore:
         return None if row is None else msgspec.convert(dict(row), kind)
 
     def _many(self, db: Any, kind: type[T], sql: str, args: Iterable[Any] = ()) -> list[T]:
-        """Every row of a statement in a write transaction as `kind`s."""
-        return [msgspec.convert(dict(r), kind) for r in self._exec(db, sql, args).fetchall()]
+        """Every row of a statement in a write transaction as `kind`s; a damaged row is left
+        out and named in the log (a lease row of a job stored as a blob failed every
+        heartbeat, so the service did not start)."""
+        out = []
+        for r in self._exec(db, sql, args).fetchall():
+            try:
+                out.append(msgspec.convert(dict(r), kind))
+            except msgspec.ValidationError as exc:
+                self._damaged(kind.__name__, dict(r), exc)
+        return out
 
     def close(self) -> None:
         """Close the connections."""
@@ -342,9 +350,19 @@ class SQLStore:
         out = []
         for r in rows:
             text = r.pop("meta_text")
+            try:
+                # checked, not trusted: a damaged row (a blob for the state, text for a time)
+                # was listed as it read, which the job list could not show
+                row = msgspec.convert(r, JobSummary)
+                if row.state not in JOB_STATES:
+                    raise msgspec.ValidationError(f"unknown state {row.state!r}")
+            except msgspec.ValidationError as exc:
+                self._damaged("job", r, exc)
+                out.append(_unreadable_job(r))   # listed as quarantined, never left out
+                continue
             shape = job_shape(_loads(text, {}) if text else {})
-            out.append(JobSummary(**r, world_size=shape.world_size, dp=shape.dp_size,
-                                  pp=shape.pp_size))
+            out.append(msgspec.structs.replace(row, world_size=shape.world_size,
+                                               dp=shape.dp_size, pp=shape.pp_size))
         return out
 
     def job_marks(self, jobs: Iterable[str]) -> dict[str, JobMark]:
@@ -827,6 +845,25 @@ def _decode_alert(row: dict[str, Any]) -> Alert | None:
     except msgspec.ValidationError as exc:
         log.warning("store: alert %.20s does not read: %s", row.get("fingerprint"), exc)
         return None
+
+
+JOB_STATES = ("running", "stalled", "finished")
+
+
+def _unreadable_job(row: dict[str, Any]) -> JobSummary:
+    """A job row that does not read, as the job list shows it: its name (as text), state
+    `quarantined`, what else reads."""
+    def text(v: Any) -> str:
+        return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+    def number(v: Any) -> float | None:
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    return JobSummary(job=text(row.get("job")), directory="", way=text(row.get("way")),
+                      state="quarantined", created_at=number(row.get("created_at")) or 0.0,
+                      last_part_at=number(row.get("last_part_at")),
+                      finished_at=number(row.get("finished_at")), window=None, slowdown=None,
+                      analysed_at=None, open_alerts=0, upload_dropped=0)
 
 
 def _loads(text: Any, default: Any) -> Any:

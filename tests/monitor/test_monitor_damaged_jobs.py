@@ -1,0 +1,71 @@
+"""A job row damaged in the store is listed as quarantined — on the running service and after
+a restart — never left out of the job list, never a 500, and the other jobs are served."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import httpx
+import pytest
+
+from monitor_jobs import get, slow_job
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+
+TOKEN = "damaged-jobs-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
+
+DAMAGE = {   # how job `v`'s row is damaged → the name it is listed under
+    "state as a blob": ("UPDATE jobs SET state = x'00ff' WHERE job = 'v'", "v"),
+    "a time as text": ("UPDATE jobs SET created_at = 'yesterday' WHERE job = 'v'", "v"),
+    "no known state": ("UPDATE jobs SET state = 'weird' WHERE job = 'v'", "v"),
+    # its lease row (copied from the jobs at start) failed every heartbeat: no start at all
+    "the name as a blob": ("UPDATE jobs SET job = x'7600' WHERE job = 'v'", "v\x00"),
+}
+
+
+def serve(tmp_path) -> MonitorServer:
+    return MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+
+
+def listed(c: httpx.Client) -> dict[str, str]:
+    r = c.get("/api/jobs")
+    assert r.status_code == 200, r.text
+    return {j["job"]: j["state"] for j in r.json()["jobs"]}
+
+
+def served(c: httpx.Client) -> None:
+    """Every read answers in the API's shape (a damaged job's own may refuse, naming it)."""
+    for url in ("/api/jobs/v", "/api/stats", "/api/alerts", "/metrics", "/health"):
+        r = c.get(url)
+        assert r.status_code < 500, (url, r.status_code, r.text[:300])
+    assert get(c, "/api/jobs/g")["state"] == "running"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_job_row_is_listed_as_quarantined(tmp_path, damage):
+    sql, name = DAMAGE[damage]
+    trace = slow_job(steps=5)
+    s = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for job in ("g", "v"):
+                assert c.put(f"/api/jobs/{job}/meta", json=trace.meta.to_dict(),
+                             headers=AUTH).status_code == 200
+            with sqlite3.connect(tmp_path / "mon.db") as db:
+                db.execute(sql)
+            # while it runs
+            assert listed(c) == {"g": "running", name: "quarantined"}
+            served(c)
+    finally:
+        s.stop()
+    s = serve(tmp_path)   # and after a restart
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert listed(c) == {"g": "running", name: "quarantined"}
+            served(c)
+            assert name in s.monitor.quarantined
+    finally:
+        s.stop()
