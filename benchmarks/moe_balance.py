@@ -289,8 +289,8 @@ def main() -> None:
         figures.append(Figure(
             name="untouched compute, balanced over skewed steps (median over pairs)",
             value=f"{statistics.median(untouched):.2f}", anchor="1.00: both met the same machine",
-            note="the compute outside the experts, which routing does not change: its ratio "
-                 "is the load's doing"))
+            note="the compute outside the experts, which routing does not change: away from "
+                 "1.00, the two kinds of steps met different loads"))
     command = ".venv/bin/python benchmarks/moe_balance.py " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v:g}" if isinstance(v, float)
                                       else f" {v}")
