@@ -876,7 +876,8 @@ class Monitor:
                 else:
                     # only if still the job's state: a stall decided on the tick thread
                     # meanwhile is newer than a `running` queued here before it
-                    self._state_changed(*item, current=True)
+                    job, state = item
+                    self._state_changed(job, state, current=True)
             except Exception:
                 log.exception("monitor analysis step failed")
             finally:
