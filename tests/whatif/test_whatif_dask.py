@@ -61,6 +61,21 @@ def test_progress_names_the_partitions(client, tmp_path):
     assert "2/2 step partitions read" in told and "diagnosis" in told
 
 
+def test_each_worker_decodes_only_its_steps_row_groups(client, tmp_path):
+    import re
+
+    trace = generate(dp=2, pp=2, microbatches=8, steps=12, slow_worker=(1, 1, 1.5), seed=3)
+    run = write_run(tmp_path / "run", trace)      # a row group per 6 steps in every file
+    told: list[str] = []
+    dask, _ = analyze_with_client(client, run, progress=told.append)
+    assert_same(analyze(read_run(run)), dask)
+    by_worker = [re.fullmatch(r"read by worker \S+: 1 partitions, ([\d,]+) rows, ([\d,]+) "
+                              r"bytes decoded", m) for m in told if m.startswith("read by")]
+    rows = [int(m.group(1).replace(",", "")) for m in by_worker if m]
+    assert len(rows) == 2 and sorted(rows) == sorted(
+        [int((trace.ops["step"] < 6).sum()), int((trace.ops["step"] >= 6).sum())])
+
+
 @pytest.mark.parametrize("name", ["ST", "AR", "SE"])
 def test_ndtimeline_samples_match(client, tmp_path, ndtimeline_dir, name):
     run = write_run(tmp_path / name, read_ndtimeline(ndtimeline_dir / f"trace-{name}.parquet"))

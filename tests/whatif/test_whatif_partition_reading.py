@@ -105,3 +105,20 @@ def test_recorder_layout_streamed_matches_the_whole_trace(tmp_path):
     whole = analyze(read_run(run))
     for partitions in (2, 3, 5):
         assert_same(whole, analyze_run(run, partitions=partitions)[0])
+
+
+def test_a_partition_of_a_written_run_decodes_only_its_row_groups(tmp_path):
+    from stragglers.trace.runformat import run_group_steps
+
+    trace = generate(dp=2, pp=2, microbatches=8, steps=12, slow_worker=(1, 1, 1.5), seed=3)
+    width = run_group_steps(trace.ops["step"], 4)
+    assert width == 6            # (so that the 2 partitions below cut where the groups do)
+    run = write_run(tmp_path / "run", trace)
+    layout = run_layout(run)
+    first = read_partition(layout, np.arange(width))
+    assert first.rows_read == int((trace.ops["step"] < width).sum()) == len(first.position)
+    assert 0 < first.bytes_read < sum(p.stat().st_size for p in run.glob("rank-*"))
+    # cut at the groups' steps, the partitions decode every row once, no group twice
+    told: list[str] = []
+    assert_same(analyze(read_run(run)), analyze_run(run, partitions=2, progress=told.append)[0])
+    assert f"read {len(trace):,} rows" in next(m for m in told if m.startswith("read "))

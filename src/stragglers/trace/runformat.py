@@ -25,6 +25,17 @@ RANK_FILE = re.compile(r"^rank-(\d+)(?:\.part-(\d+))?\.parquet$")
 # send them, run-format parts in LZ4"); readers take any codec Parquet has, so runs written
 # before keep reading.
 CODEC = "lz4"
+# Row groups: a rank file is written a row group per block of steps, so that a reader of some
+# steps (a step partition, whatif/partitioned.py) decodes only the groups that hold them (the
+# footer's step statistics say which). Each group read costs about as much as decoding this many
+# more rows (its footer entry, page headers, a decoder set up per column: 0.45 ms a group against
+# ~1 µs a row, 504K ops in 512 files written with 1, 2, 5 and 20 steps a group).
+GROUP_COST_ROWS = 450
+# The step partitions a reader is expected to cut a run into, at least (a Dask cluster's workers).
+MIN_READ_PARTITIONS = 4
+# The rows of one step partition as whatif/partitioned.py sizes them (PARTITION_BYTES /
+# BYTES_PER_ROW there): a bigger run is read in more partitions, so its groups hold fewer steps.
+READ_PARTITION_ROWS = (1 << 30) // 200
 META_INT_FIELDS = ("dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size", "ep_size",
                    "world_size")
 
@@ -131,19 +142,55 @@ def check_against_meta(ops: dict[str, np.ndarray], meta: JobMeta, trace_source: 
                          "the trace to agree")
 
 
-def write_rank(directory: Path, rank: int, ops: dict[str, np.ndarray], part: int | None = None) -> Path:
-    """Write one rank's ops (or one part of them) atomically."""
+def write_rank(directory: Path, rank: int, ops: dict[str, np.ndarray], part: int | None = None,
+               group_steps: int | None = None) -> Path:
+    """Write one rank's ops (or one part of them) atomically; with `group_steps`, a row group
+    per that many steps (group_bounds)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / rank_file_name(rank, part)
     tmp = path.with_name(path.name + ".tmp")
-    write_table(ops, tmp)
+    write_table(ops, tmp, group_steps)
     tmp.replace(path)
     return path
 
 
-def write_table(ops: dict[str, np.ndarray], where) -> None:
-    """An op table written as a rank file's Parquet (to a path or an Arrow output stream)."""
-    pq.write_table(columns_to_table(ops), where, compression=CODEC)
+def write_table(ops: dict[str, np.ndarray], where, group_steps: int | None = None) -> None:
+    """An op table written as a rank file's Parquet (to a path or an Arrow output stream): one
+    row group, or with `group_steps` a row group per block of that many steps (group_bounds).
+    A recorder's part is one group: its flushes already cut the rank's steps into files."""
+    table = columns_to_table(ops)
+    bounds = (np.array([0, table.num_rows]) if group_steps is None
+              else group_bounds(ops["step"], group_steps))
+    with pq.ParquetWriter(where, table.schema, compression=CODEC) as writer:
+        if len(bounds) <= 2:        # one group (up to Arrow's default size, as before)
+            writer.write_table(table)
+            return
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            writer.write_table(table.slice(lo, hi - lo), row_group_size=hi - lo)
+
+
+def steps_per_group(rows_per_step: float, steps: int, partitions: int) -> int:
+    """Steps a row group holds: what minimises the rows a partitioned read decodes, a group's
+    cost counted as GROUP_COST_ROWS rows. Read in P partitions, a file of T steps of r rows in
+    groups of g steps costs about (T/g + P)·GROUP_COST_ROWS + (T + P·g)·r (each partition
+    decodes its groups, one cut through at each end): least at g = √(T·GROUP_COST_ROWS / (P·r))."""
+    if steps <= 1 or rows_per_step <= 0:
+        return 1
+    best = np.sqrt(steps * GROUP_COST_ROWS / (max(1, partitions) * rows_per_step))
+    return int(min(steps, max(1, round(best))))
+
+
+def group_bounds(step: np.ndarray, width: int) -> np.ndarray:
+    """Row offsets [0, …, n] of a file's row groups: one per block of `width` steps, blocks
+    starting at multiples of `width` (every file of a run cut at the same steps, so a reader's
+    partitions can start where no group of any file straddles). Rows not in step order are
+    one group (a cut would not keep a partition's steps in a few groups)."""
+    n = len(step)
+    if n == 0 or width < 1 or not bool(np.all(step[1:] >= step[:-1])):
+        return np.array([0, n], dtype=np.int64)
+    first, last = int(step[0]), int(step[-1])
+    edges = np.arange((first // width + 1) * width, last + 1, width, dtype=np.int64)
+    return np.unique(np.concatenate([[0], np.searchsorted(step, edges), [n]])).astype(np.int64)
 
 
 def table_bytes(ops: dict[str, np.ndarray]) -> bytes:
@@ -161,10 +208,22 @@ def write_run(directory: Path | str, trace: Trace) -> Path:
     order = np.argsort(ranks, kind="stable")
     sorted_ranks = ranks[order]
     bounds = np.flatnonzero(np.diff(sorted_ranks)) + 1
+    width = run_group_steps(trace.ops["step"], len(bounds) + 1)
     for idx in np.split(order, bounds):
         if len(idx):
-            write_rank(directory, int(ranks[idx[0]]), {k: v[idx] for k, v in trace.ops.items()})
+            write_rank(directory, int(ranks[idx[0]]), {k: v[idx] for k, v in trace.ops.items()},
+                       group_steps=width)
     return directory
+
+
+def run_group_steps(step: np.ndarray, files: int) -> int:
+    """Steps a row group of a run's rank files holds (steps_per_group for the run's size: a
+    rank file's rows a step on average, read in the partitions a reader cuts it into)."""
+    if not len(step):
+        return 1
+    steps = int(step.max()) - int(step.min()) + 1
+    partitions = max(MIN_READ_PARTITIONS, -(-len(step) // READ_PARTITION_ROWS))
+    return steps_per_group(len(step) / (max(1, files) * steps), steps, partitions)
 
 
 def run_contents(directory: Path) -> tuple[JobMeta, list[Note], list[Path]]:
@@ -184,34 +243,41 @@ def read_run(directory: Path | str) -> Trace:
     if not directory.is_dir():
         raise InputError(directory, None, "not a run directory (expected a folder with meta.json)")
     meta, notes, files = run_contents(directory)
-    ops = _read_all_at_once(directory, files)
-    if ops is None:
-        ops = _read_file_by_file(files)
+    ops = _read_files(directory, files)
     if len(ops["step"]) == 0:
         raise InputError(directory, None, "the op tables hold no ops")
     check_against_meta(ops, meta, directory, directory / META_FILE)
     return Trace(ops, meta, str(directory), notes)
 
 
-def _read_all_at_once(directory: Path, files: list[Path]) -> dict[str, np.ndarray] | None:
-    """Fast path: one multi-threaded read of every file; None when the files need a closer look."""
-    try:
-        schemas = {str(pq.read_schema(f)) for f in files}
-        if len(schemas) != 1:
-            return None
-        table = pq.ParquetDataset(files).read(use_threads=True)
-        return table_to_columns(table, directory)
-    except (pa.ArrowException, OSError, ValueError, InputError):
-        return None  # the file-by-file path names the file at fault
+# Threads reading a run's files (Parquet decoding releases the GIL; more gain nothing on the
+# few cores a what-if runs on, and each holds a file's table).
+READ_THREADS = 4
 
 
-def _read_file_by_file(files: list[Path]) -> dict[str, np.ndarray]:
-    """Read and validate each file on its own, so any error names it.
+def _read_files(directory: Path, files: list[Path]) -> dict[str, np.ndarray]:
+    """Every file opened and read once (on a few threads), then converted as one table where
+    their schemas agree and every value is accepted, else file by file so errors name it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(READ_THREADS, len(files))) as pool:
+        # optype read as a dictionary: its names decoded once per page, not once per row
+        tables = list(pool.map(lambda f: read_parquet(f, use_threads=False,
+                                                      read_dictionary=["optype"]), files))
+    if len({t.schema for t in tables}) == 1:
+        try:
+            return table_to_columns(pa.concat_tables(tables), directory)
+        except (pa.ArrowException, InputError):
+            pass  # the file-by-file conversion names the file at fault
+    return _columns_by_file(files, tables)
+
+
+def _columns_by_file(files: list[Path], tables: list) -> dict[str, np.ndarray]:
+    """Convert and validate each file's table on its own, so any error names it.
 
     An optional column that only some files carry (a recorder part without sequence lengths)
     is kept, filled with its "unknown" value where a file lacks it: nothing is dropped.
     """
-    tables = [read_parquet(path) for path in files]
     total = sum(t.num_rows for t in tables)
     optional = [c for c in OPTIONAL_COLUMNS if any(c in t.column_names for t in tables)]
     ops = {c: np.empty(total, dtype=d) for c, d in COLUMNS.items()}
@@ -226,10 +292,11 @@ def _read_file_by_file(files: list[Path]) -> dict[str, np.ndarray]:
     return ops
 
 
-def read_parquet(path: Path) -> pa.Table:
+def read_parquet(path: Path, use_threads: bool = True,
+                 read_dictionary: list[str] | None = None) -> pa.Table:
     """Read a Parquet file, turning any Arrow failure into an error that names the file."""
     try:
-        return pq.read_table(path)
+        return pq.read_table(path, use_threads=use_threads, read_dictionary=read_dictionary)
     except FileNotFoundError:
         raise InputError(path, None, "no such file") from None
     except (pa.ArrowException, OSError, ValueError) as exc:

@@ -87,11 +87,20 @@ def analyze_with_client(client, path, steps=None, progress=None, config=None,
 def _read_on_workers(client, addresses: list[str], layout, parts: list,
                      tick: Callable[[str], None]) -> list:
     """ReadAll on the cluster: each partition read and laid on the grid where it is assigned
-    (round robin over the workers), the results gathered in step order."""
-    futures = [client.submit(_guarded, P.read_and_place, layout, p, pure=False,
-                             workers=[addresses[i % len(addresses)]])
-               for i, p in enumerate(parts)]
-    return _gather(client, futures, tick, "read")
+    (round robin over the workers), the results gathered in step order; what each worker
+    decoded told at the end. The layout (every file's row groups) is sent to each worker once,
+    not with every partition."""
+    on = [addresses[i % len(addresses)] for i in range(len(parts))]
+    shared = client.scatter(layout, broadcast=True, hash=False)
+    futures = [client.submit(_guarded, P.read_and_place, shared, p, pure=False, workers=[w])
+               for p, w in zip(parts, on)]
+    got = _gather(client, futures, tick, "read")
+    for w in addresses:
+        mine = [s for (s, _), at in zip(got, on) if at == w]
+        tick(f"read by worker {w}: {len(mine)} partitions, "
+             f"{sum(s.rows_read for s in mine):,} rows, "
+             f"{sum(s.bytes_read for s in mine):,} bytes decoded")
+    return got
 
 
 def _load_shards(client, addresses: list[str], plan, cost, delay, ideal, start):

@@ -188,6 +188,8 @@ class Partition:
     ops: dict[str, np.ndarray]
     position: np.ndarray         # file index << 40 | row in file: the whole trace's row order
     source: str
+    rows_read: int = 0           # rows decoded (its steps' and others' sharing their row groups)
+    bytes_read: int = 0          # compressed bytes of the column chunks decoded
 
 
 def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition:
@@ -205,9 +207,13 @@ def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition
                  for c in read_columns(layout)}
         return Partition(empty, np.empty(0, np.int64), layout.directory)
     wanted = read_columns(layout)
-    tables = list(pool.map(lambda job: _read_table(job[1], [k for k, _ in job[2]], wanted), jobs)
-                  if pool is not None else (_read_table(f, [k for k, _ in g], wanted)
-                                            for _, f, g in jobs))
+    read = list(pool.map(lambda job: _read_table(job[1], [k for k, _ in job[2]], wanted), jobs)
+                if pool is not None else (_read_table(f, [k for k, _ in g], wanted)
+                                          for _, f, g in jobs))
+    tables = [t for t, _ in read]
+    bytes_read = sum(b for _, b in read)
+    del read
+    rows_read = sum(t.num_rows for t in tables)
     # the files differ in schema or one holds a bad value: file by file, naming the file
     ops = _columns_at_once(layout, tables) or _columns_by_file(layout, [j[1] for j in jobs],
                                                                 tables)
@@ -224,13 +230,13 @@ def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition
         ops = {c: v[keep] for c, v in ops.items()}
         position = position[keep]
     if not len(position):
-        return Partition(ops, position, layout.directory)
+        return Partition(ops, position, layout.directory, rows_read, bytes_read)
     # the ranges only: whether every stage holds ops is a question for the whole run (assemble)
     every_stage = np.arange(layout.meta.pp_size, dtype=ops["stage"].dtype)
     check_against_meta({"dp_rank": ops["dp_rank"], "stage": np.concatenate([ops["stage"],
                                                                              every_stage])},
                        layout.meta, layout.directory, Path(layout.directory) / "meta.json")
-    return Partition(ops, position, layout.directory)
+    return Partition(ops, position, layout.directory, rows_read, bytes_read)
 
 
 # Optional columns the partitioned analysis reads: the diagnosis's and the grid's process
@@ -244,15 +250,20 @@ def read_columns(layout: RunLayout) -> list[str]:
 
 
 def _read_table(path: str, groups: list[int], columns: list[str]):
-    """Row groups of one rank file as an Arrow table (the columns of `columns` it has), on this
-    thread: the reading threads are the caller's, not Arrow's nested in each (2 cores)."""
+    """(Arrow table, compressed bytes decoded) of row groups of one rank file (the columns of
+    `columns` it has), on this thread: the reading threads are the caller's, not Arrow's nested
+    in each (2 cores)."""
     import pyarrow as pa
 
     try:
         f = _parquet(path)
-        have = set(f.schema_arrow.names)
-        return f.read_row_groups(groups, columns=[c for c in columns if c in have],
-                                 use_threads=False)
+        names = f.schema_arrow.names
+        use = [c for c in columns if c in names]
+        table = f.read_row_groups(groups, columns=use, use_threads=False)
+        md, at = f.metadata, [f.schema_arrow.get_field_index(c) for c in use]
+        # (an Arrow column is one Parquet leaf column in the op tables: no nested types)
+        return table, sum(md.row_group(g).column(i).total_compressed_size
+                          for g in groups for i in at)
     except FileNotFoundError:
         raise InputError(path, None, "no such file") from None
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -340,6 +351,8 @@ class PartitionSummary:
     ranks: np.ndarray            # unique global ranks
     stages: np.ndarray
     rows: int
+    rows_read: int = 0           # rows decoded to read it (Partition.rows_read)
+    bytes_read: int = 0          # compressed bytes decoded
 
 
 def summarise(part: Partition, pp_size: int, keys: np.ndarray | None = None,
@@ -363,7 +376,7 @@ def summarise(part: Partition, pp_size: int, keys: np.ndarray | None = None,
     cells = _unique(ops["dp_rank"].astype(np.int64) * pp_size + ops["stage"])
     return PartitionSummary(uniq, part.position[rows], ops["mc"][rows], ops["gmc"][rows],
                             _unique(ops["dp_rank"]), cells, _unique(ops["rank"]),
-                            _unique(ops["stage"]), len(keys))
+                            _unique(ops["stage"]), len(keys), part.rows_read, part.bytes_read)
 
 
 def _increasing(values: np.ndarray) -> bool:
@@ -755,6 +768,9 @@ def analyze_run(path: Path | str, steps=None, progress: Callable[[str], None] | 
     summaries = [s for s, _ in got]
     placed = [p for _, p in got if p is not None]
     del got
+    tick(f"read {sum(s.rows_read for s in summaries):,} rows "
+         f"({sum(s.bytes_read for s in summaries):,} bytes) for "
+         f"{sum(s.rows for s in summaries):,} ops of the selected steps")
     if not placed:
         raise InputError(layout.directory, "step", "the selected steps hold no ops")
     template = merge_summaries(summaries)
