@@ -111,3 +111,48 @@ def test_keys_given_twice_are_found_by_a_scan_of_the_bytes(body, twice):
     with pytest.raises(InputError) as info:
         rq.refuse_duplicate_keys(body)
     assert info.value.field == twice
+
+
+def python_calls(fn) -> int:
+    """How many Python function calls (and generator steps) `fn()` makes: a measure of its
+    work that does not depend on the machine's speed or load."""
+    import sys
+
+    count = [0]
+
+    def profile(frame, event, arg):
+        if event == "call":
+            count[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count[0]
+
+
+@pytest.mark.parametrize("policy", ["nd", "dd"])
+def test_a_controllers_work_grows_linearly_with_its_world_size(policy):
+    # a job may declare 65,536 ranks: every record scanned every rank (is the window full?)
+    # and the batch split scanned every rank per sample it rounded; a 16,384-rank job's
+    # reports took 66 s per 2,000 and its first window 188 s, on the service's event loop
+    from stragglers.adapt.control import ControlPlane
+    from stragglers.adapt.controller import ControlConfig
+
+    def feed(world: int) -> int:
+        plane = ControlPlane()
+        cfg = ControlConfig.from_mapping({"policy": policy, "world_size": world,
+                                          "global_batch": 7 * world + 3, "incarnation": 1}, "t")
+        plane.configure("j", cfg, "owner")
+
+        def reports():
+            for rank in range(world):   # one rank in seven slower: the window closes with a split
+                bpt = 0.3 if rank % 7 == 0 else 0.1
+                plane.report("j", rank, [(10 + i, bpt, 7) for i in range(5)], "", 1, 0, "owner")
+        calls = python_calls(reports)
+        assert plane.actions("j", 0).actions, "the window closed with an action"
+        return calls
+
+    small, big = feed(256), feed(4096)
+    assert big < 16 * small * 1.5, (small, big)   # 16x the ranks: about 16x the work

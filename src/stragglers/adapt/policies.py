@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 
@@ -29,21 +30,28 @@ def split_batch(global_batch: int, throughputs: Sequence[float],
     c = [0.0] * len(v) if overheads is None else [max(0.0, float(x)) for x in overheads]
     if len(c) != len(v):
         raise InputError("policy", "overheads", f"expected {len(v)} values, got {len(c)}")
+    # (sets and a heap: with lists and a scan per unit a 16,384-rank split took 188 s, on the
+    # service's event loop)
     active = [i for i in range(len(v)) if v[i] > 0]
     while True:
         t_star = (global_batch + sum(c[i] * v[i] for i in active)) / sum(v[i] for i in active)
-        drop = [i for i in active if c[i] >= t_star]
+        drop = {i for i in active if c[i] >= t_star}
         if not drop or len(drop) == len(active):
             break
         active = [i for i in active if i not in drop]
-    real = [v[i] * max(0.0, t_star - c[i]) if i in active else 0.0 for i in range(len(v))]
+    kept = set(active)
+    real = [v[i] * max(0.0, t_star - c[i]) if i in kept else 0.0 for i in range(len(v))]
     scale = global_batch / sum(real) if sum(real) > 0 else 0.0
     sizes = [int(math.floor(x * scale)) for x in real]
     # Hand out the remaining units one at a time to the worker that finishes them soonest:
     # this rounding minimises the step time max_i(b_i/v_i + c_i), unlike largest remainder.
+    # (ties to the lowest rank; only the chosen worker's time changes)
+    soonest = [((sizes[i] + 1) / v[i] + c[i], i) for i in active]
+    heapq.heapify(soonest)
     for _ in range(global_batch - sum(sizes)):
-        j = min(active, key=lambda i: ((sizes[i] + 1) / v[i] + c[i], i))
+        _, j = heapq.heappop(soonest)
         sizes[j] += 1
+        heapq.heappush(soonest, ((sizes[j] + 1) / v[j] + c[j], j))
     return sizes
 
 
