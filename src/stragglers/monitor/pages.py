@@ -229,10 +229,10 @@ def check_chunk_pages(buf, start: int, end: int, declared_uncompressed: int,
             except IndexError:
                 raise BadPage("a page header runs past its column chunk") from None
             after += start
-            if after - pos > MAX_HEADER_BYTES:
-                raise BadPage(f"a page header of more than {MAX_HEADER_BYTES} bytes")
         else:
             kind, uncompressed, size, subs, after = _read_header(buf, pos, end)
+        if after - pos > MAX_HEADER_BYTES:
+            raise BadPage(f"a page header of more than {MAX_HEADER_BYTES} bytes")
         if size is None or kind is None or uncompressed is None:
             raise BadPage("a page header lacks its type or sizes")
         if size < 0 or uncompressed < 0 or after + size > end:

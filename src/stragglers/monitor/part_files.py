@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -12,6 +13,10 @@ from stragglers.trace.runformat import rank_file_name
 
 
 MAX_PART_FILE_BYTES = 1 << 30   # a watched part file (an upload is bounded by max_part_bytes)
+
+# a part file up to this size is read in one read and checked and decoded from those bytes (a
+# recorder's parts are kB to a few MB); a larger one is read where touched (FileBytes)
+WHOLE_READ_BYTES = 16 << 20
 
 
 
@@ -31,6 +36,27 @@ def open_part_file(path: Path, limit: int = MAX_PART_FILE_BYTES):
         os.close(fd)
         raise
     return os.fdopen(fd, "rb"), st.st_size
+
+
+
+def read_whole(f, size: int) -> bytes:
+    """The first `size` bytes of an open part file (OSError when it shrank meanwhile)."""
+    parts, got = [], 0
+    while got < size:
+        block = os.pread(f.fileno(), size - got, got)
+        if not block:
+            raise OSError(f"the file shrank while read ({got} bytes where {size} were)")
+        parts.append(block)
+        got += len(block)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+
+def checked_digest(data) -> bytes:
+    """What a part's checked bytes are known by (BLAKE2b, 128 bits): a file whose bytes give the
+    same digest holds the bytes that were checked (a forged match is out of reach), one that
+    changed in any byte since, after a rename or a rewrite in place alike, gives another."""
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stragglers.errors import InputError
-from stragglers.monitor.part_files import file_bytes, open_part_file
+from stragglers.monitor.part_files import WHOLE_READ_BYTES, checked_digest, file_bytes, \
+    open_part_file, read_whole
 from stragglers.monitor.part_limits import ALLOWED_COLUMNS, check_decode_budget, \
     check_page_headers, check_part_rows, check_step_gaps, guarded
 from stragglers.monitor.part_names import parse_part_name
@@ -160,18 +161,21 @@ def parquet_file(source) -> pq.ParquetFile:
 
 
 
-def read_small_parquet(source, name: object = None, data=None) -> pa.Table:
+def read_small_parquet(source, name: object = None, data=None, checked: bool = False
+                       ) -> pa.Table:
     """One small Parquet file, read on this thread: for parts of a few thousand rows this is
     ~5× faster than pq.read_table (no dataset discovery, no thread-pool hand-offs). A file of
     more than MAX_PART_ROWS rows, one that could take more than MAX_DECODED_BYTES decoded, or
     one with columns outside the op table's is refused (InputError naming `name`) before any
     of it is decoded, and so is one whose page headers pass its footer (with `data`, the
-    file's bytes); the op type is read as a dictionary (its names, once)."""
+    file's bytes); the op type is read as a dictionary (its names, once). `checked`: these
+    very bytes passed those checks already (their digest says so), which are not run again."""
     f = parquet_file(source)
     where = source if name is None else name
-    refused = check_part_rows(f.metadata.num_rows, where) or \
-        check_decode_budget(f.metadata, where) or \
-        (check_page_headers(f.metadata, data, where) if data is not None else None)
+    refused = None if checked else (
+        check_part_rows(f.metadata.num_rows, where) or
+        check_decode_budget(f.metadata, where) or
+        (check_page_headers(f.metadata, data, where) if data is not None else None))
     if refused is not None:
         raise refused
     unknown = [c for c in f.schema_arrow.names if c not in ALLOWED_COLUMNS]
@@ -209,16 +213,19 @@ def read_uploads(uploads: list[tuple[bytes, object, int, int]], pool: Executor |
 
 
 
-def _read_sized(path: Path) -> tuple[pa.Table, int] | InputError:
+def _read_sized(path: Path, digest: bytes = b"") -> tuple[pa.Table, int] | InputError:
     try:
-        return _read_file(path)
+        return _read_file(path, digest)
     except InputError as exc:
         return exc
 
 
 
-def _read_file(path: Path) -> tuple[pa.Table, int]:
-    """A part file's table and size (InputError naming the file when it cannot be had)."""
+def _read_file(path: Path, digest: bytes = b"") -> tuple[pa.Table, int]:
+    """A part file's table and size (InputError naming the file when it cannot be had);
+    `digest`: the checked_digest of bytes whose footer and page headers were checked (by the
+    ingest), not checked again when the file's bytes give it: each check runs once per part,
+    and a file changed since (in place or replaced) is checked again."""
     if parse_part_name(path.name) is None:
         raise InputError(path, None, "not a rank-RRRRR.part-PPPPPP.parquet file")
     try:
@@ -228,8 +235,15 @@ def _read_file(path: Path) -> tuple[pa.Table, int]:
     except OSError as exc:
         raise InputError(path, None, f"cannot be opened ({exc.strerror})") from None
     try:
-        with f, file_bytes(f, size) as data:
-            return read_small_parquet(f, path, data), size
+        with f:
+            if size > WHOLE_READ_BYTES:
+                with file_bytes(f, size) as touched:
+                    return read_small_parquet(f, path, touched), size
+            # one read: the digest, the checks and the rows are of the same bytes (a writer
+            # changing the file between a check and the decode changes neither)
+            data = read_whole(f, size)
+        same = bool(digest) and checked_digest(data) == digest
+        return read_small_parquet(pa.BufferReader(data), path, data, same), size
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(path, None, f"not a readable Parquet file ({first[:200]})") from None
@@ -252,20 +266,22 @@ def _ids(path: Path) -> tuple[int, int]:
 
 
 
-def read_part_files(paths: list[Path], pool: Executor | None = None
-                    ) -> list[PartData | InputError]:
+def read_part_files(paths: list[Path], pool: Executor | None = None,
+                    digests: list[bytes] | None = None) -> list[PartData | InputError]:
     """Read part files of run directories (on `pool`'s threads: Parquet decoding releases the
-    GIL) and validate them together (check_parts)."""
+    GIL) and validate them together (check_parts); `digests`: each file's PartFile.digest
+    (b"": none), whose bytes' footer and page headers are not checked again."""
     tables: list[pa.Table] = []
     sources: list[Path] = []
     ids: list[tuple[int, int]] = []
     sizes: list[int] = []
     out: dict[int, PartData | InputError | None] = {}
 
-    def read_one(path):
-        return guarded(_read_sized, path, path)
+    def read_one(job: tuple[Path, bytes]):
+        return guarded(lambda j: _read_sized(*j), job, job[0])
 
-    read = pool.map(read_one, paths) if pool is not None else map(read_one, paths)
+    jobs = list(zip(paths, digests if digests is not None else [b""] * len(paths)))
+    read = pool.map(read_one, jobs) if pool is not None else map(read_one, jobs)
     for i, (path, got) in enumerate(zip(paths, read)):
         if isinstance(got, InputError):
             out[i] = got
@@ -291,7 +307,8 @@ def read_window_rows(files: list[PartFile], steps: list[int], pool: Executor | N
     wanted = np.asarray(steps, dtype=np.int64)
     ready = dict(ready or {})
     rest = [f for f in files if str(f.path) not in ready]
-    ready.update(zip((str(f.path) for f in rest), read_part_files([f.path for f in rest], pool)))
+    ready.update(zip((str(f.path) for f in rest), read_part_files(
+        [f.path for f in rest], pool, [f.digest for f in rest])))
     for f in files:
         data = ready[str(f.path)]
         if isinstance(data, InputError):

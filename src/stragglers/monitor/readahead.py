@@ -33,7 +33,8 @@ class ReadAhead:
                     self.rows += f.records
         for i in range(0, len(take), CHUNK):
             chunk = take[i:i + CHUNK]
-            fut = self._pool.submit(read_part_files, [f.path for f in chunk])
+            fut = self._pool.submit(read_part_files, [f.path for f in chunk], None,
+                                    [f.digest for f in chunk])
             with self._lock:
                 for j, f in enumerate(chunk):
                     self._held[str(f.path)] = (f, fut, j)
