@@ -272,3 +272,26 @@ def test_a_postgres_store_that_cannot_be_used_is_refused_in_one_line(tmp_path, p
             Monitor(store)                                    # folder for the uploads
     finally:
         store.close()
+
+
+def test_an_outbox_message_that_does_not_read_is_set_aside_not_every_message(stores):
+    # its alert text damaged: the claim failed, rolled back and found it first again at every
+    # poll, so no alert of any job left the outbox any more
+    a = stores()
+    a.register_job("j", "/runs/j", "http", None)
+    engine = AlertEngine(RULES, a, repeat_s=3600)
+    rows, log, _ = engine.on_window("j", window("j", 0, 1.3), now=5.0)
+    a.add_window(window("j", 0, 1.3), rows, log)
+
+    def damage(db):
+        a._exec(db, "UPDATE alert_outbox SET alert = ?", ("{not json",))
+        return True
+    a._write(damage)
+    a.register_job("k", "/runs/k", "http", None)   # another job's message behind it
+    rows, log, _ = engine.on_window("k", window("k", 0, 1.3), now=6.0)
+    a.add_window(window("k", 0, 1.3), rows, log)
+    claimed = a.claim_messages("A", 10, claim_s=60.0)
+    assert [(m.job, m.alert.rule, m.status) for m in claimed] == [("k", "straggling", "firing")]
+    bad = [r for r in a.outbox("j") if r.failed_at is not None]
+    assert len(bad) == 1 and bad[0].delivered_at is None   # given up on, named in the log
+    assert a.claim_messages("A", 10, claim_s=60.0) == []

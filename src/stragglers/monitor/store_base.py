@@ -664,10 +664,19 @@ class SQLStore:
                     db, _Claimed, "UPDATE alert_outbox SET claimed_by = ?, claim_until = ?, "
                     "attempts = attempts + 1 WHERE id = ? RETURNING id, job, fingerprint, "
                     "status, alert, attempts", (instance, now + claim_s, r.n))
-                if got is not None:
-                    out.append(ClaimedMessage(got.id, got.job, got.fingerprint, got.status,
-                                              msgspec.json.decode(got.alert, type=Alert),
-                                              got.attempts))
+                if got is None:
+                    continue
+                try:
+                    alert = msgspec.json.decode(got.alert, type=Alert)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    # a message that does not read is given up on, named in the log: claimed
+                    # first at every poll, its failure once held back every other message
+                    self._exec(db, "UPDATE alert_outbox SET failed_at = ? WHERE id = ?",
+                               (now, got.id))
+                    self._damaged("alert_outbox", {"job": got.job}, exc)
+                    continue
+                out.append(ClaimedMessage(got.id, got.job, got.fingerprint, got.status, alert,
+                                          got.attempts))
             return out
 
         return self._write(tx)
