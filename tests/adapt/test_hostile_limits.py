@@ -156,3 +156,30 @@ def test_a_controllers_work_grows_linearly_with_its_world_size(policy):
 
     small, big = feed(256), feed(4096)
     assert big < 16 * small * 1.5, (small, big)   # 16x the ranks: about 16x the work
+
+
+def test_a_controller_keeps_a_bounded_number_of_actions(svc):
+    # every ADJUST_BS was kept (a list of world_size ints each): a job reporting noisy times
+    # with min_change 0 grew the list, and every reply asking since 0, without bound
+    from stragglers.adapt.controller import MAX_KEPT_ADJUSTS
+
+    headers = {"Authorization": f"Bearer {OWNER}", "X-Service-Token": SERVICE}
+    with httpx.Client(base_url=svc["url"], headers=headers, timeout=60) as c:
+        r = c.post("/jobs/noisy/control/config", json={
+            "policy": "nd", "world_size": 2, "global_batch": 64, "window": 1, "min_change": 0,
+            "persistent_windows": 1000, "incarnation": 1})
+        assert r.status_code == 200, r.text
+        for step in range(2, 2 + 4 * MAX_KEPT_ADJUSTS):
+            slow = step % 2   # ranks 0 and 1 take turns being slow: a new split every window
+            for rank in (0, 1):
+                bpt = 0.3 if rank == slow else 0.1
+                r = c.post("/jobs/noisy/control/report", json={
+                    "rank": rank, "records": [[step, bpt, 32]], "incarnation": 1})
+                assert r.status_code == 200, r.text
+        got = c.get("/jobs/noisy/control/actions", params={"since": 0}).json()["actions"]
+        seqs = [a["seq"] for a in got]
+        assert len(got) == MAX_KEPT_ADJUSTS and seqs == sorted(seqs), seqs
+        assert seqs[-1] >= 2 * MAX_KEPT_ADJUSTS, "more were decided than are kept"
+        last = c.get("/jobs/noisy/control/actions", params={"since": seqs[-1]}).json()
+        assert [a["seq"] for a in last["actions"]] == [seqs[-1]]
+        assert len(c.get("/jobs/noisy/control/state").json()["actions"]) == MAX_KEPT_ADJUSTS

@@ -110,8 +110,10 @@ class Agent:
             return
         if reply.incarnation != self.incarnation:
             return
-        new = reply.actions
-        self._seen += len(new)
+        new = [a for a in reply.actions if a.seq >= self._seen]
+        if new:
+            # (by seq, not by count: the controller keeps only its newest ADJUST_BS actions)
+            self._seen = new[-1].seq + 1
         with self._lock:
             self._pending.extend(new)
 

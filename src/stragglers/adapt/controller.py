@@ -62,6 +62,10 @@ class ControlConfig(Config):
         """Kept for callers of the old API: validation now happens at construction."""
 
 
+# ADJUST_BS actions a controller keeps (the newest; every KILL_RESTART is kept)
+MAX_KEPT_ADJUSTS = 16
+
+
 class Action(msgspec.Struct, frozen=True):
     """One controller decision; every agent sees every action and applies it at `effective_step`."""
 
@@ -130,7 +134,10 @@ class Controller:
         self.monitor = SpeedMonitor(config.world_size, config.window, config.theta,
                                     config.persistent_windows)
         self.batch_sizes = split_batch(config.global_batch, [1.0] * config.world_size)
+        # the actions kept (every KILL_RESTART, the last MAX_KEPT_ADJUSTS ADJUST_BS: each
+        # carries the whole split, superseding those before it) and how many were decided
         self.actions: list[Action] = []
+        self.decided = 0
         self.kills = 0
         self.last_classes: dict[int, WorkerClass] = {}
 
@@ -145,8 +152,18 @@ class Controller:
             action = self._action(proposal)
             if action is not None:
                 new.append(action)
-                self.actions.append(action)
+                self._keep(action)
         return new
+
+    def _keep(self, action: Action) -> None:
+        """Keep `action`, dropping the oldest ADJUST_BS past MAX_KEPT_ADJUSTS: kept all, a
+        job reporting noisy times with min_change 0 grew its list (and every reply asking
+        since 0) without bound, each action a list of world_size ints."""
+        self.actions.append(action)
+        self.decided += 1
+        adjusts = [a for a in self.actions if a.kind == ADJUST_BS]
+        if len(adjusts) > MAX_KEPT_ADJUSTS:
+            self.actions.remove(adjusts[0])
 
     def _view(self) -> ControllerState:
         return ControllerState(self.config, self.monitor, self.last_classes,
@@ -163,14 +180,14 @@ class Controller:
         effective = self.monitor.latest_step + self._lag_steps()
         if isinstance(proposal, KillRestart):
             self.kills += 1
-            return Action(len(self.actions), KILL_RESTART, effective, [], None,
+            return Action(self.decided, KILL_RESTART, effective, [], None,
                           proposal.target, proposal.reason)
         sizes = proposal.batch_sizes
         moved = max(abs(a - b) for a, b in zip(sizes, self.batch_sizes))
         if moved <= cfg.min_change * cfg.global_batch / cfg.world_size:
             return None
         self.batch_sizes = list(sizes)
-        return Action(len(self.actions), ADJUST_BS, effective, list(sizes), cfg.memory_cap, None,
+        return Action(self.decided, ADJUST_BS, effective, list(sizes), cfg.memory_cap, None,
                       proposal.reason)
 
     def state(self) -> ControllerView:
@@ -180,8 +197,8 @@ class Controller:
                               list(self.actions), self.kills)
 
     def actions_since(self, since: int) -> Actions:
-        """Every action with seq >= since, under this controller's incarnation."""
-        return Actions(self.config.incarnation, self.actions[since:])
+        """Every kept action with seq >= since, under this controller's incarnation."""
+        return Actions(self.config.incarnation, [a for a in self.actions if a.seq >= since])
 
 
 @CONTROLLER_POLICIES.register("bsp")

@@ -666,10 +666,13 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         raw = request.query_params.get("since", "0")
         if not (raw.isascii() and raw.isdigit()) or len(raw) > 10:   # ('²'.isdigit())
             raise InputError("query", "since", f"expected an integer >= 0, got {raw!r:.30}")
+        await pacer.turn()   # anonymous, and up to 16 splits of world_size ints each
         return control.actions(job, int(raw))
 
     async def control_state(request: Request) -> ControllerView:
-        return control.state(name_of(request, "job"))
+        job = name_of(request, "job")
+        await pacer.turn()   # anonymous, and a class per rank
+        return control.state(job)
 
     routes = [
         route("/health", health, ("GET",)),
