@@ -293,3 +293,24 @@ def test_the_urgent_sender_posts_to_a_real_receiver(monitor):
         assert row.delivered_by == monitor.instance
     finally:
         http.shutdown()
+
+
+def test_a_watchers_batch_from_before_the_deadline_defers_it_until_handed_over(monitor):
+    feed(monitor, 0, range(4), queued_ago=STALL + 1.0)   # quiet for 11 s already
+    deadline = monitor.trackers["j"].last_arrival + STALL
+    # events that came after the deadline cannot be the job's last part: no wait
+    with monitor.noticing(after=deadline + 0.5):
+        monitor.tick()
+        assert monitor.states["j"] == "stalled"
+
+
+def test_a_watchers_batch_that_may_hold_a_last_part_holds_the_stall(monitor):
+    feed(monitor, 0, range(4), queued_ago=STALL + 1.0)
+    deadline = monitor.trackers["j"].last_arrival + STALL
+    with monitor.noticing(after=deadline - 0.2):   # a part written before the deadline may be
+        monitor.tick()                              # in it, not queued yet
+        assert monitor.states["j"] == "running"
+        assert not monitor._tick_wake.is_set()
+    assert monitor._tick_wake.is_set()   # decided once the batch was handed over
+    monitor.tick()
+    assert monitor.states["j"] == "stalled"   # it held none of the job's parts

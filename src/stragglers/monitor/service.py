@@ -20,6 +20,8 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +141,7 @@ class Monitor:
         self._parts_in_flight: dict[tuple[str, int], int] = {}
         self._jobs_in_flight: dict[str, int] = {}
         self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
+        self._noticing: dict[object, tuple[float, float]] = {}   # watchers' batches (noticing)
         self._deferred = False
         self._count_lock = threading.Lock()
         self._stop = threading.Event()
@@ -516,12 +519,42 @@ class Monitor:
         if deferred:
             self._tick_wake.set()
 
-    def in_flight(self, job: str, rank: int | None = None) -> bool:
-        """Whether parts of the job (of that rank) are queued or being stored."""
+    def in_flight(self, job: str, rank: int | None = None, since: float | None = None) -> bool:
+        """Whether parts of the job (of that rank) are queued or being stored, or, for a
+        silence since `since`, a watcher is handing over events that may hold one."""
         with self._count_lock:
+            if since is not None and self._noticing_since(since):
+                return True
             if rank is None:
                 return job in self._jobs_in_flight
             return (job, rank) in self._parts_in_flight
+
+    def _noticing_since(self, since: float) -> bool:
+        """A batch of file events being handed over may hold a part written after `since`
+        (held by _count_lock). A batch handed over for longer than stall_after_s / 2 no
+        longer holds decisions: the lag guard's rule."""
+        deadline = since + self.config.stall_after_s
+        oldest = time.monotonic() - self.config.stall_after_s / 2
+        return any(after < deadline and began > oldest
+                   for after, began in self._noticing.values())
+
+    @contextmanager
+    def noticing(self, after: float) -> Iterator[None]:
+        """A watcher hands over a batch of file events that happened after `after` (wall
+        time: its previous batch's arrival): a silence whose deadline lies after it is decided
+        once the batch is submitted (a part written just before the deadline may be in it,
+        not yet queued)."""
+        token = object()
+        with self._count_lock:
+            self._noticing[token] = (after, time.monotonic())
+        try:
+            yield
+        finally:
+            with self._count_lock:
+                del self._noticing[token]
+                deferred, self._deferred = self._deferred, False
+            if deferred:
+                self._tick_wake.set()
 
     def defer_silence(self) -> None:
         """A silence was not decided over parts in flight: tick again once a batch landed."""
@@ -1077,7 +1110,8 @@ class Monitor:
                     new = "finished"
                 elif quiet >= cfg.stall_after_s:
                     new = "stalled"
-                    if state == "running" and (lagging or self.in_flight(job)):
+                    if state == "running" and (lagging or self.in_flight(
+                            job, since=tr.last_arrival)):
                         # behind on its own ingest, the monitor cannot tell a silent job from
                         # parts still queued (seen: a small job stalled behind a 1,024-rank
                         # one's parts); with a part of it in flight (written just before the

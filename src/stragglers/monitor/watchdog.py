@@ -138,7 +138,7 @@ class Watchdog:
                     # one rank gone (seen: 16 of 32 ranks alerted just before their job stalled)
                     behind = (rp.last_step if rp else -1) < tr.max_step
                     if now - last >= limit and behind:
-                        if m.in_flight(job, rank):
+                        if m.in_flight(job, rank, since=last):
                             # a part of it is in the ingest (written just before the
                             # deadline): decided again once it is stored or refused
                             m.defer_silence()
