@@ -169,3 +169,24 @@ def test_replica_steps_missing_an_actions_pieces_have_no_say_in_how_it_is_cut():
         fwd1, recv1 = _node(g, 1, "forward-compute", 3), _node(g, 1, "forward-recv", 1)
         assert recv1 in model.deps[fwd1]
         assert recv1 not in model.deps[_node(g, 1, "forward-compute", 2)]
+
+
+def test_waiting_for_a_collective_is_one_majority_vote_a_tie_is_no():
+    """The compute after a collective waited for it where it did in more than half the
+    replica-steps holding both (the model's one vote, `_most`): a tie is no, whatever the sizes
+    of the gaps (the median of the gaps once decided a tie by them); missing cells have no say."""
+    from types import SimpleNamespace
+
+    from stragglers.whatif.dependencies import _mostly_waited
+
+    def grid(gaps):  # node 0 the collective (1 s long at t = 0), node 1 the compute after it
+        gaps = np.array(gaps, float).reshape(1, -1)
+        start = np.stack([np.zeros_like(gaps), 1.0 + gaps])
+        return SimpleNamespace(start=start, duration=np.stack([np.ones_like(gaps)] * 2),
+                               present=~np.isnan(start))
+
+    assert not _mostly_waited(grid([0.5, 0.5, -1e-3, -1e-3]), 0, 1)   # tie, big waits
+    assert not _mostly_waited(grid([1e-6, 1e-6, -0.5, -0.5]), 0, 1)   # tie, big overlaps
+    assert _mostly_waited(grid([1e-6, 1e-6, 1e-6, -0.5]), 0, 1)
+    assert _mostly_waited(grid([1e-6, 1e-6, np.nan, -0.5]), 0, 1)     # 2 of the 3 that ran
+    assert not _mostly_waited(grid([np.nan] * 4), 0, 1)

@@ -337,7 +337,8 @@ def recorded_per_action(grid: OpGrid) -> bool:
 
 
 def _most(yes: np.ndarray, held: np.ndarray) -> bool:
-    """Whether yes holds in most replica-steps that hold the ops asked about (none: no)."""
+    """Whether yes holds in more than half the replica-steps that hold the ops asked about
+    (a tie or none: no); every majority vote of the dependency model is this one."""
     # one replica-step may differ; one missing an op has no say (counted as "no", the
     # replica-steps without an action's pieces split it)
     return 2 * int((yes & held).sum()) > int(held.sum())
@@ -515,10 +516,9 @@ def _link_waited(grid: OpGrid, coll: list[int], grads: list[int], comp: list[int
 
 
 def _mostly_waited(grid: OpGrid, coll: int, nxt: int) -> bool:
-    """Whether `nxt` started after `coll` ended in most replica-steps where both ran."""
-    both = grid.present[coll] & grid.present[nxt]
-    gap = (grid.start[nxt] - grid.start[coll] - grid.duration[coll])[both]
-    return bool(len(gap)) and float(np.median(gap)) >= -_EPS
+    """Whether `nxt` started after `coll` ended in most replica-steps where both ran (`_most`)."""
+    gap = grid.start[nxt] - grid.start[coll] - grid.duration[coll]
+    return _most(gap >= -_EPS, grid.present[coll] & grid.present[nxt])
 
 
 def _reaches(deps, start: int, target: int) -> bool:
