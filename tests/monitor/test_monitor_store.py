@@ -295,3 +295,27 @@ def test_an_outbox_message_that_does_not_read_is_set_aside_not_every_message(sto
     bad = [r for r in a.outbox("j") if r.failed_at is not None]
     assert len(bad) == 1 and bad[0].delivered_at is None   # given up on, named in the log
     assert a.claim_messages("A", 10, claim_s=60.0) == []
+
+
+@pytest.mark.slow
+def test_a_full_postgres_disk_is_the_oserror_a_full_disk_is(postgres_url):
+    # PostgreSQL's disk_full (SQLSTATE 53100), raised by the real server inside a write: the
+    # service answers 507 for it as for a full local disk (it was 503, "cannot reach storage")
+    import errno
+
+    from stragglers.serving import error_status
+
+    store = open_store(postgres_url)
+    try:
+        store.register_job("j", "/runs/j", "http", None)
+
+        def full(db):
+            db.execute("DO $$ BEGIN RAISE EXCEPTION 'could not extend file' USING ERRCODE = "
+                       "'disk_full'; END $$")
+        with pytest.raises(OSError) as got:
+            store._write(full)
+        assert got.value.errno == errno.ENOSPC and "disk is full" in str(got.value)
+        assert error_status(got.value)[0] == 507
+        assert store.job("j") is not None   # and the store goes on
+    finally:
+        store.close()

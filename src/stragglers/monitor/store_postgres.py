@@ -9,6 +9,7 @@ Time for leases is the database's clock (`clock_timestamp()`), never an instance
 from __future__ import annotations
 
 import functools
+import errno
 import logging
 import re
 import threading
@@ -173,6 +174,11 @@ class PostgresStore(SQLStore):
                 if attempt == 7:
                     raise
                 time.sleep(0.01 * (attempt + 1))
+            except errors.DiskFull as exc:
+                # the database's disk is full: the OSError it is, answered 507 (was 503, "cannot
+                # reach its storage"), nothing stored
+                raise OSError(errno.ENOSPC, "the store (PostgreSQL) cannot be written: its disk "
+                              f"is full ({str(exc).splitlines()[0]})") from exc
         if notify:
             self.version += 1
             self._notify()
