@@ -394,6 +394,8 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true",
                     help="leave the files there (deleting thousands of files slows the file "
                     "creations of a run that follows within minutes, on this machine's disk)")
+    ap.add_argument("--no-record", action="store_true",
+                    help="leave benchmarks/results as it is (a smoke run: print and --json only)")
     args = ap.parse_args()
     only = set(args.only or PARTS)
     modes = args.analysis or ["process"]
@@ -430,7 +432,8 @@ def main() -> None:
             shutil.rmtree(d, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
-    write_results(out, args)
+    if not args.no_record:
+        write_results(out, args)
 
 
 def write_results(out: dict, args: argparse.Namespace) -> None:
