@@ -319,3 +319,20 @@ def test_a_full_postgres_disk_is_the_oserror_a_full_disk_is(postgres_url):
         assert store.job("j") is not None   # and the store goes on
     finally:
         store.close()
+
+
+def test_a_dead_man_change_is_stored_with_its_message_claimed_in_one_transaction(stores):
+    a, b = stores(), stores()
+    a.register_job("j", "/runs/j", "http", None)
+    lease = ("A", a.take_lease("A", "j", 60.0))
+    engine = AlertEngine(parse_rules(None), a, repeat_s=3600)
+    rows, log, _ = engine.on_state("j", "stalled", now=5.0)
+    [m] = a.add_dead_man("j", "stalled", rows, log, lease, "A", 30.0)
+    assert (m.job, m.status, m.alert.rule, m.attempts) == ("j", "firing", "stalled", 1)
+    assert a.job("j").state == "stalled"
+    assert b.claim_messages("B", 10, claim_s=30.0) == []   # claimed by A already
+    # an instance whose lease was taken stores nothing
+    a.release_leases("A")
+    assert b.take_lease("B", "j", 60.0) is not None
+    assert a.add_dead_man("j", "running", [], [], lease, "A", 30.0) is None
+    assert a.job("j").state == "stalled"
