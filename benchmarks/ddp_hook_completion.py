@@ -1,7 +1,7 @@
 """DDP step time with the completion-thread comm hook vs DDP's own Python hook (fut.then), side by side.
 
-    torchrun --standalone --nproc-per-node 2 benchmarks/ddp_hook_completion.py [--steps 60]
-        [--layers 8] [--width 512] [--bucket-mb 1]
+    .venv/bin/torchrun --standalone --nproc-per-node 2 benchmarks/ddp_hook_completion.py
+        [--steps 60] [--layers 8] [--width 512] [--bucket-mb 1]
 
 The recorder, the advise hook and AntDT's DataParallelStep complete DDP's bucket futures on a
 thread of the library (collectives/completion.py) instead of a Python callback on gloo's future
@@ -85,8 +85,9 @@ def main() -> None:
         ratio = statistics.median(pairs)
         quart = statistics.quantiles(pairs, n=4)
         write(Run(benchmark="DDP bucket futures completed by a library thread", issue="10, 15",
-                  command="torchrun --standalone --nproc-per-node 2 benchmarks/ddp_hook_completion.py"
-                          f" --steps {args.steps}",
+                  command=" ".join([".venv/bin/torchrun --standalone --nproc-per-node",
+                                    str(dist.get_world_size()),
+                                    "benchmarks/ddp_hook_completion.py", *sys.argv[1:]]),
                   figures=[Figure(name="median neighbour-step ratio, completion thread / `fut.then`",
                                   value=f"{ratio:.3f} (quartiles "
                                         f"{statistics.quantiles(pairs, n=4)[0]:.2f}–"
