@@ -20,7 +20,7 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 # ready sub-groups: parent ranks -> {straggler group rank: group}; companions: key -> group
-_READY: dict[tuple[int, ...], dict[int, object]] = {}
+_READY: dict[tuple[int, ...], dict[int, dist.ProcessGroup]] = {}
 _COMPANIONS: dict[tuple[str, tuple[int, ...]], object] = {}
 
 
@@ -77,7 +77,7 @@ def create_ready_subgroups(group=None) -> None:
                          for s in range(len(ranks))}
 
 
-def ready_subgroups(group=None) -> dict[int, object] | None:
+def ready_subgroups(group=None) -> dict[int, dist.ProcessGroup] | None:
     """The ready sub-groups of `group` if they were created (a lookup, not collective)."""
     mine = group_ranks(group)
     cached = _READY.get(mine) if mine is not None else None
