@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from stragglers.monitor.jobmeta import check_meta, is_new_run
 from stragglers.monitor.outbox import OutboxSender
 from stragglers.monitor.parts import PartConflict, PartData, PartFile, check_file_in_job, \
     check_in_job, check_same_part, check_step_gaps, is_whole_rank_file, part_path, read_part_file, \
-    read_part_files, read_part_footer, read_part_footers, read_upload, read_uploads, \
+    read_part_files, read_part_footer, read_part_footers, check_uploads, read_uploads, \
     sync_directory, write_part_file
 from stragglers.monitor.records import Alert, AlertLogEntry, JobRecord, Lease, PartIndex, \
     WindowRow
@@ -50,8 +50,6 @@ from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import rank_file_name
 
 log = logging.getLogger(__name__)
-Item = TypeVar("Item")
-Out = TypeVar("Out")
 Key = TypeVar("Key")
 
 MAX_BATCH = 1024
@@ -672,7 +670,10 @@ class Monitor:
         uploads = [(it, it.body) for it in fresh if it.body is not None]
         read.update(zip([id(it) for it, _ in whole],
                         read_part_files([path for _, path in whole], self._readers)))
-        checked = self._map(self._read_upload, uploads)
+        # (their rows checked together: one check per column for the batch, not per part)
+        checked = check_uploads([(body, _source(it), it.rank, it.part, self.directories[it.job]
+                                  / rank_file_name(it.rank, it.part)) for it, body in uploads],
+                                self._readers)
         read.update((id(it), f) for (it, _), f in zip(uploads, checked) if f is not None)
         unsure = [(it, body) for (it, body), f in zip(uploads, checked) if f is None]
         read.update(zip([id(it) for it, _ in unsure], read_uploads(
@@ -870,18 +871,6 @@ class Monitor:
         self.metrics.parts.labels(it.way).inc()
         self.metrics.records.labels(it.way).inc(data.records)
         self.metrics.ingest_seconds.labels(it.way).observe(time.monotonic() - it.queued_at)
-
-    def _read_upload(self, upload: tuple[PartIn, bytes]) -> PartFile | InputError | None:
-        it, body = upload
-        path = self.directories[it.job] / rank_file_name(it.rank, it.part)
-        try:
-            return read_upload(body, _source(it), it.rank, it.part, path)
-        except Exception as exc:   # noqa: BLE001 - one part's bytes must not fail its batch
-            return InputError(_source(it), "body", f"could not be checked "
-                              f"({type(exc).__name__}); expected an op-table Parquet file")
-
-    def _map(self, fn: Callable[[Item], Out], items: list[Item]) -> list[Out]:
-        return list(self._readers.map(fn, items) if self._readers else map(fn, items))
 
     def _write_uploads(self, uploads: list[tuple[PartIn, bytes]]) -> None:
         """Checked uploads into the run format: each file fsynced, each directory once."""
