@@ -7,8 +7,15 @@ worker processes together, sampled every 50 ms) and S, side by side in one run.
 
 Each configuration runs in a fresh Python process so its peak memory is its own; with --before,
 each runs on the older tree right before this one (the machine is shared: only ratios of runs
-side by side say anything). `--chunk K` writes a row group per K steps in each rank file (a
-recorder's flushes) instead of one per file.
+side by side say anything). The run is written by write_run (a row group per block of steps);
+`--chunk K` writes a row group per K steps instead, `--one-group` one per file (runs written
+before row groups by steps).
+
+The split of the work is reported beside the wall times, since wall-clock scaling cannot show
+on a machine whose cores other processes share (2 workers on 2 shared cores): CPU seconds of
+the driver and of each worker during the analysis (the cluster's start left out), and the rows
+and compressed bytes each worker decoded. Partitions that each read only their own row groups
+decode the run once between them; partitions of one-group files decode it once each.
 """
 
 from __future__ import annotations
@@ -46,20 +53,41 @@ if mode == "single":
     from stragglers.whatif import analyze
     r = analyze(read_run(run))
 else:
+    import re
     from stragglers.whatif.dask_runner import analyze_with_client, dask_client
+    def cpu():
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        return u.ru_utime + u.ru_stime
+    told = []
     with dask_client(workers=int(mode)) as client:
-        t1 = time.perf_counter()
-        r, _ = analyze_with_client(client, run)
-        t2 = time.perf_counter()
+        # the workers import the analysis first: the cluster's start and imports left out
+        client.run(lambda: __import__("stragglers.whatif.partitioned"))
+        before = client.run(cpu)
+        t1, c1 = time.perf_counter(), cpu()
+        r, _ = analyze_with_client(client, run, progress=told.append)
+        t2, c2 = time.perf_counter(), cpu()
+        after = client.run(cpu)
+    per_worker = {}
+    for i, w in enumerate(sorted(after)):
+        m = next(re.fullmatch(r"read by worker \S+: (\d+) partitions, ([\d,]+) rows, "
+                              r"([\d,]+) bytes decoded", x) for x in told
+                 if x.startswith(f"read by worker {w}:"))
+        per_worker[f"worker {i + 1}"] = {"cpu_s": after[w] - before[w],
+                                         "partitions": int(m.group(1)),
+                                         "rows_read": int(m.group(2).replace(",", "")),
+                                         "bytes_read": int(m.group(3).replace(",", ""))}
 wall = time.perf_counter() - t0
 analysis = (t2 - t1) if mode != "single" else wall
 time.sleep(0.1)
 # CPU seconds of this process and of its waited-for children (the cluster's worker processes)
 own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"wall_s": wall, "analysis_s": analysis, "peak_bytes": peak[0], "slowdown": r.slowdown,
-                  "cpu_driver_s": own.ru_utime + own.ru_stime,
-                  "cpu_workers_s": kids.ru_utime + kids.ru_stime,
-                  "by_dp_rank": r.by_dp_rank, "diagnosis": [f.cause for f in r.diagnosis]}))
+out = {"wall_s": wall, "analysis_s": analysis, "peak_bytes": peak[0], "slowdown": r.slowdown,
+       "cpu_driver_s": own.ru_utime + own.ru_stime,
+       "cpu_workers_s": kids.ru_utime + kids.ru_stime,
+       "by_dp_rank": r.by_dp_rank, "diagnosis": [f.cause for f in r.diagnosis]}
+if mode != "single":
+    out.update(cpu_driver_analysis_s=c2 - c1, workers=per_worker)
+print(json.dumps(out))
 """
 
 
@@ -78,7 +106,8 @@ LABELS = {"single": "one process", "1": "Dask LocalCluster, 1 worker",
 
 
 def _write_chunked(path: Path, trace, chunk: int) -> Path:
-    """The trace as a run directory whose rank files hold a row group per `chunk` steps."""
+    """The trace as a run directory whose rank files hold a row group per `chunk` steps (0:
+    one row group per file)."""
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -93,6 +122,9 @@ def _write_chunked(path: Path, trace, chunk: int) -> Path:
         step = ops["step"][rows]
         with pq.ParquetWriter(path / rank_file_name(int(rank)), table.schema,
                               compression=CODEC) as w:
+            if not chunk:
+                w.write_table(table)
+                continue
             for lo in range(int(step.min()), int(step.max()) + 1, chunk):
                 w.write_table(table.take(np.flatnonzero((step >= lo) & (step < lo + chunk))))
     return path
@@ -105,7 +137,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=0,
-                    help="steps per row group in each rank file (0: one row group per file)")
+                    help="steps per row group in each rank file (0: write_run's sizing)")
+    ap.add_argument("--one-group", action="store_true",
+                    help="one row group per rank file (runs written before row groups by steps)")
     ap.add_argument("--before", default=None,
                     help="an older tree run too, side by side: its src/ folder or a git "
                          "revision")
@@ -118,12 +152,15 @@ def main() -> None:
         trace = generate(dp=args.dp, pp=args.pp, microbatches=args.microbatches,
                          steps=args.steps, slow_worker=(args.dp // 3, args.pp - 1, 1.5), seed=0)
         ops = len(trace)
-        run = (_write_chunked(Path(tmp) / "run", trace, args.chunk) if args.chunk
-               else write_run(Path(tmp) / "run", trace))
+        run = (_write_chunked(Path(tmp) / "run", trace, 0 if args.one_group else args.chunk)
+               if args.chunk or args.one_group else write_run(Path(tmp) / "run", trace))
+        import pyarrow.parquet as pq
+        groups = pq.read_metadata(next(run.glob("rank-*.parquet"))).num_row_groups
         del trace
         print(f"job: dp {args.dp} × pp {args.pp} × {args.steps} steps, {args.microbatches} "
               f"microbatches, {ops:,} ops (generated and written in "
-              f"{time.perf_counter() - t0:.1f} s)", flush=True)
+              f"{time.perf_counter() - t0:.1f} s); {groups} row group(s) per rank file",
+              flush=True)
         rows = {}
         from trees import source_tree
         before = source_tree(args.before) if args.before else None
@@ -146,6 +183,9 @@ def main() -> None:
     gain = rows["1"]["analysis_s"] / rows["2"]["analysis_s"]
     print(f"analysis (cluster started) 1 → 2 workers: {gain:.2f}× (scaling efficiency "
           f"{gain / 2:.0%}); wall includes starting the LocalCluster")
+    splits = {key: _split(r) for key, r in rows.items() if "workers" in r}
+    for key, text in splits.items():
+        print(f"{_label(key)}: {text}")
     from results import Figure, Run, write
 
     figures = [Figure(name=f"{_label(key)}, analysis time", value=f"{r['analysis_s']:.2f} s",
@@ -163,13 +203,26 @@ def main() -> None:
                 value=f"analysis {now['analysis_s'] / then['analysis_s']:.2f}×, CPU "
                       f"{cpu / cpu_then:.2f}× ({cpu:.1f} vs {cpu_then:.1f} s)",
                 anchor="the tree given by --before, run just before it on the same run"))
+    figures += [Figure(name=f"{_label(key)}, work split", value=text,
+                       note=f"{groups} row group(s) per rank file")
+                for key, text in splits.items()]
     figures += [Figure(name="Dask 1 → 2 workers (analysis)", value=f"{gain:.2f}×",
                        note=f"scaling efficiency {gain / 2:.0%}"),
                 Figure(name="S, S per DP rank and causes identical", value=str(same))]
     argv = " ".join(a if not a.startswith("/") else "OLD_TREE/src" for a in sys.argv[1:])
     write(Run(benchmark=f"What-if on Dask, {ops:,} ops: one process vs 1 and 2 workers",
               issue="32", command=f".venv/bin/python benchmarks/whatif_dask.py {argv}".strip(),
-              figures=figures), name="whatif_dask" + (f"_chunk{args.chunk}" if args.chunk else ""))
+              figures=figures), name="whatif_dask" + (f"_chunk{args.chunk}" if args.chunk else "")
+          + ("_one_group" if args.one_group else ""))
+
+
+def _split(r: dict) -> str:
+    """'driver 3.1 CPU-s; worker 1: 4.2 CPU-s, 2 partitions, 0.93M rows (12.1 MB) decoded; …'."""
+    parts = [f"driver {r['cpu_driver_analysis_s']:.1f} CPU-s"]
+    for name, w in r["workers"].items():
+        parts.append(f"{name}: {w['cpu_s']:.1f} CPU-s, {w['partitions']} partitions, "
+                     f"{w['rows_read'] / 1e6:.2f}M rows ({w['bytes_read'] / 1e6:.1f} MB) decoded")
+    return "; ".join(parts)
 
 
 def _label(key: str) -> str:

@@ -52,6 +52,9 @@ t0 = time.perf_counter()
 setup = 0.0
 phases, at = {}, [t0, "reading", time.process_time()]
 phases_cpu = {}
+told = []
+workers = {}
+snap = {}                  # Dask workers' CPU seconds when reading ends (set below)
 def tick(msg):
     # reading: the step partitions (on the workers, with Dask); analysis: the grid, model,
     # replays, attribution and diagnosis (the progress messages after the last one is read)
@@ -61,7 +64,14 @@ def tick(msg):
     at[0], at[2] = now, cpu
     if msg.startswith("assembling"):
         at[1] = "analysis"
-    stage[0] = ("reading" if "partitions" in msg else msg.split(":")[0])
+        if "client" in snap:       # each worker's CPU in reading vs in its replays
+            snap["read"] = snap["client"].run(cpu)
+    stage[0] = ("reading" if "partitions" in msg or msg.startswith("read") else
+                msg.split(":")[0])
+    told.append(msg)
+def cpu():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
 if mode == "whole":
     from stragglers.trace.runformat import read_run
     from stragglers.whatif import analyze
@@ -72,19 +82,37 @@ elif mode == "stream":
     r, _ = analyze_run(run, progress=tick)
     tick("end")
 else:
+    import re
     from stragglers.whatif.dask_runner import analyze_with_client, dask_client
     with dask_client(workers=int(mode)) as client:
+        snap["client"] = client
         setup = time.perf_counter() - t0
+        # the workers import the analysis first: the cluster's start and imports left out
+        client.run(lambda: __import__("stragglers.whatif.partitioned"))
+        before = client.run(cpu)
         at[0], at[2] = time.perf_counter(), time.process_time()
         r, _ = analyze_with_client(client, run, progress=tick)
         tick("end")
+        after = client.run(cpu)
+    # the work split: each worker's CPU seconds in the analysis, rows and bytes it decoded
+    for i, w in enumerate(sorted(after)):
+        m = next(re.fullmatch(r"read by worker \S+: (\d+) partitions, ([\d,]+) rows, "
+                              r"([\d,]+) bytes decoded", x) for x in told
+                 if x.startswith(f"read by worker {w}:"))
+        workers[f"worker {i + 1}"] = {"cpu_s": round(after[w] - before[w], 2),
+                                      "cpu_reading_s": round(snap["read"][w] - before[w], 2),
+                                      "partitions": int(m.group(1)),
+                                      "rows_read": int(m.group(2).replace(",", "")),
+                                      "bytes_read": int(m.group(3).replace(",", ""))}
 wall = time.perf_counter() - t0
 time.sleep(0.1)
 # CPU seconds of this process and of its waited-for children (Dask's worker processes, once
 # the cluster is closed): the same work on more CPUs than the machine gives shows as wall only
 own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 cpu = {"driver": own.ru_utime + own.ru_stime, "workers": kids.ru_utime + kids.ru_stime}
+read = next((x for x in told if x.startswith("read ") and " rows (" in x), "")
 print(json.dumps({"wall_s": wall, "analysis_s": wall - setup, "peak_bytes": peak[0],
+                  "workers": workers, "read": read,
                   "phases": phases if mode != "whole" else {}, "cpu_s": cpu,
                   "phases_cpu": phases_cpu if mode != "whole" else {},
                   "peak_by_step_GB": {k: round(v / 1e9, 2) for k, v in stage_peak.items()},
@@ -239,12 +267,17 @@ def _public(argv: list[str]) -> list[str]:
 
 
 def _breakdown(r: dict) -> str:
-    """'reading 9.1 s, analysis 8.2 s; CPU driver 17.0 s, workers 0.0 s'."""
+    """'reading 9.1 s, analysis 8.2 s; CPU driver 17.0 s, workers 0.0 s; worker 1: …'."""
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in r.get("phases", {}).items())
     cpu = r.get("cpu_s", {})
     by_cpu = ", ".join(f"{k} {v:.1f}" for k, v in r.get("phases_cpu", {}).items())
+    split = "".join(f"; {name}: {w['cpu_s']:.1f} CPU-s ({w['cpu_reading_s']:.1f} reading), "
+                    f"{w['partitions']} partitions, "
+                    f"{w['rows_read'] / 1e6:.2f}M rows ({w['bytes_read'] / 1e6:.0f} MB) decoded"
+                    for name, w in r.get("workers", {}).items())
     return (phases + "; " if phases else "") + (f"driver CPU-s {by_cpu}; " if by_cpu else "") + (
-        f"CPU driver {cpu.get('driver', 0):.1f} s, workers {cpu.get('workers', 0):.1f} s")
+        f"CPU driver {cpu.get('driver', 0):.1f} s, workers {cpu.get('workers', 0):.1f} s"
+        + split + (f"; {r['read']}" if r.get("read") else ""))
 
 
 def _label(key: str) -> str:

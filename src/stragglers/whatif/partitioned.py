@@ -257,10 +257,10 @@ def _read_table(path: str, groups: list[int], columns: list[str]):
 
     try:
         f = _parquet(path)
-        names = f.schema_arrow.names
+        names = f.schema_arrow.names          # (schema_arrow is rebuilt on every access)
         use = [c for c in columns if c in names]
         table = f.read_row_groups(groups, columns=use, use_threads=False)
-        md, at = f.metadata, [f.schema_arrow.get_field_index(c) for c in use]
+        md, at = f.metadata, [names.index(c) for c in use]
         # (an Arrow column is one Parquet leaf column in the op tables: no nested types)
         return table, sum(md.row_group(g).column(i).total_compressed_size
                           for g in groups for i in at)
