@@ -86,7 +86,9 @@ class Watchdog:
             return
         for job, tr, arrived in work:
             detector = self._detector(job, tr)
-            read = m._map(_busy, [src for _, src in arrived])
+            sources = [src for _, src in arrived]
+            pool = m._readers   # the ingest's reader threads (parts read outside the GIL)
+            read = list(pool.map(_busy, sources)) if pool else [_busy(s) for s in sources]
             for (rank, _), busy in zip(arrived, read):
                 if busy is not None:
                     detector.add(rank, *busy)
