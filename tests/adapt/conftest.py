@@ -26,7 +26,7 @@ persistent_findings, eventually = _root.persistent_findings, _root.eventually
 _SHARED_PREFIXES = ("asyncio_", "ThreadPoolExecutor-", "QueueFeederThread", "Thread-")
 # a service's pools start their threads at their first task: one may belong to a service of a
 # module-scoped fixture, still serving (checked when the module ends)
-_LAZY_PREFIXES = ("shard-reads", "shard-shuffles")
+_LAZY_PREFIXES = ("shard-reads", "shard-shuffles", "shard-control")
 
 
 def _left_running(before: set, ignore: tuple[str, ...]) -> list[str]:

@@ -218,3 +218,30 @@ def test_a_body_of_many_unknown_keys_is_refused_before_it_is_parsed(svc):
     resp = post(svc, "/datasets/big/join", many + b" " * 5000)
     assert resp.status_code == 400 and "more than 64 JSON objects" in resp.json()["error"]
     assert tables(svc["db"]) == before
+
+
+def test_the_control_plane_works_off_the_event_loop(svc, monkeypatch):
+    # a window of a 65,536-rank job (classes, fits, the split) and its state are seconds of
+    # Python: on the event loop they held every job's leases; each call is seen where it runs
+    import threading
+
+    from stragglers.adapt.control import ControlPlane
+
+    seen: dict[str, str] = {}
+    for name in ("configure", "report", "actions", "state"):
+        real = getattr(ControlPlane, name)
+
+        def spy(self, *a, _real=real, _name=name, **kw):
+            seen[_name] = threading.current_thread().name
+            return _real(self, *a, **kw)
+        monkeypatch.setattr(ControlPlane, name, spy)
+    headers = {"Authorization": f"Bearer {OWNER}", "X-Service-Token": SERVICE}
+    with httpx.Client(base_url=svc["url"], headers=headers, timeout=60) as c:
+        assert c.post("/jobs/where/control/config", json={
+            "policy": "dd", "world_size": 2, "global_batch": 8, "incarnation": 1}).status_code == 200
+        assert c.post("/jobs/where/control/report", json={
+            "rank": 0, "records": [[5, 0.1, 4]], "incarnation": 1}).status_code == 200
+        assert c.get("/jobs/where/control/actions").status_code == 200
+        assert c.get("/jobs/where/control/state").status_code == 200
+    assert set(seen) == {"configure", "report", "actions", "state"}
+    assert all(name.startswith("shard-control") for name in seen.values()), seen

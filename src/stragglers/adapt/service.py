@@ -35,13 +35,13 @@ from starlette.routing import Route
 from stragglers.adapt import reads
 from stragglers.adapt import requests as rq
 from stragglers.adapt.control import ControlPlane
-from stragglers.adapt.controller import Actions, ControlConfig, ControllerView
+from stragglers.adapt.controller import ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Busy, Forbidden, RateLimited, \
     Unauthorized, UnsupportedMediaType
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
-from stragglers.adapt.replies import (Acked, Configured, Created, Joined, LeaseReply, Released,
+from stragglers.adapt.replies import (Acked, Created, Joined, LeaseReply, Released,
                                       Requeued, Restored, to_builtins)
 from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import ShardStore, lease_json
@@ -454,6 +454,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                             busy_timeout_s=config.busy_timeout_s)
     # Two shuffle threads: small epochs (up to 2**20 samples, milliseconds) never queue behind
     # big ones (seconds each), and big ones together use at most one core.
+    controlling = ThreadPoolExecutor(1, thread_name_prefix="shard-control")
     shuffles = {False: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-small"),
                 True: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-big")}
     # Owners' snapshot sends and strangers' have slots of their own; strangers' are paced
@@ -630,7 +631,15 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         finally:
             slot.close()
 
-    async def control_config(request: Request) -> Configured:
+    async def controlled(fn, *args) -> Response:
+        """fn(*args) of the control plane and its JSON, on the control thread: a window of a
+        65,536-rank job (its classes, its split) or its state is seconds of Python, which on
+        the event loop held every job's leases."""
+        def call() -> Response:
+            return _json(fn(*args))
+        return await asyncio.get_running_loop().run_in_executor(controlling, call)
+
+    async def control_config(request: Request) -> Response:
         job = name_of(request, "job")
         digest = _bearer(request)
         body = await parsed(request, rq.ControlConfigBody)
@@ -639,7 +648,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             if service_digest is not None:
                 digest = creator(request)
             minting(digest, request)
-        return control.configure(job, cfg, digest, client_of(request))
+        return await controlled(control.configure, job, cfg, digest, client_of(request))
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
         headers = dict(exc.headers or {})
@@ -656,23 +665,24 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                   exc)
         return _internal_error()
 
-    async def control_report(request: Request) -> Actions:
+    async def control_report(request: Request) -> Response:
         job, digest = name_of(request, "job"), _bearer(request)
         b = await parsed(request, rq.Report)
-        return control.report(job, b.rank, b.records, b.device, b.incarnation, b.since, digest)
+        return await controlled(control.report, job, b.rank, b.records, b.device, b.incarnation,
+                                b.since, digest)
 
-    async def control_actions(request: Request) -> Actions:
+    async def control_actions(request: Request) -> Response:
         job = name_of(request, "job")
         raw = request.query_params.get("since", "0")
         if not (raw.isascii() and raw.isdigit()) or len(raw) > 10:   # ('²'.isdigit())
             raise InputError("query", "since", f"expected an integer >= 0, got {raw!r:.30}")
         await pacer.turn()   # anonymous, and up to 16 splits of world_size ints each
-        return control.actions(job, int(raw))
+        return await controlled(control.actions, job, int(raw))
 
-    async def control_state(request: Request) -> ControllerView:
+    async def control_state(request: Request) -> Response:
         job = name_of(request, "job")
         await pacer.turn()   # anonymous, and a class per rank
-        return control.state(job)
+        return await controlled(control.state, job)
 
     routes = [
         route("/health", health, ("GET",)),
@@ -702,7 +712,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         reader.close()
         parser.close()
         commit.close()
-        for pool in shuffles.values():
+        for pool in (*shuffles.values(), controlling):
             pool.shutdown(wait=True, cancel_futures=True)
 
     app.state.close = close
