@@ -18,7 +18,11 @@ median and 95th percentile of one lease + ack round trip. It runs quiet first, t
   of all 4 (one request id: 262,144 indices, 2.2 MB of JSON a reply) in a loop;
 * bad_input: each attacker sends, in a loop, bodies the service refuses: 1 MiB of ints in an
   unknown field, 100,000-deep nesting, keys given twice, 1 MiB that is not UTF-8, a form body,
-  and a stranger's token with a 1 MiB body on the job's data set;
+  a stranger's token with a 1 MiB body on the job's data set, and an object of 80,000 unknown
+  keys;
+* control_reports: each attacker owns a job's controller (2 ranks, a window of one step, any
+  change of split an action) and posts reports of 10,000 step records, the ranks taking turns
+  being slow, in a loop (work on the control thread, not the event loop);
 * slow_bodies: each attacker keeps 48 connections that sent a lease's head announcing 1 MiB
   and then one byte a second (reopened as the service closes them).
 
@@ -101,12 +105,20 @@ def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
     if kind == "slow_bodies":
         slow_bodies(url, stop, go, inflight)
         return
+    if kind == "control_reports":
+        http.headers["Authorization"] = f"Bearer {STRANGER}{i}"
+        r = http.post(f"/jobs/ctl{i}/control/config", json={
+            "policy": "dd", "world_size": 2, "global_batch": 64, "window": 1,
+            "min_change": 0, "incarnation": 1})
+        assert r.status_code == 200, r.text[:200]
     body = b'{"dataset":' + b" " * 60_000_000 + b"}"
     if kind == "big_lease":
         body = json.dumps({"worker": "w", "fence": fence, "count": 4,
                            "request_id": "again"}).encode()
     elif kind == "bad_input":
         body = json.dumps({"ds": f"own{i}", "fence": fence}).encode()
+    elif kind == "control_reports":
+        body = json.dumps({"job": f"ctl{i}"}).encode()
     if kind == "owner_restore":
         # the owner's snapshot (an anonymous read may be answered 503 Busy: not a snapshot)
         while (r := http.get("/datasets/big/snapshot",
@@ -153,6 +165,8 @@ def once(kind: str, http: httpx.Client, body: bytes) -> bool:
                   headers={"Content-Type": "application/json"})
     elif kind == "bad_input":
         bad_inputs(http, json.loads(body))
+    elif kind == "control_reports":
+        control_reports(http, json.loads(body)["job"])
     elif kind == "owner_restore":
         r = http.post("/datasets/big/restore", content=body,
                       headers={"Authorization": f"Bearer {BIG}"})
@@ -181,6 +195,23 @@ def bad_inputs(http: httpx.Client, own: dict) -> None:
     r = http.post("/datasets/job/lease", content=ints, headers={
         **js, "Authorization": f"Bearer {STRANGER}"})
     assert r.status_code in (400, 403, 413), r.text[:200]
+    keys = json.dumps({"worker": "w", "fence": fence, **{f"k{i}": 0 for i in range(80_000)}})
+    r = http.post(path, content=keys.encode(), headers=js)
+    assert r.status_code == 400, r.text[:200]
+
+
+STEP = [2]
+
+
+def control_reports(http: httpx.Client, job: str) -> None:
+    """One report of 10,000 records per rank of the attacker's job (steps go on)."""
+    for rank in (0, 1):
+        slow = (STEP[0] // 100) % 2 == rank
+        records = [[STEP[0] + k, 0.3 if slow else 0.1, 32] for k in range(10_000)]
+        r = http.post(f"/jobs/{job}/control/report", json={"rank": rank, "records": records,
+                                                           "incarnation": 1, "since": 0})
+        assert r.status_code == 200, r.text[:200]
+    STEP[0] += 10_000
 
 
 def slow_bodies(url: str, stop, go, inflight, n: int = 48) -> None:
@@ -361,7 +392,7 @@ def main() -> None:
     ap.add_argument("--attackers", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
     ap.add_argument("--cases", default="snapshot,status,shuffle,restore,owner_restore,"
-                                       "big_lease,bad_input,slow_bodies")
+                                       "big_lease,bad_input,control_reports,slow_bodies")
     ap.add_argument("--name", default=None,
                     help="results/<name>.json (default: the script's name)")
     ap.add_argument("--attacker-nice", type=int, default=19,
