@@ -3,7 +3,7 @@ headers (parts.read_part_footer), an upload's checks alone (parts.read_upload) a
 of 64 (parts.check_uploads), and the analysis process's read of a part the ingest checked
 (parts.read_part_files with the digest of the checked bytes).
 
-A job's parts (dp 8 × pp 4, 455 rows each) are written once; then each step runs over all of
+A job's parts (dp 8 × pp 4, 5 steps each) are written once; then each step runs over all of
 them, best of several rounds, for this tree and, with --other, for another source tree (e.g. a
 worktree of an earlier commit: `git worktree add /tmp/old <commit>`) in its own process on the
 same files, the two alternating. The figure is the process's CPU time per part (user + system:
