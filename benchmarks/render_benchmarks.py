@@ -80,7 +80,7 @@ def anchors(titles: list[str]) -> list[str]:
 
 
 def load(run: Run) -> str:
-    """The machine's load: its range over the run where sampled, else the 1-minute load at the end."""
+    """The machine's load: its range over the run where sampled, else the load at the end."""
     over = run.load_over_run
     if over is None:
         return f"load {run.load}" if run.load else ""
