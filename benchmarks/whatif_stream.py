@@ -4,7 +4,8 @@ streamed by step partitions in one process, and step partitions on a Dask LocalC
 
     .venv/bin/python benchmarks/whatif_stream.py --dp 64 --pp 8 --microbatches 32 --steps 172
     .venv/bin/python benchmarks/whatif_stream.py --dp 1280 --pp 8 --microbatches 35 --steps 50 \\
-        --modes stream,1,2          # 10,240 ranks × 50 steps: 101M ops
+        --chunk 2 --modes stream,1,2     # 10,240 ranks × 50 steps: 101M ops (--generate-only
+                                         # first writes the run, ~2.6 GB, without analysing)
     .venv/bin/python benchmarks/whatif_stream.py --modes stream --before /tmp/old/src
                                     # each mode on an older tree too, side by side
 
@@ -65,11 +66,11 @@ def tick(msg):
     if msg.startswith("assembling"):
         at[1] = "analysis"
         if "client" in snap:       # each worker's CPU in reading vs in its replays
-            snap["read"] = snap["client"].run(cpu)
+            snap["read"] = snap["client"].run(process_cpu)
     stage[0] = ("reading" if "partitions" in msg or msg.startswith("read") else
                 msg.split(":")[0])
     told.append(msg)
-def cpu():
+def process_cpu():
     u = resource.getrusage(resource.RUSAGE_SELF)
     return u.ru_utime + u.ru_stime
 if mode == "whole":
@@ -89,11 +90,11 @@ else:
         setup = time.perf_counter() - t0
         # the workers import the analysis first: the cluster's start and imports left out
         client.run(lambda: __import__("stragglers.whatif.partitioned"))
-        before = client.run(cpu)
+        before = client.run(process_cpu)
         at[0], at[2] = time.perf_counter(), time.process_time()
         r, _ = analyze_with_client(client, run, progress=tick)
         tick("end")
-        after = client.run(cpu)
+        after = client.run(process_cpu)
     # the work split: each worker's CPU seconds in the analysis, rows and bytes it decoded
     for i, w in enumerate(sorted(after)):
         m = next(re.fullmatch(r"read by worker \S+: (\d+) partitions, ([\d,]+) rows, "
@@ -192,6 +193,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=5, help="steps per generated chunk / row group")
     ap.add_argument("--modes", default="whole,stream,1,2")
     ap.add_argument("--workdir", default=str(REPO / "runs" / "bench"))
+    ap.add_argument("--generate-only", action="store_true",
+                    help="write the run into --workdir (kept for later runs) and stop")
     ap.add_argument("--before", default=None,
                     help="an older tree run as well, each mode right before this tree's (the "
                          "ratios are of the same run): its src/ folder or a git revision")
@@ -206,6 +209,8 @@ def main() -> None:
     size = sum(f.stat().st_size for f in run.iterdir())
     print(f"job: dp {args.dp} × pp {args.pp} ({args.dp * args.pp:,} ranks) × {args.steps} steps, "
           f"{args.microbatches} microbatches; {run} ({size / 2**30:.1f} GiB)", flush=True)
+    if args.generate_only:
+        return
     configs = [(mode, None) for mode in args.modes.split(",")]
     if args.before:
         from trees import source_tree
