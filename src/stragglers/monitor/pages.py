@@ -8,9 +8,10 @@ and must stay within the footer: pages inside the chunk, uncompressed sizes summ
 the chunk's declared size, values per page at most the row group's rows, a dictionary of at
 most one value per byte.
 
-A header is parsed from one slice of the file (bytes: one index per byte, no call per byte;
-~1/8 of the cost of a reader object per byte), only its type, sizes and value count kept; a
-header that does not fit its slice is read again from a larger one, up to MAX_HEADER_BYTES.
+A header is parsed from one slice of the file (the whole column chunk when the part is in
+memory), one index per byte and no call per byte, only its type, sizes and value count kept:
+~0.4x the CPU of a reader object called per byte (benchmarks/monitor_footer_check.py). A header
+that does not fit its slice of a file is read again from a larger one, up to MAX_HEADER_BYTES.
 """
 
 from __future__ import annotations
