@@ -44,7 +44,7 @@ def test_group_bounds_cut_at_multiples_of_the_width():
 
 
 def test_write_run_cuts_every_file_at_the_same_steps_and_reads_back_the_same(tmp_path):
-    trace = generate(dp=2, pp=2, microbatches=4, steps=12, slow_worker=(1, 1, 1.5), seed=3)
+    trace = generate(dp=2, pp=2, microbatches=16, steps=12, slow_worker=(1, 1, 1.5), seed=3)
     width = run_group_steps(trace.ops["step"], 4)
     rows_a_step = len(trace) / (4 * 12)
     assert width == steps_per_group(rows_a_step, 12, MIN_READ_PARTITIONS) and 1 < width < 12

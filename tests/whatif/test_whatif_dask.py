@@ -64,7 +64,7 @@ def test_progress_names_the_partitions(client, tmp_path):
 def test_each_worker_decodes_only_its_steps_row_groups(client, tmp_path):
     import re
 
-    trace = generate(dp=2, pp=2, microbatches=8, steps=12, slow_worker=(1, 1, 1.5), seed=3)
+    trace = generate(dp=2, pp=2, microbatches=16, steps=12, slow_worker=(1, 1, 1.5), seed=3)
     run = write_run(tmp_path / "run", trace)      # a row group per 6 steps in every file
     told: list[str] = []
     dask, _ = analyze_with_client(client, run, progress=told.append)

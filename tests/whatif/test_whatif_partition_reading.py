@@ -110,7 +110,7 @@ def test_recorder_layout_streamed_matches_the_whole_trace(tmp_path):
 def test_a_partition_of_a_written_run_decodes_only_its_row_groups(tmp_path):
     from stragglers.trace.runformat import run_group_steps
 
-    trace = generate(dp=2, pp=2, microbatches=8, steps=12, slow_worker=(1, 1, 1.5), seed=3)
+    trace = generate(dp=2, pp=2, microbatches=16, steps=12, slow_worker=(1, 1, 1.5), seed=3)
     width = run_group_steps(trace.ops["step"], 4)
     assert width == 6            # (so that the 2 partitions below cut where the groups do)
     run = write_run(tmp_path / "run", trace)

@@ -31,8 +31,10 @@ CODEC = "lz4"
 # more rows (its footer entry, page headers, a decoder set up per column: 0.45 ms a group against
 # ~1 µs a row, 504K ops in 512 files written with 1, 2, 5 and 20 steps a group).
 GROUP_COST_ROWS = 450
-# The step partitions a reader is expected to cut a run into, at least (a Dask cluster's workers).
-MIN_READ_PARTITIONS = 4
+# The step partitions a reader is expected to cut a run into, at least: a Dask cluster's 2
+# workers (a run under READ_PARTITION_ROWS read in one process is one partition, for which
+# groups only cost: assuming more partitions would cut small runs finer for nothing).
+MIN_READ_PARTITIONS = 2
 # The rows of one step partition as whatif/partitioned.py sizes them (PARTITION_BYTES /
 # BYTES_PER_ROW there): a bigger run is read in more partitions, so its groups hold fewer steps.
 READ_PARTITION_ROWS = (1 << 30) // 200
