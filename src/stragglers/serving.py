@@ -21,8 +21,8 @@ from pathlib import Path
 
 from stragglers.errors import EnvironmentFailure, InputError
 # the connection guard lives in serving_guard; its names stay importable from here
-from stragglers.serving_guard import TARGET_KEY, ConnectionLimits, guarded_protocol, \
-    json_response_bytes  # noqa: F401
+from stragglers.serving_guard import TARGET_KEY, ConnectionLimits, ErrorShape, guarded_protocol, \
+    json_response_bytes, plain_error  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +175,10 @@ def _exit_on_sigterm(signum, frame) -> None:
 def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str = "httptools",
                    loop: str = "uvloop", graceful_s: float | None = None,
                    limits: ConnectionLimits | None = None,
-                   allowed_hosts: list[str] | tuple[str, ...] | None = None):
-    """The uvicorn.Server every service runs: quiet logs, no lifespan, bounded connections.
+                   allowed_hosts: list[str] | tuple[str, ...] | None = None,
+                   error_shape: ErrorShape = plain_error):
+    """The uvicorn.Server every service runs: quiet logs, no lifespan, bounded connections;
+    the errors of the layers below the app in `error_shape` (the service's JSON error body).
 
     httptools + uvloop by default: the C parser and event loop (the pure-Python h11 path is
     ~2x slower). The app runs behind ServiceGuard (Host allow-list, security headers, JSON
@@ -192,7 +194,8 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
     # the guard keeps connections <= max_connections by evicting idle ones, and ServiceGuard
     # bounds the requests in progress (those of connections cut for a fairer share may run
     # on a while): uvicorn's own limit answered plain-text 503s, and counted both together
-    config = uvicorn.Config(ServiceGuard(app, allowed_hosts, 2 * limits.max_connections),
+    config = uvicorn.Config(ServiceGuard(app, allowed_hosts, 2 * limits.max_connections,
+                                         error_shape),
                             http=http, loop=loop,
                             log_level="warning", access_log=False, lifespan="off",
                             # (typed int, used as a float: loop.call_later, asyncio.wait_for)
@@ -201,7 +204,8 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
                             limit_concurrency=None,
                             server_header=False, date_header=False)
     config.load()
-    config.http_protocol_class = guarded_protocol(config.http_protocol_class, limits)
+    config.http_protocol_class = guarded_protocol(config.http_protocol_class, limits,
+                                                  error_shape)
     return _GuardedServer(config)
 
 
@@ -266,8 +270,8 @@ class ServiceGuard:
     traceback in the answer)."""
 
     def __init__(self, app, allowed_hosts: list[str] | tuple[str, ...] | None = None,
-                 max_requests: int | None = None):
-        self.app = app
+                 max_requests: int | None = None, error_shape: ErrorShape = plain_error):
+        self.app, self.shape = app, error_shape
         self.max_requests, self.requests = max_requests, 0
         self.extra = {h.strip().lower() for h in allowed_hosts or () if h.strip()}
         self.any_host = False
@@ -324,13 +328,13 @@ class ServiceGuard:
         if twice is not None:
             # RFC 9112 (Host): answered 400; the same for a token or a body's type, where one
             # reader takes the first and another the last (the owner's token then a stranger's)
-            await send_json(send, 400, f"request header '{twice}': given more than once; "
+            await send_json(self.shape, send, 400, f"request header '{twice}': given more than once; "
                             "expected once")
             return
         hosts = [v.decode("latin-1") for k, v in headers if k == b"host"]
         host = hosts[0] if hosts else None
         if host is not None and not self.host_allowed(host):
-            await send_json(send, 400, f"request header 'Host': {host[:100]!r} is not a name "
+            await send_json(self.shape, send, 400, f"request header 'Host': {host[:100]!r} is not a name "
                             "of this service (expected a loopback name, or one configured in "
                             "allowed_hosts)")
             return
@@ -338,10 +342,10 @@ class ServiceGuard:
         if not target.startswith(b"/"):
             scope, refusal = self.absolute_target(scope, target)
             if refusal is not None:
-                await send_json(send, 400, refusal)
+                await send_json(self.shape, send, 400, refusal)
                 return
         if self.max_requests is not None and self.requests >= self.max_requests:
-            await send_json(send, 503, f"request: {self.requests} requests are in progress, "
+            await send_json(self.shape, send, 503, f"request: {self.requests} requests are in progress, "
                             "the most this service takes at once; retry later")
             return
         started = [False]
@@ -374,13 +378,13 @@ class ServiceGuard:
             log.error("%s %s: %s", scope.get("method"), scope.get("path"), message,
                       exc_info=status == 500)
             if not started[0]:
-                await send_json(send, status, message)
+                await send_json(self.shape, send, status, message)
             return
         finally:
             self.requests -= 1
         if held and not started[0]:
             lines = held[0].text.decode("utf-8", "replace").strip().splitlines()
-            await send_json(send, held[0].status, lines[0][:200] if lines else
+            await send_json(self.shape, send, held[0].status, lines[0][:200] if lines else
                             f"HTTP {held[0].status}", held[0].headers)
 
 
@@ -421,9 +425,9 @@ def error_status(exc: BaseException) -> tuple[int, str]:
     return 500, f"internal error ({type(exc).__name__}); see the service's log"
 
 
-async def send_json(send, status: int, message: str, headers=None) -> None:
-    """A complete JSON error response `{"error": message}` (security headers included)."""
-    body = json.dumps({"error": message}).encode()
+async def send_json(shape: ErrorShape, send, status: int, message: str, headers=None) -> None:
+    """A complete JSON error response, `shape(status, message)` (security headers included)."""
+    body = json.dumps(shape(status, message)).encode()
     keep = [(k, v) for k, v in headers or () if k.lower() not in
             (b"content-type", b"content-length")]
     names = {k.lower() for k, _ in keep}

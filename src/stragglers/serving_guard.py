@@ -9,6 +9,7 @@ import json
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +42,20 @@ class ConnectionLimits:
 TARGET_KEY = "stragglers.request_target"
 
 
-def json_response_bytes(status: int, reason: str, message: str) -> bytes:
+# A service's error body from (status, message); the default is `{"error": message}`.
+ErrorShape = Callable[[int, str], dict]
+
+
+def plain_error(status: int, message: str) -> dict:
+    """The error body of a service without a shape of its own."""
+    return {"error": message}
+
+
+def json_response_bytes(status: int, reason: str, message: str,
+                        shape: ErrorShape = plain_error) -> bytes:
     """A whole HTTP/1.1 response with a JSON error body, closing the connection (written by
     the protocol when there is no app to answer: a timeout, a refused connection)."""
-    body = json.dumps({"error": message}).encode()
+    body = json.dumps(shape(status, message)).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n"
             "x-content-type-options: nosniff\r\n\r\n")
@@ -52,11 +63,15 @@ def json_response_bytes(status: int, reason: str, message: str) -> bytes:
 
 
 
-def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
-    """uvicorn's HTTP protocol class `base` with ConnectionLimits enforced (see there)."""
+def guarded_protocol(base: type, limits: ConnectionLimits,
+                     shape: ErrorShape = plain_error) -> type:
+    """uvicorn's HTTP protocol class `base` with ConnectionLimits enforced (see there); its
+    own error bodies (timeouts, a head too large, a request not HTTP) in `shape`."""
     book = _Connections(limits)
 
     class Guarded(base):
+        _g_shape = staticmethod(shape)
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             now = time.monotonic()
@@ -128,7 +143,8 @@ def guarded_protocol(base: type, limits: ConnectionLimits) -> type:
             super().on_headers_complete()
 
         def send_400_response(self, msg: str) -> None:
-            self.transport.write(json_response_bytes(400, "Bad Request", f"request: {msg}"))
+            self.transport.write(json_response_bytes(400, "Bad Request", f"request: {msg}",
+                                                     self._g_shape))
             self.transport.close()
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
@@ -320,7 +336,8 @@ def _close(conn, status: int | None = None, reason: str = "", message: str = "",
            abort: bool = False) -> None:
     try:
         if status is not None:
-            conn.transport.write(json_response_bytes(status, reason, message))
+            conn.transport.write(json_response_bytes(status, reason, message,
+                                                     getattr(conn, "_g_shape", plain_error)))
         if abort:
             # a reset, not a FIN queued behind the bytes the client does not take (the kernel
             # would keep those for minutes): SO_LINGER 0, then the socket is closed

@@ -245,3 +245,36 @@ def test_the_control_plane_works_off_the_event_loop(svc, monkeypatch):
         assert c.get("/jobs/where/control/state").status_code == 200
     assert set(seen) == {"configure", "report", "actions", "state"}
     assert all(name.startswith("shard-control") for name in seen.values()), seen
+
+
+REFUSED_BELOW_THE_APP = {
+    "host": b"GET /health HTTP/1.1\r\nHost: evil.example\r\n\r\n",
+    "absolute-target": b"GET http://evil.example/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    "header-twice": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1\r\n\r\n",
+    "not-http": b"NOT HTTP AT ALL\r\n\r\n",
+    "head-too-large": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * (80 << 10),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED_BELOW_THE_APP)
+def test_refusals_of_the_serving_layer_have_the_services_error_shape(svc, name):
+    # the README: {"error", "kind", "field"} for every status; the serving layer's refusals
+    # (Host, target, headers, a head not HTTP or too large) were {"error"} alone
+    import socket
+
+    port = int(svc["url"].rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as k:
+        k.sendall(REFUSED_BELOW_THE_APP[name])
+        k.settimeout(30)
+        raw = b""
+        while b"\r\n\r\n" not in raw or not raw.rstrip().endswith(b"}"):
+            chunk = k.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    reply = json.loads(body)
+    assert 400 <= status < 500 and set(reply) == {"error", "kind", "field"}, (status, reply)
+    assert reply["kind"] and reply["error"]
+    assert httpx.get(svc["url"] + "/health").status_code == 200

@@ -741,9 +741,22 @@ class _FastPath:
         await self.app(scope, receive, send)
 
 
+# the kind named by an error of the layers below the app (the serving guard's), by status
+GUARD_KINDS = {400: "InputError", 404: "NotFound", 405: "MethodNotAllowed",
+               408: "RequestTimeout", 413: "BodyTooLarge", 431: "HeadTooLarge",
+               500: "InternalError", 503: "Busy", 507: "DiskFull"}
+
+
+def error_shape(status: int, message: str) -> dict[str, Any]:
+    """The service's error body `{"error", "kind", "field"}` for the serving layer's refusals
+    (a Host or target not allowed, a header twice, timeouts): the same shape as the app's."""
+    return {"error": message, "kind": GUARD_KINDS.get(status, "HTTPError"), "field": None}
+
+
 def _uvicorn_server(app, config: ServiceConfig):
     return uvicorn_server(app, max_connections=config.max_connections,
-                          keep_alive_s=config.keep_alive_s, http=config.http, loop=config.loop)
+                          keep_alive_s=config.keep_alive_s, http=config.http, loop=config.loop,
+                          error_shape=error_shape)
 
 
 def _check_exposure(host: str, service_token: str | None) -> None:
