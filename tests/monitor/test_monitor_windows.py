@@ -135,3 +135,44 @@ def test_read_ahead_holds_parts_until_the_window_that_ends_them_and_stays_bounde
     assert ahead.rows == sum(f.records for f in files[:-1] if f.last_step > 2)
     ahead.take(files, last_step=5)
     assert ahead.rows == 0 and ahead.take(files, last_step=5) == {}
+
+
+def _rows(trace, rank, steps):
+    o = trace.ops
+    sel = (o["rank"] == rank) & np.isin(o["step"], list(steps))
+    return {k: v[sel] for k, v in o.items()}
+
+
+def test_one_wild_step_does_not_leave_its_rank_out_of_later_windows():
+    # rank 0's part 1 holds one step at 900,000 (inside the step-gap bound): its frontier jumped
+    # there, and the window of steps 5-9 was cut without rank 0 (its real part came late and
+    # was dropped, window after window)
+    trace = slow_job(steps=20, slow=None)
+    tr = tracker_for(trace, window_steps=5, gap_wait_s=30.0)
+    for r in range(4):
+        tr.add_part(r, 0, 4, _rows(trace, r, range(5)), 1.0)
+    wild = _rows(trace, 0, [5])
+    wild["step"] = np.full_like(wild["step"], 900_000)
+    tr.add_part(0, 1, 900_000, wild, 2.0)
+    for r in range(1, 4):
+        tr.add_part(r, 1, 9, _rows(trace, r, range(5, 10)), 3.0)
+    assert [w.steps for w in tr.close_ready(4.0)] == [[0, 1, 2, 3, 4]]
+    assert tr.close_ready(31.9) == []          # rank 0 waited for as a missing part is
+    tr.add_part(0, 2, 9, _rows(trace, 0, range(5, 10)), 32.0)
+    [w] = tr.close_ready(32.0)
+    assert (w.steps, w.missing_ranks) == ([5, 6, 7, 8, 9], [])
+
+
+def test_a_rank_past_a_window_without_its_rows_is_waited_for_gap_wait_s_only():
+    trace = slow_job(steps=20, slow=None)
+    tr = tracker_for(trace, window_steps=5, gap_wait_s=30.0)
+    for r in range(4):
+        tr.add_part(r, 0, 4, _rows(trace, r, range(5)), 1.0)
+    wild = _rows(trace, 0, [5])
+    wild["step"] = np.full_like(wild["step"], 900_000)
+    tr.add_part(0, 1, 900_000, wild, 2.0)
+    for r in range(1, 4):
+        tr.add_part(r, 1, 9, _rows(trace, r, range(5, 10)), 3.0)
+    tr.close_ready(4.0)
+    [w] = tr.close_ready(32.0)                 # 30 s after rank 0's latest part: without it
+    assert (w.steps, w.missing_ranks) == ([5, 6, 7, 8, 9], [0])

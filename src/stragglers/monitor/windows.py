@@ -215,9 +215,25 @@ class JobTracker:
         done = steps[steps <= through]
         out = []
         while len(done) >= self.window_steps:
+            if self._awaited(done[:self.window_steps], expected, now):
+                break
             out.append(self._cut(done[:self.window_steps], now, "complete"))
             done = done[self.window_steps:]
         return out
+
+    def _awaited(self, steps: np.ndarray, expected: list[int], now: float) -> bool:
+        """Whether a rank past these steps by its frontier sent no row of them and its latest
+        part came less than gap_wait_s ago: its rows are waited for as a missing part is (one
+        part with a wild step, inside the step-gap bound, moved its rank's frontier far ahead,
+        and every later window was cut without that rank)."""
+        first, last = int(steps[0]), int(steps[-1])
+        present = {f.rank for f in self.files if f.first_step <= last and f.last_step >= first}
+        for c in self.chunks:
+            inside = (c["step"] >= first) & (c["step"] <= last)
+            if inside.any():
+                present.update(np.unique(c["rank"][inside]).tolist())
+        return any(now - (self.ranks[r].last_arrival or now) < self.gap_wait_s
+                   for r in expected if r not in present)
 
     def close_partial(self, reason: str, now: float | None = None) -> Window | None:
         """Close a window with whatever steps are pending (the job stalled or finished)."""
