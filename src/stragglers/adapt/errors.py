@@ -56,12 +56,16 @@ class BodyTooLarge(InputError):
     """The request body exceeds the service's limit."""
 
 
+class BodyTooSlow(InputError):
+    """A request body that did not arrive within the time the service gives it."""
+
+
 class UnsupportedMediaType(InputError):
     """A request body that is not declared as JSON in UTF-8 (Content-Type)."""
 
 
 # The HTTP status of each kind (first match): whose fault it is, and whether to retry.
-HTTP_STATUS = ((BodyTooLarge, 413), (UnsupportedMediaType, 415), (Unauthorized, 401), (Forbidden, 403), (NotFound, 404),
+HTTP_STATUS = ((BodyTooLarge, 413), (BodyTooSlow, 408), (UnsupportedMediaType, 415), (Unauthorized, 401), (Forbidden, 403), (NotFound, 404),
                (Conflict, 409), (LeaseLost, 409), (QuotaExceeded, 429), (InputError, 400),
                (Quarantined, 503), (Busy, 503), (EnvironmentFailure, 503))
 

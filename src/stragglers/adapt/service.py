@@ -37,8 +37,8 @@ from stragglers.adapt import requests as rq
 from stragglers.adapt.control import ControlPlane
 from stragglers.adapt.controller import ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name
-from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, Busy, Forbidden, RateLimited, \
-    Unauthorized, UnsupportedMediaType
+from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy, Forbidden, \
+    RateLimited, Unauthorized, UnsupportedMediaType
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
 from stragglers.adapt.replies import (Acked, Created, Joined, LeaseReply, Released,
@@ -112,6 +112,9 @@ class ServiceConfig(Config):
                                    " them)", minimum=0.01, maximum=1.0)
     max_restores: int = setting(1, "restores written at once (one per token; the others: 503)",
                                 minimum=1, maximum=64)
+    restore_upload_s: float = setting(300.0, "longest a restore body may take to arrive (it"
+                                      " holds a restore slot meanwhile: past it, 408; 64 MiB"
+                                      " then needs 220 KB/s)", minimum=1.0, maximum=86400.0)
     max_snapshot_sends: int = setting(1, "snapshot bodies sent at once (the others wait)",
                                       minimum=1, maximum=1024)
     snapshot_bytes_per_s: float = setting(float(256 << 20), "pace of a snapshot body sent to"
@@ -504,7 +507,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                     # client retrying 64 MB uploads with a stranger's token in a loop waits
                     # instead of spinning the machine's CPUs (and guessing tokens is slower).
                     await asyncio.sleep(config.auth_failure_delay_s)
-                if response.status_code in (401, 403, 413) or busy_restore:
+                if response.status_code in (401, 403, 408, 413) or busy_restore:
                     # The body may be unread (refused from the head): close rather than read
                     # up to 64 MiB only to throw it away (the sender would spin sending it).
                     response.headers["connection"] = "close"
@@ -621,7 +624,14 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         minting(digest, request)   # (the owner of an existing data set is a known token)
         slot = paced.hold(digest)   # one restore per token (and max_restores in all) at once
         try:
-            raw = await _body(request, config.max_restore_bytes)
+            # (the slot is taken before the body so that one restore body at a time is in
+            # memory; a body trickled at the serving layer's minimum rate held it for hours)
+            try:
+                raw = await asyncio.wait_for(_body(request, config.max_restore_bytes),
+                                             config.restore_upload_s)
+            except asyncio.TimeoutError:
+                raise BodyTooSlow("request body", None, f"not received within"
+                                  f" {config.restore_upload_s:g} s (restore_upload_s)") from None
             # parsed and validated in a child process (seconds of Python that, on a thread
             # here, held the GIL the event loop and the commit thread need); written on the
             # commit thread in paced chunks
