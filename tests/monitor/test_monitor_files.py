@@ -220,3 +220,55 @@ def test_parts_still_queued_are_not_queued_again_by_a_rescan(tmp_path):
         assert monitor._ingest.qsize() == queued
     finally:
         store.close()
+
+
+def test_a_watched_batch_is_handed_over_as_noticed_since_the_batch_before(tmp_path):
+    # the dead-man holds a silence while a watcher hands over events that may hold the job's
+    # last part (written before the deadline, not yet queued): every part the watcher queues is
+    # queued inside `noticing(after)`, with `after` no later than the part's file got its name
+    import os
+    from contextlib import contextmanager
+    from pathlib import Path
+
+    from stragglers.monitor.ingest_files import DirectoryWatcher
+    from stragglers.monitor.service import Monitor
+    from stragglers.monitor.store import open_store
+    run = tmp_path / "job-n"
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    start_run(run, trace)
+    store = open_store(tmp_path / "mon.db", durable=False)
+    monitor = Monitor(store, FAST.replace(rescan_s=3600))   # not started: parts stay queued
+    entered: list[float] = []
+    active: list[float] = []
+    queued: list[tuple[object, list[float]]] = []
+    real_noticing, real_submit = monitor.noticing, monitor.submit
+
+    @contextmanager
+    def noticing(after):
+        entered.append(after)
+        with real_noticing(after):
+            active.append(after)
+            try:
+                yield
+            finally:
+                active.pop()
+
+    def submit(item):
+        queued.append((item.path, list(active)))
+        return real_submit(item)
+
+    monitor.noticing, monitor.submit = noticing, submit
+    watcher = DirectoryWatcher(monitor, [run]).start()
+    try:
+        eventually(lambda: entered, what="the watcher's first batch (it follows changes now)")
+        write_parts(run, parts)
+        names = {p.name for p in run.glob("rank-*.parquet")}
+        eventually(lambda: {Path(p).name for p, _ in queued} >= names, what="every part queued")
+        for path, batches in queued:
+            assert batches, f"{path} was queued outside a watcher's batch"
+            # file times come from the kernel's coarse clock (a tick behind time.time())
+            assert batches[-1] <= os.stat(path).st_ctime + 0.02, (path, batches)
+    finally:
+        watcher.stop()
+        store.close()

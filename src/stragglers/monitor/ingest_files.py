@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -116,13 +117,19 @@ class DirectoryWatcher:
 
     def _watch(self) -> None:
         try:
+            previous = time.time()   # a batch holds the events since the previous one came
             for changes in watchfiles.watch(*self.roots, stop_event=self._stop,
                                             debounce=50, step=20, yield_on_timeout=True,
                                             rust_timeout=1000, raise_interrupt=False):
-                for change, name in changes:
-                    if change == watchfiles.Change.deleted:
-                        continue
-                    self._guarded(self._path_changed, Path(name))
+                arrived = time.time()
+                # a part written just before a job's dead-man deadline may be in this batch,
+                # not yet submitted: the silence is decided once the batch is handed over
+                with self.monitor.noticing(previous):
+                    for change, name in changes:
+                        if change == watchfiles.Change.deleted:
+                            continue
+                        self._guarded(self._path_changed, Path(name))
+                previous = arrived
         except Exception:
             log.exception("watching %s failed; rescans continue every %.0f s",
                           ", ".join(map(str, self.roots)), self.rescan_s)
