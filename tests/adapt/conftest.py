@@ -16,10 +16,11 @@ _spec = importlib.util.spec_from_file_location(
 assert _spec is not None and _spec.loader is not None
 _root = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_root)
-# helpers and constants only: the root's hooks and fixtures are pytest's already
-REPO, SHARED_DATA, NDTIMELINE, KINETO = _root.REPO, _root.SHARED_DATA, _root.NDTIMELINE, _root.KINETO
-free_port, torchrun, run_tree, kill_tree = _root.free_port, _root.torchrun, _root.run_tree, _root.kill_tree
-persistent_findings, eventually = _root.persistent_findings, _root.eventually
+# helpers and constants only (every public one, so that a helper added there is found here):
+# the root's hooks and fixtures are pytest's already
+globals().update({k: v for k, v in vars(_root).items()
+                  if not k.startswith(("_", "pytest_")) and not hasattr(v, "_pytestfixturefunction")
+                  and type(v).__name__ != "FixtureFunctionDefinition" and k not in globals()})
 
 # threads a finished test may leave: the interpreter's and libraries' own (started once and
 # shared by every later test, or ending on their own), not a service's
