@@ -69,13 +69,14 @@ else:
         after = client.run(cpu)
     per_worker = {}
     for i, w in enumerate(sorted(after)):
-        m = next(re.fullmatch(r"read by worker \S+: (\d+) partitions, ([\d,]+) rows, "
-                              r"([\d,]+) bytes decoded", x) for x in told
-                 if x.startswith(f"read by worker {w}:"))
-        per_worker[f"worker {i + 1}"] = {"cpu_s": after[w] - before[w],
-                                         "partitions": int(m.group(1)),
-                                         "rows_read": int(m.group(2).replace(",", "")),
-                                         "bytes_read": int(m.group(3).replace(",", ""))}
+        m = next((re.fullmatch(r"read by worker \S+: (\d+) partitions, ([\d,]+) rows, "
+                               r"([\d,]+) bytes decoded", x) for x in told
+                  if x.startswith(f"read by worker {w}:")), None)
+        # a tree from before the per-worker reading counts (--before) does not tell them
+        per_worker[f"worker {i + 1}"] = {"cpu_s": after[w] - before[w]} if m is None else {
+            "cpu_s": after[w] - before[w], "partitions": int(m.group(1)),
+            "rows_read": int(m.group(2).replace(",", "")),
+            "bytes_read": int(m.group(3).replace(",", ""))}
 wall = time.perf_counter() - t0
 analysis = (t2 - t1) if mode != "single" else wall
 time.sleep(0.1)
@@ -220,6 +221,9 @@ def _split(r: dict) -> str:
     """'driver 3.1 CPU-s; worker 1: 4.2 CPU-s, 2 partitions, 0.93M rows (12.1 MB) decoded; …'."""
     parts = [f"driver {r['cpu_driver_analysis_s']:.1f} CPU-s"]
     for name, w in r["workers"].items():
+        if "rows_read" not in w:   # a tree from before the reading counts
+            parts.append(f"{name}: {w['cpu_s']:.1f} CPU-s")
+            continue
         parts.append(f"{name}: {w['cpu_s']:.1f} CPU-s, {w['partitions']} partitions, "
                      f"{w['rows_read'] / 1e6:.2f}M rows ({w['bytes_read'] / 1e6:.1f} MB) decoded")
     return "; ".join(parts)
