@@ -19,10 +19,12 @@ pytestmark = pytest.mark.distributed
 
 @pytest.fixture(scope="module")
 def slow_run(tmp_path_factory) -> Path:
-    """dp 2 × pp 2, 4 microbatches, 8 steps; rank 2 (dp 1, stage 0) computes 3× as long."""
+    """dp 2 × pp 2, 4 microbatches, 8 steps; rank 2 (dp 1, stage 0) computes 3× as long. Every
+    rank on one CPU: unpinned, the OS gave ranks of this job unequal shares of 2 loaded cores
+    for whole runs (another rank ×2 slower: a real straggler the diagnosis then names)."""
     out = tmp_path_factory.mktemp("slow") / "trace"
     torchrun(TRAIN, 4, "--pp", "2", "--steps", "8", "--slow-rank", "2", "--slow-factor", "3",
-             "--trace-dir", str(out), timeout=300)
+             "--trace-dir", str(out), timeout=300, one_cpu=True)
     return out
 
 
