@@ -210,7 +210,8 @@ def control_reports(http: httpx.Client, job: str) -> None:
         records = [[STEP[0] + k, 0.3 if slow else 0.1, 32] for k in range(10_000)]
         r = http.post(f"/jobs/{job}/control/report", json={"rank": rank, "records": records,
                                                            "incarnation": 1, "since": 0})
-        assert r.status_code == 200, r.text[:200]
+        # (503 Busy: past the service's bound on control calls waiting; the loop goes on)
+        assert r.status_code in (200, 503), r.text[:200]
     STEP[0] += 10_000
 
 

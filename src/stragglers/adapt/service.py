@@ -34,8 +34,8 @@ from starlette.routing import Route
 
 from stragglers.adapt import reads
 from stragglers.adapt import requests as rq
-from stragglers.adapt.control import ControlPlane
-from stragglers.adapt.controller import ControlConfig
+from stragglers.adapt.control import ControlPlane, PacedThread
+from stragglers.adapt.controller import Actions, ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy, Forbidden, \
     RateLimited, Unauthorized, UnsupportedMediaType
@@ -146,6 +146,14 @@ class ServiceConfig(Config):
                                      minimum=0.1, maximum=600.0)
     max_queued_reads: int = setting(64, "snapshot/status reads waiting for the reader thread"
                                     " (past it: 503)", minimum=1, maximum=1 << 16)
+    control_share: float = setting(0.25, "share of the time control calls (reports, actions,"
+                                   " state) may hold the interpreter: each is followed by a"
+                                   " pause before the next", minimum=0.01, maximum=1.0)
+    max_control_calls_per_token: int = setting(4, "control calls of one token waiting or"
+                                               " running (past it: 503, before the body is"
+                                               " read)", minimum=1, maximum=1 << 16)
+    max_control_calls: int = setting(64, "control calls waiting or running in all (past it:"
+                                     " 503)", minimum=1, maximum=1 << 16)
     http: str = setting("httptools", "HTTP parser (h11: uvicorn's pure-Python one)",
                         choices=("httptools", "h11"))
     loop: str = setting("uvloop", "event loop (asyncio: the standard library's)",
@@ -457,7 +465,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                             busy_timeout_s=config.busy_timeout_s)
     # Two shuffle threads: small epochs (up to 2**20 samples, milliseconds) never queue behind
     # big ones (seconds each), and big ones together use at most one core.
-    controlling = ThreadPoolExecutor(1, thread_name_prefix="shard-control")
+    # Control calls on a thread of their own, paced (PacedThread), their number bounded
+    controlling = PacedThread(config.control_share, config.max_control_calls_per_token,
+                              config.max_control_calls)
     shuffles = {False: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-small"),
                 True: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-big")}
     # Owners' snapshot sends and strangers' have slots of their own; strangers' are paced
@@ -496,7 +506,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             except StragglersError as exc:
                 response = _error(exc)
                 # (a restore refused Busy: its unread body is up to 64 MiB, like a 401's)
-                busy_restore = isinstance(exc, Busy) and request.url.path.endswith("/restore")
+                # (and a control report refused Busy: up to 1 MiB, unread)
+                busy_restore = isinstance(exc, Busy) and request.url.path.endswith(
+                    ("/restore", "/control/report"))
                 if isinstance(exc, InputError) and config.refusal_delay_s:
                     # (sleeping costs nothing; three clients looping on refused bodies took
                     # the event loop from every job's leases, 3 ms -> 0.1-0.5 s each)
@@ -641,13 +653,18 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         finally:
             slot.close()
 
-    async def controlled(fn, *args) -> Response:
-        """fn(*args) of the control plane and its JSON, on the control thread: a window of a
-        65,536-rank job (its classes, its split) or its state is seconds of Python, which on
-        the event loop held every job's leases."""
-        def call() -> Response:
-            return _json(fn(*args))
-        return await asyncio.get_running_loop().run_in_executor(controlling, call)
+    async def controlled(fn, *args, place=None) -> Response:
+        """fn(*args) of the control plane and its JSON, on the control thread (paced: see
+        PacedThread): a window of a 65,536-rank job (its classes, its split) or its state is
+        seconds of Python, which on the event loop held every job's leases. `place`: the
+        call's place on that thread, taken already (else taken here: 503 past the bounds)."""
+        place = place or controlling.hold(None)
+        try:
+            def call() -> Response:
+                return _json(fn(*args))
+            return await asyncio.wrap_future(controlling.submit(call))
+        finally:
+            place.close()
 
     async def control_config(request: Request) -> Response:
         job = name_of(request, "job")
@@ -658,7 +675,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             if service_digest is not None:
                 digest = creator(request)
             minting(digest, request)
-        return await controlled(control.configure, job, cfg, digest, client_of(request))
+        return await controlled(control.configure, job, cfg, digest, client_of(request),
+                                place=controlling.hold(digest))
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
         headers = dict(exc.headers or {})
@@ -677,9 +695,20 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def control_report(request: Request) -> Response:
         job, digest = name_of(request, "job"), _bearer(request)
-        b = await parsed(request, rq.Report)
-        return await controlled(control.report, job, b.rank, b.records, b.device, b.incarnation,
-                                b.since, digest)
+        place = controlling.hold(digest)   # before the body is read (503 past the bounds)
+        try:
+            raw = await _body(request, config.max_body_bytes)
+        except BaseException:
+            place.close()
+            raise
+
+        def report() -> Actions:
+            # parsed on the control thread: 10,000 record rows are milliseconds of Python,
+            # paced with the call
+            b = rq.parse(rq.Report, raw)
+            return control.report(job, b.rank, b.records, b.device, b.incarnation, b.since,
+                                  digest)
+        return await controlled(report, place=place)
 
     async def control_actions(request: Request) -> Response:
         job = name_of(request, "job")
@@ -716,13 +745,15 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     app.router.redirect_slashes = False   # a 307 with no body; unknown paths answer 404 JSON
     app.state.commit, app.state.reader, app.state.store = commit, reader, store
     app.state.parser = parser
+    app.state.controlling = controlling
 
     def close() -> None:
         """Stop every thread and child process of the app (the server has stopped)."""
         reader.close()
         parser.close()
         commit.close()
-        for pool in (*shuffles.values(), controlling):
+        controlling.close()
+        for pool in shuffles.values():
             pool.shutdown(wait=True, cancel_futures=True)
 
     app.state.close = close
