@@ -122,7 +122,8 @@ def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
     if kind == "owner_restore":
         # the owner's snapshot (an anonymous read may be answered 503 Busy: not a snapshot)
         while (r := http.get("/datasets/big/snapshot",
-                             headers={"Authorization": f"Bearer {BIG}"})).status_code != 200:
+                             headers={"Authorization": f"Bearer {BIG}",
+                                      "Content-Type": "application/json"})).status_code != 200:
             stop.wait(0.5)
         body = r.content
     while not stop.is_set():
@@ -159,7 +160,8 @@ def once(kind: str, http: httpx.Client, body: bytes) -> bool:
         http.get("/datasets/big/status")
     elif kind == "restore":
         http.post("/datasets/job/restore", content=body,
-                  headers={"Authorization": f"Bearer {STRANGER}"})
+                  headers={"Authorization": f"Bearer {STRANGER}",
+                           "Content-Type": "application/json"})
     elif kind == "big_lease":
         http.post(_own(http) + "/lease", content=body,
                   headers={"Content-Type": "application/json"})
@@ -169,7 +171,8 @@ def once(kind: str, http: httpx.Client, body: bytes) -> bool:
         control_reports(http, json.loads(body)["job"])
     elif kind == "owner_restore":
         r = http.post("/datasets/big/restore", content=body,
-                      headers={"Authorization": f"Bearer {BIG}"})
+                      headers={"Authorization": f"Bearer {BIG}",
+                               "Content-Type": "application/json"})
         assert r.status_code in (200, 503), r.text[:200]
         return r.status_code == 200
     return False
@@ -282,7 +285,8 @@ def restore_alone(url: str) -> float:
     while True:
         t0 = time.perf_counter()
         r = http.post("/datasets/big/restore", content=body,
-                      headers={"Authorization": f"Bearer {BIG}"})
+                      headers={"Authorization": f"Bearer {BIG}",
+                               "Content-Type": "application/json"})
         if r.status_code == 200:
             return time.perf_counter() - t0
         time.sleep(1.0)   # an attacker's restore still being written
