@@ -97,14 +97,16 @@ else:
         after = client.run(process_cpu)
     # the work split: each worker's CPU seconds in the analysis, rows and bytes it decoded
     for i, w in enumerate(sorted(after)):
-        m = next(re.fullmatch(r"read by worker \S+: (\d+) partitions, ([\d,]+) rows, "
-                              r"([\d,]+) bytes decoded", x) for x in told
-                 if x.startswith(f"read by worker {w}:"))
-        workers[f"worker {i + 1}"] = {"cpu_s": round(after[w] - before[w], 2),
-                                      "cpu_reading_s": round(snap["read"][w] - before[w], 2),
-                                      "partitions": int(m.group(1)),
-                                      "rows_read": int(m.group(2).replace(",", "")),
-                                      "bytes_read": int(m.group(3).replace(",", ""))}
+        m = next((re.fullmatch(r"read by worker \S+: (\d+) partitions, ([\d,]+) rows, "
+                               r"([\d,]+) bytes decoded", x) for x in told
+                  if x.startswith(f"read by worker {w}:")), None)
+        workers[f"worker {i + 1}"] = {"cpu_s": round(after[w] - before[w], 2)}
+        if w in snap.get("read", {}):   # (when the tree's progress told the reading's end)
+            workers[f"worker {i + 1}"]["cpu_reading_s"] = round(snap["read"][w] - before[w], 2)
+        if m is not None:   # a tree from before the per-worker reading counts (--before): none
+            workers[f"worker {i + 1}"].update(
+                partitions=int(m.group(1)), rows_read=int(m.group(2).replace(",", "")),
+                bytes_read=int(m.group(3).replace(",", "")))
 wall = time.perf_counter() - t0
 time.sleep(0.1)
 # CPU seconds of this process and of its waited-for children (Dask's worker processes, once
@@ -276,9 +278,10 @@ def _breakdown(r: dict) -> str:
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in r.get("phases", {}).items())
     cpu = r.get("cpu_s", {})
     by_cpu = ", ".join(f"{k} {v:.1f}" for k, v in r.get("phases_cpu", {}).items())
-    split = "".join(f"; {name}: {w['cpu_s']:.1f} CPU-s ({w['cpu_reading_s']:.1f} reading), "
-                    f"{w['partitions']} partitions, "
-                    f"{w['rows_read'] / 1e6:.2f}M rows ({w['bytes_read'] / 1e6:.0f} MB) decoded"
+    split = "".join(f"; {name}: {w['cpu_s']:.1f} CPU-s"
+                    + (f" ({w['cpu_reading_s']:.1f} reading)" if "cpu_reading_s" in w else "")
+                    + (f", {w['partitions']} partitions, {w['rows_read'] / 1e6:.2f}M rows "
+                       f"({w['bytes_read'] / 1e6:.0f} MB) decoded" if "rows_read" in w else "")
                     for name, w in r.get("workers", {}).items())
     return (phases + "; " if phases else "") + (f"driver CPU-s {by_cpu}; " if by_cpu else "") + (
         f"CPU driver {cpu.get('driver', 0):.1f} s, workers {cpu.get('workers', 0):.1f} s"
