@@ -84,8 +84,10 @@ def load(run: Run) -> str:
     over = run.load_over_run
     if over is None:
         return f"load {run.load}" if run.load else ""
+    averages = "" if over.avg5 is None else (
+        f"; 5- and 15-minute averages {over.avg5:.1f} / {over.avg15:.1f} at the end")
     return (f"load {over.min:.1f}–{over.max:.1f} over the run (median {over.median:.1f}, "
-            f"{run.load} at the end)")
+            f"{run.load} at the end{averages})")
 
 
 def render(runs: list[Run]) -> str:

@@ -45,6 +45,10 @@ class Load(msgspec.Struct, kw_only=True):
     max: float
     samples: int
     seconds: float  # from the first sample to the last
+    # the 5- and 15-minute averages at the end: what the machine did before the samples began
+    # (a script that imports results late, after its work, is sampled for seconds only)
+    avg5: float | None = None
+    avg15: float | None = None
 
 
 class Run(msgspec.Struct, kw_only=True):
@@ -102,9 +106,11 @@ class _LoadSampler:
         """Min, median and max of the samples so far, with one more taken now."""
         self.sample()
         loads = [x for _, x in self.samples]
+        _, avg5, avg15 = os.getloadavg()
         return Load(min=round(min(loads), 1), median=round(statistics.median(loads), 1),
                     max=round(max(loads), 1), samples=len(loads),
-                    seconds=round(self.samples[-1][0] - self.samples[0][0], 1))
+                    seconds=round(self.samples[-1][0] - self.samples[0][0], 1),
+                    avg5=round(avg5, 1), avg15=round(avg15, 1))
 
     def _forget_in_child(self) -> None:
         # a forked child has no sampling thread; it keeps the samples taken before the fork

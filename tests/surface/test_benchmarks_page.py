@@ -83,6 +83,10 @@ def test_a_run_is_stamped_with_the_load_over_its_course(tmp_path, monkeypatch) -
     assert over.min <= over.median <= over.max
     assert run.load == f"{results._SAMPLER.samples[-1][1]:.1f}"
     assert f"load {over.min:.1f}–{over.max:.1f} over the run" in render_benchmarks.render([run])
+    # the longer averages say what came before the samples (a script importing results late)
+    assert over.avg5 is not None and over.avg15 is not None
+    assert f"5- and 15-minute averages {over.avg5:.1f} / {over.avg15:.1f}" in \
+        render_benchmarks.render([run])
 
 
 def test_a_result_written_before_load_sampling_renders_as_before() -> None:
