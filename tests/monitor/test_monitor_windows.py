@@ -143,10 +143,9 @@ def _rows(trace, rank, steps):
     return {k: v[sel] for k, v in o.items()}
 
 
-def test_one_wild_step_does_not_leave_its_rank_out_of_later_windows():
-    # rank 0's part 1 holds one step at 900,000 (inside the step-gap bound): its frontier jumped
-    # there, and the window of steps 5-9 was cut without rank 0 (its real part came late and
-    # was dropped, window after window)
+def _wild_rank_0():
+    """A 4-rank job's tracker (windows of 5 steps, gap_wait_s 30) after steps 0-4 of every rank,
+    rank 0's part 1 holding one step at 900,000, and steps 5-9 of ranks 1-3; and its trace."""
     trace = slow_job(steps=20, slow=None)
     tr = tracker_for(trace, window_steps=5, gap_wait_s=30.0)
     for r in range(4):
@@ -156,6 +155,14 @@ def test_one_wild_step_does_not_leave_its_rank_out_of_later_windows():
     tr.add_part(0, 1, 900_000, wild, 2.0)
     for r in range(1, 4):
         tr.add_part(r, 1, 9, _rows(trace, r, range(5, 10)), 3.0)
+    return trace, tr
+
+
+def test_one_wild_step_does_not_leave_its_rank_out_of_later_windows():
+    # rank 0's part 1 holds one step at 900,000 (inside the step-gap bound): its frontier jumped
+    # there, and the window of steps 5-9 was cut without rank 0 (its real part came late and
+    # was dropped, window after window)
+    trace, tr = _wild_rank_0()
     assert [w.steps for w in tr.close_ready(4.0)] == [[0, 1, 2, 3, 4]]
     assert tr.close_ready(31.9) == []          # rank 0 waited for as a missing part is
     tr.add_part(0, 2, 9, _rows(trace, 0, range(5, 10)), 32.0)
@@ -164,15 +171,7 @@ def test_one_wild_step_does_not_leave_its_rank_out_of_later_windows():
 
 
 def test_a_rank_past_a_window_without_its_rows_is_waited_for_gap_wait_s_only():
-    trace = slow_job(steps=20, slow=None)
-    tr = tracker_for(trace, window_steps=5, gap_wait_s=30.0)
-    for r in range(4):
-        tr.add_part(r, 0, 4, _rows(trace, r, range(5)), 1.0)
-    wild = _rows(trace, 0, [5])
-    wild["step"] = np.full_like(wild["step"], 900_000)
-    tr.add_part(0, 1, 900_000, wild, 2.0)
-    for r in range(1, 4):
-        tr.add_part(r, 1, 9, _rows(trace, r, range(5, 10)), 3.0)
+    _, tr = _wild_rank_0()
     tr.close_ready(4.0)
     [w] = tr.close_ready(32.0)                 # 30 s after rank 0's latest part: without it
     assert (w.steps, w.missing_ranks) == ([5, 6, 7, 8, 9], [0])
