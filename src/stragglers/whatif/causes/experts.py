@@ -201,12 +201,7 @@ def exposed_exchange(w, cost: np.ndarray, passes: int = 2) -> np.ndarray:
 
 def _group_max(g, n: int, values: np.ndarray) -> np.ndarray:
     """[D, T] the max of values over each rank's process group at node n."""
-    groups = g.node_pg[n] if g.node_pg is not None else np.full(len(g.dp_ranks), -1)
-    out = np.empty_like(values)
-    for pg in np.unique(groups):
-        sel = groups == pg
-        out[sel] = values[sel].max(axis=0, keepdims=True)
-    return out
+    return _over_groups(g, n, values, np.max)
 
 
 def expert_imbalance(ctx: Context) -> list[Candidate]:
@@ -282,11 +277,16 @@ def _next_compute(g, n: int) -> int | None:
 
 def _group_mean(g, n: int, tok: np.ndarray) -> np.ndarray:
     """[D, T] the mean rows of each rank's process group at node n (all ranks without groups)."""
+    return _over_groups(g, n, tok, np.mean)
+
+
+def _over_groups(g, n: int, values: np.ndarray, reduce) -> np.ndarray:
+    """[D, T] reduce(values) over each rank's process group at node n (one group without)."""
     groups = g.node_pg[n] if g.node_pg is not None else np.full(len(g.dp_ranks), -1)
-    out = np.empty_like(tok)
+    out = np.empty_like(values)
     for pg in np.unique(groups):
         sel = groups == pg
-        out[sel] = tok[sel].mean(axis=0, keepdims=True)
+        out[sel] = reduce(values[sel], axis=0, keepdims=True)
     return out
 
 
