@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast typecheck venv browser postgres bench docs gpu-check clean
+.PHONY: demo test test-fast typecheck venv browser postgres samples bench docs gpu-check clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,24 @@ browser:
 # cluster with initdb/pg_ctl in a temporary directory; no service is used).
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || { apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq postgresql >/dev/null; }
+
+# The public NDTimeline samples of ByteDance's StragglerAnalysis (Apache-2.0) into runs/samples/
+# for the README's real-trace examples: cloned from GitHub, or copied from SAMPLES_FROM, a folder
+# holding the same trace-*.parquet and meta-*.yaml (a local mirror; the README walk test uses one).
+SAMPLES_REPO ?= https://github.com/ByteDance-Seed/StragglerAnalysis
+SAMPLES_FROM ?=
+samples: runs/samples/trace-ST.parquet
+
+runs/samples/trace-ST.parquet:
+	@mkdir -p runs/samples
+	@if [ -n "$(SAMPLES_FROM)" ]; then \
+		cp "$(SAMPLES_FROM)"/trace-*.parquet "$(SAMPLES_FROM)"/meta-*.yaml runs/samples/; \
+	else \
+		rm -rf runs/samples/.clone && git clone -q --depth 1 "$(SAMPLES_REPO)" runs/samples/.clone && \
+		cp runs/samples/.clone/data/trace-*.parquet runs/samples/.clone/data/meta-*.yaml runs/samples/ && \
+		rm -rf runs/samples/.clone; \
+	fi
+	@echo "samples: $$(ls runs/samples | tr '\n' ' ')"
 
 # The main job end to end (train with a slow rank, analyse), then the same job watched live.
 # Shorter: `make demo DEMO_STEPS=10 WATCH_STEPS=10 DEMO_PORT=0` (0: any free port), as the

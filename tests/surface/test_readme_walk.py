@@ -27,7 +27,10 @@ VENV = REPO / ".venv"
 # Replacements applied to the blocks, each a documented flag of its command: the walk checks
 # that every command runs as written; the full-length runs are measured elsewhere.
 MONITOR_PORT, SHARDS_PORT = free_port(), free_port()
+# The public NDTimeline samples, as this checkout has them beside it (the machine has no GitHub).
+SAMPLES = REPO.parent / "shared" / "data" / "ndtimeline-samples"
 SHORTER = [
+    ("make samples", f"make samples SAMPLES_FROM={SAMPLES}"),           # a local mirror
     ("make demo ", "make demo DEMO_STEPS=10 WATCH_STEPS=10 DEMO_PORT=0 "),  # Makefile variables
     ("monitor serve --db", f"monitor serve --port {MONITOR_PORT} --db"),  # 8150 may be taken
     ("adapt serve --db", f"adapt serve --port {SHARDS_PORT} --db"),        # 8151 too
@@ -135,8 +138,8 @@ def run_block(block: str, clone: Path, env: dict) -> subprocess.CompletedProcess
 def test_every_readme_shell_block_runs_in_order_in_a_fresh_clone(tmp_path):
     if not (REPO / ".git").exists() or not (VENV / ".installed").exists():
         pytest.skip("needs a git checkout with its venv built (make venv)")
-    if not (REPO.parent / "shared" / "data").exists():
-        pytest.skip("the README reads ../shared/data, which is not present")
+    if not SAMPLES.exists():
+        pytest.skip(f"the README's `make samples` is walked with a local mirror, {SAMPLES}: absent")
     clone, copied = fresh_clone(tmp_path)
     env = newcomer_env(clone)
     timings = []
@@ -170,17 +173,20 @@ def python_blocks(text: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_readme_library_call_prints_what_the_readme_says():
+def test_the_readme_library_call_prints_what_the_readme_says(tmp_path):
     # The block that needs no training job (the others use a model of the reader's own); the
     # comment line after a print is the output the README promises.
     block = next(b for b in python_blocks(README.read_text()) if "st.analyze(" in b)
-    if "../shared/data" in block and not (REPO.parent / "shared" / "data").exists():
-        pytest.skip("the README's analyze example reads ../shared/data, which is not present")
+    if not SAMPLES.exists():
+        pytest.skip(f"the README's analyze example reads `make samples`' files, from {SAMPLES}: absent")
+    # where `make samples` puts them, in a directory of its own (this checkout's runs/ untouched)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "samples").symlink_to(SAMPLES)
     lines = block.splitlines()
     promised = [lines[i + 1][2:] for i, line in enumerate(lines[:-1])
                 if line.startswith("print(") and lines[i + 1].startswith("# ")]
     assert promised, "the README's analyze example no longer shows its output"
-    proc = subprocess.run([sys.executable, "-c", block], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = proc.stdout.splitlines()
