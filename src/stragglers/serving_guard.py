@@ -101,6 +101,28 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
                 _close(self, 431, "Request Header Fields Too Large",
                        f"request head: more than {limits.max_head_bytes} bytes")
 
+        if hasattr(base, "on_header"):   # httptools: the parser's callbacks (h11 bounds its own)
+            def on_message_begin(self) -> None:
+                self._g_head_size, self._g_head_over = 0, False
+                super().on_message_begin()
+
+            def on_url(self, url: bytes) -> None:
+                self._g_count_head(len(url))
+                super().on_url(url)
+
+            def on_header(self, name: bytes, value: bytes) -> None:
+                self._g_count_head(len(name) + len(value) + 4)
+                super().on_header(name, value)
+
+            def _g_count_head(self, n: int) -> None:
+                # counted as the parser reads the head, whatever the reads' sizes: a head over
+                # the bound arriving whole in one read was parsed and served before the check
+                # of data_received (which counts only heads still incomplete after a read)
+                self._g_head_size += n
+                if self._g_head_size > limits.max_head_bytes:
+                    self._g_head_over = True
+                    raise _HeadTooLarge()   # the parser stops: send_400_response answers 431
+
         def eof_received(self) -> bool | None:
             # A client that half-closes once its request is sent (shutdown(SHUT_WR)) is
             # answered: the transport used to close at once, after the app had acted on the
@@ -143,12 +165,21 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             super().on_headers_complete()
 
         def send_400_response(self, msg: str) -> None:
-            self.transport.write(json_response_bytes(400, "Bad Request", f"request: {msg}",
-                                                     self._g_shape))
+            if getattr(self, "_g_head_over", False):
+                self.transport.write(json_response_bytes(
+                    431, "Request Header Fields Too Large",
+                    f"request head: more than {limits.max_head_bytes} bytes", self._g_shape))
+            else:
+                self.transport.write(json_response_bytes(400, "Bad Request", f"request: {msg}",
+                                                         self._g_shape))
             self.transport.close()
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: the request head passed ConnectionLimits.max_head_bytes."""
 
 
 class _Connections:

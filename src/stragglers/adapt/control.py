@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TypeVar
 
 from stragglers.adapt.controller import Actions, ControlConfig, Controller, ControllerView
@@ -132,22 +132,30 @@ class PacedThread:
     posting 10,000-record reports in a loop kept this thread busy all the time, and another
     job's lease + ack took 52x its quiet latency. The pause follows the call (its reply is
     not delayed) and is measured in wall time, which bounds the time the GIL was held.
+
+    The pause every call waits for is at most `max_pause_s`; the rest of a long call's pause is
+    its token's alone (that token's next call waits for it, the others run meanwhile, oldest
+    token first): a 65,536-rank job's window (3-12 s) paused every job's control calls 9-36 s.
+    A long call needs many paced calls before it (a window's reports), so the share holds.
     """
 
     def __init__(self, share: float = 0.25, per_token: int = 4, in_all: int = 64,
-                 name: str = "shard-control", sleep: Callable[[float], object] | None = None,
+                 name: str = "shard-control", max_pause_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic):
         if not 0 < share <= 1:
             raise InputError("PacedThread", "share", f"expected 0 < share <= 1, got {share}")
-        self._closing = threading.Event()
-        # (a pause ends early when the service stops)
-        self.share, self._sleep, self._clock = share, sleep or self._closing.wait, clock
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self.share, self.max_pause_s, self._clock = share, max_pause_s, clock
         self.by_token = KeyedLimits("token", per_token, 1 << 62)
         self.in_all = KeyedLimits("service", in_all, 1 << 62)
-        self._not_before = 0.0
+        self._wake = threading.Condition()
+        self._calls: list[tuple[object, Callable[[], object], Future]] = []   # in arrival order
+        self._closing = False
+        self._not_before = 0.0                      # every call's
+        self._token_not_before: dict[object, float] = {}   # a token's own (past entries dropped)
         # what the thread did: calls run, seconds they took, seconds paused after them
         self.calls, self.busy_s, self.paused_s = 0, 0.0, 0.0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
 
     def hold(self, token: str | None) -> RequestLimits:
         """A call's place (its token's and the service's; close it when answered); Busy when
@@ -158,25 +166,67 @@ class PacedThread:
             raise Busy(f"too many control calls are waiting ({exc.what}); retry later") \
                 from None
 
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
-        """Run fn() on the control thread after the pause its previous call earned."""
-        return self._pool.submit(self._paced, fn)
+    def submit(self, fn: Callable[[], T], token: object = None) -> Future[T]:
+        """Run fn() on the control thread after the pauses its previous calls earned (every
+        call's, and those of `token`'s own)."""
+        future: Future[T] = Future()
+        with self._wake:
+            if self._closing:
+                future.cancel()
+                return future
+            self._calls.append((token, fn, future))
+            self._wake.notify()
+        return future
 
-    def _paced(self, fn: Callable[[], T]) -> T:
-        wait = self._not_before - self._clock()
-        if wait > 0:
-            self._sleep(wait)   # (the GIL is free meanwhile)
-            self.paused_s += wait
-        t0 = self._clock()
-        try:
-            return fn()
-        finally:
-            spent = self._clock() - t0
-            self.calls += 1
-            self.busy_s += spent
-            self._not_before = self._clock() + spent * (1 - self.share) / self.share
+    def _next(self) -> tuple[object, Callable[[], object], Future] | None:
+        """The oldest call whose token owes no pause, once every call's pause is over; None
+        when closing."""
+        with self._wake:
+            while True:
+                if self._closing:
+                    return None
+                now = self._clock()
+                wait = self._not_before - now
+                if wait <= 0:
+                    soonest = None
+                    for i, (token, _, _) in enumerate(self._calls):
+                        mine = self._token_not_before.get(token, 0.0) - now
+                        if mine <= 0:
+                            self._token_not_before.pop(token, None)
+                            return self._calls.pop(i)
+                        soonest = mine if soonest is None else min(soonest, mine)
+                    wait = soonest
+                self._wake.wait(wait)   # None: until a call comes (the GIL is free meanwhile)
+
+    def _run(self) -> None:
+        while (item := self._next()) is not None:
+            token, fn, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            t0 = self._clock()
+            try:
+                result = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            end = self._clock()
+            spent = end - t0
+            pause = spent * (1 - self.share) / self.share
+            with self._wake:
+                self.calls += 1
+                self.busy_s += spent
+                self.paused_s += min(pause, self.max_pause_s)
+                self._not_before = end + min(pause, self.max_pause_s)
+                if pause > self.max_pause_s:
+                    self._token_not_before[token] = end + pause
 
     def close(self) -> None:
         """Stop the thread (calls not started are cancelled)."""
-        self._closing.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._wake:
+            self._closing = True
+            calls, self._calls = self._calls, []
+            self._wake.notify_all()
+        for _, _, future in calls:
+            future.cancel()
+        self._thread.join()

@@ -12,6 +12,7 @@ itself failed.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import hmac
 import json
@@ -47,7 +48,8 @@ from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import ShardStore, lease_json
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
-from stragglers.serving import TOKEN_PATTERN, BodyRefused, base_url, declared_length, is_loopback, \
+from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_url, \
+    declared_length, is_loopback, \
     listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
 from stragglers.serving_quota import MintRate, RateLimited as MintRefused, quota_client
 
@@ -172,11 +174,18 @@ class GroupCommitter:
     shares one fsync. Each call still sees a consistent state (savepoints, see run_batch). If
     the transaction itself fails (e.g. "database is locked" while another process writes),
     every call of the batch is answered with that error, and the writer goes on.
+
+    Fair: the calls waiting are kept per key (the caller's token, else its address) and a batch
+    takes them in turns, at most `per_key` of one key: one owner looping on 256 connections put
+    256 calls in every batch, and another job's lease waited for all of them.
     """
 
-    def __init__(self, store: ShardStore, max_batch: int = 256, stall_s: float = 2.0):
-        self.store, self.max_batch = store, max_batch
+    def __init__(self, store: ShardStore, max_batch: int = 256, stall_s: float = 2.0,
+                 per_key: int = 8):
+        self.store, self.max_batch, self.per_key = store, max_batch, per_key
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # calls taken from the queue and not yet run, per key, in arrival order (writer only)
+        self._waiting: dict[object, collections.deque] = {}
         self.batches = self.calls = self.failed_batches = self.stalls = 0
         self.stall_s = stall_s
         self._beat = time.monotonic()
@@ -216,30 +225,65 @@ class GroupCommitter:
                 self.store.grant_grace()
             self._beat = now
 
-    async def run(self, call):
-        """Queue `call` (no arguments) and wait until its transaction is durable."""
+    async def run(self, call, key: object = None):
+        """Queue `call` (no arguments) and wait until its transaction is durable; `key`: whose
+        call it is (its share of the batches; None: the requesting client's address)."""
         if self._closed.is_set():
             raise Busy("the service is stopping; retry once it is back")
+        if key is None:
+            key = ("client", REQUEST_CLIENT.get())
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put((call, future, loop))
+        self._queue.put((key, call, future, loop))
         return await future
 
-    def _loop(self) -> None:
+    def _take_queued(self, block: bool) -> bool:
+        """Move the queued calls into their keys' lines; False once the queue is closed."""
         while True:
-            first = self._queue.get()
-            if first is None:
-                return   # closed
-            batch = [first]
-            while len(batch) < self.max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
+            try:
+                item = self._queue.get() if block else self._queue.get_nowait()
+            except queue.Empty:
+                return True
+            block = False
+            if item is None:
+                return False
+            self._waiting.setdefault(item[0], collections.deque()).append(item[1:])
+
+    def _next_batch(self) -> list:
+        """Up to max_batch calls, taken in turns from the keys waiting (at most per_key each);
+        a key with calls left goes to the back of the turn order."""
+        batch: list = []
+        taken: dict[object, int] = {}
+        while len(batch) < self.max_batch and self._waiting:
+            progress = False
+            for key in list(self._waiting):
+                line = self._waiting[key]
+                if taken.get(key, 0) >= self.per_key:
+                    continue
+                batch.append(line.popleft())
+                taken[key] = taken.get(key, 0) + 1
+                progress = True
+                if not line:
+                    del self._waiting[key]
+                if len(batch) >= self.max_batch:
                     break
-                if item is None:
-                    self._queue.put(None)   # closed: this batch is the last one
-                    break
-                batch.append(item)
+            if not progress:
+                break
+        for key in taken:   # those served this turn queue behind the others next time
+            if key in self._waiting:
+                self._waiting[key] = self._waiting.pop(key)
+        return batch
+
+    def _loop(self) -> None:
+        open_ = True
+        while True:
+            if open_:
+                open_ = self._take_queued(block=not self._waiting)
+            if not self._waiting:
+                if not open_:
+                    return   # closed, every call queued before it answered
+                continue
+            batch = self._next_batch()
             self._check_stall()
             try:
                 results = self.store.run_batch([call for call, _, _ in batch])
@@ -576,31 +620,31 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         body = await parsed(request, rq.CreateDataset)
         cfg = DatasetConfig(**body.model_dump())
         client = client_of(request)
-        return await commit.run(lambda: store.create_dataset(cfg, digest, client))
+        return await commit.run(lambda: store.create_dataset(cfg, digest, client), digest)
 
     async def join(request: Request) -> Joined:
         name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Join)
-        return await commit.run(lambda: store.join(name, body.worker, digest))
+        return await commit.run(lambda: store.join(name, body.worker, digest), digest)
 
     async def lease(request: Request) -> LeaseReply | Response:
         name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Lease)
         return await with_indices(await commit.run(
             lambda: store.lease(name, body.worker, body.fence, body.count, body.request_id,
-                                digest)))
+                                digest), digest))
 
     async def ack(request: Request) -> Acked:
         name, digest, b = name_of(request), _bearer(request), await parsed(request, rq.Ack)
         return await commit.run(lambda: store.ack(name, b.worker, b.fence, b.epoch, b.shard,
-                                                  b.consumed, digest))
+                                                  b.consumed, digest), digest)
 
     async def release(request: Request) -> Released:
         name, digest, b = name_of(request), _bearer(request), await parsed(request, rq.Release)
         return await commit.run(lambda: store.release(name, b.worker, b.fence, b.failure,
-                                                      b.error, digest))
+                                                      b.error, digest), digest)
 
     async def retry_failed(request: Request) -> Requeued:
         name, digest, _ = name_of(request), _bearer(request), await parsed(request, rq.Empty)
-        return await commit.run(lambda: store.retry_failed(name, digest))
+        return await commit.run(lambda: store.retry_failed(name, digest), digest)
 
     async def status(request: Request) -> Response:
         # Read on the reader thread; the writer only requeues expired leases, when there are.
@@ -653,16 +697,17 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         finally:
             slot.close()
 
-    async def controlled(fn, *args, place=None) -> Response:
+    async def controlled(fn, *args, place=None, token: str | None = None) -> Response:
         """fn(*args) of the control plane and its JSON, on the control thread (paced: see
         PacedThread): a window of a 65,536-rank job (its classes, its split) or its state is
         seconds of Python, which on the event loop held every job's leases. `place`: the
-        call's place on that thread, taken already (else taken here: 503 past the bounds)."""
+        call's place on that thread, taken already (else taken here: 503 past the bounds);
+        `token`: whose call it is (a long call's pause beyond max_pause_s is that token's)."""
         place = place or controlling.hold(None)
         try:
             def call() -> Response:
                 return _json(fn(*args))
-            return await asyncio.wrap_future(controlling.submit(call))
+            return await asyncio.wrap_future(controlling.submit(call, token))
         finally:
             place.close()
 
@@ -676,7 +721,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                 digest = creator(request)
             minting(digest, request)
         return await controlled(control.configure, job, cfg, digest, client_of(request),
-                                place=controlling.hold(digest))
+                                place=controlling.hold(digest), token=digest)
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
         headers = dict(exc.headers or {})
@@ -708,7 +753,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             b = rq.parse(rq.Report, raw)
             return control.report(job, b.rank, b.records, b.device, b.incarnation, b.since,
                                   digest)
-        return await controlled(report, place=place)
+        return await controlled(report, place=place, token=digest)
 
     async def control_actions(request: Request) -> Response:
         job = name_of(request, "job")
