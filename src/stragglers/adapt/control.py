@@ -186,9 +186,9 @@ class PacedThread:
                 if self._closing:
                     return None
                 now = self._clock()
-                wait = self._not_before - now
-                if wait <= 0:
-                    soonest = None
+                wait: float | None = self._not_before - now
+                if wait is not None and wait <= 0:
+                    soonest: float | None = None
                     for i, (token, _, _) in enumerate(self._calls):
                         mine = self._token_not_before.get(token, 0.0) - now
                         if mine <= 0:
