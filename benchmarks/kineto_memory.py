@@ -1,7 +1,11 @@
 """Peak memory and time of read_kineto against loading every rank's JSON at once (the known failing).
 
 Usage: .venv/bin/python benchmarks/kineto_memory.py [--ranks 2,4] [--kernels 40000] [--workdir DIR]
-       .venv/bin/python benchmarks/kineto_memory.py --big --ranks 8 --kernels 1300000  (8 × ~1 GB)
+       .venv/bin/python benchmarks/kineto_memory.py --big --ranks 8 --kernels 1360000  (8 × 1.1 GB)
+
+--big writes results/kineto_memory_big.json: 8.2 GiB of JSON written, then read twice, takes
+longer than ten minutes here; a quarter of the size (--kernels 340000, 8 × 0.25 GB) is the same
+measurement on a smaller input (the memory goal is then not judged).
 
 Writes synthetic Kineto traces (DDP-like steps: forward/backward kernels launched by
 cudaLaunchKernel with ac2g flows, NCCL all-reduces, CPU ops) and runs three children per rank
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -179,26 +184,60 @@ def main() -> None:
 
 def big(args) -> None:
     """The whole analysis (reader + what-if) on inputs too large for the all-at-once load: with
-    one parse process at a time, and with the parse workers the CLI starts."""
+    one parse process at a time, and with the parse workers the CLI starts; written as
+    results/kineto_memory_big.json."""
     import time as _time
 
     base = args.workdir or Path(tempfile.mkdtemp(prefix="kineto-big-"))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    figures, table, inputs = [], [], []
     for n in [int(x) for x in args.ranks.split(",")]:
         folder = base / f"ranks{n}"
         folder.mkdir(parents=True, exist_ok=True)
         size = sum(_written(folder / f"rank-{r}.json", r, args.kernels) for r in range(n))
+        gib = size / 2**30
+        label = f"{n} × {size / n / 1e9:.2f} GB ({gib:.2f} GiB)"
+        inputs.append(f"{n} ranks × {size / n / 1e9:.1f} GB")
+        rows = {}
+        pool = min(n, cores or 1)  # the CLI's workers: one per core and file, memory allowing
         for mode in ("read+analyze-1", "read+analyze"):
             t0 = _time.perf_counter()
-            row = run_child(mode, folder)
+            row = rows[mode] = run_child(mode, folder)
             wall = _time.perf_counter() - t0
-            print(f"{n} ranks, {size / 2**30:.2f} GiB JSON, {mode}: wall {wall:.1f} s, CPU "
-                  f"{row['cpu_s']:.1f} s ({row['cpu_s'] / (size / 2**30):.1f} s per GiB), peak "
+            print(f"{n} ranks, {gib:.2f} GiB JSON, {mode}: wall {wall:.1f} s, CPU "
+                  f"{row['cpu_s']:.1f} s ({row['cpu_s'] / gib:.1f} s per GiB), peak "
                   f"RSS growth {row['peak_mb']:.0f} MB (largest parse worker "
                   f"{row['child_peak_mb']:.0f} MB), {row['n']:,} rows", flush=True)
+            table.append({"input": label, "parse workers": "1" if mode.endswith("-1")
+                          else f"CLI default (up to {pool})",
+                          "wall": f"{wall:.1f} s",
+                          "CPU (per GiB)": f"{row['cpu_s']:.1f} s ({row['cpu_s'] / gib:.1f} s)",
+                          "parent peak": f"{row['peak_mb']:.0f} MB",
+                          "each parse worker's peak": f"{row['child_peak_mb']:.0f} MB",
+                          "rows": f"{row['n']:,}"})
+        one, cli = rows["read+analyze-1"], rows["read+analyze"]
+        peak = one["peak_mb"] + one["child_peak_mb"]
+        # the goal is set for 8 files of 1 GB or more: a smaller input is not judged by it
+        judged = n >= 8 and size / n >= 1e9
+        figures += [
+            Figure(name=f"{label}, read + the whole analysis, one parse worker: parent + worker "
+                        "peak", value=f"{one['peak_mb']:.0f} MB + {one['child_peak_mb']:.0f} MB "
+                                      f"≈ {peak / 1e3:.2f} GB",
+                   goal="≤ 1.5 GB for 8 × 1 GB", met=peak <= 1500 if judged else None,
+                   note=(f"the CLI's default of one worker per core ({pool} here): "
+                         f"{cli['peak_mb']:.0f} + {pool} × {cli['child_peak_mb']:.0f} MB ≈ "
+                         f"{(cli['peak_mb'] + pool * cli['child_peak_mb']) / 1e3:.2f} GB")
+                   + ("" if judged else "; smaller than the goal's 8 × 1 GB: not judged")),
+            Figure(name=f"CPU per GiB of JSON, {gib:.2f} GiB",
+                   value=f"{one['cpu_s'] / gib:.1f} s (one parse worker) / "
+                         f"{cli['cpu_s'] / gib:.1f} s (CLI default)")]
         if args.workdir is None:
             shutil.rmtree(folder, ignore_errors=True)
     if args.workdir is None:
         shutil.rmtree(base, ignore_errors=True)
+    write(Run(benchmark=f"Kineto reader: {' and '.join(inputs)} of profiler JSON", issue="11, 35",
+              command=" ".join([".venv/bin/python benchmarks/kineto_memory.py", *sys.argv[1:]]),
+              figures=figures, table=table), name="kineto_memory_big")
 
 
 def _written(path: Path, rank: int, kernels: int) -> int:
