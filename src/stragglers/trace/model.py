@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from stragglers.trace.jsontypes import JsonObject
+
 # Canonical op types. The code of an op type is its index here; readers map names to codes.
 OPTYPES: tuple[str, ...] = (
     "forward-compute",
@@ -112,8 +114,8 @@ class JobMeta:
         if not self.world_size:
             self.world_size = self.dp_size * self.pp_size * self.tp_size * self.dsp_size
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict."""
+    def to_dict(self) -> JsonObject:
+        """A JSON-serialisable dict (`extra` as it was given: JSON values by contract)."""
         return asdict(self)
 
 

@@ -17,9 +17,10 @@ import zlib
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Protocol, TypeGuard
+from typing import Any, Callable, NamedTuple, Protocol, TypedDict, TypeGuard
 
 from stragglers.errors import InputError
+from stragglers.trace.jsontypes import JsonObject, JsonValue
 
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
 # "<backend>:<collective>" record_function annotations, e.g. nccl:all_reduce, gloo:all_reduce.
@@ -46,7 +47,7 @@ RUN_ID_KEYS = ("distinct_run_id", "run_id", "job_id", "TORCHELASTIC_RUN_ID")
 _C10D_PEER_ARG = {"c10d::send": 2, "c10d::recv_": 2}
 
 
-def collective_kind(name: str | None) -> str | None:
+def collective_kind(name: JsonValue) -> str | None:
     """Normalise a collective name ('all_reduce', '_allgather_base', 'AllReduce') to one token."""
     if not isinstance(name, str) or not name:
         return None
@@ -96,7 +97,7 @@ _INFO_KEYS = ("rank", "world_size", "backend", "pg_config")
 _GROUP_KEYS = ("pg_name", "ranks", "pg_desc")
 
 
-def decode_info(info: dict) -> DistributedInfo:
+def decode_info(info: JsonObject) -> DistributedInfo:
     """The typed DistributedInfo of a distributedInfo object (stdlib only: no msgspec here)."""
     rank, world_size, backend, configs = (info.get(k) for k in _INFO_KEYS)
     groups = []
@@ -171,26 +172,35 @@ class EventArgs(Protocol):
     """The args of a trace event the reader reads, from either decoder (values unchecked)."""
 
     @property
-    def correlation(self) -> Any: ...
+    def correlation(self) -> JsonValue: ...
     @property
-    def collective_name(self) -> Any: ...   # "Collective name"
+    def collective_name(self) -> JsonValue: ...   # "Collective name"
     @property
-    def pg_name(self) -> Any: ...           # "Process Group Name"
+    def pg_name(self) -> JsonValue: ...           # "Process Group Name"
     @property
-    def seq(self) -> Any: ...               # "Seq"
+    def seq(self) -> JsonValue: ...               # "Seq"
     @property
-    def src_rank(self) -> Any: ...          # "Src Rank"
+    def src_rank(self) -> JsonValue: ...          # "Src Rank"
     @property
-    def dst_rank(self) -> Any: ...          # "Dst Rank"
+    def dst_rank(self) -> JsonValue: ...          # "Dst Rank"
     @property
-    def pg_ranks(self) -> Any: ...          # "Process Group Ranks"
+    def pg_ranks(self) -> JsonValue: ...          # "Process Group Ranks"
     @property
-    def out_split(self) -> Any: ...         # "Out split size"
+    def out_split(self) -> JsonValue: ...         # "Out split size"
     @property
-    def in_split(self) -> Any: ...          # "In split size"
+    def in_split(self) -> JsonValue: ...          # "In split size"
 
-    def concrete_inputs(self) -> Any:
+    def concrete_inputs(self) -> JsonValue:
         """'Concrete Inputs' (decoded on demand: rarely read, sometimes long), or None."""
+
+
+# An event's args object as the profiler writes it: the keys the reader reads (their values
+# unchecked; the JSON names have spaces, hence the functional form).
+KinetoArgs = TypedDict("KinetoArgs", {
+    "correlation": JsonValue, "Collective name": JsonValue, "Process Group Name": JsonValue,
+    "Seq": JsonValue, "Src Rank": JsonValue, "Dst Rank": JsonValue,
+    "Process Group Ranks": JsonValue, "Out split size": JsonValue, "In split size": JsonValue,
+    "Concrete Inputs": JsonValue}, total=False)
 
 
 def _json_arg(key: str) -> property:
@@ -213,10 +223,10 @@ class JsonArgs:
     in_split = _json_arg("In split size")
     _concrete = _json_arg("Concrete Inputs")
 
-    def __init__(self, raw: dict):
+    def __init__(self, raw: KinetoArgs):
         self.raw = raw
 
-    def concrete_inputs(self) -> Any:
+    def concrete_inputs(self) -> JsonValue:
         """'Concrete Inputs', or None."""
         return self._concrete
 
@@ -288,7 +298,7 @@ class _Collector:
         self._times = _checked if checked else self._check_times
         self._args: Callable[[Any], EventArgs] = _as_is if checked else JsonArgs
 
-    def __call__(self, obj: dict) -> Any:
+    def __call__(self, obj: JsonObject) -> JsonObject | None:
         if "ph" not in obj:
             return obj  # the document, distributedInfo, args: kept as they are
         self.out.events += 1
@@ -398,9 +408,11 @@ class _Collector:
                 ranks = json.loads(ranks)
             except ValueError:
                 return
-        if isinstance(ranks, list) and ranks and all(
-                isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-            self.out.pg_ranks[pg] = tuple(ranks)
+        if not isinstance(ranks, list):
+            return
+        whole = tuple(r for r in ranks if isinstance(r, int) and not isinstance(r, bool))
+        if whole and len(whole) == len(ranks):
+            self.out.pg_ranks[pg] = whole
 
     def _check_times(self, ts: Any, dur: Any) -> tuple[float, float]:
         where = f"traceEvents[{self.out.events - 1}]"
@@ -572,12 +584,12 @@ _ABSENT = object()   # a top-level key the document does not have
 class TopLevel:
     """The document's top-level keys the reader reads, as the file has them (_finish checks)."""
 
-    events: Any = _ABSENT           # traceEvents (the stdlib's list; [] when streamed)
-    distributed_info: Any = None    # distributedInfo
-    base_ns: Any = None             # baseTimeNanoseconds (absent or null: 0)
-    host_name: Any = None
-    record_shapes: Any = None
-    run_ids: dict[str, Any] = field(default_factory=dict)   # the RUN_ID_KEYS it has
+    events: JsonValue | object = _ABSENT   # traceEvents (the stdlib's list; [] when streamed)
+    distributed_info: JsonValue = None     # distributedInfo
+    base_ns: JsonValue = None              # baseTimeNanoseconds (absent or null: 0)
+    host_name: JsonValue = None
+    record_shapes: JsonValue = None
+    run_ids: JsonObject = field(default_factory=dict)   # the RUN_ID_KEYS it has
 
 
 # JSON name → TopLevel attribute, for both decoders.
@@ -586,7 +598,7 @@ TOP_KEYS = {"traceEvents": "events", "distributedInfo": "distributed_info",
             "record_shapes": "record_shapes"}
 
 
-def _top_level(doc: dict) -> TopLevel:
+def _top_level(doc: JsonObject) -> TopLevel:
     """The TopLevel of a document the stdlib decoded."""
     present = {attr: doc[key] for key, attr in TOP_KEYS.items() if key in doc}
     return TopLevel(**present, run_ids={k: doc[k] for k in RUN_ID_KEYS if k in doc})

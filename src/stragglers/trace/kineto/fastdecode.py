@@ -15,6 +15,7 @@ import re
 import zlib
 from typing import Annotated, Any
 
+from stragglers.trace.jsontypes import JsonValue
 from stragglers.trace.kineto.events import RUN_ID_KEYS, TOP_KEYS, TopLevel
 
 try:
@@ -44,7 +45,7 @@ if AVAILABLE:
         out_split: Any = msgspec.field(default=None, name="Out split size")
         in_split: Any = msgspec.field(default=None, name="In split size")
 
-        def concrete_inputs(self) -> Any:
+        def concrete_inputs(self) -> JsonValue:
             """'Concrete Inputs' decoded (kept raw until asked for), or None."""
             if self.concrete is _UNSET:
                 return None

@@ -7,7 +7,7 @@ Every array here is (nodes, columns): one row per schedule node, one column per
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypedDict
 
 import numpy as np
 
@@ -32,6 +32,14 @@ class PauseCells(NamedTuple):
     stages: np.ndarray   # stage of each id
 
 
+class SamplingNotes(TypedDict, total=False):
+    """What the sampling measured, as the trace's metadata records it (those measured only)."""
+
+    attn_cost_cv: float       # CV of the microbatches' Σ s_i²
+    cost_cv: float            # CV of the forward/backward cost scale it gives
+    pauses_in_compute: int
+
+
 @dataclass
 class Costs:
     """Per-node sampled durations (compute) or transfers (communication) and launch delays."""
@@ -50,11 +58,16 @@ class Costs:
     cost_cv: float | None = None         # CV of the forward/backward cost scale it gives
     pauses_in_compute: int | None = None
 
-    def notes(self) -> dict[str, Any]:
+    def notes(self) -> SamplingNotes:
         """What the sampling measured, as the trace's metadata records it (those measured)."""
-        measured = {"attn_cost_cv": self.attn_cost_cv, "cost_cv": self.cost_cv,
-                    "pauses_in_compute": self.pauses_in_compute}
-        return {k: v for k, v in measured.items() if v is not None}
+        notes = SamplingNotes()
+        if self.attn_cost_cv is not None:
+            notes["attn_cost_cv"] = self.attn_cost_cv
+        if self.cost_cv is not None:
+            notes["cost_cv"] = self.cost_cv
+        if self.pauses_in_compute is not None:
+            notes["pauses_in_compute"] = self.pauses_in_compute
+        return notes
 
 
 def node_rows(sched: StepGraph, optypes: tuple[str, ...], stage: int | None = None) -> np.ndarray:

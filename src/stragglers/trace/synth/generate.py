@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from stragglers.errors import InputError
@@ -64,7 +65,8 @@ def generate(spec: SynthSpec | None = None, /, **keywords: Any) -> Trace:
     del start, end
     name = spec.name or _default_name(job)
     meta = JobMeta(name=name, dp_size=dp, pp_size=job.pp, vpp_size=job.vpp, run_id=str(job.seed),
-                   extra={"ground_truth": injected_causes(job, costs, impacts),
+                   extra={"ground_truth": msgspec.to_builtins(injected_causes(job, costs,
+                                                                              impacts)),
                           "generator": {"tool": "stragglers.trace.synth", "version": 1,
                                         **job.keywords(), **costs.notes()}})
     return Trace(ops, meta, source=f"<synthetic {name}>")
@@ -92,8 +94,8 @@ def _check_usable(ops: dict[str, np.ndarray], job: Job) -> None:
     try:
         check_values(ops, SOURCE)
     except InputError as exc:
-        recorded = job.keywords()
-        given = {k: recorded[k] for k in ("noise",) + KEYWORDS if recorded[k] is not None}
+        given = {k: v for k, v in job.keywords().items()
+                 if k in ("noise",) + KEYWORDS and v is not None}
         raise InputError(SOURCE, None, f"these sizes make a trace no loader accepts "
                          f"({exc.field}: {exc.problem}); lower the noise or the injected "
                          f"factors and lengths (given: {given})") from None

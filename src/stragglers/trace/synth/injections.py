@@ -4,7 +4,56 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self, Sequence
+from typing import Any, ClassVar, Self, Sequence, TypedDict
+
+
+class SeqImbalanceForm(TypedDict):
+    """seq_imbalance in the keyword form and in the metadata: every field of SequenceImbalance."""
+
+    dist: str
+    max_len: int
+    min_len: int
+    tokens_per_mb: int
+    median_len: float
+    sigma: float
+
+
+class SlowLinkForm(TypedDict):
+    """slow_link between two stages: {"kind": "p2p", ...} (steps a list in the metadata)."""
+
+    kind: str
+    dp: int
+    stage_from: int
+    stage_to: int
+    factor: float
+    steps: Sequence[int] | None
+
+
+class SlowCollectiveForm(TypedDict):
+    """slow_link of a collective: {"kind": "collective", ...} (steps a list in the metadata)."""
+
+    kind: str
+    optype: str
+    factor: float
+    stage: int | None
+    steps: Sequence[int] | None
+
+
+class HostStallForm(TypedDict):
+    """host_stall: the worker, the seconds and the steps (a list in the metadata)."""
+
+    dp: int
+    stage: int
+    seconds: float
+    steps: Sequence[int] | None
+
+
+# What `Injection.value()` gives (the keyword form, tuples as `generate(**keywords)` takes
+# them) and what `record()` gives (the metadata's JSON form: lists for tuples).
+InjectionValue = (tuple[int, int, float] | float | tuple[float, float] | SeqImbalanceForm
+                  | SlowLinkForm | SlowCollectiveForm | HostStallForm)
+InjectionRecord = (list[float] | float | SeqImbalanceForm | SlowLinkForm | SlowCollectiveForm
+                   | HostStallForm)
 
 
 @dataclass(frozen=True)
@@ -13,13 +62,13 @@ class Injection:
 
     keyword: ClassVar[str] = ""
 
-    def value(self) -> Any:
+    def value(self) -> InjectionValue:
         """The keyword form's value (a tuple or dict, as `generate(**keywords)` takes it)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        raise NotImplementedError(f"{type(self).__name__} is no injection kind of the generator")
 
-    def record(self) -> Any:
+    def record(self) -> InjectionRecord:
         """The checked form the trace's metadata records (lists for tuples, as JSON has them)."""
-        return {f.name: _listed(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        raise NotImplementedError(f"{type(self).__name__} is no injection kind of the generator")
 
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed."""
@@ -68,6 +117,14 @@ class SequenceImbalance(Injection):
     median_len: float = 1024
     sigma: float = 1.2
 
+    def value(self) -> SeqImbalanceForm:
+        return SeqImbalanceForm(dist=self.dist, max_len=self.max_len, min_len=self.min_len,
+                                tokens_per_mb=self.tokens_per_mb, median_len=self.median_len,
+                                sigma=self.sigma)
+
+    def record(self) -> SeqImbalanceForm:
+        return self.value()
+
 
 @dataclass(frozen=True)
 class GC(Injection):
@@ -103,10 +160,11 @@ class SlowLink(Injection):
     factor: float
     steps: Sequence[int] | None = None               # None: every step
 
-    def value(self) -> dict:
-        return {"kind": self.kind, **super().value()}
+    def value(self) -> SlowLinkForm:
+        return SlowLinkForm(kind=self.kind, dp=self.dp, stage_from=self.stage_from,
+                            stage_to=self.stage_to, factor=self.factor, steps=self.steps)
 
-    def record(self) -> dict:
+    def record(self) -> SlowLinkForm:
         return {"kind": self.kind, "factor": self.factor, "steps": _listed(self.steps),
                 "dp": self.dp, "stage_from": self.stage_from, "stage_to": self.stage_to}
 
@@ -122,10 +180,11 @@ class SlowCollective(Injection):
     stage: int | None = None
     steps: Sequence[int] | None = None
 
-    def value(self) -> dict:
-        return {"kind": self.kind, **super().value()}
+    def value(self) -> SlowCollectiveForm:
+        return SlowCollectiveForm(kind=self.kind, optype=self.optype, factor=self.factor,
+                                  stage=self.stage, steps=self.steps)
 
-    def record(self) -> dict:
+    def record(self) -> SlowCollectiveForm:
         return {"kind": self.kind, "factor": self.factor, "steps": _listed(self.steps),
                 "optype": self.optype, "stage": self.stage}
 
@@ -140,6 +199,13 @@ class HostStall(Injection):
     seconds: float
     steps: Sequence[int] | None = None
 
+    def value(self) -> HostStallForm:
+        return HostStallForm(dp=self.dp, stage=self.stage, seconds=self.seconds,
+                             steps=self.steps)
+
+    def record(self) -> HostStallForm:
+        return {**self.value(), "steps": _listed(self.steps)}
+
 
 INJECTION_TYPES: tuple[type[Injection], ...] = (
     SlowWorker, HeavyLastStage, SequenceImbalance, GC, GCInCompute, SlowLink, SlowCollective,
@@ -147,6 +213,6 @@ INJECTION_TYPES: tuple[type[Injection], ...] = (
 BY_NAME = {cls.__name__: cls for cls in INJECTION_TYPES}
 
 
-def _listed(value: Any) -> Any:
+def _listed(steps: Sequence[int] | None) -> Sequence[int] | None:
     """A tuple of the checked form as the list JSON gives back (other values as they are)."""
-    return list(value) if isinstance(value, tuple) else value
+    return list(steps) if isinstance(steps, tuple) else steps

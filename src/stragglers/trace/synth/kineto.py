@@ -19,12 +19,50 @@ import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
+
+from stragglers.trace.jsontypes import JsonObject
 
 _CPU, _GPU = 100, 0
 _COMPUTE_STREAM, _NCCL_STREAM = 7, 20
 _MAIN, _AUTOGRAD = 1, 2
+
+
+class TruthCause(TypedDict):
+    """One injected cause of truth.yaml: the diagnosis cause and the ranks it sits on."""
+
+    cause: str
+    ranks: list[int]
+
+
+class GpuTruth(TypedDict):
+    """truth.yaml: the injected causes ({"cause": "none", "ranks": []} for a clean job)."""
+
+    causes: list[TruthCause]
+
+
+class KinetoEvent(TypedDict):
+    """One complete ('X') trace event as the profiler writes it (µs)."""
+
+    ph: str
+    cat: str
+    name: str
+    pid: int
+    tid: int
+    ts: float
+    dur: float
+    args: JsonObject
+
+
+class GroupJson(TypedDict):
+    """One entry of distributedInfo.pg_config, as torch writes it."""
+
+    pg_name: str
+    pg_desc: str
+    pg_size: int
+    ranks: list[int]
 
 
 @dataclass
@@ -70,13 +108,13 @@ class GpuJob:
     # many times as long to transfer (every member of a collective waits for its slowest link)
     slow_link: tuple[int, float] | None = None        # (rank, transfer factor)
     base_ns: int = 1_700_000_000_000_000_000
-    truth: dict = field(default_factory=dict)
+    truth: GpuTruth = field(default_factory=lambda: GpuTruth(causes=[]))
 
     def __post_init__(self) -> None:
         if self.tp_size < 1 or self.cp_size < 1 or self.ranks % (self.tp_size * self.cp_size):
             raise ValueError(f"tp_size {self.tp_size} × cp_size {self.cp_size} does not divide "
                              f"the {self.ranks} ranks")
-        found = []
+        found: list[TruthCause] = []
         if self.late_rank is not None:
             found.append({"cause": "host_stall", "ranks": [self.late_rank[0]]})
         if self.slow_rank is not None:
@@ -101,7 +139,7 @@ class _Rank:
 
     def __init__(self, rank: int, offset: float, corr: int) -> None:
         self.rank, self.offset, self.corr = rank, offset, corr
-        self.events: list[dict] = []
+        self.events: list[KinetoEvent] = []
         self.cpu = 0.0      # the host's cursor: it issues work in program order, ahead of the GPU
 
     def issue(self, at_least: float = 0.0) -> float:
@@ -110,13 +148,13 @@ class _Rank:
         return self.cpu
 
     def x(self, cat: str, name: str, ts: float, dur: float, pid: int, tid: int,
-          args: dict | None = None) -> None:
+          args: JsonObject | None = None) -> None:
         self.events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid,
                             "ts": round(ts + self.offset, 3), "dur": round(max(dur, 0.0), 3),
                             "args": args or {}})
 
     def kernel(self, name: str, launch: float, start: float, dur: float, stream: int,
-               tid: int = _MAIN, args: dict | None = None, launched: bool = True) -> None:
+               tid: int = _MAIN, args: JsonObject | None = None, launched: bool = True) -> None:
         self.corr += 1
         if launched:
             self.x("cuda_runtime", "cudaLaunchKernel", launch, 4.0, _CPU, tid,
@@ -124,7 +162,7 @@ class _Rank:
         self.x("kernel", name, start, dur, _GPU, stream, {"correlation": self.corr, **(args or {})})
 
 
-def write_gpu_job(job: GpuJob, out: Path | str) -> dict:
+def write_gpu_job(job: GpuJob, out: Path | str) -> GpuTruth:
     """Simulate the job and write rank-N.json.gz files (and truth.yaml) into `out`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -291,9 +329,9 @@ def _dp_pg(job: GpuJob, i: int) -> str:
     return str(1 + job.expert_groups + job.ranks // job.tp_size + job.ranks // job.cp_size + i)
 
 
-def _groups(job: GpuJob) -> list[dict]:
+def _groups(job: GpuJob) -> list[GroupJson]:
     """distributedInfo.pg_config: the world, the EP, TP and DP groups, as torch writes it."""
-    out = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": job.ranks,
+    out: list[GroupJson] = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": job.ranks,
             "ranks": list(range(job.ranks))}]
     if job.expert_groups > 1:
         out += [{"pg_name": str(i + 1), "pg_desc": "ep_group", "pg_size": len(m),
@@ -323,10 +361,12 @@ def _collective(ranks: list[_Rank], name: str, kernel: str, seq: int, arrive: np
     ends = np.full(len(members), end)
     if per_row and received is not None and sent is not None:
         ends = ends + per_row * (received + sent)
-    args = {"Collective name": name, "Process Group Name": pg,
-            "Process Group Description": desc or ("default_pg" if pg == "0" else "ep_group"),
-            "Process Group Ranks": str(members), "Group size": len(members), "Seq": seq,
-            "In msg nelems": nbytes // 4, "Out msg nelems": nbytes // 4, "dtype": "Float"}
+    args: JsonObject = {"Collective name": name, "Process Group Name": pg,
+                        "Process Group Description": desc or ("default_pg" if pg == "0"
+                                                              else "ep_group"),
+                        "Process Group Ranks": str(members), "Group size": len(members),
+                        "Seq": seq, "In msg nelems": nbytes // 4, "Out msg nelems": nbytes // 4,
+                        "dtype": "Float"}
     for i, r in enumerate(members):
         rk = ranks[r]
         at = rk.issue()

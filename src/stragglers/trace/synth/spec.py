@@ -11,14 +11,42 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypedDict, TypeVar
 
 from stragglers.config import Config, setting
 from stragglers.errors import InputError
 from stragglers.trace.synth.injections import (BY_NAME, GC, GCInCompute, HeavyLastStage,
-                                               HostStall, Injection, SequenceImbalance,
-                                               SlowCollective, SlowLink, SlowWorker)
+                                               HostStall, HostStallForm, Injection,
+                                               SeqImbalanceForm, SequenceImbalance,
+                                               SlowCollective, SlowCollectiveForm, SlowLink,
+                                               SlowLinkForm, SlowWorker)
 from stragglers.trace.synth.validate import KEYWORDS, SOURCE, Job, check
+
+_I = TypeVar("_I", bound=Injection)
+
+
+class SynthKeywords(TypedDict):
+    """The generator's keyword form of a spec (`generate(**keywords)`), `name` left out; an
+    injection not given is None."""
+
+    dp: int
+    pp: int
+    vpp: int
+    microbatches: int
+    steps: int
+    sync: str
+    seed: int
+    noise: float
+    slow_worker: tuple[int, int, float] | None
+    heavy_last_stage: float | None
+    seq_imbalance: SeqImbalanceForm | None
+    gc: tuple[float, float] | None
+    slow_link: SlowLinkForm | SlowCollectiveForm | None
+    host_stall: HostStallForm | None
+    gc_in_compute: tuple[float, float] | None
+    stage_scale: list[float] | None
+    launch_delay: float
+    step_gap: float
 
 
 @dataclass(frozen=True)
@@ -62,14 +90,31 @@ class SynthSpec(Config):
         # checked whole now (ranks, stages and steps must exist); generate() reuses the result
         object.__setattr__(self, "_job", check(self))
 
-    def keywords(self) -> dict[str, Any]:
+    def keywords(self) -> SynthKeywords:
         """The generator's keyword form (a fresh copy; `name` left out, as the metadata does)."""
-        given = {item.keyword: item.value() for item in self.injections}
-        shape = {k: getattr(self, k) for k in ("dp", "pp", "vpp", "microbatches", "steps",
-                                                "sync", "seed", "noise")}
-        stage_scale = None if self.stage_scale is None else list(self.stage_scale)
-        return {**shape, **{k: given.get(k) for k in KEYWORDS}, "stage_scale": stage_scale,
-                "launch_delay": self.launch_delay, "step_gap": self.step_gap}
+        worker, heavy, seq = (self.given(SlowWorker), self.given(HeavyLastStage),
+                              self.given(SequenceImbalance))
+        gc, stall, gc_in_compute = (self.given(GC), self.given(HostStall),
+                                    self.given(GCInCompute))
+        link = self.given(SlowLink) or self.given(SlowCollective)
+        return SynthKeywords(
+            dp=self.dp, pp=self.pp, vpp=self.vpp, microbatches=self.microbatches,
+            steps=self.steps, sync=self.sync, seed=self.seed, noise=self.noise,
+            slow_worker=None if worker is None else worker.value(),
+            heavy_last_stage=None if heavy is None else heavy.value(),
+            seq_imbalance=None if seq is None else seq.value(),
+            gc=None if gc is None else gc.value(),
+            slow_link=None if link is None else link.value(),
+            host_stall=None if stall is None else stall.value(),
+            gc_in_compute=None if gc_in_compute is None else gc_in_compute.value(),
+            stage_scale=None if self.stage_scale is None else list(self.stage_scale),
+            launch_delay=self.launch_delay, step_gap=self.step_gap)
+
+    def given(self, kind: type[_I]) -> _I | None:
+        """The injection of this class, or None (a subclass with another keyword, GCInCompute
+        of GC, is not one)."""
+        return next((item for item in self.injections
+                     if isinstance(item, kind) and item.keyword == kind.keyword), None)
 
     def parameters(self) -> Job:
         """The spec checked whole, as the generator runs it (numbers normalised, steps sorted)."""

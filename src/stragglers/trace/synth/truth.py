@@ -13,6 +13,7 @@ import msgspec
 import numpy as np
 
 from stragglers.errors import InputError
+from stragglers.trace.model import Trace
 from stragglers.trace.synth.durations import Costs
 from stragglers.trace.synth.injections import SlowLink
 from stragglers.trace.synth.validate import Job
@@ -43,8 +44,9 @@ class InjectedCause(msgspec.Struct):
     impact: float | None = None
 
 
-def injected_causes(job: Job, costs: Costs, impacts: dict[str, float] | None) -> list[Any]:
-    """The ground truth of `job` as the trace's metadata records it (plain JSON values)."""
+def injected_causes(job: Job, costs: Costs,
+                    impacts: dict[str, float] | None) -> list[InjectedCause]:
+    """The ground truth of `job`, cause by cause (the metadata records it as plain values)."""
     truth: list[InjectedCause] = []
 
     def add(keyword: str, cause: str, where: CauseWhere, params: dict[str, Any]) -> None:
@@ -88,10 +90,10 @@ def injected_causes(job: Job, costs: Costs, impacts: dict[str, float] | None) ->
         add("gc_in_compute", "gc", _pause_where(job, active, costs.pause_cells.stages),
             {"rate": job.gc_in_compute.rate, "length_s": job.gc_in_compute.seconds,
              "pauses": int(active.sum()), "in_compute": True})
-    return msgspec.to_builtins(truth)
+    return truth
 
 
-def ground_truth(trace: Any) -> list[InjectedCause]:
+def ground_truth(trace: Trace) -> list[InjectedCause]:
     """The injected causes a synthetic trace records ([] for any other trace)."""
     recorded = trace.meta.extra.get("ground_truth", [])
     try:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict
 
 import numpy as np
 
 from stragglers.errors import InputError
 from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPES, P2P_OPTYPES
 from stragglers.trace.synth.injections import (GC, GCInCompute, HeavyLastStage, HostStall,
-                                               Injection, SequenceImbalance, SlowCollective,
-                                               SlowLink, SlowWorker)
+                                               HostStallForm, Injection, SeqImbalanceForm,
+                                               SequenceImbalance, SlowCollective,
+                                               SlowCollectiveForm, SlowLink, SlowLinkForm,
+                                               SlowWorker)
 
 if TYPE_CHECKING:
     from stragglers.trace.synth.spec import SynthSpec
@@ -25,6 +27,30 @@ KEYWORDS = ("slow_worker", "heavy_last_stage", "seq_imbalance", "gc", "slow_link
             "host_stall", "gc_in_compute")
 # Fields of the generator's keyword form the metadata records, in its order.
 _SHAPE = ("dp", "pp", "vpp", "microbatches", "steps", "sync", "seed", "noise")
+
+
+class GeneratorRecord(TypedDict):
+    """The checked keyword form as the trace's metadata records it (JSON values: lists for
+    tuples); an injection not given is None."""
+
+    dp: int
+    pp: int
+    vpp: int
+    microbatches: int
+    steps: int
+    sync: str
+    seed: int
+    noise: float
+    slow_worker: list[float] | None          # [dp rank, stage, factor]
+    heavy_last_stage: float | None
+    seq_imbalance: SeqImbalanceForm | None
+    gc: list[float] | None                   # [pauses per worker per step, pause seconds]
+    slow_link: SlowLinkForm | SlowCollectiveForm | None
+    host_stall: HostStallForm | None
+    gc_in_compute: list[float] | None
+    stage_scale: list[float] | None
+    launch_delay: float
+    step_gap: float
 
 
 @dataclass(frozen=True)
@@ -66,14 +92,21 @@ class Job:
         none: dict[str, Any] = {keyword: None}
         return dataclasses.replace(self, **none)
 
-    def keywords(self) -> dict[str, Any]:
+    def keywords(self) -> GeneratorRecord:
         """The checked keyword form, as the trace's metadata records it (JSON values)."""
-        shape = {k: getattr(self, k) for k in _SHAPE}
-        injected = dict(self.injected())
-        given = {k: injected[k].record() if k in injected else None for k in KEYWORDS}
-        scale = None if self.stage_scale is None else list(self.stage_scale)
-        return {**shape, **given, "stage_scale": scale, "launch_delay": self.launch_delay,
-                "step_gap": self.step_gap}
+        return GeneratorRecord(
+            dp=self.dp, pp=self.pp, vpp=self.vpp, microbatches=self.microbatches,
+            steps=self.steps, sync=self.sync, seed=self.seed, noise=self.noise,
+            slow_worker=None if self.slow_worker is None else self.slow_worker.record(),
+            heavy_last_stage=None if self.heavy_last_stage is None
+            else self.heavy_last_stage.record(),
+            seq_imbalance=None if self.seq_imbalance is None else self.seq_imbalance.record(),
+            gc=None if self.gc is None else self.gc.record(),
+            slow_link=None if self.slow_link is None else self.slow_link.record(),
+            host_stall=None if self.host_stall is None else self.host_stall.record(),
+            gc_in_compute=None if self.gc_in_compute is None else self.gc_in_compute.record(),
+            stage_scale=None if self.stage_scale is None else list(self.stage_scale),
+            launch_delay=self.launch_delay, step_gap=self.step_gap)
 
 
 def check(spec: SynthSpec) -> Job:
