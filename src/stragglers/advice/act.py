@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict
 
 import msgspec
 import numpy as np
@@ -29,6 +29,7 @@ from stragglers.advice.plan import Plan, RemedyAdvice
 from stragglers.advice.remedies.details import BatchSplit, DiagnosedDetails, StragglarDetails
 from stragglers.advice.window import StepTiming, window_step_time, window_trace
 from stragglers.errors import InputError
+from stragglers.trace.jsontypes import JsonObject
 from stragglers.trace.model import Trace
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,22 @@ class StragglarParams(msgspec.Struct):
 ActParams = SplitParams | GCParams | StragglarParams
 
 
+class ActDecisionJson(TypedDict):
+    """An ActDecision as plain values (the params as a JSON object)."""
+
+    kind: str
+    remedy: str
+    step: int
+    params: JsonObject
+    baseline_step_s: float | None
+    predicted_step_s: float | None
+    predicted_speedup: float | None
+    measured_step_s: float | None
+    measured_speedup: float | None
+    reason: str
+    source: str
+
+
 @dataclass
 class ActDecision:
     """One decision: apply / keep / rollback a remedy at `step`, with its prediction and measurement."""
@@ -81,9 +98,14 @@ class ActDecision:
     reason: str = ""
     source: str = ""                        # the window it was decided on (e.g. a monitor's)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ActDecisionJson:
         """Plain values (the params as a JSON object)."""
-        return {**self.__dict__, "params": msgspec.to_builtins(self.params)}
+        return ActDecisionJson(
+            kind=self.kind, remedy=self.remedy, step=self.step,
+            params=msgspec.to_builtins(self.params), baseline_step_s=self.baseline_step_s,
+            predicted_step_s=self.predicted_step_s, predicted_speedup=self.predicted_speedup,
+            measured_step_s=self.measured_step_s, measured_speedup=self.measured_speedup,
+            reason=self.reason, source=self.source)
 
 
 @dataclass(frozen=True)

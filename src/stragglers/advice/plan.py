@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from stragglers.advice.remedies.details import Details
+from stragglers.trace.jsontypes import JsonObject
 from stragglers.whatif.confidence import GAIN
 from stragglers.whatif.result import plain
 
@@ -34,9 +35,19 @@ class RemedyAdvice:
     # 90% interval of predicted_speedup: the steps resampled (the job's own step-to-step noise)
     interval: list[float] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """Plain JSON-ready values (NaN/inf become None); the details as their type writes them."""
         return {**plain(self, str_keys=True), "details": self.details.to_dict()}
+
+
+class PlanJson(TypedDict):
+    """A Plan as `stragglers advise --json` writes it (a step time that is NaN: None)."""
+
+    job: str
+    measured_step_s: float | None
+    baseline_step_s: float | None
+    remedies: list[JsonObject]      # RemedyAdvice.to_dict(), ranked
+    notes: list[str]
 
 
 @dataclass
@@ -63,7 +74,7 @@ class Plan:
         """The advice for the remedy called `name`, or None."""
         return next((r for r in self.remedies if r.name == name), None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PlanJson:
         """The plan as plain JSON-ready values."""
         return {"job": self.job, "measured_step_s": plain(self.measured_step_s),
                 "baseline_step_s": plain(self.baseline_step_s),

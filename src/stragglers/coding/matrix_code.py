@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numbers
 from functools import cached_property
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import msgspec
 import numpy as np
@@ -209,3 +209,13 @@ def check_n_s(source: str, n: int, s: int) -> None:
                          f"n × n matrices built in O(n³) time), got {n}")
     if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 0 <= s < n:
         raise InputError(source, "s", f"expected 0 <= s < n = {n} stragglers, got {s!r}")
+
+
+if TYPE_CHECKING:   # the checker proves the base class and its decoding implement the protocols
+    from stragglers.protocols import Decoding, GradientCode
+
+    def _is_gradient_code(code: MatrixCode) -> GradientCode:
+        return code
+
+    def _is_decoding(decoding: DecodingVector) -> Decoding:
+        return decoding

@@ -7,18 +7,17 @@ written as null.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from stragglers.trace.jsontypes import JsonObject
 from stragglers.whatif.result import Basis, CapacityOption, Interval, Where, plain
 
 
 class Details(msgspec.Struct, kw_only=True):
     """No details: what a refused remedy carries (written {})."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """Plain JSON-ready values, the fields set (NaN/inf become None)."""
         return plain(self, str_keys=True)
 
@@ -81,7 +80,7 @@ class StragglarDetails(Details, kw_only=True):
 
     buckets: list[StragglarBucket]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """{"bucket 0": {...}, ...}: the JSON form advise has always written."""
         return {f"bucket {i}": plain(b) for i, b in enumerate(self.buckets)}
 
