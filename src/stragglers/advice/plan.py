@@ -17,6 +17,23 @@ from stragglers.whatif.result import plain
 MIN_GAIN = GAIN.min_gain
 
 
+class RemedyAdviceJson(TypedDict):
+    """A RemedyAdvice as `stragglers advise --json` writes it (NaN/inf: None)."""
+
+    name: str
+    applies: bool
+    why_not: str | None
+    predicted_step_s: float | None
+    predicted_speedup: float | None
+    method: str
+    cost: str
+    switch_on: str
+    runtime_switchable: bool
+    exact: bool
+    details: JsonObject             # as the remedy's Details type writes them
+    interval: list[float | None] | None
+
+
 @dataclass
 class RemedyAdvice:
     """What one remedy would buy on this job, how we know, what it costs, how to switch it on."""
@@ -35,9 +52,15 @@ class RemedyAdvice:
     # 90% interval of predicted_speedup: the steps resampled (the job's own step-to-step noise)
     interval: list[float] | None = None
 
-    def to_dict(self) -> JsonObject:
+    def to_dict(self) -> RemedyAdviceJson:
         """Plain JSON-ready values (NaN/inf become None); the details as their type writes them."""
-        return {**plain(self, str_keys=True), "details": self.details.to_dict()}
+        return RemedyAdviceJson(
+            name=plain(self.name), applies=plain(self.applies), why_not=plain(self.why_not),
+            predicted_step_s=plain(self.predicted_step_s),
+            predicted_speedup=plain(self.predicted_speedup), method=plain(self.method),
+            cost=plain(self.cost), switch_on=plain(self.switch_on),
+            runtime_switchable=plain(self.runtime_switchable), exact=plain(self.exact),
+            details=self.details.to_dict(), interval=plain(self.interval))
 
 
 class PlanJson(TypedDict):
@@ -46,7 +69,7 @@ class PlanJson(TypedDict):
     job: str
     measured_step_s: float | None
     baseline_step_s: float | None
-    remedies: list[JsonObject]      # RemedyAdvice.to_dict(), ranked
+    remedies: list[RemedyAdviceJson]   # ranked
     notes: list[str]
 
 
