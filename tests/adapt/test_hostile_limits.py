@@ -307,3 +307,35 @@ def test_a_restore_body_trickled_in_loses_its_slot(tmp_path):
         assert owner.restore(snap).restored == 10   # the slot is free again
     finally:
         srv.stop()
+
+
+def test_a_restore_body_must_arrive_within_a_time_bounded_by_its_size(tmp_path):
+    # A 64 MiB body trickled at 220 KB/s held the only restore slot for the whole
+    # restore_upload_s (300 s): every other owner's restore was refused meanwhile. A body of
+    # n bytes now has restore_grace_s + n / restore_bytes_per_s (fails before: this 1 MiB body,
+    # sent at 64 KB/s, arrived whole in 16 s and was read)
+    import select
+    import socket
+
+    cfg = ServiceConfig(restore_grace_s=1.0, restore_bytes_per_s=float(1 << 20))
+    srv = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
+    try:
+        owner = ShardClient(srv.url, "a", "w", token=OWNER)
+        owner.create_dataset(DatasetConfig("a", 100, 10))
+        snap = owner.snapshot()
+        k = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        k.sendall(f"POST /datasets/a/restore HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer"
+                  f" {OWNER}\r\nContent-Type: application/json\r\nContent-Length: {1 << 20}"
+                  "\r\n\r\n".encode())
+        answer = b""
+        for _ in range(1 << 20 >> 14):   # 16 KB at a time, 64 KB/s: above the minimum rate
+            if select.select([k], [], [], 0.25)[0]:
+                answer = k.recv(65536)
+                break
+            k.sendall(b" " * (1 << 14))
+        k.close()
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b"restore_bytes_per_s" in answer
+        assert owner.restore(snap).restored == 10   # the slot is free again
+    finally:
+        srv.stop()

@@ -8,29 +8,67 @@ import sqlite3
 from typing import Any
 
 from stragglers.adapt.dataset import DOING, DONE, DatasetConfig
+from stragglers.adapt.errors import Conflict
 from stragglers.adapt.replies import Lease, LeaseReply, LeaseStatus
 from stragglers.adapt.stored import check_shard, damaged
 from stragglers.adapt.store_state import StoreState
 
 # Lease request ids remembered per worker incarnation: a replay of any of the last
-# REQUEST_HISTORY requests returns what that request got (never a new shard).
+# REQUEST_HISTORY requests returns what that request got (never a new shard) — fewer when the
+# data set has more than HISTORY_ROWS // REQUEST_HISTORY workers (HISTORY_ROWS shared among
+# them, at least HISTORY_MIN each), and of those, the replies of the newest whose JSON adds up
+# to HISTORY_REPLY_BYTES (the last one always); an older id still known is refused (409).
+# 1,024 workers x 256 requests x 256 shards each came to ~1.6 GB per data set; now at most
+# about 2 x HISTORY_ROWS rows (~700 B each with the longest names: ~23 MB) and 1,024 x ~18 KiB
+# of replies (~18 MB).
 REQUEST_HISTORY = 256
+HISTORY_ROWS = 16_384
+HISTORY_MIN = 8
+HISTORY_REPLY_BYTES = 8_192
+_TRIM_EVERY = 8           # requests between two trims of a worker's replies (small ones)
+_BIG_REPLY = 512          # a reply this long is trimmed for at once
 
 
 class LeaseHistory(StoreState):
     """ShardStore's memory of lease requests (table lease_requests, per worker incarnation)."""
 
+    history_rows = HISTORY_ROWS
+
     def _remember(self, c: sqlite3.Connection, name: str, worker: str, fence: int, seq: int,
                   request_id: str, status: LeaseStatus, leases: list[Lease]) -> None:
-        """Record a lease request's answer; forget this worker's requests past REQUEST_HISTORY."""
+        """Record a lease request's answer; forget this worker's requests past its share of
+        the history, and the replies of its older ones past HISTORY_REPLY_BYTES."""
         seq += 1
+        reply = json.dumps([[x.epoch, x.shard, x.offset] for x in leases])
         c.execute("INSERT INTO lease_requests VALUES (?,?,?,?,?,?,?)",
-                  (name, worker, seq, request_id, fence, status,
-                   json.dumps([[x.epoch, x.shard, x.offset] for x in leases])))
+                  (name, worker, seq, request_id, fence, status, reply))
         c.execute("UPDATE workers SET seq=? WHERE dataset=? AND worker=?", (seq, name, worker))
-        if seq > REQUEST_HISTORY:
-            c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=? AND seq<=?",
-                      (name, worker, seq - REQUEST_HISTORY))
+        if seq > HISTORY_MIN:
+            keep = REQUEST_HISTORY
+            if seq > self.history_rows // REQUEST_HISTORY:
+                n = c.execute("SELECT COUNT(*) FROM workers WHERE dataset=?",
+                              (name,)).fetchone()[0]
+                keep = min(REQUEST_HISTORY, max(HISTORY_MIN, self.history_rows // max(n, 1)))
+            if seq > keep:
+                c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=? AND seq<=?",
+                          (name, worker, seq - keep))
+        if len(reply) > _BIG_REPLY or seq % _TRIM_EVERY == 0:
+            self._trim_replies(c, name, worker)
+
+    def _trim_replies(self, c: sqlite3.Connection, name: str, worker: str) -> None:
+        """Forget the replies (not the ids) of `worker`'s older requests past
+        HISTORY_REPLY_BYTES of JSON, the newest kept first (the last one always)."""
+        total, cut = 0, None
+        for seq, size in c.execute("SELECT seq, length(reply) FROM lease_requests WHERE"
+                                   " dataset=? AND worker=? AND reply IS NOT NULL ORDER BY"
+                                   " seq DESC", (name, worker)):
+            total += size or 0
+            if total > HISTORY_REPLY_BYTES and cut is None and total != (size or 0):
+                cut = seq
+                break
+        if cut is not None:
+            c.execute("UPDATE lease_requests SET reply=NULL WHERE dataset=? AND worker=? AND"
+                      " seq<=? AND reply IS NOT NULL", (name, worker, cut))
 
     def _replay(self, c: sqlite3.Connection, cfg: DatasetConfig, worker: str, fence: int,
                 seen: tuple[Any, Any], now: float) -> LeaseReply:
@@ -41,6 +79,9 @@ class LeaseHistory(StoreState):
         holds (its lease expired) comes back with no indices and `"held": false`.
         """
         status, recorded = seen
+        if recorded is None:
+            raise Conflict(f"lease request of worker '{worker}': too old, its reply is no longer"
+                           " kept (nothing was leased); send a new request_id")
         try:
             keys = [(int(e), int(s), int(o)) for e, s, o in json.loads(recorded)]
         except (TypeError, ValueError):

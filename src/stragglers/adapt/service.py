@@ -117,6 +117,15 @@ class ServiceConfig(Config):
     restore_upload_s: float = setting(300.0, "longest a restore body may take to arrive (it"
                                       " holds a restore slot meanwhile: past it, 408; 64 MiB"
                                       " then needs 220 KB/s)", minimum=1.0, maximum=86400.0)
+    restore_bytes_per_s: float = setting(float(4 << 20), "slowest a restore body may arrive,"
+                                         " after restore_grace_s (it holds a restore slot:"
+                                         " a body of n bytes must arrive within"
+                                         " restore_grace_s + n / this, at most"
+                                         " restore_upload_s; past it, 408)", minimum=1024.0,
+                                         maximum=float(1 << 40))
+    restore_grace_s: float = setting(10.0, "time every restore body has before"
+                                     " restore_bytes_per_s counts", minimum=0.1,
+                                     maximum=3600.0)
     max_snapshot_sends: int = setting(1, "snapshot bodies sent at once (the others wait)",
                                       minimum=1, maximum=1024)
     snapshot_bytes_per_s: float = setting(float(256 << 20), "pace of a snapshot body sent to"
@@ -682,12 +691,21 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         try:
             # (the slot is taken before the body so that one restore body at a time is in
             # memory; a body trickled at the serving layer's minimum rate held it for hours)
+            # by its size: a 64 MiB body trickled at 220 KB/s held the only slot for 300 s,
+            # every other owner's restore refused meanwhile (a body without Content-Length
+            # counts as the largest)
             try:
-                raw = await asyncio.wait_for(_body(request, config.max_restore_bytes),
-                                             config.restore_upload_s)
+                size = declared_length(request, config.max_restore_bytes)
+            except BodyRefused:
+                size = None   # (refused by _body below, with its error)
+            within = min(config.restore_upload_s, config.restore_grace_s + (
+                config.max_restore_bytes if size is None else size) / config.restore_bytes_per_s)
+            try:
+                raw = await asyncio.wait_for(_body(request, config.max_restore_bytes), within)
             except asyncio.TimeoutError:
-                raise BodyTooSlow("request body", None, f"not received within"
-                                  f" {config.restore_upload_s:g} s (restore_upload_s)") from None
+                raise BodyTooSlow("request body", None, f"not received within {within:.3g} s"
+                                  f" (restore_grace_s + its size / restore_bytes_per_s, at most"
+                                  " restore_upload_s)") from None
             # parsed and validated in a child process (seconds of Python that, on a thread
             # here, held the GIL the event loop and the commit thread need); written on the
             # commit thread in paced chunks
