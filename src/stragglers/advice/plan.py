@@ -110,7 +110,7 @@ class Plan:
 
 def rank(remedies: list[RemedyAdvice]) -> list[RemedyAdvice]:
     """Applicable remedies by falling predicted speedup, then the rest (same order), stable."""
-    def key(r: RemedyAdvice):
+    def key(r: RemedyAdvice) -> tuple[int, float]:
         speed = r.predicted_speedup if r.predicted_speedup is not None else 0.0
         return (0 if r.applies else 1, -speed if r.applies else 0.0)
     return sorted(remedies, key=key)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from math import comb
 
@@ -120,7 +121,7 @@ def recommend_stable(n: int, s: int) -> str:
             f"code (scheme 'expander', d={min(d, n - 1)}) for n={n}, s={s}")
 
 
-def survivor_sets(code: MatrixCode):
+def survivor_sets(code: MatrixCode) -> tuple[str, Iterable[tuple[int, ...]]] | None:
     """The survivor sets the guard must check, and how: ("uniform"|"rotations"|"exhaustive", sets),
     or None when there are too many."""
     n, s, N = code.n, code.s, code.needed

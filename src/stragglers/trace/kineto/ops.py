@@ -279,14 +279,18 @@ def _segments(parts: RankParts, colls: list[tuple[Coll, str]]):
     return seg, step, phase, idx
 
 
-def sync_key(c: Coll, parts: RankParts, placement: Placement, index: Counter) -> tuple:
+# How a collective is matched across ranks: (group, "seq", Seq) or (group, step, kind, order).
+SyncKey = tuple[str, str, int] | tuple[str, int, str, int]
+
+
+def sync_key(c: Coll, parts: RankParts, placement: Placement, index: Counter) -> SyncKey:
     """How one collective is matched across ranks: (group, Seq), else order within the group."""
     pg = c.pg if c.pg is not None else f"?{placement.stage}"
     kind = c.kind or "unknown"
     if c.seq is not None:
         return (pg, "seq", c.seq)
     step_id = parts.step_ids[c.step]
-    key = (pg, step_id, kind, index[(pg, step_id, kind)])
+    key: SyncKey = (pg, step_id, kind, index[(pg, step_id, kind)])
     index[(pg, step_id, kind)] += 1
     return key
 

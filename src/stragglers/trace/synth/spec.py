@@ -138,7 +138,7 @@ class SynthSpec(Config):
                                for i in self.injections]}
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None, source: object = None):
+    def from_mapping(cls, values: Mapping[str, Any] | None, source: object = None) -> SynthSpec:
         """Build from a mapping; injections may be written as {"type": "SlowWorker", ...}."""
         values = dict(values or {})
         injections = values.get("injections")
