@@ -43,6 +43,8 @@ class DirectoryWatcher:
         self.jobs: dict[Path, str] = {}          # run directory -> job name
         self.waiting: dict[Path, set[Path]] = {}  # parts seen before their meta.json
         self.refused: set[Path] = set()          # part names refused (said once)
+        # meta.json refused → (its file as it was, the problem, refused for what it holds)
+        self.meta_refused: dict[Path, tuple[tuple | None, str, bool]] = {}
         # parts queued, or taken or refused, as the file was then (inode, size, mtime): a
         # rescan queues a part again only when its file changed or its ingest failed (it once
         # queued every part not stored: refused ones were re-read every rescan, and parts
@@ -76,13 +78,17 @@ class DirectoryWatcher:
         """Every run directory under the roots now."""
         out = []
         for root in self.roots:
-            if _is_run(root):
+            if (root / META_FILE).exists():
                 out.append(root)
                 continue
             try:
-                out.extend(sorted(d for d in root.iterdir() if d.is_dir() and _is_run(d)))
+                runs = sorted(d for d in root.iterdir() if d.is_dir() and _is_run(d))
             except OSError as exc:
                 log.warning("cannot list %s: %s", root, exc)
+                continue
+            # a root without meta.json is one run only when it holds parts and no runs: one
+            # stray file named like a part at the top of a folder of runs hid every run in it
+            out.extend(runs or ([root] if _is_run(root) else []))
         return out
 
     def scan(self) -> None:
@@ -159,31 +165,49 @@ class DirectoryWatcher:
 
     def _meta_changed(self, run: Path) -> None:
         path = run / META_FILE
-        if not path.exists():
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
             return
+        except OSError as exc:
+            return self._meta_refused(path, None, f"cannot be read ({exc.strerror})", False)
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        prior = self.meta_refused.get(path)
+        if prior is not None and prior[0] == seen and prior[2]:
+            return   # refused for what it holds, and unchanged since
         try:
             # a regular file of bounded size, opened without blocking (a FIFO named meta.json
             # once blocked the watcher for good)
             raw = read_meta_file(path, self.monitor.config.max_meta_bytes)
         except InputError as exc:
-            self.monitor.reject("bad_meta", str(path), exc.problem)
-            return
+            return self._meta_refused(path, seen, exc.problem, True)
         except OSError as exc:
-            self.monitor.reject("bad_meta", str(path), f"cannot be read ({exc.strerror})")
-            return
+            return self._meta_refused(path, seen, f"cannot be read ({exc.strerror})", False)
         if not isinstance(raw, dict):
-            self.monitor.reject("bad_meta", str(path), "expected a JSON object")
-            return
+            return self._meta_refused(path, seen, "expected a JSON object", True)
         job = self._job_name(run)
         try:
             self.monitor.register_job(job, run, "files", raw)
         except InputError as exc:
-            self.monitor.reject("bad_meta", str(path), str(exc))
-            return
+            # what the file holds (its source is the file), or a name taken / the monitor
+            # full, which may change without the file: tried again, said once
+            return self._meta_refused(path, seen, str(exc), str(exc.source) == str(path))
+        with self._lock:
+            self.meta_refused.pop(path, None)
         with self._lock:
             waiting = self.waiting.pop(run, set())
         for p in sorted(waiting):
             self._part_seen(p)
+
+    def _meta_refused(self, path: Path, seen: tuple | None, problem: str, held: bool) -> None:
+        """A run's meta.json refused: named once until its file or the problem changes (every
+        rescan re-read and named each bad meta.json again: a line per run every rescan_s); one
+        refused for what it holds (`held`) is not read again until its file changes."""
+        with self._lock:
+            prior = self.meta_refused.get(path)
+            self.meta_refused[path] = (seen, problem, held)
+        if prior is None or prior[:2] != (seen, problem):
+            self.monitor.reject("bad_meta", str(path), problem)
 
     def _part_seen(self, path: Path) -> None:
         run = path.parent

@@ -56,11 +56,17 @@ def check_job_name(job: str, source: object = "job") -> str:
 
 
 def parse_part_name(name: str) -> tuple[int, int] | None:
-    """(rank, part) of a `rank-RRRRR.part-PPPPPP.parquet` file name, None for other files."""
+    """(rank, part) of a `rank-RRRRR.part-PPPPPP.parquet` file name as the recorder writes
+    it (rank_file_name), None for other files: `rank-0.part-1.parquet` or `part-0001` named
+    the same part as the recorder's own file, so a copy stored first had the real one refused,
+    and after a restart the part's path, rebuilt from its numbers, was the other file."""
     m = RANK_FILE.match(name)
-    if m is None:
+    if m is None or len(name) > 64:   # (no int() of a 10,000-digit number)
         return None
-    return int(m[1]), int(m[2]) if m[2] is not None else 0
+    rank, part = int(m[1]), int(m[2]) if m[2] is not None else None
+    if rank_file_name(rank, part) != name:
+        return None
+    return rank, part or 0
 
 
 

@@ -1,0 +1,159 @@
+"""Red-team cases of issue 34 that the earlier hostile tests did not cover: metadata the
+analysis reads with the wrong types, part files not named as the recorder names them, bad
+meta.json files re-read and named again every rescan, a stray part-named file at the top of a
+folder of runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+
+import httpx
+import pytest
+
+from conftest import eventually
+from monitor_jobs import get, parts_of, slow_job, start_run, write_parts
+from stragglers.monitor.ingest_files import DirectoryWatcher
+from stragglers.monitor.part_names import parse_part_name
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.trace.runformat import table_bytes
+
+TOKEN = "red-team-test-token-0123"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=3600)
+
+# extra keys the what-if engine reads, with values of a type it cannot use: each once let
+# every window of its job be stored as "analysis failed: TypeError ..."
+POISON = {"notes": 5, "ranks_missing": 7}
+
+
+@pytest.mark.slow
+def test_extra_keys_the_analysis_reads_are_checked_before_and_after_they_are_stored(tmp_path):
+    trace = slow_job(steps=10)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for key, value in POISON.items():
+                meta = trace.meta.to_dict()
+                meta["extra"] = {**meta["extra"], key: value}
+                r = c.put(f"/api/jobs/bad-{key}/meta", content=json.dumps(meta), headers=AUTH)
+                assert r.status_code == 422, r.text
+                assert f"extra.{key}" in r.json()["error"], r.text
+                assert c.get(f"/api/jobs/bad-{key}").status_code == 404
+            for job in ("good", "worn"):
+                assert c.put(f"/api/jobs/{job}/meta", json=trace.meta.to_dict(),
+                             headers=AUTH).status_code == 200
+            for rank, part, cols in parts_of(trace, 5):
+                r = c.put(f"/api/jobs/good/ranks/{rank}/parts/{part}",
+                          content=table_bytes(cols), headers=AUTH)
+                assert r.status_code == 200, r.text
+            wins = eventually(lambda: len(get(c, "/api/jobs/good")["windows"]) == 2
+                              and get(c, "/api/jobs/good")["windows"], what="2 windows")
+            assert [w["error"] for w in wins] == [None, None]
+    finally:
+        s.stop()
+    # the same value written straight into the store: that job is set aside at start, alone
+    with sqlite3.connect(tmp_path / "mon.db") as db:
+        db.execute("UPDATE jobs SET meta = json_set(meta, '$.extra.notes', 5) WHERE job = 'worn'")
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            states = {j["job"]: j["state"] for j in get(c, "/api/jobs")["jobs"]}
+            assert states == {"good": "running", "worn": "quarantined"}, states
+            assert "extra.notes" in s.monitor.quarantined["worn"]
+            assert len(get(c, "/api/jobs/good")["windows"]) == 2
+            rank, part, cols = parts_of(trace, 5)[0]
+            r = c.put(f"/api/jobs/worn/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                      headers=AUTH)
+            assert r.status_code == 409 and "set aside" in r.json()["error"], r.text
+            assert c.get("/health").status_code == 200
+    finally:
+        s.stop()
+
+
+def test_only_part_names_as_the_recorder_writes_them_are_parts():
+    assert parse_part_name("rank-00003.part-000012.parquet") == (3, 12)
+    assert parse_part_name("rank-00003.parquet") == (3, 0)
+    assert parse_part_name("rank-1234567.part-999999.parquet") == (1234567, 999999)
+    # other spellings of the same numbers named the recorder's own files
+    for name in ("rank-3.part-12.parquet", "rank-00003.part-0000012.parquet",
+                 "rank-000003.parquet", "rank-00003.part-" + "0" * 300 + "1.parquet"):
+        assert parse_part_name(name) is None, name
+
+
+@pytest.mark.slow
+def test_a_copy_of_a_part_under_another_spelling_of_a_number_changes_nothing(tmp_path):
+    # rank-0.part-1.parquet, a copy of part 0, was stored as part 1 before the recorder's own
+    # part 1 (refused as other bytes) and made the real part 0 an overlap (refused): a window
+    # analysed without rank 0; and after a restart part 1's path was rebuilt as the other file
+    runs = tmp_path / "runs"
+    run = runs / "job"
+    trace = slow_job(steps=10)
+    start_run(run, trace)
+    write_parts(run, parts_of(trace, 5))
+    shutil.copy(run / "rank-00000.part-000000.parquet", run / "rank-0.part-1.parquet")
+    shutil.copy(run / "rank-00001.part-000000.parquet", run / "rank-00001.part-01.parquet")
+    s = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            wins = eventually(lambda: len(get(c, "/api/jobs/job")["windows"]) == 2
+                              and get(c, "/api/jobs/job")["windows"], what="2 windows")
+            assert [w["error"] for w in wins] == [None, None], wins
+            for i in range(2):
+                assert get(c, f"/api/jobs/job/windows/{i}")["missing_ranks"] == []
+            assert get(c, "/api/stats")["by_job"]["job"]["parts"] == 8
+    finally:
+        s.stop()
+
+
+def test_a_bad_meta_json_is_named_once_until_its_file_changes(tmp_path):
+    # every rescan re-read each bad meta.json and named it again: a log line per bad run
+    # every rescan_s, for as long as the file stayed
+    runs = tmp_path / "runs"
+    bad = runs / "bad"
+    bad.mkdir(parents=True)
+    (bad / "meta.json").write_text('{"dp_size": "x"}')
+    (runs / "array").mkdir()
+    (runs / "array" / "meta.json").write_text("[1]")
+    trace = slow_job(steps=5)
+    s = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, config=CFG).start()
+    try:
+        watcher = s.watcher
+        assert isinstance(watcher, DirectoryWatcher)
+
+        def named(run: str) -> int:
+            return sum(r["source"] == f"{run}/meta.json" for r in s.monitor.recent_rejects)
+
+        for _ in range(4):
+            watcher.scan()
+        assert (named("bad"), named("array")) == (1, 1), list(s.monitor.recent_rejects)
+        (bad / "meta.json").write_text('{"dp_size": "y"}')   # changed: read and named again
+        watcher.scan()
+        watcher.scan()
+        assert named("bad") == 2
+        start_run(bad, trace)   # now good: taken
+        watcher.scan()
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert get(c, "/api/jobs/bad")["state"] == "running"
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_a_stray_part_named_file_at_the_top_of_a_folder_of_runs_hides_no_run(tmp_path):
+    # the folder was then taken for one run: none of its runs was picked up at start
+    runs = tmp_path / "runs"
+    trace = slow_job(steps=5)
+    start_run(runs / "a", trace)
+    write_parts(runs / "a", parts_of(trace, 5))
+    os.mkfifo(runs / "rank-00000.part-000000.parquet")
+    s = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            wins = eventually(lambda: get(c, "/api/jobs/a")["windows"], what="window of run a")
+            assert [w["error"] for w in wins] == [None]
+    finally:
+        s.stop()
