@@ -331,6 +331,10 @@ class ServiceGuard:
             await send_json(self.shape, send, 400, f"request header '{twice}': given more than once; "
                             "expected once")
             return
+        odd = _odd_framing(headers)
+        if odd is not None:
+            await send_json(self.shape, send, *odd)
+            return
         hosts = [v.decode("latin-1") for k, v in headers if k == b"host"]
         host = hosts[0] if hosts else None
         if host is not None and not self.host_allowed(host):
@@ -401,6 +405,21 @@ def _repeated(headers) -> str | None:
             if name in seen:
                 return name.decode("latin-1")
             seen.add(name)
+    return None
+
+
+def _odd_framing(headers) -> tuple[int, str] | None:
+    """(status, message) for a request whose framing the services do not take: a transfer
+    coding other than chunked (its body was handed on still coded: `gzip, chunked` was read
+    as plain JSON; RFC 9112 6.1: 501) or an expectation other than 100-continue (RFC 9110
+    10.1.1: 417); None for any other request."""
+    for name, value in headers:
+        if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
+            return 501, (f"request header 'Transfer-Encoding': {value[:60].decode('latin-1')!r}"
+                         " is not supported; expected 'chunked' or a Content-Length")
+        if name == b"expect" and value.strip().lower() != b"100-continue":
+            return 417, (f"request header 'Expect': {value[:60].decode('latin-1')!r} cannot be"
+                         " met; expected '100-continue' or none")
     return None
 
 
