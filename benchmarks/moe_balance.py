@@ -70,7 +70,7 @@ from stragglers.trace.model import OPTYPE_CODES  # noqa: E402
 from stragglers.whatif import analyze  # noqa: E402
 from stragglers.whatif._replay import replay  # noqa: E402
 from stragglers.whatif.causes.base import Context  # noqa: E402
-from stragglers.whatif.causes.experts import expert_imbalance  # noqa: E402
+from stragglers.whatif.causes.experts import _fit, _run_delay, expert_imbalance  # noqa: E402
 from stragglers.whatif.config import DEFAULT  # noqa: E402
 from stragglers.whatif.grid import build_grid  # noqa: E402
 from stragglers.whatif.metrics import WhatIf  # noqa: E402
@@ -174,6 +174,7 @@ def compare(t_hot, hot_steps: list[int], t_even, even_steps: list[int],
            "measured": float(base_h.mean() / base_e.mean()), "measured_median": median,
            "measured_nodelay": nodelay_h / float(w_even.t_nodelay.mean())}
     row.update(account(ctx, w_even))
+    row.update(host_waits(ctx, w_even, t_even))
     return row
 
 
@@ -211,6 +212,42 @@ def account(ctx: Context, w_even: WhatIf) -> dict:
     out["untouched"] = float(np.median(w_even.cost[compute], axis=2).sum(axis=0).mean()
                              / hot_work)
     return out
+
+
+def host_waits(ctx: Context, w_even: WhatIf, t_even) -> dict:
+    """Where the expert pieces recorded their run delay (our recorder on CPU): their own time
+    (the rest: CPU time, and an emulated device's; summed over a step's expert pieces, mean
+    over ranks) that the rows fit gives at balanced rows against the balanced steps' measured
+    one, and the run delay per second of own time of the hot rank's and the other ranks'
+    pieces in the skewed steps and of every rank's in the balanced steps."""
+    load = ctx.expert_load
+    if load is None or load.host is None \
+            or not np.array_equal(ctx.w.grid.node_optype, w_even.grid.node_optype):
+        return {}
+    g, ge = ctx.w.grid, w_even.grid
+    experts = [e for _, e in load.pairs]
+    waits = [_run_delay(ge, t_even.ops, e, ge.duration) for e in experts]
+    if any(w is None for w in waits):
+        return {}
+    own = g.duration[experts] - load.host.wait                              # [K, D, T]
+    predicted = 0.0
+    for k in range(len(experts)):
+        fit = _fit(load.rows[k], own[k])
+        slope = fit[0] if fit is not None else 0.0
+        predicted += float((own[k] - slope * (load.rows[k] - load.mean[k])).mean())
+    wait_even = np.array(waits)
+    own_even = ge.duration[experts] - wait_even
+    hot = np.zeros(own.shape[1], dtype=bool)
+    hot[int(np.argmax((load.rows / load.mean).mean(axis=(0, 2))))] = True
+
+    def rate(wait: np.ndarray, cpu: np.ndarray) -> float:
+        return float(wait.sum() / cpu.sum()) if cpu.sum() > 0 else float("nan")
+
+    return {"expert_cpu_predicted": predicted,
+            "expert_cpu_balanced": float(own_even.mean(axis=(1, 2)).sum()),
+            "wait_rate_hot": rate(load.host.wait[:, hot], own[:, hot]),
+            "wait_rate_cold": rate(load.host.wait[:, ~hot], own[:, ~hot]),
+            "wait_rate_balanced": rate(wait_even, own_even)}
 
 
 def pair(i: int, root: Path, args, device: list[str]) -> dict:
@@ -323,6 +360,11 @@ def cells(i: int, r: dict) -> dict[str, str]:
             f"{1e3 * r['typical_predicted']:.1f}/{1e3 * r['typical_balanced']:.1f}")
         out["gap by class (ms)"] = ", ".join(f"{name} {1e3 * r[f'gap {name}']:+.1f}"
                                             for name in CLASSES)
+    if "expert_cpu_predicted" in r:
+        out["expert own time per step, predicted/balanced (ms)"] = (
+            f"{1e3 * r['expert_cpu_predicted']:.1f}/{1e3 * r['expert_cpu_balanced']:.1f}")
+        out["run delay per s of own time, hot/other ranks skewed, all balanced"] = (
+            f"{r['wait_rate_hot']:.2f}/{r['wait_rate_cold']:.2f}/{r['wait_rate_balanced']:.2f}")
     return out
 
 
@@ -363,6 +405,20 @@ def texts(rows: list[dict], alternate: bool) -> list[str]:
                    f"the prediction in turn): {parts} ms. The compute outside the experts ran "
                    f"at {statistics.median(r['untouched'] for r in gaps):.2f}× its skewed-step "
                    "time in the balanced steps (median over pairs).")
+    host = [r for r in rows if "expert_cpu_predicted" in r]
+    if host:
+        def span(key: str, scale: float = 1.0) -> str:
+            values = [scale * r[key] for r in host]
+            return f"{min(values):.2f}–{max(values):.2f}"
+        errors = [r["expert_cpu_predicted"] / r["expert_cpu_balanced"] - 1 for r in host]
+        out.append(f"The expert pieces recorded their run delay (time runnable without a core) "
+                   f"in {len(host)} of {len(rows)} pairs. Their own time (the rest: CPU time; "
+                   f"with an emulated device, CPU and device time) at balanced rows, from the "
+                   f"rows fit of the skewed steps, against the balanced steps' measured one: "
+                   f"{100 * min(errors):+.0f}% to {100 * max(errors):+.0f}%. Run delay per "
+                   f"second of own time in the skewed steps: the hot rank's pieces "
+                   f"{span('wait_rate_hot')}, the other ranks' {span('wait_rate_cold')}; in the "
+                   f"balanced steps every rank's {span('wait_rate_balanced')}.")
     return out
 
 
@@ -381,6 +437,11 @@ def show(i: int, r: dict) -> None:
                       for name, f in r["runs"].items())
     gap = ("; gap ms " + ", ".join(f"{n} {1e3 * r[f'gap {n}']:+.1f}" for n in CLASSES)
            + f"; untouched compute ×{r['untouched']:.2f}") if "untouched" in r else ""
+    if "expert_cpu_predicted" in r:
+        gap += (f"; expert own ms predicted/balanced {1e3 * r['expert_cpu_predicted']:.1f}/"
+                f"{1e3 * r['expert_cpu_balanced']:.1f}; run delay per s own hot/other skewed "
+                f"{r['wait_rate_hot']:.2f}/{r['wait_rate_cold']:.2f}, balanced "
+                f"{r['wait_rate_balanced']:.2f}")
     print(f"pair {i}: first finding {r['first']} {r['ranks']}; predicted {shown} "
           f"(replay basis), ×{r['predicted_measured']:.3f} (off the measured step); "
           f"measured ×{r['measured']:.3f} (mean step), ×{r['measured_median']:.3f} "

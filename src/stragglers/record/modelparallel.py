@@ -130,6 +130,9 @@ class Collectives:
         self.pg_on = False
         self.pg_defaults: dict[int, int] = {}
         self.paused = False  # inside optimizer.step, or closed: collectives there are no rows
+        # (the compute piece a collective opened after itself, the recording thread's run
+        # delay in ns then): the next collective that cuts it puts its run delay on its row
+        self.resumed: tuple | None = None
         recorder.layout_extra["groups"] = member_groups()  # taken out in _on_layout
         recorder.on_layout = self._on_layout
 
@@ -357,11 +360,16 @@ class ModelParallelOp:
         self.tokens, self.sent, self.nbytes = -1, -1, -1
 
     def __enter__(self):
-        compute, rec = self.att.compute, self.att.recorder
+        att = self.att
+        compute, rec = att.compute, att.recorder
         self.seg = compute.current
-        if self.seg is not None:
-            compute.close()
-        self.waits = rec.comm_wait_mark()
+        end = compute.close() if self.seg is not None else None
+        self.waits = probe, mark = rec.comm_wait_mark()
+        resumed, att.resumed = att.resumed, None
+        if end is not None and resumed is not None and resumed[0] is self.seg:
+            # the piece between two collectives (an expert's compute after its dispatch): its
+            # run delay, from the counters both collectives read anyway (no read of its own)
+            self.buf.add_cpu_wait(self.seg[0], end, max(0, mark[0] - resumed[1]) / 1e9)
         self.start = rec.mark()
         return self
 
@@ -378,5 +386,9 @@ class ModelParallelOp:
             if self.sent >= 0:
                 buf.add_sent(self.code, end, self.sent)
         if self.seg is not None and rec.buffer is buf:
-            self.att.compute.open(*self.seg[:4])
+            compute = self.att.compute
+            compute.open(*self.seg[:4])
+            probe = self.waits[0]
+            if exc_type is None and probe is not None and probe.own_last is not None:
+                self.att.resumed = (compute.current, probe.own_last)
         return False

@@ -29,6 +29,11 @@ class RunDelay:
         except OSError:
             self._fd = None
 
+    @property
+    def readable(self) -> bool:
+        """Whether the kernel exposes the thread's schedstat (else every read is 0)."""
+        return self._fd is not None
+
     def read(self) -> int:
         """Run delay so far (ns); fields: on-CPU time, run delay, time slices."""
         if self._fd is None:
@@ -112,6 +117,10 @@ class CommWaitProbe:
     def __init__(self):
         self.own = RunDelay()
         self.transport = TransportRunDelay()
+        # the calling thread's run delay (ns) read at the end of the last `waited_s` (None
+        # where schedstat is not readable): where compute resumes after the op, the start of
+        # its run delay, read for free (record/modelparallel.py)
+        self.own_last: int | None = None
 
     def mark(self) -> tuple[int, int | None]:
         """The counters now (pass to `waited_s` after the op)."""
@@ -121,6 +130,7 @@ class CommWaitProbe:
         """Seconds waited since `mark` (NaN where schedstat is not readable)."""
         own0, tr0 = mark
         own1, tr1 = self.own.read(), self.transport.read()
+        self.own_last = own1 if self.own.readable else None
         if tr0 is None or tr1 is None:
             return float("nan")
         return (max(0, own1 - own0) + max(0, tr1 - tr0)) / 1e9

@@ -29,17 +29,20 @@ class ComputeSpan:
         rec = self.recorder
         self.current = (code, mb, mc, gmc, rec.mark(), len(rec.buffer.gc))
 
-    def close(self) -> None:
-        """End the open piece now, as a row of the step (nothing when none is open)."""
+    def close(self):
+        """End the open piece now, as a row of the step; its end mark (None when no piece was
+        open or the step was dropped)."""
         cur, self.current = self.current, None
         if cur is None:
-            return
+            return None
         code, mb, mc, gmc, start, i0 = cur
         rec = self.recorder
         if rec.buffer is None:  # the step was dropped (close() cut it)
-            return
+            return None
         attn, tok = self.seq.get(mb, NO_SEQ) if self.seq else NO_SEQ
-        rec.add_op(rec.buffer, i0, (code, mb, mc, gmc, attn, tok, -1), start, rec.mark())
+        end = rec.mark()
+        rec.add_op(rec.buffer, i0, (code, mb, mc, gmc, attn, tok, -1), start, end)
+        return end
 
     @property
     def mb(self) -> int:

@@ -12,7 +12,11 @@ busiest rank (it receives the dispatch and sends the combine, and backward the s
 Found when the compute right after a dispatch follows the rows received across the group's
 ranks (a pooled linear fit per dispatch, correlation ≥ `expert_corr`) and the rows are uneven
 (the busiest rank at least `expert_min_excess` above the group's mean); then every uneven
-dispatch whose compute grows with the rows (slope > 0) is balanced at its own slope. The
+dispatch whose compute grows with the rows (slope > 0) is balanced at its own slope. Where every
+piece of that compute recorded its run delay (our recorder on CPU: `cpu_wait` on the compute
+between two collectives), the correlation is that of its own time (duration − run delay): how
+long a piece waits for a core is the scheduler's doing (a piece shorter than a time slice often
+waits nothing), not its rows'; the slope, and so the prediction, stay the durations'. The
 prediction gives every rank the group's mean rows at the fitted time per row (its own speed
 kept), and every all-to-all its transfer at balanced volume: each rank's transfer (from the
 group's last arrival to its end) is fitted against the rows it moved (received, plus sent where
@@ -55,6 +59,16 @@ class ExpertLoad:
     corr: np.ndarray               # [K] correlation of expert time with rows
     transfer: "Transfer | None" = None
     transfer_corr: float | None = None  # the transfer fit's correlation, priced or not
+    host: "HostShare | None" = None     # ranks computing on host CPUs: their waits for a core
+
+
+@dataclass
+class HostShare:
+    """Expert compute run on host CPUs (our recorder on CPU): how long its pieces waited for a
+    core (their run delay), which the rows fit leaves out (`expert_load`)."""
+
+    wait: np.ndarray               # [K, D, T] s each expert piece was runnable without a core
+    share: float                   # the waits' share of the expert compute's time
 
 
 @dataclass
@@ -84,11 +98,17 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
         fit = _fit(tok, durations[expert])
         if fit is None or (tok / mean).max(axis=0).mean() < 1 + ctx.cfg.expert_min_excess:
             continue
+        # Where the host recorded how long the piece waited for a core, the rows are judged on
+        # the rest (its CPU time): the waits are the scheduler's (a piece shorter than a time
+        # slice often waits nothing, a long one on a busy host most of its time). 4 ranks on 2
+        # loaded cores: correlation 0.64-0.94 with the waits in, 0.90-0.99 without
+        wait = _run_delay(g, ops, expert, durations)
+        own_fit = _fit(tok, durations[expert] - wait) if wait is not None else None
         pairs.append((int(n), expert))
         rows.append(tok)
         means.append(mean)
         slopes.append(fit[0])
-        corrs.append(fit[1])
+        corrs.append(fit[1] if own_fit is None else own_fit[1])
     # Found where one dispatch's compute follows the rows at the bar. The uneven dispatches of
     # a job share its routing and its experts, so then every one whose compute grows with the
     # rows (slope > 0) is balanced at its own slope (noise in the durations scatters a fit, it
@@ -100,9 +120,34 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
     if not keep:
         return None
     transfer, transfer_corr = _transfer(g, ops, ctx.w.cost, ctx.cfg.expert_corr)
-    return ExpertLoad([pairs[k] for k in keep], np.array([rows[k] for k in keep]),
-                      np.array([means[k] for k in keep]), np.array([slopes[k] for k in keep]),
-                      np.array([corrs[k] for k in keep]), transfer, transfer_corr)
+    pairs = [pairs[k] for k in keep]
+    return ExpertLoad(pairs, np.array([rows[k] for k in keep]), np.array([means[k] for k in keep]),
+                      np.array([slopes[k] for k in keep]), np.array([corrs[k] for k in keep]),
+                      transfer, transfer_corr, _host_share(g, ops, pairs, durations))
+
+
+def _run_delay(g, ops, expert: int, durations: np.ndarray) -> np.ndarray | None:
+    """[D, T] s each piece of the compute node waited for a core (at most its duration), or
+    None unless every piece recorded it (our recorder on CPU, between two collectives)."""
+    if "cpu_wait" not in ops:
+        return None
+    cells = g.row[expert]
+    if (cells < 0).any():
+        return None
+    wait = ops["cpu_wait"][cells].astype(np.float64)
+    return np.minimum(wait, durations[expert]) if np.isfinite(wait).all() else None
+
+
+def _host_share(g, ops, pairs: list[tuple[int, int]], durations: np.ndarray
+                ) -> HostShare | None:
+    """The expert pieces' run delays (None unless every piece recorded one: GPUs, profiler and
+    synthetic traces, runs from before the recorder kept it)."""
+    waits = [_run_delay(g, ops, e, durations) for _, e in pairs]
+    if any(w is None for w in waits):
+        return None
+    wait = np.array(waits)                                                 # [K, D, T]
+    total = float(durations[[e for _, e in pairs]].sum())
+    return HostShare(wait, float(wait.sum()) / total if total > 0 else 0.0)
 
 
 def _transfer(g, ops, cost: np.ndarray, min_corr: float
@@ -231,11 +276,20 @@ def expert_imbalance(ctx: Context) -> list[Candidate]:
                 f"receive more than their group's mean: {shown}; the prediction balances the "
                 f"rows across each expert-parallel group{_transfer_text(load, ctx.cfg.expert_corr)}, and "
                 f"gives the early ranks back the all-to-all exchange they did while waiting for "
-                f"the late one (an "
+                f"the late one{_host_text(load)} (an "
                 f"upper bound: what perfect routing, or an auxiliary load-balancing loss at its "
                 f"best, buys); capacity factors at the measured routing: {priced}")
     return [Candidate("expert_imbalance", ctx.where_workers(workers), evidence, cost=cost,
                       upper_bound=True, capacity_factor=capacity)]
+
+
+def _host_text(load: ExpertLoad) -> str:
+    """The evidence's words on expert compute that waited for host cores (empty elsewhere)."""
+    if load.host is None:
+        return ""
+    return (f"; the expert compute ran on host CPUs and waited for a core "
+            f"{100 * load.host.share:.0f}% of its time (the rows are fitted to its CPU time, "
+            f"the waits left out; where ranks share busy cores balancing buys less than this)")
 
 
 def _transfer_text(load: ExpertLoad, bar: float) -> str:
