@@ -3,12 +3,15 @@ have always written: the same keys, in the same order, with the typed fields' va
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from stragglers.advice import advise
-from stragglers.advice.act import AdvisePolicy, GCParams, SplitParams, StragglarParams
+from stragglers.advice.act import (ActDecision, ActDecisionJson, AdvisePolicy, GCParams,
+                                   SplitParams, StragglarParams)
+from stragglers.advice.plan import Plan, PlanJson, RemedyAdvice, RemedyAdviceJson
 from stragglers.advice.remedies.details import (BatchSplit, CodeDetails, Details,
                                                 DiagnosedDetails, Restart, StragglarDetails)
 from stragglers.trace.synth import generate
@@ -79,3 +82,12 @@ def test_act_decisions_write_their_params_as_json_objects():
     assert isinstance(hook[0].params, StragglarParams)
     assert json.loads(json.dumps(hook[0].to_dict()))["params"] == \
         {"straggler": hook[0].params.straggler}
+
+
+@pytest.mark.parametrize("kind, form", [(RemedyAdvice, RemedyAdviceJson), (Plan, PlanJson),
+                                        (ActDecision, ActDecisionJson)])
+def test_each_json_form_declares_every_field_in_order(kind, form):
+    # to_dict writes its TypedDict key by key (the checker holds it to the form): a field added
+    # to the dataclass alone would be left out of the JSON
+    assert list(form.__annotations__) == [f.name for f in dataclasses.fields(kind)]
+

@@ -3,6 +3,7 @@ place, checked whole with one line naming the field, and the command's options b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -13,6 +14,8 @@ import typer.main
 from stragglers.errors import InputError
 from stragglers.trace.synth import (GC, GCInCompute, HeavyLastStage, HostStall, SequenceImbalance,
                                     SlowCollective, SlowLink, SlowWorker, SynthSpec, generate)
+from stragglers.trace.synth.spec import SynthKeywords
+from stragglers.trace.synth.validate import KEYWORDS, GeneratorRecord
 
 EVERY_KIND = SynthSpec(
     dp=2, pp=4, vpp=2, microbatches=8, steps=4, seed=3, stage_scale=(1.0, 1.0, 1.0, 1.2),
@@ -43,6 +46,24 @@ def test_the_typed_and_the_keyword_form_make_the_same_trace():
         np.testing.assert_array_equal(typed.ops[column], keywords.ops[column])
     # keywords next to a spec change its fields
     assert generate(SynthSpec(dp=2, pp=1, microbatches=2, steps=2), seed=4).meta.run_id == "4"
+
+
+def test_a_specs_keyword_form_makes_the_same_trace():
+    keywords = EVERY_KIND.keywords()
+    assert keywords["slow_link"] == {"kind": "p2p", "dp": 0, "stage_from": 1, "stage_to": 2,
+                                     "factor": 3.0, "steps": (1, 2)}
+    again, typed = generate(**keywords), generate(EVERY_KIND)
+    assert again.meta == typed.meta
+    for column in typed.ops:
+        np.testing.assert_array_equal(typed.ops[column], again.ops[column])
+    # both forms name every setting of a spec but its name, and every injection keyword
+    settings = [f.name for f in dataclasses.fields(SynthSpec) if f.name not in ("name",
+                                                                                "injections")]
+    assert set(SynthKeywords.__annotations__) == set(settings) | set(KEYWORDS)
+    recorded = list(typed.meta.extra["generator"])
+    assert recorded[2:2 + len(GeneratorRecord.__annotations__)] == \
+        list(GeneratorRecord.__annotations__)
+    assert GeneratorRecord.__annotations__.keys() == SynthKeywords.__annotations__.keys()
 
 
 @pytest.mark.parametrize("make, field", [
