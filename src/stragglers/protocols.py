@@ -5,6 +5,11 @@ matching registry below, where they are defined; callers look them up by name
 (`TRACE_READERS.get("kineto")`) instead of choosing with if/elif on strings. Nothing here
 imports torch: registries hold names and factories, and the torch-using modules import torch
 themselves.
+
+`make typecheck` proves the implementations match: `Registry.register` takes the registry's
+protocol type, so mypy checks each reader, algorithm, policy class and remedy class where it is
+registered, and `coding/matrix_code.py` checks `MatrixCode` and `DecodingVector` against
+`GradientCode` and `Decoding`.
 """
 
 from __future__ import annotations
