@@ -5,8 +5,9 @@ A lookup is `x["literal"]` or `x.get("literal", ...)` / `x.pop("literal", ...)` 
 passed between our functions): keys that name a column of the op table or the run format
 (`trace.model.COLUMNS` and the optional columns: table columns are the data, not a record),
 `os.environ[...]`, HTTP `headers`/`query_params`/`cookies`, `sys.modules`, `__dict__`,
-`globals()`, and calls whose first argument is a URL path (`app.get("/api/jobs")` declares a
-route, it looks nothing up). Reports the total, the rate and the files with the most lookups.
+`globals()`, calls whose first argument is a URL path (`app.get("/api/jobs")` declares a
+route, it looks nothing up), and quoted forward references in a generic type
+(`list["JsonValue"]` names a type). Reports the total, the rate and the files with the most lookups.
 
 Also counts the public functions and methods (no leading underscore, in a module without one)
 whose return annotation says nothing of its fields: `Any`, a container of `Any` or `object`, or
@@ -31,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "stragglers"
 # Receivers whose string keys are protocol or environment names, not our records.
 _EXEMPT_RECEIVERS = {"environ", "headers", "query_params", "cookies", "modules", "__dict__"}
+# Builtin generics: `list["X"]` is a type with a forward reference, not a lookup.
+_TYPES = {"list", "dict", "tuple", "set", "frozenset", "type"}
 _METHODS = {"get", "pop", "setdefault"}
 _UNTYPED = {"dict", "Dict", "Mapping", "MutableMapping"}
 
@@ -69,7 +72,8 @@ def lookups(tree: ast.AST, columns: set[str]) -> int:
         if not isinstance(key, str) or receiver is None:
             continue
         if (key in columns or key.startswith("/")
-                or _receiver_name(receiver) in _EXEMPT_RECEIVERS | {"globals"}):
+                or _receiver_name(receiver) in _EXEMPT_RECEIVERS | {"globals"}
+                or (isinstance(receiver, ast.Name) and receiver.id in _TYPES)):
             continue
         n += 1
     return n
