@@ -137,8 +137,8 @@ def main() -> None:
               figures=figures,
               text=["The README's own commands, run as written but for --steps (and a "
                     "temporary folder for what they write); each example's figure is its "
-                    "verdict line. Its times are wall clock on the shared 2-core machine: they "
-                    "grow with its load (the run's load is in the header)."]))
+                    f"verdict line. Its times are wall clock on the shared {os.cpu_count()}-core "
+                    "machine: they grow with its load (the run's load is in the header)."]))
 
 
 if __name__ == "__main__":
