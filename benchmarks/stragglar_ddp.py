@@ -137,7 +137,7 @@ def write_results(lines: list[str], a: argparse.Namespace) -> None:
                               note=f"the hook can save only on the step's communication: about "
                                    f"0.2 × T_allreduce = {0.2 * t_ar:.2f} s of the "
                                    f"{plain['median_step_s']} s step; {a.nproc} ranks share the "
-                                   "machine's 2 cores")],
+                                   f"machine's {os.cpu_count()} cores")],
               table=[{k: v for k, v in r.items()} for r in rows]))
 
 
