@@ -95,11 +95,13 @@ print(json.dumps(out))
 def run_one(run: Path, mode: str, src: str | None = None) -> dict:
     """One configuration in a fresh process (on the source tree `src`, default: installed)."""
     env = {**os.environ, "PYTHONPATH": src} if src else None
+    load_before = os.getloadavg()[0]  # the machine's state around this configuration's run
     proc = subprocess.run([sys.executable, "-c", CHILD, str(run), mode], capture_output=True,
                           text=True, timeout=3600, env=env)
     if proc.returncode:
         raise SystemExit(f"{mode}: {proc.stderr.strip().splitlines()[-1]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]),
+            "load": (load_before, os.getloadavg()[0])}
 
 
 LABELS = {"single": "one process", "1": "Dask LocalCluster, 1 worker",
@@ -192,7 +194,8 @@ def main() -> None:
     figures = [Figure(name=f"{_label(key)}, analysis time", value=f"{r['analysis_s']:.2f} s",
                       note=f"wall {r['wall_s']:.2f} s, peak {r['peak_bytes'] / 2**20:.0f} MB, "
                            f"CPU driver {r['cpu_driver_s']:.1f} s, workers "
-                           f"{r['cpu_workers_s']:.1f} s; shared, loaded machine")
+                           f"{r['cpu_workers_s']:.1f} s; load {r['load'][0]:.1f} → "
+                           f"{r['load'][1]:.1f} over it")
                for key, r in rows.items()]
     for mode in LABELS:
         now, then = rows[mode], rows.get(mode + " (before)")
