@@ -24,7 +24,10 @@ median and 95th percentile of one lease + ack round trip. It runs quiet first, t
   change of split an action) and posts reports of 10,000 step records, the ranks taking turns
   being slow, in a loop (work on the control thread, not the event loop);
 * slow_bodies: each attacker keeps 48 connections that sent a lease's head announcing 1 MiB
-  and then one byte a second (reopened as the service closes them).
+  and then one byte a second (reopened as the service closes them);
+* owner_flood: one owner (one token, its own data set) on 256 connections in all (each
+  attacker 256 / `--attackers`), each leasing a new shard in a loop: real writes on the commit
+  thread, all of one token (the committer takes each token's calls in turns).
 
 Each case alternates `--blocks` quiet and attacked blocks (the attackers paused between them;
 quiet first in even pairs, attacked first in odd ones), and is judged as monitor_dos.py judges
@@ -61,6 +64,7 @@ from stragglers.adapt.shards import ShardStore
 
 JOB, BIG = "job-token-0123456789abcdef", "big-owner-token-0123456789"
 NICE = [19]   # the attackers' niceness (--attacker-nice)
+ATTACKERS = [5]   # --attackers (owner_flood shares its 256 connections among them)
 STRANGER = "stranger-token-0123456789ab"
 
 
@@ -104,6 +108,9 @@ def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
                                                   "request_id": "again"})
     if kind == "slow_bodies":
         slow_bodies(url, stop, go, inflight)
+        return
+    if kind == "owner_flood":
+        owner_flood(url, i, stop, go, inflight, max(1, 256 // ATTACKERS[0]))
         return
     if kind == "control_reports":
         http.headers["Authorization"] = f"Bearer {STRANGER}{i}"
@@ -216,6 +223,44 @@ def control_reports(http: httpx.Client, job: str) -> None:
         # (503 Busy: past the service's bound on control calls waiting; the loop goes on)
         assert r.status_code in (200, 503), r.text[:200]
     STEP[0] += 10_000
+
+
+def owner_flood(url: str, i: int, stop, go, inflight, n: int) -> None:
+    """`n` connections of one owner's token, each leasing a new shard of its data set in a
+    loop (a fresh request id each: a write every time)."""
+    import asyncio
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=600,
+                                     limits=httpx.Limits(max_connections=n),
+                                     headers={"Authorization": f"Bearer {STRANGER}flood"}) as http:
+            r = await http.post("/datasets", json={"name": "flood", "num_samples": 1 << 22,
+                                                   "shard_size": 64, "num_epochs": None,
+                                                   "lease_s": 3600})
+            assert r.status_code == 200, r.text[:200]
+            r = await http.post("/datasets/flood/join", json={"worker": f"w{i}"})
+            fence = r.json()["fence"]
+
+            async def loop(j: int) -> None:
+                k = 0
+                while not stop.is_set():
+                    if not go.is_set():
+                        await asyncio.sleep(0.1)
+                        continue
+                    with inflight.get_lock():
+                        inflight.value += 1
+                    try:
+                        await http.post("/datasets/flood/lease", json={
+                            "worker": f"w{i}", "fence": fence, "request_id": f"r{j}-{k}"})
+                    except httpx.HTTPError:
+                        pass
+                    finally:
+                        with inflight.get_lock():
+                            inflight.value -= 1
+                    k += 1
+            await asyncio.gather(*(loop(j) for j in range(n)))
+
+    asyncio.run(run())
 
 
 def slow_bodies(url: str, stop, go, inflight, n: int = 48) -> None:
@@ -397,7 +442,7 @@ def main() -> None:
     ap.add_argument("--attackers", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
     ap.add_argument("--cases", default="snapshot,status,shuffle,restore,owner_restore,"
-                                       "big_lease,bad_input,control_reports,slow_bodies")
+                                       "big_lease,bad_input,control_reports,slow_bodies,owner_flood")
     ap.add_argument("--name", default=None,
                     help="results/<name>.json (default: the script's name)")
     ap.add_argument("--attacker-nice", type=int, default=19,
@@ -405,6 +450,7 @@ def main() -> None:
                          " machine at 19 they may hardly run)")
     args = ap.parse_args()
     NICE[0] = args.attacker_nice
+    ATTACKERS[0] = args.attackers
     tmp = Path(tempfile.mkdtemp(prefix="adapt-dos-"))
     db = tmp / "shards.db"
     t = time.perf_counter()
