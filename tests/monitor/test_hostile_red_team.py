@@ -157,3 +157,45 @@ def test_a_stray_part_named_file_at_the_top_of_a_folder_of_runs_hides_no_run(tmp
             assert [w["error"] for w in wins] == [None]
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_a_part_at_another_place_than_its_rank_in_the_layout_is_refused_alone(tmp_path):
+    # rank 0 (dp 0, stage 0) sending rows of dp 1 or stage 1: inside the sizes, so stored, and
+    # then every window of the job failed ("two ops share ...") for every rank
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    rank, part, cols = parts[0]
+    place = next(e for e in trace.meta.extra["layout"] if e["rank"] == rank)
+    moved = {"dp_rank": {**cols, "dp_rank": cols["dp_rank"] * 0 + 1 - place["dp_rank"]},
+             "stage": {**cols, "stage": cols["stage"] * 0 + 1 - place["stage"]}}
+    runs = tmp_path / "runs"
+    start_run(runs / "w", trace)
+    write_parts(runs / "w", [(rank, part, moved["stage"])])
+    s = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, token=TOKEN,
+                      config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            url = f"/api/jobs/j/ranks/{rank}/parts/{part}"
+            for column, rows in moved.items():
+                r = c.put(url, content=table_bytes(rows), headers=AUTH)
+                assert r.status_code == 422, r.text
+                assert f"'{column}'" in r.json()["error"] and "layout" in r.json()["error"]
+            assert c.put(url, content=table_bytes(cols), headers=AUTH).json()["status"] == \
+                "stored"
+            for rank, part, cols in parts[1:]:
+                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                          headers=AUTH)
+                assert r.status_code == 200, r.text
+            wins = eventually(lambda: len(get(c, "/api/jobs/j")["windows"]) == 2
+                              and get(c, "/api/jobs/j")["windows"], what="2 windows")
+            assert [w["error"] for w in wins] == [None, None], wins
+            # the watched part the same way: refused, named, nothing of it stored
+            eventually(lambda: any(r["source"] == "w/rank-00000.part-000000.parquet"
+                                   and "layout" in r["problem"]
+                                   for r in get(c, "/api/stats")["rejects"]), what="refusal")
+            assert "w" not in get(c, "/api/stats")["by_job"]
+    finally:
+        s.stop()

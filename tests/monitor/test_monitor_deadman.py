@@ -54,6 +54,12 @@ def feed(mon: Monitor, step: int, ranks, queued_ago: float = 0.0,
     drain(mon)
 
 
+def within(t: float, low: float, high: float) -> bool:
+    """low <= t <= high, give or take the monotonic → wall clock conversion (a bound from
+    before and after the call: under load the call itself took more than 50 ms)."""
+    return low - 0.002 <= t <= high + 0.002
+
+
 def drain(mon: Monitor) -> list:
     """What the analysis queue held, taken off it as if analysed."""
     out = []
@@ -150,22 +156,24 @@ def test_a_stall_decided_on_the_tick_is_dropped_once_parts_came_again(monitor):
 def test_silence_counts_from_the_files_write_when_it_lies_within_the_slack(monitor):
     # noticed now, written 0.4 s before (the watcher's and the ingest's delays): counted
     # from the write, so the deadline does not carry those delays
+    before = time.time()
     feed(monitor, 0, range(4), written_ago=0.4)
-    tr = monitor.trackers["j"]
-    assert tr.last_arrival == pytest.approx(time.time() - 0.4, abs=0.05)
+    assert within(monitor.trackers["j"].last_arrival, before - 0.4, time.time() - 0.4)
 
 
 def test_a_file_time_far_before_the_notice_moves_silence_by_the_slack_only(monitor):
     # a writer (or file server) clock 1 h behind: at most file_time_slack_s earlier
-    feed(monitor, 0, range(4), written_ago=3600.0)
     slack = monitor.config.file_time_slack_s
-    assert monitor.trackers["j"].last_arrival == pytest.approx(time.time() - slack, abs=0.05)
+    before = time.time()
+    feed(monitor, 0, range(4), written_ago=3600.0)
+    assert within(monitor.trackers["j"].last_arrival, before - slack, time.time() - slack)
 
 
 def test_a_file_time_after_the_notice_is_not_trusted(monitor):
     # a clock ahead: never later than the notice (it would hide a silence)
+    before = time.time()
     feed(monitor, 0, range(4), queued_ago=2.0, written_ago=-60.0)
-    assert monitor.trackers["j"].last_arrival == pytest.approx(time.time() - 2.0, abs=0.05)
+    assert within(monitor.trackers["j"].last_arrival, before - 2.0, time.time() - 2.0)
 
 
 def test_submit_takes_a_watched_files_ctime(monitor):

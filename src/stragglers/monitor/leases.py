@@ -12,6 +12,7 @@ another instance (docs/monitor.md §7).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -20,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from stragglers.monitor.records import LayoutEntry
 from stragglers.trace.model import JobMeta
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,12 @@ class ForeignJob:
     def knows(self, rank: int, part: int) -> bool:
         """Not known here: the store's key tells a part seen twice."""
         return False
+
+    @functools.cached_property
+    def layout(self) -> dict[int, LayoutEntry]:
+        """rank → its layout entry, as a JobTracker holds it (a part is checked against it)."""
+        from stragglers.monitor.windows import layout_of
+        return layout_of(self.meta)
 
 
 class LeaseKeeper:

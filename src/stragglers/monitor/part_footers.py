@@ -18,7 +18,9 @@ from stragglers.monitor.part_files import WHOLE_READ_BYTES, checked_digest, file
 from stragglers.monitor.part_limits import ALLOWED_COLUMNS, MAX_FOOTER_BYTES, \
     check_decode_budget, check_page_headers, check_part_rows, footer_length, guarded
 from stragglers.monitor.part_names import parse_part_name
-from stragglers.monitor.part_rows import PartData, check_part, check_parts, parquet_file
+from stragglers.monitor.part_rows import PartData, check_part, check_parts, misplaced, \
+    parquet_file
+from stragglers.monitor.records import LayoutEntry
 from stragglers.trace.columns import MAX_SECONDS, beyond_clock
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, JobMeta
 
@@ -46,6 +48,10 @@ class PartFile:
     # file was too large to be read whole): the analysis process does not check them again
     # in a file whose bytes give the same digest (part_rows.read_part_files)
     digest: bytes = b""
+    # the least stage and DP rank of its rows (with max_stage/max_dp: the one place of its
+    # rank, which its job's layout must agree with)
+    min_stage: int = 0
+    min_dp: int = 0
 
 
 
@@ -194,9 +200,11 @@ def _decoded_upload(body: bytes, source: object, rank: int, part: int, path: Pat
 def _rows_agree(got: PartFile, rows: PartData, source: object) -> PartFile | InputError:
     """`got` when an upload's checked rows (op types, NaN times, negative ids, the rank) say
     what its footer's statistics said (the window trusts the footer's steps)."""
-    stage, dp = (int(rows.columns[c].max()) for c in ("stage", "dp_rank"))
+    cols = rows.columns
+    stage, dp = (int(cols[c].max()) for c in ("stage", "dp_rank"))
+    low = (int(cols["stage"].min()), int(cols["dp_rank"].min()))
     if (rows.first_step, rows.last_step) != (got.first_step, got.last_step) or \
-            stage != got.max_stage or dp != got.max_dp:
+            stage != got.max_stage or dp != got.max_dp or low != (got.min_stage, got.min_dp):
         return InputError(source, "body", "the footer's statistics disagree with the rows "
                           f"(steps {rows.first_step}..{rows.last_step}, footer "
                           f"{got.first_step}..{got.last_step}); expected a file as written")
@@ -218,7 +226,7 @@ def _check_footer(meta, ids: tuple[int, int], source: object, path: Path,
         column, problem = verdict
         return InputError(source, column, problem)
     if meta.num_rows == 0:
-        return PartFile(*ids, path, 0, -1, -1, nbytes, -1, -1)
+        return PartFile(*ids, path, 0, -1, -1, nbytes, -1, -1, min_stage=-1, min_dp=-1)
     lo, hi = _footer_ranges(meta, where)
     if lo is None or hi is None:
         return None
@@ -245,7 +253,7 @@ def _check_footer(meta, ids: tuple[int, int], source: object, path: Path,
     if last - first + 1 > meta.num_rows:
         return None   # steps with gaps wider than its rows: the steps are read, not assumed
     return PartFile(*ids, path, int(meta.num_rows), first, last, nbytes, int(hi["stage"]),
-                    int(hi["dp_rank"]))
+                    int(hi["dp_rank"]), min_stage=int(lo["stage"]), min_dp=int(lo["dp_rank"]))
 
 
 
@@ -341,10 +349,16 @@ def _guarded_footer(path: Path) -> PartFile | InputError | None:
 
 
 
-def check_file_in_job(part: PartFile, meta: JobMeta, source: object) -> None:
-    """check_in_job for a part known by its footer."""
+def check_file_in_job(part: PartFile, meta: JobMeta, source: object,
+                      place: LayoutEntry | None = None) -> None:
+    """check_in_job for a part known by its footer (its min/max of stage and DP rank)."""
     for value, size, column, name in ((part.max_stage, meta.pp_size, "stage", "pp_size"),
                                       (part.max_dp, meta.dp_size, "dp_rank", "dp_size")):
         if value >= size:
             raise InputError(source, column, f"values up to {value}; expected < {size} "
                              f"(the job's {name})")
+    if place is not None and part.records:
+        for low, high, want, column in ((part.min_stage, part.max_stage, place.stage, "stage"),
+                                        (part.min_dp, part.max_dp, place.dp_rank, "dp_rank")):
+            if want is not None and (low, high) != (want, want):
+                raise misplaced(part.rank, column, low if low != want else high, want, source)

@@ -22,6 +22,7 @@ from stragglers.trace.model import OPTYPE_CODES
 
 if TYPE_CHECKING:
     from stragglers.monitor.part_footers import PartFile
+    from stragglers.monitor.records import LayoutEntry
     from stragglers.trace.model import JobMeta
 
 
@@ -92,9 +93,11 @@ def check_op_ids(cols: dict[str, np.ndarray], source: object) -> None:
 
 
 
-def check_in_job(data: PartData, meta: JobMeta, source: object) -> None:
-    """InputError when a part's rows sit at a stage or DP rank its job's meta does not have
-    (the part is refused alone, rather than failing every window it would be analysed in)."""
+def check_in_job(data: PartData, meta: JobMeta, source: object,
+                 place: LayoutEntry | None = None) -> None:
+    """InputError when a part's rows sit at a stage or DP rank its job's meta does not have,
+    or, with its rank's layout entry (`place`), at another place than the layout's (the part
+    is refused alone, rather than failing every window it would be analysed in)."""
     for column, size, name in (("stage", meta.pp_size, "pp_size"),
                                ("dp_rank", meta.dp_size, "dp_size")):
         values = data.columns[column]
@@ -102,6 +105,20 @@ def check_in_job(data: PartData, meta: JobMeta, source: object) -> None:
         if len(bad):
             raise InputError(source, column, f"value {int(values[bad[0]])} at row {int(bad[0])}; "
                              f"expected < {size} (the job's {name})")
+    if place is None or not len(data.columns["stage"]):
+        return
+    for column, want in (("stage", place.stage), ("dp_rank", place.dp_rank)):
+        values = data.columns[column]
+        if want is not None and (values.min() != want or values.max() != want):
+            raise misplaced(data.rank, column, int(values[values != want][0]), want, source)
+
+
+def misplaced(rank: int, column: str, got: int, want: int, source: object) -> InputError:
+    """A part whose rows sit at another place than its rank's layout entry: rank 0 sending
+    rows of DP rank 1 shared every op of the worker there, and each window of the job failed
+    ("two ops share ...") for every rank."""
+    return InputError(source, column, f"rows at {column} {got}; rank {rank} is at {column} "
+                      f"{want} in the job's layout (meta.json extra.layout)")
 
 
 

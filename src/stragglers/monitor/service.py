@@ -685,10 +685,12 @@ class Monitor:
             data = read[id(it)]
             if not isinstance(data, InputError):
                 try:
+                    tracker = trackers[it.job]   # (and the place its rank's layout says)
+                    place = tracker.layout.get(it.rank)
                     if isinstance(data, PartFile):
-                        check_file_in_job(data, trackers[it.job].meta, it.path or _source(it))
+                        check_file_in_job(data, tracker.meta, it.path or _source(it), place)
                     else:
-                        check_in_job(data, trackers[it.job].meta, it.path or _source(it))
+                        check_in_job(data, tracker.meta, it.path or _source(it), place)
                 except InputError as exc:
                     read[id(it)] = exc
                     continue
