@@ -17,9 +17,22 @@ import math
 import numbers
 import types
 import typing
-from typing import Any, Callable, ClassVar, Mapping, Optional
+from typing import (Any, Callable, ClassVar, Mapping, NamedTuple, Optional, Sequence, TypeAlias,
+                    TypeVar, Union)
 
 from stragglers.errors import InputError
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# A setting's value as `Config.to_dict` gives it: what JSON and YAML encoders take, kept as the
+# config holds it (a tuple stays a tuple, a map of ranks keeps its int keys) so that
+# `from_mapping(config.to_dict()) == config`; a nested dataclass (AdviseConfig.link) is a dict.
+# Decoded JSON (trace/jsontypes.py's JsonValue) is one.
+PlainValue: TypeAlias = Union[None, bool, int, float, str, Sequence["PlainValue"],
+                              Mapping[str, "PlainValue"], Mapping[int, "PlainValue"]]
+PlainObject: TypeAlias = dict[str, PlainValue]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +50,9 @@ _SETTING = "stragglers.config"   # the dataclass field metadata key that holds i
 _UNDECLARED = Setting()
 
 
-def setting(default: Any, help: str, *, minimum: float | None = None,
+def setting(default: T, help: str, *, minimum: float | None = None,
             maximum: float | None = None, choices: tuple | None = None,
-            flag: str | None = None) -> Any:
+            flag: str | None = None) -> T:
     """A config field with its documentation and bounds (checked by Config.__post_init__).
 
     `flag` is its command-line option (`with_options`) when not `--name-with-dashes`.
@@ -85,14 +98,22 @@ class Config:
         """A copy with some settings changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> PlainObject:
         """The settings as plain values (for JSON and YAML)."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def describe(cls) -> list[tuple[str, Any, str]]:
+    def describe(cls) -> list[SettingHelp]:
         """(name, default, help) for every setting, for documentation and --help."""
-        return [(f.name, f.default, declared(f).help) for f in dataclasses.fields(cls)]
+        return [SettingHelp(f.name, f.default, declared(f).help) for f in dataclasses.fields(cls)]
+
+
+class SettingHelp(NamedTuple):
+    """One setting as `Config.describe` lists it."""
+
+    name: str
+    default: object     # of the setting's declared type, whatever that is
+    help: str
 
 
 def cli_overrides(cls: type[Config], text: list[str] | None, source: str = "--set"):
@@ -109,8 +130,8 @@ def cli_overrides(cls: type[Config], text: list[str] | None, source: str = "--se
     return cls.from_mapping(values, source)
 
 
-def with_options(cls: type[Config], *,
-                 exclude: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+def with_options(cls: type[Config], *, exclude: tuple[str, ...] = ()
+                 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Decorate a typer command with one option per scalar setting of `cls` (its help, its
     default, `--name-with-dashes` or the setting's `flag`); the command receives them as one
     validated `config: cls` argument. A bad value is a usage error naming the option (exit 2,
@@ -120,7 +141,7 @@ def with_options(cls: type[Config], *,
     fields = [f for f in dataclasses.fields(cls) if f.name not in exclude
               and _option_type(_hints(cls)[f.name]) is not None]
 
-    def decorate(command: Callable) -> Callable:
+    def decorate(command: Callable[..., R]) -> Callable[..., R]:
         signature = inspect.signature(command)
         taken = set(signature.parameters)
         added = []
@@ -137,7 +158,7 @@ def with_options(cls: type[Config], *,
         rest = [p for p in kept if p not in arguments]
 
         @functools.wraps(command)
-        def run(*args: Any, **kwargs: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> R:
             values = {f.name: kwargs.pop(f.name) for f in fields}
             try:
                 config = cls(**values)

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
+
+
+class LazyExports(NamedTuple):
+    """A package's `__all__`, `__getattr__` and `__dir__` (unpacked in that order)."""
+
+    all: list[str]
+    getattr: Callable[[str], object]    # an exported class, function or module
+    dir: Callable[[], list[str]]
 
 
 def lazy_exports(package: str, table: Mapping[str, str | tuple[str, str]],
-                 renamed: Mapping[str, str] | None = None
-                 ) -> tuple[list[str], Callable[[str], object], Callable[[], list[str]]]:
+                 renamed: Mapping[str, str] | None = None) -> LazyExports:
     """`__all__`, `__getattr__` and `__dir__` for a package exporting `table`.
 
     `table` maps a public name to the module defining it, or to (module, name there) when the
@@ -37,4 +44,4 @@ def lazy_exports(package: str, table: Mapping[str, str | tuple[str, str]],
     def dir_() -> list[str]:
         return sorted(set(names) | {k for k in namespace if not k.startswith("_")})
 
-    return names, getattr_, dir_
+    return LazyExports(names, getattr_, dir_)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pickle
 import socket
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -29,21 +29,41 @@ class ClockEstimate:
     rtt_ns: int
     rounds: int
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> ClockEstimateJson:
         """A JSON-serialisable dict."""
-        return asdict(self)
+        return ClockEstimateJson(offset_ns=self.offset_ns, error_ns=self.error_ns,
+                                 rtt_ns=self.rtt_ns, rounds=self.rounds)
 
 
-def clock_record(start: list[ClockEstimate], end: list[ClockEstimate]) -> dict[str, Any]:
+class ClockEstimateJson(TypedDict):
+    """A ClockEstimate in meta.extra["clock"] (its fields, in order)."""
+
+    offset_ns: int
+    error_ns: int
+    rtt_ns: int
+    rounds: int
+
+
+class ClockRecord(TypedDict):
+    """meta.extra["clock"]; the `end` keys once the end was measured (Recorder.close)."""
+
+    start: list[ClockEstimateJson]
+    max_error_start_s: float
+    end: NotRequired[list[ClockEstimateJson]]
+    max_error_end_s: NotRequired[float]
+    max_drift_s: NotRequired[float]
+
+
+def clock_record(start: list[ClockEstimate], end: list[ClockEstimate]) -> ClockRecord:
     """meta.extra["clock"]: every rank's estimate at start (and at end, once measured), the
     largest error of each, and the largest change of a rank's offset between them (drift)."""
-    out: dict[str, Any] = {"start": [e.to_dict() for e in start],
-                           "max_error_start_s": max(e.error_ns for e in start) / 1e9}
+    out = ClockRecord(start=[e.to_dict() for e in start],
+                      max_error_start_s=max(e.error_ns for e in start) / 1e9)
     if end:
-        out.update(end=[e.to_dict() for e in end],
-                   max_error_end_s=max(e.error_ns for e in end) / 1e9,
-                   max_drift_s=max(abs(a.offset_ns - b.offset_ns)
-                                   for a, b in zip(start, end)) / 1e9)
+        out.update({"end": [e.to_dict() for e in end],
+                    "max_error_end_s": max(e.error_ns for e in end) / 1e9,
+                    "max_drift_s": max(abs(a.offset_ns - b.offset_ns)
+                                       for a, b in zip(start, end)) / 1e9})
     return out
 
 

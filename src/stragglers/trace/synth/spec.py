@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence, TypedDict, TypeVar
 
-from stragglers.config import Config, setting
+from stragglers.config import Config, PlainObject, setting
 from stragglers.errors import InputError
 from stragglers.trace.synth.injections import (BY_NAME, GC, GCInCompute, HeavyLastStage,
                                                HostStall, HostStallForm, Injection,
@@ -130,9 +130,9 @@ class SynthSpec(Config):
             keywords.pop(k, None)
         return cls.from_mapping({**keywords, "injections": injections}, SOURCE)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> PlainObject:
         """Plain values; each injection as {"type": class name, its fields} (YAML, JSON)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out: PlainObject = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {**out, "stage_scale": None if self.stage_scale is None else list(self.stage_scale),
                 "injections": [{"type": type(i).__name__, **dataclasses.asdict(i)}
                                for i in self.injections]}
