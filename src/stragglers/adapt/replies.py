@@ -10,12 +10,13 @@ A snapshot is typed too (`Snapshot`); a checkpoint stores its plain form, becaus
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 import msgspec
 
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.permutations import Pending
+from stragglers.config import PlainObject
 
 LeaseStatus = Literal["ok", "wait", "finished"]
 ShardKey = tuple[int, int]   # (epoch, shard)
@@ -159,6 +160,26 @@ class Snapshot(msgspec.Struct):
     shards: list[ShardRow]
 
 
+class DatasetJson(TypedDict):
+    """A DatasetConfig as JSON (its fields, in order)."""
+
+    name: str
+    num_samples: int
+    shard_size: int
+    seed: int
+    num_epochs: int | None
+    lease_s: float
+    max_retries: int
+
+
+class SnapshotJson(TypedDict):
+    """A Snapshot as the JSON document GET .../snapshot sends (each row a JSON array)."""
+
+    dataset: DatasetJson
+    epochs_created: int
+    shards: list[list[int | str | None]]   # ShardRow's values
+
+
 class Created(msgspec.Struct):
     """POST /datasets: whether this call created the data set (False: it existed, same config)."""
 
@@ -205,9 +226,9 @@ class Configured(msgspec.Struct):
     incarnation: int
 
 
-def to_builtins(reply: msgspec.Struct) -> dict[str, Any]:
-    """The reply as the JSON object it is sent as."""
-    out: dict[str, Any] = msgspec.to_builtins(reply)
+def to_builtins(reply: msgspec.Struct) -> PlainObject:
+    """The reply as the JSON object it is sent as (a ShardKey stays a tuple: json writes a list)."""
+    out: PlainObject = msgspec.to_builtins(reply)
     return out
 
 
