@@ -28,7 +28,8 @@ from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, Not
 from stragglers.adapt.history import REQUEST_HISTORY, LeaseHistory  # noqa: F401
 from stragglers.adapt.permutations import Pending, Permutations
 from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease, LeaseReply,
-                                      LeaseStatus, Released, Status, lease_reply_json)
+                                      LeaseStatus, Released, SnapshotJson, Status,
+                                      lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
 from stragglers.adapt.schema import SCHEMA_VERSION, open_database  # noqa: F401
@@ -427,9 +428,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         self.expire(name)
         return reads.status_of(self._read_conn(), name)
 
-    def snapshot(self, name: str) -> dict:
+    def snapshot(self, name: str) -> SnapshotJson:
         """The full shard state, to be saved atomically inside the model checkpoint."""
-        return json.loads(reads.snapshot_bytes(self._read_conn(), name))
+        snap: SnapshotJson = json.loads(reads.snapshot_bytes(self._read_conn(), name))
+        return snap
 
 
 def _check_fence(row: Sequence[Any] | None, name: str, worker: str, fence: int) -> int:

@@ -9,7 +9,7 @@ data set are refused (503, nothing changed) while every other data set is served
 from __future__ import annotations
 
 import re
-from typing import TypeGuard
+from typing import TypedDict, TypeGuard
 
 from stragglers.adapt.dataset import (MAX_EPOCHS, MAX_QUEUE_POS, MAX_RETRIES, STATES,
                                       DatasetConfig)
@@ -110,11 +110,22 @@ VALID_SHARD_SQL = (
     " AND (error IS NULL OR (typeof(error)='text' AND length(error) <= 1024))")
 
 
-def shard_params(cfg: DatasetConfig, epochs_created: int) -> dict:
+class ShardParams(TypedDict):
+    """The named parameters of VALID_SHARD_SQL."""
+
+    epochs: int
+    shards: int
+    size: int
+    samples: int
+    max_retries: int
+    max_pos: int
+
+
+def shard_params(cfg: DatasetConfig, epochs_created: int) -> ShardParams:
     """The named parameters of VALID_SHARD_SQL for a data set."""
-    return {"epochs": epochs_created, "shards": cfg.num_shards, "size": cfg.shard_size,
-            "samples": cfg.num_samples, "max_retries": cfg.max_retries,
-            "max_pos": MAX_QUEUE_POS}
+    return ShardParams(epochs=epochs_created, shards=cfg.num_shards, size=cfg.shard_size,
+                       samples=cfg.num_samples, max_retries=cfg.max_retries,
+                       max_pos=MAX_QUEUE_POS)
 
 
 def first_bad_shard(conn, cfg: DatasetConfig, epochs_created: int, materialized: int,

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 from stragglers.adapt.store_state import StoreState
+
+T = TypeVar("T")
 
 
 class Transactions(StoreState):
@@ -48,7 +53,7 @@ class Transactions(StoreState):
             fn()
         self._forget()
 
-    def run_batch(self, calls: list) -> list[tuple[bool, object]]:
+    def run_batch(self, calls: Sequence[Callable[[], T]]) -> list[tuple[bool, T | Exception]]:
         """Group commit: run several store calls in one transaction, one fsync for all.
 
         Each call is isolated by a savepoint, so one that fails is rolled back alone; the
@@ -56,7 +61,7 @@ class Transactions(StoreState):
         A failure of the transaction itself (BEGIN or COMMIT, e.g. "database is locked")
         is raised: nothing of the batch was committed.
         """
-        results: list[tuple[bool, object]] = []
+        results: list[tuple[bool, T | Exception]] = []
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             self._undo = []
