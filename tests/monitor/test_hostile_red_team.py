@@ -199,3 +199,28 @@ def test_a_part_at_another_place_than_its_rank_in_the_layout_is_refused_alone(tm
             assert "w" not in get(c, "/api/stats")["by_job"]
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_a_part_declared_over_max_part_bytes_is_413_whatever_its_job_holds(tmp_path):
+    # it was answered 507 "job full" (which names the job's bytes and limit) before its
+    # length was compared with max_part_bytes
+    import socket
+
+    trace = slow_job(steps=5)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+        host, port = s.url.removeprefix("http://").split(":")
+        for declared in (CFG.max_job_bytes + 1, CFG.max_part_bytes + 1):
+            with socket.create_connection((host, int(port)), timeout=60) as sock:
+                sock.sendall(f"PUT /api/jobs/j/ranks/0/parts/0 HTTP/1.1\r\nHost: localhost\r\n"
+                             f"Authorization: Bearer {TOKEN}\r\nContent-Length: {declared}\r\n"
+                             "\r\n".encode())
+                head = sock.recv(65536).decode("latin-1")
+            assert head.startswith("HTTP/1.1 413"), head[:300]
+            assert "max_job_bytes" not in head and "bytes allowed for a part" in head, head
+    finally:
+        s.stop()

@@ -352,6 +352,10 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                                         and len(dropped) <= MAX_COUNT_DIGITS):
             raise HTTPProblem(422, "request header 'X-Stragglers-Dropped': expected a count "
                               f"of 0 to {MAX_COUNT_DIGITS} digits", "bad_request")
+        try:   # a body over max_part_bytes is 413 whatever the job holds or the disk has
+            declared_length(request, cfg.max_part_bytes)   # (it was answered 507 "job full")
+        except BodyRefused as refused:
+            raise _problem(refused, "a part") from None
         room.check(_declared(request, cfg.max_part_bytes), "the part")
         # a part that cannot fit the job's max_job_bytes is refused before its body is read
         # (the ingest thread checks again with the bytes that arrived: a chunked body, or
