@@ -12,14 +12,14 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 import torch
 import torch.distributed as dist
 
 from stragglers.adapt.client import ShardClient
-from stragglers.adapt.replies import Snapshot
+from stragglers.adapt.replies import Snapshot, SnapshotJson
 from stragglers.errors import InputError
 
 
@@ -33,11 +33,11 @@ class JobCheckpoint:
     shards: Snapshot
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_plain(self) -> dict[str, Any]:
+    def to_plain(self) -> CheckpointFile:
         """The file's form: tensors and plain containers only (the snapshot as its JSON document)."""
-        return {"step": self.step, "model": self.model, "optimizer": self.optimizer,
-                "shards": msgspec.json.decode(msgspec.json.encode(self.shards)),
-                "extra": self.extra}
+        return CheckpointFile(step=self.step, model=self.model, optimizer=self.optimizer,
+                              shards=msgspec.json.decode(msgspec.json.encode(self.shards)),
+                              extra=self.extra)
 
     @classmethod
     def from_plain(cls, state: object, source: str | Path) -> JobCheckpoint:
@@ -51,6 +51,16 @@ class JobCheckpoint:
             if not isinstance(value, dict):
                 raise InputError(source, name, f"expected a dict of state, got {type(value).__name__}")
         return cls(f.step, f.model, f.optimizer, f.shards, f.extra)
+
+
+class CheckpointFile(TypedDict):
+    """What the file holds (torch.save of this dict): JobCheckpoint's fields, the snapshot JSON."""
+
+    step: int
+    model: dict[str, Any]       # tensors and plain containers, as state_dict() gives them
+    optimizer: dict[str, Any]
+    shards: SnapshotJson
+    extra: dict[str, Any]
 
 
 class _CheckpointFile(msgspec.Struct):

@@ -348,8 +348,9 @@ class ShardBatchSampler:
             yield batch
 
     @staticmethod
-    def collate(batch: list[Any]) -> Any:
-        """DataLoader collate_fn that maps an empty batch (peer holds the last shards) to None."""
+    def collate(batch: list[Any]) -> object:
+        """DataLoader collate_fn that maps an empty batch (peer holds the last shards) to None;
+        else default_collate's batch (tensors in the samples' structure)."""
         if not batch:
             return None
         from torch.utils.data import default_collate
