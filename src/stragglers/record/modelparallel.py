@@ -131,7 +131,8 @@ class Collectives:
         self.pg_defaults: dict[int, int] = {}
         self.paused = False  # inside optimizer.step, or closed: collectives there are no rows
         # (the compute piece a collective opened after itself, the recording thread's run
-        # delay in ns then): the next collective that cuts it puts its run delay on its row
+        # delay and on-CPU time in ns then): the next collective that cuts it puts its run
+        # delay and on-CPU time on its row
         self.resumed: tuple | None = None
         recorder.layout_extra["groups"] = member_groups()  # taken out in _on_layout
         recorder.on_layout = self._on_layout
@@ -353,7 +354,8 @@ class _WaitRecorded(dist.Work):
 class ModelParallelOp:
     """One recorded collective in progress: the context Collectives.op returns."""
 
-    __slots__ = ("att", "buf", "code", "pg", "tokens", "sent", "nbytes", "start", "seg", "waits")
+    __slots__ = ("att", "buf", "code", "pg", "tokens", "sent", "nbytes", "start", "seg", "waits",
+                 "piece")
 
     def __init__(self, att: Collectives, buf, code: int, pg: int):
         self.att, self.buf, self.code, self.pg = att, buf, code, pg
@@ -370,6 +372,9 @@ class ModelParallelOp:
             # the piece between two collectives (an expert's compute after its dispatch): its
             # run delay, from the counters both collectives read anyway (no read of its own)
             self.buf.add_cpu_wait(self.seg[0], end, max(0, mark[0] - resumed[1]) / 1e9)
+            self.piece: tuple | None = (self.seg[0], end, resumed[2])
+        else:
+            self.piece = None
         self.start = rec.mark()
         return self
 
@@ -382,6 +387,15 @@ class ModelParallelOp:
             buf.ops.append((self.code, self.start, end, mb, mc, gmc, math.nan, self.tokens,
                             self.nbytes, ()))
             rec.note_comm_wait(buf, self.code, end, *self.waits)
+            if self.piece is not None and self.waits[0] is not None:
+                # the piece's on-CPU time, read at this collective's end: the kernel updates a
+                # running thread's count only at a tick or a switch, so read as the piece ends
+                # it lags by up to a tick; blocked in the collective, the thread was switched
+                # out and back (gloo does not spin), its count then exact. The collective's own
+                # CPU in it is the wrapper's (µs). The rest of the piece's time it slept
+                code, piece_end, cpu0 = self.piece
+                buf.add_cpu_time(code, piece_end,
+                                 max(0, self.waits[0].own_cpu_last - cpu0) / 1e9)
             buf.add_pg(self.code, end, self.pg)
             if self.sent >= 0:
                 buf.add_sent(self.code, end, self.sent)
@@ -390,5 +404,5 @@ class ModelParallelOp:
             compute.open(*self.seg[:4])
             probe = self.waits[0]
             if exc_type is None and probe is not None and probe.own_last is not None:
-                self.att.resumed = (compute.current, probe.own_last)
+                self.att.resumed = (compute.current, probe.own_last, probe.own_cpu_last)
         return False

@@ -24,6 +24,9 @@ class RunDelay:
 
     def __init__(self):
         self._fd: int | None
+        # the on-CPU time (ns, schedstat's first field) at the last `read`: parsed from the
+        # same read, no syscall of its own (record/modelparallel.py splits a compute piece)
+        self.on_cpu = 0
         try:
             self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:
@@ -39,7 +42,9 @@ class RunDelay:
         if self._fd is None:
             return 0
         try:
-            return int(os.pread(self._fd, 96, 0).split()[1])
+            fields = os.pread(self._fd, 96, 0).split()
+            self.on_cpu = int(fields[0])
+            return int(fields[1])
         except (OSError, IndexError, ValueError):
             return 0
 
@@ -121,6 +126,8 @@ class CommWaitProbe:
         # where schedstat is not readable): where compute resumes after the op, the start of
         # its run delay, read for free (record/modelparallel.py)
         self.own_last: int | None = None
+        # the calling thread's on-CPU time (ns) read with `own_last`
+        self.own_cpu_last = 0
 
     def mark(self) -> tuple[int, int | None]:
         """The counters now (pass to `waited_s` after the op)."""
@@ -131,6 +138,7 @@ class CommWaitProbe:
         own0, tr0 = mark
         own1, tr1 = self.own.read(), self.transport.read()
         self.own_last = own1 if self.own.readable else None
+        self.own_cpu_last = self.own.on_cpu
         if tr0 is None or tr1 is None:
             return float("nan")
         return (max(0, own1 - own0) + max(0, tr1 - tr0)) / 1e9

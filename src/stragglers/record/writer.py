@@ -38,6 +38,9 @@ class StepBuffer:
     # (record/schedstat.py); rows not in it get NaN. Keyed by the end: placing GC pauses may
     # move a row's start, never its end.
     cpu_waits: dict[tuple[int, object], float] | None = None
+    # (optype code, end mark) of a compute piece between two model-parallel collectives → s it
+    # ran on a CPU (record/modelparallel.py); the cpu_time column of a part that has one
+    cpu_times: dict[tuple[int, object], float] | None = None
     # native hooks (attach on CPU, record/native.py): raw stamps, made into rows here, off the
     # training thread; seq: mb → (attn_cost, tokens) for their rows
     stamps: list[bytes] | None = None
@@ -62,6 +65,12 @@ class StepBuffer:
         if self.cpu_waits is None:
             self.cpu_waits = {}
         self.cpu_waits[(code, end)] = seconds
+
+    def add_cpu_time(self, code: int, end, seconds: float) -> None:
+        """The on-CPU time of the compute row (code, end)."""
+        if self.cpu_times is None:
+            self.cpu_times = {}
+        self.cpu_times[(code, end)] = seconds
 
     def add_pg(self, code: int, end, pg: int) -> None:
         """The process group of the collective row (code, end)."""
@@ -189,6 +198,7 @@ class RankWriter:
         step_of: list[tuple[int, int]] = []
         # (step, optype code, end mark) of a row → its CPU wait / its process group
         waits: dict[tuple[int, int, object], float] = {}
+        cpu: dict[tuple[int, int, object], float] = {}
         pgs: dict[tuple[int, int, object], int] = {}
         sent: dict[tuple[int, int, object], int] = {}
         batch: list[StepBuffer] = []
@@ -198,6 +208,8 @@ class RankWriter:
             step_of.append((buf.step, len(step_rows)))
             for (row_code, row_end), wait in (buf.cpu_waits or {}).items():
                 waits[(buf.step, row_code, row_end)] = wait
+            for (row_code, row_end), on_cpu in (buf.cpu_times or {}).items():
+                cpu[(buf.step, row_code, row_end)] = on_cpu
             for (row_code, row_end), pg in (buf.pgs or {}).items():
                 pgs[(buf.step, row_code, row_end)] = pg
             for (row_code, row_end), rows_sent in (buf.sent or {}).items():
@@ -242,6 +254,8 @@ class RankWriter:
         }
         if self.records_pg:
             out["pg"] = _pgs(pgs, self.pg_defaults, step, code, end)
+        if cpu:  # reading fills the column with NaN in parts without it (runformat)
+            out["cpu_time"] = _cpu_waits(cpu, step, code, end)
         if sent:  # reading fills the column with -1 in parts without it (runformat)
             out["sent"] = np.array([sent.get(key, -1) for key in
                                     zip(step.tolist(), code.tolist(), end.tolist())], np.int64)
@@ -285,7 +299,7 @@ ROW_DTYPES = (np.int8, np.int64, np.int64, np.int32, np.int32, np.int32, np.floa
 
 
 def _cpu_waits(waits: dict, step: np.ndarray, code: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """The cpu_wait column: each row's measured wait, NaN where none was measured."""
+    """The cpu_wait (or cpu_time) column: each row's measured seconds, NaN where none was."""
     out = np.full(len(code), np.nan)
     if waits:
         for i, key in enumerate(zip(step.tolist(), code.tolist(), end.tolist())):

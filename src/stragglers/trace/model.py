@@ -78,16 +78,21 @@ OPTIONAL_COLUMNS: dict[str, np.dtype] = {
     # rows it moved, which its transfer grows with
     "sent": np.dtype(np.int64),
     "bytes": np.dtype(np.int64),
-    # communication ops our recorder ran on CPU: s the threads carrying the op (its waiting
-    # thread, gloo's transport and collective threads) were runnable but had no CPU during it
-    # (Linux schedstat): CPU contention, not the link
+    # s the op's threads were runnable but had no CPU during it (Linux schedstat, our recorder
+    # on CPU): communication ops (its waiting thread, gloo's transport and collective threads:
+    # CPU contention, not the link) and compute pieces between two model-parallel collectives
+    # (the training thread: an expert's compute between dispatch and combine)
     "cpu_wait": np.dtype(np.float64),
+    # compute pieces between two model-parallel collectives (our recorder on CPU): s the
+    # training thread ran on a CPU (schedstat); duration − cpu_time − cpu_wait it slept (a
+    # device it waited for). NaN elsewhere
+    "cpu_time": np.dtype(np.float64),
     # collectives: the process group they ran in, a job-wide id (-1 unknown): a collective
     # synchronises the ranks of its group only (a tensor-parallel pair, not every DP rank)
     "pg": np.dtype(np.int32),
 }
 OPTIONAL_FILL = {"attn_cost": np.nan, "tokens": -1, "sent": -1, "bytes": -1, "cpu_wait": np.nan,
-                 "pg": -1}
+                 "cpu_time": np.nan, "pg": -1}
 
 
 def optype_code(name: str) -> int:
