@@ -178,11 +178,11 @@ def compare(t_hot, hot_steps: list[int], t_even, even_steps: list[int],
            "measured_nodelay": nodelay_h / float(w_even.t_nodelay.mean())}
     row.update(account(ctx, w_even))
     row.update(host_waits(ctx, w_even, t_even))
-    row.update(core_sharing(ctx, w_even, t_even))
+    row.update(sharing_model(ctx, w_even, t_even))
     return row
 
 
-def core_sharing(ctx: Context, w_even: WhatIf, t_even) -> dict:
+def sharing_model(ctx: Context, w_even: WhatIf, t_even) -> dict:
     """Where the expert pieces recorded their time on a CPU (cpu_time): their split in the
     skewed steps (ms per step on a CPU, waiting for one, asleep; summed over the expert pieces,
     mean over ranks), the sharing rate the prediction used (mean over ranks) against the one
@@ -190,7 +190,12 @@ def core_sharing(ctx: Context, w_even: WhatIf, t_even) -> dict:
     predicted without and with the sharing correction (`core_sharing`, which the finding does
     not use) against the balanced steps' measured one, and the gain on the replay basis without
     it, with it, and with it at the rate the balanced experts met (the model's form with its
-    rate right: which of the two a miss comes from)."""
+    rate right: which of the two a miss comes from). Also the phase rate, the slowest rank's:
+    over the pieces every rank runs at once, Σ (max over ranks of on CPU + waiting − mean on
+    CPU) / Σ mean on CPU, outside the experts in the skewed steps and of the experts in the
+    balanced ones, and the gain at the former (a piece shorter than a time slice often runs
+    to its end unpreempted, so the mean rate of short pieces is below a long one's; the slowest
+    rank's is what the step meets either way)."""
     load = ctx.expert_load
     share = core_sharing(ctx, load, ctx.w.grid.duration) if load is not None else None
     if share is None or not np.array_equal(ctx.w.grid.node_optype, w_even.grid.node_optype):
@@ -212,18 +217,43 @@ def core_sharing(ctx: Context, w_even: WhatIf, t_even) -> dict:
         cpu_even = np.array(cpus)
         out["rate_balanced"] = float(np.array(waits).sum() / cpu_even.sum()) \
             if cpu_even.sum() > 0 else float("nan")
+    outside = [int(n) for n in np.flatnonzero(np.isin(w.grid.node_optype, COMPUTE))
+               if int(n) not in load.experts]
+    phase = phase_rate(w.grid, ctx.trace.ops, outside)
+    balanced_phase = phase_rate(ge, t_even.ops, experts)
+    if balanced_phase is not None:
+        out["phase_balanced"] = balanced_phase
+    if phase is not None:
+        out["phase_rate"] = phase
     base = w.mean_step_time(w.cost)
     met = replace(share, rate=np.full_like(share.rate, out["rate_balanced"])) \
         if "rate_balanced" in out else None
     for key, expert_cost in (("predicted_unshared", balanced_costs(load, w.cost)),
                              ("predicted_shared", shared_costs(load, share, w.cost)),
                              ("predicted_shared_met", None if met is None
-                              else shared_costs(load, met, w.cost))):
+                              else shared_costs(load, met, w.cost)),
+                             ("predicted_shared_phase", None if phase is None else shared_costs(
+                                 load, replace(share, rate=np.full_like(share.rate, phase)),
+                                 w.cost))):
         if expert_cost is None:
             continue
         t = w.mean_step_time(exposed_exchange(w, balanced_transfer(load, expert_cost)))
         out[key] = base / t if t > 0 else 1.0
     return out
+
+
+def phase_rate(g, ops, nodes: list[int]) -> float | None:
+    """Σ (max over ranks of on CPU + waiting − mean on CPU) / Σ mean on CPU over the pieces of
+    `nodes` that recorded both (None: none did)."""
+    stretch = ran = 0.0
+    for n in nodes:
+        wait = _run_delay(g, ops, n, g.duration)
+        cpu = _on_cpu(g, ops, n, g.duration, wait) if wait is not None else None
+        if wait is None or cpu is None:
+            continue
+        stretch += float(((cpu + wait).max(axis=0) - cpu.mean(axis=0)).sum())
+        ran += float(cpu.mean(axis=0).sum())
+    return stretch / ran if ran > 0 else None
 
 
 def account(ctx: Context, w_even: WhatIf) -> dict:
@@ -419,6 +449,9 @@ def cells(i: int, r: dict) -> dict[str, str]:
         out["predicted unshared/shared/shared at met rate (replay)"] = (
             f"{r['predicted_unshared']:.3f}/{r['predicted_shared']:.3f}/"
             f"{r.get('predicted_shared_met', float('nan')):.3f}")
+        out["phase rate outside experts/balanced experts; predicted at it"] = (
+            f"{r.get('phase_rate', float('nan')):.2f}/{r.get('phase_balanced', float('nan')):.2f}"
+            f"; {r.get('predicted_shared_phase', float('nan')):.3f}")
     if "expert_cpu_predicted" in r:
         out["expert own time per step, predicted/balanced (ms)"] = (
             f"{1e3 * r['expert_cpu_predicted']:.1f}/{1e3 * r['expert_cpu_balanced']:.1f}")
@@ -499,7 +532,12 @@ def texts(rows: list[dict], alternate: bool) -> list[str]:
             f"pieces: {spread(met) if met else '-'}. Gain error on the replay basis, median: "
             f"the finding's model {errors('predicted_unshared')}, with the correction "
             f"{errors('predicted_shared')}, with it at the met rate "
-            f"{errors('predicted_shared_met')}.")
+            f"{errors('predicted_shared_met')}, with it at the slowest rank's phase rate "
+            f"outside the experts {errors('predicted_shared_phase')} (that rate "
+            f"{spread([r['phase_rate'] for r in shared if 'phase_rate' in r] or [float('nan')])}"
+            f", the balanced experts' "
+            f"{spread([r['phase_balanced'] for r in shared if 'phase_balanced' in r] or [float('nan')])}"
+            f").")
     return out
 
 
@@ -531,7 +569,10 @@ def show(i: int, r: dict) -> None:
                 f"balanced {1e3 * r['expert_unshared']:.1f}/{1e3 * r['expert_shared']:.1f}/"
                 f"{1e3 * r['expert_balanced']:.1f}; predicted unshared/shared/shared at the "
                 f"met rate ×{r['predicted_unshared']:.3f}/×{r['predicted_shared']:.3f}/"
-                f"×{r.get('predicted_shared_met', float('nan')):.3f}")
+                f"×{r.get('predicted_shared_met', float('nan')):.3f}; phase rate (slowest rank) "
+                f"outside the experts {r.get('phase_rate', float('nan')):.2f}, balanced experts "
+                f"{r.get('phase_balanced', float('nan')):.2f}, predicted at it "
+                f"×{r.get('predicted_shared_phase', float('nan')):.3f}")
     print(f"pair {i}: first finding {r['first']} {r['ranks']}; predicted {shown} "
           f"(replay basis), ×{r['predicted_measured']:.3f} (off the measured step); "
           f"measured ×{r['measured']:.3f} (mean step), ×{r['measured_median']:.3f} "
