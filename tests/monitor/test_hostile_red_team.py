@@ -224,3 +224,67 @@ def test_a_part_declared_over_max_part_bytes_is_413_whatever_its_job_holds(tmp_p
             assert "max_job_bytes" not in head and "bytes allowed for a part" in head, head
     finally:
         s.stop()
+
+
+DAMAGED = {   # a stored row of job `v` as the ingest never writes one
+    # the next window's index was 2**63: every later window of the job failed to store
+    "window index": "UPDATE windows SET idx = 9223372036854775807 WHERE job = 'v' AND idx = 1",
+    # every later row of the job was dropped as already analysed
+    "window step": "UPDATE windows SET last_step = 9223372036854775807 WHERE job = 'v' "
+                   "AND idx = 1",
+    "part step": "UPDATE parts SET last_step = 9223372036854775807 WHERE job = 'v' "
+                 "AND rank = 1 AND part = 1",
+    "part rank": "UPDATE parts SET rank = 99 WHERE job = 'v' AND rank = 1 AND part = 1",
+    # its uploads were refused as a watched run's, for good
+    "directory": "UPDATE jobs SET directory = '/etc' WHERE job = 'v'",
+    "way": "UPDATE jobs SET way = 'ftp' WHERE job = 'v'",
+    # listed as running, its parts answered 404 "unknown job"
+    "no metadata": "UPDATE jobs SET meta = NULL WHERE job = 'v'",
+}
+
+
+@pytest.mark.slow
+def test_stored_rows_the_ingest_never_writes_quarantine_their_job_alone(tmp_path):
+    trace = slow_job(steps=15)
+    parts = parts_of(trace, 5)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for job in ("g", "v"):
+                assert c.put(f"/api/jobs/{job}/meta", json=trace.meta.to_dict(),
+                             headers=AUTH).status_code == 200
+                for rank, part, cols in parts[:8]:
+                    r = c.put(f"/api/jobs/{job}/ranks/{rank}/parts/{part}",
+                              content=table_bytes(cols), headers=AUTH)
+                    assert r.status_code == 200, r.text
+                eventually(lambda: len(get(c, f"/api/jobs/{job}")["windows"]) == 2,
+                           what=f"{job}'s windows")
+    finally:
+        s.stop()
+    def copy(src, dst) -> None:   # the store as it is (its write-ahead log included)
+        for f in (dst.name, f"{dst.name}-wal", f"{dst.name}-shm"):
+            (dst.parent / f).unlink(missing_ok=True)
+        with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+            a.backup(b)
+        a.close()
+        b.close()
+
+    copy(tmp_path / "mon.db", tmp_path / "pristine.db")
+    for damage, sql in DAMAGED.items():
+        copy(tmp_path / "pristine.db", tmp_path / "mon.db")
+        with sqlite3.connect(tmp_path / "mon.db") as db:
+            db.execute(sql)
+        s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+        try:
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                states = {j["job"]: j["state"] for j in get(c, "/api/jobs")["jobs"]}
+                assert states == {"g": "running", "v": "quarantined"}, (damage, states)
+                for rank, part, cols in parts[8:]:   # the good job goes on
+                    r = c.put(f"/api/jobs/g/ranks/{rank}/parts/{part}",
+                              content=table_bytes(cols), headers=AUTH)
+                    assert r.status_code == 200, r.text
+                wins = eventually(lambda: len(get(c, "/api/jobs/g")["windows"]) == 3
+                                  and get(c, "/api/jobs/g")["windows"], what="g's 3rd window")
+                assert [w["error"] for w in wins] == [None] * 3
+        finally:
+            s.stop()

@@ -36,7 +36,8 @@ from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.jobmeta import check_meta, is_new_run
 from stragglers.monitor.outbox import OutboxSender
-from stragglers.monitor.parts import PartConflict, PartData, PartFile, check_file_in_job, \
+from stragglers.monitor.parts import MAX_PART, MAX_STEP, MAX_WINDOW, PartConflict, PartData, \
+    PartFile, check_file_in_job, \
     check_in_job, check_same_part, check_step_gaps, is_whole_rank_file, part_path, read_part_file, \
     read_part_files, read_part_footer, read_part_footers, check_uploads, read_uploads, \
     sync_directory, write_part_file
@@ -170,7 +171,7 @@ class Monitor:
                 job = self.store.job(row.job)
                 if job is None:   # removed since the list was read
                     continue
-                self.directories[job.job] = Path(job.directory)
+                self.directories[job.job] = self._stored_directory(job)
                 self.metrics.set_state(job.job, job.state)
             except Exception as exc:   # noqa: BLE001 - a damaged row: that job only
                 self._quarantine(str(row.job), exc)
@@ -318,8 +319,8 @@ class Monitor:
             if job in self.quarantined:
                 return None
             if self.leases.holds(job):
-                row = self.store.job(job)
-                if row and row.meta:
+                row = self.store.job(job)   # (a row without metadata is set aside, not
+                if row is not None:         # left listed as running and answered 404)
                     return self._rebuild_or_quarantine(row)
                 return None
             return self._foreign_job(job)
@@ -357,7 +358,7 @@ class Monitor:
                 row = self.store.job(job)
                 if row is None:
                     return
-                self.directories[job] = Path(row.directory)
+                self.directories[job] = self._stored_directory(row)
             except Exception as exc:   # noqa: BLE001 - a damaged row: that job only
                 self._quarantine(job, exc)
                 return
@@ -366,7 +367,7 @@ class Monitor:
             self.trackers.pop(job, None)
             self.part_seqs[job] = int(row.part_seq)
             self.runs[job] = self._run_mark(job)
-            if row.state != "finished" and row.meta:
+            if row.state != "finished":   # (a row without metadata is set aside)
                 self._rebuild_or_quarantine(row)
 
     def _lost(self, job: str) -> None:
@@ -377,6 +378,18 @@ class Monitor:
             self.states.pop(job, None)
             self.part_seqs.pop(job, None)
             self.runs.pop(job, None)
+
+    def _stored_directory(self, job: JobRecord) -> Path:
+        """A stored job's directory; InputError (the job is quarantined) when its row names a
+        way in that does not exist, or an uploaded job's folder elsewhere than the uploads
+        folder (a row saying /etc had its uploads refused as a watched run's, for good)."""
+        directory = Path(job.directory)
+        if job.way not in ("http", "files") or \
+                (job.way == "http" and directory != self.data_dir / job.job):
+            raise InputError(f"stored row of job {job.job!r}", "directory", f"{job.way!r} job "
+                             f"in {str(directory)[:200]!r}; expected an uploaded job in "
+                             f"{self.data_dir / job.job} or a watched run")
+        return directory
 
     def _rebuild_or_quarantine(self, job: JobRecord) -> JobTracker | None:
         """_rebuild, or, when the job's stored rows cannot be used (its metadata damaged or
@@ -402,6 +415,8 @@ class Monitor:
         name, directory = job.job, Path(job.directory)
         meta = check_meta(job.meta, f"stored metadata of job {name!r}")
         last = self.store.last_window(name)
+        index = self.store.part_index(name)
+        _check_stored_numbers(name, meta, last, index)
         tr = JobTracker(name, meta, self.config.window_steps, self.config.gap_wait_s,
                         consumed_step=last.last_step if last else -1,
                         next_idx=last.idx + 1 if last else 0)
@@ -409,7 +424,6 @@ class Monitor:
         # (a tracker of an earlier holding, lost and taken again, must not store its windows)
         tr.lease = self.leases.lease(name)
         self.analyser.warm()  # a job means windows soon: start the analysis process now
-        index = self.store.part_index(name)
         self.part_seqs[name] = max([self.part_seqs.get(name, 0)] + [p.seq for p in index])
         self._take_stored(tr, directory, index)
         self.analyser.read_ahead(list(tr.files))
@@ -1188,3 +1202,23 @@ def _settle(item: PartIn, result: str | None = None, exc: BaseException | None =
         item.done.set_exception(exc)
     else:
         item.done.set_result(result)
+
+
+def _check_stored_numbers(job: str, meta: JobMeta, last: WindowRow | None,
+                          index: list[PartIndex]) -> None:
+    """InputError (the job is quarantined) when its stored window or part rows hold numbers
+    the ingest never stores: a last window of index 2**63-1 made every later window of the
+    job fail to store (an OverflowError traceback each), a part row past the world size or
+    MAX_STEP moved a rank's frontier where no part can follow."""
+    source = f"stored rows of job {job!r}"
+    if last is not None and not (0 <= last.idx < MAX_WINDOW and
+                                 0 <= last.first_step <= last.last_step <= MAX_STEP):
+        raise InputError(source, "windows", f"window {last.idx} of steps {last.first_step}.."
+                         f"{last.last_step}; expected an index below {MAX_WINDOW} and steps "
+                         f"0..{MAX_STEP}")
+    for p in index:   # (one pass over the job's part rows at start, not on the ingest path)
+        if not (0 <= p.rank < meta.world_size and 0 <= p.part <= MAX_PART
+                and 0 <= p.last_step <= MAX_STEP):
+            raise InputError(source, "parts", f"rank {p.rank}, part {p.part}, last step "
+                             f"{p.last_step}; expected a rank below {meta.world_size}, a part "
+                             f"up to {MAX_PART} and steps up to {MAX_STEP}")
