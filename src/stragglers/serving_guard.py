@@ -71,6 +71,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
 
     class Guarded(base):
         _g_shape = staticmethod(shape)
+        _g_limits = limits
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -80,6 +81,10 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             self._g_body = None    # (cycle, started_at, bytes then)
             self._g_stalled: float | None = None  # since when the client has not read what it was sent
             self._g_eof = False    # the client half-closed: close once its requests are answered
+            self._g_head_over = False
+            conn = getattr(self, "conn", None)
+            if conn is not None and hasattr(conn, "next_event"):
+                _bound_h11_heads(self, conn)
             book.admit(self)
 
         def connection_lost(self, exc) -> None:
@@ -176,6 +181,25 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
+
+
+def _bound_h11_heads(protocol, conn) -> None:
+    """h11's Connection of `protocol` refusing (431, as send_400_response words it) every
+    request whose target and headers pass max_head_bytes: h11 bounds only a head still
+    incomplete, so one that arrived whole in one read, or pipelined, was served."""
+    import h11
+
+    real = conn.next_event
+    limit = protocol._g_limits.max_head_bytes
+
+    def next_event():
+        event = real()
+        if isinstance(event, h11.Request) and len(event.target) + sum(
+                len(k) + len(v) + 4 for k, v in event.headers) > limit:
+            protocol._g_head_over = True
+            raise h11.RemoteProtocolError("request head too large", 431)
+        return event
+    conn.next_event = next_event
 
 
 class _HeadTooLarge(Exception):
