@@ -1,0 +1,83 @@
+"""The shard service on a full disk (a file-size limit stands in for it: writes fail the same
+way, no privileges needed): refusals in the service's JSON shape, /health answered, nothing
+acknowledged lost, and the service starts again on the same file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from stragglers.adapt.client import ShardClient
+from stragglers.adapt.service import EmbeddedServer
+
+OWNER = "owner-token-0123456789"
+SERVE_LIMITED = """
+import resource, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])   # taken by sigwait below
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails (EFBIG), no kill
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+from stragglers.adapt.service import EmbeddedServer
+s = EmbeddedServer(sys.argv[1]).start()
+print(s.port, flush=True)
+signal.sigwait([signal.SIGTERM])
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_refuses_writes_and_loses_nothing_acknowledged(tmp_path):
+    db = tmp_path / "s.db"
+    proc = subprocess.Popen([sys.executable, "-c", SERVE_LIMITED, str(db), str(2 << 20)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), proc.stderr.read()[-3000:]
+        url = f"http://127.0.0.1:{int(line)}"
+        h = {"Authorization": f"Bearer {OWNER}"}
+        with httpx.Client(base_url=url, headers=h, timeout=60) as c:
+            assert c.post("/datasets", json={"name": "d0", "num_samples": 1000,
+                                             "shard_size": 10}).status_code == 200
+            fence = c.post("/datasets/d0/join", json={"worker": "w"}).json()["fence"]
+            acked = []
+            for _ in range(5):
+                lease = c.post("/datasets/d0/lease", json={"worker": "w", "fence": fence})
+                x = lease.json()["leases"][0]
+                r = c.post("/datasets/d0/ack", json={"worker": "w", "fence": fence, "epoch":
+                                                     x["epoch"], "shard": x["shard"],
+                                                     "consumed": x["size"]})
+                assert r.status_code == 200, r.text
+                acked.append(x["shard"])
+            created, refused = [], None
+            for i in range(1, 400):   # each new data set writes 1,024 shard rows
+                r = c.post("/datasets", json={"name": f"d{i}", "num_samples": 1 << 20,
+                                              "shard_size": 16})
+                if r.status_code != 200:
+                    refused = r
+                    break
+                created.append(f"d{i}")
+            assert refused is not None, "the file-size limit was never reached"
+            assert refused.status_code in (503, 507), refused.text
+            assert set(refused.json()) == {"error", "kind", "field"}
+            assert "Traceback" not in refused.text
+            assert c.get("/health").status_code == 200
+            r = c.post("/datasets/d0/lease", json={"worker": "w", "fence": fence})
+            assert r.status_code in (200, 503, 507), r.text
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=60)
+    srv = EmbeddedServer(db).start()
+    try:
+        status = ShardClient(srv.url, "d0", "w", token=OWNER).status()
+        assert status.epochs["0"]["DONE"] == len(acked)
+        for name in created:
+            assert httpx.get(f"{srv.url}/datasets/{name}/status").status_code == 200
+    finally:
+        srv.stop()
