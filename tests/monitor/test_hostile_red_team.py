@@ -288,3 +288,62 @@ def test_stored_rows_the_ingest_never_writes_quarantine_their_job_alone(tmp_path
                 assert [w["error"] for w in wins] == [None] * 3
         finally:
             s.stop()
+
+
+def test_a_window_missing_one_rank_is_analysed_on_its_whole_replicas():
+    # one rank's part lost (deleted, replaced, truncated after it was stored) or a rank dead
+    # in a stalled job's last window: the engine refused the window (every step lacked a
+    # worker) and it was stored as an error row for every rank
+    import time
+
+    import numpy as np
+
+    from stragglers.monitor.windows import Window, analyse_window
+    from stragglers.trace.model import Trace
+
+    trace = slow_job(steps=5, dp=2, pp=2)
+    o = trace.ops
+    lost = int(o["rank"][(o["dp_rank"] == 0) & (o["stage"] == 1)][0])
+    keep = o["rank"] != lost
+    window = Window("j", 0, list(range(5)), Trace({k: v[keep] for k, v in o.items()},
+                                                   trace.meta, "monitor:j#0"),
+                    missing_ranks=[lost], closed_at=time.time(), reason="stalled")
+    row, refused = analyse_window(window)
+    assert row.error is None and row.slowdown is not None, row.error
+    assert row.missing_ranks == [lost] and refused == []
+    # the replica that is whole is the one scored: the slow worker (dp 1, stage 1) is named
+    slow = int(o["rank"][(o["dp_rank"] == 1) & (o["stage"] == 1)][0])
+    assert max(row.scores, key=lambda s: s.score).rank == slow
+    assert {s.dp for s in row.scores} == {1}
+    # a rank missing from the only replica: no whole replica is left, an error row as before
+    one = slow_job(steps=5, dp=1, pp=2, slow=(0, 1, 3.0))
+    o = one.ops
+    keep = o["stage"] == 0
+    window = Window("k", 0, list(range(5)), Trace({k: v[keep] for k, v in o.items()},
+                                                   one.meta, "monitor:k#0"),
+                    missing_ranks=[1], closed_at=time.time(), reason="stalled")
+    assert analyse_window(window)[0].error is not None
+    assert np.unique(o["stage"]).tolist() == [0, 1]
+
+
+def test_a_stored_part_replaced_by_other_steps_names_its_rank_missing(tmp_path):
+    # a watched file rewritten after it was stored, with rows of other steps: its rank sent
+    # no row of the window, which was analysed as if it had, and failed for every rank
+    import time
+
+    from stragglers.monitor.part_footers import read_part_footer
+    from stragglers.monitor.windows import Window, analyse_window
+    from stragglers.trace.runformat import write_rank
+
+    trace = slow_job(steps=10, dp=2, pp=2)
+    parts = parts_of(trace, 5)
+    files = [read_part_footer(write_rank(tmp_path, rank, cols, part=part))
+             for rank, part, cols in parts if part == 0]
+    rank0 = parts[0][0]
+    later = next(cols for rank, part, cols in parts if (rank, part) == (rank0, 1))
+    write_rank(tmp_path, rank0, later, part=0)   # same name, steps 5..9
+    window = Window("j", 0, list(range(5)), None, missing_ranks=[], closed_at=time.time(),
+                    files=files, meta=trace.meta)
+    row, _ = analyse_window(window)
+    assert row.missing_ranks == [rank0], row.missing_ranks
+    assert row.error is None and row.slowdown is not None, row.error

@@ -123,9 +123,12 @@ def test_parts_are_taken_by_their_footers_and_rows_found_bad_later_are_refused_a
             assert "NaN" in rejects[0]["problem"] and rejects[0]["reason"] == "bad_part"
             by_first = {w["first_step"]: server.store.window("job-c", w["idx"]) for w in wins}
             assert by_first[0].error is None and by_first[0].missing_ranks == []
-            # the window without rank 1's rows: the engine says which worker has no ops
+            # the window without rank 1's rows: analysed on the DP replica that is whole
+            # (it was an error row: "ops missing from workers"), rank 1 named missing
             assert by_first[5].missing_ranks == [nan_rank]
-            assert "ops missing from workers" in by_first[5].error
+            assert by_first[5].error is None and by_first[5].slowdown is not None
+            nan_dp = int(trace.ops["dp_rank"][trace.ops["rank"] == nan_rank][0])
+            assert {s.dp for s in by_first[5].scores} == {1 - nan_dp}
             assert 'stragglers_ingest_rejected_total{reason="bad_part"} 1.0' in \
                 c.get("/metrics").text
     finally:

@@ -308,13 +308,18 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
     refused: list[Refusal] = []
     try:
         trace, refused = window.load()
-        if refused:   # a rank whose only part here was refused did not report
-            read = set(np.unique(trace.ops["rank"]).tolist()) if trace is not None else set()
+        if window.files:   # a rank whose part here was refused, or whose file no longer holds
+            # this window's steps (replaced after it was stored), did not report (a bincount:
+            # np.unique sorted a 1,024-rank window's million rows for this)
+            read = set(np.flatnonzero(np.bincount(trace.ops["rank"])).tolist()) \
+                if trace is not None and len(trace.ops["rank"]) else set()
             row.missing_ranks = sorted(set(window.missing_ranks)
                                        | ({f.rank for f in window.files} - read))
         if trace is None:
             raise StragglersError("no readable rows in this window: every part file of it was "
                                   "refused (see the refusals)")
+        if row.missing_ranks:
+            trace = whole_replicas(trace)
         # the window's trace holds exactly its steps: "all" skips selecting them again (a copy
         # of every column) and the warm-up detection, which a window must not do
         result = analyze(trace, steps="all")
@@ -335,6 +340,22 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
     row.analysed_at = time.time()
     row.analysis_s = time.perf_counter() - t0
     return row, refused
+
+
+def whole_replicas(trace: Trace) -> Trace:
+    """The window's trace less the DP replicas some stage of which sent no row: the engine
+    analyses a trace of whole replicas (a partial capture) but refuses one missing a worker
+    inside a replica (every step incomplete), so one rank's lost or refused part, or a dead
+    rank in a stalled job's last window, made the window an error row for every rank."""
+    o, pp = trace.ops, trace.meta.pp_size
+    dp = o["dp_rank"].astype(np.int64)
+    places = np.unique(dp * pp + o["stage"])
+    stages = np.bincount(places // pp)            # stages present per DP rank
+    partial = np.flatnonzero((stages > 0) & (stages < pp))
+    if not len(partial) or len(partial) == np.count_nonzero(stages):
+        return trace   # whole already, or no whole replica left (the engine says why)
+    keep = ~np.isin(dp, partial)
+    return Trace({k: v[keep] for k, v in o.items()}, trace.meta, trace.source, trace.notes)
 
 
 def window_row(window: Window, error: str | None = None) -> WindowRow:
