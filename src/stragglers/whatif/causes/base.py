@@ -79,7 +79,8 @@ class Candidate:
     delay: np.ndarray | Rows | None = None
     upper_bound: bool = False
     # Its detector's own test already separates it from noise (worker_fault with the outlier
-    # test over five workers or more): the diagnosis then asks of its gain only that it be
+    # test over five workers or more; gc: recorded or outlier pauses; sequence_imbalance: its
+    # correlation test): the diagnosis then asks of its gain only that it be
     # positive (interval above 1) and at least min_gain (point), not the interval's lower end.
     established: bool = False
     # expert_imbalance: what each capacity factor buys at the measured routing (reported)
@@ -99,6 +100,7 @@ class Context:
     _waits: tuple | None = field(default=None, repr=False)
     _balanced: tuple | None = field(default=None, repr=False)
     _paused: tuple | None = field(default=None, repr=False)
+    _pause_free: np.ndarray | None = field(default=None, repr=False)
     _arrivals: tuple | None = field(default=None, repr=False)
     _experts: tuple | None = field(default=None, repr=False)
 
@@ -148,8 +150,20 @@ class Context:
     @property
     def own_durations(self) -> np.ndarray:
         """[N, D, T] durations with the shares uneven work explains taken out (Σs² of the
-        sequences, rows routed to experts): what a worker's own speed is judged on."""
+        sequences, rows routed to experts) and the GC pauses found inside compute: what a
+        worker's own speed is judged on."""
         own = self.seq_balanced if self.seq_balanced is not None else self.w.grid.duration
+        found = self.compute_pauses
+        if found:
+            # A pause is the collector's time, not the worker's speed: left in, a worker that
+            # drew more pauses looks slow (named beside a slow one as a slow group, whose
+            # re-split then claimed the pauses too), and a slow worker's ratio to its peers
+            # moves with their pauses step by step (its fix copied them onto it)
+            paused = found[0].cost
+            rows = paused if isinstance(paused, Rows) else Rows.of(paused, self.w.cost)
+            own = own.copy()
+            own[rows.nodes] = np.maximum(
+                own[rows.nodes] - (self.w.cost[rows.nodes] - rows.values), 0.0)
         if self.expert_load is None:
             return own
         from stragglers.whatif.causes.experts import balanced_costs
@@ -169,8 +183,10 @@ class Context:
         found = self.compute_pauses
         if not found:
             return self.w.grid.duration
-        cost = found[0].cost
-        return cost.whole(self.w.cost) if isinstance(cost, Rows) else cost
+        if self._pause_free is None:    # one copy, read by every stage's pattern test
+            cost = found[0].cost
+            self._pause_free = cost.whole(self.w.cost) if isinstance(cost, Rows) else cost
+        return self._pause_free
 
     @property
     def arrivals(self) -> "Arrivals | None":

@@ -50,8 +50,9 @@ def _from_rows(ctx: Context) -> Candidate | None:
     cost = Rows(ids, np.zeros((len(ids),) + w.cost.shape[1:]))   # the gc rows, paused none
     evidence = (f"{int(pause.sum())} GC pauses totalling {float(dur.sum()):.3f} s on "
                 f"{len(workers)} workers at uncoordinated steps (gc rows)")
+    # a gc row is the collector's own record of a pause: no noise to tell it from
     return Candidate("gc", ctx.where_workers(workers, steps), evidence, cost=cost,
-                     upper_bound=True, strata=ctx.step_mask(steps))
+                     upper_bound=True, strata=ctx.step_mask(steps), established=True)
 
 
 def pauses_in_compute(ctx: Context) -> list[Candidate]:
@@ -72,6 +73,9 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
         return []   # our recorder writes every pause of the process's collector as a gc row
         #             (gc.callbacks): with none recorded, long compute ops are no GC pauses
         #             (on a loaded CPU: the scheduler's preemption, which cpu_contention tells)
+    if g.pp_size == 1 and not (g.node_optype == BWD).any():
+        return []   # one compute op per worker and step (a table of step times): no partner
+        #             op of the same microbatch to tell a pause from any slow step by
     compute = np.flatnonzero(np.isin(g.node_optype, (FWD, BWD)))
     raw = g.duration[compute]                                      # [n, D, T]
     # Where the trace carries Σs², ops are compared without the share their sequences
@@ -88,8 +92,10 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
     spread = np.abs(log_rel)
     scale = max(MAD_TO_SIGMA * float(np.median(spread, overwrite_input=True)), _REL_SPREAD_FLOOR)
     del spread
-    outlier = log_rel >= max(np.log1p(cfg.gc_min_excess), cfg.gc_outlier_z * scale)
+    bar = max(np.log1p(cfg.gc_min_excess), cfg.gc_outlier_z * scale)
+    outlier = log_rel >= bar
     del log_rel
+    typical = _usual_without_pauses(dur, typical, outlier, bar, g.node_stage[compute])
     count = int(outlier.sum())
     if count == 0 or count > cfg.gc_max_rate * outlier.size:
         return []
@@ -119,8 +125,8 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
     # The pattern is GC: every outlier is a pause (two may hit one microbatch by chance).
     pause = outlier
     excess = np.where(pause, dur - typical, 0.0)
-    cost = w.cost.copy()
-    cost[compute] = np.where(pause, np.maximum(raw - excess, 0.0), cost[compute])
+    cost = Rows.on(w.cost, compute)      # the compute rows only, not a copy of the grid
+    cost.values[:] = np.where(pause, np.maximum(raw - excess, 0.0), cost.values)
     k, d, t = np.nonzero(pause)
     workers = sorted({(int(x), int(g.node_stage[compute[y]])) for y, x in zip(k, d)})
     steps = sorted({int(g.steps[x]) for x in t})
@@ -131,5 +137,58 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
                 f"more in all, on "
                 f"{len(workers)} workers at random steps ({fmt_steps(steps)}), not tied to a "
                 f"microbatch: GC pauses inside compute (the trace's gc rows carry none)")
+    # each pause passed an outlier test of its own (gc_outlier_z robust deviations over the
+    # op's usual time): what is left to ask of the gain is that it be worth fixing
     return [Candidate("gc", ctx.where_workers(workers, steps), evidence, cost=cost,
-                      upper_bound=True, strata=ctx.step_mask(steps))]
+                      upper_bound=True, strata=ctx.step_mask(steps), established=True)]
+
+
+def _usual_without_pauses(dur: np.ndarray, typical: np.ndarray, outlier: np.ndarray,
+                          bar: float, stage: np.ndarray) -> np.ndarray:
+    """The usual time [n, D, 1] of each op on its worker, the median of its steps without a
+    pause; `outlier` [n, D, T] is extended in place to the pauses that then stand out.
+
+    An op paused in several steps pulls its median over steps toward the pause (by chance in
+    4 of 8 steps somewhere on a job of thousands of ops): measured against that median its
+    pauses were cut only to it, and what was left read as the worker's slowness (a worker
+    fault named on a job with GC pauses only). Only the ops with an outlier are recomputed.
+    An op paused in most of its steps (3 of 5: about once per 64 × 2 job) has a pause for
+    its median: it is found against what its worker's speed (its ops' median over their
+    peers') and the op's time on its peers (median over DP ranks and steps) make usual.
+    """
+    typical = typical.copy()
+    if dur.shape[1] > 1:
+        peers = np.median(dur, axis=(1, 2), keepdims=True)                     # [n, 1, 1]
+        rel = dur / np.maximum(peers, 1e-12)
+        speed = np.ones((1,) + dur.shape[1:2] + (1,))
+        expected = np.empty_like(typical)
+        for p in np.unique(stage):
+            rows = stage == p
+            speed[0, :, 0] = np.median(rel[rows].transpose(1, 0, 2).reshape(dur.shape[1], -1),
+                                       axis=1)
+            expected[rows] = peers[rows] * speed
+        del rel
+        # the op's median over its steps is itself a pause: its paused steps stand out
+        # against what is usual for it on this worker
+        paused_usual = np.log(np.maximum(typical, 1e-12) / np.maximum(expected, 1e-12)) >= bar
+        if paused_usual.any():
+            n, d = np.nonzero(paused_usual[:, :, 0])
+            outlier[n, d] |= np.log(np.maximum(dur[n, d], 1e-12)
+                                    / np.maximum(expected[n, d], 1e-12)) >= bar
+    for _ in range(_USUAL_ROUNDS):
+        n, d = np.nonzero(outlier.any(axis=2))
+        if not len(n):
+            break
+        steps = dur[n, d]                                             # [k, T]
+        usual = np.nanmedian(np.where(outlier[n, d], np.nan, steps), axis=1)
+        usual = np.where(np.isfinite(usual), usual, typical[n, d, 0])
+        out = np.log(np.maximum(steps, 1e-12) / np.maximum(usual, 1e-12)[:, None]) >= bar
+        typical[n, d, 0] = usual
+        if np.array_equal(out, outlier[n, d]):
+            break
+        outlier[n, d] = out
+    return typical
+
+
+# Rounds of the usual time left out the pauses found (it stops once no more stand out).
+_USUAL_ROUNDS = 4

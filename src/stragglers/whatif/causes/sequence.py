@@ -6,8 +6,14 @@ import numpy as np
 
 from stragglers.trace.model import Trace
 from stragglers.whatif.causes.base import Candidate, Context
+from stragglers.whatif.confidence import MAD_TO_SIGMA
 from stragglers.whatif.grid import BWD, FWD
 from stragglers.whatif.result import Where
+
+# Rounds of the Σs² fit that leave out the ops a pause lengthened (it stops once stable).
+_FIT_ROUNDS = 6
+# Relative change in a worker's speed estimate under which the fit counts as stable.
+_SPEED_TOL = 1e-3
 
 
 def sequence_imbalance(ctx: Context) -> list[Candidate]:
@@ -28,8 +34,10 @@ def sequence_imbalance(ctx: Context) -> list[Candidate]:
         evidence += ("; no Σs² in the trace: the prediction removes the cost factor each "
                      "microbatch shares across its forward, backward and stages")
         cost = _balanced_by_microbatch_factor(ctx)
+    # the pattern test (microbatches' forward and backward, or compute and Σs², correlate
+    # at seq_corr / seq_fit) already tells it from op noise, which correlates with neither
     return [Candidate("sequence_imbalance", Where(pp=[int(p) for p in stages]), evidence, cost=cost,
-                      upper_bound=True)]
+                      upper_bound=True, established=True)]
 
 
 def _detect(ctx: Context):
@@ -87,21 +95,69 @@ def balanced_by_attn_cost(ctx: Context) -> np.ndarray | None:
             if not np.all(np.isfinite(attn)):
                 return None
             dur = g.duration[nodes]
-            # Fit in units of each step's mean: a machine whose speed drifts from step to
-            # step (a loaded host) changes the seconds per Σs², not the relative shape.
-            dur_mean = dur.mean(axis=(0, 1), keepdims=True)
             x = attn / np.maximum(attn.mean(axis=(0, 1), keepdims=True), 1e-300)
-            y = dur / np.maximum(dur_mean, 1e-300)
             if np.std(x) == 0:
                 continue
-            # Quadratic where there are enough microbatches: measured cost grows faster than
-            # linearly in Σs² on real hardware (cache, memory traffic of long sequences).
-            degree = 2 if x.size >= 12 else 1
-            fit = np.polynomial.Polynomial.fit(x.ravel(), y.ravel(), degree)
-            if fit(x.max()) < fit(1.0):      # no increasing relation: nothing to balance
+            fitted = _fit_without_pauses(x, dur, ctx.cfg)
+            if fitted is None:               # no increasing relation: nothing to balance
                 continue
-            cost[nodes] = np.maximum(dur - (fit(x) - fit(1.0)) * dur_mean, 0.0)
+            fit, unit = fitted
+            cost[nodes] = np.maximum(dur - (fit(x) - fit(1.0)) * unit, 0.0)
     return cost
+
+
+def _fit_without_pauses(x: np.ndarray, dur: np.ndarray, cfg):
+    """(fit, unit [1, D, T]) of duration on Σs² [mb, D, T], duration in units of its step's
+    mean and its worker's own speed, left out the ops a pause lengthened; None when cost does
+    not grow with Σs².
+
+    Fit in units of each step's mean: a machine whose speed drifts from step to step (a
+    loaded host) changes the seconds per Σs², not the relative shape. And of each worker's
+    own speed: a slow worker stretches its microbatches' Σs² share as it stretches the rest
+    (a slow GPU multiplies), so its ops lose that share in its own seconds; its speed is how
+    much longer than its sequences predict it computes (mean over its microbatches and
+    steps: a rank that drew long sequences is no slower). A GC pause inside an op adds
+    seconds that Σs² does not explain: kept in, one 10× op pulls the least-squares curve and
+    its step's mean (with pauses in most steps the prediction kept a fraction of the
+    imbalance), so the ops far above the curve, by what the pause test calls a pause
+    (`gc_outlier_z` robust deviations and `gc_min_excess` of the fitted time), are left out
+    and the fit made again, until the set and the speeds are stable.
+    """
+    # Quadratic where there are enough microbatches: measured cost grows faster than
+    # linearly in Σs² on real hardware (cache, memory traffic of long sequences).
+    degree = 2 if x.size >= 12 else 1
+    keep = np.ones(dur.shape, dtype=bool)
+    speed = np.ones((1, dur.shape[1], 1))
+    for _ in range(_FIT_ROUNDS):
+        unit = _kept_mean(dur / speed, keep, (0, 1)) * speed                   # [1, D, T]
+        y = dur / np.maximum(unit, 1e-300)
+        fit = np.polynomial.Polynomial.fit(x[keep], y[keep], degree)
+        curve = fit(x)
+        # the median over the worker's ops: its pauses do not move it, nor does a first
+        # round that, before its speed was known, took a slow worker's ops for pauses
+        ratio = np.median(y / np.maximum(curve, 1e-12), axis=(0, 2), keepdims=True)
+        ratio /= float(ratio.mean())                                            # [1, D, 1]
+        resid = y - curve
+        scale = MAD_TO_SIGMA * float(np.median(np.abs(resid[keep])))
+        paused = (resid > cfg.gc_outlier_z * scale) & \
+            (resid > cfg.gc_min_excess * np.maximum(curve, 1e-12))
+        if paused.mean() > cfg.gc_max_rate:
+            paused[:] = False    # too many to be pauses: the fit keeps every op
+        if np.array_equal(~paused, keep) and np.allclose(ratio, 1.0, atol=_SPEED_TOL):
+            break
+        keep = ~paused
+        speed = speed * ratio
+    if fit(x.max()) < fit(1.0):
+        return None
+    return fit, unit
+
+
+def _kept_mean(values: np.ndarray, keep: np.ndarray, axis: tuple[int, int]) -> np.ndarray:
+    """Mean of `values` over `axis` (kept dims) counting only the cells `keep` holds (all of
+    them where it holds none)."""
+    count = keep.sum(axis=axis, keepdims=True)
+    kept = np.where(keep, values, 0.0).sum(axis=axis, keepdims=True) / np.maximum(count, 1)
+    return np.where(count > 0, kept, values.mean(axis=axis, keepdims=True))
 
 
 def _balanced_by_microbatch_factor(ctx: Context) -> np.ndarray:
