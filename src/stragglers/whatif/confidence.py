@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 import numpy as np
 
@@ -60,7 +60,11 @@ class GainTest(Config):
 GAIN = GainTest()
 
 
-def gain_setting(name: str) -> Any:
+@overload
+def gain_setting(name: Literal["min_gain", "confidence"]) -> float: ...
+@overload
+def gain_setting(name: Literal["bootstrap_samples", "seed"]) -> int: ...
+def gain_setting(name: str) -> float:
     """GainTest's declaration of a setting (GAIN's default, help, bounds) for DiagnosisConfig."""
     declared = next(f for f in fields(GainTest) if f.name == name)
     return field(default=getattr(GAIN, name), metadata=declared.metadata)

@@ -19,7 +19,9 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
+from stragglers.config import PlainObject
 from stragglers.errors import InputError
+from stragglers.trace.jsontypes import JsonObject
 from stragglers.trace.model import Note
 from stragglers.whatif.config import DECOMPOSE_SLOWDOWN, STRAGGLING_SLOWDOWN
 
@@ -196,7 +198,7 @@ class AnalysisResult(msgspec.Struct, rename=_JSON_NAMES):
         """The replay missed the measured step time by more than SIM_ERROR_LIMIT."""
         return self.sim_error is not None and self.sim_error > SIM_ERROR_LIMIT
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PlainObject:
         """The JSON form as plain Python (int map keys kept; NaN/inf become None)."""
         return {"schema_version": SCHEMA_VERSION,
                 **_finite(msgspec.to_builtins(self, enc_hook=_numpy_value))}
@@ -251,7 +253,7 @@ class _Document(AnalysisResult):
     schema_version: int = SCHEMA_VERSION
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> JsonObject:
     """The JSON Schema of `stragglers analyze --json`, generated from the types."""
     schema = msgspec.json.schema(AnalysisResult)
     body = schema["$defs"]["AnalysisResult"]
