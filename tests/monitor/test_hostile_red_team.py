@@ -347,3 +347,26 @@ def test_a_stored_part_replaced_by_other_steps_names_its_rank_missing(tmp_path):
     row, _ = analyse_window(window)
     assert row.missing_ranks == [rank0], row.missing_ranks
     assert row.error is None and row.slowdown is not None, row.error
+
+
+def test_a_worker_that_sent_some_steps_only_does_not_fail_the_window():
+    # one part of a single row (or rows cut short): no step had ops from every worker, and
+    # the window was an error row for every rank; now analysed on the whole replicas
+    import time
+
+    import numpy as np
+
+    from stragglers.monitor.windows import Window, analyse_window
+    from stragglers.trace.model import Trace
+
+    trace = slow_job(steps=5, dp=2, pp=2)
+    o = trace.ops
+    short = int(o["rank"][(o["dp_rank"] == 0) & (o["stage"] == 0)][0])
+    first = np.flatnonzero(o["rank"] == short)[0]
+    keep = (o["rank"] != short) | (np.arange(len(o["rank"])) == first)
+    window = Window("j", 0, list(range(5)), Trace({k: v[keep] for k, v in o.items()},
+                                                   trace.meta, "monitor:j#0"),
+                    missing_ranks=[], closed_at=time.time())
+    row, _ = analyse_window(window)
+    assert row.error is None and row.slowdown is not None, row.error
+    assert short in row.missing_ranks and {s.dp for s in row.scores} == {1}

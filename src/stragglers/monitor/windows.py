@@ -322,7 +322,19 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
             trace = whole_replicas(trace)
         # the window's trace holds exactly its steps: "all" skips selecting them again (a copy
         # of every column) and the warm-up detection, which a window must not do
-        result = analyze(trace, steps="all")
+        try:
+            result = analyze(trace, steps="all")
+        except StragglersError:
+            # a worker that sent rows of some of the window's steps only (one part's rows cut
+            # short) left no step complete: once more on the replicas whose every worker
+            # sent every step, naming the others' ranks; the engine's error if none is left
+            whole = whole_replicas(trace, window.steps)
+            if whole is trace:
+                raise
+            gone = np.setdiff1d(trace.ops["rank"], whole.ops["rank"])
+            row.missing_ranks = sorted(set(row.missing_ranks) | set(gone.tolist()))
+            trace = whole
+            result = analyze(trace, steps="all")
     except StragglersError as exc:
         row.error = str(exc)
     except Exception as exc:  # a bug must not stop the monitor; the window says what happened
@@ -342,17 +354,26 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
     return row, refused
 
 
-def whole_replicas(trace: Trace) -> Trace:
-    """The window's trace less the DP replicas some stage of which sent no row: the engine
-    analyses a trace of whole replicas (a partial capture) but refuses one missing a worker
-    inside a replica (every step incomplete), so one rank's lost or refused part, or a dead
-    rank in a stalled job's last window, made the window an error row for every rank."""
+def whole_replicas(trace: Trace, steps: list[int] | None = None) -> Trace:
+    """The window's trace less the DP replicas some stage of which sent no row (with `steps`:
+    no row of one of these steps): the engine analyses a trace of whole replicas (a partial
+    capture) but refuses one missing a worker inside a replica (every step incomplete), so
+    one rank's lost or refused part, or a dead rank in a stalled job's last window, made the
+    window an error row for every rank."""
     o, pp = trace.ops, trace.meta.pp_size
     dp = o["dp_rank"].astype(np.int64)
-    places = np.unique(dp * pp + o["stage"])
-    stages = np.bincount(places // pp)            # stages present per DP rank
-    partial = np.flatnonzero((stages > 0) & (stages < pp))
-    if not len(partial) or len(partial) == np.count_nonzero(stages):
+    place = dp * pp + o["stage"]
+    present = np.unique(place)                         # places with rows
+    whole = present
+    if steps:   # a place is whole when it has rows of every step
+        n = len(steps)
+        at = np.clip(np.searchsorted(steps, o["step"]), 0, n - 1)
+        seen = np.bincount(place * n + at, minlength=(int(place.max()) + 1) * n) > 0
+        whole = np.flatnonzero(seen.reshape(-1, n).all(axis=1))
+    replicas = np.unique(present // pp)                # DP ranks with any row
+    full = np.bincount(whole // pp, minlength=int(dp.max()) + 1)   # whole places per DP rank
+    partial = replicas[full[replicas] < pp]
+    if not len(partial) or len(partial) == len(replicas):
         return trace   # whole already, or no whole replica left (the engine says why)
     keep = ~np.isin(dp, partial)
     return Trace({k: v[keep] for k, v in o.items()}, trace.meta, trace.source, trace.notes)
