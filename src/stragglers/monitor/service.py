@@ -384,8 +384,8 @@ class Monitor:
         way in that does not exist, or an uploaded job's folder elsewhere than the uploads
         folder (a row saying /etc had its uploads refused as a watched run's, for good)."""
         directory = Path(job.directory)
-        if job.way not in ("http", "files") or \
-                (job.way == "http" and directory != self.data_dir / job.job):
+        if job.way not in ("http", "files") or (job.way == "http" and directory.resolve()
+                                                 != (self.data_dir / job.job).resolve()):
             raise InputError(f"stored row of job {job.job!r}", "directory", f"{job.way!r} job "
                              f"in {str(directory)[:200]!r}; expected an uploaded job in "
                              f"{self.data_dir / job.job} or a watched run")
