@@ -476,7 +476,8 @@ def main() -> None:
         write(Run(benchmark="Shard service lease latency under DoS", issue="34",
                   command=f".venv/bin/python benchmarks/adapt_dos.py --leases {args.leases} "
                           f"--blocks {args.blocks} --attackers {args.attackers} "
-                          f"--cases {args.cases} --attacker-nice {args.attacker_nice}",
+                          f"--cases {args.cases} --attacker-nice {args.attacker_nice}"
+                          + (f" --name {args.name}" if args.name else ""),
                   figures=figures(rows, "lease + ack latency"),
                   note=f"{os.cpu_count()} CPUs; {args.blocks} alternated quiet/attacked "
                        f"block pairs of {max(1, args.leases // args.blocks)} round trips"
