@@ -370,3 +370,28 @@ def test_a_worker_that_sent_some_steps_only_does_not_fail_the_window():
     row, _ = analyse_window(window)
     assert row.error is None and row.slowdown is not None, row.error
     assert short in row.missing_ranks and {s.dp for s in row.scores} == {1}
+
+
+@pytest.mark.slow
+def test_a_flood_of_refusals_is_counted_in_full_but_not_logged_line_by_line(tmp_path, caplog):
+    # every refused request wrote a log line: a client looping on a wrong token over its
+    # 256 connections wrote ~200 KB/s of log for as long as it liked
+    import logging
+    import time
+
+    from stragglers.monitor.service import REFUSAL_LOG_BURST, REFUSAL_LOG_PER_S
+
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="stragglers.monitor.service"):
+            t0 = time.monotonic()
+            for i in range(1000):
+                s.monitor.reject("unauthorized", f"PUT /api/jobs/j{i}/meta", "no token")
+            elapsed = time.monotonic() - t0
+        lines = [r for r in caplog.records if "refused PUT /api/jobs/" in r.getMessage()]
+        assert len(lines) <= REFUSAL_LOG_BURST + REFUSAL_LOG_PER_S * elapsed + 1, len(lines)
+        assert len(lines) >= REFUSAL_LOG_BURST
+        text = httpx.get(f"{s.url}/metrics").text
+        assert 'stragglers_ingest_rejected_total{reason="unauthorized"} 1000.0' in text
+    finally:
+        s.stop()

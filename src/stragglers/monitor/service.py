@@ -124,6 +124,7 @@ class Monitor:
         self.states: dict[str, str] = {}
         self.directories: dict[str, Path] = {}
         self.recent_rejects: deque = deque(maxlen=100)
+        self._log_budget = LogBudget(REFUSAL_LOG_BURST, REFUSAL_LOG_PER_S)
         self.quarantined: dict[str, str] = {}   # job → why its stored rows cannot be used
         # directories whose paths readers of /api/stats are not shown (the watcher adds its
         # roots): the uploads folder and the store's
@@ -589,7 +590,13 @@ class Monitor:
         self.recent_rejects.appendleft({"at": time.time(), "reason": reason,
                                         "source": self._public(source),
                                         "problem": self._public(problem)})
-        log.warning("refused %s: %s", source, problem)
+        # a flood of refusals (a wrong token, junk bodies in a loop) is a line per refusal up
+        # to a burst, then a few a second with how many went unlogged: each once wrote a line
+        # (with 256 connections a client, ~200 KB/s of log); the metric counts every one
+        unlogged = self._log_budget.take(reason)
+        if unlogged is not None:
+            more = f" ({unlogged} more {reason!r} refusals not logged)" if unlogged else ""
+            log.warning("refused %s: %s%s", source, problem, more)
 
     def _public(self, text: str) -> str:
         """`text` with the server's directories (uploads, watched roots) left out: paths read
@@ -1222,3 +1229,28 @@ def _check_stored_numbers(job: str, meta: JobMeta, last: WindowRow | None,
             raise InputError(source, "parts", f"rank {p.rank}, part {p.part}, last step "
                              f"{p.last_step}; expected a rank below {meta.world_size}, a part "
                              f"up to {MAX_PART} and steps up to {MAX_STEP}")
+
+
+REFUSAL_LOG_BURST = 50      # refusals of one reason logged at once, line by line
+REFUSAL_LOG_PER_S = 2.0     # and then this many a second
+
+
+class LogBudget:
+    """Log lines per key as a token bucket (`burst` at once, `per_s` after)."""
+
+    def __init__(self, burst: int, per_s: float):
+        self.burst, self.per_s = burst, per_s
+        self._left: dict[str, tuple[float, float, int]] = {}   # key → (tokens, at, unlogged)
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> int | None:
+        """None when this line is not to be logged; else how many of `key` were not since."""
+        now = time.monotonic()
+        with self._lock:
+            tokens, at, unlogged = self._left.get(key, (float(self.burst), now, 0))
+            tokens = min(float(self.burst), tokens + (now - at) * self.per_s)
+            if tokens < 1.0:
+                self._left[key] = (tokens, now, unlogged + 1)
+                return None
+            self._left[key] = (tokens - 1.0, now, 0)
+            return unlogged
