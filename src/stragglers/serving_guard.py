@@ -43,10 +43,12 @@ TARGET_KEY = "stragglers.request_target"
 
 
 # A service's error body from (status, message); the default is `{"error": message}`.
-ErrorShape = Callable[[int, str], dict]
+# An error body: text fields, None where a field does not apply (the shard service's `field`).
+ErrorBody = dict[str, "str | None"]
+ErrorShape = Callable[[int, str], ErrorBody]
 
 
-def plain_error(status: int, message: str) -> dict:
+def plain_error(status: int, message: str) -> ErrorBody:
     """The error body of a service without a shape of its own."""
     return {"error": message}
 

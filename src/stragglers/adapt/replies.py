@@ -180,6 +180,16 @@ class SnapshotJson(TypedDict):
     shards: list[list[int | str | None]]   # ShardRow's values
 
 
+class Health(msgspec.Struct):
+    """GET /health: the service answers, and how its commit thread has fared."""
+
+    ok: bool
+    commit_batches: int
+    commit_calls: int
+    failed_batches: int
+    stalls: int
+
+
 class Created(msgspec.Struct):
     """POST /datasets: whether this call created the data set (False: it existed, same config)."""
 

@@ -42,7 +42,7 @@ from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy
     RateLimited, Unauthorized, UnsupportedMediaType
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
-from stragglers.adapt.replies import (Acked, Created, Joined, LeaseReply, Released,
+from stragglers.adapt.replies import (Acked, Created, Health, Joined, LeaseReply, Released,
                                       Requeued, Restored, to_builtins)
 from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import ShardStore, lease_json
@@ -51,6 +51,7 @@ from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_url, \
     declared_length, is_loopback, \
     listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
+from stragglers.serving_guard import ErrorBody
 from stragglers.serving_quota import MintRate, RateLimited as MintRefused, quota_client
 
 if TYPE_CHECKING:
@@ -619,9 +620,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             raise Forbidden(f"creating needs this service's token in {SERVICE_TOKEN_HEADER}")
         return digest
 
-    async def health(request: Request) -> dict[str, Any]:
-        return {"ok": True, "commit_batches": commit.batches, "commit_calls": commit.calls,
-                "failed_batches": commit.failed_batches, "stalls": commit.stalls}
+    async def health(request: Request) -> Health:
+        return Health(ok=True, commit_batches=commit.batches, commit_calls=commit.calls,
+                      failed_batches=commit.failed_batches, stalls=commit.stalls)
 
     async def create_dataset(request: Request) -> Created:
         digest = creator(request)   # the tokens before the body: no parsing for strangers
@@ -851,7 +852,7 @@ GUARD_KINDS = {400: "InputError", 404: "NotFound", 405: "MethodNotAllowed",
                500: "InternalError", 503: "Busy", 507: "DiskFull"}
 
 
-def error_shape(status: int, message: str) -> dict[str, Any]:
+def error_shape(status: int, message: str) -> ErrorBody:
     """The service's error body `{"error", "kind", "field"}` for the serving layer's refusals
     (a Host or target not allowed, a header twice, timeouts): the same shape as the app's."""
     return {"error": message, "kind": GUARD_KINDS.get(status, "HTTPError"), "field": None}

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import msgspec
 
@@ -233,7 +233,34 @@ class _Active(msgspec.Struct):
 
 
 # What an alert decision returns: rows to store, transitions to log, webhook messages to send.
-Changes = tuple[list[Alert], list[AlertLogEntry], list[dict[str, Any]]]
+class WebhookAlert(TypedDict):
+    """One alert of an Alertmanager webhook body (version 4)."""
+
+    status: str
+    labels: dict[str, Any]
+    annotations: dict[str, Any]
+    startsAt: str
+    endsAt: str
+    generatorURL: str
+    fingerprint: str
+
+
+class WebhookPayload(TypedDict):
+    """The Alertmanager webhook body (version 4) the outbox posts: one alert transition."""
+
+    version: str
+    groupKey: str
+    truncatedAlerts: int
+    status: str
+    receiver: str
+    groupLabels: dict[str, str]
+    commonLabels: dict[str, Any]
+    commonAnnotations: dict[str, Any]
+    externalURL: str
+    alerts: list[WebhookAlert]
+
+
+Changes = tuple[list[Alert], list[AlertLogEntry], list[WebhookPayload]]
 
 
 class AlertEngine:
@@ -438,7 +465,7 @@ class AlertEngine:
                              summary=row.annotations.summary,
                              description=row.annotations.description, window=window_idx)
 
-    def payload(self, row: Alert, receiver: str = "stragglers") -> dict[str, Any]:
+    def payload(self, row: Alert, receiver: str = "stragglers") -> WebhookPayload:
         """The Alertmanager webhook body (version 4) of one alert transition."""
         labels, annotations = plain(row.labels), plain(row.annotations)
         group = {"alertname": row.labels.alertname, "job": row.labels.job}

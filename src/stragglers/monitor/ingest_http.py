@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from fastapi import Depends, FastAPI, Path as PathParam, Request
 from fastapi.concurrency import run_in_threadpool
@@ -329,7 +329,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             await run_in_threadpool(write_meta_file, directory, registered)
         return {"job": job, "status": "ok", "world_size": registered.world_size}
 
-    async def store_part(request: Request, job: str, rank: int, part: int) -> dict:
+    async def store_part(request: Request, job: str, rank: int, part: int) -> PartReply:
         """Store one part (Parquet bytes); idempotent by (job, rank, part)."""
         check_job_name(job, "path")
         tracker = monitor.tracker(job)
@@ -385,7 +385,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             share.close()
 
     async def _store(job: str, rank: int, part: int, tracker, body: bytes, dropped: str | None,
-                     held: list[int], share: RequestLimits) -> dict:
+                     held: list[int], share: RequestLimits) -> PartReply:
         """store_part once the body is read and counted in the budget."""
         # (hashing a large body off the event loop; hashlib drops the GIL for it)
         digest = fingerprint(body) if len(body) < 1 << 20 else \
@@ -443,6 +443,13 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         return await store_part(request, job, rank, part)
 
     return store_part
+
+
+class PartReply(TypedDict):
+    """A stored part's reply: `ok` (with the records stored) or `duplicate` (a retry)."""
+
+    status: str
+    records: NotRequired[int]
 
 
 def job_full(exc: JobFull, close: bool = False) -> HTTPProblem:

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stragglers.monitor.alerts import AlertEngine
+    from stragglers.monitor.alerts import AlertEngine, WebhookPayload
     from stragglers.monitor.records import ClaimedMessage
     from stragglers.monitor.store_base import SQLStore
 
@@ -133,7 +133,7 @@ class OutboxSender:
             delay = min(self.backoff_s * 2 ** (m.attempts - 1), self.max_backoff_s)
             self.store.message_failed(m.id, delay)
 
-    def _post(self, url: str, payload: dict[str, Any]) -> bool:
+    def _post(self, url: str, payload: WebhookPayload) -> bool:
         req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
         try:

@@ -42,7 +42,9 @@ class MonitorServer:
         raw = load_config_file(config_file)
         source = config_file or "config"
         settings = raw.get("settings")
-        if defaults and (settings is None or isinstance(settings, dict)):
+        if settings is not None and not isinstance(settings, dict):
+            raise InputError(source, "settings", "expected a mapping of the monitor's settings")
+        if defaults:
             settings = {**defaults, **(settings or {})}  # the file's settings win
         cfg = config or MonitorConfig.from_mapping(settings, source)
         rules = parse_rules(raw.get("rules"), source)
@@ -50,6 +52,7 @@ class MonitorServer:
         if not isinstance(webhooks, list) or not all(
                 isinstance(u, str) and u.startswith(("http://", "https://")) for u in webhooks):
             raise InputError(source, "webhooks", "expected a list of http(s):// URLs")
+        urls = [str(u) for u in webhooks]
         self.host, self.port = host, int(port)
         if not 0 <= self.port <= 65535:
             raise InputError("--port", None, f"expected 0..65535, got {port}")
@@ -57,7 +60,7 @@ class MonitorServer:
         self.port = self.sock.getsockname()[1]
         external = str(raw.get("external_url") or self.url)
         self.store = open_store(db, durable=cfg.durable)
-        self.monitor = Monitor(self.store, cfg, rules, webhooks, data_dir, external,
+        self.monitor = Monitor(self.store, cfg, rules, urls, data_dir, external,
                                str(raw.get("receiver") or "stragglers"))
         self.watcher = DirectoryWatcher(self.monitor, list(watch)) if watch else None
         self.app = create_app(self.monitor, token, private)

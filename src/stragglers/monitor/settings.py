@@ -8,6 +8,7 @@ from typing import Any
 
 from stragglers.config import Config, setting
 from stragglers.errors import InputError
+from stragglers.trace.jsontypes import JsonObject
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class MonitorConfig(Config):
 FILE_KEYS = ("settings", "rules", "webhooks", "receiver", "external_url")
 
 
-def load_config_file(path: Path | None) -> dict[str, Any]:
+def load_config_file(path: Path | None) -> JsonObject:
     """Read the monitor's YAML file: {settings, rules, webhooks, receiver, external_url}."""
     if path is None:
         return {}
