@@ -322,3 +322,62 @@ def test_a_watchers_batch_that_may_hold_a_last_part_holds_the_stall(monitor):
     assert monitor._tick_wake.is_set()   # decided once the batch was handed over
     monitor.tick()
     assert monitor.states["j"] == "stalled"   # it held none of the job's parts
+
+
+# ---- deadlines that pass while a tick runs, landings between a check and its deferral -------
+
+def test_a_deadline_that_passed_while_a_tick_ran_is_decided_at_once(monitor):
+    # rank 3's last part 3 ms before the job's last: two deadlines 3 ms apart (a thousand
+    # ranks' renames span a few ms of ctime)
+    feed(monitor, 0, [3], queued_ago=STALL - 0.5)
+    feed(monitor, 0, [0, 1, 2], queued_ago=STALL - 0.503)
+    tr = monitor.trackers["j"]
+    job_deadline = tr.last_arrival + STALL
+    rank_deadline = tr.ranks[3].last_arrival + STALL
+    assert job_deadline > rank_deadline
+    monitor.tick(rank_deadline + 0.001)   # the tick for the earlier deadline ...
+    assert monitor.states["j"] == "running"
+    # ... ran past the job's deadline: the job's stall is decided now, not a tick_s later
+    assert monitor.tick_wait(job_deadline + 0.002) == 0.0
+    monitor.tick(job_deadline + 0.003)
+    assert monitor.states["j"] == "stalled"
+    # decided: no deadline left to wake for, the tick's own pace (no busy loop)
+    assert monitor.tick_wait(job_deadline + 0.004) == TICK
+
+
+def test_a_deferred_stall_does_not_spin_the_tick_thread(monitor):
+    feed(monitor, 0, range(4), queued_ago=STALL - 0.5)
+    deadline = monitor.trackers["j"].last_arrival + STALL
+    monitor.submit(PartIn("j", 0, 1, "files", path=monitor.run / rank_file_name(0, 1)))
+    monitor.tick(deadline + 0.01)
+    assert monitor.states["j"] == "running"   # deferred over its part in flight
+    # its wake is the landing, not the clock
+    assert monitor.tick_wait(deadline + 0.02) == TICK
+
+
+def test_a_batch_landing_between_the_check_and_the_deferral_wakes_the_tick(monitor):
+    feed(monitor, 0, range(4), queued_ago=STALL - 0.5)
+    deadline = monitor.trackers["j"].last_arrival + STALL
+    junk = monitor.run / rank_file_name(0, 1)
+    junk.write_bytes(b"not parquet")
+    monitor.submit(PartIn("j", 0, 1, "files", path=junk))
+    checked = monitor.in_flight
+
+    def in_flight_then_landed(*args, **kwargs):
+        # the part is seen in flight, then its batch lands before the tick defers: that
+        # landing finds no deferral to wake
+        seen = checked(*args, **kwargs)
+        if seen and not monitor._ingest.empty():
+            batch = [monitor._ingest.get_nowait()]
+            monitor._ingest_batch(batch)
+            monitor._landed(batch)
+        return seen
+
+    monitor.in_flight = in_flight_then_landed
+    monitor.tick(deadline + 0.01)
+    assert monitor.states["j"] == "running"
+    assert monitor._tick_wake.is_set()   # the deferral itself wakes the tick
+    monitor.in_flight = checked
+    monitor._tick_wake.clear()
+    monitor.tick(deadline + 0.02)
+    assert monitor.states["j"] == "stalled"   # its part was refused: no sign of life

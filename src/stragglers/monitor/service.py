@@ -143,6 +143,15 @@ class Monitor:
         self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
         self._noticing: dict[object, tuple[float, float]] = {}   # watchers' batches (noticing)
         self._deferred = False
+        # landings (a batch stored or refused, a watcher's batch handed over) so far, and how
+        # many there were when the running tick began: a deferral after a landing that the
+        # tick's checks may have seen in flight wakes the tick at once (that landing found no
+        # deferral to wake, and the stall waited a whole tick_s)
+        self._settled = 0
+        self._tick_mark = 0
+        # the clock the last tick decided at: a deadline after it is still to be decided (one
+        # that passed while a tick ran was waited past by a whole tick_s)
+        self._ticked_at: float | None = None
         self._count_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -528,6 +537,7 @@ class Monitor:
             for it in batch:
                 _decrement(self._parts_in_flight, (it.job, it.rank))
                 _decrement(self._jobs_in_flight, it.job)
+            self._settled += 1
             deferred, self._deferred = self._deferred, False
         if deferred:
             self._tick_wake.set()
@@ -565,14 +575,18 @@ class Monitor:
         finally:
             with self._count_lock:
                 del self._noticing[token]
+                self._settled += 1
                 deferred, self._deferred = self._deferred, False
             if deferred:
                 self._tick_wake.set()
 
     def defer_silence(self) -> None:
-        """A silence was not decided over parts in flight: tick again once a batch landed."""
+        """A silence was not decided over parts in flight: tick again once a batch landed (at
+        once if one landed since the tick began: its in-flight check may have seen it)."""
         with self._count_lock:
             self._deferred = True
+            if self._settled != self._tick_mark:
+                self._tick_wake.set()
 
     def _count(self, delta: int) -> None:
         with self._count_lock:
@@ -1071,15 +1085,19 @@ class Monitor:
                     self.expire_empty_jobs()
             except Exception:
                 log.exception("monitor tick failed")
+                self._ticked_at = time.time()   # a failing tick is not retried in a loop
 
     def tick_wait(self, now: float) -> float:
         """Seconds the tick thread sleeps: tick_s, or less when a dead-man deadline comes
-        first (a stall was alerted up to a tick after stall_after_s)."""
-        deadline = self.silence_deadline(now)
+        first (a stall was alerted up to a tick after stall_after_s), none when one passed
+        after the last tick's clock reading (while that tick ran: a rank's deadline a few ms
+        before its job's, and the job's decided a whole tick_s late)."""
+        after = now if self._ticked_at is None else min(now, self._ticked_at)
+        deadline = self.silence_deadline(after)
         if deadline is None:
             return self.config.tick_s
         # a hair past it: the tick's own clock reading must find the deadline passed
-        return min(self.config.tick_s, deadline - now + 1e-3)
+        return max(0.0, min(self.config.tick_s, deadline - now + 1e-3))
 
     def silence_deadline(self, now: float) -> float | None:
         """The first moment after `now` at which a running job held here has sent nothing for
@@ -1108,6 +1126,8 @@ class Monitor:
         """Close windows whose missing parts were given up on; move jobs between states."""
         now = time.time() if now is None else now
         cfg = self.config
+        with self._count_lock:
+            self._tick_mark = self._settled
         windows = self._follow_store(now)
         now_stalled: list[str] = []
         with self._lock:
@@ -1152,6 +1172,7 @@ class Monitor:
         for job in now_stalled:
             self._state_changed(job, "stalled", current=True)
         self.watchdog.check_silence(now)
+        self._ticked_at = now   # every deadline up to here decided or deferred
         for w in windows:
             self._queue_analysis(w)
 
