@@ -275,3 +275,51 @@ def test_a_watched_batch_is_handed_over_as_noticed_since_the_batch_before(tmp_pa
     finally:
         watcher.stop()
         store.close()
+
+
+def test_links_out_of_the_watched_folder_are_refused_once_and_links_inside_followed(tmp_path):
+    # a run's file linked to a file elsewhere (a part, a meta.json) was read and stored: the
+    # monitor reads only what lies under the folders it was told to watch
+    from stragglers.monitor.ingest_files import DirectoryWatcher
+    from stragglers.monitor.service import Monitor
+    from stragglers.monitor.store import open_store
+    root, outside = tmp_path / "runs", tmp_path / "elsewhere"
+    run, other = root / "job-l", root / "job-m"
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    start_run(run, trace)
+    write_parts(run, [p for p in parts if p[1] > 0])
+    first = [p for p in parts if p[1] == 0]
+    write_parts(outside, first)
+    for rank, part, _ in first:   # rank 0's part links inside the root, the others out
+        name = f"rank-{rank:05d}.part-{part:06d}.parquet"
+        target = (root / "kept" / name) if rank == 0 else (outside / name)
+        if rank == 0:
+            target.parent.mkdir(exist_ok=True)
+            (outside / name).rename(target)
+        (run / name).symlink_to(target)
+    start_run(outside / "meta-run", trace)
+    other.mkdir()
+    (other / "meta.json").symlink_to(outside / "meta-run" / "meta.json")
+    store = open_store(tmp_path / "mon.db", durable=False)
+    monitor = Monitor(store, FAST.replace(rescan_s=3600)).start()
+    try:
+        watcher = DirectoryWatcher(monitor, [root])
+        for _ in range(3):
+            watcher.scan()
+            assert monitor.wait_idle(120)
+        links = [r for r in monitor.recent_rejects if "outside the watched folder" in r["problem"]]
+        assert sorted((r["reason"], r["source"].rsplit("/", 2)[-2]) for r in links) == \
+            [("bad_meta", "job-m")] + [("bad_part", "job-l")] * (len(first) - 1)
+        assert store.totals()["by_way"]["files"].parts == len(parts) - len(first) + 1
+        assert store.job("job-m") is None
+        # the link replaced by the file itself: taken on the next scan
+        for rank, part, cols in first[1:]:
+            (run / f"rank-{rank:05d}.part-{part:06d}.parquet").unlink()
+        write_parts(run, first[1:])
+        watcher.scan()
+        assert monitor.wait_idle(120)
+        assert store.totals()["by_way"]["files"].parts == len(parts)
+    finally:
+        monitor.stop()
+        store.close()

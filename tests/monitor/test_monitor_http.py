@@ -578,3 +578,36 @@ def test_a_data_dir_that_cannot_be_written_is_refused_at_start(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "--data-dir: uploads cannot be written there (Not a directory)" in r.stderr
     assert "stragglers monitor on" not in r.stdout and "Traceback" not in r.stderr
+
+
+def test_a_meta_json_that_cannot_be_written_registers_nothing(tmp_path, monkeypatch):
+    # put_meta registered the job, then wrote meta.json: a full disk answered 507 with the job's
+    # row stored; now the file is written first, and a job the monitor refuses (max_jobs) leaves
+    # no folder behind
+    import errno
+
+    from stragglers.monitor import ingest_http
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN,
+                      config=CFG.replace(max_jobs=1)).start()
+    trace = slow_job(steps=4)
+    real = ingest_http._replace_file
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            monkeypatch.setattr(ingest_http, "_replace_file", full)
+            r = put_meta(c, "full", trace)
+            assert r.status_code == 507, r.text
+            assert s.store.job("full") is None and "full" not in s.monitor.directories
+            assert not (s.monitor.data_dir / "full").exists()
+            monkeypatch.setattr(ingest_http, "_replace_file", real)
+            assert put_meta(c, "full", trace).status_code == 200   # the retry, once there is room
+            assert s.store.job("full") is not None
+            r = put_meta(c, "second", trace)   # one job at most: refused after its write
+            assert r.status_code == 409, r.text
+            assert s.store.job("second") is None
+            assert not (s.monitor.data_dir / "second").exists()
+    finally:
+        s.stop()

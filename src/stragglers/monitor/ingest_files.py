@@ -43,6 +43,9 @@ class DirectoryWatcher:
         self.jobs: dict[Path, str] = {}          # run directory -> job name
         self.waiting: dict[Path, set[Path]] = {}  # parts seen before their meta.json
         self.refused: set[Path] = set()          # part names refused (said once)
+        # parts that are links out of their watched folder → where they led (said once, until
+        # the link changes)
+        self.escaped: dict[Path, str] = {}
         # meta.json refused → (its file as it was, the problem, refused for what it holds)
         self.meta_refused: dict[Path, tuple[tuple | None, str, bool]] = {}
         # parts queued, or taken or refused, as the file was then (inode, size, mtime): a
@@ -163,6 +166,15 @@ class DirectoryWatcher:
             self.jobs[run] = name
             return name
 
+    def _escapes(self, path: Path) -> str | None:
+        """The real path of `path` when links take it out of the watched folder it lies in
+        (None when it stays inside): a run's file linked to /etc/... was read and stored."""
+        real = os.path.realpath(path)
+        roots = [r for r in self.roots if path.is_relative_to(r)] or self.roots
+        if any(Path(real).is_relative_to(r) for r in roots):
+            return None
+        return real
+
     def _meta_changed(self, run: Path) -> None:
         path = run / META_FILE
         try:
@@ -175,6 +187,11 @@ class DirectoryWatcher:
         prior = self.meta_refused.get(path)
         if prior is not None and prior[0] == seen and prior[2]:
             return   # refused for what it holds, and unchanged since
+        if self._escapes(path) is not None:
+            # the target is not named: readers of /api/stats see refusals, and it lies
+            # outside every folder the operator chose to show
+            return self._meta_refused(path, seen, "a link to a file outside the watched "
+                                      "folder (not followed)", True)
         try:
             # a regular file of bounded size, opened without blocking (a FIFO named meta.json
             # once blocked the watcher for good)
@@ -235,8 +252,18 @@ class DirectoryWatcher:
             st = os.stat(path)
         except OSError:   # gone again (or never a file we may see): nothing to queue
             return
+        real = self._escapes(path)
+        if real is not None:
+            with self._lock:
+                said = self.escaped.get(path) == real
+                self.escaped[path] = real
+            if not said:
+                self.monitor.reject("bad_part", str(path), "a link to a file outside the "
+                                    "watched folder (not followed)")
+            return
         seen = (st.st_ino, st.st_size, st.st_mtime_ns)
         with self._lock:
+            self.escaped.pop(path, None)
             if self.submitted.get(path) == seen:
                 return   # queued already, or taken or refused as it is now
             self.submitted[path] = seen

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import shutil
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, NotRequired, TypedDict
 
@@ -29,6 +31,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stragglers.errors import InputError
+from stragglers.monitor.jobmeta import check_meta
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
     check_same_part, fingerprint
 from stragglers.monitor.service import JobFull, Monitor, PartIn
@@ -42,6 +45,7 @@ from pathlib import Path
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import META_FILE
 
+log = logging.getLogger(__name__)
 
 MAX_COUNT_DIGITS = 12   # X-Stragglers-Dropped: fits SQLite's 64-bit integers with room
 # a part body not starting with PAR1 is refused once this many bytes arrived (not read to its
@@ -317,8 +321,17 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             lock = meta_locks[job] = asyncio.Lock()
         async with lock:
             try:
-                registered = await run_in_threadpool(monitor.register_job, job, directory,
-                                                     "http", raw)
+                checked = await run_in_threadpool(check_meta, raw, directory / META_FILE,
+                                                  cfg.max_meta_bytes)
+                # written first, registered after: a write that fails (a full disk: 507) left
+                # the job's row stored; a registration refused puts the folder back as it was
+                undo = await run_in_threadpool(write_meta_undoably, directory, checked)
+                try:
+                    registered = await run_in_threadpool(monitor.register_job, job,
+                                                         directory, "http", raw)
+                except BaseException:
+                    await run_in_threadpool(undo)
+                    raise
             except InputError as exc:
                 if exc.source.endswith("meta.json"):   # the body's sizes disagree: name the
                     field = f": field '{exc.field}'" if exc.field else ""   # body's field,
@@ -326,7 +339,6 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                                       "bad_meta") from None                # server's file
                 # the name is taken by another run, or the monitor is full: it cannot be made
                 raise HTTPProblem(409, f"path 'job': {exc.problem}", "conflict") from None
-            await run_in_threadpool(write_meta_file, directory, registered)
         return {"job": job, "status": "ok", "world_size": registered.world_size}
 
     async def store_part(request: Request, job: str, rank: int, part: int) -> PartReply:
@@ -468,17 +480,60 @@ def write_meta_file(directory: Path, meta: JobMeta) -> Path:
     no temp file behind and the error goes to the client as a 507 (serving.ServiceGuard)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / META_FILE
+    _replace_file(path, json.dumps(meta.to_dict(), indent=2, sort_keys=True).encode())
+    return path
+
+
+def write_meta_undoably(directory: Path, meta: JobMeta) -> Callable[[], None]:
+    """write_meta_file, and what puts the folder back as it was before (the registration that
+    follows may be refused); a write that fails leaves no folder it created."""
+    created = not directory.exists()
+    path = directory / META_FILE
+    try:
+        previous: bytes | None = path.read_bytes()
+    except FileNotFoundError:
+        previous = None
+    try:
+        write_meta_file(directory, meta)
+    except BaseException:
+        if created:
+            _remove_dir(directory)
+        raise
+
+    def undo() -> None:
+        try:
+            if previous is not None:
+                _replace_file(path, previous)
+                return
+            path.unlink(missing_ok=True)
+            if created:
+                _remove_dir(directory)
+        except OSError as exc:
+            log.warning("meta.json of %s not put back: %s", directory, exc.strerror or exc)
+
+    return undo
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """`path` holds `data`, atomically (temp file, fsync, rename; no temp file left)."""
     tmp = path.with_name(f"{META_FILE}.{os.getpid()}.{threading.get_ident():x}.tmp")
     try:
-        with open(tmp, "w") as f:
-            f.write(json.dumps(meta.to_dict(), indent=2, sort_keys=True))
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return path
+
+
+def _remove_dir(directory: Path) -> None:
+    """A folder this request created, if it is empty (another request may have filled it)."""
+    try:
+        directory.rmdir()
+    except OSError:
+        pass
 
 
 def validation_message(exc: ValidationError, where: str) -> str:
