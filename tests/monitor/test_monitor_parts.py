@@ -159,3 +159,24 @@ def test_schema_checks_remembered_per_schema_never_mix_two_schemas(tmp_path):
                 assert isinstance(got, InputError), (kind, got)
                 assert got.field == ("duration" if kind == "text" else "stage")
                 assert str(d / name) in str(got)   # the error names this part, not the first
+
+
+def test_a_part_whose_start_times_go_back_against_its_seq_ids_is_refused_alone(tmp_path):
+    # a part's start times reversed (valid values each) made the engine find cyclic
+    # dependencies: an error row for every rank of its window; now the part is refused, named,
+    # and the others of its batch are kept
+    trace = slow_job(steps=4, slow=None)
+    parts = parts_of(trace, steps_per_part=2)
+    paths = [write_rank(tmp_path, r, cols, part=p) for r, p, cols in parts]
+    r, p, cols = parts[1]
+    paths[1] = write_rank(tmp_path, r, {**cols, "start_ts": cols["start_ts"][::-1].copy()},
+                          part=p)
+    got = read_part_files(paths)
+    assert isinstance(got[1], InputError) and got[1].field == "start_ts", got[1]
+    assert "start order" in got[1].problem
+    assert not any(isinstance(g, InputError) for i, g in enumerate(got) if i != 1)
+    # equal start times are no reversal
+    r, p, cols = parts[2]
+    flat = {**cols, "start_ts": np.zeros_like(cols["start_ts"])}
+    assert not isinstance(read_part_files([write_rank(tmp_path / "flat", r, flat, part=p)])[0],
+                          InputError)

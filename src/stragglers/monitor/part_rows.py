@@ -18,7 +18,7 @@ from stragglers.monitor.part_limits import ALLOWED_COLUMNS, check_decode_budget,
     check_page_headers, check_part_rows, check_step_gaps, guarded
 from stragglers.monitor.part_names import parse_part_name
 from stragglers.trace.columns import table_to_columns
-from stragglers.trace.model import OPTYPE_CODES
+from stragglers.trace.model import OPTYPE_CODES, OPTYPES
 
 if TYPE_CHECKING:
     from stragglers.monitor.part_footers import PartFile
@@ -67,6 +67,11 @@ MAX_SEQ_ID = (1 << 24) - 1   # the what-if grid's op numbers (whatif.grid._SEQ_B
 _GC = OPTYPE_CODES["gc"]
 
 
+def _name(code: int) -> str:
+    """An op type's name, for errors."""
+    return str(OPTYPES[code]) if 0 <= code < len(OPTYPES) else str(code)
+
+
 def check_op_ids(cols: dict[str, np.ndarray], source: object) -> None:
     """InputError unless every op (gc pauses aside: the grid numbers those itself) has a
     seq_id in 0..MAX_SEQ_ID and no two share (dp_rank, stage, step, optype, seq_id): the
@@ -90,6 +95,23 @@ def check_op_ids(cols: dict[str, np.ndarray], source: object) -> None:
         raise InputError(source, "seq_id", f"two ops share (step {int(keys[1][i])}, seq_id "
                          f"{int(seq[i])}) on one worker; expected seq_id to number each op "
                          "type within a step and worker")
+    # seq_id numbers an op type's ops of a step in start order (docs/whatif.md): one whose
+    # start goes back as its seq_id goes up (times reversed in a part) made the engine find
+    # cyclic dependencies, an error row for every rank of the window; the sort above is reused
+    group = (keys[1][order][1:] == keys[1][order][:-1]) \
+        & (keys[2][order][1:] == keys[2][order][:-1]) \
+        & (keys[3][order][1:] == keys[3][order][:-1])
+    kind = op[order] >> 24
+    group &= kind[1:] == kind[:-1]
+    start = cols["start_ts"][keep][order]
+    back = group & (start[1:] < start[:-1])
+    if back.any():
+        j = int(np.argmax(back))
+        i = int(order[j + 1])
+        raise InputError(source, "start_ts", f"step {int(keys[1][i])}: op type "
+                         f"{_name(int(kind[j + 1]))} #{int(seq[i])} starts before #"
+                         f"{int(seq[order[j]])}; expected seq_id to number an op type's ops "
+                         "of a step in start order")
 
 
 
