@@ -348,6 +348,7 @@ def test_a_missing_token_file_says_how_to_create_it(tmp_path):
 
 
 # -- reads paced, refusals slow and final --------------------------------------------------------
+@pytest.mark.slow
 def test_reads_past_their_rate_wait_their_turn_then_get_503(tmp_path):
     # Clients polling status/snapshot in a tight loop sleep instead of spinning the CPUs that
     # other jobs' leases need; past max_read_wait_s the answer is 503 Busy, not a longer queue.

@@ -51,6 +51,7 @@ def big(tmp_path):
     srv.stop()
 
 
+@pytest.mark.slow
 def test_a_restore_is_written_in_chunks_other_calls_between(big, tmp_path):
     srv, owner, snap = big
     db = tmp_path / "s.db"
@@ -79,6 +80,7 @@ def test_a_restore_is_written_in_chunks_other_calls_between(big, tmp_path):
     assert owner.status().epochs["0"]["DOING"] == 0   # the held shard went back to TODO
 
 
+@pytest.mark.slow
 def test_a_restore_is_prepared_outside_the_serving_process(big, monkeypatch):
     """Parsing and preparing a 655,360-row snapshot is seconds of Python: on a thread of the
     service it held the GIL that the event loop and the commit thread need (every other job's
@@ -109,6 +111,7 @@ def test_a_restore_is_prepared_outside_the_serving_process(big, monkeypatch):
     assert r.status_code == 400 and "dataset.name" in r.json()["error"], r.text
 
 
+@pytest.mark.slow
 def test_one_restore_per_token_at_once(big, tmp_path):
     srv, owner, snap = big
     db = tmp_path / "s.db"

@@ -8,6 +8,7 @@ import threading
 
 import httpx
 import numpy as np
+import pytest
 
 from stragglers.adapt.dataset import epoch_permutation
 from stragglers.adapt.permutations import Permutations
@@ -37,6 +38,7 @@ class RecordedPermutations(Permutations):
         super()._keep(key, perm.view(Recorded))
 
 
+@pytest.mark.slow
 def test_a_big_lease_replayed_is_listed_off_the_commit_thread_in_chunks(tmp_path):
     srv = EmbeddedServer(tmp_path / "s.db").start()
     try:

@@ -29,6 +29,7 @@ def report(c: httpx.Client, job: str, step: int) -> httpx.Response:
         "rank": 0, "records": [[step, 0.1, 4]], "incarnation": 1})
 
 
+@pytest.mark.slow
 def test_control_calls_take_at_most_their_share_of_the_time(tmp_path, monkeypatch):
     # five clients posting 10,000-record reports in a loop kept the control thread busy all
     # the time (another job's lease + ack: 52x its quiet latency); now each call is followed
@@ -77,6 +78,7 @@ def test_control_calls_take_at_most_their_share_of_the_time(tmp_path, monkeypatc
             assert s1 - e0 >= (e0 - s0) * (1 - SHARE) / SHARE, (job, s1 - e0, e0 - s0)
 
 
+@pytest.mark.slow
 def test_control_calls_past_a_tokens_bound_are_refused_before_their_body(tmp_path, monkeypatch):
     # queued without bound, each report held up to 1 MiB of parsed rows while it waited for
     # the (paced) thread; past the bound: 503 Busy from the head, nothing parsed

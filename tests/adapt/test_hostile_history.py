@@ -40,6 +40,7 @@ def test_a_workers_big_replies_are_kept_up_to_a_byte_budget(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_the_rows_of_many_workers_are_shared_out(tmp_path):
     # each worker kept its last 256 requests, whatever the number of workers (fails before:
     # 64 workers x 20 requests all kept)

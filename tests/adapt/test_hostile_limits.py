@@ -46,6 +46,7 @@ def post(svc, path: str, body: bytes) -> httpx.Response:
         "Authorization": f"Bearer {OWNER}", "Content-Type": "application/json"})
 
 
+@pytest.mark.slow
 def test_a_data_set_keeps_a_bounded_number_of_worker_names(svc):
     # each name keeps a row and up to 256 lease replies: invented in a loop, they grew the
     # file without bound
@@ -62,6 +63,7 @@ def test_a_data_set_keeps_a_bounded_number_of_worker_names(svc):
     assert again.status_code == 200 and again.json()["fence"] == 2
 
 
+@pytest.mark.slow
 def test_a_key_given_twice_in_a_big_restore_body_is_refused(svc):
     snap = svc["snapshot"]
     assert len(snap) > 1 << 20
@@ -78,6 +80,7 @@ def test_a_key_given_twice_in_a_big_restore_body_is_refused(svc):
     eventually(lambda: not tables(svc["db"])["row_sets"], what="the replaced rows deleted")
 
 
+@pytest.mark.slow
 def test_a_restore_whose_every_row_is_bad_is_refused_at_the_first(svc):
     # an error object per bad row was built first: 589,824 rows took 19 s and 1.6 GB
     doc = json.loads(svc["snapshot"])
@@ -206,6 +209,7 @@ def test_the_key_scan_never_retries_a_start_position(name):
     assert end == len(body)
 
 
+@pytest.mark.slow
 def test_a_body_of_many_unknown_keys_is_refused_before_it_is_parsed(svc):
     # pydantic made an error per unknown key (90,000 in 1.1 MB: 0.7 s of the event loop
     # before the 400); the key scan stops at the 65th key
@@ -280,6 +284,7 @@ def test_refusals_of_the_serving_layer_have_the_services_error_shape(svc, name):
     assert httpx.get(svc["url"] + "/health").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_restore_body_trickled_in_loses_its_slot(tmp_path):
     # the restore slot (one in all) is taken before the body is read; a body sent at the
     # serving layer's minimum rate (8 KB/s) held it, and every other restore got 503, for hours
@@ -309,6 +314,7 @@ def test_a_restore_body_trickled_in_loses_its_slot(tmp_path):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_a_restore_body_must_arrive_within_a_time_bounded_by_its_size(tmp_path):
     # A 64 MiB body trickled at 220 KB/s held the only restore slot for the whole
     # restore_upload_s (300 s): every other owner's restore was refused meanwhile. A body of

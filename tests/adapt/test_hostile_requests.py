@@ -179,6 +179,7 @@ def test_a_half_closed_request_whose_body_never_comes_is_closed(svc):
     assert httpx.get(f"{svc['url']}/health").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_refused_body_is_answered_after_a_pause(svc):
     # Three clients looping on refused bodies (keys twice, a form, 1 MB of ints in an unknown
     # field) took the event loop from every job's leases; each refusal now waits

@@ -119,6 +119,7 @@ def test_numbers_at_the_edges_in_every_numeric_field_are_refused(svc, path, fiel
     assert tables(svc["db"]) == before
 
 
+@pytest.mark.slow
 def test_acks_of_shards_never_leased_or_held_by_another_worker_change_nothing(svc):
     held = svc["held"]
     h = {"Authorization": f"Bearer {OWNER}"}

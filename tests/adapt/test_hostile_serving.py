@@ -79,6 +79,7 @@ def untouched(k: socket.socket) -> bool:
         k.setblocking(True)
 
 
+@pytest.mark.slow
 def test_at_the_cap_a_body_younger_than_cap_grace_s_is_not_closed_for_a_newcomer(serve):
     # A body sent in part counted as slow once a second old, whatever the settings said: the
     # newcomer is refused (503) while the bodies are within cap_grace_s.

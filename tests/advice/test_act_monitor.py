@@ -140,6 +140,7 @@ def test_a_window_held_only_in_part_gives_no_op_table():
     assert trace is not None and sorted(set(trace.ops["step"].tolist())) == [0, 1]
 
 
+@pytest.mark.slow
 def test_poll_returns_typed_windows_once_and_skips_what_is_not_one():
     """A stand-in monitor: the windows as the monitor's JSON, with one malformed entry."""
     import json

@@ -20,6 +20,7 @@ BAD = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", list(BAD))
 def test_a_wrong_config_file_is_one_line_naming_the_key(tmp_path, text):
     cfg = tmp_path / "monitor.yaml"

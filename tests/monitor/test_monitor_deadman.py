@@ -268,6 +268,7 @@ def test_a_dead_man_message_behind_an_unsent_one_of_its_alert_is_left_to_the_out
     assert [r.claimed_by for r in monitor.store.outbox("j")] == [None, None, None]
 
 
+@pytest.mark.slow
 def test_the_urgent_sender_posts_to_a_real_receiver(monitor):
     import json
     import threading

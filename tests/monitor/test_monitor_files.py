@@ -225,6 +225,7 @@ def test_parts_still_queued_are_not_queued_again_by_a_rescan(tmp_path):
         store.close()
 
 
+@pytest.mark.slow
 def test_a_watched_batch_is_handed_over_as_noticed_since_the_batch_before(tmp_path):
     # the dead-man holds a silence while a watcher hands over events that may hold the job's
     # last part (written before the deadline, not yet queued): every part the watcher queues is

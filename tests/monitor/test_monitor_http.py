@@ -78,6 +78,7 @@ def test_uploaded_parts_are_stored_once_land_in_the_run_format_and_are_analysed(
     assert len(back) == len(trace) and back.meta.dp_size == 2
 
 
+@pytest.mark.slow
 def test_hostile_requests_get_a_4xx_naming_the_problem_and_change_nothing(server, tmp_path):
     trace = slow_job(steps=10)
     rank, part, cols = parts_of(trace, steps_per_part=5)[0]
@@ -182,6 +183,7 @@ def test_hostile_requests_get_a_4xx_naming_the_problem_and_change_nothing(server
             assert f'stragglers_ingest_rejected_total{{reason="{reason}"}}' in text
 
 
+@pytest.mark.slow
 def test_private_mode_guards_reads(tmp_path):
     s = MonitorServer(tmp_path / "p.db", port=0, token=TOKEN, private=True, config=CFG).start()
     try:
@@ -278,6 +280,7 @@ def test_a_store_from_before_fingerprints_opens_and_takes_parts(tmp_path):
         store.close()
 
 
+@pytest.mark.slow
 def test_the_upload_fast_path_answers_every_request_as_the_route_does(tmp_path):
     # Two real servers: the app as served (uploads take the fast path in front of FastAPI) and
     # the FastAPI app alone (every upload through its route). The same requests, in the same
@@ -334,6 +337,7 @@ def test_the_upload_fast_path_answers_every_request_as_the_route_does(tmp_path):
                         "too large": 413}
 
 
+@pytest.mark.slow
 def test_bad_values_in_an_upload_are_refused_before_the_reply(server):
     # Values a Parquet footer cannot vouch for (NaN — min/max leave it out —, unknown op type
     # names) are refused before the part is acknowledged, naming the column, and nothing is
@@ -384,6 +388,7 @@ def test_bad_values_in_an_upload_are_refused_before_the_reply(server):
                                                           "records": len(trace)}
 
 
+@pytest.mark.slow
 def test_a_flood_of_uploads_holds_at_most_the_budget_and_is_stored_on_retry(tmp_path):
     # One upload is held open half-sent: it holds the bytes it sent (not the ones it declared:
     # four slow bodies declaring 64 MiB once held the whole budget). A second whose

@@ -66,6 +66,7 @@ def lying_part(compression: str, field: int, value: int, column: str = "step") -
     return body[:start] + header + body[pos:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", ["none", "lz4", "snappy"])
 @pytest.mark.parametrize("field,value", [(2, 1 << 30), (3, 1 << 30)])
 def test_a_part_whose_page_headers_lie_is_refused_over_http(tmp_path, compression, field,

@@ -59,6 +59,7 @@ def test_parts_submitted_while_the_monitor_is_down_are_delivered_when_it_comes_u
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_refusing_monitor_neither_blocks_nor_raises_and_refusals_are_counted(tmp_path):
     trace = slow_job(steps=4)
     server = MonitorServer(tmp_path / "m.db", port=0, token="right", config=CFG).start()

@@ -117,6 +117,7 @@ def test_bytes_held_are_bounded_per_writer(tmp_path):
         s.stop()
 
 
+@pytest.mark.slow
 def test_a_big_body_that_is_no_parquet_is_refused_before_it_is_read_whole(tmp_path):
     trace = slow_job(steps=5)
     s = serve(tmp_path, max_part_bytes=64 * 2**20)

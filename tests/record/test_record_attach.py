@@ -95,6 +95,7 @@ def test_recording_changes_no_parameter(tmp_path):
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_an_optimizer_closure_puts_forward_and_backward_before_the_step(tmp_path):
     model, _ = make()
     opt = torch.optim.LBFGS(model.parameters(), max_iter=1)

@@ -32,6 +32,7 @@ def test_page_is_self_contained(tmp_path):
     assert "Worker fault" in page and "1.25× faster" in page
 
 
+@pytest.mark.slow
 def test_clean_job_page_says_the_attribution_was_skipped():
     page = render_html(clean_result())
     assert "not straggling" in page

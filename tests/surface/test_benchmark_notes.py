@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import msgspec
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -67,6 +68,7 @@ def test_cpu_contention_share_notes_say_the_load_and_the_shares() -> None:
         "no clean run has a communication or cpu_contention finding")
 
 
+@pytest.mark.slow
 def test_kineto_memory_big_writes_its_result(tmp_path, monkeypatch) -> None:
     """--big writes kineto_memory_big.json; an input under 8 × 1 GB is not judged by the goal."""
     monkeypatch.setattr(results, "RESULTS", tmp_path)

@@ -210,6 +210,7 @@ def tcp_state(k: socket.socket) -> int:
     return struct.unpack("B", k.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[:1])[0]
 
 
+@pytest.mark.slow
 def test_a_client_that_stops_reading_its_response_loses_the_connection(serve):
     # a response the client does not read was awaited without end: its connection stayed busy
     # for good, and enough of them (from a few addresses) answered every other client 503
@@ -227,6 +228,7 @@ def test_a_client_that_stops_reading_its_response_loses_the_connection(serve):
         assert c.get("/health").status_code == 200
 
 
+@pytest.mark.slow
 def test_at_the_cap_room_is_made_by_the_client_holding_the_most(serve):
     # busy connections from other addresses than the per-client cap counts could fill the cap:
     # a client holding none was refused 503 while one client held all

@@ -43,6 +43,7 @@ def test_synthetic_jobs_match_the_single_process_path(client, tmp_path, name):
     assert single.by_optype and single.diagnosis   # the attribution and findings were compared
 
 
+@pytest.mark.slow
 def test_more_partitions_than_workers_and_step_selections(client, tmp_path):
     run = write_run(tmp_path / "run", generate(dp=2, pp=2, microbatches=4, steps=7,
                                                slow_worker=(0, 1, 1.6), seed=11))
@@ -76,6 +77,7 @@ def test_each_worker_decodes_only_its_steps_row_groups(client, tmp_path):
         [int((trace.ops["step"] < 6).sum()), int((trace.ops["step"] >= 6).sum())])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ST", "AR", "SE"])
 def test_ndtimeline_samples_match(client, tmp_path, ndtimeline_dir, name):
     run = write_run(tmp_path / name, read_ndtimeline(ndtimeline_dir / f"trace-{name}.parquet"))
@@ -89,6 +91,7 @@ def test_bad_input_found_on_a_worker_is_a_one_line_error(client, tmp_path):
         analyze_with_client(client, run)
 
 
+@pytest.mark.slow
 def test_bad_address_and_worker_count_are_one_line_errors():
     with pytest.raises(InputError, match=r"^--dask: cannot reach a Dask scheduler at "
                        r"'tcp://127.0.0.1:9'"):

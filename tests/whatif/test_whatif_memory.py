@@ -7,6 +7,7 @@ import json
 import tracemalloc
 
 import numpy as np
+import pytest
 
 from stragglers.trace.synth import generate
 from stragglers.whatif import analyze, analyze_with_model
@@ -32,6 +33,7 @@ def test_rows_of_a_fix_are_the_rows_it_changes():
     assert rows.at(np.array([False, False, True, False])).tolist() == [0]
 
 
+@pytest.mark.slow
 def test_diagnosis_by_one_step_slices_is_the_same(monkeypatch):
     trace = generate(**JOB)
     whole = analyze(trace)
