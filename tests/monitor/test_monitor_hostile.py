@@ -563,7 +563,8 @@ def test_a_part_the_disk_cannot_take_is_a_json_507_with_nothing_left_behind(tmp_
     rng = np.random.default_rng(0)
     n = 450_000
     big = {k: np.resize(v, n) for k, v in cols.items()}
-    big["start_ts"] = rng.random(n) * 100
+    big["start_ts"] = np.sort(rng.random(n) * 100)   # in seq_id order (a part whose starts
+    # go back against it is refused before the disk is tried)
     big["duration"] = rng.random(n)
     big["step"] = np.sort(rng.integers(0, 4, n)).astype(np.int64)
     big["seq_id"] = np.arange(n, dtype=np.int32)   # one row per op (two of one are refused)
