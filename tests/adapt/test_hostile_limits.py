@@ -284,29 +284,36 @@ def test_refusals_of_the_serving_layer_have_the_services_error_shape(svc, name):
     assert httpx.get(svc["url"] + "/health").status_code == 200
 
 
+def trickled_restore(port: int) -> bytes:
+    """A 1 MiB restore body of data set `a` sent 16 KB at a time, 64 KB/s (above the serving
+    layer's minimum rate), until the service answers; what it answered."""
+    import select
+    import socket
+
+    k = socket.create_connection(("127.0.0.1", port), timeout=30)
+    k.sendall(f"POST /datasets/a/restore HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer"
+              f" {OWNER}\r\nContent-Type: application/json\r\nContent-Length: {1 << 20}"
+              "\r\n\r\n".encode())
+    answer = b""
+    for _ in range(1 << 20 >> 14):
+        if select.select([k], [], [], 0.25)[0]:
+            answer = k.recv(65536)
+            break
+        k.sendall(b" " * (1 << 14))
+    k.close()
+    return answer
+
+
 @pytest.mark.slow
 def test_a_restore_body_trickled_in_loses_its_slot(tmp_path):
     # the restore slot (one in all) is taken before the body is read; a body sent at the
     # serving layer's minimum rate (8 KB/s) held it, and every other restore got 503, for hours
-    import select
-    import socket
-
     srv = EmbeddedServer(tmp_path / "s.db", config=ServiceConfig(restore_upload_s=2)).start()
     try:
         owner = ShardClient(srv.url, "a", "w", token=OWNER)
         owner.create_dataset(DatasetConfig("a", 100, 10))
         snap = owner.snapshot()
-        k = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
-        k.sendall(f"POST /datasets/a/restore HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer"
-                  f" {OWNER}\r\nContent-Type: application/json\r\nContent-Length: {1 << 20}"
-                  "\r\n\r\n".encode())
-        answer = b""
-        for _ in range(1 << 20 >> 14):   # 16 KB at a time, 64 KB/s: above the minimum rate
-            if select.select([k], [], [], 0.25)[0]:
-                answer = k.recv(65536)
-                break
-            k.sendall(b" " * (1 << 14))
-        k.close()
+        answer = trickled_restore(srv.port)
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
         assert b'"kind": "BodyTooSlow"' in answer or b'"kind":"BodyTooSlow"' in answer
         assert owner.restore(snap).restored == 10   # the slot is free again
@@ -320,26 +327,13 @@ def test_a_restore_body_must_arrive_within_a_time_bounded_by_its_size(tmp_path):
     # restore_upload_s (300 s): every other owner's restore was refused meanwhile. A body of
     # n bytes now has restore_grace_s + n / restore_bytes_per_s (fails before: this 1 MiB body,
     # sent at 64 KB/s, arrived whole in 16 s and was read)
-    import select
-    import socket
-
     cfg = ServiceConfig(restore_grace_s=1.0, restore_bytes_per_s=float(1 << 20))
     srv = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
     try:
         owner = ShardClient(srv.url, "a", "w", token=OWNER)
         owner.create_dataset(DatasetConfig("a", 100, 10))
         snap = owner.snapshot()
-        k = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
-        k.sendall(f"POST /datasets/a/restore HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer"
-                  f" {OWNER}\r\nContent-Type: application/json\r\nContent-Length: {1 << 20}"
-                  "\r\n\r\n".encode())
-        answer = b""
-        for _ in range(1 << 20 >> 14):   # 16 KB at a time, 64 KB/s: above the minimum rate
-            if select.select([k], [], [], 0.25)[0]:
-                answer = k.recv(65536)
-                break
-            k.sendall(b" " * (1 << 14))
-        k.close()
+        answer = trickled_restore(srv.port)
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
         assert b"restore_bytes_per_s" in answer
         assert owner.restore(snap).restored == 10   # the slot is free again
