@@ -81,3 +81,50 @@ def test_a_full_disk_refuses_writes_and_loses_nothing_acknowledged(tmp_path):
             assert httpx.get(f"{srv.url}/datasets/{name}/status").status_code == 200
     finally:
         srv.stop()
+
+
+
+@pytest.mark.slow
+def test_writes_resume_without_a_restart_once_the_wal_is_folded(tmp_path):
+    # The WAL reached the file-size limit before SQLite's auto-checkpoint (1,000 pages, 4 MB):
+    # once the frames a refused write left were reused, every later write failed until a
+    # restart folded it. The service folds and truncates it after a write fails for space.
+    db = tmp_path / "s.db"
+    proc = subprocess.Popen([sys.executable, "-c", SERVE_LIMITED, str(db), str(2 << 20)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), proc.stderr.read()[-3000:]
+        url = f"http://127.0.0.1:{int(line)}"
+        h = {"Authorization": f"Bearer {OWNER}"}
+        with httpx.Client(base_url=url, headers=h, timeout=60) as c:
+            assert c.post("/datasets", json={"name": "d0", "num_samples": 100_000,
+                                             "shard_size": 10}).status_code == 200
+            fence = c.post("/datasets/d0/join", json={"worker": "w"}).json()["fence"]
+            for i in range(1, 400):   # each writes 1,024 shard rows, until one is refused
+                r = c.post("/datasets", json={"name": f"d{i}", "num_samples": 1 << 14,
+                                              "shard_size": 16})
+                if r.status_code != 200:
+                    break
+            assert r.status_code in (503, 507), r.text
+
+            def retried(path: str, body: dict) -> httpx.Response:
+                for _ in range(3):   # a write refused for space folds the WAL: the next fits
+                    r = c.post(path, json=body)
+                    if r.status_code not in (503, 507):
+                        break
+                return r
+
+            for k in range(100):   # two transactions each: far more than the refused one left
+                lease = retried("/datasets/d0/lease", {"worker": "w", "fence": fence,
+                                                       "request_id": f"r{k}"})
+                assert lease.status_code == 200, (k, lease.text)
+                x = lease.json()["leases"][0]
+                r = retried("/datasets/d0/ack", {"worker": "w", "fence": fence, "epoch":
+                                                 x["epoch"], "shard": x["shard"],
+                                                 "consumed": x["size"]})
+                assert r.status_code == 200, (k, r.text)
+            assert c.get("/datasets/d0/status").json()["epochs"]["0"]["DONE"] == 100
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)

@@ -46,6 +46,7 @@ from stragglers.adapt.replies import (Acked, Created, Health, Joined, LeaseReply
                                       Requeued, Restored, to_builtins)
 from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import ShardStore, lease_json
+from stragglers.adapt.transactions import is_space_error
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_url, \
@@ -198,6 +199,7 @@ class GroupCommitter:
         self._waiting: dict[object, collections.deque] = {}
         self.batches = self.calls = self.failed_batches = self.stalls = 0
         self.stall_s = stall_s
+        self._fold = False   # a write failed for space: fold the WAL before the next batch
         self._beat = time.monotonic()
         self._beat_lock = threading.Lock()
         self._closed = threading.Event()
@@ -295,9 +297,12 @@ class GroupCommitter:
                 continue
             batch = self._next_batch()
             self._check_stall()
+            if self._fold and self.store.fold_wal():
+                self._fold = False
             try:
                 results = self.store.run_batch([call for call, _, _ in batch])
             except BaseException as exc:  # noqa: BLE001 - every waiting call must be answered
+                self._fold = self._fold or is_space_error(exc)
                 self.failed_batches += 1
                 log.warning("group commit of %d calls failed: %s", len(batch), exc)
                 error = EnvironmentFailure("shard store", f"transaction failed, nothing of it"
@@ -305,6 +310,9 @@ class GroupCommitter:
                 results = [(False, error)] * len(batch)
             self.batches += 1
             self.calls += len(batch)
+            # a call refused for space (its savepoint rolled back): fold the WAL before the next
+            self._fold = self._fold or any(not ok and is_space_error(value)
+                                           for ok, value in results)
             # One wake-up of each event loop per batch, not one per call.
             by_loop: dict = {}
             for (_, future, loop), (ok, value) in zip(batch, results):

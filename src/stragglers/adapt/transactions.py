@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -9,6 +11,18 @@ from typing import TypeVar
 from stragglers.adapt.store_state import StoreState
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+def is_space_error(exc: BaseException) -> bool:
+    """Whether a write failed for want of space: a full disk, a quota or a file-size limit
+    (SQLite words the last "disk I/O error": its write of the WAL got EFBIG)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    text = str(exc)
+    return isinstance(exc, sqlite3.OperationalError) and (
+        "full" in text or "disk I/O error" in text)
 
 
 class Transactions(StoreState):
@@ -52,6 +66,24 @@ class Transactions(StoreState):
         for fn in reversed(undo):
             fn()
         self._forget()
+
+    def fold_wal(self, wait_s: float = 0.1) -> bool:
+        """Copy the WAL into the database file and truncate it; False when a reader kept it
+        (retried later) or the copy failed. After a write refused for space: at a file-size
+        limit the WAL filled before SQLite's auto-checkpoint (1,000 pages) and stayed full,
+        every write refused, until a restart folded it."""
+        with self._lock:
+            conn = self._conn
+            try:
+                # (a short wait: this runs on the commit thread, other jobs' calls queue)
+                conn.execute(f"PRAGMA busy_timeout={int(wait_s * 1000)}")
+                busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            except sqlite3.Error as exc:
+                log.warning("folding the shard store's WAL failed: %s", exc)
+                busy = 1
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+        return busy == 0
 
     def run_batch(self, calls: Sequence[Callable[[], T]]) -> list[tuple[bool, T | Exception]]:
         """Group commit: run several store calls in one transaction, one fsync for all.
