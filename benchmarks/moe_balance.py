@@ -56,7 +56,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -71,9 +70,7 @@ from stragglers.trace.model import OPTYPE_CODES  # noqa: E402
 from stragglers.whatif import analyze  # noqa: E402
 from stragglers.whatif._replay import replay  # noqa: E402
 from stragglers.whatif.causes.base import Context  # noqa: E402
-from stragglers.whatif.causes.experts import (  # noqa: E402
-    _fit, _on_cpu, _run_delay, balanced_costs, balanced_transfer, core_sharing, expert_imbalance,
-    exposed_exchange, shared_costs)
+from stragglers.whatif.causes.experts import _fit, _run_delay, expert_imbalance  # noqa: E402
 from stragglers.whatif.config import DEFAULT  # noqa: E402
 from stragglers.whatif.grid import build_grid  # noqa: E402
 from stragglers.whatif.metrics import WhatIf  # noqa: E402
@@ -178,82 +175,7 @@ def compare(t_hot, hot_steps: list[int], t_even, even_steps: list[int],
            "measured_nodelay": nodelay_h / float(w_even.t_nodelay.mean())}
     row.update(account(ctx, w_even))
     row.update(host_waits(ctx, w_even, t_even))
-    row.update(sharing_model(ctx, w_even, t_even))
     return row
-
-
-def sharing_model(ctx: Context, w_even: WhatIf, t_even) -> dict:
-    """Where the expert pieces recorded their time on a CPU (cpu_time): their split in the
-    skewed steps (ms per step on a CPU, waiting for one, asleep; summed over the expert pieces,
-    mean over ranks), the sharing rate the prediction used (mean over ranks) against the one
-    the balanced steps' expert pieces met (run delay per s on CPU), the expert compute per step
-    predicted without and with the sharing correction (`core_sharing`, which the finding does
-    not use) against the balanced steps' measured one, and the gain on the replay basis without
-    it, with it, and with it at the rate the balanced experts met (the model's form with its
-    rate right: which of the two a miss comes from). Also the phase rate, the slowest rank's:
-    over the pieces every rank runs at once, Σ (max over ranks of on CPU + waiting − mean on
-    CPU) / Σ mean on CPU, outside the experts in the skewed steps and of the experts in the
-    balanced ones, and the gain at the former (a piece shorter than a time slice often runs
-    to its end unpreempted, so the mean rate of short pieces is below a long one's; the slowest
-    rank's is what the step meets either way)."""
-    load = ctx.expert_load
-    share = core_sharing(ctx, load, ctx.w.grid.duration) if load is not None else None
-    if share is None or not np.array_equal(ctx.w.grid.node_optype, w_even.grid.node_optype):
-        return {}
-    w, ge = ctx.w, w_even.grid
-    experts = [e for _, e in load.pairs]
-    waits = [_run_delay(ge, t_even.ops, e, ge.duration) for e in experts]
-    cpus = [_on_cpu(ge, t_even.ops, e, ge.duration, wt) if wt is not None else None
-            for e, wt in zip(experts, waits)]
-    out = {"split_cpu": float(share.cpu.mean(axis=(1, 2)).sum()),
-           "split_wait": float(load.host.wait.mean(axis=(1, 2)).sum()),
-           "split_off": float(share.off.mean(axis=(1, 2)).sum()),
-           "share_rate": float(share.rate.mean()), "share_pieces": share.pieces,
-           "expert_unshared": float(balanced_costs(load, w.cost)[experts].mean(axis=(1, 2)).sum()),
-           "expert_shared": float(shared_costs(load, share, w.cost)[experts]
-                                  .mean(axis=(1, 2)).sum()),
-           "expert_balanced": float(ge.duration[experts].mean(axis=(1, 2)).sum())}
-    if not any(c is None for c in cpus):
-        cpu_even = np.array(cpus)
-        out["rate_balanced"] = float(np.array(waits).sum() / cpu_even.sum()) \
-            if cpu_even.sum() > 0 else float("nan")
-    outside = [int(n) for n in np.flatnonzero(np.isin(w.grid.node_optype, COMPUTE))
-               if int(n) not in load.experts]
-    phase = phase_rate(w.grid, ctx.trace.ops, outside)
-    balanced_phase = phase_rate(ge, t_even.ops, experts)
-    if balanced_phase is not None:
-        out["phase_balanced"] = balanced_phase
-    if phase is not None:
-        out["phase_rate"] = phase
-    base = w.mean_step_time(w.cost)
-    met = replace(share, rate=np.full_like(share.rate, out["rate_balanced"])) \
-        if "rate_balanced" in out else None
-    for key, expert_cost in (("predicted_unshared", balanced_costs(load, w.cost)),
-                             ("predicted_shared", shared_costs(load, share, w.cost)),
-                             ("predicted_shared_met", None if met is None
-                              else shared_costs(load, met, w.cost)),
-                             ("predicted_shared_phase", None if phase is None else shared_costs(
-                                 load, replace(share, rate=np.full_like(share.rate, phase)),
-                                 w.cost))):
-        if expert_cost is None:
-            continue
-        t = w.mean_step_time(exposed_exchange(w, balanced_transfer(load, expert_cost)))
-        out[key] = base / t if t > 0 else 1.0
-    return out
-
-
-def phase_rate(g, ops, nodes: list[int]) -> float | None:
-    """Σ (max over ranks of on CPU + waiting − mean on CPU) / Σ mean on CPU over the pieces of
-    `nodes` that recorded both (None: none did)."""
-    stretch = ran = 0.0
-    for n in nodes:
-        wait = _run_delay(g, ops, n, g.duration)
-        cpu = _on_cpu(g, ops, n, g.duration, wait) if wait is not None else None
-        if wait is None or cpu is None:
-            continue
-        stretch += float(((cpu + wait).max(axis=0) - cpu.mean(axis=0)).sum())
-        ran += float(cpu.mean(axis=0).sum())
-    return stretch / ran if ran > 0 else None
 
 
 def account(ctx: Context, w_even: WhatIf) -> dict:
@@ -438,20 +360,6 @@ def cells(i: int, r: dict) -> dict[str, str]:
             f"{1e3 * r['typical_predicted']:.1f}/{1e3 * r['typical_balanced']:.1f}")
         out["gap by class (ms)"] = ", ".join(f"{name} {1e3 * r[f'gap {name}']:+.1f}"
                                             for name in CLASSES)
-    if "split_cpu" in r:
-        out["expert ms per step on CPU/waiting/asleep (skewed)"] = (
-            f"{1e3 * r['split_cpu']:.1f}/{1e3 * r['split_wait']:.1f}/{1e3 * r['split_off']:.1f}")
-        out["sharing rate used/met balanced"] = (
-            f"{r['share_rate']:.2f}/{r.get('rate_balanced', float('nan')):.2f}")
-        out["expert ms per step unshared/shared/balanced"] = (
-            f"{1e3 * r['expert_unshared']:.1f}/{1e3 * r['expert_shared']:.1f}/"
-            f"{1e3 * r['expert_balanced']:.1f}")
-        out["predicted unshared/shared/shared at met rate (replay)"] = (
-            f"{r['predicted_unshared']:.3f}/{r['predicted_shared']:.3f}/"
-            f"{r.get('predicted_shared_met', float('nan')):.3f}")
-        out["phase rate outside experts/balanced experts; predicted at it"] = (
-            f"{r.get('phase_rate', float('nan')):.2f}/{r.get('phase_balanced', float('nan')):.2f}"
-            f"; {r.get('predicted_shared_phase', float('nan')):.3f}")
     if "expert_cpu_predicted" in r:
         out["expert own time per step, predicted/balanced (ms)"] = (
             f"{1e3 * r['expert_cpu_predicted']:.1f}/{1e3 * r['expert_cpu_balanced']:.1f}")
@@ -511,33 +419,6 @@ def texts(rows: list[dict], alternate: bool) -> list[str]:
                    f"second of own time in the skewed steps: the hot rank's pieces "
                    f"{span('wait_rate_hot')}, the other ranks' {span('wait_rate_cold')}; in the "
                    f"balanced steps every rank's {span('wait_rate_balanced')}.")
-    shared = [r for r in rows if "split_cpu" in r]
-    if shared:
-        def errors(key: str) -> str:
-            found = [e for e in (gain_error(r.get(key), r["measured_nodelay"]) for r in shared)
-                     if e is not None]
-            return f"{100 * statistics.median(found):.0f}%" if found else "-"
-
-        def spread(values: list[float], scale: float = 1.0) -> str:
-            return f"{scale * min(values):.2f}–{scale * max(values):.2f}"
-        met = [r["rate_balanced"] for r in shared if "rate_balanced" in r]
-        out.append(
-            f"Processor sharing (benchmarked, not used by the finding: experts.core_sharing), "
-            f"{len(shared)} of {len(rows)} pairs. Expert ms per step in the skewed steps on a "
-            f"CPU {spread([r['split_cpu'] for r in shared], 1e3)}, waiting for one "
-            f"{spread([r['split_wait'] for r in shared], 1e3)}, asleep "
-            f"{spread([r['split_off'] for r in shared], 1e3)}. Sharing rate (run delay per s on "
-            f"CPU) of the compute outside the experts, used: "
-            f"{spread([r['share_rate'] for r in shared])}; met by the balanced steps' expert "
-            f"pieces: {spread(met) if met else '-'}. Gain error on the replay basis, median: "
-            f"the finding's model {errors('predicted_unshared')}, with the correction "
-            f"{errors('predicted_shared')}, with it at the met rate "
-            f"{errors('predicted_shared_met')}, with it at the slowest rank's phase rate "
-            f"outside the experts {errors('predicted_shared_phase')} (that rate "
-            f"{spread([r['phase_rate'] for r in shared if 'phase_rate' in r] or [float('nan')])}"
-            f", the balanced experts' "
-            f"{spread([r['phase_balanced'] for r in shared if 'phase_balanced' in r] or [float('nan')])}"
-            f").")
     return out
 
 
@@ -561,18 +442,6 @@ def show(i: int, r: dict) -> None:
                 f"{1e3 * r['expert_cpu_balanced']:.1f}; run delay per s own hot/other skewed "
                 f"{r['wait_rate_hot']:.2f}/{r['wait_rate_cold']:.2f}, balanced "
                 f"{r['wait_rate_balanced']:.2f}")
-    if "split_cpu" in r:
-        gap += (f"; expert ms/step on CPU/waiting/asleep {1e3 * r['split_cpu']:.1f}/"
-                f"{1e3 * r['split_wait']:.1f}/{1e3 * r['split_off']:.1f}; sharing rate used "
-                f"{r['share_rate']:.2f} ({r['share_pieces']} pieces), met by balanced experts "
-                f"{r.get('rate_balanced', float('nan')):.2f}; expert ms/step unshared/shared/"
-                f"balanced {1e3 * r['expert_unshared']:.1f}/{1e3 * r['expert_shared']:.1f}/"
-                f"{1e3 * r['expert_balanced']:.1f}; predicted unshared/shared/shared at the "
-                f"met rate ×{r['predicted_unshared']:.3f}/×{r['predicted_shared']:.3f}/"
-                f"×{r.get('predicted_shared_met', float('nan')):.3f}; phase rate (slowest rank) "
-                f"outside the experts {r.get('phase_rate', float('nan')):.2f}, balanced experts "
-                f"{r.get('phase_balanced', float('nan')):.2f}, predicted at it "
-                f"×{r.get('predicted_shared_phase', float('nan')):.3f}")
     print(f"pair {i}: first finding {r['first']} {r['ranks']}; predicted {shown} "
           f"(replay basis), ×{r['predicted_measured']:.3f} (off the measured step); "
           f"measured ×{r['measured']:.3f} (mean step), ×{r['measured_median']:.3f} "

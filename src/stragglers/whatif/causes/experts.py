@@ -60,7 +60,6 @@ class ExpertLoad:
     transfer: "Transfer | None" = None
     transfer_corr: float | None = None  # the transfer fit's correlation, priced or not
     host: "HostShare | None" = None     # ranks computing on host CPUs: their waits for a core
-    experts: frozenset[int] = frozenset()  # the compute after every uneven dispatch, priced or not
 
 
 @dataclass
@@ -70,20 +69,6 @@ class HostShare:
 
     wait: np.ndarray               # [K, D, T] s each expert piece was runnable without a core
     share: float                   # the waits' share of the expert compute's time
-
-
-@dataclass
-class CoreSharing:
-    """Expert pieces split into time on a CPU and time off it (asleep: a device it waited for),
-    and the run delay per second on CPU that compute every rank runs at once met: what the
-    balanced step, where every rank computes its experts at once, meets (processor sharing)."""
-
-    cpu: np.ndarray                # [K, D, T] s each expert piece ran on a CPU
-    off: np.ndarray                # [K, D, T] s it was neither on a CPU nor waiting for one
-    cpu_slope: np.ndarray          # [K] s on a CPU per row (pooled fit, as `slope`)
-    off_slope: np.ndarray          # [K] s off a CPU per row
-    rate: np.ndarray               # [D] run delay per s on CPU of the concurrent compute
-    pieces: int                    # compute pieces the rate was measured on
 
 
 @dataclass
@@ -134,13 +119,12 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
     keep = [k for k, slope in enumerate(slopes) if slope > 0]
     if not keep:
         return None
-    every = {e for _, e in pairs}  # expert pieces, priced or not: not what all run at once
     transfer, transfer_corr = _transfer(g, ops, ctx.w.cost, ctx.cfg.expert_corr)
     pairs = [pairs[k] for k in keep]
     return ExpertLoad(pairs, np.array([rows[k] for k in keep]),
                       np.array([means[k] for k in keep]), np.array([slopes[k] for k in keep]),
                       np.array([corrs[k] for k in keep]), transfer, transfer_corr,
-                      _host_share(g, ops, pairs, durations), frozenset(every))
+                      _host_share(g, ops, pairs, durations))
 
 
 def _run_delay(g, ops, expert: int, durations: np.ndarray) -> np.ndarray | None:
@@ -165,80 +149,6 @@ def _host_share(g, ops, pairs: list[tuple[int, int]], durations: np.ndarray
     wait = np.array(waits)                                                 # [K, D, T]
     total = float(durations[[e for _, e in pairs]].sum())
     return HostShare(wait, float(wait.sum()) / total if total > 0 else 0.0)
-
-
-def _on_cpu(g, ops, node: int, durations: np.ndarray, wait: np.ndarray) -> np.ndarray | None:
-    """[D, T] s each piece of the compute node ran on a CPU (at most its duration less its
-    run delay), or None unless every piece recorded it."""
-    if "cpu_time" not in ops:
-        return None
-    cells = g.row[node]
-    if (cells < 0).any():
-        return None
-    cpu = ops["cpu_time"][cells].astype(np.float64)
-    if not np.isfinite(cpu).all():
-        return None
-    return np.clip(cpu, 0.0, np.maximum(durations[node] - wait, 0.0))
-
-
-def core_sharing(ctx: Context, load: ExpertLoad, durations: np.ndarray) -> CoreSharing | None:
-    """The expert pieces' on/off-CPU split and the sharing rate a balanced step would meet (None
-    unless every expert piece recorded its run delay and on-CPU time and some compute outside
-    the experts that every rank runs at once recorded both).
-
-    Not used by the finding: on 4 ranks over 2 loaded cores the rate of the compute outside
-    the experts (pieces of 2-3 ms, shorter than the scheduler's period: they often end before
-    a rank is preempted) was 0.27-0.57 where the balanced steps' expert pieces met 0.91-1.54,
-    and the prediction moved away from the measured gain (whatif/README.md, Known limits).
-    benchmarks/moe_balance.py reports it beside the finding's for a quiet machine to judge."""
-    g, ops = ctx.w.grid, ctx.trace.ops
-    if load.host is None:
-        return None
-    wait = load.host.wait
-    cpus = [_on_cpu(g, ops, e, durations, wait[k]) for k, (_, e) in enumerate(load.pairs)]
-    if any(c is None for c in cpus):
-        return None
-    cpu = np.array(cpus)                                                   # [K, D, T]
-    off = np.maximum(durations[[e for _, e in load.pairs]] - wait - cpu, 0.0)
-    rate = _sharing_rate(ctx, durations, load.experts)
-    if rate is None:
-        return None
-    fits = [(_fit(r, c), _fit(r, o)) for r, c, o in zip(load.rows, cpu, off)]
-    cpu_slope = np.array([f[0] if f is not None else 0.0 for f, _ in fits])
-    off_slope = np.array([f[0] if f is not None else 0.0 for _, f in fits])
-    return CoreSharing(cpu, off, cpu_slope, off_slope, rate[0], rate[1])
-
-
-def _sharing_rate(ctx: Context, durations: np.ndarray, experts: frozenset[int]
-                  ) -> tuple[np.ndarray, int] | None:
-    """([D] run delay per s on CPU, pieces): pooled over the compute pieces outside the experts
-    that recorded both (those between two model-parallel collectives: after a combine every
-    rank of the group computes at once), over the ranks of each rank's host (every rank where
-    the layout names no hosts). None where no such piece ran on a CPU."""
-    g, ops = ctx.w.grid, ctx.trace.ops
-    if "cpu_time" not in ops or "cpu_wait" not in ops:
-        return None
-    waited, ran, pieces = np.zeros(len(g.dp_ranks)), np.zeros(len(g.dp_ranks)), 0
-    for n in (int(x) for x in np.flatnonzero(np.isin(g.node_optype, _COMPUTE))):
-        if n in experts:
-            continue
-        w = _run_delay(g, ops, n, durations)
-        c = _on_cpu(g, ops, n, durations, w) if w is not None else None
-        if w is None or c is None:
-            continue
-        waited += w.sum(axis=1)
-        ran += c.sum(axis=1)
-        pieces += w.size
-    if not pieces:
-        return None
-    host = [ctx.hosts.get(int(r)) for r in ctx.ranks[:, 0]]
-    rate = np.empty(len(g.dp_ranks))
-    for d, h in enumerate(host):
-        same = [e for e, other in enumerate(host) if other == h] if h is not None \
-            else list(range(len(host)))
-        total = float(ran[same].sum())
-        rate[d] = float(waited[same].sum()) / total if total > 0 else 0.0
-    return rate, pieces
 
 
 def _transfer(g, ops, cost: np.ndarray, min_corr: float
@@ -284,26 +194,6 @@ def balanced_costs(load: ExpertLoad, durations: np.ndarray, cap: float | None = 
     for k, (_, expert) in enumerate(load.pairs):
         target = load.mean[k] if cap is None else np.minimum(load.rows[k], cap * load.mean[k])
         out[expert] = np.maximum(durations[expert] - load.slope[k] * (load.rows[k] - target), 0)
-    return out
-
-
-def shared_costs(load: ExpertLoad, share: CoreSharing | None, durations: np.ndarray,
-                 cap: float | None = None) -> np.ndarray:
-    """`balanced_costs` where the expert pieces ran on shared host CPUs (processor sharing):
-    each piece's on-CPU time at the target rows × (1 + the sharing rate its host met where
-    every rank computed at once), plus its time off a CPU at the target rows. Without the split
-    (`share` None: GPUs, profiler and synthetic traces, older runs) exactly `balanced_costs`."""
-    if share is None:
-        return balanced_costs(load, durations, cap)
-    out = durations.copy()
-    for k, (_, expert) in enumerate(load.pairs):
-        target = load.mean[k] if cap is None else np.minimum(load.rows[k], cap * load.mean[k])
-        excess = load.rows[k] - target
-        cpu = np.maximum(share.cpu[k] - share.cpu_slope[k] * excess, 0)
-        off = np.maximum(share.off[k] - share.off_slope[k] * excess, 0)
-        # balanced, every rank computes its experts at once: the skewed step's waits (the cold
-        # ranks asleep in the combine left the hot one a core) give way to the shared rate
-        out[expert] = cpu * (1 + share.rate[:, None]) + off
     return out
 
 
