@@ -1,4 +1,5 @@
-"""Every relative link in the repository's documents points at a file inside the repository."""
+"""Every relative link in the repository's documents points at a file inside the repository,
+every anchor at a heading of its page, and every BENCHMARKS.md section a document cites exists."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # [text](target) with a target that is not a URL or an in-page anchor.
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# BENCHMARKS.md, "Section title" / BENCHMARKS.md ("Section title"): a section cited by its title.
+CITED = re.compile(r"BENCHMARKS\.md,? \(?\"([^\"]+)\"")
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 
 
 def documents() -> list[Path]:
@@ -27,6 +31,31 @@ def relative_links(path: Path) -> list[str]:
             continue
         out.append(target.split("#", 1)[0])
     return out
+
+
+def headings(text: str) -> list[str]:
+    """The Markdown headings of a page's text, outside code blocks, as written."""
+    return re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", text), re.M)
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces to
+    hyphens, a repeated heading numbered -1, -2, ... (as benchmarks/render_benchmarks.py writes)."""
+    seen: dict[str, int] = {}
+    out = set()
+    for title in headings(text):
+        base = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def test_anchors_follow_githubs_rule() -> None:
+    """The anchor rule itself: punctuation and backticks go, repeats are numbered, code is no
+    heading."""
+    text = "# A `b`: c (issue 4, 13)\n```sh\n# not a heading\n```\n## A `b`: c (issue 4, 13)\n"
+    assert anchors(text) == {"a-b-c-issue-4-13", "a-b-c-issue-4-13-1"}
 
 
 @pytest.mark.parametrize("doc", documents(), ids=lambda p: str(p.relative_to(REPO)))
@@ -47,3 +76,29 @@ def test_no_document_points_at_the_shared_specs() -> None:
     hits = [str(p.relative_to(REPO)) for p in documents() + sorted((REPO / "src").rglob("*.py"))
             if "shared/specs" in p.read_text()]
     assert not hits, f"references to ../shared/specs in {hits}"
+
+
+@pytest.mark.parametrize("doc", documents(), ids=lambda p: str(p.relative_to(REPO)))
+def test_anchors_name_a_heading(doc: Path) -> None:
+    """`page.md#section` and `#section` lead to a heading that exists (a renamed heading or
+    benchmark title breaks them silently on GitHub)."""
+    bad = []
+    for target in LINK.findall(doc.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or "#" not in target:
+            continue
+        name, anchor = target.split("#", 1)
+        page = (doc.parent / name).resolve() if name else doc
+        if page.suffix == ".md" and page.is_file() and anchor not in anchors(page.read_text()):
+            bad.append(target)
+    assert not bad, f"{doc.relative_to(REPO)}: anchors with no heading {bad}"
+
+
+@pytest.mark.parametrize("doc", [d for d in documents() if d.name != "CHANGELOG.md"],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_cited_benchmark_sections_exist(doc: Path) -> None:
+    """A document that sends a reader to BENCHMARKS.md by a section's title names one that is
+    there (or the start of one); the changelog keeps the titles of its day."""
+    titles = [" ".join(t.split()) for t in headings((REPO / "BENCHMARKS.md").read_text())]
+    cited = [" ".join(t.split()) for t in CITED.findall(doc.read_text())]
+    missing = [c for c in cited if not any(t.startswith(c) for t in titles)]
+    assert not missing, f"{doc.relative_to(REPO)}: BENCHMARKS.md has no section {missing}"
