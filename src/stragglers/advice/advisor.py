@@ -15,6 +15,7 @@ from stragglers.trace.model import Trace
 
 if TYPE_CHECKING:
     from stragglers.whatif.metrics import WhatIf
+    from stragglers.whatif.result import AnalysisResult
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,9 @@ def _remedies():
     return REMEDIES
 
 
-def advise(result_or_trace: Any, *, trace: Trace | None = None, whatif: WhatIf | None = None,
-           remedies: list[str] | None = None, config: AdviseConfig | None = None,
+def advise(result_or_trace: AnalysisResult | Trace | str | Path, *, trace: Trace | None = None,
+           whatif: WhatIf | None = None, remedies: list[str] | None = None,
+           config: AdviseConfig | None = None,
            **settings: Any) -> Plan:
     """A ranked plan of remedies for one job: predicted step time and speedup of each, by replay.
 

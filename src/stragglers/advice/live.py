@@ -17,6 +17,7 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 
 import msgspec
 
@@ -36,7 +37,8 @@ def part_bytes(trace: Trace) -> bytes:
     return table_bytes(trace.ops)
 
 
-def job_meta(name: str, world_size: int, global_batch: int, calibration: dict | None) -> JobMeta:
+def job_meta(name: str, world_size: int, global_batch: int,
+             calibration: Mapping[str, object] | None) -> JobMeta:
     """The meta of a DDP job of `world_size` ranks, with its layout (so windows wait for all)."""
     extra: dict[str, object] = {
         "global_batch": int(global_batch),
@@ -50,7 +52,8 @@ class TimingPublisher:
     """One rank's rows of the step timings, uploaded as monitor parts every `every` steps."""
 
     def __init__(self, url: str, job: str, rank: int, world_size: int, global_batch: int,
-                 token: str | None = None, every: int = 1, calibration: dict | None = None):
+                 token: str | None = None, every: int = 1,
+                 calibration: Mapping[str, object] | None = None):
         from stragglers.monitor.parts import check_job_name
         from stragglers.record.upload import PartUploader
 
@@ -142,7 +145,8 @@ class _JobWindows(msgspec.Struct):
 
 
 def window_of(summary: WindowSummary, timings_by_step: dict[int, list[StepTiming]], name: str,
-              global_batch: int, calibration: dict | None = None) -> Trace | None:
+              global_batch: int,
+              calibration: Mapping[str, object] | None = None) -> Trace | None:
     """The op table of a monitor window's steps from the job's own timings (None if not all held)."""
     steps = range(summary.first_step, summary.last_step + 1)
     if not all(s in timings_by_step for s in steps):

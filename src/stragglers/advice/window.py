@@ -12,6 +12,7 @@ perf_counter, or offsets corrected).
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass, fields
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,8 @@ def window_step_time(steps: list[list[StepTiming]]) -> float:
 
 
 def window_trace(steps: list[list[StepTiming]], name: str = "window",
-                 global_batch: int | None = None, calibration: dict | None = None) -> Trace:
+                 global_batch: int | None = None,
+                 calibration: Mapping[str, object] | None = None) -> Trace:
     """The op table of a window: `steps[i]` holds every rank's StepTiming of one step.
 
     `calibration` (the job's calibration step: compute_curves, gc_sync_pause_s) goes into the
