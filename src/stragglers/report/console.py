@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich import box
 from rich.columns import Columns
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
@@ -140,7 +140,7 @@ def _attribution_tables(r: AnalysisResult) -> Group:
     tables = []
     t = r.straggling_threshold
     if r.by_optype:
-        ranked: list[tuple[Any, float]] = sorted(r.by_optype.items(), key=lambda kv: -kv[1])
+        ranked: list[tuple[str | int, float]] = sorted(r.by_optype.items(), key=lambda kv: -kv[1])
         tables.append(_value_table("By op type", "op type", ranked, t))
     if r.by_stage:
         tables.append(_value_table("By PP stage", "stage", sorted(r.by_stage.items()), t))
@@ -154,7 +154,8 @@ def _attribution_tables(r: AnalysisResult) -> Group:
     return Group(note, Columns(tables, padding=(0, 4)))
 
 
-def _value_table(title: str, key_name: str, rows: list[tuple[Any, float]], t: float) -> Table:
+def _value_table(title: str, key_name: str, rows: Sequence[tuple[str | int, float]],
+                 t: float) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column(key_name)
     table.add_column("S", justify="right")
@@ -213,7 +214,7 @@ def _top_steps(r: AnalysisResult) -> Group:
 
 
 def _diagnosis(r: AnalysisResult) -> Panel:
-    parts: list[Any] = []
+    parts: list[RenderableType] = []
     if not r.diagnosis:
         parts.append(Text("No diagnosis in this result.", style="dim"))
     for i, f in enumerate(r.diagnosis, 1):

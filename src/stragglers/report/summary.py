@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,7 +224,7 @@ def notes_by_kind(result: AnalysisResult) -> list[tuple[str, str]]:
 def describe_where(where: Where) -> str:
     """Words for a diagnosis location, e.g. 'worker dp 0 / pp 3; steps 5, 9'."""
     parts = []
-    fields: list[tuple[str, list[Any]]] = []
+    fields: list[tuple[str, Sequence[WorkerRef | int | str]]] = []
     if where.workers:  # the workers name their DP ranks, stages, ranks and hosts
         fields.append(("workers", where.workers))
     elif len(where.dp) == 1 and len(where.pp) == 1:  # one DP rank and one stage: one worker
@@ -247,7 +247,8 @@ def describe_where(where: Where) -> str:
     return "; ".join(parts) or "whole job"
 
 
-def _item_words(value: Any) -> str:
+def _item_words(value: WorkerRef | int | str) -> str:
+    """One item of a location in words: a worker with its rank and host, else the value."""
     if isinstance(value, WorkerRef):
         place = [f"rank {value.rank}"] if value.rank is not None else []
         place += [value.host] if value.host else []
