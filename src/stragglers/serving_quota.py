@@ -202,3 +202,47 @@ class MintRate:
         if bucket is not None:
             bucket.level -= 1
         self.know(owner)
+
+
+class Backpressure:
+    """Requests in progress per key (a token, a client): up to `free` go straight; past that,
+    each waits its turn at `rate` a second (a burst of `burst` at once), so that a key
+    flooding on many connections is answered at that pace, its clients idle between answers
+    rather than spinning the machine's CPUs; a turn further off than `max_wait_s` is
+    RateLimited (429 with Retry-After). A job's own calls, a few at a time, never wait.
+    Used on one event loop (no lock)."""
+
+    def __init__(self, name: str, free: int, rate: float, burst: float, max_wait_s: float,
+                 clock=time.monotonic):
+        self.name, self.free, self.max_wait_s, self.clock = name, free, max_wait_s, clock
+        self.interval = 1.0 / rate
+        self.tolerance = burst * self.interval
+        self.requests: dict[object, int] = {}
+        self._due: dict[object, float] = {}   # per key: its theoretical next turn (GCRA)
+
+    def turn(self, key: object) -> float:
+        """Count a request of `key` in progress and return how long it waits for its turn
+        (0: none); RateLimited (nothing counted) when that is more than max_wait_s."""
+        n = self.requests.get(key, 0)
+        wait = 0.0
+        if n >= self.free:
+            now = self.clock()
+            due = max(self._due.get(key, now), now)
+            wait = max(0.0, due - self.tolerance - now)
+            if wait > self.max_wait_s:
+                raise RateLimited(f"this {self.name} has {n} requests in progress and asks"
+                                  f" faster than {1 / self.interval:g} a second; retry later",
+                                  wait)
+            if len(self._due) >= 65536:   # forget the keys whose turns are past
+                self._due = {k: d for k, d in self._due.items() if d > now}
+            self._due[key] = due + self.interval
+        self.requests[key] = n + 1
+        return wait
+
+    def leave(self, key: object) -> None:
+        """A request of `key` is over."""
+        n = self.requests.get(key, 0) - 1
+        if n > 0:
+            self.requests[key] = n
+        else:
+            self.requests.pop(key, None)

@@ -53,7 +53,8 @@ from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_
     declared_length, is_loopback, \
     listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
 from stragglers.serving_guard import ErrorBody
-from stragglers.serving_quota import MintRate, RateLimited as MintRefused, quota_client
+from stragglers.serving_quota import Backpressure, MintRate, RateLimited as MintRefused, \
+    quota_client
 
 if TYPE_CHECKING:
     import uvicorn
@@ -167,6 +168,22 @@ class ServiceConfig(Config):
                                                " read)", minimum=1, maximum=1 << 16)
     max_control_calls: int = setting(64, "control calls waiting or running in all (past it:"
                                      " 503)", minimum=1, maximum=1 << 16)
+    free_requests_per_token: int = setting(4, "requests of one token (or, without one, of one"
+                                           " client address; all loopback ones together) in"
+                                           " progress that never wait; past it each waits its"
+                                           " turn at requests_per_token_s", minimum=1,
+                                           maximum=1 << 16)
+    requests_per_token_s: float = setting(200.0, "pace of a token's requests past"
+                                          " free_requests_per_token in progress (one owner"
+                                          " looping on 256 connections was answered as fast as"
+                                          " it asked, its clients spinning the CPUs other jobs"
+                                          " need)", minimum=0.01, maximum=1e7)
+    request_burst_per_token: float = setting(400.0, "turns a token may take at once before"
+                                             " requests_per_token_s counts", minimum=1.0,
+                                             maximum=1e7)
+    max_turn_wait_s: float = setting(5.0, "longest wait for a turn (past it: 429 with"
+                                     " Retry-After, answered after that wait)", minimum=0.1,
+                                     maximum=600.0)
     http: str = setting("httptools", "HTTP parser (h11: uvicorn's pure-Python one)",
                         choices=("httptools", "h11"))
     loop: str = setting("uvloop", "event loop (asyncio: the standard library's)",
@@ -829,7 +846,10 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             pool.shutdown(wait=True, cancel_futures=True)
 
     app.state.close = close
-    return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)})
+    pressure = Backpressure("token", config.free_requests_per_token,
+                            config.requests_per_token_s, config.request_burst_per_token,
+                            config.max_turn_wait_s)
+    return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)}, pressure)
 
 
 class _FastPath:
@@ -840,11 +860,33 @@ class _FastPath:
     token, errors) is the very one the Starlette route runs.
     """
 
-    def __init__(self, app: Starlette, hot: dict):
-        self.app, self.hot, self.state = app, hot, app.state
+    def __init__(self, app: Starlette, hot: dict, pressure: Backpressure):
+        self.app, self.hot, self.state, self.pressure = app, hot, app.state, pressure
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        # every request waits its token's (else its client's) turn first: a flood of one
+        # owner's writes, or of cheap anonymous ones (/health, unknown paths, refused
+        # writes), is answered at a pace, never as fast as it comes
+        key = _pressure_key(scope)
+        try:
+            wait = self.pressure.turn(key)
+        except MintRefused as exc:
+            await asyncio.sleep(self.pressure.max_wait_s)   # a refusal at once: a spinning client
+            refused = RateLimited(exc.what, exc.retry_after_s - self.pressure.max_wait_s)
+            await _error(refused)(scope, receive, send)
+            return
+        try:
+            if wait:
+                await asyncio.sleep(wait)
+            await self._serve(scope, receive, send)
+        finally:
+            self.pressure.leave(key)
+
+    async def _serve(self, scope, receive, send) -> None:
+        if scope["method"] == "POST":
             parts = scope["path"].split("/")
             if len(parts) == 4 and parts[1] == "datasets" and parts[2] and parts[3] in self.hot:
                 scope["path_params"] = {"name": parts[2]}
@@ -852,6 +894,19 @@ class _FastPath:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _pressure_key(scope) -> object:
+    """Whose turn a request waits for: its bearer token's digest, else its client's address
+    (None for every loopback one: see quota_client)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            token = token.strip()
+            if scheme.lower() == "bearer" and TOKEN_PATTERN.fullmatch(token):
+                return token_digest(token)
+            break
+    return ("client", quota_client((scope.get("client") or (None,))[0]))
 
 
 # the kind named by an error of the layers below the app (the serving guard's), by status

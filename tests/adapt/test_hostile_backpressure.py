@@ -1,0 +1,128 @@
+"""Backpressure per token (else per client): one owner flooding on many connections, or a
+flood of cheap anonymous requests, is answered at a pace (429 with Retry-After past the
+longest wait), while another job's calls, a few at a time, never wait."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from stragglers.adapt.service import EmbeddedServer, ServiceConfig
+from stragglers.serving_quota import Backpressure, RateLimited
+
+OWNER, OTHER = "flooding-owner-token-0123", "well-behaved-token-012345"
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_past_its_free_requests_a_key_waits_its_turn_and_is_refused_past_the_longest_wait():
+    clock = Clock()
+    p = Backpressure("token", free=2, rate=10, burst=1, max_wait_s=0.25, clock=clock)
+    assert p.turn("a") == 0 and p.turn("a") == 0          # free: no turn taken
+    assert p.turn("a") == 0                               # the burst
+    assert p.turn("a") == 0                               # (GCRA: one interval late at most)
+    assert p.turn("a") == pytest.approx(0.1)
+    assert p.turn("a") == pytest.approx(0.2)
+    with pytest.raises(RateLimited) as refused:
+        p.turn("a")
+    assert refused.value.retry_after_s == pytest.approx(0.3)
+    assert p.requests["a"] == 6                            # the refused one is not counted
+    assert p.turn("b") == 0                               # another key never waits for "a"
+    for _ in range(6):
+        p.leave("a")
+    assert "a" not in p.requests
+    assert p.turn("a") == 0                               # nothing in progress: free again
+    clock.now += 10                                       # turns refill with time
+    p.turn("a")
+    assert p.turn("a") == 0
+
+
+def _held_request(port: int, token: str | None) -> socket.socket:
+    """A lease whose body never comes: one request of `token` in progress until closed."""
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(f"POST /datasets/d/lease HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: "
+              "application/json\r\nContent-Length: 100\r\n\r\n".encode())
+    return s
+
+
+@pytest.mark.slow
+def test_a_token_flooding_is_refused_429_after_the_longest_wait_others_are_served(tmp_path):
+    # One owner on 256 connections was answered as fast as it asked (its clients spinning the
+    # CPUs another job's leases need); now past one request in progress its turns come at
+    # requests_per_token_s (here one per 100 s: two in a burst, then 429 with Retry-After).
+    cfg = ServiceConfig(free_requests_per_token=1, requests_per_token_s=0.01,
+                        request_burst_per_token=1, max_turn_wait_s=0.5)
+    srv = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            for token, name in ((OWNER, "d"), (OTHER, "e")):
+                h = {"Authorization": f"Bearer {token}"}
+                assert c.post("/datasets", headers=h, json={"name": name, "num_samples": 100,
+                                                             "shard_size": 10}).status_code == 200
+            held = _held_request(srv.port, OWNER)
+            try:
+                h = {"Authorization": f"Bearer {OWNER}"}
+                codes = [c.post("/datasets/d/join", headers=h, json={"worker": f"w{i}"})
+                         for i in range(3)]
+                assert [r.status_code for r in codes[:2]] == [200, 200], codes[0].text
+                t0 = time.monotonic()
+                refused = c.post("/datasets/d/join", headers=h, json={"worker": "late"})
+                assert refused.status_code == 429, refused.text
+                assert time.monotonic() - t0 >= 0.5   # answered after the longest wait
+                assert int(refused.headers["retry-after"]) >= 1
+                assert set(refused.json()) == {"error", "kind", "field"}
+                # another token, one call at a time, never waits for the flooding one
+                h2 = {"Authorization": f"Bearer {OTHER}"}
+                for i in range(5):
+                    assert c.post("/datasets/e/join", headers=h2,
+                                  json={"worker": f"w{i}"}).status_code == 200
+                assert c.get("/health").status_code == 200
+            finally:
+                held.close()
+            # the flooding token's status: only the refused join left nothing behind
+            workers = c.get("/datasets/d/status").json()
+            assert "late" not in str(workers)
+            # nothing of it in progress any more: free again (the held request gone)
+            for _ in range(50):
+                if c.post("/datasets/d/join", headers=h, json={"worker": "again"}
+                          ).status_code == 200:
+                    break
+                time.sleep(0.1)   # (the server learns of the closed socket when it reads)
+            else:
+                pytest.fail("the owner stayed paced after its requests ended")
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow
+def test_a_flood_of_anonymous_requests_is_paced_too(tmp_path):
+    # /health, unknown paths and tokenless writes were answered as fast as they came
+    cfg = ServiceConfig(free_requests_per_token=1, requests_per_token_s=0.01,
+                        request_burst_per_token=1, max_turn_wait_s=0.3)
+    srv = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
+    try:
+        held = _held_request(srv.port, None)
+        try:
+            with httpx.Client(base_url=srv.url, timeout=60) as c:
+                codes = [c.get(p).status_code for p in ("/health", "/nowhere", "/health")]
+                assert codes == [200, 404, 429], codes
+                # a job with a token is not an anonymous client
+                h = {"Authorization": f"Bearer {OTHER}"}
+                assert c.post("/datasets", headers=h, json={"name": "e", "num_samples": 100,
+                                                             "shard_size": 10}).status_code == 200
+        finally:
+            held.close()
+    finally:
+        srv.stop()
