@@ -1,0 +1,47 @@
+"""docs/architecture.md's package diagram is the one docs/package_graph.py draws from the code."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "docs" / "architecture.md"
+
+
+@functools.cache
+def package_graph_module():
+    """docs/package_graph.py, imported from its path (docs/ is no package)."""
+    spec = importlib.util.spec_from_file_location("package_graph",
+                                                  REPO / "docs" / "package_graph.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """The import graph of src/stragglers between packages, read once for both tests."""
+    return package_graph_module().package_graph()
+
+
+def test_the_diagram_is_the_graph_of_the_code() -> None:
+    """A new import between packages changes the diagram; the page must be regenerated with
+    the command it shows (its --hide list included)."""
+    text = PAGE.read_text()
+    hide = re.search(r"docs/package_graph\.py --hide (\S+)", text)
+    diagram = re.search(r"```mermaid\n(.*?)```", text, re.S)
+    assert hide and diagram, "docs/architecture.md lost its diagram or the command that draws it"
+    pg = package_graph_module()
+    drawn = pg.mermaid(graph(), set(hide.group(1).split(",")))
+    assert diagram.group(1).strip() == re.sub(r"^```mermaid\n|```$", "", drawn.strip()).strip(), (
+        "docs/architecture.md's diagram is stale: rerun .venv/bin/python docs/package_graph.py "
+        f"--hide {hide.group(1)}")
+
+
+def test_the_packages_have_no_import_cycle() -> None:
+    """The page says there is none; the graph of the code agrees."""
+    assert package_graph_module().cycles(graph()) == []
