@@ -95,7 +95,7 @@ def adaptive(tmp: Path, steps: int) -> Figure:
 
 
 def walk() -> Figure:
-    """The README walk test's wall time (it skips without ../shared/data)."""
+    """The README walk test's wall time (it skips without the real traces: tests/README.md)."""
     t0 = time.monotonic()
     proc = subprocess.run([str(BIN / "pytest"), "-q", "-s", "-p", "no:cacheprovider",
                            "tests/surface/test_readme_walk.py::"

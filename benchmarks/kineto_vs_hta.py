@@ -20,7 +20,8 @@ is printed with each row: on a shared machine wall times move with it, CPU times
     .venv/bin/python benchmarks/kineto_vs_hta.py [--cases cpu,nccl] [--work DIR] [--hta-venv DIR]
 
 The inputs are made under runs/kineto-vs-hta and HTA's venv is runs/hta-venv (both ignored by
-git), made on the first run with pip from PyPI; HTA's sample is read from ../shared/data.
+git), made on the first run with pip from PyPI; HTA's sample is one of the real traces, read where
+the tests read them (tests/README.md, "Real data").
 """
 
 from __future__ import annotations

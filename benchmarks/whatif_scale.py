@@ -3,8 +3,8 @@
 Usage: .venv/bin/python benchmarks/whatif_scale.py [--sizes 1,4,16] [--workdir runs/bench]
 Each analysis runs in a fresh subprocess (load from disk + S + all decompositions + M_W + M_S +
 diagnosis); its wall time, CPU time and peak RSS (ru_maxrss) are reported and written to
-benchmarks/results/whatif_scale.json. The SE sample is read from ../shared/data (the real traces
-beside the checkout, as the tests read them); the synthetic runs are generated under --workdir.
+benchmarks/results/whatif_scale.json. The SE sample is one of the real traces, read where the
+tests read them (tests/README.md, "Real data"); the synthetic runs are generated under --workdir.
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def main() -> None:
     rows = []
     se_path = work / "se-x16" / "trace-SEx16.parquet"
     if not SE.exists():
-        sys.exit(f"whatif_scale: the SE sample {SE} is missing (the real traces live in "
-                 "../shared/data beside the checkout)")
+        sys.exit(f"whatif_scale: the SE sample {SE} is missing (where the real traces are read "
+                 "from: tests/README.md, 'Real data')")
     make_se_tiled(se_path)
     rows.append(("SE x16 (dp 512)", run_child(se_path)))
     print(rows[-1], flush=True)
