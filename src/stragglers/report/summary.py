@@ -123,7 +123,7 @@ def coverage_words(result: AnalysisResult) -> str | None:
         by_stage: dict[int, list[int]] = {}
         for d, p in job.missing_workers:
             by_stage.setdefault(p, []).append(d)
-        text += "; missing: " + "; ".join(f"pp {p}: dp {ranges(sorted(ds))}"
+        text += "; missing: " + "; ".join(f"pp {p}: dp {wording.ranges(sorted(ds), dash='–')}"
                                          for p, ds in sorted(by_stage.items()))
     return text
 
@@ -254,11 +254,6 @@ def _item_words(value: WorkerRef | int | str) -> str:
         place += [value.host] if value.host else []
         return f"dp {value.dp} / pp {value.pp}" + (f" ({', '.join(place)})" if place else "")
     return str(value)
-
-
-def ranges(values: list[int]) -> str:
-    """Compact '1–3, 7' rendering of sorted integers, as reports write them."""
-    return wording.ranges(values, dash="–")
 
 
 def fmt(value: float | None, spec: str = ".3f", missing: str = "—") -> str:
