@@ -122,6 +122,24 @@ def test_host_stall_is_attributed_to_the_stalling_worker(pp, sync):
     assert abs(f.speedup_if_fixed / truth - 1) < 0.05
 
 
+def test_a_host_stall_beside_a_slow_peer_of_its_stage_is_named_where_it_holds_the_group_up():
+    # dp 2 x pp 2: rank (0, 1) stalls 85 ms per step, its stage peer (1, 1) computes 2.3x. At
+    # most collectives the stalled rank arrives first and waits for the slow one (its mean
+    # arrival is early), but at the step's first it arrives last and holds the group up by
+    # its stall: the stall costs the job x1.05 beside the slow worker, and both are named.
+    trace = generate(dp=2, pp=2, microbatches=8, steps=8, seed=1050, noise=0.05, sync="zero",
+                     slow_worker=(1, 1, 2.2956349383630235),
+                     host_stall={"dp": 0, "stage": 1, "seconds": 0.08512393144889112})
+    r = analyze(trace)
+    assert set(causes(r)) == {"worker_fault", "host_stall"}, r.diagnosis
+    assert workers(finding(r, "worker_fault")) == [(1, 1)]
+    stall = finding(r, "host_stall")
+    assert workers(stall) == [(0, 1)]
+    truth = next(t["impact"] for t in trace.meta.extra["ground_truth"]
+                 if t["cause"] == "host_stall")
+    assert abs(stall.speedup_if_fixed / truth - 1) < 0.02
+
+
 def test_gc_inside_compute_is_found_from_the_duration_pattern():
     trace = generate(dp=4, pp=2, microbatches=8, steps=8, seed=6, gc_in_compute=(0.3, 0.2))
     r = analyze(trace)
