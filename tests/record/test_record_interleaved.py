@@ -8,10 +8,10 @@ import re
 import numpy as np
 import pytest
 from conftest import REPO, torchrun
+from replaycheck import check_replay
 
 from stragglers.trace.model import OPTYPE_CODES
 from stragglers.trace.runformat import read_run
-from stragglers.whatif import analyze
 
 TRAIN = REPO / "examples" / "train_gpt.py"
 pytestmark = pytest.mark.distributed
@@ -47,6 +47,7 @@ def test_interleaved_pipeline_records_chunks_and_replays(tmp_path):
     assert [n(1, x) for x in ("forward-recv", "forward-send", "backward-recv", "backward-send")] \
         == [8, 4, 4, 8]
 
-    result = analyze(trace)
-    assert result.job.vpp == 2
-    assert result.sim_error <= 0.05, result.sim_error
+    # The replay is exact but for what gloo's early sends move later (replaycheck.py): no
+    # bound on sim_error, which grows with the machine's load through those sends.
+    replayed = check_replay(trace)
+    assert replayed["result"].job.vpp == 2
