@@ -42,6 +42,33 @@ class ConnectionLimits:
 TARGET_KEY = "stragglers.request_target"
 
 
+# the scope key under which `park` keeps an event while a request waits for its turn and has
+# done nothing yet (backpressure): at a connection cap such a connection is closed first after
+# idle ones (503), and one its client closed or a server shutting down ends the wait at once (a flooding owner's requests waiting their turns held every connection of a loopback
+# address, and another job's new connection was refused)
+PARKED_KEY = "stragglers.parked"
+
+
+async def park(scope: dict, seconds: float) -> bool:
+    """Wait `seconds` for a request's turn, its connection marked closable meanwhile; False
+    when it was closed (by its client, a connection cap or a shutdown): do nothing of it."""
+    woken = scope[PARKED_KEY] = asyncio.Event()
+    try:
+        await asyncio.wait_for(woken.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass
+    closed = woken.is_set()
+    scope.pop(PARKED_KEY, None)
+    return not closed
+
+
+def _unpark(conn) -> None:
+    """End the wait of a connection's parked request (see park)."""
+    woken = getattr(conn.cycle, "scope", {}).get(PARKED_KEY)
+    if isinstance(woken, asyncio.Event):
+        woken.set()
+
+
 # A service's error body from (status, message); the default is `{"error": message}`.
 # An error body: text fields, None where a field does not apply (the shard service's `field`).
 ErrorBody = dict[str, "str | None"]
@@ -91,7 +118,16 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
 
         def connection_lost(self, exc) -> None:
             book.forget(self)
+            if _parked(self):
+                _unpark(self)   # nobody is left to answer: the request is dropped
             super().connection_lost(exc)
+
+        def shutdown(self) -> None:
+            if _parked(self):   # a request waiting its turn does not hold a shutdown up
+                _unpark(self)
+                self.transport.close()
+                return
+            super().shutdown()
 
         def data_received(self, data: bytes) -> None:
             # bytes of the next request's head (not the rest of a body answered before it was
@@ -295,6 +331,8 @@ class _Connections:
                 key = (2, c._g_stalled)
             elif _waiting(c):
                 key = (0 if c._g_fresh else 1, c._g_phase_at)
+            elif _parked(c):
+                key = (2.5, c._g_phase_at)
             elif idle_only:
                 continue
             elif c._g_body is not None and now - c._g_body[1] >= self.limits.cap_grace_s:
@@ -312,6 +350,10 @@ class _Connections:
             _close(c, abort=True)
         elif _waiting(c):
             _close(c)
+        elif _parked(c):
+            _unpark(c)   # the app, woken, does nothing of it
+            _close(c, 503, "Service Unavailable", "request: still waiting its turn while the"
+                   " service is full of connections; retry later")
         else:
             _close(c, 503, "Service Unavailable", "request body: too slow while the "
                    "service is full of connections; retry later")
@@ -377,6 +419,13 @@ class _Connections:
 def _waiting(conn) -> bool:
     """Whether a connection waits for a request's head (no request in progress)."""
     return conn.cycle is conn._g_phase_cycle
+
+
+def _parked(conn) -> bool:
+    """Whether a connection's request waits for its turn (the app set PARKED_KEY)."""
+    cycle = conn.cycle
+    return cycle is not None and not cycle.response_complete and \
+        isinstance(getattr(cycle, "scope", {}).get(PARKED_KEY), asyncio.Event)
 
 
 def _body_left(conn) -> bool:

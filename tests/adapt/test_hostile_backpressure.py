@@ -126,3 +126,75 @@ def test_a_flood_of_anonymous_requests_is_paced_too(tmp_path):
             held.close()
     finally:
         srv.stop()
+
+
+def _join(port: int, token: str, worker: str, s: socket.socket | None = None) -> socket.socket:
+    body = f'{{"worker": "{worker}"}}'.encode()
+    s = s or socket.create_connection(("127.0.0.1", port))
+    s.sendall(f"POST /datasets/d/join HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+              f"{token}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+              "\r\n\r\n".encode() + body)
+    return s
+
+
+def _response(s: socket.socket) -> bytes:
+    """One whole response read from `s` (head and Content-Length body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(4096)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += s.recv(4096)
+    return head
+
+
+@pytest.mark.slow
+def test_requests_waiting_their_turn_give_their_connections_up_at_the_cap(tmp_path):
+    # A flooding owner's requests waiting their turns held every connection a loopback
+    # address may have: another job's new connection was refused 503 (fails before: no
+    # connection was closable). Now one waiting its turn is closed (503, nothing done).
+    from stragglers.adapt.service import token_digest
+
+    cfg = ServiceConfig(max_connections=8, free_requests_per_token=1,
+                        requests_per_token_s=0.02, request_burst_per_token=1,
+                        max_turn_wait_s=600)
+    srv = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
+    try:
+        h = {"Authorization": f"Bearer {OWNER}"}
+        assert httpx.post(f"{srv.url}/datasets", headers=h, timeout=60, json={
+            "name": "d", "num_samples": 100, "shard_size": 10}).status_code == 200
+        held = _held_request(srv.port, OWNER)
+        first = None
+        for i in range(2):   # the burst: answered at once (on a connection kept, not idle after)
+            first = _join(srv.port, OWNER, f"b{i}", first)
+            assert _response(first).startswith(b"HTTP/1.1 200"), i
+        parked = [_join(srv.port, OWNER, "p0", first)]
+        parked += [_join(srv.port, OWNER, f"p{i}") for i in range(1, 7)]   # 8: the cap
+        try:
+            pressure = srv.app.pressure
+            for _ in range(600):   # until the service has all 8 requests in progress
+                if pressure.requests.get(token_digest(OWNER)) == 8:
+                    break
+                time.sleep(0.05)
+            assert pressure.requests.get(token_digest(OWNER)) == 8
+            h2 = {"Authorization": f"Bearer {OTHER}"}
+            r = httpx.post(f"{srv.url}/datasets", headers=h2, timeout=60, json={
+                "name": "e", "num_samples": 100, "shard_size": 10})
+            assert r.status_code == 200, r.text
+            answers = []
+            for s in parked:
+                s.settimeout(0.5)
+                try:
+                    answers.append(s.recv(4096))
+                except OSError:
+                    answers.append(b"")
+            closed = [a for a in answers if a]
+            assert closed and all(a.startswith(b"HTTP/1.1 503") for a in closed), answers
+        finally:
+            held.close()
+            for s in parked:
+                s.close()
+    finally:
+        srv.stop()

@@ -59,9 +59,14 @@ class SnapshotParser:
             self._pool = ProcessPoolExecutor(self.n, multiprocessing.get_context("spawn"))
         try:
             out = await asyncio.wrap_future(self._pool.submit(_in_child, raw, name))
-        except BrokenProcessPool:
-            self._pool = None   # (killed, e.g. out of memory): a new one for the next restore
-            raise Busy("the process preparing restores died; retry later") from None
+        except (BrokenProcessPool, RuntimeError, OSError) as exc:
+            # killed (out of memory), or could not start (an embedding script without a
+            # __main__ guard, out of processes): a new pool for the next restore, not a 500
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise Busy(f"the process preparing restores died or could not start"
+                       f" ({type(exc).__name__}); retry later") from None
         if out[0] == "input":
             raise out[1](out[2], out[3], out[4])
         if out[0] == "error":

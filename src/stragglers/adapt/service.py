@@ -52,7 +52,7 @@ from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_url, \
     declared_length, is_loopback, \
     listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
-from stragglers.serving_guard import ErrorBody
+from stragglers.serving_guard import ErrorBody, park
 from stragglers.serving_quota import Backpressure, MintRate, RateLimited as MintRefused, \
     quota_client
 
@@ -874,13 +874,15 @@ class _FastPath:
         try:
             wait = self.pressure.turn(key)
         except MintRefused as exc:
-            await asyncio.sleep(self.pressure.max_wait_s)   # a refusal at once: a spinning client
-            refused = RateLimited(exc.what, exc.retry_after_s - self.pressure.max_wait_s)
-            await _error(refused)(scope, receive, send)
+            # answered after the longest wait, not at once (a refusal at once is a loop that
+            # spins), its connection closable meanwhile
+            if await park(scope, self.pressure.max_wait_s):
+                refused = RateLimited(exc.what, exc.retry_after_s - self.pressure.max_wait_s)
+                await _error(refused)(scope, receive, send)
             return
         try:
-            if wait:
-                await asyncio.sleep(wait)
+            if wait and not await park(scope, wait):
+                return   # closed while it waited (its client, a connection cap): nothing done
             await self._serve(scope, receive, send)
         finally:
             self.pressure.leave(key)
