@@ -138,7 +138,8 @@ def closed_form_coefficients(n: int, s: int, first_root: int, g_at_1: complex,
     coefficient is read off by a length-n DFT of L_k; since the nodes are n-th roots of unity,
     every product over survivors turns into one over the s stragglers S:
     Π_{j∈K, j≠k}(z_k − z_j) = n z_k^{-1} / Π_{m∈S}(z_k − ω^m). For the complex code (t0 = N−1)
-    this equals the spec's Lagrange form a_k = (n/g(1))·z_k^{N−1}/Π_{j∈K, j≠k}(z_k − z_j).
+    this equals the closed form a_k = (n/g(1))·z_k^{N−1}/Π_{j∈K, j≠k}(z_k − z_j) (the Lagrange
+    coefficients of docs/gradient-coding.md §3).
     """
     K = np.asarray(survivors)
     S = np.setdiff1d(np.arange(n), K)

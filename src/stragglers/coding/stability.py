@@ -1,4 +1,4 @@
-"""The numerical-stability guard (spec §3): refuse or warn before an unstable code is used.
+"""The numerical-stability guard (docs/gradient-coding.md §3): refuse or warn before an unstable code is used.
 
 What it bounds. Let G be the n part gradients (rows g_j, as the workers computed them),
 g = Σ_j g_j, and ĝ what the aggregator decodes from the messages of a survivor set K when

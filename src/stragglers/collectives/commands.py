@@ -19,7 +19,7 @@ MAX_SCHEDULE_N = 4096   # 8.4 M transfers (1,024 ranks: built and verified in ~4
 
 def stragglar_schedule(
     n: int = typer.Option(..., "--n", help="number of ranks (the straggler is rank n-1)"),
-    show: bool = typer.Option(True, help="print the rounds in the spec's notation"),
+    show: bool = typer.Option(True, help="print the rounds in docs/stragglar.md's notation"),
 ) -> None:
     """Synthesise, verify and time the StragglAR phase-2 schedule for n ranks."""
     from stragglers.collectives.schedule import synthesize, verify

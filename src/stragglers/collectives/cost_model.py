@@ -1,4 +1,4 @@
-"""α–β cost model of AllReduce algorithms with a late rank (spec §3).
+"""α–β cost model of AllReduce algorithms with a late rank (docs/stragglar.md §3).
 
 α is the per-message latency (s), β the time per byte (s/B), s the buffer size (B) and D how
 long after the others the straggler reaches the collective (s). All times include D, so they
@@ -122,11 +122,11 @@ def break_even_delay(n: int, size: float, link: LinkModel) -> float:
 
 
 def speedup_over_ring(n: int, size: float, link: LinkModel, delay: float | None = None) -> float:
-    """Ring time / StragglAR time; delay=None means phase 1 fully hidden (the spec's table)."""
+    """Ring time / StragglAR time; delay=None means phase 1 fully hidden (docs/stragglar.md §3)."""
     if delay is None:
         return ring_time(n, size, link) / stragglar_phase2_time(n, size, link)
     return ring_time(n, size, link, delay) / stragglar_time(n, size, link, delay)
 
 
 PAPER_LINK = LinkModel.from_bandwidth(3e-6, 450 * 2**30)
-"""The spec's reference link: α = 3 µs, 1/β = 450 GiB/s."""
+"""The paper's reference link: α = 3 µs, 1/β = 450 GiB/s."""

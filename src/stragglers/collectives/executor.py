@@ -1,4 +1,4 @@
-"""StragglAR AllReduce on torch.distributed point-to-point operations (spec §2).
+"""StragglAR AllReduce on torch.distributed point-to-point operations (docs/stragglar.md §2).
 
 Phase 1: the n-1 ready ranks reduce-scatter their buffers (the library collective on a
 sub-group where the backend has it, else a ring of isend/irecv). Phase 2: the synthesised

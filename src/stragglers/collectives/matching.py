@@ -1,5 +1,5 @@
 """StragglAR phase-2 schedules for n that is not a power of two: a maximum-weight matching
-per round, searched with a small beam (spec §2: "a greedy maximum-weight matching per round").
+per round, searched with a small beam (docs/stragglar.md §2).
 
 Each round is a maximum-weight bipartite matching (senders × receivers, scipy's
 `linear_sum_assignment`) in which a sender offers a receiver the chunk it lacks that is most

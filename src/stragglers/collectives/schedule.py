@@ -1,4 +1,4 @@
-"""StragglAR phase-2 schedules: data model, synthesisers for any n and a verifier (spec §2).
+"""StragglAR phase-2 schedules: data model, synthesisers for any n and a verifier (docs/stragglar.md §2).
 
 Ranks are *logical*: the straggler is S = n-1, the ready ranks are 0..n-2, and chunk g is the
 chunk that ready rank g reduced in phase 1. The executor maps logical ranks onto real ones.
@@ -65,7 +65,7 @@ class Schedule:
         return self._plans[rank]
 
     def describe(self) -> str:
-        """The schedule in the notation of spec §2 (a⇄S:k, a→b:k, a⇄b:k/l)."""
+        """The schedule in the notation of docs/stragglar.md §2 (a⇄S:k, a→b:k, a⇄b:k/l)."""
         s = self.n - 1
         name = lambda r: "S" if r == s else str(r)  # noqa: E731
         lines = []
@@ -102,7 +102,7 @@ def _where(i: int, t: Transfer) -> str:
 
 
 def verify(schedule: Schedule) -> None:
-    """Check the schedule; raise StragglersError naming the first violated rule (spec §2)."""
+    """Check the schedule; raise StragglersError naming the first violated rule (docs/stragglar.md §2)."""
     n, s = schedule.n, schedule.n - 1
     held: list[set[int]] = [set() for _ in range(n)]  # fully reduced chunks each rank holds
     exchanged = set()
@@ -157,7 +157,7 @@ def _exchange(r: int, s: int) -> list[Transfer]:
 def _power_of_two_schedule(n: int) -> list[list[Transfer]]:
     """The optimal n-2+log2(n)-round construction for n a power of two.
 
-    Invariant (spec §2): after round t the ready ranks are partitioned by the active chunks
+    Invariant (docs/stragglar.md §2): after round t the ready ranks are partitioned by the active chunks
     t-L+1..t with sizes n/2..1, and rank m sits in chunk m-L's group when it meets S at round m.
     """
     L = n.bit_length() - 1

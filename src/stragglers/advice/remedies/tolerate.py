@@ -199,7 +199,8 @@ class GradientCoding(RemedyBase):
         delay[before] *= factor[None]
         step = ctx.step_times(cost, delay)
         # exact codes only: FRC where (s+1) | n, else the real cyclic MDS code (n − s odd) or
-        # the complex one (spec §2), named explicitly so the code does not fall back silently
+        # the complex one (docs/gradient-coding.md §2), named explicitly so the code does not
+        # fall back silently
         scheme = "frc" if n % (s + 1) == 0 else \
             ("cyclic-mds-real" if (n - s) % 2 else "cyclic-mds-complex")
         return self.priced(
