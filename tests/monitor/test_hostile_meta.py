@@ -97,3 +97,38 @@ def test_stored_rows_that_do_not_read_leave_the_service_up(tmp_path):
             assert c.get("/api/jobs/good").status_code == 200
     finally:
         s.stop()
+
+
+def test_a_key_given_twice_or_a_layout_placing_two_ranks_at_one_place_is_refused(tmp_path):
+    # {"dp_size": 3, ..., "dp_size": 2}: JSON leaves which one counts to the reader (the job was
+    # taken with the last, a script reading the file may take the first); a layout with two
+    # ranks at one (dp_rank, stage) was stored and every window of the job failed
+    trace = slow_job(steps=10)
+    meta = trace.meta.to_dict()
+    twice = '{"dp_size": 3, ' + json.dumps(meta)[1:]   # the last one (2) agrees with the rest
+    shared = json.loads(json.dumps(meta))
+    shared["extra"]["layout"][1].update(dp_rank=shared["extra"]["layout"][0]["dp_rank"],
+                                        stage=shared["extra"]["layout"][0]["stage"])
+    runs = tmp_path / "runs"
+    for name, text in (("twice", twice), ("shared", json.dumps(shared))):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "meta.json").write_text(text)
+    s = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            r = c.put("/api/jobs/a/meta", content=twice, headers=AUTH)
+            assert r.status_code == 422 and "'dp_size'" in r.json()["error"] \
+                and "given twice" in r.json()["error"], r.text
+            r = c.put("/api/jobs/b/meta", json=shared, headers=AUTH)
+            assert r.status_code == 422 and "the place of rank" in r.json()["error"], r.text
+            def watched():
+                return sorted(p["source"].split("/")[0] for p in get(c, "/api/stats")["rejects"]
+                              if p["reason"] == "bad_meta" and "meta.json" in p["source"]
+                              and not p["source"].startswith("PUT"))
+
+            assert eventually(lambda: len(watched()) == 2 and watched(),
+                              what="both refused") == ["shared", "twice"]
+            assert get(c, "/api/jobs")["jobs"] == []
+            assert c.get("/health").status_code == 200
+    finally:
+        s.stop()

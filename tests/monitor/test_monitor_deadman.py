@@ -382,3 +382,41 @@ def test_a_batch_landing_between_the_check_and_the_deferral_wakes_the_tick(monit
     monitor._tick_wake.clear()
     monitor.tick(deadline + 0.02)
     assert monitor.states["j"] == "stalled"   # its part was refused: no sign of life
+
+
+def test_a_rank_quiet_past_its_deadline_is_silent_once_the_others_go_past_its_steps(monitor):
+    # rank 3 sent steps 0 and 1 at once, then nothing: its deadline passes while it is not
+    # behind (the others are at step 1 too), so nothing is decided and no wake is due for it;
+    # once the others' step 2 lands it is silent, and was decided a whole tick later
+    feed(monitor, 0, range(4), queued_ago=STALL + 1.0)
+    feed(monitor, 1, [3], queued_ago=STALL + 1.0)
+    feed(monitor, 1, [0, 1, 2], queued_ago=STALL / 2)
+    tr = monitor.trackers["j"]
+    monitor.tick(tr.ranks[3].last_arrival + STALL + 0.5)
+    assert monitor.states["j"] == "running" and not monitor.store.alerts(job="j")
+    monitor._tick_wake.clear()
+    feed(monitor, 2, [0, 1, 2])   # rank 3 now behind, quiet for longer than STALL
+    assert monitor._tick_wake.is_set()   # the tick decides it now ...
+    monitor.tick(tr.last_arrival + 0.001)
+    assert [(a.rule, a.labels.rank) for a in monitor.store.alerts(job="j", status="firing")] \
+        == [("rank_silent", "3")]
+
+
+def test_ranks_sending_a_moment_after_the_first_one_when_a_job_resumes_are_not_silent(monitor):
+    # the whole job quiet past stall_after_s (a checkpoint: its own silence, `stalled`), then
+    # rank 0's part lands first: the others were quiet as long and are behind it for the
+    # moment until theirs land, and were each called silent (an alert fired and resolved)
+    feed(monitor, 0, range(4), queued_ago=STALL + 1.0)
+    tr = monitor.trackers["j"]
+    feed(monitor, 1, [0])
+    resumed = tr.ranks[0].last_arrival
+    monitor.tick(resumed + 0.01)
+    assert monitor.states["j"] == "running" and not monitor.store.alerts(job="j")
+    feed(monitor, 1, [1, 2])
+    # rank 3's silence counts from the resume: called silent stall_after_s after it
+    monitor.tick(resumed + STALL - 0.01)
+    assert not monitor.store.alerts(job="j")
+    feed(monitor, 2, [0, 1, 2], queued_ago=0.0)
+    monitor.tick(max(resumed + STALL, tr.last_arrival) + 0.01)
+    assert [(a.rule, a.labels.rank) for a in monitor.store.alerts(job="j", status="firing")] \
+        == [("rank_silent", "3")]

@@ -324,3 +324,67 @@ def test_links_out_of_the_watched_folder_are_refused_once_and_links_inside_follo
     finally:
         monitor.stop()
         store.close()
+
+
+def test_a_part_swapped_for_a_link_out_after_its_name_was_checked_is_refused(tmp_path,
+                                                                           monkeypatch):
+    # the name was checked (a regular file inside the watched folder) and the open followed
+    # whatever lay there by then: a link swapped in between led out of the folder and was
+    # read. The attacker wins the race here for certain: the swap runs right after the check.
+    from stragglers.monitor.ingest_files import DirectoryWatcher
+    from stragglers.monitor.service import Monitor
+    from stragglers.monitor.store import open_store
+    root, outside = tmp_path / "runs", tmp_path / "elsewhere"
+    run = root / "job-r"
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    start_run(run, trace)
+    write_parts(run, parts)
+    write_parts(outside, parts)   # the same parts, outside: valid Parquet the swap leads to
+    swapped = []
+    checked = DirectoryWatcher._escapes
+
+    def check_then_swap(self, path):
+        got = checked(self, path)
+        if got is None and path.name.startswith("rank-00001.") and path.name != "meta.json":
+            path.unlink()
+            path.symlink_to(outside / path.name)
+            swapped.append(path.name)
+        return got
+
+    monkeypatch.setattr(DirectoryWatcher, "_escapes", check_then_swap)
+    store = open_store(tmp_path / "mon.db", durable=False)
+    monitor = Monitor(store, FAST.replace(rescan_s=3600)).start()
+    try:
+        watcher = DirectoryWatcher(monitor, [root])
+        watcher.scan()
+        assert monitor.wait_idle(120)
+        assert sorted(swapped) == sorted(f"rank-00001.part-{p:06d}.parquet" for p in (0, 1))
+        refused = sorted(r["source"].rsplit("/", 1)[-1] for r in monitor.recent_rejects
+                         if "outside the watched folder" in r["problem"])
+        assert refused == sorted(swapped)
+        assert store.totals()["by_way"]["files"].parts == len(parts) - 2
+        assert not store.has_part("job-r", 1, 0) and store.has_part("job-r", 0, 0)
+    finally:
+        monitor.stop()
+        store.close()
+
+
+def test_a_link_swapped_in_after_a_part_was_stored_is_not_read_by_its_window(tmp_path):
+    # a stored part's rows are read again by its window (in the analysis process): the file
+    # is judged where it is opened there too, not only at ingest
+    from stragglers.monitor.parts import read_part_files
+    root, outside = tmp_path / "runs", tmp_path / "elsewhere"
+    trace = slow_job(steps=4)
+    parts = [p for p in parts_of(trace, 4) if p[0] == 0]
+    write_parts(root / "job", parts)
+    write_parts(outside, parts)
+    (root / "kept").mkdir()
+    name = "rank-00000.part-000000.parquet"
+    (root / "kept" / name).symlink_to(root / "job" / name)
+    inside = read_part_files([root / "kept" / name], within=[str(root)])
+    assert not isinstance(inside[0], InputError), inside   # a link inside is followed
+    (root / "job" / name).unlink()
+    (root / "job" / name).symlink_to(outside / name)
+    got = read_part_files([root / "job" / name], within=[str(root)])
+    assert isinstance(got[0], InputError) and "outside the watched folder" in got[0].problem

@@ -140,7 +140,12 @@ def test_a_silent_rank_then_a_silent_job_alert_and_resolve(tmp_path, receiver):
             heard = monitor.trackers["j"].ranks[3].last_arrival
             time.sleep(max(0.0, heard + 1.1 - time.time()))
             upload(c, "j", [p for p in parts if p[1] == 3 and p[0] != 3])
-            monitor.tick(monitor.trackers["j"].last_arrival)   # rank 3 quiet >= 1 s, job not
+            # the job was quiet 1.1 s as a whole (its own silence: `stalled`), so its ranks'
+            # silence counts from when it sent again (rank 0's part): the others' parts,
+            # a moment after rank 0's, were not a silence of theirs
+            tr = monitor.trackers["j"]
+            assert tr.resumed_at is not None and tr.resumed_at >= heard + 1.0
+            monitor.tick(tr.resumed_at + 1.0)   # rank 3 quiet >= 1 s since, the job not
             silent = eventually(lambda: receiver.alerts("rank_silent"), timeout=30,
                                 what="rank_silent")
             job = get(c, "/api/jobs/j")

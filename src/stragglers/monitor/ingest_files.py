@@ -40,6 +40,7 @@ class DirectoryWatcher:
                                  "folder of run directories to watch)")
         self.rescan_s = monitor.config.rescan_s if rescan_s is None else rescan_s
         monitor.private_roots.update(str(r) for r in self.roots)
+        monitor.watched_roots.extend(r for r in self.roots if r not in monitor.watched_roots)
         self.jobs: dict[Path, str] = {}          # run directory -> job name
         self.waiting: dict[Path, set[Path]] = {}  # parts seen before their meta.json
         self.refused: set[Path] = set()          # part names refused (said once)
@@ -195,7 +196,8 @@ class DirectoryWatcher:
         try:
             # a regular file of bounded size, opened without blocking (a FIFO named meta.json
             # once blocked the watcher for good)
-            raw = read_meta_file(path, self.monitor.config.max_meta_bytes)
+            raw = read_meta_file(path, self.monitor.config.max_meta_bytes,
+                                 self.monitor.part_root(run))
         except InputError as exc:
             return self._meta_refused(path, seen, exc.problem, True)
         except OSError as exc:

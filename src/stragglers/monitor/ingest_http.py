@@ -31,7 +31,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stragglers.errors import InputError
-from stragglers.monitor.jobmeta import check_meta
+from stragglers.monitor.jobmeta import check_meta, loads_meta
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
     check_same_part, fingerprint
 from stragglers.monitor.service import JobFull, Monitor, PartIn
@@ -306,6 +306,10 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             except ValidationError as exc:
                 raise HTTPProblem(422, validation_message(exc, "request body"),
                                   "bad_meta") from None
+            try:
+                loads_meta(body, "request body")
+            except InputError as exc:
+                raise HTTPProblem(422, str(exc), "bad_meta") from None
             finally:
                 _give(budget, share, len(body))   # (meta bodies count while parsed)
         finally:

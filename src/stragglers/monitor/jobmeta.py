@@ -107,6 +107,7 @@ def _check_layout(layout: object, meta: JobMeta, source) -> None:
         raise InputError(source, "extra.layout", f"{len(layout)} entries; expected one per "
                          f"rank of the world size ({meta.world_size}), as the recorder writes")
     seen: set[int] = set()
+    places: dict[tuple[object, object], int] = {}
     for i, raw in enumerate(layout):
         field = f"extra.layout[{i}]"
         if not isinstance(raw, dict):
@@ -124,6 +125,14 @@ def _check_layout(layout: object, meta: JobMeta, source) -> None:
             if value is not msgspec.UNSET and not _int_in(value, top):
                 raise InputError(source, f"{field}.{key}", f"{str(value)[:40]!r}; expected "
                                  f"an integer in 0..{top - 1} (the job's {name})")
+        if e.dp_rank is not msgspec.UNSET and e.stage is not msgspec.UNSET:
+            # the engine takes one worker per place: two ranks at one failed every window
+            other = places.setdefault((e.dp_rank, e.stage), e.rank)
+            if other != e.rank:
+                raise InputError(source, field, f"rank {e.rank} at dp_rank {e.dp_rank}, stage "
+                                 f"{e.stage}, the place of rank {other}; expected one rank "
+                                 "per place (tensor-parallel ranks are workers of their own: "
+                                 "dp_size counts them)")
         host = e.host
         if host is not None and not (isinstance(host, str) and len(host) <= _HOST_CHARS):
             raise InputError(source, f"{field}.host", f"expected a name of at most "
@@ -177,18 +186,49 @@ def is_new_run(stored: object, raw: object) -> bool:
     return old is not None and run_start(raw) != old
 
 
-def read_meta_file(path: Path, max_bytes: int = MAX_META_BYTES) -> object:
+class _Twice(Exception):
+    """A key given twice in one JSON object (raised while parsing)."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Twice(key)
+        out[key] = value
+    return out
+
+
+def loads_meta(data: bytes | str, source: Path | str) -> object:
+    """meta.json's JSON; InputError naming `source` when it does not parse or a key is given
+    twice in one object (JSON leaves which one counts to the reader: the dashboard, the
+    store and a script reading the file must not see different sizes)."""
+    try:
+        return json.loads(data, object_pairs_hook=_unique_pairs)
+    except _Twice as exc:
+        raise InputError(source, str(exc.args[0])[:80], "given twice in one object; expected "
+                         "each key once") from None
+    except (ValueError, RecursionError) as exc:
+        raise InputError(source, None, f"not readable JSON ({str(exc)[:200]})") from None
+
+
+def read_meta_file(path: Path, max_bytes: int = MAX_META_BYTES, within: str = "") -> object:
     """The JSON of a watched meta.json, opened without blocking and only if it is a regular
-    file of at most `max_bytes` (a FIFO named meta.json would block the watcher for good);
+    file of at most `max_bytes` (a FIFO named meta.json would block the watcher for good) that
+    lies in the folder `within` (when given) once links are followed, judged on the file opened;
     InputError naming the file otherwise (FileNotFoundError passes)."""
     import os
     import stat
+
+    from stragglers.monitor.part_files import OUTSIDE, opened_within
 
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise InputError(path, None, "not a regular file; expected the job's JSON metadata")
+        if within and not opened_within(fd, st, path, within):
+            raise InputError(path, None, OUTSIDE)
         if st.st_size > max_bytes:
             raise InputError(path, None, f"{st.st_size} bytes; expected at most {max_bytes}")
         data = os.read(fd, max_bytes + 1)
@@ -196,7 +236,4 @@ def read_meta_file(path: Path, max_bytes: int = MAX_META_BYTES) -> object:
         os.close(fd)
     if len(data) > max_bytes:
         raise InputError(path, None, f"more than {max_bytes} bytes; expected at most {max_bytes}")
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise InputError(path, None, f"not readable JSON ({str(exc)[:200]})") from None
+    return loads_meta(data, path)

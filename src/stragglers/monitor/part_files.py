@@ -20,22 +20,50 @@ WHOLE_READ_BYTES = 16 << 20
 
 
 
-def open_part_file(path: Path, limit: int = MAX_PART_FILE_BYTES):
+OUTSIDE = "a link to a file outside the watched folder (not followed)"
+
+
+def open_part_file(path: Path, limit: int = MAX_PART_FILE_BYTES, within: str = ""):
     """(binary file, size) of a part file, opened without blocking and only if it is a
     regular file of at most `limit` bytes (a FIFO named like a part would block the ingest
-    thread for good); InputError naming the file otherwise (FileNotFoundError passes)."""
+    thread for good) and, with `within`, one that lies in that folder once links are followed;
+    InputError naming the file otherwise (FileNotFoundError passes)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise InputError(path, None, "not a regular file (a FIFO, device or directory "
                              "named like a part); expected a Parquet file")
+        if within and not opened_within(fd, st, path, within):
+            raise InputError(path, None, OUTSIDE)
         if st.st_size > limit:
             raise InputError(path, None, f"{st.st_size} bytes; expected at most {limit}")
     except BaseException:
         os.close(fd)
         raise
     return os.fdopen(fd, "rb"), st.st_size
+
+
+
+def opened_within(fd: int, st: os.stat_result, path: Path, within: str) -> bool:
+    """Whether the file open at `fd` (fstat `st`, opened by the name `path`) lies in the folder
+    `within` once links are followed. What was opened is judged, not the name: the name was
+    checked and then swapped for a link out of the folder before the open, and the open
+    followed it. The opened file's own path (/proc/self/fd) must lie in the folder; where
+    there is no /proc, the name's real path must, and lead to the very file opened (same
+    device and inode)."""
+    root = os.path.realpath(within)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        real = os.path.realpath(path)
+        try:
+            there = os.stat(real)
+        except OSError:
+            return False
+        if (there.st_dev, there.st_ino) != (st.st_dev, st.st_ino):
+            return False
+    return real == root or real.startswith(root.rstrip("/") + "/")
 
 
 

@@ -52,6 +52,9 @@ class PartFile:
     # rank, which its job's layout must agree with)
     min_stage: int = 0
     min_dp: int = 0
+    # the folder the file must lie in once links are followed, each time it is opened ("":
+    # anywhere): a watched file checked and then swapped for a link out of its folder
+    within: str = ""
 
 
 
@@ -60,15 +63,16 @@ _CHECKED = ("rank", "dp_rank", "stage", "step", "start_ts", "duration")
 
 
 
-def read_part_footer(path: Path) -> PartFile | InputError | None:
+def read_part_footer(path: Path, within: str = "") -> PartFile | InputError | None:
     """A watched part checked from its footer: PartFile, the InputError naming what is wrong,
     or None when the footer cannot tell (no statistics, float ids, a step range wider than its
-    rows) and the part must be read whole (read_part_files)."""
+    rows) and the part must be read whole (read_part_files); `within`: the folder the opened
+    file must lie in (open_part_file)."""
     ids = parse_part_name(path.name)
     if ids is None:
         return InputError(path, None, "not a rank-RRRRR.part-PPPPPP.parquet file")
     try:
-        f, nbytes = open_part_file(path)
+        f, nbytes = open_part_file(path, within=within)
     except InputError as exc:
         return exc
     except FileNotFoundError:
@@ -98,8 +102,10 @@ def read_part_footer(path: Path) -> PartFile | InputError | None:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return InputError(path, None, f"not a readable Parquet file ({first[:200]})")
     got = bad or _check_footer(meta, ids, path, path, nbytes)
-    if isinstance(got, PartFile) and data is not None:
-        got.digest = checked_digest(data)
+    if isinstance(got, PartFile):
+        got.within = within
+        if data is not None:
+            got.digest = checked_digest(data)
     return got
 
 
@@ -336,16 +342,17 @@ def _footer_ranges(meta, where: dict | None) -> tuple[dict | None, dict | None]:
 
 
 
-def read_part_footers(paths: list[Path], pool: Executor | None = None
-                      ) -> list[PartFile | InputError | None]:
-    """read_part_footer of many files (on `pool`'s threads)."""
-    return list(pool.map(_guarded_footer, paths) if pool is not None
-                else map(_guarded_footer, paths))
+def read_part_footers(paths: list[Path], pool: Executor | None = None,
+                      within: list[str] | None = None) -> list[PartFile | InputError | None]:
+    """read_part_footer of many files (on `pool`'s threads), each lying in its `within`."""
+    jobs = list(zip(paths, within if within is not None else [""] * len(paths)))
+    return list(pool.map(_guarded_footer, jobs) if pool is not None
+                else map(_guarded_footer, jobs))
 
 
 
-def _guarded_footer(path: Path) -> PartFile | InputError | None:
-    return guarded(read_part_footer, path, path)
+def _guarded_footer(job: tuple[Path, str]) -> PartFile | InputError | None:
+    return guarded(lambda j: read_part_footer(*j), job, job[0])
 
 
 

@@ -252,23 +252,25 @@ def read_uploads(uploads: list[tuple[bytes, object, int, int]], pool: Executor |
 
 
 
-def _read_sized(path: Path, digest: bytes = b"") -> tuple[pa.Table, int] | InputError:
+def _read_sized(path: Path, digest: bytes = b"", within: str = ""
+                ) -> tuple[pa.Table, int] | InputError:
     try:
-        return _read_file(path, digest)
+        return _read_file(path, digest, within)
     except InputError as exc:
         return exc
 
 
 
-def _read_file(path: Path, digest: bytes = b"") -> tuple[pa.Table, int]:
+def _read_file(path: Path, digest: bytes = b"", within: str = "") -> tuple[pa.Table, int]:
     """A part file's table and size (InputError naming the file when it cannot be had);
     `digest`: the checked_digest of bytes whose footer and page headers were checked (by the
     ingest), not checked again when the file's bytes give it: each check runs once per part,
-    and a file changed since (in place or replaced) is checked again."""
+    and a file changed since (in place or replaced) is checked again; `within`: the folder the
+    opened file must lie in (open_part_file)."""
     if parse_part_name(path.name) is None:
         raise InputError(path, None, "not a rank-RRRRR.part-PPPPPP.parquet file")
     try:
-        f, size = open_part_file(path)
+        f, size = open_part_file(path, within=within)
     except FileNotFoundError:
         raise InputError(path, None, "vanished before it could be read") from None
     except OSError as exc:
@@ -289,9 +291,9 @@ def _read_file(path: Path, digest: bytes = b"") -> tuple[pa.Table, int]:
 
 
 
-def read_part_file(path: Path) -> PartData:
-    """Read and validate a part file of a run directory."""
-    table, nbytes = _read_file(path)
+def read_part_file(path: Path, within: str = "") -> PartData:
+    """Read and validate a part file of a run directory (lying in `within`, when given)."""
+    table, nbytes = _read_file(path, within=within)
     ids = _ids(path)
     return check_part(table, path, ids[0], ids[1], nbytes)
 
@@ -306,20 +308,23 @@ def _ids(path: Path) -> tuple[int, int]:
 
 
 def read_part_files(paths: list[Path], pool: Executor | None = None,
-                    digests: list[bytes] | None = None) -> list[PartData | InputError]:
+                    digests: list[bytes] | None = None, within: list[str] | None = None
+                    ) -> list[PartData | InputError]:
     """Read part files of run directories (on `pool`'s threads: Parquet decoding releases the
     GIL) and validate them together (check_parts); `digests`: each file's PartFile.digest
-    (b"": none), whose bytes' footer and page headers are not checked again."""
+    (b"": none), whose bytes' footer and page headers are not checked again; `within`: the
+    folder each opened file must lie in (PartFile.within; "": anywhere)."""
     tables: list[pa.Table] = []
     sources: list[Path] = []
     ids: list[tuple[int, int]] = []
     sizes: list[int] = []
     out: dict[int, PartData | InputError | None] = {}
 
-    def read_one(job: tuple[Path, bytes]):
+    def read_one(job: tuple[Path, bytes, str]):
         return guarded(lambda j: _read_sized(*j), job, job[0])
 
-    jobs = list(zip(paths, digests if digests is not None else [b""] * len(paths)))
+    jobs = list(zip(paths, digests if digests is not None else [b""] * len(paths),
+                    within if within is not None else [""] * len(paths)))
     read = pool.map(read_one, jobs) if pool is not None else map(read_one, jobs)
     for i, (path, got) in enumerate(zip(paths, read)):
         if isinstance(got, InputError):
@@ -347,7 +352,7 @@ def read_window_rows(files: list[PartFile], steps: list[int], pool: Executor | N
     ready = dict(ready or {})
     rest = [f for f in files if str(f.path) not in ready]
     ready.update(zip((str(f.path) for f in rest), read_part_files(
-        [f.path for f in rest], pool, [f.digest for f in rest])))
+        [f.path for f in rest], pool, [f.digest for f in rest], [f.within for f in rest])))
     for f in files:
         data = ready[str(f.path)]
         if isinstance(data, InputError):

@@ -34,7 +34,7 @@ class ReadAhead:
         for i in range(0, len(take), CHUNK):
             chunk = take[i:i + CHUNK]
             fut = self._pool.submit(read_part_files, [f.path for f in chunk], None,
-                                    [f.digest for f in chunk])
+                                    [f.digest for f in chunk], [f.within for f in chunk])
             with self._lock:
                 for j, f in enumerate(chunk):
                     self._held[str(f.path)] = (f, fut, j)

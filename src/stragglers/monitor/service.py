@@ -36,6 +36,7 @@ from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.jobmeta import check_meta, is_new_run
 from stragglers.monitor.outbox import OutboxSender
+from stragglers.monitor.places import check_place, rows_place
 from stragglers.monitor.parts import MAX_PART, MAX_STEP, MAX_WINDOW, PartConflict, PartData, \
     PartFile, check_file_in_job, \
     check_in_job, check_same_part, check_step_gaps, is_whole_rank_file, part_path, read_part_file, \
@@ -129,6 +130,9 @@ class Monitor:
         # directories whose paths readers of /api/stats are not shown (the watcher adds its
         # roots): the uploads folder and the store's
         self.private_roots = {str(self.data_dir.resolve()), str(self.data_dir)}
+        # the folders watched (the watcher adds its roots, resolved): a watched part is read
+        # only where it lies in one once links are followed (part_root)
+        self.watched_roots: list[Path] = []
         if not store.shared:
             self.private_roots.add(str(Path(store.path).resolve().parent))
         self._lock = threading.RLock()
@@ -291,6 +295,16 @@ class Monitor:
                 self.metrics.set_state(job, "running")
         return meta
 
+    def part_root(self, directory: Path) -> str:
+        """The folder a job's part files must lie in once links are followed, checked on the
+        file opened (a name checked, then swapped for a link out, was followed): the watched
+        folder holding its run directory (links within it followed), else its own folder (an
+        upload's, or a run followed before its watched folder was named)."""
+        for root in self.watched_roots:
+            if directory.is_relative_to(root):
+                return str(root)
+        return str(directory)
+
     def _reset(self, job: str, raw_meta: dict) -> None:
         """A new run of a job (the same name, a new start clock: `--overwrite`): the old run's
         parts, windows and held rows go and its alerts resolve, so the job's page shows the new
@@ -452,19 +466,22 @@ class Monitor:
             file: PartFile | None = None
             if p.last_step > tr.consumed_step:   # not analysed yet: its window reads it
                 path = part_path(directory, p.rank, p.part)
+                within = self.part_root(directory)
                 try:
-                    footer = read_part_footer(path)
+                    footer = read_part_footer(path, within)
                     if isinstance(footer, InputError):
                         raise footer
                     file = footer
                     if file is None:
-                        columns = read_part_file(path).columns
+                        columns = read_part_file(path, within).columns
                 except InputError as exc:
                     log.warning("job %s: stored part unreadable now: %s", tr.job, exc)
                     file = None
             if tr.add_part(p.rank, p.part, p.last_step, columns, p.ingested_at,
                            file) and file is not None:
                 held.append(file)
+            if file is not None:   # (a restart learns the places again from what it reads)
+                tr.claim(p.rank, rows_place(file))
             if p.part == 0 and is_whole_rank_file(part_path(directory, p.rank, 0)):
                 tr.mark_whole(p.rank)
         return held
@@ -698,23 +715,29 @@ class Monitor:
         # column for the batch, not per part); uploads are written once checked
         files = [(it, it.path) for it in fresh
                  if it.data is None and it.body is None and it.path is not None]
-        footers = read_part_footers([path for _, path in files], self._readers)
+        footers = read_part_footers([path for _, path in files], self._readers,
+                                    [self.part_root(path.parent) for _, path in files])
         read: dict[int, PartData | PartFile | InputError] = {
             id(it): f for (it, _), f in zip(files, footers) if f is not None}
         whole = [(it, path) for (it, path), f in zip(files, footers) if f is None]
         uploads = [(it, it.body) for it in fresh if it.body is not None]
-        read.update(zip([id(it) for it, _ in whole],
-                        read_part_files([path for _, path in whole], self._readers)))
+        read.update(zip([id(it) for it, _ in whole], read_part_files(
+            [path for _, path in whole], self._readers, None,
+            [self.part_root(path.parent) for _, path in whole])))
         # (their rows checked together: one check per column for the batch, not per part)
         checked = check_uploads([(body, _source(it), it.rank, it.part, self.directories[it.job]
                                   / rank_file_name(it.rank, it.part)) for it, body in uploads],
                                 self._readers)
+        for (it, _), f in zip(uploads, checked):
+            if isinstance(f, PartFile):   # (read again from its folder by its window)
+                f.within = self.part_root(self.directories[it.job])
         read.update((id(it), f) for (it, _), f in zip(uploads, checked) if f is not None)
         unsure = [(it, body) for (it, body), f in zip(uploads, checked) if f is None]
         read.update(zip([id(it) for it, _ in unsure], read_uploads(
             [(body, _source(it), it.rank, it.part) for it, body in unsure], self._readers)))
         pending: dict[str, int] = {}   # job → bytes of this batch's parts taken so far
         spans: dict[tuple[str, int], list[tuple[int, int, int]]] = {}   # and their steps
+        claims: dict[tuple[str, object], object] = {}   # and the places their ranks took
         for it in [it for it, _ in files] + [it for it, _ in uploads]:
             # places the job does not have (stage 7 of a 2-stage job)
             data = read[id(it)]
@@ -739,6 +762,11 @@ class Monitor:
                                       spans)
                 if clash is not None:
                     read[id(it)] = clash
+                    continue
+                taken_place = check_place(it.job, it.rank, it.path or _source(it), data,
+                                          trackers[it.job], claims)
+                if taken_place is not None:
+                    read[id(it)] = taken_place
                     continue
                 full = self._over_job_bytes(it, data.nbytes, pending)
                 if full is not None:
@@ -773,6 +801,7 @@ class Monitor:
         windows, ahead = [], []
         with self._lock:
             touched = set()
+            steps_before: dict[str, int] = {}   # job → its max_step before this batch
             for (it, data), is_new in zip(taken, new):
                 if is_new is None:
                     continue
@@ -786,6 +815,12 @@ class Monitor:
                     _settle(it, "stored")
                     continue
                 heard = self._heard(it, now, mono)
+                tr = self.trackers[it.job]
+                if tr.last_arrival is not None and \
+                        heard - tr.last_arrival >= self.config.stall_after_s:
+                    tr.resumed_at = max(tr.resumed_at or heard, heard)   # (tracker's comment)
+                steps_before.setdefault(it.job, tr.max_step)
+                self.trackers[it.job].claim(it.rank, rows_place(data))
                 if isinstance(data, PartFile):
                     if self.trackers[it.job].add_part(it.rank, it.part, data.last_step, None,
                                                       heard, data):
@@ -801,7 +836,13 @@ class Monitor:
             for job in touched:
                 if self.states.get(job) != "running":
                     self._set_state(job, "running")
-                windows.extend(self.trackers[job].close_ready(now))
+                tr = self.trackers[job]
+                if tr.max_step > steps_before[job] and job in self.watchdog.overdue:
+                    # a rank quiet past its deadline while it was not behind is silent from
+                    # the moment the others go past its steps: decided now, not at the next
+                    # tick (its deadline passed already, so no wake was due for it)
+                    self._tick_wake.set()
+                windows.extend(tr.close_ready(now))
         if touched:   # their parts' step times, to the change detector
             self.watchdog.wake()
         # the watched files taken by their footers are decoded ahead in the analysis process
@@ -1113,8 +1154,7 @@ class Monitor:
                 first = tr.last_arrival
                 if tr.first_arrival is not None and not tr.closed_marker:
                     for rank in tr.expected_ranks:
-                        rp = tr.ranks.get(rank)
-                        last = rp.last_arrival if rp and rp.last_arrival else tr.first_arrival
+                        last = tr.quiet_since(rank) or first
                         if last + limit > now:
                             first = min(first, last)
                 at = first + limit

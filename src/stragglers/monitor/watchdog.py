@@ -36,6 +36,10 @@ class Watchdog:
         self.detectors: dict[str, tuple[JobTracker, tuple, RankChangeDetector]] = {}
         self.judged: dict[str, set[int]] = {}      # job → ranks whose alerts were decided
         self.silent: dict[str, dict[int, float]] = {}   # job → silent ranks last decided
+        # jobs with a rank quiet past its deadline but not behind the others (at the last
+        # check): silent once a part takes the others past its steps, which the ingest tells
+        # the tick at once (no deadline is due for it any more: it was decided a tick late)
+        self.overdue: set[str] = set()
         self.queue: queue.Queue = queue.Queue()
 
     # ---- the change detector's thread --------------------------------------------------------
@@ -125,21 +129,23 @@ class Watchdog:
         m, limit = self.monitor, self.monitor.config.stall_after_s
         if self.lagging():
             return   # its parts may be queued here: decided again once the ingest caught up
-        decided = []
+        decided, overdue = [], set()
         with m._lock:
             for job, tr in m.trackers.items():
                 if not isinstance(tr, JobTracker) or m.states.get(job) != "running" \
                         or tr.first_arrival is None or tr.closed_marker:
                     continue
-                silent = {}
+                silent, quiet = {}, False
                 for rank in tr.expected_ranks:
                     rp = tr.ranks.get(rank)
-                    last = rp.last_arrival if rp and rp.last_arrival else tr.first_arrival
+                    last = tr.quiet_since(rank) or now
                     # and the others went on past its steps: at a job's end its ranks' last
                     # parts, of the same last step, come over a second or two, which is not
                     # one rank gone (seen: 16 of 32 ranks alerted just before their job stalled)
                     behind = (rp.last_step if rp else -1) < tr.max_step
-                    if now - last >= limit and behind:
+                    if now - last >= limit and not behind:
+                        quiet = True   # silent once the others go past its steps
+                    elif now - last >= limit:
                         if m.in_flight(job, rank, since=last):
                             # a part of it is in the ingest (written just before the
                             # deadline): decided again once it is stored or refused
@@ -150,6 +156,9 @@ class Watchdog:
                         silent[rank] = now - last
                 if job not in self.silent or set(silent) != set(self.silent[job]):
                     decided.append((job, silent, _places(tr)))
+                if quiet:
+                    overdue.add(job)
+        self.overdue = overdue
         for job, silent, places in decided:
             self.silent[job] = silent
             m.metrics.silent_ranks.labels(job).set(len(silent))

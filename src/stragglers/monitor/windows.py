@@ -95,10 +95,18 @@ class JobTracker:
         self.late_rows = 0   # rows of steps already analysed when they arrived (dropped)
         self.last_arrival: float | None = None
         self.first_arrival: float | None = None   # a rank never heard from is silent since
+        # when the job sent again after a silence of its own of stall_after_s (a pause, a
+        # checkpoint): its ranks' silence counts from here, or each rank whose part came a
+        # moment after the first one's was called silent (the job's silence is `stalled`)
+        self.resumed_at: float | None = None
         # parts with rows, as they arrive, for the fast detector (monitor/watchdog.py drains it)
         self.arrived: list[tuple[int, PartFile | dict]] = []
         self.max_step = int(consumed_step)   # the job's last step seen (step gaps are checked)
         self.whole: set[int] = set()   # ranks delivered as one whole-rank file (a finished run)
+        # a job without a layout: each rank's place (dp_rank, stage) as its first part with rows
+        # showed it, and the rank holding each place (the engine takes one worker per place)
+        self.places: dict[int, tuple[int, int]] = {}
+        self.holders: dict[tuple[int, int], int] = {}
         self.lease: Lease | None = None   # the lease it was built under; its windows carry it
         self.set_meta(meta)
 
@@ -128,6 +136,21 @@ class JobTracker:
         if world > 0:
             return list(range(world))
         return sorted(self.ranks)
+
+    def claim(self, rank: int, place: tuple[int, int] | None) -> None:
+        """Note the place a rank's rows sit at (a job without a layout; None: no rows)."""
+        if place is not None and not self.layout:
+            self.places.setdefault(rank, place)
+            self.holders.setdefault(place, rank)
+
+    def quiet_since(self, rank: int) -> float | None:
+        """Since when a rank has sent nothing, for its silence: its last part, the job's first
+        when it sent none, and not before the job resumed (None: the job sent nothing yet)."""
+        rp = self.ranks.get(rank)
+        last = rp.last_arrival if rp and rp.last_arrival else self.first_arrival
+        if last is None or self.resumed_at is None:
+            return last
+        return max(last, self.resumed_at)
 
     def knows(self, rank: int, part: int) -> bool:
         """Whether this part was delivered already."""
@@ -318,6 +341,9 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
         if trace is None:
             raise StragglersError("no readable rows in this window: every part file of it was "
                                   "refused (see the refusals)")
+        trace, shared = one_worker_per_place(trace)
+        if shared:
+            row.missing_ranks = sorted(set(row.missing_ranks) | set(shared))
         if row.missing_ranks:
             trace = whole_replicas(trace)
         # the window's trace holds exactly its steps: "all" skips selecting them again (a copy
@@ -352,6 +378,30 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
     row.analysed_at = time.time()
     row.analysis_s = time.perf_counter() - t0
     return row, refused
+
+
+def one_worker_per_place(trace: Trace) -> tuple[Trace, list[int]]:
+    """The window's trace less the ranks whose rows share a place (dp_rank, stage) with a
+    lower rank or sit at more than one, and those ranks: the engine takes one worker per
+    place, and two ranks at one (a job without a layout, parts stored before their place was
+    held) failed every window they were in ("two ops share ...") for every rank."""
+    o = trace.ops
+    rank = o["rank"].astype(np.int64)
+    if not len(rank):
+        return trace, []
+    place = o["dp_rank"].astype(np.int64) * trace.meta.pp_size + o["stage"]
+    first = np.full(int(rank.max()) + 1, -1, dtype=np.int64)
+    first[rank] = place   # one of each rank's rows' places (which one: a spread shows below)
+    spread = np.unique(rank[place != first[rank]])    # ranks at more than one place
+    present = np.flatnonzero(first >= 0)
+    order = present[np.lexsort((present, first[present]))]   # by place, then rank
+    later = order[1:][first[order[1:]] == first[order[:-1]]]   # not the lowest at its place
+    drop = np.union1d(spread, later)
+    if not len(drop):
+        return trace, []
+    keep = ~np.isin(rank, drop)
+    return Trace({k: v[keep] for k, v in o.items()}, trace.meta, trace.source,
+                 trace.notes), drop.tolist()
 
 
 def whole_replicas(trace: Trace, steps: list[int] | None = None) -> Trace:

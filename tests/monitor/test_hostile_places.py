@@ -1,0 +1,90 @@
+"""Two ranks claiming one place (dp_rank, stage) in a job without a layout: the engine takes one
+worker per place, and such a part failed every window it was in for every rank. The first rank
+at a place holds it; another rank's part there is refused alone (409 naming the place), and a
+window that holds two anyway (stored before) is analysed without the later rank."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from conftest import eventually
+from monitor_jobs import get, parts_of, slow_job
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.trace.model import Trace
+from stragglers.trace.runformat import table_bytes
+
+TOKEN = "places-test-token-0123456"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=3600)
+
+
+def unlaid_job(steps: int) -> Trace:
+    """A dp 2 × pp 2 job whose meta.json has no layout (the ranks' places are their rows')."""
+    trace = slow_job(steps=steps)
+    del trace.meta.extra["layout"]
+    return trace
+
+
+def place_of(cols) -> tuple[int, int]:
+    return int(cols["dp_rank"][0]), int(cols["stage"][0])
+
+
+def test_a_second_rank_at_a_place_is_refused_alone_and_the_windows_are_analysed(tmp_path):
+    trace = unlaid_job(steps=10)
+    parts = parts_of(trace, 5)
+    first = {rank: cols for rank, part, cols in parts if part == 0}
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+
+            def put(rank, part, cols):
+                return c.put(f"/api/jobs/j/ranks/{rank}/parts/{part}",
+                             content=table_bytes(cols), headers=AUTH)
+
+            assert put(0, 0, first[0]).status_code == 200
+            dp, stage = place_of(first[0])
+            there = {**first[1], "dp_rank": first[1]["dp_rank"] * 0 + dp,
+                     "stage": first[1]["stage"] * 0 + stage}
+            r = put(1, 0, there)
+            assert r.status_code == 409, r.text
+            assert f"dp_rank {dp}, stage {stage}, the place of rank 0" in r.json()["error"]
+            # a rank whose rows sit at two places: refused, named
+            spread = dict(first[2])
+            spread["stage"] = spread["stage"].copy()
+            spread["stage"][0] = 1 - spread["stage"][0]
+            r = put(2, 0, spread)
+            assert r.status_code == 422 and "more than one place" in r.json()["error"], r.text
+            for rank, part, cols in parts:   # the real parts: each stored
+                if (rank, part) != (0, 0):
+                    assert put(rank, part, cols).status_code == 200
+            # rank 1 at rank 0's place again, in a later part: its own place is held now
+            moved = {**there, "step": there["step"] + 10}
+            r = put(1, 2, moved)
+            assert r.status_code == 422 and "earlier parts are at" in r.json()["error"], r.text
+            wins = eventually(lambda: len(get(c, "/api/jobs/j")["windows"]) == 2
+                              and get(c, "/api/jobs/j")["windows"], what="2 windows")
+            assert [w["error"] for w in wins] == [None, None], wins
+    finally:
+        s.stop()
+
+
+def test_a_window_holding_two_ranks_at_one_place_is_analysed_without_the_later_one():
+    from stragglers.monitor.windows import Window, analyse_window
+    trace = unlaid_job(steps=5)
+    o = dict(trace.ops)
+    at = {int(r): (int(d), int(st)) for r, d, st in zip(o["rank"], o["dp_rank"], o["stage"])}
+    low, high = sorted(r for r, p in at.items() if p[0] == 1)   # DP replica 1's two ranks
+    sel = o["rank"] == high
+    o["stage"] = o["stage"].copy()
+    o["stage"][sel] = at[low][1]                      # the higher one at the lower one's place
+    window = Window("j", 0, list(range(5)), Trace(o, trace.meta, "monitor:j#0"),
+                    missing_ranks=[], closed_at=time.time(), reason="steps")
+    row, _ = analyse_window(window)
+    assert row.error is None and row.slowdown is not None, row.error
+    assert row.missing_ranks == [high]
+    assert {s.rank for s in row.scores} == {r for r, p in at.items() if p[0] == 0}
