@@ -1,5 +1,6 @@
 """attach(schedule, ...) on real torchrun jobs (gloo, 2 ranks): every torch.distributed.pipelining
-schedule recorded per action, replayed within 2%, injected heavy stage and slow rank named."""
+schedule recorded per action and replayed (exact where the record keeps the model's rules),
+injected heavy stage and slow rank named."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import socket
 import numpy as np
 import pytest
 from conftest import REPO, torchrun
+from replaycheck import check_replay
 
 from stragglers.trace.model import OPTYPE_CODES as C, P2P_OPTYPES
 from stragglers.trace.runformat import read_run
@@ -53,12 +55,6 @@ def injected(runs):
     return runs
 
 
-def _analyse(trace):
-    from stragglers.whatif import analyze
-
-    return analyze(trace)
-
-
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_action_recorded_and_replayed(schedules, schedule):
     trace = schedules[schedule]
@@ -97,12 +93,12 @@ def test_every_action_recorded_and_replayed(schedules, schedule):
 
 
 def test_replay_reproduces_the_recorded_schedules(schedules):
-    # Within 2% typically (0.0-1.1% for most schedules); under load a send's start is moved to
-    # the previous send's completion as the waiter thread stamped it, which can be late, so one
-    # schedule in ~15 jobs replays 2.3-2.5% off: the bound on the worst is the one
-    # test_record_distributed uses for steps (median 2%, worst 5%).
-    errors = {s: _analyse(schedules[s]).sim_error for s in SCHEDULES}
-    assert np.median(list(errors.values())) <= 0.02 and max(errors.values()) <= 0.05, errors
+    # Exact but for what torn transfers move later (replaycheck.py: a send stamped done before
+    # its receive was posted, or started, as the stream rule has it, after a late-stamped
+    # send before it); no sim_error bound, which under load grew past 2% (2.3-2.5% in about
+    # one job in 15) through them.
+    for s in SCHEDULES:
+        check_replay(schedules[s])
 
 
 # No clean-run verdict here: on this loaded 2-core machine a clean two-stage run comes out as
@@ -112,7 +108,7 @@ def test_replay_reproduces_the_recorded_schedules(schedules):
 
 
 def _stage_candidate(trace):
-    """(the analysis, the stage_imbalance detector's candidates on it).
+    """(the analysis, the stage_imbalance detector's candidates on it); the replay checked.
 
     The diagnosis reports a candidate once its gain's interval over the steps clears the gate;
     on a loaded machine the other processes stretch some steps and not others, so the interval
@@ -121,12 +117,12 @@ def _stage_candidate(trace):
     cannot change is which stage and worker the detector names, so the tests check that, and
     that whatever the diagnosis reports names no other worker.
     """
-    from stragglers.whatif import analyze_with_model
     from stragglers.whatif.causes import DETECTORS, Context
     from stragglers.whatif.config import DEFAULT
 
-    result, w = analyze_with_model(trace)
-    return result, DETECTORS["stage_imbalance"](Context.build(w, trace, DEFAULT))
+    replayed = check_replay(trace)
+    return replayed["result"], DETECTORS["stage_imbalance"](
+        Context.build(replayed["whatif"], trace, DEFAULT))
 
 
 def _worker_findings(result):
@@ -137,7 +133,6 @@ def test_heavy_stage_is_stage_imbalance_at_that_stage(injected):
     result, cands = _stage_candidate(injected["heavy"])
     assert [c.where.pp for c in cands] == [[1]], cands
     assert all(f.where.pp == [1] for f in _worker_findings(result)), result.diagnosis
-    assert result.sim_error <= 0.02
 
 
 def test_slow_rank_is_named_with_its_host(injected):
@@ -149,7 +144,6 @@ def test_slow_rank_is_named_with_its_host(injected):
     # the attribution agrees: the slow rank's worker scores worst, with its host
     worst = max(result.worker_scores, key=lambda s: s.score)
     assert (worst.rank, worst.host) == (0, socket.gethostname()), result.worker_scores
-    assert result.sim_error <= 0.02
 
 
 # ---- bad use: one line each (a one-rank gloo group in this process) ---------------------------
