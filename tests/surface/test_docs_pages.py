@@ -1,4 +1,6 @@
-"""docs/architecture.md's package diagram is the one docs/package_graph.py draws from the code."""
+"""What docs/ states about the code is the code's: architecture.md's package diagram is the one
+docs/package_graph.py draws, and report.md's table of causes names every cause the diagnosis
+can report."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "architecture.md"
+REPORT_PAGE = REPO / "docs" / "report.md"
 
 
 @functools.cache
@@ -45,3 +48,15 @@ def test_the_diagram_is_the_graph_of_the_code() -> None:
 def test_the_packages_have_no_import_cycle() -> None:
     """The page says there is none; the graph of the code agrees."""
     assert package_graph_module().cycles(graph()) == []
+
+
+def test_the_report_page_explains_every_cause() -> None:
+    """A cause the diagnosis can name (it has a fix) is a row of docs/report.md's cause table,
+    and the table names no cause the code does not know."""
+    from stragglers.whatif.diagnosis import FIXES
+
+    rows = set(re.findall(r"^\| `(\w+)` \|", REPORT_PAGE.read_text(), re.M))
+    verdicts = {"none", "unexplained", "partial"}   # findings without a fix, and a partial trace
+    assert set(FIXES) <= rows, f"docs/report.md explains no {sorted(set(FIXES) - rows)}"
+    unknown = rows - verdicts - set(FIXES)
+    assert not unknown, f"docs/report.md names causes the diagnosis does not know: {sorted(unknown)}"
