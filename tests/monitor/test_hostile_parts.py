@@ -72,3 +72,27 @@ def test_a_watched_part_with_ops_the_analysis_refuses_is_left_out_of_its_window(
         chunks, refused = read_window_rows(files, list(range(5)))
         assert len(chunks) == 1 and int(chunks[0]["rank"][0]) == ok_rank
         assert len(refused) == 1 and "seq_id" in refused[0][1], refused
+
+
+def test_a_part_of_no_rows_is_stored_empty_and_its_windows_are_analysed(tmp_path):
+    # pyarrow writes a chunk of no rows with its dictionary page only (data page offset 0): a
+    # zero-row part was refused as "column chunk declares bytes 0..15" (outside the file)
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    empty = {k: v[:0] for k, v in parts[0][2].items()}
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            r = c.put("/api/jobs/j/ranks/0/parts/0", content=table_bytes(empty), headers=AUTH)
+            assert r.status_code == 200 and r.json() == {"status": "stored", "records": 0}, r.text
+            for rank, part, cols in parts:   # numbered after it: rank 0's next parts follow
+                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{part + (rank == 0)}",
+                          content=table_bytes(cols), headers=AUTH)
+                assert r.status_code == 200, r.text
+            wins = eventually(lambda: len(get(c, "/api/jobs/j")["windows"]) == 2
+                              and get(c, "/api/jobs/j")["windows"], what="2 windows")
+            assert [w["error"] for w in wins] == [None, None], wins
+    finally:
+        s.stop()

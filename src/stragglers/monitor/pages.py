@@ -268,7 +268,10 @@ def check_pages(meta, buf, data_end: int) -> tuple[str, str] | None:
             col = group.column(i)
             start = col.data_page_offset
             if col.has_dictionary_page and col.dictionary_page_offset:
-                start = min(start, col.dictionary_page_offset)
+                # (a chunk of no rows has its dictionary page only, and data page offset 0:
+                # a zero-row part, as pyarrow writes it, was refused as lying outside the file)
+                start = min(start, col.dictionary_page_offset) if start else \
+                    col.dictionary_page_offset
             end = start + col.total_compressed_size
             if start < 4 or col.total_compressed_size < 0 or end > data_end:
                 return col.path_in_schema, (f"its column chunk declares bytes {start}..{end}; "
