@@ -103,3 +103,19 @@ def test_cited_benchmark_sections_exist(doc: Path) -> None:
     cited = [" ".join(t.split()) for t in CITED.findall(doc.read_text())]
     missing = [c for c in cited if not any(t.startswith(c) for t in titles)]
     assert not missing, f"{doc.relative_to(REPO)}: BENCHMARKS.md has no section {missing}"
+
+
+def test_cited_tests_exist() -> None:
+    """A test a document names as evidence (`test_...`) is one the suite has: a renamed or
+    deleted test leaves a claim without its check."""
+    defined = {name for path in (REPO / "tests").rglob("*.py")
+               for name in re.findall(r"def (test_\w+)", path.read_text())}
+    missing = []
+    for doc in documents():
+        if doc.name == "CHANGELOG.md":   # the changelog keeps the names of its day
+            continue
+        # a name not part of a file name (test_x.py) or a path
+        for name in re.findall(r"(?<![\w/])(test_\w+)(?![\w.]*\.py)", doc.read_text()):
+            if name not in defined:
+                missing.append(f"{doc.relative_to(REPO)}: {name}")
+    assert not missing, f"documents name tests that do not exist: {sorted(set(missing))}"
