@@ -119,3 +119,53 @@ def test_cited_tests_exist() -> None:
             if name not in defined:
                 missing.append(f"{doc.relative_to(REPO)}: {name}")
     assert not missing, f"documents name tests that do not exist: {sorted(set(missing))}"
+
+
+# `stragglers sub [sub] ARGS --option ...` in a document (code block or inline code), up to a
+# backtick, a pipe, `;`, `&` or `)`; backslash-continued lines are joined first.
+COMMAND = re.compile(r"(?<![\w./-])stragglers((?: +[^\s`|;&)]+)+)")
+
+
+def _options(command) -> set[str]:
+    """Every spelling of every option of a click command, --help included."""
+    out = {"--help", "-h"}
+    for param in command.params:
+        out.update(getattr(param, "opts", []))
+        out.update(getattr(param, "secondary_opts", []))
+    return out
+
+
+def test_documented_commands_and_options_exist() -> None:
+    """Each `stragglers ...` a document shows names commands and options the CLI has (a renamed
+    option would leave a reader with an error): sub-commands are followed from the root,
+    options checked against the command reached; what follows `--` is another program's."""
+    import typer.main
+
+    from stragglers.cli import app
+
+    root = typer.main.get_command(app)
+    bad, checked = [], 0
+    for doc in documents():
+        if doc.name == "CHANGELOG.md":
+            continue
+        for line in re.sub(r"\\\n\s*", " ", doc.read_text()).splitlines():
+            for match in COMMAND.finditer(line):
+                tokens = match.group(1).split()
+                command, path = root, []
+                for token in tokens:
+                    subs = getattr(command, "commands", None) or {}
+                    if token not in subs:
+                        break
+                    command = subs[token]
+                    path.append(token)
+                if not path:   # prose ("stragglers in a job"), not a command
+                    continue
+                rest = tokens[len(path):]
+                rest = rest[:rest.index("--")] if "--" in rest else rest
+                named = [re.match(r"--?[a-zA-Z][\w-]*", t.lstrip("[")) for t in rest]
+                unknown = [m.group() for m in named if m and m.group() not in _options(command)]
+                checked += 1
+                if unknown:
+                    bad.append(f"{doc.relative_to(REPO)}: stragglers {' '.join(path)} {unknown}")
+    assert checked > 20, f"only {checked} commands found in the documents: is the pattern right?"
+    assert not bad, f"documented options the CLI does not have: {bad}"
