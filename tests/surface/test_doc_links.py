@@ -1,5 +1,6 @@
-"""Every relative link in the repository's documents points at a file inside the repository,
-every anchor at a heading of its page, and every BENCHMARKS.md section a document cites exists."""
+"""What the repository's documents point at exists: relative links resolve inside the repository,
+anchors name a heading, and the BENCHMARKS.md sections, tests and `stragglers` commands and
+options they cite are there."""
 
 from __future__ import annotations
 
