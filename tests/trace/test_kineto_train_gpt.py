@@ -64,4 +64,8 @@ def test_profiler_and_recorder_traces_of_one_run_agree(tmp_path: Path):
     assert first == ("worker_fault", SLOW_RANK // 2, SLOW_RANK % 2), by_recorder.diagnosis
     assert _first_named(by_profiler) == first, (by_profiler.diagnosis, first)
     s_rec, s_prof = by_recorder.slowdown, by_profiler.slowdown
-    assert abs(s_prof - s_rec) / s_rec < 0.05, (s_rec, s_prof)
+    # how each reading split the same steps (T_base) into op time and launch delay, to trace a
+    # failure by: S = T_nodelay / T_ideal
+    split = {name: (r.t_base, r.t_nodelay, r.t_ideal, r.launch_slowdown)
+             for name, r in (("recorder", by_recorder), ("profiler", by_profiler))}
+    assert abs(s_prof - s_rec) / s_rec < 0.05, (s_rec, s_prof, split)
