@@ -136,6 +136,7 @@ def _options(command) -> set[str]:
     return out
 
 
+@pytest.mark.slow   # builds the whole click command tree (0.7 s)
 def test_documented_commands_and_options_exist() -> None:
     """Each `stragglers ...` a document shows names commands and options the CLI has (a renamed
     option would leave a reader with an error): sub-commands are followed from the root,
