@@ -171,3 +171,25 @@ def test_documented_commands_and_options_exist() -> None:
                     bad.append(f"{doc.relative_to(REPO)}: stragglers {' '.join(path)} {unknown}")
     assert checked > 20, f"only {checked} commands found in the documents: is the pattern right?"
     assert not bad, f"documented options the CLI does not have: {bad}"
+
+
+def test_section_numbers_name_a_section() -> None:
+    """`docs/x.md §N` (in a document or a docstring) names a numbered section `## N.` of that page:
+    renumbering a design page must not leave the code pointing at the wrong contract."""
+    numbered = {page.name: set(re.findall(r"^## (\d+)\.", page.read_text(), re.M))
+                for page in (REPO / "docs").glob("*.md")}
+    sources = documents() + [p for folder in ("src", "benchmarks", "examples", "tests")
+                             for p in sorted((REPO / folder).rglob("*.py"))]
+    bad, checked = [], 0
+    for source in sources:
+        if source.name == "CHANGELOG.md":
+            continue
+        for name, first, last in re.findall(r"([\w-]+\.md)\)?\s*§\s*(\d+)(?:[–-](\d+))?",
+                                            source.read_text()):
+            if name not in numbered:
+                continue
+            checked += 1
+            bad += [f"{source.relative_to(REPO)}: {name} §{n}" for n in (first, last)
+                    if n and n not in numbered[name]]
+    assert checked > 20, f"only {checked} section references found: is the pattern right?"
+    assert not bad, f"references to sections that do not exist: {bad}"
