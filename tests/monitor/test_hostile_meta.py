@@ -132,3 +132,34 @@ def test_a_key_given_twice_or_a_layout_placing_two_ranks_at_one_place_is_refused
             assert c.get("/health").status_code == 200
     finally:
         s.stop()
+
+
+def test_a_rewrite_that_changes_a_runs_sizes_once_parts_are_stored_is_a_conflict(tmp_path):
+    # the same run's meta.json PUT again with a world of 2 after ranks 2 and 3 sent parts:
+    # taken (200), and the next start set the job aside (stored parts of ranks past its world)
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    meta = trace.meta.to_dict()
+    smaller = json.loads(json.dumps(meta))
+    smaller.update(dp_size=1, world_size=2)
+    smaller["extra"]["layout"] = [dict(e, rank=i) for i, e in enumerate(
+        e for e in meta["extra"]["layout"] if e["dp_rank"] == 0)]
+    for attempt in range(2):
+        s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+        try:
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                if attempt == 0:
+                    assert c.put("/api/jobs/j/meta", json=meta, headers=AUTH).status_code == 200
+                    assert c.put("/api/jobs/k/meta", json=meta, headers=AUTH).status_code == 200
+                    for rank, part, cols in parts[:4]:
+                        assert c.put(f"/api/jobs/j/ranks/{rank}/parts/{part}",
+                                     content=table_bytes(cols), headers=AUTH).status_code == 200
+                    r = c.put("/api/jobs/j/meta", json=smaller, headers=AUTH)
+                    assert r.status_code == 409 and "world_size 2" in r.json()["error"], r.text
+                    # a job with no part yet may still be given other sizes
+                    assert c.put("/api/jobs/k/meta", json=smaller,
+                                 headers=AUTH).status_code == 200
+                job = get(c, "/api/jobs/j")
+                assert (job["world_size"], job["quarantined"]) == (4, None), job
+        finally:
+            s.stop()

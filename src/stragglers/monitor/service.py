@@ -272,6 +272,8 @@ class Monitor:
             if old is not None and old.directory == str(directory) and \
                     is_new_run(old.meta, raw_meta):
                 self._reset(job, raw_meta)
+            elif old is not None and old.directory == str(directory):
+                self._check_same_sizes(job, old.meta, meta)
             try:
                 self.store.register_job(job, str(directory), way, raw_meta)
             except JobConflict as exc:
@@ -294,6 +296,24 @@ class Monitor:
                 self.states[job] = "running"
                 self.metrics.set_state(job, "running")
         return meta
+
+    def _check_same_sizes(self, job: str, stored: object, meta: JobMeta) -> None:
+        """InputError (a conflict) when a rewrite of a job's run changes its sizes while parts
+        of it are stored: a smaller world left stored ranks outside it (the job was set aside
+        at the next start), a smaller dp or pp left stored rows outside the grid; a new run
+        (a new start clock) starts again instead."""
+        try:
+            before = check_meta(stored, f"job {job}", 1 << 62)
+        except InputError:
+            return   # set aside already (register_job takes the new metadata)
+        sizes = ("world_size", "dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size")
+        changed = [(n, getattr(before, n), getattr(meta, n)) for n in sizes
+                   if getattr(before, n) != getattr(meta, n)]
+        if changed and self.store.has_parts(job):
+            name, was, now = changed[0]
+            raise InputError(job, "job", f"{name} {now} where the run's stored parts have "
+                             f"{was}: a run keeps its sizes (a new run, with a new start "
+                             "clock in extra.clock, starts the job again)")
 
     def part_root(self, directory: Path) -> str:
         """The folder a job's part files must lie in once links are followed, checked on the

@@ -423,6 +423,10 @@ class SQLStore:
         return bool(self._rows("SELECT 1 AS one FROM parts WHERE job = ? AND rank = ? AND part = ?",
                                (job, rank, part)))
 
+    def has_parts(self, job: str) -> bool:
+        """Whether any part of the job is stored."""
+        return bool(self._rows("SELECT 1 AS one FROM parts WHERE job = ? LIMIT 1", (job,)))
+
     def part_digest(self, job: str, rank: int, part: int) -> str | None:
         """The stored fingerprint of an uploaded part (None: not stored, or not known)."""
         rows = self._rows("SELECT digest FROM parts WHERE job = ? AND rank = ? AND part = ?",
