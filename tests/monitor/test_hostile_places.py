@@ -88,3 +88,37 @@ def test_a_window_holding_two_ranks_at_one_place_is_analysed_without_the_later_o
     assert row.error is None and row.slowdown is not None, row.error
     assert row.missing_ranks == [high]
     assert {s.rank for s in row.scores} == {r for r, p in at.items() if p[0] == 0}
+
+
+def test_a_restart_knows_the_places_of_ranks_whose_parts_were_all_analysed(tmp_path):
+    # the places were learned from parts as they came: after a restart, a rank whose parts were
+    # all analysed held no place, and another rank's part there was taken as the first
+    trace = unlaid_job(steps=10)
+    parts = parts_of(trace, 5)
+    first = {rank: cols for rank, part, cols in parts if part == 0}
+    later = {rank: cols for rank, part, cols in parts if part == 1}
+    for attempt in range(2):
+        s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+        try:
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                if attempt == 0:
+                    assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                                 headers=AUTH).status_code == 200
+                    for rank, cols in first.items():
+                        assert c.put(f"/api/jobs/j/ranks/{rank}/parts/0", headers=AUTH,
+                                     content=table_bytes(cols)).status_code == 200
+                    eventually(lambda: get(c, "/api/jobs/j")["windows"], what="window 0")
+                    continue
+                dp, stage = place_of(later[0])
+                there = {**later[1], "dp_rank": later[1]["dp_rank"] * 0 + dp,
+                         "stage": later[1]["stage"] * 0 + stage}
+                r = c.put("/api/jobs/j/ranks/1/parts/1", content=table_bytes(there),
+                          headers=AUTH)
+                # (rank 1's own place is known again too: it moved)
+                assert r.status_code == 422 and "earlier parts are at" in r.json()["error"], \
+                    r.text
+                for rank, cols in later.items():
+                    assert c.put(f"/api/jobs/j/ranks/{rank}/parts/1", headers=AUTH,
+                                 content=table_bytes(cols)).status_code == 200
+        finally:
+            s.stop()

@@ -504,7 +504,21 @@ class Monitor:
                 tr.claim(p.rank, rows_place(file))
             if p.part == 0 and is_whole_rank_file(part_path(directory, p.rank, 0)):
                 tr.mark_whole(p.rank)
+        self._learn_places(tr, directory, index)
         return held
+
+    def _learn_places(self, tr: JobTracker, directory: Path, index: list[PartIndex]) -> None:
+        """A job without a layout: each rank's place from its newest stored part's footer,
+        for the ranks whose parts were all analysed (after a restart, another rank's part at
+        such a place was taken as the first there, and the rank's own next part refused)."""
+        if tr.layout:
+            return
+        newest = {p.rank: p.part for p in index if p.rank not in tr.places}
+        within = self.part_root(directory)
+        for rank, part in newest.items():
+            footer = read_part_footer(part_path(directory, rank, part), within)
+            if isinstance(footer, PartFile):
+                tr.claim(rank, rows_place(footer))
 
     def _follow_store(self, now: float) -> list:
         """Parts, new runs and new metadata that other instances stored for the jobs held
