@@ -363,6 +363,11 @@ class _Connections:
         """Close one connection (of `client`; None: any) to make room for `new` (see
         _evictable); when every one is busy, `new` is refused (503, JSON)."""
         victim = self._evictable(new, client)
+        if victim is not None and _parked(victim) and len(self.open) <= self.limits.max_connections:
+            # its requests wait their turns (no work, a descriptor each; the cap of all bounds
+            # them): closing one made its client reconnect at once, a loop of evictions that
+            # spun the CPUs as the flood it replaced
+            return
         if victim is not None:
             self._evict(victim)
             return

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from stragglers.adapt.service import EmbeddedServer, ServiceConfig
+from stragglers.adapt.service import EmbeddedServer, ServiceConfig, token_digest
 from stragglers.serving_quota import Backpressure, RateLimited
 
 OWNER, OTHER = "flooding-owner-token-0123", "well-behaved-token-012345"
@@ -48,6 +48,15 @@ def test_past_its_free_requests_a_key_waits_its_turn_and_is_refused_past_the_lon
     assert p.turn("a") == 0
 
 
+def _counted(srv: EmbeddedServer, key: object, n: int) -> None:
+    """Wait until the service counts `n` requests of `key` in progress (a state, polled)."""
+    for _ in range(600):
+        if srv.app.pressure.requests.get(key, 0) == n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the service never counted {n} requests of {key!r} in progress")
+
+
 def _held_request(port: int, token: str | None) -> socket.socket:
     """A lease whose body never comes: one request of `token` in progress until closed."""
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
@@ -72,6 +81,7 @@ def test_a_token_flooding_is_refused_429_after_the_longest_wait_others_are_serve
                 assert c.post("/datasets", headers=h, json={"name": name, "num_samples": 100,
                                                              "shard_size": 10}).status_code == 200
             held = _held_request(srv.port, OWNER)
+            _counted(srv, token_digest(OWNER), 1)
             try:
                 h = {"Authorization": f"Bearer {OWNER}"}
                 codes = [c.post("/datasets/d/join", headers=h, json={"worker": f"w{i}"})
@@ -114,6 +124,7 @@ def test_a_flood_of_anonymous_requests_is_paced_too(tmp_path):
     srv = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
     try:
         held = _held_request(srv.port, None)
+        _counted(srv, ("client", None), 1)
         try:
             with httpx.Client(base_url=srv.url, timeout=60) as c:
                 codes = [c.get(p).status_code for p in ("/health", "/nowhere", "/health")]
@@ -155,8 +166,6 @@ def test_requests_waiting_their_turn_give_their_connections_up_at_the_cap(tmp_pa
     # A flooding owner's requests waiting their turns held every connection a loopback
     # address may have: another job's new connection was refused 503 (fails before: no
     # connection was closable). Now one waiting its turn is closed (503, nothing done).
-    from stragglers.adapt.service import token_digest
-
     cfg = ServiceConfig(max_connections=8, free_requests_per_token=1,
                         requests_per_token_s=0.02, request_burst_per_token=1,
                         max_turn_wait_s=600)
@@ -173,12 +182,7 @@ def test_requests_waiting_their_turn_give_their_connections_up_at_the_cap(tmp_pa
         parked = [_join(srv.port, OWNER, "p0", first)]
         parked += [_join(srv.port, OWNER, f"p{i}") for i in range(1, 7)]   # 8: the cap
         try:
-            pressure = srv.app.pressure
-            for _ in range(600):   # until the service has all 8 requests in progress
-                if pressure.requests.get(token_digest(OWNER)) == 8:
-                    break
-                time.sleep(0.05)
-            assert pressure.requests.get(token_digest(OWNER)) == 8
+            _counted(srv, token_digest(OWNER), 8)
             h2 = {"Authorization": f"Bearer {OTHER}"}
             r = httpx.post(f"{srv.url}/datasets", headers=h2, timeout=60, json={
                 "name": "e", "num_samples": 100, "shard_size": 10})
