@@ -312,8 +312,8 @@ class _Connections:
     def _evictable(self, new, client: str | None, idle_only: bool = False):
         """The connection of `client` (None: any) best closed to make room: the oldest that
         never sent a whole request, else an idle keep-alive one (oldest first), else one whose
-        client stopped reading its response, else the slowest body past its grace (unless
-        `idle_only`); None."""
+        client stopped reading its response, else one whose request waits its turn (park),
+        else the slowest body past its grace (unless `idle_only`); None."""
         now = time.monotonic()
         # the oldest connection that never sent a whole request, found without a scan of all
         for c in self.fresh:
@@ -332,11 +332,11 @@ class _Connections:
             elif _waiting(c):
                 key = (0 if c._g_fresh else 1, c._g_phase_at)
             elif _parked(c):
-                key = (2.5, c._g_phase_at)
+                key = (3, c._g_phase_at)
             elif idle_only:
                 continue
             elif c._g_body is not None and now - c._g_body[1] >= self.limits.cap_grace_s:
-                key = (3, (c._g_bytes - c._g_body[2]) / max(now - c._g_body[1], 1e-3))
+                key = (4, (c._g_bytes - c._g_body[2]) / max(now - c._g_body[1], 1e-3))
             else:
                 continue
             if best_key is None or key < best_key:
