@@ -89,10 +89,30 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
     log_rel = np.maximum(dur, 1e-12)
     log_rel /= np.maximum(typical, 1e-12)
     np.log(log_rel, out=log_rel)
-    spread = np.abs(log_rel)
-    scale = max(MAD_TO_SIGMA * float(np.median(spread, overwrite_input=True)), _REL_SPREAD_FLOOR)
-    del spread
-    bar = max(np.log1p(cfg.gc_min_excess), cfg.gc_outlier_z * scale)
+    by_mb = None
+    back: np.ndarray | float = 1.0
+    if balanced is None:
+        # Without Σs² the microbatches' uneven lengths would go into the spread (seed 9 job 28
+        # of --wide --no-seq-lens: bar x18.5 against x1.44 with Σs², 1 of 10 pauses found).
+        # A microbatch's length scales all its ops alike and a pause lengthens one: each
+        # microbatch's shared factor is the smallest of its ops' log ratios.
+        by_mb = _ops_by_microbatch(g, trace, compute)
+        resid, shared, factor = _without_microbatch_factor(log_rel, by_mb, cfg)
+        bar = _pause_bar(resid[~shared], cfg)
+        # An op paused in most of its steps has a pause for its median: against it, its
+        # pause-free steps set a low factor that its partner ops then stand out from (an
+        # invented pause in each). It is measured against what its peers make usual.
+        usual = _usual_on_peers(dur, typical, bar, g.node_stage[compute])
+        if usual is not typical:
+            np.log(np.maximum(dur, 1e-12) / np.maximum(usual, 1e-12), out=log_rel)
+            resid, shared, factor = _without_microbatch_factor(log_rel, by_mb, cfg)
+        log_rel = resid
+        del resid, shared
+        dur = dur / factor
+        back = factor     # a pause adds seconds: its excess is counted at the microbatch's length
+        typical = np.median(dur, axis=2, keepdims=True)
+    else:
+        bar = _pause_bar(np.abs(log_rel), cfg)
     outlier = log_rel >= bar
     del log_rel
     typical = _usual_without_pauses(dur, typical, outlier, bar, g.node_stage[compute])
@@ -100,19 +120,12 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
     if count == 0 or count > cfg.gc_max_rate * outlier.size:
         return []
     # Microbatch-bound: another op of the same microbatch on the same DP rank and step is out too.
-    mb_of = {}
-    for s in range(g.pp_size):
-        for code in (FWD, BWD):
-            for n in microbatch_nodes(g, trace, s, code):
-                mb_of[int(n)] = int(trace.ops["mb_id"][g.row[n, 0, 0]])
-    index = {int(n): i for i, n in enumerate(compute)}
-    by_mb: dict = {}
-    for n, mb in mb_of.items():
-        by_mb.setdefault(mb, []).append(index[n])
+    if by_mb is None:
+        by_mb = _ops_by_microbatch(g, trace, compute)
     bound = np.zeros_like(outlier)
     rate = count / outlier.size
     chance = 0.0    # outliers that independent pauses would put beside another one
-    for rows in by_mb.values():
+    for rows in by_mb:
         hits = outlier[rows].sum(axis=0)                           # [D, T]
         bound[rows] = outlier[rows] & (hits >= 2)[None]
         chance += float(outlier[rows].sum()) * (1.0 - (1.0 - rate) ** (len(rows) - 1))
@@ -124,7 +137,7 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
         return []
     # The pattern is GC: every outlier is a pause (two may hit one microbatch by chance).
     pause = outlier
-    excess = np.where(pause, dur - typical, 0.0)
+    excess = np.where(pause, (dur - typical) * back, 0.0)
     cost = Rows.on(w.cost, compute)      # the compute rows only, not a copy of the grid
     cost.values[:] = np.where(pause, np.maximum(raw - excess, 0.0), cost.values)
     k, d, t = np.nonzero(pause)
@@ -143,6 +156,83 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
                       upper_bound=True, strata=ctx.step_mask(steps), established=True)]
 
 
+def _pause_bar(spread: np.ndarray, cfg) -> float:
+    """The log ratio from which an op is a pause: gc_outlier_z robust deviations of `spread`
+    (absolute log ratios), and at least gc_min_excess."""
+    scale = max(MAD_TO_SIGMA * float(np.median(spread, overwrite_input=True)), _REL_SPREAD_FLOOR)
+    return max(float(np.log1p(cfg.gc_min_excess)), cfg.gc_outlier_z * scale)
+
+
+def _peer_expected(dur: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    """[n, D, 1] each op's usual time on each worker from its peers: the op's median over DP
+    ranks and steps times the worker's speed (its stage's ops' median ratio to their peers)."""
+    peers = np.median(dur, axis=(1, 2), keepdims=True)                     # [n, 1, 1]
+    rel = dur / np.maximum(peers, 1e-12)
+    speed = np.ones((1,) + dur.shape[1:2] + (1,))
+    expected = np.empty(dur.shape[:2] + (1,))
+    for p in np.unique(stage):
+        rows = stage == p
+        speed[0, :, 0] = np.median(rel[rows].transpose(1, 0, 2).reshape(dur.shape[1], -1),
+                                   axis=1)
+        expected[rows] = peers[rows] * speed
+    return expected
+
+
+def _usual_on_peers(dur: np.ndarray, typical: np.ndarray, bar: float,
+                    stage: np.ndarray) -> np.ndarray:
+    """`typical` [n, D, 1], with what the peers make usual where the median over steps is
+    itself a pause (`typical` itself where none is, or there are no peers)."""
+    if dur.shape[1] < 2:
+        return typical
+    expected = _peer_expected(dur, stage)
+    paused = np.log(np.maximum(typical, 1e-12) / np.maximum(expected, 1e-12)) >= bar
+    return np.where(paused, expected, typical) if paused.any() else typical
+
+
+def _ops_by_microbatch(g, trace, compute: np.ndarray) -> list[list[int]]:
+    """Each microbatch's forward/backward ops (all stages), as row indices into `compute`."""
+    index = {int(n): i for i, n in enumerate(compute)}
+    by_mb: dict[int, list[int]] = {}
+    for s in range(g.pp_size):
+        for code in (FWD, BWD):
+            for n in microbatch_nodes(g, trace, s, code):
+                by_mb.setdefault(int(trace.ops["mb_id"][g.row[n, 0, 0]]), []).append(index[int(n)])
+    return list(by_mb.values())
+
+
+def _without_microbatch_factor(log_rel: np.ndarray, by_mb: list[list[int]], cfg
+                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Log ratios [n, D, T] less each microbatch's shared factor (the smallest over its ops on
+    the same DP rank and step), where that factor sits (the op that set it, a residual of 0
+    by construction, left out of the spread), and the factor itself [n, D, T] (as a ratio).
+
+    A factor that stands out among all microbatches' factors as a pause would among ops is
+    not taken out: every op of that microbatch was paused (two pauses of one fwd/bwd pair
+    at pp 1, by chance some eight times on a 64-rank job), and the sequences' spread of
+    factors is too wide for one microbatch to stand out so."""
+    lows, leasts = [], []
+    for rows in by_mb:
+        low = log_rel[rows].argmin(axis=0)                          # [D, T]
+        lows.append(low)
+        leasts.append(np.take_along_axis(log_rel[rows], low[None], axis=0)[0])
+    multi = [k for k, rows in enumerate(by_mb) if len(rows) > 1]
+    keep_out = None
+    if multi:
+        every = np.stack([leasts[k] for k in multi])
+        dev = every - np.median(every)
+        keep_out = dev >= _pause_bar(np.abs(dev), cfg)
+    shared = np.zeros(log_rel.shape, dtype=bool)
+    factor = np.zeros(log_rel.shape)
+    for j, k in enumerate(multi):   # a lone op: its factor would be itself, no pause could show
+        rows = by_mb[k]
+        taken = ~keep_out[j] if keep_out is not None else np.ones(lows[k].shape, dtype=bool)
+        factor[rows] = np.where(taken, leasts[k], 0.0)[None]
+        sub = shared[rows]
+        np.put_along_axis(sub, lows[k][None], taken[None], axis=0)
+        shared[rows] = sub
+    return log_rel - factor, shared, np.exp(factor)
+
+
 def _usual_without_pauses(dur: np.ndarray, typical: np.ndarray, outlier: np.ndarray,
                           bar: float, stage: np.ndarray) -> np.ndarray:
     """The usual time [n, D, 1] of each op on its worker, the median of its steps without a
@@ -158,16 +248,7 @@ def _usual_without_pauses(dur: np.ndarray, typical: np.ndarray, outlier: np.ndar
     """
     typical = typical.copy()
     if dur.shape[1] > 1:
-        peers = np.median(dur, axis=(1, 2), keepdims=True)                     # [n, 1, 1]
-        rel = dur / np.maximum(peers, 1e-12)
-        speed = np.ones((1,) + dur.shape[1:2] + (1,))
-        expected = np.empty_like(typical)
-        for p in np.unique(stage):
-            rows = stage == p
-            speed[0, :, 0] = np.median(rel[rows].transpose(1, 0, 2).reshape(dur.shape[1], -1),
-                                       axis=1)
-            expected[rows] = peers[rows] * speed
-        del rel
+        expected = _peer_expected(dur, stage)
         # the op's median over its steps is itself a pause: its paused steps stand out
         # against what is usual for it on this worker
         paused_usual = np.log(np.maximum(typical, 1e-12) / np.maximum(expected, 1e-12)) >= bar
