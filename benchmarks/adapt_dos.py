@@ -65,6 +65,7 @@ from stragglers.adapt.shards import ShardStore
 JOB, BIG = "job-token-0123456789abcdef", "big-owner-token-0123456789"
 NICE = [19]   # the attackers' niceness (--attacker-nice)
 ATTACKERS = [5]   # --attackers (owner_flood shares its 256 connections among them)
+SERVICE_SETS: list[str] = []   # --set NAME=VALUE of the service's config (repeatable)
 STRANGER = "stranger-token-0123456789ab"
 
 
@@ -81,8 +82,9 @@ def big_db(db: Path) -> None:
 
 
 def start_service(db: Path) -> tuple[subprocess.Popen, str]:
+    sets = [arg for pair in SERVICE_SETS for arg in ("--set", pair)]
     proc = subprocess.Popen([sys.executable, "-m", "stragglers.cli", "adapt", "serve", "--db",
-                             str(db), "--port", "0"], stdout=subprocess.PIPE, text=True)
+                             str(db), "--port", "0", *sets], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     url = line.split(" on ", 1)[1].split(" ", 1)[0]
     return proc, url
@@ -448,7 +450,11 @@ def main() -> None:
     ap.add_argument("--attacker-nice", type=int, default=19,
                     help="the attackers' niceness (0: they take CPU as the job does; on a busy"
                          " machine at 19 they may hardly run)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a setting of the service's config (repeatable), e.g."
+                         " requests_per_token_s=50")
     args = ap.parse_args()
+    SERVICE_SETS[:] = args.set
     NICE[0] = args.attacker_nice
     ATTACKERS[0] = args.attackers
     tmp = Path(tempfile.mkdtemp(prefix="adapt-dos-"))
@@ -477,6 +483,7 @@ def main() -> None:
                   command=f".venv/bin/python benchmarks/adapt_dos.py --leases {args.leases} "
                           f"--blocks {args.blocks} --attackers {args.attackers} "
                           f"--cases {args.cases} --attacker-nice {args.attacker_nice}"
+                          + "".join(f" --set {pair}" for pair in args.set)
                           + (f" --name {args.name}" if args.name else ""),
                   figures=figures(rows, "lease + ack latency"),
                   note=f"{os.cpu_count()} CPUs; {args.blocks} alternated quiet/attacked "
