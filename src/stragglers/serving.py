@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import ipaddress
 import json
@@ -270,8 +271,12 @@ class ServiceGuard:
     traceback in the answer)."""
 
     def __init__(self, app, allowed_hosts: list[str] | tuple[str, ...] | None = None,
-                 max_requests: int | None = None, error_shape: ErrorShape = plain_error):
+                 max_requests: int | None = None, error_shape: ErrorShape = plain_error,
+                 refusal_delay_s: float = 0.25):
         self.app, self.shape = app, error_shape
+        # its own refusals (a Host not allowed, a header twice, framing not taken) are answered
+        # after a pause (sleeping costs nothing): a client looping on them waits, not spins
+        self.refusal_delay_s = refusal_delay_s
         self.max_requests, self.requests = max_requests, 0
         self.extra = {h.strip().lower() for h in allowed_hosts or () if h.strip()}
         self.any_host = False
@@ -328,16 +333,19 @@ class ServiceGuard:
         if twice is not None:
             # RFC 9112 (Host): answered 400; the same for a token or a body's type, where one
             # reader takes the first and another the last (the owner's token then a stranger's)
+            await asyncio.sleep(self.refusal_delay_s)
             await send_json(self.shape, send, 400, f"request header '{twice}': given more than once; "
                             "expected once")
             return
         odd = _odd_framing(headers)
         if odd is not None:
+            await asyncio.sleep(self.refusal_delay_s)
             await send_json(self.shape, send, *odd)
             return
         hosts = [v.decode("latin-1") for k, v in headers if k == b"host"]
         host = hosts[0] if hosts else None
         if host is not None and not self.host_allowed(host):
+            await asyncio.sleep(self.refusal_delay_s)
             await send_json(self.shape, send, 400, f"request header 'Host': {host[:100]!r} is not a name "
                             "of this service (expected a loopback name, or one configured in "
                             "allowed_hosts)")
@@ -346,6 +354,7 @@ class ServiceGuard:
         if not target.startswith(b"/"):
             scope, refusal = self.absolute_target(scope, target)
             if refusal is not None:
+                await asyncio.sleep(self.refusal_delay_s)
                 await send_json(self.shape, send, 400, refusal)
                 return
         if self.max_requests is not None and self.requests >= self.max_requests:

@@ -202,3 +202,20 @@ def test_requests_waiting_their_turn_give_their_connections_up_at_the_cap(tmp_pa
                 s.close()
     finally:
         srv.stop()
+
+
+@pytest.mark.slow
+def test_the_serving_layers_own_refusals_are_answered_after_a_pause(tmp_path):
+    # a Host not allowed or a header twice was answered at once: a client looping on them spun
+    srv = EmbeddedServer(tmp_path / "s.db").start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            for headers in ({"Host": "evil.example"}, [("X-Service-Token", "a"),
+                                                       ("X-Service-Token", "b")]):
+                t0 = time.monotonic()
+                r = c.get("/health", headers=headers)
+                assert r.status_code == 400, r.text
+                assert time.monotonic() - t0 >= 0.25   # a lower bound load cannot break
+                assert set(r.json()) == {"error", "kind", "field"}
+    finally:
+        srv.stop()
