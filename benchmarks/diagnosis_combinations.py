@@ -9,7 +9,7 @@ against the generator's ground truth:
 - invented: a named cause that was not injected;
 - misplaced: a strong worker fault or host stall named at other workers, a strong stage
   imbalance at another stage.
-A collective slowed on every rank is not drawn: its median is the slow value (spec §6), so by
+A collective slowed on every rank is not drawn: its median is the slow value (docs/whatif.md §6), so by
 the contract it is no straggler.
 
     .venv/bin/python benchmarks/diagnosis_combinations.py [--jobs 200] [--seed 11] [--no-seq-lens]

@@ -1,6 +1,6 @@
 """The verdict on every real trace we have (none made by us), as one table.
 
-Inputs: the single-rank GPU samples and NDTimeline samples in ../shared/data, the 8-rank DLRM
+Inputs: the single-rank GPU samples and NDTimeline samples of the real-data folder (tests/README.md, "Real data"), the 8-rank DLRM
 job and the PAI mini-batch tables in tests/data/real. For each: ranks read, steps analysed,
 S, replay error, the verdict (causes and the ranks they name), and the time to read and
 analyse. A regression check for the reader and the diagnosis on what users bring.

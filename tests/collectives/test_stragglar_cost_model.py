@@ -1,4 +1,4 @@
-"""The α–β model reproduces the spec §3 table and behaves at the edges."""
+"""The α–β model reproduces the table of docs/stragglar.md §3 and behaves at the edges."""
 
 import math
 

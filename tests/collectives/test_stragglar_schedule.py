@@ -56,7 +56,7 @@ def test_power_of_two_schedules_are_optimal_and_valid(n):
     assert sched.note == ""
 
 
-# spec §2: the paper's greedy maximum-weight matching measured 6→7, 10→12, 12→15, 24→27
+# docs/stragglar.md §2: the paper's greedy maximum-weight matching measured 6→7, 10→12, 12→15, 24→27
 PAPER_ROUNDS = {6: 7, 10: 12, 12: 15, 24: 27}
 
 
