@@ -1,4 +1,4 @@
-"""The controller's arithmetic: batch split (spec §4), rounding, accumulation, restart gain."""
+"""The controller's arithmetic: batch split (docs/adaptive.md §4), rounding, accumulation, restart gain."""
 
 from __future__ import annotations
 

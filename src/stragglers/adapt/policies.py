@@ -1,4 +1,4 @@
-"""The controller's arithmetic (spec §4): batch split, integer rounding, accumulation, restart gain."""
+"""The controller's arithmetic (docs/adaptive.md §4): batch split, integer rounding, accumulation, restart gain."""
 
 from __future__ import annotations
 
