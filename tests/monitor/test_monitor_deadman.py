@@ -416,7 +416,9 @@ def test_ranks_sending_a_moment_after_the_first_one_when_a_job_resumes_are_not_s
     # rank 3's silence counts from the resume: called silent stall_after_s after it
     monitor.tick(resumed + STALL - 0.01)
     assert not monitor.store.alerts(job="j")
-    feed(monitor, 2, [0, 1, 2], queued_ago=0.0)
+    # their next parts land just before rank 3's deadline (stamped there, not at the wall
+    # clock's now: how long the calls above took must not decide whether the job looks stalled)
+    feed(monitor, 2, [0, 1, 2], queued_ago=time.monotonic() - (resumed + STALL - 0.005))
     monitor.tick(max(resumed + STALL, tr.last_arrival) + 0.01)
     assert [(a.rule, a.labels.rank) for a in monitor.store.alerts(job="j", status="firing")] \
         == [("rank_silent", "3")]
