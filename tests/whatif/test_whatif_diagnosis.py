@@ -209,7 +209,7 @@ def test_warmup_steps_are_left_out_by_default_and_kept_on_request():
 def test_straggling_threshold_is_defined_once():
     assert DiagnosisConfig().straggling_slowdown == STRAGGLING_SLOWDOWN == 1.1
     r = analyze(generate(dp=2, pp=2, microbatches=4, steps=4, seed=0))
-    assert r.diagnosis_config["straggling_slowdown"] == STRAGGLING_SLOWDOWN
+    assert r.diagnosis_config is not None and r.diagnosis_config.straggling_slowdown == STRAGGLING_SLOWDOWN
 
 
 # --- thresholds swept on synthetic jobs: each decides what its documentation says ----------

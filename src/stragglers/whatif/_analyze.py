@@ -114,7 +114,7 @@ def analyze_grid(trace: Trace, grid, steps, tick: Callable[[str], None], cfg: Di
         diagnosis_summary=diagnosis_summary,
         steps_analysed=[int(x) for x in grid.steps],
         warmup_steps=[int(x) for x in warmup],
-        diagnosis_config=plain(cfg.to_dict()),
+        diagnosis_config=cfg,
     )
     return result, w
 

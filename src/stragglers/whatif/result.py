@@ -23,7 +23,7 @@ from stragglers.config import PlainObject
 from stragglers.errors import InputError
 from stragglers.trace.jsontypes import JsonObject
 from stragglers.trace.model import Note
-from stragglers.whatif.config import DECOMPOSE_SLOWDOWN, STRAGGLING_SLOWDOWN
+from stragglers.whatif.config import DECOMPOSE_SLOWDOWN, STRAGGLING_SLOWDOWN, DiagnosisConfig
 
 # Version of the JSON layout: bump when a field changes meaning or is removed. 2: every field
 # of every object is written (schema 1 left some out at their defaults); notes are objects.
@@ -168,7 +168,7 @@ class AnalysisResult(msgspec.Struct, rename=_JSON_NAMES):
     diagnosis_summary: DiagnosisSummary | None = None
     steps_analysed: list[int] = []
     warmup_steps: list[int] = []   # left out as warm-up
-    diagnosis_config: dict[str, Any] = {}
+    diagnosis_config: DiagnosisConfig | None = None   # the thresholds the diagnosis used
     warnings: list[str] = []
     notes: list[Note] = []
 

@@ -96,7 +96,7 @@ class Context:
     trace: Trace
     cfg: DiagnosisConfig
     ranks: np.ndarray     # [D, pp] global rank of each worker (-1 unknown)
-    hosts: dict           # global rank → host name
+    hosts: dict[int, str]  # global rank → host name
     _waits: tuple | None = field(default=None, repr=False)
     _balanced: tuple | None = field(default=None, repr=False)
     _paused: tuple | None = field(default=None, repr=False)
