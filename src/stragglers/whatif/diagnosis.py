@@ -61,7 +61,8 @@ CROSS_RANK = ("worker_fault", "slow_group", "host_stall", "stage_imbalance", "se
 
 
 def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
-             scores: dict | None = None, partial: "Coverage | None" = None
+             scores: dict[tuple[int, int], float] | None = None,
+             partial: "Coverage | None" = None
              ) -> tuple[list[Finding], DiagnosisSummary]:
     """(findings, summary): findings most valuable first, [`none`] or [`unexplained`] if no cause.
 

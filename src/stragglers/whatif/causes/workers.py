@@ -49,7 +49,8 @@ def _worst_first(named: np.ndarray, severity: np.ndarray) -> list[tuple[int, int
     return sorted(workers, key=lambda dp: -float(severity[dp]))
 
 
-def worker_fault(ctx: Context, scores: dict | None = None) -> list[Candidate]:
+def worker_fault(ctx: Context, scores: dict[tuple[int, int], float] | None = None
+                 ) -> list[Candidate]:
     """Workers whose own compute per step stands out from their stage peers'."""
     w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
     if len(g.dp_ranks) < 2:
