@@ -203,6 +203,9 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
                             timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
                             timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]
                             limit_concurrency=None,
+                            # h11 refuses a head still incomplete past 16 KB (400): the bound
+                            # is max_head_bytes, however the head is cut into reads
+                            h11_max_incomplete_event_size=limits.max_head_bytes,
                             server_header=False, date_header=False)
     config.load()
     config.http_protocol_class = guarded_protocol(config.http_protocol_class, limits,

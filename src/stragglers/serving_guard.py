@@ -33,6 +33,10 @@ class ConnectionLimits:
     cap_grace_s: float = 1.0
     send_stall_s: float = 30.0           # a response the client stops reading for this long is cut
     sweep_s: float = 1.0
+    # after an answer that ends a connection (431, 400, 408), what the client still sends is
+    # read and dropped this long, its write side shut: closed with bytes unread, the kernel
+    # resets the connection and the client's stack drops the answer it had (lingering close)
+    linger_s: float = 2.0
 
 
 
@@ -111,18 +115,24 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             self._g_stalled: float | None = None  # since when the client has not read what it was sent
             self._g_eof = False    # the client half-closed: close once its requests are answered
             self._g_head_over = False
+            self._g_lingering: asyncio.TimerHandle | None = None   # see _g_linger
             conn = getattr(self, "conn", None)
             if conn is not None and hasattr(conn, "next_event"):
                 _bound_h11_heads(self, conn)
             book.admit(self)
 
         def connection_lost(self, exc) -> None:
+            if self._g_lingering is not None:
+                self._g_lingering.cancel()
             book.forget(self)
             if _parked(self):
                 _unpark(self)   # nobody is left to answer: the request is dropped
             super().connection_lost(exc)
 
         def shutdown(self) -> None:
+            if self._g_lingering is not None:   # answered already: nothing to wait for
+                self.transport.close()
+                return
             if _parked(self):   # a request waiting its turn does not hold a shutdown up
                 _unpark(self)
                 self.transport.close()
@@ -130,6 +140,8 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             super().shutdown()
 
         def data_received(self, data: bytes) -> None:
+            if self._g_lingering is not None:
+                return   # the rest of a request already refused: dropped (see _g_linger)
             # bytes of the next request's head (not the rest of a body answered before it was
             # read, as a 413 is)
             head = _waiting(self) and not _body_left(self)
@@ -142,7 +154,28 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             if head and self._g_phase_bytes > limits.max_head_bytes and _waiting(self) \
                     and not self.transport.is_closing():
                 _close(self, 431, "Request Header Fields Too Large",
-                       f"request head: more than {limits.max_head_bytes} bytes")
+                       f"request head: more than {limits.max_head_bytes} bytes", linger=True)
+
+        def _g_linger(self) -> None:
+            """End the connection after the answer written last: the write side shut once it
+            is sent, the client's further bytes dropped until it closes or linger_s passes."""
+            if self._g_lingering is not None or self.transport.is_closing():
+                return
+            unset = getattr(self, "_unset_keepalive_if_required", None)
+            if unset is not None:
+                unset()   # (its handler would write to the shut side)
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True   # a pipelined request in progress: not answered
+                cycle.message_event.set()
+            try:
+                self.transport.write_eof()
+                self.transport.resume_reading()   # (paused while a pipelined request ran)
+            except (OSError, RuntimeError, NotImplementedError):
+                self.transport.close()
+                return
+            self._g_lingering = asyncio.get_running_loop().call_later(
+                limits.linger_s, self.transport.close)
 
         if hasattr(base, "on_header"):   # httptools: the parser's callbacks (h11 bounds its own)
             def on_message_begin(self) -> None:
@@ -167,6 +200,9 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
                     raise _HeadTooLarge()   # the parser stops: send_400_response answers 431
 
         def eof_received(self) -> bool | None:
+            if self._g_lingering is not None:
+                self.transport.close()   # the client has read the answer and stopped
+                return None
             # A client that half-closes once its request is sent (shutdown(SHUT_WR)) is
             # answered: the transport used to close at once, after the app had acted on the
             # request (a lease taken, nobody told). A request whose body is still to come is
@@ -215,7 +251,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             else:
                 self.transport.write(json_response_bytes(400, "Bad Request", f"request: {msg}",
                                                          self._g_shape))
-            self.transport.close()
+            self._g_linger()
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
@@ -231,7 +267,13 @@ def _bound_h11_heads(protocol, conn) -> None:
     limit = protocol._g_limits.max_head_bytes
 
     def next_event():
-        event = real()
+        try:
+            event = real()
+        except h11.RemoteProtocolError as exc:
+            # h11's own bound on a head still incomplete (h11_max_incomplete_event_size, made
+            # max_head_bytes by uvicorn_server): answered 431 like the others, not 400
+            protocol._g_head_over = exc.error_status_hint == 431
+            raise
         if isinstance(event, h11.Request) and len(event.target) + sum(
                 len(k) + len(v) + 4 for k, v in event.headers) > limit:
             protocol._g_head_over = True
@@ -380,8 +422,8 @@ class _Connections:
         self._timer = None
         now, lim = time.monotonic(), self.limits
         for c in list(self.open):
-            if c.transport.is_closing():
-                continue
+            if c.transport.is_closing() or c._g_lingering is not None:
+                continue   # (a lingering one closes itself)
             if c._g_stalled is not None and now - c._g_stalled > lim.send_stall_s:
                 # (aborted: a close would wait for the unsent bytes to be taken, for ever; the
                 # app may count its response complete once all of it is in the transport)
@@ -397,7 +439,7 @@ class _Connections:
                 if now - c._g_phase_at > lim.header_timeout_s:
                     if c._g_phase_bytes:
                         _close(c, 408, "Request Timeout", f"request head: not complete "
-                               f"within {lim.header_timeout_s:g} s")
+                               f"within {lim.header_timeout_s:g} s", linger=True)
                     else:
                         _close(c)
                 continue
@@ -444,11 +486,19 @@ def _client(conn) -> str:
 
 
 def _close(conn, status: int | None = None, reason: str = "", message: str = "",
-           abort: bool = False) -> None:
+           abort: bool = False, linger: bool = False) -> None:
+    """Close a connection, answering `status` first unless None; `linger`: its client's
+    unread bytes drained first (the protocol's _g_linger), else closed at once (at a cap)."""
+    lingering = getattr(conn, "_g_lingering", None) is not None
+    if lingering and linger:
+        return   # answered and lingering already
     try:
-        if status is not None:
+        if status is not None and not lingering:
             conn.transport.write(json_response_bytes(status, reason, message,
                                                      getattr(conn, "_g_shape", plain_error)))
+        if linger and not abort and not lingering:
+            conn._g_linger()
+            return
         if abort:
             # a reset, not a FIN queued behind the bytes the client does not take (the kernel
             # would keep those for minutes): SO_LINGER 0, then the socket is closed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 
 import pytest
 from starlette.applications import Starlette
@@ -83,6 +84,65 @@ def test_a_pipelined_head_over_the_bound_is_431_after_the_first_is_answered(port
     raw = exchange(port, small + big, half_close=False)   # (the 431 closes it)
     assert statuses(raw)[-1] == 431 and 200 not in statuses(raw)[1:], raw[:300]
     assert len(SERVED) <= 1
+
+
+def exchange_cut(port: int, data: bytes, cut: int) -> bytes:
+    """As exchange, `data` sent in two parts with a pause between (so the server may read the
+    first alone); the answer must not depend on whether it does."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as k:
+        k.sendall(data[:cut])
+        time.sleep(0.2)
+        k.sendall(data[cut:])
+        got = b""
+        while chunk := k.recv(65536):
+            got += chunk
+    return got
+
+
+def test_a_head_far_over_the_bound_is_answered_not_reset(port):
+    # (fails before: the server closed with the rest of the head unread, so the kernel reset
+    # the connection and the client lost the 431 — ConnectionResetError, 20 of 20)
+    head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"e" * (16 * LIMIT)
+    raw = exchange(port, head + b"\r\n\r\n", half_close=False)
+    assert statuses(raw) == [431], raw[:200]
+    assert "more than 65536 bytes" in json_body(raw)["error"]
+    assert SERVED == []
+
+
+def test_a_head_cut_into_reads_is_bounded_at_the_limit(port):
+    # (fails before with h11: its own 16 KB bound on a head still incomplete answered 400)
+    head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"f" * (LIMIT - 200) + \
+        b"\r\n\r\n"
+    assert statuses(exchange_cut(port, head, 20_000)) == [200]
+    small = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    big = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"g" * (LIMIT + 10) + \
+        b"\r\n\r\n"
+    raw = exchange_cut(port, small + big, 20_000)
+    assert statuses(raw) == [200, 431], raw[-300:]
+
+
+def test_a_refused_connection_lingers_only_linger_s():
+    # the drained bytes of a refused head are bounded in time: a client still sending after
+    # the 431 is cut (not held for ever by a connection that only discards)
+    sock = listen_socket("127.0.0.1", 0)
+    server = uvicorn_server(APP, max_connections=10, keep_alive_s=30, http="h11",
+                            limits=ConnectionLimits(max_connections=10, max_head_bytes=LIMIT,
+                                                    linger_s=0.2))
+    serve_in_thread(server, sock, "test-linger", "test server")
+    try:
+        with socket.create_connection(("127.0.0.1", sock.getsockname()[1]), timeout=30) as k:
+            k.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"h" * (2 * LIMIT))
+            got = b""
+            while chunk := k.recv(65536):
+                got += chunk
+            assert statuses(got) == [431]
+            deadline = time.monotonic() + 30
+            with pytest.raises(OSError):   # a reset once the server has closed
+                while time.monotonic() < deadline:
+                    k.sendall(b"h" * 4096)
+                    time.sleep(0.05)
+    finally:
+        server.should_exit = True
 
 
 def test_a_head_just_under_the_bound_is_served(port):
