@@ -86,7 +86,7 @@ if TYPE_CHECKING:   # the same names for type checkers, which do not run __getat
     from stragglers.trace.convert import convert
     from stragglers.trace.load import load_trace, parse_steps
     from stragglers.trace.model import JobMeta, Trace
-    from stragglers.trace.synth.generate import generate as synth
+    from stragglers.trace.synth._generate import generate as synth
     from stragglers.trace.synth.spec import SynthSpec
     from stragglers.whatif.result import AnalysisResult
 __all__ = [*__all__, "__version__"]

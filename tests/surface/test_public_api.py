@@ -104,3 +104,29 @@ def test_every_export_is_what_it_names_after_its_modules_were_imported_by_path()
     assert out.returncode == 0, out.stderr[-3000:]
     count, bad = out.stdout.split(" ", 1)
     assert int(count) > 50 and bad.strip() == "[]", out.stdout
+
+
+NO_EXPORT_NAMED_AS_A_MODULE = """
+import importlib, pkgutil
+import stragglers
+bad = []
+for name in ["stragglers", *(m.name for m in pkgutil.walk_packages(stragglers.__path__,
+                                                                     "stragglers."))]:
+    module = importlib.import_module(name)
+    if hasattr(module, "__path__"):
+        exported = set(getattr(module, "__all__", None) or ())
+        exported |= set(getattr(module, "_LAZY", None) or {})
+        bad += [f"{name}.{m.name}" for m in pkgutil.iter_modules(module.__path__)
+                if m.name in exported]
+print(bad)
+"""
+
+
+@pytest.mark.slow
+def test_no_package_exports_a_name_one_of_its_modules_has():
+    # a function exported under its module's name hides the module (`trace.synth.generate` was
+    # the function or the module depending on what had been imported): such modules are `_name`
+    out = subprocess.run([sys.executable, "-c", NO_EXPORT_NAMED_AS_A_MODULE],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]", out.stdout

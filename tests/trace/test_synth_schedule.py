@@ -10,7 +10,7 @@ import pytest
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPES
 from stragglers.trace.synth import generate
-from stragglers.trace.synth.generate import upper_bound_ops
+from stragglers.trace.synth._generate import upper_bound_ops
 from stragglers.trace.synth.schedule import build_step_graph, compute_order
 
 

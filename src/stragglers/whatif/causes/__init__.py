@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from stragglers.whatif.causes.base import Candidate, Context
 from stragglers.whatif.causes.capacity import slow_group
-from stragglers.whatif.causes.communication import communication
+from stragglers.whatif.causes._communication import communication
 from stragglers.whatif.causes.experts import expert_imbalance
 from stragglers.whatif.causes.gc import gc_pauses
 from stragglers.whatif.causes.sequence import sequence_imbalance
