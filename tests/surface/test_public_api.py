@@ -96,9 +96,9 @@ print(len(packages), bad)
 
 @pytest.mark.slow
 def test_every_export_is_what_it_names_after_its_modules_were_imported_by_path():
-    # Importing a submodule binds it on its package under its own name: where a lazy export
-    # shares that name (record.attach, ...), `from pkg import name` would give
-    # the module. Each such module is callable as its function.
+    # Importing a submodule binds it on its package under its own name: were a lazy export to
+    # share that name, `from pkg import name` would give the module after such an import (no
+    # export does: test_no_package_exports_a_name_one_of_its_modules_has).
     out = subprocess.run([sys.executable, "-c", EVERY_EXPORT_AFTER_EVERY_IMPORT],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
