@@ -17,7 +17,22 @@ class LimitExceeded(Exception):
         self.what = what
 
 
-class KeyedLimits:
+class InProgress:
+    """Requests in progress per key (used on one event loop: no lock)."""
+
+    def __init__(self) -> None:
+        self.requests: dict[object, int] = {}
+
+    def leave(self, key: object) -> None:
+        """A request of `key` is over."""
+        n = self.requests.get(key, 0) - 1
+        if n > 0:
+            self.requests[key] = n
+        else:
+            self.requests.pop(key, None)
+
+
+class KeyedLimits(InProgress):
     """Requests in progress and body bytes held per key, each bounded (used on one event loop:
     no lock). `name` says what a key is, in the messages ("token", "client", "job").
 
@@ -27,8 +42,8 @@ class KeyedLimits:
     """
 
     def __init__(self, name: str, max_requests: int, max_bytes: int):
+        super().__init__()
         self.name, self.max_requests, self.max_bytes = name, max_requests, max_bytes
-        self.requests: dict[object, int] = {}
         self.held: dict[object, int] = {}
 
     def enter(self, key: object) -> None:
@@ -38,13 +53,6 @@ class KeyedLimits:
             raise LimitExceeded(f"this {self.name} has {n} requests in progress, its limit")
         self.requests[key] = n + 1
 
-    def leave(self, key: object) -> None:
-        """A request of `key` is over."""
-        n = self.requests.get(key, 0) - 1
-        if n > 0:
-            self.requests[key] = n
-        else:
-            self.requests.pop(key, None)
 
     def fits(self, key: object, n: int) -> bool:
         """Whether a body of `n` bytes (declared) would be let in now."""
@@ -204,7 +212,7 @@ class MintRate:
         self.know(owner)
 
 
-class Backpressure:
+class Backpressure(InProgress):
     """Requests in progress per key (a token, a client): up to `free` go straight; past that,
     each waits its turn at `rate` a second (a burst of `burst` at once), so that a key
     flooding on many connections is answered at that pace, its clients idle between answers
@@ -214,10 +222,10 @@ class Backpressure:
 
     def __init__(self, name: str, free: int, rate: float, burst: float, max_wait_s: float,
                  clock=time.monotonic):
+        super().__init__()
         self.name, self.free, self.max_wait_s, self.clock = name, free, max_wait_s, clock
         self.interval = 1.0 / rate
         self.tolerance = burst * self.interval
-        self.requests: dict[object, int] = {}
         self._due: dict[object, float] = {}   # per key: its theoretical next turn (GCRA)
 
     def turn(self, key: object) -> float:
@@ -239,10 +247,3 @@ class Backpressure:
         self.requests[key] = n + 1
         return wait
 
-    def leave(self, key: object) -> None:
-        """A request of `key` is over."""
-        n = self.requests.get(key, 0) - 1
-        if n > 0:
-            self.requests[key] = n
-        else:
-            self.requests.pop(key, None)
