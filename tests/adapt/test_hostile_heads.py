@@ -93,6 +93,9 @@ def exchange_cut(port: int, data: bytes, cut: int) -> bytes:
         k.sendall(data[:cut])
         time.sleep(0.2)
         k.sendall(data[cut:])
+        # nothing more to send: the server closes after its answers (else a kept-alive
+        # connection ran into keep_alive_s, and the read's own 30 s timeout raced it)
+        k.shutdown(socket.SHUT_WR)
         got = b""
         while chunk := k.recv(65536):
             got += chunk
