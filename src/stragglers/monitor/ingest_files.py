@@ -53,7 +53,7 @@ class DirectoryWatcher:
         # rescan queues a part again only when its file changed or its ingest failed (it once
         # queued every part not stored: refused ones were re-read every rescan, and parts
         # behind a long backlog were queued again each time)
-        self.submitted: dict[Path, tuple[int, int, int]] = {}
+        self.submitted: dict[Path, tuple[int, ...]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -263,7 +263,8 @@ class DirectoryWatcher:
                 self.monitor.reject("bad_part", str(path), "a link to a file outside the "
                                     "watched folder (not followed)")
             return
-        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        # (its link count too: a part refused as a hard link is taken once its other name goes)
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_nlink)
         with self._lock:
             self.escaped.pop(path, None)
             if self.submitted.get(path) == seen:
@@ -273,7 +274,7 @@ class DirectoryWatcher:
         done.add_done_callback(lambda f: self._settled(path, seen, f))
         self.monitor.submit(PartIn(job, rank, part, "files", path=path, done=done))
 
-    def _settled(self, path: Path, seen: tuple[int, int, int], done: Future) -> None:
+    def _settled(self, path: Path, seen: tuple[int, ...], done: Future) -> None:
         """A queued part is stored, a duplicate, or refused (named once, until its file
         changes); when its ingest failed otherwise (the store could not take it), the next
         scan queues it again."""

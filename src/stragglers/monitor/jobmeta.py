@@ -215,12 +215,12 @@ def loads_meta(data: bytes | str, source: Path | str) -> object:
 def read_meta_file(path: Path, max_bytes: int = MAX_META_BYTES, within: str = "") -> object:
     """The JSON of a watched meta.json, opened without blocking and only if it is a regular
     file of at most `max_bytes` (a FIFO named meta.json would block the watcher for good) that
-    lies in the folder `within` (when given) once links are followed, judged on the file opened;
-    InputError naming the file otherwise (FileNotFoundError passes)."""
+    lies in the folder `within` (when given) once links are followed and has no other name (a
+    hard link), judged on the file opened; InputError naming the file otherwise (FileNotFoundError passes)."""
     import os
     import stat
 
-    from stragglers.monitor.part_files import OUTSIDE, opened_within
+    from stragglers.monitor.part_files import OUTSIDE, opened_within, other_names
 
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
@@ -229,6 +229,9 @@ def read_meta_file(path: Path, max_bytes: int = MAX_META_BYTES, within: str = ""
             raise InputError(path, None, "not a regular file; expected the job's JSON metadata")
         if within and not opened_within(fd, st, path, within):
             raise InputError(path, None, OUTSIDE)
+        linked = other_names(st, path) if within else None
+        if linked is not None:
+            raise linked
         if st.st_size > max_bytes:
             raise InputError(path, None, f"{st.st_size} bytes; expected at most {max_bytes}")
         data = os.read(fd, max_bytes + 1)
