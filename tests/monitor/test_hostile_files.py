@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from monitor_jobs import parts_of, slow_job
 from stragglers.trace.runformat import write_rank
@@ -44,6 +45,7 @@ def test_a_part_file_shrunk_while_read_is_refused_not_the_end_of_the_process(tmp
     assert "refused: the file shrank while read" in done.stdout, done.stdout
 
 
+@pytest.mark.slow
 def test_hard_links_in_a_watched_folder_are_refused_and_taken_once_their_other_name_goes(
         tmp_path):
     # a hard link in a watched run to a file elsewhere (another job's part, a private file) is

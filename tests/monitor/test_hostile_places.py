@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from conftest import eventually
 from monitor_jobs import get, parts_of, slow_job
@@ -122,3 +123,71 @@ def test_a_restart_knows_the_places_of_ranks_whose_parts_were_all_analysed(tmp_p
                                  content=table_bytes(cols)).status_code == 200
         finally:
             s.stop()
+
+
+@pytest.mark.slow
+def test_parts_another_instance_stored_are_place_checked_when_read_back(tmp_path):
+    # an instance that does not analyse a job stores its parts unchecked for places (it does
+    # not know them); the holder read them back and took their places as they came: rank 1's
+    # part at rank 3's place took that place, and every later part of rank 3 was refused 409
+    from stragglers.monitor.part_names import fingerprint
+    from stragglers.monitor.store import open_store
+    trace = unlaid_job(steps=15)
+    parts = parts_of(trace, 5)
+    by = {(rank, part): cols for rank, part, cols in parts}
+    at = {rank: place_of(cols) for (rank, part), cols in by.items() if part == 0}
+    rank_at = {place: rank for rank, place in at.items()}
+    one, three = 1, rank_at[(1 - at[1][0], 1 - at[1][1])]   # a rank, the one at its far place
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            for rank in at:
+                assert c.put(f"/api/jobs/j/ranks/{rank}/parts/0", headers=AUTH,
+                             content=table_bytes(by[(rank, 0)])).status_code == 200
+            eventually(lambda: get(c, "/api/jobs/j")["windows"], what="window 0")
+    finally:
+        s.stop()
+    # what another instance would have stored meanwhile: rank `one`'s part 1 with its rows at
+    # rank `three`'s place, and rank `three`'s part 2 with rows at two places
+    cols = by[(one, 1)]
+    there = {**cols, "dp_rank": cols["dp_rank"] * 0 + at[three][0],
+             "stage": cols["stage"] * 0 + at[three][1]}
+    spread = dict(by[(three, 2)])
+    spread["stage"] = spread["stage"].copy()
+    spread["stage"][0] = 1 - spread["stage"][0]
+    store = open_store(tmp_path / "mon.db")
+    try:
+        for rank, part, rows in ((one, 1, there), (three, 2, spread)):
+            body = table_bytes(rows)
+            (tmp_path / "mon.db.uploads" / "j" /
+             f"rank-{rank:05d}.part-{part:06d}.parquet").write_bytes(body)
+            store.add_parts([("j", rank, part, len(rows["step"]), int(rows["step"].min()),
+                              int(rows["step"].max()), len(body), "http",
+                              fingerprint(body))])
+    finally:
+        store.close()
+    # (a rank without rows in a window is waited for gap_wait_s after its last part)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN,
+                      config=CFG.replace(gap_wait_s=1.0)).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for rank, part in [(r, 1) for r in at if r != one] + \
+                    [(r, 2) for r in at if r != three]:
+                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{part}", headers=AUTH,
+                          content=table_bytes(by[(rank, part)]))
+                assert r.status_code == 200, (rank, part, r.text)
+            wins = eventually(lambda: len(get(c, "/api/jobs/j")["windows"]) == 3
+                              and get(c, "/api/jobs/j")["windows"], what="3 windows")
+            assert [w["error"] for w in wins] == [None] * 3, wins
+            missing = [get(c, f"/api/jobs/j/windows/{i}")["missing_ranks"] for i in range(3)]
+            assert missing == [[], [one], [three]], missing
+            set_aside = sorted(r["source"].rsplit("/", 1)[-1] for r in s.monitor.recent_rejects
+                               if "set aside when read back" in r["problem"])
+            assert set_aside == [f"rank-{one:05d}.part-000001.parquet",
+                                 f"rank-{three:05d}.part-000002.parquet"], \
+                list(s.monitor.recent_rejects)
+            assert c.get("/health").status_code == 200
+    finally:
+        s.stop()

@@ -477,48 +477,85 @@ class Monitor:
     def _take_stored(self, tr: JobTracker, directory: Path,
                      index: list[PartIndex]) -> list[PartFile]:
         """Parts from the store into a tracker (their footers read when their steps are not
-        analysed yet); the files held for windows."""
-        held = []
-        for p in index:
-            if tr.knows(p.rank, p.part):
+        analysed yet, and checked again against the job as read back); the files held for
+        windows."""
+        within = self.part_root(directory)
+        fresh = [p for p in index if not tr.knows(p.rank, p.part)]
+        # the places of the ranks' analysed parts first: a part read back is judged against
+        # them as the ingest judged it
+        self._learn_places(tr, directory, [p for p in index if p.last_step <= tr.consumed_step])
+        read: dict[tuple[int, int], PartData | PartFile] = {}
+        for p in fresh:
+            if p.last_step <= tr.consumed_step:
                 continue
-            columns: dict[str, np.ndarray] | None = None
-            file: PartFile | None = None
-            if p.last_step > tr.consumed_step:   # not analysed yet: its window reads it
-                path = part_path(directory, p.rank, p.part)
-                within = self.part_root(directory)
-                try:
-                    footer = read_part_footer(path, within)
-                    if isinstance(footer, InputError):
-                        raise footer
-                    file = footer
-                    if file is None:
-                        columns = read_part_file(path, within).columns
-                except InputError as exc:
-                    log.warning("job %s: stored part unreadable now: %s", tr.job, exc)
-                    file = None
+            path = part_path(directory, p.rank, p.part)
+            try:
+                footer = read_part_footer(path, within)
+                if isinstance(footer, InputError):
+                    raise footer
+                read[(p.rank, p.part)] = footer if footer is not None else \
+                    read_part_file(path, within)
+            except InputError as exc:
+                log.warning("job %s: stored part unreadable now: %s", tr.job, exc)
+        # in the order they were stored, as the ingest took them
+        for p in sorted(fresh, key=lambda p: (p.seq, p.rank, p.part)):
+            data = read.get((p.rank, p.part))
+            if data is None:
+                continue
+            problem = self._check_read_back(tr, p, data, part_path(directory, p.rank, p.part))
+            if problem is not None:
+                del read[(p.rank, p.part)]
+                self.reject("bad_part", str(part_path(directory, p.rank, p.part)),
+                            f"stored part set aside when read back: {problem.problem}")
+            else:
+                tr.claim(p.rank, rows_place(data))
+        held = []
+        for p in fresh:
+            got = read.get((p.rank, p.part))
+            file = got if isinstance(got, PartFile) else None
+            columns = got.columns if isinstance(got, PartData) else None
             if tr.add_part(p.rank, p.part, p.last_step, columns, p.ingested_at,
                            file) and file is not None:
                 held.append(file)
-            if file is not None:   # (a restart learns the places again from what it reads)
-                tr.claim(p.rank, rows_place(file))
             if p.part == 0 and is_whole_rank_file(part_path(directory, p.rank, 0)):
                 tr.mark_whole(p.rank)
-        self._learn_places(tr, directory, index)
         return held
 
-    def _learn_places(self, tr: JobTracker, directory: Path, index: list[PartIndex]) -> None:
-        """A job without a layout: each rank's place from its newest stored part's footer,
-        for the ranks whose parts were all analysed (after a restart, another rank's part at
-        such a place was taken as the first there, and the rank's own next part refused)."""
+    def _check_read_back(self, tr: JobTracker, p: PartIndex, data: PartData | PartFile,
+                         source: Path) -> InputError | None:
+        """The checks a part's rows pass at ingest that hang on the job (its sizes, its rank's
+        layout entry, one rank per place), made again on a stored part as read back: another
+        instance stores parts of a job it does not analyse without knowing the places its
+        ranks took, and rows of two ranks at one place once took a rank's place for good."""
+        try:
+            place = tr.layout.get(p.rank)
+            if isinstance(data, PartFile):
+                check_file_in_job(data, tr.meta, source, place)
+            else:
+                check_in_job(data, tr.meta, source, place)
+        except InputError as exc:
+            return exc
+        return check_place(tr.job, p.rank, source, data, tr, {})
+
+    def _learn_places(self, tr: JobTracker, directory: Path, analysed: list[PartIndex]) -> None:
+        """A job without a layout: each rank's place from its newest analysed part whose rows
+        sit at one place (of its newest 4), for the ranks whose place is not known yet (after
+        a restart, another rank's part at such a place was taken as the first there, and the
+        rank's own next part refused)."""
         if tr.layout:
             return
-        newest = {p.rank: p.part for p in index if p.rank not in tr.places}
+        newest: dict[int, list[int]] = {}
+        for p in analysed:
+            if p.rank not in tr.places:
+                newest.setdefault(p.rank, []).append(p.part)
         within = self.part_root(directory)
-        for rank, part in newest.items():
-            footer = read_part_footer(part_path(directory, rank, part), within)
-            if isinstance(footer, PartFile):
-                tr.claim(rank, rows_place(footer))
+        for rank in sorted(newest):   # (the lower rank holds a place two claim, as a window)
+            for part in sorted(newest[rank], reverse=True)[:4]:
+                footer = read_part_footer(part_path(directory, rank, part), within)
+                place = rows_place(footer) if isinstance(footer, PartFile) else None
+                if place is not None and place != (-1, -1):
+                    tr.claim(rank, place)
+                    break
 
     def _follow_store(self, now: float) -> list:
         """Parts, new runs and new metadata that other instances stored for the jobs held

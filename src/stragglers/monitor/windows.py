@@ -139,7 +139,7 @@ class JobTracker:
 
     def claim(self, rank: int, place: tuple[int, int] | None) -> None:
         """Note the place a rank's rows sit at (a job without a layout; None: no rows)."""
-        if place is not None and not self.layout:
+        if place is not None and place != (-1, -1) and not self.layout:   # (-1: two places)
             self.places.setdefault(rank, place)
             self.holders.setdefault(place, rank)
 
