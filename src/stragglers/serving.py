@@ -196,7 +196,7 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
     # bounds the requests in progress (those of connections cut for a fairer share may run
     # on a while): uvicorn's own limit answered plain-text 503s, and counted both together
     config = uvicorn.Config(ServiceGuard(app, allowed_hosts, 2 * limits.max_connections,
-                                         error_shape),
+                                         error_shape, limits.refusal_delay_s),
                             http=http, loop=loop,
                             log_level="warning", access_log=False, lifespan="off",
                             # (typed int, used as a float: loop.call_later, asyncio.wait_for)

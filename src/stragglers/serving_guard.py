@@ -37,6 +37,11 @@ class ConnectionLimits:
     # read and dropped this long, its write side shut: closed with bytes unread, the kernel
     # resets the connection and the client's stack drops the answer it had (lingering close)
     linger_s: float = 2.0
+    # the answer to a request refused below the app (malformed for the parser, a head over
+    # max_head_bytes) is written after this pause, the connection's reads paused meanwhile, as
+    # ServiceGuard's own refusals are: answered at once, a client looping on malformed
+    # requests took the event loop (and a log line each) as fast as it could send them
+    refusal_delay_s: float = 0.25
 
 
 
@@ -116,21 +121,24 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             self._g_eof = False    # the client half-closed: close once its requests are answered
             self._g_head_over = False
             self._g_lingering: asyncio.TimerHandle | None = None   # see _g_linger
+            self._g_refusing: asyncio.TimerHandle | None = None    # see _g_refuse
             conn = getattr(self, "conn", None)
             if conn is not None and hasattr(conn, "next_event"):
                 _bound_h11_heads(self, conn)
             book.admit(self)
 
         def connection_lost(self, exc) -> None:
-            if self._g_lingering is not None:
-                self._g_lingering.cancel()
+            for timer in (self._g_lingering, self._g_refusing):
+                if timer is not None:
+                    timer.cancel()
             book.forget(self)
             if _parked(self):
                 _unpark(self)   # nobody is left to answer: the request is dropped
             super().connection_lost(exc)
 
         def shutdown(self) -> None:
-            if self._g_lingering is not None:   # answered already: nothing to wait for
+            if self._g_lingering is not None or self._g_refusing is not None:
+                # answered already, or refused: nothing to wait for
                 self.transport.close()
                 return
             if _parked(self):   # a request waiting its turn does not hold a shutdown up
@@ -140,7 +148,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             super().shutdown()
 
         def data_received(self, data: bytes) -> None:
-            if self._g_lingering is not None:
+            if self._g_lingering is not None or self._g_refusing is not None:
                 return   # the rest of a request already refused: dropped (see _g_linger)
             # bytes of the next request's head (not the rest of a body answered before it was
             # read, as a 413 is)
@@ -155,6 +163,24 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
                     and not self.transport.is_closing():
                 _close(self, 431, "Request Header Fields Too Large",
                        f"request head: more than {limits.max_head_bytes} bytes", linger=True)
+
+        def _g_refuse(self, answer: bytes) -> None:
+            """Write `answer` (a whole response ending the connection) after refusal_delay_s,
+            reading nothing meanwhile, then linger (see _g_linger)."""
+            if self._g_refusing is not None or self._g_lingering is not None \
+                    or self.transport.is_closing():
+                return
+            try:
+                self.transport.pause_reading()
+            except (OSError, RuntimeError):
+                pass
+
+            def answer_now() -> None:
+                if not self.transport.is_closing():
+                    self.transport.write(answer)
+                    self._g_linger()
+            self._g_refusing = asyncio.get_running_loop().call_later(
+                limits.refusal_delay_s, answer_now)
 
         def _g_linger(self) -> None:
             """End the connection after the answer written last: the write side shut once it
@@ -244,14 +270,14 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             super().on_headers_complete()
 
         def send_400_response(self, msg: str) -> None:
+            # (the parser refused the request: after a pause, as every refusal below the app)
             if getattr(self, "_g_head_over", False):
-                self.transport.write(json_response_bytes(
+                self._g_refuse(json_response_bytes(
                     431, "Request Header Fields Too Large",
                     f"request head: more than {limits.max_head_bytes} bytes", self._g_shape))
             else:
-                self.transport.write(json_response_bytes(400, "Bad Request", f"request: {msg}",
-                                                         self._g_shape))
-            self._g_linger()
+                self._g_refuse(json_response_bytes(400, "Bad Request", f"request: {msg}",
+                                                   self._g_shape))
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
@@ -422,8 +448,9 @@ class _Connections:
         self._timer = None
         now, lim = time.monotonic(), self.limits
         for c in list(self.open):
-            if c.transport.is_closing() or c._g_lingering is not None:
-                continue   # (a lingering one closes itself)
+            if c.transport.is_closing() or c._g_lingering is not None \
+                    or c._g_refusing is not None:
+                continue   # (a lingering or refused one closes itself)
             if c._g_stalled is not None and now - c._g_stalled > lim.send_stall_s:
                 # (aborted: a close would wait for the unsent bytes to be taken, for ever; the
                 # app may count its response complete once all of it is in the transport)
@@ -490,8 +517,13 @@ def _close(conn, status: int | None = None, reason: str = "", message: str = "",
     """Close a connection, answering `status` first unless None; `linger`: its client's
     unread bytes drained first (the protocol's _g_linger), else closed at once (at a cap)."""
     lingering = getattr(conn, "_g_lingering", None) is not None
-    if lingering and linger:
-        return   # answered and lingering already
+    if (lingering or getattr(conn, "_g_refusing", None) is not None) and linger:
+        return   # answered and lingering already, or refused and about to be
+    if linger and status is not None and not abort:
+        # (a head over the bound, not complete in time: answered after the refusal pause)
+        conn._g_refuse(json_response_bytes(status, reason, message,
+                                           getattr(conn, "_g_shape", plain_error)))
+        return
     try:
         if status is not None and not lingering:
             conn.transport.write(json_response_bytes(status, reason, message,
