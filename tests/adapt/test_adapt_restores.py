@@ -167,3 +167,30 @@ def test_live_rows_named_garbage_are_never_deleted(tmp_path):
         assert store.status("big").epochs["0"]["TODO"] == 10
     finally:
         store.close()
+
+
+@pytest.mark.slow
+def test_a_restore_whose_preparing_process_died_is_503_and_the_next_is_served(big, tmp_path):
+    # The child that prepares restores killed (as the kernel's OOM killer would): the restore
+    # is answered 503 Busy, changes nothing, and the pool is rebuilt for the next one (a dead
+    # pool used to answer every later restore 500).
+    import os
+    import signal
+
+    srv, owner, snap = big
+    db = tmp_path / "s.db"
+    assert owner.restore(snap) == Restored(N_SHARDS, 1)   # the pool's child is started
+    children = list(srv.app.state.parser._pool._processes.values())
+    assert children
+    for child in children:
+        os.kill(child.pid, signal.SIGKILL)
+    for child in children:
+        child.join(30)
+    before, status = rows_of_big(db), owner.status()
+    r = httpx.post(f"{srv.url}/datasets/big/restore", json=to_builtins(snap),
+                   headers={"Authorization": f"Bearer {OWNER}"}, timeout=60)
+    assert r.status_code == 503 and r.json()["kind"] == "Busy", r.text
+    assert "died or could not start" in r.json()["error"]
+    assert rows_of_big(db) == before and owner.status() == status
+    assert owner.restore(snap) == Restored(N_SHARDS, 1)   # a new child prepares it
+    assert httpx.get(f"{srv.url}/health").status_code == 200
