@@ -207,7 +207,12 @@ def refuse_duplicate_keys(body: bytes, source: str = "request body") -> None:
     for m in _NEXT_KEY_OR_BRACE.finditer(body):
         raw = m.group(1)
         if raw is not None:
-            key = json.loads(raw) if b"\\" in raw else raw[1:-1].decode("utf-8", "replace")
+            try:
+                key = json.loads(raw) if b"\\" in raw else raw[1:-1].decode("utf-8", "replace")
+            except ValueError:   # an escape JSON does not have (`\q`, `\u12`): not JSON
+                raise InputError(source, None, "expected a JSON object (a key of "
+                                 f"{raw[:40].decode('utf-8', 'replace')} is no JSON string)"
+                                 ) from None
             keys = open_keys[-1] if open_keys else set()
             if key in keys:
                 raise InputError(source, key[:60], "given twice in one object; expected once")
