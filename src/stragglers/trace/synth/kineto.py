@@ -85,7 +85,12 @@ class GpuJob:
     expert_groups: int = 1          # the all-to-alls run within this many groups of ranks
                                     # (expert parallelism); the gradient all-reduce spans all
     cp_size: int = 1                # context parallelism: after TP's all-reduce each forward
-                                    # piece all-gathers K/V in its CP group (ranks tp apart)
+                                    # piece exchanges K/V in its CP group (ranks tp apart)
+    cp_comm: str = "all_gather"     # how: one all-gather; "ring": ring attention (send to the
+                                    # next CP rank, receive from the one before, cp - 1 rounds,
+                                    # each after its chunk of attention; the backward's dK/dV
+                                    # likewise at its start); "all_to_all": torch's all-to-all
+                                    # rotation (equal splits) in those rounds instead
     tp_size: int = 1                # tensor parallelism: blocks of this many consecutive ranks
                                     # all-reduce after every forward piece (blocking); DDP's
                                     # buckets then run in the data-parallel groups
@@ -111,6 +116,8 @@ class GpuJob:
     truth: GpuTruth = field(default_factory=lambda: GpuTruth(causes=[]))
 
     def __post_init__(self) -> None:
+        if self.cp_comm not in ("all_gather", "ring", "all_to_all"):
+            raise ValueError(f"cp_comm {self.cp_comm!r}: expected all_gather, ring or all_to_all")
         if self.tp_size < 1 or self.cp_size < 1 or self.ranks % (self.tp_size * self.cp_size):
             raise ValueError(f"tp_size {self.tp_size} × cp_size {self.cp_size} does not divide "
                              f"the {self.ranks} ranks")
@@ -205,12 +212,17 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> GpuTruth:
                     gpu, 40.0 + 20.0 * rng.random(), 1 << 18, rng, members=members,
                     pg=_tp_pg(job, gi), desc="tensor_model_parallel")
             tp_seq += 1 if job.tp_size > 1 else 0
-            for gi, members in enumerate(_cp_groups(job)):
+            ring = job.cp_comm != "all_gather"
+            if ring:
+                # attention: its chunks take what the piece takes, not what the routing sent it
+                gpu, cp_seq = _ring_attention(job, ranks, gpu, dur / load / job.cp_size, rng,
+                                              _MAIN, cp_seq)
+            for gi, members in enumerate(_cp_groups(job) if not ring else []):
                 gpu[members] = _collective(
                     ranks, "all_gather", "ncclDevKernel_AllGather_RING_LL", cp_seq + 1, gpu,
                     50.0 + 30.0 * rng.random(), 1 << 19, rng, members=members,
                     pg=_cp_pg(job, gi), desc="context_parallel")
-            cp_seq += 1 if job.cp_size > 1 else 0
+            cp_seq += 1 if job.cp_size > 1 and not ring else 0
             if job.combine and 0 < k <= job.all_to_alls:   # the expert results go back
                 ep_seq += 1
                 transfer = 60.0 + 40.0 * rng.random()
@@ -236,6 +248,9 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> GpuTruth:
                         per_row=job.a2a_us_per_row)
         # backward with DDP buckets on the NCCL stream
         bwd = job.backward_us * speed * (1 + job.jitter * rng.standard_normal(n))
+        if job.cp_comm != "all_gather":     # attention's backward passes dK/dV around the ring first
+            gpu, cp_seq = _ring_attention(job, ranks, gpu, 0.1 * bwd / job.cp_size, rng,
+                                          _AUTOGRAD, cp_seq)
         bstart = gpu
         ready = np.cumsum(sizes)[:, None] * bwd[None, :] + bstart[None, :]        # [B, n]
         chunks = np.diff(np.concatenate([bstart[None, :], ready]), axis=0)
@@ -273,6 +288,56 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> GpuTruth:
         _write_rank(rk, job, out / f"rank-{rk.rank}.json.gz")
     (out / "truth.yaml").write_text(json.dumps(job.truth, indent=2))  # JSON is YAML; not *.json: the reader takes those as ranks
     return job.truth
+
+
+def _ring_attention(job: GpuJob, ranks: list[_Rank], gpu: np.ndarray, chunk: np.ndarray,
+                    rng, tid: int, seq: int) -> tuple[np.ndarray, int]:
+    """Context parallelism's exchange in every CP group, cp - 1 rounds of a chunk of attention
+    then K/V (or dK/dV) passed on: as ring attention (sent to the next CP rank, received from
+    the one before; each transfer ends when the later of its pair arrived plus its time) or
+    as torch's all-to-all rotation (one exchange of equal splits). Returns the ranks' ends
+    and the CP groups' last sequence number."""
+    gpu = gpu.copy()
+    groups = _cp_groups(job)
+    for _ in range(job.cp_size - 1):
+        seq += 1
+        for r in range(len(ranks)):
+            ranks[r].kernel("flash_fwd_kernel" if tid == _MAIN else "flash_bwd_kernel",
+                            ranks[r].issue(), gpu[r], chunk[r], _COMPUTE_STREAM, tid=tid)
+        gpu = gpu + chunk
+        if job.cp_comm == "all_to_all":
+            rows = np.full(job.cp_size, 1024, dtype=np.int64)
+            for gi, members in enumerate(groups):
+                gpu[members] = _collective(
+                    ranks, "all_to_all", "ncclDevKernel_SendRecv", seq, gpu,
+                    40.0 + 20.0 * rng.random(), 1 << 19, rng, tid=tid, members=members,
+                    pg=_cp_pg(job, gi), desc="context_parallel", received=rows, sent=rows)
+            continue
+        done = gpu.copy()
+        for members in groups:
+            for i, src in enumerate(members):
+                dst = members[(i + 1) % len(members)]
+                end = max(gpu[src], gpu[dst]) + (30.0 + 20.0 * rng.random())
+                done[src], done[dst] = max(done[src], end), max(done[dst], end)
+        for gi, members in enumerate(groups):
+            for i, me in enumerate(members):
+                # one grouped launch (batch_isend_irecv): both end when the later transfer
+                # has; as Transformer Engine posts them, an even CP rank sends first
+                pair = [("send", "Dst Rank", members[(i + 1) % len(members)]),
+                        ("recv", "Src Rank", members[i - 1])]
+                for kind, key, peer in pair if i % 2 == 0 else pair[::-1]:
+                    args: JsonObject = {
+                        "Collective name": kind, "Process Group Name": _cp_pg(job, gi),
+                        "Process Group Description": "context_parallel",
+                        "Process Group Ranks": str(members), "Group size": len(members),
+                        "In msg nelems": 1 << 17, "Out msg nelems": 1 << 17,
+                        "dtype": "BFloat16", key: peer}
+                    at = ranks[me].issue()
+                    ranks[me].x("cpu_op", "record_param_comms", at, 6.0, _CPU, tid, args)
+                    ranks[me].kernel("ncclDevKernel_SendRecv", at + 1.0, gpu[me],
+                                     done[me] - gpu[me], _NCCL_STREAM, tid=tid, args=args)
+        gpu = done
+    return gpu, seq
 
 
 def _slow_link(job: GpuJob, members: np.ndarray) -> float:
