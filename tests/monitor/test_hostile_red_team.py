@@ -395,3 +395,30 @@ def test_a_flood_of_refusals_is_counted_in_full_but_not_logged_line_by_line(tmp_
         assert 'stragglers_ingest_rejected_total{reason="unauthorized"} 1000.0' in text
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_watched_runs_named_with_other_letters_are_jobs_the_api_answers(tmp_path):
+    # a run folder's name that is no job name is made one: letters outside ASCII were kept
+    # ('é' is alphanumeric to Python) and '..' too, and the job was listed but its page and
+    # API answered 422 (not a valid job name)
+    from stragglers.monitor.part_names import check_job_name
+    runs = tmp_path / "runs"
+    trace = slow_job(steps=5)
+    for name in ("é", "a..b", "run Ⅻ"):
+        start_run(runs / name, trace)
+        write_parts(runs / name, parts_of(trace, 5))
+    s = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            jobs = eventually(lambda: len(get(c, "/api/jobs")["jobs"]) == 3
+                              and [j["job"] for j in get(c, "/api/jobs")["jobs"]],
+                              what="3 jobs")
+            for job in jobs:
+                assert check_job_name(job) == job
+                wins = eventually(lambda: get(c, f"/api/jobs/{job}")["windows"],
+                                  what=f"window of {job}")
+                assert [w["error"] for w in wins] == [None]
+                assert c.get(f"/jobs/{job}").status_code == 200
+    finally:
+        s.stop()

@@ -263,7 +263,7 @@ class UploadFastPath:
         if scope["type"] == "http" and scope["method"] == "PUT":
             p = scope["path"].split("/")   # '', api, jobs, JOB, ranks, R, parts, N
             if (len(p) == 8 and p[1] == "api" and p[2] == "jobs" and p[4] == "ranks"
-                    and p[6] == "parts" and JOB_NAME.match(p[3]) and ".." not in p[3]
+                    and p[6] == "parts" and JOB_NAME.fullmatch(p[3]) and ".." not in p[3]
                     and _bounded(p[5], MAX_RANK) and _bounded(p[7], MAX_PART)):
                 response = await self.upload(Request(scope, receive), p[3], int(p[5]),
                                              int(p[7]))

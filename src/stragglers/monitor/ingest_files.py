@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from concurrent.futures import Future
@@ -162,7 +163,11 @@ class DirectoryWatcher:
             taken = set(self.jobs.values()) | set(self.monitor.directories)
             if not name or (name in taken and self.monitor.directories.get(name) != run):
                 digest = hashlib.sha1(str(run).encode()).hexdigest()[:8]
-                safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in run.name)[:100]
+                # ASCII letters and digits only, no '..': the API takes no other job name (a
+                # run named 'é' or 'a..b' was a job whose page and API answered 422)
+                safe = "".join(c if (c.isascii() and c.isalnum()) or c in "._-" else "_"
+                               for c in run.name)[:100]
+                safe = re.sub(r"\.{2,}", ".", safe)
                 name = f"{safe.lstrip('._-') or 'run'}-{digest}"
             self.jobs[run] = name
             return name
