@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from stragglers.adapt.client import ShardClient
+from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.service import EmbeddedServer
 
 OWNER = "owner-token-0123456789"
@@ -29,9 +30,9 @@ signal.sigwait([signal.SIGTERM])
 """
 
 
-def serve_limited(db) -> tuple[subprocess.Popen, str]:
-    """A service process on `db` whose files may not grow past 2 MiB, and its URL."""
-    proc = subprocess.Popen([sys.executable, "-c", SERVE_LIMITED, str(db), str(2 << 20)],
+def serve_limited(db, limit: int = 2 << 20) -> tuple[subprocess.Popen, str]:
+    """A service process on `db` whose files may not grow past `limit` bytes, and its URL."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVE_LIMITED, str(db), str(limit)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line.strip().isdigit():
@@ -127,6 +128,44 @@ def test_writes_resume_without_a_restart_once_the_wal_is_folded(tmp_path):
                                                  "consumed": x["size"]})
                 assert r.status_code == 200, (k, r.text)
             assert c.get("/datasets/d0/status").json()["epochs"]["0"]["DONE"] == 100
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_the_service_starts_again_on_a_full_disk(tmp_path):
+    # (fails before: every start wrote the schema version, so a service killed on a full disk
+    # could not start again until space was freed: "not a usable SQLite database")
+    db = tmp_path / "s.db"
+    proc, url = serve_limited(db, 1 << 30)
+    try:
+        owner = ShardClient(url, "d", "w", token=OWNER)
+        owner.create_dataset(DatasetConfig("d", 1000, 10))
+        owner.join()
+        held = owner.lease().leases[0]
+    finally:
+        proc.kill()   # (kill -9: its WAL is left as it was)
+        proc.communicate(timeout=60)
+    # no file may grow: the next write of any kind fails for space
+    proc, url = serve_limited(db, max(p.stat().st_size for p in tmp_path.iterdir()))
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert c.get("/health").status_code == 200
+            snap = c.get("/datasets/d/snapshot")
+            assert snap.status_code == 200
+            assert [held.epoch, held.shard, "DOING"] in [r[:3] for r in snap.json()["shards"]]
+            r = c.post("/datasets/d/join", json={"worker": "x"},
+                       headers={"Authorization": f"Bearer {OWNER}"})
+            assert r.status_code in (503, 507) and "error" in r.json(), r.text
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    proc, url = serve_limited(db, 1 << 30)   # space again: writes are taken
+    try:
+        r = httpx.post(f"{url}/datasets/d/join", json={"worker": "x"}, timeout=60,
+                       headers={"Authorization": f"Bearer {OWNER}"})
+        assert r.status_code == 200, r.text
     finally:
         proc.kill()
         proc.communicate(timeout=60)

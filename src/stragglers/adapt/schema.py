@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from stragglers.errors import InputError
+from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 
 SCHEMA_VERSION = 4
 
@@ -64,7 +64,19 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
         if old is not None and version in (2, 3):
             conn.executescript(_MIGRATE_3)
         conn.executescript(_SCHEMA)
-        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        if version != SCHEMA_VERSION:
+            # (only when it changes: a start that writes nothing starts on a full disk, and
+            # serves reads and refuses writes 507 until space is freed)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     except sqlite3.DatabaseError as exc:
-        raise InputError(db, None, f"not a usable SQLite database ({exc})") from exc
+        raise unusable(db, exc) from exc
     return conn
+
+
+def unusable(db: str | Path, exc: sqlite3.DatabaseError) -> StragglersError:
+    """The error of a shard database that cannot be opened: EnvironmentFailure when its disk
+    is full (the file is fine: free space and start again), else InputError."""
+    if "full" in str(exc):   # SQLITE_FULL: "database or disk is full"
+        return EnvironmentFailure(str(db), f"its disk is full ({exc}); free space and start"
+                                  " again (the file is not damaged)")
+    return InputError(db, None, f"not a usable SQLite database ({exc})")

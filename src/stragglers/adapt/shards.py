@@ -32,7 +32,7 @@ from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease
                                       lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
-from stragglers.adapt.schema import SCHEMA_VERSION, open_database  # noqa: F401
+from stragglers.adapt.schema import SCHEMA_VERSION, open_database, unusable  # noqa: F401
 from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_shard,
                                      check_worker_row, config_of, damaged, first_bad_shard)
 from stragglers.adapt.transactions import Transactions
@@ -73,7 +73,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             # a restore that was being written when the last process stopped never finishes
             self._conn.execute("UPDATE row_sets SET state='garbage' WHERE state='writing'")
         except sqlite3.DatabaseError as exc:
-            raise InputError(db, None, f"not a usable SQLite database ({exc})") from exc
+            raise unusable(db, exc) from exc
         self._keys: dict[str, str] = {}   # data set -> the key its shard rows are stored under
         self.permutations = Permutations()
         self._read_conns: list[sqlite3.Connection] = []
