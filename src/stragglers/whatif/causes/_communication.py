@@ -49,14 +49,18 @@ def communication(ctx: Context) -> list[Candidate]:
                                                        1e-9)))
         per_step = sum(per[d, p] for d, p in hot)
         steps = ctx.steps_where(per_step)
+        carriers = {(int(d), int(p)) for p in range(g.pp_size)
+                    for d in np.flatnonzero(present[stage == p].any(axis=(0, 2)))}
+        if steps is None and _apart(per, hot, carriers) < cfg.intermittent_fraction:
+            # late in most steps but at no place that stands out: the family's own variation
+            # (wake-ups, the scheduler), which the noise floor reshuffles, not a link
+            continue
         evidence = (f"{name} transfers take {times:.1f}× their median on "
                     f"{', '.join(ctx.name(d, p) for d, p in hot[:8])}"
                     + (f" (+{len(hot) - 8} more)" if len(hot) > 8 else "")
                     + f", {1e3 * float(per_step.mean()):.1f} ms per step in all")
         if steps:
             evidence += f", only in steps {fmt_steps(steps)}"
-        carriers = {(int(d), int(p)) for p in range(g.pp_size)
-                    for d in np.flatnonzero(present[stage == p].any(axis=(0, 2)))}
         if carriers <= set(hot):
             # nothing healthy to compare with: say what the trace cannot tell apart
             evidence += (f"; these are all the workers that carry {name} in this job, so the "
@@ -70,3 +74,16 @@ def communication(ctx: Context) -> list[Candidate]:
         late = np.where(fix, cost - np.broadcast_to(ideal, cost.shape), 0.0)
         found.append(as_contention(ctx, cand, ids, late, "a slow link"))
     return found
+
+
+def _apart(per: np.ndarray, hot: list[tuple[int, int]], carriers: set[tuple[int, int]]
+           ) -> float:
+    """The share of steps in which the hot workers' mean excess ([D, P, T] s) is above every
+    other carrier's: 1 for a slow link (late each step, the others not), low for lateness
+    that falls on a different worker each step, 0 with no other carrier to compare with."""
+    rest = sorted(carriers - set(hot))
+    if not rest:
+        return 0.0
+    mean = np.mean([per[d, p] for d, p in hot], axis=0)
+    high = np.max([per[d, p] for d, p in rest], axis=0)
+    return float((mean > high).mean())
