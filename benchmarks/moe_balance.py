@@ -291,6 +291,8 @@ def main() -> None:
                     help="analyse the runs already in --keep again instead of running them")
     ap.add_argument("--alternate", action="store_true",
                     help="one run per pair, skewed and balanced steps alternating")
+    ap.add_argument("--name", default=None, help="write the result as this name (a path: "
+                    "there, e.g. /tmp/x) instead of results/moe_balance*.json")
     args = ap.parse_args()
     if args.reuse and not args.keep:
         raise SystemExit("--reuse needs --keep DIR (the folder holding the runs)")
@@ -331,7 +333,7 @@ def main() -> None:
     command = ".venv/bin/python benchmarks/moe_balance.py " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v:g}" if isinstance(v, float)
                                       else f" {v}")
-        for k, v in vars(args).items() if k not in ("keep", "reuse") and v is not False)
+        for k, v in vars(args).items() if k not in ("keep", "reuse", "name") and v is not False)
     mode = "alternating steps, " if args.alternate else ""
     write(Run(benchmark=f"MoE balanced routing, predicted vs measured ({mode}EP {args.ranks}"
                         + (f", emulated device {args.device_us_per_row:g} µs/row)"
@@ -339,7 +341,7 @@ def main() -> None:
               issue="30", command=command, figures=figures, table=[cells(i, r) for i, r in
                                                                     enumerate(rows)],
               note=run_note(rows, args.reuse), text=texts(rows, args.alternate)),
-          name="moe_balance" + (f"_device_{args.device_us_per_row:g}us" if args.device_us_per_row
+          name=args.name or "moe_balance" + (f"_device_{args.device_us_per_row:g}us" if args.device_us_per_row
                                 else "") + ("_alternate" if args.alternate else ""))
 
 
