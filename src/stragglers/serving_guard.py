@@ -112,7 +112,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
         _g_limits = limits
 
         def connection_made(self, transport) -> None:
-            super().connection_made(transport)
+            super().connection_made(_LingeringTransport(transport, self))
             now = time.monotonic()
             self._g_phase_at, self._g_phase_cycle, self._g_bytes = now, None, 0
             self._g_phase_bytes, self._g_fresh, self._g_served = 0, True, 0
@@ -306,6 +306,34 @@ def _bound_h11_heads(protocol, conn) -> None:
             raise h11.RemoteProtocolError("request head too large", 431)
         return event
     conn.next_event = next_event
+
+
+class _LingeringTransport:
+    """The transport a guarded protocol sees: its close() while the request's body is still
+    arriving lingers (the protocol's _g_linger) instead of closing with bytes unread. The app's
+    answers that end a connection before reading the body (413, 401/403 on a restore) reached
+    a client that sends its whole body before reading (urllib, curl) as a connection reset:
+    the kernel resets a socket closed with bytes unread, and the client's stack drops the
+    answer it had received."""
+
+    __slots__ = ("raw", "_protocol")
+
+    def __init__(self, raw, protocol):
+        self.raw, self._protocol = raw, protocol
+
+    def __getattr__(self, name: str):
+        return getattr(self.raw, name)
+
+    def is_closing(self) -> bool:
+        return self.raw.is_closing() or self._protocol._g_lingering is not None
+
+    def close(self) -> None:
+        p = self._protocol
+        if p._g_lingering is None and p._g_refusing is None and not self.raw.is_closing() \
+                and _body_left(p):
+            p._g_linger()
+            return
+        self.raw.close()
 
 
 class _HeadTooLarge(Exception):
@@ -539,7 +567,9 @@ def _close(conn, status: int | None = None, reason: str = "", message: str = "",
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             conn.transport.abort()
         else:
-            conn.transport.close()
+            # (at once, even with a body still arriving: a connection closed at a cap makes
+            # room now, it does not linger)
+            getattr(conn.transport, "raw", conn.transport).close()
         # gone from uvicorn's count now (its connection_lost comes later): its own limit
         # would otherwise answer the connection admitted in its place with a plain-text 503
         conn.connections.discard(conn)
