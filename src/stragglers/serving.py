@@ -208,9 +208,45 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
                             h11_max_incomplete_event_size=limits.max_head_bytes,
                             server_header=False, date_header=False)
     config.load()
+    quiet_repeats()   # (the parser's refusals and unsupported upgrades: a line per request)
     config.http_protocol_class = guarded_protocol(config.http_protocol_class, limits,
                                                   error_shape)
     return _GuardedServer(config)
+
+
+class RepeatedLines(logging.Filter):
+    """Each distinct message of a logger let through once per `every_s`, then once more with
+    the count of those held back: a client looping on requests the server's HTTP layer refuses
+    (not HTTP, an upgrade to a protocol not served) made uvicorn log a line or two per request,
+    thousands a second into the service's log."""
+
+    def __init__(self, every_s: float = 60.0, max_kinds: int = 1024):
+        super().__init__()
+        self.every_s, self.max_kinds = every_s, max_kinds
+        self._seen: dict[str, list] = {}   # message (its format) -> [first let through at, held]
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg)[:200]
+        now = time.monotonic()
+        with self._lock:
+            entry = self._seen.get(key)
+            if entry is not None and now - entry[0] < self.every_s:
+                entry[1] += 1
+                return False
+            if len(self._seen) >= self.max_kinds:
+                self._seen.clear()   # (formats are few: a bound, not an eviction policy)
+            self._seen[key] = [now, 0]
+        if entry is not None and entry[1]:
+            record.msg = f"{record.msg} ({entry[1]} more like it in {now - entry[0]:.0f} s, not logged)"
+        return True
+
+
+def quiet_repeats(name: str = "uvicorn.error") -> None:
+    """Install RepeatedLines on logger `name` (once)."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, RepeatedLines) for f in logger.filters):
+        logger.addFilter(RepeatedLines())
 
 
 def _GuardedServer(config):

@@ -182,3 +182,44 @@ def test_a_head_over_the_bound_is_answered_after_the_refusal_pause(port):
                    b"i" * (2 * LIMIT) + b"\r\n\r\n", half_close=False)
     assert time.monotonic() - start >= ConnectionLimits().refusal_delay_s
     assert statuses(raw) == [431], raw[:200]
+
+
+@pytest.mark.slow
+def test_a_client_looping_on_refused_requests_is_logged_once_not_per_request():
+    # (fails before: uvicorn logged "Invalid HTTP request received." for every malformed
+    # request, and two lines for every upgrade it does not serve: thousands a second)
+    import logging
+    import threading
+
+    logger = logging.getLogger("uvicorn.error")
+    for f in [f for f in logger.filters if type(f).__name__ == "RepeatedLines"]:
+        logger.removeFilter(f)   # (a filter of an earlier server has seen these already)
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    sock = listen_socket("127.0.0.1", 0)
+    server = uvicorn_server(APP, max_connections=100, keep_alive_s=30,
+                            limits=ConnectionLimits(max_connections=100))
+    keep = Keep(logging.WARNING)
+    logger.addHandler(keep)   # (after the server's logging config, which drops handlers)
+    serve_in_thread(server, sock, "test-log", "test server")
+    try:
+        port = sock.getsockname()[1]
+        threads = [threading.Thread(target=exchange, args=(port, b"GARBAGE\r\n\r\n", False))
+                   for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        upgrade = (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+                   b"Upgrade: h2c\r\n\r\n")
+        for _ in range(6):
+            assert statuses(exchange(port, upgrade)) == [200]
+    finally:
+        server.should_exit = True
+        logger.removeHandler(keep)
+    assert sum("Invalid HTTP request" in line for line in lines) == 1, lines
+    assert sum("Unsupported upgrade" in line for line in lines) == 1, lines
