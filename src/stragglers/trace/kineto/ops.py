@@ -40,6 +40,9 @@ BLOCKING_OPTYPES = {
     "reduce": "broadcast",     # one root, the group waits: the same shape as a broadcast
     "gather": "broadcast",
     "scatter": "broadcast",
+    # ring attention's send/recv pairs, one op each (kineto/exchanges.py): the next chunk of
+    # attention needs what it received, and the group's ranks pass it on round by round
+    "exchange": "send-recv",
 }
 # The same collectives in a model-parallel group (tensor parallel's all-reduce after a row-
 # parallel matmul, sequence parallel's all-gather/reduce-scatter): the next compute needs them.

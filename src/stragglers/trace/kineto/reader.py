@@ -11,6 +11,7 @@ import numpy as np
 from stragglers.errors import InputError
 from stragglers.trace.columns import check_values
 from stragglers.trace.kineto.align import clock_offsets
+from stragglers.trace.kineto.exchanges import merge_exchanges
 from stragglers.trace.kineto.layout import (
     Pipelines, check_given_layout, pipelines_from_p2p)
 from stragglers.trace.kineto.mix import check_metadata, check_overlap
@@ -90,6 +91,12 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
     world, known = _world(parts, len(files))
     shape = job_shape(world, dp_size, pp_size, source, known, tp_size)
     check_metadata(parts)
+    exchanged = merge_exchanges(parts)
+    if exchanged:
+        notes.append(("layout", f"send/recv of {len(exchanged)} process group(s) read as "
+                      "exchanges among the group (each rank sends and receives at once from a "
+                      "step's first transfer on, as ring attention does; a pipeline's first "
+                      "transfer stands alone): one op per pair, synchronising the group"))
     found = pipelines_from_p2p(parts)
     check_given_layout(source, pp_size, shape.dp_size if tp_size else dp_size, parts, found,
                        shape.world_size)
