@@ -8,6 +8,7 @@ import sqlite3
 import httpx
 import pytest
 
+from conftest import eventually
 from monitor_jobs import get, slow_job
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
@@ -67,5 +68,47 @@ def test_a_damaged_job_row_is_listed_as_quarantined(tmp_path, damage):
             assert listed(c) == {"g": "running", name: "quarantined"}
             served(c)
             assert name in s.monitor.quarantined
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_a_damaged_window_row_leaves_its_job_analysed(tmp_path):
+    # a stored window whose figure, text or time held another type (text where a number
+    # belongs, a blob) failed the read of the job's last windows the alert rules make: every
+    # later window of the job was dropped, none stored, while its parts were acknowledged
+    from monitor_jobs import parts_of
+    from stragglers.trace.runformat import table_bytes
+    trace = slow_job(steps=20)
+    parts = parts_of(trace, 5)
+
+    def send(c, which):
+        for rank, part, cols in which:
+            r = c.put(f"/api/jobs/v/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                      headers=AUTH)
+            assert r.status_code == 200, r.text
+
+    s = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/v/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            send(c, [p for p in parts if p[1] < 2])
+            eventually(lambda: len(get(c, "/api/jobs/v")["windows"]) == 2, what="2 windows")
+    finally:
+        s.stop()
+    with sqlite3.connect(tmp_path / "mon.db") as db:
+        db.execute("UPDATE windows SET slowdown = 'abc', error = x'00ff', reason = x'01', "
+                   "closed_at = 'yesterday' WHERE job = 'v' AND idx = 1")
+    s = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            send(c, [p for p in parts if p[1] >= 2])
+            wins = eventually(lambda: len(get(c, "/api/jobs/v")["windows"]) == 4
+                              and get(c, "/api/jobs/v")["windows"], what="4 windows")
+            assert [w["error"] for w in wins[2:]] == [None, None], wins
+            damaged = get(c, "/api/jobs/v/windows/1")   # shown with what reads
+            assert damaged["slowdown"] is None and damaged["error"] is None, damaged
+            assert get(c, "/api/jobs")["jobs"][0]["state"] == "running"
     finally:
         s.stop()

@@ -1063,7 +1063,14 @@ class Monitor:
             # a watched part whose rows turned out bad (its footer was fine): the window was
             # analysed without it
             self.reject("bad_part", source, problem)
-        alert_rows, log_rows, _ = self.alerts.on_window(window.job, row)
+        try:
+            alert_rows, log_rows, _ = self.alerts.on_window(window.job, row)
+        except Exception as exc:   # noqa: BLE001 - the window is stored all the same
+            # (the rules decide from the stored windows again at the next window; a window
+            # dropped here was never analysed again, not even after a restart)
+            log.error("job %s window %d: alert rules not applied (%s: %s); the window is "
+                      "stored", window.job, window.idx, type(exc).__name__, str(exc)[:200])
+            alert_rows, log_rows = [], []
         if not self._store_window(row, alert_rows, log_rows, lease):
             log.warning("job %s window %d: not stored, the job's lease was taken by another "
                         "instance (which analyses it from the store)", window.job, window.idx)

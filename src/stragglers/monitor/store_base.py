@@ -353,7 +353,7 @@ class SQLStore:
             try:
                 # checked, not trusted: a damaged row (a blob for the state, text for a time)
                 # was listed as it read, which the job list could not show
-                row = msgspec.convert(r, JobSummary)
+                row = _job_summary(r)
                 if row.state not in JOB_STATES:
                     raise msgspec.ValidationError(f"unknown state {row.state!r}")
             except msgspec.ValidationError as exc:
@@ -614,15 +614,26 @@ class SQLStore:
         out = []
         for r in rows:
             found = _findings(r.pop("diagnosis"))
-            # each cause once (a cause found at two places is two findings, one cause)
-            out.append(WindowSummary(**r, causes=list(dict.fromkeys(f.cause for f in found))))
+            # each cause once (a cause found at two places is two findings, one cause); a
+            # figure that does not read shown empty, a row whose index or steps do not left out
+            r["causes"] = list(dict.fromkeys(f.cause for f in found))
+            try:
+                out.append(_converted(r, WindowSummary))
+            except msgspec.ValidationError:
+                continue
         return out[::-1]
 
     def recent_windows(self, job: str, count: int) -> list[WindowRow]:
         """The last `count` windows of a job (decoded), newest first."""
         rows = self._rows("SELECT * FROM windows WHERE job = ? ORDER BY idx DESC LIMIT ?",
                           (job, count))
-        return [_decode_window(r) for r in rows]
+        out = []
+        for r in rows:
+            try:
+                out.append(_decode_window(r))
+            except msgspec.ValidationError:
+                continue   # its index or steps do not read: not one of the job's windows
+        return out
 
     def alerts(self, job: str | None = None, status: str | None = None) -> list[Alert]:
         """Current alert states (firing or resolved), optionally of one job / one status."""
@@ -807,12 +818,57 @@ def _upsert(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
             f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}")
 
 
+def _job_summary(r: dict[str, Any]) -> JobSummary:
+    """A job-list row; its latest window's figures left out when they do not read (a damaged
+    window row is not a damaged job: the job was listed, and so set aside at start)."""
+    try:
+        return msgspec.convert(r, JobSummary)
+    except msgspec.ValidationError:
+        pass
+    r = dict(r)
+    for column in ("slowdown", "analysed_at"):
+        try:
+            msgspec.convert(r[column], float | None)
+        except msgspec.ValidationError:
+            r[column] = None
+    return msgspec.convert(r, JobSummary)
+
+
 def _decode_window(row: dict[str, Any]) -> WindowRow:
-    """A stored window row as a record; a JSON column that does not decode is left empty (a
-    damaged row is shown as empty, not a failure of every read)."""
+    """A stored window row as a record; a JSON column that does not decode, or a figure, time
+    or text of another type (text where a number belongs, a blob), is left empty (a damaged
+    row is shown as empty, not a failure of every read: the alert rules read the job's last
+    windows, and such a row failed every later window of its job, none stored). A row whose
+    job, index or steps do not read raises msgspec.ValidationError."""
     for column, kind in _WINDOW_JSON.items():
         row[column] = _decoded(row[column], kind)
-    return msgspec.convert(row, WindowRow)
+    return _converted(row, WindowRow)
+
+
+_Record = TypeVar("_Record", WindowRow, WindowSummary)
+
+# a window's figures, times and texts: their types and what a value that does not read is
+_WINDOW_FIGURES = {f.name: (f.type, f.default) for f in msgspec.structs.fields(WindowRow)
+                   if not f.required and f.name not in _WINDOW_JSON}
+
+
+def _converted(row: dict[str, Any], kind: type[_Record]) -> _Record:
+    """A window row (or summary) as `kind`, its figures that do not read left empty."""
+    try:
+        return msgspec.convert(row, kind)
+    except msgspec.ValidationError:
+        return msgspec.convert(_readable_figures(row), kind)
+
+
+def _readable_figures(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` with each window figure, time or text that is not of its type left empty."""
+    for name, (kind, empty) in _WINDOW_FIGURES.items():
+        if name in row:
+            try:
+                msgspec.convert(row[name], kind)
+            except msgspec.ValidationError:
+                row[name] = empty
+    return row
 
 
 def _decoded(text: Any, kind: Any) -> list[Any]:
