@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import ipaddress
 import json
@@ -208,6 +209,8 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
                             h11_max_incomplete_event_size=limits.max_head_bytes,
                             server_header=False, date_header=False)
     config.load()
+    # (after uvicorn's logging config: its warning goes to the service's log)
+    limits = within_open_files(limits)
     quiet_repeats()   # (the parser's refusals and unsupported upgrades: a line per request)
     config.http_protocol_class = guarded_protocol(config.http_protocol_class, limits,
                                                   error_shape)
@@ -247,6 +250,39 @@ def quiet_repeats(name: str = "uvicorn.error") -> None:
     logger = logging.getLogger(name)
     if not any(isinstance(f, RepeatedLines) for f in logger.filters):
         logger.addFilter(RepeatedLines())
+
+
+# descriptors a service needs besides its connections (databases, logs, pools' pipes, epoll)
+FILES_RESERVED = 128
+
+
+def within_open_files(limits: ConnectionLimits) -> ConnectionLimits:
+    """`limits` with max_connections (and per_client) lowered to what this process may open
+    (RLIMIT_NOFILE, its soft limit first raised towards the hard one): past the descriptor
+    limit, accept() failed before the guard could evict an idle connection, so idle sockets
+    of one client (a soft limit of 1,024 is common) reset every other client's connection."""
+    try:
+        import resource
+    except ImportError:   # (not POSIX)
+        return limits
+    need = limits.max_connections + FILES_RESERVED
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return limits
+    most = max(8, soft - FILES_RESERVED)
+    # (on uvicorn's logger: the service's own log, which the package's NullHandler is not)
+    logging.getLogger("uvicorn.error").warning(
+        "this process may open %d files: serving at most %d connections, not %d (raise"
+        " `ulimit -n`)", soft, most, limits.max_connections)
+    return dataclasses.replace(limits, max_connections=most,
+                               per_client=min(limits.per_client, most))
 
 
 def _GuardedServer(config):

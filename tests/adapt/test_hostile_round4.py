@@ -90,3 +90,44 @@ def test_an_answer_before_the_body_reaches_a_client_that_sends_it_all_first(tmp_
         assert httpx.get(srv.url + "/health").status_code == 200
     finally:
         srv.stop()
+
+
+SERVE_FEW_FILES = """
+import resource, signal, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (512, 512))
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+from stragglers.adapt.service import EmbeddedServer
+s = EmbeddedServer(sys.argv[1]).start()
+print(s.port, flush=True)
+signal.sigwait([signal.SIGTERM])
+"""
+
+
+@pytest.mark.slow
+def test_idle_sockets_past_the_open_file_limit_do_not_lock_clients_out(tmp_path):
+    # (fails before: with 512 descriptors and max_connections 1,000, accept() failed before
+    # the guard could close an idle connection to make room: every new client was reset)
+    import socket
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", SERVE_FEW_FILES, str(tmp_path / "s.db")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    idle: list[socket.socket] = []
+    try:
+        port = int(proc.stdout.readline())
+        for i in range(600):   # from three loopback addresses: under the per-client cap
+            s = socket.socket()
+            s.bind((f"127.0.0.{2 + i // 200}", 0))
+            s.connect(("127.0.0.1", port))
+            idle.append(s)
+        r = httpx.post(f"http://127.0.0.1:{port}/datasets", timeout=60, json={
+            "name": "d", "num_samples": 100, "shard_size": 10},
+            headers={"Authorization": f"Bearer {OWNER}"})
+        assert r.status_code == 200, r.text
+    finally:
+        for s in idle:
+            s.close()
+        proc.terminate()
+        err = proc.communicate(timeout=60)[1]
+    assert "serving at most 384 connections" in err, err[-2000:]
