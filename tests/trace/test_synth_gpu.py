@@ -236,13 +236,34 @@ def test_an_unknown_cp_exchange_is_refused():
         GpuJob(ranks=8, cp_size=2, cp_comm="p2p")
 
 
-@pytest.mark.xfail(strict=True, reason="the Kineto reader leaves a CP group's send/recv out "
-                   "(no pipeline stages) and takes a ring of two for a pipeline: the waits "
-                   "become compute of the slow rank's healthy CP peers (trace/kineto ops.py, "
-                   "layout.py; issue 30). Fixed there, this passes: drop the mark")
 @pytest.mark.parametrize("ranks, cp, slow", [(8, 4, 5), (4, 2, 1)])
 def test_a_slow_rank_in_a_ring_attention_job_is_named_alone(tmp_path, ranks, cp, slow):
     truth = write_gpu_job(GpuJob(ranks=ranks, steps=6, seed=6, cp_size=cp, cp_comm="ring",
                                  slow_rank=(slow, 1.6)), tmp_path)
     assert _named(analyze(load_trace(tmp_path))) == {(c["cause"], r) for c in truth["causes"]
                                                      for r in c["ranks"]}
+
+
+def test_a_pipeline_job_passes_each_microbatch_between_neighbouring_stages(tmp_path):
+    """pp 2 × tp 2 (Megatron order, pp slowest): in each step every microbatch's activations go
+    forward and its gradients back between a rank and its place in the other stage; the
+    groups are in pg_config, and the reader places the ranks in two stages."""
+    write_gpu_job(GpuJob(ranks=8, steps=1, seed=1, pp_size=2, tp_size=2, microbatches=3,
+                         all_to_alls=0), tmp_path)
+    assert _p2p(tmp_path / "rank-1.json.gz") == [("send", 5)] * 3 + [("recv", 5)] * 3
+    assert _p2p(tmp_path / "rank-5.json.gz") == [("recv", 1)] * 3 + [("send", 1)] * 3
+    doc = json.loads(gzip.decompress((tmp_path / "rank-0.json.gz").read_bytes()))
+    groups = {g["pg_desc"]: [] for g in doc["distributedInfo"]["pg_config"]}
+    for g in doc["distributedInfo"]["pg_config"]:
+        groups[g["pg_desc"]].append(g["ranks"])
+    assert groups["pipeline_model_parallel"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert groups["data_parallel"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    trace = load_trace(tmp_path)
+    assert trace.meta.pp_size == 2
+    assert {int(r): int(s) for r, s in zip(trace.ops["rank"], trace.ops["stage"])} == \
+        {r: r // 4 for r in range(8)}
+
+
+def test_a_pipeline_that_does_not_divide_the_ranks_is_refused():
+    with pytest.raises(ValueError, match="pp_size 3 does not divide the 8 ranks"):
+        GpuJob(ranks=8, pp_size=3)

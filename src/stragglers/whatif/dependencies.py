@@ -112,10 +112,23 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
                         if k > 0 and grid.node_optype[stream[k - 1]] == _GC}
         if 0 in gc_at and comp:   # the pause that leads the stream (not in `stream`)
             pause_before[comp[0]] = gc_at[0]
+        # ... and the blocking collectives between that op and the recv's compute op (a tensor-
+        # parallel all-reduce ending a microbatch's forward): where the recv started after one
+        # ended, the thread posted it once past that one; chained after the compute op the recv
+        # would take the wait at the collective (its group peers' lateness) as its launch delay.
+        # Likewise a send after the collectives that follow its compute op.
+        colls_before, colls_after = _blocking_runs(grid, stream)
         tail_gc = gc_at.get(n_fb)
         last_compute = max(comp, key=lambda c: ref_end[c]) if comp else None
         if tail_gc is not None and last_compute is not None:
             deps[tail_gc].append(last_compute)
+        # compute cut into pieces by blocking collectives or by DDP's buckets (gradient
+        # collectives launched before the last backward op ended): transfers are then paired
+        # with compute ops by time
+        bwds = [c for c in comp if grid.node_optype[c] == BWD]
+        grads_here = nodes[np.isin(grid.node_optype[nodes], _GRADS)]
+        in_pieces = bool(colls_before or colls_after) or (bool(bwds) and bool(np.any(
+            ref_start[grads_here] < max(ref_end[c] for c in bwds) - _EPS)))
 
         # Pipeline p2p: match launched sends/recvs to the compute op they feed or follow.
         if schedule_order:
@@ -139,14 +152,15 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
                 for o in ops:
                     no_op[o] = o not in cand
                 delta = P2P_PEER[name][1]
-                targets = _p2p_targets(grid, t_comp, len(cand), kind, delta, pp)
+                targets = _p2p_targets(grid, t_comp, cand, kind, delta, pp,
+                                       (ref_start, ref_end) if in_pieces else None)
                 for k, o in enumerate(cand[:len(targets)]):
                     c = targets[k]
                     peer_gmc = grid.node_gmc[c] + delta
                     if peer_gmc < 0 or peer_gmc >= grid.vpp_size * pp:
                         no_op[o] = True  # first/last chunk of the whole model: no peer
                     if kind == "send":
-                        deps[o].append(c)
+                        deps[o].append(_last_posted_after(grid, colls_after.get(c, []), o, c))
                     else:
                         deps[c].append(o)
                         # posted after the op right before c on the compute stream (docs/whatif.md §3;
@@ -155,6 +169,9 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
                         pause = pause_before.get(c)
                         if pause is not None and _posted_after(grid, pause, o):
                             before = pause   # the pause held the post up: its wait is GC's
+                        else:
+                            before = _last_posted_after(grid, colls_before.get(c, []), o,
+                                                        before)
                         if before is not None:
                             deps[o].append(before)
                 p2p_launched[(stage, name)] = [o for o in cand if not no_op[o]]
@@ -324,6 +341,37 @@ def _with_blocking(grid: OpGrid, nodes: np.ndarray, comp: list[int], ref_start) 
     return sorted(merged, key=lambda n: (ref_start[n], grid.node_optype[n] not in _BLOCKING))
 
 
+def _blocking_runs(grid: OpGrid, stream: list[int]) -> tuple[dict[int, list[int]],
+                                                             dict[int, list[int]]]:
+    """Per compute op of the stream, the run of blocking collectives right before it and the
+    run right after it (gc pauses skipped), in stream order."""
+    plain = [x for x in stream if grid.node_optype[x] != _GC]
+    before: dict[int, list[int]] = {}
+    after: dict[int, list[int]] = {}
+    run: list[int] = []
+    last_compute = None
+    for x in plain:
+        if grid.node_optype[x] in _BLOCKING:
+            run.append(x)
+            continue
+        if grid.node_optype[x] in _COMPUTE:
+            if run:
+                before[x] = run
+                if last_compute is not None:
+                    after[last_compute] = run
+            last_compute = x
+        run = []
+    if run and last_compute is not None:
+        after[last_compute] = run
+    return before, after
+
+
+def _last_posted_after(grid: OpGrid, colls: list[int], p2p: int, default):
+    """The last of `colls` that ended before the p2p op started (`_posted_after`), else
+    `default`."""
+    return next((x for x in reversed(colls) if _posted_after(grid, x, p2p)), default)
+
+
 def recorded_per_action(grid: OpGrid) -> bool:
     """Whether the pipeline transfers were recorded per schedule action (record/pipelining.py).
 
@@ -446,13 +494,16 @@ def _schedule_pairs(grid: OpGrid, launched: dict) -> list[list[int]]:
     return pairs
 
 
-def _p2p_targets(grid: OpGrid, t_comp: list[int], n_ops: int, kind: str, delta: int,
-                 pp: int) -> list[int]:
+def _p2p_targets(grid: OpGrid, t_comp: list[int], ops: list[int], kind: str, delta: int,
+                 pp: int, times: tuple | None = None) -> list[int]:
     """The compute ops that the recorded sends/recvs of one direction belong to, in order.
 
     Profilers either record a p2p op for every compute op (no-ops included) or only the
-    launched ones; which one is told by the count.
+    launched ones; which one is told by the count. Where neither fits and blocking collectives
+    cut the stage's compute into pieces (`times`: the ops' reference starts and ends), by time
+    in the first replica's first step.
     """
+    n_ops = len(ops)
     if n_ops >= len(t_comp):
         return t_comp
     eligible = [c for c in t_comp if 0 <= grid.node_gmc[c] + delta < grid.vpp_size * pp]
@@ -460,7 +511,28 @@ def _p2p_targets(grid: OpGrid, t_comp: list[int], n_ops: int, kind: str, delta: 
         return eligible
     if kind == "recv" and n_ops + 1 == len(t_comp):
         return t_comp[1:]  # the first forward-recv no-op was not recorded
-    return t_comp[:n_ops]
+    by_time = _targets_by_time(t_comp, ops, kind, *times) if times is not None else None
+    return by_time or t_comp[:n_ops]
+
+
+def _targets_by_time(t_comp: list[int], ops: list[int], kind: str, ref_start,
+                     ref_end) -> list[int] | None:
+    """A recv's compute op: the first that started once it had ended; a send's: the last that
+    ended before it started. None unless each op has one, in order, none shared."""
+    out: list[int] = []
+    at = -1                                  # index in t_comp of the last one taken
+    for o in ops:
+        if kind == "recv":
+            k = next((k for k in range(at + 1, len(t_comp))
+                      if ref_start[t_comp[k]] >= ref_end[o] - _EPS), None)
+        else:
+            k = next((k for k in range(len(t_comp) - 1, at, -1)
+                      if ref_end[t_comp[k]] <= ref_start[o] + _EPS), None)
+        if k is None:
+            return None
+        out.append(t_comp[k])
+        at = k
+    return out
 
 
 def _link_gathers(grid: OpGrid, gathers: list[int], comp: list[int], ref_start, deps) -> None:

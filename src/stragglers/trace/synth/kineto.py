@@ -91,6 +91,10 @@ class GpuJob:
                                     # each after its chunk of attention; the backward's dK/dV
                                     # likewise at its start); "all_to_all": torch's all-to-all
                                     # rotation (equal splits) in those rounds instead
+    pp_size: int = 1                # pipeline stages (Megatron order: blocks of ranks/pp
+                                    # consecutive ranks, pp slowest); each step runs
+    microbatches: int = 1           # this many microbatches through them (GPipe), each stage
+                                    # with its own TP, CP, EP and DP groups
     tp_size: int = 1                # tensor parallelism: blocks of this many consecutive ranks
                                     # all-reduce after every forward piece (blocking); DDP's
                                     # buckets then run in the data-parallel groups
@@ -118,9 +122,12 @@ class GpuJob:
     def __post_init__(self) -> None:
         if self.cp_comm not in ("all_gather", "ring", "all_to_all"):
             raise ValueError(f"cp_comm {self.cp_comm!r}: expected all_gather, ring or all_to_all")
-        if self.tp_size < 1 or self.cp_size < 1 or self.ranks % (self.tp_size * self.cp_size):
-            raise ValueError(f"tp_size {self.tp_size} × cp_size {self.cp_size} does not divide "
-                             f"the {self.ranks} ranks")
+        if self.tp_size < 1 or self.cp_size < 1 or self.pp_size < 1 or self.ranks % (
+                self.tp_size * self.cp_size * self.pp_size):
+            raise ValueError(f"tp_size {self.tp_size} × cp_size {self.cp_size} × pp_size "
+                             f"{self.pp_size} does not divide the {self.ranks} ranks")
+        if self.microbatches < 1:
+            raise ValueError(f"microbatches {self.microbatches}: expected 1 or more")
         found: list[TruthCause] = []
         if self.late_rank is not None:
             found.append({"cause": "host_stall", "ranks": [self.late_rank[0]]})
@@ -131,8 +138,7 @@ class GpuJob:
         if self.slow_link is not None:
             if not self.all_to_alls:
                 raise ValueError("slow_link needs all-to-alls (all_to_alls >= 1)")
-            group = next(m for m in np.array_split(np.arange(self.ranks), self.expert_groups)
-                         if self.slow_link[0] in m)
+            group = next(m for m in _ep_groups(self) if self.slow_link[0] in m)
             found.append({"cause": "communication", "ranks": [int(r) for r in group]})
         if self.hot_expert is not None:
             if not self.all_to_alls:
@@ -188,8 +194,7 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> GpuTruth:
         offsets = offsets[np.arange(n) // job.ranks_per_host * job.ranks_per_host]
     ranks = [_Rank(r, offsets[r], 10_000 * (r + 1)) for r in range(n)]
     sizes = rng.uniform(0.3, 1.7, job.buckets)
-    sizes = sizes / sizes.sum()
-    seq = ep_seq = tp_seq = cp_seq = 0
+    sim = _Sim(job, ranks, rng, speed, sizes / sizes.sum())
     _pre_window(ranks, rng)
     t = 1_000_000.0                                  # step start (true time, µs)
     for s in range(job.steps):
@@ -198,81 +203,10 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> GpuTruth:
         for r in range(n):
             ranks[r].cpu = host[r] - 8.0
         gpu = host + 15.0                            # its first kernel can start
-        pieces = job.all_to_alls + 1
-        load = np.ones(n)                            # the first piece routes nothing
-        for k in range(pieces):
-            dur = job.forward_us / pieces * speed * load * (1 + job.jitter * rng.standard_normal(n))
-            for r in range(n):
-                ranks[r].kernel(f"volta_sgemm_fwd_{k}", ranks[r].issue(), gpu[r], dur[r],
-                                _COMPUTE_STREAM)
-            gpu = gpu + dur
-            for gi, members in enumerate(_tp_groups(job)):
-                gpu[members] = _collective(
-                    ranks, "all_reduce", "ncclDevKernel_AllReduce_RING_LL_Sum_bf16", tp_seq + 1,
-                    gpu, 40.0 + 20.0 * rng.random(), 1 << 18, rng, members=members,
-                    pg=_tp_pg(job, gi), desc="tensor_model_parallel")
-            tp_seq += 1 if job.tp_size > 1 else 0
-            ring = job.cp_comm != "all_gather"
-            if ring:
-                # attention: its chunks take what the piece takes, not what the routing sent it
-                gpu, cp_seq = _ring_attention(job, ranks, gpu, dur / load / job.cp_size, rng,
-                                              _MAIN, cp_seq)
-            for gi, members in enumerate(_cp_groups(job) if not ring else []):
-                gpu[members] = _collective(
-                    ranks, "all_gather", "ncclDevKernel_AllGather_RING_LL", cp_seq + 1, gpu,
-                    50.0 + 30.0 * rng.random(), 1 << 19, rng, members=members,
-                    pg=_cp_pg(job, gi), desc="context_parallel")
-            cp_seq += 1 if job.cp_size > 1 and not ring else 0
-            if job.combine and 0 < k <= job.all_to_alls:   # the expert results go back
-                ep_seq += 1
-                transfer = 60.0 + 40.0 * rng.random()
-                for gi, group in enumerate(np.array_split(np.arange(n), job.expert_groups)):
-                    sent = np.rint(load[group] * job.rows).astype(np.int64)
-                    back = np.full(len(group), job.rows, dtype=np.int64)
-                    gpu[group] = _collective(
-                        ranks, "all_to_all", "ncclDevKernel_SendRecv", ep_seq, gpu,
-                        _slow_link(job, group) * transfer, 1 << 20, rng,
-                        members=[int(m) for m in group], pg=_ep_pg(job, gi), received=back,
-                        sent=sent, per_row=job.a2a_us_per_row)
-            if k < job.all_to_alls:
-                ep_seq += 1
-                transfer = 60.0 + 40.0 * rng.random()
-                for gi, group in enumerate(np.array_split(np.arange(n), job.expert_groups)):
-                    got = _routed(job, group, rng)
-                    load[group] = got / job.rows
-                    gpu[group] = _collective(
-                        ranks, "all_to_all", "ncclDevKernel_SendRecv", ep_seq, gpu,
-                        _slow_link(job, group) * transfer, 1 << 20, rng,
-                        members=[int(m) for m in group], pg=_ep_pg(job, gi), received=got,
-                        sent=np.full(len(group), job.rows, dtype=np.int64),
-                        per_row=job.a2a_us_per_row)
-        # backward with DDP buckets on the NCCL stream
-        bwd = job.backward_us * speed * (1 + job.jitter * rng.standard_normal(n))
-        if job.cp_comm != "all_gather":     # attention's backward passes dK/dV around the ring first
-            gpu, cp_seq = _ring_attention(job, ranks, gpu, 0.1 * bwd / job.cp_size, rng,
-                                          _AUTOGRAD, cp_seq)
-        bstart = gpu
-        ready = np.cumsum(sizes)[:, None] * bwd[None, :] + bstart[None, :]        # [B, n]
-        chunks = np.diff(np.concatenate([bstart[None, :], ready]), axis=0)
-        comm = np.full(n, -np.inf)
-        for b in range(job.buckets):
-            for r in range(n):
-                # the autograd engine launches each backward kernel inside its function's op
-                at = ranks[r].issue()
-                ranks[r].x("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0",
-                           at, 12.0, _CPU, _AUTOGRAD)
-                ranks[r].kernel(f"volta_sgemm_bwd_{b}", at + 2.0, ready[b, r] - chunks[b, r],
-                                chunks[b, r], _COMPUTE_STREAM, tid=_AUTOGRAD)
-            seq += 1
-            arrive = np.maximum(ready[b] + 5.0, comm)
-            transfer = 150.0 + 900.0 * sizes[b] * job.buckets / 2
-            for gi, members in enumerate(_dp_groups(job)):
-                comm[members] = _collective(
-                    ranks, "all_reduce", "ncclDevKernel_AllReduce_RING_LL_Sum_float", seq,
-                    arrive, transfer, int(sizes[b] * (1 << 26)), rng, tid=_AUTOGRAD,
-                    members=members, pg=_dp_pg(job, gi),
-                    desc="default_pg" if job.tp_size * job.cp_size == 1 else "data_parallel")
-        done = np.maximum(comm, ready[-1])
+        if job.pp_size == 1:
+            done = _backward(sim, _forward(sim, gpu, list(range(n))), list(range(n)))[1]
+        else:
+            done = _pipeline(sim, gpu)
         opt = 300.0 * (1 + job.jitter * rng.standard_normal(n))
         for r in range(n):
             at = ranks[r].issue()
@@ -290,36 +224,218 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> GpuTruth:
     return job.truth
 
 
-def _ring_attention(job: GpuJob, ranks: list[_Rank], gpu: np.ndarray, chunk: np.ndarray,
-                    rng, tid: int, seq: int) -> tuple[np.ndarray, int]:
-    """Context parallelism's exchange in every CP group, cp - 1 rounds of a chunk of attention
-    then K/V (or dK/dV) passed on: as ring attention (sent to the next CP rank, received from
-    the one before; each transfer ends when the later of its pair arrived plus its time) or
-    as torch's all-to-all rotation (one exchange of equal splits). Returns the ranks' ends
-    and the CP groups' last sequence number."""
+@dataclass
+class _Sim:
+    """One job's simulation state: its ranks' events, noise and collective sequence numbers."""
+
+    job: GpuJob
+    ranks: list[_Rank]
+    rng: np.random.Generator
+    speed: np.ndarray                 # compute factor per rank
+    sizes: np.ndarray                 # DDP buckets' shares of the gradients
+    seq: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("dp", "ep", "tp", "cp", "pp"), 0))
+
+
+def _forward(sim: _Sim, gpu: np.ndarray, stage: list[int], share: float = 1.0) -> np.ndarray:
+    """One forward (`share` of the step's, a microbatch's in a pipeline) on the ranks of
+    `stage`: compute pieces cut by the TP all-reduces, the CP exchange and the MoE all-to-alls
+    of their groups. Returns the ranks' GPU times after it (others' left as they were)."""
+    job, ranks, rng, n = sim.job, sim.ranks, sim.rng, sim.job.ranks
     gpu = gpu.copy()
-    groups = _cp_groups(job)
+    mine = set(stage)
+    pieces = job.all_to_alls + 1
+    load = np.ones(n)                            # the first piece routes nothing
+    for k in range(pieces):
+        dur = share * job.forward_us / pieces * sim.speed * load * (
+            1 + job.jitter * rng.standard_normal(n))
+        for r in stage:
+            ranks[r].kernel(f"volta_sgemm_fwd_{k}", ranks[r].issue(), gpu[r], dur[r],
+                            _COMPUTE_STREAM)
+        gpu[stage] = gpu[stage] + dur[stage]
+        for gi, members in _in_stage(_tp_groups(job), mine):
+            gpu[members] = _collective(
+                ranks, "all_reduce", "ncclDevKernel_AllReduce_RING_LL_Sum_bf16",
+                sim.seq["tp"] + 1, gpu, 40.0 + 20.0 * rng.random(), 1 << 18, rng,
+                members=members, pg=_tp_pg(job, gi), desc="tensor_model_parallel")
+        sim.seq["tp"] += 1 if job.tp_size > 1 else 0
+        ring = job.cp_comm != "all_gather"
+        if ring:
+            # attention: its chunks take what the piece takes, not what the routing sent it
+            gpu = _ring_attention(sim, gpu, dur / load / job.cp_size, _MAIN, mine)
+        for gi, members in _in_stage(_cp_groups(job) if not ring else [], mine):
+            gpu[members] = _collective(
+                ranks, "all_gather", "ncclDevKernel_AllGather_RING_LL", sim.seq["cp"] + 1, gpu,
+                50.0 + 30.0 * rng.random(), 1 << 19, rng, members=members,
+                pg=_cp_pg(job, gi), desc="context_parallel")
+        sim.seq["cp"] += 1 if job.cp_size > 1 and not ring else 0
+        if job.combine and 0 < k <= job.all_to_alls:   # the expert results go back
+            sim.seq["ep"] += 1
+            transfer = 60.0 + 40.0 * rng.random()
+            for gi, group in _in_stage(_ep_groups(job), mine):
+                sent = np.rint(load[group] * job.rows).astype(np.int64)
+                back = np.full(len(group), job.rows, dtype=np.int64)
+                gpu[group] = _collective(
+                    ranks, "all_to_all", "ncclDevKernel_SendRecv", sim.seq["ep"], gpu,
+                    _slow_link(job, group) * transfer, 1 << 20, rng, members=group,
+                    pg=_ep_pg(job, gi), received=back, sent=sent, per_row=job.a2a_us_per_row)
+        if k < job.all_to_alls:
+            sim.seq["ep"] += 1
+            transfer = 60.0 + 40.0 * rng.random()
+            for gi, group in _in_stage(_ep_groups(job), mine):
+                got = _routed(job, group, rng)
+                load[group] = got / job.rows
+                gpu[group] = _collective(
+                    ranks, "all_to_all", "ncclDevKernel_SendRecv", sim.seq["ep"], gpu,
+                    _slow_link(job, group) * transfer, 1 << 20, rng, members=group,
+                    pg=_ep_pg(job, gi), received=got,
+                    sent=np.full(len(group), job.rows, dtype=np.int64),
+                    per_row=job.a2a_us_per_row)
+    return gpu
+
+
+def _backward(sim: _Sim, gpu: np.ndarray, stage: list[int],
+              share: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """A backward with DDP's buckets all-reduced on the NCCL stream in the data-parallel groups
+    of the ranks of `stage`. Returns (its compute's end, the end of its last all-reduce)."""
+    job, ranks, rng, n = sim.job, sim.ranks, sim.rng, sim.job.ranks
+    mine = set(stage)
+    bwd = share * job.backward_us * sim.speed * (1 + job.jitter * rng.standard_normal(n))
+    if job.cp_comm != "all_gather":     # attention's backward passes dK/dV around the ring first
+        gpu = _ring_attention(sim, gpu, 0.1 * bwd / job.cp_size, _AUTOGRAD, mine)
+    bstart = gpu
+    ready = np.cumsum(sim.sizes)[:, None] * bwd[None, :] + bstart[None, :]        # [B, n]
+    chunks = np.diff(np.concatenate([bstart[None, :], ready]), axis=0)
+    comm = np.full(n, -np.inf)
+    for b in range(job.buckets):
+        for r in stage:
+            # the autograd engine launches each backward kernel inside its function's op
+            at = ranks[r].issue()
+            ranks[r].x("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0",
+                       at, 12.0, _CPU, _AUTOGRAD)
+            ranks[r].kernel(f"volta_sgemm_bwd_{b}", at + 2.0, ready[b, r] - chunks[b, r],
+                            chunks[b, r], _COMPUTE_STREAM, tid=_AUTOGRAD)
+        sim.seq["dp"] += 1
+        arrive = np.maximum(ready[b] + 5.0, comm)
+        transfer = 150.0 + 900.0 * sim.sizes[b] * job.buckets / 2
+        for gi, members in _in_stage(_dp_groups(job), mine):
+            comm[members] = _collective(
+                ranks, "all_reduce", "ncclDevKernel_AllReduce_RING_LL_Sum_float", sim.seq["dp"],
+                arrive, transfer, int(sim.sizes[b] * (1 << 26)), rng, tid=_AUTOGRAD,
+                members=members, pg=_dp_pg(job, gi),
+                desc="default_pg" if _dp_pg(job, gi) == "0" else "data_parallel")
+    return ready[-1], np.maximum(comm, ready[-1])
+
+
+def _pipeline(sim: _Sim, gpu: np.ndarray) -> np.ndarray:
+    """One step of a pipeline (GPipe: every microbatch's forward, then their backwards, the
+    last one's with DDP's buckets): each stage receives a microbatch's activations (gradients)
+    from the stage before (after) it, runs it and sends it on. A send ends its transfer after
+    it was posted; the receive ends at the later of that and its own posting. No collective
+    spans stages (the Kineto reader aligns clocks on collectives: keep a pipeline job on one
+    clock, `ranks_per_host`). Returns the ranks' ends of their last all-reduce."""
+    job, ranks, rng = sim.job, sim.ranks, sim.rng
+    per, m = job.ranks // job.pp_size, job.microbatches
+    stages = [list(range(s * per, (s + 1) * per)) for s in range(job.pp_size)]
+    gpu, done = gpu.copy(), gpu.copy()
+    sent: dict[tuple[int, int], float] = {}        # (microbatch, sending rank) → arrival
+    for forward in (True, False):
+        order = range(job.pp_size) if forward else range(job.pp_size - 1, -1, -1)
+        for s in order:
+            src = s - 1 if forward else s + 1
+            dst = s + 1 if forward else s - 1
+            for j in range(m):
+                if 0 <= src < job.pp_size:
+                    for r in stages[s]:
+                        peer = r + (src - s) * per
+                        end = max(gpu[r], sent[(j, peer)]) + 10.0
+                        _p2p(sim, r, "recv", peer, gpu[r], end, forward)
+                        gpu[r] = end
+                if forward:
+                    gpu = _forward(sim, gpu, stages[s], 1 / m)
+                elif j < m - 1:
+                    gpu[stages[s]] = _backward_piece(sim, gpu, stages[s], 1 / m)
+                else:
+                    ready, comm = _backward(sim, gpu, stages[s], 1 / m)
+                    gpu[stages[s]], done[stages[s]] = ready[stages[s]], comm[stages[s]]
+                if 0 <= dst < job.pp_size:
+                    for r in stages[s]:
+                        end = gpu[r] + 40.0 + 20.0 * rng.random()
+                        _p2p(sim, r, "send", r + (dst - s) * per, gpu[r], end, forward)
+                        sent[(j, r)], gpu[r] = end, end
+    return done
+
+
+def _backward_piece(sim: _Sim, gpu: np.ndarray, stage: list[int], share: float) -> np.ndarray:
+    """A microbatch's backward without gradient all-reduces (they follow the last one's)."""
+    job = sim.job
+    bwd = share * job.backward_us * sim.speed * (1 + job.jitter * sim.rng.standard_normal(
+        job.ranks))
+    for r in stage:
+        at = sim.ranks[r].issue()
+        sim.ranks[r].x("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", at,
+                       12.0, _CPU, _AUTOGRAD)
+        sim.ranks[r].kernel("volta_sgemm_bwd", at + 2.0, gpu[r], bwd[r], _COMPUTE_STREAM,
+                            tid=_AUTOGRAD)
+    return gpu[stage] + bwd[stage]
+
+
+def _p2p(sim: _Sim, rank: int, kind: str, peer: int, start: float, end: float,
+         forward: bool) -> None:
+    """A pipeline send or receive between neighbouring stages, as the profiler records it."""
+    job = sim.job
+    sim.seq["pp"] += 1
+    per = job.ranks // job.pp_size
+    args: JsonObject = {"Collective name": kind, "Process Group Name": _pp_pg(job, rank % per),
+                        "Process Group Description": "pipeline_model_parallel",
+                        "Process Group Ranks": str(_pp_groups(job)[rank % per]),
+                        "Group size": job.pp_size, "In msg nelems": 1 << 18,
+                        "Out msg nelems": 1 << 18, "dtype": "BFloat16",
+                        ("Dst Rank" if kind == "send" else "Src Rank"): peer}
+    rk = sim.ranks[rank]
+    tid = _MAIN if forward else _AUTOGRAD
+    at = rk.issue()
+    rk.x("cpu_op", "record_param_comms", at, 6.0, _CPU, tid, args)
+    rk.kernel("ncclDevKernel_SendRecv", at + 1.0, start, end - start, _NCCL_STREAM, tid=tid,
+              args=args)
+
+
+def _in_stage(groups: list[list[int]], stage: set[int]) -> list[tuple[int, list[int]]]:
+    """(index among all groups, members) of the groups whose ranks are in `stage`."""
+    return [(gi, g) for gi, g in enumerate(groups) if g[0] in stage]
+
+
+def _ring_attention(sim: _Sim, gpu: np.ndarray, chunk: np.ndarray, tid: int,
+                    stage: set[int]) -> np.ndarray:
+    """Context parallelism's exchange in the CP groups of `stage`, cp - 1 rounds of a chunk of
+    attention then K/V (or dK/dV) passed on: as ring attention (sent to the next CP rank,
+    received from the one before; each transfer ends when the later of its pair arrived plus
+    its time) or as torch's all-to-all rotation (one exchange of equal splits). Returns the
+    ranks' ends."""
+    job, ranks, rng = sim.job, sim.ranks, sim.rng
+    gpu = gpu.copy()
+    groups = _in_stage(_cp_groups(job), stage)
     for _ in range(job.cp_size - 1):
-        seq += 1
-        for r in range(len(ranks)):
+        sim.seq["cp"] += 1
+        for r in sorted(stage):
             ranks[r].kernel("flash_fwd_kernel" if tid == _MAIN else "flash_bwd_kernel",
                             ranks[r].issue(), gpu[r], chunk[r], _COMPUTE_STREAM, tid=tid)
-        gpu = gpu + chunk
+            gpu[r] += chunk[r]
         if job.cp_comm == "all_to_all":
             rows = np.full(job.cp_size, 1024, dtype=np.int64)
-            for gi, members in enumerate(groups):
+            for gi, members in groups:
                 gpu[members] = _collective(
-                    ranks, "all_to_all", "ncclDevKernel_SendRecv", seq, gpu,
+                    ranks, "all_to_all", "ncclDevKernel_SendRecv", sim.seq["cp"], gpu,
                     40.0 + 20.0 * rng.random(), 1 << 19, rng, tid=tid, members=members,
                     pg=_cp_pg(job, gi), desc="context_parallel", received=rows, sent=rows)
             continue
         done = gpu.copy()
-        for members in groups:
+        for _, members in groups:
             for i, src in enumerate(members):
                 dst = members[(i + 1) % len(members)]
                 end = max(gpu[src], gpu[dst]) + (30.0 + 20.0 * rng.random())
                 done[src], done[dst] = max(done[src], end), max(done[dst], end)
-        for gi, members in enumerate(groups):
+        for gi, members in groups:
             for i, me in enumerate(members):
                 # one grouped launch (batch_isend_irecv): both end when the later transfer
                 # has; as Transformer Engine posts them, an even CP rank sends first
@@ -337,24 +453,36 @@ def _ring_attention(job: GpuJob, ranks: list[_Rank], gpu: np.ndarray, chunk: np.
                     ranks[me].kernel("ncclDevKernel_SendRecv", at + 1.0, gpu[me],
                                      done[me] - gpu[me], _NCCL_STREAM, tid=tid, args=args)
         gpu = done
-    return gpu, seq
+    return gpu
 
 
-def _slow_link(job: GpuJob, members: np.ndarray) -> float:
+def _slow_link(job: GpuJob, members: list[int]) -> float:
     """The transfer factor of a group's collectives (every member waits for its slowest link)."""
     link = job.slow_link
     return link[1] if link is not None and link[0] in members else 1.0
 
 
 def _ep_pg(job: GpuJob, i: int) -> str:
-    return str(i + 1) if job.expert_groups > 1 else "0"
+    return str(i + 1) if _ep_count(job) > 1 else "0"
 
 
-def _routed(job: GpuJob, members: np.ndarray, rng) -> np.ndarray:
+def _ep_count(job: GpuJob) -> int:
+    """Expert-parallel groups in all (expert_groups in each pipeline stage)."""
+    return job.expert_groups * job.pp_size
+
+
+def _ep_groups(job: GpuJob) -> list[list[int]]:
+    """Expert-parallel groups: each stage's ranks split into expert_groups blocks."""
+    per = job.ranks // job.pp_size
+    return [[int(r) for r in m] for s in range(job.pp_size)
+            for m in np.array_split(np.arange(s * per, (s + 1) * per), job.expert_groups)]
+
+
+def _routed(job: GpuJob, members: list[int], rng) -> np.ndarray:
     """Rows each member receives at one dispatch: the group's rows drawn over its ranks."""
     weight = np.ones(len(members))
     if job.hot_expert is not None and job.hot_expert[0] in members:
-        weight[list(members).index(job.hot_expert[0])] = job.hot_expert[1]
+        weight[members.index(job.hot_expert[0])] = job.hot_expert[1]
     return rng.multinomial(job.rows * len(members), weight / weight.sum()).astype(np.int64)
 
 
@@ -375,40 +503,53 @@ def _cp_groups(job: GpuJob) -> list[list[int]]:
 
 
 def _dp_groups(job: GpuJob) -> list[list[int]]:
-    """Data-parallel groups: the ranks with one tensor- and context-parallel index."""
-    block = job.tp_size * job.cp_size
-    return [list(range(i, job.ranks, block)) for i in range(block)]
+    """Data-parallel groups: the ranks of a stage with one tensor- and context-parallel index."""
+    block, per = job.tp_size * job.cp_size, job.ranks // job.pp_size
+    return [list(range(s * per + i, (s + 1) * per, block)) for s in range(job.pp_size)
+            for i in range(block)]
+
+
+def _pp_groups(job: GpuJob) -> list[list[int]]:
+    """Pipeline groups: the ranks of one place in every stage (Megatron order: pp slowest)."""
+    per = job.ranks // job.pp_size
+    return [[i + s * per for s in range(job.pp_size)] for i in range(per)]
 
 
 def _tp_pg(job: GpuJob, i: int) -> str:
-    return str(1 + job.expert_groups + i)
+    return str(1 + _ep_count(job) + i)
 
 
 def _cp_pg(job: GpuJob, i: int) -> str:
-    return str(1 + job.expert_groups + job.ranks // job.tp_size + i)
+    return str(1 + _ep_count(job) + job.ranks // job.tp_size + i)
 
 
 def _dp_pg(job: GpuJob, i: int) -> str:
-    if job.tp_size * job.cp_size == 1:
+    if job.tp_size * job.cp_size * job.pp_size == 1:
         return "0"
-    return str(1 + job.expert_groups + job.ranks // job.tp_size + job.ranks // job.cp_size + i)
+    return str(1 + _ep_count(job) + job.ranks // job.tp_size + job.ranks // job.cp_size + i)
+
+
+def _pp_pg(job: GpuJob, i: int) -> str:
+    return str(1 + _ep_count(job) + 3 * job.ranks + i)
 
 
 def _groups(job: GpuJob) -> list[GroupJson]:
     """distributedInfo.pg_config: the world, the EP, TP and DP groups, as torch writes it."""
     out: list[GroupJson] = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": job.ranks,
             "ranks": list(range(job.ranks))}]
-    if job.expert_groups > 1:
-        out += [{"pg_name": str(i + 1), "pg_desc": "ep_group", "pg_size": len(m),
-                 "ranks": [int(x) for x in m]}
-                for i, m in enumerate(np.array_split(np.arange(job.ranks), job.expert_groups))]
+    if _ep_count(job) > 1:
+        out += [{"pg_name": _ep_pg(job, i), "pg_desc": "ep_group", "pg_size": len(m),
+                 "ranks": m} for i, m in enumerate(_ep_groups(job))]
     out += [{"pg_name": _tp_pg(job, i), "pg_desc": "tensor_model_parallel",
              "pg_size": len(m), "ranks": m} for i, m in enumerate(_tp_groups(job))]
     out += [{"pg_name": _cp_pg(job, i), "pg_desc": "context_parallel",
              "pg_size": len(m), "ranks": m} for i, m in enumerate(_cp_groups(job))]
-    if job.tp_size * job.cp_size > 1:
+    if _dp_pg(job, 0) != "0":
         out += [{"pg_name": _dp_pg(job, i), "pg_desc": "data_parallel", "pg_size": len(m),
                  "ranks": m} for i, m in enumerate(_dp_groups(job))]
+    if job.pp_size > 1:
+        out += [{"pg_name": _pp_pg(job, i), "pg_desc": "pipeline_model_parallel",
+                 "pg_size": job.pp_size, "ranks": m} for i, m in enumerate(_pp_groups(job))]
     return out
 
 
