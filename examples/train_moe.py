@@ -48,10 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=1, help="gradient accumulation steps")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=64)
-    # 1024: the experts hold most of the compute, as in real MoE models; at 512 a hot expert's
-    # extra rows cost less than a loaded machine's jitter (a 0.5 skew: ×1.02–1.06 beside
-    # ×1.16 of waits for a core, at load 8–13; at 1024 ×1.11–1.20, first)
-    p.add_argument("--d-expert", type=int, default=1024, help="hidden size of an expert's MLP")
+    # 2048: the experts hold most of the compute, as in real MoE models, and a hot expert's
+    # extra rows cost more than a loaded machine's jitter. `--hot-expert 2 --routing-skew 0.5`,
+    # 4 ranks on 2 cores at load 10-16: expert_imbalance first in 0 of 2 runs at 512 (×1.02-1.06,
+    # under min_gain), 4 of 6 at 1024, 5 of 5 at 2048 (×1.21-1.33)
+    p.add_argument("--d-expert", type=int, default=2048, help="hidden size of an expert's MLP")
     p.add_argument("--experts-per-rank", type=int, default=1)
     p.add_argument("--device-us-per-row", type=float, default=0.0,
                    help="emulate a device per rank: an expert also waits this many µs per row "
