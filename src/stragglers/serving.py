@@ -495,8 +495,14 @@ def _repeated(headers) -> str | None:
 def _odd_framing(headers) -> tuple[int, str] | None:
     """(status, message) for a request whose framing the services do not take: a transfer
     coding other than chunked (its body was handed on still coded: `gzip, chunked` was read
-    as plain JSON; RFC 9112 6.1: 501) or an expectation other than 100-continue (RFC 9110
-    10.1.1: 417); None for any other request."""
+    as plain JSON; RFC 9112 6.1: 501), both a transfer coding and a length (400) or an
+    expectation other than 100-continue (RFC 9110 10.1.1: 417); None for any other request."""
+    names = {name for name, _ in headers}
+    if b"transfer-encoding" in names and b"content-length" in names:
+        # RFC 9112 6.3: a request smuggling shape (a proxy in front may frame it by the other
+        # header); httptools refused it, h11 took the chunked body and ignored the length
+        return 400, ("request headers 'Transfer-Encoding' and 'Content-Length': both given;"
+                     " expected one")
     for name, value in headers:
         if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
             return 501, (f"request header 'Transfer-Encoding': {value[:60].decode('latin-1')!r}"
