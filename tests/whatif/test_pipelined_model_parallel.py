@@ -2,11 +2,12 @@
 jobs, GPipe): a microbatch's compute cut into pieces by its group's blocking collectives still
 pairs each send/recv with its own microbatch, and the wait at those collectives stays theirs.
 
-The first four cases failed before: a recv posted after a microbatch's TP all-reduce (a send after its CP
-all-gather) was chained to the compute before the collective, so the wait for a slow or late
-group peer showed as the rank's launch delay (a healthy TP/CP peer named `host_stall`); and
-with the compute cut at all-to-alls the transfers were paired with the first pieces in order,
-so a slow expert group's own ranks were named `host_stall` beside `communication`.
+The first four cases failed before: a recv posted after a microbatch's TP all-reduce (a
+send after its CP all-gather) was chained to the compute before the collective, so the wait
+for a slow or late group peer showed as the rank's launch delay (a healthy TP/CP peer named
+`host_stall`); and with the compute cut at all-to-alls the transfers were paired with the
+first pieces in order, so a slow expert group's own ranks were named `host_stall` beside
+`communication`. The slow rank of three failed too (see its comment).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ CASES = {
     "slow EP link": dict(ranks=16, all_to_alls=2, expert_groups=4, slow_link=(9, 8.0)),
     "hot expert beside TP": dict(ranks=16, tp_size=2, all_to_alls=1, expert_groups=2,
                                  hot_expert=(4, 3.0)),
+    # three workers a stage: the median of a worker's two peers is their mean, lifted by a
+    # slow one (its peers looked fast, and it was no outlier among the six)
+    "slow rank of three": dict(ranks=6, all_to_alls=0, slow_rank=(3, 2.1)),
 }
 
 
@@ -35,7 +39,8 @@ def _named(result) -> set[tuple[str, int]]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_injected_rank_is_named_alone_in_a_pipelined_job(tmp_path, case):
     # one clock: no collective spans the stages for the reader to align clocks on
-    job = GpuJob(pp_size=2, microbatches=4, steps=5, seed=3, ranks_per_host=16, **CASES[case])
+    job = GpuJob(pp_size=2, microbatches=4, steps=5, seed=3, ranks_per_host=CASES[case]["ranks"],
+                 **CASES[case])
     truth = write_gpu_job(job, tmp_path)
     trace = load_trace(tmp_path)
     assert trace.meta.pp_size == 2

@@ -509,10 +509,14 @@ def _p2p_targets(grid: OpGrid, t_comp: list[int], ops: list[int], kind: str, del
     eligible = [c for c in t_comp if 0 <= grid.node_gmc[c] + delta < grid.vpp_size * pp]
     if n_ops == len(eligible):
         return eligible
+    # (before the count rule below: a microbatch's backward cut into DDP's buckets is one more
+    # compute op too, and the recvs taken one compute op late left the first backward unlinked)
+    by_time = _targets_by_time(t_comp, ops, kind, *times) if times is not None else None
+    if by_time:
+        return by_time
     if kind == "recv" and n_ops + 1 == len(t_comp):
         return t_comp[1:]  # the first forward-recv no-op was not recorded
-    by_time = _targets_by_time(t_comp, ops, kind, *times) if times is not None else None
-    return by_time or t_comp[:n_ops]
+    return t_comp[:n_ops]
 
 
 def _targets_by_time(t_comp: list[int], ops: list[int], kind: str, ref_start,
