@@ -28,6 +28,10 @@ CASES = {
     # three workers a stage: the median of a worker's two peers is their mean, lifted by a
     # slow one (its peers looked fast, and it was no outlier among the six)
     "slow rank of three": dict(ranks=6, all_to_alls=0, slow_rank=(3, 2.1)),
+    # the last microbatch's backward cut in two by DDP's buckets: one compute op more than
+    # recvs, which the count rule took for an unrecorded first recv (recvs one op late, the
+    # first backward unlinked, its wait a launch delay on every rank: the stall unnamed)
+    "late host, two buckets": dict(ranks=4, all_to_alls=2, buckets=2, late_rank=(2, 3600.0)),
 }
 
 
