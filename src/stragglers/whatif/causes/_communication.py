@@ -1,4 +1,10 @@
-"""Communication stragglers: a slow link or collective, located at the workers where it is slow."""
+"""Communication stragglers: a slow link or collective, located at the workers where it is slow.
+
+A slow link is a place (its transfers late while another carrier's are not) or a time (some
+steps). Lateness on every carrier in most steps, or at workers that stand out from the other
+carriers in fewer than half the steps, is neither: the family's own variation (on CPU, receives
+woken a scheduler tick late), left to the noise floor (tests/record/test_record_single_link.py).
+"""
 
 from __future__ import annotations
 
