@@ -112,3 +112,55 @@ def test_a_damaged_window_row_leaves_its_job_analysed(tmp_path):
             assert get(c, "/api/jobs")["jobs"][0]["state"] == "running"
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_damaged_lease_and_part_rows_leave_their_jobs_analysed(tmp_path):
+    # a lease row whose owner, expiry or epoch did not read was never free and never renewed
+    # (alone on its store, nobody else takes it): its job's parts were acknowledged and no
+    # window of it analysed again; a part row whose time did not read was left out, as if the
+    # part never arrived, its acknowledged rows left out of their window
+    from monitor_jobs import parts_of
+    from stragglers.trace.runformat import table_bytes
+    trace = slow_job(steps=20)
+    parts = parts_of(trace, 5)
+    jobs = ("owner", "epoch", "part")
+
+    def send(c, job, which):
+        for rank, part, cols in which:
+            r = c.put(f"/api/jobs/{job}/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                      headers=AUTH)
+            assert r.status_code == 200, r.text
+
+    s = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for job in jobs:
+                assert c.put(f"/api/jobs/{job}/meta", json=trace.meta.to_dict(),
+                             headers=AUTH).status_code == 200
+                # (rank 1's part 2 stored, its window not closed yet)
+                send(c, job, [p for p in parts if p[1] < 2 or p[:2] == (1, 2)])
+            for job in jobs:
+                eventually(lambda: len(get(c, f"/api/jobs/{job}")["windows"]) == 2,
+                           what=f"windows 0 and 1 of {job}")
+    finally:
+        s.stop()
+    with sqlite3.connect(tmp_path / "mon.db") as db:
+        db.execute("UPDATE leases SET owner = x'00', expires_at = NULL WHERE job = 'owner'")
+        db.execute("UPDATE leases SET epoch = 'x' WHERE job = 'epoch'")
+        db.execute("UPDATE parts SET ingested_at = 'x' WHERE job = 'part' AND rank = 1 AND "
+                   "part = 2")
+    s = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for job in jobs:
+                send(c, job, [p for p in parts if p[1] >= 2 and p[:2] != (1, 2)])
+            for job in jobs:
+                wins = eventually(lambda: len(get(c, f"/api/jobs/{job}")["windows"]) == 4
+                                  and get(c, f"/api/jobs/{job}")["windows"],
+                                  what=f"4 windows of {job}")
+                assert [w["error"] for w in wins] == [None] * 4, (job, wins)
+                missing = get(c, f"/api/jobs/{job}/windows/2")["missing_ranks"]
+                assert missing == [], (job, missing)
+    finally:
+        s.stop()

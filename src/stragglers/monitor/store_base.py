@@ -442,13 +442,16 @@ class SQLStore:
     def part_index(self, job: str, after_seq: int = -1) -> list[PartIndex]:
         """(rank, part, last_step, ingested_at, seq) of a job's parts (those numbered after
         `after_seq` in its part sequence; parts stored before sequences count as 0)."""
+        # (a time that does not read is read as 0: the row left out was a part never
+        # arrived, its acknowledged rows never analysed)
         if after_seq < 0:
-            return self._typed(PartIndex, "SELECT rank, part, last_step, ingested_at, "
-                               "COALESCE(seq, 0) AS seq FROM parts WHERE job = ? "
-                               "ORDER BY rank, part", (job,))
+            return self._typed(PartIndex, "SELECT rank, part, last_step, CAST(ingested_at AS "
+                               "DOUBLE PRECISION) AS ingested_at, COALESCE(seq, 0) AS seq FROM "
+                               "parts WHERE job = ? ORDER BY rank, part", (job,))
         # (seq itself compared, so that the index on (job, seq) serves the holder's every tick)
-        return self._typed(PartIndex, "SELECT rank, part, last_step, ingested_at, seq FROM "
-                           "parts WHERE job = ? AND seq > ? ORDER BY rank, part", (job, after_seq))
+        return self._typed(PartIndex, "SELECT rank, part, last_step, CAST(ingested_at AS DOUBLE "
+                           "PRECISION) AS ingested_at, seq FROM parts WHERE job = ? AND seq > ? "
+                           "ORDER BY rank, part", (job, after_seq))
 
     def overlapping_part(self, job: str, rank: int, part: int, first_step: int,
                          last_step: int) -> int | None:
@@ -739,9 +742,11 @@ class SQLStore:
             # instances gone for a day, and messages delivered a day ago, are forgotten
             self._exec(db, "DELETE FROM instances WHERE expires_at < ?", (now - KEEP_S,))
             self._exec(db, "DELETE FROM alert_outbox WHERE delivered_at < ?", (now - KEEP_S,))
+            # (an epoch that does not read is made one: such a lease was left out of every
+            # read, its job analysed by nobody)
             held = {r.job: r.epoch for r in self._many(
-                db, _Held, "UPDATE leases SET expires_at = ? WHERE owner = ? RETURNING job, epoch",
-                (now + lease_s, instance))}
+                db, _Held, "UPDATE leases SET expires_at = ?, epoch = CAST(epoch AS INTEGER) "
+                "WHERE owner = ? RETURNING job, epoch", (now + lease_s, instance))}
             live = self._count(db, "SELECT COUNT(*) AS n FROM instances WHERE expires_at > ?",
                                (now,))
             total = self._count(db, "SELECT COUNT(*) AS n FROM leases")
@@ -755,9 +760,12 @@ class SQLStore:
                                "WHERE job = ?", (job,))
                     del held[job]
             elif want > 0:
+                # free: no owner, or no expiry, or one passed or not a number (a damaged
+                # owner or expiry was never free, never renewed: its job analysed by nobody)
                 free = self._many(
-                    db, _Held, "SELECT job, epoch FROM leases WHERE owner IS NULL OR "
-                    "expires_at < ? ORDER BY job LIMIT ?" + self.FOR_UPDATE + self.SKIP_LOCKED,
+                    db, _Held, "SELECT job, CAST(epoch AS INTEGER) AS epoch FROM leases WHERE "
+                    "owner IS NULL OR expires_at IS NULL OR CAST(expires_at AS DOUBLE "
+                    "PRECISION) < ? ORDER BY job LIMIT ?" + self.FOR_UPDATE + self.SKIP_LOCKED,
                     (now, want))
                 for r in free:
                     held[r.job] = self._take(db, instance, r.job, now + lease_s, now)
