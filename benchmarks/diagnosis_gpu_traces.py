@@ -5,8 +5,12 @@ Each job draws a shape (4-8 ranks, 4-8 profiled steps, 0-2 all-to-alls per forwa
 two expert-parallel groups (their own process groups) with the rows each rank receives drawn
 from balanced routing, tensor parallelism of 2 on half the jobs with an even rank count (a
 blocking all-reduce in each TP pair after every forward piece, DDP in the data-parallel
-groups), context parallelism of 2 on 30% of the jobs whose ranks allow it (a blocking
-all-gather in each CP group after every forward piece), 2-6 DDP buckets of unequal sizes, kernel noise 1-3%, host clocks up to 500 µs
+groups), context parallelism of 2 or 4 on 30% of the jobs whose ranks allow it (after every
+forward piece, and at the backward's start for a ring, the CP group exchanges K/V: one
+all-gather, ring attention's send/recv in cp - 1 rounds, or torch's all-to-all rotation; a
+third each), two pipeline stages on 30% of the jobs without a slow group, slow link or
+ring attention whose ranks leave two or more per stage and tensor-context block (GPipe with 2-4
+microbatches, each stage with its own groups, one clock), 2-6 DDP buckets of unequal sizes, kernel noise 1-3%, host clocks up to 500 µs
 apart, every host starting each step up to 0-400 µs late at random) and one of: no cause
 (noise only), a late host (one rank starts every step 1.5-4 ms late: `host_stall`), a slow
 GPU (one rank computes ×1.2-2.5: `worker_fault`), a slow group (2 to half the ranks compute
@@ -44,7 +48,8 @@ from stragglers.trace.load import load_trace
 from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
 from stragglers.whatif import analyze
 
-TEXT = ("Each job: 4–8 ranks, 4–8 steps, all-to-alls, tensor and context parallel groups, DDP "
+TEXT = ("Each job: 4–8 ranks, 4–8 steps, all-to-alls, tensor and context parallel groups (CP "
+        "by all-gather, ring attention or all-to-all rotation), two pipeline stages on some, DDP "
         "buckets, kernel noise, host clocks apart, one injected cause (or none); exact = the set "
         "of (cause, rank) named equals the injected one, graded against a twin job written "
         "without the injection (below ×1.03 slack, below ×1.05 weak). The generator and the "
@@ -67,6 +72,13 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
         shape["tp_size"] = 2
     if ranks % (2 * shape.get("tp_size", 1)) == 0 and rng.random() < 0.3:
         shape["cp_size"] = 2
+        # how CP exchanges K/V (an all-gather, ring attention's send/recv, torch's all-to-all
+        # rotation) and a ring of 4 where the ranks allow: drawn from a generator of their
+        # own, so every other draw of the suite stays as it was
+        cp = np.random.default_rng([seed, 2])
+        shape["cp_comm"] = str(cp.choice(["all_gather", "ring", "all_to_all"]))
+        if ranks % (4 * shape.get("tp_size", 1)) == 0 and cp.random() < 0.5:
+            shape["cp_size"] = 4
     kind = KINDS[int(rng.integers(len(KINDS)))]
     if kind in ("expert_imbalance", "communication") and not shape["all_to_alls"]:
         shape["all_to_alls"] = int(rng.integers(1, 3))      # routing needs a dispatch
@@ -79,6 +91,7 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
                                                       * shape.get("cp_size", 1)):
             shape.pop("tp_size", None)
             shape.pop("cp_size", None)
+            shape.pop("cp_comm", None)
     if kind == "host_stall":
         shape["late_rank"] = (int(rng.integers(ranks)), float(rng.uniform(1500, 4000)))
     elif kind == "worker_fault":
@@ -91,6 +104,19 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
         shape["hot_expert"] = (int(rng.integers(ranks)), float(rng.uniform(2.0, 4.0)))
     elif kind == "communication":
         shape["slow_link"] = (int(rng.integers(ranks)), float(rng.uniform(5.0, 15.0)))
+    tp_cp = shape.get("tp_size", 1) * shape.get("cp_size", 1)
+    pipe = np.random.default_rng([seed, 3])
+    if kind in ("none", "host_stall", "worker_fault", "expert_imbalance") \
+            and ranks % (2 * tp_cp) == 0 and ranks // (2 * tp_cp) >= 2 and pipe.random() < 0.3 \
+            and shape.get("cp_comm") != "ring":
+        # two pipeline stages (GPipe, 2-4 microbatches), each with its own TP, CP, EP and DP
+        # groups, all on one clock (no collective spans the stages for the reader to align
+        # clocks on); one expert group per stage (half a stage's ranks would be one or two);
+        # not with a slow group (it could be a whole stage: a stage imbalance) or a slow link
+        # (its three or four expert groups in a stage of three or four ranks); not with ring
+        # attention (the Kineto reader takes its send/recv for pipeline transfers)
+        shape.update(pp_size=2, microbatches=int(pipe.integers(2, 5)), expert_groups=1,
+                     ranks_per_host=ranks)
     if shape["all_to_alls"] and kind != "communication":
         # Half of the MoE jobs send the expert results back (the combine) and move rows at a
         # cost per row, on one node (one clock: per-row transfers differ between ranks, which
