@@ -145,6 +145,12 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
                 _unpark(self)
                 self.transport.close()
                 return
+            if _body_left(self) and not getattr(self.cycle, "response_started", False):
+                # nor one whose body is still to come (the apps act on whole bodies only):
+                # a body trickled just above body_min_bytes_per_s held SIGTERM up for as long
+                # as it took to arrive
+                _close(self)
+                return
             super().shutdown()
 
         def data_received(self, data: bytes) -> None:

@@ -163,3 +163,47 @@ def test_a_request_with_both_a_transfer_coding_and_a_length_is_400(tmp_path, par
         assert tables(db) == before
     finally:
         srv.stop()
+
+
+@pytest.mark.slow
+def test_sigterm_is_not_held_up_by_a_body_still_arriving(tmp_path):
+    # (fails before: a body trickled just above the serving layer's minimum rate (16 KB a
+    # second of 1 MiB) held the shutdown until the whole body had come, ~64 s)
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "stragglers.cli", "adapt", "serve", "--db",
+                             str(tmp_path / "s.db"), "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline().split(" on ", 1)[1].split(" ", 1)[0].rsplit(":", 1)[1])
+    size, sent = 1 << 20, [0]
+    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+    sock.sendall((f"POST /datasets/d/join HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer"
+                  f" {OWNER}\r\nContent-Type: {JSON}\r\nContent-Length: {size}\r\n\r\n").encode())
+
+    def trickle():
+        try:
+            while sent[0] < size:
+                sock.sendall(b" " * 4096)
+                sent[0] += 4096
+                time.sleep(0.25)
+        except OSError:
+            pass   # the service closed it
+
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    try:
+        while sent[0] < 8 * 4096:   # the request is under way
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 128 + signal.SIGTERM
+        assert sent[0] < size, "the service waited for the whole body"
+    finally:
+        proc.kill()
+        proc.communicate()
+        sock.close()
+        sender.join()
