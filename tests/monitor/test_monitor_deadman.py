@@ -422,3 +422,16 @@ def test_ranks_sending_a_moment_after_the_first_one_when_a_job_resumes_are_not_s
     monitor.tick(max(resumed + STALL, tr.last_arrival) + 0.01)
     assert [(a.rule, a.labels.rank) for a in monitor.store.alerts(job="j", status="firing")] \
         == [("rank_silent", "3")]
+
+
+def test_rank_silent_alerts_of_one_job_are_bounded(monitor):
+    # a meta.json declaring a world of 1,000,000 ranks, four of which sent a part: every
+    # other rank was silent, and one alert each was built and stored (GBs, the service stuck)
+    monitor.config = monitor.config.replace(max_silent_alerts=1)
+    feed(monitor, 0, range(4))
+    feed(monitor, 1, [0, 1])   # ranks 2 and 3 behind the others
+    quiet = monitor.trackers["j"].ranks[3].last_arrival
+    monitor.watchdog.check_silence(quiet + STALL + 0.01)
+    firing = monitor.store.alerts(job="j", status="firing")
+    assert [(a.rule, a.labels.rank) for a in firing] == [("rank_silent", "2")], firing
+    assert set(monitor.watchdog.silent["j"]) == {2, 3}   # (counted: stragglers_silent_ranks)

@@ -64,6 +64,11 @@ class MonitorConfig(Config):
     max_meta_bytes: int = setting(1 * 2**20, "largest accepted meta.json upload (bytes)",
                                   minimum=1024)
     max_jobs: int = setting(10_000, "jobs the monitor keeps track of at once", minimum=1)
+    max_silent_alerts: int = setting(256, "rank_silent alerts one job raises at most (those "
+                                     "quiet longest; stragglers_silent_ranks counts every "
+                                     "silent rank): a meta.json declaring a world of 1,000,000 "
+                                     "ranks and four that send once raised an alert for each "
+                                     "of the others, GBs of memory", minimum=1)
     max_job_bytes: int = setting(16 * 2**30, "bytes of parts one job may store (uploads and "
                                  "watched files alike); past it the job's further parts are "
                                  "refused (an upload 507, a watched file named in the log "

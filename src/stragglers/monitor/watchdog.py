@@ -162,10 +162,22 @@ class Watchdog:
         for job, silent, places in decided:
             self.silent[job] = silent
             m.metrics.silent_ranks.labels(job).set(len(silent))
-            m.store_dead_man(job, None, m.alerts.on_silence(job, silent, places, now))
+            m.store_dead_man(job, None, m.alerts.on_silence(job, self._alerted(job, silent),
+                                                            places, now))
         for job in [j for j in self.silent if j not in m.trackers]:
             self.silent.pop(job, None)
             m.metrics.silent_ranks.labels(job).set(0)
+
+    def _alerted(self, job: str, silent: dict[int, float]) -> dict[int, float]:
+        """The silent ranks that get a rank_silent alert: at most max_silent_alerts, those quiet
+        longest (then the lowest ranks); the others named in one log line."""
+        cap = self.monitor.config.max_silent_alerts
+        if len(silent) <= cap:
+            return silent
+        chosen = sorted(silent, key=lambda r: (-silent[r], r))[:cap]
+        log.warning("job %s: %d ranks silent; rank_silent alerts for the %d quiet longest "
+                    "(max_silent_alerts)", job, len(silent), cap)
+        return {r: silent[r] for r in chosen}
 
     # ---- the monitor's own health, read by /metrics (metrics.HealthCollector) ----------------
 
