@@ -165,3 +165,24 @@ def test_a_rewrite_that_changes_a_runs_sizes_once_parts_are_stored_is_a_conflict
                 assert (job["world_size"], job["quarantined"]) == (4, None), job
         finally:
             s.stop()
+
+
+def test_a_world_larger_than_max_world_size_is_refused(tmp_path):
+    # the per-rank state follows the declared world: a meta.json of 1,000,000 ranks, four of
+    # which sent a part, held 1.4 GB (and raised an alert for every other rank)
+    trace = slow_job(steps=5)
+    meta = trace.meta.to_dict()
+    del meta["extra"]["layout"]
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN,
+                      config=CFG.replace(max_world_size=1000)).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for world, code in ((2000, 422), (1000, 200)):
+                r = c.put("/api/jobs/big/meta", headers=AUTH,
+                          json={**meta, "world_size": world, "dp_size": world // 2})
+                assert r.status_code == code, r.text
+            assert "max_world_size" in c.put("/api/jobs/big/meta", headers=AUTH, json={
+                **meta, "world_size": 2000, "dp_size": 1000}).json()["error"]
+            assert get(c, "/api/jobs/big")["world_size"] == 1000
+    finally:
+        s.stop()

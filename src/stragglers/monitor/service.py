@@ -264,6 +264,10 @@ class Monitor:
         # checked in full before anything is stored (a bad layout once went into the store and
         # failed every later start)
         meta = check_meta(raw_meta, directory / "meta.json", self.config.max_meta_bytes)
+        if meta.world_size > self.config.max_world_size:
+            raise InputError(directory / "meta.json", "world_size", f"{meta.world_size} ranks; "
+                             f"this monitor takes jobs of at most {self.config.max_world_size} "
+                             "(max_world_size)")
         with self._lock:
             if job not in self.directories and len(self.directories) >= self.config.max_jobs:
                 raise InputError(job, "job", f"the monitor tracks {self.config.max_jobs} jobs "

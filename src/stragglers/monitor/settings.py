@@ -64,6 +64,11 @@ class MonitorConfig(Config):
     max_meta_bytes: int = setting(1 * 2**20, "largest accepted meta.json upload (bytes)",
                                   minimum=1024)
     max_jobs: int = setting(10_000, "jobs the monitor keeps track of at once", minimum=1)
+    max_world_size: int = setting(65_536, "ranks one job may declare (meta.json world_size): "
+                                  "the per-rank state (frontiers, silence, change detection) "
+                                  "follows the declared world, and a meta.json of 1,000,000 "
+                                  "ranks, four of which sent a part, held 1.4 GB", minimum=1,
+                                  maximum=10_000_000)
     max_silent_alerts: int = setting(256, "rank_silent alerts one job raises at most (those "
                                      "quiet longest; stragglers_silent_ranks counts every "
                                      "silent rank): a meta.json declaring a world of 1,000,000 "
