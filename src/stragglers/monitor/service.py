@@ -527,16 +527,16 @@ class Monitor:
 
     def _check_read_back(self, tr: JobTracker, p: PartIndex, data: PartData | PartFile,
                          source: Path) -> InputError | None:
-        """The checks a part's rows pass at ingest that hang on the job (its sizes, its rank's
-        layout entry, one rank per place), made again on a stored part as read back: another
-        instance stores parts of a job it does not analyse without knowing the places its
-        ranks took, and rows of two ranks at one place once took a rank's place for good."""
+        """The checks a part's rows pass at ingest that hang on the job (its sizes, one rank
+        per place), made again on a stored part as read back: another instance stores parts of
+        a job it does not analyse without knowing the places its ranks took, and rows of two
+        ranks at one place once took a rank's place for good. (Not the layout entry: a part
+        taken under an earlier layout is not set aside by a restart.)"""
         try:
-            place = tr.layout.get(p.rank)
             if isinstance(data, PartFile):
-                check_file_in_job(data, tr.meta, source, place)
+                check_file_in_job(data, tr.meta, source)
             else:
-                check_in_job(data, tr.meta, source, place)
+                check_in_job(data, tr.meta, source)
         except InputError as exc:
             return exc
         return check_place(tr.job, p.rank, source, data, tr, {})
