@@ -90,3 +90,56 @@ def test_a_part_for_a_job_the_sweep_is_deleting_is_not_stored(postgres_url):
         assert orphans == 0, "an orphan part row of a deleted job"
     finally:
         store.close()
+
+
+def test_a_part_another_instance_stored_at_a_taken_place_is_set_aside_by_the_holder(
+        postgres_url, tmp_path):
+    # the instance that does not analyse a job stores its parts without knowing the places its
+    # ranks took: rank 1's part at the place of another rank was taken by the holder, and its
+    # window analysed the intruder there and named the place's own rank missing
+    import concurrent.futures as cf
+
+    from monitor_jobs import parts_of, slow_job
+    from stragglers.monitor.part_names import fingerprint
+    from stragglers.monitor.service import Monitor, PartIn
+    from stragglers.monitor.settings import MonitorConfig
+    from stragglers.trace.runformat import table_bytes
+    cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, lease_s=2.0,
+                        gap_wait_s=1.0, analysis_process=False)
+    trace = slow_job(steps=15)
+    del trace.meta.extra["layout"]
+    by = {(r, p): cols for r, p, cols in parts_of(trace, 5)}
+    at = {r: (int(c["dp_rank"][0]), int(c["stage"][0])) for (r, p), c in by.items() if p == 0}
+    holder = {place: r for r, place in at.items()}[(1 - at[1][0], 1 - at[1][1])]
+    owner = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="A").start()
+    other = None
+    try:
+        owner.register_job("j", tmp_path / "j", "http", trace.meta.to_dict())
+        other = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="B").start()
+        assert owner.leases.holds("j") and not other.leases.holds("j")
+
+        def put(m, rank, part, cols):
+            done: cf.Future = cf.Future()
+            body = table_bytes(cols)
+            m.submit(PartIn("j", rank, part, "http", body=body, digest=fingerprint(body),
+                            done=done))
+            return done.result(60)
+
+        for rank in at:
+            assert put(owner, rank, 0, by[(rank, 0)]) == "stored"
+        cols = by[(1, 1)]
+        there = {**cols, "dp_rank": cols["dp_rank"] * 0 + at[holder][0],
+                 "stage": cols["stage"] * 0 + at[holder][1]}
+        assert put(other, 1, 1, there) == "stored"   # not checked for places there
+        eventually(lambda: owner.trackers["j"].knows(1, 1), what="the owner following it")
+        for rank, part in [(r, 1) for r in at if r != 1] + [(r, 2) for r in at]:
+            assert put(owner, rank, part, by[(rank, part)]) == "stored", (rank, part)
+        eventually(lambda: len(owner.store.windows("j")) == 3, what="3 windows")
+        assert [w.error for w in owner.store.windows("j")] == [None] * 3
+        assert [owner.store.window("j", i).missing_ranks for i in range(3)] == [[], [1], []]
+        assert any("set aside when read back" in r["problem"] for r in owner.recent_rejects)
+    finally:
+        for m in (owner, other):
+            if m is not None:
+                m.stop()
+                m.store.close()
