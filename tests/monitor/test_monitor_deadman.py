@@ -405,21 +405,25 @@ def test_a_rank_quiet_past_its_deadline_is_silent_once_the_others_go_past_its_st
 def test_ranks_sending_a_moment_after_the_first_one_when_a_job_resumes_are_not_silent(monitor):
     # the whole job quiet past stall_after_s (a checkpoint: its own silence, `stalled`), then
     # rank 0's part lands first: the others were quiet as long and are behind it for the
-    # moment until theirs land, and were each called silent (an alert fired and resolved)
-    feed(monitor, 0, range(4), queued_ago=STALL + 1.0)
+    # moment until theirs land, and were each called silent (an alert fired and resolved).
+    # The scene is laid in the past (parts are stamped when queued, which can only be before
+    # now), so every arrival is where the test puts it, however fast or slow the calls run.
+    ago = STALL + 1.0
+    feed(monitor, 0, range(4), queued_ago=ago + STALL + 1.0)
     tr = monitor.trackers["j"]
-    feed(monitor, 1, [0])
+    feed(monitor, 1, [0], queued_ago=ago)
     resumed = tr.ranks[0].last_arrival
     monitor.tick(resumed + 0.01)
     assert monitor.states["j"] == "running" and not monitor.store.alerts(job="j")
-    feed(monitor, 1, [1, 2])
+    feed(monitor, 1, [1, 2], queued_ago=ago - 0.5)
     # rank 3's silence counts from the resume: called silent stall_after_s after it
     monitor.tick(resumed + STALL - 0.01)
     assert not monitor.store.alerts(job="j")
-    # their next parts land just before rank 3's deadline (stamped there, not at the wall
-    # clock's now: how long the calls above took must not decide whether the job looks stalled)
-    feed(monitor, 2, [0, 1, 2], queued_ago=time.monotonic() - (resumed + STALL - 0.005))
-    monitor.tick(max(resumed + STALL, tr.last_arrival) + 0.01)
+    # their next parts land a second before rank 3's deadline (give or take how long the
+    # call took to start: the stamp is a time ago, taken before it)
+    feed(monitor, 2, [0, 1, 2], queued_ago=time.time() - (resumed + STALL - 1.0))
+    assert resumed + STALL - 1.0 <= tr.last_arrival + 0.002 and tr.last_arrival < resumed + STALL
+    monitor.tick(resumed + STALL + 0.01)
     assert [(a.rule, a.labels.rank) for a in monitor.store.alerts(job="j", status="firing")] \
         == [("rank_silent", "3")]
 
