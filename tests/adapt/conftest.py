@@ -6,6 +6,7 @@ be this module, so the root conftest's helpers are re-exported (loaded from its 
 from __future__ import annotations
 
 import importlib.util
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -56,3 +57,10 @@ def no_leaked_threads_in_module():
     yield
     names = _left_running(before, _SHARED_PREFIXES)
     assert not names, f"threads left running by this module's fixtures: {names}"
+
+
+def store_tables(db, names=("datasets", "shards", "workers", "lease_requests")) -> dict:
+    """Every row of these tables of a shard service's database, in a fixed order: what a
+    refused request must leave as it was."""
+    with sqlite3.connect(db) as c:
+        return {t: c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in names}

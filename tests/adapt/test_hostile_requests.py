@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import socket
-import sqlite3
 
 import httpx
 import pytest
 
+from conftest import store_tables
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.service import EmbeddedServer
@@ -20,10 +20,7 @@ NEW, SERVICE = "new-job-token-0123456789", "service-token-0123456789"
 JSON = "application/json"
 
 
-def tables(db) -> dict:
-    with sqlite3.connect(db) as c:
-        return {t: c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall()
-                for t in ("datasets", "shards", "workers", "lease_requests")}
+tables = store_tables
 
 
 @pytest.fixture(scope="module")
