@@ -9,9 +9,10 @@ import httpx
 import pytest
 
 from conftest import eventually
-from monitor_jobs import get, slow_job
+from monitor_jobs import get, parts_of, slow_job
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
+from stragglers.trace.runformat import table_bytes
 
 TOKEN = "damaged-jobs-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -24,6 +25,14 @@ DAMAGE = {   # how job `v`'s row is damaged → the name it is listed under
     # its lease row (copied from the jobs at start) failed every heartbeat: no start at all
     "the name as a blob": ("UPDATE jobs SET job = x'7600' WHERE job = 'v'", "v\x00"),
 }
+
+
+def send(c: httpx.Client, job: str, parts) -> None:
+    """Upload these (rank, part, columns) of `job`, each acknowledged."""
+    for rank, part, cols in parts:
+        r = c.put(f"/api/jobs/{job}/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                  headers=AUTH)
+        assert r.status_code == 200, r.text
 
 
 def serve(tmp_path) -> MonitorServer:
@@ -77,23 +86,14 @@ def test_a_damaged_window_row_leaves_its_job_analysed(tmp_path):
     # a stored window whose figure, text or time held another type (text where a number
     # belongs, a blob) failed the read of the job's last windows the alert rules make: every
     # later window of the job was dropped, none stored, while its parts were acknowledged
-    from monitor_jobs import parts_of
-    from stragglers.trace.runformat import table_bytes
     trace = slow_job(steps=20)
     parts = parts_of(trace, 5)
-
-    def send(c, which):
-        for rank, part, cols in which:
-            r = c.put(f"/api/jobs/v/ranks/{rank}/parts/{part}", content=table_bytes(cols),
-                      headers=AUTH)
-            assert r.status_code == 200, r.text
-
     s = serve(tmp_path)
     try:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             assert c.put("/api/jobs/v/meta", json=trace.meta.to_dict(),
                          headers=AUTH).status_code == 200
-            send(c, [p for p in parts if p[1] < 2])
+            send(c, "v", [p for p in parts if p[1] < 2])
             eventually(lambda: len(get(c, "/api/jobs/v")["windows"]) == 2, what="2 windows")
     finally:
         s.stop()
@@ -103,7 +103,7 @@ def test_a_damaged_window_row_leaves_its_job_analysed(tmp_path):
     s = serve(tmp_path)
     try:
         with httpx.Client(base_url=s.url, timeout=60) as c:
-            send(c, [p for p in parts if p[1] >= 2])
+            send(c, "v", [p for p in parts if p[1] >= 2])
             wins = eventually(lambda: len(get(c, "/api/jobs/v")["windows"]) == 4
                               and get(c, "/api/jobs/v")["windows"], what="4 windows")
             assert [w["error"] for w in wins[2:]] == [None, None], wins
@@ -120,18 +120,9 @@ def test_damaged_lease_and_part_rows_leave_their_jobs_analysed(tmp_path):
     # (alone on its store, nobody else takes it): its job's parts were acknowledged and no
     # window of it analysed again; a part row whose time did not read was left out, as if the
     # part never arrived, its acknowledged rows left out of their window
-    from monitor_jobs import parts_of
-    from stragglers.trace.runformat import table_bytes
     trace = slow_job(steps=20)
     parts = parts_of(trace, 5)
     jobs = ("owner", "epoch", "part")
-
-    def send(c, job, which):
-        for rank, part, cols in which:
-            r = c.put(f"/api/jobs/{job}/ranks/{rank}/parts/{part}", content=table_bytes(cols),
-                      headers=AUTH)
-            assert r.status_code == 200, r.text
-
     s = serve(tmp_path)
     try:
         with httpx.Client(base_url=s.url, timeout=60) as c:
