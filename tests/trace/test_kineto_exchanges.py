@@ -78,3 +78,5 @@ def test_a_ring_attention_job_reads_as_exchanges_in_its_cp_groups(tmp_path, rank
                         and int(trace.ops["rank"][i]) == r)
         assert exchanges == len(_p2p(tmp_path / f"rank-{r}.json.gz")) // 2 > 0   # one per pair
     assert any("read as exchanges" in n.message for n in trace.notes)
+    assert not any(n.message.endswith(("no send/recv): every rank is a data-parallel rank at "
+                                       "stage 0 with dp_rank = rank")) for n in trace.notes)

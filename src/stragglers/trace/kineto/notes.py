@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stragglers.trace.kineto.exchanges import EXCHANGE
 from stragglers.trace.kineto.layout import Pipelines, p2p_summary
 from stragglers.trace.kineto.ops import RankParts, RankRows, ReadCounts
 from stragglers.trace.kineto.placement import JobShape
@@ -60,6 +61,8 @@ def _layout_notes(per_rank, parts, shape: JobShape, pp: int, found: Pipelines) -
                 "distributedInfo.pg_config")
         if total:
             what += f", and the send/recv pattern gives no layout: {found.why_not}"
+        elif any(c.kind == EXCHANGE for r in parts.values() for c in r.colls):
+            what += ", no send/recv but the exchanges above"
         else:
             what += ", no send/recv"
         out.append(("layout", what + "): every rank is a data-parallel rank at stage 0 with "
