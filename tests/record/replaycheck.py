@@ -66,10 +66,11 @@ def downstream(w, seeds: np.ndarray) -> np.ndarray:
     return reach
 
 
-def check_replay(trace) -> dict:
-    """Assert the exact replay statement on `trace`; return its analysis ("result", "whatif")
-    and counts for the caller's message."""
-    result, w = analyze_with_model(trace)
+def check_replay(trace, steps: list[int] | str | None = None) -> dict:
+    """Assert the exact replay statement on `trace` (on `steps`, as analyze takes them: "all"
+    keeps the warm-up steps); return its analysis ("result", "whatif") and counts for the
+    caller's message."""
+    result, w = analyze_with_model(trace, steps)
     g = w.grid
     _, _, end_replay = replay(w.plan, w.cost, w.step_start, w.launch_delay, keep_timeline=True)
     end = g.start + g.duration
