@@ -52,6 +52,9 @@ MODEL_PARALLEL_OPTYPES = {
     "allgather": "all-gather",
 }
 P2P_KINDS = {"send", "recv", "sendrecv"}
+# All-reduces whose group spans pipeline stages (cross_stage_optype): they cut compute, so
+# the work after the gradient norm's all-reduce is the optimizer's, not the work before it
+CROSS_STAGE_NAMES = {"optimizer-clip-main-grad", "embedding-grads-all-reduce"}
 GRADIENT_NAMES = set(COLLECTIVE_OPTYPES.values())
 BLOCKING_NAMES = (set(BLOCKING_OPTYPES.values()) | set(MODEL_PARALLEL_OPTYPES.values())
                   | {"send-recv"})
@@ -185,7 +188,7 @@ def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
     # progress in the buckets' launch delays). The pieces are unlike work: the trace says so
     # (meta.extra["compute_split_at_collectives"]) and the ideal is taken per piece.
     cuts = [(c, o) for c, o in emitted if c.kind in P2P_KINDS or o in BLOCKING_NAMES
-            or o in GRADIENT_NAMES]
+            or o in GRADIENT_NAMES or o in CROSS_STAGE_NAMES]
     _compute_ops(parts, cuts, rows, counts)
     if not rows:
         raise InputError(parts.source, "traceEvents", "no compute or collective falls inside "
@@ -319,7 +322,8 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
             gradient = COLLECTIVE_OPTYPES.get(kind)
             if gradient is not None and c.pg is not None and c.pg in placement.model_parallel:
                 gradient = MODEL_PARALLEL_OPTYPES[kind]
-            optype = gradient or BLOCKING_OPTYPES.get(kind)
+            optype = cross_stage_optype(kind, c, parts, placement) or gradient \
+                or BLOCKING_OPTYPES.get(kind)
             key = sync_key(c, parts, placement, index)
             sync.setdefault(key, c.end)
             spans.setdefault(key, (c.start, c.end))
@@ -334,6 +338,24 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
                      _or_unknown(moved.sent if moved else None)))
         emitted.append((c, optype))
     return emitted
+
+
+def cross_stage_optype(kind: str, c: Coll, parts: RankParts, placement: Placement
+                       ) -> str | None:
+    """The model's cross-stage op type of a pipeline job's all-reduce whose process group
+    spans stages: every stage, the gradient norm of clipping (`optimizer-clip-main-grad`);
+    some, a tied embedding's gradients (`embedding-grads-all-reduce`). Read as a stage's DP
+    all-reduce, the wait of one stage for another became transfer time. None otherwise (also
+    where the collective names no group: gloo's profiler does not)."""
+    if kind != "allreduce" or placement.pp_size <= 1 or placement.stage_of is None \
+            or c.pg is None:
+        return None
+    members = parts.pg_ranks.get(c.pg) or ()
+    stages = {placement.stage_of(m) for m in members} - {-10} | {placement.stage}
+    if len(stages) < 2:
+        return None
+    return ("optimizer-clip-main-grad" if len(stages) >= placement.pp_size
+            else "embedding-grads-all-reduce")
 
 
 def p2p_optype(kind: str, c: Coll, placement: Placement) -> tuple[str | None, str]:

@@ -95,6 +95,8 @@ class GpuJob:
                                     # consecutive ranks, pp slowest); each step runs
     microbatches: int = 1           # this many microbatches through them (GPipe), each stage
                                     # with its own TP, CP, EP and DP groups
+    grad_norm: bool = False         # gradient clipping: one all-reduce of the norm over every
+                                    # rank (the default group) before the optimizer
     tp_size: int = 1                # tensor parallelism: blocks of this many consecutive ranks
                                     # all-reduce after every forward piece (blocking); DDP's
                                     # buckets then run in the data-parallel groups
@@ -207,6 +209,11 @@ def write_gpu_job(job: GpuJob, out: Path | str) -> GpuTruth:
             done = _backward(sim, _forward(sim, gpu, list(range(n))), list(range(n)))[1]
         else:
             done = _pipeline(sim, gpu)
+        if job.grad_norm:   # every stage's norm, summed over the world: it waits for them all
+            counter = "dp" if _dp_pg(job, 0) == "0" else "world"   # the default group's Seq
+            sim.seq[counter] += 1
+            done = _collective(ranks, "all_reduce", "ncclDevKernel_AllReduce_RING_LL_Sum_float",
+                               sim.seq[counter], done + 5.0, 25.0, 4, rng, pg="0")
         opt = 300.0 * (1 + job.jitter * rng.standard_normal(n))
         for r in range(n):
             at = ranks[r].issue()
@@ -234,7 +241,7 @@ class _Sim:
     speed: np.ndarray                 # compute factor per rank
     sizes: np.ndarray                 # DDP buckets' shares of the gradients
     seq: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("dp", "ep", "tp", "cp", "pp"), 0))
+        ("dp", "ep", "tp", "cp", "pp", "world"), 0))
 
 
 def _forward(sim: _Sim, gpu: np.ndarray, stage: list[int], share: float = 1.0) -> np.ndarray:
