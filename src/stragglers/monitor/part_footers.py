@@ -55,6 +55,9 @@ class PartFile:
     # the folder the file must lie in once links are followed, each time it is opened ("":
     # anywhere): a watched file checked and then swapped for a link out of its folder
     within: str = ""
+    # its distinct steps once read (step_sets.read_steps: a conflict with another part of its
+    # rank is judged by them); None: only its footer's range first..last is known
+    steps: np.ndarray | None = None
 
 
 

@@ -46,6 +46,7 @@ from stragglers.monitor.records import Alert, AlertLogEntry, JobRecord, Lease, P
     WindowRow
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.watchdog import Watchdog
+from stragglers.monitor.step_sets import Steps, decode, encode, meet, read_steps
 from stragglers.monitor.store import JobConflict, SQLStore
 from stragglers.monitor.windows import JobTracker, Window
 from stragglers.trace.model import JobMeta
@@ -811,7 +812,7 @@ class Monitor:
         read.update(zip([id(it) for it, _ in unsure], read_uploads(
             [(body, _source(it), it.rank, it.part) for it, body in unsure], self._readers)))
         pending: dict[str, int] = {}   # job → bytes of this batch's parts taken so far
-        spans: dict[tuple[str, int], list[tuple[int, int, int]]] = {}   # and their steps
+        spans: dict[tuple[str, int], list[tuple[int, int, PartIn, Any]]] = {}   # their steps
         claims: dict[tuple[str, object], object] = {}   # and the places their ranks took
         for it in [it for it, _ in files] + [it for it, _ in uploads]:
             # places the job does not have (stage 7 of a 2-stage job)
@@ -833,8 +834,7 @@ class Monitor:
                 if wild is not None:
                     read[id(it)] = wild
                     continue
-                clash = self._overlap(it, data.first_step, data.last_step, trackers[it.job],
-                                      spans)
+                clash = self._overlap(it, data, trackers[it.job], spans)
                 if clash is not None:
                     read[id(it)] = clash
                     continue
@@ -860,7 +860,7 @@ class Monitor:
                 continue
             it.records = got.records
             rows.append((it.job, it.rank, it.part, got.records, got.first_step,
-                         got.last_step, got.nbytes, it.way, it.digest))
+                         got.last_step, got.nbytes, it.way, it.digest, _step_set(got)))
             taken.append((it, got))
         if not rows:
             return
@@ -926,26 +926,74 @@ class Monitor:
         for w in windows:
             self._queue_analysis(w)
 
-    def _overlap(self, it: PartIn, first: int, last: int, tr: JobTracker | ForeignJob,
-                 batch: dict[tuple[str, int], list[tuple[int, int, int]]]) -> \
+    def _overlap(self, it: PartIn, data: PartData | PartFile, tr: JobTracker | ForeignJob,
+                 batch: dict[tuple[str, int], list[tuple[int, int, PartIn, Any]]]) -> \
             PartConflict | None:
-        """A conflict when another part of the rank (stored, or earlier in this batch) has
-        steps in first..last: a recorder sends each step once, and rows of a step twice
-        failed its whole window (duplicate ops); else the part's steps are noted in `batch`."""
+        """A conflict when another part of the rank (stored, or earlier in this batch) shares a
+        step with this one: a recorder sends each step once, and rows of a step twice failed
+        its whole window (duplicate ops); else the part is noted in `batch`. Parts whose step
+        ranges meet are compared by their distinct steps (step_sets): a part of steps 0..3 and
+        904 holds none of 5..903, and the rank's parts of those steps are its own."""
+        first, last = data.first_step, data.last_step
         key = (it.job, it.rank)
-        other = next((p for f, l, p in batch.get(key, ()) if f <= last and first <= l), None)
+        mine: list[Steps] = []   # this part's steps, read once, only when a range meets
+
+        def shares(theirs: Steps) -> bool:
+            if not mine:
+                mine.append(self._part_steps(it, data))
+            return meet(mine[0], theirs)
+
+        other = next((o.part for f, l, o, od in batch.get(key, ())
+                      if f <= last and first <= l and shares(self._part_steps(o, od))), None)
         if other is None:
             rp = tr.ranks.get(it.rank) if isinstance(tr, JobTracker) else None
             # parts come in step order: only one that starts at or below a step the rank
             # sent already is looked for in the store (another instance's parts too)
             if not isinstance(tr, JobTracker) or (rp is not None and first <= rp.last_step):
-                other = self.store.overlapping_part(it.job, it.rank, it.part, first, last)
+                for part, f, l, text in self.store.overlapping_parts(it.job, it.rank, it.part,
+                                                                     first, last):
+                    if shares(self._stored_steps(it.job, it.rank, part, f, l, text)):
+                        other = part
+                        break
         if other is None:
-            batch.setdefault(key, []).append((first, last, it.part))
+            batch.setdefault(key, []).append((first, last, it, data))
             return None
         return PartConflict(it.path or _source(it), "steps", f"steps {first}..{last} of rank "
                             f"{it.rank} were sent already in its part {other}; each step is "
                             "sent once (nothing of this part was stored)")
+
+    def _part_steps(self, it: PartIn, data: PartData | PartFile) -> Steps:
+        """A part's distinct steps: its rows', or its file's step column read once (its bytes,
+        for an upload not written yet); its range when they cannot be read (as before)."""
+        if isinstance(data, PartData):
+            return np.unique(data.columns["step"])
+        if data.steps is None:
+            source = it.body if it.body is not None else data.path
+            data.steps = read_steps(source, data.within)
+        return data.steps if data.steps is not None else (data.first_step, data.last_step)
+
+    def _stored_steps(self, job: str, rank: int, part: int, first: int, last: int,
+                      text: str | None) -> Steps:
+        """A stored part's distinct steps: as the store wrote them, else (a store written
+        before step sets, or a file taken by its footer) read from its file and written to
+        its row, so once; its range when neither can be read (as before)."""
+        steps = decode(text, first, last)
+        if steps is not None:
+            return steps
+        directory = self.directories.get(job)
+        if directory is None:
+            return (first, last)
+        read = read_steps(part_path(directory, rank, part), self.part_root(directory))
+        if read is None or not len(read) or int(read[0]) < first or int(read[-1]) > last:
+            return (first, last)   # (a file that does not agree with its row proves nothing)
+        written = encode(read)
+        if written is not None:
+            try:
+                self.store.set_step_set(job, rank, part, written)
+            except Exception as exc:   # (a full disk: read again next time, nothing lost)
+                log.warning("job %s: step set of rank %d part %d not noted: %s", job, rank,
+                            part, exc)
+        return read
 
     def _heard(self, it: PartIn, now: float, mono: float) -> float:
         """When a part arrived, for silence: when it was queued (a watcher's notice, an
@@ -1338,6 +1386,13 @@ def _decrement(counts: dict[Key, int], key: Key) -> None:
         counts[key] = left
     else:
         counts.pop(key, None)
+
+
+def _step_set(got: PartData | PartFile) -> str | None:
+    """The step set a part is stored with (None: its file's steps were not read)."""
+    if isinstance(got, PartData):
+        return encode(np.unique(got.columns["step"]))
+    return encode(got.steps) if got.steps is not None else None
 
 
 def _source(it: PartIn) -> str:

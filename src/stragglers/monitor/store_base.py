@@ -380,10 +380,11 @@ class SQLStore:
 
     def add_parts(self, rows: list[tuple[Any, ...]],
                   now: float | None = None) -> list[bool | None]:
-        """Insert parts (job, rank, part, records, first_step, last_step, bytes, way[, digest])
-        in one transaction; returns for each whether it was new (False: seen before, not
-        counted; None: its job is gone, nothing stored). digest: the uploaded bytes'
-        fingerprint (None for watched files). Each new part gets the next number of its job's
+        """Insert parts (job, rank, part, records, first_step, last_step, bytes, way[, digest[,
+        step_set]]) in one transaction; returns for each whether it was new (False: seen before,
+        not counted; None: its job is gone, nothing stored). digest: the uploaded bytes'
+        fingerprint (None for watched files); step_set: its distinct steps (step_sets.encode;
+        None: not known, read from its file when needed). Each new part gets the next number of its job's
         part sequence (commits of one job's parts are ordered by its row's lock, so an owner
         reading `seq > n` misses none)."""
         now = time.time() if now is None else now
@@ -404,9 +405,11 @@ class SQLStore:
                 seq = seqs[r[0]] + 1
                 cur = self._exec(
                     db, "INSERT INTO parts (job, rank, part, records, first_step, last_step, "
-                    "bytes, way, ingested_at, digest, seq) VALUES "
-                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job, rank, part) DO NOTHING",
-                    (*r[:8], now, r[8] if len(r) > 8 else None, seq))
+                    "bytes, way, ingested_at, digest, seq, step_set) VALUES "
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (job, rank, part) DO NOTHING",
+                    (*r[:8], now, r[8] if len(r) > 8 else None, seq,
+                     r[9] if len(r) > 9 else None))
                 new.append(cur.rowcount == 1)
                 if new[-1]:
                     seqs[r[0]] = seq
@@ -453,13 +456,23 @@ class SQLStore:
                            "PRECISION) AS ingested_at, seq FROM parts WHERE job = ? AND seq > ? "
                            "ORDER BY rank, part", (job, after_seq))
 
-    def overlapping_part(self, job: str, rank: int, part: int, first_step: int,
-                         last_step: int) -> int | None:
-        """Another stored part of the rank whose steps meet first_step..last_step, or None."""
-        rows = self._rows("SELECT part FROM parts WHERE job = ? AND rank = ? AND part <> ? AND "
-                          "first_step <= ? AND last_step >= ? ORDER BY part LIMIT 1",
-                          (job, rank, part, last_step, first_step))
-        return int(rows[0]["part"]) if rows else None
+    def overlapping_parts(self, job: str, rank: int, part: int, first_step: int,
+                          last_step: int) -> list[tuple[int, int, int, str | None]]:
+        """(part, first_step, last_step, step_set) of the rank's other stored parts whose step
+        ranges meet first_step..last_step, in part order: those that may share a step
+        (step_sets.meet decides; step_set None: written before step sets, or not known)."""
+        rows = self._rows("SELECT part, first_step, last_step, step_set FROM parts WHERE "
+                          "job = ? AND rank = ? AND part <> ? AND first_step <= ? AND "
+                          "last_step >= ? ORDER BY part", (job, rank, part, last_step, first_step))
+        return [(int(r["part"]), int(r["first_step"]), int(r["last_step"]),
+                 r["step_set"] if isinstance(r["step_set"], str) else None) for r in rows]
+
+    def set_step_set(self, job: str, rank: int, part: int, step_set: str) -> None:
+        """Note the step set of a part stored without one (read from its file: a row of the
+        previous schema, or a file taken by its footer), so that it is read once."""
+        self._write(lambda db: self._exec(
+            db, "UPDATE parts SET step_set = ? WHERE job = ? AND rank = ? AND part = ? AND "
+            "step_set IS NULL", (step_set, job, rank, part)), notify=False)
 
     def max_step(self, job: str) -> int:
         """The last step of any stored part of the job (-1: none)."""

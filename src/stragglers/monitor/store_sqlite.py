@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS parts (
     job TEXT NOT NULL, rank INTEGER NOT NULL, part INTEGER NOT NULL, records INTEGER NOT NULL,
     first_step INTEGER NOT NULL, last_step INTEGER NOT NULL, bytes INTEGER NOT NULL,
-    way TEXT NOT NULL, ingested_at REAL NOT NULL, digest TEXT, seq INTEGER,
+    way TEXT NOT NULL, ingested_at REAL NOT NULL, digest TEXT, seq INTEGER, step_set TEXT,
     PRIMARY KEY (job, rank, part)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS windows (
     job TEXT NOT NULL, idx INTEGER NOT NULL, first_step INTEGER NOT NULL,
@@ -68,6 +68,7 @@ CREATE INDEX IF NOT EXISTS alert_outbox_due ON alert_outbox (delivered_at, faile
 
 # columns added since the first stores: (table, column, declaration)
 ADDED_COLUMNS = (("parts", "digest", "TEXT"), ("parts", "seq", "INTEGER"),
+                 ("parts", "step_set", "TEXT"),
                  ("jobs", "part_seq", "INTEGER NOT NULL DEFAULT 0"),
                  ("jobs", "run", "INTEGER NOT NULL DEFAULT 0"))
 

@@ -108,6 +108,8 @@ class JobTracker:
         self.places: dict[int, tuple[int, int]] = {}
         self.holders: dict[tuple[int, int], int] = {}
         self.lease: Lease | None = None   # the lease it was built under; its windows carry it
+        # (the last step of the window found waiting for a rank's rows, since when: _awaited)
+        self._waiting: tuple[int, float] | None = None
         self.set_meta(meta)
 
     def set_meta(self, meta: JobMeta) -> None:
@@ -190,8 +192,11 @@ class JobTracker:
                 # read whole, so this set stays bounded by the rows held
                 self.files.append(file)
                 self.pending_rows += file.records
-                self._steps.update(range(max(file.first_step, self.consumed_step + 1),
-                                         file.last_step + 1))
+                if file.steps is not None:   # (read: a conflict's range was judged by them)
+                    self._steps.update(int(v) for v in file.steps if v > self.consumed_step)
+                else:
+                    self._steps.update(range(max(file.first_step, self.consumed_step + 1),
+                                             file.last_step + 1))
                 self._advance(rp, arrived_at)
                 return True
         if columns is not None and len(columns["step"]):
@@ -245,18 +250,27 @@ class JobTracker:
         return out
 
     def _awaited(self, steps: np.ndarray, expected: list[int], now: float) -> bool:
-        """Whether a rank past these steps by its frontier sent no row of them and its latest
-        part came less than gap_wait_s ago: its rows are waited for as a missing part is (one
-        part with a wild step, inside the step-gap bound, moved its rank's frontier far ahead,
-        and every later window was cut without that rank)."""
-        first, last = int(steps[0]), int(steps[-1])
-        present = {f.rank for f in self.files if f.first_step <= last and f.last_step >= first}
+        """Whether a rank past these steps by its frontier sent no row of the window's last
+        step and its latest part came less than gap_wait_s ago: its rows are waited for as a
+        missing part is (one part with a wild step, inside the step-gap bound, moved its rank's
+        frontier far ahead, and every later window was cut without that rank; one of steps
+        0..3 and 904 had the window of steps 0..9 cut before the rank's 4..9 came). The last
+        step, not any: a recorder's parts come in step order, so a rank that sent it sent the
+        window's earlier steps too."""
+        last = int(steps[-1])
+        present = {f.rank for f in self.files if _holds(f, last)}
         for c in self.chunks:
-            inside = (c["step"] >= first) & (c["step"] <= last)
-            if inside.any():
-                present.update(np.unique(c["rank"][inside]).tolist())
-        return any(now - (self.ranks[r].last_arrival or now) < self.gap_wait_s
-                   for r in expected if r not in present)
+            at = c["step"] == last
+            if at.any():
+                present.update(np.unique(c["rank"][at]).tolist())
+        if not any(now - (self.ranks[r].last_arrival or now) < self.gap_wait_s
+                   for r in expected if r not in present):
+            return False
+        # ... and at most gap_wait_s from when the window was first found waiting: a rank
+        # that keeps sending parts without the window's steps cannot hold its job's windows
+        if self._waiting is None or self._waiting[0] != last:
+            self._waiting = (last, now)
+        return now - self._waiting[1] < self.gap_wait_s
 
     def close_partial(self, reason: str, now: float | None = None) -> Window | None:
         """Close a window with whatever steps are pending (the job stalled or finished)."""
@@ -288,7 +302,9 @@ class JobTracker:
             if len(window_ops["step"]):
                 trace = Trace(window_ops, self.meta, f"monitor:{self.job}#{self.next_idx}")
         files = [f for f in self.files if f.first_step <= last and f.last_step >= first]
-        present |= {f.rank for f in files}
+        # (a file whose steps were read is present only where it has rows)
+        present |= {f.rank for f in files
+                    if f.steps is None or bool(np.isin(f.steps, steps).any())}
         # a part reaching past the window stays for the next one (read again there)
         self.files = [f for f in self.files if f.last_step > last]
         self.pending_rows = rest_rows + sum(f.records for f in self.files)
@@ -541,3 +557,10 @@ def headline(f: Finding, ranks: list[int], hosts: dict[int, str]) -> str:
     if f.fix:
         text += f"; fix: {f.fix}"
     return text
+
+
+def _holds(file: PartFile, step: int) -> bool:
+    """Whether a held part file has rows of `step` (by its steps once read, else its range)."""
+    if file.steps is not None:
+        return bool(np.isin(step, file.steps))
+    return file.first_step <= step <= file.last_step
