@@ -206,3 +206,37 @@ def test_a_store_of_the_previous_schema_gains_step_sets_and_keeps_its_rows(kind,
         assert [p.part for p in store.parts("j")] == [0, 1]
     finally:
         store.close()
+
+
+@pytest.mark.slow
+def test_an_uploaded_wild_part_moves_no_window_past_the_steps_it_skipped(tmp_path):
+    """An upload's rows are decoded when checked: its step set is kept, so the window of
+    steps 0..4 waits for rank 0's step 4 (its next part) rather than being cut with the wild
+    part's rows of 0..3 (its range 0..29 taken as present) and step 4's rows never read."""
+    trace = slow_job(steps=30, slow=None)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN,
+                      config=CFG.replace(gap_wait_s=600.0)).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            url = "/api/jobs/j/ranks/{}/parts/{}"
+            parts = {(rank, part): cols for rank, part, cols in job_parts(trace)}
+            for rank, part in [(0, 0), (1, 0), (2, 0), (3, 0), (1, 1)]:
+                # (rank 1's part 1 after the others: its batch follows theirs, whose windows
+                # were cut by then)
+                r = c.put(url.format(rank, part), content=table_bytes(parts[rank, part]),
+                          headers=AUTH)
+                assert r.status_code == 200, (rank, part, r.text)
+            assert s.monitor.trackers["j"].next_idx == 0, "window 0..4 cut without rank 0's 4"
+            for rank, part in [k for k in parts if k not in [(0, 0), (1, 0), (2, 0), (3, 0),
+                                                               (1, 1)]]:
+                r = c.put(url.format(rank, part), content=table_bytes(parts[rank, part]),
+                          headers=AUTH)
+                assert r.status_code == 200, (rank, part, r.text)
+            job = eventually(lambda: len(get(c, "/api/jobs/j")["windows"]) >= 5
+                             and get(c, "/api/jobs/j"), what="5 windows")
+            check_windows([get(c, f"/api/jobs/j/windows/{w['idx']}") for w in
+                           sorted(job["windows"], key=lambda w: w["first_step"])[:5]])
+    finally:
+        s.stop()

@@ -217,7 +217,16 @@ def _rows_agree(got: PartFile, rows: PartData, source: object) -> PartFile | Inp
         return InputError(source, "body", "the footer's statistics disagree with the rows "
                           f"(steps {rows.first_step}..{rows.last_step}, footer "
                           f"{got.first_step}..{got.last_step}); expected a file as written")
+    got.steps = _distinct(cols["step"])   # (decoded already: its conflicts judged by them)
     return got
+
+
+def _distinct(steps: np.ndarray) -> np.ndarray:
+    """The distinct values of a step column (a recorder's come sorted: no sort then)."""
+    d = np.diff(steps)
+    if (d >= 0).all():
+        return steps[np.concatenate(([True], d != 0))].astype(np.int64)
+    return np.unique(steps).astype(np.int64)
 
 
 
