@@ -45,8 +45,12 @@ def job_parts(trace) -> list[tuple[int, int, dict]]:
     return out
 
 
-def check_windows(windows: list[dict]) -> None:
-    """Every window of steps 0..29 analysed with every rank."""
+def check_windows(c: httpx.Client) -> None:
+    """Every window of job j's steps 0..29 analysed with every rank (waited for)."""
+    job = eventually(lambda: len(get(c, "/api/jobs/j")["windows"]) >= 5
+                     and get(c, "/api/jobs/j"), what="5 windows")
+    windows = [get(c, f"/api/jobs/j/windows/{w['idx']}") for w in
+               sorted(job["windows"], key=lambda w: w["first_step"])[:5]]
     assert [w["first_step"] for w in windows] == [0, 5, 10, 15, 20], windows
     assert all(w["missing_ranks"] == [] for w in windows), [w["missing_ranks"] for w in windows]
     assert all(w["error"] is None for w in windows), [w["error"] for w in windows]
@@ -69,10 +73,7 @@ def test_uploads_after_a_part_with_a_wild_gap_are_stored_and_analysed(tmp_path):
                       headers=AUTH)
             assert r.status_code == 409 and "in its part" in r.json()["error"], r.text
             assert not s.monitor.store.has_part("j", 0, 9)
-            job = eventually(lambda: len(get(c, "/api/jobs/j")["windows"]) >= 5
-                             and get(c, "/api/jobs/j"), what="5 windows")
-            check_windows([get(c, f"/api/jobs/j/windows/{w['idx']}") for w in
-                           sorted(job["windows"], key=lambda w: w["first_step"])[:5]])
+            check_windows(c)
     finally:
         s.stop()
 
@@ -234,9 +235,6 @@ def test_an_uploaded_wild_part_moves_no_window_past_the_steps_it_skipped(tmp_pat
                 r = c.put(url.format(rank, part), content=table_bytes(parts[rank, part]),
                           headers=AUTH)
                 assert r.status_code == 200, (rank, part, r.text)
-            job = eventually(lambda: len(get(c, "/api/jobs/j")["windows"]) >= 5
-                             and get(c, "/api/jobs/j"), what="5 windows")
-            check_windows([get(c, f"/api/jobs/j/windows/{w['idx']}") for w in
-                           sorted(job["windows"], key=lambda w: w["first_step"])[:5]])
+            check_windows(c)
     finally:
         s.stop()

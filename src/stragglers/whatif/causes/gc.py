@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from stragglers.whatif.causes.base import Candidate, Context, Rows, fmt_steps
@@ -261,7 +263,9 @@ def _usual_without_pauses(dur: np.ndarray, typical: np.ndarray, outlier: np.ndar
         if not len(n):
             break
         steps = dur[n, d]                                             # [k, T]
-        usual = np.nanmedian(np.where(outlier[n, d], np.nan, steps), axis=1)
+        with warnings.catch_warnings():   # every step an outlier: the typical value below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            usual = np.nanmedian(np.where(outlier[n, d], np.nan, steps), axis=1)
         usual = np.where(np.isfinite(usual), usual, typical[n, d, 0])
         out = np.log(np.maximum(steps, 1e-12) / np.maximum(usual, 1e-12)[:, None]) >= bar
         typical[n, d, 0] = usual
