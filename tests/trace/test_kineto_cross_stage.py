@@ -66,3 +66,23 @@ def test_which_stages_a_group_spans_names_the_cross_stage_op():
         assert cross_stage_optype("allreduce", _allreduce(pg), parts, here) is None
     alone = Placement(0, 0, 0, None, 1)
     assert cross_stage_optype("allreduce", _allreduce("world"), parts, alone) is None
+
+
+def test_the_cli_writes_pipelined_ring_attention_jobs_that_clip(tmp_path):
+    from typer.testing import CliRunner
+
+    from stragglers.cli import app
+
+    runner = CliRunner()
+    out = runner.invoke(app, ["synth-gpu", str(tmp_path / "job"), "--ranks", "8", "--steps", "2",
+                              "--pp-size", "2", "--microbatches", "2", "--cp-size", "2",
+                              "--cp-comm", "ring", "--grad-norm", "--all-to-alls", "0"])
+    assert out.exit_code == 0, out.output
+    trace = load_trace(tmp_path / "job")
+    names = set(trace.optype_names())
+    assert trace.meta.pp_size == 2
+    assert {"send-recv", "forward-send", "optimizer-clip-main-grad"} <= names, names
+    for args, words in ((["--pp-size", "3"], "does not divide the 8 ranks"),
+                        (["--cp-comm", "p2p"], "expected all_gather, ring or all_to_all")):
+        bad = runner.invoke(app, ["synth-gpu", str(tmp_path / "bad"), "--ranks", "8", *args])
+        assert bad.exit_code != 0 and words in str(bad.exception), (args, bad.output)

@@ -130,7 +130,15 @@ def synth_gpu(
     tp_size: int = typer.Option(1, min=1, max=64, help="Tensor parallelism (blocks of ranks "
                                 "all-reducing after every forward piece)."),
     cp_size: int = typer.Option(1, min=1, max=64, help="Context parallelism (groups tp apart "
-                                "all-gathering after every forward piece)."),
+                                "exchanging K/V after every forward piece)."),
+    cp_comm: str = typer.Option("all_gather", help="How a CP group exchanges K/V: all_gather, "
+                                "ring (ring attention's send/recv) or all_to_all."),
+    pp_size: int = typer.Option(1, min=1, max=64, help="Pipeline stages (GPipe; Megatron order, "
+                                "pp slowest)."),
+    microbatches: int = typer.Option(1, min=1, max=64, help="Microbatches through the "
+                                     "pipeline per step."),
+    grad_norm: bool = typer.Option(False, help="Clip gradients: an all-reduce of the norm over "
+                                   "every rank before the optimizer."),
     expert_groups: int = typer.Option(1, min=1, max=64, help="Expert-parallel groups the "
                                       "all-to-alls run in."),
     hot_expert: Optional[str] = typer.Option(None, help="RANK,WEIGHT: routing sends that rank "
@@ -156,9 +164,12 @@ def synth_gpu(
             raise ValueError(text)
         return out
 
-    if ranks % (tp_size * cp_size):
-        raise InputError("stragglers synth-gpu", "--tp-size", f"tp {tp_size} × cp {cp_size} "
-                         f"does not divide the {ranks} ranks")
+    if ranks % (tp_size * cp_size * pp_size):
+        raise InputError("stragglers synth-gpu", "--tp-size", f"tp {tp_size} × cp {cp_size} × "
+                         f"pp {pp_size} does not divide the {ranks} ranks")
+    if cp_comm not in ("all_gather", "ring", "all_to_all"):
+        raise InputError("stragglers synth-gpu", "--cp-comm", f"{cp_comm!r}: expected "
+                         "all_gather, ring or all_to_all")
     if expert_groups > ranks:
         raise InputError("stragglers synth-gpu", "--expert-groups", f"{expert_groups} groups "
                          f"of {ranks} ranks; expected at most one group per rank")
@@ -175,7 +186,8 @@ def synth_gpu(
             raise InputError("stragglers synth-gpu", field, f"rank {given[0]} is not one of the "
                              f"{ranks} ranks")
     job = GpuJob(ranks=ranks, steps=steps, seed=seed, all_to_alls=all_to_alls, buckets=buckets,
-                 tp_size=tp_size, cp_size=cp_size, expert_groups=expert_groups,
+                 tp_size=tp_size, cp_size=cp_size, cp_comm=cp_comm, pp_size=pp_size,
+                 microbatches=microbatches, grad_norm=grad_norm, expert_groups=expert_groups,
                  late_rank=late, slow_rank=slow,
                  slow_group=pair(slow_group, "--slow-group", ranks_of) if slow_group else None,
                  hot_expert=hot, slow_link=link)
