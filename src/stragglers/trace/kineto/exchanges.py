@@ -61,15 +61,15 @@ def merge_exchanges(parts: dict[int, RankParts]) -> set[str | None]:
     groups = {pg for pg, _, _ in by_key} - alone
     if not groups:
         return set()
-    for rank, p in parts.items():
-        merged = {id(c) for (pg, r, _), found in pairs.items() if r == rank and pg in groups
-                  for pair in found for c in pair}
-        if not merged:
-            continue
-        new = [_merged(a, b) for (pg, r, _), found in pairs.items() if r == rank and pg in groups
-               for a, b in found]
-        p.colls = sorted([c for c in p.colls if id(c) not in merged] + new,
-                         key=lambda c: (c.step, c.start))
+    mine: dict[int, list[tuple[Coll, Coll]]] = defaultdict(list)   # rank → its pairs
+    for (pg, rank, _), found in pairs.items():
+        if pg in groups:
+            mine[rank] += found
+    for rank, found in mine.items():
+        merged = {id(c) for pair in found for c in pair}
+        p = parts[rank]
+        p.colls = sorted([c for c in p.colls if id(c) not in merged]
+                         + [_merged(a, b) for a, b in found], key=lambda c: (c.step, c.start))
     return groups
 
 

@@ -30,9 +30,7 @@ def peer_reference(values: np.ndarray) -> np.ndarray:
             return values.copy()
         return np.stack([np.median(np.delete(values, i, axis=1), axis=1) for i in range(p)],
                         axis=1)
-    if d == 3:
-        return np.broadcast_to(np.median(values, axis=0, keepdims=True), values.shape).copy()
-    if d > _EXACT_PEERS:
+    if d == 3 or d > _EXACT_PEERS:
         return np.broadcast_to(np.median(values, axis=0, keepdims=True), values.shape).copy()
     return np.stack([np.median(np.delete(values, i, axis=0), axis=0) for i in range(d)])
 
