@@ -21,6 +21,7 @@ from stragglers.monitor.part_names import parse_part_name
 from stragglers.monitor.part_rows import PartData, check_part, check_parts, misplaced, \
     parquet_file
 from stragglers.monitor.records import LayoutEntry
+from stragglers.monitor.step_sets import distinct
 from stragglers.trace.columns import MAX_SECONDS, beyond_clock
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, JobMeta
 
@@ -217,16 +218,8 @@ def _rows_agree(got: PartFile, rows: PartData, source: object) -> PartFile | Inp
         return InputError(source, "body", "the footer's statistics disagree with the rows "
                           f"(steps {rows.first_step}..{rows.last_step}, footer "
                           f"{got.first_step}..{got.last_step}); expected a file as written")
-    got.steps = _distinct(cols["step"])   # (decoded already: its conflicts judged by them)
+    got.steps = distinct(cols["step"])   # (decoded already: its conflicts judged by them)
     return got
-
-
-def _distinct(steps: np.ndarray) -> np.ndarray:
-    """The distinct values of a step column (a recorder's come sorted: no sort then)."""
-    d = np.diff(steps)
-    if (d >= 0).all():
-        return steps[np.concatenate(([True], d != 0))].astype(np.int64)
-    return np.unique(steps).astype(np.int64)
 
 
 

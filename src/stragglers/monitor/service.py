@@ -46,7 +46,7 @@ from stragglers.monitor.records import Alert, AlertLogEntry, JobRecord, Lease, P
     WindowRow
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.watchdog import Watchdog
-from stragglers.monitor.step_sets import Steps, decode, encode, meet, read_steps
+from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, read_steps
 from stragglers.monitor.store import JobConflict, SQLStore
 from stragglers.monitor.windows import JobTracker, Window
 from stragglers.trace.model import JobMeta
@@ -966,7 +966,7 @@ class Monitor:
         """A part's distinct steps: its rows', or its file's step column read once (its bytes,
         for an upload not written yet); its range when they cannot be read (as before)."""
         if isinstance(data, PartData):
-            return np.unique(data.columns["step"])
+            return distinct(data.columns["step"])
         if data.steps is None:
             source = it.body if it.body is not None else data.path
             data.steps = read_steps(source, data.within)
@@ -1391,7 +1391,7 @@ def _decrement(counts: dict[Key, int], key: Key) -> None:
 def _step_set(got: PartData | PartFile) -> str | None:
     """The step set a part is stored with (None: its file's steps were not read)."""
     if isinstance(got, PartData):
-        return encode(np.unique(got.columns["step"]))
+        return encode(distinct(got.columns["step"]))
     return encode(got.steps) if got.steps is not None else None
 
 
