@@ -220,18 +220,15 @@ def read_meta_file(path: Path, max_bytes: int = MAX_META_BYTES, within: str = ""
     import os
     import stat
 
-    from stragglers.monitor.part_files import OUTSIDE, opened_within, other_names
+    from stragglers.monitor.part_files import check_opened_within
 
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise InputError(path, None, "not a regular file; expected the job's JSON metadata")
-        if within and not opened_within(fd, st, path, within):
-            raise InputError(path, None, OUTSIDE)
-        linked = other_names(st, path) if within else None
-        if linked is not None:
-            raise linked
+        if within:
+            check_opened_within(fd, st, path, within)
         if st.st_size > max_bytes:
             raise InputError(path, None, f"{st.st_size} bytes; expected at most {max_bytes}")
         data = os.read(fd, max_bytes + 1)

@@ -26,21 +26,23 @@ HARD_LINKED = ("a file with {n} names (a hard link: it may be a file of another 
                "in place (one name), as the recorder writes it")
 
 
-def other_names(st: os.stat_result, path: Path | str) -> InputError | None:
-    """InputError when the opened file (fstat `st`) has more than one name: a hard link in a
-    watched folder to a file elsewhere (a private file, another job's part) is a regular file
-    whose opened path lies in the folder, so only its link count tells it from one written
-    there (the recorder and the uploads write a temporary and rename it: one name)."""
+def check_opened_within(fd: int, st: os.stat_result, path: Path, within: str) -> None:
+    """InputError naming `path` unless the file open at `fd` (fstat `st`) lies in the folder
+    `within` once links are followed (opened_within) and has one name: a hard link in a watched
+    folder to a file elsewhere (a private file, another job's part) is a regular file whose
+    opened path lies in the folder, so only its link count tells it from one written there
+    (the recorder and the uploads write a temporary and rename it: one name)."""
+    if not opened_within(fd, st, path, within):
+        raise InputError(path, None, OUTSIDE)
     if st.st_nlink > 1:
-        return InputError(path, None, HARD_LINKED.format(n=st.st_nlink))
-    return None
+        raise InputError(path, None, HARD_LINKED.format(n=st.st_nlink))
 
 
 def open_part_file(path: Path, limit: int = MAX_PART_FILE_BYTES, within: str = ""):
     """(binary file, size) of a part file, opened without blocking and only if it is a
     regular file of at most `limit` bytes (a FIFO named like a part would block the ingest
     thread for good) and, with `within`, one that lies in that folder once links are followed
-    and has no other name (other_names); InputError naming the file otherwise
+    and has no other name (check_opened_within); InputError naming the file otherwise
     (FileNotFoundError passes)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
@@ -48,11 +50,8 @@ def open_part_file(path: Path, limit: int = MAX_PART_FILE_BYTES, within: str = "
         if not stat.S_ISREG(st.st_mode):
             raise InputError(path, None, "not a regular file (a FIFO, device or directory "
                              "named like a part); expected a Parquet file")
-        if within and not opened_within(fd, st, path, within):
-            raise InputError(path, None, OUTSIDE)
-        linked = other_names(st, path) if within else None
-        if linked is not None:
-            raise linked
+        if within:
+            check_opened_within(fd, st, path, within)
         if st.st_size > limit:
             raise InputError(path, None, f"{st.st_size} bytes; expected at most {limit}")
     except BaseException:
