@@ -21,6 +21,7 @@ import watchfiles
 
 from stragglers.errors import InputError
 from stragglers.monitor.jobmeta import read_meta_file
+from stragglers.monitor.part_files import OUTSIDE
 from stragglers.monitor.parts import JOB_NAME, MAX_PART, parse_part_name
 from stragglers.monitor.service import JobFull, Monitor, PartIn
 from stragglers.trace.model import JobMeta
@@ -196,8 +197,7 @@ class DirectoryWatcher:
         if self._escapes(path) is not None:
             # the target is not named: readers of /api/stats see refusals, and it lies
             # outside every folder the operator chose to show
-            return self._meta_refused(path, seen, "a link to a file outside the watched "
-                                      "folder (not followed)", True)
+            return self._meta_refused(path, seen, OUTSIDE, True)
         try:
             # a regular file of bounded size, opened without blocking (a FIFO named meta.json
             # once blocked the watcher for good)
@@ -265,8 +265,7 @@ class DirectoryWatcher:
                 said = self.escaped.get(path) == real
                 self.escaped[path] = real
             if not said:
-                self.monitor.reject("bad_part", str(path), "a link to a file outside the "
-                                    "watched folder (not followed)")
+                self.monitor.reject("bad_part", str(path), OUTSIDE)
             return
         # (its link count too: a part refused as a hard link is taken once its other name goes)
         seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_nlink)
