@@ -548,23 +548,20 @@ def _client(conn) -> str:
 
 def _close(conn, status: int | None = None, reason: str = "", message: str = "",
            abort: bool = False, linger: bool = False) -> None:
-    """Close a connection, answering `status` first unless None; `linger`: its client's
-    unread bytes drained first (the protocol's _g_linger), else closed at once (at a cap)."""
-    lingering = getattr(conn, "_g_lingering", None) is not None
-    if (lingering or getattr(conn, "_g_refusing", None) is not None) and linger:
-        return   # answered and lingering already, or refused and about to be
+    """Close a connection, answering `status` first unless None; `linger`: `status` answered
+    after the refusal pause, its client's unread bytes drained (the protocol's _g_refuse),
+    else closed at once (at a cap)."""
     if linger and status is not None and not abort:
-        # (a head over the bound, not complete in time: answered after the refusal pause)
+        # (a head over the bound, not complete in time; _g_refuse does nothing to a connection
+        # refused or lingering already)
         conn._g_refuse(json_response_bytes(status, reason, message,
                                            getattr(conn, "_g_shape", plain_error)))
         return
+    lingering = getattr(conn, "_g_lingering", None) is not None
     try:
         if status is not None and not lingering:
             conn.transport.write(json_response_bytes(status, reason, message,
                                                      getattr(conn, "_g_shape", plain_error)))
-        if linger and not abort and not lingering:
-            conn._g_linger()
-            return
         if abort:
             # a reset, not a FIN queued behind the bytes the client does not take (the kernel
             # would keep those for minutes): SO_LINGER 0, then the socket is closed
