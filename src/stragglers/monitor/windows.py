@@ -193,7 +193,7 @@ class JobTracker:
                 self.files.append(file)
                 self.pending_rows += file.records
                 if file.steps is not None:   # (read: a conflict's range was judged by them)
-                    self._steps.update(int(v) for v in file.steps if v > self.consumed_step)
+                    self._steps.update(file.steps[file.steps > self.consumed_step].tolist())
                 else:
                     self._steps.update(range(max(file.first_step, self.consumed_step + 1),
                                              file.last_step + 1))
