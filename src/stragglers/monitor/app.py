@@ -17,7 +17,7 @@ from stragglers.errors import InputError
 from stragglers.monitor.events import ChangeFeed
 from stragglers.monitor.ingest_http import HTTPProblem, add_upload_routes
 from stragglers.monitor.metrics import CONTENT_TYPE
-from stragglers.monitor.parts import JOB_NAME, MAX_PART, MAX_RANK, MAX_WINDOW, check_job_name
+from stragglers.monitor.parts import MAX_PART, MAX_RANK, MAX_WINDOW, check_job_name, is_job_name
 from stragglers.monitor.records import WindowRow, plain
 from stragglers.monitor.store_base import job_shape
 from stragglers.monitor.service import Monitor
@@ -263,7 +263,7 @@ class UploadFastPath:
         if scope["type"] == "http" and scope["method"] == "PUT":
             p = scope["path"].split("/")   # '', api, jobs, JOB, ranks, R, parts, N
             if (len(p) == 8 and p[1] == "api" and p[2] == "jobs" and p[4] == "ranks"
-                    and p[6] == "parts" and JOB_NAME.fullmatch(p[3]) and ".." not in p[3]
+                    and p[6] == "parts" and is_job_name(p[3])
                     and _bounded(p[5], MAX_RANK) and _bounded(p[7], MAX_PART)):
                 response = await self.upload(Request(scope, receive), p[3], int(p[5]),
                                              int(p[7]))

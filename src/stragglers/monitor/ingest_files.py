@@ -22,7 +22,7 @@ import watchfiles
 from stragglers.errors import InputError
 from stragglers.monitor.jobmeta import read_meta_file
 from stragglers.monitor.part_files import OUTSIDE
-from stragglers.monitor.parts import JOB_NAME, MAX_PART, parse_part_name
+from stragglers.monitor.parts import MAX_PART, is_job_name, parse_part_name
 from stragglers.monitor.service import JobFull, Monitor, PartIn
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import META_FILE
@@ -160,7 +160,7 @@ class DirectoryWatcher:
         with self._lock:
             if run in self.jobs:
                 return self.jobs[run]
-            name = run.name if JOB_NAME.fullmatch(run.name) and ".." not in run.name else ""
+            name = run.name if is_job_name(run.name) else ""
             taken = set(self.jobs.values()) | set(self.monitor.directories)
             if not name or (name in taken and self.monitor.directories.get(name) != run):
                 digest = hashlib.sha1(str(run).encode()).hexdigest()[:8]

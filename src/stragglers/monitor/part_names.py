@@ -45,9 +45,14 @@ def check_same_part(stored: str | None, digest: str | None, job: str, rank: int,
 
 
 
+def is_job_name(job: object) -> bool:
+    """Whether `job` is safe as a directory name (JOB_NAME matched whole, no '..')."""
+    return isinstance(job, str) and JOB_NAME.fullmatch(job) is not None and ".." not in job
+
+
 def check_job_name(job: str, source: object = "job") -> str:
     """The job name if it is safe as a directory name, else InputError naming the problem."""
-    if not isinstance(job, str) or not JOB_NAME.fullmatch(job) or ".." in job:
+    if not is_job_name(job):
         raise InputError(source, "job", f"{str(job)[:80]!r} is not a valid job name: expected "
                          "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, "
                          "without '..' or path separators")
