@@ -10,7 +10,7 @@ import socket
 import httpx
 import pytest
 
-from conftest import store_tables
+from conftest import store_tables as tables
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.service import EmbeddedServer
@@ -18,9 +18,6 @@ from stragglers.adapt.service import EmbeddedServer
 OWNER, OTHER = "owner-token-0123456789", "other-token-0123456789"
 NEW, SERVICE = "new-job-token-0123456789", "service-token-0123456789"
 JSON = "application/json"
-
-
-tables = store_tables
 
 
 @pytest.fixture(scope="module")

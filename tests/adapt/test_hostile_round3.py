@@ -11,15 +11,12 @@ import socket
 import httpx
 import pytest
 
-from conftest import store_tables
+from conftest import store_tables as tables
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.service import EmbeddedServer
 
 OWNER = "owner-token-0123456789"
-
-
-tables = store_tables
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from conftest import store_tables
+from conftest import store_tables as tables
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.service import EmbeddedServer
 
 OWNER = "owner-token-0123456789"
 JSON = "application/json"
-
-
-tables = store_tables
 
 
 @pytest.fixture(scope="module")
