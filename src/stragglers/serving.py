@@ -217,6 +217,29 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
     return _GuardedServer(config)
 
 
+class LogBudget:
+    """Log lines per key as a token bucket (`burst` at once, `per_s` after)."""
+
+    def __init__(self, burst: int, per_s: float, max_keys: int = 0):
+        self.burst, self.per_s, self.max_keys = burst, per_s, max_keys
+        self._left: dict[str, tuple[float, float, int]] = {}   # key → (tokens, at, unlogged)
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> int | None:
+        """None when this line is not to be logged; else how many of `key` were not since."""
+        now = time.monotonic()
+        with self._lock:
+            if self.max_keys and key not in self._left and len(self._left) >= self.max_keys:
+                self._left.clear()   # (keys are few: a bound, not an eviction policy)
+            tokens, at, unlogged = self._left.get(key, (float(self.burst), now, 0))
+            tokens = min(float(self.burst), tokens + (now - at) * self.per_s)
+            if tokens < 1.0:
+                self._left[key] = (tokens, now, unlogged + 1)
+                return None
+            self._left[key] = (tokens - 1.0, now, 0)
+            return unlogged
+
+
 class RepeatedLines(logging.Filter):
     """Each distinct message of a logger let through once per `every_s`, then once more with
     the count of those held back: a client looping on requests the server's HTTP layer refuses
@@ -225,23 +248,14 @@ class RepeatedLines(logging.Filter):
 
     def __init__(self, every_s: float = 60.0, max_kinds: int = 1024):
         super().__init__()
-        self.every_s, self.max_kinds = every_s, max_kinds
-        self._seen: dict[str, list] = {}   # message (its format) -> [first let through at, held]
-        self._lock = threading.Lock()
+        self._budget = LogBudget(1, 1.0 / every_s, max_kinds)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key = str(record.msg)[:200]
-        now = time.monotonic()
-        with self._lock:
-            entry = self._seen.get(key)
-            if entry is not None and now - entry[0] < self.every_s:
-                entry[1] += 1
-                return False
-            if len(self._seen) >= self.max_kinds:
-                self._seen.clear()   # (formats are few: a bound, not an eviction policy)
-            self._seen[key] = [now, 0]
-        if entry is not None and entry[1]:
-            record.msg = f"{record.msg} ({entry[1]} more like it in {now - entry[0]:.0f} s, not logged)"
+        held = self._budget.take(str(record.msg)[:200])
+        if held is None:
+            return False
+        if held:
+            record.msg = f"{record.msg} ({held} more like it, not logged)"
         return True
 
 

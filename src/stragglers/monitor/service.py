@@ -49,6 +49,7 @@ from stragglers.monitor.watchdog import Watchdog
 from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, read_steps
 from stragglers.monitor.store import JobConflict, SQLStore
 from stragglers.monitor.windows import JobTracker, Window
+from stragglers.serving import LogBudget
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import rank_file_name
 
@@ -1431,24 +1432,3 @@ def _check_stored_numbers(job: str, meta: JobMeta, last: WindowRow | None,
 
 REFUSAL_LOG_BURST = 50      # refusals of one reason logged at once, line by line
 REFUSAL_LOG_PER_S = 2.0     # and then this many a second
-
-
-class LogBudget:
-    """Log lines per key as a token bucket (`burst` at once, `per_s` after)."""
-
-    def __init__(self, burst: int, per_s: float):
-        self.burst, self.per_s = burst, per_s
-        self._left: dict[str, tuple[float, float, int]] = {}   # key → (tokens, at, unlogged)
-        self._lock = threading.Lock()
-
-    def take(self, key: str) -> int | None:
-        """None when this line is not to be logged; else how many of `key` were not since."""
-        now = time.monotonic()
-        with self._lock:
-            tokens, at, unlogged = self._left.get(key, (float(self.burst), now, 0))
-            tokens = min(float(self.burst), tokens + (now - at) * self.per_s)
-            if tokens < 1.0:
-                self._left[key] = (tokens, now, unlogged + 1)
-                return None
-            self._left[key] = (tokens - 1.0, now, 0)
-            return unlogged
