@@ -353,17 +353,20 @@ def test_expiry_and_failed_report_see_writes_of_another_connection(tmp_path):
     a = ShardStore(tmp_path / "s.db", clock=a_clock)
     a.create_dataset(DatasetConfig("d", 40, 10, lease_s=10.0, max_retries=0))
     fa = a.join("d", "wa").fence
-    one(a, "d", "wa", fa)  # bound: a's deadline 1010
+    mine = one(a, "d", "wa", fa)  # bound: a's deadline 1010
     b_clock.now = 900.0
     b = ShardStore(tmp_path / "s.db", clock=b_clock)
     fb = b.join("d", "wb").fence
-    lost = one(b, "d", "wb", fb)  # deadline 910, under a's bound
-    a_clock.now = 950.0  # b's lease has expired, a's has not
+    # deadline 910, under a's bound; and b cuts a's lease to a full one from its now (910):
+    # no lease ends later than lease_s from now (test_hostile_round5)
+    lost = one(b, "d", "wb", fb)
+    a_clock.now = 950.0  # both leases have expired; a's bound (1010) would hide them
     reply = a.lease("d", "wa", fa)
-    assert [[f.epoch, f.shard] for f in reply.failed] == [[lost.epoch, lost.shard]]
-    assert reply.failed_total == 1
-    # b's FAILED shard is requeued by b; a's next lease reply no longer lists it.
-    assert b.retry_failed("d").requeued == [(lost.epoch, lost.shard)]
+    both = sorted([[mine.epoch, mine.shard], [lost.epoch, lost.shard]])
+    assert sorted([f.epoch, f.shard] for f in reply.failed) == both
+    assert reply.failed_total == 2
+    # The FAILED shards are requeued by b; a's next lease reply no longer lists them.
+    assert sorted(b.retry_failed("d").requeued) == [tuple(x) for x in both]
     assert a.lease("d", "wa", fa).failed_total == 0
     a.close()
     b.close()

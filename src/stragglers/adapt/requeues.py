@@ -36,15 +36,22 @@ class Requeues(StoreState):
         if cfg.name in self._grace:
             # First call since this store was opened (a service restart): the holders could not
             # renew while no service ran, so each lease gets a full lease_s from now.
-            # (Deadlines only grow here, so the next_expiry bound stays a lower bound.)
-            c.execute("UPDATE shards SET lease_until=MAX(lease_until, ?) WHERE dataset=? AND"
-                      " state='DOING'", (now + cfg.lease_s, self._key(cfg.name)))
+            c.execute("UPDATE shards SET lease_until=? WHERE dataset=? AND state='DOING'",
+                      (now + cfg.lease_s, self._key(cfg.name)))
+            self._next_expiry.pop(cfg.name, None)   # (a damaged deadline may have shrunk)
             self._grace.discard(cfg.name)
             self._undo.append(lambda: self._grace.add(cfg.name))
             return front
         bound = self._next_expiry.get(cfg.name)
         if bound is not None and now <= bound:
             return front  # no DOING lease ends before `bound`: nothing can have expired
+        # No lease ends later than lease_s from now (a lease or an ack sets now + lease_s): a
+        # deadline past that (an edited or damaged row: far future, inf, NULL, text, which
+        # SQLite orders after every number; or a wall clock stepped back) would hold its shard
+        # for ever, so it is cut to a full lease from now.
+        c.execute("UPDATE shards SET lease_until=:cap WHERE dataset=:key AND state='DOING' AND"
+                  " (lease_until IS NULL OR lease_until > :cap)",
+                  {"cap": now + cfg.lease_s, "key": self._key(cfg.name)})
         expired = c.execute("SELECT epoch, shard, retries, worker FROM shards WHERE dataset=?"
                             " AND state='DOING' AND lease_until<?",
                             (self._key(cfg.name), now)).fetchall()

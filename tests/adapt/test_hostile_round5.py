@@ -1,0 +1,66 @@
+"""Hostile cases of a fifth round: stored rows edited behind the service's back, lax numbers in
+paths, chunked bodies, and HTTP shapes against a real service on loopback."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.shards import ShardStore
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize("deadline", ["1e300", "9e999", "NULL", "'soon'", "x'00'", "1e6"])
+def test_a_lease_ending_past_a_full_lease_from_now_is_cut_to_one(tmp_path, deadline):
+    # (fails before: a DOING row whose lease_until lay past now + lease_s — an edited or
+    # damaged row, or a wall clock stepped back (1e6 with the clock at 1,000) — was never
+    # expired: NULL, text and blobs never compare below a time, and its shard was never leased
+    # again)
+    clock = Clock()
+    store = ShardStore(tmp_path / "s.db", clock=clock)
+    try:
+        store.create_dataset(DatasetConfig("d", 20, 10, lease_s=5))
+        held = store.lease("d", "w", store.join("d", "w").fence).leases[0]
+        with sqlite3.connect(tmp_path / "s.db") as other:   # another process edits the row
+            other.execute(f"UPDATE shards SET lease_until={deadline} WHERE state='DOING'")
+        fence = store.join("d", "v").fence
+        first = store.lease("d", "v", fence).leases[0]
+        assert first.shard != held.shard   # a full lease from now: the holder may still work
+        clock.now += 6
+        store.ack("d", "v", fence, first.epoch, first.shard, 10)
+        again = store.lease("d", "v", fence)
+        assert [(x.epoch, x.shard) for x in again.leases] == [(held.epoch, held.shard)]
+        assert [(f.epoch, f.shard) for f in again.failed] == []   # one retry used, not failed
+        assert store.status("d").epochs["0"]["DOING"] == 1
+    finally:
+        store.close()
+
+
+def test_a_damaged_deadline_is_cut_after_a_restart_too(tmp_path):
+    # (fails before: the restart grace kept MAX(lease_until, now + lease_s), a far-future one)
+    clock = Clock()
+    store = ShardStore(tmp_path / "s.db", clock=clock)
+    store.create_dataset(DatasetConfig("d", 20, 10, lease_s=5))
+    held = store.lease("d", "w", store.join("d", "w").fence).leases[0]
+    store.close()
+    with sqlite3.connect(tmp_path / "s.db") as other:
+        other.execute("UPDATE shards SET lease_until=1e300 WHERE state='DOING'")
+    store = ShardStore(tmp_path / "s.db", clock=clock)
+    try:
+        fence = store.join("d", "v").fence
+        first = store.lease("d", "v", fence).leases[0]
+        clock.now += 6
+        store.ack("d", "v", fence, first.epoch, first.shard, 10)
+        again = store.lease("d", "v", fence)
+        assert [(x.epoch, x.shard) for x in again.leases] == [(held.epoch, held.shard)]
+    finally:
+        store.close()
