@@ -60,3 +60,25 @@ class EnvironmentFailure(StragglersError):
         self.what = what
         self.problem = problem
         super().__init__(f"{what}: {problem}")
+
+
+def one_line_if_uncaught(exc: StragglersError) -> None:
+    """Have Python print `exc` as one error line, not a traceback, should nothing catch it.
+
+    For library calls inside a user's own script (`attach` refusing a mesh under torchrun):
+    every rank would otherwise print a traceback through our code for what is one bad input.
+    Other exceptions, and this one caught by the script, are untouched.
+    """
+    import os
+    import sys
+
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if value is not exc:
+            return previous(kind, value, tb)
+        rank = os.environ.get("RANK")
+        where = f"rank {rank}: " if rank is not None else ""
+        print(f"error: {where}{value}", file=sys.stderr, flush=True)
+
+    sys.excepthook = hook

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import warnings
 
 import numpy as np
@@ -340,3 +341,32 @@ def test_attach_is_the_function_whatever_was_imported_first(hooks):
     assert stragglers.record.attach is impl.attach is stragglers.attach
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("stragglers.record.attach")
+
+
+REFUSED_SCRIPT = """
+import torch
+from stragglers.errors import InputError
+from stragglers.record import attach
+model = torch.nn.Linear(2, 2)
+try:
+    attach(model, "sgd", {out!r})
+except InputError:
+    print("caught", flush=True)
+attach(model, "sgd", {out!r})
+"""
+
+
+def test_an_uncaught_refusal_in_a_users_script_is_one_line_not_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "user_script.py"
+    script.write_text(REFUSED_SCRIPT.format(out=str(tmp_path / "run")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "RANK": "1"})
+    # the refusal the script caught printed nothing of ours; the uncaught one is one line
+    assert done.stdout == "caught\n"
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == ["error: rank 1: attach: field 'optimizer': expected a "
+                     "torch.optim.Optimizer, got str"], done.stderr

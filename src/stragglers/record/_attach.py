@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
-from stragglers.errors import InputError
+from stragglers.errors import InputError, StragglersError, one_line_if_uncaught
 from stragglers.record import native as native_hooks
 from stragglers.record.native import FAST, SKIP, SLOW
 from stragglers.record.layout import JobLayout, fsdp2_units, read_layout
@@ -72,7 +72,20 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, out: str | Path |
     STRAGGLERS_RECORD=0 turns recording off; STRAGGLERS_RECORD_DIR, STRAGGLERS_RECORD_SAMPLE_EVERY
     and STRAGGLERS_RECORD_OVERWRITE=1 override `out`, `sample_every` and `overwrite`.
     Use the result as a context manager, or call `.close()` before destroy_process_group().
+    A refusal (InputError) left uncaught prints one line per rank, not a traceback.
     """
+    try:
+        return _attach(model, optimizer, out, seq_lens=seq_lens, name=name,
+                       sample_every=sample_every, overwrite=overwrite, enabled=enabled,
+                       extra=extra, flush_interval_s=flush_interval_s, device=device)
+    except StragglersError as exc:
+        one_line_if_uncaught(exc)
+        raise
+
+
+def _attach(model, optimizer, out, *, seq_lens, name, sample_every, overwrite, enabled, extra,
+            flush_interval_s, device) -> Attached | AttachedPipeline:
+    """`attach`'s work (its docstring)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InputError("attach", "optimizer", f"expected a torch.optim.Optimizer, got "
                          f"{type(optimizer).__name__}")
@@ -88,7 +101,7 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, out: str | Path |
                              "per job (close() the first one to attach again)")
     enabled, out, every, overwrite = launcher_settings(enabled, out, name, sample_every, overwrite)
     for note in layout.notes:
-        warnings.warn(f"stragglers.record.attach: {note}", stacklevel=2)
+        warnings.warn(f"stragglers.record.attach: {note}", stacklevel=3)
     return Attached(model, optimizer, layout, out, seq_lens=seq_lens, name=_job_name(name),
                     sample_every=every, overwrite=overwrite, enabled=enabled, extra=extra or {},
                     flush_interval_s=flush_interval_s, device=device)
