@@ -562,6 +562,18 @@ async def send_json(shape: ErrorShape, send, status: int, message: str, headers=
 
 
 
+def canonical_decimal(text: str, top: int) -> int | None:
+    """The number 0..top that `text` writes in canonical decimal (ASCII digits, no sign, space
+    or leading zero), else None: '+0', '00', ' 1' and '\uff11' (int() takes them all) would
+    name the same thing as '0' or '1' in a path or query, one stored twice under two keys."""
+    if not (text.isascii() and text.isdigit()) or len(text) > len(str(top)):
+        return None
+    if len(text) > 1 and text[0] == "0":
+        return None
+    value = int(text)
+    return value if value <= top else None
+
+
 class BodyRefused(Exception):
     """A request body not read: `kind` is bad_length (Content-Length not a byte count),
     too_large (`declared` bytes announced, or more than `limit` sent) or client_gone (the

@@ -168,6 +168,11 @@ CASES = [
     ("report-unknown-job", "POST", "/jobs/zzz/control/report", REPORT, "owner", 404, None),
     ("actions-negative", "GET", "/jobs/d/control/actions?since=-1", None, "none", 400, "since"),
     ("actions-not-int", "GET", "/jobs/d/control/actions?since=abc", None, "none", 400, "since"),
+    # (the next two fail before: '00' was read as 0 and the second `since` silently won)
+    ("actions-leading-zero", "GET", "/jobs/d/control/actions?since=00", None, "none", 400, "since"),
+    ("actions-since-twice", "GET", "/jobs/d/control/actions?since=1&since=2", None, "none", 400, "since"),
+    ("actions-wide-digit", "GET", "/jobs/d/control/actions?since=%EF%BC%91", None, "none", 400, "since"),
+    ("actions-plus", "GET", "/jobs/d/control/actions?since=%2B1", None, "none", 400, "since"),
     ("state-unknown-job", "GET", "/jobs/zzz/control/state", None, "none", 404, None),
 ]
 

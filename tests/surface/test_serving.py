@@ -37,3 +37,17 @@ def test_every_client_checks_its_url_before_connecting():
     with pytest.raises(InputError) as err:
         ShardClient("http://127.0.0.1:1", "", "w")
     assert err.value.field == "dataset"
+
+
+@pytest.mark.parametrize("text", ["00", "01", "+0", "-0", " 1", "1 ", "\uff11", "\u00b2", "1_0",
+                                  "0x1", "", "1e3", "1.0", "11", "9" * 40])
+def test_only_canonical_decimal_names_a_number(text):
+    # int() takes '+0', ' 1', '1_0' and '\uff11': one number written several ways in a path
+    from stragglers.serving import canonical_decimal
+    assert canonical_decimal(text, 10) is None
+
+
+@pytest.mark.parametrize("text, value", [("0", 0), ("7", 7), ("10", 10)])
+def test_canonical_decimal_reads_its_number(text, value):
+    from stragglers.serving import canonical_decimal
+    assert canonical_decimal(text, 10) == value

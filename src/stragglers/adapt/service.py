@@ -50,7 +50,7 @@ from stragglers.adapt.transactions import is_space_error
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_url, \
-    declared_length, is_loopback, \
+    canonical_decimal, declared_length, is_loopback, \
     listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
 from stragglers.serving_guard import ErrorBody, park
 from stragglers.serving_quota import Backpressure, MintRate, RateLimited as MintRefused, \
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVICE_TOKEN_HEADER = "x-service-token"
+MAX_SINCE = 9_999_999_999   # the `since` of GET .../control/actions (an action's sequence number)
 
 
 @dataclass(frozen=True)
@@ -804,11 +805,16 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def control_actions(request: Request) -> Response:
         job = name_of(request, "job")
-        raw = request.query_params.get("since", "0")
-        if not (raw.isascii() and raw.isdigit()) or len(raw) > 10:   # ('²'.isdigit())
-            raise InputError("query", "since", f"expected an integer >= 0, got {raw!r:.30}")
+        given = request.query_params.getlist("since")
+        if len(given) > 1:   # (one reader takes the first, another the last)
+            raise InputError("query", "since", f"given {len(given)} times; expected once")
+        raw = given[0] if given else "0"
+        since = canonical_decimal(raw, MAX_SINCE)
+        if since is None:
+            raise InputError("query", "since", f"expected an integer 0..{MAX_SINCE} in decimal"
+                             f" (no sign, space or leading zero), got {raw!r:.30}")
         await pacer.turn()   # anonymous, and up to 16 splits of world_size ints each
-        return await controlled(control.actions, job, int(raw))
+        return await controlled(control.actions, job, since)
 
     async def control_state(request: Request) -> Response:
         job = name_of(request, "job")
