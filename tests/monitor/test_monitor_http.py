@@ -332,7 +332,7 @@ def test_the_upload_fast_path_answers_every_request_as_the_route_does(tmp_path):
     statuses = {a[0]: a[1] for a in answers[0][:-1]}
     assert statuses == {"unknown job": 404, "meta": 200, "no token": 401, "wrong token": 401,
                         "not parquet": 422, "wrong columns": 422, "rank outside": 422,
-                        "rank too big": 422, "part not a number": 422, "leading zeros": 200,
+                        "rank too big": 422, "part not a number": 422, "leading zeros": 422,
                         "duplicate": 200, "other bytes": 409, "bad job name": 422,
                         "too large": 413}
 

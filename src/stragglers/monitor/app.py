@@ -15,9 +15,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stragglers.errors import InputError
 from stragglers.monitor.events import ChangeFeed
-from stragglers.monitor.ingest_http import HTTPProblem, add_upload_routes
+from stragglers.monitor.ingest_http import HTTPProblem, add_upload_routes, plain_number
 from stragglers.monitor.metrics import CONTENT_TYPE
-from stragglers.monitor.parts import MAX_PART, MAX_RANK, MAX_WINDOW, check_job_name, is_job_name
+from stragglers.monitor.parts import MAX_PART, MAX_RANK, MAX_WINDOW, check_job_name, \
+    is_job_name, is_plain_number
 from stragglers.monitor.records import WindowRow, plain
 from stragglers.monitor.store_base import job_shape
 from stragglers.monitor.service import Monitor
@@ -155,11 +156,18 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
 
     @app.get("/api/jobs/{job}", dependencies=read)
     async def job(job: str = PathParam(max_length=128),
-                  window: int | None = Query(None, ge=0, le=MAX_WINDOW),
-                  history: int = Query(100_000, ge=1, le=100_000)):
+                  window_text: str | None = Query(None, alias="window", max_length=64),
+                  history_text: str | None = Query(None, alias="history", max_length=64)):
         """A job: its state, its last `history` windows (summaries; `windows_total` and
         `first_window` tell how many there are), the chosen (default: latest) window, alerts."""
         check_job_name(job, "path")
+        window = None if window_text is None else \
+            plain_number(window_text, "query 'window'", MAX_WINDOW)
+        history = 100_000 if history_text is None else \
+            plain_number(history_text, "query 'history'", 100_000)
+        if history < 1:
+            raise HTTPProblem(422, "query 'history': 0 windows asked for; expected 1..100000",
+                              "bad_request")
         row = store.job(job)
         if row is None:
             raise HTTPProblem(404, f"path 'job': unknown job {job!r}", "unknown_job")
@@ -185,9 +193,11 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
             "alert_log": store.alert_log(job=job)})
 
     @app.get("/api/jobs/{job}/windows/{idx}", dependencies=read)
-    async def job_window(job: str = PathParam(max_length=128), idx: int = PathParam(ge=0, le=MAX_WINDOW)):
+    async def job_window(job: str = PathParam(max_length=128),
+                         idx_text: str = PathParam(alias="idx", max_length=64)):
         """One analysed window in full (scores per worker, diagnosis)."""
         check_job_name(job, "path")
+        idx = plain_number(idx_text, "path 'idx'", MAX_WINDOW)
         w = store.window(job, idx)
         if w is None:
             raise HTTPProblem(404, f"path 'idx': job {job!r} has no window {idx}",
@@ -264,7 +274,7 @@ class UploadFastPath:
             p = scope["path"].split("/")   # '', api, jobs, JOB, ranks, R, parts, N
             if (len(p) == 8 and p[1] == "api" and p[2] == "jobs" and p[4] == "ranks"
                     and p[6] == "parts" and is_job_name(p[3])
-                    and _bounded(p[5], MAX_RANK) and _bounded(p[7], MAX_PART)):
+                    and is_plain_number(p[5], MAX_RANK) and is_plain_number(p[7], MAX_PART)):
                 response = await self.upload(Request(scope, receive), p[3], int(p[5]),
                                              int(p[7]))
                 await response(scope, receive, send)
@@ -280,7 +290,3 @@ def _window_steps(last: WindowRow | None, configured: int) -> int:
         return len(last.steps)
     return configured
 
-
-def _bounded(text: str, top: int) -> bool:
-    """Whether `text` is a plain decimal number in 0..top."""
-    return text.isascii() and text.isdigit() and len(text) <= 9 and int(text) <= top

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from stragglers.errors import InputError
 from stragglers.monitor.jobmeta import check_meta, loads_meta
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
+    is_plain_number, \
     check_same_part, fingerprint
 from stragglers.monitor.service import JobFull, Monitor, PartIn
 from stragglers.serving import BodyRefused, declared_length
@@ -80,6 +81,16 @@ class HTTPProblem(Exception):
         super().__init__(message)
         self.status, self.message, self.reason, self.close = status, message, reason, close
         self.retry_after_s = retry_after_s
+
+
+def plain_number(text: str | None, where: str, top: int) -> int:
+    """A number given in a path or query as one writes it (is_plain_number), else 422 naming
+    where it was and what was expected (pydantic read '+0', '00' and Unicode digits as 0)."""
+    if text is None or not is_plain_number(text, top):
+        raise HTTPProblem(422, f"{where}: {str(text)[:40]!r} is not a number as expected: 0.."
+                          f"{top} in ASCII digits, without sign, spaces or leading zeros",
+                          "bad_request")
+    return int(text)
 
 
 class BodyBudget:
@@ -453,10 +464,11 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     @app.put("/api/jobs/{job}/ranks/{rank}/parts/{part}",
              dependencies=[Depends(require_write)])
     async def put_part(request: Request, job: str = PathParam(max_length=128),
-                       rank: int = PathParam(ge=0, le=MAX_RANK),
-                       part: int = PathParam(ge=0, le=MAX_PART)):
+                       rank: str = PathParam(max_length=64),
+                       part: str = PathParam(max_length=64)):
         """Store one part (Parquet bytes); idempotent by (job, rank, part)."""
-        return await store_part(request, job, rank, part)
+        return await store_part(request, job, plain_number(rank, "path 'rank'", MAX_RANK),
+                                plain_number(part, "path 'part'", MAX_PART))
 
     return store_part
 
