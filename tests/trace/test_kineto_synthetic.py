@@ -387,6 +387,44 @@ def test_gloo_work_is_paired_with_its_issuing_op_when_the_window_cuts_one_off():
     assert [o[7] for o in sorted(out)] == [1, 2, 3] and not counts.unpaired_annotations
 
 
+def test_gloo_sends_in_flight_together_are_two_collectives():
+    # train_gpt's 1F1B on gloo: the second isend of a step starts while the first is still in
+    # flight on the same thread and ends after it. Taken for one collective seen twice, the
+    # second send was dropped: that rank's step lacked a forward-send and the analysis left
+    # the whole step out as incomplete (ranks: a real run's rank 0, step 4, times in ms)
+    from types import SimpleNamespace
+
+    from stragglers.trace.kineto.items import _cpu_collectives
+    from stragglers.trace.kineto.ops import ReadCounts
+    issued = [(t, 0.07, 1, "send", None, None, None, 1, False, None) for t in (11.57, 19.19)]
+    work = [(11.63, 10.71, 1, "send", None, None, None, None, True, None),
+            (19.25, 92.62, 1, "send", None, None, None, None, True, None),
+            (30.0, 5.0, 1, "send", None, None, None, None, True, None)]   # wholly inside
+    issued.append((29.9, 0.07, 1, "send", None, None, None, 1, False, None))
+    counts = ReadCounts()
+    out = _cpu_collectives(SimpleNamespace(collectives=issued + work), counts)
+    assert sorted((o[0], o[2], o[7]) for o in out) == [(11.63, 11.57, 1), (19.25, 19.19, 1),
+                                                       (30.0, 29.9, 1)]
+    assert not counts.unpaired_annotations
+
+
+def test_one_collective_issued_twice_is_one_with_the_inner_records_metadata():
+    # c10d::broadcast_ around record_param_comms (which names the group, Seq and ranks), around
+    # the backend's annotation, as torch 2.x writes NCCL's CPU side: one collective, whose group
+    # is the inner record's
+    from types import SimpleNamespace
+
+    from stragglers.trace.kineto.items import _cpu_collectives
+    from stragglers.trace.kineto.ops import ReadCounts
+    colls = [(0.0, 0.39, 1, "broadcast", None, None, None, None, False, None),
+             (0.05, 0.28, 1, "broadcast", "0", 7, None, None, False, None),
+             (0.08, 0.15, 1, "broadcast", None, None, None, None, True, None)]
+    for annotated in (True, False):
+        out = _cpu_collectives(SimpleNamespace(collectives=colls if annotated else colls[:2]),
+                               ReadCounts())
+        assert [(o[0], o[4], o[5]) for o in out] == [(0.08 if annotated else 0.0, "0", 7)]
+
+
 def test_tensor_parallel_group_from_pg_config(tmp_path):
     # world 8 = pp 2 × dp 2 × tp 2 (tp fastest): rank = 4·pp + 2·dp + tp
     def info(rank):

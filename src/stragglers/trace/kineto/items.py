@@ -370,7 +370,10 @@ def _cpu_collectives(ev: RankEvents, counts: ReadCounts) -> list[tuple]:
     if not annotated:
         return [(c[0], c[1], c[0], c[3], c[4], c[5], c[6], c[7], c[9])
                 for c in _outermost(issued)]
-    annotated = _outermost(annotated)
+    # A backend annotation spans one collective's work, from its start to its end: two of
+    # them on one thread may overlap or nest (gloo's isends in flight together), and each
+    # is a collective; only the issuing ops may record one collective twice.
+    issued = _outermost(issued)
     partner: dict[int, tuple] = {}
     used: set[int] = set()
     by_tid = _index_by_tid(issued)
@@ -434,15 +437,27 @@ def _pair_in_order(work: list[tuple], issued: list[tuple]) -> list[tuple[int, in
 
 
 def _outermost(colls: list[tuple]) -> list[tuple]:
-    """Drop collectives nested in one of the same kind on the same thread (one collective
-    seen twice). Other kinds may overlap: an isend's span lasts until it completes."""
-    out = []
+    """Issuing ops less the ones nested in one of the same kind on the same thread (one
+    collective seen twice: c10d::allreduce_ around record_param_comms); the outer one keeps
+    its time and takes the metadata (group, Seq, peer, rows) it lacks from those inside.
+
+    Only an op that lies wholly inside another is the same collective: an op that starts
+    inside one and ends after it is a collective of its own.
+    """
+    out: list[tuple] = []
     for tid_colls in _index_by_tid(colls).values():
-        outer_end: dict = {}
+        outer: dict = {}   # kind → index in out of the kept op that reaches furthest
         for c in tid_colls:
-            if c[0] < outer_end.get(c[3], -float("inf")):
+            j = outer.get(c[3])
+            if j is not None and c[0] < out[j][0] + out[j][1] \
+                    and c[0] + c[1] <= out[j][0] + out[j][1]:
+                o = out[j]
+                out[j] = (*o[:4], *(mine if mine is not None else theirs
+                                    for mine, theirs in zip(o[4:8], c[4:8])),
+                          o[8], o[9] if o[9] is not None else c[9])
                 continue
-            outer_end[c[3]] = c[0] + c[1]
+            if j is None or c[0] + c[1] > out[j][0] + out[j][1]:
+                outer[c[3]] = len(out)
             out.append(c)
     return sorted(out, key=lambda c: c[0])
 
