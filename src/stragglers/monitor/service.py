@@ -1423,8 +1423,10 @@ def _check_stored_numbers(job: str, meta: JobMeta, last: WindowRow | None,
                          f"{last.last_step}; expected an index below {MAX_WINDOW} and steps "
                          f"0..{MAX_STEP}")
     for p in index:   # (one pass over the job's part rows at start, not on the ingest path)
+        # (a part without rows is stored with last step -1: an acknowledged empty part once
+        # set its job aside at the next start, and the job's later windows never came)
         if not (0 <= p.rank < meta.world_size and 0 <= p.part <= MAX_PART
-                and 0 <= p.last_step <= MAX_STEP):
+                and -1 <= p.last_step <= MAX_STEP):
             raise InputError(source, "parts", f"rank {p.rank}, part {p.part}, last step "
                              f"{p.last_step}; expected a rank below {meta.world_size}, a part "
                              f"up to {MAX_PART} and steps up to {MAX_STEP}")

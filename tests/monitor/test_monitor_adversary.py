@@ -1,0 +1,67 @@
+"""Defect classes found attacking a real monitor on loopback (session 39): each case is
+answered, stored or refused, and the service starts again with every acknowledged part."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from conftest import eventually
+from monitor_jobs import get, parts_of, slow_job
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.trace.runformat import table_bytes
+
+TOKEN = "adversary-test-token-0123"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
+
+
+def serve(db) -> MonitorServer:
+    return MonitorServer(db, port=0, token=TOKEN, config=CFG).start()
+
+
+def windows(c: httpx.Client, job: str, n: int) -> list[dict]:
+    return eventually(lambda: len(get(c, f"/api/jobs/{job}")["windows"]) >= n
+                      and get(c, f"/api/jobs/{job}")["windows"], what=f"{n} windows of {job}")
+
+
+@pytest.mark.slow
+def test_a_stored_part_without_rows_does_not_set_its_job_aside_at_the_next_start(tmp_path):
+    """A part of zero rows is stored (its last step -1); the next start took that -1 for a
+    damaged row and quarantined the job, and its other parts' windows were never analysed."""
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    s = serve(tmp_path / "mon.db")
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            for rank, part, cols in parts:
+                if part == 0:
+                    r = c.put(f"/api/jobs/j/ranks/{rank}/parts/0", content=table_bytes(cols),
+                              headers=AUTH)
+                    assert r.status_code == 200, r.text
+            empty = {k: v[:0] for k, v in parts[0][2].items()}
+            r = c.put("/api/jobs/j/ranks/0/parts/1", content=table_bytes(empty), headers=AUTH)
+            assert r.status_code == 200 and r.json()["records"] == 0, r.text
+    finally:
+        s.stop()
+    s = serve(tmp_path / "mon.db")
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            job = get(c, "/api/jobs/j")
+            assert job["quarantined"] is None and job["state"] != "quarantined", job
+            for rank, part, cols in parts:
+                if part == 1:
+                    r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{part + (rank == 0)}",
+                              content=table_bytes(cols), headers=AUTH)
+                    assert r.status_code == 200, r.text
+            got = windows(c, "j", 2)
+            full = [get(c, f"/api/jobs/j/windows/{w['idx']}") for w in got]
+            assert [(w["first_step"], w["error"], w["missing_ranks"]) for w in full] == \
+                [(0, None, []), (5, None, [])], full
+    finally:
+        s.stop()
