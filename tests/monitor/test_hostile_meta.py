@@ -186,3 +186,48 @@ def test_a_world_larger_than_max_world_size_is_refused(tmp_path):
             assert get(c, "/api/jobs/big")["world_size"] == 1000
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_a_rewrite_that_moves_a_rank_once_parts_are_stored_is_a_conflict(tmp_path):
+    # ranks 0 and 1 swapped in extra.layout after their parts were stored: taken (200), and
+    # from then on each one's parts, at its true place, were refused 422 and lost; a layout
+    # given to a job without one that contradicts the places its rows showed is the same
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    meta = trace.meta.to_dict()
+    swapped = json.loads(json.dumps(meta))
+    lay = swapped["extra"]["layout"]
+    lay[0]["rank"], lay[1]["rank"] = lay[1]["rank"], lay[0]["rank"]
+    bare = json.loads(json.dumps(meta))
+    bare["extra"].pop("layout")
+    rehosted = json.loads(json.dumps(meta))
+    rehosted["extra"]["layout"][0]["host"] = "elsewhere"
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for job, first in (("j", meta), ("k", bare)):
+                assert c.put(f"/api/jobs/{job}/meta", json=first, headers=AUTH).status_code \
+                    == 200
+                for rank, part, cols in parts:
+                    if part == 0:
+                        r = c.put(f"/api/jobs/{job}/ranks/{rank}/parts/0",
+                                  content=table_bytes(cols), headers=AUTH)
+                        assert r.status_code == 200, r.text
+                r = c.put(f"/api/jobs/{job}/meta", json=swapped, headers=AUTH)
+                assert r.status_code == 409 and "layout puts rank" in r.json()["error"], r.text
+            # a new host, or the layout dropped, moves no rank
+            assert c.put("/api/jobs/j/meta", json=rehosted, headers=AUTH).status_code == 200
+            assert c.put("/api/jobs/j/meta", json=bare, headers=AUTH).status_code == 200
+            for job in ("j", "k"):
+                for rank, part, cols in parts:
+                    if part == 1:
+                        r = c.put(f"/api/jobs/{job}/ranks/{rank}/parts/1",
+                                  content=table_bytes(cols), headers=AUTH)
+                        assert r.status_code == 200, (job, rank, r.text)
+                wins = eventually(lambda: len(get(c, f"/api/jobs/{job}")["windows"]) == 2
+                                  and get(c, f"/api/jobs/{job}")["windows"], what="2 windows")
+                full = [get(c, f"/api/jobs/{job}/windows/{w['idx']}") for w in wins]
+                assert [(w["error"], w["missing_ranks"]) for w in full] == [(None, [])] * 2
+    finally:
+        s.stop()

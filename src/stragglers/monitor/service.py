@@ -48,7 +48,7 @@ from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.watchdog import Watchdog
 from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, read_steps
 from stragglers.monitor.store import JobConflict, SQLStore
-from stragglers.monitor.windows import JobTracker, Window
+from stragglers.monitor.windows import JobTracker, Window, layout_of
 from stragglers.serving import LogBudget
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import rank_file_name
@@ -320,6 +320,37 @@ class Monitor:
             raise InputError(job, "job", f"{name} {now} where the run's stored parts have "
                              f"{was}: a run keeps its sizes (a new run, with a new start "
                              "clock in extra.clock, starts the job again)")
+        moved = self._moved_rank(job, before, meta)
+        if moved is not None and self.store.has_parts(job):
+            rank, was, now = moved
+            raise InputError(job, "job", f"extra.layout puts rank {rank} at (dp_rank, stage) "
+                             f"{now} where the run's stored parts have it at {was}: a run keeps "
+                             "its layout (a new run, with a new start clock in extra.clock, "
+                             "starts the job again)")
+
+    def _moved_rank(self, job: str, before: JobMeta, meta: JobMeta) \
+            -> tuple[int, tuple[int, int], tuple[int, int]] | None:
+        """(rank, old place, new place) of a rank the new layout puts elsewhere than the
+        stored layout did, or than its parts' rows showed (a job without a layout): a swap of
+        two ranks mid-run was taken, and each one's next parts, at its true place, were
+        refused (422) from then on. Hosts may change; a layout may be dropped."""
+        new = layout_of(meta)
+        if not new:
+            return None
+        old: dict[int, tuple[int | None, int | None]] = {
+            r: (e.dp_rank, e.stage) for r, e in layout_of(before).items()}
+        tracker = self.trackers.get(job)
+        if tracker is not None:
+            for r, place in tracker.places.items():
+                old.setdefault(r, place)
+        for r, e in new.items():
+            was = old.get(r)
+            if e.dp_rank is None or e.stage is None or was is None or was[0] is None \
+                    or was[1] is None:
+                continue
+            if was != (e.dp_rank, e.stage):
+                return r, (int(was[0]), int(was[1])), (e.dp_rank, e.stage)
+        return None
 
     def part_root(self, directory: Path) -> str:
         """The folder a job's part files must lie in once links are followed, checked on the
