@@ -61,8 +61,12 @@ def test_records_sampled_steps_with_seq_lengths(tmp_path):
         m = (ops["step"] == s) & no_gc
         order = np.argsort(ops["start_ts"][m])
         assert ops["optype"][m][order].tolist() == [FWD] * 3 + [BWD] * 3 + [OPT]
+    # the CPUs the rank may run on, as the kernel lists them (/proc: another reading of it)
+    allowed = next(line.split(":")[1].strip() for line in open("/proc/self/status")
+                   if line.startswith("Cpus_allowed_list"))
     assert trace.meta.extra["layout"] == [{"rank": 0, "dp_rank": 0, "stage": 0,
-                                           "host": trace.meta.extra["layout"][0]["host"]}]
+                                           "host": trace.meta.extra["layout"][0]["host"],
+                                           "cpus": allowed}]
     assert trace.meta.extra["recorder"]["sample_every"] == 2
 
 

@@ -342,3 +342,53 @@ def test_options_of_another_format_are_refused_not_ignored(ndtimeline_dir, tmp_p
         with pytest.raises(InputError, match=words) as err:
             load_trace(*args, **kwargs)
         assert err.value.source == source and "\n" not in str(err.value)
+
+
+def _meta_with(layout, timer="perf_counter_ns"):
+    from stragglers.trace.model import JobMeta
+
+    meta = JobMeta(name="t", dp_size=len(layout), pp_size=1, world_size=len(layout))
+    meta.extra.update(layout=layout, recorder={"timer": timer})
+    return meta
+
+
+@pytest.mark.parametrize("cpus,timer,expected", [
+    # four ranks on one host allowed the same two CPUs: they take turns on them
+    (["0-1"] * 4, "perf_counter_ns", ["host h: 4 ranks share 2 CPUs"]),
+    # pinned one CPU each, to distinct CPUs: each has its own
+    (["0", "1", "2", "3"], "perf_counter_ns", []),
+    # pinned one CPU each, two to the same one: three CPUs for four ranks
+    (["0", "1", "2", "2"], "perf_counter_ns", ["host h: 4 ranks share 3 CPUs"]),
+    (["0-1,4-7"] * 4, "perf_counter_ns", []),
+    # timed on GPUs: the host's CPUs do not run the compute
+    (["0-1"] * 4, "cuda-events", []),
+    # not a kernel CPU list (or none: a recorder before the field): nothing said, no error
+    (["0-1", "0-1", "0-1", "x"], "perf_counter_ns", []),
+    (["0-1", "0-1", "0-1", "1-0"], "perf_counter_ns", []),
+    (["0-1", "0-1", "0-1", "\u0661"], "perf_counter_ns", []),
+    (["0-1", "0-1", "0-1", 2], "perf_counter_ns", []),
+    ([None] * 4, "perf_counter_ns", []),
+    (["0-99999999"] * 4, "perf_counter_ns", []),
+])
+def test_a_host_whose_ranks_outnumber_their_cpus_is_noted(cpus, timer, expected):
+    from stragglers.trace.runformat import crowded_hosts
+
+    layout = [{"rank": r, "dp_rank": r, "stage": 0, "host": "h", "cpus": c}
+              for r, c in enumerate(cpus)]
+    notes = crowded_hosts(_meta_with(layout, timer))
+    assert [n.message.split(":")[0] + ":" + n.message.split(":")[1] for n in notes] == expected
+    assert all(n.kind == "layout" for n in notes)
+
+
+def test_the_crowded_host_note_is_said_once_after_a_conversion(tmp_path):
+    from stragglers.trace.runformat import write_run
+    from stragglers.trace.synth import generate
+
+    trace = generate(dp=4, pp=1, steps=3, seed=0)
+    trace.meta.extra.update(recorder={"timer": "perf_counter_ns"}, layout=[
+        {"rank": r, "dp_rank": r, "stage": 0, "host": "h", "cpus": "0-1"} for r in range(4)])
+    write_run(tmp_path / "a", trace)
+    first = read_run(tmp_path / "a")
+    assert [n.message[:28] for n in first.notes] == ["host h: 4 ranks share 2 CPUs"]
+    convert(tmp_path / "a", tmp_path / "b")
+    assert read_run(tmp_path / "b").notes == first.notes

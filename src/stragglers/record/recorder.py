@@ -399,7 +399,7 @@ class Recorder:
 
     def _layout_entry(self) -> dict:
         return {"rank": self.rank, "dp_rank": self.dp_rank, "stage": self.stage,
-                "host": socket.gethostname(), **self.layout_extra}
+                "host": socket.gethostname(), "cpus": usable_cpus(), **self.layout_extra}
 
     def record_pg(self, defaults: dict[int, int] | None = None) -> None:
         """Write the pg column (process-group ids) from now on; `defaults`: the group of every
@@ -633,3 +633,20 @@ class _StepSpan:
         if self.rec._buf is not None:
             self.rec.end_step(failed=exc_type is not None)
         return False
+
+
+def usable_cpus() -> str:
+    """The CPUs this process may run on, as the kernel lists them ("0-3,8"; its affinity, or
+    every CPU where there is none): the reader notes hosts whose ranks outnumber the CPUs they
+    may use together (trace/runformat.py, crowded_hosts)."""
+    import os
+
+    ids = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else list(range(os.cpu_count() or 1))
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import re
 from pathlib import Path
 
 import msgspec
@@ -249,7 +250,58 @@ def read_run(directory: Path | str) -> Trace:
     if len(ops["step"]) == 0:
         raise InputError(directory, None, "the op tables hold no ops")
     check_against_meta(ops, meta, directory, directory / META_FILE)
-    return Trace(ops, meta, str(directory), notes)
+    # (a converted run keeps the notes it was read with: each said once)
+    return Trace(ops, meta, str(directory),
+                 notes + [n for n in crowded_hosts(meta) if n not in notes])
+
+
+def crowded_hosts(meta: JobMeta) -> list[Note]:
+    """A note per host whose ranks outnumber the CPUs they may use together, for a job timed
+    on the CPU (the recorder's layout: each rank's host and its CPU affinity, "0-3,8").
+
+    There the ranks compute in turns: a rank that waits gives its core to another, so a fix
+    that evens out their work (balanced routing or sequences) gains less than the what-if says,
+    which gives every rank its own speed as a device or core of its own would.
+    """
+    recorder = meta.extra.get("recorder")
+    if not isinstance(recorder, dict) or recorder.get("timer") == "cuda-events":
+        return []
+    ranks: dict[str, int] = {}
+    cpus: dict[str, set[int]] = {}
+    for entry in meta.extra.get("layout") or []:
+        host = entry.get("host") if isinstance(entry, dict) else None
+        ids = _cpu_list(entry.get("cpus")) if isinstance(entry, dict) else None
+        if not isinstance(host, str) or ids is None:
+            return []   # a recorder before `cpus`, or a layout written by hand
+        ranks[host] = ranks.get(host, 0) + 1
+        cpus.setdefault(host, set()).update(ids)
+    notes = []
+    for host, count in sorted(ranks.items()):
+        n = len(cpus[host])
+        if count > n:
+            notes.append(Note("layout", f"host {host[:64]}: {count} ranks share {n} CPU"
+                              f"{'s' if n > 1 else ''}: they compute in turns, so evening "
+                              "out their work (balanced routing or sequences) gains less than "
+                              "predicted, which gives each rank a core or device of its own"))
+    return notes
+
+
+def _cpu_list(text: object, most: int = 1 << 16) -> set[int] | None:
+    """The CPU ids of a kernel-style list ("0-3,8"), or None where it is not one (or names
+    more than `most` CPUs)."""
+    if not isinstance(text, str) or len(text) > 4096:
+        return None
+    ids: set[int] = set()
+    for part in text.split(","):
+        m = re.fullmatch(r"(\d{1,6})(?:-(\d{1,6}))?", part, re.ASCII)
+        if m is None:
+            return None
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo or len(ids) + hi - lo + 1 > most:
+            return None
+        ids.update(range(lo, hi + 1))
+    return ids
 
 
 # Threads reading a run's files (Parquet decoding releases the GIL; more gain nothing on the
