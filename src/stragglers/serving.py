@@ -23,7 +23,7 @@ from pathlib import Path
 
 from stragglers.errors import EnvironmentFailure, InputError
 # the connection guard lives in serving_guard; its names stay importable from here
-from stragglers.serving_guard import TARGET_KEY, ConnectionLimits, ErrorShape, guarded_protocol, \
+from stragglers.serving_guard import FRAMING_KEY, TARGET_KEY, ConnectionLimits, ErrorShape, guarded_protocol, \
     json_response_bytes, plain_error  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -607,7 +607,8 @@ async def read_bounded(request, limit: int) -> bytes:
     try:
         async for chunk in request.stream():
             size += len(chunk)
-            if size > limit:
+            # (with what the reads carried besides the body: a chunked body's extensions)
+            if size + request.scope.get(FRAMING_KEY, 0) > limit:
                 raise BodyRefused("too_large", limit, size)
             chunks.append(chunk)
     except ClientDisconnect:

@@ -51,6 +51,11 @@ class ConnectionLimits:
 TARGET_KEY = "stragglers.request_target"
 
 
+# the scope key under which the protocol counts the bytes a request's body reads carried
+# besides the body (chunk sizes, extensions, trailers): read_bounded counts them toward its limit
+FRAMING_KEY = "stragglers.body_framing"
+
+
 # the scope key under which `park` keeps an event while a request waits for its turn and has
 # done nothing yet (backpressure): at a connection cap such a connection is closed first after
 # idle ones (503), and one its client closed or a server shutting down ends the wait at once (a flooding owner's requests waiting their turns held every connection of a loopback
@@ -116,6 +121,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             now = time.monotonic()
             self._g_phase_at, self._g_phase_cycle, self._g_bytes = now, None, 0
             self._g_phase_bytes, self._g_fresh, self._g_served = 0, True, 0
+            self._g_payload = 0    # body bytes the parser handed to the app (see data_received)
             self._g_body = None    # (cycle, started_at, bytes then)
             self._g_stalled: float | None = None  # since when the client has not read what it was sent
             self._g_eof = False    # the client half-closed: close once its requests are answered
@@ -164,7 +170,20 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             self._g_bytes += len(data)
             if head:
                 self._g_phase_bytes += len(data)
+            cycle = self.cycle
+            in_body = not head and _body_left(self)
+            before = len(cycle.body) if cycle is not None else 0
             super().data_received(data)
+            # A body's progress is what reaches the app (the parser's body bytes), not what the
+            # wire carried: chunk extensions and framing are dropped by the parser, and a
+            # stream of them (1 byte of body per 8 KB) passed the rate check for ever.
+            got = len(cycle.body) - before if cycle is not None and self.cycle is cycle else 0
+            self._g_payload += max(got, 0)
+            if in_body and cycle is not None:
+                # what the body's reads carried besides its bytes, counted toward the app's body
+                # limit (read_bounded): extensions are no free channel
+                scope = cycle.scope
+                scope[FRAMING_KEY] = scope.get(FRAMING_KEY, 0) + max(len(data) - got, 0)
             if head and self._g_phase_bytes > limits.max_head_bytes and _waiting(self) \
                     and not self.transport.is_closing():
                 _close(self, 431, "Request Header Fields Too Large",
@@ -438,7 +457,7 @@ class _Connections:
             elif idle_only:
                 continue
             elif c._g_body is not None and now - c._g_body[1] >= self.limits.cap_grace_s:
-                key = (4, (c._g_bytes - c._g_body[2]) / max(now - c._g_body[1], 1e-3))
+                key = (4, (c._g_payload - c._g_body[2]) / max(now - c._g_body[1], 1e-3))
             else:
                 continue
             if best_key is None or key < best_key:
@@ -509,14 +528,14 @@ class _Connections:
                     or cycle.response_complete:
                 continue
             if c._g_body is None or c._g_body[0] is not cycle:
-                c._g_body = (cycle, now, c._g_bytes)
+                c._g_body = (cycle, now, c._g_payload)
                 continue
             if getattr(c.flow, "read_paused", False):   # the app is not reading: not the client's fault
                 c._g_body = (cycle, c._g_body[1] + lim.sweep_s, c._g_body[2])
                 continue
             spent = now - c._g_body[1]
             if spent > lim.body_grace_s and \
-                    c._g_bytes - c._g_body[2] < lim.body_min_bytes_per_s * spent:
+                    c._g_payload - c._g_body[2] < lim.body_min_bytes_per_s * spent:
                 _close(c, None if getattr(cycle, "response_started", False) else 408,
                        "Request Timeout", f"request body: slower than "
                        f"{lim.body_min_bytes_per_s:g} bytes/s")
