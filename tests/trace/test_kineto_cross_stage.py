@@ -86,3 +86,60 @@ def test_the_cli_writes_pipelined_ring_attention_jobs_that_clip(tmp_path):
                         (["--cp-comm", "p2p"], "expected all_gather, ring or all_to_all")):
         bad = runner.invoke(app, ["synth-gpu", str(tmp_path / "bad"), "--ranks", "8", *args])
         assert bad.exit_code != 0 and words in str(bad.exception), (args, bad.output)
+
+
+def _without_groups(directory, hosts: int = 1) -> None:
+    """The job's files as gloo's profiler writes them: no collective names its process group
+    (no 'Process Group Name', no pg_config); `hosts` hosts, ranks spread over them."""
+    import gzip
+    import json
+    for path in sorted(directory.glob("*.json*")):
+        raw = path.read_bytes()
+        gz = raw[:2] == b"\x1f\x8b"
+        doc = json.loads(gzip.decompress(raw) if gz else raw)
+        for e in doc["traceEvents"]:
+            for key in ("Process Group Name", "Process Group Ranks", "Process Group Description"):
+                e.get("args", {}).pop(key, None)
+        doc["distributedInfo"].pop("pg_config", None)
+        doc["host_name"] = f"host{doc['distributedInfo']['rank'] % hosts}"
+        text = json.dumps(doc).encode()
+        path.write_bytes(gzip.compress(text) if gz else text)
+
+
+def test_a_gradient_norm_that_names_no_group_is_told_from_its_times(tmp_path):
+    # gloo names no group: the last all-reduce of each step, in flight on every rank of both
+    # stages together, is the gradient norm over every stage; the DP buckets stay a stage's
+    truth = _job(tmp_path, 1, slow_rank=(1, 1.6))
+    _without_groups(tmp_path)
+    trace = load_trace(tmp_path)
+    names = np.array(trace.optype_names())
+    clip = names == "optimizer-clip-main-grad"
+    assert clip.sum() == 8 * 6 and set(trace.ops["stage"][clip].tolist()) == {0, 1}
+    assert (names == "grads-all-reduce").sum() > 0
+    assert any("read as one group across the stages" in n.message for n in trace.notes)
+    assert _named(analyze(trace)) == {(c["cause"], r) for c in truth["causes"]
+                                      for r in c["ranks"]}
+
+
+def test_without_one_clock_the_reading_stays_and_says_so(tmp_path):
+    # ranks on two hosts: their clocks cannot show the op in flight everywhere together
+    _job(tmp_path, 1)
+    _without_groups(tmp_path, hosts=2)
+    trace = load_trace(tmp_path)
+    assert "optimizer-clip-main-grad" not in trace.optype_names()
+    assert any("share no clock" in n.message for n in trace.notes), trace.notes
+
+
+def test_an_all_reduce_whose_shapes_differ_between_stages_is_a_stages_own():
+    from stragglers.trace.kineto.unnamed import WORLD, name_cross_stage
+    # two ranks, one per stage, one all-reduce each, in flight together: the shapes decide
+    def parts(rank: int, shapes: str) -> RankParts:
+        p = _parts({})
+        p.rank, p.host = rank, "h"
+        p.colls = [Coll(0.0, 1.0, 0.0, 0, "allreduce", None, None, None, None, None, shapes)]
+        return p
+    where = {r: Placement(r, 0, r, lambda peer: peer, 2) for r in (0, 1)}
+    for shapes, grouped in ((("[[1]]", "[[1]]"), True), (("[[116352]]", "[[116736]]"), False)):
+        ranks = {r: parts(r, shapes[r]) for r in (0, 1)}
+        notes = name_cross_stage(ranks, where)
+        assert [ranks[r].colls[0].pg == WORLD for r in (0, 1)] == [grouped] * 2, notes

@@ -369,9 +369,9 @@ def test_gloo_work_is_paired_with_its_issuing_op_when_the_window_cuts_one_off():
 
     from stragglers.trace.kineto.items import _cpu_collectives
     from stragglers.trace.kineto.ops import ReadCounts
-    issued = [(t, 0.01, 1, "send", "0", None, None, dst, False, None)
+    issued = [(t, 0.01, 1, "send", "0", None, None, dst, False, None, None)
               for t, dst in ((1.0, 1), (2.0, 2), (3.0, 3))]
-    work = [(t, 0.01, 9, "send", None, None, None, None, True, None)
+    work = [(t, 0.01, 9, "send", None, None, None, None, True, None, None)
             for t in (1.005, 1.02, 2.02)]
     counts = ReadCounts()
     out = _cpu_collectives(SimpleNamespace(collectives=issued + work), counts)
@@ -382,7 +382,7 @@ def test_gloo_work_is_paired_with_its_issuing_op_when_the_window_cuts_one_off():
     # nothing cut off: first with first
     counts = ReadCounts()
     out = _cpu_collectives(SimpleNamespace(collectives=issued + [
-        (t, 0.01, 9, "send", None, None, None, None, True, None) for t in (1.02, 2.02, 3.02)]),
+        (t, 0.01, 9, "send", None, None, None, None, True, None, None) for t in (1.02, 2.02, 3.02)]),
         counts)
     assert [o[7] for o in sorted(out)] == [1, 2, 3] and not counts.unpaired_annotations
 
@@ -396,11 +396,11 @@ def test_gloo_sends_in_flight_together_are_two_collectives():
 
     from stragglers.trace.kineto.items import _cpu_collectives
     from stragglers.trace.kineto.ops import ReadCounts
-    issued = [(t, 0.07, 1, "send", None, None, None, 1, False, None) for t in (11.57, 19.19)]
-    work = [(11.63, 10.71, 1, "send", None, None, None, None, True, None),
-            (19.25, 92.62, 1, "send", None, None, None, None, True, None),
-            (30.0, 5.0, 1, "send", None, None, None, None, True, None)]   # wholly inside
-    issued.append((29.9, 0.07, 1, "send", None, None, None, 1, False, None))
+    issued = [(t, 0.07, 1, "send", None, None, None, 1, False, None, None) for t in (11.57, 19.19)]
+    work = [(11.63, 10.71, 1, "send", None, None, None, None, True, None, None),
+            (19.25, 92.62, 1, "send", None, None, None, None, True, None, None),
+            (30.0, 5.0, 1, "send", None, None, None, None, True, None, None)]   # wholly inside
+    issued.append((29.9, 0.07, 1, "send", None, None, None, 1, False, None, None))
     counts = ReadCounts()
     out = _cpu_collectives(SimpleNamespace(collectives=issued + work), counts)
     assert sorted((o[0], o[2], o[7]) for o in out) == [(11.63, 11.57, 1), (19.25, 19.19, 1),
@@ -416,9 +416,9 @@ def test_one_collective_issued_twice_is_one_with_the_inner_records_metadata():
 
     from stragglers.trace.kineto.items import _cpu_collectives
     from stragglers.trace.kineto.ops import ReadCounts
-    colls = [(0.0, 0.39, 1, "broadcast", None, None, None, None, False, None),
-             (0.05, 0.28, 1, "broadcast", "0", 7, None, None, False, None),
-             (0.08, 0.15, 1, "broadcast", None, None, None, None, True, None)]
+    colls = [(0.0, 0.39, 1, "broadcast", None, None, None, None, False, None, None),
+             (0.05, 0.28, 1, "broadcast", "0", 7, None, None, False, None, None),
+             (0.08, 0.15, 1, "broadcast", None, None, None, None, True, None, None)]
     for annotated in (True, False):
         out = _cpu_collectives(SimpleNamespace(collectives=colls if annotated else colls[:2]),
                                ReadCounts())

@@ -132,7 +132,7 @@ class RankEvents:
     loader: list[tuple[float, float]] = field(default_factory=list)  # DataLoader spans (ts, end)
     backward: list[float] = field(default_factory=list)                      # evaluate_function ts
     backward_annotations: list[float] = field(default_factory=list)          # '## backward ##' ts
-    # (ts, dur, tid, kind, pg, seq, src, dst, from_annotation, rows received)
+    # (ts, dur, tid, kind, pg, seq, src, dst, from_annotation, rows received, shapes)
     collectives: list[tuple] = field(default_factory=list)
     # The three kinds of event a GPU trace has millions of are kept as columns (8 bytes a
     # value): a tuple per event held ~0.2 KB, 1.2 GB for a 1.1 GB file. *_tid columns index
@@ -193,6 +193,9 @@ class EventArgs(Protocol):
     def concrete_inputs(self) -> JsonValue:
         """'Concrete Inputs' (decoded on demand: rarely read, sometimes long), or None."""
 
+    def input_dims(self) -> JsonValue:
+        """'Input Dims' (decoded on demand, read for collectives only), or None."""
+
 
 # An event's args object as the profiler writes it: the keys the reader reads (their values
 # unchecked; the JSON names have spaces, hence the functional form).
@@ -200,7 +203,7 @@ KinetoArgs = TypedDict("KinetoArgs", {
     "correlation": JsonValue, "Collective name": JsonValue, "Process Group Name": JsonValue,
     "Seq": JsonValue, "Src Rank": JsonValue, "Dst Rank": JsonValue,
     "Process Group Ranks": JsonValue, "Out split size": JsonValue, "In split size": JsonValue,
-    "Concrete Inputs": JsonValue}, total=False)
+    "Concrete Inputs": JsonValue, "Input Dims": JsonValue}, total=False)
 
 
 def _json_arg(key: str) -> property:
@@ -222,6 +225,7 @@ class JsonArgs:
     out_split = _json_arg("Out split size")
     in_split = _json_arg("In split size")
     _concrete = _json_arg("Concrete Inputs")
+    _dims = _json_arg("Input Dims")
 
     def __init__(self, raw: KinetoArgs):
         self.raw = raw
@@ -229,6 +233,10 @@ class JsonArgs:
     def concrete_inputs(self) -> JsonValue:
         """'Concrete Inputs', or None."""
         return self._concrete
+
+    def input_dims(self) -> JsonValue:
+        """'Input Dims', or None."""
+        return self._dims
 
 
 
@@ -367,7 +375,7 @@ class _Collector:
             a = self._args(args)
             pg, seq, src, dst = _comm_args(a)
             out.collectives.append((ts, dur, tid, what[1], pg, seq, src, dst, True,
-                                    split_rows(a)))
+                                    split_rows(a), shapes_of(a)))
         elif code == _OPTIMIZER:
             out.optimizer.append(ts)
         elif code == _LOADER:
@@ -396,7 +404,7 @@ class _Collector:
                 src = peer
         self._group(pg, args)
         out.collectives.append((ts, dur, tid, kind, pg, seq, src, dst, False,
-                                split_rows(args)))
+                                split_rows(args), shapes_of(args)))
 
     def _group(self, pg: str | None, args: EventArgs) -> None:
         """Remember the member ranks a collective's args give for its process group."""
@@ -462,6 +470,15 @@ class SplitRows(NamedTuple):
 
     received: int | None
     sent: int | None
+
+
+def shapes_of(args: EventArgs) -> str | None:
+    """A collective's tensor shapes ('Input Dims', with record_shapes) as canonical text, or
+    None: the members of one collective pass the same shapes."""
+    dims = args.input_dims()
+    if not isinstance(dims, list):
+        return None
+    return json.dumps(dims, separators=(",", ":"))
 
 
 def split_rows(args: EventArgs) -> SplitRows | None:

@@ -41,6 +41,7 @@ if AVAILABLE:
         # Lists, rarely needed: kept as raw JSON and decoded only when asked for.
         concrete: msgspec.Raw | msgspec.UnsetType = msgspec.field(
             default=_UNSET, name="Concrete Inputs")
+        dims: msgspec.Raw | msgspec.UnsetType = msgspec.field(default=_UNSET, name="Input Dims")
         pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
         out_split: Any = msgspec.field(default=None, name="Out split size")
         in_split: Any = msgspec.field(default=None, name="In split size")
@@ -50,6 +51,12 @@ if AVAILABLE:
             if self.concrete is _UNSET:
                 return None
             return msgspec.json.decode(self.concrete)
+
+        def input_dims(self) -> JsonValue:
+            """'Input Dims' decoded (kept raw until asked for), or None."""
+            if self.dims is _UNSET:
+                return None
+            return msgspec.json.decode(self.dims)
 
     _NO_ARGS = _Args()
 

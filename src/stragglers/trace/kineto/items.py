@@ -244,17 +244,17 @@ def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
         # a name the args give that is no collective we know ("coalesced": several under
         # one call) leaves the kind to the issuing op or the kernel's own name
         kind = kind if kind in KNOWN_COLLECTIVES else None
-        if launched[i]:
-            host = _enclosing(cpu_colls, (float(launch_ts[i]), ev.tids[int(launch_tid[i])]))
-            if host is not None:
-                kind = kind or host[3]
-                pg = pg if pg is not None else host[4]
-                seq = seq if seq is not None else host[5]
-                src = src if src is not None else host[6]
-                dst = dst if dst is not None else host[7]
-                rows = rows if rows is not None else host[9]
+        host = _enclosing(cpu_colls, (float(launch_ts[i]), ev.tids[int(launch_tid[i])])) \
+            if launched[i] else None
+        if host is not None:
+            kind = kind or host[3]
+            pg = pg if pg is not None else host[4]
+            seq = seq if seq is not None else host[5]
+            src = src if src is not None else host[6]
+            dst = dst if dst is not None else host[7]
+            rows = rows if rows is not None else host[9]
         colls.append(Coll(t0, t0 + d, float(key[j]), int(step[i]), kind or kind_name, pg, seq,
-                          src, dst, rows))
+                          src, dst, rows, host[10] if host is not None else None))
     return items, colls
 
 
@@ -342,12 +342,12 @@ def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
                 phase = steps.phase(s, start)
             items.append((start, end, start, s, phase))
     colls: list[Coll] = []
-    for ts, dur, launch, kind, pg, seq, src, dst, rows in _cpu_collectives(ev, counts):
+    for ts, dur, launch, kind, pg, seq, src, dst, rows, shapes in _cpu_collectives(ev, counts):
         s = steps.index(launch)
         if s < 0:
             s = steps.index(ts)
         if s >= 0:
-            colls.append(Coll(ts, ts + dur, launch, s, kind, pg, seq, src, dst, rows))
+            colls.append(Coll(ts, ts + dur, launch, s, kind, pg, seq, src, dst, rows, shapes))
         else:
             counts.outside_steps += 1
     if ev.distributed_info and ev.distributed_info.backend.lower() == "nccl":
@@ -356,7 +356,7 @@ def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
 
 
 def _cpu_collectives(ev: RankEvents, counts: ReadCounts) -> list[tuple]:
-    """CPU collectives as (ts, dur, launch, kind, pg, seq, src, dst, rows received).
+    """CPU collectives as (ts, dur, launch, kind, pg, seq, src, dst, rows received, shapes).
 
     Backend annotations (gloo:all_reduce, nccl:send) span the work itself; record_param_comms
     and c10d:: ops are where the program issued it, and carry the process group, sequence
@@ -368,7 +368,7 @@ def _cpu_collectives(ev: RankEvents, counts: ReadCounts) -> list[tuple]:
     annotated = sorted((c for c in ev.collectives if c[8]), key=lambda c: c[0])
     issued = sorted((c for c in ev.collectives if not c[8]), key=lambda c: c[0])
     if not annotated:
-        return [(c[0], c[1], c[0], c[3], c[4], c[5], c[6], c[7], c[9])
+        return [(c[0], c[1], c[0], c[3], c[4], c[5], c[6], c[7], c[9], c[10])
                 for c in _outermost(issued)]
     # A backend annotation spans one collective's work, from its start to its end: two of
     # them on one thread may overlap or nest (gloo's isends in flight together), and each
@@ -392,7 +392,7 @@ def _cpu_collectives(ev: RankEvents, counts: ReadCounts) -> list[tuple]:
         counts.unpaired_annotations += len(mine) - len(pairs)
     out = []
     for i, a in enumerate(annotated):
-        ts, dur, _tid, kind, pg, seq, src, dst, _, rows = a
+        ts, dur, _tid, kind, pg, seq, src, dst, _, rows, shapes = a
         c = partner.get(i)
         launch = ts
         if c is not None:
@@ -402,7 +402,8 @@ def _cpu_collectives(ev: RankEvents, counts: ReadCounts) -> list[tuple]:
             src = src if src is not None else c[6]
             dst = dst if dst is not None else c[7]
             rows = rows if rows is not None else c[9]
-        out.append((ts, dur, launch, kind, pg, seq, src, dst, rows))
+            shapes = shapes if shapes is not None else c[10]
+        out.append((ts, dur, launch, kind, pg, seq, src, dst, rows, shapes))
     return out
 
 
@@ -454,7 +455,8 @@ def _outermost(colls: list[tuple]) -> list[tuple]:
                 o = out[j]
                 out[j] = (*o[:4], *(mine if mine is not None else theirs
                                     for mine, theirs in zip(o[4:8], c[4:8])),
-                          o[8], o[9] if o[9] is not None else c[9])
+                          o[8], *(mine if mine is not None else theirs
+                                  for mine, theirs in zip(o[9:], c[9:])))
                 continue
             if j is None or c[0] + c[1] > out[j][0] + out[j][1]:
                 outer[c[3]] = len(out)

@@ -97,6 +97,7 @@ class Coll:
     src: int | None
     dst: int | None
     rows: SplitRows | None = None   # all-to-all: rows this rank received and sent
+    shapes: str | None = None       # its tensors' shapes ('Input Dims'), where recorded
 
 
 @dataclass

@@ -18,6 +18,7 @@ from stragglers.trace.kineto.mix import check_metadata, check_overlap
 from stragglers.trace.kineto.notes import reader_notes
 from stragglers.trace.kineto.ops import Placement, RankParts, RankRows, rank_rows
 from stragglers.trace.kineto.parse import parse_files
+from stragglers.trace.kineto.unnamed import name_cross_stage
 from stragglers.trace.kineto.placement import (JobShape, group_sizes, job_shape,
                                                model_parallel_groups, place, rank_of,
                                                world_size_of)
@@ -103,6 +104,7 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
     placements = _placements(parts, shape, found, notes)
     for r, where in placements.items():
         where.model_parallel = model_parallel_groups(parts[r], r, shape.tp_size)
+    notes += [("layout", n) for n in name_cross_stage(parts, placements)]
     per_rank = {r: rank_rows(parts[r], placements[r]) for r in sorted(parts)}
     origin_s, starts, sync_s, spans_s = _one_time_base(parts, per_rank)
     hosts = {r: parts[r].host for r in parts}
