@@ -65,3 +65,47 @@ def test_a_stored_part_without_rows_does_not_set_its_job_aside_at_the_next_start
                 [(0, None, []), (5, None, [])], full
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_a_read_of_the_store_holds_up_no_other_request(tmp_path):
+    """The read endpoints ran their store queries on the event loop: one /api/alerts or
+    /api/jobs of 10,000 jobs (anonymous unless --private) held every other request, /health
+    and uploads included, until it was done. Here the read waits on the test's event: /health
+    and an upload are answered while it waits."""
+    import threading
+
+    trace = slow_job(steps=5)
+    (rank, part, cols), *_ = parts_of(trace, 5)
+    s = serve(tmp_path / "mon.db")
+    entered, release = threading.Event(), threading.Event()
+    real = s.monitor.store.alerts
+
+    def held(*args, **kwargs):
+        entered.set()
+        release.wait(120)
+        return real(*args, **kwargs)
+
+    s.monitor.store.alerts = held
+    answers: list[int] = []
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            reader = threading.Thread(
+                target=lambda: answers.append(httpx.get(f"{s.url}/api/alerts",
+                                                        timeout=180).status_code))
+            reader.start()
+            assert entered.wait(60)
+            try:
+                assert c.get("/health").status_code == 200
+                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                          headers=AUTH)
+                assert r.status_code == 200, r.text
+            finally:
+                release.set()
+                reader.join()
+            assert answers == [200]
+    finally:
+        release.set()
+        s.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
@@ -26,6 +27,7 @@ from stragglers.serving import error_status
 
 log = logging.getLogger(__name__)
 REFUSAL_PAUSE_S = 0.25   # before a refused upload's answer (see _problem)
+READ_THREADS = 4   # threads answering reads of the store (each holds its own connection)
 
 STATIC = Path(__file__).parent / "static"
 INDEX_PAGE, JOB_PAGE = STATIC / "index.html", STATIC / "job.html"
@@ -46,6 +48,18 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     store = monitor.store
     feed = ChangeFeed(store)
     app.state.change_feed = feed
+    # reads of the store are answered on these threads, never on the event loop: one
+    # /api/alerts or /api/jobs of thousands of jobs (anonymous unless --private) held every
+    # other request there, /health and uploads included, until it was encoded
+    readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="stragglers-monitor-read")
+    app.state.readers = readers
+
+    async def off_loop(fn) -> Response:
+        """fn()'s answer (a JSON body or a Response), run and encoded on a reader thread."""
+        def run() -> Response:
+            body = fn()
+            return body if isinstance(body, Response) else JSONResponse(body)
+        return await asyncio.get_running_loop().run_in_executor(readers, run)
 
     def require_write(request: Request) -> None:
         if token is None:
@@ -142,17 +156,19 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     @app.get("/metrics", dependencies=read)
     async def metrics():
         """Prometheus text exposition (every job's, whichever instance analyses it)."""
-        monitor.refresh_metrics()
-        return Response(monitor.metrics.render(), media_type=CONTENT_TYPE)
+        def render() -> Response:
+            monitor.refresh_metrics()
+            return Response(monitor.metrics.render(), media_type=CONTENT_TYPE)
+        return await off_loop(render)
 
     @app.get("/api/jobs", dependencies=read)
     async def jobs():
         """Every job: name, world size, current S, state, last update, open alerts."""
         # the server's directories stay on the server: readers of the list get job names
-        return {"version": store.version, "jobs": [
+        return await off_loop(lambda: {"version": store.version, "jobs": [
             {k: v for k, v in plain(j).items() if k != "directory"}
             | ({"state": "quarantined"} if j.job in monitor.quarantined else {})
-            for j in store.jobs()]}
+            for j in store.jobs()]})
 
     @app.get("/api/jobs/{job}", dependencies=read)
     async def job(job: str = PathParam(max_length=128),
@@ -168,6 +184,9 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         if history < 1:
             raise HTTPProblem(422, "query 'history': 0 windows asked for; expected 1..100000",
                               "bad_request")
+        return await off_loop(lambda: job_answer(job, window, history))
+
+    def job_answer(job: str, window: int | None, history: int) -> object:
         row = store.job(job)
         if row is None:
             raise HTTPProblem(404, f"path 'job': unknown job {job!r}", "unknown_job")
@@ -198,11 +217,14 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         """One analysed window in full (scores per worker, diagnosis)."""
         check_job_name(job, "path")
         idx = plain_number(idx_text, "path 'idx'", MAX_WINDOW)
-        w = store.window(job, idx)
-        if w is None:
-            raise HTTPProblem(404, f"path 'idx': job {job!r} has no window {idx}",
-                              "unknown_window")
-        return plain(w)
+
+        def answer() -> object:
+            w = store.window(job, idx)
+            if w is None:
+                raise HTTPProblem(404, f"path 'idx': job {job!r} has no window {idx}",
+                                  "unknown_window")
+            return plain(w)
+        return await off_loop(answer)
 
     @app.get("/api/events", dependencies=read)
     async def events():
@@ -216,13 +238,15 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     @app.get("/api/alerts", dependencies=read)
     async def alerts():
         """Alerts firing now and the latest transitions of every job."""
-        return plain({"firing": store.alerts(status="firing"), "log": store.alert_log()})
+        return await off_loop(lambda: plain({"firing": store.alerts(status="firing"),
+                                             "log": store.alert_log()}))
 
     @app.get("/api/stats", dependencies=read)
     async def stats():
         """Parts and records stored (per way in and per job), and recent refusals."""
-        return plain({**store.totals(), "rejects": list(monitor.recent_rejects),
-                      "idle": monitor.idle()})
+        return await off_loop(lambda: plain({**store.totals(),
+                                             "rejects": list(monitor.recent_rejects.copy()),
+                                             "idle": monitor.idle()}))
 
     @app.get("/", dependencies=read)
     async def index():

@@ -115,6 +115,7 @@ class MonitorServer:
         self._end()
 
     def _end(self) -> None:
+        self.app.state.readers.shutdown(wait=False)   # (their connections close with them)
         if self.watcher is not None:
             self.watcher.stop()
         self.monitor.stop()
