@@ -64,3 +64,26 @@ def test_a_damaged_deadline_is_cut_after_a_restart_too(tmp_path):
         assert [(x.epoch, x.shard) for x in again.leases] == [(held.epoch, held.shard)]
     finally:
         store.close()
+
+
+@pytest.mark.slow
+def test_a_data_set_without_an_end_finishes_at_the_last_epoch_its_checks_take(tmp_path):
+    # (fails before: a data set of num_epochs=None created epoch MAX_EPOCHS, and every later
+    # call on it was refused: its stored row (epochs_created > MAX_EPOCHS) read as damaged)
+    from stragglers.adapt.dataset import MAX_EPOCHS
+    store = ShardStore(tmp_path / "s.db")
+    try:
+        store.create_dataset(DatasetConfig("inf", 1, 1, num_epochs=None))
+        fence = store.join("inf", "w").fence
+        first = store.lease("inf", "w", fence).leases[0]
+        store.ack("inf", "w", fence, first.epoch, first.shard, 1)
+        with sqlite3.connect(tmp_path / "s.db") as other:   # epochs 1 .. MAX_EPOCHS - 1, done
+            other.execute("WITH RECURSIVE e(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM e WHERE"
+                          " x < ?) INSERT INTO shards SELECT 'inf', x, 0, 0, 1, 'DONE', 'w', 1,"
+                          " NULL, 1, 0, 2 * x + 1, NULL FROM e", (MAX_EPOCHS - 1,))
+            other.execute("UPDATE datasets SET epochs_created=?, materialized=1",
+                          (MAX_EPOCHS,))
+        assert store.lease("inf", "w", fence).status == "finished"
+        assert store.status("inf").epochs_created == MAX_EPOCHS
+    finally:
+        store.close()

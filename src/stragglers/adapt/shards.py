@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stragglers.adapt import reads
-from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_FAILED_IN_REPLY, TODO,  # noqa: F401
+from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_EPOCHS, MAX_FAILED_IN_REPLY, TODO,  # noqa: F401
                                      WORKER_PATTERN, DatasetConfig, check_name)
 from stragglers.adapt.epochs import EPOCH_CHUNK, Epochs  # noqa: F401
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,  # noqa: F401
@@ -363,7 +363,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 if have < cfg.num_shards:
                     self._extend_epoch(c, cfg, epochs_created - 1, have)
                     continue
-                if cfg.num_epochs is not None and epochs_created >= cfg.num_epochs:
+                # (a data set without an end still ends at MAX_EPOCHS: one epoch more is a
+                # state its own read checks and a restore of its snapshot refuse)
+                if epochs_created >= (cfg.num_epochs or MAX_EPOCHS):
                     break
                 self._create_epoch(c, cfg, epochs_created)
                 epochs_created += 1
