@@ -19,6 +19,19 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
 
 
+def in_call(name: str) -> bool:
+    """Whether a thread of this process is inside the monitor's function `name` now."""
+    import sys
+
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code.co_name == name and frame.f_code.co_filename.endswith(
+                    "monitor/service.py"):
+                return True
+            frame = frame.f_back
+    return False
+
+
 def serve(db) -> MonitorServer:
     return MonitorServer(db, port=0, token=TOKEN, config=CFG).start()
 
@@ -108,4 +121,32 @@ def test_a_read_of_the_store_holds_up_no_other_request(tmp_path):
             assert answers == [200]
     finally:
         release.set()
+        s.stop()
+
+
+@pytest.mark.slow
+def test_an_upload_for_a_job_not_held_here_does_not_wait_for_the_ingest_on_the_event_loop(
+        tmp_path):
+    """An upload for a job without a tracker here (unknown, finished, another instance's)
+    looked the job up under the monitor's lock on the event loop: while the ingest held that
+    lock (a batch's trackers, windows cut) every request waited, /health included; a client
+    sending parts for made-up job names made it so all the time. Here the test holds the lock."""
+    import threading
+
+    trace = slow_job(steps=5)
+    (rank, part, cols), *_ = parts_of(trace, 5)
+    s = serve(tmp_path / "mon.db")
+    answers: list[int] = []
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            with s.monitor._lock:
+                sender = threading.Thread(target=lambda: answers.append(httpx.put(
+                    f"{s.url}/api/jobs/nobody/ranks/0/parts/0", content=table_bytes(cols),
+                    headers=AUTH, timeout=180).status_code))
+                sender.start()
+                eventually(lambda: in_call("tracker"), what="the upload at the lock")
+                assert c.get("/health").status_code == 200
+            sender.join()
+            assert answers == [404]
+    finally:
         s.stop()

@@ -35,7 +35,9 @@ from stragglers.monitor.jobmeta import check_meta, loads_meta
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
     is_plain_number, \
     check_same_part, fingerprint
+from stragglers.monitor.leases import ForeignJob
 from stragglers.monitor.service import JobFull, Monitor, PartIn
+from stragglers.monitor.windows import JobTracker
 from stragglers.serving import BodyRefused, declared_length
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, MintRate, RateLimited, \
     RequestLimits, quota_client
@@ -359,7 +361,12 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     async def store_part(request: Request, job: str, rank: int, part: int) -> PartReply:
         """Store one part (Parquet bytes); idempotent by (job, rank, part)."""
         check_job_name(job, "path")
-        tracker = monitor.tracker(job)
+        # a job held here is a dict read; any other is looked up (the store, a rebuild) under
+        # the monitor's lock, which the ingest holds while it takes a batch: off the event
+        # loop, or an upload for a made-up job name held every request, /health included
+        tracker: JobTracker | ForeignJob | None = monitor.trackers.get(job)
+        if tracker is None:
+            tracker = await run_in_threadpool(monitor.tracker, job)
         if tracker is None and job in monitor.quarantined:
             raise HTTPProblem(409, f"path 'job': job {job!r} is set aside (its stored metadata "
                               f"cannot be used: {monitor.quarantined[job][:200]}); PUT its "
