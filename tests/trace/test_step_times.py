@@ -103,3 +103,17 @@ def test_a_slow_half_ten_percent_slower_is_named(tmp_path, workers, slow):
 def test_noise_alone_makes_no_slow_group(tmp_path, workers, noise, steps):
     path = _table(tmp_path / "t.csv", workers, set(), 1.0, noise, steps, seed=workers)
     assert all(f.cause != "slow_group" for f in analyze(load_trace(path)).diagnosis)
+
+
+@pytest.mark.parametrize("job,slow", [
+    # workers 0-2 about 10% slower all run (worker 6 slow for a stretch in the middle)
+    ("job_1_norm.csv", {0, 1, 2}),
+    # workers 0 and 1 about 10% slower all run; 6-9 a quarter slower in the last tenth
+    ("job_3_norm.csv", {0, 1}),
+])
+def test_a_group_slower_all_run_is_named_beside_workers_slow_for_a_stretch(job, slow):
+    # judged on each worker's median over steps, not its mean: a stretch of slow steps no
+    # longer blurs the gap between the groups (both jobs read `none` at S 1.11)
+    result = analyze(load_trace(PAI / job))
+    top = result.diagnosis[0]
+    assert top.cause == "slow_group" and set(top.where.ranks) == slow, result.diagnosis

@@ -77,7 +77,15 @@ def group_members(ctx: Context, busy: np.ndarray) -> np.ndarray:
 def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
     """(slow mask [D], time relative to the fast group's median [D]) of one stage's workers
     ([D, T] busy seconds), or None when they do not fall into two separate groups."""
-    mean = times.mean(axis=1)
+    # Each worker's typical speed: its median over steps of its time relative to the step's
+    # median worker. A median, not a mean: a worker slow for a stretch of the run (PAI's
+    # job_3, four workers a quarter slower in its last tenth) stays in the group it belongs
+    # to the rest of the time, and does not blur the gap between the groups.
+    ref = np.median(times, axis=0)                                            # [T]
+    steps = ref > 0
+    if not steps.any():
+        return None
+    mean = np.median(times[:, steps] / ref[steps], axis=1)                    # [D]
     if not np.all(mean > 0):
         return None
     x = np.log(mean)
@@ -101,16 +109,18 @@ def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
     _, lo, _ = _group_interval(times, slow, cfg)
     if lo >= 1 + cfg.worker_min_excess:
         return slow, ratio                        # persistently 15% slower: a group
-    # Closer groups, from five workers on: they stand apart when the gap between them is an
-    # outlier against the workers' spread within their own group (the outlier test's bar), and
-    # the slow one is slower in (nearly) every step; what fixing it buys is the gain test's.
-    # A slow half of a job 10% slower was named as nothing, while a slow 40% of it, which
-    # leaves the median among the fast, was named by the outlier test worker by worker.
+    # Closer groups, from five workers on: the outlier test with the fast group as the norm
+    # (the whole stage's median sits between the groups when half of it is slow): every slow
+    # worker lies `outlier_z` robust deviations (the workers' spread about their own group's
+    # median) above the fast group's median, and the slow group is slower in (nearly) every
+    # step; what fixing it buys is the gain test's. A slow half of a job 10% slower was named
+    # as nothing, while a slow 40% of it was named by the outlier test worker by worker.
     if len(x) < 5 or lo <= 1:
         return None
-    centre = np.where(slow, np.median(x[slow]), np.median(x[~slow]))
+    fast = float(np.median(x[~slow]))
+    centre = np.where(slow, np.median(x[slow]), fast)
     spread = max(MAD_TO_SIGMA * float(np.median(np.abs(x - centre))), cfg.outlier_scale_floor)
-    return (slow, ratio) if gaps[k] >= cfg.outlier_z * spread else None
+    return (slow, ratio) if float(x[slow].min()) - fast >= cfg.outlier_z * spread else None
 
 
 def _group_interval(times: np.ndarray, slow: np.ndarray, cfg) -> tuple[float, float, float]:
