@@ -87,3 +87,29 @@ def test_a_data_set_without_an_end_finishes_at_the_last_epoch_its_checks_take(tm
         assert store.status("inf").epochs_created == MAX_EPOCHS
     finally:
         store.close()
+
+
+def test_a_wall_clock_stepped_forward_expires_no_lease(tmp_path):
+    # (fails before: lease deadlines are wall-clock times and only a gap in the monotonic
+    # heartbeat granted a grace period: a clock stepped an hour ahead expired every lease at
+    # the next call, a retry of each used up with no worker failing)
+    import asyncio
+
+    from stragglers.adapt.service import GroupCommitter
+    clock = Clock()
+    store = ShardStore(tmp_path / "s.db", clock=clock)
+    commit = GroupCommitter(store, stall_s=2.0)
+    try:
+        store.create_dataset(DatasetConfig("d", 20, 10, lease_s=5))
+        held = store.lease("d", "w", store.join("d", "w").fence).leases[0]
+        fence = store.join("d", "v").fence
+        clock.now += 3600
+
+        async def lease():   # through the writer, as the service calls it
+            return await commit.run(lambda: store.lease("d", "v", fence))
+        reply = asyncio.run(lease())
+        assert [x.shard for x in reply.leases] != [held.shard]
+        assert reply.failed == [] and store.status("d").epochs["0"]["DOING"] == 2
+    finally:
+        commit.close()
+        store.close()

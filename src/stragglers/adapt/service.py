@@ -221,7 +221,7 @@ class GroupCommitter:
         self.batches = self.calls = self.failed_batches = self.stalls = 0
         self.stall_s = stall_s
         self._fold = False   # a write failed for space: fold the WAL before the next batch
-        self._beat = time.monotonic()
+        self._beat, self._wall = time.monotonic(), store._clock()
         self._beat_lock = threading.Lock()
         self._closed = threading.Event()
         self._threads = [threading.Thread(target=self._loop, name="group-commit", daemon=True),
@@ -250,13 +250,21 @@ class GroupCommitter:
         writer must not expire leases with requests queued during the pause.
         """
         with self._beat_lock:
-            now = time.monotonic()
+            now, wall = time.monotonic(), self.store._clock()
             if now - self._beat > self.stall_s:
                 self.stalls += 1
                 log.warning("shard service paused for %.1fs: held leases get a grace period",
                             now - self._beat)
                 self.store.grant_grace()
-            self._beat = now
+            elif (wall - self._wall) - (now - self._beat) > self.stall_s:
+                # Lease deadlines are wall-clock times (they outlive the process): a clock
+                # stepped forward (NTP, an operator) expired every lease at once, a retry of
+                # each used up with no worker failing. Treated like a pause.
+                self.stalls += 1
+                log.warning("the wall clock jumped %.1fs ahead: held leases get a grace period",
+                            (wall - self._wall) - (now - self._beat))
+                self.store.grant_grace()
+            self._beat, self._wall = now, wall
 
     async def run(self, call, key: object = None):
         """Queue `call` (no arguments) and wait until its transaction is durable; `key`: whose
