@@ -150,3 +150,28 @@ def test_an_upload_for_a_job_not_held_here_does_not_wait_for_the_ingest_on_the_e
             assert answers == [404]
     finally:
         s.stop()
+
+
+def test_a_part_with_16_bit_float_times_is_refused_naming_the_column(tmp_path):
+    """Half floats read as numbers by the schema check, then failed the time check with a
+    TypeError's text ("could not be checked (TypeError: ufunc 'isfinite' ...)")."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stragglers.monitor.parts import read_part_footer, read_upload
+    from stragglers.trace.runformat import rank_file_name
+
+    rank, part, cols = parts_of(slow_job(steps=5), 5)[0]
+    for name in ("duration", "start_ts"):
+        t = pq.read_table(io.BytesIO(table_bytes(cols)))
+        t = t.set_column(t.schema.get_field_index(name), name, t[name].cast(pa.float16()))
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
+        path = tmp_path / rank_file_name(rank, part)
+        path.write_bytes(buf.getvalue())
+        for got in (read_upload(buf.getvalue(), "upload", rank, part, path),
+                    read_part_footer(path)):
+            assert isinstance(got, Exception) and got.field == name, got
+            assert "TypeError" not in str(got) and "halffloat" in str(got), got

@@ -311,6 +311,8 @@ def _schema_verdict(schema: pa.Schema):
         t = schema.field(name).type
         if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
             return name, f"expected a number column, got {t}"
+        if pa.types.is_float16(t):   # (numpy's checks take no half floats: a TypeError once)
+            return name, f"expected 32- or 64-bit floats or integers, got {t}"
         dtype = COLUMNS[name] if name in COLUMNS else OPTIONAL_COLUMNS[name]
         if dtype.kind == "i" and not pa.types.is_integer(t):
             return "whole"
