@@ -143,3 +143,48 @@ def test_an_all_reduce_whose_shapes_differ_between_stages_is_a_stages_own():
         ranks = {r: parts(r, shapes[r]) for r in (0, 1)}
         notes = name_cross_stage(ranks, where)
         assert [ranks[r].colls[0].pg == WORLD for r in (0, 1)] == [grouped] * 2, notes
+
+
+def test_a_step_that_a_rank_lacks_a_transfer_of_is_named_in_the_notes(tmp_path):
+    # a rank's trace that lost one send (a reader defect or a cut trace) leaves a step the
+    # analysis drops as incomplete: the reading says which step and what is missing
+    import gzip
+    import json
+    _job(tmp_path, 1)
+    path = tmp_path / "rank-0.json.gz"
+    raw = path.read_bytes()
+    gz = raw[:2] == b"\x1f\x8b"
+    doc = json.loads(gzip.decompress(raw) if gz else raw)
+    events = doc["traceEvents"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                   if str(e.get("name", "")).startswith("ProfilerStep#"))
+    lo, hi, name = steps[2]
+    sends = [e for e in events if e.get("cat") == "kernel" and e["args"].get(
+        "Collective name") == "send" and lo <= e["ts"] <= hi]
+    events.remove(sends[0])
+    text = json.dumps(doc).encode()
+    path.write_bytes(gzip.compress(text) if gz else text)
+    trace = load_trace(tmp_path)
+    step = int(name.split("#")[1])
+    uneven = [n.message for n in trace.notes if "uneven communication" in n.message]
+    assert len(uneven) == 1 and f"({step})" in uneven[0] and "rank 0" in uneven[0], trace.notes
+    result = analyze(trace)
+    assert step not in result.step_times["base"]   # what the note announces
+
+
+def test_a_step_only_some_ranks_traced_is_named_in_the_notes(tmp_path):
+    import gzip
+    import json
+    _job(tmp_path, 1)
+    path = tmp_path / "rank-3.json.gz"
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    last = max((e for e in doc["traceEvents"] if str(e.get("name", "")).startswith(
+        "ProfilerStep#") and e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
+    doc["traceEvents"].remove(last)     # rank 3's window ended a step earlier
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    trace = load_trace(tmp_path)
+    step = int(last["name"].split("#")[1])
+    partial = [n.message for n in trace.notes if "only some ranks" in n.message]
+    assert len(partial) == 1 and f"({step})" in partial[0] and "rank(s) 3)" in partial[0], \
+        trace.notes
+    assert step not in analyze(trace).step_times["base"]

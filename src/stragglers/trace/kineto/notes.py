@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
+import numpy as np
+
 from stragglers.trace.kineto.exchanges import EXCHANGE
 from stragglers.trace.kineto.layout import Pipelines, p2p_summary
 from stragglers.trace.kineto.ops import RankParts, RankRows, ReadCounts
 from stragglers.trace.kineto.placement import JobShape
+from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES, OPTYPES
 from stragglers.wording import ranges
+
+_COMPUTE_CODES = [OPTYPE_CODES[n] for n in COMPUTE_OPTYPES]
+# what a stage sends and the next one receives: (send on stage s, recv on stage s + 1)
+_P2P_PAIRS = [(OPTYPE_CODES["forward-send"], OPTYPE_CODES["forward-recv"]),
+              (OPTYPE_CODES["backward-recv"], OPTYPE_CODES["backward-send"])]
 
 
 def reader_notes(per_rank: dict[int, RankRows], parts: dict[int, RankParts], shape: JobShape,
@@ -19,7 +29,55 @@ def reader_notes(per_rank: dict[int, RankRows], parts: dict[int, RankParts], sha
     for rows in per_rank.values():
         total.add(rows.counts)
     out += _dropped_notes(total)
+    out += _uneven_steps(per_rank)
     out += _other_notes(per_rank, total)
+    return out
+
+
+def _uneven_steps(per_rank: dict[int, RankRows]) -> list:
+    """Steps that some ranks' traces lack, and steps in which a rank holds fewer or more of a
+    communication op than the other ranks of its stage, or a stage sends more or fewer than
+    the next receives: the analysis leaves such a step out (a worker lacks its ops), so the
+    reading says which and why."""
+    counts: dict[tuple[int, int], Counter] = {}    # (stage, step) → (rank, optype) → n
+    for r, rows in per_rank.items():
+        comm = ~np.isin(rows.optype, _COMPUTE_CODES)
+        for step, code in zip(rows.step[comm].tolist(), rows.optype[comm].tolist()):
+            counts.setdefault((rows.placement.stage, step), Counter())[(r, code)] += 1
+    steps_of = {r: set(np.unique(rows.step).tolist()) for r, rows in per_rank.items()}
+    found: dict[int, str] = {}
+    for (stage, step), c in sorted(counts.items()):
+        ranks = sorted(r for r, rows in per_rank.items()
+                       if rows.placement.stage == stage and step in steps_of[r])
+        for code in sorted({k for _, k in c}):
+            n = {r: c[(r, code)] for r in ranks}
+            if len(set(n.values())) > 1 and step not in found:
+                # the rarest count, and of two as common the smaller: a rank lacks an op
+                odd = min(n, key=lambda r: (list(n.values()).count(n[r]), n[r]))
+                found[step] = (f"rank {odd} has {n[odd]} {OPTYPES[code]} op(s) where the "
+                               f"other ranks of stage {stage} have "
+                               f"{max(set(n.values()) - {n[odd]})}")
+        for send, recv in _P2P_PAIRS:
+            here = sum(v for (r, k), v in c.items() if k == send)
+            there = sum(v for (r, k), v in counts.get((stage + 1, step), Counter()).items()
+                        if k == recv)
+            if (stage + 1, step) in counts and here != there and step not in found:
+                found[step] = (f"stage {stage} has {here} {OPTYPES[send]} op(s), stage "
+                               f"{stage + 1} {there} {OPTYPES[recv]}")
+    out = []
+    every = set.union(*steps_of.values()) if steps_of else set()
+    partial = sorted(s for s in every if any(s not in mine for mine in steps_of.values()))
+    if partial:
+        lacking = sorted(r for r, mine in steps_of.items() if partial[0] not in mine)
+        out.append(("dropped", f"{len(partial)} step(s) ({ranges(partial)}) are in the traces "
+                               f"of only some ranks (step {partial[0]} is not in rank(s) "
+                               f"{ranges(lacking)}): the analysis leaves them out"))
+    found = {s: why for s, why in found.items() if s not in partial}
+    if found:
+        first = min(found)
+        out.append(("dropped", f"{len(found)} step(s) ({ranges(sorted(found))}) hold uneven "
+                               f"communication: in step {first}, {found[first]}; the analysis "
+                               "leaves a step out where a worker lacks an op the others have"))
     return out
 
 
