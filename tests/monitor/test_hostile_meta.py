@@ -231,3 +231,57 @@ def test_a_rewrite_that_moves_a_rank_once_parts_are_stored_is_a_conflict(tmp_pat
                 assert [(w["error"], w["missing_ranks"]) for w in full] == [(None, [])] * 2
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_sizes_cannot_change_while_a_part_of_the_run_is_on_its_way(tmp_path):
+    # a part checked against the world of 4 and not yet committed when a meta.json of a
+    # world of 2 came: the metadata was taken (no part stored yet), the part of rank 2
+    # stored after it, and the next start set the job aside. The test holds the part in
+    # the ingest, just before it is stored.
+    import threading
+
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    meta = trace.meta.to_dict()
+    smaller = json.loads(json.dumps(meta))
+    smaller.update(dp_size=1, world_size=2)
+    smaller["extra"]["layout"] = [dict(e, rank=i) for i, e in enumerate(
+        e for e in meta["extra"]["layout"] if e["dp_rank"] == 0)]
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    entered, release = threading.Event(), threading.Event()
+    real = s.monitor.store.add_parts
+
+    def held(*args, **kwargs):
+        entered.set()
+        release.wait(120)
+        return real(*args, **kwargs)
+
+    s.monitor.store.add_parts = held
+    answers: list[int] = []
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=meta, headers=AUTH).status_code == 200
+            rank, part, cols = next(p for p in parts if p[0] == 2)
+            sender = threading.Thread(target=lambda: answers.append(httpx.put(
+                f"{s.url}/api/jobs/j/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                headers=AUTH, timeout=180).status_code))
+            sender.start()
+            try:
+                assert entered.wait(60)
+                r = c.put("/api/jobs/j/meta", json=smaller, headers=AUTH)
+                assert r.status_code == 409 and "world_size 2" in r.json()["error"], r.text
+            finally:
+                release.set()
+                sender.join()
+            assert answers == [200]
+    finally:
+        release.set()
+        s.stop()
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            job = get(c, "/api/jobs/j")
+            assert (job["world_size"], job["quarantined"]) == (4, None), job
+    finally:
+        s.stop()

@@ -315,18 +315,27 @@ class Monitor:
         sizes = ("world_size", "dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size")
         changed = [(n, getattr(before, n), getattr(meta, n)) for n in sizes
                    if getattr(before, n) != getattr(meta, n)]
-        if changed and self.store.has_parts(job):
+        if changed and self._has_parts(job):
             name, was, now = changed[0]
             raise InputError(job, "job", f"{name} {now} where the run's stored parts have "
                              f"{was}: a run keeps its sizes (a new run, with a new start "
                              "clock in extra.clock, starts the job again)")
         moved = self._moved_rank(job, before, meta)
-        if moved is not None and self.store.has_parts(job):
+        if moved is not None and self._has_parts(job):
             rank, was, now = moved
             raise InputError(job, "job", f"extra.layout puts rank {rank} at (dp_rank, stage) "
                              f"{now} where the run's stored parts have it at {was}: a run keeps "
                              "its layout (a new run, with a new start clock in extra.clock, "
                              "starts the job again)")
+
+    def _has_parts(self, job: str) -> bool:
+        """Whether a part of the job is stored, or on its way (checked against the job's
+        sizes as they were, and not yet committed: a world shrunk while rank 2's part was
+        in flight was taken, the part stored after it, and the next start set the job aside)."""
+        with self._count_lock:
+            if self._jobs_in_flight.get(job, 0):
+                return True
+        return self.store.has_parts(job)
 
     def _moved_rank(self, job: str, before: JobMeta, meta: JobMeta) \
             -> tuple[int, tuple[int, int], tuple[int, int]] | None:
