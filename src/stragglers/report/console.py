@@ -34,7 +34,7 @@ from stragglers.report.summary import (
     title_of,
 )
 from stragglers.whatif.config import DECOMPOSE_SLOWDOWN, STRAGGLING_SLOWDOWN
-from stragglers.whatif.result import AnalysisResult
+from stragglers.whatif.result import AnalysisResult, WorkerRef
 
 # Above this many DP ranks the worker grid shows coloured blocks instead of numbers.
 GRID_NUMBERS_MAX_DP = 16
@@ -208,9 +208,25 @@ def _top_steps(r: AnalysisResult) -> Group:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("step", justify="right")
     table.add_column("S(step)", justify="right")
+    culprits = {s.step: s for s in r.slowest_steps}
+    if culprits:
+        table.add_column("computed longest (× its stage's median worker)")
     for step, value in sorted(steps.items(), key=lambda kv: -kv[1])[:TOP_STEPS]:
-        table.add_row(str(step), Text(fmt(value), style=slowdown_style(value, r.straggling_threshold)))
+        row: list[str | Text] = [str(step), Text(fmt(value), style=slowdown_style(
+            value, r.straggling_threshold))]
+        if culprits:
+            c = culprits.get(step)
+            row.append(_worker_words(c.worker) + f" {c.ratio:.2f}×"
+                       if c is not None and c.worker is not None and c.ratio is not None else "-")
+        table.add_row(*row)
     return Group(title, table)
+
+
+def _worker_words(ref: WorkerRef) -> str:
+    """'dp 6 / pp 0 (rank 6 on host)' for a WorkerRef."""
+    rank = f"rank {ref.rank}" if ref.rank is not None else ""
+    host = f" on {ref.host}" if ref.host else ""
+    return f"dp {ref.dp} / pp {ref.pp}" + (f" ({rank}{host})" if rank or host else "")
 
 
 def _diagnosis(r: AnalysisResult) -> Panel:

@@ -293,8 +293,14 @@ def _steps_figure(r: AnalysisResult) -> Any:
     ordered = sorted(r.step_slowdown.items())
     steps = [k for k, _ in ordered]
     values = [v for _, v in ordered]
+    # the slowest steps name the worker that computed longest in them (hover text)
+    who = {s.step: f"<br>computed longest: dp {s.worker.dp} / pp {s.worker.pp}"
+           + (f" (rank {s.worker.rank})" if s.worker.rank is not None else "")
+           + f", {s.ratio:.2f}× its stage's median worker"
+           for s in r.slowest_steps if s.worker is not None and s.ratio is not None}
     fig = go.Figure(go.Bar(x=steps, y=values, marker_color="#e67e22",
-                           hovertemplate="step %{x}: S = %{y:.3f}<extra></extra>"))
+                           customdata=[who.get(k, "") for k in steps],
+                           hovertemplate="step %{x}: S = %{y:.3f}%{customdata}<extra></extra>"))
     # the two line labels on opposite sides, on a backdrop: S and the threshold are often close
     fig.add_hline(y=r.slowdown, line_dash="dash", annotation_text=f"job S {r.slowdown:.3f}",
                   annotation_position="top left", annotation_bgcolor=LABEL_BACKDROP)

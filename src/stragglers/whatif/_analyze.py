@@ -14,8 +14,8 @@ from stragglers.whatif.grid import build_grid
 from stragglers.whatif.warmup import warmup_steps
 from stragglers.whatif.metrics import DECOMPOSE_THRESHOLD, WhatIf
 from stragglers.whatif._replay import replay
-from stragglers.whatif.result import (AnalysisResult, Finding, WorkerScore, job_info, plain,
-                                      reader_notes)
+from stragglers.whatif.result import (AnalysisResult, Finding, SlowStep, WorkerScore, job_info,
+                                      plain, reader_notes)
 
 
 def analyze(trace: Trace, steps: list[int] | str | None = None,
@@ -98,6 +98,7 @@ def analyze_grid(trace: Trace, grid, steps, tick: Callable[[str], None], cfg: Di
         t_nodelay=float(w.t_nodelay.mean()),
         t_ideal=float(w.t_ideal.mean()),
         step_slowdown=w.step_slowdown(),
+        slowest_steps=slowest_steps(w, trace, cfg),
         step_times={
             "base": _per_step(grid.steps, w.t_base), "replay": _per_step(grid.steps, w.t_replay),
             "nodelay": _per_step(grid.steps, w.t_nodelay), "ideal": _per_step(grid.steps, w.t_ideal)},
@@ -169,6 +170,44 @@ def _with_ranks(scores: list[WorkerScore], w: WhatIf, trace: Trace, cfg) -> list
         rank = int(ctx.ranks[index[s_.dp], s_.pp])
         s_.rank, s_.host = (rank if rank >= 0 else None), ctx.hosts.get(rank)
     return scores
+
+
+# The slowest steps a result lists, each with the worker that computed longest in it.
+SLOWEST_STEPS = 10
+# A worker is named for a step where it took at least this much longer than its stage's median
+# worker (below it, no one worker's compute made the step slow).
+CULPRIT_RATIO = 1.05
+
+
+def slowest_steps(w: WhatIf, trace: Trace, cfg) -> list[SlowStep]:
+    """The steps of highest slowdown, each with the worker whose busy compute (forward,
+    backward, optimizer) was longest against its stage's median worker that step: who a
+    stretch of slow steps waited for, where no cause is worth naming over the whole run (one
+    worker of PAI's job_1 slow for a twentieth of it)."""
+    from stragglers.whatif.causes import Context
+    from stragglers.whatif.causes.base import BUSY, per_worker_sum
+
+    g = w.grid
+    by_step = w.step_slowdown()
+    top = sorted(by_step.items(), key=lambda kv: -kv[1])[:SLOWEST_STEPS]
+    if not top:
+        return []
+    busy = per_worker_sum(g.duration, g.node_stage, np.isin(g.node_optype, BUSY), g.pp_size)
+    median = np.median(busy, axis=0, keepdims=True)                            # [1, P, T]
+    ratio = np.where(median > 0, busy / np.maximum(median, 1e-300), 1.0)       # [D, P, T]
+    ctx = Context.build(w, trace, cfg) if len(g.dp_ranks) > 1 else None
+    column = {int(s): i for i, s in enumerate(g.steps)}
+    out = []
+    for step, value in top:
+        t = column[step]
+        d, p = np.unravel_index(int(np.argmax(ratio[:, :, t])), ratio.shape[:2])
+        r = float(ratio[d, p, t])
+        if ctx is None or r < CULPRIT_RATIO:
+            out.append(SlowStep(step, value))
+            continue
+        ref = ctx.where_workers([(int(d), int(p))]).workers[0]
+        out.append(SlowStep(step, value, ref, r))
+    return out
 
 
 def _per_step(steps, values) -> dict[int, float]:

@@ -97,6 +97,16 @@ class Finding(msgspec.Struct):
         return self.interval.low if self.interval is not None else self.speedup_if_fixed
 
 
+class SlowStep(msgspec.Struct):
+    """One of the slowest steps, and the worker that computed longest in it against its stage's
+    median worker (None where no worker took 5% longer: the step's time went elsewhere)."""
+
+    step: int
+    slowdown: float
+    worker: WorkerRef | None = None
+    ratio: float | None = None       # the worker's busy compute / its stage's median worker's
+
+
 class DiagnosisSummary(msgspec.Struct):
     """All listed causes together: the combined prediction and what is left unexplained."""
 
@@ -156,6 +166,7 @@ class AnalysisResult(msgspec.Struct, rename=_JSON_NAMES):
     t_nodelay: float | None = None
     t_ideal: float | None = None
     step_slowdown: dict[int, float] = {}
+    slowest_steps: list[SlowStep] = []     # the top steps by slowdown, with who computed longest
     step_times: dict[str, dict[int, float]] = {}
     ideal_durations: dict[str, float] = {}
     by_optype: dict[str, float] = {}
