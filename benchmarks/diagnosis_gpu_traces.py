@@ -8,8 +8,8 @@ blocking all-reduce in each TP pair after every forward piece, DDP in the data-p
 groups), context parallelism of 2 or 4 on 30% of the jobs whose ranks allow it (after every
 forward piece, and at the backward's start for a ring, the CP group exchanges K/V: one
 all-gather, ring attention's send/recv in cp - 1 rounds, or torch's all-to-all rotation; a
-third each), two pipeline stages on 30% of the jobs without a slow group, slow link or
-ring attention whose ranks leave two or more per stage and tensor-context block (GPipe with 2-4
+third each), two pipeline stages on 30% of the jobs without a slow group or slow link
+whose ranks leave two or more per stage and tensor-context block (GPipe with 2-4
 microbatches, each stage with its own groups, one clock), 2-6 DDP buckets of unequal sizes, kernel noise 1-3%, host clocks up to 500 µs
 apart, every host starting each step up to 0-400 µs late at random) and one of: no cause
 (noise only), a late host (one rank starts every step 1.5-4 ms late: `host_stall`), a slow
@@ -28,7 +28,7 @@ materiality gate (×1.03) is slack: counted apart, not graded; and as in
 right (a gain that small can sit under the gate's interval), naming anything else is not. Reported: exact share (goal ≥ 97.5%), per kind, healthy ranks named, and the
 reader's and analysis's time.
 
-    .venv/bin/python benchmarks/diagnosis_gpu_traces.py [--jobs 500] [--seed 1]
+    .venv/bin/python benchmarks/diagnosis_gpu_traces.py [--jobs 500] [--seed 1] [--name /tmp/x]
 """
 
 from __future__ import annotations
@@ -107,14 +107,13 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
     tp_cp = shape.get("tp_size", 1) * shape.get("cp_size", 1)
     pipe = np.random.default_rng([seed, 3])
     if kind in ("none", "host_stall", "worker_fault", "expert_imbalance") \
-            and ranks % (2 * tp_cp) == 0 and ranks // (2 * tp_cp) >= 2 and pipe.random() < 0.3 \
-            and shape.get("cp_comm") != "ring":
+            and ranks % (2 * tp_cp) == 0 and ranks // (2 * tp_cp) >= 2 and pipe.random() < 0.3:
         # two pipeline stages (GPipe, 2-4 microbatches), each with its own TP, CP, EP and DP
         # groups, all on one clock (no collective spans the stages for the reader to align
         # clocks on); one expert group per stage (half a stage's ranks would be one or two);
         # not with a slow group (it could be a whole stage: a stage imbalance) or a slow link
-        # (its three or four expert groups in a stage of three or four ranks); not with ring
-        # attention (the Kineto reader takes its send/recv for pipeline transfers)
+        # (its three or four expert groups in a stage of three or four ranks); ring attention
+        # too (the reader tells its exchanges from the pipeline's transfers)
         shape.update(pp_size=2, microbatches=int(pipe.integers(2, 5)), expert_groups=1,
                      ranks_per_host=ranks)
     if shape["all_to_alls"] and kind != "communication":
@@ -165,6 +164,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=500)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--show", type=int, default=10, help="misses to print")
+    ap.add_argument("--name", default=None, help="write the result as this name (a path: "
+                    "there, e.g. /tmp/x) instead of results/diagnosis_gpu_traces*.json")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     exact = collections.Counter()
@@ -256,8 +257,8 @@ def main() -> None:
                   f"write {1e3 * t_write / n:.0f} ms, read {1e3 * t_read / n:.0f} ms, "
                   f"analyse {1e3 * t_analyse / n:.0f} ms", "weak left unnamed": "", "slack": ""}],
               text=[TEXT]),
-          name="diagnosis_gpu_traces" if (args.jobs, args.seed) == (1000, 2)
-          else f"diagnosis_gpu_traces_seed{args.seed}")
+          name=args.name or ("diagnosis_gpu_traces" if (args.jobs, args.seed) == (1000, 2)
+                             else f"diagnosis_gpu_traces_seed{args.seed}"))
 
 
 if __name__ == "__main__":

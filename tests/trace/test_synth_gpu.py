@@ -267,3 +267,37 @@ def test_a_pipeline_job_passes_each_microbatch_between_neighbouring_stages(tmp_p
 def test_a_pipeline_that_does_not_divide_the_ranks_is_refused():
     with pytest.raises(ValueError, match="pp_size 3 does not divide the 8 ranks"):
         GpuJob(ranks=8, pp_size=3)
+
+
+def test_every_microbatch_backward_of_a_ring_pipeline_passes_dkdv_on(tmp_path):
+    """pp 2 × cp 2, three microbatches: each microbatch's forward and its backward run the
+    ring's cp - 1 rounds (the backward's inside its attention function's autograd op), not
+    the last microbatch's backward only."""
+    write_gpu_job(GpuJob(ranks=8, steps=1, seed=1, pp_size=2, cp_size=2, cp_comm="ring",
+                         microbatches=3, all_to_alls=0), tmp_path)
+    ring = [(k, p) for k, p in _p2p(tmp_path / "rank-0.json.gz") if p == 1]   # its CP peer
+    assert len(ring) == 2 * (3 + 3)          # a send and a receive per round
+    doc = json.loads(gzip.decompress((tmp_path / "rank-0.json.gz").read_bytes()))
+    ops = [e for e in doc["traceEvents"] if e["name"].startswith("autograd::engine")]
+    launches = {e["args"]["correlation"]: e["ts"] for e in doc["traceEvents"]
+                if e["name"] == "cudaLaunchKernel"}
+    flash = [launches[e["args"]["correlation"]] for e in doc["traceEvents"]
+             if e["name"] == "flash_bwd_kernel"]
+    assert len(flash) == 3
+    assert all(any(o["ts"] <= t <= o["ts"] + o["dur"] for o in ops) for t in flash)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks, cp, tp, mb, slow", [(8, 2, 1, 3, (4, 1.8)), (8, 2, 1, 4, (7, 1.8)),
+                                                      (16, 4, 2, 2, (9, 1.6)), (8, 2, 1, 3, None)])
+def test_a_slow_rank_of_a_ring_attention_pipeline_is_named_alone(tmp_path, ranks, cp, tp, mb,
+                                                                  slow):
+    """Ring attention in each stage of a pipeline: a slow rank is named alone, never its CP
+    peers or the ranks it passes microbatches to (their waits at the ring's backward rounds
+    once were read as host stalls); a clean job says none."""
+    truth = write_gpu_job(GpuJob(ranks=ranks, steps=5, seed=mb - 2, cp_size=cp, tp_size=tp,
+                                 cp_comm="ring", pp_size=2, microbatches=mb,
+                                 ranks_per_host=ranks, all_to_alls=mb % 2, slow_rank=slow),
+                          tmp_path)
+    want = {(c["cause"], r) for c in truth["causes"] for r in c["ranks"]} or {("none", -1)}
+    assert _named(analyze(load_trace(tmp_path))) == want

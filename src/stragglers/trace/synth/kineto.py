@@ -88,9 +88,10 @@ class GpuJob:
                                     # piece exchanges K/V in its CP group (ranks tp apart)
     cp_comm: str = "all_gather"     # how: one all-gather; "ring": ring attention (send to the
                                     # next CP rank, receive from the one before, cp - 1 rounds,
-                                    # each after its chunk of attention; the backward's dK/dV
-                                    # likewise at its start); "all_to_all": torch's all-to-all
-                                    # rotation (equal splits) in those rounds instead
+                                    # each after its chunk of attention; each microbatch's
+                                    # backward passes dK/dV likewise at its start, its attention
+                                    # kernels inside their autograd op); "all_to_all": torch's
+                                    # all-to-all rotation (equal splits) in those rounds instead
     pp_size: int = 1                # pipeline stages (Megatron order: blocks of ranks/pp
                                     # consecutive ranks, pp slowest); each step runs
     microbatches: int = 1           # this many microbatches through them (GPipe), each stage
@@ -378,6 +379,8 @@ def _backward_piece(sim: _Sim, gpu: np.ndarray, stage: list[int], share: float) 
     job = sim.job
     bwd = share * job.backward_us * sim.speed * (1 + job.jitter * sim.rng.standard_normal(
         job.ranks))
+    if job.cp_comm != "all_gather":     # every microbatch's attention passes dK/dV on first
+        gpu = _ring_attention(sim, gpu, 0.1 * bwd / job.cp_size, _AUTOGRAD, set(stage))
     for r in stage:
         at = sim.ranks[r].issue()
         sim.ranks[r].x("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", at,
@@ -425,8 +428,13 @@ def _ring_attention(sim: _Sim, gpu: np.ndarray, chunk: np.ndarray, tid: int,
     for _ in range(job.cp_size - 1):
         sim.seq["cp"] += 1
         for r in sorted(stage):
+            at = ranks[r].issue()
+            if tid == _AUTOGRAD:    # launched inside its autograd function's op, as profiled
+                ranks[r].x("cpu_op", "autograd::engine::evaluate_function: "
+                           "ScaledDotProductFlashAttentionBackward0", at, 12.0, _CPU, _AUTOGRAD)
+                at += 2.0
             ranks[r].kernel("flash_fwd_kernel" if tid == _MAIN else "flash_bwd_kernel",
-                            ranks[r].issue(), gpu[r], chunk[r], _COMPUTE_STREAM, tid=tid)
+                            at, gpu[r], chunk[r], _COMPUTE_STREAM, tid=tid)
             gpu[r] += chunk[r]
         if job.cp_comm == "all_to_all":
             rows = np.full(job.cp_size, 1024, dtype=np.int64)
