@@ -158,3 +158,54 @@ def test_a_store_served_again_with_other_settings_says_how_its_windows_were_cut(
             assert get(c, "/api/jobs/j")["window_steps"] == 5
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_a_new_run_waits_for_the_old_runs_parts_on_their_way(tmp_path):
+    # the old run's part, checked and not yet committed when the new run's meta.json came,
+    # was stored after the reset as the new run's part 0 of its rank: the new run's own
+    # part 0 was then refused as other bytes (409) and the old rows analysed as the new
+    # run's. The reset now waits (503, retried) until no part of the job is on its way.
+    import threading
+
+    old_trace, new_trace = slow_job(steps=10, seed=1), slow_job(steps=10, seed=2)
+    world = old_trace.meta.world_size
+    old, new = ([{"offset_ns": n, "rank": r} for r in range(world)] for n in (1, 2))
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    entered, release = threading.Event(), threading.Event()
+    real = s.monitor.store.add_parts
+
+    def held(*args, **kwargs):
+        entered.set()
+        release.wait(120)
+        return real(*args, **kwargs)
+
+    answers: list[int] = []
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=with_start(old_trace, old),
+                         headers=AUTH).status_code == 200
+            s.monitor.store.add_parts = held
+            _, _, old_cols = next(p for p in parts_of(old_trace, 5) if p[0] == 2)
+            sender = threading.Thread(target=lambda: answers.append(httpx.put(
+                f"{s.url}/api/jobs/j/ranks/2/parts/0", content=table_bytes(old_cols),
+                headers=AUTH, timeout=180).status_code))
+            sender.start()
+            try:
+                assert entered.wait(60)
+                r = c.put("/api/jobs/j/meta", json=with_start(new_trace, new), headers=AUTH)
+                assert r.status_code == 503 and r.headers.get("Retry-After"), r.text
+            finally:
+                release.set()
+                sender.join()
+            assert answers == [200]
+            s.monitor.store.add_parts = real
+            assert c.put("/api/jobs/j/meta", json=with_start(new_trace, new),
+                         headers=AUTH).status_code == 200
+            for rank, part, cols in parts_of(new_trace, 5):
+                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                          headers=AUTH)
+                assert r.status_code == 200 and r.json()["status"] == "stored", r.text
+    finally:
+        release.set()
+        s.stop()

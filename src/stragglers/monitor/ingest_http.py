@@ -36,7 +36,7 @@ from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job
     is_plain_number, \
     check_same_part, fingerprint
 from stragglers.monitor.leases import ForeignJob
-from stragglers.monitor.service import JobFull, Monitor, PartIn
+from stragglers.monitor.service import JobFull, Monitor, PartIn, RunBusy
 from stragglers.monitor.windows import JobTracker
 from stragglers.serving import BodyRefused, declared_length
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, MintRate, RateLimited, \
@@ -349,6 +349,9 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                 except BaseException:
                     await run_in_threadpool(undo)
                     raise
+            except RunBusy as exc:
+                raise HTTPProblem(503, f"path 'job': {exc.problem}", "busy",
+                                  retry_after_s=1.0) from None
             except InputError as exc:
                 if exc.source.endswith("meta.json"):   # the body's sizes disagree: name the
                     field = f": field '{exc.field}'" if exc.field else ""   # body's field,

@@ -64,6 +64,11 @@ class JobFull(InputError):
     """A part that would take its job past max_job_bytes (nothing of it is stored)."""
 
 
+class RunBusy(InputError):
+    """A new run's metadata while parts of the job are on their way: taken once they landed
+    (an upload is answered 503 and retried; a watched run's meta.json is read again)."""
+
+
 @dataclass
 class PartIn:
     """A part on its way in: a watched file to read, or an upload already checked."""
@@ -277,6 +282,11 @@ class Monitor:
             old = self.store.job(job)
             if old is not None and old.directory == str(directory) and \
                     is_new_run(old.meta, raw_meta):
+                if self._in_flight(job):
+                    # (the old run's part, checked and committed after the reset, was stored
+                    # as the new run's: its own part of that number was then refused 409)
+                    raise RunBusy(job, "job", "parts of the run before are still being "
+                                  "stored; the new run starts once they are (try again)")
                 self._reset(job, raw_meta)
             elif old is not None and old.directory == str(directory):
                 self._check_same_sizes(job, old.meta, meta)
@@ -332,10 +342,12 @@ class Monitor:
         """Whether a part of the job is stored, or on its way (checked against the job's
         sizes as they were, and not yet committed: a world shrunk while rank 2's part was
         in flight was taken, the part stored after it, and the next start set the job aside)."""
+        return self._in_flight(job) or self.store.has_parts(job)
+
+    def _in_flight(self, job: str) -> bool:
+        """Whether a part of the job is queued or being stored."""
         with self._count_lock:
-            if self._jobs_in_flight.get(job, 0):
-                return True
-        return self.store.has_parts(job)
+            return self._jobs_in_flight.get(job, 0) > 0
 
     def _moved_rank(self, job: str, before: JobMeta, meta: JobMeta) \
             -> tuple[int, tuple[int, int], tuple[int, int]] | None:
