@@ -113,3 +113,37 @@ def test_a_wall_clock_stepped_forward_expires_no_lease(tmp_path):
     finally:
         commit.close()
         store.close()
+
+
+UNGUARDED = """
+import os, sys
+from pathlib import Path
+from stragglers.adapt.client import ShardClient
+from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.service import EmbeddedServer
+runs = Path(sys.argv[1])
+runs.write_text(runs.read_text() + "run\\n" if runs.exists() else "run\\n")
+srv = EmbeddedServer(Path(sys.argv[2])).start()
+c = ShardClient(srv.url, "d", "w", token="owner-token-0123456789", retry_s=0)
+c.create_dataset(DatasetConfig("d", 40, 10))
+try:
+    print("restored", c.restore(c.snapshot()))
+except Exception as exc:
+    print("refused", type(exc).__name__, exc)
+srv.stop()
+"""
+
+
+@pytest.mark.slow
+def test_a_restore_in_an_embedding_script_without_a_main_guard(tmp_path):
+    # (fails before: the restore's child process was multiprocessing's spawn, which runs the
+    # parent's __main__ again: the user's training script, unguarded, ran a second time — its
+    # own server, its own calls — and every restore was refused 503)
+    import subprocess
+    import sys
+    script, runs = tmp_path / "train.py", tmp_path / "runs.txt"
+    script.write_text(UNGUARDED)
+    done = subprocess.run([sys.executable, str(script), str(runs), str(tmp_path / "s.db")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "restored" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert runs.read_text() == "run\n"   # the script's top level ran once

@@ -11,9 +11,13 @@ per commit step), so no step holds the GIL for more than one chunk.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from stragglers.adapt import requests as rq
 from stragglers.adapt.dataset import validate_snapshot
@@ -45,38 +49,139 @@ def _in_child(raw: bytes, name: str) -> tuple:
         return ("error", type(exc), str(exc))
 
 
+class _Child:
+    """One child process that prepares restores: `python -c` running `serve`, requests and
+    answers as length-prefixed pickles on its stdin and stdout.
+
+    Not multiprocessing's spawn: that runs the parent's __main__ again in the child, and in
+    embedded mode __main__ is the user's training script — one without a __main__ guard was
+    run a second time (its top level: another server, another rank) by the first restore,
+    and every restore was refused."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from stragglers.adapt.restore_parse import serve; serve()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+
+    def call(self, raw: bytes, name: str) -> tuple:
+        """_in_child(raw, name) in the child (blocking); OSError when the child is gone."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        data = pickle.dumps((raw, name), protocol=pickle.HIGHEST_PROTOCOL)
+        self.proc.stdin.write(_LEN.pack(len(data)) + data)
+        self.proc.stdin.flush()
+        return pickle.loads(_read_exactly(self.proc.stdout, _LEN.unpack(
+            _read_exactly(self.proc.stdout, _LEN.size))[0]))
+
+    def stop(self, timeout: float) -> None:
+        """Close its input (it exits after the request in hand) and wait; killed past it."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+_LEN = struct.Struct("<Q")
+
+
+def _read_exactly(stream, n: int) -> bytes:
+    data = stream.read(n)
+    if data is None or len(data) != n:
+        raise EOFError("the child process ended")
+    return data
+
+
+def serve() -> None:
+    """The child's loop: a request from stdin, its answer to stdout, until stdin closes."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr   # (nothing else may write to the answers' pipe)
+    while True:
+        try:
+            size = _LEN.unpack(_read_exactly(stdin, _LEN.size))[0]
+            raw, name = pickle.loads(_read_exactly(stdin, size))
+        except EOFError:
+            return
+        try:
+            out = _in_child(raw, name)
+        except Exception as exc:   # noqa: BLE001 - a bug: a 500 in the parent, not a dead child
+            out = ("error", RuntimeError, f"preparing the restore failed: {exc!r:.200}")
+        data = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+        stdout.write(_LEN.pack(len(data)) + data)
+        stdout.flush()
+
+
 class SnapshotParser:
-    """A pool of `n` child processes (started at the first restore) that prepare restores."""
+    """At most `n` child processes (started at the first restores) that prepare restores."""
 
     def __init__(self, n: int):
         self.n = n
-        self._pool: ProcessPoolExecutor | None = None
+        self._idle: list[_Child] = []
+        self._busy: set[_Child] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        # a thread per child: each waits on its child's answer (the event loop never does)
+        self._threads = ThreadPoolExecutor(n, thread_name_prefix="shard-restores")
+
+    def pids(self) -> list[int]:
+        """The process ids of the children running now."""
+        with self._lock:
+            return [c.proc.pid for c in [*self._idle, *self._busy]]
 
     async def prepare(self, raw: bytes, name: str) -> PreparedRestore:
         """checked_snapshot(raw, name) in a child process; its refusals raised here."""
-        if self._pool is None:
-            # spawn: a fork of this threaded process could copy a held lock
-            self._pool = ProcessPoolExecutor(self.n, multiprocessing.get_context("spawn"))
-        try:
-            out = await asyncio.wrap_future(self._pool.submit(_in_child, raw, name))
-        except (BrokenProcessPool, RuntimeError, OSError) as exc:
-            # killed (out of memory), or could not start (an embedding script without a
-            # __main__ guard, out of processes): a new pool for the next restore, not a 500
-            pool, self._pool = self._pool, None
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
-            raise Busy(f"the process preparing restores died or could not start"
-                       f" ({type(exc).__name__}); retry later") from None
+        out = await asyncio.wrap_future(self._threads.submit(self._run, raw, name))
+        if out[0] == "busy":
+            raise Busy(f"the process preparing restores died or could not start ({out[1]});"
+                       " retry later")
         if out[0] == "input":
             raise out[1](out[2], out[3], out[4])
         if out[0] == "error":
             raise out[1](out[2])
         return out[1]
 
-    def close(self) -> None:
-        """Stop the child processes (a restore being prepared is finished first: waiting lets
-        the pool release its queues and locks, which a process exiting under it would leak)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+    def _run(self, raw: bytes, name: str) -> tuple:
+        """On a thread of the pool: an idle child (or a new one) prepares it, then is idle
+        again (the books kept here: a request given up by its client leaks no child)."""
+        with self._lock:
+            if self._closed:
+                return ("busy", "the service is stopping")
+            child = self._idle.pop() if self._idle else None
+        try:
+            child = child or _Child()
+        except OSError as exc:   # out of processes or memory
+            return ("busy", type(exc).__name__)
+        with self._lock:
+            self._busy.add(child)
+        try:
+            out = child.call(raw, name)
+        except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
+            # killed (out of memory): a new child for the next restore, not a 500
+            with self._lock:
+                self._busy.discard(child)
+            child.stop(0)
+            return ("busy", type(exc).__name__)
+        with self._lock:
+            self._busy.discard(child)
+            keep = not self._closed
+            if keep:
+                self._idle.append(child)
+        if not keep:
+            child.stop(5)
+        return out
 
+    def close(self) -> None:
+        """Stop the child processes: idle ones exit, one preparing a restore is killed (the
+        service is stopping: nobody waits for its answer)."""
+        with self._lock:
+            self._closed = True
+            idle, busy, self._idle = self._idle, list(self._busy), []
+        for child in busy:
+            child.proc.kill()
+        for child in idle:
+            child.stop(5)
+        self._threads.shutdown(wait=True)
