@@ -145,3 +145,50 @@ def test_a_step_no_worker_computed_long_in_names_no_worker(tmp_path):
     result = analyze(load_trace(path))
     assert result.slowest_steps and all(s.worker is None and s.ratio is None
                                         for s in result.slowest_steps)
+
+
+def _rows(workers, steps: int, slow, factor: float = 1.3):
+    """(worker, step, seconds) rows, `slow` workers `factor` as long (a little noise)."""
+    rng = np.random.default_rng(7)
+    return [(w, s, (factor if w in slow else 1.0) * (1 + 0.01 * rng.standard_normal()))
+            for s in range(steps) for w in workers]
+
+
+def test_named_workers_become_ranks_in_natural_order_and_keep_their_names(tmp_path):
+    names = [f"node-{i}.dc:2950{i}" for i in (10, 2, 1, 9, 3)]   # node-10 after node-9
+    rows = ["worker,step,step_time"] + [f"{w},{s},{t:.5f}"
+                                        for w, s, t in _rows(names, 30, {"node-10.dc:295010"})]
+    trace = load_trace(_csv(tmp_path / "t.csv", "\n".join(rows)))
+    order = sorted(names, key=lambda n: int(n.split("-")[1].split(".")[0]))
+    assert trace.meta.extra["workers"] == order
+    top = analyze(trace).diagnosis[0]
+    assert top.cause == "worker_fault" and top.where.ranks == [4]
+    assert top.where.hosts == ["node-10.dc:295010"]
+
+
+def test_a_wide_table_is_one_time_column_per_worker(tmp_path):
+    rows = _rows(range(6), 30, {4})
+    lines = ["step;gpu0;gpu1;gpu2;gpu3;gpu4;gpu5"]    # semicolons: sniffed
+    for s in range(30):
+        # worker 2 has no time for step 5: an empty cell
+        cells = ["" if (w == 2 and s == 5) else f"{t:.5f}" for w, st, t in rows if st == s]
+        lines.append(f"{s};" + ";".join(cells))
+    trace = load_trace(_csv(tmp_path / "t.csv", "\n".join(lines)))
+    assert trace.meta.extra["workers"] == [f"gpu{i}" for i in range(6)]
+    assert len(trace.ops["step"]) == 2 * (6 * 30 - 1)
+    top = analyze(trace).diagnosis[0]
+    assert top.cause == "worker_fault" and top.where.ranks == [4]
+
+
+@pytest.mark.parametrize("sep", ["\t", "|", ";"])
+def test_the_separator_is_sniffed(tmp_path, sep):
+    rows = [sep.join(["rank", "step", "step_time_ms"])] + [
+        sep.join([str(w), str(s), f"{1000 * t:.2f}"]) for w, s, t in _rows(range(5), 20, {1})]
+    top = analyze(load_trace(_csv(tmp_path / "t.csv", "\n".join(rows)))).diagnosis[0]
+    assert top.cause == "worker_fault" and top.where.ranks == [1]
+
+
+def test_worker_ids_mixed_with_names_are_one_line_errors(tmp_path):
+    path = _csv(tmp_path / "t.csv", "rank,step,step_time\n0,1,2\n1,1,2\nx,1,3\n")
+    with pytest.raises(InputError, match="row 4: 'x'; expected every worker given as a number"):
+        load_trace(path)

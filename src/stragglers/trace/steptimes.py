@@ -10,11 +10,16 @@ The table needs a worker column, a step column and a time column; their names ar
 (`rank`/`worker`, `step`/`iteration`/`time`, `step_time`/`batch_time`/`duration`...). Times
 are seconds, or milliseconds / microseconds where the column name ends in `_ms` / `_us`;
 normalised times (`*_norm`) are shown as milliseconds (only ratios matter to the analysis).
+Workers may be named (`node-3:29500`, a pod): they become ranks in natural name order, each
+name kept as the worker's host. A wide table (a step column, then one time column per worker,
+named by it: `rank0`, `gpu_1`) is read the same way. Commas, semicolons, tabs or bars separate
+the cells (sniffed from the first lines).
 """
 
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import numpy as np
@@ -30,18 +35,21 @@ MAX_BYTES = 1 << 30
 
 
 def looks_like_step_times(path: Path) -> bool:
-    """A .csv file whose header names a worker, a step and a time column."""
+    """A .csv file whose header names a worker, a step and a time column (or a step column and
+    a time column per worker)."""
     if not (path.is_file() and path.suffix == ".csv"):
         return False
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
-            header = next(csv.reader(fh), [])
+            head = fh.read(SNIFF_BYTES)
+        header = next(csv.reader(head.splitlines(), _dialect(head)), [])
     except (OSError, UnicodeDecodeError, csv.Error):
         return False
+    names = [h.strip().lower() for h in header]
     try:
-        _columns([h.strip().lower() for h in header], path)
+        _columns(names, path)
     except InputError:
-        return False
+        return _wide_columns(names) is not None
     return True
 
 
@@ -52,14 +60,82 @@ def read_step_times(path: Path | str, name: str | None = None) -> Trace:
         raise InputError(path, None, f"{path.stat().st_size:,} bytes; expected a step-time "
                          f"table under {MAX_BYTES:,} bytes")
     with open(path, newline="", encoding="utf-8-sig") as fh:
-        rows = list(csv.reader(fh))
+        text = fh.read()
+    rows = list(csv.reader(text.splitlines(), _dialect(text[:SNIFF_BYTES])))
     if len(rows) < 2:
         raise InputError(path, None, "no rows; expected a header and one row per worker and step")
     header = [h.strip().lower() for h in rows[0]]
-    wi, si, ti = _columns(header, path)
+    try:
+        wi, si, ti = _columns(header, path)
+    except InputError:
+        wide = _wide_columns(header)
+        if wide is None:
+            raise
+        return _read_wide(rows, header, wide, path, name)
     worker, step, seconds = _values(rows[1:], (wi, si, ti), header, path)
     seconds = seconds * _unit(header[ti])
     return _trace(worker, step, seconds, name or path.stem, str(path), header[ti])
+
+
+# The first bytes of a table from which its separator is sniffed.
+SNIFF_BYTES = 1 << 16
+
+
+def _dialect(head: str) -> type[csv.Dialect]:
+    """The table's separator (comma, semicolon, tab or bar), sniffed from its first lines; a
+    comma where the sniffer cannot tell (one column)."""
+    try:
+        return csv.Sniffer().sniff(head, delimiters=",;\t|")
+    except csv.Error:
+        return csv.excel
+
+
+def _wide_columns(header: list[str]) -> tuple[int, list[int]] | None:
+    """(step column, the worker columns) of a wide table: a step column and at least two
+    others, every one named, none of them a worker or time column's name."""
+    steps = [i for i, h in enumerate(header) if h in STEP_NAMES]
+    if not steps:
+        return None
+    others = [i for i, h in enumerate(header) if i != steps[0]]
+    if len(others) < 2 or any(not header[i] or header[i] in WORKER_NAMES + TIME_NAMES
+                              for i in others):
+        return None
+    return steps[0], others
+
+
+def _read_wide(rows: list[list[str]], header: list[str], wide: tuple[int, list[int]],
+               path: Path, name: str | None) -> Trace:
+    """A wide table (one time column per worker) read as the long one: an empty cell is a
+    step that worker has no time for."""
+    si, cols = wide
+    worker, step, seconds = [], [], []
+    for r, row in enumerate(rows[1:]):
+        if not any(cell.strip() for cell in row):
+            continue
+        for k, c in enumerate(cols):
+            cell = row[c].strip() if c < len(row) else ""
+            if cell:
+                worker.append(k)
+                step.append(row[si] if si < len(row) else "")
+                seconds.append(cell)
+    table = [[str(w), st, sec] for w, st, sec in zip(worker, step, seconds)]
+    names = ["worker", header[si], "seconds"]
+    w, st, sec = _values(table, (0, 1, 2), names, path, row_of=_wide_rows(rows, cols))
+    trace = _trace(w, st, sec, name or path.stem, str(path), "seconds",
+                   names=[rows[0][c].strip() for c in cols])
+    trace.note("layout", f"a wide table: each of its {len(cols)} time columns is one worker "
+                         "(seconds; its header names the worker)")
+    return trace
+
+
+def _wide_rows(rows: list[list[str]], cols: list[int]) -> list[int]:
+    """The file row (2 = the first after the header) of each cell a wide table yields."""
+    out = []
+    for r, row in enumerate(rows[1:]):
+        if not any(cell.strip() for cell in row):
+            continue
+        out += [r + 2 for c in cols if c < len(row) and row[c].strip()]
+    return out
 
 
 def _columns(header: list[str], path: Path) -> tuple[int, int, int]:
@@ -75,25 +151,69 @@ def _columns(header: list[str], path: Path) -> tuple[int, int, int]:
     return wi, find(STEP_NAMES, "step", {ti, wi}), ti
 
 
-def _values(rows: list[list[str]], cols: tuple[int, int, int], header: list[str], path: Path):
-    """The three columns as numbers; a bad cell names its row and column."""
+def _values(rows: list[list[str]], cols: tuple[int, int, int], header: list[str], path: Path,
+            row_of: list[int] | None = None):
+    """The three columns (the worker column as numbers, or as names where any cell is not
+    one); a bad cell names its row and column."""
     out = [np.empty(len(rows)) for _ in cols]
+    kinds = [_is_number(row[cols[0]]) if cols[0] < len(row) else True for row in rows]
+    named = not all(kinds)
+    if named and any(kinds):
+        # ids and names mixed: a garbled cell, not a worker of its own
+        minority = (sum(kinds) <= len(kinds) / 2)
+        r = kinds.index(minority)
+        raise InputError(path, header[cols[0]], f"row {_row(r, row_of)}: "
+                         f"{rows[r][cols[0]][:40]!r}; expected every worker given "
+                         f"{'by name' if minority else 'as a number'}, as most rows give it")
+    names: list[str] = []
     for r, row in enumerate(rows):
         for k, c in enumerate(cols):
+            if k == 0 and named:
+                cell = row[c].strip() if c < len(row) else ""
+                if not cell or len(cell) > MAX_NAME:
+                    raise InputError(path, header[c], f"row {_row(r, row_of)}: {cell[:40]!r}; "
+                                     f"expected a worker id or a name of 1-{MAX_NAME} characters")
+                names.append(cell)
+                continue
             try:
                 out[k][r] = float(row[c])
             except (IndexError, ValueError):
                 cell = row[c] if c < len(row) else "nothing"
-                raise InputError(path, header[c], f"row {r + 2}: {cell!r}; expected a number"
-                                 ) from None
+                raise InputError(path, header[c], f"row {_row(r, row_of)}: {cell[:40]!r}; "
+                                 "expected a number") from None
     worker, step, seconds = out
-    for values, col in ((worker, cols[0]), (step, cols[1])):
+    checked = ((step, cols[1]),) if named else ((worker, cols[0]), (step, cols[1]))
+    for values, col in checked:
         if not np.all(np.isfinite(values)) or np.any(values != np.round(values)) \
                 or np.any(values < 0) or np.any(values > 2**31):
             raise InputError(path, header[col], "expected whole numbers ≥ 0")
     if not np.all(np.isfinite(seconds)) or np.any(seconds < 0) or np.any(seconds > 1e7):
         raise InputError(path, header[cols[2]], "expected finite times ≥ 0")
+    if named:
+        return np.array(names, dtype=object), step.astype(np.int64), seconds
     return worker.astype(np.int64), step.astype(np.int64), seconds
+
+
+# A worker's name (a host, host:port, a pod) at most this long.
+MAX_NAME = 256
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _row(r: int, row_of: list[int] | None) -> int:
+    """The file row of table row r (the header is row 1)."""
+    return row_of[r] if row_of is not None else r + 2
+
+
+def _natural(name: str) -> list:
+    """Sort key that orders node-2 before node-10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def _unit(column: str) -> float:
@@ -123,8 +243,17 @@ def _unique_rows(worker, step, seconds, source: str):
     return worker[keep], step[keep], seconds[keep], len(worker) - len(keep)
 
 
-def _trace(worker, step, seconds, name: str, source: str, column: str) -> Trace:
-    """Lay the steps end to end: compute from the step's start, the all-reduce to its end."""
+def _trace(worker, step, seconds, name: str, source: str, column: str,
+           names: list[str] | None = None) -> Trace:
+    """Lay the steps end to end: compute from the step's start, the all-reduce to its end
+    (`worker`: ids, or names, which become ranks in natural name order and the workers'
+    hosts; `names`: the names of ids 0, 1, … where a wide table's header gave them)."""
+    by_name = worker.dtype == object
+    if by_name:
+        order = sorted(set(worker.tolist()), key=_natural)
+        names = order
+        rank = {n: i for i, n in enumerate(order)}
+        worker = np.array([rank[n] for n in worker.tolist()], dtype=np.int64)
     worker, step, seconds, repeated = _unique_rows(worker, step, seconds, source)
     workers, w_idx = np.unique(worker, return_inverse=True)
     steps, s_idx = np.unique(step, return_inverse=True)
@@ -147,13 +276,27 @@ def _trace(worker, step, seconds, name: str, source: str, column: str) -> Trace:
     from stragglers.trace.model import COLUMNS
 
     ops = {k: np.asarray(v).astype(COLUMNS[k]) for k, v in ops.items()}
-    meta = JobMeta(name=name, dp_size=len(workers), pp_size=1,
-                   extra={"source_format": "step_times",
-                          "workers": [int(x) for x in workers]})
+    extra: dict = {"source_format": "step_times", "workers": [int(x) for x in workers]}
+    if names is not None:
+        named = [names[int(x)] for x in workers]
+        extra.update(workers=named)
+        if by_name:  # a host, host:port or pod: shown beside the rank (a wide table's
+            # headers, `rank3`, would only repeat it)
+            extra.update(layout=[{"rank": i, "dp_rank": i, "stage": 0, "host": n}
+                                 for i, n in enumerate(named)])
+    meta = JobMeta(name=name, dp_size=len(workers), pp_size=1, extra=extra)
     trace = Trace(ops, meta, source)
-    trace.note("layout", f"{len(workers)} workers read as the data-parallel ranks 0–"
-                         f"{len(workers) - 1} of one stage (worker ids {int(workers[0])}–"
-                         f"{int(workers[-1])} in file order)")
+    if names is None:
+        trace.note("layout", f"{len(workers)} workers read as the data-parallel ranks 0–"
+                             f"{len(workers) - 1} of one stage (worker ids {int(workers[0])}–"
+                             f"{int(workers[-1])} in file order)")
+    else:
+        shown = ", ".join(f"{i} {n}" for i, n in enumerate(extra["workers"][:4]))
+        order_words = "in natural name order" if by_name else "in column order"
+        trace.note("layout", f"{len(workers)} named workers read as the data-parallel ranks 0–"
+                             f"{len(workers) - 1} of one stage, {order_words} ({shown}"
+                             f"{', …' if len(workers) > 4 else ''})"
+                             + ("; each name is shown as the worker's host" if by_name else ""))
     if repeated:
         trace.note("dropped", f"{repeated} row(s) repeating a worker's step with the same time "
                               "were read once")
