@@ -1,5 +1,6 @@
-"""All-reduces that name no process group (gloo's profiler names none) in a pipeline job: the
-ones that span every stage (a gradient norm for clipping), told from their shapes and times.
+"""All-reduces that name no process group (gloo's profiler and older NCCL traces name none) in
+a pipeline job: the ones that span every stage (a gradient norm for clipping), told from their
+shapes and times.
 
 Read as a stage's DP all-reduce, such an op's wait for the other stages became transfer time
 and the work after it was not the optimizer's. Where a trace names the group,
@@ -62,9 +63,10 @@ def name_cross_stage(parts: dict[int, RankParts], placements: dict[int, Placemen
     notes = []
     if across:
         notes.append(f"{_ordinals(across)} all-reduce of each step names no process group "
-                     f"(gloo) and shows one collective over all {len(members)} ranks (in "
-                     f"flight on every stage together in all {len(steps)} common steps, the "
-                     "same shapes where recorded): read as one group across the stages")
+                     f"(gloo's and older NCCL traces name none) and shows one collective over "
+                     f"all {len(members)} ranks (in flight on every stage together in all "
+                     f"{len(steps)} common steps, the same shapes where recorded): read as "
+                     "one group across the stages")
     if undecided:
         notes.append(_unsure(f"{_ordinals(undecided)} all-reduce of each step has the same "
                              "shapes on every stage, but the ranks share no clock (host_name)"))
@@ -101,6 +103,6 @@ _SUFFIX = {2: "nd", 3: "rd"}
 
 
 def _unsure(why: str) -> str:
-    return ("all-reduces name no process group (gloo) and " + why + ": each is read as its "
-            "stage's DP all-reduce, so one across the stages (a gradient norm) would count its "
-            "wait for another stage as transfer time")
+    return ("all-reduces name no process group (gloo's and older NCCL traces name none) and "
+            + why + ": each is read as its stage's DP all-reduce, so one across the stages (a "
+            "gradient norm) would count its wait for another stage as transfer time")
