@@ -10,7 +10,10 @@ activation it has not received anything for yet (the first stage) or receives on
 has anything to send (every other stage), so it stands alone; a ring round sends and receives
 at once from its start. A process group whose every send and receive, on every rank and in
 every step, overlaps one of the other direction is an exchange group; each such pair becomes
-one `exchange` op that synchronises the group, as a collective does.
+one `exchange` op that synchronises the group, as a collective does. A ring's rank waits for
+its two neighbours only, but over the cp - 1 rounds a late rank reaches them all (the README's
+known limits: the diagnoses and gains measured the same); its ends, though, are not one
+instant in a ring of three or more (each rank's round ends with its own neighbours' transfers).
 """
 
 from __future__ import annotations
