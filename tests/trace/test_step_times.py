@@ -192,3 +192,16 @@ def test_worker_ids_mixed_with_names_are_one_line_errors(tmp_path):
     path = _csv(tmp_path / "t.csv", "rank,step,step_time\n0,1,2\n1,1,2\nx,1,3\n")
     with pytest.raises(InputError, match="row 4: 'x'; expected every worker given as a number"):
         load_trace(path)
+
+
+@pytest.mark.parametrize("text,says", [
+    # when each step ended, not how long: every worker ends a synchronous step together
+    ("rank,step,timestamp\n0,1,1700000000.5\n1,1,1700000000.6\n", "cannot tell a straggler"),
+    # a worker and a step column but no time: said, not "not a trace"
+    ("rank,step,loss\n0,1,2.5\n", "no time column"),
+])
+def test_a_table_without_times_per_worker_says_what_is_missing(tmp_path, text, says):
+    path = _csv(tmp_path / "t.csv", text)
+    with pytest.raises(InputError, match=says) as err:
+        load_trace(path)
+    assert "\n" not in str(err.value) and "t.csv" in str(err.value)

@@ -32,6 +32,8 @@ STEP_NAMES = ("step", "iteration", "iter", "time", "batch")
 TIME_NAMES = ("step_time", "batch_time", "step_time_s", "step_time_ms", "batch_time_ms",
               "batch_time_norm", "duration", "duration_s", "duration_ms", "seconds", "elapsed")
 MAX_BYTES = 1 << 30
+# Columns of when a step ended (a log line's stamp), not how long a worker took.
+STAMP_NAMES = ("timestamp", "ts", "end_time", "datetime", "date", "wall_time", "time_stamp")
 
 
 def looks_like_step_times(path: Path) -> bool:
@@ -49,7 +51,9 @@ def looks_like_step_times(path: Path) -> bool:
     try:
         _columns(names, path)
     except InputError:
-        return _wide_columns(names) is not None
+        # a worker and a step column without a time one: read, to say what is missing
+        return _wide_columns(names) is not None or (
+            any(n in names for n in WORKER_NAMES) and any(n in names for n in STEP_NAMES))
     return True
 
 
@@ -146,6 +150,12 @@ def _columns(header: list[str], path: Path) -> tuple[int, int, int]:
                 return header.index(n)
         raise InputError(path, what, f"no {what} column; expected one of {', '.join(names)} "
                          f"(the header has {', '.join(h for h in header if h) or 'nothing'})")
+    stamps = [h for h in header if h in STAMP_NAMES]
+    if stamps and not any(n in header for n in TIME_NAMES):
+        raise InputError(path, stamps[0], "looks like when each step ended: in synchronous "
+                         "training every worker ends a step together (at the gradient "
+                         "all-reduce), so those cannot tell a straggler; expected each worker's "
+                         f"own time per step ({', '.join(TIME_NAMES[:4])}, ...)")
     ti = find(TIME_NAMES, "time", set())
     wi = find(WORKER_NAMES, "worker", {ti})
     return wi, find(STEP_NAMES, "step", {ti, wi}), ti
