@@ -188,3 +188,15 @@ def test_a_step_only_some_ranks_traced_is_named_in_the_notes(tmp_path):
     assert len(partial) == 1 and f"({step})" in partial[0] and "rank(s) 3)" in partial[0], \
         trace.notes
     assert step not in analyze(trace).step_times["base"]
+
+
+def test_an_all_reduce_on_some_stages_only_keeps_its_reading_and_says_so():
+    # pp 2, dp 1: only stage 0 all-reduces (its own group): nothing spans every stage
+    from stragglers.trace.kineto.unnamed import name_cross_stage
+    ranks = {r: _parts({}) for r in (0, 1)}
+    for r, p in ranks.items():
+        p.rank, p.host = r, "h"
+    ranks[0].colls = [Coll(0.0, 1.0, 0.0, 0, "allreduce", None, None, None, None)]
+    notes = name_cross_stage(ranks, {r: Placement(r, 0, r, lambda peer: peer, 2)
+                                     for r in (0, 1)})
+    assert ranks[0].colls[0].pg is None and len(notes) == 1 and "rank(s) 1 have none" in notes[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from stragglers.trace.kineto.ops import Coll, Placement, RankParts
+from stragglers.wording import ranges
 
 WORLD = "all ranks (inferred)"   # the group given to them: no trace names a group so
 
@@ -30,9 +31,13 @@ def name_cross_stage(parts: dict[int, RankParts], placements: dict[int, Placemen
     if not any(per_rank.values()):
         return []
     stages = {placements[r].stage for r in per_rank}
+    none = sorted(r for r, v in per_rank.items() if not v)
     steps = set.intersection(*(set(v) for v in per_rank.values()))
-    if len(stages) < pp or not steps:
-        return [_unsure("not every stage has a rank read, or the ranks share no step")]
+    if len(stages) < pp or none or not steps:
+        return [_unsure("not every stage has a rank read" if len(stages) < pp else
+                        f"rank(s) {ranges(none)} have none (one over some stages, a tied "
+                        "embedding's, is not told apart)" if none else
+                        "the ranks share no step")]
     # Counted from the step's end: the gradient norm follows the gradient collectives, whose
     # number differs between stages (DDP's buckets of each stage's parameters)
     n_of = {r: {len(per_rank[r][s]) for s in steps} for r in per_rank}
