@@ -230,7 +230,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
 
         if hasattr(base, "on_header"):   # httptools: the parser's callbacks (h11 bounds its own)
             def on_message_begin(self) -> None:
-                self._g_head_size, self._g_head_over = 0, False
+                self._g_head_size, self._g_head_over, self._g_trailers = 0, False, False
                 super().on_message_begin()
 
             def on_url(self, url: bytes) -> None:
@@ -239,6 +239,13 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
 
             def on_header(self, name: bytes, value: bytes) -> None:
                 self._g_count_head(len(name) + len(value) + 4)
+                if getattr(self, "_g_trailers", False):
+                    # a chunked body's trailer field: never one of the request's headers
+                    # (RFC 9110 6.5.1; h11 drops them). uvicorn appended it to the list its
+                    # scope holds, so when the whole request came in one read the app saw it:
+                    # a trailer 'Authorization' authorized a write that a slower network, or
+                    # h11, refused 401.
+                    return
                 super().on_header(name, value)
 
             def _g_count_head(self, n: int) -> None:
@@ -289,6 +296,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
 
         def on_headers_complete(self) -> None:
             # (httptools' protocol only: h11's leaves the whole target in the scope's path)
+            self._g_trailers = True   # header fields from here on are trailers (httptools)
             url = getattr(self, "url", b"")
             if url and not url.startswith(b"/"):
                 self.scope[TARGET_KEY] = bytes(url)
