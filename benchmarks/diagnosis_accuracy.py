@@ -138,6 +138,8 @@ def confusion(shapes: list[dict], seeds: range) -> tuple[dict, int, list]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer seeds and sizes")
+    parser.add_argument("--name", default=None, help="write the result as this name (a path: "
+                        "there, e.g. /tmp/x) instead of results/diagnosis_accuracy.json")
     args = parser.parse_args()
     t0 = time.perf_counter()
     seeds = range(2) if args.quick else range(3)
@@ -205,7 +207,7 @@ def main() -> None:
                          value=str(wrong), goal="0", met=wrong == 0),
                   Figure(name="jobs skipped: an injection had no effect (impact < 1.03)",
                          value=str(skipped))],
-              table=rows))
+              table=rows), args.name)
 
 
 if __name__ == "__main__":

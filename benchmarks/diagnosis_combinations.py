@@ -144,6 +144,8 @@ def main() -> None:
                         help="dp 1-64, interleaved pipelines, GC inside compute (see above)")
     parser.add_argument("--no-seq-lens", action="store_true",
                         help="drop Σs² and tokens from the traces (as NDTimeline has none)")
+    parser.add_argument("--name", default=None, help="write the result as this name (a path: "
+                        "there, e.g. /tmp/x) instead of results/diagnosis_combinations*.json")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     counts = collections.Counter()
@@ -210,7 +212,7 @@ def main() -> None:
                     "and where, the causes the diagnosis named with its speedup_if_fixed and "
                     "where; job i is drawn from `--seed`'s generator and generated with seed "
                     "1000 + i."] if bad else []),
-          "diagnosis_combinations_wide" if args.wide else None)
+          args.name or ("diagnosis_combinations_wide" if args.wide else None))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--name", default=None, help="write the result as this name (a path: "
+                        "there, e.g. /tmp/x) instead of results/diagnosis_worker_sweep.json")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     rule = diagnosis._clears
@@ -91,7 +93,7 @@ def main() -> None:
                               met=now["missed"] == 0 and now["wrong"] == 0),
                        Figure(name="named exactly by the strict rule it replaced",
                               value=f"{counts['strict']['exact']} of {scored}",
-                              anchor="same jobs, same run")]))
+                              anchor="same jobs, same run")]), args.name)
 
 
 if __name__ == "__main__":

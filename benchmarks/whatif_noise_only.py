@@ -1,8 +1,10 @@
 """Noise-only synthetic jobs (no injected cause) over sizes, noise levels and seeds: every one
 must be diagnosed `none`. Prints the ones that are not, with S and the noise floor.
 
-    .venv/bin/python benchmarks/whatif_noise_only.py
+    .venv/bin/python benchmarks/whatif_noise_only.py [--name /tmp/x]
 """
+
+import argparse
 
 from results import Figure, Run, write
 
@@ -14,6 +16,10 @@ SHAPES = [(128, 1, 1, 1), (128, 2, 2, 1), (64, 4, 4, 1), (16, 4, 4, 2), (2, 8, 8
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", default=None, help="write the result as this name (a path: "
+                        "there, e.g. /tmp/x) instead of results/whatif_noise_only.json")
+    args = parser.parse_args()
     wrong = total = 0
     for dp, pp, mb, vpp in SHAPES:
         for noise in (0.02, 0.1, 0.2):
@@ -33,7 +39,7 @@ def main() -> None:
               figures=[Figure(name="noise-only synthetic jobs diagnosed `none` (dp 1–128, pp 1–8, "
                                    "microbatches 1–8, vpp 1–2, noise σ 0.02 / 0.1 / 0.2, 2 seeds)",
                               value=f"{total - wrong} of {total}", goal="all `none`",
-                              met=wrong == 0)]))
+                              met=wrong == 0)]), args.name)
 
 
 if __name__ == "__main__":
