@@ -160,6 +160,9 @@ CASES = [
     ("config-older-incarnation", "POST", "/jobs/d/control/config", {**CONFIG, "incarnation": 0, "window": 9}, "owner", 409, "incarnation"),
     ("config-no-service-token", "POST", "/jobs/n/control/config", CONFIG, "create-nosvc", 403, None),
     ("report-nan", "POST", "/jobs/d/control/report", raw('{"rank":0,"records":[[5,NaN,32]],"incarnation":1}'), "owner", 400, "records.0.1"),
+    # (fails before: 5e-324 s was a per-sample time of 0, and ND gave that, the fastest, rank
+    # no samples)
+    ("report-bpt-subnormal", "POST", "/jobs/d/control/report", raw('{"rank":0,"records":[[5,5e-324,32]],"incarnation":1}'), "owner", 400, "records.0.1"),
     ("report-rank-past-world", "POST", "/jobs/d/control/report", {**REPORT, "rank": 99}, "owner", 400, "rank"),
     ("report-bad-last-record", "POST", "/jobs/d/control/report", {**REPORT, "records": [[5, 0.1, 32], [6, 0.1, 32], [7, -1.0, 32]]}, "owner", 400, "records.2.1"),
     ("report-too-many", "POST", "/jobs/d/control/report", {**REPORT, "records": [[i, 0.1, 32] for i in range(10_001)]}, "owner", 400, "records"),

@@ -25,6 +25,9 @@ MAX_FENCE = 1 << 62
 MAX_RECORDS = 10_000  # step records per report
 MAX_STEP = 1 << 40
 MAX_BPT_S = 1e6
+# no step takes less than a nanosecond: a BPT of 5e-324 s (accepted by gt=0) made a per-sample
+# time of 0 (or 1/t of inf), and ND gave the fastest rank no samples at all
+MIN_BPT_S = 1e-9
 
 
 class Strict(BaseModel):
@@ -138,7 +141,7 @@ class ControlConfigBody(Strict):
 
 
 StepTimeRow = tuple[Annotated[int, Field(ge=0, le=MAX_STEP)],          # [step, bpt, batch]
-                    Annotated[float, Field(gt=0, le=MAX_BPT_S)],
+                    Annotated[float, Field(ge=MIN_BPT_S, le=MAX_BPT_S)],
                     Annotated[int, Field(ge=0, le=MAX_BATCH)]]
 
 
