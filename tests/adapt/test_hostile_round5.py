@@ -147,3 +147,68 @@ def test_a_restore_in_an_embedding_script_without_a_main_guard(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert "restored" in done.stdout, done.stdout + done.stderr[-2000:]
     assert runs.read_text() == "run\n"   # the script's top level ran once
+
+
+def _snapshot(store, name):
+    import dataclasses
+    import json
+    snap = store.snapshot(name)
+    return json.loads(json.dumps(snap if isinstance(snap, dict) else dataclasses.asdict(snap)))
+
+
+@pytest.mark.parametrize("state", ["TODO", "DOING", "FAILED"])
+def test_a_restore_of_a_shard_with_nothing_left_that_is_not_done_is_refused(tmp_path, state):
+    # (fails before: restored as TODO with all samples consumed, it was leased with no
+    # indices, never acked, and retried until FAILED: a retry used up per lease_s, for nothing)
+    from stragglers.errors import InputError
+    store = ShardStore(tmp_path / "s.db")
+    try:
+        store.create_dataset(DatasetConfig("d", 20, 10, max_retries=2))
+        snap = _snapshot(store, "d")
+        snap["shards"][0][2:5] = [state, 10, 3 if state == "FAILED" else 0]
+        before = _snapshot(store, "d")
+        with pytest.raises(InputError, match="consumed"):
+            store.restore(snap)
+        assert _snapshot(store, "d") == before
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("state", ["TODO", "DOING", "DONE"])
+def test_a_restore_of_a_shard_past_its_retries_that_is_not_failed_is_refused(tmp_path, state):
+    # (fails before: a TODO shard at max_retries + 1 became FAILED with max_retries + 2 at its
+    # next failure, a row the store then refused as damaged: the data set quarantined)
+    from stragglers.errors import InputError
+    store = ShardStore(tmp_path / "s.db")
+    try:
+        store.create_dataset(DatasetConfig("d", 20, 10, max_retries=2))
+        snap = _snapshot(store, "d")
+        snap["shards"][0][2:5] = [state, 10 if state == "DONE" else 0, 3]
+        with pytest.raises(InputError, match="retries"):
+            store.restore(snap)
+    finally:
+        store.close()
+
+
+def test_stored_rows_past_their_retries_or_with_nothing_left_do_not_stop_the_data_set(tmp_path):
+    # (fails before: an edited TODO row at max_retries + 1 was stored FAILED at max_retries + 2
+    # after its lease expired, and the data set was quarantined; a TODO row with all consumed
+    # was leased with no indices)
+    clock = Clock()
+    store = ShardStore(tmp_path / "s.db", clock=clock)
+    try:
+        store.create_dataset(DatasetConfig("d", 30, 10, lease_s=5, max_retries=2))
+        fence = store.join("d", "w").fence
+        store.status("d")   # epoch 0 written
+        with sqlite3.connect(tmp_path / "s.db") as other:
+            other.execute("UPDATE shards SET retries=3 WHERE shard=0")
+            other.execute("UPDATE shards SET consumed=10 WHERE shard=1")
+        reply = store.lease("d", "w", fence, count=2)
+        assert [x.shard for x in reply.leases] == [0, 2]   # shard 1 had nothing left: DONE
+        clock.now += 6
+        store.lease("d", "w", fence)   # shard 0's lease expired: FAILED, at the bound
+        status = store.status("d")
+        assert status.epochs["0"]["DONE"] == 1 and status.epochs["0"]["FAILED"] == 1
+        assert [f.retries for f in status.failed] == [3]
+    finally:
+        store.close()

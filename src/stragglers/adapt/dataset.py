@@ -151,7 +151,16 @@ def validate_snapshot(snap: object, source: str = "snapshot") -> tuple[DatasetCo
         if state == DONE and consumed != size:
             raise InputError(source, f"{where}.consumed", f"a DONE shard has consumed all"
                              f" {size} samples, got {consumed}")
-        _int(source, f"{where}.retries", retries, 0, cfg.max_retries + 1)
+        if state != DONE and consumed == size:
+            # (the service marks a shard DONE by the ack that consumes its last sample: a TODO
+            # one with none left was leased with no indices, never acked, and retried until
+            # FAILED)
+            raise InputError(source, f"{where}.consumed", f"a {state} shard has samples left,"
+                             f" got all {size} consumed (that is a DONE shard)")
+        # only a FAILED shard is past its retries (max_retries + 1): a TODO one there became
+        # FAILED with max_retries + 2 at its next failure, a row the store refuses as damaged
+        _int(source, f"{where}.retries", retries, 0,
+             cfg.max_retries + 1 if state == FAILED else cfg.max_retries)
         _int(source, f"{where}.queue_pos", pos, -MAX_QUEUE_POS, MAX_QUEUE_POS)
         if error is not None and (not isinstance(error, str) or len(error) > MAX_ERROR_CHARS):
             raise InputError(source, f"{where}.error",

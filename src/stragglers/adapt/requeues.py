@@ -21,7 +21,8 @@ class Requeues(StoreState):
         """Put a DOING shard back at the front of TODO, or FAILED past the retry bound."""
         if type(retries) is not int:
             raise damaged(cfg.name, f"shard {epoch}/{shard}", f"retries={retries!r:.40}")
-        retries = retries + (1 if failure else 0)
+        # (capped: a stored count already at the bound, an edited row, stays a valid one)
+        retries = min(retries + (1 if failure else 0), cfg.max_retries + 1)
         front -= 1
         state = FAILED if retries > cfg.max_retries else TODO
         if state == FAILED:

@@ -356,8 +356,20 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 rows.sort()
             except TypeError:   # a damaged queue_pos (text among integers)
                 raise damaged(cfg.name, "shard row", "queue_pos is not an integer") from None
+            done = 0
             for _, epoch, shard, start, stop, consumed in rows:
+                if type(consumed) is int and type(start) is int and type(stop) is int \
+                        and consumed == stop - start:
+                    # no sample left (an edited row): DONE, not a lease of no indices that
+                    # nobody acks, retried until FAILED
+                    c.execute("UPDATE shards SET state='DONE', worker=NULL, fence=NULL,"
+                              " lease_until=NULL WHERE dataset=? AND epoch=? AND shard=?",
+                              (self._key(cfg.name), epoch, shard))
+                    done += 1
+                    continue
                 leases.append(self._lease_of(cfg, epoch, shard, start, stop, consumed))
+            if done:
+                continue   # TODO rows may be left behind those
             if len(leases) < want:  # no TODO row: write more of the epoch, or a new epoch
                 have = self._materialized(c, cfg)
                 if have < cfg.num_shards:
