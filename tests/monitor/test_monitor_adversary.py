@@ -212,3 +212,57 @@ def test_a_rescan_lists_only_the_folders_that_changed(tmp_path, monkeypatch):
         assert sorted(listed) == ["empty007", "real"], listed
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_a_wild_step_is_refused_when_it_comes_in_one_batch_with_the_jobs_first_parts(
+        tmp_path):
+    """A part whose steps lie 2**40 past the job's last step is refused; but the job's last
+    step was the one stored before the batch, so a new job's first parts and the wild one
+    taken in one batch (a watched run written before the start, uploads queued together)
+    let it through: its rows were held, and never analysed. The test holds the ingest on
+    another part while the two are queued behind it."""
+    import threading
+
+    trace = slow_job(steps=10)
+    parts = {(r, p): cols for r, p, cols in parts_of(trace, 5)}
+    wild = dict(parts[0, 1], step=parts[0, 1]["step"] + 2**40)
+    s = serve(tmp_path / "mon.db")
+    entered, release = threading.Event(), threading.Event()
+    real = s.monitor.store.add_parts
+
+    def held(*args, **kwargs):
+        entered.set()
+        release.wait(120)
+        return real(*args, **kwargs)
+
+    answers: dict[str, int] = {}
+
+    def send(name: str, rank: int, part: int, cols: dict, job: str = "j") -> threading.Thread:
+        t = threading.Thread(target=lambda: answers.setdefault(name, httpx.put(
+            f"{s.url}/api/jobs/{job}/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+            headers=AUTH, timeout=180).status_code))
+        t.start()
+        return t
+
+    try:
+        with httpx.Client(base_url=s.url, timeout=60):
+            for job in ("j", "other"):
+                assert httpx.put(f"{s.url}/api/jobs/{job}/meta", json=trace.meta.to_dict(),
+                                 headers=AUTH).status_code == 200
+            s.monitor.store.add_parts = held
+            threads = [send("first", 1, 0, parts[1, 0], "other")]   # (another job's part)
+            try:
+                assert entered.wait(60)
+                threads.append(send("r0p0", 0, 0, parts[0, 0]))
+                eventually(lambda: s.monitor._inflight == 2, what="r0p0 queued")
+                threads.append(send("wild", 0, 1, wild))
+                eventually(lambda: s.monitor._inflight == 3, what="the wild part queued")
+            finally:
+                release.set()
+                for t in threads:
+                    t.join()
+            assert answers == {"first": 200, "r0p0": 200, "wild": 422}, answers
+    finally:
+        release.set()
+        s.stop()

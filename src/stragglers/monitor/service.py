@@ -867,6 +867,10 @@ class Monitor:
         pending: dict[str, int] = {}   # job → bytes of this batch's parts taken so far
         spans: dict[tuple[str, int], list[tuple[int, int, PartIn, Any]]] = {}   # their steps
         claims: dict[tuple[str, object], object] = {}   # and the places their ranks took
+        # job → the last step of this batch's parts taken so far: a wild step is judged
+        # against them too (a new job's first parts and a part 2**40 past them, taken in one
+        # batch, let it through: its rows were held and never analysed)
+        reach: dict[str, int] = {}
         for it in [it for it, _ in files] + [it for it, _ in uploads]:
             # places the job does not have (stage 7 of a 2-stage job)
             data = read[id(it)]
@@ -883,7 +887,8 @@ class Monitor:
                     continue
                 steps = data.columns["step"] if isinstance(data, PartData) else \
                     np.array([data.first_step, data.last_step], dtype=np.int64)
-                wild = check_step_gaps(steps, trackers[it.job].max_step, it.path or _source(it))
+                wild = check_step_gaps(steps, max(trackers[it.job].max_step,
+                                                  reach.get(it.job, -1)), it.path or _source(it))
                 if wild is not None:
                     read[id(it)] = wild
                     continue
@@ -899,6 +904,8 @@ class Monitor:
                 full = self._over_job_bytes(it, data.nbytes, pending)
                 if full is not None:
                     read[id(it)] = full
+                    continue
+                reach[it.job] = max(reach.get(it.job, -1), data.last_step)
         self._write_uploads([(it, body) for it, body in uploads
                              if not isinstance(read[id(it)], InputError)])
         for it in fresh:
