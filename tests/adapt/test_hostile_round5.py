@@ -212,3 +212,22 @@ def test_stored_rows_past_their_retries_or_with_nothing_left_do_not_stop_the_dat
         assert [f.retries for f in status.failed] == [3]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("pos", [-(1 << 62), 1 << 62])
+def test_a_restore_leaves_its_queue_positions_room_for_the_requeues_ahead(tmp_path, pos):
+    # (fails before: a shard at queue_pos -2**62 passed, the restore put its DOING shard one
+    # lower, and the data set's stored front was out of range: quarantined by its own restore)
+    from stragglers.errors import InputError
+    store = ShardStore(tmp_path / "s.db")
+    try:
+        store.create_dataset(DatasetConfig("d", 20, 10))
+        fence = store.join("d", "w").fence
+        store.lease("d", "w", fence)
+        snap = _snapshot(store, "d")
+        snap["shards"][1][5] = pos
+        with pytest.raises(InputError, match="queue_pos"):
+            store.restore(snap)
+        assert store.lease("d", "w", fence).status == "ok"
+    finally:
+        store.close()

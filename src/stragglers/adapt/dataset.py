@@ -161,7 +161,10 @@ def validate_snapshot(snap: object, source: str = "snapshot") -> tuple[DatasetCo
         # FAILED with max_retries + 2 at its next failure, a row the store refuses as damaged
         _int(source, f"{where}.retries", retries, 0,
              cfg.max_retries + 1 if state == FAILED else cfg.max_retries)
-        _int(source, f"{where}.queue_pos", pos, -MAX_QUEUE_POS, MAX_QUEUE_POS)
+        # half the stored range: a restore puts its DOING shards before the lowest position
+        # and every later requeue one lower again (-2**62 here made a stored front out of
+        # range, and the data set refused as damaged after its own restore)
+        _int(source, f"{where}.queue_pos", pos, -MAX_QUEUE_POS // 2, MAX_QUEUE_POS // 2)
         if error is not None and (not isinstance(error, str) or len(error) > MAX_ERROR_CHARS):
             raise InputError(source, f"{where}.error",
                              f"expected null or a string of at most {MAX_ERROR_CHARS} characters")
