@@ -231,3 +231,31 @@ def test_a_restore_leaves_its_queue_positions_room_for_the_requeues_ahead(tmp_pa
         assert store.lease("d", "w", fence).status == "ok"
     finally:
         store.close()
+
+
+def test_a_wall_clock_stepped_back_holds_no_lease_longer_than_a_full_one(tmp_path):
+    # (fails before: the kept bound of the next expiry lay an hour ahead of the stepped-back
+    # clock, no lease was scanned until the clock caught up: a dead worker's shard held an hour)
+    import asyncio
+
+    from stragglers.adapt.service import GroupCommitter
+    clock = Clock()
+    store = ShardStore(tmp_path / "s.db", clock=clock)
+    # (stall_s 10: the fake clock's 6 s below, with no time passing, is no forward step)
+    commit = GroupCommitter(store, stall_s=10.0)
+    try:
+        store.create_dataset(DatasetConfig("d", 20, 10, lease_s=5))
+        held = store.lease("d", "w", store.join("d", "w").fence).leases[0]   # dies
+        fence = store.join("d", "v").fence
+        clock.now -= 3600
+
+        async def lease():   # through the writer, as the service calls it
+            return await commit.run(lambda: store.lease("d", "v", fence))
+        first = asyncio.run(lease()).leases[0]
+        store.ack("d", "v", fence, first.epoch, first.shard, 10)
+        clock.now += 6
+        again = asyncio.run(lease())
+        assert [(x.epoch, x.shard) for x in again.leases] == [(held.epoch, held.shard)]
+    finally:
+        commit.close()
+        store.close()

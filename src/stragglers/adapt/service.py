@@ -264,6 +264,14 @@ class GroupCommitter:
                 log.warning("the wall clock jumped %.1fs ahead: held leases get a grace period",
                             (wall - self._wall) - (now - self._beat))
                 self.store.grant_grace()
+            elif (now - self._beat) - (wall - self._wall) > self.stall_s:
+                # stepped back: the kept lower bounds of the next expiry lie in the future
+                # now, and no lease was checked until the clock caught up with them (an
+                # hour's step: a dead worker's shards held an hour); dropped, the next call
+                # scans and cuts every deadline to a full lease from now
+                log.warning("the wall clock stepped %.1fs back: lease deadlines are cut to a"
+                            " full lease from now", (now - self._beat) - (wall - self._wall))
+                self.store.forget_expiries()
             self._beat, self._wall = now, wall
 
     async def run(self, call, key: object = None):

@@ -117,6 +117,12 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         with self._lock:
             self._grace = {r[0] for r in self._conn.execute("SELECT name FROM datasets")}
 
+    def forget_expiries(self) -> None:
+        """Drop the kept bounds of the next lease expiry (the wall clock stepped back): the
+        next call on each data set scans its leases."""
+        with self._lock:
+            self._next_expiry.clear()
+
     def _config(self, c: sqlite3.Connection, name: str, token_sha256: str | None = None,
                 write: bool = True) -> tuple[DatasetConfig, int, int]:
         row = c.execute("SELECT num_samples, shard_size, seed, num_epochs, lease_s, max_retries,"
