@@ -266,3 +266,34 @@ def test_a_wild_step_is_refused_when_it_comes_in_one_batch_with_the_jobs_first_p
     finally:
         release.set()
         s.stop()
+
+
+@pytest.mark.slow
+def test_a_huge_world_with_one_rank_heard_holds_no_per_rank_change_state(tmp_path):
+    """The change detector's per-rank state (baseline and recent values, ~1 KB a rank) was
+    built for the declared world at a job's first part: a job of 65,536 ranks of which one
+    sent a part held ~65 MB, and a token holder creating such jobs at the allowed rate grew
+    the monitor by ~8 GB a minute. It is built once half the ranks have sent a part."""
+    trace = slow_job(steps=5)
+    parts = parts_of(trace, 5)
+    huge = trace.meta.to_dict()
+    huge.update(dp_size=256, pp_size=256, world_size=65_536)
+    huge["extra"].pop("layout")
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN,
+                      config=CFG.replace(change_detector=True)).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/huge/meta", json=huge, headers=AUTH).status_code == 200
+            assert c.put("/api/jobs/normal/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            rank, part, cols = parts[0]
+            assert c.put(f"/api/jobs/huge/ranks/{rank}/parts/{part}", content=table_bytes(cols),
+                         headers=AUTH).status_code == 200
+            for rank, part, cols in parts:   # (its parts come after the huge job's)
+                assert c.put(f"/api/jobs/normal/ranks/{rank}/parts/{part}",
+                             content=table_bytes(cols), headers=AUTH).status_code == 200
+            detectors = s.monitor.watchdog.detectors
+            eventually(lambda: "normal" in detectors, what="the normal job's detector")
+            assert "huge" not in detectors
+    finally:
+        s.stop()

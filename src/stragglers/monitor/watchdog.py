@@ -90,6 +90,8 @@ class Watchdog:
             return
         for job, tr, arrived in work:
             detector = self._detector(job, tr)
+            if detector is None:   # (these parts' values are not kept: warm-up is 20 steps)
+                continue
             sources = [src for _, src in arrived]
             pool = m._readers   # the ingest's reader threads (parts read outside the GIL)
             read = list(pool.map(_busy, sources)) if pool else [_busy(s) for s in sources]
@@ -108,10 +110,14 @@ class Watchdog:
                             "slowed down" if c.status == "firing" else "recovered", c.ratio,
                             c.since_step, c.at_step)
 
-    def _detector(self, job: str, tr: JobTracker) -> RankChangeDetector:
+    def _detector(self, job: str, tr: JobTracker) -> RankChangeDetector | None:
         """The job's detector, new when the job's tracker or its ranks changed (a new run, a
-        layout that came later)."""
+        layout that came later); None while fewer than half its ranks sent a part: its state
+        is ~1 KB a rank of the declared world, and a job of 65,536 ranks of which one sent a
+        part held ~65 MB (a peer median needs the peers anyway)."""
         ranks = tuple(tr.expected_ranks)
+        if 2 * len(tr.ranks) < len(ranks):
+            return None
         held = self.detectors.get(job)
         if held is None or held[0] is not tr or held[1] != ranks:
             stages = {r: e.stage or 0 for r, e in tr.layout.items()}
