@@ -698,6 +698,14 @@ class Monitor:
                 return job in self._jobs_in_flight
             return (job, rank) in self._parts_in_flight
 
+    def ranks_in_flight(self, job: str, since: float) -> set[int] | None:
+        """The ranks of the job with parts queued or being stored; None when a watcher is
+        handing over events that may hold a part of any rank written after `since`."""
+        with self._count_lock:
+            if self._noticing_since(since):
+                return None
+            return {r for j, r in self._parts_in_flight if j == job}
+
     def _noticing_since(self, since: float) -> bool:
         """A batch of file events being handed over may hold a part written after `since`
         (held by _count_lock). A batch handed over for longer than stall_after_s / 2 no
@@ -1343,7 +1351,9 @@ class Monitor:
                 # decide what they mean: a job that closed, a rank not behind the others)
                 first = tr.last_arrival
                 if tr.first_arrival is not None and not tr.closed_marker:
-                    for rank in tr.expected_ranks:
+                    heard, unheard = tr.heard_expected()
+                    # (the ranks never heard from share one silence: -1 stands for them)
+                    for rank in heard + ([-1] if unheard else []):
                         last = tr.quiet_since(rank) or first
                         if last + limit > now:
                             first = min(first, last)

@@ -142,7 +142,8 @@ class Watchdog:
                         or tr.first_arrival is None or tr.closed_marker:
                     continue
                 silent, quiet = {}, False
-                for rank in tr.expected_ranks:
+                heard, unheard = tr.heard_expected()
+                for rank in heard:
                     rp = tr.ranks.get(rank)
                     last = tr.quiet_since(rank) or now
                     # and the others went on past its steps: at a job's end its ranks' last
@@ -160,7 +161,9 @@ class Watchdog:
                                 silent[rank] = self.silent[job][rank]
                             continue
                         silent[rank] = now - last
-                if job not in self.silent or set(silent) != set(self.silent[job]):
+                if unheard:   # the ranks never heard from share one silence: taken at once
+                    quiet |= self._unheard(job, tr, heard, silent, now)
+                if job not in self.silent or silent.keys() != self.silent[job].keys():
                     decided.append((job, silent, _places(tr)))
                 if quiet:
                     overdue.add(job)
@@ -174,12 +177,41 @@ class Watchdog:
             self.silent.pop(job, None)
             m.metrics.silent_ranks.labels(job).set(0)
 
+    def _unheard(self, job: str, tr: JobTracker, heard: list[int], silent: dict[int, float],
+                 now: float) -> bool:
+        """The silence of a job's ranks that never sent a part, as check_silence decides a
+        rank's, for all of them at once (walking a declared world of 65,536 ranks one by one
+        each tick, for every such job, was most of an idle monitor's CPU); added to `silent`.
+        True when they are quiet but not behind (the job has no step yet)."""
+        m, limit = self.monitor, self.monitor.config.stall_after_s
+        last = tr.quiet_since(-1) or now   # (-1: a rank never heard from)
+        if now - last < limit:
+            return False
+        if tr.max_step < 0:
+            return True
+        others = tr.unheard(heard)
+        flying = m.ranks_in_flight(job, last)
+        if flying is None or flying.intersection(others):
+            # a part of one is in the ingest (or may be in a watcher's hand-over): those are
+            # decided again once it is stored or refused, as before for the others
+            m.defer_silence()
+            before = self.silent.get(job, {})
+            if flying is None:
+                silent.update((r, v) for r, v in before.items() if r not in tr.ranks)
+                return False
+            for r in flying.intersection(others):
+                if r in before:
+                    silent[r] = before[r]
+            others = sorted(set(others) - flying)
+        silent.update(dict.fromkeys(others, now - last))
+        return False
+
     def _alerted(self, job: str, silent: dict[int, float]) -> dict[int, float]:
         """The silent ranks that get a rank_silent alert: at most max_silent_alerts, those quiet
         longest (then the lowest ranks); the others named in one log line."""
         cap = self.monitor.config.max_silent_alerts
         if len(silent) <= cap:
-            return silent
+            return dict(sorted(silent.items()))   # (by rank, as the ranks were walked before)
         chosen = sorted(silent, key=lambda r: (-silent[r], r))[:cap]
         log.warning("job %s: %d ranks silent; rank_silent alerts for the %d quiet longest "
                     "(max_silent_alerts)", job, len(silent), cap)

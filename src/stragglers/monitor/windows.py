@@ -142,6 +142,24 @@ class JobTracker:
             return list(range(world))
         return sorted(self.ranks)
 
+    def heard_expected(self) -> tuple[list[int], bool]:
+        """The expected ranks that sent a part, and whether any expected rank did not: the
+        ranks never heard from share one silence (quiet_since), so a tick need not walk a
+        declared world of 65,536 ranks one by one for a job that heard from one."""
+        if self.layout:
+            heard = sorted(r for r in self.ranks if r in self.layout)
+            return heard, len(heard) < len(self.layout)
+        world = self.meta.world_size if self.meta is not None else 0
+        if world > 0:
+            heard = sorted(r for r in self.ranks if 0 <= r < world)
+            return heard, len(heard) < world
+        return sorted(self.ranks), False
+
+    def unheard(self, heard: list[int]) -> list[int]:
+        """The expected ranks not in `heard` (heard_expected's), sorted."""
+        everyone = set(self.layout) if self.layout else set(range(self.meta.world_size))
+        return sorted(everyone - set(heard))
+
     def claim(self, rank: int, place: tuple[int, int] | None) -> None:
         """Note the place a rank's rows sit at (a job without a layout; None: no rows)."""
         if place is not None and place != (-1, -1) and not self.layout:   # (-1: two places)
@@ -237,10 +255,12 @@ class JobTracker:
         now = time.time() if now is None else now
         for rp in self.ranks.values():
             self._advance(rp, now)
-        expected = self.expected_ranks
-        if not (self.chunks or self.files) or not expected \
-                or any(r not in self.ranks for r in expected):
+        if not (self.chunks or self.files):
+            return []   # (before the expected ranks: a list of the declared world, each tick)
+        heard, unheard = self.heard_expected()
+        if unheard or not heard:
             return []
+        expected = heard
         through = min(self.ranks[r].frontier for r in expected)
         steps = self._pending_steps()
         done = steps[steps <= through]
