@@ -173,17 +173,22 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             cycle = self.cycle
             in_body = not head and _body_left(self)
             before = len(cycle.body) if cycle is not None else 0
+            held = _unparsed(self)
             super().data_received(data)
             # A body's progress is what reaches the app (the parser's body bytes), not what the
             # wire carried: chunk extensions and framing are dropped by the parser, and a
             # stream of them (1 byte of body per 8 KB) passed the rate check for ever.
-            got = len(cycle.body) - before if cycle is not None and self.cycle is cycle else 0
+            got = len(cycle.body) - before if cycle is not None else 0
             self._g_payload += max(got, 0)
-            if in_body and cycle is not None:
+            if in_body and cycle is not None and self.cycle is cycle:
                 # what the body's reads carried besides its bytes, counted toward the app's body
-                # limit (read_bounded): extensions are no free channel
+                # limit (read_bounded): extensions are no free channel. (Not a read that also
+                # began the next request, pipelined: its head is no part of this body; like the
+                # read that brings a head, one such read per request goes uncounted.)
+                # (h11 keeps a pipelined request's bytes unparsed until this one is answered)
+                extra = len(data) - got - (_unparsed(self) - held)
                 scope = cycle.scope
-                scope[FRAMING_KEY] = scope.get(FRAMING_KEY, 0) + max(len(data) - got, 0)
+                scope[FRAMING_KEY] = scope.get(FRAMING_KEY, 0) + max(extra, 0)
             if head and self._g_phase_bytes > limits.max_head_bytes and _waiting(self) \
                     and not self.transport.is_closing():
                 _close(self, 431, "Request Header Fields Too Large",
@@ -549,6 +554,12 @@ class _Connections:
                        f"{lim.body_min_bytes_per_s:g} bytes/s")
         if self.open:
             self._timer = asyncio.get_running_loop().call_later(lim.sweep_s, self.sweep)
+
+
+def _unparsed(conn) -> int:
+    """Bytes received and not parsed yet (h11's buffer; httptools parses all it is given)."""
+    buffer = getattr(getattr(conn, "conn", None), "_receive_buffer", None)
+    return len(buffer) if buffer is not None else 0
 
 
 def _waiting(conn) -> bool:
