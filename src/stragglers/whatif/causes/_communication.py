@@ -78,8 +78,39 @@ def communication(ctx: Context) -> list[Candidate]:
         cand = Candidate("communication", ctx.where_workers(hot, steps, optypes), evidence,
                          cost=fixed, strata=ctx.step_mask(steps))
         late = np.where(fix, cost - np.broadcast_to(ideal, cost.shape), 0.0)
-        found.append(as_contention(ctx, cand, ids, late, "a slow link"))
+        cand = as_contention(ctx, cand, ids, late, "a slow link")
+        if cand.cause == "cpu_contention" and _waits_shared(ctx, ids, per, hot, carriers):
+            # the carriers that are not late waited for a CPU as long: the host's contention
+            # is everyone's, and which transfers it made late the scheduler's lottery (four
+            # ranks on one CPU, pipeline p2p late on three of them, persistently)
+            continue
+        found.append(cand)
     return found
+
+
+def _waits_shared(ctx: Context, ids: np.ndarray, per: np.ndarray, hot: list[tuple[int, int]],
+                  carriers: set[tuple[int, int]]) -> bool:
+    """Whether the hot workers' CPU waits per transfer exceed the other carriers' by less
+    than `contention_explains` of how much later their transfers are (means over the steps
+    and over the two sets; `per` [D, P, T] s of lateness): the waits then do not say why
+    these transfers are late and not the others. False with no other carrier. Per transfer:
+    a middle stage carries twice the transfers of an end one."""
+    rest = sorted(carriers - set(hot))
+    waits = ctx.cpu_waits
+    if not rest or waits is None:
+        return False
+    g = ctx.w.grid
+    stage, present, every = g.node_stage[ids], g.present[ids], np.ones(len(ids), bool)
+    count = np.maximum(per_worker_sum(present.astype(float), stage, every, g.pp_size), 1.0)
+    waited = per_worker_sum(np.where(present, waits[ids], 0.0), stage, every, g.pp_size)
+
+    def gap(values: np.ndarray) -> float:
+        """The hot workers' mean per transfer less the other carriers' (mean over steps)."""
+        values = values / count
+        return float(np.mean([values[d, p] for d, p in hot])
+                     - np.mean([values[d, p] for d, p in rest]))
+
+    return gap(waited) < ctx.cfg.contention_explains * gap(per)
 
 
 def _apart(per: np.ndarray, hot: list[tuple[int, int]], carriers: set[tuple[int, int]]

@@ -99,6 +99,8 @@ class Context:
     hosts: dict[int, str]  # global rank → host name
     _waits: tuple | None = field(default=None, repr=False)
     _balanced: tuple | None = field(default=None, repr=False)
+    _seq: tuple | None = field(default=None, repr=False)
+    _shared: tuple | None = field(default=None, repr=False)
     _paused: tuple | None = field(default=None, repr=False)
     _pause_free: np.ndarray | None = field(default=None, repr=False)
     _arrivals: tuple | None = field(default=None, repr=False)
@@ -140,6 +142,26 @@ class Context:
         return self._balanced[0]
 
     @property
+    def seq_pattern(self):
+        """(stages, corr, cv, fit) of the sequences' microbatch pattern (None: not there)."""
+        if self._seq is None:
+            from stragglers.whatif.causes.sequence import detect
+            self._seq = (detect(self),)
+        return self._seq[0]
+
+    @property
+    def seq_shared(self) -> np.ndarray | None:
+        """[N, D, T] durations with each microbatch's load divided out, where the trace has no
+        Σs² but its compute shows the sequences' pattern (else None)."""
+        if self._shared is None:
+            from stragglers.whatif.causes.sequence import without_sequence_load
+            shared = None
+            if self.seq_balanced is None and self.seq_pattern is not None:
+                shared = without_sequence_load(self)
+            self._shared = (shared,)
+        return self._shared[0]
+
+    @property
     def expert_load(self):
         """The MoE dispatches whose expert compute follows the rows received (None: none)."""
         if self._experts is None:
@@ -150,9 +172,15 @@ class Context:
     @property
     def own_durations(self) -> np.ndarray:
         """[N, D, T] durations with the shares uneven work explains taken out (Σs² of the
-        sequences, rows routed to experts) and the GC pauses found inside compute: what a
-        worker's own speed is judged on."""
-        own = self.seq_balanced if self.seq_balanced is not None else self.w.grid.duration
+        sequences, or without Σs² each microbatch's load; rows routed to experts) and
+        the GC pauses found inside compute: what a worker's own speed is judged on."""
+        # Without Σs² the sequences' share is each microbatch's load, which its ops on the
+        # DP rank's other stages show (sequence.without_sequence_load)
+        own = self.w.grid.duration
+        for balanced in (self.seq_balanced, self.seq_shared):
+            if balanced is not None:
+                own = balanced
+                break
         found = self.compute_pauses
         if found:
             # A pause is the collector's time, not the worker's speed: left in, a worker that

@@ -18,7 +18,7 @@ _SPEED_TOL = 1e-3
 
 def sequence_imbalance(ctx: Context) -> list[Candidate]:
     """Stages whose microbatches differ in cost together in forward and backward (or with Σs²)."""
-    found = _detect(ctx)
+    found = ctx.seq_pattern
     if found is None:
         return []
     stages, corr, cv, fit = found
@@ -33,14 +33,14 @@ def sequence_imbalance(ctx: Context) -> list[Candidate]:
     else:
         evidence += ("; no Σs² in the trace: the prediction removes the cost factor each "
                      "microbatch shares across its forward, backward and stages")
-        cost = _balanced_by_microbatch_factor(ctx)
+        cost = balanced_by_microbatch_factor(ctx)
     # the pattern test (microbatches' forward and backward, or compute and Σs², correlate
     # at seq_corr / seq_fit) already tells it from op noise, which correlates with neither
     return [Candidate("sequence_imbalance", Where(pp=[int(p) for p in stages]), evidence, cost=cost,
                       upper_bound=True, established=True)]
 
 
-def _detect(ctx: Context):
+def detect(ctx: Context):
     """(stages, corr, cv, fit) on durations normalised per worker and step, or None.
 
     Normalising per worker and step keeps a uniformly slow worker or a drifting machine out.
@@ -181,16 +181,82 @@ def _kept_mean(values: np.ndarray, keep: np.ndarray, axis: tuple[int, ...]) -> n
     return np.where(count > 0, kept, values.mean(axis=axis, keepdims=True))
 
 
-def _balanced_by_microbatch_factor(ctx: Context) -> np.ndarray:
+def without_sequence_load(ctx: Context) -> np.ndarray | None:
+    """Durations [N, D, T] with each microbatch's load divided out, as a worker's own speed is
+    judged where the trace has no Σs² (None with one stage: no other stage tells load from
+    speed, and a microbatch's fwd/bwd share both; None where the run's load cannot be told
+    robustly, see below).
+
+    The same sequences cross every stage of a DP rank, and a worker's speed is its own
+    stage's alone: a microbatch's load on a worker is what its ops on the rank's other stages
+    share, step by step (their log durations less each worker's mean there), plus the rank's
+    load over the whole run, the median over those stages of how far its workers sit from
+    their stage's median worker (only where one slow worker moves neither). Kept in, a rank's load, which over a few steps stays above or below its peers' by chance
+    (±12% over 8 steps at a 42% microbatch spread), spread every worker's ratio to its peers:
+    a worker ×1.9 among 16 stood 3.9-5.8 robust deviations out, under outlier_z. What this
+    gives up: a pipeline replica slow on every stage reads as its sequences' load.
+    """
+    g, trace = ctx.w.grid, ctx.trace
+    d, free = g.shape[1], ctx.pause_free             # measured without the pauses found
+    # The rank's load over the run, per stage, where one slow worker can move neither the
+    # stage's median worker (three DP ranks or more) nor the median over the other stages
+    # (three or more of them: of two DP ranks each sits as far from their mean as the other).
+    # Elsewhere none is taken out: the load step by step alone would leave the run's, a
+    # chance offset (+17% over 8 steps at dp 2 × pp 2) that the steps' spread no longer
+    # covered, named as a slow worker
+    if g.pp_size < 2 or not (d >= 3 or g.pp_size >= 4):
+        return None
+    ops: dict = {}                                   # mb → [(stage, node, residual [D, T])]
+    offsets = np.zeros((d, g.pp_size))               # [D, P] persistent, from stage medians
+    groups = np.zeros(g.pp_size)
+    for s in range(g.pp_size):
+        for code in (FWD, BWD):
+            nodes = microbatch_nodes(g, trace, s, code)
+            if len(nodes) == 0:
+                continue
+            ref = g.row[nodes, 0, 0]
+            mc = trace.ops["mc"][ref]
+            log = np.log(np.maximum(free[nodes], 1e-12))
+            for chunk in np.unique(mc):              # each model chunk's ops: their own mean
+                sel = mc == chunk
+                mine = log[sel].mean(axis=(0, 2))                        # [D]
+                log[sel] -= mine[None, :, None]
+                offsets[:, s] += mine - np.median(mine)
+                groups[s] += 1
+            for i, n in enumerate(nodes):
+                ops.setdefault(int(trace.ops["mb_id"][ref[i]]), []).append((s, int(n), log[i]))
+    offsets /= np.maximum(groups, 1)[None, :]
+    run = [np.median(np.delete(offsets, s, axis=1), axis=1)[:, None] for s in range(g.pp_size)]
+    logs: dict = {}
+    for entries in ops.values():
+        total = np.sum([x for _, _, x in entries], axis=0)
+        by_stage: dict = {}
+        for s, _, x in entries:
+            got = by_stage.setdefault(s, [np.zeros_like(x), 0])
+            got[0] += x
+            got[1] += 1
+        for s, n, _ in entries:
+            others = len(entries) - by_stage[s][1]
+            if others:
+                logs[n] = [(total - by_stage[s][0]) / others + run[s]]
+    return _divided(g.duration, free, logs, {n: [n] for n in logs})
+
+
+def balanced_by_microbatch_factor(ctx: Context) -> np.ndarray:
     """Costs with each microbatch's shared factor divided out.
 
     A microbatch carries its sequences through every stage, forward and backward: its cost
     factor (duration over the step's mean of its op type, with each worker's persistent speed
     taken out) is common to all of them, while per-op noise is not. The geometric mean over
     those ops estimates the factor; dividing it out balances microbatches and DP ranks.
+    It is measured and divided out on the durations without the GC pauses found inside
+    compute, which stay where they are (the collector's, not the sequences'): a ×14 pause
+    in the factor's mean made its microbatch look long and, through the step's mean, every
+    other one short, and the fix predicted a slowdown (×0.95 beside GC ×1.9, --wide
+    --no-seq-lens seed 26 job 143: sequences ×1.05 missed).
     """
     w, g, trace = ctx.w, ctx.w.grid, ctx.trace
-    d, t = g.shape[1:]
+    free = ctx.pause_free
     logs: dict = {}
     members: dict = {}
     for s in range(g.pp_size):
@@ -198,7 +264,7 @@ def _balanced_by_microbatch_factor(ctx: Context) -> np.ndarray:
             nodes = microbatch_nodes(g, trace, s, code)
             if len(nodes) < 2:
                 continue
-            dur = np.maximum(g.duration[nodes], 1e-12)
+            dur = np.maximum(free[nodes], 1e-12)
             per_worker = dur.mean(axis=0)                                   # [D, T]
             # Across DP ranks: a step's sequences load the ranks unevenly; what persists
             # over steps is the worker's own speed (a worker fault), not sequences.
@@ -210,11 +276,18 @@ def _balanced_by_microbatch_factor(ctx: Context) -> np.ndarray:
                 key = int(trace.ops["mb_id"][ref[i]])
                 logs.setdefault(key, []).append(norm[i])
                 members.setdefault(key, []).append(int(n))
-    cost = w.cost.copy()
+    return _divided(w.cost, free, logs, members)
+
+
+def _divided(cost: np.ndarray, free: np.ndarray, logs: dict, members: dict) -> np.ndarray:
+    """`cost` with the pause-free part of each microbatch's ops divided by its factor (the
+    exponential of its `logs`' mean [D, T]; `members`: its template ops), the pauses kept."""
+    out = cost.copy()
     for key, rows in logs.items():
+        nodes = members[key]
         factor = np.exp(np.mean(rows, axis=0))            # [D, T]
-        cost[members[key]] /= factor[None]
-    return cost
+        out[nodes] -= free[nodes] - free[nodes] / factor[None]
+    return out
 
 
 def _attn_fit(ctx: Context, stage: int, compute: np.ndarray) -> float | None:
