@@ -86,11 +86,6 @@ def test_a_ring_attention_job_reads_as_exchanges_in_its_cp_groups(tmp_path, rank
 # ring of three or more its ends are no clock sync point while the ranks share another
 # collective: read as one, a healthy rank opposite a slow one had its clock moved by the
 # time its neighbours waited (540 µs here) and its exchanges named `communication`.
-RING_CLOCK = pytest.mark.xfail(strict=True, reason="kineto/ops.py takes a ring exchange's "
-                               "ends as clock sync points (issue 30)")
-
-
-@RING_CLOCK
 def test_a_ring_rounds_ends_do_not_move_a_healthy_ranks_clock(tmp_path):
     job = GpuJob(ranks=8, steps=8, seed=200715, all_to_alls=1, jitter=0.0144,
                  clock_offset_us=460.2, host_jitter_us=188.8, expert_groups=2, cp_size=4,
@@ -103,7 +98,6 @@ def test_a_ring_rounds_ends_do_not_move_a_healthy_ranks_clock(tmp_path):
     assert np.abs(got - (true - true[0])).max() < 20.0
 
 
-@RING_CLOCK
 @pytest.mark.slow
 def test_no_healthy_cp_peer_of_a_slow_group_is_named(tmp_path):
     from stragglers.whatif import analyze

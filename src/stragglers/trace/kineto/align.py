@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stragglers.trace.kineto.ops import RING_SYNC
+
 # Ends of one collective on different ranks agree to well under this; pairs further apart than
 # this from the consensus are mismatched (sampled or filtered traces drop some collectives).
 END_TOLERANCE_S = 1e-3
@@ -46,8 +48,9 @@ def clock_offsets(sync: dict[int, dict[tuple, float]], hosts: dict[int, str | No
         best: tuple[int, int, set[tuple]] | None = None
         for r in pending:
             for a in offsets:
-                common = sync[r].keys() & sync[a].keys()
-                if best is None or len(common) > len(best[2]):
+                common = _firm(sync[r].keys() & sync[a].keys())
+                if best is None or (_rank(common), len(common)) > (_rank(best[2]),
+                                                                    len(best[2])):
                     best = (r, a, common)
         assert best is not None     # pending and offsets are both non-empty here
         r, a, common = best
@@ -75,3 +78,15 @@ def clock_offsets(sync: dict[int, dict[tuple, float]], hosts: dict[int, str | No
         notes.append(f"clock alignment of {len(weak)} rank(s) (e.g. rank {weak[0]}) rests on few "
                      "agreeing collectives: matched collectives disagree, as in sampled traces")
     return offsets, quality, notes
+
+
+def _firm(keys: set[tuple]) -> set[tuple]:
+    """The keys whose ends all members share; a ring exchange's (ops.RING_SYNC: each rank's
+    round ends with its own neighbours') only where there are no others."""
+    firm = {k for k in keys if not k or k[0] != RING_SYNC}
+    return firm or keys
+
+
+def _rank(keys: set[tuple]) -> int:
+    """1 where `keys` are firm sync points, 0 where ring exchanges only (or none)."""
+    return int(any(not k or k[0] != RING_SYNC for k in keys))

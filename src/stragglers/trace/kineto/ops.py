@@ -286,6 +286,8 @@ def _segments(parts: RankParts, colls: list[tuple[Coll, str]]):
     return seg, step, phase, idx
 
 
+# The first item of a ring exchange's sync key (align.clock_offsets uses those last).
+RING_SYNC = "ring"
 # How a collective is matched across ranks: (group, "seq", Seq) or (group, step, kind, order).
 SyncKey = tuple[str, str, int] | tuple[str, int, str, int]
 
@@ -326,6 +328,10 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
             optype = cross_stage_optype(kind, c, parts, placement) or gradient \
                 or BLOCKING_OPTYPES.get(kind)
             key = sync_key(c, parts, placement, index)
+            if kind == "exchange" and len(parts.pg_ranks.get(c.pg or "") or ()) > 2:
+                # a ring's rank ends its round when its own neighbours' transfers end, not
+                # with the group: a clock sync point only where nothing else is shared
+                key = (RING_SYNC, *key)
             sync.setdefault(key, c.end)
             spans.setdefault(key, (c.start, c.end))
             if optype is None:
