@@ -65,7 +65,7 @@ def run_layout(directory: Path | str, steps: list[int] | None = None) -> RunLayo
     if not directory.is_dir() or not (directory / META_FILE).exists():
         raise InputError(directory, None, "a step-partitioned analysis reads a run directory "
                          "(meta.json and rank-NNNNN.parquet files); convert other traces with "
-                         "`stragglers trace convert` first")
+                         "`stragglers convert` first")
     meta, notes, files = run_contents(directory)
     optional: set[str] = set()
     groups = []
