@@ -118,7 +118,7 @@ def main() -> None:
         pai.append(f"{job} ({PAI_SAYS[job]}): {first.cause} {sorted(first.where.ranks)}, "
                    f"slowest 5 steps' worker {culprits}")
         print(pai[-1])
-    write(Run(benchmark="Step-time tables with slow sets of random size (issue 30 follow-up)",
+    write(Run(benchmark="Step-time tables with slow sets of random size",
               issue="10",
               command=" ".join([".venv/bin/python benchmarks/diagnosis_step_times.py",
                                 *sys.argv[1:]]),
