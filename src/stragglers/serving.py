@@ -446,6 +446,14 @@ class ServiceGuard:
                 await asyncio.sleep(self.refusal_delay_s)
                 await send_json(self.shape, send, 400, refusal)
                 return
+        if b"%2f" in (scope.get("raw_path") or b"").lower():
+            # the path is routed decoded: /datasets/d%2Flease was /datasets/d/lease, one
+            # segment to a proxy or a log, two to the service; no name either service takes
+            # holds a '/', so an encoded one names nothing
+            await asyncio.sleep(self.refusal_delay_s)
+            await send_json(self.shape, send, 400, "request target: an encoded '/' (%2F) in the"
+                            " path; expected the segments separated by '/' themselves")
+            return
         if self.max_requests is not None and self.requests >= self.max_requests:
             await send_json(self.shape, send, 503, f"request: {self.requests} requests are in progress, "
                             "the most this service takes at once; retry later")

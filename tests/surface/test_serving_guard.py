@@ -527,3 +527,23 @@ def test_a_pipelined_request_is_no_part_of_the_body_before_it(parser):
         assert got.count(b"HTTP/1.1 200") == 2, got[:400]
     finally:
         server.should_exit = True
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+@pytest.mark.parametrize("path", ["/datasets/d%2Flease", "/datasets/d%2fstatus", "/a%2F..%2Fhealth"])
+def test_an_encoded_slash_in_the_path_is_refused(parser, path):
+    # (fails before: the app routes the decoded path, so /datasets/d%2Flease — one segment to a
+    # proxy's rule or a log — leased a shard as /datasets/d/lease)
+    app = Starlette(routes=[Route("/datasets/d/lease", health, methods=["GET"]),
+                            Route("/datasets/d/status", health), Route("/health", health)])
+    sock = listen_socket("127.0.0.1", 0)
+    server = uvicorn_server(app, max_connections=20, keep_alive_s=30, http=parser)
+    serve_in_thread(server, sock, "test-encoded-slash", "test server")
+    try:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with httpx.Client() as client:
+            resp = client.send(client.build_request("GET", httpx.URL(url + path)))
+            assert resp.status_code == 400 and "%2F" in resp.json()["error"], resp.text
+            assert client.get(url + "/datasets/d/lease?x=%2F").status_code == 200   # a query may
+    finally:
+        server.should_exit = True
