@@ -335,3 +335,25 @@ def test_a_tick_does_not_walk_the_ranks_a_job_never_heard_from(tmp_path, monkeyp
         assert s.monitor.watchdog.silent["huge"].keys() == set(range(1, 65_536))
     finally:
         s.stop()
+
+
+def test_whole_rank_files_close_the_run_without_walking_the_world_for_each(monkeypatch):
+    """A run of whole-rank files closes once every expected rank came so; each file built
+    the set of the declared world to ask (65,536 ranks: quadratic). The question is asked
+    once enough ranks came."""
+    from stragglers.monitor.windows import JobTracker
+
+    trace = slow_job(steps=5, slow=None)
+    tr = JobTracker("j", trace.meta, 5, gap_wait_s=10.0)
+    asked: list[int] = []
+    real = getattr(JobTracker, "heard_expected", None)
+    if real is not None:
+        monkeypatch.setattr(JobTracker, "heard_expected",
+                            lambda self: asked.append(1) or real(self))
+    monkeypatch.setattr(JobTracker, "expected_ranks",
+                        property(lambda self: asked.append(1) or list(range(4))))
+    for rank in range(4):
+        tr.add_part(rank, 0, 4, None, 100.0)
+        tr.mark_whole(rank)
+        assert tr.closed_marker == (rank == 3)
+    assert len(asked) == 1, asked
