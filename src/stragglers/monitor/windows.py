@@ -314,11 +314,13 @@ class JobTracker:
         the files a window's last step falls inside are read (~150 µs more than the footer
         each), not every file: a recorder's parts are consecutive, so most never are."""
         changed = False
-        for f in self.files:
-            if f.steps is not None or not f.first_step < step < f.last_step \
-                    or (f.rank, f.part) in self._by_range:
-                continue
-            read = read_steps(f.path, f.within)
+        todo = [f for f in self.files if f.steps is None and f.first_step < step < f.last_step
+                and (f.rank, f.part) not in self._by_range]
+        # (on the window readers' threads: a thousand ranks' files are a thousand reads, and
+        # decoding releases the GIL)
+        reads = list(_readers().map(lambda f: read_steps(f.path, f.within), todo)) \
+            if len(todo) > 1 else [read_steps(f.path, f.within) for f in todo]
+        for f, read in zip(todo, reads):
             if read is None or not len(read) or int(read[0]) != f.first_step \
                     or int(read[-1]) != f.last_step:
                 # gone, replaced or unreadable: taken by its range as before (its window's
