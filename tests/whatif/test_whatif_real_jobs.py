@@ -10,10 +10,12 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import SHARED_DATA
 
 from stragglers.errors import InputError
+from stragglers.trace.model import OPTYPE_CODES
 from stragglers.trace.load import load_trace
 from stragglers.whatif import analyze
 
@@ -89,6 +91,29 @@ def test_one_rank_of_a_larger_job_gets_a_partial_verdict(folder):
     # a steady rank's S is 1 within noise however unequal its collectives (404 all-reduces
     # per step from 11 µs to 5 ms on the V100 one)
     assert result.slowdown <= 1.10
+
+
+@pytest.mark.slow
+def test_one_ranks_bucket_all_reduces_replay_one_after_another():
+    # one NCCL stream runs them in issue order, however many ranks the trace holds; read alone,
+    # this rank's 404 all-reduces a step were replayed up to 21 at once, its step without
+    # launch delays 129 ms where its GPU was busy 200 ms (launch-delay slowdown 2.62)
+    from stragglers.whatif._replay import replay
+    from stragglers.whatif.grid import build_grid
+    from stragglers.whatif.metrics import WhatIf
+
+    path = GPU / "hta-df_index_resolver-rank1of2-v100"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    trace = load_trace(path)
+    w = WhatIf.build(build_grid(trace, sorted(set(trace.ops["step"].tolist()))))
+    g = w.grid
+    _, begin, _ = replay(w.plan, w.cost, w.step_start, keep_timeline=True)
+    nodes = np.flatnonzero(g.node_optype == OPTYPE_CODES["grads-all-reduce"])
+    assert len(nodes) == 404
+    order = nodes[np.argsort(g.start[nodes, 0, 0])]
+    end = begin[order] + w.cost[order]
+    assert np.all(begin[order][1:] >= end[:-1] - 1e-9)
 
 
 def test_pre_window_kernels_belong_to_the_step_before(tmp_path):
