@@ -433,6 +433,13 @@ class ServiceGuard:
             return
         hosts = [v.decode("latin-1") for k, v in headers if k == b"host"]
         host = hosts[0] if hosts else None
+        if host is None and scope.get("http_version") == "1.1":
+            # RFC 9112 3.2: an HTTP/1.1 request without Host is answered 400 (HTTP/1.0 ones,
+            # which no browser sends, are served)
+            await asyncio.sleep(self.refusal_delay_s)
+            await send_json(self.shape, send, 400, "request header 'Host': missing (HTTP/1.1"
+                            " requires it)")
+            return
         if host is not None and not self.host_allowed(host):
             await asyncio.sleep(self.refusal_delay_s)
             await send_json(self.shape, send, 400, f"request header 'Host': {host[:100]!r} is not a name "

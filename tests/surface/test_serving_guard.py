@@ -547,3 +547,25 @@ def test_an_encoded_slash_in_the_path_is_refused(parser, path):
             assert client.get(url + "/datasets/d/lease?x=%2F").status_code == 200   # a query may
     finally:
         server.should_exit = True
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_an_http11_request_without_host_is_400_and_http10_is_served(parser):
+    # (fails before with httptools: an HTTP/1.1 request without Host was served; RFC 9112 3.2
+    # says 400, and h11 answers its own)
+    app = Starlette(routes=[Route("/health", health)])
+    sock = listen_socket("127.0.0.1", 0)
+    server = uvicorn_server(app, max_connections=20, keep_alive_s=30, http=parser)
+    serve_in_thread(server, sock, "test-no-host", "test server")
+    try:
+        for version, status in ((b"1.1", b"400"), (b"1.0", b"200")):
+            with socket.create_connection(sock.getsockname()[:2], timeout=60) as k:
+                k.sendall(b"GET /health HTTP/" + version + b"\r\n\r\n")
+                got = b""
+                while b"}" not in got and (chunk := k.recv(65536)):
+                    got += chunk
+            assert got.split(b" ", 2)[1] == status, got[:300]
+            if status == b"400" and parser == "httptools":
+                assert b"Host" in got.partition(b"\r\n\r\n")[2], got[:300]
+    finally:
+        server.should_exit = True
