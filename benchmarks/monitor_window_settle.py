@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from results import Figure, Run, write
 
 from stragglers.monitor import windows
 from stragglers.monitor.part_footers import read_part_footer
@@ -59,15 +61,28 @@ def run(meta, files, settle: bool, rounds: int = 5) -> tuple[float, int, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps-per-part", type=int, nargs="+", default=[7, 10])
+    ap.add_argument("--name", default=None, help="write the result as this name (a path: "
+                    "there, e.g. /tmp/x) instead of results/monitor_window_settle.json")
     args = ap.parse_args()
+    figures = []
     with tempfile.TemporaryDirectory() as tmp:
         for spp in args.steps_per_part:
             meta, files = parts(Path(tmp) / f"spp{spp}", spp)
+            best: dict[bool, float] = {}
             for settle in (False, True, False, True):
                 cpu, cut, read = run(meta, files, settle)
+                best[settle] = min(best.get(settle, float("inf")), cpu / len(files))
                 print(f"{spp}-step parts ({files[0].records} rows), reads "
                       f"{'on ' if settle else 'off'}: {1e6 * cpu / len(files):6.1f} µs CPU a part,"
                       f" {cut} windows, {read}/{len(files)} files read")
+            figures.append(Figure(
+                name=f"{spp}-step parts, windows of 10: add_part + close_ready CPU a part, with "
+                     f"the step-column reads ({read} of {len(files)} files read)",
+                value=f"{1e6 * best[True]:.0f} µs",
+                anchor=f"without the reads, same run: {1e6 * best[False]:.0f} µs"))
+    write(Run(benchmark="Monitor: a window's last step inside footer-checked files (issue 34)",
+              issue="34", command=" ".join([".venv/bin/python benchmarks/monitor_window_settle.py",
+                                            *sys.argv[1:]]), figures=figures), args.name)
 
 
 if __name__ == "__main__":
