@@ -96,3 +96,41 @@ def test_a_part_of_no_rows_is_stored_empty_and_its_windows_are_analysed(tmp_path
             assert [w["error"] for w in wins] == [None, None], wins
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_a_parts_chunk_extensions_count_toward_its_byte_limit(tmp_path):
+    # (fails before: the serving layer counted them, the part upload's own reader did not: a
+    # 64 KiB part limit took 1 MB of extensions around 250 bytes of body, read to its end)
+    import socket
+
+    trace = slow_job(steps=10)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN,
+                      config=MonitorConfig(window_steps=5, max_part_bytes=64 * 1024)).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+        host, port = s.url.removeprefix("http://").rsplit(":", 1)
+        head = (f"PUT /api/jobs/j/ranks/0/parts/0 HTTP/1.1\r\nHost: {host}\r\nAuthorization: "
+                f"Bearer {TOKEN}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+        with socket.create_connection((host, int(port)), timeout=60) as k:
+            k.sendall(head)
+            try:   # (answered 413 before the end: the rest may be refused)
+                for _ in range(250):
+                    k.sendall(b"1;" + b"e=" + b"x" * 4000 + b"\r\na\r\n")
+                k.sendall(b"0\r\n\r\n")
+            except OSError:
+                pass
+            got = b""
+            while b"}" not in got and (chunk := k.recv(65536)):
+                got += chunk
+        assert got.startswith(b"HTTP/1.1 413"), got[:300]
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.get("/health").status_code == 200
+            # nothing of it was stored: the part is taken afresh
+            r = c.put("/api/jobs/j/ranks/0/parts/0", content=table_bytes(
+                parts_of(trace, 5)[0][2]), headers=AUTH)
+            assert r.status_code == 200 and r.json()["status"] == "stored", r.text
+    finally:
+        s.stop()

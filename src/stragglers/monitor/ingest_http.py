@@ -39,6 +39,7 @@ from stragglers.monitor.leases import ForeignJob
 from stragglers.monitor.service import JobFull, Monitor, PartIn, RunBusy
 from stragglers.monitor.windows import JobTracker
 from stragglers.serving import BodyRefused, declared_length
+from stragglers.serving_guard import FRAMING_KEY
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, MintRate, RateLimited, \
     RequestLimits, quota_client
 import json
@@ -198,7 +199,8 @@ async def read_body(request: Request, limit: int, what: str,
     size = 0
     try:
         async for chunk in request.stream():
-            if size + len(chunk) > limit:
+            # (with what the reads carried besides the body: a chunked body's extensions)
+            if size + len(chunk) + request.scope.get(FRAMING_KEY, 0) > limit:
                 raise _problem(BodyRefused("too_large", limit, size + len(chunk)), what)
             if budget is not None:
                 budget.take(len(chunk), what, size, key)
