@@ -92,6 +92,7 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
     log_rel /= np.maximum(typical, 1e-12)
     np.log(log_rel, out=log_rel)
     by_mb = None
+    stood_out = None    # ops of microbatches whose shared factor stood out as a pause
     back: np.ndarray | float = 1.0
     if balanced is None:
         # Without Σs² the microbatches' uneven lengths would go into the spread (seed 9 job 28
@@ -109,6 +110,7 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
             np.log(np.maximum(dur, 1e-12) / np.maximum(usual, 1e-12), out=log_rel)
             resid, shared, factor = _without_microbatch_factor(log_rel, by_mb, cfg)
         log_rel = resid
+        stood_out = _factor_stood_out(shared, by_mb)
         del resid, shared
         dur = dur / factor
         back = factor     # a pause adds seconds: its excess is counted at the microbatch's length
@@ -139,6 +141,11 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
     for rows in by_mb:
         hits = outlier[rows].sum(axis=0)                           # [D, T]
         bound[rows] = outlier[rows] & (hits >= 2)[None]
+        if stood_out is not None:
+            # every op of the microbatch paused, its factor standing out among all
+            # microbatches' as a pause among ops: no sequences bind them (dp 1 × pp 1, --wide
+            # seed 9 job 162: 2 of 3 pauses on one microbatch's fwd and bwd, read as sequences)
+            bound[rows] &= ~stood_out[rows]
         chance += float(outlier[rows].sum()) * (1.0 - (1.0 - rate) ** (len(rows) - 1))
     chance /= count
     # Sequence imbalance binds a microbatch's ops together far beyond chance; pauses only by
@@ -254,6 +261,16 @@ def _without_microbatch_factor(log_rel: np.ndarray, by_mb: list[list[int]], cfg
         np.put_along_axis(sub, lows[k][None], taken[None], axis=0)
         shared[rows] = sub
     return log_rel - factor, shared, np.exp(factor)
+
+
+def _factor_stood_out(shared: np.ndarray, by_mb: list[list[int]]) -> np.ndarray:
+    """bool [n, D, T]: the ops of each microbatch (of two ops or more) on a DP rank and step
+    whose shared factor was not taken out (it stood out as a pause: no op of it set it)."""
+    out = np.zeros(shared.shape, dtype=bool)
+    for rows in by_mb:
+        if len(rows) > 1:
+            out[rows] = ~np.any(shared[rows], axis=0, keepdims=True)
+    return out
 
 
 def _usual_without_pauses(dur: np.ndarray, typical: np.ndarray, outlier: np.ndarray,
