@@ -115,12 +115,32 @@ def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
     # median) above the fast group's median, and the slow group is slower in (nearly) every
     # step; what fixing it buys is the gain test's. A slow half of a job 10% slower was named
     # as nothing, while a slow 40% of it was named by the outlier test worker by worker.
+    # The split was chosen on these steps: it must hold in each half of them on its own (even
+    # and odd steps), or chance per-step loads that favoured some workers (random sequence
+    # lengths over 8 steps) make a group.
     if len(x) < 5 or lo <= 1:
         return None
+    kept = times[:, steps] / ref[steps]
+    halves = (kept[:, 0::2], kept[:, 1::2])
+    if min(h.shape[1] for h in halves) < 2:
+        return None
+    for half in halves:
+        level = np.log(np.median(half, axis=1))
+        if not _stands_apart(level, slow, cfg):
+            return None
+    return slow, ratio
+
+
+def _stands_apart(x: np.ndarray, slow: np.ndarray, cfg) -> bool:
+    """The outlier test with the fast group as the norm: every slow worker's log level lies
+    `outlier_z` robust deviations (the workers' spread about their own group's median) above
+    the fast group's median."""
+    if not np.all(np.isfinite(x)):
+        return False
     fast = float(np.median(x[~slow]))
     centre = np.where(slow, np.median(x[slow]), fast)
     spread = max(MAD_TO_SIGMA * float(np.median(np.abs(x - centre))), cfg.outlier_scale_floor)
-    return (slow, ratio) if float(x[slow].min()) - fast >= cfg.outlier_z * spread else None
+    return float(x[slow].min()) - fast >= cfg.outlier_z * spread
 
 
 def _group_interval(times: np.ndarray, slow: np.ndarray, cfg) -> tuple[float, float, float]:
