@@ -122,3 +122,20 @@ def eventually(fn, timeout: float = 120.0, interval: float = 0.1, what: str = "c
                 return last
         time.sleep(interval)
     raise AssertionError(f"{what} not reached in {timeout} s (last: {last!r})")
+
+
+def chunk_extension_flood(host: str, port: int, head: bytes, chunks: int = 250) -> bytes:
+    """Send `head` (a chunked request's) then `chunks` one-byte chunks each under 4 KB of
+    chunk extensions (1 MB in all), and return the answer up to its JSON body's end."""
+    with socket.create_connection((host, port), timeout=60) as k:
+        k.sendall(head)
+        try:   # (answered 413 before the end: the rest may be refused)
+            for _ in range(chunks):
+                k.sendall(b"1;" + b"e=" + b"x" * 4000 + b"\r\na\r\n")
+            k.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass
+        got = b""
+        while b"}" not in got and (chunk := k.recv(65536)):
+            got += chunk
+    return got

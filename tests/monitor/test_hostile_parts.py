@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import eventually
+from conftest import chunk_extension_flood, eventually
 from monitor_jobs import get, parts_of, slow_job
 from stragglers.monitor.part_footers import read_part_footer
 from stragglers.monitor.part_rows import read_window_rows
@@ -102,8 +102,6 @@ def test_a_part_of_no_rows_is_stored_empty_and_its_windows_are_analysed(tmp_path
 def test_a_parts_chunk_extensions_count_toward_its_byte_limit(tmp_path):
     # (fails before: the serving layer counted them, the part upload's own reader did not: a
     # 64 KiB part limit took 1 MB of extensions around 250 bytes of body, read to its end)
-    import socket
-
     trace = slow_job(steps=10)
     s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN,
                       config=MonitorConfig(window_steps=5, max_part_bytes=64 * 1024)).start()
@@ -114,17 +112,7 @@ def test_a_parts_chunk_extensions_count_toward_its_byte_limit(tmp_path):
         host, port = s.url.removeprefix("http://").rsplit(":", 1)
         head = (f"PUT /api/jobs/j/ranks/0/parts/0 HTTP/1.1\r\nHost: {host}\r\nAuthorization: "
                 f"Bearer {TOKEN}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
-        with socket.create_connection((host, int(port)), timeout=60) as k:
-            k.sendall(head)
-            try:   # (answered 413 before the end: the rest may be refused)
-                for _ in range(250):
-                    k.sendall(b"1;" + b"e=" + b"x" * 4000 + b"\r\na\r\n")
-                k.sendall(b"0\r\n\r\n")
-            except OSError:
-                pass
-            got = b""
-            while b"}" not in got and (chunk := k.recv(65536)):
-                got += chunk
+        got = chunk_extension_flood(host, int(port), head)
         assert got.startswith(b"HTTP/1.1 413"), got[:300]
         with httpx.Client(base_url=s.url, timeout=60) as c:
             assert c.get("/health").status_code == 200

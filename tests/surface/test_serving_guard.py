@@ -13,6 +13,7 @@ import time
 
 import httpx
 import pytest
+from conftest import chunk_extension_flood
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -425,17 +426,7 @@ def test_chunk_extensions_count_toward_the_body_limit(parser):
     # read that brings the head is not counted, at most 256 KiB: the rest is)
     server, port = chunked_server(parser, ConnectionLimits(max_connections=20))
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=60) as k:
-            k.sendall(CHUNKED_HEAD)
-            try:   # (answered 413 before the end: the rest may be refused)
-                for _ in range(250):
-                    k.sendall(b"1;" + b"e=" + b"x" * 4000 + b"\r\na\r\n")
-                k.sendall(b"0\r\n\r\n")
-            except OSError:
-                pass
-            got = b""
-            while b"}" not in got and (chunk := k.recv(65536)):
-                got += chunk
+        got = chunk_extension_flood("127.0.0.1", port, CHUNKED_HEAD)
         assert got.startswith(b"HTTP/1.1 413"), got[:200]
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
     finally:
