@@ -112,34 +112,19 @@ def _read_wide(rows: list[list[str]], header: list[str], wide: tuple[int, list[i
     """A wide table (one time column per worker) read as the long one: an empty cell is a
     step that worker has no time for."""
     si, cols = wide
-    worker, step, seconds = [], [], []
+    table, row_of = [], []      # (worker, step, seconds) per cell, and its file row
     for r, row in enumerate(rows[1:]):
-        if not any(cell.strip() for cell in row):
-            continue
         for k, c in enumerate(cols):
             cell = row[c].strip() if c < len(row) else ""
             if cell:
-                worker.append(k)
-                step.append(row[si] if si < len(row) else "")
-                seconds.append(cell)
-    table = [[str(w), st, sec] for w, st, sec in zip(worker, step, seconds)]
-    names = ["worker", header[si], "seconds"]
-    w, st, sec = _values(table, (0, 1, 2), names, path, row_of=_wide_rows(rows, cols))
+                table.append([str(k), row[si] if si < len(row) else "", cell])
+                row_of.append(r + 2)
+    w, st, sec = _values(table, (0, 1, 2), ["worker", header[si], "seconds"], path, row_of)
     trace = _trace(w, st, sec, name or path.stem, str(path), "seconds",
                    names=[rows[0][c].strip() for c in cols])
     trace.note("layout", f"a wide table: each of its {len(cols)} time columns is one worker "
                          "(seconds; its header names the worker)")
     return trace
-
-
-def _wide_rows(rows: list[list[str]], cols: list[int]) -> list[int]:
-    """The file row (2 = the first after the header) of each cell a wide table yields."""
-    out = []
-    for r, row in enumerate(rows[1:]):
-        if not any(cell.strip() for cell in row):
-            continue
-        out += [r + 2 for c in cols if c < len(row) and row[c].strip()]
-    return out
 
 
 def _columns(header: list[str], path: Path) -> tuple[int, int, int]:
@@ -165,26 +150,11 @@ def _values(rows: list[list[str]], cols: tuple[int, int, int], header: list[str]
             row_of: list[int] | None = None):
     """The three columns (the worker column as numbers, or as names where any cell is not
     one); a bad cell names its row and column."""
-    out = [np.empty(len(rows)) for _ in cols]
-    kinds = [_is_number(row[cols[0]]) if cols[0] < len(row) else True for row in rows]
-    named = not all(kinds)
-    if named and any(kinds):
-        # ids and names mixed: a garbled cell, not a worker of its own
-        minority = (sum(kinds) <= len(kinds) / 2)
-        r = kinds.index(minority)
-        raise InputError(path, header[cols[0]], f"row {_row(r, row_of)}: "
-                         f"{rows[r][cols[0]][:40]!r}; expected every worker given "
-                         f"{'by name' if minority else 'as a number'}, as most rows give it")
-    names: list[str] = []
+    ids, names = _workers([row[cols[0]] if cols[0] < len(row) else "" for row in rows],
+                          header[cols[0]], path, row_of)
+    out = [ids if ids is not None else np.empty(0), np.empty(len(rows)), np.empty(len(rows))]
     for r, row in enumerate(rows):
-        for k, c in enumerate(cols):
-            if k == 0 and named:
-                cell = row[c].strip() if c < len(row) else ""
-                if not cell or len(cell) > MAX_NAME:
-                    raise InputError(path, header[c], f"row {_row(r, row_of)}: {cell[:40]!r}; "
-                                     f"expected a worker id or a name of 1-{MAX_NAME} characters")
-                names.append(cell)
-                continue
+        for k, c in ((1, cols[1]), (2, cols[2])):
             try:
                 out[k][r] = float(row[c])
             except (IndexError, ValueError):
@@ -192,16 +162,39 @@ def _values(rows: list[list[str]], cols: tuple[int, int, int], header: list[str]
                 raise InputError(path, header[c], f"row {_row(r, row_of)}: {cell[:40]!r}; "
                                  "expected a number") from None
     worker, step, seconds = out
-    checked = ((step, cols[1]),) if named else ((worker, cols[0]), (step, cols[1]))
+    checked = ((step, cols[1]),) if names is not None else ((worker, cols[0]), (step, cols[1]))
     for values, col in checked:
         if not np.all(np.isfinite(values)) or np.any(values != np.round(values)) \
                 or np.any(values < 0) or np.any(values > 2**31):
             raise InputError(path, header[col], "expected whole numbers ≥ 0")
     if not np.all(np.isfinite(seconds)) or np.any(seconds < 0) or np.any(seconds > 1e7):
         raise InputError(path, header[cols[2]], "expected finite times ≥ 0")
-    if named:
+    if names is not None:
         return np.array(names, dtype=object), step.astype(np.int64), seconds
     return worker.astype(np.int64), step.astype(np.int64), seconds
+
+
+def _workers(cells: list[str], column: str, path: Path, row_of: list[int] | None
+             ) -> tuple[np.ndarray | None, list[str] | None]:
+    """(ids, None) where every cell is a number, else (None, names); a cell that is empty,
+    too long, or of the kind few rows have (ids mixed with names: a garbled cell) refused."""
+    try:
+        return np.asarray(cells, dtype=np.float64), None
+    except ValueError:
+        pass
+    kinds = [_is_number(cell) for cell in cells]
+    if any(kinds):
+        minority = sum(kinds) <= len(kinds) / 2
+        r = kinds.index(minority)
+        raise InputError(path, column, f"row {_row(r, row_of)}: {cells[r][:40]!r}; expected "
+                         f"every worker given {'by name' if minority else 'as a number'}, as "
+                         "most rows give it")
+    names = [cell.strip() for cell in cells]
+    for r, cell in enumerate(names):
+        if not cell or len(cell) > MAX_NAME:
+            raise InputError(path, column, f"row {_row(r, row_of)}: {cell[:40]!r}; expected a "
+                             f"worker id or a name of 1-{MAX_NAME} characters")
+    return None, names
 
 
 # A worker's name (a host, host:port, a pod) at most this long.

@@ -81,7 +81,11 @@ def analyze_grid(trace: Trace, grid, steps, tick: Callable[[str], None], cfg: Di
     partial = coverage(trace, job, w)
     diagnosis, diagnosis_summary = diagnose(
         w, trace, cfg, {(s_.dp, s_.pp): s_.score for s_ in scores} or None, partial)
-    scores = _with_ranks(scores, w, trace, cfg)
+    from stragglers.whatif.causes import Context
+
+    ctx = Context.build(w, trace, cfg)      # global ranks and hosts, for the lists below
+    scores = _with_ranks(scores, w, ctx)
+    by_step = w.step_slowdown()
     straggling = _straggling(s, cfg, partial, diagnosis)
     if straggling is False:
         _label_below_threshold(diagnosis, s, w, cfg)
@@ -97,8 +101,8 @@ def analyze_grid(trace: Trace, grid, steps, tick: Callable[[str], None], cfg: Di
         t_base=float(w.t_base.mean()),
         t_nodelay=float(w.t_nodelay.mean()),
         t_ideal=float(w.t_ideal.mean()),
-        step_slowdown=w.step_slowdown(),
-        slowest_steps=slowest_steps(w, trace, cfg),
+        step_slowdown=by_step,
+        slowest_steps=slowest_steps(w, ctx, by_step),
         step_times={
             "base": _per_step(grid.steps, w.t_base), "replay": _per_step(grid.steps, w.t_replay),
             "nodelay": _per_step(grid.steps, w.t_nodelay), "ideal": _per_step(grid.steps, w.t_ideal)},
@@ -158,13 +162,8 @@ def coverage(trace: Trace, job, w: WhatIf) -> Coverage | None:
     return Coverage(read, max(world, read + len(missing)), workers)
 
 
-def _with_ranks(scores: list[WorkerScore], w: WhatIf, trace: Trace, cfg) -> list[WorkerScore]:
+def _with_ranks(scores: list[WorkerScore], w: WhatIf, ctx) -> list[WorkerScore]:
     """Worker scores with each worker's global rank and host (where the trace names them)."""
-    from stragglers.whatif.causes import Context
-
-    if not scores:
-        return scores
-    ctx = Context.build(w, trace, cfg)
     index = {int(d): i for i, d in enumerate(w.grid.dp_ranks)}
     for s_ in scores:
         rank = int(ctx.ranks[index[s_.dp], s_.pp])
@@ -179,34 +178,30 @@ SLOWEST_STEPS = 10
 CULPRIT_RATIO = 1.05
 
 
-def slowest_steps(w: WhatIf, trace: Trace, cfg) -> list[SlowStep]:
-    """The steps of highest slowdown, each with the worker whose busy compute (forward,
-    backward, optimizer) was longest against its stage's median worker that step: who a
-    stretch of slow steps waited for, where no cause is worth naming over the whole run (one
-    worker of PAI's job_1 slow for a twentieth of it)."""
-    from stragglers.whatif.causes import Context
+def slowest_steps(w: WhatIf, ctx, by_step: dict[int, float]) -> list[SlowStep]:
+    """The steps of highest slowdown (`by_step`: S per step), each with the worker whose busy
+    compute (forward, backward, optimizer) was longest against its stage's median worker that
+    step: who a stretch of slow steps waited for, where no cause is worth naming over the whole
+    run (one worker of PAI's job_1 slow for a twentieth of it)."""
     from stragglers.whatif.causes.base import BUSY, per_worker_sum
 
     g = w.grid
-    by_step = w.step_slowdown()
     top = sorted(by_step.items(), key=lambda kv: -kv[1])[:SLOWEST_STEPS]
     if not top:
         return []
     busy = per_worker_sum(g.duration, g.node_stage, np.isin(g.node_optype, BUSY), g.pp_size)
     median = np.median(busy, axis=0, keepdims=True)                            # [1, P, T]
     ratio = np.where(median > 0, busy / np.maximum(median, 1e-300), 1.0)       # [D, P, T]
-    ctx = Context.build(w, trace, cfg) if len(g.dp_ranks) > 1 else None
     column = {int(s): i for i, s in enumerate(g.steps)}
     out = []
     for step, value in top:
         t = column[step]
         d, p = np.unravel_index(int(np.argmax(ratio[:, :, t])), ratio.shape[:2])
         r = float(ratio[d, p, t])
-        if ctx is None or r < CULPRIT_RATIO:
+        if len(g.dp_ranks) < 2 or r < CULPRIT_RATIO:
             out.append(SlowStep(step, value))
             continue
-        ref = ctx.where_workers([(int(d), int(p))]).workers[0]
-        out.append(SlowStep(step, value, ref, r))
+        out.append(SlowStep(step, value, ctx.where_workers([(int(d), int(p))]).workers[0], r))
     return out
 
 
