@@ -85,7 +85,8 @@ def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
     steps = ref > 0
     if not steps.any():
         return None
-    mean = np.median(times[:, steps] / ref[steps], axis=1)                    # [D]
+    kept = times[:, steps] / ref[steps]                                       # [D, T']
+    mean = np.median(kept, axis=1)                                            # [D]
     if not np.all(mean > 0):
         return None
     x = np.log(mean)
@@ -120,7 +121,6 @@ def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
     # lengths over 8 steps) make a group.
     if len(x) < 5 or lo <= 1:
         return None
-    kept = times[:, steps] / ref[steps]
     halves = (kept[:, 0::2], kept[:, 1::2])
     if min(h.shape[1] for h in halves) < 2:
         return None
