@@ -19,11 +19,11 @@ from stragglers.monitor.events import ChangeFeed
 from stragglers.monitor.ingest_http import HTTPProblem, add_upload_routes, plain_number
 from stragglers.monitor.metrics import CONTENT_TYPE
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, MAX_WINDOW, check_job_name, \
-    is_job_name, is_plain_number
+    is_job_name
 from stragglers.monitor.records import WindowRow, plain
 from stragglers.monitor.store_base import job_shape
 from stragglers.monitor.service import Monitor
-from stragglers.serving import error_status
+from stragglers.serving import canonical_decimal, error_status
 
 log = logging.getLogger(__name__)
 REFUSAL_PAUSE_S = 0.25   # before a refused upload's answer (see _problem)
@@ -298,7 +298,8 @@ class UploadFastPath:
             p = scope["path"].split("/")   # '', api, jobs, JOB, ranks, R, parts, N
             if (len(p) == 8 and p[1] == "api" and p[2] == "jobs" and p[4] == "ranks"
                     and p[6] == "parts" and is_job_name(p[3])
-                    and is_plain_number(p[5], MAX_RANK) and is_plain_number(p[7], MAX_PART)):
+                    and canonical_decimal(p[5], MAX_RANK) is not None
+                    and canonical_decimal(p[7], MAX_PART) is not None):
                 response = await self.upload(Request(scope, receive), p[3], int(p[5]),
                                              int(p[7]))
                 await response(scope, receive, send)

@@ -33,12 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from stragglers.errors import InputError
 from stragglers.monitor.jobmeta import check_meta, loads_meta
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
-    is_plain_number, \
     check_same_part, fingerprint
 from stragglers.monitor.leases import ForeignJob
 from stragglers.monitor.service import JobFull, Monitor, PartIn, RunBusy
 from stragglers.monitor.windows import JobTracker
-from stragglers.serving import BodyRefused, declared_length
+from stragglers.serving import BodyRefused, canonical_decimal, declared_length
 from stragglers.serving_guard import FRAMING_KEY
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, MintRate, RateLimited, \
     RequestLimits, quota_client
@@ -87,13 +86,15 @@ class HTTPProblem(Exception):
 
 
 def plain_number(text: str | None, where: str, top: int) -> int:
-    """A number given in a path or query as one writes it (is_plain_number), else 422 naming
-    where it was and what was expected (pydantic read '+0', '00' and Unicode digits as 0)."""
-    if text is None or not is_plain_number(text, top):
+    """A number given in a path or query as one writes it (serving.canonical_decimal), else 422
+    naming where it was and what was expected (pydantic read '+0', '00' and Unicode digits as
+    0)."""
+    value = canonical_decimal(text, top) if text is not None else None
+    if value is None:
         raise HTTPProblem(422, f"{where}: {str(text)[:40]!r} is not a number as expected: 0.."
                           f"{top} in ASCII digits, without sign, spaces or leading zeros",
                           "bad_request")
-    return int(text)
+    return value
 
 
 class BodyBudget:

@@ -22,15 +22,6 @@ MAX_PART = 999_999
 MAX_WINDOW = 2**63 - 1  # a window index in a request: SQLite's largest integer
 
 
-def is_plain_number(text: str, top: int) -> bool:
-    """Whether `text` is a number in 0..top as one writes it: ASCII digits, no sign, no
-    leading zero, no '_' or spaces (int() and pydantic read '+0', '00', '0_0' and Unicode
-    digits as 0: one part reached under several names)."""
-    return (0 < len(text) <= len(str(top)) and text.isascii() and text.isdigit()
-            and (text == "0" or text[0] != "0") and int(text) <= top)
-
-
-
 class PartConflict(InputError):
     """A part number already stored with other bytes: answered 409, nothing is replaced."""
 

@@ -17,7 +17,7 @@ from stragglers.monitor.part_limits import (ALLOWED_COLUMNS, MAX_DECODED_BYTES,
                                             check_step_gaps, decoded_bound, footer_length)
 from stragglers.monitor.part_names import (JOB_NAME, MAX_PART, MAX_RANK, MAX_WINDOW,
                                            PartConflict, check_job_name, check_same_part, is_job_name,
-                                           is_plain_number, fingerprint, is_whole_rank_file, parse_part_name,
+                                           fingerprint, is_whole_rank_file, parse_part_name,
                                            part_path)
 from stragglers.monitor.part_rows import (PartData, check_in_job, check_part, check_parts,
                                           parquet_file, read_part_file, read_part_files,
@@ -29,7 +29,7 @@ __all__ = [
     "check_decode_budget", "check_file_in_job", "check_in_job", "check_job_name",
     "check_page_headers", "check_part", "check_part_rows", "check_parts", "check_same_part",
     "check_step_gaps", "check_uploads", "decoded_bound", "fingerprint", "footer_length",
-    "is_job_name", "is_plain_number", "is_whole_rank_file", "open_part_file", "parquet_file", "parse_part_name", "part_path",
+    "is_job_name", "is_whole_rank_file", "open_part_file", "parquet_file", "parse_part_name", "part_path",
     "PartConflict", "PartData", "PartFile", "read_part_file", "read_part_files",
     "read_part_footer", "read_part_footers", "read_small_parquet", "read_upload", "read_uploads",
     "read_window_rows", "sync_directory", "write_part_file",
