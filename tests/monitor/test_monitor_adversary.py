@@ -92,14 +92,14 @@ def test_a_read_of_the_store_holds_up_no_other_request(tmp_path):
     (rank, part, cols), *_ = parts_of(trace, 5)
     s = serve(tmp_path / "mon.db")
     entered, release = threading.Event(), threading.Event()
-    real = s.monitor.store.alerts
+    real = s.monitor.store.alerts_page
 
     def held(*args, **kwargs):
         entered.set()
         release.wait(120)
         return real(*args, **kwargs)
 
-    s.monitor.store.alerts = held
+    s.monitor.store.alerts_page = held
     answers: list[int] = []
     try:
         with httpx.Client(base_url=s.url, timeout=60) as c:

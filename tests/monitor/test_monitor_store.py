@@ -336,3 +336,37 @@ def test_a_dead_man_change_is_stored_with_its_message_claimed_in_one_transaction
     assert b.take_lease("B", "j", 60.0) is not None
     assert a.add_dead_man("j", "running", [], [], lease, "A", 30.0) is None
     assert a.job("j").state == "stalled"
+
+
+def test_alerts_and_the_alert_log_are_read_a_page_at_a_time(stores):
+    """/api/alerts's pages (the whole list was one answer): the same pages on both backends,
+    each alert once, in its key's order; the log newest first."""
+    a = stores()
+    labels = '{"alertname": "straggling", "job": "j", "severity": "warning"}'
+
+    def tx(db):
+        for i in range(25):
+            a._exec(db, "INSERT INTO alerts (fingerprint, rule, job, labels, annotations, "
+                    "status, starts_at, ends_at, last_sent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (f"{i:016x}", "straggling", "j", labels, "{}",
+                     "firing" if i % 5 else "resolved", float(25 - i), None, 1.0))
+            a._exec(db, "INSERT INTO alert_log (at, fingerprint, job, rule, status, severity, "
+                    "summary, description) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (float(i), f"{i:016x}", "j", "straggling", "firing", "warning", f"s{i}",
+                     "d"))
+    a._write(tx)
+    got, after = [], None
+    while True:
+        page, after = a.alerts_page("firing", after, 7)
+        assert len(page) <= 7
+        got += [x.fingerprint for x in page]
+        if after is None:
+            break
+    assert got == [f"{i:016x}" for i in range(25) if i % 5]
+    log, before = [], None
+    while True:
+        entries, before = a.alert_log_page(before, 10)
+        log += [e.summary for e in entries]
+        if before is None:
+            break
+    assert log == [f"s{i}" for i in reversed(range(25))]

@@ -28,6 +28,8 @@ from stragglers.serving import canonical_decimal, error_status
 log = logging.getLogger(__name__)
 REFUSAL_PAUSE_S = 0.25   # before a refused upload's answer (see _problem)
 READ_THREADS = 4   # threads answering reads of the store (each holds its own connection)
+ALERTS_PAGE, ALERTS_PAGE_MAX = 100, 1000   # /api/alerts: alerts a page by default, at most
+MAX_CURSOR = 256   # characters of a fingerprint a cursor carries (the alerts' own are 16)
 
 STATIC = Path(__file__).parent / "static"
 INDEX_PAGE, JOB_PAGE = STATIC / "index.html", STATIC / "job.html"
@@ -236,10 +238,28 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
                                  headers={"Cache-Control": "no-store"})
 
     @app.get("/api/alerts", dependencies=read)
-    async def alerts():
-        """Alerts firing now and the latest transitions of every job."""
-        return await off_loop(lambda: plain({"firing": store.alerts(status="firing"),
-                                             "log": store.alert_log()}))
+    async def alerts(limit_text: str | None = Query(None, alias="limit", max_length=64),
+                     after: str | None = Query(None, max_length=8 * (MAX_CURSOR + 1)),
+                     log_before_text: str | None = Query(None, alias="log_before",
+                                                         max_length=64)):
+        """Alerts firing now and the latest transitions of every job, a page at a time:
+        `limit` of each (default ALERTS_PAGE, at most ALERTS_PAGE_MAX); `next` and `log_next`
+        read the rest (`?after=`, `?log_before=`)."""
+        limit = ALERTS_PAGE if limit_text is None else \
+            plain_number(limit_text, "query 'limit'", ALERTS_PAGE_MAX)
+        if limit < 1:
+            raise HTTPProblem(422, f"query 'limit': 0 alerts asked for; expected "
+                              f"1..{ALERTS_PAGE_MAX}", "bad_request")
+        fingerprint = None if after is None else _read_cursor(after)
+        before = None if log_before_text is None else \
+            plain_number(log_before_text, "query 'log_before'", MAX_WINDOW)
+
+        def answer() -> object:
+            firing, cursor = store.alerts_page("firing", fingerprint, limit)
+            entries, older = store.alert_log_page(before, limit)
+            return plain({"firing": firing, "next": _cursor(cursor), "log": entries,
+                          "log_next": older})
+        return await off_loop(answer)
 
     @app.get("/api/stats", dependencies=read)
     async def stats():
@@ -305,6 +325,30 @@ class UploadFastPath:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _cursor(fingerprint: str | None) -> str | None:
+    """The `after` cursor of /api/alerts: the last fingerprint of a page, hex-encoded (any
+    stored text passes a query unchanged)."""
+    if fingerprint is None:
+        return None
+    if len(fingerprint) > MAX_CURSOR:   # (a damaged row's: past every text it begins)
+        fingerprint = fingerprint[:MAX_CURSOR] + chr(0x10FFFF)
+    return fingerprint.encode().hex()
+
+
+def _read_cursor(text: str) -> str:
+    """A cursor given back as `after`; 422 naming it when it is not one."""
+    try:
+        return bytes.fromhex(text).decode() if len(text) % 2 == 0 and \
+            all(c in "0123456789abcdef" for c in text) else _not_a_cursor(text)
+    except UnicodeDecodeError:
+        return _not_a_cursor(text)
+
+
+def _not_a_cursor(text: str) -> str:
+    raise HTTPProblem(422, f"query 'after': {text[:40]!r} is not a cursor; expected the `next` "
+                      "of an earlier /api/alerts answer", "bad_request")
 
 
 def _window_steps(last: WindowRow | None, configured: int) -> int:

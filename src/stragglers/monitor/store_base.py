@@ -661,6 +661,45 @@ class SQLStore:
         alerts = [_decode_alert(r) for r in self._rows(sql + " ORDER BY starts_at", args)]
         return [a for a in alerts if a is not None]
 
+    def alerts_page(self, status: str, after: str | None, limit: int
+                    ) -> tuple[list[Alert], str | None]:
+        """Up to `limit` alerts of `status` in fingerprint order (their key: stable while
+        pages are read), after the fingerprint `after`; and the fingerprint to read the rest
+        after (None when there is no more). A damaged row is left out of its page, not ending
+        it (/api/alerts returned every alert of every job in one answer)."""
+        sql, args = "SELECT * FROM alerts WHERE status = ?", list[Any]([status])
+        if after is not None:
+            sql, args = sql + " AND fingerprint > ?", [*args, after]
+        rows = self._rows(sql + " ORDER BY fingerprint LIMIT ?", [*args, limit + 1])
+        more = len(rows) > limit
+        rows = rows[:limit]
+        # (a fingerprint stored as a number sorts before every text: the rest lie after '';
+        # one stored as a blob after them: nothing readable is left)
+        last = rows[-1]["fingerprint"] if rows else None
+        cursor = None if not more or isinstance(last, (bytes, memoryview)) else \
+            last if isinstance(last, str) else ""
+        alerts = [_decode_alert(r) for r in rows]
+        return [a for a in alerts if a is not None], cursor
+
+    def alert_log_page(self, before: int | None, limit: int
+                       ) -> tuple[list[AlertLogEntry], int | None]:
+        """Up to `limit` alert transitions, newest first, older than the entry `before`; and
+        the entry to read the older ones before (None when there are none)."""
+        sql, args = "SELECT * FROM alert_log", list[Any]()
+        if before is not None:
+            sql, args = sql + " WHERE id < ?", [before]
+        rows = self._rows(sql + " ORDER BY id DESC LIMIT ?", [*args, limit + 1])
+        more = len(rows) > limit
+        rows = rows[:limit]
+        last = rows[-1]["id"] if rows else None
+        entries = []
+        for row in rows:
+            try:
+                entries.append(msgspec.convert(row, AlertLogEntry))
+            except msgspec.ValidationError:
+                log.warning("store: alert log entry %.20s does not read", row.get("id"))
+        return entries, (int(last) if more and isinstance(last, int) else None)
+
     def alert_log(self, job: str | None = None, limit: int = 200) -> list[AlertLogEntry]:
         """Alert transitions (firing, resolved), newest first."""
         if job is None:
