@@ -23,8 +23,9 @@ from pathlib import Path
 
 from stragglers.errors import EnvironmentFailure, InputError
 # the connection guard lives in serving_guard; its names stay importable from here
-from stragglers.serving_guard import FRAMING_KEY, TARGET_KEY, ConnectionLimits, ErrorShape, guarded_protocol, \
-    json_response_bytes, plain_error  # noqa: F401
+from stragglers.serving_guard import BODY_ADMITTED_KEY, FRAMING_KEY, TARGET_KEY, BodyNotAdmitted, \
+    ConnectionLimits, ErrorShape, admit_body, guarded_protocol, json_response_bytes, \
+    plain_error  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
                    loop: str = "uvloop", graceful_s: float | None = None,
                    limits: ConnectionLimits | None = None,
                    allowed_hosts: list[str] | tuple[str, ...] | None = None,
-                   error_shape: ErrorShape = plain_error):
+                   error_shape: ErrorShape = plain_error, gate_bodies: bool = False):
     """The uvicorn.Server every service runs: quiet logs, no lifespan, bounded connections;
     the errors of the layers below the app in `error_shape` (the service's JSON error body).
 
@@ -187,7 +188,8 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
     error bodies) and the protocol behind ConnectionLimits (head and body timeouts, a cap per
     client and in all; at the cap an idle connection is closed to admit a new one, so idle
     sockets cannot lock clients out). `allowed_hosts`: Host names accepted besides the
-    loopback names (None: any Host when the socket is not a loopback one).
+    loopback names (None: any Host when the socket is not a loopback one). `gate_bodies`: a
+    request's body is read (and 100 Continue sent) only once the app called admit_body.
     """
     import uvicorn
 
@@ -197,7 +199,7 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
     # bounds the requests in progress (those of connections cut for a fairer share may run
     # on a while): uvicorn's own limit answered plain-text 503s, and counted both together
     config = uvicorn.Config(ServiceGuard(app, allowed_hosts, 2 * limits.max_connections,
-                                         error_shape, limits.refusal_delay_s),
+                                         error_shape, limits.refusal_delay_s, gate_bodies),
                             http=http, loop=loop,
                             log_level="warning", access_log=False, lifespan="off",
                             # (typed int, used as a float: loop.call_later, asyncio.wait_for)
@@ -353,7 +355,8 @@ SECURITY_HEADERS = [
 class ServiceGuard:
     """ASGI middleware every service runs behind: a Host allow-list (a page of another site
     whose name was rebound to 127.0.0.1 cannot reach a loopback service), security headers on
-    every response, at most `max_requests` requests in progress (503 past it), and errors in
+    every response, at most `max_requests` requests in progress (503 past it), with
+    `gate_bodies` no body read before the app admits it (admit_body), and errors in
     the services' JSON shape — `{"error": "..."}` — for every
     status, including the plain-text ones of the framework (500) and an unhandled exception
     (507 for a full disk, 503 for another OS error, else 500, with one line in the log and no
@@ -361,8 +364,8 @@ class ServiceGuard:
 
     def __init__(self, app, allowed_hosts: list[str] | tuple[str, ...] | None = None,
                  max_requests: int | None = None, error_shape: ErrorShape = plain_error,
-                 refusal_delay_s: float = 0.25):
-        self.app, self.shape = app, error_shape
+                 refusal_delay_s: float = 0.25, gate_bodies: bool = False):
+        self.app, self.shape, self.gate_bodies = app, error_shape, gate_bodies
         # its own refusals (a Host not allowed, a header twice, framing not taken) are answered
         # after a pause (sleeping costs nothing): a client looping on them waits, not spins
         self.refusal_delay_s = refusal_delay_s
@@ -466,11 +469,15 @@ class ServiceGuard:
                             "the most this service takes at once; retry later")
             return
         started = [False]
+        answered = [False]   # a response has begun (its receive() then waits for a hang-up)
         held: list[_Held] = []   # a plain-text error response, re-worded as JSON once whole
+        if self.gate_bodies:
+            receive = _gated(scope, receive, answered)
 
         async def guarded_send(message):
             kind = message["type"]
             if kind == "http.response.start":
+                answered[0] = True
                 headers = list(message.get("headers") or ())
                 names = {k.lower() for k, _ in headers}
                 headers += [(k, v) for k, v in SECURITY_HEADERS if k not in names]
@@ -540,6 +547,17 @@ def _odd_framing(headers) -> tuple[int, str] | None:
             return 417, (f"request header 'Expect': {value[:60].decode('latin-1')!r} cannot be"
                          " met; expected '100-continue' or none")
     return None
+
+
+def _gated(scope: dict, receive, answered: list[bool]):
+    """`receive` refusing (BodyNotAdmitted) a read of the body before admit_body: nothing of
+    it is read and no 100 Continue is sent to a request its app has not judged."""
+    async def gated():
+        if not scope.get(BODY_ADMITTED_KEY) and not answered[0]:
+            raise BodyNotAdmitted(f"{scope.get('method')} {str(scope.get('path'))[:100]}: the"
+                                  " body was read before the request's head was judged")
+        return await receive()
+    return gated
 
 
 class _Held:

@@ -9,7 +9,7 @@ import json
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,23 @@ FRAMING_KEY = "stragglers.body_framing"
 # idle ones (503), and one its client closed or a server shutting down ends the wait at once (a flooding owner's requests waiting their turns held every connection of a loopback
 # address, and another job's new connection was refused)
 PARKED_KEY = "stragglers.parked"
+
+
+# the scope key an app sets (admit_body) once it has judged a request from its head (its token
+# checked): behind ServiceGuard(gate_bodies=True) no body is read, and no `100 Continue` sent,
+# before it. uvicorn says 100 Continue at the app's first receive(): a route that read its body
+# before the ownership check asked a stranger's client for up to 1 MiB before its 403.
+BODY_ADMITTED_KEY = "stragglers.body_admitted"
+
+
+def admit_body(scope: MutableMapping[str, Any]) -> None:
+    """Let the app read the request's body (its head was judged: see BODY_ADMITTED_KEY)."""
+    scope[BODY_ADMITTED_KEY] = True
+
+
+class BodyNotAdmitted(RuntimeError):
+    """An app read a request body before admit_body (a route without its head check: a bug,
+    answered 500, nothing of the body read)."""
 
 
 async def park(scope: dict, seconds: float) -> bool:

@@ -97,6 +97,18 @@ class ControlPlane:
             raise QuotaExceeded(f"this token already owns {mine} controllers, its limit"
                                 f" (max_jobs_per_token={self.max_jobs_per_token})")
 
+    def check_writer(self, job: str, token_sha256: str | None, exists: bool = False) -> bool:
+        """Whether `job` has a controller, Forbidden when `token_sha256` is not its owner's
+        (NotFound when it has none and `exists`): a write judged from its head."""
+        with self._lock:
+            have = self._jobs.get(job)
+        if have is None:
+            if exists:
+                self._controller(job)   # (its NotFound)
+            return False
+        authorize(have[0], token_sha256, f"job '{job}'")
+        return True
+
     def has(self, job: str) -> bool:
         """Whether `job` has a controller."""
         with self._lock:

@@ -21,7 +21,7 @@ from dataclasses import asdict
 import msgspec
 
 from stragglers.adapt.dataset import FAILED, STATES, TODO, DatasetConfig
-from stragglers.adapt.errors import Busy, NotFound
+from stragglers.adapt.errors import Busy, NotFound, Quarantined
 from stragglers.adapt.replies import FailedShard, Status
 from stragglers.adapt.stored import (check_dataset_row, check_materialized, check_rows_key,
                                      config_of, first_bad_shard)
@@ -123,6 +123,18 @@ def owner_of(conn: sqlite3.Connection, name: str) -> tuple[bool, str | None]:
         return False, None
     check_dataset_row(name, 0, 0, row[0])
     return True, row[0]
+
+
+def owner_rows(conn: sqlite3.Connection) -> list[tuple[str, str | None]]:
+    """(name, owner digest) of every data set whose stored owner is well-formed."""
+    out = []
+    for name, owner in conn.execute("SELECT name, token_sha256 FROM datasets"):
+        try:
+            check_dataset_row(name, 0, 0, owner)
+        except Quarantined:
+            continue   # (its first call quarantines it)
+        out.append((name, owner))
+    return out
 
 
 def owners(conn: sqlite3.Connection) -> list[str]:

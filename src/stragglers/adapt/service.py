@@ -39,7 +39,7 @@ from stragglers.adapt.control import ControlPlane, PacedThread
 from stragglers.adapt.controller import Actions, ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy, Forbidden, \
-    RateLimited, Unauthorized, UnsupportedMediaType
+    NotFound, RateLimited, Unauthorized, UnsupportedMediaType, authorize
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
 from stragglers.adapt.replies import (Acked, Created, Health, Joined, LeaseReply, Released,
@@ -52,7 +52,7 @@ from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_url, \
     canonical_decimal, declared_length, is_loopback, \
     listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
-from stragglers.serving_guard import ErrorBody, park
+from stragglers.serving_guard import ErrorBody, admit_body, park
 from stragglers.serving_quota import Backpressure, MintRate, RateLimited as MintRefused, \
     quota_client
 
@@ -665,6 +665,27 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             raise Forbidden(f"creating needs this service's token in {SERVICE_TOKEN_HEADER}")
         return digest
 
+    # owner digests of data sets, read once (none is deleted, and a restore keeps the owner):
+    # every write is judged from its head, before its body is read
+    owners: dict[str, str | None] = dict(reader.submit(reads.owner_rows).result())
+
+    async def owned(request: Request, name: str) -> str:
+        """The request's token digest once it may write data set `name` (Unauthorized,
+        Forbidden or NotFound from the head), its body admitted (see admit_body)."""
+        digest = _bearer(request)
+        store.raise_if_quarantined(name)
+        owner = store.owner_digest(name) or owners.get(name)
+        if owner is None or not hmac.compare_digest(owner, digest):
+            # not seen yet, or not this token's: the stored row decides (the commit thread
+            # checks it again with the call)
+            exists, owner = await read(reads.owner_of, name)
+            if not exists:
+                raise NotFound(f"no data set named '{name}'")
+            owners[name] = owner
+        authorize(owner, digest, f"data set '{name}'")
+        admit_body(request.scope)
+        return digest
+
     async def health(request: Request) -> Health:
         return Health(ok=True, commit_batches=commit.batches, commit_calls=commit.calls,
                       failed_batches=commit.failed_batches, stalls=commit.stalls)
@@ -672,33 +693,41 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def create_dataset(request: Request) -> Created:
         digest = creator(request)   # the tokens before the body: no parsing for strangers
         minting(digest, request)
+        admit_body(request.scope)
         body = await parsed(request, rq.CreateDataset)
         cfg = DatasetConfig(**body.model_dump())
         client = client_of(request)
-        return await commit.run(lambda: store.create_dataset(cfg, digest, client), digest)
+        created = await commit.run(lambda: store.create_dataset(cfg, digest, client), digest)
+        owners.setdefault(cfg.name, digest)
+        return created
 
     async def join(request: Request) -> Joined:
-        name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Join)
+        name = name_of(request)
+        digest, body = await owned(request, name), await parsed(request, rq.Join)
         return await commit.run(lambda: store.join(name, body.worker, digest), digest)
 
     async def lease(request: Request) -> LeaseReply | Response:
-        name, digest, body = name_of(request), _bearer(request), await parsed(request, rq.Lease)
+        name = name_of(request)
+        digest, body = await owned(request, name), await parsed(request, rq.Lease)
         return await with_indices(await commit.run(
             lambda: store.lease(name, body.worker, body.fence, body.count, body.request_id,
                                 digest), digest))
 
     async def ack(request: Request) -> Acked:
-        name, digest, b = name_of(request), _bearer(request), await parsed(request, rq.Ack)
+        name = name_of(request)
+        digest, b = await owned(request, name), await parsed(request, rq.Ack)
         return await commit.run(lambda: store.ack(name, b.worker, b.fence, b.epoch, b.shard,
                                                   b.consumed, digest), digest)
 
     async def release(request: Request) -> Released:
-        name, digest, b = name_of(request), _bearer(request), await parsed(request, rq.Release)
+        name = name_of(request)
+        digest, b = await owned(request, name), await parsed(request, rq.Release)
         return await commit.run(lambda: store.release(name, b.worker, b.fence, b.failure,
                                                       b.error, digest), digest)
 
     async def retry_failed(request: Request) -> Requeued:
-        name, digest, _ = name_of(request), _bearer(request), await parsed(request, rq.Empty)
+        name = name_of(request)
+        digest, _ = await owned(request, name), await parsed(request, rq.Empty)
         return await commit.run(lambda: store.retry_failed(name, digest), digest)
 
     async def status(request: Request) -> Response:
@@ -733,6 +762,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         # Ownership, the right to create and the quota, all before the body is read.
         await read(lambda conn: store.may_restore(name, digest, allowed, conn, client))
         minting(digest, request)   # (the owner of an existing data set is a known token)
+        admit_body(request.scope)
         slot = paced.hold(digest)   # one restore per token (and max_restores in all) at once
         try:
             # (the slot is taken before the body so that one restore body at a time is in
@@ -778,12 +808,15 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def control_config(request: Request) -> Response:
         job = name_of(request, "job")
         digest = _bearer(request)
-        body = await parsed(request, rq.ControlConfigBody)
-        cfg = ControlConfig.from_mapping(body.model_dump(), "control config")
-        if not control.has(job):
+        # the token judged from the head (the body is read after): the owner's, or one that
+        # may create a controller
+        if not control.check_writer(job, digest):
             if service_digest is not None:
                 digest = creator(request)
             minting(digest, request)
+        admit_body(request.scope)
+        body = await parsed(request, rq.ControlConfigBody)
+        cfg = ControlConfig.from_mapping(body.model_dump(), "control config")
         return await controlled(control.configure, job, cfg, digest, client_of(request),
                                 place=controlling.hold(digest), token=digest)
 
@@ -804,7 +837,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def control_report(request: Request) -> Response:
         job, digest = name_of(request, "job"), _bearer(request)
+        control.check_writer(job, digest, exists=True)   # from the head: 404, 403
         place = controlling.hold(digest)   # before the body is read (503 past the bounds)
+        admit_body(request.scope)
         try:
             raw = await _body(request, config.max_body_bytes)
         except BaseException:
@@ -951,7 +986,7 @@ def error_shape(status: int, message: str) -> ErrorBody:
 def _uvicorn_server(app, config: ServiceConfig):
     return uvicorn_server(app, max_connections=config.max_connections,
                           keep_alive_s=config.keep_alive_s, http=config.http, loop=config.loop,
-                          error_shape=error_shape)
+                          error_shape=error_shape, gate_bodies=True)
 
 
 def _check_exposure(host: str, service_token: str | None) -> None:

@@ -1,0 +1,111 @@
+"""Hostile cases of a sixth round against a real service on loopback: a request's token is
+judged from its head, before `100 Continue` is sent or any of its body is read, on every write
+route."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from conftest import store_tables as tables
+from stragglers.adapt.client import ShardClient
+from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.service import EmbeddedServer
+
+OWNER = "owner-token-0123456789"
+STRANGER = "stranger-token-0123456789"
+SERVICE = "service-token-0123456789"
+
+# every write route of the service, with the data set or job the fixture makes
+WRITES = ["/datasets", "/datasets/d/join", "/datasets/d/lease", "/datasets/d/ack",
+          "/datasets/d/release", "/datasets/d/retry-failed", "/datasets/d/restore",
+          "/jobs/j/control/config", "/jobs/j/control/report"]
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    db = tmp_path_factory.mktemp("hostile-round6") / "shards.db"
+    srv = EmbeddedServer(db, service_token=SERVICE).start()
+    try:
+        owner = ShardClient(srv.url, "d", "w", token=OWNER, service_token=SERVICE)
+        owner.create_dataset(DatasetConfig("d", 400, 10, lease_s=600))
+        owner.join()
+        owner.lease(1)
+        got = httpx.post(srv.url + "/jobs/j/control/config", timeout=60, json={
+            "policy": "bsp", "world_size": 2, "global_batch": 8},
+            headers={"Authorization": f"Bearer {OWNER}", "X-Service-Token": SERVICE})
+        assert got.status_code == 200, got.text
+        yield {"url": srv.url, "db": db, "port": srv.port, "app": srv.app}
+    finally:
+        srv.stop()
+
+
+def head_only(port: int, path: str, auth: str | None, length: int = 1 << 20) -> bytes:
+    """What the service sends to a request head announcing `length` bytes of body behind
+    `Expect: 100-continue`, none of which is sent, until it closes the connection."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\nExpect: 100-continue\r\n")
+    if auth is not None:
+        head += f"Authorization: {auth}\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as k:
+        k.sendall(head.encode() + b"\r\n")
+        got = b""
+        while chunk := k.recv(65536):
+            got += chunk
+            # (before the fix the service said 100 Continue and waited for the body)
+            assert not got.startswith(b"HTTP/1.1 100"), f"{path}: 100 Continue to {auth!r}"
+    return got
+
+
+def status_and_body(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_every_write_route_is_listed_here(svc):
+    # a route added later without a head check would otherwise escape the tests below
+    paths = {r.path.replace("{name}", "d").replace("{job}", "j")
+             for r in svc["app"].app.routes if "POST" in (getattr(r, "methods", None) or ())}
+    assert paths == set(WRITES)
+
+
+@pytest.mark.parametrize("path", WRITES)
+@pytest.mark.parametrize("auth,status", [(f"Bearer {STRANGER}", 403), (None, 401),
+                                         ("Bearer short", 401), (f"Basic {OWNER}", 401)])
+def test_a_token_that_may_not_write_is_refused_from_the_head(svc, path, auth, status):
+    # (fails before: join, lease, ack, release, retry-failed, control config and report read
+    # the body first, so a stranger's well-formed token was answered 100 Continue and the
+    # service read up to 1 MiB before its 403; creating a data set without the service token
+    # the same)
+    before = tables(svc["db"])
+    got, reply = status_and_body(head_only(svc["port"], path, auth))
+    assert got == status, reply
+    assert set(reply) == {"error", "kind", "field"}, reply
+    assert tables(svc["db"]) == before
+
+
+def test_the_owner_is_still_told_to_continue(svc):
+    # the head check lets the owner's body in: 100 Continue, then the answer to its body
+    body = json.dumps({"worker": "w2"}).encode()
+    with socket.create_connection(("127.0.0.1", svc["port"]), timeout=60) as k:
+        k.sendall((f"POST /datasets/d/join HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                   f"application/json\r\nContent-Length: {len(body)}\r\nExpect: 100-continue"
+                   f"\r\nAuthorization: Bearer {OWNER}\r\n\r\n").encode())
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += k.recv(65536)
+        assert got.startswith(b"HTTP/1.1 100 Continue\r\n")
+        k.sendall(body)
+        got = got.partition(b"\r\n\r\n")[2]
+        while b"}" not in got:
+            got += k.recv(65536)
+    assert got.split()[1] == b"200", got
+
+
+def test_an_unknown_data_set_or_job_is_refused_from_the_head(svc):
+    for path in ("/datasets/nope/lease", "/jobs/nope/control/report"):
+        got, reply = status_and_body(head_only(svc["port"], path, f"Bearer {OWNER}"))
+        assert got == 404 and reply["kind"] == "NotFound", reply
