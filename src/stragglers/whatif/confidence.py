@@ -47,7 +47,7 @@ class GainTest(Config):
         1.03, "a finding is reported, and a remedy offered, only when its speedup and the lower "
         "end of its speedup interval reach this (what one cause must buy to be worth it); a "
         "finding its detector's own test established (a worker fault among five workers or "
-        "more, GC pauses, sequence imbalance) when its speedup reaches this and its interval "
+        "more, GC pauses, sequence or expert imbalance) when its speedup reaches this and its interval "
         "lies above 1", minimum=1.0, maximum=2.0)
     confidence: float = setting(0.9, "coverage of the bootstrap intervals (over steps)",
                                 minimum=0.5, maximum=0.999)
