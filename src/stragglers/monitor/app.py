@@ -151,8 +151,10 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
 
     @app.get("/health")
     async def health():
-        """Liveness: answers while the service runs."""
+        """Liveness: answers while the service runs (from the start: `scanning` while the
+        watched roots' first scan is under way)."""
         return {"ok": True, "jobs": len(monitor.directories), "idle": monitor.idle(),
+                "scanning": monitor.scanning(),
                 "instance": monitor.instance, "jobs_held": len(monitor.leases.held)}
 
     @app.get("/metrics", dependencies=read)

@@ -20,7 +20,7 @@ from pathlib import Path
 import watchfiles
 
 from stragglers.errors import InputError
-from stragglers.monitor.jobmeta import read_meta_file
+from stragglers.monitor.jobmeta import read_meta_file, run_start
 from stragglers.monitor.part_files import OUTSIDE
 from stragglers.monitor.parts import MAX_PART, is_job_name, parse_part_name
 from stragglers.monitor.service import JobFull, Monitor, PartIn
@@ -60,16 +60,27 @@ class DirectoryWatcher:
         # not listed again until they change (a root with 100,000 empty folders was listed
         # whole every rescan, ~30% of a core at the default rescan_s)
         self.not_runs: dict[Path, dict[str, tuple[int, int]]] = {}   # root → name → (ino, mtime)
+        # links to run directories: refused (out of the watched folders, loops) → why, and
+        # aliases (a second name of a run followed by another) → the run (each said once)
+        # what identifies a followed run beside its path (a rename keeps its job): job →
+        # its directory's (device, inode); (device, inode) → job; run mark → job
+        self.inodes: dict[str, tuple[int, int]] = {}
+        self.by_inode: dict[tuple[int, int], str] = {}
+        self.by_mark: dict[str, str] = {}
+        self.marks: dict[str, str | None] = {}   # job → its run mark (None: not yet known)
+        self.links_refused: dict[Path, str] = {}
+        self.aliases: dict[Path, Path] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
     def start(self) -> "DirectoryWatcher":
-        """Scan what is there now, then follow changes on a thread."""
-        try:
-            self.scan()
-        except Exception:   # noqa: BLE001 - listing a root failed: the rescans try again
-            log.exception("first scan of %s failed", ", ".join(map(str, self.roots)))
+        """Follow changes on a thread, and scan what is there now on another (the service
+        answers meanwhile: a first scan of 30,000 folders held it ~8 s; /health says
+        `scanning` and the monitor is not idle until the scan is done)."""
+        scan = self.monitor.first_scan()
+        scan.__enter__()   # (before start returns: idle() is False from now on)
+        self._first = scan
         for target, name in ((self._watch, "watch"), (self._rescan, "rescan")):
             t = threading.Thread(target=target, name=f"stragglers-files-{name}", daemon=True)
             t.start()
@@ -85,11 +96,12 @@ class DirectoryWatcher:
     # ---- discovery ---------------------------------------------------------------------------
 
     def run_dirs(self) -> list[Path]:
-        """Every run directory under the roots now."""
-        out = []
+        """Every run directory under the roots now, each once, by its real path (two links
+        to one run, or one run under two watched roots, were two jobs over the same files)."""
+        out: dict[Path, list[Path]] = {}   # real path → the names it was found by
         for root in self.roots:
             if (root / META_FILE).exists():
-                out.append(root)
+                out.setdefault(root, []).append(root)
                 continue
             try:
                 runs = sorted(self._runs_in(root))
@@ -98,8 +110,54 @@ class DirectoryWatcher:
                 continue
             # a root without meta.json is one run only when it holds parts and no runs: one
             # stray file named like a part at the top of a folder of runs hid every run in it
-            out.extend(runs or ([root] if _is_run(root) else []))
-        return out
+            for run in runs or ([root] if _is_run(root) else []):
+                real = self.canonical(run)
+                if real is not None:
+                    out.setdefault(real, []).append(run)
+        for real, names in out.items():
+            # the real path is the name followed when found itself, else the first link
+            kept = real if real in names else min(names)
+            for run in names:
+                self._alias(run, real if run != kept else None)
+        return sorted(out)
+
+    def canonical(self, run: Path) -> Path | None:
+        """The run directory `run` is, by its real path; None (named once) when links take
+        it out of every watched folder, or back to the folder it lies in or above (a loop)."""
+        real = Path(os.path.realpath(run))
+        if real == run:
+            return real
+        if not any(real.is_relative_to(r) for r in self.roots):
+            self._refuse_link(run, OUTSIDE)
+            return None
+        if run.parent.is_relative_to(real):
+            self._refuse_link(run, "a link to the folder it lies in, or one above it (a loop); "
+                              "not followed")
+            return None
+        with self._lock:
+            self.links_refused.pop(run, None)
+        return real
+
+    def _refuse_link(self, run: Path, problem: str) -> None:
+        with self._lock:
+            said = self.links_refused.get(run) == problem
+            self.links_refused[run] = problem
+        if not said:
+            self.monitor.reject("bad_run", str(run), problem)
+
+    def _alias(self, run: Path, real: Path | None) -> None:
+        """`run` leads to the run directory `real`, followed under its own name (said once,
+        until that changes); None: `run` is the name it is followed by."""
+        with self._lock:
+            said = self.aliases.get(run) == real
+            if real is None:
+                self.aliases.pop(run, None)
+            else:
+                self.aliases[run] = real
+        if real is not None and not said:
+            self.monitor.reject("bad_run", str(run), f"the same run directory as {real}, "
+                                "followed once, by its real path (a link or a second watched "
+                                "folder made it a second job over the same files)")
 
     def _runs_in(self, root: Path) -> list[Path]:
         """The run directories among a root's subdirectories, listing only those that are
@@ -132,6 +190,8 @@ class DirectoryWatcher:
         """Register every run and queue every part not yet known (a run that cannot be taken
         is refused and named; the others go on)."""
         for run in self.run_dirs():
+            if self._stop.is_set():   # (a stop during a long first scan waits for no more)
+                return
             self._guarded(self._scan_run, run)
 
     def _scan_run(self, run: Path) -> None:
@@ -152,6 +212,13 @@ class DirectoryWatcher:
             self.monitor.reject("bad_run", str(path), f"{type(exc).__name__}: {str(exc)[:200]}")
 
     def _rescan(self) -> None:
+        try:
+            self.learn_gone_runs()
+            self.scan()
+        except Exception:   # noqa: BLE001 - listing a root failed: the rescans try again
+            log.exception("first scan of %s failed", ", ".join(map(str, self.roots)))
+        finally:
+            self._first.__exit__(None, None, None)
         while not self._stop.wait(self.rescan_s):
             try:
                 self.scan()
@@ -178,12 +245,19 @@ class DirectoryWatcher:
                           ", ".join(map(str, self.roots)), self.rescan_s)
 
     def _path_changed(self, path: Path) -> None:
-        if path.name == META_FILE:
-            self._meta_changed(path.parent)
-        elif parse_part_name(path.name):
-            self._part_seen(path)
+        # (events name a file by the path it was seen under: a link to a run dir too)
+        if path.name == META_FILE or parse_part_name(path.name):
+            run = self.canonical(path.parent)
+            if run is None:
+                return
+            if path.name == META_FILE:
+                self._meta_changed(run)
+            else:
+                self._part_seen(run / path.name)
         elif path.is_dir() and _is_run(path):
-            self._meta_changed(path)
+            run = self.canonical(path)
+            if run is not None:
+                self._meta_changed(run)
 
     # ---- jobs and parts ----------------------------------------------------------------------
 
@@ -240,19 +314,93 @@ class DirectoryWatcher:
             return self._meta_refused(path, seen, f"cannot be read ({exc.strerror})", False)
         if not isinstance(raw, dict):
             return self._meta_refused(path, seen, "expected a JSON object", True)
-        job = self._job_name(run)
         try:
+            job = self._moved(run, raw) or self._job_name(run)
             self.monitor.register_job(job, run, "files", raw)
         except InputError as exc:
             # what the file holds (its source is the file), or a name taken / the monitor
-            # full, which may change without the file: tried again, said once
+            # full / a renamed run busy, which may change without the file: tried again,
+            # said once
             return self._meta_refused(path, seen, str(exc), str(exc.source) == str(path))
+        self._identify(job, run, raw)
         with self._lock:
             self.meta_refused.pop(path, None)
         with self._lock:
             waiting = self.waiting.pop(run, set())
         for p in sorted(waiting):
             self._part_seen(p)
+
+    def _identify(self, job: str, run: Path, raw: dict) -> None:
+        """Remember what identifies the job's run beside its path: its run mark (the
+        recorder's start clock and run id) and its directory's inode (README, "Renamed
+        runs")."""
+        try:
+            st = os.stat(run)
+        except OSError:
+            return
+        mark = run_start(raw)
+        with self._lock:
+            self.inodes[job] = (st.st_dev, st.st_ino)
+            self.by_inode[(st.st_dev, st.st_ino)] = job
+            self.marks[job] = mark
+            if mark is not None:
+                self.by_mark.setdefault(mark, job)
+
+    def _moved(self, run: Path, raw: dict) -> str | None:
+        """The watched job whose run directory `run` is, renamed (None: a run not seen
+        before, or one followed under this path): the job with its run mark whose directory
+        is gone, else the job whose directory had its inode and no longer has it. The job
+        follows it (Monitor.move_job); a renamed run was a new job over the same parts."""
+        with self._lock:
+            if run in self.jobs:
+                return None
+        try:
+            st = os.stat(run)
+        except OSError:
+            return None
+        mark = run_start(raw)
+        with self._lock:
+            if mark is not None:
+                job = self.by_mark.get(mark)
+            else:   # (by its inode only a job that has no mark either: inodes are reused)
+                job = self.by_inode.get((st.st_dev, st.st_ino))
+                job = job if job is not None and self.marks.get(job) is None else None
+        if job is not None:
+            old = self.monitor.directories.get(job)
+            if old is None or old == run:
+                return None
+            try:
+                was = os.stat(old)
+            except OSError:
+                was = None
+            # the old directory still there as it was (or at all, its inode not seen): a
+            # copy of the run, not a rename
+            if was is not None and self.inodes.get(job, (was.st_dev, was.st_ino)) == \
+                    (was.st_dev, was.st_ino):
+                return None
+            self.monitor.move_job(job, run)
+            with self._lock:
+                for path in [p for p, j in self.jobs.items() if j == job]:
+                    del self.jobs[path]
+                self.jobs[run] = job
+                for path in [p for p in self.submitted if p.parent == old]:
+                    del self.submitted[path]
+            return job
+        return None
+
+    def learn_gone_runs(self) -> None:
+        """The run marks of watched jobs whose directories are gone (renamed while the
+        monitor was down: known by the mark only, the inode was not seen), before the first
+        scan finds them under their new names."""
+        for job, directory in list(self.monitor.directories.items()):
+            if not any(directory.is_relative_to(r) for r in self.roots) or \
+                    os.path.isdir(directory):
+                continue
+            row = self.monitor.store.job(job)
+            mark = run_start(row.meta) if row is not None and row.way == "files" else None
+            if mark is not None:
+                with self._lock:
+                    self.by_mark.setdefault(mark, job)
 
     def _meta_refused(self, path: Path, seen: tuple | None, problem: str, held: bool) -> None:
         """A run's meta.json refused: named once until its file or the problem changes (every

@@ -151,8 +151,12 @@ class Monitor:
         # (a part written just before the deadline may be in the ingest still)
         self._parts_in_flight: dict[tuple[str, int], int] = {}
         self._jobs_in_flight: dict[str, int] = {}
+        self._windows_in_flight: dict[str, int] = {}   # job → its windows queued or analysed
         self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
         self._noticing: dict[object, tuple[float, float]] = {}   # watchers' batches (noticing)
+        # watchers whose first scan of their roots is under way (in the background: 30,000
+        # folders took ~8 s, and the service answered nothing, /health included, until then)
+        self._first_scans: set[object] = set()
         self._deferred = False
         # landings (a batch stored or refused, a watcher's batch handed over) so far, and how
         # many there were when the running tick began: a deferral after a landing that the
@@ -252,8 +256,27 @@ class Monitor:
         self.leases.stop(release=bool(self._threads))
 
     def idle(self) -> bool:
-        """Nothing queued or in progress (for tests and benchmarks)."""
-        return self._inflight == 0
+        """Nothing queued or in progress, no first scan of a watched root under way (for
+        tests and benchmarks)."""
+        return self._inflight == 0 and not self._first_scans
+
+    def scanning(self) -> bool:
+        """Whether a watcher's first scan of its roots is under way (/health says so)."""
+        return bool(self._first_scans)
+
+    @contextmanager
+    def first_scan(self) -> Iterator[None]:
+        """A watcher scans its roots for the first time: the monitor is not idle, and no
+        silence is decided meanwhile (any part not yet queued may be in the scan)."""
+        token = object()
+        with self._count_lock:
+            self._first_scans.add(token)
+        try:
+            with self.noticing(0.0):
+                yield
+        finally:
+            with self._count_lock:
+                self._first_scans.discard(token)
 
     def wait_idle(self, timeout: float = 60.0) -> bool:
         """Wait until idle() holds; False if the timeout passed first."""
@@ -312,6 +335,33 @@ class Monitor:
                 self.states[job] = "running"
                 self.metrics.set_state(job, "running")
         return meta
+
+    def move_job(self, job: str, directory: Path) -> None:
+        """A watched job's run directory was renamed to `directory`: the job follows it (its
+        parts, windows and alerts stay; its unanalysed parts are read from there), where a
+        new job once began over the same parts. RunBusy while parts or windows of it are on
+        their way (they name the old files); the watcher tries again."""
+        with self._lock:
+            old = self.directories.get(job)
+            if old is None or old == directory:
+                return
+            with self._count_lock:
+                busy = job in self._jobs_in_flight or job in self._windows_in_flight
+            if busy:
+                raise RunBusy(job, "job", "its run directory was renamed while parts or windows "
+                              "of it were on their way; it follows the new name once they "
+                              "are stored (tried again)")
+            if not self.store.move_job(job, str(old), str(directory)):
+                raise InputError(job, "job", f"its stored run directory is no longer {old}")
+            self.directories[job] = directory
+            self.analyser.forget(str(old))
+            log.warning("job %s: its run directory %s is now %s; the job follows it", job,
+                        old, directory)
+            if self.trackers.pop(job, None) is not None or self.leases.holds(job):
+                row = self.store.job(job)   # (its held parts' paths were the old ones)
+                if row is not None and job not in self.quarantined and \
+                        row.state != "finished":
+                    self._rebuild_or_quarantine(row)
 
     def _check_same_sizes(self, job: str, stored: object, meta: JobMeta) -> None:
         """InputError (a conflict) when a rewrite of a job's run changes its sizes while parts
@@ -748,6 +798,9 @@ class Monitor:
 
     def _queue_analysis(self, item) -> None:
         self._count(1)
+        if isinstance(item, Window):
+            with self._count_lock:
+                self._windows_in_flight[item.job] = self._windows_in_flight.get(item.job, 0) + 1
         self._analysis.put(item)
 
     def reject(self, reason: str, source: str, problem: str) -> None:
@@ -1172,6 +1225,9 @@ class Monitor:
             except Exception:
                 log.exception("monitor analysis step failed")
             finally:
+                if isinstance(item, Window):
+                    with self._count_lock:
+                        _decrement(self._windows_in_flight, item.job)
                 self._count(-1)
 
     def _analyse(self, window: Window) -> None:

@@ -243,6 +243,16 @@ class SQLStore:
 
         return self._write(tx)
 
+    def move_job(self, job: str, old: str, new: str) -> bool:
+        """A watched job's run directory renamed from `old` to `new` (the job, its parts,
+        windows and alerts stay); False when its row names another directory now."""
+        def tx(db: Any) -> bool:
+            cur = self._exec(db, "UPDATE jobs SET directory = ? WHERE job = ? AND directory = ? "
+                             "AND way = 'files'", (new, job, old))
+            return bool(cur.rowcount == 1)
+
+        return self._write(tx)
+
     def expire_empty_jobs(self, before: float, way: str) -> list[str]:
         """Delete the jobs that came in by `way`, were created (or announced again) before
         `before` and have no part (their lease and any other row with them); their names."""

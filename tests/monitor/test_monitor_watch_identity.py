@@ -1,0 +1,215 @@
+"""Watched runs as the operator's folders are (issue 34, round three): the first scan of a big
+root in the background, one job per real run directory however it is reached, a renamed run
+still its job."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import threading
+
+import httpx
+import pytest
+
+from monitor_jobs import get, parts_of, slow_job, start_run, write_parts
+from stragglers.monitor.ingest_files import DirectoryWatcher
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.service import Monitor
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.monitor.store import open_store
+
+CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=3600)
+
+
+@pytest.mark.slow
+def test_health_answers_while_the_first_scan_runs_and_says_so(tmp_path, monkeypatch):
+    # the first scan of the watched roots ran before the server answered anything: 30,000
+    # folders held /health (and every upload) ~8 s. Here the scan waits on the test's event
+    # at its first run: /health must answer meanwhile, saying the scan is under way.
+    runs = tmp_path / "runs"
+    trace = slow_job(steps=10)
+    for name in ("job-a", "job-b"):
+        start_run(runs / name, trace)
+        write_parts(runs / name, parts_of(trace, 5))
+    release, entered = threading.Event(), threading.Event()
+    real = DirectoryWatcher._scan_run
+
+    def held(self, run):
+        entered.set()
+        release.wait(60)
+        return real(self, run)
+
+    monkeypatch.setattr(DirectoryWatcher, "_scan_run", held)
+    box: dict = {}
+    starter = threading.Thread(target=lambda: box.update(s=MonitorServer(
+        tmp_path / "mon.db", watch=[runs], port=0, config=CFG).start()))
+    starter.start()
+    try:
+        assert entered.wait(60)
+        starter.join(30)   # (before: start() returned only after the scan, 60 s from now)
+        assert "s" in box, "the server did not start while its first scan was under way"
+        s = box["s"]
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            health = get(c, "/health")
+            assert health["scanning"] is True and health["idle"] is False
+            release.set()
+            assert s.monitor.wait_idle(120)
+            health = get(c, "/health")
+            assert health["scanning"] is False and health["jobs"] == 2
+            assert s.monitor.store.totals()["by_way"]["files"].parts == 2 * len(
+                parts_of(trace, 5))
+    finally:
+        release.set()
+        starter.join(120)
+        if "s" in box:
+            box["s"].stop()
+
+
+def _monitor(tmp_path) -> Monitor:
+    return Monitor(open_store(tmp_path / "mon.db", durable=False), CFG).start()
+
+
+def _stop(monitor: Monitor) -> None:
+    monitor.stop()
+    monitor.store.close()
+
+
+@pytest.mark.slow
+def test_a_run_reached_by_links_or_two_watched_folders_is_one_job(tmp_path):
+    # a link to a run dir beside it, a link to it from a second watched folder: each was a job
+    # of its own over the same files (every part stored and analysed twice)
+    runs, other = tmp_path / "runs", tmp_path / "other"
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    start_run(runs / "job-a", trace)
+    write_parts(runs / "job-a", [p for p in parts if p[1] == 0])
+    os.symlink("job-a", runs / "alias")
+    other.mkdir()
+    os.symlink(runs / "job-a", other / "from-other")
+    monitor = _monitor(tmp_path)
+    try:
+        watcher = DirectoryWatcher(monitor, [runs, other])
+        for _ in range(2):
+            watcher.scan()
+            assert monitor.wait_idle(120)
+        assert sorted(monitor.directories) == ["job-a"]
+        assert monitor.directories["job-a"] == (runs / "job-a").resolve()
+        assert monitor.store.totals()["by_way"]["files"].parts == len(parts) // 2
+        said = sorted(r["source"] for r in monitor.recent_rejects if r["reason"] == "bad_run")
+        assert said == ["alias", "from-other"], list(monitor.recent_rejects)   # once each
+        # a part written through a link is the run's part, stored once
+        write_parts(runs / "alias", [p for p in parts if p[1] == 1])
+        watcher._path_changed(runs / "alias" / "rank-00000.part-000001.parquet")
+        watcher._path_changed(other / "from-other" / "rank-00000.part-000001.parquet")
+        watcher.scan()
+        assert monitor.wait_idle(120)
+        assert sorted(monitor.directories) == ["job-a"]
+        assert monitor.store.totals()["by_way"]["files"].parts == len(parts)
+    finally:
+        _stop(monitor)
+
+
+@pytest.mark.slow
+def test_links_out_of_the_watched_folders_and_loops_are_refused_once(tmp_path):
+    # a link back to the watched folder (a loop) was a run of the folder's stray parts; a
+    # link to a run outside every watched folder was a job over files the operator never chose
+    runs, outside = tmp_path / "runs", tmp_path / "outside"
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    start_run(runs / "job-a", trace)
+    write_parts(runs / "job-a", parts)
+    write_parts(runs, [parts[0]])                    # a stray part at the folder's top
+    start_run(outside / "job-x", trace)
+    write_parts(outside / "job-x", parts)
+    os.symlink(runs, runs / "loop")
+    os.symlink(outside / "job-x", runs / "elsewhere")
+    monitor = _monitor(tmp_path)
+    try:
+        watcher = DirectoryWatcher(monitor, [runs])
+        for _ in range(2):
+            watcher.scan()
+            assert monitor.wait_idle(120)
+        assert sorted(monitor.directories) == ["job-a"]
+        assert monitor.store.totals()["by_way"]["files"].parts == len(parts)
+        said = sorted((r["source"], "loop" in r["problem"]) for r in monitor.recent_rejects
+                      if r["reason"] == "bad_run")
+        assert said == [("elsewhere", False), ("loop", True)], list(monitor.recent_rejects)
+    finally:
+        _stop(monitor)
+
+
+def _with_start(trace, start):
+    """meta.json as the recorder writes it once its ranks met (its run mark known)."""
+    raw = copy.deepcopy(trace.meta.to_dict())
+    raw["extra"]["clock"] = {"start": start}
+    return raw
+
+
+def _steps_analysed(store, job: str) -> list[int]:
+    return sorted(s for w in store.windows(job) for s in range(w.first_step, w.last_step + 1))
+
+
+@pytest.mark.slow
+def test_a_renamed_run_stays_its_job_and_a_copy_is_another(tmp_path):
+    # `mv runs/job-a runs/job-b` mid-run made job-b a new job: every part stored and analysed
+    # again under it, and job-a left running with its rank frontiers stuck
+    runs = tmp_path / "runs"
+    trace = slow_job(steps=20)
+    parts = parts_of(trace, 5)
+    start_run(runs / "job-a", trace)                 # no run mark yet: known by its inode
+    write_parts(runs / "job-a", [p for p in parts if p[1] < 2])
+    monitor = _monitor(tmp_path)
+    try:
+        watcher = DirectoryWatcher(monitor, [runs])
+        watcher.scan()
+        assert monitor.wait_idle(120)
+        os.rename(runs / "job-a", runs / "job-b")
+        write_parts(runs / "job-b", [p for p in parts if p[1] >= 2])
+        (runs / "job-a").mkdir()                     # its old name taken by an empty folder
+        watcher.scan()
+        assert monitor.wait_idle(120)
+        assert dict(monitor.directories) == {"job-a": (runs / "job-b").resolve()}
+        assert monitor.store.job("job-a").directory == str((runs / "job-b").resolve())
+        assert monitor.store.totals()["by_way"]["files"].parts == len(parts)
+        assert _steps_analysed(monitor.store, "job-a") == list(range(20))
+        shutil.copytree(runs / "job-b", runs / "job-c")   # a copy: its own job
+        watcher.scan()
+        assert monitor.wait_idle(120)
+        assert sorted(monitor.directories) == ["job-a", "job-c"]
+    finally:
+        _stop(monitor)
+
+
+@pytest.mark.slow
+def test_a_run_renamed_while_the_monitor_was_down_is_known_by_its_run_mark(tmp_path):
+    runs = tmp_path / "runs"
+    trace = slow_job(steps=20)
+    parts = parts_of(trace, 5)
+    raw = _with_start(trace, [{"offset_ns": 1}] * trace.meta.world_size)
+    (runs / "job-a").mkdir(parents=True)
+    (runs / "job-a" / "meta.json").write_text(json.dumps(raw))
+    write_parts(runs / "job-a", [p for p in parts if p[1] < 2])
+    monitor = _monitor(tmp_path)
+    try:
+        watcher = DirectoryWatcher(monitor, [runs])
+        watcher.scan()
+        assert monitor.wait_idle(120)
+    finally:
+        _stop(monitor)
+    os.rename(runs / "job-a", runs / "renamed")
+    write_parts(runs / "renamed", [p for p in parts if p[1] >= 2])
+    other = raw | {"run_id": "another"}              # another run: its own job
+    (runs / "job-x").mkdir()
+    (runs / "job-x" / "meta.json").write_text(json.dumps(other))
+    monitor = _monitor(tmp_path)
+    try:
+        DirectoryWatcher(monitor, [runs]).start()   # (its first scan learns the gone runs)
+        assert monitor.wait_idle(120)
+        assert dict(monitor.directories) == {"job-a": (runs / "renamed").resolve(),
+                                             "job-x": (runs / "job-x").resolve()}
+        assert monitor.store.totals()["by_way"]["files"].parts == len(parts)
+        assert _steps_analysed(monitor.store, "job-a") == list(range(20))
+    finally:
+        _stop(monitor)
