@@ -323,12 +323,19 @@ REQUEST_CLIENT: ContextVar[str | None] = ContextVar("request_client", default=No
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
-def host_of(header: str) -> str:
-    """The host name of a Host header (port and IPv6 brackets removed), lower case."""
-    h = header.strip().lower()
-    if h.startswith("["):
-        return h[1:h.find("]")] if "]" in h else h
-    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+# uri-host [ ":" port ] (RFC 9110 7.2): an IP literal in brackets or a reg-name, a port of
+# digits (at most 65535, checked after)
+_HOST_VALUE = re.compile(r"(?:\[([0-9a-f:.]+)\]|([a-z0-9._~!$&'()*+,;=%-]*))(?::([0-9]{0,5}))?")
+
+
+def host_of(header: str) -> str | None:
+    """The host name of a Host header (port and IPv6 brackets removed), lower case; None when
+    the value is not host[:port] (RFC 9112 3.2: answered 400; `localhost:abc`, a port past
+    65535 or `[::1]x` named a loopback host before)."""
+    m = _HOST_VALUE.fullmatch(header.strip().lower())
+    if m is None or (m.group(3) and int(m.group(3)) > 65535):
+        return None
+    return m.group(1) if m.group(1) is not None else m.group(2)
 
 
 def is_loopback_name(host: str) -> bool:
@@ -389,6 +396,8 @@ class ServiceGuard:
         if header is None or self.any_host:
             return True   # HTTP/1.0 without Host: no browser sends that
         host = host_of(header)
+        if host is None:
+            return False
         return host in self.extra or "*" in self.extra or is_loopback_name(host)
 
     def absolute_target(self, scope: dict, target: bytes) -> tuple[dict, str | None]:
@@ -442,6 +451,11 @@ class ServiceGuard:
             await asyncio.sleep(self.refusal_delay_s)
             await send_json(self.shape, send, 400, "request header 'Host': missing (HTTP/1.1"
                             " requires it)")
+            return
+        if host is not None and host_of(host) is None:
+            await asyncio.sleep(self.refusal_delay_s)
+            await send_json(self.shape, send, 400, f"request header 'Host': {host[:100]!r} is not"
+                            " host[:port] (a name or an address, a port 0-65535)")
             return
         if host is not None and not self.host_allowed(host):
             await asyncio.sleep(self.refusal_delay_s)

@@ -283,6 +283,19 @@ def test_a_loopback_service_answers_only_loopback_host_names(serve, host, ok):
         assert r.status_code == 400 and "request header 'Host'" in r.json()["error"]
 
 
+@pytest.mark.parametrize("value", ["127.0.0.1:99999", "localhost:abc", "[::1]x", "[::1]:1:2",
+                                   "localhost:80:80", "127.0.0.1:-1", "local host"])
+@pytest.mark.parametrize("allowed", [None, ["*"]])
+def test_a_host_value_that_is_not_host_and_port_is_400(serve, value, allowed):
+    # (fails before: the port was cut off unread, so `localhost:abc`, a port past 65535 and
+    # `[::1]x` named a loopback host and were served; RFC 9112 3.2: an invalid Host is 400)
+    s = serve(allowed_hosts=allowed)
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        r = c.get("/health", headers={"Host": value})
+        assert r.status_code == 400 and "request header 'Host'" in r.json()["error"], r.text
+        assert c.get("/health", headers={"Host": f"localhost:{s.port}"}).status_code == 200
+
+
 def test_configured_host_names_are_answered_too(serve):
     s = serve(allowed_hosts=["monitor.example"])
     with httpx.Client(base_url=s.url, timeout=30) as c:
