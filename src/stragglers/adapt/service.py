@@ -675,9 +675,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         digest = _bearer(request)
         store.raise_if_quarantined(name)
         owner = store.owner_digest(name) or owners.get(name)
-        if owner is None or not hmac.compare_digest(owner, digest):
-            # not seen yet, or not this token's: the stored row decides (the commit thread
-            # checks it again with the call)
+        if owner is None and name not in owners:
+            # not seen yet: the stored row decides (an owner, once stored, never changes; the
+            # commit thread checks it again with the call)
             exists, owner = await read(reads.owner_of, name)
             if not exists:
                 raise NotFound(f"no data set named '{name}'")
