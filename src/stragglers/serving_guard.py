@@ -319,6 +319,10 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
         def on_headers_complete(self) -> None:
             # (httptools' protocol only: h11's leaves the whole target in the scope's path)
             self._g_trailers = True   # header fields from here on are trailers (httptools)
+            if self.parser.get_http_version() == "1.0":
+                # RFC 9110 10.1.1: an HTTP/1.0 request's 100-continue expectation is ignored
+                # (h11 does); uvicorn's httptools path sent it an HTTP/1.1 interim answer
+                self.expect_100_continue = False
             url = getattr(self, "url", b"")
             if url and not url.startswith(b"/"):
                 self.scope[TARGET_KEY] = bytes(url)

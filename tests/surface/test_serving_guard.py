@@ -622,3 +622,20 @@ def test_a_gated_app_reads_no_body_before_it_admits_one(http):
         assert b'"error"' in unjudged
     finally:
         server.should_exit = True
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_an_http_1_0_request_is_never_told_100_continue(serve, http):
+    # (fails before with httptools: RFC 9110 10.1.1 says an HTTP/1.0 request's 100-continue
+    # is ignored; uvicorn's httptools path answered it `HTTP/1.1 100 Continue`)
+    s = serve(http=http)
+    with s.connect() as k:
+        k.sendall(b"PUT /upload HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n"
+                  b"Expect: 100-continue\r\n\r\n")
+        k.settimeout(1.0)
+        with pytest.raises(socket.timeout):   # nothing before the body (a 1.0 client sends it)
+            k.recv(65536)
+        k.settimeout(30)
+        k.sendall(b"12345")
+        got = closed_within(k, 30)
+    assert got is not None and got.startswith(b"HTTP/1.1 200") and b'{"got":5}' in got, got
