@@ -16,7 +16,8 @@ dispatch whose compute grows with the rows (slope > 0) is balanced at its own sl
 piece of that compute recorded its run delay (our recorder on CPU: `cpu_wait` on the compute
 between two collectives), the correlation is that of its own time (duration − run delay): how
 long a piece waits for a core is the scheduler's doing (a piece shorter than a time slice often
-waits nothing), not its rows'; the slope, and so the prediction, stay the durations'. The
+waits nothing), not its rows'; the slope, and so the prediction, stay the durations' (but on
+crowded hosts, below). The
 prediction gives every rank the group's mean rows at the fitted time per row (its own speed
 kept), and every all-to-all its transfer at balanced volume: each rank's transfer (from the
 group's last arrival to its end) is fitted against the rows it moved (received, plus sent where
@@ -26,7 +27,12 @@ the replay makes the group wait for its slowest member. An early rank exchanges 
 other early ranks while it waits for the hot one, so its measured transfer lacks those pieces;
 where the balanced replay shortens its wait, the pieces that no longer fit in it are added back
 (the last arriver's transfer, which holds them all, less the rank's own, at most its measured
-wait). The result: the step time with routing perfectly balanced, an upper bound. The same fits price capacity factors (rows beyond C × mean
+wait). Where ranks outnumber their host's CPUs (the layout's `cpus`) and the expert pieces
+recorded their run delay, balanced, every rank computes its experts at once, where the hot rank
+computed alone: each expert piece is given its own time at balanced rows (the own-time fit's
+slope) plus the run delay that the ranks computing beside it in the replay imply
+(host_cores.py, fitted over the run's compute pieces). The result: the step time with routing
+perfectly balanced, an upper bound. The same fits price capacity factors (rows beyond C × mean
 dropped, neither computed nor moved) at the measured routing.
 """
 
@@ -39,6 +45,8 @@ import numpy as np
 from stragglers.trace.model import OPTYPE_CODES as C
 from stragglers.whatif._replay import replay
 from stragglers.whatif.causes.base import Candidate, Context
+from stragglers.whatif.causes.host_cores import Contention, contended, cpu_share, crowded_hosts
+from stragglers.whatif.causes.host_cores import fit as fit_contention
 from stragglers.whatif.grid import BWD, BWW, FWD
 from stragglers.whatif.result import CapacityOption
 
@@ -69,6 +77,10 @@ class HostShare:
 
     wait: np.ndarray               # [K, D, T] s each expert piece was runnable without a core
     share: float                   # the waits' share of the expert compute's time
+    own_slope: np.ndarray          # [K] own time (duration − run delay) per row (pooled fit)
+    cpu_share: np.ndarray          # [K, D, T] share of each piece's own time on a CPU
+    # ranks outnumbering their host's CPUs: run delay by the ranks computing beside a piece
+    contention: Contention | None = None
 
 
 @dataclass
@@ -88,7 +100,7 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
     g, ops = ctx.w.grid, ctx.trace.ops
     if "tokens" not in ops or len(g.dp_ranks) < 2:
         return None
-    pairs, rows, means, slopes, corrs = [], [], [], [], []
+    pairs, rows, means, slopes, corrs, own_slopes = [], [], [], [], [], []
     for n in (int(x) for x in np.flatnonzero(g.node_optype == A2A)):
         tok = _rows_received(g, ops["tokens"], n)
         expert = _next_compute(g, n) if tok is not None else None
@@ -109,6 +121,7 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
         means.append(mean)
         slopes.append(fit[0])
         corrs.append(fit[1] if own_fit is None else own_fit[1])
+        own_slopes.append(own_fit[0] if own_fit is not None else 0.0)
     # Found where one dispatch's compute follows the rows at the bar. The uneven dispatches of
     # a job share its routing and its experts, so then every one whose compute grows with the
     # rows (slope > 0) is balanced at its own slope (noise in the durations scatters a fit, it
@@ -124,7 +137,7 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
     return ExpertLoad(pairs, np.array([rows[k] for k in keep]),
                       np.array([means[k] for k in keep]), np.array([slopes[k] for k in keep]),
                       np.array([corrs[k] for k in keep]), transfer, transfer_corr,
-                      _host_share(g, ops, pairs, durations))
+                      _host_share(ctx, pairs, durations, np.array([own_slopes[k] for k in keep])))
 
 
 def _run_delay(g, ops, expert: int, durations: np.ndarray) -> np.ndarray | None:
@@ -139,16 +152,22 @@ def _run_delay(g, ops, expert: int, durations: np.ndarray) -> np.ndarray | None:
     return np.minimum(wait, durations[expert]) if np.isfinite(wait).all() else None
 
 
-def _host_share(g, ops, pairs: list[tuple[int, int]], durations: np.ndarray
-                ) -> HostShare | None:
+def _host_share(ctx: Context, pairs: list[tuple[int, int]], durations: np.ndarray,
+                own_slope: np.ndarray) -> HostShare | None:
     """The expert pieces' run delays (None unless every piece recorded one: GPUs, profiler and
-    synthetic traces, runs from before the recorder kept it)."""
+    synthetic traces, runs from before the recorder kept it), and where ranks outnumber their
+    host's CPUs how the run delay grows with the ranks computing at once."""
+    g, ops = ctx.w.grid, ctx.trace.ops
     waits = [_run_delay(g, ops, e, durations) for _, e in pairs]
     if any(w is None for w in waits):
         return None
     wait = np.array(waits)                                                 # [K, D, T]
     total = float(durations[[e for _, e in pairs]].sum())
-    return HostShare(wait, float(wait.sum()) / total if total > 0 else 0.0)
+    host = crowded_hosts(ctx.trace, ctx.ranks)
+    experts = [e for _, e in pairs]
+    return HostShare(wait, float(wait.sum()) / total if total > 0 else 0.0, own_slope,
+                     cpu_share(g, ops, experts, durations[experts] - wait),
+                     None if host is None else fit_contention(g, ops, host))
 
 
 def _transfer(g, ops, cost: np.ndarray, min_corr: float
@@ -195,6 +214,31 @@ def balanced_costs(load: ExpertLoad, durations: np.ndarray, cap: float | None = 
         target = load.mean[k] if cap is None else np.minimum(load.rows[k], cap * load.mean[k])
         out[expert] = np.maximum(durations[expert] - load.slope[k] * (load.rows[k] - target), 0)
     return out
+
+
+def balanced_own(load: ExpertLoad, durations: np.ndarray, cap: float | None = None
+                 ) -> np.ndarray:
+    """[K, D, T] the expert pieces' own time (duration − run delay) with each rank's rows at its
+    group's mean (`cap`: beyond cap × mean dropped), at the own-time fit's slope."""
+    host = load.host
+    assert host is not None
+    experts = [e for _, e in load.pairs]
+    target = load.mean if cap is None else np.minimum(load.rows, cap * load.mean)
+    own = durations[experts] - host.wait
+    return np.maximum(own - host.own_slope[:, None, None] * (load.rows - target), 0)
+
+
+def balanced(w, load: ExpertLoad, cap: float | None = None) -> np.ndarray:
+    """[N, D, T] costs with routing balanced (`cap`: a capacity factor instead): expert
+    compute and all-to-all transfer at balanced rows, and where ranks outnumber their host's
+    CPUs the expert pieces' run delay at the ranks computing beside them in the replay (in
+    the skewed steps the hot rank computes alone while the others wait; balanced, all at once)."""
+    cost = balanced_transfer(load, balanced_costs(load, w.cost, cap), cap)
+    host = load.host
+    if host is not None and host.contention is not None:
+        cost = contended(w, host.contention, cost, [e for _, e in load.pairs],
+                         balanced_own(load, w.cost, cap), host.cpu_share)
+    return exposed_exchange(w, cost)
 
 
 def balanced_transfer(load: ExpertLoad, cost: np.ndarray, cap: float | None = None
@@ -260,12 +304,11 @@ def expert_imbalance(ctx: Context) -> list[Candidate]:
     hot = [d for d in np.argsort(-rel) if rel[d] >= 1 + ctx.cfg.expert_min_excess]
     stages = {int(w.grid.node_stage[n]) for n, _ in load.pairs}
     workers = [(int(d), p) for d in hot for p in sorted(stages)]
-    cost = exposed_exchange(w, balanced_transfer(load, balanced_costs(load, w.cost)))
+    cost = balanced(w, load)
     base = w.mean_step_time(w.cost)
     capacity = {}
     for cap in CAPACITY_FACTORS:
-        t = w.mean_step_time(exposed_exchange(
-            w, balanced_transfer(load, balanced_costs(load, w.cost, cap), cap)))
+        t = w.mean_step_time(balanced(w, load, cap))
         dropped = float(np.maximum(load.rows - cap * load.mean, 0).sum() / load.rows.sum())
         capacity[f"{cap:g}"] = CapacityOption(base / t if t > 0 else 1.0, dropped)
     shown = ", ".join(f"{ctx.name(d, p)} {rel[d]:.2f}×" for d, p in workers[:6])
@@ -292,9 +335,16 @@ def _host_text(load: ExpertLoad) -> str:
     """The evidence's words on expert compute that waited for host cores (empty elsewhere)."""
     if load.host is None:
         return ""
-    return (f"; the expert compute ran on host CPUs and waited for a core "
+    text = (f"; the expert compute ran on host CPUs and waited for a core "
             f"{100 * load.host.share:.0f}% of its time (the rows are fitted to its CPU time, "
-            f"the waits left out; where ranks share busy cores balancing buys less than this)")
+            f"the waits left out")
+    fit = load.host.contention
+    if fit is None:
+        return text + "; where ranks share busy cores balancing buys less than this)"
+    return text + (f"); its ranks outnumber their host's CPUs: balanced, each expert piece waits "
+                   f"for a core as the ranks computing beside it in the replay imply "
+                   f"({fit.base:.2f} + {fit.per_rank:.2f} per other rank computing, s per s of "
+                   f"its own time, fitted over {fit.pieces} compute pieces of the run)")
 
 
 def _transfer_text(load: ExpertLoad, bar: float) -> str:

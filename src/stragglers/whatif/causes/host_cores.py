@@ -1,0 +1,154 @@
+"""Ranks that outnumber their host's CPUs: how long a compute piece waits for a core, by how
+many of its host's other ranks compute beside it, fitted from the run's own pieces.
+
+Our recorder on CPU gives each compute piece between two collectives its run delay (`cpu_wait`:
+runnable without a core), its CPU time (`cpu_time`), and the layout each rank's host and CPU
+affinity (`cpus`). Where a host's ranks outnumber the CPUs they may use together, a piece waits
+longer when more of them compute at once: a hot expert's rank computes alone while the others
+wait at the combine, but with routing balanced every rank computes its experts at the same
+time. The fit: each piece's run delay per second of its CPU time (its own time, duration − run
+delay, where the CPU time is not recorded; a piece that sleeps on a device waits for a core only
+while it runs) = a + b × the mean number of the host's other ranks computing during it (their
+compute pieces, on the trace's clock), least squares over every compute piece that recorded a
+run delay, weighted by CPU time. A fix then
+gives its pieces the run delay its replay's overlap implies (`contended`). Nothing applies on
+hosts with a core per rank, nor where no piece recorded its run delay (GPUs, profiler and
+synthetic traces) or the run delay does not grow with the overlap (b ≤ 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stragglers.trace.model import OPTYPE_CODES as C
+from stragglers.trace.runformat import _cpu_list
+from stragglers.whatif._replay import replay
+from stragglers.whatif.grid import BWD, BWW, FWD
+
+_COMPUTE = (FWD, BWD, BWW, C["optimizer"])
+
+
+@dataclass
+class Contention:
+    """Run delay per second of CPU time = base + per_rank × others computing beside a piece."""
+
+    host: np.ndarray       # [D] host group of each DP rank (-1: a host with a core per rank)
+    base: float            # run delay per s of own time with no other rank computing
+    per_rank: float        # added per other rank of the host computing at the same time
+    pieces: int            # compute pieces the fit used
+
+    def rate(self, others: np.ndarray) -> np.ndarray:
+        """Run delay per second of CPU time at `others` ranks computing beside a piece."""
+        return self.base + self.per_rank * others
+
+
+def crowded_hosts(trace, ranks: np.ndarray) -> np.ndarray | None:
+    """[D] host group of each DP rank whose host holds more ranks than CPUs (-1 elsewhere), or
+    None where no host is crowded or the layout has no CPU affinities (a GPU recorder's, or
+    before `cpus`). `ranks`: [D, P] global rank of each worker."""
+    recorder = trace.meta.extra.get("recorder")
+    if not isinstance(recorder, dict) or recorder.get("timer") == "cuda-events":
+        return None
+    host_of: dict[int, str] = {}
+    count: dict[str, int] = {}
+    cpus: dict[str, set[int]] = {}
+    for entry in trace.meta.extra.get("layout") or []:
+        if not isinstance(entry, dict):
+            return None
+        host, ids, rank = entry.get("host"), _cpu_list(entry.get("cpus")), entry.get("rank")
+        if not isinstance(host, str) or ids is None or not isinstance(rank, int):
+            return None
+        host_of[rank] = host
+        count[host] = count.get(host, 0) + 1
+        cpus.setdefault(host, set()).update(ids)
+    crowded = sorted(h for h in count if count[h] > len(cpus[h]))
+    if not crowded:
+        return None
+    out = np.full(len(ranks), -1)
+    for d, row in enumerate(ranks):
+        host = host_of.get(int(row[0]))
+        if host in crowded:
+            out[d] = crowded.index(host)
+    return out if (out >= 0).any() else None
+
+
+def fit(g, ops, host: np.ndarray) -> Contention | None:
+    """The run delay's fit over the compute pieces of crowded hosts' ranks (None: no piece
+    recorded one, or it does not grow with the ranks computing beside a piece)."""
+    if "cpu_wait" not in ops:
+        return None
+    nodes = np.flatnonzero(np.isin(g.node_optype, _COMPUTE))
+    dur = g.duration[nodes]                                                 # [K, D, T]
+    wait = np.minimum(_column(g, ops, "cpu_wait", nodes), dur)
+    others = overlap(g.start[nodes], dur, g.start[nodes], dur, host)
+    use = np.isfinite(wait) & np.isfinite(others) & (host >= 0)[None, :, None] & (dur > 0)
+    if use.sum() < 3:
+        return None
+    busy = (cpu_share(g, ops, nodes, dur - wait) * (dur - wait))[use]
+    x = np.stack([busy, busy * others[use]], axis=1)
+    if np.linalg.matrix_rank(x) < 2:
+        return None
+    (base, per_rank), *_ = np.linalg.lstsq(x, wait[use], rcond=None)
+    if per_rank <= 0:
+        return None
+    return Contention(host, max(float(base), 0.0), float(per_rank), int(use.sum()))
+
+
+def cpu_share(g, ops, nodes, own: np.ndarray) -> np.ndarray:
+    """[K, D, T] the share of each piece's own time (duration − run delay) it ran on a CPU
+    (`cpu_time`; 1 where not recorded: on a CPU all its own time)."""
+    cpu = _column(g, ops, "cpu_time", nodes) if "cpu_time" in ops else np.full(own.shape, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.clip(cpu / own, 0, 1)
+    return np.where(np.isfinite(share), share, 1.0)
+
+
+def _column(g, ops, name: str, nodes) -> np.ndarray:
+    """[K, D, T] the op table's column `name` at the grid's cells of `nodes` (NaN: none)."""
+    cells = g.row[nodes]
+    return np.where(cells >= 0, ops[name][np.maximum(cells, 0)].astype(np.float64), np.nan)
+
+
+def overlap(start: np.ndarray, dur: np.ndarray, all_start: np.ndarray, all_dur: np.ndarray,
+            host: np.ndarray) -> np.ndarray:
+    """[K, D, T] the mean number of the host's other ranks computing during each piece
+    (`start`/`dur` [K, D, T]) of the compute pieces `all_start`/`all_dur` [M, D, T], step by
+    step (NaN for ranks of hosts with a core per rank, or pieces without a time)."""
+    out = np.full(start.shape, np.nan)
+    end, all_end = start + dur, all_start + all_dur
+    for h in np.unique(host[host >= 0]):
+        ranks = np.flatnonzero(host == h)
+        for t in range(start.shape[2]):
+            a, b = start[:, ranks, t], end[:, ranks, t]                     # [K, R]
+            s, e = all_start[:, ranks, t], all_end[:, ranks, t]             # [M, R]
+            # [K, R, M, R]: time each piece shares with each piece of the host's ranks
+            ov = (np.minimum(b[:, :, None, None], e[None, None])
+                  - np.maximum(a[:, :, None, None], s[None, None]))
+            ov = np.nan_to_num(np.clip(ov, 0, None)).sum(axis=2)            # [K, R, R]
+            ov[:, np.arange(len(ranks)), np.arange(len(ranks))] = 0         # not its own rank
+            length = b - a
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[:, ranks, t] = np.where(length > 0, ov.sum(axis=2) / length, 0.0)
+    return out
+
+
+def contended(w, fit_: Contention, cost: np.ndarray, nodes: list[int], own: np.ndarray,
+              share: np.ndarray, passes: int = 3) -> np.ndarray:
+    """[N, D, T] `cost` with the pieces `nodes` given own time `own` [K, D, T] plus the run
+    delay the fit gives its CPU time (`share` of it) at the overlap of the replay of `cost`
+    (the overlap moves the replay: a few passes). Ranks of hosts with a core per rank keep
+    their costs."""
+    g = w.grid
+    compute = np.flatnonzero(np.isin(g.node_optype, _COMPUTE))
+    crowded = (fit_.host >= 0)[None, :, None]
+    out = cost
+    for _ in range(passes):
+        _, begin, _ = replay(w.plan, out, w.step_start, keep_timeline=True)
+        others = overlap(begin[nodes], out[nodes], begin[compute], out[compute], fit_.host)
+        new = out.copy()
+        new[nodes] = np.where(crowded, own * (1 + share * fit_.rate(np.nan_to_num(others))),
+                              cost[nodes])
+        out = new
+    return out
