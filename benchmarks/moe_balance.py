@@ -43,6 +43,12 @@ gap between the predicted and the measured balanced step is then accounted op cl
 class: the typical (per-op median) predicted step replayed with the balanced run's typical
 costs put in one class at a time (expert compute, all-to-alls' transfer, other compute, other
 collectives).
+
+Where the ranks outnumber the host's CPUs (the layout's `cpus`), the analysis gives the balanced
+expert pieces the run delay that the ranks computing beside them imply, fitted over the run's
+compute pieces (whatif/causes/host_cores.py); each pair says whether that fit applied (on a
+heavily loaded machine the run delay does not grow with the ranks computing at once: not
+applied).
 """
 
 from __future__ import annotations
@@ -169,6 +175,7 @@ def compare(t_hot, hot_steps: list[int], t_even, even_steps: list[int],
     row = {"first": result.diagnosis[0].cause, "ranks": result.diagnosis[0].where.ranks,
            "sent": "sent" in t_hot.ops, "transfer": transfer_priced(finding),
            "transfer_corr": ctx.expert_load.transfer_corr if ctx.expert_load else None,
+           "contention": contention(ctx),
            "predicted": predicted,
            "predicted_measured": float(base_h.mean()) / (float(base_h.mean()) - saved),
            "measured": float(base_h.mean() / base_e.mean()), "measured_median": median,
@@ -176,6 +183,14 @@ def compare(t_hot, hot_steps: list[int], t_even, even_steps: list[int],
     row.update(account(ctx, w_even))
     row.update(host_waits(ctx, w_even, t_even))
     return row
+
+
+def contention(ctx: Context) -> list[float] | None:
+    """The run delay's fit on a host whose ranks outnumber its CPUs, [base, per other rank
+    computing] (s per s of CPU time), where the prediction applied one (host_cores.py)."""
+    load = ctx.expert_load
+    fit = load.host.contention if load is not None and load.host is not None else None
+    return None if fit is None else [fit.base, fit.per_rank]
 
 
 def account(ctx: Context, w_even: WhatIf) -> dict:
@@ -348,7 +363,9 @@ def main() -> None:
 def cells(i: int, r: dict) -> dict[str, str]:
     """One pair's row of the results table."""
     out = {"pair": str(i), "first": r["first"], "ranks": str(list(r["ranks"])),
-           "rows sent in trace": "yes" if r["sent"] else "no", "all-to-all transfer": r["transfer"]}
+           "rows sent in trace": "yes" if r["sent"] else "no", "all-to-all transfer": r["transfer"],
+           "run delay fit, crowded host": ("not applied" if not r.get("contention") else
+                                           "{:.2f} + {:.2f}/rank".format(*r["contention"]))}
     for name, facts in r["runs"].items():
         load = facts.get("load")
         out[f"load, {name} run"] = ("/".join(f"{x:.1f}" for x in load) if load
@@ -407,6 +424,13 @@ def texts(rows: list[dict], alternate: bool) -> list[str]:
                    f"the prediction in turn): {parts} ms. The compute outside the experts ran "
                    f"at {statistics.median(r['untouched'] for r in gaps):.2f}× its skewed-step "
                    "time in the balanced steps (median over pairs).")
+    fits = [r["contention"] for r in rows if r.get("contention")]
+    out.append(f"Ranks outnumbering their host's CPUs, the expert pieces' run delay fitted to "
+               f"the ranks computing beside them (host_cores.py) in {len(fits)} of {len(rows)} "
+               "pairs" + (": run delay per s of CPU time " + ", ".join(
+                   f"{a:.2f} + {b:.2f} per other rank" for a, b in fits) if fits else "")
+               + "; in the others it did not grow with them (or the layout has a core per "
+               "rank) and the rows fit alone prices the expert compute.")
     host = [r for r in rows if "expert_cpu_predicted" in r]
     if host:
         def span(key: str, scale: float = 1.0) -> str:
@@ -448,7 +472,8 @@ def show(i: int, r: dict) -> None:
           f"(replay basis), ×{r['predicted_measured']:.3f} (off the measured step); "
           f"measured ×{r['measured']:.3f} (mean step), ×{r['measured_median']:.3f} "
           f"(median step), ×{r['measured_nodelay']:.3f} (replay basis); transfer "
-          f"{r['transfer']}; {loads}{gap}", flush=True)
+          f"{r['transfer']}; run delay fit {cells(i, r)['run delay fit, crowded host']}; "
+          f"{loads}{gap}", flush=True)
 
 
 if __name__ == "__main__":
