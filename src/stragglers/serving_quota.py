@@ -184,11 +184,12 @@ class MintRate:
         while len(self.known) > self.remember:
             self.known.popitem(last=False)
 
-    def admit(self, owner: object, client: str | None) -> None:
-        """Let `owner` create (counting it as new unless known); RateLimited past a rate."""
+    def admit(self, owner: object, client: str | None) -> bool:
+        """Let `owner` create (counting it as new unless known); RateLimited past a rate.
+        True when it was counted as new (see refund)."""
         if owner in self.known:
             self.known.move_to_end(owner)
-            return
+            return False
         now = self.clock()
         bucket = None
         if client is not None:
@@ -210,6 +211,17 @@ class MintRate:
         if bucket is not None:
             bucket.level -= 1
         self.know(owner)
+        return True
+
+    def refund(self, owner: object, client: str | None) -> None:
+        """Undo an admit that counted `owner` as new, its creation refused after all (a bad
+        body): a refused request leaves the rate as it found it, so heads with fresh tokens
+        and bodies that fail cannot use up the creations other clients are let."""
+        self.known.pop(owner, None)
+        self._all.level = min(self.total, self._all.level + 1)
+        bucket = self._clients.get(client) if client is not None else None
+        if bucket is not None:
+            bucket.level = min(self.per_client, bucket.level + 1)
 
 
 class Backpressure(InProgress):

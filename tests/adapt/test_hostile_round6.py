@@ -109,3 +109,34 @@ def test_an_unknown_data_set_or_job_is_refused_from_the_head(svc):
     for path in ("/datasets/nope/lease", "/jobs/nope/control/report"):
         got, reply = status_and_body(head_only(svc["port"], path, f"Bearer {OWNER}"))
         assert got == 404 and reply["kind"] == "NotFound", reply
+
+
+@pytest.mark.parametrize("path,good", [
+    ("/datasets", {"name": "made", "num_samples": 10, "shard_size": 5}),
+    ("/datasets/made/restore", None),
+    ("/jobs/made/control/config", {"policy": "bsp", "world_size": 2, "global_batch": 8})])
+def test_a_refused_creation_leaves_the_rate_of_new_tokens_as_it_was(tmp_path, path, good):
+    # (fails before: a fresh token was counted against new_tokens_per_minute from the head, so
+    # a creation refused for its body (400) used up the minute's only new token and the next
+    # client's valid creation was refused 429)
+    from stragglers.adapt.service import ServiceConfig
+    from stragglers.adapt.shards import ShardStore
+    store = ShardStore(tmp_path / "s.db")   # (in process: no token counted)
+    store.create_dataset(DatasetConfig("src", 10, 5))
+    store.close()
+    srv = EmbeddedServer(tmp_path / "s.db", config=ServiceConfig(
+        new_tokens_per_minute=1.0)).start()
+    try:
+        if good is None:   # a restore that creates: a real snapshot of another data set
+            good = httpx.get(srv.url + "/datasets/src/snapshot", timeout=60).json()
+            good["dataset"]["name"] = "made"
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            bad = c.post(path, content=b'{"nope": 1}', headers={
+                "Authorization": "Bearer fresh-token-aaaaaaaaaaaa",
+                "Content-Type": "application/json"})
+            assert bad.status_code == 400, bad.text
+            ok = c.post(path, json=good,
+                        headers={"Authorization": "Bearer fresh-token-bbbbbbbbbbbb"})
+            assert ok.status_code == 200, ok.text
+    finally:
+        srv.stop()

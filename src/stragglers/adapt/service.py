@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import hmac
 import json
@@ -20,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -586,13 +587,22 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     for owner in reader.submit(reads.owners).result():
         mints.know(owner)
 
-    def minting(digest: str, request: Request) -> None:
-        """Count `digest` as a new token of this client unless it is known; 429 past a rate."""
+    @contextlib.contextmanager
+    def minting(digest: str, request: Request) -> Iterator[None]:
+        """Count `digest` as a new token of this client unless it is known (429 past a rate),
+        for a creation that runs inside: refunded when that creation fails."""
+        client = client_of(request)
         try:
-            mints.admit(digest, client_of(request))
+            new = mints.admit(digest, client)
         except MintRefused as exc:
             raise RateLimited(f"{exc.what}; retry later (new_tokens_per_minute)",
                               exc.retry_after_s) from None
+        try:
+            yield
+        except BaseException:
+            if new:
+                mints.refund(digest, client)
+            raise
 
     def handler(fn):
         async def endpoint(request: Request) -> Response:
@@ -692,12 +702,13 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def create_dataset(request: Request) -> Created:
         digest = creator(request)   # the tokens before the body: no parsing for strangers
-        minting(digest, request)
-        admit_body(request.scope)
-        body = await parsed(request, rq.CreateDataset)
-        cfg = DatasetConfig(**body.model_dump())
-        client = client_of(request)
-        created = await commit.run(lambda: store.create_dataset(cfg, digest, client), digest)
+        with minting(digest, request):
+            admit_body(request.scope)
+            body = await parsed(request, rq.CreateDataset)
+            cfg = DatasetConfig(**body.model_dump())
+            client = client_of(request)
+            created = await commit.run(lambda: store.create_dataset(cfg, digest, client),
+                                       digest)
         owners.setdefault(cfg.name, digest)
         return created
 
@@ -761,35 +772,37 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         allowed, client = may_create(request), client_of(request)
         # Ownership, the right to create and the quota, all before the body is read.
         await read(lambda conn: store.may_restore(name, digest, allowed, conn, client))
-        minting(digest, request)   # (the owner of an existing data set is a known token)
-        admit_body(request.scope)
-        slot = paced.hold(digest)   # one restore per token (and max_restores in all) at once
-        try:
-            # (the slot is taken before the body so that one restore body at a time is in
-            # memory; a body trickled at the serving layer's minimum rate held it for hours)
-            # by its size: a 64 MiB body trickled at 220 KB/s held the only slot for 300 s,
-            # every other owner's restore refused meanwhile (a body without Content-Length
-            # counts as the largest)
+        with minting(digest, request):   # (the owner of an existing data set is known)
+            admit_body(request.scope)
+            slot = paced.hold(digest)   # one restore per token (and max_restores) at once
             try:
-                size = declared_length(request, config.max_restore_bytes)
-            except BodyRefused:
-                size = None   # (refused by _body below, with its error)
-            within = min(config.restore_upload_s, config.restore_grace_s + (
-                config.max_restore_bytes if size is None else size) / config.restore_bytes_per_s)
-            try:
-                raw = await asyncio.wait_for(_body(request, config.max_restore_bytes), within)
-            except asyncio.TimeoutError:
-                raise BodyTooSlow("request body", None, f"not received within {within:.3g} s"
-                                  f" (restore_grace_s + its size / restore_bytes_per_s, at most"
-                                  " restore_upload_s)") from None
-            # parsed and validated in a child process (seconds of Python that, on a thread
-            # here, held the GIL the event loop and the commit thread need); written on the
-            # commit thread in paced chunks
-            checked = await parser.prepare(raw, name)
-            del raw
-            return await paced.restore(checked, digest, allowed, client)
-        finally:
-            slot.close()
+                # (the slot is taken before the body so that one restore body at a time is in
+                # memory; a body trickled at the serving layer's minimum rate held it for
+                # hours) by its size: a 64 MiB body trickled at 220 KB/s held the only slot for
+                # 300 s, every other owner's restore refused meanwhile (a body without
+                # Content-Length counts as the largest)
+                try:
+                    size = declared_length(request, config.max_restore_bytes)
+                except BodyRefused:
+                    size = None   # (refused by _body below, with its error)
+                within = min(config.restore_upload_s, config.restore_grace_s + (
+                    config.max_restore_bytes if size is None else size)
+                    / config.restore_bytes_per_s)
+                try:
+                    raw = await asyncio.wait_for(_body(request, config.max_restore_bytes),
+                                                 within)
+                except asyncio.TimeoutError:
+                    raise BodyTooSlow("request body", None, f"not received within {within:.3g}"
+                                      " s (restore_grace_s + its size / restore_bytes_per_s,"
+                                      " at most restore_upload_s)") from None
+                # parsed and validated in a child process (seconds of Python that, on a thread
+                # here, held the GIL the event loop and the commit thread need); written on
+                # the commit thread in paced chunks
+                checked = await parser.prepare(raw, name)
+                del raw
+                return await paced.restore(checked, digest, allowed, client)
+            finally:
+                slot.close()
 
     async def controlled(fn, *args, place=None, token: str | None = None) -> Response:
         """fn(*args) of the control plane and its JSON, on the control thread (paced: see
@@ -810,15 +823,15 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         digest = _bearer(request)
         # the token judged from the head (the body is read after): the owner's, or one that
         # may create a controller
-        if not control.check_writer(job, digest):
-            if service_digest is not None:
-                digest = creator(request)
-            minting(digest, request)
-        admit_body(request.scope)
-        body = await parsed(request, rq.ControlConfigBody)
-        cfg = ControlConfig.from_mapping(body.model_dump(), "control config")
-        return await controlled(control.configure, job, cfg, digest, client_of(request),
-                                place=controlling.hold(digest), token=digest)
+        creating = not control.check_writer(job, digest)
+        if creating and service_digest is not None:
+            digest = creator(request)
+        with minting(digest, request) if creating else contextlib.nullcontext():
+            admit_body(request.scope)
+            body = await parsed(request, rq.ControlConfigBody)
+            cfg = ControlConfig.from_mapping(body.model_dump(), "control config")
+            return await controlled(control.configure, job, cfg, digest, client_of(request),
+                                    place=controlling.hold(digest), token=digest)
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
         headers = dict(exc.headers or {})
