@@ -113,6 +113,9 @@ def test_parts_are_taken_by_their_footers_and_rows_found_bad_later_are_refused_a
     server = serve(tmp_path, [run])
     try:
         with httpx.Client(base_url=server.url, timeout=30) as c:
+            # (the first scan runs in the background: until it is done the job is unknown,
+            # and each read of it a refusal counted below)
+            eventually(lambda: not get(c, "/health")["scanning"], what="first scan done")
             wins = eventually(lambda: len(get(c, "/api/jobs/job-c")["windows"]) == 2
                               and get(c, "/api/jobs/job-c")["windows"], what="2 windows")
             assert get(c, "/api/stats")["by_way"]["files"] == {"parts": len(parts),

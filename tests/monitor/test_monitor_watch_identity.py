@@ -213,3 +213,32 @@ def test_a_run_renamed_while_the_monitor_was_down_is_known_by_its_run_mark(tmp_p
         assert _steps_analysed(monitor.store, "job-a") == list(range(20))
     finally:
         _stop(monitor)
+
+
+@pytest.mark.slow
+def test_the_file_events_come_from_a_child_started_again_when_killed(tmp_path):
+    # the watch is built in a child process (watchfiles held the interpreter lock 2-3 s per
+    # 30,000 folders); a child killed is started again, and new runs are seen by their events
+    import signal
+
+    from conftest import eventually
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    trace = slow_job(steps=10)
+    monitor = _monitor(tmp_path)
+    watcher = DirectoryWatcher(monitor, [runs], rescan_s=3600).start()
+    try:
+        first = eventually(lambda: watcher._child, what="the watch process")
+        assert first.pid != os.getpid() and first.poll() is None
+        start_run(runs / "job-a", trace)
+        eventually(lambda: "job-a" in monitor.directories, what="job-a seen")
+        os.kill(first.pid, signal.SIGKILL)
+        second = eventually(lambda: watcher._child is not first and watcher._child,
+                            what="a new watch process")
+        start_run(runs / "job-b", trace)   # seen by its events (rescans are an hour apart)
+        eventually(lambda: "job-b" in monitor.directories, what="job-b seen")
+    finally:
+        watcher.stop()
+        _stop(monitor)
+    assert second.poll() is not None   # (stop ends it)

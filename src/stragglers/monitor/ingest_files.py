@@ -9,9 +9,12 @@ them. Directories are also rescanned now and then, for file systems that drop ev
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -28,6 +31,7 @@ from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import META_FILE
 
 log = logging.getLogger(__name__)
+FIRST_BATCH_WAIT_S = 30.0   # the first scan waits at most this long for the watch to be built
 
 
 class DirectoryWatcher:
@@ -71,6 +75,8 @@ class DirectoryWatcher:
         self.links_refused: dict[Path, str] = {}
         self.aliases: dict[Path, Path] = {}
         self._stop = threading.Event()
+        self._child: subprocess.Popen | None = None   # the watch_child process
+        self._ready = threading.Event()   # the watch is built (its first batch came)
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
@@ -90,6 +96,13 @@ class DirectoryWatcher:
     def stop(self) -> None:
         """Stop following changes."""
         self._stop.set()
+        self._ready.set()
+        child = self._child
+        if child is not None and child.stdin is not None:
+            try:
+                child.stdin.close()   # the child ends, and with it the watch thread's read
+            except OSError:
+                pass
         for t in self._threads:
             t.join(timeout=10)
 
@@ -212,8 +225,14 @@ class DirectoryWatcher:
             self.monitor.reject("bad_run", str(path), f"{type(exc).__name__}: {str(exc)[:200]}")
 
     def _rescan(self) -> None:
+        # the first scan once the watch is built (its first batch): a file written after the
+        # scan listed its folder and before the watch began was seen only a rescan later
+        self._ready.wait(FIRST_BATCH_WAIT_S)
         try:
-            self.learn_gone_runs()
+            try:
+                self.learn_gone_runs()
+            except Exception:   # noqa: BLE001 - the store failed: the scan goes on
+                log.exception("the run marks of watched jobs could not be read")
             self.scan()
         except Exception:   # noqa: BLE001 - listing a root failed: the rescans try again
             log.exception("first scan of %s failed", ", ".join(map(str, self.roots)))
@@ -226,23 +245,113 @@ class DirectoryWatcher:
                 log.exception("rescan failed")
 
     def _watch(self) -> None:
+        """Follow the roots' file events, watched in a child process (watch_child: building
+        the watch held the interpreter lock, and the whole service, 2–3 s per 30,000
+        folders), started again when it ends (killed, say: until then the rescans find what
+        changed); in this process where none can be started, or one ends before its first
+        batch."""
+        wait = 1.0
+        while not self._stop.is_set():
+            lines, status = self._follow_child(catch_up=wait > 1.0)
+            if self._stop.is_set():
+                return
+            if not lines and (status is None or status > 0):
+                # (it could not run here: no interpreter to start, the package not found)
+                log.warning("the file watcher's process did not start (status %s); watching "
+                            "in this one", status)
+                return self._watch_here()
+            log.warning("the file watcher's process of %s ended; started again in %.0f s "
+                        "(rescans meanwhile)", ", ".join(map(str, self.roots)), wait)
+            if self._stop.wait(wait):
+                return
+            wait = min(2 * wait, 60.0)   # (and the next child's watch catches up: a scan)
+
+    def _follow_child(self, catch_up: bool = False) -> tuple[int, int | None]:
+        """Hand over the batches of one child process until it ends; how many it sent, and
+        its exit status (None: it could not be started). With `catch_up` (a child started
+        again), its watch built, the roots are scanned: what changed while none watched was
+        seen only a rescan later."""
+        # (the child imports this package as this process does: an embedding program may
+        # have put it on sys.path itself)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         try:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "stragglers.monitor.watch_child", *map(str, self.roots)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env)
+        except OSError as exc:
+            log.warning("cannot start the file watcher's process (%s)", exc.strerror)
+            return 0, None
+        self._child = child
+        if self._stop.is_set():   # (stopped while it started: stop() found no child)
+            self._end_child()
+            return 0, child.returncode
+        lines = 0
+        try:
+            assert child.stdout is not None
             previous = time.time()   # a batch holds the events since the previous one came
+            for line in child.stdout:
+                lines += 1
+                self._ready.set()   # (its first batch: the watch is built)
+                if catch_up and lines == 1:
+                    try:
+                        self.scan()
+                    except Exception:   # noqa: BLE001 - the rescans try again
+                        log.exception("scan of %s failed", ", ".join(map(str, self.roots)))
+                try:
+                    at, changes = json.loads(line)
+                    events = [(watchfiles.Change(int(c)), str(name)) for c, name in changes]
+                except (ValueError, TypeError):
+                    log.warning("file watcher's process: a line that does not read: %.80r",
+                                line)
+                    continue
+                self._batch(previous, events)
+                previous = float(at)
+        finally:
+            self._end_child()
+        return lines, child.returncode
+
+    def _end_child(self) -> None:
+        child = self._child
+        if child is None:
+            return
+        if child.stdin is not None and not child.stdin.closed:
+            try:
+                child.stdin.close()   # (it ends within a second: its stop event)
+            except OSError:
+                pass
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+    def _watch_here(self) -> None:
+        try:
+            previous = time.time()
             for changes in watchfiles.watch(*self.roots, stop_event=self._stop,
                                             debounce=50, step=20, yield_on_timeout=True,
                                             rust_timeout=1000, raise_interrupt=False):
+                self._ready.set()
                 arrived = time.time()
-                # a part written just before a job's dead-man deadline may be in this batch,
-                # not yet submitted: the silence is decided once the batch is handed over
-                with self.monitor.noticing(previous):
-                    for change, name in changes:
-                        if change == watchfiles.Change.deleted:
-                            continue
-                        self._guarded(self._path_changed, Path(name))
+                self._batch(previous, list(changes))
                 previous = arrived
         except Exception:
             log.exception("watching %s failed; rescans continue every %.0f s",
                           ", ".join(map(str, self.roots)), self.rescan_s)
+        finally:
+            self._ready.set()   # (the first scan waits no longer)
+
+    def _batch(self, previous: float, changes: list[tuple[watchfiles.Change, str]]) -> None:
+        """One batch of file events, handed over as noticed since `previous` (a part written
+        just before a job's dead-man deadline may be in it, not yet submitted: the silence
+        is decided once the batch is handed over)."""
+        with self.monitor.noticing(previous):
+            for change, name in changes:
+                if change == watchfiles.Change.deleted:
+                    continue
+                self._guarded(self._path_changed, Path(name))
 
     def _path_changed(self, path: Path) -> None:
         # (events name a file by the path it was seen under: a link to a run dir too)
@@ -396,7 +505,10 @@ class DirectoryWatcher:
             if not any(directory.is_relative_to(r) for r in self.roots) or \
                     os.path.isdir(directory):
                 continue
-            row = self.monitor.store.job(job)
+            try:
+                row = self.monitor.store.job(job)
+            except Exception:   # noqa: BLE001 - a damaged row: that job is not followed
+                continue        # (it stopped the first scan)
             mark = run_start(row.meta) if row is not None and row.way == "files" else None
             if mark is not None:
                 with self._lock:
