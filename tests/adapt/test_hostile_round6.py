@@ -140,3 +140,35 @@ def test_a_refused_creation_leaves_the_rate_of_new_tokens_as_it_was(tmp_path, pa
             assert ok.status_code == 200, ok.text
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("wild", [1 << 40, 10**9, 50_000])
+def test_one_wild_step_does_not_stop_a_jobs_windows_or_actions(wild):
+    # (fails before: a rank's records after a step far ahead of the job — a bad clock, a
+    # corrupted counter — were all taken for a report sent again (step <= its last) and
+    # ignored, so no window closed again for the job; and every later action was made
+    # effective past that step, never applied)
+    from stragglers.adapt.controller import ControlConfig, Controller
+    ctl = Controller(ControlConfig(policy="dd", world_size=2, global_batch=64, window=2,
+                                   min_change=0.0, lag_s=0.0))
+    ctl.observe(0, wild, 1.0, 32)
+    actions = []
+    for step in range(2, 40):
+        for rank in (0, 1):
+            actions += ctl.observe(rank, step, 1.0 if rank == 0 else 3.0, 32)
+    assert actions, "no window closed after the wild step"
+    assert all(a.effective_step < 100 for a in actions), actions
+    assert ctl.monitor.latest_step == 39
+
+
+def test_a_report_sent_again_is_still_counted_once():
+    # the rule above keeps what it replaced: records at or below a rank's last step, within
+    # a report's span, are a report sent again (its reply lost) and change nothing
+    from stragglers.adapt.monitor import SpeedMonitor
+    mon = SpeedMonitor(world_size=1, window=3)
+    report = [(s, 1.0, 8) for s in range(2, 900)]
+    for _ in range(2):
+        for step, bpt, batch in report:
+            mon.record(0, step, bpt, batch)
+    assert len(mon.workers[0].records) == 256 and mon.workers[0].records[-1].step == 899
+    assert mon.workers[0].since_eval == len(report)

@@ -11,6 +11,11 @@ import msgspec
 
 NONE, TRANSIENT, PERSISTENT, DETERMINISTIC = "none", "transient", "persistent", "deterministic"
 
+# A record at most this many steps below its rank's last one is taken for a report sent again
+# (its reply lost: up to 10,000 records, one a step) and ignored; further below, the rank's count
+# started again (its last step was wild, or it restarted without a new incarnation).
+REPLAY_SPAN = 20_000
+
 
 class WorkerClass(msgspec.Struct, frozen=True, rename={"category": "class"}):
     """One worker's verdict at the close of a window (written with the key "class")."""
@@ -52,7 +57,7 @@ class SpeedMonitor:
         self.persistent_windows = persistent_windows
         self.warmup_steps = warmup_steps
         self.workers = {r: WorkerHistory() for r in range(world_size)}
-        self.latest_step = -1
+        self._latest, self._latest_stale = -1, False
         # workers with a full new window: window_ready without a scan of every worker (a scan
         # per record made a report's cost grow with the world size: 66 s per 2,000 reports
         # of a 16,384-rank job, on the service's event loop)
@@ -64,13 +69,38 @@ class SpeedMonitor:
             return
         w = self.workers[rank]
         if w.records and step <= w.records[-1].step:
-            return  # a report the agent sent again (its reply was lost): already counted
+            if step >= w.records[-1].step - REPLAY_SPAN:
+                return  # a report the agent sent again (its reply was lost): already counted
+            # Far below its last step: the rank's history starts again. Kept as a replay, one
+            # wild step (2**40) made every later record of the rank one, and no window of the
+            # job closed again.
+            self._restart(w)
         w.records.append(WorkerStepTime(step, bpt, batch))
         w.since_eval += 1
         if w.since_eval == self.window:
             self.ready += 1
         w.device = device or w.device
-        self.latest_step = max(self.latest_step, step)
+        if not self._latest_stale:
+            self._latest = max(self._latest, step)
+
+    def _restart(self, w: WorkerHistory) -> None:
+        """Forget a rank's records (its steps started again); the job's latest step is
+        recomputed when next asked (it may have been that rank's wild one)."""
+        if w.since_eval >= self.window:
+            self.ready -= 1
+        w.records.clear()
+        w.since_eval = 0
+        self._latest_stale = True
+
+    @property
+    def latest_step(self) -> int:
+        """The highest step any rank's kept records reached (-1: none): actions take effect
+        after it, so a wild step a rank started again from no longer counts."""
+        if self._latest_stale:
+            self._latest = max((w.records[-1].step for w in self.workers.values()
+                                if w.records), default=-1)
+            self._latest_stale = False
+        return self._latest
 
     def window_ready(self) -> bool:
         """True when every worker has a full new window since the last evaluation."""
@@ -135,5 +165,5 @@ class SpeedMonitor:
     def reset(self) -> None:
         """Forget all history (a new incarnation of the job)."""
         self.workers = {r: WorkerHistory() for r in range(self.world_size)}
-        self.latest_step = -1
+        self._latest, self._latest_stale = -1, False
         self.ready = 0
