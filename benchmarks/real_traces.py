@@ -33,7 +33,7 @@ def inputs(tmp: Path) -> list[tuple[str, Path]]:
     out.append(("DLRM, 8 of 8 ranks, V100", tmp / "dlrm_kineto"))
     for folder in sorted((SHARED / "kineto-gpu-samples").glob("*/")):
         out.append((folder.name, folder))
-    for name in ("job_4_norm.csv", "job_2_norm.csv"):
+    for name in ("job_4_norm.csv", "job_2_norm.csv", "job_1_norm.csv", "job_3_norm.csv"):
         out.append((f"PAI {name}", REAL / "pai-minibatch" / name))
     for x in ("AR", "SE", "ST"):
         out.append((f"NDTimeline {x}", SHARED / "ndtimeline-samples" / f"trace-{x}.parquet"))
