@@ -195,6 +195,7 @@ def test_a_rescan_lists_only_the_folders_that_changed(tmp_path, monkeypatch):
     start_run(runs / "real", slow_job(steps=5))
     s = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, token=TOKEN,
                       config=CFG.replace(rescan_s=3600)).start()
+    assert s.monitor.wait_idle(120)   # (the first scan runs in the background)
     listed: list[str] = []
     real_is_run = ingest_files._is_run
 

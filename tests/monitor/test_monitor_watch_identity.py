@@ -242,3 +242,86 @@ def test_the_file_events_come_from_a_child_started_again_when_killed(tmp_path):
         watcher.stop()
         _stop(monitor)
     assert second.poll() is not None   # (stop ends it)
+
+
+@pytest.mark.slow
+def test_two_runs_that_swap_names_keep_their_jobs_and_a_copy_outlives_its_original(tmp_path):
+    # a swap (a → tmp, b → a, tmp → b) once read b's meta.json at a's path as a new run of
+    # job a: job a's history was reset and its parts numbered again from b's files
+    runs = tmp_path / "runs"
+    traces = {n: slow_job(steps=10, seed=i) for i, n in enumerate(("a", "b"))}
+    for i, (name, trace) in enumerate(traces.items()):
+        raw = _with_start(trace, [{"offset_ns": 10 + i}] * trace.meta.world_size)
+        (runs / name).mkdir(parents=True)
+        (runs / name / "meta.json").write_text(json.dumps(raw))
+        write_parts(runs / name, parts_of(trace, 5))
+    monitor = _monitor(tmp_path)
+    try:
+        watcher = DirectoryWatcher(monitor, [runs])
+        watcher.scan()
+        assert monitor.wait_idle(120)
+        windows = {j: [(w.idx, w.slowdown) for w in monitor.store.windows(j)] for j in "ab"}
+        os.rename(runs / "a", runs / "tmp")
+        os.rename(runs / "b", runs / "a")
+        os.rename(runs / "tmp", runs / "b")
+        for _ in range(2):
+            watcher.scan()
+            assert monitor.wait_idle(120)
+        assert dict(monitor.directories) == {"a": (runs / "b").resolve(),
+                                             "b": (runs / "a").resolve()}
+        assert {j: [(w.idx, w.slowdown) for w in monitor.store.windows(j)]
+                for j in "ab"} == windows
+        assert monitor.store.totals()["by_way"]["files"].parts == 2 * len(parts_of(
+            traces["a"], 5))
+        # a copy is its own job; its original gone, it stays that job (not the original's)
+        shutil.copytree(runs / "a", runs / "c")
+        watcher.scan()
+        assert monitor.wait_idle(120)
+        shutil.rmtree(runs / "a")
+        watcher.scan()
+        assert monitor.wait_idle(120)
+        assert dict(monitor.directories) == {"a": (runs / "b").resolve(),
+                                             "b": (runs / "a").resolve(),
+                                             "c": (runs / "c").resolve()}
+        # the copy renamed (its mark is its original's): still the copy's job
+        os.rename(runs / "c", runs / "c2")
+        watcher.scan()
+        assert monitor.wait_idle(120)
+        assert dict(monitor.directories)["c"] == (runs / "c2").resolve()
+        assert sorted(monitor.directories) == ["a", "b", "c"]
+    finally:
+        _stop(monitor)
+
+
+@pytest.mark.slow
+def test_a_job_stored_under_a_link_by_an_earlier_version_follows_its_real_directory(tmp_path):
+    # a store written when links were followed as names: the run's job is its link's, and the
+    # real directory must not become a second job over the same parts
+    from stragglers.monitor.parts import parse_part_name
+    from stragglers.monitor.service import PartIn
+
+    runs = tmp_path / "runs"
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    start_run(runs / "deep" / "real", trace)
+    write_parts(runs / "deep" / "real", parts)
+    os.symlink(runs / "deep" / "real", runs / "alias")
+    monitor = _monitor(tmp_path)
+    try:   # what the watcher did then: the link's path as the run's
+        monitor.register_job("alias", runs / "alias", "files",
+                             json.loads((runs / "alias" / "meta.json").read_text()))
+        for path in sorted((runs / "alias").iterdir()):
+            if parse_part_name(path.name):
+                rank, part = parse_part_name(path.name)
+                monitor.submit(PartIn("alias", rank, part, "files", path=path))
+        assert monitor.wait_idle(120)
+    finally:
+        _stop(monitor)
+    monitor = _monitor(tmp_path)
+    try:
+        DirectoryWatcher(monitor, [runs]).start()
+        assert monitor.wait_idle(120)
+        assert dict(monitor.directories) == {"alias": (runs / "deep" / "real").resolve()}
+        assert monitor.store.totals()["by_way"]["files"].parts == len(parts)
+    finally:
+        _stop(monitor)

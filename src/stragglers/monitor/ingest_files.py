@@ -72,6 +72,8 @@ class DirectoryWatcher:
         self.by_inode: dict[tuple[int, int], str] = {}
         self.by_mark: dict[str, str] = {}
         self.marks: dict[str, str | None] = {}   # job → its run mark (None: not yet known)
+        # real path → the job a version that followed links stored under a link to it
+        self.linked: dict[Path, str] = {}
         self.links_refused: dict[Path, str] = {}
         self.aliases: dict[Path, Path] = {}
         self._stop = threading.Event()
@@ -457,27 +459,39 @@ class DirectoryWatcher:
 
     def _moved(self, run: Path, raw: dict) -> str | None:
         """The watched job whose run directory `run` is, renamed (None: a run not seen
-        before, or one followed under this path): the job with its run mark whose directory
-        is gone, else the job whose directory had its inode and no longer has it. The job
-        follows it (Monitor.move_job); a renamed run was a new job over the same parts."""
-        with self._lock:
-            if run in self.jobs:
-                return None
+        before, or one followed under this path): the job whose directory had its inode and
+        its run mark, else the job with its run mark, whose directory is gone or another
+        folder now. The job follows it (Monitor.move_job); a renamed run was a new job over
+        the same parts."""
         try:
             st = os.stat(run)
         except OSError:
             return None
         mark = run_start(raw)
         with self._lock:
-            if mark is not None:
-                job = self.by_mark.get(mark)
-            else:   # (by its inode only a job that has no mark either: inodes are reused)
-                job = self.by_inode.get((st.st_dev, st.st_ino))
-                job = job if job is not None and self.marks.get(job) is None else None
-        if job is not None:
-            old = self.monitor.directories.get(job)
-            if old is None or old == run:
-                return None
+            linked = self.linked.pop(run, None) if run not in self.jobs else None
+        stored = self.monitor.directories.get(linked) if linked is not None else None
+        if linked is not None and stored is not None and os.path.realpath(stored) == str(run):
+            return self._follow(linked, stored, run)
+        with self._lock:
+            # by its inode a job with the same mark, or none (inodes are reused: by its inode
+            # only, a new run in a reused inode would be an old job's) — of two with its mark
+            # (a copy), the one whose folder it is; else by its mark
+            by_inode = self.by_inode.get((st.st_dev, st.st_ino))
+            candidates = [by_inode if by_inode is not None and self.marks.get(by_inode) == mark
+                          else None, self.by_mark.get(mark) if mark is not None else None]
+            here = self.jobs.get(run)
+            # the job followed here is this run still (a copy's job whose original went
+            # stays itself); another job followed here before means two runs swapped names
+            # (that job is found at its new name by its own mark or inode)
+            same = here is not None and (self.marks.get(here) == mark if mark is not None
+                                         else self.inodes.get(here) == (st.st_dev, st.st_ino))
+        if same:
+            return None
+        for job in candidates:
+            old = self.monitor.directories.get(job) if job is not None else None
+            if job is None or job == here or old is None or old == run:
+                continue
             try:
                 was = os.stat(old)
             except OSError:
@@ -486,24 +500,36 @@ class DirectoryWatcher:
             # copy of the run, not a rename
             if was is not None and self.inodes.get(job, (was.st_dev, was.st_ino)) == \
                     (was.st_dev, was.st_ino):
-                return None
-            self.monitor.move_job(job, run)
-            with self._lock:
-                for path in [p for p, j in self.jobs.items() if j == job]:
-                    del self.jobs[path]
-                self.jobs[run] = job
-                for path in [p for p in self.submitted if p.parent == old]:
-                    del self.submitted[path]
-            return job
+                continue
+            return self._follow(job, old, run)
         return None
+
+    def _follow(self, job: str, old: Path, run: Path) -> str:
+        """The job follows its run from `old` to `run` (Monitor.move_job); its name."""
+        self.monitor.move_job(job, run)
+        with self._lock:
+            for path in [p for p, j in self.jobs.items() if j == job]:
+                del self.jobs[path]
+            self.jobs[run] = job
+            for path in [p for p in self.submitted if p.parent == old]:
+                del self.submitted[path]
+        return job
 
     def learn_gone_runs(self) -> None:
         """The run marks of watched jobs whose directories are gone (renamed while the
         monitor was down: known by the mark only, the inode was not seen), before the first
         scan finds them under their new names."""
+        followed = {str(d) for d in self.monitor.directories.values()}
         for job, directory in list(self.monitor.directories.items()):
-            if not any(directory.is_relative_to(r) for r in self.roots) or \
-                    os.path.isdir(directory):
+            if not any(directory.is_relative_to(r) for r in self.roots):
+                continue
+            if os.path.isdir(directory):
+                # a job stored by a version that followed links: its run by its real path
+                # (unless a job follows that path itself), not a second job over its files
+                real = os.path.realpath(directory)
+                if real != str(directory) and real not in followed:
+                    with self._lock:
+                        self.linked.setdefault(Path(real), job)
                 continue
             try:
                 row = self.monitor.store.job(job)
