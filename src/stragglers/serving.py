@@ -494,6 +494,12 @@ class ServiceGuard:
                 answered[0] = True
                 headers = list(message.get("headers") or ())
                 names = {k.lower() for k, _ in headers}
+                if self.gate_bodies and not scope.get(BODY_ADMITTED_KEY) and \
+                        b"connection" not in names and _has_body(scope):
+                    # answered from its head, its body unread: the connection ends (a client
+                    # told no 100 Continue may send the body or not; read as the next request's
+                    # head it would desynchronise the connection)
+                    headers.append((b"connection", b"close"))
                 headers += [(k, v) for k, v in SECURITY_HEADERS if k not in names]
                 message = {**message, "headers": headers}
                 ctype = dict((k.lower(), v) for k, v in headers).get(b"content-type", b"")
@@ -561,6 +567,14 @@ def _odd_framing(headers) -> tuple[int, str] | None:
             return 417, (f"request header 'Expect': {value[:60].decode('latin-1')!r} cannot be"
                          " met; expected '100-continue' or none")
     return None
+
+
+def _has_body(scope: dict) -> bool:
+    """Whether a request declares a body (a Content-Length above 0, or a transfer coding)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b" 0")):
+            return True
+    return False
 
 
 def _gated(scope: dict, receive, answered: list[bool]):

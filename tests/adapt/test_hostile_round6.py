@@ -172,3 +172,26 @@ def test_a_report_sent_again_is_still_counted_once():
             mon.record(0, step, bpt, batch)
     assert len(mon.workers[0].records) == 256 and mon.workers[0].records[-1].step == 899
     assert mon.workers[0].since_eval == len(report)
+
+
+def test_a_request_answered_from_its_head_ends_its_connection(svc):
+    # (fails before: a write refused from its head for another reason than its token — an
+    # unknown data set, 404 — kept the connection open with its announced body unread: a
+    # client told no 100 Continue that then sends no body had its next request read as
+    # that body, one that sends it had the body read as its next request's head)
+    raw = head_only(svc["port"], "/datasets/nope/join", f"Bearer {OWNER}", length=20)
+    head = raw.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 404") and b"connection: close" in head, raw
+    # (head_only read until the service closed the connection)
+
+
+@pytest.mark.parametrize("path", ["/datasets/nope/lease", "/no/such/route"])
+def test_a_write_to_nothing_is_answered_after_a_pause(svc, path):
+    # (fails before: with a new token on every connection (no token's turn to wait for) a
+    # loop of writes to an unknown data set or path was answered as fast as it asked)
+    import time
+    start = time.monotonic()
+    got = httpx.post(svc["url"] + path, json={"worker": "w", "fence": 1}, timeout=60,
+                     headers={"Authorization": "Bearer fresh-token-cccccccccccc"})
+    assert got.status_code == 404 and time.monotonic() - start >= 0.25, got.text
+    assert set(got.json()) == {"error", "kind", "field"}

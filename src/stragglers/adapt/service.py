@@ -622,11 +622,14 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                     # (sleeping costs nothing; three clients looping on refused bodies took
                     # the event loop from every job's leases, 3 ms -> 0.1-0.5 s each)
                     await asyncio.sleep(config.refusal_delay_s)
-                elif (response.status_code in (401, 403) or busy_restore) \
+                elif (response.status_code in (401, 403, 404) or busy_restore) \
                         and config.auth_failure_delay_s:
                     # A refused token is answered after a pause (sleeping costs nothing): a
                     # client retrying 64 MB uploads with a stranger's token in a loop waits
                     # instead of spinning the machine's CPUs (and guessing tokens is slower).
+                    # So is a write to a data set or job that does not exist: with a new token
+                    # on each connection (no token's turn to wait for) such a loop was
+                    # answered as fast as it asked.
                     await asyncio.sleep(config.auth_failure_delay_s)
                 if response.status_code in (401, 403, 408, 413) or busy_restore:
                     # The body may be unread (refused from the head): close rather than read
@@ -834,6 +837,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                                     place=controlling.hold(digest), token=digest)
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
+        if config.refusal_delay_s:
+            # (an unknown path or method: a client looping on it waits, see handler)
+            await asyncio.sleep(config.refusal_delay_s)
         headers = dict(exc.headers or {})
         body = {"error": f"{request.method} {request.url.path[:200]}: {exc.detail}",
                 "kind": {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code,
