@@ -95,6 +95,8 @@ def test_crowded_hosts_reads_the_layouts_cpus():
     assert host_cores.crowded_hosts(trace, ranks).tolist() == [0, 0, 0, 0]
     assert host_cores.crowded_hosts(_with_layout(trace, cpus="0-3"), ranks) is None
     assert host_cores.crowded_hosts(_with_layout(trace, cpus=None), ranks) is None
+    # a pipeline's grid holds a worker per (DP rank, stage): not modelled
+    assert host_cores.crowded_hosts(trace, np.array([[0, 2], [1, 3]])) is None
     gpu = copy.copy(trace)
     gpu.meta = copy.deepcopy(trace.meta)
     gpu.meta.extra["recorder"]["timer"] = "cuda-events"

@@ -9,11 +9,11 @@ wait at the combine, but with routing balanced every rank computes its experts a
 time. The fit: each piece's run delay per second of its CPU time (its own time, duration − run
 delay, where the CPU time is not recorded; a piece that sleeps on a device waits for a core only
 while it runs) = a + b × the mean number of the host's other ranks computing during it (their
-compute pieces, on the trace's clock), least squares over every compute piece that recorded a
-run delay, weighted by CPU time. A fix then
-gives its pieces the run delay its replay's overlap implies (`contended`). Nothing applies on
-hosts with a core per rank, nor where no piece recorded its run delay (GPUs, profiler and
-synthetic traces) or the run delay does not grow with the overlap (b ≤ 0).
+compute pieces, on the trace's clock): the run delays' least squares on CPU time and CPU time ×
+others, over every compute piece that recorded a run delay. A fix then gives its pieces the run
+delay its replay's overlap implies (`contended`). Nothing applies on hosts with a core per rank,
+nor where no piece recorded its run delay (GPUs, profiler and synthetic traces) or the run delay
+does not grow with the overlap (b ≤ 0), nor to pipelines (one stage only: a worker per DP rank).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Contention:
     """Run delay per second of CPU time = base + per_rank × others computing beside a piece."""
 
     host: np.ndarray       # [D] host group of each DP rank (-1: a host with a core per rank)
-    base: float            # run delay per s of own time with no other rank computing
+    base: float            # run delay per s of CPU time with no other rank computing
     per_rank: float        # added per other rank of the host computing at the same time
     pieces: int            # compute pieces the fit used
 
@@ -47,7 +47,10 @@ class Contention:
 def crowded_hosts(trace, ranks: np.ndarray) -> np.ndarray | None:
     """[D] host group of each DP rank whose host holds more ranks than CPUs (-1 elsewhere), or
     None where no host is crowded or the layout has no CPU affinities (a GPU recorder's, or
-    before `cpus`). `ranks`: [D, P] global rank of each worker."""
+    before `cpus`). `ranks`: [D, P] global rank of each worker; one stage only (P = 1: the
+    grid's D axis is then one process per DP rank, which the overlap counts)."""
+    if ranks.shape[1] != 1:
+        return None
     recorder = trace.meta.extra.get("recorder")
     if not isinstance(recorder, dict) or recorder.get("timer") == "cuda-events":
         return None
