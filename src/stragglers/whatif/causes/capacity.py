@@ -4,9 +4,11 @@ Production clusters mix device generations and shared hosts: half of a job's wor
 3× slower than the other half. The outlier test of `worker_fault` cannot see that (the slow
 half moves the median), so this detector splits the workers of a stage into a fast and a slow
 group at the widest gap between their per-step compute, and names every worker of the slow
-group with its speed relative to the fast ones. The fix is the one that such capacity allows,
-work re-split in proportion to speed (AntDT's DD policy, `stragglers advise`): its prediction
-gives every worker the time the stage's total speed needs for the whole work, an upper bound.
+group with its speed relative to the fast ones; a group over several pipeline stages (a slow
+node or rack holding workers of each) is one group, however few of its workers a stage holds
+(`_groups`). The fix is the one that such capacity allows, work re-split in proportion to speed
+(AntDT's DD policy, `stragglers advise`): its prediction gives every worker the time the stage's
+total speed needs for the whole work, an upper bound.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ MIN_GAP = 0.05
 
 
 def slow_group(ctx: Context) -> list[Candidate]:
-    """A group of two or more workers per stage whose compute stands apart from the rest."""
+    """A group of two or more workers, on one stage or over several, whose compute stands apart
+    from their stages' other workers alike."""
     w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
     if len(g.dp_ranks) < 3:
         return []  # two workers: one of them is a worker fault or nothing
@@ -31,11 +34,7 @@ def slow_group(ctx: Context) -> list[Candidate]:
     cost: np.ndarray | None = None      # a copy of the costs once a group is found
     named: list[tuple[int, int]] = []
     parts: list[str] = []
-    for p in range(g.pp_size):
-        split = _split(busy[:, p, :], cfg)
-        if split is None:
-            continue
-        slow, ratio = split
+    for p, (slow, ratio) in sorted(_groups(busy, cfg).items()):
         sel = busy_nodes & (g.node_stage == p)
         # Re-split in proportion to speed: every worker then needs what the stage's summed
         # speed needs for the whole work of the step, the harmonic mean of their times.
@@ -67,16 +66,55 @@ def group_members(ctx: Context, busy: np.ndarray) -> np.ndarray:
     out = np.zeros(busy.shape[:2], dtype=bool)
     if busy.shape[0] < 3:
         return out
-    for p in range(busy.shape[1]):
-        split = _split(busy[:, p, :], ctx.cfg)
-        if split is not None:
-            out[:, p] = split[0]
+    for p, (slow, _) in _groups(busy, ctx.cfg).items():
+        out[:, p] = slow
     return out
 
 
-def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
-    """(slow mask [D], time relative to the fast group's median [D]) of one stage's workers
-    ([D, T] busy seconds), or None when they do not fall into two separate groups."""
+def _groups(busy: np.ndarray, cfg) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """{stage: (slow mask [D], time relative to the stage's fast group [D])} of the slow group
+    of a job's busy compute ([D, P, T]), over its stages.
+
+    A slow node or rack slows its workers alike whatever stage they hold, and it may hold one
+    worker of a stage only: alone on its stage that worker is an outlier, a worker fault by
+    itself. So a stage's lone slow worker joins the group where it is slowed like the other
+    stages' group members (the levels' spread within half the smallest gap between a stage's
+    groups, the rule that keeps a stage's group tight), and lone slow workers of two stages or
+    more form one when alike; a lone slow worker unlike the rest stays a worker fault (in
+    hand-made ring-attention × PP jobs 18 of 69 groups over two stages were named slow_group on
+    one and worker_fault on the other).
+    """
+    found: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
+    for p in range(busy.shape[1]):
+        split = _split(busy[:, p, :], cfg)
+        if split is not None:
+            found[p] = split
+    groups = {p: f for p, f in found.items() if f[0].sum() >= 2}
+    lone = {p: f for p, f in found.items() if f[0].sum() == 1}
+
+    def alike(parts: list[tuple[np.ndarray, np.ndarray, float]]) -> bool:
+        levels = np.concatenate([np.log(ratio[slow]) for slow, ratio, _ in parts])
+        return float(np.ptp(levels)) <= min(gap for _, _, gap in parts) / 2
+
+    if groups:
+        lone = {p: f for p, f in lone.items() if alike([*groups.values(), f])}
+    else:
+        # the most lone workers alike (consecutive in speed), the slowest such set on a tie:
+        # the others stay worker faults
+        order = sorted(lone, key=lambda p: float(np.log(lone[p][1][lone[p][0]])[0]))
+        best: list[int] = []
+        for i in range(len(order)):
+            for j in range(i + 2, len(order) + 1):
+                if j - i >= len(best) and alike([lone[p] for p in order[i:j]]):
+                    best = order[i:j]
+        lone = {p: lone[p] for p in best}
+    return {p: (slow, ratio) for p, (slow, ratio, _) in {**groups, **lone}.items()}
+
+
+def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """(slow mask [D], time relative to the fast group's median [D], the log gap between the
+    groups) of one stage's workers ([D, T] busy seconds), or None when they do not fall into
+    two separate groups. The slow group may be one worker: `_groups` decides what it is."""
     # Each worker's typical speed: its median over steps of its time relative to the step's
     # median worker. A median, not a mean: a worker slow for a stretch of the run (PAI's
     # job_3, four workers a quarter slower in its last tenth) stays in the group it belongs
@@ -95,8 +133,8 @@ def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
     k = int(np.argmax(gaps))                      # the widest gap: fast = order[:k+1]
     slow = np.zeros(len(x), dtype=bool)
     slow[order[k + 1:]] = True
-    if slow.sum() < 2 or (~slow).sum() < 1:
-        return None                               # one slow worker is a worker fault
+    if (~slow).sum() < 1:
+        return None
     # Two groups apart where they meet; noise alone leaves per-worker means within a few
     # percent of each other, and the group test below asks for a persistent 15%.
     if gaps[k] < np.log1p(MIN_GAP):
@@ -109,7 +147,7 @@ def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
     ratio = mean / float(np.median(mean[~slow]))
     _, lo, _ = _group_interval(times, slow, cfg)
     if lo >= 1 + cfg.worker_min_excess:
-        return slow, ratio                        # persistently 15% slower: a group
+        return slow, ratio, float(gaps[k])        # persistently 15% slower: a group
     # Closer groups, from five workers on: the outlier test with the fast group as the norm
     # (the whole stage's median sits between the groups when half of it is slow): every slow
     # worker lies `outlier_z` robust deviations (the workers' spread about their own group's
@@ -128,7 +166,7 @@ def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
         level = np.log(np.median(half, axis=1))
         if not _stands_apart(level, slow, cfg):
             return None
-    return slow, ratio
+    return slow, ratio, float(gaps[k])
 
 
 def _stands_apart(x: np.ndarray, slow: np.ndarray, cfg) -> bool:

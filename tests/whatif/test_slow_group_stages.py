@@ -1,0 +1,95 @@
+"""A slow group spanning pipeline stages is one `slow_group` with all its ranks.
+
+A slow node or rack slows its workers alike whatever stage they hold; where it holds one
+worker of a stage, that worker alone is its stage's outlier. It was named `worker_fault` there
+and `slow_group` on the stage holding two or more (18 of 69 hand-made ring-attention × PP
+jobs), or `worker_fault` on both stages when each held one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stragglers.trace.load import load_trace
+from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
+from stragglers.whatif import analyze
+from stragglers.whatif.causes.capacity import _groups
+from stragglers.whatif.config import DiagnosisConfig
+
+
+def _named(tmp_path, job: GpuJob) -> set[tuple[str, int]]:
+    write_gpu_job(job, tmp_path)
+    return {(f.cause, int(w.rank)) for f in analyze(load_trace(tmp_path)).diagnosis
+            for w in f.where.workers or []}
+
+
+# (grid, its shape, the group's ranks): stage 0 holds ranks 0..per-1
+GRIDS = {
+    "dp 4 x pp 2, one member on stage 1": (dict(ranks=8), (0, 2, 5)),
+    "dp 3 x pp 3, one member on each of two stages": (dict(ranks=9, pp_size=3), (1, 7)),
+    "tp 2 x dp 2 x pp 2, one member on stage 0": (dict(ranks=8, tp_size=2), (1, 5, 6)),
+    "ring cp 2 x dp 2 x pp 2, one member on each stage": (
+        dict(ranks=8, cp_size=2, cp_comm="ring"), (3, 6)),
+    "ring cp 4 x pp 2, one member on stage 1": (dict(ranks=8, cp_size=4, cp_comm="ring"),
+                                                 (0, 3, 6)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid", sorted(GRIDS))
+def test_a_group_over_two_stages_is_one_slow_group(tmp_path, grid):
+    shape, group = GRIDS[grid]
+    shape = {"pp_size": 2, **shape}
+    job = GpuJob(steps=6, seed=7, microbatches=3, ranks_per_host=shape["ranks"],
+                 host_jitter_us=200.0, slow_group=(group, 2.0), **shape)
+    assert _named(tmp_path, job) == {("slow_group", r) for r in group}
+
+
+@pytest.mark.slow
+def test_a_slow_rank_unlike_the_group_stays_a_worker_fault(tmp_path):
+    # the group ×2.5 holds rank 0 of stage 0 and rank 5 of stage 1, rank 9 of stage 2 is
+    # ×1.4: three lone outliers of their stages, two of them alike
+    job = GpuJob(ranks=12, pp_size=3, microbatches=3, steps=6, seed=3, ranks_per_host=12,
+                 slow_group=((0, 5), 2.5), slow_rank=(9, 1.4))
+    assert _named(tmp_path, job) == {("slow_group", 0), ("slow_group", 5), ("worker_fault", 9)}
+
+
+def _busy(factors: dict[tuple[int, int], float], d: int = 4, p: int = 2, t: int = 8,
+          noise: float = 0.01, seed: int = 0) -> np.ndarray:
+    """[D, P, T] busy seconds: 1 s per step (×factor where given), lognormal noise."""
+    rng = np.random.default_rng(seed)
+    busy = np.exp(noise * rng.standard_normal((d, p, t)))
+    for (w, s), f in factors.items():
+        busy[w, s] *= f
+    return busy
+
+
+def test_lone_slow_workers_of_two_stages_slowed_alike_are_one_group():
+    found = _groups(_busy({(1, 0): 2.0, (3, 1): 2.05}), DiagnosisConfig())
+    assert {p: list(np.flatnonzero(slow)) for p, (slow, _) in found.items()} == {0: [1], 1: [3]}
+
+
+def test_lone_slow_workers_slowed_unlike_stay_faults_of_their_own():
+    # ×1.3 and ×2.5: each its stage's outlier (worker_fault's), no group
+    assert _groups(_busy({(1, 0): 1.3, (3, 1): 2.5}), DiagnosisConfig()) == {}
+
+
+def test_of_three_lone_slow_workers_the_two_alike_are_the_group():
+    found = _groups(_busy({(0, 0): 2.5, (2, 1): 2.45, (1, 2): 1.4}, p=3), DiagnosisConfig())
+    assert {p: list(np.flatnonzero(slow)) for p, (slow, _) in found.items()} == {0: [0], 1: [2]}
+
+
+def test_a_lone_slow_worker_unlike_the_other_stages_group_is_left_out():
+    found = _groups(_busy({(0, 0): 2.5, (1, 0): 2.5, (3, 1): 1.3}), DiagnosisConfig())
+    assert {p: list(np.flatnonzero(slow)) for p, (slow, _) in found.items()} == {0: [0, 1]}
+
+
+def test_one_slow_worker_in_the_whole_job_is_no_group():
+    assert _groups(_busy({(2, 1): 2.0}), DiagnosisConfig()) == {}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_noise_alone_makes_no_group_over_stages(seed):
+    # three stages of five workers, 5% noise over 6 steps: lone "outliers" of chance
+    assert _groups(_busy({}, d=5, p=3, t=6, noise=0.05, seed=seed), DiagnosisConfig()) == {}
