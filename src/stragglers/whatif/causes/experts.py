@@ -344,7 +344,7 @@ def _host_text(load: ExpertLoad) -> str:
     return text + (f"); its ranks outnumber their host's CPUs: balanced, each expert piece waits "
                    f"for a core as the ranks computing beside it in the replay imply "
                    f"({fit.base:.2f} + {fit.per_rank:.2f} per other rank computing, s per s of "
-                   f"its own time, fitted over {fit.pieces} compute pieces of the run)")
+                   f"its CPU time, fitted over {fit.pieces} compute pieces of the run)")
 
 
 def _transfer_text(load: ExpertLoad, bar: float) -> str:
