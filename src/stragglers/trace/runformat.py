@@ -256,34 +256,39 @@ def read_run(directory: Path | str) -> Trace:
 
 
 def crowded_hosts(meta: JobMeta) -> list[Note]:
-    """A note per host whose ranks outnumber the CPUs they may use together, for a job timed
-    on the CPU (the recorder's layout: each rank's host and its CPU affinity, "0-3,8").
+    """A note per host whose ranks outnumber the CPUs they may use together (`crowded`).
 
     There the ranks compute in turns: a rank that waits gives its core to another, so a fix
     that evens out their work (balanced routing or sequences) gains less than the what-if says,
     which gives every rank its own speed as a device or core of its own would.
     """
+    return [Note("layout", f"host {host[:64]}: {len(ranks)} ranks share {n} CPU"
+                 f"{'s' if n > 1 else ''}: they compute in turns, so evening out their work "
+                 "(balanced routing or sequences) gains less than predicted, which gives each "
+                 "rank a core or device of its own")
+            for host, (ranks, n) in crowded(meta).items()]
+
+
+def crowded(meta: JobMeta) -> dict[str, tuple[list[int], int]]:
+    """host → (its ranks, the CPUs they may use together) for each host whose ranks outnumber
+    those CPUs, in a job timed on the CPU (the recorder's layout: each rank's host and its CPU
+    affinity, "0-3,8"); {} where the layout lacks them (a recorder before `cpus`, a GPU
+    recorder's, a layout written by hand)."""
     recorder = meta.extra.get("recorder")
     if not isinstance(recorder, dict) or recorder.get("timer") == "cuda-events":
-        return []
-    ranks: dict[str, int] = {}
+        return {}
+    ranks: dict[str, list[int]] = {}
     cpus: dict[str, set[int]] = {}
     for entry in meta.extra.get("layout") or []:
-        host = entry.get("host") if isinstance(entry, dict) else None
-        ids = _cpu_list(entry.get("cpus")) if isinstance(entry, dict) else None
-        if not isinstance(host, str) or ids is None:
-            return []   # a recorder before `cpus`, or a layout written by hand
-        ranks[host] = ranks.get(host, 0) + 1
+        if not isinstance(entry, dict):
+            return {}
+        host, ids, rank = entry.get("host"), _cpu_list(entry.get("cpus")), entry.get("rank")
+        if not isinstance(host, str) or ids is None or type(rank) is not int:
+            return {}
+        ranks.setdefault(host, []).append(rank)
         cpus.setdefault(host, set()).update(ids)
-    notes = []
-    for host, count in sorted(ranks.items()):
-        n = len(cpus[host])
-        if count > n:
-            notes.append(Note("layout", f"host {host[:64]}: {count} ranks share {n} CPU"
-                              f"{'s' if n > 1 else ''}: they compute in turns, so evening "
-                              "out their work (balanced routing or sequences) gains less than "
-                              "predicted, which gives each rank a core or device of its own"))
-    return notes
+    return {host: (r, len(cpus[host])) for host, r in sorted(ranks.items())
+            if len(r) > len(cpus[host])}
 
 
 def _cpu_list(text: object, most: int = 1 << 16) -> set[int] | None:

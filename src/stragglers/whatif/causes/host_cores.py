@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stragglers.trace.model import OPTYPE_CODES as C
-from stragglers.trace.runformat import _cpu_list
+from stragglers.trace.runformat import crowded
 from stragglers.whatif._replay import replay
 from stragglers.whatif.grid import BWD, BWW, FWD
 
@@ -51,29 +51,16 @@ def crowded_hosts(trace, ranks: np.ndarray) -> np.ndarray | None:
     grid's D axis is then one process per DP rank, which the overlap counts)."""
     if ranks.shape[1] != 1:
         return None
-    recorder = trace.meta.extra.get("recorder")
-    if not isinstance(recorder, dict) or recorder.get("timer") == "cuda-events":
+    hosts = crowded(trace.meta)
+    if not hosts:
         return None
-    host_of: dict[int, str] = {}
-    count: dict[str, int] = {}
-    cpus: dict[str, set[int]] = {}
-    for entry in trace.meta.extra.get("layout") or []:
-        if not isinstance(entry, dict):
-            return None
-        host, ids, rank = entry.get("host"), _cpu_list(entry.get("cpus")), entry.get("rank")
-        if not isinstance(host, str) or ids is None or not isinstance(rank, int):
-            return None
-        host_of[rank] = host
-        count[host] = count.get(host, 0) + 1
-        cpus.setdefault(host, set()).update(ids)
-    crowded = sorted(h for h in count if count[h] > len(cpus[h]))
-    if not crowded:
-        return None
+    crowded_ = list(hosts)
+    host_of = {rank: host for host, (members, _) in hosts.items() for rank in members}
     out = np.full(len(ranks), -1)
     for d, row in enumerate(ranks):
         host = host_of.get(int(row[0]))
-        if host in crowded:
-            out[d] = crowded.index(host)
+        if host is not None:
+            out[d] = crowded_.index(host)
     return out if (out >= 0).any() else None
 
 
@@ -125,16 +112,37 @@ def overlap(start: np.ndarray, dur: np.ndarray, all_start: np.ndarray, all_dur: 
         ranks = np.flatnonzero(host == h)
         for t in range(start.shape[2]):
             a, b = start[:, ranks, t], end[:, ranks, t]                     # [K, R]
-            s, e = all_start[:, ranks, t], all_end[:, ranks, t]             # [M, R]
-            # [K, R, M, R]: time each piece shares with each piece of the host's ranks
-            ov = (np.minimum(b[:, :, None, None], e[None, None])
-                  - np.maximum(a[:, :, None, None], s[None, None]))
-            ov = np.nan_to_num(np.clip(ov, 0, None)).sum(axis=2)            # [K, R, R]
-            ov[:, np.arange(len(ranks)), np.arange(len(ranks))] = 0         # not its own rank
+            shared = np.zeros(a.shape)
+            # each other rank's busy time between a piece's start and end, read off that
+            # rank's cumulative busy time (memory [K, R], not every pair of pieces: a CPU job
+            # of 64 ranks per host and 500 pieces would need 8 GB for the pairs)
+            for j, q in enumerate(ranks):
+                busy = _busy_until(all_start[:, q, t], all_end[:, q, t])
+                if busy is None:
+                    continue
+                got = np.interp(b, *busy) - np.interp(a, *busy)
+                got[:, j] = 0                                               # not its own rank
+                shared += np.nan_to_num(got)
             length = b - a
             with np.errstate(invalid="ignore", divide="ignore"):
-                out[:, ranks, t] = np.where(length > 0, ov.sum(axis=2) / length, 0.0)
+                out[:, ranks, t] = np.where(length > 0, shared / length, 0.0)
     return out
+
+
+def _busy_until(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(x, busy): a rank's time computing before x, at the corners of its pieces [start, end)
+    (None: no piece with a time), for np.interp; pieces that overlap count once."""
+    ok = np.isfinite(start) & np.isfinite(end) & (end > start)
+    if not ok.any():
+        return None
+    order = np.argsort(start[ok], kind="stable")
+    s, e = start[ok][order], np.maximum.accumulate(end[ok][order])
+    first = np.flatnonzero(np.r_[True, s[1:] > e[:-1]])                    # merged pieces
+    s, e = s[first], np.maximum.reduceat(e, first)
+    done = np.cumsum(e - s)
+    x = np.column_stack([s, e]).ravel()
+    busy = np.column_stack([done - (e - s), done]).ravel()
+    return x, busy
 
 
 def contended(w, fit_: Contention, cost: np.ndarray, nodes: list[int], own: np.ndarray,
