@@ -195,3 +195,29 @@ def test_a_write_to_nothing_is_answered_after_a_pause(svc, path):
                      headers={"Authorization": "Bearer fresh-token-cccccccccccc"})
     assert got.status_code == 404 and time.monotonic() - start >= 0.25, got.text
     assert set(got.json()) == {"error", "kind", "field"}
+
+
+def test_leases_never_acked_cannot_write_epochs_without_end(tmp_path):
+    # (fails before: a worker leasing in a loop without acking had a new epoch written each
+    # time the open ones were all held — 300 leases of 256 one-shard epochs wrote 1,200
+    # epochs and 10 MB; without an end only MAX_EPOCHS (2**20) epochs of up to 65,536 rows
+    # each bounded it. Now an epoch is written only while the one `epochs_ahead` before it
+    # has nothing held (`max_rows_ahead` rows): a new one past that answers "wait", as when peers hold the last shards)
+    import sqlite3
+
+    from stragglers.adapt.shards import ShardStore
+    store = ShardStore(tmp_path / "s.db", max_rows_ahead=64)
+    try:
+        store.create_dataset(DatasetConfig("d", 16, 1, num_epochs=None, lease_s=3600))
+        fence = store.join("d", "w").fence
+        statuses = [store.lease("d", "w", fence, count=16).status for _ in range(20)]
+        # (64 rows ahead of 16-shard epochs: 4 epochs held at most)
+        assert statuses[:4] == ["ok"] * 4 and set(statuses[4:]) == {"wait"}, statuses
+        with sqlite3.connect(tmp_path / "s.db") as c:
+            assert c.execute("SELECT MAX(epoch) FROM shards").fetchone()[0] == 3
+        # once the oldest epoch's shards are acked the next one is written
+        for shard in range(16):
+            store.ack("d", "w", fence, 0, shard, 1)
+        assert store.lease("d", "w", fence, count=16).leases[0].epoch == 4
+    finally:
+        store.close()

@@ -107,6 +107,10 @@ class ServiceConfig(Config):
                                            " up to 256 remembered lease replies; a join of a"
                                            " new name past it: 429)", minimum=1,
                                            maximum=1 << 20)
+    max_rows_ahead: int = setting(1 << 18, "shard rows a data set's epochs may be written"
+                                  " ahead of its oldest epoch still held (a new epoch past it:"
+                                  " \"wait\"; at least 2 epochs): leases never acked cannot"
+                                  " write epochs without end", minimum=1024, maximum=1 << 30)
     new_tokens_per_minute: float = setting(30.0, "tokens that may create their first data set"
                                            " or controller per minute, in all (past it: 429"
                                            " with Retry-After)", minimum=0.1, maximum=1e6)
@@ -1040,7 +1044,8 @@ def open_store(db: str | Path, config: ServiceConfig) -> ShardStore:
                       max_datasets=config.max_datasets,
                       max_datasets_per_token=config.max_datasets_per_token,
                       max_datasets_per_client=config.max_datasets_per_client,
-                      max_workers_per_dataset=config.max_workers_per_dataset)
+                      max_workers_per_dataset=config.max_workers_per_dataset,
+                      max_rows_ahead=config.max_rows_ahead)
 
 
 class EmbeddedServer:

@@ -56,9 +56,11 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                  clock: Callable[[], float] = time.time,
                  busy_timeout_s: float = 10.0, max_datasets: int = 4096,
                  max_datasets_per_token: int = 64, max_datasets_per_client: int = 1024,
-                 max_workers_per_dataset: int = 1024):
+                 max_workers_per_dataset: int = 1024, max_rows_ahead: int = 1 << 18):
         self.db = str(db)
         self.max_workers_per_dataset = max_workers_per_dataset
+        # shard rows an epoch may be written ahead of the oldest one still held (see _take)
+        self.max_rows_ahead = max_rows_ahead
         self.busy_timeout_s = busy_timeout_s
         self.max_datasets, self.max_datasets_per_token = max_datasets, max_datasets_per_token
         self.max_datasets_per_client = max_datasets_per_client
@@ -384,6 +386,16 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 # (a data set without an end still ends at MAX_EPOCHS: one epoch more is a
                 # state its own read checks and a restore of its snapshot refuse)
                 if epochs_created >= (cfg.num_epochs or MAX_EPOCHS):
+                    break
+                # A new epoch only while the one `ahead` epochs before it has nothing held or
+                # queued: a worker leasing in a loop and never acking had a new epoch written
+                # whenever the open ones were all held (2**20 epochs of up to 65,536 rows
+                # without an end). Past it: "wait", as when peers hold the last shards.
+                ahead = max(2, -(-self.max_rows_ahead // cfg.num_shards))
+                old = epochs_created - ahead
+                if old >= 0 and c.execute(
+                        "SELECT 1 FROM shards WHERE dataset=? AND epoch=? AND state IN"
+                        " ('TODO', 'DOING') LIMIT 1", (self._key(cfg.name), old)).fetchone():
                     break
                 self._create_epoch(c, cfg, epochs_created)
                 epochs_created += 1

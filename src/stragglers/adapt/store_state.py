@@ -32,6 +32,7 @@ class StoreState:
     max_datasets_per_token: int
     max_datasets_per_client: int
     max_workers_per_dataset: int
+    max_rows_ahead: int
     permutations: Permutations
     defer_indices: bool
     _clock: Callable[[], float]
