@@ -15,7 +15,8 @@ Counted apart: slow-group jobs whose ranks were named under two causes (`split`)
 with a slow rank beside the group (the group named whole with nothing healthy, and the rank
 named `worker_fault`: re-splitting its stage's work fixes it too, so it need not be).
 
-    .venv/bin/python benchmarks/diagnosis_slow_group_stages.py [--jobs 120] [--seed 1] [--name /tmp/x]
+    .venv/bin/python benchmarks/diagnosis_slow_group_stages.py [--jobs 120] [--seed 1]
+        [--factors 1.5,3.0] [--name /tmp/x]
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def spanning_group(rng: np.random.Generator, ranks: int, pp: int) -> tuple[int, 
             return tuple(group)
 
 
-def draw(rng: np.random.Generator, seed: int) -> tuple[str, GpuJob]:
+def draw(rng: np.random.Generator, seed: int,
+         factors: tuple[float, float] = (1.5, 3.0)) -> tuple[str, GpuJob]:
     """One job: a grid with two or three stages and one injection (or none)."""
     grid, tp, cp, pers = GRIDS[int(rng.integers(len(GRIDS)))]
     per = int(rng.choice(pers))
@@ -64,7 +66,7 @@ def draw(rng: np.random.Generator, seed: int) -> tuple[str, GpuJob]:
                  host_jitter_us=float(rng.uniform(0, 400)))
     kind = KINDS[int(rng.choice(4, p=(0.45, 0.15, 0.2, 0.2)))]
     if kind.startswith("slow_group"):
-        shape["slow_group"] = (spanning_group(rng, ranks, pp), float(rng.uniform(1.5, 3.0)))
+        shape["slow_group"] = (spanning_group(rng, ranks, pp), float(rng.uniform(*factors)))
     if kind == "worker_fault":
         shape["slow_rank"] = (int(rng.integers(ranks)), float(rng.uniform(1.2, 2.5)))
     elif kind == "slow_group+worker_fault":
@@ -83,10 +85,14 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=120)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--show", type=int, default=15, help="misses to print")
+    ap.add_argument("--factors", default="1.5,3.0", help="the slow group's factor is drawn "
+                    "between these two")
     ap.add_argument("--name", default=None, help="write the result as this name (a path: "
                     "there, e.g. /tmp/x) instead of results/diagnosis_slow_group_stages*.json")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
+    lo, hi = (float(f) for f in args.factors.split(","))
+    factors = (lo, hi)
     exact, total, slack = collections.Counter(), collections.Counter(), collections.Counter()
     by_grid, grid_total = collections.Counter(), collections.Counter()
     healthy = split = 0
@@ -95,7 +101,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="sg-stages-"))
     try:
         for i in range(args.jobs):
-            grid, job = draw(rng, args.seed * 100_000 + i)
+            grid, job = draw(rng, args.seed * 100_000 + i, factors)
             kind = "+".join(sorted(c["cause"] for c in job.truth["causes"]))
             folder = root / f"job{i}"
             write_gpu_job(job, folder)
@@ -151,8 +157,10 @@ def main() -> None:
     command = ".venv/bin/python benchmarks/diagnosis_slow_group_stages.py"
     if (args.jobs, args.seed) != (120, 1):
         command += f" --jobs {args.jobs} --seed {args.seed}"
+    if factors != (1.5, 3.0):
+        command += f" --factors {args.factors}"
     write(Run(benchmark=f"Slow groups spanning pipeline stages (synthetic GPU jobs), seed "
-                        f"{args.seed}", issue="30", command=command,
+                        f"{args.seed}, groups ×{lo:g}-{hi:g}", issue="30", command=command,
               figures=[Figure(name=f"exact diagnoses, {args.jobs} jobs (seed {args.seed})",
                               value=f"{right} of {n} graded", note=f"{sum(slack.values())} "
                               "slack injections (impact < ×1.03) not graded"),
