@@ -325,3 +325,34 @@ def test_a_job_stored_under_a_link_by_an_earlier_version_follows_its_real_direct
         assert monitor.store.totals()["by_way"]["files"].parts == len(parts)
     finally:
         _stop(monitor)
+
+
+@pytest.mark.slow
+def test_a_name_that_is_not_utf8_under_a_root_leaves_the_rescans_and_the_watch_comes_back(
+        tmp_path):
+    # watchfiles fails on every call while one name under a watched folder is not UTF-8: the
+    # watch thread died once for good ("rescans continue"), and as a child it was started
+    # again and again; now the rescans follow the runs, the watch is retried with backoff
+    # (in the child only: in this process its build held the interpreter lock) and comes back
+    from conftest import eventually
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    bad = os.fsencode(runs) + b"/junk-\xff"
+    os.mkdir(bad)
+    trace = slow_job(steps=10)
+    monitor = _monitor(tmp_path)
+    watcher = DirectoryWatcher(monitor, [runs], rescan_s=0.5).start()
+    try:
+        assert monitor.wait_idle(120)
+        start_run(runs / "job-a", trace)
+        write_parts(runs / "job-a", parts_of(trace, 5))
+        eventually(lambda: "job-a" in monitor.directories, what="job-a followed by rescans")
+        assert not watcher.watching and all(t.is_alive() for t in watcher._threads)
+        os.rmdir(bad)
+        eventually(lambda: watcher.watching, what="the watch back")
+        assert monitor.wait_idle(120)
+        assert monitor.store.totals()["by_way"]["files"].parts == len(parts_of(trace, 5))
+    finally:
+        watcher.stop()
+        _stop(monitor)

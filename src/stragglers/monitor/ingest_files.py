@@ -27,6 +27,7 @@ from stragglers.monitor.jobmeta import read_meta_file, run_start
 from stragglers.monitor.part_files import OUTSIDE
 from stragglers.monitor.parts import MAX_PART, is_job_name, parse_part_name
 from stragglers.monitor.service import JobFull, Monitor, PartIn
+from stragglers.monitor.watch_child import UNWATCHABLE
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import META_FILE
 
@@ -79,6 +80,7 @@ class DirectoryWatcher:
         self._stop = threading.Event()
         self._child: subprocess.Popen | None = None   # the watch_child process
         self._ready = threading.Event()   # the watch is built (its first batch came)
+        self.watching = False   # a child's watch is up (it sent a batch) and runs
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
@@ -252,18 +254,28 @@ class DirectoryWatcher:
         folders), started again when it ends (killed, say: until then the rescans find what
         changed); in this process where none can be started, or one ends before its first
         batch."""
-        wait = 1.0
+        wait, said = 1.0, False
         while not self._stop.is_set():
             lines, status = self._follow_child(catch_up=wait > 1.0)
             if self._stop.is_set():
                 return
-            if not lines and (status is None or status > 0):
+            if status == UNWATCHABLE:
+                # (a name not in UTF-8 under a root: watchfiles fails for as long as it is
+                # there, in this process too; the rescans follow the runs meanwhile)
+                if not said:
+                    log.warning("%s cannot be watched (a file or folder name that is not "
+                                "UTF-8?); rescans every %.0f s follow the runs, the watch is "
+                                "tried again now and then", ", ".join(map(str, self.roots)),
+                                self.rescan_s)
+                said = True
+            elif not lines and (status is None or status > 0):
                 # (it could not run here: no interpreter to start, the package not found)
                 log.warning("the file watcher's process did not start (status %s); watching "
                             "in this one", status)
                 return self._watch_here()
-            log.warning("the file watcher's process of %s ended; started again in %.0f s "
-                        "(rescans meanwhile)", ", ".join(map(str, self.roots)), wait)
+            else:
+                log.warning("the file watcher's process of %s ended; started again in %.0f s "
+                            "(rescans meanwhile)", ", ".join(map(str, self.roots)), wait)
             if self._stop.wait(wait):
                 return
             wait = min(2 * wait, 60.0)   # (and the next child's watch catches up: a scan)
@@ -294,6 +306,7 @@ class DirectoryWatcher:
             for line in child.stdout:
                 lines += 1
                 self._ready.set()   # (its first batch: the watch is built)
+                self.watching = True
                 if catch_up and lines == 1:
                     try:
                         self.scan()
@@ -309,7 +322,10 @@ class DirectoryWatcher:
                 self._batch(previous, events)
                 previous = float(at)
         finally:
+            self.watching = False
             self._end_child()
+            if child.returncode == UNWATCHABLE:
+                self._ready.set()   # (the first scan waits no longer)
         return lines, child.returncode
 
     def _end_child(self) -> None:
@@ -494,7 +510,7 @@ class DirectoryWatcher:
                 continue
             try:
                 was = os.stat(old)
-            except OSError:
+            except (OSError, ValueError):   # (a damaged row's path: a NUL in it)
                 was = None
             # the old directory still there as it was (or at all, its inode not seen): a
             # copy of the run, not a rename

@@ -11,6 +11,7 @@ ends when its stdin closes (the monitor stopped, or died: `kill -9` included).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -18,25 +19,39 @@ import time
 import watchfiles
 
 
+UNWATCHABLE = 3   # exit status: watchfiles cannot watch these roots (a name not in UTF-8)
+
+
 def main(roots: list[str]) -> None:
     """Write the roots' event batches to stdout until stdin closes."""
+    from watchfiles._rust_notify import WatchfilesRustInternalError
+
     stop = threading.Event()
 
     def parent_gone() -> None:
-        sys.stdin.buffer.read()   # (returns at EOF: the parent closed it, or is gone)
+        try:
+            while os.read(0, 65536):   # (unbuffered: a buffered read held a lock that
+                pass                   # the interpreter's shutdown then aborted on)
+        except OSError:
+            pass
         stop.set()
 
     threading.Thread(target=parent_gone, daemon=True).start()
-    out = sys.stdout.buffer
+    status = 0
     try:
         for changes in watchfiles.watch(*roots, stop_event=stop, debounce=50, step=20,
                                         yield_on_timeout=True, rust_timeout=1000,
                                         raise_interrupt=False):
             batch = [[int(change), name] for change, name in changes]
-            out.write(json.dumps([time.time(), batch]).encode() + b"\n")
-            out.flush()
+            os.write(1, json.dumps([time.time(), batch]).encode() + b"\n")
     except BrokenPipeError:
         pass
+    except WatchfilesRustInternalError as exc:
+        # (one folder or file whose name is not UTF-8 anywhere under a root makes every
+        # watch of it fail, at once and for as long as it is there)
+        os.write(2, f"stragglers monitor: cannot watch {', '.join(roots)}: {exc}\n".encode())
+        status = UNWATCHABLE
+    os._exit(status)   # (no interpreter shutdown beside the daemon thread)
 
 
 if __name__ == "__main__":
