@@ -356,3 +356,27 @@ def test_a_name_that_is_not_utf8_under_a_root_leaves_the_rescans_and_the_watch_c
     finally:
         watcher.stop()
         _stop(monitor)
+
+
+@pytest.mark.slow
+def test_a_watched_folder_removed_and_made_again_is_watched_again(tmp_path):
+    # the watch of a removed root went with it, silently: runs written in the folder made
+    # again under its name were seen only at the next rescan (here an hour)
+    from conftest import eventually
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    trace = slow_job(steps=10)
+    monitor = _monitor(tmp_path)
+    watcher = DirectoryWatcher(monitor, [runs], rescan_s=3600).start()
+    try:
+        eventually(lambda: watcher.watching, what="the watch up")
+        shutil.rmtree(runs)
+        eventually(lambda: not watcher.watching, what="the removal seen")
+        runs.mkdir()
+        eventually(lambda: watcher.watching, what="the watch back")
+        start_run(runs / "job-a", trace)
+        eventually(lambda: "job-a" in monitor.directories, what="job-a seen")
+    finally:
+        watcher.stop()
+        _stop(monitor)

@@ -254,19 +254,23 @@ class DirectoryWatcher:
         folders), started again when it ends (killed, say: until then the rescans find what
         changed); in this process where none can be started, or one ends before its first
         batch."""
-        wait, said = 1.0, False
+        wait, said, first = 1.0, False, True
         while not self._stop.is_set():
-            lines, status = self._follow_child(catch_up=wait > 1.0)
+            # (each later child's watch catches up once built: a scan)
+            lines, status = self._follow_child(catch_up=not first)
+            first = False
+            if lines:
+                wait = 1.0   # (it ran: the backoff is for children that never do)
             if self._stop.is_set():
                 return
             if status == UNWATCHABLE:
                 # (a name not in UTF-8 under a root: watchfiles fails for as long as it is
                 # there, in this process too; the rescans follow the runs meanwhile)
                 if not said:
-                    log.warning("%s cannot be watched (a file or folder name that is not "
-                                "UTF-8?); rescans every %.0f s follow the runs, the watch is "
-                                "tried again now and then", ", ".join(map(str, self.roots)),
-                                self.rescan_s)
+                    log.warning("%s cannot be watched (a root gone, or a file or folder name "
+                                "that is not UTF-8?); rescans every %.0f s follow the runs, "
+                                "the watch is tried again now and then",
+                                ", ".join(map(str, self.roots)), self.rescan_s)
                 said = True
             elif not lines and (status is None or status > 0):
                 # (it could not run here: no interpreter to start, the package not found)
@@ -278,7 +282,7 @@ class DirectoryWatcher:
                             "(rescans meanwhile)", ", ".join(map(str, self.roots)), wait)
             if self._stop.wait(wait):
                 return
-            wait = min(2 * wait, 60.0)   # (and the next child's watch catches up: a scan)
+            wait = min(2 * wait, 60.0)
 
     def _follow_child(self, catch_up: bool = False) -> tuple[int, int | None]:
         """Hand over the batches of one child process until it ends; how many it sent, and

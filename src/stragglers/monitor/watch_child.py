@@ -19,7 +19,8 @@ import time
 import watchfiles
 
 
-UNWATCHABLE = 3   # exit status: watchfiles cannot watch these roots (a name not in UTF-8)
+UNWATCHABLE = 3   # exit status: watchfiles cannot watch these roots now (a name not in
+#                   UTF-8 under one, a root gone)
 
 
 def main(roots: list[str]) -> None:
@@ -44,11 +45,18 @@ def main(roots: list[str]) -> None:
                                         raise_interrupt=False):
             batch = [[int(change), name] for change, name in changes]
             os.write(1, json.dumps([time.time(), batch]).encode() + b"\n")
+            if any(change == watchfiles.Change.deleted and name in roots
+                   for change, name in changes):
+                # a root removed: its watch is gone with it, and one made again under its
+                # name is not watched (runs written there were seen a rescan later)
+                os.write(2, b"stragglers monitor: a watched folder was removed\n")
+                status = UNWATCHABLE
+                break
     except BrokenPipeError:
         pass
-    except WatchfilesRustInternalError as exc:
+    except (WatchfilesRustInternalError, OSError) as exc:
         # (one folder or file whose name is not UTF-8 anywhere under a root makes every
-        # watch of it fail, at once and for as long as it is there)
+        # watch of it fail, at once and for as long as it is there; so does a root gone)
         os.write(2, f"stragglers monitor: cannot watch {', '.join(roots)}: {exc}\n".encode())
         status = UNWATCHABLE
     os._exit(status)   # (no interpreter shutdown beside the daemon thread)
