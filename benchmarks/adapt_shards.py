@@ -174,30 +174,38 @@ def http_rate(db: Path, config: ServiceConfig, path: str, seconds: float, client
     stop, port_q, out = ctx.Event(), ctx.Queue(), ctx.Queue()
     server = ctx.Process(target=_serve, args=(str(db), config, path == "bare", port_q, stop))
     server.start()
-    url = port_q.get(timeout=300)
-    if path == "lease":
-        setup = ShardClient(url, "bench", "setup", token=TOKEN)
-        setup.create_dataset(DatasetConfig("bench", SHARD * SHARDS, SHARD, num_epochs=None))
-        setup.lease()  # computes and caches the epoch's permutation
-    start_at = time.time() + 3.0
-    if clients:
-        procs = [ctx.Process(target=_client_proc, args=(url, f"w{i}", path, count, seconds,
-                                                         start_at, out)) for i in range(clients)]
-    else:
-        procs = [ctx.Process(target=_loadgen_proc, args=(url, path, count, connections,
-                                                          seconds, start_at, out))]
-    for p in procs:
-        p.start()
-    time.sleep(max(0.0, start_at - time.time()))
-    cpu0 = _cpu_s(server.pid)
-    results = [out.get(timeout=seconds + 300) for _ in procs]
-    cpu1 = _cpu_s(server.pid)
-    for p in procs:
-        p.join()
-    stop.set()
-    server.join(timeout=30)
-    if server.is_alive():
-        server.kill()
+    procs: list = []
+    try:
+        url = port_q.get(timeout=300)
+        if path == "lease":
+            setup = ShardClient(url, "bench", "setup", token=TOKEN)
+            setup.create_dataset(DatasetConfig("bench", SHARD * SHARDS, SHARD, num_epochs=None))
+            setup.lease()  # computes and caches the epoch's permutation
+        start_at = time.time() + 3.0
+        if clients:
+            procs = [ctx.Process(target=_client_proc, args=(url, f"w{i}", path, count, seconds,
+                                                             start_at, out)) for i in range(clients)]
+        else:
+            procs = [ctx.Process(target=_loadgen_proc, args=(url, path, count, connections,
+                                                              seconds, start_at, out))]
+        for p in procs:
+            p.start()
+        time.sleep(max(0.0, start_at - time.time()))
+        cpu0 = _cpu_s(server.pid)
+        results = [out.get(timeout=seconds + 300) for _ in procs]
+        cpu1 = _cpu_s(server.pid)
+        for p in procs:
+            p.join()
+    finally:
+        # a client that failed leaves its result out: stop the server and the other
+        # clients rather than wait for them at exit
+        stop.set()
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        server.join(timeout=30)
+        if server.is_alive():
+            server.kill()
     items = sum(n for n, _, _ in results)
     wall = max(t for _, t, _ in results)
     requests = items / count
