@@ -24,6 +24,7 @@ from stragglers.monitor.records import WindowRow, plain
 from stragglers.monitor.store_base import job_shape
 from stragglers.monitor.service import Monitor
 from stragglers.serving import canonical_decimal, error_status
+from stragglers.serving_guard import admit_body
 
 log = logging.getLogger(__name__)
 REFUSAL_PAUSE_S = 0.25   # before a refused upload's answer (see _problem)
@@ -316,7 +317,20 @@ class UploadFastPath:
         self.app, self.upload, self.state = app, upload, app.state
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "PUT":
+        if scope["type"] == "http" and scope["method"] != "PUT":
+            # only the two PUTs read a body (from read_body, once their head passed): a read
+            # declaring one is refused from its head, and any other request is let through
+            # (the event stream and the dashboard's files listen for the client's hang-up by
+            # reading: uvicorn said 100 Continue to anyone and read what was sent)
+            if not declares_body(scope):
+                admit_body(scope)
+            elif scope["method"] in ("GET", "HEAD"):
+                await JSONResponse({"error": f"request body: {scope['method']} "
+                                    f"{scope['path'][:200]!r} takes none; expected no "
+                                    "Content-Length or Transfer-Encoding"},
+                                   status_code=400)(scope, receive, send)
+                return
+        elif scope["type"] == "http":
             p = scope["path"].split("/")   # '', api, jobs, JOB, ranks, R, parts, N
             if (len(p) == 8 and p[1] == "api" and p[2] == "jobs" and p[4] == "ranks"
                     and p[6] == "parts" and is_job_name(p[3])
@@ -327,6 +341,14 @@ class UploadFastPath:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def declares_body(scope) -> bool:
+    """Whether a request declares a body (a Content-Length above 0, or a transfer coding)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b" 0")):
+            return True
+    return False
 
 
 def _cursor(fingerprint: str | None) -> str | None:

@@ -38,7 +38,7 @@ from stragglers.monitor.leases import ForeignJob
 from stragglers.monitor.service import JobFull, Monitor, PartIn, RunBusy
 from stragglers.monitor.windows import JobTracker
 from stragglers.serving import BodyRefused, canonical_decimal, declared_length
-from stragglers.serving_guard import FRAMING_KEY
+from stragglers.serving_guard import FRAMING_KEY, admit_body
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, MintRate, RateLimited, \
     RequestLimits, quota_client
 import json
@@ -182,7 +182,8 @@ async def read_body(request: Request, limit: int, what: str,
     """The request body, refusing more than `limit` bytes before reading them all; with a
     budget (and the writer's share), its bytes are taken from it as they arrive (the caller
     gives back len(body) once done); a body that does not start with `magic` is refused at its
-    first bytes (a Parquet part starts with PAR1: a junk flood is not read to its end)."""
+    first bytes (a Parquet part starts with PAR1: a junk flood is not read to its end).
+    The caller judged the rest of the head (token, job) first: the body is admitted here."""
     from starlette.requests import ClientDisconnect
 
     try:
@@ -196,6 +197,8 @@ async def read_body(request: Request, limit: int, what: str,
         raise HTTPProblem(429, f"request body: {declared} bytes would take this writer past "
                           f"its max_upload_bytes_per_writer; retry {what} later", "busy",
                           close=True)
+    # the head passed every check: only now is 100 Continue sent and the body read
+    admit_body(request.scope)
     chunks: list[bytes] = []
     size = 0
     try:

@@ -82,7 +82,7 @@ class MonitorServer:
         hosts = [h for h in cfg.allowed_hosts.split(",") if h.strip()]
         return uvicorn_server(self.app, max_connections=cfg.max_connections,
                               keep_alive_s=cfg.keep_alive_s, graceful_s=5, limits=limits,
-                              allowed_hosts=hosts or None)
+                              allowed_hosts=hosts or None, gate_bodies=True)
 
     def _begin(self) -> None:
         self.monitor.start()

@@ -1,0 +1,126 @@
+"""A request is judged from its head — token, job, sizes — before `100 Continue` is sent or any
+of its body is read (the serving layer's head gate); a real monitor on loopback, raw
+sockets."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from monitor_jobs import slow_job
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+
+TOKEN = "head-gate-test-token-0123"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=3600)
+
+# every write route of the monitor, with the job the fixture makes
+WRITES = ["/api/jobs/j/meta", "/api/jobs/j/ranks/0/parts/0"]
+
+
+@pytest.fixture(scope="module")
+def mon(tmp_path_factory):
+    s = MonitorServer(tmp_path_factory.mktemp("head-gate") / "mon.db", port=0, token=TOKEN,
+                      config=CFG).start()
+    try:
+        r = httpx.put(s.url + "/api/jobs/j/meta", json=slow_job(steps=5).meta.to_dict(),
+                      headers=AUTH, timeout=60)
+        assert r.status_code == 200, r.text
+        yield s
+    finally:
+        s.stop()
+
+
+def head_only(port: int, method: str, path: str, auth: str | None,
+              length: int = 2 << 20) -> bytes:
+    """What the monitor sends to a request head announcing `length` bytes of body behind
+    `Expect: 100-continue`, none of which is sent, until it closes the connection (a server
+    waiting for the body would never close it: the socket's timeout fails the test)."""
+    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {length}\r\n"
+            "Expect: 100-continue\r\n")
+    if auth is not None:
+        head += f"Authorization: {auth}\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as k:
+        k.sendall(head.encode() + b"\r\n")
+        got = b""
+        while chunk := k.recv(65536):
+            got += chunk
+            assert not got.startswith(b"HTTP/1.1 100"), f"{method} {path}: 100 Continue"
+    return got
+
+
+def status_and_body(raw: bytes) -> tuple[int, dict]:
+    """A refusal's status and JSON body; it closes the connection (its body was not read: read
+    as the next request's head it would desynchronise the connection)."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"\r\nconnection: close\r\n" in head.lower(), head
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_every_write_route_is_listed_here(mon):
+    # a route added later without its head checks would otherwise escape the tests below
+    paths = {r.path.replace("{job}", "j").replace("{rank}", "0").replace("{part}", "0")
+             for r in mon.app.app.routes
+             if {"PUT", "POST", "PATCH", "DELETE"} & set(getattr(r, "methods", None) or ())}
+    assert paths == set(WRITES)
+
+
+@pytest.mark.parametrize("path", WRITES)
+@pytest.mark.parametrize("auth", [None, "Bearer wrong-token-0123456789", f"Basic {TOKEN}"])
+def test_a_write_without_the_token_is_refused_from_its_head(mon, path, auth):
+    got, reply = status_and_body(head_only(mon.port, "PUT", path, auth))
+    assert got == 401, reply
+    assert set(reply) == {"error"} and "Authorization" in reply["error"], reply
+
+
+@pytest.mark.parametrize("path,status", [
+    ("/api/jobs/j/meta", 413),                 # over max_meta_bytes (1 MiB)
+    ("/api/jobs/j/ranks/0/parts/0", 413),      # over max_part_bytes
+    ("/api/jobs/nope/ranks/0/parts/0", 404),   # no such job
+    ("/api/jobs/j/ranks/99/parts/0", 422),     # no such rank
+])
+def test_a_write_the_head_refuses_is_answered_before_its_body(mon, path, status):
+    # (fails before for 404 and 422: answered from the head but the connection kept open, its
+    # unread body next in line as the following request)
+    length = (128 << 20) if "parts" in path else (2 << 20)
+    got, reply = status_and_body(head_only(mon.port, "PUT", path, f"Bearer {TOKEN}", length))
+    assert got == status, reply
+    assert "error" in reply, reply
+
+
+@pytest.mark.parametrize("path", ["/api/events", "/", "/api/jobs", "/static/style.css"])
+def test_a_read_declaring_a_body_is_refused_from_its_head(mon, path):
+    # (fails before: the event stream and the dashboard's files listen for the client's
+    # hang-up by reading: uvicorn said 100 Continue to anyone and read the body they sent)
+    got, reply = status_and_body(head_only(mon.port, "GET", path, None))
+    assert got == 400, reply
+    assert set(reply) == {"error"} and "GET" in reply["error"], reply
+
+
+def test_a_read_without_a_body_is_still_answered(mon):
+    with httpx.Client(base_url=mon.url, timeout=60) as c:
+        assert c.get("/").status_code == 200
+        assert c.get("/api/jobs", headers={"Content-Length": "0"}).status_code == 200
+        with c.stream("GET", "/api/events") as r:
+            assert r.status_code == 200
+
+
+def test_a_writer_with_the_token_is_still_told_to_continue(mon):
+    body = json.dumps(slow_job(steps=5).meta.to_dict()).encode()
+    with socket.create_connection(("127.0.0.1", mon.port), timeout=60) as k:
+        k.sendall((f"PUT /api/jobs/j/meta HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                   f"application/json\r\nContent-Length: {len(body)}\r\nExpect: 100-continue"
+                   f"\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").encode())
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += k.recv(65536)
+        assert got.startswith(b"HTTP/1.1 100 Continue\r\n"), got
+        k.sendall(body)
+        got = got.partition(b"\r\n\r\n")[2]
+        while b"}" not in got:
+            got += k.recv(65536)
+    assert got.split()[1] == b"200", got
