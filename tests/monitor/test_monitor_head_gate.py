@@ -1,6 +1,6 @@
 """A request is judged from its head — token, job, sizes — before `100 Continue` is sent or any
-of its body is read (the serving layer's head gate); a real monitor on loopback, raw
-sockets."""
+of its body is read (the serving layer's head gate), and a refused new job gives its place in
+new_jobs_per_minute back; a real monitor on loopback, raw sockets."""
 
 from __future__ import annotations
 
@@ -124,3 +124,28 @@ def test_a_writer_with_the_token_is_still_told_to_continue(mon):
         while b"}" not in got:
             got += k.recv(65536)
     assert got.split()[1] == b"200", got
+
+
+@pytest.mark.slow
+def test_a_refused_new_job_gives_its_place_in_the_minute_back(tmp_path):
+    # (fails before: a new job was counted against new_jobs_per_minute before its meta.json
+    # was read, so bad or too large ones used up the minute and the next valid job was 429)
+    cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=3600,
+                        new_jobs_per_client_per_minute=1, new_jobs_per_minute=1)
+    meta = slow_job(steps=5).meta.to_dict()
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=cfg).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60, headers=AUTH) as c:
+            assert c.put("/api/jobs/bad/meta", content=b"{not json").status_code == 422
+            assert c.put("/api/jobs/bad2/meta", json={**meta, "world_size": -1}
+                         ).status_code == 422
+            assert c.put("/api/jobs/big/meta", content=b" " * (2 << 20)).status_code == 413
+            r = c.put("/api/jobs/good/meta", json=meta)
+            assert r.status_code == 200, r.text
+            r = c.put("/api/jobs/good/meta", json=meta)   # the same job again: no new one
+            assert r.status_code == 200, r.text
+            r = c.put("/api/jobs/other/meta", json=meta)   # the minute's one new job is used
+            assert r.status_code == 429, r.text
+            assert c.get("/api/jobs/bad").status_code == 404
+    finally:
+        s.stop()

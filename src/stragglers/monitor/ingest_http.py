@@ -308,14 +308,26 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
         """Create or update a job from its meta.json (JSON body)."""
         check_job_name(job, "path")
+        new, client = False, quota_client(request.client.host if request.client else None)
         if job not in monitor.directories:
             try:
-                new_jobs.admit(job, quota_client(request.client.host if request.client
-                                                 else None))
+                new = new_jobs.admit(job, client)
             except RateLimited as exc:
                 raise HTTPProblem(429, f"path 'job': {exc.what} (new_jobs_per_minute); "
                                   f"retry {job!r} later", "busy", close=True,
                                   retry_after_s=exc.retry_after_s) from None
+        try:
+            return await _put_meta(request, job)
+        except BaseException:
+            # a job refused after it was counted (a bad or too large body, a conflict, the
+            # monitor full) gives its place back: bad meta.json bodies used up the minute's
+            # new jobs, and the next valid one was 429
+            if new:
+                new_jobs.refund(job, client)
+            raise
+
+    async def _put_meta(request: Request, job: str) -> dict[str, Any]:
+        """put_meta once the job was counted as new (or known)."""
         room.check(_declared(request, cfg.max_meta_bytes), "meta.json")
         share = writer_share(request, writers, job)
         try:
