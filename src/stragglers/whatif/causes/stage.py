@@ -58,10 +58,13 @@ def rebalanced_costs(ctx: Context, typical: np.ndarray) -> np.ndarray:
 
     What moving layers achieves at best (suggest_stage_split finds the layer split): a heavier
     stage keeps its share of its own ops' time, step by step; a lighter stage keeps all of its
-    own and gains, in each step, a part of the heavier stages' time in that step, spread over
-    its forward/backward ops by their typical shares. The moved work is added, not the light
-    stage's own ops scaled up: scaling a stage ×4 made a load spike of its ops four times as
-    long (a pp 2 run beside CPU hogs predicted two of 15 steps twice as slow after the fix).
+    own and gains a part of the heavier stages' time: each of its forward/backward ops that of
+    the same kind and microbatch on the heavier stage (the moved layers carry that microbatch's
+    load: sequence-imbalanced microbatches stay uneven), or, where the stages' ops do not pair
+    up, a part of the heavier stages' time in that step spread over its ops by their typical
+    shares. The moved work is added, not the light stage's own ops scaled up: scaling a stage
+    ×4 made a load spike of its ops four times as long (a pp 2 run beside CPU hogs predicted
+    two of 15 steps twice as slow after the fix).
     """
     w, g = ctx.w, ctx.w.grid
     fb = np.isin(g.node_optype, (FWD, BWD, BWW))
@@ -74,6 +77,27 @@ def rebalanced_costs(ctx: Context, typical: np.ndarray) -> np.ndarray:
     cost = w.cost.copy()
     if need.sum() <= 0:
         return cost
+    # flow[p, q]: the fraction of stage q's work per step that stage p takes over
+    flow = np.outer(need / need.sum(), give / np.maximum(typical, 1e-12))
+    work = per_worker_sum(w.cost, g.node_stage, fb, g.pp_size)               # [D, P, T]
+    ops = {int(p): _ops_by_kind(g, fb & (g.node_stage == p)) for p in stages}
+    for p in stages:
+        sel = fb & (g.node_stage == p)
+        if not sel.any():
+            continue
+        cost[sel] *= keep[p]
+        for q in np.flatnonzero(flow[p] > 0):
+            mine, theirs = ops[int(p)], ops[int(q)]
+            if mine.keys() == theirs.keys():
+                idx = list(mine)
+                cost[[mine[k] for k in idx]] += flow[p, q] * w.cost[[theirs[k] for k in idx]]
+                continue
+            # each op's typical (median over steps) share of its stage's work, where it ran
+            weight = np.median(w.cost[sel], axis=2)[:, :, None] * g.present[sel]
+            total = weight.sum(axis=0, keepdims=True)
+            np.divide(weight, total, out=weight, where=total > 0)
+            cost[sel] += weight * (flow[p, q] * work[None, :, q, :])
+    return cost
     # flow[p, q]: the fraction of stage q's work per step that stage p takes over
     flow = np.outer(need / need.sum(), give / np.maximum(typical, 1e-12))
     moved = np.einsum("pq,dqt->dpt", flow, per_worker_sum(w.cost, g.node_stage, fb, g.pp_size))
@@ -90,3 +114,10 @@ def rebalanced_costs(ctx: Context, typical: np.ndarray) -> np.ndarray:
         np.divide(weight, total, out=weight, where=total > 0)
         cost[sel] += weight * moved[None, :, p, :]
     return cost
+
+
+def _ops_by_kind(g, sel: np.ndarray) -> dict[tuple[int, int, int], int]:
+    """The selected nodes by (op type, microbatch, model chunk): a stage's ops that pair up
+    with another stage's."""
+    return {(int(g.node_optype[n]), int(g.node_seq[n]), int(g.node_mc[n])): int(n)
+            for n in np.flatnonzero(sel)}
