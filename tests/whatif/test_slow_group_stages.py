@@ -93,3 +93,29 @@ def test_one_slow_worker_in_the_whole_job_is_no_group():
 def test_noise_alone_makes_no_group_over_stages(seed):
     # three stages of five workers, 5% noise over 6 steps: lone "outliers" of chance
     assert _groups(_busy({}, d=5, p=3, t=6, noise=0.05, seed=seed), DiagnosisConfig()) == {}
+
+
+def test_a_lone_worker_slowed_in_alternate_steps_is_not_alike_a_steady_group():
+    # stage 0: two workers ×1.5 in every step; stage 1: one ×1.2 on even steps and ×1.9 on
+    # odd ones (its median ×1.5 like theirs): chance pauses, not the group's device
+    busy = _busy({(0, 0): 1.5, (1, 0): 1.5}, d=5)
+    busy[3, 1, 0::2] *= 1.2
+    busy[3, 1, 1::2] *= 1.9
+    found = _groups(busy, DiagnosisConfig())
+    assert {p: list(np.flatnonzero(slow)) for p, (slow, _) in found.items()} == {0: [0, 1]}
+
+
+def test_a_slow_worker_without_seq_lens_is_no_group_with_its_pipeline_peers_mirror():
+    # Without Σs² a DP rank's sequence load is read from its other stages: the slow worker
+    # (4, 0) makes its stage-1 peer read ×0.44 and the other seven of stage 1 a "group" at
+    # its level, which took it in (diagnosis_combinations --wide --no-seq-lens seed 4 job 157)
+    from stragglers.trace.synth import generate
+
+    trace = generate(dp=8, pp=2, vpp=1, microbatches=8, steps=8, seed=1157, noise=0.02,
+                     sync="zero", seq_imbalance={"dist": "uniform"},
+                     slow_worker=(4, 0, 2.260516513580031))
+    for column in ("attn_cost", "tokens"):
+        trace.ops.pop(column, None)
+    named = {(f.cause, w.dp, w.pp) for f in analyze(trace).diagnosis
+             for w in f.where.workers or []}
+    assert ("worker_fault", 4, 0) in named and not any(c == "slow_group" for c, *_ in named)

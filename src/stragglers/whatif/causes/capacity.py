@@ -85,36 +85,51 @@ def _groups(busy: np.ndarray, cfg) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     one and worker_fault on the other).
     """
     found: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
+    sure: set[int] = set()
     for p in range(busy.shape[1]):
         split = _split(busy[:, p, :], cfg)
         if split is not None:
-            found[p] = split
+            found[p] = split[:3]
+            if split[3]:
+                sure.add(p)
     groups = {p: f for p, f in found.items() if f[0].sum() >= 2}
-    lone = {p: f for p, f in found.items() if f[0].sum() == 1}
+    # a lone slow worker is held to the test of the halves as well, where it can be made (its
+    # 15% alone let two GC-paused workers' chance level on one stage take in a third's)
+    lone = {p: f for p, f in found.items() if f[0].sum() == 1 and p in sure}
 
     def alike(parts: list[tuple[np.ndarray, np.ndarray, float]]) -> bool:
-        levels = np.concatenate([np.log(ratio[slow]) for slow, ratio, _ in parts])
-        return float(np.ptp(levels)) <= min(gap for _, _, gap in parts) / 2
+        # over all steps and on the even and odd steps each alone: a slow device slows its
+        # steps alike, chance (GC pauses in a few steps) does not
+        levels = np.concatenate([np.log(ratio[:, slow]) for slow, ratio, _ in parts], axis=1)
+        return bool((np.ptp(levels, axis=1) <= min(gap for _, _, gap in parts) / 2).all())
 
-    if groups:
-        lone = {p: f for p, f in lone.items() if alike([*groups.values(), f])}
+    # A lone worker joins a stage's group only where two fast workers or more measure the
+    # group's level: beside one fast worker, that one may be the odd one (a faster device;
+    # without Σs², the mirror of a slow pipeline peer: its DP rank's load is estimated from
+    # that peer's stage, so a slow worker on stage 0 made its stage-1 peer read ×0.44 and the
+    # other 7 of stage 1 a "group" at the slow worker's level, which then took it in)
+    anchors = [f for f in groups.values() if (~f[0]).sum() >= 2]
+    if anchors:
+        lone = {p: f for p, f in lone.items() if alike([*anchors, f])}
     else:
         # the most lone workers alike (consecutive in speed), the slowest such set on a tie:
         # the others stay worker faults
-        order = sorted(lone, key=lambda p: float(np.log(lone[p][1][lone[p][0]])[0]))
+        order = sorted(lone, key=lambda p: float(lone[p][1][0][lone[p][0]][0]))
         best: list[int] = []
         for i in range(len(order)):
             for j in range(i + 2, len(order) + 1):
                 if j - i >= len(best) and alike([lone[p] for p in order[i:j]]):
                     best = order[i:j]
         lone = {p: lone[p] for p in best}
-    return {p: (slow, ratio) for p, (slow, ratio, _) in {**groups, **lone}.items()}
+    return {p: (slow, ratio[0]) for p, (slow, ratio, _) in {**groups, **lone}.items()}
 
 
-def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """(slow mask [D], time relative to the fast group's median [D], the log gap between the
-    groups) of one stage's workers ([D, T] busy seconds), or None when they do not fall into
-    two separate groups. The slow group may be one worker: `_groups` decides what it is."""
+def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray, float, bool] | None:
+    """(slow mask [D], time relative to the fast group's median [3, D]: over all steps, the
+    even ones and the odd ones, the log gap between the groups, whether the split holds on the even and odd steps alone where the outlier test can
+    tell (five workers or more)) of one stage's workers ([D, T] busy seconds), or None when
+    they do not fall into two separate groups. The slow group may be one worker: `_groups`
+    decides what it is."""
     # Each worker's typical speed: its median over steps of its time relative to the step's
     # median worker. A median, not a mean: a worker slow for a stretch of the run (PAI's
     # job_3, four workers a quarter slower in its last tenth) stays in the group it belongs
@@ -144,29 +159,36 @@ def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray, float] | Non
     tight = float(np.ptp(x[slow])) <= gaps[k] / 2
     if not tight and (robust_z(mean, cfg.outlier_scale_floor)[slow] >= cfg.outlier_z).all():
         return None
-    ratio = mean / float(np.median(mean[~slow]))
+    ratio = _relative(mean, slow)
     _, lo, _ = _group_interval(times, slow, cfg)
-    if lo >= 1 + cfg.worker_min_excess:
-        return slow, ratio, float(gaps[k])        # persistently 15% slower: a group
     # Closer groups, from five workers on: the outlier test with the fast group as the norm
     # (the whole stage's median sits between the groups when half of it is slow): every slow
     # worker lies `outlier_z` robust deviations (the workers' spread about their own group's
     # median) above the fast group's median, and the slow group is slower in (nearly) every
     # step; what fixing it buys is the gain test's. A slow half of a job 10% slower was named
     # as nothing, while a slow 40% of it was named by the outlier test worker by worker.
-    # The split was chosen on these steps: it must hold in each half of them on its own (even
-    # and odd steps), or chance per-step loads that favoured some workers (random sequence
-    # lengths over 8 steps) make a group.
-    if len(x) < 5 or lo <= 1:
-        return None
+    held = len(x) >= 5 and lo > 1 and _holds_in_halves(kept, slow, cfg)
+    if lo >= 1 + cfg.worker_min_excess or held:     # persistently 15% slower, or apart
+        halves = (np.stack([_relative(np.median(kept[:, h::2], axis=1), slow) for h in (0, 1)])
+                  if kept.shape[1] >= 2 else np.stack([ratio, ratio]))
+        return slow, np.vstack([ratio, halves]), float(gaps[k]), held or len(x) < 5
+    return None
+
+
+def _relative(mean: np.ndarray, slow: np.ndarray) -> np.ndarray:
+    """Each worker's level over the fast group's median level."""
+    return mean / max(float(np.median(mean[~slow])), 1e-12)
+
+
+def _holds_in_halves(kept: np.ndarray, slow: np.ndarray, cfg) -> bool:
+    """The outlier test with the fast group as the norm on the even steps and on the odd ones
+    each alone ([D, T] times relative to the step's median worker). The split was chosen on
+    all of them: chance per-step loads that favoured some workers (random sequence lengths
+    over 8 steps, GC pauses) make groups that do not hold in each half."""
     halves = (kept[:, 0::2], kept[:, 1::2])
     if min(h.shape[1] for h in halves) < 2:
-        return None
-    for half in halves:
-        level = np.log(np.median(half, axis=1))
-        if not _stands_apart(level, slow, cfg):
-            return None
-    return slow, ratio, float(gaps[k])
+        return False
+    return all(_stands_apart(np.log(np.median(half, axis=1)), slow, cfg) for half in halves)
 
 
 def _stands_apart(x: np.ndarray, slow: np.ndarray, cfg) -> bool:
