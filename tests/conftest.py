@@ -124,6 +124,25 @@ def eventually(fn, timeout: float = 120.0, interval: float = 0.1, what: str = "c
     raise AssertionError(f"{what} not reached in {timeout} s (last: {last!r})")
 
 
+def head_only(port: int, method: str, path: str, auth: str | None, length: int = 1 << 20,
+              headers: str = "") -> bytes:
+    """What a server on loopback sends to a request head announcing `length` bytes of body
+    behind `Expect: 100-continue`, none of which is sent, until it closes the connection (a
+    server waiting for the body never closes it: the socket's timeout fails the test). It
+    must never say 100 Continue: the head alone decides. `headers`: more header lines."""
+    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}"
+            f"Content-Length: {length}\r\nExpect: 100-continue\r\n")
+    if auth is not None:
+        head += f"Authorization: {auth}\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as k:
+        k.sendall(head.encode() + b"\r\n")
+        got = b""
+        while chunk := k.recv(65536):
+            got += chunk
+            assert not got.startswith(b"HTTP/1.1 100"), f"{method} {path}: 100 Continue to {auth!r}"
+    return got
+
+
 def chunk_extension_flood(host: str, port: int, head: bytes, chunks: int = 250) -> bytes:
     """Send `head` (a chunked request's) then `chunks` one-byte chunks each under 4 KB of
     chunk extensions (1 MB in all), and return the answer up to its JSON body's end."""

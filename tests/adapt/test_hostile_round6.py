@@ -10,6 +10,7 @@ import socket
 import httpx
 import pytest
 
+from conftest import head_only
 from conftest import store_tables as tables
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
@@ -43,21 +44,11 @@ def svc(tmp_path_factory):
         srv.stop()
 
 
-def head_only(port: int, path: str, auth: str | None, length: int = 1 << 20) -> bytes:
-    """What the service sends to a request head announcing `length` bytes of body behind
-    `Expect: 100-continue`, none of which is sent, until it closes the connection."""
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {length}\r\nExpect: 100-continue\r\n")
-    if auth is not None:
-        head += f"Authorization: {auth}\r\n"
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as k:
-        k.sendall(head.encode() + b"\r\n")
-        got = b""
-        while chunk := k.recv(65536):
-            got += chunk
-            # (before the fix the service said 100 Continue and waited for the body)
-            assert not got.startswith(b"HTTP/1.1 100"), f"{path}: 100 Continue to {auth!r}"
-    return got
+def post_head(port: int, path: str, auth: str | None, length: int = 1 << 20) -> bytes:
+    """conftest.head_only for a JSON POST (before the fix the service said 100 Continue and
+    waited for the body)."""
+    return head_only(port, "POST", path, auth, length,
+                     headers="Content-Type: application/json\r\n")
 
 
 def status_and_body(raw: bytes) -> tuple[int, dict]:
@@ -81,7 +72,7 @@ def test_a_token_that_may_not_write_is_refused_from_the_head(svc, path, auth, st
     # service read up to 1 MiB before its 403; creating a data set without the service token
     # the same)
     before = tables(svc["db"])
-    got, reply = status_and_body(head_only(svc["port"], path, auth))
+    got, reply = status_and_body(post_head(svc["port"], path, auth))
     assert got == status, reply
     assert set(reply) == {"error", "kind", "field"}, reply
     assert tables(svc["db"]) == before
@@ -107,7 +98,7 @@ def test_the_owner_is_still_told_to_continue(svc):
 
 def test_an_unknown_data_set_or_job_is_refused_from_the_head(svc):
     for path in ("/datasets/nope/lease", "/jobs/nope/control/report"):
-        got, reply = status_and_body(head_only(svc["port"], path, f"Bearer {OWNER}"))
+        got, reply = status_and_body(post_head(svc["port"], path, f"Bearer {OWNER}"))
         assert got == 404 and reply["kind"] == "NotFound", reply
 
 
@@ -179,7 +170,7 @@ def test_a_request_answered_from_its_head_ends_its_connection(svc):
     # unknown data set, 404 — kept the connection open with its announced body unread: a
     # client told no 100 Continue that then sends no body had its next request read as
     # that body, one that sends it had the body read as its next request's head)
-    raw = head_only(svc["port"], "/datasets/nope/join", f"Bearer {OWNER}", length=20)
+    raw = post_head(svc["port"], "/datasets/nope/join", f"Bearer {OWNER}", length=20)
     head = raw.partition(b"\r\n\r\n")[0].lower()
     assert head.startswith(b"http/1.1 404") and b"connection: close" in head, raw
     # (head_only read until the service closed the connection)

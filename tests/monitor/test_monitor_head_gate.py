@@ -10,6 +10,7 @@ import socket
 import httpx
 import pytest
 
+from conftest import head_only
 from monitor_jobs import slow_job
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
@@ -35,24 +36,6 @@ def mon(tmp_path_factory):
         s.stop()
 
 
-def head_only(port: int, method: str, path: str, auth: str | None,
-              length: int = 2 << 20) -> bytes:
-    """What the monitor sends to a request head announcing `length` bytes of body behind
-    `Expect: 100-continue`, none of which is sent, until it closes the connection (a server
-    waiting for the body would never close it: the socket's timeout fails the test)."""
-    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {length}\r\n"
-            "Expect: 100-continue\r\n")
-    if auth is not None:
-        head += f"Authorization: {auth}\r\n"
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as k:
-        k.sendall(head.encode() + b"\r\n")
-        got = b""
-        while chunk := k.recv(65536):
-            got += chunk
-            assert not got.startswith(b"HTTP/1.1 100"), f"{method} {path}: 100 Continue"
-    return got
-
-
 def status_and_body(raw: bytes) -> tuple[int, dict]:
     """A refusal's status and JSON body; it closes the connection (its body was not read: read
     as the next request's head it would desynchronise the connection)."""
@@ -72,7 +55,7 @@ def test_every_write_route_is_listed_here(mon):
 @pytest.mark.parametrize("path", WRITES)
 @pytest.mark.parametrize("auth", [None, "Bearer wrong-token-0123456789", f"Basic {TOKEN}"])
 def test_a_write_without_the_token_is_refused_from_its_head(mon, path, auth):
-    got, reply = status_and_body(head_only(mon.port, "PUT", path, auth))
+    got, reply = status_and_body(head_only(mon.port, "PUT", path, auth, 2 << 20))
     assert got == 401, reply
     assert set(reply) == {"error"} and "Authorization" in reply["error"], reply
 
@@ -96,7 +79,7 @@ def test_a_write_the_head_refuses_is_answered_before_its_body(mon, path, status)
 def test_a_read_declaring_a_body_is_refused_from_its_head(mon, path):
     # (fails before: the event stream and the dashboard's files listen for the client's
     # hang-up by reading: uvicorn said 100 Continue to anyone and read the body they sent)
-    got, reply = status_and_body(head_only(mon.port, "GET", path, None))
+    got, reply = status_and_body(head_only(mon.port, "GET", path, None, 2 << 20))
     assert got == 400, reply
     assert set(reply) == {"error"} and "GET" in reply["error"], reply
 
