@@ -86,16 +86,18 @@ def rebalanced_costs(ctx: Context, typical: np.ndarray) -> np.ndarray:
         if not sel.any():
             continue
         cost[sel] *= keep[p]
+        weight = None   # each op's typical share of its stage's work, once a stage needs it
         for q in np.flatnonzero(flow[p] > 0):
             mine, theirs = ops[int(p)], ops[int(q)]
             if mine.keys() == theirs.keys():
                 idx = list(mine)
                 cost[[mine[k] for k in idx]] += flow[p, q] * w.cost[[theirs[k] for k in idx]]
                 continue
-            # each op's typical (median over steps) share of its stage's work, where it ran
-            weight = np.median(w.cost[sel], axis=2)[:, :, None] * g.present[sel]
-            total = weight.sum(axis=0, keepdims=True)
-            np.divide(weight, total, out=weight, where=total > 0)
+            if weight is None:
+                # (median over steps, where it ran)
+                weight = np.median(w.cost[sel], axis=2)[:, :, None] * g.present[sel]
+                total = weight.sum(axis=0, keepdims=True)
+                np.divide(weight, total, out=weight, where=total > 0)
             cost[sel] += weight * (flow[p, q] * work[None, :, q, :])
     return cost
     # flow[p, q]: the fraction of stage q's work per step that stage p takes over
