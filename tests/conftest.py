@@ -143,6 +143,24 @@ def head_only(port: int, method: str, path: str, auth: str | None, length: int =
     return got
 
 
+def continued_write(port: int, method: str, path: str, token: str, body: bytes) -> bytes:
+    """A JSON write behind `Expect: 100-continue` that must be told 100 Continue before its body
+    is sent; the answer to the body (from its status line on)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as k:
+        k.sendall((f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                   f"application/json\r\nContent-Length: {len(body)}\r\nExpect: 100-continue"
+                   f"\r\nAuthorization: Bearer {token}\r\n\r\n").encode())
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += k.recv(65536)
+        assert got.startswith(b"HTTP/1.1 100 Continue\r\n"), got
+        k.sendall(body)
+        got = got.partition(b"\r\n\r\n")[2]
+        while b"}" not in got:
+            got += k.recv(65536)
+    return got
+
+
 def chunk_extension_flood(host: str, port: int, head: bytes, chunks: int = 250) -> bytes:
     """Send `head` (a chunked request's) then `chunks` one-byte chunks each under 4 KB of
     chunk extensions (1 MB in all), and return the answer up to its JSON body's end."""

@@ -5,12 +5,11 @@ route."""
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 import pytest
 
-from conftest import head_only
+from conftest import continued_write, head_only
 from conftest import store_tables as tables
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
@@ -81,18 +80,7 @@ def test_a_token_that_may_not_write_is_refused_from_the_head(svc, path, auth, st
 def test_the_owner_is_still_told_to_continue(svc):
     # the head check lets the owner's body in: 100 Continue, then the answer to its body
     body = json.dumps({"worker": "w2"}).encode()
-    with socket.create_connection(("127.0.0.1", svc["port"]), timeout=60) as k:
-        k.sendall((f"POST /datasets/d/join HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                   f"application/json\r\nContent-Length: {len(body)}\r\nExpect: 100-continue"
-                   f"\r\nAuthorization: Bearer {OWNER}\r\n\r\n").encode())
-        got = b""
-        while b"\r\n\r\n" not in got:
-            got += k.recv(65536)
-        assert got.startswith(b"HTTP/1.1 100 Continue\r\n")
-        k.sendall(body)
-        got = got.partition(b"\r\n\r\n")[2]
-        while b"}" not in got:
-            got += k.recv(65536)
+    got = continued_write(svc["port"], "POST", "/datasets/d/join", OWNER, body)
     assert got.split()[1] == b"200", got
 
 

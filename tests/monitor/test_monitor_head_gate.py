@@ -5,12 +5,11 @@ new_jobs_per_minute back; a real monitor on loopback, raw sockets."""
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 import pytest
 
-from conftest import head_only
+from conftest import continued_write, head_only
 from monitor_jobs import slow_job
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
@@ -94,18 +93,7 @@ def test_a_read_without_a_body_is_still_answered(mon):
 
 def test_a_writer_with_the_token_is_still_told_to_continue(mon):
     body = json.dumps(slow_job(steps=5).meta.to_dict()).encode()
-    with socket.create_connection(("127.0.0.1", mon.port), timeout=60) as k:
-        k.sendall((f"PUT /api/jobs/j/meta HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                   f"application/json\r\nContent-Length: {len(body)}\r\nExpect: 100-continue"
-                   f"\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").encode())
-        got = b""
-        while b"\r\n\r\n" not in got:
-            got += k.recv(65536)
-        assert got.startswith(b"HTTP/1.1 100 Continue\r\n"), got
-        k.sendall(body)
-        got = got.partition(b"\r\n\r\n")[2]
-        while b"}" not in got:
-            got += k.recv(65536)
+    got = continued_write(mon.port, "PUT", "/api/jobs/j/meta", TOKEN, body)
     assert got.split()[1] == b"200", got
 
 
