@@ -118,10 +118,16 @@ def test_two_instances_share_jobs_and_a_killed_one_is_taken_over(postgres_url, t
         eventually(lambda: all(get(cb, f"/api/jobs/{j}")["windows_total"] >= 2
                                for j in parts), 90,
                    what="windows of every job analysed (seen from instance B)")
-        owners = dict(db.execute("SELECT job, owner FROM leases").fetchall())
         a_id = get(ca, "/health")["instance"]
-        a_jobs = sorted(j for j, o in owners.items() if o == a_id)
-        assert 1 <= len(a_jobs) <= 3, owners            # the jobs are shared, not all on one
+
+        def a_jobs() -> int:
+            owners = dict(db.execute("SELECT job, owner FROM leases").fetchall())
+            return sum(o == a_id for o in owners.values())
+
+        # the jobs are shared, not all on one: a job registered or first seen at an instance is
+        # taken there at once, beyond its share until a heartbeat hands the surplus back (the
+        # watched runs' first scan runs in the background: A once held 4 of the 6 here)
+        eventually(lambda: 1 <= a_jobs() <= 3, 60, what="the six jobs shared, three at most on A")
         os.kill(a.pid, signal.SIGKILL)                    # A dies mid-run
         a.wait()
         killed_at = time.monotonic()
