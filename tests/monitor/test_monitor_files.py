@@ -391,3 +391,70 @@ def test_a_link_swapped_in_after_a_part_was_stored_is_not_read_by_its_window(tmp
     (root / "job" / name).symlink_to(outside / name)
     got = read_part_files([root / "job" / name], within=[str(root)])
     assert isinstance(got[0], InputError) and "outside the watched folder" in got[0].problem
+
+
+@pytest.mark.slow
+def test_a_watched_backlog_is_queued_before_the_watch_is_built_and_caught_up_after(
+        tmp_path, monkeypatch):
+    # the first scan waited for the watch child's first batch (~1.5 s of a 2.3 s backlog's
+    # ingest); it runs at once now, inside `noticing`, and once the watch is built a scan
+    # again finds a part written in between (no event of it ever comes). Here the child's
+    # start waits on the test's event, and the wait for it on no clock.
+    import threading
+    from contextlib import contextmanager
+
+    from stragglers.monitor import ingest_files
+    from stragglers.monitor.ingest_files import DirectoryWatcher
+    from stragglers.monitor.service import Monitor
+    from stragglers.monitor.store import open_store
+    monkeypatch.setattr(ingest_files, "FIRST_BATCH_WAIT_S", 3600.0)
+    release = threading.Event()
+    real_follow = DirectoryWatcher._follow_child
+
+    def held(self, catch_up=False):
+        release.wait(300)
+        return real_follow(self, catch_up)
+
+    monkeypatch.setattr(DirectoryWatcher, "_follow_child", held)
+    run = tmp_path / "job-b"
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    start_run(run, trace)
+    write_parts(run, [p for p in parts if p[1] == 0])
+    store = open_store(tmp_path / "mon.db", durable=False)
+    monitor = Monitor(store, FAST.replace(rescan_s=3600))   # not started: parts stay queued
+    active: list[float] = []
+    queued: list[tuple[str, list[float]]] = []
+    real_noticing, real_submit = monitor.noticing, monitor.submit
+
+    @contextmanager
+    def noticing(after):
+        with real_noticing(after):
+            active.append(after)
+            try:
+                yield
+            finally:
+                active.remove(after)
+
+    def submit(item):
+        queued.append((item.path.name, list(active)))
+        return real_submit(item)
+
+    monitor.noticing, monitor.submit = noticing, submit
+    watcher = DirectoryWatcher(monitor, [run]).start()
+    try:
+        first = {p.name for p in run.glob("rank-*.parquet")}
+        eventually(lambda: {n for n, _ in queued} >= first,
+                   what="the backlog queued while the watch is not built")
+        assert monitor.scanning()
+        write_parts(run, [p for p in parts if p[1] == 1])
+        release.set()
+        names = {p.name for p in run.glob("rank-*.parquet")}
+        eventually(lambda: {n for n, _ in queued} >= names and not monitor.scanning(),
+                   what="the parts written before the watch was built queued by a scan")
+        assert sorted(n for n, _ in queued) == sorted(names)   # each once
+        assert all(batches for _, batches in queued), queued   # each inside `noticing`
+    finally:
+        release.set()
+        watcher.stop()
+        store.close()

@@ -229,15 +229,23 @@ class DirectoryWatcher:
             self.monitor.reject("bad_run", str(path), f"{type(exc).__name__}: {str(exc)[:200]}")
 
     def _rescan(self) -> None:
-        # the first scan once the watch is built (its first batch): a file written after the
-        # scan listed its folder and before the watch began was seen only a rescan later
-        self._ready.wait(FIRST_BATCH_WAIT_S)
+        # the first scan at once, beside the watch child's start (waiting for its watch
+        # held a backlog's ingest ~1.5 s); all of it inside the first scan's `noticing`, so
+        # every part it queues is handed over as noticed (events of the watch meanwhile
+        # are queued once: `submitted`)
         try:
+            ready = self._ready.is_set()
             try:
                 self.learn_gone_runs()
             except Exception:   # noqa: BLE001 - the store failed: the scan goes on
                 log.exception("the run marks of watched jobs could not be read")
             self.scan()
+            if not ready:
+                # a file written after the scan listed its folder and before the watch
+                # was built would be seen only a rescan later: once built, a scan again
+                # (cheap: what was queued is skipped), still inside the first scan
+                self._ready.wait(FIRST_BATCH_WAIT_S)
+                self.scan()
         except Exception:   # noqa: BLE001 - listing a root failed: the rescans try again
             log.exception("first scan of %s failed", ", ".join(map(str, self.roots)))
         finally:
