@@ -100,9 +100,19 @@ def attribution_note(result: AnalysisResult) -> str:
 
 
 def shape_words(result: AnalysisResult, sep: str = " × ", upper: bool = False) -> str:
-    """'dp 4 × pp 4 × tp 2' (dsp only when > 1)."""
+    """'dp 4 × pp 4 × tp 2' (dsp only when > 1); from the mesh where the trace gives it:
+    'dp 2 × tp 2 (4 workers per stage)' (a worker per TP/CP rank), ep and cp when > 1."""
     job = result.job
     parts = []
+    if job.parallel:
+        for k in ("dp", "tp", "cp", "ep", "pp"):
+            v = job.parallel.get(k)
+            if v is not None and (k in ("dp", "pp") or v != 1):
+                parts.append(f"{k.upper() if upper else k} {v}")
+        text = sep.join(parts)
+        if job.dp is not None and job.dp != job.parallel.get("dp"):
+            text += f" ({job.dp} workers per stage)"
+        return text
     for k in ("dp", "pp", "tp", "dsp"):
         v = getattr(job, k)
         if v is not None and (k != "dsp" or v != 1):

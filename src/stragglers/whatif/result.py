@@ -144,6 +144,10 @@ class JobInfo(msgspec.Struct):
     ranks_read: int | None = None     # distinct global ranks in the trace
     workers_read: int | None = None   # distinct (dp, pp) workers in the trace
     missing_workers: list[tuple[int, int]] = []  # (dp, pp) of dp·pp not traced
+    # the job's parallel degrees (dp, tp, cp, ep, pp) where the trace gives them: a trace of a
+    # tensor-/context-parallel job has a worker (column) per TP/CP rank, so `dp` above counts
+    # dp·tp·cp of them there, and this says what the mesh was (dp 2 × tp 2, not dp 4)
+    parallel: dict[str, int] = {}
 
 
 _JSON_NAMES = {"t_base": "T_base", "t_nodelay": "T_nodelay", "t_ideal": "T_ideal",
@@ -337,7 +341,37 @@ def job_info(trace: Any, steps: int, ops: int) -> JobInfo:
                    world_size=meta.world_size, steps=int(steps), ops=int(ops),
                    source=str(trace.source), ranks_read=int(len(np.unique(o["rank"]))),
                    workers_read=len(have),
-                   missing_workers=[(d, p) for d, p in sorted(expected - have)])
+                   missing_workers=[(d, p) for d, p in sorted(expected - have)],
+                   parallel=parallel_degrees(meta))
+
+
+def parallel_degrees(meta: Any) -> dict[str, int]:
+    """The job's parallel degrees from its metadata ({} where nothing says more than the
+    DP × PP table): the recorder's mesh (`extra.parallel`), else the model-parallel groups a
+    reader found (`extra.group_sizes`; the table's dp then counts dp·tp·cp workers)."""
+    extra = meta.extra if isinstance(meta.extra, dict) else {}
+    given = extra.get("parallel")
+    if isinstance(given, dict):
+        out = {k: int(v) for k, v in given.items() if k in _DEGREES and _positive_int(v)}
+        return {k: out[k] for k in _DEGREES if k in out}
+    groups = extra.get("group_sizes")
+    if not isinstance(groups, dict) or not groups:
+        return {}
+    sizes = {k: int(v) for k, v in groups.items() if k in _DEGREES and _positive_int(v)}
+    tp, cp = sizes.get("tp", 1), sizes.get("cp", 1)
+    workers, pp = int(meta.dp_size), int(meta.pp_size)
+    if workers % (tp * cp):  # the groups do not tile the table: say only what they show
+        return {k: sizes[k] for k in _DEGREES if k in sizes}
+    out = {"dp": workers // (tp * cp), "tp": tp, "cp": cp, "ep": sizes.get("ep", 1), "pp": pp}
+    return {k: out[k] for k in _DEGREES}
+
+
+_DEGREES = ("dp", "tp", "cp", "ep", "pp")
+
+
+def _positive_int(value: Any) -> bool:
+    """An int ≥ 1 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def reader_notes(trace: Any) -> list[Note]:
