@@ -21,12 +21,15 @@ SERVE_LIMITED = """
 import resource, signal, sys
 signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])   # taken by sigwait below
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails (EFBIG), no kill
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])   # space returns (sigwait below)
 limit = int(sys.argv[2])
-resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
 from stragglers.adapt.service import EmbeddedServer
 s = EmbeddedServer(sys.argv[1]).start()
 print(s.port, flush=True)
-signal.sigwait([signal.SIGTERM])
+while signal.sigwait([signal.SIGTERM, signal.SIGUSR1]) == signal.SIGUSR1:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+    print("unlimited", flush=True)
 """
 
 
@@ -69,8 +72,9 @@ def test_a_full_disk_refuses_writes_and_loses_nothing_acknowledged(tmp_path):
                     break
                 created.append(f"d{i}")
             assert refused is not None, "the file-size limit was never reached"
-            assert refused.status_code in (503, 507), refused.text
+            assert refused.status_code == 507, refused.text
             assert set(refused.json()) == {"error", "kind", "field"}
+            assert refused.json()["kind"] == "DiskFull"
             assert "Traceback" not in refused.text
             assert c.get("/health").status_code == 200
             r = c.post("/datasets/d0/lease", json={"worker": "w", "fence": fence})
@@ -110,11 +114,11 @@ def test_writes_resume_without_a_restart_once_the_wal_is_folded(tmp_path):
                                               "shard_size": 16})
                 if r.status_code != 200:
                     break
-            assert r.status_code in (503, 507), r.text
+            assert r.status_code == 507, r.text
 
             def retried(path: str, body: dict) -> httpx.Response:
                 r = c.post(path, json=body)   # refused for space, it folds the WAL ...
-                if r.status_code in (503, 507):
+                if r.status_code == 507:
                     r = c.post(path, json=body)   # ... so the next one fits
                 return r
 
@@ -157,7 +161,7 @@ def test_the_service_starts_again_on_a_full_disk(tmp_path):
             assert [held.epoch, held.shard, "DOING"] in [r[:3] for r in snap.json()["shards"]]
             r = c.post("/datasets/d/join", json={"worker": "x"},
                        headers={"Authorization": f"Bearer {OWNER}"})
-            assert r.status_code in (503, 507) and "error" in r.json(), r.text
+            assert r.status_code == 507 and r.json()["kind"] == "DiskFull", r.text
     finally:
         proc.kill()
         proc.communicate(timeout=60)
@@ -169,3 +173,85 @@ def test_the_service_starts_again_on_a_full_disk(tmp_path):
     finally:
         proc.kill()
         proc.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_write_refused_for_space_is_507_changes_nothing_and_is_taken_once_space_returns(
+        tmp_path):
+    # (fails before: SQLite words EFBIG at the file-size limit "disk I/O error", and the service
+    # answered 503 EnvironmentFailure, as for a failing disk: a client could not tell a full
+    # disk it must free from a fault to retry)
+    db = tmp_path / "s.db"
+    proc, url = serve_limited(db, 1 << 20)
+    try:
+        h = {"Authorization": f"Bearer {OWNER}"}
+        with httpx.Client(base_url=url, headers=h, timeout=60) as c:
+            assert c.post("/datasets", json={"name": "d0", "num_samples": 1000,
+                                             "shard_size": 10}).status_code == 200
+            fence = c.post("/datasets/d0/join", json={"worker": "w"}).json()["fence"]
+            x = c.post("/datasets/d0/lease", json={"worker": "w", "fence": fence}).json()
+            x = x["leases"][0]
+            assert c.post("/datasets/d0/ack", json={
+                "worker": "w", "fence": fence, "epoch": x["epoch"], "shard": x["shard"],
+                "consumed": x["size"]}).status_code == 200
+            # new data sets (1,024 shard rows each) until the file-size limit is reached and
+            # stays so: refused twice in a row (the first refusal folds the WAL, which may
+            # make room once)
+            refusals, i = [], 0
+            while len(refusals) < 2:
+                i += 1
+                assert i < 400, "the file-size limit was never reached"
+                r = c.post("/datasets", json={"name": f"n{i}", "num_samples": 1 << 14,
+                                              "shard_size": 16})
+                if r.status_code == 200:
+                    refusals = []
+                    continue
+                refusals.append((f"n{i}", r))
+            for name, r in refusals:
+                assert r.status_code == 507, r.text
+                assert r.json()["kind"] == "DiskFull" and set(r.json()) == {
+                    "error", "kind", "field"}
+                assert "Traceback" not in r.text
+                # nothing of it stored
+                assert c.get(f"/datasets/{name}/status").status_code == 404
+            assert c.get("/health").status_code == 200
+            proc.send_signal(signal.SIGUSR1)   # space returns, no restart
+            assert proc.stdout.readline().strip() == "unlimited"
+            name = refusals[-1][0]
+            r = c.post("/datasets", json={"name": name, "num_samples": 1 << 14,
+                                          "shard_size": 16})
+            assert r.status_code == 200, r.text
+            assert c.get(f"/datasets/{name}/status").status_code == 200
+            assert c.get("/datasets/d0/status").json()["epochs"]["0"]["DONE"] == 1
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+
+
+CHECKED = """
+import resource, signal, sqlite3, sys
+from stragglers.adapt.space import out_of_space
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+db = sys.argv[1]
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 18, resource.RLIM_INFINITY))
+c = sqlite3.connect(db, isolation_level=None)
+c.execute("PRAGMA journal_mode=WAL")
+c.execute("CREATE TABLE t (x BLOB)")
+try:
+    for _ in range(1000):
+        c.execute("INSERT INTO t VALUES (zeroblob(4000))")
+except sqlite3.OperationalError as exc:
+    error = exc
+print(error.sqlite_errorname, out_of_space(error, db))
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)   # space again
+print(out_of_space(error, db))
+"""
+
+
+def test_an_io_error_counts_as_a_full_disk_only_while_the_space_is_gone(tmp_path):
+    # SQLite words EFBIG, EDQUOT and a failing disk alike ("disk I/O error"): the same error is
+    # a full disk (507) at the file-size limit, and not (503) once the files may grow again
+    out = subprocess.run([sys.executable, "-c", CHECKED, str(tmp_path / "t.db")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["SQLITE_IOERR_WRITE", "True", "False"]

@@ -48,6 +48,11 @@ class Quarantined(StragglersError):
     """A stored row of this data set is damaged: its calls are refused, other data sets are served."""
 
 
+class DiskFull(EnvironmentFailure):
+    """A write refused for want of space (a full disk, a quota, the file-size limit): nothing of
+    it was stored; retry once space is freed."""
+
+
 class Busy(StragglersError):
     """Too many heavy reads are queued; retry later."""
 
@@ -67,7 +72,7 @@ class UnsupportedMediaType(InputError):
 # The HTTP status of each kind (first match): whose fault it is, and whether to retry.
 HTTP_STATUS = ((BodyTooLarge, 413), (BodyTooSlow, 408), (UnsupportedMediaType, 415), (Unauthorized, 401), (Forbidden, 403), (NotFound, 404),
                (Conflict, 409), (LeaseLost, 409), (QuotaExceeded, 429), (InputError, 400),
-               (Quarantined, 503), (Busy, 503), (EnvironmentFailure, 503))
+               (Quarantined, 503), (Busy, 503), (DiskFull, 507), (EnvironmentFailure, 503))
 
 
 def authorize(owner_sha256: str | None, token_sha256: str | None, what: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from stragglers.adapt.space import out_of_space
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 
 SCHEMA_VERSION = 4
@@ -76,7 +77,7 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
 def unusable(db: str | Path, exc: sqlite3.DatabaseError) -> StragglersError:
     """The error of a shard database that cannot be opened: EnvironmentFailure when its disk
     is full (the file is fine: free space and start again), else InputError."""
-    if "full" in str(exc):   # SQLITE_FULL: "database or disk is full"
+    if out_of_space(exc, str(db)):   # (a full disk, or at the file-size limit: checked)
         return EnvironmentFailure(str(db), f"its disk is full ({exc}); free space and start"
                                   " again (the file is not damaged)")
     return InputError(db, None, f"not a usable SQLite database ({exc})")

@@ -19,6 +19,7 @@ import hmac
 import json
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -39,15 +40,15 @@ from stragglers.adapt import requests as rq
 from stragglers.adapt.control import ControlPlane, PacedThread
 from stragglers.adapt.controller import Actions, ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name
-from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy, Forbidden, \
-    NotFound, RateLimited, Unauthorized, UnsupportedMediaType, authorize
+from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy, DiskFull, \
+    Forbidden, NotFound, RateLimited, Unauthorized, UnsupportedMediaType, authorize
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
 from stragglers.adapt.replies import (Acked, Created, Health, Joined, LeaseReply, Released,
                                       Requeued, Restored, to_builtins)
 from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import ShardStore, lease_json
-from stragglers.adapt.transactions import is_space_error
+from stragglers.adapt.space import out_of_space
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_url, \
@@ -344,17 +345,18 @@ class GroupCommitter:
             try:
                 results = self.store.run_batch([call for call, _, _ in batch])
             except BaseException as exc:  # noqa: BLE001 - every waiting call must be answered
-                self._fold = self._fold or is_space_error(exc)
                 self.failed_batches += 1
                 log.warning("group commit of %d calls failed: %s", len(batch), exc)
-                error = EnvironmentFailure("shard store", f"transaction failed, nothing of it"
-                                           f" was committed ({type(exc).__name__}: {exc})")
+                error = self._storage_error(exc, "transaction failed, nothing of it was"
+                                            " committed")
                 results = [(False, error)] * len(batch)
+            else:
+                # a call refused by the database (its savepoint rolled back): its own error
+                results = [(ok, self._storage_error(value, "refused, nothing of it was stored")
+                            if not ok and isinstance(value, (sqlite3.Error, OSError))
+                            else value) for ok, value in results]
             self.batches += 1
             self.calls += len(batch)
-            # a call refused for space (its savepoint rolled back): fold the WAL before the next
-            self._fold = self._fold or any(not ok and is_space_error(value)
-                                           for ok, value in results)
             # One wake-up of each event loop per batch, not one per call.
             by_loop: dict = {}
             for (_, future, loop), (ok, value) in zip(batch, results):
@@ -364,6 +366,20 @@ class GroupCommitter:
                     loop.call_soon_threadsafe(_settle, settled)
                 except RuntimeError:
                     pass  # that event loop is gone (server stopping)
+
+
+    def _storage_error(self, exc: BaseException, what: str) -> Exception:
+        """The error a caller gets for a write the database refused: DiskFull (507) when its
+        storage is seen to be full (the WAL is folded before the next batch: at a file-size
+        limit it filled before SQLite's auto-checkpoint and stayed full, every write refused,
+        until a restart folded it), else EnvironmentFailure (503)."""
+        if not isinstance(exc, (sqlite3.Error, OSError)):
+            return EnvironmentFailure("shard store", f"{what} ({type(exc).__name__}: {exc})")
+        self._fold = True
+        if out_of_space(exc, self.store.db):
+            return DiskFull("shard store", f"its disk is full ({exc}); {what} (retry once"
+                            " space is freed)")
+        return EnvironmentFailure("shard store", f"{what} ({type(exc).__name__}: {exc})")
 
 
 def _settle(settled: list) -> None:

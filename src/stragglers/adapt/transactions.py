@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -13,16 +12,6 @@ from stragglers.adapt.store_state import StoreState
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
-
-
-def is_space_error(exc: BaseException) -> bool:
-    """Whether a write failed for want of space: a full disk, a quota or a file-size limit
-    (SQLite words the last "disk I/O error": its write of the WAL got EFBIG)."""
-    if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-    text = str(exc)
-    return isinstance(exc, sqlite3.OperationalError) and (
-        "full" in text or "disk I/O error" in text)
 
 
 class Transactions(StoreState):
