@@ -74,6 +74,45 @@ def test_a_write_the_head_refuses_is_answered_before_its_body(mon, path, status)
     assert "error" in reply, reply
 
 
+@pytest.mark.parametrize("path,ctype", [
+    ("/api/jobs/j/meta", "text/plain"),
+    ("/api/jobs/j/meta", "application/x-www-form-urlencoded"),
+    ("/api/jobs/j/meta", "multipart/form-data; boundary=x"),
+    ("/api/jobs/j/meta", "application/json; charset=latin-1"),
+    ("/api/jobs/j/meta", "application/vnd.apache.parquet"),
+    ("/api/jobs/j/ranks/0/parts/0", "application/json"),
+    ("/api/jobs/j/ranks/0/parts/0", "text/plain; charset=utf-8"),
+    ("/api/jobs/j/ranks/0/parts/0", "application/x-www-form-urlencoded"),
+    ("/api/jobs/j/ranks/0/parts/0", ""),
+])
+def test_a_write_declaring_another_media_type_is_415_from_its_head(mon, path, ctype):
+    # (fails before: any declared type was taken, a form or text body read as JSON or Parquet)
+    got, reply = status_and_body(head_only(mon.port, "PUT", path, f"Bearer {TOKEN}", 1000,
+                                           f"Content-Type: {ctype}\r\n"))
+    assert got == 415, reply
+    assert "Content-Type" in reply["error"], reply
+
+
+def test_a_write_declaring_its_type_or_none_is_taken(mon):
+    from monitor_jobs import parts_of
+    from test_monitor_http import parquet_bytes
+    trace = slow_job(steps=15)
+    meta = json.dumps(trace.meta.to_dict()).encode()
+    tables = [t for rank, _, t in parts_of(trace, 5) if rank == 0]
+    with httpx.Client(base_url=mon.url, timeout=60, headers=AUTH) as c:
+        for ctype in ("application/json", "Application/JSON; charset=UTF-8", None):
+            headers = {"Content-Type": ctype} if ctype else {}
+            r = c.put("/api/jobs/j/meta", content=meta, headers=headers)
+            assert r.status_code == 200, (ctype, r.text)
+        for n, ctype in enumerate(("application/vnd.apache.parquet",
+                                   "application/octet-stream", None)):
+            headers = {"Content-Type": ctype} if ctype else {}
+            r = c.put(f"/api/jobs/j/ranks/0/parts/{n}", content=parquet_bytes(tables[n]),
+                      headers=headers)
+            assert r.status_code == 200 and r.json()["status"] in ("stored", "duplicate"), \
+                (ctype, r.text)
+
+
 @pytest.mark.parametrize("path", ["/api/events", "/", "/api/jobs", "/static/style.css"])
 def test_a_read_declaring_a_body_is_refused_from_its_head(mon, path):
     # (fails before: the event stream and the dashboard's files listen for the client's

@@ -97,6 +97,30 @@ def plain_number(text: str | None, where: str, top: int) -> int:
     return value
 
 
+PART_TYPES = ("application/vnd.apache.parquet", "application/x-parquet",
+              "application/octet-stream")
+META_TYPES = ("application/json",)
+
+
+def check_media_type(request: Request, accepted: tuple[str, ...], what: str) -> None:
+    """415 when a write's body is declared as another type than the route takes (its first
+    of `accepted`); a body that declares none is taken as the route's (recorders and scripts
+    send parts bare). A form or text body was read as Parquet or JSON: a body is taken only
+    as what it says it is. JSON in any charset but UTF-8 is another type too."""
+    given = request.headers.get("content-type")
+    if given is None:
+        return
+    media, *params = (p.strip().lower() for p in given.split(";"))
+    charsets = [p.partition("=")[2].strip().strip('"') for p in params
+                if p.partition("=")[0].strip() == "charset"]
+    if media in accepted and (media != "application/json"
+                              or all(c in ("utf-8", "utf8") for c in charsets)):
+        return
+    raise HTTPProblem(415, f"request header 'Content-Type': {given[:80]!r}; expected "
+                      f"{accepted[0]}{' (UTF-8)' if accepted == META_TYPES else ''} for "
+                      f"{what}, or none", "bad_request", close=True)
+
+
 class BodyBudget:
     """Bytes of upload bodies held at once, across requests (used on the event loop only).
 
@@ -308,6 +332,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
         """Create or update a job from its meta.json (JSON body)."""
         check_job_name(job, "path")
+        check_media_type(request, META_TYPES, "meta.json")
         new, client = False, quota_client(request.client.host if request.client else None)
         if job not in monitor.directories:
             try:
@@ -407,6 +432,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                                         and len(dropped) <= MAX_COUNT_DIGITS):
             raise HTTPProblem(422, "request header 'X-Stragglers-Dropped': expected a count "
                               f"of 0 to {MAX_COUNT_DIGITS} digits", "bad_request")
+        check_media_type(request, PART_TYPES, "a part")
         try:   # a body over max_part_bytes is 413 whatever the job holds or the disk has
             declared_length(request, cfg.max_part_bytes)   # (it was answered 507 "job full")
         except BodyRefused as refused:
