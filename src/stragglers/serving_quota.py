@@ -167,6 +167,11 @@ class MintRate:
     Owners once admitted are remembered (the last `remember` of them), so a retried or later
     creation of the same owner costs nothing; a new one past a rate is RateLimited (429 with
     Retry-After). Used from one thread at a time (each service's event loop).
+
+    A count is given back (refund) only when every request that relied on it was refused: two
+    overlapping creations of one new owner, the first refused, gave it back while the second
+    went on to succeed, uncounted. Each request admitted under an owner's count holds it until
+    it is refused; one that succeeds never lets go, so the count stays.
     """
 
     def __init__(self, name: str, per_client: float, total: float, remember: int = 65536,
@@ -176,20 +181,28 @@ class MintRate:
         self.known: OrderedDict[object, None] = OrderedDict()
         self._all = _Bucket(total, clock())
         self._clients: dict[str, _Bucket] = {}
+        # per owner counted here: [requests holding its count (admitted, not refused), the
+        # client charged]; an owner known otherwise (know) has none
+        self._holders: dict[object, list] = {}
 
     def know(self, owner: object) -> None:
         """Remember `owner` as admitted (one that owns something already: no mint)."""
         self.known[owner] = None
         self.known.move_to_end(owner)
         while len(self.known) > self.remember:
-            self.known.popitem(last=False)
+            self._holders.pop(self.known.popitem(last=False)[0], None)
 
     def admit(self, owner: object, client: str | None) -> bool:
         """Let `owner` create (counting it as new unless known); RateLimited past a rate.
-        True when it was counted as new (see refund)."""
+        True when the request holds a count (counted now or by a request not yet settled):
+        it must call refund if it is refused."""
         if owner in self.known:
             self.known.move_to_end(owner)
-            return False
+            holders = self._holders.get(owner)
+            if holders is None:
+                return False
+            holders[0] += 1
+            return True
         now = self.clock()
         bucket = None
         if client is not None:
@@ -211,15 +224,25 @@ class MintRate:
         if bucket is not None:
             bucket.level -= 1
         self.know(owner)
+        self._holders[owner] = [1, client]
         return True
 
-    def refund(self, owner: object, client: str | None) -> None:
-        """Undo an admit that counted `owner` as new, its creation refused after all (a bad
-        body): a refused request leaves the rate as it found it, so heads with fresh tokens
-        and bodies that fail cannot use up the creations other clients are let."""
+    def refund(self, owner: object, client: str | None = None) -> None:
+        """A request whose admit returned True was refused after all (a bad body): once every
+        request holding `owner`'s count was, the count is given back (to the client charged),
+        so heads with fresh tokens and bodies that fail cannot use up the creations other
+        clients are let. (`client`: unused, the charged one is kept.)"""
+        holders = self._holders.get(owner)
+        if holders is None:
+            return   # (forgotten meanwhile: nothing to give back)
+        holders[0] -= 1
+        if holders[0] > 0:
+            return   # another request holds it still: it may succeed
+        del self._holders[owner]
         self.known.pop(owner, None)
         self._all.level = min(self.total, self._all.level + 1)
-        bucket = self._clients.get(client) if client is not None else None
+        charged = holders[1]
+        bucket = self._clients.get(charged) if charged is not None else None
         if bucket is not None:
             bucket.level = min(self.per_client, bucket.level + 1)
 
