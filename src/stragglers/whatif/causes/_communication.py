@@ -4,6 +4,10 @@ A slow link is a place (its transfers late while another carrier's are not) or a
 steps). Lateness on every carrier in most steps, or at workers that stand out from the other
 carriers in fewer than half the steps, is neither: the family's own variation (on CPU, receives
 woken a scheduler tick late), left to the noise floor (tests/record/test_record_single_link.py).
+CPU contention in some steps on hosts whose transfers wait for a CPU in every step (ranks that
+outnumber their cores: the contention is standing), in a job whose S the jitter alone gives (S
+at most the noise floor + `noise_margin`), is that jitter too: which steps the standing
+contention made late is the machine's other load's lottery (clean ranks on one CPU).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import numpy as np
 from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES as C, OPTYPES, P2P_OPTYPES
 from stragglers.whatif.causes.base import Candidate, Context, Rows, fmt_steps, per_worker_sum
 from stragglers.whatif.causes.contention import as_contention
+from stragglers.whatif.noise import noise_floor
 
 _COMPUTE = {C[o] for o in COMPUTE_OPTYPES}
 
@@ -30,6 +35,7 @@ def communication(ctx: Context) -> list[Candidate]:
     """Per op-type family: transfers far above their median on some workers (or steps)."""
     w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
     found = []
+    floor: list[float] = []   # the noise floor, replayed once and only where a time needs it
     for name, codes in _families(g.node_optype).items():
         ids = np.flatnonzero(np.isin(g.node_optype, codes) & ~w.model.no_op)
         if not len(ids):
@@ -79,6 +85,11 @@ def communication(ctx: Context) -> list[Candidate]:
                          cost=fixed, strata=ctx.step_mask(steps))
         late = np.where(fix, cost - np.broadcast_to(ideal, cost.shape), 0.0)
         cand = as_contention(ctx, cand, ids, late, "a slow link")
+        if cand.cause == "cpu_contention" and steps is not None \
+                and _standing(ctx, ids, present, late) and _within_noise(w, cfg, floor):
+            # some steps of a contention standing in every step, in a job the jitter alone
+            # explains: the load's lottery (clean ranks on one CPU beside other work)
+            continue
         if cand.cause == "cpu_contention" and _waits_shared(ctx, ids, per, hot, carriers):
             # the carriers that are not late waited for a CPU as long: the host's contention
             # is everyone's, and which transfers it made late the scheduler's lottery (four
@@ -86,6 +97,27 @@ def communication(ctx: Context) -> list[Candidate]:
             continue
         found.append(cand)
     return found
+
+
+def _standing(ctx: Context, ids: np.ndarray, present: np.ndarray, late: np.ndarray) -> bool:
+    """Whether the family's transfers wait for a CPU in their typical steps too: the mean over
+    its transfers of each one's median wait over steps is at least `contention_explains` of
+    the late ones' mean lateness (`late` [n, D, T] s; the waits every step holds already
+    hold what made the late ones late). False without recorded waits."""
+    waits = ctx.cpu_waits
+    if waits is None or not (late > 0).any():
+        return False
+    typical = np.nanmedian(np.where(present, waits[ids], np.nan), axis=2)     # [n, D]
+    return bool(np.nanmean(typical) >= ctx.cfg.contention_explains * late[late > 0].mean())
+
+
+def _within_noise(w, cfg, floor: list[float]) -> bool:
+    """Whether the job's S is what its jitter alone gives: at most the noise floor +
+    `noise_margin`, as the verdict without findings judges it (floor computed once, into
+    `floor`)."""
+    if not floor:
+        floor.append(noise_floor(w, cfg))
+    return w.slowdown <= floor[0] + cfg.noise_margin
 
 
 def _waits_shared(ctx: Context, ids: np.ndarray, per: np.ndarray, hot: list[tuple[int, int]],
