@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig
+from stragglers.errors import InputError
 
 JOB = {"policy": "bsp", "world_size": 2, "global_batch": 8}
 
@@ -93,3 +94,65 @@ def test_a_new_token_refused_on_every_overlapping_request_is_given_back(tmp_path
         assert r.status_code == 200, r.text
     finally:
         srv.stop()
+
+
+def _report(c: httpx.Client, rank: int, records: list) -> httpx.Response:
+    return c.post("/jobs/j/control/report", json={"rank": rank, "records": records,
+                                                  "incarnation": 0})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ahead", [5_000, 19_000])
+def test_a_step_further_ahead_than_the_job_could_run_is_refused_and_later_records_count(
+        tmp_path, ahead):
+    # (fails before: a step 5,000 ahead of the real ones was taken; every later record of its
+    # rank, up to that step, counted as a report sent again and was ignored, answered 200: no
+    # window of the job closed and no action came until the real steps caught up)
+    srv = EmbeddedServer(tmp_path / "s.db").start()
+    h = {"Authorization": "Bearer job-token-0123456789"}
+    try:
+        with httpx.Client(base_url=srv.url, headers=h, timeout=60) as c:
+            r = c.post("/jobs/j/control/config", json={
+                "policy": "dd", "world_size": 2, "global_batch": 64, "window": 2,
+                "min_change": 0.0, "lag_s": 0.0})
+            assert r.status_code == 200, r.text
+            for step in range(2, 10):
+                for rank in (0, 1):
+                    assert _report(c, rank, [[step, 0.5, 32]]).status_code == 200
+            before = c.get("/jobs/j/control/state").json()
+            # one report's step far ahead of the job (a corrupted counter), beside a real one
+            r = _report(c, 0, [[10, 0.5, 32], [9 + ahead, 0.5, 32]])
+            assert r.status_code == 400, r.text
+            assert r.json()["field"] == "records[1][0]" and "implausible" in r.json()["error"]
+            assert c.get("/jobs/j/control/state").json() == before   # nothing of it applied
+            actions = []
+            for step in range(10, 40):
+                for rank in (0, 1):
+                    r = _report(c, rank, [[step, 1.0 if rank == 0 else 3.0, 32]])
+                    assert r.status_code == 200, r.text
+                    actions += r.json()["actions"]
+            assert actions, "no window closed after the refused step"
+            assert all(a["effective_step"] < 100 for a in actions), actions
+    finally:
+        srv.stop()
+
+
+def test_a_jump_the_job_had_the_time_to_run_is_taken():
+    # the bound is the steps the job could have run since its latest step: after an outage of
+    # every rank's reports (an hour at 0.5 s a step: 7,200 steps) their jump is real
+    from stragglers.adapt.control import ControlPlane
+    from stragglers.adapt.controller import ControlConfig
+    plane = ControlPlane()
+    plane.configure("j", ControlConfig(policy="dd", world_size=2, global_batch=64), None)
+    now = [1000.0]
+    plane._jobs["j"][1].monitor.clock = lambda: now[0]
+    for step in range(2, 10):
+        for rank in (0, 1):
+            plane.report("j", rank, [(step, 0.5, 32)], "", 0, 0, None)
+    with pytest.raises(InputError) as refused:
+        plane.report("j", 0, [(9 + 7_200, 0.5, 32)], "", 0, 0, None)
+    assert refused.value.field == "records[0][0]"
+    now[0] += 3600.0
+    plane.report("j", 0, [(9 + 7_200, 0.5, 32)], "", 0, 0, None)
+    plane.report("j", 1, [(9 + 7_200, 0.5, 32)], "", 0, 0, None)
+    assert plane._jobs["j"][1].monitor.latest_step == 9 + 7_200

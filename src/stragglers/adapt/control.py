@@ -77,6 +77,15 @@ class ControlPlane:
                 raise InputError("control report", "rank",
                                  f"expected 0..{ctl.config.world_size - 1}, got {rank}")
             if incarnation == ctl.config.incarnation:
+                bound = ctl.monitor.step_bound()
+                if bound is not None:
+                    for i, (step, _, _) in enumerate(records):
+                        if step > bound:
+                            # refused whole: no record of it applied (see REPORT_LAG_S)
+                            raise InputError("control report", f"records[{i}][0]",
+                                             f"step {step} is implausible: the job's latest"
+                                             f" is {ctl.monitor.latest_step}, and it cannot"
+                                             f" have run past {bound} since")
                 for step, bpt, batch in records:
                     ctl.observe(rank, step, bpt, batch, device)
             return ctl.actions_since(since)

@@ -3,7 +3,9 @@ straggler classes (docs/adaptive.md §3)."""
 
 from __future__ import annotations
 
+import math
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -15,6 +17,14 @@ NONE, TRANSIENT, PERSISTENT, DETERMINISTIC = "none", "transient", "persistent", 
 # (its reply lost: up to 10,000 records, one a step) and ignored; further below, the rank's count
 # started again (its last step was wild, or it restarted without a new incarnation).
 REPLAY_SPAN = 20_000
+# A record's step may lie at most as far beyond the job's latest as the job could have run since
+# that was reported: (the time since + REPORT_LAG_S) / its fastest step seen, STEP_SLACK times
+# over. REPORT_LAG_S: how stale the latest step may have been on arrival (a report retried for
+# ShardClient's retry budget, 60 s, plus one try's timeout, 10 s). A step far ahead of the real
+# ones made every later record of its rank up to it count as a report sent again (ignored), and
+# every action wait for the job to reach it.
+REPORT_LAG_S = 70.0
+STEP_SLACK = 2.0
 
 
 class WorkerClass(msgspec.Struct, frozen=True, rename={"category": "class"}):
@@ -50,7 +60,7 @@ class SpeedMonitor:
     """Collects BPT per worker; each full window yields ratios r_i and straggler classes."""
 
     def __init__(self, world_size: int, window: int = 5, theta: float = 1.3,
-                 persistent_windows: int = 3, warmup_steps: int = 2):
+                 persistent_windows: int = 3, warmup_steps: int = 2, clock=time.monotonic):
         self.world_size = world_size
         self.window = window
         self.theta = theta
@@ -62,6 +72,18 @@ class SpeedMonitor:
         # per record made a report's cost grow with the world size: 66 s per 2,000 reports
         # of a 16,384-rank job, on the service's event loop)
         self.ready = 0
+        self.clock = clock
+        # the fastest step time recorded (a floor of the job's step time: in lock step no step
+        # is faster than its fastest rank's compute) and when the latest step last rose
+        self._fastest, self._latest_at = math.inf, 0.0
+
+    def step_bound(self) -> int | None:
+        """The highest step a record may have now (None: no step known yet, any may)."""
+        latest = self.latest_step
+        if latest < 0 or not self._fastest < math.inf:
+            return None
+        since = max(0.0, self.clock() - self._latest_at) + REPORT_LAG_S
+        return latest + math.ceil(STEP_SLACK * since / self._fastest)
 
     def record(self, rank: int, step: int, bpt: float, batch: int, device: str = "") -> None:
         """Add one step record of `rank` (ignored during warm-up, for an unknown rank, or a step seen)."""
@@ -80,6 +102,9 @@ class SpeedMonitor:
         if w.since_eval == self.window:
             self.ready += 1
         w.device = device or w.device
+        self._fastest = min(self._fastest, bpt)
+        if step >= self._latest:
+            self._latest_at = self.clock()
         if not self._latest_stale:
             self._latest = max(self._latest, step)
 
@@ -167,3 +192,4 @@ class SpeedMonitor:
         self.workers = {r: WorkerHistory() for r in range(self.world_size)}
         self._latest, self._latest_stale = -1, False
         self.ready = 0
+        self._fastest, self._latest_at = math.inf, 0.0
