@@ -349,3 +349,51 @@ def test_a_pipeline_with_data_parallel_stages_is_analysed_step_by_step(tmp_path)
 def ranks_of(finding) -> list[int]:
     """The ranks a finding names."""
     return list(finding.where.ranks)
+
+
+# ---- meshes the examples do not build (real gloo jobs) ----------------------------------------
+
+MESH_WORKER = REPO / "tests" / "record" / "workers" / "mesh_worker.py"
+
+
+@pytest.mark.distributed
+def test_a_mesh_over_part_of_the_world_is_one_line_on_every_rank(tmp_path):
+    # ranks 0-2 hold a tp-3 mesh, rank 3 a plain model: rank 3 had nothing to refuse, waited
+    # in attach's first collective for its refusing peers and died with gloo's traceback
+    proc = torchrun(MESH_WORKER, 4, "part_mesh", str(tmp_path / "run"), check=False,
+                    timeout=300)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: rank ")]
+    assert sorted(line.split(":")[1] for line in lines) == [f" rank {r}" for r in range(4)]
+    assert all("tensor-parallel degree 3" in line for line in lines), lines
+    assert "rank 0 refused the job" in next(line for line in lines if "rank 3:" in line)
+    assert "Connection closed" not in proc.stderr
+    assert 'mesh_worker.py", line' not in proc.stderr  # no worker's traceback
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case,parallel,ep_groups", [
+    ("ep", {"dp": 4, "tp": 1, "cp": 1, "ep": 2, "pp": 1}, {(0, 1), (2, 3)}),
+    ("titan_ep", {"dp": 2, "tp": 2, "cp": 1, "ep": 2, "pp": 1}, {(0, 2), (1, 3)}),
+])
+def test_expert_parallel_mesh_dims_are_recorded_as_ep(tmp_path, case, parallel, ep_groups):
+    # an "ep" dim (or torchtitan's dp_shard_mod_ep / dp_shard_in_ep) was refused as a dim the
+    # recorder does not model
+    torchrun(MESH_WORKER, 4, case, str(tmp_path / "run"), timeout=300)
+    trace = read_run(tmp_path / "run")
+    meta, ops = trace.meta, trace.ops
+    assert meta.extra["parallel"] == parallel
+    assert (meta.ep_size, meta.dp_size, meta.world_size) == (2, 4, 4)
+    groups = [tuple(g) for g in meta.extra["process_groups"]]
+    a2a = ops["optype"] == A2A
+    assert {groups[p] for p in set(ops["pg"][a2a].tolist())} == ep_groups
+
+
+def test_expert_parallel_dims_are_data_parallel_for_the_workers():
+    from stragglers.record.layout import _fill, _mesh_layout
+
+    # rank 6 of torchtitan's (dp_shard_mod_ep 2, dp_shard_in_ep 2, tp 2): replica 3, tp rank 0
+    layout = _fill(_mesh_layout("fsdp2", torch.nn.Linear(2, 2),
+                                FakeMesh(("dp_shard_mod_ep", "dp_shard_in_ep", "tp"), (2, 2, 2),
+                                         (1, 1, 0)), 8, 6))
+    assert (layout.dp_size, layout.ep_size, layout.tp_size, layout.worker) == (4, 2, 2, 6)

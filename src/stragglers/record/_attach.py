@@ -37,7 +37,7 @@ from torch.utils._pytree import tree_leaves
 from stragglers.errors import InputError, StragglersError, one_line_if_uncaught
 from stragglers.record import native as native_hooks
 from stragglers.record.native import FAST, SKIP, SLOW
-from stragglers.record.layout import JobLayout, fsdp2_units, read_layout
+from stragglers.record.layout import JobLayout, agree, fsdp2_units, read_layout
 from stragglers.record import modelparallel
 from stragglers.record.lifecycle import ClosesOnExit
 from stragglers.record.modelparallel import Collectives
@@ -94,11 +94,16 @@ def _attach(model, optimizer, out, *, seq_lens, name, sample_every, overwrite, e
         return attach_pipeline(model, optimizer, out, name=name, sample_every=sample_every,
                                overwrite=overwrite, enabled=enabled, extra=extra,
                                flush_interval_s=flush_interval_s)
-    layout = read_layout(model)
-    for m in (model, layout.inner):
-        if m in _ATTACHED:
-            raise InputError("attach", "model", "already has a recorder attached; attach once "
-                             "per job (close() the first one to attach again)")
+    try:
+        layout = read_layout(model)
+        for m in (model, layout.inner):
+            if m in _ATTACHED:
+                raise InputError("attach", "model", "already has a recorder attached; attach "
+                                 "once per job (close() the first one to attach again)")
+        failure: Exception | None = None
+    except Exception as exc:  # told to every rank: none is left waiting for this one
+        failure = exc
+    agree(failure)
     enabled, out, every, overwrite = launcher_settings(enabled, out, name, sample_every, overwrite)
     for note in layout.notes:
         warnings.warn(f"stragglers.record.attach: {note}", stacklevel=3)
@@ -183,12 +188,12 @@ class Attached(ClosesOnExit):
         # every tensor-/context-parallel rank is a worker (column) of its own, as the Kineto
         # reader places them: dp_size counts the workers, the parallel degrees are in extra
         meta = JobMeta(name=name, dp_size=layout.workers, pp_size=1,
-                       world_size=layout.world_size,
+                       world_size=layout.world_size, ep_size=layout.ep_size,
                        run_id=os.environ.get("TORCHELASTIC_RUN_ID", "0"))
         meta.extra.update({"recorded_by": "attach", "wrapper": layout.wrapper, **extra})
         if layout.mesh is not None:
             meta.extra.update({"mesh": layout.mesh, "parallel": {
-                "dp": layout.dp_size, "tp": layout.tp_size, "cp": layout.dsp_size, "ep": 1,
+                "dp": layout.dp_size, "tp": layout.tp_size, "cp": layout.dsp_size, "ep": layout.ep_size,
                 "pp": 1}, "tp_size_implied": layout.tp_size})
         device = torch.device(device) if device is not None else _model_device(model)
         config = RecorderConfig(sample_every=sample_every, flush_interval_s=flush_interval_s,

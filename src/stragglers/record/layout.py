@@ -20,7 +20,10 @@ from stragglers.errors import InputError
 
 # DeviceMesh dimension names that mean data parallelism (torchtitan's and the FSDP2 docs' names).
 DP_DIM_NAMES = ("dp", "dp_replicate", "dp_shard", "dp_shard_cp", "replicate", "shard", "fsdp",
-                "ddp", "hsdp")
+                "ddp", "hsdp", "dp_shard_mod_ep")
+# Expert-parallel dims: data parallel for the dense layers (each rank its own tokens), the
+# experts split over them (torchtitan carves ep out of dp_shard: dp_shard_in_ep × cp)
+EP_DIM_NAMES = ("ep", "expert", "dp_shard_in_ep")
 TP_DIM_NAMES = ("tp", "tensor")
 CP_DIM_NAMES = ("cp", "context", "sp")
 PP_DIM_NAMES = ("pp", "pipeline")
@@ -53,6 +56,7 @@ class JobLayout:
     notes: list[str] = field(default_factory=list)
     pp_size: int = 1             # pipeline stages (the mesh's pp dim; the schedule's group)
     pp_rank: int = 0
+    ep_size: int = 1             # the mesh's expert-parallel dims (inside dp_size)
 
     @property
     def workers(self) -> int:
@@ -164,7 +168,7 @@ def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int,
     mesh's named dims; others refused."""
     names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
     dims = dict(zip(names, (int(n) for n in mesh.shape)))
-    dp = tp = cp = pp = 1
+    dp = tp = cp = pp = ep = 1
     dp_rank = tp_rank = cp_rank = pp_rank = 0
     for i, name in enumerate(names):
         size, local = mesh.size(i), mesh.get_local_rank(i)
@@ -179,12 +183,15 @@ def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int,
                                  "pass the pipelining schedule instead (attach(schedule, "
                                  "optimizer, out) records FSDP2 + TP + PP)")
             pp, pp_rank = pp * size, pp_rank * size + local
-        elif name in DP_DIM_NAMES or (mesh.mesh_dim_names is None and mesh.ndim <= 2):
+        elif (name in DP_DIM_NAMES or name in EP_DIM_NAMES
+              or (mesh.mesh_dim_names is None and mesh.ndim <= 2)):
             # unnamed dims of a 1-D or 2-D FSDP mesh are data parallel (replicate × shard)
             dp_rank = dp_rank * size + local
             dp *= size
+            ep *= size if name in EP_DIM_NAMES else 1
         else:
-            known = ", ".join(DP_DIM_NAMES + TP_DIM_NAMES + CP_DIM_NAMES + PP_DIM_NAMES)
+            known = ", ".join(DP_DIM_NAMES + EP_DIM_NAMES + TP_DIM_NAMES + CP_DIM_NAMES
+                              + PP_DIM_NAMES)
             raise InputError("attach", "model", f"its DeviceMesh {dims} has a dimension "
                              f"{name!r} the recorder does not model; expected names among "
                              f"{known}")
@@ -197,7 +204,8 @@ def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int,
         raise InputError("attach", "tp_size", f"the {what}-parallel degree {tp * cp * pp} "
                          f"(DeviceMesh {dims}) does not divide the world size {world}")
     return JobLayout(wrapper, model, dp, dp_rank, world, rank, tp_size=tp, dsp_size=cp,
-                     tp_rank=tp_rank, cp_rank=cp_rank, mesh=dims, pp_size=pp, pp_rank=pp_rank)
+                     tp_rank=tp_rank, cp_rank=cp_rank, mesh=dims, pp_size=pp, pp_rank=pp_rank,
+                     ep_size=ep)
 
 
 def _fill(layout: JobLayout) -> JobLayout:
@@ -232,3 +240,29 @@ def pipeline_layout(stages: list, pp: int, world: int, rank: int) -> JobLayout:
                          f"DeviceMesh {layout.mesh} has {layout.pp_size} along a pipeline "
                          f"dimension (expected one named among {', '.join(PP_DIM_NAMES)})")
     return _fill(layout)
+
+
+def agree(failure: BaseException | None) -> None:
+    """Raise on every rank if attach failed on any (a collective over the world).
+
+    Called after a rank's checks and before attach's first collective: a rank whose layout is
+    fine would otherwise wait there for a refusing peer until gloo gives up on it, and print a
+    traceback ("Connection closed by peer") for what is one bad input (a mesh over part of the
+    world leaves the ranks outside it nothing to refuse)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if failure is not None:
+            raise failure
+        return
+    from stragglers.errors import StragglersError
+    from stragglers.record.clock import control_channel, gather_objects
+
+    said = None if failure is None else (
+        str(failure) if isinstance(failure, StragglersError)
+        else f"{type(failure).__name__}: {failure}")
+    every = gather_objects(said, control_channel(None))
+    if failure is not None:
+        raise failure
+    for rank, message in enumerate(every):
+        if message is not None:
+            first = str(message).splitlines()[0] if str(message) else "refused"
+            raise InputError("attach", None, f"rank {rank} refused the job: {first}")

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from stragglers.errors import InputError
 from stragglers.record import modelparallel
-from stragglers.record.layout import JobLayout, fsdp2_units, pipeline_layout
+from stragglers.record.layout import JobLayout, agree, fsdp2_units, pipeline_layout
 from stragglers.record.lifecycle import ClosesOnExit
 from stragglers.record.modelparallel import Collectives
 from stragglers.record.recorder import Recorder
@@ -109,20 +109,12 @@ class AttachedPipeline(ClosesOnExit):
         if not (dist.is_available() and dist.is_initialized()):
             raise InputError("attach", "model", "a pipelining schedule needs an initialised "
                              "process group (launch with torchrun)")
-        stages = schedule_stages(schedule)
-        _check_optimizer(optimizer, stages)
-        if schedule in _ATTACHED or any(s in _ATTACHED for s in stages):
-            raise InputError("attach", "model", "this schedule already has a recorder attached; "
-                             "attach once per job (close() the first one to attach again)")
-        group = stages[0].group
-        pp = dist.get_world_size(group)
-        rank = dist.get_rank(group)
-        layout = pipeline_layout(stages, pp, dist.get_world_size(), dist.get_rank())
-        backend = group._get_backend(stages[0].device) if hasattr(group, "_get_backend") else None
-        if backend is not None and getattr(backend, "supports_coalescing", False):
-            raise InputError("attach", "model", f"the pipeline group's backend ({dist.get_backend(group)}) "
-                             "coalesces batched sends/recvs; per-transfer recording is implemented "
-                             "for gloo only")
+        try:
+            stages, group, rank, layout = _checked(schedule, optimizer)
+            failure: Exception | None = None
+        except Exception as exc:  # told to every rank: none is left waiting for this one
+            failure = exc
+        agree(failure)
         self.schedule, self.optimizer, self.stages = schedule, optimizer, stages
         self.layout = layout
         index = sorted(s.stage_index for s in stages)
@@ -304,11 +296,30 @@ def _check_optimizer(optimizer, stages) -> None:
                              "every stage of this rank")
 
 
+def _checked(schedule, optimizer) -> tuple[list, Any, int, JobLayout]:
+    """(stages, pipeline group, this rank's place in it, layout), or InputError."""
+    stages = schedule_stages(schedule)
+    _check_optimizer(optimizer, stages)
+    if schedule in _ATTACHED or any(s in _ATTACHED for s in stages):
+        raise InputError("attach", "model", "this schedule already has a recorder attached; "
+                         "attach once per job (close() the first one to attach again)")
+    group = stages[0].group
+    pp = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    layout = pipeline_layout(stages, pp, dist.get_world_size(), dist.get_rank())
+    backend = group._get_backend(stages[0].device) if hasattr(group, "_get_backend") else None
+    if backend is not None and getattr(backend, "supports_coalescing", False):
+        raise InputError("attach", "model", f"the pipeline group's backend "
+                         f"({dist.get_backend(group)}) coalesces batched sends/recvs; "
+                         "per-transfer recording is implemented for gloo only")
+    return stages, group, rank, layout
+
+
 def _job_meta(schedule, stages, layout: JobLayout, name: str, extra: dict) -> JobMeta:
     """The job's metadata: each data- / tensor-parallel rank of a stage is a worker (column) of
     its own; the schedule, its stages and (3-D) the mesh and parallel degrees in extra."""
     meta = JobMeta(name=name, dp_size=layout.workers, pp_size=layout.pp_size,
-                   vpp_size=len(stages), world_size=layout.world_size,
+                   vpp_size=len(stages), world_size=layout.world_size, ep_size=layout.ep_size,
                    run_id=os.environ.get("TORCHELASTIC_RUN_ID", "0"))
     meta.extra.update({"recorded_by": "attach", "wrapper": "pipelining",
                        "pipeline_schedule": type(schedule).__name__,
@@ -318,7 +329,8 @@ def _job_meta(schedule, stages, layout: JobLayout, name: str, extra: dict) -> Jo
     if layout.mesh is not None:
         meta.extra.update({"mesh": layout.mesh, "stage_wrapper": layout.wrapper,
                            "parallel": {"dp": layout.dp_size, "tp": layout.tp_size,
-                                        "cp": layout.dsp_size, "ep": 1, "pp": layout.pp_size}})
+                                        "cp": layout.dsp_size, "ep": layout.ep_size,
+                                        "pp": layout.pp_size}})
     meta.extra.update(extra)
     return meta
 
