@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import re
 from pathlib import Path
 
 import msgspec
@@ -119,7 +118,138 @@ def meta_from_dict(raw: object, source: Path | str) -> JobMeta:
     if meta.world_size % meta.ep_size:
         raise InputError(source, "ep_size", f"{meta.ep_size} does not divide the world size "
                          f"{meta.world_size}; expected the size of one expert-parallel group")
+    check_layout_extra(meta, source)
     return meta
+
+
+# extra.parallel's degrees, as the recorder writes them (the report shows them)
+DEGREES = ("dp", "tp", "cp", "ep", "pp")
+# a layout entry's optional integer places and optional names
+_ENTRY_PLACES = ("replica", "tp_rank", "cp_rank")
+_ENTRY_NAMES = ("host", "cpus", "device")
+
+
+def _int_in(value: object, top: int) -> bool:
+    """An int (not a bool) in 0..top-1."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < top
+
+
+def _shown(value: object) -> str:
+    return repr(str(value)[:40])
+
+
+def check_layout_extra(meta: JobMeta, source: Path | str) -> None:
+    """The layout a recorder writes into `extra` (layout, parallel, process_groups,
+    group_sizes, mesh), checked against the job's sizes: InputError naming the field.
+
+    The report and the diagnosis read them (a rank's host, the degrees in the header, the
+    place of a rank): a hand-edited value of the wrong type failed deep inside the analysis,
+    and a degree that does not fit the world was shown as the job's layout."""
+    extra, world = meta.extra, meta.world_size
+    layout = extra.get("layout")
+    if layout is not None:
+        _check_layout_entries(layout, meta, source)
+    parallel = extra.get("parallel")
+    if parallel is not None:
+        _check_parallel(parallel, meta, source)
+    groups = extra.get("process_groups")
+    if groups is not None:
+        if not isinstance(groups, list):
+            raise InputError(source, "extra.process_groups", f"expected a list of rank lists, "
+                             f"got {type(groups).__name__}")
+        for i, g in enumerate(groups):
+            if (not isinstance(g, list) or not g or not all(_int_in(r, world) for r in g)
+                    or len(set(g)) != len(g)):
+                raise InputError(source, f"extra.process_groups[{i}]", f"{_shown(g)}; expected "
+                                 f"a list of distinct ranks in 0..{world - 1} (the world size)")
+    for key in ("group_sizes", "mesh"):
+        sizes = extra.get(key)
+        if sizes is None:
+            continue
+        if not isinstance(sizes, dict):
+            raise InputError(source, f"extra.{key}", f"expected a mapping of dimension name to "
+                             f"size, got {type(sizes).__name__}")
+        for name, size in sizes.items():
+            if not _int_in(size, world + 1) or size < 1:
+                raise InputError(source, f"extra.{key}.{str(name)[:40]}", f"{_shown(size)}; "
+                                 f"expected a size in 1..{world} (the world size)")
+    implied = extra.get("tp_size_implied")
+    if implied is not None and not (_int_in(implied, world + 1) and implied >= 1):
+        raise InputError(source, "extra.tp_size_implied", f"{_shown(implied)}; expected a "
+                         f"size in 1..{world} (the world size)")
+    split = extra.get("compute_split_at_collectives")
+    if split is not None and not isinstance(split, bool):
+        raise InputError(source, "extra.compute_split_at_collectives", f"{_shown(split)}; "
+                         "expected true or false")
+
+
+def _check_layout_entries(layout: object, meta: JobMeta, source: Path | str) -> None:
+    """One entry per rank at most, each rank at its own place inside the job's sizes."""
+    if not isinstance(layout, list):
+        raise InputError(source, "extra.layout", f"expected a list of rank entries, got "
+                         f"{type(layout).__name__}")
+    seen: set[int] = set()
+    places: dict[tuple[int, int], int] = {}
+    for i, e in enumerate(layout):
+        field = f"extra.layout[{i}]"
+        if not isinstance(e, dict):
+            raise InputError(source, field, f"expected a mapping, got {type(e).__name__}")
+        rank = e.get("rank")
+        if not _int_in(rank, meta.world_size):
+            raise InputError(source, f"{field}.rank", f"{_shown(rank)}; expected an integer "
+                             f"in 0..{meta.world_size - 1} (the world size)")
+        assert isinstance(rank, int)  # (_int_in)
+        if rank in seen:
+            raise InputError(source, f"{field}.rank", f"rank {rank} listed twice")
+        seen.add(rank)
+        for key, top, name in (("dp_rank", meta.dp_size, "dp_size"),
+                               ("stage", meta.pp_size, "pp_size")):
+            if key in e and not _int_in(e[key], top):
+                raise InputError(source, f"{field}.{key}", f"{_shown(e[key])}; expected an "
+                                 f"integer in 0..{top - 1} (the job's {name})")
+        if "dp_rank" in e and "stage" in e:
+            # the analysis takes one worker per place
+            other = places.setdefault((e["dp_rank"], e["stage"]), rank)
+            if other != rank:
+                raise InputError(source, field, f"rank {rank} at dp_rank {e['dp_rank']}, stage "
+                                 f"{e['stage']}, the place of rank {other}; expected one rank "
+                                 "per place (tensor-parallel ranks are workers of their own: "
+                                 "dp_size counts them)")
+        for key in _ENTRY_PLACES:
+            if key in e and not _int_in(e[key], meta.world_size):
+                raise InputError(source, f"{field}.{key}", f"{_shown(e[key])}; expected an "
+                                 f"integer in 0..{meta.world_size - 1} (the world size)")
+        for key in _ENTRY_NAMES:
+            if e.get(key) is not None and not isinstance(e[key], str):
+                raise InputError(source, f"{field}.{key}", f"expected a string, got "
+                                 f"{type(e[key]).__name__}")
+
+
+def _check_parallel(parallel: object, meta: JobMeta, source: Path | str) -> None:
+    """Degrees among dp, tp, cp, ep, pp that multiply to the world and fit the table."""
+    if not isinstance(parallel, dict):
+        raise InputError(source, "extra.parallel", f"expected a mapping of {', '.join(DEGREES)} "
+                         f"to degrees, got {type(parallel).__name__}")
+    for key, value in parallel.items():
+        if key not in DEGREES:
+            raise InputError(source, f"extra.parallel.{str(key)[:40]}", f"not a degree; "
+                             f"expected keys among {', '.join(DEGREES)}")
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise InputError(source, f"extra.parallel.{key}", f"{_shown(value)}; expected a "
+                             "positive integer")
+    world = meta.world_size
+    d = {k: parallel.get(k, 1) for k in DEGREES}
+    for key in ("tp", "cp", "ep", "pp"):
+        if world % d[key]:
+            raise InputError(source, f"extra.parallel.{key}", f"{d[key]} does not divide the "
+                             f"world size {world}")
+    if "dp" in parallel and d["dp"] * d["tp"] * d["cp"] * d["pp"] != world:
+        raise InputError(source, "extra.parallel", f"dp·tp·cp·pp = {d['dp']}·{d['tp']}·"
+                         f"{d['cp']}·{d['pp']} = {d['dp'] * d['tp'] * d['cp'] * d['pp']}; "
+                         f"expected the world size {world}")
+    if d["pp"] != meta.pp_size:
+        raise InputError(source, "extra.parallel.pp", f"{d['pp']}, but pp_size is "
+                         f"{meta.pp_size}; expected the same number of pipeline stages")
 
 
 def check_against_meta(ops: dict[str, np.ndarray], meta: JobMeta, trace_source: Path | str,
