@@ -68,6 +68,10 @@ KNOWN_COLLECTIVES = {"allreduce", "reducescatter", "allgather", "alltoall", "bro
                      "gather", "scatter", "barrier", "send", "recv", "sendrecv", "alltoallv"}
 
 
+# A pg_config entry's name when it has no pg_name
+UNNAMED = "None"
+
+
 @dataclass(frozen=True)
 class GroupConfig:
     """One process group of distributedInfo.pg_config (an entry with a list of ranks)."""
@@ -75,6 +79,11 @@ class GroupConfig:
     name: str                 # pg_name as text ("None" when absent)
     ranks: tuple              # the members as the file lists them (checked where used)
     desc: str | None = None   # pg_desc, when it is text
+
+    @property
+    def unnamed(self) -> bool:
+        """No pg_name in the entry (collectives name their group by it)."""
+        return self.name == UNNAMED
 
     def whole_ranks(self) -> list[int] | None:
         """The members when every one is a whole number (not a bool), else None."""

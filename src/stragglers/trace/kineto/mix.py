@@ -39,10 +39,18 @@ def check_metadata(parts: dict[int, RankParts]) -> None:
     groups: dict[str, tuple[tuple, str]] = {}
     for r in ranks:
         p = parts[r]
+        check_group_ranks(p)
+        check_collective_groups(p)
         for g in p.distributed_info.groups if p.distributed_info else ():
             name, members = g.name, g.ranks
+            if g.unnamed:  # no pg_name: nothing refers to it by name, nothing to compare
+                continue
             seen = groups.setdefault(name, (members, p.source))
             if seen[0] != members and members and seen[0]:
+                if seen[1] == p.source:
+                    raise InputError(p.source, "distributedInfo.pg_config", f"process group "
+                                     f"{name} is listed twice, with ranks {_short(seen[0])} and "
+                                     f"{_short(members)}; expected one entry per pg_name")
                 raise InputError(p.source, "distributedInfo.pg_config", f"process group {name} "
                                  f"has ranks {_short(members)}, but in {seen[1]} "
                                  f"{_short(seen[0])}: the files are from different runs")
@@ -52,6 +60,45 @@ def check_metadata(parts: dict[int, RankParts]) -> None:
             raise InputError(parts[r].source, "traceEvents", f"records steps {_span(steps[r])}, "
                              f"but {ref.source} records steps {_span(steps[ranks[0]])}: no step "
                              "in common, so the files are not one profiling window of one run")
+
+
+def check_group_ranks(p: RankParts) -> None:
+    """A process group (pg_config, a collective's "Process Group Ranks") names ranks of the
+    world only: a group of ranks outside it would place collectives among ranks that are not
+    there (its size read as a tensor- or expert-parallel degree)."""
+    info = p.distributed_info
+    world = info.world_size if info is not None else None
+    if world is None:
+        return
+    listed = [(f"distributedInfo.pg_config[{i}].ranks", g.name, g.whole_ranks())
+              for i, g in enumerate(info.groups if info is not None else ())]
+    listed += [("Process Group Ranks", name, list(members))
+               for name, members in sorted(p.pg_ranks.items())]
+    for field, name, members in listed:
+        bad = [m for m in members or () if not 0 <= m < world]
+        if bad:
+            raise InputError(p.source, field, f"process group {name} lists rank {bad[0]}, "
+                             f"outside the world size {world} (distributedInfo.world_size); "
+                             "expected ranks 0.." + str(world - 1))
+
+
+def check_collective_groups(p: RankParts) -> None:
+    """Collectives that name no process group, where pg_config shows model-parallel subgroups:
+    which ranks each one synchronises is unknown (read as spanning every rank, a tensor-
+    parallel all-reduce waits for the whole job and the diagnosis names the wrong rank)."""
+    from stragglers.trace.kineto.placement import described_model_parallel
+
+    colls = [c for c in p.colls if c.kind not in ("send", "recv", "sendrecv")]
+    if not colls or any(c.pg is not None for c in colls):
+        return
+    dims = described_model_parallel(p)
+    if dims:
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(dims.items()))
+        raise InputError(p.source, "Process Group Name", f"none of its {len(colls)} "
+                         f"collectives names its process group, but distributedInfo.pg_config "
+                         f"shows model-parallel groups ({shown}): which ranks each collective "
+                         "synchronises is unknown; expected the profiler's 'Process Group Name' "
+                         "on every collective (torch >= 2.2 records it)")
 
 
 def check_overlap(spans: dict[int, dict[tuple, tuple[float, float]]],

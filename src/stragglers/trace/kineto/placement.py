@@ -110,6 +110,19 @@ def place(ev, rank: int, shape: JobShape) -> Placement:
     return Placement(rank, rank, 0, None)
 
 
+def described_model_parallel(ev) -> dict[str, int]:
+    """{dimension: size} of the subgroups pg_config describes as tensor, context or expert
+    parallel (smaller than the world)."""
+    world = ev.distributed_info.world_size if ev.distributed_info else None
+    out: dict[str, int] = {}
+    for _, ranks, words in _described(ev):
+        for kind, names in _KIND_WORDS.items():
+            if 1 < len(ranks) and (world is None or len(ranks) < world) and words & names \
+                    and not words & _DP_WORDS:
+                out[kind] = max(out.get(kind, 0), len(ranks))
+    return out
+
+
 def _described(ev):
     """(name, ranks, words of the description) of every well-formed pg_config group."""
     for g in ev.distributed_info.groups if ev.distributed_info else ():
@@ -144,6 +157,10 @@ def model_parallel_groups(ev, rank: int, tp_size: int) -> frozenset:
         if rank in ranks and len(ranks) > 1 and words & _MODEL_PARALLEL_WORDS \
                 and not words & _DP_WORDS:
             out.add(name)
+            # and the collectives' groups of its ranks under another name (an entry without
+            # pg_name, or collectives naming a group pg_config lists otherwise)
+            out.update(str(n) for n, members in ev.pg_ranks.items()
+                       if sorted(members) == sorted(ranks))
     if tp_size > 1:
         block = range(rank // tp_size * tp_size, rank // tp_size * tp_size + tp_size)
         for name, members in ev.pg_ranks.items():
