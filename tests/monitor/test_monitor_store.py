@@ -370,3 +370,23 @@ def test_alerts_and_the_alert_log_are_read_a_page_at_a_time(stores):
         if before is None:
             break
     assert log == [f"s{i}" for i in reversed(range(25))]
+
+
+def test_new_sizes_are_refused_under_the_job_lock_once_a_part_is_stored(stores):
+    # the monitor looked for parts, then wrote the new sizes: a part another instance
+    # committed in between was stored at sizes the job no longer had; judged in the write
+    # itself now, and a part checked against the metadata before is not committed
+    from stragglers.monitor.store import JobConflict
+    from stragglers.monitor.store_base import STALE
+    a, b = stores(), stores()
+    a.register_job("j", "/runs/j", "http", {"world_size": 4})
+    seq = a.job("j").meta_seq
+    assert b.add_parts([("j", 3, 0, 5, 0, 4, 100, "http")], fence={"j": seq}) == [True]
+    with pytest.raises(JobConflict):
+        a.register_job("j", "/runs/j", "http", {"world_size": 2}, sizes_change=True)
+    assert a.job("j").meta == {"world_size": 4} and a.job("j").meta_seq == seq
+    a.register_job("j", "/runs/j", "http", {"world_size": 4, "name": "j"})   # no resize
+    assert a.job("j").meta_seq == seq + 1
+    assert b.add_parts([("j", 2, 0, 5, 0, 4, 100, "http")], fence={"j": seq}) == [STALE]
+    assert not b.has_part("j", 2, 0)
+    assert b.add_parts([("j", 2, 0, 5, 0, 4, 100, "http")], fence={"j": seq + 1}) == [True]

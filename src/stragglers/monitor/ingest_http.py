@@ -35,7 +35,7 @@ from stragglers.monitor.jobmeta import check_meta, loads_meta
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
     check_same_part, fingerprint
 from stragglers.monitor.leases import ForeignJob
-from stragglers.monitor.service import JobFull, Monitor, PartIn, RunBusy
+from stragglers.monitor.service import JobFull, MetaChanged, Monitor, PartIn, RunBusy
 from stragglers.monitor.windows import JobTracker
 from stragglers.serving import BodyRefused, canonical_decimal, declared_length
 from stragglers.serving_guard import FRAMING_KEY, admit_body
@@ -502,6 +502,9 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             raise HTTPProblem(409, str(exc), "conflict") from None
         except JobFull as exc:
             raise job_full(exc) from None
+        except MetaChanged as exc:   # (another instance rewrote the job's meta meanwhile)
+            raise HTTPProblem(503, f"path 'job': {exc.problem}", "busy",
+                              retry_after_s=1.0) from None
         except InputError as exc:
             if exc.field == "job":   # forgotten while queued (expire_empty_jobs)
                 raise HTTPProblem(404, f"path 'job': unknown job {job!r}; PUT /api/jobs/{job}/"

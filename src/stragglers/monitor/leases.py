@@ -44,6 +44,7 @@ class ForeignJob:
     meta: JobMeta
     max_step: int
     read_at: float
+    meta_seq: int = 0   # the stored metadata's version (its parts' commits are fenced by it)
 
     def knows(self, rank: int, part: int) -> bool:
         """Not known here: the store's key tells a part seen twice."""

@@ -97,6 +97,7 @@ class JobRecord(msgspec.Struct):
     closed: int = 0
     part_seq: int = 0
     run: int = 0
+    meta_seq: int = 0   # one more at every change of `meta` (a part's commit is fenced by it)
 
 
 class JobSummary(msgspec.Struct):
@@ -127,6 +128,7 @@ class JobMark(msgspec.Struct):
     run: int
     meta: str | None
     state: str
+    meta_seq: int = 0
 
 
 class PartRow(msgspec.Struct):

@@ -42,12 +42,13 @@ from stragglers.monitor.parts import MAX_PART, MAX_STEP, MAX_WINDOW, PartConflic
     check_in_job, check_same_part, check_step_gaps, is_whole_rank_file, part_path, read_part_file, \
     read_part_files, read_part_footer, read_part_footers, check_uploads, read_uploads, \
     sync_directory, write_part_file
-from stragglers.monitor.records import Alert, AlertLogEntry, JobRecord, Lease, PartIndex, \
-    WindowRow
+from stragglers.monitor.records import Alert, AlertLogEntry, JobMark, JobRecord, Lease, \
+    PartIndex, WindowRow
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.watchdog import Watchdog
 from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, read_steps
 from stragglers.monitor.store import JobConflict, SQLStore
+from stragglers.monitor.store_base import STALE
 from stragglers.monitor.windows import JobTracker, Window, layout_of
 from stragglers.serving import LogBudget
 from stragglers.trace.model import JobMeta
@@ -62,6 +63,19 @@ SWEEP_EVERY_S = 60.0   # empty jobs are looked for at most this often (or expiry
 
 class JobFull(InputError):
     """A part that would take its job past max_job_bytes (nothing of it is stored)."""
+
+
+MAX_STALE = 3   # a part's checks again after its job's metadata changed under it
+
+
+class MetaChanged(Exception):
+    """A part's job changed its metadata (another instance) each time the part was checked:
+    not stored, to be sent again (an upload is answered 503, a watched file is queued by the
+    next rescan)."""
+
+    def __init__(self, job: str, field: str, problem: str):
+        super().__init__(f"job {job!r}: {problem}")
+        self.problem = problem
 
 
 class RunBusy(InputError):
@@ -87,6 +101,7 @@ class PartIn:
     # silence may count from (clamped to file_time_slack_s before the notice)
     written_at: float | None = None
     done: Future | None = None      # set to "stored" or "duplicate" once durable
+    stale: int = 0   # times its commit found the job's metadata changed since its check
 
 
 class Monitor:
@@ -303,6 +318,7 @@ class Monitor:
                 raise InputError(job, "job", f"the monitor tracks {self.config.max_jobs} jobs "
                                  "already (max_jobs)")
             old = self.store.job(job)
+            resized = False
             if old is not None and old.directory == str(directory) and \
                     is_new_run(old.meta, raw_meta):
                 if self._in_flight(job):
@@ -312,9 +328,12 @@ class Monitor:
                                   "stored; the new run starts once they are (try again)")
                 self._reset(job, raw_meta)
             elif old is not None and old.directory == str(directory):
-                self._check_same_sizes(job, old.meta, meta)
+                resized = self._check_same_sizes(job, old.meta, meta)
             try:
-                self.store.register_job(job, str(directory), way, raw_meta)
+                # (a resize is judged again under the job row's lock: another instance's
+                # part may be stored between the look above and this write)
+                self.store.register_job(job, str(directory), way, raw_meta,
+                                        sizes_change=resized)
             except JobConflict as exc:
                 raise InputError(job, "job", str(exc)) from None
             self.directories[job] = Path(directory)
@@ -324,6 +343,10 @@ class Monitor:
             if tracker is not None:
                 tracker.set_meta(meta)
                 self.runs[job] = self._run_mark(job)
+                self._foreign.pop(job, None)
+                # the version stored, if it is still this metadata (else another instance
+                # wrote since: no part is committed until the store is followed)
+                tracker.meta_seq = self._meta_seq(job, raw_meta)
             elif self.leases.holds(job) or not self.leases.take(job):
                 # held here without a tracker (quarantined until now), or held elsewhere
                 # (its holder finds the new metadata in the store)
@@ -363,7 +386,7 @@ class Monitor:
                         row.state != "finished":
                     self._rebuild_or_quarantine(row)
 
-    def _check_same_sizes(self, job: str, stored: object, meta: JobMeta) -> None:
+    def _check_same_sizes(self, job: str, stored: object, meta: JobMeta) -> bool:
         """InputError (a conflict) when a rewrite of a job's run changes its sizes while parts
         of it are stored: a smaller world left stored ranks outside it (the job was set aside
         at the next start), a smaller dp or pp left stored rows outside the grid; a new run
@@ -371,7 +394,7 @@ class Monitor:
         try:
             before = check_meta(stored, f"job {job}", 1 << 62)
         except InputError:
-            return   # set aside already (register_job takes the new metadata)
+            return False   # set aside already (register_job takes the new metadata)
         sizes = ("world_size", "dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size")
         changed = [(n, getattr(before, n), getattr(meta, n)) for n in sizes
                    if getattr(before, n) != getattr(meta, n)]
@@ -387,6 +410,7 @@ class Monitor:
                              f"{now} where the run's stored parts have it at {was}: a run keeps "
                              "its layout (a new run, with a new start clock in extra.clock, "
                              "starts the job again)")
+        return bool(changed) or moved is not None
 
     def _has_parts(self, job: str) -> bool:
         """Whether a part of the job is stored, or on its way (checked against the job's
@@ -490,8 +514,15 @@ class Monitor:
         except Exception as exc:   # noqa: BLE001 - one job's rows must not stop the service
             self._quarantine(job, exc)
             return None
-        view = self._foreign[job] = ForeignJob(meta, self.store.max_step(job), time.monotonic())
+        view = self._foreign[job] = ForeignJob(meta, self.store.max_step(job), time.monotonic(),
+                                               row.meta_seq)
         return view
+
+    def _meta_seq(self, job: str, raw_meta: dict) -> int:
+        """The stored metadata's version when it is `raw_meta`, else -1 (fences every part)."""
+        mark = self.store.job_marks([job]).get(job)
+        return int(mark.meta_seq) if mark is not None and \
+            mark.meta == json.dumps(raw_meta, sort_keys=True) else -1
 
     def _run_mark(self, job: str) -> tuple[int | None, str | None]:
         mark = self.store.job_marks([job]).get(job)
@@ -575,6 +606,7 @@ class Monitor:
         # its windows are stored under the lease it was built under, and under no later one
         # (a tracker of an earlier holding, lost and taken again, must not store its windows)
         tr.lease = self.leases.lease(name)
+        tr.meta_seq = int(job.meta_seq)
         self.analyser.warm()  # a job means windows soon: start the analysis process now
         self.part_seqs[name] = max([self.part_seqs.get(name, 0)] + [p.seq for p in index])
         self._take_stored(tr, directory, index)
@@ -678,20 +710,9 @@ class Monitor:
             for job, mark in marks.items():
                 if job not in self.part_seqs or job in self.quarantined:
                     continue
-                if self.runs.get(job, (None,))[0] not in (None, mark.run):
-                    # another instance saw a new run: start again from the store
-                    self.trackers.pop(job, None)
-                    self._gained(job)
+                if not self._follow_meta(job, mark):
                     continue
                 tr = self.trackers.get(job)
-                if tr is not None and self.runs.get(job, (None, None))[1] != mark.meta:
-                    try:
-                        tr.set_meta(check_meta(json.loads(mark.meta or "null"), f"stored "
-                                               f"metadata of job {job!r}"))
-                    except Exception as exc:   # noqa: BLE001 - that job only
-                        self._quarantine(job, exc)
-                        continue
-                self.runs[job] = (mark.run, mark.meta)
                 if int(mark.part_seq) <= self.part_seqs[job]:
                     continue
                 if tr is None:
@@ -709,11 +730,44 @@ class Monitor:
         self.analyser.read_ahead(ahead)
         return windows
 
+    def _follow_meta(self, job: str, mark: JobMark) -> bool:
+        """A held job's new run or metadata stored by another instance, taken (under the
+        lock); False when the job started again from the store or was set aside."""
+        if self.runs.get(job, (None,))[0] not in (None, mark.run):
+            # another instance saw a new run: start again from the store
+            self.trackers.pop(job, None)
+            self._gained(job)
+            return False
+        tr = self.trackers.get(job)
+        if tr is not None and self.runs.get(job, (None, None))[1] != mark.meta:
+            try:
+                tr.set_meta(check_meta(json.loads(mark.meta or "null"), f"stored "
+                                       f"metadata of job {job!r}"))
+            except Exception as exc:   # noqa: BLE001 - that job only
+                self._quarantine(job, exc)
+                return False
+        self.runs[job] = (mark.run, mark.meta)
+        if tr is not None:
+            tr.meta_seq = int(mark.meta_seq)
+        return True
+
+    def _meta_moved(self, job: str) -> None:
+        """Another instance changed a job's metadata after parts of it here were checked
+        (add_parts said STALE): what checks them is read again now — a job held elsewhere's
+        view, a held job's tracker as its next tick would — before they are checked again."""
+        with self._lock:
+            self._foreign.pop(job, None)
+            if job not in self.trackers or job in self.quarantined:
+                return
+            mark = self.store.job_marks([job]).get(job)
+            if mark is not None:
+                self._follow_meta(job, mark)
+
     # ---- parts -------------------------------------------------------------------------------
 
     def submit(self, item: PartIn) -> None:
         """Queue a part for the ingest thread (never blocks)."""
-        if item.path is not None and item.written_at is None:
+        if item.path is not None and item.written_at is None and item.way == "files":
             try:
                 item.written_at = os.stat(item.path).st_ctime
             except OSError:
@@ -986,12 +1040,31 @@ class Monitor:
         if not rows:
             return
         now, mono = time.time(), time.monotonic()
-        new = self.store.add_parts(rows, now)
-        for (it, _), is_new in zip(taken, new):
+        # on a shared store each job's parts are committed only while its metadata is the
+        # version they were checked against: in-flight checks see this instance's parts
+        # alone, and another instance's new run (or new sizes) committed between a part's
+        # check here and its commit took it as the new run's (a part of that number from
+        # the new run was then refused 409), or stored a rank the job no longer had (the job
+        # set aside at its next rebuild)
+        fence = {job: tr.meta_seq for job, tr in trackers.items()
+                 if tr.meta_seq is not None} if self.store.shared else None
+        new = self.store.add_parts(rows, now, fence)
+        for job in {it.job for (it, _), is_new in zip(taken, new) if is_new == STALE}:
+            self._meta_moved(job)
+        for (it, got), is_new in zip(taken, new):
             if is_new is None:   # forgotten meanwhile (another instance's expiry sweep)
                 _settle(it, exc=InputError(it.job, "job", "unknown job"))
+            elif is_new == STALE:
+                if it.body is None and it.path is None and isinstance(got, PartFile):
+                    it.path = got.path   # (an upload's bytes are in its file now)   # checked again against what the job is now (a few times:
+                it.stale += 1       # then the client or the rescan tries again)
+                if it.stale > MAX_STALE:
+                    _settle(it, exc=MetaChanged(it.job, "job", "its metadata changed while "
+                                                "the part was being stored; try again"))
+                else:
+                    self.submit(it)
         for row, is_new in zip(rows, new):
-            if is_new and row[0] in self._job_bytes:
+            if is_new is True and row[0] in self._job_bytes:
                 stored, read_at = self._job_bytes[row[0]]
                 self._job_bytes[row[0]] = (stored + int(row[6]), read_at)
         windows, ahead = [], []
@@ -999,7 +1072,7 @@ class Monitor:
             touched = set()
             steps_before: dict[str, int] = {}   # job → its max_step before this batch
             for (it, data), is_new in zip(taken, new):
-                if is_new is None:
+                if is_new is None or is_new == STALE:
                     continue
                 if not is_new:
                     self._settle_known(it)

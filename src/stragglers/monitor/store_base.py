@@ -52,6 +52,10 @@ class _Name(msgspec.Struct):
 
 class _Seq(msgspec.Struct):
     part_seq: int
+    meta_seq: int = 0
+
+
+STALE = "stale"   # add_parts: the job's metadata changed since its parts were checked
 
 
 class _Held(msgspec.Struct):
@@ -211,8 +215,11 @@ class SQLStore:
     # ---- jobs -------------------------------------------------------------------------------
 
     def register_job(self, job: str, directory: str, way: str, meta: dict[str, Any] | None,
-                     now: float | None = None) -> bool:
-        """Create or update a job; JobConflict when the name belongs to another directory."""
+                     now: float | None = None, sizes_change: bool = False) -> bool:
+        """Create or update a job; JobConflict when the name belongs to another directory, or
+        when `sizes_change` (the new metadata moves ranks) and a part of it is stored: judged
+        under the job row's lock, which add_parts takes too (another instance's part committed
+        after this instance looked for parts was stored at sizes the job no longer had)."""
         now = time.time() if now is None else now
         meta_text = None if meta is None else json.dumps(meta, sort_keys=True)
 
@@ -233,7 +240,14 @@ class SQLStore:
             if row.directory != directory:
                 raise JobConflict(f"job name {job!r} already belongs to {row.directory}")
             if meta_text is not None and meta_text != row.meta:
-                self._exec(db, "UPDATE jobs SET meta = ? WHERE job = ?", (meta_text, job))
+                if sizes_change and self._exec(db, "SELECT 1 FROM parts WHERE job = ? LIMIT 1",
+                                               (job,)).fetchone() is not None:
+                    raise JobConflict(f"job {job!r}: its sizes or layout would change where "
+                                      "parts of the run are stored (another instance stored "
+                                      "one meanwhile); a run keeps its sizes")
+                # (meta_seq: a part checked against the metadata before is not committed)
+                self._exec(db, "UPDATE jobs SET meta = ?, meta_seq = meta_seq + 1 WHERE job = ?",
+                           (meta_text, job))
             if way == "http" and meta is not None:
                 # an uploaded job announced again before its first part: its expiry
                 # (expire_empty_jobs) counts from now
@@ -312,7 +326,8 @@ class SQLStore:
             for table in ("parts", "windows", "upload_drops"):
                 self._exec(db, f"DELETE FROM {table} WHERE job = ?", (job,))
             self._exec(db, "UPDATE jobs SET meta = ?, state = 'running', last_part_at = NULL, "
-                       "finished_at = NULL, closed = 0, created_at = ?, run = run + 1 "
+                       "finished_at = NULL, closed = 0, created_at = ?, run = run + 1, "
+                       "meta_seq = meta_seq + 1 "
                        "WHERE job = ?", (meta_text, time.time(), job))
             self._alert_changes(db, alert_rows, log_rows)
             return True
@@ -383,32 +398,43 @@ class SQLStore:
             return {}
         marks = ", ".join("?" * len(jobs))
         return {r.job: r for r in self._typed(
-            JobMark, f"SELECT job, part_seq, run, meta, state FROM jobs WHERE job IN ({marks})",
+            JobMark, f"SELECT job, part_seq, run, meta, state, meta_seq FROM jobs WHERE job IN "
+            f"({marks})",
             jobs)}
 
     # ---- parts ------------------------------------------------------------------------------
 
-    def add_parts(self, rows: list[tuple[Any, ...]],
-                  now: float | None = None) -> list[bool | None]:
+    def add_parts(self, rows: list[tuple[Any, ...]], now: float | None = None,
+                  fence: dict[str, int] | None = None) -> list[bool | None | str]:
         """Insert parts (job, rank, part, records, first_step, last_step, bytes, way[, digest[,
         step_set]]) in one transaction; returns for each whether it was new (False: seen before,
         not counted; None: its job is gone, nothing stored). digest: the uploaded bytes'
         fingerprint (None for watched files); step_set: its distinct steps (step_sets.encode;
         None: not known, read from its file when needed). Each new part gets the next number of its job's
         part sequence (commits of one job's parts are ordered by its row's lock, so an owner
-        reading `seq > n` misses none)."""
+        reading `seq > n` misses none). `fence`: job → the meta_seq its parts were checked
+        against; a job's metadata changed since (another instance's new run or sizes) stores
+        none of its parts, each answered STALE (checked again by the caller)."""
         now = time.time() if now is None else now
+        fence = fence or {}
 
-        def tx(db: Any) -> list[bool | None]:
-            seqs = {}
+        def tx(db: Any) -> list[bool | None | str]:
+            seqs, stale = {}, set()
             for job in sorted({r[0] for r in rows}):   # locks in one order: no deadlock
-                row = self._one(db, _Seq, "SELECT part_seq FROM jobs WHERE job = ?"
+                row = self._one(db, _Seq, "SELECT part_seq, meta_seq FROM jobs WHERE job = ?"
                                 + self.FOR_UPDATE, (job,))
-                if row is not None:   # (None: expired by another instance's sweep)
+                if row is None:   # (expired by another instance's sweep)
+                    continue
+                if job in fence and fence[job] != row.meta_seq:
+                    stale.add(job)
+                else:
                     seqs[job] = row.part_seq
-            new: list[bool | None] = []
+            new: list[bool | None | str] = []
             touched = set()
             for r in rows:
+                if r[0] in stale:
+                    new.append(STALE)
+                    continue
                 if r[0] not in seqs:
                     new.append(None)
                     continue

@@ -27,7 +27,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     job TEXT PRIMARY KEY, directory TEXT NOT NULL, way TEXT NOT NULL, meta TEXT,
     state TEXT NOT NULL DEFAULT 'running', created_at REAL NOT NULL, last_part_at REAL,
     finished_at REAL, closed INTEGER NOT NULL DEFAULT 0, part_seq INTEGER NOT NULL DEFAULT 0,
-    run INTEGER NOT NULL DEFAULT 0);
+    run INTEGER NOT NULL DEFAULT 0, meta_seq INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS parts (
     job TEXT NOT NULL, rank INTEGER NOT NULL, part INTEGER NOT NULL, records INTEGER NOT NULL,
     first_step INTEGER NOT NULL, last_step INTEGER NOT NULL, bytes INTEGER NOT NULL,
@@ -70,7 +70,8 @@ CREATE INDEX IF NOT EXISTS alert_outbox_due ON alert_outbox (delivered_at, faile
 ADDED_COLUMNS = (("parts", "digest", "TEXT"), ("parts", "seq", "INTEGER"),
                  ("parts", "step_set", "TEXT"),
                  ("jobs", "part_seq", "INTEGER NOT NULL DEFAULT 0"),
-                 ("jobs", "run", "INTEGER NOT NULL DEFAULT 0"))
+                 ("jobs", "run", "INTEGER NOT NULL DEFAULT 0"),
+                 ("jobs", "meta_seq", "INTEGER NOT NULL DEFAULT 0"))
 
 
 class SQLiteStore(SQLStore):

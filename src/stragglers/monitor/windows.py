@@ -109,6 +109,9 @@ class JobTracker:
         self.places: dict[int, tuple[int, int]] = {}
         self.holders: dict[tuple[int, int], int] = {}
         self.lease: Lease | None = None   # the lease it was built under; its windows carry it
+        # the stored metadata's version `meta` is (store jobs.meta_seq; None: not known, no
+        # fence): a part checked against it is committed only while the store has that one
+        self.meta_seq: int | None = None
         # (the last step of the window found waiting for a rank's rows, since when: _awaited)
         self._waiting: tuple[int, float] | None = None
         # held files checked from their footer whose steps could not be read (taken by range)
