@@ -126,3 +126,15 @@ def test_broken_split_sizes_never_name_a_healthy_rank(job, tmp_path, edit, only)
     # named at its rank, never moved to another rank
     found = named(load_trace(edited(job, tmp_path, edit, only)))
     assert {rank for _, rank in found} <= {HOT, -1}, found
+
+
+def test_undescribed_tensor_parallel_blocks_are_noted_with_the_option_that_places_them(job,
+                                                                                      tmp_path):
+    # no pg_config: the TP all-reduces' groups of two consecutive ranks were read as data
+    # parallel without a word, and a host-side stall at rank 3 was named
+    run = edited(job, tmp_path, lambda doc: doc["distributedInfo"].pop("pg_config"))
+    notes = [n.message for n in load_trace(run).notes if "consecutive ranks" in n.message]
+    assert len(notes) == 1 and "pass --tp-size 2" in notes[0], notes
+    found = named(load_trace(run, tp_size=2))
+    assert found[0] == ("expert_imbalance", HOT) and {r for _, r in found} <= {HOT, -1}, found
+    assert not [n for n in load_trace(job).notes if "consecutive ranks" in n.message]

@@ -123,6 +123,27 @@ def described_model_parallel(ev) -> dict[str, int]:
     return out
 
 
+def undescribed_blocks(parts: dict, tp_size: int, world: int) -> int | None:
+    """The size of the consecutive-rank blocks whose all-reduces, all-gathers or
+    reduce-scatters no pg_config describes (None: pg_config describes groups, tp is known, or
+    the collectives' groups are not such blocks of one size). Read as data parallel; they may
+    be tensor parallel, which only the caller can say (--tp-size)."""
+    if tp_size > 1 or any(any(True for _ in _described(ev)) for ev in parts.values()):
+        return None
+    sizes = set()
+    for ev in parts.values():
+        for c in ev.colls:
+            members = ev.pg_ranks.get(c.pg) if c.kind in _REDUCING else None
+            if members and 1 < len(members) < world and world % len(members) == 0 \
+                    and sorted(members) == list(range(min(members), min(members) + len(members))) \
+                    and min(members) % len(members) == 0:
+                sizes.add(len(members))
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+_REDUCING = ("allreduce", "allgather", "reducescatter")
+
+
 def _described(ev):
     """(name, ranks, words of the description) of every well-formed pg_config group."""
     for g in ev.distributed_info.groups if ev.distributed_info else ():

@@ -21,7 +21,7 @@ from stragglers.trace.kineto.parse import parse_files
 from stragglers.trace.kineto.unnamed import name_cross_stage
 from stragglers.trace.kineto.placement import (JobShape, group_sizes, job_shape,
                                                model_parallel_groups, place, rank_of,
-                                               world_size_of)
+                                               undescribed_blocks, world_size_of)
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, JobMeta, Trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -135,6 +135,13 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
     notes = reader_notes(per_rank, parts, shape, pp, found, notes)
     missing = sorted(set(range(shape.world_size)) - set(ranks))
     dims = group_sizes(parts)
+    blocks = undescribed_blocks(parts, shape.tp_size, shape.world_size)
+    if blocks is not None:
+        notes.append(("layout", f"all-reduces / all-gathers / reduce-scatters run in groups of "
+                      f"{blocks} consecutive ranks that distributedInfo.pg_config does not "
+                      "describe: read as data-parallel groups (their ranks workers that wait "
+                      "for each other at the gradient sync); if they are tensor parallel, pass "
+                      f"--tp-size {blocks}, or the diagnosis may name the wrong rank"))
     ep = dims.get("ep", 1)
     if dims:
         notes.append(("layout", "process groups show " + ", ".join(
