@@ -397,3 +397,27 @@ def test_expert_parallel_dims_are_data_parallel_for_the_workers():
                                 FakeMesh(("dp_shard_mod_ep", "dp_shard_in_ep", "tp"), (2, 2, 2),
                                          (1, 1, 0)), 8, 6))
     assert (layout.dp_size, layout.ep_size, layout.tp_size, layout.worker) == (4, 2, 2, 6)
+
+
+@pytest.mark.distributed
+def test_tensor_parallel_stages_of_multi_stage_schedules_are_recorded_and_analysed(tmp_path):
+    # torchtitan's 3-D shape with two stages per rank (interleaved and V-shaped zero bubble)
+    from stragglers.whatif import analyze
+
+    names = ("ScheduleInterleaved1F1B", "ScheduleZBVZeroBubble")
+    torchrun(REPO / "tests" / "record" / "workers" / "tp_pipe_worker.py", 4, str(tmp_path),
+             *names, timeout=500)
+    for name in names:
+        trace = read_run(tmp_path / name)
+        meta, ops = trace.meta, trace.ops
+        assert (meta.pp_size, meta.vpp_size, meta.dp_size) == (2, 2, 2)
+        assert meta.extra["parallel"] == {"dp": 1, "tp": 2, "cp": 1, "ep": 1, "pp": 2}
+        groups = [tuple(g) for g in meta.extra["process_groups"]]
+        ar = ops["optype"] == AR
+        # the tp pairs of a (pp, dp, tp) = (2, 1, 2) mesh: {0, 1} on stage 0, {2, 3} on stage 1
+        assert {groups[p] for p in set(ops["pg"][ar].tolist())} == {(0, 1), (2, 3)}
+        for r in range(4):
+            mine = ar & (ops["rank"] == r)
+            assert set(ops["mc"][mine].tolist()) == {0, 1}  # both of its stages' actions
+        result = analyze(trace)
+        assert math.isfinite(result.sim_error)
