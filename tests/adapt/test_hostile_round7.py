@@ -9,6 +9,9 @@ import socket
 import httpx
 import pytest
 
+from conftest import store_tables as tables
+from stragglers.adapt.client import ShardClient
+from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig
 from stragglers.errors import InputError
 
@@ -156,3 +159,51 @@ def test_a_jump_the_job_had_the_time_to_run_is_taken():
     plane.report("j", 0, [(9 + 7_200, 0.5, 32)], "", 0, 0, None)
     plane.report("j", 1, [(9 + 7_200, 0.5, 32)], "", 0, 0, None)
     assert plane._jobs["j"][1].monitor.latest_step == 9 + 7_200
+
+
+OWNER = "owner-token-0123456789"
+SERVICE = "service-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    db = tmp_path_factory.mktemp("hostile-round7") / "shards.db"
+    srv = EmbeddedServer(db, service_token=SERVICE).start()
+    try:
+        owner = ShardClient(srv.url, "d", "w", token=OWNER, service_token=SERVICE)
+        owner.create_dataset(DatasetConfig("d", 400, 10, lease_s=600))
+        owner.join()
+        held = owner.lease(1).leases[0]
+        owner.configure_control({**JOB, "incarnation": 1})
+        yield {"url": srv.url, "port": srv.port, "db": db, "fence": owner.fence, "held": held}
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("query", ["fence=99", "worker=x&worker=y", "x"])
+def test_a_write_with_a_query_string_is_refused_and_changes_nothing(svc, query):
+    # (fails before: the query was ignored and the write done — `?fence=99` beside the body's
+    # fence, or `?worker=x`: which value counts was the service's guess, not the client's)
+    f, held = svc["fence"], svc["held"]
+    writes = {
+        "/datasets": {"name": "q", "num_samples": 10, "shard_size": 5},
+        "/datasets/d/join": {"worker": "q"},
+        "/datasets/d/lease": {"worker": "w", "fence": f, "request_id": "r2"},
+        "/datasets/d/ack": {"worker": "w", "fence": f, "epoch": held.epoch,
+                            "shard": held.shard, "consumed": 1},
+        "/datasets/d/release": {"worker": "w", "fence": f},
+        "/datasets/d/retry-failed": {},
+        "/jobs/j2/control/config": JOB,
+        "/jobs/d/control/report": {"rank": 0, "records": [[5, 0.1, 4]], "incarnation": 1},
+    }
+    before = tables(svc["db"])
+    state = httpx.get(f"{svc['url']}/jobs/d/control/state", timeout=60).json()
+    with httpx.Client(base_url=svc["url"], timeout=60, headers={
+            "Authorization": f"Bearer {OWNER}", "X-Service-Token": SERVICE}) as c:
+        for path, body in writes.items():
+            r = c.post(f"{path}?{query}", json=body)
+            assert r.status_code == 400 and r.json()["field"] == "query", (path, r.text)
+        assert c.get("/jobs/j2/control/state").status_code == 404
+        assert c.get("/jobs/d/control/state").json() == state
+    assert tables(svc["db"]) == before
