@@ -54,3 +54,29 @@ def test_numbers_in_paths_and_queries_are_plain_decimals(tmp_path):
             assert c.get("/health").status_code == 200
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_a_query_parameter_given_twice_is_refused_on_every_route(tmp_path):
+    # (fails before: the last value was taken — `?limit=1&limit=1000` asked for 1,000 alerts
+    # where a proxy judging the first saw 1 — and a repeated key is no request a client makes)
+    trace = slow_job(steps=5)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN,
+                      config=MonitorConfig(window_steps=5, stall_after_s=600)).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60, headers=AUTH) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict()).status_code == 200
+            for url in ("/api/alerts?limit=1&limit=1000", "/api/alerts?after=&after=00",
+                        "/api/alerts?log_before=1&log_%62efore=2",
+                        "/api/jobs/j?window=0&history=1&window=0", "/api/jobs?x=1&x=2",
+                        "/api/stats?a&a", "/metrics?q=1&q=1", "/health?h=1&h=2"):
+                r = c.get(url)
+                assert r.status_code == 422, (url, r.status_code, r.text)
+                assert "more than once" in r.json()["error"], r.text
+            r = c.put("/api/jobs/j/meta?x=1&x=1", json=trace.meta.to_dict())
+            assert r.status_code == 422, r.text
+            assert c.get("/api/alerts?limit=1&after=&log_before=1").status_code == 200
+            assert c.get("/api/jobs/j?window=0&history=1").status_code in (200, 404)
+            assert c.get("/health").status_code == 200
+    finally:
+        s.stop()
