@@ -84,7 +84,11 @@ def test_the_job_names_its_hot_expert(job):
     # all-reduces were not model parallel, and a host-side stall at rank 3 was named
     collectives(lambda a: a.__setitem__("Process Group Name", "777"),
                 lambda a: a.get("Process Group Description") == "tensor_model_parallel"),
-], ids=["pg_config-unnamed", "collectives-renamed"])
+    # pg_config entries without their list of ranks (left out, or text): the collectives give
+    # them; the entries were dropped, and the TP all-reduces read as data parallel
+    groups(lambda g: g.pop("ranks")),
+    groups(lambda g: g.__setitem__("ranks", "0-3")),
+], ids=["pg_config-unnamed", "collectives-renamed", "pg_config-no-ranks", "pg_config-ranks-text"])
 def test_groups_matched_by_their_ranks_keep_the_diagnosis(job, tmp_path, edit):
     found = named(load_trace(edited(job, tmp_path, edit)))
     assert found[0] == ("expert_imbalance", HOT) and {r for _, r in found} <= {HOT, -1}, found

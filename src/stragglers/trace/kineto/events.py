@@ -114,8 +114,9 @@ def decode_info(info: JsonObject) -> DistributedInfo:
         if not isinstance(entry, dict):
             continue
         name, ranks, desc = (entry.get(k) for k in _GROUP_KEYS)
-        if isinstance(ranks, list):
-            groups.append(GroupConfig(str(name), tuple(ranks),
+        if isinstance(ranks, list) or isinstance(desc, str):
+            # a described group without a list of ranks: its collectives may give them
+            groups.append(GroupConfig(str(name), tuple(ranks) if isinstance(ranks, list) else (),
                                       desc if isinstance(desc, str) else None))
     return DistributedInfo(
         rank=rank if _whole(rank) and rank >= 0 else None,

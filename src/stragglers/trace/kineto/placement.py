@@ -148,6 +148,8 @@ def _described(ev):
     """(name, ranks, words of the description) of every well-formed pg_config group."""
     for g in ev.distributed_info.groups if ev.distributed_info else ():
         ranks = g.whole_ranks()
+        if not ranks and not g.unnamed:  # no list of ranks: those its collectives give
+            ranks = list(ev.pg_ranks.get(g.name, ())) or None
         if ranks is not None and g.desc is not None:
             yield g.name, ranks, set(re.split(r"[^a-z]+", g.desc.lower()))
 
