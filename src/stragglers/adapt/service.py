@@ -501,7 +501,12 @@ def check_media_type(request: Request) -> None:
     """UnsupportedMediaType (415) unless a request with a body declares it JSON in UTF-8.
 
     A form or text/plain body was parsed as JSON: a body is taken only as what it says it is
-    (an empty one may say nothing)."""
+    (an empty one may say nothing), with no content coding: a body declared gzip was parsed as
+    plain JSON when it was one (and a gzip one refused as bad JSON)."""
+    coding = request.headers.get("content-encoding")
+    if coding is not None and coding.strip().lower() != "identity":
+        raise UnsupportedMediaType("request", "Content-Encoding", f"expected none (or identity),"
+                                   f" got {coding[:60]!r}: bodies are taken as plain JSON")
     given = request.headers.get("content-type")
     if given is None:
         empty = request.headers.get("content-length", "") == "0" or (
