@@ -372,11 +372,12 @@ def test_a_mesh_over_part_of_the_world_is_one_line_on_every_rank(tmp_path):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case,parallel,ep_groups", [
-    ("ep", {"dp": 4, "tp": 1, "cp": 1, "ep": 2, "pp": 1}, {(0, 1), (2, 3)}),
-    ("titan_ep", {"dp": 2, "tp": 2, "cp": 1, "ep": 2, "pp": 1}, {(0, 2), (1, 3)}),
+@pytest.mark.parametrize("case,parallel,ep_groups,ep_ranks", [
+    ("ep", {"dp": 4, "tp": 1, "cp": 1, "ep": 2, "pp": 1}, {(0, 1), (2, 3)}, [0, 1, 0, 1]),
+    ("titan_ep", {"dp": 2, "tp": 2, "cp": 1, "ep": 2, "pp": 1}, {(0, 2), (1, 3)}, [0, 0, 1, 1]),
 ])
-def test_expert_parallel_mesh_dims_are_recorded_as_ep(tmp_path, case, parallel, ep_groups):
+def test_expert_parallel_mesh_dims_are_recorded_as_ep(tmp_path, case, parallel, ep_groups,
+                                                      ep_ranks):
     # an "ep" dim (or torchtitan's dp_shard_mod_ep / dp_shard_in_ep) was refused as a dim the
     # recorder does not model
     torchrun(MESH_WORKER, 4, case, str(tmp_path / "run"), timeout=300)
@@ -387,6 +388,8 @@ def test_expert_parallel_mesh_dims_are_recorded_as_ep(tmp_path, case, parallel, 
     groups = [tuple(g) for g in meta.extra["process_groups"]]
     a2a = ops["optype"] == A2A
     assert {groups[p] for p in set(ops["pg"][a2a].tolist())} == ep_groups
+    layout = sorted(meta.extra["layout"], key=lambda e: e["rank"])
+    assert [e["ep_rank"] for e in layout] == ep_ranks
 
 
 def test_expert_parallel_dims_are_data_parallel_for_the_workers():
@@ -397,6 +400,7 @@ def test_expert_parallel_dims_are_data_parallel_for_the_workers():
                                 FakeMesh(("dp_shard_mod_ep", "dp_shard_in_ep", "tp"), (2, 2, 2),
                                          (1, 1, 0)), 8, 6))
     assert (layout.dp_size, layout.ep_size, layout.tp_size, layout.worker) == (4, 2, 2, 6)
+    assert layout.places() == {"replica": 3, "tp_rank": 0, "cp_rank": 0, "ep_rank": 1}
 
 
 @pytest.mark.distributed

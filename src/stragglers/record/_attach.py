@@ -201,8 +201,7 @@ class Attached(ClosesOnExit):
         self.recorder = rec = Recorder(out, meta, dp_rank=layout.worker, stage=0, config=config,
                                        device=device)
         if layout.mesh is not None:
-            rec.layout_extra.update({"replica": layout.dp_rank, "tp_rank": layout.tp_rank,
-                                     "cp_rank": layout.cp_rank})
+            rec.layout_extra.update(layout.places())
         # the open compute span, and what the collective wrappers record into
         self.compute = ComputeSpan(rec)
         self.collectives = Collectives(rec, self.compute, {"tp": layout.tp_size,

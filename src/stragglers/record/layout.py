@@ -57,6 +57,12 @@ class JobLayout:
     pp_size: int = 1             # pipeline stages (the mesh's pp dim; the schedule's group)
     pp_rank: int = 0
     ep_size: int = 1             # the mesh's expert-parallel dims (inside dp_size)
+    ep_rank: int = 0
+
+    def places(self) -> dict[str, int]:
+        """This rank's place along the mesh's dims, for its layout entry."""
+        out = {"replica": self.dp_rank, "tp_rank": self.tp_rank, "cp_rank": self.cp_rank}
+        return {**out, "ep_rank": self.ep_rank} if self.ep_size > 1 else out
 
     @property
     def workers(self) -> int:
@@ -169,7 +175,7 @@ def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int,
     names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
     dims = dict(zip(names, (int(n) for n in mesh.shape)))
     dp = tp = cp = pp = ep = 1
-    dp_rank = tp_rank = cp_rank = pp_rank = 0
+    dp_rank = tp_rank = cp_rank = pp_rank = ep_rank = 0
     for i, name in enumerate(names):
         size, local = mesh.size(i), mesh.get_local_rank(i)
         if name in TP_DIM_NAMES:
@@ -188,7 +194,8 @@ def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int,
             # unnamed dims of a 1-D or 2-D FSDP mesh are data parallel (replicate × shard)
             dp_rank = dp_rank * size + local
             dp *= size
-            ep *= size if name in EP_DIM_NAMES else 1
+            if name in EP_DIM_NAMES:
+                ep, ep_rank = ep * size, ep_rank * size + local
         else:
             known = ", ".join(DP_DIM_NAMES + EP_DIM_NAMES + TP_DIM_NAMES + CP_DIM_NAMES
                               + PP_DIM_NAMES)
@@ -205,7 +212,7 @@ def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int,
                          f"(DeviceMesh {dims}) does not divide the world size {world}")
     return JobLayout(wrapper, model, dp, dp_rank, world, rank, tp_size=tp, dsp_size=cp,
                      tp_rank=tp_rank, cp_rank=cp_rank, mesh=dims, pp_size=pp, pp_rank=pp_rank,
-                     ep_size=ep)
+                     ep_size=ep, ep_rank=ep_rank)
 
 
 def _fill(layout: JobLayout) -> JobLayout:

@@ -128,8 +128,7 @@ class AttachedPipeline(ClosesOnExit):
         # the stages' TP / FSDP2 collectives (a DeviceMesh inside them)
         self.collectives: Collectives | None = None
         if layout.mesh is not None:
-            rec.layout_extra.update({"replica": layout.dp_rank, "tp_rank": layout.tp_rank,
-                                     "cp_rank": layout.cp_rank})
+            rec.layout_extra.update(layout.places())
             self.collectives = Collectives(rec, self.compute, {"tp": layout.tp_size,
                                                                "cp": layout.dsp_size})
             # tensor-parallel collectives are rows inside a stage's actions only: the schedule's

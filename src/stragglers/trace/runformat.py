@@ -125,7 +125,7 @@ def meta_from_dict(raw: object, source: Path | str) -> JobMeta:
 # extra.parallel's degrees, as the recorder writes them (the report shows them)
 DEGREES = ("dp", "tp", "cp", "ep", "pp")
 # a layout entry's optional integer places and optional names
-_ENTRY_PLACES = ("replica", "tp_rank", "cp_rank")
+_ENTRY_PLACES = ("replica", "tp_rank", "cp_rank", "ep_rank")
 _ENTRY_NAMES = ("host", "cpus", "device")
 
 
