@@ -48,7 +48,7 @@ from stragglers.adapt.replies import (Acked, Created, Health, Joined, LeaseReply
                                       Requeued, Restored, to_builtins)
 from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import ShardStore, lease_json
-from stragglers.adapt.space import out_of_space
+from stragglers.adapt.space import io_error, out_of_space
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_url, \
@@ -373,9 +373,8 @@ class GroupCommitter:
         storage is seen to be full (the WAL is folded before the next batch: at a file-size
         limit it filled before SQLite's auto-checkpoint and stayed full, every write refused,
         until a restart folded it), else EnvironmentFailure (503)."""
-        if not isinstance(exc, (sqlite3.Error, OSError)):
-            return EnvironmentFailure("shard store", f"{what} ({type(exc).__name__}: {exc})")
-        self._fold = True
+        if io_error(exc):
+            self._fold = True
         if out_of_space(exc, self.store.db):
             return DiskFull("shard store", f"its disk is full ({exc}); {what} (retry once"
                             " space is freed)")

@@ -15,6 +15,7 @@ import resource
 import sqlite3
 
 SQLITE_FULL = 13
+SQLITE_IOERR = 10
 # the I/O errors of writing or growing a file (extended codes: SQLITE_IOERR | n << 8)
 _WRITE_IOERRS = {778, 1034, 1290, 1546, 4874, 5386}   # WRITE, FSYNC, DIR_FSYNC, TRUNCATE,
 #                                                       SHMSIZE, SHMMAP
@@ -37,6 +38,15 @@ def out_of_space(exc: BaseException, db: str) -> bool:
     if code == SQLITE_FULL:
         return True
     return code in _WRITE_IOERRS and exhausted(db)
+
+
+def io_error(exc: BaseException) -> bool:
+    """Whether `exc` is an I/O error of the database's files (not a lock or a constraint)."""
+    if isinstance(exc, OSError):
+        return True
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.Error) and code is not None and (
+        code & 0xFF in (SQLITE_IOERR, SQLITE_FULL))
 
 
 def exhausted(db: str) -> bool:
