@@ -16,6 +16,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stragglers.errors import InputError
+from stragglers.monitor.coalesce import SharedRender
 from stragglers.monitor.events import ChangeFeed
 from stragglers.monitor.ingest_http import HTTPProblem, add_upload_routes, plain_number
 from stragglers.monitor.metrics import CONTENT_TYPE
@@ -159,13 +160,19 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
                 "scanning": monitor.scanning(),
                 "instance": monitor.instance, "jobs_held": len(monitor.leases.held)}
 
+    def render_metrics() -> bytes:
+        monitor.refresh_metrics()
+        return monitor.metrics.render()
+
+    # scrapes share renders, at a bounded share of the CPU (coalesce.py: a loop of scrapes
+    # with no token slowed every upload 16x)
+    metrics_render = SharedRender(lambda: asyncio.get_running_loop().run_in_executor(
+        readers, render_metrics))
+
     @app.get("/metrics", dependencies=read)
     async def metrics():
         """Prometheus text exposition (every job's, whichever instance analyses it)."""
-        def render() -> Response:
-            monitor.refresh_metrics()
-            return Response(monitor.metrics.render(), media_type=CONTENT_TYPE)
-        return await off_loop(render)
+        return Response(await metrics_render.get(), media_type=CONTENT_TYPE)
 
     @app.get("/api/jobs", dependencies=read)
     async def jobs():
