@@ -229,3 +229,28 @@ def test_an_identity_content_coding_is_taken(svc):
     r = httpx.post(f"{svc['url']}/datasets/d/join", json={"worker": "identity"}, timeout=60,
                    headers={"Authorization": f"Bearer {OWNER}", "Content-Encoding": "identity"})
     assert r.status_code == 200, r.text
+
+
+def test_a_jobs_token_file_is_read_as_the_services_is(tmp_path):
+    # (fails before: read whole, a token file of two lines gave a token with a newline in it,
+    # refused 401 on every write of the job; one others may read was taken silently, and a
+    # FIFO blocked rank 0's start for good)
+    import os
+
+    from stragglers.adapt.launch import read_or_create_token
+    two = tmp_path / "two.token"
+    two.write_text("job-token-0123456789abcdef\nsecond line\n")
+    two.chmod(0o600)
+    assert read_or_create_token(two) == "job-token-0123456789abcdef"
+    shared = tmp_path / "shared.token"
+    shared.write_text("job-token-0123456789abcdef\n")
+    shared.chmod(0o644)
+    with pytest.raises(InputError, match="chmod 600"):
+        read_or_create_token(shared)
+    fifo = tmp_path / "fifo.token"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(InputError, match="not a regular file"):
+        read_or_create_token(fifo)
+    made = tmp_path / "new.token"   # none yet: made, 0600, and read back the same
+    token = read_or_create_token(made)
+    assert read_or_create_token(made) == token and made.stat().st_mode & 0o777 == 0o600

@@ -16,7 +16,8 @@ import msgspec
 import torch.distributed as dist
 
 from stragglers.adapt.service import EmbeddedServer
-from stragglers.errors import EnvironmentFailure, InputError
+from stragglers.errors import EnvironmentFailure
+from stragglers.serving import read_token_file
 
 _JOB_STORE: dist.Store | None = None  # the incarnation's torchrun store (set by init_distributed)
 HOST_ENV = "STRAGGLERS_ADAPT_HOST"
@@ -42,13 +43,15 @@ def read_or_create_token(token_file: str | Path) -> str:
     """The job's token from `token_file`; a new random one (mode 0600) if it does not exist.
 
     The token must outlive an incarnation: the data set belongs to it, and a restarted rank 0
-    re-registers the data set with it.
+    re-registers the data set with it. An existing file is read as the service's token file is
+    (serving.read_token_file: its first line, a regular file only group and others may not
+    read or write): read whole, a file of two lines gave a token with a newline in it that
+    every write was refused 401 for, and a FIFO blocked rank 0's start.
     """
     path = Path(token_file)
-    if path.exists():
-        token = path.read_text().strip()
-        if not 16 <= len(token) <= 512:
-            raise InputError(path, None, "expected a token of 16-512 characters")
+    if path.exists() or path.is_symlink():
+        token = read_token_file(path, "token file")
+        assert token is not None
         return token
     token = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
