@@ -254,3 +254,18 @@ def test_a_jobs_token_file_is_read_as_the_services_is(tmp_path):
     made = tmp_path / "new.token"   # none yet: made, 0600, and read back the same
     token = read_or_create_token(made)
     assert read_or_create_token(made) == token and made.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_job_reporting_its_step_times_in_another_unit_is_not_refused():
+    # the controller uses BPT ratios only: a job reporting milliseconds (100 "s" a step) works,
+    # and its reports a few steps ahead of the other rank's are taken
+    from stragglers.adapt.control import ControlPlane
+    from stragglers.adapt.controller import ControlConfig
+    plane = ControlPlane()
+    plane.configure("j", ControlConfig(policy="dd", world_size=2, global_batch=64), None)
+    plane._jobs["j"][1].monitor.clock = lambda: 0.0
+    for step in range(2, 200, 10):
+        for rank in (0, 1):
+            plane.report("j", rank, [(s, 100.0, 32) for s in range(step, step + 10)], "", 0, 0,
+                         None)
+    assert plane._jobs["j"][1].monitor.latest_step == 201

@@ -25,6 +25,9 @@ REPLAY_SPAN = 20_000
 # every action wait for the job to reach it.
 REPORT_LAG_S = 70.0
 STEP_SLACK = 2.0
+# and at least this many steps: the controller uses BPT ratios only, so a job reporting them in
+# another unit (ms) works, and its reports, a few steps each, must not be refused for it
+MIN_AHEAD = 100
 
 
 class WorkerClass(msgspec.Struct, frozen=True, rename={"category": "class"}):
@@ -83,7 +86,7 @@ class SpeedMonitor:
         if latest < 0 or not self._fastest < math.inf:
             return None
         since = max(0.0, self.clock() - self._latest_at) + REPORT_LAG_S
-        return latest + math.ceil(STEP_SLACK * since / self._fastest)
+        return latest + max(MIN_AHEAD, math.ceil(STEP_SLACK * since / self._fastest))
 
     def record(self, rank: int, step: int, bpt: float, batch: int, device: str = "") -> None:
         """Add one step record of `rank` (ignored during warm-up, for an unknown rank, or a step seen)."""
