@@ -425,3 +425,16 @@ def test_tensor_parallel_stages_of_multi_stage_schedules_are_recorded_and_analys
             assert set(ops["mc"][mine].tolist()) == {0, 1}  # both of its stages' actions
         result = analyze(trace)
         assert math.isfinite(result.sim_error)
+
+
+@pytest.mark.distributed
+def test_a_mesh_unflattened_from_the_world_is_read_from_the_parameters(tmp_path):
+    # torch's _unflatten (torchtitan's dense and expert meshes) makes the 1-D world mesh the
+    # root: its dim 'world' was refused as a dim the recorder does not model
+    torchrun(MESH_WORKER, 4, "unflatten", str(tmp_path / "run"), timeout=300)
+    trace = read_run(tmp_path / "run")
+    assert trace.meta.extra["parallel"] == {"dp": 2, "tp": 2, "cp": 1, "ep": 1, "pp": 1}
+    assert trace.meta.extra["mesh"] == {"fsdp": 2, "tp": 2}
+    groups = [tuple(g) for g in trace.meta.extra["process_groups"]]
+    ar = trace.ops["optype"] == AR
+    assert {groups[p] for p in set(trace.ops["pg"][ar].tolist())} == {(0, 1), (2, 3)}

@@ -20,13 +20,14 @@ from stragglers.errors import InputError
 
 # DeviceMesh dimension names that mean data parallelism (torchtitan's and the FSDP2 docs' names).
 DP_DIM_NAMES = ("dp", "dp_replicate", "dp_shard", "dp_shard_cp", "replicate", "shard", "fsdp",
-                "ddp", "hsdp", "dp_shard_mod_ep")
+                "ddp", "hsdp", "dp_shard_mod_ep", "efsdp")
 # Expert-parallel dims: data parallel for the dense layers (each rank its own tokens), the
 # experts split over them (torchtitan carves ep out of dp_shard: dp_shard_in_ep × cp)
 EP_DIM_NAMES = ("ep", "expert", "dp_shard_in_ep")
 TP_DIM_NAMES = ("tp", "tensor")
 CP_DIM_NAMES = ("cp", "context", "sp")
 PP_DIM_NAMES = ("pp", "pipeline")
+KNOWN_DIM_NAMES = DP_DIM_NAMES + EP_DIM_NAMES + TP_DIM_NAMES + CP_DIM_NAMES + PP_DIM_NAMES
 # Why a context-parallel dimension is refused (checked on torch 2.13, CPU, gloo; see README)
 CP_REFUSAL = (
     "its DeviceMesh {dims} has a context-parallel dimension of size {cp}: not recorded, because "
@@ -152,13 +153,43 @@ def read_layout(model: nn.Module) -> JobLayout:
 
 
 def _parameter_mesh(model: nn.Module):
-    """The DeviceMesh of the model's DTensor parameters (its root: the whole job's mesh)."""
+    """The DeviceMesh the layout is read from: of the parameters' meshes and their roots, one
+    whose dims are all modelled, spanning the most ranks (then with the most tensor, context
+    and pipeline dims; the root first). Else the first parameter's root, refused by its dims.
+
+    A mesh sliced from an N-D mesh has that mesh as its root (the whole job's); one
+    unflattened from a 1-D world mesh (torch's `_unflatten`, as torchtitan builds its dense
+    and expert meshes) has the 1-D mesh as its root, whose one dim names nothing we model,
+    while the parameters' own meshes name the dims ("fsdp", "tp")."""
+    meshes: dict[int, object] = {}
+    first = None
     for p in model.parameters():
         mesh = getattr(p, "device_mesh", None)
-        if mesh is not None:
-            root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else None
-            return root if root is not None else mesh
-    return None
+        if mesh is None or id(mesh) in meshes:
+            continue
+        root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else None
+        for m in (root, mesh):
+            if m is not None:
+                meshes.setdefault(id(m), m)
+        if first is None:
+            first = root if root is not None else mesh
+    modelled = [m for m in meshes.values() if _modelled(m)]
+    if not modelled:
+        return first
+    return max(modelled, key=lambda m: (m.size(), _model_dims(m), m.ndim))  # type: ignore
+
+
+def _modelled(mesh) -> bool:
+    """Whether every dim of the mesh has a name we model (unnamed: a 1-D or 2-D FSDP mesh)."""
+    if mesh.mesh_dim_names is None:
+        return mesh.ndim <= 2
+    return all(n in KNOWN_DIM_NAMES for n in mesh.mesh_dim_names)
+
+
+def _model_dims(mesh) -> int:
+    """The mesh's tensor-, context- and pipeline-parallel dims."""
+    return sum(n in TP_DIM_NAMES + CP_DIM_NAMES + PP_DIM_NAMES
+               for n in mesh.mesh_dim_names or ())
 
 
 def _fsdp2_layout(model: nn.Module, world: int, rank: int) -> JobLayout:
@@ -197,8 +228,7 @@ def _mesh_layout(wrapper: str, model: nn.Module, mesh, world: int, rank: int,
             if name in EP_DIM_NAMES:
                 ep, ep_rank = ep * size, ep_rank * size + local
         else:
-            known = ", ".join(DP_DIM_NAMES + EP_DIM_NAMES + TP_DIM_NAMES + CP_DIM_NAMES
-                              + PP_DIM_NAMES)
+            known = ", ".join(KNOWN_DIM_NAMES)
             raise InputError("attach", "model", f"its DeviceMesh {dims} has a dimension "
                              f"{name!r} the recorder does not model; expected names among "
                              f"{known}")

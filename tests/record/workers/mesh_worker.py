@@ -1,5 +1,6 @@
 """attach on DeviceMeshes torch builds but the examples do not: a tensor-parallel mesh over part
-of the world (refused on every rank), expert-parallel dims (recorded).
+of the world (refused on every rank), expert-parallel dims and dims unflattened from a world
+mesh (recorded).
 
     torchrun --nproc-per-node 4 mesh_worker.py CASE OUT
 """
@@ -51,6 +52,10 @@ def build(case: str, rank: int, world: int) -> nn.Module:
                                 mesh_dim_names=("dp_shard_mod_ep", "dp_shard_in_ep", "tp"))
         model = tp(MLP(mesh["dp_shard_in_ep"].get_group()), mesh["tp"])
         return fully_shard(model, mesh=mesh["dp_shard_mod_ep", "dp_shard_in_ep"]._flatten("dp"))
+    if case == "unflatten":  # torchtitan's current shape: dims unflattened from a world mesh
+        world_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("world",))
+        dense = world_mesh._unflatten(0, (2, world // 2), ("fsdp", "tp"))
+        return fully_shard(tp(MLP(), dense["tp"]), mesh=dense["fsdp"])
     raise SystemExit(f"unknown case {case}")
 
 
