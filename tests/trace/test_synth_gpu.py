@@ -301,3 +301,15 @@ def test_a_slow_rank_of_a_ring_attention_pipeline_is_named_alone(tmp_path, ranks
                           tmp_path)
     want = {(c["cause"], r) for c in truth["causes"] for r in c["ranks"]} or {("none", -1)}
     assert _named(analyze(load_trace(tmp_path))) == want
+
+
+def test_a_job_without_all_to_alls_describes_no_expert_groups(tmp_path):
+    # a pipeline's per-stage "expert groups" held its data-parallel groups' ranks: read as one
+    # group under two names, the gradient all-reduces became model-parallel all-reduces and a
+    # slow group's healthy peers were named host_stall
+    job = GpuJob(ranks=8, pp_size=2, microbatches=3, steps=6, seed=7, ranks_per_host=8,
+                 host_jitter_us=200.0, all_to_alls=0, slow_group=((2, 4, 6, 7), 2.0))
+    write_gpu_job(job, tmp_path)
+    trace = load_trace(tmp_path)
+    assert "ep" not in trace.meta.extra.get("group_sizes", {})
+    assert _named(analyze(trace)) == {("slow_group", r) for r in (2, 4, 6, 7)}

@@ -552,7 +552,9 @@ def _groups(job: GpuJob) -> list[GroupJson]:
     """distributedInfo.pg_config: the world, the EP, TP and DP groups, as torch writes it."""
     out: list[GroupJson] = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": job.ranks,
             "ranks": list(range(job.ranks))}]
-    if _ep_count(job) > 1:
+    if _ep_count(job) > 1 and job.all_to_alls:
+        # no all-to-alls, no expert parallelism: a pipeline's per-stage "expert groups" held
+        # its data-parallel groups' ranks
         out += [{"pg_name": _ep_pg(job, i), "pg_desc": "ep_group", "pg_size": len(m),
                  "ranks": m} for i, m in enumerate(_ep_groups(job))]
     out += [{"pg_name": _tp_pg(job, i), "pg_desc": "tensor_model_parallel",
