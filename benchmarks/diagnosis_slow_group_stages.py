@@ -11,9 +11,13 @@ least two stages and never a whole stage, a single slow rank (`worker_fault`: a 
 (stragglers.trace.synth.kineto), read back and analysed. Graded as
 `diagnosis_gpu_traces.py` grades: exact when the set of (cause, rank) named equals the injected
 one; an injection below ×1.03 is slack (not graded), below ×1.05 weak (`none` also right).
-Counted apart: slow-group jobs whose ranks were named under two causes (`split`), and the jobs
-with a slow rank beside the group (the group named whole with nothing healthy, and the rank
-named `worker_fault`: re-splitting its stage's work fixes it too, so it need not be).
+A job with a slow rank beside the group is right when the group is named `slow_group` exactly,
+nothing healthy is named, and the rank is named `worker_fault` or, where its stage holds
+members of the group, not at all (re-splitting that stage's work in proportion to speed fixes
+it too, leaving its own fix nothing to buy); the rank named a member of the group is wrong.
+Counted apart: slow-group jobs whose ranks were named under two causes (`split`), and, as
+before this grading, the jobs with a slow rank beside the group whose group is named whole
+with nothing healthy (the rank under either cause).
 
     .venv/bin/python benchmarks/diagnosis_slow_group_stages.py [--jobs 120] [--seed 1]
         [--factors 1.5,3.0] [--name /tmp/x]
@@ -119,22 +123,27 @@ def main() -> None:
             group = {r for c, r in want if c == "slow_group"}
             split += bool(group) and len({c for c, r in got if r in group}) > 1
             if kind == "slow_group+worker_fault":
-                # not graded exact: re-splitting a stage's work in proportion to speed fixes a
-                # slow rank of the group's stage too, leaving its own fix nothing to gain, and a
-                # stage's split puts a rank slowed between its groups' speeds with one of them
-                fault = {r for c, r in want if c == "worker_fault"}
-                ok = {r for c, r in got if c == "slow_group"} >= group and not wrong and not {
+                # re-splitting a stage's work in proportion to speed fixes a slow rank of the
+                # group's stage too, leaving its own fix nothing to gain: there it may go
+                # unnamed; named a member of the group (slowed unlike it) it is wrong
+                fault = next(r for c, r in want if c == "worker_fault")
+                per = job.ranks // job.pp_size
+                covered = any(r // per == fault // per for r in group)
+                whole = {r for c, r in got if c == "slow_group"} >= group and not wrong and not {
                     r for c, r in got if r in group and c != "slow_group"}
-                beside["whole"] += ok
-                beside["fault"] += ("worker_fault", *fault) in got
+                beside["whole"] += whole
+                beside["fault"] += ("worker_fault", fault) in got
                 beside["jobs"] += 1
+                ok = whole and {r for c, r in got if c == "slow_group"} == group and (
+                    ("worker_fault", fault) in got
+                    or (covered and fault not in {r for _, r in got}))
             else:
                 ok = got == want or (effect is not None and effect < 1.05
                                      and got == {("none", -1)})
-                total[kind] += 1
-                exact[kind] += ok
-                grid_total[grid] += 1
-                by_grid[grid] += ok
+            total[kind] += 1
+            exact[kind] += ok
+            grid_total[grid] += 1
+            by_grid[grid] += ok
             if not ok and len(misses) < args.show:
                 misses.append((i, grid, job.microbatches, sorted(want), sorted(got),
                                None if effect is None else round(effect, 3)))
@@ -147,7 +156,8 @@ def main() -> None:
     for kind in KINDS:
         if total[kind]:
             print(f"  {kind:13s} {exact[kind]:4d}/{total[kind]:<4d} slack {slack[kind]}")
-    print(f"  a group beside a slow rank unlike it: group named whole {beside['whole']}/"
+    print(f"  a group beside a slow rank unlike it (as graded before): group named whole "
+          f"{beside['whole']}/"
           f"{beside['jobs']}, the rank named worker_fault {beside['fault']}/{beside['jobs']} "
           f"(slack {slack['slow_group+worker_fault']})")
     for grid in sorted(grid_total):

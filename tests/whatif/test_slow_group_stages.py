@@ -119,3 +119,75 @@ def test_a_slow_worker_without_seq_lens_is_no_group_with_its_pipeline_peers_mirr
     named = {(f.cause, w.dp, w.pp) for f in analyze(trace).diagnosis
              for w in f.where.workers or []}
     assert ("worker_fault", 4, 0) in named and not any(c == "slow_group" for c, *_ in named)
+
+
+def test_a_group_holding_all_but_one_worker_of_a_stage_takes_in_its_lone_member():
+    # stage 0: workers 0, 1, 3 ×2 beside one fast worker (2); stage 1: worker 3 ×2 alone. The
+    # fast group of one measured the group's level as well as two would: the lone member was
+    # left a worker fault (diagnosis_slow_group_stages seed 1: 8 of 138 groups)
+    found = _groups(_busy({(0, 0): 2.0, (1, 0): 2.0, (3, 0): 2.0, (3, 1): 2.05}),
+                    DiagnosisConfig())
+    assert {p: list(np.flatnonzero(slow)) for p, (slow, _) in found.items()} == {
+        0: [0, 1, 3], 1: [3]}
+
+
+def test_one_fast_worker_made_by_the_load_estimate_anchors_no_group():
+    # the mirror: the load estimate from a slow worker's (4, 0) other stage makes its stage-1
+    # peer read ×0.44 and the other seven a "group" at its level; measured before the
+    # estimate, stage 1 holds no such group, and the slow worker stays alone
+    busy = _busy({(4, 0): 2.26}, d=8)
+    measured = busy.copy()
+    busy[4, 1] /= 2.26
+    found = _groups(busy, DiagnosisConfig(), measured=measured)
+    assert 0 not in found
+    assert _groups(busy, DiagnosisConfig())[0][0].tolist() == [i == 4 for i in range(8)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape, group", [
+    (dict(ranks=8, cp_size=4, cp_comm="ring"), (0, 1, 3, 7)),
+    (dict(ranks=8), (2, 4, 6, 7)),
+    (dict(ranks=9, pp_size=3), (0, 4, 5)),
+], ids=["ring cp 4, three of stage 0", "dp 4, three of stage 1", "dp 3 x pp 3, two of three"])
+def test_a_spanning_group_holding_all_but_one_of_a_stage_is_one_slow_group(tmp_path, shape,
+                                                                           group):
+    shape = {"pp_size": 2, **shape}
+    job = GpuJob(steps=6, seed=7, microbatches=3, ranks_per_host=shape["ranks"],
+                 host_jitter_us=200.0, all_to_alls=0, slow_group=(group, 2.0), **shape)
+    assert _named(tmp_path, job) == {("slow_group", r) for r in group}
+
+
+def test_a_slow_rank_beside_the_group_on_its_stage_is_no_member():
+    # stage 0: workers 0, 1 ×1.8 (the group) and 2 ×2.6, slowed unlike them; stage 1: worker
+    # 4 ×1.8. Rank 2 was taken into the group, or the three were named faults one by one
+    # (diagnosis_slow_group_stages seed 1: 24 of 67 such jobs)
+    found = _groups(_busy({(0, 0): 1.8, (1, 0): 1.8, (2, 0): 2.6, (4, 1): 1.8}, d=6),
+                    DiagnosisConfig())
+    assert {p: list(np.flatnonzero(slow)) for p, (slow, _) in found.items()} == {
+        0: [0, 1], 1: [4]}
+
+
+def test_of_two_unlike_slow_workers_of_a_stage_the_one_alike_the_group_joins_it():
+    # stage 0: worker 0 ×1.9 and 3 ×2.75; stage 1: worker 2 ×1.9 alone: 0 and 2 are the group,
+    # 3 a fault of its own (it was a "group" of two with 0, and 2 left out)
+    found = _groups(_busy({(0, 0): 1.9, (3, 0): 2.75, (2, 1): 1.9}), DiagnosisConfig())
+    assert {p: list(np.flatnonzero(slow)) for p, (slow, _) in found.items()} == {
+        0: [0], 1: [2]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape, group, fault", [
+    (dict(ranks=12), (0, 4, 7, 9), (2, 2.7)),
+    (dict(ranks=16, tp_size=2, cp_size=2, cp_comm="ring"), (6, 10, 13), (12, 2.6)),
+    (dict(ranks=8), (2, 4), (1, 2.8)),
+], ids=["dp 6, the rank slower than the group", "ring cp 2 x tp 2, a pair and the rank",
+        "dp 4, the rank and one member on stage 0"])
+def test_a_group_beside_a_slow_rank_unlike_it_is_named_whole_and_alone(tmp_path, shape, group,
+                                                                        fault):
+    # the rank is worker_fault's, or nobody's where re-splitting its stage fixes it too
+    job = GpuJob(steps=6, seed=7, microbatches=3, ranks_per_host=shape["ranks"], pp_size=2,
+                 host_jitter_us=200.0, all_to_alls=0, slow_group=(group, 1.8), slow_rank=fault,
+                 **shape)
+    named = _named(tmp_path, job)
+    assert {r for c, r in named if c == "slow_group"} == set(group)
+    assert named - {("slow_group", r) for r in group} <= {("worker_fault", fault[0])}

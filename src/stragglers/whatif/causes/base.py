@@ -176,11 +176,22 @@ class Context:
         the GC pauses found inside compute: what a worker's own speed is judged on."""
         # Without Σs² the sequences' share is each microbatch's load, which its ops on the
         # DP rank's other stages show (sequence.without_sequence_load)
-        own = self.w.grid.duration
         for balanced in (self.seq_balanced, self.seq_shared):
             if balanced is not None:
-                own = balanced
-                break
+                return self._own(balanced)
+        return self._own(self.w.grid.duration)
+
+    @property
+    def own_measured(self) -> np.ndarray | None:
+        """[N, D, T] own durations without the sequences' load read from the DP rank's other
+        stages (None where none was: then they are `own_durations`)."""
+        if self.seq_balanced is not None or self.seq_shared is None:
+            return None
+        return self._own(self.w.grid.duration)
+
+    def _own(self, own: np.ndarray) -> np.ndarray:
+        """`own` less the GC pauses found inside compute, with the rows routed to experts
+        balanced."""
         found = self.compute_pauses
         if found:
             # A pause is the collector's time, not the worker's speed: left in, a worker that

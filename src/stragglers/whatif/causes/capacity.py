@@ -13,6 +13,8 @@ total speed needs for the whole work, an upper bound.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from stragglers.whatif.causes.base import BUSY, Candidate, Context, per_worker_sum
@@ -34,7 +36,7 @@ def slow_group(ctx: Context) -> list[Candidate]:
     cost: np.ndarray | None = None      # a copy of the costs once a group is found
     named: list[tuple[int, int]] = []
     parts: list[str] = []
-    for p, (slow, ratio) in sorted(_groups(busy, cfg).items()):
+    for p, (slow, ratio) in sorted(_groups(busy, cfg, _measured(ctx)).items()):
         sel = busy_nodes & (g.node_stage == p)
         # Re-split in proportion to speed: every worker then needs what the stage's summed
         # speed needs for the whole work of the step, the harmonic mean of their times.
@@ -66,14 +68,26 @@ def group_members(ctx: Context, busy: np.ndarray) -> np.ndarray:
     out = np.zeros(busy.shape[:2], dtype=bool)
     if busy.shape[0] < 3:
         return out
-    for p, (slow, _) in _groups(busy, ctx.cfg).items():
+    for p, (slow, _) in _groups(busy, ctx.cfg, _measured(ctx)).items():
         out[:, p] = slow
     return out
 
 
-def _groups(busy: np.ndarray, cfg) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def _measured(ctx: Context) -> np.ndarray | None:
+    """[D, P, T] busy compute without the sequences' load read from other stages (None where
+    none was read: the busy compute judged is the measured one)."""
+    own = ctx.own_measured
+    if own is None:
+        return None
+    g = ctx.w.grid
+    return per_worker_sum(own, g.node_stage, np.isin(g.node_optype, BUSY), g.pp_size)
+
+
+def _groups(busy: np.ndarray, cfg, measured: np.ndarray | None = None
+            ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """{stage: (slow mask [D], time relative to the stage's fast group [D])} of the slow group
-    of a job's busy compute ([D, P, T]), over its stages.
+    of a job's busy compute ([D, P, T]), over its stages; `measured`: the same before the
+    sequences' load read from other stages was divided out (None where none was).
 
     A slow node or rack slows its workers alike whatever stage they hold, and it may hold one
     worker of a stage only: alone on its stage that worker is an outlier, a worker fault by
@@ -84,52 +98,78 @@ def _groups(busy: np.ndarray, cfg) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     hand-made ring-attention × PP jobs 18 of 69 groups over two stages were named slow_group on
     one and worker_fault on the other).
     """
-    found: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
-    sure: set[int] = set()
+    groups: dict[int, Part] = {}
+    lone: list[tuple[int, Part]] = []        # (stage, a lone slow worker's part)
     for p in range(busy.shape[1]):
-        split = _split(busy[:, p, :], cfg)
-        if split is not None:
-            found[p] = split[:3]
-            if split[3]:
-                sure.add(p)
-    groups = {p: f for p, f in found.items() if f[0].sum() >= 2}
-    # a lone slow worker is held to the test of the halves as well, where it can be made (its
-    # 15% alone let two GC-paused workers' chance level on one stage take in a third's)
-    lone = {p: f for p, f in found.items() if f[0].sum() == 1 and p in sure}
+        parts = _split(busy[:, p, :], cfg)
+        if len(parts) == 1 and parts[0].slow.sum() >= 2:
+            groups[p] = parts[0]
+        else:
+            # a lone slow worker is held to the test of the halves as well, where it can be
+            # made (its 15% alone let two GC-paused workers' chance level on one stage take in
+            # a third's)
+            lone += [(p, f) for f in parts if f.sure]
 
-    def alike(parts: list[tuple[np.ndarray, np.ndarray, float]]) -> bool:
+    def alike(parts: list[Part]) -> bool:
         # over all steps and on the even and odd steps each alone: a slow device slows its
         # steps alike, chance (GC pauses in a few steps) does not
-        levels = np.concatenate([np.log(ratio[:, slow]) for slow, ratio, _ in parts], axis=1)
-        return bool((np.ptp(levels, axis=1) <= min(gap for _, _, gap in parts) / 2).all())
+        levels = np.concatenate([np.log(f.ratio[:, f.slow]) for f in parts], axis=1)
+        return bool((np.ptp(levels, axis=1) <= min(f.gap for f in parts) / 2).all())
 
-    # A lone worker joins a stage's group only where two fast workers or more measure the
-    # group's level: beside one fast worker, that one may be the odd one (a faster device;
-    # without Σs², the mirror of a slow pipeline peer: its DP rank's load is estimated from
-    # that peer's stage, so a slow worker on stage 0 made its stage-1 peer read ×0.44 and the
-    # other 7 of stage 1 a "group" at the slow worker's level, which then took it in)
-    anchors = [f for f in groups.values() if (~f[0]).sum() >= 2]
+    # A lone worker joins a stage's group where its fast workers measure the group's level.
+    # One fast worker does as well as two, unless the load estimate made it fast: without
+    # Σs² a DP rank's load is read from its other stages, so a slow worker on stage 0 made
+    # its stage-1 peer read ×0.44 and the other 7 of stage 1 a "group" at the slow worker's
+    # level, which then took it in (the mirror). So a stage's fast worker alone anchors where
+    # the split is the same in the measured compute: the mirror's peer is no faster there.
+    # (Asking two fast workers of every anchor left the groups holding all but one worker of
+    # a stage split: 8 of 138 over 300 jobs of diagnosis_slow_group_stages seed 1.)
+    def measured_alike(p: int, slow: np.ndarray) -> bool:
+        if measured is None:
+            return True
+        return any(np.array_equal(f.slow, slow) for f in _split(measured[:, p, :], cfg))
+
+    anchors = [f for p, f in groups.items() if f.fast.sum() >= 2 or measured_alike(p, f.slow)]
+    chosen: dict[int, Part] = {}
     if anchors:
-        lone = {p: f for p, f in lone.items() if alike([*anchors, f])}
+        for p, f in lone:           # one per stage: two slow workers of a stage are unlike
+            if p not in chosen and alike([*anchors, f]):
+                chosen[p] = f
     else:
-        # the most lone workers alike (consecutive in speed), the slowest such set on a tie:
-        # the others stay worker faults
-        order = sorted(lone, key=lambda p: float(lone[p][1][0][lone[p][0]][0]))
-        best: list[int] = []
+        # the most lone workers alike (consecutive in speed, one per stage), the slowest such
+        # set on a tie: the others stay worker faults
+        order = sorted(lone, key=lambda pf: float(pf[1].ratio[0][pf[1].slow][0]))
+        best: list[tuple[int, Part]] = []
         for i in range(len(order)):
             for j in range(i + 2, len(order) + 1):
-                if j - i >= len(best) and alike([lone[p] for p in order[i:j]]):
-                    best = order[i:j]
-        lone = {p: lone[p] for p in best}
-    return {p: (slow, ratio[0]) for p, (slow, ratio, _) in {**groups, **lone}.items()}
+                window = order[i:j]
+                if (j - i >= len(best) and len({p for p, _ in window}) == len(window)
+                        and alike([f for _, f in window])):
+                    best = window
+        chosen = dict(best)
+    return {p: (f.slow, f.ratio[0]) for p, f in {**groups, **chosen}.items()}
 
 
-def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray, float, bool] | None:
-    """(slow mask [D], time relative to the fast group's median [3, D]: over all steps, the
-    even ones and the odd ones, the log gap between the groups, whether the split holds on the even and odd steps alone where the outlier test can
-    tell (five workers or more)) of one stage's workers ([D, T] busy seconds), or None when
-    they do not fall into two separate groups. The slow group may be one worker: `_groups`
-    decides what it is."""
+class Part(NamedTuple):
+    """A stage's slow group (or lone slow worker) as `_split` finds it."""
+    slow: np.ndarray        # bool [D]
+    ratio: np.ndarray       # [3, D] time relative to the fast group's median: all steps, even, odd
+    gap: float              # the log gap between the fast group and the slow side
+    sure: bool              # the split holds on the even and odd steps alone (or < 5 workers)
+    fast: np.ndarray        # bool [D]: the fast group (a worker peeled off the slow side is in
+    #                         neither)
+
+
+def _split(times: np.ndarray, cfg) -> list[Part]:
+    """The slow group of one stage's workers ([D, T] busy seconds): [] where they do not fall
+    into two separate groups, [the group] (it may be one worker: `_groups` decides what it
+    is), or, where the slow side is two workers unlike each other, each as a lone one.
+
+    A worker of the slow side that stands apart from the rest of it (the outlier test with the
+    rest as the norm) is a slow rank of its own beside the group, slowed unlike it: it is
+    peeled off (worker_fault's to name). Taken in, a rank ×1.3-1.5 the group's was named a
+    member, and a group on a stage beside one was not alike the other stages' members.
+    """
     # Each worker's typical speed: its median over steps of its time relative to the step's
     # median worker. A median, not a mean: a worker slow for a stretch of the run (PAI's
     # job_3, four workers a quarter slower in its last tenth) stays in the group it belongs
@@ -137,50 +177,82 @@ def _split(times: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray, float, bool]
     ref = np.median(times, axis=0)                                            # [T]
     steps = ref > 0
     if not steps.any():
-        return None
+        return []
     kept = times[:, steps] / ref[steps]                                       # [D, T']
     mean = np.median(kept, axis=1)                                            # [D]
     if not np.all(mean > 0):
-        return None
+        return []
     x = np.log(mean)
     order = np.argsort(x)
     gaps = np.diff(x[order])
     k = int(np.argmax(gaps))                      # the widest gap: fast = order[:k+1]
     slow = np.zeros(len(x), dtype=bool)
     slow[order[k + 1:]] = True
-    if (~slow).sum() < 1:
-        return None
+    fast = ~slow
     # Two groups apart where they meet; noise alone leaves per-worker means within a few
     # percent of each other, and the group test below asks for a persistent 15%.
     if gaps[k] < np.log1p(MIN_GAP):
-        return None
+        return []
+    slow &= ~_apart(x, slow, cfg)
     # Slow workers of different speeds that the outlier test finds one by one are faults of
     # their own (worker_fault's to name); a tight group of alike ones is a group, however few.
     tight = float(np.ptp(x[slow])) <= gaps[k] / 2
+    if not tight and slow.sum() == 2:
+        # two unlike: neither the other's group; one may be alike another stage's members
+        singles = [_part(times, kept, mean, slow & (np.arange(len(x)) == d), fast,
+                         float(gaps[k]), cfg) for d in np.flatnonzero(slow)]
+        return [f for f in singles if f is not None]
     if not tight and (robust_z(mean, cfg.outlier_scale_floor)[slow] >= cfg.outlier_z).all():
-        return None
-    ratio = _relative(mean, slow)
-    _, lo, _ = _group_interval(times, slow, cfg)
+        return []
+    part = _part(times, kept, mean, slow, fast, float(gaps[k]), cfg)
+    return [] if part is None else [part]
+
+
+def _apart(x: np.ndarray, slow: np.ndarray, cfg) -> np.ndarray:
+    """bool [D]: workers of the slow side ([D] log levels) that stand `outlier_z` robust
+    deviations (the rest's spread about its median, floored) from the rest of it, the
+    farthest first, while two or more are left."""
+    out = np.zeros(len(x), dtype=bool)
+    members = slow.copy()
+    while members.sum() >= 3:
+        idx = np.flatnonzero(members)
+        far = int(idx[np.argmax(np.abs(x[idx] - np.median(x[idx])))])
+        rest = x[idx[idx != far]]
+        centre = float(np.median(rest))
+        spread = max(MAD_TO_SIGMA * float(np.median(np.abs(rest - centre))),
+                     cfg.outlier_scale_floor)
+        if abs(float(x[far]) - centre) < cfg.outlier_z * spread:
+            break
+        members[far], out[far] = False, True
+    return out
+
+
+def _part(times: np.ndarray, kept: np.ndarray, mean: np.ndarray, slow: np.ndarray,
+          fast: np.ndarray, gap: float, cfg) -> Part | None:
+    """The slow side `slow` of a stage as a Part, or None where it is neither persistently
+    15% slower than the fast group nor apart from it on the even and odd steps alone."""
+    ratio = _relative(mean, fast)
+    _, lo, _ = _group_interval(times, slow, cfg, fast)
     # Closer groups, from five workers on: the outlier test with the fast group as the norm
     # (the whole stage's median sits between the groups when half of it is slow): every slow
     # worker lies `outlier_z` robust deviations (the workers' spread about their own group's
     # median) above the fast group's median, and the slow group is slower in (nearly) every
     # step; what fixing it buys is the gain test's. A slow half of a job 10% slower was named
     # as nothing, while a slow 40% of it was named by the outlier test worker by worker.
-    held = len(x) >= 5 and lo > 1 and _holds_in_halves(kept, slow, cfg)
+    held = len(mean) >= 5 and lo > 1 and _holds_in_halves(kept, slow, fast, cfg)
     if lo >= 1 + cfg.worker_min_excess or held:     # persistently 15% slower, or apart
-        halves = (np.stack([_relative(np.median(kept[:, h::2], axis=1), slow) for h in (0, 1)])
+        halves = (np.stack([_relative(np.median(kept[:, h::2], axis=1), fast) for h in (0, 1)])
                   if kept.shape[1] >= 2 else np.stack([ratio, ratio]))
-        return slow, np.vstack([ratio, halves]), float(gaps[k]), held or len(x) < 5
+        return Part(slow, np.vstack([ratio, halves]), gap, held or len(mean) < 5, fast)
     return None
 
 
-def _relative(mean: np.ndarray, slow: np.ndarray) -> np.ndarray:
+def _relative(mean: np.ndarray, fast: np.ndarray) -> np.ndarray:
     """Each worker's level over the fast group's median level."""
-    return mean / max(float(np.median(mean[~slow])), 1e-12)
+    return mean / max(float(np.median(mean[fast])), 1e-12)
 
 
-def _holds_in_halves(kept: np.ndarray, slow: np.ndarray, cfg) -> bool:
+def _holds_in_halves(kept: np.ndarray, slow: np.ndarray, fast: np.ndarray, cfg) -> bool:
     """The outlier test with the fast group as the norm on the even steps and on the odd ones
     each alone ([D, T] times relative to the step's median worker). The split was chosen on
     all of them: chance per-step loads that favoured some workers (random sequence lengths
@@ -188,24 +260,29 @@ def _holds_in_halves(kept: np.ndarray, slow: np.ndarray, cfg) -> bool:
     halves = (kept[:, 0::2], kept[:, 1::2])
     if min(h.shape[1] for h in halves) < 2:
         return False
-    return all(_stands_apart(np.log(np.median(half, axis=1)), slow, cfg) for half in halves)
+    return all(_stands_apart(np.log(np.median(half, axis=1)), slow, fast, cfg)
+               for half in halves)
 
 
-def _stands_apart(x: np.ndarray, slow: np.ndarray, cfg) -> bool:
+def _stands_apart(x: np.ndarray, slow: np.ndarray, fast: np.ndarray, cfg) -> bool:
     """The outlier test with the fast group as the norm: every slow worker's log level lies
     `outlier_z` robust deviations (the workers' spread about their own group's median) above
     the fast group's median."""
     if not np.all(np.isfinite(x)):
         return False
-    fast = float(np.median(x[~slow]))
-    centre = np.where(slow, np.median(x[slow]), fast)
-    spread = max(MAD_TO_SIGMA * float(np.median(np.abs(x - centre))), cfg.outlier_scale_floor)
-    return float(x[slow].min()) - fast >= cfg.outlier_z * spread
+    both = slow | fast
+    norm = float(np.median(x[fast]))
+    centre = np.where(slow, np.median(x[slow]), norm)
+    spread = max(MAD_TO_SIGMA * float(np.median(np.abs(x - centre)[both])),
+                 cfg.outlier_scale_floor)
+    return float(x[slow].min()) - norm >= cfg.outlier_z * spread
 
 
-def _group_interval(times: np.ndarray, slow: np.ndarray, cfg) -> tuple[float, float, float]:
-    """Mean over steps of the slow group's median time over the fast group's, with its
-    interval."""
-    per_step = np.median(times[slow], axis=0) / np.maximum(np.median(times[~slow], axis=0), 1e-12)
+def _group_interval(times: np.ndarray, slow: np.ndarray, cfg,
+                    fast: np.ndarray | None = None) -> tuple[float, float, float]:
+    """Mean over steps of the slow group's median time over the fast group's (default: all
+    the others), with its interval."""
+    fast = ~slow if fast is None else fast
+    per_step = np.median(times[slow], axis=0) / np.maximum(np.median(times[fast], axis=0), 1e-12)
     lo, hi = mean_interval(per_step[None, :], cfg)
     return float(per_step.mean()), float(np.ravel(lo)[0]), float(np.ravel(hi)[0])
