@@ -89,13 +89,15 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
             if c.cause in CROSS_RANK:
                 c.evidence = f"among the {partial.traced_text} only: " + c.evidence
                 c.where.scope = "traced ranks"
-    kept: list[tuple[Candidate, Finding]] = []
-    for i, cand in enumerate(found):
-        t_now, t_fix, excess = _before_after(w, cand)
+    alone = [_before_after(w, cand) for cand in found]
+
+    def judged(i: int, others: list[Candidate]) -> tuple[Finding, bool]:
+        """Candidate i's finding, and whether it is reported, with `others` fixed first."""
+        cand = found[i]
+        t_now, t_fix, excess = alone[i]
         entry = _finding(cand, t_now, t_fix, excess, cfg)
         # A cause can hide behind another (a heavy stage behind a slow worker that every DP
         # rank waits for): it also counts when fixing it buys enough once the others are fixed.
-        others = found[:i] + found[i + 1:]
         if not _clears(cand, entry.speedup_if_fixed, entry.low, cfg) and others:
             t_rest, t_both = _after_others(w, cand, others)
             after = float(t_rest.mean() / t_both.mean())
@@ -107,7 +109,19 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
                     entry.interval = Interval(min(lo, after), max(hi, after))
                 entry.evidence += (f"; it pays once the other causes are fixed (×{after:.2f}; "
                                    f"alone ×{entry.speedup_alone:.2f})")
-        if _clears(cand, entry.speedup_if_fixed, entry.low, cfg):
+        return entry, _clears(cand, entry.speedup_if_fixed, entry.low, cfg)
+
+    first = [judged(i, found[:i] + found[i + 1:]) for i in range(len(found))]
+    reported = [c for c, (_, ok) in zip(found, first) if ok]
+    kept: list[tuple[Candidate, Finding]] = []
+    for i, cand in enumerate(found):
+        entry, ok = first[i]
+        if ok and entry.basis == "after_others" and len(reported) < len(found):
+            # once more behind the others that are reported only: a candidate reported
+            # neither alone nor behind the others (its own fix slows the job) made a healthy
+            # worker critical, and a fix that undid that harm looked like a gain
+            entry, ok = judged(i, [c for c in reported if c is not cand])
+        if ok:
             kept.append((cand, entry))
         else:
             log.debug("dropped %s: interval %s below min_gain", cand.cause, entry.interval)
