@@ -8,8 +8,9 @@ blocking all-reduce in each TP pair after every forward piece, DDP in the data-p
 groups), context parallelism of 2 or 4 on 30% of the jobs whose ranks allow it (after every
 forward piece, and at the backward's start for a ring, the CP group exchanges K/V: one
 all-gather, ring attention's send/recv in cp - 1 rounds, or torch's all-to-all rotation; a
-third each), two pipeline stages on 30% of the jobs without a slow group or slow link
-whose ranks leave two or more per stage and tensor-context block (GPipe with 2-4
+third each), two pipeline stages on 30% of the jobs without a slow link whose ranks leave
+two or more per stage and tensor-context block (with a slow group, one that holds no whole
+stage: that reads as a heavy stage) (GPipe with 2-4
 microbatches, each stage with its own groups, one clock), 2-6 DDP buckets of unequal sizes, kernel noise 1-3%, host clocks up to 500 µs
 apart, every host starting each step up to 0-400 µs late at random) and one of: no cause
 (noise only), a late host (one rank starts every step 1.5-4 ms late: `host_stall`), a slow
@@ -106,14 +107,16 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
         shape["slow_link"] = (int(rng.integers(ranks)), float(rng.uniform(5.0, 15.0)))
     tp_cp = shape.get("tp_size", 1) * shape.get("cp_size", 1)
     pipe = np.random.default_rng([seed, 3])
-    if kind in ("none", "host_stall", "worker_fault", "expert_imbalance") \
-            and ranks % (2 * tp_cp) == 0 and ranks // (2 * tp_cp) >= 2 and pipe.random() < 0.3:
+    if kind in ("none", "host_stall", "worker_fault", "slow_group", "expert_imbalance") \
+            and ranks % (2 * tp_cp) == 0 and ranks // (2 * tp_cp) >= 2 and pipe.random() < 0.3 \
+            and not (kind == "slow_group" and _whole_stage(shape["slow_group"][0], ranks)):
         # two pipeline stages (GPipe, 2-4 microbatches), each with its own TP, CP, EP and DP
         # groups, all on one clock (no collective spans the stages for the reader to align
         # clocks on); one expert group per stage (half a stage's ranks would be one or two);
-        # not with a slow group (it could be a whole stage: a stage imbalance) or a slow link
-        # (its three or four expert groups in a stage of three or four ranks); ring attention
-        # too (the reader tells its exchanges from the pipeline's transfers)
+        # a slow group on one stage or over both, but not a whole stage (that is a heavy
+        # stage, a stage imbalance, as far as any trace can tell: left at one stage); not with
+        # a slow link (its three or four expert groups in a stage of three or four ranks);
+        # ring attention too (the reader tells its exchanges from the pipeline's transfers)
         shape.update(pp_size=2, microbatches=int(pipe.integers(2, 5)), expert_groups=1,
                      ranks_per_host=ranks)
     if shape["all_to_alls"] and kind != "communication":
@@ -126,6 +129,13 @@ def draw(rng: np.random.Generator, seed: int) -> GpuJob:
             shape.update(combine=True, a2a_us_per_row=float(moe.uniform(0.05, 0.3)),
                          ranks_per_host=shape["ranks"])
     return GpuJob(**shape)
+
+
+def _whole_stage(group: tuple[int, ...], ranks: int) -> bool:
+    """Whether the group holds every rank of one of two pipeline stages (ranks 0..ranks/2-1
+    are stage 0)."""
+    per = ranks // 2
+    return any(set(range(s * per, (s + 1) * per)) <= set(group) for s in (0, 1))
 
 
 def mean_step(trace) -> float:
