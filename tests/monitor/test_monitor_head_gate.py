@@ -113,6 +113,22 @@ def test_a_write_declaring_its_type_or_none_is_taken(mon):
                 (ctype, r.text)
 
 
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/api/jobs/"), ("GET", "/api/alerts/?limit=5"), ("GET", "/api/jobs/j/"),
+    ("PUT", "/api/jobs/j/meta/"), ("PUT", "/api/jobs/j/ranks/0/parts/0/"), ("GET", "/metrics/"),
+])
+def test_a_path_with_a_trailing_slash_is_a_json_404_not_a_redirect(mon, method, path):
+    # (fails before: 307 with an empty body and a Location built from the client's Host,
+    # answered to a write without its token too)
+    got, reply = status_and_body(head_only(mon.port, method, path, None, 1000)) \
+        if method == "PUT" else (None, None)
+    if method == "GET":
+        r = httpx.get(mon.url + path, timeout=60, follow_redirects=False)
+        got, reply = r.status_code, r.json()
+    assert got in (401, 404), (got, reply)
+    assert "error" in reply, reply
+
+
 @pytest.mark.parametrize("path", ["/api/events", "/", "/api/jobs", "/static/style.css"])
 def test_a_read_declaring_a_body_is_refused_from_its_head(mon, path):
     # (fails before: the event stream and the dashboard's files listen for the client's

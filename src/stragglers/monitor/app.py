@@ -49,7 +49,10 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
                ) -> "UploadFastPath":
     """The app (the FastAPI app behind the upload fast path); with a token, writes need it
     (and reads too when `private`)."""
-    app = FastAPI(title="stragglers monitor", docs_url=None, redoc_url=None, openapi_url=None)
+    # (no redirect of '/api/jobs/' to '/api/jobs': a 307 with an empty body, its Location
+    # built from the client's Host, answered even a write without its token; 404 instead)
+    app = FastAPI(title="stragglers monitor", docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     store = monitor.store
     feed = ChangeFeed(store)
     app.state.change_feed = feed
