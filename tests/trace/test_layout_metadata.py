@@ -116,3 +116,41 @@ def test_analyze_on_a_broken_layout_is_one_line(tmp_path, edit, field):
     assert proc.stderr.strip().splitlines() == [
         line for line in proc.stderr.strip().splitlines() if line.startswith("error: ")]
     assert f"{run / 'meta.json'}: field '{field}'" in proc.stderr
+
+
+def rank_pg(run, rank: int, pg: int) -> None:
+    """Rewrite `rank`'s all-to-all rows of the copied run to process group `pg`."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for path in sorted(run.glob(f"rank-{rank:05d}*.parquet")):
+        table = pq.read_table(path)
+        column = np.array(table.column("pg").to_pylist())
+        column[np.array([o == "all-to-all" for o in table.column("optype").to_pylist()])] = pg
+        i = table.schema.get_field_index("pg")
+        pq.write_table(table.set_column(i, "pg", pa.array(column, table.schema.field(i).type)),
+                       path)
+
+
+@pytest.mark.parametrize("groups,pg,words", [
+    (None, 5, "process group 5, but"),
+    ([[0, 1, 2, 3], [0, 2]], 1, "rank 1's rows name process group 1 [0, 2], which does not hold "
+                                "rank 1"),
+], ids=["unlisted", "not-a-member"])
+def test_a_row_in_a_group_that_is_not_its_ranks_is_one_line(tmp_path, groups, pg, words):
+    # rank 1's all-to-alls in a group listed nowhere, or one without rank 1: its collectives
+    # were read as ones of their own and rank 1 named as a communication straggler
+    from stragglers.trace.runformat import read_run
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    if groups is not None:
+        raw = recorded_meta()
+        raw["extra"]["process_groups"] = groups
+        (run / "meta.json").write_text(json.dumps(raw))
+    rank_pg(run, 1, pg)
+    with pytest.raises(InputError) as err:
+        read_run(run)
+    message = str(err.value)
+    assert message.startswith(f"{run / 'rank-00001'}*.parquet: field 'pg': ") and words in message

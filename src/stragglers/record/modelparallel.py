@@ -42,12 +42,13 @@ from typing import Callable
 import torch.distributed as dist
 
 from stragglers.trace.model import OPTYPE_CODES
+from stragglers.trace.runformat import PG_LATE_BASE
 
 AR, AG, RS, A2A = (OPTYPE_CODES[n] for n in ("all-reduce", "all-gather", "reduce-scatter",
                                              "all-to-all"))
 MODEL_PARALLEL_CODES = (AR, AG, RS, A2A)
 # ids of groups first seen after attach: a hash of their ranks, above every gathered group's
-FALLBACK_BASE = 1 << 20
+FALLBACK_BASE = PG_LATE_BASE
 
 
 # ---- process-group ids ---------------------------------------------------------------------

@@ -252,6 +252,36 @@ def _check_parallel(parallel: object, meta: JobMeta, source: Path | str) -> None
                          f"{meta.pp_size}; expected the same number of pipeline stages")
 
 
+# Process-group ids at or above this are a group made after the recorder gathered the job's
+# groups (FALLBACK_BASE + a hash of its ranks, record/modelparallel.py): not in the list
+PG_LATE_BASE = 1 << 20
+
+
+def check_process_groups(ops: dict[str, np.ndarray], meta: JobMeta, directory: Path) -> None:
+    """A recorded run's pg column against `extra.process_groups`: each id one of the listed
+    groups (or a group made later), and the rank of each row one of its members. A rank's
+    collective named in a group without it (or an id listed nowhere) was read as a collective
+    of its own, and the rank named as a communication straggler."""
+    groups = meta.extra.get("process_groups")
+    if "pg" not in ops or not isinstance(groups, list):
+        return
+    pg, rank = ops["pg"].astype(np.int64), ops["rank"].astype(np.int64)
+    listed = (pg >= 0) & (pg < PG_LATE_BASE)
+    if not listed.any():
+        return
+    pairs = np.unique(np.stack([rank[listed], pg[listed]], axis=1), axis=0)
+    for r, g in pairs.tolist():
+        where = f"{directory / f'rank-{r:05d}'}*.parquet"
+        if g >= len(groups):
+            raise InputError(where, "pg", f"process group {g}, but {directory / META_FILE} lists "
+                             f"{len(groups)} (extra.process_groups); expected an id among them "
+                             f"or -1")
+        if r not in groups[g]:
+            raise InputError(where, "pg", f"rank {r}'s rows name process group {g} "
+                             f"{groups[g][:8]}, which does not hold rank {r}; expected one of "
+                             "its own groups")
+
+
 def check_against_meta(ops: dict[str, np.ndarray], meta: JobMeta, trace_source: Path | str,
                        meta_source: Path | str) -> None:
     """The table's DP ranks and stages must fit the metadata's sizes, and every stage be there.
@@ -380,6 +410,7 @@ def read_run(directory: Path | str) -> Trace:
     if len(ops["step"]) == 0:
         raise InputError(directory, None, "the op tables hold no ops")
     check_against_meta(ops, meta, directory, directory / META_FILE)
+    check_process_groups(ops, meta, directory)
     # (a converted run keeps the notes it was read with: each said once)
     return Trace(ops, meta, str(directory),
                  notes + [n for n in crowded_hosts(meta) if n not in notes])
