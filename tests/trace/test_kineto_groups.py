@@ -142,3 +142,21 @@ def test_undescribed_tensor_parallel_blocks_are_noted_with_the_option_that_place
     found = named(load_trace(run, tp_size=2))
     assert found[0] == ("expert_imbalance", HOT) and {r for _, r in found} <= {HOT, -1}, found
     assert not [n for n in load_trace(job).notes if "consecutive ranks" in n.message]
+
+
+def test_an_expert_group_with_a_data_parallel_groups_ranks_leaves_it_data_parallel(job, tmp_path):
+    # Megatron carves expert groups out of data parallelism: an expert group may hold exactly a
+    # data-parallel group's ranks. Matched by ranks, the gradient all-reduces of that group
+    # became model-parallel all-reduces
+    from stragglers.trace.model import OPTYPES
+
+    def expert_groups_on_dp_ranks(doc):
+        doc["distributedInfo"]["pg_config"] += [
+            {"pg_name": "98", "pg_desc": "expert_model_parallel", "ranks": [0, 2, 4, 6]},
+            {"pg_name": "99", "pg_desc": "expert_model_parallel", "ranks": [1, 3, 5, 7]}]
+
+    def kinds(trace):
+        return sorted(OPTYPES[o] for o in trace.ops["optype"] if "reduce" in OPTYPES[o])
+
+    assert kinds(load_trace(edited(job, tmp_path, expert_groups_on_dp_ranks))) == \
+        kinds(load_trace(job))

@@ -175,6 +175,9 @@ def model_parallel_groups(ev, rank: int, tp_size: int) -> frozenset:
     context or expert parallel, and with tensor parallelism of `tp_size` (tp fastest), any
     group of two or more ranks inside the rank's own block of tp consecutive ranks."""
     out = set()
+    # names pg_config gives a group of its own: never another group's by its ranks (an expert
+    # group with the ranks of a data-parallel group: the gradient all-reduces stay data parallel)
+    own = {g.name for g in ev.distributed_info.groups} if ev.distributed_info else set()
     for name, ranks, words in _described(ev):
         # expert-data-parallel groups (Megatron) and dp_shard_cp (torchtitan) sync gradients
         if rank in ranks and len(ranks) > 1 and words & _MODEL_PARALLEL_WORDS \
@@ -183,7 +186,7 @@ def model_parallel_groups(ev, rank: int, tp_size: int) -> frozenset:
             # and the collectives' groups of its ranks under another name (an entry without
             # pg_name, or collectives naming a group pg_config lists otherwise)
             out.update(str(n) for n, members in ev.pg_ranks.items()
-                       if sorted(members) == sorted(ranks))
+                       if str(n) not in own and sorted(members) == sorted(ranks))
     if tp_size > 1:
         block = range(rank // tp_size * tp_size, rank // tp_size * tp_size + tp_size)
         for name, members in ev.pg_ranks.items():
