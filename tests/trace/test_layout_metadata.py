@@ -154,3 +154,17 @@ def test_a_row_in_a_group_that_is_not_its_ranks_is_one_line(tmp_path, groups, pg
         read_run(run)
     message = str(err.value)
     assert message.startswith(f"{run / 'rank-00001'}*.parquet: field 'pg': ") and words in message
+
+
+def test_analyze_on_a_row_in_a_group_listed_nowhere_is_one_line(tmp_path):
+    # analyze reads a run by step partitions (whatif/partitioned.py), not read_run: it named
+    # rank 1 a communication straggler here
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    rank_pg(run, 1, 5)
+    proc = subprocess.run([sys.executable, "-m", "stragglers.cli", "analyze", str(run)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {run / 'rank-00001'}*.parquet: field 'pg': process group 5, but "
+        f"{run / 'meta.json'} lists 1 (extra.process_groups); expected an id among them or -1"]

@@ -195,7 +195,7 @@ class Partition:
 def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition:
     """The rows of these steps from every rank file, in the order read_run reads them (the
     files read on `pool`'s threads where given: Parquet decoding releases the GIL)."""
-    from stragglers.trace.runformat import check_against_meta
+    from stragglers.trace.runformat import check_against_meta, check_process_groups
 
     lo, hi = int(steps.min()), int(steps.max())
     every = len(steps) == hi - lo + 1
@@ -236,6 +236,8 @@ def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition
     check_against_meta({"dp_rank": ops["dp_rank"], "stage": np.concatenate([ops["stage"],
                                                                              every_stage])},
                        layout.meta, layout.directory, Path(layout.directory) / "meta.json")
+    # each row's process group one of the run's listed groups, holding its rank (as read_run)
+    check_process_groups(ops, layout.meta, Path(layout.directory))
     return Partition(ops, position, layout.directory, rows_read, bytes_read)
 
 
