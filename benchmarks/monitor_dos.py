@@ -11,7 +11,8 @@ connections; 200 connections sending half a request head; 32 slow bodies declari
 (a byte a second); the same well-behaved client opening a new connection per upload while 1,000
 idle connections are held (what the idle-eviction is for); 4 client processes of another
 loopback address (another writer only by their job) uploading parts whose page headers declare
-1 GB (refused 422 from the headers), or 16 MiB bodies in a loop (refused after their first MiB).
+1 GB (refused 422 from the headers), or 16 MiB bodies in a loop (refused after their first MiB);
+8 client processes reading /metrics, or /api/jobs, in a loop (no token: reads need none).
 
 What a loaded machine cannot fake (see `measured` and `verdict`): besides the ratio of medians,
 each pair's own ratio (their median, and how many pass 2x), and for every request the time the
@@ -275,6 +276,38 @@ def flood_loop(url: str, body: bytes, i: int, done) -> None:
                 pass
 
 
+def read_flood(url: str, path: str, n: int, stop: threading.Event) -> list:
+    """`n` client processes of another address GETting `path` in a loop, no token (reads need
+    none unless --private)."""
+    done = mp.Event()
+    procs = [mp.Process(target=read_loop, args=(url, path, done), daemon=True)
+             for _ in range(n)]
+    for proc in procs:
+        proc.start()
+
+    def end():
+        stop.wait()
+        done.set()
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+
+    threading.Thread(target=end, daemon=True).start()
+    return []
+
+
+def read_loop(url: str, path: str, done) -> None:
+    os.nice(19)   # (see the module's docstring)
+    with httpx.Client(base_url=url, timeout=60,
+                      transport=httpx.HTTPTransport(local_address="127.0.0.2")) as c:
+        while not done.is_set():
+            try:
+                c.get(path)
+            except httpx.HTTPError:
+                pass
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (/proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -310,7 +343,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5, help="parts per rank per block")
     ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
-    ap.add_argument("--cases", default="", help="comma-separated case numbers (1-6; all)")
+    ap.add_argument("--cases", default="", help="comma-separated case numbers (1-8; all)")
+    ap.add_argument("--name", default=None, help="results file name (a path: written there, "
+                    "not in benchmarks/results)")
     args = ap.parse_args()
     trace = slow_job(steps=5 * args.rounds, dp=2, pp=2)
     parts = [(r, p, table_bytes(c)) for r, p, c in parts_of(trace, steps_per_part=5)]
@@ -321,7 +356,11 @@ def main() -> None:
              ("4 clients: parts whose pages declare 1 GB",
               lambda p, st: flood(url, lying_part("lz4", 2, 1 << 30), 4, st), False),
              ("4 clients: 16 MiB bodies in a loop",
-              lambda p, st: flood(url, b"x" * (16 << 20), 4, st), False)]
+              lambda p, st: flood(url, b"x" * (16 << 20), 4, st), False),
+             ("8 clients: /metrics in a loop", lambda p, st: read_flood(url, "/metrics", 8, st),
+              False),
+             ("8 clients: /api/jobs in a loop", lambda p, st: read_flood(url, "/api/jobs", 8, st),
+              False)]
     chosen = [int(x) - 1 for x in args.cases.split(",") if x] or list(range(len(cases)))
     url = ""   # (the flood cases read it when they start)
     rows: dict[str, dict] = {}
@@ -376,7 +415,7 @@ def main() -> None:
                       + (f" --cases {args.cases}" if args.cases else ""),
               figures=figures(rows, "upload latency"),
               note=f"{os.cpu_count()} CPUs; {args.blocks} alternated quiet/attacked block "
-                   f"pairs of {len(parts)} uploads per case"))
+                   f"pairs of {len(parts)} uploads per case"), args.name)
 
 
 if __name__ == "__main__":

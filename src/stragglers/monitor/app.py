@@ -177,14 +177,26 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         """Prometheus text exposition (every job's, whichever instance analyses it)."""
         return Response(await metrics_render.get(), media_type=CONTENT_TYPE)
 
+    def shared_json(fn) -> SharedRender[bytes]:
+        """fn()'s JSON, encoded on a reader thread, one render shared by the requests that
+        wait for it (the same answer for everyone: 8 loops reading the job list slowed a
+        recorder's uploads 4.6x)."""
+        return SharedRender(lambda: asyncio.get_running_loop().run_in_executor(
+            readers, lambda: bytes(JSONResponse(fn()).body)))
+
+    def job_list() -> dict:
+        # the server's directories stay on the server: readers of the list get job names
+        return {"version": store.version, "jobs": [
+            {k: v for k, v in plain(j).items() if k != "directory"}
+            | ({"state": "quarantined"} if j.job in monitor.quarantined else {})
+            for j in store.jobs()]}
+
+    job_list_render = shared_json(job_list)
+
     @app.get("/api/jobs", dependencies=read)
     async def jobs():
         """Every job: name, world size, current S, state, last update, open alerts."""
-        # the server's directories stay on the server: readers of the list get job names
-        return await off_loop(lambda: {"version": store.version, "jobs": [
-            {k: v for k, v in plain(j).items() if k != "directory"}
-            | ({"state": "quarantined"} if j.job in monitor.quarantined else {})
-            for j in store.jobs()]})
+        return Response(await job_list_render.get(), media_type="application/json")
 
     @app.get("/api/jobs/{job}", dependencies=read)
     async def job(job: str = PathParam(max_length=128),
@@ -275,12 +287,14 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
                           "log_next": older})
         return await off_loop(answer)
 
+    stats_render = shared_json(lambda: plain({**store.totals(),
+                                              "rejects": list(monitor.recent_rejects.copy()),
+                                              "idle": monitor.idle()}))
+
     @app.get("/api/stats", dependencies=read)
     async def stats():
         """Parts and records stored (per way in and per job), and recent refusals."""
-        return await off_loop(lambda: plain({**store.totals(),
-                                             "rejects": list(monitor.recent_rejects.copy()),
-                                             "idle": monitor.idle()}))
+        return Response(await stats_render.get(), media_type="application/json")
 
     @app.get("/", dependencies=read)
     async def index():
