@@ -191,3 +191,20 @@ def test_a_group_beside_a_slow_rank_unlike_it_is_named_whole_and_alone(tmp_path,
     named = _named(tmp_path, job)
     assert {r for c, r in named if c == "slow_group"} == set(group)
     assert named - {("slow_group", r) for r in group} <= {("worker_fault", fault[0])}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", [(1, 3), (0, 3)], ids=["one pipeline replica", "crosswise"])
+def test_a_group_of_one_worker_of_each_stage_of_two_is_one_slow_group(tmp_path, group):
+    # dp 2 × pp 2: each stage's slower worker, slowed alike; named two worker faults (5 of 243
+    # slow groups of diagnosis_gpu_traces seeds 1 and 2 once it drew groups in pipelines)
+    job = GpuJob(ranks=4, pp_size=2, steps=6, seed=7, microbatches=3, ranks_per_host=4,
+                 host_jitter_us=200.0, all_to_alls=0, slow_group=(group, 2.2))
+    assert _named(tmp_path, job) == {("slow_group", r) for r in group}
+
+
+@pytest.mark.slow
+def test_one_slow_worker_of_a_stage_of_two_stays_a_worker_fault(tmp_path):
+    job = GpuJob(ranks=4, pp_size=2, steps=6, seed=7, microbatches=3, ranks_per_host=4,
+                 host_jitter_us=200.0, all_to_alls=0, slow_rank=(2, 2.2))
+    assert _named(tmp_path, job) == {("worker_fault", 2)}

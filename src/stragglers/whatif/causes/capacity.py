@@ -28,7 +28,7 @@ def slow_group(ctx: Context) -> list[Candidate]:
     """A group of two or more workers, on one stage or over several, whose compute stands apart
     from their stages' other workers alike."""
     w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
-    if len(g.dp_ranks) < 3:
+    if not _enough(len(g.dp_ranks), g.pp_size):
         return []  # two workers: one of them is a worker fault or nothing
     busy_nodes = np.isin(g.node_optype, BUSY)
     own = ctx.own_durations
@@ -66,11 +66,18 @@ def slow_group(ctx: Context) -> list[Candidate]:
 def group_members(ctx: Context, busy: np.ndarray) -> np.ndarray:
     """bool [D, P]: the workers this detector names as a slow group (worker_fault leaves them)."""
     out = np.zeros(busy.shape[:2], dtype=bool)
-    if busy.shape[0] < 3:
+    if not _enough(*busy.shape[:2]):
         return out
     for p, (slow, _) in _groups(busy, ctx.cfg, _measured(ctx)).items():
         out[:, p] = slow
     return out
+
+
+def _enough(workers: int, stages: int) -> bool:
+    """Whether a slow group can be told: three workers a stage, or two over several stages
+    (each stage's slower worker, alike over the stages: a slow node holding one worker of
+    each; in dp 2 × pp 2 GPU jobs such groups of two were named as two worker faults)."""
+    return workers >= 3 or (workers == 2 and stages >= 2)
 
 
 def _measured(ctx: Context) -> np.ndarray | None:
