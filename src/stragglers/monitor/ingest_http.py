@@ -106,7 +106,12 @@ def check_media_type(request: Request, accepted: tuple[str, ...], what: str) -> 
     """415 when a write's body is declared as another type than the route takes (its first
     of `accepted`); a body that declares none is taken as the route's (recorders and scripts
     send parts bare). A form or text body was read as Parquet or JSON: a body is taken only
-    as what it says it is. JSON in any charset but UTF-8 is another type too."""
+    as what it says it is. JSON in any charset but UTF-8 is another type too, and a body in
+    a content coding (gzip) is not what the route reads: 415 naming Content-Encoding."""
+    coding = request.headers.get("content-encoding")
+    if coding is not None and coding.strip().lower() not in ("", "identity"):
+        raise HTTPProblem(415, f"request header 'Content-Encoding': {coding[:80]!r}; expected "
+                          f"none (or identity) for {what}", "bad_request", close=True)
     given = request.headers.get("content-type")
     if given is None:
         return
