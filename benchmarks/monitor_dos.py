@@ -244,9 +244,14 @@ def slow_bodies(port: int, n: int, stop: threading.Event) -> list[socket.socket]
 def flood(url: str, body: bytes, n: int, stop: threading.Event) -> list:
     """`n` client processes of another address (127.0.0.2) PUTting `body` as parts in a loop
     (processes: threads here would take the measured client's interpreter lock)."""
+    return loop_processes(flood_loop, [(url, body, i) for i in range(n)], stop)
+
+
+def loop_processes(target, args: list[tuple], stop: threading.Event) -> list:
+    """One process per `args` entry running `target(*entry, done)` until `stop` is set (then
+    `done` is set, and each is joined, killed after 30 s)."""
     done = mp.Event()
-    procs = [mp.Process(target=flood_loop, args=(url, body, i, done), daemon=True)
-             for i in range(n)]
+    procs = [mp.Process(target=target, args=(*entry, done), daemon=True) for entry in args]
     for proc in procs:
         proc.start()
 
@@ -279,22 +284,7 @@ def flood_loop(url: str, body: bytes, i: int, done) -> None:
 def read_flood(url: str, path: str, n: int, stop: threading.Event) -> list:
     """`n` client processes of another address GETting `path` in a loop, no token (reads need
     none unless --private)."""
-    done = mp.Event()
-    procs = [mp.Process(target=read_loop, args=(url, path, done), daemon=True)
-             for _ in range(n)]
-    for proc in procs:
-        proc.start()
-
-    def end():
-        stop.wait()
-        done.set()
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-
-    threading.Thread(target=end, daemon=True).start()
-    return []
+    return loop_processes(read_loop, [(url, path)] * n, stop)
 
 
 def read_loop(url: str, path: str, done) -> None:
