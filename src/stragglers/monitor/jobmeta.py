@@ -93,49 +93,19 @@ def _check_plain(value: object, source, where: str, depth: int) -> None:
                          f"{type(value).__name__}")
 
 
-def _int_in(value: object, top: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < top
-
-
-def _check_layout(layout: object, meta: JobMeta, source) -> None:
-    if not isinstance(layout, list):
-        raise InputError(source, "extra.layout", f"expected a list of rank entries, got "
-                         f"{type(layout).__name__}")
+def _check_layout(layout: list, meta: JobMeta, source) -> None:
+    """What the monitor adds to the run format's check of `extra.layout` (meta_from_dict: a
+    list, each rank once at its own place inside the sizes): one entry per rank of the world
+    size, and host names of bounded length."""
     if len(layout) != meta.world_size:
         # a window waits for the layout's ranks: one that left ranks out (or listed none) had
         # its windows cut without them, each analysed as a failure
         raise InputError(source, "extra.layout", f"{len(layout)} entries; expected one per "
                          f"rank of the world size ({meta.world_size}), as the recorder writes")
-    seen: set[int] = set()
-    places: dict[tuple[object, object], int] = {}
-    for i, raw in enumerate(layout):
-        field = f"extra.layout[{i}]"
-        if not isinstance(raw, dict):
-            raise InputError(source, field, f"expected a mapping, got {type(raw).__name__}")
-        e = msgspec.convert(raw, _RawEntry)
-        if not _int_in(e.rank, meta.world_size):
-            raise InputError(source, f"{field}.rank", f"{str(e.rank)[:40]!r}; expected "
-                             f"an integer in 0..{meta.world_size - 1} (the world size)")
-        assert isinstance(e.rank, int)   # (_int_in)
-        if e.rank in seen:
-            raise InputError(source, f"{field}.rank", f"rank {e.rank} listed twice")
-        seen.add(e.rank)
-        for key, value, top, name in (("dp_rank", e.dp_rank, meta.dp_size, "dp_size"),
-                                      ("stage", e.stage, meta.pp_size, "pp_size")):
-            if value is not msgspec.UNSET and not _int_in(value, top):
-                raise InputError(source, f"{field}.{key}", f"{str(value)[:40]!r}; expected "
-                                 f"an integer in 0..{top - 1} (the job's {name})")
-        if e.dp_rank is not msgspec.UNSET and e.stage is not msgspec.UNSET:
-            # the engine takes one worker per place: two ranks at one failed every window
-            other = places.setdefault((e.dp_rank, e.stage), e.rank)
-            if other != e.rank:
-                raise InputError(source, field, f"rank {e.rank} at dp_rank {e.dp_rank}, stage "
-                                 f"{e.stage}, the place of rank {other}; expected one rank "
-                                 "per place (tensor-parallel ranks are workers of their own: "
-                                 "dp_size counts them)")
-        host = e.host
+    for i, entry in enumerate(layout):
+        host = entry.get("host")
         if host is not None and not (isinstance(host, str) and len(host) <= _HOST_CHARS):
-            raise InputError(source, f"{field}.host", f"expected a name of at most "
+            raise InputError(source, f"extra.layout[{i}].host", f"expected a name of at most "
                              f"{_HOST_CHARS} characters")
 
 
@@ -150,15 +120,6 @@ def run_start(raw: object) -> str | None:
     if not isinstance(start, list) or all(e is None for e in start):
         return None
     return json.dumps([run.run_id, start], sort_keys=True)
-
-
-class _RawEntry(msgspec.Struct):
-    """A layout entry as written, each value still to check (UNSET: the key is absent)."""
-
-    rank: Any = None
-    dp_rank: Any = msgspec.UNSET
-    stage: Any = msgspec.UNSET
-    host: Any = None
 
 
 class _StartClock(msgspec.Struct):
