@@ -208,3 +208,11 @@ def test_one_slow_worker_of_a_stage_of_two_stays_a_worker_fault(tmp_path):
     job = GpuJob(ranks=4, pp_size=2, steps=6, seed=7, microbatches=3, ranks_per_host=4,
                  host_jitter_us=200.0, all_to_alls=0, slow_rank=(2, 2.2))
     assert _named(tmp_path, job) == {("worker_fault", 2)}
+
+
+def test_a_member_below_a_slower_rank_of_its_stage_still_joins_the_group():
+    # stage 0 of eight: worker 0 ×1.36 (the group) and 6 ×2.0, slowed unlike it: the widest
+    # gap lies above the member, which sat among the fast ones; stage 1: worker 1 ×1.36
+    found = _groups(_busy({(0, 0): 1.36, (6, 0): 2.0, (1, 1): 1.36}, d=8), DiagnosisConfig())
+    assert {p: list(np.flatnonzero(slow)) for p, (slow, _) in found.items()} == {
+        0: [0], 1: [1]}

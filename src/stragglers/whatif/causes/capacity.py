@@ -109,8 +109,9 @@ def _groups(busy: np.ndarray, cfg, measured: np.ndarray | None = None
     lone: list[tuple[int, Part]] = []        # (stage, a lone slow worker's part)
     for p in range(busy.shape[1]):
         parts = _split(busy[:, p, :], cfg)
-        if len(parts) == 1 and parts[0].slow.sum() >= 2:
-            groups[p] = parts[0]
+        several = [f for f in parts if f.slow.sum() >= 2]
+        if several:
+            groups[p] = several[0]    # a lone slow worker beside it is unlike it
         else:
             # a lone slow worker is held to the test of the halves as well, where it can be
             # made (its 15% alone let two GC-paused workers' chance level on one stage take in
@@ -201,6 +202,14 @@ def _split(times: np.ndarray, cfg) -> list[Part]:
     if gaps[k] < np.log1p(MIN_GAP):
         return []
     slow &= ~_apart(x, slow, cfg)
+    # a worker of the fast side standing above the rest of it: slowed, by less than the gap
+    # above it (a group ×1.36 beside a rank ×2 of its stage: the widest gap lies above the
+    # group): a lone slow worker of its own
+    between = _above(x, fast, cfg)
+    fast &= ~between
+    lone = [_part(times, kept, mean, np.arange(len(x)) == d, fast,
+                  float(x[d] - x[fast].max()), cfg) for d in np.flatnonzero(between)]
+    lone_parts = [f for f in lone if f is not None]
     # Slow workers of different speeds that the outlier test finds one by one are faults of
     # their own (worker_fault's to name); a tight group of alike ones is a group, however few.
     tight = float(np.ptp(x[slow])) <= gaps[k] / 2
@@ -208,11 +217,30 @@ def _split(times: np.ndarray, cfg) -> list[Part]:
         # two unlike: neither the other's group; one may be alike another stage's members
         singles = [_part(times, kept, mean, slow & (np.arange(len(x)) == d), fast,
                          float(gaps[k]), cfg) for d in np.flatnonzero(slow)]
-        return [f for f in singles if f is not None]
+        return [f for f in singles if f is not None] + lone_parts
     if not tight and (robust_z(mean, cfg.outlier_scale_floor)[slow] >= cfg.outlier_z).all():
-        return []
+        return lone_parts
     part = _part(times, kept, mean, slow, fast, float(gaps[k]), cfg)
-    return [] if part is None else [part]
+    return ([] if part is None else [part]) + lone_parts
+
+
+def _above(x: np.ndarray, fast: np.ndarray, cfg) -> np.ndarray:
+    """bool [D]: workers of the fast side ([D] log levels) that stand `outlier_z` robust
+    deviations (the rest's spread about its median, floored) above the rest of it, the
+    slowest first, while three or more are left."""
+    out = np.zeros(len(x), dtype=bool)
+    members = fast.copy()
+    while members.sum() >= 4:
+        idx = np.flatnonzero(members)
+        top = int(idx[np.argmax(x[idx])])
+        rest = x[idx[idx != top]]
+        centre = float(np.median(rest))
+        spread = max(MAD_TO_SIGMA * float(np.median(np.abs(rest - centre))),
+                     cfg.outlier_scale_floor)
+        if float(x[top]) - centre < cfg.outlier_z * spread:
+            break
+        members[top], out[top] = False, True
+    return out
 
 
 def _apart(x: np.ndarray, slow: np.ndarray, cfg) -> np.ndarray:
