@@ -228,35 +228,30 @@ def _above(x: np.ndarray, fast: np.ndarray, cfg) -> np.ndarray:
     """bool [D]: workers of the fast side ([D] log levels) that stand `outlier_z` robust
     deviations (the rest's spread about its median, floored) above the rest of it, the
     slowest first, while three or more are left."""
-    out = np.zeros(len(x), dtype=bool)
-    members = fast.copy()
-    while members.sum() >= 4:
-        idx = np.flatnonzero(members)
-        top = int(idx[np.argmax(x[idx])])
-        rest = x[idx[idx != top]]
-        centre = float(np.median(rest))
-        spread = max(MAD_TO_SIGMA * float(np.median(np.abs(rest - centre))),
-                     cfg.outlier_scale_floor)
-        if float(x[top]) - centre < cfg.outlier_z * spread:
-            break
-        members[top], out[top] = False, True
-    return out
+    return _peel(x, fast, 3, lambda v, centre: v - centre, cfg)
 
 
 def _apart(x: np.ndarray, slow: np.ndarray, cfg) -> np.ndarray:
     """bool [D]: workers of the slow side ([D] log levels) that stand `outlier_z` robust
     deviations (the rest's spread about its median, floored) from the rest of it, the
     farthest first, while two or more are left."""
+    return _peel(x, slow, 2, lambda v, centre: np.abs(v - centre), cfg)
+
+
+def _peel(x: np.ndarray, side: np.ndarray, left: int, distance, cfg) -> np.ndarray:
+    """bool [D]: the workers of `side` peeled off it one by one, the farthest by `distance`
+    (from the side's median) first, while each stands `outlier_z` robust deviations of the
+    rest (about the rest's median, floored) away and `left` or more stay."""
     out = np.zeros(len(x), dtype=bool)
-    members = slow.copy()
-    while members.sum() >= 3:
+    members = side.copy()
+    while members.sum() > left:
         idx = np.flatnonzero(members)
-        far = int(idx[np.argmax(np.abs(x[idx] - np.median(x[idx])))])
+        far = int(idx[np.argmax(distance(x[idx], np.median(x[idx])))])
         rest = x[idx[idx != far]]
         centre = float(np.median(rest))
         spread = max(MAD_TO_SIGMA * float(np.median(np.abs(rest - centre))),
                      cfg.outlier_scale_floor)
-        if abs(float(x[far]) - centre) < cfg.outlier_z * spread:
+        if float(distance(x[far], centre)) < cfg.outlier_z * spread:
             break
         members[far], out[far] = False, True
     return out
