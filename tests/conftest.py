@@ -176,3 +176,14 @@ def chunk_extension_flood(host: str, port: int, head: bytes, chunks: int = 250) 
         while b"}" not in got and (chunk := k.recv(65536)):
             got += chunk
     return got
+
+
+def request_line_status(port: int, version: str) -> tuple[int, bytes]:
+    """(status, whole reply) of `GET /health HTTP/<version>` (with a Host) on loopback."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as k:
+        k.sendall(f"GET /health HTTP/{version}\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+                  .encode())
+        got = b""
+        while chunk := k.recv(65536):
+            got += chunk
+    return int(got.split(b" ", 2)[1]), got

@@ -429,6 +429,14 @@ class ServiceGuard:
             await self.app(scope, receive, send)
             return
         REQUEST_CLIENT.set((scope.get("client") or ("?",))[0])
+        version = str(scope.get("http_version") or "")
+        if version not in ("1.0", "1.1"):
+            # httptools serves a text request line claiming HTTP/2.0 or 0.9 as if it were 1.1
+            # (RFC 9110 15.6.6: a major version the server does not take is 505)
+            await asyncio.sleep(self.refusal_delay_s)
+            await send_json(self.shape, send, 505, f"request line: HTTP/{version[:8]} is not "
+                            "served here; expected HTTP/1.1 (or 1.0)")
+            return
         headers = scope.get("headers") or ()
         twice = _repeated(headers)
         if twice is not None:

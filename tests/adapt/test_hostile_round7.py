@@ -269,3 +269,12 @@ def test_a_job_reporting_its_step_times_in_another_unit_is_not_refused():
             plane.report("j", rank, [(s, 100.0, 32) for s in range(step, step + 10)], "", 0, 0,
                          None)
     assert plane._jobs["j"][1].monitor.latest_step == 201
+
+
+@pytest.mark.parametrize("version", ["2.0", "0.9"])
+def test_a_request_line_claiming_another_http_version_is_505(svc, version):
+    # (fails before: httptools served a text request line claiming HTTP/2.0 or 0.9 as 1.1, 200)
+    from conftest import request_line_status
+    status, reply = request_line_status(svc["port"], version)
+    assert status == 505 and b'"error"' in reply, reply
+    assert request_line_status(svc["port"], "1.1")[0] == 200

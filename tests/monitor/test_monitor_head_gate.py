@@ -185,3 +185,12 @@ def test_a_refused_new_job_gives_its_place_in_the_minute_back(tmp_path):
             assert c.get("/api/jobs/bad").status_code == 404
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("version", ["2.0", "0.9"])
+def test_a_request_line_claiming_another_http_version_is_505(mon, version):
+    # (fails before: served as HTTP/1.1, 200)
+    from conftest import request_line_status
+    status, reply = request_line_status(mon.port, version)
+    assert status == 505 and b'"error"' in reply, reply
+    assert request_line_status(mon.port, "1.1")[0] == 200
