@@ -35,16 +35,21 @@ def free_port() -> int:
 
 def torchrun(script: str | Path, nproc: int, *args: str, timeout: float = 300,
              env: dict | None = None, check: bool = True,
-             one_cpu: bool = False) -> subprocess.CompletedProcess:
+             one_cpu: bool = False, monitor_interval: float | None = None
+             ) -> subprocess.CompletedProcess:
     """Launch `script` under real torchrun (standalone rendezvous on loopback) and wait.
 
     one_cpu: every rank on the same CPU. On a shared machine the OS can give one rank less
     CPU than another for a whole run (another process sits on its core): a real straggler
     that the analysis rightly names. A test that needs a job without stragglers (a clean
     run) makes that impossible by construction: ranks on one CPU share its slowdowns.
+    monitor_interval: how often torchrun's agent looks at its workers (s); once one has
+    failed it stops the others, so a test of what every rank prints as it fails gives them
+    time to print first.
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           *(["--monitor-interval", str(monitor_interval)] if monitor_interval else []),
            str(script), *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
                 "PYTHONUNBUFFERED": "1", **(env or {})}
