@@ -43,6 +43,8 @@ class WhatIf:
     progress: Callable[[str], None] = field(default=lambda _msg: None)
     # fix_fraction answers by mask: diagnosis asks again for masks the metrics already replayed
     _fixes: dict = field(default_factory=dict, repr=False)
+    # noise.noise_floor by (draws, seed): a detector and the verdict both ask for it
+    _floors: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, grid: OpGrid, dsp_size: int = 1, progress=None) -> "WhatIf":

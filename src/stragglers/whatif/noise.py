@@ -50,6 +50,14 @@ def _median_over_steps(values: np.ndarray, use: np.ndarray) -> np.ndarray:
 
 def noise_floor(w: WhatIf, cfg: DiagnosisConfig) -> float:
     """Mean S of `noise_draws` replays of ideal costs × the reshuffled measured variation."""
+    key = (cfg.noise_draws, cfg.seed)
+    if key not in w._floors:
+        w._floors[key] = _noise_floor(w, cfg)
+    return w._floors[key]
+
+
+def _noise_floor(w: WhatIf, cfg: DiagnosisConfig) -> float:
+    """The floor's replays (noise_floor, which keeps their answer)."""
     g = w.grid
     resid = residuals(w)
     n, d, t = resid.shape

@@ -35,7 +35,6 @@ def communication(ctx: Context) -> list[Candidate]:
     """Per op-type family: transfers far above their median on some workers (or steps)."""
     w, g, cfg = ctx.w, ctx.w.grid, ctx.cfg
     found = []
-    floor: list[float] = []   # the noise floor, replayed once and only where a time needs it
     for name, codes in _families(g.node_optype).items():
         ids = np.flatnonzero(np.isin(g.node_optype, codes) & ~w.model.no_op)
         if not len(ids):
@@ -86,7 +85,7 @@ def communication(ctx: Context) -> list[Candidate]:
         late = np.where(fix, cost - np.broadcast_to(ideal, cost.shape), 0.0)
         cand = as_contention(ctx, cand, ids, late, "a slow link")
         if cand.cause == "cpu_contention" and steps is not None \
-                and _standing(ctx, ids, present, late) and _within_noise(w, cfg, floor):
+                and _standing(ctx, ids, present, late) and _within_noise(w, cfg):
             # some steps of a contention standing in every step, in a job the jitter alone
             # explains: the load's lottery (clean ranks on one CPU beside other work)
             continue
@@ -111,13 +110,10 @@ def _standing(ctx: Context, ids: np.ndarray, present: np.ndarray, late: np.ndarr
     return bool(np.nanmean(typical) >= ctx.cfg.contention_explains * late[late > 0].mean())
 
 
-def _within_noise(w, cfg, floor: list[float]) -> bool:
+def _within_noise(w, cfg) -> bool:
     """Whether the job's S is what its jitter alone gives: at most the noise floor +
-    `noise_margin`, as the verdict without findings judges it (floor computed once, into
-    `floor`)."""
-    if not floor:
-        floor.append(noise_floor(w, cfg))
-    return w.slowdown <= floor[0] + cfg.noise_margin
+    `noise_margin`, as the verdict without findings judges it."""
+    return w.slowdown <= noise_floor(w, cfg) + cfg.noise_margin
 
 
 def _waits_shared(ctx: Context, ids: np.ndarray, per: np.ndarray, hot: list[tuple[int, int]],
