@@ -37,6 +37,13 @@ def rank_of(ev, notes: list[str]) -> int:
                      "records distributedInfo")
 
 
+def single_process(ev) -> bool:
+    """Whether a file names no rank anywhere (no distributedInfo, none in its name) and its
+    trace holds no collective: the profile of a program that never joined a process group."""
+    return (ev.rank is None and ev.distributed_info is None and not ev.colls
+            and not _RANK_IN_NAME.findall(Path(ev.source).name))
+
+
 def world_size_of(ev) -> int | None:
     """distributedInfo.world_size when it is a positive whole number."""
     return None if ev.distributed_info is None else ev.distributed_info.world_size

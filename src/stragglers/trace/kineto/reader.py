@@ -11,6 +11,7 @@ import numpy as np
 from stragglers.errors import InputError
 from stragglers.trace.columns import check_values
 from stragglers.trace.kineto.align import clock_offsets
+from stragglers.trace.kineto.events import DistributedInfo
 from stragglers.trace.kineto.exchanges import merge_exchanges
 from stragglers.trace.kineto.layout import (
     Pipelines, check_given_layout, pipelines_from_p2p)
@@ -21,7 +22,8 @@ from stragglers.trace.kineto.parse import parse_files
 from stragglers.trace.kineto.unnamed import name_cross_stage
 from stragglers.trace.kineto.placement import (JobShape, group_sizes, job_shape,
                                                model_parallel_groups, place, rank_of,
-                                               undescribed_blocks, world_size_of)
+                                               single_process, undescribed_blocks,
+                                               world_size_of)
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, JobMeta, Trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -173,6 +175,13 @@ def _ranks(parsed: list[RankParts], notes: list) -> dict[int, RankParts]:
     """Each file's rank; one file per rank."""
     out: dict[int, RankParts] = {}
     names: list[str] = []
+    if len(parsed) == 1 and single_process(parsed[0]):
+        # torch.profiler records distributedInfo whenever a process group exists: a lone file
+        # without one, whose trace holds no collective at all, is a job of one process.
+        parsed[0].distributed_info = DistributedInfo(rank=0, world_size=1)
+        parsed[0].rank = 0
+        notes.append(("ranks", f"{Path(parsed[0].source).name}: no distributedInfo and no "
+                      "collective: read as a single-process run (rank 0 of 1)"))
     for p in parsed:
         rank = rank_of(p, names)
         if rank in out:
