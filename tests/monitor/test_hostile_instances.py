@@ -6,6 +6,7 @@ for a job that is gone. Interleavings are forced with row locks held by a second
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -198,6 +199,89 @@ def test_a_part_checked_before_another_instance_changed_the_job_is_checked_again
         assert got != "stored", "rank 3 acknowledged in a job of 2 ranks"
         assert not owner.store.has_part("j", 3, 0)
         assert "j" not in owner.quarantined and "j" not in other.quarantined
+    finally:
+        for m in (owner, other):
+            if m is not None:
+                m.stop()
+                m.store.close()
+
+
+@pytest.mark.parametrize("silence", ["job", "rank"])
+def test_no_silence_is_decided_over_a_part_another_instance_holds(postgres_url, tmp_path,
+                                                                  silence):
+    # the holder decided a job's stall (or a rank_silent) from what it had followed, while a
+    # part heard by the other instance before the deadline was still on its way to the store:
+    # a false alert, taken back a tick later when the part was followed (and then judged from
+    # its commit, not from when it was heard). The scene is laid in the past, every arrival
+    # stamped where the test puts it (queued_at); the real tick threads decide.
+    import concurrent.futures as cf
+
+    from monitor_jobs import parts_of, slow_job
+    from stragglers.monitor.part_names import fingerprint
+    from stragglers.monitor.service import Monitor, PartIn
+    from stragglers.monitor.settings import MonitorConfig
+    from stragglers.trace.runformat import table_bytes
+    stall = 600.0
+    cfg = MonitorConfig(window_steps=5, stall_after_s=stall, tick_s=0.05, lease_s=2.0,
+                        analysis_process=False, change_detector=False)
+    trace = slow_job(steps=10)
+    by = {(r, p): cols for r, p, cols in parts_of(trace, 5)}
+    ranks = sorted({r for r, _ in by})
+
+    def silences(m):
+        return [(a.rule, a.status) for a in m.store.alerts(job="j")
+                if a.rule in ("stalled", "rank_silent")]
+
+    owner = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="A").start()
+    other = None
+    try:
+        owner.register_job("j", tmp_path / "j", "http", trace.meta.to_dict())
+        other = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="B").start()
+        assert owner.leases.holds("j") and not other.leases.holds("j")
+        entered, release = threading.Event(), threading.Event()
+        real_add = other.store.add_parts
+
+        def held_add(*args, **kwargs):
+            entered.set()
+            release.wait(120)
+            return real_add(*args, **kwargs)
+
+        other.store.add_parts = held_add
+
+        def put(m, rank, part, ago):
+            done: cf.Future = cf.Future()
+            body = table_bytes(by[(rank, part)])
+            m.submit(PartIn("j", rank, part, "http", body=body, digest=fingerprint(body),
+                            done=done, queued_at=time.monotonic() - ago))
+            return done
+
+        # rank 0's second part, heard by B 800 s ago (before every deadline below), held there
+        held = put(other, 0, 1, 800.0)
+        assert entered.wait(120)
+        eventually(lambda: any(m.oldest is not None for m in owner.store.ingest_marks("A")),
+                   what="B saying it holds a part")
+        for rank in ranks:   # every rank's first part, heard 900 s ago: the job's deadline,
+            assert put(owner, rank, 0, 900.0).result(60) == "stored"   # 300 s ago, passed
+        if silence == "rank":   # the others' second parts, 350 s ago (the job not silent
+            for rank in ranks[1:]:   # then: its deadline in 250 s): rank 0 behind them
+                assert put(owner, rank, 1, 350.0).result(60) == "stored"
+        landed = time.time()
+        eventually(lambda: (owner._ticked_at or 0) > landed, what="a tick after they landed")
+        eventually(lambda: (owner._ticked_at or 0) > landed + 0.01, what="another")
+        assert owner.states["j"] == "running", "a stall decided over a part B holds"
+        assert not silences(owner), "an alert decided over a part B holds"
+        release.set()
+        assert held.result(60) == "stored"
+        eventually(lambda: owner.trackers["j"].knows(0, 1), what="the holder following it")
+        if silence == "job":
+            # heard 800 s ago: silent since then, which the holder decides once B said so
+            eventually(lambda: owner.states["j"] == "stalled", what="the real stall")
+            assert silences(owner) == [("stalled", "firing")]
+        else:
+            followed = time.time()
+            eventually(lambda: (owner._ticked_at or 0) > followed, what="a tick after")
+            assert owner.states["j"] == "running"
+            assert not silences(owner), "rank 0 was never silent"
     finally:
         for m in (owner, other):
             if m is not None:

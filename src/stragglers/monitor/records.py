@@ -236,6 +236,15 @@ class OutboxRow(msgspec.Struct):
     failed_at: float | None
 
 
+class IngestMark(msgspec.Struct):
+    """Another instance's ingest, as it last said: every part it heard before `as_of` is
+    stored or refused, except those in flight, the oldest heard at `oldest` (None: none)."""
+
+    instance: str
+    as_of: float
+    oldest: float | None
+
+
 class LeaseRow(msgspec.Struct):
     """A job's lease: which instance analyses it, under which epoch, until when."""
 

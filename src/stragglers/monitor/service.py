@@ -42,8 +42,8 @@ from stragglers.monitor.parts import MAX_PART, MAX_STEP, MAX_WINDOW, PartConflic
     check_in_job, check_same_part, check_step_gaps, is_whole_rank_file, part_path, read_part_file, \
     read_part_files, read_part_footer, read_part_footers, check_uploads, read_uploads, \
     sync_directory, write_part_file
-from stragglers.monitor.records import Alert, AlertLogEntry, JobMark, JobRecord, Lease, \
-    PartIndex, WindowRow
+from stragglers.monitor.records import Alert, AlertLogEntry, IngestMark, JobMark, JobRecord, \
+    Lease, PartIndex, WindowRow
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.watchdog import Watchdog
 from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, read_steps
@@ -101,6 +101,9 @@ class PartIn:
     # silence may count from (clamped to file_time_slack_s before the notice)
     written_at: float | None = None
     done: Future | None = None      # set to "stored" or "duplicate" once durable
+    # the earliest its arrival may be taken as (wall time; set when submitted): another
+    # instance decides no silence over it while it is in flight here (ingest marks)
+    floor: float | None = None
     stale: int = 0   # times its commit found the job's metadata changed since its check
 
 
@@ -166,6 +169,10 @@ class Monitor:
         # (a part written just before the deadline may be in the ingest still)
         self._parts_in_flight: dict[tuple[str, int], int] = {}
         self._jobs_in_flight: dict[str, int] = {}
+        # the in-flight parts' arrival floors (PartIn.floor → how many), for the ingest mark
+        # other instances read before deciding a silence; and those marks, read once a tick
+        self._floors: dict[float, int] = {}
+        self._marks: list[IngestMark] = []
         self._windows_in_flight: dict[str, int] = {}   # job → its windows queued or analysed
         self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
         self._noticing: dict[object, tuple[float, float]] = {}   # watchers' batches (noticing)
@@ -219,6 +226,7 @@ class Monitor:
         # now (alone, as with SQLite, every job; the lease of a restarted SQLite monitor is
         # its own)
         self.leases.beat()
+        self.publish_mark()   # (before any part is taken: others wait for what it holds)
         self.leases.start()
         self.outbox.start()
         self._readers = ThreadPoolExecutor(self.config.read_threads,
@@ -773,7 +781,11 @@ class Monitor:
             except OSError:
                 pass   # gone: the ingest refuses it
         key = (item.job, item.rank)
+        if item.floor is None:   # (a watched file may be taken as arrived up to the slack early)
+            item.floor = time.time() - (time.monotonic() - item.queued_at) - \
+                (self.config.file_time_slack_s if item.way == "files" else 0.0)
         with self._count_lock:
+            self._floors[item.floor] = self._floors.get(item.floor, 0) + 1
             self._inflight += 1
             self._parts_in_flight[key] = self._parts_in_flight.get(key, 0) + 1
             self._jobs_in_flight[item.job] = self._jobs_in_flight.get(item.job, 0) + 1
@@ -785,6 +797,8 @@ class Monitor:
         with self._count_lock:
             self._inflight -= len(batch)
             for it in batch:
+                if it.floor is not None:
+                    _decrement(self._floors, it.floor)
                 _decrement(self._parts_in_flight, (it.job, it.rank))
                 _decrement(self._jobs_in_flight, it.job)
             self._settled += 1
@@ -845,6 +859,27 @@ class Monitor:
             self._deferred = True
             if self._settled != self._tick_mark:
                 self._tick_wake.set()
+
+    def publish_mark(self) -> None:
+        """On a shared store, say what this instance's ingest holds (IngestMark): the holder
+        of a job decides no silence while a part heard here before its deadline may still be
+        on its way to the store (it decided over them, a false stall or rank_silent a tick
+        before it followed the part). Every tick, so a deadline waits a tick or two."""
+        if not self.store.shared:
+            return
+        as_of = time.time()   # (read first: a part submitted after it is not the mark's)
+        fresh = time.monotonic() - self.config.stall_after_s / 2   # (as _noticing_since)
+        with self._count_lock:
+            floors = list(self._floors) + [after for after, began in self._noticing.values()
+                                           if began > fresh]
+        self.store.set_ingest_mark(self.instance, as_of, min(floors) if floors else None)
+
+    def settled_elsewhere(self, deadline: float) -> bool:
+        """Whether every other live instance said, at the tick's start, that every part it
+        heard up to `deadline` is stored (and so followed here) or refused: a silence whose
+        deadline that is may be decided."""
+        return all(m.as_of >= deadline and (m.oldest is None or m.oldest > deadline)
+                   for m in self._marks)
 
     def _count(self, delta: int) -> None:
         with self._count_lock:
@@ -1023,6 +1058,7 @@ class Monitor:
                 reach[it.job] = max(reach.get(it.job, -1), data.last_step)
         self._write_uploads([(it, body) for it, body in uploads
                              if not isinstance(read[id(it)], InputError)])
+        now, mono = time.time(), time.monotonic()
         for it in fresh:
             got = read.get(id(it), it.data)
             if got is None:   # neither a file, nor bytes, nor rows: nothing to take
@@ -1034,12 +1070,14 @@ class Monitor:
                     self.reject("bad_part", str(it.path), got.problem)
                 continue
             it.records = got.records
+            # (stored with when it was heard: the job's holder, here or another instance,
+            # or this one after a restart, judges silence from that, as the ingest does)
             rows.append((it.job, it.rank, it.part, got.records, got.first_step,
-                         got.last_step, got.nbytes, it.way, it.digest, _step_set(got)))
+                         got.last_step, got.nbytes, it.way, it.digest, _step_set(got),
+                         self._heard(it, now, mono)))
             taken.append((it, got))
         if not rows:
             return
-        now, mono = time.time(), time.monotonic()
         # on a shared store each job's parts are committed only while its metadata is the
         # version they were checked against: in-flight checks see this instance's parts
         # alone, and another instance's new run (or new sizes) committed between a part's
@@ -1448,6 +1486,7 @@ class Monitor:
                 return
             try:
                 self.tick()
+                self.publish_mark()
                 if time.monotonic() - self._swept_at >= sweep_s:
                     self._swept_at = time.monotonic()
                     self.expire_empty_jobs()
@@ -1497,6 +1536,9 @@ class Monitor:
         cfg = self.config
         with self._count_lock:
             self._tick_mark = self._settled
+        # the other instances' marks before their parts: a part they stored after this read
+        # is followed below, one stored before the mark they wrote is in the store already
+        self._marks = self.store.ingest_marks(self.instance) if self.store.shared else []
         windows = self._follow_store(now)
         now_stalled: list[str] = []
         with self._lock:
@@ -1512,11 +1554,13 @@ class Monitor:
                 elif quiet >= cfg.stall_after_s:
                     new = "stalled"
                     if state == "running" and (lagging or self.in_flight(
-                            job, since=tr.last_arrival)):
+                            job, since=tr.last_arrival) or not self.settled_elsewhere(
+                            (tr.last_arrival or now) + cfg.stall_after_s)):
                         # behind on its own ingest, the monitor cannot tell a silent job from
                         # parts still queued (seen: a small job stalled behind a 1,024-rank
                         # one's parts); with a part of it in flight (written just before the
-                        # deadline), decided again once that part is stored or refused
+                        # deadline), here or at another instance, decided again once that
+                        # part is stored or refused (at the next ticks, for another's)
                         new = "running"
                         self.defer_silence()
                 else:

@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import msgspec
 
-from stragglers.monitor.records import Alert, AlertLogEntry, ClaimedMessage, JobMark, \
-    JobRecord, JobSummary, Lease, LeaseRow, OutboxRow, PartCount, PartIndex, PartRow, \
+from stragglers.monitor.records import Alert, AlertLogEntry, ClaimedMessage, IngestMark, \
+    JobMark, JobRecord, JobSummary, Lease, LeaseRow, OutboxRow, PartCount, PartIndex, PartRow, \
     WindowFinding, WindowRow, WindowScore, WindowSummary, plain, sorted_json
 
 log = logging.getLogger(__name__)
@@ -407,10 +407,12 @@ class SQLStore:
     def add_parts(self, rows: list[tuple[Any, ...]], now: float | None = None,
                   fence: dict[str, int] | None = None) -> list[bool | None | str]:
         """Insert parts (job, rank, part, records, first_step, last_step, bytes, way[, digest[,
-        step_set]]) in one transaction; returns for each whether it was new (False: seen before,
+        step_set[, heard]]]) in one transaction; returns for each whether it was new (False: seen before,
         not counted; None: its job is gone, nothing stored). digest: the uploaded bytes'
         fingerprint (None for watched files); step_set: its distinct steps (step_sets.encode;
-        None: not known, read from its file when needed). Each new part gets the next number of its job's
+        None: not known, read from its file when needed); heard: when it arrived, for silence
+        (stored as its ingested_at; None: `now`, the commit's time, later by the ingest's
+        delays: another instance that follows the part judged silence from there). Each new part gets the next number of its job's
         part sequence (commits of one job's parts are ordered by its row's lock, so an owner
         reading `seq > n` misses none). `fence`: job → the meta_seq its parts were checked
         against; a job's metadata changed since (another instance's new run or sizes) stores
@@ -444,8 +446,8 @@ class SQLStore:
                     "bytes, way, ingested_at, digest, seq, step_set) VALUES "
                     "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT (job, rank, part) DO NOTHING",
-                    (*r[:8], now, r[8] if len(r) > 8 else None, seq,
-                     r[9] if len(r) > 9 else None))
+                    (*r[:8], r[10] if len(r) > 10 and r[10] is not None else now,
+                     r[8] if len(r) > 8 else None, seq, r[9] if len(r) > 9 else None))
                 new.append(cur.rowcount == 1)
                 if new[-1]:
                     seqs[r[0]] = seq
@@ -829,6 +831,8 @@ class SQLStore:
                        (instance, url, now, now, now + lease_s))
             # instances gone for a day, and messages delivered a day ago, are forgotten
             self._exec(db, "DELETE FROM instances WHERE expires_at < ?", (now - KEEP_S,))
+            self._exec(db, "DELETE FROM ingest_marks WHERE instance NOT IN (SELECT id FROM "
+                       "instances)")
             self._exec(db, "DELETE FROM alert_outbox WHERE delivered_at < ?", (now - KEEP_S,))
             # (an epoch that does not read is made one: such a lease was left out of every
             # read, its job analysed by nobody)
@@ -897,7 +901,28 @@ class SQLStore:
             self._exec(db, "UPDATE leases SET owner = NULL, expires_at = NULL WHERE owner = ?",
                        (instance,))
             self._exec(db, "DELETE FROM instances WHERE id = ?", (instance,))
+            self._exec(db, "DELETE FROM ingest_marks WHERE instance = ?", (instance,))
         self._write(tx, notify=False)
+
+    # ---- ingest marks: silence on a shared store ----------------------------------------------
+
+    def set_ingest_mark(self, instance: str, as_of: float, oldest: float | None) -> None:
+        """Say that every part `instance` heard before `as_of` is stored or refused, but those
+        still in flight, the oldest heard at `oldest` (None: none)."""
+        def tx(db: Any) -> None:
+            self._exec(db, "INSERT INTO ingest_marks (instance, as_of, oldest) VALUES (?, ?, ?) "
+                       "ON CONFLICT (instance) DO UPDATE SET as_of = excluded.as_of, "
+                       "oldest = excluded.oldest", (instance, as_of, oldest))
+        self._write(tx, notify=False)
+
+    def ingest_marks(self, instance: str) -> list[IngestMark]:
+        """The ingest marks of the live instances other than `instance` (their heartbeat's
+        lease not run out: a killed one's parts in flight were never acknowledged)."""
+        def tx(db: Any) -> list[IngestMark]:
+            return self._many(db, IngestMark, "SELECT m.instance, m.as_of, m.oldest FROM "
+                              "ingest_marks m JOIN instances i ON i.id = m.instance WHERE "
+                              "i.expires_at > ? AND m.instance <> ?", (self._now(db), instance))
+        return self._write(tx, notify=False)
 
     def leases(self) -> list[LeaseRow]:
         """Every job's lease: owner, epoch, expiry, when taken."""

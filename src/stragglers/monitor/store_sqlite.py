@@ -58,6 +58,8 @@ CREATE TABLE IF NOT EXISTS leases (
 CREATE TABLE IF NOT EXISTS instances (
     id TEXT PRIMARY KEY, url TEXT NOT NULL, started_at REAL NOT NULL, seen_at REAL NOT NULL,
     expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS ingest_marks (
+    instance TEXT PRIMARY KEY, as_of REAL NOT NULL, oldest REAL);
 CREATE TABLE IF NOT EXISTS alert_outbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, fingerprint TEXT NOT NULL,
     status TEXT NOT NULL, sent_at REAL NOT NULL, alert TEXT NOT NULL, created_at REAL NOT NULL,

@@ -153,9 +153,11 @@ class Watchdog:
                     if now - last >= limit and not behind:
                         quiet = True   # silent once the others go past its steps
                     elif now - last >= limit:
-                        if m.in_flight(job, rank, since=last):
+                        if m.in_flight(job, rank, since=last) or \
+                                not m.settled_elsewhere(last + limit):
                             # a part of it is in the ingest (written just before the
-                            # deadline): decided again once it is stored or refused
+                            # deadline), here or at another instance: decided again once it
+                            # is stored or refused
                             m.defer_silence()
                             if rank in self.silent.get(job, {}):   # as decided before
                                 silent[rank] = self.silent[job][rank]
@@ -190,7 +192,8 @@ class Watchdog:
         if tr.max_step < 0:
             return True
         others = tr.unheard(heard)
-        flying = m.ranks_in_flight(job, last)
+        # (another instance's parts in flight are not known by rank: all of them wait)
+        flying = m.ranks_in_flight(job, last) if m.settled_elsewhere(last + limit) else None
         if flying is None or flying.intersection(others):
             # a part of one is in the ingest (or may be in a watcher's hand-over): those are
             # decided again once it is stored or refused, as before for the others
