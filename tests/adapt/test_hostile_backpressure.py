@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig, token_digest
-from stragglers.serving_quota import Backpressure, RateLimited
+from stragglers.serving_quota import Backpressure, CpuContention, RateLimited
 
 OWNER, OTHER = "flooding-owner-token-0123", "well-behaved-token-012345"
 
@@ -221,5 +221,96 @@ def test_the_serving_layers_own_refusals_are_answered_after_a_pause(tmp_path):
                 assert r.status_code == 400, r.text
                 assert time.monotonic() - t0 >= 0.25   # a lower bound load cannot break
                 assert set(r.json()) == {"error", "kind", "field"}
+    finally:
+        srv.stop()
+
+
+def test_under_contention_a_key_past_its_free_requests_yields_to_the_others():
+    # One owner's 256 local connections were answered at 2,000 a second, as fast as their own
+    # CPU let them ask, while another job's leases waited for a CPU (3.7x at nice 0). Now,
+    # while another key is active and the machine has no CPU to spare, a key past its free
+    # requests takes turns at shared_rate; the other key, a few at a time, never waits.
+    clock, busy = Clock(), [True]
+    p = Backpressure("token", free=1, rate=1000, burst=100, max_wait_s=0.35, clock=clock,
+                     shared_rate=10, contended=lambda: busy[0], recent_s=1.0)
+    assert [p.turn("a") for _ in range(20)] == [0] * 20     # alone: its own pace, the burst
+    assert p.turn("b") == 0                                  # another key active
+    waits = [p.turn("a") for _ in range(5)]
+    assert waits == pytest.approx([0, 0, 0.1, 0.2, 0.3])     # 10 a second, no burst
+    with pytest.raises(RateLimited) as refused:
+        p.turn("a")
+    assert "10 a second" in str(refused.value)
+    assert p.turn("b") == 0 or p.requests["b"] <= 1           # "b" never waits for "a"
+    busy[0] = False                                           # CPUs to spare: its own pace
+    assert [p.turn("a") for _ in range(5)] == [0] * 5
+    busy[0] = True
+    while p.requests.get("b"):
+        p.leave("b")
+    with pytest.raises(RateLimited):
+        p.turn("a")                                           # "b" answered lately: still
+    clock.now += 1.5                                          # "b" idle past recent_s
+    assert [p.turn("a") for _ in range(5)] == [0] * 5
+    # never faster than the key's own pace
+    slow = Backpressure("token", free=1, rate=1, burst=1, max_wait_s=10, clock=clock,
+                        shared_rate=100, contended=lambda: True)
+    slow.turn("b")
+    assert [slow.turn("a") for _ in range(5)] == pytest.approx([0, 0, 0, 1, 2])   # 1 free
+
+
+def test_cpu_contention_is_the_share_of_wanting_a_cpu_spent_waiting_for_one():
+    clock = Clock()
+    samples = iter([(0, 0), (8_000_000, 1_000_000), (10_000_000, 5_000_000),
+                    (10_000_100, 5_000_000), None])
+    c = CpuContention(share=0.25, window_s=0.5, clock=clock, read=lambda: next(samples))
+    assert c() is True                      # nothing known yet: contended
+    clock.now += 0.1
+    assert c() is True                      # within the window: the last verdict, no read
+    clock.now += 0.5
+    assert c() is False                     # 1 ms waited of 9: CPUs to spare
+    clock.now += 0.5
+    assert c() is True                      # 4 of 6 ms waited
+    clock.now += 0.5
+    assert c() is True                      # under 1 ms of wanting: the last verdict
+    clock.now += 0.5
+    assert c() is True                      # the kernel does not say: contended
+    assert CpuContention(share=0.0, read=lambda: (1, 0))() is True
+    real = CpuContention()
+    assert real() in (True, False)          # this machine's schedstat reads (or not) cleanly
+
+
+@pytest.mark.slow
+def test_a_flooding_token_yields_to_another_active_token_over_http(tmp_path):
+    # the same through the service: the owner (two requests held, its free ones; past them
+    # turns at the shared pace, one every 100 s) is refused 429 with the shared pace's Retry-After while the
+    # other job (a request in progress all along) is served; before, its own pace (2,000 a
+    # second, a burst of 4,000) answered it at once
+    cfg = ServiceConfig(free_requests_per_token=2, contended_requests_per_token_s=0.01,
+                        cpu_contended_share=0.0, max_turn_wait_s=0.5)
+    srv = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            for token, name in ((OWNER, "d"), (OTHER, "e")):
+                h = {"Authorization": f"Bearer {token}"}
+                assert c.post("/datasets", headers=h, json={"name": name, "num_samples": 100,
+                                                             "shard_size": 10}).status_code == 200
+            held = [_held_request(srv.port, OWNER), _held_request(srv.port, OWNER),
+                    _held_request(srv.port, OTHER)]
+            _counted(srv, token_digest(OWNER), 2)
+            _counted(srv, token_digest(OTHER), 1)
+            try:
+                h = {"Authorization": f"Bearer {OWNER}"}
+                codes = [c.post("/datasets/d/join", headers=h, json={"worker": f"w{i}"})
+                         .status_code for i in range(1)]
+                assert codes == [200], codes   # past its free ones: the shared pace's first
+                refused = c.post("/datasets/d/join", headers=h, json={"worker": "late"})
+                assert refused.status_code == 429, refused.text
+                assert int(refused.headers["retry-after"]) >= 50
+                h2 = {"Authorization": f"Bearer {OTHER}"}
+                for i in range(5):
+                    assert c.post("/datasets/e/join", headers=h2,
+                                  json={"worker": f"w{i}"}).status_code == 200
+            finally:
+                for s in held:
+                    s.close()
     finally:
         srv.stop()

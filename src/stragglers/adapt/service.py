@@ -55,8 +55,8 @@ from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_
     canonical_decimal, declared_length, is_loopback, \
     listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
 from stragglers.serving_guard import ErrorBody, admit_body, park
-from stragglers.serving_quota import Backpressure, MintRate, RateLimited as MintRefused, \
-    quota_client
+from stragglers.serving_quota import Backpressure, CpuContention, MintRate, \
+    RateLimited as MintRefused, quota_client
 
 if TYPE_CHECKING:
     import uvicorn
@@ -191,6 +191,21 @@ class ServiceConfig(Config):
     request_burst_per_token: float = setting(4000.0, "turns a token may take at once before"
                                              " requests_per_token_s counts", minimum=1.0,
                                              maximum=1e7)
+    # Fair share under contention: one owner's 256 local connections, answered at 600 a second
+    # as fast as their own CPU let them ask, kept another job's leases waiting for a CPU
+    # 3.7 times as long (adapt_dos owner_flood, attackers at nice 0)
+    contended_requests_per_token_s: float = setting(25.0, "pace of a token's requests past"
+                                                    " free_requests_per_token in progress while"
+                                                    " another token is active and the service"
+                                                    " has no CPU to spare (see"
+                                                    " cpu_contended_share): its closed-loop"
+                                                    " clients sleep, giving the CPU back to jobs"
+                                                    " asking a few at a time; 0: never",
+                                                    minimum=0.0, maximum=1e7)
+    cpu_contended_share: float = setting(0.25, "share of the time the event loop wanted a CPU"
+                                         " that it waited for one, from which the machine has"
+                                         " no CPU to spare (Linux schedstat; where unknown:"
+                                         " always; 0: always)", minimum=0.0, maximum=1.0)
     max_turn_wait_s: float = setting(5.0, "longest wait for a turn (past it: 429 with"
                                      " Retry-After, answered after that wait)", minimum=0.1,
                                      maximum=600.0)
@@ -957,7 +972,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     app.state.close = close
     pressure = Backpressure("token", config.free_requests_per_token,
                             config.requests_per_token_s, config.request_burst_per_token,
-                            config.max_turn_wait_s)
+                            config.max_turn_wait_s,
+                            shared_rate=config.contended_requests_per_token_s or None,
+                            contended=CpuContention(config.cpu_contended_share))
     return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)}, pressure)
 
 
