@@ -6,6 +6,7 @@ controllers, and each job's rank 0 configures its controller again at every inca
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ class ControlPlane:
         The same config again is a no-op (a retried request); an older incarnation, or another
         config for the same incarnation, is refused (Conflict).
         """
+        resumed_from = 0
         with self._lock:
             have = self._jobs.get(job)
             if have is not None:
@@ -56,12 +58,13 @@ class ControlPlane:
                                    f" configured; a different config needs a later incarnation,"
                                    f" got {cfg.incarnation}")
                 token_sha256 = owner
+                resumed_from = max(0, ctl.monitor.latest_step)   # resumed at or before it
             else:
                 self._check_quota(token_sha256, client)
                 self._owned[token_sha256] = self._owned.get(token_sha256, 0) + 1
                 if client is not None:
                     self._created[client] = self._created.get(client, 0) + 1
-            self._jobs[job] = (token_sha256, Controller(cfg))
+            self._jobs[job] = (token_sha256, Controller(cfg, resumed_from))
         return Configured(True, cfg.incarnation)
 
     def report(self, job: str, rank: int, records: Sequence[tuple[int, float, int]], device: str,
@@ -77,7 +80,10 @@ class ControlPlane:
                 raise InputError("control report", "rank",
                                  f"expected 0..{ctl.config.world_size - 1}, got {rank}")
             if incarnation == ctl.config.incarnation:
-                bound = ctl.monitor.step_bound()
+                bound = ctl.monitor.step_bound(min((r[1] for r in records), default=math.inf))
+                if bound is not None and ctl.monitor.latest_step < 0:
+                    # a first record: also any step up to those the job said it runs
+                    bound = max(bound, ctl.config.total_steps)
                 if bound is not None:
                     for i, (step, _, _) in enumerate(records):
                         if step > bound:

@@ -46,6 +46,10 @@ class ControlConfig(Config):
                            " it", minimum=0.0, maximum=3600.0)
     incarnation: int = setting(0, "torchrun restart count of the job", minimum=0,
                                maximum=1 << 31)
+    start_step: int | None = setting(None, "the step the job starts or resumes at (its"
+                                     " checkpoint's): its first records' steps are bounded from"
+                                     " it (null: the step a previous incarnation reached, else"
+                                     " 0; or total_steps)", minimum=0, maximum=1 << 40)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -128,11 +132,14 @@ class ControllerState:
 class Controller:
     """Runs the configured policy (from CONTROLLER_POLICIES) on each closed Monitor window."""
 
-    def __init__(self, config: ControlConfig):
+    def __init__(self, config: ControlConfig, resumed_from: int = 0):
+        """`resumed_from`: the step a previous incarnation of the job reached (its first
+        records are bounded from it when the config gives no start_step)."""
         self.config = config
         self.policy = CONTROLLER_POLICIES.get(config.policy, field="policy")()
+        start = config.start_step if config.start_step is not None else resumed_from
         self.monitor = SpeedMonitor(config.world_size, config.window, config.theta,
-                                    config.persistent_windows)
+                                    config.persistent_windows, start_step=start)
         self.batch_sizes = split_batch(config.global_batch, [1.0] * config.world_size)
         # the actions kept (every KILL_RESTART, the last MAX_KEPT_ADJUSTS ADJUST_BS: each
         # carries the whole split, superseding those before it) and how many were decided

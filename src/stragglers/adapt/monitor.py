@@ -25,6 +25,10 @@ REPLAY_SPAN = 20_000
 # every action wait for the job to reach it.
 REPORT_LAG_S = 70.0
 STEP_SLACK = 2.0
+# A job's first records (no step known yet) are bounded the same way from the step it started
+# at (its config's start_step; else the step a previous incarnation reached, else 0) over the
+# time since its controller was configured, the fastest step time of the report itself: one
+# wild first step (2**40) counted every later record of its rank up to it as resent.
 # and at least this many steps: the controller uses BPT ratios only, so a job reporting them in
 # another unit (ms) works, and its reports, a few steps each, must not be refused for it
 MIN_AHEAD = 100
@@ -63,7 +67,8 @@ class SpeedMonitor:
     """Collects BPT per worker; each full window yields ratios r_i and straggler classes."""
 
     def __init__(self, world_size: int, window: int = 5, theta: float = 1.3,
-                 persistent_windows: int = 3, warmup_steps: int = 2, clock=time.monotonic):
+                 persistent_windows: int = 3, warmup_steps: int = 2, clock=time.monotonic,
+                 start_step: int = 0):
         self.world_size = world_size
         self.window = window
         self.theta = theta
@@ -79,14 +84,20 @@ class SpeedMonitor:
         # the fastest step time recorded (a floor of the job's step time: in lock step no step
         # is faster than its fastest rank's compute) and when the latest step last rose
         self._fastest, self._latest_at = math.inf, 0.0
+        self.start_step, self._started_at = start_step, clock()
 
-    def step_bound(self) -> int | None:
-        """The highest step a record may have now (None: no step known yet, any may)."""
+    def step_bound(self, first_fastest: float = math.inf) -> int | None:
+        """The highest step a record may have now (None: no step time known, any may);
+        `first_fastest`: the fastest step time of the report asking, used while the job has
+        no step yet (from start_step over the time since the monitor started)."""
         latest = self.latest_step
-        if latest < 0 or not self._fastest < math.inf:
+        base, at, fastest = latest, self._latest_at, self._fastest
+        if latest < 0:
+            base, at, fastest = self.start_step, self._started_at, min(fastest, first_fastest)
+        if not fastest < math.inf:
             return None
-        since = max(0.0, self.clock() - self._latest_at) + REPORT_LAG_S
-        return latest + max(MIN_AHEAD, math.ceil(STEP_SLACK * since / self._fastest))
+        since = max(0.0, self.clock() - at) + REPORT_LAG_S
+        return base + max(MIN_AHEAD, math.ceil(STEP_SLACK * since / fastest))
 
     def record(self, rank: int, step: int, bpt: float, batch: int, device: str = "") -> None:
         """Add one step record of `rank` (ignored during warm-up, for an unknown rank, or a step seen)."""
@@ -196,3 +207,4 @@ class SpeedMonitor:
         self._latest, self._latest_stale = -1, False
         self.ready = 0
         self._fastest, self._latest_at = math.inf, 0.0
+        self._started_at = self.clock()

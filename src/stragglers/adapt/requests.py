@@ -138,6 +138,7 @@ class ControlConfigBody(Strict):
     min_change: Annotated[float, Field(ge=0, le=1)] = 0.05
     lag_s: Annotated[float, Field(ge=0, le=3600)] = 1.0
     incarnation: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+    start_step: Annotated[int, Field(ge=0, le=MAX_STEP)] | None = None
 
 
 StepTimeRow = tuple[Annotated[int, Field(ge=0, le=MAX_STEP)],          # [step, bpt, batch]

@@ -1,0 +1,92 @@
+"""Hostile cases of an eighth round: a job's first control record, disk full on one call."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from stragglers.adapt.control import ControlPlane
+from stragglers.adapt.controller import ControlConfig
+from stragglers.adapt.service import EmbeddedServer
+from stragglers.errors import InputError
+
+
+def _plane(now: list, **config) -> ControlPlane:
+    """A control plane with job "j" (2 ranks) configured at `now[0]` on a clock the test moves."""
+    plane = ControlPlane()
+    plane.configure("j", ControlConfig(policy="dd", world_size=2, global_batch=64, **config), None)
+    _clocked(plane, now)
+    return plane
+
+
+def _clocked(plane: ControlPlane, now: list) -> None:
+    monitor = plane._jobs["j"][1].monitor
+    monitor.clock = lambda: now[0]
+    monitor._started_at = now[0]
+
+
+@pytest.mark.parametrize("records,field", [([(15_000, 0.5, 32)], "records[0][0]"),
+                                           ([(2, 0.5, 32), (15_000, 0.5, 32)], "records[1][0]")])
+def test_a_wild_step_in_a_jobs_first_record_is_refused(records, field):
+    # (fails before: a job's first report had no bound: 15,000 steps ahead of the real ones
+    # counted every later record of its rank up to it as resent, and actions waited for it)
+    now = [1000.0]
+    plane = _plane(now)
+    with pytest.raises(InputError) as refused:
+        plane.report("j", 0, records, "", 0, 0, None)
+    assert refused.value.field == field and "implausible" in str(refused.value)
+    assert plane._jobs["j"][1].monitor.latest_step == -1   # nothing of it applied
+    for step in range(2, 8):
+        for rank in (0, 1):
+            plane.report("j", rank, [(step, 0.5, 32)], "", 0, 0, None)
+    assert plane._jobs["j"][1].monitor.latest_step == 7
+
+
+def test_honest_first_records_are_taken():
+    now = [1000.0]
+    # the job ran an hour before its first report reached the service: 7,200 steps of 0.5 s
+    plane = _plane(now)
+    now[0] += 3600.0
+    plane.report("j", 0, [(7_000, 0.5, 32)], "", 0, 0, None)
+    # a job resuming at its checkpoint's step, said in its config
+    plane = _plane(now, start_step=50_000)
+    plane.report("j", 0, [(50_001, 0.5, 32)], "", 0, 0, None)
+    with pytest.raises(InputError):   # (and bounded from there)
+        plane.report("j", 1, [(50_001 + 15_000, 0.5, 32)], "", 0, 0, None)
+    # any step up to the steps the job said it runs
+    plane = _plane(now, total_steps=100_000)
+    plane.report("j", 0, [(60_000, 0.5, 32)], "", 0, 0, None)
+    # a later incarnation, no start_step: it resumed at or before the step the last one reached
+    plane = _plane(now)
+    for step in range(2, 50):
+        plane.report("j", 0, [(step * 100, 0.001, 32)], "", 0, 0, None)
+    plane.configure("j", ControlConfig(policy="dd", world_size=2, global_batch=64,
+                                       incarnation=1), None)
+    _clocked(plane, now)
+    plane.report("j", 1, [(4_850, 0.5, 32)], "", 1, 0, None)
+    assert plane._jobs["j"][1].monitor.latest_step == 4_850
+
+
+@pytest.mark.slow
+def test_a_wild_first_step_over_http_is_a_400_naming_the_record(tmp_path):
+    srv = EmbeddedServer(tmp_path / "s.db").start()
+    h = {"Authorization": "Bearer job-token-0123456789"}
+    try:
+        with httpx.Client(base_url=srv.url, headers=h, timeout=60) as c:
+            for job, extra in (("j", {}), ("k", {"start_step": 1 << 30})):
+                r = c.post(f"/jobs/{job}/control/config", json={
+                    "policy": "dd", "world_size": 2, "global_batch": 64, **extra})
+                assert r.status_code == 200, r.text
+            r = c.post("/jobs/j/control/report", json={"rank": 0, "incarnation": 0,
+                                                       "records": [[1 << 30, 0.5, 32]]})
+            assert r.status_code == 400, r.text
+            assert r.json()["field"] == "records[0][0]" and "implausible" in r.json()["error"]
+            r = c.post("/jobs/k/control/report", json={"rank": 0, "incarnation": 0,
+                                                       "records": [[(1 << 30) + 5, 0.5, 32]]})
+            assert r.status_code == 200, r.text
+            r = c.post("/jobs/k/control/config", json={
+                "policy": "dd", "world_size": 2, "global_batch": 64, "start_step": -1,
+                "incarnation": 1})
+            assert r.status_code == 400 and r.json()["field"] == "start_step", r.text
+    finally:
+        srv.stop()
