@@ -90,3 +90,64 @@ def test_a_wild_first_step_over_http_is_a_400_naming_the_record(tmp_path):
             assert r.status_code == 400 and r.json()["field"] == "start_step", r.text
     finally:
         srv.stop()
+
+
+PER_CALL = """
+import asyncio, os, resource, signal, sys
+from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.errors import DiskFull
+from stragglers.adapt.service import GroupCommitter
+from stragglers.adapt.shards import ShardStore
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails (EFBIG), no kill
+db = sys.argv[1]
+store = ShardStore(db)
+store.create_dataset(DatasetConfig("small", 100, 10))
+store.fold_wal()
+# a small page cache: a big call's pages spill to the WAL inside its own savepoint
+store._conn.execute("PRAGMA cache_size=-64")
+biggest = max(os.stat(db + s).st_size for s in ("", "-wal") if os.path.exists(db + s))
+resource.setrlimit(resource.RLIMIT_FSIZE, (biggest + (1 << 19), resource.RLIM_INFINITY))
+commit = GroupCommitter(store)
+
+def big():
+    for i in range(400):   # ~1,000 shard rows each: megabytes, past the limit
+        store.create_dataset(DatasetConfig(f"big{i}", 1 << 14, 16))
+
+async def main():
+    try:
+        await commit.run(big, key="a")
+        print("stored")
+    except DiskFull as exc:
+        print("DiskFull", "nothing of it was" in str(exc))
+    await commit.run(lambda: store.create_dataset(DatasetConfig("after", 100, 10)), key="b")
+    print("after")
+
+asyncio.run(main())
+commit.close()
+# the same batch by hand: the refused call first, a small one after it
+store._conn.execute("PRAGMA cache_size=-64")
+try:
+    store.run_batch([big, lambda: store.create_dataset(DatasetConfig("later", 100, 10))])
+    print("batch-stored")
+except Exception as exc:
+    print("batch-refused")
+rows = store._conn.execute("SELECT name FROM datasets ORDER BY name").fetchall()
+print(",".join(r[0] for r in rows))
+"""
+
+
+@pytest.mark.slow
+def test_one_call_refused_for_space_in_its_savepoint_is_507_and_alone(tmp_path):
+    # a call of the group commit whose own writes hit the file-size limit is DiskFull (507)
+    # with nothing of it stored, the next call is taken (the WAL folded before it), and no call
+    # batched after it is stored while answered as failed
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", PER_CALL, str(tmp_path / "s.db")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # (fails before: SQLite rolled the whole transaction back for the refused call, its
+    # savepoint gone: "no such savepoint" hid the error, the batch was 503, and a call after it
+    # in the batch ran in autocommit: stored while answered as failed)
+    assert out.stdout.split() == ["DiskFull", "True", "after", "batch-refused", "after,small"
+                                  ], out.stdout

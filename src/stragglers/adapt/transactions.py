@@ -94,7 +94,15 @@ class Transactions(StoreState):
                         try:
                             results.append((True, call()))
                         except Exception as exc:  # noqa: BLE001 - handed back to its caller
+                            if not self._conn.in_transaction:
+                                # SQLite rolled the batch back for this call's error (a write
+                                # refused for space): the calls after it ran in autocommit,
+                                # each stored while every one was answered as failed
+                                raise
                             results.append((False, exc))
+                        if not self._conn.in_transaction:
+                            raise sqlite3.OperationalError("the batch's transaction ended"
+                                                           " inside one of its calls")
                 finally:
                     self._local.in_batch = False
                 self._conn.execute("COMMIT")
@@ -143,6 +151,11 @@ class _Tx:
         store = self.store
         if self.nested:
             if typ is not None:
+                if not store._conn.in_transaction:
+                    # SQLite rolled the whole transaction back (an I/O error, a full disk):
+                    # no savepoint is left, and the call's own error is what run_batch needs
+                    store._rolled_back(self.mark)
+                    return
                 store._conn.execute("ROLLBACK TO op")
                 store._rolled_back(self.mark)
             store._conn.execute("RELEASE op")
