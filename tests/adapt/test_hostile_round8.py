@@ -151,3 +151,48 @@ def test_one_call_refused_for_space_in_its_savepoint_is_507_and_alone(tmp_path):
     # in the batch ran in autocommit: stored while answered as failed)
     assert out.stdout.split() == ["DiskFull", "True", "after", "batch-refused", "after,small"
                                   ], out.stdout
+
+
+def test_a_call_refused_sqlite_full_ends_its_batch_507_and_nothing_of_the_batch_is_stored(
+        tmp_path):
+    # SQLite's "database or disk is full" (here its page limit: the SQLITE_FULL a full file
+    # system gives) rolls the whole transaction back, not the call's savepoint. (Fails before:
+    # "no such savepoint" hid it, and the call batched after it ran in autocommit: stored while
+    # the batch was answered as failed.) Now every call of the batch is DiskFull, none stored.
+    import asyncio
+
+    from stragglers.adapt.dataset import DatasetConfig
+    from stragglers.adapt.errors import DiskFull
+    from stragglers.adapt.service import GroupCommitter
+    from stragglers.adapt.shards import ShardStore
+
+    store = ShardStore(tmp_path / "s.db")
+    store.create_dataset(DatasetConfig("small", 100, 10))
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+    store._conn.execute(f"PRAGMA max_page_count={pages + 8}")
+
+    def big(tag: str) -> None:
+        for i in range(50):
+            store.create_dataset(DatasetConfig(f"{tag}{i}", 1 << 14, 16))
+
+    with pytest.raises(Exception) as failed:
+        store.run_batch([lambda: big("a"),
+                         lambda: store.create_dataset(DatasetConfig("later", 100, 10))])
+    assert getattr(failed.value, "sqlite_errorname", None) == "SQLITE_FULL"
+    commit = GroupCommitter(store)
+    try:
+        async def main() -> Exception | None:
+            try:
+                await commit.run(lambda: big("b"), key="a")
+            except DiskFull as exc:
+                return exc
+            return None
+
+        refused = asyncio.run(main())
+    finally:
+        commit.close()
+    assert isinstance(refused, DiskFull) and "nothing of it was" in str(refused)
+    names = [r[0] for r in store._conn.execute("SELECT name FROM datasets ORDER BY name")]
+    assert names == ["small"]
+    assert store.status("small").dataset.name == "small"   # the store still answers
+    store.close()
