@@ -64,3 +64,46 @@ def test_two_traces_without_ranks_are_refused(tmp_path):
     with pytest.raises(InputError) as err:
         read_kineto([a, b])
     assert err.value.field == "distributedInfo.rank"
+
+
+def _mtia_rank(rank: int, slow: float) -> dict:
+    """An MTIA trace as HTA's mtia_rank_0 has it: kernels are mtia_ccp_events launched by
+    mtia_runtime events, DMA transfers without a launch, collectives hccl: annotations only."""
+    ev: list[dict] = []
+    for s in range(4):
+        t = T0 + s * 10_000.0
+        c = 1000 + 10 * s
+        ev += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s + 1}", "pid": 5,
+                "tid": 5, "ts": t, "dur": 9000.0},
+               {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 5, "tid": 5,
+                "ts": t + 10, "dur": 40.0},
+               {"ph": "X", "cat": "mtia_runtime",
+                "name": "runFunction - job_prep_and_submit_for_execution", "pid": 5, "tid": 5,
+                "ts": t + 20, "dur": 20.0, "args": {"correlation": c}},
+               {"ph": "X", "cat": "mtia_ccp_events", "name": "fc-dtype_Float", "pid": 9,
+                "tid": 4, "ts": t + 100, "dur": 3000.0 * slow, "args": {"correlation": c,
+                                                                         "stream": 1}},
+               {"ph": "X", "cat": "mtia_ccp_events", "name": "dma_request", "pid": 9,
+                "tid": 801, "ts": t + 50, "dur": 10.0, "args": {"size": 16, "sqid": 1}},
+               {"ph": "X", "cat": "user_annotation", "name": "hccl:all_reduce", "pid": 5,
+                "tid": 5, "ts": t + 100 + 3000.0 * slow, "dur": 3000 * (2.0 - slow) + 200}]
+    return {"schemaVersion": 1, "traceEvents": ev, "deviceProperties": [],
+            "distributedInfo": {"backend": "mtia:hccl,cpu:gloo", "rank": rank, "world_size": 2}}
+
+
+def test_mtia_kernels_are_device_rows_and_hccl_annotations_its_collectives(tmp_path):
+    for r, slow in ((0, 1.0), (1, 1.5)):
+        (tmp_path / f"mtia_rank_{r}.json").write_text(json.dumps(_mtia_rank(r, slow)))
+    t = read_kineto(tmp_path)
+    assert t.meta.extra["compute_from"] == "gpu kernels"   # not the CPU ops' launch times
+    names = t.optype_names()
+    for r, slow in ((0, 1.0), (1, 1.5)):
+        mine = t.ops["rank"] == r
+        comp = [d for d, n in zip(t.ops["duration"][mine], names[mine]) if n.endswith("compute")]
+        # busy time: the kernel and the DMA transfer before it
+        assert len(comp) == 4 and max(comp) == pytest.approx((3000 * slow + 10) * 1e-6)
+        assert list(names[mine]).count("grads-all-reduce") == 4
+    assert any("hccl" in n.message for n in t.notes)
+    res = analyze(t)
+    assert not res.partial
+    assert 1 in {w.rank for f in res.diagnosis for w in f.where.workers}

@@ -25,7 +25,9 @@ from stragglers.trace.jsontypes import JsonObject, JsonValue
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
 # "<backend>:<collective>" record_function annotations, e.g. nccl:all_reduce, gloo:all_reduce.
 _BACKEND_COLL = re.compile(r"([A-Za-z0-9_]+):([A-Za-z_]+)$")
-_GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
+# Device rows. MTIA writes its kernels (and DMA transfers) as mtia_ccp_events, launched by
+# mtia_runtime events with the same correlation, as CUDA/HIP kernels by cuda_runtime ones.
+_GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "mtia_ccp_events"}
 _CPU_OP_CATS = {"cpu_op", "operator"}
 _ANNOTATION_CATS = {"user_annotation", "gpu_user_annotation"}
 NCCL_KERNEL_PREFIXES = ("ncclKernel_", "ncclDevKernel_")
@@ -142,7 +144,8 @@ class RankEvents:
     loader: list[tuple[float, float]] = field(default_factory=list)  # DataLoader spans (ts, end)
     backward: list[float] = field(default_factory=list)                      # evaluate_function ts
     backward_annotations: list[float] = field(default_factory=list)          # '## backward ##' ts
-    # (ts, dur, tid, kind, pg, seq, src, dst, from_annotation, rows received, shapes)
+    # (ts, dur, tid, kind, pg, seq, src, dst, backend of the annotation ("gloo", "hccl", …;
+    # False for the op that issued it), rows received, shapes)
     collectives: list[tuple] = field(default_factory=list)
     # The three kinds of event a GPU trace has millions of are kept as columns (8 bytes a
     # value): a tuple per event held ~0.2 KB, 1.2 GB for a 1.1 GB file. *_tid columns index
@@ -280,7 +283,7 @@ def _classify(name: Any, cat: Any) -> tuple:
         return (_BACKWARD_MARK,)
     m = _BACKEND_COLL.match(name)
     if m and collective_kind(m.group(2)) in KNOWN_COLLECTIVES:
-        return (_BACKEND, collective_kind(m.group(2)))
+        return (_BACKEND, collective_kind(m.group(2)), m.group(1).lower())
     comm = name == "record_param_comms" or name.startswith("c10d::")
     c10d_kind = collective_kind(name[len("c10d::"):]) if name.startswith("c10d::") else None
     flag = COMM_OP if comm else (
@@ -384,7 +387,7 @@ class _Collector:
         elif code == _BACKEND:
             a = self._args(args)
             pg, seq, src, dst = _comm_args(a)
-            out.collectives.append((ts, dur, tid, what[1], pg, seq, src, dst, True,
+            out.collectives.append((ts, dur, tid, what[1], pg, seq, src, dst, what[2],
                                     split_rows(a), shapes_of(a)))
         elif code == _OPTIMIZER:
             out.optimizer.append(ts)

@@ -130,6 +130,11 @@ def rank_parts(ev: RankEvents) -> RankParts:
     if ev.has_kernels:
         mode = "gpu"
         items, colls = _gpu_items(ev, steps, top, by_ops, counts)
+        if not ev.nccl_kernels and any(c[8] not in (False, "nccl") for c in ev.collectives):
+            # A device whose collectives leave no kernel (MTIA's hccl, gloo on GPU tensors):
+            # the host-side annotations span the work. NCCL's only span its enqueue.
+            colls = _host_collectives(ev, steps, counts)
+            counts.host_collectives_on_device += 1
     else:
         mode = "cpu"
         items, colls = _cpu_items(ev, steps, top, by_ops, counts)
@@ -341,6 +346,14 @@ def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
             else:
                 phase = steps.phase(s, start)
             items.append((start, end, start, s, phase))
+    colls = _host_collectives(ev, steps, counts)
+    if ev.distributed_info and ev.distributed_info.backend.lower() == "nccl":
+        counts.nccl_without_device_rows += 1
+    return items, colls
+
+
+def _host_collectives(ev: RankEvents, steps: _Steps, counts: ReadCounts) -> list[Coll]:
+    """The host-side collectives (_cpu_collectives) of the traced steps."""
     colls: list[Coll] = []
     for ts, dur, launch, kind, pg, seq, src, dst, rows, shapes in _cpu_collectives(ev, counts):
         s = steps.index(launch)
@@ -350,9 +363,7 @@ def _cpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
             colls.append(Coll(ts, ts + dur, launch, s, kind, pg, seq, src, dst, rows, shapes))
         else:
             counts.outside_steps += 1
-    if ev.distributed_info and ev.distributed_info.backend.lower() == "nccl":
-        counts.nccl_without_device_rows += 1
-    return items, colls
+    return colls
 
 
 def _cpu_collectives(ev: RankEvents, counts: ReadCounts) -> list[tuple]:

@@ -174,6 +174,10 @@ def _other_notes(per_rank, total: ReadCounts) -> list:
     if total.nccl_without_device_rows:
         out.append(("other", "an NCCL job traced without GPU rows: CPU-side collective spans "
                              "measure the launch, not the transfer"))
+    if total.host_collectives_on_device:
+        out.append(("other", f"{total.host_collectives_on_device} rank(s) have device rows but "
+                             "no collective kernel (MTIA's hccl, gloo): their collectives are "
+                             "the host-side hccl:/gloo: annotations, which span the work"))
     if total.kernels_without_launch:
         out.append(("other", f"{total.kernels_without_launch} GPU kernel(s) had no launch "
                              "record (correlation id): their step came from the step span and "
