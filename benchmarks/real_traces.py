@@ -1,7 +1,7 @@
 """The verdict on every real trace we have (none made by us), as one table.
 
 Inputs: the single-rank GPU samples and NDTimeline samples of the real-data folder (tests/README.md, "Real data"), the 8-rank DLRM
-job and the PAI mini-batch tables in tests/data/real. For each: ranks read, steps analysed,
+job, HTA's single-process MI250 toy and the PAI mini-batch tables in tests/data/real. For each: ranks read, steps analysed,
 S, replay error, the verdict (causes and the ranks they name), and the time to read and
 analyse. A regression check for the reader and the diagnosis on what users bring.
 
@@ -31,6 +31,8 @@ def inputs(tmp: Path) -> list[tuple[str, Path]]:
     with tarfile.open(REAL / "dlrm-8xv100" / "dlrm_kineto.tar.gz") as tar:
         tar.extractall(tmp, filter="data")
     out.append(("DLRM, 8 of 8 ranks, V100", tmp / "dlrm_kineto"))
+    out.append(("HTA MI250 toy, 1 process, ROCm",
+                REAL / "hta-mi250-minitoy" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"))
     for folder in sorted((SHARED / "kineto-gpu-samples").glob("*/")):
         out.append((folder.name, folder))
     for name in ("job_4_norm.csv", "job_2_norm.csv", "job_1_norm.csv", "job_3_norm.csv"):

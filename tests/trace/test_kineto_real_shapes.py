@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from stragglers.errors import InputError
 from stragglers.trace.kineto import read_kineto
+from stragglers.trace.load import load_trace
 from stragglers.whatif import analyze
 
 T0 = 1_700_000_000_000_000.0  # µs since the epoch
@@ -107,3 +110,21 @@ def test_mtia_kernels_are_device_rows_and_hccl_annotations_its_collectives(tmp_p
     res = analyze(t)
     assert not res.partial
     assert 1 in {w.rank for f in res.diagnosis for w in f.where.workers}
+
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "real"
+MI250 = REAL / "hta-mi250-minitoy" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+
+
+@pytest.mark.slow
+def test_hta_mi250_toy_is_read_as_one_process_with_its_hip_kernels():
+    # real file: 12 HIP kernels and 2 HtoD copies launched in ProfilerStep#1; ProfilerStep#2
+    # holds none (the window ends), so one step is analysed
+    t = load_trace(MI250)
+    assert t.meta.world_size == 1 and t.meta.extra["compute_from"] == "gpu kernels"
+    assert sorted(set(t.ops["step"])) == [1]
+    r = analyze(t)
+    assert r.steps_analysed == [1] and not r.partial
+    out = subprocess.run([sys.executable, "-m", "stragglers.cli", "analyze", str(MI250)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "Traceback" not in out.stderr and "world size 1" in out.stdout
