@@ -196,3 +196,43 @@ def test_a_call_refused_sqlite_full_ends_its_batch_507_and_nothing_of_the_batch_
     assert names == ["small"]
     assert store.status("small").dataset.name == "small"   # the store still answers
     store.close()
+
+
+def test_the_step_records_controllers_keep_are_bounded_per_token_and_in_all():
+    # (fails before: a controller kept 256 records of every rank whatever its window, ~100
+    # bytes each, and nothing counted them: one token's 16 controllers of 65,536 ranks could
+    # hold 28 GB of step records)
+    from stragglers.adapt.errors import QuotaExceeded
+    from stragglers.adapt.monitor import records_kept
+
+    plane = ControlPlane()
+    wide = {"policy": "bsp", "world_size": 1 << 16, "global_batch": 1 << 16}
+    created, refused = 0, None
+    for i in range(16):
+        try:
+            plane.configure(f"j{i}", ControlConfig(**wide, window=64), "token")
+            created += 1
+        except QuotaExceeded as exc:
+            refused = exc
+            break
+    assert created * (1 << 16) * records_kept(64) <= 1 << 23 and refused is not None
+    assert "max_control_records_per_token" in str(refused)
+    # another token still may, up to the service's own limit
+    plane.configure("other", ControlConfig(**wide, window=5), "token2")
+    with pytest.raises(QuotaExceeded, match="max_control_records="):
+        for i in range(64):
+            plane.configure(f"o{i}", ControlConfig(**wide, window=64), f"t{i}")
+    # a later incarnation counts what it adds beyond what its last one kept
+    small = ControlPlane(max_records_per_token=4 * records_kept(5))
+    small.configure("j", ControlConfig(policy="bsp", world_size=4, global_batch=4), "t")
+    small.configure("j", ControlConfig(policy="bsp", world_size=4, global_batch=4,
+                                       incarnation=1), "t")
+    with pytest.raises(QuotaExceeded):
+        small.configure("j", ControlConfig(policy="bsp", world_size=5, global_batch=5,
+                                           incarnation=2), "t")
+    # a monitor keeps what its windows read, no more
+    now = [1000.0]
+    plane = _plane(now)
+    now[0] += 150.0   # (the time 300 steps of 0.5 s take)
+    plane.report("j", 0, [(2 + k, 0.5, 32) for k in range(300)], "", 0, 0, None)
+    assert len(plane._jobs["j"][1].monitor.workers[0].records) == records_kept(5) < 256

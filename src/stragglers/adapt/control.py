@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from stragglers.adapt.controller import Actions, ControlConfig, Controller, ControllerView
 from stragglers.adapt.errors import Busy, Conflict, NotFound, QuotaExceeded, authorize
+from stragglers.adapt.monitor import records_kept
 from stragglers.adapt.replies import Configured
 from stragglers.errors import InputError
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, RequestLimits
@@ -24,14 +25,22 @@ T = TypeVar("T")
 MAX_JOBS = 1024
 MAX_JOBS_PER_TOKEN = 16
 MAX_JOBS_PER_CLIENT = 256
+# step records the controllers may keep (world_size x records_kept(window) each, ~100 bytes a
+# record): one token's 16 controllers of 65,536 ranks kept 28 GB
+MAX_RECORDS = 1 << 24
+MAX_RECORDS_PER_TOKEN = 1 << 23
 
 
 class ControlPlane:
     """Per-job controllers; a job's token must accompany every write on it."""
 
     def __init__(self, max_jobs: int = MAX_JOBS, max_jobs_per_token: int = MAX_JOBS_PER_TOKEN,
-                 max_jobs_per_client: int = MAX_JOBS_PER_CLIENT):
+                 max_jobs_per_client: int = MAX_JOBS_PER_CLIENT,
+                 max_records: int = MAX_RECORDS, max_records_per_token: int = MAX_RECORDS_PER_TOKEN):
         self._lock = threading.Lock()
+        self.max_records, self.max_records_per_token = max_records, max_records_per_token
+        self._kept: dict[str | None, int] = {}   # step records kept per owner digest
+        self._kept_total = 0
         self._jobs: dict[str, tuple[str | None, Controller]] = {}
         self._owned: dict[str | None, int] = {}  # controllers per owner digest
         self._created: dict[str, int] = {}       # controllers per creating client address
@@ -48,6 +57,7 @@ class ControlPlane:
         resumed_from = 0
         with self._lock:
             have = self._jobs.get(job)
+            freed = 0
             if have is not None:
                 owner, ctl = have
                 authorize(owner, token_sha256, f"job '{job}'")
@@ -59,12 +69,17 @@ class ControlPlane:
                                    f" got {cfg.incarnation}")
                 token_sha256 = owner
                 resumed_from = max(0, ctl.monitor.latest_step)   # resumed at or before it
+                freed = _kept(ctl.config)
+                self._check_records(token_sha256, _kept(cfg) - freed)
             else:
                 self._check_quota(token_sha256, client)
+                self._check_records(token_sha256, _kept(cfg))
                 self._owned[token_sha256] = self._owned.get(token_sha256, 0) + 1
                 if client is not None:
                     self._created[client] = self._created.get(client, 0) + 1
             self._jobs[job] = (token_sha256, Controller(cfg, resumed_from))
+            self._kept[token_sha256] = self._kept.get(token_sha256, 0) + _kept(cfg) - freed
+            self._kept_total += _kept(cfg) - freed
         return Configured(True, cfg.incarnation)
 
     def report(self, job: str, rank: int, records: Sequence[tuple[int, float, int]], device: str,
@@ -111,6 +126,20 @@ class ControlPlane:
         if token_sha256 is not None and mine >= self.max_jobs_per_token:
             raise QuotaExceeded(f"this token already owns {mine} controllers, its limit"
                                 f" (max_jobs_per_token={self.max_jobs_per_token})")
+
+    def _check_records(self, token_sha256: str | None, more: int) -> None:
+        """`more` step records kept: within the service's budget and the token's (429)."""
+        if more <= 0:
+            return
+        if self._kept_total + more > self.max_records:
+            raise QuotaExceeded(f"the controllers would keep {self._kept_total + more} step"
+                                " records (world_size x min(256, 4 x window) each), more than"
+                                f" the service's limit (max_control_records={self.max_records})")
+        mine = self._kept.get(token_sha256, 0) + more
+        if token_sha256 is not None and mine > self.max_records_per_token:
+            raise QuotaExceeded(f"this token's controllers would keep {mine} step records"
+                                " (world_size x min(256, 4 x window) each), more than its limit"
+                                f" (max_control_records_per_token={self.max_records_per_token})")
 
     def check_writer(self, job: str, token_sha256: str | None, exists: bool = False) -> bool:
         """Whether `job` has a controller, Forbidden when `token_sha256` is not its owner's
@@ -257,3 +286,8 @@ class PacedThread:
         for _, _, future in calls:
             future.cancel()
         self._thread.join()
+
+
+def _kept(cfg: ControlConfig) -> int:
+    """Step records a controller of `cfg` keeps at most."""
+    return cfg.world_size * records_kept(cfg.window)

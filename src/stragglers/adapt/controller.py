@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from stragglers.adapt.monitor import DETERMINISTIC, NONE, TRANSIENT, SpeedMonitor, WorkerClass
+from stragglers.adapt.monitor import DETERMINISTIC, NONE, TRANSIENT, SpeedMonitor, WorkerClass, \
+    records_kept
 from stragglers.adapt.policies import restart_gain, split_batch
 from stragglers.config import Config, setting
 from stragglers.errors import InputError
@@ -139,7 +140,8 @@ class Controller:
         self.policy = CONTROLLER_POLICIES.get(config.policy, field="policy")()
         start = config.start_step if config.start_step is not None else resumed_from
         self.monitor = SpeedMonitor(config.world_size, config.window, config.theta,
-                                    config.persistent_windows, start_step=start)
+                                    config.persistent_windows, start_step=start,
+                                    keep=records_kept(config.window))
         self.batch_sizes = split_batch(config.global_batch, [1.0] * config.world_size)
         # the actions kept (every KILL_RESTART, the last MAX_KEPT_ADJUSTS ADJUST_BS: each
         # carries the whole split, superseding those before it) and how many were decided

@@ -32,6 +32,15 @@ STEP_SLACK = 2.0
 # and at least this many steps: the controller uses BPT ratios only, so a job reporting them in
 # another unit (ms) works, and its reports, a few steps each, must not be refused for it
 MIN_AHEAD = 100
+# Step records kept per rank: what the windows read (a window's for the per-sample time, four
+# for the throughput fit), at most KEEP. A controller holds world_size times that (~100 bytes
+# each): the service counts it against its budgets when the job is configured.
+KEEP = 256
+
+
+def records_kept(window: int) -> int:
+    """Step records a controller's monitor keeps per rank for windows of `window` steps."""
+    return min(KEEP, max(8, 4 * window))
 
 
 class WorkerClass(msgspec.Struct, frozen=True, rename={"category": "class"}):
@@ -56,7 +65,7 @@ class WorkerStepTime:
 class WorkerHistory:
     """The recent records of one worker and its detection state."""
 
-    records: deque[WorkerStepTime] = field(default_factory=lambda: deque(maxlen=256))
+    records: deque[WorkerStepTime] = field(default_factory=lambda: deque(maxlen=KEEP))
     device: str = ""
     since_eval: int = 0
     flagged_windows: int = 0
@@ -68,13 +77,14 @@ class SpeedMonitor:
 
     def __init__(self, world_size: int, window: int = 5, theta: float = 1.3,
                  persistent_windows: int = 3, warmup_steps: int = 2, clock=time.monotonic,
-                 start_step: int = 0):
+                 start_step: int = 0, keep: int = KEEP):
         self.world_size = world_size
         self.window = window
         self.theta = theta
         self.persistent_windows = persistent_windows
         self.warmup_steps = warmup_steps
-        self.workers = {r: WorkerHistory() for r in range(world_size)}
+        self.keep = keep
+        self.workers = self._fresh()
         self._latest, self._latest_stale = -1, False
         # workers with a full new window: window_ready without a scan of every worker (a scan
         # per record made a report's cost grow with the world size: 66 s per 2,000 reports
@@ -85,6 +95,9 @@ class SpeedMonitor:
         # is faster than its fastest rank's compute) and when the latest step last rose
         self._fastest, self._latest_at = math.inf, 0.0
         self.start_step, self._started_at = start_step, clock()
+
+    def _fresh(self) -> dict[int, WorkerHistory]:
+        return {r: WorkerHistory(deque(maxlen=self.keep)) for r in range(self.world_size)}
 
     def step_bound(self, first_fastest: float = math.inf) -> int | None:
         """The highest step a record may have now (None: no step time known, any may);
@@ -203,7 +216,7 @@ class SpeedMonitor:
 
     def reset(self) -> None:
         """Forget all history (a new incarnation of the job)."""
-        self.workers = {r: WorkerHistory() for r in range(self.world_size)}
+        self.workers = self._fresh()
         self._latest, self._latest_stale = -1, False
         self.ready = 0
         self._fastest, self._latest_at = math.inf, 0.0

@@ -101,6 +101,13 @@ class ServiceConfig(Config):
     max_jobs_per_client: int = setting(256, "controllers one client address may create, under"
                                        " any tokens (past it: 429; minting tokens does not get"
                                        " one client every slot)", minimum=1, maximum=1 << 16)
+    max_control_records: int = setting(1 << 24, "step records all controllers may keep"
+                                       " (world_size x min(256, 4 x window) each, ~100 bytes"
+                                       " a record; past it a config is 429)", minimum=1,
+                                       maximum=1 << 32)
+    max_control_records_per_token: int = setting(1 << 23, "step records one token's"
+                                                 " controllers may keep (past it: 429)",
+                                                 minimum=1, maximum=1 << 32)
     max_datasets_per_client: int = setting(1024, "data sets one client address may create,"
                                            " under any tokens (past it: 429)", minimum=1,
                                            maximum=1 << 20)
@@ -589,7 +596,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     the X-Service-Token header (a job's own token then guards every write on it).
     """
     config = config or ServiceConfig()
-    control = ControlPlane(config.max_jobs, config.max_jobs_per_token, config.max_jobs_per_client)
+    control = ControlPlane(config.max_jobs, config.max_jobs_per_token, config.max_jobs_per_client,
+                           config.max_control_records, config.max_control_records_per_token)
     commit = GroupCommitter(store, config.max_batch, config.stall_s)
     # restores written a chunk at a time (and the rows they replaced deleted so), paced
     paced = PacedWriter(commit, store, config.restore_share, 1, config.max_restores)
