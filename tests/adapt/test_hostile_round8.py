@@ -137,7 +137,7 @@ print(",".join(r[0] for r in rows))
 
 
 @pytest.mark.slow
-def test_one_call_refused_for_space_in_its_savepoint_is_507_and_alone(tmp_path):
+def test_a_call_refused_at_the_file_size_limit_is_507_and_no_call_after_it_is_stored(tmp_path):
     # a call of the group commit whose own writes hit the file-size limit is DiskFull (507)
     # with nothing of it stored, the next call is taken (the WAL folded before it), and no call
     # batched after it is stored while answered as failed
@@ -200,36 +200,32 @@ def test_a_call_refused_sqlite_full_ends_its_batch_507_and_nothing_of_the_batch_
 
 def test_the_step_records_controllers_keep_are_bounded_per_token_and_in_all():
     # (fails before: a controller kept 256 records of every rank whatever its window, ~100
-    # bytes each, and nothing counted them: one token's 16 controllers of 65,536 ranks could
-    # hold 28 GB of step records)
+    # bytes each, and ~960 bytes a rank before any; nothing counted them: one token's 16
+    # controllers of 65,536 ranks could hold 28 GB, 1,024 empty ones 64 GB)
     from stragglers.adapt.errors import QuotaExceeded
     from stragglers.adapt.monitor import records_kept
 
-    plane = ControlPlane()
     wide = {"policy": "bsp", "world_size": 1 << 16, "global_batch": 1 << 16}
-    created, refused = 0, None
-    for i in range(16):
-        try:
-            plane.configure(f"j{i}", ControlConfig(**wide, window=64), "token")
-            created += 1
-        except QuotaExceeded as exc:
-            refused = exc
-            break
-    assert created * (1 << 16) * records_kept(64) <= 1 << 23 and refused is not None
-    assert "max_control_records_per_token" in str(refused)
-    # another token still may, up to the service's own limit
-    plane.configure("other", ControlConfig(**wide, window=5), "token2")
     with pytest.raises(QuotaExceeded, match="max_control_records="):
-        for i in range(64):
-            plane.configure(f"o{i}", ControlConfig(**wide, window=64), f"t{i}")
+        ControlPlane().configure("j", ControlConfig(**wide, window=64), "token")
+    cost = 16 * (records_kept(5) + 10)   # a 16-rank controller of window 5
+    plane = ControlPlane(max_records=5 * cost, max_records_per_token=2 * cost)
+    job = {"policy": "bsp", "world_size": 16, "global_batch": 16}
+    plane.configure("a1", ControlConfig(**job), "a")
+    plane.configure("a2", ControlConfig(**job), "a")
+    with pytest.raises(QuotaExceeded, match="max_control_records_per_token"):
+        plane.configure("a3", ControlConfig(**job), "a")
+    for name, token in (("b1", "b"), ("b2", "b"), ("c1", "c")):
+        plane.configure(name, ControlConfig(**job), token)
+    with pytest.raises(QuotaExceeded, match="max_control_records="):
+        plane.configure("d1", ControlConfig(**job), "d")
     # a later incarnation counts what it adds beyond what its last one kept
-    small = ControlPlane(max_records_per_token=4 * records_kept(5))
-    small.configure("j", ControlConfig(policy="bsp", world_size=4, global_batch=4), "t")
-    small.configure("j", ControlConfig(policy="bsp", world_size=4, global_batch=4,
-                                       incarnation=1), "t")
+    plane.configure("a1", ControlConfig(**job, incarnation=1), "a")
     with pytest.raises(QuotaExceeded):
-        small.configure("j", ControlConfig(policy="bsp", world_size=5, global_batch=5,
-                                           incarnation=2), "t")
+        plane.configure("a1", ControlConfig(**{**job, "world_size": 17, "global_batch": 17},
+                                            incarnation=2), "a")
+    with pytest.raises(QuotaExceeded):   # a wider window keeps more
+        plane.configure("a1", ControlConfig(**job, window=6, incarnation=2), "a")
     # a monitor keeps what its windows read, no more
     now = [1000.0]
     plane = _plane(now)

@@ -26,7 +26,7 @@ MAX_JOBS = 1024
 MAX_JOBS_PER_TOKEN = 16
 MAX_JOBS_PER_CLIENT = 256
 # step records the controllers may keep (world_size x records_kept(window) each, ~100 bytes a
-# record): one token's 16 controllers of 65,536 ranks kept 28 GB
+# record, and RANK_COST more per rank): one token's 16 controllers of 65,536 ranks kept 28 GB
 MAX_RECORDS = 1 << 24
 MAX_RECORDS_PER_TOKEN = 1 << 23
 
@@ -133,12 +133,12 @@ class ControlPlane:
             return
         if self._kept_total + more > self.max_records:
             raise QuotaExceeded(f"the controllers would keep {self._kept_total + more} step"
-                                " records (world_size x min(256, 4 x window) each), more than"
+                                " records (world_size x (min(256, 4 x window) + 10) each), more than"
                                 f" the service's limit (max_control_records={self.max_records})")
         mine = self._kept.get(token_sha256, 0) + more
         if token_sha256 is not None and mine > self.max_records_per_token:
             raise QuotaExceeded(f"this token's controllers would keep {mine} step records"
-                                " (world_size x min(256, 4 x window) each), more than its limit"
+                                " (world_size x (min(256, 4 x window) + 10) each), more than its limit"
                                 f" (max_control_records_per_token={self.max_records_per_token})")
 
     def check_writer(self, job: str, token_sha256: str | None, exists: bool = False) -> bool:
@@ -288,6 +288,11 @@ class PacedThread:
         self._thread.join()
 
 
+# what a rank costs before any record, in records (its history and deque: ~960 bytes): an
+# empty controller of 65,536 ranks held 63 MB, and 1,024 of them 64 GB
+RANK_COST = 10
+
+
 def _kept(cfg: ControlConfig) -> int:
-    """Step records a controller of `cfg` keeps at most."""
-    return cfg.world_size * records_kept(cfg.window)
+    """The memory a controller of `cfg` holds at most, in step records."""
+    return cfg.world_size * (records_kept(cfg.window) + RANK_COST)

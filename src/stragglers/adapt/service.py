@@ -102,8 +102,8 @@ class ServiceConfig(Config):
                                        " any tokens (past it: 429; minting tokens does not get"
                                        " one client every slot)", minimum=1, maximum=1 << 16)
     max_control_records: int = setting(1 << 24, "step records all controllers may keep"
-                                       " (world_size x min(256, 4 x window) each, ~100 bytes"
-                                       " a record; past it a config is 429)", minimum=1,
+                                       " (world_size x (min(256, 4 x window) + 10) each,"
+                                       " ~100 bytes a record; past it a config is 429)", minimum=1,
                                        maximum=1 << 32)
     max_control_records_per_token: int = setting(1 << 23, "step records one token's"
                                                  " controllers may keep (past it: 429)",
