@@ -128,3 +128,42 @@ def test_hta_mi250_toy_is_read_as_one_process_with_its_hip_kernels():
     out = subprocess.run([sys.executable, "-m", "stragglers.cli", "analyze", str(MI250)],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "Traceback" not in out.stderr and "world size 1" in out.stdout
+
+
+def _old_autograd_steps() -> list[dict]:
+    """PyTorch 1.8's tb_plugin samples (pytorch/kineto): categories Operator/Runtime/Kernel,
+    no evaluate_function op; the autograd thread's top-level ops are the nodes
+    (CudnnConvolutionBackward), torch::autograd::AccumulateGrad and the engine's own aten::sum
+    between two nodes."""
+    ev: list[dict] = []
+    corr = 1
+    for s in range(3):
+        t = T0 + s * 10_000.0
+        ev.append({"ph": "X", "cat": "Operator", "name": f"ProfilerStep#{s + 5}", "pid": 1,
+                   "tid": "100", "ts": t, "dur": 9000.0})
+        plan = [("100", "aten::cudnn_convolution", 100.0, 2000.0),
+                ("200", "MseLossBackward", 3000.0, 500.0),
+                ("200", "aten::sum", 4000.0, 300.0),
+                ("200", "CudnnConvolutionBackward", 5000.0, 1500.0),
+                ("200", "torch::autograd::AccumulateGrad", 7000.0, 200.0)]
+        for tid, name, at, work in plan:
+            ev += [{"ph": "X", "cat": "Operator", "name": name, "pid": 1, "tid": tid,
+                    "ts": t + at, "dur": 100.0},
+                   {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 1,
+                    "tid": tid, "ts": t + at + 10, "dur": 5.0, "args": {"correlation": corr}},
+                   {"ph": "X", "cat": "Kernel", "name": f"k_{name}", "pid": 0, "tid": "stream 7",
+                    "ts": t + at + 20, "dur": work, "args": {"correlation": corr}}]
+            corr += 1
+    return ev
+
+
+def test_autograd_nodes_of_old_traces_are_backward(tmp_path):
+    # before, with no evaluate_function op, the whole step was forward-compute; with the node
+    # names alone, the engine's aten::sum between two nodes cut the backward in pieces
+    t = read_kineto(_write(tmp_path / "worker0.pt.trace.json", _old_autograd_steps()))
+    names = t.optype_names()
+    for step in (5, 6, 7):
+        sel = t.ops["step"] == step
+        assert list(names[sel]) == ["forward-compute", "backward-compute"]
+        # busy time: the forward kernel; the four backward kernels (500 + 300 + 1500 + 200)
+        assert list(t.ops["duration"][sel] * 1e6) == pytest.approx([2000.0, 2500.0])

@@ -27,6 +27,7 @@ _STEP = re.compile(r"ProfilerStep#(\d+)$")
 _BACKEND_COLL = re.compile(r"([A-Za-z0-9_]+):([A-Za-z_]+)$")
 # Device rows. MTIA writes its kernels (and DMA transfers) as mtia_ccp_events, launched by
 # mtia_runtime events with the same correlation, as CUDA/HIP kernels by cuda_runtime ones.
+_AUTOGRAD_NODE = re.compile(r"(?:torch::autograd::\w+|[A-Z][A-Za-z0-9]*Backward\d*)$")
 _GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "mtia_ccp_events"}
 _CPU_OP_CATS = {"cpu_op", "operator"}
 _ANNOTATION_CATS = {"user_annotation", "gpu_user_annotation"}
@@ -278,7 +279,11 @@ def _classify(name: Any, cat: Any) -> tuple:
         return (_OPTIMIZER,)
     if annotation and name.startswith("enumerate(DataLoader)"):
         return (_LOADER,)
-    evaluate = name.startswith("autograd::engine::evaluate_function")
+    # PyTorch before 1.10 writes no evaluate_function op: the autograd node itself is the
+    # top-level op of the backward thread (CudnnConvolutionBackward, ReluBackward1,
+    # torch::autograd::AccumulateGrad).
+    evaluate = name.startswith("autograd::engine::evaluate_function") or (
+        cat in _CPU_OP_CATS and _AUTOGRAD_NODE.match(name) is not None)
     if not evaluate and annotation and "backward" in name.lower():
         return (_BACKWARD_MARK,)
     m = _BACKEND_COLL.match(name)

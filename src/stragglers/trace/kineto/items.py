@@ -63,7 +63,7 @@ class _Steps:
 class _TopLevel:
     """Top-level CPU ops per thread, to ask which op (autograd or not) holds a time."""
 
-    def __init__(self, ev: RankEvents):
+    def __init__(self, ev: RankEvents, steps: _Steps):
         ts, dur = _column(ev.cpu_ts, np.float64), _column(ev.cpu_dur, np.float64)
         tid, flag = _column(ev.cpu_tid, np.int64), _column(ev.cpu_flag, np.int8)
         end = ts + dur
@@ -80,9 +80,15 @@ class _TopLevel:
                     keep[i] = True
                     reach = b
             self.ops[ev.tids[int(tid[part[0]])]] = (starts[keep], ends[keep], flag[part][keep])
-        # A thread that only runs autograd ops (CUDA's device threads) is a backward thread.
-        self.backward_threads = {t for t, (_, _, f) in self.ops.items()
-                                 if len(f) and np.sum(f == BACKWARD_OP) > 0.9 * len(f)}
+        # A thread that only runs autograd ops (CUDA's device threads) is a backward thread;
+        # so is one that begins every step it works in with one (before PyTorch 1.10 the
+        # engine's sum_to and views between two nodes were top-level ops of its own).
+        self.backward_threads = {t for t, (a, _, f) in self.ops.items()
+                                 if len(f) and (np.sum(f == BACKWARD_OP) > 0.9 * len(f) or (
+                                     np.sum(f == BACKWARD_OP) >= 0.5 * len(f)
+                                     and _opens_its_steps(a, f, steps)))}
+        self._whole = {t for t in self.backward_threads
+                       if np.sum(self.ops[t][2] == BACKWARD_OP) <= 0.9 * len(self.ops[t][2])}
 
     def flags_at(self, tids: np.ndarray, t: np.ndarray, names: list) -> np.ndarray:
         """The flag of the top-level op holding each time t on its thread (tids index
@@ -96,11 +102,21 @@ class _TopLevel:
                 out[at] = BACKWARD_OP
             if found is None or not len(found[0]):
                 continue
+            if name in self._whole:
+                continue  # every op on it is backward work
             starts, ends, flags = found
             i = np.searchsorted(starts, t[at], side="right") - 1
             inside = (i >= 0) & (t[at] <= ends[np.maximum(i, 0)])
             out[at[inside]] = flags[i[inside]]
         return out
+
+
+def _opens_its_steps(starts: np.ndarray, flags: np.ndarray, steps: _Steps) -> bool:
+    """Whether a thread's first top-level op in every step it has ops in is an autograd op."""
+    s = steps.indices(starts)
+    firsts = np.flatnonzero(np.diff(s, prepend=-2) != 0)   # ops sorted by start: runs of a step
+    firsts = firsts[s[firsts] >= 0]
+    return bool(len(firsts)) and bool(np.all(flags[firsts] == BACKWARD_OP))
 
 
 def _column(values, dtype) -> np.ndarray:
@@ -120,7 +136,7 @@ def rank_parts(ev: RankEvents) -> RankParts:
         raise InputError(ev.source, "traceEvents", f"ProfilerStep#{big[0]}: step number too large")
     steps = _Steps(ev.steps or ev.gpu_steps, ev)
     counts = ReadCounts()
-    top = _TopLevel(ev)
+    top = _TopLevel(ev, steps)
     by_ops = BACKWARD_OP in ev.cpu_flag
     if not by_ops:
         if steps.marks_from is None:
