@@ -19,9 +19,12 @@ each pair's own ratio (their median, and how many pass 2x), and for every reques
 measured client's thread and the service's event-loop thread spent runnable but waiting for a
 CPU (/proc/.../schedstat): the latency less that run-queue wait leaves out most of what the
 machine's other load adds (not all: the service's other threads are not counted), and its
-ratio is judged beside the raw one. Attacker processes run at nice 19: deployed, they run
-on other machines, and their own CPU here is not work the service does for them. The
-service's CPU (cores) in quiet and attacked blocks says what the attack costs it.
+ratio is judged beside the raw one. Attacker processes run at nice 19 (`--attacker-nice`):
+deployed, they run on other machines, and their own CPU here is not work the service does for
+them. The client processes of cases 5-8 are started once per case and paused between its
+blocks (their requests under way answered before a quiet block starts); their CPU and the
+requests answered to them per second say how hard they pressed. The service's CPU (cores) in
+quiet and attacked blocks says what the attack costs it.
 """
 
 from __future__ import annotations
@@ -241,61 +244,77 @@ def slow_bodies(port: int, n: int, stop: threading.Event) -> list[socket.socket]
     return socks
 
 
-def flood(url: str, body: bytes, n: int, stop: threading.Event) -> list:
-    """`n` client processes of another address (127.0.0.2) PUTting `body` as parts in a loop
-    (processes: threads here would take the measured client's interpreter lock)."""
-    return loop_processes(flood_loop, [(url, body, i) for i in range(n)], stop)
+class Attackers:
+    """Client processes of another address (127.0.0.2) running one request in a loop, started
+    once per case and paused between its blocks (`go`), as adapt_dos.py's: started per block,
+    their start-up (fork, a connection) fell inside the blocks, and the attack's weight varied
+    from block to block. `inflight` counts requests under way (a quiet block starts without
+    any), `served` those answered (the attack's rate is reported). Processes: threads here
+    would take the measured client's interpreter lock."""
 
+    def __init__(self, n: int, request: tuple, nice: int):
+        self.go, self.stop = mp.Event(), mp.Event()
+        self.inflight, self.served = mp.Value("i", 0), mp.Value("l", 0)
+        self.procs = [mp.Process(target=attacker, args=(request, i, nice, self.go, self.stop,
+                                                         self.inflight, self.served),
+                                 daemon=True) for i in range(n)]
+        for proc in self.procs:
+            proc.start()
+        self.started = False
 
-def loop_processes(target, args: list[tuple], stop: threading.Event) -> list:
-    """One process per `args` entry running `target(*entry, done)` until `stop` is set (then
-    `done` is set, and each is joined, killed after 30 s)."""
-    done = mp.Event()
-    procs = [mp.Process(target=target, args=(*entry, done), daemon=True) for entry in args]
-    for proc in procs:
-        proc.start()
+    def resume(self) -> None:
+        """Let the attack go on, and give it time to be under way (more the first time)."""
+        self.go.set()
+        time.sleep(1.0 if self.started else 3.0)
+        self.started = True
 
-    def end():
-        stop.wait()
-        done.set()
-        for proc in procs:
+    def pause(self) -> None:
+        """Pause the attack; return once its requests under way are answered."""
+        self.go.clear()
+        deadline = time.monotonic() + 120
+        while self.inflight.value and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def cpu(self) -> float:
+        """The attackers' CPU seconds so far."""
+        return sum(cpu_s(p.pid) for p in self.procs if p.is_alive())
+
+    def close(self) -> None:
+        self.stop.set()
+        self.go.set()
+        for proc in self.procs:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
 
-    threading.Thread(target=end, daemon=True).start()
-    return []
 
-
-def flood_loop(url: str, body: bytes, i: int, done) -> None:
-    os.nice(19)   # (see the module's docstring)
+def attacker(request: tuple, i: int, nice: int, go, stop, inflight, served) -> None:
+    """One attacker process: `request` ("put", url, body) or ("get", url, path) in a loop while
+    `go` is set."""
+    os.nice(nice)   # (see the module's docstring)
+    kind, url, what = request
     with httpx.Client(base_url=url, timeout=60,
                       transport=httpx.HTTPTransport(local_address="127.0.0.2")) as c:
         k = 0
-        while not done.is_set():
+        while not stop.is_set():
+            if not go.wait(0.1):
+                continue
             k += 1
+            with inflight.get_lock():
+                inflight.value += 1
             try:
-                c.put(f"/api/jobs/dos/ranks/0/parts/{1000 + 1000 * i + k % 1000}",
-                      content=body, headers=AUTH)
+                if kind == "put":
+                    c.put(f"/api/jobs/dos/ranks/0/parts/{1000 + 1000 * i + k % 1000}",
+                          content=what, headers=AUTH)
+                else:
+                    c.get(what)   # no token: reads need none unless --private
+                with served.get_lock():
+                    served.value += 1
             except httpx.HTTPError:
                 pass
-
-
-def read_flood(url: str, path: str, n: int, stop: threading.Event) -> list:
-    """`n` client processes of another address GETting `path` in a loop, no token (reads need
-    none unless --private)."""
-    return loop_processes(read_loop, [(url, path)] * n, stop)
-
-
-def read_loop(url: str, path: str, done) -> None:
-    os.nice(19)   # (see the module's docstring)
-    with httpx.Client(base_url=url, timeout=60,
-                      transport=httpx.HTTPTransport(local_address="127.0.0.2")) as c:
-        while not done.is_set():
-            try:
-                c.get(path)
-            except httpx.HTTPError:
-                pass
+            finally:
+                with inflight.get_lock():
+                    inflight.value -= 1
 
 
 def cpu_s(pid: int) -> float:
@@ -336,6 +355,9 @@ def main() -> None:
     ap.add_argument("--cases", default="", help="comma-separated case numbers (1-8; all)")
     ap.add_argument("--name", default=None, help="results file name (a path: written there, "
                     "not in benchmarks/results)")
+    ap.add_argument("--attacker-nice", type=int, default=19, help="nice of the attacker "
+                    "processes (cases 5-8); 0 where a busy machine leaves them no CPU at 19 "
+                    "(then their CPU, taken from the service and the client, counts too)")
     args = ap.parse_args()
     trace = slow_job(steps=5 * args.rounds, dp=2, pp=2)
     parts = [(r, p, table_bytes(c)) for r, p, c in parts_of(trace, steps_per_part=5)]
@@ -344,13 +366,10 @@ def main() -> None:
              ("32 slow 64 MiB bodies", lambda p, st: slow_bodies(p, 32, st), False),
              ("1,000 idle, a new connection per upload", lambda p, st: idle(p, 1000), True),
              ("4 clients: parts whose pages declare 1 GB",
-              lambda p, st: flood(url, lying_part("lz4", 2, 1 << 30), 4, st), False),
-             ("4 clients: 16 MiB bodies in a loop",
-              lambda p, st: flood(url, b"x" * (16 << 20), 4, st), False),
-             ("8 clients: /metrics in a loop", lambda p, st: read_flood(url, "/metrics", 8, st),
-              False),
-             ("8 clients: /api/jobs in a loop", lambda p, st: read_flood(url, "/api/jobs", 8, st),
-              False)]
+              (4, ("put", lying_part("lz4", 2, 1 << 30))), False),
+             ("4 clients: 16 MiB bodies in a loop", (4, ("put", b"x" * (16 << 20))), False),
+             ("8 clients: /metrics in a loop", (8, ("get", "/metrics")), False),
+             ("8 clients: /api/jobs in a loop", (8, ("get", "/api/jobs")), False)]
     chosen = [int(x) - 1 for x in args.cases.split(",") if x] or list(range(len(cases)))
     url = ""   # (the flood cases read it when they start)
     rows: dict[str, dict] = {}
@@ -374,35 +393,64 @@ def main() -> None:
             for i in chosen:
                 name, attack, fresh = cases[i]
                 quiet, attacked = [], []
-                for b in range(args.blocks):
-                    for kind in order(b):
-                        block = Block()
-                        stop = threading.Event()
-                        socks = attack(port, stop) if kind == "a" else []
-                        if kind == "a":
-                            time.sleep(0.5)
-                        cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
-                        io0 = disk_bytes(proc.pid)
-                        try:
-                            uploads(url, f"run{i}-{b}-{kind}", parts, fresh, probe, block)
-                        finally:
-                            took = time.perf_counter() - t0
-                            block.cores = (cpu_s(proc.pid) - cpu0) / took
-                            block.disk_mb_s = (disk_bytes(proc.pid) - io0) / took / 1e6
-                            stop.set()
-                            for k in socks:
-                                k.close()
-                        (attacked if kind == "a" else quiet).append(block)
-                        time.sleep(1)   # its windows analysed, the attack gone
+                pool = None
+                if isinstance(attack, tuple):   # client processes, paused between blocks
+                    n, (verb, what) = attack
+                    pool = Attackers(n, (verb, url, what), args.attacker_nice)
+                spent = attacker_cpu = 0.0
+                served = 0
+                try:
+                    for b in range(args.blocks):
+                        for kind in order(b):
+                            block = Block()
+                            stop = threading.Event()
+                            socks = []
+                            if kind == "a" and pool is not None:
+                                pool.resume()
+                            elif kind == "a":
+                                socks = attack(port, stop)
+                                time.sleep(0.5)
+                            cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
+                            io0 = disk_bytes(proc.pid)
+                            a0 = pool.cpu() if pool and kind == "a" else 0.0
+                            s0 = pool.served.value if pool else 0
+                            try:
+                                uploads(url, f"run{i}-{b}-{kind}", parts, fresh, probe, block)
+                            finally:
+                                took = time.perf_counter() - t0
+                                block.cores = (cpu_s(proc.pid) - cpu0) / took
+                                block.disk_mb_s = (disk_bytes(proc.pid) - io0) / took / 1e6
+                                if pool is not None and kind == "a":
+                                    attacker_cpu += pool.cpu() - a0
+                                    served += pool.served.value - s0
+                                    spent += took
+                                stop.set()
+                                for k in socks:
+                                    k.close()
+                            (attacked if kind == "a" else quiet).append(block)
+                            if pool is not None and kind == "a":
+                                pool.pause()
+                            time.sleep(1)   # its windows analysed, the attack gone
+                finally:
+                    if pool is not None:
+                        pool.close()
                 rows[name] = measured(quiet, attacked)
-                print(line(name, rows[name]), flush=True)
+                extra = ""
+                if pool is not None:
+                    rows[name].update(attacker_cores=attacker_cpu / max(spent, 1e-9),
+                                      attack_per_s=served / max(spent, 1e-9))
+                    extra = (f"; attackers {rows[name]['attacker_cores']:.2f} cores, "
+                             f"{rows[name]['attack_per_s']:.0f} requests/s answered")
+                print(line(name, rows[name]) + extra, flush=True)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
     write(Run(benchmark="Monitor upload latency under connection DoS", issue="34",
               command=".venv/bin/python benchmarks/monitor_dos.py "
                       f"--rounds {args.rounds} --blocks {args.blocks}"
-                      + (f" --cases {args.cases}" if args.cases else ""),
+                      + (f" --cases {args.cases}" if args.cases else "")
+                      + (f" --attacker-nice {args.attacker_nice}"
+                         if args.attacker_nice != 19 else ""),
               figures=figures(rows, "upload latency"),
               note=f"{os.cpu_count()} CPUs; {args.blocks} alternated quiet/attacked block "
                    f"pairs of {len(parts)} uploads per case"), args.name)
