@@ -155,3 +155,39 @@ def test_damaged_lease_and_part_rows_leave_their_jobs_analysed(tmp_path):
                 assert missing == [], (job, missing)
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("stored", ["1e300", "9e999"])
+def test_a_part_row_stored_as_arriving_in_the_future_does_not_hold_off_the_stall(tmp_path,
+                                                                                 stored):
+    # a part row whose time read as a number past now (1e300, infinity) became its job's
+    # last arrival when read back: the job never stalled nor finished, whatever its silence
+    import concurrent.futures as cf
+    import time
+
+    from stragglers.monitor.part_names import fingerprint
+    from stragglers.monitor.service import Monitor, PartIn
+    from stragglers.monitor.store import open_store
+    cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, analysis_process=False)
+    trace = slow_job(steps=10)
+    m = Monitor(open_store(tmp_path / "mon.db"), cfg, data_dir=tmp_path).start()
+    try:
+        m.register_job("j", tmp_path / "j", "http", trace.meta.to_dict())
+        for rank, _, cols in [p for p in parts_of(trace, 5) if p[1] == 0]:
+            body, done = table_bytes(cols), cf.Future()
+            m.submit(PartIn("j", rank, 0, "http", body=body, digest=fingerprint(body),
+                            done=done))
+            assert done.result(60) == "stored"
+    finally:
+        m.stop()
+        m.store.close()
+    with sqlite3.connect(tmp_path / "mon.db") as db:
+        db.execute(f"UPDATE parts SET ingested_at = {stored} WHERE job = 'j' AND rank = 0")
+    m = Monitor(open_store(tmp_path / "mon.db"), cfg, data_dir=tmp_path).start()
+    try:
+        m.tick(time.time() + cfg.stall_after_s + 1)   # (its clock: silent a stall from now)
+        assert m.states["j"] == "stalled"
+        assert m.store.job("j").state == "stalled"
+    finally:
+        m.stop()
+        m.store.close()

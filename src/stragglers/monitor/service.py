@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -657,12 +658,13 @@ class Monitor:
                             f"stored part set aside when read back: {problem.problem}")
             else:
                 tr.claim(p.rank, rows_place(data))
-        held = []
+        held, read_at = [], time.time()
         for p in fresh:
             got = read.get((p.rank, p.part))
             file = got if isinstance(got, PartFile) else None
             columns = got.columns if isinstance(got, PartData) else None
-            if tr.add_part(p.rank, p.part, p.last_step, columns, p.ingested_at,
+            if tr.add_part(p.rank, p.part, p.last_step, columns, _arrival(p.ingested_at,
+                                                                           read_at),
                            file) and file is not None:
                 held.append(file)
             if p.part == 0 and is_whole_rank_file(part_path(directory, p.rank, 0)):
@@ -1620,6 +1622,13 @@ def _unreadable(store: SQLStore, job: str) -> Exception:
         return exc
     what = "its name" if row is None else f"its state {row.state!r}"
     return InputError(f"job {job!r}", None, f"its stored row does not read ({what})")
+
+
+def _arrival(stored: float, now: float) -> float:
+    """A stored part's arrival time as silence may count from: no later than `now` (a row of
+    time 1e300 or infinity, damaged or from a clock set back since, was its job's last arrival,
+    and the job never stalled nor finished), and 0 when it is no time at all."""
+    return min(stored, now) if math.isfinite(stored) and stored > 0 else 0.0
 
 
 def _decrement(counts: dict[Key, int], key: Key) -> None:
