@@ -191,3 +191,45 @@ def test_a_part_row_stored_as_arriving_in_the_future_does_not_hold_off_the_stall
     finally:
         m.stop()
         m.store.close()
+
+
+@pytest.mark.parametrize("owner", ["'ghost'", "x'00ff'"])
+def test_a_lease_row_held_by_another_name_is_taken_on_a_store_of_one(tmp_path, owner):
+    # alone on its SQLite file, the monitor heartbeats once, at start: a lease row held by
+    # another name with an expiry far off was never free, and the job's later parts were
+    # acknowledged while none of its windows was analysed
+    import concurrent.futures as cf
+
+    from stragglers.monitor.part_names import fingerprint
+    from stragglers.monitor.service import Monitor, PartIn
+    from stragglers.monitor.store import open_store
+    cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, analysis_process=False)
+    trace = slow_job(steps=15)
+    parts = parts_of(trace, 5)
+
+    def put(m, part):
+        for rank, _, cols in [p for p in parts if p[1] == part]:
+            body, done = table_bytes(cols), cf.Future()
+            m.submit(PartIn("j", rank, part, "http", body=body, digest=fingerprint(body),
+                            done=done))
+            assert done.result(60) == "stored"
+
+    m = Monitor(open_store(tmp_path / "mon.db"), cfg, data_dir=tmp_path).start()
+    try:
+        m.register_job("j", tmp_path / "j", "http", trace.meta.to_dict())
+        put(m, 0)
+        eventually(lambda: len(m.store.windows("j")) == 1, what="window 0")
+    finally:
+        m.stop()
+        m.store.close()
+    with sqlite3.connect(tmp_path / "mon.db") as db:
+        db.execute(f"UPDATE leases SET owner = {owner}, expires_at = 1e300 WHERE job = 'j'")
+    m = Monitor(open_store(tmp_path / "mon.db"), cfg, data_dir=tmp_path).start()
+    try:
+        assert m.leases.holds("j")
+        put(m, 1)
+        put(m, 2)
+        eventually(lambda: len(m.store.windows("j")) == 3, what="windows 1 and 2 analysed")
+    finally:
+        m.stop()
+        m.store.close()

@@ -82,7 +82,8 @@ class LeaseKeeper:
     def beat(self) -> None:
         """One heartbeat: renew, take a share, and tell the monitor what changed."""
         with self._lock:
-            now_held = self.store.heartbeat(self.instance, self.url, self.lease_s, self.held)
+            now_held = self.store.heartbeat(self.instance, self.url, self.lease_s, self.held,
+                                            alone=not getattr(self.store, "shared", False))
             lost = [j for j in self.held if j not in now_held or now_held[j] != self.held[j]]
             gained = [j for j in now_held if self.held.get(j) != now_held[j]]
             for job in lost:
@@ -109,7 +110,8 @@ class LeaseKeeper:
         with self._lock:
             if job in self.held:
                 return True
-            epoch = self.store.take_lease(self.instance, job, self.lease_s)
+            epoch = self.store.take_lease(self.instance, job, self.lease_s,
+                                          alone=not getattr(self.store, "shared", False))
             if epoch is None:
                 return False
             self.held[job] = epoch

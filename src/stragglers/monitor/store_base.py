@@ -819,9 +819,10 @@ class SQLStore:
     # ---- leases -------------------------------------------------------------------------------
 
     def heartbeat(self, instance: str, url: str, lease_s: float,
-                  leases: dict[str, int]) -> dict[str, int]:
+                  leases: dict[str, int], alone: bool = False) -> dict[str, int]:
         """One round of leasing for `instance` (holding `leases`: job → epoch): renew what it
-        holds, and take free or expired leases up to its fair share (jobs / live instances).
+        holds, and take free or expired leases up to its fair share (jobs / live instances);
+        `alone` (the only instance of its store), every lease.
         Returns the jobs it holds now with their epochs (a job missing was taken over)."""
         def tx(db: Any) -> dict[str, int]:
             now = self._now(db)
@@ -834,6 +835,12 @@ class SQLStore:
             self._exec(db, "DELETE FROM ingest_marks WHERE instance NOT IN (SELECT id FROM "
                        "instances)")
             self._exec(db, "DELETE FROM alert_outbox WHERE delivered_at < ?", (now - KEEP_S,))
+            if alone:
+                # alone on its store, every lease is this instance's: one held by another
+                # name (a damaged row) was never free, and with no later heartbeat its job's
+                # parts were acknowledged and none of its windows analysed
+                self._exec(db, "UPDATE leases SET owner = NULL WHERE owner IS NOT NULL AND "
+                           "owner <> ?", (instance,))
             # (an epoch that does not read is made one: such a lease was left out of every
             # read, its job analysed by nobody)
             held = {r.job: r.epoch for r in self._many(
@@ -865,9 +872,10 @@ class SQLStore:
 
         return self._write(tx, notify=False)
 
-    def take_lease(self, instance: str, job: str, lease_s: float) -> int | None:
-        """Take a job's lease now if it is free or expired (a new job, registered here);
-        its epoch, or None when another instance holds it."""
+    def take_lease(self, instance: str, job: str, lease_s: float,
+                   alone: bool = False) -> int | None:
+        """Take a job's lease now if it is free or expired (a new job, registered here), or
+        whoever holds it when `alone`; its epoch, or None when another instance holds it."""
         def tx(db: Any) -> int | None:
             now = self._now(db)
             row = self._one(db, _Lease, "SELECT owner, epoch, expires_at FROM leases WHERE "
@@ -876,7 +884,8 @@ class SQLStore:
                 return None
             if row.owner == instance:
                 return row.epoch
-            if row.owner is not None and row.expires_at is not None and row.expires_at >= now:
+            if row.owner is not None and row.expires_at is not None and row.expires_at >= now \
+                    and not alone:   # (alone on its store: every lease is this instance's)
                 return None
             return self._take(db, instance, job, now + lease_s, now)
 
