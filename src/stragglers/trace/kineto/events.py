@@ -170,6 +170,7 @@ class RankEvents:
     run_ids: dict[str, str] = field(default_factory=dict)  # run identifiers the file names
     record_shapes: bool = False      # Concrete Inputs seen (c10d p2p ops then carry their peer)
     events: int = 0
+    evaluate_functions: int = 0      # autograd::engine::evaluate_function ops (PyTorch >= 1.10)
 
     @property
     def has_kernels(self) -> bool:
@@ -294,7 +295,7 @@ def _classify(name: Any, cat: Any) -> tuple:
     flag = COMM_OP if comm else (
         BACKWARD_OP if evaluate else NO_WORK_OP if name in NO_WORK_OPS else 0)
     return (_CPU, evaluate, comm, c10d_kind, _C10D_PEER_ARG.get(name), cat in _CPU_OP_CATS,
-            flag)
+            flag, name.startswith("autograd::engine::evaluate_function"))
 
 
 def _checked(ts: float, dur: float) -> tuple[float, float]:
@@ -377,9 +378,10 @@ class _Collector:
                 out.kernel_dur.append(dur)
                 out.kernel_corr.append(NO_CORR if corr is None else corr)
         elif code == _CPU:
-            _, evaluate, comm, c10d_kind, peer_arg, cpu_op, flag = what
+            _, evaluate, comm, c10d_kind, peer_arg, cpu_op, flag, engine = what
             if evaluate:
                 out.backward.append(ts)
+                out.evaluate_functions += engine
             if comm:
                 self._issued(name, ts, dur, tid, self._args(args), c10d_kind, peer_arg)
             if cpu_op:

@@ -81,11 +81,14 @@ class _TopLevel:
                     reach = b
             self.ops[ev.tids[int(tid[part[0]])]] = (starts[keep], ends[keep], flag[part][keep])
         # A thread that only runs autograd ops (CUDA's device threads) is a backward thread;
-        # so is one that begins every step it works in with one (before PyTorch 1.10 the
-        # engine's sum_to and views between two nodes were top-level ops of its own).
+        # before PyTorch 1.10 (no evaluate_function op: the nodes are the autograd ops) so is
+        # one that begins every step it works in with one, since the engine's sum_to and views
+        # between two nodes were top-level ops of its own. (Later, DDP's copy of the buckets
+        # back to the grads runs there too: the optimizer's, not backward work.)
+        old = not ev.evaluate_functions
         self.backward_threads = {t for t, (a, _, f) in self.ops.items()
                                  if len(f) and (np.sum(f == BACKWARD_OP) > 0.9 * len(f) or (
-                                     np.sum(f == BACKWARD_OP) >= 0.5 * len(f)
+                                     old and np.sum(f == BACKWARD_OP) >= 0.5 * len(f)
                                      and _opens_its_steps(a, f, steps)))}
         self._whole = {t for t in self.backward_threads
                        if np.sum(self.ops[t][2] == BACKWARD_OP) <= 0.9 * len(self.ops[t][2])}
