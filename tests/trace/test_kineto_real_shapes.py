@@ -167,3 +167,22 @@ def test_autograd_nodes_of_old_traces_are_backward(tmp_path):
         assert list(names[sel]) == ["forward-compute", "backward-compute"]
         # busy time: the forward kernel; the four backward kernels (500 + 300 + 1500 + 200)
         assert list(t.ops["duration"][sel] * 1e6) == pytest.approx([2000.0, 2500.0])
+
+
+def test_ddp_work_after_the_last_gradient_all_reduce_stays_optimizer():
+    # HTA's nccl_data (PyTorch >= 1.10: evaluate_function ops): the autograd thread also runs
+    # DDP's copy of the buckets back to the grads, after the last all-reduce. Read as a
+    # backward thread as a whole (the rule for pre-1.10 traces), that copy became backward.
+    from conftest import KINETO
+    path = KINETO / "nccl_parser_config_nccl_data.json.gz"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    t = read_kineto(path)
+    names = t.optype_names()
+    for step in sorted(set(t.ops["step"])):
+        sel = t.ops["step"] == step
+        starts = t.ops["start_ts"][sel]
+        # (the tail's first kernel and the all-reduce start within a microsecond)
+        last_ar = starts[names[sel] == "grads-all-reduce"].max() - 1e-5
+        assert not (starts[names[sel] == "backward-compute"] >= last_ar).any()
+        assert (starts[names[sel] == "optimizer"] >= last_ar).all()
