@@ -287,3 +287,34 @@ def test_no_silence_is_decided_over_a_part_another_instance_holds(postgres_url, 
             if m is not None:
                 m.stop()
                 m.store.close()
+
+
+def test_an_ingest_mark_that_cannot_be_written_is_one_line_not_a_traceback_a_tick(
+        postgres_url, tmp_path, caplog):
+    # the store full (PostgreSQL's disk_full reads as ENOSPC): the mark written every tick
+    # failed the tick loop with a traceback every tick_s
+    import errno
+    import logging
+
+    from stragglers.monitor.service import Monitor
+    from stragglers.monitor.settings import MonitorConfig
+    cfg = MonitorConfig(stall_after_s=600, tick_s=0.02, lease_s=2.0, analysis_process=False)
+    m = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="A").start()
+    try:
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "the store (PostgreSQL) cannot be written: its disk "
+                          "is full")
+        caplog.set_level(logging.WARNING, logger="stragglers.monitor.service")
+        real = m.store.set_ingest_mark
+        m.store.set_ingest_mark = full
+        since = time.time()
+        eventually(lambda: (m._ticked_at or 0) > since + 0.1, what="ticks meanwhile")
+        m.store.set_ingest_mark = real
+        eventually(lambda: any("written again" in r.getMessage() for r in caplog.records),
+                   what="the mark written again")
+        said = [r for r in caplog.records if "ingest mark" in r.getMessage()]
+        assert len(said) == 2, [r.getMessage() for r in said]
+        assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+    finally:
+        m.stop()
+        m.store.close()

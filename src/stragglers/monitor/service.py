@@ -174,6 +174,7 @@ class Monitor:
         # other instances read before deciding a silence; and those marks, read once a tick
         self._floors: dict[float, int] = {}
         self._marks: list[IngestMark] = []
+        self._mark_failed = False
         self._windows_in_flight: dict[str, int] = {}   # job → its windows queued or analysed
         self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
         self._noticing: dict[object, tuple[float, float]] = {}   # watchers' batches (noticing)
@@ -874,7 +875,20 @@ class Monitor:
         with self._count_lock:
             floors = list(self._floors) + [after for after, began in self._noticing.values()
                                            if began > fresh]
-        self.store.set_ingest_mark(self.instance, as_of, min(floors) if floors else None)
+        try:
+            self.store.set_ingest_mark(self.instance, as_of, min(floors) if floors else None)
+        except Exception as exc:   # noqa: BLE001 - a full or unreachable store: said once
+            # (the others then wait with their silences, as for parts in flight here, until
+            # the mark is written again or this instance's lease runs out)
+            if not self._mark_failed:
+                log.warning("ingest mark not written (%s); other instances hold their "
+                            "silence decisions until it is", str(exc).splitlines()[0]
+                            if str(exc) else type(exc).__name__)
+            self._mark_failed = True
+            return
+        if self._mark_failed:
+            log.warning("ingest mark written again")
+        self._mark_failed = False
 
     def settled_elsewhere(self, deadline: float) -> bool:
         """Whether every other live instance said, at the tick's start, that every part it
