@@ -439,3 +439,15 @@ def test_rank_silent_alerts_of_one_job_are_bounded(monitor):
     firing = monitor.store.alerts(job="j", status="firing")
     assert [(a.rule, a.labels.rank) for a in firing] == [("rank_silent", "2")], firing
     assert set(monitor.watchdog.silent["j"]) == {2, 3}   # (counted: stragglers_silent_ranks)
+
+
+def test_a_wall_clock_set_back_does_not_hold_off_the_stall(monitor):
+    # the wall clock set back an hour (NTP stepping it) after the job's parts arrived: their
+    # arrivals lay an hour ahead of it, and the job stalled an hour late (no alert meanwhile)
+    feed(monitor, 0, range(4))
+    back = monitor.trackers["j"].last_arrival - 3600.0
+    monitor.tick(back)   # the first tick after the step: silence counts from here
+    assert monitor.states.get("j") != "stalled"
+    monitor.tick(back + STALL + 0.01)
+    assert monitor.states["j"] == "stalled"
+    assert monitor.store.job("j").state == "stalled"

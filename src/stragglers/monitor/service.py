@@ -1560,6 +1560,8 @@ class Monitor:
         with self._lock:
             lagging = self.watchdog.lagging()
             for job, tr in list(self.trackers.items()):
+                if isinstance(tr, JobTracker):
+                    tr.clamp_arrivals(now)   # (a clock set back: silence counts from now)
                 windows.extend(tr.close_ready(now))
                 quiet = now - (tr.last_arrival or now)
                 state = self.states.get(job, "running")

@@ -184,6 +184,20 @@ class JobTracker:
             return last
         return max(last, self.resumed_at)
 
+    def clamp_arrivals(self, now: float) -> None:
+        """No arrival later than `now`: the wall clock was set back (NTP stepping an hour,
+        say) after parts arrived, and the job's silence counted from a time still ahead:
+        no stall, no silent rank, for as long as the clock was set back."""
+        if self.last_arrival is None or self.last_arrival <= now:
+            return
+        self.last_arrival = now
+        self.first_arrival = min(self.first_arrival or now, now)
+        if self.resumed_at is not None:
+            self.resumed_at = min(self.resumed_at, now)
+        for rp in self.ranks.values():
+            if rp.last_arrival is not None and rp.last_arrival > now:
+                rp.last_arrival = now
+
     def knows(self, rank: int, part: int) -> bool:
         """Whether this part was delivered already."""
         rp = self.ranks.get(rank)
