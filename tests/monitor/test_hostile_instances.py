@@ -275,8 +275,9 @@ def test_no_silence_is_decided_over_a_part_another_instance_holds(postgres_url, 
         eventually(lambda: owner.trackers["j"].knows(0, 1), what="the holder following it")
         if silence == "job":
             # heard 800 s ago: silent since then, which the holder decides once B said so
-            eventually(lambda: owner.states["j"] == "stalled", what="the real stall")
-            assert silences(owner) == [("stalled", "firing")]
+            eventually(lambda: silences(owner) == [("stalled", "firing")],
+                       what="the real stall, stored")
+            assert owner.states["j"] == "stalled"
         else:
             followed = time.time()
             eventually(lambda: (owner._ticked_at or 0) > followed, what="a tick after")
@@ -318,3 +319,45 @@ def test_an_ingest_mark_that_cannot_be_written_is_one_line_not_a_traceback_a_tic
     finally:
         m.stop()
         m.store.close()
+
+
+def test_a_job_set_aside_by_its_holder_comes_back_when_another_instance_takes_good_metadata(
+        postgres_url, tmp_path):
+    # the holder set the job aside (its stored metadata damaged) and kept its lease; good
+    # metadata PUT at the other instance lifted nothing there: the parts that instance then
+    # acknowledged were never analysed
+    import concurrent.futures as cf
+
+    import psycopg
+
+    from monitor_jobs import parts_of, slow_job
+    from stragglers.monitor.part_names import fingerprint
+    from stragglers.monitor.service import Monitor, PartIn
+    from stragglers.monitor.settings import MonitorConfig
+    from stragglers.trace.runformat import table_bytes
+    cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, lease_s=2.0,
+                        analysis_process=False)
+    trace = slow_job(steps=10)
+    owner = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="A").start()
+    other = None
+    try:
+        owner.register_job("j", tmp_path / "j", "http", trace.meta.to_dict())
+        other = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="B").start()
+        assert owner.leases.holds("j") and not other.leases.holds("j")
+        with psycopg.connect(postgres_url, autocommit=True) as db:
+            db.execute("UPDATE jobs SET meta = '{\"bad\": 1}' WHERE job = 'j'")
+        eventually(lambda: "j" in owner.quarantined, what="the holder setting it aside")
+        other.register_job("j", tmp_path / "j", "http", trace.meta.to_dict())
+        for rank, part, cols in parts_of(trace, 5):
+            body, done = table_bytes(cols), cf.Future()
+            other.submit(PartIn("j", rank, part, "http", body=body, digest=fingerprint(body),
+                                done=done))
+            assert done.result(60) == "stored"
+        eventually(lambda: len(owner.store.windows("j")) == 2, what="both windows analysed")
+        assert owner.leases.holds("j") and "j" not in owner.quarantined
+        assert [w.error for w in owner.store.windows("j")] == [None, None]
+    finally:
+        for m in (owner, other):
+            if m is not None:
+                m.stop()
+                m.store.close()

@@ -153,6 +153,7 @@ class Monitor:
         self.recent_rejects: deque = deque(maxlen=100)
         self._log_budget = LogBudget(REFUSAL_LOG_BURST, REFUSAL_LOG_PER_S)
         self.quarantined: dict[str, str] = {}   # job → why its stored rows cannot be used
+        self._quarantined_meta: dict[str, str | None] = {}   # (shared store) its meta then
         # directories whose paths readers of /api/stats are not shown (the watcher adds its
         # roots): the uploads folder and the store's
         self.private_roots = {str(self.data_dir.resolve()), str(self.data_dir)}
@@ -348,6 +349,7 @@ class Monitor:
                 raise InputError(job, "job", str(exc)) from None
             self.directories[job] = Path(directory)
             self.quarantined.pop(job, None)   # good metadata again: the job is back
+            self._quarantined_meta.pop(job, None)
             self._foreign.pop(job, None)
             tracker = self.trackers.get(job)
             if tracker is not None:
@@ -598,6 +600,12 @@ class Monitor:
         problem = str(exc) if isinstance(exc, InputError) else \
             f"{type(exc).__name__}: {str(exc)[:200]}"
         self.quarantined[job] = problem
+        if self.store.shared:   # (what it was set aside under: another instance may fix it)
+            try:
+                mark = self.store.job_marks([job]).get(job)
+            except Exception:   # noqa: BLE001 - unreadable: looked at again at the next tick
+                mark = None
+            self._quarantined_meta[job] = mark.meta if mark is not None else None
         self.trackers.pop(job, None)
         self.states[job] = "quarantined"
         self.reject("quarantined", f"job {job}", f"stored rows unusable, job set aside: "
@@ -714,11 +722,20 @@ class Monitor:
         if not self.store.shared:
             return []   # one instance: nothing is stored but what it stored itself
         with self._lock:
-            held = [j for j in self.part_seqs if self.leases.holds(j)]
+            held = [j for j in [*self.part_seqs, *self.quarantined] if self.leases.holds(j)]
         marks = self.store.job_marks(held)
         windows, ahead = [], []
         with self._lock:
             for job, mark in marks.items():
+                if job in self.quarantined and self.leases.holds(job) and \
+                        mark.meta != self._quarantined_meta.get(job, mark.meta):
+                    # metadata PUT at another instance: the job as stored now is tried again
+                    # (the holder kept it set aside for good, and the parts that instance
+                    # acknowledged were never analysed)
+                    self.quarantined.pop(job, None)
+                    self._quarantined_meta.pop(job, None)
+                    self._gained(job)
+                    continue
                 if job not in self.part_seqs or job in self.quarantined:
                     continue
                 if not self._follow_meta(job, mark):
