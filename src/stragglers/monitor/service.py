@@ -1588,16 +1588,19 @@ class Monitor:
                     new = "finished"
                 elif quiet >= cfg.stall_after_s:
                     new = "stalled"
-                    if state == "running" and (lagging or self.in_flight(
-                            job, since=tr.last_arrival) or not self.settled_elsewhere(
+                    here = state == "running" and (lagging or self.in_flight(
+                        job, since=tr.last_arrival))
+                    if here or (state == "running" and not self.settled_elsewhere(
                             (tr.last_arrival or now) + cfg.stall_after_s)):
                         # behind on its own ingest, the monitor cannot tell a silent job from
                         # parts still queued (seen: a small job stalled behind a 1,024-rank
                         # one's parts); with a part of it in flight (written just before the
                         # deadline), here or at another instance, decided again once that
-                        # part is stored or refused (at the next ticks, for another's)
+                        # part is stored or refused (another's: at the next ticks, which a
+                        # batch landing here need not wake)
                         new = "running"
-                        self.defer_silence()
+                        if here:
+                            self.defer_silence()
                 else:
                     new = "running"
                 if new == state:

@@ -153,12 +153,14 @@ class Watchdog:
                     if now - last >= limit and not behind:
                         quiet = True   # silent once the others go past its steps
                     elif now - last >= limit:
-                        if m.in_flight(job, rank, since=last) or \
-                                not m.settled_elsewhere(last + limit):
+                        here = m.in_flight(job, rank, since=last)
+                        if here or not m.settled_elsewhere(last + limit):
                             # a part of it is in the ingest (written just before the
                             # deadline), here or at another instance: decided again once it
-                            # is stored or refused
-                            m.defer_silence()
+                            # is stored or refused (another's: at the next ticks, which a
+                            # landing here need not wake)
+                            if here:
+                                m.defer_silence()
                             if rank in self.silent.get(job, {}):   # as decided before
                                 silent[rank] = self.silent[job][rank]
                             continue
@@ -192,12 +194,15 @@ class Watchdog:
         if tr.max_step < 0:
             return True
         others = tr.unheard(heard)
-        # (another instance's parts in flight are not known by rank: all of them wait)
-        flying = m.ranks_in_flight(job, last) if m.settled_elsewhere(last + limit) else None
+        # (another instance's parts in flight are not known by rank: all of them wait, for
+        # the next ticks)
+        elsewhere = not m.settled_elsewhere(last + limit)
+        flying = None if elsewhere else m.ranks_in_flight(job, last)
         if flying is None or flying.intersection(others):
             # a part of one is in the ingest (or may be in a watcher's hand-over): those are
             # decided again once it is stored or refused, as before for the others
-            m.defer_silence()
+            if not elsewhere:
+                m.defer_silence()
             before = self.silent.get(job, {})
             if flying is None:
                 silent.update((r, v) for r, v in before.items() if r not in tr.ranks)
