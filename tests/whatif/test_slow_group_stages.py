@@ -216,3 +216,18 @@ def test_a_member_below_a_slower_rank_of_its_stage_still_joins_the_group():
     found = _groups(_busy({(0, 0): 1.36, (6, 0): 2.0, (1, 1): 1.36}, d=8), DiagnosisConfig())
     assert {p: list(np.flatnonzero(slow)) for p, (slow, _) in found.items()} == {
         0: [0], 1: [1]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [dict(cp_size=4, cp_comm="ring"), dict(tp_size=2), {}],
+                         ids=["ring cp 4", "tp 2", "dp 4"])
+def test_a_slow_rank_on_a_stage_holding_no_member_is_a_worker_fault(tmp_path, shape):
+    # pp 3 of four ranks a stage: the group holds two of stage 1 and one of stage 2, rank 2
+    # of stage 0 is ×2. The members lifted their stage peers' reference (those read ×0.67)
+    # and, with them, widened the outlier test's spread: rank 2 stood 4 deviations out, and
+    # only the group was named (diagnosis_slow_group_stages seed 2, jobs 149 and 210)
+    job = GpuJob(ranks=12, pp_size=3, steps=6, seed=1, microbatches=3, ranks_per_host=12,
+                 host_jitter_us=200.0, slow_group=((6, 7, 11), 1.5), slow_rank=(2, 2.0),
+                 **shape)
+    assert _named(tmp_path, job) == {("slow_group", 6), ("slow_group", 7), ("slow_group", 11),
+                                     ("worker_fault", 2)}

@@ -137,9 +137,11 @@ def mean_interval(values: np.ndarray, cfg: Bootstrap) -> tuple[np.ndarray, np.nd
     return lo, hi
 
 
-def robust_z(values: np.ndarray, floor: float) -> np.ndarray:
-    """(x − median) / (1.4826·MAD), the spread floored so identical values stay finite."""
-    flat = np.asarray(values, dtype=float).ravel()
+def robust_z(values: np.ndarray, floor: float, norm: np.ndarray | None = None) -> np.ndarray:
+    """(x − median) / (1.4826·MAD), the spread floored so identical values stay finite; the
+    median and MAD those of `values[norm]` where a mask `norm` is given."""
+    values = np.asarray(values, dtype=float)
+    flat = (values if norm is None else values[norm]).ravel()
     med = float(np.median(flat))
     scale = max(MAD_TO_SIGMA * float(np.median(np.abs(flat - med))), floor, 1e-12)
-    return (np.asarray(values, dtype=float) - med) / scale
+    return (values - med) / scale

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -16,33 +17,51 @@ from stragglers.whatif.confidence import mean_interval, robust_z
 _EXACT_PEERS = 8
 
 
-def peer_reference(values: np.ndarray) -> np.ndarray:
+def peer_reference(values: np.ndarray, apart: np.ndarray | None = None) -> np.ndarray:
     """Per worker, the median of its stage peers' values ([D, P, T] → [D, P, T]).
 
     With one DP rank the peers are the other stages' workers; with none, the worker itself.
     With three, the median of all three, the worker's own value included: the median of its
     two peers is their mean, and one slow peer would lift it (a worker ×2.1 beside two peers
     at 0.64 of theirs was no outlier among six workers, and nothing was named).
+    `apart` (bool [D, P]): workers that are no peer's norm (a slow group's members); a worker
+    left with no other peer keeps the reference of all.
     """
     d, p, _ = values.shape
-    if d == 1:
-        if p == 1:
-            return values.copy()
-        return np.stack([np.median(np.delete(values, i, axis=1), axis=1) for i in range(p)],
-                        axis=1)
-    if d == 3 or d > _EXACT_PEERS:
-        return np.broadcast_to(np.median(values, axis=0, keepdims=True), values.shape).copy()
-    return np.stack([np.median(np.delete(values, i, axis=0), axis=0) for i in range(d)])
+    if apart is not None and apart.any():
+        kept = np.where(apart[:, :, None], np.nan, values)
+        ref = _peer_median(kept, np.nanmedian)
+        return np.where(np.isnan(ref), _peer_median(values, np.median), ref)
+    return _peer_median(values, np.median)
+
+
+def _peer_median(values: np.ndarray, median) -> np.ndarray:
+    """peer_reference's medians with `median` (np.nanmedian where some workers are left out)."""
+    d, p, _ = values.shape
+    with warnings.catch_warnings():
+        # a worker whose peers are all left out gets NaN (All-NaN slice), handled by the caller
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if d == 1:
+            if p == 1:
+                return values.copy()
+            return np.stack([median(np.delete(values, i, axis=1), axis=1) for i in range(p)],
+                            axis=1)
+        if d == 3 or d > _EXACT_PEERS:
+            return np.broadcast_to(median(values, axis=0, keepdims=True), values.shape).copy()
+        return np.stack([median(np.delete(values, i, axis=0), axis=0) for i in range(d)])
 
 
 def _stands_out(ctx: Context, score: np.ndarray, lo: np.ndarray, threshold: float,
-                floor: float | None = None) -> np.ndarray:
-    """bool [D, P]: a robust outlier among all workers with the lower end of its interval
-    above `floor`, or, where that test is impossible (it needs five workers to mean anything),
-    at least `threshold`. `floor` None: at least `threshold` in both cases."""
-    if score.size < 5:
+                floor: float | None = None, norm: np.ndarray | None = None) -> np.ndarray:
+    """bool [D, P]: a robust outlier among all workers (`norm`, bool [D, P]: among those only)
+    with the lower end of its interval above `floor`, or, where that test is impossible (it
+    needs five workers to mean anything), at least `threshold`. `floor` None: at least
+    `threshold` in both cases."""
+    among = score if norm is None else score[norm]
+    if among.size < 5:
         return lo >= threshold
-    outlier = robust_z(score, ctx.cfg.outlier_scale_floor) >= ctx.cfg.outlier_z
+    z = robust_z(score, ctx.cfg.outlier_scale_floor, norm)
+    outlier = z >= ctx.cfg.outlier_z
     return outlier & ((lo >= threshold) if floor is None else (lo > floor))
 
 
@@ -64,7 +83,13 @@ def worker_fault(ctx: Context, scores: dict[tuple[int, int], float] | None = Non
     # whose compute follows their sequences would hide a slow one among them.
     own = ctx.own_durations
     busy = per_worker_sum(own, g.node_stage, busy_nodes, g.pp_size)              # [D, P, T]
-    ratio = busy / np.maximum(peer_reference(busy), 1e-12)
+    # A slow group is slow_group's (capacity.py), and no norm for the others: a member among
+    # a worker's peers lifts its reference (its stage's healthy workers read ×0.5), and the
+    # members' and those peers' ratios widen the outlier test's spread, so a rank ×1.25 on
+    # a stage of a pp 3 job holding no member stood 1.3 deviations out, and was not named
+    members = group_members(ctx, busy)
+    reference = peer_reference(busy, members)
+    ratio = busy / np.maximum(reference, 1e-12)
     mean = ratio.mean(axis=-1)
     lo, hi = mean_interval(ratio, cfg)
     # With five workers or more the outlier test decides, among workers surely slower than
@@ -73,12 +98,12 @@ def worker_fault(ctx: Context, scores: dict[tuple[int, int], float] | None = Non
     # gain. worker_min_excess is the margin where no such test is possible: with 2-4 workers
     # a rank slowed by its host's load would otherwise be named (a x1.15 worker among 32,
     # costing its job x1.04-1.11, was missed under it).
-    named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0)
-    named &= ~group_members(ctx, busy)        # a slow group is slow_group's (capacity.py)
+    named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0, norm=~members)
+    named &= ~members
     if ctx.arrivals is not None:
         # a worker that reaches the collectives ahead of its peers by more than its extra
         # compute is not what the job waits for (its host started it early: it waits there)
-        extra = (busy - peer_reference(busy)).mean(axis=-1)
+        extra = (busy - reference).mean(axis=-1)
         named &= ctx.arrivals.lateness + extra > 0
     workers = _worst_first(named, mean)
     if not workers:
@@ -105,7 +130,7 @@ def worker_fault(ctx: Context, scores: dict[tuple[int, int], float] | None = Non
         evidence += f"; only in steps {fmt_steps(steps)}"
     return [Candidate("worker_fault", ctx.where_workers(workers, steps), evidence, cost=cost,
                       strata=ctx.step_mask(steps),
-                      established=mean.size >= 5)]   # _stands_out applied the outlier test
+                      established=int((~members).sum()) >= 5)]   # _stands_out's outlier test
 
 
 def host_stall(ctx: Context) -> list[Candidate]:
