@@ -231,3 +231,13 @@ def test_a_slow_rank_on_a_stage_holding_no_member_is_a_worker_fault(tmp_path, sh
                  **shape)
     assert _named(tmp_path, job) == {("slow_group", 6), ("slow_group", 7), ("slow_group", 11),
                                      ("worker_fault", 2)}
+
+
+def test_two_members_below_a_slower_rank_of_their_stage_are_one_group_there():
+    # stage 1 of eight: workers 2 and 7 ×1.36 (the group) and 4 ×1.96, slowed unlike them:
+    # the widest gap lies above the pair, and each read as a lone slow worker, of which only
+    # one per stage could join stage 0's member (diagnosis_slow_group_stages seed 3 job 3)
+    found = _groups(_busy({(4, 0): 1.37, (2, 1): 1.36, (7, 1): 1.36, (4, 1): 1.96}, d=8),
+                    DiagnosisConfig())
+    assert {p: list(np.flatnonzero(slow)) for p, (slow, _) in found.items()} == {
+        0: [4], 1: [2, 7]}
