@@ -10,6 +10,7 @@ from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
 from stragglers.whatif.config import STRAGGLING_SLOWDOWN, DiagnosisConfig
 from stragglers.whatif.result import Finding, Where, WorkerRef
+from test_worker_fault_few_workers import _scaled
 
 
 def causes(result):
@@ -215,14 +216,22 @@ def test_straggling_threshold_is_defined_once():
 # --- thresholds swept on synthetic jobs: each decides what its documentation says ----------
 
 def test_sweep_worker_min_excess():
-    # the margin of jobs with fewer than five workers, where no outlier test is possible
-    trace = generate(dp=2, pp=2, microbatches=8, steps=6, seed=9, slow_worker=(1, 0, 1.4))
+    # the margin of jobs with fewer than five workers, where no outlier test is possible, for
+    # a worker not behind its peers in every step (one that is meets the outlier test with
+    # the spread at its floor instead): ×1.48 in five steps, ×0.98 in one
+    trace = _scaled(generate(dp=2, pp=2, microbatches=8, steps=6, seed=9), 2,
+                    [1.48, 1.48, 0.98, 1.48, 1.48, 1.48])
     found = {}
-    for excess in (0.05, 0.2, 0.35, 0.5, 1.0):
+    for excess in (0.05, 0.2, 0.25, 0.5, 1.0):
         r = analyze(trace, config=DiagnosisConfig(worker_min_excess=excess))
         found[excess] = "worker_fault" in causes(r)
-    # the worker computes 1.4x as long: named while the threshold is below 0.4, never above
-    assert found == {0.05: True, 0.2: True, 0.35: True, 0.5: False, 1.0: False}
+    # the worker computes 1.4x as long: named while the threshold is below its interval's
+    # lower end (×1.31), never above
+    assert found == {0.05: True, 0.2: True, 0.25: True, 0.5: False, 1.0: False}
+    steady = generate(dp=2, pp=2, microbatches=8, steps=6, seed=9, slow_worker=(1, 0, 1.4))
+    for excess in (0.05, 1.0):
+        assert "worker_fault" in causes(analyze(steady, config=DiagnosisConfig(
+            worker_min_excess=excess)))
     # with five workers or more the outlier test decides: the margin does not apply
     big = generate(dp=8, pp=2, microbatches=8, steps=6, seed=9, slow_worker=(3, 0, 1.4))
     for excess in (0.05, 1.0):

@@ -15,6 +15,9 @@ from stragglers.whatif.confidence import mean_interval, robust_z
 # Leave-one-out medians are exact up to this many DP ranks; beyond, one worker barely moves
 # the median of all, which is much cheaper.
 _EXACT_PEERS = 8
+# With 2-4 workers, a worker behind its peers in every one of this many steps or more is
+# steadily slow: a one-sided sign test, (1/2)^5 = 1/32 by chance.
+_STEADY_STEPS = 5
 
 
 def peer_reference(values: np.ndarray, apart: np.ndarray | None = None) -> np.ndarray:
@@ -99,6 +102,17 @@ def worker_fault(ctx: Context, scores: dict[tuple[int, int], float] | None = Non
     # a rank slowed by its host's load would otherwise be named (a x1.15 worker among 32,
     # costing its job x1.04-1.11, was missed under it).
     named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0, norm=~members)
+    if (~members).sum() < 5 and ratio.shape[-1] >= _STEADY_STEPS and (
+            ctx.seq_pattern is None or ctx.seq_balanced is not None):
+        # ... or, behind its peers in every step (a sign test: 1 in 32 by chance over five
+        # steps), the outlier test with the spread at its floor, the spread that 2-4 workers
+        # cannot measure. A slow device slows every step alike, while the CPU that ranks of a
+        # clean run share slows each step's ranks at random: none of 44 ranks of 11 clean
+        # runs on one CPU was behind in every step, though one averaged x1.19 (7 of 9 steps).
+        # Not where the sequences' pattern is there without Σs²: a DP rank that drew the
+        # heavier sequences can be behind in every step (x1.24 in 8 of 8, dp 2 x pp 2)
+        steady = (ratio > 1).all(axis=-1) & (lo > 1)
+        named |= steady & (mean - 1 >= cfg.outlier_z * cfg.outlier_scale_floor)
     named &= ~members
     if ctx.arrivals is not None:
         # a worker that reaches the collectives ahead of its peers by more than its extra
