@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stragglers.errors import InputError
@@ -186,3 +187,53 @@ def test_ddp_work_after_the_last_gradient_all_reduce_stays_optimizer():
         last_ar = starts[names[sel] == "grads-all-reduce"].max() - 1e-5
         assert not (starts[names[sel] == "backward-compute"] >= last_ar).any()
         assert (starts[names[sel] == "optimizer"] >= last_ar).all()
+
+
+def _no_step_spans(iterations: int) -> list[dict]:
+    """A training loop profiled without schedule/prof.step() (TraceLens' MI300 DDP resnet18,
+    HTA's with_gpu_user_annotation): no ProfilerStep#N, one Optimizer.step# per iteration."""
+    ev: list[dict] = []
+    for i in range(iterations):
+        t = T0 + i * 1000.0 + (500.0 if i >= 2 else 0.0)   # the third waits 500 µs for data
+        ev += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1,
+                "ts": t + 10, "dur": 20.0},
+               {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                "ts": t + 12, "dur": 5.0, "args": {"correlation": 10 + i}},
+               {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": t + 40,
+                "dur": 400.0, "args": {"correlation": 10 + i}},
+               {"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#SGD.step", "pid": 1,
+                "tid": 1, "ts": t + 500, "dur": 100.0},
+               {"ph": "X", "cat": "gpu_user_annotation", "name": "Optimizer.step#SGD.step",
+                "pid": 0, "tid": 7, "ts": t + 510, "dur": 10.0}]
+    return ev
+
+
+def test_without_profiler_steps_the_optimizer_steps_end_the_steps(tmp_path):
+    t = read_kineto(_write(tmp_path / "train.json", _no_step_spans(4),
+                           distributedInfo={"rank": 0, "world_size": 1}))
+    assert list(t.ops["step"]) == [1, 2, 3, 4]           # one kernel each, in its own step
+    assert list(t.ops["duration"] * 1e6) == pytest.approx([400.0] * 4)
+    assert list(np.diff(t.ops["start_ts"]) * 1e6) == pytest.approx([1000.0, 1500.0, 1000.0])
+    assert any("Optimizer.step#" in n.message for n in t.notes)
+    assert analyze(t).steps_analysed == [1, 2, 3, 4]
+    one = _write(tmp_path / "one.json", _no_step_spans(1),
+                 distributedInfo={"rank": 0, "world_size": 1})
+    with pytest.raises(InputError, match="ProfilerStep"):
+        read_kineto(one)
+
+
+def test_times_beyond_any_calendar_are_one_line_errors(tmp_path):
+    # HTA's large_integer_trace carries 2^64-sized ids; times that large (a float
+    # baseTimeNanoseconds of 2.5e20, ts in the year 30,000) raised OverflowError/ValueError
+    # from the date in the "two jobs" message
+    big_base = _write(tmp_path / "rank-0.json", _steps(3), baseTimeNanoseconds=2.534023008e20,
+                      distributedInfo={"rank": 0, "world_size": 1})
+    with pytest.raises(InputError) as err:
+        read_kineto(big_base)
+    assert err.value.field == "baseTimeNanoseconds"
+    a = _write(tmp_path / "a_rank-0.json", _steps(3), distributedInfo={"rank": 0, "world_size": 2})
+    late = [{**e, "ts": e["ts"] + 1e18} for e in _steps(3)]
+    b = _write(tmp_path / "b_rank-1.json", late, distributedInfo={"rank": 1, "world_size": 2})
+    with pytest.raises(InputError, match="two jobs") as err:
+        read_kineto([a, b])
+    assert "\n" not in str(err.value)

@@ -142,6 +142,7 @@ class RankEvents:
     steps: list[tuple[int, float, float]] = field(default_factory=list)      # (N, ts, dur) CPU
     gpu_steps: list[tuple[int, float, float]] = field(default_factory=list)  # GPU-side spans
     optimizer: list[float] = field(default_factory=list)                     # Optimizer.step# ts
+    optimizer_ends: list[float] = field(default_factory=list)                # … and its end
     loader: list[tuple[float, float]] = field(default_factory=list)  # DataLoader spans (ts, end)
     backward: list[float] = field(default_factory=list)                      # evaluate_function ts
     backward_annotations: list[float] = field(default_factory=list)          # '## backward ##' ts
@@ -398,6 +399,7 @@ class _Collector:
                                     split_rows(a), shapes_of(a)))
         elif code == _OPTIMIZER:
             out.optimizer.append(ts)
+            out.optimizer_ends.append(ts + dur)
         elif code == _LOADER:
             out.loader.append((ts, ts + dur))
         elif code == _BACKWARD_MARK:
@@ -671,9 +673,10 @@ def _finish(path: Path, out: RankEvents, doc: TopLevel) -> RankEvents:
     base = 0 if doc.base_ns is None else doc.base_ns
     if isinstance(base, float) and base.is_integer():
         base = int(base)
-    if not isinstance(base, int) or isinstance(base, bool) or base < 0:
-        raise InputError(path, "baseTimeNanoseconds", f"expected whole nanoseconds >= 0, got "
-                         f"{_short(base)}")
+    # int64 nanoseconds since the epoch, as Kineto writes them (to the year 2262)
+    if not isinstance(base, int) or isinstance(base, bool) or not 0 <= base < 2**63:
+        raise InputError(path, "baseTimeNanoseconds", f"expected whole nanoseconds since the "
+                         f"epoch (>= 0, below 2^63), got {_short(base)}")
     out.base_ns = base
     host = doc.host_name
     out.host = host if isinstance(host, str) and host else None

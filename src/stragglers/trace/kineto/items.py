@@ -130,6 +130,10 @@ def _column(values, dtype) -> np.ndarray:
 def rank_parts(ev: RankEvents) -> RankParts:
     """The compute items and collectives of one rank: GPU kernels when the trace has them,
     else top-level CPU ops."""
+    counts = ReadCounts()
+    if not ev.steps and not ev.gpu_steps:
+        ev.steps = _steps_from_optimizer(ev)
+        counts.steps_from_optimizer = len(ev.steps)
     if not ev.steps and not ev.gpu_steps:
         raise InputError(ev.source, "traceEvents", "no ProfilerStep#N annotations, so steps "
                          "cannot be told apart; profile with torch.profiler.profile(schedule=...) "
@@ -138,7 +142,6 @@ def rank_parts(ev: RankEvents) -> RankParts:
     if big:
         raise InputError(ev.source, "traceEvents", f"ProfilerStep#{big[0]}: step number too large")
     steps = _Steps(ev.steps or ev.gpu_steps, ev)
-    counts = ReadCounts()
     top = _TopLevel(ev, steps)
     by_ops = BACKWARD_OP in ev.cpu_flag
     if not by_ops:
@@ -168,6 +171,23 @@ def rank_parts(ev: RankEvents) -> RankParts:
         ev.record_shapes, ev.pg_ranks, mode, steps.ids,
         list(zip(steps.starts, steps.ends)), arr[:, 0].copy(), arr[:, 1].copy(),
         arr[:, 2].copy(), arr[:, 3].astype(np.int64), arr[:, 4].astype(np.int8), colls, counts)
+
+
+def _steps_from_optimizer(ev: RankEvents) -> list[tuple[int, float, float]]:
+    """Without ProfilerStep#N (a profiler without schedule or prof.step()): a training step
+    ends where its Optimizer.step# does, so step k runs from the end of optimizer step k-1
+    (the first from the first CPU op or launch) to the end of step k, numbered 1, 2, … in
+    the window. None without at least two optimizer steps."""
+    ends = sorted(ev.optimizer_ends)
+    if len(ends) < 2:
+        return []
+    firsts = [float(np.min(_column(c, np.float64))) for c in (ev.cpu_ts, ev.runtime_ts) if len(c)]
+    start = min(firsts + [min(ev.optimizer)])
+    out = []
+    for k, end in enumerate(ends):
+        out.append((k + 1, start, end - start))
+        start = end
+    return out
 
 
 def _step_tail_phases(arr: np.ndarray, colls: list[Coll], counts: ReadCounts) -> np.ndarray:

@@ -134,8 +134,11 @@ def _start_s(p: RankParts) -> float:
 def _day(p: RankParts) -> str:
     import datetime
 
-    return datetime.datetime.fromtimestamp(_start_s(p), datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M UTC")
+    try:
+        return datetime.datetime.fromtimestamp(_start_s(p), datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M UTC")
+    except (OverflowError, OSError, ValueError):   # beyond the year 9999: no calendar date
+        return f"{_start_s(p):.4g} s after 1970"
 
 
 def _duration(seconds: float) -> str:

@@ -174,6 +174,11 @@ def _other_notes(per_rank, total: ReadCounts) -> list:
     if total.nccl_without_device_rows:
         out.append(("other", "an NCCL job traced without GPU rows: CPU-side collective spans "
                              "measure the launch, not the transfer"))
+    if total.steps_from_optimizer:
+        out.append(("other", "no ProfilerStep#N annotations (profiled without schedule or "
+                             "prof.step()): a step ends with its Optimizer.step#, so steps are "
+                             "numbered 1, 2, … from the window's start on every rank, and ranks "
+                             "are matched by that order"))
     if total.host_collectives_on_device:
         out.append(("other", f"{total.host_collectives_on_device} rank(s) have device rows but "
                              "no collective kernel (MTIA's hccl, gloo): their collectives are "

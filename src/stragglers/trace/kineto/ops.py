@@ -110,6 +110,7 @@ class ReadCounts:
     unpaired_annotations: int = 0            # collective annotations without their issuing op
     nccl_without_device_rows: int = 0        # NCCL collectives traced without GPU rows
     host_collectives_on_device: int = 0      # device rows, collectives only on the host (hccl)
+    steps_from_optimizer: int = 0            # steps read from Optimizer.step# (no ProfilerStep)
     no_backward_marker: int = 0              # ranks without autograd ops or a backward annotation
     backward_from_annotation: int = 0        # ranks whose backward starts at an annotation
     runs_clipped: int = 0                    # compute runs cut where the next one starts
