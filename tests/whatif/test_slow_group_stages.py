@@ -233,6 +233,20 @@ def test_a_slow_rank_on_a_stage_holding_no_member_is_a_worker_fault(tmp_path, sh
                                      ("worker_fault", 2)}
 
 
+@pytest.mark.slow
+def test_a_stage_held_whole_by_the_group_reads_as_a_heavy_stage_or_slow_devices(tmp_path):
+    # the group holds two of stage 0 and all of stage 1: no fast worker of stage 1 tells its
+    # devices' speed from its work, so a trace shows a heavy stage; the finding says both
+    job = GpuJob(ranks=16, pp_size=2, steps=6, seed=1, microbatches=3, ranks_per_host=16,
+                 slow_group=((0, 1, *range(8, 16)), 1.6))
+    write_gpu_job(job, tmp_path)
+    found = {f.cause: f for f in analyze(load_trace(tmp_path)).diagnosis}
+    assert {int(w.rank) for w in found["slow_group"].where.workers} == {0, 1}
+    heavy = found["stage_imbalance"]
+    assert heavy.where.pp == [1]
+    assert "devices are slow, as the slow group found on stage 0 is (1.5" in heavy.evidence
+
+
 def test_two_members_below_a_slower_rank_of_their_stage_are_one_group_there():
     # stage 1 of eight: workers 2 and 7 ×1.36 (the group) and 4 ×1.96, slowed unlike them:
     # the widest gap lies above the pair, and each read as a lone slow worker, of which only
@@ -241,3 +255,16 @@ def test_two_members_below_a_slower_rank_of_their_stage_are_one_group_there():
                     DiagnosisConfig())
     assert {p: list(np.flatnonzero(slow)) for p, (slow, _) in found.items()} == {
         0: [4], 1: [2, 7]}
+
+
+@pytest.mark.slow
+def test_a_stage_held_whole_beside_one_member_elsewhere_names_that_worker_as_alike(tmp_path):
+    # a slow node holding all of stage 1 and rank 3 of stage 0: no group to compare with (one
+    # member beside the heavy stage), so the evidence names the worker slowed alike
+    job = GpuJob(ranks=8, pp_size=2, steps=6, seed=1, microbatches=3, ranks_per_host=8,
+                 slow_group=((3, 4, 5, 6, 7), 1.8))
+    write_gpu_job(job, tmp_path)
+    found = {f.cause: f for f in analyze(load_trace(tmp_path)).diagnosis}
+    assert found["stage_imbalance"].where.pp == [1]
+    assert "as slow as a worker of another stage against its peers ((dp 3, pp 0, rank 3) 1.7" \
+        in found["stage_imbalance"].evidence

@@ -37,7 +37,10 @@ FIXES = {
     "host_stall": "find the host-side work on that worker before or between its ops (data "
                   "loading: more DataLoader workers, pinned memory, prefetch; logging, "
                   "checkpointing) and move it off the critical path",
-    "stage_imbalance": "rebalance layers across stages (stragglers.mitigate.suggest_stage_split)",
+    "stage_imbalance": "rebalance layers across stages (stragglers.mitigate.suggest_stage_split); "
+                       "where the heavy stage's layers are no heavier than the others', its "
+                       "devices are slow (a trace shows both alike): replace them or move the "
+                       "stage onto others",
     "sequence_imbalance": "balance Σs² across DP ranks and microbatches "
                           "(stragglers.mitigate.balance_sequences)",
     "expert_imbalance": "balance the routing: an auxiliary load-balancing loss or a higher "

@@ -73,6 +73,17 @@ def group_members(ctx: Context, busy: np.ndarray) -> np.ndarray:
     return out
 
 
+def group_factors(ctx: Context) -> dict[int, float]:
+    """{stage: the slow group's median time there over the stage's fast group} (empty: none)."""
+    g = ctx.w.grid
+    if not _enough(len(g.dp_ranks), g.pp_size):
+        return {}
+    busy = per_worker_sum(ctx.own_durations, g.node_stage, np.isin(g.node_optype, BUSY),
+                          g.pp_size)
+    return {p: float(np.median(ratio[slow]))
+            for p, (slow, ratio) in _groups(busy, ctx.cfg, _measured(ctx)).items()}
+
+
 def _enough(workers: int, stages: int) -> bool:
     """Whether a slow group can be told: three workers a stage, or two over several stages
     (each stage's slower worker, alike over the stages: a slow node holding one worker of

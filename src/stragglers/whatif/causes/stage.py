@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from stragglers.whatif.causes.base import Candidate, Context, per_worker_sum
+from stragglers.whatif.causes.base import BUSY, Candidate, Context, per_worker_sum
+from stragglers.whatif.causes.capacity import group_factors
 from stragglers.whatif.confidence import mean_interval
 from stragglers.whatif.grid import BWD, BWW, FWD
 from stragglers.whatif.result import Where
@@ -47,10 +48,59 @@ def stage_imbalance(ctx: Context) -> list[Candidate]:
     if len(g.dp_ranks) == 1:
         evidence += ("; with one DP rank a slow worker and a heavy stage look the same: check "
                      f"the worker of stage {hot} too")
+    else:
+        evidence += _slow_devices_too(ctx, hot, cs.mean(axis=1))
     # With one DP rank the heavy stage is one worker: name it (rank, host) too.
     where = ctx.where_workers([(0, p) for p in heavy]) if len(g.dp_ranks) == 1 else \
         Where(pp=[int(p) for p in heavy])
     return [Candidate("stage_imbalance", where, evidence, cost=cost, upper_bound=True)]
+
+
+def _slow_devices_too(ctx: Context, hot: int, typical: np.ndarray) -> str:
+    """The other reading of a heavy stage, in words: its workers all as slow as one another.
+
+    A trace cannot tell them apart: every op of a stage holding more layers and of a stage on
+    devices slower alike lasts longer by the same factor, and no worker of the stage is fast
+    to compare with (a slow group holding every worker of a stage reads as a heavy stage).
+    Where a slow group stands on other stages, its factor says how slow such devices are.
+    """
+    others = np.delete(typical, hot)
+    ratio = float(typical[hot] / max(float(np.median(others)), 1e-12)) if len(others) else 1.0
+    text = (f"; the same trace comes from a stage of devices slower alike (stage {hot} computes "
+            f"{ratio:.2f}× the other stages' median and has no fast worker to compare with): "
+            "where its layers are no heavier than the others', its devices are slow")
+    factors = group_factors(ctx)
+    if factors:
+        stages = ", ".join(str(p) for p in sorted(factors))
+        shown = ", ".join(f"{factors[p]:.2f}×" for p in sorted(factors))
+        text += (f", as the slow group found on stage{'s' if len(factors) > 1 else ''} {stages} "
+                 f"is ({shown} its stage's fast workers)")
+    elif ratio > 1:
+        # no group: a lone worker of another stage slowed alike may be the rest of it (a slow
+        # node holding all of this stage and one worker of another reads as a heavy stage
+        # and a worker fault)
+        alike = _slowed_alike(ctx, hot, ratio)
+        if alike:
+            shown = ", ".join(f"{ctx.name(d, p)} {v:.2f}×" for d, p, v in alike[:4])
+            text += (f", as slow as {'a worker' if len(alike) == 1 else 'workers'} of another "
+                     f"stage against {'its' if len(alike) == 1 else 'their'} peers ({shown})")
+    return text
+
+
+def _slowed_alike(ctx: Context, hot: int, ratio: float) -> list[tuple[int, int, float]]:
+    """(dp index, stage, level) of the workers of other stages whose typical busy compute over
+    their stage's median worker (median over steps) lies within half of `ratio`'s log of it."""
+    g = ctx.w.grid
+    if len(g.dp_ranks) < 2:
+        return []
+    busy = per_worker_sum(ctx.own_durations, g.node_stage, np.isin(g.node_optype, BUSY),
+                          g.pp_size)                                          # [D, P, T]
+    level = np.median(busy / np.maximum(np.median(busy, axis=0, keepdims=True), 1e-12),
+                      axis=2)                                                 # [D, P]
+    near = np.abs(np.log(np.maximum(level, 1e-12)) - np.log(ratio)) <= np.log(ratio) / 2
+    near[:, hot] = False
+    return sorted(((int(d), int(p), float(level[d, p])) for d, p in zip(*np.nonzero(near))),
+                  key=lambda x: -x[2])
 
 
 def rebalanced_costs(ctx: Context, typical: np.ndarray) -> np.ndarray:
