@@ -221,8 +221,8 @@ def test_no_silence_is_decided_over_a_part_another_instance_holds(postgres_url, 
     from stragglers.monitor.service import Monitor, PartIn
     from stragglers.monitor.settings import MonitorConfig
     from stragglers.trace.runformat import table_bytes
-    stall = 600.0
-    cfg = MonitorConfig(window_steps=5, stall_after_s=stall, tick_s=0.05, lease_s=2.0,
+    stall = 600.0   # (lease_s: a mark not written for that long is left out; under load)
+    cfg = MonitorConfig(window_steps=5, stall_after_s=stall, tick_s=0.05, lease_s=30.0,
                         analysis_process=False, change_detector=False)
     trace = slow_job(steps=10)
     by = {(r, p): cols for r, p, cols in parts_of(trace, 5)}
@@ -360,6 +360,38 @@ def test_a_job_set_aside_by_its_holder_comes_back_when_another_instance_takes_go
         assert owner.leases.holds("j") and "j" not in owner.quarantined
         assert [w.error for w in owner.store.windows("j")] == [None, None]
     finally:
+        for m in (owner, other):
+            if m is not None:
+                m.stop()
+                m.store.close()
+
+
+def test_an_instance_whose_mark_stops_holds_no_silence_past_a_lease(postgres_url, tmp_path):
+    # another instance's tick stuck (its mark no longer written, its heartbeat going on):
+    # the holder waited for its mark to pass every deadline, and no job stalled any more
+    from monitor_jobs import slow_job
+    from stragglers.monitor.service import Monitor, PartIn
+    from stragglers.monitor.settings import MonitorConfig
+    from stragglers.trace.runformat import rank_file_name, write_rank
+    cfg = MonitorConfig(window_steps=5, stall_after_s=0.5, tick_s=0.05, lease_s=1.0,
+                        analysis_process=False, change_detector=False)
+    trace = slow_job(steps=5)
+    run = tmp_path / "runs" / "j"
+    for rank in range(trace.meta.world_size):
+        write_rank(run, rank, {k: v[trace.ops["rank"] == rank] for k, v in trace.ops.items()},
+                   part=0)
+    stuck = threading.Event()
+    owner = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="A").start()
+    other = None
+    try:
+        owner.register_job("j", run, "files", trace.meta.to_dict())
+        other = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="B").start()
+        other.store.set_ingest_mark = lambda *a, **k: stuck.wait(120)   # its tick stuck
+        for rank in range(trace.meta.world_size):
+            owner.submit(PartIn("j", rank, 0, "files", path=run / rank_file_name(rank, 0)))
+        eventually(lambda: owner.store.job("j").state == "stalled", what="the stall")
+    finally:
+        stuck.set()
         for m in (owner, other):
             if m is not None:
                 m.stop()

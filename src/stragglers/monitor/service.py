@@ -1571,7 +1571,11 @@ class Monitor:
             self._tick_mark = self._settled
         # the other instances' marks before their parts: a part they stored after this read
         # is followed below, one stored before the mark they wrote is in the store already
-        self._marks = self.store.ingest_marks(self.instance) if self.store.shared else []
+        # A mark not written for lease_s is left out: its instance's tick is stuck (a long
+        # rebuild, a lock), and waiting for it held every silence of every job here for good
+        fresh = time.time() - self.config.lease_s
+        self._marks = [m for m in self.store.ingest_marks(self.instance) if m.as_of >= fresh] \
+            if self.store.shared else []
         windows = self._follow_store(now)
         now_stalled: list[str] = []
         with self._lock:
