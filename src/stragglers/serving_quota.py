@@ -143,6 +143,7 @@ class RateLimited(LimitExceeded):
     def __init__(self, what: str, retry_after_s: float):
         super().__init__(what)
         self.retry_after_s = retry_after_s
+        self.park_s: float | None = None   # Backpressure: how long to wait before answering
 
 
 class _Bucket:
@@ -309,15 +310,17 @@ class Backpressure(InProgress):
 
     def __init__(self, name: str, free: int, rate: float, burst: float, max_wait_s: float,
                  clock=time.monotonic, shared_rate: float | None = None,
-                 contended=lambda: True, recent_s: float = 1.0):
+                 contended=lambda: True, recent_s: float = 1.0,
+                 shared_max_wait_s: float | None = None, max_waiting: int = 1 << 30):
         super().__init__()
         self.name, self.free, self.max_wait_s, self.clock = name, free, max_wait_s, clock
         self.interval = 1.0 / rate
         self.tolerance = burst * self.interval
         self.shared_interval = 1.0 / shared_rate if shared_rate else None
         self.contended, self.recent_s = contended, recent_s
+        self.shared_max_wait_s = shared_max_wait_s or max_wait_s
+        self.max_waiting = max_waiting
         self._due: dict[object, float] = {}   # per key: its theoretical next turn (GCRA)
-        self._shared_due: dict[object, float] = {}   # the same at shared_rate
         self._left: OrderedDict[object, float] = OrderedDict()   # keys gone idle, when
 
     def leave(self, key: object) -> None:
@@ -346,20 +349,36 @@ class Backpressure(InProgress):
         if n >= self.free:
             now = self.clock()
             dues, interval, tolerance = self._due, self.interval, self.tolerance
+            longest = self.max_wait_s
             if (self.shared_interval is not None and self._others_active(key, now)
                     and self.contended()):
-                # turns of their own (contention ending leaves the key's own pace as it was),
-                # never faster than the key's own pace
-                dues, interval = self._shared_due, max(self.interval, self.shared_interval)
+                # on the key's one timeline (turns of their own were new turns each time
+                # contention came and went), never faster than the key's own pace; waited for
+                # longer (a refusal is an answer too, as dear to a flooding client as a
+                # lease), up to max_waiting at once
+                interval = max(self.interval, self.shared_interval)
                 tolerance = min(self.tolerance, interval)
+                longest = self.shared_max_wait_s
+                if n >= self.max_waiting:
+                    raise _refused(f"this {self.name} has {n} requests waiting their turns,"
+                                   " its limit; retry later", 2 * longest, longest)
             due = max(dues.get(key, now), now)
             wait = max(0.0, due - tolerance - now)
-            if wait > self.max_wait_s:
-                raise RateLimited(f"this {self.name} has {n} requests in progress and asks"
-                                  f" faster than {1 / interval:g} a second; retry later", wait)
+            if wait > longest:
+                raise _refused(f"this {self.name} has {n} requests in progress and asks"
+                               f" faster than {1 / interval:g} a second; retry later", wait,
+                               longest)
             if len(dues) >= 65536:   # forget the keys whose turns are past
                 for past in [k for k, d in dues.items() if d <= now]:
                     del dues[past]
             dues[key] = due + interval
         self.requests[key] = n + 1
         return wait
+
+
+def _refused(what: str, retry_after_s: float, park_s: float) -> RateLimited:
+    """A turn refused, to be answered after `park_s` (the longest wait that applied: a refusal
+    answered sooner is one more answer a flooding client spins on)."""
+    refused = RateLimited(what, retry_after_s)
+    refused.park_s = park_s
+    return refused

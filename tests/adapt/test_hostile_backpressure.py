@@ -235,21 +235,30 @@ def test_under_contention_a_key_past_its_free_requests_yields_to_the_others():
                      shared_rate=10, contended=lambda: busy[0], recent_s=1.0)
     assert [p.turn("a") for _ in range(20)] == [0] * 20     # alone: its own pace, the burst
     assert p.turn("b") == 0                                  # another key active
-    waits = [p.turn("a") for _ in range(5)]
-    assert waits == pytest.approx([0, 0, 0.1, 0.2, 0.3])     # 10 a second, no burst
+    waits = [p.turn("a") for _ in range(5)]                  # 10 a second, no burst
+    assert waits[0] == 0 and [round(y - x, 6) for x, y in zip(waits[1:], waits[2:])] == [0.1] * 3
     with pytest.raises(RateLimited) as refused:
         p.turn("a")
     assert "10 a second" in str(refused.value)
-    assert p.turn("b") == 0 or p.requests["b"] <= 1           # "b" never waits for "a"
-    busy[0] = False                                           # CPUs to spare: its own pace
+    busy[0] = False                                          # CPUs to spare: its own pace
+    clock.now += 1.0                                         # (the shared turns taken, past)
     assert [p.turn("a") for _ in range(5)] == [0] * 5
     busy[0] = True
-    while p.requests.get("b"):
-        p.leave("b")
-    with pytest.raises(RateLimited):
-        p.turn("a")                                           # "b" answered lately: still
-    clock.now += 1.5                                          # "b" idle past recent_s
+    p.leave("b")                                             # "b" answered just now
+    p.turn("a")
+    assert p.turn("a") > 0                                   # the shared pace again
+    clock.now += 1.5                                         # "b" idle past recent_s
     assert [p.turn("a") for _ in range(5)] == [0] * 5
+    # under contention a turn is waited for longer (a 429 is an answer too), by at most
+    # max_waiting requests of a key at once
+    waits = Backpressure("token", free=1, rate=1000, burst=1, max_wait_s=0.05, clock=clock,
+                         shared_rate=10, shared_max_wait_s=10, max_waiting=6)
+    waits.turn("b")
+    assert [waits.turn("a") for _ in range(6)] == pytest.approx([0, 0, 0.1, 0.2, 0.3, 0.4],
+                                                                abs=0.002)   # (own burst 1)
+    with pytest.raises(RateLimited, match="waiting their turns") as refused:
+        waits.turn("a")
+    assert refused.value.park_s == 10   # answered after the longest wait that applied
     # never faster than the key's own pace
     slow = Backpressure("token", free=1, rate=1, burst=1, max_wait_s=10, clock=clock,
                         shared_rate=100, contended=lambda: True)
@@ -285,7 +294,8 @@ def test_a_flooding_token_yields_to_another_active_token_over_http(tmp_path):
     # other job (a request in progress all along) is served; before, its own pace (2,000 a
     # second, a burst of 4,000) answered it at once
     cfg = ServiceConfig(free_requests_per_token=2, contended_requests_per_token_s=0.01,
-                        cpu_contended_share=0.0, max_turn_wait_s=0.5)
+                        cpu_contended_share=0.0, max_turn_wait_s=0.2,
+                        contended_max_turn_wait_s=0.5)
     srv = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as c:
@@ -302,9 +312,11 @@ def test_a_flooding_token_yields_to_another_active_token_over_http(tmp_path):
                 codes = [c.post("/datasets/d/join", headers=h, json={"worker": f"w{i}"})
                          .status_code for i in range(1)]
                 assert codes == [200], codes   # past its free ones: the shared pace's first
+                t0 = time.monotonic()
                 refused = c.post("/datasets/d/join", headers=h, json={"worker": "late"})
                 assert refused.status_code == 429, refused.text
                 assert int(refused.headers["retry-after"]) >= 50
+                assert time.monotonic() - t0 >= 0.5   # after the contended longest wait
                 h2 = {"Authorization": f"Bearer {OTHER}"}
                 for i in range(5):
                     assert c.post("/datasets/e/join", headers=h2,

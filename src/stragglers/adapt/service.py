@@ -209,6 +209,15 @@ class ServiceConfig(Config):
                                                     " clients sleep, giving the CPU back to jobs"
                                                     " asking a few at a time; 0: never",
                                                     minimum=0.0, maximum=1e7)
+    # (under ShardClient's 10 s per try: a turn waited for longer is a timeout and a retry)
+    contended_max_turn_wait_s: float = setting(8.0, "longest wait for a turn at"
+                                               " contended_requests_per_token_s (past it: 429,"
+                                               " answered after that wait: a refusal is an"
+                                               " answer its client spends CPU on as on a"
+                                               " lease)", minimum=0.1, maximum=600.0)
+    max_waiting_per_token: int = setting(1024, "requests of one token waiting their turns at"
+                                         " contended_requests_per_token_s (past it: 429 after"
+                                         " max_turn_wait_s)", minimum=1, maximum=1 << 20)
     cpu_contended_share: float = setting(0.25, "share of the time the event loop wanted a CPU"
                                          " that it waited for one, from which the machine has"
                                          " no CPU to spare (Linux schedstat; where unknown:"
@@ -982,7 +991,9 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                             config.requests_per_token_s, config.request_burst_per_token,
                             config.max_turn_wait_s,
                             shared_rate=config.contended_requests_per_token_s or None,
-                            contended=CpuContention(config.cpu_contended_share))
+                            contended=CpuContention(config.cpu_contended_share),
+                            shared_max_wait_s=config.contended_max_turn_wait_s,
+                            max_waiting=config.max_waiting_per_token)
     return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)}, pressure)
 
 
@@ -1010,8 +1021,9 @@ class _FastPath:
         except MintRefused as exc:
             # answered after the longest wait, not at once (a refusal at once is a loop that
             # spins), its connection closable meanwhile
-            if await park(scope, self.pressure.max_wait_s):
-                refused = RateLimited(exc.what, exc.retry_after_s - self.pressure.max_wait_s)
+            park_s = exc.park_s or self.pressure.max_wait_s
+            if await park(scope, park_s):
+                refused = RateLimited(exc.what, exc.retry_after_s - park_s)
                 await _error(refused)(scope, receive, send)
             return
         try:
