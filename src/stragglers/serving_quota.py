@@ -311,7 +311,8 @@ class Backpressure(InProgress):
     def __init__(self, name: str, free: int, rate: float, burst: float, max_wait_s: float,
                  clock=time.monotonic, shared_rate: float | None = None,
                  contended=lambda: True, recent_s: float = 1.0,
-                 shared_max_wait_s: float | None = None, max_waiting: int = 1 << 30):
+                 shared_max_wait_s: float | None = None, max_waiting: int = 1 << 30,
+                 shared_refusal_wait_s: float | None = None):
         super().__init__()
         self.name, self.free, self.max_wait_s, self.clock = name, free, max_wait_s, clock
         self.interval = 1.0 / rate
@@ -320,6 +321,7 @@ class Backpressure(InProgress):
         self.contended, self.recent_s = contended, recent_s
         self.shared_max_wait_s = shared_max_wait_s or max_wait_s
         self.max_waiting = max_waiting
+        self.shared_refusal_wait_s = shared_refusal_wait_s or self.shared_max_wait_s
         self._due: dict[object, float] = {}   # per key: its theoretical next turn (GCRA)
         self._left: OrderedDict[object, float] = OrderedDict()   # keys gone idle, when
 
@@ -349,7 +351,7 @@ class Backpressure(InProgress):
         if n >= self.free:
             now = self.clock()
             dues, interval, tolerance = self._due, self.interval, self.tolerance
-            longest = self.max_wait_s
+            longest = park = self.max_wait_s
             if (self.shared_interval is not None and self._others_active(key, now)
                     and self.contended()):
                 # on the key's one timeline (turns of their own were new turns each time
@@ -358,16 +360,19 @@ class Backpressure(InProgress):
                 # lease), up to max_waiting at once
                 interval = max(self.interval, self.shared_interval)
                 tolerance = min(self.tolerance, interval)
-                longest = self.shared_max_wait_s
+                # a refusal reserves no turn: answered after the longest refusal wait (a
+                # client giving up sooner costs nothing), so N connections are refused about
+                # N / that a second, not N / longest
+                longest, park = self.shared_max_wait_s, self.shared_refusal_wait_s
                 if n >= self.max_waiting:
                     raise _refused(f"this {self.name} has {n} requests waiting their turns,"
-                                   " its limit; retry later", 2 * longest, longest)
+                                   " its limit; retry later", park + longest, park)
             due = max(dues.get(key, now), now)
             wait = max(0.0, due - tolerance - now)
             if wait > longest:
                 raise _refused(f"this {self.name} has {n} requests in progress and asks"
-                               f" faster than {1 / interval:g} a second; retry later", wait,
-                               longest)
+                               f" faster than {1 / interval:g} a second; retry later",
+                               max(wait, park), park)
             if len(dues) >= 65536:   # forget the keys whose turns are past
                 for past in [k for k, d in dues.items() if d <= now]:
                     del dues[past]

@@ -72,7 +72,8 @@ def test_a_token_flooding_is_refused_429_after_the_longest_wait_others_are_serve
     # CPUs another job's leases need); now past one request in progress its turns come at
     # requests_per_token_s (here one per 100 s: two in a burst, then 429 with Retry-After).
     cfg = ServiceConfig(free_requests_per_token=1, requests_per_token_s=0.01,
-                        request_burst_per_token=1, max_turn_wait_s=0.5)
+                        request_burst_per_token=1, max_turn_wait_s=0.5,
+                        contended_requests_per_token_s=0)   # (its own pace: no share)
     srv = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as c:
@@ -252,13 +253,14 @@ def test_under_contention_a_key_past_its_free_requests_yields_to_the_others():
     # under contention a turn is waited for longer (a 429 is an answer too), by at most
     # max_waiting requests of a key at once
     waits = Backpressure("token", free=1, rate=1000, burst=1, max_wait_s=0.05, clock=clock,
-                         shared_rate=10, shared_max_wait_s=10, max_waiting=6)
+                         shared_rate=10, shared_max_wait_s=10, max_waiting=6,
+                         shared_refusal_wait_s=30)
     waits.turn("b")
     assert [waits.turn("a") for _ in range(6)] == pytest.approx([0, 0, 0.1, 0.2, 0.3, 0.4],
                                                                 abs=0.002)   # (own burst 1)
     with pytest.raises(RateLimited, match="waiting their turns") as refused:
         waits.turn("a")
-    assert refused.value.park_s == 10   # answered after the longest wait that applied
+    assert refused.value.park_s == 30   # answered after the refusal wait (no turn taken)
     # never faster than the key's own pace
     slow = Backpressure("token", free=1, rate=1, burst=1, max_wait_s=10, clock=clock,
                         shared_rate=100, contended=lambda: True)
@@ -295,7 +297,7 @@ def test_a_flooding_token_yields_to_another_active_token_over_http(tmp_path):
     # second, a burst of 4,000) answered it at once
     cfg = ServiceConfig(free_requests_per_token=2, contended_requests_per_token_s=0.01,
                         cpu_contended_share=0.0, max_turn_wait_s=0.2,
-                        contended_max_turn_wait_s=0.5)
+                        contended_max_turn_wait_s=0.3, contended_refusal_wait_s=0.5)
     srv = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as c:

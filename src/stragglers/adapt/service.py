@@ -215,6 +215,12 @@ class ServiceConfig(Config):
                                                " answered after that wait: a refusal is an"
                                                " answer its client spends CPU on as on a"
                                                " lease)", minimum=0.1, maximum=600.0)
+    contended_refusal_wait_s: float = setting(30.0, "how long a request refused at"
+                                              " contended_requests_per_token_s waits before its"
+                                              " 429 (it reserves no turn: a client giving up"
+                                              " sooner costs nothing, a flooding one is answered"
+                                              " that much less often)", minimum=0.1,
+                                              maximum=600.0)
     max_waiting_per_token: int = setting(1024, "requests of one token waiting their turns at"
                                          " contended_requests_per_token_s (past it: 429 after"
                                          " max_turn_wait_s)", minimum=1, maximum=1 << 20)
@@ -993,7 +999,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                             shared_rate=config.contended_requests_per_token_s or None,
                             contended=CpuContention(config.cpu_contended_share),
                             shared_max_wait_s=config.contended_max_turn_wait_s,
-                            max_waiting=config.max_waiting_per_token)
+                            max_waiting=config.max_waiting_per_token,
+                            shared_refusal_wait_s=config.contended_refusal_wait_s)
     return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)}, pressure)
 
 
