@@ -228,6 +228,15 @@ def _split(times: np.ndarray, cfg) -> list[Part]:
     lone = [_part(times, kept, mean, side, fast, float(x[side].min() - x[fast].max()), cfg)
             for side in alike]
     lone_parts = [f for f in lone if f is not None]
+    if slow.sum() == 1 and not between.any():
+        # one worker above the widest gap, and the rest may split as well: a group below a
+        # slow rank of its stage slowed unlike it (×1.32 beside ×1.87: the gap above the
+        # group was the wider, and the group, the majority of the fast side, stood out of it
+        # by no outlier test, diagnosis_slow_group_stages seed 3)
+        below = _second_split(times, kept, mean, x, fast, cfg)
+        if below is not None:
+            part = _part(times, kept, mean, slow, fast & ~below.slow, float(gaps[k]), cfg)
+            return [below] + ([] if part is None else [part])
     # Slow workers of different speeds that the outlier test finds one by one are faults of
     # their own (worker_fault's to name); a tight group of alike ones is a group, however few.
     tight = float(np.ptp(x[slow])) <= gaps[k] / 2
@@ -240,6 +249,24 @@ def _split(times: np.ndarray, cfg) -> list[Part]:
         return lone_parts
     part = _part(times, kept, mean, slow, fast, float(gaps[k]), cfg)
     return ([] if part is None else [part]) + lone_parts
+
+
+def _second_split(times: np.ndarray, kept: np.ndarray, mean: np.ndarray, x: np.ndarray,
+                  side: np.ndarray, cfg) -> Part | None:
+    """The group within `side` (bool [D], three workers or more) at its own widest gap, by the
+    tests of a stage's split (≥ 5% apart, two or more alike above it, `_part`'s), or None."""
+    if side.sum() < 3:
+        return None
+    idx = np.flatnonzero(side)
+    order = idx[np.argsort(x[idx])]
+    gaps = np.diff(x[order])
+    k = int(np.argmax(gaps))
+    upper = np.zeros(len(x), dtype=bool)
+    upper[order[k + 1:]] = True
+    if (gaps[k] < np.log1p(MIN_GAP) or upper.sum() < 2
+            or np.ptp(x[upper]) > gaps[k] / 2):
+        return None
+    return _part(times, kept, mean, upper, side & ~upper, float(gaps[k]), cfg)
 
 
 def _above(x: np.ndarray, fast: np.ndarray, cfg) -> np.ndarray:
