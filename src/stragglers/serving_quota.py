@@ -302,10 +302,12 @@ class Backpressure(InProgress):
 
     Fair under contention: while another key is active (a request in progress, or one
     answered within `recent_s`) and `contended()` says the machine has no CPU to spare, a key
-    past `free` gets its turns at `shared_rate` instead (no burst): a flooding owner's closed
-    loops then sleep, giving the CPU back to the keys asking a few at a time, which never wait.
-    (At 2,000 a second one owner's 256 local connections, answered as fast as their own CPU
-    let them ask, kept another job's leases waiting for a CPU 3.7 times as long.)
+    past `free` gets its turns at `shared_rate` instead (no burst), waited for up to
+    `shared_max_wait_s`, at most `max_waiting` at once; one further off takes no turn and is
+    refused after `shared_refusal_wait_s`: a flooding owner's closed loops then sleep, giving
+    the CPU back to the keys asking a few at a time, which never wait. (At 2,000 a second one
+    owner's 256 local connections, answered as fast as their own CPU let them ask, kept another
+    job's leases waiting for a CPU 3.7-11 times as long.)
     Used on one event loop (no lock)."""
 
     def __init__(self, name: str, free: int, rate: float, burst: float, max_wait_s: float,
