@@ -451,3 +451,21 @@ def test_a_wall_clock_set_back_does_not_hold_off_the_stall(monitor):
     monitor.tick(back + STALL + 0.01)
     assert monitor.states["j"] == "stalled"
     assert monitor.store.job("j").state == "stalled"
+
+
+def test_a_part_heard_while_a_tick_runs_is_not_moved_back_to_its_clock(monitor):
+    # the tick reads its clock, then follows the store (a slow shared store, a lock wait): a
+    # part heard meanwhile arrived after that reading, and the clock-set-back rule moved it
+    # back to it, so the job stalled early by as long as the tick took to get there
+    feed(monitor, 0, range(4))
+    follow, heard = monitor._follow_store, {}
+
+    def follow_then_hear(now):
+        out = follow(now)
+        feed(monitor, 1, range(4))
+        heard["at"] = monitor.trackers["j"].last_arrival
+        return out
+
+    monitor._follow_store = follow_then_hear
+    monitor.tick()
+    assert monitor.trackers["j"].last_arrival == heard["at"]

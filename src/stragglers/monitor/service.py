@@ -1566,6 +1566,7 @@ class Monitor:
     def tick(self, now: float | None = None) -> None:
         """Close windows whose missing parts were given up on; move jobs between states."""
         now = time.time() if now is None else now
+        began = time.monotonic()
         cfg = self.config
         with self._count_lock:
             self._tick_mark = self._settled
@@ -1573,8 +1574,12 @@ class Monitor:
         # is followed below, one stored before the mark they wrote is in the store already
         # A mark not written for lease_s is left out: its instance's tick is stuck (a long
         # rebuild, a lock), and waiting for it held every silence of every job here for good
-        fresh = time.time() - self.config.lease_s
-        self._marks = [m for m in self.store.ingest_marks(self.instance) if m.as_of >= fresh] \
+        # A mark further than lease_s ahead of this clock is left out too: its instance's clock
+        # runs ahead, and its oldest part in flight (a killed one's, never stored) held every
+        # silence here for as long as that clock was ahead (the clocks must agree: README)
+        wall = time.time()
+        self._marks = [m for m in self.store.ingest_marks(self.instance)
+                       if wall - self.config.lease_s <= m.as_of <= wall + self.config.lease_s] \
             if self.store.shared else []
         windows = self._follow_store(now)
         now_stalled: list[str] = []
@@ -1582,7 +1587,10 @@ class Monitor:
             lagging = self.watchdog.lagging()
             for job, tr in list(self.trackers.items()):
                 if isinstance(tr, JobTracker):
-                    tr.clamp_arrivals(now)   # (a clock set back: silence counts from now)
+                    # (a clock set back: silence counts from now) — from now as it is here:
+                    # a part heard since the clock was read (while the store was followed)
+                    # arrived after that reading, and moving it back stalled its job early
+                    tr.clamp_arrivals(now + (time.monotonic() - began))
                 windows.extend(tr.close_ready(now))
                 quiet = now - (tr.last_arrival or now)
                 state = self.states.get(job, "running")
