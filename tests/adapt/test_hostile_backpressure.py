@@ -328,3 +328,51 @@ def test_a_flooding_token_yields_to_another_active_token_over_http(tmp_path):
                     s.close()
     finally:
         srv.stop()
+
+
+def test_a_big_jobs_workers_are_free_of_the_shared_pace_and_anonymous_probes_are_no_job():
+    # The shared pace held a legitimate big job to it: its 48 workers share one token, so past
+    # 4 requests in progress every one waited (10 steps a second instead of 150; at ~800
+    # workers joins failed), and one anonymous /health probe a second was "another key". A key
+    # may have its allowance in progress free of the shared pace; only counted keys are others.
+    clock = Clock()
+    p = Backpressure("token", free=4, rate=1000, burst=1000, max_wait_s=10, clock=clock,
+                     shared_rate=10, contended=lambda: True, shared_max_wait_s=10,
+                     allowance=lambda key: 96 if key == "big" else 4,
+                     counts=lambda key: isinstance(key, str))
+    assert p.turn("small") == 0                               # another job active
+    assert [p.turn("big") for _ in range(96)] == [0] * 96     # two per worker, none waits
+    assert [p.turn("big") for _ in range(3)][-1] > 0          # past it: the shared pace
+    q = Backpressure("token", free=1, rate=1000, burst=100, max_wait_s=10, clock=clock,
+                     shared_rate=10, contended=lambda: True,
+                     counts=lambda key: isinstance(key, str))
+    q.turn(("client", None))                                  # a /health probe in progress
+    q.leave(("client", None))
+    assert [q.turn("big") for _ in range(20)] == [0] * 20     # its own pace and burst
+    q.turn("small")
+    q.turn("big")
+    assert q.turn("big") > 0                                  # a job beside it: shared
+
+
+def test_a_tokens_allowance_is_two_per_worker_joined_to_its_data_sets(tmp_path):
+    from stragglers.adapt.dataset import DatasetConfig
+    from stragglers.adapt.service import WorkerAllowance
+    from stragglers.adapt.shards import ShardStore
+    store = ShardStore(tmp_path / "s.db")
+    try:
+        mine, theirs = token_digest(OWNER), token_digest(OTHER)
+        for name, owner in (("a", mine), ("b", mine), ("c", theirs)):
+            store.create_dataset(DatasetConfig(name, 640, 10), token_sha256=owner)
+        for name, workers in (("a", 30), ("b", 18), ("c", 3)):
+            for w in range(workers):
+                store.join(name, f"w{w}", token_sha256=mine if name != "c" else theirs)
+        clock = Clock()
+        allowance = WorkerAllowance(store, free=4, clock=clock)
+        assert allowance(mine) == 96 and allowance(theirs) == 6
+        assert allowance(("client", None)) == 4 and allowance(token_digest("nobody")) == 4
+        store.join("a", "w-new", token_sha256=mine)
+        assert allowance(mine) == 96                          # read at most once a second
+        clock.now += 1.5
+        assert allowance(mine) == 98
+    finally:
+        store.close()

@@ -455,6 +455,13 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                           error or (f"released by {worker}" if failure else None))
         return Released(released)
 
+    def workers_of(self, token_sha256: str) -> int:
+        """Workers joined to the data sets this token owns (each name once a data set)."""
+        row = self._read_conn().execute(
+            "SELECT COUNT(*) FROM workers w JOIN datasets d ON d.name = w.dataset"
+            " WHERE d.token_sha256 = ?", (token_sha256,)).fetchone()
+        return int(row[0])
+
     def status(self, name: str) -> Status:
         """Shard counts per epoch and state, plus the report of FAILED shards (after expiry)."""
         self.expire(name)
