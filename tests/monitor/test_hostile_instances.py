@@ -366,66 +366,51 @@ def test_a_job_set_aside_by_its_holder_comes_back_when_another_instance_takes_go
                 m.store.close()
 
 
-def test_an_instance_whose_mark_stops_holds_no_silence_past_a_lease(postgres_url, tmp_path):
-    # another instance's tick stuck (its mark no longer written, its heartbeat going on):
-    # the holder waited for its mark to pass every deadline, and no job stalled any more
+def stalls_beside_another_instance(url: str, tmp_path, lease_s: float, other_marks,
+                                   release=lambda: None) -> None:
+    """A job held by instance A, its parts submitted there, stalls (0.5 s of silence) while
+    instance B writes its ingest marks through `other_marks(write)` (B's set_ingest_mark);
+    `release` runs before the instances stop."""
     from monitor_jobs import slow_job
     from stragglers.monitor.service import Monitor, PartIn
     from stragglers.monitor.settings import MonitorConfig
     from stragglers.trace.runformat import rank_file_name, write_rank
-    cfg = MonitorConfig(window_steps=5, stall_after_s=0.5, tick_s=0.05, lease_s=1.0,
+    cfg = MonitorConfig(window_steps=5, stall_after_s=0.5, tick_s=0.05, lease_s=lease_s,
                         analysis_process=False, change_detector=False)
     trace = slow_job(steps=5)
     run = tmp_path / "runs" / "j"
     for rank in range(trace.meta.world_size):
         write_rank(run, rank, {k: v[trace.ops["rank"] == rank] for k, v in trace.ops.items()},
                    part=0)
-    stuck = threading.Event()
-    owner = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="A").start()
+    owner = Monitor(open_store(url), cfg, data_dir=tmp_path, instance="A").start()
     other = None
     try:
         owner.register_job("j", run, "files", trace.meta.to_dict())
-        other = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="B").start()
-        other.store.set_ingest_mark = lambda *a, **k: stuck.wait(120)   # its tick stuck
+        other = Monitor(open_store(url), cfg, data_dir=tmp_path, instance="B").start()
+        other.store.set_ingest_mark = other_marks(other.store.set_ingest_mark)
         for rank in range(trace.meta.world_size):
             owner.submit(PartIn("j", rank, 0, "files", path=run / rank_file_name(rank, 0)))
         eventually(lambda: owner.store.job("j").state == "stalled", what="the stall")
     finally:
-        stuck.set()
+        release()
         for m in (owner, other):
             if m is not None:
                 m.stop()
                 m.store.close()
+
+
+def test_an_instance_whose_mark_stops_holds_no_silence_past_a_lease(postgres_url, tmp_path):
+    # another instance's tick stuck (its mark no longer written, its heartbeat going on):
+    # the holder waited for its mark to pass every deadline, and no job stalled any more
+    stuck = threading.Event()
+    stalls_beside_another_instance(postgres_url, tmp_path, 1.0,
+                                   lambda write: lambda *a, **k: stuck.wait(120), stuck.set)
 
 
 def test_an_instance_whose_clock_runs_ahead_holds_no_silence(postgres_url, tmp_path):
     # another instance's clock an hour ahead, a part in flight there that it never stores (it
     # was killed with it, say): its mark said "as of an hour from now, a part heard long ago in
     # flight", fresh for an hour, and no job of the holder stalled meanwhile
-    from monitor_jobs import slow_job
-    from stragglers.monitor.service import Monitor, PartIn
-    from stragglers.monitor.settings import MonitorConfig
-    from stragglers.trace.runformat import rank_file_name, write_rank
-    cfg = MonitorConfig(window_steps=5, stall_after_s=0.5, tick_s=0.05, lease_s=30.0,
-                        analysis_process=False, change_detector=False)
-    trace = slow_job(steps=5)
-    run = tmp_path / "runs" / "j"
-    for rank in range(trace.meta.world_size):
-        write_rank(run, rank, {k: v[trace.ops["rank"] == rank] for k, v in trace.ops.items()},
-                   part=0)
-    owner = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="A").start()
-    other = None
-    try:
-        owner.register_job("j", run, "files", trace.meta.to_dict())
-        other = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="B").start()
-        write = other.store.set_ingest_mark
-        other.store.set_ingest_mark = lambda instance, as_of, oldest: write(
-            instance, as_of + 3600.0, 1.0)   # an hour ahead, a part of long ago in flight
-        for rank in range(trace.meta.world_size):
-            owner.submit(PartIn("j", rank, 0, "files", path=run / rank_file_name(rank, 0)))
-        eventually(lambda: owner.store.job("j").state == "stalled", what="the stall")
-    finally:
-        for m in (owner, other):
-            if m is not None:
-                m.stop()
-                m.store.close()
+    stalls_beside_another_instance(
+        postgres_url, tmp_path, 30.0,
+        lambda write: lambda instance, as_of, oldest: write(instance, as_of + 3600.0, 1.0))
