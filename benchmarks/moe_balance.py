@@ -76,7 +76,7 @@ from stragglers.trace.model import OPTYPE_CODES  # noqa: E402
 from stragglers.whatif import analyze  # noqa: E402
 from stragglers.whatif._replay import replay  # noqa: E402
 from stragglers.whatif.causes.base import Context  # noqa: E402
-from stragglers.whatif.causes.experts import _fit, _run_delay, expert_imbalance  # noqa: E402
+from stragglers.whatif.causes.experts import _fit, _run_delay, expert_imbalance, relative  # noqa: E402
 from stragglers.whatif.config import DEFAULT  # noqa: E402
 from stragglers.whatif.grid import build_grid  # noqa: E402
 from stragglers.whatif.metrics import WhatIf  # noqa: E402
@@ -253,7 +253,7 @@ def host_waits(ctx: Context, w_even: WhatIf, t_even) -> dict:
     wait_even = np.array(waits)
     own_even = ge.duration[experts] - wait_even
     hot = np.zeros(own.shape[1], dtype=bool)
-    hot[int(np.argmax((load.rows / load.mean).mean(axis=(0, 2))))] = True
+    hot[int(np.argmax(relative(load.rows, load.mean).mean(axis=(0, 2))))] = True
 
     def rate(wait: np.ndarray, cpu: np.ndarray) -> float:
         return float(wait.sum() / cpu.sum()) if cpu.sum() > 0 else float("nan")

@@ -174,3 +174,18 @@ def test_a_dispatch_that_noise_pushed_below_the_bar_is_balanced_with_the_others(
     assert load is not None and len(load.pairs) == 2, load
     assert min(load.corr) < DiagnosisConfig().expert_corr <= max(load.corr)
     assert _named(analyze(trace)) == {("expert_imbalance", 5)}
+
+
+def test_a_rank_that_received_no_rows_at_a_dispatch_leaves_it_priced(tmp_path):
+    """A router may send an expert no token in a step (a learned router over 400 steps of our
+    MoE example did, at one of its two layers): zero rows are rows. That dispatch was dropped,
+    its expert compute left unexplained and the hot rank named a slow worker (×1.35) instead
+    of expert_imbalance."""
+    write_gpu_job(GpuJob(ranks=8, steps=6, seed=3, all_to_alls=2, hot_expert=(5, 3.0)), tmp_path)
+    trace = load_trace(tmp_path)
+    ops = trace.ops
+    dispatches = np.flatnonzero(ops["optype"] == OPTYPE_CODES["all-to-all"])
+    second = dispatches[(ops["rank"][dispatches] == 0) & (ops["seq_id"][dispatches] == 1)]
+    assert len(second) == 6
+    ops["tokens"][second[0]] = 0            # rank 0's expert got no token in one step
+    assert _named(analyze(trace)) == {("expert_imbalance", 5)}

@@ -108,7 +108,7 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
             continue
         mean = _group_mean(g, n, tok)
         fit = _fit(tok, durations[expert])
-        if fit is None or (tok / mean).max(axis=0).mean() < 1 + ctx.cfg.expert_min_excess:
+        if fit is None or relative(tok, mean).max(axis=0).mean() < 1 + ctx.cfg.expert_min_excess:
             continue
         # Where the host recorded how long the piece waited for a core, the rows are judged on
         # the rest (its CPU time): the waits are the scheduler's (a piece shorter than a time
@@ -300,7 +300,7 @@ def expert_imbalance(ctx: Context) -> list[Candidate]:
     load = ctx.expert_load
     if load is None:
         return []
-    rel = (load.rows / load.mean).mean(axis=(0, 2))                      # [D]
+    rel = relative(load.rows, load.mean).mean(axis=(0, 2))               # [D]
     hot = [d for d in np.argsort(-rel) if rel[d] >= 1 + ctx.cfg.expert_min_excess]
     stages = {int(w.grid.node_stage[n]) for n, _ in load.pairs}
     workers = [(int(d), p) for d in hot for p in sorted(stages)]
@@ -363,12 +363,20 @@ def _transfer_text(load: ExpertLoad, bar: float) -> str:
 
 def _rows_received(g, tokens: np.ndarray, n: int) -> np.ndarray | None:
     """[D, T] rows each rank received (or sent: that column) at all-to-all node n (None
-    unless every cell has them)."""
+    unless every cell has them, or none moved a row). Zero rows are rows (−1: not recorded):
+    a router may send an expert no token in a step, and a learned one over 400 steps of our
+    example did; such a dispatch was dropped, its expert compute left to `worker_fault`."""
     rows = g.row[n]
     if (rows < 0).any():
         return None
     tok = tokens[rows].astype(np.float64)
-    return tok if (tok > 0).all() else None
+    return tok if (tok >= 0).all() and tok.any() else None
+
+
+def relative(rows: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """rows / their group's mean (1 where the group moved none)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(mean > 0, rows / np.where(mean > 0, mean, 1), 1.0)
 
 
 def _next_compute(g, n: int) -> int | None:
