@@ -364,9 +364,10 @@ class Backpressure(InProgress):
             now = self.clock()
             dues, interval, tolerance = self._due, self.interval, self.tolerance
             longest = park = self.max_wait_s
-            if (self.shared_interval is not None
-                    and (self.allowance is None or n >= self.allowance(key))
-                    and self._others_active(key, now) and self.contended()):
+            # (the allowance last: it may read the store, the others are in memory)
+            if (self.shared_interval is not None and self._others_active(key, now)
+                    and self.contended()
+                    and (self.allowance is None or n >= self.allowance(key))):
                 # on the key's one timeline (turns of their own were new turns each time
                 # contention came and went), never faster than the key's own pace; waited for
                 # longer (a refusal is an answer too, as dear to a flooding client as a
