@@ -245,3 +245,21 @@ def test_fuzzed_documents_decode_alike(monkeypatch, doc, gz, chunk):
     with tempfile.TemporaryDirectory() as tmp:
         path = _write(Path(tmp) / f"rank-0.json{'.gz' if gz else ''}", doc, gz)
         assert _decoded(path, "msgspec") == _decoded(path, "json")
+
+
+def test_gpu_step_spans_numbered_past_the_cpu_spans_read(tmp_path):
+    # A fuzz find: GPU-side ProfilerStep spans #1 and #2 but a CPU span for #1 only. A kernel
+    # with no launch record in the GPU span #2 was given #2's index among the GPU spans (1),
+    # an index the CPU's step list (one step) does not have: an IndexError deep inside.
+    events = [GOOD_EVENTS[0],
+              {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#1", "pid": 0,
+               "tid": 7, "ts": 0, "dur": 0},
+              {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#2", "pid": 0,
+               "tid": 7, "ts": 0, "dur": 0},
+              {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 0, "dur": 0}]
+    try:
+        trace = read_kineto(_write(tmp_path / "rank-0.json", _doc(events)))
+    except StragglersError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert set(trace.ops["step"].tolist()) <= {1}

@@ -263,9 +263,8 @@ def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
     counts.kernels_without_launch += int((~launched & ~before).sum())
     step = np.full(len(ts), -1, dtype=np.int64)
     step[launched] = steps.indices(launch_ts[launched])
-    gpu_steps = _Steps(ev.gpu_steps, ev) if ev.gpu_steps and ev.steps else steps
     lost = ~launched & ~before
-    step[lost] = gpu_steps.indices(ts[lost])
+    step[lost] = _gpu_step_indices(ev, steps, ts[lost])
     phase = np.full(len(ts), -1, dtype=np.int64)          # -1: continues the phase before it
     key = np.where(launched, launch_ts, np.nan)
     mine = launched & (step >= 0)
@@ -300,6 +299,19 @@ def _gpu_items(ev: RankEvents, steps: _Steps, top: _TopLevel, by_ops: bool, coun
         colls.append(Coll(t0, t0 + d, float(key[j]), int(step[i]), kind or kind_name, pg, seq,
                           src, dst, rows, host[10] if host is not None else None))
     return items, colls
+
+
+def _gpu_step_indices(ev: RankEvents, steps: _Steps, t: np.ndarray) -> np.ndarray:
+    """Index into `steps` of the step whose GPU-side span holds each device time t, or -1.
+    GPU spans are numbered as the CPU's are: a GPU span whose number no CPU span has (the
+    profiler window cut the CPU's off) belongs to no step we keep."""
+    if not (ev.gpu_steps and ev.steps):
+        return steps.indices(t)
+    gpu = _Steps(ev.gpu_steps, ev)
+    at = gpu.indices(t)
+    where = {n: i for i, n in enumerate(steps.ids)}
+    to_cpu = np.array([where.get(n, -1) for n in gpu.ids] + [-1], dtype=np.int64)
+    return to_cpu[at]          # at == -1 reads the trailing -1
 
 
 def _launches(ev: RankEvents, corr: np.ndarray):
