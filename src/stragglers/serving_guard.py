@@ -499,12 +499,15 @@ class _Connections:
         return best
 
     def _evict(self, c) -> None:
-        """Close `c` to make room (idle: without a word; a stalled or slow one: 503 if its
-        response has not started)."""
+        """Close `c` to make room (a 503, unless its client stopped reading its response)."""
         if c._g_stalled is not None:
             _close(c, abort=True)
         elif _waiting(c):
-            _close(c)
+            # answered all the same: "idle" is what this end has read, and a request its
+            # client sent meanwhile (a pool reusing it, a new connection's first request on
+            # its way) met a bare close, a ReadError with nothing to say why
+            _close(c, 503, "Service Unavailable", "request: the service is full of "
+                   "connections and this one was idle; retry later")
         elif _parked(c):
             _unpark(c)   # the app, woken, does nothing of it
             _close(c, 503, "Service Unavailable", "request: still waiting its turn while the"
@@ -621,7 +624,15 @@ def _close(conn, status: int | None = None, reason: str = "", message: str = "",
         if status is not None and not lingering:
             conn.transport.write(json_response_bytes(status, reason, message,
                                                      getattr(conn, "_g_shape", plain_error)))
-        if abort:
+        if status is not None and not abort and not lingering:
+            # the answer's write side shut and the client's bytes read and dropped until it
+            # closes (or linger_s): closed at once with its request unread (sent as it was
+            # refused or evicted), the kernel reset the connection and the client's stack
+            # dropped the 503 it had, a ReadError or "disconnected without a response" (seen
+            # at 256+ connections from one address). Out of the counts now: room is made.
+            conn._g_linger()
+            conn.connections.discard(conn)
+        elif abort:
             # a reset, not a FIN queued behind the bytes the client does not take (the kernel
             # would keep those for minutes): SO_LINGER 0, then the socket is closed
             sock = conn.transport.get_extra_info("socket")

@@ -130,10 +130,33 @@ def test_idle_sockets_past_the_cap_do_not_lock_a_client_out(serve, http):
             for _ in range(3):
                 r = c.get("/health")
                 assert r.status_code == 200, r.text
-        # the first ones were closed to make room, without a word (they asked nothing)
-        assert closed_within(idle[0], 20) == b""
+        # the first ones were closed to make room, with a 503 (a request may be on its way)
+        status, body = status_and_json(closed_within(idle[0], 20))
+        assert status == 503 and "idle" in body["error"]
     finally:
         for k in idle:
+            k.close()
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_request_sent_as_its_idle_connection_is_evicted_is_answered_503(serve, http):
+    # at the per-client cap the oldest idle connection was closed without a word: a request
+    # its client had sent meanwhile (a pool reusing it, a new connection's first request on
+    # the wire) met a bare close or a reset — httpx's ReadError / RemoteProtocolError at 256+
+    # connections from one address, with nothing to say why
+    s = serve(ConnectionLimits(max_connections=1000, per_client=4, header_timeout_s=60),
+              http=http)
+    held = [s.connect() for _ in range(4)]
+    try:
+        newcomer = s.connect()   # the oldest idle one is evicted for it
+        newcomer.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert b"200 OK" in newcomer.recv(65536)
+        held[0].sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        status, body = status_and_json(closed_within(held[0], 20))
+        assert status == 503 and "retry" in body["error"]
+        newcomer.close()
+    finally:
+        for k in held:
             k.close()
 
 
