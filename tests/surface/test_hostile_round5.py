@@ -1,0 +1,147 @@
+"""Red team round five (issue 34): defects found attacking fresh `serve` processes on loopback.
+
+Each test is one defect class, marked xfail(strict=True) until its fix lands (then the mark goes):
+a pass before the fix fails the suite, so each flips exactly when its defect is gone. Real
+servers in subprocesses (some defects kill the process: in-process servers would take pytest
+with them).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import REPO, eventually, free_port
+
+sys.path.insert(0, str(REPO / "tests" / "monitor"))
+from monitor_jobs import parts_of, slow_job, start_run, write_parts  # noqa: E402
+
+from stragglers.trace.runformat import table_bytes  # noqa: E402
+
+TOKEN = "hostile-round5-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SETTINGS = "settings: {window_steps: 5, stall_after_s: 600, tick_s: 0.05}\n"
+
+
+def token_file(tmp: Path) -> Path:
+    path = tmp / "token"
+    path.write_text(TOKEN + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def serve_monitor(tmp: Path, port: int, *args: str) -> subprocess.Popen:
+    """`stragglers monitor serve` as an operator starts it (its stderr kept for the verdict)."""
+    cfg = tmp / "monitor.yaml"
+    cfg.write_text(SETTINGS)
+    return subprocess.Popen([sys.executable, "-m", "stragglers.monitor", "serve", "--db",
+                             str(tmp / "mon.db"), "--port", str(port), "--config", str(cfg),
+                             "--token-file", str(token_file(tmp)), *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def up(proc: subprocess.Popen, url: str) -> bool:
+    """The service answers /health, or has exited (then False at once: no waiting it out)."""
+    if proc.poll() is not None:
+        return False
+    return httpx.get(f"{url}/health", timeout=10).status_code == 200
+
+
+def wait_up(proc: subprocess.Popen, url: str) -> None:
+    def ready():
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited {proc.returncode}")
+        return up(proc, url)
+    try:
+        eventually(ready, timeout=60, what=f"{url}/health")
+    except RuntimeError:
+        pass
+
+
+def stop(proc: subprocess.Popen) -> str:
+    """Stop the service; its stderr's tail."""
+    if proc.poll() is None:
+        proc.kill()
+    _, err = proc.communicate(timeout=30)
+    return err.decode(errors="replace")[-2000:]
+
+
+def footer_type_flipped(body: bytes, column: bytes = b"dp_rank") -> bytes:
+    """The part with one byte of its Thrift footer changed: `column`'s ColumnMetaData type,
+    INT32 (zigzag 2) to BOOLEAN (0) — what a flipped bit on disk or a hostile writer gives."""
+    footer_len = int.from_bytes(body[-8:-4], "little")
+    start = len(body) - 8 - footer_len
+    footer = body[start:-8]
+    at = 0
+    while True:
+        at = footer.index(b"\x15\x02\x19", at)        # field 1 (type, i32) = INT32, then encodings
+        if column in footer[at:at + 24]:
+            break
+        at += 1
+    out = bytearray(body)
+    out[start + at + 1] = 0x00
+    return bytes(out)
+
+
+def a_part(rank: int = 1, part: int = 0):
+    trace = slow_job(steps=10, slow=(0, 1, 3.0))
+    cols = next(c for r, p, c in parts_of(trace, 5) if (r, p) == (rank, part))
+    return trace, table_bytes(cols)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="a part whose footer's column type disagrees with its "
+                   "schema aborts the monitor (pyarrow's ColumnChunkMetaData throws through "
+                   "noexcept: std::terminate, SIGABRT), no 422")
+def test_monitor_survives_a_part_whose_footer_types_disagree_with_its_schema(tmp_path):
+    trace, good = a_part()
+    bad = footer_type_flipped(good)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = serve_monitor(tmp_path, port)
+    try:
+        wait_up(proc, url)
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            try:
+                r = c.put("/api/jobs/j/ranks/1/parts/0", content=bad, headers=AUTH)
+                status, text = r.status_code, r.text
+            except httpx.TransportError as exc:   # the process died under the request
+                status, text = None, repr(exc)
+        alive = up(proc, url)
+    finally:
+        err = stop(proc)
+    assert alive, f"monitor gone after one upload ({text}); stderr: {err}"
+    assert status == 422 and "error" in text, (status, text)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="a watched part whose footer's column type disagrees "
+                   "with its schema aborts the monitor at every start (crash loop)")
+def test_monitor_restarts_beside_a_watched_part_with_a_corrupt_footer(tmp_path):
+    trace = slow_job(steps=10, slow=(0, 1, 3.0))
+    run = tmp_path / "runs" / "run"
+    run.mkdir(parents=True)
+    start_run(run, trace)
+    parts = parts_of(trace, 5)
+    write_parts(run, [p for p in parts if (p[0], p[1]) != (1, 1)])
+    cols = next(c for r, p, c in parts if (r, p) == (1, 1))
+    (run / "rank-00001.part-000001.parquet").write_bytes(footer_type_flipped(table_bytes(cols)))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = serve_monitor(tmp_path, port, "--watch", str(tmp_path / "runs"))
+    try:
+        wait_up(proc, url)
+        # the part is refused once and the run's other windows analysed, the service up
+        eventually(lambda: proc.poll() is not None or httpx.get(
+            f"{url}/api/jobs/run", timeout=10).json().get("windows_total", 0) >= 1,
+            timeout=60, what="a window of the run")
+        alive = up(proc, url)
+    finally:
+        err = stop(proc)
+    assert alive, f"monitor aborted on a watched part; stderr: {err}"
