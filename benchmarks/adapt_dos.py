@@ -28,6 +28,9 @@ median and 95th percentile of one lease + ack round trip. It runs quiet first, t
 * owner_flood: one owner (one token, its own data set) on 256 connections in all (each
   attacker 256 / `--attackers`), each leasing a new shard in a loop: real writes on the commit
   thread, all of one token (the committer takes each token's calls in turns).
+* worker_flood: the same, each connection a worker of its own (256 joined): a token with as
+  many workers as connections (two requests in progress per joined worker were free of the
+  shared pace; now only what acks moving a shard earn).
 
 Each case alternates `--blocks` quiet and attacked blocks (the attackers paused between them;
 quiet first in even pairs, attacked first in odd ones), and is judged as monitor_dos.py judges
@@ -111,8 +114,9 @@ def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
     if kind == "slow_bodies":
         slow_bodies(url, stop, go, inflight)
         return
-    if kind == "owner_flood":
-        owner_flood(url, i, stop, go, inflight, max(1, 256 // ATTACKERS[0]))
+    if kind in ("owner_flood", "worker_flood"):
+        owner_flood(url, i, stop, go, inflight, max(1, 256 // ATTACKERS[0]),
+                    kind == "worker_flood")
         return
     if kind == "control_reports":
         http.headers["Authorization"] = f"Bearer {STRANGER}{i}"
@@ -229,9 +233,10 @@ def control_reports(http: httpx.Client, job: str) -> None:
     STEP[0] += 10_000
 
 
-def owner_flood(url: str, i: int, stop, go, inflight, n: int) -> None:
+def owner_flood(url: str, i: int, stop, go, inflight, n: int, workers: bool = False) -> None:
     """`n` connections of one owner's token, each leasing a new shard of its data set in a
-    loop (a fresh request id each: a write every time)."""
+    loop (a fresh request id each: a write every time); `workers`: each connection a worker
+    of its own, joined first."""
     import asyncio
 
     async def run() -> None:
@@ -242,10 +247,14 @@ def owner_flood(url: str, i: int, stop, go, inflight, n: int) -> None:
                                                    "shard_size": 64, "num_epochs": None,
                                                    "lease_s": 3600})
             assert r.status_code == 200, r.text[:200]
-            r = await http.post("/datasets/flood/join", json={"worker": f"w{i}"})
-            fence = r.json()["fence"]
+            names = [f"w{i}-{j}" if workers else f"w{i}" for j in range(n)]
+            fences = {}
+            for name in dict.fromkeys(names):
+                r = await http.post("/datasets/flood/join", json={"worker": name})
+                fences[name] = r.json()["fence"]
 
             async def loop(j: int) -> None:
+                worker = names[j]
                 k = 0
                 while not stop.is_set():
                     if not go.is_set():
@@ -255,7 +264,8 @@ def owner_flood(url: str, i: int, stop, go, inflight, n: int) -> None:
                         inflight.value += 1
                     try:
                         await http.post("/datasets/flood/lease", json={
-                            "worker": f"w{i}", "fence": fence, "request_id": f"r{j}-{k}"})
+                            "worker": worker, "fence": fences[worker],
+                            "request_id": f"r{j}-{k}"})
                     except httpx.HTTPError:
                         pass
                     finally:
@@ -446,7 +456,8 @@ def main() -> None:
     ap.add_argument("--attackers", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
     ap.add_argument("--cases", default="snapshot,status,shuffle,restore,owner_restore,"
-                                       "big_lease,bad_input,control_reports,slow_bodies,owner_flood")
+                                       "big_lease,bad_input,control_reports,slow_bodies,owner_flood,"
+                                       "worker_flood")
     ap.add_argument("--name", default=None,
                     help="results/<name>.json (default: the script's name)")
     ap.add_argument("--attacker-nice", type=int, default=19,

@@ -312,7 +312,11 @@ class Backpressure(InProgress):
     requests in progress free of that pace (a job's workers, each asking one at a time: a big
     job's 48 workers were held to 25 a second, 14-40 times below their pace), and only keys
     that `counts(key)` say so are "another key" (an anonymous /health probe once a second
-    made every big job wait).
+    made every big job wait). A request that names who asks in its body (`deferrable`) is
+    not let through on the allowance alone: its turn is DEFERRED until the body says who, and
+    `settle` then gives it the shared turn unless its caller found it free (a worker that
+    earned it by its work: a token that joined as many workers as it flooded with connections
+    was a big job by the allowance, and its flood went unpaced).
     Used on one event loop (no lock)."""
 
     def __init__(self, name: str, free: int, rate: float, burst: float, max_wait_s: float,
@@ -355,46 +359,73 @@ class Backpressure(InProgress):
         mine = key in self.requests and self.counts(key)
         return self._counted - mine > 0 or len(self._left) - (key in self._left) > 0
 
-    def turn(self, key: object) -> float:
+    def turn(self, key: object, deferrable: bool = False, allowed: bool = True) -> float:
         """Count a request of `key` in progress and return how long it waits for its turn
-        (0: none); RateLimited (nothing counted) when that is more than max_wait_s."""
+        (0: none; DEFERRED: decided by `settle` once its body is read); RateLimited (nothing
+        counted) when that is more than max_wait_s. `allowed`: whether the key's allowance
+        may free it (requests bounded per key elsewhere); `deferrable`: see the class."""
         n = self.requests.get(key, 0)
         wait = 0.0
         if n >= self.free:
             now = self.clock()
-            dues, interval, tolerance = self._due, self.interval, self.tolerance
-            longest = park = self.max_wait_s
             # (the allowance last: it may read the store, the others are in memory)
-            if (self.shared_interval is not None and self._others_active(key, now)
-                    and self.contended()
-                    and (self.allowance is None or n >= self.allowance(key))):
-                # on the key's one timeline (turns of their own were new turns each time
-                # contention came and went), never faster than the key's own pace; waited for
-                # longer (a refusal is an answer too, as dear to a flooding client as a
-                # lease), up to max_waiting at once
-                interval = max(self.interval, self.shared_interval)
-                tolerance = min(self.tolerance, interval)
-                # a refusal reserves no turn: answered after the longest refusal wait (a
-                # client giving up sooner costs nothing), so N connections are refused about
-                # N / that a second, not N / longest
-                longest, park = self.shared_max_wait_s, self.shared_refusal_wait_s
-                if n >= self.max_waiting:
-                    raise _refused(f"this {self.name} has {n} requests waiting their turns,"
-                                   " its limit; retry later", park + longest, park)
-            due = max(dues.get(key, now), now)
-            wait = max(0.0, due - tolerance - now)
-            if wait > longest:
-                raise _refused(f"this {self.name} has {n} requests in progress and asks"
-                               f" faster than {1 / interval:g} a second; retry later",
-                               max(wait, park), park)
-            if len(dues) >= 65536:   # forget the keys whose turns are past
-                for past in [k for k, d in dues.items() if d <= now]:
-                    del dues[past]
-            dues[key] = due + interval
+            shared = (self.shared_interval is not None and self._others_active(key, now)
+                      and self.contended())
+            if shared and allowed and self.allowance is not None and n < self.allowance(key):
+                # within the allowance: its own pace, or (naming who asks) settled later
+                wait = DEFERRED if deferrable else self._wait(key, n, now, False)
+            else:
+                wait = self._wait(key, n, now, shared)
         if n == 0 and self.counts(key):
             self._counted += 1
         self.requests[key] = n + 1
         return wait
+
+    def settle(self, key: object, free: bool) -> float:
+        """The wait of a DEFERRED request of `key` (counted in progress): none when its
+        caller found it `free` (earned: the key's turns, maybe far off after a flood of its
+        own, are not its), else a turn at the shared pace while that applies, at the key's
+        own otherwise; RateLimited past the longest wait (it stays counted until it leaves)."""
+        now = self.clock()
+        n = self.requests.get(key, 1) - 1   # (the others in progress)
+        if free or n < self.free:
+            return 0.0
+        shared = (self.shared_interval is not None and self._others_active(key, now)
+                  and self.contended())
+        return self._wait(key, n, now, shared)
+
+    def _wait(self, key: object, n: int, now: float, shared: bool) -> float:
+        """Take `key`'s next turn (GCRA) with `n` of its requests in progress: the wait."""
+        dues, interval, tolerance = self._due, self.interval, self.tolerance
+        longest = park = self.max_wait_s
+        if shared and self.shared_interval is not None:
+            # on the key's one timeline (turns of their own were new turns each time
+            # contention came and went), never faster than the key's own pace; waited for
+            # longer (a refusal is an answer too, as dear to a flooding client as a
+            # lease), up to max_waiting at once
+            interval = max(self.interval, self.shared_interval)
+            tolerance = min(self.tolerance, interval)
+            # a refusal reserves no turn: answered after the longest refusal wait (a
+            # client giving up sooner costs nothing), so N connections are refused about
+            # N / that a second, not N / longest
+            longest, park = self.shared_max_wait_s, self.shared_refusal_wait_s
+            if n >= self.max_waiting:
+                raise _refused(f"this {self.name} has {n} requests waiting their turns,"
+                               " its limit; retry later", park + longest, park)
+        due = max(dues.get(key, now), now)
+        wait = max(0.0, due - tolerance - now)
+        if wait > longest:
+            raise _refused(f"this {self.name} has {n} requests in progress and asks"
+                           f" faster than {1 / interval:g} a second; retry later",
+                           max(wait, park), park)
+        if len(dues) >= 65536:   # forget the keys whose turns are past
+            for past in [k for k, d in dues.items() if d <= now]:
+                del dues[past]
+        dues[key] = due + interval
+        return wait
+
+
+DEFERRED = -1.0   # Backpressure.turn: the turn is decided by settle once the body is read
 
 
 def _refused(what: str, retry_after_s: float, park_s: float) -> RateLimited:

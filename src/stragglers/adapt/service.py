@@ -49,13 +49,14 @@ from stragglers.adapt.replies import (Acked, Created, Health, Joined, LeaseReply
 from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import ShardStore, lease_json
 from stragglers.adapt.space import io_error, out_of_space
+from stragglers.adapt.working import WorkCredit
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_url, \
     canonical_decimal, declared_length, is_loopback, \
     listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
 from stragglers.serving_guard import ErrorBody, admit_body, park
-from stragglers.serving_quota import Backpressure, CpuContention, MintRate, \
+from stragglers.serving_quota import DEFERRED, Backpressure, CpuContention, MintRate, \
     RateLimited as MintRefused, quota_client
 
 if TYPE_CHECKING:
@@ -641,6 +642,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                for mine, rate in ((True, config.snapshot_bytes_per_s),
                                   (False, config.stranger_snapshot_bytes_per_s))}
     pacer = _ReadPacer(config.reads_per_s, config.max_read_wait_s)
+    credits = WorkCredit()   # a worker's requests free of the shared pace (see worker_turn)
     # New tokens per minute, per client address and in all: without a service token anyone
     # on the machine may create, and each new token brings a fresh per-token quota. Tokens
     # that own a data set already are no new ones.
@@ -682,6 +684,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                 return result if isinstance(result, Response) else _json(result)
             except StragglersError as exc:
                 response = _error(exc)
+                await unsettled(request)
                 # (a restore refused Busy: its unread body is up to 64 MiB, like a 401's)
                 # (and a control report refused Busy: up to 1 MiB, unread)
                 busy_restore = isinstance(exc, Busy) and request.url.path.endswith(
@@ -783,29 +786,79 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         owners.setdefault(cfg.name, digest)
         return created
 
+    @contextlib.asynccontextmanager
+    async def worker_turn(request: Request, who: tuple[str, str, str]):
+        """The turn of a request whose head was DEFERRED (a worker's, under contention): free
+        when `who` (token digest, data set, worker) has a credit earned by its work, else the
+        token's shared turn (429 past the longest wait, answered after it)."""
+        scope: Any = request.scope
+        key = scope.pop(DEFERRED_KEY, None)
+        if key is None:
+            yield
+            return
+        free = credits.take(who)
+        try:
+            try:
+                wait = pressure.settle(key, free)
+            except MintRefused as exc:
+                park_s = exc.park_s or pressure.max_wait_s
+                if await park(scope, park_s):
+                    raise RateLimited(exc.what, exc.retry_after_s - park_s) from None
+                raise Busy("the connection closed while its request waited") from None
+            if wait and not await park(scope, wait):
+                raise Busy("the connection closed while its request waited")  # (nothing done)
+            yield
+        finally:
+            if free:
+                credits.leave(who)
+
+    async def unsettled(request: Request) -> None:
+        """A DEFERRED request refused before its worker was known (a bad body, a stranger's
+        token) waits the shared turn it would have had: refusals of a token's many joined
+        workers' requests were answered free of it."""
+        scope: Any = request.scope
+        key = scope.pop(DEFERRED_KEY, None)
+        if key is not None:
+            try:
+                wait = pressure.settle(key, False)
+            except MintRefused as exc:
+                wait = exc.park_s or pressure.max_wait_s
+            if wait:
+                await park(scope, wait)
+
     async def join(request: Request) -> Joined:
         name = name_of(request)
         digest, body = await owned(request, name), await parsed(request, rq.Join)
-        return await commit.run(lambda: store.join(name, body.worker, digest), digest)
+        async with worker_turn(request, (digest, name, body.worker)):
+            return await commit.run(lambda: store.join(name, body.worker, digest), digest)
 
     async def lease(request: Request) -> LeaseReply | Response:
         name = name_of(request)
         digest, body = await owned(request, name), await parsed(request, rq.Lease)
-        return await with_indices(await commit.run(
-            lambda: store.lease(name, body.worker, body.fence, body.count, body.request_id,
-                                digest), digest))
+        async with worker_turn(request, (digest, name, body.worker)):
+            reply = await commit.run(
+                lambda: store.lease(name, body.worker, body.fence, body.count, body.request_id,
+                                    digest), digest)
+        return await with_indices(reply)
 
     async def ack(request: Request) -> Acked:
         name = name_of(request)
         digest, b = await owned(request, name), await parsed(request, rq.Ack)
-        return await commit.run(lambda: store.ack(name, b.worker, b.fence, b.epoch, b.shard,
-                                                  b.consumed, digest), digest)
+        who = (digest, name, b.worker)
+        async with worker_turn(request, who):
+            acked, moved = await commit.run(
+                lambda: store.ack_progress(name, b.worker, b.fence, b.epoch, b.shard,
+                                           b.consumed, digest), digest)
+        if moved > 0:
+            credits.worked(who)   # (its shard moved: a working worker's next requests)
+        return acked
 
     async def release(request: Request) -> Released:
         name = name_of(request)
         digest, b = await owned(request, name), await parsed(request, rq.Release)
-        return await commit.run(lambda: store.release(name, b.worker, b.fence, b.failure,
-                                                      b.error, digest), digest)
+        async with worker_turn(request, (digest, name, b.worker)):
+            return await commit.run(lambda: store.release(name, b.worker, b.fence, b.failure,
+                                                          b.error, digest), digest)
 
     async def retry_failed(request: Request) -> Requeued:
         name = name_of(request)
@@ -1008,9 +1061,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
 
 class WorkerAllowance:
-    """Requests in progress a token may have free of the shared pace under contention: two
-    per worker joined to its data sets (a worker asks one at a time; its ack and next lease
-    may overlap), at least `free`; read from the store at most once a second per token.
+    """Requests in progress a token may have beyond its free ones without a shared turn taken
+    at once under contention: two per worker joined to its data sets (a worker asks one at a
+    time; its ack and next lease may overlap), at least `free`; read from the store at most
+    once a second per token. A worker's write within it is settled by that worker's credit
+    (WorkCredit: joined workers alone made a flood on as many connections a big job's).
 
     A big job's workers share its token: held to the shared pace past 4 in progress, 48
     workers of 50-200 ms steps made 10 steps a second instead of 150, and 800 saw their joins
@@ -1055,8 +1110,9 @@ class _FastPath:
         # owner's writes, or of cheap anonymous ones (/health, unknown paths, refused
         # writes), is answered at a pace, never as fast as it comes
         key = _pressure_key(scope)
+        deferrable, allowed = _turn_kind(scope)
         try:
-            wait = self.pressure.turn(key)
+            wait = self.pressure.turn(key, deferrable, allowed)
         except MintRefused as exc:
             # answered after the longest wait, not at once (a refusal at once is a loop that
             # spins), its connection closable meanwhile
@@ -1066,7 +1122,9 @@ class _FastPath:
                 await _error(refused)(scope, receive, send)
             return
         try:
-            if wait and not await park(scope, wait):
+            if wait == DEFERRED:
+                scope[DEFERRED_KEY] = key   # the endpoint settles it (worker_turn)
+            elif wait and not await park(scope, wait):
                 return   # closed while it waited (its client, a connection cap): nothing done
             await self._serve(scope, receive, send)
         finally:
@@ -1081,6 +1139,25 @@ class _FastPath:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+DEFERRED_KEY = "stragglers.deferred"   # scope: the key of a turn a worker's credit settles
+# the writes that name a worker in their body (a deferred turn: see worker_turn)
+WORKER_WRITES = frozenset(("join", "lease", "ack", "release"))
+
+
+def _turn_kind(scope) -> tuple[bool, bool]:
+    """(deferrable, allowed) of a request's turn: a write naming a worker is settled by that
+    worker's credit; control calls and reads, bounded per token or in all elsewhere, may use
+    the token's allowance; anything else (retry-failed, creations, restores, unknown paths)
+    takes the shared pace past the free requests (a token's many workers made a flood of
+    those free)."""
+    parts = scope.get("path", "").split("/")
+    if len(parts) == 4 and parts[1] == "datasets":
+        if scope.get("method") == "POST":
+            return parts[3] in WORKER_WRITES, parts[3] in WORKER_WRITES
+        return False, parts[3] in ("status", "snapshot")
+    return False, len(parts) == 5 and parts[1] == "jobs" and parts[3] == "control"
 
 
 def _pressure_key(scope) -> object:

@@ -408,6 +408,11 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         Idempotent: a repeated or older ack changes nothing, and an ack of a shard this
         incarnation completed answers DONE again.
         """
+        return self.ack_progress(name, worker, fence, epoch, shard, consumed, token_sha256)[0]
+
+    def ack_progress(self, name: str, worker: str, fence: int, epoch: int, shard: int,
+                     consumed: int, token_sha256: str | None = None) -> tuple[Acked, int]:
+        """`ack`, and the samples it moved the shard forward by (0: a repeated or older ack)."""
         now = self._clock()
         with self._tx() as c:
             cfg, epochs_created, _, _ = self._config_fence(c, name, worker, fence, token_sha256)
@@ -426,7 +431,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                  f"expected 0..{stop - start}, got {consumed}")
             mine = holder == worker and holder_fence == fence
             if state == DONE and mine:
-                return Acked(DONE, done)
+                return Acked(DONE, done), 0
             if state != DOING or not mine:
                 raise LeaseLost(f"shard {epoch}/{shard} of '{name}' is {state}"
                                 f" (held by {holder}), not leased to {worker} fence {fence}")
@@ -436,7 +441,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                       " epoch=? AND shard=?", (consumed, new_state, now + cfg.lease_s,
                                                self._key(name), epoch, shard))
             self._leased_until(name, now + cfg.lease_s)
-        return Acked(new_state, consumed)
+        return Acked(new_state, consumed), consumed - done
 
     def release(self, name: str, worker: str, fence: int | None = None, failure: bool = True,
                 error: str | None = None, token_sha256: str | None = None) -> Released:
