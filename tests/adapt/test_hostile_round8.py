@@ -232,3 +232,27 @@ def test_the_step_records_controllers_keep_are_bounded_per_token_and_in_all():
     now[0] += 150.0   # (the time 300 steps of 0.5 s take)
     plane.report("j", 0, [(2 + k, 0.5, 32) for k in range(300)], "", 0, 0, None)
     assert len(plane._jobs["j"][1].monitor.workers[0].records) == records_kept(5) < 256
+
+
+def test_a_wrong_step_within_the_replay_span_does_not_hold_its_ranks_records():
+    # (fails before: a record 15,000 steps ahead of its rank — within the bound and the
+    # replay span — made the rank's next records count as a report sent again, ignored until
+    # the rank reached it: no window of the job closed; now the kept records above a step the
+    # rank never reported are dropped as wild)
+    from stragglers.adapt.monitor import SpeedMonitor
+    mon = SpeedMonitor(world_size=2, window=3, warmup_steps=0)
+    for step in range(1, 6):
+        for rank in (0, 1):
+            mon.record(rank, step, 1.0, 8)
+    mon.evaluate()
+    mon.record(0, 15_000, 1.0, 8)
+    assert mon.latest_step == 15_000
+    for step in range(6, 9):
+        for rank in (0, 1):
+            mon.record(rank, step, 1.0, 8)
+    assert [r.step for r in mon.workers[0].records][-4:] == [5, 6, 7, 8]
+    assert mon.window_ready() and mon.latest_step == 8
+    # a report sent again still changes nothing (its steps are kept ones)
+    for step in range(6, 9):
+        mon.record(0, step, 1.0, 8)
+    assert mon.workers[0].since_eval == 3 and len(mon.workers[0].records) == 8

@@ -3,6 +3,7 @@ straggler classes (docs/adaptive.md §3)."""
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 import time
@@ -117,13 +118,19 @@ class SpeedMonitor:
         if rank not in self.workers or step < self.warmup_steps or bpt <= 0:
             return
         w = self.workers[rank]
-        if w.records and step <= w.records[-1].step:
-            if step >= w.records[-1].step - REPLAY_SPAN:
+        recs = w.records
+        if recs and step <= recs[-1].step:
+            i = bisect.bisect_left(recs, step, key=lambda r: r.step)
+            if i < len(recs) and recs[i].step == step:
                 return  # a report the agent sent again (its reply was lost): already counted
-            # Far below its last step: the rank's history starts again. Kept as a replay, one
-            # wild step (2**40) made every later record of the rank one, and no window of the
-            # job closed again.
-            self._restart(w)
+            if i == 0 and len(recs) == recs.maxlen and step >= recs[-1].step - REPLAY_SPAN:
+                return  # older than every record kept: a long report sent again
+            # A step the rank never reported, below its last: the records kept above it were
+            # wild (a wrong step within the bound, or a counter started again). Kept as
+            # replays, a wrong step 15,000 ahead made the rank's next 15,000 records ignored
+            # and no window of the job closed meanwhile; far below its last (2**40), every
+            # later record of the rank.
+            self._drop_from(w, i)
         w.records.append(WorkerStepTime(step, bpt, batch))
         w.since_eval += 1
         if w.since_eval == self.window:
@@ -135,13 +142,17 @@ class SpeedMonitor:
         if not self._latest_stale:
             self._latest = max(self._latest, step)
 
-    def _restart(self, w: WorkerHistory) -> None:
-        """Forget a rank's records (its steps started again); the job's latest step is
-        recomputed when next asked (it may have been that rank's wild one)."""
-        if w.since_eval >= self.window:
+    def _drop_from(self, w: WorkerHistory, i: int) -> None:
+        """Forget a rank's records from the i-th kept on (wild steps, or all of them: its steps
+        started again); the job's latest step is recomputed when next asked (it may have been
+        that rank's wild one)."""
+        dropped = len(w.records) - i
+        left = 0 if i == 0 else max(0, w.since_eval - dropped)
+        if w.since_eval >= self.window > left:
             self.ready -= 1
-        w.records.clear()
-        w.since_eval = 0
+        for _ in range(dropped):
+            w.records.pop()
+        w.since_eval = left
         self._latest_stale = True
 
     @property
