@@ -178,7 +178,8 @@ def main() -> None:
             policy=args.policy, world_size=world, global_batch=args.global_batch,
             memory_cap=args.memory_cap, total_steps=args.steps, restart_cost_s=args.restart_cost,
             max_restarts=max(0, args.max_restarts - incarnation), window=args.window,
-            persistent_windows=args.persistent_windows, incarnation=incarnation))
+            persistent_windows=args.persistent_windows, incarnation=incarnation,
+            start_step=step))   # (the checkpoint's: the first records' steps are bounded from it)
     dist.barrier()
     agent = Agent(ShardClient(svc.url, "digits", worker=f"agent{rank}", token=svc.token), rank,
                   world, args.global_batch, args.memory_cap, incarnation, device.device)
