@@ -1,7 +1,8 @@
 """attach() on CPU: a compute piece between two model-parallel collectives (an expert's compute
 between its dispatch and its combine) carries its run delay in `cpu_wait`, from the schedstat
 counters the two collectives read anyway, and its time on a CPU in `cpu_time` (read at the second
-collective's end); every other row keeps NaN in both."""
+collective's end); every other row keeps NaN in both. Every row carries its step's process CPU
+(`step_cpu`)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,13 @@ def test_compute_between_two_all_to_alls_carries_its_run_delay(tmp_path):
     # the collectives keep theirs
     assert np.isfinite(ops["cpu_wait"][ops["optype"] == A2A]).all()
     assert np.isnan(ops["cpu_time"][ops["optype"] == A2A]).all()
+    # every row carries its step's process CPU: one value per rank and step, at least the
+    # training thread's CPU in the pieces above (a tick of slack per piece: the count lags)
+    assert np.isfinite(ops["step_cpu"]).all()
+    for r in np.unique(ops["rank"]):
+        for s in np.unique(ops["step"]):
+            sel = (ops["rank"] == r) & (ops["step"] == s)
+            assert len(np.unique(ops["step_cpu"][sel])) == 1, (r, s)
+            pieces = ops["cpu_time"][sel]
+            pieces = pieces[np.isfinite(pieces)]
+            assert ops["step_cpu"][sel][0] >= pieces.sum() - 0.01 * len(pieces), (r, s)

@@ -119,3 +119,56 @@ def test_overlap_counts_the_hosts_other_ranks_computing_during_a_piece():
     # rank 2: rank 0 all of its 2; rank 3: not modelled
     np.testing.assert_allclose(got[:3], [0.7, 0.5, 1.0])
     assert np.isnan(got[3])
+
+
+# A run whose rows carry each step's process CPU (`step_cpu`, every thread's): recorded beside
+# other agents' work (load 7-8), so its measured gain is noise; what is tested is the floor.
+STEP_CPU_RUN = RECORDED / "moe-alternating-routing-step-cpu"
+
+
+def test_host_cpu_sums_each_hosts_processes_per_step():
+    trace = load_trace(STEP_CPU_RUN)
+    ctx = _context(trace)
+    cpu = ctx.expert_load.host.cpu
+    ops = trace.ops
+    assert cpu is not None and cpu.cpus.tolist() == [2.0]
+    for t, step in enumerate(ctx.w.grid.steps):
+        sel = ops["step"] == step
+        per_rank = {int(r): float(ops["step_cpu"][sel & (ops["rank"] == r)][0])
+                    for r in np.unique(ops["rank"][sel])}
+        assert cpu.work[0, t] == pytest.approx(sum(per_rank.values()), rel=1e-12)
+    assert cpu.floor().tolist() == pytest.approx((cpu.work[0] / 2).tolist())
+    # a host with a core per rank is not crowded: no floor
+    assert _context(_with_layout(trace, cpus="0-3")).expert_load.host.cpu is None
+
+
+def test_at_least_lengthens_the_steps_below_the_floor_to_it_and_no_other():
+    from stragglers.whatif._replay import replay
+
+    w = _context(load_trace(STEP_CPU_RUN)).w
+    times = replay(w.plan, w.cost, w.step_start)
+    floor = times.copy()
+    floor[::2] += 0.05
+    floor[1::2] -= 0.05
+    out = host_cores.at_least(w, w.cost, floor)
+    np.testing.assert_allclose(replay(w.plan, out, w.step_start), np.maximum(times, floor),
+                               atol=1e-9)
+    np.testing.assert_array_equal(out[:, :, 1::2], w.cost[:, :, 1::2])
+
+
+def test_balanced_routing_is_no_faster_than_the_hosts_cpu_work_allows():
+    """Balancing moves the experts' work between the ranks, it does not remove it: where the
+    processes' CPU over the host's CPUs exceeds the replay's step, the prediction is that step
+    (here the recorded step_cpu ×3, as on a host whose cores the run keeps busy)."""
+    from stragglers.whatif._replay import replay
+
+    trace = load_trace(STEP_CPU_RUN)
+    busy = copy.copy(trace)
+    busy.ops = dict(trace.ops)
+    busy.ops["step_cpu"] = trace.ops["step_cpu"] * 3
+    for run, binds in ((trace, False), (busy, True)):
+        ctx = _context(run)
+        floor = ctx.expert_load.host.cpu.floor()
+        predicted = replay(ctx.w.plan, expert_imbalance(ctx)[0].cost, ctx.w.step_start)
+        assert (predicted >= floor - 1e-9).all()
+        assert bool((predicted <= floor + 1e-9).any()) is binds

@@ -486,7 +486,7 @@ class Recorder:
             self.end_step()
         if not self.sampled(step):
             return False
-        self._buf = StepBuffer(step, self._timer.begin_step())
+        self._buf = StepBuffer(step, self._timer.begin_step(), cpu=time.process_time())
         return True
 
     def drop_step(self) -> None:
@@ -507,6 +507,7 @@ class Recorder:
                 if not work.done:
                     work.wait()  # a row needs its end; an unwaited send at step end is waited
             buf.pending.clear()
+        buf.cpu = time.process_time() - buf.cpu
         if self._writer is not None:
             self._writer.submit(buf)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -51,6 +52,10 @@ class StepBuffer:
     # (optype code, end mark) of an all-to-all row → the rows this rank sent in it
     # (record/modelparallel.py): the sent column of a part that has one, -1 on other rows
     sent: dict[tuple[int, object], int] | None = None
+    # the process's CPU time (every thread's: the training thread, gloo's, the writer's) when
+    # the step began, then its CPU seconds over the step: the step_cpu column. A host's ranks
+    # cannot do their steps' CPU work faster than their CPUs allow (whatif/causes/host_cores.py)
+    cpu: float = math.nan
 
     def add_stamps(self, stamps: bytes) -> None:
         """Native stamps drained from the hooks (b"" when there were none)."""
@@ -256,6 +261,9 @@ class RankWriter:
             out["pg"] = _pgs(pgs, self.pg_defaults, step, code, end)
         if cpu:  # reading fills the column with NaN in parts without it (runformat)
             out["cpu_time"] = _cpu_waits(cpu, step, code, end)
+        used = {b.step: b.cpu for b in bufs if math.isfinite(b.cpu)}
+        if used:  # reading fills the column with NaN in parts without it (runformat)
+            out["step_cpu"] = np.array([used.get(s, math.nan) for s in step.tolist()], np.float64)
         if sent:  # reading fills the column with -1 in parts without it (runformat)
             out["sent"] = np.array([sent.get(key, -1) for key in
                                     zip(step.tolist(), code.tolist(), end.tolist())], np.int64)

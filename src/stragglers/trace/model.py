@@ -87,12 +87,16 @@ OPTIONAL_COLUMNS: dict[str, np.dtype] = {
     # training thread ran on a CPU (schedstat); duration − cpu_time − cpu_wait it slept (a
     # device it waited for). NaN elsewhere
     "cpu_time": np.dtype(np.float64),
+    # every row of a step (our recorder): s of CPU the recording process (all its threads: the
+    # training thread, the communication library's, the recorder's writer) used over the step;
+    # a host's ranks cannot take less than their steps' CPU work over the CPUs they share
+    "step_cpu": np.dtype(np.float64),
     # collectives: the process group they ran in, a job-wide id (-1 unknown): a collective
     # synchronises the ranks of its group only (a tensor-parallel pair, not every DP rank)
     "pg": np.dtype(np.int32),
 }
 OPTIONAL_FILL = {"attn_cost": np.nan, "tokens": -1, "sent": -1, "bytes": -1, "cpu_wait": np.nan,
-                 "cpu_time": np.nan, "pg": -1}
+                 "cpu_time": np.nan, "step_cpu": np.nan, "pg": -1}
 
 
 def optype_code(name: str) -> int:

@@ -31,7 +31,9 @@ wait). Where ranks outnumber their host's CPUs (the layout's `cpus`) and the exp
 recorded their run delay, balanced, every rank computes its experts at once, where the hot rank
 computed alone: each expert piece is given its own time at balanced rows (the own-time fit's
 slope) plus the run delay that the ranks computing beside it in the replay imply
-(host_cores.py, fitted over the run's compute pieces). The result: the step time with routing
+(host_cores.py, fitted over the run's compute pieces); and no step is shorter than the CPU its
+ranks' processes used in it (`step_cpu`, gloo's threads included) over the CPUs they share:
+balancing moves the experts' work, it does not remove it. The result: the step time with routing
 perfectly balanced, an upper bound. The same fits price capacity factors (rows beyond C × mean
 dropped, neither computed nor moved) at the measured routing.
 """
@@ -45,7 +47,8 @@ import numpy as np
 from stragglers.trace.model import OPTYPE_CODES as C
 from stragglers.whatif._replay import replay
 from stragglers.whatif.causes.base import Candidate, Context
-from stragglers.whatif.causes.host_cores import Contention, contended, cpu_share, crowded_hosts
+from stragglers.whatif.causes.host_cores import (Contention, HostCpu, at_least, contended, cpu_share,
+                                                 crowded_hosts, host_cpu)
 from stragglers.whatif.causes.host_cores import fit as fit_contention
 from stragglers.whatif.grid import BWD, BWW, FWD
 from stragglers.whatif.result import CapacityOption
@@ -81,6 +84,9 @@ class HostShare:
     cpu_share: np.ndarray          # [K, D, T] share of each piece's own time on a CPU
     # ranks outnumbering their host's CPUs: run delay by the ranks computing beside a piece
     contention: Contention | None = None
+    # the CPU each crowded host's processes used per step: no step is shorter than that over
+    # the host's CPUs
+    cpu: HostCpu | None = None
 
 
 @dataclass
@@ -167,7 +173,8 @@ def _host_share(ctx: Context, pairs: list[tuple[int, int]], durations: np.ndarra
     experts = [e for _, e in pairs]
     return HostShare(wait, float(wait.sum()) / total if total > 0 else 0.0, own_slope,
                      cpu_share(g, ops, experts, durations[experts] - wait),
-                     None if host is None else fit_contention(g, ops, host))
+                     None if host is None else fit_contention(g, ops, host),
+                     None if host is None else host_cpu(ctx.trace, g, ctx.ranks, host))
 
 
 def _transfer(g, ops, cost: np.ndarray, min_corr: float
@@ -238,7 +245,24 @@ def balanced(w, load: ExpertLoad, cap: float | None = None) -> np.ndarray:
     if host is not None and host.contention is not None:
         cost = contended(w, host.contention, cost, [e for _, e in load.pairs],
                          balanced_own(load, w.cost, cap), host.cpu_share)
-    return exposed_exchange(w, cost)
+    cost = exposed_exchange(w, cost)
+    if host is not None and host.cpu is not None:
+        # balancing moves the experts' CPU work between the host's ranks, it does not remove
+        # it: no step can be shorter than its processes' CPU over their CPUs (less the rows
+        # a capacity factor drops)
+        cost = at_least(w, cost, host.cpu.floor(_dropped_cpu(load, cap)))
+    return cost
+
+
+def _dropped_cpu(load: ExpertLoad, cap: float | None) -> np.ndarray | float:
+    """[H, T] the CPU s each crowded host no longer spends in a step on the rows a capacity
+    factor drops (0 with routing balanced: no row is dropped)."""
+    host = load.host
+    if cap is None or host is None or host.cpu is None:
+        return 0.0
+    dropped = np.maximum(load.rows - cap * load.mean, 0)                   # [K, D, T]
+    cpu = (host.own_slope[:, None, None] * dropped * host.cpu_share).sum(axis=0)   # [D, T]
+    return np.stack([cpu[host.cpu.host == h].sum(axis=0) for h in range(len(host.cpu.cpus))])
 
 
 def balanced_transfer(load: ExpertLoad, cost: np.ndarray, cap: float | None = None
