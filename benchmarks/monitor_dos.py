@@ -323,14 +323,15 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def serve(tmp: Path) -> tuple[subprocess.Popen, str]:
+def serve(tmp: Path, read_interval_s: float | None = None) -> tuple[subprocess.Popen, str]:
     """`stragglers monitor serve` in its own process (as deployed: the analysis in a process
     of its own), on a free port; (process, URL) once it answers."""
     token = tmp / "token"
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
+    pace = "" if read_interval_s is None else f", read_interval_s: {read_interval_s}"
     (tmp / "rules.yaml").write_text("settings: {window_steps: 10, stall_after_s: 600, "
-                                    "durable: false}\n")
+                                    f"durable: false{pace}}}\n")
     with socket.socket() as k:
         k.bind(("127.0.0.1", 0))
         port = k.getsockname()[1]
@@ -358,6 +359,9 @@ def main() -> None:
     ap.add_argument("--attacker-nice", type=int, default=19, help="nice of the attacker "
                     "processes (cases 5-8); 0 where a busy machine leaves them no CPU at 19 "
                     "(then their CPU, taken from the service and the client, counts too)")
+    ap.add_argument("--read-interval-s", type=float, default=None, help="the service's "
+                    "read_interval_s (its default if not given; 0: reads not paced, the "
+                    "baseline of cases 7-8)")
     args = ap.parse_args()
     trace = slow_job(steps=5 * args.rounds, dp=2, pp=2)
     parts = [(r, p, table_bytes(c)) for r, p, c in parts_of(trace, steps_per_part=5)]
@@ -374,7 +378,7 @@ def main() -> None:
     url = ""   # (the flood cases read it when they start)
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = serve(Path(tmp))
+        proc, url = serve(Path(tmp), args.read_interval_s)
         port = int(url.rsplit(":", 1)[1])
         probe = Probe(proc.pid)
         try:
@@ -450,7 +454,9 @@ def main() -> None:
                       f"--rounds {args.rounds} --blocks {args.blocks}"
                       + (f" --cases {args.cases}" if args.cases else "")
                       + (f" --attacker-nice {args.attacker_nice}"
-                         if args.attacker_nice != 19 else ""),
+                         if args.attacker_nice != 19 else "")
+                      + (f" --read-interval-s {args.read_interval_s:g}"
+                         if args.read_interval_s is not None else ""),
               figures=figures(rows, "upload latency"),
               note=f"{os.cpu_count()} CPUs; {args.blocks} alternated quiet/attacked block "
                    f"pairs of {len(parts)} uploads per case"), args.name)

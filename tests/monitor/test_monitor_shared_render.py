@@ -8,6 +8,7 @@ import asyncio
 import time
 
 import httpx
+import pytest
 
 from stragglers.monitor.coalesce import SharedRender
 
@@ -92,5 +93,32 @@ def test_metrics_scrapes_still_answer_fresh_series(tmp_path):
             s.monitor.reject("bad_part", "probe", "a refusal counted after the first scrape")
             again = c.get("/metrics")
             assert 'stragglers_ingest_rejected_total{reason="bad_part"} 1.0' in again.text
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_one_client_address_is_answered_once_per_read_interval(tmp_path):
+    # 8 loops reading /metrics (no token needed) took an answer per render, ~190 a second:
+    # their own CPU and wake-ups took the CPUs from a recorder's uploads (1.81x at nice 0).
+    # Now an address's requests wait their turns (a lower bound, however loaded the machine).
+    import concurrent.futures as cf
+
+    from stragglers.monitor.server import MonitorServer
+    from stragglers.monitor.settings import MonitorConfig
+    interval = 1.0
+    s = MonitorServer(tmp_path / "mon.db", port=0,
+                      config=MonitorConfig(stall_after_s=600, read_interval_s=interval)).start()
+    try:
+        def scrape(path: str) -> float:
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                assert c.get(path).status_code == 200
+                return time.monotonic()
+
+        for path in ("/metrics", "/api/jobs", "/api/stats"):
+            began = time.monotonic()   # (before the first request's turn began)
+            with cf.ThreadPoolExecutor(3) as pool:
+                done = sorted(pool.map(scrape, [path] * 3))
+            assert done[-1] - began >= 2 * interval, (path, began, done)
     finally:
         s.stop()

@@ -16,7 +16,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stragglers.errors import InputError
-from stragglers.monitor.coalesce import SharedRender
+from stragglers.monitor.coalesce import ClientPace, SharedRender
 from stragglers.monitor.events import ChangeFeed
 from stragglers.monitor.ingest_http import HTTPProblem, add_upload_routes, plain_number
 from stragglers.monitor.metrics import CONTENT_TYPE
@@ -172,10 +172,22 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     metrics_render = SharedRender(lambda: asyncio.get_running_loop().run_in_executor(
         readers, render_metrics))
 
+    def paced(render: SharedRender[bytes], media_type: str):
+        """A route's answer from `render`, one a client address per read_interval_s."""
+        pace = ClientPace(monitor.config.read_interval_s)
+
+        async def answer(request: Request) -> Response:
+            if not await pace.turn(request.scope):
+                return Response(status_code=503)   # (its connection is gone: nobody reads it)
+            return Response(await render.get(), media_type=media_type)
+        return answer
+
+    metrics_answer = paced(metrics_render, CONTENT_TYPE)
+
     @app.get("/metrics", dependencies=read)
-    async def metrics():
+    async def metrics(request: Request):
         """Prometheus text exposition (every job's, whichever instance analyses it)."""
-        return Response(await metrics_render.get(), media_type=CONTENT_TYPE)
+        return await metrics_answer(request)
 
     def shared_json(fn) -> SharedRender[bytes]:
         """fn()'s JSON, encoded on a reader thread, one render shared by the requests that
@@ -193,10 +205,12 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
 
     job_list_render = shared_json(job_list)
 
+    jobs_answer = paced(job_list_render, "application/json")
+
     @app.get("/api/jobs", dependencies=read)
-    async def jobs():
+    async def jobs(request: Request):
         """Every job: name, world size, current S, state, last update, open alerts."""
-        return Response(await job_list_render.get(), media_type="application/json")
+        return await jobs_answer(request)
 
     @app.get("/api/jobs/{job}", dependencies=read)
     async def job(job: str = PathParam(max_length=128),
@@ -291,10 +305,12 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
                                               "rejects": list(monitor.recent_rejects.copy()),
                                               "idle": monitor.idle()}))
 
+    stats_answer = paced(stats_render, "application/json")
+
     @app.get("/api/stats", dependencies=read)
-    async def stats():
+    async def stats(request: Request):
         """Parts and records stored (per way in and per job), and recent refusals."""
-        return Response(await stats_render.get(), media_type="application/json")
+        return await stats_answer(request)
 
     @app.get("/", dependencies=read)
     async def index():
