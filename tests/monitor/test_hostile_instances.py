@@ -414,3 +414,72 @@ def test_an_instance_whose_clock_runs_ahead_holds_no_silence(postgres_url, tmp_p
     stalls_beside_another_instance(
         postgres_url, tmp_path, 30.0,
         lambda write: lambda instance, as_of, oldest: write(instance, as_of + 3600.0, 1.0))
+
+
+def paused_holder(url: str, tmp_path):
+    """Instance A holding job `j` (its parts heard 20 s ago, past its 10 s stall deadline) and
+    paused before its tick decided it: no thread runs (the test calls what they call), and
+    its lease (0.5 s) has run out in the store by the time this returns."""
+    import psycopg
+
+    from monitor_jobs import slow_job
+    from stragglers.monitor.service import Monitor, PartIn
+    from stragglers.monitor.settings import MonitorConfig
+    from stragglers.trace.runformat import rank_file_name, write_rank
+    cfg = MonitorConfig(window_steps=5, stall_after_s=10.0, tick_s=0.5, lease_s=0.5,
+                        analysis_process=False, change_detector=False)
+    trace = slow_job(steps=5)
+    run = tmp_path / "runs" / "j"
+    for rank in range(trace.meta.world_size):
+        write_rank(run, rank, {k: v[trace.ops["rank"] == rank] for k, v in trace.ops.items()},
+                   part=0)
+    a = Monitor(open_store(url), cfg, data_dir=tmp_path, instance="A")
+    a.leases.beat()
+    a.register_job("j", run, "files", trace.meta.to_dict())
+    a._ingest_batch([PartIn("j", r, 0, "files", path=run / rank_file_name(r, 0),
+                            queued_at=time.monotonic() - 20.0)
+                     for r in range(trace.meta.world_size)])
+    assert a.leases.holds("j") and a.trackers["j"].last_arrival <= time.time() - 19.0
+    with psycopg.connect(url, autocommit=True) as db:
+        eventually(lambda: db.execute("SELECT expires_at < extract(epoch from now()) FROM "
+                                      "leases WHERE job = 'j'").fetchone()[0],
+                   what="A's lease running out")
+    return a, cfg
+
+
+def test_a_holder_paused_past_its_lease_decides_nothing_of_a_job_taken_meanwhile(
+        postgres_url, tmp_path):
+    # A paused (SIGSTOP, a VM pause) past its lease; B took the job. A woke and its tick came
+    # first: it decided the job stalled from what it saw before the pause — the fence refused
+    # the write, but its state, its /metrics and its log said `stalled` (and its alert
+    # engine logged the alert firing) of a job another instance holds
+    from stragglers.monitor.service import Monitor
+    a, cfg = paused_holder(postgres_url, tmp_path)
+    b = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="B")
+    try:
+        b.leases.beat()
+        assert b.leases.holds("j")
+        a.tick()   # A wakes: its heartbeat is late, so it renews before it decides
+        assert a.states.get("j") != "stalled", "A decided a stall of a job B holds"
+        assert not a.leases.holds("j") and "j" not in a.trackers
+        assert a.store.job("j").state == "running"
+    finally:
+        for m in (a, b):
+            m.stop()
+            m.store.close()
+
+
+def test_a_silence_is_not_stored_under_a_lease_that_ran_out(postgres_url, tmp_path):
+    # nobody took the job yet: the fence found the same owner and epoch and stored the
+    # stall A decided from before its pause; a silence is decided from a clock, under a
+    # lease that has not run out
+    a, _ = paused_holder(postgres_url, tmp_path)
+    try:
+        lease = a.leases.lease("j")
+        assert a.store.add_dead_man("j", "stalled", [], [], lease, "A", 30.0) is None
+        assert a.store.job("j").state == "running"
+        a.tick()   # renewed first (nobody took it): the stall is A's to decide, and stored
+        assert a.leases.holds("j") and a.store.job("j").state == "stalled"
+    finally:
+        a.stop()
+        a.store.close()

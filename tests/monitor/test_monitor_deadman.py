@@ -95,6 +95,28 @@ def test_the_tick_thread_wakes_at_the_dead_man_deadline_not_at_its_next_tick(mon
     assert monitor.tick_wait(tr.last_arrival + STALL + 1) == TICK
 
 
+def test_a_silence_held_back_by_another_instances_mark_is_looked_at_when_that_mark_is_due(
+        monitor):
+    # (a shared store) another instance's last mark was written 0.5 s before the deadline:
+    # its next, a tick later, lets the silence go; the holder looked again only a whole tick
+    # after its own check, so the silence was decided up to two ticks late
+    from stragglers.monitor.records import IngestMark
+    feed(monitor, 0, range(4))
+    deadline = monitor.trackers["j"].last_arrival + STALL
+    now = deadline + 0.1   # (the holder's tick at the deadline)
+    monitor._marks = [IngestMark("B", deadline - 0.5, None)]
+    assert not monitor.settled_elsewhere(deadline)
+    due = deadline - 0.5 + TICK   # B's next mark
+    assert monitor.tick_wait(now) == pytest.approx(due - now + TICK / 10, abs=2e-3)
+    # B late by less than a tick (its tick under way): looked at every tenth of a tick
+    assert monitor.tick_wait(due + 0.5) == pytest.approx(TICK / 10, abs=2e-3)
+    # B later than that (stuck): the tick's pace (left out after lease_s)
+    assert monitor.tick_wait(due + TICK + 0.5) == TICK
+    # a tick that holds nothing back: the tick's pace again
+    monitor.tick(now + 1.0)
+    assert monitor.tick_wait(now + 1.0) == TICK
+
+
 def test_the_tick_loop_sleeps_until_the_deadline(monitor):
     feed(monitor, 0, range(4), queued_ago=STALL - 1.0)   # the job's deadline: 1 s from now
     waits = []

@@ -5,7 +5,9 @@ Every job has one lease row. An instance holds a lease for `lease_s` past its la
 to its fair share (jobs / live instances, `FOR UPDATE SKIP LOCKED` on PostgreSQL), handing back
 a surplus when an instance joined. Taking a lease adds one to its epoch; the holder's window and
 alert writes carry (instance, epoch) and are refused once the epoch moved on (store_base
-`_fence`), so an instance that stalls past its lease and wakes up stores nothing. An instance
+`_fence`; a silence, decided from a clock, also once the lease ran out), so an instance that
+stalls past its lease and wakes up stores nothing; its tick renews its leases before it decides
+a silence when the heartbeat is late (Monitor.tick). An instance
 killed with -9 stops renewing: its jobs are taken within `lease_s` plus one heartbeat of
 another instance (docs/monitor.md §7).
 """
@@ -68,7 +70,8 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.last_beat = 0.0
+        self.last_beat = 0.0        # (monotonic) and on the wall clock: a paused process's
+        self.last_beat_wall = 0.0   # monotonic clock may or may not have moved on (a VM's)
 
     def lease(self, job: str) -> tuple[str, int] | None:
         """(instance, epoch) of the job's lease if held here, else None."""
@@ -89,7 +92,7 @@ class LeaseKeeper:
             for job in lost:
                 del self.held[job]
             self.held.update({job: now_held[job] for job in gained})
-            self.last_beat = time.monotonic()
+            self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
         # the monitor is told outside the lock (it takes its own lock, which register_job
         # holds while it calls take())
         for job in lost:
@@ -99,6 +102,15 @@ class LeaseKeeper:
         if lost:
             log.warning("leases: %d job(s) now analysed by another instance: %s", len(lost),
                         ", ".join(sorted(lost)[:10]))
+
+    def overdue(self) -> bool:
+        """Whether the heartbeat is late by a beat or more (on a shared store): this process
+        was paused or starved, and the leases it believes it holds may have run out and been
+        taken meanwhile."""
+        if not getattr(self.store, "shared", False):
+            return False
+        since = max(time.monotonic() - self.last_beat, time.time() - self.last_beat_wall)
+        return since > 2 * self.lease_s / 3
 
     def forget(self, job: str) -> None:
         """A job that is gone (its rows deleted): its lease is no longer held here."""

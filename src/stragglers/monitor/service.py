@@ -175,6 +175,9 @@ class Monitor:
         # other instances read before deciding a silence; and those marks, read once a tick
         self._floors: dict[float, int] = {}
         self._marks: list[IngestMark] = []
+        # when the first mark that held a silence back this tick is written again (its
+        # instance ticks every tick_s): looked at then, not a whole tick of this one later
+        self._marks_due: float | None = None
         self._mark_failed = False
         self._windows_in_flight: dict[str, int] = {}   # job → its windows queued or analysed
         self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
@@ -911,8 +914,15 @@ class Monitor:
         """Whether every other live instance said, at the tick's start, that every part it
         heard up to `deadline` is stored (and so followed here) or refused: a silence whose
         deadline that is may be decided."""
-        return all(m.as_of >= deadline and (m.oldest is None or m.oldest > deadline)
-                   for m in self._marks)
+        held = [m for m in self._marks
+                if m.as_of < deadline or (m.oldest is not None and m.oldest <= deadline)]
+        if held:
+            # their next marks (each instance writes one a tick) may let it go: the tick
+            # looks again right after (tick_wait), not up to a tick after that, which made a
+            # silence on a shared store up to two ticks late
+            due = min(m.as_of for m in held) + self.config.tick_s
+            self._marks_due = due if self._marks_due is None else min(self._marks_due, due)
+        return not held
 
     def _count(self, delta: int) -> None:
         with self._count_lock:
@@ -1433,7 +1443,11 @@ class Monitor:
         if lease is None:
             return   # the job's holder decides its states
         if state == "stalled":   # the dead-man: one transaction, its message sent at once
-            self.store_dead_man(job, state, self.alerts.on_state(job, state), lease)
+            if not self.store_dead_man(job, state, self.alerts.on_state(job, state), lease):
+                with self._lock:   # not stored (the lease moved on or ran out): decided again
+                    if self.states.get(job) == "stalled" and self.leases.holds(job):
+                        self.states[job] = "running"   # by the next tick, under a live lease
+                        self.metrics.set_state(job, "running")
             return
         finished_at = time.time() if state == "finished" else None
         if not self.store.set_job_state(job, state, finished_at=finished_at, lease=lease):
@@ -1467,16 +1481,17 @@ class Monitor:
         self._deliver(job, alert_rows)
 
     def store_dead_man(self, job: str, state: str | None, changes: Changes,
-                       lease: Lease | None = None) -> None:
+                       lease: Lease | None = None) -> bool:
         """Store a silence decided (the job's `stalled` state, or its silent ranks' alert
         changes) in one transaction whose messages are claimed here and posted at once on the
-        outbox's urgent thread: no claim transaction, poll or other alerts' posts before it."""
+        outbox's urgent thread: no claim transaction, poll or other alerts' posts before it.
+        False when not stored (the lease moved on, or ran out: fence)."""
         alert_rows, log_rows, _ = changes
         if state is None and not (alert_rows or log_rows):
-            return
+            return True
         lease = lease or self.leases.lease(job)
         if lease is None:
-            return   # the job's holder decides its alerts
+            return False   # the job's holder decides its alerts
         try:
             claimed = self.store.add_dead_man(job, state, alert_rows, log_rows, lease,
                                               self.instance, self.config.alert_claim_s)
@@ -1484,9 +1499,10 @@ class Monitor:
             self.metrics.store_errors.labels("alerts").inc()
             raise
         if claimed is None:
-            return   # the lease moved on meanwhile: its new holder decides
+            return False   # the lease moved on meanwhile (or ran out): its holder decides
         self.outbox.send_now(claimed)
         self._deliver(job, alert_rows)
+        return True
 
     def refresh_metrics(self) -> None:
         """/metrics for every job: the jobs other instances analyse are shown from the store
@@ -1534,10 +1550,18 @@ class Monitor:
         before its job's, and the job's decided a whole tick_s late)."""
         after = now if self._ticked_at is None else min(now, self._ticked_at)
         deadline = self.silence_deadline(after)
-        if deadline is None:
-            return self.config.tick_s
-        # a hair past it: the tick's own clock reading must find the deadline passed
-        return max(0.0, min(self.config.tick_s, deadline - now + 1e-3))
+        wait = self.config.tick_s
+        if deadline is not None:
+            # a hair past it: the tick's own clock reading must find the deadline passed
+            wait = max(0.0, min(wait, deadline - now + 1e-3))
+        due, poll = self._marks_due, self.config.tick_s / 10
+        if due is not None and now <= due + self.config.tick_s:
+            # a silence held back by another instance's mark: looked at again a tenth of a
+            # tick after that mark is due again (then every tenth, while it is late by less
+            # than a tick: its tick is under way); a mark later than that is looked at every
+            # tick (its instance is stuck; after lease_s it is left out)
+            wait = min(wait, max(0.0, due - now) + poll)
+        return wait
 
     def silence_deadline(self, now: float) -> float | None:
         """The first moment after `now` at which a running job held here has sent nothing for
@@ -1570,6 +1594,20 @@ class Monitor:
         cfg = self.config
         with self._count_lock:
             self._tick_mark = self._settled
+        self._marks_due = None   # (set again by this tick's decisions held back by marks)
+        if self.leases.overdue():
+            # the heartbeat is late (this process was paused: SIGSTOP, a VM pause, a long GC):
+            # its leases may have run out and their jobs been taken while it slept, and it
+            # decided their silences from what it saw before the pause (the fence refused
+            # the writes, but the state, /metrics and the log said `stalled`). Renewed first,
+            # what was taken is dropped; undecided this tick when the store cannot say.
+            try:
+                self.leases.beat()
+            except Exception as exc:   # noqa: BLE001 - the database away: the next tick
+                log.warning("tick: leases not renewed after a pause (%s); no silence decided",
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                self._ticked_at = now
+                return
         # the other instances' marks before their parts: a part they stored after this read
         # is followed below, one stored before the mark they wrote is in the store already
         # A mark not written for lease_s is left out: its instance's tick is stuck (a long

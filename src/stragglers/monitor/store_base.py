@@ -583,9 +583,11 @@ class SQLStore:
         transaction, with their messages claimed by `instance` for sending at once (no
         claim transaction and no poll before the dead-man's alert leaves); a message behind
         an older one of its alert still unsent is left to the outbox (firing before
-        resolved). None (nothing stored) when `lease` no longer holds the job."""
+        resolved). None (nothing stored) when `lease` no longer holds the job, or has run
+        out on a shared store: a silence is decided from a clock, and an instance paused past
+        its lease (SIGSTOP, a VM pause) decides from what it saw before the pause."""
         def tx(db: Any) -> list[ClaimedMessage]:
-            self._fence(db, job, lease)
+            self._fence(db, job, lease, live=True)
             if state is not None:
                 self._exec(db, "UPDATE jobs SET state = ? WHERE job = ?", (state, job))
             self._alert_changes(db, alert_rows, log_rows)
@@ -616,14 +618,17 @@ class SQLStore:
         except LeaseLost:
             return False
 
-    def _fence(self, db: Any, job: str, lease: Lease | None) -> None:
+    def _fence(self, db: Any, job: str, lease: Lease | None, live: bool = False) -> None:
         """LeaseLost unless `lease` still holds `job` (its row locked till the commit, so a
-        taker waits for this transaction and then sees what it stored)."""
+        taker waits for this transaction and then sees what it stored); `live`: and, on a
+        shared store, has not run out (nobody may have taken it yet)."""
         if lease is None:
             return
-        row = self._one(db, _Lease, "SELECT owner, epoch FROM leases WHERE job = ?"
-                        + self.FOR_UPDATE, (job,))
+        row = self._one(db, _Lease, "SELECT owner, epoch, CAST(expires_at AS DOUBLE PRECISION) "
+                        "AS expires_at FROM leases WHERE job = ?" + self.FOR_UPDATE, (job,))
         if row is None or row.owner != lease[0] or row.epoch != int(lease[1]):
+            raise LeaseLost(job)
+        if live and self.shared and (row.expires_at is None or row.expires_at < self._now(db)):
             raise LeaseLost(job)
 
     def _alert_changes(self, db: Any, alert_rows: list[Alert],

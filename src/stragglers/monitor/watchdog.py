@@ -173,10 +173,18 @@ class Watchdog:
                     overdue.add(job)
         self.overdue = overdue
         for job, silent, places in decided:
+            before = self.silent.get(job)
             self.silent[job] = silent
             m.metrics.silent_ranks.labels(job).set(len(silent))
-            m.store_dead_man(job, None, m.alerts.on_silence(job, self._alerted(job, silent),
-                                                            places, now))
+            if not m.store_dead_man(job, None, m.alerts.on_silence(
+                    job, self._alerted(job, silent), places, now)):
+                # not stored (the lease moved on, or ran out while this process was paused):
+                # decided again at the next tick, under a live lease
+                if before is None:
+                    self.silent.pop(job, None)
+                else:
+                    self.silent[job] = before
+                m.metrics.silent_ranks.labels(job).set(len(before or {}))
         for job in [j for j in self.silent if j not in m.trackers]:
             self.silent.pop(job, None)
             m.metrics.silent_ranks.labels(job).set(0)
