@@ -109,6 +109,22 @@ def footer_made_required(body: bytes, column: bytes = b"gmc") -> bytes:
     return bytes(out)
 
 
+def page_header_with_endless_map(body: bytes, column: str = "seq_id") -> bytes:
+    """The part with its `column` data page's statistics turned, in place, into a Thrift map
+    of 2**63 - 1 (bool, bool) entries: booleans in a map take a byte each, but a reader that
+    skips them as no bytes loops 2**63 times without moving."""
+    import io
+
+    import pyarrow.parquet as pq
+    meta = pq.ParquetFile(io.BytesIO(body)).metadata
+    rg = meta.row_group(0)
+    chunk = next(rg.column(j) for j in range(rg.num_columns)
+                 if rg.column(j).path_in_schema == column)
+    at = body.index(b"\x1c\x18\x04", chunk.data_page_offset) + 1   # statistics' min/max
+    endless = b"\x1b" + b"\xff" * 8 + b"\x7f" + b"\x11" + b"\x00"   # map, 2**63-1, bool/bool
+    return body[:at] + endless + body[at + len(endless):]
+
+
 def a_part(rank: int = 1, part: int = 0):
     trace = slow_job(steps=10, slow=(0, 1, 3.0))
     cols = next(c for r, p, c in parts_of(trace, 5) if (r, p) == (rank, part))
@@ -165,3 +181,29 @@ def test_monitor_restarts_beside_a_watched_part_with_a_corrupt_footer(tmp_path):
     finally:
         err = stop(proc)
     assert alive, f"monitor aborted on a watched part; stderr: {err}"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="a page header holding a Thrift map of booleans spins "
+                   "pages._skip 2**63 times (a boolean in a map skipped as no bytes): the "
+                   "ingest thread is stuck for good, every job's uploads time out, SIGTERM "
+                   "does not stop the service")
+def test_monitor_refuses_a_page_header_with_an_endless_map(tmp_path):
+    trace, good = a_part()
+    bad = page_header_with_endless_map(good)
+    proc, url = serve_monitor(tmp_path)
+    try:
+        assert up(proc, url), "the monitor did not start"
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+        # a liveness bound, not a timing verdict: the check takes milliseconds, the loop forever
+        try:
+            r = httpx.put(f"{url}/api/jobs/j/ranks/1/parts/0", content=bad, headers=AUTH,
+                          timeout=30)
+            status, text = r.status_code, r.text
+        except httpx.TimeoutException:
+            status, text = None, "no answer in 30 s"
+    finally:
+        stop(proc)
+    assert status == 422 and "error" in text, (status, text)
