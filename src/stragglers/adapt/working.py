@@ -14,9 +14,10 @@ class WorkCredit:
     `earn` (at most `cap` held: a lease and its ack spend two, so a worker training gains one
     a shard, a margin for its retries and "wait" answers), and at most `per_worker` of its requests are in progress free
     at once (a worker asks one at a time; its ack and next lease may overlap). A worker first
-    seen gets `start` (its join and first lease) from a pool shared by all tokens, `pool` at
-    most, refilled at `pool_per_s`: names are cheap to invent (up to 1,024 a data set), so
-    what fresh names bring in all is bounded, not what each brings.
+    seen gets `start` (its join, first lease and first ack: with two, 256 workers' first acks
+    waited shared turns) from a pool shared by all tokens, `pool` at most (2,048 workers
+    starting at once), refilled at `pool_per_s`: names are cheap to invent (up to 1,024 a data
+    set), so what fresh names bring in all is bounded, not what each brings.
 
     A token that joined as many workers as it flooded with connections was a big job by the
     count of its workers, and its flood went unpaced: leases, replays, joins and releases move
@@ -25,8 +26,8 @@ class WorkCredit:
     Used on one event loop (no lock).
     """
 
-    def __init__(self, start: int = 2, earn: int = 3, cap: int = 8, per_worker: int = 2,
-                 pool: float = 4096, pool_per_s: float = 4096 / 60, remember: int = 1 << 16,
+    def __init__(self, start: int = 3, earn: int = 3, cap: int = 8, per_worker: int = 2,
+                 pool: float = 6144, pool_per_s: float = 6144 / 60, remember: int = 1 << 16,
                  clock=time.monotonic):
         self.start, self.earn, self.cap, self.per_worker = start, earn, cap, per_worker
         self.pool, self.pool_per_s, self.remember, self.clock = pool, pool_per_s, remember, clock
