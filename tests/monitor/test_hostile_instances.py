@@ -483,3 +483,25 @@ def test_a_silence_is_not_stored_under_a_lease_that_ran_out(postgres_url, tmp_pa
     finally:
         a.stop()
         a.store.close()
+
+
+def test_a_silence_the_fence_refused_renews_the_leases_before_it_is_decided_again(
+        postgres_url, tmp_path):
+    # the pause came between the tick's look at its heartbeat and its write: the fence
+    # refused the stall, and every tick decided it again (refused again, an alert logged
+    # firing each time) until the heartbeat thread came round
+    from stragglers.monitor.service import Monitor
+    a, cfg = paused_holder(postgres_url, tmp_path)
+    b = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="B")
+    try:
+        b.leases.beat()
+        assert b.leases.holds("j")
+        a.leases.last_beat, a.leases.last_beat_wall = time.monotonic(), time.time()
+        a.tick()   # (its heartbeat looks fresh: the stall decided, and refused)
+        assert a.store.job("j").state == "running" and a.states.get("j") != "stalled"
+        a.tick()
+        assert not a.leases.holds("j") and "j" not in a.trackers
+    finally:
+        for m in (a, b):
+            m.stop()
+            m.store.close()

@@ -178,6 +178,7 @@ class Monitor:
         # when the first mark that held a silence back this tick is written again (its
         # instance ticks every tick_s): looked at then, not a whole tick of this one later
         self._marks_due: float | None = None
+        self._renew_first = False   # a silence was refused by the fence: renew, then decide
         self._mark_failed = False
         self._windows_in_flight: dict[str, int] = {}   # job → its windows queued or analysed
         self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
@@ -1499,6 +1500,7 @@ class Monitor:
             self.metrics.store_errors.labels("alerts").inc()
             raise
         if claimed is None:
+            self._renew_first = True
             return False   # the lease moved on meanwhile (or ran out): its holder decides
         self.outbox.send_now(claimed)
         self._deliver(job, alert_rows)
@@ -1595,12 +1597,15 @@ class Monitor:
         with self._count_lock:
             self._tick_mark = self._settled
         self._marks_due = None   # (set again by this tick's decisions held back by marks)
-        if self.leases.overdue():
+        if self.leases.overdue() or (self._renew_first and self.store.shared):
             # the heartbeat is late (this process was paused: SIGSTOP, a VM pause, a long GC):
             # its leases may have run out and their jobs been taken while it slept, and it
             # decided their silences from what it saw before the pause (the fence refused
             # the writes, but the state, /metrics and the log said `stalled`). Renewed first,
             # what was taken is dropped; undecided this tick when the store cannot say.
+            # (after a silence the fence refused, too: decided again under the lease as it
+            # is, not refused again at every tick until the heartbeat came)
+            self._renew_first = False
             try:
                 self.leases.beat()
             except Exception as exc:   # noqa: BLE001 - the database away: the next tick
