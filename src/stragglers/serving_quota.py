@@ -313,10 +313,11 @@ class Backpressure(InProgress):
     job's 48 workers were held to 25 a second, 14-40 times below their pace), and only keys
     that `counts(key)` say so are "another key" (an anonymous /health probe once a second
     made every big job wait). A request that names who asks in its body (`deferrable`) is
-    not let through on the allowance alone: its turn is DEFERRED until the body says who, and
-    `settle` then gives it the shared turn unless its caller found it free (a worker that
-    earned it by its work: a token that joined as many workers as it flooded with connections
-    was a big job by the allowance, and its flood went unpaced).
+    not let through on the allowance: under contention its turn is DEFERRED (up to
+    `max_waiting` of a key at once) until the body says who, and `settle` then gives it the
+    shared turn unless its caller found it free (a worker that earned it by its work: a token
+    that joined as many workers as it flooded with connections was a big job by the
+    allowance, and its flood went unpaced).
     Used on one event loop (no lock)."""
 
     def __init__(self, name: str, free: int, rate: float, burst: float, max_wait_s: float,
@@ -371,9 +372,12 @@ class Backpressure(InProgress):
             # (the allowance last: it may read the store, the others are in memory)
             shared = (self.shared_interval is not None and self._others_active(key, now)
                       and self.contended())
-            if shared and allowed and self.allowance is not None and n < self.allowance(key):
-                # within the allowance: its own pace, or (naming who asks) settled later
-                wait = DEFERRED if deferrable else self._wait(key, n, now, False)
+            if shared and deferrable and n < self.max_waiting:
+                # settled once its body names who asks (a job's workers joining had no
+                # allowance yet: their joins and first leases waited shared turns)
+                wait = DEFERRED
+            elif shared and allowed and self.allowance is not None and n < self.allowance(key):
+                wait = self._wait(key, n, now, False)   # within the allowance: its own pace
             else:
                 wait = self._wait(key, n, now, shared)
         if n == 0 and self.counts(key):

@@ -311,11 +311,12 @@ def test_a_flooding_token_yields_to_another_active_token_over_http(tmp_path):
             _counted(srv, token_digest(OTHER), 1)
             try:
                 h = {"Authorization": f"Bearer {OWNER}"}
-                codes = [c.post("/datasets/d/join", headers=h, json={"worker": f"w{i}"})
+                # (retry-failed: no worker's write, whose credit would settle its turn)
+                codes = [c.post("/datasets/d/retry-failed", headers=h, json={})
                          .status_code for i in range(1)]
                 assert codes == [200], codes   # past its free ones: the shared pace's first
                 t0 = time.monotonic()
-                refused = c.post("/datasets/d/join", headers=h, json={"worker": "late"})
+                refused = c.post("/datasets/d/retry-failed", headers=h, json={})
                 assert refused.status_code == 429, refused.text
                 assert int(refused.headers["retry-after"]) >= 50
                 assert time.monotonic() - t0 >= 0.5   # after the contended longest wait

@@ -14,6 +14,7 @@ from stragglers.adapt.service import EmbeddedServer, ServiceConfig, token_digest
 from stragglers.adapt.working import WorkCredit
 
 OWNER, OTHER = "flooding-owner-token-0123", "well-behaved-token-012345"
+BIG = "big-job-starting-token-0123"
 
 
 class Clock:
@@ -84,16 +85,17 @@ def test_a_flood_from_many_joined_workers_waits_while_working_workers_go_free(tm
     srv = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as c:
-            for token, name in ((OWNER, "d"), (OTHER, "e")):
+            for token, name in ((OWNER, "d"), (OTHER, "e"), (BIG, "b")):
                 h = {"Authorization": f"Bearer {token}"}
                 assert c.post("/datasets", headers=h, json={
                     "name": name, "num_samples": 1000, "shard_size": 10}).status_code == 200
             h = {"Authorization": f"Bearer {OWNER}"}
             fences = {f"w{i}": c.post("/datasets/d/join", headers=h, json={"worker": f"w{i}"})
                       .json()["fence"] for i in range(8)}
-            held = [_held(srv.port, OWNER, "d"), _held(srv.port, OTHER, "e")]
-            _counted(srv, token_digest(OWNER), 1)
-            _counted(srv, token_digest(OTHER), 1)
+            held = [_held(srv.port, OWNER, "d"), _held(srv.port, OTHER, "e"),
+                    _held(srv.port, BIG, "b")]
+            for token in (OWNER, OTHER, BIG):
+                _counted(srv, token_digest(token), 1)
             try:
                 def lease(worker: str, rid: str) -> httpx.Response:
                     return c.post("/datasets/d/lease", headers=h, json={
@@ -124,6 +126,16 @@ def test_a_flood_from_many_joined_workers_waits_while_working_workers_go_free(tm
                     "worker": "late", "fence": fences["late"], "epoch": shard["epoch"],
                     "shard": shard["shard"], "consumed": 10})
                 assert r.status_code == 200, r.text
+                # a job whose workers join now, none joined before (no allowance from the
+                # store yet): their joins and first leases go on their start credits (they
+                # took the token's shared turns, 256 workers' leases up to 7.4 s)
+                hb = {"Authorization": f"Bearer {BIG}"}
+                for i in range(3):
+                    r = c.post("/datasets/b/join", headers=hb, json={"worker": f"b{i}"})
+                    assert r.status_code == 200, r.text
+                    r = c.post("/datasets/b/lease", headers=hb, json={
+                        "worker": f"b{i}", "fence": r.json()["fence"]})
+                    assert r.status_code == 200, r.text
                 # a refused body (its worker never known) waits the shared turn too: a flood
                 # of bad bodies from many joined workers' connections went free of it
                 t0 = time.monotonic()

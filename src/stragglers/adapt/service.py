@@ -1061,11 +1061,12 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
 
 class WorkerAllowance:
-    """Requests in progress a token may have beyond its free ones without a shared turn taken
-    at once under contention: two per worker joined to its data sets (a worker asks one at a
-    time; its ack and next lease may overlap), at least `free`; read from the store at most
-    once a second per token. A worker's write within it is settled by that worker's credit
-    (WorkCredit: joined workers alone made a flood on as many connections a big job's).
+    """Requests in progress a token may have at its own pace under contention, for those
+    bounded per token or in all elsewhere (control calls, status and snapshot reads): two per
+    worker joined to its data sets (a worker asks one at a time; its ack and next lease may
+    overlap), at least `free`; read from the store at most once a second per token. A
+    worker's own writes are settled by its credit instead (WorkCredit: joined workers alone
+    made a flood on as many connections a big job's).
 
     A big job's workers share its token: held to the shared pace past 4 in progress, 48
     workers of 50-200 ms steps made 10 steps a second instead of 150, and 800 saw their joins
