@@ -505,3 +505,39 @@ def test_a_silence_the_fence_refused_renews_the_leases_before_it_is_decided_agai
         for m in (a, b):
             m.stop()
             m.store.close()
+
+
+def test_a_part_heard_before_a_pause_counts_as_heard_when_the_instance_is_back(
+        postgres_url, tmp_path):
+    # A heard a part, then was paused past its lease: the others left its ingest mark out
+    # (it is dead to them) and decided silences without the part; A woke and stored it as
+    # heard before those deadlines — a stall decided over a part A then acknowledged (false,
+    # taken back once followed). Now it counts as heard when A came back.
+    import psycopg
+
+    from monitor_jobs import slow_job
+    from stragglers.monitor.service import Monitor, PartIn
+    from stragglers.monitor.settings import MonitorConfig
+    from stragglers.trace.runformat import rank_file_name, write_rank
+    cfg = MonitorConfig(window_steps=5, stall_after_s=600.0, lease_s=0.5,
+                        analysis_process=False, change_detector=False)
+    trace = slow_job(steps=5)
+    run = tmp_path / "runs" / "j"
+    write_rank(run, 0, {k: v[trace.ops["rank"] == 0] for k, v in trace.ops.items()}, part=0)
+    a = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="A")
+    try:
+        a.leases.beat()
+        a.register_job("j", run, "files", trace.meta.to_dict())
+        heard = PartIn("j", 0, 0, "files", path=run / rank_file_name(0, 0),
+                       queued_at=time.monotonic())
+        with psycopg.connect(postgres_url, autocommit=True) as db:
+            eventually(lambda: not db.execute(
+                "SELECT 1 FROM instances WHERE id = 'A' AND expires_at > extract(epoch from "
+                "now())").fetchall(), what="A's heartbeat running out")
+        woke = time.time()
+        a._ingest_batch([heard])
+        (stored,) = a.store.part_index("j")
+        assert stored.ingested_at >= woke, "stored as heard while it was dead to the others"
+    finally:
+        a.stop()
+        a.store.close()

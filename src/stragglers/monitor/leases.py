@@ -72,6 +72,9 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         self.last_beat = 0.0        # (monotonic) and on the wall clock: a paused process's
         self.last_beat_wall = 0.0   # monotonic clock may or may not have moved on (a VM's)
+        # when the last heartbeat after a lapse (see lapsed) was written: the other instances
+        # left this one's ingest mark out until then
+        self.lapse_ended_at = 0.0
 
     def lease(self, job: str) -> tuple[str, int] | None:
         """(instance, epoch) of the job's lease if held here, else None."""
@@ -85,6 +88,9 @@ class LeaseKeeper:
     def beat(self) -> None:
         """One heartbeat: renew, take a share, and tell the monitor what changed."""
         with self._lock:
+            # (from before the write: the store counts the lease from its transaction's start,
+            # and this instance must not think itself alive when the others do not)
+            began, began_wall = time.monotonic(), time.time()
             now_held = self.store.heartbeat(self.instance, self.url, self.lease_s, self.held,
                                             alone=not getattr(self.store, "shared", False))
             lost = [j for j in self.held if j not in now_held or now_held[j] != self.held[j]]
@@ -92,7 +98,9 @@ class LeaseKeeper:
             for job in lost:
                 del self.held[job]
             self.held.update({job: now_held[job] for job in gained})
-            self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
+            if self.last_beat and self.lapsed():
+                self.lapse_ended_at = time.time()
+            self.last_beat, self.last_beat_wall = began, began_wall
         # the monitor is told outside the lock (it takes its own lock, which register_job
         # holds while it calls take())
         for job in lost:
@@ -107,10 +115,17 @@ class LeaseKeeper:
         """Whether the heartbeat is late by a beat or more (on a shared store): this process
         was paused or starved, and the leases it believes it holds may have run out and been
         taken meanwhile."""
+        return self._since_beat() > 2 * self.lease_s / 3
+
+    def lapsed(self) -> bool:
+        """Whether no heartbeat was written for lease_s (on a shared store): the other
+        instances take this one for dead and leave its ingest mark out."""
+        return self._since_beat() > self.lease_s
+
+    def _since_beat(self) -> float:
         if not getattr(self.store, "shared", False):
-            return False
-        since = max(time.monotonic() - self.last_beat, time.time() - self.last_beat_wall)
-        return since > 2 * self.lease_s / 3
+            return 0.0
+        return max(time.monotonic() - self.last_beat, time.time() - self.last_beat_wall)
 
     def forget(self, job: str) -> None:
         """A job that is gone (its rows deleted): its lease is no longer held here."""

@@ -179,6 +179,7 @@ class Monitor:
         # instance ticks every tick_s): looked at then, not a whole tick of this one later
         self._marks_due: float | None = None
         self._renew_first = False   # a silence was refused by the fence: renew, then decide
+        self._heard_floor = 0.0     # no part counts as heard before this (_ingest_batch)
         self._mark_failed = False
         self._windows_in_flight: dict[str, int] = {}   # job → its windows queued or analysed
         self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
@@ -1103,6 +1104,11 @@ class Monitor:
         self._write_uploads([(it, body) for it, body in uploads
                              if not isinstance(read[id(it)], InputError)])
         now, mono = time.time(), time.monotonic()
+        # parts in flight here while this instance's heartbeat had lapsed (a pause, the store
+        # out of reach) count as heard once it was back: the others left its ingest mark out
+        # meanwhile and decided silences without them (a paused instance that woke and stored
+        # a part heard before such a deadline made that stall false, taken back once followed)
+        self._heard_floor = now if self.leases.lapsed() else self.leases.lapse_ended_at
         for it in fresh:
             got = read.get(id(it), it.data)
             if got is None:   # neither a file, nor bytes, nor rows: nothing to take
@@ -1278,9 +1284,9 @@ class Monitor:
         and the ingest's delays, up to a few hundred ms for a thousand ranks' parts at once,
         then no longer make the dead-man late), never after the notice."""
         noticed = now - max(0.0, mono - it.queued_at)
-        if it.written_at is None:
-            return noticed
-        return min(noticed, max(it.written_at, noticed - self.config.file_time_slack_s))
+        if it.written_at is not None:
+            noticed = min(noticed, max(it.written_at, noticed - self.config.file_time_slack_s))
+        return max(noticed, self._heard_floor)
 
     @overload
     def job_bytes(self, job: str) -> int: ...
