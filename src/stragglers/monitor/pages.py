@@ -16,9 +16,11 @@ that does not fit its slice of a file is read again from a larger one, up to MAX
 
 from __future__ import annotations
 
-_STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, \
-    _STRUCT = range(13)
-_INTS = (_I16, _I32, _I64)
+# the compact protocol's primitives are the footer screen's (one thrift reader)
+from stragglers.trace.parquet_footer import BINARY as _BINARY, FALSE as _FALSE, I16 as _I16, \
+    I32 as _I32, I64 as _I64, STOP as _STOP, STRUCT as _STRUCT, TRUE as _TRUE, BadThrift, \
+    Short as _Short, skip as _skip, varint as _varint, zigzag as _zigzag
+
 _DATA_PAGE, _INDEX_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = range(4)
 # the field of a page header holding each page type's own header (its field 1: num_values)
 _SUB_HEADER = {_DATA_PAGE: 5, _DICTIONARY_PAGE: 7, _DATA_PAGE_V2: 8}
@@ -30,84 +32,8 @@ MAX_HEADER_BYTES = 16 << 20
 _FIRST_SLICE = 512   # bytes read for a header at first (a recorder's are ~20-60 bytes)
 
 
-class BadPage(ValueError):
+class BadPage(BadThrift):
     """A page header that cannot be read, or that declares more than its footer allows."""
-
-
-class _Short(Exception):
-    """A header runs past the slice it is parsed from (not yet past its column chunk)."""
-
-
-def _varint(b: bytes, p: int) -> tuple[int, int]:
-    """(value, next position) of the unsigned varint at b[p] (IndexError past b's end)."""
-    x = b[p]
-    if x < 0x80:
-        return x, p + 1
-    value, shift = x & 0x7F, 7
-    while True:
-        p += 1
-        x = b[p]
-        value |= (x & 0x7F) << shift
-        if x < 0x80:
-            return value, p + 1
-        shift += 7
-        if shift > 63:
-            raise BadPage("a page header holds a malformed number")
-
-
-def _zigzag(b: bytes, p: int) -> tuple[int, int]:
-    v, p = _varint(b, p)
-    return (v >> 1) ^ -(v & 1), p
-
-
-def _advance(b: bytes, p: int, n: int, limit: int) -> int:
-    if p + n > limit:
-        raise BadPage("a page header runs past its column chunk")
-    if p + n > len(b):
-        raise _Short
-    return p + n
-
-
-def _skip(b: bytes, p: int, kind: int, depth: int, limit: int) -> int:
-    """The position after a value of thrift type `kind` at b[p]."""
-    if depth > MAX_DEPTH:
-        raise BadPage("a page header nests too deep")
-    if kind in _INTS:
-        return _varint(b, p)[1]
-    if kind == _TRUE or kind == _FALSE:
-        return p
-    if kind == _BYTE:
-        return _advance(b, p, 1, limit)
-    if kind == _DOUBLE:
-        return _advance(b, p, 8, limit)
-    if kind == _BINARY:
-        n, p = _varint(b, p)
-        return _advance(b, p, n, limit)
-    if kind == _LIST or kind == _SET:
-        head = b[p]
-        p += 1
-        n = head >> 4
-        if n == 15:
-            n, p = _varint(b, p)
-        element = head & 0x0F
-        if element == _TRUE or element == _FALSE:
-            element = _BYTE   # (a list's booleans take a byte each)
-        for _ in range(n):
-            p = _skip(b, p, element, depth + 1, limit)
-        return p
-    if kind == _MAP:
-        n, p = _varint(b, p)
-        kinds = 0
-        if n:
-            kinds = b[p]
-            p += 1
-        for _ in range(n):
-            p = _skip(b, p, kinds >> 4, depth + 1, limit)
-            p = _skip(b, p, kinds & 0x0F, depth + 1, limit)
-        return p
-    if kind == _STRUCT:
-        return _struct(b, p, depth + 1, limit)[1]
-    raise BadPage(f"a page header holds an unknown thrift type {kind}")
 
 
 def _struct(b: bytes, p: int, depth: int, limit: int) -> tuple[int | None, int]:
@@ -278,6 +204,6 @@ def check_pages(meta, buf, data_end: int) -> tuple[str, str] | None:
                                             f"the file's data ends at {data_end}")
             try:
                 check_chunk_pages(buf, start, end, col.total_uncompressed_size, rows)
-            except BadPage as exc:
+            except BadThrift as exc:   # (BadPage, or thrift no reader could skip)
                 return col.path_in_schema, str(exc)
     return None

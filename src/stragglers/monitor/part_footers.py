@@ -16,7 +16,8 @@ from stragglers.errors import InputError
 from stragglers.monitor.part_files import WHOLE_READ_BYTES, checked_digest, file_bytes, \
     open_part_file, read_whole
 from stragglers.monitor.part_limits import ALLOWED_COLUMNS, MAX_FOOTER_BYTES, \
-    check_decode_budget, check_page_headers, check_part_rows, footer_length, guarded
+    check_decode_budget, check_page_headers, check_part_rows, footer_length, guarded, \
+    screened_footer, screened_metadata
 from stragglers.monitor.part_names import parse_part_name
 from stragglers.monitor.part_rows import PartData, check_part, check_parts, misplaced, \
     parquet_file
@@ -95,12 +96,19 @@ def read_part_footer(path: Path, within: str = "") -> PartFile | InputError | No
                 if footer is None or footer > MAX_FOOTER_BYTES:
                     return InputError(path, None, "not a readable Parquet file (no footer, or "
                                       f"one of more than {MAX_FOOTER_BYTES} bytes)")
+            # the footer screened before pyarrow walks it (parquet_footer: one that disagrees
+            # with itself aborts the process), and walked as the bytes screened
             if data is not None:
+                screened = screened_footer(data, path)
+                if isinstance(screened, InputError):
+                    return screened
                 meta = pq.read_metadata(pa.BufferReader(data))
                 bad = check_page_headers(meta, data, path)
             else:
-                meta = pq.read_metadata(f)
                 with file_bytes(f, nbytes) as touched:
+                    meta = screened_metadata(touched, path)
+                    if isinstance(meta, InputError):
+                        return meta
                     bad = check_page_headers(meta, touched, path)
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -184,6 +192,9 @@ def _decoded_upload(body: bytes, source: object, rank: int, part: int, path: Pat
     if footer is None or footer > MAX_FOOTER_BYTES:
         return InputError(source, "body", "not a readable Parquet file (no footer, or one of "
                           f"more than {MAX_FOOTER_BYTES} bytes)")
+    screened = screened_footer(body, source, "body")   # (before pyarrow walks it)
+    if isinstance(screened, InputError):
+        return screened
     try:
         f = parquet_file(pa.BufferReader(body))
         meta = f.metadata

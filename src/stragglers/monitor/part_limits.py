@@ -8,6 +8,7 @@ import numpy as np
 from stragglers.errors import InputError
 from stragglers.monitor.pages import check_pages
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS
+from stragglers.trace.parquet_footer import BadThrift, as_file, check_footer, footer_of
 
 
 MAX_PART_ROWS = 1_000_000   # rows in one part (a recorder's flush holds hundreds to thousands)
@@ -40,6 +41,32 @@ def footer_length(tail: bytes) -> int | None:
     if len(tail) != 8 or tail[4:] != b"PAR1":
         return None
     return int.from_bytes(tail[:4], "little")
+
+
+
+def screened_footer(data, source: object, field: str | None = None) -> bytes | InputError:
+    """The footer's bytes of a part (`data`: its bytes, or part_files.FileBytes) once
+    parquet_footer.check_footer passes them, else the InputError naming what is wrong: pyarrow
+    walks no footer before this (a footer that disagrees with itself aborts the process)."""
+    try:
+        footer = footer_of(data)
+        check_footer(footer)
+    except BadThrift as exc:
+        return InputError(source, field, f"not a readable Parquet file (footer: {exc}; "
+                          "nothing of the part was read)")
+    return footer
+
+
+
+def screened_metadata(data, source: object, field: str | None = None):
+    """pyarrow's FileMetaData of a part's screened footer, parsed from the very bytes screened
+    (a file changed since is not walked), or the InputError of screened_footer."""
+    footer = screened_footer(data, source, field)
+    if isinstance(footer, InputError):
+        return footer
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    return pq.read_metadata(pa.BufferReader(as_file(footer)))
 
 
 

@@ -15,7 +15,7 @@ from stragglers.errors import InputError
 from stragglers.monitor.part_files import WHOLE_READ_BYTES, checked_digest, file_bytes, \
     open_part_file, read_whole
 from stragglers.monitor.part_limits import ALLOWED_COLUMNS, check_decode_budget, \
-    check_page_headers, check_part_rows, check_step_gaps, guarded
+    check_page_headers, check_part_rows, check_step_gaps, guarded, screened_metadata
 from stragglers.monitor.part_names import parse_part_name
 from stragglers.trace.columns import table_to_columns
 from stragglers.trace.model import OPTYPE_CODES, OPTYPES
@@ -188,15 +188,16 @@ def _check_group(tables: list[pa.Table], ranks: list[int]) -> dict[str, np.ndarr
 
 
 
-def parquet_file(source) -> pq.ParquetFile:
+def parquet_file(source, metadata=None) -> pq.ParquetFile:
     """A ParquetFile whose op type column is read as a dictionary (its names decoded once,
-    not once per row); a file without that column opens as it is (its check names it)."""
+    not once per row); a file without that column opens as it is (its check names it);
+    `metadata`: its FileMetaData, already read (from screened bytes)."""
     try:
-        return pq.ParquetFile(source, read_dictionary=["optype"])
+        return pq.ParquetFile(source, read_dictionary=["optype"], metadata=metadata)
     except KeyError:
         if hasattr(source, "seek"):
             source.seek(0)
-        return pq.ParquetFile(source)
+        return pq.ParquetFile(source, metadata=metadata)
 
 
 
@@ -208,13 +209,20 @@ def read_small_parquet(source, name: object = None, data=None, checked: bool = F
     one with columns outside the op table's is refused (InputError naming `name`) before any
     of it is decoded, and so is one whose page headers pass its footer (with `data`, the
     file's bytes); the op type is read as a dictionary (its names, once). `checked`: these
-    very bytes passed those checks already (their digest says so), which are not run again."""
-    f = parquet_file(source)
+    very bytes passed those checks already (their digest says so), which are not run again;
+    else `data` is required: its footer is screened (part_limits.screened_footer) before pyarrow
+    walks it, and walked as the bytes screened."""
     where = source if name is None else name
+    meta = None
+    if not checked:
+        meta = screened_metadata(data, where)
+        if isinstance(meta, InputError):
+            raise meta
+    f = parquet_file(source, meta)
     refused = None if checked else (
         check_part_rows(f.metadata.num_rows, where) or
         check_decode_budget(f.metadata, where) or
-        (check_page_headers(f.metadata, data, where) if data is not None else None))
+        check_page_headers(f.metadata, data, where))
     if refused is not None:
         raise refused
     unknown = [c for c in f.schema_arrow.names if c not in ALLOWED_COLUMNS]

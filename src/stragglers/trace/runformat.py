@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from stragglers.errors import InputError
 from stragglers.trace.columns import columns_to_table, table_to_columns
+from stragglers.trace.parquet_footer import read_checked_metadata
 from stragglers.trace.model import (COLUMNS, NOTE_KINDS, OPTIONAL_COLUMNS, OPTIONAL_FILL, JobMeta,
                                     Note, Trace)
 
@@ -514,12 +515,15 @@ def _columns_by_file(files: list[Path], tables: list) -> dict[str, np.ndarray]:
 
 def read_parquet(path: Path, use_threads: bool = True,
                  read_dictionary: list[str] | None = None) -> pa.Table:
-    """Read a Parquet file, turning any Arrow failure into an error that names the file."""
+    """Read a Parquet file, turning any Arrow failure into an error that names the file; its
+    footer is screened first (parquet_footer: one that disagrees with itself is refused here,
+    never handed to pyarrow)."""
     try:
+        read_checked_metadata(path)
         return pq.read_table(path, use_threads=use_threads, read_dictionary=read_dictionary)
     except FileNotFoundError:
         raise InputError(path, None, "no such file") from None
-    except (pa.ArrowException, OSError, ValueError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:   # (BadFooter: a ValueError)
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(path, None, f"not a readable Parquet file ({first})") from None
 

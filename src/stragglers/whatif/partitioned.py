@@ -57,8 +57,6 @@ class RunLayout:
 
 def run_layout(directory: Path | str, steps: list[int] | None = None) -> RunLayout:
     """meta.json, the rank files and their steps (Parquet statistics: no op table is read)."""
-    import pyarrow.parquet as pq
-
     from stragglers.trace.runformat import META_FILE, run_contents
 
     directory = Path(directory)
@@ -70,10 +68,7 @@ def run_layout(directory: Path | str, steps: list[int] | None = None) -> RunLayo
     optional: set[str] = set()
     groups = []
     for f in files:
-        try:
-            md = pq.read_metadata(f)
-        except Exception as exc:  # noqa: BLE001 - any Arrow failure names the file
-            raise InputError(f, None, f"not a readable Parquet file ({exc})") from None
+        md = _metadata(f)
         names = md.schema.names
         optional |= {c for c in OPTIONAL_COLUMNS if c in names}
         if "step" not in names:
@@ -169,15 +164,30 @@ def partitions_for(layout: RunLayout, budget: int = PARTITION_BYTES) -> int:
     return max(1, int(np.ceil(rows * BYTES_PER_ROW / budget)))
 
 
-def _parquet(path: str):
+def _metadata(path):
+    """A rank file's footer (FileMetaData), screened before pyarrow walks it: a footer that
+    disagrees with itself makes pyarrow's metadata walk abort the process
+    (trace/parquet_footer.py); InputError naming the file when it cannot be had."""
+    from stragglers.trace.parquet_footer import read_checked_metadata
+
+    try:
+        return read_checked_metadata(path)
+    except FileNotFoundError:
+        raise InputError(path, None, "no such file") from None
+    except Exception as exc:  # noqa: BLE001 - any failure (Arrow's, the screen's) names the file
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(path, None, f"not a readable Parquet file ({first})") from None
+
+
+def _parquet(path: str, metadata=None):
     """A rank file opened with its op type read as a dictionary (its names decoded once per
-    page, not once per row: 4× faster to read)."""
+    page, not once per row: 4× faster to read); `metadata`: its screened footer (_metadata)."""
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(path, read_dictionary=["optype"])
+        return pq.ParquetFile(path, read_dictionary=["optype"], metadata=metadata)
     except KeyError:   # no optype column: table_to_columns names it
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path, metadata=metadata)
 
 
 # --- a partition (worker) ----------------------------------------------------------------
@@ -257,12 +267,13 @@ def _read_table(path: str, groups: list[int], columns: list[str]):
     in each (2 cores)."""
     import pyarrow as pa
 
+    md = _metadata(path)   # (walked below: screened first, and the reader given it)
     try:
-        f = _parquet(path)
+        f = _parquet(path, md)
         names = f.schema_arrow.names          # (schema_arrow is rebuilt on every access)
         use = [c for c in columns if c in names]
         table = f.read_row_groups(groups, columns=use, use_threads=False)
-        md, at = f.metadata, [names.index(c) for c in use]
+        at = [names.index(c) for c in use]
         # (an Arrow column is one Parquet leaf column in the op tables: no nested types)
         return table, sum(md.row_group(g).column(i).total_compressed_size
                           for g in groups for i in at)

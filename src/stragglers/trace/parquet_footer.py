@@ -1,0 +1,407 @@
+"""A Parquet file's footer (its thrift FileMetaData) checked before pyarrow walks it.
+
+pyarrow trusts the footer where its metadata is walked from Python: a column chunk's type that
+is not its schema leaf's, a level histogram of the wrong length, a statistic of the wrong width
+make `FileMetaData.row_group(i).column(j)` (or its `.statistics`) throw a C++ exception through
+a frame that may not throw, and the process aborts (std::terminate: nothing Python can catch).
+Reading a table goes through Arrow's status-returning code and raises; the walk does not. So
+untrusted bytes reach pyarrow only once this screen has read the footer as pyarrow's thrift
+reader does (a field of an unexpected wire type is skipped, a list read as its declared field's
+elements) and found none of what pyarrow 26 throws on while walking it (parquet/metadata.cc,
+statistics.cc, size_statistics.cc): one column chunk per schema leaf in every row group, each
+with its metadata, of its leaf's physical type; fixed-width statistics of their type's width;
+level histograms empty or one count per level; no encrypted or geospatial metadata; a schema
+tree that is whole and shallow (pyarrow unflattens it recursively). Anything else a
+well-written op table holds is left to pyarrow, which raises on it.
+
+The compact-protocol primitives here are also the page-header reader's (monitor/pages.py).
+"""
+
+from __future__ import annotations
+
+STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
+INTS = (I16, I32, I64)
+
+# nesting of thrift structs and lists followed (pyarrow's thrift reader stops at 64)
+MAX_DEPTH = 32
+# elements in one thrift list: a footer's lists hold a few per column or row group
+MAX_LIST = 1 << 20
+# nesting of the Parquet schema: pyarrow builds its tree recursively, one C++ frame per level
+# (it refuses one deeper than 100 itself); a path is kept per level, so deeper is refused here
+MAX_SCHEMA_DEPTH = 100
+# the bytes a value of each fixed-width physical type takes in the statistics (INT96: 12)
+_WIDTH = {0: 1, 1: 4, 2: 8, 3: 12, 4: 4, 5: 8}
+_BOOLEAN, _FLOAT, _DOUBLE, _BYTE_ARRAY, _FLBA = 0, 4, 5, 6, 7
+_TYPE_NAMES = ("BOOLEAN", "INT32", "INT64", "INT96", "FLOAT", "DOUBLE", "BYTE_ARRAY",
+               "FIXED_LEN_BYTE_ARRAY")
+
+
+class BadThrift(ValueError):
+    """Thrift bytes that cannot be read (or read within their bounds)."""
+
+
+class BadFooter(BadThrift):
+    """A footer that pyarrow's metadata walk could not be trusted with."""
+
+
+class Short(Exception):
+    """A thrift value runs past the bytes it is read from."""
+
+
+def varint(b: bytes, p: int) -> tuple[int, int]:
+    """(value, next position) of the unsigned varint at b[p] (IndexError past b's end)."""
+    x = b[p]
+    if x < 0x80:
+        return x, p + 1
+    value, shift = x & 0x7F, 7
+    while True:
+        p += 1
+        x = b[p]
+        value |= (x & 0x7F) << shift
+        if x < 0x80:
+            return value, p + 1
+        shift += 7
+        if shift > 63:
+            raise BadThrift("a thrift number of more than 64 bits")
+
+
+def zigzag(b: bytes, p: int) -> tuple[int, int]:
+    """(value, next position) of the zigzag varint (a thrift integer) at b[p]."""
+    v, p = varint(b, p)
+    return (v >> 1) ^ -(v & 1), p
+
+
+def skip(b: bytes, p: int, kind: int, depth: int, limit: int) -> int:
+    """The position after a value of thrift wire type `kind` at b[p] (not past `limit`)."""
+    if depth > MAX_DEPTH:
+        raise BadThrift("thrift values nest too deep")
+    if kind in INTS:
+        return varint(b, p)[1]
+    if kind == TRUE or kind == FALSE:
+        return p
+    if kind == BYTE:
+        return _past(b, p, 1, limit)
+    if kind == DOUBLE:
+        return _past(b, p, 8, limit)
+    if kind == BINARY:
+        n, p = varint(b, p)
+        return _past(b, p, n, limit)
+    if kind == LIST or kind == SET:
+        n, element, p = _list_head(b, p, limit)
+        if element in INTS:
+            for _ in range(n):
+                while b[p] & 0x80:
+                    p += 1
+                p += 1
+            return p
+        if element == STRUCT:
+            for _ in range(n):
+                p = _struct(b, p, None, depth + 1, limit)[1]
+            return p
+        if element == TRUE or element == FALSE:
+            element = BYTE   # (a list's booleans take a byte each)
+        for _ in range(n):
+            p = skip(b, p, element, depth + 1, limit)
+        return p
+    if kind == MAP:
+        n, p = varint(b, p)
+        _count(n, p, limit)
+        kinds = 0
+        if n:
+            kinds = b[p]
+            p += 1
+        # (a map's booleans take a byte each, as a list's do: skipped as none, a count of
+        # 2**63 entries would loop without moving)
+        key, value = (k if k not in (TRUE, FALSE) else BYTE for k in (kinds >> 4, kinds & 15))
+        for _ in range(n):
+            p = skip(b, p, key, depth + 1, limit)
+            p = skip(b, p, value, depth + 1, limit)
+        return p
+    if kind == STRUCT:
+        return _struct(b, p, None, depth + 1, limit)[1]
+    raise BadThrift(f"an unknown thrift type {kind}")
+
+
+def _past(b: bytes, p: int, n: int, limit: int) -> int:
+    if p + n > limit:
+        raise BadThrift("a thrift value runs past the bytes it belongs to")
+    if p + n > len(b):
+        raise Short
+    return p + n
+
+
+def _count(n: int, p: int, limit: int) -> None:
+    """A container of more elements than bytes left is refused before it is looped over (each
+    element takes a byte at least), and so is one past MAX_LIST."""
+    if n > limit - p or n > MAX_LIST:
+        raise BadThrift(f"a thrift container of {n} elements in {max(limit - p, 0)} bytes")
+
+
+def _list_head(b: bytes, p: int, limit: int) -> tuple[int, int, int]:
+    head = b[p]
+    p += 1
+    n = head >> 4
+    if n == 15:
+        n, p = varint(b, p)
+    _count(n, p, limit)
+    return n, head & 0x0F, p
+
+
+# What of FileMetaData the screen reads, as pyarrow's thrift reader reads it: field id ->
+# (wire type, what a struct's fields or a list's elements are). A list field's elements are
+# read as its declared type whatever the list's own header says (thrift's generated readers
+# ignore it); a field of another wire type than declared is skipped, as thrift skips it.
+_KV = None   # (struct read but not kept: key-value pairs, logical types, …)
+_STATISTICS = {1: (BINARY, None), 2: (BINARY, None), 5: (BINARY, None), 6: (BINARY, None)}
+_SIZE_STATISTICS = {1: (I64, None), 2: (LIST, (I64, None)), 3: (LIST, (I64, None))}
+_COLUMN_META = {1: (I32, None), 3: (LIST, (BINARY, None)), 12: (STRUCT, _STATISTICS),
+                16: (STRUCT, _SIZE_STATISTICS), 17: (STRUCT, _KV)}
+_COLUMN_CHUNK = {3: (STRUCT, _COLUMN_META), 8: (STRUCT, _KV), 9: (BINARY, None)}
+_ROW_GROUP = {1: (LIST, (STRUCT, _COLUMN_CHUNK))}
+_SCHEMA_ELEMENT = {1: (I32, None), 2: (I32, None), 3: (I32, None), 4: (BINARY, None),
+                   5: (I32, None), 6: (I32, None), 10: (STRUCT, _KV)}
+_FILE_META = {2: (LIST, (STRUCT, _SCHEMA_ELEMENT)), 4: (LIST, (STRUCT, _ROW_GROUP)),
+              8: (STRUCT, _KV), 9: (BINARY, None)}
+
+
+def _struct(b: bytes, p: int, spec: dict | None, depth: int, limit: int,
+            out: dict | None = None) -> tuple[dict, int]:
+    """({field id: value} of the fields of `spec` at b[p], added to `out`, the position after).
+    Numbers, booleans and bytes are read inline, a one-byte number without a call: this runs
+    for every field of every column chunk."""
+    if depth > MAX_DEPTH:
+        raise BadThrift("thrift values nest too deep")
+    if out is None:
+        out = {}
+    last = 0
+    while True:
+        head = b[p]
+        p += 1
+        kind = head & 0x0F
+        if kind == STOP:
+            return out, p
+        delta = head >> 4
+        if delta:
+            last += delta
+        else:
+            last, p = zigzag(b, p)
+        want = spec.get(last) if spec is not None else None
+        if want is not None and want[0] != kind:
+            want = None   # (thrift skips a field of another wire type than declared)
+        if kind == I32 or kind == I64 or kind == I16:
+            x = b[p]
+            if x < 0x80:
+                p += 1
+            else:
+                x, p = varint(b, p)
+            if want is not None:
+                out[last] = (x >> 1) ^ -(x & 1)
+        elif kind == BINARY:
+            n = b[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = varint(b, p)
+            end = p + n
+            if end > len(b):
+                if end > limit:
+                    raise BadThrift("a thrift value runs past the bytes it belongs to")
+                raise Short
+            if want is not None:
+                out[last] = b[p:end]
+            p = end
+        elif kind == STRUCT:
+            if want is None:
+                p = _struct(b, p, None, depth + 1, limit)[1]
+            else:
+                # a struct sent twice is read into the same one (thrift's generated readers
+                # set the fields each copy holds, keeping the others): the copies merge
+                known = out.get(last)
+                out[last], p = _struct(b, p, want[1], depth + 1, limit,
+                                       known if isinstance(known, dict) else None)
+        elif kind == TRUE or kind == FALSE:
+            pass
+        elif kind == LIST and want is not None:
+            out[last], p = _list(b, p, want[1], depth + 1, limit)
+        else:
+            p = skip(b, p, kind, depth + 1, limit)
+
+
+def _list(b: bytes, p: int, element: tuple, depth: int, limit: int) -> tuple[list, int]:
+    """The elements of the list at b[p], read as `element` (wire type, spec) declares them."""
+    n, _, p = _list_head(b, p, limit)
+    kind, sub = element
+    items: list = []
+    if kind == STRUCT:
+        for _ in range(n):
+            item, p = _struct(b, p, sub, depth, limit)
+            items.append(item)
+    elif kind == BINARY:
+        for _ in range(n):
+            size, p = varint(b, p)
+            end = _past(b, p, size, limit)
+            items.append(b[p:end])
+            p = end
+    else:   # (integers: the only other elements read)
+        for _ in range(n):
+            x, p = zigzag(b, p)
+            items.append(x)
+    return items, p
+
+
+def parse_footer(footer: bytes) -> dict:
+    """The fields of FileMetaData the screen checks, read from a footer's bytes (BadThrift when
+    they are not thrift)."""
+    try:
+        return _struct(footer, 0, _FILE_META, 0, len(footer))[0]
+    except (IndexError, Short):
+        raise BadFooter("its thrift runs past the footer's end") from None
+
+
+def _leaves(schema: list[dict]) -> list[tuple[list[bytes], dict, int, int]]:
+    """(path, element, max definition level, max repetition level) of each leaf of a schema,
+    as pyarrow unflattens it (schema.cc Unflatten, SchemaDescriptor::BuildTree)."""
+    if not schema:
+        raise BadFooter("an empty schema (no root)")
+    if schema[0].get(5, 0) <= 0:
+        if len(schema) == 1:
+            return []
+        raise BadFooter("a schema whose root has no children")
+    out: list = []
+    pos = 1
+    # (children left, path, definition level, repetition level) of each open group
+    stack = [[schema[0][5], [], 0, 0]]
+    while stack:
+        top = stack[-1]
+        if top[0] <= 0:
+            stack.pop()
+            continue
+        top[0] -= 1
+        if pos == len(schema):
+            raise BadFooter("a schema with fewer elements than its groups declare")
+        element = schema[pos]
+        pos += 1
+        repetition = element.get(3)
+        d, r = top[2] + (repetition in (1, 2)), top[3] + (repetition == 2)
+        path = top[1] + [element.get(4, b"")]
+        children = element.get(5, 0)
+        if children == 0 and 1 in element:
+            out.append((path, element, d, r))
+            continue
+        if len(stack) >= MAX_SCHEMA_DEPTH:
+            raise BadFooter(f"a schema nested more than {MAX_SCHEMA_DEPTH} deep")
+        stack.append([children, path, d, r])
+    return out
+
+
+def _name(path: list[bytes]) -> str:
+    return ".".join(p.decode("utf-8", "replace") for p in path)[:80]
+
+
+def check_footer(footer: bytes) -> None:
+    """BadFooter naming the column and what is wrong unless pyarrow can be given `footer` (a
+    Parquet file's FileMetaData bytes) to walk: see the module's docstring."""
+    meta = parse_footer(footer)
+    if 8 in meta or 9 in meta:
+        raise BadFooter("an encrypted footer; expected a plain Parquet file")
+    leaves = _leaves(meta.get(2, []))
+    for g, group in enumerate(meta.get(4, [])):
+        chunks = group.get(1, [])
+        if len(chunks) != len(leaves):
+            raise BadFooter(f"row group {g} has {len(chunks)} column chunks; the schema has "
+                            f"{len(leaves)} columns")
+        for chunk, leaf in zip(chunks, leaves):
+            _check_chunk(chunk, leaf)
+
+
+def _check_chunk(chunk: dict, leaf: tuple) -> None:
+    path, element, max_def, max_rep = leaf
+    name = _name(path)
+    if 8 in chunk or 9 in chunk:
+        raise BadFooter(f"column {name}: encrypted column metadata; expected a plain file")
+    meta = chunk.get(3)
+    if meta is None:
+        raise BadFooter(f"column {name}: a column chunk without its metadata")
+    physical = element[1]
+    if not 0 <= physical < len(_TYPE_NAMES):
+        raise BadFooter(f"column {name}: physical type {physical}; expected one of Parquet's")
+    kind = meta.get(1)
+    if kind != physical:
+        raise BadFooter(f"column {name}: its column chunk is of type {kind}; the schema says "
+                        f"{_TYPE_NAMES[physical]}")
+    if meta.get(3) != path:
+        raise BadFooter(f"column {name}: its column chunk names another column")
+    if 17 in meta:
+        raise BadFooter(f"column {name}: geospatial statistics; expected none")
+    stats = meta.get(12)
+    if stats is not None:
+        width: int | None = _WIDTH.get(physical)
+        if physical == _FLBA:
+            width = element.get(2, 0)
+            if width <= 0:
+                raise BadFooter(f"column {name}: fixed-length values of {width} bytes")
+        if width is not None:
+            for value in stats.values():
+                if len(value) != width:
+                    raise BadFooter(f"column {name}: a statistic of {len(value)} bytes; "
+                                    f"{_TYPE_NAMES[physical]} takes {width}")
+        if physical in (_BOOLEAN, _FLOAT, _DOUBLE) and (6 in element or 10 in element):
+            # (pyarrow has no unsigned comparison of these: an annotation that makes their
+            # order unsigned throws once the statistics are made)
+            raise BadFooter(f"column {name}: a {_TYPE_NAMES[physical]} column with a logical "
+                            "type; expected a plain one")
+    sizes = meta.get(16)
+    if sizes is not None:
+        for field, level, what in ((2, max_rep, "repetition"), (3, max_def, "definition")):
+            histogram = sizes.get(field, [])
+            if histogram and len(histogram) != level + 1:
+                raise BadFooter(f"column {name}: a {what} level histogram of "
+                                f"{len(histogram)} counts; expected {level + 1}")
+        if 1 in sizes and physical != _BYTE_ARRAY:
+            raise BadFooter(f"column {name}: unencoded byte-array sizes in a "
+                            f"{_TYPE_NAMES[physical]} column")
+
+
+def footer_of(data: bytes) -> bytes:
+    """The footer's bytes of a whole Parquet file in memory (BadFooter when it has none)."""
+    if len(data) < 12 or data[-4:] != b"PAR1":
+        raise BadFooter("no Parquet footer (the file does not end in PAR1)")
+    n = int.from_bytes(data[-8:-4], "little")
+    if n > len(data) - 12:
+        raise BadFooter(f"a footer of {n} bytes in a file of {len(data)}")
+    return bytes(data[len(data) - 8 - n:len(data) - 8])
+
+
+def as_file(footer: bytes) -> bytes:
+    """A Parquet file holding only `footer`: pyarrow reads its metadata from these bytes, the
+    ones screened, whatever the file on disk holds by then."""
+    return b"PAR1" + footer + len(footer).to_bytes(4, "little") + b"PAR1"
+
+
+def checked_metadata(footer: bytes):
+    """pyarrow's FileMetaData of `footer` once check_footer passes it (BadFooter otherwise)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    check_footer(footer)
+    return pq.read_metadata(pa.BufferReader(as_file(footer)))
+
+
+def read_checked_metadata(path, max_bytes: int = 64 << 20):
+    """checked_metadata of a Parquet file on disk, its footer read once (BadFooter, OSError)."""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        if size < 12:
+            raise BadFooter(f"{size} bytes: too short for Parquet")
+        f.seek(size - 8)
+        tail = f.read(8)
+        if tail[4:] != b"PAR1":
+            raise BadFooter("no Parquet footer (the file does not end in PAR1)")
+        n = int.from_bytes(tail[:4], "little")
+        if n > size - 12 or n > max_bytes:
+            raise BadFooter(f"a footer of {n} bytes in a file of {size}")
+        f.seek(size - 8 - n)
+        footer = f.read(n)
+    return checked_metadata(footer)
+
