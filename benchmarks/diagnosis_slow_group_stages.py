@@ -13,8 +13,9 @@ least two stages and never a whole stage, a single slow rank (`worker_fault`: a 
 one; an injection below ×1.03 is slack (not graded), below ×1.05 weak (`none` also right).
 A job with a slow rank beside the group is right when the group is named `slow_group` exactly,
 nothing healthy is named, and the rank is named `worker_fault` or, where its stage holds
-members of the group, not at all (re-splitting that stage's work in proportion to speed fixes
-it too, leaving its own fix nothing to buy); the rank named a member of the group is wrong.
+members of the group, not at all (re-splitting that stage's work in proportion to speed would
+fix it too, though the group's fix is priced without it); the rank named a member of the group
+is wrong. How often the rank is named is printed apart ("the rank named worker_fault").
 Counted apart: slow-group jobs whose ranks were named under two causes (`split`), and, as
 before this grading, the jobs with a slow rank beside the group whose group is named whole
 with nothing healthy (the rank under either cause).

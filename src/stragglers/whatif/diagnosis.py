@@ -11,6 +11,7 @@ The contract is in whatif/README.md; every threshold is a field of DiagnosisConf
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -276,7 +277,14 @@ def _before_after(w: WhatIf, cand: Candidate):
 
 
 def _after_others(w: WhatIf, cand: Candidate, others: list[Candidate]):
-    """Step times with the other candidates fixed, then with this one fixed too (its basis)."""
+    """Step times with the other candidates fixed, then with this one fixed too (its basis).
+
+    The others are fixed as far as their slowness goes (`Candidate.cleared`): a slow group's
+    re-split leaves its stage at the workers' summed speed, and a slow rank of the next
+    stage, hidden behind that, bought ×1.004 after it and was not named (the rank ×1.24, the
+    group ×2.04; diagnosis_slow_group_stages seed 2 job 38)."""
+    held = [replace(c, cost=c.cleared) if c.cleared is not None else c for c in others]
+
     def fixed(cands: list[Candidate]) -> Callable[[slice], tuple]:
         """The costs of the steps sl with `cands` fixed (and their delays: a delay fix)."""
         # a launch-delay fix on its own basis (with delays), but over the others' fixed costs
@@ -284,7 +292,7 @@ def _after_others(w: WhatIf, cand: Candidate, others: list[Candidate]):
         return lambda sl: (_fixed_costs(w, cands, sl),
                            None if cand.delay is None else _fixed_delays(w, cands, sl))
 
-    return _by_steps(w, fixed(others)), _by_steps(w, fixed(others + [cand]))
+    return _by_steps(w, fixed(held)), _by_steps(w, fixed(held + [cand]))
 
 
 def _finding(cand: Candidate, t_now: np.ndarray, t_fix: np.ndarray, excess: float,
@@ -329,9 +337,8 @@ def _fixed_delays(w: WhatIf, cands: list[Candidate], sl: slice) -> np.ndarray:
 def _compact(cand: Candidate, w: WhatIf) -> Candidate:
     """The candidate with its fix as the rows it changes (a new one: the detectors' context
     may hold the original)."""
-    from dataclasses import replace
-
-    return replace(cand, cost=_rows(cand.cost, w.cost), delay=_rows(cand.delay, w.launch_delay))
+    return replace(cand, cost=_rows(cand.cost, w.cost), delay=_rows(cand.delay, w.launch_delay),
+                   cleared=_rows(cand.cleared, w.cost))
 
 
 def _rows(fixed: np.ndarray | Rows | None, base: np.ndarray) -> Rows | None:

@@ -86,6 +86,10 @@ class Candidate:
     # expert_imbalance: what each capacity factor buys at the measured routing (reported)
     capacity_factor: dict[str, CapacityOption] | None = None
     strata: np.ndarray | None = None   # bool [T]: the steps of an intermittent cause
+    # Costs with the cause's slowness gone where its fix leaves some (a slow group re-split:
+    # its stages at their workers' summed speed): what a cause hidden behind it is priced
+    # after (diagnosis._after_others); None: `cost`
+    cleared: np.ndarray | Rows | None = None
 
 
 @dataclass

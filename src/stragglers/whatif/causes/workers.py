@@ -11,6 +11,7 @@ from stragglers.whatif.causes.base import (BUSY, Candidate, Context, Rows, fmt_s
                                           per_worker_sum)
 from stragglers.whatif.causes.capacity import group_members
 from stragglers.whatif.confidence import mean_interval, robust_z
+from stragglers.whatif.grid import BWD, FWD
 
 # Leave-one-out medians are exact up to this many DP ranks; beyond, one worker barely moves
 # the median of all, which is much cheaper.
@@ -20,7 +21,8 @@ _EXACT_PEERS = 8
 _STEADY_STEPS = 5
 
 
-def peer_reference(values: np.ndarray, apart: np.ndarray | None = None) -> np.ndarray:
+def peer_reference(values: np.ndarray, apart: np.ndarray | None = None,
+                   norm: np.ndarray | None = None) -> np.ndarray:
     """Per worker, the median of its stage peers' values ([D, P, T] → [D, P, T]).
 
     With one DP rank the peers are the other stages' workers; with none, the worker itself.
@@ -28,14 +30,22 @@ def peer_reference(values: np.ndarray, apart: np.ndarray | None = None) -> np.nd
     two peers is their mean, and one slow peer would lift it (a worker ×2.1 beside two peers
     at 0.64 of theirs was no outlier among six workers, and nothing was named).
     `apart` (bool [D, P]): workers that are no peer's norm (a slow group's members); a worker
-    left with no other peer keeps the reference of all.
+    left with no other peer keeps the reference of all. `norm` (bool [D, P]): on a stage that
+    holds some, every worker's reference is their median (a slow group's stage: its fast
+    group; left to the peers, a slow rank beside the group lifted two healthy workers'
+    leave-one-out reference to ×1.24 theirs, and the spread hid the rank).
     """
     d, p, _ = values.shape
     if apart is not None and apart.any():
         kept = np.where(apart[:, :, None], np.nan, values)
         ref = _peer_median(kept, np.nanmedian)
-        return np.where(np.isnan(ref), _peer_median(values, np.median), ref)
-    return _peer_median(values, np.median)
+        ref = np.where(np.isnan(ref), _peer_median(values, np.median), ref)
+    else:
+        ref = _peer_median(values, np.median)
+    if norm is not None:
+        for q in np.flatnonzero(norm.any(axis=0)):
+            ref[:, q, :] = np.median(values[norm[:, q], q, :], axis=0)[None, :]
+    return ref
 
 
 def _peer_median(values: np.ndarray, median) -> np.ndarray:
@@ -90,8 +100,51 @@ def worker_fault(ctx: Context, scores: dict[tuple[int, int], float] | None = Non
     # a worker's peers lifts its reference (its stage's healthy workers read ×0.5), and the
     # members' and those peers' ratios widen the outlier test's spread, so a rank ×1.25 on
     # a stage of a pp 3 job holding no member stood 1.3 deviations out, and was not named
-    members = group_members(ctx, busy)
-    reference = peer_reference(busy, members)
+    members, fast = group_members(ctx, busy)
+    named, reference, ratio, mean, lo, hi = _slower(ctx, busy, members, fast)
+    if named.any():
+        # A slow device stretches every microbatch it computes; one microbatch of a step far
+        # longer than the worker's others is that microbatch's (a GC pause on its forward and
+        # backward alike, which the pause test takes for a long sequence, or a long
+        # sequence itself), and no property of the worker: judged again with each step's
+        # longest microbatch at the worker's median one, a worker no longer slower is not
+        # named (dp 64 × pp 1 without Σs²: a rank whose microbatch 2 was paused in 2 of 8
+        # steps read ×1.28 "in steps 1, 6")
+        named &= _slower(ctx, _without_longest_microbatch(ctx, own, busy), members, fast)[0]
+    workers = _worst_first(named, mean)
+    if not workers:
+        return []
+    # only the rows of the named workers' stages change: the fix holds those, not the grid
+    cost = Rows.on(w.cost, busy_nodes & np.isin(g.node_stage, [p for _, p in workers]))
+    per_step = np.zeros(ctx.steps)
+    for d, p in workers:
+        sel = cost.at(busy_nodes & (g.node_stage == p))
+        # Fixed = computes like its stage's median peer, step by step (noise elsewhere kept).
+        cost.values[sel, d, :] /= np.maximum(ratio[d, p], 1e-12)[None, :]
+        per_step = np.maximum(per_step, ratio[d, p] - 1)
+    steps = ctx.steps_where(per_step)
+    healthy = mean[~named]
+    parts = [f"{ctx.name(d, p)} computes {mean[d, p]:.2f}×{ctx.spread(lo[d, p], hi[d, p])} as "
+             f"long per step as its stage's median peer"
+             + (f", S_w = {scores[(int(g.dp_ranks[d]), p)]:.3f}" if scores else "")
+             for d, p in workers[:8]]
+    evidence = "; ".join(parts) + (f" (+{len(workers) - 8} more)" if len(workers) > 8 else "")
+    if len(healthy):
+        evidence += (f"; the other {len(healthy)} workers are within "
+                     f"{np.min(healthy):.2f}–{np.max(healthy):.2f}×")
+    if steps:
+        evidence += f"; only in steps {fmt_steps(steps)}"
+    return [Candidate("worker_fault", ctx.where_workers(workers, steps), evidence, cost=cost,
+                      strata=ctx.step_mask(steps),
+                      established=int((~members).sum()) >= 5)]   # _stands_out's outlier test
+
+
+def _slower(ctx: Context, busy: np.ndarray, members: np.ndarray, fast: np.ndarray):
+    """(named bool [D, P], reference, ratio [D, P, T], mean, lo, hi [D, P]): the workers whose
+    busy compute ([D, P, T]) stands out from their stage peers', less a slow group's members
+    (`group_members`: members, fast)."""
+    cfg = ctx.cfg
+    reference = peer_reference(busy, members, fast)
     ratio = busy / np.maximum(reference, 1e-12)
     mean = ratio.mean(axis=-1)
     lo, hi = mean_interval(ratio, cfg)
@@ -119,32 +172,28 @@ def worker_fault(ctx: Context, scores: dict[tuple[int, int], float] | None = Non
         # compute is not what the job waits for (its host started it early: it waits there)
         extra = (busy - reference).mean(axis=-1)
         named &= ctx.arrivals.lateness + extra > 0
-    workers = _worst_first(named, mean)
-    if not workers:
-        return []
-    # only the rows of the named workers' stages change: the fix holds those, not the grid
-    cost = Rows.on(w.cost, busy_nodes & np.isin(g.node_stage, [p for _, p in workers]))
-    per_step = np.zeros(ctx.steps)
-    for d, p in workers:
-        sel = cost.at(busy_nodes & (g.node_stage == p))
-        # Fixed = computes like its stage's median peer, step by step (noise elsewhere kept).
-        cost.values[sel, d, :] /= np.maximum(ratio[d, p], 1e-12)[None, :]
-        per_step = np.maximum(per_step, ratio[d, p] - 1)
-    steps = ctx.steps_where(per_step)
-    healthy = mean[~named]
-    parts = [f"{ctx.name(d, p)} computes {mean[d, p]:.2f}×{ctx.spread(lo[d, p], hi[d, p])} as "
-             f"long per step as its stage's median peer"
-             + (f", S_w = {scores[(int(g.dp_ranks[d]), p)]:.3f}" if scores else "")
-             for d, p in workers[:8]]
-    evidence = "; ".join(parts) + (f" (+{len(workers) - 8} more)" if len(workers) > 8 else "")
-    if len(healthy):
-        evidence += (f"; the other {len(healthy)} workers are within "
-                     f"{np.min(healthy):.2f}–{np.max(healthy):.2f}×")
-    if steps:
-        evidence += f"; only in steps {fmt_steps(steps)}"
-    return [Candidate("worker_fault", ctx.where_workers(workers, steps), evidence, cost=cost,
-                      strata=ctx.step_mask(steps),
-                      established=int((~members).sum()) >= 5)]   # _stands_out's outlier test
+    return named, reference, ratio, mean, lo, hi
+
+
+def _without_longest_microbatch(ctx: Context, own: np.ndarray, busy: np.ndarray) -> np.ndarray:
+    """[D, P, T] busy compute with each worker-step's longest microbatch (its forward and
+    backward ops on the stage) counted at the worker-step's median microbatch (`busy` where a
+    stage has fewer than three microbatches: no median apart from the longest)."""
+    from stragglers.whatif.causes.sequence import microbatch_nodes
+
+    g, trace = ctx.w.grid, ctx.trace
+    out = busy.copy()
+    for p in range(g.pp_size):
+        nodes = np.concatenate([microbatch_nodes(g, trace, p, code) for code in (FWD, BWD)])
+        if not len(nodes):
+            continue
+        mb = trace.ops["mb_id"][g.row[nodes, 0, 0]]
+        ids = np.unique(mb)
+        if len(ids) < 3:
+            continue
+        per_mb = np.stack([own[nodes[mb == m]].sum(axis=0) for m in ids])       # [M, D, T]
+        out[:, p, :] += np.median(per_mb, axis=0) - per_mb.max(axis=0)
+    return out
 
 
 def host_stall(ctx: Context) -> list[Candidate]:
