@@ -1,0 +1,200 @@
+"""The analysis reads no Parquet footer pyarrow cannot walk: a rank file whose footer disagrees
+with itself gives one line naming the file and a non-zero exit, where pyarrow's metadata walk
+aborted the process (SIGABRT, rc 134). Footers are made by changing a real file's bytes, or
+written here with a few lines of thrift; every check that could abort runs in a child."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from stragglers.trace.parquet_footer import BadFooter, check_footer, parse_footer
+from stragglers.trace.runformat import write_run
+from stragglers.trace.synth import generate
+
+STRAGGLERS = [sys.executable, "-c", "from stragglers.cli import main; main()"]
+
+
+def _footer_start(body: bytes) -> int:
+    return len(body) - 8 - int.from_bytes(body[-8:-4], "little")
+
+
+def chunk_type_changed(body: bytes, column: bytes) -> bytes:
+    """`column`'s ColumnMetaData type (the first field of a ColumnChunk's field 3) set to 0."""
+    path = body.index(b"\x19\x18" + bytes([len(column)]) + column, _footer_start(body))
+    at = body.rindex(b"\x1c\x15", _footer_start(body), path) + 2
+    return body[:at] + b"\x00" + body[at + 1:]
+
+
+def made_required(body: bytes, column: bytes) -> bytes:
+    """`column`'s schema element turned from OPTIONAL to REQUIRED (its level histograms no
+    longer fit)."""
+    at = body.index(b"%\x02\x18" + bytes([len(column)]) + column, _footer_start(body))
+    return body[:at + 1] + b"\x00" + body[at + 2:]
+
+
+def statistic_shortened(body: bytes, column: bytes) -> bytes:
+    """`column`'s statistics' max_value one byte short (the footer's length kept true)."""
+    start = _footer_start(body)
+    path = body.index(b"\x19\x18" + bytes([len(column)]) + column, start)
+    at = body.index(b"\x28\x08", path)   # Statistics field 5 (max_value), 8 bytes (INT64)
+    out = body[:at + 1] + b"\x07" + body[at + 2:at + 9] + body[at + 10:-8]
+    return out + (len(out) - start).to_bytes(4, "little") + b"PAR1"
+
+
+def a_run(directory: Path, corrupt) -> Path:
+    """A run directory whose second rank file's footer is changed by `corrupt` (its step
+    column: the one the partitioned analysis walks first)."""
+    write_run(directory, generate(dp=2, pp=2, microbatches=4, steps=12, seed=0))
+    victim = sorted(directory.glob("rank-*.parquet"))[1]
+    victim.write_bytes(corrupt(victim.read_bytes(), b"step"))
+    return victim
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("corrupt", [chunk_type_changed, made_required, statistic_shortened],
+                         ids=["chunk-type", "level-histogram", "statistic-width"])
+def test_analyze_names_the_rank_file_whose_footer_disagrees_with_itself(tmp_path, corrupt):
+    victim = a_run(tmp_path / "run", corrupt)
+    got = subprocess.run([*STRAGGLERS, "analyze", str(tmp_path / "run")], capture_output=True,
+                         text=True, cwd=REPO, timeout=300)
+    assert got.returncode > 0, f"rc {got.returncode}: {got.stderr[-600:]}"
+    lines = [line for line in got.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(victim) in lines[0], \
+        got.stderr[-600:]
+    assert "column step" in lines[0]
+
+
+READ = r"""
+import sys
+from stragglers.errors import InputError
+from stragglers.trace.runformat import read_run
+from stragglers.whatif.partitioned import run_layout
+for name, fn in (("read_run", read_run), ("run_layout", run_layout)):
+    try:
+        fn(sys.argv[1])
+        print(name, "read")
+    except InputError as exc:
+        print(name, "InputError", exc)
+"""
+
+
+@pytest.mark.slow
+def test_the_analysis_readers_refuse_it_with_an_error_naming_the_file(tmp_path):
+    victim = a_run(tmp_path / "run", made_required)
+    got = subprocess.run([sys.executable, "-c", READ, str(tmp_path / "run")],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert got.returncode == 0, f"rc {got.returncode}: {got.stderr[-600:]}"
+    lines = got.stdout.splitlines()
+    assert len(lines) == 2 and all(" InputError " in line and str(victim) in line
+                                   for line in lines), got.stdout
+
+
+# --- footers written here: the thrift compact protocol, a field (id, wire type, value) ------
+
+STOP, I32, I64, BINARY, LIST, STRUCT = 0, 5, 6, 8, 9, 12
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
+
+
+def _value(kind: int, v) -> bytes:
+    if kind in (I32, I64):
+        return _uvarint((v << 1) ^ (v >> 63))
+    if kind == BINARY:
+        return _uvarint(len(v)) + v
+    if kind == STRUCT:
+        return thrift(v)
+    element, items = v
+    assert len(items) < 15
+    return bytes([(len(items) << 4) | element]) + b"".join(_value(element, x) for x in items)
+
+
+def thrift(fields) -> bytes:
+    """A struct of `fields` (id, wire type, value) in their order (an id may repeat)."""
+    out, last = bytearray(), 0
+    for fid, kind, v in fields:
+        out += bytes([((fid - last) << 4) | kind])
+        last = fid
+        out += _value(kind, v)
+    return bytes(out + bytes([STOP]))
+
+
+def _chunk(name: bytes, *extra):
+    """A ColumnChunk of one INT32 column `name`, its ColumnMetaData's fields then `extra`."""
+    meta = [(1, I32, 1), (2, LIST, (I32, [0])), (3, LIST, (BINARY, [name])), (4, I32, 0),
+            (5, I64, 1), (6, I64, 10), (7, I64, 10), (9, I64, 4), *extra]
+    return [(2, I64, 4), (3, STRUCT, meta)]
+
+
+def footer(chunks) -> bytes:
+    """A FileMetaData of one OPTIONAL INT32 leaf `x` and a row group of `chunks`."""
+    schema = [[(4, BINARY, b"schema"), (5, I32, 1)], [(1, I32, 1), (3, I32, 1), (4, BINARY, b"x")]]
+    group = [(1, LIST, (STRUCT, chunks)), (2, I64, 10), (3, I64, 1)]
+    return thrift([(1, I32, 2), (2, LIST, (STRUCT, schema)), (3, I64, 1),
+                   (4, LIST, (STRUCT, [group])),
+                   (6, BINARY, b"parquet-cpp-arrow version 26.0.1")])
+
+
+def as_parquet(meta: bytes) -> bytes:
+    return b"PAR1" + meta + len(meta).to_bytes(4, "little") + b"PAR1"
+
+
+BUILT = {
+    # more column chunks than schema leaves: pyarrow looks up a leaf that is not there
+    "extra-chunk": footer([_chunk(b"x"), _chunk(b"x")]),
+    # a ColumnMetaData sent twice, its bad histogram in the first copy only: thrift's reader
+    # keeps the fields the second copy does not set
+    "merged-copies": footer([_chunk(b"x", (16, STRUCT, [(3, LIST, (I64, [1, 2, 3]))]))
+                             + [(3, STRUCT, _chunk(b"x")[1][2])]]),
+}
+
+ROUTES = r"""
+import sys
+from pathlib import Path
+from stragglers.errors import InputError
+from stragglers.monitor.part_footers import read_part_footer
+path = Path(sys.argv[1])
+print("watched", type(read_part_footer(path)).__name__, flush=True)
+from stragglers.whatif.partitioned import _metadata
+try:
+    md = _metadata(str(path))
+    print("analysis", [md.row_group(0).column(i).statistics
+                       for i in range(md.row_group(0).num_columns)], flush=True)
+except InputError as exc:
+    print("analysis InputError", exc, flush=True)
+"""
+
+
+@pytest.mark.parametrize("built", list(BUILT))
+def test_footers_that_abort_pyarrows_walk_are_refused_before_it(tmp_path, built):
+    with pytest.raises(BadFooter):
+        check_footer(BUILT[built])
+    path = tmp_path / "rank-00000.part-000000.parquet"
+    path.write_bytes(as_parquet(BUILT[built]))
+    got = subprocess.run([sys.executable, "-c", ROUTES, str(path)], capture_output=True,
+                         text=True, cwd=REPO, timeout=300)
+    assert got.returncode == 0, f"rc {got.returncode}: {got.stderr[-600:]}"
+    assert got.stdout.splitlines() == ["watched InputError",
+                                       got.stdout.splitlines()[1]], got.stdout
+    assert got.stdout.splitlines()[1].startswith("analysis InputError"), got.stdout
+
+
+def test_a_field_of_another_wire_type_is_skipped_as_thrift_skips_it():
+    # the chunk's type sent as a binary: thrift leaves the field unset (BOOLEAN, its default),
+    # so the screen may not read it as INT32
+    chunk = [(2, I64, 4), (3, STRUCT, [(1, BINARY, b"\x02"), *_chunk(b"x")[1][2][1:]])]
+    parsed = parse_footer(footer([chunk]))
+    assert 1 not in parsed[4][0][1][0][3]
+    with pytest.raises(BadFooter, match="column x: a column chunk without its metadata|type"):
+        check_footer(footer([chunk]))
+    check_footer(footer([_chunk(b"x")]))
