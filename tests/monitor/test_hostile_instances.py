@@ -541,3 +541,32 @@ def test_a_part_heard_before_a_pause_counts_as_heard_when_the_instance_is_back(
     finally:
         a.stop()
         a.store.close()
+
+
+def test_leases_that_cannot_be_renewed_are_one_line_not_one_a_tick(postgres_url, tmp_path,
+                                                                   caplog):
+    # the store out of reach: every tick found the heartbeat late and tried to renew first
+    import logging
+
+    from stragglers.monitor.service import Monitor
+    from stragglers.monitor.settings import MonitorConfig
+    cfg = MonitorConfig(stall_after_s=600, tick_s=0.02, lease_s=0.3, analysis_process=False)
+    m = Monitor(open_store(postgres_url), cfg, data_dir=tmp_path, instance="A").start()
+    try:
+        def away(*args, **kwargs):
+            raise OSError("the store (PostgreSQL) cannot be reached")
+        caplog.set_level(logging.WARNING, logger="stragglers.monitor")
+        real = m.store.heartbeat
+        m.store.heartbeat = away
+        eventually(lambda: m.leases.overdue(), what="the heartbeat late")
+        since, beat = time.time(), m.leases.last_beat
+        eventually(lambda: (m._ticked_at or 0) > since + 0.2, what="ticks meanwhile")
+        for what in ("leases not renewed", "heartbeat failed"):   # (the tick's, the thread's)
+            said = [r for r in caplog.records if what in r.getMessage()]
+            assert len(said) == 1, [r.getMessage() for r in said]
+        m.store.heartbeat = real
+        eventually(lambda: m.leases.last_beat > beat and not m.leases.overdue(),
+                   what="renewed again")
+    finally:
+        m.stop()
+        m.store.close()

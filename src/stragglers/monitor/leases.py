@@ -156,12 +156,20 @@ class LeaseKeeper:
         self._thread.start()
 
     def _run(self) -> None:
+        failing = False
         while not self._stop.wait(self.lease_s / 3):
             try:
                 self.beat()
             except Exception as exc:  # noqa: BLE001 - the database away: try again next beat
-                log.warning("leases: heartbeat failed (%s); the fence keeps a lease that runs "
-                            "out from writing", str(exc).splitlines()[0] if str(exc) else exc)
+                if not failing:   # (once, not every beat while it is away)
+                    log.warning("leases: heartbeat failed (%s); the fence keeps a lease that "
+                                "runs out from writing", str(exc).splitlines()[0] if str(exc)
+                                else exc)
+                failing = True
+                continue
+            if failing:
+                log.warning("leases: heartbeat written again")
+            failing = False
 
     def stop(self, release: bool = True) -> None:
         """Stop the heartbeat; with `release`, hand every lease back (a clean stop: the other

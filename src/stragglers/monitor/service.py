@@ -179,6 +179,7 @@ class Monitor:
         # instance ticks every tick_s): looked at then, not a whole tick of this one later
         self._marks_due: float | None = None
         self._renew_first = False   # a silence was refused by the fence: renew, then decide
+        self._renew_failed = False
         self._heard_floor = 0.0     # no part counts as heard before this (_ingest_batch)
         self._mark_failed = False
         self._windows_in_flight: dict[str, int] = {}   # job → its windows queued or analysed
@@ -1615,10 +1616,14 @@ class Monitor:
             try:
                 self.leases.beat()
             except Exception as exc:   # noqa: BLE001 - the database away: the next tick
-                log.warning("tick: leases not renewed after a pause (%s); no silence decided",
-                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                if not self._renew_failed:   # (once, not every tick while it is away)
+                    log.warning("tick: leases not renewed (%s); no silence decided until "
+                                "they are", str(exc).splitlines()[0] if str(exc)
+                                else type(exc).__name__)
+                self._renew_failed = True
                 self._ticked_at = now
                 return
+            self._renew_failed = False
         # the other instances' marks before their parts: a part they stored after this read
         # is followed below, one stored before the mark they wrote is in the store already
         # A mark not written for lease_s is left out: its instance's tick is stuck (a long
