@@ -127,6 +127,7 @@ def _written(table: pa.Table, **options) -> bytes:
     return sink.getvalue()
 
 
+@pytest.mark.slow
 def test_footers_pyarrow_writes_pass_the_screen():
     """No false refusal: what pyarrow writes, in every layout a writer may choose."""
     _, good = a_part()

@@ -175,6 +175,7 @@ except InputError as exc:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("built", list(BUILT))
 def test_footers_that_abort_pyarrows_walk_are_refused_before_it(tmp_path, built):
     with pytest.raises(BadFooter):

@@ -96,7 +96,7 @@ def skip(b: bytes, p: int, kind: int, depth: int, limit: int) -> int:
             return p
         if element == STRUCT:
             for _ in range(n):
-                p = _struct(b, p, None, depth + 1, limit)[1]
+                p = _skip_struct(b, p, depth + 1, limit)
             return p
         if element == TRUE or element == FALSE:
             element = BYTE   # (a list's booleans take a byte each)
@@ -118,7 +118,7 @@ def skip(b: bytes, p: int, kind: int, depth: int, limit: int) -> int:
             p = skip(b, p, value, depth + 1, limit)
         return p
     if kind == STRUCT:
-        return _struct(b, p, None, depth + 1, limit)[1]
+        return _skip_struct(b, p, depth + 1, limit)
     raise BadThrift(f"an unknown thrift type {kind}")
 
 
@@ -190,10 +190,19 @@ def _struct(b: bytes, p: int, spec: dict | None, depth: int, limit: int,
             want = None   # (thrift skips a field of another wire type than declared)
         if kind == I32 or kind == I64 or kind == I16:
             x = b[p]
-            if x < 0x80:
-                p += 1
-            else:
-                x, p = varint(b, p)
+            p += 1
+            if x >= 0x80:   # (offsets and sizes: a few bytes, read here without a call)
+                x &= 0x7F
+                shift = 7
+                while True:
+                    y = b[p]
+                    p += 1
+                    x |= (y & 0x7F) << shift
+                    if y < 0x80:
+                        break
+                    shift += 7
+                    if shift > 63:
+                        raise BadThrift("a thrift number of more than 64 bits")
             if want is not None:
                 out[last] = (x >> 1) ^ -(x & 1)
         elif kind == BINARY:
@@ -212,7 +221,7 @@ def _struct(b: bytes, p: int, spec: dict | None, depth: int, limit: int,
             p = end
         elif kind == STRUCT:
             if want is None:
-                p = _struct(b, p, None, depth + 1, limit)[1]
+                p = _skip_struct(b, p, depth + 1, limit)
             else:
                 # a struct sent twice is read into the same one (thrift's generated readers
                 # set the fields each copy holds, keeping the others): the copies merge
@@ -223,6 +232,34 @@ def _struct(b: bytes, p: int, spec: dict | None, depth: int, limit: int,
             pass
         elif kind == LIST and want is not None:
             out[last], p = _list(b, p, want[1], depth + 1, limit)
+        else:
+            p = skip(b, p, kind, depth + 1, limit)
+
+
+def _skip_struct(b: bytes, p: int, depth: int, limit: int) -> int:
+    """The position after the struct at b[p], none of it kept (_struct's loop, less its
+    bookkeeping: encoding stats, logical types and key-value pairs are skipped this way)."""
+    if depth > MAX_DEPTH:
+        raise BadThrift("thrift values nest too deep")
+    while True:
+        head = b[p]
+        p += 1
+        kind = head & 0x0F
+        if kind == STOP:
+            return p
+        if not head >> 4:
+            p = varint(b, p)[1]
+        if kind == I32 or kind == I64 or kind == I16:
+            while b[p] >= 0x80:
+                p += 1
+            p += 1
+        elif kind == TRUE or kind == FALSE:
+            pass
+        elif kind == STRUCT:
+            p = _skip_struct(b, p, depth + 1, limit)
+        elif kind == BINARY:
+            n, p = varint(b, p)
+            p = _past(b, p, n, limit)
         else:
             p = skip(b, p, kind, depth + 1, limit)
 
