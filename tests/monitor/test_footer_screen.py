@@ -250,3 +250,21 @@ def test_the_monitor_refuses_such_parts_uploaded_or_watched_and_restarts(tmp_pat
         finally:
             err = _stop(proc)
         assert "terminate called" not in err, err
+
+
+@pytest.mark.slow
+def test_a_part_too_large_to_read_whole_is_screened_from_the_file(tmp_path):
+    """Parts past WHOLE_READ_BYTES are read from the open file: their footer is screened from
+    its bytes there, and pyarrow walks the footer screened (set low here: every part so)."""
+    _, good = a_part()
+    sample = tmp_path / "bad.parquet"
+    sample.write_bytes(made_required(good))
+    patch = ("import stragglers.monitor.part_files as a, stragglers.monitor.part_footers as b, "
+             "stragglers.monitor.part_rows as c\n"
+             "a.WHOLE_READ_BYTES = b.WHOLE_READ_BYTES = c.WHOLE_READ_BYTES = 64\n")
+    got = in_child(patch + ROUTES, str(sample), str(tmp_path / "rank-00001.part-000000.parquet"))
+    assert got.returncode == 0, f"the process died (rc {got.returncode}): {got.stderr[-600:]}"
+    watched = [line for line in got.stdout.splitlines() if line.split()[0] in ("watched",
+                                                                               "window")]
+    assert len(watched) == 2 and all("footer: column gmc" in line for line in watched), \
+        got.stdout
