@@ -141,14 +141,9 @@ def load_config_file(path: Path | None) -> JsonObject:
     """Read the monitor's YAML file: {settings, rules, webhooks, receiver, external_url}."""
     if path is None:
         return {}
-    import yaml
+    from stragglers.smallfiles import load_yaml_file
 
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(path, None, "no such file (expected the monitor's YAML rules file)") from None
-    except yaml.YAMLError as exc:
-        raise InputError(path, None, f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    raw = load_yaml_file(path, "the monitor's YAML rules file")
     if raw is None:
         return {}
     if not isinstance(raw, dict):

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from stragglers.errors import InputError
+from stragglers.smallfiles import load_yaml_file
 from stragglers.trace.columns import OPTYPE_NAMES, table_to_columns
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, JobMeta, Trace
 from stragglers.trace.runformat import (check_against_meta, meta_from_dict, notes_from_dict,
@@ -39,19 +40,8 @@ def read_meta_yaml(path: Path) -> JobMeta:
 
 
 def _load_yaml(path: Path) -> object:
-    try:
-        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except FileNotFoundError:
-        raise InputError(path, None, "metadata file not found (give it with --meta)") from None
-    except IsADirectoryError:
-        raise InputError(path, None, "is a directory; expected a metadata YAML file") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(path, None, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-                         f"offset {exc.start}); expected a YAML file") from None
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0]
-        raise InputError(path, None, f"not valid YAML ({first})") from None
-    return raw
+    return load_yaml_file(path, "a metadata YAML file",
+                          missing="metadata file not found (give it with --meta)")
 
 
 def read_ndtimeline(trace_path: Path | str, meta_path: Path | str | None = None) -> Trace:

@@ -1,0 +1,66 @@
+"""Reading the small files a user names (a config or metadata file): opened without blocking
+and only when regular, read up to a bound, YAML parsed with its nesting guarded. A FIFO named
+as a config file would block a service's start for good, /dev/zero would fill the memory, and
+20,000 nested lists overflow the YAML parser's recursion: each is one line naming the file."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from stragglers.errors import InputError
+
+MAX_TEXT_FILE_BYTES = 1 << 20   # a config or metadata file is a few kB
+
+
+def read_small_file(path: Path | str, expected: str, max_bytes: int = MAX_TEXT_FILE_BYTES,
+                    missing: str | None = None) -> bytes:
+    """The bytes of the regular file `path` (at most `max_bytes`); InputError naming it and
+    `expected` (what it should be) when it is missing (`missing`: the words then), not a
+    regular file, or larger."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise InputError(path, None, missing or f"no such file (expected {expected})") from None
+    except OSError as exc:
+        raise InputError(path, None, f"cannot be read ({exc.strerror}; expected {expected})"
+                         ) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(path, None, f"is a directory; expected {expected}")
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(path, None, f"not a regular file; expected {expected}")
+        data = b""
+        while len(data) <= max_bytes:   # a file growing while read is bounded too
+            chunk = os.read(fd, max_bytes + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        raise InputError(path, None, f"cannot be read ({exc.strerror}; expected {expected})"
+                         ) from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise InputError(path, None, f"more than {max_bytes} bytes; expected {expected}")
+    return data
+
+
+def load_yaml_file(path: Path | str, expected: str, max_bytes: int = MAX_TEXT_FILE_BYTES,
+                   missing: str | None = None) -> object:
+    """The YAML document of a small file (None when empty); InputError naming the file when it
+    cannot be read (read_small_file), is not UTF-8 or not YAML, or nests too deep to parse."""
+    import yaml
+
+    data = read_small_file(path, expected, max_bytes, missing)
+    try:
+        return yaml.safe_load(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(path, None, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                         f"offset {exc.start}); expected {expected}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(path, None, f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    except RecursionError:
+        raise InputError(path, None, f"nested too deep to read; expected {expected}") from None
