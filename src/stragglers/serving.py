@@ -614,6 +614,10 @@ def error_status(exc: BaseException) -> tuple[int, str]:
         return 507, "the service's disk is full; nothing was stored (retry later)"
     if isinstance(exc, (OSError, sqlite3.OperationalError)):
         return 503, f"the service cannot reach its storage now ({type(exc).__name__}); retry later"
+    if isinstance(exc, sqlite3.DatabaseError):
+        # a damaged page (a torn write, a bad sector): the store's, not the request's
+        return 503, ("the service cannot read part of its storage (DatabaseError); its "
+                     "operator is told in the service's log")
     return 500, f"internal error ({type(exc).__name__}); see the service's log"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -85,7 +86,16 @@ class MonitorServer:
                               allowed_hosts=hosts or None, gate_bodies=True)
 
     def _begin(self) -> None:
-        self.monitor.start()
+        try:
+            self.monitor.start()
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):
+                raise
+            # a damaged page of the store (torn write, bad sector) read at the start
+            path = getattr(self.monitor.store, "path", "the monitor's store")
+            raise InputError(path, None, f"cannot be read ({exc}): the store is damaged; "
+                             "restore it from a backup, or move it aside to start a new one"
+                             ) from None
         if self.watcher is not None:
             self.watcher.start()
         self._server = self._uvicorn()
