@@ -873,7 +873,12 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         # (The first call on a data set since the file was opened checks its rows: the writer.)
         expired = await read(reads.has_expired, name, store._clock())   # 404 from the reader
         if expired or name not in store._verified:
-            await commit.run(lambda: store.expire(name))
+            try:
+                await commit.run(lambda: store.expire(name))
+            except DiskFull as exc:
+                # reads are answered on a full disk: the stored state, an expired shard still
+                # leased until a write can requeue it
+                log.warning("status of %s without requeueing its expired leases: %s", name, exc)
         body = await asyncio.wrap_future(reader.status(name))
         return Response(body, 200, media_type="application/json")
 
