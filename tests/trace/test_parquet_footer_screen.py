@@ -129,9 +129,9 @@ def thrift(fields) -> bytes:
     return bytes(out + bytes([STOP]))
 
 
-def _chunk(name: bytes, *extra):
+def _chunk(name: bytes, *extra, codec: int = 0):
     """A ColumnChunk of one INT32 column `name`, its ColumnMetaData's fields then `extra`."""
-    meta = [(1, I32, 1), (2, LIST, (I32, [0])), (3, LIST, (BINARY, [name])), (4, I32, 0),
+    meta = [(1, I32, 1), (2, LIST, (I32, [0])), (3, LIST, (BINARY, [name])), (4, I32, codec),
             (5, I64, 1), (6, I64, 10), (7, I64, 10), (9, I64, 4), *extra]
     return [(2, I64, 4), (3, STRUCT, meta)]
 
@@ -156,6 +156,8 @@ BUILT = {
     # keeps the fields the second copy does not set
     "merged-copies": footer([_chunk(b"x", (16, STRUCT, [(3, LIST, (I64, [1, 2, 3]))]))
                              + [(3, STRUCT, _chunk(b"x")[1][2])]]),
+    # a compression codec Parquet does not have: pyarrow 26 throws reading `.compression`
+    "unknown-codec": footer([_chunk(b"x", codec=62)]),
 }
 
 ROUTES = r"""
@@ -168,7 +170,8 @@ print("watched", type(read_part_footer(path)).__name__, flush=True)
 from stragglers.whatif.partitioned import _metadata
 try:
     md = _metadata(str(path))
-    print("analysis", [md.row_group(0).column(i).statistics
+    print("analysis", [(md.row_group(0).column(i).statistics,
+                        md.row_group(0).column(i).compression)
                        for i in range(md.row_group(0).num_columns)], flush=True)
 except InputError as exc:
     print("analysis InputError", exc, flush=True)

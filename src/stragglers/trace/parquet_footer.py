@@ -32,6 +32,7 @@ MAX_SCHEMA_DEPTH = 100
 # the bytes a value of each fixed-width physical type takes in the statistics (INT96: 12)
 _WIDTH = {0: 1, 1: 4, 2: 8, 3: 12, 4: 4, 5: 8}
 _BOOLEAN, _FLOAT, _DOUBLE, _BYTE_ARRAY, _FLBA = 0, 4, 5, 6, 7
+_LAST_CODEC = 7   # LZ4_RAW: Parquet's compression codecs are 0..7
 _TYPE_NAMES = ("BOOLEAN", "INT32", "INT64", "INT96", "FLOAT", "DOUBLE", "BYTE_ARRAY",
                "FIXED_LEN_BYTE_ARRAY")
 
@@ -154,7 +155,8 @@ def _list_head(b: bytes, p: int, limit: int) -> tuple[int, int, int]:
 _KV = None   # (struct read but not kept: key-value pairs, logical types, …)
 _STATISTICS = {1: (BINARY, None), 2: (BINARY, None), 5: (BINARY, None), 6: (BINARY, None)}
 _SIZE_STATISTICS = {1: (I64, None), 2: (LIST, (I64, None)), 3: (LIST, (I64, None))}
-_COLUMN_META = {1: (I32, None), 3: (LIST, (BINARY, None)), 12: (STRUCT, _STATISTICS),
+_COLUMN_META = {1: (I32, None), 3: (LIST, (BINARY, None)), 4: (I32, None),
+                12: (STRUCT, _STATISTICS),
                 16: (STRUCT, _SIZE_STATISTICS), 17: (STRUCT, _KV)}
 _COLUMN_CHUNK = {3: (STRUCT, _COLUMN_META), 8: (STRUCT, _KV), 9: (BINARY, None)}
 _ROW_GROUP = {1: (LIST, (STRUCT, _COLUMN_CHUNK))}
@@ -368,6 +370,11 @@ def _check_chunk(chunk: dict, leaf: tuple) -> None:
                         f"{_TYPE_NAMES[physical]}")
     if meta.get(3) != path:
         raise BadFooter(f"column {name}: its column chunk names another column")
+    codec = meta.get(4)
+    if codec is not None and not 0 <= codec <= _LAST_CODEC:
+        # (pyarrow 26 throws on reading a codec it does not know: `.compression`)
+        raise BadFooter(f"column {name}: compression codec {codec}; expected one of "
+                        f"Parquet's (0..{_LAST_CODEC})")
     if 17 in meta:
         raise BadFooter(f"column {name}: geospatial statistics; expected none")
     stats = meta.get(12)
