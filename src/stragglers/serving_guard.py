@@ -154,7 +154,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             for timer in (self._g_lingering, self._g_refusing):
                 if timer is not None:
                     timer.cancel()
-            book.forget(self)
+            book.closed(self)
             if _parked(self):
                 _unpark(self)   # nobody is left to answer: the request is dropped
             super().connection_lost(exc)
@@ -249,6 +249,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
                 return
             self._g_lingering = asyncio.get_running_loop().call_later(
                 limits.linger_s, self.transport.close)
+            book.linger(self)
 
         if hasattr(base, "on_header"):   # httptools: the parser's callbacks (h11 bounds its own)
             def on_message_begin(self) -> None:
@@ -408,6 +409,10 @@ class _Connections:
         self.open: dict[Any, None] = {}     # insertion-ordered
         self.fresh: dict[Any, None] = {}    # those that never completed a request, oldest first
         self.by_client: dict[str, int] = {}
+        # answered (a 503 at a cap, a 408, a 431...) and lingering (see _g_linger): out of
+        # `open` and the client's count, but each holds a descriptor until it is closed,
+        # oldest first
+        self.lingering: dict[Any, None] = {}
         self._timer: asyncio.TimerHandle | None = None
 
     def admit(self, conn) -> None:
@@ -418,18 +423,51 @@ class _Connections:
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.limits.sweep_s,
                                                                 self.sweep)
+        self._shed()
         if self.by_client[client] > self.limits.per_client:
             self._make_room(conn, client)
         if len(self.open) > self.limits.max_connections and not conn.transport.is_closing():
             self._make_room_fairly(conn, client)
 
     def forget(self, conn) -> None:
+        """Take `conn` out of the open connections and its client's count."""
         self.fresh.pop(conn, None)
         if self.open.pop(conn, 1) is None:
             client = _client(conn)
             self.by_client[client] -= 1
             if not self.by_client[client]:
                 del self.by_client[client]
+
+    def linger(self, conn) -> None:
+        """`conn` was answered and lingers: no longer open, still a descriptor (_shed)."""
+        self.forget(conn)
+        self.lingering[conn] = None
+
+    def closed(self, conn) -> None:
+        """`conn` is closed (its connection_lost): its descriptor is free."""
+        self.forget(conn)
+        self.lingering.pop(conn, None)
+
+    def _shed(self) -> None:
+        """Close lingering connections at once, oldest first, while they and the open ones
+        pass max_connections: answered already, they hold descriptors the new one needs.
+        Lingering out of the count, connections evicted for room kept theirs up to linger_s:
+        past RLIMIT_NOFILE (max_connections set below it) accept() failed and uvloop reset
+        every new client. (The one evicted or refused for the newest connection may linger
+        on, one past the cap, until the next connection needs its descriptor: closed at
+        once, a request its client sent meanwhile met a reset, not its 503.)"""
+        while self.lingering and \
+                len(self.open) + len(self.lingering) > self.limits.max_connections:
+            c = next(iter(self.lingering))
+            del self.lingering[c]
+            raw = getattr(c.transport, "raw", c.transport)
+            try:
+                if raw.get_write_buffer_size():
+                    _close(c, abort=True)   # its client does not read: a close would wait
+                else:
+                    raw.close()   # (its answer sent and its write side shut: a FIN already)
+            except Exception:   # noqa: BLE001 - a transport already gone
+                pass
 
     def _make_room_fairly(self, new, client: str) -> None:
         """At the cap of all connections, room for `new` is made by the client holding the
@@ -629,7 +667,8 @@ def _close(conn, status: int | None = None, reason: str = "", message: str = "",
             # closes (or linger_s): closed at once with its request unread (sent as it was
             # refused or evicted), the kernel reset the connection and the client's stack
             # dropped the 503 it had, a ReadError or "disconnected without a response" (seen
-            # at 256+ connections from one address). Out of the counts now: room is made.
+            # at 256+ connections from one address). Out of the open ones now, room is made,
+            # but its descriptor is held until it closes: _Connections._shed
             conn._g_linger()
             conn.connections.discard(conn)
         elif abort:
