@@ -28,6 +28,7 @@ from stragglers.trace.runformat import table_bytes  # noqa: E402
 TOKEN = "hostile-round5-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SETTINGS = "settings: {window_steps: 5, stall_after_s: 600, tick_s: 0.05}\n"
+LOGS: dict[int, Path] = {}   # a served process's stderr file, by its pid
 
 
 def token_file(tmp: Path) -> Path:
@@ -48,7 +49,7 @@ def serve_monitor(tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:
                              "--token-file", str(token_file(tmp)), *args], cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=(tmp / "stderr.log").open("wb"))
-    proc.args = tmp / "stderr.log"        # where stop() finds what it said
+    LOGS[proc.pid] = tmp / "stderr.log"        # where stop() finds what it said
     return proc, listening_url(proc)
 
 
@@ -77,7 +78,7 @@ def stop(proc: subprocess.Popen) -> str:
     if proc.poll() is None:
         proc.kill()
     proc.communicate(timeout=30)
-    return Path(proc.args).read_text(errors="replace")
+    return LOGS.pop(proc.pid).read_text(errors="replace")
 
 
 def footer_type_flipped(body: bytes, column: bytes = b"dp_rank") -> bytes:
@@ -358,7 +359,7 @@ def test_shard_status_is_answered_on_a_full_disk_with_an_expired_lease(small_dis
                              str(small_disk / "s.db"), "--port", "0", "--token-file", str(token)],
                             cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=(tmp_path / "stderr.log").open("wb"))
-    proc.args = tmp_path / "stderr.log"
+    LOGS[proc.pid] = tmp_path / "stderr.log"
     url = listening_url(proc)
     try:
         assert up(proc, url), "the shard service did not start"
@@ -399,7 +400,7 @@ def test_monitor_window_closed_on_a_full_disk_is_stored_once_space_returns(small
                              "--watch", str(tmp_path / "runs")], cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=(tmp_path / "stderr.log").open("wb"))
-    proc.args = tmp_path / "stderr.log"
+    LOGS[proc.pid] = tmp_path / "stderr.log"
     url = listening_url(proc)
 
     def job():
@@ -439,7 +440,7 @@ def test_monitor_upload_on_a_full_disk_is_one_line_in_the_log(upload_disk, tmp_p
                              "--token-file", str(token_file(tmp_path))], cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=(tmp_path / "stderr.log").open("wb"))
-    proc.args = tmp_path / "stderr.log"
+    LOGS[proc.pid] = tmp_path / "stderr.log"
     url = listening_url(proc)
     try:
         assert up(proc, url), "the monitor did not start"
@@ -469,7 +470,7 @@ def test_monitor_starts_again_on_a_full_disk(small_disk, tmp_path):
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                 stdout=subprocess.PIPE,
                                 stderr=(tmp_path / "stderr.log").open("wb"))
-        proc.args = tmp_path / "stderr.log"
+        LOGS[proc.pid] = tmp_path / "stderr.log"
         return proc, listening_url(proc)
 
     proc, url = serve()
