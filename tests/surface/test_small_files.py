@@ -67,3 +67,15 @@ def test_the_monitor_config_and_ndtimeline_metadata_read_through_it(tmp_path):
     good = tmp_path / "monitor.yaml"
     good.write_text("external_url: http://127.0.0.1:8150\n")
     assert load_config_file(good) == {"external_url": "http://127.0.0.1:8150"}
+
+
+def test_yaml_aliases_are_refused_before_they_expand(tmp_path):
+    # nine levels of ten aliases: 526 bytes that expand to 10⁹ nodes (a "billion laughs")
+    lines = ["a0: &a0 [x]"] + [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]"
+                               for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\nreceiver: *a9\n")
+    with pytest.raises(InputError, match="alias"):
+        load_yaml_file(bomb, "a test file")
+    with pytest.raises(InputError, match="alias"):
+        load_config_file(bomb)
