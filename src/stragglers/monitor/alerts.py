@@ -454,9 +454,15 @@ class AlertEngine:
                 row = msgspec.structs.replace(old, status="resolved", ends_at=now, last_sent=now)
                 alert_rows.append(row)
                 log_rows.append(self._log(row, window_idx, now))
-        for e in log_rows:
-            log.warning("alert %s: %s (job %s) %s", e.status, e.rule, job, e.summary)
+        # (their log lines are written once they are stored: log_stored; a decision whose
+        # write was refused is decided again, and said each time)
         return alert_rows, log_rows, [self.payload(a) for a in alert_rows]
+
+    @staticmethod
+    def log_stored(log_rows: list[AlertLogEntry]) -> None:
+        """Log the alert transitions just stored (one line each)."""
+        for e in log_rows:
+            log.warning("alert %s: %s (job %s) %s", e.status, e.rule, e.job, e.summary)
 
     @staticmethod
     def _log(row: Alert, window_idx: int | None, now: float) -> AlertLogEntry:

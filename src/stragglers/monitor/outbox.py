@@ -51,6 +51,7 @@ class OutboxSender:
         self._urgent: queue.Queue = queue.Queue()
         self._urgent_thread: threading.Thread | None = None
         self._counts = threading.Lock()
+        self._unavailable: str | None = None   # why the last poll failed (said once)
 
     def start(self) -> None:
         """Send on a thread until close()."""
@@ -96,12 +97,23 @@ class OutboxSender:
         while not self._stop.is_set():
             self._wake.wait(self.poll_s)
             self._wake.clear()
-            try:
-                while not self._stop.is_set() and self.send_due():
-                    pass
-            except Exception as exc:  # noqa: BLE001 - the store away: try at the next poll
-                log.warning("alerts: outbox unavailable (%s)", str(exc).splitlines()[0]
-                            if str(exc) else exc)
+            self.poll()
+
+    def poll(self) -> None:
+        """Send what is due; a store that refuses (away, a full disk) is tried again at the
+        next poll, and said once while it lasts (it was a line every 0.25 s)."""
+        try:
+            while not self._stop.is_set() and self.send_due():
+                pass
+        except Exception as exc:  # noqa: BLE001 - the store away: try at the next poll
+            said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if said != self._unavailable:
+                log.warning("alerts: outbox unavailable (%s); tried again at each poll", said)
+            self._unavailable = said
+            return
+        if self._unavailable is not None:
+            log.warning("alerts: outbox available again")
+            self._unavailable = None
 
     def send_due(self) -> int:
         """Claim and send what is due; how many were claimed."""

@@ -50,6 +50,7 @@ from stragglers.monitor.watchdog import Watchdog
 from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, read_steps
 from stragglers.monitor.store import JobConflict, SQLStore
 from stragglers.monitor.store_base import STALE
+from stragglers.monitor.unstored import HeldState, WriteTrouble
 from stragglers.monitor.windows import JobTracker, Window, layout_of
 from stragglers.serving import LogBudget
 from stragglers.trace.model import JobMeta
@@ -149,6 +150,11 @@ class Monitor:
         self.analyser = WindowAnalyser(in_process=not self.config.analysis_process)
         self.trackers: dict[str, JobTracker] = {}
         self.states: dict[str, str] = {}
+        # job → its state decided here whose write was refused (a full disk): written again
+        # at each tick until it commits (a failed write lost the stall, and the tick's windows)
+        self._unstored: dict[str, HeldState] = {}
+        self.trouble = WriteTrouble(store.transient_errors)
+        self._tick_failed: str | None = None   # the tick's last unexpected error (said once)
         self.directories: dict[str, Path] = {}
         self.recent_rejects: deque = deque(maxlen=100)
         self._log_budget = LogBudget(REFUSAL_LOG_BURST, REFUSAL_LOG_PER_S)
@@ -492,7 +498,7 @@ class Monitor:
         self.metrics.set_state(job, "running")
         log.warning("job %s: a new run began (its start clock changed); its history starts "
                     "again", job)
-        self._deliver(job, alert_rows)
+        self._deliver(job, alert_rows, log_rows)
 
     def tracker(self, job: str) -> JobTracker | ForeignJob | None:
         """The job's tracker (rebuilt from the store if the job finished and comes back) when
@@ -1416,7 +1422,7 @@ class Monitor:
             return
         self.metrics.publish_window(row)
         self.metrics.publish_latency.observe(max(0.0, time.time() - window.closed_at))
-        self._deliver(window.job, alert_rows)
+        self._deliver(window.job, alert_rows, log_rows)
 
     def _store_window(self, row: WindowRow, alert_rows: list[Alert],
                       log_rows: list[AlertLogEntry], lease: Lease | None = None) -> bool:
@@ -1449,25 +1455,57 @@ class Monitor:
     def _store_state(self, job: str, state: str) -> None:
         lease = self.leases.lease(job)
         if lease is None:
+            self._unstored.pop(job, None)
             return   # the job's holder decides its states
-        if state == "stalled":   # the dead-man: one transaction, its message sent at once
-            if not self.store_dead_man(job, state, self.alerts.on_state(job, state), lease):
-                with self._lock:   # not stored (the lease moved on or ran out): decided again
-                    if self.states.get(job) == "stalled" and self.leases.holds(job):
-                        self.states[job] = "running"   # by the next tick, under a live lease
-                        self.metrics.set_state(job, "running")
+        held = self._unstored.get(job)
+        if held is None or held.state != state:   # (one refused before: written as decided)
+            held = HeldState(state, self.alerts.on_state(job, state),
+                             time.time() if state == "finished" else None)
+        what = f"job {job}'s state"
+        try:
+            if state == "stalled":   # the dead-man: one transaction, its message sent at once
+                stored = self.store_dead_man(job, state, held.changes, lease)
+            else:
+                alert_rows, log_rows, _ = held.changes
+                stored = self.store.set_job_state(job, state, finished_at=held.finished_at,
+                                                  lease=lease, alert_rows=alert_rows,
+                                                  log_rows=log_rows)
+                if stored:
+                    self._deliver(job, alert_rows, log_rows)
+        except Exception as exc:   # noqa: BLE001 - kept: written again at the next tick
+            self._unstored[job] = held
+            self.trouble.refused(what, exc, f" ({state})")
             return
-        finished_at = time.time() if state == "finished" else None
-        if not self.store.set_job_state(job, state, finished_at=finished_at, lease=lease):
-            return   # the lease moved on meanwhile: its new holder decides
-        alert_rows, log_rows, _ = self.alerts.on_state(job, state)
-        self.store.add_alert_changes(alert_rows, log_rows, lease=lease, job=job)
-        self._deliver(job, alert_rows)
+        self._unstored.pop(job, None)
+        self.trouble.stored(what)
+        if not stored and state == "stalled":
+            with self._lock:   # not stored (the lease moved on or ran out): decided again
+                if self.states.get(job) == "stalled" and self.leases.holds(job):
+                    self.states[job] = "running"   # by the next tick, under a live lease
+                    self.metrics.set_state(job, "running")
 
-    def _deliver(self, job: str, changes: list[Alert]) -> None:
+    def _store_unstored(self) -> None:
+        """Write again the job states whose write was refused (each tick); one superseded by
+        a newer state of its job is dropped (that one is stored, or held, on its own)."""
+        for job, held in list(self._unstored.items()):
+            with self._state_lock:
+                if self._unstored.get(job) is not held:
+                    continue
+                if self.states.get(job) != held.state:
+                    del self._unstored[job]
+                    continue
+                self._store_state(job, held.state)
+
+    def _deliver(self, job: str, changes: list[Alert], log_rows: list[AlertLogEntry]) -> None:
         """The messages of alert changes just stored leave from the outbox (written in the
-        same transaction as the changes): wake its sender."""
-        self.metrics.open_alerts.labels(job).set(len(self.store.alerts(job=job, status="firing")))
+        same transaction as the changes): wake its sender; the transitions are logged."""
+        self.alerts.log_stored(log_rows)
+        try:
+            firing = len(self.store.alerts(job=job, status="firing"))
+        except Exception:   # noqa: BLE001 - a gauge: set at the next change (the change is
+            firing = None   # stored: not to be written again because this read failed)
+        if firing is not None:
+            self.metrics.open_alerts.labels(job).set(firing)
         self.metrics.count_alerts(changes)
         if changes:
             self.outbox.wake()
@@ -1486,7 +1524,7 @@ class Monitor:
         except Exception:
             self.metrics.store_errors.labels("alerts").inc()
             raise
-        self._deliver(job, alert_rows)
+        self._deliver(job, alert_rows, log_rows)
 
     def store_dead_man(self, job: str, state: str | None, changes: Changes,
                        lease: Lease | None = None) -> bool:
@@ -1510,7 +1548,7 @@ class Monitor:
             self._renew_first = True
             return False   # the lease moved on meanwhile (or ran out): its holder decides
         self.outbox.send_now(claimed)
-        self._deliver(job, alert_rows)
+        self._deliver(job, alert_rows, log_rows)
         return True
 
     def refresh_metrics(self) -> None:
@@ -1548,9 +1586,18 @@ class Monitor:
                 if time.monotonic() - self._swept_at >= sweep_s:
                     self._swept_at = time.monotonic()
                     self.expire_empty_jobs()
-            except Exception:
-                log.exception("monitor tick failed")
+            except Exception as exc:
                 self._ticked_at = time.time()   # a failing tick is not retried in a loop
+                # its traceback once, not at every tick while the cause lasts
+                said = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                if said != self._tick_failed:   # (a storage error in one line; a bug's stack)
+                    log.error("monitor tick failed (%s); said once while it fails so", said,
+                              exc_info=not isinstance(exc, self.trouble.storage_errors))
+                self._tick_failed = said
+                continue
+            if self._tick_failed is not None:
+                log.warning("monitor ticks again")
+                self._tick_failed = None
 
     def tick_wait(self, now: float) -> float:
         """Seconds the tick thread sleeps: tick_s, or less when a dead-man deadline comes
@@ -1597,8 +1644,17 @@ class Monitor:
         return out
 
     def tick(self, now: float | None = None) -> None:
-        """Close windows whose missing parts were given up on; move jobs between states."""
-        now = time.time() if now is None else now
+        """Close windows whose missing parts were given up on; move jobs between states. The
+        windows closed are queued for analysis whatever fails after they were closed (their
+        rows are in no tracker any more: a write failing later in the tick lost them)."""
+        windows: list = []
+        try:
+            self._tick(time.time() if now is None else now, windows)
+        finally:
+            for w in windows:
+                self._queue_analysis(w)
+
+    def _tick(self, now: float, windows: list) -> None:
         began = time.monotonic()
         cfg = self.config
         with self._count_lock:
@@ -1624,6 +1680,7 @@ class Monitor:
                 self._ticked_at = now
                 return
             self._renew_failed = False
+        self._store_unstored()   # what earlier ticks decided and could not store
         # the other instances' marks before their parts: a part they stored after this read
         # is followed below, one stored before the mark they wrote is in the store already
         # A mark not written for lease_s is left out: its instance's tick is stuck (a long
@@ -1635,7 +1692,7 @@ class Monitor:
         self._marks = [m for m in self.store.ingest_marks(self.instance)
                        if wall - self.config.lease_s <= m.as_of <= wall + self.config.lease_s] \
             if self.store.shared else []
-        windows = self._follow_store(now)
+        windows.extend(self._follow_store(now))
         now_stalled: list[str] = []
         with self._lock:
             lagging = self.watchdog.lagging()
@@ -1690,8 +1747,6 @@ class Monitor:
             self._state_changed(job, "stalled", current=True)
         self.watchdog.check_silence(now)
         self._ticked_at = now   # every deadline up to here decided or deferred
-        for w in windows:
-            self._queue_analysis(w)
 
     def _set_state_after(self, windows: list, job: str, state: str) -> None:
         # the state change is queued after the windows it closed, so alerts see them first

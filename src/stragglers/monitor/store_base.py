@@ -335,15 +335,19 @@ class SQLStore:
         return self._write(tx)
 
     def set_job_state(self, job: str, state: str, closed: bool | None = None,
-                      finished_at: float | None = None,
-                      lease: Lease | None = None) -> bool:
-        """Record a job's state (running, stalled, finished); with `lease`, only while it
-        holds the job (False: not recorded)."""
+                      finished_at: float | None = None, lease: Lease | None = None,
+                      alert_rows: list[Alert] | None = None,
+                      log_rows: list[AlertLogEntry] | None = None) -> bool:
+        """Record a job's state (running, stalled, finished) with the alert changes it caused
+        (and their messages), in one transaction: a write refused leaves neither, so it is
+        written again whole; with `lease`, only while it holds the job (False: not recorded)."""
         def tx(db: Any) -> bool:
             self._fence(db, job, lease)
             self._exec(db, "UPDATE jobs SET state = ?, finished_at = COALESCE(?, finished_at), "
                        "closed = COALESCE(?, closed) WHERE job = ?",
                        (state, finished_at, None if closed is None else int(closed), job))
+            if alert_rows or log_rows:
+                self._alert_changes(db, alert_rows or [], log_rows or [])
             return True
         return self._fenced(tx)
 

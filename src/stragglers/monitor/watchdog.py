@@ -40,6 +40,9 @@ class Watchdog:
         # check): silent once a part takes the others past its steps, which the ingest tells
         # the tick at once (no deadline is due for it any more: it was decided a tick late)
         self.overdue: set[str] = set()
+        # jobs whose fast alerts' write was refused (a full disk): decided and written again
+        # at the detector's next pass, new parts or not
+        self.unstored: set[str] = set()
         self.queue: queue.Queue = queue.Queue()
 
     # ---- the change detector's thread --------------------------------------------------------
@@ -81,16 +84,18 @@ class Watchdog:
         m = self.monitor
         with m._lock:
             work = [(job, tr, tr.arrived) for job, tr in m.trackers.items()
-                    if isinstance(tr, JobTracker) and tr.arrived]
+                    if isinstance(tr, JobTracker) and (tr.arrived or job in self.unstored)]
             for _, tr, _ in work:
                 tr.arrived = []
         for job in [j for j in self.detectors if j not in m.trackers]:
             self.detectors.pop(job, None)   # finished or held elsewhere: its memory goes
+            self.unstored.discard(job)
         if not self.enabled:
             return
         for job, tr, arrived in work:
             detector = self._detector(job, tr)
             if detector is None:   # (these parts' values are not kept: warm-up is 20 steps)
+                self.unstored.discard(job)
                 continue
             sources = [src for _, src in arrived]
             pool = m._readers   # the ingest's reader threads (parts read outside the GIL)
@@ -100,11 +105,20 @@ class Watchdog:
                     detector.add(rank, *busy)
             changes = detector.settle()
             judged = detector.warm()
-            if changes or judged != self.judged.get(job):
-                self.judged[job] = judged
-                places = _places(tr)
-                m.store_alerts(job, m.alerts.on_changes(job, dict(detector.firing), judged,
-                                                        places))
+            if changes or judged != self.judged.get(job) or job in self.unstored:
+                # (decided from the detector's state, `firing`: a refused write is decided
+                # again whole at the next pass; what was judged counts once it is stored)
+                what = f"job {job}'s fast alerts"
+                try:
+                    m.store_alerts(job, m.alerts.on_changes(job, dict(detector.firing), judged,
+                                                            _places(tr)))
+                except Exception as exc:   # noqa: BLE001 - kept for the next pass
+                    self.unstored.add(job)
+                    m.trouble.refused(what, exc)
+                else:
+                    self.judged[job] = judged
+                    self.unstored.discard(job)
+                    m.trouble.stored(what)
             for c in changes:
                 log.warning("job %s: rank %d %s (%.2f× since step %d, step %d)", job, c.rank,
                             "slowed down" if c.status == "firing" else "recovered", c.ratio,
@@ -176,10 +190,18 @@ class Watchdog:
             before = self.silent.get(job)
             self.silent[job] = silent
             m.metrics.silent_ranks.labels(job).set(len(silent))
-            if not m.store_dead_man(job, None, m.alerts.on_silence(
-                    job, self._alerted(job, silent), places, now)):
-                # not stored (the lease moved on, or ran out while this process was paused):
-                # decided again at the next tick, under a live lease
+            what = f"job {job}'s silent ranks"
+            try:
+                stored = m.store_dead_man(job, None, m.alerts.on_silence(
+                    job, self._alerted(job, silent), places, now))
+            except Exception as exc:   # noqa: BLE001 - decided again at the next tick
+                stored = False
+                m.trouble.refused(what, exc)
+            if stored:
+                m.trouble.stored(what)
+            else:
+                # not stored (the lease moved on, or ran out while this process was paused;
+                # or the write was refused: a full disk): decided again at the next tick
                 if before is None:
                     self.silent.pop(job, None)
                 else:
