@@ -240,7 +240,15 @@ class Monitor:
         # the first heartbeat, before any thread: the jobs this instance holds are rebuilt
         # now (alone, as with SQLite, every job; the lease of a restarted SQLite monitor is
         # its own)
-        self.leases.beat()
+        try:
+            self.leases.beat()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            # a full disk: the monitor serves reads and answers writes 507; the heartbeat
+            # thread takes the leases (and rebuilds their jobs) once a write fits
+            log.warning("start: the store cannot be written (%s); serving reads, uploads "
+                        "refused until space returns", exc)
         self.publish_mark()   # (before any part is taken: others wait for what it holds)
         self.leases.start()
         self.outbox.start()
