@@ -6,8 +6,8 @@ cores, and pipelined scrapes nobody read kept rendering into the kernel's buffer
 requests that arrive while a render runs share the next one (each answer is rendered after
 its request arrived), and a render begins no sooner than `duty` times the last one's cost
 after it ended: the renders take at most 1 / (1 + duty) of one core, however many ask.
-ClientPace then answers one client address at most once per interval: a loop of reads waits
-its turns instead of taking an answer per render.
+ClientPace then answers one client address about once per interval: a loop of reads waits
+its turns (taken when served, at most a few ahead) instead of taking an answer per render.
 """
 
 from __future__ import annotations
@@ -59,6 +59,16 @@ class SharedRender(Generic[T]):
             self._cost = self._ended - began
 
 
+class _Address:
+    """One client address's pace: when its next turn is free, and its requests waiting."""
+
+    __slots__ = ("free_at", "waiting")
+
+    def __init__(self) -> None:
+        self.free_at = 0.0                 # (loop time) no answer before it but a shared one
+        self.waiting: list[object] = []    # its waiting requests, in the order they came
+
+
 class ClientPace:
     """`await turn(scope)`: one answer per `interval_s` to each client address; a request
     ahead of its turn waits for it, parked (its connection closable at a cap), never refused.
@@ -67,22 +77,45 @@ class ClientPace:
     service's CPU barely moved (renders are shared), but the loops' own CPU at nice 0 and
     their wake-ups at every render took the CPUs from a recorder's uploads (1.8x). A refusal
     answered at once would be an answer the loop spins on; a wait costs nothing. Prometheus
-    scrapes an instance every few seconds."""
+    scrapes an instance every few seconds.
 
-    def __init__(self, interval_s: float, max_clients: int = 4096):
-        self.interval_s, self.max_clients = interval_s, max_clients
-        self._next: OrderedDict[str, float] = OrderedDict()   # client → its next free turn
+    A turn is taken when it is served, never reserved ahead: a request whose client left
+    takes none (turns reserved at arrival let 100 abandoned scrapes push the address's next
+    one 25 s out, unbounded: Prometheus on loopback, or everyone behind a proxy, shut out).
+    No request waits more than `backlog` turns: past them it is answered without a turn,
+    with whatever render is next (shared; the service's CPU stays bounded by SharedRender),
+    so an address asking faster than once per interval is answered about once per interval
+    per request, never after a backlog that grows."""
+
+    def __init__(self, interval_s: float, backlog: int = 4, max_clients: int = 4096):
+        self.interval_s, self.backlog, self.max_clients = interval_s, backlog, max_clients
+        self._clients: OrderedDict[str, _Address] = OrderedDict()
 
     async def turn(self, scope: MutableMapping[str, Any]) -> bool:
         """Wait for the client's turn; False when its connection closed meanwhile."""
         if self.interval_s <= 0:
             return True
         client = str((scope.get("client") or ("?",))[0])
-        now = time.monotonic()
-        at = max(now, self._next.pop(client, now))
-        self._next[client] = at + self.interval_s
-        while len(self._next) > self.max_clients:
-            self._next.popitem(last=False)   # (the least recently asking: most likely free)
-        if at <= now:
+        address = self._clients.pop(client, None) or _Address()
+        self._clients[client] = address
+        while len(self._clients) > self.max_clients:
+            self._clients.popitem(last=False)   # (the least recently asking: most likely free)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        latest = now + self.backlog * self.interval_s
+        me = object()
+        address.waiting.append(me)
+        try:
+            while now < address.free_at and now < latest:
+                # its turn worked out afresh at each wake: the requests ahead that left
+                # gave theirs back
+                ahead = address.waiting.index(me)
+                at = min(latest, address.free_at + ahead * self.interval_s)
+                if not await park(scope, at - now):   # type: ignore[arg-type]
+                    return False
+                now = loop.time()
+            if now >= address.free_at:
+                address.free_at = now + self.interval_s   # the turn, taken as it is served
             return True
-        return await park(scope, at - now)   # type: ignore[arg-type]
+        finally:
+            address.waiting.remove(me)
