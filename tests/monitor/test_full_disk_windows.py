@@ -146,7 +146,7 @@ if scenario == "silence":   # rank 3 stops after step 4, the others go on to ste
     for step, ago in zip(range(5, 8), (0.6 * STALL, 0.3 * STALL, 0.0)):
         feed(step, range(3), queued_ago=ago)
 else:
-    for step in range(steps):
+    for step in range(5 if scenario == "ingest" else steps):
         feed(step, range(world))
 analyse(drain())   # window 0 (steps 0..4) stored; steps 5..7 held
 out["before"] = len(store.windows("j"))
@@ -165,6 +165,23 @@ class Polls:   # a thread's sleep between its rounds: none; it stops after its n
         pass
 
 
+if scenario == "ingest":   # watched parts of steps 5..7 come while the disk is full
+    def batches():   # the ingest thread, one batch a step
+        for step in range(5, 8):
+            for r in range(world):
+                mon.submit(PartIn("j", r, step, "files", path=run / rank_file_name(r, step)))
+            mon._ingest.put(None)   # (ends the batch; the loop, once the queue is empty)
+        mon._ingest_loop()
+        while not mon._ingest.empty():   # (the ends it put back)
+            mon._ingest.get_nowait()
+
+    full()
+    batches()
+    room()
+    batches()   # (the rescans queue them again)
+    out["parts"] = store._rows("SELECT COUNT(*) AS n FROM parts WHERE job = 'j'")[0]["n"]
+    print(json.dumps(out), flush=True)
+    sys.exit(0)
 if scenario == "sweep":   # an uploaded job with no part expires while the disk is full
     (work / "up" / "e").mkdir(parents=True)
     mon.register_job("e", work / "up" / "e", "http", trace.meta.to_dict())
@@ -316,3 +333,10 @@ def test_a_tick_failing_on_a_full_disk_says_so_once_not_a_traceback_a_tick(tmp_p
     assert log.count("monitor tick failed") == 1 and "Traceback" not in log, log[-3000:]
     assert "monitor ticks again" in log
     assert found["jobs"] == ["j"], found
+
+
+def test_an_ingest_failing_on_a_full_disk_says_so_once_not_a_traceback_a_batch(tmp_path):
+    found, log = drive(tmp_path / "mon.db", "fsize", "ingest")
+    assert log.count("ingest batch failed") == 1 and "Traceback" not in log, log[-3000:]
+    assert "ingest stores again" in log
+    assert found["parts"] == 4 * 8, found   # the three refused batches stored once queued again

@@ -155,6 +155,7 @@ class Monitor:
         self._unstored: dict[str, HeldState] = {}
         self.trouble = WriteTrouble(store.transient_errors)
         self._tick_failed: str | None = None   # the tick's last unexpected error (said once)
+        self._ingest_failed: str | None = None   # the ingest's (said once)
         self.directories: dict[str, Path] = {}
         self.recent_rejects: deque = deque(maxlen=100)
         self._log_budget = LogBudget(REFUSAL_LOG_BURST, REFUSAL_LOG_PER_S)
@@ -996,11 +997,21 @@ class Monitor:
                 with self._batch_lock:
                     self._ingest_batch(batch)
             except Exception as exc:  # the store failed (disk full): the parts were not taken
-                log.exception("ingest batch failed")
+                # (uploads are answered with the error, watched files queued again by the
+                # rescans); said once while it fails so, not a traceback a batch
+                said = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                if said != self._ingest_failed:
+                    log.error("ingest batch failed (%s); said once while it fails so", said,
+                              exc_info=not isinstance(exc, self.trouble.storage_errors))
+                self._ingest_failed = said
                 self.metrics.store_errors.labels("ingest").inc()
                 for it in batch:
                     if it.done is not None and not it.done.done():
                         it.done.set_exception(exc)
+            else:
+                if self._ingest_failed is not None:
+                    log.warning("ingest stores again")
+                    self._ingest_failed = None
             finally:
                 self._ingest_started = None
                 self._landed(batch)
