@@ -80,12 +80,14 @@ else:
     trace = slow_job(steps=8, dp=2, pp=2, slow=(1, 1, 3.0))
 world, steps = trace.meta.world_size, int(trace.ops["step"].max()) + 1
 run = work / "runs" / "j"
-for rank in range(world):
-    for step in range(steps):
-        sel = (trace.ops["rank"] == rank) & (trace.ops["step"] == step)
-        write_rank(run, rank, {k: v[sel] for k, v in trace.ops.items()}, part=step)
-mon.leases.beat()
-mon.register_job("j", run, "files", trace.meta.to_dict())
+if scenario != "restarted":
+    for rank in range(world):
+        for step in range(steps):
+            sel = (trace.ops["rank"] == rank) & (trace.ops["step"] == step)
+            write_rank(run, rank, {k: v[sel] for k, v in trace.ops.items()}, part=step)
+mon.leases.beat()   # (a restart's first heartbeat rebuilds its jobs from the store)
+if scenario != "restarted":
+    mon.register_job("j", run, "files", trace.meta.to_dict())
 
 
 def feed(step, ranks, queued_ago=0.0):
@@ -123,6 +125,14 @@ def tick(now):
 
 
 out = {}
+if scenario == "restarted":   # after a kill -9 on the full disk, started again with room
+    out["raised"] = tick(time.time() + STALL + 1)   # (its parts' arrivals: as stored)
+    analyse(drain())
+    tick(time.time() + STALL + 2)
+    out["windows"] = [[w.first_step, w.last_step] for w in store.windows("j")]
+    out["stored_state"] = store.job("j").state
+    print(json.dumps(out), flush=True)
+    sys.exit(0)
 if fast:
     for step in range(steps):
         feed(step, range(world))
@@ -214,7 +224,7 @@ if scenario == "outbox":   # window 0's alert messages are due; the sender polls
     print(json.dumps(out), flush=True)
     sys.exit(0)
 full()
-if scenario == "stall":
+if scenario in ("stall", "killed"):
     at = last + STALL
 elif scenario == "finished":
     at = last + 4 * STALL
@@ -222,6 +232,8 @@ else:
     at = time.time()
 out["raised"] = tick(at)
 out["state_while_full"] = mon.states.get("j")
+if scenario == "killed":   # kill -9 with the stall and its window not stored
+    os.kill(os.getpid(), signal.SIGKILL)
 queued = drain()
 out["queued"] = [list(i.steps) if hasattr(i, "steps") else list(i) for i in queued]
 # the analysis thread's writes while the disk is full: a state's (a window's waits it out)
@@ -241,12 +253,14 @@ store.close()
 """
 
 
-def drive(db: Path, how: str, scenario: str) -> tuple[dict, str]:
+def drive(db: Path, how: str, scenario: str, rc: int = 0) -> tuple[dict, str]:
     """Run the driver; (what it found, its log)."""
     done = subprocess.run([sys.executable, "-c", DRIVER, str(db), how, scenario,
                            str(REPO / "tests" / "monitor")], capture_output=True, text=True,
                           cwd=REPO, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == rc, done.stderr[-3000:]
+    if rc:
+        return {}, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
@@ -340,3 +354,14 @@ def test_an_ingest_failing_on_a_full_disk_says_so_once_not_a_traceback_a_batch(t
     assert log.count("ingest batch failed") == 1 and "Traceback" not in log, log[-3000:]
     assert "ingest stores again" in log
     assert found["parts"] == 4 * 8, found   # the three refused batches stored once queued again
+
+
+def test_a_monitor_killed_on_a_full_disk_analyses_the_stalls_window_once_started_again(
+        tmp_path):
+    # kill -9 while the stall (and its window) could not be stored: the restart rebuilds the
+    # job from its stored parts, decides the stall again and analyses steps 5..7
+    drive(tmp_path / "mon.db", "fsize", "killed", rc=-9)
+    found, log = drive(tmp_path / "mon.db", "fsize", "restarted")
+    assert found["raised"] is None, (found, log[-3000:])
+    assert found["windows"] == [[0, 4], [5, 7]], (found, log[-3000:])
+    assert found["stored_state"] == "stalled", found
