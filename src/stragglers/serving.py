@@ -605,6 +605,9 @@ class _Held:
         self.status, self.headers, self.text = status, headers, b""
 
 
+SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
+
+
 def error_status(exc: BaseException) -> tuple[int, str]:
     """(status, one-line message) for an unhandled exception: 507 when the disk is full, 503
     for another OS or database error (retry later), 500 otherwise."""
@@ -614,8 +617,10 @@ def error_status(exc: BaseException) -> tuple[int, str]:
         return 507, "the service's disk is full; nothing was stored (retry later)"
     if isinstance(exc, (OSError, sqlite3.OperationalError)):
         return 503, f"the service cannot reach its storage now ({type(exc).__name__}); retry later"
-    if isinstance(exc, sqlite3.DatabaseError):
-        # a damaged page (a torn write, a bad sector): the store's, not the request's
+    if isinstance(exc, sqlite3.DatabaseError) and \
+            (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB):
+        # a damaged page (a torn write, a bad sector): the store's, not the request's (an
+        # IntegrityError or a ProgrammingError is a bug: 500, not a retry)
         return 503, ("the service cannot read part of its storage (DatabaseError); its "
                      "operator is told in the service's log")
     return 500, f"internal error ({type(exc).__name__}); see the service's log"
