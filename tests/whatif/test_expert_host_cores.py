@@ -14,6 +14,7 @@ import copy
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from stragglers.trace.load import load_trace
@@ -163,12 +164,36 @@ def test_balanced_routing_is_no_faster_than_the_hosts_cpu_work_allows():
     from stragglers.whatif._replay import replay
 
     trace = load_trace(STEP_CPU_RUN)
-    busy = copy.copy(trace)
-    busy.ops = dict(trace.ops)
-    busy.ops["step_cpu"] = trace.ops["step_cpu"] * 3
-    for run, binds in ((trace, False), (busy, True)):
+    for factor, binds in ((1, False), (3, True), (100, True)):
+        run = copy.copy(trace)
+        run.ops = dict(trace.ops)
+        run.ops["step_cpu"] = trace.ops["step_cpu"] * factor
         ctx = _context(run)
-        floor = ctx.expert_load.host.cpu.floor()
+        # never past the step measured: CPU counted outside the step is no step's floor
+        floor = np.minimum(ctx.expert_load.host.cpu.floor(), ctx.w.t_base)
         predicted = replay(ctx.w.plan, expert_imbalance(ctx)[0].cost, ctx.w.step_start)
         assert (predicted >= floor - 1e-9).all()
         assert bool((predicted <= floor + 1e-9).any()) is binds
+        assert predicted.mean() <= ctx.w.t_base.mean() + 1e-9
+
+
+@pytest.mark.parametrize("bad", [float("inf"), -1.0, 1e300])
+def test_a_step_cpu_that_is_no_time_is_one_line(tmp_path, bad):
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from stragglers.errors import InputError
+
+    run = tmp_path / "run"
+    shutil.copytree(STEP_CPU_RUN, run)
+    part = sorted(run.glob("rank-00000.part-*.parquet"))[1]
+    table = pq.read_table(part)
+    values = table.column("step_cpu").to_pylist()
+    values[3] = bad
+    table = table.set_column(table.schema.get_field_index("step_cpu"), "step_cpu",
+                             pa.array(values, pa.float64()))
+    pq.write_table(table, part)
+    with pytest.raises(InputError, match="step_cpu") as err:
+        load_trace(run)
+    assert "\n" not in str(err.value)

@@ -145,6 +145,18 @@ def check_values(ops: dict[str, np.ndarray], source: Path | str) -> None:
         if neg.any():
             raise InputError(source, name, f"negative value at row {int(np.argmax(neg))}; "
                              "expected >= 0")
+    for name in ("cpu_wait", "cpu_time", "step_cpu"):
+        # seconds measured by the recorder, NaN where unknown: an infinite, negative or
+        # absurd one would silently move a prediction (a CPU floor of 1e6 s a step)
+        values = ops.get(name)
+        if values is None:
+            continue
+        bad = ~np.isnan(values) & ~((values >= 0) & (values <= MAX_SECONDS))
+        if bad.any():
+            first = int(np.argmax(bad))
+            raise InputError(source, name, f"{int(bad.sum())} rows are negative, infinite or "
+                             f"beyond {MAX_SECONDS:g} s (first at row {first}: "
+                             f"{float(values[first]):g}); expected seconds >= 0, or empty")
 
 
 def check_finite_times(ops: dict[str, np.ndarray], source: Path | str) -> None:

@@ -250,7 +250,10 @@ def balanced(w, load: ExpertLoad, cap: float | None = None) -> np.ndarray:
         # balancing moves the experts' CPU work between the host's ranks, it does not remove
         # it: no step can be shorter than its processes' CPU over their CPUs (less the rows
         # a capacity factor drops)
-        cost = at_least(w, cost, host.cpu.floor(_dropped_cpu(load, cap)))
+        # (never past the step measured: a floor above it says the CPU was counted outside
+        # the step, not that balancing would slow it)
+        floor = np.minimum(host.cpu.floor(_dropped_cpu(load, cap)), w.t_base)
+        cost = at_least(w, cost, floor)
     return cost
 
 
