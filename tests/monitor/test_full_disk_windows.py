@@ -236,10 +236,18 @@ if scenario == "killed":   # kill -9 with the stall and its window not stored
     os.kill(os.getpid(), signal.SIGKILL)
 queued = drain()
 out["queued"] = [list(i.steps) if hasattr(i, "steps") else list(i) for i in queued]
-# the analysis thread's writes while the disk is full: a state's (a window's waits it out)
+# the analysis thread's writes while the disk is full: a state's (refused), a window's (it
+# waits for room: analysed, then its write tried again until it commits)
 analyse([i for i in queued if isinstance(i, tuple)])
+import threading
+refused = mon.metrics.store_errors.labels("window")
+windows = threading.Thread(target=analyse, args=([i for i in queued if not isinstance(i, tuple)],))
+windows.start()
+while windows.is_alive() and refused._value.get() == 0:
+    time.sleep(0.01)   # (until its first write was refused)
+out["window_refused"] = refused._value.get()
 room()
-analyse([i for i in queued if not isinstance(i, tuple)])
+windows.join(120)
 for k in range(3):   # later ticks (a tick a second), what they queue analysed
     out.setdefault("raised_after", tick(at + 1 + k))
     analyse(drain())
@@ -288,10 +296,11 @@ def check_stall(found: dict, log: str) -> None:
     assert found["queued"] == [[5, 6, 7]], found
     assert found["raised"] is None, found   # the refused write is the tick's to keep, not raise
     assert found["state_while_full"] == "stalled"
+    assert found["window_refused"] >= 1   # (its write waited for room)
     assert found["log_rules"].count("stalled") == 1, found   # written once, not per retry
     # one line while it is refused, not a traceback per tick
     assert log.count("not stored") == 1 and "Traceback" not in log, log[-3000:]
-    assert "job j's state stored now" in log
+    assert "job j's state stored now" in log and "window 1 stored now" in log
 
 
 def test_a_window_closed_by_a_stall_on_a_full_disk_is_stored_once_space_returns(tmp_path):

@@ -1453,7 +1453,10 @@ class Monitor:
         retried: tuple[type[Exception], ...] = (*self.store.transient_errors, OSError)
         while True:
             try:
-                return self.store.add_window(row, alert_rows, log_rows, lease)
+                stored = self.store.add_window(row, alert_rows, log_rows, lease)
+                if delay > 0.5:
+                    log.warning("job %s window %d stored now", row.job, row.idx)
+                return stored
             except retried as exc:
                 self.metrics.store_errors.labels("window").inc()
                 if delay == 0.5:

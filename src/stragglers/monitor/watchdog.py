@@ -191,14 +191,18 @@ class Watchdog:
             self.silent[job] = silent
             m.metrics.silent_ranks.labels(job).set(len(silent))
             what = f"job {job}'s silent ranks"
+            alerted = self._alerted(silent)
             try:
-                stored = m.store_dead_man(job, None, m.alerts.on_silence(
-                    job, self._alerted(job, silent), places, now))
+                stored = m.store_dead_man(job, None, m.alerts.on_silence(job, alerted, places,
+                                                                         now))
             except Exception as exc:   # noqa: BLE001 - decided again at the next tick
                 stored = False
                 m.trouble.refused(what, exc)
             if stored:
                 m.trouble.stored(what)
+                if len(alerted) < len(silent):   # (once stored: not at every retry)
+                    log.warning("job %s: %d ranks silent; rank_silent alerts for the %d quiet "
+                                "longest (max_silent_alerts)", job, len(silent), len(alerted))
             else:
                 # not stored (the lease moved on, or ran out while this process was paused;
                 # or the write was refused: a full disk): decided again at the next tick
@@ -244,15 +248,13 @@ class Watchdog:
         silent.update(dict.fromkeys(others, now - last))
         return False
 
-    def _alerted(self, job: str, silent: dict[int, float]) -> dict[int, float]:
+    def _alerted(self, silent: dict[int, float]) -> dict[int, float]:
         """The silent ranks that get a rank_silent alert: at most max_silent_alerts, those quiet
-        longest (then the lowest ranks); the others named in one log line."""
+        longest (then the lowest ranks); the others are counted in one log line once stored."""
         cap = self.monitor.config.max_silent_alerts
         if len(silent) <= cap:
             return dict(sorted(silent.items()))   # (by rank, as the ranks were walked before)
         chosen = sorted(silent, key=lambda r: (-silent[r], r))[:cap]
-        log.warning("job %s: %d ranks silent; rank_silent alerts for the %d quiet longest "
-                    "(max_silent_alerts)", job, len(silent), cap)
         return {r: silent[r] for r in chosen}
 
     # ---- the monitor's own health, read by /metrics (metrics.HealthCollector) ----------------
