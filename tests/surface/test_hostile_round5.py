@@ -383,9 +383,6 @@ def test_shard_status_is_answered_on_a_full_disk_with_an_expired_lease(small_dis
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="a window closed by a stall while the disk is full is never "
-                   "stored (the tick fails: 'monitor tick failed' + traceback, its rows already "
-                   "dropped) and stays unanalysed once space returns, until a restart")
 def test_monitor_window_closed_on_a_full_disk_is_stored_once_space_returns(small_disk, tmp_path):
     trace = slow_job(steps=8, slow=(0, 1, 3.0))
     run = tmp_path / "runs" / "run"
@@ -427,9 +424,6 @@ def test_monitor_window_closed_on_a_full_disk_is_stored_once_space_returns(small
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="an upload refused on a real full disk (ENOSPC in the "
-                   "writer threads) is answered 507, but logs 'ingest batch failed' with a full "
-                   "traceback per request (the contract: one line, no traceback)")
 def test_monitor_upload_on_a_full_disk_is_one_line_in_the_log(upload_disk, tmp_path):
     trace, _ = a_part()
     parts = parts_of(trace, 5)
@@ -460,9 +454,6 @@ def test_monitor_upload_on_a_full_disk_is_one_line_in_the_log(upload_disk, tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the monitor cannot start on a full disk: the start's first "
-                   "heartbeat write fails and it exits 'internal error: OSError: [Errno 28] ... "
-                   "this is a bug' (the shard service starts there, reads answered, writes 507)")
 def test_monitor_starts_again_on_a_full_disk(small_disk, tmp_path):
     def serve():
         proc = subprocess.Popen([sys.executable, "-m", "stragglers.cli", "monitor", "serve",
