@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -255,3 +256,57 @@ def test_an_io_error_counts_as_a_full_disk_only_while_the_space_is_gone(tmp_path
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["SQLITE_IOERR_WRITE", "True", "False"]
+
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """4 MiB of real disk (tmpfs): after a write refused at a file-size limit the WAL is folded
+    and small writes fit again, on a full disk none does. Needs the right to mount (root in a
+    container); skipped without."""
+    path = tmp_path / "disk"
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill(disk) -> None:
+    """Write a file until the file system has no byte left."""
+    with open(disk / "filler", "ab", buffering=0) as f:
+        for size in (65536, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError:
+                pass
+
+
+@pytest.mark.slow
+def test_status_on_a_full_disk_says_so_once_until_a_write_fits(small_disk, caplog):
+    # (fails before: a warning was logged on every status request while the disk was full and
+    # a lease expired: a line per read)
+    srv = EmbeddedServer(small_disk / "s.db").start()
+    said = "without requeueing its expired leases"
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            owner = ShardClient(srv.url, "d", "w", token=OWNER)
+            owner.create_dataset(DatasetConfig("d", 1000, 10, lease_s=0.05))
+            owner.join()
+            for turn in range(2):
+                owner.lease()   # held, never acked: it expires
+                fill(small_disk)
+                time.sleep(0.1)
+                for _ in range(4):
+                    r = c.get("/datasets/d/status")
+                    assert r.status_code == 200, r.text
+                assert caplog.text.count(said) == turn + 1, caplog.text[-3000:]
+                (small_disk / "filler").unlink()   # space again: the requeue is written
+                r = c.get("/datasets/d/status")
+                assert r.json()["epochs"]["0"]["DOING"] == 0, r.text
+    finally:
+        srv.stop()

@@ -29,27 +29,71 @@ class Clock:
 
 def test_a_worker_spends_credits_and_earns_them_by_moving_its_shard():
     clock = Clock()
-    c = WorkCredit(start=2, earn=3, cap=8, per_worker=2, pool=7, pool_per_s=1, clock=clock)
-    assert c.take("a") and c.take("a")          # its start: a join and a first lease
-    c.leave("a")
-    c.leave("a")
+    c = WorkCredit(start=2, earn=3, cap=8, per_worker=2, progress_acks=4, pool=7, pool_per_s=1,
+                   clock=clock)
+    assert not c.take("a")                      # not known to the store: no credit
+    c.known("a")                                # a request of it done: its start from the pool
+    assert c.take("a") and c.take("a")          # its start: a first lease and ack
+    c.leave("a", True)
+    c.leave("a", True)
     assert not c.take("a")                      # no credit left: leases earn nothing
-    c.worked("a")                               # an ack moved its shard
+    c.worked("a", 1.0)                          # an ack moved its whole shard: 3 + its own 1
     assert [c.take("a"), c.take("a"), c.take("a")] == [True, True, False]   # two at once
-    c.leave("a")
-    assert c.take("a") and not c.take("a")      # its third credit; then none left
+    c.leave("a", True)
+    assert c.take("a") and not c.take("a")      # its third credit; then none in progress free
+    c.leave("a", True)
+    c.leave("a", True)
+    assert c.take("a") and not c.take("a")      # its fourth; then none left
+    c.leave("a", True)
+    c.known("b")                                # (the pool's last 3: "b" draws 2, 1 left)
     for _ in range(10):
-        c.worked("b")                           # (a worker first seen by its ack: no start)
+        c.worked("b", 1.0)
     took = 0
     while c.take("b"):
         took += 1
-        c.leave("b")
+        c.leave("b", True)
     assert took == 8                            # at most `cap` held
-    # fresh names draw their start from one pool (7, "a" took 2): 5 for three new workers
-    assert [c.take(w) for w in ("x", "y", "z")] == [True, True, True]
-    assert [c.take(w) for w in ("x", "y", "z")] == [True, True, False]
-    clock.now += 10                             # the pool refills (at most its size)
-    assert c.take("fresh") and c.take("fresh")
+    c.worked("never-known", 1.0)                # (an ack of no worker known earns nothing)
+    assert not c.take("never-known")
+
+
+def test_an_ack_earns_the_share_of_its_shard_it_moved():
+    # Was: any forward move earned 3 credits and cost 1, so a worker acking one sample at a
+    # time (its requests between them too) never ran out.
+    c = WorkCredit(start=3, earn=3, cap=8, progress_acks=8, clock=Clock())
+    c.known("flood")
+    free = 0
+    for _ in range(1000):
+        if not c.take("flood"):
+            break
+        free += 1
+        c.leave("flood", True)
+        c.worked("flood", 1 / 65536)            # one sample of a 65,536-sample shard
+    assert free == 3                            # its start, then what one-sample acks earn
+    c.known("steps")                            # acks of an eighth of a shard each pay for
+    for _ in range(40):                         # themselves, and the shard its lease and more
+        for k in range(9):                      # a lease, then 8 acks
+            assert c.take("steps")
+            c.leave("steps", True)
+            if k:
+                c.worked("steps", 1 / 8)
+
+
+def test_only_a_join_draws_for_a_name_not_known_and_a_refused_one_gives_it_back():
+    # Was: a lease naming a made-up worker drew a worker's start from the pool all tokens
+    # share: a flood of fresh names drained it.
+    clock = Clock()
+    c = WorkCredit(start=3, pool=4, pool_per_s=0, clock=clock)
+    assert not any(c.take(f"made-up-{k}") for k in range(100))   # (leases, acks of no worker)
+    for k in range(10):                          # joins refused (too many workers, a bad
+        assert c.take(f"refused-{k}", joining=True)   # fence): each credit given back
+        c.leave(f"refused-{k}", False)
+    assert c.take("j", joining=True)             # a join done: its credit, then 2 more drawn
+    c.known("j")
+    c.leave("j", True)
+    assert c.take("j") and c.take("j") and not c.take("j")
+    assert c.take("k", joining=True)             # the pool's last one
+    assert not c.take("l", joining=True)
 
 
 def _held(port: int, token: str, dataset: str) -> socket.socket:
@@ -146,6 +190,75 @@ def test_a_flood_from_many_joined_workers_waits_while_working_workers_go_free(tm
                 h2 = {"Authorization": f"Bearer {OTHER}"}
                 assert c.post("/datasets/e/join", headers=h2,
                               json={"worker": "x"}).status_code == 200
+            finally:
+                for s in held:
+                    s.close()
+    finally:
+        srv.stop()
+
+
+CONTENDED = dict(free_requests_per_token=1, contended_requests_per_token_s=0.01,
+                 cpu_contended_share=0.0, max_turn_wait_s=0.2, contended_max_turn_wait_s=0.3,
+                 contended_refusal_wait_s=0.5, refusal_delay_s=0.0)
+
+
+@pytest.mark.slow
+def test_one_sample_acks_and_made_up_workers_wait_their_turns_while_steps_go_free(tmp_path):
+    # Was: an ack moving one sample of a 1,000-sample shard earned 3 credits and cost 1, so a
+    # worker's one-sample acks (and leases between them) went free of the shared pace for good
+    # (200 of each answered in 0.92 s); and leases naming made-up workers each drew a start
+    # from the pool all tokens share (2,587 answered without waiting in 12 s). Now one-sample
+    # acks earn what they move, names the store does not know draw nothing, and a worker acking
+    # an eighth of its shard a step keeps going free.
+    srv = EmbeddedServer(tmp_path / "s.db", config=ServiceConfig(**CONTENDED)).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            h = {"Authorization": f"Bearer {OWNER}"}
+            for name, size in (("d", 1000), ("s", 80)):
+                assert c.post("/datasets", headers=h, json={
+                    "name": name, "num_samples": 100_000, "shard_size": size}).status_code == 200
+            h2 = {"Authorization": f"Bearer {OTHER}"}
+            assert c.post("/datasets", headers=h2, json={
+                "name": "e", "num_samples": 1000, "shard_size": 10}).status_code == 200
+            fences = {(d, w): c.post(f"/datasets/{d}/join", headers=h, json={"worker": w})
+                      .json()["fence"] for d, w in (("d", "flood"), ("s", "steps"))}
+            held = [_held(srv.port, OWNER, "d"), _held(srv.port, OTHER, "e")]
+            for token in (OWNER, OTHER):
+                _counted(srv, token_digest(token), 1)
+            try:
+                def lease(d: str, w: str, rid: str) -> httpx.Response:
+                    return c.post(f"/datasets/{d}/lease", headers=h, json={
+                        "worker": w, "fence": fences[(d, w)], "request_id": rid})
+
+                def ack(d: str, w: str, shard: dict, consumed: int) -> httpx.Response:
+                    return c.post(f"/datasets/{d}/ack", headers=h, json={
+                        "worker": w, "fence": fences[(d, w)], "epoch": shard["epoch"],
+                        "shard": shard["shard"], "consumed": consumed})
+
+                # a worker acking an eighth of its shard a step: 3 shards, 27 requests, free
+                for k in range(3):
+                    r = lease("s", "steps", f"s{k}")
+                    assert r.status_code == 200, r.text
+                    shard = r.json()["leases"][0]
+                    for step in range(1, 9):
+                        r = ack("s", "steps", shard, 10 * step)
+                        assert r.status_code == 200, (k, step, r.text)
+                # leases naming workers never joined: none answered free of the shared pace
+                # (the token's one shared turn, then refused)
+                codes = [c.post("/datasets/d/lease", headers=h, json={
+                    "worker": f"made-up-{k}", "fence": 1}).status_code for k in range(4)]
+                assert codes.count(429) >= 3, codes
+                # one-sample acks: on its start credits (a lease and two acks), then what
+                # they earn runs out (the token's shared turn spent above): refused
+                r = lease("d", "flood", "f0")
+                assert r.status_code == 200, r.text
+                shard = r.json()["leases"][0]
+                codes = []
+                for consumed in range(1, 21):
+                    codes.append(ack("d", "flood", shard, consumed).status_code)
+                    if codes[-1] != 200:
+                        break
+                assert codes == [200, 200, 429], codes
             finally:
                 for s in held:
                     s.close()

@@ -643,6 +643,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                                   (False, config.stranger_snapshot_bytes_per_s))}
     pacer = _ReadPacer(config.reads_per_s, config.max_read_wait_s)
     credits = WorkCredit()   # a worker's requests free of the shared pace (see worker_turn)
+    full_since: dict[str, int] = {}   # data set -> writes done when its status said "disk full"
     # New tokens per minute, per client address and in all: without a service token anyone
     # on the machine may create, and each new token brings a fresh per-token quota. Tokens
     # that own a data set already are no new ones.
@@ -787,16 +788,19 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         return created
 
     @contextlib.asynccontextmanager
-    async def worker_turn(request: Request, who: tuple[str, str, str]):
+    async def worker_turn(request: Request, who: tuple[str, str, str], joining: bool = False):
         """The turn of a request whose head was DEFERRED (a worker's, under contention): free
         when `who` (token digest, data set, worker) has a credit earned by its work, else the
-        token's shared turn (429 past the longest wait, answered after it)."""
+        token's shared turn (429 past the longest wait, answered after it). A worker is known
+        to its credits once a request of it is done (`joining`: a join, which may draw its own
+        credit for a name not known yet)."""
         scope: Any = request.scope
         key = scope.pop(DEFERRED_KEY, None)
         if key is None:
             yield
+            credits.known(who)
             return
-        free = credits.take(who)
+        free, done = credits.take(who, joining), False
         try:
             try:
                 wait = pressure.settle(key, free)
@@ -808,9 +812,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             if wait and not await park(scope, wait):
                 raise Busy("the connection closed while its request waited")  # (nothing done)
             yield
+            credits.known(who)
+            done = True
         finally:
             if free:
-                credits.leave(who)
+                credits.leave(who, done)
 
     async def unsettled(request: Request) -> None:
         """A DEFERRED request refused before its worker was known (a bad body, a stranger's
@@ -829,7 +835,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def join(request: Request) -> Joined:
         name = name_of(request)
         digest, body = await owned(request, name), await parsed(request, rq.Join)
-        async with worker_turn(request, (digest, name, body.worker)):
+        async with worker_turn(request, (digest, name, body.worker), joining=True):
             return await commit.run(lambda: store.join(name, body.worker, digest), digest)
 
     async def lease(request: Request) -> LeaseReply | Response:
@@ -849,8 +855,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             acked, moved = await commit.run(
                 lambda: store.ack_progress(name, b.worker, b.fence, b.epoch, b.shard,
                                            b.consumed, digest), digest)
-        if moved > 0:
-            credits.worked(who)   # (its shard moved: a working worker's next requests)
+        credits.worked(who, moved)   # (the share of its shard moved: its next requests)
         return acked
 
     async def release(request: Request) -> Released:
@@ -877,8 +882,12 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                 await commit.run(lambda: store.expire(name))
             except DiskFull as exc:
                 # reads are answered on a full disk: the stored state, an expired shard still
-                # leased until a write can requeue it
-                log.warning("status of %s without requeueing its expired leases: %s", name, exc)
+                # leased until a write can requeue it (said once a data set until a write
+                # fits: a line per status request flooded the log)
+                if full_since.get(name) != commit.batches - commit.failed_batches:
+                    full_since[name] = commit.batches - commit.failed_batches
+                    log.warning("status of %s without requeueing its expired leases (said"
+                                " once until a write fits): %s", name, exc)
         body = await asyncio.wrap_future(reader.status(name))
         return Response(body, 200, media_type="application/json")
 

@@ -411,8 +411,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return self.ack_progress(name, worker, fence, epoch, shard, consumed, token_sha256)[0]
 
     def ack_progress(self, name: str, worker: str, fence: int, epoch: int, shard: int,
-                     consumed: int, token_sha256: str | None = None) -> tuple[Acked, int]:
-        """`ack`, and the samples it moved the shard forward by (0: a repeated or older ack)."""
+                     consumed: int, token_sha256: str | None = None) -> tuple[Acked, float]:
+        """`ack`, and the share of its shard it moved forward (0: a repeated or older ack)."""
         now = self._clock()
         with self._tx() as c:
             cfg, epochs_created, _, _ = self._config_fence(c, name, worker, fence, token_sha256)
@@ -441,7 +441,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                       " epoch=? AND shard=?", (consumed, new_state, now + cfg.lease_s,
                                                self._key(name), epoch, shard))
             self._leased_until(name, now + cfg.lease_s)
-        return Acked(new_state, consumed), consumed - done
+        return Acked(new_state, consumed), (consumed - done) / (stop - start)
 
     def release(self, name: str, worker: str, fence: int | None = None, failure: bool = True,
                 error: str | None = None, token_sha256: str | None = None) -> Released:

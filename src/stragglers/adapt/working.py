@@ -10,14 +10,21 @@ from collections import OrderedDict
 class WorkCredit:
     """Per worker (its token, data set and name): requests it may have free of the shared pace.
 
-    Each free request spends a credit; an ack that moves the worker's shard forward earns
-    `earn` (at most `cap` held: a lease and its ack spend two, so a worker training gains one
-    a shard, a margin for its retries and "wait" answers), and at most `per_worker` of its requests are in progress free
-    at once (a worker asks one at a time; its ack and next lease may overlap). A worker first
-    seen gets `start` (its join, first lease and first ack: with two, 256 workers' first acks
-    waited shared turns) from a pool shared by all tokens, `pool` at most (2,048 workers
-    starting at once), refilled at `pool_per_s`: names are cheap to invent (up to 1,024 a data
-    set), so what fresh names bring in all is bounded, not what each brings.
+    Each free request spends a credit; an ack earns in proportion to the share of its shard it
+    moves forward (fractions kept, at most `cap` held): a whole shard earns `earn` (a lease and
+    its ack spend two, so a worker training gains one a shard, a margin for its retries and
+    "wait" answers), and an ack moving at least 1/`progress_acks` of its shard pays for itself
+    (a worker may ack a few batches a shard and keep its pace). A flood of one-sample acks earned
+    a shard's worth each and never ran out; now what it earns is what it moved. At most
+    `per_worker` of a worker's requests are in progress free at once (a worker asks one at a
+    time; its ack and next lease may overlap).
+
+    A worker first known to the store (a request of it done: its join, or a lease or ack of a
+    worker joined before this process) gets `start` (its join, first lease and first ack: with
+    two, 256 workers' first acks waited shared turns) from a pool shared by all tokens, `pool`
+    at most (2,048 workers starting at once), refilled at `pool_per_s`. A name the store does
+    not know draws nothing, but its join may draw its own credit (given back when refused):
+    leases naming made-up workers drew a start each and drained the pool every token shares.
 
     A token that joined as many workers as it flooded with connections was a big job by the
     count of its workers, and its flood went unpaced: leases, replays, joins and releases move
@@ -26,53 +33,74 @@ class WorkCredit:
     Used on one event loop (no lock).
     """
 
-    def __init__(self, start: int = 3, earn: int = 3, cap: int = 8, per_worker: int = 2,
-                 pool: float = 6144, pool_per_s: float = 6144 / 60, remember: int = 1 << 16,
-                 clock=time.monotonic):
+    def __init__(self, start: int = 3, earn: float = 3, cap: float = 8, per_worker: int = 2,
+                 progress_acks: int = 8, pool: float = 6144, pool_per_s: float = 6144 / 60,
+                 remember: int = 1 << 16, clock=time.monotonic):
         self.start, self.earn, self.cap, self.per_worker = start, earn, cap, per_worker
+        self.progress_acks = progress_acks
         self.pool, self.pool_per_s, self.remember, self.clock = pool, pool_per_s, remember, clock
         self._level, self._at = float(pool), clock()
-        self._credit: OrderedDict[object, int] = OrderedDict()
+        self._credit: OrderedDict[object, float] = OrderedDict()   # workers the store knows
         self._busy: dict[object, int] = {}
+        self._joining: dict[object, int] = {}   # joins of unknown names on a pool credit
 
-    def _entry(self, who: object, fresh: bool) -> int:
-        """`who`'s credit, remembered (most recent last); a worker first seen draws its start
-        from the pool when `fresh`, else starts with none."""
-        credit = self._credit.get(who)
-        if credit is not None:
-            self._credit.move_to_end(who)
-            return credit
-        credit = 0
-        if fresh:
-            now = self.clock()
-            self._level = min(self.pool, self._level + (now - self._at) * self.pool_per_s)
-            self._at = now
-            credit = int(min(self.start, self._level))
-            self._level -= credit
-        self._credit[who] = credit
-        while len(self._credit) > self.remember:   # (the least recently seen forgotten)
-            self._credit.popitem(last=False)
-        return credit
+    def _draw(self, n: int) -> int:
+        """Up to `n` whole credits from the pool (refilled first)."""
+        now = self.clock()
+        self._level = min(self.pool, self._level + (now - self._at) * self.pool_per_s)
+        self._at = now
+        got = int(min(n, self._level))
+        self._level -= got
+        return got
 
-    def take(self, who: object) -> bool:
+    def take(self, who: object, joining: bool = False) -> bool:
         """Whether a request of `who` goes free now (then counted in progress until `leave`,
-        a credit spent)."""
-        credit = self._entry(who, True)
+        a credit spent); a worker not known draws one from the pool only for its join."""
         busy = self._busy.get(who, 0)
-        if credit < 1 or busy >= self.per_worker:
+        if busy >= self.per_worker:
             return False
-        self._credit[who] = credit - 1
+        credit = self._credit.get(who)
+        if credit is None:
+            if not joining or self._draw(1) < 1:
+                return False
+            self._joining[who] = self._joining.get(who, 0) + 1
+        elif credit < 1:
+            return False
+        else:
+            self._credit[who] = credit - 1
+            self._credit.move_to_end(who)
         self._busy[who] = busy + 1
         return True
 
-    def leave(self, who: object) -> None:
-        """A free request of `who` is over."""
+    def leave(self, who: object, done: bool) -> None:
+        """A free request of `who` is over (`done`: not refused; a refused join of a name not
+        known gives its credit back to the pool)."""
         busy = self._busy.get(who, 0) - 1
         if busy > 0:
             self._busy[who] = busy
         else:
             self._busy.pop(who, None)
+        joining = self._joining.get(who, 0)
+        if joining:
+            if joining > 1:
+                self._joining[who] = joining - 1
+            else:
+                del self._joining[who]
+            if not done:
+                self._level = min(self.pool, self._level + 1)
 
-    def worked(self, who: object) -> None:
-        """`who` moved its shard forward (an ack): `earn` more credits, up to `cap`."""
-        self._credit[who] = min(self.cap, self._entry(who, False) + self.earn)
+    def known(self, who: object) -> None:
+        """A request of `who` was done (the store knows it): a worker first known draws its
+        start from the pool (less the credit its join drew)."""
+        if who in self._credit:
+            self._credit.move_to_end(who)
+            return
+        self._credit[who] = self._draw(self.start - (1 if who in self._joining else 0))
+        while len(self._credit) > self.remember:   # (the least recently seen forgotten)
+            self._credit.popitem(last=False)
+
+    def worked(self, who: object, share: float) -> None:
+        """`who`'s ack moved `share` of its shard forward: credit in proportion, up to `cap`."""
+        if share > 0 and who in self._credit:
+            earned = self.earn * share + min(1.0, self.progress_acks * share)
+            self._credit[who] = min(self.cap, self._credit[who] + earned)
