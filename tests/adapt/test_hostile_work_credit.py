@@ -197,9 +197,10 @@ def test_a_flood_from_many_joined_workers_waits_while_working_workers_go_free(tm
         srv.stop()
 
 
-CONTENDED = dict(free_requests_per_token=1, contended_requests_per_token_s=0.01,
-                 cpu_contended_share=0.0, max_turn_wait_s=0.2, contended_max_turn_wait_s=0.3,
-                 contended_refusal_wait_s=0.5, refusal_delay_s=0.0)
+CONTENDED = ServiceConfig(free_requests_per_token=1, contended_requests_per_token_s=0.01,
+                          cpu_contended_share=0.0, max_turn_wait_s=0.2,
+                          contended_max_turn_wait_s=0.3, contended_refusal_wait_s=0.5,
+                          refusal_delay_s=0.0)
 
 
 @pytest.mark.slow
@@ -210,7 +211,7 @@ def test_one_sample_acks_and_made_up_workers_wait_their_turns_while_steps_go_fre
     # from the pool all tokens share (2,587 answered without waiting in 12 s). Now one-sample
     # acks earn what they move, names the store does not know draw nothing, and a worker acking
     # an eighth of its shard a step keeps going free.
-    srv = EmbeddedServer(tmp_path / "s.db", config=ServiceConfig(**CONTENDED)).start()
+    srv = EmbeddedServer(tmp_path / "s.db", config=CONTENDED).start()
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             h = {"Authorization": f"Bearer {OWNER}"}
