@@ -191,10 +191,10 @@ def host_cpu(trace, g, ranks: np.ndarray, host: np.ndarray) -> HostCpu | None:
         return None
     hosts = crowded(trace.meta)
     ops = trace.ops
-    col = {int(s): i for i, s in enumerate(g.steps)}
-    d_of = {int(r): d for d, r in enumerate(ranks[:, 0]) if r >= 0}
-    d_idx = np.array([d_of.get(int(r), -1) for r in ops["rank"]], dtype=np.int64)
-    t_idx = np.array([col.get(int(s), -1) for s in ops["step"]], dtype=np.int64)
+    # each row's DP rank and step column, looked up with arrays (a row a Python call cost
+    # seconds on a trace of millions of ops)
+    d_idx = _positions(ranks[:, 0], ops["rank"])
+    t_idx = _positions(g.steps, ops["step"])
     keep = (d_idx >= 0) & (t_idx >= 0)
     cpu = np.full((len(ranks), len(g.steps)), np.nan)                     # [D, T]
     cpu[d_idx[keep], t_idx[keep]] = ops["step_cpu"][keep]                  # one value a step
@@ -206,6 +206,18 @@ def host_cpu(trace, g, ranks: np.ndarray, host: np.ndarray) -> HostCpu | None:
     if np.isnan(work).all():
         return None
     return HostCpu(work, np.array([n for _, n in groups], dtype=np.float64), host)
+
+
+def _positions(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The index of each value in `keys` (distinct; negative keys stand for none), -1 where
+    it is not there."""
+    keys = np.asarray(keys, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    at = np.minimum(np.searchsorted(sorted_keys, values), len(keys) - 1)
+    found = (sorted_keys[at] == values) & (sorted_keys[at] >= 0) if len(keys) else \
+        np.zeros(len(values), dtype=bool)
+    return np.where(found, order[at] if len(keys) else -1, -1)
 
 
 def at_least(w, cost: np.ndarray, floor: np.ndarray, passes: int = 3) -> np.ndarray:
