@@ -140,21 +140,7 @@ def test_monitor_survives_a_part_whose_footer_disagrees_with_its_schema(tmp_path
     column's level histograms) aborts the monitor (pyarrow's ColumnChunkMetaData throws through
     noexcept: std::terminate, SIGABRT), no 422 (fixed; round five)."""
     trace, good = a_part()
-    bad = corrupt(good)
-    proc, url = serve_monitor(tmp_path)
-    try:
-        assert up(proc, url), "the monitor did not start"
-        with httpx.Client(base_url=url, timeout=60) as c:
-            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
-                         headers=AUTH).status_code == 200
-            try:
-                r = c.put("/api/jobs/j/ranks/1/parts/0", content=bad, headers=AUTH)
-                status, text = r.status_code, r.text
-            except httpx.TransportError as exc:   # the process died under the request
-                status, text = None, repr(exc)
-        alive = up(proc, url)
-    finally:
-        err = stop(proc)
+    status, text, alive, err = upload_to_a_fresh_monitor(tmp_path, trace, corrupt(good))
     assert alive, f"monitor gone after one upload ({text}); stderr: {err[-2000:]}"
     assert status == 422 and "error" in text, (status, text)
 
@@ -189,23 +175,32 @@ def test_monitor_refuses_a_page_header_with_an_endless_map(tmp_path):
     boolean in a map skipped as no bytes): the ingest thread is stuck for good, every job's
     uploads time out, SIGTERM does not stop the service (fixed; round five)."""
     trace, good = a_part()
-    bad = page_header_with_endless_map(good)
+    # a liveness bound, not a timing verdict: the check takes milliseconds, the loop forever
+    status, text, _, _ = upload_to_a_fresh_monitor(tmp_path, trace,
+                                                   page_header_with_endless_map(good), 30)
+    assert status == 422 and "error" in text, (status, text)
+
+
+def upload_to_a_fresh_monitor(tmp_path: Path, trace, body: bytes, timeout: float = 60):
+    """(status or None, text, whether the monitor still answers, its stderr) of one part
+    uploaded to a fresh monitor that holds the job's metadata (None: no answer, the process
+    died under the request or took longer than `timeout`)."""
     proc, url = serve_monitor(tmp_path)
     try:
         assert up(proc, url), "the monitor did not start"
         with httpx.Client(base_url=url, timeout=60) as c:
             assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
                          headers=AUTH).status_code == 200
-        # a liveness bound, not a timing verdict: the check takes milliseconds, the loop forever
-        try:
-            r = httpx.put(f"{url}/api/jobs/j/ranks/1/parts/0", content=bad, headers=AUTH,
-                          timeout=30)
-            status, text = r.status_code, r.text
-        except httpx.TimeoutException:
-            status, text = None, "no answer in 30 s"
+            try:
+                r = c.put("/api/jobs/j/ranks/1/parts/0", content=body, headers=AUTH,
+                          timeout=timeout)
+                status, text = r.status_code, r.text
+            except httpx.TransportError as exc:   # died under the request, or no answer
+                status, text = None, repr(exc)
+        alive = up(proc, url)
     finally:
-        stop(proc)
-    assert status == 422 and "error" in text, (status, text)
+        err = stop(proc)
+    return status, text, alive, err
 
 
 def nested_yaml(tmp: Path) -> Path:
