@@ -192,3 +192,28 @@ def request_line_status(port: int, version: str) -> tuple[int, bytes]:
         while chunk := k.recv(65536):
             got += chunk
     return int(got.split(b" ", 2)[1]), got
+
+
+def listening_url(proc: subprocess.Popen) -> str:
+    """The URL of a service's first stdout line ("... on http://127.0.0.1:PORT ..."), "" when
+    it exited first."""
+    import re
+
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode(errors="replace")     # "" once it exited
+    found = re.search(r"http://127\.0\.0\.1:\d+", line)
+    return found.group(0) if found else ""
+
+
+def up(proc: subprocess.Popen, url: str) -> bool:
+    """The service answers /health (False at once when it has exited: no waiting it out)."""
+    import httpx
+
+    for _ in range(100):                  # a refused connect while it is still starting
+        if not url or proc.poll() is not None:
+            return False
+        try:
+            return httpx.get(f"{url}/health", timeout=10).status_code == 200
+        except httpx.TransportError:
+            time.sleep(0.1)
+    return False

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import REPO, eventually
+from conftest import REPO, eventually, listening_url, up
 from monitor_jobs import parts_of, slow_job, start_run, write_parts
 from stragglers.monitor import pages
 from stragglers.trace.parquet_footer import BadFooter, BadThrift, check_footer, footer_of, skip
@@ -191,21 +190,9 @@ def _serve(tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:
                              "--token-file", str(token), *args], cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=log.open("wb"))
-    assert proc.stdout is not None
-    found = re.search(r"http://127\.0\.0\.1:\d+", proc.stdout.readline().decode(errors="replace"))
+    url = listening_url(proc)
     proc.args = log
-    return proc, found.group(0) if found else ""
-
-
-def _up(proc: subprocess.Popen, url: str) -> bool:
-    for _ in range(100):
-        if not url or proc.poll() is not None:
-            return False
-        try:
-            return httpx.get(f"{url}/health", timeout=10).status_code == 200
-        except httpx.TransportError:
-            time.sleep(0.1)
-    return False
+    return proc, url
 
 
 def _stop(proc: subprocess.Popen) -> str:
@@ -233,7 +220,7 @@ def test_the_monitor_refuses_such_parts_uploaded_or_watched_and_restarts(tmp_pat
         _, good = a_part(1, start)
         proc, url = _serve(tmp_path, "--watch", str(tmp_path / "runs"))
         try:
-            assert _up(proc, url), "the monitor did not start"
+            assert up(proc, url), "the monitor did not start"
             with httpx.Client(base_url=url, timeout=60) as c:
                 eventually(lambda: c.get("/api/jobs/run").json().get("windows_total", 0) >= 1,
                            timeout=120, what="a window of the watched run")
@@ -246,7 +233,7 @@ def test_the_monitor_refuses_such_parts_uploaded_or_watched_and_restarts(tmp_pat
                     assert "footer: column" in json.dumps(r.json()), r.text
                 assert c.put(f"/api/jobs/j/ranks/1/parts/{start}", content=good,
                              headers=AUTH).status_code in (200, 201)
-            assert _up(proc, url)
+            assert up(proc, url)
         finally:
             err = _stop(proc)
         assert "terminate called" not in err, err

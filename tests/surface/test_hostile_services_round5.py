@@ -8,7 +8,6 @@ with them).
 
 from __future__ import annotations
 
-import re
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import REPO, eventually
+from conftest import REPO, eventually, listening_url, up
 
 sys.path.insert(0, str(REPO / "tests" / "monitor"))
 from monitor_jobs import parts_of, slow_job, start_run, write_parts  # noqa: E402
@@ -51,26 +50,6 @@ def serve_monitor(tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:
                             stdout=subprocess.PIPE, stderr=(tmp / "stderr.log").open("wb"))
     LOGS[proc.pid] = tmp / "stderr.log"        # where stop() finds what it said
     return proc, listening_url(proc)
-
-
-def listening_url(proc: subprocess.Popen) -> str:
-    """The URL of the service's first stdout line ("... on http://127.0.0.1:PORT ...")."""
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode(errors="replace")     # "" once it exited
-    found = re.search(r"http://127\.0\.0\.1:\d+", line)
-    return found.group(0) if found else ""
-
-
-def up(proc: subprocess.Popen, url: str) -> bool:
-    """The service answers /health (False at once when it has exited: no waiting it out)."""
-    for _ in range(100):                  # a refused connect while it is still starting
-        if not url or proc.poll() is not None:
-            return False
-        try:
-            return httpx.get(f"{url}/health", timeout=10).status_code == 200
-        except httpx.TransportError:
-            time.sleep(0.1)
-    return False
 
 
 def stop(proc: subprocess.Popen) -> str:
