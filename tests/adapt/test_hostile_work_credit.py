@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig, token_digest
+from stragglers.adapt.start_pool import StartPool
 from stragglers.adapt.working import WorkCredit
 
 OWNER, OTHER = "flooding-owner-token-0123", "well-behaved-token-012345"
@@ -265,3 +266,54 @@ def test_one_sample_acks_and_made_up_workers_wait_their_turns_while_steps_go_fre
                     s.close()
     finally:
         srv.stop()
+
+
+def test_one_token_joining_many_real_workers_leaves_other_tokens_their_starts():
+    # Was: one level all tokens drew from: a token joining 2,048 real workers (its data sets
+    # may hold 65,536) drew 3 each and emptied it, and another token's new workers then found
+    # no start (their joins, first leases and acks waited shared turns) for as long as it kept
+    # joining. Now a token draws only while it owes the pool less than is left.
+    clock = Clock()
+    c = WorkCredit(clock=clock)                  # the service's pool (6,144, 6,144 a minute)
+    started = 0
+    for i in range(2048):                        # joins of real workers: each join done
+        who = ("flood", f"d{i // 1024}", f"w{i}")
+        if c.take(who, joining=True):
+            c.known(who)
+            c.leave(who, True)
+            started += c.take(who)
+    assert started == 1024                       # half the pool: a whole data set at once
+    for k in range(4):                           # more tokens of the same client: each less
+        for i in range(2048):
+            who = (f"flood-{k}", "d", f"w{i}")
+            if c.take(who, joining=True):
+                c.known(who)
+                c.leave(who, True)
+    for i in range(32):                          # another token's job: 32 workers, each on
+        who = ("honest", "e", f"x{i}")           # its start (its join, first lease, first ack)
+        assert c.take(who, joining=True), i
+        c.known(who)
+        c.leave(who, True)
+        assert c.take(who) and c.take(who), i
+        c.leave(who, True)
+        c.leave(who, True)
+
+
+def test_the_start_pool_refill_pays_the_tokens_owing_it_in_equal_parts():
+    clock = Clock()
+    p = StartPool(size=100, per_s=10, clock=clock)
+    assert p.draw("a", 40) == 40 and p.draw("b", 4) == 4
+    assert p.draw("a", 40) == 40 and p.draw("a", 1) == 0   # a owes 80: not less than 16 left
+    assert p.draw("c", 20) == 16                           # (c owing nothing: what is left)
+    p.give_back("c", 16)
+    clock.now += 1                                         # 10 paid: 4 each, then a's 2
+    assert (p.owes("a"), p.owes("b"), p.level()) == (74, 0, 26)
+    assert p.draw("b", 3) == 3
+    p.give_back("b", 5)                                    # (only what it owes)
+    assert (p.owes("b"), p.level()) == (0, 26)
+    clock.now += 10
+    assert (p.owes("a"), p.level()) == (0, 100)
+    single = WorkCredit(start=3, pool=30, pool_per_s=0, clock=clock)
+    for i in range(10):                          # one token alone: up to half the pool
+        single.known(("t", "d", f"w{i}"))
+    assert [single.take(("t", "d", f"w{i}")) for i in range(6)] == [True] * 5 + [False]

@@ -6,6 +6,13 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
+from stragglers.adapt.start_pool import StartPool
+
+
+def _first(who: object) -> object:
+    """The token of a worker named (token, data set, name); anything else is its own."""
+    return who[0] if isinstance(who, tuple) else who
+
 
 class WorkCredit:
     """Per worker (its token, data set and name): requests it may have free of the shared pace.
@@ -22,9 +29,12 @@ class WorkCredit:
     A worker first known to the store (a request of it done: its join, or a lease or ack of a
     worker joined before this process) gets `start` (its join, first lease and first ack: with
     two, 256 workers' first acks waited shared turns) from a pool shared by all tokens, `pool`
-    at most (2,048 workers starting at once), refilled at `pool_per_s`. A name the store does
+    at most, refilled at `pool_per_s`, each token drawing only while it owes the pool less than
+    is left (StartPool: one token's workers start up to half of it at once, 1,024 of them;
+    one token joining 2,048 real workers emptied it for everyone else). A name the store does
     not know draws nothing, but its join may draw its own credit (given back when refused):
     leases naming made-up workers drew a start each and drained the pool every token shares.
+    `token_of(who)`: the token whose share a worker draws on (the first of a tuple).
 
     A token that joined as many workers as it flooded with connections was a big job by the
     count of its workers, and its flood went unpaced: leases, replays, joins and releases move
@@ -35,23 +45,14 @@ class WorkCredit:
 
     def __init__(self, start: int = 3, earn: float = 3, cap: float = 8, per_worker: int = 2,
                  progress_acks: int = 8, pool: float = 6144, pool_per_s: float = 6144 / 60,
-                 remember: int = 1 << 16, clock=time.monotonic):
+                 remember: int = 1 << 16, clock=time.monotonic, token_of=_first):
         self.start, self.earn, self.cap, self.per_worker = start, earn, cap, per_worker
         self.progress_acks = progress_acks
-        self.pool, self.pool_per_s, self.remember, self.clock = pool, pool_per_s, remember, clock
-        self._level, self._at = float(pool), clock()
+        self.remember, self.token_of = remember, token_of
+        self.pool = StartPool(pool, pool_per_s, clock)
         self._credit: OrderedDict[object, float] = OrderedDict()   # workers the store knows
         self._busy: dict[object, int] = {}
         self._joining: dict[object, int] = {}   # joins of unknown names on a pool credit
-
-    def _draw(self, n: int) -> int:
-        """Up to `n` whole credits from the pool (refilled first)."""
-        now = self.clock()
-        self._level = min(self.pool, self._level + (now - self._at) * self.pool_per_s)
-        self._at = now
-        got = int(min(n, self._level))
-        self._level -= got
-        return got
 
     def take(self, who: object, joining: bool = False) -> bool:
         """Whether a request of `who` goes free now (then counted in progress until `leave`,
@@ -61,7 +62,7 @@ class WorkCredit:
             return False
         credit = self._credit.get(who)
         if credit is None:
-            if not joining or self._draw(1) < 1:
+            if not joining or self.pool.draw(self.token_of(who), 1) < 1:
                 return False
             self._joining[who] = self._joining.get(who, 0) + 1
         elif credit < 1:
@@ -87,7 +88,7 @@ class WorkCredit:
             else:
                 del self._joining[who]
             if not done:
-                self._level = min(self.pool, self._level + 1)
+                self.pool.give_back(self.token_of(who), 1)
 
     def known(self, who: object) -> None:
         """A request of `who` was done (the store knows it): a worker first known draws its
@@ -95,7 +96,8 @@ class WorkCredit:
         if who in self._credit:
             self._credit.move_to_end(who)
             return
-        self._credit[who] = self._draw(self.start - (1 if who in self._joining else 0))
+        self._credit[who] = self.pool.draw(self.token_of(who),
+                                           self.start - (1 if who in self._joining else 0))
         while len(self._credit) > self.remember:   # (the least recently seen forgotten)
             self._credit.popitem(last=False)
 
