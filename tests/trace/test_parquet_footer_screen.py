@@ -114,6 +114,8 @@ def _value(kind: int, v) -> bytes:
         return _uvarint(len(v)) + v
     if kind == STRUCT:
         return thrift(v)
+    if isinstance(v, bytes):   # (a list written out already)
+        return v
     element, items = v
     assert len(items) < 15
     return bytes([(len(items) << 4) | element]) + b"".join(_value(element, x) for x in items)
@@ -123,7 +125,10 @@ def thrift(fields) -> bytes:
     """A struct of `fields` (id, wire type, value) in their order (an id may repeat)."""
     out, last = bytearray(), 0
     for fid, kind, v in fields:
-        out += bytes([((fid - last) << 4) | kind])
+        if 0 < fid - last <= 15:
+            out += bytes([((fid - last) << 4) | kind])
+        else:   # (the long form: the id itself, a zigzag varint)
+            out += bytes([kind]) + _uvarint(fid << 1)
         last = fid
         out += _value(kind, v)
     return bytes(out + bytes([STOP]))
@@ -202,3 +207,91 @@ def test_a_field_of_another_wire_type_is_skipped_as_thrift_skips_it():
     with pytest.raises(BadFooter, match="column x: a column chunk without its metadata|type"):
         check_footer(footer([chunk]))
     check_footer(footer([_chunk(b"x")]))
+
+
+# --- footers that declare more than the screen may hold --------------------------------------
+
+def _list_of(element: int, n: int, items: bytes) -> bytes:
+    """A thrift list header of `n` elements of wire type `element` (long form), then `items`."""
+    return bytes([0xF0 | element]) + _uvarint(n) + items
+
+
+def _one_leaf_schema() -> bytes:
+    """FileMetaData's fields up to its schema (one INT32 leaf `x`), its STOP left off."""
+    return thrift([(1, I32, 2), (2, LIST, (STRUCT, [[(4, BINARY, b"schema"), (5, I32, 1)],
+                                                    [(1, I32, 1), (4, BINARY, b"x")]]))])[:-1]
+
+
+def _peak_bytes(fn) -> tuple[int, Exception]:
+    """The peak of Python allocations while `fn()` runs (tracemalloc), and what it raised."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+    except Exception as exc:   # noqa: BLE001 - returned: the caller asserts its class
+        raised = exc
+    else:
+        raise AssertionError("not refused")
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak, raised
+
+
+def test_a_footer_of_millions_of_empty_column_chunks_is_refused_holding_none_of_them():
+    # 4 MiB: four row groups of ~1M empty column chunks (a byte each) for a one-column schema;
+    # every chunk was built as a dict (~300 MB) before the count was compared
+    n = (1 << 20) - 16
+    group = b"\x19" + _list_of(STRUCT, n, b"\x00" * n) + b"\x00"
+    meta = _one_leaf_schema() + b"\x29" + bytes([(4 << 4) | STRUCT]) + group * 4 + b"\x00"
+    assert len(meta) > 4 << 20 - 1
+    peak, raised = _peak_bytes(lambda: check_footer(meta))
+    assert isinstance(raised, BadFooter) and "row group 0 has 1048560 column chunks; the " \
+        "schema has 1 columns" in str(raised), raised
+    assert peak < 256 << 10, peak
+
+
+@pytest.mark.parametrize("where", ["schema", "path", "histogram"])
+def test_a_kept_list_longer_than_it_can_hold_is_refused_before_its_elements_are_read(where):
+    # a million elements of a byte each (empty structs, names, zero counts) in a list the
+    # screen keeps: refused at its header, whatever its bytes would allow
+    n = 1 << 20
+    if where == "schema":
+        meta = thrift([(1, I32, 2)])[:-1] + b"\x19" + _list_of(STRUCT, n, b"\x00" * n) + b"\x00"
+        expected = f"{n} schema elements; expected at most 4096"
+    else:
+        # a chunk whose ColumnMetaData's path (3), or its definition level histogram (16.3),
+        # holds the million: sent again after the good chunk's fields (the last one counts)
+        many = _list_of(BINARY if where == "path" else I64, n, b"\x00" * n)
+        extra = (3, LIST, many) if where == "path" else (16, STRUCT, [(3, LIST, many)])
+        meta = footer([_chunk(b"x", extra)])
+        expected = ("names in a column's path; expected at most 101" if where == "path" else
+                    "counts in a level histogram; expected at most 102")
+    peak, raised = _peak_bytes(lambda: check_footer(meta))
+    assert peak < 256 << 10, peak
+    assert isinstance(raised, BadFooter) and expected in str(raised), raised
+
+
+def test_the_callers_budget_bounds_columns_row_groups_and_rows():
+    meta = footer([_chunk(b"x")])   # two schema elements, one row group of 10 rows
+    check_footer(meta, max_columns=2, max_row_groups=1, max_rows=10)
+    for budget, expected in (({"max_columns": 1}, "2 schema elements; expected at most 1"),
+                             ({"max_row_groups": 0}, "1 row groups; expected at most 0"),
+                             ({"max_rows": 9}, "declares 10 rows; expected at most 9")):
+        with pytest.raises(BadFooter, match=expected):
+            check_footer(meta, **budget)
+
+
+def test_row_groups_are_checked_against_the_schema_read_before_them():
+    schema = [[(4, BINARY, b"schema"), (5, I32, 1)], [(1, I32, 1), (4, BINARY, b"x")]]
+    group = [(1, LIST, (STRUCT, [_chunk(b"x")])), (2, I64, 10)]
+    before = thrift([(1, I32, 2), (4, LIST, (STRUCT, [group])), (2, LIST, (STRUCT, schema))])
+    with pytest.raises(BadFooter, match="row groups before the schema"):
+        check_footer(before)
+    # a second schema after the row groups (thrift keeps the last one): refused too
+    after = thrift([(2, LIST, (STRUCT, schema)), (4, LIST, (STRUCT, [group])),
+                    (2, LIST, (STRUCT, schema))])
+    with pytest.raises(BadFooter, match="a schema after the row groups"):
+        check_footer(after)
+    check_footer(thrift([(2, LIST, (STRUCT, schema)), (4, LIST, (STRUCT, [group]))]))

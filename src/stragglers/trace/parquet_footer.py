@@ -14,6 +14,12 @@ level histograms empty or one count per level; no encrypted or geospatial metada
 tree that is whole and shallow (pyarrow unflattens it recursively). Anything else a
 well-written op table holds is left to pyarrow, which raises on it.
 
+What the screen holds stays within a budget, not the footer's size: every list it keeps is
+refused when its header declares more elements than the list can hold (schema elements: the
+caller's column budget; a column chunk's path and level histograms: the schema's depth), and
+row groups are checked one column chunk at a time as they are read, none kept (a 4 MiB footer
+of 4M empty column chunks took 300 MB of Python objects, and a second, before it was refused).
+
 The compact-protocol primitives here are also the page-header reader's (monitor/pages.py).
 """
 
@@ -26,6 +32,9 @@ INTS = (I16, I32, I64)
 MAX_DEPTH = 32
 # elements in one thrift list: a footer's lists hold a few per column or row group
 MAX_LIST = 1 << 20
+# schema elements (columns, their groups and the root) a footer may declare unless its caller
+# says otherwise: an op table has about twenty; each is kept while its row groups are checked
+MAX_COLUMNS = 4096
 # nesting of the Parquet schema: pyarrow builds its tree recursively, one C++ frame per level
 # (it refuses one deeper than 100 itself); a path is kept per level, so deeper is refused here
 MAX_SCHEMA_DEPTH = 100
@@ -75,7 +84,7 @@ def zigzag(b: bytes, p: int) -> tuple[int, int]:
 def skip(b: bytes, p: int, kind: int, depth: int, limit: int) -> int:
     """The position after a value of thrift wire type `kind` at b[p] (not past `limit`)."""
     if depth > MAX_DEPTH:
-        raise BadThrift("thrift values nest too deep")
+        raise BadThrift("a thrift value nests too deep")
     if kind in INTS:
         return varint(b, p)[1]
     if kind == TRUE or kind == FALSE:
@@ -149,20 +158,26 @@ def _list_head(b: bytes, p: int, limit: int) -> tuple[int, int, int]:
 
 
 # What of FileMetaData the screen reads, as pyarrow's thrift reader reads it: field id ->
-# (wire type, what a struct's fields or a list's elements are). A list field's elements are
-# read as its declared type whatever the list's own header says (thrift's generated readers
-# ignore it); a field of another wire type than declared is skipped, as thrift skips it.
+# (wire type, what a struct's fields are) or, for a list, (LIST, (element's wire type, its
+# spec, or a function reading the elements as they come), the most elements it may hold (None:
+# as many as its bytes), what they are). A list field's elements are read as its declared type
+# whatever the list's own header says (thrift's generated readers ignore it); a field of
+# another wire type than declared is skipped, as thrift skips it.
 _KV = None   # (struct read but not kept: key-value pairs, logical types, …)
 _STATISTICS = {1: (BINARY, None), 2: (BINARY, None), 5: (BINARY, None), 6: (BINARY, None)}
-_SIZE_STATISTICS = {1: (I64, None), 2: (LIST, (I64, None)), 3: (LIST, (I64, None))}
-_COLUMN_META = {1: (I32, None), 3: (LIST, (BINARY, None)), 4: (I32, None),
-                12: (STRUCT, _STATISTICS),
+# (a level histogram holds a count per level: at most the schema's depth and one)
+_HISTOGRAM = (LIST, (I64, None), MAX_SCHEMA_DEPTH + 2, "counts in a level histogram")
+_SIZE_STATISTICS = {1: (I64, None), 2: _HISTOGRAM, 3: _HISTOGRAM}
+_COLUMN_META = {1: (I32, None),
+                3: (LIST, (BINARY, None), MAX_SCHEMA_DEPTH + 1, "names in a column's path"),
+                4: (I32, None), 12: (STRUCT, _STATISTICS),
                 16: (STRUCT, _SIZE_STATISTICS), 17: (STRUCT, _KV)}
 _COLUMN_CHUNK = {3: (STRUCT, _COLUMN_META), 8: (STRUCT, _KV), 9: (BINARY, None)}
-_ROW_GROUP = {1: (LIST, (STRUCT, _COLUMN_CHUNK))}
+_ROW_GROUP = {1: (LIST, (STRUCT, _COLUMN_CHUNK), None, "column chunks"), 2: (I64, None)}
 _SCHEMA_ELEMENT = {1: (I32, None), 2: (I32, None), 3: (I32, None), 4: (BINARY, None),
                    5: (I32, None), 6: (I32, None), 10: (STRUCT, _KV)}
-_FILE_META = {2: (LIST, (STRUCT, _SCHEMA_ELEMENT)), 4: (LIST, (STRUCT, _ROW_GROUP)),
+_SCHEMA = (LIST, (STRUCT, _SCHEMA_ELEMENT), MAX_COLUMNS, "schema elements")
+_FILE_META = {2: _SCHEMA, 3: (I64, None), 4: (LIST, (STRUCT, _ROW_GROUP), None, "row groups"),
               8: (STRUCT, _KV), 9: (BINARY, None)}
 
 
@@ -172,7 +187,7 @@ def _struct(b: bytes, p: int, spec: dict | None, depth: int, limit: int,
     Numbers, booleans and bytes are read inline, a one-byte number without a call: this runs
     for every field of every column chunk."""
     if depth > MAX_DEPTH:
-        raise BadThrift("thrift values nest too deep")
+        raise BadThrift("a thrift value nests too deep")
     if out is None:
         out = {}
     last = 0
@@ -233,7 +248,7 @@ def _struct(b: bytes, p: int, spec: dict | None, depth: int, limit: int,
         elif kind == TRUE or kind == FALSE:
             pass
         elif kind == LIST and want is not None:
-            out[last], p = _list(b, p, want[1], depth + 1, limit)
+            out[last], p = _list(b, p, want, depth + 1, limit, out)
         else:
             p = skip(b, p, kind, depth + 1, limit)
 
@@ -242,7 +257,7 @@ def _skip_struct(b: bytes, p: int, depth: int, limit: int) -> int:
     """The position after the struct at b[p], none of it kept (_struct's loop, less its
     bookkeeping: encoding stats, logical types and key-value pairs are skipped this way)."""
     if depth > MAX_DEPTH:
-        raise BadThrift("thrift values nest too deep")
+        raise BadThrift("a thrift value nests too deep")
     while True:
         head = b[p]
         p += 1
@@ -266,9 +281,18 @@ def _skip_struct(b: bytes, p: int, depth: int, limit: int) -> int:
             p = skip(b, p, kind, depth + 1, limit)
 
 
-def _list(b: bytes, p: int, element: tuple, depth: int, limit: int) -> tuple[list, int]:
-    """The elements of the list at b[p], read as `element` (wire type, spec) declares them."""
+def _list(b: bytes, p: int, field: tuple, depth: int, limit: int,
+          out: dict) -> tuple[object, int]:
+    """The elements of the list at b[p], read as its `field` (LIST, element, most, what)
+    declares them; refused before they are read when there are more than `most`. A function
+    as the element reads them as they come: `element(b, p, n, depth, limit, out)` (`out`: the
+    struct read so far) -> (what to keep, the position after)."""
     n, _, p = _list_head(b, p, limit)
+    _, element, most, what = field
+    if most is not None and n > most:
+        raise BadFooter(f"{n} {what}; expected at most {most}")
+    if callable(element):
+        return element(b, p, n, depth, limit, out)
     kind, sub = element
     items: list = []
     if kind == STRUCT:
@@ -288,11 +312,11 @@ def _list(b: bytes, p: int, element: tuple, depth: int, limit: int) -> tuple[lis
     return items, p
 
 
-def parse_footer(footer: bytes) -> dict:
-    """The fields of FileMetaData the screen checks, read from a footer's bytes (BadThrift when
-    they are not thrift)."""
+def parse_footer(footer: bytes, spec: dict = _FILE_META) -> dict:
+    """The fields of `spec` (FileMetaData's the screen checks) read from a footer's bytes, all
+    of them kept (BadThrift when they are not thrift): check_footer keeps no row group."""
     try:
-        return _struct(footer, 0, _FILE_META, 0, len(footer))[0]
+        return _struct(footer, 0, spec, 0, len(footer))[0]
     except (IndexError, Short):
         raise BadFooter("its thrift runs past the footer's end") from None
 
@@ -337,20 +361,74 @@ def _name(path: list[bytes]) -> str:
     return ".".join(p.decode("utf-8", "replace") for p in path)[:80]
 
 
-def check_footer(footer: bytes) -> None:
+def check_footer(footer: bytes, max_columns: int = MAX_COLUMNS,
+                 max_row_groups: int | None = None, max_rows: int | None = None) -> None:
     """BadFooter naming the column and what is wrong unless pyarrow can be given `footer` (a
-    Parquet file's FileMetaData bytes) to walk: see the module's docstring."""
-    meta = parse_footer(footer)
+    Parquet file's FileMetaData bytes) to walk (see the module's docstring), or when it
+    declares more than its caller takes: schema elements past `max_columns`, row groups past
+    `max_row_groups`, rows (the file's, or its row groups' together) past `max_rows`."""
+    screen = _Screen(max_columns, max_row_groups, max_rows)
+    meta = parse_footer(footer, screen.file_meta)
     if 8 in meta or 9 in meta:
         raise BadFooter("an encrypted footer; expected a plain Parquet file")
-    leaves = _leaves(meta.get(2, []))
-    for g, group in enumerate(meta.get(4, [])):
-        chunks = group.get(1, [])
-        if len(chunks) != len(leaves):
-            raise BadFooter(f"row group {g} has {len(chunks)} column chunks; the schema has "
-                            f"{len(leaves)} columns")
-        for chunk, leaf in zip(chunks, leaves):
+    if 4 in meta and meta.get(2) is not screen.schema:
+        # (the row groups were checked against the schema before it)
+        raise BadFooter("a schema after the row groups; expected the schema first, as "
+                        "Parquet writers write it")
+    if 4 not in meta:
+        _leaves(meta.get(2, []))
+    _count_rows(meta.get(3, 0), max_rows, "the file")
+
+
+def _count_rows(rows: int, most: int | None, what: str) -> None:
+    if most is not None and rows > most:
+        raise BadFooter(f"{what} declares {rows} rows; expected at most {most}")
+
+
+class _Screen:
+    """check_footer's reading of one footer: its schema's leaves once read, each row group's
+    column chunks checked against them as they are read, none kept."""
+
+    def __init__(self, max_columns: int, max_row_groups: int | None, max_rows: int | None):
+        self.max_rows = max_rows
+        self.schema: list | None = None
+        self.leaves: list = []
+        self.group = 0    # the row group read now (its number)
+        self.rows = 0     # rows of the row groups read so far
+        self.row_group = {**_ROW_GROUP, 1: (LIST, self._chunks, None, "column chunks")}
+        self.file_meta = {**_FILE_META,
+                          2: (LIST, _SCHEMA[1], max_columns, _SCHEMA[3]),
+                          4: (LIST, self._row_groups, max_row_groups, "row groups")}
+
+    def _row_groups(self, b: bytes, p: int, n: int, depth: int, limit: int,
+                    out: dict) -> tuple[int, int]:
+        """Reads and checks FileMetaData's list of `n` row groups at b[p]."""
+        schema = out.get(2)
+        if schema is None:
+            raise BadFooter("row groups before the schema; expected the schema first, as "
+                            "Parquet writers write it")
+        if schema is not self.schema:
+            self.schema, self.leaves = schema, _leaves(schema)
+        for _ in range(n):
+            group, p = _struct(b, p, self.row_group, depth, limit)
+            if 1 not in group and self.leaves:
+                raise BadFooter(f"row group {self.group} has 0 column chunks; the schema has "
+                                f"{len(self.leaves)} columns")
+            self.rows += max(group.get(2, 0), 0)
+            _count_rows(self.rows, self.max_rows, f"row groups 0..{self.group}")
+            self.group += 1
+        return n, p
+
+    def _chunks(self, b: bytes, p: int, n: int, depth: int, limit: int,
+                out: dict) -> tuple[int, int]:
+        """Reads and checks a row group's list of `n` column chunks at b[p], one per leaf."""
+        if n != len(self.leaves):
+            raise BadFooter(f"row group {self.group} has {n} column chunks; the schema has "
+                            f"{len(self.leaves)} columns")
+        for leaf in self.leaves:
+            chunk, p = _struct(b, p, _COLUMN_CHUNK, depth, limit)
             _check_chunk(chunk, leaf)
+        return n, p
 
 
 def _check_chunk(chunk: dict, leaf: tuple) -> None:
