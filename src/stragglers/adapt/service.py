@@ -42,6 +42,7 @@ from stragglers.adapt.controller import Actions, ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy, DiskFull, \
     Forbidden, NotFound, RateLimited, Unauthorized, UnsupportedMediaType, authorize
+from stragglers.adapt.folding import WalFolder
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
 from stragglers.adapt.replies import (Acked, Created, Health, Joined, LeaseReply, Released,
@@ -120,6 +121,11 @@ class ServiceConfig(Config):
                                   " ahead of its oldest epoch still held (a new epoch past it:"
                                   " \"wait\"; at least 2 epochs): leases never acked cannot"
                                   " write epochs without end", minimum=1024, maximum=1 << 30)
+    # (SQLite's own auto-checkpoint is 1,000 pages, 4 MB: folded as often, but off the commit
+    # thread, and the file cut back to it after a reader or a big restore grew it)
+    wal_fold_bytes: int = setting(4 << 20, "size of the write-ahead log past which a thread of"
+                                  " its own folds it into the database file (the log file is"
+                                  " then cut back to it)", minimum=1 << 16, maximum=1 << 34)
     new_tokens_per_minute: float = setting(30.0, "tokens that may create their first data set"
                                            " or controller per minute, in all (past it: 429"
                                            " with Retry-After)", minimum=0.1, maximum=1e6)
@@ -615,6 +621,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     control = ControlPlane(config.max_jobs, config.max_jobs_per_token, config.max_jobs_per_client,
                            config.max_control_records, config.max_control_records_per_token)
     commit = GroupCommitter(store, config.max_batch, config.stall_s)
+    folder = WalFolder(store, config.wal_fold_bytes)
     # restores written a chunk at a time (and the rows they replaced deleted so), paced
     paced = PacedWriter(commit, store, config.restore_share, 1, config.max_restores)
     parser = SnapshotParser(config.max_restores)
@@ -1049,12 +1056,14 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     app.state.commit, app.state.reader, app.state.store = commit, reader, store
     app.state.parser = parser
     app.state.controlling = controlling
+    app.state.folder = folder
 
     def close() -> None:
         """Stop every thread and child process of the app (the server has stopped)."""
         reader.close()
         parser.close()
         commit.close()
+        folder.close()
         controlling.close()
         for pool in shuffles.values():
             pool.shutdown(wait=True, cancel_futures=True)

@@ -102,6 +102,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         # in-memory changes of the running call, undone on rollback
         self._undo: list[Callable[[], None]] = []
         self._data_version: int | None = None
+        self.on_commit: Callable[[], None] | None = None
 
 
     def close(self) -> None:

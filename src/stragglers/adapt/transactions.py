@@ -27,6 +27,8 @@ class Transactions(StoreState):
         for name in self._touched:
             self._gen[name] = self._gen.get(name, 0) + 1
         self._touched = set()
+        if self.on_commit is not None:
+            self.on_commit()
 
 
     def _tx(self) -> "_Tx":
@@ -73,6 +75,13 @@ class Transactions(StoreState):
             finally:
                 conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
         return busy == 0
+
+    def fold_elsewhere(self, limit: int) -> None:
+        """The writer checkpoints nothing at commit (folding.WalFolder does, on its own thread)
+        and cuts its WAL file back to `limit` bytes whenever it starts the log again."""
+        with self._lock:
+            self._conn.execute("PRAGMA wal_autocheckpoint=0")
+            self._conn.execute(f"PRAGMA journal_size_limit={int(limit)}")
 
     def run_batch(self, calls: Sequence[Callable[[], T]]) -> list[tuple[bool, T | Exception]]:
         """Group commit: run several store calls in one transaction, one fsync for all.

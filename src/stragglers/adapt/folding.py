@@ -1,0 +1,83 @@
+"""The shard store's write-ahead log folded into the database file on a thread of its own, once
+it passes a size: never on the commit thread, whose calls (every job's leases) would wait."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+
+from stragglers.adapt.transactions import Transactions
+
+log = logging.getLogger(__name__)
+
+
+class WalFolder:
+    """Folds (a passive checkpoint: writers and readers go on) the WAL of `store` whenever a
+    commit leaves it over `limit` bytes; the writer then cuts the file back to `limit` when it
+    starts the log again (journal_size_limit), and checkpoints nothing itself.
+
+    Was: SQLite's auto-checkpoint ran inside the COMMIT of the batch that crossed 1,000 pages
+    (on the commit thread), the WAL file was never cut back (a reader holding a long snapshot
+    or one big transaction left it at tens of MB for good), and only a write refused for space
+    folded and truncated it: on a small disk it filled again.
+    """
+
+    def __init__(self, store: Transactions, limit: int, pause_s: float = 0.05):
+        self.store, self.limit, self.pause_s = store, limit, pause_s
+        self.wal = store.db + "-wal"
+        self.folds = 0   # checkpoints that copied the whole log
+        self._failing = False
+        self._wake, self._closed = threading.Event(), threading.Event()
+        store.fold_elsewhere(limit)
+        store.on_commit = self.committed
+        self._thread = threading.Thread(target=self._loop, name="wal-fold", daemon=True)
+        self._thread.start()
+
+    def committed(self) -> None:
+        """After a commit (on the thread that committed: a stat, no more)."""
+        try:
+            size = os.stat(self.wal).st_size
+        except OSError:
+            return
+        if size > self.limit:
+            self._wake.set()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread (the store's writer folds the rest when it is closed)."""
+        self.store.on_commit = None
+        self._closed.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._wake.wait()
+                if self._closed.is_set():
+                    return
+                self._wake.clear()
+                conn = conn or sqlite3.connect(self.store.db, isolation_level=None,
+                                               check_same_thread=False)
+                self._fold(conn)
+                # (a reader holding an old snapshot keeps the log: commits ask again, answered
+                # at most this often)
+                self._closed.wait(self.pause_s)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _fold(self, conn: sqlite3.Connection) -> None:
+        try:
+            busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as exc:   # (a full disk: the database file could not grow)
+            if not self._failing:
+                log.warning("folding the shard store's WAL failed (said once until a fold"
+                            " succeeds): %s", exc)
+            self._failing = True
+            return
+        self._failing = False
+        if not busy and frames == copied:
+            self.folds += 1
