@@ -77,9 +77,20 @@ class PacedWriter:
         if self._collector is None or self._collector.done():
             self._collector = asyncio.get_running_loop().create_task(self._collect())
 
-    async def _collect(self) -> None:
-        try:
-            while await self.step(self.store.collect_garbage):
-                pass
-        except Exception as exc:  # noqa: BLE001 - retried after the next restore or start
-            log.warning("deleting the rows of replaced restores failed: %s", exc)
+    async def _collect(self, first_retry_s: float = 1.0, longest_retry_s: float = 30.0) -> None:
+        """Delete until none are left; a step refused (a full disk) is tried again later, at
+        most every `longest_retry_s` (was: only after the next restore or start, the space
+        they held kept while the service ran)."""
+        retry_s = first_retry_s
+        while True:
+            try:
+                while await self.step(self.store.collect_garbage):
+                    retry_s = first_retry_s
+                return
+            except Exception as exc:  # noqa: BLE001 - tried again later
+                if retry_s == first_retry_s:
+                    log.warning("deleting the rows of replaced restores failed (tried again"
+                                " at most every %g s until it succeeds): %s",
+                                longest_retry_s, exc)
+                await asyncio.sleep(retry_s)
+                retry_s = min(2 * retry_s, longest_retry_s)

@@ -6,7 +6,7 @@ the rows are checked and prepared off the commit thread (prepare_restore), writt
 their own RESTORE_CHUNK rows per transaction (restore_rows; other calls run between chunks), and
 the data set switches to them in one small transaction (restore_finish); the old rows are then
 deleted GARBAGE_CHUNK at a time (collect_garbage). A restore interrupted half-way changes nothing:
-its rows are deleted as garbage, at the latest after the next start.
+its rows are deleted as garbage, at the latest after the next start (once a write fits).
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class Restores(StoreState):
         with self._tx() as c:
             exists = self._restore_checks(c, cfg, token_sha256, may_create, creator)
             state = c.execute("SELECT state FROM row_sets WHERE rows_key=?", (key,)).fetchone()
-            if state is None or state[0] != "writing":
+            if state is None or state[0] != "writing" or key in self._cut_short:
                 raise Conflict(f"the restore of '{cfg.name}' was interrupted (the service"
                                " restarted while writing it); send it again")
             self._forget()
@@ -202,11 +202,17 @@ class Restores(StoreState):
 
     def has_garbage(self) -> bool:
         """Whether rows of finished or abandoned restores are left to delete."""
-        return self._conn.execute("SELECT 1 FROM row_sets WHERE state='garbage' LIMIT 1"
-                                  ).fetchone() is not None
+        return bool(self._cut_short) or self._conn.execute(
+            "SELECT 1 FROM row_sets WHERE state='garbage' LIMIT 1").fetchone() is not None
 
     def collect_garbage(self, limit: int = GARBAGE_CHUNK) -> int:
         """Delete up to `limit` rows left by restores (one transaction); 0 when none are left."""
+        if self._cut_short:   # (restores a stopped process was writing: marked first)
+            with self._tx() as c:
+                cut, self._cut_short = self._cut_short, []
+                self._undo.append(lambda: setattr(self, "_cut_short", cut))
+                c.executemany("UPDATE row_sets SET state='garbage' WHERE rows_key=? AND"
+                              " state='writing'", [(k,) for k in cut])
         with self._tx() as c:
             row = c.execute("SELECT rows_key FROM row_sets WHERE state='garbage' LIMIT 1"
                             ).fetchone()

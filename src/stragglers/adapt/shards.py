@@ -72,8 +72,11 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             # Leases held while no service ran get a full lease from the first call after this
             # restart (see _expire): a long outage must not expire every in-flight lease.
             self._grace = {r[0] for r in self._conn.execute("SELECT name FROM datasets")}
-            # a restore that was being written when the last process stopped never finishes
-            self._conn.execute("UPDATE row_sets SET state='garbage' WHERE state='writing'")
+            # A restore that was being written when the last process stopped never finishes:
+            # its rows are garbage, marked when a write fits (a start on a full disk marking
+            # them failed: the service could not start again where they held the space).
+            self._cut_short = [r[0] for r in self._conn.execute(
+                "SELECT rows_key FROM row_sets WHERE state='writing'")]
         except sqlite3.DatabaseError as exc:
             raise unusable(db, exc) from exc
         self._keys: dict[str, str] = {}   # data set -> the key its shard rows are stored under

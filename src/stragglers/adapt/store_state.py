@@ -53,6 +53,7 @@ class StoreState:
     _configs: dict[tuple[object, ...], DatasetConfig]
     _undo: list[Callable[[], None]]
     _data_version: int | None
+    _cut_short: list[str]                # keys of restores a stopped process was writing
     on_commit: Callable[[], None] | None   # called after every COMMIT or ROLLBACK (folding.py)
 
     if TYPE_CHECKING:
