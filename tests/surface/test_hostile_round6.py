@@ -1,0 +1,180 @@
+"""Red team round six (issue 34): the monitor across restarts and the CLI on hostile files.
+
+Each test is one defect class, marked xfail(strict=True) until its fix lands (then the mark goes):
+a pass before the fix fails the suite, so each flips exactly when its defect is gone. Real
+servers and real CLI processes in subprocesses (a hang or an abort must not take pytest along).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import REPO, eventually, listening_url, up
+
+sys.path.insert(0, str(REPO / "tests" / "monitor"))
+from monitor_jobs import parts_of, slow_job  # noqa: E402
+
+from stragglers.trace.runformat import table_bytes, write_rank  # noqa: E402
+
+TOKEN = "hostile-round6-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CLI = [sys.executable, "-m", "stragglers.cli"]
+# a liveness bound, not a timing verdict: a refusal takes a second, a blocked open forever
+HANG_S = 30
+
+
+def serve_monitor(tmp: Path, db: str, cwd: Path) -> tuple[subprocess.Popen, str]:
+    """`stragglers monitor serve --db DB` started in `cwd`, as an operator does."""
+    token = tmp / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    cfg = tmp / "monitor.yaml"
+    cfg.write_text("settings: {window_steps: 5, stall_after_s: 600, tick_s: 0.05}\n")
+    proc = subprocess.Popen([*CLI, "monitor", "serve", "--db", db, "--port", "0", "--config",
+                             str(cfg), "--token-file", str(token)], cwd=cwd,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    return proc, listening_url(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.communicate(timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="an uploaded job's folder is stored as the relative path "
+                   "the monitor was started with: started again with the same store named by "
+                   "its absolute path, every uploaded job is set aside, its next part 409 and its "
+                   "meta PUT 409 too: its stored window is never analysed")
+def test_monitor_started_again_by_another_path_to_its_store_keeps_its_jobs(tmp_path):
+    """A monitor started as `--db mon.db` in its folder, then again as `--db /abs/mon.db` (a
+    service manager, another shell): the same store, the same uploads folder. Its job goes on:
+    the last part is stored and the window it completes analysed."""
+    trace = slow_job(steps=10, slow=(0, 1, 3.0))
+    parts = parts_of(trace, 5)
+    last = parts[-1]
+    proc, url = serve_monitor(tmp_path, "mon.db", tmp_path)
+    try:
+        assert up(proc, url), "the monitor did not start"
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            for rank, n, cols in parts[:-1]:
+                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols),
+                          headers=AUTH)
+                assert r.status_code == 200, r.text
+            eventually(lambda: c.get("/api/jobs/j").json()["windows_total"] == 1,
+                       what="window 0 analysed")
+    finally:
+        stop(proc)
+    proc, url = serve_monitor(tmp_path, str(tmp_path / "mon.db"), REPO)
+    try:
+        assert up(proc, url), "the monitor did not start again"
+        with httpx.Client(base_url=url, timeout=60) as c:
+            rank, n, cols = last
+            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols),
+                      headers=AUTH)
+            assert r.status_code == 200, r.text
+            eventually(lambda: c.get("/api/jobs/j").json()["windows_total"] == 2,
+                       timeout=60, what="window 1 analysed")
+    finally:
+        stop(proc)
+
+
+def cli(*args: str, cwd: Path) -> tuple[int | None, str]:
+    """(exit status, or None where it did not end within HANG_S; stderr) of one CLI command."""
+    try:
+        done = subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, timeout=HANG_S,
+                              stdin=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    except subprocess.TimeoutExpired:
+        return None, f"no end in {HANG_S} s"
+    return done.returncode, done.stderr.decode(errors="replace")
+
+
+def clean_refusal(status: int | None, err: str, names: str) -> None:
+    """One line naming the file, exit 2: no hang, no 'internal error', no traceback."""
+    assert status == 2, (status, err[-1500:])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and names in lines[0] and "internal error" not in lines[0], err[-1500:]
+
+
+def small_run(directory: Path) -> Path:
+    """A recorder-style run directory: meta.json and one Parquet file per rank."""
+    trace = slow_job(steps=4, slow=(0, 1, 3.0))
+    directory.mkdir()
+    (directory / "meta.json").write_text(json.dumps(trace.meta.to_dict()))
+    o = trace.ops
+    for rank in sorted(set(o["rank"].tolist())):
+        write_rank(directory, rank, {k: v[o["rank"] == rank] for k, v in o.items()})
+    return directory
+
+
+def meta_fifo(run: Path) -> str:
+    (run / "meta.json").unlink()
+    os.mkfifo(run / "meta.json")
+    return "meta.json"
+
+
+def meta_nested(run: Path) -> str:
+    (run / "meta.json").write_text("[" * 100_000 + "]" * 100_000)
+    return "meta.json"
+
+
+def rank_fifo(run: Path) -> str:
+    (run / "rank-00003.parquet").unlink()
+    os.mkfifo(run / "rank-00003.parquet")
+    return "rank-00003.parquet"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spoil", [
+    pytest.param(meta_fifo, marks=pytest.mark.xfail(strict=True, reason="meta.json is read "
+                 "with read_bytes(): a FIFO blocks `stragglers analyze` forever (smallfiles' "
+                 "regular-file, bounded read is not used)")),
+    pytest.param(meta_nested, marks=pytest.mark.xfail(strict=True, reason="meta.json nested "
+                 "100,000 deep: 'internal error: RecursionError ... this is a bug', exit 4")),
+    pytest.param(rank_fifo, marks=pytest.mark.xfail(strict=True, reason="a rank file that is "
+                 "a FIFO blocks `stragglers analyze` forever (opened without O_NONBLOCK or a "
+                 "regular-file check)")),
+], ids=["meta-fifo", "meta-nested", "rank-fifo"])
+def test_analyze_refuses_a_run_file_it_cannot_read_in_one_line(tmp_path, spoil):
+    """A run directory whose meta.json or a rank file is not a regular, bounded file: one line
+    naming it, exit 2 (what the monitor's watcher and --config already do)."""
+    run = small_run(tmp_path / "run")
+    name = spoil(run)
+    status, err = cli("analyze", str(run), cwd=tmp_path)
+    clean_refusal(status, err, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda p: os.mkfifo(p), marks=pytest.mark.xfail(strict=True, reason=
+                 "load_calibration reads with read_text(): a FIFO blocks advise forever")),
+    pytest.param(lambda p: p.write_text("[" * 100_000 + "]" * 100_000), marks=pytest.mark.xfail(
+        strict=True, reason="RecursionError is not caught: 'internal error ... this is a bug'")),
+], ids=["fifo", "nested"])
+def test_advise_refuses_a_calibration_file_it_cannot_read_in_one_line(tmp_path, make):
+    """`advise --calibration FILE` on a FIFO or a JSON nested too deep: one line naming it."""
+    run = small_run(tmp_path / "run")
+    cal = tmp_path / "cal.json"
+    make(cal)
+    status, err = cli("advise", str(run), "--calibration", str(cal), "-q", cwd=tmp_path)
+    clean_refusal(status, err, "cal.json")
+
+
+@pytest.mark.xfail(strict=True, reason="a step number past 2**63 in --steps: 'internal error: "
+                   "OverflowError: Python int too large to convert to C long', exit 4")
+def test_analyze_refuses_a_step_number_too_large_in_one_line(tmp_path):
+    """`--steps 99999999999999999999999999999`: one line naming --steps, exit 2."""
+    run = small_run(tmp_path / "run")
+    status, err = cli("analyze", str(run), "--steps", "9" * 29, cwd=tmp_path)
+    clean_refusal(status, err, "--steps")
