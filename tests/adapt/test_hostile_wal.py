@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 import time
 
 import httpx
@@ -53,3 +55,37 @@ def test_the_wal_is_cut_back_after_a_reader_held_it_without_a_full_disk(tmp_path
             assert c.get("/datasets/d/status").status_code == 200
     finally:
         srv.stop()
+
+
+NO_DESCRIPTOR = """
+import os, resource, sys, time
+from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.folding import WalFolder
+from stragglers.adapt.shards import ShardStore
+
+def until(what):
+    for _ in range(600):   # (a state of the folding thread, polled)
+        if what():
+            return True
+        time.sleep(0.05)
+    return False
+
+store = ShardStore(sys.argv[1])
+folder = WalFolder(store, 1 << 16)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))
+store.create_dataset(DatasetConfig("a", 1 << 20, 16))   # ~100 KB of WAL: a fold asked
+print("refused", until(lambda: folder._failing))   # no descriptor for its connection
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+store.create_dataset(DatasetConfig("b", 1 << 20, 16))
+print("folded", until(lambda: folder.folds > 0), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_fold_that_fails_is_tried_again_at_the_next_commit(tmp_path):
+    # (fails before: the folding thread ended on its connection's error, no descriptor left
+    # under a connection flood, and the WAL grew without bound: the writer folds nothing)
+    out = subprocess.run([sys.executable, "-c", NO_DESCRIPTOR, str(tmp_path / "s.db")],
+                         text=True, capture_output=True, timeout=120)
+    assert out.stdout.split() == ["refused", "True", "folded", "True"], out.stderr[-2000:]

@@ -59,25 +59,25 @@ class WalFolder:
                 if self._closed.is_set():
                     return
                 self._wake.clear()
-                conn = conn or sqlite3.connect(self.store.db, isolation_level=None,
-                                               check_same_thread=False)
-                self._fold(conn)
+                try:
+                    conn = conn or sqlite3.connect(self.store.db, isolation_level=None,
+                                                   check_same_thread=False)
+                    busy, frames, copied = conn.execute(
+                        "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                except (sqlite3.Error, OSError) as exc:
+                    # (a full disk: the database file could not grow; no file descriptor
+                    # left: tried again at the next commit, the thread never ends)
+                    if not self._failing:
+                        log.warning("folding the shard store's WAL failed (said once until a"
+                                    " fold succeeds): %s", exc)
+                    self._failing = True
+                else:
+                    self._failing = False
+                    if not busy and frames == copied:
+                        self.folds += 1
                 # (a reader holding an old snapshot keeps the log: commits ask again, answered
                 # at most this often)
                 self._closed.wait(self.pause_s)
         finally:
             if conn is not None:
                 conn.close()
-
-    def _fold(self, conn: sqlite3.Connection) -> None:
-        try:
-            busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        except sqlite3.Error as exc:   # (a full disk: the database file could not grow)
-            if not self._failing:
-                log.warning("folding the shard store's WAL failed (said once until a fold"
-                            " succeeds): %s", exc)
-            self._failing = True
-            return
-        self._failing = False
-        if not busy and frames == copied:
-            self.folds += 1
