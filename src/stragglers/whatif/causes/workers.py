@@ -65,15 +65,18 @@ def _peer_median(values: np.ndarray, median) -> np.ndarray:
 
 
 def _stands_out(ctx: Context, score: np.ndarray, lo: np.ndarray, threshold: float,
-                floor: float | None = None, norm: np.ndarray | None = None) -> np.ndarray:
+                floor: float | None = None, norm: np.ndarray | None = None,
+                scale_floor: float | None = None) -> np.ndarray:
     """bool [D, P]: a robust outlier among all workers (`norm`, bool [D, P]: among those only)
     with the lower end of its interval above `floor`, or, where that test is impossible (it
     needs five workers to mean anything), at least `threshold`. `floor` None: at least
-    `threshold` in both cases."""
+    `threshold` in both cases. `scale_floor`: the robust spread floor (default
+    `outlier_scale_floor`)."""
     among = score if norm is None else score[norm]
     if among.size < 5:
         return lo >= threshold
-    z = robust_z(score, ctx.cfg.outlier_scale_floor, norm)
+    spread = ctx.cfg.outlier_scale_floor if scale_floor is None else scale_floor
+    z = robust_z(score, spread, norm)
     outlier = z >= ctx.cfg.outlier_z
     return outlier & ((lo >= threshold) if floor is None else (lo > floor))
 
@@ -229,7 +232,13 @@ def host_stall(ctx: Context) -> list[Candidate]:
     # the outlier test compares fractions of the step, as worker_fault compares ratios (the
     # spread floor is a ratio: in seconds it would hide any stall under ~0.1 s)
     step_time = max(float(np.median(w.t_base)), 1e-12)
-    named = _stands_out(ctx, mean / step_time, lo, threshold)
+    # ... but the floor of a ratio's spread (outlier_scale_floor) read as a fraction of the
+    # step asked a stall among identical peers for outlier_z of it (6%), twice the threshold
+    # that decides with fewer than five workers: a rank starting every step 5% late (x1.05
+    # on the job) was named among four ranks and not among six. The floor is no stricter
+    # than the threshold: a stall of threshold's size stands out from identical peers.
+    spread = min(cfg.outlier_scale_floor, threshold / step_time / cfg.outlier_z)
+    named = _stands_out(ctx, mean / step_time, lo, threshold, scale_floor=spread)
     late = ctx.arrivals
     gating = np.zeros_like(mean)
     if late is not None:
@@ -244,7 +253,8 @@ def host_stall(ctx: Context) -> list[Candidate]:
         named &= late.lateness + mean > 0
         if mean.size >= 5:
             # With five workers or more the outlier test tells a hold-up from chance
-            named |= _stands_out(ctx, gating / step_time, g_lo, threshold)
+            named |= _stands_out(ctx, gating / step_time, g_lo, threshold,
+                                  scale_floor=spread)
         else:
             # With fewer only the threshold can, and a hold-up counted from the steps a rank
             # happened to be last (its gaps clipped at zero elsewhere) is positive under
