@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import socket
 import struct
 import time
@@ -80,24 +81,58 @@ class BodyNotAdmitted(RuntimeError):
     answered 500, nothing of the body read)."""
 
 
+# the scope key the protocol sets on each request of a connection whose client half-closed or
+# closed it (its FIN read; the two look the same) before the request was answered: such a
+# request's wait for its turn (park) ends at once. A FIN keeps the connection open (a
+# half-closed client is answered), so a read abandoned while it waited held its place among
+# its address's, and then a turn, for up to the pace's four turns
+GONE_KEY = "stragglers.client_gone"
+
+
+# the scope key under which the protocol gives a request `watch()`: park calls it so that the
+# client's FIN or reset is seen at once even while the connection's reads are paused (uvicorn
+# reads nothing, the FIN included, while a pipelined request waits behind the one in progress)
+WATCH_KEY = "stragglers.watch_hangup"
+
+
 async def park(scope: dict, seconds: float) -> bool:
     """Wait `seconds` for a request's turn, its connection marked closable meanwhile; False
-    when it was closed (by its client, a connection cap or a shutdown): do nothing of it."""
+    when it was closed (by its client, a connection cap or a shutdown) or its client
+    half-closed it (then or before): do nothing of it."""
+    if scope.get(GONE_KEY):
+        return False
+    watch = scope.get(WATCH_KEY)
+    if watch is not None:
+        watch()
     woken = scope[PARKED_KEY] = asyncio.Event()
     try:
         await asyncio.wait_for(woken.wait(), seconds)
     except asyncio.TimeoutError:
         pass
-    closed = woken.is_set()
-    scope.pop(PARKED_KEY, None)
-    return not closed
+    finally:
+        scope.pop(PARKED_KEY, None)   # (cancelled too: no longer parked)
+    return not woken.is_set()
 
 
 def _unpark(conn) -> None:
     """End the wait of a connection's parked request (see park)."""
-    woken = getattr(conn.cycle, "scope", {}).get(PARKED_KEY)
-    if isinstance(woken, asyncio.Event):
+    woken = _parked_event(conn)
+    if woken is not None:
         woken.set()
+
+
+def _hung_up(conn) -> None:
+    """The client of `conn` sent its FIN: its requests not answered yet (the one in progress,
+    those pipelined behind it) wait for no turn (GONE_KEY), and one waiting now stops."""
+    cycles = [conn.cycle, *(c for c, _ in getattr(conn, "pipeline", None) or ())]
+    for cycle in cycles:
+        if cycle is not None and not cycle.response_complete:
+            cycle.scope[GONE_KEY] = True
+    running = getattr(conn, "_g_scope", None)
+    if running is not None:
+        running[GONE_KEY] = True
+    if _parked(conn):
+        _unpark(conn)
 
 
 # A service's error body from (status, message); the default is `{"error": message}`.
@@ -145,9 +180,23 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             self._g_head_over = False
             self._g_lingering: asyncio.TimerHandle | None = None   # see _g_linger
             self._g_refusing: asyncio.TimerHandle | None = None    # see _g_refuse
+            self._g_watched: int | None = None   # its descriptor, watched for a hang-up
             conn = getattr(self, "conn", None)
             if conn is not None and hasattr(conn, "next_event"):
                 _bound_h11_heads(self, conn)
+            app: Any = getattr(self, "app")   # (uvicorn's, untyped here)
+            # the scope of the request in progress: httptools' `cycle` is the one parsed
+            # last, a pipelined one behind it (whose scope a parked request is not in)
+            self._g_scope: dict | None = None
+
+            async def watched_app(scope, receive, send) -> None:
+                scope[WATCH_KEY] = watch
+                self._g_scope = scope
+                await app(scope, receive, send)
+
+            def watch() -> None:
+                book.watch(self)
+            self.app = watched_app
             book.admit(self)
 
         def connection_lost(self, exc) -> None:
@@ -293,6 +342,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
                 and not getattr(cycle, "more_body", False)
             if (whole and not _waiting(self)) or getattr(self, "pipeline", None):
                 self._g_eof = True
+                _hung_up(self)
                 return True   # keep the write side open
             return super().eof_received()
 
@@ -310,12 +360,19 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
         def on_response_complete(self) -> None:
             book.fresh.pop(self, None)
             super().on_response_complete()
-            self._g_phase_at, self._g_phase_cycle = time.monotonic(), self.cycle
+            self._g_phase_at = time.monotonic()
+            if self.cycle is None or self.cycle.response_complete:
+                # waiting for the next head; not when a pipelined request started (h11 starts
+                # it within on_response_complete, httptools' `cycle` is the last one parsed):
+                # taken for an idle connection, its client's FIN closed it unanswered
+                self._g_phase_cycle = self.cycle
             self._g_phase_bytes, self._g_fresh, self._g_body = 0, False, None
             self._g_served += 1
             if self._g_eof and self.cycle is not None and self.cycle.response_complete \
                     and not getattr(self, "pipeline", None):
                 self.transport.close()   # half-closed, every request answered
+            elif self._g_eof:
+                _hung_up(self)   # (h11 parses a pipelined request only now, after the FIN)
 
         def on_headers_complete(self) -> None:
             # (httptools' protocol only: h11's leaves the whole target in the scope's path)
@@ -414,6 +471,9 @@ class _Connections:
         # oldest first
         self.lingering: dict[Any, None] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self.watched: dict[int, Any] = {}   # descriptor -> connection (watch)
+        self._hangup_poll: Any = None
+        self._no_epoll = False
 
     def admit(self, conn) -> None:
         client = _client(conn)
@@ -447,6 +507,64 @@ class _Connections:
         """`conn` is closed (its connection_lost): its descriptor is free."""
         self.forget(conn)
         self.lingering.pop(conn, None)
+        fd = conn._g_watched
+        if fd is not None and self.watched.get(fd) is conn:
+            # (closed, the descriptor left the epoll set already; a new connection given
+            # the same number since is another entry, kept)
+            del self.watched[fd]
+            try:
+                self._hangup_poll.unregister(fd)
+            except (OSError, ValueError):
+                pass
+
+    def watch(self, conn) -> None:
+        """Tell `conn`'s client hanging up (its FIN or a reset) at once (_hung_up), even while
+        its reads are paused: an epoll set of such connections' sockets, waiting for
+        EPOLLRDHUP only (not for data: a pipelined request unread is no event), read by the
+        event loop. Where there is no epoll, only a FIN read (eof_received) tells."""
+        poll = self._hangup_poll
+        if poll is None:
+            if not hasattr(select, "epoll") or self._no_epoll:
+                return
+            try:
+                poll = self._hangup_poll = select.epoll()
+                asyncio.get_running_loop().add_reader(poll.fileno(), self._hangups)
+            except (OSError, RuntimeError, NotImplementedError):
+                self._no_epoll, self._hangup_poll = True, None
+                return
+        sock = conn.transport.get_extra_info("socket")
+        try:
+            fd = sock.fileno() if sock is not None else -1
+        except OSError:
+            return
+        if fd < 0 or self.watched.get(fd) is conn:
+            return
+        mask = select.EPOLLRDHUP   # (EPOLLHUP and EPOLLERR are reported whatever the mask)
+        try:
+            if fd in self.watched:   # a closed connection's number, reused by this one
+                poll.modify(fd, mask)
+            else:
+                poll.register(fd, mask)
+        except FileExistsError:
+            poll.modify(fd, mask)
+        except OSError:
+            return
+        self.watched[fd] = conn
+        conn._g_watched = fd
+
+    def _hangups(self) -> None:
+        """The watched connections whose clients hung up: each told once (_hung_up)."""
+        poll = self._hangup_poll
+        if poll is None:
+            return
+        for fd, _ in poll.poll(0):
+            conn = self.watched.pop(fd, None)
+            try:
+                poll.unregister(fd)
+            except OSError:
+                pass
+            if conn is not None and not conn.transport.is_closing():
+                _hung_up(conn)
 
     def _shed(self) -> None:
         """Close lingering connections at once, oldest first, while they and the open ones
@@ -631,9 +749,18 @@ def _waiting(conn) -> bool:
 
 def _parked(conn) -> bool:
     """Whether a connection's request waits for its turn (the app set PARKED_KEY)."""
+    return _parked_event(conn) is not None
+
+
+def _parked_event(conn) -> asyncio.Event | None:
+    """The event a connection's request waiting for its turn waits on (park); None."""
     cycle = conn.cycle
-    return cycle is not None and not cycle.response_complete and \
-        isinstance(getattr(cycle, "scope", {}).get(PARKED_KEY), asyncio.Event)
+    for scope in (getattr(conn, "_g_scope", None),
+                  None if cycle is None or cycle.response_complete else cycle.scope):
+        woken = (scope or {}).get(PARKED_KEY)
+        if isinstance(woken, asyncio.Event):
+            return woken
+    return None
 
 
 def _body_left(conn) -> bool:

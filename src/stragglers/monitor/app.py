@@ -185,7 +185,11 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
 
         async def answer(request: Request) -> Response:
             if not await pace.turn(request.scope):
-                return Response(status_code=503)   # (its connection is gone: nobody reads it)
+                # its client closed the connection, or shut its side (then it reads this),
+                # or a connection cap closed it: no turn taken, nothing rendered
+                return JSONResponse({"error": "request: its connection was closed (or its "
+                                     "client's side shut) while it waited its turn; retry on"
+                                     " an open connection"}, status_code=503)
             return Response(await render.get(), media_type=media_type)
         return answer
 
