@@ -9,17 +9,18 @@ the chunk's declared size, values per page at most the row group's rows, a dicti
 most one value per byte.
 
 A header is parsed from one slice of the file (the whole column chunk when the part is in
-memory), one index per byte and no call per byte, only its type, sizes and value count kept:
-~0.4x the CPU of a reader object called per byte (benchmarks/monitor_footer_check.py). A header
-that does not fit its slice of a file is read again from a larger one, up to MAX_HEADER_BYTES.
+memory) by the footer screen's thrift reader (parquet_footer.read_struct: one field loop, a
+field of an unexpected wire type skipped as thrift skips it), only its type, sizes and value
+counts kept. A header that does not fit its slice of a file is read again from a larger one,
+up to MAX_HEADER_BYTES.
 """
 
 from __future__ import annotations
 
-# the compact protocol's primitives are the footer screen's (one thrift reader)
-from stragglers.trace.parquet_footer import BINARY as _BINARY, FALSE as _FALSE, I16 as _I16, \
-    I32 as _I32, I64 as _I64, STOP as _STOP, STRUCT as _STRUCT, TRUE as _TRUE, BadThrift, \
-    Short as _Short, skip as _skip, varint as _varint, zigzag as _zigzag
+# the footer screen's thrift reader (one field loop for both)
+from stragglers.trace.parquet_footer import I32 as _I32, MAX_DEPTH as _THRIFT_DEPTH, \
+    STRUCT as _STRUCT, BadThrift, Short as _Short, fields as _fields, \
+    read_struct as _read_struct
 
 _DATA_PAGE, _INDEX_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = range(4)
 # the field of a page header holding each page type's own header (its field 1: num_values)
@@ -31,106 +32,32 @@ MAX_PAGES = 1 << 20
 MAX_HEADER_BYTES = 16 << 20
 _FIRST_SLICE = 512   # bytes read for a header at first (a recorder's are ~20-60 bytes)
 
+# what of a PageHeader is read (as the footer screen's specs): its type, sizes and each page
+# type's header's num_values; the rest (statistics, CRC, ...) is skipped without being kept
+_VALUES = _fields({1: (_I32, None)})
+_PAGE_HEADER = _fields({1: (_I32, None), 2: (_I32, None), 3: (_I32, None),
+                        5: (_STRUCT, _VALUES), 7: (_STRUCT, _VALUES), 8: (_STRUCT, _VALUES)})
+# a page header's own depth counted from the reader's limit: nesting past MAX_DEPTH is refused
+_START_DEPTH = _THRIFT_DEPTH - MAX_DEPTH
+
 
 class BadPage(BadThrift):
     """A page header that cannot be read, or that declares more than its footer allows."""
 
 
-def _struct(b: bytes, p: int, depth: int, limit: int) -> tuple[int | None, int]:
-    """(its integer field 1 — a page type's num_values — or None, the position after) of the
-    struct at b[p]. The common kinds (numbers, booleans, bytes, structs) are read inline, a
-    one-byte number without a call: this runs for every field of every page's statistics."""
-    first = None
-    last = 0
-    while True:
-        head = b[p]
-        p += 1
-        kind = head & 0x0F
-        if kind == _STOP:
-            return first, p
-        delta = head >> 4
-        if delta:
-            last += delta
-        else:
-            last, p = _zigzag(b, p)
-        if kind == _I32 or kind == _I64 or kind == _I16:
-            x = b[p]
-            if x < 0x80:
-                p += 1
-            else:
-                x, p = _varint(b, p)
-            if last == 1:
-                first = (x >> 1) ^ -(x & 1)
-        elif kind == _TRUE or kind == _FALSE:
-            pass
-        elif kind == _BINARY:
-            n = b[p]
-            if n < 0x80:
-                p += 1
-            else:
-                n, p = _varint(b, p)
-            p += n
-            if p > len(b):
-                if p > limit:
-                    raise BadPage("a page header runs past its column chunk")
-                raise _Short
-        elif kind == _STRUCT:
-            if depth >= MAX_DEPTH:
-                raise BadPage("a page header nests too deep")
-            p = _struct(b, p, depth + 1, limit)[1]
-        else:   # (a value of another type is skipped, as a thrift reader does)
-            p = _skip(b, p, kind, depth, limit)
-
-
-def _header(b: bytes, p: int, limit: int) -> tuple[int | None, int | None, int | None,
-                                                   dict, int]:
-    """(type, uncompressed size, compressed size, {sub-header field: its num_values}, the
-    position after) of the page header at b[p]; `limit`: where its column chunk ends in b."""
-    kind_of_page = uncompressed = compressed = None
-    subs: dict[int, int | None] = {}
-    last = 0
-    while True:
-        head = b[p]
-        p += 1
-        kind = head & 0x0F
-        if kind == _STOP:
-            return kind_of_page, uncompressed, compressed, subs, p
-        delta = head >> 4
-        if delta:
-            last += delta
-        else:
-            last, p = _zigzag(b, p)
-        if kind == _I32 or kind == _I64 or kind == _I16:
-            x = b[p]
-            if x < 0x80:
-                p += 1
-            else:
-                x, p = _varint(b, p)
-            value = (x >> 1) ^ -(x & 1)
-            if last == 1:
-                kind_of_page = value
-            elif last == 2:
-                uncompressed = value
-            elif last == 3:
-                compressed = value
-            elif last == 5 or last == 7 or last == 8:
-                subs[last] = None   # an integer where a page type's header belongs
-        elif kind == _STRUCT and (last == 5 or last == 7 or last == 8):
-            subs[last], p = _struct(b, p, 1, limit)
-        else:
-            p = _skip(b, p, kind, 0, limit)
-
-
-def _read_header(buf, pos: int, end: int) -> tuple:
-    """_header of the page at buf[pos:] of a file not in memory (part_files.FileBytes), read
-    from slices growing until the header fits; never past `end`."""
+def _read_header(buf, pos: int, end: int) -> tuple[dict, int]:
+    """({field: value} of the page header at buf[pos:] as _PAGE_HEADER reads it, the position
+    after) of a file not in memory (part_files.FileBytes), read from slices growing until the
+    header fits; never past `end`."""
     size = _FIRST_SLICE
     while True:
         stop = min(end, pos + size)
         b = buf[pos:stop]
         try:
-            kind, uncompressed, compressed, subs, length = _header(b, 0, end - pos)
-            return kind, uncompressed, compressed, subs, pos + length
+            header, length = _read_struct(b, 0, _PAGE_HEADER, _START_DEPTH, end - pos)
+            return header, pos + length
+        except BadThrift as exc:
+            raise BadPage(f"a page header: {exc}") from None
         except (IndexError, _Short):
             if stop == end:
                 raise BadPage("a page header runs past its column chunk") from None
@@ -152,16 +79,21 @@ def check_chunk_pages(buf, start: int, end: int, declared_uncompressed: int,
             raise BadPage(f"more than {MAX_PAGES} pages in one column chunk")
         if in_memory:
             try:
-                kind, uncompressed, size, subs, after = _header(chunk, pos - start, end - start)
-            except IndexError:
+                header, after = _read_struct(chunk, pos - start, _PAGE_HEADER, _START_DEPTH,
+                                             end - start)
+            except BadThrift as exc:
+                raise BadPage(f"a page header: {exc}") from None
+            except (IndexError, _Short):
                 raise BadPage("a page header runs past its column chunk") from None
             after += start
         else:
-            kind, uncompressed, size, subs, after = _read_header(buf, pos, end)
+            header, after = _read_header(buf, pos, end)
         if after - pos > MAX_HEADER_BYTES:
             raise BadPage(f"a page header of more than {MAX_HEADER_BYTES} bytes")
-        if size is None or kind is None or uncompressed is None:
-            raise BadPage("a page header lacks its type or sizes")
+        try:   # (subscripts, not .get: this runs for every page)
+            kind, uncompressed, size = header[1], header[2], header[3]
+        except KeyError:
+            raise BadPage("a page header lacks its type or sizes") from None
         if size < 0 or uncompressed < 0 or after + size > end:
             raise BadPage(f"a page declares {size} bytes where its column chunk has "
                           f"{end - after}")
@@ -170,11 +102,13 @@ def check_chunk_pages(buf, start: int, end: int, declared_uncompressed: int,
         if total > declared_uncompressed:
             raise BadPage(f"a page declares {uncompressed} bytes uncompressed; the footer "
                           f"declares {declared_uncompressed} for the whole column chunk")
-        values = subs.get(_SUB_HEADER.get(kind, 0)) if subs else None
-        if values is None:
-            if kind in _SUB_HEADER:
-                raise BadPage("a page header lacks its value count")
-            continue
+        field = _SUB_HEADER.get(kind)
+        if field is None:
+            continue   # (an index page, or a type of page no reader decodes: no values)
+        try:
+            values = header[field][1]
+        except KeyError:
+            raise BadPage("a page header lacks its value count") from None
         if values < 0:
             raise BadPage(f"a page declares {values} values")
         if kind == _DICTIONARY_PAGE and values > uncompressed:
@@ -191,15 +125,16 @@ def check_pages(meta, buf, data_end: int) -> tuple[str, str] | None:
         group = meta.row_group(g)
         rows = group.num_rows
         for i in range(group.num_columns):
-            col = group.column(i)
+            col = group.column(i)   # (each of its accessors builds a Python value: read once)
             start = col.data_page_offset
-            if col.has_dictionary_page and col.dictionary_page_offset:
+            dictionary = col.dictionary_page_offset if col.has_dictionary_page else None
+            if dictionary:
                 # (a chunk of no rows has its dictionary page only, and data page offset 0:
                 # a zero-row part, as pyarrow writes it, was refused as lying outside the file)
-                start = min(start, col.dictionary_page_offset) if start else \
-                    col.dictionary_page_offset
-            end = start + col.total_compressed_size
-            if start < 4 or col.total_compressed_size < 0 or end > data_end:
+                start = min(start, dictionary) if start else dictionary
+            size = col.total_compressed_size
+            end = start + size
+            if start < 4 or size < 0 or end > data_end:
                 return col.path_in_schema, (f"its column chunk declares bytes {start}..{end}; "
                                             f"the file's data ends at {data_end}")
             try:

@@ -20,7 +20,8 @@ caller's column budget; a column chunk's path and level histograms: the schema's
 row groups are checked one column chunk at a time as they are read, none kept (a 4 MiB footer
 of 4M empty column chunks took 300 MB of Python objects, and a second, before it was refused).
 
-The compact-protocol primitives here are also the page-header reader's (monitor/pages.py).
+The field loop (read_struct) and the compact-protocol primitives here are also the
+page-header reader's (monitor/pages.py).
 """
 
 from __future__ import annotations
@@ -162,30 +163,42 @@ def _list_head(b: bytes, p: int, limit: int) -> tuple[int, int, int]:
 # spec, or a function reading the elements as they come), the most elements it may hold (None:
 # as many as its bytes), what they are). A list field's elements are read as its declared type
 # whatever the list's own header says (thrift's generated readers ignore it); a field of
-# another wire type than declared is skipped, as thrift skips it.
-_KV = None   # (struct read but not kept: key-value pairs, logical types, …)
-_STATISTICS = {1: (BINARY, None), 2: (BINARY, None), 5: (BINARY, None), 6: (BINARY, None)}
+# another wire type than declared is skipped, as thrift skips it. `fields` keys a spec as
+# read_struct looks it up.
+
+
+def fields(spec: dict[int, tuple]) -> dict[int, tuple]:
+    """A spec {field id: (wire type, …)} keyed by id and wire type together, as read_struct
+    looks a field up: one lookup finds a field and checks its type (no boolean fields)."""
+    return {fid << 4 | want[0]: want for fid, want in spec.items()}
+
+
+_KV: dict = {}   # (struct read but not kept: key-value pairs, logical types, …)
+_STATISTICS = fields({1: (BINARY, None), 2: (BINARY, None), 5: (BINARY, None),
+                      6: (BINARY, None)})
 # (a level histogram holds a count per level: at most the schema's depth and one)
 _HISTOGRAM = (LIST, (I64, None), MAX_SCHEMA_DEPTH + 2, "counts in a level histogram")
-_SIZE_STATISTICS = {1: (I64, None), 2: _HISTOGRAM, 3: _HISTOGRAM}
-_COLUMN_META = {1: (I32, None),
-                3: (LIST, (BINARY, None), MAX_SCHEMA_DEPTH + 1, "names in a column's path"),
-                4: (I32, None), 12: (STRUCT, _STATISTICS),
-                16: (STRUCT, _SIZE_STATISTICS), 17: (STRUCT, _KV)}
-_COLUMN_CHUNK = {3: (STRUCT, _COLUMN_META), 8: (STRUCT, _KV), 9: (BINARY, None)}
+_SIZE_STATISTICS = fields({1: (I64, None), 2: _HISTOGRAM, 3: _HISTOGRAM})
+_COLUMN_META = fields({1: (I32, None),
+                       3: (LIST, (BINARY, None), MAX_SCHEMA_DEPTH + 1, "names in a column's path"),
+                       4: (I32, None), 12: (STRUCT, _STATISTICS),
+                       16: (STRUCT, _SIZE_STATISTICS), 17: (STRUCT, _KV)})
+_COLUMN_CHUNK = fields({3: (STRUCT, _COLUMN_META), 8: (STRUCT, _KV), 9: (BINARY, None)})
 _ROW_GROUP = {1: (LIST, (STRUCT, _COLUMN_CHUNK), None, "column chunks"), 2: (I64, None)}
-_SCHEMA_ELEMENT = {1: (I32, None), 2: (I32, None), 3: (I32, None), 4: (BINARY, None),
-                   5: (I32, None), 6: (I32, None), 10: (STRUCT, _KV)}
+_SCHEMA_ELEMENT = fields({1: (I32, None), 2: (I32, None), 3: (I32, None), 4: (BINARY, None),
+                          5: (I32, None), 6: (I32, None), 10: (STRUCT, _KV)})
 _SCHEMA = (LIST, (STRUCT, _SCHEMA_ELEMENT), MAX_COLUMNS, "schema elements")
-_FILE_META = {2: _SCHEMA, 3: (I64, None), 4: (LIST, (STRUCT, _ROW_GROUP), None, "row groups"),
+_FILE_META = {2: _SCHEMA, 3: (I64, None), 4: (LIST, (STRUCT, fields(_ROW_GROUP)), None,
+                                                 "row groups"),
               8: (STRUCT, _KV), 9: (BINARY, None)}
 
 
-def _struct(b: bytes, p: int, spec: dict | None, depth: int, limit: int,
-            out: dict | None = None) -> tuple[dict, int]:
-    """({field id: value} of the fields of `spec` at b[p], added to `out`, the position after).
+def read_struct(b: bytes, p: int, spec: dict, depth: int, limit: int,
+                out: dict | None = None) -> tuple[dict, int]:
+    """({field id: value} of the fields of `spec` (keyed by `fields`) at b[p], added to `out`,
+    the position after).
     Numbers, booleans and bytes are read inline, a one-byte number without a call: this runs
-    for every field of every column chunk."""
+    for every field of every column chunk and every page header (monitor/pages.py)."""
     if depth > MAX_DEPTH:
         raise BadThrift("a thrift value nests too deep")
     if out is None:
@@ -202,10 +215,9 @@ def _struct(b: bytes, p: int, spec: dict | None, depth: int, limit: int,
             last += delta
         else:
             last, p = zigzag(b, p)
-        want = spec.get(last) if spec is not None else None
-        if want is not None and want[0] != kind:
-            want = None   # (thrift skips a field of another wire type than declared)
-        if kind == I32 or kind == I64 or kind == I16:
+        # (a field of another wire type than declared is not found: thrift skips it)
+        want = spec.get(last << 4 | kind)
+        if I16 <= kind <= I64:   # (I16, I32, I64)
             x = b[p]
             p += 1
             if x >= 0x80:   # (offsets and sizes: a few bytes, read here without a call)
@@ -242,9 +254,8 @@ def _struct(b: bytes, p: int, spec: dict | None, depth: int, limit: int,
             else:
                 # a struct sent twice is read into the same one (thrift's generated readers
                 # set the fields each copy holds, keeping the others): the copies merge
-                known = out.get(last)
-                out[last], p = _struct(b, p, want[1], depth + 1, limit,
-                                       known if isinstance(known, dict) else None)
+                # (an id is read as one wire type: what it holds is such a struct's dict)
+                out[last], p = read_struct(b, p, want[1], depth + 1, limit, out.get(last))
         elif kind == TRUE or kind == FALSE:
             pass
         elif kind == LIST and want is not None:
@@ -266,17 +277,25 @@ def _skip_struct(b: bytes, p: int, depth: int, limit: int) -> int:
             return p
         if not head >> 4:
             p = varint(b, p)[1]
-        if kind == I32 or kind == I64 or kind == I16:
+        if I16 <= kind <= I64:
             while b[p] >= 0x80:
                 p += 1
             p += 1
         elif kind == TRUE or kind == FALSE:
             pass
+        elif kind == BINARY:   # (statistics' values: a short length, read without a call)
+            n = b[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = varint(b, p)
+            p += n
+            if p > len(b):
+                if p > limit:
+                    raise BadThrift("a thrift value runs past the bytes it belongs to")
+                raise Short
         elif kind == STRUCT:
             p = _skip_struct(b, p, depth + 1, limit)
-        elif kind == BINARY:
-            n, p = varint(b, p)
-            p = _past(b, p, n, limit)
         else:
             p = skip(b, p, kind, depth + 1, limit)
 
@@ -297,7 +316,7 @@ def _list(b: bytes, p: int, field: tuple, depth: int, limit: int,
     items: list = []
     if kind == STRUCT:
         for _ in range(n):
-            item, p = _struct(b, p, sub, depth, limit)
+            item, p = read_struct(b, p, sub, depth, limit)
             items.append(item)
     elif kind == BINARY:
         for _ in range(n):
@@ -316,7 +335,7 @@ def parse_footer(footer: bytes, spec: dict = _FILE_META) -> dict:
     """The fields of `spec` (FileMetaData's the screen checks) read from a footer's bytes, all
     of them kept (BadThrift when they are not thrift): check_footer keeps no row group."""
     try:
-        return _struct(footer, 0, spec, 0, len(footer))[0]
+        return read_struct(footer, 0, fields(spec), 0, len(footer))[0]
     except (IndexError, Short):
         raise BadFooter("its thrift runs past the footer's end") from None
 
@@ -395,7 +414,7 @@ class _Screen:
         self.leaves: list = []
         self.group = 0    # the row group read now (its number)
         self.rows = 0     # rows of the row groups read so far
-        self.row_group = {**_ROW_GROUP, 1: (LIST, self._chunks, None, "column chunks")}
+        self.row_group = fields({**_ROW_GROUP, 1: (LIST, self._chunks, None, "column chunks")})
         self.file_meta = {**_FILE_META,
                           2: (LIST, _SCHEMA[1], max_columns, _SCHEMA[3]),
                           4: (LIST, self._row_groups, max_row_groups, "row groups")}
@@ -410,7 +429,7 @@ class _Screen:
         if schema is not self.schema:
             self.schema, self.leaves = schema, _leaves(schema)
         for _ in range(n):
-            group, p = _struct(b, p, self.row_group, depth, limit)
+            group, p = read_struct(b, p, self.row_group, depth, limit)
             if 1 not in group and self.leaves:
                 raise BadFooter(f"row group {self.group} has 0 column chunks; the schema has "
                                 f"{len(self.leaves)} columns")
@@ -426,7 +445,7 @@ class _Screen:
             raise BadFooter(f"row group {self.group} has {n} column chunks; the schema has "
                             f"{len(self.leaves)} columns")
         for leaf in self.leaves:
-            chunk, p = _struct(b, p, _COLUMN_CHUNK, depth, limit)
+            chunk, p = read_struct(b, p, _COLUMN_CHUNK, depth, limit)
             _check_chunk(chunk, leaf)
         return n, p
 
