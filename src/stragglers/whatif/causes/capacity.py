@@ -22,6 +22,9 @@ from stragglers.whatif.confidence import MAD_TO_SIGMA, mean_interval, robust_z
 
 # The two groups' closest workers differ by at least this fraction of the faster one's time.
 MIN_GAP = 0.05
+# With 2-4 workers, a worker or group behind its peers in every one of this many steps or
+# more is steadily slow: a one-sided sign test, (1/2)^5 = 1/32 by chance.
+STEADY_STEPS = 5
 
 
 def slow_group(ctx: Context) -> list[Candidate]:
@@ -37,7 +40,7 @@ def slow_group(ctx: Context) -> list[Candidate]:
     cleared: np.ndarray | None = None   # ... and with the members as fast as the fast group
     named: list[tuple[int, int]] = []
     parts: list[str] = []
-    for p, part in sorted(_group_parts(busy, cfg, _measured(ctx)).items()):
+    for p, part in sorted(_group_parts(busy, cfg, _measured(ctx), _steady(ctx)).items()):
         slow, ratio = part.slow, part.ratio[0]
         sel = busy_nodes & (g.node_stage == p)
         # Re-split in proportion to speed: every worker then needs what the stage's summed
@@ -85,7 +88,7 @@ def group_members(ctx: Context, busy: np.ndarray) -> tuple[np.ndarray, np.ndarra
     fast = np.zeros(busy.shape[:2], dtype=bool)
     if not _enough(*busy.shape[:2]):
         return members, fast
-    for p, part in _group_parts(busy, ctx.cfg, _measured(ctx)).items():
+    for p, part in _group_parts(busy, ctx.cfg, _measured(ctx), _steady(ctx)).items():
         members[:, p], fast[:, p] = part.slow, part.fast
     return members, fast
 
@@ -98,7 +101,7 @@ def group_factors(ctx: Context) -> dict[int, float]:
     busy = per_worker_sum(ctx.own_durations, g.node_stage, np.isin(g.node_optype, BUSY),
                           g.pp_size)
     return {p: float(np.median(ratio[slow]))
-            for p, (slow, ratio) in _groups(busy, ctx.cfg, _measured(ctx)).items()}
+            for p, (slow, ratio) in _groups(busy, ctx.cfg, _measured(ctx), _steady(ctx)).items()}
 
 
 def _enough(workers: int, stages: int) -> bool:
@@ -118,18 +121,19 @@ def _measured(ctx: Context) -> np.ndarray | None:
     return per_worker_sum(own, g.node_stage, np.isin(g.node_optype, BUSY), g.pp_size)
 
 
-def _groups(busy: np.ndarray, cfg, measured: np.ndarray | None = None
+def _groups(busy: np.ndarray, cfg, measured: np.ndarray | None = None, steady: bool = False
             ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """{stage: (slow mask [D], time relative to the stage's fast group [D])} of the slow group
     of a job's busy compute ([D, P, T]), over its stages (`_group_parts`)."""
-    return {p: (f.slow, f.ratio[0]) for p, f in _group_parts(busy, cfg, measured).items()}
+    return {p: (f.slow, f.ratio[0]) for p, f in _group_parts(busy, cfg, measured, steady).items()}
 
 
-def _group_parts(busy: np.ndarray, cfg, measured: np.ndarray | None = None
-                 ) -> dict[int, "Part"]:
+def _group_parts(busy: np.ndarray, cfg, measured: np.ndarray | None = None,
+                 steady: bool = False) -> dict[int, "Part"]:
     """{stage: its Part} of the slow group of a job's busy compute ([D, P, T]), over its
     stages; `measured`: the same before the sequences' load read from other stages was
-    divided out (None where none was).
+    divided out (None where none was); `steady`: whether a group of a stage of fewer than
+    five workers may be told by its steadiness (`_part`).
 
     A slow node or rack slows its workers alike whatever stage they hold, and it may hold one
     worker of a stage only: alone on its stage that worker is an outlier, a worker fault by
@@ -143,7 +147,7 @@ def _group_parts(busy: np.ndarray, cfg, measured: np.ndarray | None = None
     groups: dict[int, Part] = {}
     lone: list[tuple[int, Part]] = []        # (stage, a lone slow worker's part)
     for p in range(busy.shape[1]):
-        parts = _split(busy[:, p, :], cfg)
+        parts = _split(busy[:, p, :], cfg, steady)
         several = [f for f in parts if f.slow.sum() >= 2]
         if several:
             groups[p] = several[0]    # a lone slow worker beside it is unlike it
@@ -170,7 +174,7 @@ def _group_parts(busy: np.ndarray, cfg, measured: np.ndarray | None = None
     def measured_alike(p: int, slow: np.ndarray) -> bool:
         if measured is None:
             return True
-        return any(np.array_equal(f.slow, slow) for f in _split(measured[:, p, :], cfg))
+        return any(np.array_equal(f.slow, slow) for f in _split(measured[:, p, :], cfg, steady))
 
     anchors = [f for p, f in groups.items() if f.fast.sum() >= 2 or measured_alike(p, f.slow)]
     chosen: dict[int, Part] = {}
@@ -227,7 +231,7 @@ class Part(NamedTuple):
     #                         neither)
 
 
-def _split(times: np.ndarray, cfg) -> list[Part]:
+def _split(times: np.ndarray, cfg, steady: bool = False) -> list[Part]:
     """The slow group of one stage's workers ([D, T] busy seconds): [] where they do not fall
     into two separate groups, [the group] (it may be one worker: `_groups` decides what it
     is), or, where the slow side is two workers unlike each other, each as a lone one.
@@ -269,7 +273,8 @@ def _split(times: np.ndarray, cfg) -> list[Part]:
     # the peel stops with three left, so a member alike those peeled may stay among them (a
     # group ×1.28 of two beside a rank ×1.76 on a stage of five: one member was peeled, the
     # other stayed "fast" and put the gap below the first negative): split that side again
-    below = _second_split(times, kept, mean, x, fast | between, cfg) if between.any() else None
+    below = (_second_split(times, kept, mean, x, fast | between, cfg, steady)
+             if between.any() else None)
     if below is not None and below.slow.sum() >= 2 and not (between & ~below.slow).any():
         fast = below.fast.copy()
         lone_parts = [below]
@@ -281,7 +286,8 @@ def _split(times: np.ndarray, cfg) -> list[Part]:
             alike = [between.copy()]
         else:
             alike = [np.arange(len(x)) == d for d in np.flatnonzero(between)]
-        lone = [_part(times, kept, mean, side, fast, float(x[side].min() - x[fast].max()), cfg)
+        lone = [_part(times, kept, mean, side, fast, float(x[side].min() - x[fast].max()), cfg,
+                      steady)
                 for side in alike]
         lone_parts = [f for f in lone if f is not None]
     if slow.sum() == 1 and not between.any():
@@ -291,9 +297,10 @@ def _split(times: np.ndarray, cfg) -> list[Part]:
         # by no outlier test, diagnosis_slow_group_stages seed 3), or one member of a group
         # over stages (×1.37 beside ×1.94 on a stage of four, the other member ×1.38 on the
         # next stage: `_groups` pairs lone workers alike)
-        below = _second_split(times, kept, mean, x, fast, cfg)
+        below = _second_split(times, kept, mean, x, fast, cfg, steady)
         if below is not None:
-            part = _part(times, kept, mean, slow, fast & ~below.slow, float(gaps[k]), cfg)
+            part = _part(times, kept, mean, slow, fast & ~below.slow, float(gaps[k]), cfg,
+                         steady)
             return [below] + ([] if part is None else [part])
     # Slow workers of different speeds that the outlier test finds one by one are faults of
     # their own (worker_fault's to name); a tight group of alike ones is a group, however few.
@@ -301,16 +308,16 @@ def _split(times: np.ndarray, cfg) -> list[Part]:
     if not tight and slow.sum() == 2:
         # two unlike: neither the other's group; one may be alike another stage's members
         singles = [_part(times, kept, mean, slow & (np.arange(len(x)) == d), fast,
-                         float(gaps[k]), cfg) for d in np.flatnonzero(slow)]
+                         float(gaps[k]), cfg, steady) for d in np.flatnonzero(slow)]
         return [f for f in singles if f is not None] + lone_parts
     if not tight and (robust_z(mean, cfg.outlier_scale_floor)[slow] >= cfg.outlier_z).all():
         return lone_parts
-    part = _part(times, kept, mean, slow, fast, float(gaps[k]), cfg)
+    part = _part(times, kept, mean, slow, fast, float(gaps[k]), cfg, steady)
     return ([] if part is None else [part]) + lone_parts
 
 
 def _second_split(times: np.ndarray, kept: np.ndarray, mean: np.ndarray, x: np.ndarray,
-                  side: np.ndarray, cfg) -> Part | None:
+                  side: np.ndarray, cfg, steady: bool = False) -> Part | None:
     """The slow part within `side` (bool [D], two workers or more) at its own widest gap, by
     the tests of a stage's split (≥ 5% apart, alike above it, `_part`'s), or None: a group, or
     a lone worker (`_groups` makes it a member only where other stages' members are alike
@@ -326,7 +333,7 @@ def _second_split(times: np.ndarray, kept: np.ndarray, mean: np.ndarray, x: np.n
     upper[order[k + 1:]] = True
     if gaps[k] < np.log1p(MIN_GAP) or np.ptp(x[upper]) > gaps[k] / 2:
         return None
-    return _part(times, kept, mean, upper, side & ~upper, float(gaps[k]), cfg)
+    return _part(times, kept, mean, upper, side & ~upper, float(gaps[k]), cfg, steady)
 
 
 def _above(x: np.ndarray, fast: np.ndarray, cfg) -> np.ndarray:
@@ -363,11 +370,12 @@ def _peel(x: np.ndarray, side: np.ndarray, left: int, distance, cfg) -> np.ndarr
 
 
 def _part(times: np.ndarray, kept: np.ndarray, mean: np.ndarray, slow: np.ndarray,
-          fast: np.ndarray, gap: float, cfg) -> Part | None:
+          fast: np.ndarray, gap: float, cfg, steady: bool = False) -> Part | None:
     """The slow side `slow` of a stage as a Part, or None where it is neither persistently
-    15% slower than the fast group nor apart from it on the even and odd steps alone."""
+    15% slower than the fast group, nor apart from it on the even and odd steps alone, nor
+    (`steady`, fewer than five workers) behind it in every step as worker_fault asks."""
     ratio = _relative(mean, fast)
-    _, lo, _ = _group_interval(times, slow, cfg, fast)
+    point, lo, _ = _group_interval(times, slow, cfg, fast)
     # Closer groups, from five workers on: the outlier test with the fast group as the norm
     # (the whole stage's median sits between the groups when half of it is slow): every slow
     # worker lies `outlier_z` robust deviations (the workers' spread about their own group's
@@ -375,11 +383,32 @@ def _part(times: np.ndarray, kept: np.ndarray, mean: np.ndarray, slow: np.ndarra
     # step; what fixing it buys is the gain test's. A slow half of a job 10% slower was named
     # as nothing, while a slow 40% of it was named by the outlier test worker by worker.
     held = len(mean) >= 5 and lo > 1 and _holds_in_halves(kept, slow, fast, cfg)
+    # With fewer than five, the route worker_fault has for a worker behind its peers in
+    # every step of five or more (a slow device slows every step; ranks sharing a CPU are
+    # slowed step by step at random), asked of the group's median: two ranks of four
+    # x1.14 alike were named as two worker faults, the group's 15% unmet
+    held |= steady and len(mean) < 5 and _behind_every_step(times, slow, fast, cfg) \
+        and lo > 1 and point - 1 >= cfg.outlier_z * cfg.outlier_scale_floor
     if lo >= 1 + cfg.worker_min_excess or held:     # persistently 15% slower, or apart
         halves = (np.stack([_relative(np.median(kept[:, h::2], axis=1), fast) for h in (0, 1)])
                   if kept.shape[1] >= 2 else np.stack([ratio, ratio]))
         return Part(slow, np.vstack([ratio, halves]), gap, held or len(mean) < 5, fast)
     return None
+
+
+def _behind_every_step(times: np.ndarray, slow: np.ndarray, fast: np.ndarray, cfg) -> bool:
+    """Whether the slow side's median time ([D, T] s) exceeds the fast group's in every step,
+    over STEADY_STEPS steps or more (a sign test: 1 in 32 by chance over five)."""
+    if times.shape[1] < STEADY_STEPS:
+        return False
+    return bool((np.median(times[slow], axis=0) > np.median(times[fast], axis=0)).all())
+
+
+def _steady(ctx: Context) -> bool:
+    """Whether steadiness may tell a group of a stage of fewer than five workers, as it may
+    tell worker_fault's slow worker: not where the sequences' pattern is there without Σs²
+    (a DP rank that drew the heavier sequences can be behind in every step)."""
+    return ctx.seq_pattern is None or ctx.seq_balanced is not None
 
 
 def _relative(mean: np.ndarray, fast: np.ndarray) -> np.ndarray:

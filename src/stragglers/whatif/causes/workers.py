@@ -9,7 +9,7 @@ import numpy as np
 
 from stragglers.whatif.causes.base import (BUSY, Candidate, Context, Rows, fmt_steps,
                                           per_worker_sum)
-from stragglers.whatif.causes.capacity import group_members
+from stragglers.whatif.causes.capacity import STEADY_STEPS, group_members
 from stragglers.whatif.confidence import mean_interval, robust_z
 from stragglers.whatif.grid import BWD, FWD
 
@@ -17,8 +17,8 @@ from stragglers.whatif.grid import BWD, FWD
 # the median of all, which is much cheaper.
 _EXACT_PEERS = 8
 # With 2-4 workers, a worker behind its peers in every one of this many steps or more is
-# steadily slow: a one-sided sign test, (1/2)^5 = 1/32 by chance.
-_STEADY_STEPS = 5
+# steadily slow: a one-sided sign test, (1/2)^5 = 1/32 by chance (slow_group's test too).
+_STEADY_STEPS = STEADY_STEPS
 
 
 def peer_reference(values: np.ndarray, apart: np.ndarray | None = None,
