@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from stragglers.record import Recorder
 from stragglers.record.writer import GC_CODE, place_gc_pauses
@@ -66,7 +67,8 @@ def test_records_sampled_steps_with_seq_lengths(tmp_path):
                    if line.startswith("Cpus_allowed_list"))
     assert trace.meta.extra["layout"] == [{"rank": 0, "dp_rank": 0, "stage": 0,
                                            "host": trace.meta.extra["layout"][0]["host"],
-                                           "cpus": allowed}]
+                                           "cpus": allowed,
+                                           "threads": torch.get_num_threads()}]
     assert trace.meta.extra["recorder"]["sample_every"] == 2
 
 

@@ -50,6 +50,11 @@ BROKEN = [
     (entry(1, host=5), "extra.layout[1].host", "expected a string, got int"),
     (entry(1, cpus=["0"]), "extra.layout[1].cpus", "expected a string, got list"),
     (entry(1, tp_rank=-1), "extra.layout[1].tp_rank", "expected an integer in 0..3"),
+    (entry(1, threads=0), "extra.layout[1].threads", "expected an integer in 1..65536"),
+    (entry(1, threads="2"), "extra.layout[1].threads", "expected an integer in 1..65536"),
+    (entry(1, threads=1.5), "extra.layout[1].threads", "expected an integer in 1..65536"),
+    (entry(1, threads=True), "extra.layout[1].threads", "expected an integer in 1..65536"),
+    (entry(1, threads=1 << 40), "extra.layout[1].threads", "expected an integer in 1..65536"),
     (extra("parallel", "x"), "extra.parallel", "expected a mapping"),
     (extra("parallel", {"dp": 1, "tp": 3}), "extra.parallel.tp", "3 does not divide the world "
                                                                  "size 4"),

@@ -399,7 +399,10 @@ class Recorder:
 
     def _layout_entry(self) -> dict:
         return {"rank": self.rank, "dp_rank": self.dp_rank, "stage": self.stage,
-                "host": socket.gethostname(), "cpus": usable_cpus(), **self.layout_extra}
+                "host": socket.gethostname(), "cpus": usable_cpus(),
+                # torch's intra-op threads: how many cores one computing rank can keep busy
+                # (the analysis bounds how much a rank computing beside another delays it)
+                "threads": torch.get_num_threads(), **self.layout_extra}
 
     def record_pg(self, defaults: dict[int, int] | None = None) -> None:
         """Write the pg column (process-group ids) from now on; `defaults`: the group of every

@@ -128,6 +128,8 @@ DEGREES = ("dp", "tp", "cp", "ep", "pp")
 # a layout entry's optional integer places and optional names
 _ENTRY_PLACES = ("replica", "tp_rank", "cp_rank", "ep_rank")
 _ENTRY_NAMES = ("host", "cpus", "device")
+# a layout entry's `threads` (torch's intra-op threads of the rank) at most
+_MOST_THREADS = 1 << 16
 
 
 def _int_in(value: object, top: int) -> bool:
@@ -220,6 +222,10 @@ def _check_layout_entries(layout: object, meta: JobMeta, source: Path | str) -> 
             if key in e and not _int_in(e[key], meta.world_size):
                 raise InputError(source, f"{field}.{key}", f"{_shown(e[key])}; expected an "
                                  f"integer in 0..{meta.world_size - 1} (the world size)")
+        threads = e.get("threads")
+        if threads is not None and not _int_in(threads, _MOST_THREADS + 1) or threads == 0:
+            raise InputError(source, f"{field}.threads", f"{_shown(threads)}; expected an "
+                             f"integer in 1..{_MOST_THREADS} (the rank's compute threads)")
         for key in _ENTRY_NAMES:
             if e.get(key) is not None and not isinstance(e[key], str):
                 raise InputError(source, f"{field}.{key}", f"expected a string, got "

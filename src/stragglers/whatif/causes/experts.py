@@ -48,7 +48,7 @@ from stragglers.trace.model import OPTYPE_CODES as C
 from stragglers.whatif._replay import replay
 from stragglers.whatif.causes.base import Candidate, Context
 from stragglers.whatif.causes.host_cores import (Contention, HostCpu, at_least, contended, cpu_share,
-                                                 crowded_hosts, host_cpu)
+                                                 crowded_hosts, host_cpu, rise_bound)
 from stragglers.whatif.causes.host_cores import fit as fit_contention
 from stragglers.whatif.grid import BWD, BWW, FWD
 from stragglers.whatif.result import CapacityOption
@@ -173,7 +173,8 @@ def _host_share(ctx: Context, pairs: list[tuple[int, int]], durations: np.ndarra
     experts = [e for _, e in pairs]
     return HostShare(wait, float(wait.sum()) / total if total > 0 else 0.0, own_slope,
                      cpu_share(g, ops, experts, durations[experts] - wait),
-                     None if host is None else fit_contention(g, ops, host),
+                     None if host is None else fit_contention(g, ops, host, ctx.cfg,
+                                                                rise_bound(ctx.trace)),
                      None if host is None else host_cpu(ctx.trace, g, ctx.ranks, host))
 
 

@@ -13,7 +13,9 @@ compute pieces, on the trace's clock): the run delays' least squares on CPU time
 others, over every compute piece that recorded a run delay. A fix then gives its pieces the run
 delay its replay's overlap implies (`contended`). Nothing applies on hosts with a core per rank,
 nor where no piece recorded its run delay (GPUs, profiler and synthetic traces) or the run delay
-does not grow with the overlap (b ≤ 0), nor to pipelines (one stage only: a worker per DP rank).
+is not shown to grow with the overlap (b's interval over resampled steps reaching 0: on a loaded
+host the waits follow its other work too), nor to pipelines (one stage only: a worker per DP
+rank).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 from stragglers.trace.model import OPTYPE_CODES as C
 from stragglers.trace.runformat import crowded
 from stragglers.whatif._replay import replay
+from stragglers.whatif.confidence import Bootstrap, step_resamples
 from stragglers.whatif.grid import BWD, BWW, FWD
 
 _COMPUTE = (FWD, BWD, BWW, C["optimizer"])
@@ -64,9 +67,12 @@ def crowded_hosts(trace, ranks: np.ndarray) -> np.ndarray | None:
     return out if (out >= 0).any() else None
 
 
-def fit(g, ops, host: np.ndarray) -> Contention | None:
+def fit(g, ops, host: np.ndarray, cfg: Bootstrap, most: float | None = None
+        ) -> Contention | None:
     """The run delay's fit over the compute pieces of crowded hosts' ranks (None: no piece
-    recorded one, or it does not grow with the ranks computing beside a piece)."""
+    recorded one, or its rise with the ranks computing beside a piece is not established: the
+    lower end of its interval over steps, `cfg`, at or below 0); the rise at most `most`
+    (`rise_bound`)."""
     if "cpu_wait" not in ops:
         return None
     nodes = np.flatnonzero(np.isin(g.node_optype, _COMPUTE))
@@ -76,14 +82,58 @@ def fit(g, ops, host: np.ndarray) -> Contention | None:
     use = np.isfinite(wait) & np.isfinite(others) & (host >= 0)[None, :, None] & (dur > 0)
     if use.sum() < 3:
         return None
-    busy = (cpu_share(g, ops, nodes, dur - wait) * (dur - wait))[use]
-    x = np.stack([busy, busy * others[use]], axis=1)
-    if np.linalg.matrix_rank(x) < 2:
+    busy = np.where(use, cpu_share(g, ops, nodes, dur - wait) * (dur - wait), 0.0)
+    x = np.stack([busy, busy * np.where(use, others, 0.0)])                 # [2, K, D, T]
+    y = np.where(use, wait, 0.0)
+    # each step's sums of the least squares (x'x, x'y): a fit over any resample of the steps
+    xx = np.einsum("ikdt,jkdt->tij", x, x)                                  # [T, 2, 2]
+    xy = np.einsum("ikdt,kdt->ti", x, y)                                    # [T, 2]
+    solved = _solve(xx.sum(axis=0), xy.sum(axis=0))
+    if solved is None or solved[1] <= 0:
         return None
-    (base, per_rank), *_ = np.linalg.lstsq(x, wait[use], rcond=None)
-    if per_rank <= 0:
+    # The waits of a loaded host follow its other work, not only the job's ranks: a piece
+    # stretched by other processes' load overlaps more of its peers' pieces too. Over steps
+    # (which meet different loads) the rise must hold, as a gain's must: 4 ranks of one job
+    # on 2 cores at load 9-12 fitted +1.05, +0.33, and none (slope ≤ 0) in runs a minute
+    # apart, and the +1.05 predicted ×1.04 for balanced routing where the rows alone gave ×1.19
+    idx = step_resamples(xx.shape[0], cfg)
+    rises = [r[1] for r in (_solve(xx[i].sum(axis=0), xy[i].sum(axis=0)) for i in idx)
+             if r is not None]
+    tail = 100 * (1 - cfg.confidence) / 2
+    if not rises or float(np.percentile(rises, tail)) <= 0:
         return None
+    base, per_rank = solved
+    if most is not None:
+        # a fit above what fair sharing allows took the host's other load for the ranks'
+        # (pieces a busy host stretches overlap more of their peers): 4 single-thread ranks
+        # on 2 cores beside 4 CPU hogs fitted +1.05 per rank, where a rank can add 0.5
+        per_rank = min(per_rank, most)
     return Contention(host, max(float(base), 0.0), float(per_rank), int(use.sum()))
+
+
+def rise_bound(trace) -> float | None:
+    """The most a rank computing beside a piece can add to its run delay per s of CPU time:
+    its compute threads (the layout's `threads`) over its host's CPUs, the largest over the
+    crowded hosts (a fair scheduler gives R runnable threads on C CPUs a run delay of R/C − 1
+    per s on a CPU: each thread more adds 1/C); None where a crowded rank's threads are not in
+    the layout (recorded before it kept them)."""
+    threads = {e.get("rank"): e.get("threads") for e in trace.meta.extra.get("layout") or []
+               if isinstance(e, dict)}
+    bounds = []
+    for ranks, cpus in crowded(trace.meta).values():
+        counts = [c for c in (threads.get(r) for r in ranks) if isinstance(c, int) and c >= 1]
+        if len(counts) < len(ranks):
+            return None
+        bounds.append(max(counts) / cpus)
+    return max(bounds) if bounds else None
+
+
+def _solve(xx: np.ndarray, xy: np.ndarray) -> tuple[float, float] | None:
+    """(base, per_rank) of the 2-column least squares from its sums (None: singular)."""
+    if abs(float(np.linalg.det(xx))) <= 1e-12 * max(float(np.abs(xx).max()), 1e-300) ** 2:
+        return None
+    base, per_rank = np.linalg.solve(xx, xy)
+    return float(base), float(per_rank)
 
 
 def cpu_share(g, ops, nodes, own: np.ndarray) -> np.ndarray:
