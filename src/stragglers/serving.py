@@ -274,23 +274,12 @@ FILES_RESERVED = 128
 
 def within_open_files(limits: ConnectionLimits) -> ConnectionLimits:
     """`limits` with max_connections (and per_client) lowered to what this process may open
-    (RLIMIT_NOFILE, its soft limit first raised towards the hard one): past the descriptor
+    (RLIMIT_NOFILE, its soft limit first raised to the hard one): past the descriptor
     limit, accept() failed before the guard could evict an idle connection, so idle sockets
     of one client (a soft limit of 1,024 is common) reset every other client's connection."""
-    try:
-        import resource
-    except ImportError:   # (not POSIX)
-        return limits
+    soft = raise_open_files()
     need = limits.max_connections + FILES_RESERVED
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    if soft == resource.RLIM_INFINITY or soft >= need:
+    if soft is None or soft >= need:
         return limits
     most = max(8, soft - FILES_RESERVED)
     # (on uvicorn's logger: the service's own log, which the package's NullHandler is not)
@@ -299,6 +288,30 @@ def within_open_files(limits: ConnectionLimits) -> ConnectionLimits:
         " `ulimit -n`)", soft, most, limits.max_connections)
     return dataclasses.replace(limits, max_connections=most,
                                per_client=min(limits.per_client, most))
+
+
+def raise_open_files() -> int | None:
+    """This process's soft RLIMIT_NOFILE, raised to its hard one first (the service's files,
+    databases and connections all need descriptors, and the hard limit is what the operator
+    allows); None when unbounded or not POSIX."""
+    try:
+        import resource
+    except ImportError:   # (not POSIX)
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        # (an unbounded hard limit is bounded by the kernel's nr_open: the larger that fits)
+        for target in ([hard] if hard != resource.RLIM_INFINITY else []) + [1 << 20, 1 << 16]:
+            if target <= soft:
+                continue
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                return target
+            except (ValueError, OSError):
+                continue
+    return soft
 
 
 def _GuardedServer(config):
