@@ -66,6 +66,24 @@ def load_yaml_file(path: Path | str, expected: str, max_bytes: int = MAX_TEXT_FI
         raise InputError(path, None, f"nested too deep to read; expected {expected}") from None
 
 
+def load_json_file(path: Path | str, expected: str, max_bytes: int = MAX_TEXT_FILE_BYTES,
+                   missing: str | None = None) -> object:
+    """The JSON document of a small file; InputError naming the file when it cannot be read
+    (read_small_file), is not UTF-8 or not JSON, or nests too deep to parse."""
+    import json
+
+    data = read_small_file(path, expected, max_bytes, missing)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(path, None, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                         f"offset {exc.start}); expected {expected}") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(path, None, f"not valid JSON ({exc}); expected {expected}") from None
+    except RecursionError:
+        raise InputError(path, None, f"nested too deep to read; expected {expected}") from None
+
+
 def _no_alias_loader():
     """yaml's SafeLoader refusing aliases (`*name`): 526 bytes of aliases nine deep expand to
     10⁹ nodes (a "billion laughs"); a config or metadata file never needs one."""

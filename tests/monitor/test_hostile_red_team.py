@@ -235,12 +235,15 @@ DAMAGED = {   # a stored row of job `v` as the ingest never writes one
     "part step": "UPDATE parts SET last_step = 9223372036854775807 WHERE job = 'v' "
                  "AND rank = 1 AND part = 1",
     "part rank": "UPDATE parts SET rank = 99 WHERE job = 'v' AND rank = 1 AND part = 1",
-    # its uploads were refused as a watched run's, for good
-    "directory": "UPDATE jobs SET directory = '/etc' WHERE job = 'v'",
     "way": "UPDATE jobs SET way = 'ftp' WHERE job = 'v'",
     # listed as running, its parts answered 404 "unknown job"
     "no metadata": "UPDATE jobs SET meta = NULL WHERE job = 'v'",
 }
+# stored rows that name nothing the monitor reads: an uploaded job's folder is its uploads
+# folder's, whatever path its row kept (a row saying /etc once had its uploads refused as a
+# watched run's, for good; then the job was set aside, as was every uploaded job of a store
+# opened by another path)
+HARMLESS = {"directory": "UPDATE jobs SET directory = '/etc' WHERE job = 'v'"}
 
 
 @pytest.mark.slow
@@ -270,7 +273,7 @@ def test_stored_rows_the_ingest_never_writes_quarantine_their_job_alone(tmp_path
         b.close()
 
     copy(tmp_path / "mon.db", tmp_path / "pristine.db")
-    for damage, sql in DAMAGED.items():
+    for damage, sql in [*DAMAGED.items(), *HARMLESS.items()]:
         copy(tmp_path / "pristine.db", tmp_path / "mon.db")
         with sqlite3.connect(tmp_path / "mon.db") as db:
             db.execute(sql)
@@ -278,7 +281,8 @@ def test_stored_rows_the_ingest_never_writes_quarantine_their_job_alone(tmp_path
         try:
             with httpx.Client(base_url=s.url, timeout=60) as c:
                 states = {j["job"]: j["state"] for j in get(c, "/api/jobs")["jobs"]}
-                assert states == {"g": "running", "v": "quarantined"}, (damage, states)
+                v = "running" if damage in HARMLESS else "quarantined"
+                assert states == {"g": "running", "v": v}, (damage, states)
                 for rank, part, cols in parts[8:]:   # the good job goes on
                     r = c.put(f"/api/jobs/g/ranks/{rank}/parts/{part}",
                               content=table_bytes(cols), headers=AUTH)

@@ -7,7 +7,6 @@ reproduces the measured step time to within `sim_error`). Nothing here needs tor
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 from stragglers.advice.config import AdviseConfig
 from stragglers.collectives.cost_model import LinkModel
 from stragglers.errors import InputError
+from stragglers.smallfiles import load_json_file
 from stragglers.trace.model import OPTYPE_CODES as C, Trace
 from stragglers.whatif.grid import BWD, FWD
 from stragglers.whatif.metrics import WhatIf
@@ -31,12 +31,8 @@ COMPUTE = (FWD, BWD)
 def load_calibration(path: Path | str) -> LinkModel:
     """A calibration file: JSON {"alpha": s, "beta": s/byte} (or "bytes_per_second" for beta)."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(path, None, "no such calibration file") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(path, None, f"expected JSON with alpha and beta: {exc}") from None
+    # a regular file only, read without blocking and bounded (a FIFO hung advise for good)
+    raw = load_json_file(path, "JSON with alpha and beta", missing="no such calibration file")
     if not isinstance(raw, dict):
         raise InputError(path, None, "expected a JSON object with alpha and beta")
     alpha, beta, bps = (raw.get(k) for k in ("alpha", "beta", "bytes_per_second"))

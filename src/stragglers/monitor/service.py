@@ -351,20 +351,22 @@ class Monitor:
                                  "already (max_jobs)")
             old = self.store.job(job)
             resized = False
-            if old is not None and old.directory == str(directory) and \
-                    is_new_run(old.meta, raw_meta):
+            same = self._same_job(old, directory, way)
+            if same and old is not None and is_new_run(old.meta, raw_meta):
                 if self._in_flight(job):
                     # (the old run's part, checked and committed after the reset, was stored
                     # as the new run's: its own part of that number was then refused 409)
                     raise RunBusy(job, "job", "parts of the run before are still being "
                                   "stored; the new run starts once they are (try again)")
                 self._reset(job, raw_meta)
-            elif old is not None and old.directory == str(directory):
+            elif same and old is not None:
                 resized = self._check_same_sizes(job, old.meta, meta)
             try:
                 # (a resize is judged again under the job row's lock: another instance's
-                # part may be stored between the look above and this write)
-                self.store.register_job(job, str(directory), way, raw_meta,
+                # part may be stored between the look above and this write; an uploaded job
+                # keeps the path its row holds, which names no folder of today's)
+                self.store.register_job(job, old.directory if same and old is not None and
+                                        way == "http" else str(directory), way, raw_meta,
                                         sizes_change=resized)
             except JobConflict as exc:
                 raise InputError(job, "job", str(exc)) from None
@@ -524,7 +526,11 @@ class Monitor:
                 row = self.store.job(job)   # registered by another instance since
                 if row is None:
                     return None
-                self.directories[job] = Path(row.directory)
+                try:
+                    self.directories[job] = self._stored_directory(row)
+                except InputError as exc:
+                    self._quarantine(job, exc)
+                    return None
             if job in self.quarantined:
                 return None
             if self.leases.holds(job):
@@ -596,16 +602,28 @@ class Monitor:
             self.runs.pop(job, None)
 
     def _stored_directory(self, job: JobRecord) -> Path:
-        """A stored job's directory; InputError (the job is quarantined) when its row names a
-        way in that does not exist, or an uploaded job's folder elsewhere than the uploads
-        folder (a row saying /etc had its uploads refused as a watched run's, for good)."""
-        directory = Path(job.directory)
-        if job.way not in ("http", "files") or (job.way == "http" and directory.resolve()
-                                                 != (self.data_dir / job.job).resolve()):
-            raise InputError(f"stored row of job {job.job!r}", "directory", f"{job.way!r} job "
-                             f"in {str(directory)[:200]!r}; expected an uploaded job in "
-                             f"{self.data_dir / job.job} or a watched run")
-        return directory
+        """A stored job's directory: a watched run's as stored, an uploaded job's its folder
+        under this monitor's uploads folder, whatever path its row kept; InputError (the job
+        is quarantined) when its row names a way in that does not exist."""
+        if job.way == "http":
+            # an uploaded job's folder is the uploads folder's, by construction: the row's
+            # path as the monitor that stored it was given it (relative to its working folder,
+            # or from before the store and its uploads were moved) set every uploaded job
+            # aside when the same store was opened by another path
+            return self.data_dir / job.job
+        if job.way != "files":
+            raise InputError(f"stored row of job {job.job!r}", "way", f"{job.way!r}; expected "
+                             "an uploaded job (http) or a watched run (files)")
+        return Path(job.directory)
+
+    def _same_job(self, old: JobRecord | None, directory: Path, way: str) -> bool:
+        """Whether a stored job is the one announced at `directory` by `way` (an uploaded job
+        by its name alone: its folder is the uploads folder's, `_stored_directory`)."""
+        if old is None:
+            return False
+        if way == "http" or old.way == "http":
+            return way == old.way
+        return old.directory == str(directory)
 
     def _rebuild_or_quarantine(self, job: JobRecord) -> JobTracker | None:
         """_rebuild, or, when the job's stored rows cannot be used (its metadata damaged or
@@ -634,7 +652,7 @@ class Monitor:
 
     def _rebuild(self, job: JobRecord) -> JobTracker:
         """A tracker from the store: analysed steps skipped, later parts read from disk."""
-        name, directory = job.job, Path(job.directory)
+        name, directory = job.job, self._stored_directory(job)
         meta = check_meta(job.meta, f"stored metadata of job {name!r}")
         last = self.store.last_window(name)
         index = self.store.part_index(name)

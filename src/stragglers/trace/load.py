@@ -151,6 +151,8 @@ def load_trace(path: Path | str, meta: Path | str | None = None, *, dp_size: int
 # A selection is a list of step numbers; '0-99999999999999999999' would expand past memory
 # (it got the analysis killed), and a million steps is more than any trace holds.
 MAX_SELECTED_STEPS = 1_000_000
+# a step number at most: the op table's step column is a signed 64-bit integer
+MAX_STEP_NUMBER = 2**63 - 1
 
 
 def parse_steps(spec: str | None) -> list[int] | None:
@@ -173,6 +175,9 @@ def parse_steps(spec: str | None) -> list[int] | None:
         except ValueError:
             raise InputError("--steps", None, f"cannot read {part!r}; expected steps like "
                              "'12,20-23'") from None
+        if lo < 0 or hi > MAX_STEP_NUMBER:   # (one past 2**63 failed inside numpy)
+            raise InputError("--steps", None, f"{part[:40]!r}: expected step numbers in "
+                             f"0..{MAX_STEP_NUMBER}")
         if hi - lo + 1 > MAX_SELECTED_STEPS:  # refused before it is expanded
             raise InputError("--steps", None, f"{part!r} makes more than "
                              f"{MAX_SELECTED_STEPS:,} steps; select fewer")

@@ -26,6 +26,9 @@ page-header reader's (monitor/pages.py).
 
 from __future__ import annotations
 
+import os
+import stat
+
 STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
 INTS = (I16, I32, I64)
 
@@ -530,7 +533,16 @@ def checked_metadata(footer: bytes):
 
 def read_checked_metadata(path, max_bytes: int = 64 << 20):
     """checked_metadata of a Parquet file on disk, its footer read once (BadFooter, OSError)."""
-    with open(path, "rb") as f:
+    # opened without blocking, and read only when regular: a FIFO named like a rank file hung
+    # the analysis for good
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadFooter("not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         f.seek(0, 2)
         size = f.tell()
         if size < 12:

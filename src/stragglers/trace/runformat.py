@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stragglers.errors import InputError
+from stragglers.smallfiles import load_json_file
 from stragglers.trace.columns import columns_to_table, table_to_columns
 from stragglers.trace.parquet_footer import read_checked_metadata
 from stragglers.trace.model import (COLUMNS, NOTE_KINDS, OPTIONAL_COLUMNS, OPTIONAL_FILL, JobMeta,
@@ -66,13 +67,15 @@ def read_meta(path: Path) -> JobMeta:
     return meta_from_dict(_read_meta_json(path), path)
 
 
+# meta.json at most: its layout holds an entry per rank (~200 bytes), 100,000 ranks in 20 MB
+MAX_META_BYTES = 64 << 20
+
+
 def _read_meta_json(path: Path) -> object:
-    try:
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except FileNotFoundError:
-        raise InputError(path, None, "missing; a run directory needs meta.json") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(path, None, f"not valid JSON ({exc})") from None
+    # a regular file only, read without blocking and bounded: a FIFO named meta.json hung the
+    # analysis for good and /dev/zero filled the memory
+    return load_json_file(path, "the run's metadata as JSON (meta.json)", MAX_META_BYTES,
+                          missing="missing; a run directory needs meta.json")
 
 
 def notes_from_dict(raw: object, source: Path | str) -> list[Note]:
