@@ -189,10 +189,6 @@ def test_analyze_refuses_a_step_number_too_large_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="`--db :memory:` prints 'stragglers monitor on ...', then "
-                   "dies 'internal error: OperationalError: no such table: jobs (this is a bug "
-                   "...)', exit 4 (and leaves a ':memory:.uploads' folder): each SQLite "
-                   "connection opens its own empty in-memory database")
 def test_monitor_refuses_a_store_that_is_not_a_file_in_one_line(tmp_path):
     """`monitor serve --db :memory:`: one line naming the store, exit 2."""
     proc, url = serve_monitor(tmp_path, ":memory:", tmp_path)

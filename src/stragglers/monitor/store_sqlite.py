@@ -82,6 +82,11 @@ class SQLiteStore(SQLStore):
     def __init__(self, path: str | Path, durable: bool = True):
         super().__init__()
         self.path = str(path)
+        if self.path in ("", ":memory:") or self.path.startswith("file:"):
+            # each connection (the writer's, every reader's) would open a database of its own,
+            # empty: the service said it served, then died 'no such table'
+            raise InputError(self.path or "''", None, "not a file path; expected the store's "
+                             "file (it must outlive the process, and every connection opens it)")
         self.transient_errors = (sqlite3.OperationalError,)
         self._lock = threading.Lock()
         self._local = threading.local()
