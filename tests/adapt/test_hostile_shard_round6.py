@@ -34,10 +34,6 @@ def start(tmp: Path, db: str) -> tuple[int | None, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="`--db :memory:` prints 'shard service on ... durable "
-                   "commits', then dies 'internal error: OperationalError: no such table: "
-                   "datasets (this is a bug ...)', exit 4: each of its SQLite connections opens "
-                   "its own empty in-memory database")
 def test_a_db_that_is_not_a_file_is_refused_in_one_line(tmp_path):
     """`--db :memory:` holds nothing across connections (and nothing durable): one line naming
     --db, exit 2, before it says it serves."""

@@ -48,6 +48,12 @@ _MIGRATE_3 = ("ALTER TABLE datasets ADD COLUMN rows_key TEXT;"
 def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlite3.Connection:
     """The writer's connection (WAL), its file upgraded to SCHEMA_VERSION; InputError naming
     the file when it is no shard database this version reads."""
+    if str(db) in ("", ":memory:") or str(db).startswith("file:"):
+        # each connection (the writer's, the readers', the WAL folder's) would open a
+        # database of its own, empty: the service said it served, then died 'no such table'
+        raise InputError(str(db) or "''", None, "not a file path; expected the shard "
+                         "database's file (it must outlive the process, and every connection "
+                         "opens it)")
     try:
         conn = sqlite3.connect(str(db), isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
