@@ -274,11 +274,11 @@ def test_a_kept_list_longer_than_it_can_hold_is_refused_before_its_elements_are_
 
 
 def test_the_callers_budget_bounds_columns_row_groups_and_rows():
-    meta = footer([_chunk(b"x")])   # two schema elements, one row group of 10 rows
-    check_footer(meta, max_columns=2, max_row_groups=1, max_rows=10)
+    meta = footer([_chunk(b"x")])   # two schema elements, one row group of one row
+    check_footer(meta, max_columns=2, max_row_groups=1, max_rows=1)
     for budget, expected in (({"max_columns": 1}, "2 schema elements; expected at most 1"),
                              ({"max_row_groups": 0}, "1 row groups; expected at most 0"),
-                             ({"max_rows": 9}, "declares 10 rows; expected at most 9")):
+                             ({"max_rows": 0}, "declares 1 rows; expected at most 0")):
         with pytest.raises(BadFooter, match=expected):
             check_footer(meta, **budget)
 
@@ -295,3 +295,34 @@ def test_row_groups_are_checked_against_the_schema_read_before_them():
     with pytest.raises(BadFooter, match="a schema after the row groups"):
         check_footer(after)
     check_footer(thrift([(2, LIST, (STRUCT, schema)), (4, LIST, (STRUCT, [group]))]))
+
+
+def _row_groups_emptied(body: bytes) -> bytes:
+    """A Parquet file whose FileMetaData keeps its row count but lists no row group (its field
+    4 replaced by an empty list), the footer's length kept true."""
+    from stragglers.trace.parquet_footer import skip
+
+    start = _footer_start(body)
+    meta, p, last = body[start:-8], 0, 0
+    while True:
+        head = meta[p]
+        last += head >> 4
+        p += 1
+        if last == 4:
+            end = skip(meta, p, head & 0x0F, 0, len(meta))
+            meta = meta[:p] + bytes([STRUCT]) + meta[end:]   # (a list of no structs)
+            return body[:start] + meta + len(meta).to_bytes(4, "little") + b"PAR1"
+        p = skip(meta, p, head & 0x0F, 0, len(meta))
+
+
+def test_a_file_whose_row_count_its_row_groups_do_not_hold_is_refused(tmp_path):
+    # rows declared and no row group: the monitor's footer checks looked up statistics of
+    # row groups that were not there (KeyError, "could not be checked")
+    from stragglers.monitor.parts import read_upload
+
+    write_run(tmp_path / "run", generate(dp=1, pp=1, microbatches=2, steps=2, seed=0))
+    body = _row_groups_emptied((tmp_path / "run" / "rank-00000.parquet").read_bytes())
+    with pytest.raises(BadFooter, match=r"the file declares \d+ rows; its row groups hold 0"):
+        check_footer(body[_footer_start(body):-8])
+    got = read_upload(body, "upload", 0, 0, tmp_path / "rank-00000.part-000000.parquet")
+    assert "its row groups hold 0" in str(got) and "could not be checked" not in str(got), got

@@ -11,7 +11,8 @@ elements) and found none of what pyarrow 26 throws on while walking it (parquet/
 statistics.cc, size_statistics.cc): one column chunk per schema leaf in every row group, each
 with its metadata, of its leaf's physical type; fixed-width statistics of their type's width;
 level histograms empty or one count per level; no encrypted or geospatial metadata; a schema
-tree that is whole and shallow (pyarrow unflattens it recursively). Anything else a
+tree that is whole and shallow (pyarrow unflattens it recursively); the file's row count its
+row groups' (one of rows and no row group had the monitor look up statistics not there). Anything else a
 well-written op table holds is left to pyarrow, which raises on it.
 
 What the screen holds stays within a budget, not the footer's size: every list it keeps is
@@ -187,7 +188,7 @@ _COLUMN_META = fields({1: (I32, None),
                        4: (I32, None), 12: (STRUCT, _STATISTICS),
                        16: (STRUCT, _SIZE_STATISTICS), 17: (STRUCT, _KV)})
 _COLUMN_CHUNK = fields({3: (STRUCT, _COLUMN_META), 8: (STRUCT, _KV), 9: (BINARY, None)})
-_ROW_GROUP = {1: (LIST, (STRUCT, _COLUMN_CHUNK), None, "column chunks"), 2: (I64, None)}
+_ROW_GROUP = {1: (LIST, (STRUCT, _COLUMN_CHUNK), None, "column chunks"), 3: (I64, None)}
 _SCHEMA_ELEMENT = fields({1: (I32, None), 2: (I32, None), 3: (I32, None), 4: (BINARY, None),
                           5: (I32, None), 6: (I32, None), 10: (STRUCT, _KV)})
 _SCHEMA = (LIST, (STRUCT, _SCHEMA_ELEMENT), MAX_COLUMNS, "schema elements")
@@ -400,6 +401,10 @@ def check_footer(footer: bytes, max_columns: int = MAX_COLUMNS,
     if 4 not in meta:
         _leaves(meta.get(2, []))
     _count_rows(meta.get(3, 0), max_rows, "the file")
+    if 3 in meta and meta[3] != screen.rows:
+        # (pyarrow reports the file's count and walks its row groups: a file of rows and no
+        # row group had its readers look up statistics that were not there)
+        raise BadFooter(f"the file declares {meta[3]} rows; its row groups hold {screen.rows}")
 
 
 def _count_rows(rows: int, most: int | None, what: str) -> None:
@@ -416,7 +421,7 @@ class _Screen:
         self.schema: list | None = None
         self.leaves: list = []
         self.group = 0    # the row group read now (its number)
-        self.rows = 0     # rows of the row groups read so far
+        self.rows = 0     # rows of the row groups read so far (of the last list of them)
         self.row_group = fields({**_ROW_GROUP, 1: (LIST, self._chunks, None, "column chunks")})
         self.file_meta = {**_FILE_META,
                           2: (LIST, _SCHEMA[1], max_columns, _SCHEMA[3]),
@@ -431,12 +436,13 @@ class _Screen:
                             "Parquet writers write it")
         if schema is not self.schema:
             self.schema, self.leaves = schema, _leaves(schema)
+        self.rows = 0   # (a list sent again replaces the one before)
         for _ in range(n):
             group, p = read_struct(b, p, self.row_group, depth, limit)
             if 1 not in group and self.leaves:
                 raise BadFooter(f"row group {self.group} has 0 column chunks; the schema has "
                                 f"{len(self.leaves)} columns")
-            self.rows += max(group.get(2, 0), 0)
+            self.rows += group.get(3, 0)   # (its num_rows)
             _count_rows(self.rows, self.max_rows, f"row groups 0..{self.group}")
             self.group += 1
         return n, p
