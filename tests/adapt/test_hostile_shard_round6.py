@@ -6,8 +6,10 @@ Each test is one defect class, marked xfail(strict=True) until its fix lands (th
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,84 @@ def test_a_db_that_is_not_a_file_is_refused_in_one_line(tmp_path):
     lines = [line for line in said.splitlines() if line.strip()]
     assert status == 2, (status, said[-1500:])
     assert len(lines) == 1 and ":memory:" in lines[0] and "internal error" not in said, said
+
+
+class _Trickle(threading.Thread):
+    """An HTTP 'service' on loopback answering every GET with a 200 head, then a byte of body
+    a second, for ever (a stuck proxy, or a hostile service); or, given `answer`, with it."""
+
+    def __init__(self, answer: bytes | None = None):
+        super().__init__(daemon=True)
+        self.answer = answer
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.done = threading.Event()
+
+    def run(self):
+        self.sock.settimeout(0.5)
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn):
+        with conn:
+            conn.recv(65536)
+            if self.answer is not None:
+                conn.sendall(self.answer)
+                return
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000\r\n\r\n")
+            while not self.done.is_set():
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    return
+                self.done.wait(1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="the client's timeout_s bounds each read, not the call: a "
+                   "reply trickled a byte a second never times out — `stragglers adapt status` "
+                   "(and a worker's ShardClient call) waits for ever")
+def test_status_gives_up_on_a_reply_trickled_for_ever(tmp_path):
+    """`stragglers adapt status D --url U` against a service whose reply never ends: gives up
+    with one line and a non-zero exit (its retry budget is 2 s, each read 10 s; the bound here is 90 s)."""
+    server = _Trickle()
+    server.start()
+    try:
+        done = subprocess.run([sys.executable, "-m", "stragglers.cli", "adapt", "status", "d",
+                               "--url", f"http://127.0.0.1:{server.port}"],
+                              capture_output=True, timeout=90)
+        status = done.returncode
+    except subprocess.TimeoutExpired:
+        status = None
+    finally:
+        server.done.set()
+    assert status not in (None, 0), status
+
+
+ESCAPES = b'{"error": "\x1b[2J\x1b]0;pwned\x07\x1b[31mall shards lost", "kind": "Internal"}'
+
+
+@pytest.mark.xfail(strict=True, reason="an error body is printed as it came: a service (or "
+                   "whatever answers at --url) writes terminal escapes (clear the screen, set the "
+                   "title, colours) into the operator's terminal")
+def test_status_prints_no_terminal_escapes_a_service_sent(tmp_path):
+    """`stragglers adapt status` shows a 5xx body it cannot parse: its control characters are
+    escaped, never written raw."""
+    server = _Trickle(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(ESCAPES)}\r\nConnection: close\r\n\r\n".encode()
+                      + ESCAPES)
+    server.start()
+    try:
+        done = subprocess.run([sys.executable, "-m", "stragglers.cli", "adapt", "status", "d",
+                               "--url", f"http://127.0.0.1:{server.port}"],
+                              capture_output=True, timeout=120)
+    finally:
+        server.done.set()
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and b"pwned" in said, said    # the error is shown ...
+    assert b"\x1b" not in said and b"\x07" not in said, said  # ... without its escapes
