@@ -39,13 +39,15 @@ class StartPool:
                 heapq.heappop(self._heap)
                 continue
             k = len(self._due)
-            step = min(due - self._paid, left / k)
-            self._paid += step
-            self._owed = max(0.0, self._owed - step * k)
-            left -= step * k
-            if due <= self._paid:
-                heapq.heappop(self._heap)
-                del self._due[token]
+            gap = max(0.0, due - self._paid)
+            if gap * k > left:   # every debt outlasts the refill: each paid its part
+                self._paid += left / k
+                self._owed = max(0.0, self._owed - left)
+                break
+            self._paid, left = due, left - gap * k   # the smallest debt paid off
+            self._owed = max(0.0, self._owed - gap * k)
+            heapq.heappop(self._heap)
+            del self._due[token]
         if not self._due:
             self._owed, self._heap = 0.0, []
 
