@@ -22,6 +22,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from stragglers.errors import EnvironmentFailure, InputError
+from stragglers.smallfiles import read_small_file
 # the connection guard lives in serving_guard; its names stay importable from here
 from stragglers.serving_guard import BODY_ADMITTED_KEY, FRAMING_KEY, TARGET_KEY, BodyNotAdmitted, \
     ConnectionLimits, ErrorShape, admit_body, guarded_protocol, json_response_bytes, \
@@ -82,23 +83,18 @@ def read_token_file(path: Path | str | None, option: str = "--token-file") -> st
     error says the chmod that fixes it), or its first line is not a token."""
     if path is None:
         return None
-    try:
-        # O_NONBLOCK: a FIFO named as the token file must not block the start
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except OSError as exc:
-        raise InputError(path, None, f"{option}: cannot read the token file "
-                         f"({exc.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(path, None, f"{option}: not a regular file (expected a file "
-                             "holding the token)")
+
+    def owner_only(st: os.stat_result) -> str | None:
         if os.name == "posix" and st.st_mode & 0o077:
-            raise InputError(path, None, f"{option}: group or others may read or write it "
-                             f"(mode {stat.S_IMODE(st.st_mode):04o}); run `chmod 600 {path}`")
-        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
+            return (f"{option}: group or others may read or write it (mode "
+                    f"{stat.S_IMODE(st.st_mode):04o}); run `chmod 600 {path}`")
+        return None
+
+    # regular files only, opened without blocking (a FIFO named as the token file must not
+    # block the start), the mode judged on the very file read
+    data = read_small_file(path, f"{option}: a file holding the token on its first line",
+                           missing=f"{option}: cannot read the token file (No such file or "
+                           "directory)", check=owner_only)
     # the first line, not the first non-blank one: the README's rule, and a file whose token
     # sits below a blank line is more likely a mistake (an editor's template) than a token
     first = data[:MAX_TOKEN_FILE_BYTES].split(b"\n", 1)[0]

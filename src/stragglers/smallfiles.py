@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from stragglers.errors import InputError
@@ -15,10 +16,12 @@ MAX_TEXT_FILE_BYTES = 1 << 20   # a config or metadata file is a few kB
 
 
 def read_small_file(path: Path | str, expected: str, max_bytes: int = MAX_TEXT_FILE_BYTES,
-                    missing: str | None = None) -> bytes:
+                    missing: str | None = None,
+                    check: Callable[[os.stat_result], str | None] | None = None) -> bytes:
     """The bytes of the regular file `path` (at most `max_bytes`); InputError naming it and
     `expected` (what it should be) when it is missing (`missing`: the words then), not a
-    regular file, or larger."""
+    regular file, or larger, or where `check` finds a problem in the status of the very file
+    opened (its words; before a byte is read: a token file that others may read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
@@ -32,6 +35,9 @@ def read_small_file(path: Path | str, expected: str, max_bytes: int = MAX_TEXT_F
             raise InputError(path, None, f"is a directory; expected {expected}")
         if not stat.S_ISREG(st.st_mode):
             raise InputError(path, None, f"not a regular file; expected {expected}")
+        problem = check(st) if check is not None else None
+        if problem is not None:
+            raise InputError(path, None, problem)
         data = b""
         while len(data) <= max_bytes:   # a file growing while read is bounded too
             chunk = os.read(fd, max_bytes + 1 - len(data))

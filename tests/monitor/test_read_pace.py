@@ -92,8 +92,8 @@ def test_a_burst_that_leaves_together_gives_every_turn_back():
 
 
 def test_a_request_behind_many_waiting_ones_waits_a_few_turns_at_most():
-    # a client that closes its socket sends EOF, which the serving layer takes for a
-    # half-close: such requests go on waiting; 100 of them pushed a scrape 25 s out
+    # waiting requests whose clients went (the serving layer gives those up at once since
+    # 92592b3; the cap holds for any other kind): 100 of them once pushed a scrape 25 s out
     async def scenario(loop):
         pace = ClientPace(INTERVAL)
         assert await pace.turn(scope())
