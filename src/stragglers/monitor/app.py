@@ -7,6 +7,7 @@ import hmac
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypedDict
 from urllib.parse import parse_qsl
 
 import msgspec
@@ -35,6 +36,16 @@ ALERTS_PAGE, ALERTS_PAGE_MAX = 100, 1000   # /api/alerts: alerts a page by defau
 MAX_CURSOR = 256   # characters of a fingerprint a cursor carries (the alerts' own are 16)
 
 STATIC = Path(__file__).parent / "static"
+
+
+class JobList(TypedDict):
+    """GET /api/jobs: the store's version (pages poll it) and each job's summary row, its
+    directory left out."""
+
+    version: int
+    jobs: list[dict[str, object]]
+
+
 INDEX_PAGE, JOB_PAGE = STATIC / "index.html", STATIC / "job.html"
 
 
@@ -207,7 +218,7 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         return SharedRender(lambda: asyncio.get_running_loop().run_in_executor(
             readers, lambda: bytes(JSONResponse(fn()).body)))
 
-    def job_list() -> dict:
+    def job_list() -> JobList:
         # the server's directories stay on the server: readers of the list get job names
         return {"version": store.version, "jobs": [
             {k: v for k, v in plain(j).items() if k != "directory"}
