@@ -124,3 +124,60 @@ def test_status_prints_no_terminal_escapes_a_service_sent(tmp_path):
     said = done.stdout + done.stderr
     assert done.returncode != 0 and b"pwned" in said, said    # the error is shown ...
     assert b"\x1b" not in said and b"\x07" not in said, said  # ... without its escapes
+
+
+def serve(tmp: Path) -> tuple[subprocess.Popen, str]:
+    """`stragglers adapt serve --db tmp/s.db` (the process and its URL, "" when it exited)."""
+    import re
+
+    token = tmp / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    proc = subprocess.Popen([sys.executable, "-m", "stragglers.cli", "adapt", "serve", "--db",
+                             str(tmp / "s.db"), "--port", "0", "--token-file", str(token)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    found = re.search(r"http://127\.0\.0\.1:\d+", proc.stdout.readline().decode())
+    return proc, found.group(0) if found else ""
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="a second `adapt serve` on the same --db starts silently; "
+                   "each keeps its own per-generation read cache, so after a restore (or acks) "
+                   "through one, the other's status and snapshot stay the old state — a "
+                   "checkpoint saved from it is stale")
+def test_a_second_service_on_the_same_store_is_refused_or_reads_what_is_stored(tmp_path):
+    """Two `adapt serve` on one SQLite file (a restart that overlapped, a second unit by
+    mistake): the second is refused with one line, or both answer what the file holds."""
+    import httpx
+
+    first, url1 = serve(tmp_path)
+    second, url2 = serve(tmp_path)
+    try:
+        if not url2:                                  # refused: what the fix may choose
+            second.wait(timeout=60)
+            assert second.returncode == 2
+            return
+        auth = {"Authorization": f"Bearer {TOKEN}", "X-Service-Token": TOKEN}
+        a = httpx.Client(base_url=url1, headers=auth, timeout=60)
+        b = httpx.Client(base_url=url2, headers=auth, timeout=60)
+        assert a.post("/datasets", json={"name": "d", "num_samples": 100, "shard_size": 10,
+                                         "seed": 0, "num_epochs": 2, "lease_s": 30,
+                                         "max_retries": 1}).status_code == 200
+        fence = a.post("/datasets/d/join", json={"worker": "w"}).json()["fence"]
+        start = a.get("/datasets/d/snapshot").content
+        for lease in a.post("/datasets/d/lease", json={"worker": "w", "fence": fence,
+                                                       "count": 4}).json()["leases"]:
+            assert a.post("/datasets/d/ack", json={"worker": "w", "fence": fence,
+                                                   "epoch": lease["epoch"], "shard": lease["shard"],
+                                                   "consumed": lease["size"]}).status_code == 200
+        assert a.get("/datasets/d/status").json()["epochs"]["0"]["DONE"] == 4
+        assert b.post("/datasets/d/restore", content=start,
+                      headers={"Content-Type": "application/json"}).status_code == 200
+        assert b.get("/datasets/d/status").json()["epochs"]["0"]["DONE"] == 0
+        assert a.get("/datasets/d/status").json()["epochs"]["0"]["DONE"] == 0
+        assert a.get("/datasets/d/snapshot").json() == b.get("/datasets/d/snapshot").json()
+    finally:
+        for proc in (first, second):
+            proc.terminate()
+            proc.communicate(timeout=60)
