@@ -114,7 +114,12 @@ def rebalanced_costs(ctx: Context, typical: np.ndarray) -> np.ndarray:
     up, a part of the heavier stages' time in that step spread over its ops by their typical
     shares. The moved work is added, not the light stage's own ops scaled up: scaling a stage
     ×4 made a load spike of its ops four times as long (a pp 2 run beside CPU hogs predicted
-    two of 15 steps twice as slow after the fix).
+    two of 15 steps twice as slow after the fix). It is moved at the devices' speeds: the
+    giver's time over its typical speed against its stage's peers, times the receiver's (a
+    slow worker's layers run at the healthy device's speed once moved onto it: carried at the
+    slow one's, they made its DP rank's light stage the straggler once the slow worker was
+    fixed too, and a heavy stage ×1.8 beside a slow worker ×2.4 on it was dropped, ×0.95 after
+    that fix; combinations seed 32 jobs 308, 448).
     """
     w, g = ctx.w, ctx.w.grid
     fb = np.isin(g.node_optype, (FWD, BWD, BWW))
@@ -130,6 +135,7 @@ def rebalanced_costs(ctx: Context, typical: np.ndarray) -> np.ndarray:
     # flow[p, q]: the fraction of stage q's work per step that stage p takes over
     flow = np.outer(need / need.sum(), give / np.maximum(typical, 1e-12))
     work = per_worker_sum(w.cost, g.node_stage, fb, g.pp_size)               # [D, P, T]
+    speed = _typical_speed(work)                                              # [D, P]
     ops = {int(p): _ops_by_kind(g, fb & (g.node_stage == p)) for p in stages}
     for p in stages:
         sel = fb & (g.node_stage == p)
@@ -139,33 +145,29 @@ def rebalanced_costs(ctx: Context, typical: np.ndarray) -> np.ndarray:
         weight = None   # each op's typical share of its stage's work, once a stage needs it
         for q in np.flatnonzero(flow[p] > 0):
             mine, theirs = ops[int(p)], ops[int(q)]
+            pace = (speed[:, p] / speed[:, q])[None, :, None]                 # [1, D, 1]
             if mine.keys() == theirs.keys():
                 idx = list(mine)
-                cost[[mine[k] for k in idx]] += flow[p, q] * w.cost[[theirs[k] for k in idx]]
+                cost[[mine[k] for k in idx]] += flow[p, q] * pace * w.cost[
+                    [theirs[k] for k in idx]]
                 continue
             if weight is None:
                 # (median over steps, where it ran)
                 weight = np.median(w.cost[sel], axis=2)[:, :, None] * g.present[sel]
                 total = weight.sum(axis=0, keepdims=True)
                 np.divide(weight, total, out=weight, where=total > 0)
-            cost[sel] += weight * (flow[p, q] * work[None, :, q, :])
+            cost[sel] += weight * (flow[p, q] * pace * work[None, :, q, :])
     return cost
-    # flow[p, q]: the fraction of stage q's work per step that stage p takes over
-    flow = np.outer(need / need.sum(), give / np.maximum(typical, 1e-12))
-    moved = np.einsum("pq,dqt->dpt", flow, per_worker_sum(w.cost, g.node_stage, fb, g.pp_size))
-    for p in stages:
-        sel = fb & (g.node_stage == p)
-        if not sel.any():
-            continue
-        cost[sel] *= keep[p]
-        if need[p] <= 0:
-            continue
-        # each op's typical (median over steps) share of its stage's work, where it ran
-        weight = np.median(w.cost[sel], axis=2)[:, :, None] * g.present[sel]
-        total = weight.sum(axis=0, keepdims=True)
-        np.divide(weight, total, out=weight, where=total > 0)
-        cost[sel] += weight * moved[None, :, p, :]
-    return cost
+
+
+def _typical_speed(work: np.ndarray) -> np.ndarray:
+    """[D, P] each worker's time per unit of its stage's work: the median over steps of its
+    compute ([D, P, T]) over the stage's typical worker's (the faster of two, as
+    `stage_compute`); a step's own load (its sequences) stays in the ops moved."""
+    ref = work.min(axis=0) if work.shape[0] == 2 else np.median(work, axis=0)   # [P, T]
+    rel = work / np.maximum(ref, 1e-12)[None]
+    out = np.median(np.where(ref[None] > 0, rel, np.nan), axis=2)
+    return np.where(np.isfinite(out) & (out > 0), out, 1.0)
 
 
 def _ops_by_kind(g, sel: np.ndarray) -> dict[tuple[int, int, int], int]:
