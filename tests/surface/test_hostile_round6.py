@@ -254,3 +254,35 @@ def test_dashboard_shows_a_host_name_as_text_not_markup(tmp_path):
         stop(proc)
     assert "rank" in hover, hover
     assert links == 0 and MARKUP_HOST in hover, (links, hover)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="a second `monitor serve` on the same SQLite --db starts "
+                   "silently and takes every lease too: parts acknowledged by one are never seen "
+                   "by the other, which holds the job's tracker — no window is analysed while "
+                   "both run")
+def test_a_second_monitor_on_the_same_store_is_refused_or_analyses_every_part(tmp_path):
+    """Two `monitor serve` on one SQLite file (a restart that overlapped, a second unit by
+    mistake): the second is refused (exit 2), or every part either acknowledged is analysed."""
+    trace = slow_job(steps=10, slow=(0, 1, 3.0))
+    first, url1 = serve_monitor(tmp_path, str(tmp_path / "mon.db"), tmp_path)
+    assert up(first, url1), "the monitor did not start"
+    second, url2 = serve_monitor(tmp_path, str(tmp_path / "mon.db"), tmp_path)
+    try:
+        if not url2:                                  # refused: what the fix may choose
+            second.wait(timeout=60)
+            assert second.returncode == 2
+            return
+        with httpx.Client(base_url=url1, timeout=60) as a, \
+                httpx.Client(base_url=url2, timeout=60) as b:
+            assert a.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            for i, (rank, n, cols) in enumerate(parts_of(trace, 5)):
+                r = (a, b)[i % 2].put(f"/api/jobs/j/ranks/{rank}/parts/{n}",
+                                      content=table_bytes(cols), headers=AUTH)
+                assert r.status_code == 200, r.text
+            eventually(lambda: max(c.get("/api/jobs/j").json()["windows_total"]
+                                   for c in (a, b)) == 2, timeout=60, what="both windows")
+    finally:
+        stop(first)
+        stop(second)
