@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 class WalFolder:
     """Folds (a passive checkpoint: writers and readers go on) the WAL of `store` whenever a
     commit leaves it over `limit` bytes; the writer then cuts the file back to `limit` when it
-    starts the log again (journal_size_limit), and checkpoints nothing itself.
+    starts the log again (journal_size_limit), and checkpoints itself only past twice `limit`
+    (writes faster than this thread folds: what is left to fold then is their last frames).
 
     Was: SQLite's auto-checkpoint ran inside the COMMIT of the batch that crossed 1,000 pages
     (on the commit thread), the WAL file was never cut back (a reader holding a long snapshot
