@@ -103,11 +103,14 @@ def fit(g, ops, host: np.ndarray, cfg: Bootstrap, most: float | None = None
     if not rises or float(np.percentile(rises, tail)) <= 0:
         return None
     base, per_rank = solved
-    if most is not None:
+    if most is not None and per_rank > most:
         # a fit above what fair sharing allows took the host's other load for the ranks'
         # (pieces a busy host stretches overlap more of their peers): 4 single-thread ranks
-        # on 2 cores beside 4 CPU hogs fitted +1.05 per rank, where a rank can add 0.5
-        per_rank = min(per_rank, most)
+        # on 2 cores beside 4 CPU hogs fitted +1.05 per rank, where a rank can add 0.5; the
+        # base is fitted again under the bound (the least squares with the rise held)
+        xx_all, xy_all = xx.sum(axis=0), xy.sum(axis=0)
+        per_rank = most
+        base = float((xy_all[0] - most * xx_all[0, 1]) / xx_all[0, 0])
     return Contention(host, max(float(base), 0.0), float(per_rank), int(use.sum()))
 
 
