@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from stragglers.errors import InputError
-from stragglers.trace.columns import optype_codes
+from stragglers.trace.columns import _dictionary_codes, optype_codes
 from stragglers.trace.model import OPTYPE_CODES
 
 
@@ -46,3 +46,19 @@ def test_nulls_in_any_chunk_are_counted():
     col = pa.chunked_array([_chunk(["optimizer"], [0, None]), _chunk(["optimizer"], [None, 0])])
     with pytest.raises(InputError, match=r"optype.*2 rows have no op type"):
         optype_codes(col, "t")
+
+
+@pytest.mark.parametrize("indices", [[0, 5], [-1, 0]], ids=["past-the-end", "negative"])
+def test_a_dictionary_index_outside_its_names_is_one_line(indices):
+    # Parquet's reader checks neither the indices nor UTF-8: one damaged byte of a rank file
+    # was 'internal error: IndexError' (a reviewer's fuzz)
+    names = pa.array(["forward-compute", "backward-compute"])
+    with pytest.raises(InputError, match="a dictionary index .* outside its 2 names"):
+        _dictionary_codes(names, np.array(indices), "rank-00000.parquet")
+
+
+def test_an_op_type_name_that_is_not_utf8_is_named_escaped():
+    raw = pa.array([b"grads-reduce-scatte\xe3"], pa.binary())
+    names = pa.Array.from_buffers(pa.string(), 1, raw.buffers())   # as a damaged file reads
+    with pytest.raises(InputError, match=r"unknown op types .*scatte\\\\xe3"):
+        _dictionary_codes(names, np.array([0]), "rank-00000.parquet")

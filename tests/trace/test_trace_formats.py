@@ -320,6 +320,8 @@ def test_a_selection_of_many_parts_counts_each_step_once():
     ("5-2", "cannot read '5-2'"), ("-1", "cannot read"), ("a", "cannot read"), (",", "no steps"),
     # a huge range is refused before it is expanded (it got the analysis killed for memory)
     ("0-99999999999999999999", "more than 1,000,000 steps"),
+    # a step past the op table's 64-bit step column ('internal error: OverflowError')
+    ("9" * 29, "expected step numbers in 0..9223372036854775807"),
     ("0-600000,700000-1300000", "selects 1,200,002 steps, more than 1,000,000")])
 def test_bad_step_selections_are_one_line(spec, words):
     with pytest.raises(InputError, match=words) as err:

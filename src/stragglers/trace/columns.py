@@ -59,14 +59,30 @@ def _dictionary_codes(names: pa.Array, indices: np.ndarray, source: Path | str,
         lookup = _codes_of_strings(names, source) if len(names) else np.zeros(0, np.int8)
     if not len(indices):
         return np.zeros(0, np.int8)
+    # Parquet's reader checks neither: an index past the dictionary (one damaged byte) failed
+    # as 'internal error: IndexError', a negative one inside bincount
+    lo, hi = int(indices.min()), int(indices.max())
+    if lo < 0 or hi >= len(names):
+        raise InputError(source, "optype", f"a dictionary index {lo if lo < 0 else hi} outside "
+                         f"its {len(names)} names; expected a readable Parquet file (damaged?)")
     # which names are used: a count per name (O(rows), no sort of the indices)
     used = np.flatnonzero(np.bincount(indices, minlength=len(names)))
     bad = used[lookup[used] < 0]
     if len(bad):
-        unknown = sorted(str(names[int(i)]) for i in bad[:5])
+        unknown = sorted(_shown(names[int(i)]) for i in bad[:5])
         raise InputError(source, "optype", f"unknown op types {unknown}; expected one of "
                          f"{', '.join(OPTYPES)}")
     return lookup[indices].astype(np.int8)
+
+
+def _shown(name: pa.Scalar) -> str:
+    """A dictionary name as text (bytes that are not UTF-8 shown escaped: Parquet's reader
+    does not check them, and str() of one failed as 'internal error: UnicodeDecodeError')."""
+    try:
+        return str(name)
+    except UnicodeDecodeError:
+        raw = name.cast(pa.binary()).as_py()
+        return raw.decode("utf-8", "backslashreplace")
 
 
 def _codes_of_strings(values: pa.Array, source: Path | str) -> np.ndarray:

@@ -175,12 +175,12 @@ def parse_steps(spec: str | None) -> list[int] | None:
         except ValueError:
             raise InputError("--steps", None, f"cannot read {part!r}; expected steps like "
                              "'12,20-23'") from None
+        if hi - lo + 1 > MAX_SELECTED_STEPS:  # refused before it is expanded
+            raise InputError("--steps", None, f"{part[:60]!r} makes more than "
+                             f"{MAX_SELECTED_STEPS:,} steps; select fewer")
         if lo < 0 or hi > MAX_STEP_NUMBER:   # (one past 2**63 failed inside numpy)
             raise InputError("--steps", None, f"{part[:40]!r}: expected step numbers in "
                              f"0..{MAX_STEP_NUMBER}")
-        if hi - lo + 1 > MAX_SELECTED_STEPS:  # refused before it is expanded
-            raise InputError("--steps", None, f"{part!r} makes more than "
-                             f"{MAX_SELECTED_STEPS:,} steps; select fewer")
         spans.append((lo, hi))
     if not spans:
         raise InputError("--steps", None, "no steps given; expected steps like '12,20-23'")
