@@ -78,13 +78,32 @@ def run_layout(directory: Path | str, steps: list[int] | None = None) -> RunLayo
     if not ranges:
         raise InputError(directory, None, "the op tables hold no ops")
     lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
-    every = np.arange(lo, hi + 1, dtype=np.int64)
+    rows = sum(g[1] for file_groups in groups for g in file_groups)
+    # every step between the statistics' ends, where they can all be there; a range wider than
+    # the rows (sampled steps, or statistics one damaged byte set to 2**31) is read from the
+    # step columns, which hold no more steps than rows: an arange over it asked for 16.9 GB
+    every = (np.arange(lo, hi + 1, dtype=np.int64) if hi - lo < rows
+             else _steps_held(files))
     chosen = every if steps is None else np.intersect1d(every, np.asarray(steps, np.int64))
     if steps is not None and not len(chosen):
         raise InputError(directory, "step", f"none of the requested steps are in the trace "
                          f"(it has steps {lo}–{hi})")
     return RunLayout(str(directory), meta, notes, [str(f) for f in files],
                      [c for c in OPTIONAL_COLUMNS if c in optional], chosen, groups)
+
+
+def _steps_held(files: list[Path]) -> np.ndarray:
+    """The distinct steps the rank files' step columns hold (read, not their statistics)."""
+    import pyarrow.parquet as pq
+
+    held = []
+    for f in files:
+        try:
+            held.append(np.unique(pq.read_table(f, columns=["step"]).column("step")
+                                  .to_numpy().astype(np.int64)))
+        except Exception as exc:  # noqa: BLE001 - any Arrow failure names the file
+            raise InputError(f, None, f"not a readable Parquet file ({exc})") from None
+    return np.unique(np.concatenate(held)) if held else np.zeros(0, np.int64)
 
 
 def _row_groups(md, column: int, path) -> list[tuple[int, int, int, int]]:
