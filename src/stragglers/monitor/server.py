@@ -61,6 +61,12 @@ class MonitorServer:
         self.port = self.sock.getsockname()[1]
         external = str(raw.get("external_url") or self.url)
         self.store = open_store(db, durable=cfg.durable)
+        try:
+            self.store.serve_alone()
+        except InputError:
+            self.store.close()
+            self.sock.close()
+            raise
         self.monitor = Monitor(self.store, cfg, rules, urls, data_dir, external,
                                str(raw.get("receiver") or "stragglers"))
         self.watcher = DirectoryWatcher(self.monitor, list(watch)) if watch else None

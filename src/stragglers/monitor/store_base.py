@@ -199,6 +199,10 @@ class SQLStore:
     def close(self) -> None:
         """Close the connections."""
 
+    def serve_alone(self) -> None:
+        """Claim the store for this process's service (SQLite: a file one monitor serves;
+        InputError when another holds it). A shared store (PostgreSQL) takes several."""
+
     def on_change(self, listener: Callable[[int], None]) -> None:
         """Call `listener(version)` after every committed write (of any instance sharing the
         store, where the backend hears of them)."""

@@ -8,6 +8,7 @@ identity is (job, rank, part): the primary key makes a part seen twice count onc
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import resource
@@ -88,6 +89,7 @@ class SQLiteStore(SQLStore):
             raise InputError(self.path or "''", None, "not a file path; expected the store's "
                              "file (it must outlive the process, and every connection opens it)")
         self.transient_errors = (sqlite3.OperationalError,)
+        self._claim: int | None = None   # the locked descriptor of `serve_alone`
         self._lock = threading.Lock()
         self._local = threading.local()
         try:
@@ -129,9 +131,30 @@ class SQLiteStore(SQLStore):
         return db
 
     def close(self) -> None:
-        """Close the writing connection."""
+        """Close the writing connection (and give up the claim of `serve_alone`)."""
         with self._lock:
             self._db.close()
+            if self._claim is not None:
+                os.close(self._claim)   # (the lock goes with the descriptor)
+                self._claim = None
+
+    def serve_alone(self) -> None:
+        """An exclusive lock on the store's file for as long as this store is open: a second
+        monitor on the same file (a restart that overlapped, a second unit by mistake) started
+        silently and took every lease too, so parts one acknowledged the other never analysed.
+        (flock, apart from the POSIX locks SQLite takes on the same file.)"""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InputError(self.path, None, "served by another monitor already (one "
+                             "monitor serves a SQLite store: stop the other first; instances "
+                             "that share a store use PostgreSQL)") from None
+        except OSError:
+            os.close(fd)   # a file system without flock: no claim, as before
+            return
+        self._claim = fd
 
     def _write(self, fn, notify: bool = True):
         with self._lock:
