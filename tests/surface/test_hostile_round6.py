@@ -207,9 +207,6 @@ MARKUP_HOST = '<a href="https://evil.example/">phish</a><b style="font-size:90px
 
 @pytest.mark.slow
 @pytest.mark.browser
-@pytest.mark.xfail(strict=True, reason="dashboard.js puts a worker's host name into the heatmap's "
-                   "hover text unescaped, and Plotly renders hover text as markup: a host "
-                   "name in meta.json shows as a link and styled text on the job page")
 def test_dashboard_shows_a_host_name_as_text_not_markup(tmp_path):
     """A host name holding markup is shown as those characters in the heatmap's hover, never as
     a link or styled text (the rest of the page already sets names with textContent)."""

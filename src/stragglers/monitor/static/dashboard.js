@@ -9,6 +9,11 @@ const MAX_COLUMNS = 128;  // more DP ranks than this: columns are aggregated (ma
 const HISTORY = Number(new URLSearchParams(location.search).get("history")) || 2000;
 
 function text(el, value) { el.textContent = value; }
+// A job's own strings (a host name from its meta.json) as text in Plotly's hover and labels,
+// which Plotly reads as markup (links, styles): every character that starts markup escaped.
+function plain(value) {
+  return String(value).replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`);
+}
 function ago(t) {
   if (!t) return "never";
   const s = Math.max(0, Date.now() / 1000 - t);
@@ -94,7 +99,7 @@ function heatmapTrace(win, dp, pp) {
     if (z[s.pp][c] === null || s.score > z[s.pp][c]) {
       z[s.pp][c] = s.score;
       const where = groups > 1 ? `dp ${c * groups}–${Math.min(dp, (c + 1) * groups) - 1} (max)` : `dp ${s.dp}`;
-      hover[s.pp][c] = `${where}, pp ${s.pp}<br>rank ${s.rank}${s.host ? " on " + s.host : ""}` +
+      hover[s.pp][c] = `${where}, pp ${s.pp}<br>rank ${s.rank}${s.host ? " on " + plain(s.host) : ""}` +
         `<br>S_w = ${s.score.toFixed(3)}${s.decomposed ? "" : " (S below 1.03: not attributed)"}`;
     }
   }
@@ -179,7 +184,7 @@ function startJobPage() {
     const ws = info.windows.filter(w => w.slowdown !== null);
     Plotly.react("slowdown-chart", [{
       type: "scatter", mode: "lines+markers", x: ws.map(w => w.idx), y: ws.map(w => w.slowdown),
-      text: ws.map(w => `steps ${w.first_step}–${w.last_step}<br>${w.causes.join(", ")}`),
+      text: ws.map(w => `steps ${w.first_step}–${w.last_step}<br>${plain(w.causes.join(", "))}`),
       hovertemplate: "window %{x}: S = %{y:.3f}<br>%{text}<extra></extra>"}], {
       margin: {t: 10, r: 10, b: 45, l: 50},
       // whole window numbers only, about a dozen of them (fractional ticks on few windows)
