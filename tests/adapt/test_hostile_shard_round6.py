@@ -142,10 +142,6 @@ def serve(tmp: Path) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="a second `adapt serve` on the same --db starts silently; "
-                   "each keeps its own per-generation read cache, so after a restore (or acks) "
-                   "through one, the other's status and snapshot stay the old state — a "
-                   "checkpoint saved from it is stale")
 def test_a_second_service_on_the_same_store_is_refused_or_reads_what_is_stored(tmp_path):
     """Two `adapt serve` on one SQLite file (a restart that overlapped, a second unit by
     mistake): the second is refused with one line, or both answer what the file holds."""

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -37,6 +37,7 @@ from starlette.routing import Route
 
 from stragglers.adapt import reads
 from stragglers.adapt import requests as rq
+from stragglers.adapt.claim import claim
 from stragglers.adapt.control import ControlPlane, PacedThread
 from stragglers.adapt.controller import Actions, ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name
@@ -1227,7 +1228,12 @@ def serve(db: str | Path, config: ServiceConfig | None = None,
     store is open and the socket bound (the URL carries the port a `port=0` got)."""
     config = config or ServiceConfig()
     _check_exposure(config.host, service_token)
-    store = open_store(db, config)
+    store = open_store(db, config)   # (a path that is no file refused first)
+    try:
+        held = claim(db)
+    except BaseException:
+        store.close()
+        raise
     app = None
     try:
         sock = listen_socket(config.host, config.port)
@@ -1239,6 +1245,7 @@ def serve(db: str | Path, config: ServiceConfig | None = None,
         if app is not None:
             app.state.close()
         store.close()
+        held.close()
 
 
 def open_store(db: str | Path, config: ServiceConfig) -> ShardStore:
@@ -1264,6 +1271,7 @@ class EmbeddedServer:
         self._server: uvicorn.Server | None = None
         self.app: _FastPath | None = None
         self._thread: threading.Thread | None = None
+        self._claim: IO[str] | None = None
 
     @property
     def url(self) -> str:
@@ -1273,8 +1281,16 @@ class EmbeddedServer:
     def start(self, timeout: float = 60.0) -> "EmbeddedServer":
         """Bind (port 0 picks a free one), start serving, return once requests are answered."""
         _check_exposure(self.host, self.service_token)
-        store = open_store(self.db, self.config)
-        sock = listen_socket(self.host, self.port)
+        store = open_store(self.db, self.config)   # (a path that is no file refused first)
+        try:
+            self._claim = claim(self.db)
+            sock = listen_socket(self.host, self.port)
+        except BaseException:
+            if self._claim is not None:
+                self._claim.close()
+            self._claim = None
+            store.close()
+            raise
         self.port = sock.getsockname()[1]
         self.app = create_app(store, self.config, self.service_token)
         self._server = _uvicorn_server(self.app, self.config)
@@ -1290,3 +1306,6 @@ class EmbeddedServer:
             self._thread.join(timeout=10)
         if self.app is not None:
             self.app.state.close()
+        if self._claim is not None:
+            self._claim.close()
+            self._claim = None
