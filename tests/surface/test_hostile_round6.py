@@ -286,10 +286,6 @@ def test_a_second_monitor_on_the_same_store_is_refused_or_analyses_every_part(tm
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="two monitors with their own stores and one --data-dir: "
-                   "an upload to one replaces the other's acknowledged part file of the same "
-                   "job/rank/part (atomic rename over it), and the other analyses the replaced "
-                   "bytes after a restart without noticing (its stored digest is not checked)")
 def test_two_monitors_sharing_an_uploads_folder_keep_each_acknowledged_part(tmp_path):
     """A's and B's stores differ, --data-dir is the same: B is refused (exit 2), or both
     acknowledged parts keep their bytes."""

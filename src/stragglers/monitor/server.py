@@ -63,12 +63,12 @@ class MonitorServer:
         self.store = open_store(db, durable=cfg.durable)
         try:
             self.store.serve_alone()
-        except InputError:
+            self.monitor = Monitor(self.store, cfg, rules, urls, data_dir, external,
+                                   str(raw.get("receiver") or "stragglers"))
+        except BaseException:   # (refused: the store, its claim and the port are given up)
             self.store.close()
             self.sock.close()
             raise
-        self.monitor = Monitor(self.store, cfg, rules, urls, data_dir, external,
-                               str(raw.get("receiver") or "stragglers"))
         self.watcher = DirectoryWatcher(self.monitor, list(watch)) if watch else None
         self.app = create_app(self.monitor, token, private)
         self._server = None

@@ -51,6 +51,7 @@ from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, 
 from stragglers.monitor.store import JobConflict, SQLStore
 from stragglers.monitor.store_base import STALE
 from stragglers.monitor.unstored import HeldState, WriteTrouble
+from stragglers.monitor.uploads_mark import check_uploads_folder
 from stragglers.monitor.windows import JobTracker, Window, layout_of
 from stragglers.serving import LogBudget
 from stragglers.trace.model import JobMeta
@@ -131,6 +132,9 @@ class Monitor:
         except OSError as exc:
             raise InputError(self.data_dir, None, f"--data-dir: uploads cannot be written there "
                              f"({exc.strerror})") from None
+        # the folder is this store's (uploads_mark.py): another store's, or one without this
+        # store's uploaded parts, is refused before anything is acknowledged into it
+        check_uploads_folder(store, self.data_dir)
         self.metrics = MonitorMetrics()
         self.alerts = AlertEngine(rules if rules is not None else parse_rules(None), store,
                                   self.config.repeat_s, external_url)
@@ -392,6 +396,11 @@ class Monitor:
                     job not in self.quarantined and self.leases.holds(job):
                 self.states[job] = "running"
                 self.metrics.set_state(job, "running")
+            if job in self.quarantined:
+                # set aside again by its rebuild (rows a new metadata does not repair): the
+                # announcement was answered "ok" and every part then 409 for good
+                raise InputError(job, "job", f"its stored rows cannot be used, new metadata "
+                                 f"or not ({self.quarantined[job][:200]})")
         return meta
 
     def move_job(self, job: str, directory: Path) -> None:
@@ -621,6 +630,8 @@ class Monitor:
         by its name alone: its folder is the uploads folder's, `_stored_directory`)."""
         if old is None:
             return False
+        if way == "http" and old.way not in ("http", "files"):
+            return True   # an uploaded job's row with a way the ingest never writes: repaired
         if way == "http" or old.way == "http":
             return way == old.way
         return old.directory == str(directory)

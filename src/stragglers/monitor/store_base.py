@@ -8,9 +8,11 @@ schema, its clock and the few words the two dialects spell differently. Queries 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import time
+import uuid
 from typing import Any, Callable, Iterable, TypeVar
 
 import msgspec
@@ -40,6 +42,7 @@ T = TypeVar("T")
 class _JobDir(msgspec.Struct):
     directory: str
     meta: str | None
+    way: str = ""
 
 
 class _Count(msgspec.Struct):
@@ -48,6 +51,10 @@ class _Count(msgspec.Struct):
 
 class _Name(msgspec.Struct):
     job: str
+
+
+class _Value(msgspec.Struct):
+    value: str
 
 
 class _Seq(msgspec.Struct):
@@ -228,7 +235,7 @@ class SQLStore:
         meta_text = None if meta is None else json.dumps(meta, sort_keys=True)
 
         def tx(db: Any) -> bool:
-            row = self._one(db, _JobDir, "SELECT directory, meta FROM jobs WHERE job = ?"
+            row = self._one(db, _JobDir, "SELECT directory, meta, way FROM jobs WHERE job = ?"
                             + self.FOR_UPDATE, (job,))
             if row is None:
                 cur = self._exec(db, "INSERT INTO jobs (job, directory, way, meta, created_at) "
@@ -238,11 +245,16 @@ class SQLStore:
                            (job,))
                 if cur.rowcount == 1:
                     return True
-                row = self._one(db, _JobDir, "SELECT directory, meta FROM jobs WHERE job = ?",
-                                (job,))
+                row = self._one(db, _JobDir, "SELECT directory, meta, way FROM jobs WHERE "
+                                "job = ?", (job,))
                 assert row is not None   # the insert found it there
-            if row.directory != directory:
+            # an uploaded job is the uploads folder's by its name: instances reaching a shared
+            # folder by different paths announce one job (its row keeps the first path)
+            if row.directory != directory and not (way == "http" and row.way == "http"):
                 raise JobConflict(f"job name {job!r} already belongs to {row.directory}")
+            if way == "http":   # a way the ingest never writes, repaired by the announcement
+                self._exec(db, "UPDATE jobs SET way = ? WHERE job = ? AND way NOT IN "
+                           "('http', 'files')", (way, job))
             if meta_text is not None and meta_text != row.meta:
                 if sizes_change and self._exec(db, "SELECT 1 FROM parts WHERE job = ? LIMIT 1",
                                                (job,)).fetchone() is not None:
@@ -302,6 +314,38 @@ class SQLStore:
             return gone
 
         return self._write(tx)
+
+    def store_id(self) -> str | None:
+        """This store's id, made at its first start (an uploads folder is marked with it);
+        None where it cannot be written now (a full disk: the monitor still starts)."""
+        rows = self._typed(_Value, "SELECT value FROM store_info WHERE key = 'id'")
+        if rows:
+            return rows[0].value
+
+        def tx(db: Any) -> str:
+            self._exec(db, "INSERT INTO store_info (key, value) VALUES ('id', ?) ON CONFLICT "
+                       "(key) DO NOTHING", (uuid.uuid4().hex,))
+            return str(self._exec(db, "SELECT value FROM store_info WHERE key = 'id'")
+                       .fetchone()[0])
+
+        try:
+            return self._write(tx, notify=False)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                return None
+            raise
+
+    def has_uploaded_parts(self) -> bool:
+        """Whether an uploaded job stored a part (its file lies in the uploads folder)."""
+        return bool(self._typed(_Count, "SELECT CAST(COUNT(*) AS BIGINT) AS n FROM (SELECT 1 "
+                                "FROM parts p JOIN jobs j ON j.job = p.job WHERE j.way = 'http' "
+                                "LIMIT 1) AS one")[0].n)
+
+    def uploaded_jobs(self) -> list[str]:
+        """The names of the uploaded jobs that stored parts."""
+        return [r.job for r in self._typed(_Name, "SELECT DISTINCT j.job FROM jobs j JOIN "
+                                            "parts p ON p.job = j.job WHERE j.way = 'http' "
+                                            "ORDER BY j.job")]
 
     def job_names(self) -> set[str]:
         """The names of every job stored."""

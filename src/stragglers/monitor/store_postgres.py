@@ -73,6 +73,7 @@ CREATE TABLE IF NOT EXISTS alert_outbox (
     attempts INTEGER NOT NULL DEFAULT 0, claimed_by TEXT, claim_until DOUBLE PRECISION,
     delivered_by TEXT, delivered_at DOUBLE PRECISION, failed_at DOUBLE PRECISION,
     UNIQUE (fingerprint, status, sent_at));
+CREATE TABLE IF NOT EXISTS store_info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS alert_outbox_due ON alert_outbox (delivered_at, failed_at, id);
 """
 

@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS alert_outbox (
     attempts INTEGER NOT NULL DEFAULT 0, claimed_by TEXT, claim_until REAL,
     delivered_by TEXT, delivered_at REAL, failed_at REAL, UNIQUE (fingerprint, status, sent_at));
 CREATE INDEX IF NOT EXISTS alert_outbox_due ON alert_outbox (delivered_at, failed_at, id);
+CREATE TABLE IF NOT EXISTS store_info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 # columns added since the first stores: (table, column, declaration)

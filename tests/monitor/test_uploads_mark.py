@@ -1,0 +1,79 @@
+"""An uploads folder belongs to one store (monitor/uploads_mark.py): started with a folder that
+lacks the store's uploaded parts, or with another store's folder, the monitor refuses in one
+line; the store and its folder moved together go on."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from conftest import eventually
+from monitor_jobs import get, parts_of, slow_job
+from stragglers.errors import InputError
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.monitor.uploads_mark import MARK_FILE
+from stragglers.trace.runformat import table_bytes
+
+TOKEN = "uploads-mark-test-token-0123"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=3600)
+
+
+def _serve(tmp_path, data_dir):
+    return MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG,
+                         data_dir=data_dir).start()
+
+
+def _upload(s, trace, parts) -> None:
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                     headers=AUTH).status_code == 200
+        for rank, n, cols in parts:
+            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols),
+                      headers=AUTH)
+            assert r.status_code == 200, r.text
+
+
+def test_an_uploads_folder_without_the_stores_parts_is_refused(tmp_path):
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    s = _serve(tmp_path, tmp_path / "up1")
+    try:
+        _upload(s, trace, parts[:3])
+    finally:
+        s.stop()
+    # another (empty) folder: its parts acknowledged before could not be read from it, and
+    # the window they open was never analysed ("vanished before it could be read")
+    with pytest.raises(InputError, match="not this store's uploads folder") as err:
+        _serve(tmp_path, tmp_path / "up2")
+    assert "\n" not in str(err.value) and "up2" in str(err.value)
+    # the folder and its store moved together (the mark moves with it): the job goes on
+    (tmp_path / "up1").rename(tmp_path / "up3")
+    s = _serve(tmp_path, tmp_path / "up3")
+    try:
+        _upload(s, trace, parts[3:])
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            eventually(lambda: get(c, "/api/jobs/j")["windows_total"] == 2, what="2 windows")
+    finally:
+        s.stop()
+
+
+def test_a_folder_from_before_marks_holding_the_jobs_is_marked(tmp_path):
+    trace = slow_job(steps=10)
+    s = _serve(tmp_path, tmp_path / "up")
+    try:
+        _upload(s, trace, parts_of(trace, 5)[:2])
+    finally:
+        s.stop()
+    (tmp_path / "up" / MARK_FILE).unlink()      # as a monitor before marks left it
+    _serve(tmp_path, tmp_path / "up").stop()
+    assert (tmp_path / "up" / MARK_FILE).read_text().strip()
+
+
+def test_another_stores_folder_is_refused(tmp_path):
+    MonitorServer(tmp_path / "a.db", port=0, token=TOKEN, config=CFG,
+                  data_dir=tmp_path / "up").start().stop()
+    with pytest.raises(InputError, match="the uploads folder of another store"):
+        MonitorServer(tmp_path / "b.db", port=0, token=TOKEN, config=CFG,
+                      data_dir=tmp_path / "up")
