@@ -328,10 +328,6 @@ def test_two_monitors_sharing_an_uploads_folder_keep_each_acknowledged_part(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="a stored upload read back at a restart is checked for "
-                   "its steps and places, not against the digest stored with it: a file "
-                   "replaced on disk by other bytes of the same steps is analysed as if it were "
-                   "the acknowledged part")
 def test_a_stored_part_replaced_on_disk_is_set_aside_not_analysed(tmp_path):
     """An acknowledged upload whose file holds other bytes when it is read back (another writer,
     a restored backup of another job): set aside as bad_part, never analysed as that part."""

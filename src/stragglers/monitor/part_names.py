@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from pathlib import Path
 
 from stragglers.errors import InputError
@@ -31,6 +32,26 @@ def fingerprint(body: bytes) -> str:
     """The digest that tells a retried upload (same bytes) from a different part."""
     return hashlib.blake2b(body, digest_size=16).hexdigest()
 
+
+
+def file_fingerprint(path: Path) -> str | None:
+    """`fingerprint` of a stored part's file, read in chunks (None: it cannot be read now:
+    the read that follows names why)."""
+    h = hashlib.blake2b(digest_size=16)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)   # (a FIFO put there must not block)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return h.hexdigest()
 
 
 def check_same_part(stored: str | None, digest: str | None, job: str, rank: int,

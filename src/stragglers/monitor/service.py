@@ -37,6 +37,7 @@ from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.jobmeta import check_meta, is_new_run
 from stragglers.monitor.outbox import OutboxSender
+from stragglers.monitor.part_names import file_fingerprint
 from stragglers.monitor.places import check_place, rows_place
 from stragglers.monitor.parts import MAX_PART, MAX_STEP, MAX_WINDOW, PartConflict, PartData, \
     PartFile, check_file_in_job, \
@@ -693,11 +694,22 @@ class Monitor:
         # them as the ingest judged it
         self._learn_places(tr, directory, [p for p in index if p.last_step <= tr.consumed_step])
         read: dict[tuple[int, int], PartData | PartFile] = {}
+        # an upload's file read back holds the bytes acknowledged (its stored fingerprint): a
+        # file replaced since (another writer, another job's backup restored) was analysed as
+        # that part
+        digests = self.store.part_digests(tr.job, tr.consumed_step) if fresh else {}
         for p in fresh:
             if p.last_step <= tr.consumed_step:
                 continue
             path = part_path(directory, p.rank, p.part)
             try:
+                stored = digests.get((p.rank, p.part))
+                on_disk = file_fingerprint(path) if stored is not None else None
+                if on_disk is not None and on_disk != stored:
+                    self.reject("bad_part", str(path), "stored part set aside when read back: "
+                                "its bytes are not the part acknowledged (its fingerprint "
+                                "differs: the file was replaced since)")
+                    continue
                 footer = read_part_footer(path, within)
                 if isinstance(footer, InputError):
                     raise footer

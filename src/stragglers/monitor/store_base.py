@@ -57,6 +57,12 @@ class _Value(msgspec.Struct):
     value: str
 
 
+class _PartDigest(msgspec.Struct):
+    rank: int
+    part: int
+    digest: str
+
+
 class _Seq(msgspec.Struct):
     part_seq: int
     meta_seq: int = 0
@@ -525,6 +531,13 @@ class SQLStore:
         rows = self._rows("SELECT digest FROM parts WHERE job = ? AND rank = ? AND part = ?",
                           (job, rank, part))
         return next(iter(rows[0].values())) if rows else None
+
+    def part_digests(self, job: str, after_step: int = -1) -> dict[tuple[int, int], str]:
+        """(rank, part) → the stored fingerprint of each uploaded part holding steps after
+        `after_step` (parts stored without one are left out)."""
+        rows = self._typed(_PartDigest, "SELECT rank, part, digest FROM parts WHERE job = ? "
+                           "AND last_step > ? AND digest IS NOT NULL", (job, after_step))
+        return {(r.rank, r.part): r.digest for r in rows}
 
     def parts(self, job: str, after_step: int = -1) -> list[PartRow]:
         """A job's parts that hold steps after `after_step` (for rebuilding after a restart)."""
