@@ -126,15 +126,15 @@ def test_status_prints_no_terminal_escapes_a_service_sent(tmp_path):
     assert b"\x1b" not in said and b"\x07" not in said, said  # ... without its escapes
 
 
-def serve(tmp: Path) -> tuple[subprocess.Popen, str]:
-    """`stragglers adapt serve --db tmp/s.db` (the process and its URL, "" when it exited)."""
+def serve(tmp: Path, db: str = "s.db") -> tuple[subprocess.Popen, str]:
+    """`stragglers adapt serve --db tmp/<db>` (the process and its URL, "" when it exited)."""
     import re
 
     token = tmp / "token"
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
     proc = subprocess.Popen([sys.executable, "-m", "stragglers.cli", "adapt", "serve", "--db",
-                             str(tmp / "s.db"), "--port", "0", "--token-file", str(token)],
+                             str(tmp / db), "--port", "0", "--token-file", str(token)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdout is not None
     found = re.search(r"http://127\.0\.0\.1:\d+", proc.stdout.readline().decode())
@@ -142,13 +142,17 @@ def serve(tmp: Path) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.mark.slow
-def test_a_second_service_on_the_same_store_is_refused_or_reads_what_is_stored(tmp_path):
+@pytest.mark.parametrize("second_db", ["s.db", "link.db"], ids=["same-path", "via-a-symlink"])
+def test_a_second_service_on_the_same_store_is_refused_or_reads_what_is_stored(tmp_path,
+                                                                             second_db):
     """Two `adapt serve` on one SQLite file (a restart that overlapped, a second unit by
-    mistake): the second is refused with one line, or both answer what the file holds."""
+    mistake; or the same file by a symlink, which a lock named after the path as typed
+    missed): the second is refused with one line, or both answer what the file holds."""
     import httpx
 
+    (tmp_path / "link.db").symlink_to(tmp_path / "s.db")
     first, url1 = serve(tmp_path)
-    second, url2 = serve(tmp_path)
+    second, url2 = serve(tmp_path, second_db)
     try:
         if not url2:                                  # refused: what the fix may choose
             second.wait(timeout=60)

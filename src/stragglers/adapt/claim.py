@@ -15,9 +15,13 @@ def claim(db: str | Path) -> IO[str]:
     """An exclusive lock on `<db>.lock`, held while the returned file is open (the kernel
     drops it when the process ends, kill -9 included: a restart is never refused for it);
     InputError naming the file when another service holds it."""
-    path = f"{db}.lock"
+    # named after the file the path reaches (a symlink to it reached another lock), and
+    # opened without following a link in its own place (the truncation below then wrote
+    # through it into any file the service may write)
+    path = f"{os.path.realpath(db)}.lock"
     try:
-        f = open(path, "a+", encoding="utf-8")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        f = os.fdopen(fd, "r+", encoding="utf-8")
     except OSError as exc:
         raise InputError(path, None, f"cannot open the service's lock file ({exc.strerror})"
                          ) from None
