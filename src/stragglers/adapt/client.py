@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -28,6 +29,10 @@ R = TypeVar("R", bound=msgspec.Struct)
 # A restore of 655,360 rows is written in paced steps (other jobs' calls run between them):
 # tens of seconds on a loaded machine.
 RESTORE_TIMEOUT_S = 600.0
+# a reply, read whole, within this many read timeouts in all (each read's own bound is httpx's)
+REPLY_READS = 6
+# characters a terminal takes for commands (C0 but tab and newline, DEL, C1)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 class ServiceUnavailable(EnvironmentFailure):
@@ -57,6 +62,7 @@ class ShardClient:
             headers["Authorization"] = f"Bearer {token}"
         if service_token:
             headers["X-Service-Token"] = service_token
+        self.timeout_s = timeout_s
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
@@ -74,9 +80,8 @@ class ShardClient:
         delay = 0.05
         while True:
             try:
-                resp = self._http.request(method, path, json=json_body, content=content,
-                                          headers=headers, params=params,
-                                          timeout=timeout or httpx.USE_CLIENT_DEFAULT)
+                resp = self._whole_reply(method, path, json_body, content, headers, params,
+                                         timeout)
                 if resp.status_code == 429 and _kind(resp) == "RateLimited" and \
                         time.monotonic() + _retry_after(resp) < deadline:
                     time.sleep(_retry_after(resp))   # new tokens are rate-limited: wait a turn
@@ -106,6 +111,30 @@ class ShardClient:
                 raise QuotaExceeded(msg)
             raise InputError(f"{self.url}{path}", field, msg)
         return resp.content
+
+    def _whole_reply(self, method: str, path: str, json_body, content, headers, params,
+                     timeout: float | None) -> httpx.Response:
+        """One request's reply read whole within REPLY_READS read timeouts in all (httpx's
+        timeout bounds each read: a reply trickled a byte a second never ended, and a
+        worker's call or `stragglers adapt status` waited for ever); httpx.ReadTimeout past
+        it, which the caller retries as any unreachable service."""
+        request = self._http.build_request(method, path, json=json_body, content=content,
+                                           headers=headers, params=params,
+                                           timeout=timeout or httpx.USE_CLIENT_DEFAULT)
+        limit = REPLY_READS * (timeout or self.timeout_s)
+        start = time.monotonic()
+        resp = self._http.send(request, stream=True)
+        try:
+            raw = bytearray()
+            for chunk in resp.iter_raw():
+                raw += chunk
+                if time.monotonic() - start > limit:
+                    raise httpx.ReadTimeout(f"the reply took longer than {limit:.0f} s in all",
+                                            request=request)
+        finally:
+            resp.close()
+        return httpx.Response(resp.status_code, headers=resp.headers, content=bytes(raw),
+                              request=request)
 
     def _typed(self, kind: type[R], method: str, path: str,
                body: Mapping[str, Any] | msgspec.Struct | None = None,
@@ -213,7 +242,11 @@ def _error_body(resp: httpx.Response) -> _ErrorBody:
 
 
 def _message(resp: httpx.Response) -> str:
-    return _error_body(resp).error or resp.text[:500]
+    """The error a reply gives, its control characters escaped: shown in the operator's
+    terminal, a service (or whatever answers at the URL) wrote escapes there (clear the
+    screen, set the title)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}",
+                        _error_body(resp).error or resp.text[:500])
 
 
 def _kind(resp: httpx.Response) -> str:
