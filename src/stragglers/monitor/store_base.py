@@ -331,8 +331,9 @@ class SQLStore:
         def tx(db: Any) -> str:
             self._exec(db, "INSERT INTO store_info (key, value) VALUES ('id', ?) ON CONFLICT "
                        "(key) DO NOTHING", (uuid.uuid4().hex,))
-            return str(self._exec(db, "SELECT value FROM store_info WHERE key = 'id'")
-                       .fetchone()[0])
+            row = self._one(db, _Value, "SELECT value FROM store_info WHERE key = 'id'")
+            assert row is not None   # (inserted above, or by another instance first)
+            return row.value
 
         try:
             return self._write(tx, notify=False)
