@@ -76,6 +76,15 @@ TOKEN_PATTERN = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
 MAX_TOKEN_FILE_BYTES = 4096
 
 
+async def pause(seconds: float) -> None:
+    """asyncio.sleep(seconds) held on the real clock: a loop's timer may fire early (libuv reads
+    its clock once an iteration, stale on a busy host), and a refusal answered early let a
+    client loop on refused requests faster than the pause allows."""
+    due = time.monotonic() + seconds
+    while (left := due - time.monotonic()) > 0:
+        await asyncio.sleep(left)
+
+
 def read_token_file(path: Path | str | None, option: str = "--token-file") -> str | None:
     """The token a file holds (its first line, stripped), never taken from the command line
     (it would show in `ps`); one-line InputError naming the file and `option` when the file
@@ -442,7 +451,7 @@ class ServiceGuard:
         if version not in ("1.0", "1.1"):
             # httptools serves a text request line claiming HTTP/2.0 or 0.9 as if it were 1.1
             # (RFC 9110 15.6.6: a major version the server does not take is 505)
-            await asyncio.sleep(self.refusal_delay_s)
+            await pause(self.refusal_delay_s)
             await send_json(self.shape, send, 505, f"request line: HTTP/{version[:8]} is not "
                             "served here; expected HTTP/1.1 (or 1.0)")
             return
@@ -451,13 +460,13 @@ class ServiceGuard:
         if twice is not None:
             # RFC 9112 (Host): answered 400; the same for a token or a body's type, where one
             # reader takes the first and another the last (the owner's token then a stranger's)
-            await asyncio.sleep(self.refusal_delay_s)
+            await pause(self.refusal_delay_s)
             await send_json(self.shape, send, 400, f"request header '{twice}': given more than once; "
                             "expected once")
             return
         odd = _odd_framing(headers)
         if odd is not None:
-            await asyncio.sleep(self.refusal_delay_s)
+            await pause(self.refusal_delay_s)
             await send_json(self.shape, send, *odd)
             return
         hosts = [v.decode("latin-1") for k, v in headers if k == b"host"]
@@ -465,17 +474,17 @@ class ServiceGuard:
         if host is None and scope.get("http_version") == "1.1":
             # RFC 9112 3.2: an HTTP/1.1 request without Host is answered 400 (HTTP/1.0 ones,
             # which no browser sends, are served)
-            await asyncio.sleep(self.refusal_delay_s)
+            await pause(self.refusal_delay_s)
             await send_json(self.shape, send, 400, "request header 'Host': missing (HTTP/1.1"
                             " requires it)")
             return
         if host is not None and host_of(host) is None:
-            await asyncio.sleep(self.refusal_delay_s)
+            await pause(self.refusal_delay_s)
             await send_json(self.shape, send, 400, f"request header 'Host': {host[:100]!r} is not"
                             " host[:port] (a name or an address, a port 0-65535)")
             return
         if host is not None and not self.host_allowed(host):
-            await asyncio.sleep(self.refusal_delay_s)
+            await pause(self.refusal_delay_s)
             await send_json(self.shape, send, 400, f"request header 'Host': {host[:100]!r} is not a name "
                             "of this service (expected a loopback name, or one configured in "
                             "allowed_hosts)")
@@ -484,14 +493,14 @@ class ServiceGuard:
         if not target.startswith(b"/"):
             scope, refusal = self.absolute_target(scope, target)
             if refusal is not None:
-                await asyncio.sleep(self.refusal_delay_s)
+                await pause(self.refusal_delay_s)
                 await send_json(self.shape, send, 400, refusal)
                 return
         if b"%2f" in (scope.get("raw_path") or b"").lower():
             # the path is routed decoded: /datasets/d%2Flease was /datasets/d/lease, one
             # segment to a proxy or a log, two to the service; no name either service takes
             # holds a '/', so an encoded one names nothing
-            await asyncio.sleep(self.refusal_delay_s)
+            await pause(self.refusal_delay_s)
             await send_json(self.shape, send, 400, "request target: an encoded '/' (%2F) in the"
                             " path; expected the segments separated by '/' themselves")
             return

@@ -271,12 +271,20 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             except (OSError, RuntimeError):
                 pass
 
+            loop = asyncio.get_running_loop()
+            due = time.monotonic() + limits.refusal_delay_s
+
             def answer_now() -> None:
+                # (a loop's timer may fire early: libuv's clock is read once an iteration, and
+                # on a busy host that reading is stale; the pause holds on the real clock)
+                left = due - time.monotonic()
+                if left > 0:
+                    self._g_refusing = loop.call_later(left, answer_now)
+                    return
                 if not self.transport.is_closing():
                     self.transport.write(answer)
                     self._g_linger()
-            self._g_refusing = asyncio.get_running_loop().call_later(
-                limits.refusal_delay_s, answer_now)
+            self._g_refusing = loop.call_later(limits.refusal_delay_s, answer_now)
 
         def _g_linger(self) -> None:
             """End the connection after the answer written last: the write side shut once it
