@@ -4,6 +4,9 @@ line; the store and its folder moved together go on."""
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
+
 import httpx
 import pytest
 
@@ -77,3 +80,28 @@ def test_another_stores_folder_is_refused(tmp_path):
     with pytest.raises(InputError, match="the uploads folder of another store"):
         MonitorServer(tmp_path / "b.db", port=0, token=TOKEN, config=CFG,
                       data_dir=tmp_path / "up")
+
+
+def test_a_folder_from_before_marks_may_lack_its_finished_jobs(tmp_path):
+    # a finished job's parts are never read again: an operator who removed its folder to free
+    # space could not start the version with marks at all
+    trace = slow_job(steps=10)
+    s = _serve(tmp_path, tmp_path / "up")
+    try:
+        _upload(s, trace, parts_of(trace, 5)[:2])
+    finally:
+        s.stop()
+    (tmp_path / "up" / MARK_FILE).unlink()
+    shutil.rmtree(tmp_path / "up" / "j")
+    with sqlite3.connect(tmp_path / "mon.db") as db:   # as the monitor finishes a job
+        db.execute("UPDATE jobs SET state = 'finished' WHERE job = 'j'")
+    db.close()
+    _serve(tmp_path, tmp_path / "up").stop()
+
+
+def test_a_mark_that_cannot_be_read_is_one_line_naming_it(tmp_path):
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / MARK_FILE).mkdir()
+    with pytest.raises(InputError, match=MARK_FILE) as err:
+        _serve(tmp_path, tmp_path / "up")
+    assert "\n" not in str(err.value)

@@ -29,8 +29,8 @@ R = TypeVar("R", bound=msgspec.Struct)
 # A restore of 655,360 rows is written in paced steps (other jobs' calls run between them):
 # tens of seconds on a loaded machine.
 RESTORE_TIMEOUT_S = 600.0
-# a reply, read whole, within this many read timeouts in all (each read's own bound is httpx's)
-REPLY_READS = 6
+# a reply slower than this over a read timeout is cut (each read's own bound is httpx's)
+REPLY_MIN_BYTES_PER_S = 1024
 # characters a terminal takes for commands (C0 but tab and newline, DEL, C1)
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -114,23 +114,29 @@ class ShardClient:
 
     def _whole_reply(self, method: str, path: str, json_body, content, headers, params,
                      timeout: float | None) -> httpx.Response:
-        """One request's reply read whole within REPLY_READS read timeouts in all (httpx's
-        timeout bounds each read: a reply trickled a byte a second never ended, and a
-        worker's call or `stragglers adapt status` waited for ever); httpx.ReadTimeout past
-        it, which the caller retries as any unreachable service."""
+        """One request's reply read whole at REPLY_MIN_BYTES_PER_S or more over each read
+        timeout (httpx's timeout bounds each read: a reply trickled a byte a second never
+        ended, and a worker's call or `stragglers adapt status` waited for ever; a rate, not a
+        total: a big snapshot on a slow link takes long and is no trickle); httpx.ReadTimeout
+        below it, which the caller retries as any unreachable service."""
         request = self._http.build_request(method, path, json=json_body, content=content,
                                            headers=headers, params=params,
                                            timeout=timeout or httpx.USE_CLIENT_DEFAULT)
-        limit = REPLY_READS * (timeout or self.timeout_s)
-        start = time.monotonic()
+        span = timeout or self.timeout_s
         resp = self._http.send(request, stream=True)
         try:
             raw = bytearray()
+            since, got = time.monotonic(), 0
             for chunk in resp.iter_raw():
                 raw += chunk
-                if time.monotonic() - start > limit:
-                    raise httpx.ReadTimeout(f"the reply took longer than {limit:.0f} s in all",
-                                            request=request)
+                got += len(chunk)
+                now = time.monotonic()
+                if now - since >= span:
+                    if got < REPLY_MIN_BYTES_PER_S * (now - since):
+                        raise httpx.ReadTimeout(f"the reply came at {got / (now - since):.0f} "
+                                                f"bytes/s over {span:.0f} s (a trickle)",
+                                                request=request)
+                    since, got = now, 0
         finally:
             resp.close()
         return httpx.Response(resp.status_code, headers=resp.headers, content=bytes(raw),

@@ -349,10 +349,11 @@ class SQLStore:
                                 "LIMIT 1) AS one")[0].n)
 
     def uploaded_jobs(self) -> list[str]:
-        """The names of the uploaded jobs that stored parts."""
+        """The names of the uploaded jobs not finished that stored parts (their parts may be
+        read again; a finished job's never are)."""
         return [r.job for r in self._typed(_Name, "SELECT DISTINCT j.job FROM jobs j JOIN "
                                             "parts p ON p.job = j.job WHERE j.way = 'http' "
-                                            "ORDER BY j.job")]
+                                            "AND j.state <> 'finished' ORDER BY j.job")]
 
     def job_names(self) -> set[str]:
         """The names of every job stored."""

@@ -27,17 +27,18 @@ MARK_FILE = ".stragglers-store"
 
 def check_uploads_folder(store, data_dir: Path) -> None:
     """InputError naming `--data-dir` unless `data_dir` is `store`'s uploads folder: marked
-    with its id, or (a folder from before marks) unmarked and holding every uploaded job's
-    folder; an unmarked folder is marked then (where the disk lets it)."""
+    with its id, or (a folder from before marks) unmarked and holding the folder of every
+    uploaded job not finished (a finished job's parts are never read again: their folders may
+    have been removed); an unmarked folder is marked then (where the disk lets it)."""
     ident = store.store_id()
     if ident is None:   # a full disk: nothing to compare with, nothing written
         return
     mark = data_dir / MARK_FILE
     held: str | None
-    try:
+    if not os.path.lexists(mark):
+        held = None
+    else:   # (a mark that cannot be read is no store's: one line naming it, as any other file)
         held = read_small_file(mark, "a store's id", 1024).decode("ascii", "replace").strip()
-    except InputError:
-        held = None if not os.path.lexists(mark) else ""
     if held == ident:
         return
     if held is not None:
