@@ -60,16 +60,12 @@ def load_yaml_file(path: Path | str, expected: str, max_bytes: int = MAX_TEXT_FI
     cannot be read (read_small_file), is not UTF-8 or not YAML, or nests too deep to parse."""
     import yaml
 
-    data = read_small_file(path, expected, max_bytes, missing)
+    text = _text(path, expected, max_bytes, missing)
     try:
-        return yaml.load(data.decode("utf-8"), Loader=_no_alias_loader())  # noqa: S506
-    except UnicodeDecodeError as exc:
-        raise InputError(path, None, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-                         f"offset {exc.start}); expected {expected}") from None
+        loader = _no_alias_loader()
+        return _nested(path, expected, lambda: yaml.load(text, Loader=loader))  # noqa: S506
     except yaml.YAMLError as exc:
         raise InputError(path, None, f"not valid YAML ({str(exc).splitlines()[0]})") from None
-    except RecursionError:
-        raise InputError(path, None, f"nested too deep to read; expected {expected}") from None
 
 
 def load_json_file(path: Path | str, expected: str, max_bytes: int = MAX_TEXT_FILE_BYTES,
@@ -78,14 +74,27 @@ def load_json_file(path: Path | str, expected: str, max_bytes: int = MAX_TEXT_FI
     (read_small_file), is not UTF-8 or not JSON, or nests too deep to parse."""
     import json
 
+    text = _text(path, expected, max_bytes, missing)
+    try:
+        return _nested(path, expected, lambda: json.loads(text))
+    except json.JSONDecodeError as exc:
+        raise InputError(path, None, f"not valid JSON ({exc}); expected {expected}") from None
+
+
+def _text(path: Path | str, expected: str, max_bytes: int, missing: str | None) -> str:
+    """A small file's text (read_small_file), InputError naming it unless UTF-8."""
     data = read_small_file(path, expected, max_bytes, missing)
     try:
-        return json.loads(data.decode("utf-8"))
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(path, None, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
                          f"offset {exc.start}); expected {expected}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(path, None, f"not valid JSON ({exc}); expected {expected}") from None
+
+
+def _nested(path: Path | str, expected: str, parse: Callable[[], object]) -> object:
+    """parse(), InputError naming the file where the document nests too deep for the parser."""
+    try:
+        return parse()
     except RecursionError:
         raise InputError(path, None, f"nested too deep to read; expected {expected}") from None
 
