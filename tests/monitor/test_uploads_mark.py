@@ -62,14 +62,20 @@ def test_an_uploads_folder_without_the_stores_parts_is_refused(tmp_path):
         s.stop()
 
 
-def test_a_folder_from_before_marks_holding_the_jobs_is_marked(tmp_path):
+def _stored_before_marks(tmp_path) -> None:
+    """Job j's first two parts uploaded into tmp/up, its mark gone, as a monitor before marks
+    left the folder."""
     trace = slow_job(steps=10)
     s = _serve(tmp_path, tmp_path / "up")
     try:
         _upload(s, trace, parts_of(trace, 5)[:2])
     finally:
         s.stop()
-    (tmp_path / "up" / MARK_FILE).unlink()      # as a monitor before marks left it
+    (tmp_path / "up" / MARK_FILE).unlink()
+
+
+def test_a_folder_from_before_marks_holding_the_jobs_is_marked(tmp_path):
+    _stored_before_marks(tmp_path)
     _serve(tmp_path, tmp_path / "up").stop()
     assert (tmp_path / "up" / MARK_FILE).read_text().strip()
 
@@ -85,13 +91,7 @@ def test_another_stores_folder_is_refused(tmp_path):
 def test_a_folder_from_before_marks_may_lack_its_finished_jobs(tmp_path):
     # a finished job's parts are never read again: an operator who removed its folder to free
     # space could not start the version with marks at all
-    trace = slow_job(steps=10)
-    s = _serve(tmp_path, tmp_path / "up")
-    try:
-        _upload(s, trace, parts_of(trace, 5)[:2])
-    finally:
-        s.stop()
-    (tmp_path / "up" / MARK_FILE).unlink()
+    _stored_before_marks(tmp_path)
     shutil.rmtree(tmp_path / "up" / "j")
     with sqlite3.connect(tmp_path / "mon.db") as db:   # as the monitor finishes a job
         db.execute("UPDATE jobs SET state = 'finished' WHERE job = 'j'")
