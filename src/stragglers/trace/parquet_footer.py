@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Any
 
 STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
 INTS = (I16, I32, I64)
@@ -335,7 +336,11 @@ def _list(b: bytes, p: int, field: tuple, depth: int, limit: int,
     return items, p
 
 
-def parse_footer(footer: bytes, spec: dict = _FILE_META) -> dict:
+# a thrift struct as read: {field id: its value (an int, bytes, a list, a nested Struct)}
+Struct = dict[int, Any]
+
+
+def parse_footer(footer: bytes, spec: dict = _FILE_META) -> Struct:
     """The fields of `spec` (FileMetaData's the screen checks) read from a footer's bytes, all
     of them kept (BadThrift when they are not thrift): check_footer keeps no row group."""
     try:
