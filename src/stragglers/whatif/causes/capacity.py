@@ -194,7 +194,13 @@ def _group_parts(busy: np.ndarray, cfg, measured: np.ndarray | None = None,
                         and alike([f for _, f in window])):
                     best = window
         chosen = dict(best)
-    return _unlike_stage_mates({**groups, **chosen}, cfg)
+    found = _unlike_stage_mates({**groups, **chosen}, cfg)
+    # a majority behind one fast worker in every step is that worker ahead of its stage in
+    # every step, the mirror of worker_fault's question, which says nothing of the majority
+    # (noise-only dp 3 jobs of 5-6 steps: 1 in 81 by chance, and named); other stages'
+    # members slowed alike do (a node holding three of a stage's four workers and one of the
+    # next's, x1.1-1.4, diagnosis_slow_group_stages seed 11)
+    return found if len(found) >= 2 else {p: f for p, f in found.items() if not f.company}
 
 
 def _unlike_stage_mates(parts: dict[int, "Part"], cfg) -> dict[int, "Part"]:
@@ -229,6 +235,8 @@ class Part(NamedTuple):
     sure: bool              # the split holds on the even and odd steps alone (or < 5 workers)
     fast: np.ndarray        # bool [D]: the fast group (a worker peeled off the slow side is in
     #                         neither)
+    company: bool = False   # told by steadiness beside one fast worker: a group only beside
+    #                         other stages' members (`_group_parts`)
 
 
 def _split(times: np.ndarray, cfg, steady: bool = False) -> list[Part]:
@@ -382,28 +390,27 @@ def _part(times: np.ndarray, kept: np.ndarray, mean: np.ndarray, slow: np.ndarra
     # median) above the fast group's median, and the slow group is slower in (nearly) every
     # step; what fixing it buys is the gain test's. A slow half of a job 10% slower was named
     # as nothing, while a slow 40% of it was named by the outlier test worker by worker.
-    held = len(mean) >= 5 and lo > 1 and _holds_in_halves(kept, slow, fast, cfg)
+    apart = len(mean) >= 5 and lo > 1 and _holds_in_halves(kept, slow, fast, cfg)
     # With fewer than five, the route worker_fault has for a worker behind its peers in
     # every step of five or more (a slow device slows every step; ranks sharing a CPU are
     # slowed step by step at random), asked of every member (`_behind_every_step`): two
     # ranks of four x1.14 alike were named as two worker faults, the group's 15% unmet
-    held |= steady and len(mean) < 5 and _behind_every_step(times, slow, fast, cfg) \
+    behind = steady and len(mean) < 5 and _behind_every_step(times, slow, fast, cfg) \
         and lo > 1 and point - 1 >= cfg.outlier_z * cfg.outlier_scale_floor
+    held = apart or behind
     if lo >= 1 + cfg.worker_min_excess or held:     # persistently 15% slower, or apart
         halves = (np.stack([_relative(np.median(kept[:, h::2], axis=1), fast) for h in (0, 1)])
                   if kept.shape[1] >= 2 else np.stack([ratio, ratio]))
-        return Part(slow, np.vstack([ratio, halves]), gap, held or len(mean) < 5, fast)
+        company = (not (apart or lo >= 1 + cfg.worker_min_excess) and slow.sum() >= 2
+                   and fast.sum() < 2)
+        return Part(slow, np.vstack([ratio, halves]), gap, held or len(mean) < 5, fast, company)
     return None
 
 
 def _behind_every_step(times: np.ndarray, slow: np.ndarray, fast: np.ndarray, cfg) -> bool:
     """Whether every worker of the slow side is behind every fast worker ([D, T] s) in every
-    step, over STEADY_STEPS steps or more; a slow side of two or more beside one fast worker
-    never."""
-    # A majority behind one worker in every step is that worker ahead of its stage in every
-    # step, the mirror of worker_fault's question, which says nothing of the majority (dp 3
-    # noise-only jobs of 5-6 steps: 1 in 81 by chance, and named)
-    if times.shape[1] < STEADY_STEPS or (slow.sum() >= 2 and fast.sum() < 2):
+    step, over STEADY_STEPS steps or more (beside one fast worker: `Part.company`)."""
+    if times.shape[1] < STEADY_STEPS:
         return False
     # Every member against every fast worker, not the sides' medians: the split is chosen
     # from the data, the side behind most often, so "the slow side's median behind in every
