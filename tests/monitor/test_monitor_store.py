@@ -65,8 +65,11 @@ def test_jobs_parts_and_their_sequence(stores):
     a, b = stores(), stores()
     assert a.register_job("j", "/runs/j", "http", {"world_size": 2}) is True
     assert b.register_job("j", "/runs/j", "http", {"world_size": 2}) is False
+    # an uploaded job is the uploads folder's by its name: instances reaching that folder by
+    # different paths announce one job; a watched run of the same name elsewhere is another
+    assert b.register_job("j", "/mnt/uploads/j", "http", None) is False
     with pytest.raises(JobConflict):
-        b.register_job("j", "/elsewhere", "http", None)
+        b.register_job("j", "/elsewhere", "files", None)
     assert a.add_parts([("j", 0, 0, 5, 0, 4, 100, "http", "d0"),
                         ("j", 1, 0, 5, 0, 4, 100, "http", "d1")], now=10.0) == [True, True]
     # the same part from the other instance counts once; a new one gets the next number

@@ -49,6 +49,14 @@ def stop(proc: subprocess.Popen) -> None:
     proc.communicate(timeout=60)
 
 
+def upload(c: httpx.Client, trace, parts) -> None:
+    """Job j's metadata and `parts` uploaded, each acknowledged."""
+    assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(), headers=AUTH).status_code == 200
+    for rank, n, cols in parts:
+        r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols), headers=AUTH)
+        assert r.status_code == 200, r.text
+
+
 def as_typed(tmp: Path) -> tuple[str, Path, str, Path]:
     """Started as `--db mon.db` in its folder, then as `--db /abs/mon.db` from elsewhere."""
     return "mon.db", tmp, str(tmp / "mon.db"), REPO
@@ -79,12 +87,7 @@ def test_monitor_started_again_by_another_path_to_its_store_keeps_its_jobs(tmp_p
     try:
         assert up(proc, url), "the monitor did not start"
         with httpx.Client(base_url=url, timeout=60) as c:
-            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
-                         headers=AUTH).status_code == 200
-            for rank, n, cols in parts[:-1]:
-                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols),
-                          headers=AUTH)
-                assert r.status_code == 200, r.text
+            upload(c, trace, parts[:-1])
             eventually(lambda: c.get("/api/jobs/j").json()["windows_total"] == 1,
                        what="window 0 analysed")
     finally:
@@ -338,12 +341,7 @@ def test_a_stored_part_replaced_on_disk_is_set_aside_not_analysed(tmp_path):
     try:
         assert up(proc, url), "the monitor did not start"
         with httpx.Client(base_url=url, timeout=60) as c:
-            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
-                         headers=AUTH).status_code == 200
-            for rank, n, cols in parts[:-1]:
-                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols),
-                          headers=AUTH)
-                assert r.status_code == 200, r.text
+            upload(c, trace, parts[:-1])
     finally:
         stop(proc)
     rank, n, cols = others[-2]                 # rank 2's part 1, window 1 (not analysed yet)
