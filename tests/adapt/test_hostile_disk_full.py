@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+from conftest import fill
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.service import EmbeddedServer, token_digest
@@ -260,33 +261,6 @@ def test_an_io_error_counts_as_a_full_disk_only_while_the_space_is_gone(tmp_path
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["SQLITE_IOERR_WRITE", "True", "False"]
 
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """4 MiB of real disk (tmpfs): after a write refused at a file-size limit the WAL is folded
-    and small writes fit again, on a full disk none does. Needs the right to mount (root in a
-    container); skipped without."""
-    path = tmp_path / "disk"
-    path.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
-
-
-def fill(disk) -> None:
-    """Write a file until the file system has no byte left."""
-    with open(disk / "filler", "ab", buffering=0) as f:
-        for size in (65536, 1):
-            try:
-                while True:
-                    f.write(b"\0" * size)
-            except OSError:
-                pass
 
 
 @pytest.mark.slow

@@ -272,20 +272,6 @@ def drive(db: Path, how: str, scenario: str, rc: int = 0) -> tuple[dict, str]:
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 4 MiB tmpfs (a full disk as it is); skipped where mount is not allowed."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
-
-
 def check_stall(found: dict, log: str) -> None:
     assert found["before"] == 1
     # once space returned: window 1 (steps 5..7, closed by the stall) stored, analysed; the

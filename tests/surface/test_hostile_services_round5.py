@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import REPO, eventually, listening_url, up
+from conftest import REPO, eventually, fill, listening_url, up
 
 sys.path.insert(0, str(REPO / "tests" / "monitor"))
 from monitor_jobs import parts_of, slow_job, start_run, write_parts  # noqa: E402
@@ -281,46 +281,6 @@ def test_monitor_stats_over_a_damaged_table_is_a_storage_error(tmp_path):
     assert alive
     assert r.status_code == 503 and "error" in r.json(), (r.status_code, r.text)
     assert "Traceback" not in err, err[-3000:]
-
-
-def mounted_tmpfs(path: Path, size: str):
-    """A real file system of `size` (tmpfs) at `path` — a full disk as it is, not a file-size
-    limit: after a write refused at a limit the WAL is folded and small writes fit again, on a
-    full disk none does. Needs the right to mount (root in a container); skipped without."""
-    path.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """4 MiB of real disk."""
-    yield from mounted_tmpfs(tmp_path / "disk", "4m")
-
-
-@pytest.fixture
-def upload_disk(tmp_path):
-    """80 MiB of real disk: the monitor keeps 64 MiB + its upload budget free for the store."""
-    yield from mounted_tmpfs(tmp_path / "disk", "80m")
-
-
-def fill(disk: Path) -> None:
-    """Write a file until the file system has no byte left."""
-    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (65536, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.slow
