@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from stragglers.trace.kineto.ops import RING_SYNC
+from stragglers.trace.kineto.ringclock import Span, read_ring
 
 # Ends of one collective on different ranks agree to well under this; pairs further apart than
 # this from the consensus are mismatched (sampled or filtered traces drop some collectives).
@@ -23,7 +24,9 @@ def consensus_offset(diffs: np.ndarray, tolerance: float = END_TOLERANCE_S) -> t
     return float(np.median(d[i:i + best])), int(best)
 
 
-def clock_offsets(sync: dict[int, dict[tuple, float]], hosts: dict[int, str | None] | None = None
+def clock_offsets(sync: dict[int, dict[tuple, float]], hosts: dict[int, str | None] | None = None,
+                  spans: dict[int, dict[tuple, Span]] | None = None,
+                  peers: dict[int, dict[str, tuple[int, int]]] | None = None
                   ) -> tuple[dict[int, float], dict[int, dict], list[str]]:
     """Per-rank clock offsets (seconds, to subtract) so each rank's median end offset is 0.
 
@@ -60,6 +63,16 @@ def clock_offsets(sync: dict[int, dict[tuple, float]], hosts: dict[int, str | No
             offsets[r] = offsets[same]
             quality[r] = {"same_host_as": same, "host": hosts[r]}
             continue
+        if spans is not None and peers and common and not _rank(common):
+            placed = _place_by_ring(_firm_set(r, pending, sync, hosts), offsets, sync, hosts,
+                                    spans, peers)
+            if placed is not None:
+                for c, (off, q) in placed[0].items():
+                    if c in pending:
+                        pending.remove(c)
+                    offsets[c], quality[c] = off, q
+                notes += placed[1]
+                continue
         if not common:
             offsets[r] = 0.0
             quality[r] = {"matched": 0, "agreeing": 0}
@@ -90,3 +103,51 @@ def _firm(keys: set[tuple]) -> set[tuple]:
 def _rank(keys: set[tuple]) -> int:
     """1 where `keys` are firm sync points, 0 where ring exchanges only (or none)."""
     return int(any(not k or k[0] != RING_SYNC for k in keys))
+
+
+def _firm_set(r: int, pending: list[int], sync: dict[int, dict[tuple, float]],
+              hosts: dict[int, str | None]) -> list[int]:
+    """`r` and the pending ranks linked to it, directly or not, by firm sync points or a host."""
+    found, todo = {r}, [r]
+    while todo:
+        a = todo.pop()
+        for b in pending:
+            if b not in found and ((hosts.get(a) and hosts.get(a) == hosts.get(b))
+                                   or _rank(sync[a].keys() & sync[b].keys())):
+                found.add(b)
+                todo.append(b)
+    return sorted(found)
+
+
+def _place_by_ring(ranks: list[int], offsets: dict[int, float],
+                   sync: dict[int, dict[tuple, float]], hosts: dict[int, str | None],
+                   spans: dict[int, dict[tuple, Span]], peers: dict[int, dict[str, tuple[int, int]]]
+                   ) -> tuple[dict[int, tuple[float, dict]], list[str]] | None:
+    """{rank: (offset, quality)} for `ranks` (aligned among themselves first) placed against the
+    aligned ranks by their ring exchanges (ringclock), and notes; None where the exchanges
+    say nothing (no neighbour across, or bounds that contradict each other)."""
+    inner, inner_q, notes = clock_offsets({c: sync[c] for c in ranks}, hosts)
+    got = read_ring(offsets, inner, spans, peers)
+    lo, hi = got.low, got.high
+    if not got.rounds or lo > hi + END_TOLERANCE_S or not (got.waits or np.isfinite(hi - lo)):
+        return None
+    agreeing = 0
+    if got.waits:
+        # the waits read the offset to within the transfer times' spread
+        tol = min(END_TOLERANCE_S, max(4 * float(np.median(got.transfer_s)), 1e-4))
+        d, agreeing = consensus_offset(np.array(got.waits), tol)
+        d = float(np.clip(d, lo, hi)) if lo <= hi else (lo + hi) / 2
+    else:
+        d = (lo + hi) / 2
+        if hi - lo > END_TOLERANCE_S:
+            notes.append(f"rank(s) {', '.join(map(str, ranks))} meet the others only in ring "
+                         "exchanges, in which no rank waited for the other side: their clock is "
+                         f"known only to ±{(hi - lo) / 2 * 1e6:.0f} µs (the exchanges' causality)")
+    ring = {"rounds": got.rounds, "waits_read": len(got.waits), "agreeing": agreeing,
+            "bounds_s": [float(lo), float(hi)]}
+    out = {}
+    for c in ranks:
+        q = {k: v for k, v in inner_q.get(c, {}).items() if k != "reference"}
+        out[c] = (inner[c] + d, {**q, "ring": ring, "matched": q.get("matched", got.rounds),
+                                  "agreeing": q.get("agreeing", agreeing)})
+    return out, notes

@@ -78,8 +78,11 @@ def merge_exchanges(parts: dict[int, RankParts]) -> set[str | None]:
 
 def _merged(a: Coll, b: Coll) -> Coll:
     """One exchange op spanning a send/recv pair (matched across ranks by the pair's first
-    sequence number, or by its order in the group and step)."""
+    sequence number, or by its order in the group and step), from the receive's source to the
+    send's destination."""
     seq = min(a.seq, b.seq) if a.seq is not None and b.seq is not None else None
+    send, recv = (a, b) if a.kind == "send" else (b, a)
+    # its peers (where the trace names them): the ring neighbours the clock alignment reads
     return Coll(start=min(a.start, b.start), end=max(a.end, b.end),
                 launch=min(a.launch, b.launch), step=a.step, kind=EXCHANGE, pg=a.pg, seq=seq,
-                src=None, dst=None)
+                src=recv.src, dst=send.dst)

@@ -176,6 +176,8 @@ class RankRows:
     group: list = field(default_factory=list)   # per row: its collective's process group or None
     tokens: list = field(default_factory=list)  # per row: rows an all-to-all received, else -1
     sent: list = field(default_factory=list)    # per row: rows an all-to-all sent, else -1
+    # ring exchange groups (three or more ranks): group → (previous, next) rank in the ring
+    ring_peers: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
@@ -184,7 +186,8 @@ def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
     rows: list[tuple[int, int, float, float]] = []   # (step index, optype code, start, dur)
     sync: dict[tuple, float] = {}
     spans: dict[tuple, tuple[float, float]] = {}
-    emitted = _collective_rows(parts, placement, rows, sync, spans, counts)
+    peers: dict[str, tuple[int, int]] = {}
+    emitted = _collective_rows(parts, placement, rows, sync, spans, counts, peers)
     # Every collective splits compute: pipeline sends/recvs separate microbatches, the work
     # after an all-to-all needs its result, and each of DDP's bucket all-reduces follows the
     # backward work that produced its bucket (whole, the backward would hide a slow rank's
@@ -203,7 +206,7 @@ def rank_rows(parts: RankParts, placement: Placement) -> RankRows:
                     np.array([r[3] for r in rows], dtype=np.float64), sync, spans, counts,
                     [r[4] if len(r) > 4 else None for r in rows],
                     [r[5] if len(r) > 5 else -1 for r in rows],
-                    [r[6] if len(r) > 6 else -1 for r in rows])
+                    [r[6] if len(r) > 6 else -1 for r in rows], peers)
 
 
 def _or_unknown(rows: int | None) -> int:
@@ -306,9 +309,27 @@ def sync_key(c: Coll, parts: RankParts, placement: Placement, index: Counter) ->
     return key
 
 
+def ring_peers(rank: int, src: int | None, dst: int | None, members: tuple[int, ...]
+               ) -> tuple[int, int] | None:
+    """(previous, next) rank of `rank` in its ring: the exchange's own peers where the trace
+    names them (global ranks, or group-local ones as gloo's are), else its neighbours in the
+    group's member order (ring attention's order)."""
+    if src is not None and dst is not None:
+        if src in members and dst in members:
+            return src, dst
+        if 0 <= src < len(members) and 0 <= dst < len(members):
+            return members[src], members[dst]
+    if rank not in members:
+        return None
+    i = members.index(rank)
+    return members[i - 1], members[(i + 1) % len(members)]
+
+
 def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: dict,
-                     spans: dict, counts: ReadCounts) -> list[tuple[Coll, str]]:
-    """Rows for collectives with an op type; every non-p2p collective is a clock sync point."""
+                     spans: dict, counts: ReadCounts, peers: dict[str, tuple[int, int]]
+                     ) -> list[tuple[Coll, str]]:
+    """Rows for collectives with an op type; every non-p2p collective is a clock sync point
+    (a ring exchange's a weaker one: its group's ring `peers` go with it)."""
     index: Counter = Counter()
     emitted: list[tuple[Coll, str]] = []
     for c in sorted(parts.colls, key=lambda c: c.start):
@@ -330,10 +351,14 @@ def _collective_rows(parts: RankParts, placement: Placement, rows: list, sync: d
             optype = cross_stage_optype(kind, c, parts, placement) or gradient \
                 or BLOCKING_OPTYPES.get(kind)
             key = sync_key(c, parts, placement, index)
-            if kind == "exchange" and len(parts.pg_ranks.get(c.pg or "") or ()) > 2:
+            members = parts.pg_ranks.get(c.pg or "") or ()
+            if kind == "exchange" and len(members) > 2:
                 # a ring's rank ends its round when its own neighbours' transfers end, not
                 # with the group: a clock sync point only where nothing else is shared
                 key = (RING_SYNC, *key)
+                ring = ring_peers(placement.rank, c.src, c.dst, tuple(members))
+                if ring is not None and c.pg is not None:
+                    peers.setdefault(c.pg, ring)
             sync.setdefault(key, c.end)
             spans.setdefault(key, (c.start, c.end))
             if optype is None:

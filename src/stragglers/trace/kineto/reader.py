@@ -110,7 +110,8 @@ def read_kineto(paths: Path | str | Iterable[Path | str], *, dp_size: int | None
     per_rank = {r: rank_rows(parts[r], placements[r]) for r in sorted(parts)}
     origin_s, starts, sync_s, spans_s = _one_time_base(parts, per_rank)
     hosts = {r: parts[r].host for r in parts}
-    offsets, quality, align_notes = clock_offsets(sync_s, hosts)
+    offsets, quality, align_notes = clock_offsets(
+        sync_s, hosts, spans_s, {r: per_rank[r].ring_peers for r in per_rank})
     check_overlap(spans_s, offsets, {r: parts[r].source for r in parts})
     shared = sorted(r for r, q in quality.items() if "same_host_as" in q)
     if shared:
