@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from stragglers.adapt import reads
 from stragglers.adapt import requests as rq
-from stragglers.adapt.claim import claim
+from stragglers.adapt.claim import Claim, claim
 from stragglers.adapt.control import ControlPlane, PacedThread
 from stragglers.adapt.controller import Actions, ControlConfig
 from stragglers.adapt.dataset import DatasetConfig, check_name
@@ -1271,7 +1271,7 @@ class EmbeddedServer:
         self._server: uvicorn.Server | None = None
         self.app: _FastPath | None = None
         self._thread: threading.Thread | None = None
-        self._claim: IO[str] | None = None
+        self._claim: Claim | None = None
 
     @property
     def url(self) -> str:
@@ -1299,13 +1299,19 @@ class EmbeddedServer:
         return self
 
     def stop(self) -> None:
-        """Ask uvicorn to exit and wait for the thread."""
+        """Ask uvicorn to exit, wait for the thread, close the store (its write-ahead log
+        folded into the file: the file alone then holds every acknowledged call), then give
+        up the claim on the file."""
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self.app is not None:
             self.app.state.close()
+            # (was left open: the WAL stayed beside a 4 KiB file holding none of the data, and
+            # a copy of the file alone, or a read-only open of it, had nothing acknowledged)
+            self.app.state.store.close()
+            self.app = None
         if self._claim is not None:
             self._claim.close()
             self._claim = None

@@ -12,6 +12,7 @@ epoch), history.py (replayed lease requests), restores.py (restores and quotas),
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -37,6 +38,8 @@ from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_sh
                                      check_worker_row, config_of, damaged, first_bad_shard)
 from stragglers.adapt.transactions import Transactions
 from stragglers.errors import InputError
+
+log = logging.getLogger(__name__)
 
 MAX_INDICES_PER_REPLY = 1 << 18
 # a lease's indices up to this many are made a list on the commit thread when their shuffle is
@@ -109,11 +112,21 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
 
 
     def close(self) -> None:
-        """Close the database connections (the writer's last: it folds the WAL into the file)."""
+        """Close the database connections, the writer's last: it folds the WAL into the file
+        and cuts it to nothing, so the file alone holds every commit (the last connection's
+        close then deletes the empty log)."""
         for conn in self._read_conns:
             conn.close()
         self._read_conns = []
-        self._conn.close()
+        with self._lock:
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.ProgrammingError:
+                return   # closed already (serve() closes the store after the app has)
+            except sqlite3.Error as exc:   # a full disk: the log keeps the commits (read back
+                # at the next open), the file cannot take them now
+                log.warning("folding the shard store's WAL at close failed: %s", exc)
+            self._conn.close()
 
     def grant_grace(self) -> None:
         """After a pause of the service (no calls could be answered), treat it like a restart.
