@@ -26,8 +26,8 @@ def _true_offsets_us(job: GpuJob) -> np.ndarray:
     return true - true[0]
 
 
-# Each rank its own host; EP pairs {0,1} {2,3} (or blocks of the wider job) are the only
-# collectives beside the ring, so the two halves meet through ring exchanges alone.
+# Each rank its own host; EP pairs {0,1} {2,3} are the only collectives beside the ring, so
+# the two halves meet through ring exchanges alone (or nothing but the ring links any two).
 JOBS = {
     "seed12-job15": GpuJob(ranks=4, steps=6, seed=1200015, all_to_alls=1, buckets=3,
                            jitter=0.0201, clock_offset_us=39.2, host_jitter_us=29.5,
@@ -41,6 +41,13 @@ JOBS = {
     "late-host-2": GpuJob(ranks=4, steps=6, seed=79, all_to_alls=1, jitter=0.02,
                           clock_offset_us=500.0, host_jitter_us=50.0, expert_groups=2,
                           cp_size=4, cp_comm="ring", late_rank=(2, 2500.0)),
+    # no collective but the ring: every rank meets the others only there
+    "ring-only-slow-0": GpuJob(ranks=4, steps=6, seed=6, all_to_alls=0, cp_size=4,
+                               cp_comm="ring", clock_offset_us=300.0, host_jitter_us=100.0,
+                               slow_rank=(0, 1.7)),
+    "ring-only-slow-3": GpuJob(ranks=4, steps=6, seed=5, all_to_alls=0, cp_size=4,
+                               cp_comm="ring", clock_offset_us=300.0, host_jitter_us=100.0,
+                               slow_rank=(3, 1.7)),
 }
 
 
@@ -55,10 +62,11 @@ def test_ranks_linked_only_by_a_ring_get_their_hosts_clock(tmp_path, name):
 
 
 @pytest.mark.slow
-def test_no_healthy_rank_beside_the_slow_one_is_named(tmp_path):
+@pytest.mark.parametrize("name", ["seed12-job15", "ring-only-slow-3"])
+def test_no_healthy_rank_beside_the_slow_one_is_named(tmp_path, name):
     from stragglers.whatif import analyze
 
-    truth = write_gpu_job(JOBS["seed12-job15"], tmp_path)
+    truth = write_gpu_job(JOBS[name], tmp_path)
     named = {(f.cause, int(w.rank)) for f in analyze(load_trace(tmp_path)).diagnosis
              for w in f.where.workers or []}
     assert named == {(c["cause"], r) for c in truth["causes"] for r in c["ranks"]}

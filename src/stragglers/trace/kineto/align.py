@@ -5,11 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from stragglers.trace.kineto.ops import RING_SYNC
-from stragglers.trace.kineto.ringclock import Span, read_ring
+from stragglers.trace.kineto.ringclock import RingIndex, Span, read_ring
 
 # Ends of one collective on different ranks agree to well under this; pairs further apart than
 # this from the consensus are mismatched (sampled or filtered traces drop some collectives).
 END_TOLERANCE_S = 1e-3
+# Sets placed by ring exchanges are placed again against every other rank until none moves by
+# more than this (or after this many sweeps).
+SETTLED_S, MAX_SWEEPS = 1e-7, 20
 
 
 def consensus_offset(diffs: np.ndarray, tolerance: float = END_TOLERANCE_S) -> tuple[float, int]:
@@ -47,6 +50,8 @@ def clock_offsets(sync: dict[int, dict[tuple, float]], hosts: dict[int, str | No
     notes: list[str] = []
     pending = ranks[1:]
     weak = []
+    index = RingIndex(spans, peers or {}) if spans is not None else None
+    rings: list[dict[int, float]] = []    # sets placed by the ring: their offsets within the set
     while pending:
         best: tuple[int, int, set[tuple]] | None = None
         for r in pending:
@@ -63,16 +68,20 @@ def clock_offsets(sync: dict[int, dict[tuple, float]], hosts: dict[int, str | No
             offsets[r] = offsets[same]
             quality[r] = {"same_host_as": same, "host": hosts[r]}
             continue
-        if spans is not None and peers and common and not _rank(common):
-            placed = _place_by_ring(_firm_set(r, pending, sync, hosts), offsets, sync, hosts,
-                                    spans, peers)
-            if placed is not None:
-                for c, (off, q) in placed[0].items():
-                    if c in pending:
-                        pending.remove(c)
-                    offsets[c], quality[c] = off, q
-                notes += placed[1]
-                continue
+        if index is not None and common and not _rank(common):
+            group = _firm_set(r, pending, sync, hosts)
+            inner, inner_q, more = clock_offsets({c: sync[c] for c in group}, hosts)
+            d, ring, _ = _ring_offset(inner, offsets, sync, index)
+            for c in group:
+                if c in pending:
+                    pending.remove(c)
+                offsets[c] = inner[c] + d
+                q = {k: v for k, v in inner_q[c].items() if k != "reference"}
+                quality[c] = {**q, "ring": ring, "matched": q.get("matched", ring["rounds"]),
+                              "agreeing": q.get("agreeing", ring["agreeing"])}
+            rings.append(inner)
+            notes += more
+            continue
         if not common:
             offsets[r] = 0.0
             quality[r] = {"matched": 0, "agreeing": 0}
@@ -87,6 +96,9 @@ def clock_offsets(sync: dict[int, dict[tuple, float]], hosts: dict[int, str | No
                       "median_residual_s": float(np.median(resid[resid <= END_TOLERANCE_S]))}
         if agreeing < max(2, len(common) // 2 + 1):
             weak.append(r)
+    if rings:
+        assert index is not None
+        notes += _refine(rings, offsets, quality, sync, index)
     if weak:
         notes.append(f"clock alignment of {len(weak)} rank(s) (e.g. rank {weak[0]}) rests on few "
                      "agreeing collectives: matched collectives disagree, as in sampled traces")
@@ -119,35 +131,63 @@ def _firm_set(r: int, pending: list[int], sync: dict[int, dict[tuple, float]],
     return sorted(found)
 
 
-def _place_by_ring(ranks: list[int], offsets: dict[int, float],
-                   sync: dict[int, dict[tuple, float]], hosts: dict[int, str | None],
-                   spans: dict[int, dict[tuple, Span]], peers: dict[int, dict[str, tuple[int, int]]]
-                   ) -> tuple[dict[int, tuple[float, dict]], list[str]] | None:
-    """{rank: (offset, quality)} for `ranks` (aligned among themselves first) placed against the
-    aligned ranks by their ring exchanges (ringclock), and notes; None where the exchanges
-    say nothing (no neighbour across, or bounds that contradict each other)."""
-    inner, inner_q, notes = clock_offsets({c: sync[c] for c in ranks}, hosts)
-    got = read_ring(offsets, inner, spans, peers)
+
+def _ring_offset(inner: dict[int, float], aligned: dict[int, float],
+                 sync: dict[int, dict[tuple, float]], index: RingIndex
+                 ) -> tuple[float, dict, str | None]:
+    """(offset of the set `inner` against the ranks `aligned`, what it rests on, a note where
+    it is loose) from the ring exchanges they share (`ringclock`): the waits across the two
+    sides, within the causality bounds; without waits, the bounds' midpoint; where the
+    exchanges bound nothing (no ring neighbour across traced), their ends' consensus."""
+    got = read_ring(aligned, inner, index)
     lo, hi = got.low, got.high
-    if not got.rounds or lo > hi + END_TOLERANCE_S or not (got.waits or np.isfinite(hi - lo)):
-        return None
-    agreeing = 0
+    bounded = bool(np.isfinite(lo) and np.isfinite(hi) and lo <= hi + END_TOLERANCE_S)
+    agreeing, note = 0, None
+    ranks = ", ".join(map(str, sorted(inner)))
     if got.waits:
         # the waits read the offset to within the transfer times' spread
         tol = min(END_TOLERANCE_S, max(4 * float(np.median(got.transfer_s)), 1e-4))
         d, agreeing = consensus_offset(np.array(got.waits), tol)
-        d = float(np.clip(d, lo, hi)) if lo <= hi else (lo + hi) / 2
-    else:
+        if bounded:
+            d = float(np.clip(d, lo, hi)) if lo <= hi else (lo + hi) / 2
+    elif bounded:
         d = (lo + hi) / 2
         if hi - lo > END_TOLERANCE_S:
-            notes.append(f"rank(s) {', '.join(map(str, ranks))} meet the others only in ring "
-                         "exchanges, in which no rank waited for the other side: their clock is "
-                         f"known only to ±{(hi - lo) / 2 * 1e6:.0f} µs (the exchanges' causality)")
+            note = (f"rank(s) {ranks} meet the others only in ring exchanges, in which no rank "
+                    f"waited for the other side: their clock is known to ±"
+                    f"{(hi - lo) / 2 * 1e6:.0f} µs (no exchange ends before a neighbour posted)")
+    else:
+        diffs = np.array([sync[c][k] - inner[c] - (sync[a][k] - aligned[a])
+                          for c in inner for a in aligned for k in sync[c].keys() & sync[a].keys()])
+        d, agreeing = consensus_offset(diffs) if len(diffs) else (0.0, 0)
+        note = (f"rank(s) {ranks} meet the others only in ring exchanges whose neighbours are "
+                "not traced: their clock rests on the exchanges' ends, which a slow rank in the "
+                "ring moves")
     ring = {"rounds": got.rounds, "waits_read": len(got.waits), "agreeing": agreeing,
             "bounds_s": [float(lo), float(hi)]}
-    out = {}
-    for c in ranks:
-        q = {k: v for k, v in inner_q.get(c, {}).items() if k != "reference"}
-        out[c] = (inner[c] + d, {**q, "ring": ring, "matched": q.get("matched", got.rounds),
-                                  "agreeing": q.get("agreeing", agreeing)})
-    return out, notes
+    return float(d), ring, note
+
+
+def _refine(rings: list[dict[int, float]], offsets: dict[int, float], quality: dict[int, dict],
+            sync: dict[int, dict[tuple, float]], index: RingIndex) -> list[str]:
+    """Place each ring-placed set again against all other ranks, until none moves: placed in
+    turn, a set read only the neighbours aligned before it (a ring of sets met only in the
+    ring: each rank its own host, no other collective across) and fell back on ends."""
+    notes: dict[tuple[int, ...], str] = {}
+    for _ in range(MAX_SWEEPS):
+        moved = 0.0
+        for inner in rings:
+            others = {r: off for r, off in offsets.items() if r not in inner}
+            d, ring, note = _ring_offset(inner, others, sync, index)
+            for c, off in inner.items():
+                moved = max(moved, abs(off + d - offsets[c]))
+                offsets[c] = off + d
+                quality[c]["ring"] = ring
+            key = tuple(sorted(inner))
+            if note is None:
+                notes.pop(key, None)
+            else:
+                notes[key] = note
+        if moved < SETTLED_S:
+            break
+    return list(notes.values())

@@ -29,6 +29,22 @@ Span = tuple[float, float]
 MIN_WAIT_S = 20e-6
 
 
+class RingIndex:
+    """Each ring exchange's holders and transfer time (its shortest exchange: the rank that
+    posted last waited for nobody), and each rank's spans; built once, read many times."""
+
+    def __init__(self, spans: dict[int, dict[tuple, Span]],
+                 peers: dict[int, dict[str, tuple[int, int]]]) -> None:
+        self.spans, self.peers = spans, peers
+        self.holders: dict[tuple, list[int]] = {}
+        for r in sorted(spans):
+            for k in spans[r]:
+                if k and k[0] == RING_SYNC:
+                    self.holders.setdefault(k, []).append(r)
+        self.transfer = {k: min(spans[r][k][1] - spans[r][k][0] for r in rs)
+                         for k, rs in self.holders.items()}
+
+
 @dataclass
 class RingReading:
     """What the ring exchanges say of offset D (the new side's clock minus the aligned one's)."""
@@ -40,43 +56,42 @@ class RingReading:
     transfer_s: list[float] = field(default_factory=list)
 
 
-def read_ring(aligned: dict[int, float], new: dict[int, float],
-              spans: dict[int, dict[tuple, Span]],
-              peers: dict[int, dict[str, tuple[int, int]]]) -> RingReading:
+def read_ring(aligned: dict[int, float], new: dict[int, float], index: RingIndex
+              ) -> RingReading:
     """Read offset D of the ranks `new` (their offsets within their own set) against the ranks
     `aligned` (their final offsets) from the ring exchanges the two sets share."""
+    spans, peers = index.spans, index.peers
     side = {**{r: (0, off) for r, off in aligned.items()},
             **{r: (1, off) for r, off in new.items()}}
     out = RingReading()
-    keys = {k for r in new for k in spans.get(r, {}) if k and k[0] == RING_SYNC}
+    keys = {k for r in new for k in spans.get(r, {}) if k in index.holders}
     for k in sorted(keys, key=repr):
-        holders = [r for r in side if k in spans.get(r, {})]
+        holders = [r for r in index.holders[k] if r in side]
         if len({side[r][0] for r in holders}) < 2:
             continue
         out.rounds += 1
-        # the round's transfer time: its shortest exchange (the last poster waited for no one)
-        t = min(spans[r][k][1] - spans[r][k][0] for r in spans if k in spans[r])
+        t = index.transfer[k]
         out.transfer_s.append(t)
         margin = max(t, MIN_WAIT_S)
         for x in holders:
             nbrs = peers.get(x, {}).get(k[1])
-            if nbrs is None or any(n not in side or k not in spans.get(n, {}) for n in nbrs):
+            if nbrs is None:
                 continue
+            known = [n for n in nbrs if n in side and k in spans.get(n, {})]
             mine, off = side[x]
-            post = {n: spans[n][k][0] - side[n][1] for n in (x, *nbrs)}
+            post = {n: spans[n][k][0] - side[n][1] for n in (x, *known)}
             end = spans[x][k][1] - off
-            own = max(post[n] for n in (x, *nbrs) if side[n][0] == mine)
-            other = [post[n] for n in nbrs if side[n][0] != mine]
+            other = [post[n] for n in known if side[n][0] != mine]
             if not other:
                 continue
-            waited = end - t - own > margin      # for a neighbour of the other side
             if mine == 0:     # true end ≥ the other side's post: D ≥ post - end
                 out.low = max(out.low, max(other) - end)
-                if waited:
-                    out.waits.append(max(other) - (end - t))
             else:             # true end (end - D) ≥ the aligned side's post: D ≤ end - post
                 out.high = min(out.high, end - max(other))
-                if waited:
-                    out.waits.append(end - t - max(other))
+            if len(known) < len(nbrs):
+                continue      # whom it waited for is unknown: a bound only
+            own = max(post[n] for n in (x, *known) if side[n][0] == mine)
+            if end - t - own > margin:       # it waited for a neighbour of the other side
+                out.waits.append(max(other) - (end - t) if mine == 0
+                                 else end - t - max(other))
     return out
-
