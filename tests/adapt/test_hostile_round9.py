@@ -10,11 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
+from conftest import fill
 from stragglers.adapt.client import ShardClient
-from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.dataset import DatasetConfig, validate_snapshot
+from stragglers.adapt.replies import to_builtins
+from stragglers.adapt.restores import RESTORE_CHUNK, prepare_restore
 from stragglers.adapt.service import EmbeddedServer
+from stragglers.adapt.shards import ShardStore
 
 OWNER = "owner-token-0123456789"
 
@@ -93,3 +98,90 @@ def test_a_stopped_service_leaves_its_file_whole_without_a_log(tmp_path):
         assert ShardClient(srv.url, "d", "w", token=OWNER).status().epochs["0"]["DONE"] == 3
     finally:
         srv.stop()
+
+
+def staged(db: Path) -> int:
+    """Shard rows under a key no data set reads (a restore's, written and not switched to)."""
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        return c.execute("SELECT COUNT(*) FROM shards WHERE dataset NOT IN (SELECT"
+                         " COALESCE(rows_key, name) FROM datasets)").fetchone()[0]
+
+
+def leave_free(disk: Path, nbytes: int) -> None:
+    """Fill the file system of `disk` but for about `nbytes`."""
+    st = os.statvfs(disk)
+    with open(disk / "filler", "wb") as f:
+        f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - nbytes))
+
+
+@pytest.mark.slow
+def test_a_restore_refused_for_space_leaves_nothing_staged(small_disk):
+    # (fails before: the restore's first chunks were written, the next refused 507, and its
+    # rows stayed staged: marking them took a write, deleting them more, on the full disk)
+    db = small_disk / "s.db"
+    srv = EmbeddedServer(db).start()
+    try:
+        owner = ShardClient(srv.url, "big", "w", token=OWNER)
+        owner.create_dataset(DatasetConfig("big", 20_000, 1, num_epochs=1))
+        owner.join()
+        owner.lease()
+        before = owner.snapshot()
+        leave_free(small_disk, 400_000)   # room for a chunk or two of its 20,000 rows
+        r = httpx.post(f"{srv.url}/datasets/big/restore", json=to_builtins(before),
+                       headers={"Authorization": f"Bearer {OWNER}"}, timeout=120)
+        assert r.status_code == 507 and r.json()["kind"] == "DiskFull", r.text
+        assert staged(db) == 0
+        assert not [p for p in small_disk.iterdir() if "-reserve-" in p.name]
+        assert httpx.get(f"{srv.url}/health").status_code == 200
+        assert owner.snapshot() == before
+    finally:
+        srv.stop()
+    srv = EmbeddedServer(db).start()   # restartable on the full disk, the state as it was
+    try:
+        assert ShardClient(srv.url, "big", "w", token=OWNER).snapshot() == before
+    finally:
+        srv.stop()
+
+
+def test_a_restore_cut_by_a_disk_filled_meanwhile_takes_its_rows_back(small_disk):
+    # the disk filled by someone else between two chunks: the reserve taken before the first
+    # is given back, and the deletion of the rows written fits in it
+    db = small_disk / "s.db"
+    store = ShardStore(db)
+    try:
+        store.create_dataset(DatasetConfig("big", 3 * RESTORE_CHUNK, 1))
+        before = store.snapshot("big")
+        prepared = prepare_restore(validate_snapshot(before))
+        reserve = store.restore_reserve(prepared)
+        key = store.restore_begin(prepared)
+        store.restore_rows(key, prepared.chunk(0))
+        assert staged(db) == RESTORE_CHUNK
+        fill(small_disk)
+        with pytest.raises(sqlite3.Error):
+            store.restore_rows(key, prepared.chunk(1))
+        reserve.release()
+        store.restore_abort(key)
+        while store.collect_garbage(key):
+            pass
+        assert staged(db) == 0
+        assert store.snapshot("big") == before
+    finally:
+        store.close()
+    store = ShardStore(db)   # opens again on the full disk
+    try:
+        assert store.snapshot("big") == before
+    finally:
+        store.close()
+
+
+def test_a_restore_with_room_leaves_no_reserve(small_disk):
+    db = small_disk / "s.db"
+    store = ShardStore(db)
+    try:
+        store.create_dataset(DatasetConfig("big", 2 * RESTORE_CHUNK, 1))
+        before = store.snapshot("big")
+        assert store.restore(before).restored == 2 * RESTORE_CHUNK
+        assert store.snapshot("big") == before
+        assert not [p for p in small_disk.iterdir() if "-reserve-" in p.name]
+    finally:
+        store.close()

@@ -58,19 +58,40 @@ class PacedWriter:
                       creator: str | None) -> Restored:
         """Write a prepared restore a chunk at a time, then switch to it (store.restore_*)."""
         store = self.store
-        key = await self.commit.run(
-            lambda: store.restore_begin(prepared, token, may_create, creator))
+        # space to take the rows back, set aside first (DiskFull, nothing written, when none)
+        # (allocated blocks, not written ones: quick enough for the event loop, and a thread
+        # of the default executor would outlive the service)
+        reserve = store.restore_reserve(prepared)
         try:
-            for i in range(len(prepared.chunks)):
-                await self.step(lambda i=i: store.restore_rows(key, prepared.chunk(i)))
-            reply = await self.commit.run(
-                lambda: store.restore_finish(prepared, key, token, may_create, creator))
-        except BaseException:
-            await asyncio.shield(self.commit.run(lambda: store.restore_abort(key)))
-            self.collect()
-            raise
+            key = await self.commit.run(
+                lambda: store.restore_begin(prepared, token, may_create, creator))
+            try:
+                for i in range(len(prepared.chunks)):
+                    await self.step(lambda i=i: store.restore_rows(key, prepared.chunk(i)))
+                reply = await self.commit.run(
+                    lambda: store.restore_finish(prepared, key, token, may_create, creator))
+            except BaseException:
+                reserve.release()   # (its space is what the deletion writes)
+                # (shielded: a client gone mid-way must not leave the rows staged)
+                await asyncio.shield(self._take_back(key))
+                raise
+        finally:
+            reserve.release()
         self.collect()
         return reply
+
+    async def _take_back(self, key: str) -> None:
+        """Delete the rows of a restore that will not finish, in paced steps, before it is
+        answered (was: marked and left to the collector, and on a full disk left staged
+        until a restart); what cannot be deleted now is the collector's."""
+        try:
+            await self.commit.run(lambda: self.store.restore_abort(key))
+            while await self.step(lambda: self.store.collect_garbage(key)):
+                pass
+        except Exception as exc:  # noqa: BLE001 - left to the collector (retried)
+            log.warning("taking back the rows of an unfinished restore failed (the collector"
+                        " deletes them later): %s", exc)
+        self.collect()
 
     def collect(self) -> None:
         """Delete the rows restores left behind, in paced steps (at most one task at a time)."""

@@ -11,6 +11,7 @@ its rows are deleted as garbage, at the latest after the next start (once a writ
 
 from __future__ import annotations
 
+import errno
 import marshal
 import sqlite3
 import uuid
@@ -18,8 +19,9 @@ from dataclasses import asdict, dataclass
 
 from stragglers.adapt import reads
 from stragglers.adapt.dataset import DOING, TODO, DatasetConfig, validate_snapshot
-from stragglers.adapt.errors import Conflict, Forbidden, QuotaExceeded, authorize
+from stragglers.adapt.errors import Conflict, DiskFull, Forbidden, QuotaExceeded, authorize
 from stragglers.adapt.replies import Restored
+from stragglers.adapt.space import Reserve, restore_bound
 from stragglers.adapt.store_state import StoreState
 
 RESTORE_CHUNK = 512    # rows written per transaction (a few ms of the commit thread)
@@ -119,17 +121,42 @@ class Restores(StoreState):
     def restore_prepared(self, prepared: PreparedRestore, token_sha256: str | None = None,
                          may_create: bool = True, creator: str | None = None) -> Restored:
         """restore() of a prepared snapshot, every step in a row (the service paces them)."""
-        key = self.restore_begin(prepared, token_sha256, may_create, creator)
+        reserve = self.restore_reserve(prepared)
         try:
-            for i in range(len(prepared.chunks)):
-                self.restore_rows(key, prepared.chunk(i))
-            reply = self.restore_finish(prepared, key, token_sha256, may_create, creator)
-        except BaseException:
-            self.restore_abort(key)
-            raise
+            key = self.restore_begin(prepared, token_sha256, may_create, creator)
+            try:
+                for i in range(len(prepared.chunks)):
+                    self.restore_rows(key, prepared.chunk(i))
+                reply = self.restore_finish(prepared, key, token_sha256, may_create, creator)
+            except BaseException:
+                reserve.release()   # (its space is what the deletion writes)
+                self.restore_abort(key)
+                while self.collect_garbage(key):
+                    pass
+                raise
+        finally:
+            reserve.release()
         while self.collect_garbage():
             pass
         return reply
+
+    def restore_reserve(self, prepared: PreparedRestore) -> Reserve:
+        """Space set aside for taking a restore's rows back (see space.Reserve), taken before
+        any is written; DiskFull (nothing written) when the disk has no room for the rows and
+        their reserve. (A restore refused for space half-way left its rows staged: deleting
+        them writes the log too, and the full disk refused it.)"""
+        need = restore_bound(prepared.count, len(prepared.cfg.name) + 33,
+                             sum(len(c) for c in prepared.chunks))
+        try:
+            return Reserve(self.db, need)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            raise DiskFull("shard store", f"its disk has no room for the restore of"
+                           f" '{prepared.cfg.name}' ({prepared.count} shard rows: about"
+                           f" {need / 2**20:.3g} MiB set aside to take them back if the disk"
+                           " fills, and as much for the rows); nothing was written (retry once"
+                           " space is freed)") from None
 
     def _restore_checks(self, c: sqlite3.Connection, cfg: DatasetConfig, token_sha256: str | None,
                         may_create: bool, creator: str | None) -> bool:
@@ -195,18 +222,25 @@ class Restores(StoreState):
         return Restored(prepared.count, prepared.requeued_first)
 
     def restore_abort(self, key: str) -> None:
-        """A restore that will not finish: its rows written so far become garbage."""
+        """A restore that will not finish: its rows written so far become garbage (marked by
+        the next collection when this write is refused: it was left 'writing' until a
+        restart)."""
+        self._cut_short.append(key)
         with self._tx() as c:
             c.execute("UPDATE row_sets SET state='garbage' WHERE rows_key=? AND"
                       " state='writing'", (key,))
+            if key in self._cut_short:
+                self._cut_short.remove(key)
+            self._undo.append(lambda: self._cut_short.append(key))
 
     def has_garbage(self) -> bool:
         """Whether rows of finished or abandoned restores are left to delete."""
         return bool(self._cut_short) or self._conn.execute(
             "SELECT 1 FROM row_sets WHERE state='garbage' LIMIT 1").fetchone() is not None
 
-    def collect_garbage(self, limit: int = GARBAGE_CHUNK) -> int:
-        """Delete up to `limit` rows left by restores (one transaction); 0 when none are left."""
+    def collect_garbage(self, key: str | None = None, limit: int = GARBAGE_CHUNK) -> int:
+        """Delete up to `limit` rows left by restores (one transaction; only those under `key`
+        when given); 0 when none are left."""
         if self._cut_short:   # (restores a stopped process was writing: marked first)
             with self._tx() as c:
                 cut, self._cut_short = self._cut_short, []
@@ -214,8 +248,8 @@ class Restores(StoreState):
                 c.executemany("UPDATE row_sets SET state='garbage' WHERE rows_key=? AND"
                               " state='writing'", [(k,) for k in cut])
         with self._tx() as c:
-            row = c.execute("SELECT rows_key FROM row_sets WHERE state='garbage' LIMIT 1"
-                            ).fetchone()
+            row = c.execute("SELECT rows_key FROM row_sets WHERE state='garbage' AND"
+                            " rows_key=COALESCE(?, rows_key) LIMIT 1", (key,)).fetchone()
             if row is None:
                 return 0
             if c.execute("SELECT 1 FROM datasets WHERE COALESCE(rows_key, name)=? LIMIT 1",

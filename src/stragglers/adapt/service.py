@@ -50,7 +50,7 @@ from stragglers.adapt.replies import (Acked, Created, Health, Joined, LeaseReply
                                       Requeued, Restored, to_builtins)
 from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import ShardStore, lease_json
-from stragglers.adapt.space import io_error, out_of_space
+from stragglers.adapt.space import Reserve, io_error, out_of_space
 from stragglers.adapt.working import WorkCredit
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
@@ -1234,6 +1234,7 @@ def serve(db: str | Path, config: ServiceConfig | None = None,
     except BaseException:
         store.close()
         raise
+    Reserve.sweep(str(db))   # (left by a process killed while it restored)
     app = None
     try:
         sock = listen_socket(config.host, config.port)
@@ -1284,6 +1285,7 @@ class EmbeddedServer:
         store = open_store(self.db, self.config)   # (a path that is no file refused first)
         try:
             self._claim = claim(self.db)
+            Reserve.sweep(str(self.db))   # (left by a process killed while it restored)
             sock = listen_socket(self.host, self.port)
         except BaseException:
             if self._claim is not None:

@@ -66,3 +66,69 @@ def exhausted(db: str) -> bool:
     except OSError:
         return False
     return fs.f_bavail * fs.f_frsize < MIN_FREE_BYTES
+
+
+# Space a restore sets aside before it writes (see Reserve): an upper bound of its rows' bytes.
+# Each shard row is an entry in five b-trees (the row and its four indices, schema.py), each
+# carrying the rows key and a few integers; b-tree pages split in two are half full.
+ROW_TREES = 5
+ENTRY_OVERHEAD = 24        # cell header, rowid and integer columns of one index entry
+FIXED_PAGES = 64 * 4096    # interior and freelist pages the deletion rewrites besides
+
+
+def restore_bound(rows: int, key_len: int, payload: int) -> int:
+    """An upper bound of the bytes `rows` shard rows under a key of `key_len` characters take
+    in the file (and of the log a deletion of them writes): `payload`, their packed size."""
+    return 2 * (rows * ROW_TREES * (key_len + ENTRY_OVERHEAD) + payload) + FIXED_PAGES
+
+
+class Reserve:
+    """Space set aside beside the database (a file of `nbytes` allocated blocks) while a
+    restore writes: given back before the rows written so far are deleted, so that a restore
+    refused for space can always take its rows back (deleting writes the log too)."""
+
+    PREFIX = "-reserve-"
+
+    def __init__(self, db: str, nbytes: int):
+        self.path: str | None = f"{db}{self.PREFIX}{os.getpid()}-{id(self):x}"
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if soft != resource.RLIM_INFINITY and nbytes > soft:
+            raise OSError(errno.EFBIG, "past the file-size limit")
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+            free = os.statvfs(os.path.dirname(os.path.abspath(db)))
+            if free.f_bavail * free.f_frsize < nbytes + MIN_FREE_BYTES:
+                # (the rows themselves need as much again beside the reserve)
+                raise OSError(errno.ENOSPC, "no room for the rows beside their reserve")
+        except BaseException:
+            self.release()
+            raise
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        """Give the space back (idempotent)."""
+        path, self.path = self.path, None
+        if path is not None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    @classmethod
+    def sweep(cls, db: str) -> None:
+        """Remove the reserves a killed process left beside `db` (the claim is held: none is
+        another process's)."""
+        folder, name = os.path.split(os.path.abspath(db))
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return
+        for other in names:
+            if other.startswith(name + cls.PREFIX):
+                try:
+                    os.unlink(os.path.join(folder, other))
+                except OSError:
+                    pass
