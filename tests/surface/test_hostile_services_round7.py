@@ -1,0 +1,277 @@
+"""Red team round seven (issue 34): the monitor's alerts, analysis and reads shared between jobs,
+and the CLI on hostile profiler files.
+
+Each test is one defect class, marked xfail(strict=True) until its fix lands (then the mark goes):
+a pass before the fix fails the suite, so each flips exactly when its defect is gone. Real
+servers, a real webhook receiver and real CLI processes in subprocesses.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import REPO, eventually, listening_url, up
+from test_hostile_services_round6 import HANG_S, clean_refusal, cli, small_run
+
+sys.path.insert(0, str(REPO / "tests" / "monitor"))
+from monitor_jobs import parts_of, slow_job  # noqa: E402
+
+from stragglers.trace.runformat import table_bytes  # noqa: E402
+
+TOKEN = "hostile-round7-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SETTINGS = {"window_steps": 5, "stall_after_s": 600, "tick_s": 0.05}
+
+
+def serve_monitor(tmp: Path, config: dict) -> tuple[subprocess.Popen, str]:
+    """`stragglers monitor serve` with `config` as its YAML file (JSON is YAML)."""
+    token = tmp / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    cfg = tmp / "monitor.yaml"
+    cfg.write_text(json.dumps(config))
+    proc = subprocess.Popen([sys.executable, "-m", "stragglers.cli", "monitor", "serve", "--db",
+                             str(tmp / "mon.db"), "--port", "0", "--config", str(cfg),
+                             "--token-file", str(token)], cwd=tmp,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    return proc, listening_url(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.communicate(timeout=60)
+
+
+def upload(c: httpx.Client, job: str, trace, steps_per_part: int) -> None:
+    """`job`'s metadata and every part of `trace`, each acknowledged."""
+    assert c.put(f"/api/jobs/{job}/meta", json=trace.meta.to_dict(),
+                 headers=AUTH).status_code == 200
+    for rank, n, cols in parts_of(trace, steps_per_part):
+        r = c.put(f"/api/jobs/{job}/ranks/{rank}/parts/{n}", content=table_bytes(cols),
+                  headers=AUTH)
+        assert r.status_code == 200, r.text
+
+
+def windows(c: httpx.Client, job: str) -> int:
+    return c.get(f"/api/jobs/{job}?history=1").json()["windows_total"]
+
+
+class Receiver:
+    """A webhook receiver on loopback that keeps every JSON body it is sent."""
+
+    def __init__(self) -> None:
+        got: list[dict] = []
+        self.got = got
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Trickle:
+    """A 'receiver' (a stuck proxy, a receiver paging to disk) that reads the request, then
+    sends its status line and a header byte a second, and never ends its head."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/"
+        self.done = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                while not self.done.wait(1.0):
+                    conn.sendall(b"X")
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.done.set()
+        self.sock.close()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="round 7: a webhook receiver trickling its answer holds "
+                   "the alert sender for good (urlopen's timeout bounds each read, not the post)")
+def test_an_alert_reaches_a_receiver_listed_after_one_that_trickles_its_answer(tmp_path):
+    """Two receivers; the first answers a header byte a second, for ever. The second still gets
+    the firing alert: a post has a deadline as a whole (timeout_s), not per read."""
+    trickle, receiver = Trickle(), Receiver()
+    proc, url = serve_monitor(tmp_path, {
+        "settings": SETTINGS, "webhooks": [trickle.url, receiver.url],
+        "rules": [{"name": "straggling", "when": "slowdown >= 1.1", "for_windows": 1}]})
+    try:
+        assert up(proc, url), "the monitor did not start"
+        with httpx.Client(base_url=url, timeout=60) as c:
+            upload(c, "j", slow_job(steps=10, slow=(0, 1, 3.0)), 5)
+            eventually(lambda: c.get("/api/alerts").json()["firing"], what="the alert fired")
+        # (the monitor's post timeout is 5 s: a post that ends by it reaches the second
+        # receiver long before this; one that never ends never does)
+        eventually(lambda: receiver.got, timeout=40, what="the second receiver got the alert")
+    finally:
+        stop(proc)
+        trickle.close()
+        receiver.close()
+    assert receiver.got[0]["alerts"][0]["labels"]["alertname"] == "straggling"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="round 7: one analysis queue, first in first out, for "
+                   "every job: a job's window waits behind every window another job queued")
+def test_a_jobs_window_is_not_analysed_behind_another_jobs_whole_backlog(tmp_path):
+    """Job a sends 60 windows at once (a recorder catching up after an outage, or a job of many
+    ranks); job b then completes one window. b's window is analysed in its turn, not after
+    all of a's: when it is stored, some of a's backlog is still to come."""
+    backlog = 60
+    a = slow_job(steps=5 * backlog, dp=4, pp=2, slow=(0, 1, 3.0))
+    b = slow_job(steps=5, slow=(0, 1, 3.0), seed=3)
+    proc, url = serve_monitor(tmp_path, {"settings": SETTINGS})
+    try:
+        assert up(proc, url), "the monitor did not start"
+        with httpx.Client(base_url=url, timeout=60) as c:
+            upload(c, "a", a, 5 * backlog)    # a part a rank: every window complete at once
+            upload(c, "b", b, 5)
+            eventually(lambda: windows(c, "b") == 1, interval=0.02, what="b's window analysed")
+            a_done = windows(c, "a")
+            eventually(lambda: windows(c, "a") == backlog, what="a's windows analysed")
+    finally:
+        stop(proc)
+    assert a_done < backlog, "b's window waited for every window of a's backlog"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="round 7: GET /api/jobs/{job} is not paced per client "
+                   "(its answer grows with the job's windows; 8 loops slowed uploads 20x)")
+def test_a_jobs_page_is_answered_at_the_read_pace_of_its_client(tmp_path):
+    """A job's JSON holds up to 100,000 window summaries (the dashboard asks 2,000): 0.23 s and
+    566 KB at 2,000 windows. Like /api/jobs, /api/stats and /metrics it is answered to one
+    client address once per read_interval_s (here 60 s): a second read at once waits its turn
+    (the 5 s client timeout ends it), where a loop of them took the CPUs from every upload."""
+    proc, url = serve_monitor(tmp_path, {"settings": {**SETTINGS, "read_interval_s": 60}})
+    try:
+        assert up(proc, url), "the monitor did not start"
+        with httpx.Client(base_url=url, timeout=60) as c:
+            upload(c, "j", slow_job(steps=10, slow=(0, 1, 3.0)), 5)
+            eventually(lambda: c.get("/api/jobs/j").json()["windows_total"] == 2,
+                       what="both windows analysed")       # (the address's turn: taken)
+        with httpx.Client(base_url=url, timeout=5) as c:
+            with pytest.raises(httpx.ReadTimeout):
+                c.get("/api/jobs/j")
+    finally:
+        stop(proc)
+
+
+def gzip_bomb(path: Path, gib: int = 1) -> None:
+    """Profiler JSON whose trace events are `gib` GiB of blanks, gzipped to ~4.7 MB: gzip
+    members, each 64 MiB of spaces (a .json.gz may hold several)."""
+    blank = gzip.compress(b" " * (64 << 20), compresslevel=1)
+    with path.open("wb") as f:
+        f.write(gzip.compress(b'{"traceEvents": ['))
+        for _ in range(16 * gib):
+            f.write(blank)
+        f.write(gzip.compress(b"]}"))
+
+
+def peak_rss(*args: str, cwd: Path) -> tuple[int | None, str, int]:
+    """(exit status or None past HANG_S, stderr, peak resident set in bytes) of one CLI
+    command, measured by a process of its own whose only child it is."""
+    probe = ("import json, resource, subprocess, sys\n"
+             "try:\n"
+             "    p = subprocess.run(sys.argv[1:], capture_output=True, timeout=%d,\n"
+             "                       stdin=subprocess.DEVNULL)\n"
+             "    rc, err = p.returncode, p.stderr.decode(errors='replace')\n"
+             "except subprocess.TimeoutExpired:\n"
+             "    rc, err = None, 'no end'\n"
+             "rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024\n"
+             "print(json.dumps([rc, err, rss]))\n") % (3 * HANG_S)
+    done = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m",
+                           "stragglers.cli", *args], cwd=cwd, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    rc, err, rss = json.loads(done.stdout)
+    return rc, err, rss
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="round 7: a .json.gz the streaming decoder gives up on is "
+                   "decompressed whole (gzip.decompress): 4.7 MB of input held 2.2 GB")
+def test_analyze_reads_a_gzip_bomb_in_bounded_memory(tmp_path):
+    """A 4.7 MB profiler .json.gz that unpacks to 1 GiB: refused in one line (no steps, or too
+    large unpacked) holding no more than a few hundred MB — not unpacked whole in memory
+    (a 47 MB one would take 22 GB, or end in 'internal error: MemoryError')."""
+    bomb = tmp_path / "rank-0.json.gz"
+    gzip_bomb(bomb)
+    status, err, rss = peak_rss("analyze", str(bomb), "-q", cwd=tmp_path)
+    clean_refusal(status, err, "rank-0.json.gz")
+    assert rss < 600 << 20, f"{rss / 2**20:.0f} MiB held reading a {bomb.stat().st_size:,}-byte file"
+
+
+@pytest.mark.xfail(strict=True, reason="round 7: a profiler timestamp too large for a float "
+                   "('ts': 1e400 written as an integer) is 'internal error: OverflowError'")
+def test_analyze_refuses_a_timestamp_too_large_for_a_float_in_one_line(tmp_path):
+    """An event's `ts` given as an integer of 400 digits: one line naming the file, exit 2."""
+    folder = tmp_path / "traces"
+    status, err = cli("synth-gpu", str(folder), "--ranks", "2", "--steps", "3", cwd=tmp_path)
+    assert status == 0, err
+    doc = json.loads(gzip.decompress((folder / "rank-0.json.gz").read_bytes()))
+    kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    kernel["ts"] = 10 ** 400
+    (folder / "rank-0.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    status, err = cli("analyze", str(folder), "-q", cwd=tmp_path)
+    clean_refusal(status, err, "rank-0.json.gz")
+
+
+@pytest.mark.xfail(strict=True, reason="round 7: the console report prints a run's name from "
+                   "meta.json raw: its terminal escapes reach the operator's terminal")
+def test_analyze_prints_no_terminal_escapes_a_run_file_holds(tmp_path):
+    """A run whose meta.json names it with escapes (clear the screen, set the window title):
+    the report shows them as text, writes no ESC byte (the report itself uses none on a
+    pipe)."""
+    run = small_run(tmp_path / "run")
+    meta = json.loads((run / "meta.json").read_text())
+    meta["name"] = "\x1b[2J\x1b]0;pwned\x07run"
+    (run / "meta.json").write_text(json.dumps(meta))
+    done = subprocess.run([sys.executable, "-m", "stragglers.cli", "analyze", str(run)],
+                          cwd=tmp_path, capture_output=True, timeout=HANG_S,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert done.returncode == 0, done.stderr[-1500:]
+    at = done.stdout.find(b"\x1b")
+    assert at < 0, f"ESC written: {done.stdout[max(0, at - 20):at + 40]!r}"
