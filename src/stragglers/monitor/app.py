@@ -179,7 +179,8 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
             return {"ok": True}
         return {"ok": True, "jobs": len(monitor.directories), "idle": monitor.idle(),
                 "scanning": monitor.scanning(),
-                "instance": monitor.instance, "jobs_held": len(monitor.leases.held)}
+                "instance": monitor.instance, "jobs_held": len(monitor.leases.held)} \
+            | ({"uploads_refused": monitor.unshared} if monitor.unshared else {})
 
     def render_metrics() -> bytes:
         monitor.refresh_metrics()

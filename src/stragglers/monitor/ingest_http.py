@@ -337,6 +337,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
         """Create or update a job from its meta.json (JSON body)."""
         check_job_name(job, "path")
+        refuse_unshared(monitor)
         check_media_type(request, META_TYPES, "meta.json")
         new, client = False, quota_client(request.client.host if request.client else None)
         if job not in monitor.directories:
@@ -412,6 +413,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     async def store_part(request: Request, job: str, rank: int, part: int) -> PartReply:
         """Store one part (Parquet bytes); idempotent by (job, rank, part)."""
         check_job_name(job, "path")
+        refuse_unshared(monitor)
         # a job held here is a dict read; any other is looked up (the store, a rebuild) under
         # the monitor's lock, which the ingest holds while it takes a batch: off the event
         # loop, or an upload for a made-up job name held every request, /health included
@@ -540,6 +542,15 @@ class PartReply(TypedDict):
 
     status: str
     records: NotRequired[int]
+
+
+def refuse_unshared(monitor: Monitor) -> None:
+    """503 while this instance's uploads folder is not the other live instances' (a part
+    acknowledged here could not be read by the one analysing its job)."""
+    problem = monitor.unshared
+    if problem is not None:
+        raise HTTPProblem(503, f"uploads refused: {problem}", "unshared_uploads", close=True,
+                          retry_after_s=30.0)
 
 
 def job_full(exc: JobFull, close: bool = False) -> HTTPProblem:

@@ -63,9 +63,13 @@ class LeaseKeeper:
     """This instance's leases: a heartbeat thread renews them and takes its share; the monitor
     is told of every job gained or lost."""
 
-    def __init__(self, store, instance: str, url: str, lease_s: float, on_gained, on_lost):
+    def __init__(self, store, instance: str, url: str, lease_s: float, on_gained, on_lost,
+                 on_beat=None, probe: str | None = None):
         self.store, self.instance, self.url, self.lease_s = store, instance, url, float(lease_s)
         self.on_gained, self.on_lost = on_gained, on_lost
+        # after every heartbeat (the uploads folder checked against the live instances'), and
+        # the probe file name recorded with it (uploads_mark.InstanceProbe)
+        self.on_beat, self.probe = on_beat, probe
         self.held: dict[str, int] = {}   # job → epoch
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -92,7 +96,8 @@ class LeaseKeeper:
             # and this instance must not think itself alive when the others do not)
             began, began_wall = time.monotonic(), time.time()
             now_held = self.store.heartbeat(self.instance, self.url, self.lease_s, self.held,
-                                            alone=not getattr(self.store, "shared", False))
+                                            alone=not getattr(self.store, "shared", False),
+                                            probe=self.probe)
             lost = [j for j in self.held if j not in now_held or now_held[j] != self.held[j]]
             gained = [j for j in now_held if self.held.get(j) != now_held[j]]
             for job in lost:
@@ -110,6 +115,8 @@ class LeaseKeeper:
         if lost:
             log.warning("leases: %d job(s) now analysed by another instance: %s", len(lost),
                         ", ".join(sorted(lost)[:10]))
+        if self.on_beat is not None:
+            self.on_beat()
 
     def overdue(self) -> bool:
         """Whether the heartbeat is late by a beat or more (on a shared store): this process

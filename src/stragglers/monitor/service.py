@@ -52,7 +52,7 @@ from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, 
 from stragglers.monitor.store import JobConflict, SQLStore
 from stragglers.monitor.store_base import STALE
 from stragglers.monitor.unstored import HeldState, WriteTrouble
-from stragglers.monitor.uploads_mark import check_uploads_folder
+from stragglers.monitor.uploads_mark import InstanceProbe, check_uploads_folder
 from stragglers.monitor.windows import JobTracker, Window, layout_of
 from stragglers.serving import LogBudget
 from stragglers.trace.model import JobMeta
@@ -142,8 +142,14 @@ class Monitor:
         self.receiver = receiver
         # this instance's name in the leases, and its share of the jobs (leases.py)
         self.instance = instance or instance_id(store)
+        # the uploads folder is the other live instances' too (uploads_mark.InstanceProbe):
+        # refused at the start where it is not, and uploads answered 503 while it is not
+        self.probe = InstanceProbe(self.data_dir, self.instance)
+        self.unshared: str | None = None   # why uploads are refused (None: they are not)
+        self._missing: str | None = None   # a live instance's probe missing here (why)
+        self._probe_failed = False
         self.leases = LeaseKeeper(store, self.instance, external_url, self.config.lease_s,
-                                  self._gained, self._lost)
+                                  self._gained, self._lost, on_beat=self._check_probe)
         # alert messages leave from the store's outbox, written with their alert change
         self.outbox = OutboxSender(store, self.instance, self.alerts, receiver, webhooks,
                                    self.config.alert_claim_s)
@@ -243,6 +249,11 @@ class Monitor:
                 self.metrics.set_state(job.job, job.state)
             except Exception as exc:   # noqa: BLE001 - a damaged row: that job only
                 self._quarantine(str(row.job), exc)
+        # an uploads folder the live instances do not share is refused before this one
+        # counts as live (their leases stay theirs), and again once it does (two started
+        # together: the later check of the two sees the other)
+        self._write_probe()   # (recorded with the first heartbeat: live, probe and all)
+        self._refuse_unshared(self.probe.problem(self.store, own=True))
         # the first heartbeat, before any thread: the jobs this instance holds are rebuilt
         # now (alone, as with SQLite, every job; the lease of a restarted SQLite monitor is
         # its own)
@@ -255,6 +266,9 @@ class Monitor:
             # thread takes the leases (and rebuilds their jobs) once a write fits
             log.warning("start: the store cannot be written (%s); serving reads, uploads "
                         "refused until space returns", exc)
+        if self._missing is not None:
+            self.leases.stop(release=True)
+            self._refuse_unshared(self._missing)
         self.publish_mark()   # (before any part is taken: others wait for what it holds)
         self.leases.start()
         self.outbox.start()
@@ -268,6 +282,46 @@ class Monitor:
             t.start()
             self._threads.append(t)
         return self
+
+    def _refuse_unshared(self, problem: str | None) -> None:
+        if problem is not None:
+            self.probe.remove()
+            raise InputError(f"--data-dir {self.data_dir}", None, problem)
+
+    def _write_probe(self) -> None:
+        """This instance's probe written or touched; recorded by the heartbeats from then
+        on (a probe recorded is never one absent from a shared folder)."""
+        try:
+            self.probe.write()
+            self.leases.probe = self.probe.record(self._missing is not None)
+        except OSError as exc:   # (a full disk: uploads are refused 507 anyway)
+            if not self._probe_failed:
+                log.warning("uploads folder: the instance probe cannot be written (%s)",
+                            exc.strerror or exc)
+            self._probe_failed = True
+
+    def _check_probe(self) -> None:
+        """After each heartbeat: this instance's probe written (and recorded with the next
+        heartbeat), and the other live instances' looked for; uploads are refused (503)
+        while one is missing."""
+        try:
+            # (this instance's own view, recorded with the next heartbeat; then the others')
+            self._missing = self.probe.problem(self.store, own=True)
+            problem = self._missing or self.probe.problem(self.store)
+        except Exception as exc:   # noqa: BLE001 - the store away: looked at next beat
+            log.warning("uploads folder: the other instances' probes not read (%s)",
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return
+        finally:
+            self._write_probe()
+        if problem != self.unshared:
+            if problem is not None:
+                log.warning("uploads refused (503): %s (this folder: %s)", problem,
+                            self.data_dir)
+            else:
+                log.warning("uploads folder shared with every live instance again: uploads "
+                            "taken")
+        self.unshared = problem
 
     def _remove_stale_temps(self) -> None:
         """Half-written uploads a killed service left (`*.tmp` in the upload folders: written
@@ -306,6 +360,7 @@ class Monitor:
         self.outbox.close()
         # a clean stop hands the leases back: the other instances take the jobs at once
         self.leases.stop(release=bool(self._threads))
+        self.probe.remove()
 
     def idle(self) -> bool:
         """Nothing queued or in progress, no first scan of a watched root under way (for

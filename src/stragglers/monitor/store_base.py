@@ -35,6 +35,7 @@ ALERT_COLUMNS = ("fingerprint", "rule", "job", "labels", "annotations", "status"
                  "ends_at", "last_sent")
 
 
+PROBE_KEY = "probe:"   # store_info key of an instance's uploads-folder probe (+ its id)
 KEEP_S = 86400.0   # dead instances' rows and delivered messages are kept this long
 T = TypeVar("T")
 
@@ -55,6 +56,11 @@ class _Name(msgspec.Struct):
 
 class _Value(msgspec.Struct):
     value: str
+
+
+class _Probe(msgspec.Struct):
+    instance: str
+    probe: str
 
 
 class _PartDigest(msgspec.Struct):
@@ -891,10 +897,12 @@ class SQLStore:
     # ---- leases -------------------------------------------------------------------------------
 
     def heartbeat(self, instance: str, url: str, lease_s: float,
-                  leases: dict[str, int], alone: bool = False) -> dict[str, int]:
+                  leases: dict[str, int], alone: bool = False,
+                  probe: str | None = None) -> dict[str, int]:
         """One round of leasing for `instance` (holding `leases`: job → epoch): renew what it
         holds, and take free or expired leases up to its fair share (jobs / live instances);
-        `alone` (the only instance of its store), every lease.
+        `alone` (the only instance of its store), every lease. `probe`: the name of the file
+        it wrote into its uploads folder (uploads_mark.InstanceProbe), recorded with it.
         Returns the jobs it holds now with their epochs (a job missing was taken over)."""
         def tx(db: Any) -> dict[str, int]:
             now = self._now(db)
@@ -902,8 +910,14 @@ class SQLStore:
                        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET seen_at = "
                        "excluded.seen_at, expires_at = excluded.expires_at, url = excluded.url",
                        (instance, url, now, now, now + lease_s))
+            if probe is not None:   # (in the same transaction: live means probe recorded)
+                self._exec(db, "INSERT INTO store_info (key, value) VALUES (?, ?) ON CONFLICT "
+                           "(key) DO UPDATE SET value = excluded.value",
+                           (PROBE_KEY + instance, probe))
             # instances gone for a day, and messages delivered a day ago, are forgotten
             self._exec(db, "DELETE FROM instances WHERE expires_at < ?", (now - KEEP_S,))
+            self._exec(db, "DELETE FROM store_info WHERE substr(key, 1, 6) = 'probe:' AND "
+                       "substr(key, 7) NOT IN (SELECT id FROM instances)")
             self._exec(db, "DELETE FROM ingest_marks WHERE instance NOT IN (SELECT id FROM "
                        "instances)")
             self._exec(db, "DELETE FROM alert_outbox WHERE delivered_at < ?", (now - KEEP_S,))
@@ -983,7 +997,18 @@ class SQLStore:
                        (instance,))
             self._exec(db, "DELETE FROM instances WHERE id = ?", (instance,))
             self._exec(db, "DELETE FROM ingest_marks WHERE instance = ?", (instance,))
+            self._exec(db, "DELETE FROM store_info WHERE key = ?", (PROBE_KEY + instance,))
         self._write(tx, notify=False)
+
+    def live_probes(self, instance: str) -> list[tuple[str, str]]:
+        """(instance, probe file name) of the live instances other than `instance` that
+        recorded a probe (one of a version without probes is not looked for)."""
+        def tx(db: Any) -> list[tuple[str, str]]:
+            rows = self._many(db, _Probe, "SELECT i.id AS instance, s.value AS probe FROM "
+                              "instances i JOIN store_info s ON s.key = 'probe:' || i.id "
+                              "WHERE i.expires_at > ? AND i.id <> ?", (self._now(db), instance))
+            return [(r.instance, r.probe) for r in rows]
+        return self._write(tx, notify=False)
 
     # ---- ingest marks: silence on a shared store ----------------------------------------------
 

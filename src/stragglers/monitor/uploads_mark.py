@@ -13,8 +13,11 @@ so a store and its uploads moved together (or named by another path) go on.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
+import time
 from pathlib import Path
 
 from stragglers.errors import InputError
@@ -59,3 +62,80 @@ def check_uploads_folder(store, data_dir: Path) -> None:
     except OSError as exc:   # (a full disk, a read-only folder: the check waits for a start)
         log.warning("the uploads folder %s could not be marked for its store (%s)", data_dir,
                     exc.strerror)
+
+
+PROBE_DIR = ".stragglers-instances"
+UNSHARED = " unshared"   # recorded after the probe name by an instance missing another's
+PROBE_NAME = re.compile("[0-9a-f]{24}")
+PROBE_KEEP_S = 86400.0   # a probe file not touched this long is a dead instance's: removed
+
+
+class InstanceProbe:
+    """Whether the instances sharing a store share its uploads folder: each writes a probe
+    file into its `--data-dir` and records its name in the store (with its heartbeat); one
+    that cannot see the probe of every other live instance in its own folder does not share
+    theirs. Two PostgreSQL instances each given a folder of its own, both started before any
+    part was stored, each marked its own folder with the one store id and ran: every upload
+    was acknowledged and none analysed (a job's holder could not read the parts the other
+    instance wrote). Checked at the start (refused) and at every heartbeat (uploads 503)."""
+
+    def __init__(self, data_dir: Path, instance: str):
+        self.folder = data_dir / PROBE_DIR
+        # (a name of safe characters whatever the host name holds)
+        self.name = hashlib.sha256(instance.encode("utf-8", "replace")).hexdigest()[:24]
+        self.instance = instance
+
+    def write(self) -> None:
+        """Write (or touch) this instance's probe file; OSError where it cannot be."""
+        self.folder.mkdir(exist_ok=True)
+        path = self.folder / self.name
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            path.write_text(self.instance + "\n")
+
+    def remove(self) -> None:
+        """This instance's probe goes (a clean stop), and probes not touched for a day (the
+        instances that wrote them were killed)."""
+        try:
+            (self.folder / self.name).unlink(missing_ok=True)
+            old = time.time() - PROBE_KEEP_S
+            for path in self.folder.iterdir():
+                if path.is_file() and path.stat().st_mtime < old:
+                    path.unlink(missing_ok=True)
+        except OSError:
+            pass   # (left: probes of instances that are not live are never looked at)
+
+    def record(self, unshared: bool) -> str:
+        """What the heartbeat records: the probe's name, and whether this instance found a
+        live instance's probe missing from its folder (a folder that stopped being shared
+        may still hold the others' probes from before: they must hear it from this one)."""
+        return self.name + (UNSHARED if unshared else "")
+
+    def problem(self, store, own: bool = False) -> str | None:
+        """Why uploads cannot be taken into this folder (one line), or None: a live
+        instance whose probe is missing here, or (not `own`) one that misses another's in
+        its folder; the instances are named."""
+        missing, flagged = [], []
+        for instance, recorded in store.live_probes(self.instance):
+            name = recorded.removesuffix(UNSHARED)
+            # (a name the store holds damaged is no probe's: never a path out of the folder)
+            if not PROBE_NAME.fullmatch(name):
+                continue
+            if not os.path.lexists(self.folder / name):
+                missing.append(instance)
+            elif recorded != name and not own:
+                flagged.append(instance)
+        if missing:
+            return (f"the uploads folder (--data-dir) is not the one the other instances of "
+                    f"this store write to: {len(missing)} live instance(s) "
+                    f"({', '.join(i[:60] for i in missing[:3])}) wrote a probe into theirs "
+                    f"({PROBE_DIR}/) that is not in this one; give every instance one shared "
+                    f"folder (a part acknowledged by one could not be analysed by another)")
+        if flagged:
+            return (f"the uploads folder (--data-dir) is not the one the other instances of "
+                    f"this store write to: {len(flagged)} live instance(s) "
+                    f"({', '.join(i[:60] for i in flagged[:3])}) do not see this one's probe "
+                    f"({PROBE_DIR}/) in theirs; give every instance one shared folder (a part "
+                    f"acknowledged by one could not be analysed by another)")
+        return None
