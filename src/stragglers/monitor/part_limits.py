@@ -30,6 +30,9 @@ MAX_STEP = 2**53 - 1
 
 ALLOWED_COLUMNS = (*COLUMNS, *OPTIONAL_COLUMNS)
 
+# a part's schema elements: its root and one leaf per column it may have (no nesting)
+MAX_SCHEMA_ELEMENTS = 1 + len(ALLOWED_COLUMNS)
+
 # a part's Parquet footer (a recorder's is a few kB): a larger one is refused before it is
 # parsed (its thrift decoding allocates per declared column and row group)
 MAX_FOOTER_BYTES = 4 << 20
@@ -50,7 +53,10 @@ def screened_footer(data, source: object, field: str | None = None) -> bytes | I
     walks no footer before this (a footer that disagrees with itself aborts the process)."""
     try:
         footer = footer_of(data)
-        check_footer(footer)
+        # the part's budgets, held by the screen as it reads (pyarrow then parses only a
+        # footer of the columns a part may have: one of 4,096 declared columns, each chunk in
+        # every row group, was parsed whole before its columns were refused)
+        check_footer(footer, max_columns=MAX_SCHEMA_ELEMENTS, max_rows=MAX_PART_ROWS)
     except BadThrift as exc:
         return InputError(source, field, f"not a readable Parquet file (footer: {exc}; "
                           "nothing of the part was read)")
