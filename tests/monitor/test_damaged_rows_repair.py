@@ -75,3 +75,83 @@ def test_an_announcement_that_cannot_repair_the_rows_is_refused_with_the_reason(
             assert r.status_code == 409 and "rank 99" in r.json()["error"], r.text
     finally:
         s.stop()
+
+
+def _part_refusal(c, parts) -> str:
+    rank, n, cols = parts[3]
+    r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols), headers=AUTH)
+    assert r.status_code == 409, r.text
+    return r.json()["error"]
+
+
+def _with_clock(trace, start: float) -> dict:
+    m = trace.meta.to_dict()
+    m["extra"]["clock"] = {"start": [start] * trace.meta.world_size}
+    return m
+
+
+def test_a_job_set_aside_for_its_part_rows_is_told_the_new_run_that_brings_it_back(tmp_path):
+    # (every 409 said "PUT its meta again", which cannot repair a part row: a client that
+    # followed it looped; a new run drops the old run's rows)
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=_with_clock(trace, 1000.0),
+                         headers=AUTH).status_code == 200
+            for rank, n, cols in parts[:3]:
+                assert c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols),
+                             headers=AUTH).status_code == 200
+    finally:
+        s.stop()
+    with sqlite3.connect(tmp_path / "mon.db") as db:
+        db.execute("UPDATE parts SET rank = 99 WHERE job = 'j' AND rank = 1")
+    db.close()
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            error = _part_refusal(c, parts)
+            assert "new run" in error and "meta again" not in error, error
+            r = c.put("/api/jobs/j/meta", json=_with_clock(trace, 1000.0), headers=AUTH)
+            assert r.status_code == 409 and "new run" in r.json()["error"], r.text
+            # the remedy named works: a new run's metadata, then its parts
+            assert c.put("/api/jobs/j/meta", json=_with_clock(trace, 2000.0),
+                         headers=AUTH).status_code == 200
+            for rank, n, cols in parts:
+                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols),
+                          headers=AUTH)
+                assert r.status_code == 200, r.text
+            eventually(lambda: get(c, "/api/jobs/j")["windows_total"] == 2, what="2 windows")
+    finally:
+        s.stop()
+
+
+def test_a_job_set_aside_for_rows_no_upload_repairs_is_told_to_use_another_name(tmp_path):
+    _, parts = _stored_then_damaged(tmp_path, "UPDATE parts SET rank = 99 WHERE job = 'j' "
+                                    "AND rank = 1")   # (its run has no start clock)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            error = _part_refusal(c, parts)
+            assert "another job name" in error and "meta again" not in error, error
+    finally:
+        s.stop()
+
+
+def test_a_job_set_aside_for_its_metadata_is_told_to_announce_it_again(tmp_path):
+    trace, parts = _stored_then_damaged(tmp_path, "UPDATE jobs SET meta = '{\"world_size\": "
+                                        "\"x\"}' WHERE job = 'j'")
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert "PUT its meta.json again" in _part_refusal(c, parts)
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            for rank, n, cols in parts[3:]:
+                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols),
+                          headers=AUTH)
+                assert r.status_code == 200, r.text
+            eventually(lambda: get(c, "/api/jobs/j")["windows_total"] == 2, what="2 windows")
+    finally:
+        s.stop()

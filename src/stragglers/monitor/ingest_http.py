@@ -35,7 +35,8 @@ from stragglers.monitor.jobmeta import check_meta, loads_meta
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
     check_same_part, fingerprint
 from stragglers.monitor.leases import ForeignJob
-from stragglers.monitor.service import JobFull, MetaChanged, Monitor, PartIn, RunBusy
+from stragglers.monitor.service import ANOTHER_NAME, JobFull, MetaChanged, Monitor, PartIn, \
+    RunBusy
 from stragglers.monitor.windows import JobTracker
 from stragglers.serving import BodyRefused, canonical_decimal, declared_length
 from stragglers.serving_guard import FRAMING_KEY, admit_body
@@ -420,10 +421,15 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         tracker: JobTracker | ForeignJob | None = monitor.trackers.get(job)
         if tracker is None:
             tracker = await run_in_threadpool(monitor.tracker, job)
+        known = monitor.directories.get(job)
+        if tracker is None and job in monitor.quarantined and known is not None and \
+                known != monitor.data_dir / job:   # (its remedies are not an uploader's)
+            raise HTTPProblem(409, f"path 'job': {job!r} is a watched run (set aside); uploads "
+                              "cannot write into it", "conflict")
         if tracker is None and job in monitor.quarantined:
-            raise HTTPProblem(409, f"path 'job': job {job!r} is set aside (its stored metadata "
-                              f"cannot be used: {monitor.quarantined[job][:200]}); PUT its "
-                              "meta again", "quarantined")
+            raise HTTPProblem(409, f"path 'job': job {job!r} is set aside (its stored rows "
+                              f"cannot be used: {monitor.quarantined[job][:200]}); "
+                              f"{monitor.remedies.get(job, ANOTHER_NAME)}", "quarantined")
         if tracker is None:
             raise HTTPProblem(404, f"path 'job': unknown job {job!r}; PUT /api/jobs/{job}/meta "
                               "first", "unknown_job")

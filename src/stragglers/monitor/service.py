@@ -35,7 +35,7 @@ from stragglers.monitor.alerts import AlertEngine, Changes, Rule, parse_rules
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
-from stragglers.monitor.jobmeta import check_meta, is_new_run
+from stragglers.monitor.jobmeta import check_meta, is_new_run, run_start
 from stragglers.monitor.outbox import OutboxSender
 from stragglers.monitor.part_names import file_fingerprint
 from stragglers.monitor.places import check_place, rows_place
@@ -171,6 +171,7 @@ class Monitor:
         self.recent_rejects: deque = deque(maxlen=100)
         self._log_budget = LogBudget(REFUSAL_LOG_BURST, REFUSAL_LOG_PER_S)
         self.quarantined: dict[str, str] = {}   # job → why its stored rows cannot be used
+        self.remedies: dict[str, str] = {}   # and what brings it back (its uploads' 409 says)
         self._quarantined_meta: dict[str, str | None] = {}   # (shared store) its meta then
         # directories whose paths readers of /api/stats are not shown (the watcher adds its
         # roots): the uploads folder and the store's
@@ -456,7 +457,8 @@ class Monitor:
                 # set aside again by its rebuild (rows a new metadata does not repair): the
                 # announcement was answered "ok" and every part then 409 for good
                 raise InputError(job, "job", f"its stored rows cannot be used, new metadata "
-                                 f"or not ({self.quarantined[job][:200]})")
+                                 f"or not ({self.quarantined[job][:200]}); "
+                                 f"{self.remedies.get(job, ANOTHER_NAME)}")
         return meta
 
     def move_job(self, job: str, directory: Path) -> None:
@@ -706,12 +708,13 @@ class Monitor:
         problem = str(exc) if isinstance(exc, InputError) else \
             f"{type(exc).__name__}: {str(exc)[:200]}"
         self.quarantined[job] = problem
+        try:
+            mark = self.store.job_marks([job]).get(job)
+        except Exception:   # noqa: BLE001 - unreadable: looked at again at the next tick
+            mark = None
         if self.store.shared:   # (what it was set aside under: another instance may fix it)
-            try:
-                mark = self.store.job_marks([job]).get(job)
-            except Exception:   # noqa: BLE001 - unreadable: looked at again at the next tick
-                mark = None
             self._quarantined_meta[job] = mark.meta if mark is not None else None
+        self.remedies[job] = _remedy(exc, mark.meta if mark is not None else None)
         self.trackers.pop(job, None)
         self.states[job] = "quarantined"
         self.reject("quarantined", f"job {job}", f"stored rows unusable, job set aside: "
@@ -1887,6 +1890,30 @@ def _remove_empty_upload_dir(directory: Path) -> None:
     except OSError as exc:
         log.warning("expired job's folder %s not removed: %s", directory,
                     exc.strerror or exc)
+
+
+ANOTHER_NAME = ("upload the run under another job name (this one's stored rows must be "
+                "repaired or removed from the store by the monitor's operator)")
+
+
+def _remedy(exc: Exception, stored_meta: str | None) -> str:
+    """What brings a job set aside for `exc` back, as its uploads' 409 tells the client: its
+    metadata announced again where the metadata (or the way its row names) is what cannot be
+    used; else (its part or window rows) a new run, which drops them, where the stored run has
+    a start clock to differ from; else another name. (Every 409 told the client to PUT its
+    meta again, which for damaged part rows changed nothing: a client following it looped.)"""
+    if isinstance(exc, InputError) and (exc.source.startswith("stored metadata of job")
+                                        or exc.field == "way"):
+        return "PUT its meta.json again (good metadata brings the job back)"
+    try:
+        start = run_start(json.loads(stored_meta)) if stored_meta else None
+    except ValueError:
+        start = None
+    if start is not None:
+        return ("its stored parts or windows cannot be used, new metadata or not: PUT the "
+                "meta.json of a new run (another extra.clock.start: the job starts again, its "
+                "stored parts and windows dropped), or " + ANOTHER_NAME)
+    return ANOTHER_NAME
 
 
 def _unreadable(store: SQLStore, job: str) -> Exception:
