@@ -16,8 +16,8 @@ from stragglers.whatif.grid import BWD, FWD
 # Leave-one-out medians are exact up to this many DP ranks; beyond, one worker barely moves
 # the median of all, which is much cheaper.
 _EXACT_PEERS = 8
-# With 2-4 workers, a worker behind its peers in every one of this many steps or more is
-# steadily slow: a one-sided sign test, (1/2)^5 = 1/32 by chance (slow_group's test too).
+# With 2-4 workers, a worker behind every peer in every one of this many steps or more (six
+# beside one peer) is steadily slow: a sign test, 1 in 32 or less by chance (slow_group's too).
 _STEADY_STEPS = STEADY_STEPS
 
 
@@ -161,14 +161,14 @@ def _slower(ctx: Context, busy: np.ndarray, members: np.ndarray, fast: np.ndarra
     named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0, norm=~members)
     if (~members).sum() < 5 and ratio.shape[-1] >= _STEADY_STEPS and (
             ctx.seq_pattern is None or ctx.seq_balanced is not None):
-        # ... or, behind its peers in every step (a sign test: 1 in 32 by chance over five
-        # steps), the outlier test with the spread at its floor, the spread that 2-4 workers
-        # cannot measure. A slow device slows every step alike, while the CPU that ranks of a
+        # ... or, behind every peer in every step (a sign test: 1 in 32 or less by chance,
+        # `_behind_every_peer`), the outlier test with the spread at its floor, the spread
+        # that 2-4 workers cannot measure. A slow device slows every step alike, while the CPU that ranks of a
         # clean run share slows each step's ranks at random: none of 44 ranks of 11 clean
         # runs on one CPU was behind in every step, though one averaged x1.19 (7 of 9 steps).
         # Not where the sequences' pattern is there without Σs²: a DP rank that drew the
         # heavier sequences can be behind in every step (x1.24 in 8 of 8, dp 2 x pp 2)
-        steady = (ratio > 1).all(axis=-1) & (lo > 1)
+        steady = _behind_every_peer(busy, members) & (lo > 1)
         named |= steady & (mean - 1 >= cfg.outlier_z * cfg.outlier_scale_floor)
     named &= ~members
     if ctx.arrivals is not None:
@@ -177,6 +177,40 @@ def _slower(ctx: Context, busy: np.ndarray, members: np.ndarray, fast: np.ndarra
         extra = (busy - reference).mean(axis=-1)
         named &= ctx.arrivals.lateness + extra > 0
     return named, reference, ratio, mean, lo, hi
+
+
+def _steady_steps(workers: int) -> int:
+    """Steps a worker must be behind each of its stage's `workers` - 1 peers in, for the sign
+    test's 1 in 32 or less by chance: any of n workers the slowest of its stage in every one of
+    T steps is n^-(T-1) (one of two: six steps; three or four: STEADY_STEPS)."""
+    return max(_STEADY_STEPS, 1 + math.ceil(math.log(32) / math.log(workers) - 1e-9))
+
+
+def _behind_every_peer(busy: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """bool [D, P]: workers behind every peer of their stage ([D, P, T] busy compute; a slow
+    group's members are no peers) in every step, over `_steady_steps` steps or more.
+
+    Every peer, not the peers' median: the worker is chosen from the data, so "behind the
+    median peer in every step of five" held by chance for some worker of n up to n/32 (12 of
+    5,000 noise-only jobs of 2-4 workers a stage named a worker fault). Step-down: a worker
+    so found is no peer of the rest, which are asked the same among themselves while two
+    peers are left (two faults ×1.3 and ×1.6 on one stage of four are both named)."""
+    d, p, t = busy.shape
+    out = np.zeros((d, p), dtype=bool)
+    for q in range(p):
+        left = list(np.flatnonzero(~members[:, q]))
+        if len(left) < 2 or t < _steady_steps(len(left)):
+            continue
+        while len(left) >= 2:
+            behind = [i for i in left
+                      if (busy[i, q] > busy[[j for j in left if j != i], q].max(axis=0)).all()]
+            if not behind:
+                break
+            out[behind[0], q] = True    # at most one: it is behind the others in every step
+            left.remove(behind[0])
+            if len(left) < 3:
+                break   # the next would be judged against one peer: one of two again
+    return out
 
 
 def _without_longest_microbatch(ctx: Context, own: np.ndarray, busy: np.ndarray) -> np.ndarray:
