@@ -3,12 +3,11 @@ state (read caches, owners, generations), served what the file no longer held.""
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
 from pathlib import Path
 
 from stragglers.errors import InputError
+from stragglers.file_claim import FileClaim, Held, claim_file
 
 log = logging.getLogger(__name__)
 
@@ -16,14 +15,14 @@ log = logging.getLogger(__name__)
 class Claim:
     """The exclusive flock of a database file, held while this is open (close() drops it)."""
 
-    def __init__(self, fd: int | None):
-        self.fd = fd
+    def __init__(self, held: FileClaim | None):
+        self.held = held
 
     def close(self) -> None:
-        """Give up the claim (closing the descriptor drops the lock)."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        """Give up the claim (after the store's connections are closed)."""
+        if self.held is not None:
+            self.held.close()
+            self.held = None
 
 
 def claim(db: str | Path) -> Claim:
@@ -33,43 +32,19 @@ def claim(db: str | Path) -> Claim:
 
     Was a lock file named after the path the --db reached: a hard link to the database, or the
     same file through a bind mount, reached another lock name and a second service started on
-    the one file. (flock, apart from the POSIX locks SQLite takes on the same file; the
-    descriptor is closed only after the store's connections: closing a descriptor of a file
-    drops every POSIX lock the process holds on it.)"""
+    the one file. A refused claim keeps its descriptor (stragglers.file_claim: closing it
+    dropped the serving connections' SQLite locks, and the live WAL was deleted)."""
     try:
-        fd = os.open(db, os.O_RDONLY | os.O_CLOEXEC)
+        held = claim_file(db)
+    except Held as exc:
+        raise InputError(str(db), None, "another shard service serves this file"
+                         + (f" (pid {exc.pid})" if exc.pid else "")
+                         + "; stop it first (two on one file each answer from their own"
+                         " cached state)") from None
     except OSError as exc:
         raise InputError(str(db), None, f"cannot open the database to claim it ({exc.strerror})"
                          ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(fd)
-        os.close(fd)
-        raise InputError(str(db), None, "another shard service serves this file"
-                         + (f" (pid {holder})" if holder else "")
-                         + "; stop it first (two on one file each answer from their own"
-                         " cached state)") from None
-    except OSError as exc:   # a file system without flock (some FUSE, old NFS): no claim
-        os.close(fd)
-        log.warning("%s: cannot lock the database file (%s): a second service on it would not"
-                    " be refused", db, exc.strerror)
-        return Claim(None)
-    return Claim(fd)
-
-
-def _holder(fd: int) -> int | None:
-    """The pid holding a flock on the file of `fd` (from /proc/locks), None when unknown."""
-    st = os.fstat(fd)
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            for line in f:
-                # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
-                fields = line.split()
-                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode \
-                        and fields[4].isdigit():
-                    return int(fields[4])
-    except OSError:
-        pass
-    return None
+    if held is None:   # a file system without flock (some FUSE, old NFS): no claim
+        log.warning("%s: cannot lock the database file: a second service on it would not be"
+                    " refused", db)
+    return Claim(held)

@@ -8,7 +8,6 @@ identity is (job, rank, part): the primary key makes a part seen twice count onc
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import resource
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from stragglers.errors import InputError
+from stragglers.file_claim import FileClaim, Held, claim_file
 from stragglers.monitor.store_base import SQLStore
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class SQLiteStore(SQLStore):
             raise InputError(self.path or "''", None, "not a file path; expected the store's "
                              "file (it must outlive the process, and every connection opens it)")
         self.transient_errors = (sqlite3.OperationalError,)
-        self._claim: int | None = None   # the locked descriptor of `serve_alone`
+        self._claim: FileClaim | None = None   # the flock of `serve_alone`
         self._lock = threading.Lock()
         self._local = threading.local()
         try:
@@ -136,26 +136,24 @@ class SQLiteStore(SQLStore):
         with self._lock:
             self._db.close()
             if self._claim is not None:
-                os.close(self._claim)   # (the lock goes with the descriptor)
+                self._claim.close()   # (the lock goes with the descriptor)
                 self._claim = None
 
     def serve_alone(self) -> None:
         """An exclusive lock on the store's file for as long as this store is open: a second
         monitor on the same file (a restart that overlapped, a second unit by mistake) started
         silently and took every lease too, so parts one acknowledged the other never analysed.
-        (flock, apart from the POSIX locks SQLite takes on the same file.)"""
-        fd = os.open(self.path, os.O_RDONLY)
+        (flock, apart from the POSIX locks SQLite takes on the same file; a refused claim keeps
+        its descriptor: stragglers.file_claim.)"""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+            self._claim = claim_file(self.path)
+        except Held:
             raise InputError(self.path, None, "served by another monitor already (one "
                              "monitor serves a SQLite store: stop the other first; instances "
                              "that share a store use PostgreSQL)") from None
-        except OSError:
-            os.close(fd)   # a file system without flock: no claim, as before
-            return
-        self._claim = fd
+        except OSError as exc:
+            raise InputError(self.path, None, f"cannot open the store to claim it "
+                             f"({exc.strerror})") from None
 
     def _write(self, fn, notify: bool = True):
         with self._lock:
