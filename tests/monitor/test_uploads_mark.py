@@ -105,3 +105,44 @@ def test_a_mark_that_cannot_be_read_is_one_line_naming_it(tmp_path):
     with pytest.raises(InputError, match=MARK_FILE) as err:
         _serve(tmp_path, tmp_path / "up")
     assert "\n" not in str(err.value)
+
+
+def test_a_job_whose_parts_are_in_another_marked_folder_is_set_aside_not_left_running(
+        tmp_path):
+    # the store started by turns with two uploads folders, both marked for it: parts
+    # acknowledged into one were "vanished" in the other, the job listed as running and its
+    # parts never analysed (each upload after them 200)
+    cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=3600)
+    trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    MonitorServer(tmp_path / "mon.db", port=0, config=cfg,
+                  data_dir=tmp_path / "up2").start().stop()   # up2 marked, nothing in it
+    s = MonitorServer(tmp_path / "mon.db", port=0, config=cfg, data_dir=tmp_path / "up1").start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict()).status_code == 200
+            for rank, n, cols in parts[:3]:
+                assert c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}",
+                             content=table_bytes(cols)).status_code == 200
+    finally:
+        s.stop()
+    s = MonitorServer(tmp_path / "mon.db", port=0, config=cfg, data_dir=tmp_path / "up2").start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert {j["job"]: j["state"] for j in get(c, "/api/jobs")["jobs"]} == \
+                {"j": "quarantined"}
+            rank, n, cols = parts[3]
+            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
+            assert r.status_code == 409 and "--data-dir" in r.json()["error"], r.text
+    finally:
+        s.stop()
+    # the folder they went to brings the job back, and its windows are analysed
+    s = MonitorServer(tmp_path / "mon.db", port=0, config=cfg, data_dir=tmp_path / "up1").start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for rank, n, cols in parts[3:]:
+                assert c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}",
+                             content=table_bytes(cols)).status_code == 200
+            eventually(lambda: get(c, "/api/jobs/j")["windows_total"] == 2, what="2 windows")
+    finally:
+        s.stop()

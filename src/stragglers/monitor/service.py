@@ -253,8 +253,9 @@ class Monitor:
         # an uploads folder the live instances do not share is refused before this one
         # counts as live (their leases stay theirs), and again once it does (two started
         # together: the later check of the two sees the other)
-        self._write_probe()   # (recorded with the first heartbeat: live, probe and all)
-        self._refuse_unshared(self.probe.problem(self.store, own=True))
+        if self.store.shared:   # (a SQLite store is served by one instance: its flock)
+            self._write_probe()   # (recorded with the first heartbeat: live, probe and all)
+            self._refuse_unshared(self.probe.problem(self.store, own=True))
         # the first heartbeat, before any thread: the jobs this instance holds are rebuilt
         # now (alone, as with SQLite, every job; the lease of a restarted SQLite monitor is
         # its own)
@@ -305,10 +306,12 @@ class Monitor:
         """After each heartbeat: this instance's probe written (and recorded with the next
         heartbeat), and the other live instances' looked for; uploads are refused (503)
         while one is missing."""
+        if not self.store.shared:
+            return
         try:
             # (this instance's own view, recorded with the next heartbeat; then the others')
-            self._missing = self.probe.problem(self.store, own=True)
-            problem = self._missing or self.probe.problem(self.store)
+            self._missing, theirs = self.probe.problems(self.store)
+            problem = self._missing or theirs
         except Exception as exc:   # noqa: BLE001 - the store away: looked at next beat
             log.warning("uploads folder: the other instances' probes not read (%s)",
                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -361,7 +364,8 @@ class Monitor:
         self.outbox.close()
         # a clean stop hands the leases back: the other instances take the jobs at once
         self.leases.stop(release=bool(self._threads))
-        self.probe.remove()
+        if self.store.shared:
+            self.probe.remove()
 
     def idle(self) -> bool:
         """Nothing queued or in progress, no first scan of a watched root under way (for
@@ -727,6 +731,16 @@ class Monitor:
         last = self.store.last_window(name)
         index = self.store.part_index(name)
         _check_stored_numbers(name, meta, last, index)
+        consumed = last.last_step if last else -1
+        if job.way == "http" and not directory.is_dir() and \
+                any(p.last_step > consumed for p in index):
+            # (a folder marked for this store, not the one its parts went to: the store
+            # started by turns with two uploads folders; each part was "vanished", the job
+            # listed as running, and its acknowledged parts never analysed)
+            raise InputError(f"stored row of job {name!r}", "directory", "its acknowledged "
+                             "parts not analysed yet are not in the uploads folder (it holds "
+                             "no folder of the job): started with another --data-dir than "
+                             "they were uploaded to")
         tr = JobTracker(name, meta, self.config.window_steps, self.config.gap_wait_s,
                         consumed_step=last.last_step if last else -1,
                         next_idx=last.idx + 1 if last else 0)
@@ -1905,6 +1919,9 @@ def _remedy(exc: Exception, stored_meta: str | None) -> str:
     if isinstance(exc, InputError) and (exc.source.startswith("stored metadata of job")
                                         or exc.field == "way"):
         return "PUT its meta.json again (good metadata brings the job back)"
+    if isinstance(exc, InputError) and exc.field == "directory":
+        return ("the monitor's operator must start it with the uploads folder the job's "
+                "parts went to; else " + ANOTHER_NAME)
     try:
         start = run_start(json.loads(stored_meta)) if stored_meta else None
     except ValueError:

@@ -116,6 +116,12 @@ class InstanceProbe:
         """Why uploads cannot be taken into this folder (one line), or None: a live
         instance whose probe is missing here, or (not `own`) one that misses another's in
         its folder; the instances are named."""
+        mine, theirs = self.problems(store)
+        return mine if own else mine or theirs
+
+    def problems(self, store) -> tuple[str | None, str | None]:
+        """(a live instance's probe missing here, a live instance missing another's in its
+        folder): each the one line that says so, or None."""
         missing, flagged = [], []
         for instance, recorded in store.live_probes(self.instance):
             name = recorded.removesuffix(UNSHARED)
@@ -124,18 +130,19 @@ class InstanceProbe:
                 continue
             if not os.path.lexists(self.folder / name):
                 missing.append(instance)
-            elif recorded != name and not own:
+            elif recorded != name:
                 flagged.append(instance)
-        if missing:
-            return (f"the uploads folder (--data-dir) is not the one the other instances of "
-                    f"this store write to: {len(missing)} live instance(s) "
-                    f"({', '.join(i[:60] for i in missing[:3])}) wrote a probe into theirs "
-                    f"({PROBE_DIR}/) that is not in this one; give every instance one shared "
-                    f"folder (a part acknowledged by one could not be analysed by another)")
-        if flagged:
-            return (f"the uploads folder (--data-dir) is not the one the other instances of "
-                    f"this store write to: {len(flagged)} live instance(s) "
-                    f"({', '.join(i[:60] for i in flagged[:3])}) do not see this one's probe "
-                    f"({PROBE_DIR}/) in theirs; give every instance one shared folder (a part "
-                    f"acknowledged by one could not be analysed by another)")
-        return None
+        start = "the uploads folder (--data-dir) is not the one the other instances of this " \
+                "store write to: "
+        end = "; give every instance one shared folder (a part acknowledged by one could " \
+              "not be analysed by another)"
+        return (None if not missing else
+                f"{start}{len(missing)} live instance(s) ({_names(missing)}) wrote a probe "
+                f"into theirs ({PROBE_DIR}/) that is not in this one{end}",
+                None if not flagged else
+                f"{start}{len(flagged)} live instance(s) ({_names(flagged)}) do not see "
+                f"this one's probe ({PROBE_DIR}/) in theirs{end}")
+
+
+def _names(instances: list[str]) -> str:
+    return ", ".join(i[:60] for i in instances[:3])
