@@ -191,8 +191,11 @@ def test_a_jobs_page_is_answered_at_the_read_pace_of_its_client(tmp_path):
         assert up(proc, url), "the monitor did not start"
         with httpx.Client(base_url=url, timeout=60) as c:
             upload(c, "j", slow_job(steps=10, slow=(0, 1, 3.0)), 5)
-            eventually(lambda: c.get("/api/jobs/j").json()["windows_total"] == 2,
-                       what="both windows analysed")       # (the address's turn: taken)
+            # (window 1's own route says when both windows are done; then the address's
+            # first read of the job is answered at once, and takes its turn)
+            eventually(lambda: c.get("/api/jobs/j/windows/1").status_code == 200,
+                       what="both windows analysed")
+            assert c.get("/api/jobs/j").json()["windows_total"] == 2
         with httpx.Client(base_url=url, timeout=5) as c:
             with pytest.raises(httpx.ReadTimeout):
                 c.get("/api/jobs/j")
