@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from stragglers.errors import StragglersError
+from stragglers.wording import printable
 
 app = typer.Typer(
     name="stragglers",
@@ -70,9 +71,17 @@ def configure_logging(verbosity: int) -> None:
     logger = logging.getLogger("stragglers")
     logger.setLevel(logging.DEBUG if verbosity > 1 else logging.INFO)
     if not any(isinstance(h, RichHandler) for h in logger.handlers):
-        logger.addHandler(RichHandler(console=Console(stderr=True), show_path=False,
-                                      show_time=verbosity > 1))
+        handler = RichHandler(console=Console(stderr=True), show_path=False,
+                              show_time=verbosity > 1)
+        handler.addFilter(_printable_record)
+        logger.addHandler(handler)
     logger.propagate = False  # a root handler (pytest's, a host application's) would repeat it
+
+
+def _printable_record(record: logging.LogRecord) -> bool:
+    """The record's message with control characters as escapes (it quotes names from files)."""
+    record.msg, record.args = printable(record.getMessage()), None
+    return True
 
 
 # One module per capability owns its commands; each exposes register(app).
@@ -139,7 +148,8 @@ def main() -> None:
         sys.exit(code if isinstance(code, int) else 0)
     except StragglersError as exc:
         # escaped: a message quotes file names and rules, whose brackets are not markup
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(printable(str(exc)))}",
+                                   highlight=False,
                                    soft_wrap=True)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
@@ -149,7 +159,7 @@ def main() -> None:
             # a path given on the command line that cannot be read or written (no such
             # directory, permission, read-only file system, disk full): it and the reason
             where = f"{exc.filename} → {exc.filename2}" if exc.filename2 else str(exc.filename)
-            Console(stderr=True).print(f"[bold red]error:[/] {escape(where)}: "
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(printable(where))}: "
                                        f"{escape(exc.strerror)}", highlight=False,
                                        soft_wrap=True)
             sys.exit(2)
@@ -169,7 +179,8 @@ def _internal_error(exc: BaseException) -> None:
     if _verbosity:
         raise exc
     Console(stderr=True).print(
-        f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} (this is a "
+        f"[bold red]internal error:[/] {type(exc).__name__}: {escape(printable(str(exc)))} "
+        "(this is a "
         "bug in stragglers; run with -v for the traceback and report it)", highlight=False,
         soft_wrap=True)
     sys.exit(4)

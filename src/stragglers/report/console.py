@@ -35,6 +35,7 @@ from stragglers.report.summary import (
 )
 from stragglers.whatif.config import DECOMPOSE_SLOWDOWN, STRAGGLING_SLOWDOWN
 from stragglers.whatif.result import AnalysisResult, WorkerRef
+from stragglers.wording import printable_all
 
 # Above this many DP ranks the worker grid shows coloured blocks instead of numbers.
 GRID_NUMBERS_MAX_DP = 16
@@ -56,7 +57,9 @@ def slowdown_style(value: float | None, straggling: float = STRAGGLING_SLOWDOWN)
 
 def print_report(result: AnalysisResult | Mapping[str, Any], console: Console | None = None) -> None:
     """Print the analysis result as a headline, attribution tables, worker grid and diagnosis."""
-    r = as_result(result)
+    # every string a trace file carried (names, hosts, op types, evidence quoting them) with its
+    # control characters written as escapes: printed raw, they reach the operator's terminal
+    r = as_result(printable_all(as_result(result).to_dict()))
     console = console or Console()
     console.print(_headline(r))
     notes = _notes(r)
