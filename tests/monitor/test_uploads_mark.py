@@ -134,6 +134,9 @@ def test_a_job_whose_parts_are_in_another_marked_folder_is_set_aside_not_left_ru
             rank, n, cols = parts[3]
             r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
             assert r.status_code == 409 and "--data-dir" in r.json()["error"], r.text
+            # (its metadata announced here makes its folder, not its parts: still set aside)
+            r = c.put("/api/jobs/j/meta", json=trace.meta.to_dict())
+            assert r.status_code == 409 and "--data-dir" in r.json()["error"], r.text
     finally:
         s.stop()
     # the folder they went to brings the job back, and its windows are analysed

@@ -732,15 +732,17 @@ class Monitor:
         index = self.store.part_index(name)
         _check_stored_numbers(name, meta, last, index)
         consumed = last.last_step if last else -1
-        if job.way == "http" and not directory.is_dir() and \
-                any(p.last_step > consumed for p in index):
+        due = [p for p in index if p.last_step > consumed]
+        if job.way == "http" and due and not any(
+                os.path.lexists(part_path(directory, p.rank, p.part)) for p in due):
             # (a folder marked for this store, not the one its parts went to: the store
             # started by turns with two uploads folders; each part was "vanished", the job
-            # listed as running, and its acknowledged parts never analysed)
-            raise InputError(f"stored row of job {name!r}", "directory", "its acknowledged "
-                             "parts not analysed yet are not in the uploads folder (it holds "
-                             "no folder of the job): started with another --data-dir than "
-                             "they were uploaded to")
+            # listed as running, and its acknowledged parts never analysed; a part missing
+            # among others is passed over, as before)
+            raise InputError(f"stored row of job {name!r}", "directory", f"none of its "
+                             f"{len(due)} acknowledged parts not analysed yet is in the "
+                             "uploads folder: started with another --data-dir than they "
+                             "were uploaded to")
         tr = JobTracker(name, meta, self.config.window_steps, self.config.gap_wait_s,
                         consumed_step=last.last_step if last else -1,
                         next_idx=last.idx + 1 if last else 0)
