@@ -423,3 +423,35 @@ def test_finished_data_sets_can_give_their_places_of_max_datasets_back(tmp_path)
             assert r.status_code == 200, r.text
     finally:
         stop(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="round 7: max_job_bytes counts the parts of windows "
+                   "analysed long ago: a long or wide job's monitoring stops for good at it")
+def test_a_long_job_goes_on_being_analysed_past_max_job_bytes_of_analysed_parts(tmp_path):
+    """Six windows uploaded one after the other, each analysed before the next is sent; their
+    parts add up to ~135 KB, max_job_bytes is 60,000. The bound keeps one job from filling the
+    disk with what is not analysed yet; parts whose windows are done are not held against it
+    (or are let go), so every window is analysed. (16 GiB by default: a 1,024-rank job
+    recording ~3 MB a step reaches it in about an hour and a half, and is monitored no more.)"""
+    trace = slow_job(steps=30, slow=(0, 1, 3.0))
+    proc, url = serve_monitor(tmp_path, {"settings": {**SETTINGS, "max_job_bytes": 60_000}})
+    refused = []
+    try:
+        assert up(proc, url), "the monitor did not start"
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                         headers=AUTH).status_code == 200
+            parts = parts_of(trace, 5)
+            for w in range(6):
+                for rank, n, cols in parts[4 * w:4 * w + 4]:
+                    r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols),
+                              headers=AUTH)
+                    if r.status_code != 200:
+                        refused.append((rank, n, r.status_code))
+                if refused:
+                    break
+                eventually(lambda: windows(c, "j") == w + 1, what=f"window {w} analysed")
+    finally:
+        stop(proc)
+    assert not refused, f"parts refused once analysed ones filled max_job_bytes: {refused}"
