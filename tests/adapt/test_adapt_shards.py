@@ -397,6 +397,8 @@ def test_a_big_epoch_is_written_in_chunks_as_its_queue_reaches_them(store, tmp_p
     # restore and the order of the queue are those of a fully written epoch.
     from stragglers.adapt.shards import EPOCH_CHUNK
 
+    store.max_held_per_worker = 1 << 20   # (one worker holds the whole epoch here)
+
     def rows():
         with sqlite3.connect(tmp_path / "shards.db") as c:
             return c.execute("SELECT COUNT(*) FROM shards").fetchone()[0]

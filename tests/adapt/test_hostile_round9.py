@@ -18,7 +18,7 @@ from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig, validate_snapshot
 from stragglers.adapt.replies import to_builtins
 from stragglers.adapt.restores import RESTORE_CHUNK, prepare_restore
-from stragglers.adapt.service import EmbeddedServer
+from stragglers.adapt.service import EmbeddedServer, token_digest
 from stragglers.adapt.shards import ShardStore
 
 OWNER = "owner-token-0123456789"
@@ -185,3 +185,91 @@ def test_a_restore_with_room_leaves_no_reserve(small_disk):
         assert not [p for p in small_disk.iterdir() if "-reserve-" in p.name]
     finally:
         store.close()
+
+
+def test_a_worker_holds_a_bounded_number_of_shards(tmp_path):
+    # (fails before: a worker leased without bound, 262,144 shards, and its release or next
+    # join requeued them all in one transaction: every other job's calls waited seconds)
+    store = ShardStore(tmp_path / "s.db", max_held_per_worker=8)
+    try:
+        store.create_dataset(DatasetConfig("d", 100, 1, lease_s=600))
+        f = store.join("d", "w").fence
+        assert len(store.lease("d", "w", f, count=5).leases) == 5
+        assert len(store.lease("d", "w", f, count=5).leases) == 3
+        full = store.lease("d", "w", f, count=5)
+        assert full.status == "wait" and not full.leases
+        g = store.join("d", "v").fence   # another worker is not held back
+        assert len(store.lease("d", "v", g, count=5).leases) == 5
+        x = store.lease("d", "w", f, count=1, request_id="r")   # (a replay answers as before)
+        assert x.status == "wait"
+        held = store.status("d").epochs["0"]["DOING"]
+        store.release("d", "w", f)
+        assert store.status("d").epochs["0"]["DOING"] == held - 8
+        assert len(store.lease("d", "w", f, count=5).leases) == 5
+    finally:
+        store.close()
+
+
+def doing(db: Path) -> int:
+    """DOING shard rows in the file (not through the store: its reads requeue what expired)."""
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        return c.execute("SELECT COUNT(*) FROM shards WHERE state='DOING'").fetchone()[0]
+
+
+def test_expired_leases_are_requeued_a_bounded_number_a_call(tmp_path):
+    # (fails before: every expired lease of a data set was requeued by the next call, in one
+    # transaction: 262,144 held and let expire held every other job's calls for seconds)
+    from stragglers.adapt.requeues import EXPIRE_CHUNK
+
+    now, db = [1000.0], tmp_path / "s.db"
+    store = ShardStore(db, clock=lambda: now[0])
+    try:
+        n = EXPIRE_CHUNK + EXPIRE_CHUNK // 2
+        store.create_dataset(DatasetConfig("d", n, 1, num_epochs=1, lease_s=10))
+        for w in range(-(-n // 256)):
+            f = store.join("d", f"w{w}").fence
+            store.lease("d", f"w{w}", f, count=256)
+        assert doing(db) == n
+        now[0] += 20
+        store.expire("d")
+        assert doing(db) == n - EXPIRE_CHUNK
+        store.expire("d")   # the next call takes the rest
+        assert doing(db) == 0
+        counts = store.status("d")
+        assert counts.epochs["0"]["TODO"] == n and counts.failed_total == 0
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_retry_failed_requeues_in_steps_and_all(tmp_path):
+    # (fails before: every FAILED shard was requeued in one call on the commit thread)
+    from stragglers.adapt.requeues import RETRY_CHUNK
+
+    now, db = [1000.0], tmp_path / "s.db"
+    n = RETRY_CHUNK + 10
+    store = ShardStore(db, clock=lambda: now[0])
+    try:   # n FAILED shards (no retries, their leases expired)
+        store.create_dataset(DatasetConfig("d", n, 1, num_epochs=1, lease_s=10, max_retries=0),
+                             token_digest(OWNER))
+        for w in range(-(-n // 256)):
+            f = store.join("d", f"w{w}", token_digest(OWNER)).fence
+            store.lease("d", f"w{w}", f, count=256, token_sha256=token_digest(OWNER))
+        now[0] += 20
+        while store.status("d").epochs["0"]["DOING"]:
+            pass
+        assert store.status("d").failed_total == n
+    finally:
+        store.close()
+    srv = EmbeddedServer(db).start()
+    try:
+        calls = srv.app.state.commit.calls
+        r = httpx.post(f"{srv.url}/datasets/d/retry-failed", json={}, timeout=120,
+                       headers={"Authorization": f"Bearer {OWNER}"})
+        assert r.status_code == 200, r.text
+        assert sorted(map(tuple, r.json()["requeued"])) == [(0, s) for s in range(n)]
+        assert srv.app.state.commit.calls - calls >= 2   # (steps: other calls between them)
+        status = ShardClient(srv.url, "d", "w0", token=OWNER).status()
+        assert status.epochs["0"]["TODO"] == n and status.failed_total == 0
+    finally:
+        srv.stop()

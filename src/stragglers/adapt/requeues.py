@@ -10,6 +10,9 @@ from stragglers.adapt.replies import FailedShard, Requeued, ShardKey
 from stragglers.adapt.stored import damaged
 from stragglers.adapt.store_state import StoreState
 
+EXPIRE_CHUNK = 1024   # expired leases one call requeues (~20 ms on a loaded 2-core machine)
+RETRY_CHUNK = 1024    # FAILED shards one step of retry_failed requeues
+
 
 class Requeues(StoreState):
     """ShardStore's requeues: a DOING shard back at the front of TODO (or FAILED past its
@@ -53,9 +56,13 @@ class Requeues(StoreState):
         c.execute("UPDATE shards SET lease_until=:cap WHERE dataset=:key AND state='DOING' AND"
                   " (lease_until IS NULL OR lease_until > :cap)",
                   {"cap": now + cfg.lease_s, "key": self._key(cfg.name)})
-        expired = c.execute("SELECT epoch, shard, retries, worker FROM shards WHERE dataset=?"
-                            " AND state='DOING' AND lease_until<?",
-                            (self._key(cfg.name), now)).fetchall()
+        # At most EXPIRE_CHUNK a call, the longest expired first (the rest: the next call,
+        # the kept bound then being theirs): 262,144 leases expired at once were requeued in
+        # one call, seconds that every other job's calls waited for.
+        expired = c.execute("SELECT epoch, shard, retries, worker FROM shards INDEXED BY"
+                            " shards_lease WHERE dataset=? AND state='DOING' AND lease_until<?"
+                            " ORDER BY lease_until LIMIT ?",
+                            (self._key(cfg.name), now, EXPIRE_CHUNK)).fetchall()
         for epoch, shard, retries, worker in expired:
             front = self._requeue(c, cfg, front, epoch, shard, retries, True,
                                   f"lease of {worker} expired")
@@ -87,12 +94,16 @@ class Requeues(StoreState):
         c.execute("UPDATE datasets SET front=? WHERE name=?", (front, cfg.name))
         return [(e, s) for e, s, _, _ in rows]
 
-    def retry_failed(self, name: str, token_sha256: str | None = None) -> Requeued:
-        """Put every FAILED shard back at the front of TODO with its retry count reset."""
+    def retry_failed(self, name: str, token_sha256: str | None = None,
+                     limit: int | None = None) -> Requeued:
+        """Put every FAILED shard back at the front of TODO with its retry count reset (at most
+        `limit`, the first by epoch and shard: a step of it; the service runs steps until one
+        requeues fewer, other jobs' calls between them)."""
         with self._tx() as c:
             cfg, _, front = self._config(c, name, token_sha256)
-            rows = c.execute("SELECT epoch, shard FROM shards WHERE dataset=? AND"
-                             " state='FAILED'", (self._key(name),)).fetchall()
+            rows = c.execute("SELECT epoch, shard FROM shards INDEXED BY shards_queue WHERE"
+                             " dataset=? AND state='FAILED' ORDER BY epoch, shard LIMIT ?",
+                             (self._key(name), -1 if limit is None else limit)).fetchall()
             self._failed_cache.pop(name, None)
             for epoch, shard in sorted(rows):
                 front -= 1

@@ -48,6 +48,7 @@ from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
 from stragglers.adapt.replies import (Acked, Created, Health, Joined, LeaseReply, Released,
                                       Requeued, Restored, to_builtins)
+from stragglers.adapt.requeues import RETRY_CHUNK
 from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import ShardStore, lease_json
 from stragglers.adapt.space import Reserve, io_error, out_of_space
@@ -118,6 +119,10 @@ class ServiceConfig(Config):
                                            " up to 256 remembered lease replies; a join of a"
                                            " new name past it: 429)", minimum=1,
                                            maximum=1 << 20)
+    max_held_per_worker: int = setting(1024, "shards one worker may hold at once (a lease"
+                                       " past it: \"wait\"); its release, or the join of its"
+                                       " next incarnation, requeues them all at once",
+                                       minimum=1, maximum=1 << 20)
     max_rows_ahead: int = setting(1 << 18, "shard rows a data set's epochs may be written"
                                   " ahead of its oldest epoch still held (a new epoch past it:"
                                   " \"wait\"; at least 2 epochs): leases never acked cannot"
@@ -876,7 +881,15 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def retry_failed(request: Request) -> Requeued:
         name = name_of(request)
         digest, _ = await owned(request, name), await parsed(request, rq.Empty)
-        return await commit.run(lambda: store.retry_failed(name, digest), digest)
+        # in paced steps (65,536 x 4 FAILED shards requeued in one call held every other
+        # job's calls for seconds); each step sees the state the last one left
+        requeued: list = []
+        while True:
+            step = await paced.step(
+                lambda: store.retry_failed(name, digest, RETRY_CHUNK))
+            requeued += step.requeued
+            if len(step.requeued) < RETRY_CHUNK:
+                return Requeued(requeued)
 
     async def status(request: Request) -> Response:
         # Read on the reader thread; the writer only requeues expired leases, when there are.
@@ -1256,7 +1269,8 @@ def open_store(db: str | Path, config: ServiceConfig) -> ShardStore:
                       max_datasets_per_token=config.max_datasets_per_token,
                       max_datasets_per_client=config.max_datasets_per_client,
                       max_workers_per_dataset=config.max_workers_per_dataset,
-                      max_rows_ahead=config.max_rows_ahead)
+                      max_rows_ahead=config.max_rows_ahead,
+                      max_held_per_worker=config.max_held_per_worker)
 
 
 class EmbeddedServer:

@@ -59,9 +59,13 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                  clock: Callable[[], float] = time.time,
                  busy_timeout_s: float = 10.0, max_datasets: int = 4096,
                  max_datasets_per_token: int = 64, max_datasets_per_client: int = 1024,
-                 max_workers_per_dataset: int = 1024, max_rows_ahead: int = 1 << 18):
+                 max_workers_per_dataset: int = 1024, max_rows_ahead: int = 1 << 18,
+                 max_held_per_worker: int = 1024):
         self.db = str(db)
         self.max_workers_per_dataset = max_workers_per_dataset
+        # shards one worker may hold (DOING) at once: its release, or a join of its next
+        # incarnation, requeues them all in one transaction on the commit thread
+        self.max_held_per_worker = max_held_per_worker
         # shard rows an epoch may be written ahead of the oldest one still held (see _take)
         self.max_rows_ahead = max_rows_ahead
         self.busy_timeout_s = busy_timeout_s
@@ -350,6 +354,11 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             # Up to MAX_INDICES_PER_REPLY indices in a reply (256 shards of 65,536 made a reply
             # of 16.7M integers, encoded on the event loop): fewer shards, never none.
             count = min(count, max(1, MAX_INDICES_PER_REPLY // cfg.shard_size))
+            # (a worker that leased 262,144 shards and joined again held every other job's
+            # calls for seconds while they were requeued: past the bound, "wait")
+            count = min(count, self.max_held_per_worker - c.execute(
+                "SELECT COUNT(*) FROM shards WHERE dataset=? AND worker=? AND state='DOING'",
+                (self._key(name), worker)).fetchone()[0])
             leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
                                                 now)
             failed, n_failed = self._failed_report(c, name)

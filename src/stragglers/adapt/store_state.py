@@ -33,6 +33,7 @@ class StoreState:
     max_datasets_per_client: int
     max_workers_per_dataset: int
     max_rows_ahead: int
+    max_held_per_worker: int
     permutations: Permutations
     defer_indices: bool
     _clock: Callable[[], float]
