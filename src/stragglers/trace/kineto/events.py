@@ -456,7 +456,12 @@ class _Collector:
 
 
 def _finite_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:   # an integer of hundreds of digits: no float holds it
+        return False
 
 
 def _short(x: Any) -> str:
@@ -547,22 +552,38 @@ def _kernel_kind(name: str) -> str | None:
     return None
 
 
-def open_bytes(path: Path) -> bytes:
-    """The (decompressed) bytes of a .json or .json.gz file (gzip is told by its magic bytes)."""
+# The stdlib reader holds the whole text and then its objects (about ten times the text): it
+# reads what the streaming decoder gave up on only up to this much text. A 4.7 MB .json.gz of
+# blanks unpacked to 1 GiB whole (2.2 GB of memory; 3 GiB of blanks: MemoryError).
+MAX_STDLIB_BYTES = 256 << 20
+
+
+def open_bytes(path: Path, limit: int = MAX_STDLIB_BYTES) -> bytes:
+    """The (decompressed) bytes of a .json or .json.gz file (gzip is told by its magic bytes),
+    at most `limit` of them: more is an InputError naming the file."""
+    too_big = (f"holds more than {limit >> 20} MiB of JSON that the streaming reader could not "
+               "read event by event; expected a PyTorch profiler trace")
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+            fh.seek(0)
+            if head != b"\x1f\x8b":
+                raw = fh.read(limit + 1)
+            else:
+                try:
+                    with gzip.GzipFile(fileobj=fh) as unpacked:
+                        raw = unpacked.read(limit + 1)   # (never the whole of a bomb)
+                except (EOFError, OSError, zlib.error) as exc:
+                    raise InputError(path, None, f"not a readable gzip file (truncated or "
+                                     f"corrupt: {exc})") from None
     except FileNotFoundError:
         raise InputError(path, None, "no such file") from None
     except IsADirectoryError:
         raise InputError(path, None, "is a directory; expected a .json or .json.gz trace") from None
     except OSError as exc:
         raise InputError(path, None, f"cannot read ({exc.strerror})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise InputError(path, None, f"not a readable gzip file (truncated or corrupt: "
-                             f"{exc})") from None
+    if len(raw) > limit:
+        raise InputError(path, None, too_big)
     return raw
 
 
