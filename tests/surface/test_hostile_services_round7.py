@@ -129,6 +129,49 @@ class Trickle:
         self.sock.close()
 
 
+class StallingProxy(Trickle):
+    """A proxy in front of `target` whose first connection stalls as Trickle's do (a reply
+    announcing 100,000 bytes, sent a byte a second); later connections reach the target."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.removeprefix("http://").split(":")
+        self.first = True
+        super().__init__()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        if self.first:
+            self.first = False
+            with conn:
+                try:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                    while not self.done.wait(1.0):
+                        conn.sendall(b" ")
+                except OSError:
+                    pass
+            return
+        try:
+            up_conn = socket.create_connection((self.target[0], int(self.target[1])))
+        except OSError:
+            conn.close()
+            return
+
+        def pipe(a: socket.socket, b: socket.socket) -> None:
+            try:
+                while data := a.recv(65536):
+                    b.sendall(data)
+            except OSError:
+                pass
+            for k in (a, b):
+                try:
+                    k.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        threading.Thread(target=pipe, args=(up_conn, conn), daemon=True).start()
+        pipe(conn, up_conn)
+
+
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="round 7: a webhook receiver trickling its answer holds "
                    "the alert sender for good (urlopen's timeout bounds each read, not the post)")
@@ -455,3 +498,33 @@ def test_a_long_job_goes_on_being_analysed_past_max_job_bytes_of_analysed_parts(
     finally:
         stop(proc)
     assert not refused, f"parts refused once analysed ones filled max_job_bytes: {refused}"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="round 7: the recorder's uploader has no deadline for a "
+                   "whole request: a reply trickled in by a stalled proxy holds it for good")
+def test_the_recorders_uploads_go_on_after_a_reply_trickled_for_ever(tmp_path):
+    """A rank's PartUploader behind a proxy whose first answer stalls (100,000 bytes announced,
+    a byte a second): the request is given up at its timeout (2 s here) and sent again on a
+    new connection, and the parts reach the monitor — not held behind it for the whole run
+    (the buffer then drops every part: the job goes unmonitored, silently)."""
+    from stragglers.record.upload import PartUploader
+
+    trace = slow_job(steps=10, slow=(0, 1, 3.0))
+    proc, url = serve_monitor(tmp_path, {"settings": SETTINGS})
+    proxy = StallingProxy(url)
+    uploader = None
+    try:
+        assert up(proc, url), "the monitor did not start"
+        uploader = PartUploader(proxy.url, TOKEN, "j", 0, timeout_s=2.0)
+        uploader.submit_meta(trace.meta.to_dict())
+        for rank, n, cols in parts_of(trace, 5):
+            if rank == 0:
+                uploader.submit(n, table_bytes(cols))
+        eventually(lambda: uploader.stats().sent == 2, timeout=40,
+                   what="rank 0's two parts stored")
+    finally:
+        if uploader is not None:
+            uploader.close(timeout=1)
+        proxy.close()
+        stop(proc)
