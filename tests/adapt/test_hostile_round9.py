@@ -59,6 +59,8 @@ def test_a_second_service_through_a_hard_link_is_refused_in_one_line(tmp_path):
         if second is not None and second.poll() is None:
             second.kill()
             second.communicate(timeout=60)
+    wal = tmp_path / "s.db-wal"   # (SIGTERM: the log folded into the file, removed)
+    assert not wal.exists() or wal.stat().st_size == 0
     third = serve(tmp_path, link)   # the first gone, the file is free again
     try:
         assert third.stdout is not None
@@ -271,5 +273,19 @@ def test_retry_failed_requeues_in_steps_and_all(tmp_path):
         assert srv.app.state.commit.calls - calls >= 2   # (steps: other calls between them)
         status = ShardClient(srv.url, "d", "w0", token=OWNER).status()
         assert status.epochs["0"]["TODO"] == n and status.failed_total == 0
+    finally:
+        srv.stop()
+
+
+def test_a_reserve_left_by_a_killed_restore_is_removed_at_the_next_start(tmp_path):
+    # (a service killed -9 while it restored left its reserve: space held until removed)
+    db = tmp_path / "s.db"
+    left = tmp_path / "s.db-reserve-4242-7f00"
+    left.write_bytes(b"\0" * 4096)
+    other = tmp_path / "t.db-reserve-4242-7f00"   # another database's: not this one's to remove
+    other.write_bytes(b"")
+    srv = EmbeddedServer(db).start()
+    try:
+        assert not left.exists() and other.exists()
     finally:
         srv.stop()
