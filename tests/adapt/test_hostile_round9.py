@@ -289,3 +289,31 @@ def test_a_reserve_left_by_a_killed_restore_is_removed_at_the_next_start(tmp_pat
         assert not left.exists() and other.exists()
     finally:
         srv.stop()
+
+
+@pytest.mark.slow
+def test_a_service_stopped_on_a_full_disk_loses_nothing_acknowledged(small_disk):
+    # the log cannot be folded into the file then (the file cannot grow): it stays, and the
+    # next start reads every acknowledged call from it
+    db = small_disk / "s.db"
+    srv = EmbeddedServer(db).start()
+    try:
+        owner = ShardClient(srv.url, "d", "w", token=OWNER)
+        owner.create_dataset(DatasetConfig("d", 1000, 10))
+        owner.join()
+        acked = []
+        for _ in range(5):
+            x = owner.lease(count=4).leases
+            for lease in x:
+                owner.ack(lease.epoch, lease.shard, lease.size)
+            acked += [lease.shard for lease in x]
+        fill(small_disk)
+    finally:
+        srv.stop()
+    (small_disk / "filler").unlink()
+    srv = EmbeddedServer(db).start()
+    try:
+        assert ShardClient(srv.url, "d", "w", token=OWNER).status().epochs["0"]["DONE"] == \
+            len(acked)
+    finally:
+        srv.stop()
