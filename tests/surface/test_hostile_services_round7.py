@@ -501,8 +501,6 @@ def test_a_long_job_goes_on_being_analysed_past_max_job_bytes_of_analysed_parts(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 7: the recorder's uploader has no deadline for a "
-                   "whole request: a reply trickled in by a stalled proxy holds it for good")
 def test_the_recorders_uploads_go_on_after_a_reply_trickled_for_ever(tmp_path):
     """A rank's PartUploader behind a proxy whose first answer stalls (100,000 bytes announced,
     a byte a second): the request is given up at its timeout (2 s here) and sent again on a

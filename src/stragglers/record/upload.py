@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import socket
 import threading
 import time
 from collections import deque
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 
 # Statuses after which sending the same request again can succeed.
 RETRY_STATUSES = {404, 408, 425, 429, 500, 502, 503, 504}
+# A request (body sent, reply read) is given up past timeout_s plus its body at this rate: the
+# socket's timeout bounds each read and write, and a stalled proxy trickling its reply a byte a
+# second held the uploader for good (the buffer then dropped every part, silently).
+MIN_BYTES_PER_S = 64 * 1024
 
 
 class UploadStats(msgspec.Struct, frozen=True):
@@ -211,14 +216,27 @@ class PartUploader:
             cls = http.client.HTTPSConnection if self._scheme == "https" else \
                 http.client.HTTPConnection
             self._conn = cls(self._host, self._port, timeout=self.timeout_s)
+        conn = self._conn
         headers = {**self._headers, "Content-Type": ctype, **(extra or {})}
+        budget = self.timeout_s + len(body) / MIN_BYTES_PER_S
+        # past the budget the socket is shut down under the request, which then fails as any
+        # lost connection does (and is sent again on a new one)
+        fired = threading.Event()
+        cut = threading.Timer(budget, _shut, args=(conn, fired))
+        cut.daemon = True
+        cut.start()
         try:
-            self._conn.request(method, self._base + path, body=body, headers=headers)
-            resp = self._conn.getresponse()
+            conn.request(method, self._base + path, body=body, headers=headers)
+            resp = conn.getresponse()
             reply = resp.read()
-        except (OSError, http.client.HTTPException):
+        except (OSError, http.client.HTTPException) as exc:
             self._drop_connection()
+            if fired.is_set():
+                raise TimeoutError(f"no whole reply within {budget:.0f} s (a stalled "
+                                   "connection)") from exc
             raise
+        finally:
+            cut.cancel()
         if resp.getheader("connection", "").lower() == "close":
             self._drop_connection()
         return resp.status, reply
@@ -230,3 +248,14 @@ class PartUploader:
             except OSError:
                 pass
             self._conn = None
+
+
+def _shut(conn: http.client.HTTPConnection, fired: threading.Event) -> None:
+    """Shut the connection's socket down (a request past its budget: its blocked read ends)."""
+    fired.set()
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
