@@ -10,7 +10,7 @@ from stragglers.trace.kineto.ringclock import RingIndex, Span, read_ring
 # Ends of one collective on different ranks agree to well under this; pairs further apart than
 # this from the consensus are mismatched (sampled or filtered traces drop some collectives).
 END_TOLERANCE_S = 1e-3
-# Sets placed by ring exchanges are placed again against every other rank until none moves by
+# Sets placed by ring exchanges are moved again against every other rank until none moves by
 # more than this (or after this many sweeps).
 SETTLED_S, MAX_SWEEPS = 1e-7, 20
 
@@ -78,7 +78,7 @@ def clock_offsets(sync: dict[int, dict[tuple, float]], hosts: dict[int, str | No
                 offsets[c] = inner[c] + d
                 q = {k: v for k, v in inner_q[c].items() if k != "reference"}
                 quality[c] = {**q, "ring": ring, "matched": q.get("matched", ring["rounds"]),
-                              "agreeing": q.get("agreeing", ring["agreeing"])}
+                              "agreeing": q.get("agreeing", ring["explained"])}
             rings.append(inner)
             notes += more
             continue
@@ -136,20 +136,21 @@ def _ring_offset(inner: dict[int, float], aligned: dict[int, float],
                  sync: dict[int, dict[tuple, float]], index: RingIndex
                  ) -> tuple[float, dict, str | None]:
     """(offset of the set `inner` against the ranks `aligned`, what it rests on, a note where
-    it is loose) from the ring exchanges they share (`ringclock`): the waits across the two
-    sides, within the causality bounds; without waits, the bounds' midpoint; where the
-    exchanges bound nothing (no ring neighbour across traced), their ends' consensus."""
+    it is loose) from the ring exchanges they share (`ringclock`): of the waits across the two
+    sides, the reading that explains the most exchanges; without waits, the middle of the
+    causality bounds; where the exchanges bound nothing (no ring neighbour across traced),
+    their ends' consensus."""
     got = read_ring(aligned, inner, index)
     lo, hi = got.low, got.high
     bounded = bool(np.isfinite(lo) and np.isfinite(hi) and lo <= hi + END_TOLERANCE_S)
     agreeing, note = 0, None
     ranks = ", ".join(map(str, sorted(inner)))
     if got.waits:
-        # the waits read the offset to within the transfer times' spread
-        tol = min(END_TOLERANCE_S, max(4 * float(np.median(got.transfer_s)), 1e-4))
-        d, agreeing = consensus_offset(np.array(got.waits), tol)
-        if bounded:
-            d = float(np.clip(d, lo, hi)) if lo <= hi else (lo + hi) / 2
+        cands = np.array(got.waits)
+        score = got.explained(cands)
+        # readings that explain as many exchanges: the transfer times' spread around one offset
+        d = float(np.median(cands[score == score.max()]))
+        agreeing = int(score.max())
     elif bounded:
         d = (lo + hi) / 2
         if hi - lo > END_TOLERANCE_S:
@@ -163,31 +164,46 @@ def _ring_offset(inner: dict[int, float], aligned: dict[int, float],
         note = (f"rank(s) {ranks} meet the others only in ring exchanges whose neighbours are "
                 "not traced: their clock rests on the exchanges' ends, which a slow rank in the "
                 "ring moves")
-    ring = {"rounds": got.rounds, "waits_read": len(got.waits), "agreeing": agreeing,
+    ring = {"rounds": got.rounds, "waits_read": len(got.waits), "explained": agreeing,
+            "exchanges_scored": len(got.mine) + len(got.theirs),
             "bounds_s": [float(lo), float(hi)]}
     return float(d), ring, note
 
 
 def _refine(rings: list[dict[int, float]], offsets: dict[int, float], quality: dict[int, dict],
             sync: dict[int, dict[tuple, float]], index: RingIndex) -> list[str]:
-    """Place each ring-placed set again against all other ranks, until none moves: placed in
-    turn, a set read only the neighbours aligned before it (a ring of sets met only in the
-    ring: each rank its own host, no other collective across) and fell back on ends."""
-    notes: dict[tuple[int, ...], str] = {}
+    """Move ring-placed sets against all other ranks while that explains more exchanges.
+
+    Placed in turn, a set saw only the neighbours placed before it (in a ring that nothing else
+    links every rank is a set of its own), and a set placed against a misplaced one carries
+    its error on: so each set, and each run of the later-placed sets together (a chain of them
+    off by one shift), is moved to the reading that explains the most exchanges, where that
+    explains more than where it is (or as many, nearer the middle of the readings that do)."""
+    moves = [sorted(inner) for inner in rings]
+    moves += [sorted(c for inner in rings[i:] for c in inner) for i in range(len(rings) - 1)]
     for _ in range(MAX_SWEEPS):
         moved = 0.0
-        for inner in rings:
-            others = {r: off for r, off in offsets.items() if r not in inner}
-            d, ring, note = _ring_offset(inner, others, sync, index)
-            for c, off in inner.items():
-                moved = max(moved, abs(off + d - offsets[c]))
-                offsets[c] = off + d
-                quality[c]["ring"] = ring
-            key = tuple(sorted(inner))
-            if note is None:
-                notes.pop(key, None)
-            else:
-                notes[key] = note
+        for members in moves:
+            here = {c: offsets[c] for c in members}
+            got = read_ring({r: o for r, o in offsets.items() if r not in here}, here, index)
+            if not got.waits:
+                continue
+            cands = np.append(np.array(got.waits), 0.0)
+            score = got.explained(cands)
+            if score[:-1].max() < score[-1]:
+                continue
+            d = float(np.median(cands[:-1][score[:-1] == score.max()]))
+            for c in members:
+                offsets[c] += d
+            moved = max(moved, abs(d))
         if moved < SETTLED_S:
             break
-    return list(notes.values())
+    notes = []
+    for inner in rings:     # what each set's clock rests on, now that all are placed
+        here = {c: offsets[c] for c in inner}
+        _, ring, note = _ring_offset(here, {r: o for r, o in offsets.items() if r not in here},
+                                     sync, index)
+        for c in inner:
+            quality[c]["ring"] = ring
+        notes += [note] if note else []
+    return notes

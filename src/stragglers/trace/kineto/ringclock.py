@@ -9,7 +9,11 @@ consensus would take that lateness for a clock offset. Causality pins the offset
 - a rank's exchange cannot end before a neighbour posted (a bound on each side);
 - a rank whose exchange ended well past its own post and its own side's neighbours' waited
   for a neighbour on the other side: that neighbour's post is its end less the transfer time
-  (one reading of the offset per such wait; their consensus is the offset).
+  (one reading of the offset per such wait).
+
+Of those readings the offset is the one that explains the most exchanges (an exchange is
+explained where it ends a transfer time after the latest post of its rank and neighbours): a
+reading taken against a neighbour whose own clock is still wrong explains only its own.
 
 The transfer time of a round is its shortest exchange: the rank that posted last waited for
 nobody. Durations need no clock, so this reads who waited without knowing the offset.
@@ -54,6 +58,21 @@ class RingReading:
     high: float = np.inf                                 # and D ≤ high
     rounds: int = 0                                      # ring rounds both sides share
     transfer_s: list[float] = field(default_factory=list)
+    # exchanges across the sides with every neighbour placed, to score an offset D by:
+    # new side's (end - transfer, latest own-side post, latest aligned-side post)
+    mine: list[tuple[float, float, float, float]] = field(default_factory=list)
+    # aligned side's (end - transfer, latest aligned-side post, latest new-side post)
+    theirs: list[tuple[float, float, float, float]] = field(default_factory=list)
+
+    def explained(self, d: np.ndarray) -> np.ndarray:
+        """How many of the exchanges offset `d` (each candidate) explains: each ends within
+        its round's tolerance after the latest post of its rank and neighbours."""
+        out = np.zeros(len(d), dtype=np.int64)
+        for rows, sign in ((self.mine, 1.0), (self.theirs, -1.0)):
+            if rows:
+                p, q, o, tol = (np.array(c)[:, None] for c in zip(*rows))
+                out += (np.abs(p - np.maximum(q, o + sign * d[None, :])) <= tol).sum(axis=0)
+        return out
 
 
 def read_ring(aligned: dict[int, float], new: dict[int, float], index: RingIndex
@@ -91,6 +110,7 @@ def read_ring(aligned: dict[int, float], new: dict[int, float], index: RingIndex
             if len(known) < len(nbrs):
                 continue      # whom it waited for is unknown: a bound only
             own = max(post[n] for n in (x, *known) if side[n][0] == mine)
+            (out.theirs if mine == 0 else out.mine).append((end - t, own, max(other), margin))
             if end - t - own > margin:       # it waited for a neighbour of the other side
                 out.waits.append(max(other) - (end - t) if mine == 0
                                  else end - t - max(other))
