@@ -10,6 +10,8 @@ waited past its own side's posts waited for the other side's.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -65,6 +67,7 @@ def test_ranks_linked_only_by_a_ring_get_their_hosts_clock(tmp_path, name):
     got = np.array([trace.meta.extra["clock_offsets_s"][str(r)] for r in range(job.ranks)])
     # transfers take 30-50 µs: the offset is known to within their spread, not to the waits
     assert np.abs(got * 1e6 - _true_offsets_us(job)).max() < 30.0, got * 1e6
+    json.dumps(trace.meta.extra["clock_alignment"], allow_nan=False)   # written as JSON
 
 
 @pytest.mark.slow
@@ -129,3 +132,13 @@ def test_where_no_rank_waited_across_the_bounds_place_the_halves():
     assert quality[2]["ring"]["waits_read"] == 0
     assert np.abs(np.array([got[r] for r in range(4)]) * 1e6 - offsets).max() < 25.0
     assert not notes
+
+
+def test_without_a_traced_ring_neighbour_across_the_ends_place_the_halves_with_a_note():
+    offsets = np.array([0.0, 35.0, -120.0, 80.0])
+    sync, spans, _ = _ring_job(offsets, 1)
+    elsewhere = {r: {"cp": (8, 9)} for r in range(4)}     # neighbours not among the files
+    got, quality, notes = clock_offsets(sync, {}, spans, elsewhere)
+    assert quality[2]["ring"]["bounds_s"] == [None, None]
+    json.dumps(quality, allow_nan=False)                   # meta.extra is written as JSON
+    assert any("rests on the exchanges' ends" in n for n in notes)

@@ -166,7 +166,8 @@ def _ring_offset(inner: dict[int, float], aligned: dict[int, float],
                 "ring moves")
     ring = {"rounds": got.rounds, "waits_read": len(got.waits), "explained": agreeing,
             "exchanges_scored": len(got.mine) + len(got.theirs),
-            "bounds_s": [float(lo), float(hi)]}
+            # None where unbounded: meta.extra is written as JSON
+            "bounds_s": [float(b) if np.isfinite(b) else None for b in (lo, hi)]}
     return float(d), ring, note
 
 
