@@ -173,8 +173,6 @@ class StallingProxy(Trickle):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 7: a webhook receiver trickling its answer holds "
-                   "the alert sender for good (urlopen's timeout bounds each read, not the post)")
 def test_an_alert_reaches_a_receiver_listed_after_one_that_trickles_its_answer(tmp_path):
     """Two receivers; the first answers a header byte a second, for ever. The second still gets
     the firing alert: a post has a deadline as a whole (timeout_s), not per read."""

@@ -12,9 +12,11 @@ which Alertmanager deduplicates).
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import queue
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -126,9 +128,18 @@ class OutboxSender:
         """Post one claimed message to every receiver that has not taken it; mark it."""
         payload = self.engine.payload(m.alert, self.receiver)
         done = self._done.setdefault(m.id, set())
-        for url in self.webhooks:
-            if url not in done and self._post(url, payload):
-                done.add(url)
+        todo = [url for url in dict.fromkeys(self.webhooks) if url not in done]
+        # each receiver on its own thread: a slow one (up to its deadline) does not hold the
+        # others' posts behind it
+        posts = [threading.Thread(target=self._post_into, args=(url, payload, done),
+                                  name="stragglers-webhook-post", daemon=True)
+                 for url in todo[1:]]
+        for post in posts:
+            post.start()
+        if todo:
+            self._post_into(todo[0], payload, done)
+        for post in posts:
+            post.join()
         if len(done) == len(set(self.webhooks)):
             self.store.message_sent(m.id, self.instance)
             self._done.pop(m.id, None)
@@ -145,12 +156,87 @@ class OutboxSender:
             delay = min(self.backoff_s * 2 ** (m.attempts - 1), self.max_backoff_s)
             self.store.message_failed(m.id, delay)
 
+    def _post_into(self, url: str, payload: WebhookPayload, done: set[str]) -> None:
+        if self._post(url, payload):
+            with self._counts:
+                done.add(url)
+
     def _post(self, url: str, payload: WebhookPayload) -> bool:
+        """POST `payload` to `url`, answered within timeout_s as a whole: past it the post's
+        sockets are shut down under it (urlopen's timeout bounds each read only: a receiver
+        or proxy trickling its answer a byte a second held the sender, and every alert, for
+        good); a failed attempt either way, retried with backoff."""
         req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
+        cut = _Deadline()
+        timer = threading.Timer(self.timeout_s, cut.shut)
+        timer.daemon = True
+        timer.start()
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return 200 <= resp.status < 300
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            log.info("webhook %s: %s (will retry)", url, exc)
+            # the status is the answer: its body is not read
+            with cut.opener().open(req, timeout=self.timeout_s) as resp:
+                status = resp.status
+            if cut.fired.is_set():   # a head cut short at the deadline can read as whole
+                raise TimeoutError("past the deadline")
+            return 200 <= status < 300
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+            why = f"no whole answer within {self.timeout_s:g} s" if cut.fired.is_set() else exc
+            log.info("webhook %s: %s (will retry)", url, why)
             return False
+        finally:
+            timer.cancel()
+
+
+class _Deadline:
+    """The connections of one post (redirects, proxies: urllib's own handling), shut down
+    together when its deadline passes: their blocked reads end."""
+
+    def __init__(self) -> None:
+        self.fired = threading.Event()
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        """urllib's opener, its http(s) connections registered here once connected."""
+        deadline = self
+
+        class Plain(http.client.HTTPConnection):
+            def connect(self) -> None:
+                super().connect()
+                deadline.opened(self.sock)
+
+        class Tls(http.client.HTTPSConnection):
+            def connect(self) -> None:
+                super().connect()
+                deadline.opened(self.sock)
+
+        class PlainHandler(urllib.request.HTTPHandler):
+            def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+                return self.do_open(Plain, req)
+
+        class TlsHandler(urllib.request.HTTPSHandler):
+            def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+                return self.do_open(Tls, req, context=self._context)  # type: ignore[attr-defined]
+
+        return urllib.request.build_opener(PlainHandler, TlsHandler)
+
+    def opened(self, sock: socket.socket) -> None:
+        """A connection of the post is open (shut at once if the deadline passed already)."""
+        with self._lock:
+            self._socks.append(sock)
+            if self.fired.is_set():
+                _shut(sock)
+
+    def shut(self) -> None:
+        """The deadline: shut every connection of the post down."""
+        with self._lock:
+            self.fired.set()
+            for sock in self._socks:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
