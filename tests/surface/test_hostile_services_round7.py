@@ -196,8 +196,6 @@ def test_an_alert_reaches_a_receiver_listed_after_one_that_trickles_its_answer(t
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 7: one analysis queue, first in first out, for "
-                   "every job: a job's window waits behind every window another job queued")
 def test_a_jobs_window_is_not_analysed_behind_another_jobs_whole_backlog(tmp_path):
     """Job a sends 60 windows at once (a recorder catching up after an outage, or a job of many
     ranks); job b then completes one window. b's window is analysed in its turn, not after

@@ -37,6 +37,7 @@ from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.jobmeta import check_meta, is_new_run, run_start
 from stragglers.monitor.outbox import OutboxSender
+from stragglers.monitor.turns import Turns
 from stragglers.monitor.part_names import file_fingerprint
 from stragglers.monitor.places import check_place, rows_place
 from stragglers.monitor.parts import MAX_PART, MAX_STEP, MAX_WINDOW, PartConflict, PartData, \
@@ -183,7 +184,9 @@ class Monitor:
             self.private_roots.add(str(Path(store.path).resolve().parent))
         self._lock = threading.RLock()
         self._ingest: queue.Queue = queue.Queue()
-        self._analysis: queue.Queue = queue.Queue()
+        # per-job turns: a job's backlog of windows (a recorder catching up, a job of many
+        # ranks) held every other job's windows and alerts behind all of it in one FIFO
+        self._analysis: Turns = Turns(_analysis_job)
         self._state_lock = threading.Lock()   # one job state change stored at a time
         self._inflight = 0          # items put on a queue and not yet finished
         # (job, rank) → its parts queued or being stored: silence is not decided over them
@@ -1950,6 +1953,13 @@ def _arrival(stored: float, now: float) -> float:
     time 1e300 or infinity, damaged or from a clock set back since, was its job's last arrival,
     and the job never stalled nor finished), and 0 when it is no time at all."""
     return min(stored, now) if math.isfinite(stored) and stored > 0 else 0.0
+
+
+def _analysis_job(item: Window | tuple[str, str] | None) -> str | None:
+    """The job an analysis item is of (its turn); None (stop) has a turn of its own."""
+    if item is None:
+        return None
+    return item.job if isinstance(item, Window) else item[0]
 
 
 def _decrement(counts: dict[Key, int], key: Key) -> None:
