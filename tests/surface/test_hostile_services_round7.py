@@ -218,8 +218,6 @@ def test_a_jobs_window_is_not_analysed_behind_another_jobs_whole_backlog(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 7: GET /api/jobs/{job} is not paced per client "
-                   "(its answer grows with the job's windows; 8 loops slowed uploads 20x)")
 def test_a_jobs_page_is_answered_at_the_read_pace_of_its_client(tmp_path):
     """A job's JSON holds up to 100,000 window summaries (the dashboard asks 2,000): 0.23 s and
     566 KB at 2,000 windows. Like /api/jobs, /api/stats and /metrics it is answered to one

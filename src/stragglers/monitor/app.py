@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypedDict
@@ -31,6 +32,7 @@ from stragglers.serving_guard import admit_body
 
 log = logging.getLogger(__name__)
 REFUSAL_PAUSE_S = 0.25   # before a refused upload's answer (see _problem)
+JOB_RENDERS = 256   # (job, window, history) pages whose shared renders are kept
 READ_THREADS = 4   # threads answering reads of the store (each holds its own connection)
 ALERTS_PAGE, ALERTS_PAGE_MAX = 100, 1000   # /api/alerts: alerts a page by default, at most
 MAX_CURSOR = 256   # characters of a fingerprint a cursor carries (the alerts' own are 16)
@@ -191,17 +193,23 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     metrics_render = SharedRender(lambda: asyncio.get_running_loop().run_in_executor(
         readers, render_metrics))
 
+    async def waited_turn(pace: ClientPace, request: Request) -> Response | None:
+        """None once the client's turn came; the 503 when its connection closed first (or
+        its client shut its side, then it reads this, or a connection cap closed it: no turn
+        taken, nothing rendered)."""
+        if await pace.turn(request.scope):
+            return None
+        return JSONResponse({"error": "request: its connection was closed (or its client's "
+                             "side shut) while it waited its turn; retry on an open "
+                             "connection"}, status_code=503)
+
     def paced(render: SharedRender[bytes], media_type: str):
         """A route's answer from `render`, one a client address per read_interval_s."""
         pace = ClientPace(monitor.config.read_interval_s)
 
         async def answer(request: Request) -> Response:
-            if not await pace.turn(request.scope):
-                # its client closed the connection, or shut its side (then it reads this),
-                # or a connection cap closed it: no turn taken, nothing rendered
-                return JSONResponse({"error": "request: its connection was closed (or its "
-                                     "client's side shut) while it waited its turn; retry on"
-                                     " an open connection"}, status_code=503)
+            if (closed := await waited_turn(pace, request)) is not None:
+                return closed
             return Response(await render.get(), media_type=media_type)
         return answer
 
@@ -235,8 +243,25 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         """Every job: name, world size, current S, state, last update, open alerts."""
         return await jobs_answer(request)
 
+    # a job's page grows with its windows (566 KB, 0.23 s at 2,000): answered to one client
+    # address once per read_interval_s, and one render shared by the requests asking the same
+    # page (8 anonymous loops of it slowed another job's uploads 20x); the alerts' pages
+    # (up to 1,000 alerts and 1,000 log entries) are paced too; a window's page (one window,
+    # answered at once: the dashboard's click, a poll for a window) is not
+    job_pace, alerts_pace = ClientPace(monitor.config.read_interval_s), \
+        ClientPace(monitor.config.read_interval_s)
+    job_renders: OrderedDict[tuple[str, int | None, int], SharedRender[bytes]] = OrderedDict()
+
+    def job_render(key: tuple[str, int | None, int]) -> SharedRender[bytes]:
+        """The shared render of one (job, window, history) page (the latest JOB_RENDERS)."""
+        render = job_renders.pop(key, None) or shared_json(lambda: job_answer(*key))
+        job_renders[key] = render
+        while len(job_renders) > JOB_RENDERS:
+            job_renders.popitem(last=False)
+        return render
+
     @app.get("/api/jobs/{job}", dependencies=read)
-    async def job(job: str = PathParam(max_length=128),
+    async def job(request: Request, job: str = PathParam(max_length=128),
                   window_text: str | None = Query(None, alias="window", max_length=64),
                   history_text: str | None = Query(None, alias="history", max_length=64)):
         """A job: its state, its last `history` windows (summaries; `windows_total` and
@@ -249,7 +274,10 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         if history < 1:
             raise HTTPProblem(422, "query 'history': 0 windows asked for; expected 1..100000",
                               "bad_request")
-        return await off_loop(lambda: job_answer(job, window, history))
+        if (closed := await waited_turn(job_pace, request)) is not None:
+            return closed
+        return Response(await job_render((job, window, history)).get(),
+                        media_type="application/json")
 
     def job_answer(job: str, window: int | None, history: int) -> object:
         row = store.job(job)
@@ -301,7 +329,8 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
                                  headers={"Cache-Control": "no-store"})
 
     @app.get("/api/alerts", dependencies=read)
-    async def alerts(limit_text: str | None = Query(None, alias="limit", max_length=64),
+    async def alerts(request: Request,
+                     limit_text: str | None = Query(None, alias="limit", max_length=64),
                      after: str | None = Query(None, max_length=8 * (MAX_CURSOR + 1)),
                      log_before_text: str | None = Query(None, alias="log_before",
                                                          max_length=64)):
@@ -322,6 +351,8 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
             entries, older = store.alert_log_page(before, limit)
             return plain({"firing": firing, "next": _cursor(cursor), "log": entries,
                           "log_next": older})
+        if (closed := await waited_turn(alerts_pace, request)) is not None:
+            return closed
         return await off_loop(answer)
 
     stats_render = shared_json(lambda: plain({**store.totals(),

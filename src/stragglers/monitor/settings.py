@@ -91,8 +91,9 @@ class MonitorConfig(Config):
     new_jobs_per_client_per_minute: float = setting(30.0, "the same, per client address (a "
                                                     "loopback client has no address quota: "
                                                     "the total bounds it)", minimum=0.1)
-    read_interval_s: float = setting(0.25, "/metrics, /api/jobs and /api/stats answer one "
-                                     "client address at most once per this long each (more "
+    read_interval_s: float = setting(0.25, "/metrics, /api/jobs, /api/jobs/{job}, /api/alerts "
+                                     "and /api/stats answer one client address at most once "
+                                     "per this long each (more "
                                      "requests wait their turns): loops of reads took the CPUs "
                                      "from uploads; 0: no pace", minimum=0.0, maximum=60.0)
     repeat_s: float = setting(4 * 3600.0, "a still-firing alert is sent again after this long",
