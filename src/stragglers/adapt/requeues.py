@@ -39,13 +39,22 @@ class Requeues(StoreState):
     def _expire(self, c: sqlite3.Connection, cfg: DatasetConfig, front: int, now: float) -> int:
         if cfg.name in self._grace:
             # First call since this store was opened (a service restart): the holders could not
-            # renew while no service ran, so each lease gets a full lease_s from now.
-            c.execute("UPDATE shards SET lease_until=? WHERE dataset=? AND state='DOING'",
-                      (now + cfg.lease_s, self._key(cfg.name)))
-            self._next_expiry.pop(cfg.name, None)   # (a damaged deadline may have shrunk)
+            # renew while no service ran, so each lease gets a full lease_s from now: none
+            # expires before then (kept in memory: writing every held lease's deadline again
+            # was one UPDATE of up to 1,024 workers x 1,024 rows, every other job's calls
+            # waiting for it after each restart or pause)
             self._grace.discard(cfg.name)
-            self._undo.append(lambda: self._grace.add(cfg.name))
+            before = self._grace_until.get(cfg.name)
+            self._grace_until[cfg.name] = now + cfg.lease_s
+            self._undo.append(lambda: self._regrace(cfg.name, before))
+            self._next_expiry.pop(cfg.name, None)   # (a damaged deadline may have shrunk)
             return front
+        until = self._grace_until.get(cfg.name)
+        if until is not None:
+            if now <= until:
+                return front   # none ends before `until`; one renewed since, at its deadline
+            del self._grace_until[cfg.name]
+            self._undo.append(lambda: self._grace_until.__setitem__(cfg.name, until))
         bound = self._next_expiry.get(cfg.name)
         if bound is not None and now <= bound:
             return front  # no DOING lease ends before `bound`: nothing can have expired
@@ -53,9 +62,12 @@ class Requeues(StoreState):
         # deadline past that (an edited or damaged row: far future, inf, NULL, text, which
         # SQLite orders after every number; or a wall clock stepped back) would hold its shard
         # for ever, so it is cut to a full lease from now.
-        c.execute("UPDATE shards SET lease_until=:cap WHERE dataset=:key AND state='DOING' AND"
+        # (at the end of a restart's grace, such a deadline ends with the grace: it was not
+        # renewed since, which would have set a true one)
+        c.execute("UPDATE shards SET lease_until=:to WHERE dataset=:key AND state='DOING' AND"
                   " (lease_until IS NULL OR lease_until > :cap)",
-                  {"cap": now + cfg.lease_s, "key": self._key(cfg.name)})
+                  {"cap": now + cfg.lease_s, "to": now + cfg.lease_s if until is None else until,
+                   "key": self._key(cfg.name)})
         # At most EXPIRE_CHUNK a call, the longest expired first (the rest: the next call,
         # the kept bound then being theirs): 262,144 leases expired at once were requeued in
         # one call, seconds that every other job's calls waited for.
@@ -70,6 +82,14 @@ class Requeues(StoreState):
                              " state='DOING'", (self._key(cfg.name),)).fetchone()[0]
         self._next_expiry[cfg.name] = math.inf if earliest is None else earliest
         return front
+
+    def _regrace(self, name: str, until: float | None) -> None:
+        """Undo of the first call's grace (a rolled-back call): granted again next call."""
+        self._grace.add(name)
+        if until is None:
+            self._grace_until.pop(name, None)
+        else:
+            self._grace_until[name] = until
 
     def _leased_until(self, name: str, deadline: float) -> None:
         """A DOING shard of `name` now ends at `deadline`: keep next_expiry a lower bound."""

@@ -79,6 +79,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             # Leases held while no service ran get a full lease from the first call after this
             # restart (see _expire): a long outage must not expire every in-flight lease.
             self._grace = {r[0] for r in self._conn.execute("SELECT name FROM datasets")}
+            self._grace_until: dict[str, float] = {}
             # A restore that was being written when the last process stopped never finishes:
             # its rows are garbage, marked when a write fits (a start on a full disk marking
             # them failed: the service could not start again where they held the space).

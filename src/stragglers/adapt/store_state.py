@@ -42,6 +42,7 @@ class StoreState:
     _conn: sqlite3.Connection
     _read_conns: list[sqlite3.Connection]
     _grace: set[str]                     # data sets whose leases get a full lease_s next call
+    _grace_until: dict[str, float]       # data set -> no lease of it expires before this
     _keys: dict[str, str]                # data set -> the key its shard rows are stored under
     _gen: dict[str, int]
     _ext_gen: int
