@@ -97,7 +97,7 @@ class Reserve:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                      | os.O_CLOEXEC, 0o600)
         try:
-            os.posix_fallocate(fd, 0, nbytes)
+            _allocate(fd, nbytes)
             free = os.statvfs(os.path.dirname(os.path.abspath(db)))
             if free.f_bavail * free.f_frsize < nbytes + MIN_FREE_BYTES:
                 # (the rows themselves need as much again beside the reserve)
@@ -132,3 +132,15 @@ class Reserve:
                     os.unlink(os.path.join(folder, other))
                 except OSError:
                     pass
+
+
+def _allocate(fd: int, nbytes: int) -> None:
+    """Allocate `nbytes` of blocks to `fd`'s file (written as zeros where the system has no
+    posix_fallocate, macOS: a sparse file would set nothing aside)."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, nbytes)
+        return
+    block = b"\0" * (1 << 20)
+    left = nbytes
+    while left > 0:
+        left -= os.write(fd, block[:left])
