@@ -175,3 +175,26 @@ def test_hysteresis_on_a_worker_fault_keeps_one_alert_per_worker(tmp_path):
         for m in feed(engine, store, faults(i, *found), float(i + 1)):
             got.append((i, m["status"], m["alerts"][0]["labels"]["rank"]))
     assert got == [(1, "firing", "2"), (6, "resolved", "2")]
+
+
+def test_an_alert_of_a_rule_no_longer_configured_resolves_when_the_monitor_starts(tmp_path):
+    """A rule taken out of the rules file: its firing alerts resolve (with their resolve
+    message) when the job is taken at the start, even with no window to come (a finished
+    job's): nothing decides them any more, and they fired for good."""
+    from stragglers.monitor.service import Monitor
+
+    store = Store(tmp_path / "a.db")
+    store.register_job("j", str(tmp_path), "files", None)
+    engine = AlertEngine(RULES, store, repeat_s=3600)
+    feed(engine, store, window(0, 1.4, [("worker_fault", 1, 0, 2)]), 1.0)
+    assert {a.rule for a in store.alerts(job="j", status="firing")} == {"fault", "new"}
+    store.set_job_state("j", "finished")
+    store.close()
+    mon = Monitor(Store(tmp_path / "a.db"), rules=[r for r in RULES if r.name != "fault"])
+    mon.start()
+    try:
+        assert {a.rule for a in mon.store.alerts(job="j", status="firing")} == {"new"}
+        resolved = [e for e in mon.store.alert_log(job="j") if e.status == "resolved"]
+        assert [e.rule for e in resolved] == ["fault"]
+    finally:
+        mon.stop()

@@ -313,8 +313,6 @@ def test_analyze_prints_no_terminal_escapes_a_run_file_holds(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 7: an alert of a rule taken out of the config "
-                   "stays firing for good after the restart (API, metrics; never resolved)")
 def test_an_alert_of_a_rule_taken_out_of_the_config_does_not_fire_for_ever(tmp_path):
     """A rule fires; the operator takes it out of the rules file (too noisy, renamed) and
     restarts. Its alert is resolved — at the start, or at the job's next window — not left

@@ -295,6 +295,7 @@ class AlertEngine:
                     if a.rule == rule.name and a.fingerprint not in active and \
                             not self._cleared(rule, a.labels, recent):
                         active[a.fingerprint] = _Active(rule, a.labels, a.annotations)
+            decided |= self._unconfigured(firing)   # (left firing when the job was taken)
         return self._apply(job, active, decided, now, window.idx)
 
     @staticmethod
@@ -334,6 +335,22 @@ class AlertEngine:
         if state == "finished":   # the job's built-in alerts end with it
             decided |= BUILTIN_NAMES
         return self._apply(job, active, decided, now, None)
+
+    def on_unconfigured(self, job: str, now: float | None = None) -> Changes:
+        """The job's firing alerts of rules no longer configured (taken out of the rules
+        file, renamed) resolve: nothing decides them any more, and they fired for good."""
+        now = time.time() if now is None else now
+        gone = self._unconfigured(self.store.alerts(job=job, status="firing"))
+        changes = self._apply(job, {}, gone, now, None)
+        for rule in sorted(gone):
+            log.warning("alerts: rule %r is not configured any more: job %s's alerts of it "
+                        "resolved", rule, job)
+        return changes
+
+    def _unconfigured(self, firing: list[Alert]) -> set[str]:
+        """The rules of `firing` alerts that are neither configured nor built in."""
+        known = {r.name for r in self.rules} | BUILTIN_NAMES
+        return {a.rule for a in firing if a.rule not in known}
 
     def on_reset(self, job: str, now: float | None = None) -> Changes:
         """A new run of the job: every alert of the old one resolves."""

@@ -665,6 +665,11 @@ class Monitor:
             self.runs[job] = self._run_mark(job)
             if row.state != "finished":   # (a row without metadata is set aside)
                 self._rebuild_or_quarantine(row)
+            try:   # its alerts of rules taken out of the config: nothing decides them now
+                self.store_alerts(job, self.alerts.on_unconfigured(job))
+            except Exception as exc:   # noqa: BLE001 - its next window resolves them
+                log.warning("job %s: alerts of rules no longer configured not resolved now "
+                            "(%s); at its next window", job, str(exc)[:200])
 
     def _lost(self, job: str) -> None:
         """Another instance analyses the job now: its tracker goes (windows queued for it are
