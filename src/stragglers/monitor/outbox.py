@@ -21,7 +21,8 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from http.client import HTTPMessage
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stragglers.monitor.alerts import AlertEngine, WebhookPayload
@@ -54,6 +55,7 @@ class OutboxSender:
         self._urgent_thread: threading.Thread | None = None
         self._counts = threading.Lock()
         self._unavailable: str | None = None   # why the last poll failed (said once)
+        self._redirected: set[str] = set()   # receivers whose redirect was said
 
     def start(self) -> None:
         """Send on a thread until close()."""
@@ -181,10 +183,26 @@ class OutboxSender:
             return 200 <= status < 300
         except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
             why = f"no whole answer within {self.timeout_s:g} s" if cut.fired.is_set() else exc
+            if isinstance(exc, urllib.error.HTTPError) and 300 <= exc.code < 400:
+                to = exc.headers.get("Location", "?")
+                if url not in self._redirected:   # (said once a receiver; retried anyway)
+                    self._redirected.add(url)
+                    log.warning("webhook %s redirects (%d) to %s: not followed (the alert "
+                                "would be lost); configure that address", url, exc.code, to)
             log.info("webhook %s: %s (will retry)", url, why)
             return False
         finally:
             timer.cancel()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is not followed (urllib's HTTPError: a failed attempt): urllib followed a
+    301/302/303 as a GET without the alert, and that GET's 200 (Alertmanager's alert list)
+    marked the alert delivered, lost."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: HTTPMessage, newurl: str) -> urllib.request.Request | None:
+        return None
 
 
 class _Deadline:
@@ -218,7 +236,7 @@ class _Deadline:
             def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
                 return self.do_open(Tls, req, context=self._context)  # type: ignore[attr-defined]
 
-        return urllib.request.build_opener(PlainHandler, TlsHandler)
+        return urllib.request.build_opener(PlainHandler, TlsHandler, _NoRedirect)
 
     def opened(self, sock: socket.socket) -> None:
         """A connection of the post is open (shut at once if the deadline passed already)."""
