@@ -627,8 +627,6 @@ def test_an_alert_is_not_counted_delivered_when_a_redirect_dropped_it(tmp_path):
     assert receiver.got[0]["alerts"][0]["labels"]["alertname"] == "straggling"
 
 
-@pytest.mark.xfail(strict=True, reason="round 7: a rank file's rows naming another rank, outside "
-                   "the world size, are analysed as that rank (the monitor refuses them)")
 def test_analyze_refuses_rows_of_a_rank_outside_the_world_in_one_line(tmp_path):
     """rank-00000.parquet whose rows say rank 9 in a world of 4: one line naming the file and
     field 'rank', exit 2 — as the monitor refuses 'rows of rank 1 in a part of rank 0' — not

@@ -122,3 +122,23 @@ def test_a_partition_of_a_written_run_decodes_only_its_row_groups(tmp_path):
     told: list[str] = []
     assert_same(analyze(read_run(run)), analyze_run(run, partitions=2, progress=told.append)[0])
     assert f"read {len(trace):,} rows" in next(m for m in told if m.startswith("read "))
+
+
+@pytest.mark.parametrize("other", [1, 9])
+def test_rows_of_another_rank_in_a_rank_file_name_the_file(tmp_path, other):
+    # rank 0's file holding a row of rank 1 (in the world) or rank 9 (outside a world of 4):
+    # one line naming the file and field 'rank', whole or by partitions — it was analysed as
+    # a rank of its own
+    trace = generate(dp=2, pp=2, microbatches=2, steps=4, seed=5)
+    run = write_run(tmp_path / "run", trace)
+    path = run / "rank-00000.parquet"
+    table = pq.read_table(path)
+    rank = table.column("rank").to_numpy().copy()
+    rank[2] = other
+    at = table.schema.get_field_index("rank")
+    pq.write_table(table.set_column(at, table.schema.field(at), [rank]), path)
+    bad = rf"rank-00000\.parquet: field 'rank': rows of rank {other} in the file of rank 0"
+    with pytest.raises(InputError, match=bad):
+        read_run(run)
+    with pytest.raises(InputError, match=bad):
+        analyze_run(run, partitions=2)

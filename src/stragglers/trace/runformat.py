@@ -292,6 +292,25 @@ def check_process_groups(ops: dict[str, np.ndarray], meta: JobMeta, directory: P
                              "its own groups")
 
 
+def check_file_ranks(files: list, tables: list) -> None:
+    """Every row of a rank file is the rank its name says (rank-00003*.parquet: rank 3), as the
+    monitor refuses rows of another rank in a part: a file whose rows named rank 9 in a world
+    of 4 was analysed as a fifth rank, and a diagnosis could name a rank that does not exist."""
+    import pyarrow.compute as pc
+
+    for path, table in zip(files, tables):
+        m = RANK_FILE.match(Path(path).name)
+        if m is None or "rank" not in table.column_names or not table.num_rows \
+                or not pa.types.is_integer(table.schema.field("rank").type):
+            continue   # (not a rank file's name, or a column table_to_columns refuses)
+        low, high = (v.as_py() for v in pc.min_max(table.column("rank")).values())
+        want = int(m.group(1))
+        if low != want or high != want:
+            other = low if low != want else high
+            raise InputError(path, "rank", f"rows of rank {other} in the file of rank {want}; "
+                             f"expected every row to be rank {want}")
+
+
 def check_against_meta(ops: dict[str, np.ndarray], meta: JobMeta, trace_source: Path | str,
                        meta_source: Path | str) -> None:
     """The table's DP ranks and stages must fit the metadata's sizes, and every stage be there.
@@ -300,7 +319,9 @@ def check_against_meta(ops: dict[str, np.ndarray], meta: JobMeta, trace_source: 
     silently change the pipeline the replay builds, so it is refused. DP ranks may be a subset
     (a partial capture); the report states which workers are missing.
     """
-    for column, key in (("dp_rank", "dp_size"), ("stage", "pp_size")):
+    for column, key in (("rank", "world_size"), ("dp_rank", "dp_size"), ("stage", "pp_size")):
+        if column not in ops or not len(ops[column]):
+            continue
         size = getattr(meta, key)
         top = int(ops[column].max())
         if top >= size:
@@ -494,6 +515,7 @@ def _read_files(directory: Path, files: list[Path]) -> dict[str, np.ndarray]:
         # optype read as a dictionary: its names decoded once per page, not once per row
         tables = list(pool.map(lambda f: read_parquet(f, use_threads=False,
                                                       read_dictionary=["optype"]), files))
+    check_file_ranks(files, tables)
     if len({t.schema for t in tables}) == 1:
         try:
             return table_to_columns(pa.concat_tables(tables), directory)
@@ -539,4 +561,5 @@ def read_parquet(path: Path, use_threads: bool = True,
 
 __all__ = ["COLUMNS", "read_run", "write_run", "write_rank", "write_meta", "read_meta",
            "rank_file_name", "meta_from_dict", "notes_from_dict", "check_against_meta",
+           "check_file_ranks",
            "read_parquet"]

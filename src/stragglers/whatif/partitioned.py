@@ -224,7 +224,8 @@ class Partition:
 def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition:
     """The rows of these steps from every rank file, in the order read_run reads them (the
     files read on `pool`'s threads where given: Parquet decoding releases the GIL)."""
-    from stragglers.trace.runformat import check_against_meta, check_process_groups
+    from stragglers.trace.runformat import (check_against_meta, check_file_ranks,
+                                            check_process_groups)
 
     lo, hi = int(steps.min()), int(steps.max())
     every = len(steps) == hi - lo + 1
@@ -240,6 +241,7 @@ def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition
                 if pool is not None else (_read_table(f, [k for k, _ in g], wanted)
                                           for _, f, g in jobs))
     tables = [t for t, _ in read]
+    check_file_ranks([j[1] for j in jobs], tables)
     bytes_read = sum(b for _, b in read)
     del read
     rows_read = sum(t.num_rows for t in tables)
@@ -262,8 +264,8 @@ def read_partition(layout: RunLayout, steps: np.ndarray, pool=None) -> Partition
         return Partition(ops, position, layout.directory, rows_read, bytes_read)
     # the ranges only: whether every stage holds ops is a question for the whole run (assemble)
     every_stage = np.arange(layout.meta.pp_size, dtype=ops["stage"].dtype)
-    check_against_meta({"dp_rank": ops["dp_rank"], "stage": np.concatenate([ops["stage"],
-                                                                             every_stage])},
+    check_against_meta({"rank": ops["rank"], "dp_rank": ops["dp_rank"],
+                        "stage": np.concatenate([ops["stage"], every_stage])},
                        layout.meta, layout.directory, Path(layout.directory) / "meta.json")
     # each row's process group one of the run's listed groups, holding its rank (as read_run)
     check_process_groups(ops, layout.meta, Path(layout.directory))
