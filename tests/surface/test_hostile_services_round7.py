@@ -402,8 +402,6 @@ def test_parts_of_a_replaced_run_are_never_analysed_as_the_new_runs(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 7: finished jobs hold their max_jobs places for "
-                   "good: after max_jobs jobs in the monitor's life every new job is refused")
 def test_finished_jobs_do_not_hold_the_places_of_max_jobs(tmp_path):
     """max_jobs is the jobs tracked at once. Two jobs end (finished: silent past
     finish_after_s); a third job is then taken — not refused for good because two jobs once ran

@@ -414,9 +414,9 @@ class Monitor:
                              f"this monitor takes jobs of at most {self.config.max_world_size} "
                              "(max_world_size)")
         with self._lock:
-            if job not in self.directories and len(self.directories) >= self.config.max_jobs:
+            if job not in self.directories and self._live_jobs() >= self.config.max_jobs:
                 raise InputError(job, "job", f"the monitor tracks {self.config.max_jobs} jobs "
-                                 "already (max_jobs)")
+                                 "not finished already (max_jobs)")
             old = self.store.job(job)
             resized = False
             same = self._same_job(old, directory, way)
@@ -694,6 +694,12 @@ class Monitor:
             raise InputError(f"stored row of job {job.job!r}", "way", f"{job.way!r}; expected "
                              "an uploaded job (http) or a watched run (files)")
         return Path(job.directory)
+
+    def _live_jobs(self) -> int:
+        """The jobs that hold a place of max_jobs: all but the finished ones (they held their
+        places for good: after max_jobs jobs in the monitor's life, every new one was
+        refused; one held by another instance counts, its state unknown here)."""
+        return sum(1 for job in self.directories if self.states.get(job) != "finished")
 
     def _same_job(self, old: JobRecord | None, directory: Path, way: str) -> bool:
         """Whether a stored job is the one announced at `directory` by `way` (an uploaded job

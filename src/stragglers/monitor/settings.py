@@ -63,7 +63,8 @@ class MonitorConfig(Config):
                                  "loopback address, any name on another")
     max_meta_bytes: int = setting(1 * 2**20, "largest accepted meta.json upload (bytes)",
                                   minimum=1024)
-    max_jobs: int = setting(10_000, "jobs the monitor keeps track of at once", minimum=1)
+    max_jobs: int = setting(10_000, "jobs the monitor keeps track of at once, finished "
+                            "ones not counted", minimum=1)
     max_world_size: int = setting(65_536, "ranks one job may declare (meta.json world_size): "
                                   "the per-rank state (frontiers, silence, change detection) "
                                   "follows the declared world, and a meta.json of 1,000,000 "
