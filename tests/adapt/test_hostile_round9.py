@@ -20,6 +20,7 @@ from stragglers.adapt.replies import to_builtins
 from stragglers.adapt.restores import RESTORE_CHUNK, prepare_restore
 from stragglers.adapt.service import EmbeddedServer, token_digest
 from stragglers.adapt.shards import ShardStore
+from stragglers.adapt.space import Reserve
 
 OWNER = "owner-token-0123456789"
 
@@ -280,9 +281,10 @@ def test_retry_failed_requeues_in_steps_and_all(tmp_path):
 def test_a_reserve_left_by_a_killed_restore_is_removed_at_the_next_start(tmp_path):
     # (a service killed -9 while it restored left its reserve: space held until removed)
     db = tmp_path / "s.db"
-    left = tmp_path / "s.db-reserve-4242-7f00"
+    left = tmp_path / f"{Reserve.prefix(str(db))}4242-7f00"
     left.write_bytes(b"\0" * 4096)
-    other = tmp_path / "t.db-reserve-4242-7f00"   # another database's: not this one's to remove
+    # another database's: not this one's to remove
+    other = tmp_path / f"{Reserve.prefix(str(tmp_path / 't.db'))}4242-7f00"
     other.write_bytes(b"")
     srv = EmbeddedServer(db).start()
     try:
@@ -347,5 +349,19 @@ def test_a_restarts_grace_writes_no_held_lease(tmp_path):
         now[0] += 6                      # past it, what was not renewed expires
         store.expire("d")
         assert doing(db) == 1 + 256      # the lease acked in the grace, and v's
+    finally:
+        store.close()
+
+
+def test_a_restore_beside_a_database_of_a_long_name_is_served(tmp_path):
+    # (fails before: the reserve was named `<db>-reserve-<pid>-<id>`, past NAME_MAX for a
+    # database name of 230 characters (its -wal still fits): every restore answered 500)
+    db = tmp_path / ("s" * 227 + ".db")
+    store = ShardStore(db)
+    try:
+        store.create_dataset(DatasetConfig("d", 100, 10))
+        before = store.snapshot("d")
+        assert store.restore(before).restored == 10
+        assert store.snapshot("d") == before
     finally:
         store.close()

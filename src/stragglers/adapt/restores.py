@@ -23,6 +23,7 @@ from stragglers.adapt.errors import Conflict, DiskFull, Forbidden, QuotaExceeded
 from stragglers.adapt.replies import Restored
 from stragglers.adapt.space import Reserve, restore_bound
 from stragglers.adapt.store_state import StoreState
+from stragglers.errors import EnvironmentFailure
 
 RESTORE_CHUNK = 512    # rows written per transaction (a few ms of the commit thread)
 GARBAGE_CHUNK = 1024   # old rows deleted per transaction
@@ -151,7 +152,10 @@ class Restores(StoreState):
             return Reserve(self.db, need)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                raise
+                # (a folder that refuses a new file: 503 naming it, not a 500)
+                raise EnvironmentFailure("shard store", "cannot set aside space for the"
+                                         f" restore beside {self.db} ({exc.strerror})"
+                                         ) from None
             raise DiskFull("shard store", f"its disk has no room for the restore of"
                            f" '{prepared.cfg.name}' ({prepared.count} shard rows: about"
                            f" {need / 2**20:.3g} MiB set aside to take them back if the disk"

@@ -10,6 +10,7 @@ has (almost) no free blocks left for this process.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import resource
 import sqlite3
@@ -87,10 +88,9 @@ class Reserve:
     restore writes: given back before the rows written so far are deleted, so that a restore
     refused for space can always take its rows back (deleting writes the log too)."""
 
-    PREFIX = "-reserve-"
-
     def __init__(self, db: str, nbytes: int):
-        self.path: str | None = f"{db}{self.PREFIX}{os.getpid()}-{id(self):x}"
+        self.path: str | None = os.path.join(os.path.dirname(os.path.abspath(db)),
+                                             f"{self.prefix(db)}{os.getpid()}-{id(self):x}")
         soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
         if soft != resource.RLIM_INFINITY and nbytes > soft:
             raise OSError(errno.EFBIG, "past the file-size limit")
@@ -117,6 +117,14 @@ class Reserve:
             except FileNotFoundError:
                 pass
 
+    @staticmethod
+    def prefix(db: str) -> str:
+        """The start of the names of `db`'s reserves, in its folder: short whatever the
+        database's name (`<db>-reserve-...` was past NAME_MAX for a name of 230 characters,
+        which SQLite's own `-wal` still fits, and every restore failed)."""
+        name = os.path.basename(os.path.abspath(db))
+        return f".{name[:16]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}-reserve-"
+
     @classmethod
     def sweep(cls, db: str) -> None:
         """Remove the reserves a killed process left beside `db` (the claim is held: none is
@@ -127,7 +135,7 @@ class Reserve:
         except OSError:
             return
         for other in names:
-            if other.startswith(name + cls.PREFIX):
+            if other.startswith(cls.prefix(db)):
                 try:
                     os.unlink(os.path.join(folder, other))
                 except OSError:
