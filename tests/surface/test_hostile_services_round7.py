@@ -460,8 +460,6 @@ def test_finished_data_sets_can_give_their_places_of_max_datasets_back(tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 7: max_job_bytes counts the parts of windows "
-                   "analysed long ago: a long or wide job's monitoring stops for good at it")
 def test_a_long_job_goes_on_being_analysed_past_max_job_bytes_of_analysed_parts(tmp_path):
     """Six windows uploaded one after the other, each analysed before the next is sent; their
     parts add up to ~135 KB, max_job_bytes is 60,000. The bound keeps one job from filling the

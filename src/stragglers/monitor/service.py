@@ -226,8 +226,12 @@ class Monitor:
         self._readers: ThreadPoolExecutor | None = None
         self._writers: ThreadPoolExecutor | None = None
         self._ingest_started: float | None = None   # the batch being stored: its oldest part
-        # job → (bytes of parts stored, when read): max_job_bytes is checked against it
-        self._job_bytes: dict[str, tuple[int, float]] = {}
+        # job → (bytes of parts stored past its last window, when read, its windows stored
+        # then): max_job_bytes is checked against it
+        self._job_bytes: dict[str, tuple[int, float, int]] = {}
+        # job → windows this instance stored (the analysis thread's count): a window stored
+        # lets its parts go from the job's bytes, read again then
+        self._windows_stored: dict[str, int] = {}
         # one ingest batch or one sweep of empty jobs at a time: a job is never forgotten
         # while a part of it is being written and stored
         self._batch_lock = threading.Lock()
@@ -1308,8 +1312,8 @@ class Monitor:
                     self.submit(it)
         for row, is_new in zip(rows, new):
             if is_new is True and row[0] in self._job_bytes:
-                stored, read_at = self._job_bytes[row[0]]
-                self._job_bytes[row[0]] = (stored + int(row[6]), read_at)
+                stored, read_at, counted = self._job_bytes[row[0]]
+                self._job_bytes[row[0]] = (stored + int(row[6]), read_at, counted)
         windows, ahead = [], []
         with self._lock:
             touched = set()
@@ -1450,17 +1454,20 @@ class Monitor:
     def job_bytes(self, job: str, read: bool) -> int | None: ...
 
     def job_bytes(self, job: str, read: bool = True) -> int | None:
-        """Bytes of parts the job stored (read from the store once, then counted here; read
-        again each second where other instances store parts too); with `read` False, None
-        where that needs a read. Read (and counted) by the ingest thread only: it alone stores
-        this instance's parts, so no older read can overwrite its count."""
+        """Bytes of the parts the job stored that hold steps not analysed yet (read from the
+        store once, then counted here; read again once a window of the job is stored, and
+        each second where other instances store parts too); with `read` False, None where
+        that needs a read. Read (and counted) by the ingest thread only: it alone stores this
+        instance's parts, so no older read can overwrite its count."""
         known = self._job_bytes.get(job)
-        if known is not None and (not self.store.shared or time.monotonic() - known[1] < 1.0):
+        seen = self._windows_stored.get(job, 0)
+        if known is not None and known[2] == seen and \
+                (not self.store.shared or time.monotonic() - known[1] < 1.0):
             return known[0]
         if not read:
             return None
         stored = self.store.job_bytes(job)
-        self._job_bytes[job] = (stored, time.monotonic())
+        self._job_bytes[job] = (stored, time.monotonic(), seen)
         return stored
 
     def _over_job_bytes(self, it: PartIn, nbytes: int, pending: dict[str, int]) -> \
@@ -1568,6 +1575,8 @@ class Monitor:
                         "instance (which analyses it from the store)", window.job, window.idx)
             self._lost(window.job)
             return
+        # its parts no longer count toward max_job_bytes (read again at the next part)
+        self._windows_stored[window.job] = self._windows_stored.get(window.job, 0) + 1
         self.metrics.publish_window(row)
         self.metrics.publish_latency.observe(max(0.0, time.time() - window.closed_at))
         self._deliver(window.job, alert_rows, log_rows)

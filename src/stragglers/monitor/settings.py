@@ -75,10 +75,12 @@ class MonitorConfig(Config):
                                      "silent rank): a meta.json declaring a world of 1,000,000 "
                                      "ranks and four that send once raised an alert for each "
                                      "of the others, GBs of memory", minimum=1)
-    max_job_bytes: int = setting(16 * 2**30, "bytes of parts one job may store (uploads and "
+    max_job_bytes: int = setting(16 * 2**30, "bytes of parts not analysed yet (holding steps "
+                                 "past the job's last window) one job may hold (uploads and "
                                  "watched files alike); past it the job's further parts are "
                                  "refused (an upload 507, a watched file named in the log "
-                                 "and /api/stats): one job cannot fill the monitor's disk",
+                                 "and /api/stats): one job's backlog cannot fill the "
+                                 "monitor's disk; parts analysed do not count",
                                  minimum=1024)
     empty_job_expiry_s: float = setting(3600.0, "an uploaded job that stored no part this long "
                                         "after its last meta.json is forgotten (its row and "

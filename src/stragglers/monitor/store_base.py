@@ -366,9 +366,13 @@ class SQLStore:
         return {r.job for r in self._typed(_Name, "SELECT job FROM jobs")}
 
     def job_bytes(self, job: str) -> int:
-        """Bytes of the parts a job stored."""
+        """Bytes of the parts a job stored that hold steps not analysed yet (past its last
+        window): those of windows analysed long ago counted too, and a long job's parts were
+        refused for good once it had recorded max_job_bytes."""
         rows = self._typed(_Count, "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) AS n FROM "
-                           "parts WHERE job = ?", (job,))
+                           "parts WHERE job = ? AND last_step > COALESCE((SELECT "
+                           "last_step FROM windows WHERE job = ? ORDER BY idx DESC LIMIT 1), "
+                           "-1)", (job, job))
         return rows[0].n if rows else 0
 
     def reset_job(self, job: str, meta: dict[str, Any], alert_rows: list[Alert],
