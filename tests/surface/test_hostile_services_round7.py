@@ -643,9 +643,6 @@ def test_analyze_refuses_rows_of_a_rank_outside_the_world_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 7: windows of a run still queued for analysis when "
-                   "a new run replaces it are analysed after the reset and stored in the new "
-                   "run's places: its own windows there are never analysed")
 def test_a_new_run_gets_its_windows_not_those_its_predecessor_left_queued(tmp_path):
     """Run a sends a part per rank holding 60 windows (all queued at once); run b's metadata
     comes right after (a re-run under the same name) and b sends its two windows. The job ends

@@ -205,6 +205,11 @@ class Monitor:
         self._heard_floor = 0.0     # no part counts as heard before this (_ingest_batch)
         self._mark_failed = False
         self._windows_in_flight: dict[str, int] = {}   # job → its windows queued or analysed
+        # job → new runs of it begun here: a window queued under an older one is dropped (a
+        # replaced run's queued windows were analysed after the reset, from files gone, and
+        # stored in the new run's places); the job whose window is being analysed now
+        self._run_count: dict[str, int] = {}
+        self._analysing: str | None = None
         self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
         self._noticing: dict[object, tuple[float, float]] = {}   # watchers' batches (noticing)
         # watchers whose first scan of their roots is under way (in the background: 30,000
@@ -425,11 +430,16 @@ class Monitor:
             resized = False
             same = self._same_job(old, directory, way)
             if same and old is not None and is_new_run(old.meta, raw_meta):
-                if self._in_flight(job):
+                with self._count_lock:
                     # (the old run's part, checked and committed after the reset, was stored
-                    # as the new run's: its own part of that number was then refused 409)
-                    raise RunBusy(job, "job", "parts of the run before are still being "
-                                  "stored; the new run starts once they are (try again)")
+                    # as the new run's: its own part of that number was then refused 409; a
+                    # window of it being analysed would be stored in the new run's places)
+                    if self._jobs_in_flight.get(job, 0) > 0 or self._analysing == job:
+                        raise RunBusy(job, "job", "parts or a window of the run before are "
+                                      "still being stored; the new run starts once they are "
+                                      "(try again)")
+                    # its windows still queued are dropped when their turn comes
+                    self._run_count[job] = self._run_count.get(job, 0) + 1
                 self._reset(job, raw_meta)
             elif same and old is not None:
                 resized = self._check_same_sizes(job, old.meta, meta)
@@ -1084,6 +1094,7 @@ class Monitor:
         if isinstance(item, Window):
             with self._count_lock:
                 self._windows_in_flight[item.job] = self._windows_in_flight.get(item.job, 0) + 1
+                item.run = self._run_count.get(item.job, 0)
         self._analysis.put(item)
 
     def reject(self, reason: str, source: str, problem: str) -> None:
@@ -1539,7 +1550,11 @@ class Monitor:
                 return
             try:
                 if isinstance(item, Window):
-                    self._analyse(item)
+                    with self._count_lock:
+                        current = item.run == self._run_count.get(item.job, 0)
+                        self._analysing = item.job if current else None
+                    if current:   # (else a window of a run replaced since it was queued)
+                        self._analyse(item)
                 else:
                     # only if still the job's state: a stall decided on the tick thread
                     # meanwhile is newer than a `running` queued here before it
@@ -1551,6 +1566,7 @@ class Monitor:
                 if isinstance(item, Window):
                     with self._count_lock:
                         _decrement(self._windows_in_flight, item.job)
+                        self._analysing = None
                 self._count(-1)
 
     def _analyse(self, window: Window) -> None:

@@ -50,6 +50,7 @@ class Window:
     files: list[PartFile] = field(default_factory=list)
     meta: JobMeta | None = None
     lease: Lease | None = None     # (instance, epoch) its tracker was built under (leases.py)
+    run: int = 0                   # the job's run it belongs to (Monitor: runs begun here)
 
     def load(self) -> tuple[Trace | None, list[tuple[str, str]]]:
         """The window's trace with the rows of its part files read in (None when no row was
