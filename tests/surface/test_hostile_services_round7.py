@@ -424,8 +424,6 @@ def test_finished_jobs_do_not_hold_the_places_of_max_jobs(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 7: finished data sets hold their max_datasets "
-                   "places for good (no retirement, no DELETE): then every creation is 429")
 def test_finished_data_sets_can_give_their_places_of_max_datasets_back(tmp_path):
     """Two data sets are consumed to the end ("finished"); a third is then created — either
     finished ones hold no place, or their owner can delete one (DELETE /datasets/{name}) — not

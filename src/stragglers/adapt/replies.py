@@ -222,6 +222,13 @@ class Requeued(msgspec.Struct):
     requeued: list[ShardKey]
 
 
+class Deleted(msgspec.Struct):
+    """DELETE /datasets/{name}: the data set deleted (its places given back)."""
+
+    deleted: str
+    num_samples: int
+
+
 class Restored(msgspec.Struct):
     """POST .../restore: rows restored, and DOING shards of the snapshot queued first."""
 

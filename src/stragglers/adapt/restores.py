@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from stragglers.adapt import reads
 from stragglers.adapt.dataset import DOING, TODO, DatasetConfig, validate_snapshot
 from stragglers.adapt.errors import Conflict, DiskFull, Forbidden, QuotaExceeded, authorize
-from stragglers.adapt.replies import Restored
+from stragglers.adapt.replies import Deleted, Restored
 from stragglers.adapt.space import Reserve, restore_bound
 from stragglers.adapt.store_state import StoreState
 from stragglers.errors import EnvironmentFailure
@@ -90,6 +90,30 @@ class Restores(StoreState):
         if mine >= self.max_datasets_per_token:
             raise QuotaExceeded(f"this token already owns {mine} data sets, its limit"
                                 f" (max_datasets_per_token={self.max_datasets_per_token})")
+
+    def delete_dataset(self, name: str, token_sha256: str | None = None) -> Deleted:
+        """Delete a data set (its owner's call): its places of max_datasets and of its token's
+        and client's quotas are given back at once; its shard rows become garbage, deleted in
+        paced steps (collect_garbage), and its name may be created again."""
+        with self._tx() as c:
+            cfg, _, _ = self._config(c, name, token_sha256)
+            key = self._key(name)
+            c.execute("DELETE FROM datasets WHERE name=?", (name,))
+            c.execute("DELETE FROM workers WHERE dataset=?", (name,))
+            c.execute("DELETE FROM lease_requests WHERE dataset=?", (name,))
+            c.execute("INSERT OR REPLACE INTO row_sets VALUES (?,?,'garbage')", (key, name))
+            self._forget()
+            for held in (self._keys, self._owners, self._grace_until, self._quarantined):
+                held.pop(name, None)
+            self._verified.discard(name)
+            self._grace.discard(name)
+        return Deleted(name, cfg.num_samples)
+
+    def _fresh_key(self, c: sqlite3.Connection, name: str) -> str | None:
+        """The key of a new data set's rows: its name (NULL), unless rows of a deleted one
+        of that name are still there to delete (then a key of its own: never mixed)."""
+        left = c.execute("SELECT 1 FROM shards WHERE dataset=? LIMIT 1", (name,)).fetchone()
+        return None if left is None else f"{name}/{uuid.uuid4().hex}"
 
     def may_restore(self, name: str, token_sha256: str | None, may_create: bool,
                     conn: sqlite3.Connection | None = None,

@@ -46,8 +46,8 @@ from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy
 from stragglers.adapt.folding import WalFolder
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
-from stragglers.adapt.replies import (Acked, Created, Health, Joined, LeaseReply, Released,
-                                      Requeued, Restored, to_builtins)
+from stragglers.adapt.replies import (Acked, Created, Deleted, Health, Joined, LeaseReply,
+                                      Released, Requeued, Restored, to_builtins)
 from stragglers.adapt.requeues import RETRY_CHUNK
 from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import ShardStore, lease_json
@@ -878,6 +878,17 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             return await commit.run(lambda: store.release(name, b.worker, b.fence, b.failure,
                                                           b.error, digest), digest)
 
+    async def delete_dataset(request: Request) -> Deleted:
+        # its owner's: gives its places of max_datasets (and of the token's and client's
+        # quotas) back; created data sets held them for good, and after max_datasets in the
+        # service's life every creation was 429. Its rows are deleted in paced steps.
+        name = name_of(request)
+        digest, _ = await owned(request, name), await parsed(request, rq.Empty)
+        deleted = await commit.run(lambda: store.delete_dataset(name, digest), digest)
+        owners.pop(name, None)
+        paced.collect()
+        return deleted
+
     async def retry_failed(request: Request) -> Requeued:
         name = name_of(request)
         digest, _ = await owned(request, name), await parsed(request, rq.Empty)
@@ -1050,6 +1061,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     routes = [
         route("/health", health, ("GET",)),
         route("/datasets", create_dataset),
+        route("/datasets/{name}", delete_dataset, ("DELETE",)),
         route("/datasets/{name}/join", join),
         route("/datasets/{name}/lease", lease),
         route("/datasets/{name}/ack", ack),

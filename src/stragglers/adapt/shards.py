@@ -260,10 +260,11 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 return Created(False)
             self._check_quota(c, token_sha256, creator)
             self._touched.add(cfg.name)
-            c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?,0,NULL,?)",
+            key = self._fresh_key(c, cfg.name)
+            c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?,0,?,?)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
-                       cfg.lease_s, cfg.max_retries, token_sha256, creator))
-            self._keys[cfg.name] = cfg.name
+                       cfg.lease_s, cfg.max_retries, token_sha256, key, creator))
+            self._keys[cfg.name] = key or cfg.name
             self._create_epoch(c, cfg, 0)
         return Created(True)
 

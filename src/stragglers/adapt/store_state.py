@@ -95,6 +95,10 @@ class StoreState:
             """The FAILED report of lease replies (requeues.py)."""
 
         @abstractmethod
+        def _fresh_key(self, c: sqlite3.Connection, name: str) -> str | None:
+            """The rows key of a new data set (restores.py)."""
+
+        @abstractmethod
         def _check_quota(self, c: sqlite3.Connection, token_sha256: str | None,
                          creator: str | None = None) -> None:
             """Refuse a data set past a quota (restores.py)."""
