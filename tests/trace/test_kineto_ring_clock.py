@@ -142,3 +142,47 @@ def test_without_a_traced_ring_neighbour_across_the_ends_place_the_halves_with_a
     assert quality[2]["ring"]["bounds_s"] == [None, None]
     json.dumps(quality, allow_nan=False)                   # meta.extra is written as JSON
     assert any("rests on the exchanges' ends" in n for n in notes)
+
+
+def _ring_with_a_slow_link(offsets_us, factor, slow, steps=5, seed=0):
+    """As _ring_job, each transfer of its own time (40-50 µs) and those of the link between
+    ranks 1 and 2 (the one joining the halves) ×`factor`: a link's transfer starts when both
+    its ends posted; an exchange ends with its later link."""
+    rng = np.random.default_rng(seed)
+    n = len(offsets_us)
+    sync: dict[int, dict[tuple, float]] = {r: {} for r in range(n)}
+    spans: dict[int, dict[tuple, tuple[float, float]]] = {r: {} for r in range(n)}
+
+    def record(r, key, start, end):
+        spans[r][key] = ((start + offsets_us[r]) / 1e6, (end + offsets_us[r]) / 1e6)
+        sync[r][key] = spans[r][key][1]
+
+    ready = rng.uniform(0, 50, n)
+    for step in range(steps):
+        for k in range(3):
+            chunk = rng.uniform(380, 420, n)
+            chunk[slow] *= 1.8
+            post = ready + chunk
+            link = {a: max(post[a], post[(a + 1) % n]) + rng.uniform(40, 50)
+                    * (factor if a == 1 else 1.0) for a in range(n)}
+            end = np.array([max(link[(r - 1) % n], link[r]) for r in range(n)])
+            for r in range(n):
+                record(r, (RING_SYNC, "cp", "seq", 3 * step + k), post[r], end[r])
+            ready = end
+        post = ready + 1000.0 + rng.uniform(-100, 100, n)
+        for pg, half in (("dp0", [0, 1]), ("dp1", [2, 3])):
+            for r in half:
+                record(r, (pg, "seq", step), post[r], post[half].max() + 20.0)
+            ready[half] = post[half].max() + 20.0
+        ready += rng.uniform(0, 100, n)
+    return sync, spans, {r: {"cp": ((r - 1) % n, (r + 1) % n)} for r in range(n)}
+
+
+# A slow link's transfer is no wait: read with one transfer time a round, the 400 µs of the
+# link joining the halves moved their clocks 370-640 µs apart beside a slow rank.
+@pytest.mark.parametrize("seed", range(3))
+def test_a_slow_link_between_the_halves_is_no_clock_offset(seed):
+    offsets = np.array([0.0, 35.0, -120.0, 80.0])
+    sync, spans, peers = _ring_with_a_slow_link(offsets, 10.0, 2, seed=seed)
+    got, _, _ = clock_offsets(sync, {}, spans, peers)
+    assert np.abs(np.array([got[r] for r in range(4)]) * 1e6 - offsets).max() < 80.0

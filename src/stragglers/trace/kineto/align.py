@@ -13,6 +13,9 @@ END_TOLERANCE_S = 1e-3
 # Sets placed by ring exchanges are moved again against every other rank until none moves by
 # more than this (or after this many sweeps).
 SETTLED_S, MAX_SWEEPS = 1e-7, 20
+# Up to this many ring-placed sets, every run of them is moved together (else single sets and
+# the runs to the last placed).
+MAX_RUN_SETS = 12
 
 
 def consensus_offset(diffs: np.ndarray, tolerance: float = END_TOLERANCE_S) -> tuple[float, int]:
@@ -165,7 +168,7 @@ def _ring_offset(inner: dict[int, float], aligned: dict[int, float],
                 "not traced: their clock rests on the exchanges' ends, which a slow rank in the "
                 "ring moves")
     ring = {"rounds": got.rounds, "waits_read": len(got.waits), "explained": agreeing,
-            "exchanges_scored": len(got.mine) + len(got.theirs),
+            "exchanges_scored": len(got.scored),
             # None where unbounded: meta.extra is written as JSON
             "bounds_s": [float(b) if np.isfinite(b) else None for b in (lo, hi)]}
     return float(d), ring, note
@@ -177,11 +180,15 @@ def _refine(rings: list[dict[int, float]], offsets: dict[int, float], quality: d
 
     Placed in turn, a set saw only the neighbours placed before it (in a ring that nothing else
     links every rank is a set of its own), and a set placed against a misplaced one carries
-    its error on: so each set, and each run of the later-placed sets together (a chain of them
+    its error on: so each set, and each run of sets placed one after another (a chain of them
     off by one shift), is moved to the reading that explains the most exchanges, where that
     explains more than where it is (or as many, nearer the middle of the readings that do)."""
-    moves = [sorted(inner) for inner in rings]
-    moves += [sorted(c for inner in rings[i:] for c in inner) for i in range(len(rings) - 1)]
+    m = len(rings)
+    # each run of sets placed one after another (every run where there are few sets)
+    runs = [(i, j) for i in range(m) for j in range(i + 1, m + 1)] if m <= MAX_RUN_SETS \
+        else [(i, i + 1) for i in range(m)] + [(i, m) for i in range(1, m)]
+    moves = [sorted(c for inner in rings[i:j] for c in inner) for i, j in runs
+             if j - i < m or i == 0]
     for _ in range(MAX_SWEEPS):
         moved = 0.0
         for members in moves:

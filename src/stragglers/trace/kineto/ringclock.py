@@ -1,22 +1,23 @@
 """Clock offset between two sets of ranks that meet only in ring exchanges (ring attention).
 
 A ring round's exchange on a rank is one grouped launch (send to the next rank, receive from
-the one before): it starts when the rank posts it and ends a transfer time after the latest
-post among the rank and its two neighbours. Its end is no instant the group shares (a rank two
-hops from a slow one ends every round earlier, by the slow rank's lateness), so the ends'
-consensus would take that lateness for a clock offset. Causality pins the offset instead:
+the one before): it starts when the rank posts it; each of its two links transfers once both
+its ends posted, and the exchange ends with the later link. Its end is no instant the group
+shares (a rank two hops from a slow one ends every round earlier, by the slow rank's
+lateness), so the ends' consensus would take that lateness for a clock offset. Causality pins
+the offset instead:
 
 - a rank's exchange cannot end before a neighbour posted (a bound on each side);
-- a rank whose exchange ended well past its own post and its own side's neighbours' waited
-  for a neighbour on the other side: that neighbour's post is its end less the transfer time
-  (one reading of the offset per such wait).
+- a rank whose exchange ended well past what its own side's posts explain waited for a
+  neighbour on the other side: that neighbour's post is its end less their link's transfer
+  time (one reading of the offset per such wait).
 
-Of those readings the offset is the one that explains the most exchanges (an exchange is
-explained where it ends a transfer time after the latest post of its rank and neighbours): a
-reading taken against a neighbour whose own clock is still wrong explains only its own.
+Of those readings the offset is the one that explains the most exchanges: a reading taken
+against a neighbour whose own clock is still wrong explains only its own.
 
-The transfer time of a round is its shortest exchange: the rank that posted last waited for
-nobody. Durations need no clock, so this reads who waited without knowing the offset.
+A link's transfer time is the shortest exchange of either of its ends over the job: none is
+shorter than its links' transfers, and one whose rank posted last waited for nobody (so a slow
+link is no wait). Durations need no clock, so this reads who waited without the offset.
 """
 
 from __future__ import annotations
@@ -47,6 +48,21 @@ class RingIndex:
                     self.holders.setdefault(k, []).append(r)
         self.transfer = {k: min(spans[r][k][1] - spans[r][k][0] for r in rs)
                          for k, rs in self.holders.items()}
+        # a link's transfer time: no exchange of either end is shorter than the link's
+        # transfer, and one that posted last is no longer (a slow link is no wait)
+        self.link: dict[tuple[str, int, int], float] = {}
+        for k, rs in self.holders.items():
+            for a in rs:
+                for b in peers.get(a, {}).get(k[1], ()):
+                    if b in spans and k in spans[b]:
+                        short = min(spans[a][k][1] - spans[a][k][0],
+                                    spans[b][k][1] - spans[b][k][0])
+                        key = (k[1], min(a, b), max(a, b))
+                        self.link[key] = min(self.link.get(key, short), short)
+
+    def link_time(self, k: tuple, a: int, b: int) -> float:
+        """The transfer time between ring neighbours a and b (the round's, where unknown)."""
+        return self.link.get((k[1], min(a, b), max(a, b)), self.transfer[k])
 
 
 @dataclass
@@ -58,21 +74,23 @@ class RingReading:
     high: float = np.inf                                 # and D ≤ high
     rounds: int = 0                                      # ring rounds both sides share
     transfer_s: list[float] = field(default_factory=list)
-    # exchanges across the sides with every neighbour placed, to score an offset D by:
-    # new side's (end - transfer, latest own-side post, latest aligned-side post)
-    mine: list[tuple[float, float, float, float]] = field(default_factory=list)
-    # aligned side's (end - transfer, latest aligned-side post, latest new-side post)
-    theirs: list[tuple[float, float, float, float]] = field(default_factory=list)
+    # exchanges across the sides with every neighbour placed, to score an offset D by: each
+    # (end, own post, tolerance, sign, and per neighbour: post, link time, 1 if across else 0);
+    # sign: how D moves the other side's posts on this rank's clock
+    scored: list[tuple[float, ...]] = field(default_factory=list)
 
     def explained(self, d: np.ndarray) -> np.ndarray:
         """How many of the exchanges offset `d` (each candidate) explains: each ends within
-        its round's tolerance after the latest post of its rank and neighbours."""
-        out = np.zeros(len(d), dtype=np.int64)
-        for rows, sign in ((self.mine, 1.0), (self.theirs, -1.0)):
-            if rows:
-                p, q, o, tol = (np.array(c)[:, None] for c in zip(*rows))
-                out += (np.abs(p - np.maximum(q, o + sign * d[None, :])) <= tol).sum(axis=0)
-        return out
+        its round's tolerance after its later link's transfer (a link's transfer starts when
+        both its ends posted)."""
+        if not self.scored:
+            return np.zeros(len(d), dtype=np.int64)
+        end, own, tol, sign, p1, t1, x1, p2, t2, x2 = (np.array(c)[:, None]
+                                                       for c in zip(*self.scored))
+        shift = sign * d[None, :]
+        model = np.maximum(np.maximum(own, p1 + x1 * shift) + t1,
+                           np.maximum(own, p2 + x2 * shift) + t2)
+        return (np.abs(end - model) <= tol).sum(axis=0)
 
 
 def read_ring(aligned: dict[int, float], new: dict[int, float], index: RingIndex
@@ -107,11 +125,19 @@ def read_ring(aligned: dict[int, float], new: dict[int, float], index: RingIndex
                 out.low = max(out.low, max(other) - end)
             else:             # true end (end - D) ≥ the aligned side's post: D ≤ end - post
                 out.high = min(out.high, end - max(other))
-            if len(known) < len(nbrs):
+            if len(known) < len(nbrs) or len(known) != 2:
                 continue      # whom it waited for is unknown: a bound only
-            own = max(post[n] for n in (x, *known) if side[n][0] == mine)
-            (out.theirs if mine == 0 else out.mine).append((end - t, own, max(other), margin))
-            if end - t - own > margin:       # it waited for a neighbour of the other side
-                out.waits.append(max(other) - (end - t) if mine == 0
-                                 else end - t - max(other))
+            links = {n: index.link_time(k, x, n) for n in known}
+            # the latest its own side explains (a link across transfers at least after its post)
+            base = max(max(post[x], post[n]) + links[n] if side[n][0] == mine
+                       else post[x] + links[n] for n in known)
+            sign = -1.0 if mine == 0 else 1.0
+            out.scored.append((end, post[x], margin, sign,
+                               *(v for n in known
+                                 for v in (post[n], links[n], float(side[n][0] != mine)))))
+            if end - base > margin:          # it waited for a neighbour of the other side
+                for n in known:              # the one whose post ends its link's transfer
+                    if side[n][0] != mine:
+                        out.waits.append(post[n] - (end - links[n]) if mine == 0
+                                         else end - links[n] - post[n])
     return out
