@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from statistics import NormalDist
 
 import numpy as np
 
@@ -17,7 +18,8 @@ from stragglers.whatif.grid import BWD, FWD
 # the median of all, which is much cheaper.
 _EXACT_PEERS = 8
 # With 2-4 workers, a worker behind every peer in every one of this many steps or more (six
-# beside one peer) is steadily slow: a sign test, 1 in 32 or less by chance (slow_group's too).
+# beside one peer, or a lag clear of the noise) is steadily slow: a sign test, 1 in 32 or less
+# by chance (slow_group's too).
 _STEADY_STEPS = STEADY_STEPS
 
 
@@ -163,9 +165,10 @@ def _slower(ctx: Context, busy: np.ndarray, members: np.ndarray, fast: np.ndarra
             ctx.seq_pattern is None or ctx.seq_balanced is not None):
         # ... or, behind every peer in every step (a sign test: 1 in 32 or less by chance,
         # `_behind_every_peer`), the outlier test with the spread at its floor, the spread
-        # that 2-4 workers cannot measure. A slow device slows every step alike, while the CPU that ranks of a
-        # clean run share slows each step's ranks at random: none of 44 ranks of 11 clean
-        # runs on one CPU was behind in every step, though one averaged x1.19 (7 of 9 steps).
+        # that 2-4 workers cannot measure. A slow device slows every step alike, while the
+        # CPU that ranks of a clean run share slows each step's ranks at random: none of 44
+        # ranks of 11 clean runs on one CPU was behind in every step, though one averaged
+        # x1.19 (7 of 9 steps).
         # Not where the sequences' pattern is there without Σs²: a DP rank that drew the
         # heavier sequences can be behind in every step (x1.24 in 8 of 8, dp 2 x pp 2)
         steady = _behind_every_peer(busy, members) & (lo > 1)
@@ -188,29 +191,49 @@ def _steady_steps(workers: int) -> int:
 
 def _behind_every_peer(busy: np.ndarray, members: np.ndarray) -> np.ndarray:
     """bool [D, P]: workers behind every peer of their stage ([D, P, T] busy compute; a slow
-    group's members are no peers) in every step, over `_steady_steps` steps or more.
+    group's members are no peers) in every step, over `_steady_steps` of the n workers it is
+    so behind and itself (a slow group's members it is behind too count), or, over fewer,
+    with its mean lag clear of the steps' noise (`_clear_of_noise`).
 
     Every peer, not the peers' median: the worker is chosen from the data, so "behind the
-    median peer in every step of five" held by chance for some worker of n up to n/32 (12 of
-    5,000 noise-only jobs of 2-4 workers a stage named a worker fault). Step-down: a worker
-    so found is no peer of the rest, which are asked the same among themselves while two
-    peers are left (two faults ×1.3 and ×1.6 on one stage of four are both named)."""
+    median peer in every step of five" held by chance for some worker of n up to n/32 (19 of
+    6,000 noise-only jobs of 2-4 workers a stage named a worker fault). One of two is behind
+    its peer in five steps 1 in 16 by chance: that alone would leave a fault ×1.25 beside one
+    fast worker (a slow group's members the rest of its stage) unnamed over five steps of
+    0.5% jitter. Step-down: a worker so found is no peer of the rest, which are asked the
+    same among themselves while two peers are left (faults ×1.3 and ×1.6 of four: both)."""
     d, p, t = busy.shape
     out = np.zeros((d, p), dtype=bool)
+    logs = np.log(np.maximum(busy, 1e-12))
+    # a worker's step-to-step spread, pooled over all workers (each less its own mean: a
+    # steady fault adds nothing to it, an intermittent cause widens it)
+    spread = float(np.sqrt(((logs - logs.mean(axis=-1, keepdims=True)) ** 2).sum()
+                           / max(d * p * (t - 1), 1)))
     for q in range(p):
         left = list(np.flatnonzero(~members[:, q]))
-        if len(left) < 2 or t < _steady_steps(len(left)):
-            continue
         while len(left) >= 2:
             behind = [i for i in left
                       if (busy[i, q] > busy[[j for j in left if j != i], q].max(axis=0)).all()]
             if not behind:
                 break
-            out[behind[0], q] = True    # at most one: it is behind the others in every step
-            left.remove(behind[0])
+            i = behind[0]               # at most one: it is behind the others in every step
+            n = len(left) + int((members[:, q] & (busy[i, q] > busy[:, q]).all(axis=-1)).sum())
+            lag = logs[i, q] - logs[[j for j in left if j != i], q].max(axis=0)        # [T]
+            if t < _steady_steps(n) and not _clear_of_noise(lag, spread, n):
+                break
+            out[i, q] = True
+            left.remove(i)
             if len(left) < 3:
                 break   # the next would be judged against one peer: one of two again
     return out
+
+
+def _clear_of_noise(lag: np.ndarray, spread: float, workers: int) -> bool:
+    """Whether a worker's mean log lag behind its slowest peer ([T]) is beyond what steps of
+    `spread` give by chance: a one-sided z-test at 1 in 32 × `workers` (any of them could
+    have been picked), the lag's spread √2 × a worker's."""
+    z = float(lag.mean()) / max(math.sqrt(2.0 / len(lag)) * spread, 1e-12)
+    return z >= NormalDist().inv_cdf(1 - 1 / (32 * workers))
 
 
 def _without_longest_microbatch(ctx: Context, own: np.ndarray, busy: np.ndarray) -> np.ndarray:
