@@ -110,3 +110,37 @@ def test_a_job_expired_before_its_first_part_is_announced_again_by_its_uploader(
             assert stats["by_job"]["job-late"]["parts"] == len(rank0)
     finally:
         server.stop()
+
+
+def test_a_run_replaced_under_its_job_name_stops_uploading_and_the_new_run_keeps_its_windows(
+        tmp_path):
+    # two trainings under one job name (the recorder's default: the trace folder's name): the
+    # second's metadata replaces the first; the first's later parts are refused 409
+    # (superseded_run), its uploader sends nothing more, and none of it is stored as the
+    # second run's
+    a, b = slow_job(steps=10, seed=1), slow_job(steps=10, seed=2)
+    mine = [cols for rank, _, cols in parts_of(a, 5) if rank == 0]   # rank 0's parts of run a
+    server = MonitorServer(tmp_path / "m.db", port=0, token="tok", config=CFG).start()
+    try:
+        old = PartUploader(server.url, "tok", "train", 0, run="run-a", backoff_s=0.05)
+        meta_a = a.meta.to_dict()
+        meta_a["extra"].update(run="run-a", clock={"start": [1.0] * a.meta.world_size})
+        old.submit_meta(meta_a)
+        old.submit(0, blob(mine[0]))
+        eventually(lambda: old.stats().sent == 1, what="run a's first part stored")
+        new = PartUploader(server.url, "tok", "train", 0, run="run-b", backoff_s=0.05)
+        meta_b = b.meta.to_dict()
+        meta_b["extra"].update(run="run-b", clock={"start": [2.0] * b.meta.world_size})
+        new.submit_meta(meta_b)
+        assert new.drain(timeout=60)
+        old.submit(1, blob(mine[1]))
+        eventually(lambda: old.superseded, what="run a told it was replaced")
+        old.submit(2, blob(mine[1]))        # dropped at once, nothing sent
+        assert old.stats().sent == 1 and old.pending == 0 and old.stats().dropped >= 1
+        # run b's own part is taken (its run is the job's now)
+        new.submit(0, blob(next(c for r, _, c in parts_of(b, 5) if r == 0)))
+        assert new.drain(timeout=60) and new.stats().sent == 1, new.stats()
+        old.close(timeout=5)
+        new.close(timeout=5)
+    finally:
+        server.stop()

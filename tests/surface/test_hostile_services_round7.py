@@ -347,28 +347,30 @@ def test_an_alert_of_a_rule_taken_out_of_the_config_does_not_fire_for_ever(tmp_p
 
 
 def run_of(trace, start: float) -> dict:
-    """`trace`'s metadata as a recorder's run started at `start` sends it (its start clock)."""
+    """`trace`'s metadata as a recorder's run started at `start` sends it (its start clock and
+    its run token, which the recorder also sends with every part: X-Stragglers-Run)."""
     meta = trace.meta.to_dict()
     meta["extra"]["clock"] = {"start": [start] * meta["world_size"]}
+    meta["extra"]["run"] = f"run-{start:.0f}"
     return meta
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 7: parts of a run replaced by a new run of the same "
-                   "job name are still stored and analysed as the new run's windows")
 def test_parts_of_a_replaced_run_are_never_analysed_as_the_new_runs(tmp_path):
     """Two trainings of one script upload under the recorder's default job name (the trace
-    folder's name, `train`). Run b's metadata arrives while run a is uploading. Either b is
-    refused while a is live, or b replaces a — and then a's later parts are not stored into
-    b's run: every window of b holds b's data (clean), none a's (a slow worker, S ~1.7)."""
+    folder's name, `train`), each part with its run's token as the recorder sends it. Run b's
+    metadata arrives while run a is uploading. Either b is refused while a is live, or b
+    replaces a — and then a's later parts are not stored into b's run: every window of b holds
+    b's data (clean), none a's (a slow worker, S ~1.7)."""
     a = slow_job(steps=20, slow=(0, 1, 3.0), seed=1)
     b = slow_job(steps=20, slow=(0, 1, 1.0), seed=2)
     pa, pb = parts_of(a, 5), parts_of(b, 5)
+    run = {id(p): "run-1000" for p in pa} | {id(p): "run-2000" for p in pb}
 
     def put(c: httpx.Client, part) -> int:
         rank, n, cols = part
         return c.put(f"/api/jobs/train/ranks/{rank}/parts/{n}", content=table_bytes(cols),
-                     headers=AUTH).status_code
+                     headers={**AUTH, "X-Stragglers-Run": run[id(part)]}).status_code
 
     def answered(r: httpx.Response) -> int | None:
         return r.status_code if r.status_code in (200, 409) else None
@@ -391,7 +393,10 @@ def test_parts_of_a_replaced_run_are_never_analysed_as_the_new_runs(tmp_path):
                 eventually(lambda: windows(c, "train") == 4, what="a's windows analysed")
                 return
             for p in pb[:4] + pa[8:12] + pb[4:8]:   # b's window 0, a's window 2, b's window 1
-                put(c, p)
+                assert put(c, p) == (409 if run[id(p)] == "run-1000" else 200), p[:2]
+            # a's metadata again (its end clock, say): refused too, b's run kept
+            assert c.put("/api/jobs/train/meta", json=run_of(a, 1000.0),
+                         headers=AUTH).status_code == 409
             eventually(lambda: c.get("/health").json()["idle"] and windows(c, "train") >= 2,
                        what="b's windows analysed")
             got = c.get("/api/jobs/train").json()["windows"]

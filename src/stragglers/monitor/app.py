@@ -112,7 +112,10 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
             # a client looping on refused uploads (past its limits, junk, lying parts, a
             # wrong token) waits instead of spinning the CPUs other jobs' uploads need
             await asyncio.sleep(REFUSAL_PAUSE_S)
-        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+        body = {"error": exc.message}
+        if exc.reason == "superseded_run":   # (the recorder's uploader stops on this kind)
+            body["kind"] = exc.reason
+        return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(InputError)
     async def _input(request: Request, exc: InputError):

@@ -31,12 +31,12 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stragglers.errors import InputError
-from stragglers.monitor.jobmeta import check_meta, loads_meta
+from stragglers.monitor.jobmeta import check_meta, is_run_token, loads_meta, run_token
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
     check_same_part, fingerprint
 from stragglers.monitor.leases import ForeignJob
 from stragglers.monitor.service import ANOTHER_NAME, JobFull, MetaChanged, Monitor, PartIn, \
-    RunBusy
+    RunBusy, Superseded
 from stragglers.monitor.windows import JobTracker
 from stragglers.serving import BodyRefused, canonical_decimal, declared_length
 from stragglers.serving_guard import FRAMING_KEY, admit_body
@@ -402,6 +402,8 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             except RunBusy as exc:
                 raise HTTPProblem(503, f"path 'job': {exc.problem}", "busy",
                                   retry_after_s=1.0) from None
+            except Superseded as exc:
+                raise HTTPProblem(409, f"path 'job': {exc.problem}", "superseded_run") from None
             except InputError as exc:
                 if exc.source.endswith("meta.json"):   # the body's sizes disagree: name the
                     field = f": field '{exc.field}'" if exc.field else ""   # body's field,
@@ -410,6 +412,24 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                 # the name is taken by another run, or the monitor is full: it cannot be made
                 raise HTTPProblem(409, f"path 'job': {exc.problem}", "conflict") from None
         return {"job": job, "status": "ok", "world_size": registered.world_size}
+
+    def check_run(request: Request, job: str, meta: object) -> None:
+        """409 for a part of a run that a newer run of the job name replaced (its
+        X-Stragglers-Run is not the job's run): two trainings under one job name (the
+        recorder's default is the trace folder's name) had the replaced one's parts stored
+        and analysed as the new run's windows. A part without the header (a writer that does
+        not send it) is taken as the job's current run's."""
+        sent = request.headers.get("x-stragglers-run")
+        if sent is None:
+            return
+        if not is_run_token(sent):
+            raise HTTPProblem(422, "request header 'X-Stragglers-Run': expected a run token "
+                              "(1-64 letters, digits, '-' or '_')", "bad_request")
+        current = run_token(meta)
+        if current is not None and sent != current:
+            raise HTTPProblem(409, f"path 'job': this part is of run {sent}, which a newer run "
+                              f"of job {job!r} replaced (run {current}); give each run its own "
+                              "job name (monitor_job)", "superseded_run")
 
     async def store_part(request: Request, job: str, rank: int, part: int) -> PartReply:
         """Store one part (Parquet bytes); idempotent by (job, rank, part)."""
@@ -440,6 +460,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         if rank >= world:
             raise HTTPProblem(422, f"path 'rank': {rank} is not a rank of job {job!r} (world "
                               f"size {world})", "bad_rank")
+        check_run(request, job, tracker.meta)
         dropped = request.headers.get("x-stragglers-dropped")
         if dropped is not None and not (dropped.isascii() and dropped.isdigit()
                                         and len(dropped) <= MAX_COUNT_DIGITS):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,28 @@ def check_meta(raw: object, source: Path | str, max_bytes: int = MAX_META_BYTES)
     clock = meta.extra.get("clock")
     if clock is not None and not isinstance(clock, dict):
         raise InputError(source, "extra.clock", f"expected a mapping, got {type(clock).__name__}")
+    run = meta.extra.get("run")
+    if run is not None and not is_run_token(run):
+        raise InputError(source, "extra.run", f"expected a run token (1-64 letters, digits, "
+                         f"'-' or '_'), got {str(run)[:40]!r}")
     _check_analysed_extra(meta.extra, source)
     return meta
+
+
+_RUN_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def is_run_token(value: object) -> bool:
+    """Whether `value` is a run token (what the recorder puts in extra.run and in the
+    X-Stragglers-Run header of every upload: one value per run, shared by its ranks)."""
+    return isinstance(value, str) and _RUN_TOKEN.fullmatch(value) is not None
+
+
+def run_token(raw: object) -> str | None:
+    """The run token of a meta.json mapping or JobMeta (None: a writer that sends none)."""
+    extra = getattr(raw, "extra", None) if not isinstance(raw, dict) else raw.get("extra")
+    run = extra.get("run") if isinstance(extra, dict) else None
+    return run if is_run_token(run) else None
 
 
 class _AnalysedExtra(msgspec.Struct):
@@ -143,6 +164,9 @@ def is_new_run(stored: object, raw: object) -> bool:
     has not yet, or started at another time. A recorder writes its start clock once and only
     adds the end clock after it, so a run rewriting its own meta.json is never a new run; a
     re-run (`--overwrite`, the same trace directory or job name) always is."""
+    tokens = run_token(stored), run_token(raw)
+    if None not in tokens:   # (both runs say who they are)
+        return tokens[0] != tokens[1]
     old = run_start(stored)
     return old is not None and run_start(raw) != old
 

@@ -35,7 +35,7 @@ from stragglers.monitor.alerts import AlertEngine, Changes, Rule, parse_rules
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
-from stragglers.monitor.jobmeta import check_meta, is_new_run, run_start
+from stragglers.monitor.jobmeta import check_meta, is_new_run, run_start, run_token
 from stragglers.monitor.outbox import OutboxSender
 from stragglers.monitor.turns import Turns
 from stragglers.monitor.part_names import file_fingerprint
@@ -81,6 +81,12 @@ class MetaChanged(Exception):
     def __init__(self, job: str, field: str, problem: str):
         super().__init__(f"job {job!r}: {problem}")
         self.problem = problem
+
+
+class Superseded(InputError):
+    """Metadata or a part of a run that a newer run of the same job name replaced (its
+    X-Stragglers-Run, or extra.run, is an earlier run's): refused, never stored as the
+    newer run's."""
 
 
 class RunBusy(InputError):
@@ -209,6 +215,7 @@ class Monitor:
         # replaced run's queued windows were analysed after the reset, from files gone, and
         # stored in the new run's places); the job whose window is being analysed now
         self._run_count: dict[str, int] = {}
+        self._superseded: dict[str, deque[str]] = {}   # job -> run tokens replaced
         self._analysing: str | None = None
         self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
         self._noticing: dict[object, tuple[float, float]] = {}   # watchers' batches (noticing)
@@ -429,6 +436,11 @@ class Monitor:
             old = self.store.job(job)
             resized = False
             same = self._same_job(old, directory, way)
+            token = run_token(raw_meta)
+            if same and token is not None and token in self._superseded.get(job, ()):
+                raise Superseded(job, "job", f"run {token} of job {job!r} was replaced by a "
+                                 "newer run of the same job name; give each run its own job "
+                                 "name (monitor_job)")
             if same and old is not None and is_new_run(old.meta, raw_meta):
                 with self._count_lock:
                     # (the old run's part, checked and committed after the reset, was stored
@@ -440,6 +452,11 @@ class Monitor:
                                       "(try again)")
                     # its windows still queued are dropped when their turn comes
                     self._run_count[job] = self._run_count.get(job, 0) + 1
+                    # the replaced run's uploads, which may go on (two trainings under one
+                    # job name), are refused from now on (a few runs back: memory, not store)
+                    replaced = run_token(old.meta)
+                    if replaced is not None:
+                        self._superseded.setdefault(job, deque(maxlen=16)).append(replaced)
                 self._reset(job, raw_meta)
             elif same and old is not None:
                 resized = self._check_same_sizes(job, old.meta, meta)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import math
 import queue
 import socket
@@ -309,12 +310,15 @@ class Recorder:
             self.on_layout(layout)
         self.layout = layout
         self._offset_ns, self._origin_ns = offset, origin
+        # One token a run, the same on every rank (rank 0's start time, broadcast): the monitor
+        # tells this run's uploads from another run's under the same job name by it
+        self.run_token = hashlib.sha256(f"{self.meta.run_id}:{origin}".encode()).hexdigest()[:16]
         if self.monitor:
             from stragglers.record.upload import PartUploader
             self._uploader = PartUploader(self.monitor, self.monitor_token, self.monitor_job,
-                                          self.rank)
+                                          self.rank, run=self.run_token)
         if self.rank == 0:
-            self.meta.extra.update(layout=layout, recorder={
+            self.meta.extra.update(run=self.run_token, layout=layout, recorder={
                 "sample_every": self.sample_every, "timer": "cuda-events" if self._timer.is_cuda
                 else "perf_counter_ns", "clock_offset_applied": self.offset_applied,
                 "gc_min_s": self.gc_min_ns / 1e9}, clock={"start": [None] * self.world_size})

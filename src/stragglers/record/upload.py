@@ -51,7 +51,8 @@ class PartUploader:
 
     def __init__(self, url: str, token: str | None, job: str, rank: int, *,
                  max_buffer: int = 256, max_buffer_bytes: int = 256 * 2**20,
-                 timeout_s: float = 10.0, backoff_s: float = 0.2, max_backoff_s: float = 10.0):
+                 timeout_s: float = 10.0, backoff_s: float = 0.2, max_backoff_s: float = 10.0,
+                 run: str | None = None):
         parsed = check_url(url, "monitor URL")
         self.url, self.job, self.rank = url.rstrip("/"), job, int(rank)
         # check_url refused a URL without a host
@@ -59,6 +60,10 @@ class PartUploader:
         self._port = parsed.port or (443 if parsed.scheme == "https" else 80)
         self._base = parsed.path.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if run:   # the run's token, on every request: a newer run of the job name refuses ours
+            self._headers["X-Stragglers-Run"] = run
+        # a newer run of the same job name replaced this one at the monitor: nothing more is sent
+        self.superseded = False
         self.max_buffer, self.max_buffer_bytes = max(1, int(max_buffer)), int(max_buffer_bytes)
         self.timeout_s, self.backoff_s, self.max_backoff_s = timeout_s, backoff_s, max_backoff_s
         self._buf: deque[tuple[int, bytes]] = deque()
@@ -82,7 +87,7 @@ class PartUploader:
     def submit(self, part_number: int, data: bytes) -> None:
         """Queue one part's Parquet bytes; when the buffer is full the oldest part is dropped."""
         with self._cv:
-            if self._closing:
+            if self._closing or self.superseded:
                 self.dropped += 1
                 return
             self._buf.append((int(part_number), bytes(data)))
@@ -98,8 +103,9 @@ class PartUploader:
     def submit_meta(self, meta: dict) -> None:
         """Queue the job's meta.json (rank 0); it goes before any part still queued."""
         with self._cv:
-            self._meta = dict(meta)
-            self._cv.notify()
+            if not self.superseded:
+                self._meta = dict(meta)
+                self._cv.notify()
 
     @property
     def pending(self) -> int:
@@ -206,6 +212,20 @@ class PartUploader:
         self.last_error = f"HTTP {status}: {reply[:300].decode(errors='replace')}"
         if status in RETRY_STATUSES:
             return "retry"
+        if status == 409 and b'"superseded_run"' in reply:
+            # two trainings under one job name: the newer one has it; ours goes unmonitored
+            # (said once) rather than be stored as the other's
+            log.warning("stragglers upload to %s: a newer run of job %r replaced this one; "
+                        "its parts are no longer sent (give each run its own monitor_job): %s",
+                        self.url, self.job, self.last_error)
+            with self._cv:
+                self.superseded = True
+                self.dropped += len(self._buf)
+                self._buf.clear()
+                self._buf_bytes = 0
+                self._meta = None
+                self._cv.notify_all()
+            return "drop"
         # The monitor refuses this request for good (bad token, bad part): retrying cannot help.
         log.warning("stragglers upload of %s to %s refused: %s", what, self.url, self.last_error)
         return "drop"
