@@ -50,7 +50,8 @@ def test_a_checkpoint_of_plain_state_round_trips(tmp_path):
     assert plain["shards"] == {"dataset": {"name": "d", "num_samples": 3, "shard_size": 3,
                                            "seed": 0, "num_epochs": 1, "lease_s": 30.0,
                                            "max_retries": 3},
-                               "epochs_created": 1, "shards": [[0, 0, "DONE", 3, 0, 1, None]]}
+                               "epochs_created": 1, "shards": [[0, 0, "DONE", 3, 0, 1, None]],
+                               "folded_epochs": 0}
     torch.save(plain, tmp_path / "c.pt")
     fsync_directory(tmp_path)
     back = read_checkpoint(tmp_path / "c.pt")

@@ -317,7 +317,7 @@ def dump(db) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("method,path,status", [
     ("GET", "/nope", 404), ("GET", "/datasets/d/status/", 404), ("POST", "/health", 405),
-    ("GET", "/datasets/d/lease", 405), ("DELETE", "/datasets/d", 404),
+    ("GET", "/datasets/d/lease", 405), ("DELETE", "/datasets/d", 401),
     ("PUT", "/datasets/d/restore", 405), ("GET", "/datasets/zz/snapshot", 404),
     ("GET", "/jobs/zz/control/state", 404),
 ])

@@ -12,6 +12,7 @@ from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.errors import Forbidden, QuotaExceeded
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig, token_digest
 from stragglers.adapt.shards import ShardStore
+from stragglers.errors import InputError
 
 OWNER, OTHER = "owner-token-0123456789", "other-token-0123456789"
 
@@ -77,3 +78,75 @@ def test_an_owner_deletes_a_data_set_over_http_and_strangers_cannot(tmp_path):
                           headers=owner).status_code == 200
     finally:
         server.stop()
+
+
+def train(store: ShardStore, name: str, epochs: int) -> None:
+    """Lease and ack every shard of `epochs` epochs, and one shard of the next."""
+    f = store.join(name, "w").fence
+    while True:
+        for lease in store.lease(name, "w", f, count=4).leases:
+            if lease.epoch >= epochs:
+                return
+            store.ack(name, "w", f, lease.epoch, lease.shard, lease.size)
+
+
+def test_a_snapshot_folds_the_epochs_done_and_is_restored_whole(tmp_path):
+    # (fails before: the snapshot listed every row of every epoch done, so a long training's
+    # own snapshot grew ~30 bytes a shard an epoch past max_restore_bytes: 413 on resuming)
+    store = ShardStore(tmp_path / "s.db")
+    try:
+        store.create_dataset(DatasetConfig("d", 64, 1, num_epochs=10))
+        train(store, "d", 3)   # epochs 0-2 done, epoch 3 begun (a shard held)
+        before = store.snapshot("d")
+        assert before["folded_epochs"] == 3 and before["epochs_created"] >= 4
+        assert len(before["shards"]) == (before["epochs_created"] - 3) * 64
+        status = store.status("d").epochs
+        assert store.restore(dict(before)).restored == before["epochs_created"] * 64
+        after = store.status("d").epochs
+        assert {e: after[e] for e in ("0", "1", "2")} == {e: status[e] for e in ("0", "1", "2")}
+        again = store.snapshot("d")   # (the held shard is TODO again, first in the queue)
+        assert again["folded_epochs"] == 3 and len(again["shards"]) == len(before["shards"])
+        # a FAILED shard of a folded epoch is listed, and restored FAILED
+        failed = [0, 5, "FAILED", 0, 4, 7, "x"]
+        store.restore({**before, "shards": [failed, *before["shards"]]})
+        assert store.status("d").epochs["0"]["FAILED"] == 1
+        assert store.status("d").epochs["0"]["DONE"] == 63
+    finally:
+        store.close()
+
+
+def test_older_snapshots_listing_every_row_are_still_restored(tmp_path):
+    store = ShardStore(tmp_path / "s.db")
+    try:
+        store.create_dataset(DatasetConfig("d", 8, 1, num_epochs=4))
+        train(store, "d", 2)
+        folded = store.snapshot("d")
+        rows = [[e, s, "DONE", 1, 0, 0, None] for e in range(2) for s in range(8)]
+        full = {k: v for k, v in folded.items() if k != "folded_epochs"}
+        full["shards"] = rows + folded["shards"]
+        assert store.restore(full).restored == folded["epochs_created"] * 8
+        assert store.snapshot("d")["folded_epochs"] == 2
+        bad = {**folded, "shards": folded["shards"][1:]}   # a shard of a live epoch missing
+        try:
+            store.restore(bad)
+            raise AssertionError("a snapshot missing a live epoch's shard was restored")
+        except InputError as exc:
+            assert "shards" in str(exc)
+    finally:
+        store.close()
+
+
+def test_a_few_bytes_of_folded_epochs_cannot_ask_for_billions_of_rows(tmp_path):
+    store = ShardStore(tmp_path / "s.db")
+    try:
+        store.create_dataset(DatasetConfig("d", 65_536, 1, num_epochs=None))
+        snap = store.snapshot("d")
+        last = [[(1 << 20) - 1, *r[1:]] for r in snap["shards"]]   # the last epoch, listed
+        big = {**snap, "epochs_created": 1 << 20, "folded_epochs": (1 << 20) - 1, "shards": last}
+        try:
+            store.restore(big)
+            raise AssertionError("a restore of 2^36 rows was taken")
+        except InputError as exc:
+            assert exc.field == "epochs_created"
+    finally:
+        store.close()

@@ -521,8 +521,6 @@ def test_the_recorders_uploads_go_on_after_a_reply_trickled_for_ever(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 7: a snapshot lists every shard row of every epoch "
-                   "done: a long training's own snapshot passes max_restore_bytes and is 413")
 def test_a_long_trainings_own_snapshot_can_be_restored(tmp_path):
     """A data set of 64 shards an epoch trained for three epochs. Its snapshot (what a
     checkpoint keeps) holds every shard row of every epoch, ~30 bytes each: 65,536 shards an

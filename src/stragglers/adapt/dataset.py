@@ -107,6 +107,7 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
 
 SNAPSHOT_FIELDS = ("epoch", "shard", "state", "consumed", "retries", "queue_pos", "error")
 MAX_QUEUE_POS = 1 << 62
+MAX_RESTORED_ROWS = 1 << 22   # as many as a restore body may list (requests.Snapshot)
 
 
 def validate_snapshot(snap: object, source: str = "snapshot") -> tuple[DatasetConfig, int, list[tuple]]:
@@ -115,10 +116,11 @@ def validate_snapshot(snap: object, source: str = "snapshot") -> tuple[DatasetCo
     Checked in full before anything is changed: every shard of every created epoch exactly
     once, offsets inside their shard, DONE shards complete, known states, bounded numbers.
     """
-    if not isinstance(snap, dict) or set(snap) != {"dataset", "epochs_created", "shards"}:
-        keys = sorted(snap) if isinstance(snap, dict) else type(snap).__name__
+    keys = {"dataset", "epochs_created", "shards"}
+    if not isinstance(snap, dict) or not keys <= set(snap) <= keys | {"folded_epochs"}:
+        got = sorted(snap) if isinstance(snap, dict) else type(snap).__name__
         raise InputError(source, None, "expected an object with keys dataset, epochs_created,"
-                         f" shards; got {keys}")
+                         f" shards (and folded_epochs); got {got}")
     raw = snap["dataset"]
     fields = ("name", "num_samples", "shard_size", "seed", "num_epochs", "lease_s", "max_retries")
     if not isinstance(raw, dict) or set(raw) != set(fields):
@@ -127,11 +129,17 @@ def validate_snapshot(snap: object, source: str = "snapshot") -> tuple[DatasetCo
     cfg.validate(source)
     limit = cfg.num_epochs if cfg.num_epochs is not None else MAX_EPOCHS
     epochs = _int(source, "epochs_created", snap["epochs_created"], 1, limit)
+    # epochs below folded_epochs list only their shards not DONE (the others are DONE)
+    folded = _int(source, "folded_epochs", snap.get("folded_epochs", 0), 0, epochs)
     rows = snap["shards"]
     n = cfg.num_shards
-    if not isinstance(rows, list) or len(rows) != epochs * n:
-        raise InputError(source, "shards", f"expected a list of {epochs} x {n} shard rows,"
-                         f" got {len(rows) if isinstance(rows, list) else type(rows).__name__}")
+    if epochs * n > MAX_RESTORED_ROWS:
+        # (a restore writes every row; a few bytes of folded_epochs must not ask for 2^36)
+        raise InputError(source, "epochs_created", f"a restore writes a row per shard of every"
+                         f" created epoch, at most {MAX_RESTORED_ROWS:,}; got {epochs} x {n}")
+    if not isinstance(rows, list):
+        raise InputError(source, "shards", f"expected a list of shard rows, got"
+                         f" {type(rows).__name__}")
     out, seen = [], set()
     for i, row in enumerate(rows):
         where = f"shards[{i}]"
@@ -169,4 +177,13 @@ def validate_snapshot(snap: object, source: str = "snapshot") -> tuple[DatasetCo
             raise InputError(source, f"{where}.error",
                              f"expected null or a string of at most {MAX_ERROR_CHARS} characters")
         out.append((epoch, shard, state, consumed, retries, pos, error))
+    listed = sum(1 for e, _ in seen if e >= folded)
+    if listed != (epochs - folded) * n:
+        raise InputError(source, "shards", f"expected every one of the {n} shards of epochs"
+                         f" {folded}..{epochs - 1}, got {listed} rows of them")
+    for epoch in range(folded):   # the folded epochs' shards not listed: DONE, as they were
+        for shard in range(n):
+            if (epoch, shard) not in seen:
+                size = min((shard + 1) * cfg.shard_size, cfg.num_samples) - shard * cfg.shard_size
+                out.append((epoch, shard, DONE, size, 0, 0, None))
     return cfg, epochs, out

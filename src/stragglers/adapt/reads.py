@@ -51,16 +51,30 @@ def _unwritten(cfg: DatasetConfig, epochs: int, written: int):
     return [[epoch, s, "TODO", 0, 0, base + s, None] for s in range(written, n)]
 
 
+def folded_epochs(conn: sqlite3.Connection, cfg: DatasetConfig, epochs: int, written: int,
+                  key: str) -> int:
+    """The epochs a snapshot folds: those before the first with a shard TODO or DOING."""
+    first = conn.execute("SELECT MIN(epoch) FROM shards WHERE dataset=? AND state IN"
+                         " ('TODO','DOING')", (key,)).fetchone()[0]
+    last = epochs - 1 if written < cfg.num_shards else epochs   # (unwritten rows: TODO)
+    return last if first is None else min(first, last)
+
+
 def snapshot_bytes(conn: sqlite3.Connection, name: str) -> bytes:
     """The snapshot of data set `name` as JSON bytes (checked first: a damaged row quarantines it)."""
     with _read(conn):
         cfg, epochs, written, key = _dataset(conn, name)
         first_bad_shard(conn, cfg, epochs, written, key)
+        # Epochs before the first with a shard to do or held are folded: their DONE rows are
+        # not listed (a restore writes them back DONE). Listing every row of every epoch done
+        # (~30 bytes each) made a long training's own snapshot pass max_restore_bytes.
+        folded = folded_epochs(conn, cfg, epochs, written, key)
         head = json.dumps({"dataset": asdict(cfg), "epochs_created": epochs},
                           separators=(",", ":"))
         parts = [head[:-1].encode(), b',"shards":[']
         cur = conn.execute("SELECT epoch, shard, state, consumed, retries, queue_pos, error"
-                           " FROM shards WHERE dataset=? ORDER BY epoch, shard", (key,))
+                           " FROM shards WHERE dataset=? AND (epoch>=? OR state!='DONE')"
+                           " ORDER BY epoch, shard", (key, folded))
         first = True
         tail = _unwritten(cfg, epochs, written)
         while rows := cur.fetchmany(CHUNK_ROWS) or tail:
@@ -70,7 +84,7 @@ def snapshot_bytes(conn: sqlite3.Connection, name: str) -> bytes:
             text = json.dumps(rows, separators=(",", ":"))[1:-1]
             parts.append(text.encode() if first else b"," + text.encode())
             first = False
-        parts.append(b"]}")
+        parts.append(b'],"folded_epochs":%d}' % folded)
     return b"".join(parts)
 
 

@@ -158,6 +158,7 @@ class Snapshot(msgspec.Struct):
     dataset: DatasetConfig
     epochs_created: int
     shards: list[ShardRow]
+    folded_epochs: int = 0   # epochs below it list only their shards not DONE
 
 
 class DatasetJson(TypedDict):
@@ -178,6 +179,7 @@ class SnapshotJson(TypedDict):
     dataset: DatasetJson
     epochs_created: int
     shards: list[list[int | str | None]]   # ShardRow's values
+    folded_epochs: int   # epochs below it list only their shards not DONE (older ones: none)
 
 
 class Health(msgspec.Struct):

@@ -120,6 +120,8 @@ class Snapshot(Strict):
     # rows: 19 s and 1.6 GB before the 400) cost more than the body's limit bounds
     shards: Annotated[list[ShardRow], Field(max_length=4 * MAX_SHARDS_PER_EPOCH * 16,
                                             fail_fast=True)]
+    # epochs below it list only their shards not DONE (GET .../snapshot folds epochs done)
+    folded_epochs: Annotated[int, Field(ge=0, le=MAX_EPOCHS)] = 0
 
 
 class ControlConfigBody(Strict):

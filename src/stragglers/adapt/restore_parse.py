@@ -34,7 +34,7 @@ def checked_snapshot(raw: bytes, name: str) -> PreparedRestore:
                          f" got '{body.dataset.name}'")
     # validate_snapshot checks the JSON form (what a checkpoint holds): rows as lists
     snap = {"dataset": body.dataset.model_dump(), "epochs_created": body.epochs_created,
-            "shards": [list(r) for r in body.shards]}
+            "shards": [list(r) for r in body.shards], "folded_epochs": body.folded_epochs}
     return prepare_restore(validate_snapshot(snap))
 
 
