@@ -8,6 +8,7 @@ import sqlite3
 import httpx
 import pytest
 
+from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.errors import Forbidden, QuotaExceeded
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig, token_digest
@@ -76,6 +77,10 @@ def test_an_owner_deletes_a_data_set_over_http_and_strangers_cannot(tmp_path):
             assert c.get("/datasets/d/status").status_code == 404
             assert c.post("/datasets", json={**spec, "name": "e"},
                           headers=owner).status_code == 200
+        client = ShardClient(server.url, "e", "w", token=OWNER)   # the client's call
+        assert client.delete_dataset().deleted == "e"
+        assert ShardClient(server.url, "f", "w", token=OWNER).create_dataset(
+            DatasetConfig("f", 4, 4)).created
     finally:
         server.stop()
 

@@ -16,8 +16,8 @@ from stragglers.adapt.controller import Actions, ControlConfig, ControllerView
 from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,
                                      Quarantined, QuotaExceeded)
-from stragglers.adapt.replies import (Acked, Configured, Created, FailedShard, Joined,
-                                      LeaseReply, Released, Requeued, Restored, Snapshot,
+from stragglers.adapt.replies import (Acked, Configured, Created, Deleted, FailedShard,
+                                      Joined, LeaseReply, Released, Requeued, Restored, Snapshot,
                                       Status)
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import check_url
@@ -191,6 +191,11 @@ class ShardClient:
         fence = {} if all_incarnations else {"fence": self._need_fence()}
         body = {"worker": self.worker, "failure": failure, "error": error, **fence}
         return self._typed(Released, "POST", self._ds("release"), body)
+
+    def delete_dataset(self) -> Deleted:
+        """Delete the data set (its owner's token): its places of the service's quotas are
+        given back (NotFound when a retry finds it deleted by the first try)."""
+        return self._typed(Deleted, "DELETE", f"/datasets/{self.dataset}")
 
     def retry_failed(self) -> Requeued:
         """Put the FAILED shards back in the queue."""
