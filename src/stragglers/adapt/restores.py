@@ -106,7 +106,9 @@ class Restores(StoreState):
             for held in (self._keys, self._owners, self._grace_until, self._quarantined):
                 held.pop(name, None)
             self._verified.discard(name)
-            self._grace.discard(name)
+            if name in self._grace:   # (a restart's grace kept if this call is rolled back)
+                self._grace.discard(name)
+                self._undo.append(lambda: self._grace.add(name))
         return Deleted(name, cfg.num_samples)
 
     def _fresh_key(self, c: sqlite3.Connection, name: str) -> str | None:
