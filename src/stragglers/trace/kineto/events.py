@@ -552,10 +552,12 @@ def _kernel_kind(name: str) -> str | None:
     return None
 
 
-# The stdlib reader holds the whole text and then its objects (about ten times the text): it
-# reads what the streaming decoder gave up on only up to this much text. A 4.7 MB .json.gz of
-# blanks unpacked to 1 GiB whole (2.2 GB of memory; 3 GiB of blanks: MemoryError).
-MAX_STDLIB_BYTES = 256 << 20
+# The stdlib reader holds the whole text and then its objects (up to about twelve times the
+# text: a list of floats): it reads what the streaming decoder gave up on (invalid JSON, NaN,
+# unexpected shapes: mostly to name the place) only up to this much text. A 4.7 MB .json.gz of
+# blanks unpacked to 1 GiB whole (2.2 GB of memory); at 256 MiB a 260 KB .json.gz of floats
+# with one NaN still held 2.9 GB before its refusal.
+MAX_STDLIB_BYTES = 32 << 20
 
 
 def open_bytes(path: Path, limit: int = MAX_STDLIB_BYTES) -> bytes:
