@@ -29,3 +29,20 @@ def test_an_error_line_quoting_a_path_writes_no_escape(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert done.returncode == 2, done.stderr
     assert b"\x1b" not in done.stderr and b"\\x1b]0;title" in done.stderr, done.stderr
+
+
+def test_the_advice_table_writes_a_run_names_escapes_as_text(tmp_path):
+    import json
+
+    from stragglers.trace.runformat import write_run
+    from stragglers.trace.synth import generate
+
+    run = write_run(tmp_path / "run", generate(dp=2, pp=1, microbatches=2, steps=4, seed=1))
+    meta = json.loads((run / "meta.json").read_text())
+    meta["name"] = "\x1b[2J\x1b]0;pwned\x07run"
+    (run / "meta.json").write_text(json.dumps(meta))
+    done = subprocess.run([sys.executable, "-m", "stragglers.cli", "advise", str(run)],
+                          capture_output=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert b"\x1b" not in done.stdout and b"\\x1b[2J" in done.stdout, done.stdout[:300]

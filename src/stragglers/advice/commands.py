@@ -55,7 +55,9 @@ def advise_command(
 def print_plan(plan, console: Console) -> None:
     """The plan as a table of numbers, best first; each remedy's cost or reason below it (whole
     words at any width: long prose in a table column is cut or wraps a word per line), then how
-    to switch on the best one."""
+    to switch on the best one. Every text is shown with its control characters as escapes (a
+    run's name from meta.json holding ESC[2J cleared the operator's screen)."""
+    plan = _printable(plan)
     table = Table(title=Text(f"{plan.job}: measured step {1e3 * plan.measured_step_s:.1f} ms "
                   f"(replay {1e3 * plan.baseline_step_s:.1f} ms)"), title_justify="left")
     for col in ("#", "remedy", "applies", "step (ms)", "speedup", "90% interval"):
@@ -77,6 +79,22 @@ def print_plan(plan, console: Console) -> None:
         console.print(f"Switch it on: {best.switch_on}", markup=False, highlight=False)
     for note in plan.notes:
         console.print(f"note: {note}", markup=False, highlight=False)
+
+
+def _printable(plan):
+    """`plan` with `wording.printable` applied to every text it shows."""
+    from dataclasses import replace
+
+    from stragglers.wording import printable
+
+    def text(value: str | None) -> str | None:
+        return None if value is None else printable(value)
+
+    return replace(plan, job=printable(plan.job), notes=[printable(n) for n in plan.notes],
+                   remedies=[replace(r, name=printable(r.name), why_not=text(r.why_not),
+                                     method=printable(r.method), cost=printable(r.cost),
+                                     switch_on=printable(r.switch_on))
+                             for r in plan.remedies])
 
 
 def reasons_grid(plan) -> Table:
