@@ -22,7 +22,7 @@ from stragglers.whatif.causes.base import Rows, fmt_steps
 from stragglers.whatif.config import DEFAULT, STRAGGLING_SLOWDOWN, DiagnosisConfig
 from stragglers.whatif.confidence import gain_is_real, ratio_interval
 from stragglers.whatif.metrics import WhatIf
-from stragglers.whatif.noise import noise_floor
+from stragglers.whatif.noise import noise_floor, within_floor
 from stragglers.whatif._replay import CHUNK_BYTES, replay
 from stragglers.whatif.result import DiagnosisSummary, Finding, Interval, Where
 
@@ -93,7 +93,12 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
             if c.cause in CROSS_RANK:
                 c.evidence = f"among the {partial.traced_text} only: " + c.evidence
                 c.where.scope = "traced ranks"
-    alone = [_before_after(w, cand) for cand in found]
+    # a host stall's delays are host-side work, not waits: they stay in every duration fix's
+    # basis until that stall is fixed too (`_kept_delays`)
+    # (those whose gain alone is real: a stall the gate drops names no host-side work)
+    stalls = [c for c in found if c.delay is not None
+              and _clears(c, *_alone_gain(_before_after(w, c, []), c, cfg), cfg)]
+    alone = [_before_after(w, cand, stalls) for cand in found]
 
     def judged(i: int, others: list[Candidate]) -> tuple[Finding, bool]:
         """Candidate i's finding, and whether it is reported, with `others` fixed first."""
@@ -103,7 +108,7 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
         # A cause can hide behind another (a heavy stage behind a slow worker that every DP
         # rank waits for): it also counts when fixing it buys enough once the others are fixed.
         if not _clears(cand, entry.speedup_if_fixed, entry.low, cfg) and others:
-            t_rest, t_both = _after_others(w, cand, others)
+            t_rest, t_both = _after_others(w, cand, others, stalls)
             after = float(t_rest.mean() / t_both.mean())
             lo, hi = ratio_interval(t_rest, t_both, cfg, cand.strata)
             entry.speedup_after_others = after
@@ -130,7 +135,7 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
         else:
             log.debug("dropped %s: interval %s below min_gain", cand.cause, entry.interval)
     kept.sort(key=lambda ce: -(ce[1].speedup_if_fixed or 1.0))
-    kept = _without_explained(w, kept, cfg)
+    kept = _without_explained(w, kept, cfg, stalls)
     # The floor decides only the verdict without findings; it costs replays on big jobs.
     floor: float | None = None if kept else noise_floor(w, cfg)
     summary = DiagnosisSummary(noise_floor=floor)
@@ -190,6 +195,14 @@ def _partial_verdict(w: WhatIf, partial: Coverage) -> Finding:
                    "job")
 
 
+def _alone_gain(times: tuple, cand: Candidate, cfg: DiagnosisConfig
+                ) -> tuple[float | None, float | None]:
+    """(gain, interval's lower end) of a candidate fixed alone ((before, after, _) times)."""
+    t_now, t_fix, _ = times
+    entry = _finding(cand, t_now, t_fix, 0.0, cfg)
+    return entry.speedup_if_fixed, entry.low
+
+
 def _clears(cand: Candidate, gain: float | None, lo: float | None, cfg: DiagnosisConfig) -> bool:
     """Whether a candidate is reported: the gate shared with advise (confidence.gain_is_real),
     with the candidate's detector saying whether it is established apart from noise."""
@@ -197,7 +210,8 @@ def _clears(cand: Candidate, gain: float | None, lo: float | None, cfg: Diagnosi
 
 
 def _without_explained(w: WhatIf, kept: list[tuple[Candidate, Finding]],
-                       cfg: DiagnosisConfig) -> list[tuple[Candidate, Finding]]:
+                       cfg: DiagnosisConfig, stalls: list[Candidate] | None = None
+                       ) -> list[tuple[Candidate, Finding]]:
     """The kept findings, strongest first, less those the others already explain.
 
     A cause can look like another: a DP rank whose sequences were the longest in two steps
@@ -210,33 +224,48 @@ def _without_explained(w: WhatIf, kept: list[tuple[Candidate, Finding]],
     It is dropped and named in the evidence of the finding whose fix removes most of it.
     Weakest first, so of two causes that explain each other the stronger stays.
     """
+    stalls = stalls or []
     out = list(kept)
     for cand, entry in reversed(kept):
         others = [c for c, _ in out if c is not cand]
         if not others or entry.basis != "alone":
             continue
-        t_rest, t_both = _after_others(w, cand, others)
+        # a duration's slowness is another duration fix's or none: a host stall fixed removes
+        # no work, it moves the critical path, so what the others' fixes leave is held against
+        # the gain with the stalls among them fixed, not alone (balancing sequences that a
+        # stalled rank's late start made pay ×1.06 bought ×1.02 once the stall and a slow link
+        # were fixed, and was dropped as explained: diagnosis_combinations seed 33 job 242)
+        fixed_stalls = [c for c in others if c.delay is not None]
+        gain = entry.speedup_if_fixed or 1.0
+        if cand.delay is None and fixed_stalls:
+            if len(fixed_stalls) == len(others):
+                continue    # no duration fix among them: nothing removes its slowness
+            s_rest, s_both = _after_others(w, cand, fixed_stalls, stalls)
+            gain = float(s_rest.mean() / s_both.mean())
+        t_rest, t_both = _after_others(w, cand, others, stalls)
         after = float(t_rest.mean() / t_both.mean())
         lo, _ = ratio_interval(t_rest, t_both, cfg, cand.strata)
-        if _clears(cand, after, lo, cfg) or after - 1 >= 0.5 * ((entry.speedup_if_fixed or 1.0) - 1):
+        if _clears(cand, after, lo, cfg) or after - 1 >= 0.5 * (gain - 1):
             continue
         out = [(c, e) for c, e in out if c is not cand]
-        by = _explainer(w, cand, out)
+        by = _explainer(w, cand, out, stalls)
         by.evidence += (f"; fixing it also removes an apparent "
                         f"{cand.cause.replace('_', ' ')} ({_place(entry.where)}: "
                         f"×{entry.speedup_if_fixed:.2f} alone, ×{after:.2f} once the "
                         f"other causes are fixed)")
         log.debug("dropped %s: explained by the others", cand.cause)
+
     return out
 
 
-def _explainer(w: WhatIf, cand: Candidate, out: list[tuple[Candidate, Finding]]) -> Finding:
+def _explainer(w: WhatIf, cand: Candidate, out: list[tuple[Candidate, Finding]],
+               stalls: list[Candidate]) -> Finding:
     """The entry, of the findings left, whose fix alone leaves `cand` the least to buy."""
     if len(out) == 1:
         return out[0][1]
     gains = []
     for other, entry in out:
-        t_rest, t_both = _after_others(w, cand, [other])
+        t_rest, t_both = _after_others(w, cand, [other], stalls)
         gains.append(float(t_rest.mean() / t_both.mean()))
     return out[int(np.argmin(gains))][1]
 
@@ -256,14 +285,28 @@ def _place(where: Where) -> str:
     return text
 
 
-def _before_after(w: WhatIf, cand: Candidate):
+def _before_after(w: WhatIf, cand: Candidate, stalls: list[Candidate]):
     """(step times before, after the fix, straggler excess) on the fix's own basis.
 
     A duration fix is replayed without launch delays (the basis of S, docs/whatif.md §5): the measured
     delays also hold waits the dependency model does not explain, which would stay fixed while
-    the work moves. A launch-delay fix (host stall) is replayed with the delays, its basis.
+    the work moves; but with the delays the host stalls among `stalls` name (host-side work
+    that fixing only this leaves in place: `_kept_delays`). A launch-delay fix (host stall) is
+    replayed with the delays, its basis.
     """
     cost, delay = _rows(cand.cost, w.cost), _rows(cand.delay, w.launch_delay)
+    if delay is None and stalls:
+        def before(sl: slice):
+            """The measured costs of the steps sl, with the stalls' delays."""
+            return w.cost[:, :, sl], _kept_delays(w, stalls, sl)
+
+        def after_fix(sl: slice):
+            """The fix's costs of the steps sl, with the stalls' delays."""
+            return (w.cost[:, :, sl] if cost is None else cost.steps(w.cost, sl),
+                    _kept_delays(w, stalls, sl))
+
+        t_now = _by_steps(w, before)
+        return t_now, _by_steps(w, after_fix), float(t_now.mean() - w.t_ideal.mean())
 
     def fixed(sl: slice):
         """The fix's costs (and delays) of the steps sl."""
@@ -276,7 +319,22 @@ def _before_after(w: WhatIf, cand: Candidate):
     return w.t_replay, after, float(w.t_replay.mean() - w.t_ideal.mean())
 
 
-def _after_others(w: WhatIf, cand: Candidate, others: list[Candidate]):
+def _kept_delays(w: WhatIf, stalls: list[Candidate], sl: slice) -> np.ndarray | None:
+    """The launch delays of the steps sl that the host stalls `stalls` (not fixed) name as
+    host-side work (what their fixes remove), zero elsewhere; None where there are none.
+
+    The basis of a duration fix drops the measured delays, and with them a host stall that
+    fixing only the duration leaves in place: a slow link hidden behind a rank's stall was
+    priced ×1.13 (its true gain ×1.00), balancing sequences ×1.02 (true ×1.07, dropped;
+    diagnosis_combinations seed 33 job 242).
+    """
+    if not stalls:
+        return None
+    return w.launch_delay[:, :, sl] - _fixed_delays(w, stalls, sl)
+
+
+def _after_others(w: WhatIf, cand: Candidate, others: list[Candidate],
+                  stalls: list[Candidate]):
     """Step times with the other candidates fixed, then with this one fixed too (its basis).
 
     The others are fixed as far as their slowness goes (`Candidate.cleared`): a slow group's
@@ -284,13 +342,15 @@ def _after_others(w: WhatIf, cand: Candidate, others: list[Candidate]):
     stage, hidden behind that, bought ×1.004 after it and was not named (the rank ×1.24, the
     group ×2.04; diagnosis_slow_group_stages seed 2 job 38)."""
     held = [replace(c, cost=c.cleared) if c.cleared is not None else c for c in others]
+    left = [s for s in stalls if not any(s is c for c in others)]   # stalls not fixed
 
     def fixed(cands: list[Candidate]) -> Callable[[slice], tuple]:
         """The costs of the steps sl with `cands` fixed (and their delays: a delay fix)."""
         # a launch-delay fix on its own basis (with delays), but over the others' fixed costs
         # too: a stall that other ranks' GC pauses cover in most steps shows once GC is fixed
         return lambda sl: (_fixed_costs(w, cands, sl),
-                           None if cand.delay is None else _fixed_delays(w, cands, sl))
+                           _kept_delays(w, left, sl) if cand.delay is None
+                           else _fixed_delays(w, cands, sl))
 
     return _by_steps(w, fixed(held)), _by_steps(w, fixed(held + [cand]))
 
@@ -369,7 +429,7 @@ def _verdict(w: WhatIf, cfg: DiagnosisConfig, floor: float) -> Finding:
         return Finding("none", evidence=f"S = {s:.3f} < {cfg.straggling_slowdown}: the job is "
                        f"not straggling (waste {100 * (1 - 1 / s):.1f}%) and no cause buys "
                        f"×{cfg.min_gain} or more")
-    if s <= floor + cfg.noise_margin:
+    if within_floor(w, cfg):
         return Finding("none", evidence=f"S = {s:.3f} is what op-to-op jitter of the measured "
                        f"size alone gives on this job (noise floor S = {floor:.3f}, with "
                        f"{len(w.grid.dp_ranks)} DP ranks × {w.grid.pp_size} stages): no cause "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from stragglers.whatif.config import DiagnosisConfig
+from stragglers.whatif.confidence import ratio_interval
 from stragglers.whatif.grid import GC
 from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif._replay import replay
@@ -46,6 +47,20 @@ def _median_over_steps(values: np.ndarray, use: np.ndarray) -> np.ndarray:
     hi = np.take_along_axis(ordered, np.minimum(count // 2, values.shape[2] - 1), axis=2)
     with np.errstate(invalid="ignore"):
         return np.where(count > 0, (lo + hi) / 2, np.nan)
+
+
+def within_floor(w: WhatIf, cfg: DiagnosisConfig) -> bool:
+    """Whether S is what the job's jitter alone gives: the lower end of S's interval over
+    steps (the gain test's, `confidence`) at most the noise floor + `noise_margin`.
+
+    S is a mean over the steps: from five or six steps of a noisy job it lies a few percent
+    from the floor either way (noise-only dp 2-4 jobs of 5-6 steps read S 1.10-1.11 over
+    floors 1.07-1.08, `unexplained`); a slowdown that no cause explains stands above the
+    floor in its interval, as a finding's gain must.
+    """
+    s = w.slowdown
+    lo = min(s, ratio_interval(w.t_nodelay, w.t_ideal, cfg)[0]) if len(w.t_nodelay) > 1 else s
+    return lo <= noise_floor(w, cfg) + cfg.noise_margin
 
 
 def noise_floor(w: WhatIf, cfg: DiagnosisConfig) -> float:

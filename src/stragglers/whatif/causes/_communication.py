@@ -17,7 +17,7 @@ import numpy as np
 from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES as C, OPTYPES, P2P_OPTYPES
 from stragglers.whatif.causes.base import Candidate, Context, Rows, fmt_steps, per_worker_sum
 from stragglers.whatif.causes.contention import as_contention
-from stragglers.whatif.noise import noise_floor
+from stragglers.whatif.noise import within_floor
 
 _COMPUTE = {C[o] for o in COMPUTE_OPTYPES}
 
@@ -111,9 +111,9 @@ def _standing(ctx: Context, ids: np.ndarray, present: np.ndarray, late: np.ndarr
 
 
 def _within_noise(w, cfg) -> bool:
-    """Whether the job's S is what its jitter alone gives: at most the noise floor +
-    `noise_margin`, as the verdict without findings judges it."""
-    return w.slowdown <= noise_floor(w, cfg) + cfg.noise_margin
+    """Whether the job's S is what its jitter alone gives, as the verdict without findings
+    judges it (`noise.within_floor`)."""
+    return within_floor(w, cfg)
 
 
 def _waits_shared(ctx: Context, ids: np.ndarray, per: np.ndarray, hot: list[tuple[int, int]],
