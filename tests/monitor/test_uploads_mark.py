@@ -13,6 +13,7 @@ import pytest
 from conftest import eventually
 from monitor_jobs import get, parts_of, slow_job
 from stragglers.errors import InputError
+from stragglers.monitor.part_names import part_path
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.uploads_mark import MARK_FILE
@@ -147,5 +148,41 @@ def test_a_job_whose_parts_are_in_another_marked_folder_is_set_aside_not_left_ru
                 assert c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}",
                              content=table_bytes(cols)).status_code == 200
             eventually(lambda: get(c, "/api/jobs/j")["windows_total"] == 2, what="2 windows")
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_the_one_unanalysed_part_lost_from_the_right_folder_is_passed_over(tmp_path):
+    # window 0 analysed, rank 0's next part stored, then its file lost: the job was set aside
+    # as "started with another --data-dir" (the folder is the right one, it holds window 0's
+    # parts) and every later upload was 409
+    cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=3600,
+                        gap_wait_s=0.5)
+    trace = slow_job(steps=15)
+    parts = parts_of(trace, 5)   # 3 windows x 4 ranks
+
+    def serve():
+        return MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=cfg,
+                             data_dir=tmp_path / "up").start()
+    s = serve()
+    try:
+        _upload(s, trace, parts[:5])
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            eventually(lambda: get(c, "/api/jobs/j")["windows_total"] == 1, what="window 0")
+    finally:
+        s.stop()
+    rank, n, _ = parts[4]
+    assert (rank, n) == (0, 1)
+    part_path(tmp_path / "up" / "j", rank, n).unlink()
+    s = serve()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert get(c, "/api/jobs")["jobs"][0]["state"] == "running"
+            for rank, n, cols in parts[5:]:
+                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols),
+                          headers=AUTH)
+                assert r.status_code == 200, r.text
+            eventually(lambda: get(c, "/api/jobs/j")["windows_total"] == 3, what="3 windows")
     finally:
         s.stop()

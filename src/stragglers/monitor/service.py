@@ -778,16 +778,19 @@ class Monitor:
         _check_stored_numbers(name, meta, last, index)
         consumed = last.last_step if last else -1
         due = [p for p in index if p.last_step > consumed]
+        # (the due parts first: in the right folder the first one looked at is there)
         if job.way == "http" and due and not any(
-                os.path.lexists(part_path(directory, p.rank, p.part)) for p in due):
+                os.path.lexists(part_path(directory, p.rank, p.part))
+                for p in due + [p for p in index if p.last_step <= consumed]):
             # (a folder marked for this store, not the one its parts went to: the store
             # started by turns with two uploads folders; each part was "vanished", the job
-            # listed as running, and its acknowledged parts never analysed; a part missing
-            # among others is passed over, as before)
+            # listed as running, and its acknowledged parts never analysed. Judged by all
+            # of its stored parts, analysed ones too: the one part not analysed yet, lost
+            # from the right folder, is passed over as any part missing among others)
             raise InputError(f"stored row of job {name!r}", "directory", f"none of its "
-                             f"{len(due)} acknowledged parts not analysed yet is in the "
-                             "uploads folder: started with another --data-dir than they "
-                             "were uploaded to")
+                             f"{len(index)} acknowledged parts ({len(due)} not analysed "
+                             "yet) is in the uploads folder: started with another "
+                             "--data-dir than they were uploaded to")
         tr = JobTracker(name, meta, self.config.window_steps, self.config.gap_wait_s,
                         consumed_step=last.last_step if last else -1,
                         next_idx=last.idx + 1 if last else 0)
