@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS parts (
     way TEXT NOT NULL, ingested_at DOUBLE PRECISION NOT NULL, digest TEXT, seq BIGINT,
     PRIMARY KEY (job, rank, part));
 CREATE INDEX IF NOT EXISTS parts_seq ON parts (job, seq);
+CREATE INDEX IF NOT EXISTS parts_tail ON parts (job, last_step, bytes);
 ALTER TABLE parts ADD COLUMN IF NOT EXISTS step_set TEXT;
 CREATE TABLE IF NOT EXISTS windows (
     job TEXT NOT NULL, idx BIGINT NOT NULL, first_step BIGINT NOT NULL,

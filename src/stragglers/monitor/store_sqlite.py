@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS alert_log (
     job TEXT NOT NULL, rule TEXT NOT NULL, status TEXT NOT NULL, severity TEXT NOT NULL,
     summary TEXT NOT NULL, description TEXT NOT NULL, window INTEGER);
 CREATE INDEX IF NOT EXISTS alert_log_job ON alert_log (job, id);
+CREATE INDEX IF NOT EXISTS parts_tail ON parts (job, last_step, bytes);
 CREATE TABLE IF NOT EXISTS upload_drops (
     job TEXT NOT NULL, rank INTEGER NOT NULL, dropped INTEGER NOT NULL,
     PRIMARY KEY (job, rank)) WITHOUT ROWID;
