@@ -322,9 +322,15 @@ def test_monitor_window_closed_on_a_full_disk_is_stored_once_space_returns(small
     run = tmp_path / "runs" / "run"
     run.mkdir(parents=True)
     start_run(run, trace)
-    write_parts(run, parts_of(trace, 4))          # steps 0..4 a window, 5..7 open until a stall
+    parts = parts_of(trace, 5)   # part 0: steps 0..4 (a window), part 1: 5..7 (open)
+    window_0 = [p for p in parts if p[1] == 0]
+    open_steps = [p for p in parts if p[1] == 1]
+    write_parts(run, window_0)
     cfg = tmp_path / "monitor.yaml"
-    cfg.write_text("settings: {window_steps: 5, stall_after_s: 4, tick_s: 0.1, "
+    # (steps 5..7 are written once window 0 is stored, and close only at the stall, long
+    # after: it comes once the disk is full however slow the machine; with 4 s and every part
+    # written at once, a slow machine stalled with window 0 and never saw the disk fill)
+    cfg.write_text("settings: {window_steps: 5, stall_after_s: 20, tick_s: 0.1, "
                    "max_upload_bytes_held: 1048576}\n")
     proc = subprocess.Popen([sys.executable, "-m", "stragglers.monitor", "serve", "--db",
                              str(small_disk / "mon.db"), "--port", "0", "--config", str(cfg),
@@ -338,11 +344,14 @@ def test_monitor_window_closed_on_a_full_disk_is_stored_once_space_returns(small
         return httpx.get(f"{url}/api/jobs/run", timeout=30).json()
     try:
         assert up(proc, url), "the monitor did not start"
-        eventually(lambda: job().get("windows_total") == 1 and job()["pending_rows"] > 0,
-                   timeout=60, what="window 0 stored, steps 5..7 held")
+        eventually(lambda: job().get("windows_total") == 1, timeout=60, what="window 0 stored")
+        write_parts(run, open_steps)
+        eventually(lambda: job()["pending_rows"] > 0 or job()["windows_total"] > 1,
+                   timeout=60, what="steps 5..7 held")
         fill(small_disk)
-        if job()["state"] != "running":
-            pytest.skip("the job stalled before the disk was full (a very slow machine)")
+        now = job()
+        if now["state"] != "running" or now["windows_total"] != 1:
+            pytest.skip("the job stalled before the disk was full (20 s to see one part)")
         eventually(lambda: job()["state"] == "stalled", timeout=60, what="the stall")
         (small_disk / "filler").unlink()                # space returns
         try:   # (a liveness bound: a retry takes a tick, 0.1 s; the defect: never)
