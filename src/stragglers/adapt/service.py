@@ -1091,6 +1091,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         commit.close()
         folder.close()
         controlling.close()
+        paced.close()
         for pool in shuffles.values():
             pool.shutdown(wait=True, cancel_futures=True)
 
