@@ -16,10 +16,11 @@ import pytest
 from conftest import fill
 from stragglers.adapt import space
 from stragglers.adapt.client import ShardClient
-from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.dataset import DatasetConfig, validate_snapshot
+from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.replies import Snapshot, to_builtins
-from stragglers.adapt.restores import RESTORE_CHUNK
-from stragglers.adapt.service import EmbeddedServer
+from stragglers.adapt.restores import RESTORE_CHUNK, prepare_restore
+from stragglers.adapt.service import EmbeddedServer, GroupCommitter
 from stragglers.adapt.shards import ShardStore
 
 OWNER = "owner-token-0123456789"
@@ -157,3 +158,42 @@ def test_a_restore_cut_by_a_full_disk_gives_its_reserve_back_off_the_loop_and_it
         assert owner.snapshot() == before
     finally:
         srv.stop()
+
+
+def test_a_reserve_made_while_its_restore_was_cancelled_is_given_back(tmp_path, monkeypatch):
+    # (its client gone, or the service stopping, while the reserve's thread allocates: the
+    # reserve it makes has no restore left to give it back; was the loop's, and never cut)
+    entered, gate = threading.Event(), threading.Event()
+    allocate = space._allocate
+
+    def gated(fd: int, nbytes: int) -> None:
+        entered.set()
+        gate.wait(600)   # (released by the test; a guard against a hang)
+        allocate(fd, nbytes)
+
+    store = ShardStore(tmp_path / "s.db")
+    commit = GroupCommitter(store)
+    paced = PacedWriter(commit, store)
+    try:
+        store.create_dataset(DatasetConfig("d", 100, 1))
+        prepared = prepare_restore(validate_snapshot(store.snapshot("d")))
+        monkeypatch.setattr(space, "_allocate", gated)
+
+        async def cut() -> None:
+            task = asyncio.create_task(paced.restore(prepared, None, True, None))
+            while not entered.is_set():   # (the reserve's thread sets it)
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cut())
+        gate.set()
+        paced.close()   # (waits for the reserve's thread: the allocation and its release)
+        assert not [p for p in tmp_path.iterdir() if "-reserve-" in p.name]
+        assert _staged(tmp_path / "s.db") == 0
+    finally:
+        gate.set()
+        paced.close()
+        commit.close()
+        store.close()
