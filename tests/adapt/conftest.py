@@ -28,7 +28,8 @@ globals().update({k: v for k, v in vars(_root).items()
 _SHARED_PREFIXES = ("asyncio_", "ThreadPoolExecutor-", "QueueFeederThread", "Thread-")
 # a service's pools start their threads at their first task: one may belong to a service of a
 # module-scoped fixture, still serving (checked when the module ends)
-_LAZY_PREFIXES = ("shard-reads", "shard-shuffles", "shard-control", "shard-restores")
+_LAZY_PREFIXES = ("shard-reads", "shard-shuffles", "shard-control", "shard-restores",
+                  "shard-restore-space")
 
 
 def _left_running(before: set, ignore: tuple[str, ...]) -> list[str]:
