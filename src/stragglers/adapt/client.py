@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,6 +20,7 @@ from stragglers.adapt.replies import (Acked, Configured, Created, Deleted, Faile
                                       Status)
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import check_url
+from stragglers.wording import printable
 
 _CONFLICTS: dict[str, type[StragglersError]] = {"Fenced": Fenced, "LeaseLost": LeaseLost}
 R = TypeVar("R", bound=msgspec.Struct)
@@ -31,8 +31,6 @@ R = TypeVar("R", bound=msgspec.Struct)
 RESTORE_TIMEOUT_S = 600.0
 # a reply slower than this over a read timeout is cut (each read's own bound is httpx's)
 REPLY_MIN_BYTES_PER_S = 1024
-# characters a terminal takes for commands (C0 but tab and newline, DEL, C1)
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 class ServiceUnavailable(EnvironmentFailure):
@@ -256,8 +254,7 @@ def _message(resp: httpx.Response) -> str:
     """The error a reply gives, its control characters escaped: shown in the operator's
     terminal, a service (or whatever answers at the URL) wrote escapes there (clear the
     screen, set the title)."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}",
-                        _error_body(resp).error or resp.text[:500])
+    return printable(_error_body(resp).error or resp.text[:500])
 
 
 def _kind(resp: httpx.Response) -> str:
