@@ -560,7 +560,19 @@ def _kernel_kind(name: str) -> str | None:
 MAX_STDLIB_BYTES = 32 << 20
 
 
-def open_bytes(path: Path, limit: int = MAX_STDLIB_BYTES) -> bytes:
+def _read_upto(fh, size: int) -> bytearray:
+    """At most `size` bytes of `fh`, a MiB at a time into one buffer (one read of `size`
+    gathers its pieces and joins them: twice the text at its peak)."""
+    raw = bytearray()
+    while len(raw) < size:
+        chunk = fh.read(min(1 << 20, size - len(raw)))
+        if not chunk:
+            break
+        raw += chunk
+    return raw
+
+
+def open_bytes(path: Path, limit: int = MAX_STDLIB_BYTES) -> bytearray:
     """The (decompressed) bytes of a .json or .json.gz file (gzip is told by its magic bytes),
     at most `limit` of them: more is an InputError naming the file."""
     too_big = (f"holds more than {limit >> 20} MiB of JSON that the streaming reader could not "
@@ -570,11 +582,11 @@ def open_bytes(path: Path, limit: int = MAX_STDLIB_BYTES) -> bytes:
             head = fh.read(2)
             fh.seek(0)
             if head != b"\x1f\x8b":
-                raw = fh.read(limit + 1)
+                raw = _read_upto(fh, limit + 1)
             else:
                 try:
                     with gzip.GzipFile(fileobj=fh) as unpacked:
-                        raw = unpacked.read(limit + 1)   # (never the whole of a bomb)
+                        raw = _read_upto(unpacked, limit + 1)   # (never the whole of a bomb)
                 except (EOFError, OSError, zlib.error) as exc:
                     raise InputError(path, None, f"not a readable gzip file (truncated or "
                                      f"corrupt: {exc})") from None
@@ -594,7 +606,7 @@ def open_text(path: Path) -> str:
     return _text(path, open_bytes(path))
 
 
-def _text(path: Path, raw: bytes) -> str:
+def _text(path: Path, raw: bytes | bytearray) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

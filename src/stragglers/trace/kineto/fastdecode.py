@@ -138,7 +138,10 @@ def _decode_stream(stream, collector) -> TopLevel | None:
             if taken is None:
                 return None
             count += _file_events(taken[1], collector)
-            suffix = bytes(buf[taken[0] + 1:])
+            # the document without its events, in place: a copy of a long tail (up to
+            # MAX_PENDING_BYTES) would double what is held
+            del buf[:taken[0] + 1]
+            buf[:0] = prefix + b"[]"
             break
         if taken is not None:
             count += _file_events(taken[1], collector)
@@ -150,8 +153,8 @@ def _decode_stream(stream, collector) -> TopLevel | None:
         chunk = stream.read(CHUNK_BYTES)
         eof = not chunk
         buf += chunk
+    doc = _DOC.decode(buf)
     del buf
-    doc = _DOC.decode(prefix + b"[]" + suffix)
     if doc.traceEvents != []:
         return None  # the key found was not the document's own events array
     collector.out.events += count
