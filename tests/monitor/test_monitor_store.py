@@ -239,6 +239,23 @@ def test_a_new_run_is_reset_once_when_two_instances_see_it(stores):
     assert b.job_marks(["j"])["j"].run == 1
 
 
+def test_the_runs_a_reset_replaced_are_in_the_job_row_for_every_instance(stores):
+    # (an instance's memory of them was lost at a restart and never seen by the others: the
+    # replaced run announcing itself again reset the newer run's parts away)
+    from stragglers.monitor.jobmeta import run_token
+    from stragglers.monitor.store_base import MAX_SUPERSEDED, superseded_tokens
+
+    a, b = stores(), stores()
+    a.register_job("j", "/runs/j", "http", {"extra": {"run": "r0"}})
+    for n in range(1, MAX_SUPERSEDED + 3):
+        assert a.reset_job("j", {"extra": {"run": f"r{n}"}}, [], [], token_of=run_token)
+    seen = superseded_tokens(b.job("j").superseded)
+    # r0 to r17 were replaced: the last 16, in order
+    assert seen == [f"r{n}" for n in range(2, MAX_SUPERSEDED + 2)]
+    assert b.reset_job("j", {"extra": {"run": "r0"}}, [], [], token_of=None)
+    assert superseded_tokens(a.job("j").superseded) == seen   # no token: nothing added
+
+
 @pytest.mark.slow
 def test_a_change_on_one_postgres_instance_reaches_the_others_listeners(postgres_url):
     # (one SQLite file has one instance: its listeners hear its own writes)

@@ -144,3 +144,41 @@ def test_a_run_replaced_under_its_job_name_stops_uploading_and_the_new_run_keeps
         new.close(timeout=5)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same-monitor", "after-a-restart"])
+def test_a_replaced_run_announcing_itself_again_is_refused_and_the_new_runs_parts_stay(
+        tmp_path, restart):
+    # the replaced run's tokens were an instance's memory: after a restart (or at another
+    # instance of a shared store) the old run's next meta.json (its end clock, a re-announce
+    # after a 404) read as a newer run and reset the job, the new run's parts deleted
+    a, b = slow_job(steps=10, seed=1), slow_job(steps=10, seed=2)
+    metas = {}
+    for name, trace, start in (("run-a", a, 1.0), ("run-b", b, 2.0)):
+        metas[name] = trace.meta.to_dict()
+        metas[name]["extra"].update(run=name, clock={"start": [start] * trace.meta.world_size})
+    auth = {"Authorization": "Bearer tok"}
+    part_b = blob(next(c for r, _, c in parts_of(b, 5) if r == 0))
+    server = MonitorServer(tmp_path / "m.db", port=0, token="tok", config=CFG,
+                           data_dir=tmp_path / "uploads").start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30, headers=auth) as c:
+            assert c.put("/api/jobs/train/meta", json=metas["run-a"]).status_code == 200
+            assert c.put("/api/jobs/train/meta", json=metas["run-b"]).status_code == 200
+            done = c.put("/api/jobs/train/ranks/0/parts/0", content=part_b,
+                         headers={"X-Stragglers-Run": "run-b"})
+            assert done.status_code == 200, done.text
+        if restart:
+            server.stop()
+            server = MonitorServer(tmp_path / "m.db", port=0, token="tok", config=CFG,
+                                   data_dir=tmp_path / "uploads").start()
+        with httpx.Client(base_url=server.url, timeout=30, headers=auth) as c:
+            again = c.put("/api/jobs/train/meta", json=metas["run-a"])
+            assert again.status_code == 409 and again.json()["kind"] == "superseded_run", \
+                again.text
+            stats = eventually(lambda: get(c, "/api/stats"), what="stats")
+            assert stats["by_job"]["train"]["parts"] == 1   # run b's part is still stored
+            # run b itself goes on: its metadata again is its own run's
+            assert c.put("/api/jobs/train/meta", json=metas["run-b"]).status_code == 200
+    finally:
+        server.stop()

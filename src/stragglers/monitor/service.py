@@ -51,7 +51,7 @@ from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.watchdog import Watchdog
 from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, read_steps
 from stragglers.monitor.store import JobConflict, SQLStore
-from stragglers.monitor.store_base import STALE
+from stragglers.monitor.store_base import STALE, superseded_tokens
 from stragglers.monitor.unstored import HeldState, WriteTrouble
 from stragglers.monitor.uploads_mark import InstanceProbe, check_uploads_folder
 from stragglers.monitor.windows import JobTracker, Window, layout_of
@@ -215,7 +215,6 @@ class Monitor:
         # replaced run's queued windows were analysed after the reset, from files gone, and
         # stored in the new run's places); the job whose window is being analysed now
         self._run_count: dict[str, int] = {}
-        self._superseded: dict[str, deque[str]] = {}   # job -> run tokens replaced
         self._analysing: str | None = None
         self._tick_wake = threading.Event()   # a deadline deferred over parts in flight
         self._noticing: dict[object, tuple[float, float]] = {}   # watchers' batches (noticing)
@@ -437,7 +436,8 @@ class Monitor:
             resized = False
             same = self._same_job(old, directory, way)
             token = run_token(raw_meta)
-            if same and token is not None and token in self._superseded.get(job, ()):
+            if same and old is not None and token is not None and \
+                    token in superseded_tokens(old.superseded):
                 raise Superseded(job, "job", f"run {token} of job {job!r} was replaced by a "
                                  "newer run of the same job name; give each run its own job "
                                  "name (monitor_job)")
@@ -452,11 +452,8 @@ class Monitor:
                                       "(try again)")
                     # its windows still queued are dropped when their turn comes
                     self._run_count[job] = self._run_count.get(job, 0) + 1
-                    # the replaced run's uploads, which may go on (two trainings under one
-                    # job name), are refused from now on (a few runs back: memory, not store)
-                    replaced = run_token(old.meta)
-                    if replaced is not None:
-                        self._superseded.setdefault(job, deque(maxlen=16)).append(replaced)
+                # the replaced run's announcements, which may go on (two trainings under one
+                # job name), are refused from now on: its token is kept in the job's row
                 self._reset(job, raw_meta)
             elif same and old is not None:
                 resized = self._check_same_sizes(job, old.meta, meta)
@@ -605,7 +602,8 @@ class Monitor:
         alert_rows, log_rows, _ = self.alerts.on_reset(job)
         # once: two instances that see the new run both come here, the first resets it
         if not self.store.reset_job(job, raw_meta, alert_rows, log_rows,
-                                    still_old=lambda stored: is_new_run(stored, raw_meta)):
+                                    still_old=lambda stored: is_new_run(stored, raw_meta),
+                                    token_of=run_token):
             return
         self.trackers.pop(job, None)
         self._job_bytes.pop(job, None)   # the old run's parts are gone

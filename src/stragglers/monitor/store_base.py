@@ -36,6 +36,7 @@ ALERT_COLUMNS = ("fingerprint", "rule", "job", "labels", "annotations", "status"
 
 
 PROBE_KEY = "probe:"   # store_info key of an instance's uploads-folder probe (+ its id)
+MAX_SUPERSEDED = 16   # run tokens a job's row keeps of the runs that newer ones replaced
 KEEP_S = 86400.0   # dead instances' rows and delivered messages are kept this long
 # bytes of a job's parts past a step: served by the index parts_tail (job, last_step, bytes), so
 # it visits the tail's rows alone (read after every stored window, it scanned every part row of
@@ -50,6 +51,7 @@ class _JobDir(msgspec.Struct):
     directory: str
     meta: str | None
     way: str = ""
+    superseded: str | None = None
 
 
 class _Count(msgspec.Struct):
@@ -382,24 +384,34 @@ class SQLStore:
 
     def reset_job(self, job: str, meta: dict[str, Any], alert_rows: list[Alert],
                   log_rows: list[AlertLogEntry],
-                  still_old: Callable[[Any], bool] | None = None) -> bool:
+                  still_old: Callable[[Any], bool] | None = None,
+                  token_of: Callable[[Any], str | None] | None = None) -> bool:
         """A new run of a job: its parts, windows and upload drop counts go, its metadata is
         replaced, and its alerts resolve (alert_rows, log_rows), in one transaction. With
         `still_old(stored_meta)`, only while it holds (two instances seeing one new run reset
-        it once); False when it did not."""
+        it once); False when it did not. With `token_of(stored_meta)`, the replaced run's
+        token joins the job's superseded ones (the last MAX_SUPERSEDED)."""
         meta_text = json.dumps(meta, sort_keys=True)
 
         def tx(db: Any) -> bool:
-            row = self._one(db, _JobDir, "SELECT directory, meta FROM jobs WHERE job = ?"
-                            + self.FOR_UPDATE, (job,))
-            if still_old is not None and (row is None or not still_old(_loads(row.meta, None))):
+            row = self._one(db, _JobDir, "SELECT directory, meta, superseded FROM jobs WHERE "
+                            "job = ?" + self.FOR_UPDATE, (job,))
+            stored = None if row is None else _loads(row.meta, None)
+            if still_old is not None and (row is None or not still_old(stored)):
                 return False
             for table in ("parts", "windows", "upload_drops"):
                 self._exec(db, f"DELETE FROM {table} WHERE job = ?", (job,))
+            # in the job's row, not an instance's memory: a replaced run announcing itself
+            # again after a restart, or to another instance, reset the newer run's windows away
+            replaced = superseded_tokens(None if row is None else row.superseded)
+            token = None if token_of is None else token_of(stored)
+            if token is not None and token not in replaced:
+                replaced = (replaced + [token])[-MAX_SUPERSEDED:]
             self._exec(db, "UPDATE jobs SET meta = ?, state = 'running', last_part_at = NULL, "
                        "finished_at = NULL, closed = 0, created_at = ?, run = run + 1, "
-                       "meta_seq = meta_seq + 1 "
-                       "WHERE job = ?", (meta_text, time.time(), job))
+                       "meta_seq = meta_seq + 1, superseded = ? "
+                       "WHERE job = ?", (meta_text, time.time(),
+                                         json.dumps(replaced) if replaced else None, job))
             self._alert_changes(db, alert_rows, log_rows)
             return True
 
@@ -1169,6 +1181,13 @@ def _unreadable_job(row: dict[str, Any]) -> JobSummary:
                       last_part_at=number(row.get("last_part_at")),
                       finished_at=number(row.get("finished_at")), window=None, slowdown=None,
                       analysed_at=None, open_alerts=0, upload_dropped=0)
+
+
+def superseded_tokens(text: Any) -> list[str]:
+    """A job row's superseded run tokens (stored as a JSON list; a damaged value reads as
+    none: uploads are then judged by their start clocks, as before tokens)."""
+    value = _loads(text, []) if text else []
+    return [t for t in value if isinstance(t, str)] if isinstance(value, list) else []
 
 
 def _loads(text: Any, default: Any) -> Any:

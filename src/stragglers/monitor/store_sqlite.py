@@ -76,7 +76,8 @@ ADDED_COLUMNS = (("parts", "digest", "TEXT"), ("parts", "seq", "INTEGER"),
                  ("parts", "step_set", "TEXT"),
                  ("jobs", "part_seq", "INTEGER NOT NULL DEFAULT 0"),
                  ("jobs", "run", "INTEGER NOT NULL DEFAULT 0"),
-                 ("jobs", "meta_seq", "INTEGER NOT NULL DEFAULT 0"))
+                 ("jobs", "meta_seq", "INTEGER NOT NULL DEFAULT 0"),
+                 ("jobs", "superseded", "TEXT"))
 
 
 class SQLiteStore(SQLStore):
