@@ -21,7 +21,6 @@ def step_rows(workers: list[str], steps: int) -> str:
                    for k, w in enumerate(workers))
 
 
-@pytest.mark.xfail(strict=True, reason="round 8 #1: a worker named '²' is internal error")
 def test_analyze_takes_or_refuses_workers_named_with_digit_like_signs(tmp_path):
     """Workers given by name, one of them '²' (a digit to str.isdigit(), no number to int()
     nor float()): analysed (exit 0) or refused in one line naming the file — not 'internal
@@ -44,8 +43,6 @@ def cell_over_csv_field_limit(table: Path) -> None:
     table.write_text('worker,step,step_time\n0,0,1.0\n1,0,"' + "x" * 200_000 + '"\n')
 
 
-@pytest.mark.xfail(strict=True, reason="round 8 #2: a step-time table the csv module or UTF-8 "
-                                       "refuses is internal error")
 @pytest.mark.parametrize("spoil", [late_bad_utf8, cell_over_csv_field_limit],
                          ids=["bad-utf8-past-64KiB", "cell-over-field-limit"])
 def test_analyze_refuses_a_step_time_table_it_cannot_decode_in_one_line(tmp_path, spoil):

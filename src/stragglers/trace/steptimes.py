@@ -63,9 +63,18 @@ def read_step_times(path: Path | str, name: str | None = None) -> Trace:
     if path.stat().st_size > MAX_BYTES:
         raise InputError(path, None, f"{path.stat().st_size:,} bytes; expected a step-time "
                          f"table under {MAX_BYTES:,} bytes")
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        text = fh.read()
-    rows = list(csv.reader(text.splitlines(), _dialect(text[:SNIFF_BYTES])))
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            text = fh.read()
+    except UnicodeDecodeError as exc:   # (past the bytes looks_like_step_times read)
+        raise InputError(path, None, f"not UTF-8 text (byte {exc.start:,}); expected a "
+                         "step-time table (CSV)") from None
+    reader = csv.reader(text.splitlines(), _dialect(text[:SNIFF_BYTES]))
+    try:
+        rows = list(reader)
+    except csv.Error as exc:   # a cell over csv's field limit, a NUL byte
+        raise InputError(path, None, f"line {reader.line_num}: {exc}; expected a step-time "
+                         "table (CSV)") from None
     if len(rows) < 2:
         raise InputError(path, None, "no rows; expected a header and one row per worker and step")
     header = [h.strip().lower() for h in rows[0]]
@@ -216,7 +225,8 @@ def _row(r: int, row_of: list[int] | None) -> int:
 
 def _natural(name: str) -> list:
     """Sort key that orders node-2 before node-10."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    # (every odd piece is a run of decimal digits; isdigit() also takes '²', which int() refuses)
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", name))]
 
 
 def _unit(column: str) -> float:
