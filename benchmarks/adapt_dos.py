@@ -31,6 +31,17 @@ median and 95th percentile of one lease + ack round trip. It runs quiet first, t
 * worker_flood: the same, each connection a worker of its own (256 joined): a token with as
   many workers as connections (two requests in progress per joined worker were free of the
   shared pace; now only what acks moving a shard earn).
+* give_back: each attacker owns a data set of one-sample shards; its worker leases the 1,024
+  shards it may hold (4 x 256) and gives them all back, by a release (fenced, no failure) and
+  every fourth time by joining again, in a loop: 1,024 shards requeued a call;
+* expire: each attacker owns a data set with the shortest lease (0.05 s) and 4 workers that
+  lease 256 shards in turn, in a loop: every lease first requeues the expired ones (up to
+  1,024 a call);
+* retry_failed: each attacker owns a data set without retries; its worker leases 1,024 shards,
+  releases them as failures (FAILED) and asks retry-failed, in a loop;
+* delete: each attacker restores the 655,360-row snapshot as a data set of its own (one
+  restore at a time: the others are answered 503 Busy) and deletes it (DELETE
+  /datasets/{name}: its rows are deleted afterwards), in a loop.
 
 Each case alternates `--blocks` quiet and attacked blocks (the attackers paused between them;
 quiet first in even pairs, attacked first in odd ones), and is judged as monitor_dos.py judges
@@ -113,6 +124,9 @@ def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
                                                   "request_id": "again"})
     if kind == "slow_bodies":
         slow_bodies(url, stop, go, inflight)
+        return
+    if kind in GIVE_BACK:
+        give_back(kind, url, i, stop, go, inflight)
         return
     if kind in ("owner_flood", "worker_flood"):
         owner_flood(url, i, stop, go, inflight, max(1, 256 // ATTACKERS[0]),
@@ -275,6 +289,75 @@ def owner_flood(url: str, i: int, stop, go, inflight, n: int, workers: bool = Fa
             await asyncio.gather(*(loop(j) for j in range(n)))
 
     asyncio.run(run())
+
+
+GIVE_BACK = ("give_back", "expire", "retry_failed", "delete")
+
+
+def give_back(kind: str, url: str, i: int, stop, go, inflight) -> None:
+    """One attacker of the give-back cases (see the module's docstring), in a loop."""
+    http = httpx.Client(base_url=url, timeout=600,
+                        headers={"Authorization": f"Bearer {STRANGER}{i}"})
+    name = f"{kind}{i}"
+    if kind == "delete":
+        # the owner's snapshot, renamed: a data set of this attacker's own when restored
+        while (r := http.get("/datasets/big/snapshot",
+                             headers={"Authorization": f"Bearer {BIG}"})).status_code != 200:
+            stop.wait(0.5)
+        snap = r.json()
+        snap["dataset"]["name"] = name
+        body = json.dumps(snap).encode()
+    else:
+        r = http.post("/datasets", json={
+            "name": name, "num_samples": 65_536, "shard_size": 1, "num_epochs": None,
+            "lease_s": 0.05 if kind == "expire" else 3600,
+            "max_retries": 0 if kind == "retry_failed" else 1000})
+        assert r.status_code == 200, r.text[:200]
+        workers = [f"w{k}" for k in range(4 if kind == "expire" else 1)]
+        fences = {w: http.post(f"/datasets/{name}/join", json={"worker": w}).json()["fence"]
+                  for w in workers}
+    k = 0
+    while not stop.is_set():
+        if not go.wait(0.1):
+            continue
+        with inflight.get_lock():
+            inflight.value += 1
+        try:
+            if kind == "delete":
+                r = http.post(f"/datasets/{name}/restore", content=body,
+                              headers={"Content-Type": "application/json"})
+                if r.status_code == 200:
+                    r = http.delete(f"/datasets/{name}")
+                    assert r.status_code == 200, r.text[:200]
+                else:   # (503: another attacker's restore is being written)
+                    assert r.status_code == 503, r.text[:200]
+                    stop.wait(0.5)
+            elif kind == "expire":
+                w = workers[k % 4]
+                http.post(f"/datasets/{name}/lease",
+                          json={"worker": w, "fence": fences[w], "count": 256})
+            else:
+                w = workers[0]
+                for _ in range(4):
+                    http.post(f"/datasets/{name}/lease",
+                              json={"worker": w, "fence": fences[w], "count": 256})
+                if kind == "give_back" and k % 4 == 3:
+                    r = http.post(f"/datasets/{name}/join", json={"worker": w})
+                    assert r.status_code in (200, 429), r.text[:200]
+                    fences[w] = r.json().get("fence", fences[w])
+                else:
+                    r = http.post(f"/datasets/{name}/release", json={
+                        "worker": w, "fence": fences[w], "failure": kind == "retry_failed"})
+                    assert r.status_code in (200, 429), r.text[:200]
+                if kind == "retry_failed":
+                    r = http.post(f"/datasets/{name}/retry-failed", json={})
+                    assert r.status_code in (200, 429), r.text[:200]
+        except httpx.HTTPError:
+            pass
+        finally:
+            with inflight.get_lock():
+                inflight.value -= 1
+        k += 1
 
 
 def slow_bodies(url: str, stop, go, inflight, n: int = 48) -> None:
@@ -457,7 +540,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
     ap.add_argument("--cases", default="snapshot,status,shuffle,restore,owner_restore,"
                                        "big_lease,bad_input,control_reports,slow_bodies,owner_flood,"
-                                       "worker_flood")
+                                       "worker_flood,give_back,expire,retry_failed,delete")
     ap.add_argument("--name", default=None,
                     help="results/<name>.json (default: the script's name)")
     ap.add_argument("--attacker-nice", type=int, default=19,

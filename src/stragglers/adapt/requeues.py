@@ -10,8 +10,13 @@ from stragglers.adapt.replies import FailedShard, Requeued, ShardKey
 from stragglers.adapt.stored import damaged
 from stragglers.adapt.store_state import StoreState
 
-EXPIRE_CHUNK = 1024   # expired leases one call requeues (~20 ms on a loaded 2-core machine)
-RETRY_CHUNK = 1024    # FAILED shards one step of retry_failed requeues
+# Rows one give-back step touches on the commit thread (~1.5 ms; 1,024 took 11 ms, more on a
+# loaded machine): the calls batched with a step wait for it, so five tokens each giving back
+# 1,024 shards a call held another job's lease + ack at 29x its quiet latency. A release or
+# join holding more gives the rest back in paced steps (PacedWriter), other calls between.
+GIVE_BACK_STEP = 128
+EXPIRE_CHUNK = GIVE_BACK_STEP   # expired leases one call requeues (the rest: the next calls)
+RETRY_CHUNK = GIVE_BACK_STEP    # FAILED shards one step of retry_failed requeues
 
 
 class Requeues(StoreState):
@@ -105,14 +110,30 @@ class Requeues(StoreState):
         return list(report[0]), report[1]   # FailedShard is frozen: the rows are shared
 
     def _release_rows(self, c: sqlite3.Connection, cfg: DatasetConfig, front: int, worker: str,
-                      fence: int | None, failure: bool, error: str | None) -> list[ShardKey]:
-        rows = c.execute("SELECT epoch, shard, retries, fence FROM shards WHERE dataset=? AND"
-                         " worker=? AND state='DOING'", (self._key(cfg.name), worker)).fetchall()
-        rows = [r for r in rows if fence is None or r[3] == fence]
-        for epoch, shard, retries, _ in rows:
+                      fence: int | None, failure: bool, error: str | None,
+                      keep: int | None = None, limit: int | None = None) -> list[ShardKey]:
+        """Requeue `worker`'s DOING shards (of incarnation `fence`, or of every one but
+        `keep`: a join's own), at most `limit` (a give-back step)."""
+        rows = c.execute("SELECT epoch, shard, retries FROM shards WHERE dataset=:key AND"
+                         " worker=:worker AND state='DOING' AND (:fence IS NULL OR fence=:fence)"
+                         " AND (:keep IS NULL OR fence IS NOT :keep) ORDER BY epoch, shard LIMIT :n",
+                         {"key": self._key(cfg.name), "worker": worker, "fence": fence,
+                          "keep": keep, "n": -1 if limit is None else limit}).fetchall()
+        for epoch, shard, retries in rows:
             front = self._requeue(c, cfg, front, epoch, shard, retries, failure, error)
         c.execute("UPDATE datasets SET front=? WHERE name=?", (front, cfg.name))
-        return [(e, s) for e, s, _, _ in rows]
+        return [(e, s) for e, s, _ in rows]
+
+    def give_back(self, name: str, worker: str, fence: int | None, keep: int | None,
+                  failure: bool, error: str | None, limit: int = GIVE_BACK_STEP,
+                  token_sha256: str | None = None) -> list[ShardKey]:
+        """A step of a release or join that had more to give back than its own call: up to
+        `limit` more DOING shards of `worker` (of incarnation `fence`, or of every one but
+        `keep`) requeued; fewer than `limit` when none are left."""
+        with self._tx() as c:
+            cfg, _, front = self._config(c, name, token_sha256)
+            return self._release_rows(c, cfg, front, worker, fence, failure, error, keep,
+                                      limit)
 
     def retry_failed(self, name: str, token_sha256: str | None = None,
                      limit: int | None = None) -> Requeued:

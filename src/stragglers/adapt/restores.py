@@ -21,12 +21,13 @@ from stragglers.adapt import reads
 from stragglers.adapt.dataset import DOING, TODO, DatasetConfig, validate_snapshot
 from stragglers.adapt.errors import Conflict, DiskFull, Forbidden, QuotaExceeded, authorize
 from stragglers.adapt.replies import Deleted, Restored
+from stragglers.adapt.requeues import GIVE_BACK_STEP
 from stragglers.adapt.space import Reserve, restore_bound
 from stragglers.adapt.store_state import StoreState
 from stragglers.errors import EnvironmentFailure
 
 RESTORE_CHUNK = 512    # rows written per transaction (a few ms of the commit thread)
-GARBAGE_CHUNK = 1024   # old rows deleted per transaction
+GARBAGE_CHUNK = GIVE_BACK_STEP   # old rows deleted per transaction (a paced step)
 
 
 @dataclass(frozen=True)

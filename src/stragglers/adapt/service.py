@@ -48,9 +48,10 @@ from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
 from stragglers.adapt.replies import (Acked, Created, Deleted, Health, Joined, LeaseReply,
                                       Released, Requeued, Restored, to_builtins)
-from stragglers.adapt.requeues import RETRY_CHUNK
+from stragglers.adapt.requeues import GIVE_BACK_STEP, RETRY_CHUNK
 from stragglers.adapt.restore_parse import SnapshotParser
-from stragglers.adapt.shards import ShardStore, lease_json
+from stragglers.adapt.shards import ShardStore, joined_error, lease_json, release_error, \
+    released_error
 from stragglers.adapt.space import Reserve, io_error, out_of_space
 from stragglers.adapt.working import WorkCredit
 from stragglers.config import Config, setting
@@ -849,7 +850,26 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         name = name_of(request)
         digest, body = await owned(request, name), await parsed(request, rq.Join)
         async with worker_turn(request, (digest, name, body.worker), joining=True):
-            return await commit.run(lambda: store.join(name, body.worker, digest), digest)
+            joined = await commit.run(
+                lambda: store.join(name, body.worker, digest, None, GIVE_BACK_STEP), digest)
+        joined.released += await given_back(name, body.worker, None, joined.fence, True,
+                                            joined_error(body.worker, joined.fence, None),
+                                            digest, len(joined.released))
+        return joined
+
+    async def given_back(name: str, worker: str, fence: int | None, keep: int | None,
+                         failure: bool, error: str | None, digest: str, first: int) -> list:
+        """The rest of a release or join whose own call gave back a whole step (`first`
+        shards): paced steps of GIVE_BACK_STEP, other jobs' calls between them (1,024 held
+        given back in one call held the calls batched with it ~11 ms; see requeues.py)."""
+        rest: list = []
+        step = first
+        while step >= GIVE_BACK_STEP:
+            more = await paced.step(lambda: store.give_back(
+                name, worker, fence, keep, failure, error, GIVE_BACK_STEP, digest))
+            rest += more
+            step = len(more)
+        return rest
 
     async def lease(request: Request) -> LeaseReply | Response:
         name = name_of(request)
@@ -875,8 +895,21 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         name = name_of(request)
         digest, b = await owned(request, name), await parsed(request, rq.Release)
         async with worker_turn(request, (digest, name, b.worker)):
-            return await commit.run(lambda: store.release(name, b.worker, b.fence, b.failure,
-                                                          b.error, digest), digest)
+            if b.fence is None:   # (a launcher's: a join, every incarnation fenced off)
+                error = released_error(b.worker, b.error)
+                joined = await commit.run(lambda: store.join(name, b.worker, digest, error,
+                                                             GIVE_BACK_STEP), digest)
+                fence, keep, error = None, joined.fence, joined_error(b.worker, joined.fence,
+                                                                       error)
+                released = joined.released
+            else:
+                released = (await commit.run(lambda: store.release(
+                    name, b.worker, b.fence, b.failure, b.error, digest, GIVE_BACK_STEP),
+                    digest)).released
+                fence, keep, error = b.fence, None, release_error(b.worker, b.failure, b.error)
+        failure = b.failure or b.fence is None
+        return Released(released + await given_back(name, b.worker, fence, keep, failure,
+                                                    error, digest, len(released)))
 
     async def delete_dataset(request: Request) -> Deleted:
         # its owner's: gives its places of max_datasets (and of the token's and client's

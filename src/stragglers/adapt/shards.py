@@ -300,8 +300,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return self.permutations.indices(key, start, stop)
 
     def join(self, name: str, worker: str, token_sha256: str | None = None,
-             error: str | None = None) -> Joined:
-        """Start a new incarnation of `worker`: a new fence; shards of earlier ones go back.
+             error: str | None = None, limit: int | None = None) -> Joined:
+        """Start a new incarnation of `worker`: a new fence; shards of earlier ones go back
+        (at most `limit` of them here: the service gives the rest back in steps, give_back).
 
         Calls carrying an older fence are refused from now on (Fenced), so a hung predecessor
         with the same name can neither ack nor lease after its successor joined.
@@ -327,7 +328,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             # The request history belongs to the incarnation: a new one starts without it.
             c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=?", (name, worker))
             released = self._release_rows(c, cfg, front, worker, None, True,
-                                          error or f"{worker} restarted (fence {fence})")
+                                          joined_error(worker, fence, error), fence, limit)
         return Joined(fence, released)
 
     def lease(self, name: str, worker: str, fence: int, count: int = 1,
@@ -472,20 +473,22 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return Acked(new_state, consumed), (consumed - done) / (stop - start)
 
     def release(self, name: str, worker: str, fence: int | None = None, failure: bool = True,
-                error: str | None = None, token_sha256: str | None = None) -> Released:
-        """Return the DOING shards of `worker` to the front of TODO (a failure counts a retry).
+                error: str | None = None, token_sha256: str | None = None,
+                limit: int | None = None) -> Released:
+        """Return the DOING shards of `worker` to the front of TODO (a failure counts a retry;
+        at most `limit` here: the service gives the rest back in steps, give_back).
 
         With `fence`, the worker gives back its own shards (and must be current). Without, a
         launcher that saw the worker die fences off every incarnation of it (as `join` does).
         """
         if fence is None:
-            reply = self.join(name, worker, token_sha256, error or f"{worker} released")
+            reply = self.join(name, worker, token_sha256, released_error(worker, error), limit)
             return Released(reply.released)
         with self._tx() as c:
             cfg, _, front = self._config(c, name, token_sha256)
             self._fence(c, name, worker, fence)
             released = self._release_rows(c, cfg, front, worker, fence, failure,
-                                          error or (f"released by {worker}" if failure else None))
+                                          release_error(worker, failure, error), None, limit)
         return Released(released)
 
     def workers_of(self, token_sha256: str) -> int:
@@ -504,6 +507,21 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         """The full shard state, to be saved atomically inside the model checkpoint."""
         snap: SnapshotJson = json.loads(reads.snapshot_bytes(self._read_conn(), name))
         return snap
+
+
+def joined_error(worker: str, fence: int, error: str | None) -> str:
+    """The error a join records on the shards it gives back."""
+    return error or f"{worker} restarted (fence {fence})"
+
+
+def released_error(worker: str, error: str | None) -> str:
+    """The error a release without a fence (a join) records on the shards it gives back."""
+    return error or f"{worker} released"
+
+
+def release_error(worker: str, failure: bool, error: str | None) -> str | None:
+    """The error a worker's own release records on the shards it gives back."""
+    return error or (f"released by {worker}" if failure else None)
 
 
 def _check_fence(row: Sequence[Any] | None, name: str, worker: str, fence: int) -> int:

@@ -1,0 +1,79 @@
+"""Shards given back on the commit thread (issue 34): a release or join of many held shards,
+expired leases, retry-failed and deleted rows, each in bounded steps."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+
+from stragglers.adapt.requeues import GIVE_BACK_STEP
+from stragglers.adapt.service import EmbeddedServer
+
+OWNER = "owner-token-0123456789"
+HELD = 1024   # what a worker may hold (max_held_per_worker)
+
+
+class Requeues:
+    """Requeue UPDATEs of shard rows per transaction on the store's write connection (SQLite's
+    trace of the statements it runs: BEGIN ... COMMIT)."""
+
+    def __init__(self, conn):
+        self.per_tx: list[int] = []
+        self._n = 0
+        self._lock = threading.Lock()
+        conn.set_trace_callback(self._trace)
+
+    def _trace(self, sql: str) -> None:
+        with self._lock:
+            if sql.startswith("BEGIN"):
+                self._n = 0
+            elif sql.startswith("UPDATE shards SET state=") and "worker=NULL" in sql:
+                self._n += 1
+            elif sql.startswith(("COMMIT", "ROLLBACK")):
+                self.per_tx.append(self._n)
+
+
+def held_worker(http: httpx.Client, name: str) -> int:
+    """A data set whose worker `w` holds HELD shards; its fence."""
+    r = http.post("/datasets", json={"name": name, "num_samples": 4 * HELD, "shard_size": 1,
+                                     "lease_s": 3600, "max_retries": 1000})
+    assert r.status_code == 200, r.text
+    fence = http.post(f"/datasets/{name}/join", json={"worker": "w"}).json()["fence"]
+    for _ in range(HELD // 256):
+        r = http.post(f"/datasets/{name}/lease", json={"worker": "w", "fence": fence,
+                                                       "count": 256})
+        assert len(r.json()["leases"]) == 256, r.text[:200]
+    return fence
+
+
+def test_a_release_or_join_of_many_held_shards_gives_them_back_in_bounded_steps(tmp_path):
+    # (fails before: a worker's release, or its next join, requeued every shard it held in
+    # one transaction: 1,024 requeued beside the other calls of their batch, which waited
+    # for all of them; five tokens doing so in a loop held another job's lease + ack at 29x
+    # its quiet latency)
+    srv = EmbeddedServer(tmp_path / "s.db").start()
+    try:
+        http = httpx.Client(base_url=srv.url, timeout=60,
+                            headers={"Authorization": f"Bearer {OWNER}"})
+        trace = Requeues(srv.app.state.store._conn)
+        for how in ("release", "release-unfenced", "join"):
+            fence = held_worker(http, how)
+            trace.per_tx.clear()
+            if how == "join":
+                r = http.post(f"/datasets/{how}/join", json={"worker": "w"})
+            else:
+                body = {"worker": "w", "failure": False}
+                if how == "release":
+                    body["fence"] = fence
+                r = http.post(f"/datasets/{how}/release", json=body)
+            assert r.status_code == 200, r.text
+            released = sorted(map(tuple, r.json()["released"]))
+            assert len(released) == HELD and len(set(released)) == HELD, how
+            assert sum(trace.per_tx) == HELD, how
+            assert max(trace.per_tx) <= GIVE_BACK_STEP, (how, max(trace.per_tx))
+            counts = http.get(f"/datasets/{how}/status").json()["epochs"]["0"]
+            assert counts.get("DOING", 0) == 0 and counts["TODO"] == 4 * HELD, (how, counts)
+        srv.app.state.store._conn.set_trace_callback(None)
+    finally:
+        srv.stop()
