@@ -77,3 +77,62 @@ def test_a_release_or_join_of_many_held_shards_gives_them_back_in_bounded_steps(
         srv.app.state.store._conn.set_trace_callback(None)
     finally:
         srv.stop()
+
+
+def test_a_heavy_keys_calls_are_paced_and_light_ones_run_between(tmp_path):
+    # (fails before: a batch took up to 8 calls of every key in turns, heavy or not: five
+    # tokens leasing 1,024 shards and giving them back in a loop put five such calls, ~15 ms
+    # each, in every batch, and another job's lease waited for all of them, 5x quiet)
+    import asyncio
+
+    from stragglers.adapt.dataset import DatasetConfig
+    from stragglers.adapt.service import GroupCommitter
+    from stragglers.adapt.shards import ShardStore
+
+    store = ShardStore(tmp_path / "s.db")
+    store.create_dataset(DatasetConfig("d", 4 * HELD, 1, lease_s=3600, max_retries=1000))
+    store.create_dataset(DatasetConfig("j", 100, 1))
+    commit = GroupCommitter(store)
+    order: list[str] = []
+    batches: dict[str, int] = {}
+
+    def heavy(tag: str, fence: int):
+        def call():   # (1,024 shards leased and given back: ~10 ms of CPU anywhere)
+            order.append(tag)
+            batches[tag] = commit.batches
+            for _ in range(HELD // 256):
+                store.lease("d", "a", fence, count=256)
+            store.release("d", "a", fence, failure=False)
+        return call
+
+    def light(tag: str, fence: int):
+        def call():
+            order.append(tag)
+            batches[tag] = commit.batches
+            store.lease("j", "b", fence)
+        return call
+
+    async def main() -> None:
+        fa = await commit.run(lambda: store.join("d", "a").fence, "A")
+        fb = await commit.run(lambda: store.join("j", "b").fence, "B")
+        await commit.run(heavy("A0", fa), "A")   # A is heavy from now on
+        started, gate = threading.Event(), threading.Event()
+        blocked = asyncio.ensure_future(commit.run(
+            lambda: (started.set(), gate.wait(60)), "G"))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 60)
+        # queued while the writer is busy: A's two heavy calls, then B's two light ones
+        calls = [asyncio.ensure_future(commit.run(fn, key)) for fn, key in (
+            (heavy("A1", fa), "A"), (heavy("A2", fa), "A"), (light("B1", fb), "B"),
+            (light("B2", fb), "B"))]
+        await asyncio.sleep(0)   # (each task queued its call)
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(blocked, *calls), 120)
+
+    try:
+        asyncio.run(main())
+        assert order.index("A2") > order.index("B2"), order   # B's ran before A's second
+        assert batches["A2"] > batches["A1"]          # never two heavy calls in one batch
+        assert batches["B1"] == batches["B2"]         # light calls are not held
+    finally:
+        commit.close()
+        store.close()

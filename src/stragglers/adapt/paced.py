@@ -62,7 +62,7 @@ class PacedWriter:
             self._lock = asyncio.Lock()
         async with self._lock:
             t0 = time.monotonic()
-            result = await self.commit.run(call)
+            result = await self.commit.run(call, paced=True)
             others = self.commit.calls - self._calls_seen - 1
             pause = (time.monotonic() - t0) * (1 - self.share) / self.share if others else 0.0
             await asyncio.sleep(pause)
