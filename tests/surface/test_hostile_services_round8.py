@@ -83,8 +83,6 @@ def run_with_extra(tmp: Path, fmt: str, key: str, value) -> Path:
     return trace_path
 
 
-@pytest.mark.xfail(strict=True, reason="round 8 #3: extra.notes / extra.ranks_missing not a "
-                                       "list is internal error in analyze and advise")
 @pytest.mark.parametrize("command", ["analyze", "advise"])
 @pytest.mark.parametrize("fmt", ["run", "ndtimeline"])
 @pytest.mark.parametrize("key", ["notes", "ranks_missing"])
@@ -98,8 +96,6 @@ def test_extra_keys_the_engine_reads_are_checked_when_a_file_is_read(tmp_path, c
     clean_refusal(status, err, key)
 
 
-@pytest.mark.xfail(strict=True, reason="round 8 #4: advise on extra.calibration not a mapping "
-                                       "or extra.global_batch infinite is internal error")
 @pytest.mark.parametrize("key, value", [("calibration", "x"), ("calibration", [1]),
                                         ("global_batch", float("inf"))],
                          ids=["calibration-str", "calibration-list", "global_batch-inf"])

@@ -55,7 +55,6 @@ def check_meta(raw: object, source: Path | str, max_bytes: int = MAX_META_BYTES)
     if run is not None and not is_run_token(run):
         raise InputError(source, "extra.run", f"expected a run token (1-64 letters, digits, "
                          f"'-' or '_'), got {str(run)[:40]!r}")
-    _check_analysed_extra(meta.extra, source)
     return meta
 
 
@@ -73,26 +72,6 @@ def run_token(raw: object) -> str | None:
     extra = getattr(raw, "extra", None) if not isinstance(raw, dict) else raw.get("extra")
     run = extra.get("run") if isinstance(extra, dict) else None
     return run if is_run_token(run) else None
-
-
-class _AnalysedExtra(msgspec.Struct):
-    """The keys of `extra` the what-if engine reads from a window's trace, typed as it uses
-    them (`extra.notes: 5` or `extra.ranks_missing: 5` was stored, and then every window of
-    the job failed in the analysis: `len()` of an int, iterating a bool); the engine checks
-    the types of the others it reads itself (recorder, compute_from, ...)."""
-
-    ranks_missing: list[Any] | None = None   # counted (len)
-    notes: list[Any] | None = None           # each one str()-ed into a note
-
-
-def _check_analysed_extra(extra: dict, source) -> None:
-    """InputError naming the field unless the extra keys the engine reads have its types."""
-    try:
-        msgspec.convert(extra, _AnalysedExtra)
-    except msgspec.ValidationError as exc:
-        where = str(exc).rpartition("`$.")[2].rstrip("`") or None
-        raise InputError(source, f"extra.{where}" if where else "extra",
-                         f"{str(exc).partition(' - ')[0]} (the analysis reads it)") from None
 
 
 def _check_plain(value: object, source, where: str, depth: int) -> None:

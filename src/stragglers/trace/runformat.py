@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -123,7 +125,35 @@ def meta_from_dict(raw: object, source: Path | str) -> JobMeta:
         raise InputError(source, "ep_size", f"{meta.ep_size} does not divide the world size "
                          f"{meta.world_size}; expected the size of one expert-parallel group")
     check_layout_extra(meta, source)
+    check_read_extra(meta.extra, source)
     return meta
+
+
+class _ReadExtra(msgspec.Struct):
+    """The keys of `extra` the what-if engine and `advise` read, typed as they use them
+    (`extra.notes: 5` or `extra.ranks_missing: 5` failed deep in the analysis: `len()` of an
+    int, iterating a bool; `extra.calibration: "x"` failed advise on `.get`); the engine checks
+    the types of the others it reads itself (recorder, compute_from, ...), advise the values
+    inside `calibration`."""
+
+    ranks_missing: list[Any] | None = None   # counted (len)
+    notes: list[Any] | None = None           # each one str()-ed into a note
+    calibration: dict[str, Any] | None = None   # what a calibration step measured, by setting
+    global_batch: int | float | None = None     # samples a global step (a finite count)
+
+
+def check_read_extra(extra: dict, source: Path | str) -> None:
+    """InputError naming the field unless the extra keys the analysis reads have its types."""
+    try:
+        typed = msgspec.convert(extra, _ReadExtra)
+    except msgspec.ValidationError as exc:
+        where = str(exc).rpartition("`$.")[2].rstrip("`") or None
+        raise InputError(source, f"extra.{where}" if where else "extra",
+                         f"{str(exc).partition(' - ')[0]} (the analysis reads it)") from None
+    batch = typed.global_batch
+    if batch is not None and not (math.isfinite(batch) and batch > 0):
+        raise InputError(source, "extra.global_batch", f"{batch!r}; expected a positive number "
+                         "of samples (or tokens) per global step")
 
 
 # extra.parallel's degrees, as the recorder writes them (the report shows them)
