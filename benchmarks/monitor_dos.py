@@ -12,7 +12,10 @@ connections; 200 connections sending half a request head; 32 slow bodies declari
 idle connections are held (what the idle-eviction is for); 4 client processes of another
 loopback address (another writer only by their job) uploading parts whose page headers declare
 1 GB (refused 422 from the headers), or 16 MiB bodies in a loop (refused after their first MiB);
-8 client processes reading /metrics, or /api/jobs, in a loop (no token: reads need none).
+8 client processes reading /metrics, or /api/jobs, in a loop (no token: reads need none); and
+the anonymous routes that answer without a store read or a render: 8 client processes asking
+/health, an unknown path (404), the dashboard page, plotly.min.js (3.6 MB), one analysed window
+or a request the app refuses (422), in a loop, and one process asking /health in a loop.
 
 What a loaded machine cannot fake (see `measured` and `verdict`): besides the ratio of medians,
 each pair's own ratio (their median, and how many pass 2x), and for every request the time the
@@ -21,7 +24,7 @@ CPU (/proc/.../schedstat): the latency less that run-queue wait leaves out most 
 machine's other load adds (not all: the service's other threads are not counted), and its
 ratio is judged beside the raw one. Attacker processes run at nice 19 (`--attacker-nice`):
 deployed, they run on other machines, and their own CPU here is not work the service does for
-them. The client processes of cases 5-8 are started once per case and paused between its
+them. The client processes of cases 5-15 are started once per case and paused between its
 blocks (their requests under way answered before a quiet block starts); their CPU and the
 requests answered to them per second say how hard they pressed. The service's CPU (cores) in
 quiet and attacked blocks says what the attack costs it.
@@ -353,11 +356,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5, help="parts per rank per block")
     ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
-    ap.add_argument("--cases", default="", help="comma-separated case numbers (1-8; all)")
+    ap.add_argument("--cases", default="", help="comma-separated case numbers (1-15; all)")
     ap.add_argument("--name", default=None, help="results file name (a path: written there, "
                     "not in benchmarks/results)")
     ap.add_argument("--attacker-nice", type=int, default=19, help="nice of the attacker "
-                    "processes (cases 5-8); 0 where a busy machine leaves them no CPU at 19 "
+                    "processes (cases 5-15); 0 where a busy machine leaves them no CPU at 19 "
                     "(then their CPU, taken from the service and the client, counts too)")
     ap.add_argument("--read-interval-s", type=float, default=None, help="the service's "
                     "read_interval_s (its default if not given; 0: reads not paced, the "
@@ -373,7 +376,15 @@ def main() -> None:
               (4, ("put", lying_part("lz4", 2, 1 << 30))), False),
              ("4 clients: 16 MiB bodies in a loop", (4, ("put", b"x" * (16 << 20))), False),
              ("8 clients: /metrics in a loop", (8, ("get", "/metrics")), False),
-             ("8 clients: /api/jobs in a loop", (8, ("get", "/api/jobs")), False)]
+             ("8 clients: /api/jobs in a loop", (8, ("get", "/api/jobs")), False),
+             ("8 clients: /health in a loop", (8, ("get", "/health")), False),
+             ("8 clients: an unknown path (404) in a loop", (8, ("get", "/no/such/path")), False),
+             ("8 clients: the dashboard page in a loop", (8, ("get", "/")), False),
+             ("8 clients: plotly.min.js in a loop", (8, ("get", "/static/plotly.min.js")), False),
+             ("8 clients: one window in a loop", (8, ("get", "/api/jobs/warm/windows/0")), False),
+             ("8 clients: a refused read (422) in a loop",
+              (8, ("get", "/api/alerts?limit=0")), False),
+             ("1 client: /health in a loop", (1, ("get", "/health")), False)]
     chosen = [int(x) - 1 for x in args.cases.split(",") if x] or list(range(len(cases)))
     url = ""   # (the flood cases read it when they start)
     rows: dict[str, dict] = {}

@@ -25,8 +25,9 @@ from stragglers.errors import EnvironmentFailure, InputError
 from stragglers.smallfiles import read_small_file
 # the connection guard lives in serving_guard; its names stay importable from here
 from stragglers.serving_guard import BODY_ADMITTED_KEY, FRAMING_KEY, TARGET_KEY, BodyNotAdmitted, \
-    ConnectionLimits, ErrorShape, admit_body, guarded_protocol, json_response_bytes, \
+    ConnectionLimits, ErrorShape, admit_body, guarded_protocol, json_response_bytes, park, \
     plain_error  # noqa: F401
+from stragglers.serving_quota import AnonymousPace, RateLimited
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,9 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
     client and in all; at the cap an idle connection is closed to admit a new one, so idle
     sockets cannot lock clients out). `allowed_hosts`: Host names accepted besides the
     loopback names (None: any Host when the socket is not a loopback one). `gate_bodies`: a
-    request's body is read (and 100 Continue sent) only once the app called admit_body.
+    request's body is read (and 100 Continue sent) only once the app called admit_body. An
+    app that sets `state.anonymous_pace` (serving_quota.AnonymousPace) has every request
+    without its credential wait its client address's turn before any of it is done.
     """
     import uvicorn
 
@@ -377,11 +380,19 @@ SECURITY_HEADERS = [
 ]
 
 
+# the answer to a request whose connection closed, or whose client shut its side, while it
+# waited its turn (only a half-closed client reads it)
+GONE_WHILE_WAITING = ("request: its connection was closed (or its client's side shut) while it"
+                      " waited its turn; retry on an open connection")
+
+
 class ServiceGuard:
     """ASGI middleware every service runs behind: a Host allow-list (a page of another site
     whose name was rebound to 127.0.0.1 cannot reach a loopback service), security headers on
     every response, at most `max_requests` requests in progress (503 past it), with
-    `gate_bodies` no body read before the app admits it (admit_body), and errors in
+    `gate_bodies` no body read before the app admits it (admit_body), every request without
+    a credential paced per client address before anything else is done of it, whatever its
+    route (`anonymous`, or the app's `state.anonymous_pace`: see AnonymousPace), and errors in
     the services' JSON shape — `{"error": "..."}` — for every
     status, including the plain-text ones of the framework (500) and an unhandled exception
     (507 for a full disk, 503 for another OS error, else 500, with one line in the log and no
@@ -389,7 +400,8 @@ class ServiceGuard:
 
     def __init__(self, app, allowed_hosts: list[str] | tuple[str, ...] | None = None,
                  max_requests: int | None = None, error_shape: ErrorShape = plain_error,
-                 refusal_delay_s: float = 0.25, gate_bodies: bool = False):
+                 refusal_delay_s: float = 0.25, gate_bodies: bool = False,
+                 anonymous: AnonymousPace | None = None):
         self.app, self.shape, self.gate_bodies = app, error_shape, gate_bodies
         # its own refusals (a Host not allowed, a header twice, framing not taken) are answered
         # after a pause (sleeping costs nothing): a client looping on them waits, not spins
@@ -398,6 +410,10 @@ class ServiceGuard:
         self.extra = {h.strip().lower() for h in allowed_hosts or () if h.strip()}
         self.any_host = False
         self.state = getattr(app, "state", None)
+        # the pace of requests without a credential, whatever their route: given here, or
+        # offered by the app as `app.state.anonymous_pace` (None: no pace)
+        self.anonymous = anonymous if anonymous is not None else \
+            getattr(self.state, "anonymous_pace", None)
 
     def bind(self, sock: socket.socket) -> None:
         """Decide the allow-list from the listening socket: a loopback socket takes only
@@ -447,6 +463,52 @@ class ServiceGuard:
             await self.app(scope, receive, send)
             return
         REQUEST_CLIENT.set((scope.get("client") or ("?",))[0])
+        pace = self.anonymous
+        key = pace.key(scope) if pace is not None else None
+        if pace is None or key is None:
+            await self._serve(scope, receive, send)
+            return
+        await self._paced(pace, key, scope, receive, send)
+
+    async def _paced(self, pace: AnonymousPace, key: object, scope, receive, send) -> None:
+        """A request without a credential: its address's turn (AnonymousPace), then served."""
+        # before anything else is done of it, its own refusals included (each ~0.2 ms of the
+        # event loop: a loop of them from one address slowed every other client as well)
+        try:
+            wait = pace.turn(key)
+        except RateLimited as exc:
+            # answered after the longest wait (at once, a refusal is an answer a flooding
+            # client spins on)
+            park_s = exc.park_s or pace.max_wait_s
+            if not await park(scope, park_s):
+                await send_json(self.shape, send, 503, GONE_WHILE_WAITING)
+                return
+            after = str(max(1, round(exc.retry_after_s - park_s + 0.5)))
+            await send_json(self.shape, send, 429, f"request: {exc.what}",
+                            [(b"retry-after", after.encode())])
+            return
+        left = [False]
+
+        async def paced_send(message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body") \
+                    and not left[0]:
+                # over once its last bytes are written, before they are: its client may read
+                # them and ask again before this task ends, and one asking one request at a
+                # time is never paced
+                left[0] = True
+                pace.leave(key)
+            await send(message)
+        try:
+            if wait and not await park(scope, wait):
+                await send_json(self.shape, paced_send, 503, GONE_WHILE_WAITING)
+                return
+            await self._serve(scope, receive, paced_send)
+        finally:
+            if not left[0]:
+                pace.leave(key)
+
+    async def _serve(self, scope, receive, send) -> None:
+        """A request past its turn: the guard's checks, then the app."""
         version = str(scope.get("http_version") or "")
         if version not in ("1.0", "1.1"):
             # httptools serves a text request line claiming HTTP/2.0 or 0.9 as if it were 1.1

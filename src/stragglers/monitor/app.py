@@ -29,6 +29,7 @@ from stragglers.monitor.store_base import job_shape
 from stragglers.monitor.service import Monitor
 from stragglers.serving import canonical_decimal, error_status
 from stragglers.serving_guard import admit_body
+from stragglers.serving_quota import AnonymousPace
 
 log = logging.getLogger(__name__)
 REFUSAL_PAUSE_S = 0.25   # before a refused upload's answer (see _problem)
@@ -36,6 +37,12 @@ JOB_RENDERS = 256   # (job, window, history) pages whose shared renders are kept
 READ_THREADS = 4   # threads answering reads of the store (each holds its own connection)
 ALERTS_PAGE, ALERTS_PAGE_MAX = 100, 1000   # /api/alerts: alerts a page by default, at most
 MAX_CURSOR = 256   # characters of a fingerprint a cursor carries (the alerts' own are 16)
+# requests without the token, whatever their route (serving_quota.AnonymousPace): one client
+# address's past the first in progress at this pace a second, after a burst of as many
+# (a browser loads the dashboard's five files at once), all addresses' past the first four at
+# four times that, waited for up to 8 s; with read_interval_s 0 (reads not paced) none are
+ANONYMOUS_PER_S, ANONYMOUS_BURST, ANONYMOUS_MAX_WAIT_S = 20.0, 20.0, 8.0
+ANONYMOUS_PER_S_IN_ALL = 80.0
 
 STATIC = Path(__file__).parent / "static"
 
@@ -89,6 +96,24 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         got = request.headers.get("authorization", "")
         scheme, _, value = got.partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(value.encode(), token.encode())
+
+    def credentialed(scope) -> bool:
+        """Whether a request is paced by the upload limits rather than as anonymous: it
+        carries the token (without one configured: an upload, a PUT under /api/jobs/)."""
+        if token is None:
+            return scope.get("method") == "PUT" and scope.get("path", "").startswith("/api/jobs/")
+        for name, value in scope.get("headers") or ():
+            if name == b"authorization":
+                scheme, _, got = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(got, token.encode())
+        return False
+
+    if monitor.config.read_interval_s > 0:
+        # (taken by the serving layer's ServiceGuard, before any of a request is done)
+        app.state.anonymous_pace = AnonymousPace(credentialed, ANONYMOUS_PER_S,
+                                                 ANONYMOUS_BURST,
+                                                 max_wait_s=ANONYMOUS_MAX_WAIT_S,
+                                                 per_s_in_all=ANONYMOUS_PER_S_IN_ALL)
 
     def require_write(request: Request) -> None:
         if not has_token(request):
