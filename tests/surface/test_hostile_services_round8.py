@@ -126,8 +126,6 @@ def with_column(run: Path, name: str, values) -> None:
     pq.write_table(table, path)
 
 
-@pytest.mark.xfail(strict=True, reason="round 8 #5: a run's step column of floats, NaN, nulls "
-                                       "or strings is internal error (read before it is checked)")
 @pytest.mark.parametrize("values", [
     lambda n: __import__("pyarrow").array([float("nan")] * n),
     lambda n: __import__("pyarrow").array([float("inf")] * n),
@@ -146,8 +144,6 @@ def test_analyze_refuses_a_run_whose_step_column_is_not_whole_numbers_in_one_lin
     clean_refusal(status, err, "step")
 
 
-@pytest.mark.xfail(strict=True, reason="round 8 #6: an optional float column stored as "
-                                       "integers with nulls is internal error (ArrowInvalid)")
 @pytest.mark.parametrize("fmt", ["run", "ndtimeline"])
 @pytest.mark.parametrize("command", ["analyze", "advise"])
 def test_an_optional_column_of_integers_with_nulls_is_read_or_refused_in_one_line(

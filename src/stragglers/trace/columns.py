@@ -135,6 +135,8 @@ def _numeric(col: pa.ChunkedArray, name: str, dtype: np.dtype, source, fill=None
     if col.null_count:
         if fill is None:
             raise InputError(source, name, f"{col.null_count} null values; expected numbers")
+        if isinstance(fill, float) and not pa.types.is_floating(col.type):
+            col = col.cast(pa.float64())   # (a NaN fill of integers with nulls: pandas' Int64)
         col = pc.fill_null(col, fill)
     arr = col.to_numpy()
     if dtype.kind == "i" and arr.dtype.kind == "f":
@@ -145,6 +147,24 @@ def _numeric(col: pa.ChunkedArray, name: str, dtype: np.dtype, source, fill=None
         if arr.min() < lo or arr.max() > hi:  # a silent wrap-around would corrupt ids
             raise InputError(source, name, f"values must lie in [{lo}, {hi}]")
     return arr.astype(dtype, copy=False)
+
+
+def step_values(col: pa.ChunkedArray | pa.Array, source: Path | str) -> np.ndarray:
+    """A step column as int64, checked as table_to_columns checks it (numbers, no nulls,
+    whole): for readers of the step column alone (a run's step layout)."""
+    return _numeric(pa.chunked_array([col]) if isinstance(col, pa.Array) else col, "step",
+                    np.dtype(np.int64), source)
+
+
+def whole_step(value: object, source: Path | str) -> int:
+    """A step bound from a file's statistics as an int; InputError naming `step` unless a
+    whole number within int64 (a float column's NaN or infinity, a string column's text)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and np.isfinite(value) and \
+            float(value).is_integer() and abs(value) < 2.0 ** 63:
+        return int(value)
+    raise InputError(source, "step", f"expected whole numbers, got {str(value)[:40]!r}")
 
 
 def check_values(ops: dict[str, np.ndarray], source: Path | str) -> None:

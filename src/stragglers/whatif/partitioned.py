@@ -57,6 +57,8 @@ class RunLayout:
 
 def run_layout(directory: Path | str, steps: list[int] | None = None) -> RunLayout:
     """meta.json, the rank files and their steps (Parquet statistics: no op table is read)."""
+    import pyarrow as pa
+
     from stragglers.trace.runformat import META_FILE, run_contents
 
     directory = Path(directory)
@@ -73,6 +75,10 @@ def run_layout(directory: Path | str, steps: list[int] | None = None) -> RunLayo
         optional |= {c for c in OPTIONAL_COLUMNS if c in names}
         if "step" not in names:
             raise InputError(f, "step", "missing column")
+        kind = md.schema.to_arrow_schema().field("step").type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+            # (its statistics or values are read as steps before the op table is checked)
+            raise InputError(f, "step", f"expected a number column, got {kind}")
         groups.append(_row_groups(md, names.index("step"), f))
     ranges = [(g[2], g[3]) for file_groups in groups for g in file_groups if g[1]]
     if not ranges:
@@ -96,19 +102,23 @@ def _steps_held(files: list[Path]) -> np.ndarray:
     """The distinct steps the rank files' step columns hold (read, not their statistics)."""
     import pyarrow.parquet as pq
 
+    from stragglers.trace.columns import step_values
+
     held = []
     for f in files:
         try:
-            held.append(np.unique(pq.read_table(f, columns=["step"]).column("step")
-                                  .to_numpy().astype(np.int64)))
+            column = pq.read_table(f, columns=["step"]).column("step")
         except Exception as exc:  # noqa: BLE001 - any Arrow failure names the file
             raise InputError(f, None, f"not a readable Parquet file ({exc})") from None
+        held.append(np.unique(step_values(column, f)))
     return np.unique(np.concatenate(held)) if held else np.zeros(0, np.int64)
 
 
 def _row_groups(md, column: int, path) -> list[tuple[int, int, int, int]]:
     """(first row, rows, min step, max step) of each row group of a file, from its statistics
     (the step column is read where a row group has none)."""
+    from stragglers.trace.columns import step_values, whole_step
+
     out, first = [], 0
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
@@ -120,10 +130,10 @@ def _row_groups(md, column: int, path) -> list[tuple[int, int, int, int]]:
                 values = pq.ParquetFile(path).read_row_group(g, columns=["step"])
             except Exception as exc:  # noqa: BLE001 - any Arrow failure names the file
                 raise InputError(path, None, f"not a readable Parquet file ({exc})") from None
-            values = values.column("step").to_numpy()
+            values = step_values(values.column("step"), path)
             lo, hi = int(values.min()), int(values.max())
         else:
-            lo, hi = (int(st.min), int(st.max)) if rows else (0, -1)
+            lo, hi = (whole_step(st.min, path), whole_step(st.max, path)) if rows else (0, -1)
         out.append((first, rows, lo, hi))
         first += rows
     return out
