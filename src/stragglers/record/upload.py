@@ -31,6 +31,8 @@ RETRY_STATUSES = {404, 408, 425, 429, 500, 502, 503, 504}
 # socket's timeout bounds each read and write, and a stalled proxy trickling its reply a byte a
 # second held the uploader for good (the buffer then dropped every part, silently).
 MIN_BYTES_PER_S = 64 * 1024
+# the most of a reply read: the monitor answers a few hundred bytes of JSON
+MAX_REPLY_BYTES = 64 * 1024
 
 
 class UploadStats(msgspec.Struct, frozen=True):
@@ -248,7 +250,13 @@ class PartUploader:
         try:
             conn.request(method, self._base + path, body=body, headers=headers)
             resp = conn.getresponse()
-            reply = resp.read()
+            # the monitor's replies are a few hundred bytes: a URL answering a large body (a
+            # file server, a proxy) had the training process hold all of it, on every retry
+            reply = resp.read(MAX_REPLY_BYTES + 1)
+            if len(reply) > MAX_REPLY_BYTES:
+                self._drop_connection()   # (the rest is never read: a new connection next)
+                raise http.client.HTTPException(f"a reply over {MAX_REPLY_BYTES:,} bytes; "
+                                                "expected a stragglers monitor's")
         except (OSError, http.client.HTTPException) as exc:
             self._drop_connection()
             if fired.is_set():
@@ -257,7 +265,7 @@ class PartUploader:
             raise
         finally:
             cut.cancel()
-        if resp.getheader("connection", "").lower() == "close":
+        if resp.getheader("connection", "").lower() == "close" or not resp.isclosed():
             self._drop_connection()
         return resp.status, reply
 
