@@ -7,10 +7,10 @@ import json
 import sqlite3
 from typing import Any
 
-from stragglers.adapt.dataset import DOING, DONE, DatasetConfig
+from stragglers.adapt.dataset import DOING, DONE, MAX_EPOCHS, DatasetConfig
 from stragglers.adapt.errors import Conflict
 from stragglers.adapt.replies import Lease, LeaseReply, LeaseStatus
-from stragglers.adapt.stored import check_shard, damaged
+from stragglers.adapt.stored import _is_int, check_shard, damaged
 from stragglers.adapt.store_state import StoreState
 
 # Lease request ids remembered per worker incarnation: a replay of any of the last
@@ -82,10 +82,7 @@ class LeaseHistory(StoreState):
         if recorded is None:
             raise Conflict(f"lease request of worker '{worker}': too old, its reply is no longer"
                            " kept (nothing was leased); send a new request_id")
-        try:
-            keys = [(int(e), int(s), int(o)) for e, s, o in json.loads(recorded)]
-        except (TypeError, ValueError):
-            raise damaged(cfg.name, f"lease request of worker '{worker}'", "reply") from None
+        keys = _recorded_keys(cfg, worker, recorded)
         leases: list[Lease] = []
         for epoch, shard, offset in keys:
             row = c.execute("SELECT start, stop, consumed, state, worker, fence, lease_until"
@@ -113,3 +110,31 @@ class LeaseHistory(StoreState):
         failed, n_failed = self._failed_report(c, cfg.name)
         return LeaseReply(status if status in ("wait", "finished") else "ok", leases, failed,
                           n_failed)
+
+
+def _recorded_keys(cfg: DatasetConfig, worker: str, recorded: Any) -> list[tuple[int, int, int]]:
+    """The (epoch, shard, offset) triples of a stored reply, each inside the data set, else
+    Quarantined: a damaged reply (1e400, 2^70, 100,000 nested '[', an offset of -77) was a 500
+    on every replay of its id, or an offset handed out as it stood."""
+    where = f"lease request of worker '{worker}'"
+    try:
+        triples = json.loads(recorded)
+    except (TypeError, ValueError, RecursionError):
+        raise damaged(cfg.name, where, "reply is not JSON") from None
+    if not isinstance(triples, list):
+        raise damaged(cfg.name, where, "reply is not a list")
+    keys = []
+    for triple in triples:
+        if not (isinstance(triple, list) and len(triple) == 3):
+            raise damaged(cfg.name, where, f"reply {triple!r:.40} is not [epoch, shard, offset]")
+        epoch, shard, offset = triple
+        # the bounds come first: an int past SQLite's 64 bits was an OverflowError at the SELECT
+        if not (_is_int(epoch, 0, MAX_EPOCHS) and _is_int(shard, 0, cfg.num_shards - 1)):
+            raise damaged(cfg.name, where, f"reply names shard {epoch!r:.20}/{shard!r:.20},"
+                          " outside the data set")
+        size = min(cfg.shard_size, cfg.num_samples - shard * cfg.shard_size)
+        if not _is_int(offset, 0, size):
+            raise damaged(cfg.name, where, f"reply offset {offset!r:.20} of shard"
+                          f" {epoch}/{shard}, expected 0..{size}")
+        keys.append((epoch, shard, offset))
+    return keys
