@@ -477,8 +477,11 @@ def _int_or_none(x: Any) -> int | None:
     if isinstance(x, bool):
         return None
     if isinstance(x, int):
-        return x
-    if isinstance(x, str) and x.strip().lstrip("-").isdigit():
+        return x if -(1 << 63) <= x < 1 << 63 else None
+    digits = x.strip().lstrip("-") if isinstance(x, str) else ""
+    # ASCII digits only, int64's at most: isdigit() takes '²' and a 5,000-digit string, both
+    # of which int() refuses (ValueError out of the reader: internal error)
+    if digits.isascii() and digits.isdigit() and len(digits) <= 19:
         return int(x)
     return None
 
