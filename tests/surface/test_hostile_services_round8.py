@@ -172,3 +172,22 @@ def test_an_optional_column_of_integers_with_nulls_is_read_or_refused_in_one_lin
     status, err = cli(command, str(path), "-q", cwd=tmp_path)
     if status != 0:
         clean_refusal(status, err, "cpu_wait")
+
+
+@pytest.mark.parametrize("values", [
+    lambda n: __import__("pyarrow").array([2 ** 63 - 1] * n, __import__("pyarrow").int64()),
+    lambda n: __import__("pyarrow").array([-2 ** 63] * n, __import__("pyarrow").int64()),
+    lambda n: __import__("pyarrow").array(__import__("numpy").ones(n, "float16")),
+], ids=["int64-max", "int64-min", "float16"])
+def test_a_step_column_at_int64s_ends_or_of_half_floats_is_one_line_or_read(tmp_path, values):
+    """Found by sweeping every column of a run through hostile values (lead, session 46): the
+    step partition's span of steps at int64's ends overflowed numpy's scalar arithmetic, and
+    float16 columns overflowed comparing with int64's bounds — a RuntimeWarning printed as a
+    second line of a refusal, or beside a report."""
+    run = small_run(tmp_path / "run")
+    with_column(run, "step", values)
+    status, err = cli("analyze", str(run), "-q", cwd=tmp_path)
+    if status != 0:
+        clean_refusal(status, err, "step")
+    else:
+        assert "Warning" not in err, err

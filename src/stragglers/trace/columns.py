@@ -139,6 +139,8 @@ def _numeric(col: pa.ChunkedArray, name: str, dtype: np.dtype, source, fill=None
             col = col.cast(pa.float64())   # (a NaN fill of integers with nulls: pandas' Int64)
         col = pc.fill_null(col, fill)
     arr = col.to_numpy()
+    if arr.dtype.kind == "f" and arr.dtype.itemsize < 8:
+        arr = arr.astype(np.float64)   # (int64's bounds compared in float16 overflow: a warning)
     if dtype.kind == "i" and arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
             raise InputError(source, name, "expected whole numbers")

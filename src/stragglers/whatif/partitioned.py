@@ -188,7 +188,9 @@ PARTITION_BYTES = 1 << 30
 
 def partitions_for(layout: RunLayout, budget: int = PARTITION_BYTES) -> int:
     """How many step partitions keep one partition's reading under `budget` bytes."""
-    every = max(1, int(layout.steps.max() - layout.steps.min() + 1)) if len(layout.steps) else 1
+    # (Python ints: steps near int64's ends overflow numpy's subtraction)
+    every = (max(1, int(layout.steps.max()) - int(layout.steps.min()) + 1)
+             if len(layout.steps) else 1)
     rows = layout.rows * len(layout.steps) / every
     return max(1, int(np.ceil(rows * BYTES_PER_ROW / budget)))
 
