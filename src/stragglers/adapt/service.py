@@ -268,11 +268,12 @@ class GroupCommitter:
     takes them in turns, at most `per_key` of one key: one owner looping on 256 connections put
     256 calls in every batch, and another job's lease waited for all of them.
 
-    Heavy keys paced: a key whose calls in a batch took `heavy_s` of the commit thread's CPU or
-    more (a lease of 256 shards, an epoch's next rows, a give-back step: 1-2 ms, against
-    ~0.05 ms for a lease or an ack) is heavy for `heavy_hold_s`: a batch takes one call of one
-    heavy key, and after it, while other keys' calls were committed meanwhile, none for
-    (its time) x (1 - heavy_share) / heavy_share, so heavy calls take at most `heavy_share` of
+    Heavy keys paced: a key with a call that took `heavy_s` of the commit thread's CPU or wrote
+    `heavy_rows` rows or more (a lease of 256 shards, an epoch's next rows, a give-back step:
+    1-2 ms and their pages to sync, against ~0.05 ms and a few rows for a lease or an ack) is
+    heavy for `heavy_hold_s`: a batch takes one call of one heavy key, and after it, while
+    other keys' calls were committed meanwhile, none for (the batch's time, its commit
+    included) x (1 - heavy_share) / heavy_share, so heavy calls take at most `heavy_share` of
     the thread and light calls run in the gaps. Five tokens each leasing 1,024 shards and
     giving them back in a loop put five such calls in every batch: another job's lease + ack
     waited for all of them, 5x its quiet latency. Calls run with `paced` (a PacedWriter's
@@ -280,10 +281,11 @@ class GroupCommitter:
     """
 
     def __init__(self, store: ShardStore, max_batch: int = 256, stall_s: float = 2.0,
-                 per_key: int = 8, heavy_s: float = 0.001, heavy_share: float = 0.25,
-                 heavy_hold_s: float = 1.0):
+                 per_key: int = 8, heavy_s: float = 0.001, heavy_rows: int = 100,
+                 heavy_share: float = 0.25, heavy_hold_s: float = 1.0):
         self.store, self.max_batch, self.per_key = store, max_batch, per_key
-        self.heavy_s, self.heavy_share, self.heavy_hold_s = heavy_s, heavy_share, heavy_hold_s
+        self.heavy_s, self.heavy_rows = heavy_s, heavy_rows
+        self.heavy_share, self.heavy_hold_s = heavy_share, heavy_hold_s
         self._heavy: dict[object, float] = {}   # heavy key -> monotonic time it is heavy until
         self._lane_at = 0.0   # no heavy key's call is taken before this (monotonic)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -419,24 +421,25 @@ class GroupCommitter:
                 self._waiting[key] = self._waiting.pop(key)
         return batch
 
-    def _paced(self, batch: list, costs: list[float]) -> None:
-        """Mark the keys with a call of `batch` that took heavy_s of CPU or more heavy, and
-        close the heavy lane for their time's pause when other keys' calls ran beside them."""
+    def _paced(self, batch: list, costs: list[tuple[float, int]], took: float) -> None:
+        """Mark the keys with a heavy call in `batch` (CPU or rows: see the class) heavy, and
+        when a heavy key's calls ran beside other keys' calls, close the heavy lane for the
+        batch's pause (`took`, its time with its commit: the pages a heavy call wrote are
+        written and synced there)."""
         now = time.monotonic()
-        by_key: dict[object, list[float]] = {}
-        for (key, *_), cost in zip(batch, costs):
-            if not (isinstance(key, tuple) and key[:1] == ("paced",)):
-                by_key.setdefault(key, []).append(cost)
-        heavy = 0.0
-        for key, spent in by_key.items():
-            if max(spent) >= self.heavy_s:   # (a key's many light calls: never heavy)
+        keys: set = set()
+        heavy = False
+        for (key, *_), (cpu, rows) in zip(batch, costs):
+            if isinstance(key, tuple) and key[:1] == ("paced",):
+                continue
+            keys.add(key)
+            if cpu >= self.heavy_s or rows >= self.heavy_rows:
                 self._heavy[key] = now + self.heavy_hold_s
-            if key in self._heavy:
-                heavy += sum(spent)
-        others = any(key not in self._heavy for key in by_key) or any(
+        heavy = any(key in self._heavy for key in keys)
+        others = any(key not in self._heavy for key in keys) or any(
             not self._is_heavy(key, now) for key in self._waiting)
         if heavy and others:
-            self._lane_at = now + heavy * (1 - self.heavy_share) / self.heavy_share
+            self._lane_at = now + took * (1 - self.heavy_share) / self.heavy_share
 
     def _loop(self) -> None:
         open_ = True
@@ -458,9 +461,10 @@ class GroupCommitter:
             self._check_stall()
             if self._fold and self.store.fold_wal():
                 self._fold = False
-            costs = [0.0] * len(batch)
+            costs = [(0.0, 0)] * len(batch)
+            t0 = time.monotonic()
             try:
-                results = self.store.run_batch([_timed(call, costs, i)
+                results = self.store.run_batch([_timed(call, self.store, costs, i)
                                                 for i, (_, call, _, _) in enumerate(batch)])
             except BaseException as exc:  # noqa: BLE001 - every waiting call must be answered
                 self.failed_batches += 1
@@ -473,7 +477,7 @@ class GroupCommitter:
                 results = [(ok, self._storage_error(value, "refused, nothing of it was stored")
                             if not ok and isinstance(value, (sqlite3.Error, OSError))
                             else value) for ok, value in results]
-            self._paced(batch, costs)
+            self._paced(batch, costs, time.monotonic() - t0)
             self.batches += 1
             self.calls += len(batch)
             # One wake-up of each event loop per batch, not one per call.
@@ -500,14 +504,14 @@ class GroupCommitter:
         return EnvironmentFailure("shard store", f"{what} ({type(exc).__name__}: {exc})")
 
 
-def _timed(call, costs: list[float], i: int):
-    """`call`, its CPU time on the commit thread kept in costs[i]."""
+def _timed(call, store: ShardStore, costs: list[tuple[float, int]], i: int):
+    """`call`, its CPU time on the commit thread and the rows it wrote kept in costs[i]."""
     def run():
-        t0 = time.thread_time()
+        t0, n0 = time.thread_time(), store._conn.total_changes
         try:
             return call()
         finally:
-            costs[i] = time.thread_time() - t0
+            costs[i] = (time.thread_time() - t0, store._conn.total_changes - n0)
     return run
 
 
