@@ -19,7 +19,7 @@ from stragglers.adapt.replies import (Acked, Configured, Created, Deleted, Faile
                                       Joined, LeaseReply, Released, Requeued, Restored, Snapshot,
                                       Status)
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
-from stragglers.serving import check_url
+from stragglers.serving import canonical_decimal, check_url
 from stragglers.wording import printable
 
 _CONFLICTS: dict[str, type[StragglersError]] = {"Fenced": Fenced, "LeaseLost": LeaseLost}
@@ -31,6 +31,13 @@ R = TypeVar("R", bound=msgspec.Struct)
 RESTORE_TIMEOUT_S = 600.0
 # a reply slower than this over a read timeout is cut (each read's own bound is httpx's)
 REPLY_MIN_BYTES_PER_S = 1024
+# The most bytes of a reply read (past it: EnvironmentFailure, the rest unread). A snapshot, a
+# status (a count per epoch: 2^20 epochs) and the lists of shards or ranks (join, release,
+# retry-failed, the controller's state) up to max_reply_bytes: the service's max_restore_bytes
+# (64 MiB by default: a bigger snapshot cannot be restored there) and 1 MiB; the rest (lease:
+# 262,144 indices of 8 digits, ~2.4 MB; ack, create, delete, restore, configure) SMALL_REPLY_BYTES.
+REPLY_BYTES = (1 << 26) + (1 << 20)
+SMALL_REPLY_BYTES = 1 << 22
 
 
 class ServiceUnavailable(EnvironmentFailure):
@@ -44,18 +51,22 @@ class ShardClient:
     a restarted service resumes from its SQLite file. Retries are safe: a lease retry carries
     the first attempt's request id (the same shards come back), acks are idempotent.
     `token` is the job's bearer token (it owns the data set and the controller it creates).
+    Replies are read plain (no content coding) and bounded: `max_reply_bytes` (REPLY_BYTES;
+    raise it with the service's max_restore_bytes) or SMALL_REPLY_BYTES.
     """
 
     def __init__(self, url: str, dataset: str, worker: str, token: str | None = None,
                  retry_s: float = 60.0, timeout_s: float = 10.0, job: str | None = None,
-                 service_token: str | None = None):
+                 service_token: str | None = None, max_reply_bytes: int = REPLY_BYTES):
         check_url(url, "shard service")
         check_name(dataset, "dataset")
         self.url, self.dataset, self.worker = url.rstrip("/"), dataset, worker
         self.job = job or dataset
         self.retry_s = retry_s
+        self.max_reply_bytes = max_reply_bytes
         self.fence: int | None = None
-        headers: dict[str, str] = {}
+        # httpx asks for gzip by default and decodes it whole: 1 MB of gzip was 1 GiB in memory
+        headers: dict[str, str] = {"Accept-Encoding": "identity"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         if service_token:
@@ -68,8 +79,10 @@ class ShardClient:
         self._http.close()
 
     def _call(self, method: str, path: str, body: Mapping[str, Any] | msgspec.Struct | None = None,
-              params: dict[str, int] | None = None, timeout: float | None = None) -> bytes:
-        """The JSON answer of one call (its bytes), retried while the service is unavailable."""
+              params: dict[str, int] | None = None, timeout: float | None = None,
+              limit: int | None = None) -> bytes:
+        """The JSON answer of one call (its bytes, at most `limit`: max_reply_bytes by
+        default), retried while the service is unavailable."""
         # a reply Struct (a snapshot: up to 655,360 rows) goes out encoded by msgspec at once
         content = msgspec.json.encode(body) if isinstance(body, msgspec.Struct) else None
         json_body = None if content is not None else body
@@ -79,7 +92,7 @@ class ShardClient:
         while True:
             try:
                 resp = self._whole_reply(method, path, json_body, content, headers, params,
-                                         timeout)
+                                         timeout, limit or self.max_reply_bytes)
                 if resp.status_code == 429 and _kind(resp) == "RateLimited" and \
                         time.monotonic() + _retry_after(resp) < deadline:
                     time.sleep(_retry_after(resp))   # new tokens are rate-limited: wait a turn
@@ -111,22 +124,27 @@ class ShardClient:
         return resp.content
 
     def _whole_reply(self, method: str, path: str, json_body, content, headers, params,
-                     timeout: float | None) -> httpx.Response:
+                     timeout: float | None, limit: int) -> httpx.Response:
         """One request's reply read whole at REPLY_MIN_BYTES_PER_S or more over each read
         timeout (httpx's timeout bounds each read: a reply trickled a byte a second never
         ended, and a worker's call or `stragglers adapt status` waited for ever; a rate, not a
         total: a big snapshot on a slow link takes long and is no trickle); httpx.ReadTimeout
-        below it, which the caller retries as any unreachable service."""
+        below it, which the caller retries as any unreachable service. EnvironmentFailure
+        (not retried) for a reply in a content coding or over `limit` bytes: not the
+        service's (it sends neither), and reading it cost the worker its memory."""
         request = self._http.build_request(method, path, json=json_body, content=content,
                                            headers=headers, params=params,
                                            timeout=timeout or httpx.USE_CLIENT_DEFAULT)
         span = timeout or self.timeout_s
         resp = self._http.send(request, stream=True)
         try:
+            self._check_head(resp, path, limit)
             raw = bytearray()
             since, got = time.monotonic(), 0
             for chunk in resp.iter_raw():
                 raw += chunk
+                if len(raw) > limit:
+                    raise self._too_big(path, limit, f"more than {limit:,} bytes came")
                 got += len(chunk)
                 now = time.monotonic()
                 if now - since >= span:
@@ -140,11 +158,29 @@ class ShardClient:
         return httpx.Response(resp.status_code, headers=resp.headers, content=bytes(raw),
                               request=request)
 
+    def _check_head(self, resp: httpx.Response, path: str, limit: int) -> None:
+        """Refuse a reply before its body: one in a content coding, one announcing more than
+        `limit` bytes."""
+        coding = resp.headers.get("content-encoding", "identity")
+        if coding.strip().lower() != "identity":
+            raise EnvironmentFailure(f"shard service {self.url}{path}", f"the reply is in"
+                                     f" Content-Encoding {printable(coding[:40])!r}; expected"
+                                     " none (it asked for identity: a proxy or not the service?)")
+        declared = resp.headers.get("content-length", "")   # (h11 refused one not digits)
+        if declared.isascii() and declared.isdigit() and int(declared) > limit:
+            raise self._too_big(path, limit, f"Content-Length {declared[:40]}")
+
+    def _too_big(self, path: str, limit: int, got: str) -> EnvironmentFailure:
+        return EnvironmentFailure(f"shard service {self.url}{path}", f"reply too large ({got});"
+                                  f" at most {limit:,} bytes are read (max_reply_bytes for a"
+                                  " snapshot, status or list; a proxy or not the service?)")
+
     def _typed(self, kind: type[R], method: str, path: str,
                body: Mapping[str, Any] | msgspec.Struct | None = None,
-               params: dict[str, int] | None = None, timeout: float | None = None) -> R:
+               params: dict[str, int] | None = None, timeout: float | None = None,
+               limit: int | None = None) -> R:
         """_call's answer read as a `kind` reply (EnvironmentFailure: the service sent another)."""
-        raw = self._call(method, path, body, params, timeout)
+        raw = self._call(method, path, body, params, timeout, limit)
         try:
             return msgspec.json.decode(raw, type=kind)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -159,7 +195,8 @@ class ShardClient:
 
     def create_dataset(self, cfg: DatasetConfig) -> Created:
         """Register the data set (idempotent for the same config and token)."""
-        return self._typed(Created, "POST", "/datasets", {**asdict(cfg), "name": self.dataset})
+        return self._typed(Created, "POST", "/datasets", {**asdict(cfg), "name": self.dataset},
+                           limit=SMALL_REPLY_BYTES)
 
     def join(self) -> int:
         """Start this worker's incarnation: fences off earlier ones (their shards go back)."""
@@ -174,13 +211,14 @@ class ShardClient:
         first. A failure of this worker returns all of them to the queue."""
         body = {"worker": self.worker, "fence": self._need_fence(), "count": count,
                 "request_id": uuid.uuid4().hex}
-        return self._typed(LeaseReply, "POST", self._ds("lease"), body)
+        return self._typed(LeaseReply, "POST", self._ds("lease"), body,
+                           limit=SMALL_REPLY_BYTES)
 
     def ack(self, epoch: int, shard: int, consumed: int) -> Acked:
         """Report the samples of a shard consumed so far (renews the lease)."""
         return self._typed(Acked, "POST", self._ds("ack"), {
             "worker": self.worker, "fence": self._need_fence(), "epoch": epoch, "shard": shard,
-            "consumed": consumed})
+            "consumed": consumed}, limit=SMALL_REPLY_BYTES)
 
     def release(self, failure: bool = True, error: str | None = None,
                 all_incarnations: bool = False) -> Released:
@@ -193,7 +231,8 @@ class ShardClient:
     def delete_dataset(self) -> Deleted:
         """Delete the data set (its owner's token): its places of the service's quotas are
         given back (NotFound when a retry finds it deleted by the first try)."""
-        return self._typed(Deleted, "DELETE", f"/datasets/{self.dataset}")
+        return self._typed(Deleted, "DELETE", f"/datasets/{self.dataset}",
+                           limit=SMALL_REPLY_BYTES)
 
     def retry_failed(self) -> Requeued:
         """Put the FAILED shards back in the queue."""
@@ -211,12 +250,13 @@ class ShardClient:
         """Reset the service to a snapshot taken with the model checkpoint being loaded (a big
         one is written in paced steps: up to RESTORE_TIMEOUT_S)."""
         return self._typed(Restored, "POST", self._ds("restore"), snap,
-                           timeout=RESTORE_TIMEOUT_S)
+                           timeout=RESTORE_TIMEOUT_S, limit=SMALL_REPLY_BYTES)
 
     def configure_control(self, config: ControlConfig | Mapping[str, Any]) -> Configured:
         """Start the job's controller for this incarnation (a ControlConfig or its dict)."""
         body = config.to_dict() if isinstance(config, ControlConfig) else dict(config)
-        return self._typed(Configured, "POST", self._job("config"), body)
+        return self._typed(Configured, "POST", self._job("config"), body,
+                           limit=SMALL_REPLY_BYTES)
 
     def report_steps(self, rank: int, records: Sequence[Sequence[float]], device: str,
                      incarnation: int, since: int = 0) -> Actions:
@@ -262,9 +302,10 @@ def _kind(resp: httpx.Response) -> str:
 
 
 def _retry_after(resp: httpx.Response) -> float:
-    """The seconds a 429's Retry-After asks for (1 when absent or not a number; at most 60)."""
-    raw = resp.headers.get("retry-after", "1")
-    return min(60.0, float(raw)) if raw.isdigit() else 1.0
+    """The seconds a 429's Retry-After asks for (1 when absent or not a plain number of ASCII
+    digits: '²' passed isdigit() and float() refused it; at most 60)."""
+    seconds = canonical_decimal(resp.headers.get("retry-after", "1"), 1 << 31)
+    return 1.0 if seconds is None else min(60.0, float(seconds))
 
 
 def _field(resp: httpx.Response) -> str | None:
