@@ -24,7 +24,7 @@ import watchfiles
 
 from stragglers.errors import InputError
 from stragglers.monitor.jobmeta import read_meta_file, run_start
-from stragglers.monitor.part_files import OUTSIDE
+from stragglers.monitor.part_files import OUTSIDE, StuckRead
 from stragglers.monitor.parts import MAX_PART, is_job_name, parse_part_name
 from stragglers.monitor.service import JobFull, Monitor, PartIn
 from stragglers.monitor.watch_child import UNWATCHABLE
@@ -630,7 +630,7 @@ class DirectoryWatcher:
         exc = done.exception()
         if exc is None:
             return
-        if isinstance(exc, InputError):
+        if isinstance(exc, InputError) and not isinstance(exc, StuckRead):
             if exc.field != "job":   # (an unknown job was named by the monitor already)
                 # a part past its job's max_job_bytes is named once too (until its file
                 # changes), and the run's other parts are still looked at

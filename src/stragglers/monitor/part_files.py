@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
+import queue
 import stat
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from pathlib import Path
 
 from stragglers.errors import InputError
 from stragglers.trace.runformat import rank_file_name
 
+log = logging.getLogger(__name__)
 
 MAX_PART_FILE_BYTES = 1 << 30   # a watched part file (an upload is bounded by max_part_bytes)
 
@@ -18,6 +24,13 @@ MAX_PART_FILE_BYTES = 1 << 30   # a watched part file (an upload is bounded by m
 # recorder's parts are kB to a few MB); a larger one is read where touched (FileBytes)
 WHOLE_READ_BYTES = 16 << 20
 
+# a watched file's read (open, footer, bytes) that has not returned after this long is given
+# up on for now: a hard-mounted NFS file whose server went away, a hung FUSE file (sshfs,
+# s3fs, gcsfuse) block a read for good, and O_NONBLOCK does nothing for a regular file
+READ_TIMEOUT_S = 5.0
+# threads left behind in reads that did not return, at most, at once (a thread blocked in
+# the kernel cannot be stopped); past it watched files are left for later unread
+MAX_STUCK_READS = 8
 
 
 OUTSIDE = "a link to a file outside the watched folder (not followed)"
@@ -177,3 +190,170 @@ def sync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+
+class StuckRead(InputError):
+    """A watched file whose read did not return in time: left for a later scan, not refused
+    (its run goes on; it is read again once the read left behind returned)."""
+
+
+
+class FileReaders(Executor):
+    """Threads that read watched files, each read waited for at most `timeout_s` from when
+    it began (map): one that does not return is left behind on its thread (blocked in the
+    kernel, it cannot be stopped), the file answered StuckRead and not read again while that
+    read is stuck, and a thread started in its place, up to `max_stuck` left behind at once.
+    Daemon threads of their own: neither a stop nor the interpreter's exit waits for one (a
+    ThreadPoolExecutor's threads are joined at exit, so SIGTERM waited on a stuck read)."""
+
+    def __init__(self, threads: int = 2, timeout_s: float = READ_TIMEOUT_S,
+                 max_stuck: int = MAX_STUCK_READS, name: str = "stragglers-file-read"):
+        self.threads, self.timeout_s, self.max_stuck, self.name = \
+            threads, timeout_s, max_stuck, name
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._workers = 0   # threads taking reads (not left behind)
+        self._running: dict[Future, tuple[str, float, int]] = {}   # → (file, began, thread)
+        self._left: dict[int, str] = {}   # thread left behind → the file it reads
+        self.stuck: dict[str, float] = {}   # file → when its read that is stuck began
+        self.given_up = 0   # reads left behind, in all
+        self._closed = False
+
+    def stuck_reads(self) -> dict[str, float]:
+        """file → seconds its read has been stuck, for the reads left behind now."""
+        now = time.monotonic()
+        with self._lock:
+            return {f: now - began for f, began in self.stuck.items()}
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        """fn(*args) on a reader thread (not bounded: map bounds its reads)."""
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the file readers are shut down")
+            if self._workers < self.threads and len(self._left) < self.max_stuck:
+                self._start()
+        self._tasks.put((fut, lambda: fn(*args, **kwargs), _file_of(args[0]) if args else ""))
+        return fut
+
+    def map(self, fn, *iterables, timeout=None, chunksize=1):
+        """fn(item) of each item, in order; an item's result is StuckRead when its file
+        (the item's first element, or its .path) did not answer within timeout_s of its
+        read's start, is stuck already, or no reader is left (every one stuck)."""
+        items = list(zip(*iterables)) if len(iterables) > 1 else list(iterables[0])
+        out: list = [None] * len(items)
+        futures: dict[Future, int] = {}
+        for i, item in enumerate(items):
+            file = _file_of(item)
+            with self._lock:
+                began = self.stuck.get(file)
+            if began is not None:
+                out[i] = StuckRead(file, None, _still_stuck(time.monotonic() - began))
+            else:
+                futures[self.submit(fn, *item) if len(iterables) > 1
+                        else self.submit(fn, item)] = i
+        pending = set(futures)
+        while pending:
+            now, given_up = time.monotonic(), []
+            with self._lock:
+                for fut in [f for f in pending if f in self._running]:
+                    file, began, thread = self._running[fut]
+                    if now - began >= self.timeout_s and not fut.done():
+                        del self._running[fut]
+                        self._left[thread] = file
+                        self.stuck[file] = began
+                        self._workers -= 1
+                        self.given_up += 1
+                        pending.discard(fut)
+                        out[futures[fut]] = StuckRead(file, None, _still_stuck(now - began))
+                        given_up.append(file)
+                        if len(self._left) < self.max_stuck:
+                            self._start()   # (in its place)
+                if self._workers == 0:   # every reader left behind: the rest wait for later
+                    for fut in [f for f in pending if f.cancel()]:
+                        pending.discard(fut)
+                        out[futures[fut]] = StuckRead(
+                            _file_of(items[futures[fut]]), None,
+                            f"not read: {len(self._left)} reads of watched files are stuck "
+                            f"(at most {self.max_stuck} are left behind); left for a later "
+                            "scan")
+                due = [began + self.timeout_s for f, (_, began, _) in self._running.items()
+                       if f in pending]
+                stuck_now = len(self._left)
+            for file in given_up:
+                log.warning("%s: its read did not return within %g s (a hung file system?); "
+                            "left for a later scan, its thread left behind (%d reads stuck "
+                            "now)", file, self.timeout_s, stuck_now)
+            if not pending:
+                break
+            # (woken at the first read done or the first deadline; a read not begun yet has
+            # none: the readers' deadlines bound its wait)
+            done, _ = wait(pending, timeout=max(0.0, min(due, default=now + self.timeout_s)
+                                                - time.monotonic()),
+                           return_when=FIRST_COMPLETED)
+            for fut in done:
+                pending.discard(fut)
+                if not fut.cancelled():
+                    out[futures[fut]] = fut.result()
+        return iter(out)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop the readers; none is waited for (a stuck one never returns)."""
+        with self._lock:
+            self._closed = True
+            workers = self._workers
+        for _ in range(workers):
+            self._tasks.put(None)
+
+    def _start(self) -> None:
+        """One more reader thread (held by _lock)."""
+        self._workers += 1
+        threading.Thread(target=self._work, name=self.name, daemon=True).start()
+
+    def _work(self) -> None:
+        me = threading.get_ident()
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            fut, call, file = task
+            if not fut.set_running_or_notify_cancel():
+                continue
+            with self._lock:
+                self._running[fut] = (file, time.monotonic(), me)
+            try:
+                fut.set_result(call())
+            except BaseException as exc:   # noqa: BLE001 - the caller's to see
+                fut.set_exception(exc)
+            with self._lock:
+                self._running.pop(fut, None)
+                left = self._left.pop(me, None)
+                if left is None:
+                    continue
+                began = self.stuck.pop(left, time.monotonic())
+                stuck_now = len(self._left)
+                # back: it reads again if the readers are short of one, else it ends
+                back = not self._closed and self._workers < self.threads
+                if back:
+                    self._workers += 1
+            log.warning("%s: its stuck read returned after %.0f s; read again at the next "
+                        "scan (%d reads stuck now)", left, time.monotonic() - began,
+                        stuck_now)
+            if not back:
+                return
+
+
+
+def _still_stuck(seconds: float) -> str:
+    return (f"its read has not returned for {seconds:.0f} s (a hung file system?); left for "
+            "a later scan")
+
+
+
+def _file_of(item) -> str:
+    """The file a reader's item reads: its .path, its first element, or itself."""
+    path = getattr(item, "path", None)
+    if path is None:
+        path = item[0] if isinstance(item, tuple) and item else item
+    return str(path)

@@ -38,12 +38,13 @@ from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.jobmeta import check_meta, is_new_run, run_start, run_token
 from stragglers.monitor.outbox import OutboxSender
 from stragglers.monitor.turns import Turns
+from stragglers.monitor.part_files import FileReaders, StuckRead
 from stragglers.monitor.part_names import file_fingerprint
 from stragglers.monitor.places import check_place, rows_place
 from stragglers.monitor.parts import MAX_PART, MAX_STEP, MAX_WINDOW, PartConflict, PartData, \
     PartFile, check_file_in_job, \
-    check_in_job, check_same_part, check_step_gaps, is_whole_rank_file, part_path, read_part_file, \
-    read_part_files, read_part_footer, read_part_footers, check_uploads, read_uploads, \
+    check_in_job, check_same_part, check_step_gaps, is_whole_rank_file, part_path, \
+    read_part_files, read_part_footers, check_uploads, read_uploads, \
     sync_directory, write_part_file
 from stragglers.monitor.records import Alert, AlertLogEntry, IngestMark, JobMark, JobRecord, \
     Lease, PartIndex, WindowRow
@@ -235,6 +236,10 @@ class Monitor:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._readers: ThreadPoolExecutor | None = None
+        # watched files are read here, each read waited for a bounded time (a hung NFS or
+        # FUSE file once held the ingest thread, every upload behind it, and SIGTERM)
+        self._files = FileReaders(self.config.read_threads,
+                                  name="stragglers-monitor-file-read")
         self._writers: ThreadPoolExecutor | None = None
         self._ingest_started: float | None = None   # the batch being stored: its oldest part
         # job → (bytes of parts stored past its last window, when read, its windows stored
@@ -378,6 +383,7 @@ class Monitor:
         for pool in (self._readers, self._writers):
             if pool is not None:
                 pool.shutdown(wait=True)
+        self._files.shutdown(wait=False)   # (a read stuck in the kernel is left behind)
         self.analyser.close()
         self.outbox.close()
         # a clean stop hands the leases back: the other instances take the jobs at once
@@ -389,6 +395,11 @@ class Monitor:
         """Nothing queued or in progress, no first scan of a watched root under way (for
         tests and benchmarks)."""
         return self._inflight == 0 and not self._first_scans
+
+    def stuck_reads(self) -> dict[str, float]:
+        """Watched file → seconds its read has been stuck, for the reads given up on and left
+        behind (/health and the ingest's queue depths say how many)."""
+        return {self._public(f): s for f, s in self._files.stuck_reads().items()}
 
     def scanning(self) -> bool:
         """Whether a watcher's first scan of its roots is under way (/health says so)."""
@@ -830,11 +841,14 @@ class Monitor:
                                 "its bytes are not the part acknowledged (its fingerprint "
                                 "differs: the file was replaced since)")
                     continue
-                footer = read_part_footer(path, within)
-                if isinstance(footer, InputError):
-                    raise footer
-                read[(p.rank, p.part)] = footer if footer is not None else \
-                    read_part_file(path, within)
+                # (bounded: a stuck file is left out as an unreadable one is)
+                got: PartData | PartFile | InputError | None = \
+                    read_part_footers([path], self._files, [within])[0]
+                if got is None:
+                    got = read_part_files([path], self._files, None, [within])[0]
+                if isinstance(got, InputError):
+                    raise got
+                read[(p.rank, p.part)] = got
             except InputError as exc:
                 log.warning("job %s: stored part unreadable now: %s", tr.job, exc)
         # in the order they were stored, as the ingest took them
@@ -892,7 +906,8 @@ class Monitor:
         within = self.part_root(directory)
         for rank in sorted(newest):   # (the lower rank holds a place two claim, as a window)
             for part in sorted(newest[rank], reverse=True)[:4]:
-                footer = read_part_footer(part_path(directory, rank, part), within)
+                footer = read_part_footers([part_path(directory, rank, part)], self._files,
+                                           [within])[0]
                 place = rows_place(footer) if isinstance(footer, PartFile) else None
                 if place is not None and place != (-1, -1):
                     tr.claim(rank, place)
@@ -1227,14 +1242,14 @@ class Monitor:
         # column for the batch, not per part); uploads are written once checked
         files = [(it, it.path) for it in fresh
                  if it.data is None and it.body is None and it.path is not None]
-        footers = read_part_footers([path for _, path in files], self._readers,
+        footers = read_part_footers([path for _, path in files], self._files,
                                     [self.part_root(path.parent) for _, path in files])
         read: dict[int, PartData | PartFile | InputError] = {
             id(it): f for (it, _), f in zip(files, footers) if f is not None}
         whole = [(it, path) for (it, path), f in zip(files, footers) if f is None]
         uploads = [(it, it.body) for it in fresh if it.body is not None]
         read.update(zip([id(it) for it, _ in whole], read_part_files(
-            [path for _, path in whole], self._readers, None,
+            [path for _, path in whole], self._files, None,
             [self.part_root(path.parent) for _, path in whole])))
         # (their rows checked together: one check per column for the batch, not per part)
         checked = check_uploads([(body, _source(it), it.rank, it.part, self.directories[it.job]
@@ -1300,6 +1315,9 @@ class Monitor:
         for it in fresh:
             got = read.get(id(it), it.data)
             if got is None:   # neither a file, nor bytes, nor rows: nothing to take
+                continue
+            if isinstance(got, StuckRead):   # not refused: a later scan reads it again
+                _settle(it, exc=got)
                 continue
             if isinstance(got, InputError):
                 if it.done is not None:   # the request answers 422 (and counts the refusal)

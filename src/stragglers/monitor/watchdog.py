@@ -15,6 +15,7 @@ import time
 
 from stragglers.monitor.changes import ChangeSettings, RankChangeDetector, busy_per_step, \
     is_compute, read_busy
+from stragglers.monitor.part_files import StuckRead
 from stragglers.monitor.parts import PartFile
 from stragglers.monitor.records import Place
 from stragglers.monitor.windows import JobTracker
@@ -98,10 +99,13 @@ class Watchdog:
                 self.unstored.discard(job)
                 continue
             sources = [src for _, src in arrived]
-            pool = m._readers   # the ingest's reader threads (parts read outside the GIL)
-            read = list(pool.map(_busy, sources)) if pool else [_busy(s) for s in sources]
+            # the files on the bounded file readers (a file stuck since its footer was read
+            # is left out, as an unreadable one: None), the uploads' rows here
+            files = [s for s in sources if isinstance(s, PartFile)]
+            busy_of = dict(zip(map(id, files), m._files.map(_busy, files)))
+            read = [busy_of[id(s)] if isinstance(s, PartFile) else _busy(s) for s in sources]
             for (rank, _), busy in zip(arrived, read):
-                if busy is not None:
+                if busy is not None and not isinstance(busy, StuckRead):
                     detector.add(rank, *busy)
             changes = detector.settle()
             judged = detector.warm()
@@ -278,7 +282,9 @@ class Watchdog:
         """Items waiting on each of the monitor's queues."""
         m = self.monitor
         return {"ingest": m._ingest.qsize(), "analysis": m._analysis.qsize(),
-                "changes": self.queue.qsize()}
+                "changes": self.queue.qsize(),
+                # watched files whose read did not return (left for a later scan)
+                "stuck_reads": len(m._files.stuck)}
 
     def delivery_counts(self) -> dict[str, int]:
         """Alert messages sent, given up on and dropped, over every sender."""

@@ -1,0 +1,216 @@
+"""A watched part whose reads never return (a hard-mounted NFS file whose server went away, a
+hung sshfs/s3fs/gcsfuse file) stalls neither another job's uploads, nor the watched run's good
+parts, nor the monitor's stop: its read is given up on after part_files.READ_TIMEOUT_S, the
+file left for a later scan, its thread left behind. Before, the ingest thread waited on the read
+for good (an upload was never answered, the run's other parts never stored, stop() and SIGTERM
+waited on it).
+
+The stuck file is real: a FUSE file (raw /dev/fuse, mounted over the part's name) whose server
+answers everything but reads, which it holds (_serve_fuse, in a process of its own).
+Needs root and /dev/fuse: skipped where either is absent. The timeouts below only stop a hang."""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import os
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import REPO, eventually, free_port
+from monitor_jobs import parts_of, slow_job, start_run, write_parts
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.trace.runformat import rank_file_name
+from stragglers.trace.synth import generate
+from stragglers.trace.runformat import write_rank
+
+HANG = 120   # seconds: only a hang waits this long
+STUCK = (0, 1)   # the rank and part whose file hangs
+CFG = MonitorConfig(window_steps=4, stall_after_s=600, tick_s=0.05, rescan_s=0.3)
+
+
+def _serve_fuse(target: str) -> None:
+    """Mount a FUSE file over `target` (a regular file: its size is kept) and answer every
+    request but READ, which is held for good; prints 'mounted', then 'read held' per read."""
+    size = os.stat(target).st_size
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    libc = ctypes.CDLL(None, use_errno=True)
+    opts = f"fd={fd},rootmode={stat.S_IFREG:o},user_id=0,group_id=0,allow_other".encode()
+    if libc.mount(b"stuckfuse", target.encode(), b"fuse", 0, opts) != 0:
+        print("mount failed:", os.strerror(ctypes.get_errno()), flush=True)
+        sys.exit(1)
+    print("mounted", flush=True)
+    now = int(time.time())
+    attr = struct.pack("<QQQQQQIIIIIIIIII", 1, size, (size + 511) // 512, now, now, now, 0, 0,
+                       0, stat.S_IFREG | 0o644, 1, 0, 0, 0, 4096, 0)
+
+    def reply(unique: int, payload: bytes = b"", error: int = 0) -> None:
+        os.write(fd, struct.pack("<IiQ", 16 + len(payload), error, unique) + payload)
+
+    while True:
+        try:
+            buf = os.read(fd, (1 << 20) + 4096)
+        except OSError:
+            return
+        _, op, unique = struct.unpack_from("<IIQ", buf)
+        if op == 26:   # INIT (protocol 7.31, max_write 1 MiB)
+            ra = struct.unpack_from("<IIII", buf, 40)[2]
+            reply(unique, struct.pack("<IIIIHHIIHHII", 7, 31, ra, 0, 16, 12, 1 << 20, 1, 32,
+                                      0, 0, 0).ljust(64, b"\0"))
+        elif op == 3:   # GETATTR
+            reply(unique, struct.pack("<QII", 1, 0, 0) + attr)
+        elif op == 14:   # OPEN
+            reply(unique, struct.pack("<QIi", 1, 0, 0))
+        elif op == 15:   # READ: never answered (a server gone away)
+            print("read held", flush=True)
+        elif op in (18, 25):   # RELEASE, FLUSH
+            reply(unique)
+        elif op in (2, 36, 42):   # FORGET, INTERRUPT (ignored: hung), BATCH_FORGET
+            pass
+        elif op == 38:   # DESTROY
+            reply(unique)
+            return
+        else:
+            reply(unique, error=-38)   # ENOSYS
+
+
+class StuckFile:
+    """A FUSE server holding every read of the file it is mounted over."""
+
+    def __init__(self, target: Path):
+        self.target = target
+        self.held = threading.Event()   # a read reached the server (and is held)
+        # (its own process: the server's source run as a script)
+        source = "import ctypes, os, stat, struct, sys, time\n" + \
+            inspect.getsource(_serve_fuse) + f"\n_serve_fuse({str(target)!r})\n"
+        self.proc = subprocess.Popen([sys.executable, "-c", source],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        first = self.proc.stdout.readline().strip()   # type: ignore[union-attr]
+        if first != "mounted":
+            self.proc.wait(timeout=HANG)
+            pytest.skip(f"a FUSE file cannot be mounted here ({first or 'no answer'})")
+        threading.Thread(target=self._follow, daemon=True).start()
+
+    def _follow(self) -> None:
+        for line in self.proc.stdout:   # type: ignore[union-attr]
+            if line.startswith("read held"):
+                self.held.set()
+
+    def close(self) -> None:
+        """The server gone: held reads fail (ENOTCONN), the mount is taken away."""
+        self.proc.kill()
+        self.proc.wait(timeout=HANG)
+        ctypes.CDLL(None, use_errno=True).umount2(str(self.target).encode(), 2)  # MNT_DETACH
+
+
+@pytest.fixture
+def stuck_run(tmp_path):
+    """runs/run1: a job's meta.json and parts, rank 0's part 1 a file whose reads hang; yields
+    (run folder, its parts' (rank, part), the FUSE server)."""
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse to mount a FUSE file whose reads hang")
+    run = tmp_path / "runs" / "run1"
+    trace = slow_job(steps=8)
+    start_run(run, trace)
+    parts = parts_of(trace, steps_per_part=4)
+    write_parts(run, parts)
+    stuck = StuckFile(run / rank_file_name(*STUCK))
+    try:
+        yield run, [(rank, part) for rank, part, _ in parts], stuck
+    finally:
+        stuck.close()
+
+
+def upload(tmp_path: Path, seed: int) -> tuple[dict, bytes]:
+    """A one-rank job's meta and its part 0 as the recorder uploads them."""
+    trace = generate(dp=1, pp=1, microbatches=2, steps=4, seed=seed)
+    path = write_rank(tmp_path / f"up{seed}", 0, dict(trace.ops), part=0)
+    return trace.meta.to_dict(), Path(path).read_bytes()
+
+
+@pytest.mark.slow
+def test_a_hanging_watched_file_stalls_no_upload_nor_the_run_nor_the_stop(stuck_run, tmp_path):
+    run, parts, fuse = stuck_run
+    server = MonitorServer(tmp_path / "mon.db", watch=[run.parent], port=0,
+                           config=CFG).start()
+    stopped = False
+    try:
+        assert fuse.held.wait(HANG), "the monitor never read the hanging file"
+        with httpx.Client(base_url=server.url, timeout=HANG) as c:
+            # another job's upload is answered (it waited for the ingest thread for good)
+            meta, body = upload(tmp_path, 1)
+            assert c.put("/api/jobs/up1/meta", json=meta).status_code == 200
+            r = c.put("/api/jobs/up1/ranks/0/parts/0", content=body)
+            assert r.status_code == 200, r.text
+            # the run's good parts are stored, the hanging one left for later (not refused)
+            tracker = server.monitor.tracker("run1")
+            eventually(lambda: all(tracker.knows(*p) for p in parts if p != STUCK), HANG,
+                       what="run1's readable parts stored")
+            assert not tracker.knows(*STUCK)
+            stuck = server.monitor.stuck_reads()
+            assert list(stuck) == [f"run1/{rank_file_name(*STUCK)}"], stuck
+            assert 'stragglers_queue_depth{queue="stuck_reads"} 1.0' in c.get("/metrics").text
+            refused = [r for r in c.get("/api/stats").json()["rejects"]
+                       if rank_file_name(*STUCK) in r["source"]]
+            assert not refused, refused
+            # the rescans that queue it again do not wait on it again, nor leave another
+            # thread behind: a later upload is answered while the read is still held
+            meta, body = upload(tmp_path, 2)
+            assert c.put("/api/jobs/up2/meta", json=meta).status_code == 200
+            r = c.put("/api/jobs/up2/ranks/0/parts/0", content=body)
+            assert r.status_code == 200, r.text
+            assert server.monitor._files.given_up == 1
+        # stop() returns with the read still held (it waited on the reader pool for good)
+        ended = threading.Thread(target=server.stop, daemon=True)
+        ended.start()
+        ended.join(HANG)
+        stopped = not ended.is_alive()
+        assert stopped, "stop() waited on the hanging read"
+    finally:
+        if not stopped:
+            threading.Thread(target=server.stop, daemon=True).start()
+
+
+
+@pytest.mark.slow
+def test_sigterm_does_not_wait_on_a_hanging_watched_file(stuck_run, tmp_path):
+    # `stragglers monitor serve` (SIGTERM: what kill, systemd and Kubernetes send) stops its
+    # threads and closes its store while the read is still held; it waited on the read
+    run, _, fuse = stuck_run
+    port = free_port()
+    cfg = tmp_path / "monitor.yaml"
+    cfg.write_text("settings: {window_steps: 4, stall_after_s: 600, tick_s: 0.1, "
+                   "rescan_s: 0.3}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "stragglers.monitor", "serve", "--db",
+                             str(tmp_path / "mon.db"), "--port", str(port), "--config", str(cfg),
+                             "--watch", str(run.parent)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert fuse.held.wait(HANG), "the monitor never read the hanging file"
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=HANG) as c:
+            eventually(lambda: c.get("/health").status_code == 200, HANG, what="monitor up")
+        assert (tmp_path / "mon.db-wal").exists()   # (open, in write-ahead-log mode)
+        proc.send_signal(signal.SIGTERM)
+        # the store closed (SQLite folds its write-ahead log back when its last connection
+        # closes: the last thing the stop does) with the read still held
+        eventually(lambda: not (tmp_path / "mon.db-wal").exists(), HANG,
+                   what="the store closed after SIGTERM")
+        assert fuse.proc.poll() is None   # (the read was still held)
+        fuse.close()   # (a FUSE read sent to its server is waited out even by a killed process)
+        out, _ = proc.communicate(timeout=HANG)
+        assert proc.returncode == 128 + signal.SIGTERM, out
+        assert "Traceback" not in out, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=HANG)
