@@ -214,3 +214,24 @@ def test_sigterm_does_not_wait_on_a_hanging_watched_file(stuck_run, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=HANG)
+
+
+@pytest.mark.slow
+def test_a_hanging_file_is_read_again_once_its_read_returns(stuck_run, tmp_path):
+    # left for later, not refused: its server gone and the mount taken away, the part's own
+    # file is there again, and a scan reads and stores it
+    run, parts, fuse = stuck_run
+    server = MonitorServer(tmp_path / "mon.db", watch=[run.parent], port=0,
+                           config=CFG).start()
+    try:
+        assert fuse.held.wait(HANG), "the monitor never read the hanging file"
+        eventually(server.monitor.stuck_reads, HANG, what="the hanging read given up on")
+        tracker = server.monitor.tracker("run1")
+        eventually(lambda: all(tracker.knows(*p) for p in parts if p != STUCK), HANG,
+                   what="run1's readable parts stored")
+        fuse.close()
+        eventually(lambda: tracker.knows(*STUCK), HANG, what="the part read again and stored")
+        assert server.monitor.stuck_reads() == {}
+        assert server.monitor._files.given_up == 1
+    finally:
+        server.stop()
