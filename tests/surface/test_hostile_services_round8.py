@@ -191,3 +191,63 @@ def test_a_step_column_at_int64s_ends_or_of_half_floats_is_one_line_or_read(tmp_
         clean_refusal(status, err, "step")
     else:
         assert "Warning" not in err, err
+
+
+@pytest.mark.xfail(strict=True, reason="round 8 #7: a wide step-time table with no time in it "
+                                       "is internal error (zero-size reduction)")
+def test_analyze_refuses_a_wide_table_without_a_single_time_in_one_line(tmp_path):
+    """A wide table (a step column, one time column per worker) whose every time cell is
+    empty: one line naming the file, exit 2 — not 'internal error: ValueError: zero-size
+    array to reduction operation fmax'."""
+    table = tmp_path / "times.csv"
+    table.write_text("step,gpu0,gpu1\n0,,\n1,,\n")
+    status, err = cli("analyze", str(table), "-q", cwd=tmp_path)
+    clean_refusal(status, err, "times.csv")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a live process has used (/proc/PID/stat), in seconds."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="round 8 #8: advise on ~1,000 DP workers (not a power "
+                                       "of two) synthesises a StragglAR schedule for minutes")
+def test_advise_on_a_thousand_workers_takes_seconds_of_cpu_not_minutes(tmp_path):
+    """A 21 KB step-time table of 1,000 workers and 2 steps. `advise` prices StragglAR with
+    the phase-2 schedule for n = 1,000: the greedy synthesis is ~n⁴ (5.7 s of CPU at 400
+    workers, ~4 min at 1,000), where 1,024 workers (a power of two, built directly) take
+    3.3 s of CPU in all. Judged on the CPU the command uses, not the wall clock: it must end
+    within 15 s of CPU (killed there)."""
+    import os
+    import subprocess
+    import time
+
+    from conftest import REPO
+
+    table = tmp_path / "times.csv"
+    table.write_text("worker,step,step_time\n" + "".join(
+        f"{w},{s},{3.0 if w == 0 else 1.0}\n" for s in range(2) for w in range(1000)))
+    proc = subprocess.Popen([sys.executable, "-m", "stragglers.cli", "advise", str(table), "-q"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    used, deadline = 0.0, time.monotonic() + 600   # (the wall bound only stops a blocked run)
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                used = cpu_seconds(proc.pid)
+            except (OSError, IndexError, ValueError):   # it ended between poll and read
+                break
+            if used > 15:
+                break
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        err = proc.communicate()[1].decode(errors="replace")
+    assert proc.returncode == 0, f"stopped after {used:.1f} s of CPU ({proc.returncode}): " \
+                                 f"{err[-500:]}"
