@@ -169,7 +169,7 @@ def test_a_hanging_watched_file_stalls_no_upload_nor_the_run_nor_the_stop(stuck_
             assert c.put("/api/jobs/up2/meta", json=meta).status_code == 200
             r = c.put("/api/jobs/up2/ranks/0/parts/0", content=body)
             assert r.status_code == 200, r.text
-            assert server.monitor._files.given_up == 1
+            assert server.monitor.file_readers.given_up == 1
         # stop() returns with the read still held (it waited on the reader pool for good)
         ended = threading.Thread(target=server.stop, daemon=True)
         ended.start()
@@ -232,6 +232,36 @@ def test_a_hanging_file_is_read_again_once_its_read_returns(stuck_run, tmp_path)
         fuse.close()
         eventually(lambda: tracker.knows(*STUCK), HANG, what="the part read again and stored")
         assert server.monitor.stuck_reads() == {}
-        assert server.monitor._files.given_up == 1
+        assert server.monitor.file_readers.given_up == 1
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_a_hanging_meta_json_holds_neither_the_first_scan_nor_other_runs(tmp_path):
+    # the watcher reads meta.json on the same bounded readers: a hanging one held the first
+    # scan for good (/health `scanning` ever after, no silence decided, not idle)
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse to mount a FUSE file whose reads hang")
+    runs = tmp_path / "runs"
+    trace = slow_job(steps=8)
+    for name in ("a-hangs", "b-good"):
+        start_run(runs / name, trace)
+    parts = parts_of(trace, steps_per_part=4)
+    write_parts(runs / "b-good", parts)
+    fuse = StuckFile(runs / "a-hangs" / "meta.json")
+    server = None
+    try:
+        server = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, config=CFG).start()
+        assert fuse.held.wait(HANG), "the monitor never read the hanging meta.json"
+        monitor = server.monitor
+        eventually(lambda: not monitor.scanning(), HANG, what="the first scan done")
+        eventually(lambda: monitor.tracker("b-good") is not None and all(
+            monitor.tracker("b-good").knows(r, p) for r, p, _ in parts), HANG,
+            what="the other run's parts stored")
+        assert monitor.tracker("a-hangs") is None   # (left for a later scan, not refused)
+        assert list(monitor.stuck_reads()) == ["a-hangs/meta.json"]
+    finally:
+        if server is not None:
+            server.stop()
+        fuse.close()

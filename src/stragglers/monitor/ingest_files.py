@@ -444,9 +444,12 @@ class DirectoryWatcher:
             return self._meta_refused(path, seen, OUTSIDE, True)
         try:
             # a regular file of bounded size, opened without blocking (a FIFO named meta.json
-            # once blocked the watcher for good)
-            raw = read_meta_file(path, self.monitor.config.max_meta_bytes,
-                                 self.monitor.part_root(run))
+            # once blocked the watcher for good), read on the monitor's file readers (a
+            # hanging one, on a hung NFS or FUSE mount, is left for a later scan)
+            raw = next(self.monitor.file_readers.map(_read_meta, [(
+                path, self.monitor.config.max_meta_bytes, self.monitor.part_root(run))]))
+            if isinstance(raw, StuckRead):
+                return
         except InputError as exc:
             return self._meta_refused(path, seen, exc.problem, True)
         except OSError as exc:
@@ -640,6 +643,10 @@ class DirectoryWatcher:
         with self._lock:
             if self.submitted.get(path) == seen:
                 del self.submitted[path]
+
+def _read_meta(job: tuple[Path, int, str]) -> object:
+    return read_meta_file(*job)
+
 
 def _is_run(d: Path) -> bool:
     try:

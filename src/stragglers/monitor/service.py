@@ -238,7 +238,7 @@ class Monitor:
         self._readers: ThreadPoolExecutor | None = None
         # watched files are read here, each read waited for a bounded time (a hung NFS or
         # FUSE file once held the ingest thread, every upload behind it, and SIGTERM)
-        self._files = FileReaders(self.config.read_threads,
+        self.file_readers = FileReaders(self.config.read_threads,
                                   name="stragglers-monitor-file-read")
         self._writers: ThreadPoolExecutor | None = None
         self._ingest_started: float | None = None   # the batch being stored: its oldest part
@@ -383,7 +383,7 @@ class Monitor:
         for pool in (self._readers, self._writers):
             if pool is not None:
                 pool.shutdown(wait=True)
-        self._files.shutdown(wait=False)   # (a read stuck in the kernel is left behind)
+        self.file_readers.shutdown(wait=False)   # (a read stuck in the kernel is left behind)
         self.analyser.close()
         self.outbox.close()
         # a clean stop hands the leases back: the other instances take the jobs at once
@@ -399,7 +399,7 @@ class Monitor:
     def stuck_reads(self) -> dict[str, float]:
         """Watched file → seconds its read has been stuck, for the reads given up on and left
         behind (/health and the ingest's queue depths say how many)."""
-        return {self._public(f): s for f, s in self._files.stuck_reads().items()}
+        return {self._public(f): s for f, s in self.file_readers.stuck_reads().items()}
 
     def scanning(self) -> bool:
         """Whether a watcher's first scan of its roots is under way (/health says so)."""
@@ -843,9 +843,9 @@ class Monitor:
                     continue
                 # (bounded: a stuck file is left out as an unreadable one is)
                 got: PartData | PartFile | InputError | None = \
-                    read_part_footers([path], self._files, [within])[0]
+                    read_part_footers([path], self.file_readers, [within])[0]
                 if got is None:
-                    got = read_part_files([path], self._files, None, [within])[0]
+                    got = read_part_files([path], self.file_readers, None, [within])[0]
                 if isinstance(got, InputError):
                     raise got
                 read[(p.rank, p.part)] = got
@@ -906,7 +906,7 @@ class Monitor:
         within = self.part_root(directory)
         for rank in sorted(newest):   # (the lower rank holds a place two claim, as a window)
             for part in sorted(newest[rank], reverse=True)[:4]:
-                footer = read_part_footers([part_path(directory, rank, part)], self._files,
+                footer = read_part_footers([part_path(directory, rank, part)], self.file_readers,
                                            [within])[0]
                 place = rows_place(footer) if isinstance(footer, PartFile) else None
                 if place is not None and place != (-1, -1):
@@ -1242,14 +1242,14 @@ class Monitor:
         # column for the batch, not per part); uploads are written once checked
         files = [(it, it.path) for it in fresh
                  if it.data is None and it.body is None and it.path is not None]
-        footers = read_part_footers([path for _, path in files], self._files,
+        footers = read_part_footers([path for _, path in files], self.file_readers,
                                     [self.part_root(path.parent) for _, path in files])
         read: dict[int, PartData | PartFile | InputError] = {
             id(it): f for (it, _), f in zip(files, footers) if f is not None}
         whole = [(it, path) for (it, path), f in zip(files, footers) if f is None]
         uploads = [(it, it.body) for it in fresh if it.body is not None]
         read.update(zip([id(it) for it, _ in whole], read_part_files(
-            [path for _, path in whole], self._files, None,
+            [path for _, path in whole], self.file_readers, None,
             [self.part_root(path.parent) for _, path in whole])))
         # (their rows checked together: one check per column for the batch, not per part)
         checked = check_uploads([(body, _source(it), it.rank, it.part, self.directories[it.job]

@@ -102,7 +102,7 @@ class Watchdog:
             # the files on the bounded file readers (a file stuck since its footer was read
             # is left out, as an unreadable one: None), the uploads' rows here
             files = [s for s in sources if isinstance(s, PartFile)]
-            busy_of = dict(zip(map(id, files), m._files.map(_busy, files)))
+            busy_of = dict(zip(map(id, files), m.file_readers.map(_busy, files)))
             read = [busy_of[id(s)] if isinstance(s, PartFile) else _busy(s) for s in sources]
             for (rank, _), busy in zip(arrived, read):
                 if busy is not None and not isinstance(busy, StuckRead):
@@ -284,7 +284,7 @@ class Watchdog:
         return {"ingest": m._ingest.qsize(), "analysis": m._analysis.qsize(),
                 "changes": self.queue.qsize(),
                 # watched files whose read did not return (left for a later scan)
-                "stuck_reads": len(m._files.stuck)}
+                "stuck_reads": len(m.file_readers.stuck)}
 
     def delivery_counts(self) -> dict[str, int]:
         """Alert messages sent, given up on and dropped, over every sender."""
