@@ -251,3 +251,27 @@ def test_advise_on_a_thousand_workers_takes_seconds_of_cpu_not_minutes(tmp_path)
         err = proc.communicate()[1].decode(errors="replace")
     assert proc.returncode == 0, f"stopped after {used:.1f} s of CPU ({proc.returncode}): " \
                                  f"{err[-500:]}"
+
+
+BIG = "9" * 400     # an integer no float holds: math.isfinite() raises OverflowError on it
+
+
+@pytest.mark.xfail(strict=True, reason="round 8 #9: a setting of 400 digits is internal error "
+                                       "(config._check's math.isfinite raises OverflowError)")
+@pytest.mark.parametrize("args, field", [
+    (lambda run, tmp: ["analyze", str(run), "-q", "--set", f"seed={BIG}"], "seed"),
+    (lambda run, tmp: ["advise", str(run), "-q", "--s", BIG], "s"),
+    (lambda run, tmp: ["monitor", "serve", "--db", str(tmp / "m.db"), "--port", "0",
+                       "--config", str(tmp / "monitor.yaml")], "window_steps"),
+    (lambda run, tmp: ["adapt", "serve", "--db", str(tmp / "s.db"), "--port", "0",
+                       "--set", f"max_datasets={BIG}"], "max_datasets"),
+], ids=["analyze-set", "advise-option", "monitor-config-file", "adapt-serve-set"])
+def test_a_setting_too_large_for_a_float_is_refused_in_one_line(tmp_path, args, field):
+    """An integer setting given 400 digits — on the command line or in the monitor's config
+    file: one line naming the setting, exit 2 (as '1e400' and 10**6 already are) — not
+    'internal error: OverflowError' (exit 4), and no service started on it. The check is
+    shared by every Config (DiagnosisConfig, AdviceConfig, MonitorConfig, ServiceConfig)."""
+    run = small_run(tmp_path / "run")
+    (tmp_path / "monitor.yaml").write_text(f"settings: {{window_steps: {BIG}}}\n")
+    status, err = cli(*args(run, tmp_path), cwd=tmp_path)
+    clean_refusal(status, err, field)
