@@ -39,10 +39,14 @@ STUCK = (0, 1)   # the rank and part whose file hangs
 CFG = MonitorConfig(window_steps=4, stall_after_s=600, tick_s=0.05, rescan_s=0.3)
 
 
-def _serve_fuse(target: str) -> None:
+def _serve_fuse(target: str, answered: int) -> None:
     """Mount a FUSE file over `target` (a regular file: its size is kept) and answer every
-    request but READ, which is held for good; prints 'mounted', then 'read held' per read."""
-    size = os.stat(target).st_size
+    request but READ, which is held for good past the first `answered` reads (those get the
+    file's bytes, each read asked of the server: direct I/O); prints 'mounted', then 'read
+    held' per read held."""
+    with open(target, "rb") as f:
+        content = f.read()
+    size = len(content)
     fd = os.open("/dev/fuse", os.O_RDWR)
     libc = ctypes.CDLL(None, use_errno=True)
     opts = f"fd={fd},rootmode={stat.S_IFREG:o},user_id=0,group_id=0,allow_other".encode()
@@ -69,8 +73,12 @@ def _serve_fuse(target: str) -> None:
                                       0, 0, 0).ljust(64, b"\0"))
         elif op == 3:   # GETATTR
             reply(unique, struct.pack("<QII", 1, 0, 0) + attr)
-        elif op == 14:   # OPEN
-            reply(unique, struct.pack("<QIi", 1, 0, 0))
+        elif op == 14:   # OPEN (FOPEN_DIRECT_IO: no page cache answers a read)
+            reply(unique, struct.pack("<QIi", 1, 1, 0))
+        elif op == 15 and answered > 0:   # READ, while it still answers
+            answered -= 1
+            offset, length = struct.unpack_from("<QI", buf, 48)
+            reply(unique, content[offset:offset + length])
         elif op == 15:   # READ: never answered (a server gone away)
             print("read held", flush=True)
         elif op in (18, 25):   # RELEASE, FLUSH
@@ -87,12 +95,12 @@ def _serve_fuse(target: str) -> None:
 class StuckFile:
     """A FUSE server holding every read of the file it is mounted over."""
 
-    def __init__(self, target: Path):
+    def __init__(self, target: Path, answered: int = 0):
         self.target = target
         self.held = threading.Event()   # a read reached the server (and is held)
         # (its own process: the server's source run as a script)
         source = "import ctypes, os, stat, struct, sys, time\n" + \
-            inspect.getsource(_serve_fuse) + f"\n_serve_fuse({str(target)!r})\n"
+            inspect.getsource(_serve_fuse) + f"\n_serve_fuse({str(target)!r}, {answered})\n"
         self.proc = subprocess.Popen([sys.executable, "-c", source],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         first = self.proc.stdout.readline().strip()   # type: ignore[union-attr]
@@ -264,4 +272,43 @@ def test_a_hanging_meta_json_holds_neither_the_first_scan_nor_other_runs(tmp_pat
     finally:
         if server is not None:
             server.stop()
+        fuse.close()
+
+
+
+@pytest.mark.slow
+def test_a_part_that_hangs_once_stored_holds_no_window(tmp_path):
+    # its footer read at the ingest, then every read held (an NFS server gone mid-run): the
+    # window goes without its rows (the part named refused), not the analysis waiting on it
+    # for good (that window and every later one, of every job, and the stop)
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse to mount a FUSE file whose reads hang")
+    run = tmp_path / "runs" / "run1"
+    trace = slow_job(steps=8)
+    start_run(run, trace)
+    parts = parts_of(trace, steps_per_part=4)
+    write_parts(run, parts)
+    fuse = StuckFile(run / rank_file_name(0, 0), answered=1)
+    server = None
+    try:
+        server = MonitorServer(tmp_path / "mon.db", watch=[run.parent], port=0,
+                               config=CFG).start()
+        tracker = server.monitor.tracker
+        eventually(lambda: tracker("run1") is not None and all(
+            tracker("run1").knows(r, p) for r, p, _ in parts), HANG, what="every part stored")
+        assert fuse.held.wait(HANG), "no read of the stored part reached its server"
+        with httpx.Client(base_url=server.url, timeout=HANG) as c:
+            eventually(lambda: c.get("/api/jobs/run1").json()["windows"], HANG,
+                       what="run1's first window analysed")
+            refused = [r for r in c.get("/api/stats").json()["rejects"]
+                       if rank_file_name(0, 0) in r["source"]]
+            assert refused and "has not returned" in refused[0]["problem"], refused
+        ended = threading.Thread(target=server.stop, daemon=True)
+        ended.start()
+        ended.join(HANG)
+        assert not ended.is_alive(), "stop() waited on the hanging read"
+        server = None
+    finally:
+        if server is not None:
+            threading.Thread(target=server.stop, daemon=True).start()
         fuse.close()

@@ -194,8 +194,9 @@ def sync_directory(directory: Path) -> None:
 
 
 class StuckRead(InputError):
-    """A watched file whose read did not return in time: left for a later scan, not refused
-    (its run goes on; it is read again once the read left behind returned)."""
+    """A watched file whose read did not return in time (or was not begun: every reader
+    stuck): the ingest leaves it for a later scan, not refused (its run goes on; it is read
+    again once the read left behind returned); a window goes without its rows."""
 
 
 
@@ -276,15 +277,14 @@ class FileReaders(Executor):
                         out[futures[fut]] = StuckRead(
                             _file_of(items[futures[fut]]), None,
                             f"not read: {len(self._left)} reads of watched files are stuck "
-                            f"(at most {self.max_stuck} are left behind); left for a later "
-                            "scan")
+                            f"(at most {self.max_stuck} are left behind)")
                 due = [began + self.timeout_s for f, (_, began, _) in self._running.items()
                        if f in pending]
                 stuck_now = len(self._left)
             for file in given_up:
                 log.warning("%s: its read did not return within %g s (a hung file system?); "
-                            "left for a later scan, its thread left behind (%d reads stuck "
-                            "now)", file, self.timeout_s, stuck_now)
+                            "given up on (a watched file: left for a later scan), its thread "
+                            "left behind (%d reads stuck now)", file, self.timeout_s, stuck_now)
             if not pending:
                 break
             # (woken at the first read done or the first deadline; a read not begun yet has
@@ -337,17 +337,16 @@ class FileReaders(Executor):
                 back = not self._closed and self._workers < self.threads
                 if back:
                     self._workers += 1
-            log.warning("%s: its stuck read returned after %.0f s; read again at the next "
-                        "scan (%d reads stuck now)", left, time.monotonic() - began,
-                        stuck_now)
+            log.warning("%s: its stuck read returned after %.0f s; the file is read again "
+                        "when next asked for (%d reads stuck now)", left,
+                        time.monotonic() - began, stuck_now)
             if not back:
                 return
 
 
 
 def _still_stuck(seconds: float) -> str:
-    return (f"its read has not returned for {seconds:.0f} s (a hung file system?); left for "
-            "a later scan")
+    return f"its read has not returned in {seconds:.0f} s (a hung file system?)"
 
 
 

@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from stragglers.errors import InputError
+from stragglers.monitor.part_files import FileReaders
 from stragglers.monitor.parts import PartData, PartFile, read_part_files
 
 CHUNK = 64   # parts read and checked together on one thread (checks cost per column, not row)
@@ -22,6 +23,10 @@ class ReadAhead:
         self._held: dict[str, tuple[PartFile, Future, int]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="stragglers-read-ahead")
+        # each file read bounded (FileReaders): a file that hangs since its footer was read
+        # (its NFS server gone) is a part its window goes without, not a window (and every
+        # window after it, and the stop) waiting on it for good
+        self._files = FileReaders(threads, name="stragglers-read-ahead-file")
 
     def add(self, files: list[PartFile]) -> None:
         """Start reading these parts (those over the row bound are left to their window)."""
@@ -33,7 +38,7 @@ class ReadAhead:
                     self.rows += f.records
         for i in range(0, len(take), CHUNK):
             chunk = take[i:i + CHUNK]
-            fut = self._pool.submit(read_part_files, [f.path for f in chunk], None,
+            fut = self._pool.submit(read_part_files, [f.path for f in chunk], self._files,
                                     [f.digest for f in chunk], [f.within for f in chunk])
             with self._lock:
                 for j, f in enumerate(chunk):

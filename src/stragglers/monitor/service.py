@@ -1317,7 +1317,10 @@ class Monitor:
             if got is None:   # neither a file, nor bytes, nor rows: nothing to take
                 continue
             if isinstance(got, StuckRead):   # not refused: a later scan reads it again
-                _settle(it, exc=got)
+                # (an upload checked again from its file, its metadata changed meanwhile:
+                # 503, retried by its client)
+                _settle(it, exc=got if it.way == "files" else
+                        OSError(errno.ETIMEDOUT, f"{got.source}: {got.problem}"))
                 continue
             if isinstance(got, InputError):
                 if it.done is not None:   # the request answers 422 (and counts the refusal)
