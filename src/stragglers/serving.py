@@ -487,25 +487,15 @@ class ServiceGuard:
             await send_json(self.shape, send, 429, f"request: {exc.what}",
                             [(b"retry-after", after.encode())])
             return
-        left = [False]
-
-        async def paced_send(message) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body") \
-                    and not left[0]:
-                # over once its last bytes are written, before they are: its client may read
-                # them and ask again before this task ends, and one asking one request at a
-                # time is never paced
-                left[0] = True
-                pace.leave(key)
-            await send(message)
+        served = False
         try:
             if wait and not await park(scope, wait):
-                await send_json(self.shape, paced_send, 503, GONE_WHILE_WAITING)
+                await send_json(self.shape, send, 503, GONE_WHILE_WAITING)
                 return
-            await self._serve(scope, receive, paced_send)
+            served = True
+            await self._serve(scope, receive, send)
         finally:
-            if not left[0]:
-                pace.leave(key)
+            pace.leave(key, served)
 
     async def _serve(self, scope, receive, send) -> None:
         """A request past its turn: the guard's checks, then the app."""

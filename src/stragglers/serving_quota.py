@@ -399,6 +399,16 @@ class Backpressure(InProgress):
                   and self.contended())
         return self._wait(key, n, now, shared)
 
+    def give_back(self, key: object) -> None:
+        """The turn `key` took last at its own pace, given back: its request was never served
+        (its client left, or a connection cap closed it, while it waited), and turns that
+        stayed taken let abandoned requests push the key's next turn out (a burst of 1,000
+        connections, most closed at a cap while they waited, left a loopback /health probe
+        refused 429)."""
+        due = self._due.get(key)
+        if due is not None:
+            self._due[key] = max(due - self.interval, self.clock())
+
     def _wait(self, key: object, n: int, now: float, shared: bool) -> float:
         """Take `key`'s next turn (GCRA) with `n` of its requests in progress: the wait."""
         dues, interval, tolerance = self._due, self.interval, self.tolerance
@@ -444,30 +454,30 @@ def _refused(what: str, retry_after_s: float, park_s: float) -> RateLimited:
 class AnonymousPace:
     """The pace of every request its app does not pace itself (`credentialed(scope)` False: no
     token, a wrong one), whatever its route — /health, a dashboard file, a 404, a request
-    refused: per client address (an IPv6 one's /64), `free` in progress at once go straight,
-    the others wait their turns (parked) at `per_s` a second after a burst of `burst`; and
-    all addresses together past `free_in_all` in progress at `per_s_in_all` (a flood from many
-    addresses). A turn further off than `max_wait_s` is refused, answered 429 after that wait
-    (Backpressure's). One client asking one request at a time is never paced; one address
-    asking on many connections is answered at `per_s` (8 processes looping on /health, each
-    answer ~0.2 ms of the event loop, were answered ~560 a second and slowed another job's
-    uploads 2.3x: benchmarks/monitor_dos.py). Routes left unpaced by name were each found by a
-    flood in turn; here none is. A turn taken by a request whose client left is not given back
-    (at most `max_wait_s` of its address's turns). Used on one event loop (no lock)."""
+    refused: each client address (an IPv6 one's /64) gets `per_s` turns a second after a
+    burst of `burst`, and all addresses together `per_s_in_all` after as many (a flood from
+    many addresses); a request waits its turn parked, and one further off than `max_wait_s`
+    is refused, answered 429 after that wait (Backpressure's GCRA). Turns, not requests in
+    progress: a cheap route's handler never yields, so each request of a flood found none
+    in progress and went free (8 processes looping on /health were answered ~480 a second
+    with one in progress free; each answer ~0.2 ms of the event loop, they slowed another
+    job's uploads 2.2x: benchmarks/monitor_dos.py). Routes left unpaced by name were each
+    found by a flood in turn; here none is. A request whose client left (or that a connection
+    cap closed) before its turn came gives its turns back. Used on one event loop (no
+    lock)."""
 
     ALL = "all"   # the key of every anonymous request in `in_all`
 
     def __init__(self, credentialed: Callable[[Mapping[str, Any]], bool], per_s: float,
-                 burst: float, free: int = 1, max_wait_s: float = 8.0,
-                 per_s_in_all: float | None = None, free_in_all: int = 4,
+                 burst: float, max_wait_s: float = 8.0, per_s_in_all: float | None = None,
                  clock=time.monotonic):
         self.credentialed = credentialed
-        self.pressure = Backpressure("client address", free, per_s, burst, max_wait_s,
+        self.pressure = Backpressure("client address", 0, per_s, burst, max_wait_s,
                                      clock=clock)
         in_all = per_s_in_all or 4 * per_s
-        # (a second's turns at once)
-        self.in_all = Backpressure("service's anonymous request", free_in_all, in_all,
-                                   max(in_all, 1.0), max_wait_s, clock=clock)
+        # (a second's turns at once, at least the burst of one address)
+        self.in_all = Backpressure("service's anonymous request", 0, in_all,
+                                   max(in_all, burst, 1.0), max_wait_s, clock=clock)
         self.max_wait_s = max_wait_s
 
     def turn(self, key: object) -> float:
@@ -477,11 +487,16 @@ class AnonymousPace:
         try:
             return max(wait, self.in_all.turn(self.ALL))
         except RateLimited:
-            self.pressure.leave(key)   # (its address's turn stays taken: a refusal's price)
+            self.pressure.give_back(key)
+            self.pressure.leave(key)
             raise
 
-    def leave(self, key: object) -> None:
-        """A request of `key` is over (answered, refused, or its client gone)."""
+    def leave(self, key: object, served: bool = True) -> None:
+        """A request of `key` is over: answered or refused, or (`served` False) its client
+        gone before its turn came: then its turns are given back."""
+        if not served:
+            self.pressure.give_back(key)
+            self.in_all.give_back(self.ALL)
         self.pressure.leave(key)
         self.in_all.leave(self.ALL)
 
