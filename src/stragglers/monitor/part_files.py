@@ -10,7 +10,7 @@ import queue
 import stat
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from concurrent.futures import ALL_COMPLETED, Executor, Future, wait
 from pathlib import Path
 
 from stragglers.errors import InputError
@@ -258,7 +258,7 @@ class FileReaders(Executor):
         while pending:
             now, given_up = time.monotonic(), []
             with self._lock:
-                for fut in [f for f in pending if f in self._running]:
+                for fut in [f for f in self._running if f in pending]:   # (begun: a few)
                     file, began, thread = self._running[fut]
                     if now - began >= self.timeout_s and not fut.done():
                         del self._running[fut]
@@ -287,11 +287,12 @@ class FileReaders(Executor):
                             "left behind (%d reads stuck now)", file, self.timeout_s, stuck_now)
             if not pending:
                 break
-            # (woken at the first read done or the first deadline; a read not begun yet has
-            # none: the readers' deadlines bound its wait)
+            # (woken once all are read, or at the first deadline of a read begun; a read not
+            # begun yet has none: the readers' deadlines bound its wait. Not at each read
+            # done: a batch of 1,024 files cost a pass over the rest per read)
             done, _ = wait(pending, timeout=max(0.0, min(due, default=now + self.timeout_s)
                                                 - time.monotonic()),
-                           return_when=FIRST_COMPLETED)
+                           return_when=ALL_COMPLETED)
             for fut in done:
                 pending.discard(fut)
                 if not fut.cancelled():
