@@ -1,7 +1,7 @@
 """Every column of a run's rank file replaced by each kind of hostile value, read by both of
-the CLI's ways (the whole trace, and step partitions): the analysis or one InputError, never
-another exception and never a warning (the CLI prints both as more than one line; the red
-team found these one column and one kind at a time)."""
+the CLI's ways (the whole trace, and step partitions), and of an NDTimeline trace: the analysis
+or one InputError, never another exception and never a warning (the CLI prints both as more
+than one line; the red team found these one column and one kind at a time)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from stragglers.errors import StragglersError
 from stragglers.trace.load import load_trace
 from stragglers.trace.model import OPTIONAL_COLUMNS
+from stragglers.trace.ndtimeline import write_ndtimeline
 from stragglers.trace.runformat import write_run
 from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
@@ -45,33 +46,38 @@ def hostile(n: int) -> dict[str, pa.Array]:
     }
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    where = tmp_path_factory.mktemp("sweep") / "run"
-    write_run(where, generate(dp=2, pp=2, microbatches=2, steps=4, seed=0,
-                              slow_worker=(1, 1, 2.0)))
-    return where
+@pytest.fixture(scope="module", params=["run", "ndtimeline"])
+def job(request, tmp_path_factory):
+    """(folder, the file whose columns are spoiled, its readers) of a small job's trace."""
+    where = tmp_path_factory.mktemp("sweep") / "job"
+    trace = generate(dp=2, pp=2, microbatches=2, steps=4, seed=0, slow_worker=(1, 1, 2.0))
+    if request.param == "run":
+        write_run(where, trace)
+        return where, sorted(where.glob("rank-*.parquet"))[0].name, {
+            "whole": lambda d: analyze(load_trace(d)), "partitions": analyze_run}
+    where.mkdir()
+    path, _ = write_ndtimeline(trace, where / "trace-job.parquet")
+    return where, path.name, {"whole": lambda d: analyze(load_trace(d / path.name))}
 
 
 @pytest.mark.parametrize("column", ["rank", "dp_rank", "stage", "step", "optype", "start_ts",
                                     "duration", "seq_id", "mb_id", "mc", "gmc",
                                     *OPTIONAL_COLUMNS])
-def test_a_column_of_any_hostile_kind_is_read_or_refused_in_one_error(run, tmp_path, column):
-    first = sorted(run.glob("rank-*.parquet"))[0]
-    table = pq.read_table(first)
+def test_a_column_of_any_hostile_kind_is_read_or_refused_in_one_error(job, tmp_path, column):
+    folder, name, readers = job
+    table = pq.read_table(folder / name)
     failures = []
     for kind, values in hostile(table.num_rows).items():
         copy = tmp_path / kind
-        shutil.copytree(run, copy)
+        shutil.copytree(folder, copy)
         spoiled = (table.set_column(table.schema.get_field_index(column), column, values)
                    if column in table.column_names else table.append_column(column, values))
-        pq.write_table(spoiled, copy / first.name)
-        for way, read in (("whole", lambda: analyze(load_trace(copy))),
-                          ("partitions", lambda: analyze_run(copy))):
+        pq.write_table(spoiled, copy / name)
+        for way, read in readers.items():
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 try:
-                    read()
+                    read(copy)
                 except StragglersError:
                     pass
                 except Exception as exc:  # noqa: BLE001 - what the test looks for

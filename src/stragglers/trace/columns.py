@@ -197,6 +197,23 @@ def check_values(ops: dict[str, np.ndarray], source: Path | str) -> None:
                              f"{float(values[first]):g}); expected seconds >= 0, or empty")
 
 
+    costs = ops.get("attn_cost")
+    if costs is not None:
+        # Σ s² of a microbatch's sequences (a count of token pairs), NaN where unknown: a
+        # negative or absurd one overflowed the balancing's division (a warning line)
+        bad = ~np.isnan(costs) & ~((costs >= 0) & (costs <= MAX_ATTN_COST))
+        if bad.any():
+            first = int(np.argmax(bad))
+            raise InputError(source, "attn_cost", f"{int(bad.sum())} rows are negative, "
+                             f"infinite or beyond {MAX_ATTN_COST:g} (first at row {first}: "
+                             f"{float(costs[first]):g}); expected Σ s² of the microbatch's "
+                             "sequence lengths, or empty")
+
+
+# Σ s² of one microbatch at most: 10^6 sequences of 10^12 tokens
+MAX_ATTN_COST = 1e30
+
+
 def check_finite_times(ops: dict[str, np.ndarray], source: Path | str) -> None:
     """Reject NaN, infinite or implausibly large start_ts / duration."""
     for name in ("start_ts", "duration"):
