@@ -1,8 +1,9 @@
 """Self-adaptive data-parallel training (AntDT) on scikit-learn's digits, with injected stragglers.
 
-    torchrun --nproc-per-node 4 examples/train_adaptive.py --policy dd --speeds 1,1,1,0.33
+    torchrun --nproc-per-node 4 examples/train_adaptive.py --policy dd --speeds 1,1,1,0.33 \
+        --overwrite
     torchrun --nproc-per-node 4 --max-restarts 1 examples/train_adaptive.py --policy nd \
-        --persistent-rank 3
+        --persistent-rank 3 --overwrite
 
 --policy bsp: static equal batches; dd: per-worker batches from measured throughput (AntDT-DD);
 nd: ADJUST_BS for transient stragglers, KILL_RESTART for persistent ones (AntDT-ND).
