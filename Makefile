@@ -41,7 +41,8 @@ runs/samples/trace-ST.parquet:
 	@if [ -n "$(SAMPLES_FROM)" ]; then \
 		cp "$(SAMPLES_FROM)"/trace-*.parquet "$(SAMPLES_FROM)"/meta-*.yaml runs/samples/; \
 	else \
-		rm -rf runs/samples/.clone && git clone -q --depth 1 "$(SAMPLES_REPO)" runs/samples/.clone && \
+		rm -rf runs/samples/.clone && { git clone -q --depth 1 "$(SAMPLES_REPO)" runs/samples/.clone || \
+		{ echo "samples: cannot clone $(SAMPLES_REPO); give a local copy: make samples SAMPLES_FROM=<folder with trace-*.parquet and meta-*.yaml>" >&2; exit 2; }; } && \
 		cp runs/samples/.clone/data/trace-*.parquet runs/samples/.clone/data/meta-*.yaml runs/samples/ && \
 		rm -rf runs/samples/.clone; \
 	fi
