@@ -68,6 +68,9 @@ def run_demo(port: int = 8150, steps: int = 80, out: Path = Path("runs/demo-live
                "--slow-until-step", str(steps // 2), "--flush-interval", "0.3",
                "--trace-dir", str(run), "--overwrite", "--monitor-url", url]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        # (said before the run: its later windows name cpu_contention or none, as they should)
+        print(f"job gpt: dp 2 x pp 2, {steps} steps; rank 1 is 4x slow until step "
+              f"{steps // 2}, then recovers", flush=True)
         rc = subprocess.call(cmd, env=env, cwd=REPO)
         time.sleep(3)
         job = msgspec.json.decode(httpx.get(f"{url}/api/jobs/gpt", timeout=30).content,
