@@ -67,3 +67,11 @@ def test_at_most_max_stuck_threads_are_left_behind():
     finally:
         release.set()
         readers.shutdown()
+
+
+def test_a_read_asked_for_after_shutdown_is_not_begun():
+    readers = FileReaders(threads=1, timeout_s=TIMEOUT_S, max_stuck=2)
+    assert list(readers.map(reader(threading.Event()), [("a", False)])) == ["a"]
+    readers.shutdown()
+    got = list(readers.map(reader(threading.Event()), [("a", False)]))
+    assert isinstance(got[0], StuckRead) and "shut down" in got[0].problem, got

@@ -248,8 +248,10 @@ class FileReaders(Executor):
         for i, item in enumerate(items):
             file = _file_of(item)
             with self._lock:
-                began = self.stuck.get(file)
-            if began is not None:
+                began, closed = self.stuck.get(file), self._closed
+            if closed:   # (a thread still at work while the monitor stops: nothing is read)
+                out[i] = StuckRead(file, None, "not read: the readers are shut down")
+            elif began is not None:
                 out[i] = StuckRead(file, None, _still_stuck(time.monotonic() - began))
             else:
                 futures[self.submit(fn, *item) if len(iterables) > 1
@@ -269,7 +271,7 @@ class FileReaders(Executor):
                         pending.discard(fut)
                         out[futures[fut]] = StuckRead(file, None, _still_stuck(now - began))
                         given_up.append(file)
-                        if len(self._left) < self.max_stuck:
+                        if len(self._left) < self.max_stuck and not self._closed:
                             self._start()   # (in its place)
                 if self._workers == 0:   # every reader left behind: the rest wait for later
                     for fut in [f for f in pending if f.cancel()]:
@@ -316,7 +318,9 @@ class FileReaders(Executor):
         me = threading.get_ident()
         while True:
             task = self._tasks.get()
-            if task is None:
+            if task is None:   # (shut down: behind every read asked for before)
+                with self._lock:
+                    self._workers -= 1
                 return
             fut, call, file = task
             if not fut.set_running_or_notify_cancel():
