@@ -97,6 +97,8 @@ def check_shard(cfg: DatasetConfig, epoch: object, shard: object, start: object,
 
 # A shard row is valid when this holds (the same checks as check_shard, in SQL: a snapshot or a
 # status of 655,360 rows is checked in one scan without building a Python object per row).
+# A NULL column makes some terms NULL, not false (`NULL IN (...)`): test it as COALESCE((...), 0)
+# (a NULL state passed `NOT (...)` unselected, and the status that read it was a 500).
 VALID_SHARD_SQL = (
     "typeof(epoch)='integer' AND epoch BETWEEN 0 AND :epochs - 1"
     " AND typeof(shard)='integer' AND shard BETWEEN 0 AND :shards - 1"
@@ -134,7 +136,7 @@ def first_bad_shard(conn, cfg: DatasetConfig, epochs_created: int, materialized:
     `key`: the key its rows are stored under (check_rows_key; default its name)."""
     key = key or cfg.name
     row = conn.execute(f"SELECT epoch, shard, start, stop, consumed, state, retries FROM shards"
-                       f" WHERE dataset=:name AND NOT ({VALID_SHARD_SQL}) LIMIT 1",
+                       f" WHERE dataset=:name AND NOT COALESCE(({VALID_SHARD_SQL}), 0) LIMIT 1",
                        {"name": key, **shard_params(cfg, epochs_created)}).fetchone()
     if row is not None:
         epoch, shard, start, stop, consumed, state, retries = row
