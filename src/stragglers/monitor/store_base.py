@@ -160,6 +160,7 @@ class SQLStore:
         self.version = 0  # bumped on every write seen; pages poll it to skip unchanged reads
         self._listeners: list[Callable[[int], None]] = []
         self._damaged_seen: set[tuple[str, str]] = set()   # damaged rows named in the log
+        self.damaged_messages = 0   # outbox messages set aside as damaged (not sendable)
 
     # ---- what a backend provides ------------------------------------------------------------
 
@@ -210,6 +211,21 @@ class SQLStore:
         """The first row of a statement in a write transaction as a `kind`, or None."""
         row = self._exec(db, sql, args).fetchone()
         return None if row is None else msgspec.convert(dict(row), kind)
+
+    def _one_or_damaged(self, db: Any, kind: type[T], sql: str, args: Iterable[Any] = ()
+                        ) -> tuple[T | None, dict[str, Any] | None]:
+        """The first row of a statement in a write transaction: (the `kind`, None), (None,
+        None) when there is none, or (None, the row) when it does not convert (damaged in the
+        store: named once in the log), for the caller to set that row aside: `_one` raised
+        out of the transaction, and one such row rolled back every later one with it."""
+        row = self._exec(db, sql, args).fetchone()
+        if row is None:
+            return None, None
+        try:
+            return msgspec.convert(dict(row), kind), None
+        except msgspec.ValidationError as exc:
+            self._damaged(kind.__name__, dict(row), exc)
+            return None, dict(row)
 
     def _many(self, db: Any, kind: type[T], sql: str, args: Iterable[Any] = ()) -> list[T]:
         """Every row of a statement in a write transaction as `kind`s; a damaged row is left
@@ -687,7 +703,8 @@ class SQLStore:
             self._alert_changes(db, alert_rows, log_rows)
             now, out = self._now(db), []
             for a in alert_rows:
-                got = self._one(
+                # (a damaged row in its place is left unclaimed: the outbox sets it aside)
+                got, _ = self._one_or_damaged(
                     db, _Claimed, "UPDATE alert_outbox SET claimed_by = ?, claim_until = ?, "
                     "attempts = attempts + 1 WHERE fingerprint = ? AND status = ? AND sent_at = ? "
                     "AND delivered_at IS NULL AND claimed_by IS NULL AND NOT EXISTS (SELECT 1 "
@@ -867,10 +884,16 @@ class SQLStore:
                 + self.FOR_UPDATE + self.SKIP_LOCKED, (now, limit))
             out = []
             for r in rows:
-                got = self._one(
+                got, bad = self._one_or_damaged(
                     db, _Claimed, "UPDATE alert_outbox SET claimed_by = ?, claim_until = ?, "
                     "attempts = attempts + 1 WHERE id = ? RETURNING id, job, fingerprint, "
                     "status, alert, attempts", (instance, now + claim_s, r.n))
+                if bad is not None:
+                    # a column of another type (a blob for the alert, text for the attempts):
+                    # given up on by its id, as one that does not decode below (it raised
+                    # out of the claim, whose rollback held every job's messages, for good)
+                    self._give_up(db, r.n, now)
+                    continue
                 if got is None:
                     continue
                 try:
@@ -878,8 +901,7 @@ class SQLStore:
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     # a message that does not read is given up on, named in the log: claimed
                     # first at every poll, its failure once held back every other message
-                    self._exec(db, "UPDATE alert_outbox SET failed_at = ? WHERE id = ?",
-                               (now, got.id))
+                    self._give_up(db, got.id, now)
                     self._damaged("alert_outbox", {"job": got.job}, exc)
                     continue
                 out.append(ClaimedMessage(got.id, got.job, got.fingerprint, got.status, alert,
@@ -887,6 +909,11 @@ class SQLStore:
             return out
 
         return self._write(tx)
+
+    def _give_up(self, db: Any, message_id: int, now: float) -> None:
+        """Set a damaged message aside (failed, never claimed again) and count it."""
+        self._exec(db, "UPDATE alert_outbox SET failed_at = ? WHERE id = ?", (now, message_id))
+        self.damaged_messages += 1
 
     def message_sent(self, message_id: int, instance: str) -> None:
         """A claimed message was delivered."""
