@@ -42,8 +42,11 @@ KEEP_S = 86400.0   # dead instances' rows and delivered messages are kept this l
 # it visits the tail's rows alone (read after every stored window, it scanned every part row of
 # the job: 0.35 s at 1,024 ranks x 1,000 windows, on the ingest thread). The step is a value,
 # not a subquery: PostgreSQL planned a subquery's bound as a third of the rows, a scan.
-JOB_BYTES_SQL = ("SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) AS n FROM parts WHERE job = ? "
-                 "AND last_step > ?")
+# (Sums are taken as doubles, here and below: they cannot overflow. One damaged part row of
+# 2^63-1 overflowed an integer SUM, SQLite's and PostgreSQL's BIGINT alike, and that read
+# failed for good: /api/stats 503, every stats or job-list read.)
+JOB_BYTES_SQL = ("SELECT COALESCE(SUM(CAST(bytes AS DOUBLE PRECISION)), 0) AS n FROM parts "
+                 "WHERE job = ? AND last_step > ?")
 T = TypeVar("T")
 
 
@@ -56,6 +59,15 @@ class _JobDir(msgspec.Struct):
 
 class _Count(msgspec.Struct):
     n: int
+
+
+class _Sum(msgspec.Struct):
+    n: float
+
+
+def _whole(total: float) -> int:
+    """A sum taken as a double as the count it is (a damaged row's infinity: the most)."""
+    return int(min(total, 2.0 ** 63 - 1)) if total == total else 0
 
 
 class _Name(msgspec.Struct):
@@ -108,7 +120,7 @@ class _Claimed(msgspec.Struct):
 class _Totals(msgspec.Struct):
     key: str
     n: int
-    records: int
+    records: float
 
 
 class _Span(msgspec.Struct):
@@ -395,8 +407,8 @@ class SQLStore:
         refused for good once it had recorded max_job_bytes."""
         last = self._typed(_Count, "SELECT last_step AS n FROM windows WHERE job = ? ORDER BY "
                            "idx DESC LIMIT 1", (job,))
-        rows = self._typed(_Count, JOB_BYTES_SQL, (job, last[0].n if last else -1))
-        return rows[0].n if rows else 0
+        rows = self._typed(_Sum, JOB_BYTES_SQL, (job, last[0].n if last else -1))
+        return _whole(rows[0].n) if rows else 0
 
     def reset_job(self, job: str, meta: dict[str, Any], alert_rows: list[Alert],
                   log_rows: list[AlertLogEntry],
@@ -470,14 +482,15 @@ class SQLStore:
             "j.last_part_at, "
             "j.finished_at, w.idx AS \"window\", w.slowdown, w.analysed_at, "
             "(SELECT COUNT(*) FROM alerts a WHERE a.job = j.job AND a.status = 'firing') "
-            "AS open_alerts, (SELECT CAST(COALESCE(SUM(dropped), 0) AS BIGINT) FROM "
-            "upload_drops d WHERE d.job = j.job) AS upload_dropped "
+            "AS open_alerts, (SELECT COALESCE(SUM(CAST(dropped AS DOUBLE PRECISION)), 0) "
+            "FROM upload_drops d WHERE d.job = j.job) AS upload_dropped "
             "FROM jobs j LEFT JOIN windows w ON w.job = j.job AND w.idx = "
             "(SELECT MAX(idx) FROM windows WHERE job = j.job) "
             "ORDER BY COALESCE(j.last_part_at, j.created_at) DESC")
         out = []
         for r in rows:
             text = r.pop("meta_text")
+            r["upload_dropped"] = _whole(float(r["upload_dropped"]))
             try:
                 # checked, not trusted: a damaged row (a blob for the state, text for a time)
                 # was listed as it read, which the job list could not show
@@ -630,9 +643,9 @@ class SQLStore:
 
     def totals(self) -> dict[str, dict[str, PartCount]]:
         """Parts and op records stored, per way in (`by_way`) and per job (`by_job`)."""
-        return {f"by_{by}": {r.key: PartCount(r.n, r.records) for r in self._typed(
-            _Totals, f"SELECT {by} AS key, COUNT(*) AS n, CAST(SUM(records) AS BIGINT) AS "
-            f"records FROM parts GROUP BY {by}")} for by in ("way", "job")}
+        return {f"by_{by}": {r.key: PartCount(r.n, _whole(r.records)) for r in self._typed(
+            _Totals, f"SELECT {by} AS key, COUNT(*) AS n, SUM(CAST(records AS DOUBLE "
+            f"PRECISION)) AS records FROM parts GROUP BY {by}")} for by in ("way", "job")}
 
     def set_upload_dropped(self, job: str, rank: int, dropped: int) -> None:
         """What an uploader reported it had to drop (buffer overflow) so far."""
