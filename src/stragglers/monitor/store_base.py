@@ -524,7 +524,7 @@ class SQLStore:
                   fence: dict[str, int] | None = None) -> list[bool | None | str]:
         """Insert parts (job, rank, part, records, first_step, last_step, bytes, way[, digest[,
         step_set[, heard]]]) in one transaction; returns for each whether it was new (False: seen before,
-        not counted; None: its job is gone, nothing stored). digest: the uploaded bytes'
+        not counted; None: its job is gone, or its row does not read, nothing stored). digest: the uploaded bytes'
         fingerprint (None for watched files); step_set: its distinct steps (step_sets.encode;
         None: not known, read from its file when needed); heard: when it arrived, for silence
         (stored as its ingested_at; None: `now`, the commit's time, later by the ingest's
@@ -539,9 +539,12 @@ class SQLStore:
         def tx(db: Any) -> list[bool | None | str]:
             seqs, stale = {}, set()
             for job in sorted({r[0] for r in rows}):   # locks in one order: no deadlock
-                row = self._one(db, _Seq, "SELECT part_seq, meta_seq FROM jobs WHERE job = ?"
-                                + self.FOR_UPDATE, (job,))
-                if row is None:   # (expired by another instance's sweep)
+                # (a job row whose sequences do not read, damaged while serving, stores none
+                # of its parts, answered as a job gone: it raised out of the transaction, and
+                # every part of the batch, every job's, was refused 500 with it)
+                row, _ = self._one_or_damaged(db, _Seq, "SELECT part_seq, meta_seq FROM jobs "
+                                              "WHERE job = ?" + self.FOR_UPDATE, (job,))
+                if row is None:   # (expired by another instance's sweep, or damaged)
                     continue
                 if job in fence and fence[job] != row.meta_seq:
                     stale.add(job)
