@@ -15,9 +15,9 @@ from stragglers.adapt.controller import Actions, ControlConfig, ControllerView
 from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,
                                      Quarantined, QuotaExceeded)
-from stragglers.adapt.replies import (Acked, Configured, Created, Deleted, FailedShard,
-                                      Joined, LeaseReply, Released, Requeued, Restored, Snapshot,
-                                      Status)
+from stragglers.adapt.replies import (Acked, Configured, ControlDeleted, Created, Deleted,
+                                      FailedShard, Joined, LeaseReply, Released, Requeued,
+                                      Restored, Snapshot, Status)
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 from stragglers.serving import canonical_decimal, check_url
 from stragglers.wording import printable
@@ -256,6 +256,12 @@ class ShardClient:
         """Start the job's controller for this incarnation (a ControlConfig or its dict)."""
         body = config.to_dict() if isinstance(config, ControlConfig) else dict(config)
         return self._typed(Configured, "POST", self._job("config"), body,
+                           limit=SMALL_REPLY_BYTES)
+
+    def delete_control(self) -> ControlDeleted:
+        """Drop the job's controller (its owner's token; NotFound when there is none): its
+        places of the service's limits are free at once."""
+        return self._typed(ControlDeleted, "DELETE", f"/jobs/{self.job}/control",
                            limit=SMALL_REPLY_BYTES)
 
     def report_steps(self, rank: int, records: Sequence[Sequence[float]], device: str,

@@ -2,6 +2,8 @@
 
 Agents post step records and read actions (in memory: a restarted service forgets the
 controllers, and each job's rank 0 configures its controller again at every incarnation).
+A controller with no config or report for `idle_s` is idle: a new one that would pass a limit
+takes the places of the longest-idle ones that free it (its owner may also DELETE it).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TypeVar
@@ -16,7 +19,7 @@ from typing import TypeVar
 from stragglers.adapt.controller import Actions, ControlConfig, Controller, ControllerView
 from stragglers.adapt.errors import Busy, Conflict, NotFound, QuotaExceeded, authorize
 from stragglers.adapt.monitor import records_kept
-from stragglers.adapt.replies import Configured
+from stragglers.adapt.replies import Configured, ControlDeleted
 from stragglers.errors import InputError
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, RequestLimits
 
@@ -29,6 +32,10 @@ MAX_JOBS_PER_CLIENT = 256
 # record, and RANK_COST more per rank): one token's 16 controllers of 65,536 ranks kept 28 GB
 MAX_RECORDS = 1 << 24
 MAX_RECORDS_PER_TOKEN = 1 << 23
+# An agent reports every 0.2 s (agent.Agent.poll_s), records or none: a minute without a
+# report is a job whose agents are gone. Without it a controller kept its places until the
+# service stopped: one local process minting tokens took all 1,024 in 70 s, for good.
+IDLE_S = 60.0
 
 
 class ControlPlane:
@@ -36,12 +43,16 @@ class ControlPlane:
 
     def __init__(self, max_jobs: int = MAX_JOBS, max_jobs_per_token: int = MAX_JOBS_PER_TOKEN,
                  max_jobs_per_client: int = MAX_JOBS_PER_CLIENT,
-                 max_records: int = MAX_RECORDS, max_records_per_token: int = MAX_RECORDS_PER_TOKEN):
+                 max_records: int = MAX_RECORDS, max_records_per_token: int = MAX_RECORDS_PER_TOKEN,
+                 idle_s: float = IDLE_S, clock: Callable[[], float] = time.monotonic):
         self._lock = threading.Lock()
+        self.idle_s, self._clock = idle_s, clock
         self.max_records, self.max_records_per_token = max_records, max_records_per_token
         self._kept: dict[str | None, int] = {}   # step records kept per owner digest
         self._kept_total = 0
-        self._jobs: dict[str, tuple[str | None, Controller]] = {}
+        # by last config or report, oldest first; the time of it, and the creating client
+        self._jobs: OrderedDict[str, tuple[str | None, Controller]] = OrderedDict()
+        self._touched: dict[str, tuple[float, str | None]] = {}
         self._owned: dict[str | None, int] = {}  # controllers per owner digest
         self._created: dict[str, int] = {}       # controllers per creating client address
         self.max_jobs, self.max_jobs_per_token = max_jobs, max_jobs_per_token
@@ -62,6 +73,7 @@ class ControlPlane:
                 owner, ctl = have
                 authorize(owner, token_sha256, f"job '{job}'")
                 if cfg == ctl.config:
+                    self._touch(job, self._touched[job][1])
                     return Configured(False, cfg.incarnation)
                 if cfg.incarnation <= ctl.config.incarnation:
                     raise Conflict(f"job '{job}' incarnation {ctl.config.incarnation} is"
@@ -72,12 +84,14 @@ class ControlPlane:
                 freed = _kept(ctl.config)
                 self._check_records(token_sha256, _kept(cfg) - freed)
             else:
+                self._make_room(token_sha256, client, _kept(cfg))
                 self._check_quota(token_sha256, client)
                 self._check_records(token_sha256, _kept(cfg))
                 self._owned[token_sha256] = self._owned.get(token_sha256, 0) + 1
                 if client is not None:
                     self._created[client] = self._created.get(client, 0) + 1
             self._jobs[job] = (token_sha256, Controller(cfg, resumed_from))
+            self._touch(job, client if have is None else self._touched[job][1])
             self._kept[token_sha256] = self._kept.get(token_sha256, 0) + _kept(cfg) - freed
             self._kept_total += _kept(cfg) - freed
         return Configured(True, cfg.incarnation)
@@ -91,6 +105,7 @@ class ControlPlane:
         """
         with self._lock:
             ctl = self._controller(job, token_sha256, write=True)
+            self._touch(job, self._touched[job][1])
             if not 0 <= rank < ctl.config.world_size:
                 raise InputError("control report", "rank",
                                  f"expected 0..{ctl.config.world_size - 1}, got {rank}")
@@ -110,6 +125,50 @@ class ControlPlane:
                 for step, bpt, batch in records:
                     ctl.observe(rank, step, bpt, batch, device)
             return ctl.actions_since(since)
+
+    def delete(self, job: str, token_sha256: str | None) -> ControlDeleted:
+        """Drop the job's controller (its owner's token): its places are free at once."""
+        with self._lock:
+            self._controller(job, token_sha256, write=True)
+            self._drop(job)
+        return ControlDeleted(job)
+
+    def _touch(self, job: str, client: str | None) -> None:
+        self._touched[job] = (self._clock(), client)
+        self._jobs.move_to_end(job)
+
+    def _drop(self, job: str) -> None:
+        """Forget `job`'s controller and give back its places (service's, token's, client's)."""
+        owner, ctl = self._jobs.pop(job)
+        _, client = self._touched.pop(job)
+        kept = _kept(ctl.config)
+        self._kept_total -= kept
+        for counts, key, n in ((self._owned, owner, 1), (self._kept, owner, kept),
+                               (self._created, client, 1)):
+            if key in counts:
+                counts[key] -= n
+                if counts[key] <= 0:
+                    del counts[key]
+
+    def _make_room(self, token_sha256: str | None, client: str | None, more: int) -> None:
+        """Drop the longest-idle controllers (idle_s without a config or report) whose places
+        a new controller of `more` records needs: the service's, its token's or client's."""
+        idle_before = self._clock() - self.idle_s
+        for job in list(self._jobs):   # oldest first
+            touched, by = self._touched[job]
+            if touched > idle_before:
+                return   # (the rest are newer)
+            owner = self._jobs[job][0]
+            mine = token_sha256 is not None and owner == token_sha256
+            needed = (len(self._jobs) >= self.max_jobs
+                      or self._kept_total + more > self.max_records
+                      or (client is not None and by == client
+                          and self._created.get(client, 0) >= self.max_jobs_per_client)
+                      or (mine and (self._owned.get(owner, 0) >= self.max_jobs_per_token
+                                    or self._kept.get(owner, 0) + more
+                                    > self.max_records_per_token)))
+            if needed:
+                self._drop(job)
 
     def _check_quota(self, token_sha256: str | None, client: str | None = None) -> None:
         """A new controller: within the service's limit, this client's (under any tokens: one

@@ -231,6 +231,12 @@ class Deleted(msgspec.Struct):
     num_samples: int
 
 
+class ControlDeleted(msgspec.Struct):
+    """DELETE /jobs/{job}/control: the job's controller dropped (its places given back)."""
+
+    deleted: str
+
+
 class Restored(msgspec.Struct):
     """POST .../restore: rows restored, and DOING shards of the snapshot queued first."""
 

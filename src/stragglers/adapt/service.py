@@ -106,6 +106,10 @@ class ServiceConfig(Config):
     max_jobs_per_client: int = setting(256, "controllers one client address may create, under"
                                        " any tokens (past it: 429; minting tokens does not get"
                                        " one client every slot)", minimum=1, maximum=1 << 16)
+    control_idle_s: float = setting(60.0, "a controller with no config or report this long"
+                                    " (its agents report every 0.2 s) is idle: a new one that"
+                                    " would pass a limit takes its places, longest-idle first",
+                                    minimum=1.0, maximum=86400.0)
     max_control_records: int = setting(1 << 24, "step records all controllers may keep"
                                        " (world_size x (min(256, 4 x window) + 10) each,"
                                        " ~100 bytes a record; past it a config is 429)", minimum=1,
@@ -709,7 +713,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     """
     config = config or ServiceConfig()
     control = ControlPlane(config.max_jobs, config.max_jobs_per_token, config.max_jobs_per_client,
-                           config.max_control_records, config.max_control_records_per_token)
+                           config.max_control_records, config.max_control_records_per_token,
+                           config.control_idle_s)
     commit = GroupCommitter(store, config.max_batch, config.stall_s)
     folder = WalFolder(store, config.wal_fold_bytes)
     # restores written a chunk at a time (and the rows they replaced deleted so), paced
@@ -1156,6 +1161,19 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                                   digest)
         return await controlled(report, place=place, token=digest)
 
+    async def control_delete(request: Request) -> Response:
+        # its owner's: gives its places back at once (an idle one's are taken when needed)
+        job, digest = name_of(request, "job"), _bearer(request)
+        control.check_writer(job, digest, exists=True)   # from the head: 404, 403
+        place = controlling.hold(digest)
+        admit_body(request.scope)
+        try:
+            await parsed(request, rq.Empty)
+        except BaseException:
+            place.close()
+            raise
+        return await controlled(control.delete, job, digest, place=place, token=digest)
+
     async def control_actions(request: Request) -> Response:
         job = name_of(request, "job")
         given = request.query_params.getlist("since")
@@ -1186,6 +1204,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         route("/datasets/{name}/status", status, ("GET",)),
         route("/datasets/{name}/snapshot", snapshot, ("GET",)),
         route("/datasets/{name}/restore", restore),
+        route("/jobs/{job}/control", control_delete, ("DELETE",)),
         route("/jobs/{job}/control/config", control_config),
         route("/jobs/{job}/control/report", control_report),
         route("/jobs/{job}/control/actions", control_actions, ("GET",)),
