@@ -74,7 +74,15 @@ class MonitorMetrics:
             self.records.labels(way)
         self._workers: dict[str, set[tuple[str, str, str, str, str]]] = {}
         self._causes: dict[str, set[str]] = {}
+        self._states: dict[str, str] = {}   # job → the state last exposed
         self._lock = threading.Lock()
+        # the families with a series per job, and of those the ones with one per rank or
+        # worker (thousands a job): a job's series went only with its state's, and /metrics
+        # grew with every job and rank the process ever saw (229 KB for one job of 4,096 ranks)
+        self._per_job = (self.slowdown, self.waste, self.worker_score, self.diagnosis,
+                         self.windows, self.upload_dropped, self.job_state, self.open_alerts,
+                         self.silent_ranks)
+        self._per_rank = (self.worker_score, self.upload_dropped)
 
     def publish_window(self, row: WindowRow) -> None:
         """Expose a job's latest window."""
@@ -106,17 +114,27 @@ class MonitorMetrics:
             self._causes[job] = self._causes.get(job, set()) | set(causes)
 
     def set_state(self, job: str, state: str) -> None:
-        """Expose a job's state (running, stalled, finished) as a one-hot gauge."""
+        """Expose a job's state (running, stalled, finished) as a one-hot gauge; a job that
+        finishes keeps its per-job series, its per-rank and per-worker ones go (the dashboard
+        and /api keep its windows; they come back with its next window if it runs again)."""
         for s in ("running", "stalled", "finished"):
             self.job_state.labels(job, s).set(1.0 if s == state else 0.0)
+        with self._lock:
+            before = self._states.get(job)
+            self._states[job] = state
+            if state == "finished" and before != "finished":
+                for family in self._per_rank:
+                    _drop(family, job)
+                self._workers.pop(job, None)
 
     def forget(self, job: str) -> None:
-        """A job that is gone: its state series go."""
-        for s in ("running", "stalled", "finished"):
-            try:
-                self.job_state.remove(job, s)
-            except KeyError:   # never set
-                pass
+        """A job that is gone (expired, deleted): every series of it goes."""
+        with self._lock:
+            for family in self._per_job:
+                _drop(family, job)
+            self._workers.pop(job, None)
+            self._causes.pop(job, None)
+            self._states.pop(job, None)
 
     def count_alerts(self, changes: list[Alert]) -> None:
         """Count alert changes by alert name and status."""
@@ -131,6 +149,17 @@ class MonitorMetrics:
     def render(self) -> bytes:
         """The text exposition format."""
         return generate_latest(self.registry)
+
+
+def _drop(family: Gauge | Counter, job: str) -> None:
+    """Remove every series of `family` whose `job` label is `job` (its first label)."""
+    gone = {tuple(sample.labels.values()) for metric in family.collect()
+            for sample in metric.samples if sample.labels.get("job") == job}
+    for labels in gone:
+        try:
+            family.remove(*labels)
+        except KeyError:   # removed meanwhile (a scrape does not hold the lock)
+            pass
 
 
 class HealthCollector:
@@ -154,10 +183,13 @@ class HealthCollector:
         yield depth
         sent = CounterMetricFamily("stragglers_alert_notifications", "alert messages "
                                    "delivered to every receiver (sent), given up after "
-                                   "retries (failed) or dropped (a full queue)",
+                                   "retries (failed), dropped (a full queue) or set aside "
+                                   "unsent (damaged: their stored row does not read)",
                                    labels=["outcome"])
         for outcome, count in m.delivery_counts().items():
             sent.add_metric([outcome], count)
+        # messages set aside unsent, their stored row damaged (store_base.claim_messages)
+        sent.add_metric(["damaged"], self.monitor.store.damaged_messages)
         yield sent
         last = GaugeMetricFamily("stragglers_job_last_part_timestamp_seconds", "when the job's "
                                  "latest part arrived (Unix time)", labels=["job"])
