@@ -91,3 +91,46 @@ def test_a_dead_man_message_behind_a_damaged_row_of_its_own_is_left_to_the_outbo
         assert store.damaged_messages == 1
     finally:
         store.close()
+
+
+def test_the_monitors_sender_delivers_past_a_damaged_row_and_counts_it(tmp_path):
+    """Through the monitor's own outbox sender to a real receiver on loopback: the other
+    job's message is posted and marked delivered, the damaged one counted in /metrics."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from stragglers.monitor.service import Monitor
+    from stragglers.monitor.settings import MonitorConfig
+
+    got = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    path = tmp_path / "mon.db"
+    store = open_store(str(path))
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    mon = Monitor(store, MonitorConfig(change_detector=False), data_dir=tmp_path / "up")
+    try:
+        store.register_job("jobB", "/runs/jobB", "http", None)
+        _damaged_row(path, "alert a blob")
+        rows, log, _ = mon.alerts.on_window("jobB", _window("jobB", 0, 1.5), now=5.0)
+        store.add_window(_window("jobB", 0, 1.5), rows, log)
+        mon.outbox.webhooks = [f"http://127.0.0.1:{http.server_address[1]}/"]
+        mon.outbox.poll()   # (what the sender thread does at each poll)
+        assert [[a["labels"]["job"] for a in p["alerts"]] for p in got] == [["jobB"]]
+        assert [r.delivered_at is not None for r in store.outbox("jobB")] == [True]
+        assert 'stragglers_alert_notifications_total{outcome="damaged"} 1.0' in \
+            mon.metrics.render().decode()
+    finally:
+        mon.stop()
+        http.shutdown()
+        store.close()
