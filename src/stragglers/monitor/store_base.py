@@ -1028,8 +1028,9 @@ class SQLStore:
         whoever holds it when `alone`; its epoch, or None when another instance holds it."""
         def tx(db: Any) -> int | None:
             now = self._now(db)
-            row = self._one(db, _Lease, "SELECT owner, epoch, expires_at FROM leases WHERE "
-                            "job = ?" + self.FOR_UPDATE + self.SKIP_LOCKED, (job,))
+            row = self._one(db, _Lease, "SELECT owner, CAST(epoch AS BIGINT) AS epoch, "
+                            "expires_at FROM leases WHERE job = ?" + self.FOR_UPDATE
+                            + self.SKIP_LOCKED, (job,))
             if row is None:
                 return None
             if row.owner == instance:
@@ -1043,7 +1044,10 @@ class SQLStore:
 
     def _take(self, db: Any, instance: str, job: str, until: float, now: float) -> int:
         """Take a job's lease (its row locked by the caller); its new epoch."""
-        got = self._one(db, _Held, "UPDATE leases SET owner = ?, epoch = epoch + 1, "
+        # (an epoch that is not a whole number, damaged, is made one: its RETURNING raised
+        # out of the heartbeat, which renews every lease, and no job was analysed)
+        got = self._one(db, _Held, "UPDATE leases SET owner = ?, epoch = CAST(epoch AS "
+                        "BIGINT) + 1, "
                         "expires_at = ?, taken_at = ? WHERE job = ? RETURNING job, epoch",
                         (instance, until, now, job))
         assert got is not None   # the caller found the row
