@@ -70,10 +70,14 @@ def prepare_restore(checked: tuple) -> PreparedRestore:
 class Restores(StoreState):
     """ShardStore's restores and quotas (what a token or a client may create)."""
 
-    def _check_quota(self, c: sqlite3.Connection, token_sha256: str | None, creator: str | None = None) -> None:
+    def _check_quota(self, c: sqlite3.Connection, token_sha256: str | None,
+                     creator: str | None = None, reclaim: bool = False) -> None:
         """Refuse a new data set past the service's, this token's or this client's limit
-        (QuotaExceeded: 429): minting tokens does not get one client past its share."""
+        (QuotaExceeded: 429): minting tokens does not get one client past its share.
+        `reclaim` (a write transaction): unused data sets give their places first."""
         total = c.execute("SELECT COUNT(*) FROM datasets").fetchone()[0]
+        if total >= self.max_datasets and reclaim:
+            total -= self._reclaim_unused(c, total - self.max_datasets + 1)
         if total >= self.max_datasets:
             raise QuotaExceeded(f"the service holds {total} data sets, its limit"
                                 f" (max_datasets={self.max_datasets})")
@@ -92,25 +96,59 @@ class Restores(StoreState):
             raise QuotaExceeded(f"this token already owns {mine} data sets, its limit"
                                 f" (max_datasets_per_token={self.max_datasets_per_token})")
 
+    def _reclaim_unused(self, c: sqlite3.Connection, n: int) -> int:
+        """Delete up to `n` data sets that hold nothing, oldest first: created at least
+        unused_dataset_s ago (by this process; before it started, counted from its start), no
+        worker ever joined (no workers row), one epoch, every shard row TODO and unconsumed.
+        Looks at 16 at most (a restored one holds progress); returns how many it deleted."""
+        since = self._clock() - self.unused_dataset_s
+        if self._started > since and min(self._created_at.values(), default=since) > since:
+            return 0   # (none old enough: no scan)
+        rows = c.execute("SELECT name, COALESCE(rows_key, name) FROM datasets d WHERE"
+                         " epochs_created=1 AND NOT EXISTS (SELECT 1 FROM workers w WHERE"
+                         " w.dataset=d.name)").fetchall()
+        aged = sorted((self._created_at.get(name, self._started), name, key)
+                      for name, key in rows)
+        done = 0
+        for at, name, key in aged[:16]:
+            if done >= n or at > since:
+                break
+            if c.execute("SELECT 1 FROM shards WHERE dataset=? AND (state IS NOT 'TODO' OR"
+                         " consumed IS NOT 0) LIMIT 1", (key,)).fetchone() is None:
+                self._remove(c, name, key)
+                self._reclaimed.append(name)
+                done += 1
+        return done
+
+    def reclaimed(self) -> list[str]:
+        """The data sets _reclaim_unused deleted since the last call (the service's caches)."""
+        names, self._reclaimed = self._reclaimed, []
+        return names
+
     def delete_dataset(self, name: str, token_sha256: str | None = None) -> Deleted:
         """Delete a data set (its owner's call): its places of max_datasets and of its token's
         and client's quotas are given back at once; its shard rows become garbage, deleted in
         paced steps (collect_garbage), and its name may be created again."""
         with self._tx() as c:
             cfg, _, _ = self._config(c, name, token_sha256)
-            key = self._key(name)
-            c.execute("DELETE FROM datasets WHERE name=?", (name,))
-            c.execute("DELETE FROM workers WHERE dataset=?", (name,))
-            c.execute("DELETE FROM lease_requests WHERE dataset=?", (name,))
-            c.execute("INSERT OR REPLACE INTO row_sets VALUES (?,?,'garbage')", (key, name))
-            self._forget()
-            for held in (self._keys, self._owners, self._grace_until, self._quarantined):
-                held.pop(name, None)
-            self._verified.discard(name)
-            if name in self._grace:   # (a restart's grace kept if this call is rolled back)
-                self._grace.discard(name)
-                self._undo.append(lambda: self._grace.add(name))
+            self._remove(c, name, self._key(name))
         return Deleted(name, cfg.num_samples)
+
+    def _remove(self, c: sqlite3.Connection, name: str, key: str) -> None:
+        """Delete data set `name` (its rows, under `key`, left as garbage) in transaction c."""
+        self._touched.add(name)
+        self._created_at.pop(name, None)
+        c.execute("DELETE FROM datasets WHERE name=?", (name,))
+        c.execute("DELETE FROM workers WHERE dataset=?", (name,))
+        c.execute("DELETE FROM lease_requests WHERE dataset=?", (name,))
+        c.execute("INSERT OR REPLACE INTO row_sets VALUES (?,?,'garbage')", (key, name))
+        self._forget()
+        for held in (self._keys, self._owners, self._grace_until, self._quarantined):
+            held.pop(name, None)
+        self._verified.discard(name)
+        if name in self._grace:   # (a restart's grace kept if this call is rolled back)
+            self._grace.discard(name)
+            self._undo.append(lambda: self._grace.add(name))
 
     def _fresh_key(self, c: sqlite3.Connection, name: str) -> str | None:
         """The key of a new data set's rows: its name (NULL), unless rows of a deleted one

@@ -117,6 +117,11 @@ class ServiceConfig(Config):
     max_control_records_per_token: int = setting(1 << 23, "step records one token's"
                                                  " controllers may keep (past it: 429)",
                                                  minimum=1, maximum=1 << 32)
+    unused_dataset_s: float = setting(60.0, "a data set that holds nothing (no worker ever"
+                                      " joined, every shard to do) this long after its"
+                                      " creation is unused: a creation past max_datasets"
+                                      " deletes the oldest such one to take its place",
+                                      minimum=1.0, maximum=1e9)
     max_datasets_per_client: int = setting(1024, "data sets one client address may create,"
                                            " under any tokens (past it: 429)", minimum=1,
                                            maximum=1 << 20)
@@ -886,6 +891,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             client = client_of(request)
             created = await commit.run(lambda: store.create_dataset(cfg, digest, client),
                                        digest)
+        reclaimed = store.reclaimed()   # (unused data sets deleted to make room)
+        for name in reclaimed:
+            owners.pop(name, None)
+        if reclaimed:
+            paced.collect()
         owners.setdefault(cfg.name, digest)
         return created
 
@@ -1418,7 +1428,8 @@ def open_store(db: str | Path, config: ServiceConfig) -> ShardStore:
                       max_datasets_per_client=config.max_datasets_per_client,
                       max_workers_per_dataset=config.max_workers_per_dataset,
                       max_rows_ahead=config.max_rows_ahead,
-                      max_held_per_worker=config.max_held_per_worker)
+                      max_held_per_worker=config.max_held_per_worker,
+                      unused_dataset_s=config.unused_dataset_s)
 
 
 class EmbeddedServer:

@@ -60,8 +60,12 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                  busy_timeout_s: float = 10.0, max_datasets: int = 4096,
                  max_datasets_per_token: int = 64, max_datasets_per_client: int = 1024,
                  max_workers_per_dataset: int = 1024, max_rows_ahead: int = 1 << 18,
-                 max_held_per_worker: int = 1024):
+                 max_held_per_worker: int = 1024, unused_dataset_s: float = 60.0):
         self.db = str(db)
+        self.unused_dataset_s = unused_dataset_s
+        self._created_at: dict[str, float] = {}
+        self._started = clock()
+        self._reclaimed: list[str] = []
         self.max_workers_per_dataset = max_workers_per_dataset
         # shards one worker may hold (DOING) at once: its release, or a join of its next
         # incarnation, requeues them all in one transaction on the commit thread
@@ -258,7 +262,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                     raise Conflict(f"data set '{cfg.name}' exists with another config"
                                    f" (existing, requested): {diff}")
                 return Created(False)
-            self._check_quota(c, token_sha256, creator)
+            self._check_quota(c, token_sha256, creator, reclaim=True)
             self._touched.add(cfg.name)
             key = self._fresh_key(c, cfg.name)
             c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?,0,?,?)",
@@ -266,6 +270,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                        cfg.lease_s, cfg.max_retries, token_sha256, key, creator))
             self._keys[cfg.name] = key or cfg.name
             self._create_epoch(c, cfg, 0)
+            self._created_at[cfg.name] = self._clock()
         return Created(True)
 
     def _read_conn(self) -> sqlite3.Connection:
