@@ -487,15 +487,20 @@ class ServiceGuard:
             await send_json(self.shape, send, 429, f"request: {exc.what}",
                             [(b"retry-after", after.encode())])
             return
-        served = False
+        served, sent = False, [0]
+
+        async def counted(message) -> None:
+            if message["type"] == "http.response.body":
+                sent[0] += len(message.get("body") or b"")   # (a big answer: more turns)
+            await send(message)
         try:
             if wait and not await park(scope, wait):
                 await send_json(self.shape, send, 503, GONE_WHILE_WAITING)
                 return
             served = True
-            await self._serve(scope, receive, send)
+            await self._serve(scope, receive, counted)
         finally:
-            pace.leave(key, served)
+            pace.leave(key, served, sent[0])
 
     async def _serve(self, scope, receive, send) -> None:
         """A request past its turn: the guard's checks, then the app."""

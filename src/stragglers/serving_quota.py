@@ -409,6 +409,13 @@ class Backpressure(InProgress):
         if due is not None:
             self._due[key] = max(due - self.interval, self.clock())
 
+    def charge(self, key: object, turns: float) -> None:
+        """`turns` more of `key`'s turns at its own pace taken after the fact (what a request
+        cost past its one turn)."""
+        if turns > 0:
+            now = self.clock()
+            self._due[key] = max(self._due.get(key, now), now) + turns * self.interval
+
     def _wait(self, key: object, n: int, now: float, shared: bool) -> float:
         """Take `key`'s next turn (GCRA) with `n` of its requests in progress: the wait."""
         dues, interval, tolerance = self._due, self.interval, self.tolerance
@@ -456,8 +463,10 @@ class AnonymousPace:
     token, a wrong one), whatever its route — /health, a dashboard file, a 404, a request
     refused: each client address (an IPv6 one's /64) gets `per_s` turns a second after a
     burst of `burst`, and all addresses together `per_s_in_all` after as many (a flood from
-    many addresses); a request waits its turn parked, and one further off than `max_wait_s`
-    is refused, answered 429 after that wait (Backpressure's GCRA). Turns, not requests in
+    many addresses); an answer takes a turn more per `bytes_per_turn` of its body past the
+    first (8 loops of plotly.min.js, 3.6 MB, at 41 turns a second slowed uploads 3.5x); a
+    request waits its turn parked, and one further off than `max_wait_s` is refused,
+    answered 429 after that wait (Backpressure's GCRA). Turns, not requests in
     progress: a cheap route's handler never yields, so each request of a flood found none
     in progress and went free (8 processes looping on /health were answered ~480 a second
     with one in progress free; each answer ~0.2 ms of the event loop, they slowed another
@@ -470,8 +479,8 @@ class AnonymousPace:
 
     def __init__(self, credentialed: Callable[[Mapping[str, Any]], bool], per_s: float,
                  burst: float, max_wait_s: float = 8.0, per_s_in_all: float | None = None,
-                 clock=time.monotonic):
-        self.credentialed = credentialed
+                 bytes_per_turn: int = 64 << 10, clock=time.monotonic):
+        self.credentialed, self.bytes_per_turn = credentialed, bytes_per_turn
         self.pressure = Backpressure("client address", 0, per_s, burst, max_wait_s,
                                      clock=clock)
         in_all = per_s_in_all or 4 * per_s
@@ -491,12 +500,17 @@ class AnonymousPace:
             self.pressure.leave(key)
             raise
 
-    def leave(self, key: object, served: bool = True) -> None:
-        """A request of `key` is over: answered or refused, or (`served` False) its client
-        gone before its turn came: then its turns are given back."""
+    def leave(self, key: object, served: bool = True, sent: int = 0) -> None:
+        """A request of `key` is over: answered (`sent` bytes of body: a turn more per
+        `bytes_per_turn` past the first) or refused, or (`served` False) its client gone
+        before its turn came: then its turns are given back."""
         if not served:
             self.pressure.give_back(key)
             self.in_all.give_back(self.ALL)
+        elif sent > self.bytes_per_turn:
+            more = sent / self.bytes_per_turn - 1
+            self.pressure.charge(key, more)
+            self.in_all.charge(self.ALL, more)
         self.pressure.leave(key)
         self.in_all.leave(self.ALL)
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import eventually
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from stragglers.serving import listen_socket, serve_in_thread, uvicorn_server
@@ -28,12 +28,16 @@ async def health(request: Request):
     return JSONResponse({"ok": True})
 
 
+async def big(request: Request):
+    return Response(b"x" * (10 * 65536), media_type="application/octet-stream")
+
+
 def credentialed(scope) -> bool:
     return (KEY, b"yes") in (scope.get("headers") or ())
 
 
 def app_paced(**pace) -> Starlette:
-    app = Starlette(routes=[Route("/health", health)])
+    app = Starlette(routes=[Route("/health", health), Route("/big", big)])
     app.state.anonymous_pace = AnonymousPace(credentialed, 1 / 600, 1.0,
                                              **{"max_wait_s": 86400.0, **pace})
     return app
@@ -128,6 +132,19 @@ def test_a_request_whose_client_left_while_it_waited_gives_its_turn_back(serve):
     third.close()
     eventually(lambda: pressure.requests == {}, timeout=60, what="its wait given up")
     assert pressure._due["127.0.0.1"] == pytest.approx(due - 600)
+
+
+def test_a_big_answer_takes_a_turn_per_64_kib(serve):
+    # (8 loops of plotly.min.js, 3.6 MB, answered 41 times a second slowed uploads 3.5x)
+    app, port = serve(per_s_in_all=1000.0)
+    pressure = app.state.anonymous_pace.pressure
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
+        assert c.get("/health").status_code == 200
+        small = pressure._due["127.0.0.1"]
+        assert len(c.get("/big").content) == 10 * 65536
+    # its own turn and nine more, 600 s each
+    assert pressure._due["127.0.0.1"] == pytest.approx(small + 10 * 600, abs=5)
+    assert pressure.requests == {}
 
 
 def test_a_turn_past_the_longest_wait_is_refused_429_after_it_taking_none(serve):
