@@ -24,6 +24,7 @@ from stragglers.errors import InputError
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, RequestLimits
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 MAX_JOBS = 1024
 MAX_JOBS_PER_TOKEN = 16
@@ -143,12 +144,10 @@ class ControlPlane:
         _, client = self._touched.pop(job)
         kept = _kept(ctl.config)
         self._kept_total -= kept
-        for counts, key, n in ((self._owned, owner, 1), (self._kept, owner, kept),
-                               (self._created, client, 1)):
-            if key in counts:
-                counts[key] -= n
-                if counts[key] <= 0:
-                    del counts[key]
+        _less(self._owned, owner, 1)
+        _less(self._kept, owner, kept)
+        if client is not None:
+            _less(self._created, client, 1)
 
     def _make_room(self, token_sha256: str | None, client: str | None, more: int) -> None:
         """Drop the longest-idle controllers (idle_s without a config or report) whose places
@@ -350,6 +349,15 @@ class PacedThread:
 # what a rank costs before any record, in records (its history and deque: ~960 bytes): an
 # empty controller of 65,536 ranks held 63 MB, and 1,024 of them 64 GB
 RANK_COST = 10
+
+
+def _less(counts: dict[K, int], key: K, n: int) -> None:
+    """counts[key] -= n, the key dropped at 0."""
+    left = counts.get(key, 0) - n
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _kept(cfg: ControlConfig) -> int:

@@ -994,7 +994,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         digest, b = await owned(request, name), await parsed(request, rq.Release)
         async with worker_turn(request, (digest, name, b.worker)):
             if b.fence is None:   # (a launcher's: a join, every incarnation fenced off)
-                error = released_error(b.worker, b.error)
+                error: str | None = released_error(b.worker, b.error)
                 joined = await commit.run(lambda: store.join(name, b.worker, digest, error,
                                                              GIVE_BACK_STEP), digest)
                 fence, keep, error = None, joined.fence, joined_error(b.worker, joined.fence,
