@@ -31,7 +31,8 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stragglers.errors import InputError
-from stragglers.monitor.jobmeta import check_meta, is_run_token, loads_meta, run_token
+from stragglers.monitor.jobmeta import check_meta, declared_world, is_run_token, loads_meta, \
+    META_BYTES_PER_RANK, meta_bytes_limit, run_token
 from stragglers.monitor.parts import MAX_PART, MAX_RANK, PartConflict, check_job_name, \
     check_same_part, fingerprint
 from stragglers.monitor.leases import ForeignJob
@@ -42,9 +43,11 @@ from stragglers.serving import BodyRefused, canonical_decimal, declared_length
 from stragglers.serving_guard import FRAMING_KEY, admit_body
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, MintRate, RateLimited, \
     RequestLimits, quota_client
-import json
 import os
+from dataclasses import fields
 from pathlib import Path
+
+import msgspec
 
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import META_FILE
@@ -333,6 +336,14 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     # (503 for one), and the file could end up the older one while the store held the newer
     meta_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
     room = DiskRoom(monitor.data_dir, cfg.max_upload_bytes_held)
+    # the largest meta.json body: max_meta_bytes besides the per-rank lists, which grow with
+    # the world (a real 65,536-rank job's is 22 MB); a body is held to its own world's bound
+    meta_limit = meta_bytes_limit(cfg.max_meta_bytes, cfg.max_world_size)
+    # job → (digest of the meta.json body last registered, the JobMeta it became): the same
+    # body again, while the job's tracker still holds that JobMeta, changes nothing and is
+    # answered without being parsed, checked, written or stored again (two writers re-sending
+    # a 1 MiB meta.json in a loop made another job's uploads 11.7x slower)
+    registered_meta: dict[str, tuple[bytes, JobMeta]] = {}
 
     @app.put("/api/jobs/{job}/meta", dependencies=[Depends(require_write)])
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
@@ -360,10 +371,29 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
 
     async def _put_meta(request: Request, job: str) -> dict[str, Any]:
         """put_meta once the job was counted as new (or known)."""
-        room.check(_declared(request, cfg.max_meta_bytes), "meta.json")
+        room.check(_declared(request, meta_limit), "meta.json")
         share = writer_share(request, writers, job)
         try:
-            body = await read_body(request, cfg.max_meta_bytes, "meta.json", budget, share)
+            body = await read_body(request, meta_limit, "meta.json", budget, share)
+            digest = hashlib.sha256(body).digest()
+            tracker = monitor.trackers.get(job)
+            seen = registered_meta.get(job)
+            if seen is not None and seen[0] == digest and \
+                    getattr(tracker, "meta", None) is seen[1] and monitor.directories.get(job) == \
+                    monitor.data_dir / job and job not in monitor.quarantined:
+                _give(budget, share, len(body))
+                return {"job": job, "status": "ok", "world_size": seen[1].world_size}
+            # (a body that declares no world, or none this monitor takes, gets no allowance
+            # for per-rank lists: its own refusal follows if it is small enough to be read)
+            world = declared_world(body) or 0
+            world = world if world <= cfg.max_world_size else 0
+            if len(body) > meta_bytes_limit(cfg.max_meta_bytes, world):
+                _give(budget, share, len(body))
+                raise HTTPProblem(413, f"request body: {len(body)} bytes is more than the "
+                                  f"{meta_bytes_limit(cfg.max_meta_bytes, world)} bytes allowed "
+                                  f"for the meta.json of {world} ranks (max_meta_bytes, "
+                                  f"{cfg.max_meta_bytes}, and {META_BYTES_PER_RANK} per rank)",
+                                  "too_large")
             try:
                 meta = MetaUpload.model_validate_json(body)
             except ValidationError as exc:
@@ -411,6 +441,11 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                                       "bad_meta") from None                # server's file
                 # the name is taken by another run, or the monitor is full: it cannot be made
                 raise HTTPProblem(409, f"path 'job': {exc.problem}", "conflict") from None
+        tracker = monitor.trackers.get(job)
+        if getattr(tracker, "meta", None) is registered:
+            registered_meta[job] = (digest, registered)
+        else:
+            registered_meta.pop(job, None)
         return {"job": job, "status": "ok", "world_size": registered.world_size}
 
     def check_run(request: Request, job: str, meta: object) -> None:
@@ -596,7 +631,10 @@ def write_meta_file(directory: Path, meta: JobMeta) -> Path:
     no temp file behind and the error goes to the client as a 507 (serving.ServiceGuard)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / META_FILE
-    _replace_file(path, json.dumps(meta.to_dict(), indent=2, sort_keys=True).encode())
+    # the C encoder over the fields as they are (json.dumps(indent=2) runs in Python and
+    # asdict copies every value: 5.3 s for the 22 MB meta.json of 65,536 ranks, now 0.07 s)
+    top = {f.name: getattr(meta, f.name) for f in fields(meta)}
+    _replace_file(path, msgspec.json.format(msgspec.json.encode(top, order="sorted"), indent=2))
     return path
 
 

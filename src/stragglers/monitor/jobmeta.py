@@ -22,29 +22,52 @@ from stragglers.monitor.part_names import MAX_RANK
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import meta_from_dict
 
-MAX_META_BYTES = 1 << 20
+# meta.json besides its per-rank lists (extra.layout, extra.clock): a 1 MiB meta re-sent in a
+# loop once cost seconds of CPU per PUT and per job list; no recorder writes 1/16 of this
+MAX_META_BYTES = 64 << 10
+# what each rank may add (its extra.layout entry, its start and end clock estimates): the
+# richest recorder entry (attach on a DeviceMesh, with device and CPU list) measured 367 bytes
+# per rank, 22 MB for 65,536 ranks (test_meta_cost.recorder_meta); 1 KiB holds a 255-character host
+PER_RANK_KEYS = ("layout", "clock")
+META_BYTES_PER_RANK = 1 << 10
+MAX_WORLD = 65_536   # (settings.max_world_size's default: the bound of a watched file's read)
 MAX_DEPTH = 32
 _HOST_CHARS = 255
 
 
+def meta_bytes_limit(max_bytes: int, world_size: int) -> int:
+    """The largest meta.json of a job of `world_size` ranks: `max_bytes` besides its per-rank
+    lists, and META_BYTES_PER_RANK for each rank."""
+    return max_bytes + max(world_size, 0) * META_BYTES_PER_RANK
+
+
 def check_meta(raw: object, source: Path | str, max_bytes: int = MAX_META_BYTES) -> JobMeta:
     """The JobMeta of a meta.json mapping; InputError naming `source` and the field unless
-    every value is plain finite JSON of at most `max_bytes`, the sizes agree, `extra.layout`
-    is a list of {rank, [dp_rank], [stage], [host]}, one per rank of the world size, and
-    `extra.clock` is a mapping."""
+    every value is plain finite JSON, of at most `max_bytes` besides `extra.layout` and
+    `extra.clock`, which hold at most META_BYTES_PER_RANK per rank, the sizes agree,
+    `extra.layout` is a list of {rank, [dp_rank], [stage], [host]}, one per rank of the
+    world size, and `extra.clock` is a mapping."""
+    try:   # (the C encoder: sizes first, before any walk in Python)
+        size = len(msgspec.json.encode(raw))
+        extra = raw.get("extra") if isinstance(raw, dict) else None
+        per_rank = sum(len(msgspec.json.encode(extra[k])) for k in PER_RANK_KEYS
+                       if k in extra) if isinstance(extra, dict) else 0
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError):
+        per_rank = size = 0   # (named by _check_plain below)
+    if size - per_rank > max_bytes:
+        raise InputError(source, None, f"{size - per_rank} bytes of metadata besides extra."
+                         f"layout and extra.clock; expected at most {max_bytes}")
     _check_plain(raw, source, "", 0)
-    try:
-        size = len(json.dumps(raw, allow_nan=False))
-    except (ValueError, TypeError, RecursionError):
-        raise InputError(source, None, "expected plain JSON values") from None
-    if size > max_bytes:
-        raise InputError(source, None, f"{size} bytes of metadata; expected at most {max_bytes}")
     meta = meta_from_dict(raw, source)
     if meta.world_size > MAX_RANK + 1:
         # the sizes' product is unbounded (dp 10^6 × pp 10^5 × tp 10^5 was a job of 10^16
         # ranks that no upload can complete: ranks stop at MAX_RANK)
         raise InputError(source, "world_size", f"{meta.world_size} ranks (the product of the "
                          f"sizes); expected at most {MAX_RANK + 1}")
+    if per_rank > meta.world_size * META_BYTES_PER_RANK:
+        raise InputError(source, "extra.layout", f"{per_rank} bytes in extra.layout and extra."
+                         f"clock; expected at most {META_BYTES_PER_RANK} per rank "
+                         f"({meta.world_size} ranks)")
     layout = meta.extra.get("layout")
     if layout is not None:
         _check_layout(layout, meta, source)
@@ -176,15 +199,41 @@ def loads_meta(data: bytes | str, source: Path | str) -> object:
         raise InputError(source, None, f"not readable JSON ({str(exc)[:200]})") from None
 
 
-def read_meta_file(path: Path, max_bytes: int = MAX_META_BYTES, within: str = "") -> object:
+class _Sizes(msgspec.Struct):
+    """What declared_world reads of meta.json."""
+
+    dp_size: Any = None   # (required, as meta_from_dict requires them)
+    pp_size: Any = None
+    tp_size: Any = 1
+    dsp_size: Any = 1
+
+
+def declared_world(data: bytes) -> int | None:
+    """The world size meta.json's sizes declare, read by the C decoder without building the
+    rest (a bound on the body before it is parsed in full); None where they are not integers."""
+    try:
+        s = msgspec.json.decode(data, type=_Sizes)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    sizes = (s.dp_size, s.pp_size, s.tp_size, s.dsp_size)
+    if not all(type(v) is int and 0 < v <= 10**7 for v in sizes):
+        return None
+    return sizes[0] * sizes[1] * sizes[2] * sizes[3]
+
+
+def read_meta_file(path: Path, max_bytes: int = MAX_META_BYTES, within: str = "",
+                   world: int = MAX_WORLD) -> object:
     """The JSON of a watched meta.json, opened without blocking and only if it is a regular
-    file of at most `max_bytes` (a FIFO named meta.json would block the watcher for good) that
-    lies in the folder `within` (when given) once links are followed and has no other name (a
-    hard link), judged on the file opened; InputError naming the file otherwise (FileNotFoundError passes)."""
+    file of at most meta_bytes_limit(`max_bytes`, `world`), and of its own declared world
+    (a FIFO named meta.json would block the watcher for good) that lies in the folder `within`
+    (when given) once links are followed and has no other name (a hard link), judged on the
+    file opened; InputError naming the file otherwise (FileNotFoundError passes)."""
     import os
     import stat
 
     from stragglers.monitor.part_files import check_opened_within
+
+    base, max_bytes = max_bytes, meta_bytes_limit(max_bytes, world)
 
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
@@ -200,4 +249,10 @@ def read_meta_file(path: Path, max_bytes: int = MAX_META_BYTES, within: str = ""
         os.close(fd)
     if len(data) > max_bytes:
         raise InputError(path, None, f"more than {max_bytes} bytes; expected at most {max_bytes}")
+    # held to its own world's bound before it is parsed in full (as an uploaded one)
+    own = min(declared_world(data) or 0, world)
+    if len(data) > meta_bytes_limit(base, own):
+        raise InputError(path, None, f"{len(data)} bytes; expected at most "
+                         f"{meta_bytes_limit(base, own)} for {own} ranks ({base} besides the "
+                         f"per-rank lists, {META_BYTES_PER_RANK} per rank)")
     return loads_meta(data, path)

@@ -61,7 +61,8 @@ class MonitorConfig(Config):
     allowed_hosts: str = setting("", "Host names accepted besides the loopback names, comma "
                                  "separated ('*': any); empty: loopback names only on a "
                                  "loopback address, any name on another")
-    max_meta_bytes: int = setting(1 * 2**20, "largest accepted meta.json upload (bytes)",
+    max_meta_bytes: int = setting(64 * 2**10, "largest meta.json besides its per-rank lists "
+                                  "(extra.layout, extra.clock: at most 1 KiB per rank more)",
                                   minimum=1024)
     max_jobs: int = setting(10_000, "jobs the monitor keeps track of at once, finished "
                             "ones not counted", minimum=1)
