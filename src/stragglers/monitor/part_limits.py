@@ -146,6 +146,52 @@ def check_step_gaps(steps: np.ndarray, known: int, source: object) -> InputError
 
 
 
+# an op's end may pass the start of its rank's next step by at most one step (the earlier
+# step's start to the next one's: work left on a device stream or a collective that overlaps)
+# or this many seconds, whichever is more
+OP_END_SLACK_S = 1.0
+
+# no op lasts longer: a collective waits at most its process group's timeout (PyTorch's
+# default: 10 min for NCCL, 30 min for gloo), and no kernel of a training step runs an hour
+# (an op of 5e10 s, inside the times' finite bound, made a window's S 3.1e10 and fired alerts)
+MAX_OP_SECONDS = 3600.0
+
+
+def check_op_spans(cols: dict[str, np.ndarray], source: object) -> InputError | None:
+    """A part with an op that does not fit its own step is refused, naming the row: one
+    lasting more than MAX_OP_SECONDS, or ending after its rank's next step in the part began
+    (plus OP_END_SLACK_S or one step): on a rank a step starts once the one before is done,
+    so such an op's duration is not what happened, and one such op poisoned its window."""
+    duration = cols["duration"]
+    if not len(duration):
+        return None
+    long = np.flatnonzero(duration > MAX_OP_SECONDS)
+    if len(long):
+        i = int(long[0])
+        return InputError(source, "duration", f"row {i} (step {int(cols['step'][i])}): "
+                          f"{float(duration[i]):.6g} s; expected an op of at most "
+                          f"{MAX_OP_SECONDS:g} s (MAX_OP_SECONDS)")
+    rank, step, start = cols["rank"], cols["step"], cols["start_ts"]
+    order = np.lexsort((step, rank))
+    r, st = rank[order], step[order]
+    head = np.flatnonzero(np.r_[True, (r[1:] != r[:-1]) | (st[1:] != st[:-1])])
+    first = np.minimum.reduceat(start[order], head)          # each (rank, step)'s first start
+    same_rank = np.r_[r[head][1:] == r[head][:-1], False]    # a next step of the same rank
+    nxt = np.r_[first[1:], np.inf]
+    allowed = np.where(same_rank, nxt + np.maximum(nxt - first, OP_END_SLACK_S), np.inf)
+    group = np.repeat(np.arange(len(head)), np.diff(np.r_[head, len(order)]))
+    over = (start[order] + duration[order]) > allowed[group]
+    if not over.any():
+        return None
+    j = int(np.argmax(over))
+    i, g = int(order[j]), int(group[j])
+    return InputError(source, "duration", f"row {i} (rank {int(r[j])}, step {int(st[j])}): "
+                      f"an op of {float(duration[i]):.6g} s ending "
+                      f"{float(start[i] + duration[i] - nxt[g]):.6g} s after the rank's step "
+                      f"{int(st[head[g + 1]])} began; expected an op to end by then (plus "
+                      f"{OP_END_SLACK_S:g} s or one step)")
+
+
 def guarded(fn, arg, source):
     """fn(arg), or the InputError naming `source` for whatever it raised: one part that a
     check does not foresee is refused alone, never its whole batch (nor the ingest thread)."""

@@ -15,7 +15,8 @@ from stragglers.errors import InputError
 from stragglers.monitor.part_files import WHOLE_READ_BYTES, checked_digest, file_bytes, \
     open_part_file, read_whole
 from stragglers.monitor.part_limits import ALLOWED_COLUMNS, check_decode_budget, \
-    check_page_headers, check_part_rows, check_step_gaps, guarded, screened_metadata
+    check_op_spans, check_page_headers, check_part_rows, check_step_gaps, guarded, \
+    screened_metadata
 from stragglers.monitor.part_names import parse_part_name
 from stragglers.trace.columns import table_to_columns
 from stragglers.trace.model import OPTYPE_CODES, OPTYPES
@@ -60,6 +61,9 @@ def check_part(table: pa.Table, source: object, rank: int, part: int, nbytes: in
     if wild is not None:                                # as such, not as ops it merged)
         raise wild
     check_op_ids(cols, source)
+    spans = check_op_spans(cols, source)
+    if spans is not None:
+        raise spans
     return PartData(rank, part, cols, nbytes)
 
 
@@ -184,6 +188,8 @@ def _check_group(tables: list[pa.Table], ranks: list[int]) -> dict[str, np.ndarr
     if (cols["rank"] != expected).any():
         raise InputError("batch", "rank", "rows of another rank")
     check_op_ids(cols, "batch")   # (ranks differ in their rows' dp_rank or stage)
+    if check_op_spans(cols, "batch") is not None:
+        raise InputError("batch", "duration", "an op that does not fit its step")
     return cols
 
 
