@@ -39,11 +39,11 @@ STUCK = (0, 1)   # the rank and part whose file hangs
 CFG = MonitorConfig(window_steps=4, stall_after_s=600, tick_s=0.05, rescan_s=0.3)
 
 
-def _serve_fuse(target: str, answered: int) -> None:
+def _serve_fuse(target: str, answered: int, stat_hangs: bool) -> None:
     """Mount a FUSE file over `target` (a regular file: its size is kept) and answer every
     request but READ, which is held for good past the first `answered` reads (those get the
-    file's bytes, each read asked of the server: direct I/O); prints 'mounted', then 'read
-    held' per read held."""
+    file's bytes, each read asked of the server: direct I/O), and with `stat_hangs` every
+    GETATTR (a stat) too; prints 'mounted', then 'read held' per read or stat held."""
     with open(target, "rb") as f:
         content = f.read()
     size = len(content)
@@ -71,6 +71,8 @@ def _serve_fuse(target: str, answered: int) -> None:
             ra = struct.unpack_from("<IIII", buf, 40)[2]
             reply(unique, struct.pack("<IIIIHHIIHHII", 7, 31, ra, 0, 16, 12, 1 << 20, 1, 32,
                                       0, 0, 0).ljust(64, b"\0"))
+        elif op == 3 and stat_hangs:   # GETATTR: never answered
+            print("read held", flush=True)
         elif op == 3:   # GETATTR
             reply(unique, struct.pack("<QII", 1, 0, 0) + attr)
         elif op == 14:   # OPEN (FOPEN_DIRECT_IO: no page cache answers a read)
@@ -95,12 +97,12 @@ def _serve_fuse(target: str, answered: int) -> None:
 class StuckFile:
     """A FUSE server holding every read of the file it is mounted over."""
 
-    def __init__(self, target: Path, answered: int = 0):
+    def __init__(self, target: Path, answered: int = 0, stat_hangs: bool = False):
         self.target = target
         self.held = threading.Event()   # a read reached the server (and is held)
         # (its own process: the server's source run as a script)
         source = "import ctypes, os, stat, struct, sys, time\n" + \
-            inspect.getsource(_serve_fuse) + f"\n_serve_fuse({str(target)!r}, {answered})\n"
+            inspect.getsource(_serve_fuse) + f"\n_serve_fuse({str(target)!r}, {answered}, {stat_hangs})\n"
         self.proc = subprocess.Popen([sys.executable, "-c", source],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         first = self.proc.stdout.readline().strip()   # type: ignore[union-attr]
@@ -348,4 +350,39 @@ def test_a_restart_with_a_hanging_stored_part_starts(tmp_path):
     finally:
         if started:
             threading.Thread(target=again.stop, daemon=True).start()
+        fuse.close()
+
+
+
+@pytest.mark.slow
+def test_a_part_whose_stat_hangs_holds_neither_the_first_scan_nor_other_runs(tmp_path):
+    # a hard-mounted NFS file whose server went away hangs its stat too: the scan of its run
+    # is given up on after RUN_SCAN_TIMEOUT_S (it held the first scan for good: `scanning`
+    # ever after, no rescan of any root)
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse to mount a FUSE file whose reads hang")
+    runs = tmp_path / "runs"
+    trace = slow_job(steps=8)
+    parts = parts_of(trace, steps_per_part=4)
+    for name in ("a-hangs", "b-good"):
+        start_run(runs / name, trace)
+        write_parts(runs / name, parts)
+    fuse = StuckFile(runs / "a-hangs" / rank_file_name(*STUCK), stat_hangs=True)
+    server = None
+    try:
+        server = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, config=CFG).start()
+        monitor = server.monitor
+        assert fuse.held.wait(HANG), "the monitor never looked at the hanging file"
+        eventually(lambda: not monitor.scanning(), HANG, what="the first scan done")
+        eventually(lambda: monitor.tracker("b-good") is not None and all(
+            monitor.tracker("b-good").knows(r, p) for r, p, _ in parts), HANG,
+            what="the other run's parts stored")
+        # (the hanging run's parts after the hanging one wait for its stat: its scan is
+        # left for a later one, which skips it while that stat is stuck)
+        assert not monitor.tracker("a-hangs").knows(*STUCK)
+    finally:
+        if server is not None:
+            ended = threading.Thread(target=server.stop, daemon=True)
+            ended.start()
+            ended.join(HANG)
         fuse.close()

@@ -24,7 +24,7 @@ import watchfiles
 
 from stragglers.errors import InputError
 from stragglers.monitor.jobmeta import read_meta_file, run_start
-from stragglers.monitor.part_files import OUTSIDE, StuckRead
+from stragglers.monitor.part_files import OUTSIDE, FileReaders, StuckRead
 from stragglers.monitor.parts import MAX_PART, is_job_name, parse_part_name
 from stragglers.monitor.service import JobFull, Monitor, PartIn
 from stragglers.monitor.watch_child import UNWATCHABLE
@@ -33,6 +33,9 @@ from stragglers.trace.runformat import META_FILE
 
 log = logging.getLogger(__name__)
 FIRST_BATCH_WAIT_S = 30.0   # the first scan waits at most this long for the watch to be built
+# a run's scan (a stat of each part not taken yet) not done in this long is given up on as
+# one whose files hang (a generous bound: a healthy file system answers a stat in µs to ms)
+RUN_SCAN_TIMEOUT_S = 30.0
 
 
 class DirectoryWatcher:
@@ -83,6 +86,10 @@ class DirectoryWatcher:
         self.watching = False   # a child's watch is up (it sent a batch) and runs
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        # each run's scan on a thread whose wait is bounded: a part whose stat hangs (a
+        # hard-mounted NFS server gone) held the scan for good (the first one never ended:
+        # `scanning` ever after, no rescan of any root); that run is left for a later scan
+        self._scans = FileReaders(1, timeout_s=RUN_SCAN_TIMEOUT_S, name="stragglers-files-scan")
 
     def start(self) -> "DirectoryWatcher":
         """Follow changes on a thread, and scan what is there now on another (the service
@@ -109,6 +116,7 @@ class DirectoryWatcher:
                 pass
         for t in self._threads:
             t.join(timeout=10)
+        self._scans.shutdown(wait=False)
 
     # ---- discovery ---------------------------------------------------------------------------
 
@@ -206,10 +214,14 @@ class DirectoryWatcher:
     def scan(self) -> None:
         """Register every run and queue every part not yet known (a run that cannot be taken
         is refused and named; the others go on)."""
-        for run in self.run_dirs():
-            if self._stop.is_set():   # (a stop during a long first scan waits for no more)
-                return
-            self._guarded(self._scan_run, run)
+        # (each run's on the bounded scan thread: one whose files hang, given up on after
+        # RUN_SCAN_TIMEOUT_S, is left for a later scan while the others go on)
+        self._scans.map(self._scan_one, self.run_dirs())
+
+    def _scan_one(self, run: Path) -> None:
+        if self._stop.is_set():   # (a stop during a long first scan waits for no more)
+            return
+        self._guarded(self._scan_run, run)
 
     def _scan_run(self, run: Path) -> None:
         self._meta_changed(run)
