@@ -95,6 +95,21 @@ def test_unused_data_sets_on_disk_give_way_after_a_restart_too(tmp_path):
         store.close()
 
 
+def test_a_data_set_restored_counts_as_created_then(tmp_path):
+    # (fails before the restore kept its time: counted from the start, 'aa' was taken)
+    clock = Clock()
+    store = ShardStore(tmp_path / "s.db", clock=clock, max_datasets=2, unused_dataset_s=60)
+    try:
+        store.create_dataset(DatasetConfig("b", 10, 1), d("owner"))
+        snap = dict(store.snapshot("b"))
+        clock.now += 3600
+        store.restore({**snap, "dataset": {**snap["dataset"], "name": "aa"}}, d("owner"))
+        store.create_dataset(DatasetConfig("c", 10, 1), d("honest"))   # 'b' gives way
+        assert names(store) == ["aa", "c"] and store.reclaimed() == ["b"]
+    finally:
+        store.close()
+
+
 @pytest.mark.slow
 def test_a_creation_past_max_datasets_over_http_takes_an_unused_ones_place(tmp_path):
     # (fails before: 429 'the service holds 2 data sets, its limit' for good)

@@ -102,7 +102,8 @@ class Restores(StoreState):
         worker ever joined (no workers row), one epoch, every shard row TODO and unconsumed.
         Looks at 16 at most (a restored one holds progress); returns how many it deleted."""
         since = self._clock() - self.unused_dataset_s
-        if self._started > since and min(self._created_at.values(), default=since) > since:
+        if min(self._created_at.values(), default=self._started) > since \
+                and self._started > since:
             return 0   # (none old enough: no scan)
         rows = c.execute("SELECT name, COALESCE(rows_key, name) FROM datasets d WHERE"
                          " epochs_created=1 AND NOT EXISTS (SELECT 1 FROM workers w WHERE"
@@ -288,6 +289,7 @@ class Restores(StoreState):
                            cfg.num_epochs, cfg.lease_s, cfg.max_retries,
                            prepared.epochs_created, prepared.front, token_sha256, key, creator))
             self._keys[cfg.name] = key
+            self._created_at[cfg.name] = self._clock()   # (in use: its owner's restore)
         return Restored(prepared.count, prepared.requeued_first)
 
     def restore_abort(self, key: str) -> None:
