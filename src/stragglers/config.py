@@ -235,8 +235,7 @@ def _check_declared(owner: str, name: str, value: Any, hint: Any) -> None:
     elif kind is int:
         ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     elif kind is float:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) \
-            and math.isfinite(value)
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and _finite(value)
     elif origin in (collections.abc.Sequence, tuple, list):
         ok = isinstance(value, (tuple, list))
         kind = "a list"
@@ -273,6 +272,25 @@ def _parse_value(f: dataclasses.Field, raw: str, source: str, hint: Any = None) 
     return raw
 
 
+# the largest whole number a setting takes (int64's: numpy and SQLite hold them)
+MAX_WHOLE = 2 ** 63 - 1
+
+
+def _finite(value: numbers.Real) -> bool:
+    """A finite number a setting can hold: a float not inf/NaN, an int within int64 (a
+    400-digit int overflowed math.isfinite: internal error, not the setting's one line)."""
+    if isinstance(value, numbers.Integral):
+        return -MAX_WHOLE - 1 <= value <= MAX_WHOLE
+    return math.isfinite(value)
+
+
+def _shown(value: Any) -> str:
+    """A value as an error line shows it: at most 40 characters of it."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 40 else \
+        f"a whole number of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _check(owner: str, f: dataclasses.Field, value: Any) -> None:
     spec = declared(f)
     default = f.default
@@ -286,13 +304,13 @@ def _check(owner: str, f: dataclasses.Field, value: Any) -> None:
         if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) \
                 and not value.is_integer():
             raise InputError(owner, f.name, f"expected an integer, got {value!r}")
-        if not math.isfinite(value):
-            raise InputError(owner, f.name, f"expected a finite number, got {value!r}")
+        if not _finite(value):
+            raise InputError(owner, f.name, f"expected a finite number, got {_shown(value)}")
     lo, hi, choices = spec.minimum, spec.maximum, spec.choices
     if lo is not None and value is not None and value < lo:
-        raise InputError(owner, f.name, f"expected at least {lo}, got {value!r}")
+        raise InputError(owner, f.name, f"expected at least {lo}, got {_shown(value)}")
     if hi is not None and value is not None and value > hi:
-        raise InputError(owner, f.name, f"expected at most {hi}, got {value!r}")
+        raise InputError(owner, f.name, f"expected at most {hi}, got {_shown(value)}")
     if choices is not None and value not in choices:
         raise InputError(owner, f.name, f"expected one of {', '.join(map(str, choices))}, "
                          f"got {value!r}")
