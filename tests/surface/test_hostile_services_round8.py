@@ -300,8 +300,6 @@ def run_with_sizes(tmp: Path, **sizes: int) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 8 #10: a meta.json declaring 2^29 DP ranks over "
-                                       "four rank files takes GBs (MemoryError under 3 GiB)")
 def test_analyze_of_a_run_declaring_a_billion_ranks_is_bounded_in_memory(tmp_path):
     """A run of four rank files whose meta.json says dp_size 2^29, world_size 2^30 (a few
     bytes changed): refused in one line naming meta.json (the monitor refuses a world past
@@ -332,8 +330,6 @@ def test_analyze_of_a_run_declaring_a_billion_ranks_is_bounded_in_memory(tmp_pat
         clean_refusal(status, err, "meta.json")
 
 
-@pytest.mark.xfail(strict=True, reason="round 8 #11: the refusal of a run missing most of its "
-                                       "stages lists every stage: one line of 689 KB")
 def test_a_refusal_naming_missing_stages_is_one_line_of_bounded_length(tmp_path):
     """meta.json says pp_size 100,000 (world 200,000) over a run of 2 stages: refused, exit 2,
     in one line — that names a few of the missing stages and how many, not all 99,998 of

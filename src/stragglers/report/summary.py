@@ -125,7 +125,8 @@ def coverage_words(result: AnalysisResult) -> str | None:
     job = result.job
     if job.workers_read is None or job.dp is None or job.pp is None:
         return None
-    expected = job.workers_read + len(job.missing_workers)
+    count = job.missing_count if job.missing_count is not None else len(job.missing_workers)
+    expected = job.workers_read + count
     text = f"{job.workers_read} of {expected} DP×PP workers traced"
     if job.ranks_read is not None and job.world_size and job.ranks_read != job.workers_read:
         text += f" ({job.ranks_read} ranks of world size {job.world_size})"
@@ -135,6 +136,8 @@ def coverage_words(result: AnalysisResult) -> str | None:
             by_stage.setdefault(p, []).append(d)
         text += "; missing: " + "; ".join(f"pp {p}: dp {wording.ranges(sorted(ds), dash='–')}"
                                          for p, ds in sorted(by_stage.items()))
+        if count > len(job.missing_workers):
+            text += f" and {count - len(job.missing_workers):,} more"
     return text
 
 

@@ -10,6 +10,7 @@ naming the field at fault, and `json_schema()` is the JSON Schema generated from
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -143,7 +144,9 @@ class JobInfo(msgspec.Struct):
     source: str | None = None
     ranks_read: int | None = None     # distinct global ranks in the trace
     workers_read: int | None = None   # distinct (dp, pp) workers in the trace
-    missing_workers: list[tuple[int, int]] = []  # (dp, pp) of dp·pp not traced
+    missing_workers: list[tuple[int, int]] = []  # (dp, pp) of dp·pp not traced (the first
+    # MAX_LISTED_MISSING of them: a meta.json may declare 2^29 workers over four rank files)
+    missing_count: int | None = None  # how many are missing in all (None: results before it)
     # the job's parallel degrees (dp, tp, cp, ep, pp) where the trace gives them: a trace of a
     # tensor-/context-parallel job has a worker (column) per TP/CP rank, so `dp` above counts
     # dp·tp·cp of them there, and this says what the mesh was (dp 2 × tp 2, not dp 4)
@@ -329,19 +332,27 @@ def plain(value: Any, *, str_keys: bool = False) -> Any:
     return _finite(msgspec.to_builtins(value, enc_hook=_numpy_value, str_keys=str_keys))
 
 
+# the missing workers a result lists (their count is whole)
+MAX_LISTED_MISSING = 4096
+
+
 def job_info(trace: Any, steps: int, ops: int) -> JobInfo:
     """The job facts of a trace: shape from its metadata, and which workers it really holds."""
     meta, o = trace.meta, trace.ops
     pp = max(int(meta.pp_size), int(o["stage"].max()) + 1 if len(o["stage"]) else 1)
     cells = np.unique(o["dp_rank"].astype(np.int64) * pp + o["stage"])
-    expected = {(d, p) for d in range(meta.dp_size) for p in range(pp)}
     have = {(int(c // pp), int(c % pp)) for c in cells}
+    inside = sum(1 for d, _ in have if d < meta.dp_size)
+    # the declared grid walked only until MAX_LISTED_MISSING are found (a set of every
+    # declared worker held GBs for a meta.json of 2^29 DP ranks)
+    missing = list(itertools.islice(((d, p) for d in range(meta.dp_size) for p in range(pp)
+                                     if (d, p) not in have), MAX_LISTED_MISSING))
     return JobInfo(name=str(meta.name), run_id=str(meta.run_id), dp=meta.dp_size,
                    pp=meta.pp_size, tp=meta.tp_size, dsp=meta.dsp_size, vpp=meta.vpp_size,
                    world_size=meta.world_size, steps=int(steps), ops=int(ops),
                    source=str(trace.source), ranks_read=int(len(np.unique(o["rank"]))),
-                   workers_read=len(have),
-                   missing_workers=[(d, p) for d, p in sorted(expected - have)],
+                   workers_read=len(have), missing_workers=missing,
+                   missing_count=int(meta.dp_size) * pp - inside,
                    parallel=parallel_degrees(meta))
 
 
