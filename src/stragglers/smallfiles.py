@@ -113,3 +113,21 @@ def _no_alias_loader():
             return super().compose_node(parent, index)
 
     return NoAliases
+
+
+def write_report_file(path: Path | str, text: str) -> None:
+    """Write a report (JSON, HTML) whole or not at all: into a temporary file beside it, then
+    renamed over it. An OSError names the path: a full disk's write() names no file, and the
+    CLI took ENOSPC for a bug in stragglers (internal error), leaving half a report."""
+    path = Path(path)
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        with open(part, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(part, path)
+    except OSError as exc:
+        try:
+            part.unlink()
+        except OSError:
+            pass
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None

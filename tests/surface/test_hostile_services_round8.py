@@ -193,8 +193,6 @@ def test_a_step_column_at_int64s_ends_or_of_half_floats_is_one_line_or_read(tmp_
         assert "Warning" not in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="round 8 #7: a wide step-time table with no time in it "
-                                       "is internal error (zero-size reduction)")
 def test_analyze_refuses_a_wide_table_without_a_single_time_in_one_line(tmp_path):
     """A wide table (a step column, one time column per worker) whose every time cell is
     empty: one line naming the file, exit 2 — not 'internal error: ValueError: zero-size
@@ -341,8 +339,6 @@ def test_a_refusal_naming_missing_stages_is_one_line_of_bounded_length(tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 8 #12: a report written to a full disk is "
-                                       "'internal error: OSError: No space left on device'")
 @pytest.mark.parametrize("command, flag, name", [
     ("analyze", "--json", "result.json"),
     ("analyze", "--html", "report.html"),
@@ -366,8 +362,6 @@ def test_a_report_written_to_a_full_disk_is_one_line_naming_it(tmp_path, small_d
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 8 #13: a step-time table is held as Python "
-                                       "objects: ~36x its size (1 GiB allowed: ~38 GB)")
 def test_a_step_time_table_is_read_in_memory_proportionate_to_its_size(tmp_path):
     """A 16 MB step-time table (two workers' 1,000 steps written over and over: repeats are
     read once, so the analysis itself is small). Its reading may hold a few times its size,

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from stragglers.advice.config import AdviseConfig
 from stragglers.config import with_options
+from stragglers.smallfiles import write_report_file
 
 
 def register(app: typer.Typer) -> None:
@@ -44,7 +45,7 @@ def advise_command(
         plan = advise(path, config=config)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(plan.to_json())
+        write_report_file(json_out, plan.to_json())
     console = Console()
     if not quiet:
         print_plan(plan, console)

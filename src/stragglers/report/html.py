@@ -27,6 +27,7 @@ from stragglers.report.summary import (
     share_words,
     title_of,
 )
+from stragglers.smallfiles import write_report_file
 from stragglers.whatif.result import AnalysisResult
 
 # Cells get their value written in them up to this many DP ranks × stages.
@@ -53,7 +54,7 @@ def write_html(result: AnalysisResult | Mapping[str, Any], path: str | Path) -> 
     page = render_html(result)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
+    write_report_file(path, page)
     return path
 
 

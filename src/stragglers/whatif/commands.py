@@ -76,6 +76,7 @@ def analyze_command(
     field); with --fail-on-straggling, 1 when S ≥ the threshold.
     """
     from stragglers.report import print_report, write_html, write_perfetto
+    from stragglers.smallfiles import write_report_file
     from stragglers.whatif._analyze import analyze_with_model, timelines
 
     from stragglers.config import cli_overrides
@@ -111,7 +112,7 @@ def analyze_command(
         if json_out:
             bar.update(task, description=f"writing {json_out}")
             json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(result.to_json())
+            write_report_file(json_out, result.to_json())
         if html_out:
             bar.update(task, description=f"writing {html_out}")
             write_html(result, html_out)
