@@ -280,7 +280,7 @@ def _finite(value: numbers.Real) -> bool:
     """A finite number a setting can hold: a float not inf/NaN, an int within int64 (a
     400-digit int overflowed math.isfinite: internal error, not the setting's one line)."""
     if isinstance(value, numbers.Integral):
-        return -MAX_WHOLE - 1 <= value <= MAX_WHOLE
+        return -MAX_WHOLE - 1 <= int(value) <= MAX_WHOLE
     return math.isfinite(value)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -163,9 +164,10 @@ def whole_step(value: object, source: Path | str) -> int:
     whole number within int64 (a float column's NaN or infinity, a string column's text)."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return int(value)
-    if isinstance(value, (float, np.floating)) and np.isfinite(value) and \
-            float(value).is_integer() and abs(value) < 2.0 ** 63:
-        return int(value)
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        if math.isfinite(number) and number.is_integer() and abs(number) < 2.0 ** 63:
+            return int(number)
     raise InputError(source, "step", f"expected whole numbers, got {str(value)[:40]!r}")
 
 
