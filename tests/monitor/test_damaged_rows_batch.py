@@ -13,6 +13,7 @@ from monitor_jobs import parts_of, slow_job
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.store import open_store
+from stragglers.monitor.store_base import DAMAGED
 from stragglers.trace.runformat import table_bytes
 
 TOKEN = "damaged-batch-test-token-0123"
@@ -36,7 +37,7 @@ def test_one_batch_stores_the_parts_of_jobs_whose_rows_read(tmp_path):
         got = store.add_parts([("bad", 0, 0, 5, 0, 4, 100, "http"),
                                ("ok", 0, 0, 5, 0, 4, 100, "http"),
                                ("ok", 1, 0, 5, 0, 4, 100, "http")])
-        assert got == [None, True, True]   # the damaged job's part refused, nothing stored
+        assert got == [DAMAGED, True, True]   # the damaged job's part refused, none stored
         assert store.totals()["by_job"]["ok"].parts == 2
         assert "bad" not in store.totals()["by_job"]
         assert store.job_marks(["ok"])["ok"].part_seq == 2
@@ -57,7 +58,9 @@ def test_a_job_row_damaged_while_serving_refuses_its_parts_not_500(tmp_path):
             rank, n, cols = parts[0]
             r = c.put(f"/api/jobs/bad/ranks/{rank}/parts/{n}", content=table_bytes(cols),
                       headers=AUTH)
-            assert 400 <= r.status_code < 500 and "bad" in r.json()["error"], r.text
+            # set aside, as a job whose row is damaged at a start is (was 404 'unknown job')
+            assert r.status_code == 409 and "set aside" in r.json()["error"], r.text
+            assert "bad" in s.monitor.quarantined and "ok" not in s.monitor.quarantined
             r = c.put(f"/api/jobs/ok/ranks/{rank}/parts/{n}", content=table_bytes(cols),
                       headers=AUTH)
             assert r.status_code == 200, r.text

@@ -52,7 +52,7 @@ from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.watchdog import Watchdog
 from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, read_steps
 from stragglers.monitor.store import JobConflict, SQLStore
-from stragglers.monitor.store_base import STALE, superseded_tokens
+from stragglers.monitor.store_base import DAMAGED, STALE, superseded_tokens
 from stragglers.monitor.unstored import HeldState, WriteTrouble
 from stragglers.monitor.uploads_mark import InstanceProbe, check_uploads_folder
 from stragglers.monitor.windows import JobTracker, Window, layout_of
@@ -1348,13 +1348,22 @@ class Monitor:
         new = self.store.add_parts(rows, now, fence)
         for job in {it.job for (it, _), is_new in zip(taken, new) if is_new == STALE}:
             self._meta_moved(job)
+        for job in {it.job for (it, _), is_new in zip(taken, new) if is_new == DAMAGED}:
+            with self._lock:   # its row damaged while serving: that job alone set aside
+                self._quarantine(job, _unreadable(self.store, job))
         for (it, got), is_new in zip(taken, new):
             if is_new is None:   # forgotten meanwhile (another instance's expiry sweep)
                 _settle(it, exc=InputError(it.job, "job", "unknown job"))
+            elif is_new == DAMAGED:
+                why = self.quarantined.get(it.job, "its stored row does not read")
+                _settle(it, exc=PartConflict(f"job {it.job!r}", None,
+                                             f"set aside: {str(why)[:200]}"))
             elif is_new == STALE:
                 if it.body is None and it.path is None and isinstance(got, PartFile):
-                    it.path = got.path   # (an upload's bytes are in its file now)   # checked again against what the job is now (a few times:
-                it.stale += 1       # then the client or the rescan tries again)
+                    it.path = got.path   # (an upload's bytes are in its file now)
+                # checked again against what the job is now (a few times: then the client
+                # or the rescan tries again)
+                it.stale += 1
                 if it.stale > MAX_STALE:
                     _settle(it, exc=MetaChanged(it.job, "job", "its metadata changed while "
                                                 "the part was being stored; try again"))
@@ -1369,7 +1378,7 @@ class Monitor:
             touched = set()
             steps_before: dict[str, int] = {}   # job → its max_step before this batch
             for (it, data), is_new in zip(taken, new):
-                if is_new is None or is_new == STALE:
+                if is_new is None or is_new == STALE or is_new == DAMAGED:
                     continue
                 if not is_new:
                     self._settle_known(it)

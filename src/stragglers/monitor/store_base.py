@@ -95,6 +95,7 @@ class _Seq(msgspec.Struct):
 
 
 STALE = "stale"   # add_parts: the job's metadata changed since its parts were checked
+DAMAGED = "damaged"   # add_parts: the job's row does not read (its sequences): set it aside
 
 
 class _Held(msgspec.Struct):
@@ -537,14 +538,17 @@ class SQLStore:
         fence = fence or {}
 
         def tx(db: Any) -> list[bool | None | str]:
-            seqs, stale = {}, set()
+            seqs, stale, damaged = {}, set(), set()
             for job in sorted({r[0] for r in rows}):   # locks in one order: no deadlock
                 # (a job row whose sequences do not read, damaged while serving, stores none
                 # of its parts, answered as a job gone: it raised out of the transaction, and
                 # every part of the batch, every job's, was refused 500 with it)
-                row, _ = self._one_or_damaged(db, _Seq, "SELECT part_seq, meta_seq FROM jobs "
-                                              "WHERE job = ?" + self.FOR_UPDATE, (job,))
-                if row is None:   # (expired by another instance's sweep, or damaged)
+                row, bad = self._one_or_damaged(db, _Seq, "SELECT part_seq, meta_seq FROM "
+                                                "jobs WHERE job = ?" + self.FOR_UPDATE, (job,))
+                if bad is not None:
+                    damaged.add(job)
+                    continue
+                if row is None:   # (expired by another instance's sweep)
                     continue
                 if job in fence and fence[job] != row.meta_seq:
                     stale.add(job)
@@ -553,8 +557,8 @@ class SQLStore:
             new: list[bool | None | str] = []
             touched = set()
             for r in rows:
-                if r[0] in stale:
-                    new.append(STALE)
+                if r[0] in stale or r[0] in damaged:
+                    new.append(STALE if r[0] in stale else DAMAGED)
                     continue
                 if r[0] not in seqs:
                     new.append(None)
