@@ -18,8 +18,11 @@ the cells (sniffed from the first lines).
 
 from __future__ import annotations
 
+import codecs
 import csv
+import itertools
 import re
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -65,33 +68,66 @@ def read_step_times(path: Path | str, name: str | None = None) -> Trace:
                          f"table under {MAX_BYTES:,} bytes")
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
-            text = fh.read()
-    except UnicodeDecodeError as exc:   # (past the bytes looks_like_step_times read)
-        raise InputError(path, None, f"not UTF-8 text (byte {exc.start:,}); expected a "
+            dialect = _dialect(fh.read(SNIFF_BYTES))
+            fh.seek(0)
+            return _read(_rows(csv.reader(fh, dialect), path), path, name)
+    except UnicodeDecodeError:   # (past the bytes looks_like_step_times read)
+        raise InputError(path, None, f"not UTF-8 text (byte {_bad_byte(path):,}); expected a "
                          "step-time table (CSV)") from None
-    reader = csv.reader(text.splitlines(), _dialect(text[:SNIFF_BYTES]))
+
+
+# The first bytes of a table from which its separator is sniffed.
+SNIFF_BYTES = 1 << 16
+
+
+def _rows(reader, path: Path):
+    """The table's rows, read one at a time (the file is never held whole: a row's cells are
+    kept only as the numbers they hold)."""
     try:
-        rows = list(reader)
+        yield from reader
     except csv.Error as exc:   # a cell over csv's field limit, a NUL byte
+        _bad_byte(path)   # (text that is not UTF-8 further on is the first thing to say)
         raise InputError(path, None, f"line {reader.line_num}: {exc}; expected a step-time "
                          "table (CSV)") from None
-    if len(rows) < 2:
+
+
+def _bad_byte(path: Path) -> int:
+    """The offset (after a byte-order mark) of the file's first byte that is not UTF-8, or -1:
+    its bytes decoded again, a chunk at a time."""
+    decoder, fed = codecs.getincrementaldecoder("utf-8")(), 0
+    with open(path, "rb") as fh:
+        if fh.read(3) != codecs.BOM_UTF8:
+            fh.seek(0)
+        while True:
+            chunk = fh.read(1 << 20)
+            held = len(decoder.getstate()[0])   # (the bytes of a character split by the chunk)
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                return fed - held + exc.start
+            if not chunk:
+                return -1
+            fed += len(chunk)
+
+
+def _read(rows, path: Path, name: str | None) -> Trace:
+    """The table's header, then its rows as a long or a wide table."""
+    head, first = next(rows, None), next(rows, None)
+    if head is None or first is None:
         raise InputError(path, None, "no rows; expected a header and one row per worker and step")
-    header = [h.strip().lower() for h in rows[0]]
+    header = [h.strip().lower() for h in head]
+    rows = itertools.chain([first], rows)
     try:
         wi, si, ti = _columns(header, path)
     except InputError:
         wide = _wide_columns(header)
         if wide is None:
             raise
-        return _read_wide(rows, header, wide, path, name)
-    worker, step, seconds = _values(rows[1:], (wi, si, ti), header, path)
+        return _read_wide(rows, head, header, wide, path, name)
+    worker, names, step, seconds = _read_long(rows, (wi, si, ti), header, path)
     seconds = seconds * _unit(header[ti])
-    return _trace(worker, step, seconds, name or path.stem, str(path), header[ti])
-
-
-# The first bytes of a table from which its separator is sniffed.
-SNIFF_BYTES = 1 << 16
+    return _trace(worker, step, seconds, name or path.stem, str(path), header[ti],
+                  names=names, by_name=names is not None)
 
 
 def _dialect(head: str) -> type[csv.Dialect]:
@@ -116,21 +152,63 @@ def _wide_columns(header: list[str]) -> tuple[int, list[int]] | None:
     return steps[0], others
 
 
-def _read_wide(rows: list[list[str]], header: list[str], wide: tuple[int, list[int]],
+class _Cells:
+    """Two columns of numbers read row by row into flat arrays (8 bytes a number), and the first
+    cell that is not a number (reported once the whole worker column has been read)."""
+
+    def __init__(self, path: Path):
+        self.path, self.bad = path, None
+        self.first, self.second = array("d"), array("d")
+
+    def numbers(self, r: int, cells: tuple[tuple[str | None, str], ...]) -> list[float]:
+        """The (cell, column) pairs of file row r as numbers, NaN for a cell that is not one
+        (None: the row lacks it), the first such cell kept to report."""
+        out = []
+        for cell, column in cells:
+            try:
+                out.append(float(cell))
+            except (TypeError, ValueError):
+                out.append(np.nan)
+                if self.bad is None:
+                    shown = "nothing" if cell is None else cell
+                    self.bad = InputError(self.path, column, f"row {r}: {shown[:40]!r}; "
+                                          "expected a number")
+        return out
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.bad is not None:
+            raise self.bad
+        return tuple(np.frombuffer(out, dtype=np.float64) if len(out) else np.empty(0)
+                     for out in (self.first, self.second))
+
+
+def _read_wide(rows, head: list[str], header: list[str], wide: tuple[int, list[int]],
                path: Path, name: str | None) -> Trace:
     """A wide table (one time column per worker) read as the long one: an empty cell is a
     step that worker has no time for."""
     si, cols = wide
-    table, row_of = [], []      # (worker, step, seconds) per cell, and its file row
-    for r, row in enumerate(rows[1:]):
+    worker, cells = array("i"), _Cells(path)   # (worker, step, seconds) per timed cell
+    steps, times = cells.first.append, cells.second.append
+    for r, row in enumerate(rows, start=2):
+        step = row[si] if si < len(row) else ""
         for k, c in enumerate(cols):
             cell = row[c].strip() if c < len(row) else ""
             if cell:
-                table.append([str(k), row[si] if si < len(row) else "", cell])
-                row_of.append(r + 2)
-    w, st, sec = _values(table, (0, 1, 2), ["worker", header[si], "seconds"], path, row_of)
-    trace = _trace(w, st, sec, name or path.stem, str(path), "seconds",
-                   names=[rows[0][c].strip() for c in cols])
+                worker.append(k)
+                try:
+                    s, t = float(step), float(cell)
+                except ValueError:
+                    s, t = cells.numbers(r, ((step, header[si]), (cell, "seconds")))
+                steps(s)
+                times(t)
+    step, sec = cells.arrays()
+    if not len(worker):
+        raise InputError(path, None, f"no times: every cell of its {len(cols)} worker columns "
+                         "is empty; expected each worker's time per step (seconds)")
+    ids = np.frombuffer(worker, dtype=np.int32).astype(np.int64)
+    _check(ids, step, sec, ("worker", header[si], "seconds"), path)
+    trace = _trace(ids, step.astype(np.int64), sec, name or path.stem, str(path), "seconds",
+                   names=[head[c].strip() for c in cols])
     trace.note("layout", f"a wide table: each of its {len(cols)} time columns is one worker "
                          "(seconds; its header names the worker)")
     return trace
@@ -155,72 +233,66 @@ def _columns(header: list[str], path: Path) -> tuple[int, int, int]:
     return wi, find(STEP_NAMES, "step", {ti, wi}), ti
 
 
-def _values(rows: list[list[str]], cols: tuple[int, int, int], header: list[str], path: Path,
-            row_of: list[int] | None = None):
-    """The three columns (the worker column as numbers, or as names where any cell is not
-    one); a bad cell names its row and column."""
-    ids, names = _workers([row[cols[0]] if cols[0] < len(row) else "" for row in rows],
-                          header[cols[0]], path, row_of)
-    out = [ids if ids is not None else np.empty(0), np.empty(len(rows)), np.empty(len(rows))]
-    for r, row in enumerate(rows):
-        for k, c in ((1, cols[1]), (2, cols[2])):
-            try:
-                out[k][r] = float(row[c])
-            except (IndexError, ValueError):
-                cell = row[c] if c < len(row) else "nothing"
-                raise InputError(path, header[c], f"row {_row(r, row_of)}: {cell[:40]!r}; "
-                                 "expected a number") from None
-    worker, step, seconds = out
-    checked = ((step, cols[1]),) if names is not None else ((worker, cols[0]), (step, cols[1]))
+def _read_long(rows, cols: tuple[int, int, int], header: list[str], path: Path):
+    """(worker, names, step, seconds): workers as numbers, or, where no cell is one, as codes
+    into `names` (in the order first seen); a cell that is not a number names its row and
+    column, a worker column mixing ids and names the first row of the kind few rows have."""
+    wi, si, ti = cols
+    ids, cells, names = array("d"), _Cells(path), {}
+    steps, times = cells.first.append, cells.second.append
+    first: dict[bool, tuple[int, str]] = {}   # the first row giving a number, and a name
+    numbers, bad_name = 0, None
+    for r, row in enumerate(rows, start=2):
+        cell = row[wi] if wi < len(row) else ""
+        try:
+            ids.append(float(cell))
+            numbers += 1
+            first.setdefault(True, (r, cell))
+        except ValueError:
+            first.setdefault(False, (r, cell))
+            key = cell.strip()
+            if not key or len(key) > MAX_NAME:
+                bad_name = bad_name or (r, key)
+                key = ""
+            ids.append(names.setdefault(key, len(names)))
+        try:
+            s, t = float(row[si]), float(row[ti])
+        except (IndexError, ValueError):
+            s, t = cells.numbers(r, ((row[si] if si < len(row) else None, header[si]),
+                                     (row[ti] if ti < len(row) else None, header[ti])))
+        steps(s)
+        times(t)
+    if 0 < numbers < len(ids):
+        minority = numbers <= len(ids) / 2
+        r, cell = first[minority]
+        raise InputError(path, header[wi], f"row {r}: {cell[:40]!r}; expected every worker "
+                         f"given {'by name' if minority else 'as a number'}, as most rows "
+                         "give it")
+    if not numbers and bad_name:
+        raise InputError(path, header[wi], f"row {bad_name[0]}: {bad_name[1][:40]!r}; expected "
+                         f"a worker id or a name of 1-{MAX_NAME} characters")
+    step, seconds = cells.arrays()
+    worker = np.frombuffer(ids, dtype=np.float64)
+    _check(worker if numbers else None, step, seconds, (header[wi], header[si], header[ti]), path)
+    return (worker.astype(np.int64), None if numbers else list(names), step.astype(np.int64),
+            seconds)
+
+
+def _check(worker: np.ndarray | None, step: np.ndarray, seconds: np.ndarray,
+           columns: tuple[str, str, str], path: Path) -> None:
+    """Worker ids (None where workers are named) and steps whole numbers ≥ 0, times finite."""
+    checked = ((step, columns[1]),) if worker is None else ((worker, columns[0]),
+                                                             (step, columns[1]))
     for values, col in checked:
         if not np.all(np.isfinite(values)) or np.any(values != np.round(values)) \
                 or np.any(values < 0) or np.any(values > 2**31):
-            raise InputError(path, header[col], "expected whole numbers ≥ 0")
+            raise InputError(path, col, "expected whole numbers ≥ 0")
     if not np.all(np.isfinite(seconds)) or np.any(seconds < 0) or np.any(seconds > 1e7):
-        raise InputError(path, header[cols[2]], "expected finite times ≥ 0")
-    if names is not None:
-        return np.array(names, dtype=object), step.astype(np.int64), seconds
-    return worker.astype(np.int64), step.astype(np.int64), seconds
-
-
-def _workers(cells: list[str], column: str, path: Path, row_of: list[int] | None
-             ) -> tuple[np.ndarray | None, list[str] | None]:
-    """(ids, None) where every cell is a number, else (None, names); a cell that is empty,
-    too long, or of the kind few rows have (ids mixed with names: a garbled cell) refused."""
-    try:
-        return np.asarray(cells, dtype=np.float64), None
-    except ValueError:
-        pass
-    kinds = [_is_number(cell) for cell in cells]
-    if any(kinds):
-        minority = sum(kinds) <= len(kinds) / 2
-        r = kinds.index(minority)
-        raise InputError(path, column, f"row {_row(r, row_of)}: {cells[r][:40]!r}; expected "
-                         f"every worker given {'by name' if minority else 'as a number'}, as "
-                         "most rows give it")
-    names = [cell.strip() for cell in cells]
-    for r, cell in enumerate(names):
-        if not cell or len(cell) > MAX_NAME:
-            raise InputError(path, column, f"row {_row(r, row_of)}: {cell[:40]!r}; expected a "
-                             f"worker id or a name of 1-{MAX_NAME} characters")
-    return None, names
+        raise InputError(path, columns[2], "expected finite times ≥ 0")
 
 
 # A worker's name (a host, host:port, a pod) at most this long.
 MAX_NAME = 256
-
-
-def _is_number(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return False
-    return True
-
-
-def _row(r: int, row_of: list[int] | None) -> int:
-    """The file row of table row r (the header is row 1)."""
-    return row_of[r] if row_of is not None else r + 2
 
 
 def _natural(name: str) -> list:
@@ -242,53 +314,58 @@ def _unit(column: str) -> float:
 def _unique_rows(worker, step, seconds, source: str):
     """The rows with exact repeats (same worker, step and time) read once; a worker with two
     different times for one step is an error naming both."""
-    keys = np.stack([worker, step]).T
-    _, first, counts = np.unique(keys, axis=0, return_index=True, return_counts=True)
+    # one key per (worker, step), both whole numbers in [0, 2**31]: sorted as the pairs are
+    keys = (worker.astype(np.uint64) << np.uint64(32)) | step.astype(np.uint64)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     if len(first) == len(worker):
         return worker, step, seconds, 0
-    for k in np.flatnonzero(counts > 1):
-        same = (worker == worker[first[k]]) & (step == step[first[k]])
-        if np.ptp(seconds[same]) > 0:
-            raise InputError(source, "step", f"worker {worker[first[k]]} has {int(same.sum())} "
-                             f"rows for step {step[first[k]]} with different times "
-                             f"({', '.join(f'{x:g}' for x in seconds[same][:4])}); expected one")
+    low, high = np.full(len(first), np.inf), np.full(len(first), -np.inf)
+    np.minimum.at(low, inverse, seconds)
+    np.maximum.at(high, inverse, seconds)
+    for k in np.flatnonzero(high > low)[:1]:
+        same = inverse == k
+        raise InputError(source, "step", f"worker {worker[first[k]]} has {int(same.sum())} "
+                         f"rows for step {step[first[k]]} with different times "
+                         f"({', '.join(f'{x:g}' for x in seconds[same][:4])}); expected one")
     keep = np.sort(first)
     return worker[keep], step[keep], seconds[keep], len(worker) - len(keep)
 
 
 def _trace(worker, step, seconds, name: str, source: str, column: str,
-           names: list[str] | None = None) -> Trace:
+           names: list[str] | None = None, by_name: bool = False) -> Trace:
     """Lay the steps end to end: compute from the step's start, the all-reduce to its end
-    (`worker`: ids, or names, which become ranks in natural name order and the workers'
-    hosts; `names`: the names of ids 0, 1, … where a wide table's header gave them)."""
-    by_name = worker.dtype == object
+    (`worker`: ids 0, 1, … of `names` where given: a wide table's headers, or, `by_name`,
+    the workers' own names, which become ranks in natural name order and the workers'
+    hosts)."""
     if by_name:
-        order = sorted(set(worker.tolist()), key=_natural)
-        names = order
+        order = sorted(names, key=_natural)
         rank = {n: i for i, n in enumerate(order)}
-        worker = np.array([rank[n] for n in worker.tolist()], dtype=np.int64)
+        worker = np.array([rank[n] for n in names], dtype=np.int64)[worker]
+        names = order
     worker, step, seconds, repeated = _unique_rows(worker, step, seconds, source)
     workers, w_idx = np.unique(worker, return_inverse=True)
     steps, s_idx = np.unique(step, return_inverse=True)
-    dur = np.full((len(workers), len(steps)), np.nan)
-    dur[w_idx, s_idx] = seconds
-    # synchronous DP: a step ends when its slowest worker's compute does (missing: skipped)
-    span = np.nanmax(np.where(np.isnan(dur), -np.inf, dur), axis=0)
+    # synchronous DP: a step ends when its slowest worker's compute does (per step, not a
+    # workers x steps matrix: a table of one worker per step would square its size)
+    span = np.full(len(steps), -np.inf)
+    np.maximum.at(span, s_idx, seconds)
     start = np.concatenate([[0.0], np.cumsum(np.maximum(span, 0.0))[:-1]])
     comp = OPTYPE_CODES["forward-compute"]
     ar = OPTYPE_CODES["grads-all-reduce"]
     n = len(worker)
-    ops = {
-        "rank": np.tile(w_idx, 2), "dp_rank": np.tile(w_idx, 2), "stage": np.zeros(2 * n),
-        "step": np.tile(steps[s_idx], 2), "optype": np.repeat([comp, ar], n),
-        "start_ts": np.concatenate([start[s_idx], start[s_idx] + seconds]),
-        "duration": np.concatenate([seconds, span[s_idx] - seconds]),
-        "seq_id": np.zeros(2 * n), "mb_id": np.concatenate([np.zeros(n), -np.ones(n)]),
-        "mc": np.zeros(2 * n), "gmc": np.zeros(2 * n),
-    }
     from stragglers.trace.model import COLUMNS
 
-    ops = {k: np.asarray(v).astype(COLUMNS[k]) for k, v in ops.items()}
+    # each column made in its own type as it is built (not all as float64 first)
+    ops = {k: np.zeros(2 * n, dtype=t) for k, t in COLUMNS.items()
+           if k in ("stage", "seq_id", "mc", "gmc")}
+    ops["rank"] = np.tile(w_idx.astype(COLUMNS["rank"]), 2)
+    ops["dp_rank"] = ops["rank"].copy()
+    ops["step"] = np.tile(steps[s_idx].astype(COLUMNS["step"]), 2)
+    ops["optype"] = np.repeat(np.array([comp, ar], dtype=COLUMNS["optype"]), n)
+    ops["start_ts"] = np.concatenate([start[s_idx], start[s_idx] + seconds])
+    ops["duration"] = np.concatenate([seconds, span[s_idx] - seconds])
+    ops["mb_id"] = np.repeat(np.array([0, -1], dtype=COLUMNS["mb_id"]), n)
+    ops = {k: ops[k] for k in COLUMNS}
     extra: dict = {"source_format": "step_times", "workers": [int(x) for x in workers]}
     if names is not None:
         named = [names[int(x)] for x in workers]
