@@ -459,7 +459,8 @@ class DirectoryWatcher:
             # once blocked the watcher for good), read on the monitor's file readers (a
             # hanging one, on a hung NFS or FUSE mount, is left for a later scan)
             raw = next(self.monitor.file_readers.map(_read_meta, [(
-                path, self.monitor.config.max_meta_bytes, self.monitor.part_root(run))]))
+                path, self.monitor.config.max_meta_bytes, self.monitor.part_root(run),
+                self.monitor.config.max_world_size)]))
             if isinstance(raw, StuckRead):
                 return
         except InputError as exc:
@@ -656,7 +657,7 @@ class DirectoryWatcher:
             if self.submitted.get(path) == seen:
                 del self.submitted[path]
 
-def _read_meta(job: tuple[Path, int, str]) -> object:
+def _read_meta(job: tuple[Path, int, str, int]) -> object:
     return read_meta_file(*job)
 
 
