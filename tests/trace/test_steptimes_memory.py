@@ -83,3 +83,12 @@ def test_repeated_rows_are_read_once_and_a_conflict_named(tmp_path):
     path.write_text("worker,step,step_time\n" + "0,0,1\n1,0,2\n" * 500 + "1,0,2.5\n")
     with pytest.raises(InputError, match=r"worker 1 has 501 rows for step 0 .*\(2, 2, 2, 2\)"):
         read_step_times(path)
+
+
+def test_text_that_is_not_utf8_is_said_before_a_nul_byte_ahead_of_it(tmp_path):
+    """Read a row at a time, the csv reader meets the NUL byte first; the file is still refused
+    as not UTF-8, as when it was decoded whole before any row was read."""
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"worker,step,step_time\n0,0,1\n1,0,2\x00\n1,1,\xff\n")
+    with pytest.raises(InputError, match="not UTF-8 text .byte 39."):
+        read_step_times(path)

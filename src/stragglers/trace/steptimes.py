@@ -72,8 +72,7 @@ def read_step_times(path: Path | str, name: str | None = None) -> Trace:
             fh.seek(0)
             return _read(_rows(csv.reader(fh, dialect), path), path, name)
     except UnicodeDecodeError:   # (past the bytes looks_like_step_times read)
-        raise InputError(path, None, f"not UTF-8 text (byte {_bad_byte(path):,}); expected a "
-                         "step-time table (CSV)") from None
+        raise _not_utf8(path, _bad_byte(path)) from None
 
 
 # The first bytes of a table from which its separator is sniffed.
@@ -86,9 +85,16 @@ def _rows(reader, path: Path):
     try:
         yield from reader
     except csv.Error as exc:   # a cell over csv's field limit, a NUL byte
-        _bad_byte(path)   # (text that is not UTF-8 further on is the first thing to say)
+        if (bad := _bad_byte(path)) >= 0:   # text that is not UTF-8 further on is said first
+            raise _not_utf8(path, bad) from None
         raise InputError(path, None, f"line {reader.line_num}: {exc}; expected a step-time "
                          "table (CSV)") from None
+
+
+def _not_utf8(path: Path, offset: int) -> InputError:
+    """The refusal of a file whose byte at `offset` is not UTF-8."""
+    return InputError(path, None, f"not UTF-8 text (byte {offset:,}); expected a step-time "
+                      "table (CSV)")
 
 
 def _bad_byte(path: Path) -> int:
@@ -176,6 +182,7 @@ class _Cells:
         return out
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The two columns, or the first cell that is not a number raised."""
         if self.bad is not None:
             raise self.bad
         return tuple(np.frombuffer(out, dtype=np.float64) if len(out) else np.empty(0)
