@@ -212,8 +212,6 @@ def cpu_seconds(pid: int) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 8 #8: advise on 1,000 or 4,096 DP workers builds "
-                                       "a StragglAR schedule for minutes of CPU and GBs")
 @pytest.mark.parametrize("workers", [1000, 4096])
 def test_advise_on_thousands_of_workers_takes_seconds_of_cpu_not_minutes(tmp_path, workers):
     """A step-time table of 1,000 (21 KB) or 4,096 workers (88 KB) and 2 steps. `advise` prices

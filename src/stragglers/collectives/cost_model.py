@@ -70,12 +70,13 @@ def reduce_scatter_time(m: int, size: float, link: LinkModel) -> float:
 
 
 def stragglar_phase2_time(n: int, size: float, link: LinkModel, rounds: int | None = None) -> float:
-    """Phase 2: R rounds of one chunk of s/(n-1) bytes; R from the synthesised schedule by default."""
+    """Phase 2: R rounds of one chunk of s/(n-1) bytes; R by default from `schedule.phase2_rounds`
+    (the synthesised schedule's, or the lower bound where building it would cost minutes)."""
     _check(n, size, 0.0)
     if rounds is None:
-        from stragglers.collectives.schedule import synthesize
+        from stragglers.collectives.schedule import phase2_rounds
 
-        rounds = synthesize(n).num_rounds
+        rounds = phase2_rounds(n)[0]
     return rounds * (link.alpha + size / (n - 1) * link.beta)
 
 

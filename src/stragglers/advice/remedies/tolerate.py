@@ -13,6 +13,7 @@ from stragglers.advice.remedies.details import CodeDetails, StragglarBucket, Str
 from stragglers.collectives.cost_model import (LinkModel, reduce_scatter_time, ring_time,
                                                stragglar_phase2_time)
 from stragglers.collectives.detection import StragglerDetector
+from stragglers.collectives.schedule import phase2_rounds
 from stragglers.protocols import REMEDIES
 from stragglers.whatif.grid import GC
 
@@ -63,8 +64,9 @@ def stragglar_shares(ctx: AdviceContext, node: int) -> tuple[float, float, float
         sizes = sizes or 1.0
     ring = ring_time(n, sizes, link)
     rs = reduce_scatter_time(n - 1, sizes, link)
-    p2 = stragglar_phase2_time(n, sizes, link)
-    return rs / ring, p2 / ring, sizes, how
+    rounds, note = phase2_rounds(n)
+    p2 = stragglar_phase2_time(n, sizes, link, rounds)
+    return rs / ring, p2 / ring, sizes, how + (f"; {note}" if note else "")
 
 
 @REMEDIES.register("stragglar")
