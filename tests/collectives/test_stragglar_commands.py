@@ -46,7 +46,12 @@ def test_bad_n_is_an_input_error_and_exit_code_2():
 def test_a_schedule_past_the_largest_is_refused_before_it_is_built():
     # ~n²/2 transfers: 100,000 ranks would be 5e9 of them (it ran past a minute, printing nothing)
     result = runner.invoke(app, ["collectives", "schedule", "--n", "100000", "--no-show"])
-    assert isinstance(result.exception, InputError) and "at most 4096" in str(result.exception)
+    assert isinstance(result.exception, InputError) and "at most 512" in str(result.exception)
+    # another n than a power of two is searched greedily, ~n³: 4,095 ranks was ~20 min of CPU,
+    # and 4,096's schedule 8.4 M transfers (2.2 GB): both refused before anything is built
+    for n in ("4095", "513", "2048"):
+        result = runner.invoke(app, ["collectives", "schedule", "--n", n, "--no-show"])
+        assert isinstance(result.exception, InputError), (n, result.output)
 
 
 def test_model_command_table():

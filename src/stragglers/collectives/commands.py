@@ -14,7 +14,11 @@ from rich.table import Table
 from stragglers.errors import EnvironmentFailure, InputError, MissingExtraError
 
 
-MAX_SCHEDULE_N = 4096   # 8.4 M transfers (1,024 ranks: built and verified in ~4 s here)
+MAX_SCHEDULE_N = 4096   # what `collectives model` prices (by its rounds: no schedule built)
+# what `collectives schedule` builds and verifies: a power of two's schedule is written down
+# (1,024 ranks: ~4 s; 4,096: 8.4 M transfers, 2.2 GB), another n's searched greedily, ~n³
+# (512: ~2 s; 1,000: ~18 s; 4,095: ~20 min of CPU)
+MAX_BUILT_N, MAX_BUILT_POWER_OF_TWO = 512, 1024
 
 
 def stragglar_schedule(
@@ -26,10 +30,13 @@ def stragglar_schedule(
 
     if n < 2:
         raise InputError("collectives schedule", "--n", f"need at least 2 ranks, got {n}")
-    if n > MAX_SCHEDULE_N:
+    power = n & (n - 1) == 0
+    if n > (MAX_BUILT_POWER_OF_TWO if power else MAX_BUILT_N):
         raise InputError("collectives schedule", "--n", f"{n} ranks: a schedule holds ~n²/2 "
-                         f"transfers ({n * n // 2:,} here); at most {MAX_SCHEDULE_N} ranks "
-                         f"({MAX_SCHEDULE_N ** 2 // 2:,} transfers)")
+                         f"transfers ({n * n // 2:,} here) and another n than a power of two's "
+                         f"is searched greedily (~n³); at most {MAX_BUILT_N} ranks, or a power "
+                         f"of two up to {MAX_BUILT_POWER_OF_TWO} (`collectives model` prices "
+                         f"up to {MAX_SCHEDULE_N} without building it)")
     synthesize.cache_clear()
     t0 = time.perf_counter()
     sched = synthesize(n)
