@@ -60,8 +60,8 @@ from stragglers.serving import REQUEST_CLIENT, TOKEN_PATTERN, BodyRefused, base_
     canonical_decimal, declared_length, is_loopback, \
     listen_socket, read_bounded, serve_in_foreground, serve_in_thread, uvicorn_server
 from stragglers.serving_guard import ErrorBody, admit_body, park
-from stragglers.serving_quota import DEFERRED, Backpressure, CpuContention, MintRate, \
-    RateLimited as MintRefused, quota_client
+from stragglers.serving_quota import DEFERRED, AnonymousPace, Backpressure, CpuContention, \
+    MintRate, RateLimited as MintRefused, quota_client
 
 if TYPE_CHECKING:
     import uvicorn
@@ -709,6 +709,11 @@ def _bearer(request: Request) -> str:
     return token_digest(token.strip())
 
 
+# the pace of requests without a token, as the monitor's (serving_quota.AnonymousPace)
+ANONYMOUS_PER_S, ANONYMOUS_BURST, ANONYMOUS_MAX_WAIT_S = 32.0, 64.0, 8.0
+ANONYMOUS_PER_S_IN_ALL = 128.0
+
+
 def create_app(store: ShardStore, config: ServiceConfig | None = None,
                service_token: str | None = None) -> _FastPath:
     """The HTTP API; see README.md for the protocol.
@@ -1252,6 +1257,19 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                             allowance=WorkerAllowance(store, config.free_requests_per_token),
                             # (anonymous requests, a /health probe, are no other job)
                             counts=lambda key: isinstance(key, str))
+    def credentialed(scope) -> bool:
+        """A request with the token of a data set's or controller's owner, or the service's
+        (a made-up token is no credential: a new one per request went free)."""
+        key = _pressure_key(scope)
+        return isinstance(key, str) and (key in mints.known or key == service_digest)
+
+    # every other request, whatever its route (/health, a 404, a refusal, a first creation),
+    # waits its client address's turn in the serving layer before anything is done of it (the
+    # token pace above let 4 of an address's in progress go free, and a cheap handler never
+    # yields: each request of a flood found none in progress)
+    app.state.anonymous_pace = AnonymousPace(credentialed, ANONYMOUS_PER_S, ANONYMOUS_BURST,
+                                             max_wait_s=ANONYMOUS_MAX_WAIT_S,
+                                             per_s_in_all=ANONYMOUS_PER_S_IN_ALL)
     return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)}, pressure)
 
 

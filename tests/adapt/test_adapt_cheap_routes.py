@@ -1,0 +1,75 @@
+"""The shard service paces every request without a token per client address, whatever its
+route, as the monitor does (serving_quota.AnonymousPace): its token pace let 4 of an address's
+requests in progress go free, and a cheap handler (/health, a 404) never yields, so each
+request of a flood found none in progress. Counted, not timed: one turn per 600 s after a
+burst of 2 (GCRA lets three through: one creates a data set, two of the flood are answered)
+and the rest wait — a made-up token's among them — while its owner's request and another
+address's are served. A real service on 127.0.0.1 / 127.0.0.2."""
+
+from __future__ import annotations
+
+import select
+import socket
+
+import httpx
+import pytest
+
+import stragglers.adapt.service as adapt_service
+from stragglers.adapt.service import EmbeddedServer
+
+TOKEN = "cheap-routes-adapt-token-0123"
+FLOOD = [("GET", "/health"), ("GET", "/no/such/path"), ("GET", "/health"),
+         ("POST", "/health"), ("GET", "/datasets/none/status"), ("GET", "/health")]
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    monkeypatch.setattr(adapt_service, "ANONYMOUS_PER_S", 1 / 600)
+    monkeypatch.setattr(adapt_service, "ANONYMOUS_BURST", 2.0)
+    monkeypatch.setattr(adapt_service, "ANONYMOUS_MAX_WAIT_S", 86400.0)
+    monkeypatch.setattr(adapt_service, "ANONYMOUS_PER_S_IN_ALL", 1000.0)
+    s = EmbeddedServer(tmp_path / "s.db").start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def send(port: int, method: str, target: str, source: str = "127.0.0.1",
+         extra: str = "") -> socket.socket:
+    k = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0))
+    k.sendall(f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}\r\n".encode())
+    return k
+
+
+def test_a_flood_of_anonymous_requests_is_paced_and_a_tokens_request_served(server):
+    owner = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=server.url, timeout=60) as c:   # the first turn
+        r = c.post("/datasets", json={"name": "d", "num_samples": 8, "shard_size": 4},
+                   headers=owner)
+        assert r.status_code == 200, r.text
+    flood = [send(server.port, *request) for request in FLOOD]
+    # a well-formed token that owns nothing is no credential (a new one each request went free)
+    flood.append(send(server.port, "GET", "/health",
+                      extra="Authorization: Bearer made-up-token-0123456789\r\n"))
+    try:
+        got: list[socket.socket] = []
+        while len(got) < 2:   # the burst's two turns left, whichever came first
+            ready, _, _ = select.select([k for k in flood if k not in got], [], [], 60)
+            assert ready, f"{len(got)} of the flood answered; expected 2"
+            got += ready
+        assert len(got) == 2
+        # the owner's request waits for no turn of the address's
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            r = c.get("/health", headers=owner)
+            assert r.status_code == 200, r.text
+        other = send(server.port, "GET", "/health", source="127.0.0.2")
+        with other:
+            ready, _, _ = select.select([other], [], [], 60)
+            assert ready and other.recv(4096).startswith(b"HTTP/1.1 200")
+        waiting = [k for k in flood if k not in got]
+        assert select.select(waiting, [], [], 0)[0] == []   # still waiting their turns
+        assert server.app.state.anonymous_pace.pressure.requests == {"127.0.0.1": len(waiting)}
+    finally:
+        for k in flood:
+            k.close()
