@@ -163,7 +163,8 @@ class _Cells:
     cell that is not a number (reported once the whole worker column has been read)."""
 
     def __init__(self, path: Path):
-        self.path, self.bad = path, None
+        self.path = path
+        self.bad: InputError | None = None
         self.first, self.second = array("d"), array("d")
 
     def numbers(self, r: int, cells: tuple[tuple[str | None, str], ...]) -> list[float]:
@@ -172,6 +173,8 @@ class _Cells:
         out = []
         for cell, column in cells:
             try:
+                if cell is None:   # (the row lacks it)
+                    raise TypeError
                 out.append(float(cell))
             except (TypeError, ValueError):
                 out.append(np.nan)
@@ -185,8 +188,9 @@ class _Cells:
         """The two columns, or the first cell that is not a number raised."""
         if self.bad is not None:
             raise self.bad
-        return tuple(np.frombuffer(out, dtype=np.float64) if len(out) else np.empty(0)
-                     for out in (self.first, self.second))
+        first, second = (np.frombuffer(out, dtype=np.float64) if len(out) else np.empty(0)
+                         for out in (self.first, self.second))
+        return first, second
 
 
 def _read_wide(rows, head: list[str], header: list[str], wide: tuple[int, list[int]],
@@ -245,7 +249,8 @@ def _read_long(rows, cols: tuple[int, int, int], header: list[str], path: Path):
     into `names` (in the order first seen); a cell that is not a number names its row and
     column, a worker column mixing ids and names the first row of the kind few rows have."""
     wi, si, ti = cols
-    ids, cells, names = array("d"), _Cells(path), {}
+    ids, cells = array("d"), _Cells(path)
+    names: dict[str, int] = {}
     steps, times = cells.first.append, cells.second.append
     first: dict[bool, tuple[int, str]] = {}   # the first row giving a number, and a name
     numbers, bad_name = 0, None
@@ -345,6 +350,7 @@ def _trace(worker, step, seconds, name: str, source: str, column: str,
     the workers' own names, which become ranks in natural name order and the workers'
     hosts)."""
     if by_name:
+        assert names is not None   # (by_name: the workers' own names)
         order = sorted(names, key=_natural)
         rank = {n: i for i, n in enumerate(order)}
         worker = np.array([rank[n] for n in names], dtype=np.int64)[worker]
