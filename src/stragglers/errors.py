@@ -79,6 +79,9 @@ def one_line_if_uncaught(exc: StragglersError) -> None:
             return previous(kind, value, tb)
         rank = os.environ.get("RANK")
         where = f"rank {rank}: " if rank is not None else ""
-        print(f"error: {where}{value}", file=sys.stderr, flush=True)
+        # one write of the whole line (print writes the text and its newline apart): every
+        # rank of a job prints at once to one pipe, and two ranks' lines were spliced
+        sys.stderr.write(f"error: {where}{value}\n")
+        sys.stderr.flush()
 
     sys.excepthook = hook

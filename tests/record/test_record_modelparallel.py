@@ -366,7 +366,8 @@ def test_a_mesh_over_part_of_the_world_is_one_line_on_every_rank(tmp_path):
                     timeout=300, monitor_interval=15)
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error: rank ")]
-    assert sorted(line.split(":")[1] for line in lines) == [f" rank {r}" for r in range(4)]
+    assert sorted(line.split(":")[1] for line in lines) == [f" rank {r}" for r in range(4)], \
+        proc.stderr[-3000:]
     assert all("tensor-parallel degree 3" in line for line in lines), lines
     assert "rank 0 refused the job" in next(line for line in lines if "rank 3:" in line)
     assert "Connection closed" not in proc.stderr

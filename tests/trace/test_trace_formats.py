@@ -208,7 +208,7 @@ def test_metadata_that_disagrees_with_the_trace_is_refused(ndtimeline_dir, tmp_p
     with pytest.raises(InputError) as err:
         read_ndtimeline(path)
     assert err.value.field == "pp_size" and err.value.source.endswith("meta-ST2.yaml")
-    assert "2 stage(s)" in str(err.value) and "2, 3" in str(err.value)
+    assert "2 stage(s)" in str(err.value) and "stage(s) 2-3" in str(err.value)
     one_line_error(cli("analyze", path), "meta-ST2.yaml", "pp_size")
     # With pp_size 2 the same table reads and analyses.
     (tmp_path / "meta-ST2.yaml").write_text("trial_name: ST2\ndp_size: 2\npp_size: 2\n")
