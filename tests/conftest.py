@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -24,6 +25,18 @@ def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers", "slow: half a second or more on the 2-core development machine (services, "
         "subprocesses, exhaustive searches); left out of `make test-fast`")
+
+
+def readable(socks: list[socket.socket], timeout: float) -> list[socket.socket]:
+    """The sockets with bytes to read within `timeout` (a bound against a hang, not a pace)."""
+    # epoll, not select.select: a long pytest worker holds descriptors past FD_SETSIZE (1,024),
+    # and select.select refuses them (three tests failed so in CI)
+    if not socks:
+        return []
+    with selectors.DefaultSelector() as sel:
+        for k in socks:
+            sel.register(k, selectors.EVENT_READ)
+        return [key.fileobj for key, _ in sel.select(timeout)]
 
 
 def free_port() -> int:

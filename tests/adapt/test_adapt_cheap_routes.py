@@ -8,11 +8,11 @@ address's are served. A real service on 127.0.0.1 / 127.0.0.2."""
 
 from __future__ import annotations
 
-import select
 import socket
 
 import httpx
 import pytest
+from conftest import readable
 
 import stragglers.adapt.service as adapt_service
 from stragglers.adapt.service import EmbeddedServer
@@ -55,7 +55,7 @@ def test_a_flood_of_anonymous_requests_is_paced_and_a_tokens_request_served(serv
     try:
         got: list[socket.socket] = []
         while len(got) < 2:   # the burst's two turns left, whichever came first
-            ready, _, _ = select.select([k for k in flood if k not in got], [], [], 60)
+            ready = readable([k for k in flood if k not in got], 60)
             assert ready, f"{len(got)} of the flood answered; expected 2"
             got += ready
         assert len(got) == 2
@@ -65,10 +65,10 @@ def test_a_flood_of_anonymous_requests_is_paced_and_a_tokens_request_served(serv
             assert r.status_code == 200, r.text
         other = send(server.port, "GET", "/health", source="127.0.0.2")
         with other:
-            ready, _, _ = select.select([other], [], [], 60)
+            ready = readable([other], 60)
             assert ready and other.recv(4096).startswith(b"HTTP/1.1 200")
         waiting = [k for k in flood if k not in got]
-        assert select.select(waiting, [], [], 0)[0] == []   # still waiting their turns
+        assert readable(waiting, 0) == []   # still waiting their turns
         assert server.app.state.anonymous_pace.pressure.requests == {"127.0.0.1": len(waiting)}
     finally:
         for k in flood:

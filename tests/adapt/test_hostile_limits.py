@@ -9,7 +9,7 @@ import sqlite3
 
 import httpx
 import pytest
-from conftest import eventually
+from conftest import eventually, readable
 from pydantic import ValidationError
 
 from stragglers.adapt import requests as rq
@@ -287,7 +287,6 @@ def test_refusals_of_the_serving_layer_have_the_services_error_shape(svc, name):
 def trickled_restore(port: int) -> bytes:
     """A 1 MiB restore body of data set `a` sent 16 KB at a time, 64 KB/s (above the serving
     layer's minimum rate), until the service answers; what it answered."""
-    import select
     import socket
 
     k = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -296,7 +295,7 @@ def trickled_restore(port: int) -> bytes:
               "\r\n\r\n".encode())
     answer = b""
     for _ in range(1 << 20 >> 14):
-        if select.select([k], [], [], 0.25)[0]:
+        if readable([k], 0.25):
             answer = k.recv(65536)
             break
         k.sendall(b" " * (1 << 14))

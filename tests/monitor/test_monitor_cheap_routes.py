@@ -12,12 +12,11 @@ requests in progress let every request of a flood go free. Real monitor on 127.0
 
 from __future__ import annotations
 
-import select
 import socket
 
 import httpx
 import pytest
-from conftest import eventually
+from conftest import eventually, readable
 
 import stragglers.monitor.app as monitor_app
 from stragglers.monitor.server import MonitorServer
@@ -59,18 +58,13 @@ def send(port: int, method: str, target: str, extra: str = "",
     return k
 
 
-def answered(socks: list[socket.socket], timeout: float) -> list[socket.socket]:
-    """The sockets with bytes to read within `timeout` (a bound against a hang, not a pace)."""
-    ready, _, _ = select.select(socks, [], [], timeout)
-    return ready
-
 
 def test_a_flood_of_anonymous_requests_of_any_route_is_paced_and_the_token_served(server):
     flood = [send(server.port, *request) for request in FLOOD]
     try:
         got: list[socket.socket] = []
         while len(got) < 3:   # the burst's three turns, whichever requests came first
-            ready = answered([k for k in flood if k not in got], 60)
+            ready = readable([k for k in flood if k not in got], 60)
             assert ready, f"{len(got)} of the flood answered; expected 3"
             got += ready
         assert len(got) == 3, [k.recv(200) for k in got]
@@ -84,12 +78,12 @@ def test_a_flood_of_anonymous_requests_of_any_route_is_paced_and_the_token_serve
         # another address's request is not this one's flood
         other = send(server.port, "GET", "/health", source="127.0.0.2")
         with other:
-            assert answered([other], 60), "another address's request answered"
+            assert readable([other], 60), "another address's request answered"
             assert other.recv(4096).startswith(b"HTTP/1.1 200")
         # the rest still wait their turns (600 s apart): none answered
         waiting = [k for k in flood if k not in got]
         assert len(waiting) == len(FLOOD) - 3
-        assert answered(waiting, 0) == []
+        assert readable(waiting, 0) == []
         assert server.app.state.anonymous_pace.pressure.requests == {"127.0.0.1": len(waiting)}
     finally:
         for k in flood:
@@ -104,4 +98,4 @@ def test_a_loop_of_one_anonymous_request_at_a_time_is_paced_past_its_burst(serve
     with send(server.port, "GET", "/health") as k:   # the fourth: 600 s off
         eventually(lambda: pressure.requests == {"127.0.0.1": 1}, timeout=60,
                    what="the fourth request waiting its turn")
-        assert answered([k], 0) == []
+        assert readable([k], 0) == []

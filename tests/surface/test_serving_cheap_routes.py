@@ -6,13 +6,12 @@ left unpaced by name. Counted, not timed: a pace of one turn per 600 s."""
 from __future__ import annotations
 
 import json
-import select
 import socket
 import time
 
 import httpx
 import pytest
-from conftest import eventually
+from conftest import eventually, readable
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -71,7 +70,7 @@ def get(path: str, extra: str = "", version: str = "1.1") -> str:
 
 
 def answer(k: socket.socket) -> bytes:
-    assert select.select([k], [], [], 60)[0], "answered (a bound against a hang)"
+    assert readable([k], 60), "answered (a bound against a hang)"
     return k.recv(65536)
 
 
@@ -85,7 +84,7 @@ def test_anonymous_requests_past_the_burst_wait_their_turns_whatever_they_ask(se
     try:
         got: list[socket.socket] = []
         while len(got) < 2:   # burst 1: GCRA lets two through at once
-            ready = select.select([k for k in flood if k not in got], [], [], 60)[0]
+            ready = readable([k for k in flood if k not in got], 60)
             assert ready, f"{len(got)} answered; expected 2"
             got += ready
         assert len(got) == 2
@@ -96,7 +95,7 @@ def test_anonymous_requests_past_the_burst_wait_their_turns_whatever_they_ask(se
         with send(port, get("/health"), source="127.0.0.2") as k:
             assert answer(k).startswith(b"HTTP/1.1 200")
         waiting = [k for k in flood if k not in got]
-        assert select.select(waiting, [], [], 0)[0] == []
+        assert readable(waiting, 0) == []
         assert pressure.requests == {"127.0.0.1": len(waiting)}
     finally:
         for k in flood:
@@ -114,7 +113,7 @@ def test_one_request_at_a_time_is_paced_past_the_burst_too(serve):
             k.sendall(get("/health").encode())
         eventually(lambda: pressure.requests == {"127.0.0.1": 1}, timeout=60,
                    what="the third request waiting its turn")
-        assert select.select([k], [], [], 0)[0] == []
+        assert readable([k], 0) == []
 
 
 def test_a_request_whose_client_left_while_it_waited_gives_its_turn_back(serve):
@@ -171,7 +170,7 @@ def test_anonymous_requests_of_many_addresses_are_paced_in_all(serve):
     try:
         got: list[socket.socket] = []
         while len(got) < 2:   # a burst of one in all: GCRA lets two through at once
-            ready = select.select([k for k in flood if k not in got], [], [], 60)[0]
+            ready = readable([k for k in flood if k not in got], 60)
             assert ready, f"{len(got)} answered; expected 2"
             got += ready
         assert len(got) == 2
@@ -179,7 +178,7 @@ def test_anonymous_requests_of_many_addresses_are_paced_in_all(serve):
             assert answer(k).startswith(b"HTTP/1.1 200")
         with send(port, get("/health", "X-Test-Key: yes\r\n")) as k:
             assert answer(k).startswith(b"HTTP/1.1 200")
-        assert select.select([k for k in flood if k not in got], [], [], 0)[0] == []
+        assert readable([k for k in flood if k not in got], 0) == []
         assert app.state.anonymous_pace.in_all.requests == {"all": len(flood) - 2}
     finally:
         for k in flood:
