@@ -171,8 +171,9 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     async def _no_route(request: Request, exc: StarletteHTTPException):
         # no route matched (404) or not with this method (405): the API's own error format,
         # naming the path as the server saw it (a %2F decodes to '/', so a path trick lands here)
+        method = "HEAD" if request.scope.get(HEAD_KEY) else request.method
         what = "no such endpoint" if exc.status_code == 404 else \
-            f"method {request.method} is not allowed here" if exc.status_code == 405 else \
+            f"method {method} is not allowed here" if exc.status_code == 405 else \
             str(exc.detail)
         monitor.reject("bad_request", f"{request.method} {request.url.path}", what)
         return JSONResponse({"error": f"path {request.url.path[:200]!r}: {what}"},
@@ -204,12 +205,16 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
     @app.get("/health")
     async def health(request: Request):
         """Liveness: answers while the service runs (from the start: `scanning` while the
-        watched roots' first scan is under way); when `private`, without the token only
-        that it is up (the job counts are a read like the others)."""
+        watched roots' first scan is under way; `stuck_reads`: file reads given up on and
+        still held); when `private`, without the token only that it is up (the job counts
+        are a read like the others)."""
         if private and not has_token(request):
             return {"ok": True}
         return {"ok": True, "jobs": len(monitor.directories), "idle": monitor.idle(),
                 "scanning": monitor.scanning(),
+                # watched files whose read passed read_timeout_s and is still held (a hung
+                # NFS or FUSE file): their threads are left behind, up to MAX_STUCK_READS
+                "stuck_reads": len(monitor.file_readers.stuck),
                 "instance": monitor.instance, "jobs_held": len(monitor.leases.held)} \
             | ({"uploads_refused": monitor.unshared} if monitor.unshared else {})
 
@@ -441,6 +446,11 @@ class UploadFastPath:
         self.app, self.upload, self.state = app, upload, app.state
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            # HEAD is allowed wherever GET is (RFC 9110 §9.3.2): the GET route's answer, its
+            # status and headers, without the body (each GET route answered HEAD 405)
+            scope["method"], scope[HEAD_KEY] = "GET", True
+            send = head_only(scope, send)
         twice = repeated_query(scope) if scope["type"] == "http" else None
         if twice is not None:
             # one value per parameter: `?limit=1&limit=1000` was answered with the last one,
@@ -457,7 +467,8 @@ class UploadFastPath:
             if not declares_body(scope):
                 admit_body(scope)
             elif scope["method"] in ("GET", "HEAD"):
-                await JSONResponse({"error": f"request body: {scope['method']} "
+                method = "HEAD" if scope.get(HEAD_KEY) else scope["method"]
+                await JSONResponse({"error": f"request body: {method} "
                                     f"{scope['path'][:200]!r} takes none; expected no "
                                     "Content-Length or Transfer-Encoding"},
                                    status_code=400)(scope, receive, send)
@@ -473,6 +484,28 @@ class UploadFastPath:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+HEAD_KEY = "stragglers.head"   # (in a request's scope: it came as HEAD, answered as GET)
+
+
+def head_only(scope, send):
+    """`send` for a HEAD request answered by its GET route: the method is HEAD again once the
+    answer starts (the server then sends no body and keeps its Content-Length), and the first
+    body message ends the answer (an event stream's would go on for good)."""
+    done = False
+
+    async def send_head(message) -> None:
+        nonlocal done
+        if message["type"] == "http.response.start":
+            scope["method"] = "HEAD"
+        elif message["type"] == "http.response.body":
+            if done:
+                return
+            done = True
+            message = {"type": "http.response.body", "body": b"", "more_body": False}
+        await send(message)
+    return send_head
 
 
 def repeated_query(scope) -> str | None:

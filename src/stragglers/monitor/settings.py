@@ -114,6 +114,12 @@ class MonitorConfig(Config):
                                    "delivered (its sender died)", minimum=0.5, maximum=3600.0)
     read_threads: int = setting(2, "threads that read the part files of an ingest batch "
                                 "(Parquet decoding runs outside the GIL)", minimum=1, maximum=64)
+    read_timeout_s: float = setting(5.0, "a watched or stored part file's read (open, footer, "
+                                    "bytes) not returned after this long is given up on: the "
+                                    "file is left for a later scan (a window goes without its "
+                                    "rows), its thread left behind (a hard-mounted NFS or a "
+                                    "hung FUSE file blocks a read for good); /health's "
+                                    "stuck_reads counts them", minimum=0.01, maximum=3600.0)
     write_threads: int = setting(2, "threads that write and fsync the uploaded parts of an "
                                  "ingest batch", minimum=1, maximum=64)
     analysis_process: bool = setting(False, "analyse windows in a separate, spawned process "

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ import msgspec
 import numpy as np
 
 from stragglers.errors import StragglersError
+from stragglers.monitor.part_files import READ_TIMEOUT_S, FileReaders
 from stragglers.monitor.parts import MAX_STEP_GAP, PartFile, read_window_rows
 from stragglers.monitor.readahead import read_ahead
 from stragglers.monitor.step_sets import read_steps
@@ -51,6 +51,7 @@ class Window:
     meta: JobMeta | None = None
     lease: Lease | None = None     # (instance, epoch) its tracker was built under (leases.py)
     run: int = 0                   # the job's run it belongs to (Monitor: runs begun here)
+    read_timeout_s: float = READ_TIMEOUT_S   # each part file's read (settings.read_timeout_s)
 
     def load(self) -> tuple[Trace | None, list[tuple[str, str]]]:
         """The window's trace with the rows of its part files read in (None when no row was
@@ -58,7 +59,8 @@ class Window:
         if not self.files:
             return self.trace, []
         ready = read_ahead().take(self.files, self.steps[-1])
-        chunks, refused = read_window_rows(self.files, self.steps, _readers(), ready)
+        chunks, refused = read_window_rows(self.files, self.steps,
+                                           _readers(self.read_timeout_s), ready)
         if self.trace is not None:
             chunks.append(self.trace.ops)
         if not chunks:
@@ -117,6 +119,8 @@ class JobTracker:
         self._waiting: tuple[int, float] | None = None
         # held files checked from their footer whose steps could not be read (taken by range)
         self._by_range: set[tuple[int, int]] = set()
+        # each part file's read by the window readers (the monitor's read_timeout_s)
+        self.read_timeout_s = READ_TIMEOUT_S
         self.set_meta(meta)
 
     def set_meta(self, meta: JobMeta) -> None:
@@ -336,10 +340,10 @@ class JobTracker:
                 and (f.rank, f.part) not in self._by_range]
         # (on the window readers' threads: a thousand ranks' files are a thousand reads, and
         # decoding releases the GIL)
-        reads = list(_readers().map(lambda f: read_steps(f.path, f.within), todo)) \
-            if len(todo) > 1 else [read_steps(f.path, f.within) for f in todo]
+        reads = list(_readers(self.read_timeout_s).map(
+            lambda f: read_steps(f.path, f.within), todo))
         for f, read in zip(todo, reads):
-            if read is None or not len(read) or int(read[0]) != f.first_step \
+            if not isinstance(read, np.ndarray) or not len(read) or int(read[0]) != f.first_step \
                     or int(read[-1]) != f.last_step:
                 # gone, replaced or unreadable: taken by its range as before (its window's
                 # reading names the rank missing if its rows are not there)
@@ -401,7 +405,7 @@ class JobTracker:
         self._steps = {s for s in self._steps if s > last}
         missing = [r for r in self.expected_ranks if r not in present]
         w = Window(self.job, self.next_idx, [int(s) for s in steps], trace, missing, now, reason,
-                   files, self.meta, self.lease)
+                   files, self.meta, self.lease, read_timeout_s=self.read_timeout_s)
         self.next_idx += 1
         return w
 
@@ -416,13 +420,18 @@ class JobTracker:
         return sum(rp.skipped for rp in self.ranks.values())
 
 
-_READERS: list[ThreadPoolExecutor] = []
+_READERS: list[FileReaders] = []
 
 
-def _readers() -> ThreadPoolExecutor:
-    """The threads that read a window's part files not read ahead (decoding releases the GIL)."""
+def _readers(timeout_s: float = READ_TIMEOUT_S) -> FileReaders:
+    """The threads that read a window's part files not read ahead (decoding releases the GIL):
+    2, each read given up on after `timeout_s` (one monitor's setting in a process), its thread
+    left behind, at most MAX_STUCK_READS at once. A ThreadPoolExecutor's read of a hung file
+    (NFS, FUSE) held its window, every later window and the ingest's step reads for good,
+    and a flood of windows queued reads behind it without bound."""
     if not _READERS:
-        _READERS.append(ThreadPoolExecutor(2, thread_name_prefix="stragglers-window-read"))
+        _READERS.append(FileReaders(2, timeout_s=timeout_s, name="stragglers-window-read"))
+    _READERS[0].timeout_s = timeout_s
     return _READERS[0]
 
 
