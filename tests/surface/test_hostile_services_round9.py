@@ -96,3 +96,35 @@ def test_one_op_cannot_poison_a_window_from_the_last_step_of_its_part(tmp_path):
             assert not [a["rule"] for a in job["alerts"]], job["alerts"]
     finally:
         s.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="rescan_s is accepted up to any float; past time_t's "
+                   "range the rescan thread dies on OverflowError after the first scan")
+def test_a_rescan_period_the_clock_cannot_wait_is_refused_or_kept(tmp_path):
+    """rescan_s: 1e19 in the monitor's settings (an operator's 'never': its other periods take
+    1e300 and work). Accepted, the watcher's rescan thread waits `Event.wait(1e19)` after the
+    first scan and dies ('OverflowError: timestamp out of range for platform time_t', a
+    traceback on stderr): from then on no watched folder is ever rescanned (runs on a file
+    system without inotify events, NFS, are never found). Refused in one line naming
+    rescan_s, or the thread waits on (the period bounded where the clock can wait)."""
+    import threading
+
+    from stragglers.errors import InputError
+
+    try:
+        config = MonitorConfig.from_mapping({**MONITOR.to_dict(), "rescan_s": 1e19}, "settings")
+    except InputError as exc:
+        assert "rescan_s" in str(exc), exc
+        return
+    (tmp_path / "watch").mkdir()
+    s = MonitorServer(tmp_path / "mon.db", watch=[tmp_path / "watch"], port=0, token=TOKEN,
+                      config=config).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            eventually(lambda: not get(c, "/health")["scanning"], what="the first scan")
+        rescan = [t for t in threading.enumerate() if t.name == "stragglers-files-rescan"]
+        assert rescan, "no rescan thread"
+        rescan[0].join(timeout=1.0)   # (dead at once before the fix; waits on after it)
+        assert rescan[0].is_alive(), "the rescan thread ended after the first scan"
+    finally:
+        s.stop()
