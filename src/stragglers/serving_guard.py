@@ -192,12 +192,38 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             async def watched_app(scope, receive, send) -> None:
                 scope[WATCH_KEY] = watch
                 self._g_scope = scope
-                await app(scope, receive, send)
+                try:
+                    await app(scope, receive, send)
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is None or not task.cancelling():
+                        raise   # (not this request's own cancellation)
+                    self._g_cancelled(scope)
 
             def watch() -> None:
                 book.watch(self)
             self.app = watched_app
             book.admit(self)
+
+        def _g_cancelled(self, scope: dict) -> None:
+            """The request of `scope` cancelled (uvicorn cancels those still running past its
+            graceful shutdown timeout, and logs one line saying so): its connection ends here,
+            answered 503 unless its response began. Raised on, the cancellation reached
+            uvicorn's wrapper, which logged it with a traceback of every frame of the app (an
+            event stream open at SIGTERM: 80 lines on the service's stderr)."""
+            cycle = self.cycle if self.cycle is not None and self.cycle.scope is scope else None
+            started = cycle is None or getattr(cycle, "response_started", False)
+            if cycle is not None:
+                cycle.disconnected = True   # (uvicorn then neither answers 500 nor logs)
+            raw = getattr(self.transport, "raw", self.transport)
+            try:
+                if not started and not raw.is_closing():
+                    raw.write(json_response_bytes(
+                        503, "Service Unavailable", "request: the service stopped before it "
+                        "was answered; retry once it is back", self._g_shape))
+                raw.close()
+            except (OSError, RuntimeError):
+                pass
 
         def connection_lost(self, exc) -> None:
             for timer in (self._g_lingering, self._g_refusing):
