@@ -171,3 +171,36 @@ def test_a_data_set_being_restored_by_its_owner_is_not_taken_as_unused(tmp_path)
         assert store.status("d").epochs["0"]["DONE"] == 8
     finally:
         store.close()
+
+
+@pytest.mark.xfail(strict=True, reason="a watched run folder whose name is not UTF-8 is refused "
+                   "as UnicodeEncodeError at each scan, and /api/stats is 500 while it is listed")
+def test_a_watched_run_named_with_bytes_that_are_not_utf8_is_taken_or_refused_cleanly(tmp_path):
+    """A watched folder holding a good run and a run folder named b'run-\\xff' (a name copied
+    from another system, a Latin-1 tar): the run is taken under a safe job name
+    (_job_name's ASCII fallback, as for 'é') or refused naming why — not 'UnicodeEncodeError:
+    surrogates not allowed' (hashlib of str(run).encode() in _job_name), refused again at every
+    rescan. And its refusal, listed by /api/stats, must not make /api/stats a 500 for everyone
+    (the JSON reply cannot encode the path's surrogate escape)."""
+    import os
+
+    from monitor_jobs import start_run, write_parts
+
+    trace = slow_job(steps=6, slow=None)
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    for name in ("good", "staging"):
+        start_run(watch / name, trace)
+        write_parts(watch / name, parts_of(trace, 6))
+    os.rename(watch / "staging", watch / os.fsdecode(b"run-\xff"))
+    s = MonitorServer(tmp_path / "mon.db", watch=[watch], port=0, token=TOKEN,
+                      config=MONITOR).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            eventually(lambda: not get(c, "/health")["scanning"], what="the first scan")
+            r = c.get("/api/stats")
+            assert r.status_code == 200, r.text
+            rejects = " ".join(str(x) for x in r.json()["rejects"])
+            assert "Error:" not in rejects, rejects[:500]
+    finally:
+        s.stop()
