@@ -197,7 +197,8 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
     loopback names (None: any Host when the socket is not a loopback one). `gate_bodies`: a
     request's body is read (and 100 Continue sent) only once the app called admit_body. An
     app that sets `state.anonymous_pace` (serving_quota.AnonymousPace) has every request
-    without its credential wait its client address's turn before any of it is done.
+    without its credential wait its client address's turn before any of it is done, and so
+    does every request its HTTP parser refuses (a malformed head answered 400 or 431).
     """
     import uvicorn
 
@@ -206,9 +207,9 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
     # the guard keeps connections <= max_connections by evicting idle ones, and ServiceGuard
     # bounds the requests in progress (those of connections cut for a fairer share may run
     # on a while): uvicorn's own limit answered plain-text 503s, and counted both together
-    config = uvicorn.Config(ServiceGuard(app, allowed_hosts, 2 * limits.max_connections,
-                                         error_shape, limits.refusal_delay_s, gate_bodies),
-                            http=http, loop=loop,
+    guard = ServiceGuard(app, allowed_hosts, 2 * limits.max_connections, error_shape,
+                         limits.refusal_delay_s, gate_bodies)
+    config = uvicorn.Config(guard, http=http, loop=loop,
                             log_level="warning", access_log=False, lifespan="off",
                             # (typed int, used as a float: loop.call_later, asyncio.wait_for)
                             timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
@@ -222,8 +223,9 @@ def uvicorn_server(app, *, max_connections: int, keep_alive_s: float, http: str 
     # (after uvicorn's logging config: its warning goes to the service's log)
     limits = within_open_files(limits)
     quiet_repeats()   # (the parser's refusals and unsupported upgrades: a line per request)
+    # (the requests its parser refuses wait their address's turn of the app's anonymous pace)
     config.http_protocol_class = guarded_protocol(config.http_protocol_class, limits,
-                                                  error_shape)
+                                                  error_shape, lambda: guard.anonymous)
     return _GuardedServer(config)
 
 

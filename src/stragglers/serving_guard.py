@@ -14,6 +14,8 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from stragglers.serving_quota import AnonymousPace, RateLimited
+
 
 @dataclass(frozen=True)
 class ConnectionLimits:
@@ -123,7 +125,11 @@ def _unpark(conn) -> None:
 
 def _hung_up(conn) -> None:
     """The client of `conn` sent its FIN: its requests not answered yet (the one in progress,
-    those pipelined behind it) wait for no turn (GONE_KEY), and one waiting now stops."""
+    those pipelined behind it) wait for no turn (GONE_KEY), and one waiting now stops; a
+    refusal waiting its turn (the protocol's _g_refuse) is dropped, the connection closed."""
+    if getattr(conn, "_g_refusing", None) is not None:
+        conn.transport.close()
+        return
     cycles = [conn.cycle, *(c for c, _ in getattr(conn, "pipeline", None) or ())]
     for cycle in cycles:
         if cycle is not None and not cycle.response_complete:
@@ -159,9 +165,12 @@ def json_response_bytes(status: int, reason: str, message: str,
 
 
 def guarded_protocol(base: type, limits: ConnectionLimits,
-                     shape: ErrorShape = plain_error) -> type:
+                     shape: ErrorShape = plain_error,
+                     anonymous: Callable[[], AnonymousPace | None] | None = None) -> type:
     """uvicorn's HTTP protocol class `base` with ConnectionLimits enforced (see there); its
-    own error bodies (timeouts, a head too large, a request not HTTP) in `shape`."""
+    own error bodies (timeouts, a head too large, a request not HTTP) in `shape`; each of its
+    refusals waits its client address's turn of the pace `anonymous()` gives (None: none), as
+    a request without a credential does in ServiceGuard."""
     book = _Connections(limits)
 
     class Guarded(base):
@@ -180,6 +189,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             self._g_head_over = False
             self._g_lingering: asyncio.TimerHandle | None = None   # see _g_linger
             self._g_refusing: asyncio.TimerHandle | None = None    # see _g_refuse
+            self._g_paced: tuple[AnonymousPace, object] | None = None   # its refusal's turn
             self._g_watched: int | None = None   # its descriptor, watched for a hang-up
             conn = getattr(self, "conn", None)
             if conn is not None and hasattr(conn, "next_event"):
@@ -229,6 +239,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             for timer in (self._g_lingering, self._g_refusing):
                 if timer is not None:
                     timer.cancel()
+            self._g_unpace()
             book.closed(self)
             if _parked(self):
                 _unpark(self)   # nobody is left to answer: the request is dropped
@@ -287,8 +298,9 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
                        f"request head: more than {limits.max_head_bytes} bytes", linger=True)
 
         def _g_refuse(self, answer: bytes) -> None:
-            """Write `answer` (a whole response ending the connection) after refusal_delay_s,
-            reading nothing meanwhile, then linger (see _g_linger)."""
+            """Write `answer` (a whole response ending the connection) after refusal_delay_s
+            or its address's turn, whichever is later (_g_turn), reading nothing meanwhile,
+            then linger (see _g_linger)."""
             if self._g_refusing is not None or self._g_lingering is not None \
                     or self.transport.is_closing():
                 return
@@ -298,7 +310,10 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
                 pass
 
             loop = asyncio.get_running_loop()
-            due = time.monotonic() + limits.refusal_delay_s
+            delay = max(limits.refusal_delay_s, self._g_turn())
+            due = time.monotonic() + delay
+            if delay > limits.refusal_delay_s:
+                book.watch(self)   # (its reads paused: its client leaving is seen at once)
 
             def answer_now() -> None:
                 # (a loop's timer may fire early: libuv's clock is read once an iteration, and
@@ -307,10 +322,37 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
                 if left > 0:
                     self._g_refusing = loop.call_later(left, answer_now)
                     return
+                self._g_unpace()
                 if not self.transport.is_closing():
                     self.transport.write(answer)
                     self._g_linger()
-            self._g_refusing = loop.call_later(limits.refusal_delay_s, answer_now)
+            self._g_refusing = loop.call_later(delay, answer_now)
+
+        def _g_turn(self) -> float:
+            """How long a refusal of this connection waits for its client address's turn of
+            the anonymous pace, taken now (held until answered: _g_unpace); past the pace's
+            longest wait, nothing is taken and it waits that long. A request the parser
+            refused never reached ServiceGuard's pace: a flood of malformed ones, a connection
+            each, was answered as fast as connections came (after the refusal pause only),
+            each an accept, a parse and a close of the event loop's, unpaced."""
+            pace = anonymous() if anonymous is not None else None
+            if pace is None:
+                return 0.0
+            key = pace.address(str((self.client or ("?",))[0]))
+            try:
+                wait = pace.turn(key)
+            except RateLimited as exc:
+                return exc.park_s or pace.max_wait_s
+            self._g_paced = (pace, key)
+            return wait
+
+        def _g_unpace(self) -> None:
+            """The refusal's turn is over (answered, or its client gone: the request was read
+            and refused all the same, so its turn stays taken)."""
+            if self._g_paced is not None:
+                pace, key = self._g_paced
+                self._g_paced = None
+                pace.leave(key)
 
         def _g_linger(self) -> None:
             """End the connection after the answer written last: the write side shut once it
@@ -663,7 +705,7 @@ class _Connections:
         # the oldest connection that never sent a whole request, found without a scan of all
         for c in self.fresh:
             if c is not new and _waiting(c) and not c.transport.is_closing() and \
-                    (client is None or _client(c) == client):
+                    c._g_refusing is None and (client is None or _client(c) == client):
                 return c
         best, best_key = None, None
         for c in self.open:
@@ -674,6 +716,12 @@ class _Connections:
                 if idle_only or now - c._g_stalled < self.limits.cap_grace_s:
                     continue
                 key = (2, c._g_stalled)
+            elif c._g_refusing is not None:
+                # its refusal waits its address's turn (_g_turn): as a parked request, the
+                # last to go (closed first, its client reconnected at once: refusals unpaced)
+                if idle_only:
+                    continue
+                key = (3, c._g_phase_at)
             elif _waiting(c):
                 key = (0 if c._g_fresh else 1, c._g_phase_at)
             elif _parked(c):
@@ -711,7 +759,8 @@ class _Connections:
         """Close one connection (of `client`; None: any) to make room for `new` (see
         _evictable); when every one is busy, `new` is refused (503, JSON)."""
         victim = self._evictable(new, client)
-        if victim is not None and _parked(victim) and len(self.open) <= self.limits.max_connections:
+        if victim is not None and (_parked(victim) or victim._g_refusing is not None) \
+                and len(self.open) <= self.limits.max_connections:
             # its requests wait their turns (no work, a descriptor each; the cap of all bounds
             # them): closing one made its client reconnect at once, a loop of evictions that
             # spun the CPUs as the flood it replaced

@@ -519,7 +519,11 @@ class AnonymousPace:
         client's address, an IPv6 one as its /64 (one host holds a whole /64)."""
         if self.credentialed(scope):
             return None
-        host = str((scope.get("client") or ("?",))[0])
+        return self.address(str((scope.get("client") or ("?",))[0]))
+
+    @staticmethod
+    def address(host: str) -> object:
+        """The key of a client address: itself, an IPv6 one's /64, an IPv4-mapped one's IPv4."""
         try:
             address = ipaddress.ip_address(host.split("%")[0])
         except ValueError:
