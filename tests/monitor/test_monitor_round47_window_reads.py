@@ -42,8 +42,8 @@ def stuck_part(tmp_path):
 
 def test_a_window_whose_part_file_hangs_is_analysed_without_it(stuck_part):
     trace, files = stuck_part
-    tracker = JobTracker("j", trace.meta, window_steps=4, gap_wait_s=0.0)
-    tracker.read_timeout_s = 0.3   # (the monitor sets its read_timeout_s here)
+    # (the monitor's read_timeout_s: a part file's read given up on after it)
+    tracker = JobTracker("j", trace.meta, window_steps=4, gap_wait_s=0.0, read_timeout_s=0.3)
     for rank, f in files:
         assert tracker.add_part(rank, 0, f.last_step, None, 1.0, f)
     [window] = tracker.close_ready(2.0)

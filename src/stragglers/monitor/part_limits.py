@@ -171,7 +171,23 @@ def check_op_spans(cols: dict[str, np.ndarray], source: object) -> InputError | 
         return InputError(source, "duration", f"row {i} (step {int(cols['step'][i])}): "
                           f"{float(duration[i]):.6g} s; expected an op of at most "
                           f"{MAX_OP_SECONDS:g} s (MAX_OP_SECONDS)")
-    rank, step, start = cols["rank"], cols["step"], cols["start_ts"]
+    over, order, r, st, nxt, group, head = op_spans(cols)
+    if not over.any():
+        return None
+    j = int(np.argmax(over))
+    i, g = int(order[j]), int(group[j])
+    return InputError(source, "duration", f"row {i} (rank {int(r[j])}, step {int(st[j])}): "
+                      f"an op of {float(duration[i]):.6g} s ending "
+                      f"{float(cols['start_ts'][i] + duration[i] - nxt[g]):.6g} s after the "
+                      f"rank's step {int(st[head[g + 1]])} began; expected an op to end by "
+                      f"then (plus {OP_END_SLACK_S:g} s or one step)")
+
+
+def op_spans(cols: dict[str, np.ndarray]):
+    """Which ops end after their rank's next step began (plus OP_END_SLACK_S or one step), in
+    (rank, step) order: (over, order, rank, step, each (rank, step)'s next start, each row's
+    (rank, step) group, the groups' first rows). Ops of a rank's last step here pass."""
+    rank, step, start, duration = cols["rank"], cols["step"], cols["start_ts"], cols["duration"]
     order = np.lexsort((step, rank))
     r, st = rank[order], step[order]
     head = np.flatnonzero(np.r_[True, (r[1:] != r[:-1]) | (st[1:] != st[:-1])])
@@ -181,15 +197,7 @@ def check_op_spans(cols: dict[str, np.ndarray], source: object) -> InputError | 
     allowed = np.where(same_rank, nxt + np.maximum(nxt - first, OP_END_SLACK_S), np.inf)
     group = np.repeat(np.arange(len(head)), np.diff(np.r_[head, len(order)]))
     over = (start[order] + duration[order]) > allowed[group]
-    if not over.any():
-        return None
-    j = int(np.argmax(over))
-    i, g = int(order[j]), int(group[j])
-    return InputError(source, "duration", f"row {i} (rank {int(r[j])}, step {int(st[j])}): "
-                      f"an op of {float(duration[i]):.6g} s ending "
-                      f"{float(start[i] + duration[i] - nxt[g]):.6g} s after the rank's step "
-                      f"{int(st[head[g + 1]])} began; expected an op to end by then (plus "
-                      f"{OP_END_SLACK_S:g} s or one step)")
+    return over, order, r, st, nxt, group, head
 
 
 def guarded(fn, arg, source):

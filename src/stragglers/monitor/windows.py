@@ -24,6 +24,7 @@ import numpy as np
 
 from stragglers.errors import StragglersError
 from stragglers.monitor.part_files import READ_TIMEOUT_S, FileReaders
+from stragglers.monitor.part_limits import OP_END_SLACK_S, op_spans
 from stragglers.monitor.parts import MAX_STEP_GAP, PartFile, read_window_rows
 from stragglers.monitor.readahead import read_ahead
 from stragglers.monitor.step_sets import read_steps
@@ -52,15 +53,32 @@ class Window:
     lease: Lease | None = None     # (instance, epoch) its tracker was built under (leases.py)
     run: int = 0                   # the job's run it belongs to (Monitor: runs begun here)
     read_timeout_s: float = READ_TIMEOUT_S   # each part file's read (settings.read_timeout_s)
+    # the step after the window: the part files that begin with it (read for it alone), and
+    # each rank's first start of it from the rows held in memory; load() adds the starts read
+    after: list[PartFile] = field(default_factory=list)
+    next_starts: dict[int, float] = field(default_factory=dict)
 
     def load(self) -> tuple[Trace | None, list[tuple[str, str]]]:
         """The window's trace with the rows of its part files read in (None when no row was
-        readable), and (file, problem) of each part file refused on reading."""
-        if not self.files:
+        readable), and (file, problem) of each part file refused on reading; each rank's
+        first start of the step after the window, where its rows are known, into
+        next_starts (an op of the window's last step must end by then: ops_past_next_step)."""
+        if not self.files and not self.after:
             return self.trace, []
-        ready = read_ahead().take(self.files, self.steps[-1])
-        chunks, refused = read_window_rows(self.files, self.steps,
+        after = self.steps[-1] + 1
+        files = self.files + self.after
+        ready = read_ahead().take(files, self.steps[-1])
+        chunks, refused = read_window_rows(files, [*self.steps, after],
                                            _readers(self.read_timeout_s), ready)
+        own = {str(f.path) for f in self.files}   # (the next window names its own refusals)
+        refused = [r for r in refused if r[0] in own]
+        for i, c in enumerate(chunks):
+            at = c["step"] == after
+            if at.any():
+                self.next_starts.update(first_starts(c["rank"][at], c["start_ts"][at],
+                                                     self.next_starts))
+                chunks[i] = {k: v[~at] for k, v in c.items()}
+        chunks = [c for c in chunks if len(c["step"])]
         if self.trace is not None:
             chunks.append(self.trace.ops)
         if not chunks:
@@ -87,7 +105,8 @@ class JobTracker:
     """One job's parts and pending rows, cut into windows as steps complete on every rank."""
 
     def __init__(self, job: str, meta: JobMeta, window_steps: int, gap_wait_s: float,
-                 consumed_step: int = -1, next_idx: int = 0):
+                 consumed_step: int = -1, next_idx: int = 0,
+                 read_timeout_s: float = READ_TIMEOUT_S):
         self.job, self.window_steps, self.gap_wait_s = job, int(window_steps), float(gap_wait_s)
         self.consumed_step, self.next_idx = int(consumed_step), int(next_idx)
         self.ranks: dict[int, RankParts] = {}
@@ -120,7 +139,7 @@ class JobTracker:
         # held files checked from their footer whose steps could not be read (taken by range)
         self._by_range: set[tuple[int, int]] = set()
         # each part file's read by the window readers (the monitor's read_timeout_s)
-        self.read_timeout_s = READ_TIMEOUT_S
+        self.read_timeout_s = float(read_timeout_s)
         self.set_meta(meta)
 
     def set_meta(self, meta: JobMeta) -> None:
@@ -382,8 +401,11 @@ class JobTracker:
     def _cut(self, steps: np.ndarray, now: float, reason: str) -> Window:
         first, last = int(steps[0]), int(steps[-1])
         trace, present, rest_rows = None, set(), 0
+        next_starts: dict[int, float] = {}
         if self.chunks:
             ops = {k: np.concatenate([c[k] for c in self.chunks]) for k in self._common_columns()}
+            at = ops["step"] == last + 1
+            next_starts = first_starts(ops["rank"][at], ops["start_ts"][at])
             inside = np.isin(ops["step"], steps)
             rest = ops["step"] > last
             window_ops = {k: v[inside] for k, v in ops.items()}
@@ -393,6 +415,8 @@ class JobTracker:
             if len(window_ops["step"]):
                 trace = Trace(window_ops, self.meta, f"monitor:{self.job}#{self.next_idx}")
         files = [f for f in self.files if f.first_step <= last and f.last_step >= first]
+        # (the step after the window bounds its last step's ops: read for it, not kept)
+        after = [f for f in self.files if f.first_step == last + 1]
         # (a file whose steps were read is present only where it has rows)
         present |= {f.rank for f in files
                     if f.steps is None or bool(np.isin(f.steps, steps).any())}
@@ -405,7 +429,8 @@ class JobTracker:
         self._steps = {s for s in self._steps if s > last}
         missing = [r for r in self.expected_ranks if r not in present]
         w = Window(self.job, self.next_idx, [int(s) for s in steps], trace, missing, now, reason,
-                   files, self.meta, self.lease, read_timeout_s=self.read_timeout_s)
+                   files, self.meta, self.lease, read_timeout_s=self.read_timeout_s,
+                   after=after, next_starts=next_starts)
         self.next_idx += 1
         return w
 
@@ -452,6 +477,20 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
                 if trace is not None and len(trace.ops["rank"]) else set()
             row.missing_ranks = sorted(set(window.missing_ranks)
                                        | ({f.rank for f in window.files} - read))
+        if trace is not None:
+            past = ops_past_next_step(trace, window.next_starts)
+            if past:
+                # such an op is not what happened: its step is left out of the window for
+                # every rank (the other steps analysed whole), or where that leaves none, its
+                # ranks (a window of one step)
+                refused += [(f"job {window.job} rank {r}", problem)
+                            for r, (_, problem) in past.items()]
+                keep = ~np.isin(trace.ops["step"], [st for st, _ in past.values()])
+                if not keep.any():
+                    row.missing_ranks = sorted(set(row.missing_ranks) | set(past))
+                    keep = ~np.isin(trace.ops["rank"], list(past))
+                trace = Trace({k: v[keep] for k, v in trace.ops.items()}, trace.meta,
+                              trace.source, trace.notes) if keep.any() else None
         if trace is None:
             raise StragglersError("no readable rows in this window: every part file of it was "
                                   "refused (see the refusals)")
@@ -492,6 +531,54 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
     row.analysed_at = time.time()
     row.analysis_s = time.perf_counter() - t0
     return row, refused
+
+
+def first_starts(rank: np.ndarray, start: np.ndarray, known: dict[int, float] | None = None
+                 ) -> dict[int, float]:
+    """rank → its earliest start among these rows (and `known`'s)."""
+    out = dict(known or {})
+    if not len(rank):
+        return out
+    order = np.lexsort((start, rank))
+    r, t = rank[order], start[order]
+    head = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    for k, v in zip(r[head].tolist(), t[head].tolist()):
+        out[k] = min(v, out.get(k, v))
+    return out
+
+
+def ops_past_next_step(trace: Trace, next_starts: dict[int, float]
+                       ) -> dict[int, tuple[int, str]]:
+    """rank → (step, why) of its first op that ends after the rank's next
+    step began (plus OP_END_SLACK_S or one step), judged over every part of the window and,
+    for its last step, the step after it (`next_starts`). A part's own check sees only the
+    steps inside it: at a part's last step an op of up to MAX_OP_SECONDS passed, and one op
+    of 3,000 s made a window's S 1,863 and fired its alerts."""
+    o = trace.ops
+    n = len(o["rank"])
+    if not n:
+        return {}
+    ranks = np.fromiter(next_starts, dtype=np.int64, count=len(next_starts))
+    after = trace.ops["step"].max(initial=0) + 1
+    cols = {"rank": np.r_[o["rank"].astype(np.int64), ranks],
+            "step": np.r_[o["step"].astype(np.int64), np.full(len(ranks), after, np.int64)],
+            "start_ts": np.r_[o["start_ts"].astype(np.float64),
+                              np.fromiter(next_starts.values(), np.float64, len(ranks))],
+            "duration": np.r_[o["duration"].astype(np.float64), np.zeros(len(ranks))]}
+    over, order, r, st, nxt, group, _ = op_spans(cols)
+    over &= order < n   # (the next step's own rows are only its starts)
+    out: dict[int, tuple[int, str]] = {}
+    for j in np.flatnonzero(over):
+        rank = int(r[j])
+        if rank not in out:
+            i = int(order[j])
+            end = float(cols["start_ts"][i] + cols["duration"][i] - nxt[group[j]])
+            out[rank] = (int(st[j]), f"step {int(st[j])}: an op of "
+                         f"{float(cols['duration'][i]):.6g} s ends {end:.6g} s after the "
+                         f"rank's next step began; expected it to end by then (plus "
+                         f"{OP_END_SLACK_S:g} s or one step): the step is left out of the "
+                         "window")
+    return out
 
 
 def one_worker_per_place(trace: Trace) -> tuple[Trace, list[int]]:
