@@ -15,7 +15,9 @@ loopback address (another writer only by their job) uploading parts whose page h
 8 client processes reading /metrics, or /api/jobs, in a loop (no token: reads need none); and
 the anonymous routes that answer without a store read or a render: 8 client processes asking
 /health, an unknown path (404), the dashboard page, plotly.min.js (3.6 MB), one analysed window
-or a request the app refuses (422), in a loop, and one process asking /health in a loop.
+or a request the app refuses (422), in a loop, and one process asking /health in a loop; and 2
+client processes (the token's, another address) each sending its own job's meta.json changed
+(48 KB: 2,000 small objects in `extra`, each value walked by the check) before every part.
 
 What a loaded machine cannot fake (see `measured` and `verdict`): besides the ratio of medians,
 each pair's own ratio (their median, and how many pass 2x), and for every request the time the
@@ -24,7 +26,7 @@ CPU (/proc/.../schedstat): the latency less that run-queue wait leaves out most 
 machine's other load adds (not all: the service's other threads are not counted), and its
 ratio is judged beside the raw one. Attacker processes run at nice 19 (`--attacker-nice`):
 deployed, they run on other machines, and their own CPU here is not work the service does for
-them. The client processes of cases 5-15 are started once per case and paused between its
+them. The client processes of cases 5-16 are started once per case and paused between its
 blocks (their requests under way answered before a quiet block starts); their CPU and the
 requests answered to them per second say how hard they pressed. The service's CPU (cores) in
 quiet and attacked blocks says what the attack costs it.
@@ -309,6 +311,13 @@ def attacker(request: tuple, i: int, nice: int, go, stop, inflight, served) -> N
                 if kind == "put":
                     c.put(f"/api/jobs/dos/ranks/0/parts/{1000 + 1000 * i + k % 1000}",
                           content=what, headers=AUTH)
+                elif kind == "meta":   # its job's meta.json changed, then a part
+                    meta, bodies = what
+                    meta["extra"]["note"] = k
+                    c.put(f"/api/jobs/dosmeta{i}/meta", json=meta, headers=AUTH)
+                    rank, part, body = bodies[k % len(bodies)]
+                    c.put(f"/api/jobs/dosmeta{i}/ranks/{rank}/parts/{part}", content=body,
+                          headers=AUTH)
                 else:
                     c.get(what)   # no token: reads need none unless --private
                 with served.get_lock():
@@ -318,6 +327,13 @@ def attacker(request: tuple, i: int, nice: int, go, stop, inflight, served) -> N
             finally:
                 with inflight.get_lock():
                     inflight.value -= 1
+
+
+def busy_meta(meta: dict) -> dict:
+    """A job's meta.json grown to 48 KB of small values in `extra` (within max_meta_bytes:
+    a writer may send it), each walked by the monitor's check of a changed meta.json."""
+    return {**meta, "extra": {**meta["extra"],
+                              "tags": [{"k": i, "v": i * 0.5} for i in range(2000)]}}
 
 
 def cpu_s(pid: int) -> float:
@@ -356,11 +372,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5, help="parts per rank per block")
     ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
-    ap.add_argument("--cases", default="", help="comma-separated case numbers (1-15; all)")
+    ap.add_argument("--cases", default="", help="comma-separated case numbers (1-16; all)")
     ap.add_argument("--name", default=None, help="results file name (a path: written there, "
                     "not in benchmarks/results)")
     ap.add_argument("--attacker-nice", type=int, default=19, help="nice of the attacker "
-                    "processes (cases 5-15); 0 where a busy machine leaves them no CPU at 19 "
+                    "processes (cases 5-16); 0 where a busy machine leaves them no CPU at 19 "
                     "(then their CPU, taken from the service and the client, counts too)")
     ap.add_argument("--read-interval-s", type=float, default=None, help="the service's "
                     "read_interval_s (its default if not given; 0: reads not paced, the "
@@ -384,7 +400,9 @@ def main() -> None:
              ("8 clients: one window in a loop", (8, ("get", "/api/jobs/warm/windows/0")), False),
              ("8 clients: a refused read (422) in a loop",
               (8, ("get", "/api/alerts?limit=0")), False),
-             ("1 client: /health in a loop", (1, ("get", "/health")), False)]
+             ("1 client: /health in a loop", (1, ("get", "/health")), False),
+             ("2 clients: a changed 48 KB meta.json before every part",
+              (2, ("meta", (busy_meta(trace.meta.to_dict()), parts))), False)]
     chosen = [int(x) - 1 for x in args.cases.split(",") if x] or list(range(len(cases)))
     url = ""   # (the flood cases read it when they start)
     rows: dict[str, dict] = {}

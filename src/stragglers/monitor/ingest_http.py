@@ -22,6 +22,7 @@ import shutil
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, NotRequired, TypedDict
@@ -40,9 +41,9 @@ from stragglers.monitor.service import ANOTHER_NAME, JobFull, MetaChanged, Monit
     RunBusy, Superseded
 from stragglers.monitor.windows import JobTracker
 from stragglers.serving import BodyRefused, canonical_decimal, declared_length
-from stragglers.serving_guard import FRAMING_KEY, admit_body
-from stragglers.serving_quota import KeyedLimits, LimitExceeded, MintRate, RateLimited, \
-    RequestLimits, quota_client
+from stragglers.serving_guard import FRAMING_KEY, admit_body, park
+from stragglers.serving_quota import Backpressure, KeyedLimits, LimitExceeded, MintRate, \
+    RateLimited, RequestLimits, quota_client
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -282,6 +283,13 @@ def _give(budget: BodyBudget | None, share: RequestLimits | None, n: int) -> Non
         share.give(n)
 
 
+# a writer's changed meta.json bodies while another job uploads: this many at once, then
+# meta_changes_per_minute; a change whose turn is further off than META_CHANGE_MAX_WAIT_S is
+# answered 429 (after that wait: a refusal is an answer a loop spins on); another job counts
+# as uploading for META_ACTIVE_S after its latest part
+META_CHANGE_BURST, META_CHANGE_MAX_WAIT_S, META_ACTIVE_S = 4.0, 8.0, 1.0
+
+
 def writer_limits(cfg) -> KeyedLimits:
     """Uploads in progress and bytes held per writer (see writer_key)."""
     return KeyedLimits("writer", cfg.max_uploads_per_writer, cfg.max_upload_bytes_per_writer)
@@ -345,6 +353,41 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     # a 1 MiB meta.json in a loop made another job's uploads 11.7x slower); held weakly (a
     # forgotten job's JobMeta, 22 MB for 65,536 ranks, is not kept alive by this)
     registered_meta: dict[str, tuple[bytes, weakref.ref[JobMeta], int]] = {}
+    # a changed meta.json costs a check of every value, a rewrite and fsync of the file, the
+    # store's row and the monitor's lock (2 clients each changing their job's 48 KB meta.json
+    # before every part made another job's uploads 3.9x slower): while another job uploads,
+    # a writer's changes are paced (a recorder changes its job's a few times a run)
+    meta_pace = Backpressure("writer's meta.json changes", free=0,
+                             rate=cfg.meta_changes_per_minute / 60.0,
+                             burst=META_CHANGE_BURST - 1, max_wait_s=META_CHANGE_MAX_WAIT_S)
+    uploading: OrderedDict[str, float] = OrderedDict()   # job → its latest part (monotonic)
+
+    def others_uploading(job: str) -> bool:
+        """Whether a job other than `job` sent a part within META_ACTIVE_S."""
+        since = time.monotonic() - META_ACTIVE_S
+        while uploading and next(iter(uploading.values())) < since:
+            uploading.popitem(last=False)
+        return len(uploading) > (job in uploading)
+
+    async def paced_change(request: Request, job: str) -> None:
+        """Wait the writer's turn for a changed meta.json while another job uploads; 429
+        (after META_CHANGE_MAX_WAIT_S) when it is further off, 503 when the client left."""
+        if not others_uploading(job):
+            return
+        key = writer_key(request, job)
+        try:
+            wait = meta_pace.turn(key)
+        except RateLimited as exc:
+            await park(request.scope, exc.park_s or 0.0)
+            raise HTTPProblem(429, f"path 'job': {job!r}: its meta.json changes faster than "
+                              f"{cfg.meta_changes_per_minute:g} a minute (after "
+                              f"{META_CHANGE_BURST:g}) while other jobs upload "
+                              "(meta_changes_per_minute); retry later", "busy",
+                              retry_after_s=exc.retry_after_s) from None
+        meta_pace.leave(key)   # (its turn is taken: a pace, not a count in progress)
+        if wait > 0 and not await park(request.scope, wait):
+            raise HTTPProblem(503, "request: its connection was closed while it waited its "
+                              "turn; retry on an open connection", "client_gone")
 
     @app.put("/api/jobs/{job}/meta", dependencies=[Depends(require_write)])
     async def put_meta(request: Request, job: str = PathParam(max_length=128)):
@@ -414,6 +457,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         if known is not None and known != directory:
             raise HTTPProblem(409, f"path 'job': {job!r} is a watched run ({known}); uploads "
                               "cannot write into it", "conflict")
+        await paced_change(request, job)
         raw = meta.model_dump()
         lock = meta_locks.get(job)
         if lock is None:
@@ -501,6 +545,8 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             raise HTTPProblem(422, f"path 'rank': {rank} is not a rank of job {job!r} (world "
                               f"size {world})", "bad_rank")
         check_run(request, job, tracker.meta)
+        uploading[job] = time.monotonic()   # (a changed meta.json is paced meanwhile)
+        uploading.move_to_end(job)
         dropped = request.headers.get("x-stragglers-dropped")
         if dropped is not None and not (dropped.isascii() and dropped.isdigit()
                                         and len(dropped) <= MAX_COUNT_DIGITS):

@@ -64,6 +64,16 @@ class MonitorConfig(Config):
     max_meta_bytes: int = setting(64 * 2**10, "largest meta.json besides its per-rank lists "
                                   "(extra.layout, extra.clock: at most 1 KiB per rank more)",
                                   minimum=1024)
+    meta_changes_per_minute: float = setting(6.0, "changed meta.json bodies one writer (a "
+                                             "token and a client address; from loopback, "
+                                             "per job) may send per minute after a burst of 4, "
+                                             "while another job uploads parts: a change sooner "
+                                             "waits its turn, or is answered 429 with "
+                                             "Retry-After when that is more than 8 s off (a "
+                                             "recorder changes its job's a few times a run; "
+                                             "2 clients changing a 48 KB meta.json before "
+                                             "every part made another job's uploads 3.9x "
+                                             "slower)", minimum=0.1)
     max_jobs: int = setting(10_000, "jobs the monitor keeps track of at once, finished "
                             "ones not counted", minimum=1)
     max_world_size: int = setting(65_536, "ranks one job may declare (meta.json world_size): "
