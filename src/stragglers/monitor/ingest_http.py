@@ -378,14 +378,14 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         try:
             wait = meta_pace.turn(key)
         except RateLimited as exc:
-            await park(request.scope, exc.park_s or 0.0)
+            await park(request.scope, exc.park_s or 0.0)   # type: ignore[arg-type]
             raise HTTPProblem(429, f"path 'job': {job!r}: its meta.json changes faster than "
                               f"{cfg.meta_changes_per_minute:g} a minute (after "
                               f"{META_CHANGE_BURST:g}) while other jobs upload "
                               "(meta_changes_per_minute); retry later", "busy",
                               retry_after_s=exc.retry_after_s) from None
         meta_pace.leave(key)   # (its turn is taken: a pace, not a count in progress)
-        if wait > 0 and not await park(request.scope, wait):
+        if wait > 0 and not await park(request.scope, wait):   # type: ignore[arg-type]
             raise HTTPProblem(503, "request: its connection was closed while it waited its "
                               "turn; retry on an open connection", "client_gone")
 
