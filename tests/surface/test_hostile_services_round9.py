@@ -204,3 +204,32 @@ def test_a_watched_run_named_with_bytes_that_are_not_utf8_is_taken_or_refused_cl
             assert "Error:" not in rejects, rejects[:500]
     finally:
         s.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="a monitor whose store lies in a folder named with "
+                   "bytes that are not UTF-8 starts, then answers every meta.json PUT 500")
+def test_a_monitor_in_a_folder_not_named_in_utf8_refuses_to_start_or_takes_jobs(tmp_path):
+    """A monitor whose --db lies in a folder named b'd\\xff' (the shard service runs there:
+    create, lease, restore and delete all work): it starts, says where it listens, and then
+    answers every PUT /api/jobs/{job}/meta '500 internal error (UnicodeEncodeError)' — a
+    service that can never take a job (the uploads' folder path is put in a row or hashed as
+    str). Refused at the start naming the folder (InputError, one line from the CLI), or jobs
+    taken."""
+    import os
+
+    from stragglers.errors import StragglersError
+
+    folder = tmp_path / os.fsdecode(b"d\xff")
+    folder.mkdir()
+    try:
+        s = MonitorServer(folder / "mon.db", port=0, token=TOKEN, config=MONITOR).start()
+    except StragglersError as exc:
+        assert "d\\xff" in str(exc) or "UTF-8" in str(exc), exc
+        return
+    try:
+        trace = slow_job(steps=6, slow=None)
+        r = httpx.put(f"{s.url}/api/jobs/j/meta", json=trace.meta.to_dict(), headers=AUTH,
+                      timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        s.stop()
