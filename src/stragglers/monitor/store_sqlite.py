@@ -14,6 +14,7 @@ import resource
 import shutil
 import sqlite3
 import threading
+import weakref
 from pathlib import Path
 from typing import Iterable
 
@@ -80,6 +81,10 @@ ADDED_COLUMNS = (("parts", "digest", "TEXT"), ("parts", "seq", "INTEGER"),
                  ("jobs", "superseded", "TEXT"))
 
 
+class _Connection(sqlite3.Connection):
+    """A connection a WeakSet can hold (sqlite3.Connection itself takes no weak reference)."""
+
+
 class SQLiteStore(SQLStore):
     """Jobs, parts, windows and alerts in one SQLite file (WAL)."""
 
@@ -95,6 +100,11 @@ class SQLiteStore(SQLStore):
         self._claim: FileClaim | None = None   # the flock of `serve_alone`
         self._lock = threading.Lock()
         self._local = threading.local()
+        # every thread's reading connection, closed with the store: those of threads still
+        # alive (the one that started and stopped the service among them) kept the file and
+        # its WAL open, 4 descriptors a stopped service (weak: a thread's ends with it)
+        self._readers: weakref.WeakSet[sqlite3.Connection] = weakref.WeakSet()
+        self._readers_lock = threading.Lock()
         try:
             self._db = self._connect()
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -123,7 +133,7 @@ class SQLiteStore(SQLStore):
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                             timeout=30.0)
+                             timeout=30.0, factory=_Connection)
         db.row_factory = sqlite3.Row
         return db
 
@@ -131,10 +141,18 @@ class SQLiteStore(SQLStore):
         db = getattr(self._local, "db", None)
         if db is None:
             db = self._local.db = self._connect()
+            with self._readers_lock:
+                self._readers.add(db)
         return db
 
     def close(self) -> None:
-        """Close the writing connection (and give up the claim of `serve_alone`)."""
+        """Close every connection, the writing one last (the last to close folds the WAL
+        back into the file), and give up the claim of `serve_alone`."""
+        with self._readers_lock:
+            readers = list(self._readers)
+            self._readers.clear()
+        for db in readers:
+            db.close()
         with self._lock:
             self._db.close()
             if self._claim is not None:
