@@ -42,6 +42,11 @@ median and 95th percentile of one lease + ack round trip. It runs quiet first, t
 * delete: each attacker restores the 655,360-row snapshot as a data set of its own (one
   restore at a time: the others are answered 503 Busy) and deletes it (DELETE
   /datasets/{name}: its rows are deleted afterwards), in a loop.
+* health, not_found, malformed: each attacker keeps 48 connections (240 in all, under the
+  256 of one address) each sending, in a loop, an anonymous `GET /health`, a GET of a path no
+  route serves (404), or bytes the HTTP parser refuses (400), each on a new connection
+  (`Connection: close`: an accept and a close a request, the dearest for the service); all
+  wait their address's turn of the anonymous pace (32 a second after 64).
 
 Each case alternates `--blocks` quiet and attacked blocks (the attackers paused between them;
 quiet first in even pairs, attacked first in odd ones), and is judged as monitor_dos.py judges
@@ -74,6 +79,7 @@ from monitor_dos import Block, Probe, disk_bytes, figures, line, measured, order
 from results import Run, write
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.service import ANONYMOUS_MAX_WAIT_S
 from stragglers.adapt.shards import ShardStore
 
 JOB, BIG = "job-token-0123456789abcdef", "big-owner-token-0123456789"
@@ -132,6 +138,9 @@ def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
         owner_flood(url, i, stop, go, inflight, max(1, 256 // ATTACKERS[0]),
                     kind == "worker_flood")
         return
+    if kind in FLOODS:
+        anonymous_flood(kind, url, stop, go, inflight)
+        return
     if kind == "control_reports":
         http.headers["Authorization"] = f"Bearer {STRANGER}{i}"
         r = http.post(f"/jobs/ctl{i}/control/config", json={
@@ -153,6 +162,32 @@ def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
                                       "Content-Type": "application/json"})).status_code != 200:
             stop.wait(0.5)
         body = r.content
+    def one() -> bool:
+        nonlocal client, i
+        try:
+            return once(kind, http, body)
+        except httpx.HTTPError:
+            return False   # the service may cut a refused upload short
+        finally:
+            if kind == "shuffle":
+                # a new seed each time: a new data set name means a new shuffle of 2**26
+                client.lease()
+                i += 1000
+                client = ShardClient(url, f"huge{i}", "w", token=f"{STRANGER}{i % 7}",
+                                     timeout_s=600)
+                try:
+                    client.create_dataset(DatasetConfig(f"huge{i}", 1 << 26, 1024, seed=i))
+                    client.join()
+                except Exception:  # noqa: BLE001 - the quota ends it: keep the load anyway
+                    stop.wait(0.5)
+    rounds(stop, go, inflight, one, done)
+
+
+def rounds(stop, go, inflight, one, done=None) -> None:
+    """An attacker's loop: `one()` called while `go` is set (paused between the measured
+    blocks), each call counted in `inflight` (a quiet block starts with none under way); an
+    httpx error ends a call, not the loop; a call's seconds put on `done` when it returns
+    True."""
     while not stop.is_set():
         if not go.wait(0.1):
             continue
@@ -160,23 +195,13 @@ def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
             inflight.value += 1
         try:
             t0 = time.perf_counter()
-            if once(kind, http, body) and done is not None:
+            if one() and done is not None:
                 done.put(time.perf_counter() - t0)
         except httpx.HTTPError:
-            pass   # the service may cut a refused upload short
-        if kind == "shuffle":
-            # a new seed each time: a new data set name means a new shuffle of 2**26
-            client.lease()
-            i += 1000
-            client = ShardClient(url, f"huge{i}", "w", token=f"{STRANGER}{i % 7}",
-                                 timeout_s=600)
-            try:
-                client.create_dataset(DatasetConfig(f"huge{i}", 1 << 26, 1024, seed=i))
-                client.join()
-            except Exception:  # noqa: BLE001 - the quota ends it: keep the load anyway
-                stop.wait(0.5)
-        with inflight.get_lock():
-            inflight.value -= 1
+            pass
+        finally:
+            with inflight.get_lock():
+                inflight.value -= 1
 
 
 def once(kind: str, http: httpx.Client, body: bytes) -> bool:
@@ -268,25 +293,63 @@ def owner_flood(url: str, i: int, stop, go, inflight, n: int, workers: bool = Fa
                 fences[name] = r.json()["fence"]
 
             async def loop(j: int) -> None:
-                worker = names[j]
-                k = 0
-                while not stop.is_set():
-                    if not go.is_set():
-                        await asyncio.sleep(0.1)
-                        continue
-                    with inflight.get_lock():
-                        inflight.value += 1
-                    try:
-                        await http.post("/datasets/flood/lease", json={
-                            "worker": worker, "fence": fences[worker],
-                            "request_id": f"r{j}-{k}"})
-                    except httpx.HTTPError:
-                        pass
-                    finally:
-                        with inflight.get_lock():
-                            inflight.value -= 1
-                    k += 1
+                worker, k = names[j], [0]
+
+                async def one() -> None:
+                    k[0] += 1
+                    await http.post("/datasets/flood/lease", json={
+                        "worker": worker, "fence": fences[worker],
+                        "request_id": f"r{j}-{k[0]}"})
+                await async_rounds(stop, go, inflight, one)
             await asyncio.gather(*(loop(j) for j in range(n)))
+
+    asyncio.run(run())
+
+
+async def async_rounds(stop, go, inflight, one) -> None:
+    """`rounds` for one of an attacker's coroutines (`one` awaited, `go` polled)."""
+    import asyncio
+
+    while not stop.is_set():
+        if not go.is_set():
+            await asyncio.sleep(0.1)
+            continue
+        with inflight.get_lock():
+            inflight.value += 1
+        try:
+            await one()
+        except (httpx.HTTPError, OSError):
+            pass
+        finally:
+            with inflight.get_lock():
+                inflight.value -= 1
+
+
+FLOODS = {
+    "health": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    "not_found": b"GET /no/such/route HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    "malformed": b"GET /he\x01lth HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+}
+
+
+def anonymous_flood(kind: str, url: str, stop, go, inflight, n: int = 48) -> None:
+    """`n` connections at a time, each sending FLOODS[kind] on a new connection and reading
+    its answer to the end, in a loop."""
+    import asyncio
+
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(FLOODS[kind])
+            while await reader.read(65536):
+                pass
+        finally:
+            writer.close()
+
+    async def run() -> None:
+        await asyncio.gather(*(async_rounds(stop, go, inflight, one) for _ in range(n)))
 
     asyncio.run(run())
 
@@ -299,6 +362,7 @@ def give_back(kind: str, url: str, i: int, stop, go, inflight) -> None:
     http = httpx.Client(base_url=url, timeout=600,
                         headers={"Authorization": f"Bearer {STRANGER}{i}"})
     name = f"{kind}{i}"
+    body, workers, fences = b"", [], {}
     if kind == "delete":
         # the owner's snapshot, renamed: a data set of this attacker's own when restored
         while (r := http.get("/datasets/big/snapshot",
@@ -316,48 +380,49 @@ def give_back(kind: str, url: str, i: int, stop, go, inflight) -> None:
         workers = [f"w{k}" for k in range(4 if kind == "expire" else 1)]
         fences = {w: http.post(f"/datasets/{name}/join", json={"worker": w}).json()["fence"]
                   for w in workers}
-    k = 0
-    while not stop.is_set():
-        if not go.wait(0.1):
-            continue
-        with inflight.get_lock():
-            inflight.value += 1
+    k = [0]
+
+    def one() -> bool:
         try:
-            if kind == "delete":
-                r = http.post(f"/datasets/{name}/restore", content=body,
-                              headers={"Content-Type": "application/json"})
-                if r.status_code == 200:
-                    r = http.delete(f"/datasets/{name}")
-                    assert r.status_code == 200, r.text[:200]
-                else:   # (503: another attacker's restore is being written)
-                    assert r.status_code == 503, r.text[:200]
-                    stop.wait(0.5)
-            elif kind == "expire":
-                w = workers[k % 4]
-                http.post(f"/datasets/{name}/lease",
-                          json={"worker": w, "fence": fences[w], "count": 256})
-            else:
-                w = workers[0]
-                for _ in range(4):
-                    http.post(f"/datasets/{name}/lease",
-                              json={"worker": w, "fence": fences[w], "count": 256})
-                if kind == "give_back" and k % 4 == 3:
-                    r = http.post(f"/datasets/{name}/join", json={"worker": w})
-                    assert r.status_code in (200, 429), r.text[:200]
-                    fences[w] = r.json().get("fence", fences[w])
-                else:
-                    r = http.post(f"/datasets/{name}/release", json={
-                        "worker": w, "fence": fences[w], "failure": kind == "retry_failed"})
-                    assert r.status_code in (200, 429), r.text[:200]
-                if kind == "retry_failed":
-                    r = http.post(f"/datasets/{name}/retry-failed", json={})
-                    assert r.status_code in (200, 429), r.text[:200]
-        except httpx.HTTPError:
-            pass
+            give_back_once(kind, http, name, body, stop, workers, fences, k[0])
         finally:
-            with inflight.get_lock():
-                inflight.value -= 1
-        k += 1
+            k[0] += 1
+        return False
+    rounds(stop, go, inflight, one)
+
+
+def give_back_once(kind: str, http: httpx.Client, name: str, body: bytes, stop,
+                   workers: list[str], fences: dict, k: int) -> None:
+    """The `k`th round of a give-back case's attacker (see the module's docstring)."""
+    if kind == "delete":
+        r = http.post(f"/datasets/{name}/restore", content=body,
+                      headers={"Content-Type": "application/json"})
+        if r.status_code == 200:
+            r = http.delete(f"/datasets/{name}")
+            assert r.status_code == 200, r.text[:200]
+        else:   # (503: another attacker's restore is being written)
+            assert r.status_code == 503, r.text[:200]
+            stop.wait(0.5)
+    elif kind == "expire":
+        w = workers[k % 4]
+        http.post(f"/datasets/{name}/lease",
+                  json={"worker": w, "fence": fences[w], "count": 256})
+    else:
+        w = workers[0]
+        for _ in range(4):
+            http.post(f"/datasets/{name}/lease",
+                      json={"worker": w, "fence": fences[w], "count": 256})
+        if kind == "give_back" and k % 4 == 3:
+            r = http.post(f"/datasets/{name}/join", json={"worker": w})
+            assert r.status_code in (200, 429), r.text[:200]
+            fences[w] = r.json().get("fence", fences[w])
+        else:
+            r = http.post(f"/datasets/{name}/release", json={
+                "worker": w, "fence": fences[w], "failure": kind == "retry_failed"})
+            assert r.status_code in (200, 429), r.text[:200]
+        if kind == "retry_failed":
+            r = http.post(f"/datasets/{name}/retry-failed", json={})
+            assert r.status_code in (200, 429), r.text[:200]
 
 
 def slow_bodies(url: str, stop, go, inflight, n: int = 48) -> None:
@@ -540,7 +605,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
     ap.add_argument("--cases", default="snapshot,status,shuffle,restore,owner_restore,"
                                        "big_lease,bad_input,control_reports,slow_bodies,owner_flood,"
-                                       "worker_flood,give_back,expire,retry_failed,delete")
+                                       "worker_flood,give_back,expire,retry_failed,delete,"
+                                       "health,not_found,malformed")
     ap.add_argument("--name", default=None,
                     help="results/<name>.json (default: the script's name)")
     ap.add_argument("--attacker-nice", type=int, default=19,
@@ -567,6 +633,10 @@ def main() -> None:
         rows = {}
         for kind in args.cases.split(","):
             rows[kind] = run_case(kind, url, db, proc.pid, args)
+            if kind in FLOODS:
+                # the flood left loopback's anonymous turns spent up to the pace's longest
+                # wait ahead: the next case's first (anonymous) creation would be refused 429
+                time.sleep(ANONYMOUS_MAX_WAIT_S + 2)
         alone = None
         if "owner_restore" in args.cases.split(","):
             t = time.perf_counter()
