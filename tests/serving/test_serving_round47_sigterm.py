@@ -16,6 +16,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from conftest import readable
 
 SERVICE = textwrap.dedent("""
@@ -42,12 +44,13 @@ SERVICE = textwrap.dedent("""
     sock = listen_socket("127.0.0.1", 0)
     print(sock.getsockname()[1], flush=True)
     serve_in_foreground(uvicorn_server(app, max_connections=16, keep_alive_s=5,
-                                       graceful_s=0.2), sock)
+                                       graceful_s=0.2, http=sys.argv[1]), sock)
 """)
 
 
-def test_sigterm_with_requests_running_exits_143_without_a_traceback():
-    proc = subprocess.Popen([sys.executable, "-c", SERVICE], stdout=subprocess.PIPE,
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_sigterm_with_requests_running_exits_143_without_a_traceback(http):
+    proc = subprocess.Popen([sys.executable, "-c", SERVICE, http], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline())
