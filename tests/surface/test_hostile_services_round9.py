@@ -265,3 +265,35 @@ def test_workers_that_left_give_their_places_of_max_workers_back(tmp_path):
             assert r.status_code == 200, r.text
     finally:
         server.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="a job set aside while serving keeps its place of "
+                   "max_jobs until a restart (after one it does not): new jobs 409 meanwhile")
+def test_a_job_set_aside_while_serving_gives_its_place_of_max_jobs_back(tmp_path):
+    """max_jobs 1: job a's stored row is damaged while the monitor serves (a bad disk sector,
+    an operator's hand edit); its next upload is answered 409 'set aside', as designed. Its
+    place of max_jobs stays taken ('quarantined' counts as a live job): every new job's
+    meta.json is 409 'the monitor tracks 1 jobs not finished already' — until the monitor is
+    restarted, when the set-aside job no longer counts (c is then 200). Set aside is not
+    running: the place is given back at once, as at a restart."""
+    import sqlite3
+
+    trace = slow_job(steps=6, slow=None)
+    parts = parts_of(trace, 3)
+    config = MonitorConfig.from_mapping({**MONITOR.to_dict(), "max_jobs": 1}, "settings")
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=config).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60, headers=AUTH) as c:
+            assert c.put("/api/jobs/a/meta", json=trace.meta.to_dict()).status_code == 200
+            for rank, n, cols in parts[:4]:
+                assert c.put(f"/api/jobs/a/ranks/{rank}/parts/{n}",
+                             content=table_bytes(cols)).status_code == 200
+            with sqlite3.connect(tmp_path / "mon.db") as db:
+                db.execute("UPDATE jobs SET part_seq = 'x' WHERE job = 'a'")
+            db.close()
+            r = c.put("/api/jobs/a/ranks/0/parts/1", content=table_bytes(parts[4][2]))
+            assert r.status_code == 409 and "set aside" in r.text, r.text
+            r = c.put("/api/jobs/c/meta", json=trace.meta.to_dict())
+            assert r.status_code == 200, r.text
+    finally:
+        s.stop()
