@@ -61,8 +61,10 @@ demo: venv
 # The type checker first (typecheck), then the suite.
 # Two pytest workers (pytest-xdist), a test file each at a time: most of the suite waits on
 # subprocesses, servers and torchrun jobs, so two streams fit the 2-core machine's 20 minutes.
+# The files are handed out in the collection's order, the longest first (tests/conftest.py
+# LONG_FIRST), not xdist's default by number of tests: a long file handed out last ran alone.
 test: venv browser postgres typecheck
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # mypy on src/ (configured in pyproject.toml [tool.mypy]); it must pass. Its cache
 # (.mypy_cache) makes a rerun check only what changed.

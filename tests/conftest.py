@@ -27,6 +27,47 @@ def pytest_configure(config) -> None:
         "subprocesses, exhaustive searches); left out of `make test-fast`")
 
 
+# The files that hold a worker longest (torchrun jobs, services waited on; CI's 2-core
+# machine), longest first. `--dist loadfile` gives each file to one worker; xdist's default
+# hands the files out by their number of tests, most first, and the long files here hold few
+# (the README walk, ~160 s, 3 tests: file 190 of 276; test_kineto_train_gpt.py, 1 test: file
+# 271), so they began near the end and ran on while the other worker idled. make test turns
+# that order off (--no-loadscope-reorder): the collection's order, these files first, the short
+# ones filling in behind. A file not listed keeps its place; an entry whose file is gone
+# moves nothing.
+LONG_FIRST = (
+    "surface/test_readme_walk.py",
+    "record/test_record_modelparallel.py",
+    "record/test_record_diagnosis.py",
+    "adapt/test_adapt_service.py",
+    "record/test_record_distributed.py",
+    "monitor/test_monitor_http.py",
+    "whatif/test_modelparallel_diagnosis.py",
+    "adapt/test_adapt_distributed.py",
+    "advice/test_act_distributed.py",
+    "monitor/test_stuck_watched_file.py",
+    "collectives/test_stragglar_schedule.py",
+    "trace/test_kineto_train_gpt.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under xdist (a worker's collection), LONG_FIRST's files first, in its order; the rest,
+    and every file's own tests, keep their order (a stable sort, whole files moved)."""
+    if not hasattr(config, "workerinput"):
+        return
+    tests = Path(__file__).resolve().parent
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+
+    def first(item) -> int:
+        try:
+            return rank.get(item.path.relative_to(tests).as_posix(), len(rank))
+        except ValueError:   # (a test outside tests/)
+            return len(rank)
+
+    items.sort(key=first)
+
+
 def readable(socks: list[socket.socket], timeout: float) -> list[socket.socket]:
     """The sockets with bytes to read within `timeout` (a bound against a hang, not a pace)."""
     # epoll, not select.select: a long pytest worker holds descriptors past FD_SETSIZE (1,024),
