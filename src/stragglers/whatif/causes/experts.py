@@ -17,19 +17,20 @@ piece of that compute recorded its run delay (our recorder on CPU: `cpu_wait` on
 between two collectives), the correlation is that of its own time (duration − run delay): how
 long a piece waits for a core is the scheduler's doing (a piece shorter than a time slice often
 waits nothing), not its rows'; the slope, and so the prediction, stay the durations' (but on
-crowded hosts, below). The
-prediction gives every rank the group's mean rows at the fitted time per row (its own speed
-kept), and every all-to-all its transfer at balanced volume: each rank's transfer (from the
-group's last arrival to its end) is fitted against the rows it moved (received, plus sent where
-the trace has them; pooled over the all-to-alls across the ranks, each one's step mean taken
-out: seconds per row moved), and each rank's rows moved go to its group's mean at that slope;
-the replay makes the group wait for its slowest member. An early rank exchanges rows with the
-other early ranks while it waits for the hot one, so its measured transfer lacks those pieces;
-where the balanced replay shortens its wait, the pieces that no longer fit in it are added back
-(the last arriver's transfer, which holds them all, less the rank's own, at most its measured
+crowded hosts, below). The prediction gives every rank the group's mean rows at that step's time
+per row (its own speed kept; `_step_slopes`: a fit on each step's shares of rows and time, as
+the load a step meets scales every rank's time per row in it), and every all-to-all its transfer
+at balanced volume: each rank's transfer (from the group's last arrival to its end) is fitted
+against the rows it moved (received, plus sent where the trace has them; pooled over the
+all-to-alls across the ranks, each one's step mean taken out: seconds per row moved), and each
+rank's rows moved go to its group's mean at that slope; the replay makes the group wait for its
+slowest member. An early rank exchanges rows with the other early ranks while it waits for the
+hot one, so its measured transfer lacks those pieces; where the balanced replay shortens its
+wait, the pieces that no longer fit in it are added back (the last arriver's transfer, which
+holds them all, less the rank's own, at most its measured
 wait). Where ranks outnumber their host's CPUs (the layout's `cpus`) and the expert pieces
 recorded their run delay, balanced, every rank computes its experts at once, where the hot rank
-computed alone: each expert piece is given its own time at balanced rows (the own-time fit's
+computed alone: each expert piece is given its own time at balanced rows (its own time's step
 slope) plus the run delay that the ranks computing beside it in the replay imply
 (host_cores.py, fitted over the run's compute pieces); and no step is shorter than the CPU its
 ranks' processes used in it (`step_cpu`, gloo's threads included) over the CPUs they share:
@@ -66,8 +67,9 @@ class ExpertLoad:
     pairs: list[tuple[int, int]]   # (dispatch all-to-all node, expert compute node)
     rows: np.ndarray               # [K, D, T] rows received at each dispatch
     mean: np.ndarray               # [K, D, T] the mean rows of each rank's group that step
-    slope: np.ndarray              # [K] seconds per row (pooled fit)
-    corr: np.ndarray               # [K] correlation of expert time with rows
+    slope: np.ndarray              # [K] seconds per row (the fit's, mean over ranks and steps)
+    corr: np.ndarray               # [K] correlation of expert time with rows (shares of a step)
+    step_slope: np.ndarray         # [K, D, T] seconds per row of each rank's group that step
     transfer: "Transfer | None" = None
     transfer_corr: float | None = None  # the transfer fit's correlation, priced or not
     host: "HostShare | None" = None     # ranks computing on host CPUs: their waits for a core
@@ -80,7 +82,8 @@ class HostShare:
 
     wait: np.ndarray               # [K, D, T] s each expert piece was runnable without a core
     share: float                   # the waits' share of the expert compute's time
-    own_slope: np.ndarray          # [K] own time (duration − run delay) per row (pooled fit)
+    own_slope: np.ndarray          # [K, D, T] own time (duration − run delay) per row, as
+                                   # step_slope: each rank's group that step
     cpu_share: np.ndarray          # [K, D, T] share of each piece's own time on a CPU
     # ranks outnumbering their host's CPUs: run delay by the ranks computing beside a piece
     contention: Contention | None = None
@@ -106,7 +109,7 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
     g, ops = ctx.w.grid, ctx.trace.ops
     if "tokens" not in ops or len(g.dp_ranks) < 2:
         return None
-    pairs, rows, means, slopes, corrs, own_slopes = [], [], [], [], [], []
+    pairs, rows, means, slopes, corrs, steps, own_steps = [], [], [], [], [], [], []
     for n in (int(x) for x in np.flatnonzero(g.node_optype == A2A)):
         tok = _rows_received(g, ops["tokens"], n)
         expert = _next_compute(g, n) if tok is not None else None
@@ -125,9 +128,12 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
         pairs.append((int(n), expert))
         rows.append(tok)
         means.append(mean)
-        slopes.append(fit[0])
+        # priced step by step (`_step_slopes`): the load a step meets sets its time per row
+        steps.append(_step_slopes(g, n, tok, durations[expert]))
+        slopes.append(float(steps[-1].mean()))
         corrs.append(fit[1] if own_fit is None else own_fit[1])
-        own_slopes.append(own_fit[0] if own_fit is not None else 0.0)
+        own_steps.append(_step_slopes(g, n, tok, durations[expert] - wait) if own_fit is not None
+                         else np.zeros_like(tok))
     # Found where one dispatch's compute follows the rows at the bar. The uneven dispatches of
     # a job share its routing and its experts, so then every one whose compute grows with the
     # rows (slope > 0) is balanced at its own slope (noise in the durations scatters a fit, it
@@ -142,8 +148,9 @@ def expert_load(ctx: Context, durations: np.ndarray) -> ExpertLoad | None:
     pairs = [pairs[k] for k in keep]
     return ExpertLoad(pairs, np.array([rows[k] for k in keep]),
                       np.array([means[k] for k in keep]), np.array([slopes[k] for k in keep]),
-                      np.array([corrs[k] for k in keep]), transfer, transfer_corr,
-                      _host_share(ctx, pairs, durations, np.array([own_slopes[k] for k in keep])))
+                      np.array([corrs[k] for k in keep]), np.array([steps[k] for k in keep]),
+                      transfer, transfer_corr,
+                      _host_share(ctx, pairs, durations, np.array([own_steps[k] for k in keep])))
 
 
 def _run_delay(g, ops, expert: int, durations: np.ndarray) -> np.ndarray | None:
@@ -220,7 +227,8 @@ def balanced_costs(load: ExpertLoad, durations: np.ndarray, cap: float | None = 
     out = durations.copy()
     for k, (_, expert) in enumerate(load.pairs):
         target = load.mean[k] if cap is None else np.minimum(load.rows[k], cap * load.mean[k])
-        out[expert] = np.maximum(durations[expert] - load.slope[k] * (load.rows[k] - target), 0)
+        out[expert] = np.maximum(durations[expert] - load.step_slope[k] * (load.rows[k] - target),
+                                 0)
     return out
 
 
@@ -233,7 +241,7 @@ def balanced_own(load: ExpertLoad, durations: np.ndarray, cap: float | None = No
     experts = [e for _, e in load.pairs]
     target = load.mean if cap is None else np.minimum(load.rows, cap * load.mean)
     own = durations[experts] - host.wait
-    return np.maximum(own - host.own_slope[:, None, None] * (load.rows - target), 0)
+    return np.maximum(own - host.own_slope * (load.rows - target), 0)
 
 
 def balanced(w, load: ExpertLoad, cap: float | None = None) -> np.ndarray:
@@ -265,7 +273,7 @@ def _dropped_cpu(load: ExpertLoad, cap: float | None) -> np.ndarray | float:
     if cap is None or host is None or host.cpu is None:
         return 0.0
     dropped = np.maximum(load.rows - cap * load.mean, 0)                   # [K, D, T]
-    cpu = (host.own_slope[:, None, None] * dropped * host.cpu_share).sum(axis=0)   # [D, T]
+    cpu = (host.own_slope * dropped * host.cpu_share).sum(axis=0)                  # [D, T]
     return np.stack([cpu[host.cpu.host == h].sum(axis=0) for h in range(len(host.cpu.cpus))])
 
 
@@ -442,3 +450,32 @@ def _fit(tok: np.ndarray, dur: np.ndarray) -> tuple[float, float] | None:
     if np.std(x) == 0 or np.std(y) == 0:
         return None
     return float(np.dot(x, y) / np.dot(x, x)), float(np.corrcoef(x, y)[0, 1])
+
+
+def _step_slopes(g, n: int, tok: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """[D, T] seconds per row of the compute `dur` after dispatch n, for each rank's group and
+    step: a fit on shares (each rank's rows and time over its group's mean that step, pooled
+    over ranks and steps: b), times the step's mean time over its mean rows.
+
+    Shares, not seconds: the load a step meets (CPU hogs, the scheduler, a shared core's other
+    thread) scales every rank's time per row in it. A fit of seconds pooled over steps mixes
+    those costs (a hot expert beside CPU hogs: 4.4-23 µs per row on the hot rank from step to
+    step, one slope 8.5) and, applied to a fast step, priced the hot rank's balanced rows at
+    nothing (its piece cut to 0) and the others' above what that step's rows cost, so the
+    balanced step came out slower than the measured one and the gain's interval reached 1.
+    From time = a + c × rows the share fit gives c in every step, whatever scales a and c
+    alike; pooled, it is as steady as the seconds' fit."""
+    x = relative(tok, _group_mean(g, n, tok)) - 1
+    mean_dur = _group_mean(g, n, dur)
+    y = relative(dur, mean_dur) - 1
+    xx = float(np.dot(x.ravel(), x.ravel()))
+    share = float(np.dot(x.ravel(), y.ravel())) / xx if xx > 0 else 0.0
+    return share * _per_row(g, n, tok, mean_dur)
+
+
+def _per_row(g, n: int, tok: np.ndarray, mean_dur: np.ndarray) -> np.ndarray:
+    """[D, T] each rank's group's mean time over its mean rows at node n, that step (0 where the
+    group received no rows)."""
+    mean_tok = _group_mean(g, n, tok)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(mean_tok > 0, mean_dur / np.where(mean_tok > 0, mean_tok, 1), 0.0)
