@@ -407,3 +407,36 @@ def test_a_new_runs_part_before_its_meta_is_retried_not_told_superseded(tmp_path
             assert r.status_code == 200, r.text
     finally:
         s.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="a quarantined data set cannot be deleted by its owner "
+                   "(503): its places of max_datasets and of its token are held for good")
+def test_a_quarantined_data_set_can_be_deleted_by_its_owner(tmp_path):
+    """One damaged shard row (state NULL: a bad sector, a hand edit) quarantines data set d, as
+    designed: every call on it 503 Quarantined, 'use a new data set name'. Its owner's DELETE
+    is refused the same 503 (owned() raises the quarantine first), and nothing else gives its
+    places back (it is not 'unused': a row is not TODO): with max_datasets 1 the new name the
+    remedy names is 429 for good, as is every creation of its token past its quota.
+    Deleting a quarantined data set reads none of its rows: its owner may."""
+    import sqlite3
+
+    config = ServiceConfig(max_datasets=1)
+    server = EmbeddedServer(tmp_path / "s.db", config=config).start()
+    spec = {"name": "d", "num_samples": 16, "shard_size": 4}
+    try:
+        with httpx.Client(base_url=server.url, timeout=60, headers=bearer("owner")) as c:
+            assert c.post("/datasets", json=spec).status_code == 200
+    finally:
+        server.stop()
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        db.execute("UPDATE shards SET state = NULL WHERE shard = 1")
+    db.close()
+    server = EmbeddedServer(tmp_path / "s.db", config=config).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60, headers=bearer("owner")) as c:
+            assert c.get("/datasets/d/status").status_code == 503   # quarantined, as designed
+            r = c.delete("/datasets/d")
+            assert r.status_code == 200, r.text
+            assert c.post("/datasets", json={**spec, "name": "e"}).status_code == 200
+    finally:
+        server.stop()
