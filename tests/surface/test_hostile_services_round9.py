@@ -440,3 +440,38 @@ def test_a_quarantined_data_set_can_be_deleted_by_its_owner(tmp_path):
             assert c.post("/datasets", json={**spec, "name": "e"}).status_code == 200
     finally:
         server.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="a new run's part acknowledged under the job's tokenless "
+                   "run is deleted by the new run's meta.json: acknowledged data lost")
+def test_a_part_acknowledged_before_its_runs_meta_is_not_lost_at_the_reset(tmp_path):
+    """F8 the other way: the job's current run a sends no run token (an older recorder). Run
+    b (token run-2000) re-runs under the same name; its rank 1's first part comes before rank
+    0's meta.json: check_run takes any token when the current run has none, so it is stored
+    as run a's and acknowledged 200 — and the uploader never sends it again. b's meta.json then
+    resets the job (a new run: the start clocks differ), deleting a's parts, that one among
+    them: b's rank 1 part 0 acknowledged, then gone (parts left: ranks 0, 2, 3), and b's
+    window 0 waits on a rank that will not send it. A part is either refused (retryable) or
+    kept."""
+    import sqlite3
+
+    trace = slow_job(steps=6, slow=None)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=MONITOR).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60, headers=AUTH) as c:
+            assert c.put("/api/jobs/t/meta",
+                         json=run_meta(trace, 1000, token=False)).status_code == 200
+            new_run = {"X-Stragglers-Run": "run-2000"}
+            rank, n, cols = parts_of(trace, 6)[1]
+            early = c.put(f"/api/jobs/t/ranks/{rank}/parts/{n}", content=table_bytes(cols),
+                          headers=new_run)
+            assert c.put("/api/jobs/t/meta", json=run_meta(trace, 2000)).status_code == 200
+            if early.status_code != 200:
+                return   # (refused: the uploader sends it again)
+            with sqlite3.connect(tmp_path / "mon.db") as db:
+                kept = db.execute("SELECT COUNT(*) FROM parts WHERE job = 't' AND rank = ? "
+                                  "AND part = ?", (rank, n)).fetchone()[0]
+            db.close()
+            assert kept == 1, f"rank {rank}'s part {n}, acknowledged 200, is gone"
+    finally:
+        s.stop()
