@@ -57,6 +57,9 @@ class Window:
     # each rank's first start of it from the rows held in memory; load() adds the starts read
     after: list[PartFile] = field(default_factory=list)
     next_starts: dict[int, float] = field(default_factory=dict)
+    # the step after the window as far as it is known: its first start and latest end over
+    # every rank with rows of it (None: no rank's)
+    next_span: tuple[float, float] | None = None
 
     def load(self) -> tuple[Trace | None, list[tuple[str, str]]]:
         """The window's trace with the rows of its part files read in (None when no row was
@@ -77,6 +80,8 @@ class Window:
             if at.any():
                 self.next_starts.update(first_starts(c["rank"][at], c["start_ts"][at],
                                                      self.next_starts))
+                self.next_span = span_of(c["start_ts"][at], c["duration"][at],
+                                         self.next_span)
                 chunks[i] = {k: v[~at] for k, v in c.items()}
         chunks = [c for c in chunks if len(c["step"])]
         if self.trace is not None:
@@ -402,10 +407,12 @@ class JobTracker:
         first, last = int(steps[0]), int(steps[-1])
         trace, present, rest_rows = None, set(), 0
         next_starts: dict[int, float] = {}
+        next_span: tuple[float, float] | None = None
         if self.chunks:
             ops = {k: np.concatenate([c[k] for c in self.chunks]) for k in self._common_columns()}
             at = ops["step"] == last + 1
             next_starts = first_starts(ops["rank"][at], ops["start_ts"][at])
+            next_span = span_of(ops["start_ts"][at], ops["duration"][at])
             inside = np.isin(ops["step"], steps)
             rest = ops["step"] > last
             window_ops = {k: v[inside] for k, v in ops.items()}
@@ -430,7 +437,7 @@ class JobTracker:
         missing = [r for r in self.expected_ranks if r not in present]
         w = Window(self.job, self.next_idx, [int(s) for s in steps], trace, missing, now, reason,
                    files, self.meta, self.lease, read_timeout_s=self.read_timeout_s,
-                   after=after, next_starts=next_starts)
+                   after=after, next_starts=next_starts, next_span=next_span)
         self.next_idx += 1
         return w
 
@@ -478,7 +485,8 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
             row.missing_ranks = sorted(set(window.missing_ranks)
                                        | ({f.rank for f in window.files} - read))
         if trace is not None:
-            past = ops_past_next_step(trace, window.next_starts)
+            past = ops_past_next_step(trace, window.next_starts, window.next_span,
+                                      window.steps[-1])
             if past:
                 # such an op is not what happened: its step is left out of the window for
                 # every rank (the other steps analysed whole), or where that leaves none, its
@@ -547,13 +555,27 @@ def first_starts(rank: np.ndarray, start: np.ndarray, known: dict[int, float] | 
     return out
 
 
-def ops_past_next_step(trace: Trace, next_starts: dict[int, float]
+def span_of(start: np.ndarray, duration: np.ndarray,
+            known: tuple[float, float] | None = None) -> tuple[float, float] | None:
+    """(first start, latest end) of these rows, with `known`'s; None for no rows."""
+    if not len(start):
+        return known
+    lo, hi = float(start.min()), float((start + duration).max())
+    return (lo, hi) if known is None else (min(lo, known[0]), max(hi, known[1]))
+
+
+def ops_past_next_step(trace: Trace, next_starts: dict[int, float],
+                       next_span: tuple[float, float] | None = None, last: int | None = None
                        ) -> dict[int, tuple[int, str]]:
-    """rank → (step, why) of its first op that ends after the rank's next
-    step began (plus OP_END_SLACK_S or one step), judged over every part of the window and,
-    for its last step, the step after it (`next_starts`). A part's own check sees only the
-    steps inside it: at a part's last step an op of up to MAX_OP_SECONDS passed, and one op
-    of 3,000 s made a window's S 1,863 and fired its alerts."""
+    """rank → (step, why) of its first op that ends after the rank's next step began (plus
+    OP_END_SLACK_S or one step), judged over every part of the window and, for its last step
+    `last`, the step after it (`next_starts`); a rank whose step after is not known yet has
+    its last step's ops bounded by the other ranks' step after (`next_span`: they finished
+    it, and in a synchronous job not before this rank finished its step: ends past theirs
+    by more than that step, or OP_END_SLACK_S, are not what happened). A part's own check
+    sees only the steps inside it: at a part's last step an op of up to MAX_OP_SECONDS
+    passed, and one op of 3,000 s made a window's S 1,863 and fired its alerts (also when
+    its rank sent nothing after it)."""
     o = trace.ops
     n = len(o["rank"])
     if not n:
@@ -578,6 +600,20 @@ def ops_past_next_step(trace: Trace, next_starts: dict[int, float]
                          f"rank's next step began; expected it to end by then (plus "
                          f"{OP_END_SLACK_S:g} s or one step): the step is left out of the "
                          "window")
+    if next_span is None or last is None:
+        return out
+    lo, hi = next_span
+    bound = hi + max(hi - lo, OP_END_SLACK_S)
+    end = o["start_ts"] + o["duration"]
+    late = (o["step"] == last) & (end > bound) & ~np.isin(o["rank"], ranks)
+    for k in np.flatnonzero(late):
+        rank = int(o["rank"][k])
+        if rank not in out:
+            out[rank] = (int(last), f"step {last}: an op of {float(o['duration'][k]):.6g} s "
+                         f"ends {float(end[k] - hi):.6g} s after every rank that finished "
+                         f"step {last + 1} had (the rank sent none of it yet); expected it to "
+                         f"end by then (plus {OP_END_SLACK_S:g} s or that step): the step is "
+                         "left out of the window")
     return out
 
 
