@@ -8,6 +8,9 @@ CPU contention in some steps on hosts whose transfers wait for a CPU in every st
 outnumber their cores: the contention is standing), in a job whose S the jitter alone gives (S
 at most the noise floor + `noise_margin`), is that jitter too: which steps the standing
 contention made late is the machine's other load's lottery (clean ranks on one CPU).
+Without recorded waits, workers late where their host's other ranks computed beside their
+transfers longer than beside the other carriers' (by at least `contention_explains` of how much
+later they are) stand out no more than contention would make them: no place either.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 
 from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES as C, OPTYPES, P2P_OPTYPES
 from stragglers.whatif.causes.base import Candidate, Context, Rows, fmt_steps, per_worker_sum
-from stragglers.whatif.causes.contention import as_contention
+from stragglers.whatif.causes.contention import as_contention, taken_beside
 from stragglers.whatif.noise import within_floor
 
 _COMPUTE = {C[o] for o in COMPUTE_OPTYPES}
@@ -65,6 +68,12 @@ def communication(ctx: Context) -> list[Candidate]:
         if steps is None and _apart(per, hot, carriers) < cfg.intermittent_fraction:
             # late in most steps but at no place that stands out: the family's own variation
             # (wake-ups, the scheduler), which the noise floor reshuffles, not a link
+            continue
+        if _taken_explains(ctx, ids, per, hot, carriers):
+            # no waits recorded, but the host's other ranks computed on its CPUs beside these
+            # transfers more than beside the others' for at least as long as they are later:
+            # their threads may have waited for a core (four ranks on one CPU: the last
+            # stage's all-reduce runs beside the first stage's next forward, every step)
             continue
         evidence = (f"{name} transfers take {times:.1f}× their median on "
                     f"{', '.join(ctx.name(d, p) for d, p in hot[:8])}"
@@ -121,24 +130,48 @@ def _waits_shared(ctx: Context, ids: np.ndarray, per: np.ndarray, hot: list[tupl
     """Whether the hot workers' CPU waits per transfer exceed the other carriers' by less
     than `contention_explains` of how much later their transfers are (means over the steps
     and over the two sets; `per` [D, P, T] s of lateness): the waits then do not say why
-    these transfers are late and not the others. False with no other carrier. Per transfer:
-    a middle stage carries twice the transfers of an end one."""
-    rest = sorted(carriers - set(hot))
+    these transfers are late and not the others. False with no other carrier."""
     waits = ctx.cpu_waits
-    if not rest or waits is None:
+    if waits is None or not carriers - set(hot):
         return False
+    return _gap(ctx, ids, _summed(ctx, ids, waits[ids]), hot, carriers) \
+        < ctx.cfg.contention_explains * _gap(ctx, ids, per, hot, carriers)
+
+
+def _taken_explains(ctx: Context, ids: np.ndarray, per: np.ndarray,
+                    hot: list[tuple[int, int]], carriers: set[tuple[int, int]]) -> bool:
+    """Whether, in a trace without recorded waits, the time the hosts' other ranks computed
+    during the hot workers' transfers (`contention.taken_beside`: the most their threads can
+    have waited for a core) exceeds that during the other carriers' by at least
+    `contention_explains` of how much later the hot ones are (per transfer, means over the
+    steps; `per` [D, P, T] s of lateness): contention can then say why these transfers are
+    late and not the others, and the trace cannot tell it from a slow link there. False with
+    no other carrier, or where the hot workers are not later."""
+    taken = taken_beside(ctx, ids)
+    if taken is None or not carriers - set(hot):
+        return False
+    late = _gap(ctx, ids, per, hot, carriers)
+    return late > 0 and _gap(ctx, ids, _summed(ctx, ids, taken), hot, carriers) \
+        >= ctx.cfg.contention_explains * late
+
+
+def _gap(ctx: Context, ids: np.ndarray, per: np.ndarray, hot: list[tuple[int, int]],
+         carriers: set[tuple[int, int]]) -> float:
+    """The hot workers' mean per transfer of `per` ([D, P, T] s summed over each worker's
+    transfers) less the other carriers' (means over steps). Per transfer: a middle stage
+    carries twice the transfers of an end one."""
+    rest = sorted(carriers - set(hot))
     g = ctx.w.grid
-    stage, present, every = g.node_stage[ids], g.present[ids], np.ones(len(ids), bool)
-    count = np.maximum(per_worker_sum(present.astype(float), stage, every, g.pp_size), 1.0)
-    waited = per_worker_sum(np.where(present, waits[ids], 0.0), stage, every, g.pp_size)
+    count = np.maximum(_summed(ctx, ids, g.present[ids].astype(float)), 1.0)
+    per = per / count
+    return float(np.mean([per[d, p] for d, p in hot]) - np.mean([per[d, p] for d, p in rest]))
 
-    def gap(values: np.ndarray) -> float:
-        """The hot workers' mean per transfer less the other carriers' (mean over steps)."""
-        values = values / count
-        return float(np.mean([values[d, p] for d, p in hot])
-                     - np.mean([values[d, p] for d, p in rest]))
 
-    return gap(waited) < ctx.cfg.contention_explains * gap(per)
+def _summed(ctx: Context, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """[D, P, T]: `values` ([len(ids), D, T], one per transfer) summed over each worker's."""
+    g = ctx.w.grid
+    return per_worker_sum(np.where(g.present[ids], values, 0.0), g.node_stage[ids],
+                          np.ones(len(ids), bool), g.pp_size)
 
 
 def _apart(per: np.ndarray, hot: list[tuple[int, int]], carriers: set[tuple[int, int]]

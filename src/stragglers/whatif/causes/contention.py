@@ -6,12 +6,15 @@ CPU while it ran (Linux schedstat). On an idle host those threads sleep until th
 so a slow link leaves the wait near 0; on a busy host they are woken and then wait for a core,
 and the transfer looks slow although the network is not. A communication finding whose lateness
 lies mostly within those waits is reported as `cpu_contention` instead (whatif/README.md).
+A profiler trace records no waits; where its ranks compute on the CPU beside each other on one
+host, `taken_beside` bounds them by the time the host's other ranks computed during a transfer.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES as C
 from stragglers.whatif.causes.base import Candidate, Context
 
 
@@ -56,3 +59,79 @@ def as_contention(ctx: Context, cand: Candidate, ids: np.ndarray, late: np.ndarr
                           f"cores), so this is CPU contention, not {instead_of}")
         cand.cause = "cpu_contention"
     return cand
+
+
+def taken_beside(ctx: Context, ids: np.ndarray) -> np.ndarray | None:
+    """[len(ids), D, T] s: the most each transfer can have waited for a CPU that its host's
+    other ranks held, as far as a trace without recorded waits shows: the time during it (its
+    measured cost, up to its end) that those ranks computed, at most its own length (one core
+    shared: while another rank computes, the transfer's threads do not run; more cores, less).
+    Their compute in every step of the trace counts (a first stage's next forward can run
+    beside the last stage's gradient all-reduce). None where the trace records the waits
+    (`cpu_wait`), times compute on GPUs (a kernel holds no CPU), or places no two of its
+    ranks on one host."""
+    if ctx.cpu_waits is not None or not _computes_on_cpu(ctx.trace.meta.extra):
+        return None
+    host = _host_of(ctx)
+    if not host:
+        return None
+    ops, g, w = ctx.trace.ops, ctx.w.grid, ctx.w
+    rows = np.flatnonzero(np.isin(ops["optype"], [C[o] for o in COMPUTE_OPTYPES])
+                          & np.isin(ops["rank"], list(host)))
+    rows = rows[np.lexsort((ops["start_ts"][rows], ops["rank"][rows]))]
+    bounds = np.searchsorted(ops["rank"][rows], sorted(host) + [max(host) + 1])
+    busy = {}                                   # rank → (starts, ends, busy time before each)
+    for rank, lo, hi in zip(sorted(host), bounds[:-1], bounds[1:]):
+        start = ops["start_ts"][rows[lo:hi]].astype(float)
+        end = np.maximum.accumulate(start + ops["duration"][rows[lo:hi]])
+        busy[rank] = (start, end, np.concatenate([[0.0], np.cumsum(end - start)]))
+    stage = g.node_stage[ids]
+    stop = g.start[ids] + g.duration[ids]                                # [n, D, T]
+    begin = stop - w.cost[ids]
+    out = np.zeros(stop.shape)
+    for (d, p), rank in np.ndenumerate(ctx.ranks):
+        mine = stage == p
+        if int(rank) not in host or not mine.any():
+            continue
+        for other in (r for r in busy if r != rank and host[r] == host[int(rank)]):
+            out[mine, d] += _busy_within(*busy[other], begin[mine, d], stop[mine, d])
+    return np.where(g.present[ids], np.minimum(out, w.cost[ids]), 0.0)
+
+
+def _busy_within(start: np.ndarray, end: np.ndarray, before: np.ndarray, a: np.ndarray,
+                 b: np.ndarray) -> np.ndarray:
+    """Seconds of the intervals (sorted starts, ends made non-decreasing; `before`: their
+    cumulative lengths) that fall within [a, b], elementwise; overlaps within one worker's
+    compute (none by construction) would count twice."""
+    def upto(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(start, t, side="right")            # intervals started by t
+        last = np.maximum(i - 1, 0)
+        inside = np.where(i > 0, np.clip(t - start[last], 0.0, end[last] - start[last]), 0.0)
+        return before[last] * (i > 0) + inside
+    with np.errstate(invalid="ignore"):
+        return np.nan_to_num(np.maximum(upto(b) - upto(a), 0.0))
+
+
+def _computes_on_cpu(extra: dict) -> bool:
+    """Whether the trace says its ranks compute on the CPU (a profiler trace without GPU rows;
+    our recorder timing CPU work)."""
+    recorder = extra.get("recorder")
+    return extra.get("compute_from") == "cpu ops" or (
+        isinstance(recorder, dict) and recorder.get("timer") not in (None, "cuda-events"))
+
+
+def _host_of(ctx: Context) -> dict[int, str]:
+    """Global rank → host, for the ranks that share their host with another of the job's
+    ranks: from the layout, or from a profiler trace's clock alignment (ranks whose trace
+    names one host share its clock)."""
+    hosts = dict(ctx.hosts)
+    for rank, q in (ctx.trace.meta.extra.get("clock_alignment") or {}).items():
+        if isinstance(q, dict) and isinstance(q.get("host"), str) and str(rank).isdigit() \
+                and type(q.get("same_host_as")) is int:
+            hosts.setdefault(int(rank), q["host"])
+            hosts.setdefault(q["same_host_as"], q["host"])
+    ranks = {int(r) for r in ctx.ranks.ravel() if r >= 0}
+    count: dict[str, int] = {}
+    for r in ranks & hosts.keys():
+        count[hosts[r]] = count.get(hosts[r], 0) + 1
+    return {r: hosts[r] for r in ranks & hosts.keys() if count[hosts[r]] > 1}
