@@ -32,8 +32,9 @@ def test_health_counts_the_reads_stuck_on_a_hanging_watched_file(tmp_path):
     write_parts(run, parts_of(trace, steps_per_part=4))
     fuse = StuckFile(run / rank_file_name(0, 0))
     server = MonitorServer(tmp_path / "mon.db", watch=[run.parent], port=0, config=CFG)
-    # (the monitor's file readers take read_timeout_s; set here too until Monitor passes it)
-    server.monitor.file_readers.timeout_s = CFG.read_timeout_s
+    # the setting reaches the monitor's readers (was 5 s whatever it said: this test waited
+    # out the default)
+    assert server.monitor.file_readers.timeout_s == CFG.read_timeout_s
     server.start()
     try:
         with httpx.Client(base_url=server.url, timeout=HANG) as c:

@@ -239,7 +239,8 @@ class Monitor:
         # watched files are read here, each read waited for a bounded time (a hung NFS or
         # FUSE file once held the ingest thread, every upload behind it, and SIGTERM)
         self.file_readers = FileReaders(self.config.read_threads,
-                                  name="stragglers-monitor-file-read")
+                                        timeout_s=self.config.read_timeout_s,
+                                        name="stragglers-monitor-file-read")
         self._writers: ThreadPoolExecutor | None = None
         self._ingest_started: float | None = None   # the batch being stored: its oldest part
         # job → (bytes of parts stored past its last window, when read, its windows stored
@@ -802,7 +803,8 @@ class Monitor:
                              "--data-dir than they were uploaded to")
         tr = JobTracker(name, meta, self.config.window_steps, self.config.gap_wait_s,
                         consumed_step=last.last_step if last else -1,
-                        next_idx=last.idx + 1 if last else 0)
+                        next_idx=last.idx + 1 if last else 0,
+                        read_timeout_s=self.config.read_timeout_s)
         # its windows are stored under the lease it was built under, and under no later one
         # (a tracker of an earlier holding, lost and taken again, must not store its windows)
         tr.lease = self.leases.lease(name)
