@@ -284,6 +284,18 @@ def _finite(value: numbers.Real) -> bool:
     return math.isfinite(value)
 
 
+# the longest a duration setting (a name ending in _s that is not a rate, *_per_s) may be,
+# whatever its own maximum: what a timer can wait and a clock can add (Event.wait(1e19) raised
+# OverflowError past time_t's range and killed the monitor's rescan thread: rescan_s, red team
+# round 9 F3). 1e9 s is 31 years: an operator's "never".
+MAX_DURATION_S = 1e9
+
+
+def _duration(name: str) -> bool:
+    """Whether a setting of this name is a duration in seconds (not a rate per second)."""
+    return name.endswith("_s") and "_per_" not in name
+
+
 def _shown(value: Any) -> str:
     """A value as an error line shows it: at most 40 characters of it."""
     text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 40 else \
@@ -309,6 +321,9 @@ def _check(owner: str, f: dataclasses.Field, value: Any) -> None:
     lo, hi, choices = spec.minimum, spec.maximum, spec.choices
     if lo is not None and value is not None and value < lo:
         raise InputError(owner, f.name, f"expected at least {lo}, got {_shown(value)}")
+    if _duration(f.name) and isinstance(value, numbers.Real) and value > MAX_DURATION_S:
+        raise InputError(owner, f.name, f"expected at most {MAX_DURATION_S:g} seconds (the "
+                         f"longest a timer can wait: 31 years), got {_shown(value)}")
     if hi is not None and value is not None and value > hi:
         raise InputError(owner, f.name, f"expected at most {hi}, got {_shown(value)}")
     if choices is not None and value not in choices:

@@ -97,8 +97,6 @@ def test_one_op_cannot_poison_a_window_from_the_last_step_of_its_part(tmp_path):
         s.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="rescan_s is accepted up to any float; past time_t's "
-                   "range the rescan thread dies on OverflowError after the first scan")
 def test_a_rescan_period_the_clock_cannot_wait_is_refused_or_kept(tmp_path):
     """rescan_s: 1e19 in the monitor's settings (an operator's 'never': its other periods take
     1e300 and work). Accepted, the watcher's rescan thread waits `Event.wait(1e19)` after the
