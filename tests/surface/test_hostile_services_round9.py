@@ -37,8 +37,6 @@ def bearer(name: str) -> dict[str, str]:
 CONTROL = {"policy": "bsp", "world_size": 1, "global_batch": 8}
 
 
-@pytest.mark.xfail(strict=True, reason="a controller creation refused 429 first drops other "
-                   "jobs' idle controllers (ControlPlane._make_room runs before the checks)")
 def test_a_refused_controller_creation_takes_no_idle_controller_with_it(tmp_path):
     """Two jobs' controllers, idle past control_idle_s (an agent paused by a long checkpoint, a
     job between incarnations). A third token asks for a controller that no room can fit (its
@@ -127,8 +125,6 @@ def test_a_rescan_period_the_clock_cannot_wait_is_refused_or_kept(tmp_path):
         s.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a data set is taken as unused (and deleted for another "
-                   "creation) while its owner's restore into it is being written")
 def test_a_data_set_being_restored_by_its_owner_is_not_taken_as_unused(tmp_path):
     """A data set created more than unused_dataset_s ago whose job never joined (it crashed
     first), its owner now restoring a snapshot with progress into it: the service writes a
@@ -232,8 +228,6 @@ def test_a_monitor_in_a_folder_not_named_in_utf8_refuses_to_start_or_takes_jobs(
         s.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a worker name that released and left for good holds its "
-                   "place of max_workers_per_dataset for ever: new names 429 for good")
 def test_workers_that_left_give_their_places_of_max_workers_back(tmp_path):
     """An elastic job whose workers get new names at each start (pods named by the scheduler,
     hostnames): each leaves with `release(failure=False)`, holding nothing. Their names keep
@@ -407,8 +401,6 @@ def test_a_new_runs_part_before_its_meta_is_retried_not_told_superseded(tmp_path
         s.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a quarantined data set cannot be deleted by its owner "
-                   "(503): its places of max_datasets and of its token are held for good")
 def test_a_quarantined_data_set_can_be_deleted_by_its_owner(tmp_path):
     """One damaged shard row (state NULL: a bad sector, a hand edit) quarantines data set d, as
     designed: every call on it 503 Quarantined, 'use a new data set name'. Its owner's DELETE

@@ -85,9 +85,7 @@ class ControlPlane:
                 freed = _kept(ctl.config)
                 self._check_records(token_sha256, _kept(cfg) - freed)
             else:
-                self._make_room(token_sha256, client, _kept(cfg))
-                self._check_quota(token_sha256, client)
-                self._check_records(token_sha256, _kept(cfg))
+                self._make_room_or_refuse(token_sha256, client, _kept(cfg))
                 self._owned[token_sha256] = self._owned.get(token_sha256, 0) + 1
                 if client is not None:
                     self._created[client] = self._created.get(client, 0) + 1
@@ -148,6 +146,23 @@ class ControlPlane:
         _less(self._kept, owner, kept)
         if client is not None:
             _less(self._created, client, 1)
+
+    def _make_room_or_refuse(self, token_sha256: str | None, client: str | None,
+                             more: int) -> None:
+        """A new controller of `more` records: idle ones dropped for it (_make_room) and every
+        limit checked; refused (QuotaExceeded), nothing is dropped. (A creation refused for
+        its own records, past max_control_records, dropped every idle controller of other
+        jobs first: their owners' next report 404, their step history gone.)"""
+        before = (self._jobs.copy(), self._touched.copy(), self._owned.copy(),
+                  self._created.copy(), self._kept.copy(), self._kept_total)
+        try:
+            self._make_room(token_sha256, client, more)
+            self._check_quota(token_sha256, client)
+            self._check_records(token_sha256, more)
+        except QuotaExceeded:
+            (self._jobs, self._touched, self._owned, self._created, self._kept,
+             self._kept_total) = before
+            raise
 
     def _make_room(self, token_sha256: str | None, client: str | None, more: int) -> None:
         """Drop the longest-idle controllers (idle_s without a config or report) whose places

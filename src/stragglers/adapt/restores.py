@@ -12,17 +12,21 @@ its rows are deleted as garbage, at the latest after the next start (once a writ
 from __future__ import annotations
 
 import errno
+import functools
 import marshal
 import sqlite3
 import uuid
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from stragglers.adapt import reads
 from stragglers.adapt.dataset import DOING, TODO, DatasetConfig, validate_snapshot
-from stragglers.adapt.errors import Conflict, DiskFull, Forbidden, QuotaExceeded, authorize
+from stragglers.adapt.errors import (Conflict, DiskFull, Forbidden, QuotaExceeded, Quarantined,
+                                     authorize)
 from stragglers.adapt.replies import Deleted, Restored
 from stragglers.adapt.requeues import GIVE_BACK_STEP
 from stragglers.adapt.space import Reserve, restore_bound
+from stragglers.adapt.stored import check_dataset_row
 from stragglers.adapt.store_state import StoreState
 from stragglers.errors import EnvironmentFailure
 
@@ -74,82 +78,110 @@ class Restores(StoreState):
                      creator: str | None = None, reclaim: bool = False) -> None:
         """Refuse a new data set past the service's, this token's or this client's limit
         (QuotaExceeded: 429): minting tokens does not get one client past its share.
-        `reclaim` (a write transaction): unused data sets give their places first."""
+        `reclaim` (a write transaction): unused data sets give their places, once every limit
+        is known to pass without them (a refused creation deletes nothing)."""
         total = c.execute("SELECT COUNT(*) FROM datasets").fetchone()[0]
+        unused = []
         if total >= self.max_datasets and reclaim:
-            total -= self._reclaim_unused(c, total - self.max_datasets + 1)
-        if total >= self.max_datasets:
+            unused = self._unused(c, total - self.max_datasets + 1)
+        if total - len(unused) >= self.max_datasets:
             raise QuotaExceeded(f"the service holds {total} data sets, its limit"
                                 f" (max_datasets={self.max_datasets})")
         if creator is not None:
             theirs = c.execute("SELECT COUNT(*) FROM datasets WHERE creator=?",
                                (creator,)).fetchone()[0]
+            theirs -= sum(u[3] == creator for u in unused)
             if theirs >= self.max_datasets_per_client:
                 raise QuotaExceeded(f"client {creator} already created {theirs} data sets"
                                     f" (under any token), its limit (max_datasets_per_client="
                                     f"{self.max_datasets_per_client})")
-        if token_sha256 is None:
-            return   # in-process use without tokens
-        mine = c.execute("SELECT COUNT(*) FROM datasets WHERE token_sha256=?",
-                         (token_sha256,)).fetchone()[0]
-        if mine >= self.max_datasets_per_token:
-            raise QuotaExceeded(f"this token already owns {mine} data sets, its limit"
-                                f" (max_datasets_per_token={self.max_datasets_per_token})")
+        if token_sha256 is not None:   # (None: in-process use without tokens)
+            mine = c.execute("SELECT COUNT(*) FROM datasets WHERE token_sha256=?",
+                             (token_sha256,)).fetchone()[0]
+            mine -= sum(u[2] == token_sha256 for u in unused)
+            if mine >= self.max_datasets_per_token:
+                raise QuotaExceeded(f"this token already owns {mine} data sets, its limit"
+                                    f" (max_datasets_per_token={self.max_datasets_per_token})")
+        for name, key, _, _ in unused:
+            self._remove(c, name, key)
+            self._reclaimed.append(name)
+            self._undo.append(functools.partial(_unlist, self._reclaimed, name))
 
-    def _reclaim_unused(self, c: sqlite3.Connection, n: int) -> int:
-        """Delete up to `n` data sets that hold nothing, oldest first: created at least
-        unused_dataset_s ago (by this process; before it started, counted from its start), no
-        worker ever joined (no workers row), one epoch, every shard row TODO and unconsumed.
-        Looks at 16 at most (a restored one holds progress); returns how many it deleted."""
+    def _unused(self, c: sqlite3.Connection, n: int) -> list[tuple[str, str, object, object]]:
+        """Up to `n` data sets that hold nothing, oldest first, as (name, rows key, owner,
+        creator): created at least unused_dataset_s ago (by this process; before it started,
+        counted from its start), no worker ever joined (no workers row), no restore into it
+        being written (its owner's progress is on its way), one epoch, every shard row TODO
+        and unconsumed. Looks at 16 at most (a restored one holds progress)."""
         since = self._clock() - self.unused_dataset_s
         if min(self._created_at.values(), default=self._started) > since \
                 and self._started > since:
-            return 0   # (none old enough: no scan)
-        rows = c.execute("SELECT name, COALESCE(rows_key, name) FROM datasets d WHERE"
-                         " epochs_created=1 AND NOT EXISTS (SELECT 1 FROM workers w WHERE"
-                         " w.dataset=d.name)").fetchall()
-        aged = sorted((self._created_at.get(name, self._started), name, key)
-                      for name, key in rows)
-        done = 0
-        for at, name, key in aged[:16]:
-            if done >= n or at > since:
+            return []   # (none old enough: no scan)
+        rows = c.execute("SELECT name, COALESCE(rows_key, name), token_sha256, creator FROM"
+                         " datasets d WHERE epochs_created=1 AND NOT EXISTS (SELECT 1 FROM"
+                         " workers w WHERE w.dataset=d.name) AND NOT EXISTS (SELECT 1 FROM"
+                         " row_sets r WHERE r.dataset=d.name AND r.state='writing')").fetchall()
+        aged = sorted((self._created_at.get(row[0], self._started), row) for row in rows)
+        out: list[tuple[str, str, object, object]] = []
+        for at, row in aged[:16]:
+            if len(out) >= n or at > since:
                 break
             if c.execute("SELECT 1 FROM shards WHERE dataset=? AND (state IS NOT 'TODO' OR"
-                         " consumed IS NOT 0) LIMIT 1", (key,)).fetchone() is None:
-                self._remove(c, name, key)
-                self._reclaimed.append(name)
-                done += 1
-        return done
+                         " consumed IS NOT 0) LIMIT 1", (row[1],)).fetchone() is None:
+                out.append(row)
+        return out
 
     def reclaimed(self) -> list[str]:
-        """The data sets _reclaim_unused deleted since the last call (the service's caches)."""
+        """The unused data sets _check_quota deleted since the last call (the service's caches)."""
         names, self._reclaimed = self._reclaimed, []
         return names
 
-    def delete_dataset(self, name: str, token_sha256: str | None = None) -> Deleted:
+    def delete_dataset(self, name: str, token_sha256: str | None = None,
+                       operator: bool = False) -> Deleted:
         """Delete a data set (its owner's call): its places of max_datasets and of its token's
         and client's quotas are given back at once; its shard rows become garbage, deleted in
-        paced steps (collect_garbage), and its name may be created again."""
+        paced steps (collect_garbage), and its name may be created again.
+
+        A quarantined data set (a damaged row) is deleted too, none of its shard rows read:
+        by its owner (the datasets row's owner, when that reads) or by the `operator` (the
+        service token). Else its places were held for good: every call on it 503, DELETE too.
+        """
         with self._tx() as c:
-            cfg, _, _ = self._config(c, name, token_sha256)
+            try:
+                cfg, _, _ = self._config(c, name, token_sha256)
+            except Quarantined:
+                return self._delete_quarantined(c, name, token_sha256, operator)
             self._remove(c, name, self._key(name))
         return Deleted(name, cfg.num_samples)
+
+    def _delete_quarantined(self, c: sqlite3.Connection, name: str, token_sha256: str | None,
+                            operator: bool) -> Deleted:
+        """delete_dataset of a quarantined data set, judged on its datasets row alone."""
+        owner, samples, key = c.execute("SELECT token_sha256, num_samples, COALESCE(rows_key,"
+                                        " name) FROM datasets WHERE name=?", (name,)).fetchone()
+        if not operator:
+            check_dataset_row(name, 0, 0, owner)   # (damaged: the service token's alone)
+            authorize(owner, token_sha256, f"data set '{name}'")
+        # (a damaged key that is no text: the rows under the name, if any, go)
+        self._remove(c, name, key if isinstance(key, str) else name)
+        return Deleted(name, samples if type(samples) is int and samples >= 0 else 0)
 
     def _remove(self, c: sqlite3.Connection, name: str, key: str) -> None:
         """Delete data set `name` (its rows, under `key`, left as garbage) in transaction c."""
         self._touched.add(name)
-        self._created_at.pop(name, None)
         c.execute("DELETE FROM datasets WHERE name=?", (name,))
         c.execute("DELETE FROM workers WHERE dataset=?", (name,))
         c.execute("DELETE FROM lease_requests WHERE dataset=?", (name,))
         c.execute("INSERT OR REPLACE INTO row_sets VALUES (?,?,'garbage')", (key, name))
         self._forget()
-        for held in (self._keys, self._owners, self._grace_until, self._quarantined):
-            held.pop(name, None)
-        self._verified.discard(name)
-        if name in self._grace:   # (a restart's grace kept if this call is rolled back)
-            self._grace.discard(name)
-            self._undo.append(lambda: self._grace.add(name))
+        # (all of it put back if the transaction is rolled back: a refused call changes nothing)
+        held: list[tuple[dict[str, Any], object]] = [
+            (d, d.pop(name)) for d in (self._created_at, self._keys, self._owners,
+                                       self._grace_until, self._quarantined) if name in d]
+        sets = [s for s in (self._verified, self._grace) if name in s]
+        for s in sets:
+            s.discard(name)
+        self._undo.append(lambda: _put_back(name, held, sets))
 
     def _fresh_key(self, c: sqlite3.Connection, name: str) -> str | None:
         """The key of a new data set's rows: its name (NULL), unless rows of a deleted one
@@ -333,3 +365,17 @@ class Restores(StoreState):
             if gone < limit:
                 c.execute("DELETE FROM row_sets WHERE rows_key=?", (row[0],))
         return max(gone, 1)
+
+
+def _unlist(names: list[str], name: str) -> None:
+    """Undo of a reclaimed data set's report (its transaction was rolled back)."""
+    if name in names:
+        names.remove(name)
+
+
+def _put_back(name: str, held: list[tuple[dict[str, Any], object]], sets: list[set[str]]) -> None:
+    """Undo of Restores._remove's in-memory changes (its transaction was rolled back)."""
+    for d, value in held:
+        d[name] = value
+    for s in sets:
+        s.add(name)

@@ -866,11 +866,13 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     # every write is judged from its head, before its body is read
     owners: dict[str, str | None] = dict(reader.submit(reads.owner_rows).result())
 
-    async def owned(request: Request, name: str) -> str:
+    async def owned(request: Request, name: str, quarantined: bool = False) -> str:
         """The request's token digest once it may write data set `name` (Unauthorized,
-        Forbidden or NotFound from the head), its body admitted (see admit_body)."""
+        Forbidden or NotFound from the head), its body admitted (see admit_body).
+        `quarantined`: the call may go on with a quarantined data set (its DELETE)."""
         digest = _bearer(request)
-        store.raise_if_quarantined(name)
+        if not quarantined:
+            store.raise_if_quarantined(name)
         owner = store.owner_digest(name) or owners.get(name)
         if owner is None and name not in owners:
             # not seen yet: the stored row decides (an owner, once stored, never changes; the
@@ -1001,7 +1003,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             if b.fence is None:   # (a launcher's: a join, every incarnation fenced off)
                 error: str | None = released_error(b.worker, b.error)
                 joined = await commit.run(lambda: store.join(name, b.worker, digest, error,
-                                                             GIVE_BACK_STEP), digest)
+                                                             GIVE_BACK_STEP, leaving=True),
+                                          digest)
                 fence, keep, error = None, joined.fence, joined_error(b.worker, joined.fence,
                                                                        error)
                 released = joined.released
@@ -1018,9 +1021,17 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         # its owner's: gives its places of max_datasets (and of the token's and client's
         # quotas) back; created data sets held them for good, and after max_datasets in the
         # service's life every creation was 429. Its rows are deleted in paced steps.
+        # A quarantined one too (its owner's, or the service token's where its owner column
+        # is what is damaged): its places were held for good, every call on it 503.
         name = name_of(request)
-        digest, _ = await owned(request, name), await parsed(request, rq.Empty)
-        deleted = await commit.run(lambda: store.delete_dataset(name, digest), digest)
+        operator = service_digest is not None and may_create(request)
+        if operator:   # (the store judges: a data set not quarantined is still its owner's)
+            digest = _bearer(request)
+            admit_body(request.scope)
+        else:
+            digest = await owned(request, name, quarantined=True)
+        await parsed(request, rq.Empty)
+        deleted = await commit.run(lambda: store.delete_dataset(name, digest, operator), digest)
         owners.pop(name, None)
         paced.collect()
         return deleted

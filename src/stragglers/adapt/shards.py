@@ -33,7 +33,7 @@ from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease
                                       lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
-from stragglers.adapt.schema import SCHEMA_VERSION, open_database, unusable  # noqa: F401
+from stragglers.adapt.schema import LEFT, SCHEMA_VERSION, open_database, unusable  # noqa: F401
 from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_shard,
                                      check_worker_row, config_of, damaged, first_bad_shard)
 from stragglers.adapt.transactions import Transactions
@@ -305,12 +305,15 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return self.permutations.indices(key, start, stop)
 
     def join(self, name: str, worker: str, token_sha256: str | None = None,
-             error: str | None = None, limit: int | None = None) -> Joined:
+             error: str | None = None, limit: int | None = None,
+             leaving: bool = False) -> Joined:
         """Start a new incarnation of `worker`: a new fence; shards of earlier ones go back
         (at most `limit` of them here: the service gives the rest back in steps, give_back).
 
         Calls carrying an older fence are refused from now on (Fenced), so a hung predecessor
-        with the same name can neither ack nor lease after its successor joined.
+        with the same name can neither ack nor lease after its successor joined. `leaving`
+        (a launcher's release: nobody runs the new incarnation): its name has left (see
+        _take_place_of_left).
         """
         check_name(worker, "worker", WORKER_PATTERN)
         with self._tx() as c:
@@ -319,17 +322,11 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                             (name, worker)).fetchone()
             if row is not None:
                 check_worker_row(name, worker, row[0], 0)
+                fence = row[0] + 1
             else:
-                # each worker name keeps a row and up to REQUEST_HISTORY lease replies: names
-                # invented in a loop would grow the file without bound
-                n = c.execute("SELECT COUNT(*) FROM workers WHERE dataset=?", (name,)).fetchone()[0]
-                if n >= self.max_workers_per_dataset:
-                    raise QuotaExceeded(f"data set '{name}' has {n} workers, its limit"
-                                        f" (max_workers_per_dataset={self.max_workers_per_dataset});"
-                                        " join with a name used before")
-            fence = (row[0] if row else 0) + 1
-            c.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,NULL,NULL,0)",
-                      (name, worker, fence))
+                fence = self._new_name_fence(c, name)
+            c.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,NULL,?,0)",
+                      (name, worker, fence, LEFT if leaving else None))
             # The request history belongs to the incarnation: a new one starts without it.
             c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=?", (name, worker))
             released = self._release_rows(c, cfg, front, worker, None, True,
@@ -485,16 +482,58 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
 
         With `fence`, the worker gives back its own shards (and must be current). Without, a
         launcher that saw the worker die fences off every incarnation of it (as `join` does).
+        Either way the name has left: once it holds no shard, a new name at
+        max_workers_per_dataset may take its place (_take_place_of_left).
         """
         if fence is None:
-            reply = self.join(name, worker, token_sha256, released_error(worker, error), limit)
+            reply = self.join(name, worker, token_sha256, released_error(worker, error), limit,
+                              leaving=True)
             return Released(reply.released)
         with self._tx() as c:
             cfg, _, front = self._config(c, name, token_sha256)
             self._fence(c, name, worker, fence)
+            c.execute("UPDATE workers SET reply=? WHERE dataset=? AND worker=?",
+                      (LEFT, name, worker))
             released = self._release_rows(c, cfg, front, worker, fence, failure,
                                           release_error(worker, failure, error), None, limit)
         return Released(released)
+
+    def _new_name_fence(self, c: sqlite3.Connection, name: str) -> int:
+        """The first fence of a worker name new to data set `name` (QuotaExceeded at
+        max_workers_per_dataset when no name that left holds nothing)."""
+        # each worker name keeps a row and up to REQUEST_HISTORY lease replies: names
+        # invented in a loop would grow the file without bound
+        n = c.execute("SELECT COUNT(*) FROM workers WHERE dataset=?", (name,)).fetchone()[0]
+        if n < self.max_workers_per_dataset:
+            return 1
+        top = self._take_place_of_left(c, name)
+        if top is None:
+            raise QuotaExceeded(f"data set '{name}' has {n} workers, its limit"
+                                f" (max_workers_per_dataset={self.max_workers_per_dataset}),"
+                                " none of them released holding nothing; join with a name used"
+                                " before, or release one that left")
+        return top + 1
+
+    def _take_place_of_left(self, c: sqlite3.Connection, name: str) -> int | None:
+        """Delete the longest-joined workers row of `name` that released (LEFT) and holds no
+        shard, with its lease request history: its place of max_workers_per_dataset is a new
+        name's (pods named anew at each start kept every place for good, then every join 429).
+        Returns the highest fence of the data set's rows before the deletion (None: no such
+        row): the new name's incarnations start above it, so no incarnation of the deleted
+        name, should it come back, is current again. (Rows go only here or with the data set:
+        from the first one taken, the data set stays at its limit and every new name comes
+        here; a restart with a higher limit gives new names fence 1 again.)"""
+        key = self._key(name)
+        row = c.execute("SELECT worker FROM workers w WHERE dataset=? AND reply=? AND NOT EXISTS"
+                        " (SELECT 1 FROM shards INDEXED BY shards_holder WHERE dataset=? AND"
+                        " worker=w.worker AND state='DOING') ORDER BY rowid LIMIT 1",
+                        (name, LEFT, key)).fetchone()
+        if row is None:
+            return None
+        top = c.execute("SELECT MAX(fence) FROM workers WHERE dataset=?", (name,)).fetchone()[0]
+        c.execute("DELETE FROM workers WHERE dataset=? AND worker=?", (name, row[0]))
+        c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=?", (name, row[0]))
+        return int(top)
 
     def workers_of(self, token_sha256: str) -> int:
         """Workers joined to the data sets this token owns (each name once a data set)."""

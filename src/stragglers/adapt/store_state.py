@@ -34,7 +34,7 @@ class StoreState:
     max_workers_per_dataset: int
     max_rows_ahead: int
     max_held_per_worker: int
-    unused_dataset_s: float              # see Restores._reclaim_unused
+    unused_dataset_s: float              # see Restores._unused
     _created_at: dict[str, float]        # data set -> when this process created it
     _started: float                      # (the creation time of those it did not)
     _reclaimed: list[str]                # data sets reclaimed, not yet told to the service

@@ -20,11 +20,11 @@ _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _BIG = 1 << 62
 
 
-def damaged(name: str, where: str, problem: str) -> Quarantined:
-    """The error of a damaged stored row of data set `name`."""
+def damaged(name: str, where: str, problem: str, by: str = "its owner's token") -> Quarantined:
+    """The error of a damaged stored row of data set `name` (`by`: who may DELETE it)."""
     return Quarantined(f"data set '{name}' is quarantined: its stored {where} is damaged"
                        f" ({problem}); other data sets are not affected (restore the file from a"
-                       " backup, or use a new data set name)")
+                       f" backup, or DELETE it with {by}: its places are given back)")
 
 
 def _is_int(value: object, lo: int = -_BIG, hi: int = _BIG) -> TypeGuard[int]:
@@ -59,7 +59,8 @@ def check_dataset_row(name: str, epochs_created: object, front: object, owner: o
     if not _is_int(front, -MAX_QUEUE_POS, MAX_QUEUE_POS):
         raise damaged(name, "row", f"front={front!r:.40}")
     if owner is not None and not (isinstance(owner, str) and _DIGEST.match(owner)):
-        raise damaged(name, "row", "token_sha256 is not a SHA-256 hex digest")
+        raise damaged(name, "row", "token_sha256 is not a SHA-256 hex digest",
+                      "the service token: its owner cannot be proven")
 
 
 def check_materialized(cfg: DatasetConfig, value: object) -> int:
