@@ -96,6 +96,12 @@ def test_a_name_that_left_gives_its_place_and_never_gets_its_old_fence_back(tmp_
         with pytest.raises(Fenced):
             store.lease("d", "a", a, token_sha256=A)
         assert store.lease("d", "a", back, token_sha256=A).status == "ok"
+        # c released, then leased again: it has not left (its place is kept between shards)
+        store.release("d", "c", c, failure=False, token_sha256=A)
+        shard = store.lease("d", "c", c, token_sha256=A).leases[0]
+        store.ack("d", "c", c, shard.epoch, shard.shard, 4, token_sha256=A)
+        with pytest.raises(QuotaExceeded):
+            store.join("d", "e", A)
     finally:
         store.close()
 

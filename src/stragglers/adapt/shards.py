@@ -366,6 +366,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 (self._key(name), worker)).fetchone()[0])
             leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
                                                 now)
+            if leases:   # (a worker that released and leases again has not left)
+                c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=? AND"
+                          " reply=?", (name, worker, LEFT))
             failed, n_failed = self._failed_report(c, name)
             status: LeaseStatus = "ok"
             if not leases:
@@ -482,8 +485,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
 
         With `fence`, the worker gives back its own shards (and must be current). Without, a
         launcher that saw the worker die fences off every incarnation of it (as `join` does).
-        Either way the name has left: once it holds no shard, a new name at
-        max_workers_per_dataset may take its place (_take_place_of_left).
+        Either way the name has left (until it leases again): once it holds no shard, a new
+        name at max_workers_per_dataset may take its place (_take_place_of_left).
         """
         if fence is None:
             reply = self.join(name, worker, token_sha256, released_error(worker, error), limit,
