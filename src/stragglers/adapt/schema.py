@@ -34,8 +34,9 @@ CREATE INDEX IF NOT EXISTS datasets_creator ON datasets (creator);
 CREATE TABLE IF NOT EXISTS row_sets (rows_key TEXT PRIMARY KEY, dataset TEXT, state TEXT);
 """
 # workers.reply (schema 2's last lease reply, unused since schema 3): LEFT once the name has
-# released (its own release, or a launcher's); a join, or a lease that hands it shards, clears it. A name that left and holds no
-# shard gives its place of max_workers_per_dataset to a new name (shards._take_place_of_left).
+# released (its own release, or a launcher's); a join, or a lease that hands it shards, clears
+# it. A name that left and holds no shard gives its place of max_workers_per_dataset to a new
+# name (shards._take_place_of_left).
 LEFT = "left"
 # Schema 2 -> 3: a history of lease request ids per worker (schema 2 kept only the last one),
 # and the last epoch's rows written in chunks (materialized: how many of them exist; NULL: all).
