@@ -225,7 +225,7 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             started = cycle is None or getattr(cycle, "response_started", False)
             if cycle is not None:
                 cycle.disconnected = True   # (uvicorn then neither answers 500 nor logs)
-            raw = getattr(self.transport, "raw", self.transport)
+            raw: Any = getattr(self.transport, "raw", self.transport)
             try:
                 if not started and not raw.is_closing():
                     raw.write(json_response_bytes(
