@@ -321,7 +321,7 @@ def _check(owner: str, f: dataclasses.Field, value: Any) -> None:
     lo, hi, choices = spec.minimum, spec.maximum, spec.choices
     if lo is not None and value is not None and value < lo:
         raise InputError(owner, f.name, f"expected at least {lo}, got {_shown(value)}")
-    if _duration(f.name) and isinstance(value, numbers.Real) and value > MAX_DURATION_S:
+    if _duration(f.name) and isinstance(value, (int, float)) and value > MAX_DURATION_S:
         raise InputError(owner, f.name, f"expected at most {MAX_DURATION_S:g} seconds (the "
                          f"longest a timer can wait: 31 years), got {_shown(value)}")
     if hi is not None and value is not None and value > hi:

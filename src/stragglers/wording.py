@@ -9,12 +9,33 @@ from typing import Any, Sequence
 # Characters a terminal acts on rather than shows: C0 controls but tab and newline, DEL, C1
 # controls, and the bidirectional overrides and isolates that reorder what is shown. A run
 # file's name holding ESC[2J cleared the operator's screen (rich drops BEL, not ESC).
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# Also surrogates: a file name whose bytes are not UTF-8 (b'run-\xff') comes from os as a
+# surrogate escape ('\udcff') that no encoder takes (JSON replies, SQLite, hashes were 500s).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+                      "\ud800-\udfff]")
+
+
+def _escape(m: re.Match) -> str:
+    c = m.group()
+    if "\udc80" <= c <= "\udcff":   # (a byte os.fsdecode could not decode: shown as that byte)
+        return f"\\x{ord(c) - 0xdc00:02x}"
+    return ascii(c)[1:-1]
 
 
 def printable(text: str) -> str:
-    """`text` with every control character written as its escape (ESC as \\x1b)."""
-    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
+    """`text` with every control character written as its escape (ESC as \\x1b), and each
+    byte of a file name that is not UTF-8 as \\xNN (its surrogate escape: b'\\xff' as \\xff)."""
+    return _CONTROL.sub(_escape, text)
+
+
+def utf8(text: object) -> bool:
+    """Whether str(text) (a path) encodes as UTF-8: False for a file name whose bytes are not
+    UTF-8 (os gives it as surrogate escapes), which text columns, JSON and str.encode refuse."""
+    try:
+        str(text).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def printable_all(value: Any) -> Any:

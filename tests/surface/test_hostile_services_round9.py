@@ -166,8 +166,6 @@ def test_a_data_set_being_restored_by_its_owner_is_not_taken_as_unused(tmp_path)
         store.close()
 
 
-@pytest.mark.xfail(strict=True, reason="a watched run folder whose name is not UTF-8 is refused "
-                   "as UnicodeEncodeError at each scan, and /api/stats is 500 while it is listed")
 def test_a_watched_run_named_with_bytes_that_are_not_utf8_is_taken_or_refused_cleanly(tmp_path):
     """A watched folder holding a good run and a run folder named b'run-\\xff' (a name copied
     from another system, a Latin-1 tar): the run is taken under a safe job name
@@ -199,8 +197,6 @@ def test_a_watched_run_named_with_bytes_that_are_not_utf8_is_taken_or_refused_cl
         s.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a monitor whose store lies in a folder named with "
-                   "bytes that are not UTF-8 starts, then answers every meta.json PUT 500")
 def test_a_monitor_in_a_folder_not_named_in_utf8_refuses_to_start_or_takes_jobs(tmp_path):
     """A monitor whose --db lies in a folder named b'd\\xff' (the shard service runs there:
     create, lease, restore and delete all work): it starts, says where it listens, and then
@@ -258,8 +254,6 @@ def test_workers_that_left_give_their_places_of_max_workers_back(tmp_path):
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a job set aside while serving keeps its place of "
-                   "max_jobs until a restart (after one it does not): new jobs 409 meanwhile")
 def test_a_job_set_aside_while_serving_gives_its_place_of_max_jobs_back(tmp_path):
     """max_jobs 1: job a's stored row is damaged while the monitor serves (a bad disk sector,
     an operator's hand edit); its next upload is answered 409 'set aside', as designed. Its

@@ -14,7 +14,8 @@ from urllib.parse import parse_qsl
 import msgspec
 from fastapi import Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse as _JSONResponse, Response, \
+    StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stragglers.errors import InputError
@@ -30,6 +31,7 @@ from stragglers.monitor.service import Monitor
 from stragglers.serving import canonical_decimal, error_status
 from stragglers.serving_guard import admit_body
 from stragglers.serving_quota import AnonymousPace
+from stragglers.wording import printable_all
 
 log = logging.getLogger(__name__)
 REFUSAL_PAUSE_S = 0.25   # before a refused upload's answer (see _problem)
@@ -57,6 +59,19 @@ class JobList(TypedDict):
 
 
 INDEX_PAGE, JOB_PAGE = STATIC / "index.html", STATIC / "job.html"
+
+
+class JSONResponse(_JSONResponse):
+    """Starlette's JSON answer, whose strings may hold a file name that is not UTF-8 (a run
+    folder named b'run-\\xff' in a refusal, a job's directory): such a name's surrogate escape
+    is written as its byte, \\xff (wording.printable), where it made every /api/stats a 500
+    (red team round 9 F5). Only an answer that needs it is walked again."""
+
+    def render(self, content: object) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return super().render(printable_all(content))
 
 
 def plotly_js() -> Path:

@@ -30,12 +30,19 @@ from stragglers.monitor.service import JobFull, Monitor, PartIn
 from stragglers.monitor.watch_child import UNWATCHABLE
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import META_FILE
+from stragglers.wording import printable, utf8
 
 log = logging.getLogger(__name__)
 FIRST_BATCH_WAIT_S = 30.0   # the first scan waits at most this long for the watch to be built
 # a run's scan (a stat of each part not taken yet) not done in this long is given up on as
 # one whose files hang (a generous bound: a healthy file system answers a stat in µs to ms)
 RUN_SCAN_TIMEOUT_S = 30.0
+# a run folder whose path is not UTF-8 (b'run-\xff': a name from another system's tar) is
+# refused once, naming the remedy: the store keeps a run's folder as text, which cannot hold
+# it (its surrogate escape refused by hashlib, SQLite and JSON: a UnicodeEncodeError at every
+# scan, and /api/stats a 500 while it was listed; red team round 9 F5)
+NOT_UTF8 = ("its folder's path is not UTF-8 (each such byte shown as \\xNN): the monitor keeps "
+            "a run's folder as text; rename it to a UTF-8 name to have the run followed")
 
 
 class DirectoryWatcher:
@@ -168,7 +175,7 @@ class DirectoryWatcher:
             said = self.links_refused.get(run) == problem
             self.links_refused[run] = problem
         if not said:
-            self.monitor.reject("bad_run", str(run), problem)
+            self.monitor.reject("bad_run", printable(str(run)), problem)
 
     def _alias(self, run: Path, real: Path | None) -> None:
         """`run` leads to the run directory `real`, followed under its own name (said once,
@@ -180,7 +187,8 @@ class DirectoryWatcher:
             else:
                 self.aliases[run] = real
         if real is not None and not said:
-            self.monitor.reject("bad_run", str(run), f"the same run directory as {real}, "
+            self.monitor.reject("bad_run", printable(str(run)), f"the same run directory as "
+                                f"{printable(str(real))}, "
                                 "followed once, by its real path (a link or a second watched "
                                 "folder made it a second job over the same files)")
 
@@ -238,7 +246,8 @@ class DirectoryWatcher:
         try:
             fn(path)
         except Exception as exc:   # noqa: BLE001
-            self.monitor.reject("bad_run", str(path), f"{type(exc).__name__}: {str(exc)[:200]}")
+            self.monitor.reject("bad_run", printable(str(path)),
+                                printable(f"{type(exc).__name__}: {str(exc)[:200]}"))
 
     def _rescan(self) -> None:
         # the first scan at once, beside the watch child's start (waiting for its watch
@@ -419,7 +428,9 @@ class DirectoryWatcher:
             name = run.name if is_job_name(run.name) else ""
             taken = set(self.jobs.values()) | set(self.monitor.directories)
             if not name or (name in taken and self.monitor.directories.get(name) != run):
-                digest = hashlib.sha1(str(run).encode()).hexdigest()[:8]
+                # (os.fsencode: a name not in UTF-8, b'run-\xff', is a surrogate escape
+                # that str.encode refuses: the run was refused at every scan, round 9 F5)
+                digest = hashlib.sha1(os.fsencode(run)).hexdigest()[:8]
                 # ASCII letters and digits only, no '..': the API takes no other job name (a
                 # run named 'é' or 'a..b' was a job whose page and API answered 422)
                 safe = "".join(c if (c.isascii() and c.isalnum()) or c in "._-" else "_"
@@ -454,6 +465,8 @@ class DirectoryWatcher:
             # the target is not named: readers of /api/stats see refusals, and it lies
             # outside every folder the operator chose to show
             return self._meta_refused(path, seen, OUTSIDE, True)
+        if not utf8(run):
+            return self._meta_refused(path, seen, NOT_UTF8, True)
         try:
             # a regular file of bounded size, opened without blocking (a FIFO named meta.json
             # once blocked the watcher for good), read on the monitor's file readers (a
@@ -592,7 +605,7 @@ class DirectoryWatcher:
             prior = self.meta_refused.get(path)
             self.meta_refused[path] = (seen, problem, held)
         if prior is None or prior[:2] != (seen, problem):
-            self.monitor.reject("bad_meta", str(path), problem)
+            self.monitor.reject("bad_meta", printable(str(path)), problem)
 
     def _part_seen(self, path: Path) -> None:
         run = path.parent
@@ -612,7 +625,8 @@ class DirectoryWatcher:
         if rank >= world or part > MAX_PART:
             if path not in self.refused:
                 self.refused.add(path)
-                self.monitor.reject("bad_part", str(path), f"rank {rank}, part {part}: expected "
+                self.monitor.reject("bad_part", printable(str(path)),
+                                    f"rank {rank}, part {part}: expected "
                                     f"a rank below the world size ({world}) "
                                     f"and a part number up to {MAX_PART}")
             return
@@ -626,7 +640,7 @@ class DirectoryWatcher:
                 said = self.escaped.get(path) == real
                 self.escaped[path] = real
             if not said:
-                self.monitor.reject("bad_part", str(path), OUTSIDE)
+                self.monitor.reject("bad_part", printable(str(path)), OUTSIDE)
             return
         # (its link count too: a part refused as a hard link is taken once its other name goes)
         seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_nlink)
@@ -651,7 +665,7 @@ class DirectoryWatcher:
                 # a part past its job's max_job_bytes is named once too (until its file
                 # changes), and the run's other parts are still looked at
                 reason = "job_full" if isinstance(exc, JobFull) else "bad_part"
-                self.monitor.reject(reason, str(path), exc.problem)
+                self.monitor.reject(reason, printable(str(path)), exc.problem)
             return
         with self._lock:
             if self.submitted.get(path) == seen:

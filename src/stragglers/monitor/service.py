@@ -59,6 +59,7 @@ from stragglers.monitor.windows import JobTracker, Window, layout_of
 from stragglers.serving import LogBudget
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import rank_file_name
+from stragglers.wording import printable, utf8
 
 log = logging.getLogger(__name__)
 Key = TypeVar("Key")
@@ -132,6 +133,13 @@ class Monitor:
                              "uploads are written to, one every instance reads (a shared file "
                              "system)")
         self.data_dir = Path(data_dir) if data_dir else Path(store.path + ".uploads")
+        if not utf8(self.data_dir.resolve()):
+            # each uploaded job's folder is kept in the store as text, which cannot hold
+            # it: every meta.json PUT was a 500 (red team round 9 F5b)
+            raise InputError(printable(str(self.data_dir)), None, "the uploads folder's path "
+                             "is not UTF-8 (each such byte shown as \\xNN): the monitor keeps "
+                             "each uploaded job's folder as text; give --data-dir (or --db) a "
+                             "folder whose path is UTF-8")
         # uploads are written there: a folder that cannot be is refused now, not at the first
         # upload of a job (a 5xx to a recorder that can do nothing about it)
         try:
@@ -739,8 +747,11 @@ class Monitor:
     def _live_jobs(self) -> int:
         """The jobs that hold a place of max_jobs: all but the finished ones (they held their
         places for good: after max_jobs jobs in the monitor's life, every new one was
-        refused; one held by another instance counts, its state unknown here)."""
-        return sum(1 for job in self.directories if self.states.get(job) != "finished")
+        refused; one held by another instance counts, its state unknown here) and the set
+        aside (quarantined: tracked by nobody; one set aside while serving held its place
+        until a restart, new jobs 409 meanwhile: red team round 9 F6b)."""
+        return sum(1 for job in self.directories
+                   if self.states.get(job) != "finished" and job not in self.quarantined)
 
     def _same_job(self, old: JobRecord | None, directory: Path, way: str) -> bool:
         """Whether a stored job is the one announced at `directory` by `way` (an uploaded job
@@ -1137,6 +1148,9 @@ class Monitor:
         self.metrics.rejected.labels(reason).inc()
         # readers of /api/stats see the run's own names, not the server's directories (the
         # log keeps the whole path for the operator)
+        # (printable: a file name that is not UTF-8, b'run-\xff', shown as run-\xff; its
+        # surrogate escape made /api/stats a 500, red team round 9 F5)
+        source, problem = printable(source), printable(problem)
         self.recent_rejects.appendleft({"at": time.time(), "reason": reason,
                                         "source": self._public(source),
                                         "problem": self._public(problem)})
