@@ -284,8 +284,6 @@ def test_a_job_set_aside_while_serving_gives_its_place_of_max_jobs_back(tmp_path
         s.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="an op at a window's last step is still bounded only by "
-                   "MAX_OP_SECONDS when its rank's next step is not there at the close")
 def test_one_op_cannot_poison_a_window_whose_close_comes_before_its_ranks_next_part(tmp_path):
     """F2 again after 2c7abd7, parts of window_steps steps (a hostile uploader aligns them):
     rank 3's part 0 has one op of 3,000 s at step 4, the window's last step. The fix bounds

@@ -141,6 +141,10 @@ class JobTracker:
         self.meta_seq: int | None = None
         # (the last step of the window found waiting for a rank's rows, since when: _awaited)
         self._waiting: tuple[int, float] | None = None
+        # (_held: the ranks suspected at a window's last step, by what was held then; since
+        # when the window waits for their step after)
+        self._suspect: tuple[tuple[int, int, int], set[int]] | None = None
+        self._held_since: tuple[int, float] | None = None
         # held files checked from their footer whose steps could not be read (taken by range)
         self._by_range: set[tuple[int, int]] = set()
         # each part file's read by the window readers (the monitor's read_timeout_s)
@@ -322,7 +326,8 @@ class JobTracker:
                 steps = self._pending_steps()   # (steps no file holds are gone)
                 done = steps[steps <= through]
                 continue
-            if self._awaited(done[:self.window_steps], expected, now):
+            if self._awaited(done[:self.window_steps], expected, now) \
+                    or self._held(done[:self.window_steps], expected, now):
                 break
             out.append(self._cut(done[:self.window_steps], now, "complete"))
             done = done[self.window_steps:]
@@ -350,6 +355,45 @@ class JobTracker:
         if self._waiting is None or self._waiting[0] != last:
             self._waiting = (last, now)
         return now - self._waiting[1] < self.gap_wait_s
+
+    def _held(self, steps: np.ndarray, expected: list[int], now: float) -> bool:
+        """Whether the window's last step has a held row whose op ends past every other rank's
+        (ends_past_others) while its rank's step after is not here: only that step can tell a
+        rank really held after its collectives (the others' next step waits as long: kept)
+        from an op that did not happen (set aside). Held until every expected rank's step
+        after came, or gap_wait_s after the first did (then judged by theirs), or the job
+        stalls or finishes (close_partial: judged by the others' ends). Without this, a window
+        cut the moment its last rank's part came judged its last step by the hour alone: one
+        op of 3,000 s made S 1,863 (red team round 9 F2b). Rows held in memory only (a part
+        file's rows are read by its window: judged by what is known then)."""
+        last = int(steps[-1])
+        if not self.chunks:
+            return False
+        key = (last, len(self.chunks), self.pending_rows)
+        if self._suspect is None or self._suspect[0] != key:
+            cols = ("rank", "step", "start_ts", "duration")
+            at = [{k: c[k][c["step"] >= int(steps[0])] for k in cols} for c in self.chunks]
+            ops = {k: np.concatenate([c[k] for c in at]) for k in cols}
+            inside = ops["step"] <= last
+            after = ops["step"] > last
+            span = span_of(ops["start_ts"][after], ops["duration"][after])
+            gone = np.unique(ops["rank"][after])
+            window = {k: v[inside] for k, v in ops.items()}
+            cand = np.setdiff1d(np.unique(window["rank"]), gone)
+            self._suspect = (key, set(ends_past_others(window, cand, span)))
+        suspects = self._suspect[1]
+        if not suspects:
+            self._held_since = None
+            return False
+        past = {r for r in expected if self.ranks[r].frontier > last}
+        if suspects <= past or len(past) == len(expected):
+            self._held_since = None
+            return False
+        if not past:
+            return True   # (no rank's step after yet: until one's, or the job's stall/finish)
+        if self._held_since is None or self._held_since[0] != last:
+            self._held_since = (last, now)
+        return now - self._held_since[1] < self.gap_wait_s
 
     def _settle(self, step: int) -> bool:
         """Read the step column of each held file checked from its footer alone whose range
@@ -570,9 +614,8 @@ def ops_past_next_step(trace: Trace, next_starts: dict[int, float],
     """rank → (step, why) of its first op that ends after the rank's next step began (plus
     OP_END_SLACK_S or one step), judged over every part of the window and, for its last step
     `last`, the step after it (`next_starts`); a rank whose step after is not known yet has
-    its last step's ops bounded by the other ranks' step after (`next_span`: they finished
-    it, and in a synchronous job not before this rank finished its step: ends past theirs
-    by more than that step, or OP_END_SLACK_S, are not what happened). A part's own check
+    its last step's ops bounded by the other ranks' (ends_past_others: their step after,
+    `next_span`, where known, else their ends of that step). A part's own check
     sees only the steps inside it: at a part's last step an op of up to MAX_OP_SECONDS
     passed, and one op of 3,000 s made a window's S 1,863 and fired its alerts (also when
     its rank sent nothing after it)."""
@@ -600,21 +643,79 @@ def ops_past_next_step(trace: Trace, next_starts: dict[int, float],
                          f"rank's next step began; expected it to end by then (plus "
                          f"{OP_END_SLACK_S:g} s or one step): the step is left out of the "
                          "window")
-    if next_span is None or last is None:
+    if last is None:
         return out
-    lo, hi = next_span
-    bound = hi + max(hi - lo, OP_END_SLACK_S)
-    end = o["start_ts"] + o["duration"]
-    late = (o["step"] == last) & (end > bound) & ~np.isin(o["rank"], ranks)
-    for k in np.flatnonzero(late):
-        rank = int(o["rank"][k])
+    for rank, (step, duration, past, hi) in ends_past_others(
+            o, np.setdiff1d(np.unique(o["rank"]), ranks), next_span).items():
         if rank not in out:
-            out[rank] = (int(last), f"step {last}: an op of {float(o['duration'][k]):.6g} s "
-                         f"ends {float(end[k] - hi):.6g} s after every rank that finished "
-                         f"step {last + 1} had (the rank sent none of it yet); expected it to "
-                         f"end by then (plus {OP_END_SLACK_S:g} s or that step): the step is "
-                         "left out of the window")
+            out[rank] = (step, f"step {step}: an op of {duration:.6g} s ends {past:.6g} s "
+                         f"after every other rank's latest op from that step on (the rank "
+                         f"sent nothing after it yet); expected it to end by then (plus "
+                         f"{OP_END_SLACK_S:g} s or that step: in a synchronous job they "
+                         "wait for it): the step is left out of the window")
     return out
+
+
+def ends_past_others(o: dict[str, np.ndarray], candidates: np.ndarray,
+                     next_span: tuple[float, float] | None = None
+                     ) -> dict[int, tuple[int, float, float, float]]:
+    """candidate rank → (step, duration, how far past, bound's end) of its latest op at its
+    last step here where that op ends after every *other* rank's latest op at that step or
+    later (and the step after the window, `next_span`) by more than that step as the others
+    ran it (or OP_END_SLACK_S). The ranks' step after is not known here: in a synchronous job
+    the others meet this rank at the step's (or the next step's) collectives, so they end
+    no earlier than it minus one step; a rank really held after its collectives holds
+    their next step as long (known: kept; not known yet: JobTracker holds the window)."""
+    rank = o["rank"].astype(np.int64)
+    if not len(rank) or not len(candidates):
+        return {}
+    step = o["step"].astype(np.int64)
+    start = o["start_ts"].astype(np.float64)
+    end = start + o["duration"].astype(np.float64)
+    size = int(rank.max()) + 1
+    last_of = np.full(size, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last_of, rank, step)
+    candidates = candidates[(candidates >= 0) & (candidates < size)]
+    out: dict[int, tuple[int, float, float, float]] = {}
+    for s in np.unique(last_of[candidates]).tolist():
+        since = step >= s
+        hi_since = _per_rank(np.maximum, rank[since], end[since], size, -np.inf)
+        at = step == s
+        hi_at = _per_rank(np.maximum, rank[at], end[at], size, -np.inf)
+        lo_at = _per_rank(np.minimum, rank[at], start[at], size, np.inf)
+        for r in candidates[last_of[candidates] == s].tolist():
+            others_hi = _without(hi_since, r, np.max)
+            if not np.isfinite(others_hi):
+                continue   # (no other rank got this far: nothing bounds it)
+            if next_span is not None:
+                others_hi = max(others_hi, next_span[1])
+            length = _without(hi_at, r, np.max) - _without(lo_at, r, np.min)
+            bound = others_hi + max(length if np.isfinite(length) else 0.0, OP_END_SLACK_S)
+            if hi_at[r] > bound:
+                k = int(np.flatnonzero((rank == r) & at & (end == hi_at[r]))[0])
+                out[r] = (int(s), float(o["duration"][k]), float(hi_at[r] - others_hi),
+                          others_hi)
+    return out
+
+
+def _per_rank(ufunc: Any, rank: np.ndarray, value: np.ndarray, size: int,
+              empty: float) -> np.ndarray:
+    """Each rank's `ufunc`-most value (`empty` for a rank without rows)."""
+    out = np.full(size, empty)
+    ufunc.at(out, rank, value)
+    return out
+
+
+def _without(per_rank: np.ndarray, r: int, pick: Any) -> float:
+    """`pick` (np.max / np.min) over every rank's value but rank r's."""
+    if len(per_rank) < 2:
+        return float(-np.inf if pick is np.max else np.inf)
+    keep = per_rank[r]
+    per_rank[r] = -np.inf if pick is np.max else np.inf
+    try:
+        return float(pick(per_rank))
+    finally:
+        per_rank[r] = keep
 
 
 def one_worker_per_place(trace: Trace) -> tuple[Trace, list[int]]:
