@@ -332,8 +332,6 @@ def run_meta(trace, start: float, token: bool = True) -> dict:
     return meta
 
 
-@pytest.mark.xfail(strict=True, reason="a stale run's meta.json without extra.run resets the "
-                   "newer run (its windows wiped, its token marked superseded)")
 def test_a_stale_runs_meta_without_a_run_token_does_not_replace_the_newer_run(tmp_path):
     """Run b (token run-2000, start clock 2000) replaced run a (start 1000) under one job name
     and has a window analysed. Then run a's meta.json comes again without extra.run (an older
@@ -361,8 +359,6 @@ def test_a_stale_runs_meta_without_a_run_token_does_not_replace_the_newer_run(tm
         s.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a part of a new run that comes before its rank 0's "
-                   "meta.json is answered 409 superseded_run: that rank's uploader stops for good")
 def test_a_new_runs_part_before_its_meta_is_retried_not_told_superseded(tmp_path):
     """A re-run under the same job name (--overwrite, the documented case): every rank has its
     own uploader and only rank 0 sends meta.json, so rank 1's first part may come first — and
@@ -424,8 +420,6 @@ def test_a_quarantined_data_set_can_be_deleted_by_its_owner(tmp_path):
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a new run's part acknowledged under the job's tokenless "
-                   "run is deleted by the new run's meta.json: acknowledged data lost")
 def test_a_part_acknowledged_before_its_runs_meta_is_not_lost_at_the_reset(tmp_path):
     """F8 the other way: the job's current run a sends no run token (an older recorder). Run
     b (token run-2000) re-runs under the same name; its rank 1's first part comes before rank

@@ -497,12 +497,14 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             registered_meta.pop(job, None)
         return {"job": job, "status": "ok", "world_size": registered.world_size}
 
-    def check_run(request: Request, job: str, meta: object) -> None:
-        """409 for a part of a run that a newer run of the job name replaced (its
-        X-Stragglers-Run is not the job's run): two trainings under one job name (the
-        recorder's default is the trace folder's name) had the replaced one's parts stored
-        and analysed as the new run's windows. A part without the header (a writer that does
-        not send it) is taken as the job's current run's."""
+    async def check_run(request: Request, job: str, meta: object) -> None:
+        """Whether a part is of the job's current run (its X-Stragglers-Run is the run's
+        token): else 409 superseded_run only for a run the job's row lists as replaced (a
+        definite answer: its uploader stops), and 503 with Retry-After for a token the monitor
+        does not know yet — a new run whose rank 0 meta.json has not come (was told
+        'superseded' and stopped for good; stored under a tokenless run, it was deleted by its
+        own run's reset). A part without the header (a writer that does not send it) is taken
+        as the job's current run's."""
         sent = request.headers.get("x-stragglers-run")
         if sent is None:
             return
@@ -510,10 +512,16 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
             raise HTTPProblem(422, "request header 'X-Stragglers-Run': expected a run token "
                               "(1-64 letters, digits, '-' or '_')", "bad_request")
         current = run_token(meta)
-        if current is not None and sent != current:
+        if sent == current:
+            return
+        if sent in await run_in_threadpool(monitor.store.superseded, job):
             raise HTTPProblem(409, f"path 'job': this part is of run {sent}, which a newer run "
                               f"of job {job!r} replaced (run {current}); give each run its own "
                               "job name (monitor_job)", "superseded_run")
+        raise HTTPProblem(503, f"path 'job': this part is of run {sent}, which job {job!r} "
+                          f"does not know yet (its run is {current or 'one without a token'}); "
+                          "it is taken once its run's meta.json is (try again)", "busy",
+                          retry_after_s=1.0)
 
     async def store_part(request: Request, job: str, rank: int, part: int) -> PartReply:
         """Store one part (Parquet bytes); idempotent by (job, rank, part)."""
@@ -544,7 +552,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         if rank >= world:
             raise HTTPProblem(422, f"path 'rank': {rank} is not a rank of job {job!r} (world "
                               f"size {world})", "bad_rank")
-        check_run(request, job, tracker.meta)
+        await check_run(request, job, tracker.meta)
         uploading[job] = time.monotonic()   # (a changed meta.json is paced meanwhile)
         uploading.move_to_end(job)
         dropped = request.headers.get("x-stragglers-dropped")

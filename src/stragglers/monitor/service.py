@@ -455,12 +455,11 @@ class Monitor:
             old = self.store.job(job)
             resized = False
             same = self._same_job(old, directory, way)
-            token = run_token(raw_meta)
-            if same and old is not None and token is not None and \
-                    token in superseded_tokens(old.superseded):
-                raise Superseded(job, "job", f"run {token} of job {job!r} was replaced by a "
-                                 "newer run of the same job name; give each run its own job "
-                                 "name (monitor_job)")
+            if same and old is not None:
+                raw_meta, meta = self._check_run_identity(job, old, raw_meta, meta)
+            where = old.directory if same and old is not None and way == "http" \
+                else str(directory)
+            reset = False
             if same and old is not None and is_new_run(old.meta, raw_meta):
                 with self._count_lock:
                     # (the old run's part, checked and committed after the reset, was stored
@@ -474,16 +473,21 @@ class Monitor:
                     self._run_count[job] = self._run_count.get(job, 0) + 1
                 # the replaced run's announcements, which may go on (two trainings under one
                 # job name), are refused from now on: its token is kept in the job's row
-                self._reset(job, raw_meta)
+                try:
+                    reset = self._reset(job, raw_meta, where, way)
+                except BaseException:
+                    with self._count_lock:   # (refused: the old run goes on)
+                        self._run_count[job] -= 1
+                    raise
             elif same and old is not None:
                 resized = self._check_same_sizes(job, old.meta, meta)
             try:
                 # (a resize is judged again under the job row's lock: another instance's
                 # part may be stored between the look above and this write; an uploaded job
-                # keeps the path its row holds, which names no folder of today's)
-                self.store.register_job(job, old.directory if same and old is not None and
-                                        way == "http" else str(directory), way, raw_meta,
-                                        sizes_change=resized)
+                # keeps the path its row holds, which names no folder of today's). A reset
+                # registered the new run in its own transaction: nothing is left to write
+                if not reset:
+                    self.store.register_job(job, where, way, raw_meta, sizes_change=resized)
             except JobConflict as exc:
                 raise InputError(job, "job", str(exc)) from None
             self.directories[job] = Path(directory)
@@ -614,17 +618,43 @@ class Monitor:
                 return str(root)
         return str(directory)
 
-    def _reset(self, job: str, raw_meta: dict) -> None:
+    def _check_run_identity(self, job: str, old: JobRecord, raw_meta: dict,
+                            meta: JobMeta) -> tuple[dict, JobMeta]:
+        """Superseded for a meta.json that cannot be the job's current or a newer run: its
+        token is among the replaced runs', or it has none where the current run has one (a
+        stale run's rewrite without extra.run reset the newer run away). A tokenless rewrite
+        of the current run itself (its start clock) keeps the run's token."""
+        token, current = run_token(raw_meta), run_token(old.meta)
+        if token is not None and token in superseded_tokens(old.superseded):
+            raise Superseded(job, "job", f"run {token} of job {job!r} was replaced by a "
+                             "newer run of the same job name; give each run its own job "
+                             "name (monitor_job)")
+        if token is not None or current is None:
+            return raw_meta, meta
+        if is_new_run(old.meta, raw_meta):
+            raise Superseded(job, "job", f"a meta.json without a run token (extra.run) "
+                             f"cannot replace run {current} of job {job!r}, which has one: it "
+                             "may be a run older than it; give each run its own job name "
+                             "(monitor_job)")
+        # (stored without it, the run's own parts, which carry it, were refused as another's)
+        extra = raw_meta.get("extra")
+        raw_meta = {**raw_meta, "extra": {**(extra if isinstance(extra, dict) else {}),
+                                          "run": current}}
+        return raw_meta, check_meta(raw_meta, f"job {job}", 1 << 62)
+
+    def _reset(self, job: str, raw_meta: dict, directory: str, way: str) -> bool:
         """A new run of a job (the same name, a new start clock: `--overwrite`): the old run's
         parts, windows and held rows go and its alerts resolve, so the job's page shows the new
         run's history only (the old one's windows were shown as the new run's, and its alerts
-        kept firing)."""
+        kept firing). The new run is registered in the same transaction (a registration
+        refused after the old run was deleted had changed the job); False when another
+        instance reset it first (the caller registers)."""
         alert_rows, log_rows, _ = self.alerts.on_reset(job)
         # once: two instances that see the new run both come here, the first resets it
         if not self.store.reset_job(job, raw_meta, alert_rows, log_rows,
                                     still_old=lambda stored: is_new_run(stored, raw_meta),
-                                    token_of=run_token):
-            return
+                                    token_of=run_token, directory=directory, way=way):
+            return False
         self.trackers.pop(job, None)
         self._job_bytes.pop(job, None)   # the old run's parts are gone
         self.analyser.forget(str(self.directories.get(job, "")))
@@ -633,6 +663,7 @@ class Monitor:
         log.warning("job %s: a new run began (its start clock changed); its history starts "
                     "again", job)
         self._deliver(job, alert_rows, log_rows)
+        return True
 
     def tracker(self, job: str) -> JobTracker | ForeignJob | None:
         """The job's tracker (rebuilt from the store if the job finished and comes back) when

@@ -398,6 +398,11 @@ class SQLStore:
                                             "parts p ON p.job = j.job WHERE j.way = 'http' "
                                             "AND j.state <> 'finished' ORDER BY j.job")]
 
+    def superseded(self, job: str) -> list[str]:
+        """The run tokens the job's row lists as replaced (none for a job unknown or damaged)."""
+        rows = self._rows("SELECT superseded FROM jobs WHERE job = ?", (job,))
+        return superseded_tokens(rows[0].get("superseded")) if rows else []
+
     def job_names(self) -> set[str]:
         """The names of every job stored."""
         return {r.job for r in self._typed(_Name, "SELECT job FROM jobs")}
@@ -414,20 +419,29 @@ class SQLStore:
     def reset_job(self, job: str, meta: dict[str, Any], alert_rows: list[Alert],
                   log_rows: list[AlertLogEntry],
                   still_old: Callable[[Any], bool] | None = None,
-                  token_of: Callable[[Any], str | None] | None = None) -> bool:
+                  token_of: Callable[[Any], str | None] | None = None,
+                  directory: str | None = None, way: str | None = None) -> bool:
         """A new run of a job: its parts, windows and upload drop counts go, its metadata is
         replaced, and its alerts resolve (alert_rows, log_rows), in one transaction. With
         `still_old(stored_meta)`, only while it holds (two instances seeing one new run reset
         it once); False when it did not. With `token_of(stored_meta)`, the replaced run's
-        token joins the job's superseded ones (the last MAX_SUPERSEDED)."""
+        token joins the job's superseded ones (the last MAX_SUPERSEDED). With `directory` and
+        `way`, the new run is registered there in the same transaction: JobConflict (nothing
+        deleted) where register_job would refuse it."""
         meta_text = json.dumps(meta, sort_keys=True)
 
         def tx(db: Any) -> bool:
-            row = self._one(db, _JobDir, "SELECT directory, meta, superseded FROM jobs WHERE "
-                            "job = ?" + self.FOR_UPDATE, (job,))
+            row = self._one(db, _JobDir, "SELECT directory, meta, way, superseded FROM jobs "
+                            "WHERE job = ?" + self.FOR_UPDATE, (job,))
             stored = None if row is None else _loads(row.meta, None)
             if still_old is not None and (row is None or not still_old(stored)):
                 return False
+            if row is not None and directory is not None and row.directory != directory \
+                    and not (way == "http" and row.way == "http"):
+                raise JobConflict(f"job name {job!r} already belongs to {row.directory}")
+            if way == "http":   # (as register_job repairs it)
+                self._exec(db, "UPDATE jobs SET way = ? WHERE job = ? AND way NOT IN "
+                           "('http', 'files')", (way, job))
             for table in ("parts", "windows", "upload_drops"):
                 self._exec(db, f"DELETE FROM {table} WHERE job = ?", (job,))
             # in the job's row, not an instance's memory: a replaced run announcing itself
