@@ -111,3 +111,20 @@ def test_a_window_with_no_suspect_op_is_cut_at_once():
     [window] = tracker.close_ready(1.1)   # (no wait added to a window without a suspect)
     row, refused = judged(window)
     assert refused == [] and row.slowdown < 1.5, (refused, row.slowdown)
+
+
+def test_a_watched_root_not_named_in_utf8_is_said_unwatchable_in_one_line(tmp_path):
+    # (round 9 F5's class: the watch process's own refusal raised UnicodeEncodeError twice,
+    # in watchfiles and in encoding its line: a traceback and status 1, not UNWATCHABLE)
+    import os
+    import subprocess
+    import sys
+
+    from stragglers.monitor.watch_child import UNWATCHABLE
+    root = tmp_path / os.fsdecode(b"runs-\xff")
+    root.mkdir()
+    p = subprocess.run([sys.executable, "-m", "stragglers.monitor.watch_child", str(root)],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    assert p.returncode == UNWATCHABLE, p.stderr[-500:]
+    [line] = p.stderr.decode().splitlines()
+    assert line.startswith("stragglers monitor: cannot watch ") and "runs-\\xff" in line, line

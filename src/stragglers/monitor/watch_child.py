@@ -18,6 +18,8 @@ import time
 
 import watchfiles
 
+from stragglers.wording import printable
+
 
 UNWATCHABLE = 3   # exit status: watchfiles cannot watch these roots now (a name not in
 #                   UTF-8 under one, a root gone)
@@ -54,10 +56,13 @@ def main(roots: list[str]) -> None:
                 break
     except BrokenPipeError:
         pass
-    except (WatchfilesRustInternalError, OSError) as exc:
+    except (WatchfilesRustInternalError, OSError, UnicodeError) as exc:
         # (one folder or file whose name is not UTF-8 anywhere under a root makes every
-        # watch of it fail, at once and for as long as it is there; so does a root gone)
-        os.write(2, f"stragglers monitor: cannot watch {', '.join(roots)}: {exc}\n".encode())
+        # watch of it fail, at once and for as long as it is there; so does a root gone; a
+        # root itself not named in UTF-8 is refused by watchfiles as UnicodeEncodeError)
+        # (printable: a root not named in UTF-8 made this line's own encode raise)
+        os.write(2, printable(f"stragglers monitor: cannot watch {', '.join(roots)}: "
+                              f"{exc}").encode() + b"\n")
         status = UNWATCHABLE
     os._exit(status)   # (no interpreter shutdown beside the daemon thread)
 
