@@ -101,7 +101,10 @@ def test_a_clean_run_names_nobody(recorded, name):
     # sharing one CPU wait a time slice for each other in every all-reduce, so the transfers
     # are slow in most steps on both. A profiler trace records no CPU waits, so the diagnosis
     # cannot call that cpu_contention; it must then say it has no healthy link to compare with
-    # and that contention looks the same.
+    # and that contention looks the same. One stage's transfers late where the other's are not
+    # single out nobody either when the host's other ranks computed beside them (pp-clean: the
+    # last stage's all-reduce runs beside the first stage's next forward; CI once named
+    # 'communication' at ranks [1, 3]: tests/whatif/test_comm_contention_beside_compute.py).
     persistent = [(cause, ranks) for cause, ranks in persistent_findings(result, steps)
                   if ranks != everyone]
     assert not persistent, (result.slowdown, persistent)
