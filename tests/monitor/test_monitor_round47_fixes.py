@@ -90,6 +90,25 @@ def test_part_files_cut_before_any_step_after_judge_the_op_by_the_other_ranks(tm
     assert [source for source, _ in refused] == ["job j rank 3"], refused
 
 
+def test_an_op_whose_part_also_holds_a_step_after_to_match_is_judged_by_the_others():
+    # one part of rank 3 holds steps 0-5: the op of 3,000 s at step 4 and a step 5 begun after
+    # it (its own next step proves nothing); the others' step 5 (their next parts) ended ~0.1 s
+    # after their step 4: the window waits for them and leaves step 4 out
+    trace, parts = job()
+    three = [c for r, _, c in parts if r == 3]
+    three[1] = {**three[1], "start_ts": three[1]["start_ts"] + 3000.0}
+    merged = {k: np.concatenate([c[k] for c in three]) for k in three[0]}
+    tracker = JobTracker("j", trace.meta, window_steps=5, gap_wait_s=30.0)
+    add(tracker, [p for p in parts if p[1] == 0 and p[0] != 3] + [(3, 0, merged)], 1.0)
+    assert tracker.close_ready(1.1) == []   # (cut here before: rank 3's own step 5 sufficed)
+    add(tracker, [p for p in parts if p[1] == 1 and p[0] != 3], 2.0)
+    [window] = tracker.close_ready(2.1)
+    row, refused = judged(window)
+    assert row.slowdown < 1.5, row.slowdown
+    assert [source for source, _ in refused] == ["job j rank 3"], refused
+    assert refused[0][1].startswith("step 4: an op of 3000 s ends"), refused
+
+
 @pytest.mark.parametrize("rank3", ["with the others", "after the gap wait"])
 def test_a_rank_really_held_after_its_collectives_is_kept_whatever_the_order(rank3):
     trace, parts = job(poison=0.0, held=30.0)

@@ -57,9 +57,9 @@ class Window:
     # each rank's first start of it from the rows held in memory; load() adds the starts read
     after: list[PartFile] = field(default_factory=list)
     next_starts: dict[int, float] = field(default_factory=dict)
-    # the step after the window as far as it is known: its first start and latest end over
-    # every rank with rows of it (None: no rank's)
-    next_span: tuple[float, float] | None = None
+    # the step after the window as far as it is known: each rank's latest end of it (the
+    # others' bound an op of the window's last step: ends_past_others)
+    next_ends: dict[int, float] = field(default_factory=dict)
 
     def load(self) -> tuple[Trace | None, list[tuple[str, str]]]:
         """The window's trace with the rows of its part files read in (None when no row was
@@ -80,8 +80,8 @@ class Window:
             if at.any():
                 self.next_starts.update(first_starts(c["rank"][at], c["start_ts"][at],
                                                      self.next_starts))
-                self.next_span = span_of(c["start_ts"][at], c["duration"][at],
-                                         self.next_span)
+                self.next_ends.update(last_ends(c["rank"][at], c["start_ts"][at] +
+                                                c["duration"][at], self.next_ends))
                 chunks[i] = {k: v[~at] for k, v in c.items()}
         chunks = [c for c in chunks if len(c["step"])]
         if self.trace is not None:
@@ -358,11 +358,11 @@ class JobTracker:
 
     def _held(self, steps: np.ndarray, expected: list[int], now: float) -> bool:
         """Whether the window's last step has a held row whose op ends past every other rank's
-        (ends_past_others) while its rank's step after is not here: only that step can tell a
-        rank really held after its collectives (the others' next step waits as long: kept)
-        from an op that did not happen (set aside). Held until every expected rank's step
-        after came, or gap_wait_s after the first did (then judged by theirs), or the job
-        stalls or finishes (close_partial: judged by the others' ends). Without this, a window
+        (ends_past_others) while the others' step after is not all here: only theirs can tell
+        a rank really held after its collectives (their next step waits as long: kept) from an
+        op that did not happen (set aside). Held until every expected rank's step after came,
+        or gap_wait_s after another rank's did (then judged by theirs), or the job stalls or
+        finishes (close_partial: judged by the others' ends). Without this, a window
         cut the moment its last rank's part came judged its last step by the hour alone: one
         op of 3,000 s made S 1,863 (red team round 9 F2b). Rows held in memory only (a part
         file's rows are read by its window: judged by what is known then)."""
@@ -376,21 +376,20 @@ class JobTracker:
             ops = {k: np.concatenate([c[k] for c in at]) for k in cols}
             inside = ops["step"] <= last
             after = ops["step"] > last
-            span = span_of(ops["start_ts"][after], ops["duration"][after])
-            gone = np.unique(ops["rank"][after])
+            ends = last_ends(ops["rank"][after], ops["start_ts"][after] +
+                             ops["duration"][after])
             window = {k: v[inside] for k, v in ops.items()}
-            cand = np.setdiff1d(np.unique(window["rank"]), gone)
-            self._suspect = (key, set(ends_past_others(window, cand, span)))
+            self._suspect = (key, set(ends_past_others(window, np.unique(window["rank"]),
+                                                       ends, last)))
         suspects = self._suspect[1]
-        if not suspects:
-            self._held_since = None
-            return False
         past = {r for r in expected if self.ranks[r].frontier > last}
-        if suspects <= past or len(past) == len(expected):
+        if not suspects or len(past) == len(expected):
             self._held_since = None
             return False
-        if not past:
-            return True   # (no rank's step after yet: until one's, or the job's stall/finish)
+        if not past - suspects:
+            # (no other rank's step after yet: until one's, or the job's stall/finish; a
+            # suspect's own step after proves nothing, one part can hold both)
+            return True
         if self._held_since is None or self._held_since[0] != last:
             self._held_since = (last, now)
         return now - self._held_since[1] < self.gap_wait_s
@@ -451,12 +450,12 @@ class JobTracker:
         first, last = int(steps[0]), int(steps[-1])
         trace, present, rest_rows = None, set(), 0
         next_starts: dict[int, float] = {}
-        next_span: tuple[float, float] | None = None
+        next_ends: dict[int, float] = {}
         if self.chunks:
             ops = {k: np.concatenate([c[k] for c in self.chunks]) for k in self._common_columns()}
             at = ops["step"] == last + 1
             next_starts = first_starts(ops["rank"][at], ops["start_ts"][at])
-            next_span = span_of(ops["start_ts"][at], ops["duration"][at])
+            next_ends = last_ends(ops["rank"][at], ops["start_ts"][at] + ops["duration"][at])
             inside = np.isin(ops["step"], steps)
             rest = ops["step"] > last
             window_ops = {k: v[inside] for k, v in ops.items()}
@@ -481,7 +480,7 @@ class JobTracker:
         missing = [r for r in self.expected_ranks if r not in present]
         w = Window(self.job, self.next_idx, [int(s) for s in steps], trace, missing, now, reason,
                    files, self.meta, self.lease, read_timeout_s=self.read_timeout_s,
-                   after=after, next_starts=next_starts, next_span=next_span)
+                   after=after, next_starts=next_starts, next_ends=next_ends)
         self.next_idx += 1
         return w
 
@@ -529,7 +528,7 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
             row.missing_ranks = sorted(set(window.missing_ranks)
                                        | ({f.rank for f in window.files} - read))
         if trace is not None:
-            past = ops_past_next_step(trace, window.next_starts, window.next_span,
+            past = ops_past_next_step(trace, window.next_starts, window.next_ends,
                                       window.steps[-1])
             if past:
                 # such an op is not what happened: its step is left out of the window for
@@ -599,23 +598,28 @@ def first_starts(rank: np.ndarray, start: np.ndarray, known: dict[int, float] | 
     return out
 
 
-def span_of(start: np.ndarray, duration: np.ndarray,
-            known: tuple[float, float] | None = None) -> tuple[float, float] | None:
-    """(first start, latest end) of these rows, with `known`'s; None for no rows."""
-    if not len(start):
-        return known
-    lo, hi = float(start.min()), float((start + duration).max())
-    return (lo, hi) if known is None else (min(lo, known[0]), max(hi, known[1]))
+def last_ends(rank: np.ndarray, end: np.ndarray, known: dict[int, float] | None = None
+              ) -> dict[int, float]:
+    """rank → its latest end among these rows (and `known`'s)."""
+    out = dict(known or {})
+    if not len(rank):
+        return out
+    order = np.lexsort((-end, rank))
+    r, t = rank[order], end[order]
+    head = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    for k, v in zip(r[head].tolist(), t[head].tolist()):
+        out[k] = max(v, out.get(k, v))
+    return out
 
 
 def ops_past_next_step(trace: Trace, next_starts: dict[int, float],
-                       next_span: tuple[float, float] | None = None, last: int | None = None
+                       next_ends: dict[int, float] | None = None, last: int | None = None
                        ) -> dict[int, tuple[int, str]]:
     """rank → (step, why) of its first op that ends after the rank's next step began (plus
     OP_END_SLACK_S or one step), judged over every part of the window and, for its last step
-    `last`, the step after it (`next_starts`); a rank whose step after is not known yet has
-    its last step's ops bounded by the other ranks' (ends_past_others: their step after,
-    `next_span`, where known, else their ends of that step). A part's own check
+    `last`, the step after it (`next_starts`); and every rank's last step's ops bounded by
+    the other ranks' (ends_past_others: their ends from that step on and of the step after,
+    `next_ends`, where known). A part's own check
     sees only the steps inside it: at a part's last step an op of up to MAX_OP_SECONDS
     passed, and one op of 3,000 s made a window's S 1,863 and fired its alerts (also when
     its rank sent nothing after it)."""
@@ -646,40 +650,46 @@ def ops_past_next_step(trace: Trace, next_starts: dict[int, float],
     if last is None:
         return out
     for rank, (step, duration, past, hi) in ends_past_others(
-            o, np.setdiff1d(np.unique(o["rank"]), ranks), next_span).items():
+            o, np.unique(o["rank"]), next_ends or {}, last).items():
         if rank not in out:
             out[rank] = (step, f"step {step}: an op of {duration:.6g} s ends {past:.6g} s "
-                         f"after every other rank's latest op from that step on (the rank "
-                         f"sent nothing after it yet); expected it to end by then (plus "
+                         f"after every other rank's latest op from that step on (and of the "
+                         f"step after, where known); expected it to end by then (plus "
                          f"{OP_END_SLACK_S:g} s or that step: in a synchronous job they "
                          "wait for it): the step is left out of the window")
     return out
 
 
 def ends_past_others(o: dict[str, np.ndarray], candidates: np.ndarray,
-                     next_span: tuple[float, float] | None = None
+                     next_ends: dict[int, float], last: int
                      ) -> dict[int, tuple[int, float, float, float]]:
     """candidate rank → (step, duration, how far past, bound's end) of its latest op at its
-    last step here where that op ends after every *other* rank's latest op at that step or
-    later (and the step after the window, `next_span`) by more than that step as the others
-    ran it (or OP_END_SLACK_S). The ranks' step after is not known here: in a synchronous job
-    the others meet this rank at the step's (or the next step's) collectives, so they end
-    no earlier than it minus one step; a rank really held after its collectives holds
-    their next step as long (known: kept; not known yet: JobTracker holds the window)."""
+    last step here (the window's `last`, or an earlier one where its rows stop) where that op
+    ends after every *other* rank's latest op at that step or later (with their ends of the
+    step after the window, `next_ends`) by more than that step as the others ran it (or
+    OP_END_SLACK_S). In a synchronous job the others meet the rank at that step's or the next
+    step's collectives, so they end no earlier than it less one step: a rank really held after
+    its collectives holds their next step as long (known: kept; not known yet: JobTracker
+    holds the window); its own next step proves nothing (one part can hold both)."""
     rank = o["rank"].astype(np.int64)
     if not len(rank) or not len(candidates):
         return {}
     step = o["step"].astype(np.int64)
     start = o["start_ts"].astype(np.float64)
     end = start + o["duration"].astype(np.float64)
-    size = int(rank.max()) + 1
+    size = max(int(rank.max()), max(next_ends, default=0)) + 1
     last_of = np.full(size, np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(last_of, rank, step)
     candidates = candidates[(candidates >= 0) & (candidates < size)]
+    after = np.full(size, -np.inf)
+    for r, t in next_ends.items():
+        if 0 <= r < size:
+            after[r] = t
     out: dict[int, tuple[int, float, float, float]] = {}
     for s in np.unique(last_of[candidates]).tolist():
         since = step >= s
-        hi_since = _per_rank(np.maximum, rank[since], end[since], size, -np.inf)
+        hi_since = np.maximum(_per_rank(np.maximum, rank[since], end[since], size, -np.inf),
+                              after if s == last else -np.inf)
         at = step == s
         hi_at = _per_rank(np.maximum, rank[at], end[at], size, -np.inf)
         lo_at = _per_rank(np.minimum, rank[at], start[at], size, np.inf)
@@ -687,8 +697,6 @@ def ends_past_others(o: dict[str, np.ndarray], candidates: np.ndarray,
             others_hi = _without(hi_since, r, np.max)
             if not np.isfinite(others_hi):
                 continue   # (no other rank got this far: nothing bounds it)
-            if next_span is not None:
-                others_hi = max(others_hi, next_span[1])
             length = _without(hi_at, r, np.max) - _without(lo_at, r, np.min)
             bound = others_hi + max(length if np.isfinite(length) else 0.0, OP_END_SLACK_S)
             if hi_at[r] > bound:
