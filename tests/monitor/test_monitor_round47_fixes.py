@@ -147,3 +147,25 @@ def test_a_watched_root_not_named_in_utf8_is_said_unwatchable_in_one_line(tmp_pa
     assert p.returncode == UNWATCHABLE, p.stderr[-500:]
     [line] = p.stderr.decode().splitlines()
     assert line.startswith("stragglers monitor: cannot watch ") and "runs-\\xff" in line, line
+
+
+@pytest.mark.parametrize("config, name", [("monitor", "rescan_s"), ("monitor", "stall_after_s"),
+                                          ("shard", "control_idle_s"), ("shard", "stall_s")])
+def test_every_duration_setting_is_bounded_by_what_a_timer_can_wait(config, name):
+    # (round 9 F3's class, in config.setting's checks: rescan_s 1e19 killed the rescan thread
+    # on OverflowError; every *_s of both services' settings goes through the same check)
+    import threading
+
+    from stragglers.adapt.service import ServiceConfig
+    from stragglers.config import MAX_DURATION_S
+    from stragglers.errors import InputError
+    from stragglers.monitor.settings import MonitorConfig
+    cls = MonitorConfig if config == "monitor" else ServiceConfig
+    with pytest.raises(InputError, match=name):
+        cls.from_mapping({name: 1e19}, "settings")
+    if config == "monitor":   # (no maximum of its own: the timer's)
+        assert getattr(cls.from_mapping({name: MAX_DURATION_S}, "settings"),
+                       name) == MAX_DURATION_S
+    assert threading.Event().wait(0) is False and MAX_DURATION_S < threading.TIMEOUT_MAX
+    assert cls.from_mapping({"restore_bytes_per_s" if config == "shard" else
+                             "body_min_bytes_per_s": 1e12}, "settings")   # (a rate: no duration)
