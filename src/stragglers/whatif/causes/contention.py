@@ -64,27 +64,27 @@ def as_contention(ctx: Context, cand: Candidate, ids: np.ndarray, late: np.ndarr
 def taken_beside(ctx: Context, ids: np.ndarray) -> np.ndarray | None:
     """[len(ids), D, T] s: the most each transfer can have waited for a CPU that its host's
     other ranks held, as far as a trace without recorded waits shows: the time during it (its
-    measured cost, up to its end) that those ranks computed, at most its own length (one core
-    shared: while another rank computes, the transfer's threads do not run; more cores, less).
-    Their compute in every step of the trace counts (a first stage's next forward can run
-    beside the last stage's gradient all-reduce). None where the trace records the waits
-    (`cpu_wait`), times compute on GPUs (a kernel holds no CPU), or places no two of its
-    ranks on one host."""
+    measured cost, up to its end) that those ranks computed in the analysed steps, at most its
+    own length (one core shared: while another rank computes, the transfer's threads do not
+    run; more cores, less). None where the trace records the waits (`cpu_wait`), times compute
+    on GPUs (a kernel holds no CPU), or places no two of its ranks on one host."""
     if ctx.cpu_waits is not None or not _computes_on_cpu(ctx.trace.meta.extra):
         return None
     host = _host_of(ctx)
     if not host:
         return None
-    ops, g, w = ctx.trace.ops, ctx.w.grid, ctx.w
-    rows = np.flatnonzero(np.isin(ops["optype"], [C[o] for o in COMPUTE_OPTYPES])
-                          & np.isin(ops["rank"], list(host)))
-    rows = rows[np.lexsort((ops["start_ts"][rows], ops["rank"][rows]))]
-    bounds = np.searchsorted(ops["rank"][rows], sorted(host) + [max(host) + 1])
+    g, w = ctx.w.grid, ctx.w
+    computing = np.isin(g.node_optype, [C[o] for o in COMPUTE_OPTYPES])
     busy = {}                                   # rank → (starts, ends, busy time before each)
-    for rank, lo, hi in zip(sorted(host), bounds[:-1], bounds[1:]):
-        start = ops["start_ts"][rows[lo:hi]].astype(float)
-        end = np.maximum.accumulate(start + ops["duration"][rows[lo:hi]])
-        busy[rank] = (start, end, np.concatenate([[0.0], np.cumsum(end - start)]))
+    for (d, p), rank in np.ndenumerate(ctx.ranks):
+        if int(rank) in host:
+            nodes = computing & (g.node_stage == p)
+            cells = g.present[nodes, d]                                   # [n, T]
+            start = g.start[nodes, d][cells]
+            order = np.argsort(start, kind="stable")
+            start = start[order]
+            end = np.maximum.accumulate(start + g.duration[nodes, d][cells][order])
+            busy[int(rank)] = (start, end, np.concatenate([[0.0], np.cumsum(end - start)]))
     stage = g.node_stage[ids]
     stop = g.start[ids] + g.duration[ids]                                # [n, D, T]
     begin = stop - w.cost[ids]
