@@ -25,6 +25,7 @@ from stragglers.whatif import analyze
 from stragglers.whatif._analyze import analyze_with_model
 from stragglers.whatif.causes import Context, communication
 from stragglers.whatif.config import DEFAULT
+from stragglers.whatif.partitioned import analyze_run
 
 RUN = Path(__file__).parents[1] / "data" / "recorded" / "pp2-clean-profiler-one-cpu-beside-hogs"
 
@@ -47,6 +48,16 @@ def test_the_last_stages_all_reduce_beside_the_first_stages_compute_names_no_sta
     assert not [f for f in analyze(trace).diagnosis
                 if f.cause in ("communication", "cpu_contention")
                 and list(f.where.ranks or []) != [0, 1, 2, 3]]
+
+
+def test_the_run_read_by_step_partitions_reads_the_same(trace):
+    # (`stragglers analyze DIR` reads a run directory by step partitions: its trace holds
+    # the grid's columns only, so the bound is taken from the grid, as here)
+    def named(result):
+        return [(f.cause, list(f.where.ranks or []), f.speedup_if_fixed)
+                for f in result.diagnosis]
+
+    assert named(analyze_run(RUN)[0]) == named(analyze(trace))
 
 
 @pytest.mark.parametrize("change", ["hosts apart", "compute on GPUs"])
