@@ -27,8 +27,9 @@ def pytest_configure(config) -> None:
         "subprocesses, exhaustive searches); left out of `make test-fast`")
 
 
-# The files that hold a worker longest (torchrun jobs, services waited on; CI's 2-core
-# machine), longest first. `--dist loadfile` gives each file to one worker; xdist's default
+# The files that hold a worker longest (torchrun jobs, services waited on), longest first
+# (seconds of one worker, setup to teardown: in CI, or "loaded": a per-directory run on the
+# 2-core machine beside other work, ~2.5-3x CI; session 47). `--dist loadfile` gives each file to one worker; xdist's default
 # hands the files out by their number of tests, most first, and the long files here hold few
 # (the README walk, ~160 s, 3 tests: file 190 of 276; test_kineto_train_gpt.py, 1 test: file
 # 271), so they began near the end and ran on while the other worker idled. make test turns
@@ -36,18 +37,24 @@ def pytest_configure(config) -> None:
 # ones filling in behind. A file not listed keeps its place; an entry whose file is gone
 # moves nothing.
 LONG_FIRST = (
-    "surface/test_readme_walk.py",
-    "record/test_record_modelparallel.py",
-    "record/test_record_diagnosis.py",
-    "adapt/test_adapt_service.py",
-    "record/test_record_distributed.py",
-    "monitor/test_monitor_http.py",
-    "whatif/test_modelparallel_diagnosis.py",
-    "adapt/test_adapt_distributed.py",
-    "advice/test_act_distributed.py",
+    "surface/test_readme_walk.py",                 # ~160 s in CI
+    "surface/test_hostile_services_round7.py",     # 453 s loaded
+    "record/test_record_modelparallel.py",         # 15 torchrun jobs
+    "record/test_record_diagnosis.py",             # 5 torchrun jobs, ~140 s in CI
+    "surface/test_public_api.py",                  # 342 s loaded
+    "surface/test_hostile_services_round6.py",     # 331 s loaded
+    "adapt/test_adapt_service.py",                 # 266 s loaded
+    "record/test_record_distributed.py",           # 5 torchrun jobs
+    "adapt/test_adapt_distributed.py",             # 193 s loaded
+    "whatif/test_modelparallel_diagnosis.py",      # 4 torchrun jobs
+    "surface/test_hostile_services_round5.py",     # 202 s loaded
+    "monitor/test_monitor_http.py",                # 181 s loaded
+    "advice/test_act_distributed.py",              # 3 torchrun jobs
+    "adapt/test_adapt_hardening.py",               # 143 s loaded
+    "surface/test_examples_outside_torchrun.py",   # 136 s loaded
+    "collectives/test_stragglar_schedule.py",      # ~45 s of CPU in CI
     "monitor/test_stuck_watched_file.py",
-    "collectives/test_stragglar_schedule.py",
-    "trace/test_kineto_train_gpt.py",
+    "trace/test_kineto_train_gpt.py",              # 1 torchrun job, ~35 s in CI
 )
 
 
