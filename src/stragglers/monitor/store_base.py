@@ -158,6 +158,14 @@ class LeaseLost(Exception):
     """This instance no longer holds the job's lease: another one analyses it now."""
 
 
+class StoreClosed(RuntimeError):
+    """The store was closed (its service stopped): nothing is read or written any more."""
+
+    def __init__(self, path: str):
+        super().__init__(f"{path}: the monitor's store is closed (its service stopped); "
+                         "nothing was read or written")
+
+
 class SQLStore:
     """Jobs, parts, windows, alerts, leases and the alert outbox (see the module docstring)."""
 

@@ -20,7 +20,7 @@ from typing import Iterable
 
 from stragglers.errors import InputError
 from stragglers.file_claim import FileClaim, Held, claim_file
-from stragglers.monitor.store_base import SQLStore
+from stragglers.monitor.store_base import SQLStore, StoreClosed
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,10 @@ ADDED_COLUMNS = (("parts", "digest", "TEXT"), ("parts", "seq", "INTEGER"),
 
 
 class _Connection(sqlite3.Connection):
-    """A connection a WeakSet can hold (sqlite3.Connection itself takes no weak reference)."""
+    """A connection a WeakSet can hold (sqlite3.Connection itself takes no weak reference),
+    with the count of reads running on it (see `SQLiteStore.close`)."""
+
+    users = 0
 
 
 class SQLiteStore(SQLStore):
@@ -103,8 +106,9 @@ class SQLiteStore(SQLStore):
         # every thread's reading connection, closed with the store: those of threads still
         # alive (the one that started and stopped the service among them) kept the file and
         # its WAL open, 4 descriptors a stopped service (weak: a thread's ends with it)
-        self._readers: weakref.WeakSet[sqlite3.Connection] = weakref.WeakSet()
-        self._readers_lock = threading.Lock()
+        self._readers: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        self._readers_lock = threading.Lock()   # (guards _readers, each one's users, _closed)
+        self._closed = False
         try:
             self._db = self._connect()
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -137,22 +141,40 @@ class SQLiteStore(SQLStore):
         db.row_factory = sqlite3.Row
         return db
 
-    def _reader(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = self._local.db = self._connect()
-            with self._readers_lock:
+    def _reader(self) -> _Connection:
+        """This thread's reading connection, counted in use until `_done` (a closed store
+        refuses: StoreClosed)."""
+        with self._readers_lock:
+            if self._closed:
+                raise StoreClosed(self.path)
+            db = getattr(self._local, "db", None)
+            if db is None:
+                db = self._local.db = self._connect()
                 self._readers.add(db)
-        return db
+            db.users += 1
+            return db
+
+    def _done(self, db: _Connection) -> None:
+        """A read on `db` ended: if the store was closed meanwhile, this thread closes it."""
+        with self._readers_lock:
+            db.users -= 1
+            if self._closed and db.users == 0:
+                db.close()
+                self._local.db = None
 
     def close(self) -> None:
         """Close every connection, the writing one last (the last to close folds the WAL
-        back into the file), and give up the claim of `serve_alone`."""
+        back into the file), and give up the claim of `serve_alone`. A reading connection in
+        use is closed by its own thread when its read ends: closing a connection another
+        thread is reading through crashed the process (SIGSEGV; the app's reader threads and
+        the ingest's worker threads are not joined at a stop)."""
         with self._readers_lock:
-            readers = list(self._readers)
+            self._closed = True
+            for db in list(self._readers):
+                if db.users == 0:
+                    db.close()
             self._readers.clear()
-        for db in readers:
-            db.close()
+            self._local.db = None
         with self._lock:
             self._db.close()
             if self._claim is not None:
@@ -177,6 +199,8 @@ class SQLiteStore(SQLStore):
 
     def _write(self, fn, notify: bool = True):
         with self._lock:
+            if self._closed:   # (set before the writer closes, under this lock)
+                raise StoreClosed(self.path)
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
@@ -205,7 +229,11 @@ class SQLiteStore(SQLStore):
         return out
 
     def _rows(self, sql: str, args: Iterable = ()) -> list[dict]:
-        return [dict(r) for r in self._reader().execute(sql, tuple(args))]
+        db = self._reader()
+        try:
+            return [dict(r) for r in db.execute(sql, tuple(args))]
+        finally:
+            self._done(db)
 
 
 SQLITE_FULL, SQLITE_IOERR, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_CANTOPEN, \
