@@ -17,11 +17,13 @@ import time
 from typing import Iterable
 
 from stragglers.errors import InputError, MissingExtraError
-from stragglers.monitor.store_base import SQLStore
+from stragglers.monitor.store_base import SQLStore, StoreClosed
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "stragglers_monitor"
+FEED_WAIT_S = 0.25   # how long the change feed waits for a notification before it looks
+                     # whether the store was closed (close() waits for it)
 SCHEMA_LOCK = 0x5374726167   # advisory lock key: two instances starting create tables once
 
 SCHEMA = """
@@ -112,7 +114,8 @@ class PostgresStore(SQLStore):
         self._timeout = connect_timeout_s
         self._local = threading.local()
         self._all: list = []
-        self._all_lock = threading.Lock()
+        self._users: dict = {}   # connection -> reads and writes running on it (see close)
+        self._all_lock = threading.Lock()   # (guards _all, _users and the closed check)
         self._closed = threading.Event()
         self._listening = threading.Event()
         try:
@@ -137,23 +140,51 @@ class PostgresStore(SQLStore):
                                      connect_timeout=max(1, int(self._timeout)))
 
     def _conn(self):
+        """This thread's connection, counted in use until `_done` (a closed store refuses:
+        StoreClosed)."""
+        if self._closed.is_set():
+            raise StoreClosed(self.path)
         db = getattr(self._local, "db", None)
         if db is None or db.closed:
-            db = self._local.db = self._connect()
+            db = self._connect()   # (not under the lock: connecting may take seconds)
             with self._all_lock:
+                if self._closed.is_set():
+                    _close(db)
+                    raise StoreClosed(self.path)
+                self._local.db = db
                 self._all.append(db)
+                self._users[db] = 1
+            return db
+        with self._all_lock:
+            if self._closed.is_set():
+                raise StoreClosed(self.path)
+            self._users[db] = self._users.get(db, 0) + 1
         return db
 
-    def close(self) -> None:
-        """Close every connection this store opened."""
-        self._closed.set()
+    def _done(self, db) -> None:
+        """A read or write on `db` ended: if the store was closed meanwhile, this thread
+        closes it."""
         with self._all_lock:
+            left = self._users.pop(db) - 1
+            if left:
+                self._users[db] = left
+            elif self._closed.is_set():
+                _close(db)
+                self._local.db = None
+
+    def close(self) -> None:
+        """Close every connection this store opened. One in use is closed by its own thread
+        when its statement ends (psycopg's close() frees the libpq connection without taking
+        the connection's lock: under a statement of another thread); the change feed's ends
+        with its thread, which this waits for (it looks every 0.25 s)."""
+        with self._all_lock:
+            self._closed.set()
             for db in self._all:
-                try:
-                    db.close()
-                except Exception:  # noqa: BLE001 - closing what may be broken already
-                    pass
+                if db not in self._users:
+                    _close(db)
             self._all.clear()
+        if self._listener is not threading.current_thread():
+            self._listener.join(timeout=2 * FEED_WAIT_S + self._timeout)
 
     def _now(self, db) -> float:
         return float(db.execute("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE "
@@ -164,28 +195,36 @@ class PostgresStore(SQLStore):
 
     def _rows(self, sql: str, args: Iterable = ()) -> list[dict]:
         args = args if isinstance(args, dict) else tuple(args)
-        return list(self._conn().execute(to_psycopg(sql), args).fetchall())
+        db = self._conn()
+        try:
+            return list(db.execute(to_psycopg(sql), args).fetchall())
+        finally:
+            self._done(db)
 
     def _write(self, fn, notify: bool = True):
         errors = self._psycopg.errors
         for attempt in range(8):
             db = self._conn()
             try:
-                with db.transaction():
-                    out = fn(db)
-                    if notify:
-                        db.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
-                break
-            except (errors.DeadlockDetected, errors.SerializationFailure):
-                # two instances' transactions crossed: PostgreSQL rolled one back; run it again
-                if attempt == 7:
-                    raise
-                time.sleep(0.01 * (attempt + 1))
-            except errors.DiskFull as exc:
-                # the database's disk is full: the OSError it is, answered 507 (was 503, "cannot
-                # reach its storage"), nothing stored
-                raise OSError(errno.ENOSPC, "the store (PostgreSQL) cannot be written: its disk "
-                              f"is full ({str(exc).splitlines()[0]})") from exc
+                try:
+                    with db.transaction():
+                        out = fn(db)
+                        if notify:
+                            db.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+                    break
+                except (errors.DeadlockDetected, errors.SerializationFailure):
+                    # two instances' transactions crossed: PostgreSQL rolled one back; run
+                    # it again
+                    if attempt == 7:
+                        raise
+                    time.sleep(0.01 * (attempt + 1))
+                except errors.DiskFull as exc:
+                    # the database's disk is full: the OSError it is, answered 507 (was 503,
+                    # "cannot reach its storage"), nothing stored
+                    raise OSError(errno.ENOSPC, "the store (PostgreSQL) cannot be written: its "
+                                  f"disk is full ({str(exc).splitlines()[0]})") from exc
+            finally:
+                self._done(db)
         if notify:
             self.version += 1
             self._notify()
@@ -195,13 +234,12 @@ class PostgresStore(SQLStore):
         """Follow every instance's writes (NOTIFY) so pages and event streams see them."""
         while not self._closed.is_set():
             try:
+                # (its own connection, closed here: close() waits for this thread to end)
                 with self._connect() as db:
-                    with self._all_lock:
-                        self._all.append(db)   # closed by close(), which ends the wait below
                     db.execute(f"LISTEN {CHANNEL}")
                     self._listening.set()
                     while not self._closed.is_set():
-                        for _ in db.notifies(timeout=1.0):
+                        for _ in db.notifies(timeout=FEED_WAIT_S):
                             self.version += 1
                             self._notify()
             except self._psycopg.Error as exc:
@@ -210,6 +248,13 @@ class PostgresStore(SQLStore):
                 log.warning("store: lost the PostgreSQL change feed (%s); reconnecting",
                             str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
                 self._closed.wait(1.0)
+
+
+def _close(db) -> None:
+    try:
+        db.close()
+    except Exception:  # noqa: BLE001 - closing what may be broken already
+        pass
 
 
 def redacted(url: str) -> str:
