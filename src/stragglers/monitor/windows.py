@@ -538,7 +538,11 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
                 # ranks (a window of one step)
                 refused += [(f"job {window.job} rank {r}", problem)
                             for r, (_, problem) in past.items()]
-                keep = ~np.isin(trace.ops["step"], [st for st, _ in past.values()])
+                out = [st for st, _ in past.values()]
+                keep = ~np.isin(trace.ops["step"], out)
+                # (the row names the steps analysed: it listed the step left out as analysed)
+                row.steps = [st for st in row.steps if st not in out] if keep.any() \
+                    else row.steps
                 if not keep.any():
                     row.missing_ranks = sorted(set(row.missing_ranks) | set(past))
                     keep = ~np.isin(trace.ops["rank"], list(past))
@@ -656,23 +660,30 @@ def ops_past_next_step(trace: Trace, next_starts: dict[int, float],
         if rank not in out:
             out[rank] = (step, f"step {step}: an op of {duration:.6g} s ends {past:.6g} s "
                          f"after every other rank's latest op from that step on (and of the "
-                         f"step after, where known); expected it to end by then (plus "
-                         f"{OP_END_SLACK_S:g} s or that step: in a synchronous job they "
-                         "wait for it): the step is left out of the window")
+                         f"step after, where known), each measured from its own rank's start "
+                         f"of that step (clocks apart compare alike); expected it to end by then "
+                         f"(plus {OP_END_SLACK_S:g} s or that step as they ran it: in a "
+                         "synchronous job they wait for it): the step is left out of the "
+                         "window")
     return out
 
 
 def ends_past_others(o: dict[str, np.ndarray], candidates: np.ndarray,
                      next_ends: dict[int, float], last: int
                      ) -> dict[int, tuple[int, float, float, float]]:
-    """candidate rank → (step, duration, how far past, bound's end) of its latest op at its
-    last step here (the window's `last`, or an earlier one where its rows stop) where that op
-    ends after every *other* rank's latest op at that step or later (with their ends of the
-    step after the window, `next_ends`) by more than that step as the others ran it (or
-    OP_END_SLACK_S). In a synchronous job the others meet the rank at that step's or the next
-    step's collectives, so they end no earlier than it less one step: a rank really held after
-    its collectives holds their next step as long (known: kept; not known yet: JobTracker
-    holds the window); its own next step proves nothing (one part can hold both)."""
+    """candidate rank → (step, duration, how far past, the others' reach) of its latest op at
+    its last step here (the window's `last`, or an earlier one where its rows stop) where that
+    op ends, measured from the rank's own first start of that step, later than every *other*
+    rank reached from its own start of that step (its latest end of that step or later, with
+    its end of the step after the window, `next_ends`) by more than the others' longest span
+    of that step (or OP_END_SLACK_S). Each rank is measured on its own clock: hosts whose
+    clocks differ by seconds compare alike (comparing ends across ranks lost every window's
+    last step to a rank 5 s off). In a synchronous job the others meet the rank at that step's
+    or the next step's collectives, so their reach is no shorter than its span less one step
+    (a rank starting late has a shorter span; one starting early, by less than a step): a rank
+    really held after its collectives holds their next step as long (known: kept; not known
+    yet: JobTracker holds the window); its own next step proves nothing (one part can hold
+    both)."""
     rank = np.asarray(o["rank"], dtype=np.int64)
     if not len(rank) or not len(candidates):
         return {}
@@ -695,18 +706,21 @@ def ends_past_others(o: dict[str, np.ndarray], candidates: np.ndarray,
         at = step == s
         hi_at = _per_rank(np.maximum, rank[at], end[at], size, -np.inf)
         lo_at = _per_rank(np.minimum, rank[at], start[at], size, np.inf)
+        # (each rank's own clock only: -inf where a rank has no rows of the step)
+        with np.errstate(invalid="ignore"):
+            reach = np.where(np.isfinite(lo_at), hi_since - lo_at, -np.inf)
+            span = np.where(np.isfinite(lo_at), hi_at - lo_at, -np.inf)
         who = candidates[last_of[candidates] == s]
         # (every other rank's, for all candidates at once: a 1,024-rank window's loop of
         # maxima over the others took 0.25 s)
-        others_hi = _of_others(hi_since)[who]
-        with np.errstate(invalid="ignore"):
-            length = _of_others(hi_at)[who] + _of_others(-lo_at)[who]
-        bound = others_hi + np.maximum(np.where(np.isfinite(length), length, 0.0),
-                                       OP_END_SLACK_S)
-        for r in who[np.isfinite(others_hi) & (hi_at[who] > bound)].tolist():
+        others_reach = _of_others(reach)[who]
+        others_span = _of_others(span)[who]
+        bound = others_reach + np.maximum(np.where(np.isfinite(others_span), others_span, 0.0),
+                                          OP_END_SLACK_S)
+        for r in who[np.isfinite(others_reach) & (span[who] > bound)].tolist():
             k = int(np.flatnonzero((rank == r) & at & (end == hi_at[r]))[0])
-            hi = float(_of_others(hi_since)[r])
-            out[r] = (int(s), float(o["duration"][k]), float(hi_at[r] - hi), hi)
+            hi = float(_of_others(reach)[r])
+            out[r] = (int(s), float(o["duration"][k]), float(span[r] - hi), hi)
     return out
 
 
