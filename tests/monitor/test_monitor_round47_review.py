@@ -60,3 +60,51 @@ def test_one_poisoned_op_is_still_caught_with_clocks_apart_and_its_step_not_list
     assert refused[0][1].startswith("step 4: an op of 3000 s ends"), refused
     # (the row listed step 4 as analysed before)
     assert (row.first_step, row.last_step, row.steps) == (0, 4, [0, 1, 2, 3])
+
+
+TOKEN = "round47-review-token-0123456789abc"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def paced_server(tmp_path, monkeypatch):
+    import stragglers.monitor.ingest_http as ingest_http
+    from stragglers.monitor.server import MonitorServer
+    from stragglers.monitor.settings import MonitorConfig
+
+    # (one writer off loopback: every request from one address, as a launcher host's; a
+    # refusal answered after 0.05 s; another job uploading for the whole test)
+    monkeypatch.setattr(ingest_http, "quota_client", lambda host: "192.0.2.7")
+    monkeypatch.setattr(ingest_http, "META_CHANGE_MAX_WAIT_S", 0.05)
+    monkeypatch.setattr(ingest_http, "META_ACTIVE_S", 3600.0)
+    cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05,
+                        meta_changes_per_minute=0.1)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=cfg).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_new_jobs_first_metas_are_not_paced_as_changes(paced_server):
+    import httpx
+
+    from stragglers.trace.runformat import table_bytes
+
+    trace = slow_job(steps=5)
+    meta = trace.meta.to_dict()
+    with httpx.Client(base_url=paced_server.url, timeout=60, headers=AUTH) as c:
+        assert c.put("/api/jobs/up/meta", json=meta).status_code == 200
+        rank, part, cols = parts_of(trace, 5)[0]
+        r = c.put(f"/api/jobs/up/ranks/{rank}/parts/{part}", content=table_bytes(cols))
+        assert r.status_code == 200, r.text
+        # 8 new jobs from the same writer while "up" uploads: creations, not changes (before:
+        # 4 taken, then 429 for the change pace)
+        answers = [c.put(f"/api/jobs/new{i}/meta", json=meta).status_code for i in range(8)]
+        assert answers == [200] * 8, answers
+        # changes are still paced, and the creations took none of the writer's turns
+        changed = []
+        for i in range(5):
+            meta["extra"]["note"] = f"change {i}"
+            changed.append(c.put("/api/jobs/new0/meta", json=meta).status_code)
+        assert changed == [200] * 4 + [429], changed

@@ -457,7 +457,10 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         if known is not None and known != directory:
             raise HTTPProblem(409, f"path 'job': {job!r} is a watched run ({known}); uploads "
                               "cannot write into it", "conflict")
-        await paced_change(request, job)
+        if known is not None and (directory / META_FILE).is_file():
+            # (a job's first meta.json is its creation, paced by new_jobs_per_minute: paced
+            # as a change too, a host starting 8 jobs with one token had 4, then one per 10 s)
+            await paced_change(request, job)
         raw = meta.model_dump()
         lock = meta_locks.get(job)
         if lock is None:
