@@ -108,3 +108,81 @@ def test_new_jobs_first_metas_are_not_paced_as_changes(paced_server):
             meta["extra"]["note"] = f"change {i}"
             changed.append(c.put("/api/jobs/new0/meta", json=meta).status_code)
         assert changed == [200] * 4 + [429], changed
+
+
+HANG = 60   # seconds: only a hang waits this long
+
+
+@pytest.fixture
+def hanging_window(tmp_path):
+    """A 4-rank job's window of steps 0..3 read from part files, rank 1's hanging on read
+    (its footer read before); a second job's window of readable files. Yields (window,
+    other_window, StuckFile)."""
+    import os
+
+    from stragglers.monitor.parts import read_part_footer
+    from stragglers.trace.runformat import rank_file_name
+    from monitor_jobs import write_parts
+    from test_stuck_watched_file import StuckFile
+
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse to mount a FUSE file whose reads hang")
+    windows = []
+    for name, timeout in (("hung", 1.0), ("other", 30.0)):
+        trace = slow_job(steps=4)
+        parts = parts_of(trace, steps_per_part=4)
+        (tmp_path / name).mkdir()
+        write_parts(tmp_path / name, parts)
+        tracker = JobTracker(name, trace.meta, window_steps=4, gap_wait_s=0.0,
+                             read_timeout_s=timeout)
+        for rank, part, _ in parts:
+            f = read_part_footer(tmp_path / name / rank_file_name(rank, part))
+            assert tracker.add_part(rank, part, f.last_step, None, 1.0, f)
+        [w] = tracker.close_ready(2.0)
+        windows.append(w)
+    stuck = StuckFile(tmp_path / "hung" / rank_file_name(1, 0))
+    try:
+        yield windows[0], windows[1], stuck
+    finally:
+        stuck.close()
+
+
+def test_health_counts_a_stuck_window_read_and_each_tracker_keeps_its_timeout(
+        hanging_window, tmp_path):
+    import threading
+
+    import httpx
+
+    from conftest import eventually
+    from stragglers.monitor import windows
+    from stragglers.monitor.server import MonitorServer
+
+    hung, other, fuse = hanging_window
+    server = MonitorServer(tmp_path / "mon.db", port=0).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=HANG) as c:
+            got = []
+            t = threading.Thread(target=lambda: got.append(analyse_window(hung)), daemon=True)
+            t.start()
+            assert fuse.held.wait(HANG), "the window never read the hanging file"
+            # another tracker's window read (30 s) while the first one's (1 s) is held: it set
+            # the shared readers' timeout, and the held read waited 30 s, not 1
+            row, refused = analyse_window(other)
+            assert row.error is None and refused == [], (row.error, refused)
+            t.join(15.0)
+            assert got, "the hung read waited past its tracker's read_timeout_s (1 s)"
+            row, refused = got[0]
+            assert row.missing_ranks == [1], row
+            assert "has not returned" in refused[0][1], refused
+            # /health counts the window's stuck read (said 0 before: the monitor's own only,
+            # and this monitor reads no file; other tests' stuck reads may be counted too)
+            hung_file = str(hung.files[1].path)
+            assert hung.files[1].rank == 1 and hung_file in windows.stuck_window_reads()
+            assert not server.monitor.file_readers.stuck
+            assert c.get("/health").json()["stuck_reads"] >= 1
+            assert windows._readers().timeout_s == windows.READ_TIMEOUT_S   # (not rewritten)
+            fuse.close()   # (the server gone: the held read fails and returns)
+            eventually(lambda: hung_file not in windows.stuck_window_reads(), HANG,
+                       what="the window readers no longer holding it")
+    finally:
+        server.stop()

@@ -28,6 +28,7 @@ from stragglers.monitor.parts import MAX_PART, MAX_RANK, MAX_WINDOW, check_job_n
 from stragglers.monitor.records import WindowRow, plain
 from stragglers.monitor.store_base import job_shape
 from stragglers.monitor.service import Monitor
+from stragglers.monitor.windows import stuck_window_reads
 from stragglers.serving import canonical_decimal, error_status
 from stragglers.serving_guard import admit_body
 from stragglers.serving_quota import AnonymousPace
@@ -228,8 +229,9 @@ def create_app(monitor: Monitor, token: str | None = None, private: bool = False
         return {"ok": True, "jobs": len(monitor.directories), "idle": monitor.idle(),
                 "scanning": monitor.scanning(),
                 # watched files whose read passed read_timeout_s and is still held (a hung
-                # NFS or FUSE file): their threads are left behind, up to MAX_STUCK_READS
-                "stuck_reads": len(monitor.file_readers.stuck),
+                # NFS or FUSE file): their threads are left behind, up to MAX_STUCK_READS on
+                # the monitor's readers and as many on the windows' (said 0 for a window's)
+                "stuck_reads": len(monitor.file_readers.stuck) + len(stuck_window_reads()),
                 "instance": monitor.instance, "jobs_held": len(monitor.leases.held)} \
             | ({"uploads_refused": monitor.unshared} if monitor.unshared else {})
 

@@ -238,10 +238,17 @@ class FileReaders(Executor):
         self._tasks.put((fut, lambda: fn(*args, **kwargs), _file_of(args[0]) if args else ""))
         return fut
 
-    def map(self, fn, *iterables, timeout=None, chunksize=1):
+    def timed(self, timeout_s: float) -> "TimedReaders":
+        """These readers with each read of a map given up on after `timeout_s` (one caller's
+        setting: the readers' own is left as it is)."""
+        return TimedReaders(self, timeout_s)
+
+    def map(self, fn, *iterables, timeout=None, chunksize=1, read_timeout_s=None):
         """fn(item) of each item, in order; an item's result is StuckRead when its file
-        (the item's first element, or its .path) did not answer within timeout_s of its
-        read's start, is stuck already, or no reader is left (every one stuck)."""
+        (the item's first element, or its .path) did not answer within `read_timeout_s`
+        (else timeout_s) of its read's start, is stuck already, or no reader is left (every
+        one stuck)."""
+        limit = self.timeout_s if read_timeout_s is None else float(read_timeout_s)
         items = list(zip(*iterables)) if len(iterables) > 1 else list(iterables[0])
         out: list = [None] * len(items)
         futures: dict[Future, int] = {}
@@ -262,7 +269,7 @@ class FileReaders(Executor):
             with self._lock:
                 for fut in [f for f in self._running if f in pending]:   # (begun: a few)
                     file, began, thread = self._running[fut]
-                    if now - began >= self.timeout_s and not fut.done():
+                    if now - began >= limit and not fut.done():
                         del self._running[fut]
                         self._left[thread] = file
                         self.stuck[file] = began
@@ -280,19 +287,19 @@ class FileReaders(Executor):
                             _file_of(items[futures[fut]]), None,
                             f"not read: {len(self._left)} reads of watched files are stuck "
                             f"(at most {self.max_stuck} are left behind)")
-                due = [began + self.timeout_s for f, (_, began, _) in self._running.items()
+                due = [began + limit for f, (_, began, _) in self._running.items()
                        if f in pending]
                 stuck_now = len(self._left)
             for file in given_up:
                 log.warning("%s: its read did not return within %g s (a hung file system?); "
                             "given up on (a watched file: left for a later scan), its thread "
-                            "left behind (%d reads stuck now)", file, self.timeout_s, stuck_now)
+                            "left behind (%d reads stuck now)", file, limit, stuck_now)
             if not pending:
                 break
             # (woken once all are read, or at the first deadline of a read begun; a read not
             # begun yet has none: the readers' deadlines bound its wait. Not at each read
             # done: a batch of 1,024 files cost a pass over the rest per read)
-            done, _ = wait(pending, timeout=max(0.0, min(due, default=now + self.timeout_s)
+            done, _ = wait(pending, timeout=max(0.0, min(due, default=now + limit)
                                                 - time.monotonic()),
                            return_when=ALL_COMPLETED)
             for fut in done:
@@ -348,6 +355,22 @@ class FileReaders(Executor):
             if not back:
                 return
 
+
+class TimedReaders(Executor):
+    """A FileReaders' threads with one caller's read timeout (a window's tracker): set on the
+    shared readers at each call, two monitors in one process overwrote each other's."""
+
+    def __init__(self, readers: FileReaders, timeout_s: float):
+        self.readers, self.timeout_s = readers, float(timeout_s)
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        return self.readers.submit(fn, *args, **kwargs)
+
+    def map(self, fn, *iterables, timeout=None, chunksize=1):
+        return self.readers.map(fn, *iterables, read_timeout_s=self.timeout_s)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing: the readers are their owner's to stop."""
 
 
 def _still_stuck(seconds: float) -> str:

@@ -72,7 +72,7 @@ class Window:
         files = self.files + self.after
         ready = read_ahead().take(files, self.steps[-1])
         chunks, refused = read_window_rows(files, [*self.steps, after],
-                                           _readers(self.read_timeout_s), ready)
+                                           _readers().timed(self.read_timeout_s), ready)
         own = {str(f.path) for f in self.files}   # (the next window names its own refusals)
         refused = [r for r in refused if r[0] in own]
         for i, c in enumerate(chunks):
@@ -409,7 +409,7 @@ class JobTracker:
                 and (f.rank, f.part) not in self._by_range]
         # (on the window readers' threads: a thousand ranks' files are a thousand reads, and
         # decoding releases the GIL)
-        reads = list(_readers(self.read_timeout_s).map(
+        reads = list(_readers().timed(self.read_timeout_s).map(
             lambda f: read_steps(f.path, f.within), todo))
         for f, read in zip(todo, reads):
             if not isinstance(read, np.ndarray) or not len(read) or int(read[0]) != f.first_step \
@@ -500,16 +500,22 @@ class JobTracker:
 _READERS: list[FileReaders] = []
 
 
-def _readers(timeout_s: float = READ_TIMEOUT_S) -> FileReaders:
+def _readers() -> FileReaders:
     """The threads that read a window's part files not read ahead (decoding releases the GIL):
-    2, each read given up on after `timeout_s` (one monitor's setting in a process), its thread
-    left behind, at most MAX_STUCK_READS at once. A ThreadPoolExecutor's read of a hung file
+    2, each read given up on after its tracker's read_timeout_s (`timed`: per call, two
+    monitors in one process overwrote each other's when it was set here), its thread left
+    behind, at most MAX_STUCK_READS at once (counted by /health: stuck_window_reads). A ThreadPoolExecutor's read of a hung file
     (NFS, FUSE) held its window, every later window and the ingest's step reads for good,
     and a flood of windows queued reads behind it without bound."""
     if not _READERS:
-        _READERS.append(FileReaders(2, timeout_s=timeout_s, name="stragglers-window-read"))
-    _READERS[0].timeout_s = timeout_s
+        _READERS.append(FileReaders(2, name="stragglers-window-read"))
     return _READERS[0]
+
+
+def stuck_window_reads() -> dict[str, float]:
+    """file → seconds its window read has been stuck, for the window readers' reads left
+    behind now (the process's: /health counts them with the monitor's own)."""
+    return _READERS[0].stuck_reads() if _READERS else {}
 
 
 def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
