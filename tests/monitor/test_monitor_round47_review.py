@@ -186,3 +186,14 @@ def test_health_counts_a_stuck_window_read_and_each_tracker_keeps_its_timeout(
                        what="the window readers no longer holding it")
     finally:
         server.stop()
+
+
+def test_a_window_with_its_last_step_left_out_still_says_its_window_steps():
+    from stragglers.monitor.app import _window_steps
+    from stragglers.monitor.records import WindowRow
+
+    row = WindowRow(job="j", idx=0, first_step=0, last_step=4, steps=[0, 1, 2, 3],
+                    reason="complete")
+    assert _window_steps(row, 10) == 5
+    row.steps = [0, 1, 2, 3, 4]
+    assert _window_steps(row, 10) == 5

@@ -575,6 +575,9 @@ def _window_steps(last: WindowRow | None, configured: int) -> int:
     configured now: a store served again without the rules it was made with said "windows of
     10 steps" for 5-step windows."""
     if last is not None and last.reason == "complete" and last.steps:
-        return len(last.steps)
+        # (a step left out of the analysis is not in `steps`: one at the window's either end,
+        # the last step's op judged past the others', counts by first_step/last_step)
+        return len(last.steps) + (last.steps[0] != last.first_step) \
+            + (last.steps[-1] != last.last_step)
     return configured
 
