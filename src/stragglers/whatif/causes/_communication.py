@@ -8,9 +8,11 @@ CPU contention in some steps on hosts whose transfers wait for a CPU in every st
 outnumber their cores: the contention is standing), in a job whose S the jitter alone gives (S
 at most the noise floor + `noise_margin`), is that jitter too: which steps the standing
 contention made late is the machine's other load's lottery (clean ranks on one CPU).
-Without recorded waits, workers late where their host's other ranks computed beside their
-transfers longer than beside the other carriers' (by at least `contention_explains` of how much
-later they are) stand out no more than contention would make them: no place either.
+Without recorded waits, workers whose transfers are longer where their host's other ranks
+computed beside them (in pieces begun while a transfer of the other carriers' length would still
+run) longer than beside the other carriers' (by at least `contention_explains` of how much longer
+they are) stand out no more than contention would make them: the trace cannot tell that from a
+slow link, and the result's warnings say so instead of a finding.
 """
 
 from __future__ import annotations
@@ -69,11 +71,21 @@ def communication(ctx: Context) -> list[Candidate]:
             # late in most steps but at no place that stands out: the family's own variation
             # (wake-ups, the scheduler), which the noise floor reshuffles, not a link
             continue
-        if _taken_explains(ctx, ids, per, hot, carriers):
+        beside = _taken_explains(ctx, ids, hot, carriers)
+        if beside:
             # no waits recorded, but the host's other ranks computed on its CPUs beside these
             # transfers more than beside the others' for at least as long as they are later:
             # their threads may have waited for a core (four ranks on one CPU: the last
-            # stage's all-reduce runs beside the first stage's next forward, every step)
+            # stage's all-reduce runs beside the first stage's next forward, every step).
+            # Not silently: the result's warnings say what was not named and why.
+            _say(ctx, f"{name} transfers on {', '.join(ctx.name(d, p) for d, p in hot[:8])}"
+                 f"{f' (+{len(hot) - 8} more)' if len(hot) > 8 else ''} take "
+                 f"{1e3 * beside[0]:.1f} ms longer than the other carriers' (per transfer, "
+                 f"mean over steps), and the host's other ranks computed "
+                 f"{1e3 * beside[1]:.1f} ms more beside them (compute begun within a "
+                 "transfer of the others' length): with no CPU waits recorded the trace "
+                 "cannot tell CPU contention from a slow link there; no communication "
+                 "finding is made")
             continue
         evidence = (f"{name} transfers take {times:.1f}× their median on "
                     f"{', '.join(ctx.name(d, p) for d, p in hot[:8])}"
@@ -138,21 +150,42 @@ def _waits_shared(ctx: Context, ids: np.ndarray, per: np.ndarray, hot: list[tupl
         < ctx.cfg.contention_explains * _gap(ctx, ids, per, hot, carriers)
 
 
-def _taken_explains(ctx: Context, ids: np.ndarray, per: np.ndarray,
-                    hot: list[tuple[int, int]], carriers: set[tuple[int, int]]) -> bool:
+def _say(ctx: Context, message: str) -> None:
+    """`message` among the analysis's warnings (the result's `warnings`), once."""
+    if message not in ctx.w.grid.warnings:
+        ctx.w.grid.warnings.append(message)
+
+
+def _taken_explains(ctx: Context, ids: np.ndarray, hot: list[tuple[int, int]],
+                    carriers: set[tuple[int, int]]) -> tuple[float, float] | None:
     """Whether, in a trace without recorded waits, the time the hosts' other ranks computed
-    during the hot workers' transfers (`contention.taken_beside`: the most their threads can
-    have waited for a core) exceeds that during the other carriers' by at least
-    `contention_explains` of how much later the hot ones are (per transfer, means over the
-    steps; `per` [D, P, T] s of lateness): contention can then say why these transfers are
-    late and not the others, and the trace cannot tell it from a slow link there. False with
-    no other carrier, or where the hot workers are not later."""
-    taken = taken_beside(ctx, ids)
-    if taken is None or not carriers - set(hot):
-        return False
-    late = _gap(ctx, ids, per, hot, carriers)
-    return late > 0 and _gap(ctx, ids, _summed(ctx, ids, taken), hot, carriers) \
-        >= ctx.cfg.contention_explains * late
+    during the hot workers' transfers, in compute pieces begun within the first `normal`
+    seconds of each (`normal`: each step's median length of the other carriers' transfers of
+    the family; `contention.taken_beside`: the most their threads can have waited for a
+    core), exceeds that during the other carriers' by at least `contention_explains` of how
+    much longer the hot ones are (per transfer, means over the steps): then (how much longer,
+    how much more compute) s, else None. Compute begun later found the transfer late
+    already: a link that slows a transfer lengthens the window others compute in, which
+    cannot have made it late. None with no other carrier, or where the hot workers'
+    transfers are not longer."""
+    rest = carriers - set(hot)
+    if not rest or ctx.cpu_waits is not None:
+        return None
+    g, cost = ctx.w.grid, ctx.w.cost[ids]
+    stage, present = g.node_stage[ids], g.present[ids]
+    others = np.zeros(present.shape, bool)
+    for d, p in rest:
+        others[stage == p, d] = present[stage == p, d]
+    if not others.any():
+        return None
+    normal = np.nanmedian(np.where(others, cost, np.nan).reshape(-1, cost.shape[-1]), axis=0)
+    taken = taken_beside(ctx, ids, np.nan_to_num(normal))                # [n, D, T]
+    if taken is None:
+        return None
+    longer = _gap(ctx, ids, _summed(ctx, ids, cost), hot, carriers)
+    more = _gap(ctx, ids, _summed(ctx, ids, taken), hot, carriers)
+    return (longer, more) if longer > 0 and more >= ctx.cfg.contention_explains * longer \
+        else None
 
 
 def _gap(ctx: Context, ids: np.ndarray, per: np.ndarray, hot: list[tuple[int, int]],

@@ -7,7 +7,8 @@ so a slow link leaves the wait near 0; on a busy host they are woken and then wa
 and the transfer looks slow although the network is not. A communication finding whose lateness
 lies mostly within those waits is reported as `cpu_contention` instead (whatif/README.md).
 A profiler trace records no waits; where its ranks compute on the CPU beside each other on one
-host, `taken_beside` bounds them by the time the host's other ranks computed during a transfer.
+host, `taken_beside` bounds them by the time the host's other ranks computed during a transfer
+(in pieces begun while a transfer of normal length would still run, where that is given).
 """
 
 from __future__ import annotations
@@ -61,13 +62,16 @@ def as_contention(ctx: Context, cand: Candidate, ids: np.ndarray, late: np.ndarr
     return cand
 
 
-def taken_beside(ctx: Context, ids: np.ndarray) -> np.ndarray | None:
+def taken_beside(ctx: Context, ids: np.ndarray, length: np.ndarray | None = None
+                 ) -> np.ndarray | None:
     """[len(ids), D, T] s: the most each transfer can have waited for a CPU that its host's
     other ranks held, as far as a trace without recorded waits shows: the time during it (its
     measured cost, up to its end) that those ranks computed in the analysed steps, at most its
     own length (one core shared: while another rank computes, the transfer's threads do not
-    run; more cores, less). None where the trace records the waits (`cpu_wait`), times compute
-    on GPUs (a kernel holds no CPU), or places no two of its ranks on one host."""
+    run; more cores, less); with `length` (s, broadcast to [len(ids), D, T]) only compute
+    begun within the first `length` s of the transfer. None where the trace records the waits
+    (`cpu_wait`), times compute on GPUs (a kernel holds no CPU), or places no two of its ranks
+    on one host."""
     if ctx.cpu_waits is not None or not _computes_on_cpu(ctx.trace.meta.extra):
         return None
     host = _host_of(ctx)
@@ -88,28 +92,42 @@ def taken_beside(ctx: Context, ids: np.ndarray) -> np.ndarray | None:
     stage = g.node_stage[ids]
     stop = g.start[ids] + g.duration[ids]                                # [n, D, T]
     begin = stop - w.cost[ids]
+    # compute that began once a transfer of normal length (`length`) would have ended found
+    # it late already: on a slow link, that is the link's lateness drawing compute beside it
+    by = None if length is None else begin + np.broadcast_to(length, stop.shape)
     out = np.zeros(stop.shape)
     for (d, p), rank in np.ndenumerate(ctx.ranks):
         mine = stage == p
         if int(rank) not in host or not mine.any():
             continue
         for other in (r for r in busy if r != rank and host[r] == host[int(rank)]):
-            out[mine, d] += _busy_within(*busy[other], begin[mine, d], stop[mine, d])
+            out[mine, d] += _busy_within(*busy[other], begin[mine, d], stop[mine, d],
+                                         None if by is None else by[mine, d])
     return np.where(g.present[ids], np.minimum(out, w.cost[ids]), 0.0)
 
 
 def _busy_within(start: np.ndarray, end: np.ndarray, before: np.ndarray, a: np.ndarray,
-                 b: np.ndarray) -> np.ndarray:
+                 b: np.ndarray, by: np.ndarray | None = None) -> np.ndarray:
     """Seconds of the intervals (sorted starts, ends made non-decreasing; `before`: their
-    cumulative lengths) that fall within [a, b], elementwise; overlaps within one worker's
-    compute (none by construction) would count twice."""
+    cumulative lengths) that fall within [a, b], elementwise, of those begun before `by` (all
+    where None); overlaps within one worker's compute (none by construction) would count
+    twice."""
     def upto(t: np.ndarray) -> np.ndarray:
         i = np.searchsorted(start, t, side="right")            # intervals started by t
         last = np.maximum(i - 1, 0)
         inside = np.where(i > 0, np.clip(t - start[last], 0.0, end[last] - start[last]), 0.0)
         return before[last] * (i > 0) + inside
     with np.errstate(invalid="ignore"):
-        return np.nan_to_num(np.maximum(upto(b) - upto(a), 0.0))
+        within = np.maximum(upto(b) - upto(a), 0.0)
+        if by is not None:
+            # the intervals begun at `by` or later (all ended before the next begins): their
+            # time up to b, counted from the first one's start
+            j = np.searchsorted(start, np.maximum(by, a), side="left")
+            first = start[np.minimum(j, len(start) - 1)] if len(start) else by
+            late = np.where((j < len(start)) & (first < b),
+                            upto(b) - before[np.minimum(j, len(before) - 1)], 0.0)
+            within = np.maximum(within - np.maximum(late, 0.0), 0.0)
+        return np.nan_to_num(within)
 
 
 def _computes_on_cpu(extra: dict) -> bool:
