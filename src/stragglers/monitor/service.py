@@ -55,7 +55,7 @@ from stragglers.monitor.store import JobConflict, SQLStore
 from stragglers.monitor.store_base import DAMAGED, STALE, superseded_tokens
 from stragglers.monitor.unstored import HeldState, WriteTrouble
 from stragglers.monitor.uploads_mark import InstanceProbe, check_uploads_folder
-from stragglers.monitor.windows import JobTracker, Window, layout_of
+from stragglers.monitor.windows import JobTracker, Window, layout_of, stuck_window_reads
 from stragglers.serving import LogBudget
 from stragglers.trace.model import JobMeta
 from stragglers.trace.runformat import rank_file_name
@@ -408,7 +408,8 @@ class Monitor:
     def stuck_reads(self) -> dict[str, float]:
         """Watched file → seconds its read has been stuck, for the reads given up on and left
         behind (/health and the ingest's queue depths say how many)."""
-        return {self._public(f): s for f, s in self.file_readers.stuck_reads().items()}
+        stuck = {**stuck_window_reads(), **self.file_readers.stuck_reads()}
+        return {self._public(f): s for f, s in stuck.items()}
 
     def scanning(self) -> bool:
         """Whether a watcher's first scan of its roots is under way (/health says so)."""

@@ -135,9 +135,10 @@ class SQLiteStore(SQLStore):
         self._db.execute("INSERT INTO leases (job) SELECT job FROM jobs WHERE true "
                          "ON CONFLICT (job) DO NOTHING")
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> _Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
                              timeout=30.0, factory=_Connection)
+        assert isinstance(db, _Connection)   # (the factory's class; typeshed says Connection)
         db.row_factory = sqlite3.Row
         return db
 

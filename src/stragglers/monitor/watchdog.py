@@ -18,7 +18,7 @@ from stragglers.monitor.changes import ChangeSettings, RankChangeDetector, busy_
 from stragglers.monitor.part_files import StuckRead
 from stragglers.monitor.parts import PartFile
 from stragglers.monitor.records import Place
-from stragglers.monitor.windows import JobTracker
+from stragglers.monitor.windows import JobTracker, stuck_window_reads
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ class Watchdog:
         return {"ingest": m._ingest.qsize(), "analysis": m._analysis.qsize(),
                 "changes": self.queue.qsize(),
                 # watched files whose read did not return (left for a later scan)
-                "stuck_reads": len(m.file_readers.stuck)}
+                "stuck_reads": len(m.file_readers.stuck) + len(stuck_window_reads())}
 
     def delivery_counts(self) -> dict[str, int]:
         """Alert messages sent, given up on and dropped, over every sender."""
