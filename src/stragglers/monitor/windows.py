@@ -599,28 +599,27 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
 def first_starts(rank: np.ndarray, start: np.ndarray, known: dict[int, float] | None = None
                  ) -> dict[int, float]:
     """rank → its earliest start among these rows (and `known`'s)."""
-    out = dict(known or {})
-    if not len(rank):
-        return out
-    order = np.lexsort((start, rank))
-    r, t = rank[order], start[order]
-    head = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
-    for k, v in zip(r[head].tolist(), t[head].tolist()):
-        out[k] = min(v, out.get(k, v))
-    return out
+    return _extreme_per_rank(rank, start, known, latest=False)
 
 
 def last_ends(rank: np.ndarray, end: np.ndarray, known: dict[int, float] | None = None
               ) -> dict[int, float]:
     """rank → its latest end among these rows (and `known`'s)."""
+    return _extreme_per_rank(rank, end, known, latest=True)
+
+
+def _extreme_per_rank(rank: np.ndarray, value: np.ndarray, known: dict[int, float] | None,
+                      latest: bool) -> dict[int, float]:
+    """rank → its largest (`latest`) or smallest value among these rows and `known`'s."""
     out = dict(known or {})
     if not len(rank):
         return out
-    order = np.lexsort((-end, rank))
-    r, t = rank[order], end[order]
+    order = np.lexsort((-value if latest else value, rank))
+    r, t = rank[order], value[order]
     head = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    pick = max if latest else min
     for k, v in zip(r[head].tolist(), t[head].tolist()):
-        out[k] = max(v, out.get(k, v))
+        out[k] = pick(v, out.get(k, v))
     return out
 
 
