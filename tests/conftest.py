@@ -87,6 +87,16 @@ def readable(socks: list[socket.socket], timeout: float) -> list[socket.socket]:
         return [key.fileobj for key, _ in sel.select(timeout)]
 
 
+def raw_request(port: int, method: str, target: str, extra: str = "",
+                source: str = "127.0.0.1") -> socket.socket:
+    """A connection to a loopback service with one request head sent (no body), from
+    `source`; a Host header added unless `extra` starts with its own."""
+    k = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0))
+    host = "" if extra.startswith("Host:") else "Host: 127.0.0.1\r\n"
+    k.sendall(f"{method} {target} HTTP/1.1\r\n{host}{extra}\r\n".encode())
+    return k
+
+
 def free_port() -> int:
     """A free TCP port on loopback for a rendezvous endpoint."""
     with socket.socket() as s:

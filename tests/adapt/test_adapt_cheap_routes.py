@@ -12,7 +12,7 @@ import socket
 
 import httpx
 import pytest
-from conftest import readable
+from conftest import raw_request, readable
 
 import stragglers.adapt.service as adapt_service
 from stragglers.adapt.service import EmbeddedServer
@@ -35,12 +35,6 @@ def server(tmp_path, monkeypatch):
         s.stop()
 
 
-def send(port: int, method: str, target: str, source: str = "127.0.0.1",
-         extra: str = "") -> socket.socket:
-    k = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0))
-    k.sendall(f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}\r\n".encode())
-    return k
-
 
 def test_a_flood_of_anonymous_requests_is_paced_and_a_tokens_request_served(server):
     owner = {"Authorization": f"Bearer {TOKEN}"}
@@ -48,10 +42,10 @@ def test_a_flood_of_anonymous_requests_is_paced_and_a_tokens_request_served(serv
         r = c.post("/datasets", json={"name": "d", "num_samples": 8, "shard_size": 4},
                    headers=owner)
         assert r.status_code == 200, r.text
-    flood = [send(server.port, *request) for request in FLOOD]
+    flood = [raw_request(server.port, *request) for request in FLOOD]
     # a well-formed token that owns nothing is no credential (a new one each request went free)
-    flood.append(send(server.port, "GET", "/health",
-                      extra="Authorization: Bearer made-up-token-0123456789\r\n"))
+    flood.append(raw_request(server.port, "GET", "/health",
+                             extra="Authorization: Bearer made-up-token-0123456789\r\n"))
     try:
         got: list[socket.socket] = []
         while len(got) < 2:   # the burst's two turns left, whichever came first
@@ -63,7 +57,7 @@ def test_a_flood_of_anonymous_requests_is_paced_and_a_tokens_request_served(serv
         with httpx.Client(base_url=server.url, timeout=60) as c:
             r = c.get("/health", headers=owner)
             assert r.status_code == 200, r.text
-        other = send(server.port, "GET", "/health", source="127.0.0.2")
+        other = raw_request(server.port, "GET", "/health", source="127.0.0.2")
         with other:
             ready = readable([other], 60)
             assert ready and other.recv(4096).startswith(b"HTTP/1.1 200")

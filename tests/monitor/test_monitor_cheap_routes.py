@@ -16,7 +16,7 @@ import socket
 
 import httpx
 import pytest
-from conftest import eventually, readable
+from conftest import eventually, raw_request, readable
 
 import stragglers.monitor.app as monitor_app
 from stragglers.monitor.server import MonitorServer
@@ -49,18 +49,10 @@ def server(tmp_path, monkeypatch):
         s.stop()
 
 
-def send(port: int, method: str, target: str, extra: str = "",
-         source: str = "127.0.0.1") -> socket.socket:
-    k = socket.create_connection(("127.0.0.1", port), timeout=60,
-                                 source_address=(source, 0))
-    host = "" if extra.startswith("Host:") else "Host: 127.0.0.1\r\n"
-    k.sendall(f"{method} {target} HTTP/1.1\r\n{host}{extra}\r\n".encode())
-    return k
-
 
 
 def test_a_flood_of_anonymous_requests_of_any_route_is_paced_and_the_token_served(server):
-    flood = [send(server.port, *request) for request in FLOOD]
+    flood = [raw_request(server.port, *request) for request in FLOOD]
     try:
         got: list[socket.socket] = []
         while len(got) < 3:   # the burst's three turns, whichever requests came first
@@ -76,7 +68,7 @@ def test_a_flood_of_anonymous_requests_of_any_route_is_paced_and_the_token_serve
             assert c.put("/api/jobs/cheap/meta", headers=AUTH,
                          content=b'{"job": "cheap", "world_size": 1}').status_code in (200, 422)
         # another address's request is not this one's flood
-        other = send(server.port, "GET", "/health", source="127.0.0.2")
+        other = raw_request(server.port, "GET", "/health", source="127.0.0.2")
         with other:
             assert readable([other], 60), "another address's request answered"
             assert other.recv(4096).startswith(b"HTTP/1.1 200")
@@ -95,7 +87,7 @@ def test_a_loop_of_one_anonymous_request_at_a_time_is_paced_past_its_burst(serve
     with httpx.Client(base_url=server.url, timeout=60) as c:
         assert [c.get(path).status_code for path in ("/health", "/no/such", "/")] == \
             [200, 404, 200]
-    with send(server.port, "GET", "/health") as k:   # the fourth: 600 s off
+    with raw_request(server.port, "GET", "/health") as k:   # the fourth: 600 s off
         eventually(lambda: pressure.requests == {"127.0.0.1": 1}, timeout=60,
                    what="the fourth request waiting its turn")
         assert readable([k], 0) == []
