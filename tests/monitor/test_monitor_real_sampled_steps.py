@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ndtimeline_dir
-
 from stragglers.monitor.part_limits import check_op_spans
 from stragglers.monitor.windows import ops_past_next_step
 from stragglers.trace.load import load_trace
@@ -22,8 +20,8 @@ SAMPLES = ["AR", "SE", "ST"]
 @pytest.mark.xfail(strict=True, reason="check_op_spans assumes one clock across a rank's "
                    "steps; NDTimeline's sampled steps each restart theirs: a real rank refused")
 @pytest.mark.parametrize("name", SAMPLES)
-def test_a_real_rank_of_sampled_steps_passes_the_part_check(name):
-    ops = load_trace(ndtimeline_dir() / f"trace-{name}.parquet").ops
+def test_a_real_rank_of_sampled_steps_passes_the_part_check(name, ndtimeline_dir):
+    ops = load_trace(ndtimeline_dir / f"trace-{name}.parquet").ops
     mine = ops["rank"] == 0
     assert check_op_spans({k: v[mine] for k, v in ops.items()}, name) is None
 
@@ -31,8 +29,8 @@ def test_a_real_rank_of_sampled_steps_passes_the_part_check(name):
 @pytest.mark.xfail(strict=True, reason="ops_past_next_step's bound by the rank's next step "
                    "compares two steps' clocks: a real window's last step left out")
 @pytest.mark.parametrize("name", SAMPLES)
-def test_a_real_window_of_sampled_steps_keeps_every_step(name):
-    t = load_trace(ndtimeline_dir() / f"trace-{name}.parquet")
+def test_a_real_window_of_sampled_steps_keeps_every_step(name, ndtimeline_dir):
+    t = load_trace(ndtimeline_dir / f"trace-{name}.parquet")
     steps = np.unique(t.ops["step"])[:4]
     inside = np.isin(t.ops["step"], steps)
     window = Trace({k: v[inside] for k, v in t.ops.items()}, t.meta, name)
