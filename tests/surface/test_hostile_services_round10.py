@@ -1,0 +1,62 @@
+"""Red team round ten (issue 34): both services against clock jumps, numbers at the edges of
+their fields, restarts and races between the steps of one operation.
+
+Each test is one defect class, marked xfail(strict=True) until its fix lands (then the mark goes):
+a pass before the fix fails the suite, so each flips exactly when its defect is gone. Real
+servers on loopback (the shard service on a thread of this process, as tests/adapt's hostile
+tests start it; the monitor on a thread too, as round nine's monitor tests start it).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import httpx
+import pytest
+
+from conftest import REPO, eventually
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.trace.runformat import table_bytes
+
+sys.path.insert(0, str(REPO / "tests" / "monitor"))
+from monitor_jobs import get, parts_of, slow_job  # noqa: E402
+
+TOKEN = "hostile-round10-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+MONITOR = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
+
+
+@pytest.mark.xfail(strict=True, reason="a rank whose clock steps back an hour between parts "
+                   "(its step 5 starts before its step 4 did) is stored and analysed: a "
+                   "healthy job's windows read S 1.19 and `straggling` fires")
+def test_a_rank_whose_clock_steps_back_between_parts_does_not_make_a_straggler(tmp_path):
+    """A healthy 2x2 job (no slow worker: every window S ~1.007). From its part 1 on, rank 3's
+    clock is an hour behind (an NTP step, a host's clock set back by hand; a hostile uploader
+    the same): its step 5 starts 3,600 s before its step 4 did. Every part is stored 200 and
+    every later window is analysed at S ~1.19, and `straggling` fires for a job with no
+    straggler. A rank's steps going back in time is a contradiction the monitor holds both
+    sides of (the rank's earlier part): refused (422 naming start_ts), or the windows not
+    poisoned."""
+    trace = slow_job(steps=20, slow=None)
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=MONITOR).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60, headers=AUTH) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict()).status_code == 200
+            refused = 0
+            for rank, n, cols in parts_of(trace, 5):
+                if rank == 3 and n >= 1:
+                    cols = {**cols, "start_ts": cols["start_ts"] - 3600.0}
+                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
+                assert r.status_code in (200, 422), r.text
+                refused += r.status_code == 422
+            if refused:
+                return
+            eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
+                       what="windows 0-3")
+            job = get(c, "/api/jobs/j?history=10")
+            slowdowns = [round(w["slowdown"], 3) for w in job["windows"]]
+            assert max(slowdowns) < 1.1, slowdowns
+            assert not [a["rule"] for a in job["alerts"]], job["alerts"]
+    finally:
+        s.stop()
