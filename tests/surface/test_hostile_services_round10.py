@@ -60,3 +60,47 @@ def test_a_rank_whose_clock_steps_back_between_parts_does_not_make_a_straggler(t
             assert not [a["rule"] for a in job["alerts"]], job["alerts"]
     finally:
         s.stop()
+
+
+OWNER = {"Authorization": "Bearer owner-round10-token-0123456789"}
+
+
+@pytest.mark.xfail(strict=True, reason="a lease request_id replayed after its data set's "
+                   "restore leases new shards (the restore drops the request history, the "
+                   "incarnation's fence stays valid): the README's 'never a new one' broken")
+def test_a_lease_request_replayed_across_a_restore_gets_no_new_shards(tmp_path):
+    """Worker w leases 2 of 4 shards with request_id r1; its owner snapshots the data set
+    (those 2 DOING) and restores that snapshot (a resume from a checkpoint while the worker's
+    process goes on: the restore neither fences off incarnations nor keeps their request ids,
+    and puts the 2 back at the queue's front). w leases again (r2: the same 2 shards), then
+    r1 arrives again (a proxy's or a client library's replay of the earlier request): 200
+    with shards 2 and 3, indices and all, leased to w's incarnation that never asked for
+    them: orphans held until their lease runs out, a retry counted each (the issue-34 class,
+    through the restore). The same request id is the same answer (the README): its old
+    shards (`held: false`, no indices), or a refusal."""
+    from stragglers.adapt.service import EmbeddedServer
+
+    server = EmbeddedServer(tmp_path / "s.db").start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60, headers=OWNER) as c:
+            r = c.post("/datasets", json={"name": "d", "num_samples": 8, "shard_size": 2})
+            assert r.status_code == 200, r.text
+            fence = c.post("/datasets/d/join", json={"worker": "w"}).json()["fence"]
+            lease = {"worker": "w", "fence": fence, "count": 2, "request_id": "r1"}
+            first = c.post("/datasets/d/lease", json=lease).json()
+            assert [x["shard"] for x in first["leases"]] == [0, 1], first
+            snap = c.get("/datasets/d/snapshot")
+            assert snap.status_code == 200, snap.text
+            r = c.post("/datasets/d/restore", content=snap.content,
+                       headers={"Content-Type": "application/json"})
+            assert r.status_code == 200, r.text
+            r2 = c.post("/datasets/d/lease", json={**lease, "request_id": "r2"})
+            assert r2.status_code == 200, r2.text
+            again = c.post("/datasets/d/lease", json=lease)
+            if again.status_code >= 400:
+                return   # (refused: nothing leased)
+            new = [(x["shard"], x["indices"]) for x in again.json()["leases"]
+                   if x["indices"] and x["shard"] not in (0, 1)]   # (r2 holds 0 and 1)
+            assert not new, f"r1 replayed after the restore leased {new}"
+    finally:
+        server.stop()
