@@ -104,3 +104,41 @@ def test_a_lease_request_replayed_across_a_restore_gets_no_new_shards(tmp_path):
             assert not new, f"r1 replayed after the restore leased {new}"
     finally:
         server.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="a controller report of a batch larger than the job's "
+                   "global_batch (10^6 of 8) is applied: ND kills the healthy rank 0 and "
+                   "gives it no samples")
+def test_a_report_of_a_batch_past_the_global_batch_moves_no_controller(tmp_path):
+    """A job of 2 ranks, global_batch 8, policy nd. Rank 0 reports what it ran (4 samples in
+    0.1 s a step); rank 1's agent (a bug counting tokens as samples, or a hostile one with
+    the job's token) reports 1,000,000 samples in 0.1 s a step: more than the whole job's
+    batch, a per-sample time no device has. Every report is 200, rank 0 is classed a
+    `persistent` straggler (r 2.0), KILL_RESTART rank 0 and ADJUST_BS [0, 8] follow: the
+    healthy rank restarted and left without samples. Refused (400 naming records[i][2]: at
+    most global_batch), or no action on it."""
+    from stragglers.adapt.service import EmbeddedServer
+
+    server = EmbeddedServer(tmp_path / "s.db").start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60, headers=OWNER) as c:
+            r = c.post("/jobs/j/control/config", json={
+                "policy": "nd", "world_size": 2, "global_batch": 8, "window": 2, "lag_s": 0,
+                "persistent_windows": 1, "total_steps": 1000})
+            assert r.status_code == 200, r.text
+            refused = []
+            for step in range(12):
+                for rank, batch in ((0, 4), (1, 1_000_000)):
+                    r = c.post("/jobs/j/control/report", json={
+                        "rank": rank, "records": [[step, 0.1, batch]], "incarnation": 0})
+                    assert r.status_code in (200, 400), r.text
+                    if r.status_code == 400:
+                        refused.append(r.json()["field"])
+            if refused:
+                assert all("records" in str(f) for f in refused), refused
+                return
+            state = c.get("/jobs/j/control/state").json()
+            kinds = [(a["kind"], a.get("rank"), a.get("batch_sizes")) for a in state["actions"]]
+            assert state["kills"] == 0 and state["batch_sizes"][0] > 0, kinds
+    finally:
+        server.stop()
