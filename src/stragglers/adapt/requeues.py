@@ -7,6 +7,7 @@ import sqlite3
 
 from stragglers.adapt.dataset import FAILED, MAX_FAILED_IN_REPLY, TODO, DatasetConfig
 from stragglers.adapt.replies import FailedShard, Requeued, ShardKey
+from stragglers.adapt.schema import LEFT
 from stragglers.adapt.stored import damaged
 from stragglers.adapt.store_state import StoreState
 
@@ -76,13 +77,19 @@ class Requeues(StoreState):
         # At most EXPIRE_CHUNK a call, the longest expired first (the rest: the next call,
         # the kept bound then being theirs): 262,144 leases expired at once were requeued in
         # one call, seconds that every other job's calls waited for.
-        expired = c.execute("SELECT epoch, shard, retries, worker FROM shards INDEXED BY"
+        expired = c.execute("SELECT epoch, shard, retries, worker, fence FROM shards INDEXED BY"
                             " shards_lease WHERE dataset=? AND state='DOING' AND lease_until<?"
                             " ORDER BY lease_until LIMIT ?",
                             (self._key(cfg.name), now, EXPIRE_CHUNK)).fetchall()
-        for epoch, shard, retries, worker in expired:
+        for epoch, shard, retries, worker, _ in expired:
             front = self._requeue(c, cfg, front, epoch, shard, retries, True,
                                   f"lease of {worker} expired")
+        # A holder whose lease expired has gone as one that released has (until it leases or
+        # acks again): once it holds nothing its place of max_workers_per_dataset is a new
+        # name's (an expired worker kept its place for good, a new pod's join 429). Only the
+        # incarnation that held the shard: a successor's join already cleared the mark.
+        c.executemany("UPDATE workers SET reply=? WHERE dataset=? AND worker=? AND fence=?",
+                      {(LEFT, cfg.name, worker, fence) for _, _, _, worker, fence in expired})
         earliest = c.execute("SELECT MIN(lease_until) FROM shards WHERE dataset=? AND"
                              " state='DOING'", (self._key(cfg.name),)).fetchone()[0]
         self._next_expiry[cfg.name] = math.inf if earliest is None else earliest

@@ -172,6 +172,7 @@ class Restores(StoreState):
         c.execute("DELETE FROM datasets WHERE name=?", (name,))
         c.execute("DELETE FROM workers WHERE dataset=?", (name,))
         c.execute("DELETE FROM lease_requests WHERE dataset=?", (name,))
+        c.execute("DELETE FROM fence_floors WHERE dataset=?", (name,))
         c.execute("INSERT OR REPLACE INTO row_sets VALUES (?,?,'garbage')", (key, name))
         self._forget()
         # (all of it put back if the transaction is rolled back: a refused call changes nothing)

@@ -8,7 +8,7 @@ from pathlib import Path
 from stragglers.adapt.space import out_of_space
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -32,10 +32,11 @@ CREATE UNIQUE INDEX IF NOT EXISTS lease_requests_id ON lease_requests (dataset, 
 CREATE INDEX IF NOT EXISTS datasets_owner ON datasets (token_sha256);
 CREATE INDEX IF NOT EXISTS datasets_creator ON datasets (creator);
 CREATE TABLE IF NOT EXISTS row_sets (rows_key TEXT PRIMARY KEY, dataset TEXT, state TEXT);
+CREATE TABLE IF NOT EXISTS fence_floors (dataset TEXT PRIMARY KEY, floor INTEGER);
 """
 # workers.reply (schema 2's last lease reply, unused since schema 3): LEFT once the name has
-# released (its own release, or a launcher's); a join, or a lease that hands it shards, clears
-# it. A name that left and holds no shard gives its place of max_workers_per_dataset to a new
+# released (its own release, or a launcher's) or a lease of its current incarnation expired; a
+# join, a lease that hands it shards, or an ack of a shard it holds, clears it. A name that left and holds no shard gives its place of max_workers_per_dataset to a new
 # name (shards._take_place_of_left).
 LEFT = "left"
 # Schema 2 -> 3: a history of lease request ids per worker (schema 2 kept only the last one),
@@ -48,6 +49,11 @@ _MIGRATE_2 = ("ALTER TABLE workers ADD COLUMN seq INTEGER DEFAULT 0;"
 # address that created a data set (creator), for the per-client quota.
 _MIGRATE_3 = ("ALTER TABLE datasets ADD COLUMN rows_key TEXT;"
               " ALTER TABLE datasets ADD COLUMN creator TEXT;")
+# Schema 4 -> 5: fence_floors, a data set's highest fence of a worker name that gave its place
+# (new names' fences start above it). Which names of an older file gave theirs is not known:
+# its floor is the highest fence its rows hold (the rule of those versions, kept).
+_MIGRATE_4 = ("INSERT OR REPLACE INTO fence_floors SELECT dataset, MAX(fence) FROM workers"
+              " WHERE typeof(fence)='integer' AND fence >= 1 GROUP BY dataset;")
 
 
 def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlite3.Connection:
@@ -68,7 +74,7 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
         conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         old = conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
-        if old is not None and version not in (2, 3, SCHEMA_VERSION):
+        if old is not None and version not in (2, 3, 4, SCHEMA_VERSION):
             raise InputError(db, None, f"shard database of schema version {version};"
                              f" this version reads {SCHEMA_VERSION} (start a new file)")
         if old is not None and version == 2:
@@ -76,6 +82,8 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
         if old is not None and version in (2, 3):
             conn.executescript(_MIGRATE_3)
         conn.executescript(_SCHEMA)
+        if old is not None and version in (2, 3, 4):
+            conn.executescript(_MIGRATE_4)
         if version != SCHEMA_VERSION:
             # (only when it changes: a start that writes nothing starts on a full disk, and
             # serves reads and refuses writes 507 until space is freed)

@@ -171,11 +171,12 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return _check_fence(row, name, worker, fence)
 
     def _config_fence(self, c: sqlite3.Connection, name: str, worker: str, fence: int,
-                      token_sha256: str | None) -> tuple[DatasetConfig, int, int, int]:
-        """_config then _fence (same checks, same order) in one query: the lease/ack path."""
+                      token_sha256: str | None) -> tuple[DatasetConfig, int, int, int, bool]:
+        """_config then _fence (same checks, same order) in one query: the lease/ack path;
+        also whether the worker's name has left (LEFT)."""
         row = c.execute("SELECT d.num_samples, d.shard_size, d.seed, d.num_epochs, d.lease_s,"
                         " d.max_retries, d.epochs_created, d.front, d.token_sha256, d.rows_key,"
-                        " w.fence, w.seq FROM datasets d LEFT JOIN workers w ON"
+                        " w.fence, w.seq, w.reply FROM datasets d LEFT JOIN workers w ON"
                         " w.dataset=d.name AND w.worker=? WHERE d.name=?",
                         (worker, name)).fetchone()
         if row is None:
@@ -183,8 +184,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         self._touched.add(name)
         cfg = self._verify(c, name, row[:6], row[6], row[7], row[8], row[9])
         authorize(row[8], token_sha256, f"data set '{name}'")
-        seq = _check_fence(None if row[10] is None else row[10:], name, worker, fence)
-        return cfg, row[6], row[7], seq
+        seq = _check_fence(None if row[10] is None else row[10:12], name, worker, fence)
+        return cfg, row[6], row[7], seq, row[12] == LEFT
 
     def _verify(self, c: sqlite3.Connection, name: str, values: tuple[Any, ...],
                 epochs_created: Any, front: Any, owner: Any,
@@ -345,8 +346,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         """
         now = self._clock()
         with self._tx() as c:
-            cfg, epochs_created, front0, seq = self._config_fence(c, name, worker, fence,
-                                                                  token_sha256)
+            cfg, epochs_created, front0, seq, left = self._config_fence(c, name, worker, fence,
+                                                                        token_sha256)
             front = self._expire(c, cfg, front0, now)
             if front != front0:
                 c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
@@ -366,7 +367,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 (self._key(name), worker)).fetchone()[0])
             leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
                                                 now)
-            if leases:   # (a worker that released and leases again has not left)
+            if leases and left:   # (a worker that released and leases again has not left)
                 c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=? AND"
                           " reply=?", (name, worker, LEFT))
             failed, n_failed = self._failed_report(c, name)
@@ -449,7 +450,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         """`ack`, and the share of its shard it moved forward (0: a repeated or older ack)."""
         now = self._clock()
         with self._tx() as c:
-            cfg, epochs_created, _, _ = self._config_fence(c, name, worker, fence, token_sha256)
+            cfg, epochs_created, _, _, left = self._config_fence(c, name, worker, fence,
+                                                                 token_sha256)
             row = c.execute("SELECT state, worker, fence, start, stop, consumed FROM shards"
                             " WHERE dataset=? AND epoch=? AND shard=?",
                             (self._key(name), epoch, shard)).fetchone()
@@ -475,6 +477,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                       " epoch=? AND shard=?", (consumed, new_state, now + cfg.lease_s,
                                                self._key(name), epoch, shard))
             self._leased_until(name, now + cfg.lease_s)
+            if left:   # (marked gone when another of its leases expired: it acks, it is not)
+                c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
+                          (name, worker))
         return Acked(new_state, consumed), (consumed - done) / (stop - start)
 
     def release(self, name: str, worker: str, fence: int | None = None, failure: bool = True,
@@ -502,41 +507,45 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return Released(released)
 
     def _new_name_fence(self, c: sqlite3.Connection, name: str) -> int:
-        """The first fence of a worker name new to data set `name` (QuotaExceeded at
-        max_workers_per_dataset when no name that left holds nothing)."""
+        """The first fence of a worker name new to data set `name`: one above every fence of
+        a name that gave its place (1 while none did; QuotaExceeded at max_workers_per_dataset
+        when no name that left holds nothing)."""
         # each worker name keeps a row and up to REQUEST_HISTORY lease replies: names
         # invented in a loop would grow the file without bound
         n = c.execute("SELECT COUNT(*) FROM workers WHERE dataset=?", (name,)).fetchone()[0]
-        if n < self.max_workers_per_dataset:
-            return 1
-        top = self._take_place_of_left(c, name)
-        if top is None:
+        if n >= self.max_workers_per_dataset and not self._take_place_of_left(c, name):
             raise QuotaExceeded(f"data set '{name}' has {n} workers, its limit"
                                 f" (max_workers_per_dataset={self.max_workers_per_dataset}),"
                                 " none of them released holding nothing; join with a name used"
                                 " before, or release one that left")
-        return top + 1
+        floor = c.execute("SELECT floor FROM fence_floors WHERE dataset=?", (name,)).fetchone()
+        if floor is None:
+            return 1
+        if type(floor[0]) is not int or floor[0] < 0:
+            raise damaged(name, "fence floor", f"floor={floor[0]!r:.40}, expected an integer"
+                          " >= 0")
+        return floor[0] + 1
 
-    def _take_place_of_left(self, c: sqlite3.Connection, name: str) -> int | None:
+    def _take_place_of_left(self, c: sqlite3.Connection, name: str) -> bool:
         """Delete the longest-joined workers row of `name` that released (LEFT) and holds no
         shard, with its lease request history: its place of max_workers_per_dataset is a new
         name's (pods named anew at each start kept every place for good, then every join 429).
-        Returns the highest fence of the data set's rows before the deletion (None: no such
-        row): the new name's incarnations start above it, so no incarnation of the deleted
-        name, should it come back, is current again. (Rows go only here or with the data set:
-        from the first one taken, the data set stays at its limit and every new name comes
-        here; a restart with a higher limit gives new names fence 1 again.)"""
+        False: no such row. The row's fence goes into the data set's fence floor (a row of its
+        own, kept across restarts: a restart with a higher limit gave new names fence 1 again),
+        which every new name's incarnations start above: no incarnation of the deleted name,
+        should it come back, is current again."""
         key = self._key(name)
-        row = c.execute("SELECT worker FROM workers w WHERE dataset=? AND reply=? AND NOT EXISTS"
-                        " (SELECT 1 FROM shards INDEXED BY shards_holder WHERE dataset=? AND"
-                        " worker=w.worker AND state='DOING') ORDER BY rowid LIMIT 1",
+        row = c.execute("SELECT worker, fence FROM workers w WHERE dataset=? AND reply=? AND"
+                        " NOT EXISTS (SELECT 1 FROM shards INDEXED BY shards_holder WHERE"
+                        " dataset=? AND worker=w.worker AND state='DOING') ORDER BY rowid LIMIT 1",
                         (name, LEFT, key)).fetchone()
         if row is None:
-            return None
-        top = c.execute("SELECT MAX(fence) FROM workers WHERE dataset=?", (name,)).fetchone()[0]
+            return False
+        c.execute("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET"
+                  " floor=MAX(floor, excluded.floor)", (name, row[1]))
         c.execute("DELETE FROM workers WHERE dataset=? AND worker=?", (name, row[0]))
         c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=?", (name, row[0]))
-        return int(top)
+        return True
 
     def workers_of(self, token_sha256: str) -> int:
         """Workers joined to the data sets this token owns (each name once a data set)."""
