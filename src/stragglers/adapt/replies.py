@@ -92,11 +92,11 @@ def _digits(a: Any) -> bytes:
     return out[:-1].tobytes()
 
 
-def lease_reply_json(reply: "LeaseReply", indices_of: Any) -> bytes:
-    """The JSON of a lease reply; `indices_of(lease)` gives each lease's indices (a list or a
-    numpy slice: a Pending one read from its epoch's permutation, never a list of it all)."""
-    leases = [_WireLease(x.epoch, x.shard, x.offset, indices_json(indices_of(x)), x.size,
-                         x.held) for x in reply.leases]
+def lease_reply_json(reply: "LeaseReply", json_of: Any) -> bytes:
+    """The JSON of a lease reply; `json_of(lease)` gives each lease's indices as JSON (a Raw:
+    a Pending one's read from its epoch's permutation, never a list of it all)."""
+    leases = [_WireLease(x.epoch, x.shard, x.offset, json_of(x), x.size, x.held)
+              for x in reply.leases]
     return msgspec.json.encode(_WireLeaseReply(reply.status, leases, reply.failed,
                                                reply.failed_total))
 

@@ -30,7 +30,7 @@ from stragglers.adapt.history import REQUEST_HISTORY, LeaseHistory  # noqa: F401
 from stragglers.adapt.permutations import Pending, Permutations
 from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease, LeaseReply,
                                       LeaseStatus, Released, SnapshotJson, Status,
-                                      lease_reply_json)
+                                      indices_json, lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
 from stragglers.adapt.schema import LEFT, SCHEMA_VERSION, open_database, unusable  # noqa: F401
@@ -595,10 +595,10 @@ def _check_fence(row: Sequence[Any] | None, name: str, worker: str, fence: int) 
 def lease_json(store: ShardStore, reply: LeaseReply) -> bytes:
     """The JSON of a lease reply whose Pending indices are read from their permutations
     (computing a shuffle if needed) and encoded a chunk at a time (for a thread of its own)."""
-    def indices_of(lease):
+    def json_of(lease):
         pending = lease.indices
-        if isinstance(pending, Pending):
-            return store.permutations.get(pending.key)[pending.start:pending.stop]
-        return pending
+        if isinstance(pending, Pending):   # (kept: a replay of it is sent as it was written)
+            return store.permutations.json(pending, indices_json)
+        return indices_json(pending)
 
-    return lease_reply_json(reply, indices_of)
+    return lease_reply_json(reply, json_of)
