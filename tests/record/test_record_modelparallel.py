@@ -5,11 +5,16 @@ job named, bad layouts refused in one line."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, torchrun
+from conftest import REPO, free_port, kill_tree, torchrun
 
 from stragglers.errors import InputError
 from stragglers.record.modelparallel import FALLBACK_BASE, GroupIds
@@ -44,11 +49,31 @@ def assert_compute_is_cut(ops) -> None:
                 assert not inside.any(), (r, s, cs, ce)
 
 
+TP_ARGS = ("--tp", "2", "--seq", "16")
+MOE_ARGS = ("--layers", "1", "--batch", "4", "--seq", "16", "--hot-expert", "1",
+            "--routing-skew", "0.5")
+
+
+def run_with_params(example, nproc: int, args, where, record: bool = True) -> None:
+    """A 3-step run of `example` into where/run, its final parameters into where/params*."""
+    torchrun(example, nproc, *args, "--steps", "3", "--out", str(where / "run"),
+             "--params-out", str(where / ("params" if example == MOE_EXAMPLE else "params.pt")),
+             *(() if record else ("--no-record",)), timeout=400)
+
+
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory):
+    """One recorded dp 2 x tp 2 run: its trace for the TP keys, its parameters for the run
+    without attach (the parameters are saved after attach has closed: the trace is the same
+    as without --params-out)."""
+    where = tmp_path_factory.mktemp("tp") / "with"
+    run_with_params(TP_EXAMPLE, 4, TP_ARGS, where)
+    return where
+
+
 @pytest.mark.distributed
-def test_tensor_parallel_collectives_share_their_keys_across_each_tp_group(tmp_path):
-    torchrun(TP_EXAMPLE, 4, "--tp", "2", "--steps", "3", "--seq", "16", "--out",
-             str(tmp_path / "run"), timeout=400)
-    trace = read_run(tmp_path / "run")
+def test_tensor_parallel_collectives_share_their_keys_across_each_tp_group(tp_run):
+    trace = read_run(tp_run / "run")
     ops, meta = trace.ops, trace.meta
     # every rank is a worker (column) of its own; the degrees are in extra
     assert (meta.dp_size, meta.world_size) == (4, 4)
@@ -120,7 +145,6 @@ def test_all_to_all_rows_carry_the_rows_each_expert_rank_received_and_sent(tmp_p
         assert (a2a[0]["bytes"] > 0).all()
     assert_compute_is_cut(ops)
     # each rank's CPUs are in the layout; four ranks on fewer CPUs are said to share them
-    import os
     import socket
     mine = len(os.sched_getaffinity(0))
     crowded = [n.message for n in trace.notes if "ranks share" in n.message]
@@ -142,18 +166,15 @@ def test_balanced_routing_gives_every_expert_rank_the_same_tokens(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("example,nproc,args", [
-    (TP_EXAMPLE, 4, ("--tp", "2", "--seq", "16")),
-    (MOE_EXAMPLE, 2, ("--layers", "1", "--batch", "4", "--seq", "16", "--hot-expert", "1",
-                      "--routing-skew", "0.5")),
-], ids=["tp", "moe"])
-def test_attach_changes_no_parameter(tmp_path, example, nproc, args):
+    (TP_EXAMPLE, 4, TP_ARGS), (MOE_EXAMPLE, 2, MOE_ARGS)], ids=["tp", "moe"])
+def test_attach_changes_no_parameter(tmp_path, request, example, nproc, args):
     saved = {}
     for record in (True, False):
-        where = tmp_path / ("with" if record else "without")
-        torchrun(example, nproc, *args, "--steps", "3", "--out", str(where / "run"),
-                 "--params-out", str(where / ("params" if example == MOE_EXAMPLE else
-                                              "params.pt")),
-                 *(() if record else ("--no-record",)), timeout=400)
+        if record and example == TP_EXAMPLE:   # the TP keys' run
+            where = request.getfixturevalue("tp_run")
+        else:
+            where = tmp_path / ("with" if record else "without")
+            run_with_params(example, nproc, args, where, record)
         files = sorted(where.glob("params/rank-*.pt")) or [where / "params.pt"]
         saved[record] = [torch.load(f) for f in files]
     assert len(saved[True]) == len(saved[False]) >= 1
@@ -356,22 +377,57 @@ def ranks_of(finding) -> list[int]:
 MESH_WORKER = REPO / "tests" / "record" / "workers" / "mesh_worker.py"
 
 
+def ranks_without_agent(script, nproc: int, *args: str, out: Path,
+                        timeout: float = 300) -> list[tuple[int, str]]:
+    """(exit status, stderr) of each rank of a real gloo job started without torchrun's agent
+    (env:// rendezvous on loopback), every rank waited for to its end: an agent stops the
+    other ranks once it sees one fail, which can be before they print."""
+    port = str(free_port())
+    procs = []
+    for rank in range(nproc):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+               "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+               "LOCAL_WORLD_SIZE": str(nproc)}
+        with open(out / f"stderr-{rank}", "w") as err:
+            procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env,
+                                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
+                                          start_new_session=True))
+    deadline = time.monotonic() + timeout
+    try:
+        codes = [p.wait(timeout=max(deadline - time.monotonic(), 0.1)) for p in procs]
+    finally:
+        for p in procs:
+            kill_tree(p)
+    return [(code, (out / f"stderr-{rank}").read_text()) for rank, code in enumerate(codes)]
+
+
 @pytest.mark.distributed
 def test_a_mesh_over_part_of_the_world_is_one_line_on_every_rank(tmp_path):
     # ranks 0-2 hold a tp-3 mesh, rank 3 a plain model: rank 3 had nothing to refuse, waited
-    # in attach's first collective for its refusing peers and died with gloo's traceback
-    # (torchrun stops the other workers once it sees one fail: it looks every 15 s here, so
-    # each rank prints its line first; at the default 0.1 s rank 3 was stopped unprinted once)
-    proc = torchrun(MESH_WORKER, 4, "part_mesh", str(tmp_path / "run"), check=False,
-                    timeout=300, monitor_interval=15)
-    assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: rank ")]
+    # in attach's first collective for its refusing peers and died with gloo's traceback.
+    # Started without torchrun's agent, which stops the other ranks once one has failed
+    # (possibly before they print): every rank runs to its own end (an agent looking only
+    # every 15 s held the test for up to 15 s more)
+    ranks = ranks_without_agent(MESH_WORKER, 4, "part_mesh", str(tmp_path / "run"),
+                                out=tmp_path)
+    stderr = "".join(err for _, err in ranks)
+    assert all(code != 0 for code, _ in ranks), ranks
+    lines = [line for line in stderr.splitlines() if line.startswith("error: rank ")]
     assert sorted(line.split(":")[1] for line in lines) == [f" rank {r}" for r in range(4)], \
-        proc.stderr[-3000:]
+        stderr[-3000:]
     assert all("tensor-parallel degree 3" in line for line in lines), lines
     assert "rank 0 refused the job" in next(line for line in lines if "rank 3:" in line)
-    assert "Connection closed" not in proc.stderr
-    assert 'mesh_worker.py", line' not in proc.stderr  # no worker's traceback
+    assert "Connection closed" not in stderr
+    assert 'mesh_worker.py", line' not in stderr  # no worker's traceback
+
+
+@pytest.fixture(scope="module")
+def mesh_runs(tmp_path_factory) -> Path:
+    """The meshes attach records, one after another in one job: DIR/CASE each."""
+    out = tmp_path_factory.mktemp("meshes")
+    torchrun(MESH_WORKER, 4, "ep,titan_ep,unflatten", str(out), timeout=400)
+    return out
 
 
 @pytest.mark.distributed
@@ -379,12 +435,11 @@ def test_a_mesh_over_part_of_the_world_is_one_line_on_every_rank(tmp_path):
     ("ep", {"dp": 4, "tp": 1, "cp": 1, "ep": 2, "pp": 1}, {(0, 1), (2, 3)}, [0, 1, 0, 1]),
     ("titan_ep", {"dp": 2, "tp": 2, "cp": 1, "ep": 2, "pp": 1}, {(0, 2), (1, 3)}, [0, 0, 1, 1]),
 ])
-def test_expert_parallel_mesh_dims_are_recorded_as_ep(tmp_path, case, parallel, ep_groups,
+def test_expert_parallel_mesh_dims_are_recorded_as_ep(mesh_runs, case, parallel, ep_groups,
                                                       ep_ranks):
     # an "ep" dim (or torchtitan's dp_shard_mod_ep / dp_shard_in_ep) was refused as a dim the
     # recorder does not model
-    torchrun(MESH_WORKER, 4, case, str(tmp_path / "run"), timeout=300)
-    trace = read_run(tmp_path / "run")
+    trace = read_run(mesh_runs / case)
     meta, ops = trace.meta, trace.ops
     assert meta.extra["parallel"] == parallel
     assert (meta.ep_size, meta.dp_size, meta.world_size) == (2, 4, 4)
@@ -431,11 +486,10 @@ def test_tensor_parallel_stages_of_multi_stage_schedules_are_recorded_and_analys
 
 
 @pytest.mark.distributed
-def test_a_mesh_unflattened_from_the_world_is_read_from_the_parameters(tmp_path):
+def test_a_mesh_unflattened_from_the_world_is_read_from_the_parameters(mesh_runs):
     # torch's _unflatten (torchtitan's dense and expert meshes) makes the 1-D world mesh the
     # root: its dim 'world' was refused as a dim the recorder does not model
-    torchrun(MESH_WORKER, 4, "unflatten", str(tmp_path / "run"), timeout=300)
-    trace = read_run(tmp_path / "run")
+    trace = read_run(mesh_runs / "unflatten")
     assert trace.meta.extra["parallel"] == {"dp": 2, "tp": 2, "cp": 1, "ep": 1, "pp": 1}
     assert trace.meta.extra["mesh"] == {"fsdp": 2, "tp": 2}
     groups = [tuple(g) for g in trace.meta.extra["process_groups"]]

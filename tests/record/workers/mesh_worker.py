@@ -2,10 +2,15 @@
 of the world (refused on every rank), expert-parallel dims and dims unflattened from a world
 mesh (recorded).
 
-    torchrun --nproc-per-node 4 mesh_worker.py CASE OUT
+    torchrun --nproc-per-node 4 mesh_worker.py CASE[,CASE...] OUT
+
+Each case is recorded into OUT/CASE, one after another in the same processes (a job starts
+several meshes and attaches more than once, as a test can that runs them all in one job).
 """
 
+import gc
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -59,9 +64,7 @@ def build(case: str, rank: int, world: int) -> nn.Module:
     raise SystemExit(f"unknown case {case}")
 
 
-def main() -> None:
-    case, out = sys.argv[1], sys.argv[2]
-    dist.init_process_group("gloo")
+def record(case: str, out: Path) -> None:
     model = build(case, dist.get_rank(), dist.get_world_size())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with attach(model, opt, out):
@@ -71,6 +74,16 @@ def main() -> None:
             (y.full_tensor() if hasattr(y, "full_tensor") else y).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
+    # the model goes before the next case (FSDP2's hooks form cycles, hence the collect)
+    del model, opt, y
+    gc.collect()
+
+
+def main() -> None:
+    cases, out = sys.argv[1].split(","), Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    for case in cases:
+        record(case, out / case)
     dist.destroy_process_group()
 
 
