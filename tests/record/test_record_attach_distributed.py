@@ -73,18 +73,36 @@ def test_a_clean_fsdp2_run_is_diagnosed_as_none(tmp_path):
     assert result.sim_error <= 0.02
 
 
+def train_3_steps(where, wrap: str, *extra: str, native: str = "1") -> dict:
+    """The parameters after 3 steps of a 2-rank job run into `where` (on.pt / off.pt)."""
+    mode = "off" if "--no-record" in extra else "on"
+    torchrun(TRAIN, 2, "--wrap", wrap, "--steps", "3", "--out", str(where / mode),
+             "--params-out", str(where / f"{mode}.pt"), *extra, timeout=300,
+             env={"STRAGGLERS_RECORD_NATIVE": native})
+    return torch.load(where / f"{mode}.pt")
+
+
+@pytest.fixture(scope="module")
+def unrecorded(tmp_path_factory):
+    """wrap -> (directory, parameters) of its run without attach, each run once: attach not
+    enabled installs no hook (native or Python), so one DDP run serves both native settings."""
+    runs: dict = {}
+
+    def get(wrap: str):
+        if wrap not in runs:
+            where = tmp_path_factory.mktemp(f"unrecorded-{wrap}")
+            runs[wrap] = where, train_3_steps(where, wrap, "--no-record")
+        return runs[wrap]
+    return get
+
+
 # DDP on CPU records with the native hooks where built (record/native.py), else and with
 # STRAGGLERS_RECORD_NATIVE=0 with the Python ones; FSDP2 always with the Python ones
 @pytest.mark.parametrize("wrap,native", [("fsdp2", "1"), ("ddp", "1"), ("ddp", "0")])
-def test_attach_changes_no_parameter(tmp_path, wrap, native):
-    params = {}
-    for mode in ("on", "off"):
-        extra = ["--no-record"] if mode == "off" else []
-        torchrun(TRAIN, 2, "--wrap", wrap, "--steps", "3", "--out", str(tmp_path / mode),
-                 "--params-out", str(tmp_path / f"{mode}.pt"), *extra, timeout=300,
-                 env={"STRAGGLERS_RECORD_NATIVE": native})
-        params[mode] = torch.load(tmp_path / f"{mode}.pt")
-    assert (tmp_path / "on" / "meta.json").exists() and not (tmp_path / "off").exists()
+def test_attach_changes_no_parameter(tmp_path, unrecorded, wrap, native):
+    params = {"on": train_3_steps(tmp_path, wrap, native=native)}
+    off_dir, params["off"] = unrecorded(wrap)
+    assert (tmp_path / "on" / "meta.json").exists() and not (off_dir / "off").exists()
     assert params["on"].keys() == params["off"].keys()
     for name in params["on"]:
         assert torch.equal(params["on"][name], params["off"][name]), name
