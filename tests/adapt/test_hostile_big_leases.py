@@ -129,3 +129,33 @@ def test_the_kept_json_of_leased_ranges_is_bounded_in_bytes():
     assert perms.encoded == 5              # over the bound: never kept
     perms.json(c, indices_json)
     assert perms.encoded == 6
+
+
+def test_big_lease_replies_wait_for_their_tokens_pace_of_indices():
+    """A token's big lease replies past one second's worth of lease_indices_per_token_s wait
+    (before their JSON is written), in turn; another token's do not wait for them."""
+    import asyncio
+
+    from stragglers.adapt.service import _IndexPace
+
+    now, slept = [100.0], []
+
+    async def sleep(s):
+        slept.append(s)
+
+    pace = _IndexPace(1000.0, clock=lambda: now[0], sleep=sleep)
+
+    async def calls():
+        await pace.wait("a", 600)     # within the burst (one second's worth)
+        await pace.wait("a", 400)
+        assert slept == []
+        await pace.wait("a", 500)     # past it: half a second
+        await pace.wait("b", 1000)    # another token: its own burst
+        await pace.wait("a", 500)     # behind a's first wait
+        assert slept == pytest.approx([0.5, 1.0])
+        now[0] += 10.0                # paid up long since: one second's worth again, no more
+        await pace.wait("a", 1000)
+        await pace.wait("a", 1)
+        assert slept == pytest.approx([0.5, 1.0, 0.001])
+
+    asyncio.run(calls())

@@ -191,6 +191,16 @@ class ServiceConfig(Config):
                                                " is served to callers without the owner's token"
                                                " though the data set changed", minimum=0.0,
                                                maximum=3600.0)
+    # 4 x 65,536 indices (1.7 MB of JSON) a token may be sent every 1/8 s: a replay of it costs
+    # its caller nothing, and five clients replaying theirs in a loop (each reply kept, ~3 ms of
+    # the service's CPU and their own to read it) held another job's lease + ack at 5x quiet
+    lease_indices_per_token_s: float = setting(float(1 << 21), "pace of the sample indices of"
+                                               " big lease replies (those written off the"
+                                               " commit thread: shards over 4,096 samples, or"
+                                               " an epoch not shuffled yet) sent to one token"
+                                               " (without one: one client address), past one second's worth at"
+                                               " once: a reply past it waits, before it is"
+                                               " written", minimum=1024.0, maximum=float(1 << 40))
     reads_per_s: float = setting(50.0, "status and snapshot GETs answered per second (the"
                                  " others wait their turn)", minimum=1.0, maximum=1e6)
     max_read_wait_s: float = setting(10.0, "longest wait for a read's turn (then 503)",
@@ -556,6 +566,25 @@ class _ReadPacer:
             await asyncio.sleep(at - now)
 
 
+class _IndexPace:
+    """Sample indices of big lease replies sent per key (a token) and second, past a burst of
+    one second's worth: a reply over it sleeps first (its JSON not yet written, so a sleeping
+    reply holds neither memory nor CPU)."""
+
+    def __init__(self, per_s: float, clock=time.monotonic, sleep=asyncio.sleep):
+        self.per_s, self._clock, self._sleep = per_s, clock, sleep
+        self._due: dict[object, float] = {}   # key -> when its indices so far are paid for
+
+    async def wait(self, key: object, n: int) -> None:
+        now = self._clock()
+        if len(self._due) > 4096:   # (keys paid up are dropped: no entry per token for good)
+            self._due = {k: t for k, t in self._due.items() if t > now - 1.0}
+        due = max(self._due.get(key, now - 1.0), now - 1.0) + n / self.per_s
+        self._due[key] = due
+        if due > now:
+            await self._sleep(due - now)
+
+
 class _SendSlots:
     """At most `n` big bodies (snapshots) being sent at once; the others wait their turn, up
     to `wait_s` (then 503), and a client that takes no chunk for `timeout_s` loses its slot."""
@@ -754,6 +783,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                for mine, rate in ((True, config.snapshot_bytes_per_s),
                                   (False, config.stranger_snapshot_bytes_per_s))}
     pacer = _ReadPacer(config.reads_per_s, config.max_read_wait_s)
+    index_pace = _IndexPace(config.lease_indices_per_token_s)
     credits = WorkCredit()   # a worker's requests free of the shared pace (see worker_turn)
     full_since: dict[str, int] = {}   # data set -> writes done when its status said "disk full"
     # New tokens per minute, per client address and in all: without a service token anyone
@@ -828,13 +858,15 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def read(fn, *args):
         return await asyncio.wrap_future(reader.submit(fn, *args))
 
-    async def with_indices(reply: LeaseReply) -> LeaseReply | Response:
+    async def with_indices(reply: LeaseReply, digest: str | None) -> LeaseReply | Response:
         """A lease reply; one with Pending indices is made JSON on a shuffle thread (not the
         writer, not the event loop: the shuffle, and the list and JSON of up to 262,144
-        indices, a chunk at a time)."""
+        indices, a chunk at a time), once its token's pace of such indices allows."""
         pending = [x.indices for x in reply.leases if isinstance(x.indices, Pending)]
         if not pending:
             return reply
+        await index_pace.wait(digest or ("client", REQUEST_CLIENT.get()),
+                              sum(p.stop - p.start for p in pending))
         big = max(p.key[0] for p in pending) > 1 << 20 or \
             sum(p.stop - p.start for p in pending) > 1 << 16
         body = await asyncio.get_running_loop().run_in_executor(shuffles[big], lease_json,
@@ -983,7 +1015,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             reply = await commit.run(
                 lambda: store.lease(name, body.worker, body.fence, body.count, body.request_id,
                                     digest), digest)
-        return await with_indices(reply)
+        return await with_indices(reply, digest)
 
     async def ack(request: Request) -> Acked:
         name = name_of(request)
