@@ -125,9 +125,17 @@ def test_a_dying_rank_leaves_readable_steps(tmp_path):
         assert "step" in text, "the analyser must say which steps it dropped"
 
 
-def test_ddp_comm_hook_records_every_bucket(tmp_path):
-    out = tmp_path / "trace"
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory) -> Path:
+    """A 4-step DDP job's run directory (read by the comm-hook test, then refused as the
+    directory of a second job)."""
+    out = tmp_path_factory.mktemp("ddp") / "trace"
     torchrun(WORKERS / "ddp_worker.py", 2, str(out), "4", timeout=180)
+    return out
+
+
+def test_ddp_comm_hook_records_every_bucket(ddp_run):
+    out = ddp_run
     assert (out / "ok-0").exists() and (out / "ok-1").exists()
     ops = read_run(out).ops
     ar = (ops["optype"] == OPTYPE_CODES["grads-all-reduce"]) & (ops["rank"] == 0)
@@ -140,10 +148,10 @@ def test_ddp_comm_hook_records_every_bucket(tmp_path):
     assert np.all(ops["duration"][ar] >= 0)
 
 
-def test_every_rank_refuses_a_directory_holding_another_run(tmp_path):
-    out = tmp_path / "trace"
-    torchrun(WORKERS / "ddp_worker.py", 2, str(out), "2", timeout=180)
+def test_every_rank_refuses_a_directory_holding_another_run(ddp_run):
+    out = ddp_run
     before = sorted(p.name for p in out.iterdir())
+    assert "meta.json" in before
     proc = torchrun(WORKERS / "ddp_worker.py", 2, str(out), "2", timeout=180, check=False)
     assert proc.returncode != 0
     # all ranks decide together (no rank left hanging in a collective), one line each
