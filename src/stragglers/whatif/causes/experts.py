@@ -90,6 +90,9 @@ class HostShare:
     # the CPU each crowded host's processes used per step: no step is shorter than that over
     # the host's CPUs
     cpu: HostCpu | None = None
+    # crowded hosts: the share of the all-to-alls' transfer their threads spent runnable
+    # without a core (`cpu_wait` on their rows), kept as measured by the prediction
+    transfer_wait: float | None = None
 
 
 @dataclass
@@ -182,7 +185,26 @@ def _host_share(ctx: Context, pairs: list[tuple[int, int]], durations: np.ndarra
                      cpu_share(g, ops, experts, durations[experts] - wait),
                      None if host is None else fit_contention(g, ops, host, ctx.cfg,
                                                                 rise_bound(ctx.trace)),
-                     None if host is None else host_cpu(ctx.trace, g, ctx.ranks, host))
+                     None if host is None else host_cpu(ctx.trace, g, ctx.ranks, host),
+                     None if host is None else _transfer_wait(g, ops, ctx.w.cost, host))
+
+
+def _transfer_wait(g, ops, cost: np.ndarray, host: np.ndarray) -> float | None:
+    """The share of the all-to-alls' transfer (end − the group's last arrival) on crowded
+    hosts' ranks (`host` ≥ 0) that their threads spent runnable without a core: each row's
+    `cpu_wait` (gloo's transport threads, over the whole op) at most its transfer. None where
+    a row has none (recorded before the recorder kept it) or nothing was transferred."""
+    if "cpu_wait" not in ops:
+        return None
+    nodes = np.flatnonzero(g.node_optype == A2A)
+    cells = g.row[nodes][:, host >= 0]                                     # [M, D', T]
+    if not len(nodes) or (cells < 0).any():
+        return None
+    transfer = cost[nodes][:, host >= 0]
+    wait = ops["cpu_wait"][cells].astype(np.float64)
+    if not np.isfinite(wait).all() or transfer.sum() <= 0:
+        return None
+    return float(np.minimum(wait, transfer).sum() / transfer.sum())
 
 
 def _transfer(g, ops, cost: np.ndarray, min_corr: float
@@ -376,11 +398,30 @@ def _host_text(load: ExpertLoad) -> str:
             f"the waits left out")
     fit = load.host.contention
     if fit is None:
-        return text + "; where ranks share busy cores balancing buys less than this)"
-    return text + (f"); its ranks outnumber their host's CPUs: balanced, each expert piece waits "
-                   f"for a core as the ranks computing beside it in the replay imply "
-                   f"({fit.base:.2f} + {fit.per_rank:.2f} per other rank computing, s per s of "
-                   f"its CPU time, fitted over {fit.pieces} compute pieces of the run)")
+        text += "; where ranks share busy cores balancing buys less than this)"
+    else:
+        text += (f"); its ranks outnumber their host's CPUs: balanced, each expert piece waits "
+                 f"for a core as the ranks computing beside it in the replay imply "
+                 f"({fit.base:.2f} + {fit.per_rank:.2f} per other rank computing, s per s of "
+                 f"its CPU time, fitted over {fit.pieces} compute pieces of the run)")
+    return text + _transfer_wait_text(load.host.transfer_wait)
+
+
+def _transfer_wait_text(share: float | None) -> str:
+    """Why the gain is an upper bound beyond perfect routing where ranks share their host's
+    cores: the all-to-alls' waits for a core, which the prediction keeps as measured."""
+    if share is None:
+        return ""
+    # Balanced, every rank computes a larger expert share at once, beside the others' dispatch
+    # transfers: on 4 ranks sharing 2 cores the dispatches' waits doubled (8.3 → 15.6 ms a
+    # step) while the ranks computing beside them barely moved (0.57 → 0.58 in the replay), and
+    # no fit on that overlap over the skewed steps prices it (tests/whatif/
+    # test_expert_transfer_waits.py; whatif/README.md, limitations)
+    return (f"; its all-to-alls' transfers waited for a core {100 * share:.0f}% of their time "
+            f"(their threads' run delay), kept at the skewed steps' in the prediction: "
+            f"balanced, they run beside every rank's larger expert share and wait longer, "
+            f"which the skewed steps do not show, so on ranks sharing cores the gain is an "
+            f"upper bound beyond perfect routing")
 
 
 def _transfer_text(load: ExpertLoad, bar: float) -> str:
