@@ -34,7 +34,9 @@ computed alone: each expert piece is given its own time at balanced rows (its ow
 slope) plus the run delay that the ranks computing beside it in the replay imply
 (host_cores.py, fitted over the run's compute pieces); and no step is shorter than the CPU its
 ranks' processes used in it (`step_cpu`, gloo's threads included) over the CPUs they share:
-balancing moves the experts' work, it does not remove it. The result: the step time with routing
+balancing moves the experts' work, it does not remove it. The all-to-alls' transfers keep their
+threads' waits for a core as measured (balanced, the dispatches' grow, which the skewed steps do
+not show): there the evidence gives their share. The result: the step time with routing
 perfectly balanced, an upper bound. The same fits price capacity factors (rows beyond C × mean
 dropped, neither computed nor moved) at the measured routing.
 """
