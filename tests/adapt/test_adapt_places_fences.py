@@ -63,6 +63,26 @@ def test_a_worker_that_acks_after_one_lease_expired_keeps_its_place(tmp_path):
         store.close()
 
 
+def test_a_worker_whose_lease_expired_and_that_polls_keeps_its_place(tmp_path):
+    """`a`'s lease expires in `x`'s call and `x` takes the shard; `a`, slow but alive, asks
+    again and is told "wait": a call of its own is a live worker's, so its place is kept (a
+    new name 429) and `a` goes on (its incarnation was deleted for a new name, then Fenced)."""
+    now = [1000.0]
+    store = ShardStore(tmp_path / "s.db", clock=lambda: now[0], max_workers_per_dataset=2)
+    try:
+        store.create_dataset(DatasetConfig("d", 4, 4, lease_s=10), A)
+        a, x = store.join("d", "a", A).fence, store.join("d", "x", A).fence
+        store.lease("d", "a", a, token_sha256=A)
+        now[0] += 11
+        assert store.lease("d", "x", x, token_sha256=A).status == "ok"   # a's shard, expired
+        assert store.lease("d", "a", a, token_sha256=A).status == "wait"
+        with pytest.raises(QuotaExceeded):
+            store.join("d", "b", A)
+        assert store.lease("d", "a", a, token_sha256=A).status == "wait"
+    finally:
+        store.close()
+
+
 def test_fences_never_restart_when_the_limit_is_raised(tmp_path):
     """max_workers_per_dataset 1: `a` releases, `b` takes its place. After a restart with a
     limit of 4, `a` joins as a new name: its fence is above its old one (it was 1 again, the

@@ -7,7 +7,7 @@ import sqlite3
 
 from stragglers.adapt.dataset import FAILED, MAX_FAILED_IN_REPLY, TODO, DatasetConfig
 from stragglers.adapt.replies import FailedShard, Requeued, ShardKey
-from stragglers.adapt.schema import LEFT
+from stragglers.adapt.schema import EXPIRED
 from stragglers.adapt.stored import damaged
 from stragglers.adapt.store_state import StoreState
 
@@ -42,7 +42,10 @@ class Requeues(StoreState):
                                              shard))
         return front
 
-    def _expire(self, c: sqlite3.Connection, cfg: DatasetConfig, front: int, now: float) -> int:
+    def _expire(self, c: sqlite3.Connection, cfg: DatasetConfig, front: int, now: float,
+                caller: tuple[str, int] | None = None) -> int:
+        """Requeue up to EXPIRE_CHUNK expired leases; their holders (but `caller`, the worker
+        and fence of the lease calling: alive) are marked EXPIRED."""
         if cfg.name in self._grace:
             # First call since this store was opened (a service restart): the holders could not
             # renew while no service ran, so each lease gets a full lease_s from now: none
@@ -87,9 +90,12 @@ class Requeues(StoreState):
         # A holder whose lease expired has gone as one that released has (until it leases or
         # acks again): once it holds nothing its place of max_workers_per_dataset is a new
         # name's (an expired worker kept its place for good, a new pod's join 429). Only the
-        # incarnation that held the shard: a successor's join already cleared the mark.
-        c.executemany("UPDATE workers SET reply=? WHERE dataset=? AND worker=? AND fence=?",
-                      {(LEFT, cfg.name, worker, fence) for _, _, _, worker, fence in expired})
+        # incarnation that held the shard (a successor joined since is not gone), and only a
+        # mark of its own (LEFT, a release, stays).
+        c.executemany("UPDATE workers SET reply=? WHERE dataset=? AND worker=? AND fence=? AND"
+                      " reply IS NULL", {(EXPIRED, cfg.name, worker, fence)
+                                         for _, _, _, worker, fence in expired
+                                         if (worker, fence) != caller})
         earliest = c.execute("SELECT MIN(lease_until) FROM shards WHERE dataset=? AND"
                              " state='DOING'", (self._key(cfg.name),)).fetchone()[0]
         self._next_expiry[cfg.name] = math.inf if earliest is None else earliest

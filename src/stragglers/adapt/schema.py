@@ -35,10 +35,14 @@ CREATE TABLE IF NOT EXISTS row_sets (rows_key TEXT PRIMARY KEY, dataset TEXT, st
 CREATE TABLE IF NOT EXISTS fence_floors (dataset TEXT PRIMARY KEY, floor INTEGER);
 """
 # workers.reply (schema 2's last lease reply, unused since schema 3): LEFT once the name has
-# released (its own release, or a launcher's) or a lease of its current incarnation expired; a
-# join, a lease that hands it shards, or an ack of a shard it holds, clears it. A name that left and holds no shard gives its place of max_workers_per_dataset to a new
-# name (shards._take_place_of_left).
+# released (its own release, or a launcher's); a join, a lease that hands it shards, or an ack
+# of a shard it holds, clears it. EXPIRED once a lease of its current incarnation expired in
+# another's call; a lease of it (whatever its answer) or an ack of a shard it holds clears
+# that too. A name that left
+# either way and holds no shard gives its place of max_workers_per_dataset to a new name
+# (shards._take_place_of_left).
 LEFT = "left"
+EXPIRED = "expired"
 # Schema 2 -> 3: a history of lease request ids per worker (schema 2 kept only the last one),
 # and the last epoch's rows written in chunks (materialized: how many of them exist; NULL: all).
 _MIGRATE_2 = ("ALTER TABLE workers ADD COLUMN seq INTEGER DEFAULT 0;"

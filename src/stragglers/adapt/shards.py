@@ -33,7 +33,8 @@ from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease
                                       indices_json, lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
-from stragglers.adapt.schema import LEFT, SCHEMA_VERSION, open_database, unusable  # noqa: F401
+from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION, open_database,  # noqa: F401
+                                     unusable)
 from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_shard,
                                      check_worker_row, config_of, damaged, first_bad_shard)
 from stragglers.adapt.transactions import Transactions
@@ -171,9 +172,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return _check_fence(row, name, worker, fence)
 
     def _config_fence(self, c: sqlite3.Connection, name: str, worker: str, fence: int,
-                      token_sha256: str | None) -> tuple[DatasetConfig, int, int, int, bool]:
+                      token_sha256: str | None) -> tuple[DatasetConfig, int, int, int, Any]:
         """_config then _fence (same checks, same order) in one query: the lease/ack path;
-        also whether the worker's name has left (LEFT)."""
+        also the worker's mark of a name that left (LEFT, EXPIRED; None)."""
         row = c.execute("SELECT d.num_samples, d.shard_size, d.seed, d.num_epochs, d.lease_s,"
                         " d.max_retries, d.epochs_created, d.front, d.token_sha256, d.rows_key,"
                         " w.fence, w.seq, w.reply FROM datasets d LEFT JOIN workers w ON"
@@ -185,7 +186,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         cfg = self._verify(c, name, row[:6], row[6], row[7], row[8], row[9])
         authorize(row[8], token_sha256, f"data set '{name}'")
         seq = _check_fence(None if row[10] is None else row[10:12], name, worker, fence)
-        return cfg, row[6], row[7], seq, row[12] == LEFT
+        return cfg, row[6], row[7], seq, row[12]
 
     def _verify(self, c: sqlite3.Connection, name: str, values: tuple[Any, ...],
                 epochs_created: Any, front: Any, owner: Any,
@@ -346,9 +347,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         """
         now = self._clock()
         with self._tx() as c:
-            cfg, epochs_created, front0, seq, left = self._config_fence(c, name, worker, fence,
+            cfg, epochs_created, front0, seq, mark = self._config_fence(c, name, worker, fence,
                                                                         token_sha256)
-            front = self._expire(c, cfg, front0, now)
+            front = self._expire(c, cfg, front0, now, (worker, fence))
             if front != front0:
                 c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
             if request_id is not None:
@@ -367,9 +368,11 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 (self._key(name), worker)).fetchone()[0])
             leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
                                                 now)
-            if leases and left:   # (a worker that released and leases again has not left)
-                c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=? AND"
-                          " reply=?", (name, worker, LEFT))
+            # (a worker that released and leases again has not left; one whose lease expired
+            # and that calls has not gone)
+            if mark == EXPIRED or (leases and mark == LEFT):
+                c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
+                          (name, worker))
             failed, n_failed = self._failed_report(c, name)
             status: LeaseStatus = "ok"
             if not leases:
@@ -450,7 +453,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         """`ack`, and the share of its shard it moved forward (0: a repeated or older ack)."""
         now = self._clock()
         with self._tx() as c:
-            cfg, epochs_created, _, _, left = self._config_fence(c, name, worker, fence,
+            cfg, epochs_created, _, _, mark = self._config_fence(c, name, worker, fence,
                                                                  token_sha256)
             row = c.execute("SELECT state, worker, fence, start, stop, consumed FROM shards"
                             " WHERE dataset=? AND epoch=? AND shard=?",
@@ -477,7 +480,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                       " epoch=? AND shard=?", (consumed, new_state, now + cfg.lease_s,
                                                self._key(name), epoch, shard))
             self._leased_until(name, now + cfg.lease_s)
-            if left:   # (marked gone when another of its leases expired: it acks, it is not)
+            if mark is not None:   # (marked gone, a lease expired or released: it acks)
                 c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
                           (name, worker))
         return Acked(new_state, consumed), (consumed - done) / (stop - start)
@@ -527,18 +530,18 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return floor[0] + 1
 
     def _take_place_of_left(self, c: sqlite3.Connection, name: str) -> bool:
-        """Delete the longest-joined workers row of `name` that released (LEFT) and holds no
-        shard, with its lease request history: its place of max_workers_per_dataset is a new
+        """Delete the longest-joined workers row of `name` that left (LEFT, EXPIRED) and holds
+        no shard, with its lease request history: its place of max_workers_per_dataset is a new
         name's (pods named anew at each start kept every place for good, then every join 429).
         False: no such row. The row's fence goes into the data set's fence floor (a row of its
         own, kept across restarts: a restart with a higher limit gave new names fence 1 again),
         which every new name's incarnations start above: no incarnation of the deleted name,
         should it come back, is current again."""
         key = self._key(name)
-        row = c.execute("SELECT worker, fence FROM workers w WHERE dataset=? AND reply=? AND"
-                        " NOT EXISTS (SELECT 1 FROM shards INDEXED BY shards_holder WHERE"
+        row = c.execute("SELECT worker, fence FROM workers w WHERE dataset=? AND reply IN"
+                        " (?,?) AND NOT EXISTS (SELECT 1 FROM shards INDEXED BY shards_holder WHERE"
                         " dataset=? AND worker=w.worker AND state='DOING') ORDER BY rowid LIMIT 1",
-                        (name, LEFT, key)).fetchone()
+                        (name, LEFT, EXPIRED, key)).fetchone()
         if row is None:
             return False
         c.execute("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET"
