@@ -35,6 +35,10 @@ SHORTER = [
     ("monitor serve --db", f"monitor serve --port {MONITOR_PORT} --db"),  # 8150 may be taken
     ("adapt serve --db", f"adapt serve --port {SHARDS_PORT} --db"),        # 8151 too
     ("--steps 200", "--steps 10"),                                   # train_gpt.py --steps
+    # the recorded-job examples: each step costs CPU (~0.5 s of train_gpt's 4 ranks), what the
+    # walk checks (the command and the analysis of its run exit 0) is the same at 5 or 3 steps
+    ("--pp 2 --steps 20 ", "--pp 2 --steps 5 "),                       # train_gpt.py
+    ("--steps 8 ", "--steps 3 "),                                     # train_tp.py, train_moe.py
     ("train_coded.py --scheme", "train_coded.py --steps 10 --scheme"),
     ("train_adaptive.py --policy", "train_adaptive.py --steps 20 --policy"),
 ]
