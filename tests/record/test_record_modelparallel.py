@@ -1,6 +1,7 @@
 """attach() on tensor-, expert- and pipeline-parallel (3-D) jobs: real torchrun/gloo runs of the
-examples, the rows the dependency model keys on, parameters untouched, the slow rank of a 3-D
-job named, bad layouts refused in one line."""
+examples, the rows the dependency model keys on (and the run delay of compute between two
+all-to-alls), parameters untouched, the slow rank of a 3-D job named, bad layouts refused in one
+line."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ MOE_EXAMPLE = REPO / "examples" / "train_moe.py"
 FWD, BWD, AR, AG, A2A = (OPTYPE_CODES[n] for n in ("forward-compute", "backward-compute",
                                                    "all-reduce", "all-gather", "all-to-all"))
 BLOCKING = (AR, AG, OPTYPE_CODES["reduce-scatter"], A2A)
+GC_CODE = OPTYPE_CODES["gc"]
+COMPUTE = (FWD, BWD)
 TOKENS_PER_RANK = 4 * 16  # --batch 4 --seq 16 below
 
 
@@ -105,12 +108,23 @@ def test_tensor_parallel_collectives_share_their_keys_across_each_tp_group(tp_ru
     assert_compute_is_cut(ops)
 
 
+SKEW, HOT = 0.5, 2
+
+
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory) -> Path:
+    """One recorded 4-rank MoE run (EP over every rank, expert 2 hot), 3 steps: read by the
+    all-to-all rows test and the compute-between-all-to-alls test."""
+    out = tmp_path_factory.mktemp("moe") / "run"
+    torchrun(MOE_EXAMPLE, 4, "--steps", "3", "--batch", "4", "--seq", "16", "--hot-expert",
+             str(HOT), "--routing-skew", str(SKEW), "--out", str(out), timeout=400)
+    return out
+
+
 @pytest.mark.distributed
-def test_all_to_all_rows_carry_the_rows_each_expert_rank_received_and_sent(tmp_path):
-    skew, hot = 0.5, 2
-    torchrun(MOE_EXAMPLE, 4, "--steps", "2", "--batch", "4", "--seq", "16", "--hot-expert",
-             str(hot), "--routing-skew", str(skew), "--out", str(tmp_path / "run"), timeout=400)
-    trace = read_run(tmp_path / "run")
+def test_all_to_all_rows_carry_the_rows_each_expert_rank_received_and_sent(moe_run):
+    skew, hot = SKEW, HOT
+    trace = read_run(moe_run)
     ops, meta = trace.ops, trace.meta
     assert meta.ep_size == 4 and meta.extra["parallel"]["ep"] == 4
     assert meta.extra["group_sizes"] == {"ep": 4}
@@ -153,6 +167,56 @@ def test_all_to_all_rows_carry_the_rows_each_expert_rank_received_and_sent(tmp_p
                         "their work (balanced routing or sequences) gains less than predicted, "
                         "which gives each rank a core or device of its own"]
                        if mine < 4 else [])
+
+
+@pytest.mark.distributed
+def test_compute_between_two_all_to_alls_carries_its_run_delay(moe_run):
+    # attach() on CPU: a compute piece between two model-parallel collectives (an expert's
+    # compute between its dispatch and its combine) carries its run delay in `cpu_wait`, from
+    # the schedstat counters the two collectives read anyway, and its time on a CPU in
+    # `cpu_time` (read at the second collective's end); every other row keeps NaN in both.
+    # Every row carries its step's process CPU (`step_cpu`).
+    ops = read_run(moe_run).ops
+    assert "cpu_time" in ops
+    between = 0
+    for r in np.unique(ops["rank"]):
+        for s in np.unique(ops["step"]):
+            idx = np.flatnonzero((ops["rank"] == r) & (ops["step"] == s)
+                                 & (ops["optype"] != GC_CODE))
+            idx = idx[np.argsort(ops["start_ts"][idx], kind="stable")]
+            code = ops["optype"][idx]
+            for j, i in enumerate(idx):
+                if code[j] not in COMPUTE:
+                    continue
+                wait, on_cpu = ops["cpu_wait"][i], ops["cpu_time"][i]
+                inside = 0 < j < len(idx) - 1 and code[j - 1] == A2A and code[j + 1] == A2A
+                if not inside:
+                    assert np.isnan(wait) and np.isnan(on_cpu), (r, s, j)
+                    continue
+                between += 1
+                # read after the first all-to-all ended and before the next one began
+                prev, nxt = idx[j - 1], idx[j + 1]
+                window = ops["start_ts"][nxt] - (ops["start_ts"][prev] + ops["duration"][prev])
+                assert 0 <= wait <= window + 1e-6, (r, s, j, wait, window)
+                # on a CPU between the first all-to-all's end and the second's (the kernel's
+                # count of a running thread may lag by a tick: 10 ms covers HZ ≥ 100)
+                through = window + ops["duration"][nxt]
+                assert 0 <= on_cpu <= through + 0.01, (r, s, j, on_cpu, through)
+    # per rank and step: two layers' expert forward, and backward's pieces between them
+    assert between >= 4 * 3 * 2
+    # the collectives keep theirs
+    assert np.isfinite(ops["cpu_wait"][ops["optype"] == A2A]).all()
+    assert np.isnan(ops["cpu_time"][ops["optype"] == A2A]).all()
+    # every row carries its step's process CPU: one value per rank and step, at least the
+    # training thread's CPU in the pieces above (a tick of slack per piece: the count lags)
+    assert np.isfinite(ops["step_cpu"]).all()
+    for r in np.unique(ops["rank"]):
+        for s in np.unique(ops["step"]):
+            sel = (ops["rank"] == r) & (ops["step"] == s)
+            assert len(np.unique(ops["step_cpu"][sel])) == 1, (r, s)
+            pieces = ops["cpu_time"][sel]
+            pieces = pieces[np.isfinite(pieces)]
+            assert ops["step_cpu"][sel][0] >= pieces.sum() - 0.01 * len(pieces), (r, s)
 
 
 @pytest.mark.distributed
