@@ -133,9 +133,11 @@ def test_the_kept_json_of_leased_ranges_is_bounded_in_bytes():
 
 def test_big_lease_replies_wait_for_their_tokens_pace_of_indices():
     """A token's big lease replies past one second's worth of lease_indices_per_token_s wait
-    (before their JSON is written), in turn; another token's do not wait for them."""
+    (before their JSON is written), in turn; another token's do not wait for them. A token
+    paid for more than max_wait_s ahead is refused 429 before its lease is committed."""
     import asyncio
 
+    from stragglers.adapt.errors import RateLimited
     from stragglers.adapt.service import _IndexPace
 
     now, slept = [100.0], []
@@ -143,7 +145,7 @@ def test_big_lease_replies_wait_for_their_tokens_pace_of_indices():
     async def sleep(s):
         slept.append(s)
 
-    pace = _IndexPace(1000.0, clock=lambda: now[0], sleep=sleep)
+    pace = _IndexPace(1000.0, 1.5, clock=lambda: now[0], sleep=sleep)
 
     async def calls():
         await pace.wait("a", 600)     # within the burst (one second's worth)
@@ -153,9 +155,18 @@ def test_big_lease_replies_wait_for_their_tokens_pace_of_indices():
         await pace.wait("b", 1000)    # another token: its own burst
         await pace.wait("a", 500)     # behind a's first wait
         assert slept == pytest.approx([0.5, 1.0])
+        pace.admit("a")               # paid for 1 s ahead: admitted
+        await pace.wait("a", 1000)    # 2 s ahead: the next is refused before anything
+        with pytest.raises(RateLimited) as refused:
+            pace.admit("a")
+        assert refused.value.retry_after_s == pytest.approx(0.5)
+        pace.admit("b")
+        slept.clear()
+        now[0] += 2.0
+        pace.admit("a")
         now[0] += 10.0                # paid up long since: one second's worth again, no more
         await pace.wait("a", 1000)
         await pace.wait("a", 1)
-        assert slept == pytest.approx([0.5, 1.0, 0.001])
+        assert slept == pytest.approx([0.001])
 
     asyncio.run(calls())

@@ -571,9 +571,20 @@ class _IndexPace:
     one second's worth: a reply over it sleeps first (its JSON not yet written, so a sleeping
     reply holds neither memory nor CPU)."""
 
-    def __init__(self, per_s: float, clock=time.monotonic, sleep=asyncio.sleep):
-        self.per_s, self._clock, self._sleep = per_s, clock, sleep
+    def __init__(self, per_s: float, max_wait_s: float, clock=time.monotonic,
+                 sleep=asyncio.sleep):
+        self.per_s, self.max_wait_s, self._clock, self._sleep = per_s, max_wait_s, clock, sleep
         self._due: dict[object, float] = {}   # key -> when its indices so far are paid for
+
+    def admit(self, key: object) -> None:
+        """RateLimited (before anything is leased) when `key`'s replies are paid for more than
+        max_wait_s ahead: a herd of big leases waits in 429 turns, not past its clients'
+        timeouts (each retry a replay charged again)."""
+        ahead = self._due.get(key, 0.0) - self._clock()
+        if ahead > self.max_wait_s:
+            raise RateLimited(f"big lease replies asked past lease_indices_per_token_s"
+                              f" ({self.per_s:g} a second) for {ahead:.0f} s; retry later",
+                              ahead - self.max_wait_s)
 
     async def wait(self, key: object, n: int) -> None:
         now = self._clock()
@@ -783,7 +794,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                for mine, rate in ((True, config.snapshot_bytes_per_s),
                                   (False, config.stranger_snapshot_bytes_per_s))}
     pacer = _ReadPacer(config.reads_per_s, config.max_read_wait_s)
-    index_pace = _IndexPace(config.lease_indices_per_token_s)
+    index_pace = _IndexPace(config.lease_indices_per_token_s, config.contended_max_turn_wait_s)
     credits = WorkCredit()   # a worker's requests free of the shared pace (see worker_turn)
     full_since: dict[str, int] = {}   # data set -> writes done when its status said "disk full"
     # New tokens per minute, per client address and in all: without a service token anyone
@@ -865,8 +876,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         pending = [x.indices for x in reply.leases if isinstance(x.indices, Pending)]
         if not pending:
             return reply
-        await index_pace.wait(digest or ("client", REQUEST_CLIENT.get()),
-                              sum(p.stop - p.start for p in pending))
+        await index_pace.wait(pace_key(digest), sum(p.stop - p.start for p in pending))
         big = max(p.key[0] for p in pending) > 1 << 20 or \
             sum(p.stop - p.start for p in pending) > 1 << 16
         body = await asyncio.get_running_loop().run_in_executor(shuffles[big], lease_json,
@@ -1008,9 +1018,13 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             step = len(more)
         return rest
 
+    def pace_key(digest: str | None) -> object:
+        return digest or ("client", REQUEST_CLIENT.get())
+
     async def lease(request: Request) -> LeaseReply | Response:
         name = name_of(request)
         digest, body = await owned(request, name), await parsed(request, rq.Lease)
+        index_pace.admit(pace_key(digest))
         async with worker_turn(request, (digest, name, body.worker)):
             reply = await commit.run(
                 lambda: store.lease(name, body.worker, body.fence, body.count, body.request_id,
