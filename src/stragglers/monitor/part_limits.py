@@ -3,6 +3,8 @@ or analysed (steps)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from stragglers.errors import InputError
@@ -160,8 +162,11 @@ MAX_OP_SECONDS = 3600.0
 def check_op_spans(cols: dict[str, np.ndarray], source: object) -> InputError | None:
     """A part with an op that does not fit its own step is refused, naming the row: one
     lasting more than MAX_OP_SECONDS, or ending after its rank's next step in the part began
-    (plus OP_END_SLACK_S or one step): on a rank a step starts once the one before is done,
-    so such an op's duration is not what happened, and one such op poisoned its window."""
+    (plus OP_END_SLACK_S or one step) where the two steps run on one clock (OpSpans.chained):
+    on a rank a step starts once the one before is done, so such an op's duration is not what
+    happened, and one such op poisoned its window. Steps each timed from their own start
+    (NDTimeline's samples) are bounded by the other ranks' same step in their window
+    (windows.spans_past_others): a part holds one rank."""
     duration = cols["duration"]
     if not len(duration):
         return None
@@ -171,33 +176,56 @@ def check_op_spans(cols: dict[str, np.ndarray], source: object) -> InputError | 
         return InputError(source, "duration", f"row {i} (step {int(cols['step'][i])}): "
                           f"{float(duration[i]):.6g} s; expected an op of at most "
                           f"{MAX_OP_SECONDS:g} s (MAX_OP_SECONDS)")
-    over, order, r, st, nxt, group, head = op_spans(cols)
-    if not over.any():
+    sp = op_spans(cols)
+    if not sp.over.any():
         return None
-    j = int(np.argmax(over))
-    i, g = int(order[j]), int(group[j])
-    return InputError(source, "duration", f"row {i} (rank {int(r[j])}, step {int(st[j])}): "
-                      f"an op of {float(duration[i]):.6g} s ending "
-                      f"{float(cols['start_ts'][i] + duration[i] - nxt[g]):.6g} s after the "
-                      f"rank's step {int(st[head[g + 1]])} began; expected an op to end by "
-                      f"then (plus {OP_END_SLACK_S:g} s or one step)")
+    j = int(np.argmax(sp.over))
+    i, g = int(sp.order[j]), int(sp.group[j])
+    return InputError(source, "duration", f"row {i} (rank {int(sp.rank[j])}, step "
+                      f"{int(sp.step[j])}): an op of {float(duration[i]):.6g} s ending "
+                      f"{float(cols['start_ts'][i] + duration[i] - sp.next_start[g]):.6g} s "
+                      f"after the rank's step {int(sp.step[sp.head[g + 1]])} began, which "
+                      "followed it on the same clock (it began after half of this step's ops "
+                      f"had); expected an op to end by then (plus {OP_END_SLACK_S:g} s or one "
+                      "step)")
 
 
-def op_spans(cols: dict[str, np.ndarray]):
-    """Which ops end after their rank's next step began (plus OP_END_SLACK_S or one step), in
-    (rank, step) order: (over, order, rank, step, each (rank, step)'s next start, each row's
-    (rank, step) group, the groups' first rows). Ops of a rank's last step here pass."""
+class OpSpans(NamedTuple):
+    """op_spans' answer: rows in (rank, step, start) order, grouped by (rank, step)."""
+
+    over: np.ndarray        # per row: its op ends past its chained next step's bound
+    order: np.ndarray       # per row: its index in the columns
+    rank: np.ndarray        # per row: its rank
+    step: np.ndarray        # per row: its step
+    group: np.ndarray       # per row: its (rank, step) group
+    head: np.ndarray        # per group: its first row
+    first: np.ndarray       # per group: its first start
+    middle: np.ndarray      # per group: its median start (the lower one)
+    next_start: np.ndarray  # per group: the first start of its rank's next step (inf: none)
+    chained: np.ndarray     # per group: that next step followed it on one clock
+
+
+def op_spans(cols: dict[str, np.ndarray]) -> OpSpans:
+    """Which ops end after their rank's next step began (plus OP_END_SLACK_S or one step),
+    where that next step follows on the same clock: it began after at least half of this
+    step's ops had (`chained`). Steps each timed from their own start (NDTimeline's sampled
+    steps: every step begins near 0 s), or a clock set back, begin the next step before this
+    one's bulk: "ends after the next step began" compares two clocks there, and is not
+    judged (an op lasting to the end of its step would be). One op cannot move a median:
+    an op of 3,000 s on one clock stays judged. Ops of a rank's last step here pass."""
     rank, step, start, duration = cols["rank"], cols["step"], cols["start_ts"], cols["duration"]
-    order = np.lexsort((step, rank))
-    r, st = rank[order], step[order]
+    order = np.lexsort((start, step, rank))
+    r, st, at = rank[order], step[order], start[order]
     head = np.flatnonzero(np.r_[True, (r[1:] != r[:-1]) | (st[1:] != st[:-1])])
-    first = np.minimum.reduceat(start[order], head)          # each (rank, step)'s first start
+    count = np.diff(np.r_[head, len(order)])
+    first, middle = at[head], at[head + (count - 1) // 2]
     same_rank = np.r_[r[head][1:] == r[head][:-1], False]    # a next step of the same rank
     nxt = np.r_[first[1:], np.inf]
-    allowed = np.where(same_rank, nxt + np.maximum(nxt - first, OP_END_SLACK_S), np.inf)
-    group = np.repeat(np.arange(len(head)), np.diff(np.r_[head, len(order)]))
-    over = (start[order] + duration[order]) > allowed[group]
-    return over, order, r, st, nxt, group, head
+    chained = same_rank & (nxt > middle)
+    allowed = np.where(chained, nxt + np.maximum(nxt - first, OP_END_SLACK_S), np.inf)
+    group = np.repeat(np.arange(len(head)), count)
+    over = (at + duration[order]) > allowed[group]
+    return OpSpans(over, order, r, st, group, head, first, middle, nxt, chained)
 
 
 def guarded(fn, arg, source):

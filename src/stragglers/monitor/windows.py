@@ -24,7 +24,7 @@ import numpy as np
 
 from stragglers.errors import StragglersError
 from stragglers.monitor.part_files import READ_TIMEOUT_S, FileReaders
-from stragglers.monitor.part_limits import OP_END_SLACK_S, op_spans
+from stragglers.monitor.part_limits import OP_END_SLACK_S, OpSpans, op_spans
 from stragglers.monitor.parts import MAX_STEP_GAP, PartFile, read_window_rows
 from stragglers.monitor.readahead import read_ahead
 from stragglers.monitor.step_sets import read_steps
@@ -58,7 +58,7 @@ class Window:
     after: list[PartFile] = field(default_factory=list)
     next_starts: dict[int, float] = field(default_factory=dict)
     # the step after the window as far as it is known: each rank's latest end of it (the
-    # others' bound an op of the window's last step: ends_past_others)
+    # others' bound an op of the window's last step: spans_past_others)
     next_ends: dict[int, float] = field(default_factory=dict)
 
     def load(self) -> tuple[Trace | None, list[tuple[str, str]]]:
@@ -358,7 +358,7 @@ class JobTracker:
 
     def _held(self, steps: np.ndarray, expected: list[int], now: float) -> bool:
         """Whether the window's last step has a held row whose op ends past every other rank's
-        (ends_past_others) while the others' step after is not all here: only theirs can tell
+        (spans_past_others) while the others' step after is not all here: only theirs can tell
         a rank really held after its collectives (their next step waits as long: kept) from an
         op that did not happen (set aside). Held until every expected rank's step after came,
         or gap_wait_s after another rank's did (then judged by theirs), or the job stalls or
@@ -372,17 +372,20 @@ class JobTracker:
         key = (last, len(self.chunks), self.pending_rows)
         if self._suspect is None or self._suspect[0] != key:
             cols = ("rank", "step", "start_ts", "duration")
-            # (the last step's rows and later: a window's earlier steps are judged when it is
-            # analysed; here a tenth of its rows, on the tick's thread)
-            at = [{k: c[k][c["step"] >= last] for k in cols} for c in self.chunks]
+            # (the last step's rows and the step after's: a window's earlier steps are judged
+            # when it is analysed; here a tenth of its rows, on the tick's thread)
+            at = [{k: c[k][(c["step"] == last) | (c["step"] == last + 1)] for k in cols}
+                  for c in self.chunks]
             ops = {k: np.concatenate([c[k] for c in at]) for k in cols}
-            inside = ops["step"] <= last
-            after = ops["step"] > last
-            ends = last_ends(ops["rank"][after], ops["start_ts"][after] +
-                             ops["duration"][after])
+            inside, after = ops["step"] == last, ops["step"] == last + 1
             window = {k: v[inside] for k, v in ops.items()}
-            self._suspect = (key, set(ends_past_others(window, np.unique(window["rank"]),
-                                                       ends, last)))
+            both = with_step_after(window, first_starts(ops["rank"][after],
+                                                        ops["start_ts"][after]),
+                                   last_ends(ops["rank"][after], ops["start_ts"][after] +
+                                             ops["duration"][after]), last + 1)
+            found = spans_past_others(both, op_spans(both), int(inside.sum())) \
+                if inside.any() else {}
+            self._suspect = (key, {r for r, s in found if s == last})
         suspects = self._suspect[1]
         past = {r for r in expected if self.ranks[r].frontier > last}
         if not suspects or len(past) == len(expected):
@@ -541,17 +544,19 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
             if past:
                 # such an op is not what happened: its step is left out of the window for
                 # every rank (the other steps analysed whole), or where that leaves none, its
-                # ranks (a window of one step)
+                # ranks (a window of one step); every such step, not a rank's first only (a
+                # rank's second poisoned step stayed in: S 2,329)
                 refused += [(f"job {window.job} rank {r}", problem)
-                            for r, (_, problem) in past.items()]
-                out = [st for st, _ in past.values()]
+                            for (r, _), problem in past.items()]
+                out = sorted({st for _, st in past})
                 keep = ~np.isin(trace.ops["step"], out)
                 # (the row names the steps analysed: it listed the step left out as analysed)
                 row.steps = [st for st in row.steps if st not in out] if keep.any() \
                     else row.steps
                 if not keep.any():
-                    row.missing_ranks = sorted(set(row.missing_ranks) | set(past))
-                    keep = ~np.isin(trace.ops["rank"], list(past))
+                    ranks = sorted({r for r, _ in past})
+                    row.missing_ranks = sorted(set(row.missing_ranks) | set(ranks))
+                    keep = ~np.isin(trace.ops["rank"], ranks)
                 trace = Trace({k: v[keep] for k, v in trace.ops.items()}, trace.meta,
                               trace.source, trace.notes) if keep.any() else None
         if trace is None:
@@ -625,126 +630,113 @@ def _extreme_per_rank(rank: np.ndarray, value: np.ndarray, known: dict[int, floa
 
 def ops_past_next_step(trace: Trace, next_starts: dict[int, float],
                        next_ends: dict[int, float] | None = None, last: int | None = None
-                       ) -> dict[int, tuple[int, str]]:
-    """rank → (step, why) of its first op that ends after the rank's next step began (plus
-    OP_END_SLACK_S or one step), judged over every part of the window and, for its last step
-    `last`, the step after it (`next_starts`); and every rank's last step's ops bounded by
-    the other ranks' (ends_past_others: their ends from that step on and of the step after,
-    `next_ends`, where known). A part's own check
-    sees only the steps inside it: at a part's last step an op of up to MAX_OP_SECONDS
-    passed, and one op of 3,000 s made a window's S 1,863 and fired its alerts (also when
-    its rank sent nothing after it)."""
+                       ) -> dict[tuple[int, int], str]:
+    """(rank, step) → why, for every step of a rank with an op that is not what happened:
+    (1) one ending after the rank's next step began (plus OP_END_SLACK_S or one step) where
+    that step follows on the same clock (part_limits.op_spans), judged over every part of the
+    window and, for its last step `last`, the step after it (`next_starts`, `next_ends`);
+    (2) a rank's span of a step (its last end less its first start) past every other rank's
+    reach of that step (spans_past_others: clock-free, so it holds for steps each timed from
+    their own start too, and for a stall that is consistent on its rank's clock but that the
+    others did not wait for). A part's own check sees only the steps inside it: at a part's
+    last step an op of up to MAX_OP_SECONDS passed, and one op of 3,000 s made a window's S
+    1,863 and fired its alerts (also when its rank sent nothing after it)."""
     o = trace.ops
     n = len(o["rank"])
     if not n:
         return {}
+    cols = with_step_after(o, next_starts, next_ends or {},
+                           (o["step"].max(initial=0) if last is None else last) + 1)
+    sp = op_spans(cols)
+    sp.over[sp.order >= n] = False   # (the step after's own rows are only its extremes)
+    out: dict[tuple[int, int], str] = {}
+    for j in np.flatnonzero(sp.over).tolist():
+        key = (int(sp.rank[j]), int(sp.step[j]))
+        if key not in out:
+            i = int(sp.order[j])
+            end = float(cols["start_ts"][i] + cols["duration"][i] - sp.next_start[sp.group[j]])
+            out[key] = (f"step {key[1]}: an op of {float(cols['duration'][i]):.6g} s ends "
+                        f"{end:.6g} s after the rank's next step began (on the same clock); "
+                        f"expected it to end by then (plus {OP_END_SLACK_S:g} s or one step): "
+                        "the step is left out of the window")
+    for key, (duration, past, _) in spans_past_others(cols, sp, n).items():
+        out.setdefault(key, f"step {key[1]}: an op of {duration:.6g} s ends; the rank's ops of "
+                       f"that step end {past:.6g} s after every other rank's latest op of it (or "
+                       f"of its step after, where that follows on one clock), each measured "
+                       f"from its own rank's start of the step (clocks apart, or restarted "
+                       f"each step, compare alike); expected them to end by then (plus "
+                       f"{OP_END_SLACK_S:g} s or that step as they ran it: in a synchronous job "
+                       "they wait for it): the step is left out of the window")
+    return dict(sorted(out.items()))
+
+
+def with_step_after(o: dict[str, np.ndarray], next_starts: dict[int, float],
+                    next_ends: dict[int, float], after: int) -> dict[str, np.ndarray]:
+    """The rank, step, start_ts and duration of `o` (int64/float64) and after them one row a
+    rank of step `after`: from its first start (`next_starts`) to its latest end (`next_ends`,
+    where known)."""
     ranks = np.fromiter(next_starts, dtype=np.int64, count=len(next_starts))
-    after = trace.ops["step"].max(initial=0) + 1
-    cols = {"rank": np.r_[o["rank"].astype(np.int64), ranks],
+    starts = np.fromiter(next_starts.values(), np.float64, len(ranks))
+    ends = np.fromiter((next_ends.get(r, t) for r, t in next_starts.items()), np.float64,
+                       len(ranks))
+    return {"rank": np.r_[o["rank"].astype(np.int64), ranks],
             "step": np.r_[o["step"].astype(np.int64), np.full(len(ranks), after, np.int64)],
-            "start_ts": np.r_[o["start_ts"].astype(np.float64),
-                              np.fromiter(next_starts.values(), np.float64, len(ranks))],
-            "duration": np.r_[o["duration"].astype(np.float64), np.zeros(len(ranks))]}
-    over, order, r, st, nxt, group, _ = op_spans(cols)
-    over &= order < n   # (the next step's own rows are only its starts)
-    out: dict[int, tuple[int, str]] = {}
-    for j in np.flatnonzero(over):
-        rank = int(r[j])
-        if rank not in out:
-            i = int(order[j])
-            end = float(cols["start_ts"][i] + cols["duration"][i] - nxt[group[j]])
-            out[rank] = (int(st[j]), f"step {int(st[j])}: an op of "
-                         f"{float(cols['duration'][i]):.6g} s ends {end:.6g} s after the "
-                         f"rank's next step began; expected it to end by then (plus "
-                         f"{OP_END_SLACK_S:g} s or one step): the step is left out of the "
-                         "window")
-    if last is None:
-        return out
-    for rank, (step, duration, past, hi) in ends_past_others(
-            o, np.unique(o["rank"]), next_ends or {}, last).items():
-        if rank not in out:
-            out[rank] = (step, f"step {step}: an op of {duration:.6g} s ends {past:.6g} s "
-                         f"after every other rank's latest op from that step on (and of the "
-                         f"step after, where known), each measured from its own rank's start "
-                         f"of that step (clocks apart compare alike); expected it to end by then "
-                         f"(plus {OP_END_SLACK_S:g} s or that step as they ran it: in a "
-                         "synchronous job they wait for it): the step is left out of the "
-                         "window")
-    return out
+            "start_ts": np.r_[o["start_ts"].astype(np.float64), starts],
+            "duration": np.r_[o["duration"].astype(np.float64), np.maximum(ends - starts, 0.0)]}
 
 
-def ends_past_others(o: dict[str, np.ndarray], candidates: np.ndarray,
-                     next_ends: dict[int, float], last: int
-                     ) -> dict[int, tuple[int, float, float, float]]:
-    """candidate rank → (step, duration, how far past, the others' reach) of its latest op at
-    its last step here (the window's `last`, or an earlier one where its rows stop) where that
-    op ends, measured from the rank's own first start of that step, later than every *other*
-    rank reached from its own start of that step (its latest end of that step or later, with
-    its end of the step after the window, `next_ends`) by more than the others' longest span
-    of that step (or OP_END_SLACK_S). Each rank is measured on its own clock: hosts whose
-    clocks differ by seconds compare alike (comparing ends across ranks lost every window's
-    last step to a rank 5 s off). In a synchronous job the others meet the rank at that step's
-    or the next step's collectives, so their reach is no shorter than its span less one step
-    (a rank starting late has a shorter span; one starting early, by less than a step): a rank
-    really held after its collectives holds their next step as long (known: kept; not known
-    yet: JobTracker holds the window); its own next step proves nothing (one part can hold
-    both)."""
-    rank = np.asarray(o["rank"], dtype=np.int64)
-    if not len(rank) or not len(candidates):
+def spans_past_others(cols: dict[str, np.ndarray], sp: OpSpans, n: int
+                      ) -> dict[tuple[int, int], tuple[float, float, float]]:
+    """(rank, step) → (the duration of its longest op, how far its span passes, the others'
+    reach) for each rank's step among the first `n` rows of `cols` (sp: their
+    op_spans; rows past `n`: the step after, not judged) whose span, its latest end less its
+    first start, passes every *other* rank's reach of that step by more than the others'
+    longest span of it (or OP_END_SLACK_S). A rank's reach is its latest end of the step, or
+    of its next step where that is the step after on the same clock, less its first start of
+    the step. Each rank is measured on its own clock: hosts whose clocks differ by seconds,
+    and steps each timed from their own start (NDTimeline's samples), compare alike. In a
+    synchronous job the others meet the rank at that step's or the next step's collectives,
+    so their reach is no shorter than its span less one step (a rank starting late has a
+    shorter span; one starting early, by less than a step): a rank really held after its
+    collectives holds their next step as long (kept where it is known and on one clock; not
+    known yet: JobTracker holds the window); its own next step proves nothing (one part can
+    hold both). Without it a stall consistent on its rank's clock but waited for by no other
+    rank (3,000 s in a window's middle step) made S 1,863."""
+    if not n:
         return {}
-    step = np.asarray(o["step"], dtype=np.int64)
-    start = np.asarray(o["start_ts"], dtype=np.float64)
-    end = start + o["duration"]
-    size = max(int(rank.max()), max(next_ends, default=0)) + 1
-    last_of = np.full(size, np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(last_of, rank, step)
-    candidates = candidates[(candidates >= 0) & (candidates < size)]
-    after = np.full(size, -np.inf)
-    for r, t in next_ends.items():
-        if 0 <= r < size:
-            after[r] = t
-    out: dict[int, tuple[int, float, float, float]] = {}
-    for s in np.unique(last_of[candidates]).tolist():
-        since = step >= s
-        hi_since = np.maximum(_per_rank(np.maximum, rank[since], end[since], size, -np.inf),
-                              after if s == last else -np.inf)
-        at = step == s
-        hi_at = _per_rank(np.maximum, rank[at], end[at], size, -np.inf)
-        lo_at = _per_rank(np.minimum, rank[at], start[at], size, np.inf)
-        # (each rank's own clock only: -inf where a rank has no rows of the step)
-        with np.errstate(invalid="ignore"):
-            reach = np.where(np.isfinite(lo_at), hi_since - lo_at, -np.inf)
-            span = np.where(np.isfinite(lo_at), hi_at - lo_at, -np.inf)
-        who = candidates[last_of[candidates] == s]
-        # (every other rank's, for all candidates at once: a 1,024-rank window's loop of
-        # maxima over the others took 0.25 s)
-        others_reach = _of_others(reach)[who]
-        others_span = _of_others(span)[who]
-        bound = others_reach + np.maximum(np.where(np.isfinite(others_span), others_span, 0.0),
-                                          OP_END_SLACK_S)
-        for r in who[np.isfinite(others_reach) & (span[who] > bound)].tolist():
-            k = int(np.flatnonzero((rank == r) & at & (end == hi_at[r]))[0])
-            hi = float(_of_others(reach)[r])
-            out[r] = (int(s), float(o["duration"][k]), float(span[r] - hi), hi)
+    end = cols["start_ts"][sp.order] + cols["duration"][sp.order]
+    hi = np.maximum.reduceat(end, sp.head)
+    g_step = sp.step[sp.head]
+    follows = sp.chained & np.r_[g_step[1:] == g_step[:-1] + 1, False]
+    reach = np.maximum(hi, np.where(follows, np.r_[hi[1:], -np.inf], -np.inf)) - sp.first
+    span = hi - sp.first
+    judged = np.flatnonzero(sp.order[sp.head] < n)
+    key = g_step[judged]
+    others_reach = _of_others(key, reach[judged])
+    others_span = _of_others(key, span[judged])
+    bound = others_reach + np.maximum(others_span, OP_END_SLACK_S)
+    bad = np.isfinite(others_reach) & (span[judged] > bound)
+    out: dict[tuple[int, int], tuple[float, float, float]] = {}
+    for j in np.flatnonzero(bad).tolist():
+        g = int(judged[j])
+        lo, up = int(sp.head[g]), int(sp.head[g + 1]) if g + 1 < len(sp.head) else len(end)
+        k = int(sp.order[lo + int(np.argmax(cols["duration"][sp.order[lo:up]]))])
+        out[(int(sp.rank[lo]), int(g_step[g]))] = (
+            float(cols["duration"][k]), float(span[g] - others_reach[j]), float(others_reach[j]))
     return out
 
 
-def _per_rank(ufunc: Any, rank: np.ndarray, value: np.ndarray, size: int,
-              empty: float) -> np.ndarray:
-    """Each rank's `ufunc`-most value (`empty` for a rank without rows)."""
-    out = np.full(size, empty)
-    ufunc.at(out, rank, value)
-    return out
-
-
-def _of_others(per_rank: np.ndarray) -> np.ndarray:
-    """For each rank, the largest value of every other rank (-inf where there is none)."""
-    out = np.full(len(per_rank), -np.inf)
-    if len(per_rank) < 2:
-        return out
-    top = int(np.argmax(per_rank))
-    out[:] = per_rank[top]
-    out[top] = max(per_rank[:top].max(initial=-np.inf), per_rank[top + 1:].max(initial=-np.inf))
+def _of_others(key: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """For each item, the largest value of the *other* items with its key (-inf: none)."""
+    order = np.lexsort((-value, key))
+    k, v = key[order], value[order]
+    head = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    size = np.diff(np.r_[head, len(k)])
+    second = np.where(size > 1, v[np.minimum(head + 1, len(k) - 1)], -np.inf)
+    others = np.repeat(v[head], size)
+    others[head] = second            # (the largest one's others: the second largest)
+    out = np.empty_like(others)
+    out[order] = others
     return out
 
 
