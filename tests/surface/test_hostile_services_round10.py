@@ -144,8 +144,6 @@ def test_a_report_of_a_batch_past_the_global_batch_moves_no_controller(tmp_path)
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a part whose start_ts is float32 is stored: at Unix "
-                   "times float32 steps are 128 s apart, and a healthy job reads S 1.15")
 def test_start_times_in_float32_are_refused_or_read_without_harm(tmp_path):
     """A healthy 2x2 job whose uploader writes `start_ts` as float32 (a Parquet writer's
     default for a float32 tensor, or a hostile one) at Unix-epoch times: from 1.7e9 s on,
