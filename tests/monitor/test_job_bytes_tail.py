@@ -4,6 +4,8 @@ read visits the parts of the tail alone, not every part row of a long job (an in
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from pg_cluster import postgres_cluster, postgres_url  # noqa: F401 - fixtures
@@ -34,9 +36,11 @@ def _long_job(store, windows: int, postgres: bool = False) -> None:
     store._write(fill)
 
 
-def _steps(store) -> tuple[int, int]:
-    """(job_bytes("j"), SQLite virtual-machine steps it took) on this thread's connection."""
+def _steps(store, used: list) -> tuple[int, int]:
+    """(job_bytes("j"), SQLite virtual-machine steps it took) on this thread's connection
+    (taken as the store's reads take it, and given back: `used` gets it)."""
     db = store._reader()
+    used.append(db)
     steps = [0]
 
     def count() -> int:
@@ -47,18 +51,24 @@ def _steps(store) -> tuple[int, int]:
         got = store.job_bytes("j")
     finally:
         db.set_progress_handler(None, 1)
+        store._done(db)   # (taken without it, the store's close left it open: counted in use)
     return got, steps[0]
 
 
 def test_sqlite_job_bytes_visits_the_tail_not_every_part_row(tmp_path):
     short, long = open_store(str(tmp_path / "short.db")), open_store(str(tmp_path / "long.db"))
+    used: list = []
     try:
         _long_job(short, 10)
         _long_job(long, 1000)
-        (got_short, steps_short), (got_long, steps_long) = _steps(short), _steps(long)
+        (got_short, steps_short), (got_long, steps_long) = _steps(short, used), \
+            _steps(long, used)
     finally:
         short.close()
         long.close()
+    for db in used:   # the stores' close closed the connections the test read through
+        with pytest.raises(sqlite3.ProgrammingError):
+            db.execute("SELECT 1")
     assert got_short == got_long == RANKS * 1000   # the last window's parts alone
     # 100 times the part rows, the same tail: the read's work is the tail's (a b-tree one
     # level deeper at most), where a scan of the job's rows took ~100 times the steps
