@@ -328,31 +328,39 @@ def test_a_job_stored_under_a_link_by_an_earlier_version_follows_its_real_direct
 
 
 @pytest.mark.slow
-def test_a_name_that_is_not_utf8_under_a_root_leaves_the_rescans_and_the_watch_comes_back(
-        tmp_path):
-    # watchfiles fails on every call while one name under a watched folder is not UTF-8: the
-    # watch thread died once for good ("rescans continue"), and as a child it was started
-    # again and again; now the rescans follow the runs, the watch is retried with backoff
-    # (in the child only: in this process its build held the interpreter lock) and comes back
+def test_names_that_are_not_utf8_under_a_root_leave_the_watch_of_its_other_runs_up(tmp_path):
+    # watchfiles cannot name a path that is not UTF-8: its recursive watch of a root holding
+    # one failed at once, for as long as it was there, so every other run of the root was
+    # seen only at the next rescan (here an hour: never). Now the watch goes on folder by
+    # folder without such names; a run folder named so is refused in one line, once (issue 34)
     from conftest import eventually
 
     runs = tmp_path / "runs"
     runs.mkdir()
-    bad = os.fsencode(runs) + b"/junk-\xff"
-    os.mkdir(bad)
+    os.mkdir(os.fsencode(runs) + b"/junk-\xff")
     trace = slow_job(steps=10)
+    parts = parts_of(trace, 5)
+    bad = runs / os.fsdecode(b"run-\xfe")
+    start_run(bad, trace)
     monitor = _monitor(tmp_path)
-    watcher = DirectoryWatcher(monitor, [runs], rescan_s=0.5).start()
+    watcher = DirectoryWatcher(monitor, [runs], rescan_s=3600).start()
     try:
+        eventually(lambda: watcher.watching, what="the watch up")
         assert monitor.wait_idle(120)
         start_run(runs / "job-a", trace)
-        write_parts(runs / "job-a", parts_of(trace, 5))
-        eventually(lambda: "job-a" in monitor.directories, what="job-a followed by rescans")
-        assert not watcher.watching and all(t.is_alive() for t in watcher._threads)
-        os.rmdir(bad)
-        eventually(lambda: watcher.watching, what="the watch back")
+        write_parts(runs / "job-a", parts)
+        eventually(lambda: "job-a" in monitor.directories, what="job-a followed by the watch")
+        # a folder not named in UTF-8 made while watched: the watch is made again and goes on
+        start_run(runs / os.fsdecode(b"late-\xfd"), trace)
+        start_run(runs / "job-b", trace)
+        write_parts(runs / "job-b", parts)
+        eventually(lambda: "job-b" in monitor.directories, what="job-b followed by the watch")
         assert monitor.wait_idle(120)
-        assert monitor.store.totals()["by_way"]["files"].parts == len(parts_of(trace, 5))
+        assert monitor.store.totals()["by_way"]["files"].parts == 2 * len(parts)
+        refused = [r for r in monitor.recent_rejects if "UTF-8" in r["problem"]]
+        assert sorted(r["source"].split("/")[-2] for r in refused) == \
+            ["late-\\xfd", "run-\\xfe"], refused
+        assert watcher.watching and all(t.is_alive() for t in watcher._threads)
     finally:
         watcher.stop()
         _stop(monitor)

@@ -8,6 +8,7 @@ them. Directories are also rescanned now and then, for file systems that drop ev
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -112,18 +113,19 @@ class DirectoryWatcher:
         return self
 
     def stop(self) -> None:
-        """Stop following changes."""
+        """Stop following changes, promptly: what each thread waits on ends (a watch child
+        that hung, blocked in the kernel on a dead mount, held the stop 10 s and stayed)."""
         self._stop.set()
         self._ready.set()
+        self._scans.shutdown(wait=False)   # (a scan waiting on a run's stat that hangs ends)
         child = self._child
-        if child is not None and child.stdin is not None:
-            try:
-                child.stdin.close()   # the child ends, and with it the watch thread's read
-            except OSError:
-                pass
+        if child is not None:
+            # killed, not asked: it holds nothing to flush, and the watch thread's read of
+            # its output ends with it (its stdin closed, it ended within a second, unless hung)
+            with contextlib.suppress(OSError):
+                child.kill()
         for t in self._threads:
-            t.join(timeout=10)
-        self._scans.shutdown(wait=False)
+            t.join(timeout=10)   # (a bound on a hang only: each ends once its wait does)
 
     # ---- discovery ---------------------------------------------------------------------------
 
@@ -293,11 +295,10 @@ class DirectoryWatcher:
             if self._stop.is_set():
                 return
             if status == UNWATCHABLE:
-                # (a name not in UTF-8 under a root: watchfiles fails for as long as it is
-                # there, in this process too; the rescans follow the runs meanwhile)
+                # (a root gone or not named in UTF-8: the rescans follow the runs meanwhile)
                 if not said:
-                    log.warning("%s cannot be watched (a root gone, or a file or folder name "
-                                "that is not UTF-8?); rescans every %.0f s follow the runs, "
+                    log.warning("%s cannot be watched (a root gone, or its name not "
+                                "UTF-8?); rescans every %.0f s follow the runs, "
                                 "the watch is tried again now and then",
                                 ", ".join(map(str, self.roots)), self.rescan_s)
                 said = True
@@ -340,18 +341,20 @@ class DirectoryWatcher:
                 lines += 1
                 self._ready.set()   # (its first batch: the watch is built)
                 self.watching = True
-                if catch_up and lines == 1:
-                    try:
-                        self.scan()
-                    except Exception:   # noqa: BLE001 - the rescans try again
-                        log.exception("scan of %s failed", ", ".join(map(str, self.roots)))
                 try:
                     at, changes = json.loads(line)
-                    events = [(watchfiles.Change(int(c)), str(name)) for c, name in changes]
+                    events = [] if changes is None else \
+                        [(watchfiles.Change(int(c)), str(name)) for c, name in changes]
                 except (ValueError, TypeError):
                     log.warning("file watcher's process: a line that does not read: %.80r",
                                 line)
                     continue
+                # (a catch-up line: the child made its watch again, events may be missed)
+                if (catch_up and lines == 1) or changes is None:
+                    try:
+                        self.scan()
+                    except Exception:   # noqa: BLE001 - the rescans try again
+                        log.exception("scan of %s failed", ", ".join(map(str, self.roots)))
                 self._batch(previous, events)
                 previous = float(at)
         finally:
@@ -365,6 +368,9 @@ class DirectoryWatcher:
         child = self._child
         if child is None:
             return
+        if self._stop.is_set():
+            with contextlib.suppress(OSError):
+                child.kill()   # (a stop waits on no child: see stop)
         if child.stdin is not None and not child.stdin.closed:
             try:
                 child.stdin.close()   # (it ends within a second: its stop event)

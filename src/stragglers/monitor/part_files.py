@@ -10,7 +10,7 @@ import queue
 import stat
 import threading
 import time
-from concurrent.futures import ALL_COMPLETED, Executor, Future, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from pathlib import Path
 
 from stragglers.errors import InputError
@@ -220,6 +220,9 @@ class FileReaders(Executor):
         self.stuck: dict[str, float] = {}   # file → when its read that is stuck began
         self.given_up = 0   # reads left behind, in all
         self._closed = False
+        # done at shutdown: a map waiting on its reads stops waiting (a stop waited up to a
+        # read's deadline, 30 s for a run's scan, on one that hung)
+        self._shut: Future = Future()
 
     def stuck_reads(self) -> dict[str, float]:
         """file → seconds its read has been stuck, for the reads left behind now."""
@@ -264,6 +267,18 @@ class FileReaders(Executor):
                 futures[self.submit(fn, *item) if len(iterables) > 1
                         else self.submit(fn, item)] = i
         pending = set(futures)
+        # set once every read still waited for is done (one wake, not one per read)
+        gate, awaited = threading.Lock(), set(futures)
+        all_read: Future = Future()
+
+        def settled(fut: Future) -> None:   # (a read done, or no longer waited for)
+            with gate:
+                awaited.discard(fut)
+                if not awaited and not all_read.done():
+                    all_read.set_result(None)
+
+        for fut in futures:
+            fut.add_done_callback(settled)
         while pending:
             now, given_up = time.monotonic(), []
             with self._lock:
@@ -276,6 +291,7 @@ class FileReaders(Executor):
                         self._workers -= 1
                         self.given_up += 1
                         pending.discard(fut)
+                        settled(fut)
                         out[futures[fut]] = StuckRead(file, None, _still_stuck(now - began))
                         given_up.append(file)
                         if len(self._left) < self.max_stuck and not self._closed:
@@ -296,16 +312,21 @@ class FileReaders(Executor):
                             "left behind (%d reads stuck now)", file, limit, stuck_now)
             if not pending:
                 break
-            # (woken once all are read, or at the first deadline of a read begun; a read not
-            # begun yet has none: the readers' deadlines bound its wait. Not at each read
-            # done: a batch of 1,024 files cost a pass over the rest per read)
-            done, _ = wait(pending, timeout=max(0.0, min(due, default=now + limit)
-                                                - time.monotonic()),
-                           return_when=ALL_COMPLETED)
-            for fut in done:
+            # (woken once all are read, at shutdown, or at the first deadline of a read
+            # begun; a read not begun yet has none: the readers' deadlines bound its wait.
+            # Not at each read done: a batch of 1,024 files cost a pass over the rest per read)
+            wait((all_read, self._shut),
+                 timeout=max(0.0, min(due, default=now + limit) - time.monotonic()),
+                 return_when=FIRST_COMPLETED)
+            for fut in [f for f in pending if f.done()]:
                 pending.discard(fut)
                 if not fut.cancelled():
                     out[futures[fut]] = fut.result()
+            if self._shut.done():   # (the readers' owner stops: no read is waited for)
+                for fut in pending:
+                    out[futures[fut]] = StuckRead(_file_of(items[futures[fut]]), None,
+                                                  "not read: the readers are shut down")
+                break
         return iter(out)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -313,6 +334,8 @@ class FileReaders(Executor):
         with self._lock:
             self._closed = True
             workers = self._workers
+            if not self._shut.done():
+                self._shut.set_result(None)
         for _ in range(workers):
             self._tasks.put(None)
 
