@@ -4,8 +4,14 @@ run's last window, a run older than the current one unable to reset it."""
 
 from __future__ import annotations
 
+import logging
 import threading
+from pathlib import Path
 
+from stragglers.monitor import part_rows
+from stragglers.monitor.part_files import StuckRead
+from stragglers.monitor.part_footers import PartFile
+from stragglers.monitor.readahead import read_ahead
 from stragglers.monitor.service import Monitor
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.store import open_store
@@ -69,4 +75,34 @@ def test_stop_does_not_wait_on_a_scan_whose_run_hangs(tmp_path, monkeypatch):
         release.set()
         watcher.stop()
         monitor.stop()
+        monitor.store.close()
+
+
+def test_a_read_ahead_is_given_up_on_after_the_monitors_read_timeout(tmp_path, monkeypatch,
+                                                                       caplog):
+    # readahead.py's file readers had a fixed 5 s deadline: a monitor told read_timeout_s
+    # (a slow file system's, or a quicker one) read ahead with 5 s whatever it said. The
+    # read here blocks on an event; the deadline the readers name is the one checked
+    release = threading.Event()
+    real = part_rows._read_sized
+
+    def read(path, *args):
+        if Path(path).name == "hang":
+            release.wait(120)
+        return real(path, *args)
+
+    monkeypatch.setattr(part_rows, "_read_sized", read)
+    monitor = Monitor(open_store(tmp_path / "mon.db", durable=False),
+                      MonitorConfig(read_timeout_s=0.25, analysis_process=False))
+    part = PartFile(rank=0, part=0, path=tmp_path / "run" / "hang", records=1, first_step=0,
+                    last_step=0, nbytes=1, max_stage=0, max_dp=0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="stragglers.monitor.part_files"):
+            monitor.analyser.read_ahead([part])
+            [got] = read_ahead().take([part], 0).values()
+        assert isinstance(got, StuckRead), got
+        assert "did not return within 0.25 s" in caplog.text, caplog.text
+    finally:
+        release.set()
+        read_ahead().forget(str(tmp_path))
         monitor.store.close()

@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from stragglers.monitor.part_files import READ_TIMEOUT_S
 from stragglers.monitor.readahead import forget_parts, read_ahead_parts
 from stragglers.monitor.records import Refusal, WindowRow
 from stragglers.monitor.windows import Window, analyse_window, window_row
@@ -31,8 +32,9 @@ PARENT_CHECK_S = 1.0
 class WindowAnalyser:
     """Runs analyse_window for the monitor's analysis thread (one window at a time)."""
 
-    def __init__(self, in_process: bool = False):
+    def __init__(self, in_process: bool = False, read_timeout_s: float = READ_TIMEOUT_S):
         self.in_process = in_process
+        self.read_timeout_s = read_timeout_s   # each part file read ahead (the monitor's)
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.RLock()
         self._ahead: list = []         # parts to read ahead, waiting for the task in flight
@@ -51,7 +53,7 @@ class WindowAnalyser:
         if not files:
             return
         if self.in_process:
-            read_ahead_parts(files)
+            read_ahead_parts(files, self.read_timeout_s)
             return
         # one read-ahead task in flight at a time, carrying every part that came meanwhile: a
         # task per ingest batch (many jobs, small batches) queued the windows behind them
@@ -85,7 +87,8 @@ class WindowAnalyser:
                 self._ahead_busy = False    # down must not start a new process)
                 return
         try:
-            self._executor().submit(read_ahead_parts, files).add_done_callback(self._send_ahead)
+            self._executor().submit(read_ahead_parts, files, self.read_timeout_s
+                                   ).add_done_callback(self._send_ahead)
         except (BrokenProcessPool, RuntimeError):
             with self._lock:
                 self._ahead_busy = False

@@ -8,7 +8,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from stragglers.errors import InputError
-from stragglers.monitor.part_files import FileReaders
+from stragglers.monitor.part_files import READ_TIMEOUT_S, FileReaders
 from stragglers.monitor.parts import PartData, PartFile, read_part_files
 
 CHUNK = 64   # parts read and checked together on one thread (checks cost per column, not row)
@@ -28,8 +28,9 @@ class ReadAhead:
         # window after it, and the stop) waiting on it for good
         self._files = FileReaders(threads, name="stragglers-read-ahead-file")
 
-    def add(self, files: list[PartFile]) -> None:
-        """Start reading these parts (those over the row bound are left to their window)."""
+    def add(self, files: list[PartFile], read_timeout_s: float = READ_TIMEOUT_S) -> None:
+        """Start reading these parts (those over the row bound are left to their window), each
+        file's read given up on after `read_timeout_s` (the monitor's setting)."""
         take = []
         with self._lock:
             for f in files:
@@ -38,7 +39,10 @@ class ReadAhead:
                     self.rows += f.records
         for i in range(0, len(take), CHUNK):
             chunk = take[i:i + CHUNK]
-            fut = self._pool.submit(read_part_files, [f.path for f in chunk], self._files,
+            # (timed: the caller's setting, not the readers' own; two monitors in one process
+            # may have two: a fixed 5 s cut a slow file system's reads that the setting allowed)
+            fut = self._pool.submit(read_part_files, [f.path for f in chunk],
+                                    self._files.timed(read_timeout_s),
                                     [f.digest for f in chunk], [f.within for f in chunk])
             with self._lock:
                 for j, f in enumerate(chunk):
@@ -86,6 +90,6 @@ def forget_parts(directory: str) -> None:
     read_ahead().forget(directory)
 
 
-def read_ahead_parts(files: list[PartFile]) -> None:
+def read_ahead_parts(files: list[PartFile], read_timeout_s: float = READ_TIMEOUT_S) -> None:
     """Start reading these parts in this process (the analyser submits this to its process)."""
-    read_ahead().add(files)
+    read_ahead().add(files, read_timeout_s)
