@@ -72,9 +72,9 @@ def run_demo(port: int = 8150, steps: int = 80, out: Path = Path("runs/demo-live
         print(f"job gpt: dp 2 x pp 2, {steps} steps; rank 1 is 4x slow until step "
               f"{steps // 2}, then recovers", flush=True)
         rc = subprocess.call(cmd, env=env, cwd=REPO)
-        time.sleep(3)
-        job = msgspec.json.decode(httpx.get(f"{url}/api/jobs/gpt", timeout=30).content,
-                                  type=JobPage)
+        # (its last window stored, not a fixed 3 s: on a loaded machine the close grace and
+        # the analysis took longer, and the last windows and alerts went unprinted)
+        job = wait_last_window(url, "gpt", steps - 1 if rc == 0 else None, monitor)
         for w in job.windows:
             print(f"window {w.idx:2d} steps {w.first_step:3d}-{w.last_step:3d}  "
                   f"S = {w.slowdown or float('nan'):.2f}  {', '.join(w.causes)}")
@@ -103,6 +103,37 @@ class JobPage(msgspec.Struct):
 
     windows: list[WindowSummary] = []
     alert_log: list[AlertLogEntry] = []
+
+
+def wait_last_window(url: str, job: str, last_step: int | None,
+                     proc: subprocess.Popen | None = None, timeout: float = 120.0) -> JobPage:
+    """The job's page once its window ending at `last_step` is stored (None: a run that
+    failed, whose last step is not known: once the monitor is idle); as it is after `timeout`
+    otherwise (said)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise EnvironmentFailure(url, f"the monitor exited ({proc.returncode})")
+        page = _job_page(url, job)
+        if last_step is None:
+            done = httpx.get(f"{url}/health", timeout=30).json().get("idle") is True
+        else:
+            done = any(w.last_step >= last_step for w in page.windows)
+        if done:
+            return page
+        if time.monotonic() > deadline:
+            print(f"(the monitor had not taken the run's last window in {timeout:.0f} s: "
+                  "what it had is shown)", flush=True)
+            return page
+        time.sleep(0.2)
+
+
+def _job_page(url: str, job: str) -> JobPage:
+    r = httpx.get(f"{url}/api/jobs/{job}", timeout=30)
+    if r.status_code == 404:   # (not announced yet, or the run failed before it was)
+        return JobPage()
+    r.raise_for_status()
+    return msgspec.json.decode(r.content, type=JobPage)
 
 
 def reopen_command(out: Path, port: int) -> str:
