@@ -153,3 +153,50 @@ def test_the_demo_prints_once_the_runs_last_window_is_stored(tmp_path):
             assert [w.last_step for w in box["page"].windows] == [4, 9]
     finally:
         s.stop()
+
+
+def test_a_run_older_than_the_current_one_cannot_reset_it_once_its_token_is_forgotten(tmp_path):
+    # the job's row keeps the last MAX_SUPERSEDED replaced run tokens: an uploader of a run
+    # older than those (partitioned, then back) announced a token the job no longer knew,
+    # taken as a new run: the newer run's parts and windows were deleted. A run's start
+    # (extra.started) orders runs without a list: one that began before the current run is
+    # refused 409 superseded_run, whatever the job remembers; a later one still replaces it
+    import httpx
+
+    from monitor_jobs import slow_job
+    from stragglers.monitor.server import MonitorServer
+    from stragglers.monitor.store_base import MAX_SUPERSEDED
+
+    token = "leftovers-34-runs-token-0123456789"
+    trace = slow_job(steps=6, slow=None)
+
+    def meta(started: float) -> dict:
+        out = trace.meta.to_dict()
+        out["extra"].update(run=f"run-{started:.0f}", started=started)
+        return out
+
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=token,
+                      config=MonitorConfig(window_steps=5, stall_after_s=600,
+                                           tick_s=0.05)).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60,
+                          headers={"Authorization": f"Bearer {token}"}) as c:
+            for started in range(1000, 1000 + MAX_SUPERSEDED + 2):
+                r = c.put("/api/jobs/t/meta", json=meta(started))
+                assert r.status_code == 200, r.text
+            current = 1000 + MAX_SUPERSEDED + 1
+            assert "run-1000" not in s.monitor.store.superseded("t")   # (forgotten)
+            r = c.put("/api/jobs/t/meta", json=meta(1000))
+            assert r.status_code == 409 and r.json()["kind"] == "superseded_run", r.text
+            assert "run-1000" in r.json()["error"] and f"run-{current}" in r.json()["error"]
+            assert s.monitor.store.job("t").meta["extra"]["run"] == f"run-{current}"
+            r = c.put("/api/jobs/t/meta", json={**meta(current + 1)})
+            assert r.status_code == 200, r.text
+            assert s.monitor.store.job("t").meta["extra"]["run"] == f"run-{current + 1}"
+            # a start that is not a time is one clear line, the field named
+            bad = meta(current + 2)
+            bad["extra"]["started"] = "yesterday"
+            r = c.put("/api/jobs/t/meta", json=bad)
+            assert r.status_code == 422 and "extra.started" in r.text, r.text
+    finally:
+        s.stop()

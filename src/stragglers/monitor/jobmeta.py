@@ -78,6 +78,10 @@ def check_meta(raw: object, source: Path | str, max_bytes: int = MAX_META_BYTES)
     if run is not None and not is_run_token(run):
         raise InputError(source, "extra.run", f"expected a run token (1-64 letters, digits, "
                          f"'-' or '_'), got {str(run)[:40]!r}")
+    started = meta.extra.get("started")
+    if started is not None and run_started(meta) is None:
+        raise InputError(source, "extra.started", f"expected when the run began, in seconds "
+                         f"since 1970 (a number at least 0), got {str(started)[:40]!r}")
     return meta
 
 
@@ -95,6 +99,17 @@ def run_token(raw: object) -> str | None:
     extra = getattr(raw, "extra", None) if not isinstance(raw, dict) else raw.get("extra")
     run = extra.get("run") if isinstance(extra, dict) else None
     return run if is_run_token(run) else None
+
+
+def run_started(raw: object) -> float | None:
+    """When a run began by its writer's wall clock (extra.started, seconds since 1970): what
+    orders two runs of one job name whose tokens say only that they differ; None when the
+    meta.json does not say."""
+    extra = getattr(raw, "extra", None) if not isinstance(raw, dict) else raw.get("extra")
+    started = extra.get("started") if isinstance(extra, dict) else None
+    if isinstance(started, bool) or not isinstance(started, (int, float)):
+        return None
+    return float(started) if math.isfinite(started) and started >= 0 else None
 
 
 def _check_plain(value: object, source, where: str, depth: int) -> None:

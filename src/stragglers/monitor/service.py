@@ -35,7 +35,8 @@ from stragglers.monitor.alerts import AlertEngine, Changes, Rule, parse_rules
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
-from stragglers.monitor.jobmeta import check_meta, is_new_run, run_start, run_token
+from stragglers.monitor.jobmeta import check_meta, is_new_run, run_start, run_started, \
+    run_token
 from stragglers.monitor.outbox import OutboxSender
 from stragglers.monitor.turns import Turns
 from stragglers.monitor.part_files import FileReaders, StuckRead
@@ -631,6 +632,16 @@ class Monitor:
             raise Superseded(job, "job", f"run {token} of job {job!r} was replaced by a "
                              "newer run of the same job name; give each run its own job "
                              "name (monitor_job)")
+        began, current_began = run_started(raw_meta), run_started(old.meta)
+        if token != current and began is not None and current_began is not None \
+                and began < current_began:
+            # a run older than the current one whose token the row no longer lists (it keeps
+            # the last MAX_SUPERSEDED): taken as a new run, it reset the newer run away
+            raise Superseded(job, "job", f"run {token or '(no token)'} of job {job!r} began "
+                             f"before its current run {current or '(no token)'} (extra."
+                             f"started {began:.3f} < {current_began:.3f}): an older run "
+                             "cannot replace a newer one; give each run its own job name "
+                             "(monitor_job)")
         if token is not None or current is None:
             return raw_meta, meta
         if is_new_run(old.meta, raw_meta):
