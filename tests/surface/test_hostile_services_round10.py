@@ -65,9 +65,6 @@ def test_a_rank_whose_clock_steps_back_between_parts_does_not_make_a_straggler(t
 OWNER = {"Authorization": "Bearer owner-round10-token-0123456789"}
 
 
-@pytest.mark.xfail(strict=True, reason="a lease request_id replayed after its data set's "
-                   "restore leases new shards (the restore drops the request history, the "
-                   "incarnation's fence stays valid): the README's 'never a new one' broken")
 def test_a_lease_request_replayed_across_a_restore_gets_no_new_shards(tmp_path):
     """Worker w leases 2 of 4 shards with request_id r1; its owner snapshots the data set
     (those 2 DOING) and restores that snapshot (a resume from a checkpoint while the worker's

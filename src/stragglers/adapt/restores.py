@@ -297,7 +297,8 @@ class Restores(StoreState):
                        token_sha256: str | None = None, may_create: bool = True,
                        creator: str | None = None) -> Restored:
         """Switch the data set to the rows written under `key` (one small transaction); its
-        old rows become garbage (collect_garbage) and its lease request history is dropped."""
+        old rows become garbage (collect_garbage). Its lease request ids are kept: one replayed
+        after the restore answers its shards as they now stand (never a new one)."""
         cfg = prepared.cfg
         with self._tx() as c:
             exists = self._restore_checks(c, cfg, token_sha256, may_create, creator)
@@ -307,8 +308,16 @@ class Restores(StoreState):
                                " restarted while writing it); send it again")
             self._forget()
             self._touched.add(cfg.name)
-            # Recorded lease answers name shards whose state the snapshot replaces.
-            c.execute("DELETE FROM lease_requests WHERE dataset=?", (cfg.name,))
+            # The workers' fences and request counters stay, so their ids stay too: with the
+            # history dropped, an id replayed after the restore was a new request and leased
+            # new shards (orphans). A kept reply names shards by (epoch, shard), the same in
+            # the snapshot's rows (same config); one naming an epoch the snapshot has not
+            # created yet keeps its id but not its reply (a replay: 409, nothing leased).
+            c.execute("UPDATE lease_requests SET reply=NULL WHERE dataset=? AND reply IS NOT"
+                      " NULL AND CASE WHEN json_valid(reply) THEN EXISTS (SELECT 1 FROM"
+                      " json_tree(lease_requests.reply) t WHERE t.path != '$' AND t.key = 0"
+                      " AND t.type = 'integer' AND t.atom >= ?) ELSE 0 END",
+                      (cfg.name, prepared.epochs_created))
             c.execute("DELETE FROM row_sets WHERE rows_key=?", (key,))
             if exists:
                 c.execute("INSERT OR REPLACE INTO row_sets VALUES (?,?,'garbage')",
