@@ -143,5 +143,9 @@ def matching_schedule(n: int, width: int = 16, candidates: int = 8, seed: int = 
                 scored.append((finish_bound(n, after, t), -(after.sum() + 0.01 * spread),
                                len(scored), after, rounds + [rnd]))
         scored.sort(key=lambda x: x[:3])
+        if not scored or scored[0][0] >= max_rounds:
+            # no state can finish by round max_rounds - 1 (its bound is a lower bound on its
+            # last round): the levels left would only prove it (the beam's one exit)
+            return None
         beam = [(after, rounds) for *_, after, rounds in scored[:width]]
     return None
