@@ -139,3 +139,19 @@ def test_every_poisoned_step_of_a_rank_is_left_out_not_its_first_only():
     assert [(source, problem.split(":")[0]) for source, problem in refused] == \
         [("job j rank 3", "step 1"), ("job j rank 3", "step 3")], refused
     assert row.steps == [0, 2, 4] and row.slowdown < 1.5, (row.steps, row.slowdown)
+
+
+def test_an_op_started_late_to_unchain_its_step_still_has_the_step_left_out():
+    # one op of rank 3's step 2 starts 1e6 s later: the step's mean start passes its next
+    # step's, so its part's check no longer compares them; the window's clock-free bound does
+    base = job(False, 6)
+    o = {k: v.copy() for k, v in base.ops.items()}
+    at = np.flatnonzero((o["rank"] == 3) & (o["step"] == 2))
+    o["start_ts"][at[0]] += 1e6
+    o["duration"][at[1]] = 3000.0
+    three = o["rank"] == 3
+    assert check_op_spans({k: v[three] for k, v in o.items()}, "part") is None
+    (w, row, refused), _ = windows(Trace(o, base.meta, base.source))
+    assert [(source, problem.split(":")[0]) for source, problem in refused] == \
+        [("job j rank 3", "step 2")], refused
+    assert row.steps == [0, 1, 3, 4] and row.slowdown < 1.5, (row.steps, row.slowdown)
