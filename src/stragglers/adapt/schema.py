@@ -38,9 +38,8 @@ CREATE TABLE IF NOT EXISTS fence_floors (dataset TEXT PRIMARY KEY, floor INTEGER
 # released (its own release, or a launcher's); a join, a lease that hands it shards, or an ack
 # of a shard it holds, clears it. EXPIRED once a lease of its current incarnation expired in
 # another's call; a lease of it (whatever its answer) or an ack of a shard it holds clears
-# that too. A name that left
-# either way and holds no shard gives its place of max_workers_per_dataset to a new name
-# (shards._take_place_of_left).
+# that too. A name that left either way and holds no shard gives its place of
+# max_workers_per_dataset to a new name (shards._take_place_of_left).
 LEFT = "left"
 EXPIRED = "expired"
 # Schema 2 -> 3: a history of lease request ids per worker (schema 2 kept only the last one),
