@@ -1,6 +1,8 @@
 """Columns stored in a number type too narrow for their values (round 10, finding 4): float32
-start times (128 s apart at epoch seconds) and float32 ids (whole only up to 2^24) are refused
-from the footer, naming the column and the type expected; float32 durations are kept."""
+start times at epoch seconds (128 s apart there) and float32 ids (whole only up to 2^24) are
+refused, naming the column and the type expected (ids from the footer, start times from the
+rows: float32 clocks that stay near 0, as NDTimeline's real traces write them, are read);
+float32 durations are kept."""
 
 from __future__ import annotations
 
@@ -12,16 +14,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from monitor_jobs import parts_of, slow_job, start_run, write_parts
-from stragglers.monitor.part_rows import read_part_file
+from stragglers.errors import InputError
+from stragglers.monitor.part_rows import read_part_file, read_uploads
 from stragglers.monitor.parts import read_part_footer, read_upload
 from stragglers.trace.runformat import rank_file_name, table_bytes
 
 
-def _part(tmp_path, extra=None, **types) -> tuple[int, int, bytes, object]:
-    """A healthy part at epoch times (with `extra` columns) with `types` (column → Arrow
-    type) cast, as bytes and the path it is written to."""
+def _part(tmp_path, extra=None, at=1.7e9, **types) -> tuple[int, int, bytes, object]:
+    """A healthy part at times from `at` (epoch seconds unless told; with `extra` columns) with
+    `types` (column → Arrow type) cast, as bytes and the path it is written to."""
     rank, part, cols = parts_of(slow_job(steps=5), 5)[0]
-    cols = {**cols, "start_ts": cols["start_ts"] + 1.7e9, **(extra or {})}
+    cols = {**cols, "start_ts": cols["start_ts"] - cols["start_ts"].min() + at, **(extra or {})}
     t = pq.read_table(io.BytesIO(table_bytes(cols)))
     for name, to in types.items():
         t = t.set_column(t.schema.get_field_index(name), name, t[name].cast(to))
@@ -32,10 +35,26 @@ def _part(tmp_path, extra=None, **types) -> tuple[int, int, bytes, object]:
     return rank, part, buf.getvalue(), path
 
 
-def _both(tmp_path, extra=None, **types) -> list:
-    """What an upload and a watched file of that part are checked to."""
-    rank, part, body, path = _part(tmp_path, extra, **types)
-    return [read_upload(body, "upload", rank, part, path), read_part_footer(path)]
+def _both(tmp_path, extra=None, at=1.7e9, **types) -> list:
+    """What an upload and a watched file of that part are checked to (the file: its footer,
+    or its rows where the footer cannot tell)."""
+    rank, part, body, path = _part(tmp_path, extra, at, **types)
+    upload = read_upload(body, "upload", rank, part, path)
+    if upload is None:   # (the footer cannot tell: the part is read whole)
+        upload = read_uploads([(body, "upload", rank, part)])[0]
+    return [upload, _watched(path)]
+
+
+def _watched(path):
+    """A watched part file's verdict: its footer's, else its rows' (InputError or None)."""
+    footer = read_part_footer(path)
+    if footer is not None:
+        return footer
+    try:
+        read_part_file(path)
+    except InputError as e:
+        return e
+    return None
 
 
 @pytest.mark.parametrize("types", [
@@ -66,10 +85,38 @@ def test_float32_durations_and_float64_ids_are_still_read(tmp_path):
     numbers exactly to 2^53: neither is refused."""
     upload, footer = _both(tmp_path, duration=pa.float32())
     assert not isinstance(upload, Exception) and upload.records > 0, upload
-    assert not isinstance(footer, Exception) and footer.records > 0, footer
-    assert _both(tmp_path, step=pa.float64()) == [None, None]   # (whole? the rows tell)
+    assert footer is None or footer.records > 0, footer
+    upload, watched = _both(tmp_path, step=pa.float64())   # (whole? the rows tell)
+    assert not isinstance(upload, Exception) and watched is None, (upload, watched)
     rows = read_part_file(_part(tmp_path, step=pa.float64())[3])
     assert rows.records > 0 and rows.columns["step"].dtype == np.int64
+
+
+@pytest.mark.parametrize("at", [0.0, 900.0])
+def test_float32_start_times_near_zero_are_read(tmp_path, at):
+    """Clocks that restart near 0 (NDTimeline's real samples: each sampled step timed from its
+    own start, start_ts float32 up to 47 s) are exact to 6.1e-5 s or better below 1,024 s."""
+    upload, watched = _both(tmp_path, at=at, start_ts=pa.float32())
+    assert not isinstance(upload, Exception) and len(upload.columns["step"]) > 0, upload
+    assert watched is None, watched
+
+
+def test_float32_start_times_past_the_reach_name_their_spacing(tmp_path):
+    for got in _both(tmp_path, at=1100.0, start_ts=pa.float32()):
+        assert isinstance(got, Exception) and got.field == "start_ts", got
+        assert "0.00012207 s apart" in str(got) and "±1024 s" in str(got), got
+
+
+def test_the_offline_reader_refuses_float32_epoch_start_times(tmp_path):
+    """`stragglers analyze` reads the same rule (trace/columns.py): it once widened float32
+    times without a word, and an NDTimeline file of them still reads."""
+    from stragglers.trace.columns import table_to_columns
+
+    *_, path = _part(tmp_path, start_ts=pa.float32())
+    with pytest.raises(InputError, match="start_ts.*128 s apart"):
+        table_to_columns(pq.read_table(path), path)
+    *_, near = _part(tmp_path, at=0.0, start_ts=pa.float32())
+    assert table_to_columns(pq.read_table(near), near)["start_ts"].dtype == np.float64
 
 
 def test_a_watched_part_with_float32_start_times_is_refused_by_name(tmp_path):

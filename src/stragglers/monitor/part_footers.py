@@ -23,7 +23,7 @@ from stragglers.monitor.part_rows import PartData, check_part, check_parts, misp
     parquet_file
 from stragglers.monitor.records import LayoutEntry
 from stragglers.monitor.step_sets import distinct
-from stragglers.trace.columns import MAX_SECONDS, beyond_clock
+from stragglers.trace.columns import MAX_SECONDS, beyond_clock, too_narrow
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, JobMeta
 
 
@@ -305,7 +305,8 @@ def _schema_facts(meta) -> tuple:
 
 
 def _schema_verdict(schema: pa.Schema):
-    """None, "whole" or (column, problem): see _schema_facts."""
+    """None, "whole" or (column, problem): see _schema_facts (a float32 start_ts is "whole":
+    its rows tell whether its values stay where float32 is exact enough)."""
     names = schema.names
     unknown = [c for c in names if c not in ALLOWED_COLUMNS]
     if unknown or len(set(names)) != len(names):
@@ -326,6 +327,9 @@ def _schema_verdict(schema: pa.Schema):
         if pa.types.is_float16(t):   # (numpy's checks take no half floats: a TypeError once)
             return name, f"expected 32- or 64-bit floats or integers, got {t}"
         dtype = COLUMNS[name] if name in COLUMNS else OPTIONAL_COLUMNS[name]
+        if name == "start_ts" and pa.types.is_float32(t):
+            whole = True   # (read row by row: float32 clocks are read only near 0, too_narrow)
+            continue
         narrow = too_narrow(name, dtype, t)
         if narrow is not None:
             return name, narrow
@@ -333,31 +337,6 @@ def _schema_verdict(schema: pa.Schema):
         # before start_ts's type was looked at)
         whole = whole or (dtype.kind == "i" and not pa.types.is_integer(t))
     return "whole" if whole else None
-
-
-
-# float32 keeps 24 significant bits: at today's epoch seconds (~1.8e9) its numbers are 128 s
-# apart (float64's 2.4e-7 s), and past 2^24 it rounds whole numbers to other whole numbers,
-# which a check for whole numbers cannot tell; a duration (or CPU seconds, attn_cost) needs
-# only its relative precision, ~6e-8
-_EPOCH_S = 1.8e9
-_FLOAT32_AT_EPOCH_S = float(np.spacing(np.float32(_EPOCH_S)))
-
-
-
-def too_narrow(name: str, dtype: np.dtype, t: pa.DataType) -> str | None:
-    """The problem when a column of contract dtype `dtype` stored as Arrow type `t` cannot
-    hold the values the contract describes (absolute seconds, whole numbers) as exactly as
-    the analysis needs; None when it can."""
-    if not pa.types.is_float32(t):
-        return None
-    if name == "start_ts":
-        return (f"expected float64 seconds, got {t} (32-bit floats are "
-                f"{_FLOAT32_AT_EPOCH_S:g} s apart at epoch times, {_EPOCH_S:.2g} s)")
-    if dtype.kind == "i":
-        return (f"expected integers (or float64 whole numbers), got {t} (32-bit floats hold "
-                "whole numbers exactly only up to 2^24 = 16,777,216)")
-    return None
 
 
 

@@ -108,6 +108,41 @@ def beyond_clock(count: str, value: float) -> str:
             "milliseconds, microseconds or nanoseconds first)")
 
 
+# A 32-bit float keeps 24 significant bits: start times at epoch seconds (~1.8e9) are 128 s apart,
+# but clocks that restart near 0 (NDTimeline's real traces time each sampled step from its own
+# start, in float32) are exact enough: below FLOAT32_CLOCK_REACH_S its numbers are at most
+# 6.1e-5 s apart, a sixteenth of the 1 ms within which one collective's ends agree across
+# ranks (trace/kineto/align.END_TOLERANCE_S), so no wait the analysis reads moves by more.
+# Past 2^24 (float32) or 2^11 (float16) whole numbers round to other whole numbers, which the
+# check for whole numbers cannot tell. Durations and CPU seconds need only their relative
+# precision (float32's ~6e-8), and stay accepted.
+FLOAT32_CLOCK_REACH_S = 1024.0
+
+
+def too_narrow(name: str, dtype: np.dtype, t: pa.DataType, reach: float | None = None
+               ) -> str | None:
+    """The problem when a column of contract dtype `dtype` stored as Arrow type `t` cannot hold
+    its values as exactly as the analysis needs (`reach`: the start times' largest magnitude,
+    None when not known yet); None when it can."""
+    if not (pa.types.is_float32(t) or pa.types.is_float16(t)):
+        return None
+    if name == "start_ts":
+        if pa.types.is_float32(t) and reach is not None and reach < FLOAT32_CLOCK_REACH_S:
+            return None
+        gap = float(np.spacing(np.float32(reach))) if reach is not None and \
+            pa.types.is_float32(t) else None
+        at = f"; values reach {reach:.6g} s, where its numbers are {gap:g} s apart" \
+            if gap is not None else ""
+        return (f"expected float64 seconds, got {t}{at} (32-bit floats are read only for "
+                f"clocks within ±{FLOAT32_CLOCK_REACH_S:g} s, e.g. steps each timed from their "
+                "own start)")
+    if dtype.kind == "i":
+        whole = "2^24 = 16,777,216" if pa.types.is_float32(t) else "2^11 = 2,048"
+        return (f"expected integers (or float64 whole numbers), got {t} (it holds whole "
+                f"numbers exactly only up to {whole})")
+    return None
+
+
 def table_to_columns(table: pa.Table, source: Path | str) -> dict[str, np.ndarray]:
     """Validate an Arrow op table and return numpy columns of the canonical dtypes."""
     missing = [c for c in COLUMNS if c not in table.column_names]
@@ -141,6 +176,11 @@ def _numeric(col: pa.ChunkedArray, name: str, dtype: np.dtype, source, fill=None
         col = pc.fill_null(col, fill)
     arr = col.to_numpy()
     if arr.dtype.kind == "f" and arr.dtype.itemsize < 8:
+        finite = arr[np.isfinite(arr)]
+        narrow = too_narrow(name, dtype, col.type,
+                            float(np.abs(finite).max()) if len(finite) else 0.0)
+        if narrow is not None:
+            raise InputError(source, name, narrow)
         arr = arr.astype(np.float64)   # (int64's bounds compared in float16 overflow: a warning)
     if dtype.kind == "i" and arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
