@@ -33,6 +33,7 @@ def cycles(n: int) -> None:
 
 def test_records_sampled_steps_with_seq_lengths(tmp_path):
     meta = JobMeta(name="t", dp_size=1, pp_size=1)
+    before = time.time()
     with Recorder(tmp_path, meta, dp_rank=0, stage=0, sample_every=2, flush_interval_s=0.01) as rec:
         for step in range(6):
             with rec.step(step) as sampled:
@@ -70,6 +71,9 @@ def test_records_sampled_steps_with_seq_lengths(tmp_path):
                                            "cpus": allowed,
                                            "threads": torch.get_num_threads()}]
     assert trace.meta.extra["recorder"]["sample_every"] == 2
+    # when the run began by the wall clock: the monitor refuses a meta.json of a run begun
+    # before its current one (a stale uploader's), however many runs replaced it
+    assert before <= trace.meta.extra["started"] <= time.time()
 
 
 @pytest.mark.slow

@@ -318,10 +318,14 @@ class Recorder:
             self._uploader = PartUploader(self.monitor, self.monitor_token, self.monitor_job,
                                           self.rank, run=self.run_token)
         if self.rank == 0:
-            self.meta.extra.update(run=self.run_token, layout=layout, recorder={
-                "sample_every": self.sample_every, "timer": "cuda-events" if self._timer.is_cuda
-                else "perf_counter_ns", "clock_offset_applied": self.offset_applied,
-                "gc_min_s": self.gc_min_ns / 1e9}, clock={"start": [None] * self.world_size})
+            # started: when the run began by the wall clock, so the monitor refuses a stale
+            # run's meta.json (begun before the current run) however many runs replaced it
+            recorder = {"sample_every": self.sample_every,
+                        "timer": "cuda-events" if self._timer.is_cuda else "perf_counter_ns",
+                        "clock_offset_applied": self.offset_applied,
+                        "gc_min_s": self.gc_min_ns / 1e9}
+            self.meta.extra.update(run=self.run_token, started=time.time(), layout=layout,
+                                   recorder=recorder, clock={"start": [None] * self.world_size})
             write_meta(self.trace_dir, self.meta)
             if self._uploader is not None:
                 self._uploader.submit_meta(self.meta.to_dict())
