@@ -29,6 +29,11 @@ class InputError(StragglersError):
         where = f"{self.source}: field '{field}'" if field else self.source
         super().__init__(f"{where}: {problem}")
 
+    @property
+    def named(self) -> str:
+        """The problem with its field named, without the source (a refusal listed by file)."""
+        return f"field '{self.field}': {self.problem}" if self.field else self.problem
+
 
 class DependencyCycleError(InputError):
     """The trace's dependency graph has a cycle; the message names the ops involved."""

@@ -143,7 +143,8 @@ def test_a_watched_part_with_float32_start_times_is_refused_by_name(tmp_path):
         assert monitor.wait_idle(120)
         refused = [r for r in monitor.recent_rejects if r["source"].endswith(bad.name)]
         assert len(refused) == 1, monitor.recent_rejects
-        assert "expected float64 seconds, got float" in refused[0]["problem"], refused
+        assert "field 'start_ts': expected float64 seconds, got float" in refused[0]["problem"], \
+            refused
         assert store.totals()["by_way"]["files"].parts == len(rest)
     finally:
         monitor.stop()

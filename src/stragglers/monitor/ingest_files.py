@@ -671,7 +671,7 @@ class DirectoryWatcher:
                 # a part past its job's max_job_bytes is named once too (until its file
                 # changes), and the run's other parts are still looked at
                 reason = "job_full" if isinstance(exc, JobFull) else "bad_part"
-                self.monitor.reject(reason, printable(str(path)), exc.problem)
+                self.monitor.reject(reason, printable(str(path)), exc.named)
             return
         with self._lock:
             if self.submitted.get(path) == seen:

@@ -370,7 +370,7 @@ def read_window_rows(files: list[PartFile], steps: list[int], pool: Executor | N
     for f in files:
         data = ready[str(f.path)]
         if isinstance(data, InputError):
-            refused.append((str(f.path), data.problem))
+            refused.append((str(f.path), data.named))
             continue
         keep = np.isin(data.columns["step"], wanted)
         if keep.any():

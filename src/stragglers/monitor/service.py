@@ -917,7 +917,7 @@ class Monitor:
             if problem is not None:
                 del read[(p.rank, p.part)]
                 self.reject("bad_part", str(part_path(directory, p.rank, p.part)),
-                            f"stored part set aside when read back: {problem.problem}")
+                            f"stored part set aside when read back: {problem.named}")
             else:
                 tr.claim(p.rank, rows_place(data))
         held, read_at = [], time.time()
@@ -1386,7 +1386,8 @@ class Monitor:
                 if it.done is not None:   # the request answers 422 (and counts the refusal)
                     _settle(it, exc=got)
                 else:
-                    self.reject("bad_part", str(it.path), got.problem)
+                    # (the column named, as a 422 names it: "field 'start_ts': expected...")
+                    self.reject("bad_part", str(it.path), got.named)
                 continue
             it.records = got.records
             # (stored with when it was heard: the job's holder, here or another instance,
