@@ -103,9 +103,6 @@ def test_a_lease_request_replayed_across_a_restore_gets_no_new_shards(tmp_path):
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a controller report of a batch larger than the job's "
-                   "global_batch (10^6 of 8) is applied: ND kills the healthy rank 0 and "
-                   "gives it no samples")
 def test_a_report_of_a_batch_past_the_global_batch_moves_no_controller(tmp_path):
     """A job of 2 ranks, global_batch 8, policy nd. Rank 0 reports what it ran (4 samples in
     0.1 s a step); rank 1's agent (a bug counting tokens as samples, or a hostile one with

@@ -99,8 +99,9 @@ class ControlPlane:
                incarnation: int, since: int, token_sha256: str | None) -> Actions:
         """Feed step records [[step, bpt, batch], ...] of one rank; reply with actions >= since.
 
-        All records are checked before any is applied; records of another incarnation (an
-        agent of a killed incarnation still flushing) are ignored.
+        All records are checked before any is applied (a refusal changes nothing); records
+        of an earlier incarnation (an agent of a killed incarnation still flushing) are
+        ignored, a later incarnation than the controller's is refused.
         """
         with self._lock:
             ctl = self._controller(job, token_sha256, write=True)
@@ -108,19 +109,13 @@ class ControlPlane:
             if not 0 <= rank < ctl.config.world_size:
                 raise InputError("control report", "rank",
                                  f"expected 0..{ctl.config.world_size - 1}, got {rank}")
+            if incarnation > ctl.config.incarnation:
+                # (its rank 0 configures the controller before any agent reports)
+                raise InputError("control report", "incarnation",
+                                 f"expected at most {ctl.config.incarnation}, the controller's"
+                                 f" (a later incarnation configures it first), got {incarnation}")
             if incarnation == ctl.config.incarnation:
-                bound = ctl.monitor.step_bound(min((r[1] for r in records), default=math.inf))
-                if bound is not None and ctl.monitor.latest_step < 0:
-                    # a first record: also any step up to those the job said it runs
-                    bound = max(bound, ctl.config.total_steps)
-                if bound is not None:
-                    for i, (step, _, _) in enumerate(records):
-                        if step > bound:
-                            # refused whole: no record of it applied (see REPORT_LAG_S)
-                            raise InputError("control report", f"records[{i}][0]",
-                                             f"step {step} is implausible: the job's latest"
-                                             f" is {ctl.monitor.latest_step}, and it cannot"
-                                             f" have run past {bound} since")
+                _check_records(ctl, rank, records)
                 for step, bpt, batch in records:
                     ctl.observe(rank, step, bpt, batch, device)
             return ctl.actions_since(since)
@@ -359,6 +354,36 @@ class PacedThread:
         for _, _, future in calls:
             future.cancel()
         self._thread.join()
+
+
+def _check_records(ctl: Controller, rank: int, records: Sequence[tuple[int, float, int]]
+                   ) -> None:
+    """InputError naming the first record of `rank` the job cannot have run: a step further
+    ahead than it could have run since, a batch past the most the controller handed the rank,
+    a step given twice in the report with another time or batch."""
+    bound = ctl.monitor.step_bound(min((r[1] for r in records), default=math.inf))
+    if bound is not None and ctl.monitor.latest_step < 0:
+        # a first record: also any step up to those the job said it runs
+        bound = max(bound, ctl.config.total_steps)
+    most = ctl.most[rank]
+    seen: dict[int, tuple[int, float, int]] = {}
+    for i, (step, bpt, batch) in enumerate(records):
+        if bound is not None and step > bound:
+            # refused whole: no record of it applied (see REPORT_LAG_S)
+            raise InputError("control report", f"records[{i}][0]",
+                             f"step {step} is implausible: the job's latest is"
+                             f" {ctl.monitor.latest_step}, and it cannot have run past"
+                             f" {bound} since")
+        if batch > most:
+            raise InputError("control report", f"records[{i}][2]",
+                             f"expected at most {most} samples, the most this job's"
+                             f" controller handed rank {rank} a step (global_batch"
+                             f" {ctl.config.global_batch}), got {batch}")
+        first = seen.setdefault(step, (i, bpt, batch))
+        if first[1:] != (bpt, batch):
+            raise InputError("control report", f"records[{i}][0]",
+                             f"step {step} is given twice with another time or batch (also"
+                             f" records[{first[0]}]); expected one record a step")
 
 
 # what a rank costs before any record, in records (its history and deque: ~960 bytes): an

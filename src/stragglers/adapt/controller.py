@@ -143,6 +143,10 @@ class Controller:
                                     config.persistent_windows, start_step=start,
                                     keep=records_kept(config.window))
         self.batch_sizes = split_batch(config.global_batch, [1.0] * config.world_size)
+        # the most samples a step each rank has been handed (any split of this incarnation):
+        # a record of more is refused (a rank claiming 10^6, or its whole global batch, made
+        # its healthy peers stragglers, and ND killed one and gave it no samples)
+        self.most = list(self.batch_sizes)
         # the actions kept (every KILL_RESTART, the last MAX_KEPT_ADJUSTS ADJUST_BS: each
         # carries the whole split, superseding those before it) and how many were decided
         self.actions: list[Action] = []
@@ -196,6 +200,7 @@ class Controller:
         if moved <= cfg.min_change * cfg.global_batch / cfg.world_size:
             return None
         self.batch_sizes = list(sizes)
+        self.most = [max(a, b) for a, b in zip(self.most, sizes)]
         return Action(self.decided, ADJUST_BS, effective, list(sizes), cfg.memory_cap, None,
                       proposal.reason)
 
