@@ -12,7 +12,7 @@ import socket
 
 import httpx
 import pytest
-from conftest import raw_request, readable
+from conftest import eventually, raw_request, readable
 
 import stragglers.adapt.service as adapt_service
 from stragglers.adapt.service import EmbeddedServer
@@ -63,7 +63,12 @@ def test_a_flood_of_anonymous_requests_is_paced_and_a_tokens_request_served(serv
             assert ready and other.recv(4096).startswith(b"HTTP/1.1 200")
         waiting = [k for k in flood if k not in got]
         assert readable(waiting, 0) == []   # still waiting their turns
-        assert server.app.state.anonymous_pace.pressure.requests == {"127.0.0.1": len(waiting)}
+        pressure = server.app.state.anonymous_pace.pressure
+        # (127.0.0.2's turn is given back after its answer was sent: its client may read the
+        # 200 first, and on a loaded machine it did; the flood's count is the check)
+        eventually(lambda: "127.0.0.2" not in pressure.requests, 30,
+                   what="the other address's turn given back after its answer")
+        assert pressure.requests == {"127.0.0.1": len(waiting)}
     finally:
         for k in flood:
             k.close()
