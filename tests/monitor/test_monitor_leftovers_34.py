@@ -170,9 +170,11 @@ def test_a_run_older_than_the_current_one_cannot_reset_it_once_its_token_is_forg
     token = "leftovers-34-runs-token-0123456789"
     trace = slow_job(steps=6, slow=None)
 
-    def meta(started: float) -> dict:
+    def meta(n: int, started: float | None = None) -> dict:
+        # run n began n hours after the first (further apart than hosts' clocks may disagree)
         out = trace.meta.to_dict()
-        out["extra"].update(run=f"run-{started:.0f}", started=started)
+        out["extra"].update(run=f"run-{n}", started=1.7e9 + 3600.0 * n
+                            if started is None else started)
         return out
 
     s = MonitorServer(tmp_path / "mon.db", port=0, token=token,
@@ -181,16 +183,19 @@ def test_a_run_older_than_the_current_one_cannot_reset_it_once_its_token_is_forg
     try:
         with httpx.Client(base_url=s.url, timeout=60,
                           headers={"Authorization": f"Bearer {token}"}) as c:
-            for started in range(1000, 1000 + MAX_SUPERSEDED + 2):
-                r = c.put("/api/jobs/t/meta", json=meta(started))
+            for n in range(MAX_SUPERSEDED + 2):
+                r = c.put("/api/jobs/t/meta", json=meta(n))
                 assert r.status_code == 200, r.text
-            current = 1000 + MAX_SUPERSEDED + 1
-            assert "run-1000" not in s.monitor.store.superseded("t")   # (forgotten)
-            r = c.put("/api/jobs/t/meta", json=meta(1000))
+            current = MAX_SUPERSEDED + 1
+            assert "run-0" not in s.monitor.store.superseded("t")   # (forgotten)
+            r = c.put("/api/jobs/t/meta", json=meta(0))
             assert r.status_code == 409 and r.json()["kind"] == "superseded_run", r.text
-            assert "run-1000" in r.json()["error"] and f"run-{current}" in r.json()["error"]
+            assert "run-0" in r.json()["error"] and f"run-{current}" in r.json()["error"]
             assert s.monitor.store.job("t").meta["extra"]["run"] == f"run-{current}"
-            r = c.put("/api/jobs/t/meta", json={**meta(current + 1)})
+            # a new run on a host whose clock is 30 s behind the last run's host began
+            # "before" it by its own clock: within STARTED_SKEW_S it still replaces it
+            behind = 1.7e9 + 3600.0 * current - 30.0
+            r = c.put("/api/jobs/t/meta", json=meta(current + 1, behind))
             assert r.status_code == 200, r.text
             assert s.monitor.store.job("t").meta["extra"]["run"] == f"run-{current + 1}"
             # a start that is not a time is one clear line, the field named
@@ -198,5 +203,10 @@ def test_a_run_older_than_the_current_one_cannot_reset_it_once_its_token_is_forg
             bad["extra"]["started"] = "yesterday"
             r = c.put("/api/jobs/t/meta", json=bad)
             assert r.status_code == 422 and "extra.started" in r.text, r.text
+            # nor is a start past this monitor's clock (one of 1e300 refused every later
+            # run of the job name for good)
+            r = c.put("/api/jobs/t/meta", json=meta(current + 2, 1e300))
+            assert r.status_code == 422 and "extra.started" in r.text, r.text
+            assert s.monitor.store.job("t").meta["extra"]["run"] == f"run-{current + 1}"
     finally:
         s.stop()

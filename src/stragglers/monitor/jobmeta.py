@@ -101,6 +101,21 @@ def run_token(raw: object) -> str | None:
     return run if is_run_token(run) else None
 
 
+# How far two hosts' wall clocks may disagree about when runs began: a job restarted on another
+# node whose clock is behind began "before" the run it replaces. NTP keeps hosts within
+# milliseconds; ten minutes allows a host without it (or an NTP step) and is still far less than
+# a stale uploader's absence that outlives the MAX_SUPERSEDED tokens the job's row remembers
+# (those closer in time are refused by their token).
+STARTED_SKEW_S = 600.0
+
+
+def started_in_future(raw: object, now: float) -> float | None:
+    """extra.started when it lies more than STARTED_SKEW_S past `now` (no run began there: a
+    run stamped in the future refused every later run of its job), else None."""
+    began = run_started(raw)
+    return began if began is not None and began > now + STARTED_SKEW_S else None
+
+
 def run_started(raw: object) -> float | None:
     """When a run began by its writer's wall clock (extra.started, seconds since 1970): what
     orders two runs of one job name whose tokens say only that they differ; None when the

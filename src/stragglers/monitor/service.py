@@ -35,8 +35,8 @@ from stragglers.monitor.alerts import AlertEngine, Changes, Rule, parse_rules
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
-from stragglers.monitor.jobmeta import check_meta, is_new_run, run_start, run_started, \
-    run_token
+from stragglers.monitor.jobmeta import STARTED_SKEW_S, check_meta, is_new_run, run_start, \
+    run_started, run_token, started_in_future
 from stragglers.monitor.outbox import OutboxSender
 from stragglers.monitor.turns import Turns
 from stragglers.monitor.part_files import FileReaders, StuckRead
@@ -447,6 +447,12 @@ class Monitor:
         # checked in full before anything is stored (a bad layout once went into the store and
         # failed every later start)
         meta = check_meta(raw_meta, directory / "meta.json", self.config.max_meta_bytes)
+        future = started_in_future(raw_meta, time.time())
+        if future is not None:
+            raise InputError(directory / "meta.json", "extra.started", f"{future:.3f} is more "
+                             f"than {STARTED_SKEW_S:g} s past this monitor's clock "
+                             f"({time.time():.3f}); expected when the run began, in seconds "
+                             "since 1970")
         if meta.world_size > self.config.max_world_size:
             raise InputError(directory / "meta.json", "world_size", f"{meta.world_size} ranks; "
                              f"this monitor takes jobs of at most {self.config.max_world_size} "
@@ -634,12 +640,13 @@ class Monitor:
                              "name (monitor_job)")
         began, current_began = run_started(raw_meta), run_started(old.meta)
         if token != current and began is not None and current_began is not None \
-                and began < current_began:
+                and began < current_began - STARTED_SKEW_S:
             # a run older than the current one whose token the row no longer lists (it keeps
             # the last MAX_SUPERSEDED): taken as a new run, it reset the newer run away
             raise Superseded(job, "job", f"run {token or '(no token)'} of job {job!r} began "
                              f"before its current run {current or '(no token)'} (extra."
-                             f"started {began:.3f} < {current_began:.3f}): an older run "
+                             f"started {began:.3f}, more than {STARTED_SKEW_S:g} s before "
+                             f"{current_began:.3f}): an older run "
                              "cannot replace a newer one; give each run its own job name "
                              "(monitor_job)")
         if token is not None or current is None:
