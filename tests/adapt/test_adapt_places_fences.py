@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from stragglers.adapt.dataset import DatasetConfig
-from stragglers.adapt.errors import Fenced, QuotaExceeded
+from stragglers.adapt.errors import Fenced, Quarantined, QuotaExceeded
 from stragglers.adapt.service import token_digest
 from stragglers.adapt.shards import ShardStore
 
@@ -125,5 +125,94 @@ def test_a_schema_4_file_keeps_its_fences_above_every_row_it_holds(tmp_path):
     store = ShardStore(db)
     try:
         assert store.join("d", "b", A).fence == top + 1
+    finally:
+        store.close()
+
+
+def test_a_data_set_deleted_and_created_again_never_hands_an_old_fence_back(tmp_path):
+    """`a` of data set d holds a shard at fences 1..2, d is deleted and created again (no old
+    row left but garbage): `a` joining the new d gets a fence above 2, also after a restart,
+    and the old incarnation's lease is refused (fences started at 1 again: the stuck holder
+    of the deleted d leased, acked and gave back on the new one)."""
+    db = tmp_path / "s.db"
+    store = ShardStore(db)
+    try:
+        store.create_dataset(DatasetConfig("d", 16, 4), A)
+        store.join("d", "a", A)
+        old = store.join("d", "a", A).fence
+        held = store.lease("d", "a", old, token_sha256=A).leases[0]
+        store.delete_dataset("d", A)
+        store.create_dataset(DatasetConfig("d", 16, 4), A)
+        new = store.join("d", "a", A).fence
+        assert new > old
+        with pytest.raises(Fenced, match="stale"):
+            store.lease("d", "a", old, token_sha256=A)
+        with pytest.raises(Fenced, match="stale"):
+            store.ack("d", "a", old, held.epoch, held.shard, 1, token_sha256=A)
+        with pytest.raises(Fenced, match="stale"):
+            store.release("d", "a", old, token_sha256=A)
+        store.delete_dataset("d", A)
+    finally:
+        store.close()
+    store = ShardStore(db)   # (the floor is in the file: a restart keeps it)
+    try:
+        store.create_dataset(DatasetConfig("d", 16, 4), A)
+        assert store.join("d", "b", A).fence > new
+        assert store.join("d", "a", A).fence > new
+    finally:
+        store.close()
+
+
+def test_a_quarantined_data_set_deleted_keeps_its_fences_above_its_rows(tmp_path):
+    """d's row and fence floor are damaged (quarantined): the operator's delete (round 9's
+    path) keeps a floor above every fence its rows held, so d created again starts above them
+    (and the name is usable again: the damaged floor is not kept)."""
+    import sqlite3
+
+    db = tmp_path / "s.db"
+    store = ShardStore(db)
+    try:
+        store.create_dataset(DatasetConfig("d", 16, 4), A)
+        for _ in range(3):
+            top = store.join("d", "a", A).fence
+        store.lease("d", "a", top, token_sha256=A)   # (its row holds fence top)
+    finally:
+        store.close()
+    with sqlite3.connect(db) as c:
+        c.execute("INSERT OR REPLACE INTO fence_floors VALUES ('d', 'x')")
+        c.execute("UPDATE datasets SET shard_size='x' WHERE name='d'")
+        c.execute("DELETE FROM workers WHERE dataset='d'")   # (only the rows hold the fences)
+    store = ShardStore(db)
+    try:
+        with pytest.raises(Quarantined):
+            store.join("d", "c", A)
+        store.delete_dataset("d", None, operator=True)
+        store.create_dataset(DatasetConfig("d", 16, 4), A)
+        assert store.join("d", "a", A).fence > top
+    finally:
+        store.close()
+
+
+def test_a_schema_5_file_keeps_a_deleted_data_sets_fences_above_its_garbage_rows(tmp_path):
+    """A file of schema 5 dropped a deleted data set's floor: opened, its name's floor goes
+    above the fences its rows not yet collected hold."""
+    import sqlite3
+
+    db = tmp_path / "s.db"
+    store = ShardStore(db)
+    try:
+        store.create_dataset(DatasetConfig("d", 16, 4), A)
+        for _ in range(3):
+            top = store.join("d", "a", A).fence
+        store.lease("d", "a", top, token_sha256=A)
+        store.delete_dataset("d", A)
+    finally:
+        store.close()
+    with sqlite3.connect(db) as c:   # (as schema 5 left it: no floor past the delete)
+        c.executescript("DELETE FROM fence_floors; PRAGMA user_version=5;")
+    store = ShardStore(db)
+    try:
+        store.create_dataset(DatasetConfig("d", 16, 4), A)
+        assert store.join("d", "a", A).fence == top + 1
     finally:
         store.close()

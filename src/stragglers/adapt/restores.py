@@ -25,6 +25,7 @@ from stragglers.adapt.errors import (Conflict, DiskFull, Forbidden, QuotaExceede
                                      authorize)
 from stragglers.adapt.replies import Deleted, Restored
 from stragglers.adapt.requeues import GIVE_BACK_STEP
+from stragglers.adapt.schema import keep_fence_floor
 from stragglers.adapt.space import Reserve, restore_bound
 from stragglers.adapt.stored import check_dataset_row
 from stragglers.adapt.store_state import StoreState
@@ -140,7 +141,8 @@ class Restores(StoreState):
                        operator: bool = False) -> Deleted:
         """Delete a data set (its owner's call): its places of max_datasets and of its token's
         and client's quotas are given back at once; its shard rows become garbage, deleted in
-        paced steps (collect_garbage), and its name may be created again.
+        paced steps (collect_garbage), and its name may be created again (its fence floor
+        kept: the new one's fences start above every fence of this one).
 
         A quarantined data set (a damaged row) is deleted too, none of its shard rows read:
         by its owner (the datasets row's owner, when that reads) or by the `operator` (the
@@ -170,9 +172,9 @@ class Restores(StoreState):
         """Delete data set `name` (its rows, under `key`, left as garbage) in transaction c."""
         self._touched.add(name)
         c.execute("DELETE FROM datasets WHERE name=?", (name,))
+        keep_fence_floor(c, name, key)   # (before its workers go: the name's fences never repeat)
         c.execute("DELETE FROM workers WHERE dataset=?", (name,))
         c.execute("DELETE FROM lease_requests WHERE dataset=?", (name,))
-        c.execute("DELETE FROM fence_floors WHERE dataset=?", (name,))
         c.execute("INSERT OR REPLACE INTO row_sets VALUES (?,?,'garbage')", (key, name))
         self._forget()
         # (all of it put back if the transaction is rolled back: a refused call changes nothing)

@@ -8,7 +8,7 @@ from pathlib import Path
 from stragglers.adapt.space import out_of_space
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -57,6 +57,15 @@ _MIGRATE_3 = ("ALTER TABLE datasets ADD COLUMN rows_key TEXT;"
 # its floor is the highest fence its rows hold (the rule of those versions, kept).
 _MIGRATE_4 = ("INSERT OR REPLACE INTO fence_floors SELECT dataset, MAX(fence) FROM workers"
               " WHERE typeof(fence)='integer' AND fence >= 1 GROUP BY dataset;")
+# Schema 5 -> 6: a deleted data set's fence floor is kept (its name's fences never repeat: a
+# recreated one started at 1 again, and a stuck holder of the old one was current). Files of
+# schema 5 dropped it at the delete: the deleted rows not yet collected (garbage) hold fences
+# of its holders, and its name's floor goes above them.
+_MIGRATE_5 = ("INSERT INTO fence_floors SELECT r.dataset, MAX(s.fence) FROM row_sets r JOIN shards"
+              " s ON s.dataset = r.rows_key WHERE r.state = 'garbage' AND typeof(s.fence) ="
+              " 'integer' AND s.fence >= 1 GROUP BY r.dataset ON CONFLICT (dataset) DO UPDATE SET"
+              " floor = CASE WHEN typeof(floor) = 'integer' AND floor >= 0 THEN"
+              " MAX(floor, excluded.floor) ELSE floor END;")
 
 
 def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlite3.Connection:
@@ -77,7 +86,7 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
         conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         old = conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
-        if old is not None and version not in (2, 3, 4, SCHEMA_VERSION):
+        if old is not None and version not in (2, 3, 4, 5, SCHEMA_VERSION):
             raise InputError(db, None, f"shard database of schema version {version};"
                              f" this version reads {SCHEMA_VERSION} (start a new file)")
         if old is not None and version == 2:
@@ -87,6 +96,8 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
         conn.executescript(_SCHEMA)
         if old is not None and version in (2, 3, 4):
             conn.executescript(_MIGRATE_4)
+        if old is not None and version in (2, 3, 4, 5):
+            conn.executescript(_MIGRATE_5)
         if version != SCHEMA_VERSION:
             # (only when it changes: a start that writes nothing starts on a full disk, and
             # serves reads and refuses writes 507 until space is freed)
@@ -94,6 +105,25 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
     except sqlite3.DatabaseError as exc:
         raise unusable(db, exc) from exc
     return conn
+
+
+def keep_fence_floor(c: sqlite3.Connection, name: str, key: str) -> None:
+    """Raise data set `name`'s fence floor to its workers' fences, before it is deleted: the
+    floor outlives it, so a data set created again under its name starts its fences above
+    every fence of the deleted one (they started at 1 again: a stuck holder was current)."""
+    high = c.execute("SELECT MAX(fence) FROM workers WHERE dataset=? AND typeof(fence)="
+                     "'integer' AND fence >= 1", (name,)).fetchone()[0]
+    row = c.execute("SELECT floor FROM fence_floors WHERE dataset=?", (name,)).fetchone()
+    if row is not None and not (type(row[0]) is int and row[0] >= 0):
+        # a damaged floor (a quarantined data set's delete): above every fence its rows
+        # (under `key`) hold instead, read this once (one data set's rows, a rare path)
+        held = c.execute("SELECT MAX(fence) FROM shards WHERE dataset=? AND typeof(fence)="
+                         "'integer' AND fence >= 1", (key,)).fetchone()[0]
+        high = max((v for v in (high, held) if v is not None), default=0)
+        c.execute("UPDATE fence_floors SET floor=? WHERE dataset=?", (high, name))
+    elif high is not None:   # (no worker ever joined: no row, none kept for it)
+        c.execute("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET"
+                  " floor=MAX(floor, excluded.floor)", (name, high))
 
 
 def unusable(db: str | Path, exc: sqlite3.DatabaseError) -> StragglersError:
