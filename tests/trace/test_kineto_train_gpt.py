@@ -23,14 +23,16 @@ from stragglers.whatif import analyze
 SLOW_RANK = 1
 # Both readings take a step from its first op's start to its last op's end and differ only by
 # the code between an op's edge and the recorder's stamp, which load stretches as it stretches
-# the step: measured 0.04-0.5% of T_base at loads 5-13; 3% is a 30 ms wait at an edge of a 1 s
-# step.
+# the step: measured 0.04-0.5% of T_base at loads 5-13; 0.37-0.86% at loads 1-7 in 4 runs with
+# burn's 256x256 matmuls (0.14-0.65% in 3 runs of its 64x64 ones beside them); 3% is a 30 ms wait
+# at an edge of a 1 s step.
 T_BASE_TOL = 0.03
 # The straggler's forward+backward time over the ranks' mean, both readings timing the same
 # spans: they differ per rank by the module-call code around the first and last aten op of a
 # phase (measured: at most 3.9% of a rank's compute, on the last stage; 0.8% on the straggler),
-# which bounds the ratio's move at 1.8%; measured 0.04-0.3% at loads 5-13. A reader that lost 7%
-# of the straggler's compute moved it by 2.7%, 10% by 4%.
+# which bounds the ratio's move at 1.8%; measured 0.04-0.3% at loads 5-13; 0.01-0.08% at loads
+# 1-7 in 4 runs with burn's 256x256 matmuls (0.07-0.17% in 3 runs of its 64x64 ones beside
+# them). A reader that lost 7% of the straggler's compute moved it by 2.7%, 10% by 4%.
 SHARE_TOL = 0.03
 
 
