@@ -216,3 +216,29 @@ def test_a_schema_5_file_keeps_a_deleted_data_sets_fences_above_its_garbage_rows
         assert store.join("d", "a", A).fence == top + 1
     finally:
         store.close()
+
+
+def test_deleted_names_fence_floors_are_bounded_and_fold_into_one(tmp_path):
+    """max_kept_floors 2: of three data sets created, joined and deleted in turn, the oldest
+    name's floor folds into the store's (one row for every name without its own): each name
+    created again still starts above its deleted fences, and the file keeps 2 by name (every
+    deleted name kept one: created and deleted in a loop, the file grew without bound)."""
+    import sqlite3
+
+    db = tmp_path / "s.db"
+    store = ShardStore(db, max_kept_floors=2)
+    try:
+        tops = {}
+        for name in ("p", "q", "r"):
+            store.create_dataset(DatasetConfig(name, 16, 4), A)
+            for _ in range(3 if name == "p" else 1):
+                tops[name] = store.join(name, "a", A).fence
+            store.delete_dataset(name, A)
+        with sqlite3.connect(db) as c:
+            kept = c.execute("SELECT dataset FROM fence_floors ORDER BY dataset").fetchall()
+            assert kept == [("*",), ("q",), ("r",)]
+        for name in ("p", "q", "r", "s"):
+            store.create_dataset(DatasetConfig(name, 16, 4), A)
+            assert store.join(name, "a", A).fence > tops.get(name, 0)
+    finally:
+        store.close()

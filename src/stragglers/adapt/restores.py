@@ -172,7 +172,7 @@ class Restores(StoreState):
         """Delete data set `name` (its rows, under `key`, left as garbage) in transaction c."""
         self._touched.add(name)
         c.execute("DELETE FROM datasets WHERE name=?", (name,))
-        keep_fence_floor(c, name, key)   # (before its workers go: the name's fences never repeat)
+        keep_fence_floor(c, name, key, self.max_kept_floors)   # (before its workers go)
         c.execute("DELETE FROM workers WHERE dataset=?", (name,))
         c.execute("DELETE FROM lease_requests WHERE dataset=?", (name,))
         c.execute("INSERT OR REPLACE INTO row_sets VALUES (?,?,'garbage')", (key, name))

@@ -107,10 +107,16 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
     return conn
 
 
-def keep_fence_floor(c: sqlite3.Connection, name: str, key: str) -> None:
+# The fence_floors row of every name without one of its own (no data set is named so: see
+# dataset.NAME_PATTERN): the floors of the oldest deleted names, folded into one.
+STORE_FLOOR = "*"
+
+
+def keep_fence_floor(c: sqlite3.Connection, name: str, key: str, max_kept: int) -> None:
     """Raise data set `name`'s fence floor to its workers' fences, before it is deleted: the
     floor outlives it, so a data set created again under its name starts its fences above
-    every fence of the deleted one (they started at 1 again: a stuck holder was current)."""
+    every fence of the deleted one (they started at 1 again: a stuck holder was current).
+    Past `max_kept` rows by name, the oldest deleted names' floors go into STORE_FLOOR."""
     high = c.execute("SELECT MAX(fence) FROM workers WHERE dataset=? AND typeof(fence)="
                      "'integer' AND fence >= 1", (name,)).fetchone()[0]
     row = c.execute("SELECT floor FROM fence_floors WHERE dataset=?", (name,)).fetchone()
@@ -124,6 +130,17 @@ def keep_fence_floor(c: sqlite3.Connection, name: str, key: str) -> None:
     elif high is not None:   # (no worker ever joined: no row, none kept for it)
         c.execute("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET"
                   " floor=MAX(floor, excluded.floor)", (name, high))
+    # (names created and deleted in a loop would each keep a row: the file grew without bound)
+    over = c.execute("SELECT COUNT(*) FROM fence_floors WHERE dataset != ?",
+                     (STORE_FLOOR,)).fetchone()[0] - max_kept
+    if over > 0:
+        fold = c.execute("SELECT rowid, floor FROM fence_floors f WHERE dataset != ? AND NOT"
+                         " EXISTS (SELECT 1 FROM datasets d WHERE d.name = f.dataset) ORDER BY"
+                         " rowid LIMIT ?", (STORE_FLOOR, over)).fetchall()
+        top = max((f for _, f in fold if type(f) is int and f >= 0), default=0)
+        c.execute("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET"
+                  " floor=MAX(floor, excluded.floor)", (STORE_FLOOR, top))
+        c.executemany("DELETE FROM fence_floors WHERE rowid=?", [(r,) for r, _ in fold])
 
 
 def unusable(db: str | Path, exc: sqlite3.DatabaseError) -> StragglersError:

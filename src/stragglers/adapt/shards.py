@@ -33,8 +33,8 @@ from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease
                                       indices_json, lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
-from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION, open_database,  # noqa: F401
-                                     unusable)
+from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION, STORE_FLOOR,  # noqa: F401
+                                     open_database, unusable)
 from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_shard,
                                      check_worker_row, config_of, damaged, first_bad_shard)
 from stragglers.adapt.transactions import Transactions
@@ -61,13 +61,16 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                  busy_timeout_s: float = 10.0, max_datasets: int = 4096,
                  max_datasets_per_token: int = 64, max_datasets_per_client: int = 1024,
                  max_workers_per_dataset: int = 1024, max_rows_ahead: int = 1 << 18,
-                 max_held_per_worker: int = 1024, unused_dataset_s: float = 60.0):
+                 max_held_per_worker: int = 1024, unused_dataset_s: float = 60.0,
+                 max_kept_floors: int = 1 << 16):
         self.db = str(db)
         self.unused_dataset_s = unused_dataset_s
         self._created_at: dict[str, float] = {}
         self._started = clock()
         self._reclaimed: list[str] = []
         self.max_workers_per_dataset = max_workers_per_dataset
+        # deleted data sets' fence floors kept by name; older ones fold into one (STORE_FLOOR)
+        self.max_kept_floors = max_kept_floors
         # shards one worker may hold (DOING) at once: its release, or a join of its next
         # incarnation, requeues them all in one transaction on the commit thread
         self.max_held_per_worker = max_held_per_worker
@@ -511,7 +514,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
 
     def _new_name_fence(self, c: sqlite3.Connection, name: str) -> int:
         """The first fence of a worker name new to data set `name`: one above every fence of
-        a name that gave its place (1 while none did; QuotaExceeded at max_workers_per_dataset
+        a name that gave its place or of a deleted data set of its name (1 while none did,
+        nor any folded into STORE_FLOOR; QuotaExceeded at max_workers_per_dataset
         when no name that left holds nothing)."""
         # each worker name keeps a row and up to REQUEST_HISTORY lease replies: names
         # invented in a loop would grow the file without bound
@@ -521,13 +525,14 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                 f" (max_workers_per_dataset={self.max_workers_per_dataset}),"
                                 " none of them released holding nothing; join with a name used"
                                 " before, or release one that left")
-        floor = c.execute("SELECT floor FROM fence_floors WHERE dataset=?", (name,)).fetchone()
-        if floor is None:
-            return 1
-        if type(floor[0]) is not int or floor[0] < 0:
-            raise damaged(name, "fence floor", f"floor={floor[0]!r:.40}, expected an integer"
-                          " >= 0")
-        return floor[0] + 1
+        top = 0   # (its own floor, and that of the deleted names folded into STORE_FLOOR)
+        for (floor,) in c.execute("SELECT floor FROM fence_floors WHERE dataset IN (?,?)",
+                                  (name, STORE_FLOOR)).fetchall():
+            if type(floor) is not int or floor < 0:
+                raise damaged(name, "fence floor", f"floor={floor!r:.40}, expected an integer"
+                              " >= 0")
+            top = max(top, floor)
+        return top + 1
 
     def _take_place_of_left(self, c: sqlite3.Connection, name: str) -> bool:
         """Delete the longest-joined workers row of `name` that left (LEFT, EXPIRED) and holds
