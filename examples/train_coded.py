@@ -1,10 +1,10 @@
 """Coded data-parallel training of an MLP on the scikit-learn digits (bundled, no download).
 
-Rank 0 is the aggregator, ranks 1..n are workers (9 processes: n = 8 workers); each step every
+Rank 0 is the aggregator, ranks 1..n are workers (5 processes: n = 4 workers); each step every
 worker is delayed by a draw from a heavy-tailed distribution. With a gradient code the aggregator
 needs only n − s arrivals. Rank 0 prints its progress and ends with a verdict line.
 
-    torchrun --standalone --nproc-per-node 9 examples/train_coded.py \
+    torchrun --standalone --nproc-per-node 5 examples/train_coded.py \
         --scheme cyclic-mds --stragglers 1 --delay-dist pareto --delay-scale 0.02 --seed 0 --compare
 """
 
