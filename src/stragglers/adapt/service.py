@@ -40,7 +40,7 @@ from stragglers.adapt import requests as rq
 from stragglers.adapt.claim import Claim, claim
 from stragglers.adapt.control import ControlPlane, PacedThread
 from stragglers.adapt.controller import Actions, ControlConfig
-from stragglers.adapt.dataset import DatasetConfig, check_name
+from stragglers.adapt.dataset import MAX_SHARD_SIZE, DatasetConfig, check_name
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy, DiskFull, \
     Forbidden, NotFound, RateLimited, Unauthorized, UnsupportedMediaType, authorize
 from stragglers.adapt.folding import WalFolder
@@ -576,24 +576,63 @@ class _IndexPace:
         self.per_s, self.max_wait_s, self._clock, self._sleep = per_s, max_wait_s, clock, sleep
         self._due: dict[object, float] = {}   # key -> when its indices so far are paid for
 
-    def admit(self, key: object) -> None:
-        """RateLimited (before anything is leased) when `key`'s replies are paid for more than
-        max_wait_s ahead: a herd of big leases waits in 429 turns, not past its clients'
-        timeouts (each retry a replay charged again)."""
-        ahead = self._due.get(key, 0.0) - self._clock()
-        if ahead > self.max_wait_s:
-            raise RateLimited(f"big lease replies asked past lease_indices_per_token_s"
-                              f" ({self.per_s:g} a second) for {ahead:.0f} s; retry later",
-                              ahead - self.max_wait_s)
-
-    async def wait(self, key: object, n: int) -> None:
+    def _charge(self, key: object, n: int) -> tuple[float, float]:
+        """(now, when `key`'s indices are paid for with `n` more charged)."""
         now = self._clock()
         if len(self._due) > 4096:   # (keys paid up are dropped: no entry per token for good)
             self._due = {k: t for k, t in self._due.items() if t > now - 1.0}
-        due = max(self._due.get(key, now - 1.0), now - 1.0) + n / self.per_s
-        self._due[key] = due
-        if due > now:
-            await self._sleep(due - now)
+        due = self._due[key] = max(self._due.get(key, now - 1.0), now - 1.0) + n / self.per_s
+        return now, due
+
+    def admit(self, key: object, most: int = 0) -> _Reserved:
+        """`most` indices (the most the lease can send) reserved for `key`, checked in the same
+        step: RateLimited (before anything is leased) when its reply would wait more than
+        max_wait_s, unless nothing of `key` is paid for past its burst. Checked and reserved
+        at once, a herd arriving together is refused past the bound (checked here and charged
+        after its commit, all of one passed before any was charged)."""
+        now = self._clock()
+        base = max(self._due.get(key, now - 1.0), now - 1.0)
+        over = base + most / self.per_s - now - self.max_wait_s
+        if over > 0 and base > now - 1.0:
+            raise RateLimited(f"big lease replies asked past lease_indices_per_token_s"
+                              f" ({self.per_s:g} a second) for {base - now:.0f} s; retry later",
+                              min(over, base - now + 1.0))
+        return _Reserved(key, most, self._charge(key, most)[1])
+
+    def refund(self, held: _Reserved, n: int = 0) -> None:
+        """Give back what `held` reserved past the `n` indices its reply sends (all of it: a
+        lease refused or failed after admit)."""
+        if held.key in self._due:   # (else paid up and dropped: nothing to give back)
+            self._due[held.key] -= (held.most - n) / self.per_s
+        held.until -= (held.most - n) / self.per_s
+        held.most = n
+
+    async def wait(self, key: object, n: int, held: _Reserved | None = None) -> None:
+        """Sleep until `n` indices of `key` are paid for: those `held` reserved (the rest
+        refunded), else charged now."""
+        if held is None:
+            now, until = self._charge(key, n)
+        else:
+            self.refund(held, n)
+            now, until = self._clock(), held.until
+        if n and until > now:   # (a reply with nothing paced waits for no one's)
+            await self._sleep(until - now)
+
+
+@dataclass
+class _Reserved:
+    """Indices a lease reserved at admit: `most` of `key`'s, paid for at `until`."""
+
+    key: object
+    most: int
+    until: float
+
+
+def _shard_size(conn: sqlite3.Connection, name: str) -> int | None:
+    """Shard size of data set `name` (None where none, or not one a data set may have)."""
+    row = conn.execute("SELECT shard_size FROM datasets WHERE name=?", (name,)).fetchone()
+    ok = row is not None and type(row[0]) is int and 0 < row[0] <= MAX_SHARD_SIZE
+    return row[0] if ok else None
 
 
 class _SendSlots:
@@ -869,14 +908,15 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def read(fn, *args):
         return await asyncio.wrap_future(reader.submit(fn, *args))
 
-    async def with_indices(reply: LeaseReply, digest: str | None) -> LeaseReply | Response:
+    async def with_indices(reply: LeaseReply, held: _Reserved) -> LeaseReply | Response:
         """A lease reply; one with Pending indices is made JSON on a shuffle thread (not the
         writer, not the event loop: the shuffle, and the list and JSON of up to 262,144
-        indices, a chunk at a time), once its token's pace of such indices allows."""
+        indices, a chunk at a time), once its token's pace of such indices allows (`held`:
+        what the lease reserved of it, the rest refunded)."""
         pending = [x.indices for x in reply.leases if isinstance(x.indices, Pending)]
+        await index_pace.wait(held.key, sum(p.stop - p.start for p in pending), held)
         if not pending:
             return reply
-        await index_pace.wait(pace_key(digest), sum(p.stop - p.start for p in pending))
         big = max(p.key[0] for p in pending) > 1 << 20 or \
             sum(p.stop - p.start for p in pending) > 1 << 16
         body = await asyncio.get_running_loop().run_in_executor(shuffles[big], lease_json,
@@ -943,6 +983,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         reclaimed = store.reclaimed()   # (unused data sets deleted to make room)
         for name in reclaimed:
             owners.pop(name, None)
+            shard_sizes.pop(name, None)
         if reclaimed:
             paced.collect()
         owners.setdefault(cfg.name, digest)
@@ -1021,15 +1062,28 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     def pace_key(digest: str | None) -> object:
         return digest or ("client", REQUEST_CLIENT.get())
 
+    # shard size of each data set (read once; dropped with the data set): what a lease may
+    # reserve of its token's index pace before it is committed
+    shard_sizes: dict[str, int] = {}
+
     async def lease(request: Request) -> LeaseReply | Response:
         name = name_of(request)
         digest, body = await owned(request, name), await parsed(request, rq.Lease)
-        index_pace.admit(pace_key(digest))
-        async with worker_turn(request, (digest, name, body.worker)):
-            reply = await commit.run(
-                lambda: store.lease(name, body.worker, body.fence, body.count, body.request_id,
-                                    digest), digest)
-        return await with_indices(reply, digest)
+        size = shard_sizes.get(name) or await read(_shard_size, name)
+        if size:
+            shard_sizes[name] = size
+        # reserved before the commit, in the step that checks the pace (see _IndexPace.admit);
+        # where the size is not known the lease is refused by its commit, all refunded
+        held = index_pace.admit(pace_key(digest), body.count * (size or MAX_SHARD_SIZE))
+        try:
+            async with worker_turn(request, (digest, name, body.worker)):
+                reply = await commit.run(
+                    lambda: store.lease(name, body.worker, body.fence, body.count,
+                                        body.request_id, digest), digest)
+        except BaseException:
+            index_pace.refund(held)   # (refused or failed: nothing sent, nothing charged)
+            raise
+        return await with_indices(reply, held)
 
     async def ack(request: Request) -> Acked:
         name = name_of(request)
@@ -1079,6 +1133,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         await parsed(request, rq.Empty)
         deleted = await commit.run(lambda: store.delete_dataset(name, digest, operator), digest)
         owners.pop(name, None)
+        shard_sizes.pop(name, None)
         paced.collect()
         return deleted
 

@@ -1,0 +1,122 @@
+"""A token's big leases asked all at once: the index pace checks and reserves in one step, so
+the herd past the bound is refused 429 before its leases are committed (checked before the
+commit and charged after it, every one of a herd passed before any was charged: 7 of 12
+admitted, replies waiting up to 7.5 s against a 1 s bound)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+import pytest
+
+from stragglers.adapt.errors import RateLimited
+from stragglers.adapt.service import EmbeddedServer, ServiceConfig, _IndexPace
+
+HERD = {"Authorization": "Bearer index-pace-herd-token-0123456789"}
+REFUSED = {"Authorization": "Bearer index-pace-refused-token-01234567"}
+SHARD = 8192   # over INLINE_INDICES: every lease's indices are paced
+N = 12
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    # one shard's indices a second, a reply waiting at most 1 s: one second's burst and one
+    # second's wait are two shards' worth (each test its own token: its own pace)
+    cfg = ServiceConfig().replace(lease_indices_per_token_s=float(SHARD),
+                                  contended_max_turn_wait_s=1.0)
+    server = EmbeddedServer(tmp_path_factory.mktemp("pace") / "s.db", config=cfg).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def _dataset(url: str, headers: dict, workers: int) -> dict[str, int]:
+    name = headers["Authorization"][-8:]
+    r = httpx.post(f"{url}/datasets", headers=headers, json={
+        "name": name, "num_samples": N * SHARD, "shard_size": SHARD, "lease_s": 600})
+    assert r.status_code == 200, r.text
+    return {f"w{i}": httpx.post(f"{url}/datasets/{name}/join", headers=headers,
+                                json={"worker": f"w{i}"}).json()["fence"]
+            for i in range(workers)}
+
+
+def test_a_herd_of_big_leases_is_refused_past_the_bound_not_queued(url):
+    """12 workers of one token lease a shard each at once: at most the burst and the bound's
+    worth (2 shards; a 3rd only if the herd's requests spread over more than the second in
+    which the pace gives one back) are admitted, the rest 429 with a Retry-After."""
+    fences = _dataset(url, HERD, N)
+    name = HERD["Authorization"][-8:]
+    go, out = threading.Barrier(N), {}
+
+    def lease(worker: str) -> None:
+        with httpx.Client(timeout=30) as client:
+            go.wait(timeout=30)
+            out[worker] = client.post(f"{url}/datasets/{name}/lease", headers=HERD,
+                                      json={"worker": worker, "fence": fences[worker],
+                                            "count": 1, "request_id": "r-" + worker})
+
+    threads = [threading.Thread(target=lease, args=(w,)) for w in fences]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    codes = sorted(r.status_code for r in out.values())
+    admitted = codes.count(200)
+    assert codes.count(429) == N - admitted, codes
+    assert 1 <= admitted <= 3, codes
+    for r in out.values():
+        if r.status_code == 429:
+            assert "lease_indices_per_token_s" in r.json()["error"]
+            assert int(r.headers["retry-after"]) >= 1
+        else:
+            assert len(r.json()["leases"][0]["indices"]) == SHARD
+
+
+def test_leases_refused_after_admit_give_their_reservation_back(url):
+    """Leases refused by their commit (a stale fence: 409) reserved the pace first and give it
+    all back: three of them (3 s reserved if kept: the next would wait 3 s) leave the token's
+    next lease admitted."""
+    fence = _dataset(url, REFUSED, 1)["w0"]
+    name = REFUSED["Authorization"][-8:]
+    for _ in range(3):
+        r = httpx.post(f"{url}/datasets/{name}/lease", headers=REFUSED,
+                       json={"worker": "w0", "fence": fence + 1, "count": 1})
+        assert r.status_code == 409, r.text
+    r = httpx.post(f"{url}/datasets/{name}/lease", headers=REFUSED,
+                   json={"worker": "w0", "fence": fence, "count": 1})
+    assert r.status_code == 200, r.text
+
+
+def test_the_pace_refunds_what_a_reply_does_not_send():
+    """A reservation refunded in full (an error) or down to what the reply sends: the next
+    lease sees only what was sent, and the reply sleeps only for its own part."""
+    now, slept = [100.0], []
+
+    async def sleep(s):
+        slept.append(s)
+
+    pace = _IndexPace(1000.0, 1.0, clock=lambda: now[0], sleep=sleep)
+
+    async def calls():
+        first = pace.admit("a", 1000)     # the burst's worth
+        second = pace.admit("a", 1000)    # waits 1 s: at the bound
+        with pytest.raises(RateLimited) as refused:
+            pace.admit("a", 1000)         # would wait 2 s
+        assert refused.value.retry_after_s == pytest.approx(1.0)
+        pace.refund(second)               # (its lease failed)
+        third = pace.admit("a", 1000)     # in its place
+        await pace.wait("a", 1000, first)
+        await pace.wait("a", 250, third)  # sent a quarter: 0.25 s past the burst
+        assert slept == pytest.approx([0.25])
+        held = pace.admit("a", 500)       # what was sent: 0.25 s ahead; 0.75 s with this
+        await pace.wait("a", 0, held)     # nothing paced in its reply: all back, no sleep
+        assert slept == pytest.approx([0.25])
+        pace.admit("b", 5000)             # another token: its own pace; alone, never refused
+        pace.admit("a", 750)              # 1 s ahead with it (kept, the refund's 500: 1.5 s)
+        with pytest.raises(RateLimited):
+            pace.admit("a", 1)
+
+    asyncio.run(calls())
