@@ -4,7 +4,7 @@
 
 1. `stragglers advise runs/slow` at 80 columns, on the README's synthetic job: its lines and
    its widest line (a report that fits the terminal cuts no word).
-2. The README's coded-training command (examples/train_coded.py, 9 processes), shortened by its
+2. The README's coded-training command (examples/train_coded.py, 5 processes), shortened by its
    own --steps: the coded scheme's time against wait-for-all under the same delays (its verdict).
 3. The README's adaptive-training command (examples/train_adaptive.py --policy dd, rank 3 at a
    third of the speed): step time before and after DD re-split the batches (its verdict).
@@ -66,7 +66,7 @@ def advise(tmp: Path) -> Figure:
 
 def coded(tmp: Path, steps: int) -> Figure:
     """The README's train_coded.py command with --steps: coded vs wait-for-all."""
-    line = torchrun(9, "train_coded.py", "--steps", str(steps), "--scheme", "cyclic-mds",
+    line = torchrun(5, "train_coded.py", "--steps", str(steps), "--scheme", "cyclic-mds",
                     "--stragglers", "1", "--delay-dist", "pareto", "--delay-scale", "0.02",
                     "--compare", cwd=tmp)
     m = re.search(r"verdict: (\S+) \(s=\d+\) trained \d+ steps in ([\d.]+) s to loss ([\d.]+); "
