@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import httpx
 import pytest
@@ -45,18 +46,20 @@ def _dataset(url: str, headers: dict, workers: int) -> dict[str, int]:
 
 def test_a_herd_of_big_leases_is_refused_past_the_bound_not_queued(url):
     """12 workers of one token lease a shard each at once: at most the burst and the bound's
-    worth (2 shards; a 3rd only if the herd's requests spread over more than the second in
-    which the pace gives one back) are admitted, the rest 429 with a Retry-After."""
+    worth (2 shards; one more for each second the herd's requests spread over, in which the
+    pace gives one back) are admitted, the rest 429 with a Retry-After."""
     fences = _dataset(url, HERD, N)
     name = HERD["Authorization"][-8:]
-    go, out = threading.Barrier(N), {}
+    go, out, sent, answered = threading.Barrier(N), {}, [], []
 
     def lease(worker: str) -> None:
         with httpx.Client(timeout=30) as client:
             go.wait(timeout=30)
+            sent.append(time.monotonic())
             out[worker] = client.post(f"{url}/datasets/{name}/lease", headers=HERD,
                                       json={"worker": worker, "fence": fences[worker],
                                             "count": 1, "request_id": "r-" + worker})
+            answered.append(time.monotonic())
 
     threads = [threading.Thread(target=lease, args=(w,)) for w in fences]
     for t in threads:
@@ -66,7 +69,11 @@ def test_a_herd_of_big_leases_is_refused_past_the_bound_not_queued(url):
     codes = sorted(r.status_code for r in out.values())
     admitted = codes.count(200)
     assert codes.count(429) == N - admitted, codes
-    assert 1 <= admitted <= 3, codes
+    # the pace gives one shard back a second: every decision lies between the first request
+    # sent and the last answer, so past the burst and the bound (2 shards) at most one more
+    # a second of that span (a loaded machine spreads the herd; all 12 were admitted before)
+    spread = max(answered) - min(sent)
+    assert 1 <= admitted <= 2 + int(spread), (codes, spread)
     for r in out.values():
         if r.status_code == 429:
             assert "lease_indices_per_token_s" in r.json()["error"]
