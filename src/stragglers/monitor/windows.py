@@ -23,6 +23,7 @@ import msgspec
 import numpy as np
 
 from stragglers.errors import StragglersError
+from stragglers.monitor.clocks import align_step_clocks
 from stragglers.monitor.part_files import READ_TIMEOUT_S, FileReaders
 from stragglers.monitor.part_limits import OP_END_SLACK_S, OpSpans, op_spans
 from stragglers.monitor.parts import MAX_STEP_GAP, PartFile, read_window_rows
@@ -538,27 +539,27 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
                 if trace is not None and len(trace.ops["rank"]) else set()
             row.missing_ranks = sorted(set(window.missing_ranks)
                                        | ({f.rank for f in window.files} - read))
-        if trace is not None:
+        spans = None
+        if trace is not None and len(trace.ops["rank"]):
+            spans = step_op_spans(trace, window.next_starts, window.next_ends, window.steps[-1])
             past = ops_past_next_step(trace, window.next_starts, window.next_ends,
-                                      window.steps[-1])
+                                      window.steps[-1], spans)
             if past:
-                # such an op is not what happened: its step is left out of the window for
-                # every rank (the other steps analysed whole), or where that leaves none, its
-                # ranks (a window of one step); every such step, not a rank's first only (a
-                # rank's second poisoned step stayed in: S 2,329)
-                refused += [(f"job {window.job} rank {r}", problem)
-                            for (r, _), problem in past.items()]
-                out = sorted({st for _, st in past})
-                keep = ~np.isin(trace.ops["step"], out)
-                # (the row names the steps analysed: it listed the step left out as analysed)
-                row.steps = [st for st in row.steps if st not in out] if keep.any() \
-                    else row.steps
-                if not keep.any():
-                    ranks = sorted({r for r, _ in past})
-                    row.missing_ranks = sorted(set(row.missing_ranks) | set(ranks))
-                    keep = ~np.isin(trace.ops["rank"], ranks)
-                trace = Trace({k: v[keep] for k, v in trace.ops.items()}, trace.meta,
-                              trace.source, trace.notes) if keep.any() else None
+                trace = _leave_out(trace, past, row, refused, window.job)
+                spans = None   # (rows left out: sorted again below)
+        if trace is not None:
+            # (after the op bounds, which are clock-free or on one rank's own clock: a rank
+            # on another clock for a step is moved onto the others' by its collective ends)
+            clocks = align_step_clocks(trace.ops, spans)
+            if clocks.start_ts is not None:   # (set where a rank's step was moved)
+                log.info("job %s window %d: %d rank step(s) on another clock aligned on their "
+                         "collective ends (e.g. rank %d step %d by %.6g s)", window.job,
+                         window.idx, len(clocks.moved), *next(iter(clocks.moved)),
+                         next(iter(clocks.moved.values())))
+                trace = Trace({**trace.ops, "start_ts": clocks.start_ts}, trace.meta,
+                              trace.source, trace.notes)
+            if clocks.left_out:
+                trace = _leave_out(trace, clocks.left_out, row, refused, window.job)
         if trace is None:
             raise StragglersError("no readable rows in this window: every part file of it was "
                                   "refused (see the refusals)")
@@ -601,6 +602,26 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
     return row, refused
 
 
+def _leave_out(trace: Trace, problems: dict[tuple[int, int], str], row: WindowRow,
+               refused: list[Refusal], job: str) -> Trace | None:
+    """The window's trace less the steps in `problems` ((rank, step) → why), each named
+    refused; `row` names the steps analysed. Such a step is not what happened: it is left
+    out for every rank (the other steps analysed whole), or where that leaves none, its ranks
+    (a window of one step); every such step, not a rank's first only (a rank's second
+    poisoned step stayed in: S 2,329)."""
+    refused += [(f"job {job} rank {r}", problem) for (r, _), problem in problems.items()]
+    out = sorted({st for _, st in problems})
+    keep = ~np.isin(trace.ops["step"], out)
+    # (the row names the steps analysed: it listed the step left out as analysed)
+    row.steps = [st for st in row.steps if st not in out] if keep.any() else row.steps
+    if not keep.any():
+        ranks = sorted({r for r, _ in problems})
+        row.missing_ranks = sorted(set(row.missing_ranks) | set(ranks))
+        keep = ~np.isin(trace.ops["rank"], ranks)
+    return Trace({k: v[keep] for k, v in trace.ops.items()}, trace.meta, trace.source,
+                 trace.notes) if keep.any() else None
+
+
 def first_starts(rank: np.ndarray, start: np.ndarray, known: dict[int, float] | None = None
                  ) -> dict[int, float]:
     """rank → its earliest start among these rows (and `known`'s)."""
@@ -628,8 +649,21 @@ def _extreme_per_rank(rank: np.ndarray, value: np.ndarray, known: dict[int, floa
     return out
 
 
+def step_op_spans(trace: Trace, next_starts: dict[int, float],
+                  next_ends: dict[int, float] | None = None, last: int | None = None
+                  ) -> tuple[dict[str, np.ndarray], OpSpans]:
+    """The window's rows with one row a rank of the step after its last step `last`
+    (with_step_after), and their op_spans: ops_past_next_step's and align_step_clocks'
+    (one sort of the window's rows for both)."""
+    o = trace.ops
+    cols = with_step_after(o, next_starts, next_ends or {},
+                           (o["step"].max(initial=0) if last is None else last) + 1)
+    return cols, op_spans(cols)
+
+
 def ops_past_next_step(trace: Trace, next_starts: dict[int, float],
-                       next_ends: dict[int, float] | None = None, last: int | None = None
+                       next_ends: dict[int, float] | None = None, last: int | None = None,
+                       spans: tuple[dict[str, np.ndarray], OpSpans] | None = None
                        ) -> dict[tuple[int, int], str]:
     """(rank, step) → why, for every step of a rank with an op that is not what happened:
     (1) one ending after the rank's next step began (plus OP_END_SLACK_S or one step) where
@@ -640,14 +674,12 @@ def ops_past_next_step(trace: Trace, next_starts: dict[int, float],
     their own start too, and for a stall that is consistent on its rank's clock but that the
     others did not wait for). A part's own check sees only the steps inside it: at a part's
     last step an op of up to MAX_OP_SECONDS passed, and one op of 3,000 s made a window's S
-    1,863 and fired its alerts (also when its rank sent nothing after it)."""
-    o = trace.ops
-    n = len(o["rank"])
+    1,863 and fired its alerts (also when its rank sent nothing after it). `spans`:
+    step_op_spans' answer where the caller has it."""
+    n = len(trace.ops["rank"])
     if not n:
         return {}
-    cols = with_step_after(o, next_starts, next_ends or {},
-                           (o["step"].max(initial=0) if last is None else last) + 1)
-    sp = op_spans(cols)
+    cols, sp = spans or step_op_spans(trace, next_starts, next_ends, last)
     sp.over[sp.order >= n] = False   # (the step after's own rows are only its extremes)
     out: dict[tuple[int, int], str] = {}
     for j in np.flatnonzero(sp.over).tolist():
