@@ -155,3 +155,40 @@ def test_an_op_started_late_to_unchain_its_step_still_has_the_step_left_out():
     assert [(source, problem.split(":")[0]) for source, problem in refused] == \
         [("job j rank 3", "step 2")], refused
     assert row.steps == [0, 1, 3, 4] and row.slowdown < 1.5, (row.steps, row.slowdown)
+
+
+def _held_after_its_collectives(stall: float = 20.0) -> Trace:
+    """The healthy job, one clock, rank 3 held `stall` s after its last op of step 2 (a
+    checkpoint, a GC pause after the step's last collective); the others wait for it in
+    their first op of step 3, and every later step begins that much later."""
+    base = job(False, 9)
+    o = {k: v.copy() for k, v in base.ops.items()}
+    mine = np.flatnonzero((o["rank"] == 3) & (o["step"] == 2))
+    o["duration"][mine[np.argmax(o["start_ts"][mine] + o["duration"][mine])]] += stall
+    for rank in range(4):
+        later = (o["step"] >= 3) & (o["rank"] == rank)
+        head = np.flatnonzero(later & (o["step"] == 3))
+        head = head[np.argmin(o["start_ts"][head])]
+        o["start_ts"][later] += stall
+        if rank != 3:
+            o["start_ts"][head] -= stall
+            o["duration"][head] += stall
+    return Trace(o, base.meta, base.source)
+
+
+def test_a_stall_waited_for_in_an_unrecorded_step_is_kept_with_steps_sampled():
+    # every second step recorded (sample_every=2): the others waited for rank 3 in step 3,
+    # which no one recorded; their step 4 began the stall later. The stall is kept, not
+    # refused as a poisoned op (before: step 2 left out, S 1.003, the straggler hidden)
+    held = _held_after_its_collectives()
+    every = windows(held, window_steps=3)[0]
+    o = held.ops
+    kept = np.isin(o["step"], [0, 2, 4, 6, 8])
+    sampled = Trace({k: v[kept] for k, v in o.items()}, held.meta, held.source)
+    (w, row, refused), *_ = windows(sampled, window_steps=3)
+    assert refused == [] and row.steps == [0, 2, 4], (refused, row.steps)
+    assert row.slowdown > 1.3 and every[1].slowdown > 1.3, (row.slowdown, every[1].slowdown)
+    # a stall of the same rank no one waited for (its later steps not moved) is still refused
+    poisoned_ = poisoned(sampled, 3, 2)
+    (w, row, refused), *_ = windows(poisoned_, window_steps=3)
+    assert [(s, p.split(":")[0]) for s, p in refused] == [("job j rank 3", "step 2")], refused

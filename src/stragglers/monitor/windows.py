@@ -725,7 +725,10 @@ def spans_past_others(cols: dict[str, np.ndarray], sp: OpSpans, n: int
     first start, passes every *other* rank's reach of that step by more than the others'
     longest span of it (or OP_END_SLACK_S). A rank's reach is its latest end of the step, or
     of its next step where that is the step after on the same clock, less its first start of
-    the step. Each rank is measured on its own clock: hosts whose clocks differ by seconds,
+    the step; where its next recorded step on the same clock is d > 1 steps on (steps sampled:
+    the recorder's sample_every), that step's start less d - 1 of its spans of this step (a
+    rank held after its collectives was waited for in the unrecorded steps between: a 20 s
+    stall read S 1.94 every step recorded, and was left out every second step recorded). Each rank is measured on its own clock: hosts whose clocks differ by seconds,
     and steps each timed from their own start (NDTimeline's samples), compare alike. In a
     synchronous job the others meet the rank at that step's or the next step's collectives,
     so their reach is no shorter than its span less one step (a rank starting late has a
@@ -739,9 +742,10 @@ def spans_past_others(cols: dict[str, np.ndarray], sp: OpSpans, n: int
     end = cols["start_ts"][sp.order] + cols["duration"][sp.order]
     hi = np.maximum.reduceat(end, sp.head)
     g_step = sp.step[sp.head]
-    follows = sp.chained & np.r_[g_step[1:] == g_step[:-1] + 1, False]
-    reach = np.maximum(hi, np.where(follows, np.r_[hi[1:], -np.inf], -np.inf)) - sp.first
     span = hi - sp.first
+    gap = np.r_[g_step[1:], g_step[-1:]] - g_step     # (steps on to the next group)
+    on = np.where(gap == 1, np.r_[hi[1:], -np.inf], sp.next_start - (gap - 1) * span)
+    reach = np.maximum(hi, np.where(sp.chained, on, -np.inf)) - sp.first
     judged = np.flatnonzero(sp.order[sp.head] < n)
     key = g_step[judged]
     others_reach = _of_others(key, reach[judged])
