@@ -107,19 +107,30 @@ def test_fences_never_restart_when_the_limit_is_raised(tmp_path):
         store.close()
 
 
+def _joined_three_times(db, lease: bool = False, delete: bool = False) -> int:
+    """Data set d in a new store at `db`, `a` joined three times (its last fence returned),
+    that fence's lease taken where `lease`, d deleted where `delete`; the store closed."""
+    store = ShardStore(db)
+    try:
+        store.create_dataset(DatasetConfig("d", 16, 4), A)
+        for _ in range(3):
+            top = store.join("d", "a", A).fence
+        if lease:
+            store.lease("d", "a", top, token_sha256=A)   # (its row holds fence top)
+        if delete:
+            store.delete_dataset("d", A)
+    finally:
+        store.close()
+    return top
+
+
 def test_a_schema_4_file_keeps_its_fences_above_every_row_it_holds(tmp_path):
     """A file of schema 4 (no fence floors: which names gave their place is not known) opens
     with its floor at the highest fence its rows hold: a new name starts above it."""
     import sqlite3
 
     db = tmp_path / "s.db"
-    store = ShardStore(db)
-    try:
-        store.create_dataset(DatasetConfig("d", 16, 4), A)
-        for _ in range(3):
-            top = store.join("d", "a", A).fence
-    finally:
-        store.close()
+    top = _joined_three_times(db)
     with sqlite3.connect(db) as c:
         c.executescript("DROP TABLE fence_floors; PRAGMA user_version=4;")
     store = ShardStore(db)
@@ -170,14 +181,7 @@ def test_a_quarantined_data_set_deleted_keeps_its_fences_above_its_rows(tmp_path
     import sqlite3
 
     db = tmp_path / "s.db"
-    store = ShardStore(db)
-    try:
-        store.create_dataset(DatasetConfig("d", 16, 4), A)
-        for _ in range(3):
-            top = store.join("d", "a", A).fence
-        store.lease("d", "a", top, token_sha256=A)   # (its row holds fence top)
-    finally:
-        store.close()
+    top = _joined_three_times(db, lease=True)
     with sqlite3.connect(db) as c:
         c.execute("INSERT OR REPLACE INTO fence_floors VALUES ('d', 'x')")
         c.execute("UPDATE datasets SET shard_size='x' WHERE name='d'")
@@ -199,15 +203,7 @@ def test_a_schema_5_file_keeps_a_deleted_data_sets_fences_above_its_garbage_rows
     import sqlite3
 
     db = tmp_path / "s.db"
-    store = ShardStore(db)
-    try:
-        store.create_dataset(DatasetConfig("d", 16, 4), A)
-        for _ in range(3):
-            top = store.join("d", "a", A).fence
-        store.lease("d", "a", top, token_sha256=A)
-        store.delete_dataset("d", A)
-    finally:
-        store.close()
+    top = _joined_three_times(db, lease=True, delete=True)
     with sqlite3.connect(db) as c:   # (as schema 5 left it: no floor past the delete)
         c.executescript("DELETE FROM fence_floors; PRAGMA user_version=5;")
     store = ShardStore(db)

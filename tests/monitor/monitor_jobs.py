@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -68,3 +69,21 @@ def get(client, url: str, **kw):
 
 def dump(obj) -> str:
     return json.dumps(obj, indent=1, default=str)[:4000]
+
+
+@contextlib.contextmanager
+def serving_job(db: Path, trace: Trace, token: str, config):
+    """A monitor on loopback (store `db`) with job j's meta.json (`trace`'s) put: a client
+    holding `token`; the server stopped after."""
+    import httpx
+
+    from stragglers.monitor.server import MonitorServer
+
+    s = MonitorServer(db, port=0, token=token, config=config).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60,
+                          headers={"Authorization": f"Bearer {token}"}) as c:
+            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict()).status_code == 200
+            yield c
+    finally:
+        s.stop()

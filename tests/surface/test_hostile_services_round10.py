@@ -14,16 +14,24 @@ import sys
 import httpx
 
 from conftest import REPO, eventually
-from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.trace.runformat import table_bytes
 
 sys.path.insert(0, str(REPO / "tests" / "monitor"))
-from monitor_jobs import get, parts_of, slow_job  # noqa: E402
+from monitor_jobs import get, parts_of, serving_job, slow_job  # noqa: E402
 
 TOKEN = "hostile-round10-token-0123456789"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MONITOR = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
+
+
+def _windows_read_healthy(c, windows: int, most: float) -> None:
+    """Job j's first `windows` windows analysed, none slower than `most`, no alert fired."""
+    eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= windows,
+               what=f"windows 0-{windows - 1}")
+    job = get(c, "/api/jobs/j?history=10")
+    slowdowns = [round(w["slowdown"], 3) for w in job["windows"]]
+    assert max(slowdowns) < most, slowdowns
+    assert not [a["rule"] for a in job["alerts"]], job["alerts"]
 
 
 def test_a_rank_whose_clock_steps_back_between_parts_does_not_make_a_straggler(tmp_path):
@@ -35,27 +43,17 @@ def test_a_rank_whose_clock_steps_back_between_parts_does_not_make_a_straggler(t
     sides of (the rank's earlier part): refused (422 naming start_ts), or the windows not
     poisoned."""
     trace = slow_job(steps=20, slow=None)
-    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=MONITOR).start()
-    try:
-        with httpx.Client(base_url=s.url, timeout=60, headers=AUTH) as c:
-            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict()).status_code == 200
-            refused = 0
-            for rank, n, cols in parts_of(trace, 5):
-                if rank == 3 and n >= 1:
-                    cols = {**cols, "start_ts": cols["start_ts"] - 3600.0}
-                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
-                assert r.status_code in (200, 422), r.text
-                refused += r.status_code == 422
-            if refused:
-                return
-            eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
-                       what="windows 0-3")
-            job = get(c, "/api/jobs/j?history=10")
-            slowdowns = [round(w["slowdown"], 3) for w in job["windows"]]
-            assert max(slowdowns) < 1.1, slowdowns
-            assert not [a["rule"] for a in job["alerts"]], job["alerts"]
-    finally:
-        s.stop()
+    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
+        refused = 0
+        for rank, n, cols in parts_of(trace, 5):
+            if rank == 3 and n >= 1:
+                cols = {**cols, "start_ts": cols["start_ts"] - 3600.0}
+            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
+            assert r.status_code in (200, 422), r.text
+            refused += r.status_code == 422
+        if refused:
+            return
+        _windows_read_healthy(c, 4, 1.1)
 
 
 OWNER = {"Authorization": "Bearer owner-round10-token-0123456789"}
@@ -147,28 +145,19 @@ def test_start_times_in_float32_are_refused_or_read_without_harm(tmp_path):
     import pyarrow.parquet as pq
 
     trace = slow_job(steps=10, slow=None)
-    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=MONITOR).start()
-    try:
-        with httpx.Client(base_url=s.url, timeout=60, headers=AUTH) as c:
-            assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict()).status_code == 200
-            for rank, n, cols in parts_of(trace, 5):
-                table = pq.read_table(pa.BufferReader(table_bytes(
-                    {**cols, "start_ts": cols["start_ts"] + 1.7e9})))
-                at = table.column_names.index("start_ts")
-                table = table.set_column(at, "start_ts", pa.array(
-                    table["start_ts"].to_numpy().astype(np.float32)))
-                sink = pa.BufferOutputStream()
-                pq.write_table(table, sink)
-                r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}",
-                          content=sink.getvalue().to_pybytes())
-                assert r.status_code in (200, 422), r.text
-                if r.status_code == 422:
-                    assert "start_ts" in r.json()["error"], r.text
-                    return
-            eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 2,
-                       what="windows 0-1")
-            job = get(c, "/api/jobs/j?history=10")
-            slowdowns = [round(w["slowdown"], 3) for w in job["windows"]]
-            assert max(slowdowns) < 1.05, slowdowns
-    finally:
-        s.stop()
+    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
+        for rank, n, cols in parts_of(trace, 5):
+            table = pq.read_table(pa.BufferReader(table_bytes(
+                {**cols, "start_ts": cols["start_ts"] + 1.7e9})))
+            at = table.column_names.index("start_ts")
+            table = table.set_column(at, "start_ts", pa.array(
+                table["start_ts"].to_numpy().astype(np.float32)))
+            sink = pa.BufferOutputStream()
+            pq.write_table(table, sink)
+            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}",
+                      content=sink.getvalue().to_pybytes())
+            assert r.status_code in (200, 422), r.text
+            if r.status_code == 422:
+                assert "start_ts" in r.json()["error"], r.text
+                return
+        _windows_read_healthy(c, 2, 1.05)
