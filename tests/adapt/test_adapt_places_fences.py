@@ -238,3 +238,119 @@ def test_deleted_names_fence_floors_are_bounded_and_fold_into_one(tmp_path):
             assert store.join(name, "a", A).fence > tops.get(name, 0)
     finally:
         store.close()
+
+
+def test_max_kept_floors_is_a_service_setting(tmp_path):
+    """max_kept_floors is a ServiceConfig setting (`--set max_kept_floors=N`, was only a
+    ShardStore argument: a service kept 65,536 for good) that the service's store folds by;
+    out of its bounds, one line naming it."""
+    import sqlite3
+
+    from stragglers.adapt.service import ServiceConfig, open_store
+    from stragglers.config import cli_overrides
+    from stragglers.errors import InputError
+
+    db = tmp_path / "s.db"
+    store = open_store(db, cli_overrides(ServiceConfig, ["max_kept_floors=1"]))
+    try:
+        for name in ("p", "q"):
+            store.create_dataset(DatasetConfig(name, 16, 4), A)
+            store.join(name, "a", A)
+            store.delete_dataset(name, A)
+    finally:
+        store.close()
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT dataset FROM fence_floors ORDER BY dataset").fetchall() == \
+            [("*",), ("q",)]
+    for bad in ("-1", "x", str(1 << 25)):
+        with pytest.raises(InputError, match="max_kept_floors") as refused:
+            cli_overrides(ServiceConfig, [f"max_kept_floors={bad}"])
+        assert "\n" not in str(refused.value)
+
+
+def _damage(db, name: str, floor) -> None:
+    import sqlite3
+
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE fence_floors SET floor=? WHERE dataset=?", (floor, name))
+
+
+def test_a_damaged_store_floor_refuses_only_the_names_it_may_cover(tmp_path):
+    """The store floor ('*': deleted names folded into one) is damaged. It was read by every
+    new worker name's join, so every data set's new names were refused (503). Now a data set
+    takes it into a floor of its own at its creation: e (created before) serves new names as
+    before; a creation of a name without a floor of its own (it may be p, folded in: its
+    fences unknown) is refused, nothing written, and so is a new name of a data set that has
+    no floor of its own (as a schema-6 file left one); e deleted keeps its row (not folded
+    into the damaged floor) and is created again above its fences; the floor repaired, p is
+    created above its old fences."""
+    import sqlite3
+
+    db = tmp_path / "s.db"
+    store = ShardStore(db, max_kept_floors=0)
+    try:
+        for name in ("e", "p", "old"):
+            store.create_dataset(DatasetConfig(name, 16, 4), A)
+        for _ in range(3):
+            top_p = store.join("p", "a", A).fence
+        store.join("old", "a", A)
+        store.delete_dataset("p", A)   # (max_kept_floors 0: folded into '*' at once)
+    finally:
+        store.close()
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT floor FROM fence_floors WHERE dataset='*'").fetchone() == (3,)
+        c.execute("DELETE FROM fence_floors WHERE dataset='old'")   # (as schema 6 left it)
+    _damage(db, "*", "x")
+    store = ShardStore(db, max_kept_floors=0)
+    try:
+        assert store.join("e", "b", A).fence == 1   # (was Quarantined: the store's floor)
+        a = store.join("e", "a", A).fence
+        assert store.lease("e", "a", a, token_sha256=A).status == "ok"
+        assert store.join("old", "a", A).fence == 2   # a name it knows: above its own fence
+        for name in ("p", "new"):
+            with pytest.raises(Quarantined, match=r"fence_floors row '\*'"):
+                store.create_dataset(DatasetConfig(name, 16, 4), A)
+        with pytest.raises(Quarantined, match=r"fence_floors row '\*'"):
+            store.join("old", "b", A)
+        top_e = store.join("e", "a", A).fence
+        store.delete_dataset("e", A)
+        store.create_dataset(DatasetConfig("e", 16, 4), A)
+        assert store.join("e", "c", A).fence > top_e
+    finally:
+        store.close()
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT COUNT(*) FROM datasets WHERE name IN ('p', 'new')"
+                         ).fetchone() == (0,)
+    _damage(db, "*", top_p)   # (repaired by its operator)
+    store = ShardStore(db)
+    try:
+        store.create_dataset(DatasetConfig("p", 16, 4), A)
+        assert store.join("p", "a", A).fence == top_p + 1
+    finally:
+        store.close()
+
+
+def test_a_damaged_floor_is_never_raised_into_a_sound_one(tmp_path):
+    """d's floor is damaged (-1): a new name taking the place of one that left is refused
+    (its place not taken), and the floor stays damaged (MAX(-1, fence) wrote the fence that
+    left as d's floor: its deleted incarnations' fences, which the floor stood for, lost)."""
+    import sqlite3
+
+    db = tmp_path / "s.db"
+    store = ShardStore(db, max_workers_per_dataset=1)
+    try:
+        store.create_dataset(DatasetConfig("d", 16, 4), A)
+        a = store.join("d", "a", A).fence
+        store.release("d", "a", a, failure=False, token_sha256=A)
+    finally:
+        store.close()
+    _damage(db, "d", -1)
+    store = ShardStore(db, max_workers_per_dataset=1)
+    try:
+        with pytest.raises(Quarantined, match="fence floor is damaged"):
+            store.join("d", "b", A)
+        assert store.join("d", "a", A).fence == a + 1   # (a name it knows joins as before)
+    finally:
+        store.close()
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT floor FROM fence_floors WHERE dataset='d'").fetchone() == (-1,)

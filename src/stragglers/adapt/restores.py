@@ -25,7 +25,7 @@ from stragglers.adapt.errors import (Conflict, DiskFull, Forbidden, QuotaExceede
                                      authorize)
 from stragglers.adapt.replies import Deleted, Restored
 from stragglers.adapt.requeues import GIVE_BACK_STEP
-from stragglers.adapt.schema import keep_fence_floor
+from stragglers.adapt.schema import keep_fence_floor, pin_fence_floor
 from stragglers.adapt.space import Reserve, restore_bound
 from stragglers.adapt.stored import check_dataset_row
 from stragglers.adapt.store_state import StoreState
@@ -272,6 +272,7 @@ class Restores(StoreState):
                 raise Forbidden(f"restoring creates data set '{cfg.name}': that needs the"
                                 " service token")
             self._check_quota(c, token_sha256, creator)
+            pin_fence_floor(c, cfg.name)   # (as create_dataset: refused before a row is written)
             return False
         have, _, _ = self._config(c, cfg.name, token_sha256)
         if have != cfg:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from stragglers.adapt.errors import Quarantined
 from stragglers.adapt.space import out_of_space
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 
@@ -107,9 +108,54 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
     return conn
 
 
-# The fence_floors row of every name without one of its own (no data set is named so: see
-# dataset.NAME_PATTERN): the floors of the oldest deleted names, folded into one.
+# The fence_floors row of the oldest deleted names, folded into one (no data set is named so:
+# see dataset.NAME_PATTERN). A data set takes it into a row of its own when it is created (a
+# name folded into it may be the new one's), so only creations read it: a damaged one refuses
+# those of names without a row of their own, never a data set that exists.
 STORE_FLOOR = "*"
+# A floor raised to `excluded.floor`; a damaged one stays as it is (MAX of -1 or 'x' with a
+# fence wrote a floor that looked sound and was not: the fences it stood for were lost).
+_RAISE = ("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET floor ="
+          " CASE WHEN typeof(floor) = 'integer' AND floor >= 0 THEN MAX(floor, excluded.floor)"
+          " ELSE floor END")
+
+
+def sound_floor(floor: object) -> bool:
+    """Whether a stored fence floor reads as one (an integer >= 0)."""
+    return type(floor) is int and floor >= 0
+
+
+def raise_fence_floor(c: sqlite3.Connection, name: str, fence: int) -> None:
+    """Raise data set `name`'s fence floor to `fence` (a damaged floor is left damaged)."""
+    c.execute(_RAISE, (name, fence))
+
+
+def pin_fence_floor(c: sqlite3.Connection, name: str) -> int:
+    """Data set `name`'s fence floor, a row of its own written where it has none: the store
+    floor (its name may be one folded into it); Quarantined, nothing written, where the floor
+    it needs is damaged (only that: a data set with a sound row of its own never reads the
+    store floor, whose names were all deleted before the data set was created)."""
+    row = c.execute("SELECT floor FROM fence_floors WHERE dataset=?", (name,)).fetchone()
+    if row is not None:
+        if not sound_floor(row[0]):
+            raise Quarantined(f"data set '{name}': its stored fence floor is damaged (floor="
+                              f"{row[0]!r:.40}, expected an integer >= 0): new worker names"
+                              " cannot be given fences above its deleted incarnations'; other"
+                              " data sets are not affected (restore the file from a backup)")
+        return row[0]
+    store = c.execute("SELECT floor FROM fence_floors WHERE dataset=?",
+                      (STORE_FLOOR,)).fetchone()
+    if store is not None and not sound_floor(store[0]):
+        raise Quarantined(f"data set '{name}' has no fence floor of its own and the store's"
+                          f" (fence_floors row '{STORE_FLOOR}', the oldest deleted data sets')"
+                          f" is damaged (floor={store[0]!r:.40}, expected an integer >= 0):"
+                          " its name may be one of theirs, whose fences its new workers must"
+                          " start above; data sets with a floor of their own are not affected"
+                          f" (set row '{STORE_FLOOR}' to the highest fence a deleted data set's"
+                          " workers held, or restore the file from a backup)")
+    floor = 0 if store is None else store[0]
+    c.execute("INSERT INTO fence_floors VALUES (?,?)", (name, floor))
+    return floor
 
 
 def keep_fence_floor(c: sqlite3.Connection, name: str, key: str, max_kept: int) -> None:
@@ -120,7 +166,7 @@ def keep_fence_floor(c: sqlite3.Connection, name: str, key: str, max_kept: int) 
     high = c.execute("SELECT MAX(fence) FROM workers WHERE dataset=? AND typeof(fence)="
                      "'integer' AND fence >= 1", (name,)).fetchone()[0]
     row = c.execute("SELECT floor FROM fence_floors WHERE dataset=?", (name,)).fetchone()
-    if row is not None and not (type(row[0]) is int and row[0] >= 0):
+    if row is not None and not sound_floor(row[0]):
         # a damaged floor (a quarantined data set's delete): above every fence its rows
         # (under `key`) hold instead, read this once (one data set's rows, a rare path)
         held = c.execute("SELECT MAX(fence) FROM shards WHERE dataset=? AND typeof(fence)="
@@ -128,19 +174,23 @@ def keep_fence_floor(c: sqlite3.Connection, name: str, key: str, max_kept: int) 
         high = max((v for v in (high, held) if v is not None), default=0)
         c.execute("UPDATE fence_floors SET floor=? WHERE dataset=?", (high, name))
     elif high is not None:   # (no worker ever joined: no row, none kept for it)
-        c.execute("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET"
-                  " floor=MAX(floor, excluded.floor)", (name, high))
+        raise_fence_floor(c, name, high)
     # (names created and deleted in a loop would each keep a row: the file grew without bound)
     over = c.execute("SELECT COUNT(*) FROM fence_floors WHERE dataset != ?",
                      (STORE_FLOOR,)).fetchone()[0] - max_kept
-    if over > 0:
-        fold = c.execute("SELECT rowid, floor FROM fence_floors f WHERE dataset != ? AND NOT"
-                         " EXISTS (SELECT 1 FROM datasets d WHERE d.name = f.dataset) ORDER BY"
-                         " rowid LIMIT ?", (STORE_FLOOR, over)).fetchall()
-        top = max((f for _, f in fold if type(f) is int and f >= 0), default=0)
-        c.execute("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET"
-                  " floor=MAX(floor, excluded.floor)", (STORE_FLOOR, top))
-        c.executemany("DELETE FROM fence_floors WHERE rowid=?", [(r,) for r, _ in fold])
+    store = c.execute("SELECT floor FROM fence_floors WHERE dataset=?",
+                      (STORE_FLOOR,)).fetchone()
+    # Neither into a damaged store floor (the names' rows are kept: their floors are proven,
+    # and while it is damaged no name without a row can be created, so none are added in a
+    # loop) nor from a damaged row (its name's creation stays refused, not let past its fences)
+    if over > 0 and (store is None or sound_floor(store[0])):
+        fold = c.execute("SELECT rowid, floor FROM fence_floors f WHERE dataset != ? AND"
+                         " typeof(floor) = 'integer' AND floor >= 0 AND NOT EXISTS (SELECT 1"
+                         " FROM datasets d WHERE d.name = f.dataset) ORDER BY rowid LIMIT ?",
+                         (STORE_FLOOR, over)).fetchall()
+        if fold:
+            raise_fence_floor(c, STORE_FLOOR, max(f for _, f in fold))
+            c.executemany("DELETE FROM fence_floors WHERE rowid=?", [(r,) for r, _ in fold])
 
 
 def unusable(db: str | Path, exc: sqlite3.DatabaseError) -> StragglersError:

@@ -129,6 +129,12 @@ class ServiceConfig(Config):
                                            " up to 256 remembered lease replies; a join of a"
                                            " new name past it: 429)", minimum=1,
                                            maximum=1 << 20)
+    max_kept_floors: int = setting(1 << 16, "fence floors kept by name (a data set's, kept"
+                                   " past its DELETE: one created again under its name starts"
+                                   " its workers' fences above the deleted one's); past it the"
+                                   " oldest deleted names' fold into one floor of the store,"
+                                   " which every new name then starts above", minimum=0,
+                                   maximum=1 << 24)
     max_held_per_worker: int = setting(1024, "shards one worker may hold at once (a lease"
                                        " past it: \"wait\"); its release, or the join of its"
                                        " next incarnation, gives them back 128 a step",
@@ -1559,7 +1565,8 @@ def open_store(db: str | Path, config: ServiceConfig) -> ShardStore:
                       max_workers_per_dataset=config.max_workers_per_dataset,
                       max_rows_ahead=config.max_rows_ahead,
                       max_held_per_worker=config.max_held_per_worker,
-                      unused_dataset_s=config.unused_dataset_s)
+                      unused_dataset_s=config.unused_dataset_s,
+                      max_kept_floors=config.max_kept_floors)
 
 
 class EmbeddedServer:

@@ -34,7 +34,8 @@ from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
 from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION, STORE_FLOOR,  # noqa: F401
-                                     open_database, unusable)
+                                     open_database, pin_fence_floor, raise_fence_floor,
+                                     unusable)
 from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_shard,
                                      check_worker_row, config_of, damaged, first_bad_shard)
 from stragglers.adapt.transactions import Transactions
@@ -269,6 +270,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 return Created(False)
             self._check_quota(c, token_sha256, creator, reclaim=True)
             self._touched.add(cfg.name)
+            pin_fence_floor(c, cfg.name)
             key = self._fresh_key(c, cfg.name)
             c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?,0,?,?)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
@@ -514,9 +516,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
 
     def _new_name_fence(self, c: sqlite3.Connection, name: str) -> int:
         """The first fence of a worker name new to data set `name`: one above every fence of
-        a name that gave its place or of a deleted data set of its name (1 while none did,
-        nor any folded into STORE_FLOOR; QuotaExceeded at max_workers_per_dataset
-        when no name that left holds nothing)."""
+        a name that gave its place or of a deleted data set of its name (1 while none did;
+        QuotaExceeded at max_workers_per_dataset when no name that left holds nothing;
+        Quarantined where its floor is damaged, see schema.pin_fence_floor)."""
         # each worker name keeps a row and up to REQUEST_HISTORY lease replies: names
         # invented in a loop would grow the file without bound
         n = c.execute("SELECT COUNT(*) FROM workers WHERE dataset=?", (name,)).fetchone()[0]
@@ -525,14 +527,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                 f" (max_workers_per_dataset={self.max_workers_per_dataset}),"
                                 " none of them released holding nothing; join with a name used"
                                 " before, or release one that left")
-        top = 0   # (its own floor, and that of the deleted names folded into STORE_FLOOR)
-        for (floor,) in c.execute("SELECT floor FROM fence_floors WHERE dataset IN (?,?)",
-                                  (name, STORE_FLOOR)).fetchall():
-            if type(floor) is not int or floor < 0:
-                raise damaged(name, "fence floor", f"floor={floor!r:.40}, expected an integer"
-                              " >= 0")
-            top = max(top, floor)
-        return top + 1
+        # (its own floor; a data set of a file that did not pin one at its creation takes the
+        # store's into a row of its own here, once)
+        return pin_fence_floor(c, name) + 1
 
     def _take_place_of_left(self, c: sqlite3.Connection, name: str) -> bool:
         """Delete the longest-joined workers row of `name` that left (LEFT, EXPIRED) and holds
@@ -549,8 +546,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                         (name, LEFT, EXPIRED, key)).fetchone()
         if row is None:
             return False
-        c.execute("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET"
-                  " floor=MAX(floor, excluded.floor)", (name, row[1]))
+        raise_fence_floor(c, name, row[1])
         c.execute("DELETE FROM workers WHERE dataset=? AND worker=?", (name, row[0]))
         c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=?", (name, row[0]))
         return True
