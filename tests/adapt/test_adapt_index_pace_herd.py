@@ -115,11 +115,11 @@ def test_the_pace_refunds_what_a_reply_does_not_send():
         assert refused.value.retry_after_s == pytest.approx(1.0)
         pace.refund(second)               # (its lease failed)
         third = pace.admit("a", 1000)     # in its place
-        await pace.wait("a", 1000, first)
-        await pace.wait("a", 250, third)  # sent a quarter: 0.25 s past the burst
+        await pace.wait(first, 1000)
+        await pace.wait(third, 250)       # sent a quarter: 0.25 s past the burst
         assert slept == pytest.approx([0.25])
         held = pace.admit("a", 500)       # what was sent: 0.25 s ahead; 0.75 s with this
-        await pace.wait("a", 0, held)     # nothing paced in its reply: all back, no sleep
+        await pace.wait(held, 0)          # nothing paced in its reply: all back, no sleep
         assert slept == pytest.approx([0.25])
         pace.admit("b", 5000)             # another token: its own pace; alone, never refused
         pace.admit("a", 750)              # 1 s ahead with it (kept, the refund's 500: 1.5 s)

@@ -582,15 +582,14 @@ class _IndexPace:
         self.per_s, self.max_wait_s, self._clock, self._sleep = per_s, max_wait_s, clock, sleep
         self._due: dict[object, float] = {}   # key -> when its indices so far are paid for
 
-    def _charge(self, key: object, n: int) -> tuple[float, float]:
-        """(now, when `key`'s indices are paid for with `n` more charged)."""
-        now = self._clock()
+    def _charge(self, key: object, n: int, now: float) -> float:
+        """When `key`'s indices are paid for with `n` more charged."""
         if len(self._due) > 4096:   # (keys paid up are dropped: no entry per token for good)
             self._due = {k: t for k, t in self._due.items() if t > now - 1.0}
         due = self._due[key] = max(self._due.get(key, now - 1.0), now - 1.0) + n / self.per_s
-        return now, due
+        return due
 
-    def admit(self, key: object, most: int = 0) -> _Reserved:
+    def admit(self, key: object, most: int) -> _Reserved:
         """`most` indices (the most the lease can send) reserved for `key`, checked in the same
         step: RateLimited (before anything is leased) when its reply would wait more than
         max_wait_s, unless nothing of `key` is paid for past its burst. Checked and reserved
@@ -603,7 +602,7 @@ class _IndexPace:
             raise RateLimited(f"big lease replies asked past lease_indices_per_token_s"
                               f" ({self.per_s:g} a second) for {base - now:.0f} s; retry later",
                               min(over, base - now + 1.0))
-        return _Reserved(key, most, self._charge(key, most)[1])
+        return _Reserved(key, most, self._charge(key, most, now))
 
     def refund(self, held: _Reserved, n: int = 0) -> None:
         """Give back what `held` reserved past the `n` indices its reply sends (all of it: a
@@ -613,14 +612,11 @@ class _IndexPace:
         held.until -= (held.most - n) / self.per_s
         held.most = n
 
-    async def wait(self, key: object, n: int, held: _Reserved | None = None) -> None:
-        """Sleep until `n` indices of `key` are paid for: those `held` reserved (the rest
-        refunded), else charged now."""
-        if held is None:
-            now, until = self._charge(key, n)
-        else:
-            self.refund(held, n)
-            now, until = self._clock(), held.until
+    async def wait(self, held: _Reserved, n: int) -> None:
+        """Sleep until the `n` indices a reply sends of those `held` reserved are paid for
+        (the rest refunded)."""
+        self.refund(held, n)
+        now, until = self._clock(), held.until
         if n and until > now:   # (a reply with nothing paced waits for no one's)
             await self._sleep(until - now)
 
@@ -920,7 +916,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         indices, a chunk at a time), once its token's pace of such indices allows (`held`:
         what the lease reserved of it, the rest refunded)."""
         pending = [x.indices for x in reply.leases if isinstance(x.indices, Pending)]
-        await index_pace.wait(held.key, sum(p.stop - p.start for p in pending), held)
+        await index_pace.wait(held, sum(p.stop - p.start for p in pending))
         if not pending:
             return reply
         big = max(p.key[0] for p in pending) > 1 << 20 or \
