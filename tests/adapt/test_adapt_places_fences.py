@@ -354,3 +354,25 @@ def test_a_damaged_floor_is_never_raised_into_a_sound_one(tmp_path):
         store.close()
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT floor FROM fence_floors WHERE dataset='d'").fetchone() == (-1,)
+
+
+def test_a_worker_that_replays_a_lease_after_its_expiry_keeps_its_place(tmp_path):
+    """max_workers_per_dataset 2: a's lease (r1) expires in b's call; a's client sends r1
+    again (its reply was lost) and is answered the shard, not held. A replay is a live
+    worker's call: a keeps its place (a new name is 429) and leases on (the replay returned
+    before the mark was cleared: c took a's place and a's next lease was Fenced)."""
+    now = [1000.0]
+    store = ShardStore(tmp_path / "s.db", clock=lambda: now[0], max_workers_per_dataset=2)
+    try:
+        store.create_dataset(DatasetConfig("d", 16, 4, lease_s=5), A)
+        a, b = store.join("d", "a", A).fence, store.join("d", "b", A).fence
+        store.lease("d", "a", a, request_id="r1", token_sha256=A)
+        now[0] += 10
+        store.lease("d", "b", b, token_sha256=A)   # (requeues a's shard: a marked expired)
+        replay = store.lease("d", "a", a, request_id="r1", token_sha256=A)
+        assert [x.held for x in replay.leases] == [False]
+        with pytest.raises(QuotaExceeded):
+            store.join("d", "c", A)
+        assert store.lease("d", "a", a, request_id="r2", token_sha256=A).status == "ok"
+    finally:
+        store.close()

@@ -357,6 +357,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             front = self._expire(c, cfg, front0, now, (worker, fence))
             if front != front0:
                 c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
+            if mark == EXPIRED:   # (a call of its own, a replay too: it has not gone; the
+                # replay returned before this and the slow worker lost its place to a new name)
+                c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
+                          (name, worker))
             if request_id is not None:
                 seen = c.execute("SELECT status, reply FROM lease_requests WHERE dataset=? AND"
                                  " worker=? AND request_id=?",
@@ -375,7 +379,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                                 now)
             # (a worker that released and leases again has not left; one whose lease expired
             # and that calls has not gone)
-            if mark == EXPIRED or (leases and mark == LEFT):
+            if leases and mark == LEFT:
                 c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
                           (name, worker))
             failed, n_failed = self._failed_report(c, name)
