@@ -50,8 +50,8 @@ from stragglers.adapt.replies import (Acked, Created, Deleted, Health, Joined, L
                                       Released, Requeued, Restored, to_builtins)
 from stragglers.adapt.requeues import GIVE_BACK_STEP, RETRY_CHUNK
 from stragglers.adapt.restore_parse import SnapshotParser
-from stragglers.adapt.shards import ShardStore, joined_error, lease_json, release_error, \
-    released_error
+from stragglers.adapt.shards import MAX_INDICES_PER_REPLY, ShardStore, joined_error, \
+    lease_json, release_error, released_error
 from stragglers.adapt.space import Reserve, io_error, out_of_space
 from stragglers.adapt.working import WorkCredit
 from stragglers.config import Config, setting
@@ -604,6 +604,10 @@ class _IndexPace:
                               min(over, base - now + 1.0))
         return _Reserved(key, most, self._charge(key, most, now))
 
+    def ahead(self, held: _Reserved) -> float:
+        """Seconds until what `held` reserved is paid for: the longest its reply may wait."""
+        return max(0.0, held.until - self._clock())
+
     def refund(self, held: _Reserved, n: int = 0) -> None:
         """Give back what `held` reserved past the `n` indices its reply sends (all of it: a
         lease refused or failed after admit)."""
@@ -1074,14 +1078,21 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         size = shard_sizes.get(name) or await read(_shard_size, name)
         if size:
             shard_sizes[name] = size
-        # reserved before the commit, in the step that checks the pace (see _IndexPace.admit);
-        # where the size is not known the lease is refused by its commit, all refunded
-        held = index_pace.admit(pace_key(digest), body.count * (size or MAX_SHARD_SIZE))
+        # reserved before the commit, in the step that checks the pace (see _IndexPace.admit):
+        # the most its reply can send (count x size reserved 16.7M indices, 8 s of the pace,
+        # for a reply of at most 262,144: the job's next big lease 429 for 7 s); where the
+        # size is not known the lease is refused by its commit, all refunded
+        per = size or MAX_SHARD_SIZE
+        held = index_pace.admit(pace_key(digest),
+                                min(body.count, max(1, MAX_INDICES_PER_REPLY // per)) * per)
         try:
             async with worker_turn(request, (digest, name, body.worker)):
+                # leased for as much longer as its reply may wait for the pace (a reply paced
+                # past lease_s arrived with its shards expired, requeued to another worker)
+                wait_s = index_pace.ahead(held)
                 reply = await commit.run(
                     lambda: store.lease(name, body.worker, body.fence, body.count,
-                                        body.request_id, digest), digest)
+                                        body.request_id, digest, wait_s), digest)
         except BaseException:
             index_pace.refund(held)   # (refused or failed: nothing sent, nothing charged)
             raise

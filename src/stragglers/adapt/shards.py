@@ -341,10 +341,14 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return Joined(fence, released)
 
     def lease(self, name: str, worker: str, fence: int, count: int = 1,
-              request_id: str | None = None, token_sha256: str | None = None) -> LeaseReply:
+              request_id: str | None = None, token_sha256: str | None = None,
+              wait_s: float = 0.0) -> LeaseReply:
         """Hand up to `count` shards to `worker` (status "ok"), or none: "wait" or "finished".
 
-        At most MAX_INDICES_PER_REPLY sample indices in all (at least one shard).
+        At most MAX_INDICES_PER_REPLY sample indices in all (at least one shard). `wait_s`: how
+        long the reply may wait before it is sent (the service's index pace): the shards are
+        leased for that much longer (they expired before the reply arrived, and went to
+        another worker too).
 
         A request id seen before (any of this incarnation's last REQUEST_HISTORY) gets the
         answer of its first attempt again: the same shards (those still held renewed, from
@@ -366,7 +370,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                  " worker=? AND request_id=?",
                                  (name, worker, request_id)).fetchone()
                 if seen is not None:
-                    return self._replay(c, cfg, worker, fence, seen, now)
+                    return self._replay(c, cfg, worker, fence, seen, now, wait_s)
             # Up to MAX_INDICES_PER_REPLY indices in a reply (256 shards of 65,536 made a reply
             # of 16.7M integers, encoded on the event loop): fewer shards, never none.
             count = min(count, max(1, MAX_INDICES_PER_REPLY // cfg.shard_size))
@@ -376,7 +380,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 "SELECT COUNT(*) FROM shards WHERE dataset=? AND worker=? AND state='DOING'",
                 (self._key(name), worker)).fetchone()[0])
             leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
-                                                now)
+                                                now, wait_s)
             # (a worker that released and leases again has not left; one whose lease expired
             # and that calls has not gone)
             if leases and mark == LEFT:
@@ -393,10 +397,11 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return LeaseReply(status, leases, failed, n_failed)
 
     def _take(self, c: sqlite3.Connection, cfg: DatasetConfig, worker: str, fence: int, want: int,
-              epochs_created: int, now: float) -> tuple[list[Lease], int]:
-        """Lease up to `want` shards from the queue's head (new epochs as TODO runs out)."""
+              epochs_created: int, now: float, wait_s: float = 0.0) -> tuple[list[Lease], int]:
+        """Lease up to `want` shards from the queue's head (new epochs as TODO runs out), until
+        lease_s after `wait_s`."""
         leases: list[Lease] = []
-        deadline = now + cfg.lease_s
+        deadline = now + wait_s + cfg.lease_s
         while len(leases) < want:
             # The queue's head in one statement (RETURNING: SQLite >= 3.35).
             rows = c.execute("UPDATE shards SET state='DOING', worker=?, fence=?,"
