@@ -376,3 +376,47 @@ def test_a_worker_that_replays_a_lease_after_its_expiry_keeps_its_place(tmp_path
         assert store.lease("d", "a", a, request_id="r2", token_sha256=A).status == "ok"
     finally:
         store.close()
+
+
+def test_a_fence_past_the_bound_is_never_kept_as_a_floor(tmp_path):
+    """a's stored fence is 2^63-1 (past MAX_FENCE, 2^62: no request can carry it): d is
+    quarantined; its delete keeps a floor of its sound fences only, folded into the store's,
+    so new names of e (created after) and of d created again get sound fences (2^63-1 kept
+    made every new name's fence 2^63: OverflowError, a 500 on every join for good); a floor at
+    MAX_FENCE, or a worker at it, is refused 409 naming the bound, not a fence past it."""
+    from stragglers.adapt.errors import Conflict
+    from stragglers.adapt.requests import MAX_FENCE
+
+    db = tmp_path / "s.db"
+    store = ShardStore(db, max_kept_floors=0)
+    try:
+        store.create_dataset(DatasetConfig("d", 16, 4), A)
+        store.join("d", "a", A)
+        b = store.join("d", "b", A).fence
+    finally:
+        store.close()
+    import sqlite3
+
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE workers SET fence=? WHERE worker='a'", ((1 << 63) - 1,))
+    store = ShardStore(db, max_kept_floors=0)
+    try:
+        with pytest.raises(Quarantined, match="worker 'a'"):
+            store.join("d", "c", A)
+        store.delete_dataset("d", None, operator=True)
+        for name in ("e", "d"):
+            store.create_dataset(DatasetConfig(name, 16, 4), A)
+            assert b < store.join(name, "x", A).fence < MAX_FENCE
+    finally:
+        store.close()
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE fence_floors SET floor=? WHERE dataset='e'", (MAX_FENCE,))
+        c.execute("UPDATE workers SET fence=? WHERE dataset='d'", (MAX_FENCE,))
+    store = ShardStore(db)
+    try:
+        with pytest.raises(Conflict, match="no fence left"):
+            store.join("e", "y", A)
+        with pytest.raises(Conflict, match="no fence left"):
+            store.join("d", "x", A)
+    finally:
+        store.close()

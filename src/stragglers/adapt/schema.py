@@ -5,7 +5,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from stragglers.adapt.errors import Quarantined
+from stragglers.adapt.dataset import MAX_FENCE
+from stragglers.adapt.errors import Conflict, Quarantined
 from stragglers.adapt.space import out_of_space
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 
@@ -57,16 +58,17 @@ _MIGRATE_3 = ("ALTER TABLE datasets ADD COLUMN rows_key TEXT;"
 # (new names' fences start above it). Which names of an older file gave theirs is not known:
 # its floor is the highest fence its rows hold (the rule of those versions, kept).
 _MIGRATE_4 = ("INSERT OR REPLACE INTO fence_floors SELECT dataset, MAX(fence) FROM workers"
-              " WHERE typeof(fence)='integer' AND fence >= 1 GROUP BY dataset;")
+              f" WHERE typeof(fence)='integer' AND fence BETWEEN 1 AND {MAX_FENCE} GROUP BY"
+              " dataset;")
 # Schema 5 -> 6: a deleted data set's fence floor is kept (its name's fences never repeat: a
 # recreated one started at 1 again, and a stuck holder of the old one was current). Files of
 # schema 5 dropped it at the delete: the deleted rows not yet collected (garbage) hold fences
 # of its holders, and its name's floor goes above them.
 _MIGRATE_5 = ("INSERT INTO fence_floors SELECT r.dataset, MAX(s.fence) FROM row_sets r JOIN shards"
               " s ON s.dataset = r.rows_key WHERE r.state = 'garbage' AND typeof(s.fence) ="
-              " 'integer' AND s.fence >= 1 GROUP BY r.dataset ON CONFLICT (dataset) DO UPDATE SET"
-              " floor = CASE WHEN typeof(floor) = 'integer' AND floor >= 0 THEN"
-              " MAX(floor, excluded.floor) ELSE floor END;")
+              f" 'integer' AND s.fence BETWEEN 1 AND {MAX_FENCE} GROUP BY r.dataset ON CONFLICT"
+              " (dataset) DO UPDATE SET floor = CASE WHEN typeof(floor) = 'integer' AND floor"
+              f" BETWEEN 0 AND {MAX_FENCE} THEN MAX(floor, excluded.floor) ELSE floor END;")
 
 
 def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlite3.Connection:
@@ -116,13 +118,16 @@ STORE_FLOOR = "*"
 # A floor raised to `excluded.floor`; a damaged one stays as it is (MAX of -1 or 'x' with a
 # fence wrote a floor that looked sound and was not: the fences it stood for were lost).
 _RAISE = ("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET floor ="
-          " CASE WHEN typeof(floor) = 'integer' AND floor >= 0 THEN MAX(floor, excluded.floor)"
-          " ELSE floor END")
+          f" CASE WHEN typeof(floor) = 'integer' AND floor BETWEEN 0 AND {MAX_FENCE} THEN"
+          " MAX(floor, excluded.floor) ELSE floor END")
+# A fence a kept floor may be raised to (a stored one past MAX_FENCE is damaged: its data set
+# quarantined, never a floor; 2^63-1 kept made every new name's fence 2^63, a 500 for good)
+_SOUND_FENCE = f"typeof(fence) = 'integer' AND fence BETWEEN 1 AND {MAX_FENCE}"
 
 
 def sound_floor(floor: object) -> bool:
-    """Whether a stored fence floor reads as one (an integer >= 0)."""
-    return type(floor) is int and floor >= 0
+    """Whether a stored fence floor reads as one (an integer 0..MAX_FENCE)."""
+    return type(floor) is int and 0 <= floor <= MAX_FENCE
 
 
 def raise_fence_floor(c: sqlite3.Connection, name: str, fence: int) -> None:
@@ -139,16 +144,18 @@ def pin_fence_floor(c: sqlite3.Connection, name: str) -> int:
     if row is not None:
         if not sound_floor(row[0]):
             raise Quarantined(f"data set '{name}': its stored fence floor is damaged (floor="
-                              f"{row[0]!r:.40}, expected an integer >= 0): new worker names"
-                              " cannot be given fences above its deleted incarnations'; other"
-                              " data sets are not affected (restore the file from a backup)")
+                              f"{row[0]!r:.40}, expected an integer 0..{MAX_FENCE}): new"
+                              " worker names cannot be given fences above its deleted"
+                              " incarnations'; other data sets are not affected (restore the"
+                              " file from a backup)")
         return row[0]
     store = c.execute("SELECT floor FROM fence_floors WHERE dataset=?",
                       (STORE_FLOOR,)).fetchone()
     if store is not None and not sound_floor(store[0]):
         raise Quarantined(f"data set '{name}' has no fence floor of its own and the store's"
                           f" (fence_floors row '{STORE_FLOOR}', the oldest deleted data sets')"
-                          f" is damaged (floor={store[0]!r:.40}, expected an integer >= 0):"
+                          f" is damaged (floor={store[0]!r:.40}, expected an integer"
+                          f" 0..{MAX_FENCE}):"
                           " its name may be one of theirs, whose fences its new workers must"
                           " start above; data sets with a floor of their own are not affected"
                           f" (set row '{STORE_FLOOR}' to the highest fence a deleted data set's"
@@ -158,19 +165,28 @@ def pin_fence_floor(c: sqlite3.Connection, name: str) -> int:
     return floor
 
 
+def next_fence(name: str, worker: str, fence: int) -> int:
+    """The fence after `fence` (a join's, or a new name's above its floor); Conflict past
+    MAX_FENCE (no request can carry it: the worker could never call again)."""
+    if fence >= MAX_FENCE:
+        raise Conflict(f"worker '{worker}' of data set '{name}' has no fence left (fences end at"
+                       f" {MAX_FENCE}); join with another name")
+    return fence + 1
+
+
 def keep_fence_floor(c: sqlite3.Connection, name: str, key: str, max_kept: int) -> None:
     """Raise data set `name`'s fence floor to its workers' fences, before it is deleted: the
     floor outlives it, so a data set created again under its name starts its fences above
     every fence of the deleted one (they started at 1 again: a stuck holder was current).
     Past `max_kept` rows by name, the oldest deleted names' floors go into STORE_FLOOR."""
-    high = c.execute("SELECT MAX(fence) FROM workers WHERE dataset=? AND typeof(fence)="
-                     "'integer' AND fence >= 1", (name,)).fetchone()[0]
+    high = c.execute("SELECT MAX(fence) FROM workers WHERE dataset=? AND " + _SOUND_FENCE,
+                     (name,)).fetchone()[0]
     row = c.execute("SELECT floor FROM fence_floors WHERE dataset=?", (name,)).fetchone()
     if row is not None and not sound_floor(row[0]):
         # a damaged floor (a quarantined data set's delete): above every fence its rows
         # (under `key`) hold instead, read this once (one data set's rows, a rare path)
-        held = c.execute("SELECT MAX(fence) FROM shards WHERE dataset=? AND typeof(fence)="
-                         "'integer' AND fence >= 1", (key,)).fetchone()[0]
+        held = c.execute("SELECT MAX(fence) FROM shards WHERE dataset=? AND " + _SOUND_FENCE,
+                         (key,)).fetchone()[0]
         high = max((v for v in (high, held) if v is not None), default=0)
         c.execute("UPDATE fence_floors SET floor=? WHERE dataset=?", (high, name))
     elif high is not None:   # (no worker ever joined: no row, none kept for it)
@@ -185,9 +201,9 @@ def keep_fence_floor(c: sqlite3.Connection, name: str, key: str, max_kept: int) 
     # loop) nor from a damaged row (its name's creation stays refused, not let past its fences)
     if over > 0 and (store is None or sound_floor(store[0])):
         fold = c.execute("SELECT rowid, floor FROM fence_floors f WHERE dataset != ? AND"
-                         " typeof(floor) = 'integer' AND floor >= 0 AND NOT EXISTS (SELECT 1"
-                         " FROM datasets d WHERE d.name = f.dataset) ORDER BY rowid LIMIT ?",
-                         (STORE_FLOOR, over)).fetchall()
+                         f" typeof(floor) = 'integer' AND floor BETWEEN 0 AND {MAX_FENCE} AND"
+                         " NOT EXISTS (SELECT 1 FROM datasets d WHERE d.name = f.dataset)"
+                         " ORDER BY rowid LIMIT ?", (STORE_FLOOR, over)).fetchall()
         if fold:
             raise_fence_floor(c, STORE_FLOOR, max(f for _, f in fold))
             c.executemany("DELETE FROM fence_floors WHERE rowid=?", [(r,) for r, _ in fold])

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from stragglers.adapt import reads
-from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_EPOCHS, MAX_FAILED_IN_REPLY, TODO,  # noqa: F401
-                                     WORKER_PATTERN, DatasetConfig, check_name)
+from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_EPOCHS, MAX_FAILED_IN_REPLY,  # noqa: F401
+                                     MAX_FENCE, TODO, WORKER_PATTERN, DatasetConfig, check_name)
 from stragglers.adapt.epochs import EPOCH_CHUNK, Epochs  # noqa: F401
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,  # noqa: F401
                                     Quarantined, QuotaExceeded, authorize)
@@ -34,8 +34,8 @@ from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
 from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION, STORE_FLOOR,  # noqa: F401
-                                     open_database, pin_fence_floor, raise_fence_floor,
-                                     unusable)
+                                     next_fence, open_database, pin_fence_floor,
+                                     raise_fence_floor, unusable)
 from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_shard,
                                      check_worker_row, config_of, damaged, first_bad_shard)
 from stragglers.adapt.transactions import Transactions
@@ -211,8 +211,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 first_bad_shard(c, cfg, epochs_created, self._materialized(c, cfg),
                                 self._keys[name])
                 bad = c.execute("SELECT worker, fence, seq FROM workers WHERE dataset=? AND"
-                                " NOT (typeof(fence)='integer' AND fence >= 1 AND"
-                                " typeof(seq)='integer' AND seq >= 0) LIMIT 1",
+                                " NOT (typeof(fence)='integer' AND fence BETWEEN 1 AND"
+                                f" {MAX_FENCE} AND typeof(seq)='integer' AND seq >= 0) LIMIT 1",
                                 (name,)).fetchone()
                 if bad is not None:
                     check_worker_row(name, str(bad[0]), bad[1], bad[2])
@@ -329,9 +329,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                             (name, worker)).fetchone()
             if row is not None:
                 check_worker_row(name, worker, row[0], 0)
-                fence = row[0] + 1
+                fence = next_fence(name, worker, row[0])
             else:
-                fence = self._new_name_fence(c, name)
+                fence = self._new_name_fence(c, name, worker)
             c.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,NULL,?,0)",
                       (name, worker, fence, LEFT if leaving else None))
             # The request history belongs to the incarnation: a new one starts without it.
@@ -523,7 +523,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                           release_error(worker, failure, error), None, limit)
         return Released(released)
 
-    def _new_name_fence(self, c: sqlite3.Connection, name: str) -> int:
+    def _new_name_fence(self, c: sqlite3.Connection, name: str, worker: str) -> int:
         """The first fence of a worker name new to data set `name`: one above every fence of
         a name that gave its place or of a deleted data set of its name (1 while none did;
         QuotaExceeded at max_workers_per_dataset when no name that left holds nothing;
@@ -538,7 +538,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                 " before, or release one that left")
         # (its own floor; a data set of a file that did not pin one at its creation takes the
         # store's into a row of its own here, once)
-        return pin_fence_floor(c, name) + 1
+        return next_fence(name, worker, pin_fence_floor(c, name))
 
     def _take_place_of_left(self, c: sqlite3.Connection, name: str) -> bool:
         """Delete the longest-joined workers row of `name` that left (LEFT, EXPIRED) and holds
