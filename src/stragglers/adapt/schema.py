@@ -92,19 +92,27 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
         if old is not None and version not in (2, 3, 4, 5, SCHEMA_VERSION):
             raise InputError(db, None, f"shard database of schema version {version};"
                              f" this version reads {SCHEMA_VERSION} (start a new file)")
-        if old is not None and version == 2:
-            conn.executescript(_MIGRATE_2)
-        if old is not None and version in (2, 3):
-            conn.executescript(_MIGRATE_3)
-        conn.executescript(_SCHEMA)
-        if old is not None and version in (2, 3, 4):
-            conn.executescript(_MIGRATE_4)
-        if old is not None and version in (2, 3, 4, 5):
-            conn.executescript(_MIGRATE_5)
-        if version != SCHEMA_VERSION:
-            # (only when it changes: a start that writes nothing starts on a full disk, and
-            # serves reads and refuses writes 507 until space is freed)
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        if old is None or version != SCHEMA_VERSION:
+            # The upgrade (or a new file's tables) in one transaction, its version with it: run
+            # as separate scripts, each statement committed, a start killed between them left
+            # schema 4's columns under user_version 3, and every later start failed on
+            # 'duplicate column name' (the acknowledged rows in it, no version opening it).
+            steps = [_MIGRATE_2] if old is not None and version == 2 else []
+            steps += [_MIGRATE_3] if old is not None and version in (2, 3) else []
+            steps += [_SCHEMA]
+            steps += [_MIGRATE_4] if old is not None and version in (2, 3, 4) else []
+            steps += [_MIGRATE_5] if old is not None and version in (2, 3, 4, 5) else []
+            try:
+                conn.executescript("BEGIN IMMEDIATE;" + "".join(steps)
+                                   + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        else:
+            # (nothing written when the file is current: a start on a full disk serves reads
+            # and refuses writes 507 until space is freed)
+            conn.executescript(_SCHEMA)
     except sqlite3.DatabaseError as exc:
         raise unusable(db, exc) from exc
     return conn
