@@ -53,6 +53,7 @@ from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import MAX_INDICES_PER_REPLY, ShardStore, joined_error, \
     lease_json, release_error, released_error
 from stragglers.adapt.space import Reserve, io_error, out_of_space
+from stragglers.adapt.turns import TakeTurns
 from stragglers.adapt.working import WorkCredit
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
@@ -828,8 +829,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     # Control calls on a thread of their own, paced (PacedThread), their number bounded
     controlling = PacedThread(config.control_share, config.max_control_calls_per_token,
                               config.max_control_calls)
+    # Each thread's calls in turns by token (turns.py): one token's queue of shuffles made
+    # every other job's lease on that thread wait for all of it.
     shuffles = {False: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-small"),
                 True: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-big")}
+    shuffle_turns = {big: TakeTurns(pool) for big, pool in shuffles.items()}
     # Owners' snapshot sends and strangers' have slots of their own; strangers' are paced
     # slowly: five anonymous clients looping on a 26 MB snapshot at the owner's pace received
     # 256 MB/s, and their CPU (and the service's sends) on the same cores slowed other jobs'
@@ -918,16 +922,15 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def with_indices(reply: LeaseReply, held: _Reserved) -> LeaseReply | Response:
         """A lease reply; one with Pending indices is made JSON on a shuffle thread (not the
         writer, not the event loop: the shuffle, and the list and JSON of up to 262,144
-        indices, a chunk at a time), once its token's pace of such indices allows (`held`:
-        what the lease reserved of it, the rest refunded)."""
+        indices, a chunk at a time) in its token's turn (turns.py), once its token's pace of
+        such indices allows (`held`: what the lease reserved of it, the rest refunded)."""
         pending = [x.indices for x in reply.leases if isinstance(x.indices, Pending)]
         await index_pace.wait(held, sum(p.stop - p.start for p in pending))
         if not pending:
             return reply
         big = max(p.key[0] for p in pending) > 1 << 20 or \
             sum(p.stop - p.start for p in pending) > 1 << 16
-        body = await asyncio.get_running_loop().run_in_executor(shuffles[big], lease_json,
-                                                                store, reply)
+        body = await shuffle_turns[big].run(held.key, lease_json, store, reply)
         return Response(body, 200, media_type="application/json")
 
     def route(path: str, fn, methods=("POST",)) -> Route:
