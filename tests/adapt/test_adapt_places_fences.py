@@ -276,58 +276,98 @@ def _damage(db, name: str, floor) -> None:
 
 
 def test_a_damaged_store_floor_refuses_only_the_names_it_may_cover(tmp_path):
-    """The store floor ('*': deleted names folded into one) is damaged. It was read by every
-    new worker name's join, so every data set's new names were refused (503). Now a data set
-    takes it into a floor of its own at its creation: e (created before) serves new names as
-    before; a creation of a name without a floor of its own (it may be p, folded in: its
-    fences unknown) is refused, nothing written, and so is a new name of a data set that has
-    no floor of its own (as a schema-6 file left one); e deleted keeps its row (not folded
-    into the damaged floor) and is created again above its fences; the floor repaired, p is
-    created above its old fences."""
+    """The store floor ('*': deleted names' floors folded into one) is damaged. It was read by
+    every new worker name's join, so every data set's new names were refused (503). Now a
+    data set takes it into a floor of its own at its creation, and the names folded into it
+    are kept in a filter: e (created before) and old (no floor of its own, as a schema-6 file
+    left it, its name never folded) serve new names, a name never folded is created and
+    served; refused, nothing written, only what the floor may cover: r created again (folded:
+    its fences unknown), a new name of p (created again from the floor, its own row lost).
+    e deleted keeps its row (not folded into the damaged floor) and is created again above
+    its fences; the floor repaired, r is created above its old fences."""
     import sqlite3
 
     db = tmp_path / "s.db"
     store = ShardStore(db, max_kept_floors=0)
+    tops = {}
     try:
-        for name in ("e", "p", "old"):
+        for name in ("e", "p", "r", "old"):
             store.create_dataset(DatasetConfig(name, 16, 4), A)
-        for _ in range(3):
-            top_p = store.join("p", "a", A).fence
-        store.join("old", "a", A)
-        store.delete_dataset("p", A)   # (max_kept_floors 0: folded into '*' at once)
+            for _ in range(3 if name == "r" else 1):
+                tops[name] = store.join(name, "a", A).fence
+        for name in ("p", "r"):   # (max_kept_floors 0: folded into '*' at once)
+            store.delete_dataset(name, A)
+        store.create_dataset(DatasetConfig("p", 16, 4), A)
+        assert store.join("p", "a", A).fence == tops["r"] + 1
     finally:
         store.close()
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT floor FROM fence_floors WHERE dataset='*'").fetchone() == (3,)
-        c.execute("DELETE FROM fence_floors WHERE dataset='old'")   # (as schema 6 left it)
+        c.execute("DELETE FROM fence_floors WHERE dataset IN ('old', 'p')")   # (schema 6)
     _damage(db, "*", "x")
     store = ShardStore(db, max_kept_floors=0)
     try:
         assert store.join("e", "b", A).fence == 1   # (was Quarantined: the store's floor)
         a = store.join("e", "a", A).fence
         assert store.lease("e", "a", a, token_sha256=A).status == "ok"
-        assert store.join("old", "a", A).fence == 2   # a name it knows: above its own fence
-        for name in ("p", "new"):
-            with pytest.raises(Quarantined, match=r"fence_floors row '\*'"):
-                store.create_dataset(DatasetConfig(name, 16, 4), A)
+        assert store.join("old", "b", A).fence == 1
+        store.create_dataset(DatasetConfig("new", 16, 4), A)
+        assert store.join("new", "a", A).fence == 1
         with pytest.raises(Quarantined, match=r"fence_floors row '\*'"):
-            store.join("old", "b", A)
-        top_e = store.join("e", "a", A).fence
+            store.create_dataset(DatasetConfig("r", 16, 4), A)
+        with pytest.raises(Quarantined, match=r"fence_floors row '\*'"):
+            store.join("p", "b", A)
+        assert store.join("p", "a", A).fence == tops["r"] + 2   # (a name it knows)
         store.delete_dataset("e", A)
         store.create_dataset(DatasetConfig("e", 16, 4), A)
-        assert store.join("e", "c", A).fence > top_e
+        assert store.join("e", "c", A).fence > a
     finally:
         store.close()
     with sqlite3.connect(db) as c:
-        assert c.execute("SELECT COUNT(*) FROM datasets WHERE name IN ('p', 'new')"
-                         ).fetchone() == (0,)
-    _damage(db, "*", top_p)   # (repaired by its operator)
+        assert c.execute("SELECT COUNT(*) FROM datasets WHERE name='r'").fetchone() == (0,)
+    _damage(db, "*", tops["r"])   # (repaired by its operator)
     store = ShardStore(db)
     try:
-        store.create_dataset(DatasetConfig("p", 16, 4), A)
-        assert store.join("p", "a", A).fence == top_p + 1
+        store.create_dataset(DatasetConfig("r", 16, 4), A)
+        assert store.join("r", "a", A).fence == tops["r"] + 1
     finally:
         store.close()
+
+
+def test_a_schema_6_files_folded_names_are_unknown_under_a_damaged_store_floor(tmp_path):
+    """A file of schema 6 folded names into the store floor without noting which: upgraded,
+    a damaged store floor then refuses every creation of a name without a floor of its own
+    (none is proven never folded), a data set with its own floor is served; with no store
+    floor the upgrade notes nothing (nothing was folded) and a damaged one covers no name."""
+    import sqlite3
+
+    for folded in (True, False):
+        db = tmp_path / f"{folded}.db"
+        store = ShardStore(db, max_kept_floors=0)
+        try:
+            for name in ("e", "p"):
+                store.create_dataset(DatasetConfig(name, 16, 4), A)
+                store.join(name, "a", A)
+            if folded:
+                store.delete_dataset("p", A)
+        finally:
+            store.close()
+        with sqlite3.connect(db) as c:
+            c.executescript("DROP TABLE fence_folds; PRAGMA user_version=6;")
+        ShardStore(db).close()   # (upgraded)
+        with sqlite3.connect(db) as c:   # (damaged; where none was folded, written damaged)
+            c.execute("INSERT OR REPLACE INTO fence_floors VALUES ('*', 'x')")
+        store = ShardStore(db)
+        try:
+            assert store.join("e", "b", A).fence == 1
+            if folded:
+                with pytest.raises(Quarantined, match=r"fence_floors row '\*'"):
+                    store.create_dataset(DatasetConfig("new", 16, 4), A)
+            else:
+                store.create_dataset(DatasetConfig("new", 16, 4), A)
+                assert store.join("new", "a", A).fence == 1
+        finally:
+            store.close()
 
 
 def test_a_damaged_floor_is_never_raised_into_a_sound_one(tmp_path):

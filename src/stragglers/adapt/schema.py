@@ -6,11 +6,10 @@ import sqlite3
 from pathlib import Path
 
 from stragglers.adapt.dataset import MAX_FENCE
-from stragglers.adapt.errors import Conflict, Quarantined
 from stragglers.adapt.space import out_of_space
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -35,6 +34,7 @@ CREATE INDEX IF NOT EXISTS datasets_owner ON datasets (token_sha256);
 CREATE INDEX IF NOT EXISTS datasets_creator ON datasets (creator);
 CREATE TABLE IF NOT EXISTS row_sets (rows_key TEXT PRIMARY KEY, dataset TEXT, state TEXT);
 CREATE TABLE IF NOT EXISTS fence_floors (dataset TEXT PRIMARY KEY, floor INTEGER);
+CREATE TABLE IF NOT EXISTS fence_folds (id INTEGER PRIMARY KEY CHECK (id = 0), names BLOB);
 """
 # workers.reply (schema 2's last lease reply, unused since schema 3): LEFT once the name has
 # released (its own release, or a launcher's); a join, a lease that hands it shards, or an ack
@@ -69,6 +69,9 @@ _MIGRATE_5 = ("INSERT INTO fence_floors SELECT r.dataset, MAX(s.fence) FROM row_
               f" 'integer' AND s.fence BETWEEN 1 AND {MAX_FENCE} GROUP BY r.dataset ON CONFLICT"
               " (dataset) DO UPDATE SET floor = CASE WHEN typeof(floor) = 'integer' AND floor"
               f" BETWEEN 0 AND {MAX_FENCE} THEN MAX(floor, excluded.floor) ELSE floor END;")
+# Schema 6 -> 7: fence_folds, the names folded into the store floor (floors.py). A file of
+# schema 6 folded without it: where it has a store floor, the names in it are unknown (NULL).
+_MIGRATE_6 = "INSERT INTO fence_folds SELECT 0, NULL FROM fence_floors WHERE dataset = '*';"
 
 
 def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlite3.Connection:
@@ -89,7 +92,7 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
         conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         old = conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
-        if old is not None and version not in (2, 3, 4, 5, SCHEMA_VERSION):
+        if old is not None and version not in (2, 3, 4, 5, 6, SCHEMA_VERSION):
             raise InputError(db, None, f"shard database of schema version {version};"
                              f" this version reads {SCHEMA_VERSION} (start a new file)")
         if old is None or version != SCHEMA_VERSION:
@@ -102,6 +105,7 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
             steps += [_SCHEMA]
             steps += [_MIGRATE_4] if old is not None and version in (2, 3, 4) else []
             steps += [_MIGRATE_5] if old is not None and version in (2, 3, 4, 5) else []
+            steps += [_MIGRATE_6] if old is not None and version in (2, 3, 4, 5, 6) else []
             try:
                 conn.executescript("BEGIN IMMEDIATE;" + "".join(steps)
                                    + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
@@ -116,105 +120,6 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
     except sqlite3.DatabaseError as exc:
         raise unusable(db, exc) from exc
     return conn
-
-
-# The fence_floors row of the oldest deleted names, folded into one (no data set is named so:
-# see dataset.NAME_PATTERN). A data set takes it into a row of its own when it is created (a
-# name folded into it may be the new one's), so only creations read it: a damaged one refuses
-# those of names without a row of their own, never a data set that exists.
-STORE_FLOOR = "*"
-# A floor raised to `excluded.floor`; a damaged one stays as it is (MAX of -1 or 'x' with a
-# fence wrote a floor that looked sound and was not: the fences it stood for were lost).
-_RAISE = ("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET floor ="
-          f" CASE WHEN typeof(floor) = 'integer' AND floor BETWEEN 0 AND {MAX_FENCE} THEN"
-          " MAX(floor, excluded.floor) ELSE floor END")
-# A fence a kept floor may be raised to (a stored one past MAX_FENCE is damaged: its data set
-# quarantined, never a floor; 2^63-1 kept made every new name's fence 2^63, a 500 for good)
-_SOUND_FENCE = f"typeof(fence) = 'integer' AND fence BETWEEN 1 AND {MAX_FENCE}"
-
-
-def sound_floor(floor: object) -> bool:
-    """Whether a stored fence floor reads as one (an integer 0..MAX_FENCE)."""
-    return type(floor) is int and 0 <= floor <= MAX_FENCE
-
-
-def raise_fence_floor(c: sqlite3.Connection, name: str, fence: int) -> None:
-    """Raise data set `name`'s fence floor to `fence` (a damaged floor is left damaged)."""
-    c.execute(_RAISE, (name, fence))
-
-
-def pin_fence_floor(c: sqlite3.Connection, name: str) -> int:
-    """Data set `name`'s fence floor, a row of its own written where it has none: the store
-    floor (its name may be one folded into it); Quarantined, nothing written, where the floor
-    it needs is damaged (only that: a data set with a sound row of its own never reads the
-    store floor, whose names were all deleted before the data set was created)."""
-    row = c.execute("SELECT floor FROM fence_floors WHERE dataset=?", (name,)).fetchone()
-    if row is not None:
-        if not sound_floor(row[0]):
-            raise Quarantined(f"data set '{name}': its stored fence floor is damaged (floor="
-                              f"{row[0]!r:.40}, expected an integer 0..{MAX_FENCE}): new"
-                              " worker names cannot be given fences above its deleted"
-                              " incarnations'; other data sets are not affected (restore the"
-                              " file from a backup)")
-        return row[0]
-    store = c.execute("SELECT floor FROM fence_floors WHERE dataset=?",
-                      (STORE_FLOOR,)).fetchone()
-    if store is not None and not sound_floor(store[0]):
-        raise Quarantined(f"data set '{name}' has no fence floor of its own and the store's"
-                          f" (fence_floors row '{STORE_FLOOR}', the oldest deleted data sets')"
-                          f" is damaged (floor={store[0]!r:.40}, expected an integer"
-                          f" 0..{MAX_FENCE}):"
-                          " its name may be one of theirs, whose fences its new workers must"
-                          " start above; data sets with a floor of their own are not affected"
-                          f" (set row '{STORE_FLOOR}' to the highest fence a deleted data set's"
-                          " workers held, or restore the file from a backup)")
-    floor = 0 if store is None else store[0]
-    c.execute("INSERT INTO fence_floors VALUES (?,?)", (name, floor))
-    return floor
-
-
-def next_fence(name: str, worker: str, fence: int) -> int:
-    """The fence after `fence` (a join's, or a new name's above its floor); Conflict past
-    MAX_FENCE (no request can carry it: the worker could never call again)."""
-    if fence >= MAX_FENCE:
-        raise Conflict(f"worker '{worker}' of data set '{name}' has no fence left (fences end at"
-                       f" {MAX_FENCE}); join with another name")
-    return fence + 1
-
-
-def keep_fence_floor(c: sqlite3.Connection, name: str, key: str, max_kept: int) -> None:
-    """Raise data set `name`'s fence floor to its workers' fences, before it is deleted: the
-    floor outlives it, so a data set created again under its name starts its fences above
-    every fence of the deleted one (they started at 1 again: a stuck holder was current).
-    Past `max_kept` rows by name, the oldest deleted names' floors go into STORE_FLOOR."""
-    high = c.execute("SELECT MAX(fence) FROM workers WHERE dataset=? AND " + _SOUND_FENCE,
-                     (name,)).fetchone()[0]
-    row = c.execute("SELECT floor FROM fence_floors WHERE dataset=?", (name,)).fetchone()
-    if row is not None and not sound_floor(row[0]):
-        # a damaged floor (a quarantined data set's delete): above every fence its rows
-        # (under `key`) hold instead, read this once (one data set's rows, a rare path)
-        held = c.execute("SELECT MAX(fence) FROM shards WHERE dataset=? AND " + _SOUND_FENCE,
-                         (key,)).fetchone()[0]
-        high = max((v for v in (high, held) if v is not None), default=0)
-        c.execute("UPDATE fence_floors SET floor=? WHERE dataset=?", (high, name))
-    elif high is not None:   # (no worker ever joined: no row, none kept for it)
-        raise_fence_floor(c, name, high)
-    # (names created and deleted in a loop would each keep a row: the file grew without bound)
-    over = c.execute("SELECT COUNT(*) FROM fence_floors WHERE dataset != ?",
-                     (STORE_FLOOR,)).fetchone()[0] - max_kept
-    store = c.execute("SELECT floor FROM fence_floors WHERE dataset=?",
-                      (STORE_FLOOR,)).fetchone()
-    # Neither into a damaged store floor (the names' rows are kept: their floors are proven,
-    # and while it is damaged no name without a row can be created, so none are added in a
-    # loop) nor from a damaged row (its name's creation stays refused, not let past its fences)
-    if over > 0 and (store is None or sound_floor(store[0])):
-        fold = c.execute("SELECT rowid, floor FROM fence_floors f WHERE dataset != ? AND"
-                         f" typeof(floor) = 'integer' AND floor BETWEEN 0 AND {MAX_FENCE} AND"
-                         " NOT EXISTS (SELECT 1 FROM datasets d WHERE d.name = f.dataset)"
-                         " ORDER BY rowid LIMIT ?", (STORE_FLOOR, over)).fetchall()
-        if fold:
-            raise_fence_floor(c, STORE_FLOOR, max(f for _, f in fold))
-            c.executemany("DELETE FROM fence_floors WHERE rowid=?", [(r,) for r, _ in fold])
 
 
 def unusable(db: str | Path, exc: sqlite3.DatabaseError) -> StragglersError:

@@ -33,9 +33,10 @@ from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease
                                       indices_json, lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
-from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION, STORE_FLOOR,  # noqa: F401
-                                     next_fence, open_database, pin_fence_floor,
-                                     raise_fence_floor, unusable)
+from stragglers.adapt.floors import (STORE_FLOOR, next_fence, pin_fence_floor,  # noqa: F401
+                                     raise_fence_floor)
+from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION,  # noqa: F401
+                                     open_database, unusable)
 from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_shard,
                                      check_worker_row, config_of, damaged, first_bad_shard)
 from stragglers.adapt.transactions import Transactions
