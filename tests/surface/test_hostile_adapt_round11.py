@@ -190,3 +190,45 @@ def test_a_jobs_second_big_lease_is_not_refused_for_indices_the_first_cannot_sen
         if lock is not None:
             lock.close()
         server.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="a replayed lease of a worker marked EXPIRED leaves the"
+                   " mark: a new name takes the live worker's place, which is then Fenced")
+def test_a_worker_that_replays_its_lease_after_an_expiry_keeps_its_place(tmp_path):
+    """max_workers_per_dataset 2: workers a and b. a leases shard 0 (request r1) and its reply
+    is lost; its lease expires while its client retries (an outage of the network, a GC
+    pause), and b's next lease requeues it, marking a EXPIRED. a's retry of r1 arrives: the
+    replay answers shard 0 `held: false` — a is alive and calling. The schema's rule: "a lease
+    of it (whatever its answer) ... clears that" mark, and the README: a name gives its place
+    only if it "asked for no lease at all" since the expiry. But a replay returns before the
+    mark is cleared (shards.lease -> _replay): a new name c joins in a's place (a's row and
+    history deleted), and a's next lease is 409 `Fenced` ("has not joined"): a live worker
+    killed by another's join. (The store on a clock of its own: expiry is an interleaving.)"""
+    from stragglers.adapt.dataset import DatasetConfig
+    from stragglers.adapt.errors import Fenced, QuotaExceeded
+    from stragglers.adapt.service import token_digest
+    from stragglers.adapt.shards import ShardStore
+
+    owner = token_digest(OWNER["Authorization"].split()[1])
+    now = [1000.0]
+    store = ShardStore(tmp_path / "s.db", clock=lambda: now[0], max_workers_per_dataset=2)
+    try:
+        store.create_dataset(DatasetConfig("d", 16, 4, lease_s=10), owner)
+        a = store.join("d", "a", owner).fence
+        b = store.join("d", "b", owner).fence
+        first = store.lease("d", "a", a, request_id="r1", token_sha256=owner)
+        assert [x.shard for x in first.leases] == [0]
+        now[0] += 11
+        store.lease("d", "b", b, request_id="b1", token_sha256=owner)   # requeues a's lease
+        again = store.lease("d", "a", a, request_id="r1", token_sha256=owner)   # a's retry
+        assert [(x.shard, x.held) for x in again.leases] == [(0, False)], again
+        try:
+            store.join("d", "c", owner)
+        except QuotaExceeded:
+            pass   # (a, which called, keeps its place)
+        try:
+            store.lease("d", "a", a, request_id="r2", token_sha256=owner)
+        except Fenced as exc:
+            raise AssertionError(f"a, alive and calling, lost its place to c: {exc}") from None
+    finally:
+        store.close()
