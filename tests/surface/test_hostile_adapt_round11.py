@@ -232,3 +232,30 @@ def test_a_worker_that_replays_its_lease_after_an_expiry_keeps_its_place(tmp_pat
             raise AssertionError(f"a, alive and calling, lost its place to c: {exc}") from None
     finally:
         store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="needs root to give the file to another user")
+@pytest.mark.xfail(strict=True, reason="a job token file owned by another user (mode 0600) is"
+                   " taken as the job's token: whoever planted it owns the job's data sets")
+def test_a_job_token_file_owned_by_another_user_is_refused(tmp_path):
+    """The embedded service's job token (launch.read_or_create_token: workdir/job.token, made
+    0600 when missing) is read by the service token file's rules: a regular file, its first
+    line, no group or other permission bits. Its owner is not checked: a file planted by
+    another local user where the job's workdir will be (a shared scratch directory, a
+    world-writable parent), mode 0600, owned by that user, is read by a job running as root
+    and its token used — the planter, who knows it, may then lease, ack, restore and DELETE
+    the job's data sets. A token file must be owned by the user reading it (as OpenSSH
+    requires of its keys), else refused naming the file and its owner."""
+    from stragglers.adapt.launch import read_or_create_token
+    from stragglers.errors import InputError
+
+    planted = tmp_path / "job.token"
+    planted.write_text("planted-by-another-user-0123456789\n")
+    planted.chmod(0o600)
+    os.chown(planted, 65534, 65534)   # (nobody: another user than the one reading it)
+    try:
+        token = read_or_create_token(planted)
+    except InputError:
+        return
+    raise AssertionError(f"a token file of uid 65534 read by uid 0: {token!r} used")
