@@ -341,3 +341,41 @@ def test_another_tokens_shuffles_do_not_queue_a_jobs_lease_behind_them(tmp_path)
                                " of 3 first)")
     finally:
         server.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="DELETE of a data set quarantined for a worker fence of"
+                   " 2^63-1 keeps that as its name's fence floor: every new name's join is 500")
+def test_the_delete_that_repairs_a_damaged_fence_leaves_no_500_behind(tmp_path):
+    """Data set d's workers row is damaged to fence 2^63 - 1 (a bit flip, an edit): d's calls
+    are 503 `Quarantined` (right), and the message prescribes "DELETE it with its owner's
+    token". The DELETE keeps the name's fence floor (schema 6: "raised to every fence its
+    workers held", schema.keep_fence_floor: any integer >= 1, no upper bound) at 2^63 - 1; d
+    created again, its first new worker's join computes fence 2^63, which SQLite cannot store:
+    500 `InternalError` (an OverflowError), on every join of a new name to d for good. (Folded
+    into the store floor '*' past max_kept_floors deleted names, the same value would make
+    every new name of every data set 500.) A floor is bounded as a fence is (2^62), a damaged
+    one never kept."""
+    db = tmp_path / "s.db"
+    server = _served(db)
+    try:
+        with _client(server) as c:
+            r = c.post("/datasets", json={"name": "d", "num_samples": 8, "shard_size": 2})
+            assert r.status_code == 200, r.text
+            assert c.post("/datasets/d/join", json={"worker": "w"}).status_code == 200
+    finally:
+        server.stop()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE workers SET fence=? WHERE dataset='d'", ((1 << 63) - 1,))
+    server = _served(db)
+    try:
+        with _client(server) as c:
+            r = c.post("/datasets/d/join", json={"worker": "w"})
+            assert (r.status_code, r.json()["kind"]) == (503, "Quarantined"), r.text
+            r = c.delete("/datasets/d")   # (the repair the error prescribes)
+            assert r.status_code == 200, r.text
+            r = c.post("/datasets", json={"name": "d", "num_samples": 8, "shard_size": 2})
+            assert r.status_code == 200, r.text
+            r = c.post("/datasets/d/join", json={"worker": "v"})
+            assert r.status_code == 200, f"{r.status_code} {r.text}"
+    finally:
+        server.stop()
