@@ -1,6 +1,7 @@
 """Red team round eleven (issue 34): the shard service's new code of session 48 (fence floors
 kept past a delete and the store floor '*', EXPIRED places, the per-token index pace, restores
-keeping request ids, schema 6) against damaged rows, kill -9 and refusals.
+keeping request ids, schema 6), its shuffle threads, write refusals and the job token file,
+against damaged rows, kill -9 and other tokens' load.
 
 Each test is one defect, marked xfail(strict=True) until its fix lands (then the mark goes): a
 pass before the fix fails the suite. Real servers on loopback (the shard service on a thread of
