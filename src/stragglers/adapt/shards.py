@@ -355,6 +355,12 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             front = self._expire(c, cfg, front0, now, (worker, fence))
             if front != front0:
                 c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
+            # (a worker whose lease expired and that calls has not gone, whatever the answer:
+            # its retry of a timed-out call, a replay, included; it kept the mark and a new
+            # name took its place)
+            if mark == EXPIRED:
+                c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
+                          (name, worker))
             if request_id is not None:
                 seen = c.execute("SELECT status, reply FROM lease_requests WHERE dataset=? AND"
                                  " worker=? AND request_id=?",
@@ -371,9 +377,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 (self._key(name), worker)).fetchone()[0])
             leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
                                                 now)
-            # (a worker that released and leases again has not left; one whose lease expired
-            # and that calls has not gone)
-            if mark == EXPIRED or (leases and mark == LEFT):
+            # (a worker that released and leases again has not left)
+            if leases and mark == LEFT:
                 c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
                           (name, worker))
             failed, n_failed = self._failed_report(c, name)
