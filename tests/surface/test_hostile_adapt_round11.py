@@ -141,8 +141,6 @@ def _writer_in_batch() -> bool:
                for f in traceback.extract_stack(frame))
 
 
-@pytest.mark.xfail(strict=True, reason="a lease reserves count x shard_size of its token's index"
-                   " pace, 64x the 262,144 indices a reply may send: a peer's lease is 429")
 def test_a_jobs_second_big_lease_is_not_refused_for_indices_the_first_cannot_send(tmp_path):
     """One job (one token), two workers, a data set of 65,536-sample shards. A lease reserves
     `count` x `shard_size` indices of its token's lease_indices_per_token_s (2^21 a second)
@@ -193,8 +191,6 @@ def test_a_jobs_second_big_lease_is_not_refused_for_indices_the_first_cannot_sen
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a replayed lease of a worker marked EXPIRED leaves the"
-                   " mark: a new name takes the live worker's place, which is then Fenced")
 def test_a_worker_that_replays_its_lease_after_an_expiry_keeps_its_place(tmp_path):
     """max_workers_per_dataset 2: workers a and b. a leases shard 0 (request r1) and its reply
     is lost; its lease expires while its client retries (an outage of the network, a GC
