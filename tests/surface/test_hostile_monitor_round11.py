@@ -56,25 +56,27 @@ def test_a_rank_clock_off_by_less_than_two_steps_does_not_make_a_straggler(tmp_p
         assert not [a["rule"] for a in job["alerts"]], job["alerts"]
 
 
-@pytest.mark.xfail(strict=True, reason="extra.started = 10**400 (a JSON integer) is a 500 "
-                   "OverflowError, not a 422 naming extra.started")
-def test_a_run_start_too_large_for_a_float_is_refused_naming_the_field(tmp_path):
-    """meta.json's extra.started (the run-identity clock added last session) given as the JSON
-    integer 10**400: jobmeta.run_started calls math.isfinite on it, which raises OverflowError
-    ('int too large to convert to float'): PUT /api/jobs/{job}/meta answers 500 'internal error
+@pytest.mark.xfail(strict=True, reason="extra.started or extra.global_batch = 10**400 (a "
+                   "JSON integer) is a 500 OverflowError, not a 422 naming the field")
+def test_a_number_too_large_for_a_float_is_refused_naming_the_field(tmp_path):
+    """meta.json's extra.started (the run-identity clock added last session) or
+    extra.global_batch given as the JSON integer 10**400: jobmeta.run_started and
+    runformat.check_read_extra call math.isfinite on it, which raises OverflowError ('int too
+    large to convert to float'): PUT /api/jobs/{job}/meta answers 500 'internal error
     (OverflowError)' (for a new job and for a job already tracked); the same file in a watched
     run is refused at every rescan (each 0.2 s) as 'OverflowError: int too large to convert to
-    float', naming no field. A bad value is a 422 naming extra.started, as -1 or 'x' are."""
+    float', naming no field. A bad value is a 422 naming the field, as -1 or 'x' are."""
     trace = slow_job(steps=10, slow=None)
     with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        meta = trace.meta.to_dict()
-        meta["extra"]["started"] = 10**400
-        body = json.dumps(meta).encode()
-        for job in ("j", "k"):   # (tracked already; new)
-            r = c.put(f"/api/jobs/{job}/meta", content=body,
-                      headers={"Content-Type": "application/json"})
-            assert r.status_code == 422, (r.status_code, r.text)
-            assert "extra.started" in r.json()["error"], r.text
+        for field in ("started", "global_batch"):
+            meta = trace.meta.to_dict()
+            meta["extra"][field] = 10**400
+            body = json.dumps(meta).encode()
+            for job in ("j", "k"):   # (tracked already; new)
+                r = c.put(f"/api/jobs/{job}/meta", content=body,
+                          headers={"Content-Type": "application/json"})
+                assert r.status_code == 422, (field, r.status_code, r.text)
+                assert f"extra.{field}" in r.json()["error"], r.text
         assert get(c, "/health")["status"] == "ok"
 
 
