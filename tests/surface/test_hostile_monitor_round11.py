@@ -249,3 +249,73 @@ def test_a_meta_put_over_a_job_set_aside_for_its_stored_start_is_answered_cleanl
             assert r.status_code in (200, 409), (r.status_code, r.text)
     finally:
         s.stop()
+
+
+def _watch_children() -> list[int]:
+    """The pids of this process's watch_child processes (from /proc: the service's own)."""
+    import os
+    from pathlib import Path
+
+    pids = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            pids |= {int(p) for p in (task / "children").read_text().split()}
+        except OSError:
+            continue
+    return [p for p in pids
+            if b"stragglers.monitor.watch_child" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def _inotify_watches(pid: int) -> int:
+    """How many inotify watches process `pid` holds (its fdinfo lines)."""
+    from pathlib import Path
+
+    count = 0
+    for info in Path(f"/proc/{pid}/fdinfo").iterdir():
+        try:
+            count += info.read_text().count("inotify wd:")
+        except OSError:
+            continue
+    return count
+
+
+@pytest.mark.xfail(strict=True, reason="the watch follows a folder link out of the watched "
+                   "folder: one link to a tree of 2,000 folders takes 2,000 inotify watches "
+                   "(a link to / loses the live watch of every run)")
+def test_a_folder_link_out_of_the_watched_folder_is_not_watched(tmp_path):
+    """A watched folder of runs holding one run and a link `data -> /somewhere/else` (a
+    user's shortcut to a data set; `ln -s / root` by mistake). Files reached through a link
+    out of the folder are refused (README, 'Files as they are'), but the watch child's
+    recursive watchfiles watch follows the link and walks the tree behind it: a tree of 2,000
+    folders took 2,000 inotify watches (a link to /usr 15,712; max_user_watches is shared by
+    every process of the user: a data set of a million folders exhausts it), and a link to /
+    made the child fail ('cannot watch ...: Permission denied' under /proc): the live watch
+    of every run of the folder lost, its new parts seen only at rescans (rescan_s). The watch
+    must stay in the watched folder: a few watches here (the folder and its run)."""
+    import httpx
+
+    from monitor_jobs import start_run, write_parts
+    from stragglers.monitor.server import MonitorServer
+
+    elsewhere = tmp_path / "elsewhere"
+    for i in range(2000):
+        (elsewhere / f"d{i // 50}" / f"e{i}").mkdir(parents=True)
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    trace = slow_job(steps=5, slow=None)
+    start_run(watch / "good", trace)
+    write_parts(watch / "good", parts_of(trace, 5))
+    (watch / "data").symlink_to(elsewhere)
+    s = MonitorServer(tmp_path / "mon.db", watch=[watch], port=0,
+                      config=MonitorConfig(window_steps=5, stall_after_s=600)).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            eventually(lambda: get(c, "/api/jobs/good")["windows_total"] >= 1,
+                       what="the run's window")
+            eventually(lambda: s.watcher.watching, what="the watch built")
+            children = _watch_children()
+            assert children, "no watch_child process"
+            watches = max(_inotify_watches(p) for p in children)
+            assert watches < 100, f"{watches} inotify watches"
+    finally:
+        s.stop()
