@@ -197,3 +197,23 @@ def test_ranks_apart_that_share_no_collective_are_left_out_as_before():
     got = align_step_clocks({k: v[keep] for k, v in ops.items()})
     assert got.moved == {} and set(got.left_out) == {(r, 0) for r in range(1, 8)}
     assert "shares no collective whose ends agree" in got.left_out[(7, 0)]
+
+
+def test_a_set_whose_ends_disagree_is_tried_again_only_as_its_matches_double(work):
+    # a pipeline of 64 stages on their own clocks, and 64 more ranks on theirs whose ends of
+    # every stage's all-reduce (three a stage, 10 ms apart) never agree: each stage placed
+    # adds three matches to every such rank; trying them every round would take 64 x 63
+    # offsets, once their matches double 64 x 7 (3, 6, ..., 192 matched)
+    stages, noisy = 64, 64
+    o = pipeline(stages)
+    rows = [(i, 0, AR, 1e4 * i + 0.02 * i, 0.001, i, 0, i) for i in range(stages)]
+    for j in range(noisy):
+        r = stages + j
+        rows += [(r, 0, AR, 1e4 * r + 0.02 * i + d, 0.001, 0, 1 + j, i)
+                 for i in range(stages) for d in (0.0, 0.01, 0.02)]
+    extra = columns(rows)
+    got = align_step_clocks({k: np.concatenate([o[k], extra[k]]) for k in o})
+    assert got.moved == {(i, 0): pytest.approx(1e4 * i, abs=1e-6) for i in range(1, stages)}
+    assert set(got.left_out) == {(stages + j, 0) for j in range(noisy)}
+    assert "shares no collective whose ends agree" in got.left_out[(stages, 0)]
+    assert work["offsets"] <= (stages - 1) + noisy * (1 + int(np.log2(stages))), work
