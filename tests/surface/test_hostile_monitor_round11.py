@@ -94,9 +94,6 @@ def _layout_job(dp: int, steps: int):
     return trace
 
 
-@pytest.mark.xfail(strict=True, reason="rank clock alignment is quadratic in the clocks apart: "
-                   "a 128-rank job with each rank on its own clock costs 2.4 s a 2-step window "
-                   "(0.013 s on one clock), and stalls every other job's windows")
 def test_ranks_each_on_their_own_clock_do_not_stall_the_analysis(tmp_path):
     """Two watched runs of one healthy 128-rank job (64 x 2), windows of 2 steps: `one` on one
     clock, `many` with each rank's clock 1,000 s from the next (hosts with no NTP, or a hostile
