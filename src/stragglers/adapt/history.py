@@ -71,7 +71,7 @@ class LeaseHistory(StoreState):
                       " seq<=? AND reply IS NOT NULL", (name, worker, cut))
 
     def _replay(self, c: sqlite3.Connection, cfg: DatasetConfig, worker: str, fence: int,
-                seen: tuple[Any, Any], now: float, wait_s: float = 0.0) -> LeaseReply:
+                seen: tuple[Any, Any], now: float) -> LeaseReply:
         """The answer to a request id seen before: its shards as they stand for this worker.
 
         Nothing new is leased and no retry is counted: a shard still held is renewed (once
@@ -96,13 +96,11 @@ class LeaseHistory(StoreState):
             if state == DOING and mine:
                 # renewed only once half of it is spent: a replay in a loop wrote (and
                 # fsynced) a transaction each time, in the same commits as every job's leases
-                # (until lease_s after the reply's wait, as a lease: shards.ShardStore.lease)
-                if not isinstance(until, (int, float)) or \
-                        until < now + wait_s + cfg.lease_s / 2:
+                if not isinstance(until, (int, float)) or until < now + cfg.lease_s / 2:
                     c.execute("UPDATE shards SET lease_until=? WHERE dataset=? AND epoch=?"
-                              " AND shard=?", (now + wait_s + cfg.lease_s,
-                                               self._key(cfg.name), epoch, shard))
-                    self._leased_until(cfg.name, now + wait_s + cfg.lease_s)
+                              " AND shard=?", (now + cfg.lease_s, self._key(cfg.name), epoch,
+                                               shard))
+                    self._leased_until(cfg.name, now + cfg.lease_s)
                 leases.append(self._lease_of(cfg, epoch, shard, start, stop, consumed))
                 continue
             check_shard(cfg, epoch, shard, start, stop, consumed, state)

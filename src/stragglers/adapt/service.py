@@ -40,7 +40,8 @@ from stragglers.adapt import requests as rq
 from stragglers.adapt.claim import Claim, claim
 from stragglers.adapt.control import ControlPlane, PacedThread
 from stragglers.adapt.controller import Actions, ControlConfig
-from stragglers.adapt.dataset import MAX_SHARD_SIZE, DatasetConfig, check_name
+from stragglers.adapt.dataset import MAX_LEASE_S, MAX_SHARD_SIZE, MIN_LEASE_S, DatasetConfig, \
+    check_name
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy, DiskFull, \
     Forbidden, NotFound, RateLimited, Unauthorized, UnsupportedMediaType, authorize
 from stragglers.adapt.folding import WalFolder
@@ -50,8 +51,8 @@ from stragglers.adapt.replies import (Acked, Created, Deleted, Health, Joined, L
                                       Released, Requeued, Restored, to_builtins)
 from stragglers.adapt.requeues import GIVE_BACK_STEP, RETRY_CHUNK
 from stragglers.adapt.restore_parse import SnapshotParser
-from stragglers.adapt.shards import MAX_INDICES_PER_REPLY, ShardStore, joined_error, \
-    lease_json, release_error, released_error
+from stragglers.adapt.shards import INLINE_INDICES, MAX_INDICES_PER_REPLY, ShardStore, \
+    joined_error, lease_json, release_error, released_error
 from stragglers.adapt.space import Reserve, io_error, out_of_space
 from stragglers.adapt.turns import TakeTurns
 from stragglers.adapt.working import WorkCredit
@@ -206,8 +207,9 @@ class ServiceConfig(Config):
                                                " commit thread: shards over 4,096 samples, or"
                                                " an epoch not shuffled yet) sent to one token"
                                                " (without one: one client address), past one second's worth at"
-                                               " once: a reply past it waits, before it is"
-                                               " written", minimum=1024.0, maximum=float(1 << 40))
+                                               " once: a lease of shards over 4,096 samples"
+                                               " past it waits, before it is committed",
+                                               minimum=1024.0, maximum=float(1 << 40))
     reads_per_s: float = setting(50.0, "status and snapshot GETs answered per second (the"
                                  " others wait their turn)", minimum=1.0, maximum=1e6)
     max_read_wait_s: float = setting(10.0, "longest wait for a read's turn (then 503)",
@@ -590,24 +592,24 @@ class _IndexPace:
         due = self._due[key] = max(self._due.get(key, now - 1.0), now - 1.0) + n / self.per_s
         return due
 
-    def admit(self, key: object, most: int) -> _Reserved:
+    def admit(self, key: object, most: int, within: float | None = None) -> _Reserved:
         """`most` indices (the most the lease can send) reserved for `key`, checked in the same
         step: RateLimited (before anything is leased) when its reply would wait more than
-        max_wait_s, unless nothing of `key` is paid for past its burst. Checked and reserved
-        at once, a herd arriving together is refused past the bound (checked here and charged
-        after its commit, all of one passed before any was charged)."""
+        max_wait_s (or `within`, where less), unless nothing of `key` is paid for past its
+        burst. Checked and reserved at once, a herd arriving together is refused past the
+        bound (checked here and charged after its commit, all of one passed before any was
+        charged)."""
         now = self._clock()
+        bound = self.max_wait_s if within is None else min(within, self.max_wait_s)
         base = max(self._due.get(key, now - 1.0), now - 1.0)
-        over = base + most / self.per_s - now - self.max_wait_s
+        over = base + most / self.per_s - now - bound
         if over > 0 and base > now - 1.0:
             raise RateLimited(f"big lease replies asked past lease_indices_per_token_s"
-                              f" ({self.per_s:g} a second) for {base - now:.0f} s; retry later",
+                              f" ({self.per_s:g} a second): this one would wait"
+                              f" {over + bound:.3g} s, at most {bound:.3g} s (the data set's"
+                              " lease_s / 2, contended_max_turn_wait_s); retry later",
                               min(over, base - now + 1.0))
         return _Reserved(key, most, self._charge(key, most, now))
-
-    def ahead(self, held: _Reserved) -> float:
-        """Seconds until what `held` reserved is paid for: the longest its reply may wait."""
-        return max(0.0, held.until - self._clock())
 
     def refund(self, held: _Reserved, n: int = 0) -> None:
         """Give back what `held` reserved past the `n` indices its reply sends (all of it: a
@@ -618,8 +620,8 @@ class _IndexPace:
         held.most = n
 
     async def wait(self, held: _Reserved, n: int) -> None:
-        """Sleep until the `n` indices a reply sends of those `held` reserved are paid for
-        (the rest refunded)."""
+        """Sleep until `n` of the indices `held` reserved are paid for, the rest refunded (a
+        lease of big shards, before its commit: its lease then runs from when it is sent)."""
         self.refund(held, n)
         now, until = self._clock(), held.until
         if n and until > now:   # (a reply with nothing paced waits for no one's)
@@ -635,11 +637,14 @@ class _Reserved:
     until: float
 
 
-def _shard_size(conn: sqlite3.Connection, name: str) -> int | None:
-    """Shard size of data set `name` (None where none, or not one a data set may have)."""
-    row = conn.execute("SELECT shard_size FROM datasets WHERE name=?", (name,)).fetchone()
-    ok = row is not None and type(row[0]) is int and 0 < row[0] <= MAX_SHARD_SIZE
-    return row[0] if ok else None
+def _lease_limits(conn: sqlite3.Connection, name: str) -> tuple[int, float] | None:
+    """Shard size and lease_s of data set `name` (None where none, or not ones a data set may
+    have)."""
+    row = conn.execute("SELECT shard_size, lease_s FROM datasets WHERE name=?",
+                       (name,)).fetchone()
+    ok = row is not None and type(row[0]) is int and 0 < row[0] <= MAX_SHARD_SIZE \
+        and type(row[1]) in (int, float) and MIN_LEASE_S <= row[1] <= MAX_LEASE_S
+    return (row[0], float(row[1])) if ok else None
 
 
 class _SendSlots:
@@ -922,10 +927,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def with_indices(reply: LeaseReply, held: _Reserved) -> LeaseReply | Response:
         """A lease reply; one with Pending indices is made JSON on a shuffle thread (not the
         writer, not the event loop: the shuffle, and the list and JSON of up to 262,144
-        indices, a chunk at a time) in its token's turn (turns.py), once its token's pace of
-        such indices allows (`held`: what the lease reserved of it, the rest refunded)."""
+        indices, a chunk at a time) in its token's turn (turns.py), charged to its token's pace of such indices (`held`:
+        what the lease reserved of it and waited for before its commit, the rest refunded;
+        never a wait here: its lease runs from its commit)."""
         pending = [x.indices for x in reply.leases if isinstance(x.indices, Pending)]
-        await index_pace.wait(held, sum(p.stop - p.start for p in pending))
+        index_pace.refund(held, sum(p.stop - p.start for p in pending))
         if not pending:
             return reply
         big = max(p.key[0] for p in pending) > 1 << 20 or \
@@ -993,7 +999,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         reclaimed = store.reclaimed()   # (unused data sets deleted to make room)
         for name in reclaimed:
             owners.pop(name, None)
-            shard_sizes.pop(name, None)
+            lease_limits.pop(name, None)
         if reclaimed:
             paced.collect()
         owners.setdefault(cfg.name, digest)
@@ -1072,31 +1078,37 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     def pace_key(digest: str | None) -> object:
         return digest or ("client", REQUEST_CLIENT.get())
 
-    # shard size of each data set (read once; dropped with the data set): what a lease may
-    # reserve of its token's index pace before it is committed
-    shard_sizes: dict[str, int] = {}
+    # shard size and lease_s of each data set (read once; dropped with the data set): what a
+    # lease may reserve of its token's index pace before it is committed, and wait for
+    lease_limits: dict[str, tuple[int, float]] = {}
 
     async def lease(request: Request) -> LeaseReply | Response:
         name = name_of(request)
         digest, body = await owned(request, name), await parsed(request, rq.Lease)
-        size = shard_sizes.get(name) or await read(_shard_size, name)
-        if size:
-            shard_sizes[name] = size
-        # reserved before the commit, in the step that checks the pace (see _IndexPace.admit):
-        # the most its reply can send (count x size reserved 16.7M indices, 8 s of the pace,
-        # for a reply of at most 262,144: the job's next big lease 429 for 7 s); where the
-        # size is not known the lease is refused by its commit, all refunded
-        per = size or MAX_SHARD_SIZE
-        held = index_pace.admit(pace_key(digest),
-                                min(body.count, max(1, MAX_INDICES_PER_REPLY // per)) * per)
+        limits = lease_limits.get(name) or await read(_lease_limits, name)
+        if limits:
+            lease_limits[name] = limits
+        # where they are not known the lease is refused by its commit, all refunded
+        size, lease_s = limits or (MAX_SHARD_SIZE, None)
+        # Reserved before the commit, in the step that checks the pace (see _IndexPace.admit):
+        # the most a reply sends (store.lease's cap; count x shard_size reserved up to 64x
+        # that, and a job's second count=256 lease was 429 for 7 s), its wait bounded by
+        # half the lease (a caller waiting cannot renew the shards it holds: a ShardBatcher
+        # acks the one it finished after the step that follows its lease call)
+        most = min(body.count, max(1, MAX_INDICES_PER_REPLY // size)) * size
+        held = index_pace.admit(pace_key(digest), most, lease_s and lease_s / 2)
         try:
+            if limits and size > INLINE_INDICES:
+                # every shard of its reply is paced: waited for before the commit, so the
+                # reply carries a lease of lease_s from its commit (a wait after it sent
+                # leases already expired, requeued to another worker, their acks 409);
+                # smaller shards are paced only while their epoch is not shuffled yet, not
+                # known before the commit: charged what they send, never held
+                await index_pace.wait(held, most)
             async with worker_turn(request, (digest, name, body.worker)):
-                # leased for as much longer as its reply may wait for the pace (a reply paced
-                # past lease_s arrived with its shards expired, requeued to another worker)
-                wait_s = index_pace.ahead(held)
                 reply = await commit.run(
                     lambda: store.lease(name, body.worker, body.fence, body.count,
-                                        body.request_id, digest, wait_s), digest)
+                                        body.request_id, digest), digest)
         except BaseException:
             index_pace.refund(held)   # (refused or failed: nothing sent, nothing charged)
             raise
@@ -1150,7 +1162,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         await parsed(request, rq.Empty)
         deleted = await commit.run(lambda: store.delete_dataset(name, digest, operator), digest)
         owners.pop(name, None)
-        shard_sizes.pop(name, None)
+        lease_limits.pop(name, None)
         paced.collect()
         return deleted
 

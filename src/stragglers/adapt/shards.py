@@ -342,14 +342,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return Joined(fence, released)
 
     def lease(self, name: str, worker: str, fence: int, count: int = 1,
-              request_id: str | None = None, token_sha256: str | None = None,
-              wait_s: float = 0.0) -> LeaseReply:
+              request_id: str | None = None, token_sha256: str | None = None) -> LeaseReply:
         """Hand up to `count` shards to `worker` (status "ok"), or none: "wait" or "finished".
 
-        At most MAX_INDICES_PER_REPLY sample indices in all (at least one shard). `wait_s`: how
-        long the reply may wait before it is sent (the service's index pace): the shards are
-        leased for that much longer (they expired before the reply arrived, and went to
-        another worker too).
+        At most MAX_INDICES_PER_REPLY sample indices in all (at least one shard).
 
         A request id seen before (any of this incarnation's last REQUEST_HISTORY) gets the
         answer of its first attempt again: the same shards (those still held renewed, from
@@ -362,8 +358,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             front = self._expire(c, cfg, front0, now, (worker, fence))
             if front != front0:
                 c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
-            if mark == EXPIRED:   # (a call of its own, a replay too: it has not gone; the
-                # replay returned before this and the slow worker lost its place to a new name)
+            # (a worker whose lease expired and that calls has not gone, whatever the answer:
+            # its retry of a timed-out call, a replay, included; it kept the mark and a new
+            # name took its place)
+            if mark == EXPIRED:
                 c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
                           (name, worker))
             if request_id is not None:
@@ -371,7 +369,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                  " worker=? AND request_id=?",
                                  (name, worker, request_id)).fetchone()
                 if seen is not None:
-                    return self._replay(c, cfg, worker, fence, seen, now, wait_s)
+                    return self._replay(c, cfg, worker, fence, seen, now)
             # Up to MAX_INDICES_PER_REPLY indices in a reply (256 shards of 65,536 made a reply
             # of 16.7M integers, encoded on the event loop): fewer shards, never none.
             count = min(count, max(1, MAX_INDICES_PER_REPLY // cfg.shard_size))
@@ -381,9 +379,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 "SELECT COUNT(*) FROM shards WHERE dataset=? AND worker=? AND state='DOING'",
                 (self._key(name), worker)).fetchone()[0])
             leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
-                                                now, wait_s)
-            # (a worker that released and leases again has not left; one whose lease expired
-            # and that calls has not gone)
+                                                now)
+            # (a worker that released and leases again has not left)
             if leases and mark == LEFT:
                 c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
                           (name, worker))
@@ -398,11 +395,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return LeaseReply(status, leases, failed, n_failed)
 
     def _take(self, c: sqlite3.Connection, cfg: DatasetConfig, worker: str, fence: int, want: int,
-              epochs_created: int, now: float, wait_s: float = 0.0) -> tuple[list[Lease], int]:
-        """Lease up to `want` shards from the queue's head (new epochs as TODO runs out), until
-        lease_s after `wait_s`."""
+              epochs_created: int, now: float) -> tuple[list[Lease], int]:
+        """Lease up to `want` shards from the queue's head (new epochs as TODO runs out)."""
         leases: list[Lease] = []
-        deadline = now + wait_s + cfg.lease_s
+        deadline = now + cfg.lease_s
         while len(leases) < want:
             # The queue's head in one statement (RETURNING: SQLite >= 3.35).
             rows = c.execute("UPDATE shards SET state='DOING', worker=?, fence=?,"
