@@ -23,9 +23,9 @@ from stragglers.adapt import reads
 from stragglers.adapt.dataset import DOING, TODO, DatasetConfig, validate_snapshot
 from stragglers.adapt.errors import (Conflict, DiskFull, Forbidden, QuotaExceeded, Quarantined,
                                      authorize)
+from stragglers.adapt.floors import keep_fence_floor, pin_fence_floor
 from stragglers.adapt.replies import Deleted, Restored
 from stragglers.adapt.requeues import GIVE_BACK_STEP
-from stragglers.adapt.floors import keep_fence_floor, pin_fence_floor
 from stragglers.adapt.space import Reserve, restore_bound
 from stragglers.adapt.stored import check_dataset_row
 from stragglers.adapt.store_state import StoreState

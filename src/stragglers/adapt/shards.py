@@ -26,6 +26,8 @@ from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_EPOCHS, MAX_FAILE
 from stragglers.adapt.epochs import EPOCH_CHUNK, Epochs  # noqa: F401
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,  # noqa: F401
                                     Quarantined, QuotaExceeded, authorize)
+from stragglers.adapt.floors import (STORE_FLOOR, next_fence, pin_fence_floor,  # noqa: F401
+                                     raise_fence_floor)
 from stragglers.adapt.history import REQUEST_HISTORY, LeaseHistory  # noqa: F401
 from stragglers.adapt.permutations import Pending, Permutations
 from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease, LeaseReply,
@@ -33,8 +35,6 @@ from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease
                                       indices_json, lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
-from stragglers.adapt.floors import (STORE_FLOOR, next_fence, pin_fence_floor,  # noqa: F401
-                                     raise_fence_floor)
 from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION,  # noqa: F401
                                      open_database, unusable)
 from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_shard,
