@@ -182,16 +182,16 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
         pg = np.full(n * d * t, -1, dtype=np.int64)
         pg[flat] = ops["pg"]
         node_pg = pg.reshape(n, d, t).max(axis=2)      # the same group in every step
-    start, duration, row = (a.reshape(shape)[:, :, complete] for a in (start, duration, row))
+    cells = [a.reshape(shape)[:, :, complete] for a in (start, duration, row)]
     if odd is not None:   # (the odd workers' replicas, and ops only they ran, left out)
         at = np.ix_(odd.keep_nodes, odd.keep_dp)
-        start, duration, row = start[at], duration[at], row[at]
+        cells = [c[at] for c in cells]
         node_stage, node_optype, node_seq, node_mc, node_gmc = (
             a[odd.keep_nodes] for a in (node_stage, node_optype, node_seq, node_mc, node_gmc))
         node_pg = None if node_pg is None else node_pg[at]
         dp_ranks = dp_ranks[odd.keep_dp]
     grid = OpGrid(node_stage, node_optype, node_seq, dp_ranks, step_ids[complete],
-                  start, duration, present[:, :, complete], row,
+                  cells[0], cells[1], present[:, :, complete], cells[2],
                   pp_size=pp, node_mc=node_mc, node_gmc=node_gmc, vpp_size=vpp, warnings=warnings,
                   compute_by_index=bool(trace.meta.extra.get("compute_split_at_collectives")),
                   node_pg=node_pg, left_out=[] if odd is None else odd.left_out)
@@ -235,6 +235,8 @@ def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnin
         short, over = worker_missing[:, :, bad_steps], np.zeros((0, 0, 0), bool)
         if node_seq is not None:
             odd = odd_workers(present[:, :, bad_steps], node_optype, node_stage, node_seq)
+            # (where nobody there is judged — an op with no majority, or no worker of the
+            # stage with rows — the workers lacking ops are named as before)
             short = odd.short | (short & odd.undecided & ~odd.over)
             over = odd.over
         steps = [int(s) for s in step_ids[bad_steps]]
@@ -268,7 +270,8 @@ class OddWorkers:
     over: np.ndarray       # [D, P, T] it ran ops no majority of them ran
     lacks: np.ndarray      # [N, D, T] which ops it lacks
     extra: np.ndarray      # [N, D, T] which ops it ran that no majority did
-    undecided: np.ndarray  # [1, P, T] an op at the stage with no majority (it judges nobody)
+    undecided: np.ndarray  # [1, P, T] an op at the stage with no majority (it judges nobody),
+                           # or no worker of the stage with rows
 
 
 def odd_workers(present, node_optype, node_stage, node_seq) -> OddWorkers:
@@ -309,9 +312,9 @@ def odd_workers(present, node_optype, node_stage, node_seq) -> OddWorkers:
     expected = majority | (tie & elsewhere)
     collective = ~np.isin(node_optype, _P2P)[:, None]
     settled = ~tie | elsewhere | (nowhere_else & collective & (pp > 1))
-    undecided = np.zeros((1, pp, t), bool)
+    undecided = (votes == 0)[None]            # (a stage without rows in a step: no vote)
     for s in range(pp):
-        undecided[0, s] = (~settled[required & (node_stage == s)]).any(axis=0)
+        undecided[0, s] |= (~settled[required & (node_stage == s)]).any(axis=0)
     voted = voters.transpose(1, 0, 2)[node_stage]                 # [N, D, T]
     judged = (settled & required[:, None])[:, None, :]            # (no majority: no say)
     lacks = expected[:, None, :] & ~present & voted & judged
@@ -351,7 +354,7 @@ def leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
     no majority tells the odd workers, or leaving them out leaves no replica or no complete
     step (the caller's error stands). `ranks` [D, P]: each worker's global rank (-1: none)."""
     judged = odd_workers(present, node_optype, node_stage, node_seq)
-    bad = judged.odd.any(axis=(1, 2))
+    bad = np.asarray(judged.odd.any(axis=(1, 2)))
     if not bad.any() or bad.all():
         return None
     keep_dp = ~bad
@@ -372,7 +375,7 @@ def leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
             if not len(steps):
                 left.append(LeftOut(int(dp_ranks[a]), p, rank, reason="replica"))
                 continue
-            missing, extra = (_names(flags[:, a].any(axis=1), node_optype, node_seq)
+            missing, extra = (_names(np.asarray(flags[:, a].any(axis=1)), node_optype, node_seq)
                               for flags in (judged.lacks, judged.extra))
             if not (judged.lacks[:, a].any() or judged.extra[:, a].any()):
                 missing = ["its rows or its compute"]
