@@ -79,6 +79,8 @@ def test_a_worker_lacking_a_collective_is_left_out_with_its_replica_and_the_rest
     alone = analyze(trace.select(trace.ops["dp_rank"] != 2), steps="all")
     assert r.slowdown == alone.slowdown > 1.3
     assert [f.cause for f in r.diagnosis] == [f.cause for f in alone.diagnosis]
+    assert r.diagnosis[0].evidence.startswith("among the 4 analysed ranks of 6 only: "), \
+        r.diagnosis[0].evidence
     back = AnalysisResult.from_json(r.to_json())
     assert back.left_out == r.left_out
 

@@ -162,7 +162,8 @@ def coverage(trace: Trace, job, w: WhatIf) -> Coverage | None:
     world = int(trace.meta.world_size or job.world_size or 0)
     read = int(job.ranks_read)
     workers = len(w.grid.dp_ranks) * w.grid.pp_size
-    return Coverage(read, max(world, read + len(missing)), workers)
+    left = len({x.rank for x in w.grid.left_out if x.rank is not None})
+    return Coverage(read, max(world, read + left + len(missing)), workers, left)
 
 
 def _with_ranks(scores: list[WorkerScore], w: WhatIf, ctx) -> list[WorkerScore]:
