@@ -84,27 +84,58 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
         # a crash of the machine, not only of the process.
         conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        old = conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
-        if old is not None and version not in (2, 3, 4, 5, SCHEMA_VERSION):
-            raise InputError(db, None, f"shard database of schema version {version};"
-                             f" this version reads {SCHEMA_VERSION} (start a new file)")
-        if old is not None and version == 2:
-            conn.executescript(_MIGRATE_2)
-        if old is not None and version in (2, 3):
-            conn.executescript(_MIGRATE_3)
-        conn.executescript(_SCHEMA)
-        if old is not None and version in (2, 3, 4):
-            conn.executescript(_MIGRATE_4)
-        if old is not None and version in (2, 3, 4, 5):
-            conn.executescript(_MIGRATE_5)
-        if version != SCHEMA_VERSION:
-            # (only when it changes: a start that writes nothing starts on a full disk, and
-            # serves reads and refuses writes 507 until space is freed)
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        if _version(conn) == SCHEMA_VERSION:
+            conn.executescript(_SCHEMA)   # (writes nothing: a start on a full disk serves reads)
+        else:
+            _upgrade(conn, db)
     except sqlite3.DatabaseError as exc:
         raise unusable(db, exc) from exc
     return conn
+
+
+def _version(conn: sqlite3.Connection) -> int | None:
+    """The file's schema version; None for a new (empty) file."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    old = conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
+    return None if old is None else version
+
+
+def _upgrade(conn: sqlite3.Connection, db: str | Path) -> None:
+    """Create or upgrade the file to SCHEMA_VERSION in one transaction, user_version included
+    (SQLite's DDL is transactional): a process killed or a disk full mid-way leaves the file
+    as it was, and the next start upgrades it. (Run as separate autocommitted scripts, a kill
+    after the ALTERs left a schema-3 file with schema-4 columns: every start then failed on
+    'duplicate column name'.)"""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _version(conn)   # (read again under the lock: another start may have run)
+        if version is not None and version not in (2, 3, 4, 5, SCHEMA_VERSION):
+            raise InputError(db, None, f"shard database of schema version {version};"
+                             f" this version reads {SCHEMA_VERSION} (start a new file)")
+        steps = [(_MIGRATE_2, (2,)), (_MIGRATE_3, (2, 3)), (_SCHEMA, None),
+                 (_MIGRATE_4, (2, 3, 4)), (_MIGRATE_5, (2, 3, 4, 5))]
+        for script, versions in steps:
+            if versions is None or version in versions:
+                for statement in _statements(script):
+                    conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of `script`, one by one (executescript would commit the transaction)."""
+    out, part = [], ""
+    for piece in script.split(";"):
+        part += piece + ";"
+        if sqlite3.complete_statement(part):
+            if part.strip(" \n;"):
+                out.append(part.strip())
+            part = ""
+    return out
 
 
 # The fence_floors row of every name without one of its own (no data set is named so: see
