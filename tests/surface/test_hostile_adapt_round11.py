@@ -91,8 +91,6 @@ ShardStore(sys.argv[1])
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="a service killed during a schema upgrade leaves a file"
-                   " no later start can open (duplicate column name)")
 def test_a_service_killed_while_upgrading_an_old_file_starts_again_on_it(tmp_path):
     """A schema-3 file (an earlier release's) with an acked lease. The new release opens it and
     is killed -9 (a deploy, the OOM killer) while upgrading it: schema.open_database runs the
@@ -237,8 +235,6 @@ def test_a_worker_that_replays_its_lease_after_an_expiry_keeps_its_place(tmp_pat
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
                     reason="needs root to give the file to another user")
-@pytest.mark.xfail(strict=True, reason="a job token file owned by another user (mode 0600) is"
-                   " taken as the job's token: whoever planted it owns the job's data sets")
 def test_a_job_token_file_owned_by_another_user_is_refused(tmp_path):
     """The embedded service's job token (launch.read_or_create_token: workdir/job.token, made
     0600 when missing) is read by the service token file's rules: a regular file, its first
@@ -262,8 +258,6 @@ def test_a_job_token_file_owned_by_another_user_is_refused(tmp_path):
     raise AssertionError(f"a token file of uid 65534 read by uid 0: {token!r} used")
 
 
-@pytest.mark.xfail(strict=True, reason="a DELETE with a query string is done (a POST's is 400"
-                   " `query`, nothing done): ?dry_run=1 deletes the data set and controller")
 def test_a_delete_with_a_query_string_is_refused_and_deletes_nothing(tmp_path):
     """The README: "a write with a query string is 400 `query`, nothing done: its fields are
     the body's" (`?fence=99` beside a body was ignored and the write done). The check is made

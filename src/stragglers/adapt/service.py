@@ -867,9 +867,10 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                 garbage[0] = False
                 paced.collect()
             try:
-                if request.method == "POST" and request.scope.get("query_string"):
+                if request.method not in ("GET", "HEAD") and request.scope.get("query_string"):
                     # a write's fields are its body's: `?fence=99` or `?worker=x` beside them
-                    # was ignored and the write done (which of two values counts is a guess)
+                    # was ignored and the write done (which of two values counts is a guess);
+                    # every write method (a DELETE's `?dry_run=1` deleted the data set)
                     raise InputError("request target", "query", "a write takes no query"
                                      " string (its fields are in the JSON body), got"
                                      f" {request.url.query[:60]!r}")
