@@ -284,8 +284,6 @@ def test_a_delete_with_a_query_string_is_refused_and_deletes_nothing(tmp_path):
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="one token's leases of unshuffled big epochs queue every"
-                   " other job's big lease behind their shuffles (one FIFO thread, unpaced)")
 def test_another_tokens_shuffles_do_not_queue_a_jobs_lease_behind_them(tmp_path):
     """Token H owns three data sets of 2^23 samples (seeds 1-3, 128-sample shards) and leases
     one shard of each at once: 128 indices a lease, all its index pace charges, but each

@@ -23,7 +23,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +44,7 @@ from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy
     Forbidden, NotFound, RateLimited, Unauthorized, UnsupportedMediaType, authorize
 from stragglers.adapt.folding import WalFolder
 from stragglers.adapt.paced import PacedWriter
+from stragglers.adapt.keyed_turns import KeyedTurns
 from stragglers.adapt.permutations import Pending
 from stragglers.adapt.replies import (Acked, Created, Deleted, Health, Joined, LeaseReply,
                                       Released, Requeued, Restored, to_builtins)
@@ -818,12 +818,13 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     reader = reads.ReadSide(store.db, store.generation, max_queued=config.max_queued_reads,
                             busy_timeout_s=config.busy_timeout_s)
     # Two shuffle threads: small epochs (up to 2**20 samples, milliseconds) never queue behind
-    # big ones (seconds each), and big ones together use at most one core.
+    # big ones (seconds each), and big ones together use at most one core. Each serves the
+    # tokens in turn (KeyedTurns): a lease waits for at most one shuffle of each other token.
     # Control calls on a thread of their own, paced (PacedThread), their number bounded
     controlling = PacedThread(config.control_share, config.max_control_calls_per_token,
                               config.max_control_calls)
-    shuffles = {False: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-small"),
-                True: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-big")}
+    shuffles = {False: KeyedTurns(1, "shard-shuffles-small"),
+                True: KeyedTurns(1, "shard-shuffles-big")}
     # Owners' snapshot sends and strangers' have slots of their own; strangers' are paced
     # slowly: five anonymous clients looping on a 26 MB snapshot at the owner's pace received
     # 256 MB/s, and their CPU (and the service's sends) on the same cores slowed other jobs'
@@ -920,8 +921,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
             return reply
         big = max(p.key[0] for p in pending) > 1 << 20 or \
             sum(p.stop - p.start for p in pending) > 1 << 16
-        body = await asyncio.get_running_loop().run_in_executor(shuffles[big], lease_json,
-                                                                store, reply)
+        body = await asyncio.wrap_future(shuffles[big].submit(held.key, lease_json, store,
+                                                              reply))
         return Response(body, 200, media_type="application/json")
 
     def route(path: str, fn, methods=("POST",)) -> Route:
@@ -1346,6 +1347,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     app.state.parser = parser
     app.state.controlling = controlling
     app.state.folder = folder
+    app.state.shuffles = shuffles
 
     def close() -> None:
         """Stop every thread and child process of the app (the server has stopped)."""
@@ -1356,7 +1358,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         controlling.close()
         paced.close()
         for pool in shuffles.values():
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown()
 
     app.state.close = close
     pressure = Backpressure("token", config.free_requests_per_token,
