@@ -1,6 +1,7 @@
-"""The shuffle threads serve tokens in turn (keyed_turns.KeyedTurns): one token's backlog of
-shuffles queues another job's lease behind one of them at most, on the small thread as on the
-big one. Counted, not timed: the shuffle thread is held on an event."""
+"""The shuffle threads and the reader thread serve tokens in turn (keyed_turns.KeyedTurns):
+one token's (or client's) backlog queues another job's lease behind one of its calls at most,
+on the small shuffle thread as on the big one, and on the reader (a data set's first lease reads
+its shard size there). Counted, not timed: the threads are held on events."""
 
 from __future__ import annotations
 
@@ -112,3 +113,51 @@ def test_one_tokens_small_shuffles_queue_another_jobs_lease_behind_one_of_them(t
         for t in threads:
             t.join(60)
         server.stop()
+
+
+def test_a_jobs_first_lease_reads_its_shard_size_behind_one_read_of_another_client(tmp_path):
+    """The reader thread is held by a read of the loopback clients without a token (the key
+    their snapshot and status GETs wait under), another of theirs and an anonymous status GET
+    queued behind it; job V's first lease of its data set reads the shard size there. Once the
+    first read ends, V's goes next: V is answered while the anonymous client's next read is
+    still held (one FIFO: V waited for all of them)."""
+    from stragglers.adapt import reads
+    from stragglers.adapt.service import EmbeddedServer
+
+    job = {"Authorization": "Bearer job-fair-reads-token-0123456789"}
+    server = EmbeddedServer(tmp_path / "s.db").start()
+    reader = server.app.state.reader
+    first, second = threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+    out: dict = {}
+    try:
+        r = httpx.post(f"{server.url}/datasets", headers=job,
+                       json={"name": "v", "num_samples": 4096, "shard_size": 64})
+        assert r.status_code == 200, r.text
+        fence = httpx.post(f"{server.url}/datasets/v/join", headers=job,
+                           json={"worker": "w"}).json()["fence"]
+        anonymous = reads.READ_KEY.set(("client", None))   # (as service._pressure_key says)
+        try:
+            reader.submit(lambda conn: first.wait(60))
+            _until(lambda: reader._pool.counts() == (0, 1), "the first read never ran")
+            reader.submit(lambda conn: second.wait(60))
+        finally:
+            reads.READ_KEY.reset(anonymous)
+        calls = [("status", lambda: httpx.get(f"{server.url}/datasets/v/status", timeout=60)),
+                 ("lease", lambda: httpx.post(f"{server.url}/datasets/v/lease", headers=job,
+                                              timeout=60, json={"worker": "w", "fence": fence}))]
+        for (name, call), queued in zip(calls, [(2, 1), (3, 1)]):
+            threads.append(threading.Thread(target=lambda n=name, c=call: out.setdefault(n, c())))
+            threads[-1].start()
+            _until(lambda q=queued: reader._pool.counts() == q, f"{name}'s read never queued")
+        first.set()
+        threads[1].join(60)   # (a bound against a hang: V's lease needs no read but its own)
+        assert "lease" in out and not second.is_set(), "V's lease waited for the next read"
+        assert out["lease"].status_code == 200, out["lease"].text
+    finally:
+        first.set()
+        second.set()
+        for t in threads:
+            t.join(60)
+        server.stop()
+    assert out["status"].status_code == 200, out["status"].text

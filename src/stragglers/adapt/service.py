@@ -1439,6 +1439,7 @@ class _FastPath:
         # owner's writes, or of cheap anonymous ones (/health, unknown paths, refused
         # writes), is answered at a pace, never as fast as it comes
         key = _pressure_key(scope)
+        reads.READ_KEY.set(key)   # (its reads wait their turn on the reader thread too)
         deferrable, allowed = _turn_kind(scope)
         try:
             wait = self.pressure.turn(key, deferrable, allowed)
