@@ -1,5 +1,6 @@
-"""A schema upgrade that fails at any of its statements (a disk full, a kill) leaves the file
-as it was, and the next start upgrades it (schema._upgrade: one transaction)."""
+"""A schema upgrade (or a new file's tables) that fails at any of its statements (a disk full,
+a kill) leaves the file as it was, and the next start upgrades it (schema.open_database: one
+transaction with its user_version), from every older version."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from stragglers.adapt.schema import SCHEMA_VERSION, open_database
 from stragglers.adapt.shards import ShardStore
 from stragglers.errors import StragglersError
 
-# back from schema 6 to each older layout, a step at a time (as test_adapt_shards makes them)
-_DOWN = {5: "PRAGMA user_version=5;",
+# back from schema 7 to each older layout, a step at a time (as test_adapt_shards makes them)
+_DOWN = {6: "DROP TABLE fence_folds; PRAGMA user_version=6;",
+         5: "PRAGMA user_version=5;",
          4: "DROP TABLE fence_floors; PRAGMA user_version=4;",
          3: "DROP TABLE row_sets; DROP INDEX datasets_creator; ALTER TABLE datasets DROP COLUMN"
             " rows_key; ALTER TABLE datasets DROP COLUMN creator; PRAGMA user_version=3;",
@@ -34,7 +36,7 @@ def _old_file(path, version):
     s.lease("d", "w", f, request_id="r1")
     s.close()
     c = sqlite3.connect(path)
-    for v in range(5, version - 1, -1):
+    for v in range(SCHEMA_VERSION - 1, version - 1, -1):
         c.executescript(_DOWN[v])
     c.close()   # (the last connection: the log is folded into the file, which is copied)
     assert not path.with_name(path.name + "-wal").exists()
@@ -82,7 +84,7 @@ def _open_failing_at(db, k, monkeypatch) -> int:
     return len(run)
 
 
-@pytest.mark.parametrize("version", [None, 2, 3, 4, 5])
+@pytest.mark.parametrize("version", [None, 2, 3, 4, 5, 6])
 def test_an_upgrade_cut_at_any_statement_leaves_the_old_file_and_the_next_start_upgrades_it(
         tmp_path, monkeypatch, version):
     template = tmp_path / "template.db"

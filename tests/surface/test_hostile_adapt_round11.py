@@ -36,8 +36,6 @@ def _client(server) -> httpx.Client:
     return httpx.Client(base_url=server.url, timeout=60, headers=OWNER)
 
 
-@pytest.mark.xfail(strict=True, reason="one damaged store fence floor ('*') refuses every new"
-                   " worker of every data set, and no DELETE repairs it")
 def test_a_damaged_store_fence_floor_quarantines_no_data_set_it_does_not_belong_to(tmp_path):
     """The store floor (fence_floors row '*', the folded floors of the oldest deleted names)
     belongs to no data set, yet every data set's new worker name reads it: damaged (a text
@@ -139,8 +137,6 @@ def _writer_in_batch() -> bool:
                for f in traceback.extract_stack(frame))
 
 
-@pytest.mark.xfail(strict=True, reason="a lease reserves count x shard_size of its token's index"
-                   " pace, 64x the 262,144 indices a reply may send: a peer's lease is 429")
 def test_a_jobs_second_big_lease_is_not_refused_for_indices_the_first_cannot_send(tmp_path):
     """One job (one token), two workers, a data set of 65,536-sample shards. A lease reserves
     `count` x `shard_size` indices of its token's lease_indices_per_token_s (2^21 a second)
@@ -191,8 +187,6 @@ def test_a_jobs_second_big_lease_is_not_refused_for_indices_the_first_cannot_sen
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a replayed lease of a worker marked EXPIRED leaves the"
-                   " mark: a new name takes the live worker's place, which is then Fenced")
 def test_a_worker_that_replays_its_lease_after_an_expiry_keeps_its_place(tmp_path):
     """max_workers_per_dataset 2: workers a and b. a leases shard 0 (request r1) and its reply
     is lost; its lease expires while its client retries (an outage of the network, a GC
@@ -336,8 +330,6 @@ def test_another_tokens_shuffles_do_not_queue_a_jobs_lease_behind_them(tmp_path)
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="DELETE of a data set quarantined for a worker fence of"
-                   " 2^63-1 keeps that as its name's fence floor: every new name's join is 500")
 def test_the_delete_that_repairs_a_damaged_fence_leaves_no_500_behind(tmp_path):
     """Data set d's workers row is damaged to fence 2^63 - 1 (a bit flip, an edit): d's calls
     are 503 `Quarantined` (right), and the message prescribes "DELETE it with its owner's

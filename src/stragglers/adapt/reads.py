@@ -15,25 +15,18 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
-from concurrent.futures import Future
-from contextvars import ContextVar
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 
 import msgspec
 
 from stragglers.adapt.dataset import FAILED, STATES, TODO, DatasetConfig
 from stragglers.adapt.errors import Busy, NotFound, Quarantined
-from stragglers.adapt.keyed_turns import KeyedTurns
 from stragglers.adapt.replies import FailedShard, Status
 from stragglers.adapt.stored import (check_dataset_row, check_materialized, check_rows_key,
                                      config_of, first_bad_shard)
 
 CHUNK_ROWS = 4096
-# whose turn a read waits for on the reader thread (the service sets it per request: the
-# caller's token, else its client): a job's first lease reads its shard size there, and waited
-# behind every snapshot build another client had queued (0.33 s against 3.5 ms)
-READ_KEY: ContextVar[Hashable] = ContextVar("stragglers_read_key", default=None)
 BIG_SNAPSHOT = 2 << 20   # bytes (about 50,000 shard rows)
 MAX_FAILED_IN_STATUS = 1024
 
@@ -186,8 +179,7 @@ class _read:
 
 
 class ReadSide:
-    """Reader threads with their own connections, a snapshot cache and a bound on queued reads;
-    the reads of each READ_KEY in turn (KeyedTurns).
+    """Reader threads with their own connections, a snapshot cache and a bound on queued reads.
 
     `generation(name)` must change after every commit that touched `name` (ShardStore does it
     after the COMMIT returned), so a cached snapshot is never older than what a caller saw
@@ -199,7 +191,7 @@ class ReadSide:
         self.db, self.generation = db, generation
         self.max_queued, self.cache_bytes = max_queued, cache_bytes
         self.busy_timeout_s = busy_timeout_s
-        self._pool = KeyedTurns(threads, "shard-reads")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shard-reads")
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -219,24 +211,23 @@ class ReadSide:
         return conn
 
     def submit(self, fn, *args) -> Future:
-        """Run fn(conn, *args) on a reader thread in READ_KEY's turn; Busy when max_queued
-        reads already wait."""
+        """Run fn(conn, *args) on a reader thread; Busy when max_queued reads already wait."""
         with self._lock:
             if self._queued >= self.max_queued:
                 raise Busy(f"{self._queued} reads are queued; retry in a moment")
             self._queued += 1
         try:
-            fut = self._pool.submit(READ_KEY.get(), self._run, fn, args)
+            return self._pool.submit(self._run, fn, args)
         except BaseException:
             self._done()
             raise
-        # (counted out when done, cancelled included: a read whose caller left never runs)
-        fut.add_done_callback(lambda _: self._done())
-        return fut
 
     def _run(self, fn, args):
-        self.threads_used.add(threading.current_thread().name)
-        return fn(self._conn(), *args)
+        try:
+            self.threads_used.add(threading.current_thread().name)
+            return fn(self._conn(), *args)
+        finally:
+            self._done()
 
     def _done(self) -> None:
         with self._lock:
@@ -295,7 +286,7 @@ class ReadSide:
     def close(self) -> None:
         """Stop the reader threads and close their connections (the last one to close folds
         the write-ahead log back into the file)."""
-        self._pool.shutdown()
+        self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             conns, self._conns = self._conns, []
         for conn in conns:
