@@ -213,19 +213,24 @@ def _spread(key: np.ndarray, end: np.ndarray, tolerance: float, cut: np.ndarray
 
 
 def _components(nodes: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The lowest node joined to each node by the edges (a, b): labels lowered along every
-    edge and each label replaced by its own until none moves (about log of the longest
-    chain rounds, each linear in the edges)."""
-    label = np.arange(nodes)
+    """The lowest node joined to each node by the edges (a, b): each round the higher of the
+    two roots of every edge whose roots differ is hooked under the lower, then every node
+    points to its root (pointer jumping). A few rounds, each linear in the edges (lowering
+    nodes' labels along the edges instead took as many rounds as a chain is long when its
+    nodes are numbered out of order: 158 s for 200,000 nodes, 0.03 s so)."""
+    parent = np.arange(nodes)
     while True:
-        low = np.minimum(label[a], label[b])
-        new = label.copy()
-        np.minimum.at(new, a, low)
-        np.minimum.at(new, b, low)
-        new = new[new]
-        if np.array_equal(new, label):
-            return label
-        label = new
+        while True:
+            up = parent[parent]
+            if np.array_equal(up, parent):
+                break
+            parent = up
+        ra, rb = parent[a], parent[b]
+        apart = ra != rb
+        if not apart.any():
+            return parent
+        np.minimum.at(parent, np.maximum(ra[apart], rb[apart]),
+                      np.minimum(ra[apart], rb[apart]))
 
 
 def _by_clock(ranks: np.ndarray, clock: np.ndarray) -> list[np.ndarray]:
