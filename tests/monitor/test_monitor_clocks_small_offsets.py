@@ -106,18 +106,23 @@ def test_a_rank_numbering_its_steps_one_on_is_aligned_or_left_out_named():
 def test_one_rank_off_among_1024_on_one_clock_costs_one_consensus_offset(monkeypatch):
     # a DP job of 1,024 ranks on one clock, rank 5 20 ms ahead: the others' ends agree and
     # make one set; rank 5 is placed against it with one consensus offset (not one a rank)
-    calls = []
+    calls: list[int] = []
     offset = align.consensus_offset
-    monkeypatch.setattr(align, "consensus_offset",
-                        lambda diffs, *a, **k: calls.append(len(diffs)) or offset(diffs, *a, **k))
+
+    def counted(diffs, *args, **kwargs):
+        calls.append(len(diffs))
+        return offset(diffs, *args, **kwargs)
+
+    monkeypatch.setattr(align, "consensus_offset", counted)
     fc, ar = OPTYPE_CODES["forward-compute"], OPTYPE_CODES["grads-all-reduce"]
     rank = np.repeat(np.arange(1024), 8)
     i = np.tile(np.arange(8), 1024)
-    ops = {"rank": rank, "step": np.zeros_like(rank), "dp_rank": rank,
-           "stage": np.zeros_like(rank), "seq_id": i // 2,
-           "optype": np.where(i % 2, ar, fc).astype(np.int8),
-           "start_ts": (i // 2) * 0.015 + (i % 2) * 0.01 + np.where(rank == 5, 0.02, 0.0),
-           "duration": np.where(i % 2, 0.005, 0.01)}
+    ops: dict[str, np.ndarray] = {
+        "rank": rank, "step": np.zeros_like(rank), "dp_rank": rank,
+        "stage": np.zeros_like(rank), "seq_id": i // 2,
+        "optype": np.where(i % 2, ar, fc).astype(np.int8),
+        "start_ts": (i // 2) * 0.015 + (i % 2) * 0.01 + np.where(rank == 5, 0.02, 0.0),
+        "duration": np.where(i % 2, 0.005, 0.01)}
     clocks = align_step_clocks(ops)
     assert clocks.moved == {(5, 0): pytest.approx(0.02, abs=1e-9)} and clocks.left_out == {}
     assert len(calls) == 1, calls

@@ -303,7 +303,7 @@ def _place(key: np.ndarray, end: np.ndarray, rank: np.ndarray, sets: list[np.nda
     tried_on = np.zeros(len(sets), np.int64)  # rows matched when last tried (0: never tried)
     since = np.zeros(len(sets), np.int64)     # rows sharing a collective placed since then
     side = np.zeros(len(sets), np.int8)       # most ends after (1) or before (-1) when tried
-    out: list[tuple[np.ndarray, float | None, str, int]] = []
+    out: list[Placed] = []
     frontier, rounds, read, cut = np.array([0]), 0, 0, False
     while len(frontier):
         # the sets still to place that share a collective with those placed last round; one
