@@ -62,6 +62,9 @@ class WindowRow(msgspec.Struct):
     closed_at: float = 0.0
     analysed_at: float = 0.0
     analysis_s: float = 0.0
+    # what the window's analysis changed of its rows, one line each (a rank's clock moved onto
+    # the others' for some steps): a user sees why; at most windows.MAX_NOTES lines
+    notes: list[str] = []
 
 
 class WindowSummary(msgspec.Struct):

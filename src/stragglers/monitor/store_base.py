@@ -27,10 +27,11 @@ WINDOW_SUMMARY = ("idx", "first_step", "last_step", "slowdown", "waste", "m_w", 
                   "reason", "closed_at", "analysed_at", "analysis_s")
 WINDOW_COLUMNS = ("job", "idx", "first_step", "last_step", "steps", "slowdown", "waste",
                   "t_base", "t_ideal", "sim_error", "m_w", "m_s", "scores", "diagnosis",
-                  "missing_ranks", "error", "reason", "closed_at", "analysed_at", "analysis_s")
+                  "missing_ranks", "error", "reason", "closed_at", "analysed_at", "analysis_s",
+                  "notes")
 # a window's columns kept as JSON text, and the type of their items
 _WINDOW_JSON: dict[str, Any] = {"steps": int, "scores": WindowScore, "diagnosis": WindowFinding,
-                                "missing_ranks": int}
+                                "missing_ranks": int, "notes": str}
 ALERT_COLUMNS = ("fingerprint", "rule", "job", "labels", "annotations", "status", "starts_at",
                  "ends_at", "last_sent")
 

@@ -557,6 +557,7 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
                          "collective ends (e.g. rank %d step %d by %.6g s)", window.job,
                          window.idx, len(clocks.moved), *next(iter(clocks.moved)),
                          next(iter(clocks.moved.values())))
+                row.notes += clock_notes(clocks.moved)
                 trace = Trace({**trace.ops, "start_ts": clocks.start_ts}, trace.meta,
                               trace.source, trace.notes)
             if clocks.left_out:
@@ -601,6 +602,37 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
     row.analysed_at = time.time()
     row.analysis_s = time.perf_counter() - t0
     return row, refused
+
+
+# lines of notes one window keeps (a rank each, with what the window changed of its rows):
+# a thousand ranks each on another clock are summed up in the last line
+MAX_NOTES = 32
+
+
+def clock_notes(moved: dict[tuple[int, int], float]) -> list[str]:
+    """One line per rank whose clock align_step_clocks moved, at most MAX_NOTES (the rest
+    summed up in the last): which steps, by how many seconds (moved: (rank, step) → the
+    seconds subtracted from its starts)."""
+    by_rank: dict[int, list[tuple[int, float]]] = {}
+    for (rank, step), off in sorted(moved.items()):
+        by_rank.setdefault(rank, []).append((step, off))
+    lines = []
+    for rank, got in by_rank.items():
+        offs = [off for _, off in got]
+        by = f"{-offs[0]:+.6g} s" if max(offs) - min(offs) <= 1e-6 * max(1.0, abs(offs[0])) \
+            else f"{-max(offs, key=abs):+.6g} s at most"
+        steps = ", ".join(str(st) for st, _ in got)
+        lines.append(f"rank {rank}: its clock was moved by {by} in step{'s' * (len(got) > 1)} "
+                     f"{steps} (aligned on the other ranks' clock by the ends of the "
+                     "collectives they share: its span of the step lay apart from theirs by "
+                     "more than the step lasts)")
+    if len(lines) > MAX_NOTES:
+        rest = lines[MAX_NOTES - 1:]
+        lines = lines[:MAX_NOTES - 1] + [f"{len(rest)} more ranks' clocks were moved the same "
+                                         "way (ranks " + ", ".join(
+                                             str(r) for r in list(by_rank)[MAX_NOTES - 1:][:64])
+                                         + (", ..." if len(rest) > 64 else "") + ")"]
+    return lines
 
 
 def _leave_out(trace: Trace, problems: dict[tuple[int, int], str], row: WindowRow,
