@@ -103,9 +103,8 @@ def run_token(raw: object) -> str | None:
 
 # How far two hosts' wall clocks may disagree about when runs began: a job restarted on another
 # node whose clock is behind began "before" the run it replaces. NTP keeps hosts within
-# milliseconds; ten minutes allows a host without it (or an NTP step) and is still far less than
-# a stale uploader's absence that outlives the MAX_SUPERSEDED tokens the job's row remembers
-# (those closer in time are refused by their token).
+# milliseconds; ten minutes allows a host without it (or an NTP step); a run the job's row saw
+# replaced is refused by its token however close (replaced.py).
 STARTED_SKEW_S = 600.0
 
 

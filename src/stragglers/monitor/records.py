@@ -101,7 +101,7 @@ class JobRecord(msgspec.Struct):
     part_seq: int = 0
     run: int = 0
     meta_seq: int = 0   # one more at every change of `meta` (a part's commit is fenced by it)
-    superseded: str | None = None   # run tokens newer runs replaced (JSON list; MAX_SUPERSEDED)
+    superseded: str | None = None   # run tokens newer runs replaced (replaced.py)
 
 
 class JobSummary(msgspec.Struct):

@@ -53,7 +53,8 @@ from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.watchdog import Watchdog
 from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, read_steps
 from stragglers.monitor.store import JobConflict, SQLStore
-from stragglers.monitor.store_base import DAMAGED, STALE, superseded_tokens
+from stragglers.monitor.replaced import was_replaced
+from stragglers.monitor.store_base import DAMAGED, STALE
 from stragglers.monitor.unstored import HeldState, WriteTrouble
 from stragglers.monitor.uploads_mark import InstanceProbe, check_uploads_folder
 from stragglers.monitor.windows import JobTracker, Window, layout_of, stuck_window_reads
@@ -634,15 +635,16 @@ class Monitor:
         stale run's rewrite without extra.run reset the newer run away). A tokenless rewrite
         of the current run itself (its start clock) keeps the run's token."""
         token, current = run_token(raw_meta), run_token(old.meta)
-        if token is not None and token in superseded_tokens(old.superseded):
+        if token is not None and was_replaced(old.superseded, token):
+            now = current or "one without a token"
             raise Superseded(job, "job", f"run {token} of job {job!r} was replaced by a "
-                             "newer run of the same job name; give each run its own job "
-                             "name (monitor_job)")
+                             f"newer run of the same job name (its run now: {now}); give "
+                             "each run its own job name (monitor_job)")
         began, current_began = run_started(raw_meta), run_started(old.meta)
         if token != current and began is not None and current_began is not None \
                 and began < current_began - STARTED_SKEW_S:
-            # a run older than the current one whose token the row no longer lists (it keeps
-            # the last MAX_SUPERSEDED): taken as a new run, it reset the newer run away
+            # a run older than the current one whose token the row does not list (one this
+            # store never saw replaced): taken as a new run, it reset the newer run away
             raise Superseded(job, "job", f"run {token or '(no token)'} of job {job!r} began "
                              f"before its current run {current or '(no token)'} (extra."
                              f"started {began:.3f}, more than {STARTED_SKEW_S:g} s before "
