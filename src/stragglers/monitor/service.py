@@ -198,6 +198,7 @@ class Monitor:
         # the folders watched (the watcher adds its roots, resolved): a watched part is read
         # only where it lies in one once links are followed (part_root)
         self.watched_roots: list[Path] = []
+        self._root_order: dict[Path, int] = {}   # watched root → its place (part_root)
         if not store.shared:
             self.private_roots.add(str(Path(store.path).resolve().parent))
         self._lock = threading.RLock()
@@ -623,10 +624,12 @@ class Monitor:
         file opened (a name checked, then swapped for a link out, was followed): the watched
         folder holding its run directory (links within it followed), else its own folder (an
         upload's, or a run followed before its watched folder was named)."""
-        for root in self.watched_roots:
-            if directory.is_relative_to(root):
-                return str(root)
-        return str(directory)
+        # (by the folder's ancestors, not root by root: a rescan of 1,000 roots asked this
+        # a million times, ~5 s of a full scan)
+        if len(self._root_order) != len(self.watched_roots):   # (roots are only added)
+            self._root_order = {r: i for i, r in reversed(list(enumerate(self.watched_roots)))}
+        hits = [p for p in (directory, *directory.parents) if p in self._root_order]
+        return str(min(hits, key=self._root_order.__getitem__)) if hits else str(directory)
 
     def _check_run_identity(self, job: str, old: JobRecord, raw_meta: dict,
                             meta: JobMeta) -> tuple[dict, JobMeta]:

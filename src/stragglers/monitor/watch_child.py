@@ -1,7 +1,7 @@
 """The watched roots' file events, from a child process (`python -m stragglers.monitor.watch_child
 ROOT...`): one JSON line per batch on stdout, `[time, [[change, path], ...]]`, `time` the
 wall clock when watchfiles handed the batch over (an empty batch every second); `[time, null]`
-when events may have been missed (a watch made again): the parent scans the roots.
+when events may have been missed (a watch made again): the parent scans the runs that changed.
 
 Why a process: watchfiles builds its recursive inotify watch in native code holding the
 interpreter lock, ~95 µs a folder: a root of 30,000 folders held every thread of the service
