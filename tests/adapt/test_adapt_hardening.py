@@ -416,3 +416,34 @@ def test_a_stranger_polling_a_big_snapshot_in_training_does_not_make_it_rebuild(
         assert fresh[held.shard][2] == "DONE" and reader.computed == 2
     finally:
         srv.stop()
+
+
+def test_every_write_route_refuses_a_query_string_and_does_nothing(tmp_path):
+    """Every route of a method other than GET (POST and DELETE now; any later one too), sent
+    with a query string by the owner, is 400 naming `query`, nothing done (only POST was
+    checked: `DELETE /datasets/d?dry_run=1` deleted d)."""
+    server = EmbeddedServer(tmp_path / "shards.db",
+                            config=ServiceConfig(refusal_delay_s=0.0)).start()
+    try:
+        _no_write_takes_a_query(server)
+    finally:
+        server.stop()
+
+
+def _no_write_takes_a_query(server: EmbeddedServer) -> None:
+    owner = ShardClient(server.url, "d", "w", token=OWNER)
+    owner.create_dataset(DatasetConfig("d", 40, 10))
+    owner.join()
+    before = sqlite3.connect(server.db).execute("SELECT COUNT(*) FROM datasets").fetchone()
+    writes = [(method, route.path) for route in server.app.app.routes
+              for method in sorted(route.methods or ()) if method not in ("GET", "HEAD")]
+    assert ("DELETE", "/datasets/{name}") in writes and len(writes) >= 10
+    with httpx.Client(base_url=server.url, headers=bearer(OWNER), timeout=60) as c:
+        for method, path in writes:
+            target = path.replace("{name}", "d").replace("{job}", "d") + "?dry_run=1"
+            r = c.request(method, target, json={})
+            assert r.status_code == 400 and error_shape(r)["field"] == "query", (method, path,
+                                                                               r.text)
+        assert c.get("/datasets/d/status").status_code == 200
+    after = sqlite3.connect(server.db).execute("SELECT COUNT(*) FROM datasets").fetchone()
+    assert after == before

@@ -115,11 +115,11 @@ def test_the_pace_refunds_what_a_reply_does_not_send():
         assert refused.value.retry_after_s == pytest.approx(1.0)
         pace.refund(second)               # (its lease failed)
         third = pace.admit("a", 1000)     # in its place
-        await pace.wait("a", 1000, first)
-        await pace.wait("a", 250, third)  # sent a quarter: 0.25 s past the burst
+        await pace.wait(first, 1000)
+        await pace.wait(third, 250)       # sent a quarter: 0.25 s past the burst
         assert slept == pytest.approx([0.25])
         held = pace.admit("a", 500)       # what was sent: 0.25 s ahead; 0.75 s with this
-        await pace.wait("a", 0, held)     # nothing paced in its reply: all back, no sleep
+        await pace.wait(held, 0)          # nothing paced in its reply: all back, no sleep
         assert slept == pytest.approx([0.25])
         pace.admit("b", 5000)             # another token: its own pace; alone, never refused
         pace.admit("a", 750)              # 1 s ahead with it (kept, the refund's 500: 1.5 s)
@@ -127,3 +127,32 @@ def test_the_pace_refunds_what_a_reply_does_not_send():
             pace.admit("a", 1)
 
     asyncio.run(calls())
+
+
+def test_a_reply_paced_past_its_lease_s_arrives_with_its_lease_live(tmp_path):
+    """A lease of 5 shards at a pace of two a second waits 1.5 s for the pace after its
+    commit; its data set's lease_s is 1 s. Its shards are leased for lease_s after that wait: a
+    peer's call on its arrival requeues none, and its acks are 200 (they were leased for
+    lease_s from the commit: expired on arrival, requeued to another worker, acks 409)."""
+    cfg = ServiceConfig().replace(lease_indices_per_token_s=float(2 * SHARD),
+                                  contended_max_turn_wait_s=10.0)
+    server = EmbeddedServer(tmp_path / "s.db", config=cfg).start()
+    url, headers = server.url, {"Authorization": "Bearer index-pace-lease-live-0123456789"}
+    try:
+        r = httpx.post(f"{url}/datasets", headers=headers, json={
+            "name": "live", "num_samples": 6 * SHARD, "shard_size": SHARD, "lease_s": 1.0})
+        assert r.status_code == 200, r.text
+        fence = httpx.post(f"{url}/datasets/live/join", headers=headers,
+                           json={"worker": "a"}).json()["fence"]
+        leased = httpx.post(f"{url}/datasets/live/lease", headers=headers, timeout=30,
+                            json={"worker": "a", "fence": fence, "count": 5})
+        assert leased.status_code == 200, leased.text
+        status = httpx.get(f"{url}/datasets/live/status", headers=headers).json()
+        assert status["epochs"]["0"]["DOING"] == 5, status   # (none expired, none requeued)
+        for lease in leased.json()["leases"]:
+            r = httpx.post(f"{url}/datasets/live/ack", headers=headers, json={
+                "worker": "a", "fence": fence, "epoch": lease["epoch"],
+                "shard": lease["shard"], "consumed": 1})
+            assert r.status_code == 200, r.text
+    finally:
+        server.stop()

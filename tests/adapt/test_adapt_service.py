@@ -303,7 +303,9 @@ def test_cli_reports_bad_arguments_in_one_line(tmp_path):
                          (["--db", str(tmp_path / "x.db"), "--host", "0.0.0.0"], "token"),
                          (["--db", str(tmp_path / "x.db"), "--token-file", str(tmp_path / "nope")],
                           "token"),
-                         (["--db", str(tmp_path / "x.db"), "--set", "max_batch=0"], "max_batch")]:
+                         (["--db", str(tmp_path / "x.db"), "--set", "max_batch=0"], "max_batch"),
+                         (["--db", str(tmp_path / "x.db"), "--set", "max_kept_floors=-1"],
+                          "max_kept_floors")]:
         bad = subprocess.run([sys.executable, "-m", "stragglers.cli", "adapt", "serve", *args],
                              capture_output=True, text=True, env=ENV, timeout=120)
         assert bad.returncode == 2 and needle in bad.stderr, (args, bad.stderr)

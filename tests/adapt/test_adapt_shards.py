@@ -474,3 +474,34 @@ def test_a_lease_reply_holds_a_bounded_number_of_indices(store):
     leases = store.lease("d", "w", f, count=256).leases
     assert len(leases) == MAX_INDICES_PER_REPLY // 65_536
     assert sum(len(x.indices) for x in leases) <= MAX_INDICES_PER_REPLY
+
+
+def test_an_upgrade_that_fails_half_way_changes_nothing_and_runs_again(tmp_path):
+    """A schema-3 file whose upgrade fails after its first steps (here a view in the way of
+    the fence floors; a kill -9 or a full disk alike) is left as it was: once the obstacle
+    is gone it is upgraded and served, its acked progress kept (the steps were committed one
+    by one: every later start failed on 'duplicate column name: rows_key')."""
+    from stragglers.errors import InputError
+
+    db = tmp_path / "old.db"
+    s = ShardStore(db)
+    s.create_dataset(DatasetConfig("d", 100, 10))
+    f = s.join("d", "w").fence
+    held = s.lease("d", "w", f).leases[0]
+    s.ack("d", "w", f, 0, held.shard, 4)
+    s.close()
+    with sqlite3.connect(db) as c:   # schema 3, and an object named like a table of schema 5
+        c.executescript("DROP TABLE row_sets; DROP INDEX datasets_creator; DROP TABLE"
+                        " fence_floors; ALTER TABLE datasets DROP COLUMN rows_key;"
+                        " ALTER TABLE datasets DROP COLUMN creator; PRAGMA user_version=3;"
+                        " CREATE VIEW fence_floors AS SELECT 'x' AS dataset, 1 AS floor;")
+    with pytest.raises(InputError, match="fence_floors"):
+        ShardStore(db)
+    with sqlite3.connect(db) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 3
+        c.execute("DROP VIEW fence_floors")
+    s = ShardStore(db)
+    try:
+        assert s.ack("d", "w", f, 0, held.shard, 10).state == DONE   # (from its offset 4)
+    finally:
+        s.close()

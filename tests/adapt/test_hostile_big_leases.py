@@ -147,26 +147,30 @@ def test_big_lease_replies_wait_for_their_tokens_pace_of_indices():
 
     pace = _IndexPace(1000.0, 1.5, clock=lambda: now[0], sleep=sleep)
 
+    async def reply(key, n):   # (a lease reserves what it may send, its reply then waits)
+        await pace.wait(pace.admit(key, n), n)
+
     async def calls():
-        await pace.wait("a", 600)     # within the burst (one second's worth)
-        await pace.wait("a", 400)
+        await reply("a", 600)     # within the burst (one second's worth)
+        await reply("a", 400)
         assert slept == []
-        await pace.wait("a", 500)     # past it: half a second
-        await pace.wait("b", 1000)    # another token: its own burst
-        await pace.wait("a", 500)     # behind a's first wait
+        await reply("a", 500)     # past it: half a second
+        await reply("b", 1000)    # another token: its own burst
+        await reply("a", 500)     # behind a's first wait
         assert slept == pytest.approx([0.5, 1.0])
-        pace.admit("a")               # paid for 1 s ahead: admitted
-        await pace.wait("a", 1000)    # 2 s ahead: the next is refused before anything
+        held = pace.admit("a", 500)   # paid for 1.5 s ahead with it: at the bound, admitted
         with pytest.raises(RateLimited) as refused:
-            pace.admit("a")
-        assert refused.value.retry_after_s == pytest.approx(0.5)
-        pace.admit("b")
+            pace.admit("a", 1000)     # 2.5 s ahead: refused before anything is leased
+        assert refused.value.retry_after_s == pytest.approx(1.0)
+        pace.admit("b", 1000)
+        pace.admit("c", 1 << 20)      # a token with nothing paid for past its burst: admitted
+        await pace.wait(held, 500)
         slept.clear()
         now[0] += 2.0
-        pace.admit("a")
+        pace.admit("a", 0)
         now[0] += 10.0                # paid up long since: one second's worth again, no more
-        await pace.wait("a", 1000)
-        await pace.wait("a", 1)
+        await reply("a", 1000)
+        await reply("a", 1)
         assert slept == pytest.approx([0.001])
 
     asyncio.run(calls())

@@ -30,6 +30,9 @@ MAX_RETRIES = 1_000
 MAX_SEED = (1 << 63) - 1
 MAX_ERROR_CHARS = 1_024
 MAX_FAILED_IN_REPLY = 32
+# A worker's fences (a join's, a new name's above a floor) never pass this: a request cannot
+# carry a larger one, and a stored one past it is damaged (2^63 overflowed SQLite: a 500)
+MAX_FENCE = 1 << 62
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 WORKER_PATTERN = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 

@@ -14,14 +14,14 @@ from typing import Annotated, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stragglers.adapt.controller import MAX_BATCH, MAX_WORLD
-from stragglers.adapt.dataset import (MAX_EPOCHS, MAX_ERROR_CHARS, MAX_LEASE_S, MAX_QUEUE_POS,
+from stragglers.adapt.dataset import (MAX_EPOCHS, MAX_ERROR_CHARS, MAX_FENCE,  # noqa: F401
+                                      MAX_LEASE_S, MAX_QUEUE_POS,
                                       MAX_RETRIES, MAX_SAMPLES, MAX_SEED, MAX_SHARD_SIZE,
                                       MAX_SHARDS_PER_EPOCH, MIN_LEASE_S, NAME_PATTERN, STATES,
                                       WORKER_PATTERN)
 from stragglers.errors import InputError
 
 MAX_COUNT = 256  # shards per lease request
-MAX_FENCE = 1 << 62
 MAX_RECORDS = 10_000  # step records per report
 MAX_STEP = 1 << 40
 MAX_BPT_S = 1e6

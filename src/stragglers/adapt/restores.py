@@ -23,9 +23,9 @@ from stragglers.adapt import reads
 from stragglers.adapt.dataset import DOING, TODO, DatasetConfig, validate_snapshot
 from stragglers.adapt.errors import (Conflict, DiskFull, Forbidden, QuotaExceeded, Quarantined,
                                      authorize)
+from stragglers.adapt.floors import keep_fence_floor, pin_fence_floor
 from stragglers.adapt.replies import Deleted, Restored
 from stragglers.adapt.requeues import GIVE_BACK_STEP
-from stragglers.adapt.schema import keep_fence_floor
 from stragglers.adapt.space import Reserve, restore_bound
 from stragglers.adapt.stored import check_dataset_row
 from stragglers.adapt.store_state import StoreState
@@ -33,6 +33,38 @@ from stragglers.errors import EnvironmentFailure
 
 RESTORE_CHUNK = 512    # rows written per transaction (a few ms of the commit thread)
 GARBAGE_CHUNK = GIVE_BACK_STEP   # old rows deleted per transaction (a paced step)
+# A kept lease reply (a JSON list of [epoch, shard, offset]) naming an epoch >= the second
+# parameter: one a restore's snapshot has not created. A reply that is no JSON is left to the
+# replay's check (history._recorded_keys: the data set quarantined).
+_NAMES_LATER_EPOCH = ("reply IS NOT NULL AND CASE WHEN json_valid(reply) THEN EXISTS (SELECT 1"
+                      " FROM json_tree(lease_requests.reply) t WHERE t.path != '$' AND t.key ="
+                      " 0 AND t.type = 'integer' AND t.atom >= ?) ELSE 0 END")
+
+
+@dataclass(frozen=True)
+class StaleReplies:
+    """The kept lease replies of a data set that name an epoch past a restore's snapshot, read
+    before its switch (json_tree over up to ~15 MB of replies: 0.32 s, see stale_replies):
+    their (worker, fence, seq), and each worker's (fence, seq) then — rows past those (leased
+    since) are the only ones the switch reads."""
+
+    name: str
+    epochs_created: int
+    keys: tuple[tuple[Any, Any, Any], ...]
+    marks: dict[Any, tuple[Any, Any]]
+
+
+def stale_replies(conn: sqlite3.Connection, name: str, epochs_created: int) -> StaleReplies:
+    """StaleReplies of data set `name` for a snapshot of `epochs_created` epochs, read in the
+    transaction `conn` is in (the switch's) or else in one read transaction of its own."""
+    if not conn.in_transaction:
+        with reads._read(conn):
+            return stale_replies(conn, name, epochs_created)
+    marks = {w: (f, s) for w, f, s in conn.execute(
+        "SELECT worker, fence, seq FROM workers WHERE dataset=?", (name,))}
+    keys = conn.execute("SELECT worker, fence, seq FROM lease_requests WHERE dataset=? AND "
+                        + _NAMES_LATER_EPOCH, (name, epochs_created)).fetchall()
+    return StaleReplies(name, epochs_created, tuple(keys), marks)
 
 
 @dataclass(frozen=True)
@@ -272,6 +304,7 @@ class Restores(StoreState):
                 raise Forbidden(f"restoring creates data set '{cfg.name}': that needs the"
                                 " service token")
             self._check_quota(c, token_sha256, creator)
+            pin_fence_floor(c, cfg.name)   # (as create_dataset: refused before a row is written)
             return False
         have, _, _ = self._config(c, cfg.name, token_sha256)
         if have != cfg:
@@ -295,12 +328,39 @@ class Restores(StoreState):
                           [(key, *r) for r in rows])
         return len(rows)
 
+    def stale_replies(self, prepared: PreparedRestore) -> StaleReplies:
+        """The lease replies restore_finish drops, read on this thread's read connection (the
+        service: off the commit thread, just before the switch)."""
+        return stale_replies(self._read_conn(), prepared.cfg.name, prepared.epochs_created)
+
+    def _drop_stale_replies(self, c: sqlite3.Connection, name: str, epochs_created: int,
+                            stale: StaleReplies | None) -> None:
+        """Forget the kept replies of `name` naming an epoch from `epochs_created` on: those
+        `stale` found, and those of requests made since it was read (a worker whose fence or
+        request counter moved: its rows past its mark); all of them read here without it."""
+        if stale is None or (stale.name, stale.epochs_created) != (name, epochs_created):
+            stale = stale_replies(c, name, epochs_created)   # (no marks past it: all read)
+        c.executemany("UPDATE lease_requests SET reply=NULL WHERE dataset=? AND worker=? AND"
+                      " fence=? AND seq=?", [(name, *k) for k in stale.keys])
+        for worker, fence, seq in c.execute("SELECT worker, fence, seq FROM workers WHERE"
+                                            " dataset=?", (name,)).fetchall():
+            mark = stale.marks.get(worker)
+            if mark == (fence, seq):
+                continue   # (no request since: every row it holds was read)
+            # (a join deletes the rows of earlier incarnations: another fence, all are new)
+            after = mark[1] if mark is not None and mark[0] == fence else None
+            c.execute("UPDATE lease_requests SET reply=NULL WHERE dataset=? AND worker=? AND"
+                      " (? IS NULL OR seq > ?) AND " + _NAMES_LATER_EPOCH,
+                      (name, worker, after, after, epochs_created))
+
     def restore_finish(self, prepared: PreparedRestore, key: str,
                        token_sha256: str | None = None, may_create: bool = True,
-                       creator: str | None = None) -> Restored:
+                       creator: str | None = None,
+                       stale: StaleReplies | None = None) -> Restored:
         """Switch the data set to the rows written under `key` (one small transaction); its
         old rows become garbage (collect_garbage). Its lease request ids are kept: one replayed
-        after the restore answers its shards as they now stand (never a new one)."""
+        after the restore answers its shards as they now stand (never a new one); `stale`:
+        the replies to drop read beforehand (else read here, on the commit thread)."""
         cfg = prepared.cfg
         with self._tx() as c:
             exists = self._restore_checks(c, cfg, token_sha256, may_create, creator)
@@ -315,11 +375,7 @@ class Restores(StoreState):
             # new shards (orphans). A kept reply names shards by (epoch, shard), the same in
             # the snapshot's rows (same config); one naming an epoch the snapshot has not
             # created yet keeps its id but not its reply (a replay: 409, nothing leased).
-            c.execute("UPDATE lease_requests SET reply=NULL WHERE dataset=? AND reply IS NOT"
-                      " NULL AND CASE WHEN json_valid(reply) THEN EXISTS (SELECT 1 FROM"
-                      " json_tree(lease_requests.reply) t WHERE t.path != '$' AND t.key = 0"
-                      " AND t.type = 'integer' AND t.atom >= ?) ELSE 0 END",
-                      (cfg.name, prepared.epochs_created))
+            self._drop_stale_replies(c, cfg.name, prepared.epochs_created, stale)
             c.execute("DELETE FROM row_sets WHERE rows_key=?", (key,))
             if exists:
                 c.execute("INSERT OR REPLACE INTO row_sets VALUES (?,?,'garbage')",

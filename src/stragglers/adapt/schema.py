@@ -5,10 +5,11 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from stragglers.adapt.dataset import MAX_FENCE
 from stragglers.adapt.space import out_of_space
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -33,6 +34,7 @@ CREATE INDEX IF NOT EXISTS datasets_owner ON datasets (token_sha256);
 CREATE INDEX IF NOT EXISTS datasets_creator ON datasets (creator);
 CREATE TABLE IF NOT EXISTS row_sets (rows_key TEXT PRIMARY KEY, dataset TEXT, state TEXT);
 CREATE TABLE IF NOT EXISTS fence_floors (dataset TEXT PRIMARY KEY, floor INTEGER);
+CREATE TABLE IF NOT EXISTS fence_folds (id INTEGER PRIMARY KEY CHECK (id = 0), names BLOB);
 """
 # workers.reply (schema 2's last lease reply, unused since schema 3): LEFT once the name has
 # released (its own release, or a launcher's); a join, a lease that hands it shards, or an ack
@@ -56,16 +58,20 @@ _MIGRATE_3 = ("ALTER TABLE datasets ADD COLUMN rows_key TEXT;"
 # (new names' fences start above it). Which names of an older file gave theirs is not known:
 # its floor is the highest fence its rows hold (the rule of those versions, kept).
 _MIGRATE_4 = ("INSERT OR REPLACE INTO fence_floors SELECT dataset, MAX(fence) FROM workers"
-              " WHERE typeof(fence)='integer' AND fence >= 1 GROUP BY dataset;")
+              f" WHERE typeof(fence)='integer' AND fence BETWEEN 1 AND {MAX_FENCE} GROUP BY"
+              " dataset;")
 # Schema 5 -> 6: a deleted data set's fence floor is kept (its name's fences never repeat: a
 # recreated one started at 1 again, and a stuck holder of the old one was current). Files of
 # schema 5 dropped it at the delete: the deleted rows not yet collected (garbage) hold fences
 # of its holders, and its name's floor goes above them.
 _MIGRATE_5 = ("INSERT INTO fence_floors SELECT r.dataset, MAX(s.fence) FROM row_sets r JOIN shards"
               " s ON s.dataset = r.rows_key WHERE r.state = 'garbage' AND typeof(s.fence) ="
-              " 'integer' AND s.fence >= 1 GROUP BY r.dataset ON CONFLICT (dataset) DO UPDATE SET"
-              " floor = CASE WHEN typeof(floor) = 'integer' AND floor >= 0 THEN"
-              " MAX(floor, excluded.floor) ELSE floor END;")
+              f" 'integer' AND s.fence BETWEEN 1 AND {MAX_FENCE} GROUP BY r.dataset ON CONFLICT"
+              " (dataset) DO UPDATE SET floor = CASE WHEN typeof(floor) = 'integer' AND floor"
+              f" BETWEEN 0 AND {MAX_FENCE} THEN MAX(floor, excluded.floor) ELSE floor END;")
+# Schema 6 -> 7: fence_folds, the names folded into the store floor (floors.py). A file of
+# schema 6 folded without it: where it has a store floor, the names in it are unknown (NULL).
+_MIGRATE_6 = "INSERT INTO fence_folds SELECT 0, NULL FROM fence_floors WHERE dataset = '*';"
 
 
 def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlite3.Connection:
@@ -86,61 +92,34 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
         conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         old = conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
-        if old is not None and version not in (2, 3, 4, 5, SCHEMA_VERSION):
+        if old is not None and version not in (2, 3, 4, 5, 6, SCHEMA_VERSION):
             raise InputError(db, None, f"shard database of schema version {version};"
                              f" this version reads {SCHEMA_VERSION} (start a new file)")
-        if old is not None and version == 2:
-            conn.executescript(_MIGRATE_2)
-        if old is not None and version in (2, 3):
-            conn.executescript(_MIGRATE_3)
-        conn.executescript(_SCHEMA)
-        if old is not None and version in (2, 3, 4):
-            conn.executescript(_MIGRATE_4)
-        if old is not None and version in (2, 3, 4, 5):
-            conn.executescript(_MIGRATE_5)
-        if version != SCHEMA_VERSION:
-            # (only when it changes: a start that writes nothing starts on a full disk, and
-            # serves reads and refuses writes 507 until space is freed)
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        if old is None or version != SCHEMA_VERSION:
+            # The upgrade (or a new file's tables) in one transaction, its version with it: run
+            # as separate scripts, each statement committed, a start killed between them left
+            # schema 4's columns under user_version 3, and every later start failed on
+            # 'duplicate column name' (the acknowledged rows in it, no version opening it).
+            steps = [_MIGRATE_2] if old is not None and version == 2 else []
+            steps += [_MIGRATE_3] if old is not None and version in (2, 3) else []
+            steps += [_SCHEMA]
+            steps += [_MIGRATE_4] if old is not None and version in (2, 3, 4) else []
+            steps += [_MIGRATE_5] if old is not None and version in (2, 3, 4, 5) else []
+            steps += [_MIGRATE_6] if old is not None and version in (2, 3, 4, 5, 6) else []
+            try:
+                conn.executescript("BEGIN IMMEDIATE;" + "".join(steps)
+                                   + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        else:
+            # (nothing written when the file is current: a start on a full disk serves reads
+            # and refuses writes 507 until space is freed)
+            conn.executescript(_SCHEMA)
     except sqlite3.DatabaseError as exc:
         raise unusable(db, exc) from exc
     return conn
-
-
-# The fence_floors row of every name without one of its own (no data set is named so: see
-# dataset.NAME_PATTERN): the floors of the oldest deleted names, folded into one.
-STORE_FLOOR = "*"
-
-
-def keep_fence_floor(c: sqlite3.Connection, name: str, key: str, max_kept: int) -> None:
-    """Raise data set `name`'s fence floor to its workers' fences, before it is deleted: the
-    floor outlives it, so a data set created again under its name starts its fences above
-    every fence of the deleted one (they started at 1 again: a stuck holder was current).
-    Past `max_kept` rows by name, the oldest deleted names' floors go into STORE_FLOOR."""
-    high = c.execute("SELECT MAX(fence) FROM workers WHERE dataset=? AND typeof(fence)="
-                     "'integer' AND fence >= 1", (name,)).fetchone()[0]
-    row = c.execute("SELECT floor FROM fence_floors WHERE dataset=?", (name,)).fetchone()
-    if row is not None and not (type(row[0]) is int and row[0] >= 0):
-        # a damaged floor (a quarantined data set's delete): above every fence its rows
-        # (under `key`) hold instead, read this once (one data set's rows, a rare path)
-        held = c.execute("SELECT MAX(fence) FROM shards WHERE dataset=? AND typeof(fence)="
-                         "'integer' AND fence >= 1", (key,)).fetchone()[0]
-        high = max((v for v in (high, held) if v is not None), default=0)
-        c.execute("UPDATE fence_floors SET floor=? WHERE dataset=?", (high, name))
-    elif high is not None:   # (no worker ever joined: no row, none kept for it)
-        c.execute("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET"
-                  " floor=MAX(floor, excluded.floor)", (name, high))
-    # (names created and deleted in a loop would each keep a row: the file grew without bound)
-    over = c.execute("SELECT COUNT(*) FROM fence_floors WHERE dataset != ?",
-                     (STORE_FLOOR,)).fetchone()[0] - max_kept
-    if over > 0:
-        fold = c.execute("SELECT rowid, floor FROM fence_floors f WHERE dataset != ? AND NOT"
-                         " EXISTS (SELECT 1 FROM datasets d WHERE d.name = f.dataset) ORDER BY"
-                         " rowid LIMIT ?", (STORE_FLOOR, over)).fetchall()
-        top = max((f for _, f in fold if type(f) is int and f >= 0), default=0)
-        c.execute("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET"
-                  " floor=MAX(floor, excluded.floor)", (STORE_FLOOR, top))
-        c.executemany("DELETE FROM fence_floors WHERE rowid=?", [(r,) for r, _ in fold])
 
 
 def unusable(db: str | Path, exc: sqlite3.DatabaseError) -> StragglersError:

@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from stragglers.adapt import reads
-from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_EPOCHS, MAX_FAILED_IN_REPLY, TODO,  # noqa: F401
-                                     WORKER_PATTERN, DatasetConfig, check_name)
+from stragglers.adapt.dataset import (DOING, DONE, FAILED, MAX_EPOCHS, MAX_FAILED_IN_REPLY,  # noqa: F401
+                                     MAX_FENCE, TODO, WORKER_PATTERN, DatasetConfig, check_name)
 from stragglers.adapt.epochs import EPOCH_CHUNK, Epochs  # noqa: F401
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,  # noqa: F401
                                     Quarantined, QuotaExceeded, authorize)
+from stragglers.adapt.floors import (STORE_FLOOR, next_fence, pin_fence_floor,  # noqa: F401
+                                     raise_fence_floor)
 from stragglers.adapt.history import REQUEST_HISTORY, LeaseHistory  # noqa: F401
 from stragglers.adapt.permutations import Pending, Permutations
 from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease, LeaseReply,
@@ -33,7 +35,7 @@ from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease
                                       indices_json, lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
-from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION, STORE_FLOOR,  # noqa: F401
+from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION,  # noqa: F401
                                      open_database, unusable)
 from stragglers.adapt.stored import (check_dataset_row, check_rows_key, check_shard,
                                      check_worker_row, config_of, damaged, first_bad_shard)
@@ -210,8 +212,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 first_bad_shard(c, cfg, epochs_created, self._materialized(c, cfg),
                                 self._keys[name])
                 bad = c.execute("SELECT worker, fence, seq FROM workers WHERE dataset=? AND"
-                                " NOT (typeof(fence)='integer' AND fence >= 1 AND"
-                                " typeof(seq)='integer' AND seq >= 0) LIMIT 1",
+                                " NOT (typeof(fence)='integer' AND fence BETWEEN 1 AND"
+                                f" {MAX_FENCE} AND typeof(seq)='integer' AND seq >= 0) LIMIT 1",
                                 (name,)).fetchone()
                 if bad is not None:
                     check_worker_row(name, str(bad[0]), bad[1], bad[2])
@@ -269,6 +271,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 return Created(False)
             self._check_quota(c, token_sha256, creator, reclaim=True)
             self._touched.add(cfg.name)
+            pin_fence_floor(c, cfg.name)
             key = self._fresh_key(c, cfg.name)
             c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?,0,?,?)",
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
@@ -327,9 +330,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                             (name, worker)).fetchone()
             if row is not None:
                 check_worker_row(name, worker, row[0], 0)
-                fence = row[0] + 1
+                fence = next_fence(name, worker, row[0])
             else:
-                fence = self._new_name_fence(c, name)
+                fence = self._new_name_fence(c, name, worker)
             c.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,NULL,?,0)",
                       (name, worker, fence, LEFT if leaving else None))
             # The request history belongs to the incarnation: a new one starts without it.
@@ -355,6 +358,12 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             front = self._expire(c, cfg, front0, now, (worker, fence))
             if front != front0:
                 c.execute("UPDATE datasets SET front=? WHERE name=?", (front, name))
+            # (a worker whose lease expired and that calls has not gone, whatever the answer:
+            # its retry of a timed-out call, a replay, included; it kept the mark and a new
+            # name took its place)
+            if mark == EXPIRED:
+                c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
+                          (name, worker))
             if request_id is not None:
                 seen = c.execute("SELECT status, reply FROM lease_requests WHERE dataset=? AND"
                                  " worker=? AND request_id=?",
@@ -371,9 +380,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 (self._key(name), worker)).fetchone()[0])
             leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
                                                 now)
-            # (a worker that released and leases again has not left; one whose lease expired
-            # and that calls has not gone)
-            if mark == EXPIRED or (leases and mark == LEFT):
+            # (a worker that released and leases again has not left)
+            if leases and mark == LEFT:
                 c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
                           (name, worker))
             failed, n_failed = self._failed_report(c, name)
@@ -512,11 +520,11 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                           release_error(worker, failure, error), None, limit)
         return Released(released)
 
-    def _new_name_fence(self, c: sqlite3.Connection, name: str) -> int:
+    def _new_name_fence(self, c: sqlite3.Connection, name: str, worker: str) -> int:
         """The first fence of a worker name new to data set `name`: one above every fence of
-        a name that gave its place or of a deleted data set of its name (1 while none did,
-        nor any folded into STORE_FLOOR; QuotaExceeded at max_workers_per_dataset
-        when no name that left holds nothing)."""
+        a name that gave its place or of a deleted data set of its name (1 while none did;
+        QuotaExceeded at max_workers_per_dataset when no name that left holds nothing;
+        Quarantined where its floor is damaged, see schema.pin_fence_floor)."""
         # each worker name keeps a row and up to REQUEST_HISTORY lease replies: names
         # invented in a loop would grow the file without bound
         n = c.execute("SELECT COUNT(*) FROM workers WHERE dataset=?", (name,)).fetchone()[0]
@@ -525,14 +533,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                 f" (max_workers_per_dataset={self.max_workers_per_dataset}),"
                                 " none of them released holding nothing; join with a name used"
                                 " before, or release one that left")
-        top = 0   # (its own floor, and that of the deleted names folded into STORE_FLOOR)
-        for (floor,) in c.execute("SELECT floor FROM fence_floors WHERE dataset IN (?,?)",
-                                  (name, STORE_FLOOR)).fetchall():
-            if type(floor) is not int or floor < 0:
-                raise damaged(name, "fence floor", f"floor={floor!r:.40}, expected an integer"
-                              " >= 0")
-            top = max(top, floor)
-        return top + 1
+        # (its own floor; a data set of a file that did not pin one at its creation takes the
+        # store's into a row of its own here, once)
+        return next_fence(name, worker, pin_fence_floor(c, name))
 
     def _take_place_of_left(self, c: sqlite3.Connection, name: str) -> bool:
         """Delete the longest-joined workers row of `name` that left (LEFT, EXPIRED) and holds
@@ -549,8 +552,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                         (name, LEFT, EXPIRED, key)).fetchone()
         if row is None:
             return False
-        c.execute("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE SET"
-                  " floor=MAX(floor, excluded.floor)", (name, row[1]))
+        raise_fence_floor(c, name, row[1])
         c.execute("DELETE FROM workers WHERE dataset=? AND worker=?", (name, row[0]))
         c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=?", (name, row[0]))
         return True

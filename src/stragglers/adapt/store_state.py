@@ -32,7 +32,7 @@ class StoreState:
     max_datasets_per_token: int
     max_datasets_per_client: int
     max_workers_per_dataset: int
-    max_kept_floors: int                 # fence floors kept by name (schema.keep_fence_floor)
+    max_kept_floors: int                 # fence floors kept by name (floors.keep_fence_floor)
     max_rows_ahead: int
     max_held_per_worker: int
     unused_dataset_s: float              # see Restores._unused

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import TypedDict, TypeGuard
 
-from stragglers.adapt.dataset import (MAX_EPOCHS, MAX_QUEUE_POS, MAX_RETRIES, STATES,
+from stragglers.adapt.dataset import (MAX_EPOCHS, MAX_FENCE, MAX_QUEUE_POS, MAX_RETRIES, STATES,
                                       DatasetConfig)
 from stragglers.adapt.errors import Quarantined
 from stragglers.errors import InputError
@@ -74,7 +74,7 @@ def check_materialized(cfg: DatasetConfig, value: object) -> int:
 
 def check_worker_row(name: str, worker: str, fence: object, seq: object) -> None:
     """A workers row: its fence and request counter."""
-    if not _is_int(fence, 1) or not _is_int(seq, 0):
+    if not _is_int(fence, 1, MAX_FENCE) or not _is_int(seq, 0):
         raise damaged(name, f"worker '{worker}'", f"fence={fence!r:.40}, seq={seq!r:.40}")
 
 

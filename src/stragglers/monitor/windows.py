@@ -33,7 +33,8 @@ from stragglers.monitor.records import LayoutEntry, Lease, Refusal, WindowFindin
     WindowScore
 from stragglers.trace.model import JobMeta, Trace
 from stragglers.whatif.config import STRAGGLING_SLOWDOWN
-from stragglers.whatif.result import Finding, WorkerScore
+from stragglers.whatif.result import Finding, LeftOut, WorkerScore
+from stragglers.wording import ranges
 
 log = logging.getLogger(__name__)
 
@@ -591,7 +592,14 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
         log.exception("job %s window %d: analysis failed", window.job, window.idx)
         row.error = f"analysis failed: {type(exc).__name__}: {exc}"
     else:
-        where = workers_of(trace)
+        # workers the engine left out (their ops differ from their stage peers', and their
+        # replicas' others): named missing, the odd ones refused with why, none scored
+        left = {(w.dp, w.pp) for w in result.left_out}
+        where = {c: r for c, r in workers_of(trace).items() if c not in left}
+        row.missing_ranks = sorted(set(row.missing_ranks)
+                                   | {w.rank for w in result.left_out if w.rank is not None})
+        refused += [(f"job {window.job} rank {w.rank}", odd_ops(w)) for w in result.left_out
+                    if w.reason == "ops_differ" and w.rank is not None]
         hosts = {r: e.host or "" for r, e in layout_of(trace.meta).items()}
         row.slowdown, row.waste = _finite(result.slowdown), _finite(result.waste)
         row.t_base, row.t_ideal = _finite(result.t_base), _finite(result.t_ideal)
@@ -633,6 +641,14 @@ def clock_notes(moved: dict[tuple[int, int], float]) -> list[str]:
                                              str(r) for r in list(by_rank)[MAX_NOTES - 1:][:64])
                                          + (", ..." if len(rest) > 64 else "") + ")"]
     return lines
+
+
+def odd_ops(w: LeftOut) -> str:
+    """Why the engine left a worker out: the ops it lacks or ran against its stage peers'."""
+    said = [f"lacks {', '.join(w.missing)} that its stage's other workers ran" if w.missing
+            else "", f"ran {', '.join(w.extra)} that no majority of them ran" if w.extra else ""]
+    return (f"steps {ranges(w.steps)}: its ops differ from its stage peers' ("
+            + "; ".join(x for x in said if x) + "): its DP replica is left out of the window")
 
 
 def _leave_out(trace: Trace, problems: dict[tuple[int, int], str], row: WindowRow,

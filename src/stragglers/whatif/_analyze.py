@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+from msgspec.structs import replace
 
 from stragglers.errors import InputError
 from stragglers.trace.model import Trace
@@ -77,7 +78,7 @@ def analyze_grid(trace: Trace, grid, steps, tick: Callable[[str], None], cfg: Di
         m_s = w.m_s()
     tick("diagnosis")
     job = job_info(trace if job_trace is None else job_trace, steps=len(grid.steps),
-                   ops=int(grid.present.sum()))
+                   ops=int(grid.present.sum()), left_out=grid.left_out)
     partial = coverage(trace, job, w)
     diagnosis, diagnosis_summary = diagnose(
         w, trace, cfg, {(s_.dp, s_.pp): s_.score for s_ in scores} or None, partial)
@@ -116,6 +117,8 @@ def analyze_grid(trace: Trace, grid, steps, tick: Callable[[str], None], cfg: Di
         diagnosis=diagnosis,
         warnings=[str(x) for x in grid.warnings],
         notes=reader_notes(trace),
+        left_out=[replace(x, host=ctx.hosts.get(x.rank)) if x.rank is not None else x
+                  for x in grid.left_out],
         diagnosis_summary=diagnosis_summary,
         steps_analysed=[int(x) for x in grid.steps],
         warmup_steps=[int(x) for x in warmup],
@@ -159,7 +162,8 @@ def coverage(trace: Trace, job, w: WhatIf) -> Coverage | None:
     world = int(trace.meta.world_size or job.world_size or 0)
     read = int(job.ranks_read)
     workers = len(w.grid.dp_ranks) * w.grid.pp_size
-    return Coverage(read, max(world, read + len(missing)), workers)
+    left = len({x.rank for x in w.grid.left_out if x.rank is not None})
+    return Coverage(read, max(world, read + left + len(missing)), workers, left)
 
 
 def _with_ranks(scores: list[WorkerScore], w: WhatIf, ctx) -> list[WorkerScore]:

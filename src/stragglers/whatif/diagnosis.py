@@ -171,14 +171,16 @@ def diagnose(w: WhatIf, trace: Trace, config: DiagnosisConfig | None = None,
 class Coverage:
     """Which part of a job a trace holds: ranks read of the world size, workers of the grid."""
 
-    def __init__(self, ranks_read: int, world_size: int, workers: int) -> None:
+    def __init__(self, ranks_read: int, world_size: int, workers: int,
+                 left_out: int = 0) -> None:
         self.ranks_read, self.world_size, self.workers = ranks_read, world_size, workers
+        self.left_out = left_out   # ranks traced but left out (their ops differ: grid.py)
 
     @property
     def traced_text(self) -> str:
-        """'2 traced ranks of 128'."""
-        return (f"{self.ranks_read} traced rank{'s' if self.ranks_read != 1 else ''} of "
-                f"{self.world_size}")
+        """'2 traced ranks of 128' ('2 analysed ranks of 4' where some were left out)."""
+        return (f"{self.ranks_read} {'analysed' if self.left_out else 'traced'} "
+                f"rank{'s' if self.ranks_read != 1 else ''} of {self.world_size}")
 
 
 def _partial_verdict(w: WhatIf, partial: Coverage) -> Finding:
@@ -188,6 +190,13 @@ def _partial_verdict(w: WhatIf, partial: Coverage) -> Finding:
             "straggler shows against its peers" if partial.workers < 2 else
             "the traced ranks do not straggle against each other, but the ranks not traced "
             "may")
+    if partial.left_out:
+        return Finding("partial", evidence=f"only {partial.ranks_read} of {partial.world_size} "
+                       f"ranks {'was' if partial.ranks_read == 1 else 'were'} analysed: "
+                       f"{partial.left_out} were left out, their ops (or their DP replica's) "
+                       f"differing from their stage peers' (the result's left_out): {what}. "
+                       f"Their own steps give S = {s:.3f}. Have every rank record the same ops "
+                       "to diagnose the job")
     return Finding("partial", evidence=f"only {partial.ranks_read} of {partial.world_size} "
                    f"ranks {'was' if partial.ranks_read == 1 else 'were'} traced: {what}. Their "
                    f"own steps give S = {s:.3f} (step-to-step variation of these ranks only). "

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stragglers.errors import InputError
-from stragglers.trace.model import OPTYPE_CODES, Trace
+from stragglers.trace.model import OPTYPE_CODES, OPTYPES, P2P_OPTYPES, Trace
+from stragglers.whatif.result import LeftOut
 from stragglers.wording import ranges
 
 GC = OPTYPE_CODES["gc"]
@@ -17,6 +18,7 @@ BWD = OPTYPE_CODES["backward-compute"]
 BWW = OPTYPE_CODES["backward-weight-compute"]
 # compute a worker does between its communication ops (absent on one worker: zero)
 _WORK = (FWD, BWD, BWW, OPTYPE_CODES["optimizer"])
+_P2P = [OPTYPE_CODES[x] for x in P2P_OPTYPES]
 _SEQ_BITS = 24
 _OPTYPE_BITS = 5
 
@@ -45,6 +47,9 @@ class OpGrid:
     # [N, D] the process group each template op ran in on each DP rank (a job-wide id; -1
     # unknown), where the trace says (its `pg` column); None: every collective syncs all DP ranks
     node_pg: np.ndarray | None = None
+    # workers left out because their ops differ from their stage peers' (with the other
+    # workers of their DP replicas): leave_out_odd
+    left_out: list[LeftOut] = field(default_factory=list)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -151,10 +156,17 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     node_optype = ((keys >> _SEQ_BITS) & ((1 << _OPTYPE_BITS) - 1)).astype(np.int8)
     node_seq = (keys & ((1 << _SEQ_BITS) - 1)).astype(np.int64)
     warnings: list[str] = []
-    complete = _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings)
+    complete = _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings,
+                               node_seq)
+    odd = None
     if not complete.any():
-        raise InputError(trace.source, None, "no step has ops from every worker; "
-                         + (warnings[0] if warnings else "cannot analyse"))
+        odd = leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids,
+                            _ranks_of(ops, d_idx, len(dp_ranks)))
+        if odd is None:
+            raise InputError(trace.source, None, "no step has ops from every worker; "
+                             + (warnings[0] if warnings else "cannot analyse"))
+        present, complete = odd.present, odd.complete
+        warnings = odd.warnings
     start = np.full(n * d * t, np.nan)
     start[flat] = ops["start_ts"]
     duration = np.zeros(n * d * t)
@@ -170,12 +182,19 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
         pg = np.full(n * d * t, -1, dtype=np.int64)
         pg[flat] = ops["pg"]
         node_pg = pg.reshape(n, d, t).max(axis=2)      # the same group in every step
+    cells = [a.reshape(shape)[:, :, complete] for a in (start, duration, row)]
+    if odd is not None:   # (the odd workers' replicas, and ops only they ran, left out)
+        at = np.ix_(odd.keep_nodes, odd.keep_dp)
+        cells = [c[at] for c in cells]
+        node_stage, node_optype, node_seq, node_mc, node_gmc = (
+            a[odd.keep_nodes] for a in (node_stage, node_optype, node_seq, node_mc, node_gmc))
+        node_pg = None if node_pg is None else node_pg[at]
+        dp_ranks = dp_ranks[odd.keep_dp]
     grid = OpGrid(node_stage, node_optype, node_seq, dp_ranks, step_ids[complete],
-                  start.reshape(shape)[:, :, complete], duration.reshape(shape)[:, :, complete],
-                  present[:, :, complete], row.reshape(shape)[:, :, complete],
+                  cells[0], cells[1], present[:, :, complete], cells[2],
                   pp_size=pp, node_mc=node_mc, node_gmc=node_gmc, vpp_size=vpp, warnings=warnings,
                   compute_by_index=bool(trace.meta.extra.get("compute_split_at_collectives")),
-                  node_pg=node_pg)
+                  node_pg=node_pg, left_out=[] if odd is None else odd.left_out)
     _check_stages(grid, trace)
     return grid
 
@@ -191,14 +210,17 @@ def _chunks(ops, node, n, node_stage, pp) -> tuple[np.ndarray, np.ndarray]:
     return node_mc, node_gmc
 
 
-def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings) -> np.ndarray:
+def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings,
+                    node_seq=None) -> np.ndarray:
     """Steps where every communication op of the schedule is present on every DP rank, and
     every worker computes.
 
     A compute op absent on one worker in a step whose communication it all did is taken as
     zero (like a gc slot without a pause): profilers split a rank's work into runs at its
     collectives and at phase changes, and a rank whose trace lost or merged a run has one
-    fewer than its peers; its collectives still say that the step was whole.
+    fewer than its peers; its collectives still say that the step was whole. The warning
+    names the workers odd_workers judges (with `node_seq`): a worker's extra op makes its
+    peers lack it, but it is the odd one.
     """
     compute = np.isin(node_optype, _WORK)
     required = (node_optype != GC) & ~compute
@@ -210,18 +232,183 @@ def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnin
             worker_missing[:, s, :] |= ~present[compute & (node_stage == s)].any(axis=0)
     bad_steps = worker_missing.any(axis=(0, 1))
     if bad_steps.any():
-        workers = sorted({(int(dp_ranks[a]), int(b)) for a, b, _ in zip(*np.nonzero(worker_missing))})
+        short, over = worker_missing[:, :, bad_steps], np.zeros((0, 0, 0), bool)
+        if node_seq is not None:
+            odd = odd_workers(present[:, :, bad_steps], node_optype, node_stage, node_seq)
+            # (where nobody there is judged — an op with no majority, or no worker of the
+            # stage with rows — the workers lacking ops are named as before)
+            short = odd.short | (short & odd.undecided & ~odd.over)
+            over = odd.over
         steps = [int(s) for s in step_ids[bad_steps]]
-        shown = ", ".join(f"(dp {a}, pp {b})" for a, b in workers[:8])
+        text = "; ".join(f"{what} {_workers(flags, dp_ranks)}" for what, flags in (
+            ("ops missing from workers", short),
+            ("ops that no majority of their stage's workers ran, at workers", over))
+            if flags.any())
         warnings.append(f"{len(steps)} of {len(step_ids)} steps are incomplete and were left out "
-                        f"(steps {ranges(steps)}): ops missing from workers {shown}"
-                        + (" …" if len(workers) > 8 else ""))
+                        f"(steps {ranges(steps)}): {text}")
     absent = ~present[compute][:, :, ~bad_steps]
     if absent.any():
         warnings.append(f"{int(absent.sum())} compute op(s) absent on some workers in complete "
                         "steps (their traces hold fewer compute runs there than their peers') "
                         "were taken as zero")
     return np.logical_not(bad_steps)
+
+
+def _workers(flags: np.ndarray, dp_ranks: np.ndarray) -> str:
+    """'(dp 0, pp 1), (dp 1, pp 1)' for the workers set in flags [D, P, T] (eight, then …)."""
+    workers = sorted({(int(dp_ranks[a]), int(b)) for a, b in zip(*np.nonzero(flags.any(axis=2)))})
+    return (", ".join(f"(dp {a}, pp {b})" for a, b in workers[:8])
+            + (" …" if len(workers) > 8 else ""))
+
+
+@dataclass
+class OddWorkers:
+    """Each worker judged against its stage's workers, per step (odd_workers)."""
+
+    odd: np.ndarray        # [D, P, T] its ops differ from its stage's majority
+    short: np.ndarray      # [D, P, T] it lacks ops (or all its rows, or its compute) they ran
+    over: np.ndarray       # [D, P, T] it ran ops no majority of them ran
+    lacks: np.ndarray      # [N, D, T] which ops it lacks
+    extra: np.ndarray      # [N, D, T] which ops it ran that no majority did
+    undecided: np.ndarray  # [1, P, T] an op at the stage with no majority (it judges nobody),
+                           # or no worker of the stage with rows
+
+
+def odd_workers(present, node_optype, node_stage, node_seq) -> OddWorkers:
+    """Judge each worker's communication ops per step against its stage's workers: an op is
+    the schedule's where more than half of the stage's workers with rows ran it. A tie (two
+    workers disagreeing) is broken by the rest of the job, where it can be: an op a majority
+    of another stage's workers ran (the same type and seq_id: a gradient collective every
+    stage runs) is the schedule's; a collective no other stage ran is an extra; otherwise
+    (one stage, or a pipeline transfer, which is each stage's own) there is no majority: that
+    op judges nobody (`undecided` says where). A worker with no rows in a step, or no compute
+    where most compute, lacks them."""
+    n, d, t = present.shape
+    pp = int(node_stage.max()) + 1
+    compute = np.isin(node_optype, _WORK)
+    required = (node_optype != GC) & ~compute
+    voters = np.zeros((d, pp, t), bool)
+    computes = np.zeros((d, pp, t), bool)
+    for s in range(pp):
+        at = node_stage == s
+        voters[:, s] = present[at].any(axis=0)
+        computes[:, s] = present[at & compute].any(axis=0)
+    votes = voters.sum(axis=0)                                    # [P, T]
+    held = present.sum(axis=1)                                    # [N, T] (holders vote)
+    of = votes[node_stage]
+    majority = 2 * held > of
+    tie = (2 * held == of) & (held > 0)
+    _, ident = np.unique((node_optype.astype(np.int64) << _SEQ_BITS) | node_seq,
+                         return_inverse=True)
+    ident = ident.ravel()
+    # per op identity and step: the stages where a majority ran it, the stages where any did
+    # (one node per stage and identity: the others are the other stages)
+    maj_at = np.zeros((int(ident.max()) + 1, t), np.int64)
+    np.add.at(maj_at, ident, majority)
+    held_at = np.zeros_like(maj_at)
+    np.add.at(held_at, ident, held > 0)
+    elsewhere = maj_at[ident] - majority > 0
+    nowhere_else = held_at[ident] - (held > 0) == 0
+    expected = majority | (tie & elsewhere)
+    collective = ~np.isin(node_optype, _P2P)[:, None]
+    settled = ~tie | elsewhere | (nowhere_else & collective & (pp > 1))
+    undecided = (votes == 0)[None]            # (a stage without rows in a step: no vote)
+    for s in range(pp):
+        undecided[0, s] |= (~settled[required & (node_stage == s)]).any(axis=0)
+    voted = voters.transpose(1, 0, 2)[node_stage]                 # [N, D, T]
+    judged = (settled & required[:, None])[:, None, :]            # (no majority: no say)
+    lacks = expected[:, None, :] & ~present & voted & judged
+    extra = ~expected[:, None, :] & present & judged
+    short = np.zeros((d, pp, t), bool)
+    over = np.zeros((d, pp, t), bool)
+    for s in range(pp):
+        at = node_stage == s
+        short[:, s] = lacks[at].any(axis=0)
+        over[:, s] = extra[at].any(axis=0)
+    most_compute = 2 * (computes & voters).sum(axis=0) > votes    # [P, T]
+    short |= (voters & most_compute & ~computes) | (~voters & (votes > 0))
+    return OddWorkers(short | over, short, over, lacks, extra, undecided)
+
+
+@dataclass
+class LeftOdd:
+    """The grid less the DP replicas of workers whose ops differ (leave_out_odd)."""
+
+    keep_nodes: np.ndarray     # [N] template ops still run by some worker kept
+    keep_dp: np.ndarray        # [D] DP ranks kept
+    present: np.ndarray        # [N', D', T]
+    complete: np.ndarray       # [T] complete steps of what is kept
+    left_out: list[LeftOut]
+    warnings: list[str]
+
+
+# Ops a LeftOut names at most in each of its lists (a rank of another schedule lacks all).
+MAX_NAMED_OPS = 16
+
+
+def leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids,
+                  ranks: np.ndarray) -> LeftOdd | None:
+    """Where no step has ops from every worker: the grid less the DP replicas of the workers
+    whose ops differ from their stage's majority (odd_workers), as a trace without those
+    replicas would be analysed (a partial one), with each worker left out and why; None where
+    no majority tells the odd workers, or leaving them out leaves no replica or no complete
+    step (the caller's error stands). `ranks` [D, P]: each worker's global rank (-1: none)."""
+    judged = odd_workers(present, node_optype, node_stage, node_seq)
+    bad = np.asarray(judged.odd.any(axis=(1, 2)))
+    if not bad.any() or bad.all():
+        return None
+    keep_dp = ~bad
+    kept = present[:, keep_dp]
+    keep_nodes = kept.any(axis=(1, 2))
+    kept = kept[keep_nodes]
+    warnings: list[str] = []
+    complete = _complete_steps(kept, node_optype[keep_nodes], node_stage[keep_nodes],
+                               dp_ranks[keep_dp], step_ids, warnings, node_seq[keep_nodes])
+    if not complete.any():
+        return None
+    left: list[LeftOut] = []
+    shown = []
+    for a in np.flatnonzero(bad).tolist():
+        for p in range(int(node_stage.max()) + 1):
+            rank = int(ranks[a, p]) if ranks[a, p] >= 0 else None
+            steps = step_ids[judged.odd[a, p]]
+            if not len(steps):
+                left.append(LeftOut(int(dp_ranks[a]), p, rank, reason="replica"))
+                continue
+            missing, extra = (_names(np.asarray(flags[:, a].any(axis=1)), node_optype, node_seq)
+                              for flags in (judged.lacks, judged.extra))
+            if not (judged.lacks[:, a].any() or judged.extra[:, a].any()):
+                missing = ["its rows or its compute"]
+            left.append(LeftOut(int(dp_ranks[a]), p, rank, missing=missing, extra=extra,
+                                steps=[int(x) for x in steps]))
+            shown.append(left[-1])
+    said = "; ".join(
+        f"(dp {w.dp}, pp {w.pp}{f', rank {w.rank}' if w.rank is not None else ''})"
+        + (f" lacks {', '.join(w.missing[:3])}" if w.missing else "")
+        + (" and" if w.missing and w.extra else "")
+        + (f" ran {', '.join(w.extra[:3])} that no majority of its stage's workers ran"
+           if w.extra else "")
+        + f" in steps {ranges(w.steps)}" for w in shown[:4]) + (" …" if len(shown) > 4 else "")
+    gone = [int(x) for x in dp_ranks[bad]]
+    warnings.insert(0, f"no step had ops from every worker: {len(shown)} worker(s) whose ops "
+                    f"differ from their stage's other workers were left out with their DP "
+                    f"replicas ({len(gone)} of {len(dp_ranks)}: DP rank(s) {ranges(gone)}), "
+                    f"the others analysed: {said}")
+    return LeftOdd(keep_nodes, keep_dp, kept, complete, left, warnings)
+
+
+def _names(nodes: np.ndarray, node_optype, node_seq) -> list[str]:
+    """'barrier #0' for each template op set in nodes [N] (MAX_NAMED_OPS of them, then …)."""
+    at = np.flatnonzero(nodes)
+    out = [f"{OPTYPES[node_optype[n]]} #{node_seq[n]}" for n in at[:MAX_NAMED_OPS]]
+    return out + (["…"] if len(at) > MAX_NAMED_OPS else [])
+
+
+def _ranks_of(ops, d_idx: np.ndarray, d: int) -> np.ndarray:
+    """[D, P] the global rank of each worker (-1 where it has no row)."""
+    out = np.full((d, int(ops["stage"].max()) + 1), -1, dtype=np.int64)
+    out[d_idx, ops["stage"]] = ops["rank"]
+    return out
 
 
 def _check_stages(grid: OpGrid, trace: Trace) -> None:

@@ -24,7 +24,8 @@ import numpy as np
 from stragglers.errors import InputError
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_FILL, Note, Trace
 from stragglers.whatif.grid import (GC, _SEQ_BITS, _OPTYPE_BITS, OpGrid, _check_stages,
-                                    _complete_steps, dense_ids, gc_slots, one_op_per_cell)
+                                    _complete_steps, dense_ids, gc_slots, leave_out_odd,
+                                    one_op_per_cell)
 from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif._replay import ReplayPlan, replay
 
@@ -594,11 +595,25 @@ def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition
     steps = np.concatenate([p.steps for p in placed])
     present = np.concatenate([p.present for p in placed], axis=2)
     warnings: list[str] = []
-    complete = _complete_steps(present, node_optype, node_stage, template.dp_ranks, steps,
-                               warnings)
+    dp_ranks, mc_raw, gmc_raw = template.dp_ranks, template.node_mc_raw, template.node_gmc_raw
+    complete = _complete_steps(present, node_optype, node_stage, dp_ranks, steps, warnings,
+                               node_seq)
+    odd = None
     if not complete.any():
-        raise InputError(layout.directory, None, "no step has ops from every worker; "
-                         + (warnings[0] if warnings else "cannot analyse"))
+        odd = leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, steps,
+                            _placed_ranks(placed, node_stage, len(dp_ranks)))
+        if odd is None:
+            raise InputError(layout.directory, None, "no step has ops from every worker; "
+                             + (warnings[0] if warnings else "cannot analyse"))
+        # (the odd workers' replicas, and ops only they ran, left out as build_grid does)
+        present, complete, warnings = odd.present, odd.complete, odd.warnings
+        at = np.ix_(odd.keep_nodes, odd.keep_dp)
+        for p in placed:
+            p.start, p.duration, p.row = p.start[at], p.duration[at], p.row[at]
+            p.pg = None if p.pg is None else p.pg[at]
+        node_stage, node_optype, node_seq, mc_raw, gmc_raw = (
+            a[odd.keep_nodes] for a in (node_stage, node_optype, node_seq, mc_raw, gmc_raw))
+        dp_ranks = dp_ranks[odd.keep_dp]
     present = present[:, :, complete]
     offsets = np.cumsum([0] + [len(p.columns["rank"]) for p in placed])
     if offsets[-1] > np.iinfo(ROW).max:
@@ -611,19 +626,19 @@ def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition
     row = _joined(placed, "row", complete)
     columns = {c: np.concatenate([p.columns[c] for p in placed]) for c in placed[0].columns}
     pp = max(meta.pp_size, int(node_stage.max()) + 1)
-    node_mc = np.maximum(template.node_mc_raw, 0).astype(np.int64)
-    node_gmc = template.node_gmc_raw.astype(np.int64)
+    node_mc = np.maximum(mc_raw, 0).astype(np.int64)
+    node_gmc = gmc_raw.astype(np.int64)
     node_gmc = np.where(node_gmc < 0, node_mc * pp + node_stage, node_gmc)
     vpp = max(meta.vpp_size, int(node_mc.max()) + 1)
     node_pg = None
     pgs = [p.pg for p in placed if p.pg is not None]
     if pgs and len(pgs) == len(placed):
         node_pg = np.max(np.stack(pgs), axis=0)
-    grid = OpGrid(node_stage, node_optype, node_seq, template.dp_ranks, steps[complete],
+    grid = OpGrid(node_stage, node_optype, node_seq, dp_ranks, steps[complete],
                   start, duration, present, row, pp_size=pp, node_mc=node_mc, node_gmc=node_gmc,
                   vpp_size=vpp, warnings=warnings,
                   compute_by_index=bool(meta.extra.get("compute_split_at_collectives")),
-                  node_pg=node_pg)
+                  node_pg=node_pg, left_out=[] if odd is None else odd.left_out)
     trace = Trace(columns, meta, layout.directory, list(layout.notes))
     _check_stages(grid, trace)
     cells = np.unique(np.concatenate([s.cells for s in summaries]))
@@ -631,6 +646,15 @@ def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition
                        "rank": np.unique(np.concatenate([s.ranks for s in summaries])),
                        "step": cells}, meta, layout.directory, list(layout.notes))
     return Assembled(grid, trace, job_trace)
+
+
+def _placed_ranks(placed: list[PlacedPartition], node_stage: np.ndarray, d: int) -> np.ndarray:
+    """[D, P] the global rank of each worker in the placed partitions (-1: none)."""
+    out = np.full((d, int(node_stage.max()) + 1), -1, dtype=np.int64)
+    for p in placed:
+        n, a, _ = np.nonzero(p.row >= 0)
+        out[a, node_stage[n]] = p.columns["rank"][p.row[p.row >= 0]]
+    return out
 
 
 def _joined(placed: list[PlacedPartition], name: str, complete: np.ndarray) -> np.ndarray:

@@ -108,6 +108,21 @@ class SlowStep(msgspec.Struct):
     ratio: float | None = None       # the worker's busy compute / its stage's median worker's
 
 
+class LeftOut(msgspec.Struct):
+    """A worker left out of the analysis, and why (whatif/README.md "Workers whose ops differ")."""
+
+    dp: int
+    pp: int
+    rank: int | None = None
+    host: str | None = None
+    # "ops_differ": its op set differs from its stage peers' majority; "replica": it is a worker
+    # of a DP replica left out for another worker's ops (the engine analyses whole replicas)
+    reason: Literal["ops_differ", "replica"] = "ops_differ"
+    missing: list[str] = []    # ops its stage's majority ran that it lacks ("barrier #0")
+    extra: list[str] = []      # ops it ran that no majority of its stage ran
+    steps: list[int] = []      # the steps where its ops differ
+
+
 class DiagnosisSummary(msgspec.Struct):
     """All listed causes together: the combined prediction and what is left unexplained."""
 
@@ -189,6 +204,9 @@ class AnalysisResult(msgspec.Struct, rename=_JSON_NAMES):
     diagnosis_config: DiagnosisConfig | None = None   # the thresholds the diagnosis used
     warnings: list[str] = []
     notes: list[Note] = []
+    # workers not analysed because their ops differ from their stage peers' (and the other
+    # workers of their DP replicas); the result is then partial
+    left_out: list[LeftOut] = []
 
     def __post_init__(self) -> None:
         if self.waste is None and self.slowdown is not None and self.slowdown > 0:
@@ -336,12 +354,14 @@ def plain(value: Any, *, str_keys: bool = False) -> Any:
 MAX_LISTED_MISSING = 4096
 
 
-def job_info(trace: Any, steps: int, ops: int) -> JobInfo:
-    """The job facts of a trace: shape from its metadata, and which workers it really holds."""
+def job_info(trace: Any, steps: int, ops: int, left_out: list[LeftOut] | None = None) -> JobInfo:
+    """The job facts of a trace: shape from its metadata, and which workers it really holds
+    (the workers `left_out` of the analysis count as not held: the result is partial)."""
     meta, o = trace.meta, trace.ops
     pp = max(int(meta.pp_size), int(o["stage"].max()) + 1 if len(o["stage"]) else 1)
     cells = np.unique(o["dp_rank"].astype(np.int64) * pp + o["stage"])
-    have = {(int(c // pp), int(c % pp)) for c in cells}
+    have = {(int(c // pp), int(c % pp)) for c in cells} - {(w.dp, w.pp) for w in left_out or []}
+    gone = {w.rank for w in left_out or [] if w.rank is not None}
     inside = sum(1 for d, _ in have if d < meta.dp_size)
     # the declared grid walked only until MAX_LISTED_MISSING are found (a set of every
     # declared worker held GBs for a meta.json of 2^29 DP ranks)
@@ -350,7 +370,9 @@ def job_info(trace: Any, steps: int, ops: int) -> JobInfo:
     return JobInfo(name=str(meta.name), run_id=str(meta.run_id), dp=meta.dp_size,
                    pp=meta.pp_size, tp=meta.tp_size, dsp=meta.dsp_size, vpp=meta.vpp_size,
                    world_size=meta.world_size, steps=int(steps), ops=int(ops),
-                   source=str(trace.source), ranks_read=int(len(np.unique(o["rank"]))),
+                   source=str(trace.source),
+                   ranks_read=int(len(np.setdiff1d(o["rank"], list(gone)) if gone
+                                      else np.unique(o["rank"]))),
                    workers_read=len(have), missing_workers=missing,
                    missing_count=int(meta.dp_size) * pp - inside,
                    parallel=parallel_degrees(meta))
