@@ -36,7 +36,7 @@ from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.jobmeta import STARTED_SKEW_S, check_meta, is_new_run, run_start, \
-    run_started, run_token, started_in_future
+    clock_text, run_started, run_token, started_in_future
 from stragglers.monitor.outbox import OutboxSender
 from stragglers.monitor.turns import Turns
 from stragglers.monitor.part_files import FileReaders, StuckRead
@@ -451,8 +451,8 @@ class Monitor:
         meta = check_meta(raw_meta, directory / "meta.json", self.config.max_meta_bytes)
         future = started_in_future(raw_meta, time.time())
         if future is not None:
-            raise InputError(directory / "meta.json", "extra.started", f"{future:.3f} is more "
-                             f"than {STARTED_SKEW_S:g} s past this monitor's clock "
+            raise InputError(directory / "meta.json", "extra.started", f"{clock_text(future)} is "
+                             f"more than {STARTED_SKEW_S:g} s past this monitor's clock "
                              f"({time.time():.3f}); expected when the run began, in seconds "
                              "since 1970")
         if meta.world_size > self.config.max_world_size:
@@ -644,14 +644,18 @@ class Monitor:
                              f"newer run of the same job name (its run now: {now}); give "
                              "each run its own job name (monitor_job)")
         began, current_began = run_started(raw_meta), run_started(old.meta)
+        if started_in_future(old.meta, time.time()) is not None:
+            # (a stored start past this monitor's clock, from before starts were checked or
+            # while its clock was behind, refused every later run of the job for good)
+            current_began = None
         if token != current and began is not None and current_began is not None \
                 and began < current_began - STARTED_SKEW_S:
             # a run older than the current one whose token the row does not list (one this
             # store never saw replaced): taken as a new run, it reset the newer run away
             raise Superseded(job, "job", f"run {token or '(no token)'} of job {job!r} began "
                              f"before its current run {current or '(no token)'} (extra."
-                             f"started {began:.3f}, more than {STARTED_SKEW_S:g} s before "
-                             f"{current_began:.3f}): an older run "
+                             f"started {clock_text(began)}, more than {STARTED_SKEW_S:g} s "
+                             f"before {clock_text(current_began)}): an older run "
                              "cannot replace a newer one; give each run its own job name "
                              "(monitor_job)")
         if token is not None or current is None:
@@ -728,7 +732,7 @@ class Monitor:
         if row is None or not row.meta:
             return None
         try:
-            meta = check_meta(row.meta, f"stored metadata of job {job!r}")
+            meta = check_meta(row.meta, f"stored metadata of job {job!r}", stored=True)
         except Exception as exc:   # noqa: BLE001 - one job's rows must not stop the service
             self._quarantine(job, exc)
             return None
@@ -849,7 +853,7 @@ class Monitor:
     def _rebuild(self, job: JobRecord) -> JobTracker:
         """A tracker from the store: analysed steps skipped, later parts read from disk."""
         name, directory = job.job, self._stored_directory(job)
-        meta = check_meta(job.meta, f"stored metadata of job {name!r}")
+        meta = check_meta(job.meta, f"stored metadata of job {name!r}", stored=True)
         last = self.store.last_window(name)
         index = self.store.part_index(name)
         _check_stored_numbers(name, meta, last, index)
@@ -1036,7 +1040,7 @@ class Monitor:
         if tr is not None and self.runs.get(job, (None, None))[1] != mark.meta:
             try:
                 tr.set_meta(check_meta(json.loads(mark.meta or "null"), f"stored "
-                                       f"metadata of job {job!r}"))
+                                       f"metadata of job {job!r}", stored=True))
             except Exception as exc:   # noqa: BLE001 - that job only
                 self._quarantine(job, exc)
                 return False
