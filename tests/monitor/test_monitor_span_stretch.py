@@ -65,3 +65,22 @@ def test_a_rank_held_after_its_collectives_that_the_others_waited_for_is_kept(cl
         held = restarted(held, keep=range(9))
     (w, row, refused), *_ = windows(held, window_steps=3)
     assert refused == [] and row.slowdown > 1.3, (refused, row.slowdown)
+
+
+@pytest.mark.parametrize("seconds", [0.5, 0.9])
+def test_one_op_within_a_second_cannot_poison_a_window_of_short_steps(seconds):
+    # steps of ~0.33 s (red team round 11 finding 10, offline): rank 3's first forward of
+    # step 2 lasts `seconds`, its later ops on time (no one waited): within the part check's
+    # flat 1 s, but past a tenth of what the others show of the step (before: S 1.35-2.0)
+    from monitor_jobs import slow_job
+    from stragglers.trace.model import OPTYPE_CODES
+
+    base = slow_job(steps=10, slow=None)
+    o = {k: v.copy() for k, v in base.ops.items()}
+    at = np.flatnonzero((o["rank"] == 3) & (o["step"] == 2)
+                        & (o["optype"] == OPTYPE_CODES["forward-compute"]))
+    o["duration"][at[0]] = seconds
+    got = windows(Trace(o, base.meta, base.source))
+    assert fired([row for _, row, _ in got]) == [], [row.slowdown for _, row, _ in got]
+    assert [(s, p.split(":")[0]) for _, _, ref in got for s, p in ref] == \
+        [("job j rank 3", "step 2")]
