@@ -89,13 +89,22 @@ async def pause(seconds: float) -> None:
 def read_token_file(path: Path | str | None, option: str = "--token-file") -> str | None:
     """The token a file holds (its first line, stripped), never taken from the command line
     (it would show in `ps`); one-line InputError naming the file and `option` when the file
-    cannot be read, is not a regular file, can be read or written by group or others (the
-    error says the chmod that fixes it), or its first line is not a token."""
+    cannot be read, is not a regular file, is owned by another user than the one running
+    this, can be read or written by group or others (the error says the chmod that fixes
+    it), or its first line is not a token."""
     if path is None:
         return None
 
     def owner_only(st: os.stat_result) -> str | None:
-        if os.name == "posix" and st.st_mode & 0o077:
+        if os.name != "posix":
+            return None
+        if st.st_uid != os.geteuid():
+            # (another local user who planted it, mode 0600, where the job's workdir will be
+            # knows the token: it could lease, ack, restore and delete the job's data sets)
+            return (f"{option}: owned by uid {st.st_uid}, expected the user running this "
+                    f"(uid {os.geteuid()}); make a new one, or run `chown {os.geteuid()} "
+                    f"{path}` if its token is yours")
+        if st.st_mode & 0o077:
             return (f"{option}: group or others may read or write it (mode "
                     f"{stat.S_IMODE(st.st_mode):04o}); run `chmod 600 {path}`")
         return None

@@ -3,7 +3,7 @@ offset, a wild jump between parts) is moved onto the other ranks' clock by its c
 or its step is left out (monitor/clocks.py): on one clock every rank's span of a step overlaps
 the others', since they meet at its collectives. Before, the engine read the gap as waiting: a
 healthy 2x2 job with one rank 5e4 s off read S 1.21 in every window (1.005 on one clock).
-Spans that overlap are never moved (a host's jitter, steps each timed from their own start).
+Steps each timed from their own start are never moved; a host's jitter is tested in test_monitor_clocks_small_offsets.py.
 Synthetic jobs, real trackers, the engine's real analysis (the red team's through a real
 monitor: tests/surface/test_hostile_services_round10.py)."""
 
@@ -86,12 +86,12 @@ def test_steps_each_timed_from_their_own_start_with_one_rank_off_keep_every_step
     assert slowdowns(moved(trace, 5e4), per_part=2) == same(plain, 2)
 
 
-def test_overlapping_spans_are_never_moved():
-    # a 10 ms offset on one host (its spans still meet the others'), and steps each timed
-    # from their own start: nothing moved, nothing left out
-    for trace in (moved(healthy(), 0.01), restarted(job())):
-        clocks = align_step_clocks(trace.ops)
-        assert (clocks.start_ts, clocks.moved, clocks.left_out) == (None, {}, {})
+def test_steps_each_timed_from_their_own_start_are_never_moved():
+    # steps each timed from their own start (their collectives' ends agree): nothing moved,
+    # nothing left out (a small offset on one host is moved since s49-hK: see
+    # test_monitor_clocks_small_offsets.py, with hosts' jitter within END_TOLERANCE_S kept)
+    clocks = align_step_clocks(restarted(job()).ops)
+    assert (clocks.start_ts, clocks.moved, clocks.left_out) == (None, {}, {})
 
 
 def test_a_rank_off_whose_collective_ends_do_not_agree_has_its_steps_left_out_named():

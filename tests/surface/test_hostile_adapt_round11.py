@@ -229,8 +229,6 @@ def test_a_worker_that_replays_its_lease_after_an_expiry_keeps_its_place(tmp_pat
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
                     reason="needs root to give the file to another user")
-@pytest.mark.xfail(strict=True, reason="a job token file owned by another user (mode 0600) is"
-                   " taken as the job's token: whoever planted it owns the job's data sets")
 def test_a_job_token_file_owned_by_another_user_is_refused(tmp_path):
     """The embedded service's job token (launch.read_or_create_token: workdir/job.token, made
     0600 when missing) is read by the service token file's rules: a regular file, its first

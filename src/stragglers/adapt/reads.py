@@ -10,12 +10,15 @@ snapshot asked again costs nothing), and the number of queued reads is bounded (
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import asdict
 
 import msgspec
@@ -25,8 +28,13 @@ from stragglers.adapt.errors import Busy, NotFound, Quarantined
 from stragglers.adapt.replies import FailedShard, Status
 from stragglers.adapt.stored import (check_dataset_row, check_materialized, check_rows_key,
                                      config_of, first_bad_shard)
+from stragglers.adapt.turns import TakeTurns
 
 CHUNK_ROWS = 4096
+# whose turn a read takes on the reader thread (the service sets it for each request: its
+# token, else its client): a job's first lease of a data set reads the data set's limits there,
+# and waited for every snapshot build other clients had queued (0.33 s against 3.5 ms)
+READ_KEY: ContextVar[Hashable] = ContextVar("stragglers_read_key", default=None)
 BIG_SNAPSHOT = 2 << 20   # bytes (about 50,000 shard rows)
 MAX_FAILED_IN_STATUS = 1024
 
@@ -179,25 +187,27 @@ class _read:
 
 
 class ReadSide:
-    """Reader threads with their own connections, a snapshot cache and a bound on queued reads.
+    """A reader thread with its own connection, a snapshot cache and a bound on queued reads;
+    the service's reads (`read`, `snapshot`, `status`) taken in turns by READ_KEY (TakeTurns).
 
     `generation(name)` must change after every commit that touched `name` (ShardStore does it
     after the COMMIT returned), so a cached snapshot is never older than what a caller saw
     acknowledged.
     """
 
-    def __init__(self, db: str, generation, threads: int = 1, max_queued: int = 64,
+    def __init__(self, db: str, generation, max_queued: int = 64,
                  cache_bytes: int = 256 << 20, busy_timeout_s: float = 10.0):
         self.db, self.generation = db, generation
         self.max_queued, self.cache_bytes = max_queued, cache_bytes
         self.busy_timeout_s = busy_timeout_s
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shard-reads")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="shard-reads")
+        self._turns = TakeTurns(self._pool)
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._queued = 0
         self._cache: OrderedDict[tuple, tuple[object, bytes, float]] = OrderedDict()
-        self._flights: dict[tuple, Future] = {}
+        self._flights: dict[tuple, asyncio.Future] = {}
         self.computed = 0  # snapshots built (not served from the cache)
         self.threads_used: set[str] = set()  # names of the threads reads ran on (tested)
 
@@ -211,43 +221,55 @@ class ReadSide:
         return conn
 
     def submit(self, fn, *args) -> Future:
-        """Run fn(conn, *args) on a reader thread; Busy when max_queued reads already wait."""
+        """Run fn(conn, *args) on the reader thread now, in no turn (a start's own reads);
+        Busy when max_queued reads already wait."""
+        self._admit()
+        try:
+            fut = self._pool.submit(self._run, fn, args)
+        except BaseException:
+            self._done()
+            raise
+        fut.add_done_callback(lambda _: self._done())
+        return fut
+
+    async def read(self, fn, *args):
+        """fn(conn, *args) on the reader thread in READ_KEY's turn (from the event loop); Busy
+        when max_queued reads already wait."""
+        self._admit()
+        try:
+            return await self._turns.run(READ_KEY.get(), self._run, fn, args)
+        finally:
+            self._done()   # (a read whose caller left while it waited is counted out too)
+
+    def _run(self, fn, args):
+        self.threads_used.add(threading.current_thread().name)
+        return fn(self._conn(), *args)
+
+    def _admit(self) -> None:
         with self._lock:
             if self._queued >= self.max_queued:
                 raise Busy(f"{self._queued} reads are queued; retry in a moment")
             self._queued += 1
-        try:
-            return self._pool.submit(self._run, fn, args)
-        except BaseException:
-            self._done()
-            raise
-
-    def _run(self, fn, args):
-        try:
-            self.threads_used.add(threading.current_thread().name)
-            return fn(self._conn(), *args)
-        finally:
-            self._done()
 
     def _done(self) -> None:
         with self._lock:
             self._queued -= 1
 
-    def snapshot(self, name: str, stale_s: float = 0.0) -> Future:
-        """A future of the snapshot bytes: from the cache while the data set is unchanged.
+    async def snapshot(self, name: str, stale_s: float = 0.0) -> bytes:
+        """The snapshot bytes: from the cache while the data set is unchanged.
 
         `stale_s`: a big cached snapshot (BIG_SNAPSHOT bytes or more) built less than that
         long ago is served even if the data set changed since (callers that do not own it:
         a stranger polling the snapshot of a data set in training cannot make the reader
         rebuild 655,360 rows after every commit).
         """
-        return self._cached("snapshot", name, snapshot_bytes, stale_s)
+        return await self._cached("snapshot", name, snapshot_bytes, stale_s)
 
-    def status(self, name: str) -> Future:
-        """A future of the status JSON bytes: from the cache while the data set is unchanged."""
-        return self._cached("status", name, status_bytes)
+    async def status(self, name: str) -> bytes:
+        """The status JSON bytes: from the cache while the data set is unchanged."""
+        return await self._cached("status", name, status_bytes)
 
-    def _cached(self, kind: str, name: str, build, stale_s: float = 0.0) -> Future:
+    async def _cached(self, kind: str, name: str, build, stale_s: float = 0.0) -> bytes:
         gen = self.generation(name)
         key = (kind, name)
         with self._lock:
@@ -255,17 +277,15 @@ class ReadSide:
             if hit is not None and (hit[0] == gen or (
                     len(hit[1]) >= BIG_SNAPSHOT and time.monotonic() - hit[2] < stale_s)):
                 self._cache.move_to_end(key)
-                done: Future = Future()
-                done.set_result(hit[1])
-                return done
+                return hit[1]
             flight = self._flights.get((key, gen))
-            if flight is not None:
-                return flight   # the same read is under way: share it
-        flight = self.submit(self._build, key, gen, build)
-        with self._lock:
-            self._flights[(key, gen)] = flight
-        flight.add_done_callback(lambda _: self._forget_flight(key, gen))
-        return flight
+        if flight is None:   # (else the same read is under way: shared)
+            flight = asyncio.ensure_future(self.read(self._build, key, gen, build))
+            with self._lock:
+                self._flights[(key, gen)] = flight
+            flight.add_done_callback(lambda _: self._forget_flight(key, gen))
+        # (shielded: one caller gone does not cancel the build the others wait for)
+        return await asyncio.shield(flight)
 
     def _forget_flight(self, key: tuple, gen) -> None:
         with self._lock:

@@ -922,7 +922,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         return endpoint
 
     async def read(fn, *args):
-        return await asyncio.wrap_future(reader.submit(fn, *args))
+        return await reader.read(fn, *args)   # (in its caller's turn: reads.READ_KEY)
 
     async def with_indices(reply: LeaseReply, held: _Reserved) -> LeaseReply | Response:
         """A lease reply; one with Pending indices is made JSON on a shuffle thread (not the
@@ -1197,7 +1197,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                     full_since[name] = commit.batches - commit.failed_batches
                     log.warning("status of %s without requeueing its expired leases (said"
                                 " once until a write fits): %s", name, exc)
-        body = await asyncio.wrap_future(reader.status(name))
+        body = await reader.status(name)
         return Response(body, 200, media_type="application/json")
 
     async def snapshot(request: Request) -> Response:
@@ -1210,7 +1210,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         digest = _bearer_or_none(request)
         owns = owner is not None and digest is not None and hmac.compare_digest(owner, digest)
         stale_s = 0.0 if owner is None or owns else config.stranger_snapshot_stale_s
-        body = await asyncio.wrap_future(reader.snapshot(name, stale_s))
+        body = await reader.snapshot(name, stale_s)
         return _SharedSend(body, sending[owns])
 
     async def restore(request: Request) -> Restored:
@@ -1465,6 +1465,7 @@ class _FastPath:
         # owner's writes, or of cheap anonymous ones (/health, unknown paths, refused
         # writes), is answered at a pace, never as fast as it comes
         key = _pressure_key(scope)
+        reads.READ_KEY.set(key)   # (its reads take their turns on the reader thread by it)
         deferrable, allowed = _turn_kind(scope)
         try:
             wait = self.pressure.turn(key, deferrable, allowed)
