@@ -631,9 +631,8 @@ def clock_notes(moved: dict[tuple[int, int], float]) -> list[str]:
             else f"{-max(offs, key=abs):+.6g} s at most"
         steps = ", ".join(str(st) for st, _ in got)
         lines.append(f"rank {rank}: its clock was moved by {by} in step{'s' * (len(got) > 1)} "
-                     f"{steps} (aligned on the other ranks' clock by the ends of the "
-                     "collectives they share: its span of the step lay apart from theirs by "
-                     "more than the step lasts)")
+                     f"{steps} (its collectives' ends lay apart from the other ranks' ends of "
+                     "the same collectives by that much: another clock, aligned on theirs)")
     if len(lines) > MAX_NOTES:
         rest = lines[MAX_NOTES - 1:]
         lines = lines[:MAX_NOTES - 1] + [f"{len(rest)} more ranks' clocks were moved the same "
