@@ -83,7 +83,8 @@ def test_stored_rows_that_do_not_read_leave_the_service_up(tmp_path):
                    "summary, description, \"window\") VALUES ('x', 'f', 'bad', 'r', 's', "
                    "'warning', 's', 'd', 'w')")
         db.execute("INSERT INTO windows VALUES ('worn', 0, 0, 4, '[0,1,2,3,4]', 'NaN', NULL, "
-                   "NULL, NULL, NULL, NULL, NULL, '[]', '[]', '[]', NULL, 'complete', 0, 0, 0)")
+                   "NULL, NULL, NULL, NULL, NULL, '[]', '[]', '[]', NULL, 'complete', 0, 0, 0, "
+                   "'[]')")
     s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
     try:
         with httpx.Client(base_url=s.url, timeout=60) as c:

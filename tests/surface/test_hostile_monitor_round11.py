@@ -54,8 +54,6 @@ def test_a_rank_clock_off_by_less_than_two_steps_does_not_make_a_straggler(tmp_p
         assert not [a["rule"] for a in job["alerts"]], job["alerts"]
 
 
-@pytest.mark.xfail(strict=True, reason="extra.started or extra.global_batch = 10**400 (a "
-                   "JSON integer) is a 500 OverflowError, not a 422 naming the field")
 def test_a_number_too_large_for_a_float_is_refused_naming_the_field(tmp_path):
     """meta.json's extra.started (the run-identity clock added last session) or
     extra.global_batch given as the JSON integer 10**400: jobmeta.run_started and
@@ -75,7 +73,7 @@ def test_a_number_too_large_for_a_float_is_refused_naming_the_field(tmp_path):
                           headers={"Content-Type": "application/json"})
                 assert r.status_code == 422, (field, r.status_code, r.text)
                 assert f"extra.{field}" in r.json()["error"], r.text
-        assert get(c, "/health")["status"] == "ok"
+        assert get(c, "/health")["ok"] is True   # (the contract: {"ok": true, ...})
 
 
 def _layout_job(dp: int, steps: int):
@@ -203,8 +201,6 @@ def test_a_rank_with_an_extra_collective_does_not_blame_its_peer_or_hide_a_strag
         assert min(w["slowdown"] for w in windows) > 1.15, windows
 
 
-@pytest.mark.xfail(strict=True, reason="a job set aside for a stored extra.started past float "
-                   "range answers every meta.json PUT 500 OverflowError: its name never usable")
 def test_a_meta_put_over_a_job_set_aside_for_its_stored_start_is_answered_cleanly(tmp_path):
     """Job `bad`'s stored meta.json holds extra.started = 10**400 (a hand edit, bit rot, a row
     written by a version before run identity was checked, another instance). A restart sets
@@ -268,9 +264,6 @@ def _inotify_watches(pid: int) -> int:
     return count
 
 
-@pytest.mark.xfail(strict=True, reason="the watch follows a folder link out of the watched "
-                   "folder: one link to a tree of 2,000 folders takes 2,000 inotify watches "
-                   "(a link to / loses the live watch of every run)")
 def test_a_folder_link_out_of_the_watched_folder_is_not_watched(tmp_path):
     """A watched folder of runs holding one run and a link `data -> /somewhere/else` (a
     user's shortcut to a data set; `ln -s / root` by mistake). Files reached through a link
@@ -310,9 +303,6 @@ def test_a_folder_link_out_of_the_watched_folder_is_not_watched(tmp_path):
         s.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="start_ts as integers (whole seconds, 1 s apart) is "
-                   "stored 200: one such rank makes a healthy job read S 1.17-1.22 and fire "
-                   "straggling")
 def test_start_times_in_whole_seconds_are_refused_or_read_without_harm(tmp_path):
     """Last session's narrow-type rule (trace/columns.too_narrow) refuses a float32 start_ts
     past ±1,024 s because its numbers are more than 6.1e-5 s apart (a sixteenth of the 1 ms
@@ -348,8 +338,6 @@ def test_start_times_in_whole_seconds_are_refused_or_read_without_harm(tmp_path)
         assert not [a["rule"] for a in job["alerts"]], job["alerts"]
 
 
-@pytest.mark.xfail(strict=True, reason="one rank's durations as integers (whole seconds: all "
-                   "0) are stored 200 and fire a critical worker_fault at an honest rank (2)")
 def test_durations_in_whole_seconds_do_not_blame_an_honest_rank(tmp_path):
     """A healthy 2x2 job (S 1.005-1.008, no alert) whose rank 3 writes its durations as int64
     whole seconds (a recorder's int(), a CSV round trip): every op of it lasts 0 s. Every
@@ -382,9 +370,6 @@ def test_durations_in_whole_seconds_do_not_blame_an_honest_rank(tmp_path):
         assert not fired, (fired, [round(w["slowdown"], 3) for w in job["windows"]])
 
 
-@pytest.mark.xfail(strict=True, reason="one forward op a step lasting 0.9 s (step 0.33 s, its "
-                   "own later ops starting on time) is kept by the 1 s slack: a healthy job "
-                   "reads S 2.0, severe and worker_fault fire")
 def test_one_op_within_the_slack_cannot_poison_a_short_steps_window(tmp_path):
     """A healthy 2x2 job, steps of ~0.33 s (S 1.005-1.008). In each of rank 3's steps its
     first forward compute is written as lasting 0.9 s (a profiler's mistimed event; a hostile

@@ -517,7 +517,7 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
         current = run_token(meta)
         if sent == current:
             return
-        if sent in await run_in_threadpool(monitor.store.superseded, job):
+        if await run_in_threadpool(monitor.store.was_replaced, job, sent):
             raise HTTPProblem(409, f"path 'job': this part is of run {sent}, which a newer run "
                               f"of job {job!r} replaced (run {current}); give each run its own "
                               "job name (monitor_job)", "superseded_run")

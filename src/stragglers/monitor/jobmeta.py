@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ META_BYTES_PER_RANK = 1 << 10
 MAX_WORLD = 65_536   # (settings.max_world_size's default: the bound of a watched file's read)
 MAX_DEPTH = 32
 _HOST_CHARS = 255
+_FLOAT_MAX = int(sys.float_info.max)
 
 
 def meta_bytes_limit(max_bytes: int, world_size: int) -> int:
@@ -41,12 +43,15 @@ def meta_bytes_limit(max_bytes: int, world_size: int) -> int:
     return max_bytes + max(world_size, 0) * META_BYTES_PER_RANK
 
 
-def check_meta(raw: object, source: Path | str, max_bytes: int = MAX_META_BYTES) -> JobMeta:
+def check_meta(raw: object, source: Path | str, max_bytes: int = MAX_META_BYTES,
+               stored: bool = False) -> JobMeta:
     """The JobMeta of a meta.json mapping; InputError naming `source` and the field unless
-    every value is plain finite JSON, of at most `max_bytes` besides `extra.layout` and
-    `extra.clock`, which hold at most META_BYTES_PER_RANK per rank, the sizes agree,
-    `extra.layout` is a list of {rank, [dp_rank], [stage], [host]}, one per rank of the
-    world size, and `extra.clock` is a mapping."""
+    every value is plain finite JSON (numbers within a float's range), of at most `max_bytes`
+    besides `extra.layout` and `extra.clock`, which hold at most META_BYTES_PER_RANK per rank,
+    the sizes agree, `extra.layout` is a list of {rank, [dp_rank], [stage], [host]}, one per
+    rank of the world size, and `extra.clock` is a mapping. `stored`: a row read back from the
+    store, whose `extra.started` that is not a start is ignored (stored before the key was
+    the monitor's, it set the job aside)."""
     try:   # (the C encoder: sizes first, before any walk in Python)
         size = len(msgspec.json.encode(raw))
         extra = raw.get("extra") if isinstance(raw, dict) else None
@@ -79,7 +84,7 @@ def check_meta(raw: object, source: Path | str, max_bytes: int = MAX_META_BYTES)
         raise InputError(source, "extra.run", f"expected a run token (1-64 letters, digits, "
                          f"'-' or '_'), got {str(run)[:40]!r}")
     started = meta.extra.get("started")
-    if started is not None and run_started(meta) is None:
+    if started is not None and run_started(meta) is None and not stored:
         raise InputError(source, "extra.started", f"expected when the run began, in seconds "
                          f"since 1970 (a number at least 0), got {str(started)[:40]!r}")
     return meta
@@ -103,9 +108,8 @@ def run_token(raw: object) -> str | None:
 
 # How far two hosts' wall clocks may disagree about when runs began: a job restarted on another
 # node whose clock is behind began "before" the run it replaces. NTP keeps hosts within
-# milliseconds; ten minutes allows a host without it (or an NTP step) and is still far less than
-# a stale uploader's absence that outlives the MAX_SUPERSEDED tokens the job's row remembers
-# (those closer in time are refused by their token).
+# milliseconds; ten minutes allows a host without it (or an NTP step); a run the job's row saw
+# replaced is refused by its token however close (replaced.py).
 STARTED_SKEW_S = 600.0
 
 
@@ -116,6 +120,12 @@ def started_in_future(raw: object, now: float) -> float | None:
     return began if began is not None and began > now + STARTED_SKEW_S else None
 
 
+def clock_text(seconds: float) -> str:
+    """A time in seconds as a message shows it: to the ms, or in 6 digits past 1e15 (1e300's
+    300 digits were printed whole)."""
+    return f"{seconds:.3f}" if abs(seconds) < 1e15 else f"{seconds:.6g}"
+
+
 def run_started(raw: object) -> float | None:
     """When a run began by its writer's wall clock (extra.started, seconds since 1970): what
     orders two runs of one job name whose tokens say only that they differ; None when the
@@ -124,7 +134,11 @@ def run_started(raw: object) -> float | None:
     started = extra.get("started") if isinstance(extra, dict) else None
     if isinstance(started, bool) or not isinstance(started, (int, float)):
         return None
-    return float(started) if math.isfinite(started) and started >= 0 else None
+    try:   # (an integer past a float's range: 10**400 was a 500, OverflowError, every PUT)
+        value = float(started)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _check_plain(value: object, source, where: str, depth: int) -> None:
@@ -133,6 +147,12 @@ def _check_plain(value: object, source, where: str, depth: int) -> None:
         raise InputError(source, where or None, f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, float) and not math.isfinite(value):
         raise InputError(source, where or None, f"{value!r}; expected a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and \
+            not -_FLOAT_MAX <= value <= _FLOAT_MAX:
+        # (every reader of the key takes a number as a float: extra.global_batch = 10**400
+        # was a 500, OverflowError, at every PUT; the digits are not repeated)
+        raise InputError(source, where or None, f"an integer of {len(str(abs(value)))} "
+                         "digits; expected a number within a float's range (about 1.8e308)")
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):

@@ -62,6 +62,9 @@ class WindowRow(msgspec.Struct):
     closed_at: float = 0.0
     analysed_at: float = 0.0
     analysis_s: float = 0.0
+    # what the window's analysis changed of its rows, one line each (a rank's clock moved onto
+    # the others' for some steps): a user sees why; at most windows.MAX_NOTES lines
+    notes: list[str] = []
 
 
 class WindowSummary(msgspec.Struct):
@@ -98,7 +101,7 @@ class JobRecord(msgspec.Struct):
     part_seq: int = 0
     run: int = 0
     meta_seq: int = 0   # one more at every change of `meta` (a part's commit is fenced by it)
-    superseded: str | None = None   # run tokens newer runs replaced (JSON list; MAX_SUPERSEDED)
+    superseded: str | None = None   # run tokens newer runs replaced (replaced.py)
 
 
 class JobSummary(msgspec.Struct):

@@ -36,7 +36,7 @@ from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.jobmeta import STARTED_SKEW_S, check_meta, is_new_run, run_start, \
-    run_started, run_token, started_in_future
+    clock_text, run_started, run_token, started_in_future
 from stragglers.monitor.outbox import OutboxSender
 from stragglers.monitor.turns import Turns
 from stragglers.monitor.part_files import FileReaders, StuckRead
@@ -53,7 +53,8 @@ from stragglers.monitor.settings import MonitorConfig
 from stragglers.monitor.watchdog import Watchdog
 from stragglers.monitor.step_sets import Steps, decode, distinct, encode, meet, read_steps
 from stragglers.monitor.store import JobConflict, SQLStore
-from stragglers.monitor.store_base import DAMAGED, STALE, superseded_tokens
+from stragglers.monitor.replaced import was_replaced
+from stragglers.monitor.store_base import DAMAGED, STALE
 from stragglers.monitor.unstored import HeldState, WriteTrouble
 from stragglers.monitor.uploads_mark import InstanceProbe, check_uploads_folder
 from stragglers.monitor.windows import JobTracker, Window, layout_of, stuck_window_reads
@@ -197,6 +198,7 @@ class Monitor:
         # the folders watched (the watcher adds its roots, resolved): a watched part is read
         # only where it lies in one once links are followed (part_root)
         self.watched_roots: list[Path] = []
+        self._root_order: dict[Path, int] = {}   # watched root → its place (part_root)
         if not store.shared:
             self.private_roots.add(str(Path(store.path).resolve().parent))
         self._lock = threading.RLock()
@@ -449,8 +451,8 @@ class Monitor:
         meta = check_meta(raw_meta, directory / "meta.json", self.config.max_meta_bytes)
         future = started_in_future(raw_meta, time.time())
         if future is not None:
-            raise InputError(directory / "meta.json", "extra.started", f"{future:.3f} is more "
-                             f"than {STARTED_SKEW_S:g} s past this monitor's clock "
+            raise InputError(directory / "meta.json", "extra.started", f"{clock_text(future)} is "
+                             f"more than {STARTED_SKEW_S:g} s past this monitor's clock "
                              f"({time.time():.3f}); expected when the run began, in seconds "
                              "since 1970")
         if meta.world_size > self.config.max_world_size:
@@ -622,10 +624,12 @@ class Monitor:
         file opened (a name checked, then swapped for a link out, was followed): the watched
         folder holding its run directory (links within it followed), else its own folder (an
         upload's, or a run followed before its watched folder was named)."""
-        for root in self.watched_roots:
-            if directory.is_relative_to(root):
-                return str(root)
-        return str(directory)
+        # (by the folder's ancestors, not root by root: a rescan of 1,000 roots asked this
+        # a million times, ~5 s of a full scan)
+        if len(self._root_order) != len(self.watched_roots):   # (roots are only added)
+            self._root_order = {r: i for i, r in reversed(list(enumerate(self.watched_roots)))}
+        hits = [p for p in (directory, *directory.parents) if p in self._root_order]
+        return str(min(hits, key=self._root_order.__getitem__)) if hits else str(directory)
 
     def _check_run_identity(self, job: str, old: JobRecord, raw_meta: dict,
                             meta: JobMeta) -> tuple[dict, JobMeta]:
@@ -634,19 +638,24 @@ class Monitor:
         stale run's rewrite without extra.run reset the newer run away). A tokenless rewrite
         of the current run itself (its start clock) keeps the run's token."""
         token, current = run_token(raw_meta), run_token(old.meta)
-        if token is not None and token in superseded_tokens(old.superseded):
+        if token is not None and was_replaced(old.superseded, token):
+            now = current or "one without a token"
             raise Superseded(job, "job", f"run {token} of job {job!r} was replaced by a "
-                             "newer run of the same job name; give each run its own job "
-                             "name (monitor_job)")
+                             f"newer run of the same job name (its run now: {now}); give "
+                             "each run its own job name (monitor_job)")
         began, current_began = run_started(raw_meta), run_started(old.meta)
+        if started_in_future(old.meta, time.time()) is not None:
+            # (a stored start past this monitor's clock, from before starts were checked or
+            # while its clock was behind, refused every later run of the job for good)
+            current_began = None
         if token != current and began is not None and current_began is not None \
                 and began < current_began - STARTED_SKEW_S:
-            # a run older than the current one whose token the row no longer lists (it keeps
-            # the last MAX_SUPERSEDED): taken as a new run, it reset the newer run away
+            # a run older than the current one whose token the row does not list (one this
+            # store never saw replaced): taken as a new run, it reset the newer run away
             raise Superseded(job, "job", f"run {token or '(no token)'} of job {job!r} began "
                              f"before its current run {current or '(no token)'} (extra."
-                             f"started {began:.3f}, more than {STARTED_SKEW_S:g} s before "
-                             f"{current_began:.3f}): an older run "
+                             f"started {clock_text(began)}, more than {STARTED_SKEW_S:g} s "
+                             f"before {clock_text(current_began)}): an older run "
                              "cannot replace a newer one; give each run its own job name "
                              "(monitor_job)")
         if token is not None or current is None:
@@ -723,7 +732,7 @@ class Monitor:
         if row is None or not row.meta:
             return None
         try:
-            meta = check_meta(row.meta, f"stored metadata of job {job!r}")
+            meta = check_meta(row.meta, f"stored metadata of job {job!r}", stored=True)
         except Exception as exc:   # noqa: BLE001 - one job's rows must not stop the service
             self._quarantine(job, exc)
             return None
@@ -844,7 +853,7 @@ class Monitor:
     def _rebuild(self, job: JobRecord) -> JobTracker:
         """A tracker from the store: analysed steps skipped, later parts read from disk."""
         name, directory = job.job, self._stored_directory(job)
-        meta = check_meta(job.meta, f"stored metadata of job {name!r}")
+        meta = check_meta(job.meta, f"stored metadata of job {name!r}", stored=True)
         last = self.store.last_window(name)
         index = self.store.part_index(name)
         _check_stored_numbers(name, meta, last, index)
@@ -1031,7 +1040,7 @@ class Monitor:
         if tr is not None and self.runs.get(job, (None, None))[1] != mark.meta:
             try:
                 tr.set_meta(check_meta(json.loads(mark.meta or "null"), f"stored "
-                                       f"metadata of job {job!r}"))
+                                       f"metadata of job {job!r}", stored=True))
             except Exception as exc:   # noqa: BLE001 - that job only
                 self._quarantine(job, exc)
                 return False

@@ -21,22 +21,25 @@ from stragglers.monitor.records import Alert, AlertLogEntry, ClaimedMessage, Ing
     JobMark, JobRecord, JobSummary, Lease, LeaseRow, OutboxRow, PartCount, PartIndex, PartRow, \
     WindowFinding, WindowRow, WindowScore, WindowSummary, plain, sorted_json
 
+from stragglers.monitor.replaced import MAX_SUPERSEDED  # noqa: F401 (named by tests, docs)
+from stragglers.monitor.replaced import read as read_replaced, was_replaced, with_replaced
+
 log = logging.getLogger(__name__)
 
 WINDOW_SUMMARY = ("idx", "first_step", "last_step", "slowdown", "waste", "m_w", "m_s", "error",
                   "reason", "closed_at", "analysed_at", "analysis_s")
 WINDOW_COLUMNS = ("job", "idx", "first_step", "last_step", "steps", "slowdown", "waste",
                   "t_base", "t_ideal", "sim_error", "m_w", "m_s", "scores", "diagnosis",
-                  "missing_ranks", "error", "reason", "closed_at", "analysed_at", "analysis_s")
+                  "missing_ranks", "error", "reason", "closed_at", "analysed_at", "analysis_s",
+                  "notes")
 # a window's columns kept as JSON text, and the type of their items
 _WINDOW_JSON: dict[str, Any] = {"steps": int, "scores": WindowScore, "diagnosis": WindowFinding,
-                                "missing_ranks": int}
+                                "missing_ranks": int, "notes": str}
 ALERT_COLUMNS = ("fingerprint", "rule", "job", "labels", "annotations", "status", "starts_at",
                  "ends_at", "last_sent")
 
 
 PROBE_KEY = "probe:"   # store_info key of an instance's uploads-folder probe (+ its id)
-MAX_SUPERSEDED = 16   # run tokens a job's row keeps of the runs that newer ones replaced
 KEEP_S = 86400.0   # dead instances' rows and delivered messages are kept this long
 # bytes of a job's parts past a step: served by the index parts_tail (job, last_step, bytes), so
 # it visits the tail's rows alone (read after every stored window, it scanned every part row of
@@ -407,9 +410,15 @@ class SQLStore:
                                             "AND j.state <> 'finished' ORDER BY j.job")]
 
     def superseded(self, job: str) -> list[str]:
-        """The run tokens the job's row lists as replaced (none for a job unknown or damaged)."""
+        """The run tokens the job's row lists as replaced by name, the last MAX_SUPERSEDED
+        (none for a job unknown or damaged)."""
         rows = self._rows("SELECT superseded FROM jobs WHERE job = ?", (job,))
         return superseded_tokens(rows[0].get("superseded")) if rows else []
+
+    def was_replaced(self, job: str, token: str) -> bool:
+        """Whether a newer run of the job replaced the run of `token`, ever (replaced.py)."""
+        rows = self._rows("SELECT superseded FROM jobs WHERE job = ?", (job,))
+        return bool(rows) and was_replaced(rows[0].get("superseded"), token)
 
     def job_names(self) -> set[str]:
         """The names of every job stored."""
@@ -433,7 +442,7 @@ class SQLStore:
         replaced, and its alerts resolve (alert_rows, log_rows), in one transaction. With
         `still_old(stored_meta)`, only while it holds (two instances seeing one new run reset
         it once); False when it did not. With `token_of(stored_meta)`, the replaced run's
-        token joins the job's superseded ones (the last MAX_SUPERSEDED). With `directory` and
+        token joins the job's superseded ones (replaced.with_replaced). With `directory` and
         `way`, the new run is registered there in the same transaction: JobConflict (nothing
         deleted) where register_job would refuse it."""
         meta_text = json.dumps(meta, sort_keys=True)
@@ -454,15 +463,15 @@ class SQLStore:
                 self._exec(db, f"DELETE FROM {table} WHERE job = ?", (job,))
             # in the job's row, not an instance's memory: a replaced run announcing itself
             # again after a restart, or to another instance, reset the newer run's windows away
-            replaced = superseded_tokens(None if row is None else row.superseded)
+            replaced = None if row is None else row.superseded
             token = None if token_of is None else token_of(stored)
-            if token is not None and token not in replaced:
-                replaced = (replaced + [token])[-MAX_SUPERSEDED:]
+            if token is not None:
+                replaced = with_replaced(replaced, token)
             self._exec(db, "UPDATE jobs SET meta = ?, state = 'running', last_part_at = NULL, "
                        "finished_at = NULL, closed = 0, created_at = ?, run = run + 1, "
                        "meta_seq = meta_seq + 1, superseded = ? "
                        "WHERE job = ?", (meta_text, time.time(),
-                                         json.dumps(replaced) if replaced else None, job))
+                                         replaced or None, job))
             self._alert_changes(db, alert_rows, log_rows)
             return True
 
@@ -1257,10 +1266,9 @@ def _unreadable_job(row: dict[str, Any]) -> JobSummary:
 
 
 def superseded_tokens(text: Any) -> list[str]:
-    """A job row's superseded run tokens (stored as a JSON list; a damaged value reads as
-    none: uploads are then judged by their start clocks, as before tokens)."""
-    value = _loads(text, []) if text else []
-    return [t for t in value if isinstance(t, str)] if isinstance(value, list) else []
+    """A job row's superseded run tokens by name, the last MAX_SUPERSEDED (replaced.py; a
+    damaged value reads as none: uploads are then judged by their start clocks)."""
+    return read_replaced(text).last
 
 
 def _loads(text: Any, default: Any) -> Any:

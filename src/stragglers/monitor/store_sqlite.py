@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS windows (
     t_ideal REAL, sim_error REAL, m_w REAL, m_s REAL, scores TEXT NOT NULL,
     diagnosis TEXT NOT NULL, missing_ranks TEXT NOT NULL, error TEXT, reason TEXT NOT NULL,
     closed_at REAL NOT NULL,
-    analysed_at REAL NOT NULL, analysis_s REAL NOT NULL, PRIMARY KEY (job, idx)) WITHOUT ROWID;
+    analysed_at REAL NOT NULL, analysis_s REAL NOT NULL, notes TEXT NOT NULL DEFAULT '[]',
+    PRIMARY KEY (job, idx)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS alerts (
     fingerprint TEXT PRIMARY KEY, rule TEXT NOT NULL, job TEXT NOT NULL, labels TEXT NOT NULL,
     annotations TEXT NOT NULL, status TEXT NOT NULL, starts_at REAL NOT NULL, ends_at REAL,
@@ -78,7 +79,8 @@ ADDED_COLUMNS = (("parts", "digest", "TEXT"), ("parts", "seq", "INTEGER"),
                  ("jobs", "part_seq", "INTEGER NOT NULL DEFAULT 0"),
                  ("jobs", "run", "INTEGER NOT NULL DEFAULT 0"),
                  ("jobs", "meta_seq", "INTEGER NOT NULL DEFAULT 0"),
-                 ("jobs", "superseded", "TEXT"))
+                 ("jobs", "superseded", "TEXT"),
+                 ("windows", "notes", "TEXT NOT NULL DEFAULT '[]'"))
 
 
 class _Connection(sqlite3.Connection):

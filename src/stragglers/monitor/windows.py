@@ -32,6 +32,7 @@ from stragglers.monitor.step_sets import read_steps
 from stragglers.monitor.records import LayoutEntry, Lease, Refusal, WindowFinding, WindowRow, \
     WindowScore
 from stragglers.trace.model import JobMeta, Trace
+from stragglers.whatif.config import STRAGGLING_SLOWDOWN
 from stragglers.whatif.result import Finding, LeftOut, WorkerScore
 from stragglers.wording import ranges
 
@@ -557,6 +558,7 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
                          "collective ends (e.g. rank %d step %d by %.6g s)", window.job,
                          window.idx, len(clocks.moved), *next(iter(clocks.moved)),
                          next(iter(clocks.moved.values())))
+                row.notes += clock_notes(clocks.moved)
                 trace = Trace({**trace.ops, "start_ts": clocks.start_ts}, trace.meta,
                               trace.source, trace.notes)
             if clocks.left_out:
@@ -608,6 +610,36 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
     row.analysed_at = time.time()
     row.analysis_s = time.perf_counter() - t0
     return row, refused
+
+
+# lines of notes one window keeps (a rank each, with what the window changed of its rows):
+# a thousand ranks each on another clock are summed up in the last line
+MAX_NOTES = 32
+
+
+def clock_notes(moved: dict[tuple[int, int], float]) -> list[str]:
+    """One line per rank whose clock align_step_clocks moved, at most MAX_NOTES (the rest
+    summed up in the last): which steps, by how many seconds (moved: (rank, step) → the
+    seconds subtracted from its starts)."""
+    by_rank: dict[int, list[tuple[int, float]]] = {}
+    for (rank, step), off in sorted(moved.items()):
+        by_rank.setdefault(rank, []).append((step, off))
+    lines = []
+    for rank, got in by_rank.items():
+        offs = [off for _, off in got]
+        by = f"{-offs[0]:+.6g} s" if max(offs) - min(offs) <= 1e-6 * max(1.0, abs(offs[0])) \
+            else f"{-max(offs, key=abs):+.6g} s at most"
+        steps = ", ".join(str(st) for st, _ in got)
+        lines.append(f"rank {rank}: its clock was moved by {by} in step{'s' * (len(got) > 1)} "
+                     f"{steps} (its collectives' ends lay apart from the other ranks' ends of "
+                     "the same collectives by that much: another clock, aligned on theirs)")
+    if len(lines) > MAX_NOTES:
+        rest = lines[MAX_NOTES - 1:]
+        lines = lines[:MAX_NOTES - 1] + [f"{len(rest)} more ranks' clocks were moved the same "
+                                         "way (ranks " + ", ".join(
+                                             str(r) for r in list(by_rank)[MAX_NOTES - 1:][:64])
+                                         + (", ..." if len(rest) > 64 else "") + ")"]
+    return lines
 
 
 def odd_ops(w: LeftOut) -> str:
@@ -707,14 +739,14 @@ def ops_past_next_step(trace: Trace, next_starts: dict[int, float],
                         f"{end:.6g} s after the rank's next step began (on the same clock); "
                         f"expected it to end by then (plus {OP_END_SLACK_S:g} s or one step): "
                         "the step is left out of the window")
-    for key, (duration, past, _) in spans_past_others(cols, sp, n).items():
-        out.setdefault(key, f"step {key[1]}: an op of {duration:.6g} s ends; the rank's ops of "
-                       f"that step end {past:.6g} s after every other rank's latest op of it (or "
-                       f"of its step after, where that follows on one clock), each measured "
-                       f"from its own rank's start of the step (clocks apart, or restarted "
-                       f"each step, compare alike); expected them to end by then (plus "
-                       f"{OP_END_SLACK_S:g} s or that step as they ran it: in a synchronous job "
-                       "they wait for it): the step is left out of the window")
+    for key, (duration, past, shown) in spans_past_others(cols, sp, n).items():
+        out.setdefault(key, f"step {key[1]}: an op of {duration:.6g} s ends; the rank's span of "
+                       f"that step (its first start to its latest end, on its own clock) is "
+                       f"{past:.6g} s longer than the {shown:.6g} s every other rank shows of it "
+                       f"(its period of the step, or its next step where it waited); expected "
+                       f"at most {SPAN_SLACK:g} of that (or {SPAN_SLACK_S:g} s) more: in a "
+                       "synchronous job the others wait for a rank's time: the step is left "
+                       "out of the window")
     return dict(sorted(out.items()))
 
 
@@ -733,48 +765,58 @@ def with_step_after(o: dict[str, np.ndarray], next_starts: dict[int, float],
             "duration": np.r_[o["duration"].astype(np.float64), np.maximum(ends - starts, 0.0)]}
 
 
+# how far a rank's span of a step may pass what the other ranks show of it (their period of
+# that step, or their next step where they waited for it) on its own clock: a tenth, the
+# straggling threshold's margin (S 1.1), past healthy jobs' 1.5 % (synthetic, a slow worker)
+# and 0.02 % (NDTimeline's samples); the others' reach plus a whole step was allowed before,
+# and a rank stretching every step by 1.9 steps, no one waiting, read S 1.80
+SPAN_SLACK = STRAGGLING_SLOWDOWN - 1.0
+# ... and at least this: a rank's start of a step and its end each move with its host's
+# scheduling (a thread woken late on a loaded host), apart from any wait of the others
+SPAN_SLACK_S = 0.05
+
+
 def spans_past_others(cols: dict[str, np.ndarray], sp: OpSpans, n: int
                       ) -> dict[tuple[int, int], tuple[float, float, float]]:
-    """(rank, step) → (the duration of its longest op, how far its span passes, the others'
-    reach) for each rank's step among the first `n` rows of `cols` (sp: their
-    op_spans; rows past `n`: the step after, not judged) whose span, its latest end less its
-    first start, passes every *other* rank's reach of that step by more than the others'
-    longest span of it (or OP_END_SLACK_S). A rank's reach is its latest end of the step, or
-    of its next step where that is the step after on the same clock, less its first start of
-    the step; where its next recorded step on the same clock is d > 1 steps on (steps sampled:
-    the recorder's sample_every), that step's start less d - 1 of its spans of this step (a
-    rank held after its collectives was waited for in the unrecorded steps between: a 20 s
-    stall read S 1.94 every step recorded, and was left out every second step recorded). Each rank is measured on its own clock: hosts whose clocks differ by seconds,
-    and steps each timed from their own start (NDTimeline's samples), compare alike. In a
-    synchronous job the others meet the rank at that step's or the next step's collectives,
-    so their reach is no shorter than its span less one step (a rank starting late has a
-    shorter span; one starting early, by less than a step): a rank really held after its
-    collectives holds their next step as long (kept where it is known and on one clock; not
-    known yet: JobTracker holds the window); its own next step proves nothing (one part can
-    hold both). Without it a stall consistent on its rank's clock but waited for by no other
-    rank (3,000 s in a window's middle step) made S 1,863."""
+    """(rank, step) → (the duration of its longest op, how far its span passes, what the
+    others show) for each rank's step among the first `n` rows of `cols` (sp: their op_spans;
+    rows past `n`: the step after, not judged) whose span, its latest end less its first
+    start, passes what every *other* rank shows of that step by more than SPAN_SLACK of it
+    (or SPAN_SLACK_S). A rank shows its period of the step (its first start of its next step
+    less that of this one, on one clock; where its next recorded step is d > 1 steps on,
+    steps sampled, less d - 1 of its spans of this step; else its span), or its span of the
+    next step, where it waited for a rank held after its collectives. Each rank is measured
+    on its own clock: hosts whose clocks differ, and steps each timed from their own start
+    (NDTimeline's samples), compare alike. In a synchronous job a rank's step lasts as long as
+    the others' period of it (a rank starting early waits at the step's first collective for
+    those who start late: their period holds their gap), and a rank held after its
+    collectives holds the others' next step as long. Without it a stall consistent on its
+    rank's clock but waited for by no other rank (3,000 s in a window's middle step) made S
+    1,863; with the others' whole next step and one more step allowed, a rank stretching each
+    step by 1.9 steps read S 1.80."""
     if not n:
         return {}
     end = cols["start_ts"][sp.order] + cols["duration"][sp.order]
     hi = np.maximum.reduceat(end, sp.head)
-    g_step = sp.step[sp.head]
+    g_rank, g_step = sp.rank[sp.head], sp.step[sp.head]
     span = hi - sp.first
+    same = np.r_[g_rank[1:] == g_rank[:-1], False]    # (a next group of the same rank)
     gap = np.r_[g_step[1:], g_step[-1:]] - g_step     # (steps on to the next group)
-    on = np.where(gap == 1, np.r_[hi[1:], -np.inf], sp.next_start - (gap - 1) * span)
-    reach = np.maximum(hi, np.where(sp.chained, on, -np.inf)) - sp.first
+    period = np.where(sp.chained, sp.next_start - sp.first - (gap - 1) * span, -np.inf)
+    nxt_span = np.where(same & (gap == 1), np.r_[span[1:], -np.inf], -np.inf)
+    shown = np.maximum(np.maximum(span, period), nxt_span)
     judged = np.flatnonzero(sp.order[sp.head] < n)
     key = g_step[judged]
-    others_reach = _of_others(key, reach[judged])
-    others_span = _of_others(key, span[judged])
-    bound = others_reach + np.maximum(others_span, OP_END_SLACK_S)
-    bad = np.isfinite(others_reach) & (span[judged] > bound)
+    others = _of_others(key, shown[judged])
+    bound = others + np.maximum(SPAN_SLACK * others, SPAN_SLACK_S)
+    bad = np.isfinite(others) & (span[judged] > bound)
     out: dict[tuple[int, int], tuple[float, float, float]] = {}
     for j in np.flatnonzero(bad).tolist():
         g = int(judged[j])
         lo, up = int(sp.head[g]), int(sp.head[g + 1]) if g + 1 < len(sp.head) else len(end)
         k = int(sp.order[lo + int(np.argmax(cols["duration"][sp.order[lo:up]]))])
         out[(int(sp.rank[lo]), int(g_step[g]))] = (
-            float(cols["duration"][k]), float(span[g] - others_reach[j]), float(others_reach[j]))
+            float(cols["duration"][k]), float(span[g] - others[j]), float(others[j]))
     return out
 
 

@@ -118,12 +118,21 @@ def beyond_clock(count: str, value: float) -> str:
 # precision (float32's ~6e-8), and stay accepted.
 FLOAT32_CLOCK_REACH_S = 1024.0
 
+# Columns in seconds: stored as integers they are whole seconds (nanoseconds lie past
+# ±MAX_SECONDS), 1 s apart at any magnitude, 16,000 times float32's spacing near 0: one rank's
+# start times so made a healthy job read S 1.22 and fire `straggling`, its durations so (every
+# op 0 s) a critical `worker_fault` at an honest rank.
+SECONDS_COLUMNS = ("start_ts", "duration", "cpu_wait", "cpu_time", "step_cpu")
+
 
 def too_narrow(name: str, dtype: np.dtype, t: pa.DataType, reach: float | None = None
                ) -> str | None:
     """The problem when a column of contract dtype `dtype` stored as Arrow type `t` cannot hold
     its values as exactly as the analysis needs (`reach`: the start times' largest magnitude,
     None when not known yet); None when it can."""
+    if name in SECONDS_COLUMNS and (pa.types.is_integer(t) or pa.types.is_boolean(t)):
+        return (f"expected float64 seconds, got {t}: integers are whole seconds, 1 s apart "
+                "(convert milliseconds, microseconds or nanoseconds to float seconds)")
     if not (pa.types.is_float32(t) or pa.types.is_float16(t)):
         return None
     if name == "start_ts":
@@ -174,6 +183,8 @@ def _numeric(col: pa.ChunkedArray, name: str, dtype: np.dtype, source, fill=None
         if isinstance(fill, float) and not pa.types.is_floating(col.type):
             col = col.cast(pa.float64())   # (a NaN fill of integers with nulls: pandas' Int64)
         col = pc.fill_null(col, fill)
+    if name in SECONDS_COLUMNS and not pa.types.is_floating(col.type):
+        raise InputError(source, name, too_narrow(name, dtype, col.type) or "")
     arr = col.to_numpy()
     if arr.dtype.kind == "f" and arr.dtype.itemsize < 8:
         finite = arr[np.isfinite(arr)]

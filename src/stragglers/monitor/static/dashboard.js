@@ -149,7 +149,9 @@ function startJobPage() {
       margin: {t: 10, r: 10, b: 45, l: 50},
       xaxis: {title: {text: "DP rank"}, dtick: 1}, yaxis: {title: {text: "PP stage"}, dtick: 1}},
       {displayModeBar: false});
-    text(document.getElementById("heatmap-note"), hm.note);
+    // what the analysis changed of the window's rows (a rank's clock moved onto the others')
+    text(document.getElementById("heatmap-note"),
+         [hm.note, ...(win.notes || [])].filter(Boolean).join(" "));
     const list = document.getElementById("diagnosis");
     list.replaceChildren();
     const summary = document.getElementById("summary");

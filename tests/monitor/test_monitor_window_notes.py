@@ -1,0 +1,108 @@
+"""A window says what its analysis changed of its rows (`notes`): a rank whose clock was moved
+onto the others' (monitor/clocks.py) was only logged, so a user saw a healthy S and no sign
+why. Stored with the window (SQLite and PostgreSQL alike, a store from before gains the
+column), served in the job's windows API and shown with the window on the dashboard."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import msgspec
+import pytest
+from pg_cluster import postgres_cluster, postgres_url  # noqa: F401 - fixtures
+
+from conftest import REPO, eventually
+from monitor_jobs import get, parts_of, serving_job, slow_job
+from stragglers.monitor.records import WindowRow
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.monitor.store import open_store
+from stragglers.monitor.store_sqlite import SCHEMA
+from stragglers.monitor.windows import MAX_NOTES, clock_notes
+from stragglers.trace.model import Trace
+from stragglers.trace.runformat import table_bytes
+
+TOKEN = "window-notes-token-0123456789abcdef"
+MOVED = "rank 3: its clock was moved by -50000 s in steps 0, 1, 2, 3, 4 ("
+
+
+def test_a_window_whose_ranks_clock_was_moved_says_so_in_its_api(tmp_path):
+    # a healthy 2x2 job with rank 3's clock 5e4 s ahead: analysed as on one clock (S ~1.007)
+    # and, before, nothing in the window said rank 3's starts were moved
+    trace = slow_job(steps=10, slow=None)
+    o = {k: v.copy() for k, v in trace.ops.items()}
+    o["start_ts"][o["rank"] == 3] += 5e4
+    config = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
+    with serving_job(tmp_path / "mon.db", Trace(o, trace.meta, trace.source), TOKEN,
+                     config) as c:
+        for rank, n, cols in parts_of(Trace(o, trace.meta, trace.source), 5):
+            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
+            assert r.status_code == 200, r.text
+        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 2,
+                   what="windows 0-1")
+        first = get(c, "/api/jobs/j/windows/0")
+        assert first["slowdown"] < 1.05, first["slowdown"]
+        assert [n[:len(MOVED)] for n in first["notes"]] == [MOVED], first["notes"]
+        second = get(c, "/api/jobs/j/windows/1")
+        assert second["notes"] == [MOVED.replace("0, 1, 2, 3, 4", "5, 6, 7, 8, 9")[:len(MOVED)]
+                                   + second["notes"][0][len(MOVED):]], second["notes"]
+    # the dashboard shows them with the window
+    js = (REPO / "src/stragglers/monitor/static/dashboard.js").read_text()
+    assert "win.notes" in js
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
+def target(request, tmp_path):
+    """A store's address: a SQLite file, or a PostgreSQL database (skipped where none runs)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "mon.db")
+    return request.getfixturevalue("postgres_url")
+
+
+def window(idx: int, notes: list[str]) -> WindowRow:
+    return WindowRow(job="j", idx=idx, first_step=idx * 5, last_step=idx * 5 + 4,
+                     steps=list(range(idx * 5, idx * 5 + 5)), slowdown=1.0, notes=notes)
+
+
+def test_notes_are_stored_with_their_window_and_read_back(target):
+    store = open_store(target)
+    try:
+        store.register_job("j", "/nowhere/j", "http", {"dp_size": 1, "pp_size": 1})
+        assert store.add_window(window(0, ["rank 1: moved"]), [], []) is True
+        assert store.add_window(window(1, []), [], []) is True
+        assert store.window("j", 0).notes == ["rank 1: moved"]
+        assert store.window("j", 1).notes == []
+        assert [w.notes for w in store.recent_windows("j", 2)] == [[], ["rank 1: moved"]]
+    finally:
+        store.close()
+
+
+def test_a_store_from_before_notes_gains_the_column_and_its_windows_read_none(tmp_path):
+    # the windows table as stores before this change made it (no notes column)
+    old = SCHEMA.replace(" notes TEXT NOT NULL DEFAULT '[]',", "")
+    assert old != SCHEMA
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(old)
+    db.execute("INSERT INTO windows (job, idx, first_step, last_step, steps, scores, diagnosis, "
+               "missing_ranks, reason, closed_at, analysed_at, analysis_s) VALUES "
+               "('j', 0, 0, 4, '[0,1,2,3,4]', '[]', '[]', '[]', 'complete', 1, 2, 0.1)")
+    db.commit()
+    db.close()
+    store = open_store(str(path))
+    try:
+        assert store.window("j", 0).notes == []
+        assert store.add_window(window(1, ["rank 0: moved"]), [], []) is True
+        assert store.window("j", 1).notes == ["rank 0: moved"]
+    finally:
+        store.close()
+
+
+def test_a_thousand_ranks_moved_are_at_most_max_notes_lines():
+    moved = {(r, s): 7.0 for r in range(1000) for s in range(3)}
+    lines = clock_notes(moved)
+    assert len(lines) == MAX_NOTES, len(lines)
+    assert lines[0].startswith("rank 0: its clock was moved by -7 s in steps 0, 1, 2"), lines[0]
+    assert lines[-1].startswith(f"{1000 - MAX_NOTES + 1} more ranks' clocks"), lines[-1]
+    assert len(msgspec.json.encode(lines)) < 16_000
+    # offsets that differ between steps: the largest named
+    assert "by +2 s at most in steps 4, 5" in clock_notes({(2, 4): -1.0, (2, 5): -2.0})[0]
