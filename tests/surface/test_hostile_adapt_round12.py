@@ -1,0 +1,89 @@
+"""Red team round twelve (issue 34): the shard service's new code of session 49 (reads and
+shuffles taken in turns by caller, the index pace waited before a big lease's commit, fence
+floors with a folded-names filter, schema 7), against other callers' load and damaged rows.
+
+Each test is one defect, marked xfail(strict=True) until its fix lands (then the mark goes): a
+pass before the fix fails the suite. Real servers on loopback (the shard service on a thread of
+this process, as tests/adapt's hostile tests start it), real SQLite. Orders are observed on the
+service's own queues with its threads held by events, never timed.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import httpx
+import pytest
+
+OWNER = "owner-round12-token-0123456789"
+STRANGER = "stranger-round12-token-0123456789"
+
+
+def _bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _until(check, what: str) -> None:
+    deadline = time.monotonic() + 30   # (a bound against a hang, not a timing)
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+@pytest.mark.xfail(strict=True, reason="a made-up bearer token is a reader turn of its own: "
+                   "N made-up tokens put a job's read behind N reads of one client")
+def test_made_up_tokens_do_not_each_get_a_turn_on_the_reader_thread(tmp_path):
+    """The reader thread takes reads in turns by caller so that a job's first lease (its data
+    set's limits, read there) waits for at most one read of each other caller. But the caller
+    is the bearer token's digest as sent, checked against nothing: status and snapshot GETs need
+    no token, so one client sending each GET with a new made-up token is a new caller each time.
+    Reader held; four status GETs of one client, each with a made-up token, queue as four keys;
+    job V's first lease queues fifth, behind all four (with its snapshot GETs of distinct big
+    data sets, each build ~1 s at 655,360 rows, V's lease waits for all of them). Made-up
+    tokens must share one turn (their client's), as they share its anonymous pace."""
+    from stragglers.adapt.service import EmbeddedServer, token_digest
+
+    server = EmbeddedServer(tmp_path / "s.db", durable=False).start()
+    reader = server.app.state.reader
+    held = threading.Event()
+    threads: list[threading.Thread] = []
+    out: dict = {}
+    v = httpx.Client(base_url=server.url, timeout=60, headers=_bearer(OWNER))
+    anyone = httpx.Client(base_url=server.url, timeout=60)
+    try:
+        r = v.post("/datasets", json={"name": "v", "num_samples": 4096, "shard_size": 64})
+        assert r.status_code == 200, r.text
+        fence = v.post("/datasets/v/join", json={"worker": "w"}).json()["fence"]
+        assert anyone.get("/datasets/v/status").status_code == 200   # (verified: a read only)
+        blocker = reader.submit(lambda conn: held.wait(60))   # (the reader thread held)
+
+        def start(name, call):
+            threads.append(threading.Thread(target=lambda: out.setdefault(name, call())))
+            threads[-1].start()
+
+        for i in range(4):
+            made_up = f"made-up-round12-{i:02d}-0123456789abcdef"
+            start(f"g{i}", lambda t=made_up: anyone.get("/datasets/v/status",
+                                                         headers=_bearer(t)))
+            _until(lambda i=i: reader._queued == i + 2, f"GET {i} never queued")
+        start("lease", lambda: v.post("/datasets/v/lease", json={"worker": "w", "fence": fence}))
+        _until(lambda: token_digest(OWNER) in reader._turns._waiting, "V's read never queued")
+        order = list(reader._turns._waiting)
+        ahead = order.index(token_digest(OWNER))
+        held.set()
+        for t in threads:
+            t.join(60)
+        assert blocker.result(60) is True
+        assert {n: r.status_code for n, r in out.items()} == {
+            "g0": 200, "g1": 200, "g2": 200, "g3": 200, "lease": 200}
+        assert ahead <= 1, (f"job V's read queued behind {ahead} waiting keys' reads (and the "
+                            f"one on the thread), all one client's GETs with made-up tokens")
+    finally:
+        held.set()
+        for t in threads:
+            t.join(60)
+        v.close()
+        anyone.close()
+        server.stop()
