@@ -87,3 +87,52 @@ def test_made_up_tokens_do_not_each_get_a_turn_on_the_reader_thread(tmp_path):
         v.close()
         anyone.close()
         server.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="one client's queued reads fill the shared bound on "
+                   "queued reads: a job's first lease is 503 Busy")
+def test_one_clients_queued_reads_do_not_refuse_a_jobs_first_lease(tmp_path):
+    """The reader thread's queue is bounded in all (max_queued_reads, 64 by default; 8 here),
+    not per caller: taking turns orders the queue, but one anonymous client's status GETs (50 a
+    second pass the read pacer) fill it while a read runs (a snapshot build of 655,360 rows:
+    ~1 s), and job V's first lease of its data set — whose limits are read on that thread —
+    is 503 Busy "8 reads are queued" though V has no read queued at all. One caller's reads
+    must be bounded by a share of the queue (refused past it), never another caller's."""
+    from stragglers.adapt.service import EmbeddedServer, ServiceConfig
+
+    config = ServiceConfig(max_queued_reads=8)
+    server = EmbeddedServer(tmp_path / "s.db", durable=False, config=config).start()
+    reader = server.app.state.reader
+    held = threading.Event()
+    threads: list[threading.Thread] = []
+    out: dict = {}
+    v = httpx.Client(base_url=server.url, timeout=60, headers=_bearer(OWNER))
+    anyone = httpx.Client(base_url=server.url, timeout=60)
+    try:
+        r = v.post("/datasets", json={"name": "v", "num_samples": 4096, "shard_size": 64})
+        assert r.status_code == 200, r.text
+        fence = v.post("/datasets/v/join", json={"worker": "w"}).json()["fence"]
+        assert anyone.get("/datasets/v/status").status_code == 200   # (verified: a read only)
+        blocker = reader.submit(lambda conn: held.wait(60))   # (a long read on the thread)
+
+        def start(name, call):
+            threads.append(threading.Thread(target=lambda: out.setdefault(name, call())))
+            threads[-1].start()
+
+        for i in range(7):
+            start(f"g{i}", lambda: anyone.get("/datasets/v/status"))
+            _until(lambda i=i: reader._queued == i + 2, f"GET {i} never queued")
+        lease = v.post("/datasets/v/lease", json={"worker": "w", "fence": fence})
+        held.set()
+        for t in threads:
+            t.join(60)
+        assert blocker.result(60) is True
+        assert lease.status_code == 200, (f"job V's first lease {lease.status_code}: "
+                                          f"{lease.text[:160]}")
+    finally:
+        held.set()
+        for t in threads:
+            t.join(60)
+        v.close()
+        anyone.close()
+        server.stop()
