@@ -229,9 +229,9 @@ def test_an_owner_reading_its_snapshot_slowly_does_not_hold_other_owners_snapsho
     chunk for send_timeout_s (10 s). Token S's data set of 8,192 shards with 1,000-character
     errors (an 8 MB snapshot, more than the loopback socket buffers) asked by a client that
     reads nothing after the head: job V's snapshot of its own 8-shard data set waits for the
-    slot and is 503 Busy after max_read_wait_s (0.5 s here); a reader taking a chunk every 9 s holds it for
-    32 x 9 s = ~5 min (a 26 MB snapshot: ~15 min). Slots must be per token (or a send slower
-    than a floor pace lose it; or a body under one chunk sent without one)."""
+    slot and is 503 Busy after max_read_wait_s (0.5 s here); a reader taking a chunk every
+    9 s holds it for 32 x 9 s = ~5 min (a 26 MB snapshot: ~15 min). Slots must be per token
+    (or a send slower than a floor pace lose it; or a body under one chunk sent without one)."""
     import socket
 
     from stragglers.adapt.service import EmbeddedServer, ServiceConfig
