@@ -44,3 +44,19 @@ def test_float_seconds_and_integer_ids_stay_accepted():
             "duration": cols["duration"].astype(np.float32)}
     table = pq.read_table(pa.BufferReader(table_bytes(cols)))
     assert len(table_to_columns(table, "part")["step"]) == len(cols["step"])
+
+
+@pytest.mark.parametrize("column", ["cpu_wait", "cpu_time"])
+def test_an_optional_seconds_column_of_integers_with_a_null_is_refused_too(column):
+    # the reader filled an optional column's nulls by casting it to float64 first, so an
+    # Int64 column with one null passed the reader while the monitor refused it (review hD)
+    trace = slow_job(steps=5, slow=None)
+    _, _, cols = parts_of(trace, 5)[0]
+    n = len(cols["step"])
+    table = pq.read_table(pa.BufferReader(table_bytes(dict(cols))))
+    ints = pa.array([None] + [1] * (n - 1), pa.int64())
+    table = table.drop_columns([column]) if column in table.column_names else table
+    table = table.append_column(column, ints)
+    with pytest.raises(InputError) as exc:
+        table_to_columns(table, "part")
+    assert exc.value.field == column and "whole seconds" in str(exc.value), str(exc.value)

@@ -177,14 +177,14 @@ def _numeric(col: pa.ChunkedArray, name: str, dtype: np.dtype, source, fill=None
     if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
             or pa.types.is_boolean(col.type)):
         raise InputError(source, name, f"expected a number column, got {col.type}")
+    if name in SECONDS_COLUMNS and not pa.types.is_floating(col.type):   # (before a null fill
+        raise InputError(source, name, too_narrow(name, dtype, col.type) or "")  # casts it)
     if col.null_count:
         if fill is None:
             raise InputError(source, name, f"{col.null_count} null values; expected numbers")
         if isinstance(fill, float) and not pa.types.is_floating(col.type):
             col = col.cast(pa.float64())   # (a NaN fill of integers with nulls: pandas' Int64)
         col = pc.fill_null(col, fill)
-    if name in SECONDS_COLUMNS and not pa.types.is_floating(col.type):
-        raise InputError(source, name, too_narrow(name, dtype, col.type) or "")
     arr = col.to_numpy()
     if arr.dtype.kind == "f" and arr.dtype.itemsize < 8:
         finite = arr[np.isfinite(arr)]
