@@ -204,9 +204,9 @@ def test_one_ranks_collectives_on_a_later_clock_do_not_make_a_straggler(tmp_path
     collectives by device events calibrated apart; hostile): every collective of rank 3 ends
     0.05 s after its peers' ends of the same collective, its computes are on time. All parts
     200; windows S 1.131/1.134/1.135/1.134 and `straggling` fires. (+0.3 s: S 1.003-1.006;
-    -0.05 s: S 1.005-1.008: both handled.) clocks.align_step_clocks moves the whole rank by
-    its collectives' offset (its computes then overlap its own collectives), and the span
-    bound lets 0.05 s pass ('a tenth or 0.05 s'). A rank whose collective ends disagree with
+    -0.05 s: S 1.005-1.008: both handled.) Rank 3 is neither moved (the window's notes are
+    empty) nor left out: clocks.align_step_clocks judges the ends but moves only where the
+    spans allow, and the span bound lets 0.05 s pass ('a tenth or 0.05 s'). A rank whose collective ends disagree with
     every peer's while its computes do not is not on another clock: its step is left out
     (named) or refused, and the windows read the healthy job."""
     trace = slow_job(steps=20, slow=None)
