@@ -404,3 +404,24 @@ def test_one_op_within_the_slack_cannot_poison_a_short_steps_window(tmp_path):
         job = get(c, "/api/jobs/j?history=10")
         fired = [(a["rule"], a["labels"].get("rank")) for a in job["alerts"]]
         assert not fired, (fired, [round(w["slowdown"], 3) for w in job["windows"]])
+
+
+def test_durations_in_milliseconds_written_as_seconds_do_not_blame_an_honest_rank(tmp_path):
+    """Finding 9's float variant: a healthy 2x2 job whose rank 3 writes its float durations
+    divided by 1,000 (ms written as s). Before (s49-hU): every part 200, windows S 1.32, a
+    critical `worker_fault` at rank 2 and `straggling`: rank 3's collectives end before its
+    peers' ends of them by amounts no clock offset explains. Now its steps are left out,
+    named (monitor/clocks.py), and the windows analysed without it: no alert."""
+    trace = slow_job(steps=20, slow=None)
+    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
+        for rank, n, cols in parts_of(trace, 5):
+            if rank == 3:
+                cols = {**cols, "duration": cols["duration"] / 1000.0}
+            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
+            assert r.status_code == 200, r.text
+        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
+                   what="windows 0-3")
+        job = get(c, "/api/jobs/j?history=10")
+        fired = [(a["rule"], a["labels"].get("rank")) for a in job["alerts"]]
+        assert not fired, (fired, [round(w["slowdown"], 3) for w in job["windows"]])
+        assert all(w["slowdown"] < 1.02 for w in job["windows"]), job["windows"]

@@ -14,7 +14,11 @@ agree on no offset, a rank whose span of the step lies apart from the others' (b
 the step lasts) has its step left out; one whose span meets theirs stays as it is (a host's
 jitter scatters its ends around its peers') unless most of its ends lie on one side of its
 peers' beyond the tolerance and their own scatter (a clock drifting within the step, steps
-numbered one on): its step is left out, named. Steps each timed from their own start on every
+numbered one on): its step is left out, named. A rank whose ends lie apart from its peers'
+(beyond two ends' jitter and the shorter op) by amounts that vary op to op, in more than a
+quarter of its collectives where an offset would place it (its durations in another unit: /1,000
+made a healthy job S 1.32 and blamed an honest rank), is neither joined to their clock nor
+placed: its step is left out, named. Steps each timed from their own start on every
 rank (NDTimeline's samples) keep their ends together and are not moved. The reference clock is
 the one the most ranks of the step share (among equals, the one holding the lowest rank). The
 cost is about linear in the window's rows: a step is looked at only where a
@@ -53,6 +57,14 @@ MAX_ROUNDS = 128
 # ... and rows read in all per sync row of the step (a row is read a few times; a set whose
 # ends do not agree is read again whenever a set it shares a collective with is placed)
 MAX_ROWS_READ = 32
+# two ends of one collective each within END_TOLERANCE_S of its instant (a host's jitter) lie
+# within _JITTER times it of each other, and a ring's members end a chunk apart, less than the
+# op lasts (_stray); a set of ranks whose ends lie further from every peer's, where an offset
+# would place it, in more than 1/_ODD_SHARE of its matched collectives is not placed (no clock
+# explains them: durations in another unit, or numbers not what happened). The healthy 2x2
+# job's rank 3 with durations /1,000: 4 of its 11 a step (where it waited), x1,000: 11 of 11;
+# jittered hosts, real stragglers, steps of 6 s, NDTimeline's samples: none left out
+_JITTER, _ODD_SHARE = 2, 4
 _OFF = ("step {s}: the rank's span of the step lies apart from the other ranks' by more than "
         "the step lasts (another clock) and shares no collective whose ends agree with theirs; "
         "expected its ops within the others' step on one clock: the step is left out of the "
@@ -62,6 +74,10 @@ _SKEW = ("step {s}: most of the rank's collective ends lie {side} its peers' by 
          "clock drifting within the step, or its steps numbered apart from theirs: its "
          "step holding their step before or after); expected them to end with its peers' on "
          "one clock: the step is left out of the window")
+_ODD = ("step {s}: {far} of the rank's {rows} collective ends lie more than {gap:g} s from every "
+        "peer's end, by amounts that no one offset explains (its durations in another unit, "
+        "or not what happened); expected them to end with its peers' within {tol:g} s on one "
+        "clock: the step is left out of the window")
 _FAR = ("step {s}: the rank's span of the step lies apart from the other ranks' by more than "
         "the step lasts (another clock) and was not placed within the bounds on aligning the "
         "step's sets of ranks on their shared collectives ({rounds} rounds, {read} reads of "
@@ -78,6 +94,8 @@ class Placed(NamedTuple):
     side: int              # (None:) most ends after (1) or before (-1) the placed ones' by
     #                        more than the tolerance plus their scatter (the spread between
     #                        their quartiles) when last tried, else 0
+    odd: str = ""          # (None:) _ODD where more than 1/_ODD_SHARE of its ends lay apart
+    #                        from every peer's (by more than _JITTER tolerances) when last tried
 
 
 class StepClocks(NamedTuple):
@@ -116,6 +134,7 @@ def align_step_clocks(ops: dict[str, np.ndarray],
     rows = _step_rows(ops["step"], [int(g_step[at[0]]) for at in groups])
     at_rows = np.concatenate(rows)
     kept, key, s_end, s_rank = _sync_keys(ops, at_rows)
+    s_dur = ops["duration"][at_rows[kept]].astype(np.float64)
     cut = np.searchsorted(kept, np.cumsum([0] + [len(r) for r in rows]))
     # the steps to look at: spans apart, or a collective whose ends spread past the tolerance
     # (a job on one clock has few or none: its steps cost a sort of their sync rows)
@@ -139,7 +158,7 @@ def align_step_clocks(ops: dict[str, np.ndarray],
     group[sp.order] = (np.cumsum(mine) - 1)[sp.group]
     sel = np.concatenate([np.arange(cut[j], cut[j + 1]) for j in look])
     clock = _same_clock(group[at_rows[kept[sel]]], key[sel], s_end[sel], len(g_rank),
-                        END_TOLERANCE_S)
+                        END_TOLERANCE_S, s_dur[sel])
     for j, spanned in look.items():
         at = groups[j]
         s, part = int(g_step[at[0]]), slice(cut[j], cut[j + 1])
@@ -150,8 +169,8 @@ def align_step_clocks(ops: dict[str, np.ndarray],
         near_set = set(next(k for k in spanned if sets[0][0] in k).tolist())
         step_moved: dict[int, float] = {}
         inside = np.array([near_set.issuperset(k.tolist()) for k in sets])
-        for ranks, off, why, side in _place(key[part], s_end[part], s_rank[part], sets,
-                                            inside):
+        for ranks, off, why, side, odd in _place(key[part], s_end[part], s_rank[part], sets,
+                                                 inside, s_dur[part]):
             if off is not None:
                 if off:   # (0.0: placed where it was)
                     step_moved.update({r: off for r in ranks.tolist()})
@@ -159,9 +178,11 @@ def align_step_clocks(ops: dict[str, np.ndarray],
             for r in ranks.tolist():
                 if r not in near_set:
                     left_out[(r, s)] = why.format(s=s, rounds=MAX_ROUNDS, read=MAX_ROWS_READ)
-                elif side:   # (else: jitter around its peers' ends, or no collective shared)
+                elif side:
                     left_out[(r, s)] = _SKEW.format(s=s, side="after" if side > 0 else
                                                     "before", tol=END_TOLERANCE_S)
+                elif odd:   # (else: jitter around its peers' ends, or no collective shared)
+                    left_out[(r, s)] = odd.format(s=s)
         moved.update({(r, s): o for r, o in step_moved.items()})
         if step_moved:   # (each row's rank looked up once among the moved ranks)
             by = np.array(sorted(step_moved))
@@ -175,11 +196,12 @@ def align_step_clocks(ops: dict[str, np.ndarray],
 
 
 def _same_clock(node: np.ndarray, key: np.ndarray, end: np.ndarray, nodes: int,
-                tolerance: float) -> np.ndarray:
+                tolerance: float, duration: np.ndarray | None = None) -> np.ndarray:
     """Per (rank, step) node 0..nodes-1, the lowest node on its clock: nodes are joined where
     at least half of the ends they share (each sync row against the next _PEERS_PER_ROW of its
-    collective, by node) agree within `tolerance`, and a clock is a run of such joins. A
-    real straggler's ends agree with its peers' (they wait for it): it stays joined."""
+    collective, by node) agree within `tolerance` and none is _stray, and a clock is a run of
+    such joins. A real straggler's ends agree with its peers' (they wait for it): it stays
+    joined."""
     order = np.lexsort((node, key))
     k = key[order]
     head = np.flatnonzero(np.r_[True, k[1:] != k[:-1]]) if len(k) else np.zeros(0, np.int64)
@@ -192,10 +214,25 @@ def _same_clock(node: np.ndarray, key: np.ndarray, end: np.ndarray, nodes: int,
     a, b = a[node[a] != node[b]], b[node[a] != node[b]]
     lo, hi = np.minimum(node[a], node[b]), np.maximum(node[a], node[b])
     pair, which = np.unique(lo * nodes + hi, return_inverse=True)
-    agree = np.bincount(which, weights=np.abs(end[a] - end[b]) <= tolerance,
-                        minlength=len(pair))
-    same = 2 * agree >= np.bincount(which, minlength=len(pair))
+    gap = np.abs(end[a] - end[b])
+    agree = np.bincount(which, weights=gap <= tolerance, minlength=len(pair))
+    # (and none _stray: a rank whose durations are in another unit agrees where it did not
+    # wait and lies far off where it did; placed against the others, not joined to them)
+    far = np.bincount(which, weights=_stray(gap, duration, a, b, tolerance),
+                      minlength=len(pair))
+    same = (2 * agree >= np.bincount(which, minlength=len(pair))) & (far == 0)
     return _components(nodes, pair[same] // nodes, pair[same] % nodes)
+
+
+def _stray(gap: np.ndarray, duration: np.ndarray | None, a: np.ndarray, b: np.ndarray,
+           tolerance: float) -> np.ndarray:
+    """Where two ends of one collective (rows a and b, `gap` apart) lie apart by more than two
+    ends' jitter (_JITTER tolerances) and than the shorter of the two ops lasted: a ring's
+    members end a chunk apart, never a whole op (durations None: the jitter alone)."""
+    bound = np.full(len(gap), _JITTER * tolerance)
+    if duration is not None:
+        bound = np.maximum(bound, np.minimum(duration[a], duration[b]))
+    return gap > bound
 
 
 def _spread(key: np.ndarray, end: np.ndarray, tolerance: float, cut: np.ndarray
@@ -275,7 +312,8 @@ def _index(label: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def _place(key: np.ndarray, end: np.ndarray, rank: np.ndarray, sets: list[np.ndarray],
-           inside: np.ndarray | None = None) -> list[Placed]:
+           inside: np.ndarray | None = None, duration: np.ndarray | None = None
+           ) -> list[Placed]:
     """Each set of ranks after the first, placed on the sets placed before it (Placed), from
     one step's sync rows (`_sync_keys`); `inside`: per set, its span of the step meets the
     first set's (placed only where its ends agree on an offset past their own scatter; none:
@@ -303,6 +341,7 @@ def _place(key: np.ndarray, end: np.ndarray, rank: np.ndarray, sets: list[np.nda
     tried_on = np.zeros(len(sets), np.int64)  # rows matched when last tried (0: never tried)
     since = np.zeros(len(sets), np.int64)     # rows sharing a collective placed since then
     side = np.zeros(len(sets), np.int8)       # most ends after (1) or before (-1) when tried
+    strays = np.zeros(len(sets), np.int64)    # rows apart from every peer's end when tried
     out: list[Placed] = []
     frontier, rounds, read, cut = np.array([0]), 0, 0, False
     while len(frontier):
@@ -346,12 +385,11 @@ def _place(key: np.ndarray, end: np.ndarray, rank: np.ndarray, sets: list[np.nda
             - diffs[within][lo + (size - 1) // 4]   # (of two: their distance)
         wide = END_TOLERANCE_S + np.repeat(scatter, size)
         # a set is placed where at least half of its matched rows agree with its offset
+        heads = np.cumsum(count) - count   # (a row is after or before where all its peers are)
         ok = np.abs(diffs - np.repeat(off, hi - lo)) <= END_TOLERANCE_S
-        agree = np.bincount(of[mine], weights=np.logical_or.reduceat(ok, np.cumsum(count)
-                                                                      - count),
+        agree = np.bincount(of[mine], weights=np.logical_or.reduceat(ok, heads),
                             minlength=len(sets))[tried]
         tried_on[tried] = np.bincount(of[mine], minlength=len(sets))[tried]
-        heads = np.cumsum(count) - count   # (a row is after or before where all its peers are)
         after, before = (np.bincount(of[mine], weights=np.logical_and.reduceat(far, heads),
                                      minlength=len(sets))[tried]
                          for far in (diffs > wide, diffs < -wide))
@@ -364,13 +402,24 @@ def _place(key: np.ndarray, end: np.ndarray, rank: np.ndarray, sets: list[np.nda
         # own scatter, else it stays where it is (a host's jitter) and is placed there
         off[inside[tried] & ~((2 * agree > tried_on[tried])
                             & (np.abs(off) > END_TOLERANCE_S + scatter))] = 0.0
+        # ... unless, where it would be placed, too many of its ends lie apart from every
+        # peer's beyond two ends' jitter (varying amounts: an offset would have put them
+        # together): its step is not what happened, whoever waited
+        apart = _stray(np.abs(diffs - np.repeat(off, size)), duration, row, peer,
+                       END_TOLERANCE_S)
+        strays[tried] = np.bincount(of[mine], weights=np.logical_and.reduceat(apart, heads),
+                                 minlength=len(sets))[tried]
+        good &= _ODD_SHARE * strays[tried] <= tried_on[tried]
         frontier = tried[good]
         state[frontier] = 1
         offset[frontier] = off[good]
         out += [Placed(sets[k], o, "", 0) for k, o in zip(frontier.tolist(),
                                                           off[good].tolist())]
     why = _FAR if cut else _OFF   # (bounds reached, or no set left meets a placed one)
-    return out + [Placed(sets[k], None, why, int(side[k]))
+    return out + [Placed(sets[k], None, why, int(side[k]),
+                         _ODD.format(s="{s}", far=int(strays[k]), rows=int(tried_on[k]),
+                                     gap=_JITTER * END_TOLERANCE_S, tol=END_TOLERANCE_S)
+                         if _ODD_SHARE * strays[k] > tried_on[k] else "")
                   for k in np.flatnonzero(state == 0).tolist()]
 
 
