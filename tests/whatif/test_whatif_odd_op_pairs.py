@@ -54,6 +54,15 @@ def test_a_lost_transfer_is_told_by_its_other_end(rank, optype):
     assert r.slowdown > 1.15          # replica 0, the straggler's, analysed
 
 
+def test_a_transfer_lost_at_both_ends_tells_nobody():
+    # rank 1's forward-send and rank 3's forward-recv both lost: each end agrees with the
+    # other, so pairing judges neither; the error names the DP rank's workers as before
+    trace = without(without(job(2), 1, "forward-send"), 3, "forward-recv")
+    with pytest.raises(InputError, match=r"each may be .*; ops missing from workers "
+                       r"\(dp 1, pp 0\), \(dp 1, pp 1\)$"):
+        analyze(trace, steps="all")
+
+
 def test_a_run_directory_read_by_partitions_pairs_transfers_the_same(tmp_path):
     trace = without(job(2, steps=6), 3, "forward-recv")
     write_run(tmp_path / "run", trace)
@@ -92,5 +101,5 @@ def test_two_workers_disagreeing_with_nothing_to_tell_are_both_named(change):
     # honest rank 0 as missing ops
     trace = change(generate(dp=2, pp=1, microbatches=4, steps=5, seed=0))
     with pytest.raises(InputError, match=r"workers \(dp 0, pp 0\), \(dp 1, pp 0\) disagree on "
-                       r"(all-reduce|grads-reduce-scatter) #0 .* either may be"):
+                       r"(all-reduce|grads-reduce-scatter) #0 .* each may be"):
         analyze(trace, steps="all")

@@ -264,16 +264,14 @@ def _disputed(disputed, present, node_optype, node_stage, node_seq, dp_ranks) ->
     """Two workers disagreeing with nothing else to tell (one stage of two DP ranks): each is
     named with what it ran or lacks, either the possible culprit (never the honest one alone:
     an extra all-reduce at one rank named its peer as missing ops)."""
-    nodes = np.flatnonzero(disputed.any(axis=1))
     ran = np.zeros((len(dp_ranks), int(node_stage.max()) + 1, 1), bool)
-    for n in nodes:
-        at = disputed[n]
-        ran[:, node_stage[n], 0] |= present[n][:, at].any(axis=1)
-        ran[:, node_stage[n], 0] |= ~present[n][:, at].all(axis=1)
+    for s in np.unique(node_stage[disputed.any(axis=1)]):   # (its workers with rows then)
+        at = node_stage == s
+        ran[:, s, 0] = present[at][:, :, disputed[at].any(axis=0)].any(axis=(0, 2))
     ops = ", ".join(_names(disputed.any(axis=1), node_optype, node_seq)[:3])
     return (f"workers {_workers(ran, dp_ranks)} disagree on {ops} (some ran it, some not) and "
-            "no majority or other stage tells which is the odd one: either may be (a lost "
-            "row, or an extra one)")
+            "no majority, other stage or transfer's other end tells which is the odd one: "
+            "each may be (a lost row, or an extra one)")
 
 
 def _workers(flags: np.ndarray, dp_ranks: np.ndarray) -> str:
@@ -343,9 +341,10 @@ def odd_workers(present, node_optype, node_stage, node_seq,
     p2p_tie = tie & ~collective
     if p2p_tie.any():   # a transfer's tie: each worker judged by its partner (paired_transfers)
         paired, known = paired_transfers(present, node_optype, node_stage, node_seq, interleaved)
-        by_pair = (p2p_tie & known[:, None])[:, None, :]
-        expected = np.where(by_pair, paired, expected)
-        settled = settled | (p2p_tie & known[:, None])
+        # (a pair whose both ends agree everywhere — both lost at one DP rank — tells nobody)
+        by_pair = p2p_tie & known[:, None] & (paired != present).any(axis=1)
+        expected = np.where(by_pair[:, None, :], paired, expected)
+        settled = settled | by_pair
     undecided = (votes == 0)[None]            # (a stage without rows in a step: no vote)
     for s in range(pp):
         undecided[0, s] |= (~settled[required & (node_stage == s)]).any(axis=0)
