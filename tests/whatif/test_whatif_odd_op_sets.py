@@ -118,11 +118,9 @@ def test_transfers_numbered_from_one_are_left_out_where_a_majority_tells():
     # a middle stage of a pp 4 job: #0 is what the neighbouring stages' majority ran
     r = analyze(one_based(job(2, pp=4), 5), steps="all")
     assert [w[:3] for w in odd(r)] == [(1, 2, 5)]
-    # the last stage of two workers: its transfers are its own, no other stage's majority
-    # tells which numbering is the schedule's: the error stands
-    with pytest.raises(InputError, match="no step has ops from every worker; .* ops missing "
-                       r"from workers \(dp 0, pp 1\), \(dp 1, pp 1\)$"):
-        analyze(one_based(job(2), 3), steps="all")
+    # the last stage of two workers: no majority there, but each transfer's other end tells
+    # (test_whatif_odd_op_pairs.py): rank 3's forward-recv #0 was sent, its #4 was not
+    assert [w[:3] for w in odd(analyze(one_based(job(2), 3), steps="all"))] == [(1, 1, 3)]
 
 
 def test_steps_left_complete_are_analysed_whole_and_the_warning_names_the_odd_worker():

@@ -98,7 +98,13 @@ class Rule:
 # sending while the others go on (the job-wide silence is the `stalled` state rule)
 FAST_RULE = Rule(name="rank_slowdown", kind="change", severity="warning")
 SILENT_RULE = Rule(name="rank_silent", kind="silence", severity="warning")
-BUILTIN_RULES = (FAST_RULE, SILENT_RULE)
+# held while the windows leave ranks out because one worker's ops differ from its stage peers'
+# (whatif/grid.py: its whole DP replica goes): a straggler among them is not seen, so the
+# window must not read as healthy (a 3x straggler hid behind its peer's lost collective)
+LEFT_OUT_RULE = Rule(name="ranks_left_out", kind="left_out", severity="warning")
+BUILTIN_RULES = (FAST_RULE, SILENT_RULE, LEFT_OUT_RULE)
+# the first words of the window note (windows.analyse_window) that LEFT_OUT_RULE reads
+LEFT_OUT_NOTE = "ranks left out of the analysis"
 BUILTIN_NAMES = frozenset(r.name for r in BUILTIN_RULES)
 
 
@@ -296,6 +302,13 @@ class AlertEngine:
                             not self._cleared(rule, a.labels, recent):
                         active[a.fingerprint] = _Active(rule, a.labels, a.annotations)
             decided |= self._unconfigured(firing)   # (left firing when the job was taken)
+            decided.add(LEFT_OUT_RULE.name)
+            said = [n for n in window.notes if n.startswith(LEFT_OUT_NOTE)]
+            if said:
+                labels = self._labels(LEFT_OUT_RULE, job)
+                active[fingerprint(labels)] = _Active(LEFT_OUT_RULE, labels, Annotations(
+                    summary=f"job {job}: ranks left out of window {window.idx}, unjudged",
+                    description=said[0]))
         return self._apply(job, active, decided, now, window.idx)
 
     @staticmethod

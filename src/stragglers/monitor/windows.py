@@ -23,6 +23,7 @@ import msgspec
 import numpy as np
 
 from stragglers.errors import StragglersError
+from stragglers.monitor.alerts import LEFT_OUT_NOTE
 from stragglers.monitor.clocks import align_step_clocks
 from stragglers.monitor.part_files import READ_TIMEOUT_S, FileReaders
 from stragglers.monitor.part_limits import OP_END_SLACK_S, OpSpans, op_spans
@@ -600,6 +601,8 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
                                    | {w.rank for w in result.left_out if w.rank is not None})
         refused += [(f"job {window.job} rank {w.rank}", odd_ops(w)) for w in result.left_out
                     if w.reason == "ops_differ" and w.rank is not None]
+        if result.left_out:   # (alerts.LEFT_OUT_RULE holds while a window says so)
+            row.notes = [left_out_note(result.left_out)] + row.notes[:MAX_NOTES - 1]
         hosts = {r: e.host or "" for r, e in layout_of(trace.meta).items()}
         row.slowdown, row.waste = _finite(result.slowdown), _finite(result.waste)
         row.t_base, row.t_ideal = _finite(result.t_base), _finite(result.t_ideal)
@@ -640,6 +643,20 @@ def clock_notes(moved: dict[tuple[int, int], float]) -> list[str]:
                                              str(r) for r in list(by_rank)[MAX_NOTES - 1:][:64])
                                          + (", ..." if len(rest) > 64 else "") + ")"]
     return lines
+
+
+def left_out_note(left: list[LeftOut]) -> str:
+    """The window's note that ranks were left out for one worker's ops, naming the healthy ones
+    among them as unjudged (a straggler there is not seen)."""
+    def named(ws: list[LeftOut]) -> str:
+        ranks = sorted({w.rank for w in ws if w.rank is not None})
+        return "rank(s) " + ", ".join(str(r) for r in ranks[:32]) + (" …" if len(ranks) > 32
+                                                                      else "")
+    odd = [w for w in left if w.reason == "ops_differ"]
+    rest = [w for w in left if w.reason != "ops_differ"]
+    return (f"{LEFT_OUT_NOTE}: {named(odd)} ran ops unlike their stage peers'"
+            + (f", and their DP replicas' {named(rest)} with them, unjudged: a straggler "
+               "among those would not be seen" if rest else ""))
 
 
 def odd_ops(w: LeftOut) -> str:

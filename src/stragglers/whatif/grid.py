@@ -156,12 +156,14 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     node_optype = ((keys >> _SEQ_BITS) & ((1 << _OPTYPE_BITS) - 1)).astype(np.int8)
     node_seq = (keys & ((1 << _SEQ_BITS) - 1)).astype(np.int64)
     warnings: list[str] = []
+    # (virtual chunks: the last stage's forward transfers go on to the first)
+    interleaved = trace.meta.vpp_size > 1 or int(ops["mc"].max(initial=0)) > 0
     complete = _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings,
-                               node_seq)
+                               node_seq, interleaved)
     odd = None
     if not complete.any():
         odd = leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids,
-                            _ranks_of(ops, d_idx, len(dp_ranks)))
+                            _ranks_of(ops, d_idx, len(dp_ranks)), interleaved)
         if odd is None:
             raise InputError(trace.source, None, "no step has ops from every worker; "
                              + (warnings[0] if warnings else "cannot analyse"))
@@ -211,7 +213,7 @@ def _chunks(ops, node, n, node_stage, pp) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings,
-                    node_seq=None) -> np.ndarray:
+                    node_seq=None, interleaved: bool = False) -> np.ndarray:
     """Steps where every communication op of the schedule is present on every DP rank, and
     every worker computes.
 
@@ -234,7 +236,8 @@ def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnin
     if bad_steps.any():
         short, over = worker_missing[:, :, bad_steps], np.zeros((0, 0, 0), bool)
         if node_seq is not None:
-            odd = odd_workers(present[:, :, bad_steps], node_optype, node_stage, node_seq)
+            odd = odd_workers(present[:, :, bad_steps], node_optype, node_stage, node_seq,
+                              interleaved)
             # (where nobody there is judged — an op with no majority, or no worker of the
             # stage with rows — the workers lacking ops are named as before)
             short = odd.short | (short & odd.undecided & ~odd.over)
@@ -244,6 +247,9 @@ def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnin
             ("ops missing from workers", short),
             ("ops that no majority of their stage's workers ran, at workers", over))
             if flags.any())
+        if node_seq is not None and odd.disputed.any():
+            text = _disputed(odd.disputed, present[:, :, bad_steps], node_optype, node_stage,
+                             node_seq, dp_ranks) + "; " + text
         warnings.append(f"{len(steps)} of {len(step_ids)} steps are incomplete and were left out "
                         f"(steps {ranges(steps)}): {text}")
     absent = ~present[compute][:, :, ~bad_steps]
@@ -252,6 +258,20 @@ def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnin
                         "steps (their traces hold fewer compute runs there than their peers') "
                         "were taken as zero")
     return np.logical_not(bad_steps)
+
+
+def _disputed(disputed, present, node_optype, node_stage, node_seq, dp_ranks) -> str:
+    """Two workers disagreeing with nothing else to tell (one stage of two DP ranks): each is
+    named with what it ran or lacks, either the possible culprit (never the honest one alone:
+    an extra all-reduce at one rank named its peer as missing ops)."""
+    ran = np.zeros((len(dp_ranks), int(node_stage.max()) + 1, 1), bool)
+    for s in np.unique(node_stage[disputed.any(axis=1)]):   # (its workers with rows then)
+        at = node_stage == s
+        ran[:, s, 0] = present[at][:, :, disputed[at].any(axis=0)].any(axis=(0, 2))
+    ops = ", ".join(_names(disputed.any(axis=1), node_optype, node_seq)[:3])
+    return (f"workers {_workers(ran, dp_ranks)} disagree on {ops} (some ran it, some not) and "
+            "no majority, other stage or transfer's other end tells which is the odd one: "
+            "each may be (a lost row, or an extra one)")
 
 
 def _workers(flags: np.ndarray, dp_ranks: np.ndarray) -> str:
@@ -272,17 +292,22 @@ class OddWorkers:
     extra: np.ndarray      # [N, D, T] which ops it ran that no majority did
     undecided: np.ndarray  # [1, P, T] an op at the stage with no majority (it judges nobody),
                            # or no worker of the stage with rows
+    disputed: np.ndarray   # [N, T] an op with no majority of its stage's workers and nothing
+                           # else to tell (one stage of two workers: either may be the odd one)
 
 
-def odd_workers(present, node_optype, node_stage, node_seq) -> OddWorkers:
+def odd_workers(present, node_optype, node_stage, node_seq,
+                interleaved: bool = False) -> OddWorkers:
     """Judge each worker's communication ops per step against its stage's workers: an op is
     the schedule's where more than half of the stage's workers with rows ran it. A tie (two
     workers disagreeing) is broken by the rest of the job, where it can be: an op a majority
     of another stage's workers ran (the same type and seq_id: a gradient collective every
-    stage runs) is the schedule's; a collective no other stage ran is an extra; otherwise
-    (one stage, or a pipeline transfer, which is each stage's own) there is no majority: that
-    op judges nobody (`undecided` says where). A worker with no rows in a step, or no compute
-    where most compute, lacks them."""
+    stage runs) is the schedule's; a collective no other stage ran is an extra; a pipeline
+    transfer (each stage's own) is judged at each worker by its other end (paired_transfers:
+    a recv its partner sent is the schedule's, one nobody sent is an extra); otherwise (one
+    stage) there is no majority: that op judges nobody (`undecided` says where). A worker
+    with no rows in a step, or no compute where most compute, lacks them. `interleaved`: the
+    last stage's forward transfers go on to the first (virtual pipeline chunks)."""
     n, d, t = present.shape
     pp = int(node_stage.max()) + 1
     compute = np.isin(node_optype, _WORK)
@@ -307,18 +332,26 @@ def odd_workers(present, node_optype, node_stage, node_seq) -> OddWorkers:
     np.add.at(maj_at, ident, majority)
     held_at = np.zeros_like(maj_at)
     np.add.at(held_at, ident, held > 0)
-    elsewhere = maj_at[ident] - majority > 0
-    nowhere_else = held_at[ident] - (held > 0) == 0
-    expected = majority | (tie & elsewhere)
     collective = ~np.isin(node_optype, _P2P)[:, None]
+    # (a transfer is its stage's own: another stage's forward-send says nothing of this one's)
+    elsewhere = (maj_at[ident] - majority > 0) & collective
+    nowhere_else = held_at[ident] - (held > 0) == 0
+    expected = np.broadcast_to((majority | (tie & elsewhere))[:, None, :], (n, d, t))
     settled = ~tie | elsewhere | (nowhere_else & collective & (pp > 1))
+    p2p_tie = tie & ~collective
+    if p2p_tie.any():   # a transfer's tie: each worker judged by its partner (paired_transfers)
+        paired, known = paired_transfers(present, node_optype, node_stage, node_seq, interleaved)
+        # (a pair whose both ends agree everywhere — both lost at one DP rank — tells nobody)
+        by_pair = p2p_tie & known[:, None] & (paired != present).any(axis=1)
+        expected = np.where(by_pair[:, None, :], paired, expected)
+        settled = settled | by_pair
     undecided = (votes == 0)[None]            # (a stage without rows in a step: no vote)
     for s in range(pp):
         undecided[0, s] |= (~settled[required & (node_stage == s)]).any(axis=0)
     voted = voters.transpose(1, 0, 2)[node_stage]                 # [N, D, T]
     judged = (settled & required[:, None])[:, None, :]            # (no majority: no say)
-    lacks = expected[:, None, :] & ~present & voted & judged
-    extra = ~expected[:, None, :] & present & judged
+    lacks = expected & ~present & voted & judged
+    extra = ~expected & present & judged
     short = np.zeros((d, pp, t), bool)
     over = np.zeros((d, pp, t), bool)
     for s in range(pp):
@@ -327,7 +360,44 @@ def odd_workers(present, node_optype, node_stage, node_seq) -> OddWorkers:
         over[:, s] = extra[at].any(axis=0)
     most_compute = 2 * (computes & voters).sum(axis=0) > votes    # [P, T]
     short |= (voters & most_compute & ~computes) | (~voters & (votes > 0))
-    return OddWorkers(short | over, short, over, lacks, extra, undecided)
+    disputed = ~settled & required[:, None] & (held > 0)
+    return OddWorkers(short | over, short, over, lacks, extra, undecided, disputed)
+
+
+# a transfer's other end: (its type, the stage it goes to or comes from relative to its own)
+_PARTNER = {OPTYPE_CODES["forward-send"]: (OPTYPE_CODES["forward-recv"], 1),
+            OPTYPE_CODES["forward-recv"]: (OPTYPE_CODES["forward-send"], -1),
+            OPTYPE_CODES["backward-send"]: (OPTYPE_CODES["backward-recv"], -1),
+            OPTYPE_CODES["backward-recv"]: (OPTYPE_CODES["backward-send"], 1)}
+
+
+def paired_transfers(present, node_optype, node_stage, node_seq,
+                     interleaved: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """([N, D, T] the other end of each pipeline transfer ran at the same DP rank — a send at
+    stage p pairs with the recv of the same seq_id at p + 1 —, [N] a transfer with an other
+    end to ask). Without virtual chunks a transfer past the first or last stage has none (a
+    forward-send at the last stage pairs with nothing: False); with them it wraps round."""
+    n, d, t = present.shape
+    pp = int(node_stage.max()) + 1
+    paired = np.zeros((n, d, t), bool)
+    known = np.zeros(n, bool)
+    key = ((node_stage.astype(np.int64) << (_SEQ_BITS + _OPTYPE_BITS))
+           | (node_optype.astype(np.int64) << _SEQ_BITS) | node_seq)
+    order = np.argsort(key)
+    for code, (other, step) in _PARTNER.items():
+        at = np.flatnonzero(node_optype == code)
+        if not len(at):
+            continue
+        to = node_stage[at].astype(np.int64) + step
+        inside = (to >= 0) & (to < pp)
+        if interleaved:
+            to, inside = to % pp, np.ones(len(at), bool)
+        known[at] = True
+        want = (to << (_SEQ_BITS + _OPTYPE_BITS)) | (np.int64(other) << _SEQ_BITS) | node_seq[at]
+        pos = np.minimum(np.searchsorted(key[order], want), n - 1)
+        found = inside & (key[order][pos] == want)
+        paired[at[found]] = present[order[pos[found]]]
+    return paired, known
 
 
 @dataclass
@@ -347,13 +417,13 @@ MAX_NAMED_OPS = 16
 
 
 def leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids,
-                  ranks: np.ndarray) -> LeftOdd | None:
+                  ranks: np.ndarray, interleaved: bool = False) -> LeftOdd | None:
     """Where no step has ops from every worker: the grid less the DP replicas of the workers
     whose ops differ from their stage's majority (odd_workers), as a trace without those
     replicas would be analysed (a partial one), with each worker left out and why; None where
     no majority tells the odd workers, or leaving them out leaves no replica or no complete
     step (the caller's error stands). `ranks` [D, P]: each worker's global rank (-1: none)."""
-    judged = odd_workers(present, node_optype, node_stage, node_seq)
+    judged = odd_workers(present, node_optype, node_stage, node_seq, interleaved)
     bad = np.asarray(judged.odd.any(axis=(1, 2)))
     if not bad.any() or bad.all():
         return None
@@ -363,7 +433,8 @@ def leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
     kept = kept[keep_nodes]
     warnings: list[str] = []
     complete = _complete_steps(kept, node_optype[keep_nodes], node_stage[keep_nodes],
-                               dp_ranks[keep_dp], step_ids, warnings, node_seq[keep_nodes])
+                               dp_ranks[keep_dp], step_ids, warnings, node_seq[keep_nodes],
+                               interleaved)
     if not complete.any():
         return None
     left: list[LeftOut] = []
@@ -393,8 +464,19 @@ def leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
     warnings.insert(0, f"no step had ops from every worker: {len(shown)} worker(s) whose ops "
                     f"differ from their stage's other workers were left out with their DP "
                     f"replicas ({len(gone)} of {len(dp_ranks)}: DP rank(s) {ranges(gone)}), "
-                    f"the others analysed: {said}")
+                    f"the others analysed: {said}" + _unjudged(left))
     return LeftOdd(keep_nodes, keep_dp, kept, complete, left, warnings)
+
+
+def _unjudged(left: list[LeftOut]) -> str:
+    """'; … not judged' naming the healthy workers left out with an odd one's replica."""
+    rest = [w for w in left if w.reason == "replica"]
+    if not rest:
+        return ""
+    named = ", ".join(f"(dp {w.dp}, pp {w.pp}{f', rank {w.rank}' if w.rank is not None else ''})"
+                      for w in rest[:8]) + (" …" if len(rest) > 8 else "")
+    return (f"; their replicas' other workers {named} were not judged: a straggler among them "
+            "would not be seen")
 
 
 def _names(nodes: np.ndarray, node_optype, node_seq) -> list[str]:

@@ -596,12 +596,13 @@ def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition
     present = np.concatenate([p.present for p in placed], axis=2)
     warnings: list[str] = []
     dp_ranks, mc_raw, gmc_raw = template.dp_ranks, template.node_mc_raw, template.node_gmc_raw
+    interleaved = meta.vpp_size > 1 or int(mc_raw.max(initial=0)) > 0
     complete = _complete_steps(present, node_optype, node_stage, dp_ranks, steps, warnings,
-                               node_seq)
+                               node_seq, interleaved)
     odd = None
     if not complete.any():
         odd = leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, steps,
-                            _placed_ranks(placed, node_stage, len(dp_ranks)))
+                            _placed_ranks(placed, node_stage, len(dp_ranks)), interleaved)
         if odd is None:
             raise InputError(layout.directory, None, "no step has ops from every worker; "
                              + (warnings[0] if warnings else "cannot analyse"))
