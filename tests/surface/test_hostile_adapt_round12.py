@@ -138,8 +138,6 @@ def test_one_clients_queued_reads_do_not_refuse_a_jobs_first_lease(tmp_path):
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a lost store floor row ('*') with names in the folded "
-                   "filter gives a folded name's new workers its deleted fences again")
 def test_a_lost_store_floor_does_not_give_a_folded_name_its_old_fences(tmp_path):
     """max_kept_floors=0: data set d's floor (its worker w's fences went to 3) is folded into
     the store floor '*' at d's delete, and d into the folded names' filter (fence_folds). The
