@@ -215,7 +215,8 @@ class ServiceConfig(Config):
     max_read_wait_s: float = setting(10.0, "longest wait for a read's turn (then 503)",
                                      minimum=0.1, maximum=600.0)
     max_queued_reads: int = setting(64, "snapshot/status reads waiting for the reader thread"
-                                    " (past it: 503)", minimum=1, maximum=1 << 16)
+                                    " (past it: 503 to a caller at its share)", minimum=1,
+                                    maximum=1 << 16)
     control_share: float = setting(0.25, "share of the time control calls (reports, actions,"
                                    " state) may hold the interpreter: each is followed by a"
                                    " pause before the next", minimum=0.01, maximum=1.0)
@@ -1398,11 +1399,21 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                             allowance=WorkerAllowance(store, config.free_requests_per_token),
                             # (anonymous requests, a /health probe, are no other job)
                             counts=lambda key: isinstance(key, str))
-    def credentialed(scope) -> bool:
-        """A request with the token of a data set's or controller's owner, or the service's
-        (a made-up token is no credential: a new one per request went free)."""
-        key = _pressure_key(scope)
+    def known(key: object) -> bool:
+        """Whether a pressure key is the token of a data set's or controller's owner, or the
+        service's (a made-up token is no credential: a new one per request went free)."""
         return isinstance(key, str) and (key in mints.known or key == service_digest)
+
+    def credentialed(scope) -> bool:
+        """A request with a known token (see known)."""
+        return known(_pressure_key(scope))
+
+    def read_key(scope) -> object:
+        """Whose turn a request's reads take on the reader thread: its token where known, else
+        its client's (status and snapshot GETs need no token: one client sending each with a
+        new made-up token was a caller of its own each time, a job's lease behind all)."""
+        key = _pressure_key(scope)
+        return key if known(key) else _client_key(scope)
 
     # every other request, whatever its route (/health, a 404, a refusal, a first creation),
     # waits its client address's turn in the serving layer before anything is done of it (the
@@ -1411,7 +1422,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     app.state.anonymous_pace = AnonymousPace(credentialed, ANONYMOUS_PER_S, ANONYMOUS_BURST,
                                              max_wait_s=ANONYMOUS_MAX_WAIT_S,
                                              per_s_in_all=ANONYMOUS_PER_S_IN_ALL)
-    return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)}, pressure)
+    return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)}, pressure, read_key)
 
 
 class WorkerAllowance:
@@ -1454,8 +1465,10 @@ class _FastPath:
     token, errors) is the very one the Starlette route runs.
     """
 
-    def __init__(self, app: Starlette, hot: dict, pressure: Backpressure):
+    def __init__(self, app: Starlette, hot: dict, pressure: Backpressure,
+                 read_key: Callable[[Any], object]):
         self.app, self.hot, self.state, self.pressure = app, hot, app.state, pressure
+        self.read_key = read_key
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -1465,7 +1478,8 @@ class _FastPath:
         # owner's writes, or of cheap anonymous ones (/health, unknown paths, refused
         # writes), is answered at a pace, never as fast as it comes
         key = _pressure_key(scope)
-        reads.READ_KEY.set(key)   # (its reads take their turns on the reader thread by it)
+        # (its reads take their turns on the reader thread by its known token, else client)
+        reads.READ_KEY.set(self.read_key(scope))
         deferrable, allowed = _turn_kind(scope)
         try:
             wait = self.pressure.turn(key, deferrable, allowed)
@@ -1526,6 +1540,11 @@ def _pressure_key(scope) -> object:
             if scheme.lower() == "bearer" and TOKEN_PATTERN.fullmatch(token):
                 return token_digest(token)
             break
+    return _client_key(scope)
+
+
+def _client_key(scope) -> tuple[str, str | None]:
+    """A request's client's key (None for every loopback one: see quota_client)."""
     return ("client", quota_client((scope.get("client") or (None,))[0]))
 
 
