@@ -181,8 +181,6 @@ def test_a_lost_store_floor_does_not_give_a_folded_name_its_old_fences(tmp_path)
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="an anonymous status GET makes the commit thread scan "
-                   "every row of a data set not checked since the start (0.78 s of stalls)")
 def test_an_anonymous_status_get_scans_no_data_set_on_the_commit_thread(tmp_path):
     """The first call on a data set since the file was opened checks all its shard rows
     (first_bad_shard: one SQL scan) on the commit thread, and anyone may make that call: a

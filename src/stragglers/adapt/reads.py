@@ -27,8 +27,8 @@ import msgspec
 from stragglers.adapt.dataset import FAILED, STATES, TODO, DatasetConfig
 from stragglers.adapt.errors import Busy, NotFound, Quarantined
 from stragglers.adapt.replies import FailedShard, Status
-from stragglers.adapt.stored import (check_dataset_row, check_materialized, check_rows_key,
-                                     config_of, first_bad_shard)
+from stragglers.adapt.stored import (check_all_rows, check_dataset_row, check_materialized,
+                                     check_rows_key, config_of, first_bad_shard)
 from stragglers.adapt.turns import TakeTurns
 
 CHUNK_ROWS = 4096
@@ -125,6 +125,14 @@ def status_of(conn: sqlite3.Connection, name: str) -> Status:
 def status_bytes(conn: sqlite3.Connection, name: str) -> bytes:
     """status_of as JSON bytes."""
     return msgspec.json.encode(status_of(conn, name))
+
+
+def check_dataset(conn: sqlite3.Connection, name: str) -> None:
+    """The full check of a data set's rows (its first call's, stored.check_all_rows), here off
+    the commit thread: Quarantined naming the first damaged row, NotFound where none."""
+    with _read(conn):
+        cfg, epochs, written, key = _dataset(conn, name)
+        check_all_rows(conn, cfg, epochs, written, key)
 
 
 def has_expired(conn: sqlite3.Connection, name: str, now: float) -> bool:

@@ -43,7 +43,7 @@ from stragglers.adapt.controller import Actions, ControlConfig
 from stragglers.adapt.dataset import MAX_LEASE_S, MAX_SHARD_SIZE, MIN_LEASE_S, DatasetConfig, \
     check_name
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy, DiskFull, \
-    Forbidden, NotFound, RateLimited, Unauthorized, UnsupportedMediaType, authorize
+    Forbidden, NotFound, Quarantined, RateLimited, Unauthorized, UnsupportedMediaType, authorize
 from stragglers.adapt.folding import WalFolder
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
@@ -1185,9 +1185,10 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         name = name_of(request)
         await pacer.turn()
         store.raise_if_quarantined(name)
-        # (The first call on a data set since the file was opened checks its rows: the writer.)
+        if name not in store._verified:
+            await verify(name)
         expired = await read(reads.has_expired, name, store._clock())   # 404 from the reader
-        if expired or name not in store._verified:
+        if expired:
             try:
                 await commit.run(lambda: store.expire(name))
             except DiskFull as exc:
@@ -1200,6 +1201,23 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                                 " once until a write fits): %s", name, exc)
         body = await reader.status(name)
         return Response(body, 200, media_type="application/json")
+
+    async def verify(name: str) -> None:
+        """The first call on a data set since the file was opened checks all its rows: for a
+        read, on the reader (in its caller's turn), only its result recorded by the writer
+        (store.checked; its writes check it there where that result came too late)."""
+        seen = store.generation(name)
+        try:
+            await read(reads.check_dataset, name)   # (NotFound: 404)
+            damage = None
+        except Quarantined as exc:
+            damage = exc
+        try:
+            await commit.run(lambda: store.checked(name, seen, damage))
+        except DiskFull:
+            pass   # (nothing recorded: the next call checks again)
+        if damage is not None:
+            raise damage
 
     async def snapshot(request: Request) -> Response:
         name = name_of(request)
