@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from typing import TypeGuard
 
 from stragglers.adapt.dataset import MAX_FENCE
 from stragglers.adapt.errors import Conflict, Quarantined
@@ -37,7 +38,7 @@ _RAISE = ("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE
 _SOUND_FENCE = f"typeof(fence) = 'integer' AND fence BETWEEN 1 AND {MAX_FENCE}"
 
 
-def sound_floor(floor: object) -> bool:
+def sound_floor(floor: object) -> TypeGuard[int]:
     """Whether a stored fence floor reads as one (an integer 0..MAX_FENCE)."""
     return type(floor) is int and 0 <= floor <= MAX_FENCE
 
