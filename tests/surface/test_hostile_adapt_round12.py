@@ -218,8 +218,6 @@ def test_an_anonymous_status_get_scans_no_data_set_on_the_commit_thread(tmp_path
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="one owner reading its big snapshot slowly holds the "
-                   "one send slot of all owners: another job's 1 KB snapshot is 503")
 def test_an_owner_reading_its_snapshot_slowly_does_not_hold_other_owners_snapshots(tmp_path):
     """Snapshot bodies are sent in 256 KiB chunks holding a send slot; owners' sends share
     max_snapshot_sends (1) slots in all, and a slot is lost only by a client that takes no

@@ -22,7 +22,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,7 +174,8 @@ class ServiceConfig(Config):
     restore_grace_s: float = setting(10.0, "time every restore body has before"
                                      " restore_bytes_per_s counts", minimum=0.1,
                                      maximum=3600.0)
-    max_snapshot_sends: int = setting(1, "snapshot bodies sent at once (the others wait)",
+    max_snapshot_sends: int = setting(1, "snapshot bodies sent at once to each owner's token,"
+                                      " and to strangers in all (the others wait)",
                                       minimum=1, maximum=1024)
     snapshot_bytes_per_s: float = setting(float(256 << 20), "pace of a snapshot body sent to"
                                           " its owner (a 26 MB snapshot: 0.1 s)",
@@ -649,61 +650,81 @@ def _lease_limits(conn: sqlite3.Connection, name: str) -> tuple[int, float] | No
 
 
 class _SendSlots:
-    """At most `n` big bodies (snapshots) being sent at once; the others wait their turn, up
-    to `wait_s` (then 503), and a client that takes no chunk for `timeout_s` loses its slot."""
+    """At most `n` big bodies (snapshots) being sent at once to each key (an owner's token;
+    strangers' sends share one key); the others wait their turn, up to `wait_s` (then 503),
+    and a client that takes no chunk for `timeout_s` loses its slot. (One pool for all owners
+    let one owner reading its 8 MB snapshot a chunk every 9 s hold every other owner's
+    checkpoints' snapshots 503 for minutes.)"""
 
     def __init__(self, n: int, bytes_per_s: float, wait_s: float = 10.0, timeout_s: float = 10.0):
         self.n, self.bytes_per_s, self.wait_s, self.timeout_s = n, bytes_per_s, wait_s, timeout_s
-        self._sem: asyncio.Semaphore | None = None
+        # key -> (its slots, sends holding or waiting for one): dropped when none is (so at
+        # most one entry per key with a send under way; created on the serving event loop)
+        self._slots: dict[object, tuple[asyncio.Semaphore, list[int]]] = {}
 
-    def semaphore(self) -> asyncio.Semaphore:
-        if self._sem is None:   # created on the event loop that serves
-            self._sem = asyncio.Semaphore(self.n)
-        return self._sem
+    @contextlib.asynccontextmanager
+    async def hold(self, key: object) -> AsyncIterator[None]:
+        """One of `key`'s slots for the block; Busy past wait_s."""
+        sem, users = self._slots.setdefault(key, (asyncio.Semaphore(self.n), [0]))
+        users[0] += 1
+        try:
+            try:
+                await asyncio.wait_for(sem.acquire(), self.wait_s)
+            except asyncio.TimeoutError:
+                raise Busy(f"snapshots are being sent to other clients for more than"
+                           f" {self.wait_s:g} s; retry in a moment") from None
+            try:
+                yield
+            finally:
+                sem.release()
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._slots[key]
 
 
 class _SharedSend(Response):
     """A big JSON body sent in chunks, each after the client took the previous one, holding one
-    of the service's send slots: anonymous clients asking for a 26 MB snapshot in a loop keep
-    one transfer going, not one per connection (each costs both ends CPU time)."""
+    of its key's send slots: anonymous clients asking for a 26 MB snapshot in a loop keep one
+    transfer going, not one per connection (each costs both ends CPU time); a body of one
+    chunk is sent without one (as any other reply)."""
 
     # (a chunk is copied and written on the event loop: 256 KiB keeps each step short)
     CHUNK = 1 << 18
 
-    def __init__(self, body: bytes, slots: _SendSlots):
+    def __init__(self, body: bytes, slots: _SendSlots, key: object = None):
         super().__init__(b"", 200, media_type="application/json")
-        self.payload, self.slots = body, slots
+        self.payload, self.slots, self.key = body, slots, key
         self.headers["content-length"] = str(len(body))
 
     async def __call__(self, scope, receive, send) -> None:
-        sem = self.slots.semaphore()
-        try:
-            await asyncio.wait_for(sem.acquire(), self.slots.wait_s)
-        except asyncio.TimeoutError:
-            busy = Busy(f"snapshots are being sent to other clients for more than"
-                        f" {self.slots.wait_s:g} s; retry in a moment")
-            await _error(busy)(scope, receive, send)
+        if len(self.payload) <= self.CHUNK:
+            await self._send(send)
             return
         try:
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})
-            view, start = memoryview(self.payload), time.monotonic()
-            for i in range(0, max(len(view), 1), self.CHUNK):
-                try:
-                    await asyncio.wait_for(send({
-                        "type": "http.response.body", "body": bytes(view[i:i + self.CHUNK]),
-                        "more_body": i + self.CHUNK < len(view)}), self.slots.timeout_s)
-                except asyncio.TimeoutError:
-                    # a client that stopped reading held the slot for good (every stranger's
-                    # snapshot waited): the response ends unfinished, uvicorn closes the socket
-                    log.info("snapshot: the client took no data for %.0f s; dropped",
-                             self.slots.timeout_s)
-                    return
-                ahead = (i + self.CHUNK) / self.slots.bytes_per_s - (time.monotonic() - start)
-                if ahead > 0 and i + self.CHUNK < len(view):
-                    await asyncio.sleep(ahead)   # paced: a loop of snapshots is not a CPU hog
-        finally:
-            sem.release()
+            async with self.slots.hold(self.key):
+                await self._send(send)
+        except Busy as busy:   # (raised before anything was sent)
+            await _error(busy)(scope, receive, send)
+
+    async def _send(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        view, start = memoryview(self.payload), time.monotonic()
+        for i in range(0, max(len(view), 1), self.CHUNK):
+            try:
+                await asyncio.wait_for(send({
+                    "type": "http.response.body", "body": bytes(view[i:i + self.CHUNK]),
+                    "more_body": i + self.CHUNK < len(view)}), self.slots.timeout_s)
+            except asyncio.TimeoutError:
+                # a client that stopped reading held the slot for good (every stranger's
+                # snapshot waited): the response ends unfinished, uvicorn closes the socket
+                log.info("snapshot: the client took no data for %.0f s; dropped",
+                         self.slots.timeout_s)
+                return
+            ahead = (i + self.CHUNK) / self.slots.bytes_per_s - (time.monotonic() - start)
+            if ahead > 0 and i + self.CHUNK < len(view):
+                await asyncio.sleep(ahead)   # paced: a loop of snapshots is not a CPU hog
 
 
 def _internal_error() -> Response:
@@ -840,7 +861,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     shuffles = {False: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-small"),
                 True: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-big")}
     shuffle_turns = {big: TakeTurns(pool) for big, pool in shuffles.items()}
-    # Owners' snapshot sends and strangers' have slots of their own; strangers' are paced
+    # Each owner's snapshot sends and strangers' have slots of their own; strangers' are paced
     # slowly: five anonymous clients looping on a 26 MB snapshot at the owner's pace received
     # 256 MB/s, and their CPU (and the service's sends) on the same cores slowed other jobs'
     # leases 1.5-3.3x.
@@ -1230,7 +1251,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         owns = owner is not None and digest is not None and hmac.compare_digest(owner, digest)
         stale_s = 0.0 if owner is None or owns else config.stranger_snapshot_stale_s
         body = await reader.snapshot(name, stale_s)
-        return _SharedSend(body, sending[owns])
+        return _SharedSend(body, sending[owns], owner if owns else None)
 
     async def restore(request: Request) -> Restored:
         name = name_of(request)
