@@ -87,11 +87,6 @@ def test_made_up_tokens_do_not_each_get_a_turn_on_the_reader_thread(tmp_path):
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, run=False, reason="the 503 is fixed (ReadSide._admit refuses a "
-                   "caller only at its share: tests/adapt/test_adapt_round12_reads.py), but this "
-                   "test asks V's first lease to finish while the reader thread is held, and "
-                   "that lease reads its limits there (test 1 needs that read queued): it "
-                   "waits 60 s for the held read; not run")
 def test_one_clients_queued_reads_do_not_refuse_a_jobs_first_lease(tmp_path):
     """The reader thread's queue is bounded in all (max_queued_reads, 64 by default; 8 here),
     not per caller: taking turns orders the queue, but one anonymous client's status GETs (50 a

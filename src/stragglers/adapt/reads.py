@@ -253,19 +253,24 @@ class ReadSide:
         finally:
             self._done(key)   # (a read whose caller left while it waited is counted out too)
 
+    def idle(self) -> bool:
+        """Whether no read is queued or running (one asked now runs at once)."""
+        with self._lock:
+            return self._queued == 0
+
     def _run(self, fn, args):
         self.threads_used.add(threading.current_thread().name)
         return fn(self._conn(), *args)
 
     def _admit(self, key: Hashable) -> None:
         """Count a read of `key` in, or Busy: past max_queued reads in all, a caller is refused
-        only at its share of them (max_queued over the callers with reads queued, at least 1)
-        or at twice the bound. One bound for all made one client's queued GETs refuse another
-        job's first lease (503 though it had no read queued)."""
+        only at its share of them (max_queued over the callers with reads queued, itself
+        counted; so never past twice the bound). One bound for all made one client's queued
+        GETs refuse another job's first lease (503 though it had no read queued)."""
         with self._lock:
             mine = self._by_key.get(key, 0)
             if self._queued >= self.max_queued:
-                share = max(1, self.max_queued // (len(self._by_key) + (mine == 0)))
+                share = self.max_queued // (len(self._by_key) + (mine == 0))
                 if mine >= share or self._queued >= 2 * self.max_queued:
                     raise Busy(f"{self._queued} reads are queued, {mine} of them this"
                                " caller's; retry in a moment")

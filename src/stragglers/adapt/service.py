@@ -1103,14 +1103,40 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     # shard size and lease_s of each data set (read once; dropped with the data set): what a
     # lease may reserve of its token's index pace before it is committed, and wait for
     lease_limits: dict[str, tuple[int, float]] = {}
+    limits_reads: dict[str, asyncio.Future] = {}   # data set -> the read of its limits
+
+    async def read_limits(name: str) -> tuple[int, float] | None:
+        try:
+            limits = await read(_lease_limits, name)
+        except (StragglersError, sqlite3.Error):   # (Busy: a later lease reads them again)
+            return None
+        finally:
+            limits_reads.pop(name, None)
+        if limits:
+            lease_limits[name] = limits
+        return limits
+
+    async def limits_of(name: str) -> tuple[int, float] | None:
+        """A data set's lease limits; where not known, read on the reader thread in the
+        caller's turn, waited for only when that thread has no read queued or running: a job's
+        first lease waited there behind other clients' reads (and was 503 past the bound on
+        queued reads). Not waited for, the lease goes on with them unknown (charged what it
+        sends, as small shards' leases, never held before its commit); its next lease has them."""
+        limits = lease_limits.get(name)
+        if limits is not None:
+            return limits
+        idle = reader.idle()
+        flight = limits_reads.get(name)
+        if flight is None:
+            flight = limits_reads[name] = asyncio.ensure_future(read_limits(name))
+        return await asyncio.shield(flight) if idle else None
 
     async def lease(request: Request) -> LeaseReply | Response:
         name = name_of(request)
         digest, body = await owned(request, name), await parsed(request, rq.Lease)
-        limits = lease_limits.get(name) or await read(_lease_limits, name)
-        if limits:
-            lease_limits[name] = limits
-        # where they are not known the lease is refused by its commit, all refunded
+        limits = await limits_of(name)
+        # where not known (not read yet, or none: then the lease is refused by its commit,
+        # all refunded) the most a shard may hold is reserved, and nothing waited for
         size, lease_s = limits or (MAX_SHARD_SIZE, None)
         # Reserved before the commit, in the step that checks the pace (see _IndexPace.admit):
         # the most a reply sends (store.lease's cap; count x shard_size reserved up to 64x
