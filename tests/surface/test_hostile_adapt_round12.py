@@ -32,8 +32,6 @@ def _until(check, what: str) -> None:
         time.sleep(0.005)
 
 
-@pytest.mark.xfail(strict=True, reason="a made-up bearer token is a reader turn of its own: "
-                   "N made-up tokens put a job's read behind N reads of one client")
 def test_made_up_tokens_do_not_each_get_a_turn_on_the_reader_thread(tmp_path):
     """The reader thread takes reads in turns by caller so that a job's first lease (its data
     set's limits, read there) waits for at most one read of each other caller. But the caller
@@ -89,8 +87,6 @@ def test_made_up_tokens_do_not_each_get_a_turn_on_the_reader_thread(tmp_path):
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="one client's queued reads fill the shared bound on "
-                   "queued reads: a job's first lease is 503 Busy")
 def test_one_clients_queued_reads_do_not_refuse_a_jobs_first_lease(tmp_path):
     """The reader thread's queue is bounded in all (max_queued_reads, 64 by default; 8 here),
     not per caller: taking turns orders the queue, but one anonymous client's status GETs (50 a
@@ -138,8 +134,6 @@ def test_one_clients_queued_reads_do_not_refuse_a_jobs_first_lease(tmp_path):
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a lost store floor row ('*') with names in the folded "
-                   "filter gives a folded name's new workers its deleted fences again")
 def test_a_lost_store_floor_does_not_give_a_folded_name_its_old_fences(tmp_path):
     """max_kept_floors=0: data set d's floor (its worker w's fences went to 3) is folded into
     the store floor '*' at d's delete, and d into the folded names' filter (fence_folds). The
@@ -182,8 +176,6 @@ def test_a_lost_store_floor_does_not_give_a_folded_name_its_old_fences(tmp_path)
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="an anonymous status GET makes the commit thread scan "
-                   "every row of a data set not checked since the start (0.78 s of stalls)")
 def test_an_anonymous_status_get_scans_no_data_set_on_the_commit_thread(tmp_path):
     """The first call on a data set since the file was opened checks all its shard rows
     (first_bad_shard: one SQL scan) on the commit thread, and anyone may make that call: a
@@ -221,8 +213,6 @@ def test_an_anonymous_status_get_scans_no_data_set_on_the_commit_thread(tmp_path
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="one owner reading its big snapshot slowly holds the "
-                   "one send slot of all owners: another job's 1 KB snapshot is 503")
 def test_an_owner_reading_its_snapshot_slowly_does_not_hold_other_owners_snapshots(tmp_path):
     """Snapshot bodies are sent in 256 KiB chunks holding a send slot; owners' sends share
     max_snapshot_sends (1) slots in all, and a slot is lost only by a client that takes no

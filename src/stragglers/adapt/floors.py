@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from typing import TypeGuard
 
 from stragglers.adapt.dataset import MAX_FENCE
 from stragglers.adapt.errors import Conflict, Quarantined
@@ -37,7 +38,7 @@ _RAISE = ("INSERT INTO fence_floors VALUES (?,?) ON CONFLICT (dataset) DO UPDATE
 _SOUND_FENCE = f"typeof(fence) = 'integer' AND fence BETWEEN 1 AND {MAX_FENCE}"
 
 
-def sound_floor(floor: object) -> bool:
+def sound_floor(floor: object) -> TypeGuard[int]:
     """Whether a stored fence floor reads as one (an integer 0..MAX_FENCE)."""
     return type(floor) is int and 0 <= floor <= MAX_FENCE
 
@@ -61,15 +62,14 @@ def pin_fence_floor(c: sqlite3.Connection, name: str) -> int:
                               " incarnations'; other data sets are not affected (restore the"
                               " file from a backup)")
         return row[0]
-    store = c.execute("SELECT floor FROM fence_floors WHERE dataset=?",
-                      (STORE_FLOOR,)).fetchone()
-    floor = 0 if store is None else store[0]
+    floor = _store_floor(c)
     if not sound_floor(floor):
         if _maybe_folded(c, name):
+            seen = "missing" if floor is _MISSING else f"floor={floor!r:.40}"
             raise Quarantined(f"data set '{name}' has no fence floor of its own, its name may"
                               " be one of the deleted data sets' folded into the store's"
-                              f" (fence_floors row '{STORE_FLOOR}'), and that is damaged (floor="
-                              f"{floor!r:.40}, expected an integer 0..{MAX_FENCE}): its new"
+                              f" (fence_floors row '{STORE_FLOOR}'), and that is damaged ({seen},"
+                              f" expected an integer 0..{MAX_FENCE}): its new"
                               " workers' fences cannot be put above theirs; names never folded"
                               f" and data sets with a floor of their own are not affected (set"
                               f" row '{STORE_FLOOR}' to the highest fence a deleted data set's"
@@ -108,12 +108,11 @@ def keep_fence_floor(c: sqlite3.Connection, name: str, key: str, max_kept: int) 
     # (names created and deleted in a loop would each keep a row: the file grew without bound)
     over = c.execute("SELECT COUNT(*) FROM fence_floors WHERE dataset != ?",
                      (STORE_FLOOR,)).fetchone()[0] - max_kept
-    store = c.execute("SELECT floor FROM fence_floors WHERE dataset=?",
-                      (STORE_FLOOR,)).fetchone()
     # Neither into a damaged store floor (the names' rows are kept: their floors are proven,
     # and while it is damaged no name it may cover can be created, so none are added in a
-    # loop) nor from a damaged row (its name's creation stays refused, not let past its fences)
-    if over > 0 and (store is None or sound_floor(store[0])):
+    # loop; a lost one written anew would hold only the new names' fences) nor from a damaged
+    # row (its name's creation stays refused, not let past its fences)
+    if over > 0 and sound_floor(_store_floor(c)):
         fold = c.execute("SELECT rowid, dataset, floor FROM fence_floors f WHERE dataset != ?"
                          f" AND typeof(floor) = 'integer' AND floor BETWEEN 0 AND {MAX_FENCE}"
                          " AND NOT EXISTS (SELECT 1 FROM datasets d WHERE d.name = f.dataset)"
@@ -122,6 +121,20 @@ def keep_fence_floor(c: sqlite3.Connection, name: str, key: str, max_kept: int) 
             _note_folded(c, [n for _, n, _ in fold])
             raise_fence_floor(c, STORE_FLOOR, max(f for _, _, f in fold))
             c.executemany("DELETE FROM fence_floors WHERE rowid=?", [(r,) for r, _, _ in fold])
+
+
+# the store floor's row lost while the filter says names were folded into it (a damaged file
+# loses rows too): damaged, never 0 (read as 0, a folded name's deleted fences came back)
+_MISSING = object()
+
+
+def _store_floor(c: sqlite3.Connection) -> object:
+    """The store floor: 0 where there is none and nothing was folded, _MISSING where there is
+    none though the filter has a row (damaged), else the stored value (checked by the caller)."""
+    row = c.execute("SELECT floor FROM fence_floors WHERE dataset=?", (STORE_FLOOR,)).fetchone()
+    if row is None:
+        return _MISSING if _filter(c)[0] else 0
+    return row[0]
 
 
 def _bits(name: str) -> list[int]:

@@ -5,7 +5,8 @@ epochs is 655,360 rows: run on the commit thread, five of them stalled every oth
 for seconds. Here they run on a reader thread with its own SQLite connection (WAL: readers never
 block the writer, and see a consistent committed state), the JSON is built in chunks (the GIL is
 given back between them), a snapshot's bytes are kept while its data set is unchanged (the same
-snapshot asked again costs nothing), and the number of queued reads is bounded (503 past it).
+snapshot asked again costs nothing), and the number of queued reads is bounded (503 past it, to
+a caller at its share of the bound: see ReadSide._admit).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import msgspec
 from stragglers.adapt.dataset import FAILED, STATES, TODO, DatasetConfig
 from stragglers.adapt.errors import Busy, NotFound, Quarantined
 from stragglers.adapt.replies import FailedShard, Status
-from stragglers.adapt.stored import (check_dataset_row, check_materialized, check_rows_key,
-                                     config_of, first_bad_shard)
+from stragglers.adapt.stored import (check_all_rows, check_dataset_row, check_materialized,
+                                     check_rows_key, config_of, first_bad_shard)
 from stragglers.adapt.turns import TakeTurns
 
 CHUNK_ROWS = 4096
@@ -126,6 +127,14 @@ def status_bytes(conn: sqlite3.Connection, name: str) -> bytes:
     return msgspec.json.encode(status_of(conn, name))
 
 
+def check_dataset(conn: sqlite3.Connection, name: str) -> None:
+    """The full check of a data set's rows (its first call's, stored.check_all_rows), here off
+    the commit thread: Quarantined naming the first damaged row, NotFound where none."""
+    with _read(conn):
+        cfg, epochs, written, key = _dataset(conn, name)
+        check_all_rows(conn, cfg, epochs, written, key)
+
+
 def has_expired(conn: sqlite3.Connection, name: str, now: float) -> bool:
     """Whether a DOING lease of `name` ended before `now` (then the writer must requeue it);
     NotFound for an unknown data set (answered here, never by the writer)."""
@@ -206,6 +215,7 @@ class ReadSide:
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._queued = 0
+        self._by_key: dict[Hashable, int] = {}   # queued reads by READ_KEY
         self._cache: OrderedDict[tuple, tuple[object, bytes, float]] = OrderedDict()
         self._flights: dict[tuple, asyncio.Future] = {}
         self.computed = 0  # snapshots built (not served from the cache)
@@ -222,38 +232,59 @@ class ReadSide:
 
     def submit(self, fn, *args) -> Future:
         """Run fn(conn, *args) on the reader thread now, in no turn (a start's own reads);
-        Busy when max_queued reads already wait."""
-        self._admit()
+        Busy past the bound on queued reads (see _admit)."""
+        key = READ_KEY.get()
+        self._admit(key)
         try:
             fut = self._pool.submit(self._run, fn, args)
         except BaseException:
-            self._done()
+            self._done(key)
             raise
-        fut.add_done_callback(lambda _: self._done())
+        fut.add_done_callback(lambda _: self._done(key))
         return fut
 
     async def read(self, fn, *args):
         """fn(conn, *args) on the reader thread in READ_KEY's turn (from the event loop); Busy
-        when max_queued reads already wait."""
-        self._admit()
+        past the bound on queued reads (see _admit)."""
+        key = READ_KEY.get()
+        self._admit(key)
         try:
-            return await self._turns.run(READ_KEY.get(), self._run, fn, args)
+            return await self._turns.run(key, self._run, fn, args)
         finally:
-            self._done()   # (a read whose caller left while it waited is counted out too)
+            self._done(key)   # (a read whose caller left while it waited is counted out too)
+
+    def idle(self) -> bool:
+        """Whether no read is queued or running (one asked now runs at once)."""
+        with self._lock:
+            return self._queued == 0
 
     def _run(self, fn, args):
         self.threads_used.add(threading.current_thread().name)
         return fn(self._conn(), *args)
 
-    def _admit(self) -> None:
+    def _admit(self, key: Hashable) -> None:
+        """Count a read of `key` in, or Busy: past max_queued reads in all, a caller is refused
+        only at its share of them (max_queued over the callers with reads queued, itself
+        counted; so never past twice the bound). One bound for all made one client's queued
+        GETs refuse another job's first lease (503 though it had no read queued)."""
         with self._lock:
+            mine = self._by_key.get(key, 0)
             if self._queued >= self.max_queued:
-                raise Busy(f"{self._queued} reads are queued; retry in a moment")
+                share = self.max_queued // (len(self._by_key) + (mine == 0))
+                if mine >= share or self._queued >= 2 * self.max_queued:
+                    raise Busy(f"{self._queued} reads are queued, {mine} of them this"
+                               " caller's; retry in a moment")
             self._queued += 1
+            self._by_key[key] = mine + 1
 
-    def _done(self) -> None:
+    def _done(self, key: Hashable) -> None:
         with self._lock:
             self._queued -= 1
+            left = self._by_key[key] - 1
+            if left:
+                self._by_key[key] = left
+            else:
+                del self._by_key[key]
 
     async def snapshot(self, name: str, stale_s: float = 0.0) -> bytes:
         """The snapshot bytes: from the cache while the data set is unchanged.

@@ -22,7 +22,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +43,7 @@ from stragglers.adapt.controller import Actions, ControlConfig
 from stragglers.adapt.dataset import MAX_LEASE_S, MAX_SHARD_SIZE, MIN_LEASE_S, DatasetConfig, \
     check_name
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy, DiskFull, \
-    Forbidden, NotFound, RateLimited, Unauthorized, UnsupportedMediaType, authorize
+    Forbidden, NotFound, Quarantined, RateLimited, Unauthorized, UnsupportedMediaType, authorize
 from stragglers.adapt.folding import WalFolder
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
@@ -174,7 +174,8 @@ class ServiceConfig(Config):
     restore_grace_s: float = setting(10.0, "time every restore body has before"
                                      " restore_bytes_per_s counts", minimum=0.1,
                                      maximum=3600.0)
-    max_snapshot_sends: int = setting(1, "snapshot bodies sent at once (the others wait)",
+    max_snapshot_sends: int = setting(1, "snapshot bodies sent at once to each owner's token,"
+                                      " and to strangers in all (the others wait)",
                                       minimum=1, maximum=1024)
     snapshot_bytes_per_s: float = setting(float(256 << 20), "pace of a snapshot body sent to"
                                           " its owner (a 26 MB snapshot: 0.1 s)",
@@ -215,7 +216,8 @@ class ServiceConfig(Config):
     max_read_wait_s: float = setting(10.0, "longest wait for a read's turn (then 503)",
                                      minimum=0.1, maximum=600.0)
     max_queued_reads: int = setting(64, "snapshot/status reads waiting for the reader thread"
-                                    " (past it: 503)", minimum=1, maximum=1 << 16)
+                                    " (past it: 503 to a caller at its share)", minimum=1,
+                                    maximum=1 << 16)
     control_share: float = setting(0.25, "share of the time control calls (reports, actions,"
                                    " state) may hold the interpreter: each is followed by a"
                                    " pause before the next", minimum=0.01, maximum=1.0)
@@ -648,61 +650,81 @@ def _lease_limits(conn: sqlite3.Connection, name: str) -> tuple[int, float] | No
 
 
 class _SendSlots:
-    """At most `n` big bodies (snapshots) being sent at once; the others wait their turn, up
-    to `wait_s` (then 503), and a client that takes no chunk for `timeout_s` loses its slot."""
+    """At most `n` big bodies (snapshots) being sent at once to each key (an owner's token;
+    strangers' sends share one key); the others wait their turn, up to `wait_s` (then 503),
+    and a client that takes no chunk for `timeout_s` loses its slot. (One pool for all owners
+    let one owner reading its 8 MB snapshot a chunk every 9 s hold every other owner's
+    checkpoints' snapshots 503 for minutes.)"""
 
     def __init__(self, n: int, bytes_per_s: float, wait_s: float = 10.0, timeout_s: float = 10.0):
         self.n, self.bytes_per_s, self.wait_s, self.timeout_s = n, bytes_per_s, wait_s, timeout_s
-        self._sem: asyncio.Semaphore | None = None
+        # key -> (its slots, sends holding or waiting for one): dropped when none is (so at
+        # most one entry per key with a send under way; created on the serving event loop)
+        self._slots: dict[object, tuple[asyncio.Semaphore, list[int]]] = {}
 
-    def semaphore(self) -> asyncio.Semaphore:
-        if self._sem is None:   # created on the event loop that serves
-            self._sem = asyncio.Semaphore(self.n)
-        return self._sem
+    @contextlib.asynccontextmanager
+    async def hold(self, key: object) -> AsyncIterator[None]:
+        """One of `key`'s slots for the block; Busy past wait_s."""
+        sem, users = self._slots.setdefault(key, (asyncio.Semaphore(self.n), [0]))
+        users[0] += 1
+        try:
+            try:
+                await asyncio.wait_for(sem.acquire(), self.wait_s)
+            except asyncio.TimeoutError:
+                raise Busy(f"snapshots are being sent to other clients for more than"
+                           f" {self.wait_s:g} s; retry in a moment") from None
+            try:
+                yield
+            finally:
+                sem.release()
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._slots[key]
 
 
 class _SharedSend(Response):
     """A big JSON body sent in chunks, each after the client took the previous one, holding one
-    of the service's send slots: anonymous clients asking for a 26 MB snapshot in a loop keep
-    one transfer going, not one per connection (each costs both ends CPU time)."""
+    of its key's send slots: anonymous clients asking for a 26 MB snapshot in a loop keep one
+    transfer going, not one per connection (each costs both ends CPU time); a body of one
+    chunk is sent without one (as any other reply)."""
 
     # (a chunk is copied and written on the event loop: 256 KiB keeps each step short)
     CHUNK = 1 << 18
 
-    def __init__(self, body: bytes, slots: _SendSlots):
+    def __init__(self, body: bytes, slots: _SendSlots, key: object = None):
         super().__init__(b"", 200, media_type="application/json")
-        self.payload, self.slots = body, slots
+        self.payload, self.slots, self.key = body, slots, key
         self.headers["content-length"] = str(len(body))
 
     async def __call__(self, scope, receive, send) -> None:
-        sem = self.slots.semaphore()
-        try:
-            await asyncio.wait_for(sem.acquire(), self.slots.wait_s)
-        except asyncio.TimeoutError:
-            busy = Busy(f"snapshots are being sent to other clients for more than"
-                        f" {self.slots.wait_s:g} s; retry in a moment")
-            await _error(busy)(scope, receive, send)
+        if len(self.payload) <= self.CHUNK:
+            await self._send(send)
             return
         try:
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})
-            view, start = memoryview(self.payload), time.monotonic()
-            for i in range(0, max(len(view), 1), self.CHUNK):
-                try:
-                    await asyncio.wait_for(send({
-                        "type": "http.response.body", "body": bytes(view[i:i + self.CHUNK]),
-                        "more_body": i + self.CHUNK < len(view)}), self.slots.timeout_s)
-                except asyncio.TimeoutError:
-                    # a client that stopped reading held the slot for good (every stranger's
-                    # snapshot waited): the response ends unfinished, uvicorn closes the socket
-                    log.info("snapshot: the client took no data for %.0f s; dropped",
-                             self.slots.timeout_s)
-                    return
-                ahead = (i + self.CHUNK) / self.slots.bytes_per_s - (time.monotonic() - start)
-                if ahead > 0 and i + self.CHUNK < len(view):
-                    await asyncio.sleep(ahead)   # paced: a loop of snapshots is not a CPU hog
-        finally:
-            sem.release()
+            async with self.slots.hold(self.key):
+                await self._send(send)
+        except Busy as busy:   # (raised before anything was sent)
+            await _error(busy)(scope, receive, send)
+
+    async def _send(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        view, start = memoryview(self.payload), time.monotonic()
+        for i in range(0, max(len(view), 1), self.CHUNK):
+            try:
+                await asyncio.wait_for(send({
+                    "type": "http.response.body", "body": bytes(view[i:i + self.CHUNK]),
+                    "more_body": i + self.CHUNK < len(view)}), self.slots.timeout_s)
+            except asyncio.TimeoutError:
+                # a client that stopped reading held the slot for good (every stranger's
+                # snapshot waited): the response ends unfinished, uvicorn closes the socket
+                log.info("snapshot: the client took no data for %.0f s; dropped",
+                         self.slots.timeout_s)
+                return
+            ahead = (i + self.CHUNK) / self.slots.bytes_per_s - (time.monotonic() - start)
+            if ahead > 0 and i + self.CHUNK < len(view):
+                await asyncio.sleep(ahead)   # paced: a loop of snapshots is not a CPU hog
 
 
 def _internal_error() -> Response:
@@ -839,7 +861,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     shuffles = {False: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-small"),
                 True: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-big")}
     shuffle_turns = {big: TakeTurns(pool) for big, pool in shuffles.items()}
-    # Owners' snapshot sends and strangers' have slots of their own; strangers' are paced
+    # Each owner's snapshot sends and strangers' have slots of their own; strangers' are paced
     # slowly: five anonymous clients looping on a 26 MB snapshot at the owner's pace received
     # 256 MB/s, and their CPU (and the service's sends) on the same cores slowed other jobs'
     # leases 1.5-3.3x.
@@ -1081,14 +1103,40 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     # shard size and lease_s of each data set (read once; dropped with the data set): what a
     # lease may reserve of its token's index pace before it is committed, and wait for
     lease_limits: dict[str, tuple[int, float]] = {}
+    limits_reads: dict[str, asyncio.Future] = {}   # data set -> the read of its limits
+
+    async def read_limits(name: str) -> tuple[int, float] | None:
+        try:
+            limits = await read(_lease_limits, name)
+        except (StragglersError, sqlite3.Error):   # (Busy: a later lease reads them again)
+            return None
+        finally:
+            limits_reads.pop(name, None)
+        if limits:
+            lease_limits[name] = limits
+        return limits
+
+    async def limits_of(name: str) -> tuple[int, float] | None:
+        """A data set's lease limits; where not known, read on the reader thread in the
+        caller's turn, waited for only when that thread has no read queued or running: a job's
+        first lease waited there behind other clients' reads (and was 503 past the bound on
+        queued reads). Not waited for, the lease goes on with them unknown (charged what it
+        sends, as small shards' leases, never held before its commit); its next lease has them."""
+        limits = lease_limits.get(name)
+        if limits is not None:
+            return limits
+        idle = reader.idle()
+        flight = limits_reads.get(name)
+        if flight is None:
+            flight = limits_reads[name] = asyncio.ensure_future(read_limits(name))
+        return await asyncio.shield(flight) if idle else None
 
     async def lease(request: Request) -> LeaseReply | Response:
         name = name_of(request)
         digest, body = await owned(request, name), await parsed(request, rq.Lease)
-        limits = lease_limits.get(name) or await read(_lease_limits, name)
-        if limits:
-            lease_limits[name] = limits
-        # where they are not known the lease is refused by its commit, all refunded
+        limits = await limits_of(name)
+        # where not known (not read yet, or none: then the lease is refused by its commit,
+        # all refunded) the most a shard may hold is reserved, and nothing waited for
         size, lease_s = limits or (MAX_SHARD_SIZE, None)
         # Reserved before the commit, in the step that checks the pace (see _IndexPace.admit):
         # the most a reply sends (store.lease's cap; count x shard_size reserved up to 64x
@@ -1184,9 +1232,10 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         name = name_of(request)
         await pacer.turn()
         store.raise_if_quarantined(name)
-        # (The first call on a data set since the file was opened checks its rows: the writer.)
+        if name not in store._verified:
+            await verify(name)
         expired = await read(reads.has_expired, name, store._clock())   # 404 from the reader
-        if expired or name not in store._verified:
+        if expired:
             try:
                 await commit.run(lambda: store.expire(name))
             except DiskFull as exc:
@@ -1200,6 +1249,23 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         body = await reader.status(name)
         return Response(body, 200, media_type="application/json")
 
+    async def verify(name: str) -> None:
+        """The first call on a data set since the file was opened checks all its rows: for a
+        read, on the reader (in its caller's turn), only its result recorded by the writer
+        (store.checked; its writes check it there where that result came too late)."""
+        seen = store.generation(name)
+        try:
+            await read(reads.check_dataset, name)   # (NotFound: 404)
+            damage = None
+        except Quarantined as exc:
+            damage = exc
+        try:
+            await commit.run(lambda: store.checked(name, seen, damage))
+        except DiskFull:
+            pass   # (nothing recorded: the next call checks again)
+        if damage is not None:
+            raise damage
+
     async def snapshot(request: Request) -> Response:
         name = name_of(request)
         await pacer.turn()
@@ -1211,7 +1277,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         owns = owner is not None and digest is not None and hmac.compare_digest(owner, digest)
         stale_s = 0.0 if owner is None or owns else config.stranger_snapshot_stale_s
         body = await reader.snapshot(name, stale_s)
-        return _SharedSend(body, sending[owns])
+        return _SharedSend(body, sending[owns], owner if owns else None)
 
     async def restore(request: Request) -> Restored:
         name = name_of(request)
@@ -1398,11 +1464,21 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                             allowance=WorkerAllowance(store, config.free_requests_per_token),
                             # (anonymous requests, a /health probe, are no other job)
                             counts=lambda key: isinstance(key, str))
-    def credentialed(scope) -> bool:
-        """A request with the token of a data set's or controller's owner, or the service's
-        (a made-up token is no credential: a new one per request went free)."""
-        key = _pressure_key(scope)
+    def known(key: object) -> bool:
+        """Whether a pressure key is the token of a data set's or controller's owner, or the
+        service's (a made-up token is no credential: a new one per request went free)."""
         return isinstance(key, str) and (key in mints.known or key == service_digest)
+
+    def credentialed(scope) -> bool:
+        """A request with a known token (see known)."""
+        return known(_pressure_key(scope))
+
+    def read_key(scope) -> object:
+        """Whose turn a request's reads take on the reader thread: its token where known, else
+        its client's (status and snapshot GETs need no token: one client sending each with a
+        new made-up token was a caller of its own each time, a job's lease behind all)."""
+        key = _pressure_key(scope)
+        return key if known(key) else _client_key(scope)
 
     # every other request, whatever its route (/health, a 404, a refusal, a first creation),
     # waits its client address's turn in the serving layer before anything is done of it (the
@@ -1411,7 +1487,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     app.state.anonymous_pace = AnonymousPace(credentialed, ANONYMOUS_PER_S, ANONYMOUS_BURST,
                                              max_wait_s=ANONYMOUS_MAX_WAIT_S,
                                              per_s_in_all=ANONYMOUS_PER_S_IN_ALL)
-    return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)}, pressure)
+    return _FastPath(app, {"lease": handler(lease), "ack": handler(ack)}, pressure, read_key)
 
 
 class WorkerAllowance:
@@ -1454,8 +1530,10 @@ class _FastPath:
     token, errors) is the very one the Starlette route runs.
     """
 
-    def __init__(self, app: Starlette, hot: dict, pressure: Backpressure):
+    def __init__(self, app: Starlette, hot: dict, pressure: Backpressure,
+                 read_key: Callable[[Any], object]):
         self.app, self.hot, self.state, self.pressure = app, hot, app.state, pressure
+        self.read_key = read_key
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -1465,7 +1543,8 @@ class _FastPath:
         # owner's writes, or of cheap anonymous ones (/health, unknown paths, refused
         # writes), is answered at a pace, never as fast as it comes
         key = _pressure_key(scope)
-        reads.READ_KEY.set(key)   # (its reads take their turns on the reader thread by it)
+        # (its reads take their turns on the reader thread by its known token, else client)
+        reads.READ_KEY.set(self.read_key(scope))
         deferrable, allowed = _turn_kind(scope)
         try:
             wait = self.pressure.turn(key, deferrable, allowed)
@@ -1526,6 +1605,11 @@ def _pressure_key(scope) -> object:
             if scheme.lower() == "bearer" and TOKEN_PATTERN.fullmatch(token):
                 return token_digest(token)
             break
+    return _client_key(scope)
+
+
+def _client_key(scope) -> tuple[str, str | None]:
+    """A request's client's key (None for every loopback one: see quota_client)."""
     return ("client", quota_client((scope.get("client") or (None,))[0]))
 
 

@@ -148,3 +148,15 @@ def first_bad_shard(conn, cfg: DatasetConfig, epochs_created: int, materialized:
     if count != (epochs_created - 1) * cfg.num_shards + materialized:
         raise damaged(cfg.name, "shards table", f"{count} rows, expected {epochs_created - 1} x"
                       f" {cfg.num_shards} + {materialized}")
+
+
+def check_all_rows(conn, cfg: DatasetConfig, epochs_created: int, materialized: int,
+                   key: str) -> None:
+    """A data set's full check (its first call's): every shard row (first_bad_shard) and every
+    workers row; Quarantined naming the first damaged one."""
+    first_bad_shard(conn, cfg, epochs_created, materialized, key)
+    bad = conn.execute("SELECT worker, fence, seq FROM workers WHERE dataset=? AND NOT"
+                       f" (typeof(fence)='integer' AND fence BETWEEN 1 AND {MAX_FENCE} AND"
+                       " typeof(seq)='integer' AND seq >= 0) LIMIT 1", (cfg.name,)).fetchone()
+    if bad is not None:
+        check_worker_row(cfg.name, str(bad[0]), bad[1], bad[2])
