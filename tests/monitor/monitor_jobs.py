@@ -87,3 +87,42 @@ def serving_job(db: Path, trace: Trace, token: str, config):
             yield c
     finally:
         s.stop()
+
+
+def at_rank(rank: int, fn):
+    """A part change applying `fn(cols)` to `rank`'s parts only."""
+    return lambda r, cols: fn(cols) if r == rank else cols
+
+
+def dropping(rank: int, optype: str):
+    """A part change dropping every `optype` row of `rank`'s parts."""
+    from stragglers.trace.model import OPTYPE_CODES
+
+    def drop(cols):
+        keep = cols["optype"] != OPTYPE_CODES[optype]
+        return {k: v[keep] for k, v in cols.items()}
+    return at_rank(rank, drop)
+
+
+def windows_of(tmp_path: Path, trace: Trace, change, token: str, config, windows: int = 4,
+               statuses=(200, 422), names: str = ""):
+    """Job j of `trace` served (store under tmp_path), every part (5 steps) PUT with
+    `change(rank, cols)` applied; its GET (history 10) once `windows` windows closed, or None
+    where a part was refused (422, its error naming `names`)."""
+    from conftest import eventually
+    from stragglers.trace.runformat import table_bytes
+
+    with serving_job(tmp_path / "mon.db", trace, token, config) as c:
+        refused = 0
+        for rank, n, cols in parts_of(trace, 5):
+            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}",
+                      content=table_bytes(change(rank, cols)))
+            assert r.status_code in statuses, r.text
+            if r.status_code == 422:
+                assert names in r.json()["error"], r.text
+                refused += 1
+        if refused:
+            return None
+        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= windows,
+                   what=f"windows 0-{windows - 1}")
+        return get(c, "/api/jobs/j?history=10")

@@ -17,10 +17,10 @@ import pytest
 
 from conftest import REPO, eventually
 from stragglers.monitor.settings import MonitorConfig
-from stragglers.trace.runformat import table_bytes
 
 sys.path.insert(0, str(REPO / "tests" / "monitor"))
-from monitor_jobs import get, parts_of, serving_job, slow_job  # noqa: E402
+from monitor_jobs import (at_rank, dropping, get, parts_of, serving_job, slow_job,  # noqa: E402
+                          windows_of)
 
 TOKEN = "hostile-round11-token-0123456789"
 MONITOR = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
@@ -36,22 +36,13 @@ def test_a_rank_clock_off_by_less_than_two_steps_does_not_make_a_straggler(tmp_p
     The ends of one collective agree across its ranks on one clock, whatever the span overlap:
     aligned by them (or refused), the windows read as the job ran."""
     trace = slow_job(steps=20, slow=None)
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        refused = 0
-        for rank, n, cols in parts_of(trace, 5):
-            if rank == 3:
-                cols = {**cols, "start_ts": cols["start_ts"] + 0.3}
-            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
-            assert r.status_code in (200, 422), r.text
-            refused += r.status_code == 422
-        if refused:
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
-                   what="windows 0-3")
-        job = get(c, "/api/jobs/j?history=10")
-        slowdowns = [round(w["slowdown"], 3) for w in job["windows"]]
-        assert max(slowdowns) < 1.1, slowdowns
-        assert not [a["rule"] for a in job["alerts"]], job["alerts"]
+    ahead = at_rank(3, lambda cols: {**cols, "start_ts": cols["start_ts"] + 0.3})
+    job = windows_of(tmp_path, trace, ahead, TOKEN, MONITOR)
+    if job is None:
+        return
+    slowdowns = [round(w["slowdown"], 3) for w in job["windows"]]
+    assert max(slowdowns) < 1.1, slowdowns
+    assert not [a["rule"] for a in job["alerts"]], job["alerts"]
 
 
 def test_a_number_too_large_for_a_float_is_refused_naming_the_field(tmp_path):
@@ -141,24 +132,13 @@ def test_a_rank_missing_one_collective_leaves_no_window_unanalysed(tmp_path):
     a rank lacking an op of the schedule must be handled alike (or its parts refused, 422):
     every window analysed, rank 0's slowness seen (S 1.21 on replica 0 alone)."""
     trace = slow_job(steps=20, slow=(0, 0, 3.0))
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        from stragglers.trace.model import OPTYPE_CODES
-
-        refused = 0
-        for rank, n, cols in parts_of(trace, 5):
-            if rank == 3:
-                keep = cols["optype"] != OPTYPE_CODES["grads-reduce-scatter"]
-                cols = {k: v[keep] for k, v in cols.items()}
-            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
-            assert r.status_code in (200, 422), r.text
-            refused += r.status_code == 422
-        if refused:
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 3,
-                   what="windows 0-2")
-        windows = get(c, "/api/jobs/j?history=10")["windows"]
-        assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
-        assert min(w["slowdown"] for w in windows) > 1.15, windows
+    job = windows_of(tmp_path, trace, dropping(3, "grads-reduce-scatter"), TOKEN, MONITOR,
+                     windows=3)
+    if job is None:
+        return
+    windows = job["windows"]
+    assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
+    assert min(w["slowdown"] for w in windows) > 1.15, windows
 
 
 def test_a_rank_with_an_extra_collective_does_not_blame_its_peer_or_hide_a_straggler(tmp_path):
@@ -175,30 +155,25 @@ def test_a_rank_with_an_extra_collective_does_not_blame_its_peer_or_hide_a_strag
     from stragglers.trace.model import OPTYPE_CODES
 
     trace = slow_job(steps=20, slow=(0, 0, 3.0))
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        refused = 0
-        for rank, n, cols in parts_of(trace, 5):
-            if rank == 3:
-                steps = cols["step"]
-                last = np.flatnonzero(np.r_[steps[1:] != steps[:-1], True])
-                add = {k: v[last].copy() for k, v in cols.items()}
-                add["optype"][:] = OPTYPE_CODES["all-reduce"]
-                add["seq_id"][:] = 0
-                add["mb_id"][:] = -1
-                add["gmc"][:] = -1
-                add["start_ts"] = add["start_ts"] + add["duration"]
-                add["duration"][:] = 1e-4
-                cols = {k: np.concatenate([cols[k], add[k]]) for k in cols}
-            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
-            assert r.status_code in (200, 422), r.text
-            refused += r.status_code == 422
-        if refused:
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 3,
-                   what="windows 0-2")
-        windows = get(c, "/api/jobs/j?history=10")["windows"]
-        assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
-        assert min(w["slowdown"] for w in windows) > 1.15, windows
+
+    def extra(cols):
+        steps = cols["step"]
+        last = np.flatnonzero(np.r_[steps[1:] != steps[:-1], True])
+        add = {k: v[last].copy() for k, v in cols.items()}
+        add["optype"][:] = OPTYPE_CODES["all-reduce"]
+        add["seq_id"][:] = 0
+        add["mb_id"][:] = -1
+        add["gmc"][:] = -1
+        add["start_ts"] = add["start_ts"] + add["duration"]
+        add["duration"][:] = 1e-4
+        return {k: np.concatenate([cols[k], add[k]]) for k in cols}
+
+    job = windows_of(tmp_path, trace, at_rank(3, extra), TOKEN, MONITOR, windows=3)
+    if job is None:
+        return
+    windows = job["windows"]
+    assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
+    assert min(w["slowdown"] for w in windows) > 1.15, windows
 
 
 def test_a_meta_put_over_a_job_set_aside_for_its_stored_start_is_answered_cleanly(tmp_path):
@@ -316,26 +291,19 @@ def test_start_times_in_whole_seconds_are_refused_or_read_without_harm(tmp_path)
     import numpy as np
 
     trace = slow_job(steps=20, slow=None)
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        refused = 0
-        for rank, n, cols in parts_of(trace, 5):
-            start = cols["start_ts"] + 1.7e9
-            if rank == 3:
-                start = np.round(start).astype(np.int64)
-            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}",
-                      content=table_bytes({**cols, "start_ts": start}))
-            assert r.status_code in (200, 422), r.text
-            if r.status_code == 422:
-                assert "start_ts" in r.json()["error"], r.text
-                refused += 1
-        if refused:
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
-                   what="windows 0-3")
-        job = get(c, "/api/jobs/j?history=10")
-        slowdowns = [round(w["slowdown"], 3) for w in job["windows"]]
-        assert max(slowdowns) < 1.1, slowdowns
-        assert not [a["rule"] for a in job["alerts"]], job["alerts"]
+
+    def change(rank, cols):
+        start = cols["start_ts"] + 1.7e9
+        if rank == 3:
+            start = np.round(start).astype(np.int64)
+        return {**cols, "start_ts": start}
+
+    job = windows_of(tmp_path, trace, change, TOKEN, MONITOR, names="start_ts")
+    if job is None:
+        return
+    slowdowns = [round(w["slowdown"], 3) for w in job["windows"]]
+    assert max(slowdowns) < 1.1, slowdowns
+    assert not [a["rule"] for a in job["alerts"]], job["alerts"]
 
 
 def test_durations_in_whole_seconds_do_not_blame_an_honest_rank(tmp_path):
@@ -351,23 +319,13 @@ def test_durations_in_whole_seconds_do_not_blame_an_honest_rank(tmp_path):
     import numpy as np
 
     trace = slow_job(steps=20, slow=None)
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        refused = 0
-        for rank, n, cols in parts_of(trace, 5):
-            if rank == 3:
-                cols = {**cols, "duration": np.round(cols["duration"]).astype(np.int64)}
-            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
-            assert r.status_code in (200, 422), r.text
-            if r.status_code == 422:
-                assert "duration" in r.json()["error"], r.text
-                refused += 1
-        if refused:
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
-                   what="windows 0-3")
-        job = get(c, "/api/jobs/j?history=10")
-        fired = [(a["rule"], a["labels"].get("rank")) for a in job["alerts"]]
-        assert not fired, (fired, [round(w["slowdown"], 3) for w in job["windows"]])
+    whole = at_rank(3, lambda cols: {**cols,
+                                     "duration": np.round(cols["duration"]).astype(np.int64)})
+    job = windows_of(tmp_path, trace, whole, TOKEN, MONITOR, names="duration")
+    if job is None:
+        return
+    fired = [(a["rule"], a["labels"].get("rank")) for a in job["alerts"]]
+    assert not fired, (fired, [round(w["slowdown"], 3) for w in job["windows"]])
 
 
 def test_one_op_within_the_slack_cannot_poison_a_short_steps_window(tmp_path):
@@ -381,29 +339,24 @@ def test_one_op_within_the_slack_cannot_poison_a_short_steps_window(tmp_path):
     next step (part_limits.check_op_spans) and the window's (windows.spans_past_others) allow
     OP_END_SLACK_S = 1 s past the step after, three of these steps. Refused (422 naming
     duration), or the op's step left out: no alert."""
+    import numpy as np
+
+    from stragglers.trace.model import OPTYPE_CODES
+
     trace = slow_job(steps=20, slow=None)
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        import numpy as np
 
-        from stragglers.trace.model import OPTYPE_CODES
+    def long_first(cols):
+        cols = {k: v.copy() for k, v in cols.items()}
+        forward = cols["optype"] == OPTYPE_CODES["forward-compute"]
+        for step in np.unique(cols["step"]):
+            cols["duration"][np.flatnonzero(forward & (cols["step"] == step))[0]] = 0.9
+        return cols
 
-        refused = 0
-        for rank, n, cols in parts_of(trace, 5):
-            if rank == 3:
-                cols = {k: v.copy() for k, v in cols.items()}
-                forward = cols["optype"] == OPTYPE_CODES["forward-compute"]
-                for step in np.unique(cols["step"]):
-                    cols["duration"][np.flatnonzero(forward & (cols["step"] == step))[0]] = 0.9
-            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
-            assert r.status_code in (200, 422), r.text
-            refused += r.status_code == 422
-        if refused:
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
-                   what="windows 0-3")
-        job = get(c, "/api/jobs/j?history=10")
-        fired = [(a["rule"], a["labels"].get("rank")) for a in job["alerts"]]
-        assert not fired, (fired, [round(w["slowdown"], 3) for w in job["windows"]])
+    job = windows_of(tmp_path, trace, at_rank(3, long_first), TOKEN, MONITOR)
+    if job is None:
+        return
+    fired = [(a["rule"], a["labels"].get("rank")) for a in job["alerts"]]
+    assert not fired, (fired, [round(w["slowdown"], 3) for w in job["windows"]])
 
 
 def test_durations_in_milliseconds_written_as_seconds_do_not_blame_an_honest_rank(tmp_path):
@@ -413,15 +366,8 @@ def test_durations_in_milliseconds_written_as_seconds_do_not_blame_an_honest_ran
     peers' ends of them by amounts no clock offset explains. Now its steps are left out,
     named (monitor/clocks.py), and the windows analysed without it: no alert."""
     trace = slow_job(steps=20, slow=None)
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        for rank, n, cols in parts_of(trace, 5):
-            if rank == 3:
-                cols = {**cols, "duration": cols["duration"] / 1000.0}
-            r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
-            assert r.status_code == 200, r.text
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
-                   what="windows 0-3")
-        job = get(c, "/api/jobs/j?history=10")
-        fired = [(a["rule"], a["labels"].get("rank")) for a in job["alerts"]]
-        assert not fired, (fired, [round(w["slowdown"], 3) for w in job["windows"]])
-        assert all(w["slowdown"] < 1.02 for w in job["windows"]), job["windows"]
+    slip = at_rank(3, lambda cols: {**cols, "duration": cols["duration"] / 1000.0})
+    job = windows_of(tmp_path, trace, slip, TOKEN, MONITOR, statuses=(200,))
+    fired = [(a["rule"], a["labels"].get("rank")) for a in job["alerts"]]
+    assert not fired, (fired, [round(w["slowdown"], 3) for w in job["windows"]])
+    assert all(w["slowdown"] < 1.02 for w in job["windows"]), job["windows"]

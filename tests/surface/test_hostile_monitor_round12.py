@@ -15,27 +15,15 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, eventually
+from conftest import REPO
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.trace.model import OPTYPE_CODES
-from stragglers.trace.runformat import table_bytes
 
 sys.path.insert(0, str(REPO / "tests" / "monitor"))
-from monitor_jobs import get, parts_of, serving_job, slow_job  # noqa: E402
+from monitor_jobs import at_rank, dropping, slow_job, windows_of  # noqa: E402
 
 TOKEN = "hostile-round12-token-0123456789"
 MONITOR = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
-
-
-def _put_all(c, trace, change):
-    """PUT every part of `trace` (5 steps a part), `change(rank, cols)` applied; how many 422."""
-    refused = 0
-    for rank, n, cols in parts_of(trace, 5):
-        cols = change(rank, cols)
-        r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{n}", content=table_bytes(cols))
-        assert r.status_code in (200, 422), r.text
-        refused += r.status_code == 422
-    return refused
 
 
 def test_an_extra_send_at_one_rank_does_not_leave_out_its_honest_peer(tmp_path):
@@ -60,17 +48,14 @@ def test_an_extra_send_at_one_rank_does_not_leave_out_its_honest_peer(tmp_path):
         order = np.lexsort((merged["start_ts"], merged["step"]))
         return {k: v[order] for k, v in merged.items()}
 
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        if _put_all(c, trace, change):
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 3,
-                   what="windows 0-2")
-        job = get(c, "/api/jobs/j?history=10")
-        windows = job["windows"]
-        assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
-        assert min(w["slowdown"] for w in windows) > 1.15, (
-            [round(w["slowdown"], 3) for w in windows], windows[0].get("notes"),
-            windows[0].get("missing"))
+    job = windows_of(tmp_path, trace, change, TOKEN, MONITOR, windows=3)
+    if job is None:
+        return
+    windows = job["windows"]
+    assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
+    assert min(w["slowdown"] for w in windows) > 1.15, (
+        [round(w["slowdown"], 3) for w in windows], windows[0].get("notes"),
+        windows[0].get("missing"))
 
 
 def test_a_collective_lost_at_one_rank_does_not_hide_the_straggler_beside_it(tmp_path):
@@ -84,24 +69,14 @@ def test_a_collective_lost_at_one_rank_does_not_hide_the_straggler_beside_it(tmp
     dropped from the stage's workers in the window) rather than the replica keeps every
     worker's time; failing that, a window that lost a replica must not read as healthy."""
     trace = slow_job(steps=20, slow=(0, 0, 3.0))
-
-    def change(rank, cols):
-        if rank != 2:
-            return cols
-        keep = cols["optype"] != OPTYPE_CODES["grads-reduce-scatter"]
-        return {k: v[keep] for k, v in cols.items()}
-
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        if _put_all(c, trace, change):
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
-                   what="windows 0-3")
-        job = get(c, "/api/jobs/j?history=10")
-        windows = job["windows"]
-        assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
-        firing = [a["rule"] for a in job["alerts"] if a["rule"] != "new_cause"]
-        slowdowns = [round(w["slowdown"], 3) for w in windows]
-        assert min(slowdowns) > 1.15 or firing, (slowdowns, job["alerts"])
+    job = windows_of(tmp_path, trace, dropping(2, "grads-reduce-scatter"), TOKEN, MONITOR)
+    if job is None:
+        return
+    windows = job["windows"]
+    assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
+    firing = [a["rule"] for a in job["alerts"] if a["rule"] != "new_cause"]
+    slowdowns = [round(w["slowdown"], 3) for w in windows]
+    assert min(slowdowns) > 1.15 or firing, (slowdowns, job["alerts"])
 
 
 def test_one_ranks_zero_durations_in_float64_do_not_blame_an_honest_rank(tmp_path):
@@ -115,20 +90,14 @@ def test_one_ranks_zero_durations_in_float64_do_not_blame_an_honest_rank(tmp_pat
     ends of the same collective, which no one clock allows. Refused (422) or left out named,
     the windows read the healthy job (S ~1.007) and nothing fires."""
     trace = slow_job(steps=20, slow=None)
-
-    def change(rank, cols):
-        return {**cols, "duration": cols["duration"] * 0.0} if rank == 3 else cols
-
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        if _put_all(c, trace, change):
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
-                   what="windows 0-3")
-        job = get(c, "/api/jobs/j?history=10")
-        slowdowns = [round(w["slowdown"], 3) for w in job["windows"] if w["slowdown"]]
-        assert max(slowdowns) < 1.1, slowdowns
-        assert not [a for a in job["alerts"] if a["labels"]["severity"] != "info"], \
-            [(a["rule"], a["labels"]) for a in job["alerts"]]
+    zero = at_rank(3, lambda cols: {**cols, "duration": cols["duration"] * 0.0})
+    job = windows_of(tmp_path, trace, zero, TOKEN, MONITOR)
+    if job is None:
+        return
+    slowdowns = [round(w["slowdown"], 3) for w in job["windows"] if w["slowdown"]]
+    assert max(slowdowns) < 1.1, slowdowns
+    assert not [a for a in job["alerts"] if a["labels"]["severity"] != "info"], \
+        [(a["rule"], a["labels"]) for a in job["alerts"]]
 
 
 @pytest.mark.xfail(strict=True, reason="a 2-rank data-parallel job with one rank missing one "
@@ -145,21 +114,12 @@ def test_a_two_rank_data_parallel_job_missing_a_collective_is_still_analysed(tmp
     and the engine refuses every step. Every window analysed (the disputed op left out of the
     window, or rank 1's replica, named), rank 0's slowness seen."""
     trace = slow_job(steps=20, dp=2, pp=1, slow=(0, 0, 3.0))
-
-    def change(rank, cols):
-        if rank != 1:
-            return cols
-        keep = cols["optype"] != OPTYPE_CODES["grads-reduce-scatter"]
-        return {k: v[keep] for k, v in cols.items()}
-
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        if _put_all(c, trace, change):
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
-                   what="windows 0-3")
-        windows = get(c, "/api/jobs/j?history=10")["windows"]
-        assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
-        assert min(w["slowdown"] for w in windows) > 1.15, windows
+    job = windows_of(tmp_path, trace, dropping(1, "grads-reduce-scatter"), TOKEN, MONITOR)
+    if job is None:
+        return
+    windows = job["windows"]
+    assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
+    assert min(w["slowdown"] for w in windows) > 1.15, windows
 
 
 def test_a_pipeline_transfer_lost_at_one_rank_leaves_no_window_unanalysed(tmp_path):
@@ -171,21 +131,12 @@ def test_a_pipeline_transfer_lost_at_one_rank_leaves_no_window_unanalysed(tmp_pa
     collectives only), so nobody is left out and the engine refuses every step. Every window
     analysed (rank 3's replica left out, named), rank 0's slowness seen."""
     trace = slow_job(steps=20, slow=(0, 0, 3.0))
-
-    def change(rank, cols):
-        if rank != 3:
-            return cols
-        keep = cols["optype"] != OPTYPE_CODES["forward-recv"]
-        return {k: v[keep] for k, v in cols.items()}
-
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        if _put_all(c, trace, change):
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
-                   what="windows 0-3")
-        windows = get(c, "/api/jobs/j?history=10")["windows"]
-        assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
-        assert min(w["slowdown"] for w in windows) > 1.15, windows
+    job = windows_of(tmp_path, trace, dropping(3, "forward-recv"), TOKEN, MONITOR)
+    if job is None:
+        return
+    windows = job["windows"]
+    assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
+    assert min(w["slowdown"] for w in windows) > 1.15, windows
 
 
 def test_one_ranks_collectives_on_a_later_clock_do_not_make_a_straggler(tmp_path):
@@ -209,12 +160,9 @@ def test_one_ranks_collectives_on_a_later_clock_do_not_make_a_straggler(tmp_path
             "forward-recv", "backward-send", "backward-recv")])
         return {**cols, "start_ts": np.where(coll, cols["start_ts"] + 0.05, cols["start_ts"])}
 
-    with serving_job(tmp_path / "mon.db", trace, TOKEN, MONITOR) as c:
-        if _put_all(c, trace, change):
-            return
-        eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= 4,
-                   what="windows 0-3")
-        job = get(c, "/api/jobs/j?history=10")
-        slowdowns = [round(w["slowdown"], 3) for w in job["windows"] if w["slowdown"]]
-        assert max(slowdowns) < 1.1, slowdowns
-        assert not [a["rule"] for a in job["alerts"]], job["alerts"]
+    job = windows_of(tmp_path, trace, change, TOKEN, MONITOR)
+    if job is None:
+        return
+    slowdowns = [round(w["slowdown"], 3) for w in job["windows"] if w["slowdown"]]
+    assert max(slowdowns) < 1.1, slowdowns
+    assert not [a["rule"] for a in job["alerts"]], job["alerts"]
