@@ -5,10 +5,10 @@ own token's slot, never another owner's snapshot (was 503 Busy: one slot for all
 from __future__ import annotations
 
 import socket
-import sqlite3
 
 import httpx
 
+from adapt_jobs import snapshot_head, with_errors
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig, _SharedSend
 
 S = "s-round12-sends-token-0123456789"
@@ -20,16 +20,6 @@ def _create(url: str, token: str, name: str, shards: int) -> None:
                       headers={"Authorization": f"Bearer {token}"}) as c:
         r = c.post("/datasets", json={"name": name, "num_samples": 2 * shards, "shard_size": 2})
         assert r.status_code == 200, r.text
-
-
-def _with_errors(db, name: str, shards: int) -> None:
-    """`name`'s shard rows with an error text of 1,000 characters each (~1 KB a shard)."""
-    with sqlite3.connect(db) as conn:
-        conn.execute("DELETE FROM shards WHERE dataset=?", (name,))
-        conn.executemany(
-            "INSERT INTO shards VALUES (?,0,?,?,?,'TODO',NULL,NULL,NULL,0,1,?,?)",
-            ((name, s, 2 * s, 2 * s + 2, 1 + s, "e" * 1000) for s in range(shards)))
-        conn.execute("UPDATE datasets SET materialized=NULL WHERE name=?", (name,))
 
 
 def test_a_slow_owner_holds_only_its_own_tokens_snapshot_slot(tmp_path):
@@ -48,16 +38,11 @@ def test_a_slow_owner_holds_only_its_own_tokens_snapshot_slot(tmp_path):
     finally:
         server.stop()
     for name, shards in (("s", 1 << 13), ("s2", 1 << 13), ("v", 512)):
-        _with_errors(db, name, shards)
+        with_errors(db, name, shards)
     server = EmbeddedServer(db, durable=False, config=config).start()
     slow = socket.socket()
     try:
-        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        slow.connect((server.host, server.port))
-        slow.sendall(f"GET /datasets/s/snapshot HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     f"Authorization: Bearer {S}\r\n\r\n".encode())
-        slow.settimeout(30)
-        assert slow.recv(64).startswith(b"HTTP/1.1 200")   # (it holds S's slot)
+        assert snapshot_head(slow, server, "s", S).startswith(b"HTTP/1.1 200")   # (S's slot)
         with httpx.Client(base_url=server.url, timeout=60,
                           headers={"Authorization": f"Bearer {V}"}) as v:
             r = v.get("/datasets/v/snapshot")

@@ -7,20 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
-import httpx
-
+from adapt_jobs import held_reader
+from conftest import eventually
 from stragglers.adapt import reads
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.shards import ShardStore
-
-
-def _until(check, what: str) -> None:
-    deadline = time.monotonic() + 60   # (a bound against a hang, not a timing)
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
 
 
 def test_a_read_of_another_key_goes_before_a_keys_next_read(tmp_path):
@@ -66,43 +58,23 @@ def test_the_service_queues_each_callers_reads_under_its_token_else_its_client(t
     (its data set's limits) and another anonymous GET wait their turns, under V's token and
     under the loopback clients' key, V's first (the anonymous key ran last): each request's
     reads are keyed by whom it comes from (service._pressure_key), not all one queue."""
-    from stragglers.adapt.service import EmbeddedServer, token_digest
+    from stragglers.adapt.service import token_digest
 
     token = "job-fair-reads-token-0123456789"
-    server = EmbeddedServer(tmp_path / "s.db", durable=False).start()
-    reader = server.app.state.reader
-    held = threading.Event()
-    threads: list[threading.Thread] = []
-    out: dict = {}
-    v = httpx.Client(base_url=server.url, timeout=60,
-                     headers={"Authorization": f"Bearer {token}"})
-    anyone = httpx.Client(base_url=server.url, timeout=60)
-    try:
-        r = v.post("/datasets", json={"name": "v", "num_samples": 4096, "shard_size": 64})
-        assert r.status_code == 200, r.text
-        fence = v.post("/datasets/v/join", json={"worker": "w"}).json()["fence"]
-        blocker = reader.submit(lambda conn: held.wait(60))
-        calls = [("status", lambda: anyone.get("/datasets/v/status"), lambda: reader._queued == 2),
-                 ("lease", lambda: v.post("/datasets/v/lease", json={"worker": "w",
-                                                                     "fence": fence}),
+    with held_reader(tmp_path, token, verified=False) as h:
+        reader = h.reader
+        calls = [("status", lambda: h.anyone.get("/datasets/v/status"),
+                  lambda: reader._queued == 2),
+                 ("lease", lambda: h.v.post("/datasets/v/lease", json={"worker": "w",
+                                                                       "fence": h.fence}),
                   lambda: list(reader._turns._waiting) == [token_digest(token)]),
-                 ("again", lambda: anyone.get("/datasets/v/status"),
+                 ("again", lambda: h.anyone.get("/datasets/v/status"),
                   lambda: len(reader._turns._waiting) == 2)]
         for name, call, queued in calls:
-            threads.append(threading.Thread(target=lambda n=name, c=call: out.setdefault(n, c())))
-            threads[-1].start()
-            _until(queued, f"{name}'s read never queued: {list(reader._turns._waiting)}")
+            h.start(name, call)
+            eventually(queued, timeout=60, interval=0.005,   # (a bound against a hang)
+                       what=f"{name}'s read never queued: {list(reader._turns._waiting)}")
         assert list(reader._turns._waiting) == [token_digest(token), ("client", None)]
-        held.set()
-        for t in threads:
-            t.join(60)
-        assert blocker.result(60) is True
-        assert {n: r.status_code for n, r in out.items()} == {
-            "status": 200, "lease": 200, "again": 200}, {n: r.text for n, r in out.items()}
-    finally:
-        held.set()
-        for t in threads:
-            t.join(60)
-        v.close()
-        anyone.close()
-        server.stop()
+        assert h.release() is True
+        assert {n: r.status_code for n, r in h.out.items()} == {
+            "status": 200, "lease": 200, "again": 200}, {n: r.text for n, r in h.out.items()}

@@ -11,11 +11,16 @@ service's own queues with its threads held by events, never timed.
 from __future__ import annotations
 
 import sqlite3
+import sys
 import threading
-import time
 
 import httpx
 import pytest
+
+from conftest import REPO, eventually
+
+sys.path.insert(0, str(REPO / "tests" / "adapt"))
+from adapt_jobs import held_reader, snapshot_head, with_errors  # noqa: E402
 
 OWNER = "owner-round12-token-0123456789"
 STRANGER = "stranger-round12-token-0123456789"
@@ -26,10 +31,7 @@ def _bearer(token: str) -> dict:
 
 
 def _until(check, what: str) -> None:
-    deadline = time.monotonic() + 30   # (a bound against a hang, not a timing)
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
+    eventually(check, timeout=30, interval=0.005, what=what)   # (a bound against a hang)
 
 
 def test_made_up_tokens_do_not_each_get_a_turn_on_the_reader_thread(tmp_path):
@@ -41,50 +43,24 @@ def test_made_up_tokens_do_not_each_get_a_turn_on_the_reader_thread(tmp_path):
     job V's first lease queues fifth, behind all four (with its snapshot GETs of distinct big
     data sets, each build ~1 s at 655,360 rows, V's lease waits for all of them). Made-up
     tokens must share one turn (their client's), as they share its anonymous pace."""
-    from stragglers.adapt.service import EmbeddedServer, token_digest
+    from stragglers.adapt.service import token_digest
 
-    server = EmbeddedServer(tmp_path / "s.db", durable=False).start()
-    reader = server.app.state.reader
-    held = threading.Event()
-    threads: list[threading.Thread] = []
-    out: dict = {}
-    v = httpx.Client(base_url=server.url, timeout=60, headers=_bearer(OWNER))
-    anyone = httpx.Client(base_url=server.url, timeout=60)
-    try:
-        r = v.post("/datasets", json={"name": "v", "num_samples": 4096, "shard_size": 64})
-        assert r.status_code == 200, r.text
-        fence = v.post("/datasets/v/join", json={"worker": "w"}).json()["fence"]
-        assert anyone.get("/datasets/v/status").status_code == 200   # (verified: a read only)
-        blocker = reader.submit(lambda conn: held.wait(60))   # (the reader thread held)
-
-        def start(name, call):
-            threads.append(threading.Thread(target=lambda: out.setdefault(name, call())))
-            threads[-1].start()
-
+    with held_reader(tmp_path, OWNER) as h:
         for i in range(4):
             made_up = f"made-up-round12-{i:02d}-0123456789abcdef"
-            start(f"g{i}", lambda t=made_up: anyone.get("/datasets/v/status",
-                                                         headers=_bearer(t)))
-            _until(lambda i=i: reader._queued == i + 2, f"GET {i} never queued")
-        start("lease", lambda: v.post("/datasets/v/lease", json={"worker": "w", "fence": fence}))
-        _until(lambda: token_digest(OWNER) in reader._turns._waiting, "V's read never queued")
-        order = list(reader._turns._waiting)
+            h.start(f"g{i}", lambda t=made_up: h.anyone.get("/datasets/v/status",
+                                                             headers=_bearer(t)))
+            _until(lambda i=i: h.reader._queued == i + 2, f"GET {i} never queued")
+        h.start("lease", lambda: h.v.post("/datasets/v/lease",
+                                          json={"worker": "w", "fence": h.fence}))
+        _until(lambda: token_digest(OWNER) in h.reader._turns._waiting, "V's read never queued")
+        order = list(h.reader._turns._waiting)
         ahead = order.index(token_digest(OWNER))
-        held.set()
-        for t in threads:
-            t.join(60)
-        assert blocker.result(60) is True
-        assert {n: r.status_code for n, r in out.items()} == {
+        assert h.release() is True
+        assert {n: r.status_code for n, r in h.out.items()} == {
             "g0": 200, "g1": 200, "g2": 200, "g3": 200, "lease": 200}
         assert ahead <= 1, (f"job V's read queued behind {ahead} waiting keys' reads (and the "
                             f"one on the thread), all one client's GETs with made-up tokens")
-    finally:
-        held.set()
-        for t in threads:
-            t.join(60)
-        v.close()
-        anyone.close()
-        server.stop()
 
 
 def test_one_clients_queued_reads_do_not_refuse_a_jobs_first_lease(tmp_path):
@@ -94,44 +70,16 @@ def test_one_clients_queued_reads_do_not_refuse_a_jobs_first_lease(tmp_path):
     ~1 s), and job V's first lease of its data set — whose limits are read on that thread —
     is 503 Busy "8 reads are queued" though V has no read queued at all. One caller's reads
     must be bounded by a share of the queue (refused past it), never another caller's."""
-    from stragglers.adapt.service import EmbeddedServer, ServiceConfig
+    from stragglers.adapt.service import ServiceConfig
 
-    config = ServiceConfig(max_queued_reads=8)
-    server = EmbeddedServer(tmp_path / "s.db", durable=False, config=config).start()
-    reader = server.app.state.reader
-    held = threading.Event()
-    threads: list[threading.Thread] = []
-    out: dict = {}
-    v = httpx.Client(base_url=server.url, timeout=60, headers=_bearer(OWNER))
-    anyone = httpx.Client(base_url=server.url, timeout=60)
-    try:
-        r = v.post("/datasets", json={"name": "v", "num_samples": 4096, "shard_size": 64})
-        assert r.status_code == 200, r.text
-        fence = v.post("/datasets/v/join", json={"worker": "w"}).json()["fence"]
-        assert anyone.get("/datasets/v/status").status_code == 200   # (verified: a read only)
-        blocker = reader.submit(lambda conn: held.wait(60))   # (a long read on the thread)
-
-        def start(name, call):
-            threads.append(threading.Thread(target=lambda: out.setdefault(name, call())))
-            threads[-1].start()
-
-        for i in range(7):
-            start(f"g{i}", lambda: anyone.get("/datasets/v/status"))
-            _until(lambda i=i: reader._queued == i + 2, f"GET {i} never queued")
-        lease = v.post("/datasets/v/lease", json={"worker": "w", "fence": fence})
-        held.set()
-        for t in threads:
-            t.join(60)
-        assert blocker.result(60) is True
+    with held_reader(tmp_path, OWNER, ServiceConfig(max_queued_reads=8)) as h:
+        for i in range(7):   # (the held read: a long read on the thread)
+            h.start(f"g{i}", lambda: h.anyone.get("/datasets/v/status"))
+            _until(lambda i=i: h.reader._queued == i + 2, f"GET {i} never queued")
+        lease = h.v.post("/datasets/v/lease", json={"worker": "w", "fence": h.fence})
+        assert h.release() is True
         assert lease.status_code == 200, (f"job V's first lease {lease.status_code}: "
                                           f"{lease.text[:160]}")
-    finally:
-        held.set()
-        for t in threads:
-            t.join(60)
-        v.close()
-        anyone.close()
-        server.stop()
 
 
 def test_a_lost_store_floor_does_not_give_a_folded_name_its_old_fences(tmp_path):
@@ -240,22 +188,11 @@ def test_an_owner_reading_its_snapshot_slowly_does_not_hold_other_owners_snapsho
             assert r.status_code == 200, r.text
     finally:
         server.stop()
-    with sqlite3.connect(db) as conn:   # (S's shards with an error text of 1,000 characters
-        # each, as retried ones carry: an 8 MB snapshot, more than the socket buffers hold)
-        conn.execute("DELETE FROM shards WHERE dataset='s'")
-        conn.executemany(
-            "INSERT INTO shards VALUES ('s',0,?,?,?,'TODO',NULL,NULL,NULL,0,1,?,?)",
-            ((s, 2 * s, 2 * s + 2, 1 + s, "e" * 1000) for s in range(shards)))
-        conn.execute("UPDATE datasets SET materialized=NULL WHERE name='s'")
+    with_errors(db, "s", shards)   # (an 8 MB snapshot, more than the socket buffers hold)
     server = EmbeddedServer(db, durable=False, config=config).start()
     slow = socket.socket()
     try:
-        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        slow.connect((server.host, server.port))
-        slow.sendall(f"GET /datasets/s/snapshot HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     f"Authorization: Bearer {STRANGER}\r\n\r\n".encode())
-        slow.settimeout(30)
-        head = slow.recv(64)   # (its head sent: it holds a slot; then nothing is read)
+        head = snapshot_head(slow, server, "s", STRANGER)   # (it holds a slot; nothing read)
         assert head.startswith(b"HTTP/1.1 200"), head
         with httpx.Client(base_url=server.url, timeout=60, headers=_bearer(OWNER)) as v:
             r = v.get("/datasets/v/snapshot")
