@@ -38,19 +38,22 @@ def _made(db, damage: bool) -> None:
                          "SELECT MAX(shard) FROM shards WHERE dataset='big')")
 
 
-def _traced(server, calls):
-    """The SQL the commit connection ran during calls(owner, anyone): (thread, statement)."""
+def _traced(server, then):
+    """An anonymous status GET of 'big', then then(owner, out): the SQL the commit connection
+    ran meanwhile, (thread, statement), and the answers (out; the GET's as out['status'])."""
     seen: list[tuple[str, str]] = []
+    out: dict = {}
     conn = server.app.state.store._conn
     conn.set_trace_callback(lambda sql: seen.append((threading.current_thread().name, sql)))
     try:
         with httpx.Client(base_url=server.url, timeout=60,
                           headers={"Authorization": f"Bearer {OWNER}"}) as owner, \
                 httpx.Client(base_url=server.url, timeout=60) as anyone:
-            calls(owner, anyone)
+            out["status"] = anyone.get("/datasets/big/status")
+            then(owner, out)
     finally:
         conn.set_trace_callback(None)
-    return seen
+    return seen, out
 
 
 def test_a_sound_data_set_checked_by_a_read_is_not_scanned_by_the_writer(tmp_path):
@@ -59,14 +62,12 @@ def test_a_sound_data_set_checked_by_a_read_is_not_scanned_by_the_writer(tmp_pat
     db = tmp_path / "s.db"
     _made(db, damage=False)
     server = EmbeddedServer(db, durable=False).start()
-    out = {}
     try:
-        def calls(owner, anyone):
-            out["status"] = anyone.get("/datasets/big/status")
+        def then(owner, out):
             out["verified"] = "big" in server.app.state.store._verified
             fence = owner.post("/datasets/big/join", json={"worker": "v"}).json()["fence"]
             out["lease"] = owner.post("/datasets/big/lease", json={"worker": "v", "fence": fence})
-        seen = _traced(server, calls)
+        seen, out = _traced(server, then)
         assert out["status"].status_code == 200, out["status"].text
         assert out["verified"] is True
         assert out["lease"].status_code == 200, out["lease"].text
@@ -83,12 +84,9 @@ def test_a_damaged_data_set_found_by_a_read_is_quarantined_for_writes(tmp_path):
     db = tmp_path / "s.db"
     _made(db, damage=True)
     server = EmbeddedServer(db, durable=False).start()
-    out = {}
     try:
-        def calls(owner, anyone):
-            out["status"] = anyone.get("/datasets/big/status")
-            out["lease"] = owner.post("/datasets/big/lease", json={"worker": "w", "fence": 1})
-        seen = _traced(server, calls)
+        seen, out = _traced(server, lambda owner, out: out.setdefault("lease", owner.post(
+            "/datasets/big/lease", json={"worker": "w", "fence": 1})))
         for r in (out["status"], out["lease"]):
             assert r.status_code == 503 and r.json()["kind"] == "Quarantined", r.text
         assert "shard" in out["status"].json()["error"]
