@@ -84,3 +84,20 @@ def snapshot_head(slow: socket.socket, server, name: str, token: str) -> bytes:
                  f"Authorization: Bearer {token}\r\n\r\n".encode())
     slow.settimeout(30)
     return slow.recv(64)
+
+
+@contextlib.contextmanager
+def two_workers(db, config, token_sha256: str):
+    """A ShardStore of `db` on a clock of its own (now[0], from 1,000 s) with at most 2 workers
+    a data set, data set `config` created and workers a and b joined: (store, now, a's fence,
+    b's fence); the store closed after."""
+    from stragglers.adapt.shards import ShardStore
+
+    now = [1000.0]
+    store = ShardStore(db, clock=lambda: now[0], max_workers_per_dataset=2)
+    try:
+        store.create_dataset(config, token_sha256)
+        a = store.join(config.name, "a", token_sha256).fence
+        yield store, now, a, store.join(config.name, "b", token_sha256).fence
+    finally:
+        store.close()

@@ -23,6 +23,9 @@ import pytest
 
 from conftest import REPO
 
+sys.path.insert(0, str(REPO / "tests" / "adapt"))
+from adapt_jobs import two_workers  # noqa: E402
+
 OWNER = {"Authorization": "Bearer owner-round11-token-0123456789"}
 
 
@@ -200,15 +203,10 @@ def test_a_worker_that_replays_its_lease_after_an_expiry_keeps_its_place(tmp_pat
     from stragglers.adapt.dataset import DatasetConfig
     from stragglers.adapt.errors import Fenced, QuotaExceeded
     from stragglers.adapt.service import token_digest
-    from stragglers.adapt.shards import ShardStore
 
     owner = token_digest(OWNER["Authorization"].split()[1])
-    now = [1000.0]
-    store = ShardStore(tmp_path / "s.db", clock=lambda: now[0], max_workers_per_dataset=2)
-    try:
-        store.create_dataset(DatasetConfig("d", 16, 4, lease_s=10), owner)
-        a = store.join("d", "a", owner).fence
-        b = store.join("d", "b", owner).fence
+    with two_workers(tmp_path / "s.db", DatasetConfig("d", 16, 4, lease_s=10), owner) as (
+            store, now, a, b):
         first = store.lease("d", "a", a, request_id="r1", token_sha256=owner)
         assert [x.shard for x in first.leases] == [0]
         now[0] += 11
@@ -223,8 +221,6 @@ def test_a_worker_that_replays_its_lease_after_an_expiry_keeps_its_place(tmp_pat
             store.lease("d", "a", a, request_id="r2", token_sha256=owner)
         except Fenced as exc:
             raise AssertionError(f"a, alive and calling, lost its place to c: {exc}") from None
-    finally:
-        store.close()
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
