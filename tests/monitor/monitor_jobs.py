@@ -126,3 +126,24 @@ def windows_of(tmp_path: Path, trace: Trace, change, token: str, config, windows
         eventually(lambda: get(c, "/api/jobs/j?history=10")["windows_total"] >= windows,
                    what=f"windows 0-{windows - 1}")
         return get(c, "/api/jobs/j?history=10")
+
+
+def straggler_seen(job) -> None:
+    """Every window of `job` (a windows_of answer; None: refused, as allowed) analysed, each
+    reading the straggler's slowdown (S > 1.15)."""
+    if job is None:
+        return
+    windows = job["windows"]
+    assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
+    assert min(w["slowdown"] for w in windows) > 1.15, windows
+
+
+def healthy(job, analysed_only: bool = False) -> None:
+    """Every window of `job` (a windows_of answer; None: refused, as allowed) reads a healthy
+    job (S < 1.1; `analysed_only`: of the windows with a slowdown) and no alert fired."""
+    if job is None:
+        return
+    slowdowns = [round(w["slowdown"], 3) for w in job["windows"]
+                 if not analysed_only or w["slowdown"]]
+    assert max(slowdowns) < 1.1, slowdowns
+    assert not [a["rule"] for a in job["alerts"]], job["alerts"]
