@@ -23,6 +23,7 @@ from stragglers.monitor.records import Alert, AlertLogEntry, ClaimedMessage, Ing
 
 from stragglers.monitor.replaced import MAX_SUPERSEDED  # noqa: F401 (named by tests, docs)
 from stragglers.monitor.replaced import read as read_replaced, was_replaced, with_replaced
+from stragglers.monitor.windows import MAX_NOTES
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ WINDOW_COLUMNS = ("job", "idx", "first_step", "last_step", "steps", "slowdown", 
 # a window's columns kept as JSON text, and the type of their items
 _WINDOW_JSON: dict[str, Any] = {"steps": int, "scores": WindowScore, "diagnosis": WindowFinding,
                                 "missing_ranks": int, "notes": str}
+# characters of one note line read back (windows.MAX_NOTES lines at most): a stored row (a
+# damaged store, an older version, a hand edit) of 10 MB or 100,000 lines went out whole
+NOTE_CHARS = 4_000
 ALERT_COLUMNS = ("fingerprint", "rule", "job", "labels", "annotations", "status", "starts_at",
                  "ends_at", "last_sent")
 
@@ -1172,7 +1176,23 @@ def _decode_window(row: dict[str, Any]) -> WindowRow:
     job, index or steps do not read raises msgspec.ValidationError."""
     for column, kind in _WINDOW_JSON.items():
         row[column] = _decoded(row[column], kind)
+    row["notes"] = _bounded_notes(row["notes"])
     return _converted(row, WindowRow)
+
+
+def _bounded_notes(notes: list[str]) -> list[str]:
+    """A window's notes as written at most: MAX_NOTES lines of NOTE_CHARS (a longer line cut,
+    saying by how much)."""
+    if len(notes) > MAX_NOTES:
+        log.warning("store: a window's notes have %d lines; the first %d are read", len(notes),
+                    MAX_NOTES)
+    out = []
+    for line in notes[:MAX_NOTES]:
+        if len(line) > NOTE_CHARS:
+            keep = NOTE_CHARS - 40   # (room for the tail)
+            line = f"{line[:keep]}… ({len(line) - keep} more characters)"
+        out.append(line)
+    return out
 
 
 _Record = TypeVar("_Record", WindowRow, WindowSummary)
