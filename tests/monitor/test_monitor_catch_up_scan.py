@@ -33,7 +33,7 @@ def test_the_catch_up_scans_the_runs_that_changed_and_finds_what_they_gained(tmp
     for run in runs:
         start_run(run, trace)
         write_parts(run, [p for p in parts if run.name != "run-y" or p[0] != 3])
-    settled(*runs)
+    settled(*runs, *(run / "meta.json" for run in runs))   # (its mark has meta.json's)
     store = open_store(tmp_path / "mon.db", durable=False)
     config = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=3600)
     monitor = Monitor(store, config).start()
