@@ -103,10 +103,16 @@ def with_replaced(text: Any, *tokens: str) -> str:
     r = read(text)
     hashes, last = bytearray(r.hashes), list(r.last)
     older = last if not r.hashes and r.seen is None else []   # (a plain list, from before)
-    for t in [*older, *tokens]:
+    adding = [*older, *tokens]
+    # (several at once: a set of those held, not a search of them all per token)
+    known = {bytes(hashes[i:i + HASH_BYTES]) for i in range(0, len(hashes), HASH_BYTES)} \
+        if len(adding) > 1 else None
+    for t in adding:
         h = _hash(t)
-        if not _holds(hashes, h):
+        if not (h in known if known is not None else _holds(hashes, h)):
             hashes += h
+            if known is not None:
+                known.add(h)
         if t not in last:
             last.append(t)
     last = last[-MAX_SUPERSEDED:]
