@@ -3,6 +3,8 @@ confirmed by running it, each strict-xfail until fixed (/tmp/h/hV50-review.md)."
 
 from __future__ import annotations
 
+import sqlite3
+
 import numpy as np
 import pytest
 
@@ -107,3 +109,44 @@ def test_window_notes_keep_every_moved_rank_when_a_worker_is_also_left_out():
         if m:
             named |= {int(x) for x in m.group(1).split(",")}
     assert named == moved, f"moved ranks named nowhere: {sorted(moved - named)}"
+
+
+@pytest.mark.xfail(strict=True, reason="hV50 #4: adapt/service opens (and upgrades) the shard "
+                   "database before it claims it: a start refused 'another shard service "
+                   "serves this file' has already moved the running service's file to schema 7")
+def test_a_start_refused_for_a_served_file_leaves_its_schema_as_it_was(tmp_path):
+    """Now: a schema-6 file (as 0739cd0 wrote it: schema 7 less fence_folds, user_version 6)
+    held by a running service (its flock, adapt/claim.py). EmbeddedServer(db).start() is
+    refused 'another shard service serves this file (pid ...)', but open_store ran first and
+    upgraded it: user_version 7. The running 0739cd0 service, once restarted, is refused
+    'shard database of schema version 7; this version reads 6 (start a new file)' (run with
+    0739cd0's src: /tmp/h/hV50-review.md) -- an operator told to discard the file that holds
+    every data set. Should: claim first (serve and EmbeddedServer.start), then open/upgrade:
+    a refused start writes nothing, user_version stays 6."""
+    from stragglers.adapt.claim import claim
+    from stragglers.adapt.dataset import DatasetConfig
+    from stragglers.adapt.service import EmbeddedServer
+    from stragglers.adapt.shards import ShardStore
+    from stragglers.errors import InputError
+
+    db = tmp_path / "shards.db"
+    s = ShardStore(db)
+    s.create_dataset(DatasetConfig("d", 100, 10))
+    s.join("d", "w")
+    s.close()
+    c = sqlite3.connect(db)
+    c.executescript("DROP TABLE fence_folds; PRAGMA user_version=6;")
+    c.close()
+    held = claim(db)   # (the service serving it)
+    try:
+        with pytest.raises(InputError, match="another shard service serves this file"):
+            EmbeddedServer(db).start()
+    finally:
+        held.close()
+    c = sqlite3.connect(db)
+    try:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert c.execute("SELECT name FROM sqlite_master WHERE name='fence_folds'"
+                         ).fetchone() is None
+    finally:
+        c.close()
