@@ -150,3 +150,45 @@ def test_a_start_refused_for_a_served_file_leaves_its_schema_as_it_was(tmp_path)
                          ).fetchone() is None
     finally:
         c.close()
+
+
+@pytest.mark.xfail(strict=True, reason="hV50 #5: monitor/watch_child watches each root and its "
+                   "direct folders only: a run a root links to from deeper inside it (ingest "
+                   "accepts it) gets no live events, its parts seen a rescan (10 s) later")
+def test_a_run_linked_from_deeper_in_its_root_is_watched_live(tmp_path):
+    """Now: runs/latest -> runs/archive/2026-12-07/run (canonical() accepts it: its real path
+    lies in the watched root). The watch child (c1310a4: each root and each non-link folder
+    in it, not recursively) reports a part written there never: the batch that reports a
+    part written after it in runs/other holds only that one. 0739cd0's recursive watch
+    reported both. Should: the real folders of the runs the ingest follows watched too (the
+    parent passes them, or the child adds the real path of each accepted link inside a
+    root), so a followed run's parts arrive live."""
+    import json
+    import queue
+    import subprocess
+    import sys
+    import threading
+
+    root = tmp_path / "runs"
+    deep = root / "archive" / "2026-12-07" / "run"
+    deep.mkdir(parents=True)
+    (root / "latest").symlink_to(deep)
+    (root / "other").mkdir()
+    child = subprocess.Popen([sys.executable, "-m", "stragglers.monitor.watch_child",
+                              str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(json.loads(x)) for x in child.stdout],
+                     daemon=True).start()
+    try:
+        lines.get(timeout=60)   # (its first batch: the watch is built)
+        (deep / "rank0.part0.parquet").write_bytes(b"x")
+        later = root / "other" / "rank0.part0.parquet"
+        later.write_bytes(b"x")   # (its event comes after the first one's, if that is watched)
+        seen: set[str] = set()
+        while str(later) not in seen:
+            _, changes = lines.get(timeout=60)   # (a bound against a hang)
+            seen |= {name for _, name in changes or []}
+        assert str(deep / "rank0.part0.parquet") in seen, sorted(seen)
+    finally:
+        child.stdin.close()
+        child.wait(30)
