@@ -164,6 +164,7 @@ def test_a_run_linked_from_deeper_in_its_root_is_watched_live(tmp_path):
     parent passes them, or the child adds the real path of each accepted link inside a
     root), so a followed run's parts arrive live."""
     import json
+    import os
     import queue
     import subprocess
     import sys
@@ -174,8 +175,11 @@ def test_a_run_linked_from_deeper_in_its_root_is_watched_live(tmp_path):
     deep.mkdir(parents=True)
     (root / "latest").symlink_to(deep)
     (root / "other").mkdir()
+    # (the child imports this package as this process does, as the monitor starts it)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     child = subprocess.Popen([sys.executable, "-m", "stragglers.monitor.watch_child",
-                              str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                              str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             env=env)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(json.loads(x)) for x in child.stdout],
                      daemon=True).start()
