@@ -59,8 +59,6 @@ def test_left_out_workers_are_named_with_their_own_stages_ops():
     assert odd[(2, 1, 5)] == (["grads-reduce-scatter #0"], [])
 
 
-@pytest.mark.xfail(strict=True, reason="hV50 #2: monitor/replaced's fixed 2 KiB Bloom filter "
-                   "saturates: a job name reused for 3,000 runs refuses 13% of new runs 409")
 def test_replaced_runs_filter_does_not_refuse_new_runs_of_a_long_lived_job_name():
     """Now: after 3,000 runs of one job name replaced (an hourly job for four months), 525 of
     4,000 never-seen run tokens read as replaced (13%; 2.3% after 2,000, 0.075% after 1,000):
