@@ -75,9 +75,6 @@ def test_replaced_runs_filter_does_not_refuse_new_runs_of_a_long_lived_job_name(
     assert fresh <= 4, f"{fresh} of 4000 new run tokens read as replaced"
 
 
-@pytest.mark.xfail(strict=True, reason="hV50 #3: monitor/windows.analyse_window puts the "
-                   "left-out note before clock_notes' lines and cuts them to 31: the 'N more "
-                   "ranks' clocks were moved' summary line is dropped")
 def test_window_notes_keep_every_moved_rank_when_a_worker_is_also_left_out():
     """Now: dp 40 x pp 1, ranks 6-39 each on its own clock (+6.5 .. +14.75 s), rank 1 with an
     extra barrier a step. clock_notes gives 32 lines (31 ranks, then '3 more ranks' clocks
