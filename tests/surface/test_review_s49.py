@@ -108,9 +108,6 @@ def test_window_notes_keep_every_moved_rank_when_a_worker_is_also_left_out():
     assert named == moved, f"moved ranks named nowhere: {sorted(moved - named)}"
 
 
-@pytest.mark.xfail(strict=True, reason="hV50 #4: adapt/service opens (and upgrades) the shard "
-                   "database before it claims it: a start refused 'another shard service "
-                   "serves this file' has already moved the running service's file to schema 7")
 def test_a_start_refused_for_a_served_file_leaves_its_schema_as_it_was(tmp_path):
     """Now: a schema-6 file (as 0739cd0 wrote it: schema 7 less fence_folds, user_version 6)
     held by a running service (its flock, adapt/claim.py). EmbeddedServer(db).start() is
