@@ -146,9 +146,6 @@ def test_a_start_refused_for_a_served_file_leaves_its_schema_as_it_was(tmp_path)
         c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="hV50 #5: monitor/watch_child watches each root and its "
-                   "direct folders only: a run a root links to from deeper inside it (ingest "
-                   "accepts it) gets no live events, its parts seen a rescan (10 s) later")
 def test_a_run_linked_from_deeper_in_its_root_is_watched_live(tmp_path):
     """Now: runs/latest -> runs/archive/2026-12-07/run (canonical() accepts it: its real path
     lies in the watched root). The watch child (c1310a4: each root and each non-link folder
