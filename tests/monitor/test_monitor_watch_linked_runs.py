@@ -10,6 +10,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 
 from stragglers.monitor.watch_child import _folders
 
@@ -52,8 +53,9 @@ def test_a_link_made_after_the_watch_is_built_is_watched_once_it_is_made_again(t
     try:
         lines.get(timeout=60)   # (its first batch: the watch is built; bounds stop hangs)
         (root / "latest").symlink_to("archive/2026-12-08/run")
+        bound = time.monotonic() + 60   # (a bound against a hang: empty batches come each second)
         while lines.get(timeout=60)[1] is not None:   # (until the catch-up line: made again)
-            pass
+            assert time.monotonic() < bound, "the watch was not made again"
         part = deep / "rank0.part0.parquet"
         part.write_bytes(b"x")
         later = root / "other" / "rank0.part0.parquet"
