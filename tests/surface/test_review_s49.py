@@ -73,9 +73,6 @@ def test_replaced_runs_filter_does_not_refuse_new_runs_of_a_long_lived_job_name(
     assert fresh <= 4, f"{fresh} of 4000 new run tokens read as replaced"
 
 
-@pytest.mark.xfail(strict=True, reason="hV50 #3: monitor/windows.analyse_window puts the "
-                   "left-out note before clock_notes' lines and cuts them to 31: the 'N more "
-                   "ranks' clocks were moved' summary line is dropped")
 def test_window_notes_keep_every_moved_rank_when_a_worker_is_also_left_out():
     """Now: dp 40 x pp 1, ranks 6-39 each on its own clock (+6.5 .. +14.75 s), rank 1 with an
     extra barrier a step. clock_notes gives 32 lines (31 ranks, then '3 more ranks' clocks
@@ -109,9 +106,6 @@ def test_window_notes_keep_every_moved_rank_when_a_worker_is_also_left_out():
     assert named == moved, f"moved ranks named nowhere: {sorted(moved - named)}"
 
 
-@pytest.mark.xfail(strict=True, reason="hV50 #4: adapt/service opens (and upgrades) the shard "
-                   "database before it claims it: a start refused 'another shard service "
-                   "serves this file' has already moved the running service's file to schema 7")
 def test_a_start_refused_for_a_served_file_leaves_its_schema_as_it_was(tmp_path):
     """Now: a schema-6 file (as 0739cd0 wrote it: schema 7 less fence_folds, user_version 6)
     held by a running service (its flock, adapt/claim.py). EmbeddedServer(db).start() is
@@ -150,9 +144,6 @@ def test_a_start_refused_for_a_served_file_leaves_its_schema_as_it_was(tmp_path)
         c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="hV50 #5: monitor/watch_child watches each root and its "
-                   "direct folders only: a run a root links to from deeper inside it (ingest "
-                   "accepts it) gets no live events, its parts seen a rescan (10 s) later")
 def test_a_run_linked_from_deeper_in_its_root_is_watched_live(tmp_path):
     """Now: runs/latest -> runs/archive/2026-12-07/run (canonical() accepts it: its real path
     lies in the watched root). The watch child (c1310a4: each root and each non-link folder

@@ -90,25 +90,24 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
         # a crash of the machine, not only of the process.
         conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        old = conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
-        if old is not None and version not in (2, 3, 4, 5, 6, SCHEMA_VERSION):
-            raise InputError(db, None, f"shard database of schema version {version};"
-                             f" this version reads {SCHEMA_VERSION} (start a new file)")
+        version, old = _version(conn, db)
         if old is None or version != SCHEMA_VERSION:
             # The upgrade (or a new file's tables) in one transaction, its version with it: run
             # as separate scripts, each statement committed, a start killed between them left
             # schema 4's columns under user_version 3, and every later start failed on
             # 'duplicate column name' (the acknowledged rows in it, no version opening it).
-            steps = [_MIGRATE_2] if old is not None and version == 2 else []
-            steps += [_MIGRATE_3] if old is not None and version in (2, 3) else []
-            steps += [_SCHEMA]
-            steps += [_MIGRATE_4] if old is not None and version in (2, 3, 4) else []
-            steps += [_MIGRATE_5] if old is not None and version in (2, 3, 4, 5) else []
-            steps += [_MIGRATE_6] if old is not None and version in (2, 3, 4, 5, 6) else []
             try:
-                conn.executescript("BEGIN IMMEDIATE;" + "".join(steps)
-                                   + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+                conn.execute("BEGIN IMMEDIATE")
+                # read again under the write lock: another opener may have upgraded it since
+                # (two at once, where the service's claim is skipped, or two stores of one
+                # process): the second ran the upgrade again on its result ('not a usable
+                # SQLite database': UNIQUE constraint failed: fence_folds.id)
+                version, old = _version(conn, db)
+                if old is None or version != SCHEMA_VERSION:
+                    for statement in _statements(_steps(version if old is not None else None)):
+                        conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -120,6 +119,41 @@ def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlit
     except sqlite3.DatabaseError as exc:
         raise unusable(db, exc) from exc
     return conn
+
+
+def _version(conn: sqlite3.Connection, db: str | Path) -> tuple[int, object]:
+    """The file's user_version and whether it has tables (None: a new file); InputError when
+    it is a version this one cannot read."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    old = conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
+    if old is not None and version not in (2, 3, 4, 5, 6, SCHEMA_VERSION):
+        raise InputError(db, None, f"shard database of schema version {version};"
+                         f" this version reads {SCHEMA_VERSION} (start a new file)")
+    return version, old
+
+
+def _steps(version: int | None) -> str:
+    """The script that brings a file of `version` (None: a new file) to SCHEMA_VERSION."""
+    steps = [_MIGRATE_2] if version == 2 else []
+    steps += [_MIGRATE_3] if version in (2, 3) else []
+    steps += [_SCHEMA]
+    steps += [_MIGRATE_4] if version in (2, 3, 4) else []
+    steps += [_MIGRATE_5] if version in (2, 3, 4, 5) else []
+    steps += [_MIGRATE_6] if version in (2, 3, 4, 5, 6) else []
+    return "".join(steps)
+
+
+def _statements(script: str) -> list[str]:
+    """The script's statements one by one (executescript would commit the open transaction
+    first, giving up the write lock the version was read under)."""
+    out, part = [], ""
+    for piece in script.split(";"):
+        part += piece + ";"
+        if sqlite3.complete_statement(part):   # (a ';' inside a literal does not end one)
+            if part.strip(" \n;"):
+                out.append(part.strip())
+            part = ""
+    return out
 
 
 def unusable(db: str | Path, exc: sqlite3.DatabaseError) -> StragglersError:

@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -1643,12 +1644,7 @@ def serve(db: str | Path, config: ServiceConfig | None = None,
     store is open and the socket bound (the URL carries the port a `port=0` got)."""
     config = config or ServiceConfig()
     _check_exposure(config.host, service_token)
-    store = open_store(db, config)   # (a path that is no file refused first)
-    try:
-        held = claim(db)
-    except BaseException:
-        store.close()
-        raise
+    store, held = open_claimed(db, config)
     Reserve.sweep(str(db))   # (left by a process killed while it restored)
     app = None
     try:
@@ -1662,6 +1658,27 @@ def serve(db: str | Path, config: ServiceConfig | None = None,
             app.state.close()
         store.close()
         held.close()
+
+
+def open_claimed(db: str | Path, config: ServiceConfig) -> tuple[ShardStore, Claim]:
+    """The service's store and its claim on the file, claimed before it is opened: a start
+    refused for a file another service serves writes nothing to it (opened first, a schema-6
+    file was upgraded to 7 under the older service serving it, which then refused it 'start a
+    new file'). A path that is no file yet is opened first (created, or refused in one line:
+    ':memory:', a directory): it holds nobody's schema."""
+    if not os.path.isfile(db):
+        store = open_store(db, config)
+        try:
+            return store, claim(db)
+        except BaseException:
+            store.close()
+            raise
+    held = claim(db)
+    try:
+        return open_store(db, config), held
+    except BaseException:
+        held.close()
+        raise
 
 
 def open_store(db: str | Path, config: ServiceConfig) -> ShardStore:
@@ -1700,9 +1717,8 @@ class EmbeddedServer:
     def start(self, timeout: float = 60.0) -> "EmbeddedServer":
         """Bind (port 0 picks a free one), start serving, return once requests are answered."""
         _check_exposure(self.host, self.service_token)
-        store = open_store(self.db, self.config)   # (a path that is no file refused first)
+        store, self._claim = open_claimed(self.db, self.config)
         try:
-            self._claim = claim(self.db)
             Reserve.sweep(str(self.db))   # (left by a process killed while it restored)
             sock = listen_socket(self.host, self.port)
         except BaseException:

@@ -85,12 +85,14 @@ def _follow(roots: list[str], first: bool, stop: threading.Event, built: list[fl
     is shared by all of its processes; a link to / failed the watch under /proc, every run's
     live watch lost), while the ingest refuses any file reached through a link out. Its
     status when the child is to end (UNWATCHABLE: a root removed; 0: stopped); None when
-    the watch is to be made again (a folder added to a root). A watch made again is followed
-    by a catch-up line, `[time, null]`, once built: the parent scans what changed before
-    it was."""
+    the watch is to be made again (a folder added to a root, or a link there to a run folder
+    not watched yet). A watch made again is followed by a catch-up line, `[time, null]`,
+    once built: the parent scans what changed before it was."""
     built[0] = time.monotonic()
     caught_up = first
-    for changes in watchfiles.watch(*_folders(roots), recursive=False, stop_event=stop,
+    folders = _folders(roots)
+    watched = set(folders)
+    for changes in watchfiles.watch(*folders, recursive=False, stop_event=stop,
                                     debounce=50, step=20, yield_on_timeout=True,
                                     rust_timeout=1000, raise_interrupt=False):
         if not caught_up:
@@ -106,23 +108,63 @@ def _follow(roots: list[str], first: bool, stop: threading.Event, built: list[fl
             os.write(2, b"stragglers monitor: a watched folder was removed\n")
             return UNWATCHABLE
         if any(change == watchfiles.Change.added and os.path.dirname(name) in roots
-               and os.path.isdir(name) and not os.path.islink(name)
-               for change, name in changes):
+               and _unwatched_folder(name, roots, watched) for change, name in changes):
             return None   # (a new run folder: watched once the watch is made again)
     return 0
 
 
 def _folders(roots: list[str]) -> list[str]:
-    """Each root and each folder in it whose path is UTF-8 and that is no link (run folders
-    lie at most one level down: their files are what is watched; a run reached through a
-    link is watched where it lies, in a watched folder, or its files are refused)."""
-    out = []
+    """Each root, each folder in it that is no link, and the real folder of each link in it
+    that the ingest follows (_linked_folder), once each, their paths UTF-8: run folders lie
+    at most one level down, or where such a link leads (their files are what is watched: a
+    run linked from deeper in its root, runs/latest -> runs/archive/2026-12-07/run, was seen
+    a rescan later). No folder is watched through a link, nor anything below one."""
+    out: dict[str, None] = {}
     for root in roots:
-        out.append(root)
+        out[root] = None
         with os.scandir(root) as entries:
-            out.extend(e.path for e in entries
-                       if utf8(e.path) and e.is_dir(follow_symlinks=False))
-    return out
+            for e in entries:
+                if not utf8(e.path):
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    out[e.path] = None
+                elif e.is_symlink():
+                    real = _linked_folder(e.path, roots)
+                    if real is not None:
+                        out[real] = None
+    return list(out)
+
+
+def _unwatched_folder(name: str, roots: list[str], watched: set[str]) -> bool:
+    """Whether `name`, new in a root, is a folder to watch that is not watched: a folder, or
+    a link the ingest follows to one (runs/latest -> runs/archive/…/run) not watched yet."""
+    if not os.path.islink(name):
+        return os.path.isdir(name)
+    real = _linked_folder(name, roots)
+    return real is not None and real not in watched
+
+
+def _linked_folder(link: str, roots: list[str]) -> str | None:
+    """The real folder a link in a root leads to where the ingest follows it by that path
+    (ingest_files.canonical): inside a root and not the folder the link lies in or one above
+    it (a loop); None for any other link, or none. A link whose target names a place out of
+    every root is not resolved at all (no lookup out there: a dead mount hangs it)."""
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    if not _inside(os.path.normpath(os.path.join(os.path.dirname(link), target)), roots):
+        return None
+    real = os.path.realpath(link)
+    if not _inside(real, roots) or _inside(os.path.dirname(link), [real]) or not utf8(real) \
+            or not os.path.isdir(real):
+        return None
+    return real
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    """Whether `path` is a root or lies in one."""
+    return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
 
 
 if __name__ == "__main__":

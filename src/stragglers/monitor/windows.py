@@ -533,6 +533,8 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
     t0 = time.perf_counter()
     row = window_row(window)
     refused: list[Refusal] = []
+    moved: dict[tuple[int, int], float] = {}   # (rank, step) → seconds its clock was moved
+    left_note: list[str] = []
     try:
         trace, refused = window.load()
         if window.files:   # a rank whose part here was refused, or whose file no longer holds
@@ -559,7 +561,7 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
                          "collective ends (e.g. rank %d step %d by %.6g s)", window.job,
                          window.idx, len(clocks.moved), *next(iter(clocks.moved)),
                          next(iter(clocks.moved.values())))
-                row.notes += clock_notes(clocks.moved)
+                moved = clocks.moved
                 trace = Trace({**trace.ops, "start_ts": clocks.start_ts}, trace.meta,
                               trace.source, trace.notes)
             if clocks.left_out:
@@ -602,7 +604,7 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
         refused += [(f"job {window.job} rank {w.rank}", odd_ops(w)) for w in result.left_out
                     if w.reason == "ops_differ" and w.rank is not None]
         if result.left_out:   # (alerts.LEFT_OUT_RULE holds while a window says so)
-            row.notes = [left_out_note(result.left_out)] + row.notes[:MAX_NOTES - 1]
+            left_note = [left_out_note(result.left_out)]
         hosts = {r: e.host or "" for r, e in layout_of(trace.meta).items()}
         row.slowdown, row.waste = _finite(result.slowdown), _finite(result.waste)
         row.t_base, row.t_ideal = _finite(result.t_base), _finite(result.t_ideal)
@@ -610,6 +612,9 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
         row.m_w, row.m_s = _finite(result.m_w), _finite(result.m_s)
         row.scores = worker_scores(result.worker_scores, where, hosts)
         row.diagnosis = [with_ranks(f, where, hosts) for f in result.diagnosis]
+    # built once within one budget: the clock lines' summary counts what the left-out note's
+    # line took from them (cutting built lines dropped it, ranks 37-39 of 34 moved unnamed)
+    row.notes += left_note + clock_notes(moved, MAX_NOTES - len(left_note))
     row.analysed_at = time.time()
     row.analysis_s = time.perf_counter() - t0
     return row, refused
@@ -620,8 +625,8 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
 MAX_NOTES = 32
 
 
-def clock_notes(moved: dict[tuple[int, int], float]) -> list[str]:
-    """One line per rank whose clock align_step_clocks moved, at most MAX_NOTES (the rest
+def clock_notes(moved: dict[tuple[int, int], float], limit: int = MAX_NOTES) -> list[str]:
+    """One line per rank whose clock align_step_clocks moved, at most `limit` (the rest
     summed up in the last): which steps, by how many seconds (moved: (rank, step) → the
     seconds subtracted from its starts)."""
     by_rank: dict[int, list[tuple[int, float]]] = {}
@@ -636,12 +641,12 @@ def clock_notes(moved: dict[tuple[int, int], float]) -> list[str]:
         lines.append(f"rank {rank}: its clock was moved by {by} in step{'s' * (len(got) > 1)} "
                      f"{steps} (its collectives' ends lay apart from the other ranks' ends of "
                      "the same collectives by that much: another clock, aligned on theirs)")
-    if len(lines) > MAX_NOTES:
-        rest = lines[MAX_NOTES - 1:]
-        lines = lines[:MAX_NOTES - 1] + [f"{len(rest)} more ranks' clocks were moved the same "
-                                         "way (ranks " + ", ".join(
-                                             str(r) for r in list(by_rank)[MAX_NOTES - 1:][:64])
-                                         + (", ..." if len(rest) > 64 else "") + ")"]
+    if len(lines) > limit:
+        keep = max(limit - 1, 0)
+        rest = list(by_rank)[keep:]
+        lines = lines[:keep] + [f"{len(rest)} more ranks' clocks were moved the same way "
+                                "(ranks " + ", ".join(str(r) for r in rest[:64])
+                                + (", ..." if len(rest) > 64 else "") + ")"]
     return lines
 
 
