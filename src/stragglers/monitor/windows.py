@@ -625,6 +625,9 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
 MAX_NOTES = 32
 
 
+STEP_LIST_CHARS = 400  # a rank's moved steps, at most this many characters in its line
+
+
 def clock_notes(moved: dict[tuple[int, int], float], limit: int = MAX_NOTES) -> list[str]:
     """One line per rank whose clock align_step_clocks moved, at most `limit` (the rest
     summed up in the last): which steps, by how many seconds (moved: (rank, step) → the
@@ -637,7 +640,11 @@ def clock_notes(moved: dict[tuple[int, int], float], limit: int = MAX_NOTES) -> 
         offs = [off for _, off in got]
         by = f"{-offs[0]:+.6g} s" if max(offs) - min(offs) <= 1e-6 * max(1.0, abs(offs[0])) \
             else f"{-max(offs, key=abs):+.6g} s at most"
-        steps = ", ".join(str(st) for st, _ in got)
+        # Ranges keep a long window's line short (read-back cuts a line at NOTE_CHARS); a
+        # scattered set is cut here, counted, rather than there.
+        steps = ranges([st for st, _ in got])
+        if len(steps) > STEP_LIST_CHARS:
+            steps = steps[:steps.rfind(", ", 0, STEP_LIST_CHARS)] + f", … ({len(got)} in all)"
         lines.append(f"rank {rank}: its clock was moved by {by} in step{'s' * (len(got) > 1)} "
                      f"{steps} (its collectives' ends lay apart from the other ranks' ends of "
                      "the same collectives by that much: another clock, aligned on theirs)")
