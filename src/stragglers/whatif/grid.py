@@ -412,7 +412,8 @@ def paired_transfers(present, node_optype, node_stage, node_seq,
 
 @dataclass
 class LeftOdd:
-    """The grid less the DP replicas of workers whose ops differ (leave_out_odd)."""
+    """The grid less the DP replicas of workers whose ops differ, or less the collectives that
+    differ (leave_out_odd, leave_out_ops)."""
 
     keep_nodes: np.ndarray     # [N] template ops still run by some worker kept
     keep_dp: np.ndarray        # [D] DP ranks kept
@@ -432,8 +433,9 @@ MAX_NAMED_OPS = 16
 
 def leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids,
                   ranks: np.ndarray, interleaved: bool = False) -> LeftOdd | None:
-    """Where no step has ops from every worker: the grid less the DP replicas of the workers
-    whose ops differ from their stage's majority (odd_workers), as a trace without those
+    """Where no step has ops from every worker: the grid less the collectives that differ
+    (leave_out_ops: every worker kept) where that settles it; else less the DP replicas of the
+    workers whose ops differ from their stage's majority (odd_workers), as a trace without those
     replicas would be analysed (a partial one), with each worker left out and why; None where
     no majority tells the odd workers, or leaving them out leaves no replica or no complete
     step (the caller's error stands). `ranks` [D, P]: each worker's global rank (-1: none)."""
@@ -489,7 +491,8 @@ def leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
 # Collectives whose group spans stages (dependencies.build_dependencies groups the first and
 # last stages' embedding all-reduce, every stage's clip): one left out at a stage is left out
 # at every stage, the whole group's op.
-_CROSS_STAGE = (OPTYPE_CODES["embedding-grads-all-reduce"], OPTYPE_CODES["optimizer-clip-main-grad"])
+_CROSS_STAGE = (OPTYPE_CODES["embedding-grads-all-reduce"],
+                OPTYPE_CODES["optimizer-clip-main-grad"])
 # The window's warning (and the monitor's note) that names collectives left out or rebuilt.
 OPS_LEFT_OUT = "ops some workers lack"
 
@@ -498,21 +501,20 @@ def leave_out_ops(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
                   judged: OddWorkers, interleaved: bool = False) -> LeftOdd | None:
     """Where workers' ops differ only in collectives (one lost at a rank, one no peer ran, or
     one two workers of a lone stage disagree on): the grid less those collectives, at every
-    worker of their stage, every worker kept. None where a transfer differs (each stage's
-    own, paired at its other end: the odd worker's replica goes), a worker lacks its rows or
-    its compute, more than half of a stage's collectives would go (a rank of another
-    schedule), or no step is complete even then.
+    worker of their stage, every worker kept; `lost` marks those some workers lack (the
+    schedule's by majority or another stage, or disputed), which build_grid rebuilds there
+    from their group's ends where they fit (whatif/rebuild.py: the wait in a lost collective
+    stays a wait; left out, it became a launch delay, and a healthy rank waiting for a 3x
+    straggler was named a host stall). None where a transfer differs (each stage's own, paired
+    at its other end: the odd worker's replica goes), a worker lacks its rows or its compute,
+    more than half of a stage's collectives would go (a rank of another schedule), or no step
+    is complete even then.
 
     Leaving a replica out for one lost row hid the 3x straggler beside it (S 1.00), and a lone
-    stage of two workers, where nothing tells which is odd, was an error in every window. A
-    collective's members end together, so the op tells nothing of a worker's speed that its
-    neighbours do not: without it each worker's time before and after is kept as measured, and
-    the time a worker spent in it (waiting for a late peer, or the lost row's wait at the
-    worker that lost it) becomes the gap before its next op, a launch delay, which S leaves
-    out (T_nodelay) as it leaves out any wait: never compute. The op is not rebuilt at the
-    worker that lacks it (ending with its peers, begun after its previous op): with one stage
-    of two workers nothing says that it is lost rather than the other's extra, and an extra
-    rebuilt at the honest worker would make a wait that never happened."""
+    stage of two workers, where nothing tells which is odd, was an error in every window. An
+    op left out (an extra no majority ran; one that does not fit where it would be rebuilt)
+    takes with it the time each worker spent in it, which becomes the gap before its next
+    op: a launch delay, which S leaves out (T_nodelay), never compute."""
     collective = (node_optype != GC) & ~np.isin(node_optype, _WORK) & ~np.isin(node_optype, _P2P)
     differ = (judged.lacks | judged.extra).any(axis=(1, 2)) | judged.disputed.any(axis=1)
     if not differ.any() or (differ & ~collective).any():
