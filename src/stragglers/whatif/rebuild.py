@@ -30,11 +30,55 @@ def rebuild_lost(start: np.ndarray, duration: np.ndarray, row: np.ndarray, prese
     ts = np.flatnonzero(steps)
     if not len(ts) or not lost.any():
         return done
+    # one step's [N, D] cells at a time: a copy of the grid would be the job's size
+    for n in np.flatnonzero(lost).tolist():
+        stage = node_stage == node_stage[n]
+        others = stage.copy()
+        others[n] = False
+        cells = []
+        for t in ts.tolist():
+            at, held = present[:, :, t], present[n, :, t]
+            lacking = np.flatnonzero(at[stage].any(axis=0) & ~held)   # (rows at the stage)
+            if not len(lacking):
+                continue
+            if not held.any():   # (nobody ran it in this step: nothing to end with)
+                break
+            begin_t, end_t = start[:, :, t], start[:, :, t] + duration[:, :, t]
+            eps = CLOCK_SHARE * float(end_t[at].max() - begin_t[at].min())
+            holders = np.flatnonzero(held)
+            h = holders[0]
+            group_end = float(np.median(end_t[n, holders]))
+            mine = (others & at[:, h])[:, None] & at[:, lacking]                  # [N, L]
+            # (the peer's own ops, on its one clock: its order within a rank's timer error)
+            before = mine & ((end_t[:, h] <= begin_t[n, h] + SAME_CLOCK)
+                             & (begin_t[:, h] < begin_t[n, h]))[:, None]
+            after = mine & (begin_t[:, h] >= end_t[n, h] - SAME_CLOCK)[:, None]
+            if not before.any(axis=0).all():
+                break
+            prev = np.argmax(np.where(before, end_t[:, h][:, None], -np.inf), axis=0)   # [L]
+            ready = end_t[prev, lacking]
+            nxt = np.where(after, begin_t[:, lacking], np.inf).min(axis=0)
+            if (ready > group_end + eps).any() or (group_end > nxt + eps).any():
+                break
+            stop = np.minimum(group_end, nxt)
+            begin = np.minimum(ready, stop)
+            cells.append((lacking, t, begin, stop - begin, row[n, h, t]))
+        else:
+            for lacking, t, begin, dur, peer_row in cells:
+                start[n, lacking, t], duration[n, lacking, t] = begin, dur
+                row[n, lacking, t], present[n, lacking, t] = peer_row, True
+            done[n] = True
+    return done
     end = start + duration
-    with np.errstate(invalid="ignore"):
-        span = (np.nanmax(np.where(present, end, np.nan)[:, :, ts], axis=(0, 1))
-                - np.nanmin(np.where(present, start, np.nan)[:, :, ts], axis=(0, 1)))
-    tol = CLOCK_SHARE * np.nan_to_num(span)
+    tol: dict[int, float] = {}   # step → the clock error allowed there (a step's cells only:
+    #                              a copy of the grid would be the job's size)
+
+    def allowed(t: int) -> float:
+        if t not in tol:
+            cell = present[:, :, t]
+            tol[t] = CLOCK_SHARE * float(end[:, :, t][cell].max() - start[:, :, t][cell].min())
+        return tol[t]
+
     for n in np.flatnonzero(lost).tolist():
         others = node_stage == node_stage[n]
         voters = present[others][:, :, ts].any(axis=0)             # [D, T'] rows at the stage
@@ -44,6 +88,7 @@ def rebuild_lost(start: np.ndarray, duration: np.ndarray, row: np.ndarray, prese
             continue
         cells = []
         for k, t in enumerate(ts.tolist()):
+            eps = allowed(t)
             lacking = np.flatnonzero(voters[:, k] & ~held[:, k])
             if not len(lacking):
                 continue
@@ -60,7 +105,7 @@ def rebuild_lost(start: np.ndarray, duration: np.ndarray, row: np.ndarray, prese
             prev = np.argmax(np.where(before, end[:, h, t][:, None], -np.inf), axis=0)   # [L]
             ready = end[prev, lacking, t]
             nxt = np.where(after, start[:, lacking, t], np.inf).min(axis=0)
-            if (ready > group_end + tol[k]).any() or (group_end > nxt + tol[k]).any():
+            if (ready > group_end + eps).any() or (group_end > nxt + eps).any():
                 break
             stop = np.minimum(group_end, nxt)
             begin = np.minimum(ready, stop)
