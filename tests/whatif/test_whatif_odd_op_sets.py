@@ -114,9 +114,9 @@ def test_an_extra_collective_is_left_out_not_the_honest_peer(optype):
     # 3's replica left out. Now the extra op alone is left out, every worker analysed
     r = analyze(with_extra(job(2), 3, optype), steps="all")
     assert r.left_out == [] and not r.partial
-    assert f"Left out at every worker of their stage (the time spent in them counted as the " \
-        f"gap before the next op, never as compute): {optype} #0 on stage 1 (run by DP " \
-        f"rank(s) 1, not by 0)" in r.warnings[0], r.warnings
+    assert "Left out at every worker of their stage" in r.warnings[0] and f"never as " \
+        f"compute): {optype} #0 on stage 1 (run by DP rank(s) 1, not by 0)" in r.warnings[0], \
+        r.warnings
     assert r.slowdown > 1.15
 
 

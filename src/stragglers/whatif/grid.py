@@ -189,8 +189,13 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     cells = [a.reshape(shape) for a in (start, duration, row)]
     if odd is not None and odd.lost is not None and odd.lost.any():
         whole = present_all.copy()
-        rebuilt = rebuild_lost(*cells, whole, node_stage, odd.lost, complete)
-        if rebuilt.any():   # (the rebuilt collectives kept, with every worker's cell)
+        rebuilt = rebuild_lost(*cells, whole, node_stage, node_optype, node_seq, odd.lost,
+                               complete)
+        if rebuilt.any():   # (the rebuilt collectives kept, with every worker's cell, and a
+            # cross-stage group's op at the other stages, left out for its sake only)
+            ident = (node_optype.astype(np.int64) << _SEQ_BITS) | node_seq
+            rebuilt |= ~odd.keep_nodes & np.isin(ident, ident[rebuilt & np.isin(
+                node_optype, _CROSS_STAGE)])
             odd.keep_nodes = odd.keep_nodes | rebuilt
             present = whole[odd.keep_nodes]
             warnings[0] = ops_warning(odd.said, ~odd.keep_nodes | rebuilt, rebuilt)
@@ -547,7 +552,6 @@ def leave_out_ops(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
                    f"{ranges(dp_ranks[~ran & held].tolist())})")
     # (an op no majority ran, and none elsewhere, is an extra: nothing to rebuild it from)
     lost = differ & (judged.lacks.any(axis=(1, 2)) | judged.disputed.any(axis=1))
-    lost &= ~np.isin(node_optype, _CROSS_STAGE)
     return LeftOdd(keep, np.ones(d, bool), present[keep], complete, [],
                    [ops_warning(said, drop, np.zeros_like(drop))] + warnings, lost, said)
 
@@ -555,9 +559,9 @@ def leave_out_ops(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
 def ops_warning(said: dict[int, str], drop: np.ndarray, rebuilt: np.ndarray) -> str:
     """The first warning of a grid whose collectives some workers lack (leave_out_ops): which
     were rebuilt at those workers and which left out at every worker of their stage."""
-    def named(nodes) -> str:
-        at = [said.get(n, "") for n in np.flatnonzero(nodes).tolist()]
-        shown = [x for x in at if x][:MAX_NAMED_OPS]
+    def named(nodes) -> str:   # (a cross-stage group's op at its other stages unnamed)
+        at = [said[n] for n in np.flatnonzero(nodes).tolist() if n in said]
+        shown = at[:MAX_NAMED_OPS]
         return "; ".join(shown) + (f" and {len(at) - len(shown)} more" if len(at) > len(shown)
                                    else "")
     out = [f"{OPS_LEFT_OUT}: no step had ops from every worker, for collectives that some "
@@ -566,7 +570,8 @@ def ops_warning(said: dict[int, str], drop: np.ndarray, rebuilt: np.ndarray) -> 
         out.append(f"rebuilt at the workers that lack them, ending with their group and begun "
                    f"after the worker's previous op (its wait kept as a wait): {named(rebuilt)}")
     if (drop & ~rebuilt).any():
-        out.append(f"left out at every worker of their stage (the time spent in them counted "
+        out.append(f"left out at every worker of their stage (of every stage for the embedding "
+                   f"all-reduce and the clip; the time spent in them counted "
                    f"as the gap before the next op, never as compute): {named(drop & ~rebuilt)}")
     return "; ".join(out[:1]) + ". " + ". ".join(x[0].upper() + x[1:] for x in out[1:])
 

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from stragglers.trace.model import BLOCKING_COLLECTIVES, DP_COLLECTIVES, OPTYPE_CODES
+
+# Collectives whose members at the stage's DP ranks end together (dependencies.py groups them
+# across DP ranks: the gradient collectives, and the blocking ones on the compute stream).
+SYNC = [OPTYPE_CODES[x] for x in DP_COLLECTIVES + BLOCKING_COLLECTIVES]
+# ... the embedding all-reduce: a DP rank's first and last stage end together; the clip:
+# every worker of every stage (a layernorm all-reduce is within a worker's tensor-parallel
+# group: its ends say nothing of another worker's, and it is never rebuilt).
+EMBEDDING = OPTYPE_CODES["embedding-grads-all-reduce"]
+CLIP = OPTYPE_CODES["optimizer-clip-main-grad"]
+REBUILT = SYNC + [EMBEDDING, CLIP]
+
 # Clock error allowed between workers when fitting a rebuilt op between a worker's own ops:
 # this share of the step's span (the monitor aligns clocks on collective ends first).
 CLOCK_SHARE = 0.01
@@ -12,12 +24,15 @@ SAME_CLOCK = 5e-5
 
 
 def rebuild_lost(start: np.ndarray, duration: np.ndarray, row: np.ndarray, present: np.ndarray,
-                 node_stage: np.ndarray, lost: np.ndarray, steps: np.ndarray) -> np.ndarray:
+                 node_stage: np.ndarray, node_optype: np.ndarray, node_seq: np.ndarray,
+                 lost: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """Rebuild each `lost` collective ([N] bool) at the workers of its stage that lack it, in
     the `steps` ([T] bool) analysed, in place on the [N, D, T] arrays; [N] which were rebuilt.
 
-    A blocking collective's members end together, so the op a worker lost ends where its
-    peers' end (their median); it began once the worker's own previous op ended (the op that
+    A collective's members end together, so the op a worker lost ends where its group's
+    other members end (their median: the stage's other DP ranks; for the embedding
+    all-reduce the DP rank's other end stage, for the clip every worker; REBUILT names the
+    types); it began once the worker's own previous op ended (the op that
     precedes it on a peer that ran it): the time between is the worker's wait for the group,
     kept as the wait it was, not turned into a launch delay (a healthy worker waiting for a
     3x straggler in a collective its profiler lost was named a host stall) nor into compute.
@@ -31,7 +46,9 @@ def rebuild_lost(start: np.ndarray, duration: np.ndarray, row: np.ndarray, prese
     if not len(ts) or not lost.any():
         return done
     # one step's [N, D] cells at a time: a copy of the grid would be the job's size
-    for n in np.flatnonzero(lost).tolist():
+    for n in np.flatnonzero(lost & np.isin(node_optype, REBUILT)).tolist():
+        same = (node_optype == node_optype[n]) & (node_seq == node_seq[n])
+        same[n] = False          # (the same op at the other stages: a cross-stage group's)
         stage = node_stage == node_stage[n]
         others = stage.copy()
         others[n] = False
@@ -47,7 +64,9 @@ def rebuild_lost(start: np.ndarray, duration: np.ndarray, row: np.ndarray, prese
             eps = CLOCK_SHARE * float(end_t[at].max() - begin_t[at].min())
             holders = np.flatnonzero(held)
             h = holders[0]
-            group_end = float(np.median(end_t[n, holders]))
+            group_end = _group_end(int(node_optype[n]), n, lacking, same, end_t, at)
+            if group_end is None:
+                break
             mine = (others & at[:, h])[:, None] & at[:, lacking]                  # [N, L]
             # (the peer's own ops, on its one clock: its order within a rank's timer error)
             before = mine & ((end_t[:, h] <= begin_t[n, h] + SAME_CLOCK)
@@ -69,50 +88,18 @@ def rebuild_lost(start: np.ndarray, duration: np.ndarray, row: np.ndarray, prese
                 row[n, lacking, t], present[n, lacking, t] = peer_row, True
             done[n] = True
     return done
-    end = start + duration
-    tol: dict[int, float] = {}   # step → the clock error allowed there (a step's cells only:
-    #                              a copy of the grid would be the job's size)
 
-    def allowed(t: int) -> float:
-        if t not in tol:
-            cell = present[:, :, t]
-            tol[t] = CLOCK_SHARE * float(end[:, :, t][cell].max() - start[:, :, t][cell].min())
-        return tol[t]
 
-    for n in np.flatnonzero(lost).tolist():
-        others = node_stage == node_stage[n]
-        voters = present[others][:, :, ts].any(axis=0)             # [D, T'] rows at the stage
-        others[n] = False
-        held = present[n][:, ts]
-        if not held.any(axis=0).all():   # (a step where no worker ran it: nothing to end with)
-            continue
-        cells = []
-        for k, t in enumerate(ts.tolist()):
-            eps = allowed(t)
-            lacking = np.flatnonzero(voters[:, k] & ~held[:, k])
-            if not len(lacking):
-                continue
-            holders = np.flatnonzero(held[:, k])
-            h = holders[0]
-            group_end = float(np.median(end[n, holders, t]))
-            mine = others[:, None] & present[:, h, t][:, None] & present[:, lacking, t]  # [N, L]
-            # (the peer's own ops, on its one clock: its order within a rank's timer error)
-            before = mine & ((end[:, h, t] <= start[n, h, t] + SAME_CLOCK)
-                             & (start[:, h, t] < start[n, h, t]))[:, None]
-            after = mine & (start[:, h, t] >= end[n, h, t] - SAME_CLOCK)[:, None]
-            if not before.any(axis=0).all():
-                break
-            prev = np.argmax(np.where(before, end[:, h, t][:, None], -np.inf), axis=0)   # [L]
-            ready = end[prev, lacking, t]
-            nxt = np.where(after, start[:, lacking, t], np.inf).min(axis=0)
-            if (ready > group_end + eps).any() or (group_end > nxt + eps).any():
-                break
-            stop = np.minimum(group_end, nxt)
-            begin = np.minimum(ready, stop)
-            cells.append((lacking, t, begin, stop - begin, row[n, h, t]))
-        else:
-            for lacking, t, begin, dur, peer_row in cells:
-                start[n, lacking, t], duration[n, lacking, t] = begin, dur
-                row[n, lacking, t], present[n, lacking, t] = peer_row, True
-            done[n] = True
-    return done
+def _group_end(code: int, n: int, lacking: np.ndarray, same: np.ndarray, end_t: np.ndarray,
+               at: np.ndarray) -> np.ndarray | None:
+    """[L] where the lost op's group ended for each lacking worker in one step (end_t, at:
+    [N, D] ends and presence); None where no member of its group ran it there."""
+    if code == EMBEDDING:    # (the same DP rank's end at the other end stage)
+        ends = np.where(at[same][:, lacking], end_t[same][:, lacking], np.nan)
+        if not np.isfinite(ends).any(axis=0).all():
+            return None
+        return np.nanmedian(ends, axis=0)
+    ends = end_t[n][at[n]]
+    if code == CLIP:         # (every worker of every stage)
+        ends = np.concatenate([ends, end_t[same][at[same]]])
+    return np.full(len(lacking), float(np.median(ends))) if len(ends) else None
