@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import pytest
 
 from conftest import REPO
 from stragglers.monitor.settings import MonitorConfig

@@ -21,7 +21,7 @@ from stragglers.whatif.grid import paired_transfers
 from stragglers.whatif.partitioned import analyze_run
 
 sys.path.insert(0, str(REPO / "tests" / "whatif"))
-from test_whatif_odd_op_sets import job, odd, with_extra, without  # noqa: E402
+from test_whatif_odd_op_sets import job, odd, without  # noqa: E402
 
 
 def relabelled(trace: Trace, rank: int, src: str, optype: str) -> Trace:

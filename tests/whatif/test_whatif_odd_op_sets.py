@@ -2,16 +2,16 @@
 profiler or another recorder version, one extra all-reduce/barrier/broadcast no peer ran, its
 pipeline transfers numbered from 1) made every step incomplete: the analysis was an error, naming
 the honest peer where the odd worker had the extra op. The engine now judges each worker against
-its stage's majority and, where no step is complete, leaves the odd workers' DP replicas out,
-named in `result.left_out` (whatif/README.md "Steps with ops missing, and workers whose ops
-differ")."""
+its stage's majority and, where no step is complete, rebuilds or leaves out the collectives
+that differ (every worker analysed: round 12, a replica left out hid the straggler in it) or,
+where that cannot settle it, leaves the odd workers' DP replicas out, named in
+`result.left_out` (whatif/README.md "Steps with ops missing, and workers whose ops differ")."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPE_CODES, P2P_OPTYPES, Trace
 from stragglers.trace.runformat import write_run
 from stragglers.trace.synth import generate

@@ -40,7 +40,9 @@ def rebuild_lost(start: np.ndarray, duration: np.ndarray, row: np.ndarray, prese
     previous op ended before the group's end and its next op began after it (within clock
     error); where not (a peer's extra op rather than a lost one, or a collective run beside
     compute), it is not rebuilt and the caller leaves it out. The rebuilt cell borrows a
-    peer's row for the columns read there (bytes, waits)."""
+    peer's row for the columns read there (bytes, waits). (A lacking worker's process group
+    is unknown: where a stage's DP ranks run the op in several groups, their ends' median
+    stands for its group's, bounded by the same fit.)"""
     done = np.zeros(len(lost), bool)
     ts = np.flatnonzero(steps)
     if not len(ts) or not lost.any():
