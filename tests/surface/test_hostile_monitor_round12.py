@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import pytest
 
 from conftest import REPO
 from stragglers.monitor.settings import MonitorConfig
@@ -75,9 +74,8 @@ def test_a_collective_lost_at_one_rank_does_not_hide_the_straggler_beside_it(tmp
         return
     windows = job["windows"]
     assert [w["error"] for w in windows if w["error"]] == [], windows[0]["error"]
-    firing = [a["rule"] for a in job["alerts"] if a["rule"] != "new_cause"]
     slowdowns = [round(w["slowdown"], 3) for w in windows]
-    assert min(slowdowns) > 1.15 or firing, (slowdowns, job["alerts"])
+    assert min(slowdowns) > 1.15, (slowdowns, job["alerts"])
 
 
 def test_one_ranks_zero_durations_in_float64_do_not_blame_an_honest_rank(tmp_path):
@@ -101,8 +99,6 @@ def test_one_ranks_zero_durations_in_float64_do_not_blame_an_honest_rank(tmp_pat
         [(a["rule"], a["labels"]) for a in job["alerts"]]
 
 
-@pytest.mark.xfail(strict=True, reason="a 2-rank data-parallel job with one rank missing one "
-                   "collective: every window an error, the straggler never reported")
 def test_a_two_rank_data_parallel_job_missing_a_collective_is_still_analysed(tmp_path):
     """Round 11's finding 4 (a rank missing one collective: every window an error) was fixed
     for the 2x2 job by leaving the odd worker's replica out (whatif/grid.odd_workers). A plain

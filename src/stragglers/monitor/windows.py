@@ -34,6 +34,7 @@ from stragglers.monitor.records import LayoutEntry, Lease, Refusal, WindowFindin
     WindowScore
 from stragglers.trace.model import JobMeta, Trace
 from stragglers.whatif.config import STRAGGLING_SLOWDOWN
+from stragglers.whatif.grid import OPS_LEFT_OUT
 from stragglers.whatif.result import Finding, LeftOut, WorkerScore
 from stragglers.wording import ranges
 
@@ -603,6 +604,10 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
                                    | {w.rank for w in result.left_out if w.rank is not None})
         refused += [(f"job {window.job} rank {w.rank}", odd_ops(w)) for w in result.left_out
                     if w.reason == "ops_differ" and w.rank is not None]
+        # collectives some workers lacked, rebuilt there or left out (whatif/grid.py
+        # leave_out_ops): every rank analysed, the window says which ops it changed
+        lacked = [w for w in result.warnings if w.startswith(OPS_LEFT_OUT)]
+        row.notes = (lacked + row.notes)[:MAX_NOTES]
         if result.left_out:   # (alerts.LEFT_OUT_RULE holds while a window says so)
             left_note = [left_out_note(result.left_out)]
         hosts = {r: e.host or "" for r, e in layout_of(trace.meta).items()}

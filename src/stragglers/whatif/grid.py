@@ -8,6 +8,7 @@ import numpy as np
 
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPE_CODES, OPTYPES, P2P_OPTYPES, Trace
+from stragglers.whatif.rebuild import rebuild_lost
 from stragglers.whatif.result import LeftOut
 from stragglers.wording import ranges
 
@@ -161,6 +162,7 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     complete = _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings,
                                node_seq, interleaved)
     odd = None
+    present_all = present
     if not complete.any():
         odd = leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids,
                             _ranks_of(ops, d_idx, len(dp_ranks)), interleaved)
@@ -184,7 +186,20 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
         pg = np.full(n * d * t, -1, dtype=np.int64)
         pg[flat] = ops["pg"]
         node_pg = pg.reshape(n, d, t).max(axis=2)      # the same group in every step
-    cells = [a.reshape(shape)[:, :, complete] for a in (start, duration, row)]
+    cells = [a.reshape(shape) for a in (start, duration, row)]
+    if odd is not None and odd.lost is not None and odd.lost.any():
+        whole = present_all.copy()
+        rebuilt = rebuild_lost(*cells, whole, node_stage, node_optype, node_seq, odd.lost,
+                               complete)
+        if rebuilt.any():   # (the rebuilt collectives kept, with every worker's cell, and a
+            # cross-stage group's op at the other stages, left out for its sake only)
+            ident = (node_optype.astype(np.int64) << _SEQ_BITS) | node_seq
+            rebuilt |= ~odd.keep_nodes & np.isin(ident, ident[rebuilt & np.isin(
+                node_optype, _CROSS_STAGE)])
+            odd.keep_nodes = odd.keep_nodes | rebuilt
+            present = whole[odd.keep_nodes]
+            warnings[0] = ops_warning(odd.said, ~odd.keep_nodes | rebuilt, rebuilt)
+    cells = [c[:, :, complete] for c in cells]
     if odd is not None:   # (the odd workers' replicas, and ops only they ran, left out)
         at = np.ix_(odd.keep_nodes, odd.keep_dp)
         cells = [c[at] for c in cells]
@@ -402,7 +417,8 @@ def paired_transfers(present, node_optype, node_stage, node_seq,
 
 @dataclass
 class LeftOdd:
-    """The grid less the DP replicas of workers whose ops differ (leave_out_odd)."""
+    """The grid less the DP replicas of workers whose ops differ, or less the collectives that
+    differ (leave_out_odd, leave_out_ops)."""
 
     keep_nodes: np.ndarray     # [N] template ops still run by some worker kept
     keep_dp: np.ndarray        # [D] DP ranks kept
@@ -410,6 +426,10 @@ class LeftOdd:
     complete: np.ndarray       # [T] complete steps of what is kept
     left_out: list[LeftOut]
     warnings: list[str]
+    # [N] collectives left out (every worker kept) that some workers lack: build_grid
+    # rebuilds them there from their group's ends where they fit (whatif/rebuild.py)
+    lost: np.ndarray | None = None
+    said: dict[int, str] = field(default_factory=dict)   # node → what workers ran it (warning)
 
 
 # Ops a LeftOut names at most in each of its lists (a rank of another schedule lacks all).
@@ -418,12 +438,17 @@ MAX_NAMED_OPS = 16
 
 def leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids,
                   ranks: np.ndarray, interleaved: bool = False) -> LeftOdd | None:
-    """Where no step has ops from every worker: the grid less the DP replicas of the workers
-    whose ops differ from their stage's majority (odd_workers), as a trace without those
+    """Where no step has ops from every worker: the grid less the collectives that differ
+    (leave_out_ops: every worker kept) where that settles it; else less the DP replicas of the
+    workers whose ops differ from their stage's majority (odd_workers), as a trace without those
     replicas would be analysed (a partial one), with each worker left out and why; None where
     no majority tells the odd workers, or leaving them out leaves no replica or no complete
     step (the caller's error stands). `ranks` [D, P]: each worker's global rank (-1: none)."""
     judged = odd_workers(present, node_optype, node_stage, node_seq, interleaved)
+    ops = leave_out_ops(present, node_optype, node_stage, node_seq, dp_ranks, step_ids, judged,
+                        interleaved)
+    if ops is not None:
+        return ops
     bad = np.asarray(judged.odd.any(axis=(1, 2)))
     if not bad.any() or bad.all():
         return None
@@ -466,6 +491,89 @@ def leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
                     f"replicas ({len(gone)} of {len(dp_ranks)}: DP rank(s) {ranges(gone)}), "
                     f"the others analysed: {said}" + _unjudged(left))
     return LeftOdd(keep_nodes, keep_dp, kept, complete, left, warnings)
+
+
+# Collectives whose group spans stages (dependencies.build_dependencies groups the first and
+# last stages' embedding all-reduce, every stage's clip): one left out at a stage is left out
+# at every stage, the whole group's op.
+_CROSS_STAGE = (OPTYPE_CODES["embedding-grads-all-reduce"],
+                OPTYPE_CODES["optimizer-clip-main-grad"])
+# The window's warning (and the monitor's note) that names collectives left out or rebuilt.
+OPS_LEFT_OUT = "ops some workers lack"
+
+
+def leave_out_ops(present, node_optype, node_stage, node_seq, dp_ranks, step_ids,
+                  judged: OddWorkers, interleaved: bool = False) -> LeftOdd | None:
+    """Where workers' ops differ only in collectives (one lost at a rank, one no peer ran, or
+    one two workers of a lone stage disagree on): the grid less those collectives, at every
+    worker of their stage, every worker kept; `lost` marks those some workers lack (the
+    schedule's by majority or another stage, or disputed), which build_grid rebuilds there
+    from their group's ends where they fit (whatif/rebuild.py: the wait in a lost collective
+    stays a wait; left out, it became a launch delay, and a healthy rank waiting for a 3x
+    straggler was named a host stall). None where a transfer differs (each stage's own, paired
+    at its other end: the odd worker's replica goes), a worker lacks its rows or its compute,
+    more than half of a stage's collectives would go (a rank of another schedule), or no step
+    is complete even then.
+
+    Leaving a replica out for one lost row hid the 3x straggler beside it (S 1.00), and a lone
+    stage of two workers, where nothing tells which is odd, was an error in every window. An
+    op left out (an extra no majority ran; one that does not fit where it would be rebuilt)
+    takes with it the time each worker spent in it, which becomes the gap before its next
+    op: a launch delay, which S leaves out (T_nodelay), never compute."""
+    collective = (node_optype != GC) & ~np.isin(node_optype, _WORK) & ~np.isin(node_optype, _P2P)
+    differ = (judged.lacks | judged.extra).any(axis=(1, 2)) | judged.disputed.any(axis=1)
+    if not differ.any() or (differ & ~collective).any():
+        return None
+    d, pp, t = judged.odd.shape
+    by_op = np.zeros((d, pp, t), bool)
+    for s in range(pp):
+        at = node_stage == s
+        by_op[:, s] = (judged.lacks[at] | judged.extra[at]).any(axis=0)
+    if (judged.odd & ~by_op).any():   # (no rows, or no compute: no op to leave out)
+        return None
+    ident = (node_optype.astype(np.int64) << _SEQ_BITS) | node_seq
+    drop = differ | np.isin(ident, ident[differ & np.isin(node_optype, _CROSS_STAGE)])
+    for s in np.unique(node_stage[drop]):
+        at = collective & (node_stage == s)
+        if 2 * (drop & at).sum() > at.sum():
+            return None
+    keep = ~drop
+    warnings: list[str] = []
+    complete = _complete_steps(present[keep], node_optype[keep], node_stage[keep], dp_ranks,
+                               step_ids, warnings, node_seq[keep], interleaved)
+    if not complete.any():
+        return None
+    said = {}
+    for n in np.flatnonzero(differ).tolist():
+        ran = present[n].any(axis=1)                                    # [D] ran it somewhere
+        held = present[node_stage == node_stage[n]].any(axis=(0, 2))    # [D] rows there
+        said[n] = (f"{OPTYPES[node_optype[n]]} #{node_seq[n]} on stage {node_stage[n]} (run by "
+                   f"DP rank(s) {ranges(dp_ranks[ran].tolist())}, not by "
+                   f"{ranges(dp_ranks[~ran & held].tolist())})")
+    # (an op no majority ran, and none elsewhere, is an extra: nothing to rebuild it from)
+    lost = differ & (judged.lacks.any(axis=(1, 2)) | judged.disputed.any(axis=1))
+    return LeftOdd(keep, np.ones(d, bool), present[keep], complete, [],
+                   [ops_warning(said, drop, np.zeros_like(drop))] + warnings, lost, said)
+
+
+def ops_warning(said: dict[int, str], drop: np.ndarray, rebuilt: np.ndarray) -> str:
+    """The first warning of a grid whose collectives some workers lack (leave_out_ops): which
+    were rebuilt at those workers and which left out at every worker of their stage."""
+    def named(nodes) -> str:   # (a cross-stage group's op at its other stages unnamed)
+        at = [said[n] for n in np.flatnonzero(nodes).tolist() if n in said]
+        shown = at[:MAX_NAMED_OPS]
+        return "; ".join(shown) + (f" and {len(at) - len(shown)} more" if len(at) > len(shown)
+                                   else "")
+    out = [f"{OPS_LEFT_OUT}: no step had ops from every worker, for collectives that some "
+           "workers of their stage ran and others not; every worker analysed"]
+    if rebuilt.any():
+        out.append(f"rebuilt at the workers that lack them, ending with their group and begun "
+                   f"after the worker's previous op (its wait kept as a wait): {named(rebuilt)}")
+    if (drop & ~rebuilt).any():
+        out.append(f"left out at every worker of their stage (of every stage for the embedding "
+                   f"all-reduce and the clip; the time spent in them counted "
+                   f"as the gap before the next op, never as compute): {named(drop & ~rebuilt)}")
+    return "; ".join(out[:1]) + ". " + ". ".join(x[0].upper() + x[1:] for x in out[1:])
 
 
 def _unjudged(left: list[LeftOut]) -> str:
