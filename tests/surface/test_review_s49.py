@@ -40,23 +40,21 @@ def _without(trace: Trace, rank: int, optype: str) -> Trace:
     return trace.select(~((o["rank"] == rank) & (o["optype"] == OPTYPE_CODES[optype])))
 
 
-@pytest.mark.xfail(strict=True, reason="hV50 #1: whatif/grid.leave_out_odd names every odd "
-                   "worker of a DP replica with the ops of all its stages")
 def test_left_out_workers_are_named_with_their_own_stages_ops():
-    """Now: dp 3 x pp 2; rank 2 (dp 2, pp 0) runs an extra barrier, rank 5 (dp 2, pp 1) lost
-    its grads-reduce-scatter. Both are left out, but BOTH LeftOut entries read missing
-    ['grads-reduce-scatter #0'], extra ['barrier #0'] (and the warning says so): rank 2 is
-    blamed for a lost collective it ran, rank 5 for a barrier it never ran. leave_out_odd
-    takes judged.lacks[:, a] / judged.extra[:, a] over every node, not those of stage p.
-    Should: rank 2 extra ['barrier #0'] and nothing missing; rank 5 missing
-    ['grads-reduce-scatter #0'] and no extra."""
-    trace = _without(_with_extra(_job(3), 2, "barrier"), 5, "grads-reduce-scatter")
+    """Found: dp 3 x pp 2; rank 2 (dp 2, pp 0) ran an extra barrier, rank 5 (dp 2, pp 1) lost
+    its grads-reduce-scatter: BOTH LeftOut entries read missing ['grads-reduce-scatter #0'],
+    extra ['barrier #0']: leave_out_odd took judged.lacks[:, a] / judged.extra[:, a] over every
+    node, not those of stage p. (Since s50-hC lost or extra collectives are rebuilt or left
+    out at every worker, so the replica path is shown with transfers: rank 2 lost its
+    forward-sends, rank 5 its backward-sends; at 680732f each read both.) Each worker is named
+    with its own stage's ops only."""
+    trace = _without(_without(_job(3), 2, "forward-send"), 5, "backward-send")
     r = analyze(trace, steps="all")
     odd = {(w.dp, w.pp, w.rank): (w.missing, w.extra) for w in r.left_out
            if w.reason == "ops_differ"}
     assert set(odd) == {(2, 0, 2), (2, 1, 5)}   # (both judged odd: right)
-    assert odd[(2, 0, 2)] == ([], ["barrier #0"])
-    assert odd[(2, 1, 5)] == (["grads-reduce-scatter #0"], [])
+    assert odd[(2, 0, 2)] == ([f"forward-send #{i}" for i in range(4)], [])
+    assert odd[(2, 1, 5)] == ([f"backward-send #{i}" for i in range(4)], [])
 
 
 def test_replaced_runs_filter_does_not_refuse_new_runs_of_a_long_lived_job_name():
@@ -83,7 +81,7 @@ def test_window_notes_keep_every_moved_rank_when_a_worker_is_also_left_out():
     import re
     import time
 
-    from stragglers.monitor.windows import Window, analyse_window
+    from stragglers.monitor.windows import MAX_NOTES, Window, analyse_window
 
     t = generate(dp=40, pp=1, microbatches=2, steps=4, seed=0, slow_worker=(0, 0, 2.0))
     o = {k: v.copy() for k, v in t.ops.items()}
@@ -93,8 +91,11 @@ def test_window_notes_keep_every_moved_rank_when_a_worker_is_also_left_out():
     trace = _with_extra(Trace(o, t.meta, t.source), 1, "barrier")
     row, _ = analyse_window(Window("j", 0, list(range(4)), trace, missing_ranks=[],
                                    closed_at=time.time()))
-    assert row.error is None and 1 in row.missing_ranks, row.error
-    assert row.notes[0].startswith("ranks left out of the analysis")
+    # (rank 1's extra barrier: since s50-hC left out at every worker, not rank 1's replica;
+    # either way the engine's note comes first and the clocks' lines share one budget)
+    assert row.error is None, row.error
+    assert row.notes[0].startswith(("ranks left out of the analysis", "ops some workers lack"))
+    assert len(row.notes) <= MAX_NOTES, len(row.notes)
     named: set[int] = set()
     for n in row.notes:
         m = re.match(r"rank (\d+): its clock", n)
@@ -187,9 +188,6 @@ def test_a_run_linked_from_deeper_in_its_root_is_watched_live(tmp_path):
         child.wait(30)
 
 
-@pytest.mark.xfail(strict=True, reason="hV50 #6: whatif/grid.odd_workers breaks a two-worker "
-                   "tie on a collective only one stage runs as 'an extra': the rank that ran "
-                   "it is blamed and its replica, with the real straggler, left out")
 def test_a_lost_last_stage_collective_does_not_blame_the_rank_that_ran_it():
     """Now: dp 2 x pp 2, rank 0 (dp 0, pp 0) a real 3x straggler (whole: S 1.435,
     worker_fault); the last stage runs a DP all-reduce each step that no other stage runs

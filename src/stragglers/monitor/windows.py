@@ -607,7 +607,7 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
         # collectives some workers lacked, rebuilt there or left out (whatif/grid.py
         # leave_out_ops): every rank analysed, the window says which ops it changed
         lacked = [w for w in result.warnings if w.startswith(OPS_LEFT_OUT)]
-        row.notes = (lacked + row.notes)[:MAX_NOTES]
+        row.notes = lacked + row.notes
         if result.left_out:   # (alerts.LEFT_OUT_RULE holds while a window says so)
             left_note = [left_out_note(result.left_out)]
         hosts = {r: e.host or "" for r, e in layout_of(trace.meta).items()}
@@ -619,7 +619,9 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
         row.diagnosis = [with_ranks(f, where, hosts) for f in result.diagnosis]
     # built once within one budget: the clock lines' summary counts what the left-out note's
     # line took from them (cutting built lines dropped it, ranks 37-39 of 34 moved unnamed)
-    row.notes += left_note + clock_notes(moved, MAX_NOTES - len(left_note))
+    # (the engine's lines first, then the clocks' within what is left: at least their summary)
+    head = (row.notes + left_note)[:MAX_NOTES - 1 if moved else MAX_NOTES]
+    row.notes = head + clock_notes(moved, MAX_NOTES - len(head))
     row.analysed_at = time.time()
     row.analysis_s = time.perf_counter() - t0
     return row, refused

@@ -471,9 +471,12 @@ def leave_out_odd(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
             if not len(steps):
                 left.append(LeftOut(int(dp_ranks[a]), p, rank, reason="replica"))
                 continue
-            missing, extra = (_names(np.asarray(flags[:, a].any(axis=1)), node_optype, node_seq)
-                              for flags in (judged.lacks, judged.extra))
-            if not (judged.lacks[:, a].any() or judged.extra[:, a].any()):
+            # this stage's ops only: a replica odd at two stages named each worker with the
+            # other's ops (a lost collective blamed on the rank that ran it)
+            here = node_stage == p
+            missing, extra = (_names(np.asarray(flags[:, a].any(axis=1)) & here, node_optype,
+                                     node_seq) for flags in (judged.lacks, judged.extra))
+            if not (judged.lacks[here, a].any() or judged.extra[here, a].any()):
                 missing = ["its rows or its compute"]
             left.append(LeftOut(int(dp_ranks[a]), p, rank, missing=missing, extra=extra,
                                 steps=[int(x) for x in steps]))
