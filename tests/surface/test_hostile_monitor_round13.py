@@ -57,10 +57,11 @@ def test_one_ranks_computes_timed_short_do_not_blame_an_honest_rank(tmp_path):
     and end where its peers' do, so the clock checks of round twelve see nothing. Every
     window reads S 1.319-1.322 and `worker_fault` (critical) fires at rank 2 (dp 0, pp 1,
     healthy), `straggling` with it (/3 instead of 0: S 1.19, the same alerts; /1000, a ms
-    slip: S 1.32). One worker's understated computes set the ideal its stage peer is judged
-    against. A rank whose computes cannot fill the time between its own transfers (rank 3
-    idles 2/3 of every step while its peers wait on nobody) is refused, or its computes are
-    left out of the ideal (named); the windows read the healthy job and nothing fires."""
+    slip: S 1.32; in a 4x2 job one rank of 8 so: S 1.15, `straggling`). One worker's
+    understated computes set the ideal its stage peers are judged against. A rank whose
+    computes cannot fill the time between its own transfers (rank 3 idles 2/3 of every step
+    while its peers wait on nobody) is refused, or its computes are left out of the ideal
+    (named); the windows read the healthy job and nothing fires."""
     trace = slow_job(steps=20, slow=None)
     zero = at_rank(3, lambda cols: {**cols, "duration": np.where(
         np.isin(cols["optype"], COMPUTE), 0.0, cols["duration"])})
