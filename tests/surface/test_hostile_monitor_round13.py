@@ -97,8 +97,6 @@ def test_a_straggler_slow_between_its_kernels_is_alerted(tmp_path):
                                               for e in job["alert_log"]])
 
 
-@pytest.mark.xfail(strict=True, reason="two GC pauses between the same two computes at one "
-                   "rank: each part 200, every window an error 'two ops share ... gc'")
 def test_two_gc_pauses_side_by_side_leave_the_window_analysed(tmp_path):
     """The 2x2 job (rank 0 3x slow; S ~1.6). Rank 3 records two GC pauses back to back after
     its first forward compute of each step (1 us each, seq_id 0 and 1, apart in time: a
@@ -127,8 +125,6 @@ def test_two_gc_pauses_side_by_side_leave_the_window_analysed(tmp_path):
     straggler_seen(windows_of(tmp_path, trace, at_rank(3, two_pauses), TOKEN, MONITOR))
 
 
-@pytest.mark.xfail(strict=True, reason="a 0.2 s GC pause through one rank's own ops: a "
-                   "healthy job reads S 1.25 and straggling fires")
 def test_a_gc_pause_through_its_ranks_own_ops_does_not_make_a_straggler(tmp_path):
     """A healthy 2x2 job (S ~1.005, no alert) whose rank 3 writes one `gc` row per step, 0.2 s
     long, starting with the step's first op: a pause of the host during which the same rank
@@ -152,8 +148,6 @@ def test_a_gc_pause_through_its_ranks_own_ops_does_not_make_a_straggler(tmp_path
     healthy(windows_of(tmp_path, trace, at_rank(3, pause), TOKEN, MONITOR))
 
 
-@pytest.mark.xfail(strict=True, reason="one rank's backward-sends starting 0.05 s before the "
-                   "backward that feeds them: a healthy job reads S 1.19, straggling fires")
 def test_a_send_starting_before_the_compute_that_feeds_it_does_not_make_a_straggler(tmp_path):
     """A healthy 2x2 job (S ~1.005, no alert) whose rank 3 (dp 1, pp 1) writes each
     backward-send 0.05 s earlier with its end kept (duration + 0.05 s): the send now starts
