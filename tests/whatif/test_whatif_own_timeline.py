@@ -50,6 +50,7 @@ def test_a_gc_pause_through_its_ranks_own_ops_costs_only_the_time_they_leave_fre
     assert result.slowdown < 1.1, result.slowdown
     assert [f.cause for f in result.diagnosis] == ["none"], result.diagnosis
     assert "GC pauses through their rank's own compute" in _cut(result)[0], result.warnings
+    assert _cut(result)[0].endswith("workers (dp 1, pp 1))"), result.warnings
 
 
 def test_gc_pauses_in_free_time_are_kept_whole():

@@ -169,19 +169,22 @@ def clip_to_own_timeline(grid: OpGrid, model: DependencyModel) -> str | None:
     if not cut:
         return None
     message = ("rows cut to their worker's own timeline (ops it cannot have run so): "
-               + "; ".join(f"{n} {kind} (by up to {most:.3g} s; DP ranks {sorted(dps)})"
-                           for kind, (n, most, dps) in sorted(cut.items())))
+               + "; ".join(f"{n} {kind} (by up to {most:.3g} s; workers "
+                           + ", ".join(f"(dp {d}, pp {p})" for d, p in sorted(workers)) + ")"
+                           for kind, (n, most, workers) in sorted(cut.items())))
     grid.warnings.append(message)
     return message
 
 
-def _note(cut: dict, kind: str, grid: OpGrid, by: np.ndarray) -> None:
-    """Count the cells of `by` ([D, T] seconds cut) beyond clock rounding under `kind`."""
+def _note(cut: dict, kind: str, grid: OpGrid, node: int, by: np.ndarray) -> None:
+    """Count the cells of `by` ([D, T] seconds cut from `node`'s rows) beyond clock rounding
+    under `kind`, with their workers."""
     big = by > _CLIP_EPS
     if big.any():
-        n, most, dps = cut.get(kind, (0, 0.0, set()))
-        dps |= {int(d) for d in grid.dp_ranks[np.flatnonzero(big.any(axis=1))]}
-        cut[kind] = (n + int(big.sum()), max(most, float(by[big].max())), dps)
+        n, most, workers = cut.get(kind, (0, 0.0, set()))
+        stage = int(grid.node_stage[node])
+        workers |= {(int(d), stage) for d in grid.dp_ranks[np.flatnonzero(big.any(axis=1))]}
+        cut[kind] = (n + int(big.sum()), max(most, float(by[big].max())), workers)
 
 
 def _clip_sends(grid: OpGrid, c: int, sends: list[int], cut: dict) -> None:
@@ -192,7 +195,7 @@ def _clip_sends(grid: OpGrid, c: int, sends: list[int], cut: dict) -> None:
             continue
         o_end = grid.start[o] + grid.duration[o]
         to = np.minimum(grid.start[c] + grid.duration[c], o_end)
-        _note(cut, "sends starting before the compute op they follow", grid,
+        _note(cut, "sends starting before the compute op they follow", grid, o,
               np.where(early, to - grid.start[o], 0.0))
         grid.start[o] = np.where(early, to, grid.start[o])
         grid.duration[o] = np.where(early, o_end - to, grid.duration[o])
@@ -220,7 +223,7 @@ def _clip_pauses(grid: OpGrid, nodes: np.ndarray, cut: dict) -> None:
             s = np.maximum(a, np.where(begun, w_end, -np.inf).max(axis=0))
             e = np.minimum(b, np.where(w_start > a, w_start, np.inf).min(axis=0))
         e = np.maximum(e, s)
-        _note(cut, "GC pauses through their rank's own compute", grid,
+        _note(cut, "GC pauses through their rank's own compute", grid, int(g),
               np.where(here, grid.duration[g] - (e - s), 0.0))
         grid.start[g] = np.where(here, s, grid.start[g])
         grid.duration[g] = np.where(here, e - s, grid.duration[g])
