@@ -9,7 +9,7 @@ import numpy as np
 from stragglers.errors import DependencyCycleError
 from stragglers.trace.model import BLOCKING_COLLECTIVES, DP_COLLECTIVES, OPTYPE_CODES as C
 from stragglers.whatif.buckets import bucket_producers
-from stragglers.whatif.grid import BWD, BWW, FWD, GC as _GC, OpGrid
+from stragglers.whatif.grid import BWD, BWW, FWD, GC as _GC, GC_WITHIN, OpGrid
 
 P2P_PEER = {  # optype → (peer optype, stage delta of the peer)
     "forward-send": ("forward-recv", +1), "forward-recv": ("forward-send", -1),
@@ -88,17 +88,21 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
                                                   ref_start[found]))]]
         # Compute stream: fwd/bwd in observed order, gc pauses at their slot (fwd/bwd before them).
         gcs = nodes[grid.node_optype[nodes] == _GC]
-        gc_at = {int(grid.node_seq[g]): int(g) for g in gcs}
+        gc_at: dict[int, list[int]] = {}   # slot → its pauses in order (grid.gc_slots)
+        for g in gcs[np.argsort(grid.node_seq[gcs], kind="stable")]:
+            gc_at.setdefault(int(grid.node_seq[g]) % GC_WITHIN, []).append(int(g))
+        for pauses in gc_at.values():      # pauses side by side in one slot: one after another
+            chain(pauses)
         stream, n_fb = [], 0  # gc slots count forward/backward ops only (grid.gc_slots)
         for c in _with_blocking(grid, nodes, comp, ref_start):
             if grid.node_optype[c] in _FB:
                 if n_fb in gc_at and n_fb > 0:
-                    stream.append(gc_at[n_fb])
+                    stream.extend(gc_at[n_fb])
                 n_fb += 1
             stream.append(c)
         _chain_stream(grid, stream, deps)
         if 0 in gc_at:  # a pause before the first compute op: it leads the stream
-            deps[comp[0]].append(gc_at[0])
+            deps[comp[0]].append(gc_at[0][-1])
         # The op a recv is posted after: the training thread's previous compute op (`comp`, the
         # stream without its pauses). A gc pause is no poster: it falls wherever an allocation
         # triggers it, often while the recv already waits, and a recv chained behind it would
@@ -111,17 +115,18 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         pause_before = {c: stream[k - 1] for k, c in enumerate(stream)
                         if k > 0 and grid.node_optype[stream[k - 1]] == _GC}
         if 0 in gc_at and comp:   # the pause that leads the stream (not in `stream`)
-            pause_before[comp[0]] = gc_at[0]
+            pause_before[comp[0]] = gc_at[0][-1]
         # ... and the blocking collectives between that op and the recv's compute op (a tensor-
         # parallel all-reduce ending a microbatch's forward): where the recv started after one
         # ended, the thread posted it once past that one; chained after the compute op the recv
         # would take the wait at the collective (its group peers' lateness) as its launch delay.
         # Likewise a send after the collectives that follow its compute op.
         colls_before, colls_after = _blocking_runs(grid, stream)
-        tail_gc = gc_at.get(n_fb)
+        tail = gc_at.get(n_fb, [])
+        tail_gc = tail[-1] if tail else None
         last_compute = max(comp, key=lambda c: ref_end[c]) if comp else None
-        if tail_gc is not None and last_compute is not None:
-            deps[tail_gc].append(last_compute)
+        if tail and last_compute is not None:
+            deps[tail[0]].append(last_compute)
         # compute cut into pieces by blocking collectives or by DDP's buckets (gradient
         # collectives launched before the last backward op ended): transfers are then paired
         # with compute ops by time
@@ -263,7 +268,11 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         add_group(clip, True)
     order = _topological_order(grid, deps, groups, group_of)
     parts = [_sync_parts(grid, members) if sync else None for members, sync in zip(groups, dp_sync)]
-    return DependencyModel(deps, groups, dp_sync, group_of, no_op, order, parts)
+    model = DependencyModel(deps, groups, dp_sync, group_of, no_op, order, parts)
+    from stragglers.whatif.timing import clip_to_own_timeline   # (timing reads this module)
+
+    clip_to_own_timeline(grid, model)
+    return model
 
 
 def _sync_parts(grid: OpGrid, members: list[int]) -> np.ndarray | None:

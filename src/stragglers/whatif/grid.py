@@ -87,8 +87,14 @@ def dense_ids(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, inverse
 
 
+# The k-th GC pause of one slot (k ≥ 1: a gen-0 collection and the gen-2 one it set off, side
+# by side) is numbered slot + k·GC_WITHIN: a cell of its own, after the slot's earlier pauses.
+GC_WITHIN = 1 << 16
+
+
 def gc_slots(trace: Trace, worker_step: np.ndarray) -> np.ndarray:
-    """For each gc row, the number of fwd/bwd compute ops before it on its worker in its step."""
+    """For each gc row, the number of fwd/bwd compute ops before it on its worker in its step
+    (its slot), plus k·GC_WITHIN for the k-th pause after the first in that slot."""
     ops = trace.ops
     is_compute = (ops["optype"] == FWD) | (ops["optype"] == BWD)
     is_gc = ops["optype"] == GC
@@ -105,6 +111,15 @@ def gc_slots(trace: Trace, worker_step: np.ndarray) -> np.ndarray:
     base = np.maximum.accumulate(np.where(first, csum, 0))    # ... at the start of the group
     slots = np.zeros(len(ops["step"]), dtype=np.int64)
     slots[order] = csum - base
+    # (order is by worker-step and start: pauses of one slot are consecutive gc rows there)
+    pauses = order[~is_compute[order]]
+    if len(pauses) > 1:
+        ws, slot = worker_step[pauses], slots[pauses]
+        new = np.ones(len(pauses), dtype=bool)
+        new[1:] = (ws[1:] != ws[:-1]) | (slot[1:] != slot[:-1])
+        at = np.arange(len(pauses))
+        k = at - np.maximum.accumulate(np.where(new, at, 0))
+        slots[pauses] = slot + np.minimum(k, (1 << 24) // GC_WITHIN - 1) * GC_WITHIN
     return slots
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from stragglers.trace.model import OPTYPE_CODES, P2P_OPTYPES
 from stragglers.whatif.dependencies import DependencyModel, sync_max
-from stragglers.whatif.grid import OpGrid
+from stragglers.whatif.grid import GC, OpGrid
 
 P2P_CODES = [OPTYPE_CODES[o] for o in P2P_OPTYPES]
 
@@ -135,3 +135,95 @@ def launch_delays(grid: OpGrid, model: DependencyModel) -> np.ndarray:
                 end[m][absent] = ready[absent]
             delay[m] = np.maximum(start - ready, 0.0)
     return delay
+
+
+_WORK = [OPTYPE_CODES[o] for o in ("forward-compute", "backward-compute",
+                                    "backward-weight-compute", "optimizer")]
+_SENDS = [OPTYPE_CODES["forward-send"], OPTYPE_CODES["backward-send"]]
+# seconds a row may overrun its own timeline before a warning names it: recorders' own timer
+# rounding (NDTimeline's event pairs overlap their next op by up to 0.12 ms)
+_CLIP_EPS = 1e-3
+
+
+def clip_to_own_timeline(grid: OpGrid, model: DependencyModel) -> str | None:
+    """Cut a worker's rows that its own timeline cannot hold (in place, before any cost is
+    read), naming them in a grid warning (returned; None where nothing was cut):
+
+    - a send that started before the compute op it follows in the model (the op producing its
+      data) had started: charged from that op's end, its end kept;
+    - a GC pause (on the compute stream, docs/whatif.md §3): only the gap the worker's own
+      compute ops leave there, from the end of the one running when it began to the start of
+      the first one begun inside it (the host, paused, launches nothing; transfers and
+      collectives run on their own streams through it and do not cut it).
+    Compute ops keep their durations: a compute op overrunning the next one's start is also
+    what a slow op whose successors' rows were not moved looks like (docs/whatif.md §4).
+    """
+    cut: dict[str, tuple[int, float, set]] = {}
+    for stage in range(grid.pp_size):
+        nodes = np.flatnonzero(grid.node_stage == stage)
+        sends = [int(o) for o in nodes[np.isin(grid.node_optype[nodes], _SENDS)]
+                 if not model.no_op[o]]
+        for c in nodes[np.isin(grid.node_optype[nodes], _WORK)]:
+            _clip_sends(grid, int(c), [o for o in sends if c in model.deps[o]], cut)
+        _clip_pauses(grid, nodes, cut)
+    if not cut:
+        return None
+    message = ("rows cut to their worker's own timeline (ops it cannot have run so): "
+               + "; ".join(f"{n} {kind} (by up to {most:.3g} s; workers "
+                           + ", ".join(f"(dp {d}, pp {p})" for d, p in sorted(workers)) + ")"
+                           for kind, (n, most, workers) in sorted(cut.items())))
+    grid.warnings.append(message)
+    return message
+
+
+def _note(cut: dict, kind: str, grid: OpGrid, node: int, by: np.ndarray) -> None:
+    """Count the cells of `by` ([D, T] seconds cut from `node`'s rows) beyond clock rounding
+    under `kind`, with their workers."""
+    big = by > _CLIP_EPS
+    if big.any():
+        n, most, workers = cut.get(kind, (0, 0.0, set()))
+        stage = int(grid.node_stage[node])
+        workers |= {(int(d), stage) for d in grid.dp_ranks[np.flatnonzero(big.any(axis=1))]}
+        cut[kind] = (n + int(big.sum()), max(most, float(by[big].max())), workers)
+
+
+def _clip_sends(grid: OpGrid, c: int, sends: list[int], cut: dict) -> None:
+    """Each of `sends` (following compute op c) that started before c did, from c's end."""
+    for o in sends:
+        early = grid.present[c] & grid.present[o] & (grid.start[o] < grid.start[c])
+        if not early.any():
+            continue
+        o_end = grid.start[o] + grid.duration[o]
+        to = np.minimum(grid.start[c] + grid.duration[c], o_end)
+        _note(cut, "sends starting before the compute op they follow", grid, o,
+              np.where(early, to - grid.start[o], 0.0))
+        grid.start[o] = np.where(early, to, grid.start[o])
+        grid.duration[o] = np.where(early, o_end - to, grid.duration[o])
+
+
+def _clip_pauses(grid: OpGrid, nodes: np.ndarray, cut: dict) -> None:
+    """Each GC pause among one stage's `nodes` cut to the gap its worker's compute stream
+    leaves there (in place): from the end of the compute op running when it began to the
+    start of the first one begun inside it (the host, paused, launches nothing)."""
+    pauses = nodes[grid.node_optype[nodes] == GC]
+    work = nodes[np.isin(grid.node_optype[nodes], _WORK)]
+    if not len(pauses) or not len(work):
+        return
+    present = grid.present[work]
+    w_start = np.where(present, grid.start[work], np.nan)
+    w_end = w_start + grid.duration[work]
+    for g in pauses:
+        here = grid.present[g] & (grid.duration[g] > 0)
+        if not here.any():
+            continue
+        a = np.where(here, grid.start[g], 0.0)
+        b = a + np.where(here, grid.duration[g], 0.0)
+        with np.errstate(invalid="ignore"):
+            begun = w_start <= a                                        # [K, D, T]
+            s = np.maximum(a, np.where(begun, w_end, -np.inf).max(axis=0))
+            e = np.minimum(b, np.where(w_start > a, w_start, np.inf).min(axis=0))
+        e = np.maximum(e, s)
+        _note(cut, "GC pauses through their rank's own compute", grid, int(g),
+              np.where(here, grid.duration[g] - (e - s), 0.0))
+        grid.start[g] = np.where(here, s, grid.start[g])
+        grid.duration[g] = np.where(here, e - s, grid.duration[g])
