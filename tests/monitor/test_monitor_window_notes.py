@@ -116,3 +116,26 @@ def test_a_long_windows_moved_steps_stay_a_short_line():
     scattered = clock_notes({(1, s): 3.0 for s in range(0, 4000, 2)})[0]
     assert "… (2000 in all)" in scattered and len(scattered) < 700, scattered
 
+
+
+def test_rows_cut_to_their_workers_own_timeline_are_named_in_the_window():
+    """A healthy 2x2 job whose rank 3's backward-sends start 0.05 s before the compute that
+    feeds them (ends kept): the engine charges them from that compute's end
+    (whatif/timing.clip_to_own_timeline), and the window's notes say so (before, only the
+    engine's warnings held it: the window named nothing)."""
+    import time
+
+    from stragglers.trace.synth import generate
+    from stragglers.trace.model import OPTYPE_CODES
+    from stragglers.monitor.windows import Window, analyse_window
+
+    t = generate(dp=2, pp=2, microbatches=4, steps=4, seed=0)
+    o = {k: v.copy() for k, v in t.ops.items()}
+    early = (o["rank"] == 3) & (o["optype"] == OPTYPE_CODES["backward-send"])
+    o["start_ts"][early] -= 0.05
+    o["duration"][early] += 0.05
+    row, _ = analyse_window(Window("j", 0, list(range(4)), Trace(o, t.meta, t.source),
+                                   missing_ranks=[], closed_at=time.time()))
+    assert row.error is None, row.error
+    assert any(n.startswith("rows cut to their worker's own timeline") for n in row.notes), \
+        row.notes

@@ -35,6 +35,7 @@ from stragglers.monitor.records import LayoutEntry, Lease, Refusal, WindowFindin
 from stragglers.trace.model import JobMeta, Trace
 from stragglers.whatif.config import STRAGGLING_SLOWDOWN
 from stragglers.whatif.grid import OPS_LEFT_OUT
+from stragglers.whatif.timing import ROWS_CUT
 from stragglers.whatif.result import Finding, LeftOut, WorkerScore
 from stragglers.wording import ranges
 
@@ -606,7 +607,8 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
                     if w.reason == "ops_differ" and w.rank is not None]
         # collectives some workers lacked, rebuilt there or left out (whatif/grid.py
         # leave_out_ops): every rank analysed, the window says which ops it changed
-        lacked = [w for w in result.warnings if w.startswith(OPS_LEFT_OUT)]
+        # (and rows cut to their worker's own timeline, whatif/timing.py: what was cut, where)
+        lacked = [w for w in result.warnings if w.startswith((OPS_LEFT_OUT, ROWS_CUT))]
         row.notes = lacked + row.notes
         if result.left_out:   # (alerts.LEFT_OUT_RULE holds while a window says so)
             left_note = [left_out_note(result.left_out)]

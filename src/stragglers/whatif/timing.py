@@ -145,6 +145,10 @@ _SENDS = [OPTYPE_CODES["forward-send"], OPTYPE_CODES["backward-send"]]
 _CLIP_EPS = 1e-3
 
 
+# the warning naming rows cut to their worker's own timeline (the monitor copies it to notes)
+ROWS_CUT = "rows cut to their worker's own timeline (ops it cannot have run so)"
+
+
 def clip_to_own_timeline(grid: OpGrid, model: DependencyModel) -> str | None:
     """Cut a worker's rows that its own timeline cannot hold (in place, before any cost is
     read), naming them in a grid warning (returned; None where nothing was cut):
@@ -168,7 +172,7 @@ def clip_to_own_timeline(grid: OpGrid, model: DependencyModel) -> str | None:
         _clip_pauses(grid, nodes, cut)
     if not cut:
         return None
-    message = ("rows cut to their worker's own timeline (ops it cannot have run so): "
+    message = (f"{ROWS_CUT}: "
                + "; ".join(f"{n} {kind} (by up to {most:.3g} s; workers "
                            + ", ".join(f"(dp {d}, pp {p})" for d, p in sorted(workers)) + ")"
                            for kind, (n, most, workers) in sorted(cut.items())))
