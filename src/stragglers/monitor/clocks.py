@@ -2,7 +2,7 @@
 its collectives' ends (trace/kineto/align.consensus_offset), or its step is left out.
 
 A collective ends at about the same instant on all its ranks (within the step's tolerance,
-1/256 of its span and at least 20 us: _tolerance; a pipeline transfer's two ends likewise),
+1/256 of its span and at least 20 us: _TOL_SHARE; a pipeline transfer's two ends likewise),
 whether a rank waited in it or was waited for. So the ends, not the spans, tell the clocks
 apart: a rank whose ends of a step lie after (or before) its peers' by one offset beyond the
 tolerance is on another clock for that step (a host's clock stepped by NTP or by hand, a
@@ -73,7 +73,7 @@ MAX_ROWS_READ = 32
 # job's rank 3 with durations /1,000: 4 of its 11 a step (where it waited), x1,000: 11 of 11;
 # jittered hosts, real stragglers, steps of 6 s, NDTimeline's samples: none left out
 _JITTER, _ODD_SHARE = 2, 4
-# a step's tolerance (_tolerance): two ends of one collective on one clock lie within
+# a step's tolerance (_TOL_SHARE): two ends of one collective on one clock lie within
 # 1/_TOL_SHARE of the step (the lower median of its ranks' spans: one rank's numbers cannot
 # raise it past an honest rank's span), at least _TOL_FLOOR_S. A flat 1 ms (the Kineto
 # reader's END_TOLERANCE_S) was wrong at both ends: an offset under it is not moved and reads
@@ -88,6 +88,8 @@ _JITTER, _ODD_SHARE = 2, 4
 _TOL_SHARE, _TOL_FLOOR_S = 256, 20e-6
 # steps numbered apart from the peers' by these (_shifted): a recorder counting from 1
 _SHIFTS = (-1, 1)
+# ... looked for in ranks moved by at most this many steps' spans (or left out)
+_SHIFT_REACH = 4
 # collectives whose members are all in them before any of them ends (a reduction, a gather, a
 # barrier: each needs every member's part; a broadcast's root or a send-recv's sender may end
 # first): a member that ends before another began is not what happened (_early)
@@ -154,7 +156,8 @@ class _Window(NamedTuple):
     g_step: np.ndarray         # ... its step
     lo: np.ndarray             # ... its first start
     hi: np.ndarray             # ... its last end
-    tol: np.ndarray            # per step: its tolerance (_tolerance)
+    span: np.ndarray           # per step: the lower median of its ranks' spans
+    tol: np.ndarray            # ... its tolerance (_TOL_SHARE)
     cut: np.ndarray            # per step: its sync rows' run (cut[j]:cut[j + 1])
     node: np.ndarray           # per sync row: its group
     key: np.ndarray            # ... its collective (_sync_keys)
@@ -180,7 +183,7 @@ def align_step_clocks(ops: dict[str, np.ndarray],
                       spans: tuple[dict[str, np.ndarray], OpSpans] | None = None) -> StepClocks:
     """Per step, the sets of ranks whose collective ends agree (_same_clock) other than the
     largest (among equals, the one holding the lowest rank), moved onto its clock by the
-    consensus of their ends where that lies beyond the step's tolerance (_tolerance); where
+    consensus of their ends where that lies beyond the step's tolerance (_TOL_SHARE); where
     their ends agree on no offset, their step left out if their span of it lies apart from the
     others' (by more than its median span) or most of their ends lie on one side (module
     docstring). Then, over the window, a rank whose steps are numbered apart from its peers'
@@ -205,7 +208,8 @@ def align_step_clocks(ops: dict[str, np.ndarray],
     at_rows = np.concatenate(rows)
     kept, key, s_end, s_rank = _sync_keys(ops, at_rows)
     cut = np.searchsorted(kept, np.cumsum([0] + [len(r) for r in rows]))
-    tol = np.array([_tolerance(hi[at] - lo[at]) for at in groups])
+    span = np.array([_lower_median(hi[at] - lo[at]) for at in groups])
+    tol = np.maximum(span / _TOL_SHARE, _TOL_FLOOR_S)   # (see _TOL_SHARE)
     s_tol = np.repeat(tol, np.diff(cut))
     # the steps to look at: spans apart, or a collective whose ends spread past the tolerance
     # (a job on one clock has few or none: its steps cost a sort of their sync rows)
@@ -217,7 +221,7 @@ def align_step_clocks(ops: dict[str, np.ndarray],
     group = np.empty(len(cols["rank"]), np.int64)   # each row's (rank, step) group, mine's
     group[sp.order] = (np.cumsum(mine) - 1)[sp.group]
     sync = at_rows[kept]
-    w = _Window(groups, g_rank, g_step, lo, hi, tol, cut, group[sync], key, s_end,
+    w = _Window(groups, g_rank, g_step, lo, hi, span, tol, cut, group[sync], key, s_end,
                 ops["start_ts"][sync].astype(np.float64), s_rank,
                 ops["duration"][sync].astype(np.float64), s_tol)
     # their (rank, step)s by clock, from the ends they share, then placed step by step
@@ -229,7 +233,10 @@ def align_step_clocks(ops: dict[str, np.ndarray],
     role = np.full(len(g_rank), 2, np.int8)   # ... and its set's role (_early)
     for at, offs, roles, _, _ in judged.values():
         offset[at], role[at] = offs, roles
-    flagged = sorted({r for *_, moved, left in judged.values() for r in (*moved, *left)})
+    # (a rank numbered apart on its own clock is moved by about a step where it is moved: one
+    # moved further, another clock, is not looked at, nor _rest_ids' sort taken for it)
+    flagged = sorted({r for j, (*_, moved, left) in judged.items() for r in (
+        *left, *(r for r, o in moved.items() if abs(o) <= _SHIFT_REACH * w.span[j]))})
     shifted = _shifted(w, ops["step"][sync].astype(np.int64), _rest_ids(ops, sync), offset,
                        flagged) if flagged else {}
     early = _early(w, np.isin(ops["optype"][sync], _MEETS), offset, role, set(shifted))
@@ -266,11 +273,9 @@ def align_step_clocks(ops: dict[str, np.ndarray],
                       dict(sorted(left_out.items())))
 
 
-def _tolerance(spans: np.ndarray) -> float:
-    """How far apart two ends of one collective on one clock may lie in a step whose ranks'
-    spans are `spans`: 1/_TOL_SHARE of the lower median span, at least _TOL_FLOOR_S."""
-    lower = float(np.partition(spans, (len(spans) - 1) // 2)[(len(spans) - 1) // 2])
-    return max(_TOL_FLOOR_S, lower / _TOL_SHARE)
+def _lower_median(values: np.ndarray) -> float:
+    """The lower of the two middle values (the middle one of an odd count)."""
+    return float(np.partition(values, (len(values) - 1) // 2)[(len(values) - 1) // 2])
 
 
 def _judge_steps(w: _Window, steps: list[int], drop: set[int]) -> dict[int, _Judged]:
