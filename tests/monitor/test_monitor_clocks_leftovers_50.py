@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from monitor_jobs import at_rank, healthy, slow_job, straggler_seen, windows_of
-from stragglers.monitor.clocks import align_step_clocks
+from stragglers.monitor.clocks import _RECV, _SEND, _SYNC, align_step_clocks
 from stragglers.monitor.settings import MonitorConfig
 from stragglers.trace.model import Trace
 from test_monitor_clocks_small_offsets import jittered
@@ -137,3 +137,17 @@ def test_a_clock_stepped_within_one_step_leaves_that_step_out_and_no_peer(jump):
         sel = (o["step"] >= lo) & (o["step"] < hi)
         clocks = align_step_clocks({k: v[sel] for k, v in o.items()})
         assert set(clocks.left_out) == {(3, 6)} and clocks.moved == {}, clocks
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_rank_whose_collective_times_are_scattered_judges_no_honest_peer(seed):
+    # rank 2 on a clock 100 s ahead (moved, its set placed), rank 3 5e4 s off with its
+    # collectives' times scattered by ±20 ms (no offset: every step of it left out): rank
+    # 2's ends lie before some of rank 3's scattered starts, which is rank 3's doing; only
+    # rank 3 is left out (judged against every set left out, rank 2 was too: S an error)
+    o = moved(moved(healthy_job(), 100.0, ranks=(2,)), 5e4).ops
+    sync = (o["rank"] == 3) & np.isin(o["optype"], [*_SYNC, *_SEND, *_RECV])
+    o["start_ts"][sync] += np.random.default_rng(seed).uniform(-0.02, 0.02, int(sync.sum()))
+    clocks = align_step_clocks(o)
+    assert {r for r, _ in clocks.left_out} == {3}
+    assert clocks.moved == {(2, s): pytest.approx(100.0, abs=1e-3) for s in range(20)}

@@ -683,18 +683,25 @@ def _early(w: _Window, meets: np.ndarray, offset: np.ndarray, role: np.ndarray,
     (another unit, 0 s) ends before its peers began wherever it came first, an honest rank
     never does, whichever of them the offsets were read against (halves of a job, one of them
     slipped, have no majority). A rank on the step's reference clock (`role` 2 per group; 1:
-    another set placed, 0: a set left out) is judged against the placed sets' starts only: a
-    set left out, its offset a guess and its starts perhaps not what happened (ends scattered
-    by 20 ms, three rows of one collective), made the reference's honest ranks end before
-    them. `shifted` are not judged."""
+    another set placed, 0: a set left out) is judged against the placed sets' starts only, any
+    other rank also against those of sets left out whose rank was placed in another step of
+    the window: a set left out, its offset a guess and its starts perhaps not what happened
+    (a rank 5e4 s off whose collectives' times are scattered by 20 ms, three rows of one
+    collective), made honest ranks end before them; the half of a job whose durations slipped
+    is placed in some steps (its waits read as an offset) and left out in others. `shifted`
+    are not judged."""
     sel = np.flatnonzero(meets & ~np.isin(w.rank, list(shifted)))
     off = offset[w.node[sel]]
     sel, off = sel[np.isfinite(off)], off[np.isfinite(off)]
     if not len(sel):
         return {}
     begin, key, mine = w.start[sel] - off, w.key[sel], role[w.node[sel]]
-    # the latest start of the other rows of its collective: of all, and of the placed sets'
-    latest = _latest_other(key, begin)
+    # the latest start of the other rows of its collective: of the placed sets', and of those
+    # whose rank was placed in some step of the window (a rank left out of every step it was
+    # looked at has no clock here that its offsets could be checked against)
+    known = np.zeros(int(w.g_rank.max()) + 1, bool)
+    known[w.g_rank[role > 0]] = True
+    latest = _latest_other(key, np.where((mine > 0) | known[w.rank[sel]], begin, -np.inf))
     placed = _latest_other(key, np.where(mine > 0, begin, -np.inf))
     others = np.where(mine == 2, placed, latest)
     valid = np.isfinite(others)
