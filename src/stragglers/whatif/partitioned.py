@@ -23,11 +23,12 @@ import numpy as np
 
 from stragglers.errors import InputError
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_FILL, Note, Trace
-from stragglers.whatif.grid import (GC, _SEQ_BITS, _OPTYPE_BITS, OpGrid, _check_stages,
-                                    _complete_steps, dense_ids, gc_slots, leave_out_odd,
-                                    one_op_per_cell)
+from stragglers.whatif.grid import (GC, _SEQ_BITS, _OPTYPE_BITS, LeftOdd, OpGrid,
+                                    _check_stages, _complete_steps, dense_ids, gc_slots,
+                                    leave_out_odd, one_op_per_cell, ops_warning)
 from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif._replay import ReplayPlan, replay
+from stragglers.whatif.rebuild import rebuild_in_parts, with_group
 
 # What the diagnosis looks up in the trace by a grid cell's row (whatif/causes).
 DIAGNOSIS_COLUMNS = ("rank", "mb_id", "mc", "attn_cost", "tokens", "sent", "cpu_wait")
@@ -606,6 +607,8 @@ def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition
         if odd is None:
             raise InputError(layout.directory, None, "no step has ops from every worker; "
                              + (warnings[0] if warnings else "cannot analyse"))
+        if odd.lost is not None and odd.lost.any():
+            _rebuild(placed, present, odd, node_stage, node_optype, node_seq)
         # (the odd workers' replicas, and ops only they ran, left out as build_grid does)
         present, complete, warnings = odd.present, odd.complete, odd.warnings
         at = np.ix_(odd.keep_nodes, odd.keep_dp)
@@ -647,6 +650,30 @@ def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition
                        "rank": np.unique(np.concatenate([s.ranks for s in summaries])),
                        "step": cells}, meta, layout.directory, list(layout.notes))
     return Assembled(grid, trace, job_trace)
+
+
+def _rebuild(placed: list[PlacedPartition], present: np.ndarray, odd: LeftOdd,
+             node_stage: np.ndarray, node_optype: np.ndarray, node_seq: np.ndarray) -> None:
+    """The collectives some workers lost rebuilt there, as build_grid rebuilds them
+    (whatif/rebuild.py), partition by partition, in place: the partitions' cells, `present`
+    (every op, every step) and odd's kept ops, present and first warning. (Left out instead,
+    a healthy rank's wait for a straggler in a collective it lost became a launch delay: a run
+    directory named it a host stall where the trace read whole did not.)"""
+    parts, at = [], 0
+    for p in placed:
+        t = p.present.shape[2]
+        for name in ("start", "duration", "row"):   # (arrays from Dask workers are read-only)
+            if not getattr(p, name).flags.writeable:
+                setattr(p, name, getattr(p, name).copy())
+        parts.append((p.start, p.duration, p.row, present[:, :, at:at + t],
+                      odd.complete[at:at + t]))
+        at += t
+    rebuilt = rebuild_in_parts(parts, node_stage, node_optype, node_seq, odd.lost)
+    if rebuilt.any():   # (kept, with every worker's cell and a cross-stage group's other ends)
+        rebuilt = with_group(rebuilt, odd.keep_nodes, node_optype, node_seq)
+        odd.keep_nodes = odd.keep_nodes | rebuilt
+        odd.present = present[odd.keep_nodes]
+        odd.warnings[0] = ops_warning(odd.said, ~odd.keep_nodes | rebuilt, rebuilt)
 
 
 def _placed_ranks(placed: list[PlacedPartition], node_stage: np.ndarray, d: int) -> np.ndarray:

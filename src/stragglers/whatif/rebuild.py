@@ -105,3 +105,41 @@ def _group_end(code: int, n: int, lacking: np.ndarray, same: np.ndarray, end_t: 
     if code == CLIP:         # (every worker of every stage)
         ends = np.concatenate([ends, end_t[same][at[same]]])
     return np.full(len(lacking), float(np.median(ends))) if len(ends) else None
+
+
+def rebuild_in_parts(parts: list[tuple], node_stage: np.ndarray, node_optype: np.ndarray,
+                     node_seq: np.ndarray, lost: np.ndarray) -> np.ndarray:
+    """rebuild_lost over a job held in step partitions, each (start, duration, row, present,
+    steps) as rebuild_lost takes them (set in place); [N] which were rebuilt, as rebuild_lost
+    of the partitions joined would tell (whatif/partitioned.py reads a run so).
+
+    A step's rebuild reads that step alone, but an op rebuilt is seen by the ops after it:
+    op by op in rebuild_lost's order, each kept only where every partition rebuilt it, its
+    cells set back where not (else a later op, in a partition that had rebuilt it, fitted
+    between cells the whole job never had)."""
+    done = np.zeros(len(lost), bool)
+    parts = [p for p in parts if p[4].any()]   # (a partition with no step analysed: no say)
+    for n in np.flatnonzero(lost & np.isin(node_optype, REBUILT)).tolist():
+        one = np.zeros(len(lost), bool)
+        one[n] = True
+        before = [tuple(a[n].copy() for a in part[:4]) for part in parts]
+        if all(rebuild_lost(*part[:4], node_stage, node_optype, node_seq, one, part[4])[n]
+               for part in parts):
+            done[n] = True
+            continue
+        for part, cells in zip(parts, before):
+            for a, old in zip(part[:4], cells):
+                a[n] = old
+    return done
+
+
+def with_group(rebuilt: np.ndarray, kept: np.ndarray, node_optype: np.ndarray,
+               node_seq: np.ndarray) -> np.ndarray:
+    """`rebuilt` ([N]) and the ops of a cross-stage group (the embedding all-reduce, the clip)
+    rebuilt at one stage that are not `kept` at its other stages (left out for its sake only:
+    the group's op is kept whole)."""
+    cross = rebuilt & np.isin(node_optype, (EMBEDDING, CLIP))
+    partner = np.zeros_like(rebuilt)
+    for n in np.flatnonzero(cross).tolist():
+        partner |= (node_optype == node_optype[n]) & (node_seq == node_seq[n])
+    return rebuilt | (partner & ~kept)
