@@ -71,10 +71,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVICE_TOKEN_HEADER = "x-service-token"
-MAX_SINCE = 9_999_999_999
+MAX_SINCE = 9_999_999_999   # the `since` of GET .../control/actions (an action's sequence number)
 # shuffles of more samples run on threads of their own (PacedKeys): at most this many at once
 # (a 2**26 one holds 256 MiB while computed), each token paced to this share of one
-BIG_SHUFFLE, SHUFFLE_THREADS, SHUFFLE_SHARE = 1 << 20, 2, 0.25   # the `since` of GET .../control/actions (an action's sequence number)
+BIG_SHUFFLE, SHUFFLE_THREADS, SHUFFLE_SHARE = 1 << 20, 2, 0.25
 
 
 @dataclass(frozen=True)
