@@ -959,9 +959,12 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def with_indices(reply: LeaseReply, held: _Reserved) -> LeaseReply | Response:
         """A lease reply; one with Pending indices is made JSON on a shuffle thread (not the
         writer, not the event loop: the shuffle, and the list and JSON of up to 262,144
-        indices, a chunk at a time) in its token's turn (turns.py), charged to its token's pace of such indices (`held`:
-        what the lease reserved of it and waited for before its commit, the rest refunded;
-        never a wait here: its lease runs from its commit)."""
+        indices, a chunk at a time) in its token's turn (turns.py), charged to its token's
+        pace of such indices (`held`: what the lease reserved of it and waited for before its
+        commit, the rest refunded; never a wait here: its lease runs from its commit). A big
+        epoch's shuffle not in memory is computed first, beside other tokens' (PacedKeys): a
+        token past its share of those threads waits here, after its commit (its own cost:
+        one shuffle an epoch is far below it)."""
         pending = [x.indices for x in reply.leases if isinstance(x.indices, Pending)]
         index_pace.refund(held, sum(p.stop - p.start for p in pending))
         if not pending:
