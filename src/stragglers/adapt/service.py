@@ -76,7 +76,9 @@ SERVICE_TOKEN_HEADER = "x-service-token"
 MAX_SINCE = 9_999_999_999   # the `since` of GET .../control/actions (an action's sequence number)
 # shuffles of more samples run on threads of their own (PacedKeys): at most this many at once
 # (a 2**26 one holds 256 MiB while computed), each token paced to this share of one
-BIG_SHUFFLE, SHUFFLE_THREADS, SHUFFLE_SHARE = 1 << 20, 2, 0.25
+# (a tenth: ten tokens making new 2**26 epochs in a loop take the one thread all shuffles had
+# before, a legitimate job's one an epoch is far below it)
+BIG_SHUFFLE, SHUFFLE_THREADS, SHUFFLE_SHARE = 1 << 20, 2, 0.1
 SHUFFLE_NICE = 10   # their threads' niceness above the service's
 
 
@@ -878,7 +880,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     shuffle_turns = {big: TakeTurns(pool) for big, pool in shuffles.items()}
     # Big shuffles (over 2**20 samples: up to 2**26, 5 s of a core) are no turn of those
     # threads: computed beside each other's, one a token at a time, each token paced to a
-    # quarter of a thread (turns.PacedKeys says why not in pieces); the threads above then only
+    # tenth of a thread (turns.PacedKeys says why not in pieces); the threads above then only
     # write JSON (a turn: milliseconds) or shuffle small epochs (tens of milliseconds)
     # (at a lower CPU priority: two of them beside each other took twice the CPU one did, and
     # on a loaded machine the event loop and commit thread serving other jobs' leases waited

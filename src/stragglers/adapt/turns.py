@@ -87,8 +87,8 @@ class PacedKeys:
     thread other keys' leases wait on: another token's 2**26-sample shuffle (5 s) held a job's
     lease that long on the one big-shuffle thread (TakeTurns: at most one call ahead, but that
     one was the 5 s). Here it runs beside other keys' (the threads share the cores; numpy lets
-    go of the GIL), and paced per key: a token making new 2**26 epochs in a loop takes a
-    quarter of a core, not one.
+    go of the GIL), and paced per key: a token making new 2**26 epochs in a loop takes its
+    share of a core (the service's: a tenth), not one.
     """
 
     def __init__(self, pool: ThreadPoolExecutor, share: float = 0.25,
