@@ -576,6 +576,12 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
             row.missing_ranks = sorted(set(row.missing_ranks) | set(shared))
         if row.missing_ranks:
             trace = whole_replicas(trace)
+            bare = np.setdiff1d(np.arange(trace.meta.pp_size), trace.ops["stage"])
+            if len(bare):   # (the engine's "stage 1 has no compute ops" hid why)
+                raise StragglersError(
+                    f"no DP replica is whole: every rank of stage {int(bare[0])} was left out "
+                    f"or did not report (missing ranks {ranges(row.missing_ranks)}; see the "
+                    "notes and refusals)")
         # the window's trace holds exactly its steps: "all" skips selecting them again (a copy
         # of every column) and the warm-up detection, which a window must not do
         try:

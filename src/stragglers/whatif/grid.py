@@ -621,7 +621,9 @@ def _ranks_of(ops, d_idx: np.ndarray, d: int) -> np.ndarray:
 
 def _check_stages(grid: OpGrid, trace: Trace) -> None:
     """Every stage must hold compute ops; otherwise the trace is not a training step."""
-    for s in range(int(grid.node_stage.max()) + 1):
+    # (to the layout's last stage: a trace of the first stage only passed here and failed
+    # deep in a cause detector, a zero-size reduction, where the last stage only was refused)
+    for s in range(max(grid.pp_size, int(grid.node_stage.max()) + 1)):
         sel = grid.node_stage == s
         if not np.any(np.isin(grid.node_optype[sel], (FWD, BWD))):
             raise InputError(trace.source, "optype", f"stage {s} has no forward/backward-compute "
