@@ -223,8 +223,6 @@ def test_a_straggler_left_out_by_the_clock_check_is_not_silent(tmp_path):
                                              job["alerts"])
 
 
-@pytest.mark.xfail(strict=True, reason="one rank's computes stated 3x long over its own later "
-                   "ops: the fast detector fires rank_slowdown on a healthy job")
 def test_the_fast_detector_is_not_moved_by_computes_longer_than_their_step(tmp_path):
     """A healthy data-parallel job of 4 ranks (dp 4, pp 1; 100 steps of ~0.33 s, windows of 10
     steps: S 1.007-1.010 in every window) whose rank 3 writes its compute durations x3 from

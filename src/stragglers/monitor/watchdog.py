@@ -13,8 +13,8 @@ import logging
 import queue
 import time
 
-from stragglers.monitor.changes import ChangeSettings, RankChangeDetector, busy_per_step, \
-    is_compute, read_busy
+from stragglers.monitor.changes import GC_CODE, ChangeSettings, RankChangeDetector, \
+    busy_per_step, is_compute, read_busy
 from stragglers.monitor.part_files import StuckRead
 from stragglers.monitor.parts import PartFile
 from stragglers.monitor.records import Place
@@ -306,7 +306,9 @@ def _busy(src: PartFile | dict):
     if isinstance(src, PartFile):
         # a part of one step (a part a step): its step is the footer's, not read again
         return read_busy(src.path, src.first_step if src.first_step == src.last_step else None)
-    return busy_per_step(src["step"], is_compute(src["optype"]), src["duration"])
+    optype = src["optype"]
+    return busy_per_step(src["step"], is_compute(optype), src["start_ts"], src["duration"],
+                         optype == GC_CODE)
 
 
 def _places(tr: JobTracker) -> dict[int, Place]:
