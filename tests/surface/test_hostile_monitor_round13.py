@@ -68,8 +68,6 @@ def test_one_ranks_computes_timed_short_do_not_blame_an_honest_rank(tmp_path):
     healthy(windows_of(tmp_path, trace, zero, TOKEN, MONITOR))
 
 
-@pytest.mark.xfail(strict=True, reason="a 3x straggler slow between its kernels (host stall "
-                   "x2.35 found in every window): S 1.005 and no alert left firing")
 def test_a_straggler_slow_between_its_kernels_is_alerted(tmp_path):
     """The 2x2 job whose rank 0 (dp 0, pp 0) is a real 3x straggler (S ~1.6, severe and
     worker_fault at rank 0). Its parts are written with its compute durations divided by 3,
