@@ -187,8 +187,6 @@ def test_computes_overlapping_on_one_rank_do_not_make_a_straggler(tmp_path):
     healthy(windows_of(tmp_path, trace, longer, TOKEN, MONITOR))
 
 
-@pytest.mark.xfail(strict=True, reason="a straggler whose collective starts jitter +-0.03 s is "
-                   "left out by the clock check, unnamed in notes: S 1.00, no alert at all")
 def test_a_straggler_left_out_by_the_clock_check_is_not_silent(tmp_path):
     """The 2x2 job whose rank 3 (dp 1, pp 1) is a real 3x straggler (S ~1.72, severe and
     worker_fault at rank 3). Rank 3 writes its gradient collectives' starts (all-gather,

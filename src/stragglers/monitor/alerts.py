@@ -104,9 +104,11 @@ class Rule:
 # sending while the others go on (the job-wide silence is the `stalled` state rule)
 FAST_RULE = Rule(name="rank_slowdown", kind="change", severity="warning")
 SILENT_RULE = Rule(name="rank_silent", kind="silence", severity="warning")
-# held while the windows leave ranks out because one worker's ops differ from its stage peers'
-# (whatif/grid.py: its whole DP replica goes): a straggler among them is not seen, so the
-# window must not read as healthy (a 3x straggler hid behind its peer's lost collective)
+# held while the windows leave ranks out: one worker's ops differ from its stage peers'
+# (whatif/grid.py: its whole DP replica goes), every step of a rank was left out (its clock,
+# its ops past the next step), or a replica lacking a worker was dropped (windows.
+# whole_replicas): a straggler among them is not seen, so the window must not read as healthy
+# (a 3x straggler hid behind its peer's lost collective, then behind the clock check)
 LEFT_OUT_RULE = Rule(name="ranks_left_out", kind="left_out", severity="warning")
 BUILTIN_RULES = (FAST_RULE, SILENT_RULE, LEFT_OUT_RULE)
 # the first words of the window note (windows.analyse_window) that LEFT_OUT_RULE reads
@@ -314,7 +316,7 @@ class AlertEngine:
                 labels = self._labels(LEFT_OUT_RULE, job)
                 active[fingerprint(labels)] = _Active(LEFT_OUT_RULE, labels, Annotations(
                     summary=f"job {job}: ranks left out of window {window.idx}, unjudged",
-                    description=said[0]))
+                    description="; ".join(said)))
         return self._apply(job, active, decided, now, window.idx)
 
     @staticmethod
