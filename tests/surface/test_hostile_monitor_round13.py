@@ -251,8 +251,6 @@ def test_the_fast_detector_is_not_moved_by_computes_longer_than_their_step(tmp_p
     assert not job["alerts"], [(a["rule"], a["labels"]) for a in job["alerts"]]
 
 
-@pytest.mark.xfail(strict=True, reason="a restart resolves a firing rank_slowdown while the rank "
-                   "stays 3x slow (the new detector takes the slow steps as its baseline)")
 def test_a_restart_does_not_resolve_a_rank_slowdown_that_goes_on(tmp_path):
     """A data-parallel job of 4 ranks (dp 4, pp 1; windows of 10 steps): 30 healthy steps,
     then rank 3 runs 3x slow to the end (60 steps; every window from then on S 1.98,

@@ -396,7 +396,7 @@ class AlertEngine:
                             f"{c.at_step}); the window analysis of these steps follows "
                             "with the what-if attribution"))
         return self._apply(job, active, {FAST_RULE.name}, now, None,
-                           settled=lambda labels: _rank_of(labels) in judged)
+                           settled=lambda labels: rank_of(labels) in judged)
 
     def on_silence(self, job: str, silent: dict[int, float], places: dict[int, Place],
                    now: float | None = None) -> Changes:
@@ -541,7 +541,7 @@ def _counts(finding: WindowFinding, rule: Rule, threshold: float) -> bool:
     return finding.cause == rule.subject and float(finding.speedup_if_fixed or 0.0) >= threshold
 
 
-def _rank_of(labels: Labels) -> int:
+def rank_of(labels: Labels) -> int:
     """The one rank an alert's labels name (-1: none, or several)."""
     try:
         return int(labels.rank) if labels.rank is not None else -1

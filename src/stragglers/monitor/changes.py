@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stragglers.monitor.fast_state import FiredState
 from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,29 @@ class RankChangeDetector:
         self.firing: dict[int, Change] = {}        # rank → its change while it fires
         self.fired_at = np.zeros(n, np.int64)      # recent_n when it fired
         self.frozen = np.zeros(n)                  # the baseline median it fired against
+
+    def fired_state(self, rank: int) -> FiredState:
+        """What a firing rank fired against (kept in the store: fast_state.py)."""
+        i, c = self.index[rank], self.firing[rank]
+        count = int(min(self.base_n[i], self.s.baseline_steps))
+        return FiredState(frozen=float(self.frozen[i]), base=self.base[i, :count].tolist(),
+                          ratio=c.ratio, since_step=c.since_step, at_step=c.at_step)
+
+    def resume(self, rank: int, state: FiredState) -> None:
+        """A rank firing when this detector was built (a restart, another instance taking
+        the job): judged against the baseline it fired against, not one learnt from its
+        slow steps (which resolved the alert while the rank stayed slow)."""
+        i = self.index.get(rank)
+        base = np.asarray(state.base, float)[:self.s.baseline_steps]
+        if i is None or len(base) < self.s.warmup_steps or not np.isfinite(state.frozen) \
+                or not np.isfinite(base).all():
+            return   # (learnt anew, as before)
+        self.base[i], self.base_n[i] = np.nan, len(base)
+        self.base[i, :len(base)] = base
+        self.frozen[i], self.fired_at[i] = state.frozen, self.recent_n[i]
+        self.cusum[i], self.run[i] = 0.0, 0
+        self.firing[rank] = Change(rank, "firing", state.ratio, state.since_step,
+                                   state.at_step)
 
     def warm(self) -> set[int]:
         """Ranks judged by now (a baseline learnt): their alerts can be decided."""
