@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pg_cluster import postgres_cluster, postgres_url  # noqa: F401 - fixtures
 from stragglers.monitor import fast_state
 from stragglers.monitor.changes import ChangeSettings, RankChangeDetector
 from stragglers.monitor.store import Store
@@ -69,6 +70,42 @@ def test_a_new_detector_resumes_a_firing_rank_from_the_store(tmp_path):
     fast_state.save(store, "j", {})
     assert fast_state.load(store, "j") == {}
     store.close()
+
+
+def _kept(store) -> None:
+    """save / load on one backend: per job (a name that prefixes another's, quotes), whole
+    replaced, a damaged row left out."""
+    state = fast_state.FiredState(frozen=0.01, base=[0.0] * 20, ratio=2.9, since_step=32,
+                                  at_step=36)
+    fast_state.save(store, "j", {3: state, 5: state})
+    fast_state.save(store, "j2", {1: state})
+    fast_state.save(store, 'a"b', {0: state})
+    assert sorted(fast_state.load(store, "j")) == [3, 5]
+    assert fast_state.load(store, "j")[3] == state
+    assert list(fast_state.load(store, 'a"b')) == [0] and list(fast_state.load(store, "j2")) == [1]
+    fast_state.save(store, "j", {5: state})
+    assert list(fast_state.load(store, "j")) == [5] and list(fast_state.load(store, "j2")) == [1]
+    store._write(lambda db: store._exec(db, "UPDATE store_info SET value = 'x' WHERE key = ?",
+                                        (fast_state.PREFIX + '["j", 5]',)))
+    assert fast_state.load(store, "j") == {}
+
+
+def test_fast_state_is_kept_per_job_in_sqlite(tmp_path):
+    store = Store(tmp_path / "m.db")
+    try:
+        _kept(store)
+    finally:
+        store.close()
+
+
+def test_fast_state_is_kept_per_job_in_postgres(postgres_url):
+    from stragglers.monitor.store import PostgresStore
+
+    store = PostgresStore(postgres_url)
+    try:
+        _kept(store)
+    finally:
+        store.close()
 
 
 def _onset_job():

@@ -41,8 +41,8 @@ def save(store: SQLStore, job: str, states: dict[int, FiredState]) -> None:
     prefix = _prefix(job)
 
     def tx(db: Any) -> None:
-        store._exec(db, "DELETE FROM store_info WHERE substr(key, 1, ?) = ?",
-                    (len(prefix), prefix))
+        store._exec(db, f"DELETE FROM store_info WHERE substr(key, 1, {len(prefix)}) = ?",
+                    (prefix,))
         for rank, state in sorted(states.items()):
             store._exec(db, "INSERT INTO store_info (key, value) VALUES (?, ?) ON CONFLICT "
                         "(key) DO UPDATE SET value = excluded.value",
@@ -54,8 +54,8 @@ def load(store: SQLStore, job: str) -> dict[int, FiredState]:
     """rank → its kept state (a row that does not read is left out: that rank learns anew)."""
     prefix = _prefix(job)
     out = {}
-    for row in store._rows("SELECT key, value FROM store_info WHERE substr(key, 1, ?) = ?",
-                           (len(prefix), prefix)):
+    for row in store._rows(f"SELECT key, value FROM store_info WHERE substr(key, 1, "
+                           f"{len(prefix)}) = ?", (prefix,)):
         try:
             rank = int(str(row["key"])[len(prefix):-1])
             out[rank] = msgspec.json.decode(row["value"], type=FiredState)

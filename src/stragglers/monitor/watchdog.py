@@ -119,7 +119,7 @@ class Watchdog:
                 what = f"job {job}'s fast alerts"
                 try:
                     firing = set(detector.firing)
-                    if firing != self.kept.get(job):
+                    if firing != self.kept.get(job) and m.leases.lease(job) is not None:
                         # what each fired against, before its alert is stored: a restart (kill
                         # -9 included) resumes a rank whose alert it finds firing from it
                         fast_state.save(m.store, job, {r: detector.fired_state(r)
