@@ -914,7 +914,7 @@ def whole_replicas(trace: Trace, steps: list[int] | None = None,
         gone = np.unique(o["rank"][~keep]).tolist()
         row.notes.append(f"{LEFT_OUT_NOTE}: {_named(gone)} of DP replica(s) "
                          f"{', '.join(map(str, partial[:32].tolist()))}, a worker of which "
-                         "sent no rows" + (" of every step" if steps else "") + ", unjudged: "
+                         "sent no rows" + (" of some of these steps" if steps else "") + ", unjudged: "
                          "a straggler among them would not be seen")
     return Trace({k: v[keep] for k, v in o.items()}, trace.meta, trace.source, trace.notes)
 
