@@ -248,7 +248,15 @@ def test_the_fast_detector_is_not_moved_by_computes_longer_than_their_step(tmp_p
         job = get(c, "/api/jobs/j?history=100")
     slowdowns = [round(w["slowdown"], 3) for w in job["windows"]]
     assert max(slowdowns) < 1.1, slowdowns
-    assert not job["alerts"], [(a["rule"], a["labels"]) for a in job["alerts"]]
+    # (the windows leave rank 3's steps out, its computes running past its next step, and say
+    # so since round 13 #8: `ranks_left_out` naming rank 3, and the cause 'partial' they
+    # leave, are the windows' account of it; no rank is blamed, no change detected)
+    said = [a for a in job["alerts"] if a["rule"] == "ranks_left_out"
+            or (a["rule"] == "new_cause" and a["labels"]["cause"] == "partial")]
+    assert all("rank(s) 3:" in a["annotations"]["description"] for a in said
+               if a["rule"] == "ranks_left_out"), said
+    assert not [a for a in job["alerts"] if a not in said], \
+        [(a["rule"], a["labels"]) for a in job["alerts"]]
 
 
 def test_a_restart_does_not_resolve_a_rank_slowdown_that_goes_on(tmp_path):
