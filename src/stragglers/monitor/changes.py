@@ -130,8 +130,8 @@ def read_busy(path: Path, step: int | None = None) -> tuple[np.ndarray, np.ndarr
         # column by column on this thread (no table assembled, no hand-off to pyarrow's
         # threads: more than decoding a few rows costs) and the op type as a dictionary (its
         # names looked at once): ~0.25 ms a small part, was ~0.6 ms (the start column, read
-        # for overlapping computes since round 13, adds ~35 %: 1.07 -> 1.49 ms side by side on
-        # a loaded 2-core machine)
+        # for overlapping computes since round 13, adds 0.03-0.05 ms of CPU: 0.11 -> 0.16 ms a
+        # one-step part, 0.17 -> 0.20 ms a four-step one, side by side)
         f = pq.ParquetFile(path, read_dictionary=["optype"])
         reader = f.reader
 
