@@ -44,12 +44,13 @@ def test_rules_fire_after_k_windows_once_and_resolve(tmp_path):
     assert [m["alerts"][0]["labels"]["alertname"] for m in
             feed(engine, store, window(0, 1.4, fault), 1.0)] == ["fault", "new"]
     msgs = feed(engine, store, window(1, 1.4, fault), 2.0)    # 2nd window: straggling fires
+    # (`new` goes on firing while its cause is found: round 13 #2)
     assert [(m["status"], m["alerts"][0]["labels"]["alertname"]) for m in msgs] == \
-        [("firing", "straggling"), ("resolved", "new")]
+        [("firing", "straggling")]
     assert feed(engine, store, window(2, 1.4, fault), 3.0) == []      # no duplicates
     msgs = feed(engine, store, window(3, 1.01), 4.0)                  # all clear: resolves
     assert sorted((m["status"], m["alerts"][0]["labels"]["alertname"]) for m in msgs) == \
-        [("resolved", "fault"), ("resolved", "straggling")]
+        [("resolved", "fault"), ("resolved", "new"), ("resolved", "straggling")]
     m = msgs[0]
     assert m["version"] == "4" and m["receiver"] and m["externalURL"] == "http://mon:8150"
     a = m["alerts"][0]
@@ -59,8 +60,9 @@ def test_rules_fire_after_k_windows_once_and_resolve(tmp_path):
     fault_alert = next(x for x in store.alerts(job="j") if x.rule == "fault")
     assert fault_alert.labels.rank == "2" and fault_alert.status == "resolved"
     log = [(e.rule, e.status) for e in store.alert_log(job="j")][::-1]
-    assert log == [("fault", "firing"), ("new", "firing"), ("straggling", "firing"),
-                   ("new", "resolved"), ("fault", "resolved"), ("straggling", "resolved")]
+    assert log[:3] == [("fault", "firing"), ("new", "firing"), ("straggling", "firing")]
+    assert sorted(log[3:]) == [("fault", "resolved"), ("new", "resolved"),
+                               ("straggling", "resolved")]
 
 
 def test_a_second_faulty_worker_is_its_own_alert_and_state_rules_follow_states(tmp_path):

@@ -87,7 +87,7 @@ def test_busy_time_from_a_synthetic_job_names_the_slowed_rank():
         for rank in d.ranks:
             sel = (o["rank"] == rank) & (o["step"] == step)
             d.add(rank, *busy_per_step(o["step"][sel], is_compute(o["optype"][sel]),
-                                       o["duration"][sel]))
+                                       o["start_ts"][sel], o["duration"][sel]))
         changes.extend(d.settle())
     assert [(c.rank, c.status) for c in changes] == [(target, "firing")]
     assert changes[0].at_step - 40 <= 6

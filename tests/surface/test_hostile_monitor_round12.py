@@ -19,8 +19,8 @@ from stragglers.monitor.settings import MonitorConfig
 from stragglers.trace.model import OPTYPE_CODES
 
 sys.path.insert(0, str(REPO / "tests" / "monitor"))
-from monitor_jobs import (at_rank, dropping, healthy, slow_job, straggler_seen,  # noqa: E402
-                          windows_of)
+from monitor_jobs import (alerts_beyond_left_out, at_rank, dropping, healthy,  # noqa: E402
+                          slow_job, straggler_seen, windows_of)
 
 TOKEN = "hostile-round12-token-0123456789"
 MONITOR = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
@@ -95,8 +95,7 @@ def test_one_ranks_zero_durations_in_float64_do_not_blame_an_honest_rank(tmp_pat
         return
     slowdowns = [round(w["slowdown"], 3) for w in job["windows"] if w["slowdown"]]
     assert max(slowdowns) < 1.1, slowdowns
-    assert not [a for a in job["alerts"] if a["labels"]["severity"] != "info"], \
-        [(a["rule"], a["labels"]) for a in job["alerts"]]
+    assert not alerts_beyond_left_out(job), [(a["rule"], a["labels"]) for a in job["alerts"]]
 
 
 def test_a_two_rank_data_parallel_job_missing_a_collective_is_still_analysed(tmp_path):
@@ -148,4 +147,7 @@ def test_one_ranks_collectives_on_a_later_clock_do_not_make_a_straggler(tmp_path
             "forward-recv", "backward-send", "backward-recv")])
         return {**cols, "start_ts": np.where(coll, cols["start_ts"] + 0.05, cols["start_ts"])}
 
-    healthy(windows_of(tmp_path, trace, change, TOKEN, MONITOR), analysed_only=True)
+    job = windows_of(tmp_path, trace, change, TOKEN, MONITOR)
+    if job is not None:   # (healthy() less the windows' account of rank 3 left out)
+        assert max(round(w["slowdown"], 3) for w in job["windows"] if w["slowdown"]) < 1.1
+        assert not alerts_beyond_left_out(job), job["alerts"]

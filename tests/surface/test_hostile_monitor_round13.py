@@ -68,8 +68,6 @@ def test_one_ranks_computes_timed_short_do_not_blame_an_honest_rank(tmp_path):
     healthy(windows_of(tmp_path, trace, zero, TOKEN, MONITOR))
 
 
-@pytest.mark.xfail(strict=True, reason="a 3x straggler slow between its kernels (host stall "
-                   "x2.35 found in every window): S 1.005 and no alert left firing")
 def test_a_straggler_slow_between_its_kernels_is_alerted(tmp_path):
     """The 2x2 job whose rank 0 (dp 0, pp 0) is a real 3x straggler (S ~1.6, severe and
     worker_fault at rank 0). Its parts are written with its compute durations divided by 3,
@@ -183,8 +181,6 @@ def test_computes_overlapping_on_one_rank_do_not_make_a_straggler(tmp_path):
     healthy(windows_of(tmp_path, trace, longer, TOKEN, MONITOR))
 
 
-@pytest.mark.xfail(strict=True, reason="a straggler whose collective starts jitter +-0.03 s is "
-                   "left out by the clock check, unnamed in notes: S 1.00, no alert at all")
 def test_a_straggler_left_out_by_the_clock_check_is_not_silent(tmp_path):
     """The 2x2 job whose rank 3 (dp 1, pp 1) is a real 3x straggler (S ~1.72, severe and
     worker_fault at rank 3). Rank 3 writes its gradient collectives' starts (all-gather,
@@ -217,8 +213,6 @@ def test_a_straggler_left_out_by_the_clock_check_is_not_silent(tmp_path):
                                              job["alerts"])
 
 
-@pytest.mark.xfail(strict=True, reason="one rank's computes stated 3x long over its own later "
-                   "ops: the fast detector fires rank_slowdown on a healthy job")
 def test_the_fast_detector_is_not_moved_by_computes_longer_than_their_step(tmp_path):
     """A healthy data-parallel job of 4 ranks (dp 4, pp 1; 100 steps of ~0.33 s, windows of 10
     steps: S 1.007-1.010 in every window) whose rank 3 writes its compute durations x3 from
@@ -248,11 +242,17 @@ def test_the_fast_detector_is_not_moved_by_computes_longer_than_their_step(tmp_p
         job = get(c, "/api/jobs/j?history=100")
     slowdowns = [round(w["slowdown"], 3) for w in job["windows"]]
     assert max(slowdowns) < 1.1, slowdowns
-    assert not job["alerts"], [(a["rule"], a["labels"]) for a in job["alerts"]]
+    # (the windows leave rank 3's steps out, its computes running past its next step, and say
+    # so since round 13 #8: `ranks_left_out` naming rank 3, and the cause 'partial' they
+    # leave, are the windows' account of it; no rank is blamed, no change detected)
+    said = [a for a in job["alerts"] if a["rule"] == "ranks_left_out"
+            or (a["rule"] == "new_cause" and a["labels"]["cause"] == "partial")]
+    assert all("rank(s) 3:" in a["annotations"]["description"] for a in said
+               if a["rule"] == "ranks_left_out"), said
+    assert not [a for a in job["alerts"] if a not in said], \
+        [(a["rule"], a["labels"]) for a in job["alerts"]]
 
 
-@pytest.mark.xfail(strict=True, reason="a restart resolves a firing rank_slowdown while the rank "
-                   "stays 3x slow (the new detector takes the slow steps as its baseline)")
 def test_a_restart_does_not_resolve_a_rank_slowdown_that_goes_on(tmp_path):
     """A data-parallel job of 4 ranks (dp 4, pp 1; windows of 10 steps): 30 healthy steps,
     then rank 3 runs 3x slow to the end (60 steps; every window from then on S 1.98,

@@ -3,7 +3,9 @@
 The window analysis needs a whole window of steps on every rank before it can say anything;
 this runs on every ingested part. A rank's *busy time* in a step is the time of its compute ops
 (forward, backward, optimizer, GC): its step time less the time it waited for the others, which
-in a synchronous job every rank shares. Once every rank reported a step (or half of them are
+in a synchronous job every rank shares. Computes run on one stream, so each counts until it
+ended or the rank's next compute started (GC pauses, the host's, beside them): computes stated
+to overlap count their overlap once (their sum read a healthy rank 3x slow). Once every rank reported a step (or half of them are
 `SETTLE_LAG` steps past it: a dead rank holds nothing up), each rank's log busy time is taken
 relative to the median of its peers in that step (its stage's ranks when every stage has at
 least 3, else the whole job), which removes what all ranks share (a longer batch, a slower
@@ -31,10 +33,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stragglers.monitor.fast_state import FiredState
 from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES
 
 log = logging.getLogger(__name__)
 
+GC_CODE = OPTYPE_CODES["gc"]
 COMPUTE_CODES = np.array(sorted(OPTYPE_CODES[n] for n in COMPUTE_OPTYPES), dtype=np.int8)
 K = 0.5            # CUSUM reference value (σ): no drift below half a σ accumulates
 CLIP = 4.0         # a step adds at most this many σ (one spike never alerts alone)
@@ -46,18 +50,33 @@ MAX_PENDING = 256  # steps held waiting for ranks (half the job silent cannot fi
 RECENT = 64        # values kept per rank for the change estimate
 
 
-def busy_per_step(step: np.ndarray, compute: np.ndarray, duration: np.ndarray
+def busy_per_step(step: np.ndarray, compute: np.ndarray, start: np.ndarray,
+                  duration: np.ndarray, gc: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray]:
     """(steps, busy seconds) of one rank's rows (`compute`: which rows are compute ops): the
-    sum of its compute ops' durations per step."""
-    step, duration = step[compute], duration[compute]
+    time its compute stream was busy per step. One stream runs one compute at a time: each
+    compute counts from its start until it ended or the rank's next compute started,
+    whichever came first, so computes stated to overlap (a duration running on through the
+    rank's next computes) count their overlap once. GC pauses (`gc`: which rows) are the
+    host's, beside the stream: cut at the next pause only."""
+    gc = np.zeros(int(compute.sum()), bool) if gc is None else gc[compute]
+    step, start, duration = step[compute], start[compute], duration[compute]
     if not len(step):
         return np.zeros(0, np.int64), np.zeros(0)
+    ordered = (start[1:] >= start[:-1]).all() and not gc.any()   # (a recorder's rows are)
+    if not ordered:
+        order = np.lexsort((start, gc))   # the device's computes, then the host's pauses
+        step, start, duration, gc = step[order], start[order], duration[order], gc[order]
+    # each cut at the next one's start on its stream (the part's last keeps its own time:
+    # the next part's first compute is not known here)
+    room = np.full(len(start), np.inf)
+    room[:-1] = np.where(gc[1:] == gc[:-1], start[1:] - start[:-1], np.inf)
+    busy = np.minimum(np.maximum(duration, 0.0), room)
     first = step[0]
     if (step == first).all():   # a part of one step (1 step/s, a part a second): no sort
-        return np.array([first], np.int64), np.array([duration.sum()])
+        return np.array([first], np.int64), np.array([busy.sum()])
     steps, inverse = np.unique(step, return_inverse=True)
-    return steps.astype(np.int64), np.bincount(inverse, weights=duration)
+    return steps.astype(np.int64), np.bincount(inverse, weights=busy)
 
 
 def is_compute(optype: np.ndarray) -> np.ndarray:
@@ -65,18 +84,25 @@ def is_compute(optype: np.ndarray) -> np.ndarray:
     return np.isin(optype, COMPUTE_CODES)
 
 
-# dictionary names → which are compute ops, for the last dictionaries seen (a job's parts
+# dictionary names → their kind (KIND_*), for the last dictionaries seen (a job's parts
 # share a few): np.isin over object arrays was a tenth of a part's read
 _COMPUTE_NAMES: dict[tuple, np.ndarray] = {}
 _NAMES_KEPT = 64
+KIND_OTHER, KIND_COMPUTE, KIND_GC = 0, 1, 2   # (a GC pause is a compute op of the host's)
+
+
+def _kinds_of(names: np.ndarray) -> np.ndarray:
+    """KIND_* of each op type name."""
+    return np.where(names == "gc", KIND_GC,
+                    np.isin(names, COMPUTE_OPTYPES).astype(np.int8)).astype(np.int8)
 
 
 def _compute_names(names: list) -> np.ndarray:
-    """Which of these op type names are compute ops (cached per list of names)."""
+    """The KIND_* of these op type names (cached per list of names)."""
     key = tuple(names)
     got = _COMPUTE_NAMES.get(key)
     if got is None:
-        got = np.isin(np.asarray(names, dtype=object), COMPUTE_OPTYPES)
+        got = _kinds_of(np.asarray(names, dtype=object))
         if len(_COMPUTE_NAMES) >= _NAMES_KEPT:
             _COMPUTE_NAMES.clear()
         _COMPUTE_NAMES[key] = got
@@ -84,42 +110,43 @@ def _compute_names(names: list) -> np.ndarray:
 
 
 def _compute_rows(column: pa.ChunkedArray) -> np.ndarray:
-    """Which rows of a Parquet op-type column (names, as a dictionary or not) are compute ops
-    (by the dictionary's few names, not row by row; unknown names are the window's to refuse)."""
+    """The KIND_* of each row of a Parquet op-type column (names, as a dictionary or not; by
+    the dictionary's few names, not row by row; unknown names are the window's to refuse)."""
     out = []
     for chunk in column.chunks:
         if pa.types.is_dictionary(chunk.type):
             names = _compute_names(chunk.dictionary.to_pylist())
             out.append(names[chunk.indices.to_numpy(zero_copy_only=False)])
         else:
-            out.append(np.isin(np.asarray(chunk.to_pylist(), dtype=object), COMPUTE_OPTYPES))
-    return np.concatenate(out) if out else np.zeros(0, bool)
+            out.append(_kinds_of(np.asarray(chunk.to_pylist(), dtype=object)))
+    return np.concatenate(out) if out else np.zeros(0, np.int8)
 
 
 def read_busy(path: Path, step: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-    """busy_per_step of a stored part file (2 or 3 of its columns read; `step`: the part's one
+    """busy_per_step of a stored part file (3 or 4 of its columns read; `step`: the part's one
     step, known from its footer, so its step column is not read); None if it cannot be read
     (the window that reads it says why)."""
     try:
         # column by column on this thread (no table assembled, no hand-off to pyarrow's
         # threads: more than decoding a few rows costs) and the op type as a dictionary (its
-        # names looked at once): ~0.25 ms a small part, was ~0.6 ms
+        # names looked at once): ~0.25 ms a small part, was ~0.6 ms (the start column, read
+        # for overlapping computes since round 13, adds 0.03-0.05 ms of CPU: 0.11 -> 0.16 ms a
+        # one-step part, 0.17 -> 0.20 ms a four-step one, side by side)
         f = pq.ParquetFile(path, read_dictionary=["optype"])
         reader = f.reader
 
         def column(name: str) -> pa.ChunkedArray:
             return reader.read_column(reader.column_name_idx(name))
 
-        compute = _compute_rows(column("optype"))
+        kind = _compute_rows(column("optype"))
         duration = column("duration").to_numpy()
-        if step is None:
-            return busy_per_step(column("step").to_numpy(), compute, duration)
+        start = column("start_ts").to_numpy()
+        steps = np.full(len(duration), step, np.int64) if step is not None \
+            else column("step").to_numpy()
     except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
         log.debug("change detector: %s not read (%s)", path, exc)
         return None
-    if not compute.any():
-        return np.zeros(0, np.int64), np.zeros(0)
-    return np.array([step], np.int64), np.array([duration[compute].sum()])
+    return busy_per_step(steps, kind > KIND_OTHER, start, duration, kind == KIND_GC)
 
 
 @dataclass(frozen=True)
@@ -168,6 +195,29 @@ class RankChangeDetector:
         self.firing: dict[int, Change] = {}        # rank → its change while it fires
         self.fired_at = np.zeros(n, np.int64)      # recent_n when it fired
         self.frozen = np.zeros(n)                  # the baseline median it fired against
+
+    def fired_state(self, rank: int) -> FiredState:
+        """What a firing rank fired against (kept in the store: fast_state.py)."""
+        i, c = self.index[rank], self.firing[rank]
+        count = int(min(self.base_n[i], self.s.baseline_steps))
+        return FiredState(frozen=float(self.frozen[i]), base=self.base[i, :count].tolist(),
+                          ratio=c.ratio, since_step=c.since_step, at_step=c.at_step)
+
+    def resume(self, rank: int, state: FiredState) -> None:
+        """A rank firing when this detector was built (a restart, another instance taking
+        the job): judged against the baseline it fired against, not one learnt from its
+        slow steps (which resolved the alert while the rank stayed slow)."""
+        i = self.index.get(rank)
+        base = np.asarray(state.base, float)[:self.s.baseline_steps]
+        if i is None or len(base) < self.s.warmup_steps or not np.isfinite(state.frozen) \
+                or not np.isfinite(base).all():
+            return   # (learnt anew, as before)
+        self.base[i], self.base_n[i] = np.nan, len(base)
+        self.base[i, :len(base)] = base
+        self.frozen[i], self.fired_at[i] = state.frozen, self.recent_n[i]
+        self.cusum[i], self.run[i] = 0.0, 0
+        self.firing[rank] = Change(rank, "firing", state.ratio, state.since_step,
+                                   state.at_step)
 
     def warm(self) -> set[int]:
         """Ranks judged by now (a baseline learnt): their alerts can be decided."""

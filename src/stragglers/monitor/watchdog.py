@@ -13,8 +13,10 @@ import logging
 import queue
 import time
 
-from stragglers.monitor.changes import ChangeSettings, RankChangeDetector, busy_per_step, \
-    is_compute, read_busy
+from stragglers.monitor import fast_state
+from stragglers.monitor.alerts import FAST_RULE, rank_of
+from stragglers.monitor.changes import GC_CODE, ChangeSettings, RankChangeDetector, \
+    busy_per_step, is_compute, read_busy
 from stragglers.monitor.part_files import StuckRead
 from stragglers.monitor.parts import PartFile
 from stragglers.monitor.records import Place
@@ -36,6 +38,7 @@ class Watchdog:
                                        warmup_steps=cfg.change_warmup_steps)
         self.detectors: dict[str, tuple[JobTracker, tuple, RankChangeDetector]] = {}
         self.judged: dict[str, set[int]] = {}      # job → ranks whose alerts were decided
+        self.kept: dict[str, set[int]] = {}        # job → firing ranks whose state is stored
         self.silent: dict[str, dict[int, float]] = {}   # job → silent ranks last decided
         # jobs with a rank quiet past its deadline but not behind the others (at the last
         # check): silent once a part takes the others past its steps, which the ingest tells
@@ -91,6 +94,7 @@ class Watchdog:
         for job in [j for j in self.detectors if j not in m.trackers]:
             self.detectors.pop(job, None)   # finished or held elsewhere: its memory goes
             self.unstored.discard(job)
+            self.kept.pop(job, None)
         if not self.enabled:
             return
         for job, tr, arrived in work:
@@ -114,6 +118,13 @@ class Watchdog:
                 # again whole at the next pass; what was judged counts once it is stored)
                 what = f"job {job}'s fast alerts"
                 try:
+                    firing = set(detector.firing)
+                    if firing != self.kept.get(job) and m.leases.lease(job) is not None:
+                        # what each fired against, before its alert is stored: a restart (kill
+                        # -9 included) resumes a rank whose alert it finds firing from it
+                        fast_state.save(m.store, job, {r: detector.fired_state(r)
+                                                       for r in firing})
+                        self.kept[job] = firing
                     m.store_alerts(job, m.alerts.on_changes(job, dict(detector.firing), judged,
                                                             _places(tr)))
                 except Exception as exc:   # noqa: BLE001 - kept for the next pass
@@ -139,9 +150,19 @@ class Watchdog:
         held = self.detectors.get(job)
         if held is None or held[0] is not tr or held[1] != ranks:
             stages = {r: e.stage or 0 for r, e in tr.layout.items()}
-            held = self.detectors[job] = (tr, ranks, RankChangeDetector(list(ranks), stages,
-                                                                        self.settings))
+            detector = RankChangeDetector(list(ranks), stages, self.settings)
+            # ranks whose rank_slowdown the store holds firing resume from what they fired
+            # against (a new detector learnt the slow steps as their baseline and resolved
+            # them while they stayed slow); a new run's alerts were resolved: none resume
+            states = fast_state.load(self.monitor.store, job)
+            if states:
+                for a in self.monitor.store.alerts(job=job, status="firing"):
+                    rank = rank_of(a.labels) if a.rule == FAST_RULE.name else None
+                    if rank in states:
+                        detector.resume(rank, states[rank])
+            held = self.detectors[job] = (tr, ranks, detector)
             self.judged.pop(job, None)
+            self.kept.pop(job, None)   # (saved again at its next decision)
         return held[2]
 
     # ---- silence, on the tick thread ---------------------------------------------------------
@@ -306,7 +327,9 @@ def _busy(src: PartFile | dict):
     if isinstance(src, PartFile):
         # a part of one step (a part a step): its step is the footer's, not read again
         return read_busy(src.path, src.first_step if src.first_step == src.last_step else None)
-    return busy_per_step(src["step"], is_compute(src["optype"]), src["duration"])
+    optype = src["optype"]
+    return busy_per_step(src["step"], is_compute(optype), src["start_ts"], src["duration"],
+                         optype == GC_CODE)
 
 
 def _places(tr: JobTracker) -> dict[int, Place]:

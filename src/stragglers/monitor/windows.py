@@ -575,7 +575,7 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
         if shared:
             row.missing_ranks = sorted(set(row.missing_ranks) | set(shared))
         if row.missing_ranks:
-            trace = whole_replicas(trace)
+            trace = whole_replicas(trace, row=row)
             bare = np.setdiff1d(np.arange(trace.meta.pp_size), trace.ops["stage"])
             if len(bare):   # (the engine's "stage 1 has no compute ops" hid why)
                 raise StragglersError(
@@ -590,7 +590,7 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
             # a worker that sent rows of some of the window's steps only (one part's rows cut
             # short) left no step complete: once more on the replicas whose every worker
             # sent every step, naming the others' ranks; the engine's error if none is left
-            whole = whole_replicas(trace, window.steps)
+            whole = whole_replicas(trace, window.steps, row)
             if whole is trace:
                 raise
             gone = np.setdiff1d(trace.ops["rank"], whole.ops["rank"])
@@ -710,8 +710,19 @@ def _leave_out(trace: Trace, problems: dict[tuple[int, int], str], row: WindowRo
         ranks = sorted({r for r, _ in problems})
         row.missing_ranks = sorted(set(row.missing_ranks) | set(ranks))
         keep = ~np.isin(trace.ops["rank"], ranks)
+        # named (alerts.LEFT_OUT_RULE holds while a window says so): a 3x straggler whose
+        # every step the clock check left out read S 1.00 with empty notes and no alert
+        why = next(iter(problems.values()))
+        row.notes.append(f"{LEFT_OUT_NOTE}: {_named(ranks)}: every step of theirs in this "
+                         f"window was left out ({why[:160]}{'…' if len(why) > 160 else ''}), "
+                         "unjudged: a straggler among them would not be seen")
     return Trace({k: v[keep] for k, v in trace.ops.items()}, trace.meta, trace.source,
                  trace.notes) if keep.any() else None
+
+
+def _named(ranks: list[int]) -> str:
+    """'rank(s) 1, 3' (at most 32 named)."""
+    return "rank(s) " + ", ".join(map(str, ranks[:32])) + (" …" if len(ranks) > 32 else "")
 
 
 def first_starts(rank: np.ndarray, start: np.ndarray, known: dict[int, float] | None = None
@@ -902,12 +913,14 @@ def one_worker_per_place(trace: Trace) -> tuple[Trace, list[int]]:
                  trace.notes), drop.tolist()
 
 
-def whole_replicas(trace: Trace, steps: list[int] | None = None) -> Trace:
+def whole_replicas(trace: Trace, steps: list[int] | None = None,
+                   row: WindowRow | None = None) -> Trace:
     """The window's trace less the DP replicas some stage of which sent no row (with `steps`:
     no row of one of these steps): the engine analyses a trace of whole replicas (a partial
     capture) but refuses one missing a worker inside a replica (every step incomplete), so
     one rank's lost or refused part, or a dead rank in a stalled job's last window, made the
-    window an error row for every rank."""
+    window an error row for every rank. The ranks dropped are named in `row`'s notes (their
+    replica's missing worker may be the straggler, and they are not judged either)."""
     o, pp = trace.ops, trace.meta.pp_size
     dp = o["dp_rank"].astype(np.int64)
     place = dp * pp + o["stage"]
@@ -924,6 +937,12 @@ def whole_replicas(trace: Trace, steps: list[int] | None = None) -> Trace:
     if not len(partial) or len(partial) == len(replicas):
         return trace   # whole already, or no whole replica left (the engine says why)
     keep = ~np.isin(dp, partial)
+    if row is not None:
+        gone = np.unique(o["rank"][~keep]).tolist()
+        row.notes.append(f"{LEFT_OUT_NOTE}: {_named(gone)} of DP replica(s) "
+                         f"{', '.join(map(str, partial[:32].tolist()))}, a worker of which "
+                         "sent no rows" + (" of some of these steps" if steps else "") + ", unjudged: "
+                         "a straggler among them would not be seen")
     return Trace({k: v[keep] for k, v in o.items()}, trace.meta, trace.source, trace.notes)
 
 

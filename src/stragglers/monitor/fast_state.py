@@ -1,0 +1,64 @@
+"""What each firing fast alert fired against, kept in the store beside the alert.
+
+A rank_slowdown alert resolves once the rank is back near the baseline it fired against
+(changes.RankChangeDetector). That baseline lived in the detector's memory only: a restarted
+monitor (an upgrade, kill -9) or another instance taking the job built a new detector, which
+learnt the slow steps as the rank's baseline and resolved the alert while the rank stayed 3x
+slow (red team round 13 #9). The firing ranks' frozen baselines are written here (store_info
+rows, one per firing rank) before their alert is, in their own transaction, and a new
+detector resumes from them the ranks whose alert the store holds firing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+if TYPE_CHECKING:
+    from stragglers.monitor.store_base import SQLStore
+
+PREFIX = "fast:"   # store_info key: PREFIX + JSON [job, rank]
+
+
+class FiredState(msgspec.Struct):
+    """A firing rank's judgement, as RankChangeDetector.fired_state gives it."""
+
+    frozen: float          # the baseline median it fired against (log, relative to peers)
+    base: list[float]      # its in-control values when it fired (the baseline it resumes)
+    ratio: float
+    since_step: int
+    at_step: int
+
+
+def _prefix(job: str) -> str:
+    return PREFIX + json.dumps([job])[:-1] + ", "
+
+
+def save(store: SQLStore, job: str, states: dict[int, FiredState]) -> None:
+    """The job's firing ranks' states, replacing what was kept (ranks no longer firing go)."""
+    prefix = _prefix(job)
+
+    def tx(db: Any) -> None:
+        store._exec(db, f"DELETE FROM store_info WHERE substr(key, 1, {len(prefix)}) = ?",
+                    (prefix,))
+        for rank, state in sorted(states.items()):
+            store._exec(db, "INSERT INTO store_info (key, value) VALUES (?, ?) ON CONFLICT "
+                        "(key) DO UPDATE SET value = excluded.value",
+                        (prefix + f"{int(rank)}]", msgspec.json.encode(state).decode()))
+    store._write(tx, notify=False)
+
+
+def load(store: SQLStore, job: str) -> dict[int, FiredState]:
+    """rank → its kept state (a row that does not read is left out: that rank learns anew)."""
+    prefix = _prefix(job)
+    out = {}
+    for row in store._rows(f"SELECT key, value FROM store_info WHERE substr(key, 1, "
+                           f"{len(prefix)}) = ?", (prefix,)):
+        try:
+            rank = int(str(row["key"])[len(prefix):-1])
+            out[rank] = msgspec.json.decode(row["value"], type=FiredState)
+        except (ValueError, msgspec.DecodeError):
+            continue
+    return out
