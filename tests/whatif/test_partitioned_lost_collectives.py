@@ -86,7 +86,7 @@ def test_the_cli_names_the_rebuilt_collective_in_one_warning_line(tmp_path):
     job, rank, optype = LOST["gradient collective"]
     write_run(tmp_path / "run", without(generate(**job, seed=0, slow_worker=(0, 0, 3.0)),
                                         rank, optype))
-    out = CliRunner().invoke(app, ["analyze", str(tmp_path / "run")], env={"COLUMNS": "400"})
+    out = CliRunner().invoke(app, ["analyze", str(tmp_path / "run")])   # (80 columns: one line still)
     assert out.exit_code == 0, out.output
     said = [line for line in out.output.splitlines() if OPS_LEFT_OUT in line]
     assert len(said) == 1 and said[0].startswith(f"warning: {OPS_LEFT_OUT}: "), said

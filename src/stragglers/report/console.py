@@ -65,8 +65,9 @@ def print_report(result: AnalysisResult | Mapping[str, Any], console: Console | 
     notes = _notes(r)
     if notes is not None:
         console.print(notes)
-    for warning in r.warnings:
-        console.print(Text(f"warning: {warning}", style="yellow"))
+    for warning in r.warnings:   # (one line each, as errors are: a pipe at 80 columns cut
+        # a warning onto five lines, so a grep for it missed)
+        console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     if r.decomposed:
         console.print(_attribution_tables(r))
         grid = WorkerGrid.of(r)
