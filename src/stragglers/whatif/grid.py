@@ -8,7 +8,7 @@ import numpy as np
 
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPE_CODES, OPTYPES, P2P_OPTYPES, Trace
-from stragglers.whatif.rebuild import rebuild_lost
+from stragglers.whatif.rebuild import rebuild_lost, with_group
 from stragglers.whatif.result import LeftOut
 from stragglers.wording import ranges
 
@@ -208,9 +208,7 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
                                complete)
         if rebuilt.any():   # (the rebuilt collectives kept, with every worker's cell, and a
             # cross-stage group's op at the other stages, left out for its sake only)
-            ident = (node_optype.astype(np.int64) << _SEQ_BITS) | node_seq
-            rebuilt |= ~odd.keep_nodes & np.isin(ident, ident[rebuilt & np.isin(
-                node_optype, _CROSS_STAGE)])
+            rebuilt = with_group(rebuilt, odd.keep_nodes, node_optype, node_seq)
             odd.keep_nodes = odd.keep_nodes | rebuilt
             present = whole[odd.keep_nodes]
             warnings[0] = ops_warning(odd.said, ~odd.keep_nodes | rebuilt, rebuilt)
