@@ -26,8 +26,9 @@ def _rank3(trace: Trace, change) -> Trace:
 
 def test_computes_stated_three_times_long_over_their_own_next_ops_read_healthy():
     """Rank 3 (dp 1, pp 1) of a healthy job writes its computes ×3, starts kept: each runs on
-    through its rank's next compute and the send it feeds (S 1.6 and worker_fault at face
-    value). Cut at those starts, the job reads healthy and the warning names the rank."""
+    through its rank's next compute and the send it feeds (S 1.73 and worker_fault at face
+    value). Cut at those starts, the job reads healthy (S 1.05, none; 1.007 unchanged) and
+    the warning names the rank."""
     def longer(ops, mine):
         hit = mine & np.isin(ops["optype"], COMPUTE)
         ops["duration"] = np.where(hit, ops["duration"] * 3, ops["duration"])
