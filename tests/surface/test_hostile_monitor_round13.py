@@ -161,8 +161,6 @@ def test_a_send_starting_before_the_compute_that_feeds_it_does_not_make_a_stragg
     healthy(windows_of(tmp_path, trace, early, TOKEN, MONITOR))
 
 
-@pytest.mark.xfail(strict=True, reason="one rank's computes stated 3x long over its own next "
-                   "ops: a healthy job reads S 1.72, severe and worker_fault (critical) fire")
 def test_computes_overlapping_on_one_rank_do_not_make_a_straggler(tmp_path):
     """A healthy 2x2 job (S ~1.005, no alert) whose rank 3 (dp 1, pp 1) writes its compute
     durations x3 with its start times kept: each forward and backward compute now runs on

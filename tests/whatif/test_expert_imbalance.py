@@ -18,6 +18,8 @@ from stragglers.trace.model import OPTYPE_CODES
 from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
 from stragglers.whatif import analyze
 
+from possible_traces import stretched
+
 
 def _named(result) -> set[tuple[str, int]]:
     return {(f.cause, -1 if w is None else int(w.rank)) for f in result.diagnosis
@@ -167,7 +169,10 @@ def test_a_dispatch_that_noise_pushed_below_the_bar_is_balanced_with_the_others(
     ops = trace.ops
     after_second = (ops["optype"] == OPTYPE_CODES["forward-compute"]) & (ops["seq_id"] == 2)
     noise = np.random.default_rng(0).normal(0, 9e-4, int(after_second.sum()))
-    ops["duration"][after_second] = np.abs(ops["duration"][after_second] + noise)
+    plus = np.zeros(len(ops["duration"]))
+    plus[after_second] = np.abs(ops["duration"][after_second] + noise) \
+        - ops["duration"][after_second]
+    trace = stretched(trace, plus=plus)  # each rank's later ops pushed back by what it gained
     grid = build_grid(trace)
     ctx = Context.build(WhatIf.build(grid), trace, DiagnosisConfig())
     load = experts.expert_load(ctx, grid.duration)

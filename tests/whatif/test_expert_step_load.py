@@ -22,6 +22,8 @@ from stragglers.whatif.config import DiagnosisConfig
 from stragglers.whatif.grid import build_grid
 from stragglers.whatif.metrics import WhatIf
 
+from possible_traces import stretched
+
 # a step's time per row ×0.5-1.5 of the run's: the hot rank beside CPU hogs ran 4.4-23 µs per
 # row from step to step (tests/data/recorded/moe-hot-expert-beside-hogs)
 LOADS = (1.0, 0.5, 1.5, 0.7, 1.2, 0.6, 1.0, 1.4)
@@ -40,12 +42,11 @@ def _loaded_job(tmp_path, seed: int):
     trace = load_trace(tmp_path)
     g = build_grid(trace)
     load = _context(trace).expert_load
-    duration = trace.ops["duration"].astype(np.float64)
+    scale = np.ones(len(trace.ops["duration"]))
     for _, e in load.pairs:
         cells = g.row[e]                                                  # [D, T] op rows
-        duration[cells] = duration[cells] * np.array(LOADS)[None, :]
-    trace.ops["duration"] = duration.astype(trace.ops["duration"].dtype)
-    return trace
+        scale[cells] = np.broadcast_to(np.array(LOADS)[None, :], cells.shape)
+    return stretched(trace, scale)       # each rank's later ops pushed back by what it gained
 
 
 @pytest.mark.parametrize("seed", [3, 4])

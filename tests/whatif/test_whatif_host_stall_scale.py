@@ -5,6 +5,8 @@ from __future__ import annotations
 from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
 
+from possible_traces import slowed
+
 
 def test_a_stall_of_a_tenth_of_the_step_among_eight_workers_is_named():
     trace = generate(dp=8, pp=1, microbatches=8, steps=8, seed=4, sync="ddp",
@@ -18,8 +20,8 @@ def test_a_stall_of_a_tenth_of_the_step_among_eight_workers_is_named():
 def test_the_worst_worker_is_listed_first():
     trace = generate(dp=8, pp=1, microbatches=8, steps=8, seed=2, sync="ddp",
                      slow_worker=(6, 0, 2.0))
-    ops = trace.ops
-    ops["duration"][(ops["dp_rank"] == 1) & (ops["optype"] <= 1)] *= 1.5   # a milder second one
+    # a milder second one (rank 1: dp 1 of a pp 1 job), the job run again with it
+    trace = slowed(trace, {1: [1.5] * 8}, ("forward-compute", "backward-compute"))
     top = analyze(trace).diagnosis[0]
     assert top.cause == "worker_fault", top
     assert [w.dp for w in top.where.workers] == [6, 1], top.where

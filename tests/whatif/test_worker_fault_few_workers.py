@@ -11,24 +11,18 @@ its peers on average (interval from ×1.07), behind them in 7 of 9 steps; none o
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from stragglers.trace.model import Trace
 from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
-from stragglers.whatif.causes.base import BUSY
+
+from possible_traces import slowed
 
 
 def _scaled(trace: Trace, rank: int, factors: list[float]) -> Trace:
-    """`rank`'s compute in step i × factors[i]."""
-    ops = {k: v.copy() for k, v in trace.ops.items()}
-    steps = np.unique(ops["step"])
-    by_step = dict(zip(steps.tolist(), factors))
-    hit = (ops["rank"] == rank) & np.isin(ops["optype"], BUSY)
-    scale = np.array([by_step[int(s)] for s in ops["step"]])
-    ops["duration"] = np.where(hit, ops["duration"] * scale, ops["duration"])
-    return Trace(ops, trace.meta)
+    """`rank`'s compute in step i × factors[i] (the job run again: its later ops pushed back)."""
+    return slowed(trace, {rank: factors})
 
 
 def _found(trace: Trace) -> list[tuple[str, list[int]]]:

@@ -21,7 +21,8 @@ import pytest
 from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
 
-from test_worker_fault_few_workers import _found, _scaled
+from possible_traces import slowed
+from test_worker_fault_few_workers import _found
 
 
 @pytest.mark.parametrize("dp, pp, steps, noise, seed", [
@@ -42,6 +43,5 @@ def test_a_noise_only_job_of_few_workers_names_no_worker_fault(dp, pp, steps, no
 def test_a_steady_fault_among_few_workers_is_still_named(dp, pp, steps, slow):
     trace = generate(dp=dp, pp=pp, microbatches=4, steps=steps, seed=2, noise=0.03,
                      sync="ddp" if pp == 1 else "zero")
-    for rank, factor in slow.items():
-        trace = _scaled(trace, rank, [factor] * steps)
+    trace = slowed(trace, {rank: [factor] * steps for rank, factor in slow.items()})
     assert [(c, sorted(r)) for c, r in _found(trace)] == [("worker_fault", sorted(slow))]

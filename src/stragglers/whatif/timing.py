@@ -159,12 +159,17 @@ def clip_to_own_timeline(grid: OpGrid, model: DependencyModel) -> str | None:
       compute ops leave there, from the end of the one running when it began to the start of
       the first one begun inside it (the host, paused, launches nothing; transfers and
       collectives run on their own streams through it and do not cut it).
-    Compute ops keep their durations: a compute op overrunning the next one's start is also
-    what a slow op whose successors' rows were not moved looks like (docs/whatif.md §4).
+    - a compute op (forward, backward, optimizer: the one serial compute stream the model
+      chains per worker, docs/whatif.md §3) running on past the start of the worker's next
+      one or of a send it feeds: ended there (one stream runs one op at a time, a send cannot
+      carry what is not computed yet; a slow op's successors start after it ends, so only
+      rows that cannot have run so are cut). Collectives and receives, on their own streams,
+      do not cut it.
     """
     cut: dict[str, tuple[int, float, set]] = {}
     for stage in range(grid.pp_size):
         nodes = np.flatnonzero(grid.node_stage == stage)
+        _clip_computes(grid, model, nodes, cut)
         sends = [int(o) for o in nodes[np.isin(grid.node_optype[nodes], _SENDS)]
                  if not model.no_op[o]]
         for c in nodes[np.isin(grid.node_optype[nodes], _WORK)]:
@@ -189,6 +194,43 @@ def _note(cut: dict, kind: str, grid: OpGrid, node: int, by: np.ndarray) -> None
         stage = int(grid.node_stage[node])
         workers |= {(int(d), stage) for d in grid.dp_ranks[np.flatnonzero(big.any(axis=1))]}
         cut[kind] = (n + int(big.sum()), max(most, float(by[big].max())), workers)
+
+
+def _clip_computes(grid: OpGrid, model: DependencyModel, nodes: np.ndarray, cut: dict) -> None:
+    """Each compute op among one stage's `nodes` ended no later than the start of the next one
+    its worker began, nor than that of a send it feeds in the model (in place; per worker and
+    step): a serial stream's busy time is kept once, by the op that began first."""
+    work = nodes[np.isin(grid.node_optype[nodes], _WORK)]
+    if not len(work):
+        return
+    present = grid.present[work] & (grid.duration[work] > 0)
+    start = np.where(present, grid.start[work], np.inf)                   # [K, D, T]
+    later = np.full_like(start, np.inf)
+    if len(work) > 1:
+        order = np.argsort(start, axis=0, kind="stable")
+        s = np.take_along_axis(start, order, axis=0)
+        nxt = np.full_like(s, np.inf)
+        nxt[:-1] = s[1:]                             # the next start of the same worker/step
+        np.put_along_axis(later, order, nxt, axis=0)
+    needs = {int(c): k for k, c in enumerate(work)}
+    for o in nodes[np.isin(grid.node_optype[nodes], _SENDS)]:
+        if model.no_op[o]:
+            continue
+        for c in model.deps[o]:
+            k = needs.get(c)
+            if k is not None:
+                # the send's start, where it began after this op began (and was recorded)
+                there = grid.present[o] & (grid.start[o] > start[k])
+                later[k] = np.where(there, np.minimum(later[k], grid.start[o]), later[k])
+    for k, o in enumerate(work):
+        end = grid.start[o] + grid.duration[o]
+        over = present[k] & (end > later[k])
+        if not over.any():
+            continue
+        to = np.maximum(later[k], grid.start[o])
+        _note(cut, "compute ops running past their rank's next compute or send", grid,
+              int(o), np.where(over, end - to, 0.0))
+        grid.duration[o] = np.where(over, to - grid.start[o], grid.duration[o])
 
 
 def _clip_sends(grid: OpGrid, c: int, sends: list[int], cut: dict) -> None:
