@@ -40,13 +40,15 @@ def identities(grid: OpGrid) -> np.ndarray:
     return np.where(several | pieces, code * (1 << 24) + seq + 1, code * (1 << 24))
 
 
-def ideal_costs(grid: OpGrid, cost: np.ndarray, no_op: np.ndarray | None = None
-                ) -> tuple[np.ndarray, dict[str, float]]:
+def ideal_costs(grid: OpGrid, cost: np.ndarray, no_op: np.ndarray | None = None,
+                left_out: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, float]]:
     """One cost per template op ([N, 1, 1]) and the per-optype ideal values.
 
     The per-optype value is the mean of its identities' ideals over the op type's nodes (what
     reports show); p2p no-ops (recorded, never launched) cost nothing and do not count in the
-    statistics.
+    statistics, nor do the cells of `left_out` (bool [N, D]: computes whose stated durations
+    cannot be their worker's work, metrics.unexplained) while any other cell of the identity
+    is left.
     """
     no_op = np.zeros(len(grid.node_optype), bool) if no_op is None else no_op
     ideal = np.zeros((len(grid.node_optype), 1, 1))
@@ -61,6 +63,8 @@ def ideal_costs(grid: OpGrid, cost: np.ndarray, no_op: np.ndarray | None = None
             # Every slot counts (zero where no pause happened, or where a worker's trace has
             # no such compute run): the same total time, spread evenly, is what a perfectly
             # balanced job would see.
+            if left_out is not None and left_out[nodes].any() and not left_out[nodes].all():
+                sample = sample[~left_out[nodes]]       # [cells, T]: every step of the others
             v = float(sample.mean())
         else:
             present = grid.present[nodes]
