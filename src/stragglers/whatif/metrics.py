@@ -193,6 +193,7 @@ UNEXPLAINED_SHARE = 0.5
 # is named for (stall_min_fraction of the step, docs/whatif.md §7) is not host-stalled: nobody
 # waits on its gaps, so they are its own work, timed short (not a launch late).
 UNWAITED_COST = DEFAULT.stall_min_fraction
+_ROWS_AT_ONCE = 64
 
 
 def unexplained(grid: OpGrid, plan: ReplayPlan, cost: np.ndarray, delay: np.ndarray,
@@ -209,8 +210,11 @@ def unexplained(grid: OpGrid, plan: ReplayPlan, cost: np.ndarray, delay: np.ndar
     step = float(base_step_times(grid).sum())
     if not step > 0:
         return left
-    share = np.stack([delay[grid.node_stage == p].sum(axis=(0, 2))
-                      for p in range(grid.pp_size)], axis=1) / step          # [D, P]
+    share = np.zeros((cost.shape[1], grid.pp_size))                           # [D, P]
+    for lo in range(0, len(delay), _ROWS_AT_ONCE):   # a few rows at a time: no stage's copy
+        rows = slice(lo, lo + _ROWS_AT_ONCE)
+        np.add.at(share.T, grid.node_stage[rows], delay[rows].sum(axis=2))
+    share /= step
     suspects = np.argwhere(share >= UNEXPLAINED_SHARE)
     if not len(suspects):
         return left
