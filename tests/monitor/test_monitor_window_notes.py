@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 
 import msgspec
+import numpy as np
 import pytest
 from pg_cluster import postgres_cluster, postgres_url  # noqa: F401 - fixtures
 
@@ -139,3 +140,25 @@ def test_rows_cut_to_their_workers_own_timeline_are_named_in_the_window():
     assert row.error is None, row.error
     assert any(n.startswith("rows cut to their worker's own timeline") for n in row.notes), \
         row.notes
+
+
+def test_a_workers_computes_left_out_of_the_ideal_are_named_in_the_window():
+    """A healthy 2x2 job whose rank 3 writes its computes as 0 s: the engine leaves its
+    computes out of the ideal (whatif/metrics.py, nobody waits on its gaps) and the window's
+    notes say so (before: only in the engine's warnings)."""
+    import time
+
+    from stragglers.monitor.windows import Window, analyse_window
+    from stragglers.trace.model import OPTYPE_CODES
+    from stragglers.trace.synth import generate
+
+    t = generate(dp=2, pp=2, microbatches=4, steps=4, seed=0)
+    o = {k: v.copy() for k, v in t.ops.items()}
+    work = (o["rank"] == 3) & np.isin(o["optype"], [OPTYPE_CODES[n] for n in (
+        "forward-compute", "backward-compute", "optimizer")])
+    o["duration"][work] = 0.0
+    row, _ = analyse_window(Window("j", 0, list(range(4)), Trace(o, t.meta, t.source),
+                                   missing_ranks=[], closed_at=time.time()))
+    assert row.error is None, row.error
+    assert any(n.startswith("computes of worker (dp ") and "left out of the ideal" in n
+               for n in row.notes), row.notes

@@ -614,7 +614,9 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
         # collectives some workers lacked, rebuilt there or left out (whatif/grid.py
         # leave_out_ops): every rank analysed, the window says which ops it changed
         # (and rows cut to their worker's own timeline, whatif/timing.py: what was cut, where)
-        lacked = [w for w in result.warnings if w.startswith((OPS_LEFT_OUT, ROWS_CUT))]
+        # and a worker's computes left out of the ideal, whatif/metrics.py: timed short)
+        lacked = [w for w in result.warnings if w.startswith((OPS_LEFT_OUT, ROWS_CUT))
+                  or (w.startswith("computes of worker (") and " left out of the ideal" in w)]
         row.notes = lacked + row.notes
         if result.left_out:   # (alerts.LEFT_OUT_RULE holds while a window says so)
             left_note = [left_out_note(result.left_out)]
