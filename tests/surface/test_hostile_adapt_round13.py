@@ -1,0 +1,77 @@
+"""Red team round thirteen (issue 34): the shard service's code of session 49 (reads taken in
+turns by caller and a caller's share of the read queue, per-owner snapshot send slots, the
+index pace waited before a big lease's commit, fence floors folded into the store's, the
+reader's row check after a start), against other callers' load, damaged rows and restarts.
+
+Each test is one defect, marked xfail(strict=True) until its fix lands (then the mark goes): a
+pass before the fix fails the suite. Real servers on loopback (the shard service on a thread of
+this process, as tests/adapt's hostile tests start it), real SQLite. Orders are observed on the
+service's own queues and connections with its threads held by events, never timed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import httpx
+import pytest
+
+from conftest import REPO, eventually
+
+sys.path.insert(0, str(REPO / "tests" / "adapt"))
+from adapt_jobs import held_reader  # noqa: E402
+
+OWNER = "owner-round13-token-0123456789"
+STRANGER = "stranger-round13-token-0123456789"
+
+
+def _bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _until(check, what: str) -> None:
+    eventually(check, timeout=30, interval=0.005, what=what)   # (a bound against a hang)
+
+
+@pytest.mark.xfail(strict=True, reason="a read shared in flight runs in its first caller's turn:"
+                   " the owner's snapshot waits behind the stranger's whole queue")
+def test_a_snapshot_shared_in_flight_does_not_take_its_first_callers_turn(tmp_path):
+    """Snapshot and status builds of one data set and generation are shared in flight
+    (ReadSide._cached), and the shared read is queued in the turn of the caller that asked
+    first (the READ_KEY its task was made under). Reader held; an anonymous client GETs the
+    snapshots of 3 data sets, then job V's: 4 reads queued, all its client's key. V's own
+    snapshot GET (a checkpoint) then joins that flight and queues nothing under V's token:
+    it is built 4th, after all 3 of the client's other builds (each ~1 s at 655,360 rows; a
+    client's share of the queue is up to 64 reads), though V has no other read queued and
+    the turns let V's first read wait for at most one. A caller joining a flight must not
+    wait longer than its own turn (queue a turn of its own, the first ready answers both)."""
+    from stragglers.adapt.service import token_digest
+
+    with held_reader(tmp_path, OWNER) as h:
+        with httpx.Client(base_url=h.server.url, timeout=60, headers=_bearer(STRANGER)) as s:
+            for i in range(3):
+                r = s.post("/datasets", json={"name": f"s{i}", "num_samples": 64,
+                                              "shard_size": 8})
+                assert r.status_code == 200, r.text
+                r = s.post(f"/datasets/s{i}/join", json={"worker": "w"})   # (its owner seen)
+                assert r.status_code == 200, r.text
+        for i, name in enumerate(["s0", "s1", "s2", "v"]):
+            h.start(name, lambda n=name: h.anyone.get(f"/datasets/{n}/snapshot"))
+            _until(lambda i=i: h.reader._queued == i + 2, f"GET {name} never queued")
+        flight = next(f for (key, _), f in h.reader._flights.items() if key[1] == "v")
+        waiters = len(flight._callbacks)   # (each caller awaiting it: a shield's callback)
+        h.start("own", lambda: h.v.get("/datasets/v/snapshot"))
+        _until(lambda: token_digest(OWNER) in h.reader._turns._waiting
+               or len(flight._callbacks) > waiters, "V's snapshot never asked")
+        built: list[str] = []
+        conn = h.reader._conns[0]
+        conn.set_trace_callback(lambda sql: built.extend(
+            n for n in ("s0", "s1", "s2", "v") if sql.startswith("SELECT num_samples")
+            and f"WHERE name='{n}'" in sql))
+        assert h.release() is True
+        conn.set_trace_callback(None)
+        assert {n: r.status_code for n, r in h.out.items()} == {
+            "s0": 200, "s1": 200, "s2": 200, "v": 200, "own": 200}
+        ahead = built.index("v")
+        assert ahead <= 1, (f"job V's own snapshot was built after {ahead} of another client's"
+                            f" snapshot builds ({built}): it waited in that client's turn")
