@@ -75,3 +75,46 @@ def test_a_snapshot_shared_in_flight_does_not_take_its_first_callers_turn(tmp_pa
         ahead = built.index("v")
         assert ahead <= 1, (f"job V's own snapshot was built after {ahead} of another client's"
                             f" snapshot builds ({built}): it waited in that client's turn")
+
+
+@pytest.mark.xfail(strict=True, reason="a restore body that never comes holds the service's one"
+                   " restore slot for restore_grace_s: every other owner's restore 503")
+def test_a_restore_body_that_never_comes_does_not_hold_every_owners_restores(tmp_path):
+    """The restore slot (max_restores: 1 in all) is taken from the head, before the body is
+    read, and held until the body arrives or restore_grace_s + size / restore_bytes_per_s
+    passes (10 s for a small body), then 408. Probe (/tmp/h/hRa/p3.py): token A (anyone may
+    create a data set: A owns one) sends a restore head declaring 1,000 bytes and no body;
+    job V's restore of its own data set, with its whole body, is 503 Busy "a restore is under
+    way" for 10.0 s (13 tries), then 200 — and A's 408 answered, A starts again at once: one
+    socket keeps every owner's checkpoint restores refused for good. A restore whose body is
+    not here must not hold what a restore whose body is does (take the service's slot once
+    the body is in — its bytes bounded by a budget of bodies in transit — or queue for it)."""
+    import socket
+
+    from stragglers.adapt.service import EmbeddedServer
+
+    attacker = "attacker-round13-token-0123456789"
+    server = EmbeddedServer(tmp_path / "s.db", durable=False).start()
+    stalled = socket.socket()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60, headers=_bearer(attacker)) as a:
+            assert a.post("/datasets", json={"name": "a", "num_samples": 64,
+                                             "shard_size": 8}).status_code == 200
+        with httpx.Client(base_url=server.url, timeout=60, headers=_bearer(OWNER)) as v:
+            assert v.post("/datasets", json={"name": "v", "num_samples": 64,
+                                             "shard_size": 8}).status_code == 200
+            snapshot = v.get("/datasets/v/snapshot").content
+            stalled.connect((server.host, server.port))
+            stalled.sendall(f"POST /datasets/a/restore HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                            f"Authorization: Bearer {attacker}\r\nContent-Type: application/json"
+                            "\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n".encode())
+            stalled.settimeout(30)
+            # (sent once its slot is held: no await between the two in the service)
+            assert stalled.recv(64).startswith(b"HTTP/1.1 100"), "A's head was not admitted"
+            r = v.post("/datasets/v/restore", content=snapshot,
+                       headers={"Content-Type": "application/json"})
+            assert r.status_code == 200, (f"job V's restore of its own data set {r.status_code}"
+                                          f" while A's body never came: {r.text[:160]}")
+    finally:
+        stalled.close()
+        server.stop()
