@@ -172,8 +172,9 @@ def test_a_few_callers_at_their_shares_do_not_refuse_a_caller_with_no_read_queue
     and the queue is at 16. Job V, no read queued, then gets 503 "16 reads are queued, 0 of
     them this caller's" for its status and its snapshot (at the default 64, the client's own
     reads 64, then 3 tokens' 32 + 21 + 11 fill 128; with a snapshot build of 655,360 rows,
-    ~1 s, at the head, for as long as they keep it so). A caller with no read queued must always get a place (the callers at or over
-    their share refused, or one place kept per caller), never be refused for others' reads."""
+    ~1 s, at the head, for as long as they keep it so). A caller with no read queued must
+    always get a place (the callers at or over their share refused, or one place kept per
+    caller), never be refused for others' reads."""
     from stragglers.adapt.service import ServiceConfig, token_digest
 
     with held_reader(tmp_path, OWNER, ServiceConfig(max_queued_reads=8)) as h:
@@ -322,8 +323,8 @@ def _commit_scans(server, call) -> int:
                    " again: the deleted incarnation's config and rows")
 def test_a_deleted_data_sets_cached_snapshot_is_not_served_for_its_successor(tmp_path):
     """Snapshots are cached by name, and one of 2 MiB or more is served to a caller without
-    the owner's token for stranger_snapshot_stale_s (5 s; an hour here, its maximum, so that nothing here is
-    timed) "though the data set changed"
+    the owner's token for stranger_snapshot_stale_s (5 s; an hour here, its maximum, so that
+    nothing here is timed) "though the data set changed"
     (ReadSide._cached) — also when it was deleted and created again, by another token, with
     another config: the cache entry outlives the DELETE. Token S's data set x of 4,096
     shards (a 4 MB snapshot) read once by anyone; S deletes x; job V creates x (64 samples,
