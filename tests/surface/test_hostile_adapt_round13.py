@@ -290,14 +290,14 @@ def test_data_sets_created_and_deleted_in_a_loop_leave_no_state_in_memory(tmp_pa
     server = EmbeddedServer(tmp_path / "s.db", durable=False).start()
     try:
         with httpx.Client(base_url=server.url, timeout=60, headers=_bearer(OWNER)) as c:
-            for i in range(200):
+            for i in range(100):
                 name = f"loop{i}"
                 r = c.post("/datasets", json={"name": name, "num_samples": 64, "shard_size": 8})
                 assert r.status_code == 200, r.text
                 assert c.post(f"/datasets/{name}/join", json={"worker": "w"}).status_code == 200
                 assert c.delete(f"/datasets/{name}").status_code == 200
         kept = len(server.app.state.store._gen)
-        assert kept <= 64, f"{kept} generations kept in memory for 200 deleted data sets"
+        assert kept <= 64, f"{kept} generations kept in memory for 100 deleted data sets"
     finally:
         server.stop()
 
