@@ -273,8 +273,6 @@ def _closed_over(fn, kind):
     raise AssertionError(f"no {kind.__name__} closed over by {fn!r}")
 
 
-@pytest.mark.xfail(strict=True, reason="ShardStore._gen keeps an entry for every data set name"
-                   " ever touched: memory grows without bound under create/delete loops")
 def test_data_sets_created_and_deleted_in_a_loop_leave_no_state_in_memory(tmp_path):
     """A data set's generation (ShardStore._gen, name -> commits that touched it) is never
     dropped: not at its DELETE, not by any bound. One token creating, joining and deleting

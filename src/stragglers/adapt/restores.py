@@ -203,6 +203,7 @@ class Restores(StoreState):
     def _remove(self, c: sqlite3.Connection, name: str, key: str) -> None:
         """Delete data set `name` (its rows, under `key`, left as garbage) in transaction c."""
         self._touched.add(name)
+        self._gone.add(name)   # (its generation dropped at the commit)
         c.execute("DELETE FROM datasets WHERE name=?", (name,))
         keep_fence_floor(c, name, key, self.max_kept_floors)   # (before its workers go)
         c.execute("DELETE FROM workers WHERE dataset=?", (name,))

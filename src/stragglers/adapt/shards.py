@@ -103,11 +103,14 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         # True in the service: a lease whose epoch's shuffle is not in memory carries Pending
         # indices, computed off the commit thread (service.py); False: computed here.
         self.defer_indices = False
-        # Per data set, a number that changes after every commit that touched it (read caches
-        # are keyed by it, see reads.ReadSide); _touched: the names of the running transaction.
-        self._gen: dict[str, int] = {}
-        self._ext_gen = 0
+        # Per data set, the commits it was born at and last touched at, numbers of one
+        # counter (read caches are keyed by them, see reads.ReadSide and generation), kept
+        # for the data sets that exist (those of the file: born before any commit here);
+        # _touched: the names of the running transaction, _gone: those it deleted.
+        self._gen: dict[str, tuple[int, int]] = {name: (0, 0) for name in self._grace}
+        self._ext_gen = self._commits = self._deletes = 0
         self._touched: set[str] = set()
+        self._gone: set[str] = set()
         # Data sets whose rows were checked in full since the file was opened (or last written
         # by another process), and those found damaged: every call on them is refused.
         self._verified: set[str] = set()
@@ -279,6 +282,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 return Created(False)
             self._check_quota(c, token_sha256, creator, reclaim=True)
             self._touched.add(cfg.name)
+            # (rolled back, the name exists no more than before: no generation kept for it)
+            self._undo.append(lambda: self._gone.add(cfg.name))
             pin_fence_floor(c, cfg.name)
             key = self._fresh_key(c, cfg.name)
             c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?,0,?,?)",
