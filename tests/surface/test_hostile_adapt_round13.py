@@ -77,8 +77,6 @@ def test_a_snapshot_shared_in_flight_does_not_take_its_first_callers_turn(tmp_pa
                             f" snapshot builds ({built}): it waited in that client's turn")
 
 
-@pytest.mark.xfail(strict=True, reason="a restore body that never comes holds the service's one"
-                   " restore slot for restore_grace_s: every other owner's restore 503")
 def test_a_restore_body_that_never_comes_does_not_hold_every_owners_restores(tmp_path):
     """The restore slot (max_restores: 1 in all) is taken from the head, before the body is
     read, and held until the body arrives or restore_grace_s + size / restore_bytes_per_s

@@ -55,6 +55,7 @@ from stragglers.adapt.shards import INLINE_INDICES, MAX_INDICES_PER_REPLY, Shard
     joined_error, lease_json, release_error, released_error
 from stragglers.adapt.space import Reserve, io_error, out_of_space
 from stragglers.adapt.turns import TakeTurns
+from stragglers.adapt.uploads import CountedBody
 from stragglers.adapt.working import WorkCredit
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
@@ -160,14 +161,20 @@ class ServiceConfig(Config):
     restore_share: float = setting(0.25, "share of the commit thread a restore's writes may"
                                    " take (written in small steps, other jobs' calls between"
                                    " them)", minimum=0.01, maximum=1.0)
-    max_restores: int = setting(1, "restores written at once (one per token; the others: 503)",
+    max_restores: int = setting(1, "restores parsed and written at once, their bodies"
+                                " arrived (one per token from its head; the others: 503)",
                                 minimum=1, maximum=64)
+    restore_bytes_held: int = setting(1 << 27, "bytes of restore bodies held at once, counted"
+                                      " as they arrive until their restore is answered (past"
+                                      " it: 503 to a token over its fair share, this over the"
+                                      " tokens holding bytes)", minimum=1024, maximum=1 << 34)
     restore_upload_s: float = setting(300.0, "longest a restore body may take to arrive (it"
-                                      " holds a restore slot meanwhile: past it, 408; 64 MiB"
-                                      " then needs 220 KB/s)", minimum=1.0, maximum=86400.0)
+                                      " holds its token's restore place meanwhile: past it,"
+                                      " 408; 64 MiB then needs 220 KB/s)", minimum=1.0,
+                                      maximum=86400.0)
     restore_bytes_per_s: float = setting(float(4 << 20), "slowest a restore body may arrive,"
-                                         " after restore_grace_s (it holds a restore slot:"
-                                         " a body of n bytes must arrive within"
+                                         " after restore_grace_s (it holds its token's restore"
+                                         " place: a body of n bytes must arrive within"
                                          " restore_grace_s + n / this, at most"
                                          " restore_upload_s; past it, 408)", minimum=1024.0,
                                          maximum=float(1 << 40))
@@ -226,7 +233,8 @@ class ServiceConfig(Config):
                                                " running (past it: 503, before the body is"
                                                " read)", minimum=1, maximum=1 << 16)
     max_control_calls: int = setting(64, "control calls waiting or running in all (past it:"
-                                     " 503)", minimum=1, maximum=1 << 16)
+                                     " 503, once the body is here)", minimum=1,
+                                     maximum=1 << 16)
     free_requests_per_token: int = setting(4, "requests of one token (or, without one, of one"
                                            " client address; all loopback ones together) in"
                                            " progress that never wait; past it each waits its"
@@ -847,7 +855,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     commit = GroupCommitter(store, config.max_batch, config.stall_s)
     folder = WalFolder(store, config.wal_fold_bytes)
     # restores written a chunk at a time (and the rows they replaced deleted so), paced
-    paced = PacedWriter(commit, store, config.restore_share, 1, config.max_restores)
+    paced = PacedWriter(commit, store, config.restore_share, 1, config.max_restores,
+                        config.restore_bytes_held)
     parser = SnapshotParser(config.max_restores)
     garbage = [store.has_garbage()]   # left by restores of an earlier process: deleted soon
     service_digest = token_digest(service_token) if service_token else None
@@ -1293,33 +1302,46 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         await read(lambda conn: store.may_restore(name, digest, allowed, conn, client))
         with minting(digest, request):   # (the owner of an existing data set is known)
             admit_body(request.scope)
-            slot = paced.hold(digest)   # one restore per token (and max_restores) at once
+            # while its body arrives, a restore holds its token's place (one at a time) and
+            # the bytes it sent (paced.bodies); the service's slot (max_restores) is taken once
+            # the body is here: taken from the head, one socket sending no body held every
+            # owner's restores 503 for restore_grace_s, again and again
+            slot = paced.hold(digest)
             try:
-                # (the slot is taken before the body so that one restore body at a time is in
-                # memory; a body trickled at the serving layer's minimum rate held it for
-                # hours) by its size: a 64 MiB body trickled at 220 KB/s held the only slot for
-                # 300 s, every other owner's restore refused meanwhile (a body without
-                # Content-Length counts as the largest)
+                # (a body trickled at the serving layer's minimum rate held its place for
+                # hours) bounded by its size: a 64 MiB body at 220 KB/s held it 300 s (a body
+                # without Content-Length counts as the largest)
                 try:
                     size = declared_length(request, config.max_restore_bytes)
                 except BodyRefused:
                     size = None   # (refused by _body below, with its error)
+                paced.bodies.check(digest, size or 0)
+                paced.check_writing()
                 within = min(config.restore_upload_s, config.restore_grace_s + (
                     config.max_restore_bytes if size is None else size)
                     / config.restore_bytes_per_s)
+                body = CountedBody(request, paced.bodies, digest)
                 try:
-                    raw = await asyncio.wait_for(_body(request, config.max_restore_bytes),
-                                                 within)
-                except asyncio.TimeoutError:
-                    raise BodyTooSlow("request body", None, f"not received within {within:.3g}"
-                                      " s (restore_grace_s + its size / restore_bytes_per_s,"
-                                      " at most restore_upload_s)") from None
-                # parsed and validated in a child process (seconds of Python that, on a thread
-                # here, held the GIL the event loop and the commit thread need); written on
-                # the commit thread in paced chunks
-                checked = await parser.prepare(raw, name)
-                del raw
-                return await paced.restore(checked, digest, allowed, client)
+                    try:
+                        raw = await asyncio.wait_for(_body(body, config.max_restore_bytes),
+                                                     within)
+                    except asyncio.TimeoutError:
+                        raise BodyTooSlow("request body", None, f"not received within"
+                                          f" {within:.3g} s (restore_grace_s + its size /"
+                                          " restore_bytes_per_s, at most restore_upload_s)"
+                                          ) from None
+                    writing = paced.writing()
+                    try:
+                        # parsed and validated in a child process (seconds of Python that, on
+                        # a thread here, held the GIL the event loop and the commit thread
+                        # need); written on the commit thread in paced chunks
+                        checked = await parser.prepare(raw, name)
+                        del raw
+                        return await paced.restore(checked, digest, allowed, client)
+                    finally:
+                        writing.close()
+                finally:
+                    body.release()
             finally:
                 slot.close()
 
@@ -1373,10 +1395,13 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def control_report(request: Request) -> Response:
         job, digest = name_of(request, "job"), _bearer(request)
         control.check_writer(job, digest, exists=True)   # from the head: 404, 403
-        place = controlling.hold(digest)   # before the body is read (503 past the bounds)
+        # its token's place before the body is read (503 past it), the service's once the
+        # body is here (a body that never comes holds no other token's calls)
+        place = controlling.hold(digest, shared=False)
         admit_body(request.scope)
         try:
             raw = await _body(request, config.max_body_bytes)
+            controlling.admit(place)
         except BaseException:
             place.close()
             raise
@@ -1393,10 +1418,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         # its owner's: gives its places back at once (an idle one's are taken when needed)
         job, digest = name_of(request, "job"), _bearer(request)
         control.check_writer(job, digest, exists=True)   # from the head: 404, 403
-        place = controlling.hold(digest)
+        place = controlling.hold(digest, shared=False)   # (the service's: see control_report)
         admit_body(request.scope)
         try:
             await parsed(request, rq.Empty)
+            controlling.admit(place)
         except BaseException:
             place.close()
             raise

@@ -39,7 +39,7 @@ from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION,  # noqa: F40
                                      open_database, unusable)
 from stragglers.adapt.stored import (check_all_rows, check_dataset_row, check_rows_key,
                                      check_shard, check_worker_row, config_of, damaged)
-from stragglers.adapt.transactions import Transactions
+from stragglers.adapt.transactions import Generation, Transactions
 from stragglers.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         """The owner's token digest of a data set a call has seen (None: none or unknown)."""
         return self._owners.get(name)
 
-    def checked(self, name: str, seen: tuple[int, int], damage: Quarantined | None) -> None:
+    def checked(self, name: str, seen: Generation, damage: Quarantined | None) -> None:
         """Record a full check of data set `name` made on a reader (reads.check_dataset) at
         generation `seen`: verified, or quarantined by `damage`; nothing where it may have
         changed since (a commit touched it, another process wrote: its next call checks it).
