@@ -160,8 +160,6 @@ def test_a_refused_write_scans_no_data_set_on_the_commit_thread(tmp_path):
         f" after its restore as a new data set, {started} after a start")
 
 
-@pytest.mark.xfail(strict=True, reason="past twice max_queued_reads every caller is refused: a"
-                   " few callers at their shares refuse a job's first read though it has none")
 def test_a_few_callers_at_their_shares_do_not_refuse_a_caller_with_no_read_queued(tmp_path):
     """Past max_queued_reads a caller is refused at its share (the bound over the callers
     queued, itself counted), and every caller past twice the bound (ReadSide._admit): an

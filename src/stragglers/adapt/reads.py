@@ -6,7 +6,7 @@ for seconds. Here they run on a reader thread with its own SQLite connection (WA
 block the writer, and see a consistent committed state), the JSON is built in chunks (the GIL is
 given back between them), a snapshot's bytes are kept while its data set is unchanged (the same
 snapshot asked again costs nothing), and the number of queued reads is bounded (503 past it, to
-a caller at its share of the bound: see ReadSide._admit).
+a caller at its share of the bound, never to one with none queued: see ReadSide._admit).
 """
 
 from __future__ import annotations
@@ -264,14 +264,16 @@ class ReadSide:
 
     def _admit(self, key: Hashable) -> None:
         """Count a read of `key` in, or Busy: past max_queued reads in all, a caller is refused
-        only at its share of them (max_queued over the callers with reads queued, itself
-        counted; so never past twice the bound). One bound for all made one client's queued
-        GETs refuse another job's first lease (503 though it had no read queued)."""
+        only at its share of them (max_queued over the callers with reads queued), and one
+        with no read queued always gets a place (callers are bounded: known tokens, client
+        addresses). One bound for all made one client's queued GETs refuse another job's first
+        lease; refusing everyone past twice the bound let a client and a few tokens of its own,
+        each within its share, refuse a job's first read (503 though it had none queued)."""
         with self._lock:
             mine = self._by_key.get(key, 0)
-            if self._queued >= self.max_queued:
-                share = self.max_queued // (len(self._by_key) + (mine == 0))
-                if mine >= share or self._queued >= 2 * self.max_queued:
+            if self._queued >= self.max_queued and mine:
+                share = self.max_queued // len(self._by_key)
+                if mine >= share:
                     raise Busy(f"{self._queued} reads are queued, {mine} of them this"
                                " caller's; retry in a moment")
             self._queued += 1
