@@ -74,3 +74,56 @@ def test_the_data_sets_of_the_file_keep_their_generation_across_other_deletes(tm
         assert store.generation("kept") == before
     finally:
         store.close()
+
+
+def test_a_delete_drops_its_data_sets_cached_bodies(tmp_path):
+    # (fails before: the cache kept a deleted data set's snapshot and status bytes by name
+    # until evicted by others' bytes)
+    import httpx
+
+    from stragglers.adapt.service import EmbeddedServer
+
+    token = {"Authorization": "Bearer cache-round13-token-0123456789"}
+    server = EmbeddedServer(tmp_path / "s.db", durable=False).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60, headers=token) as c:
+            r = c.post("/datasets", json={"name": "x", "num_samples": 64, "shard_size": 8})
+            assert r.status_code == 200, r.text
+            for kind in ("snapshot", "status"):
+                assert c.get(f"/datasets/x/{kind}").status_code == 200
+            cache = server.app.state.reader._cache
+            assert {("snapshot", "x"), ("status", "x")} <= set(cache)
+            assert c.delete("/datasets/x").status_code == 200
+            assert not {("snapshot", "x"), ("status", "x")} & set(cache)
+    finally:
+        server.stop()
+
+
+def test_a_stale_snapshot_is_served_only_within_its_incarnation(tmp_path, monkeypatch):
+    # (fails before: a big cached snapshot was served stale whatever the generation: the
+    # deleted x's as the x created again, with another config, when no DELETE dropped it)
+    import asyncio
+    import json
+
+    from stragglers.adapt import reads
+
+    monkeypatch.setattr(reads, "BIG_SNAPSHOT", 1)   # (every snapshot "big": stale allowed)
+    db = tmp_path / "s.db"
+    store = ShardStore(db, durable=False)
+    side = reads.ReadSide(str(db), store.generation)
+    try:
+        store.create_dataset(DatasetConfig("x", 64, 8))
+
+        async def snapshot() -> dict:
+            return json.loads(await side.snapshot("x", stale_s=3600.0))
+
+        first = asyncio.run(snapshot())
+        fence = store.join("x", "w").fence
+        assert store.lease("x", "w", fence, 1).status == "ok"
+        assert asyncio.run(snapshot()) == first   # (changed since, same incarnation: stale)
+        store.delete_dataset("x")
+        store.create_dataset(DatasetConfig("x", 32, 8))
+        assert asyncio.run(snapshot())["dataset"]["num_samples"] == 32
+    finally:
+        side.close()
+        store.close()

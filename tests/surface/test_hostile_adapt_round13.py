@@ -311,9 +311,6 @@ def _commit_scans(server, call) -> int:
                and "NOT COALESCE" in sql)
 
 
-@pytest.mark.xfail(strict=True, reason="a big snapshot cached by name is served to strangers"
-                   " for stranger_snapshot_stale_s after its data set was deleted and created"
-                   " again: the deleted incarnation's config and rows")
 def test_a_deleted_data_sets_cached_snapshot_is_not_served_for_its_successor(tmp_path):
     """Snapshots are cached by name, and one of 2 MiB or more is served to a caller without
     the owner's token for stranger_snapshot_stale_s (5 s; an hour here, its maximum, so that

@@ -182,6 +182,11 @@ def read_only_connection(db, busy_timeout_s: float) -> sqlite3.Connection:
     return conn
 
 
+def _incarnation(gen: object) -> object:
+    """The incarnation of a generation (ShardStore's); one without is its own."""
+    return getattr(gen, "incarnation", gen)
+
+
 class _read:
     """One read transaction: every query inside sees the same committed state."""
 
@@ -201,7 +206,8 @@ class ReadSide:
 
     `generation(name)` must change after every commit that touched `name` (ShardStore does it
     after the COMMIT returned), so a cached snapshot is never older than what a caller saw
-    acknowledged.
+    acknowledged; its `incarnation` (where it has one) must change when the data set is deleted
+    or created again: a stale body is served only within one incarnation.
     """
 
     def __init__(self, db: str, generation, max_queued: int = 64,
@@ -307,8 +313,11 @@ class ReadSide:
         key = (kind, name)
         with self._lock:
             hit = self._cache.get(key)
+            # (stale: only of this incarnation; a deleted data set's snapshot was served as
+            # the one created again under its name, another owner's, for stale_s)
             if hit is not None and (hit[0] == gen or (
-                    len(hit[1]) >= BIG_SNAPSHOT and time.monotonic() - hit[2] < stale_s)):
+                    len(hit[1]) >= BIG_SNAPSHOT and time.monotonic() - hit[2] < stale_s
+                    and _incarnation(hit[0]) == _incarnation(gen))):
                 self._cache.move_to_end(key)
                 return hit[1]
             flight = self._flights.get((key, gen))
@@ -319,6 +328,12 @@ class ReadSide:
             flight.add_done_callback(lambda _: self._forget_flight(key, gen))
         # (shielded: one caller gone does not cancel the build the others wait for)
         return await asyncio.shield(flight)
+
+    def forget(self, name: str) -> None:
+        """Drop the cached bodies of data set `name` (deleted: they are no one's now)."""
+        with self._lock:
+            for kind in ("snapshot", "status"):
+                self._cache.pop((kind, name), None)
 
     def _forget_flight(self, key: tuple, gen) -> None:
         with self._lock:

@@ -1037,6 +1037,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         for name in reclaimed:
             owners.pop(name, None)
             lease_limits.pop(name, None)
+            reader.forget(name)
         if reclaimed:
             paced.collect()
         owners.setdefault(cfg.name, digest)
@@ -1226,6 +1227,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         deleted = await commit.run(lambda: store.delete_dataset(name, digest, operator), digest)
         owners.pop(name, None)
         lease_limits.pop(name, None)
+        reader.forget(name)
         paced.collect()
         return deleted
 
