@@ -82,16 +82,20 @@ class Permutations:
             used -= self._cache.popitem(last=False)[1].nbytes
         self._cache[key] = perm
 
-    def json(self, pending: Pending, encode: Callable[[np.ndarray], msgspec.Raw]) -> msgspec.Raw:
+    def json(self, pending: Pending, encode: Callable[[np.ndarray], msgspec.Raw],
+             perm: np.ndarray | None = None) -> msgspec.Raw:
         """The JSON array of a range, `encode`d from its permutation unless kept: a replayed
         lease of 4 x 65,536 indices took ~21 ms of CPU to write each time (1.7 MB), five
-        clients replaying theirs in a loop ~0.6 of the service's cores."""
+        clients replaying theirs in a loop ~0.6 of the service's cores. `perm`: the
+        permutation, computed already (not looked up: it may have left the LRU since)."""
         with self._lock:
             body = self._json.get(pending)
             if body is not None:
                 self._json.move_to_end(pending)
                 return body
-        body = encode(self.get(pending.key)[pending.start:pending.stop])
+        if perm is None:
+            perm = self.get(pending.key)
+        body = encode(perm[pending.start:pending.stop])
         with self._lock:
             self.encoded += 1
             if pending not in self._json and len(body) <= self.max_json_bytes:
@@ -100,6 +104,11 @@ class Permutations:
                 self._json[pending] = body
                 self._json_bytes += len(body)
         return body
+
+    def wanted(self, pending: Pending) -> bool:
+        """Whether writing `pending`'s JSON needs its permutation (its JSON is not kept)."""
+        with self._lock:
+            return pending not in self._json
 
     def indices(self, key: Key, start: int, stop: int) -> list[int]:
         """Positions start..stop of the permutation, as a list (computed if needed)."""

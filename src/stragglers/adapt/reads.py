@@ -200,6 +200,16 @@ class _read:
         self.conn.execute("COMMIT")
 
 
+class _Flight:
+    """A status or snapshot build its callers share: run in the turn of whichever caller's
+    comes first (`turns`, one a caller's key), its bytes (or error) in `result`."""
+
+    def __init__(self):
+        self.result: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.turns: dict[Hashable, asyncio.Task] = {}
+        self.started = False   # (set on the reader thread: the build runs once)
+
+
 class ReadSide:
     """A reader thread with its own connection, a snapshot cache and a bound on queued reads;
     the service's reads (`read`, `snapshot`, `status`) taken in turns by READ_KEY (TakeTurns).
@@ -223,7 +233,7 @@ class ReadSide:
         self._queued = 0
         self._by_key: dict[Hashable, int] = {}   # queued reads by READ_KEY
         self._cache: OrderedDict[tuple, tuple[object, bytes, float]] = OrderedDict()
-        self._flights: dict[tuple, asyncio.Future] = {}
+        self._flights: dict[tuple, _Flight] = {}
         self.computed = 0  # snapshots built (not served from the cache)
         self.threads_used: set[str] = set()  # names of the threads reads ran on (tested)
 
@@ -321,13 +331,50 @@ class ReadSide:
                 self._cache.move_to_end(key)
                 return hit[1]
             flight = self._flights.get((key, gen))
-        if flight is None:   # (else the same read is under way: shared)
-            flight = asyncio.ensure_future(self.read(self._build, key, gen, build))
-            with self._lock:
-                self._flights[(key, gen)] = flight
-            flight.add_done_callback(lambda _: self._forget_flight(key, gen))
+            if flight is None:   # (else the same read is under way: shared)
+                flight = self._flights[(key, gen)] = _Flight()
+                flight.result.add_done_callback(lambda _: self._forget_flight(key, gen))
+        caller = READ_KEY.get()
+        if caller not in flight.turns:
+            # a turn of this caller's that builds it unless another caller's came first: in
+            # the first caller's turn alone, a job's GET of its own snapshot joining a build
+            # another client had queued behind its own reads waited for all of them
+            flight.turns[caller] = asyncio.ensure_future(
+                self._turn(flight, caller, key, gen, build))
         # (shielded: one caller gone does not cancel the build the others wait for)
-        return await asyncio.shield(flight)
+        return await asyncio.shield(flight.result)
+
+    async def _turn(self, flight: _Flight, caller: Hashable, key: tuple, gen, build) -> None:
+        """One caller's turn at a shared build: built here if no other turn built it first,
+        the flight's result set (its error: the build's, or Busy where no turn is left)."""
+        try:
+            body = await self.read(self._fly, flight, key, gen, build)
+        except asyncio.CancelledError:
+            raise
+        except Busy as exc:   # (this caller past its share: another caller's turn may build)
+            if flight.started or any(not t.done() for k, t in flight.turns.items()
+                                     if k != caller):
+                return
+            if not flight.result.done():
+                flight.result.set_exception(exc)
+            return
+        except BaseException as exc:  # noqa: BLE001 - every caller gets the build's error
+            if not flight.result.done():
+                flight.result.set_exception(exc)
+            return
+        if body is not None and not flight.result.done():
+            flight.result.set_result(body)
+        if flight.result.done():   # the other callers' turns are no longer needed
+            for other, turn in flight.turns.items():
+                if other != caller and not turn.done():
+                    turn.cancel()
+
+    def _fly(self, conn: sqlite3.Connection, flight: _Flight, key: tuple, gen, build):
+        """The shared build, on the reader thread, unless a turn built it already (None)."""
+        if flight.started:
+            return None
+        flight.started = True
+        return self._build(conn, key, gen, build)
 
     def forget(self, name: str) -> None:
         """Drop the cached bodies of data set `name` (deleted: they are no one's now)."""

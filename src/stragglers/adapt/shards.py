@@ -615,13 +615,15 @@ def _check_fence(row: Sequence[Any] | None, name: str, worker: str, fence: int) 
     return seq
 
 
-def lease_json(store: ShardStore, reply: LeaseReply) -> bytes:
+def lease_json(store: ShardStore, reply: LeaseReply, perms: dict | None = None) -> bytes:
     """The JSON of a lease reply whose Pending indices are read from their permutations
-    (computing a shuffle if needed) and encoded a chunk at a time (for a thread of its own)."""
+    (`perms`, by key, computed already; others computed here if needed) and encoded a chunk
+    at a time (for a thread of its own)."""
     def json_of(lease):
         pending = lease.indices
         if isinstance(pending, Pending):   # (kept: a replay of it is sent as it was written)
-            return store.permutations.json(pending, indices_json)
+            return store.permutations.json(pending, indices_json,
+                                           (perms or {}).get(pending.key))
         return indices_json(pending)
 
     return lease_reply_json(reply, json_of)
