@@ -33,8 +33,6 @@ def _until(check, what: str) -> None:
     eventually(check, timeout=30, interval=0.005, what=what)   # (a bound against a hang)
 
 
-@pytest.mark.xfail(strict=True, reason="a read shared in flight runs in its first caller's turn:"
-                   " the owner's snapshot waits behind the stranger's whole queue")
 def test_a_snapshot_shared_in_flight_does_not_take_its_first_callers_turn(tmp_path):
     """Snapshot and status builds of one data set and generation are shared in flight
     (ReadSide._cached), and the shared read is queued in the turn of the caller that asked
@@ -59,10 +57,10 @@ def test_a_snapshot_shared_in_flight_does_not_take_its_first_callers_turn(tmp_pa
             h.start(name, lambda n=name: h.anyone.get(f"/datasets/{n}/snapshot"))
             _until(lambda i=i: h.reader._queued == i + 2, f"GET {name} never queued")
         flight = next(f for (key, _), f in h.reader._flights.items() if key[1] == "v")
-        waiters = len(flight._callbacks)   # (each caller awaiting it: a shield's callback)
+        waiters = len(flight.turns)   # (each caller of the shared build: a turn of its own)
         h.start("own", lambda: h.v.get("/datasets/v/snapshot"))
         _until(lambda: token_digest(OWNER) in h.reader._turns._waiting
-               or len(flight._callbacks) > waiters, "V's snapshot never asked")
+               or len(flight.turns) > waiters, "V's snapshot never asked")
         built: list[str] = []
         conn = h.reader._conns[0]
         conn.set_trace_callback(lambda sql: built.extend(
@@ -118,8 +116,6 @@ def test_a_restore_body_that_never_comes_does_not_hold_every_owners_restores(tmp
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="a write's first call on a data set (after a start, or"
-                   " after its restore as a new one) scans all its rows on the commit thread")
 def test_a_refused_write_scans_no_data_set_on_the_commit_thread(tmp_path):
     """Round 12 moved the first full row check of a data set off the commit thread for an
     anonymous status GET only: its owner's first write since the start still runs it there

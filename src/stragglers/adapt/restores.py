@@ -391,6 +391,10 @@ class Restores(StoreState):
                            prepared.epochs_created, prepared.front, token_sha256, key, creator))
             self._keys[cfg.name] = key
             self._created_at[cfg.name] = self._clock()   # (in use: its owner's restore)
+            # (its rows are the snapshot's, validated by the parser: a data set restored as
+            # a new one was never marked, and its next write scanned all its rows again)
+            self._verified.add(cfg.name)
+            self._undo.append(lambda: self._verified.discard(cfg.name))
         return Restored(prepared.count, prepared.requeued_first)
 
     def restore_abort(self, key: str) -> None:

@@ -1403,7 +1403,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                         # need); written on the commit thread in paced chunks
                         checked = await parser.prepare(raw, name)
                         del raw
-                        return await paced.restore(checked, digest, allowed, client)
+                        restored = await paced.restore(checked, digest, allowed, client)
+                        # (its owner, as a creation's: one restored as new was read again on
+                        # the reader by its owner's next write, behind other callers' reads)
+                        owners[name] = digest
+                        return restored
                     finally:
                         writing.close()
                 finally:

@@ -292,6 +292,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             self._keys[cfg.name] = key or cfg.name
             self._create_epoch(c, cfg, 0)
             self._created_at[cfg.name] = self._clock()
+            # (its rows are the ones written here: nothing to check at its first call, which
+            # was a reader's read before its owner's first write, behind other callers' reads)
+            self._verified.add(cfg.name)
+            self._undo.append(lambda: self._verified.discard(cfg.name))
         return Created(True)
 
     def _read_conn(self) -> sqlite3.Connection:
