@@ -115,13 +115,23 @@ def test_queued_reads_are_bounded(tmp_path):
         client = ShardClient(srv.url, "d", "w", token=OWNER)
         client.create_dataset(DatasetConfig("d", 100, 10))
         release = threading.Event()
-        blocker = srv.app.state.reader.submit(lambda conn: release.wait(60))
-        try:
-            resp = httpx.get(f"{srv.url}/datasets/d/status", timeout=30)
-            assert resp.status_code == 503 and error_shape(resp)["kind"] == "Busy"
-        finally:
-            release.set()
-            blocker.result(timeout=60)
+        reader = srv.app.state.reader
+        blocker = reader.submit(lambda conn: release.wait(60))
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                # (round 13: a caller with none queued gets a place past the bound; its next
+                # read, past its share, is refused)
+                first = pool.submit(httpx.get, f"{srv.url}/datasets/d/status", timeout=60)
+                deadline = time.monotonic() + 60
+                while reader._queued < 2 and not first.done():
+                    assert time.monotonic() < deadline, "the first status GET never queued"
+                    time.sleep(0.005)
+                resp = httpx.get(f"{srv.url}/datasets/d/status", timeout=30)
+                assert resp.status_code == 503 and error_shape(resp)["kind"] == "Busy"
+            finally:
+                release.set()
+                blocker.result(timeout=60)
+            assert first.result(60).status_code == 200
         assert httpx.get(f"{srv.url}/datasets/d/status").status_code == 200
     finally:
         srv.stop()

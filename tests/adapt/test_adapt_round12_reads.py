@@ -48,9 +48,10 @@ def test_a_read_key_is_a_known_token_else_the_client(tmp_path):
 
 def test_one_callers_queued_reads_refuse_only_its_own_past_its_share(tmp_path):
     """max_queued 4, the reader held by a read: caller c queues 3 more (4 in all); callers v
-    and x, with none queued, are admitted past the bound (each under its share, 4 // callers),
-    c's next is Busy naming its own, a fifth caller's too (its share 4 // 5 = 0: never past
-    twice the bound), and every admitted read runs once the thread is free."""
+    and x, with none queued, are admitted past the bound, c's next is Busy naming its own (its
+    share 4 // callers), a fifth caller with none queued is admitted all the same (round 13:
+    refused past twice the bound, a caller with none was refused for others' reads), and every
+    admitted read runs once the thread is free."""
     db = str(tmp_path / "r.db")
     sqlite3.connect(db).close()
     side = reads.ReadSide(db, lambda name: 0, max_queued=4)
@@ -72,10 +73,11 @@ def test_one_callers_queued_reads_refuse_only_its_own_past_its_share(tmp_path):
             assert side._queued == 6 and not v.done() and not x.done()
             with pytest.raises(Busy, match="3 of them this caller's"):
                 await read("c", 99)
-            with pytest.raises(Busy, match="0 of them this caller's"):
-                await read("new", 0)
+            new = read("new", "new")
+            await asyncio.sleep(0)
+            assert side._queued == 7 and not new.done()
             held.set()
-            assert await asyncio.gather(*c_reads, v, x) == [0, 1, 2, "v", "x"]
+            assert await asyncio.gather(*c_reads, v, x, new) == [0, 1, 2, "v", "x", "new"]
             assert side._queued == 0 and side._by_key == {} and side.idle()
 
         asyncio.run(main())

@@ -250,7 +250,8 @@ class ControlPlane:
 class PacedThread:
     """The control thread: runs control calls one at a time, each followed by a pause, so that
     they hold the interpreter at most `share` of the time; at most `per_token` calls of one
-    token and `in_all` in all wait or run (the others: Busy, before their body is read).
+    token (the others: Busy, before their body is read) and `in_all` in all wait or run (the
+    others: Busy, once their body is here).
 
     A call's Python holds the GIL the event loop and the commit thread need: five clients
     posting 10,000-record reports in a loop kept this thread busy all the time, and another
@@ -281,14 +282,29 @@ class PacedThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def hold(self, token: str | None) -> RequestLimits:
-        """A call's place (its token's and the service's; close it when answered); Busy when
-        either is full."""
+    def hold(self, token: str | None, shared: bool = True) -> RequestLimits:
+        """A call's place (its token's and, `shared`, the service's; close it when answered);
+        Busy when either is full. A call whose body is still to come takes its token's alone,
+        and the service's once the body is here (admit): stalled bodies of 16 tokens held every
+        job's control calls 503 for body_grace_s, again and again."""
+        pairs: list[tuple[KeyedLimits, object]] = [(self.by_token, token)]
+        if shared:
+            pairs.append((self.in_all, None))
         try:
-            return RequestLimits([(self.by_token, token), (self.in_all, None)])
+            return RequestLimits(pairs)
         except LimitExceeded as exc:
             raise Busy(f"too many control calls are waiting ({exc.what}); retry later") \
                 from None
+
+    def admit(self, place: RequestLimits) -> None:
+        """Add the service's place to `place` (hold(token, shared=False)); Busy when full
+        (`place` then kept as it was: its caller closes it)."""
+        try:
+            self.in_all.enter(None)
+        except LimitExceeded as exc:
+            raise Busy(f"too many control calls are waiting ({exc.what}); retry later") \
+                from None
+        place.pairs.append((self.in_all, None))
 
     def submit(self, fn: Callable[[], T], token: object = None) -> Future[T]:
         """Run fn() on the control thread after the pauses its previous calls earned (every

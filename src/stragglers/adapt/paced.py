@@ -13,6 +13,7 @@ from stragglers.adapt.errors import Busy
 from stragglers.adapt.replies import Restored
 from stragglers.adapt.restores import PreparedRestore
 from stragglers.adapt.space import Reserve
+from stragglers.adapt.uploads import UploadBytes
 from stragglers.serving_quota import KeyedLimits, LimitExceeded, RequestLimits
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,9 @@ class PacedWriter:
 
     A 655,360-row restore written in one transaction held the commit thread ~5.6 s (every other
     job's lease waited); as RESTORE_CHUNK-row steps it takes longer but a lease waits at most one
-    step. Restores at once are bounded per token and in all (the others: 503 Busy).
+    step. Restores at once are bounded per token (from the head: its body's upload too) and,
+    once their bodies are here, in all (the others: 503 Busy); the bytes of bodies held at once
+    by `bodies` (see uploads.UploadBytes).
 
     A restore's reserve is allocated and given back on a thread of its own (`space`): on the
     event loop, 496 MiB took 0.44 s to allocate and 0.26 s to unlink on tmpfs (2.45 s of zeros
@@ -34,10 +37,11 @@ class PacedWriter:
     """
 
     def __init__(self, commit, store, share: float = 0.25, per_token: int = 1,
-                 in_all: int = 1):
+                 in_all: int = 1, body_bytes: int = 1 << 27):
         self.commit, self.store, self.share = commit, store, share
         self.by_token = KeyedLimits("token", per_token, 1 << 62)
         self.in_all = KeyedLimits("service", in_all, 1 << 62)
+        self.bodies = UploadBytes(body_bytes)
         self._lock: asyncio.Lock | None = None
         self._calls_seen = 0   # the committer's call count after the last step (and its pause)
         self._collector: asyncio.Task | None = None
@@ -49,11 +53,19 @@ class PacedWriter:
         self.space.shutdown(wait=True, cancel_futures=True)
 
     def hold(self, token: str | None) -> RequestLimits:
-        """A restore's slot (its token's and the service's); Busy when either is taken."""
-        try:
-            return RequestLimits([(self.by_token, token), (self.in_all, None)])
-        except LimitExceeded as exc:
-            raise Busy(f"a restore is under way ({exc.what}); retry when it is done") from None
+        """A restore's place among its token's (from its head, while its body arrives); Busy
+        when taken."""
+        return _held([(self.by_token, token)])
+
+    def writing(self) -> RequestLimits:
+        """A restore's slot among the service's (max_restores), taken once its body is here: a
+        body that never comes holds no other token's restores; Busy when all are taken."""
+        return _held([(self.in_all, None)])
+
+    def check_writing(self) -> None:
+        """Busy when every slot of writing() is taken now (a restore's head: its body is not
+        sent only to be refused once here)."""
+        self.writing().close()
 
     async def step(self, call):
         """Run `call` on the commit thread, then pause (share of the thread's time) when other
@@ -155,6 +167,13 @@ class PacedWriter:
                                 longest_retry_s, exc)
                 await asyncio.sleep(retry_s)
                 retry_s = min(2 * retry_s, longest_retry_s)
+
+
+def _held(pairs: list) -> RequestLimits:
+    try:
+        return RequestLimits(pairs)
+    except LimitExceeded as exc:
+        raise Busy(f"a restore is under way ({exc.what}); retry when it is done") from None
 
 
 def _release_when_made(fut: Future) -> None:

@@ -6,7 +6,7 @@ for seconds. Here they run on a reader thread with its own SQLite connection (WA
 block the writer, and see a consistent committed state), the JSON is built in chunks (the GIL is
 given back between them), a snapshot's bytes are kept while its data set is unchanged (the same
 snapshot asked again costs nothing), and the number of queued reads is bounded (503 past it, to
-a caller at its share of the bound: see ReadSide._admit).
+a caller at its share of the bound, never to one with none queued: see ReadSide._admit).
 """
 
 from __future__ import annotations
@@ -182,6 +182,11 @@ def read_only_connection(db, busy_timeout_s: float) -> sqlite3.Connection:
     return conn
 
 
+def _incarnation(gen: object) -> object:
+    """The incarnation of a generation (ShardStore's); one without is its own."""
+    return getattr(gen, "incarnation", gen)
+
+
 class _read:
     """One read transaction: every query inside sees the same committed state."""
 
@@ -211,7 +216,8 @@ class ReadSide:
 
     `generation(name)` must change after every commit that touched `name` (ShardStore does it
     after the COMMIT returned), so a cached snapshot is never older than what a caller saw
-    acknowledged.
+    acknowledged; its `incarnation` (where it has one) must change when the data set is deleted
+    or created again: a stale body is served only within one incarnation.
     """
 
     def __init__(self, db: str, generation, max_queued: int = 64,
@@ -274,14 +280,16 @@ class ReadSide:
 
     def _admit(self, key: Hashable) -> None:
         """Count a read of `key` in, or Busy: past max_queued reads in all, a caller is refused
-        only at its share of them (max_queued over the callers with reads queued, itself
-        counted; so never past twice the bound). One bound for all made one client's queued
-        GETs refuse another job's first lease (503 though it had no read queued)."""
+        only at its share of them (max_queued over the callers with reads queued), and one
+        with no read queued always gets a place (callers are bounded: known tokens, client
+        addresses). One bound for all made one client's queued GETs refuse another job's first
+        lease; refusing everyone past twice the bound let a client and a few tokens of its own,
+        each within its share, refuse a job's first read (503 though it had none queued)."""
         with self._lock:
             mine = self._by_key.get(key, 0)
-            if self._queued >= self.max_queued:
-                share = self.max_queued // (len(self._by_key) + (mine == 0))
-                if mine >= share or self._queued >= 2 * self.max_queued:
+            if self._queued >= self.max_queued and mine:
+                share = self.max_queued // len(self._by_key)
+                if mine >= share:
                     raise Busy(f"{self._queued} reads are queued, {mine} of them this"
                                " caller's; retry in a moment")
             self._queued += 1
@@ -315,8 +323,11 @@ class ReadSide:
         key = (kind, name)
         with self._lock:
             hit = self._cache.get(key)
+            # (stale: only of this incarnation; a deleted data set's snapshot was served as
+            # the one created again under its name, another owner's, for stale_s)
             if hit is not None and (hit[0] == gen or (
-                    len(hit[1]) >= BIG_SNAPSHOT and time.monotonic() - hit[2] < stale_s)):
+                    len(hit[1]) >= BIG_SNAPSHOT and time.monotonic() - hit[2] < stale_s
+                    and _incarnation(hit[0]) == _incarnation(gen))):
                 self._cache.move_to_end(key)
                 return hit[1]
             flight = self._flights.get((key, gen))
@@ -364,6 +375,12 @@ class ReadSide:
             return None
         flight.started = True
         return self._build(conn, key, gen, build)
+
+    def forget(self, name: str) -> None:
+        """Drop the cached bodies of data set `name` (deleted: they are no one's now)."""
+        with self._lock:
+            for kind in ("snapshot", "status"):
+                self._cache.pop((kind, name), None)
 
     def _forget_flight(self, key: tuple, gen) -> None:
         with self._lock:

@@ -203,6 +203,7 @@ class Restores(StoreState):
     def _remove(self, c: sqlite3.Connection, name: str, key: str) -> None:
         """Delete data set `name` (its rows, under `key`, left as garbage) in transaction c."""
         self._touched.add(name)
+        self._gone.add(name)   # (its generation dropped at the commit)
         c.execute("DELETE FROM datasets WHERE name=?", (name,))
         keep_fence_floor(c, name, key, self.max_kept_floors)   # (before its workers go)
         c.execute("DELETE FROM workers WHERE dataset=?", (name,))
@@ -390,6 +391,10 @@ class Restores(StoreState):
                            prepared.epochs_created, prepared.front, token_sha256, key, creator))
             self._keys[cfg.name] = key
             self._created_at[cfg.name] = self._clock()   # (in use: its owner's restore)
+            # (its rows are the snapshot's, validated by the parser: a data set restored as
+            # a new one was never marked, and its next write scanned all its rows again)
+            self._verified.add(cfg.name)
+            self._undo.append(lambda: self._verified.discard(cfg.name))
         return Restored(prepared.count, prepared.requeued_first)
 
     def restore_abort(self, key: str) -> None:

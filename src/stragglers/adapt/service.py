@@ -57,6 +57,7 @@ from stragglers.adapt.shards import INLINE_INDICES, MAX_INDICES_PER_REPLY, Shard
     joined_error, lease_json, release_error, released_error
 from stragglers.adapt.space import Reserve, io_error, out_of_space
 from stragglers.adapt.turns import PacedKeys, TakeTurns
+from stragglers.adapt.uploads import CountedBody
 from stragglers.adapt.working import WorkCredit
 from stragglers.config import Config, setting
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
@@ -168,14 +169,20 @@ class ServiceConfig(Config):
     restore_share: float = setting(0.25, "share of the commit thread a restore's writes may"
                                    " take (written in small steps, other jobs' calls between"
                                    " them)", minimum=0.01, maximum=1.0)
-    max_restores: int = setting(1, "restores written at once (one per token; the others: 503)",
+    max_restores: int = setting(1, "restores parsed and written at once, their bodies"
+                                " arrived (one per token from its head; the others: 503)",
                                 minimum=1, maximum=64)
+    restore_bytes_held: int = setting(1 << 27, "bytes of restore bodies held at once, counted"
+                                      " as they arrive until their restore is answered (past"
+                                      " it: 503 to a token over its fair share, this over the"
+                                      " tokens holding bytes)", minimum=1024, maximum=1 << 34)
     restore_upload_s: float = setting(300.0, "longest a restore body may take to arrive (it"
-                                      " holds a restore slot meanwhile: past it, 408; 64 MiB"
-                                      " then needs 220 KB/s)", minimum=1.0, maximum=86400.0)
+                                      " holds its token's restore place meanwhile: past it,"
+                                      " 408; 64 MiB then needs 220 KB/s)", minimum=1.0,
+                                      maximum=86400.0)
     restore_bytes_per_s: float = setting(float(4 << 20), "slowest a restore body may arrive,"
-                                         " after restore_grace_s (it holds a restore slot:"
-                                         " a body of n bytes must arrive within"
+                                         " after restore_grace_s (it holds its token's restore"
+                                         " place: a body of n bytes must arrive within"
                                          " restore_grace_s + n / this, at most"
                                          " restore_upload_s; past it, 408)", minimum=1024.0,
                                          maximum=float(1 << 40))
@@ -219,8 +226,9 @@ class ServiceConfig(Config):
                                                " once: a lease of shards over 4,096 samples"
                                                " past it waits, before it is committed",
                                                minimum=1024.0, maximum=float(1 << 40))
-    reads_per_s: float = setting(50.0, "status and snapshot GETs answered per second (the"
-                                 " others wait their turn)", minimum=1.0, maximum=1e6)
+    reads_per_s: float = setting(50.0, "status and snapshot GETs answered per second to each"
+                                 " caller (a known token, else a client address; its others"
+                                 " wait their turn)", minimum=1.0, maximum=1e6)
     max_read_wait_s: float = setting(10.0, "longest wait for a read's turn (then 503)",
                                      minimum=0.1, maximum=600.0)
     max_queued_reads: int = setting(64, "snapshot/status reads waiting for the reader thread"
@@ -233,7 +241,8 @@ class ServiceConfig(Config):
                                                " running (past it: 503, before the body is"
                                                " read)", minimum=1, maximum=1 << 16)
     max_control_calls: int = setting(64, "control calls waiting or running in all (past it:"
-                                     " 503)", minimum=1, maximum=1 << 16)
+                                     " 503, once the body is here)", minimum=1,
+                                     maximum=1 << 16)
     free_requests_per_token: int = setting(4, "requests of one token (or, without one, of one"
                                            " client address; all loopback ones together) in"
                                            " progress that never wait; past it each waits its"
@@ -572,24 +581,29 @@ def _settle(settled: list) -> None:
 
 
 class _ReadPacer:
-    """Anonymous whole-data-set reads (status, snapshot) at most `rate` per second, in turn.
+    """Whole-data-set reads (status, snapshot) and control views at most `rate` per second of
+    each caller (its read key: a known token, else its client; reads.READ_KEY), in turn.
 
-    A caller past the rate waits for its turn (sleeping costs nothing), up to `max_wait_s`, then
-    503 Busy: clients polling status in a tight loop sleep instead of spinning the machine's
-    CPUs on cheap answers (a lease of another job waits for CPU time, not for these reads).
+    A caller past its rate waits for its turn (sleeping costs nothing), up to `max_wait_s`,
+    then 503 Busy: clients polling status in a tight loop sleep instead of spinning the
+    machine's CPUs on cheap answers (a lease of another job waits for CPU time, not for these
+    reads). Paced per caller as the reader's turns are: one pace for all let four tokens'
+    status loops hold a job's own snapshot 2.4-5.2 s (7.6 ms quiet), then 503.
     """
 
-    def __init__(self, rate: float, max_wait_s: float):
-        self.interval, self.max_wait_s = 1.0 / rate, max_wait_s
-        self._next = 0.0
+    def __init__(self, rate: float, max_wait_s: float, clock=time.monotonic):
+        self.interval, self.max_wait_s, self._clock = 1.0 / rate, max_wait_s, clock
+        self._next: dict[object, float] = {}   # caller -> when its next turn is
 
     async def turn(self) -> None:
-        now = time.monotonic()
-        at = max(now, self._next)
+        key, now = reads.READ_KEY.get(), self._clock()
+        if len(self._next) > 4096:   # (callers whose turn is past are dropped: bounded)
+            self._next = {k: t for k, t in self._next.items() if t > now}
+        at = max(now, self._next.get(key, now))
         if at - now > self.max_wait_s:
             raise Busy(f"more than {1 / self.interval:g} status/snapshot reads per second are"
-                       " asked; retry in a moment")
-        self._next = at + self.interval
+                       " asked by this caller; retry in a moment")
+        self._next[key] = at + self.interval
         if at > now:
             await asyncio.sleep(at - now)
 
@@ -858,7 +872,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     commit = GroupCommitter(store, config.max_batch, config.stall_s)
     folder = WalFolder(store, config.wal_fold_bytes)
     # restores written a chunk at a time (and the rows they replaced deleted so), paced
-    paced = PacedWriter(commit, store, config.restore_share, 1, config.max_restores)
+    paced = PacedWriter(commit, store, config.restore_share, 1, config.max_restores,
+                        config.restore_bytes_held)
     parser = SnapshotParser(config.max_restores)
     garbage = [store.has_garbage()]   # left by restores of an earlier process: deleted soon
     service_digest = token_digest(service_token) if service_token else None
@@ -1067,6 +1082,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         for name in reclaimed:
             owners.pop(name, None)
             lease_limits.pop(name, None)
+            reader.forget(name)
         if reclaimed:
             paced.collect()
         owners.setdefault(cfg.name, digest)
@@ -1256,6 +1272,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         deleted = await commit.run(lambda: store.delete_dataset(name, digest, operator), digest)
         owners.pop(name, None)
         lease_limits.pop(name, None)
+        reader.forget(name)
         paced.collect()
         return deleted
 
@@ -1351,33 +1368,50 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         await read(lambda conn: store.may_restore(name, digest, allowed, conn, client))
         with minting(digest, request):   # (the owner of an existing data set is known)
             admit_body(request.scope)
-            slot = paced.hold(digest)   # one restore per token (and max_restores) at once
+            # while its body arrives, a restore holds its token's place (one at a time) and
+            # the bytes it sent (paced.bodies); the service's slot (max_restores) is taken once
+            # the body is here: taken from the head, one socket sending no body held every
+            # owner's restores 503 for restore_grace_s, again and again
+            slot = paced.hold(digest)
             try:
-                # (the slot is taken before the body so that one restore body at a time is in
-                # memory; a body trickled at the serving layer's minimum rate held it for
-                # hours) by its size: a 64 MiB body trickled at 220 KB/s held the only slot for
-                # 300 s, every other owner's restore refused meanwhile (a body without
-                # Content-Length counts as the largest)
+                # (a body trickled at the serving layer's minimum rate held its place for
+                # hours) bounded by its size: a 64 MiB body at 220 KB/s held it 300 s (a body
+                # without Content-Length counts as the largest)
                 try:
                     size = declared_length(request, config.max_restore_bytes)
                 except BodyRefused:
                     size = None   # (refused by _body below, with its error)
+                paced.bodies.check(digest, size or 0)
+                paced.check_writing()
                 within = min(config.restore_upload_s, config.restore_grace_s + (
                     config.max_restore_bytes if size is None else size)
                     / config.restore_bytes_per_s)
+                body = CountedBody(request, paced.bodies, digest)
                 try:
-                    raw = await asyncio.wait_for(_body(request, config.max_restore_bytes),
-                                                 within)
-                except asyncio.TimeoutError:
-                    raise BodyTooSlow("request body", None, f"not received within {within:.3g}"
-                                      " s (restore_grace_s + its size / restore_bytes_per_s,"
-                                      " at most restore_upload_s)") from None
-                # parsed and validated in a child process (seconds of Python that, on a thread
-                # here, held the GIL the event loop and the commit thread need); written on
-                # the commit thread in paced chunks
-                checked = await parser.prepare(raw, name)
-                del raw
-                return await paced.restore(checked, digest, allowed, client)
+                    try:
+                        raw = await asyncio.wait_for(_body(body, config.max_restore_bytes),
+                                                     within)
+                    except asyncio.TimeoutError:
+                        raise BodyTooSlow("request body", None, f"not received within"
+                                          f" {within:.3g} s (restore_grace_s + its size /"
+                                          " restore_bytes_per_s, at most restore_upload_s)"
+                                          ) from None
+                    writing = paced.writing()
+                    try:
+                        # parsed and validated in a child process (seconds of Python that, on
+                        # a thread here, held the GIL the event loop and the commit thread
+                        # need); written on the commit thread in paced chunks
+                        checked = await parser.prepare(raw, name)
+                        del raw
+                        restored = await paced.restore(checked, digest, allowed, client)
+                        # (its owner, as a creation's: one restored as new was read again on
+                        # the reader by its owner's next write, behind other callers' reads)
+                        owners[name] = digest
+                        return restored
+                    finally:
+                        writing.close()
+                finally:
+                    body.release()
             finally:
                 slot.close()
 
@@ -1431,10 +1465,13 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def control_report(request: Request) -> Response:
         job, digest = name_of(request, "job"), _bearer(request)
         control.check_writer(job, digest, exists=True)   # from the head: 404, 403
-        place = controlling.hold(digest)   # before the body is read (503 past the bounds)
+        # its token's place before the body is read (503 past it), the service's once the
+        # body is here (a body that never comes holds no other token's calls)
+        place = controlling.hold(digest, shared=False)
         admit_body(request.scope)
         try:
             raw = await _body(request, config.max_body_bytes)
+            controlling.admit(place)
         except BaseException:
             place.close()
             raise
@@ -1451,10 +1488,11 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         # its owner's: gives its places back at once (an idle one's are taken when needed)
         job, digest = name_of(request, "job"), _bearer(request)
         control.check_writer(job, digest, exists=True)   # from the head: 404, 403
-        place = controlling.hold(digest)
+        place = controlling.hold(digest, shared=False)   # (the service's: see control_report)
         admit_body(request.scope)
         try:
             await parsed(request, rq.Empty)
+            controlling.admit(place)
         except BaseException:
             place.close()
             raise

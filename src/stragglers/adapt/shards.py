@@ -39,7 +39,7 @@ from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION,  # noqa: F40
                                      open_database, unusable)
 from stragglers.adapt.stored import (check_all_rows, check_dataset_row, check_rows_key,
                                      check_shard, check_worker_row, config_of, damaged)
-from stragglers.adapt.transactions import Transactions
+from stragglers.adapt.transactions import Generation, Transactions
 from stragglers.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -103,11 +103,14 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         # True in the service: a lease whose epoch's shuffle is not in memory carries Pending
         # indices, computed off the commit thread (service.py); False: computed here.
         self.defer_indices = False
-        # Per data set, a number that changes after every commit that touched it (read caches
-        # are keyed by it, see reads.ReadSide); _touched: the names of the running transaction.
-        self._gen: dict[str, int] = {}
-        self._ext_gen = 0
+        # Per data set, the commits it was born at and last touched at, numbers of one
+        # counter (read caches are keyed by them, see reads.ReadSide and generation), kept
+        # for the data sets that exist (those of the file: born before any commit here);
+        # _touched: the names of the running transaction, _gone: those it deleted.
+        self._gen: dict[str, tuple[int, int]] = {name: (0, 0) for name in self._grace}
+        self._ext_gen = self._commits = self._deletes = 0
         self._touched: set[str] = set()
+        self._gone: set[str] = set()
         # Data sets whose rows were checked in full since the file was opened (or last written
         # by another process), and those found damaged: every call on them is refused.
         self._verified: set[str] = set()
@@ -226,7 +229,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         """The owner's token digest of a data set a call has seen (None: none or unknown)."""
         return self._owners.get(name)
 
-    def checked(self, name: str, seen: tuple[int, int], damage: Quarantined | None) -> None:
+    def checked(self, name: str, seen: Generation, damage: Quarantined | None) -> None:
         """Record a full check of data set `name` made on a reader (reads.check_dataset) at
         generation `seen`: verified, or quarantined by `damage`; nothing where it may have
         changed since (a commit touched it, another process wrote: its next call checks it).
@@ -279,6 +282,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 return Created(False)
             self._check_quota(c, token_sha256, creator, reclaim=True)
             self._touched.add(cfg.name)
+            # (rolled back, the name exists no more than before: no generation kept for it)
+            self._undo.append(lambda: self._gone.add(cfg.name))
             pin_fence_floor(c, cfg.name)
             key = self._fresh_key(c, cfg.name)
             c.execute("INSERT INTO datasets VALUES (?,?,?,?,?,?,?,0,0,?,0,?,?)",
@@ -287,6 +292,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             self._keys[cfg.name] = key or cfg.name
             self._create_epoch(c, cfg, 0)
             self._created_at[cfg.name] = self._clock()
+            # (its rows are the ones written here: nothing to check at its first call, which
+            # was a reader's read before its owner's first write, behind other callers' reads)
+            self._verified.add(cfg.name)
+            self._undo.append(lambda: self._verified.discard(cfg.name))
         return Created(True)
 
     def _read_conn(self) -> sqlite3.Connection:

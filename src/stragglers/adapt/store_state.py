@@ -49,9 +49,12 @@ class StoreState:
     _grace: set[str]                     # data sets whose leases get a full lease_s next call
     _grace_until: dict[str, float]       # data set -> no lease of it expires before this
     _keys: dict[str, str]                # data set -> the key its shard rows are stored under
-    _gen: dict[str, int]
+    _gen: dict[str, tuple[int, int]]     # live data set -> (commit it was born at, last)
     _ext_gen: int
+    _commits: int                        # the store's commits (a generation's numbers)
+    _deletes: int                        # commits that deleted a data set
     _touched: set[str]
+    _gone: set[str]                      # data sets the running transaction deleted
     _verified: set[str]
     _quarantined: dict[str, Quarantined]
     _owners: dict[str, str | None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from stragglers.adapt.store_state import StoreState
 
@@ -14,19 +14,44 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+class Generation(NamedTuple):
+    """A data set's generation: `incarnation` (the other process's writes seen, the commit
+    that created it) and `commit`, the last commit that touched it."""
+
+    incarnation: tuple[int, int]
+    commit: int
+
+
 class Transactions(StoreState):
     """ShardStore's transaction machinery: BEGIN IMMEDIATE per call, group commit (run_batch),
     generations per data set and the in-memory state undone on rollback."""
 
-    def generation(self, name: str) -> tuple[int, int]:
-        """Changes after every commit that touched data set `name` (or after another process wrote)."""
-        return self._ext_gen, self._gen.get(name, 0)
+    def generation(self, name: str) -> Generation:
+        """Changes after every commit that touched data set `name` (or after another process
+        wrote); its `incarnation` changes when the data set is deleted or created again."""
+        born, last = self._gen.get(name) or (-1 - self._deletes, 0)
+        return Generation((self._ext_gen, born), last)
 
     def _committed(self) -> None:
-        """After COMMIT (or ROLLBACK): every data set the transaction touched has a new generation."""
+        """After COMMIT (or ROLLBACK): every data set the transaction touched has a new generation.
+
+        Generations are numbers of the store's commits (one counter), kept only for data sets
+        that exist: one entry per name ever created grew without bound under a create/delete
+        loop. A name deleted has none (its incarnation is then the count of deletes, below
+        every commit number: it changes with each delete), and one created again is born at a
+        later commit than any generation its deleted incarnation had."""
+        self._commits += 1
+        gone = self._gone & self._touched
+        if gone:
+            self._deletes += 1
         for name in self._touched:
-            self._gen[name] = self._gen.get(name, 0) + 1
+            if name in gone:
+                self._gen.pop(name, None)
+            else:
+                born = self._gen.get(name, (self._commits, 0))[0]
+                self._gen[name] = (born, self._commits)
         self._touched = set()
+        self._gone = set()
         if self.on_commit is not None:
             self.on_commit()
 
