@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import pytest
 
 from conftest import REPO, eventually
 from stragglers.monitor.settings import MonitorConfig
@@ -47,10 +46,6 @@ def _earlier(optype: str, by: float):
     return change
 
 
-@pytest.mark.xfail(strict=True, reason="one rank's computes timed at 0 s: S is the healthy "
-                   "job's now (1.005, its computes left out of the ideal), but the diagnosis "
-                   "still reads them raw: worker_fault at its honest stage peer (critical) and "
-                   "host_stall x2.04 at the rank fire")
 def test_one_ranks_computes_timed_short_do_not_blame_an_honest_rank(tmp_path):
     """A healthy 2x2 job (steps ~0.33 s; S ~1.005, no alert) whose rank 3 (dp 1, pp 1) writes
     its compute ops (forward, backward, optimizer) with duration 0.0 and everything else as

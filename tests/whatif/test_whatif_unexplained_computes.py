@@ -64,3 +64,42 @@ def test_a_run_directory_leaves_the_same_worker_out(tmp_path):
     assert _left(whole), whole.warnings
     for partitions in (1, 3):
         assert_same(whole, analyze_run(tmp_path / "run", partitions=partitions)[0])
+
+
+def _named(result) -> list[tuple[str, int, int]]:
+    """(cause, dp, pp) of every worker a finding names."""
+    return [(f.cause, w.dp, w.pp) for f in result.diagnosis for w in f.where.workers]
+
+
+@pytest.mark.parametrize("scale", [0.0, 1 / 3])
+def test_no_cause_reads_the_left_out_computes(scale):
+    """The diagnosis reads the left-out worker's computes as its stage peers': its honest
+    peer rank 2 is no worker fault (×2.5e11 its zeros), its gaps no host stall (×2.04),
+    stage 1 no light stage (0% of the work: stage_imbalance); the job is healthy."""
+    result = analyze(_rank3_computes(generate(**JOB), scale))
+    assert [f.cause for f in result.diagnosis] == ["none"], _named(result)
+
+
+WIDE = dict(dp=4, pp=2, microbatches=4, steps=8, seed=0)   # rank 3: (dp 3, pp 0)
+
+
+def test_the_other_workers_causes_are_still_found_beside_a_left_out_worker():
+    """Beside a worker left out (rank 3 at 0 s) a real slow worker (dp 0, pp 1, ×1.5) is
+    found alone (its zeros made every microbatch of its DP rank's other stage read
+    load-free, and that honest worker ×2.7e10 slow), and a real host stall (dp 2, pp 1)
+    is found without naming the left-out worker for its gaps."""
+    slow = analyze(_rank3_computes(generate(**WIDE, slow_worker=(0, 1, 1.5)), 0.0))
+    assert any(w.startswith("computes of worker (dp 3, pp 0)") for w in slow.warnings)
+    assert _named(slow) == [("worker_fault", 0, 1)], (_named(slow), slow.diagnosis)
+    stall = analyze(_rank3_computes(
+        generate(**WIDE, host_stall={"dp": 2, "stage": 1, "seconds": 0.2}), 0.0))
+    assert _named(stall) == [("host_stall", 2, 1)], _named(stall)
+
+
+def test_a_run_directory_diagnoses_the_same_beside_a_left_out_worker(tmp_path):
+    """Read in step partitions, the diagnosis beside a left-out worker is the same."""
+    trace = _rank3_computes(generate(**WIDE, slow_worker=(0, 1, 1.5)), 0.0)
+    whole = analyze(read_run(write_run(tmp_path / "run", trace)))
+    assert _named(whole) == [("worker_fault", 0, 1)], _named(whole)
+    for partitions in (1, 3):
+        assert_same(whole, analyze_run(tmp_path / "run", partitions=partitions)[0])

@@ -46,12 +46,16 @@ class WhatIf:
     _fixes: dict = field(default_factory=dict, repr=False)
     # noise.noise_floor by (draws, seed): a detector and the verdict both ask for it
     _floors: dict = field(default_factory=dict, repr=False)
+    # bool [N, D]: the compute cells left out of the ideal (`unexplained`), which the cause
+    # detectors read as their stage peers' (causes/base.py Context; None: none)
+    computes_left_out: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, grid: OpGrid, dsp_size: int = 1, progress=None) -> "WhatIf":
         """Build the model and run the three top-level replays."""
         tick = progress or (lambda _msg: None)
-        model, plan, cost, delay, start, ideal, values = model_and_costs(grid, dsp_size, tick)
+        model, plan, cost, delay, start, ideal, values, left = model_and_costs(grid, dsp_size,
+                                                                               tick)
         tick("replay with launch delays")
         t_replay = replay(plan, cost, start, delay)
         tick("replay without launch delays")
@@ -59,7 +63,7 @@ class WhatIf:
         tick("ideal replay")
         t_ideal = replay(plan, ideal, start)
         return cls(grid, model, cost, ideal, values, start, base_step_times(grid), t_replay,
-                   t_nodelay, t_ideal, delay, plan, tick)
+                   t_nodelay, t_ideal, delay, plan, tick, computes_left_out=left)
 
     # --- top-level numbers -------------------------------------------------------------
     @property
@@ -182,8 +186,9 @@ def model_and_costs(grid: OpGrid, dsp_size: int, tick) -> tuple:
     tick("launch delays")
     delay = launch_delays(grid, model)
     start = step_starts(grid)
-    ideal, values = ideal_costs(grid, cost, model.no_op, unexplained(grid, plan, cost, delay, start))
-    return model, plan, cost, delay, start, ideal, values
+    cells = unexplained(grid, plan, cost, delay, start)
+    ideal, values = ideal_costs(grid, cost, model.no_op, cells)
+    return model, plan, cost, delay, start, ideal, values, cells if cells.any() else None
 
 
 # A worker whose launch delays fill at least this share of the job's step is mostly unexplained

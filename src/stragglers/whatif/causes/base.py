@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,6 +110,7 @@ class Context:
     _pause_free: np.ndarray | None = field(default=None, repr=False)
     _arrivals: tuple | None = field(default=None, repr=False)
     _experts: tuple | None = field(default=None, repr=False)
+    _duration: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, w: WhatIf, trace: Trace, cfg: DiagnosisConfig) -> "Context":
@@ -128,6 +130,44 @@ class Context:
             if isinstance(entry, dict) and entry.get("host") is not None and "rank" in entry:
                 hosts[int(entry["rank"])] = str(entry["host"])
         return cls(w, trace, cfg, ranks, hosts)
+
+    @property
+    def left_out(self) -> np.ndarray:
+        """bool [D, P]: workers whose computes the ideal left out (metrics.unexplained: timed
+        shorter than their work): no peer's norm, never named for their computes or gaps."""
+        g, cells = self.w.grid, self.w.computes_left_out
+        if cells is None:
+            return np.zeros((len(g.dp_ranks), g.pp_size), dtype=bool)
+        return np.stack([cells[g.node_stage == p].any(axis=0) for p in range(g.pp_size)],
+                        axis=1)
+
+    @property
+    def duration(self) -> np.ndarray:
+        """[N, D, T] durations as the detectors read them: the computes left out of the ideal
+        (metrics.unexplained) at the median of the same op's on the stage's other workers,
+        step by step (timed at 0 on one DP rank, they read every microbatch of its other
+        stages as load-free, and its healthy worker there ×2.7e10 slow)."""
+        cells = self.w.computes_left_out
+        if cells is None:
+            return self.w.grid.duration
+        if self._duration is None:
+            self._duration = self._as_peers(self.w.grid.duration, cells)
+        return self._duration
+
+    def _as_peers(self, values: np.ndarray, cells: np.ndarray) -> np.ndarray:
+        """`values` [N, D, T] (a copy) with `cells` (bool [N, D]: the computes left out of the
+        ideal) at the median of the same op's values on the stage's other workers where they
+        ran, step by step."""
+        g = self.w.grid
+        out = values.copy()
+        for n in np.flatnonzero(cells.any(axis=1) & ~cells.all(axis=1)):
+            peers = np.where(g.present[n, ~cells[n]], values[n, ~cells[n]], np.nan)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)   # no peer ran it: kept
+                typical = np.nanmedian(peers, axis=0)             # [T]
+            mine = cells[n][:, None] & g.present[n] & np.isfinite(typical)[None, :]
+            out[n] = np.where(mine, typical[None, :], out[n])
+        return out
 
     @property
     def cpu_waits(self) -> np.ndarray | None:
@@ -170,7 +210,7 @@ class Context:
         """The MoE dispatches whose expert compute follows the rows received (None: none)."""
         if self._experts is None:
             from stragglers.whatif.causes.experts import expert_load
-            self._experts = (expert_load(self, self.w.grid.duration),)
+            self._experts = (expert_load(self, self.duration),)
         return self._experts[0]
 
     @property
@@ -183,7 +223,7 @@ class Context:
         for balanced in (self.seq_balanced, self.seq_shared):
             if balanced is not None:
                 return self._own(balanced)
-        return self._own(self.w.grid.duration)
+        return self._own(self.duration)
 
     @property
     def own_measured(self) -> np.ndarray | None:
@@ -191,7 +231,7 @@ class Context:
         stages (None where none was: then they are `own_durations`)."""
         if self.seq_balanced is not None or self.seq_shared is None:
             return None
-        return self._own(self.w.grid.duration)
+        return self._own(self.duration)
 
     def _own(self, own: np.ndarray) -> np.ndarray:
         """`own` less the GC pauses found inside compute, with the rows routed to experts
@@ -225,10 +265,13 @@ class Context:
         """[N, D, T] durations of compute ops with the pauses found inside them taken out."""
         found = self.compute_pauses
         if not found:
-            return self.w.grid.duration
+            return self.duration
         if self._pause_free is None:    # one copy, read by every stage's pattern test
             cost = found[0].cost
             self._pause_free = cost.whole(self.w.cost) if isinstance(cost, Rows) else cost
+            left = self.w.computes_left_out
+            if left is not None:   # read as their peers' (`duration`)
+                self._pause_free = self._as_peers(self._pause_free, left)
         return self._pause_free
 
     @property

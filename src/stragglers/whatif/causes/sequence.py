@@ -115,7 +115,7 @@ def balanced_by_attn_cost(ctx: Context) -> np.ndarray | None:
             attn = np.where(rows >= 0, trace.ops["attn_cost"][np.maximum(rows, 0)], np.nan)
             if not np.all(np.isfinite(attn)):
                 return None
-            dur = g.duration[nodes]
+            dur = ctx.duration[nodes]
             x = attn / np.maximum(attn.mean(axis=(0, 1), keepdims=True), 1e-300)
             if np.std(x) == 0:
                 continue
@@ -239,7 +239,7 @@ def without_sequence_load(ctx: Context) -> np.ndarray | None:
             others = len(entries) - by_stage[s][1]
             if others:
                 logs[n] = [(total - by_stage[s][0]) / others + run[s]]
-    return _divided(g.duration, free, logs, {n: [n] for n in logs})
+    return _divided(ctx.duration, free, logs, {n: [n] for n in logs})
 
 
 def balanced_by_microbatch_factor(ctx: Context) -> np.ndarray:

@@ -24,7 +24,8 @@ _STEADY_STEPS = STEADY_STEPS
 
 
 def peer_reference(values: np.ndarray, apart: np.ndarray | None = None,
-                   norm: np.ndarray | None = None) -> np.ndarray:
+                   norm: np.ndarray | None = None, left: np.ndarray | None = None
+                   ) -> np.ndarray:
     """Per worker, the median of its stage peers' values ([D, P, T] → [D, P, T]).
 
     With one DP rank the peers are the other stages' workers; with none, the worker itself.
@@ -35,15 +36,27 @@ def peer_reference(values: np.ndarray, apart: np.ndarray | None = None,
     left with no other peer keeps the reference of all. `norm` (bool [D, P]): on a stage that
     holds some, every worker's reference is their median (a slow group's stage: its fast
     group; left to the peers, a slow rank beside the group lifted two healthy workers'
-    leave-one-out reference to ×1.24 theirs, and the spread hid the rank).
+    leave-one-out reference to ×1.24 theirs, and the spread hid the rank). `left` (bool
+    [D, P]): workers whose values are not their work (computes left out of the ideal,
+    metrics.unexplained), never a reference: a worker with no other peer is its own (rank 3's
+    computes timed at 0 read its honest stage peer ×2.5e11, red team round 13, #1).
     """
-    d, p, _ = values.shape
+    if left is not None and left.any():
+        kept = np.where(left[:, :, None], np.nan, values)
+        ref = _reference(kept, apart, None if norm is None else norm & ~left, np.nanmedian)
+        return np.where(np.isnan(ref), np.where(left[:, :, None], 0.0, values), ref)
+    return _reference(values, apart, norm, np.median)
+
+
+def _reference(values: np.ndarray, apart: np.ndarray | None, norm: np.ndarray | None,
+               median) -> np.ndarray:
+    """peer_reference's medians with `median` (np.nanmedian where workers are left out)."""
     if apart is not None and apart.any():
         kept = np.where(apart[:, :, None], np.nan, values)
         ref = _peer_median(kept, np.nanmedian)
-        ref = np.where(np.isnan(ref), _peer_median(values, np.median), ref)
+        ref = np.where(np.isnan(ref), _peer_median(values, median), ref)
     else:
-        ref = _peer_median(values, np.median)
+        ref = _peer_median(values, median)
     if norm is not None:
         for q in np.flatnonzero(norm.any(axis=0)):
             ref[:, q, :] = np.median(values[norm[:, q], q, :], axis=0)[None, :]
@@ -129,7 +142,7 @@ def worker_fault(ctx: Context, scores: dict[tuple[int, int], float] | None = Non
         cost.values[sel, d, :] /= np.maximum(ratio[d, p], 1e-12)[None, :]
         per_step = np.maximum(per_step, ratio[d, p] - 1)
     steps = ctx.steps_where(per_step)
-    healthy = mean[~named]
+    healthy = mean[~named & ~ctx.left_out]     # (a left-out worker's computes are not its own)
     parts = [f"{ctx.name(d, p)} computes {mean[d, p]:.2f}×{ctx.spread(lo[d, p], hi[d, p])} as "
              f"long per step as its stage's median peer"
              + (f", S_w = {scores[(int(g.dp_ranks[d]), p)]:.3f}" if scores else "")
@@ -142,7 +155,8 @@ def worker_fault(ctx: Context, scores: dict[tuple[int, int], float] | None = Non
         evidence += f"; only in steps {fmt_steps(steps)}"
     return [Candidate("worker_fault", ctx.where_workers(workers, steps), evidence, cost=cost,
                       strata=ctx.step_mask(steps),
-                      established=int((~members).sum()) >= 5)]   # _stands_out's outlier test
+                      # _stands_out's outlier test
+                      established=int((~members & ~ctx.left_out).sum()) >= 5)]
 
 
 def _slower(ctx: Context, busy: np.ndarray, members: np.ndarray, fast: np.ndarray):
@@ -150,7 +164,8 @@ def _slower(ctx: Context, busy: np.ndarray, members: np.ndarray, fast: np.ndarra
     busy compute ([D, P, T]) stands out from their stage peers', less a slow group's members
     (`group_members`: members, fast)."""
     cfg = ctx.cfg
-    reference = peer_reference(busy, members, fast)
+    left = ctx.left_out
+    reference = peer_reference(busy, members, fast, left)
     ratio = busy / np.maximum(reference, 1e-12)
     mean = ratio.mean(axis=-1)
     lo, hi = mean_interval(ratio, cfg)
@@ -160,8 +175,9 @@ def _slower(ctx: Context, busy: np.ndarray, members: np.ndarray, fast: np.ndarra
     # gain. worker_min_excess is the margin where no such test is possible: with 2-4 workers
     # a rank slowed by its host's load would otherwise be named (a x1.15 worker among 32,
     # costing its job x1.04-1.11, was missed under it).
-    named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0, norm=~members)
-    if (~members).sum() < 5 and ratio.shape[-1] >= _STEADY_STEPS and (
+    named = _stands_out(ctx, mean, lo, 1 + cfg.worker_min_excess, floor=1.0,
+                        norm=~members & ~left)
+    if (~members & ~left).sum() < 5 and ratio.shape[-1] >= _STEADY_STEPS and (
             ctx.seq_pattern is None or ctx.seq_balanced is not None):
         # ... or, behind every peer in every step (a sign test: 1 in 32 or less by chance,
         # `_behind_every_peer`), the outlier test with the spread at its floor, the spread
@@ -171,9 +187,9 @@ def _slower(ctx: Context, busy: np.ndarray, members: np.ndarray, fast: np.ndarra
         # x1.19 (7 of 9 steps).
         # Not where the sequences' pattern is there without Σs²: a DP rank that drew the
         # heavier sequences can be behind in every step (x1.24 in 8 of 8, dp 2 x pp 2)
-        steady = _behind_every_peer(busy, members) & (lo > 1)
+        steady = _behind_every_peer(busy, members, left) & (lo > 1)
         named |= steady & (mean - 1 >= cfg.outlier_z * cfg.outlier_scale_floor)
-    named &= ~members
+    named &= ~members & ~left
     if ctx.arrivals is not None:
         # a worker that reaches the collectives ahead of its peers by more than its extra
         # compute is not what the job waits for (its host started it early: it waits there)
@@ -189,7 +205,8 @@ def _steady_steps(workers: int) -> int:
     return max(_STEADY_STEPS, 1 + math.ceil(math.log(32) / math.log(workers) - 1e-9))
 
 
-def _behind_every_peer(busy: np.ndarray, members: np.ndarray) -> np.ndarray:
+def _behind_every_peer(busy: np.ndarray, members: np.ndarray,
+                       left_out: np.ndarray | None = None) -> np.ndarray:
     """bool [D, P]: workers behind every peer of their stage ([D, P, T] busy compute; a slow
     group's members are no peers) in every step, over `_steady_steps` of the n workers it is
     so behind and itself (a slow group's members it is behind too count), or, over fewer,
@@ -201,7 +218,9 @@ def _behind_every_peer(busy: np.ndarray, members: np.ndarray) -> np.ndarray:
     its peer in five steps 1 in 16 by chance: that alone would leave a fault ×1.25 beside one
     fast worker (a slow group's members the rest of its stage) unnamed over five steps of
     0.5% jitter. Step-down: a worker so found is no peer of the rest, which are asked the
-    same among themselves while two peers are left (faults ×1.3 and ×1.6 of four: both)."""
+    same among themselves while two peers are left (faults ×1.3 and ×1.6 of four: both).
+    `left_out` (bool [D, P]): workers whose computes are not their work, neither peers nor
+    counted (peer_reference)."""
     d, p, t = busy.shape
     out = np.zeros((d, p), dtype=bool)
     logs = np.log(np.maximum(busy, 1e-12))
@@ -210,14 +229,16 @@ def _behind_every_peer(busy: np.ndarray, members: np.ndarray) -> np.ndarray:
     spread = float(np.sqrt(((logs - logs.mean(axis=-1, keepdims=True)) ** 2).sum()
                            / max(d * p * (t - 1), 1)))
     for q in range(p):
-        left = list(np.flatnonzero(~members[:, q]))
+        out_q = np.zeros(d, dtype=bool) if left_out is None else left_out[:, q]
+        left = list(np.flatnonzero(~members[:, q] & ~out_q))
         while len(left) >= 2:
             behind = [i for i in left
                       if (busy[i, q] > busy[[j for j in left if j != i], q].max(axis=0)).all()]
             if not behind:
                 break
             i = behind[0]               # at most one: it is behind the others in every step
-            n = len(left) + int((members[:, q] & (busy[i, q] > busy[:, q]).all(axis=-1)).sum())
+            n = len(left) + int((members[:, q] & ~out_q
+                                 & (busy[i, q] > busy[:, q]).all(axis=-1)).sum())
             lag = logs[i, q] - logs[[j for j in left if j != i], q].max(axis=0)        # [T]
             if t < _steady_steps(n) and not _clear_of_noise(lag, spread, n):
                 break
@@ -282,7 +303,11 @@ def host_stall(ctx: Context) -> list[Candidate]:
     # job's first start, and a worker whose last step ended late (it waited for a slow peer
     # at the end of it) starts this one late without any host-side work of its own
     delay = np.maximum(delay - _carried_over(g, w.step_start), 0.0)
-    excess = delay - peer_reference(delay)
+    # A worker whose computes were left out of the ideal has gaps nobody waits on: its own
+    # work timed short, not host-side work (metrics.unexplained); no stall, and no peer's norm
+    left = ctx.left_out
+    excess = delay - peer_reference(delay, left=left)
+    excess[left] = 0.0
     mean = excess.mean(axis=-1)
     lo, hi = mean_interval(excess, cfg)
     threshold = max(cfg.stall_min_seconds, cfg.stall_min_fraction * float(np.median(w.t_base)))
