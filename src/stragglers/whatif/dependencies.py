@@ -122,11 +122,11 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         # would take the wait at the collective (its group peers' lateness) as its launch delay.
         # Likewise a send after the collectives that follow its compute op.
         colls_before, colls_after = _blocking_runs(grid, stream)
-        tail = gc_at.get(n_fb, [])
-        tail_gc = tail[-1] if tail else None
+        pauses = gc_at.get(n_fb, [])
+        tail_gc = pauses[-1] if pauses else None
         last_compute = max(comp, key=lambda c: ref_end[c]) if comp else None
-        if tail and last_compute is not None:
-            deps[tail[0]].append(last_compute)
+        if pauses and last_compute is not None:
+            deps[pauses[0]].append(last_compute)
         # compute cut into pieces by blocking collectives or by DDP's buckets (gradient
         # collectives launched before the last backward op ended): transfers are then paired
         # with compute ops by time

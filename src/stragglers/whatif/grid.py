@@ -204,8 +204,8 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
     cells = [a.reshape(shape) for a in (start, duration, row)]
     if odd is not None and odd.lost is not None and odd.lost.any():
         whole = present_all.copy()
-        rebuilt = rebuild_lost(*cells, whole, node_stage, node_optype, node_seq, odd.lost,
-                               complete)
+        rebuilt = rebuild_lost(cells[0], cells[1], cells[2], whole, node_stage, node_optype,
+                               node_seq, odd.lost, complete)
         if rebuilt.any():   # (the rebuilt collectives kept, with every worker's cell, and a
             # cross-stage group's op at the other stages, left out for its sake only)
             rebuilt = with_group(rebuilt, odd.keep_nodes, node_optype, node_seq)

@@ -659,6 +659,8 @@ def _rebuild(placed: list[PlacedPartition], present: np.ndarray, odd: LeftOdd,
     (every op, every step) and odd's kept ops, present and first warning. (Left out instead,
     a healthy rank's wait for a straggler in a collective it lost became a launch delay: a run
     directory named it a host stall where the trace read whole did not.)"""
+    if odd.lost is None:
+        return
     parts, at = [], 0
     for p in placed:
         t = p.present.shape[2]

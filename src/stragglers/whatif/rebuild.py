@@ -123,7 +123,8 @@ def rebuild_in_parts(parts: list[tuple], node_stage: np.ndarray, node_optype: np
         one = np.zeros(len(lost), bool)
         one[n] = True
         before = [tuple(a[n].copy() for a in part[:4]) for part in parts]
-        if all(rebuild_lost(*part[:4], node_stage, node_optype, node_seq, one, part[4])[n]
+        if all(rebuild_lost(part[0], part[1], part[2], part[3], node_stage, node_optype,
+                            node_seq, one, part[4])[n]
                for part in parts):
             done[n] = True
             continue
