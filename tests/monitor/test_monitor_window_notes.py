@@ -162,3 +162,15 @@ def test_a_workers_computes_left_out_of_the_ideal_are_named_in_the_window():
     assert row.error is None, row.error
     assert any(n.startswith("computes of worker (dp ") and "left out of the ideal" in n
                for n in row.notes), row.notes
+
+
+def test_a_left_out_worker_with_no_rows_is_named_by_its_place():
+    """A worker the engine left out that sent no rows has no rank: the note read "rank(s)  ran
+    ops unlike their stage peers'" (an empty list); it names its place instead."""
+    from stragglers.monitor.windows import left_out_note
+    from stragglers.whatif.result import LeftOut
+
+    note = left_out_note([LeftOut(1, 1, None, missing=["its rows or its compute"]),
+                          LeftOut(1, 0, 1, reason="replica")])
+    assert "worker(s) (dp 1, pp 1) ran ops unlike" in note, note
+    assert "rank(s)  " not in note and "replicas' rank(s) 1 with them" in note, note

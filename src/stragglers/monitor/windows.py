@@ -677,10 +677,14 @@ def clock_notes(moved: dict[tuple[int, int], float], limit: int = MAX_NOTES) -> 
 def left_out_note(left: list[LeftOut]) -> str:
     """The window's note that ranks were left out for one worker's ops, naming the healthy ones
     among them as unjudged (a straggler there is not seen)."""
-    def named(ws: list[LeftOut]) -> str:
+    def named(ws: list[LeftOut]) -> str:   # (a worker with no rows has no rank: its place)
         ranks = sorted({w.rank for w in ws if w.rank is not None})
-        return "rank(s) " + ", ".join(str(r) for r in ranks[:32]) + (" …" if len(ranks) > 32
-                                                                      else "")
+        places = [f"(dp {w.dp}, pp {w.pp})" for w in ws if w.rank is None]
+        return ("rank(s) " + ", ".join(str(r) for r in ranks[:32]) + (" …" if len(ranks) > 32
+                                                                       else "")
+                if ranks else "") + (" and " if ranks and places else "") \
+            + ("worker(s) " + ", ".join(places[:8]) + (" …" if len(places) > 8 else "")
+               if places else "")
     odd = [w for w in left if w.reason == "ops_differ"]
     rest = [w for w in left if w.reason != "ops_differ"]
     return (f"{LEFT_OUT_NOTE}: {named(odd)} ran ops unlike their stage peers'"

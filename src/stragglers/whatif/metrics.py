@@ -224,6 +224,8 @@ def unexplained(grid: OpGrid, plan: ReplayPlan, cost: np.ndarray, delay: np.ndar
     if not len(suspects):
         return left
     t_nodelay = _mean_step(plan, cost, start, delay, None)
+    if not t_nodelay > 0:   # (no work at all replayed: nothing to judge against; the trace's
+        return left         # zero durations are refused where they are read)
     work = np.isin(grid.node_optype, [c for c in COMPUTE_CODES if c != GC])
     for di, p in suspects:
         cells = np.zeros(cost.shape[:2], dtype=bool)
