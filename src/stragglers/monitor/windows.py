@@ -35,6 +35,7 @@ from stragglers.monitor.records import LayoutEntry, Lease, Refusal, WindowFindin
 from stragglers.trace.model import JobMeta, Trace
 from stragglers.whatif.config import STRAGGLING_SLOWDOWN
 from stragglers.whatif.grid import OPS_LEFT_OUT
+from stragglers.whatif.metrics import IDEAL_LEFT_OUT
 from stragglers.whatif.timing import ROWS_CUT
 from stragglers.whatif.result import Finding, LeftOut, WorkerScore
 from stragglers.wording import ranges
@@ -616,7 +617,7 @@ def analyse_window(window: Window) -> tuple[WindowRow, list[Refusal]]:
         # (and rows cut to their worker's own timeline, whatif/timing.py: what was cut, where)
         # and a worker's computes left out of the ideal, whatif/metrics.py: timed short)
         lacked = [w for w in result.warnings if w.startswith((OPS_LEFT_OUT, ROWS_CUT))
-                  or (w.startswith("computes of worker (") and " left out of the ideal" in w)]
+                  or (w.startswith("computes of worker (") and IDEAL_LEFT_OUT in w)]
         row.notes = lacked + row.notes
         if result.left_out:   # (alerts.LEFT_OUT_RULE holds while a window says so)
             left_note = [left_out_note(result.left_out)]

@@ -198,6 +198,8 @@ UNEXPLAINED_SHARE = 0.5
 # is named for (stall_min_fraction of the step, docs/whatif.md §7) is not host-stalled: nobody
 # waits on its gaps, so they are its own work, timed short (not a launch late).
 UNWAITED_COST = DEFAULT.stall_min_fraction
+# the words of the warning naming such a worker (the monitor copies it to a window's notes)
+IDEAL_LEFT_OUT = "left out of the ideal"
 _ROWS_AT_ONCE = 64
 
 
@@ -235,8 +237,8 @@ def unexplained(grid: OpGrid, plan: ReplayPlan, cost: np.ndarray, delay: np.ndar
             continue
         left[(grid.node_stage == p) & work, di] = True
         grid.warnings.append(
-            f"computes of worker (dp {int(grid.dp_ranks[di])}, pp {int(p)}) left out of the "
-            f"ideal: its launch delays are {share[di, p]:.0%} of the step, yet replayed alone "
+            f"computes of worker (dp {int(grid.dp_ranks[di])}, pp {int(p)}) {IDEAL_LEFT_OUT}: "
+            f"its launch delays are {share[di, p]:.0%} of the step, yet replayed alone "
             f"they cost the job {waited:.1%} (nobody waits on its gaps: its computes are timed "
             "shorter than its work)")
     return left
