@@ -13,7 +13,7 @@ from stragglers.monitor.records import WindowRow
 FAMILIES = {"stragglers_slowdown", "stragglers_waste", "stragglers_worker_score",
             "stragglers_diagnosis", "stragglers_windows_total", "stragglers_windows_created",
             "stragglers_upload_dropped", "stragglers_job_state", "stragglers_alerts_firing",
-            "stragglers_silent_ranks"}
+            "stragglers_silent_ranks", "stragglers_window_failed"}
 
 
 def _window(job: str, ranks: int) -> WindowRow:

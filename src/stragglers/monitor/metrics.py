@@ -31,6 +31,9 @@ class MonitorMetrics:
                                "fixed (0 when absent) in the latest window", ["job", "cause"],
                                registry=r)
         self.windows = Counter("stragglers_windows", "windows analysed", ["job"], registry=r)
+        self.window_failed = Gauge("stragglers_window_failed", "1 when the job's latest window "
+                                   "could not be analysed (its S, waste, scores and diagnosis "
+                                   "series are then absent), else 0", ["job"], registry=r)
         self.parts = Counter("stragglers_parts_ingested", "parts stored (each once)", ["way"],
                              registry=r)
         self.records = Counter("stragglers_records_ingested", "op records stored", ["way"],
@@ -80,9 +83,10 @@ class MonitorMetrics:
         # worker (thousands a job): a job's series went only with its state's, and /metrics
         # grew with every job and rank the process ever saw (229 KB for one job of 4,096 ranks)
         self._per_job = (self.slowdown, self.waste, self.worker_score, self.diagnosis,
-                         self.windows, self.upload_dropped, self.job_state, self.open_alerts,
+                         self.windows, self.window_failed, self.upload_dropped, self.job_state, self.open_alerts,
                          self.silent_ranks)
         self._per_rank = (self.worker_score, self.upload_dropped)
+        self._per_window = (self.slowdown, self.waste, self.worker_score, self.diagnosis)
 
     def publish_window(self, row: WindowRow) -> None:
         """Expose a job's latest window."""
@@ -91,7 +95,9 @@ class MonitorMetrics:
         self.analysis_seconds.observe(row.analysis_s)
         if row.error is None:
             self.last_analysis.set(row.analysed_at or time.time())
+        self.window_failed.labels(job).set(0.0 if row.slowdown is not None else 1.0)
         if row.slowdown is None:
+            self.clear_window(job)
             return
         with self._lock:
             self.slowdown.labels(job).set(row.slowdown)
@@ -112,6 +118,17 @@ class MonitorMetrics:
             for cause in self._causes.get(job, set()) | set(causes):
                 self.diagnosis.labels(job, cause).set(causes.get(cause, 0.0))
             self._causes[job] = self._causes.get(job, set()) | set(causes)
+
+    def clear_window(self, job: str) -> None:
+        """The job's latest window has no figures (its analysis failed or was stopped): its
+        per-window series go, so no scrape shows the window before's S, waste, scores and
+        causes as current (an unknown value is not exported: prometheus_client's remove(),
+        which Prometheus marks stale); stragglers_window_failed says why they are gone."""
+        with self._lock:
+            for family in self._per_window:
+                _drop(family, job)
+            self._workers.pop(job, None)
+            self._causes.pop(job, None)
 
     def set_state(self, job: str, state: str) -> None:
         """Expose a job's state (running, stalled, finished) as a one-hot gauge; a job that

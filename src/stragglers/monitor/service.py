@@ -1867,6 +1867,10 @@ class Monitor:
             if row.slowdown is not None:
                 self.metrics.slowdown.labels(job).set(row.slowdown)
                 self.metrics.waste.labels(job).set(1.0 - 1.0 / row.slowdown)
+                self.metrics.window_failed.labels(job).set(0.0)
+            elif row.window is not None:   # its latest window failed: no S is current
+                self.metrics.clear_window(job)
+                self.metrics.window_failed.labels(job).set(1.0)
 
     def _set_state(self, job: str, state: str) -> None:
         self.states[job] = state
