@@ -48,6 +48,12 @@ SEVERITIES = ("info", "warning", "critical")
 RULE_KEYS = ("name", "when", "for_windows", "resolve_when", "resolve_for_windows", "severity",
              "summary")
 
+# verdicts of the diagnosis, not causes: `none` (nothing to fix) and `partial` (the window
+# holds only some ranks: whatif.diagnosis._partial_verdict says what cannot be told; the
+# `ranks_left_out` alert and the window's missing ranks say which). new_cause took `partial`
+# for a cause: an info alert firing for as long as windows missed a rank
+VERDICTS = frozenset({"none", "partial"})
+
 DEFAULT_RULES = [
     {"name": "straggling", "when": f"slowdown >= {STRAGGLING_SLOWDOWN:g}", "for_windows": 3, "severity": "warning"},
     {"name": "severe", "when": "slowdown >= 1.5", "for_windows": 1, "severity": "critical"},
@@ -334,7 +340,9 @@ class AlertEngine:
         if rule.kind == "new_cause":
             # over once the cause is gone for n windows: a cause found in every window is
             # not over after its first (it resolved at the next window while it went on)
-            return all(labels.cause not in {f.cause for f in w.diagnosis} for w in recent[:n])
+            # (a verdict's alert, stored before verdicts were told from causes, resolves)
+            return labels.cause in VERDICTS or \
+                all(labels.cause not in {f.cause for f in w.diagnosis} for w in recent[:n])
         return True
 
     def on_state(self, job: str, state: str, now: float | None = None) -> Changes:
@@ -459,7 +467,7 @@ class AlertEngine:
             recent = [w for w in history if w.error is None][:NEW_CAUSE_LOOKBACK + 1]
             before = _causes_before(recent, 0)
             for f in current.diagnosis:
-                if f.cause and f.cause != "none" and f.cause not in before:
+                if f.cause and f.cause not in VERDICTS and f.cause not in before:
                     yield self._labels(rule, job, cause=f.cause), Annotations(
                         summary=rule.summary or f"job {job}: new cause {f.cause}",
                         description=f.headline or f.evidence)
@@ -532,7 +540,7 @@ def _causes_before(recent: list[WindowRow], i: int) -> set[str]:
 
 
 def _top_cause(window: WindowRow) -> str:
-    causes = [f for f in window.diagnosis if f.cause != "none"]
+    causes = [f for f in window.diagnosis if f.cause not in VERDICTS]
     return f"; {causes[0].headline or causes[0].cause}" if causes else ""
 
 

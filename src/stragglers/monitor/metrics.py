@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from stragglers.monitor.alerts import VERDICTS
 from stragglers.monitor.records import Alert, WindowRow
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class MonitorMetrics:
             self._workers[job] = seen
             causes: dict[str, float] = {}
             for f in row.diagnosis:
-                if f.cause and f.cause != "none":
+                if f.cause and f.cause not in VERDICTS:
                     causes[f.cause] = max(causes.get(f.cause, 0.0),
                                           float(f.speedup_if_fixed or 0.0))
             for cause in self._causes.get(job, set()) | set(causes):
