@@ -6,7 +6,10 @@ monitor (an upgrade, kill -9) or another instance taking the job built a new det
 learnt the slow steps as the rank's baseline and resolved the alert while the rank stayed 3x
 slow (red team round 13 #9). The firing ranks' frozen baselines are written here (store_info
 rows, one per firing rank) before their alert is, in their own transaction, and a new
-detector resumes from them the ranks whose alert the store holds firing.
+detector resumes from them the ranks whose alert the store holds firing. A rank's row goes in
+the transaction that stores its alert resolved, however it resolves (the detector, the job
+finishing, a new run, a rule change), and a job's rows with the job: a job that ended while a
+rank fired kept that rank's row for good.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 if TYPE_CHECKING:
+    from stragglers.monitor.records import Alert
     from stragglers.monitor.store_base import SQLStore
 
 PREFIX = "fast:"   # store_info key: PREFIX + JSON [job, rank]
+RULE = "rank_slowdown"   # the alert a row belongs to (alerts.FAST_RULE)
 
 
 class FiredState(msgspec.Struct):
@@ -62,3 +67,23 @@ def load(store: SQLStore, job: str) -> dict[int, FiredState]:
         except (ValueError, msgspec.DecodeError):
             continue
     return out
+
+
+def forget_resolved(store: SQLStore, db: Any, alert_rows: list[Alert]) -> None:
+    """In the transaction storing `alert_rows`: the rows of the ranks whose fast alert
+    resolves there go."""
+    for a in alert_rows:
+        if a.rule == RULE and a.status == "resolved" and a.labels.rank is not None:
+            try:
+                rank = int(a.labels.rank)
+            except ValueError:
+                continue   # (not one rank: no row of it)
+            store._exec(db, "DELETE FROM store_info WHERE key = ?",
+                        (_prefix(a.job) + f"{rank}]",))
+
+
+def forget_job(store: SQLStore, db: Any, job: str) -> None:
+    """In the transaction deleting `job`: its rows go."""
+    prefix = _prefix(job)
+    store._exec(db, f"DELETE FROM store_info WHERE substr(key, 1, {len(prefix)}) = ?",
+                (prefix,))

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import msgspec
 
+from stragglers.monitor import fast_state
 from stragglers.monitor.records import Alert, AlertLogEntry, ClaimedMessage, IngestMark, \
     JobMark, JobRecord, JobSummary, Lease, LeaseRow, OutboxRow, PartCount, PartIndex, PartRow, \
     WindowFinding, WindowRow, WindowScore, WindowSummary, plain, sorted_json
@@ -375,6 +376,7 @@ class SQLStore:
             for job in gone:
                 for table in ("leases", "windows", "upload_drops", "alerts"):
                     self._exec(db, f"DELETE FROM {table} WHERE job = ?", (job,))
+                fast_state.forget_job(self, db, job)
             return gone
 
         return self._write(tx)
@@ -465,6 +467,7 @@ class SQLStore:
                            "('http', 'files')", (way, job))
             for table in ("parts", "windows", "upload_drops"):
                 self._exec(db, f"DELETE FROM {table} WHERE job = ?", (job,))
+            fast_state.forget_job(self, db, job)   # (its alerts resolve below, every rank's)
             # in the job's row, not an instance's memory: a replaced run announcing itself
             # again after a restart, or to another instance, reset the newer run's windows away
             replaced = None if row is None else row.superseded
@@ -802,6 +805,9 @@ class SQLStore:
         """Alert rows and log rows, and for each alert row one outbox message (the send
         decision is this transaction: a message is queued once, with its alert's change)."""
         now = time.time()
+        # a fast alert resolved, however (the job finished, a new run, the detector): what it
+        # fired against goes with it (a job that ended while a rank fired kept its row)
+        fast_state.forget_resolved(self, db, alert_rows)
         for a in alert_rows:
             values = {**plain(a), "labels": sorted_json(a.labels),
                       "annotations": sorted_json(a.annotations)}
