@@ -7,6 +7,14 @@ second core instead. The process is started with `spawn` (the service has thread
 a process with threads is unsafe), warmed up when the first job appears, replaced if it dies
 (the window it was on is tried once more in the new one, then kept as an error row), and it
 exits by itself when the service is gone, kill -9 included.
+
+A window's analysis has a time limit (`analysis_timeout_s`): the engine cannot be interrupted
+(numpy and Python with no point that checks a deadline), so past it the process is killed and
+replaced, and the window is stored with an error row saying so (never dropped, never left
+unanalysed without a word). On the calling thread (`analysis_process: false`) nothing can stop
+the engine: it is waited for on a thread of its own up to the limit, then the window gets its
+error row and the engine is left to end there, its result dropped (the next window waits for
+it: one engine at a time).
 """
 
 from __future__ import annotations
@@ -14,8 +22,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -27,15 +38,21 @@ from stragglers.monitor.windows import Window, analyse_window, window_row
 log = logging.getLogger(__name__)
 
 PARENT_CHECK_S = 1.0
+ANALYSIS_TIMEOUT_S = 300.0   # settings.analysis_timeout_s (a 1,024-worker window takes ~0.7 s)
 
 
 class WindowAnalyser:
     """Runs analyse_window for the monitor's analysis thread (one window at a time)."""
 
-    def __init__(self, in_process: bool = False, read_timeout_s: float = READ_TIMEOUT_S):
+    def __init__(self, in_process: bool = False, read_timeout_s: float = READ_TIMEOUT_S,
+                 timeout_s: float = ANALYSIS_TIMEOUT_S):
         self.in_process = in_process
         self.read_timeout_s = read_timeout_s   # each part file read ahead (the monitor's)
+        self.timeout_s = timeout_s             # one window's analysis, at most
         self._pool: ProcessPoolExecutor | None = None
+        self._pid: Future | None = None         # the analysis process's id (to stop it)
+        self._behind: threading.Thread | None = None   # an engine left past its limit
+        self.stopped = 0    # windows whose analysis ran past timeout_s (given an error row)
         self._lock = threading.RLock()
         self._ahead: list = []         # parts to read ahead, waiting for the task in flight
         self._ahead_busy = False
@@ -97,11 +114,16 @@ class WindowAnalyser:
         """The window's stored row and the part files refused on reading it; an error row if
         the analysis process died on it."""
         if self.in_process:
-            return analyse_window(window)
+            return self._on_thread(window)
         for _ in range(2):
             pool = self._executor()
             try:
-                return pool.submit(analyse_window, window).result()
+                # (counted from the hand-over: a read-ahead task before it counts too)
+                return pool.submit(analyse_window, window).result(timeout=self.timeout_s)
+            except FutureTimeout:
+                self._stop(pool)
+                return self._too_long(window, "the analysis process was stopped and the "
+                                      "next window is analysed in a new one"), []
             except BrokenProcessPool:
                 # the process died (out of memory, a signal), on this window or just before
                 # it: a fresh one tries once more; a window that kills that one too keeps an
@@ -111,6 +133,50 @@ class WindowAnalyser:
                   "the next window", window.job, window.idx)
         return window_row(window, "analysis failed: the analysis process died (out of "
                              "memory or killed) while analysing this window, twice"), []
+
+    def _on_thread(self, window: Window) -> tuple[WindowRow, list[Refusal]]:
+        """analyse_window here, waited for at most timeout_s on a thread of its own."""
+        if self._behind is not None:   # one engine at a time: the one left past its limit
+            self._behind.join()        # ends first (nothing can stop it)
+            self._behind = None
+        out: list = []
+
+        def run() -> None:
+            try:
+                out.append(analyse_window(window))
+            except BaseException as exc:   # noqa: BLE001 - raised on the calling thread
+                out.append(exc)
+
+        engine = threading.Thread(target=run, name="stragglers-analysis-engine", daemon=True)
+        engine.start()
+        engine.join(self.timeout_s)
+        if engine.is_alive():
+            self._behind = engine
+            return self._too_long(window, "its engine runs on, on a thread that cannot be "
+                                  "stopped, its result dropped (analysis_process stops it)"), []
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
+
+    def _too_long(self, window: Window, then: str) -> WindowRow:
+        """The error row of a window whose analysis ran past timeout_s."""
+        self.stopped += 1
+        log.error("job %s window %d: analysis stopped after analysis_timeout_s (%g s); %s",
+                  window.job, window.idx, self.timeout_s, then)
+        return window_row(window, f"analysis stopped: it ran past analysis_timeout_s "
+                          f"({self.timeout_s:g} s) on this window's {len(window.steps)} steps; "
+                          f"{then}")
+
+    def _stop(self, pool: ProcessPoolExecutor) -> None:
+        """Kill the analysis process of `pool` (busy past the limit) and replace it."""
+        with self._lock:
+            pid = self._pid if self._pool is pool else None
+        try:
+            if pid is not None and pid.done():
+                os.kill(pid.result(), signal.SIGKILL)
+        except Exception:   # noqa: BLE001 - gone already (or broken): replaced all the same
+            pass
+        self._replace(pool)
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
         with self._lock:
@@ -141,7 +207,8 @@ class WindowAnalyser:
                 self._pool = ProcessPoolExecutor(
                     1, mp_context=multiprocessing.get_context("spawn"),
                     initializer=_start_in_child, initargs=(os.getpid(),))
-                self._pool.submit(_import_engine)  # starts the process and warms it
+                self._pid = self._pool.submit(os.getpid)   # starts the process
+                self._pool.submit(_import_engine)           # and warms it
             return self._pool
 
 

@@ -137,6 +137,14 @@ class MonitorConfig(Config):
                                      "interpreter lock alone); `stragglers monitor serve` turns "
                                      "it on; off by default in a program that embeds the "
                                      "monitor, whose main script a spawned process re-imports")
+    analysis_timeout_s: float = setting(300.0, "one window's what-if analysis may take this "
+                                        "long (the engine takes ~5 s per 800,000 rows): past "
+                                        "it the analysis process is killed and replaced and "
+                                        "the window stored with an error row saying so (on "
+                                        "the thread, analysis_process: false, the engine "
+                                        "cannot be stopped: the window gets its error row, "
+                                        "the engine runs on, its result dropped)",
+                                        minimum=0.1)
     rescan_s: float = setting(10.0, "watched directories are also rescanned this often (file "
                               "systems that drop change events)", minimum=0.1)
     change_detector: bool = setting(True, "the fast detector (changes.py): a rank whose busy "
