@@ -5,7 +5,8 @@ this runs on every ingested part. A rank's *busy time* in a step is the time of 
 (forward, backward, optimizer, GC): its step time less the time it waited for the others, which
 in a synchronous job every rank shares. Computes run on one stream, so each counts until it
 ended or the rank's next compute started (GC pauses, the host's, beside them): computes stated
-to overlap count their overlap once (their sum read a healthy rank 3x slow). Once every rank reported a step (or half of them are
+to overlap count their overlap once (their sum read a healthy rank 3x slow); a part's last
+compute is cut by the rank's next part's first (carried until it comes). Once every rank reported a step (or half of them are
 `SETTLE_LAG` steps past it: a dead rank holds nothing up), each rank's log busy time is taken
 relative to the median of its peers in that step (its stage's ranks when every stage has at
 least 3, else the whole job), which removes what all ranks share (a longer batch, a slower
@@ -50,33 +51,69 @@ MAX_PENDING = 256  # steps held waiting for ranks (half the job silent cannot fi
 RECENT = 64        # values kept per rank for the change estimate
 
 
-def busy_per_step(step: np.ndarray, compute: np.ndarray, start: np.ndarray,
-                  duration: np.ndarray, gc: np.ndarray | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, busy seconds) of one rank's rows (`compute`: which rows are compute ops): the
-    time its compute stream was busy per step. One stream runs one compute at a time: each
-    compute counts from its start until it ended or the rank's next compute started,
-    whichever came first, so computes stated to overlap (a duration running on through the
-    rank's next computes) count their overlap once. GC pauses (`gc`: which rows) are the
-    host's, beside the stream: cut at the next pause only."""
+@dataclass(frozen=True)
+class PartBusy:
+    """One part's busy time per step, its last compute on the device's stream aside: that one
+    runs until it ended or the rank's next compute started, which the rank's next part tells
+    (RankChangeDetector.add carries it over to then)."""
+
+    steps: np.ndarray
+    busy: np.ndarray                 # per step, `last` not counted
+    first_start: float | None        # the part's first compute's start (cuts the one before)
+    last: tuple[int, float, float] | None   # (step, start, its own time) of its last compute
+
+
+def part_busy(step: np.ndarray, compute: np.ndarray, start: np.ndarray, duration: np.ndarray,
+              gc: np.ndarray | None = None) -> PartBusy:
+    """The busy time per step of one rank's rows (`compute`: which rows are compute ops): the
+    time its compute stream was busy. One stream runs one compute at a time: each compute
+    counts from its start until it ended or the rank's next compute started, whichever came
+    first, so computes stated to overlap (a duration running on through the rank's next
+    computes) count their overlap once; the part's last one is set aside (PartBusy.last).
+    GC pauses (`gc`: which rows) are the host's, beside the stream: cut at the next pause
+    only (the part's last pause at its own time)."""
     gc = np.zeros(int(compute.sum()), bool) if gc is None else gc[compute]
     step, start, duration = step[compute], start[compute], duration[compute]
     if not len(step):
-        return np.zeros(0, np.int64), np.zeros(0)
+        return PartBusy(np.zeros(0, np.int64), np.zeros(0), None, None)
     ordered = (start[1:] >= start[:-1]).all() and not gc.any()   # (a recorder's rows are)
     if not ordered:
         order = np.lexsort((start, gc))   # the device's computes, then the host's pauses
         step, start, duration, gc = step[order], start[order], duration[order], gc[order]
-    # each cut at the next one's start on its stream (the part's last keeps its own time:
-    # the next part's first compute is not known here)
+    # each cut at the next one's start on its stream
     room = np.full(len(start), np.inf)
     room[:-1] = np.where(gc[1:] == gc[:-1], start[1:] - start[:-1], np.inf)
     busy = np.minimum(np.maximum(duration, 0.0), room)
+    first_start, last = None, None
+    device = np.flatnonzero(~gc)
+    if len(device):
+        j = int(device[-1])
+        first_start = float(start[device[0]])
+        last = (int(step[j]), float(start[j]), float(busy[j]))
+        busy[j] = 0.0
     first = step[0]
     if (step == first).all():   # a part of one step (1 step/s, a part a second): no sort
-        return np.array([first], np.int64), np.array([busy.sum()])
+        return PartBusy(np.array([first], np.int64), np.array([busy.sum()]), first_start, last)
     steps, inverse = np.unique(step, return_inverse=True)
-    return steps.astype(np.int64), np.bincount(inverse, weights=busy)
+    return PartBusy(steps.astype(np.int64), np.bincount(inverse, weights=busy), first_start,
+                    last)
+
+
+def busy_per_step(step: np.ndarray, compute: np.ndarray, start: np.ndarray,
+                  duration: np.ndarray, gc: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, busy seconds) of one rank's rows alone (part_busy, its last compute at its own
+    time: no later part of the rank is known here)."""
+    return _whole(part_busy(step, compute, start, duration, gc))
+
+
+def _whole(p: PartBusy) -> tuple[np.ndarray, np.ndarray]:
+    """A part's (steps, busy) with its last compute counted at its own time."""
+    if p.last is None:
+        return p.steps, p.busy
+    busy = p.busy.copy()
+    busy[np.searchsorted(p.steps, p.last[0])] += p.last[2]
+    return p.steps, busy
 
 
 def is_compute(optype: np.ndarray) -> np.ndarray:
@@ -123,7 +160,14 @@ def _compute_rows(column: pa.ChunkedArray) -> np.ndarray:
 
 
 def read_busy(path: Path, step: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-    """busy_per_step of a stored part file (3 or 4 of its columns read; `step`: the part's one
+    """busy_per_step of a stored part file (read_part_busy, its last compute at its own
+    time)."""
+    got = read_part_busy(path, step)
+    return None if got is None else _whole(got)
+
+
+def read_part_busy(path: Path, step: int | None = None) -> PartBusy | None:
+    """part_busy of a stored part file (3 or 4 of its columns read; `step`: the part's one
     step, known from its footer, so its step column is not read); None if it cannot be read
     (the window that reads it says why)."""
     try:
@@ -146,7 +190,7 @@ def read_busy(path: Path, step: int | None = None) -> tuple[np.ndarray, np.ndarr
     except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
         log.debug("change detector: %s not read (%s)", path, exc)
         return None
-    return busy_per_step(steps, kind > KIND_OTHER, start, duration, kind == KIND_GC)
+    return part_busy(steps, kind > KIND_OTHER, start, duration, kind == KIND_GC)
 
 
 @dataclass(frozen=True)
@@ -195,6 +239,9 @@ class RankChangeDetector:
         self.firing: dict[int, Change] = {}        # rank → its change while it fires
         self.fired_at = np.zeros(n, np.int64)      # recent_n when it fired
         self.frozen = np.zeros(n)                  # the baseline median it fired against
+        # rank → its latest part's last compute (step, start, own time), counted once its next
+        # part's first compute is known (cut there), or its step is judged without it
+        self.carry: dict[int, tuple[int, float, float]] = {}
 
     def fired_state(self, rank: int) -> FiredState:
         """What a firing rank fired against (kept in the store: fast_state.py)."""
@@ -223,27 +270,66 @@ class RankChangeDetector:
         """Ranks judged by now (a baseline learnt): their alerts can be decided."""
         return {r for r, i in self.index.items() if self.base_n[i] >= self.s.warmup_steps}
 
-    def add(self, rank: int, steps: np.ndarray, busy: np.ndarray) -> None:
-        """One part's busy time per step (steps already judged are late and left out)."""
+    def add(self, rank: int, steps: np.ndarray, busy: np.ndarray,
+            first_start: float | None = None,
+            last: tuple[int, float, float] | None = None) -> None:
+        """One part's busy time per step (steps already judged are late and left out); with
+        its first compute's start and its last compute set aside (PartBusy): the rank's last
+        compute carried from its part before is cut at this part's first (computes run on one
+        stream: a part's last, stated to run on past the next step's start, was counted
+        whole), and this part's last is carried to the rank's next part."""
         i = self.index.get(rank)
         if i is None or not len(steps):
             return
+        held = self.carry.get(rank)
+        if held is not None and int(steps.min()) >= held[0] and first_start is not None:
+            step, start, own = self.carry.pop(rank)   # this part follows the carried one
+            # (a part whose clock restarted, its first compute before the carried one's
+            # start, says nothing of when that one ended: its own time)
+            self._put(i, step, min(own, first_start - start) if first_start >= start else own)
         for step, value in zip(steps.tolist(), busy.tolist()):
-            if step <= self.settled or not value > 0:
-                continue
-            row = self.pending.get(step)
-            if row is None:
-                row = self.pending[step] = np.full(len(self.ranks), np.nan)
-            row[i] = value
+            self._put(i, step, value)
+        if last is not None:
+            if rank in self.carry and last[0] <= self.carry[rank][0]:
+                self._put(i, last[0], last[2])   # (a part come late: its next is not known)
+            else:
+                if rank in self.carry:   # (a later part with no compute before it)
+                    self._put(i, *self.carry.pop(rank)[::2])
+                self.carry[rank] = last
         self.reported[i] = max(self.reported[i], int(steps.max()))
 
+    def _put(self, i: int, step: int, value: float) -> None:
+        """Add `value` to rank index i's busy time in `step` (a step judged: late, left out)."""
+        if step <= self.settled or not value > 0:
+            return
+        row = self.pending.get(step)
+        if row is None:
+            row = self.pending[step] = np.full(len(self.ranks), np.nan)
+        row[i] = value if np.isnan(row[i]) else row[i] + value
+
+    def close_through(self, step: int) -> None:
+        """Steps up to `step` will have no later part (their window closed): the computes
+        carried at them count at their own time, so their steps can be judged."""
+        for rank in [r for r, c in self.carry.items() if c[0] <= step]:
+            self._put(self.index[rank], *self.carry.pop(rank)[::2])
+
+    def carried_from(self) -> int | None:
+        """The earliest step a compute is carried at (None: none)."""
+        return min((c[0] for c in self.carry.values()), default=None)
+
     def settle(self) -> list[Change]:
-        """Judge every step all ranks reported (or half are SETTLE_LAG past); the changes."""
+        """Judge every step all ranks reported (or half are SETTLE_LAG past); the changes. A
+        rank's step whose last compute is carried is not reported yet (its next part cuts it)."""
         if not self.pending:
             return []
-        through = max(int(self.reported.min()), int(np.median(self.reported)) - SETTLE_LAG)
+        done = self.reported.copy()
+        for rank, c in self.carry.items():
+            i = self.index[rank]
+            done[i] = min(done[i], c[0] - 1)
+        through = max(int(done.min()), int(np.median(done)) - SETTLE_LAG)
         if len(self.pending) > MAX_PENDING:   # most ranks silent: judge the oldest with the rest
             through = max(through, sorted(self.pending)[-MAX_PENDING - 1])
+        self.close_through(through)   # (judged without their next parts: their own time)
         out: list[Change] = []
         for step in sorted(s for s in self.pending if s <= through):
             out.extend(self._judge(step, self._relative(self.pending.pop(step))))

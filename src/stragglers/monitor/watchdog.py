@@ -15,9 +15,8 @@ import time
 
 from stragglers.monitor import fast_state
 from stragglers.monitor.alerts import FAST_RULE, rank_of
-from stragglers.monitor.changes import GC_CODE, ChangeSettings, RankChangeDetector, \
-    busy_per_step, is_compute, read_busy
-from stragglers.monitor.part_files import StuckRead
+from stragglers.monitor.changes import GC_CODE, ChangeSettings, PartBusy, RankChangeDetector, \
+    is_compute, part_busy, read_part_busy
 from stragglers.monitor.parts import PartFile
 from stragglers.monitor.records import Place
 from stragglers.monitor.windows import JobTracker, stuck_window_reads
@@ -88,7 +87,8 @@ class Watchdog:
         m = self.monitor
         with m._lock:
             work = [(job, tr, tr.arrived) for job, tr in m.trackers.items()
-                    if isinstance(tr, JobTracker) and (tr.arrived or job in self.unstored)]
+                    if isinstance(tr, JobTracker) and (tr.arrived or job in self.unstored
+                                                       or self._closed(job, tr))]
             for _, tr, _ in work:
                 tr.arrived = []
         for job in [j for j in self.detectors if j not in m.trackers]:
@@ -109,8 +109,10 @@ class Watchdog:
             busy_of = dict(zip(map(id, files), m.file_readers.map(_busy, files)))
             read = [busy_of[id(s)] if isinstance(s, PartFile) else _busy(s) for s in sources]
             for (rank, _), busy in zip(arrived, read):
-                if busy is not None and not isinstance(busy, StuckRead):
-                    detector.add(rank, *busy)
+                if isinstance(busy, PartBusy):
+                    detector.add(rank, busy.steps, busy.busy, busy.first_start, busy.last)
+            # a window cut: its steps get no later part, their carried computes count now
+            detector.close_through(tr.consumed_step)
             changes = detector.settle()
             judged = detector.warm()
             if changes or judged != self.judged.get(job) or job in self.unstored:
@@ -138,6 +140,13 @@ class Watchdog:
                 log.warning("job %s: rank %d %s (%.2f× since step %d, step %d)", job, c.rank,
                             "slowed down" if c.status == "firing" else "recovered", c.ratio,
                             c.since_step, c.at_step)
+
+    def _closed(self, job: str, tr: JobTracker) -> bool:
+        """Whether a window cut the step of a compute the job's detector carries (judged now,
+        not at the job's next part: a job's last steps had none)."""
+        held = self.detectors.get(job)
+        carried = None if held is None or held[0] is not tr else held[2].carried_from()
+        return carried is not None and carried <= tr.consumed_step
 
     def _detector(self, job: str, tr: JobTracker) -> RankChangeDetector | None:
         """The job's detector, new when the job's tracker or its ranks changed (a new run, a
@@ -322,14 +331,15 @@ class Watchdog:
                     if isinstance(tr, JobTracker) and tr.last_arrival is not None}
 
 
-def _busy(src: PartFile | dict):
-    """(steps, busy seconds) of a part, from its file or its columns."""
+def _busy(src: PartFile | dict) -> PartBusy | None:
+    """A part's busy time per step (its last compute aside), from its file or its columns."""
     if isinstance(src, PartFile):
         # a part of one step (a part a step): its step is the footer's, not read again
-        return read_busy(src.path, src.first_step if src.first_step == src.last_step else None)
+        return read_part_busy(src.path,
+                              src.first_step if src.first_step == src.last_step else None)
     optype = src["optype"]
-    return busy_per_step(src["step"], is_compute(optype), src["start_ts"], src["duration"],
-                         optype == GC_CODE)
+    return part_busy(src["step"], is_compute(optype), src["start_ts"], src["duration"],
+                     optype == GC_CODE)
 
 
 def _places(tr: JobTracker) -> dict[int, Place]:
