@@ -1,0 +1,115 @@
+"""Red team round fourteen (issue 34): the live monitor's answers written below the app, by the
+shared serving layer itself (a head its HTTP parser refuses, a head over its bound), which
+the app's guard never sees: their headers, their words and their bodies.
+
+Each test is one defect class, marked xfail(strict=True) until its fix lands (then the mark goes):
+a pass before the fix fails the suite, so each flips exactly when its defect is gone. Real
+servers on loopback (the monitor on a thread of this process), real SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+
+TOKEN = "hostile-round14-token-0123456789"
+MONITOR = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
+# what the README promises of "every response" ("HTTP API": Host allow-list and headers)
+SECURITY = ("content-security-policy", "x-frame-options", "x-content-type-options")
+
+
+@pytest.fixture(scope="module")
+def monitor(tmp_path_factory):
+    """One monitor on loopback for the module's cases (none of them changes its state)."""
+    s = MonitorServer(tmp_path_factory.mktemp("r14") / "mon.db", port=0, token=TOKEN,
+                      config=MONITOR).start()
+    yield s
+    s.stop()
+
+
+def _exchange(port: int, data: bytes) -> tuple[str, dict[str, str], bytes]:
+    """Send `data` on a new connection and read until the server closes it: (status line,
+    headers lower-cased, body bytes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as k:
+        k.sendall(data)
+        k.shutdown(socket.SHUT_WR)   # (the refusal closes the connection: read to its end)
+        out = b""
+        while True:
+            got = k.recv(65536)
+            if not got:
+                break
+            out += got
+    head, _, body = out.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return lines[0], headers, body
+
+
+def _host(s: MonitorServer) -> str:
+    return f"Host: 127.0.0.1:{s.port}\r\n"
+
+
+# heads the serving layer's parser refuses before any app sees them
+PARSER_REFUSED = {
+    "garbage request line": "GARBAGE\r\n\r\n",
+    "head over 64 KiB": "GET /health HTTP/1.1\r\n{host}X-Pad: " + "a" * 70_000 + "\r\n\r\n",
+    "negative Content-Length": "PUT /api/jobs/j/meta HTTP/1.1\r\n{host}Content-Length: -1\r\n\r\n",
+    "CONNECT": "CONNECT 127.0.0.1:22 HTTP/1.1\r\n{host}\r\n",
+}
+
+
+@pytest.mark.xfail(strict=True, reason="round 14 #1: answers written by the serving layer "
+                   "(parser 400, 431, and the 408/503 of serving_guard.json_response_bytes) "
+                   "carry nosniff only: no Content-Security-Policy, no X-Frame-Options")
+@pytest.mark.parametrize("case", list(PARSER_REFUSED))
+def test_a_refusal_written_below_the_app_carries_the_security_headers(monitor, case):
+    status, headers, body = _exchange(monitor.port,
+                                      PARSER_REFUSED[case].format(host=_host(monitor)).encode())
+    assert status.split()[1] in ("400", "431"), status
+    assert "error" in json.loads(body)          # (the JSON shape holds already)
+    missing = [h for h in SECURITY if h not in headers]
+    assert missing == [], f"{case}: {status} without {missing}"
+
+
+# refusals whose cause the parser knows: the answer must name the header or part at fault
+NAMED = {
+    "negative Content-Length": (
+        "PUT /api/jobs/j/meta HTTP/1.1\r\n{host}Content-Length: -1\r\n\r\n", "content-length"),
+    "Content-Length beside chunked": (
+        "PUT /api/jobs/j/meta HTTP/1.1\r\n{host}Content-Length: 5\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "content-length"),
+    "a control byte in a header value": (
+        "GET /health HTTP/1.1\r\n{host}X-Trace: a\x01b\r\n\r\n", "header"),
+    "a byte past ASCII in the target": (
+        "GET /api/jobs/\xff HTTP/1.1\r\n{host}\r\n", "target"),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="round 14 #2: every head the parser refuses is answered "
+                   "'request: Invalid HTTP request received.' (uvicorn's fixed words, "
+                   "serving_guard send_400_response): the header or part at fault is not named")
+@pytest.mark.parametrize("case", list(NAMED))
+def test_a_head_the_parser_refuses_is_answered_naming_what_is_wrong(monitor, case):
+    raw, word = NAMED[case]
+    status, _, body = _exchange(monitor.port, raw.format(host=_host(monitor)).encode("latin-1"))
+    assert status.split()[1] == "400", status
+    error = json.loads(body)["error"]
+    assert word in error.lower(), f"{case}: {error!r} does not name the {word}"
+
+
+@pytest.mark.xfail(strict=True, reason="round 14 #3: a HEAD request the parser refuses is "
+                   "answered with a body (RFC 9110 9.3.2: a HEAD answer has none; the "
+                   "app's HEAD answers have none)")
+def test_a_refused_head_request_is_answered_without_a_body(monitor):
+    status, headers, body = _exchange(
+        monitor.port, f"HEAD /api/jobs/\xff HTTP/1.1\r\n{_host(monitor)}\r\n".encode("latin-1"))
+    assert status.split()[1] == "400", status
+    assert body == b"", body
