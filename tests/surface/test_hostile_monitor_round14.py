@@ -166,10 +166,6 @@ def test_the_per_client_connection_cap_counts_an_ipv6_hosts_64_as_one_client():
         _client(SimpleNamespace(client=(two, 40001)))
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #5: a webhook URL that can never be posted "
-                   "to (no host, a bad port, a space, an open IPv6 bracket) is taken at the "
-                   "start (server.MonitorServer checks only its http(s):// prefix): every "
-                   "alert then fails after its retries, said only in INFO log lines")
 @pytest.mark.parametrize("url", ["http://", "http://[::1", "http://alerts:99999/",
                                  "http://alert manager/"])
 def test_a_webhook_that_cannot_be_posted_to_is_refused_at_the_start(tmp_path, url):
@@ -206,11 +202,6 @@ def test_an_http10_request_with_transfer_encoding_is_refused_and_stores_nothing(
     assert status.split()[1] == "400" and stored == 404, (status, answer, stored)
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #7: a new run of a job reports the parts its "
-                   "uploader dropped, and they are shown as none: ingest_http's per-process "
-                   "`reported` drop counts outlive store_base.reset_job (the store's rows go, "
-                   "the cache and the metric series stay), so counts up to the old run's are "
-                   "never stored")
 def test_a_new_runs_dropped_parts_are_reported_after_the_old_runs(monitor):
     import httpx
 
@@ -238,10 +229,6 @@ def test_a_new_runs_dropped_parts_are_reported_after_the_old_runs(monitor):
     assert scraped == ['stragglers_upload_dropped{job="drops",rank="0"} 2.0'], scraped
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #8: a drop count carried by a retried part "
-                   "(answered 'duplicate') is not stored: ingest_http._store returns before "
-                   "its X-Stragglers-Dropped is looked at, so the count an uploader reached "
-                   "while its reply was lost is lost with it when no later part follows")
 def test_a_drop_count_sent_with_a_retried_part_is_stored(monitor):
     import httpx
 
