@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -197,6 +198,51 @@ def parse_rules(raw: Any, source: object = "rules") -> list[Rule]:
                              "the state changes; expected 1")
         rules.append(rule)
     return rules
+
+
+def parse_webhooks(raw: Any, source: object = "webhooks") -> list[str]:
+    """Validate the `webhooks:` list of the YAML file: URLs the sender (urllib) can post to."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise InputError(source, "webhooks", "expected a list of http(s):// URLs")
+    for i, url in enumerate(raw):
+        why = webhook_problem(url)
+        if why is not None:
+            raise InputError(source, f"webhooks[{i}]", f"{url!r}: {why}; expected an "
+                             "http(s)://HOST[:PORT][/PATH] URL")
+    return [str(u) for u in raw]
+
+
+def webhook_problem(url: object) -> str | None:
+    """Why `url` cannot be posted to (None when it can): parsed by urllib.parse, as the
+    sender's urllib.request parses it. An unusable one was taken at the start, and every
+    alert then failed after its retries, said only in INFO log lines (red team round 14 #5)."""
+    if not isinstance(url, str):
+        return "not text"
+    # (http.client refuses spaces and control characters in the request line and Host, and
+    # sends only ASCII: percent-encoded or punycode forms are what reach the receiver)
+    odd = next((c for c in url if not " " < c < "\x7f"), None)
+    if odd is not None:
+        return f"character {odd!r} at {url.index(odd)} (no spaces, control or non-ASCII " \
+            "characters: percent-encode them)"
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:   # (an open '[': "Invalid IPv6 URL")
+        return str(exc)
+    try:
+        port = parts.port
+    except ValueError as exc:   # not a number, or past 65535
+        return f"its port: {exc}"
+    if parts.scheme not in ("http", "https"):
+        return "not an http:// or https:// URL"
+    if not parts.hostname:
+        return "no host"
+    if parts.username is not None:   # (urllib looks 'user@host' up as a host name)
+        return "credentials in a URL (user@) are not sent by the sender"
+    if port == 0:
+        return "its port: 0 is not one to post to (1..65535)"
+    return None
 
 
 def _with_resolve(rule: Rule, raw: Any, source: object, field: str) -> Rule:

@@ -334,7 +334,11 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
     `store_part(request, job, rank, part)` (what the route runs once its parameters are
     checked), for the fast path in front of the app (app.py, UploadFastPath)."""
     cfg = monitor.config
-    reported: dict[tuple[str, int], int] = {}   # (job, rank) → drop count stored (this process)
+    # job → (its run's token, its tracker, rank → drop count stored by this process): a count
+    # is written only when it grew. Per run, not per job: a new run's reset deletes the job's
+    # counts, and a cache by job hid the new run's up to the old run's (round 14 #7). A run
+    # without a token is known by its tracker (a new run gets a new one; held weakly)
+    reported: dict[str, tuple[str | None, weakref.ref[Any], dict[int, int]]] = {}
     writers = writer_limits(cfg)
     budget = BodyBudget(cfg.max_upload_bytes_held, writers)
     # new jobs per minute, per client address and in all: one writer creating jobs in a loop
@@ -609,6 +613,9 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                 check_same_part(stored, digest, job, rank, part)
             except PartConflict as exc:
                 raise HTTPProblem(409, str(exc), "conflict") from None
+            # (a retry carries the uploader's count as it is now: its first answer lost, the
+            # buffer dropped more meanwhile, and no later part may follow; round 14 #8)
+            await note_dropped(job, rank, tracker, dropped)
             return {"status": "duplicate"}
         # the ingest thread checks the bytes (with the other parts of its batch), writes them
         # into the run format and stores the part; the reply waits until it is durable
@@ -641,13 +648,26 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                 raise HTTPProblem(404, f"path 'job': unknown job {job!r}; PUT /api/jobs/{job}/"
                                   "meta first", "unknown_job") from None
             raise HTTPProblem(422, str(exc), "bad_part") from None
+        await note_dropped(job, rank, tracker, dropped)
+        return {"status": status, "records": item.records}
+
+    async def note_dropped(job: str, rank: int, tracker, dropped: str | None) -> None:
+        """Store the drop count a stored (or duplicate) part carried, when it grew in its run."""
         # the uploader sends its drop count with every part: it is stored when it grew, not
         # with a durable commit (and a dashboard refresh) per upload
-        if dropped is not None and int(dropped) > reported.get((job, rank), -1):
+        if dropped is None:
+            return
+        run = run_token(tracker.meta)
+        seen = reported.get(job)
+        if seen is None or seen[0] != run or (run is None and seen[1]() is not tracker):
+            if len(reported) >= 2 * cfg.max_jobs:   # (the forgotten jobs' go)
+                for gone in [k for k in reported if k not in monitor.directories]:
+                    del reported[gone]
+            seen = reported[job] = (run, weakref.ref(tracker), {})
+        if int(dropped) > seen[2].get(rank, -1):
             await run_in_threadpool(monitor.store.set_upload_dropped, job, rank, int(dropped))
-            reported[(job, rank)] = int(dropped)
+            seen[2][rank] = int(dropped)
             monitor.metrics.upload_dropped.labels(job, str(rank)).set(int(dropped))
-        return {"status": status, "records": item.records}
 
     @app.put("/api/jobs/{job}/ranks/{rank}/parts/{part}",
              dependencies=[Depends(require_write)])

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from stragglers.errors import InputError
-from stragglers.monitor.alerts import parse_rules
+from stragglers.monitor.alerts import parse_rules, parse_webhooks
 from stragglers.monitor.settings import MonitorConfig, load_config_file
 from stragglers.serving import ConnectionLimits, base_url, is_loopback, listen_socket, serve_in_foreground, \
     serve_in_thread, uvicorn_server
@@ -49,11 +49,7 @@ class MonitorServer:
             settings = {**defaults, **(settings or {})}  # the file's settings win
         cfg = config or MonitorConfig.from_mapping(settings, source)
         rules = parse_rules(raw.get("rules"), source)
-        webhooks = raw.get("webhooks") or []
-        if not isinstance(webhooks, list) or not all(
-                isinstance(u, str) and u.startswith(("http://", "https://")) for u in webhooks):
-            raise InputError(source, "webhooks", "expected a list of http(s):// URLs")
-        urls = [str(u) for u in webhooks]
+        urls = parse_webhooks(raw.get("webhooks"), source)
         self.host, self.port = host, int(port)
         if not 0 <= self.port <= 65535:
             raise InputError("--port", None, f"expected 0..65535, got {port}")
