@@ -51,3 +51,20 @@ def test_a_refused_part_leaves_the_drop_count_as_it_was(monitor):
                       headers={"X-Stragglers-Dropped": "9"})
         assert ok.status_code == 200 and other.status_code in (409, 422), other.text
         assert c.get("/api/jobs/refused").json()["upload_dropped"] == {"0": 1}
+
+
+def test_a_new_run_takes_the_old_runs_drop_counts_off_metrics(monitor):
+    # (before its first part says otherwise, the old run's 5 was exported as the new run's)
+    with httpx.Client(base_url=monitor.url, timeout=60, headers=AUTH) as c:
+        for seed, start in ((5, 1000.0), (6, 2000.0)):
+            trace = slow_job(steps=5, seed=seed)
+            meta = trace.meta.to_dict()
+            meta["extra"]["clock"] = {"start": [start] * meta["world_size"]}
+            assert c.put("/api/jobs/rerun/meta", json=meta).status_code == 200
+            if start == 1000.0:
+                r = c.put("/api/jobs/rerun/ranks/0/parts/0",
+                          content=table_bytes(parts_of(trace, 5)[0][2]),
+                          headers={"X-Stragglers-Dropped": "5"})
+                assert r.json()["status"] == "stored", r.text
+                assert 'stragglers_upload_dropped{job="rerun",rank="0"} 5.0' in c.get("/metrics").text
+        assert 'stragglers_upload_dropped{job="rerun"' not in c.get("/metrics").text

@@ -145,6 +145,16 @@ class MonitorMetrics:
                     _drop(family, job)
                 self._workers.pop(job, None)
 
+    def new_run(self, job: str) -> None:
+        """A new run of the job: the old run's window figures and per-rank series go (its
+        uploaders' drop counts were shown until the new run's first part said otherwise)."""
+        self.window_failed.labels(job).set(0.0)
+        with self._lock:
+            for family in set(self._per_window) | set(self._per_rank):
+                _drop(family, job)
+            self._workers.pop(job, None)
+            self._causes.pop(job, None)
+
     def forget(self, job: str) -> None:
         """A job that is gone (expired, deleted): every series of it goes."""
         with self._lock:

@@ -689,6 +689,7 @@ class Monitor:
         self._job_bytes.pop(job, None)   # the old run's parts are gone
         self.analyser.forget(str(self.directories.get(job, "")))
         self.states[job] = "running"
+        self.metrics.new_run(job)
         self.metrics.set_state(job, "running")
         log.warning("job %s: a new run began (its start clock changed); its history starts "
                     "again", job)
