@@ -82,3 +82,31 @@ def test_a_data_set_deleted_while_its_restore_is_written_stays_deleted(tmp_path)
                 assert deleted.status_code == 409 and restored.status_code == 200
     finally:
         server.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="round 14 #2: a launcher's release of a name that never"
+                   " joined makes an incarnation that leases shards without a join")
+def test_a_name_that_never_joined_leases_nothing_after_a_launchers_release(tmp_path):
+    """A launcher's release without a fence (it saw the worker die) of a worker name that never
+    joined the data set (a typo, a pod of another job) is answered 200 {"released": []} — and
+    stores a workers row for the name with fence 1 (ShardStore.release -> join(leaving=True)).
+    A lease by that name with fence 1, which no join ever handed out, is then served shards;
+    before the release it is 409 "has not joined (POST .../join first)". The release "fences
+    off every incarnation" of the name: it must leave none current (or refuse a name unknown)."""
+    server = _service(tmp_path)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60, headers=_bearer(OWNER)) as c:
+            assert c.post("/datasets", json={"name": "d", "num_samples": 64,
+                                             "shard_size": 8}).status_code == 200
+            lease = {"worker": "ghost", "fence": 1}
+            before = c.post("/datasets/d/lease", json=lease)
+            assert before.status_code == 409, before.text
+            r = c.post("/datasets/d/release", json={"worker": "ghost", "failure": True,
+                                                    "error": "pod gone"})
+            assert r.status_code in (200, 404), r.text
+            after = c.post("/datasets/d/lease", json=lease)
+            assert after.status_code == 409, (
+                f"a name that never joined leased after a launcher's release: {after.text[:160]}")
+            assert c.get("/datasets/d/status").json()["epochs"]["0"]["DOING"] == 0
+    finally:
+        server.stop()
