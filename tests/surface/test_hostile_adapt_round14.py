@@ -1,53 +1,21 @@
-"""Red team round fourteen (issue 34): the shard service's restores racing its deletes, and
-names that never joined, against real servers on loopback and real SQLite.
+"""Red team round fourteen (issue 34): the shard service's incarnations (a launcher's release
+of a name that never joined) and the shared serving layer's own refusals (security headers),
+against real servers on loopback and real SQLite.
 
 Each test is one defect, marked xfail(strict=True) until its fix lands (then the mark goes): a
-pass before the fix fails the suite. Orders are made with the service's own threads held by
-events (a restore held before its switch, after its rows are staged), never timed.
+pass before the fix fails the suite. Nothing is timed.
 """
 
 from __future__ import annotations
-
-import threading
 
 import httpx
 import pytest
 
 OWNER = "owner-round14-token-0123456789"
-OTHER = "other-round14-token-0123456789"
-JSON = {"Content-Type": "application/json"}
 
 
 def _bearer(token: str) -> dict:
     return {"Authorization": f"Bearer {token}"}
-
-
-class _HeldRestore:
-    """A restore of data set `name` started on a thread and held before its switch (its rows
-    staged, its stale replies not yet read: store.stale_replies waits on `gate`)."""
-
-    def __init__(self, server, name: str, body: bytes, token: str = OWNER):
-        store = server.app.state.store
-        real = store.stale_replies
-        self.entered, self.gate = threading.Event(), threading.Event()
-
-        def held(prepared):
-            self.entered.set()
-            self.gate.wait(60)
-            return real(prepared)
-
-        store.stale_replies = held
-        self.out: list[httpx.Response] = []
-        self.thread = threading.Thread(target=lambda: self.out.append(httpx.post(
-            f"{server.url}/datasets/{name}/restore", content=body,
-            headers={**_bearer(token), **JSON}, timeout=60)))
-        self.thread.start()
-        assert self.entered.wait(60), "the restore never reached its switch"
-
-    def finish(self) -> httpx.Response:
-        self.gate.set()
-        self.thread.join(60)
-        return self.out[0]
 
 
 def _service(tmp_path):
@@ -56,7 +24,7 @@ def _service(tmp_path):
     return EmbeddedServer(tmp_path / "s.db", durable=False).start()
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #2: a launcher's release of a name that never"
+@pytest.mark.xfail(strict=True, reason="round 14 #1: a launcher's release of a name that never"
                    " joined makes an incarnation that leases shards without a join")
 def test_a_name_that_never_joined_leases_nothing_after_a_launchers_release(tmp_path):
     """A launcher's release without a fence (it saw the worker die) of a worker name that never
@@ -102,7 +70,7 @@ def _raw_head(server, data: bytes) -> dict[str, str]:
     return head
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #3: refusals written below the app (431,"
+@pytest.mark.xfail(strict=True, reason="round 14 #2: refusals written below the app (431,"
                    " parser 400, 408) carry none of the security headers but nosniff")
 @pytest.mark.parametrize("request_bytes,status", [
     (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 70_000 + b"\r\n\r\n", "431"),
