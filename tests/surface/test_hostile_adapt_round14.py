@@ -24,8 +24,6 @@ def _service(tmp_path):
     return EmbeddedServer(tmp_path / "s.db", durable=False).start()
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #1: a launcher's release of a name that never"
-                   " joined makes an incarnation that leases shards without a join")
 def test_a_name_that_never_joined_leases_nothing_after_a_launchers_release(tmp_path):
     """A launcher's release without a fence (it saw the worker die) of a worker name that never
     joined the data set (a typo, a pod of another job) is answered 200 {"released": []} — and
