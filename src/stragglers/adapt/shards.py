@@ -44,6 +44,11 @@ from stragglers.errors import InputError
 
 log = logging.getLogger(__name__)
 
+# workers.reply of a name a launcher released (no fence): its fence is burnt, every call of
+# it Fenced until it joins again (a join clears it); like LEFT, its name has left. (Before,
+# LEFT with the next fence: nobody held it, and a lease with it was served.)
+FENCED_OFF = "fenced"
+
 MAX_INDICES_PER_REPLY = 1 << 18
 # a lease's indices up to this many are made a list on the commit thread when their shuffle is
 # in memory (a few µs); more are left Pending for lease_json
@@ -175,7 +180,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
 
     def _fence(self, c: sqlite3.Connection, name: str, worker: str, fence: int) -> int:
         """Refuse a call of a fenced-off (or never joined) incarnation; the worker's seq."""
-        row = c.execute("SELECT fence, seq FROM workers WHERE dataset=? AND worker=?",
+        row = c.execute("SELECT fence, seq, reply FROM workers WHERE dataset=? AND worker=?",
                         (name, worker)).fetchone()
         return _check_fence(row, name, worker, fence)
 
@@ -193,7 +198,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         self._touched.add(name)
         cfg = self._verify(c, name, row[:6], row[6], row[7], row[8], row[9])
         authorize(row[8], token_sha256, f"data set '{name}'")
-        seq = _check_fence(None if row[10] is None else row[10:12], name, worker, fence)
+        seq = _check_fence(None if row[10] is None else row[10:13], name, worker, fence)
         return cfg, row[6], row[7], seq, row[12]
 
     def _verify(self, c: sqlite3.Connection, name: str, values: tuple[Any, ...],
@@ -337,21 +342,31 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
 
         Calls carrying an older fence are refused from now on (Fenced), so a hung predecessor
         with the same name can neither ack nor lease after its successor joined. `leaving`
-        (a launcher's release: nobody runs the new incarnation): its name has left (see
-        _take_place_of_left).
+        (a launcher's release): the fence is burnt, FENCED_OFF — no call can use it, nobody
+        runs it — and its name has left (see _take_place_of_left) until it joins again; a name
+        with no row (never joined, or gave its place) has no incarnation to fence off: nothing
+        is stored and the fence is 0 (none).
         """
         check_name(worker, "worker", WORKER_PATTERN)
         with self._tx() as c:
             cfg, _, front = self._config(c, name, token_sha256)
-            row = c.execute("SELECT fence FROM workers WHERE dataset=? AND worker=?",
+            row = c.execute("SELECT fence, reply FROM workers WHERE dataset=? AND worker=?",
                             (name, worker)).fetchone()
+            if row is None and leaving:
+                # (a row made for it held the next fence, which a lease then used though no
+                # join had handed it out: a name that never joined leased shards)
+                return Joined(0, self._release_rows(c, cfg, front, worker, None, True,
+                                                    joined_error(worker, 0, error), None, limit))
             if row is not None:
                 check_worker_row(name, worker, row[0], 0)
-                fence = next_fence(name, worker, row[0])
+                # (fenced off already: its burnt fence again, so launchers' releases in a loop
+                # do not use fences up)
+                fence = row[0] if leaving and row[1] == FENCED_OFF else \
+                    next_fence(name, worker, row[0])
             else:
                 fence = self._new_name_fence(c, name, worker)
             c.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,NULL,?,0)",
-                      (name, worker, fence, LEFT if leaving else None))
+                      (name, worker, fence, FENCED_OFF if leaving else None))
             # The request history belongs to the incarnation: a new one starts without it.
             c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=?", (name, worker))
             released = self._release_rows(c, cfg, front, worker, None, True,
@@ -519,9 +534,10 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         """Return the DOING shards of `worker` to the front of TODO (a failure counts a retry;
         at most `limit` here: the service gives the rest back in steps, give_back).
 
-        With `fence`, the worker gives back its own shards (and must be current). Without, a
-        launcher that saw the worker die fences off every incarnation of it (as `join` does).
-        Either way the name has left (until it leases again): once it holds no shard, a new
+        With `fence`, the worker gives back its own shards (and must be current); the name
+        has left until it leases again. Without, a launcher that saw the worker die fences off
+        every incarnation of it: none is current until the name joins again (`join`, leaving;
+        a name that never joined: nothing stored). Either way, once it holds no shard, a new
         name at max_workers_per_dataset may take its place (_take_place_of_left).
         """
         if fence is None:
@@ -555,18 +571,18 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return next_fence(name, worker, pin_fence_floor(c, name))
 
     def _take_place_of_left(self, c: sqlite3.Connection, name: str) -> bool:
-        """Delete the longest-joined workers row of `name` that left (LEFT, EXPIRED) and holds
-        no shard, with its lease request history: its place of max_workers_per_dataset is a new
-        name's (pods named anew at each start kept every place for good, then every join 429).
+        """Delete the longest-joined workers row of `name` that left (LEFT, FENCED_OFF,
+        EXPIRED) and holds no shard, with its lease request history: its place of
+        max_workers_per_dataset is a new name's (pods named anew at each start kept every place for good, then every join 429).
         False: no such row. The row's fence goes into the data set's fence floor (a row of its
         own, kept across restarts: a restart with a higher limit gave new names fence 1 again),
         which every new name's incarnations start above: no incarnation of the deleted name,
         should it come back, is current again."""
         key = self._key(name)
         row = c.execute("SELECT worker, fence FROM workers w WHERE dataset=? AND reply IN"
-                        " (?,?) AND NOT EXISTS (SELECT 1 FROM shards INDEXED BY shards_holder WHERE"
+                        " (?,?,?) AND NOT EXISTS (SELECT 1 FROM shards INDEXED BY shards_holder WHERE"
                         " dataset=? AND worker=w.worker AND state='DOING') ORDER BY rowid LIMIT 1",
-                        (name, LEFT, EXPIRED, key)).fetchone()
+                        (name, LEFT, EXPIRED, FENCED_OFF, key)).fetchone()
         if row is None:
             return False
         raise_fence_floor(c, name, row[1])
@@ -608,11 +624,20 @@ def release_error(worker: str, failure: bool, error: str | None) -> str | None:
 
 
 def _check_fence(row: Sequence[Any] | None, name: str, worker: str, fence: int) -> int:
-    """The request counter (seq) of a current incarnation's workers row, else Fenced."""
+    """The request counter (seq) of a current incarnation's workers row (fence, seq, mark),
+    else Fenced."""
     if row is None:
         raise Fenced(f"worker '{worker}' has not joined '{name}' (POST .../join first)")
     seq = 0 if row[1] is None else row[1]
     check_worker_row(name, worker, row[0], seq)
+    if row[2] == FENCED_OFF:
+        raise Fenced(f"worker '{worker}' was released from '{name}' without a fence (its"
+                     f" launcher saw it die): fence {fence} and every other of its incarnations"
+                     " are fenced off until it joins again (POST .../join)")
+    if fence > row[0]:
+        raise Fenced(f"worker '{worker}' fence {fence} was never handed out: the current"
+                     f" incarnation of it on '{name}' is fence {row[0]} (a join hands out"
+                     " fences; POST .../join for one)")
     if row[0] != fence:
         raise Fenced(f"worker '{worker}' fence {fence} is stale: incarnation {row[0]} of"
                      f" it joined '{name}' since; this one must stop")
