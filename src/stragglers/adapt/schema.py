@@ -37,8 +37,9 @@ CREATE TABLE IF NOT EXISTS fence_floors (dataset TEXT PRIMARY KEY, floor INTEGER
 CREATE TABLE IF NOT EXISTS fence_folds (id INTEGER PRIMARY KEY CHECK (id = 0), names BLOB);
 """
 # workers.reply (schema 2's last lease reply, unused since schema 3): LEFT once the name has
-# released (its own release, or a launcher's); a join, a lease that hands it shards, or an ack
-# of a shard it holds, clears it. EXPIRED once a lease of its current incarnation expired in
+# released itself; a join, a lease that hands it shards, or an ack of a shard it holds, clears
+# it. shards.FENCED_OFF ("fenced") once a launcher released it without a fence: every call is
+# refused until a join clears it (a lease at the next fence must not pass). EXPIRED once a lease of its current incarnation expired in
 # another's call; a lease of it (whatever its answer) or an ack of a shard it holds clears
 # that too. A name that left either way and holds no shard gives its place of
 # max_workers_per_dataset to a new name (shards._take_place_of_left).
