@@ -118,10 +118,15 @@ def launch_delays(grid: OpGrid, model: DependencyModel) -> np.ndarray:
 
     Absent ops (a gc slot without a pause on this worker) are placed at the end of their
     dependencies with zero duration, in dependency order, so their successors see them.
+    A compute op most replica-steps lack (`OpGrid.held`: a spurious row of one rank) gets none:
+    the model placed it from the first replica's step, so its wait is on a guess (a 0.1 ms row
+    after one rank's optimizer, chained after its last backward, waited 0.5 s: an honest worker
+    read host-stalled ×2.2 and left out of the ideal).
     """
     end = grid.start + grid.duration
     first = step_starts(grid)
     delay = np.zeros_like(end)
+    guessed = ~grid.held() & np.isin(grid.node_optype, _WORK)
     for sn in model.order:
         members = model.groups[-sn - 1] if sn < 0 else [sn]
         for m in members:
@@ -133,7 +138,8 @@ def launch_delays(grid: OpGrid, model: DependencyModel) -> np.ndarray:
                 # an op's own row only: a copy of the grid's starts would be the job's size
                 start = np.where(absent, ready, start)
                 end[m][absent] = ready[absent]
-            delay[m] = np.maximum(start - ready, 0.0)
+            if not guessed[m]:
+                delay[m] = np.maximum(start - ready, 0.0)
     return delay
 
 
