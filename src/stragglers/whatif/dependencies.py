@@ -68,6 +68,7 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
     use_dp = len(grid.dp_ranks) * dsp_size > 1
     by_stage = {s: np.flatnonzero(grid.node_stage == s) for s in range(pp)}
     p2p_launched: dict[tuple[int, str], list[int]] = {}
+    held = grid.held()
 
     def of_type(stage: int, name: str) -> list[int]:
         """Nodes of one optype on one stage, in observed start order."""
@@ -124,7 +125,10 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         colls_before, colls_after = _blocking_runs(grid, stream)
         pauses = gc_at.get(n_fb, [])
         tail_gc = pauses[-1] if pauses else None
-        last_compute = max(comp, key=lambda c: ref_end[c]) if comp else None
+        # the schedule's compute ops: those most replica-steps hold (a spurious row of one
+        # rank is no microbatch's: paired with a transfer, it shifted every pairing by one)
+        sched = [c for c in comp if held[c]] or comp
+        last_compute = max(sched, key=lambda c: ref_end[c]) if sched else None
         if pauses and last_compute is not None:
             deps[pauses[0]].append(last_compute)
         # compute cut into pieces by blocking collectives or by DDP's buckets (gradient
@@ -140,7 +144,8 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
             _schedule_p2p(grid, stage, stream, of_type, chain, deps, ref_start, ref_end,
                           p2p_launched)
         for direction in (() if schedule_order else ("forward", "backward")):
-            t_comp = sorted(of_type(stage, f"{direction}-compute"), key=lambda c: grid.node_seq[c])
+            t_comp = sorted((c for c in of_type(stage, f"{direction}-compute") if held[c]),
+                            key=lambda c: grid.node_seq[c])
             if not t_comp:
                 continue
             last_comp_start = max(ref_start[c] for c in t_comp)
@@ -389,12 +394,14 @@ def recorded_per_action(grid: OpGrid) -> bool:
     """Whether the pipeline transfers were recorded per schedule action (record/pipelining.py).
 
     Those rows name the peer stage in gmc (never the row's own pipeline rank); every other
-    source gives a transfer its own stage there. A weight-gradient op (W) is only recorded so.
+    source gives a transfer its own stage there. The transfers decide: a weight-gradient op (W),
+    recorded only so, decides only where there are none (one spurious W row at one rank read
+    a 1F1B trace per action, its transfers unpaired: a straggler's S 1.60 → 1.78).
     """
-    if np.any(grid.node_optype == BWW):
-        return True
     p2p = np.isin(grid.node_optype, [C[n] for n in P2P_PEER])
-    return bool(p2p.any()) and not np.any(grid.node_gmc[p2p] == grid.node_stage[p2p])
+    if not p2p.any():
+        return bool(np.any(grid.node_optype == BWW))
+    return not np.any(grid.node_gmc[p2p] == grid.node_stage[p2p])
 
 
 def _most(yes: np.ndarray, held: np.ndarray) -> bool:

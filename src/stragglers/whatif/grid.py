@@ -65,6 +65,13 @@ class OpGrid:
                        duration=self.duration[:, :, keep], present=self.present[:, :, keep],
                        row=self.row[:, :, keep], warnings=list(self.warnings))
 
+    def held(self) -> np.ndarray:
+        """bool [N]: the template ops that most of their replica-steps hold (a spurious row
+        of one rank, a run some traces cut once more, is held by few: no slot of the job's
+        schedule, which the model, the ideal and the judgements of workers do not build on)."""
+        _, d, t = self.present.shape
+        return 2 * np.count_nonzero(self.present.reshape(len(self.present), -1), axis=1) > d * t
+
     def node_name(self, n: int) -> str:
         """A readable name of a template op, for errors."""
         from stragglers.trace.model import OPTYPES

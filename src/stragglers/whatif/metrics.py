@@ -198,6 +198,15 @@ UNEXPLAINED_SHARE = 0.5
 # is named for (stall_min_fraction of the step, docs/whatif.md §7) is not host-stalled: nobody
 # waits on its gaps, so they are its own work, timed short (not a launch late).
 UNWAITED_COST = DEFAULT.stall_min_fraction
+# A suspect whose recorded computes are under this share of its stage peers' median is judged
+# against its gaps' length too (`unexplained`): a host-stalled rank computes as much as its
+# peers, a real straggler's honest peer a half or a fifth as much (beside a ×2 worker of a
+# dp 2 job, 0.498×: read short it was left out and S fell 1.33 → 1.25), a units slip (/1000,
+# ms written as s) or a recorder timing launches orders of magnitude less.
+SHORT_BUSY = 0.1
+# ... and is not waited on while its gaps, replayed alone, cost the job less than this share of
+# their length (a stall is waited on nearly whole: 0.56 of the step for gaps of 0.80)
+SHORT_WAITED = 0.5
 # the words of the warning naming such a worker (the monitor copies it to a window's notes)
 IDEAL_LEFT_OUT = "left out of the ideal"
 _ROWS_AT_ONCE = 64
@@ -229,18 +238,35 @@ def unexplained(grid: OpGrid, plan: ReplayPlan, cost: np.ndarray, delay: np.ndar
     if not t_nodelay > 0:   # (no work at all replayed: nothing to judge against; the trace's
         return left         # zero durations are refused where they are read)
     work = np.isin(grid.node_optype, [c for c in COMPUTE_CODES if c != GC])
+    busy = np.zeros(share.shape)                                              # [D, P]
+    for lo in range(0, len(delay), _ROWS_AT_ONCE):
+        rows = slice(lo, lo + _ROWS_AT_ONCE)
+        np.add.at(busy.T, grid.node_stage[rows],
+                  grid.duration[rows].sum(axis=2) * work[rows, None])
     for di, p in suspects:
         cells = np.zeros(cost.shape[:2], dtype=bool)
         cells[grid.node_stage == p, di] = True
         waited = (_mean_step(plan, cost, start, delay, cells) - t_nodelay) / t_nodelay
-        if waited >= UNWAITED_COST:
+        peers = np.delete(busy[:, p], di)
+        short = len(peers) > 0 and busy[di, p] < SHORT_BUSY * np.median(peers)
+        # Its computes far shorter than its peers' yet its step as long as theirs (the
+        # collectives they share end together): its gaps are its work unless the job waits on
+        # them nearly whole, as on a stall (×0.7 of their length and more); replayed alone,
+        # its gaps also repeat the delays every worker has (step gaps, launches), which cost
+        # the job too. With two DP ranks no majority tells the slip from the honest rank: a
+        # rank whose durations were written /1000 cost 7-29% (noise, step gaps), and its
+        # honest peer read ×2 slow (S 2.0, worker_fault).
+        bar = max(UNWAITED_COST, share[di, p] * SHORT_WAITED) if short else UNWAITED_COST
+        if waited >= bar:
             continue
         left[(grid.node_stage == p) & work, di] = True
+        how = (f"its computes {busy[di, p] / np.median(peers):.3g}× its stage peers' and its "
+               "step as long as theirs, replayed alone they cost the job" if short else
+               "replayed alone they cost the job")
         grid.warnings.append(
             f"computes of worker (dp {int(grid.dp_ranks[di])}, pp {int(p)}) {IDEAL_LEFT_OUT}: "
-            f"its launch delays are {share[di, p]:.0%} of the step, yet replayed alone "
-            f"they cost the job {waited:.1%} (nobody waits on its gaps: its computes are timed "
-            "shorter than its work)")
+            f"its launch delays are {share[di, p]:.0%} of the step, yet {how} {waited:.1%} "
+            "(nobody waits on its gaps: its computes are timed shorter than its work)")
     return left
 
 

@@ -111,6 +111,7 @@ class Context:
     _arrivals: tuple | None = field(default=None, repr=False)
     _experts: tuple | None = field(default=None, repr=False)
     _duration: np.ndarray | None = field(default=None, repr=False)
+    _cost: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, w: WhatIf, trace: Trace, cfg: DiagnosisConfig) -> "Context":
@@ -153,6 +154,17 @@ class Context:
         if self._duration is None:
             self._duration = self._as_peers(self.w.grid.duration, cells)
         return self._duration
+
+    @property
+    def cost(self) -> np.ndarray:
+        """[N, D, T] measured costs as the detectors price work with them: the computes left
+        out of the ideal at their stage peers' (as `duration`); the measured job elsewhere."""
+        cells = self.w.computes_left_out
+        if cells is None:
+            return self.w.cost
+        if self._cost is None:
+            self._cost = self._as_peers(self.w.cost, cells)
+        return self._cost
 
     def _as_peers(self, values: np.ndarray, cells: np.ndarray) -> np.ndarray:
         """`values` [N, D, T] (a copy) with `cells` (bool [N, D]: the computes left out of the

@@ -119,9 +119,13 @@ def rebalanced_costs(ctx: Context, typical: np.ndarray) -> np.ndarray:
     slow worker's layers run at the healthy device's speed once moved onto it: carried at the
     slow one's, they made its DP rank's light stage the straggler once the slow worker was
     fixed too, and a heavy stage ×1.8 beside a slow worker ×2.4 on it was dropped, ×0.95 after
-    that fix; combinations seed 32 jobs 308, 448).
+    that fix; combinations seed 32 jobs 308, 448). The work moved and the devices' speeds are
+    read from `ctx.cost`: a worker's computes left out of the ideal (timed shorter than its
+    work) at its stage peers' (read as stated, its stage's typical speed was its own: the
+    honest peer ×3 slow, taking a third of the work moved, ×1.25 predicted for ×1.19).
     """
     w, g = ctx.w, ctx.w.grid
+    measured = ctx.cost
     fb = np.isin(g.node_optype, (FWD, BWD, BWW))
     stages = np.arange(g.pp_size)
     receives = np.array([bool((fb & (g.node_stage == p)).any()) for p in stages])
@@ -134,7 +138,7 @@ def rebalanced_costs(ctx: Context, typical: np.ndarray) -> np.ndarray:
         return cost
     # flow[p, q]: the fraction of stage q's work per step that stage p takes over
     flow = np.outer(need / need.sum(), give / np.maximum(typical, 1e-12))
-    work = per_worker_sum(w.cost, g.node_stage, fb, g.pp_size)               # [D, P, T]
+    work = per_worker_sum(measured, g.node_stage, fb, g.pp_size)             # [D, P, T]
     speed = _typical_speed(work)                                              # [D, P]
     ops = {int(p): _ops_by_kind(g, fb & (g.node_stage == p)) for p in stages}
     for p in stages:
@@ -148,12 +152,12 @@ def rebalanced_costs(ctx: Context, typical: np.ndarray) -> np.ndarray:
             pace = (speed[:, p] / speed[:, q])[None, :, None]                 # [1, D, 1]
             if mine.keys() == theirs.keys():
                 idx = list(mine)
-                cost[[mine[k] for k in idx]] += flow[p, q] * pace * w.cost[
+                cost[[mine[k] for k in idx]] += flow[p, q] * pace * measured[
                     [theirs[k] for k in idx]]
                 continue
             if weight is None:
                 # (median over steps, where it ran)
-                weight = np.median(w.cost[sel], axis=2)[:, :, None] * g.present[sel]
+                weight = np.median(measured[sel], axis=2)[:, :, None] * g.present[sel]
                 total = weight.sum(axis=0, keepdims=True)
                 np.divide(weight, total, out=weight, where=total > 0)
             cost[sel] += weight * (flow[p, q] * pace * work[None, :, q, :])
