@@ -24,9 +24,9 @@ from pathlib import Path
 from stragglers.errors import EnvironmentFailure, InputError
 from stragglers.smallfiles import read_small_file
 # the connection guard lives in serving_guard; its names stay importable from here
-from stragglers.serving_guard import BODY_ADMITTED_KEY, FRAMING_KEY, TARGET_KEY, BodyNotAdmitted, \
-    ConnectionLimits, ErrorShape, admit_body, guarded_protocol, json_response_bytes, park, \
-    plain_error  # noqa: F401
+from stragglers.serving_guard import BODY_ADMITTED_KEY, FRAMING_KEY, SECURITY_HEADERS, \
+    TARGET_KEY, BodyNotAdmitted, ConnectionLimits, ErrorShape, admit_body, guarded_protocol, \
+    json_response_bytes, park, plain_error  # noqa: F401
 from stragglers.serving_quota import AnonymousPace, RateLimited
 
 log = logging.getLogger(__name__)
@@ -380,17 +380,6 @@ def is_loopback_name(host: str) -> bool:
         return False
 
 
-SECURITY_HEADERS = [
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"content-security-policy",
-     b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-     b"img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
-     b"form-action 'self'; frame-ancestors 'none'"),
-]
-
-
 # the answer to a request whose connection closed, or whose client shut its side, while it
 # waited its turn (only a half-closed client reads it)
 GONE_WHILE_WAITING = ("request: its connection was closed (or its client's side shut) while it"
@@ -532,7 +521,7 @@ class ServiceGuard:
             await send_json(self.shape, send, 400, f"request header '{twice}': given more than once; "
                             "expected once")
             return
-        odd = _odd_framing(headers)
+        odd = _odd_framing(headers, version)
         if odd is not None:
             await pause(self.refusal_delay_s)
             await send_json(self.shape, send, *odd)
@@ -642,12 +631,20 @@ def _repeated(headers) -> str | None:
     return None
 
 
-def _odd_framing(headers) -> tuple[int, str] | None:
+def _odd_framing(headers, version: str = "1.1") -> tuple[int, str] | None:
     """(status, message) for a request whose framing the services do not take: a transfer
     coding other than chunked (its body was handed on still coded: `gzip, chunked` was read
-    as plain JSON; RFC 9112 6.1: 501), both a transfer coding and a length (400) or an
-    expectation other than 100-continue (RFC 9110 10.1.1: 417); None for any other request."""
+    as plain JSON; RFC 9112 6.1: 501), both a transfer coding and a length (400), a transfer
+    coding in an HTTP/1.0 request (400) or an expectation other than 100-continue (RFC 9110
+    10.1.1: 417); None for any other request."""
     names = {name for name, _ in headers}
+    if b"transfer-encoding" in names and version == "1.0":
+        # RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding is framed faultily, whatever
+        # else it says (HTTP/1.0 has no transfer codings: a 1.0 proxy in front frames it by its
+        # Content-Length or its close, and the parsers read it chunked: a smuggling shape, and
+        # was served)
+        return 400, ("request header 'Transfer-Encoding': not in HTTP/1.0 (RFC 9112 6.1); "
+                     "expected HTTP/1.1, or a Content-Length")
     if b"transfer-encoding" in names and b"content-length" in names:
         # RFC 9112 6.3: a request smuggling shape (a proxy in front may frame it by the other
         # header); httptools refused it, h11 took the chunked body and ignored the length

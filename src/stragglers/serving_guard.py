@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import select
 import socket
 import struct
@@ -14,7 +15,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from stragglers.serving_quota import AnonymousPace, RateLimited
+from stragglers.serving_quota import AnonymousPace, RateLimited, client_key
 
 
 @dataclass(frozen=True)
@@ -152,15 +153,32 @@ def plain_error(status: int, message: str) -> ErrorBody:
     return {"error": message}
 
 
+# the headers of every response of the services, whoever writes it: ServiceGuard adds them to
+# the app's answers, json_response_bytes writes them on the protocol's own
+SECURITY_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"content-security-policy",
+     b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+     b"img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+     b"form-action 'self'; frame-ancestors 'none'"),
+]
+_SECURITY_LINES = b"".join(k + b": " + v + b"\r\n" for k, v in SECURITY_HEADERS)
+
+
 def json_response_bytes(status: int, reason: str, message: str,
-                        shape: ErrorShape = plain_error) -> bytes:
-    """A whole HTTP/1.1 response with a JSON error body, closing the connection (written by
-    the protocol when there is no app to answer: a timeout, a refused connection)."""
+                        shape: ErrorShape = plain_error, head_only: bool = False) -> bytes:
+    """A whole HTTP/1.1 response with a JSON error body, closing the connection, with the
+    security headers of the app's answers: every answer the protocol writes itself when there
+    is no app to answer (a head the parser refuses, one too large, a timeout, a connection
+    refused or closed at a cap) is this one (it wrote nosniff only: a 400 or 408 of the
+    same service came without its frame and script policy). `head_only`: the answer to a
+    HEAD request, its body left out (RFC 9110 9.3.2; its length said, as the app's are)."""
     body = json.dumps(shape(status, message)).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n"
-            "x-content-type-options: nosniff\r\n\r\n")
-    return head.encode() + body
+            f"content-length: {len(body)}\r\nconnection: close\r\n").encode()
+    return head + _SECURITY_LINES + b"\r\n" + (b"" if head_only else body)
 
 
 
@@ -187,6 +205,11 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
             self._g_stalled: float | None = None  # since when the client has not read what it was sent
             self._g_eof = False    # the client half-closed: close once its requests are answered
             self._g_head_over = False
+            # what the parser refused of the request, once it did: (part, its words, method)
+            self._g_parse_error: tuple[str, str, str | None] | None = None
+            parser = getattr(self, "parser", None)
+            if parser is not None and hasattr(base, "on_header"):
+                self.parser = _HttptoolsErrors(parser, self)
             self._g_lingering: asyncio.TimerHandle | None = None   # see _g_linger
             self._g_refusing: asyncio.TimerHandle | None = None    # see _g_refuse
             self._g_paced: tuple[AnonymousPace, object] | None = None   # its refusal's turn
@@ -230,7 +253,8 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
                 if not started and not raw.is_closing():
                     raw.write(json_response_bytes(
                         503, "Service Unavailable", "request: the service stopped before it "
-                        "was answered; retry once it is back", self._g_shape))
+                        "was answered; retry once it is back", self._g_shape,
+                        scope.get("method") == "HEAD"))
                 raw.close()
             except (OSError, RuntimeError):
                 pass
@@ -379,9 +403,11 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
         if hasattr(base, "on_header"):   # httptools: the parser's callbacks (h11 bounds its own)
             def on_message_begin(self) -> None:
                 self._g_head_size, self._g_head_over, self._g_trailers = 0, False, False
+                self._g_url_seen = False   # (the method is parsed once the target begins)
                 super().on_message_begin()
 
             def on_url(self, url: bytes) -> None:
+                self._g_url_seen = True
                 self._g_count_head(len(url))
                 super().on_url(url)
 
@@ -464,13 +490,38 @@ def guarded_protocol(base: type, limits: ConnectionLimits,
 
         def send_400_response(self, msg: str) -> None:
             # (the parser refused the request: after a pause, as every refusal below the app)
+            refused, self._g_parse_error = self._g_parse_error, None
+            method = refused[2] if refused is not None else self._g_method()
             if getattr(self, "_g_head_over", False):
                 self._g_refuse(json_response_bytes(
                     431, "Request Header Fields Too Large",
-                    f"request head: more than {limits.max_head_bytes} bytes", self._g_shape))
+                    f"request head: more than {limits.max_head_bytes} bytes", self._g_shape,
+                    method == "HEAD"))
+                return
+            # the parser's own words, naming what it refused (uvicorn answered every refusal
+            # "Invalid HTTP request received.", whatever was wrong)
+            if refused is None:
+                text = f"request: {msg}"
             else:
-                self._g_refuse(json_response_bytes(400, "Bad Request", f"request: {msg}",
-                                                   self._g_shape))
+                part, said = refused[:2]
+                text = f"request: the HTTP parser refused its {part}: {said}; {_EXPECTED[part]}"
+            self._g_refuse(json_response_bytes(400, "Bad Request", text, self._g_shape,
+                                               method == "HEAD"))
+
+        def _g_method(self) -> str | None:
+            """The method of the request an answer written here refuses, where it is known
+            (its answer then has no body if it is HEAD): the request in progress, else the
+            head being read, once the parser is past its method."""
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete and not _waiting(self):
+                return cycle.scope.get("method")
+            if hasattr(base, "on_header"):   # httptools
+                parser = getattr(self, "parser", None)
+                if parser is None or not getattr(self, "_g_url_seen", False):
+                    return None
+                return parser.get_method().decode("latin-1")
+            conn = getattr(self, "conn", None)
+            return _h11_method(conn) if conn is not None else None
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
@@ -486,19 +537,101 @@ def _bound_h11_heads(protocol, conn) -> None:
     limit = protocol._g_limits.max_head_bytes
 
     def next_event():
+        # (read before h11 takes the head's bytes from its buffer: the method of a head it
+        # refuses, a HEAD's answer then without a body)
+        method, body = _h11_method(conn), conn.their_state is h11.SEND_BODY
         try:
             event = real()
         except h11.RemoteProtocolError as exc:
             # h11's own bound on a head still incomplete (h11_max_incomplete_event_size, made
             # max_head_bytes by uvicorn_server): answered 431 like the others, not 400
             protocol._g_head_over = exc.error_status_hint == 431
+            part = "body" if body else "request line" if \
+                str(exc).startswith("illegal request line") else "head"
+            protocol._g_parse_error = (part, _said(str(exc)), method)
             raise
         if isinstance(event, h11.Request) and len(event.target) + sum(
                 len(k) + len(v) + 4 for k, v in event.headers) > limit:
             protocol._g_head_over = True
+            protocol._g_parse_error = ("head", "too large",
+                                       event.method.decode("latin-1"))
             raise h11.RemoteProtocolError("request head too large", 431)
         return event
     conn.next_event = next_event
+
+
+def _h11_method(conn) -> str | None:
+    """The method that begins the head h11 has not parsed yet (None: not there yet, or no
+    head waits)."""
+    import h11
+
+    if conn.their_state is not h11.IDLE:
+        return None
+    # (h11's ReceiveBuffer keeps its bytes in `_data`, as _unparsed counts them)
+    data = getattr(getattr(conn, "_receive_buffer", None), "_data", None)
+    if data is None:
+        return None
+    method, space, _ = bytes(data[:40]).lstrip(b"\r\n").partition(b" ")
+    return method.decode("latin-1") if space and method.isalpha() else None
+
+
+# what each part of a request the parser refuses was expected to be (its answer's last words)
+_EXPECTED = {
+    "request line": "expected METHOD /path HTTP/1.1",
+    "target": "expected a path of visible ASCII characters (others %-encoded)",
+    "head": "expected HTTP/1.1 header lines (RFC 9112)",
+    "body": "expected the body framed as its head declares (RFC 9112)",
+}
+
+
+def _said(text: str, limit: int = 120) -> str:
+    """A parser's message fit for an answer: one line of printable ASCII, at most `limit`
+    characters (h11 quotes the request's own bytes, up to a whole head)."""
+    text = re.sub(r"bytearray\((b['\"].*)\)$", r"\1", text.strip())
+    text = "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class _HttptoolsErrors:
+    """httptools' parser of a guarded protocol, keeping what it refused (the protocol's
+    _g_parse_error) before uvicorn answers: uvicorn drops the parser's error and its words."""
+
+    __slots__ = ("raw", "_protocol")
+
+    def __init__(self, raw, protocol):
+        self.raw, self._protocol = raw, protocol
+
+    def __getattr__(self, name: str):
+        return getattr(self.raw, name)
+
+    def feed_data(self, data: bytes) -> None:
+        try:
+            self.raw.feed_data(data)
+        except Exception as exc:
+            self._protocol._g_parse_error = self._refused(exc)
+            raise
+
+    def _refused(self, exc: Exception) -> tuple[str, str, str | None] | None:
+        """(part, the parser's words, method) of a request `exc` refuses; None for an upgrade."""
+        import httptools
+
+        if not isinstance(exc, httptools.HttpParserError):
+            return None   # (HttpParserUpgrade: uvicorn's own path)
+        cause = exc.__context__
+        if isinstance(exc, httptools.HttpParserCallbackError) and \
+                isinstance(cause, httptools.HttpParserError):
+            # a callback's own parse failed (uvicorn's parse_url of a CONNECT's authority)
+            exc = cause
+        said = _said(str(exc))
+        if isinstance(exc, httptools.HttpParserInvalidMethodError):
+            return "request line", said, None   # (get_method() is then a stale one)
+        part = "target" if isinstance(exc, httptools.HttpParserInvalidURLError) \
+            else "body" if getattr(self._protocol, "_g_trailers", False) else "head"
+        method = self.raw.get_method().decode("latin-1")
+        if method == "PRI":   # (llhttp's words for it: "Pause on PRI/Upgrade")
+            part, said = "request line", "the HTTP/2 preface (PRI *) is not served here"
+        return part, said, method
 
 
 class _LingeringTransport:
@@ -852,8 +985,10 @@ def _body_left(conn) -> bool:
 
 
 def _client(conn) -> str:
-    """The address a connection comes from ('?' when unknown)."""
-    return (conn.client or ("?",))[0]
+    """The client a connection comes from as the caps count it ('?' when unknown): an IPv6
+    address's /64 (client_key, the anonymous pace's rule: counted per address, one host took
+    a share per address of its /64, and at the cap of all none of its was "the most")."""
+    return client_key(str((conn.client or ("?",))[0]))
 
 
 def _close(conn, status: int | None = None, reason: str = "", message: str = "",
@@ -861,17 +996,20 @@ def _close(conn, status: int | None = None, reason: str = "", message: str = "",
     """Close a connection, answering `status` first unless None; `linger`: `status` answered
     after the refusal pause, its client's unread bytes drained (the protocol's _g_refuse),
     else closed at once (at a cap)."""
-    if linger and status is not None and not abort:
+    answer = b""
+    if status is not None:
+        method = conn._g_method() if hasattr(conn, "_g_method") else None
+        answer = json_response_bytes(status, reason, message,
+                                     getattr(conn, "_g_shape", plain_error), method == "HEAD")
+    if linger and answer and not abort:
         # (a head over the bound, not complete in time; _g_refuse does nothing to a connection
         # refused or lingering already)
-        conn._g_refuse(json_response_bytes(status, reason, message,
-                                           getattr(conn, "_g_shape", plain_error)))
+        conn._g_refuse(answer)
         return
     lingering = getattr(conn, "_g_lingering", None) is not None
     try:
-        if status is not None and not lingering:
-            conn.transport.write(json_response_bytes(status, reason, message,
-                                                     getattr(conn, "_g_shape", plain_error)))
+        if answer and not lingering:
+            conn.transport.write(answer)
         if status is not None and not abort and not lingering:
             # the answer's write side shut and the client's bytes read and dropped until it
             # closes (or linger_s): closed at once with its request unread (sent as it was

@@ -124,11 +124,12 @@ class RequestLimits:
 
 
 def quota_client(host: str | None) -> str | None:
-    """The key per-client quotas count a request under: its address, or None (no per-client
-    quota) for a loopback or unknown one — every local process connects from loopback, and may
-    pick any of 127.0.0.0/8 as its source, so a loopback address tells no two clients apart
-    (one process would take every local client's share; local clients are told apart by their
-    tokens, and what they may create is bounded by the rates below and the service's limits)."""
+    """The key per-client quotas count a request under: its client (client_key: an IPv6
+    address's /64), or None (no per-client quota) for a loopback or unknown one — every local
+    process connects from loopback, and may pick any of 127.0.0.0/8 as its source, so a
+    loopback address tells no two clients apart (one process would take every local client's
+    share; local clients are told apart by their tokens, and what they may create is bounded
+    by the rates below and the service's limits)."""
     if not host:
         return None
     try:
@@ -136,7 +137,25 @@ def quota_client(host: str | None) -> str | None:
     except ValueError:
         return host   # a name (a UNIX socket path, a test client): counted as given
     mapped = getattr(address, "ipv4_mapped", None)   # ::ffff:127.0.0.1 on a dual-stack socket
-    return None if (mapped or address).is_loopback else host
+    return None if (mapped or address).is_loopback else client_key(host)
+
+
+def client_key(host: str) -> str:
+    """The client a request's address stands for, as every per-client share counts it (the
+    anonymous pace, the connection caps, the quotas): an IPv4 address itself, an IPv6 one its
+    /64 (one host holds a whole /64: counted per address, it took a share per address it
+    picked), an IPv4-mapped one its IPv4; anything else (a UNIX socket path, a test client's
+    name) as given."""
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return host
+    mapped = getattr(address, "ipv4_mapped", None)
+    if mapped is not None:
+        return str(mapped)
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 class RateLimited(LimitExceeded):
@@ -521,16 +540,5 @@ class AnonymousPace:
             return None
         return self.address(str((scope.get("client") or ("?",))[0]))
 
-    @staticmethod
-    def address(host: str) -> object:
-        """The key of a client address: itself, an IPv6 one's /64, an IPv4-mapped one's IPv4."""
-        try:
-            address = ipaddress.ip_address(host.split("%")[0])
-        except ValueError:
-            return host   # (a UNIX socket path, a test client: counted as given)
-        mapped = getattr(address, "ipv4_mapped", None)
-        if mapped is not None:
-            return str(mapped)
-        if address.version == 6:
-            return str(ipaddress.ip_network(f"{address}/64", strict=False))
-        return str(address)
+    # the key of a client address (the one rule of every per-client share: client_key)
+    address = staticmethod(client_key)

@@ -68,8 +68,6 @@ def _raw_head(server, data: bytes) -> dict[str, str]:
     return head
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #2: refusals written below the app (431,"
-                   " parser 400, 408) carry none of the security headers but nosniff")
 @pytest.mark.parametrize("request_bytes,status", [
     (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 70_000 + b"\r\n\r\n", "431"),
     (b"G@T /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", "400"),

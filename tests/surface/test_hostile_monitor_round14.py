@@ -72,9 +72,6 @@ PARSER_REFUSED = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #1: answers written by the serving layer "
-                   "(parser 400, 431, and the 408/503 of serving_guard.json_response_bytes) "
-                   "carry nosniff only: no Content-Security-Policy, no X-Frame-Options")
 @pytest.mark.parametrize("case", list(PARSER_REFUSED))
 def test_a_refusal_written_below_the_app_carries_the_security_headers(monitor, case):
     status, headers, body = _exchange(monitor.port,
@@ -99,9 +96,6 @@ NAMED = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #2: every head the parser refuses is answered "
-                   "'request: Invalid HTTP request received.' (uvicorn's fixed words, "
-                   "serving_guard send_400_response): the header or part at fault is not named")
 @pytest.mark.parametrize("case", list(NAMED))
 def test_a_head_the_parser_refuses_is_answered_naming_what_is_wrong(monitor, case):
     raw, word = NAMED[case]
@@ -111,9 +105,6 @@ def test_a_head_the_parser_refuses_is_answered_naming_what_is_wrong(monitor, cas
     assert word in error.lower(), f"{case}: {error!r} does not name the {word}"
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #3: a HEAD request the parser refuses is "
-                   "answered with a body (RFC 9110 9.3.2: a HEAD answer has none; the "
-                   "app's HEAD answers have none)")
 def test_a_refused_head_request_is_answered_without_a_body(monitor):
     status, headers, body = _exchange(
         monitor.port, f"HEAD /api/jobs/\xff HTTP/1.1\r\n{_host(monitor)}\r\n".encode("latin-1"))
@@ -131,9 +122,6 @@ def hasty(tmp_path_factory):
     s.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #1: the 408 of a head not complete in time "
-                   "(serving_guard.json_response_bytes) carries nosniff only: no "
-                   "Content-Security-Policy, no X-Frame-Options")
 def test_a_head_timeout_answer_carries_the_security_headers(hasty):
     with socket.create_connection(("127.0.0.1", hasty.port), timeout=10) as k:
         k.sendall(b"G")     # the first byte of a head that never ends: 408 after 0.5 s
@@ -149,10 +137,6 @@ def test_a_head_timeout_answer_carries_the_security_headers(hasty):
     assert missing == [], f"408 without {missing}"
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #4: the per-client connection cap "
-                   "(serving_guard._Connections, keyed by serving_guard._client) counts each "
-                   "IPv6 address apart, where the anonymous pace (AnonymousPace.address) counts "
-                   "the /64 a host holds: one IPv6 host takes every connection past its cap")
 def test_the_per_client_connection_cap_counts_an_ipv6_hosts_64_as_one_client():
     from types import SimpleNamespace
 
@@ -183,10 +167,6 @@ def test_a_webhook_that_cannot_be_posted_to_is_refused_at_the_start(tmp_path, ur
     pytest.fail(f"webhook {url!r} taken")
 
 
-@pytest.mark.xfail(strict=True, reason="round 14 #6: an HTTP/1.0 request with Transfer-Encoding "
-                   "is read as chunked and served (its meta.json stored); RFC 9112 6.1: such a "
-                   "message's framing MUST be treated as faulty (a request-smuggling desync "
-                   "behind an HTTP/1.0 proxy that frames by Content-Length or by the close)")
 def test_an_http10_request_with_transfer_encoding_is_refused_and_stores_nothing(monitor):
     import httpx
 
