@@ -172,6 +172,9 @@ class ServiceConfig(Config):
     max_restores: int = setting(1, "restores parsed and written at once, their bodies"
                                 " arrived (one per token from its head; the others: 503)",
                                 minimum=1, maximum=64)
+    restore_wait_s: float = setting(60.0, "longest a restore whose body is here waits for"
+                                    " a slot of max_restores (first come, first served; past"
+                                    " it, 503)", minimum=0.0, maximum=3600.0)
     restore_bytes_held: int = setting(1 << 27, "bytes of restore bodies held at once, counted"
                                       " as they arrive until their restore is answered (past"
                                       " it: 503 to a token over its fair share, this over the"
@@ -1396,7 +1399,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                                           f" {within:.3g} s (restore_grace_s + its size /"
                                           " restore_bytes_per_s, at most restore_upload_s)"
                                           ) from None
-                    writing = paced.writing()
+                    # (its head found a slot free: one taken since is waited for, in turn)
+                    writing = await paced.writing(config.restore_wait_s)
                     try:
                         # parsed and validated in a child process (seconds of Python that, on
                         # a thread here, held the GIL the event loop and the commit thread
@@ -1539,7 +1543,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     app = Starlette(routes=routes, exception_handlers=handlers)
     app.router.redirect_slashes = False   # a 307 with no body; unknown paths answer 404 JSON
     app.state.commit, app.state.reader, app.state.store = commit, reader, store
-    app.state.parser = parser
+    app.state.parser, app.state.paced = parser, paced
     app.state.shuffling = computing
     app.state.controlling = controlling
     app.state.folder = folder
