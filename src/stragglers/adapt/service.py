@@ -1367,7 +1367,10 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         name = name_of(request)
         digest = _bearer(request)   # before up to 64 MiB of JSON is read and parsed
         allowed, client = may_create(request), client_of(request)
-        # Ownership, the right to create and the quota, all before the body is read.
+        # Ownership, the right to create and the quota, all before the body is read; and a
+        # quarantined data set, as every other write's (its restore is refused at the switch:
+        # before, its body was read, parsed in the child and its reserve allocated first)
+        store.raise_if_quarantined(name)
         await read(lambda conn: store.may_restore(name, digest, allowed, conn, client))
         with minting(digest, request):   # (the owner of an existing data set is known)
             admit_body(request.scope)
