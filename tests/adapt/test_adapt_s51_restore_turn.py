@@ -75,7 +75,8 @@ def test_a_restore_whose_slot_was_taken_after_its_head_waits_its_turn(tmp_path):
             for _ in range(600):   # until A waits for its turn, or is answered
                 if getattr(paced, "_waiting", None) or readable([k], 0.05):
                     break
-            assert not readable([k], 0), f"A was answered while B held the slot: {_reply(k)[:200]!r}"
+            assert not readable([k], 0), \
+                f"A was answered while B held the slot: {_reply(k)[:200]!r}"
         finally:
             gate.set()
             t.join(120)

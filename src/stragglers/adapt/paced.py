@@ -28,8 +28,9 @@ class PacedWriter:
     A 655,360-row restore written in one transaction held the commit thread ~5.6 s (every other
     job's lease waited); as RESTORE_CHUNK-row steps it takes longer but a lease waits at most one
     step. Restores at once are bounded per token (from the head: its body's upload too) and,
-    once their bodies are here, in all (the others: 503 Busy); the bytes of bodies held at once
-    by `bodies` (see uploads.UploadBytes).
+    once their bodies are here, in all (the others: 503 Busy from the head, or, a body here,
+    a wait in turn for a slot; see writing); the bytes of bodies held at once by `bodies` (see
+    uploads.UploadBytes).
 
     A restore's reserve is allocated and given back on a thread of its own (`space`): on the
     event loop, 496 MiB took 0.44 s to allocate and 0.26 s to unlink on tmpfs (2.45 s of zeros
