@@ -78,7 +78,8 @@ MAX_SINCE = 9_999_999_999   # the `since` of GET .../control/actions (an action'
 # shuffles of more samples run on threads of their own (PacedKeys): at most this many at once
 # (a 2**26 one holds 256 MiB while computed), each token paced to this share of one
 # (a tenth: ten tokens making new 2**26 epochs in a loop take the one thread all shuffles had
-# before, a legitimate job's one an epoch is far below it)
+# before, a legitimate job's one an epoch is far below it; the README says what it costs a
+# job and why it stays until measured: ServiceConfig.shuffle_share)
 BIG_SHUFFLE, SHUFFLE_THREADS, SHUFFLE_SHARE = 1 << 20, 2, 0.1
 SHUFFLE_NICE = 10   # their threads' niceness above the service's
 
@@ -169,6 +170,10 @@ class ServiceConfig(Config):
     restore_share: float = setting(0.25, "share of the commit thread a restore's writes may"
                                    " take (written in small steps, other jobs' calls between"
                                    " them)", minimum=0.01, maximum=1.0)
+    shuffle_share: float = setting(SHUFFLE_SHARE, "share of a thread each token's big"
+                                   " shuffles (over 2**20 samples) may take: its next one"
+                                   " starts no sooner than its last one's CPU time x (1 -"
+                                   " share) / share after it", minimum=0.01, maximum=1.0)
     max_restores: int = setting(1, "restores parsed and written at once, their bodies"
                                 " arrived (one per token from its head; the others: 503)",
                                 minimum=1, maximum=64)
@@ -897,16 +902,16 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                 True: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-big")}
     shuffle_turns = {big: TakeTurns(pool) for big, pool in shuffles.items()}
     # Big shuffles (over 2**20 samples: up to 2**26, 5 s of a core) are no turn of those
-    # threads: computed beside each other's, one a token at a time, each token paced to a
-    # tenth of a thread (turns.PacedKeys says why not in pieces); the threads above then only
-    # write JSON (a turn: milliseconds) or shuffle small epochs (tens of milliseconds)
+    # threads: computed beside each other's, one a token at a time, each token paced to
+    # shuffle_share of a thread (turns.PacedKeys says why not in pieces); the threads above
+    # then only write JSON (a turn: milliseconds) or shuffle small epochs (tens of ms)
     # (at a lower CPU priority: two of them beside each other took twice the CPU one did, and
     # on a loaded machine the event loop and commit thread serving other jobs' leases waited
     # for it, adapt_dos shuffle 2.46x against 1.12x; nice, they take the cores those leave)
     computing = PacedKeys(ThreadPoolExecutor(SHUFFLE_THREADS,
                                              thread_name_prefix="shard-shuffles-compute",
                                              initializer=_lower_priority),
-                          SHUFFLE_SHARE)
+                          config.shuffle_share)
     # Each owner's snapshot sends and strangers' have slots of their own; strangers' are paced
     # slowly: five anonymous clients looping on a 26 MB snapshot at the owner's pace received
     # 256 MB/s, and their CPU (and the service's sends) on the same cores slowed other jobs'
