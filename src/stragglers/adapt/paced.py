@@ -4,6 +4,7 @@ steps, so that other jobs' leases run between them."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,8 +28,9 @@ class PacedWriter:
     A 655,360-row restore written in one transaction held the commit thread ~5.6 s (every other
     job's lease waited); as RESTORE_CHUNK-row steps it takes longer but a lease waits at most one
     step. Restores at once are bounded per token (from the head: its body's upload too) and,
-    once their bodies are here, in all (the others: 503 Busy); the bytes of bodies held at once
-    by `bodies` (see uploads.UploadBytes).
+    once their bodies are here, in all (the others: 503 Busy from the head, or, a body here,
+    a wait in turn for a slot; see writing); the bytes of bodies held at once by `bodies` (see
+    uploads.UploadBytes).
 
     A restore's reserve is allocated and given back on a thread of its own (`space`): on the
     event loop, 496 MiB took 0.44 s to allocate and 0.26 s to unlink on tmpfs (2.45 s of zeros
@@ -42,6 +44,7 @@ class PacedWriter:
         self.by_token = KeyedLimits("token", per_token, 1 << 62)
         self.in_all = KeyedLimits("service", in_all, 1 << 62)
         self.bodies = UploadBytes(body_bytes)
+        self._waiting: collections.deque[asyncio.Future[RequestLimits]] = collections.deque()
         self._lock: asyncio.Lock | None = None
         self._calls_seen = 0   # the committer's call count after the last step (and its pause)
         self._collector: asyncio.Task | None = None
@@ -57,15 +60,51 @@ class PacedWriter:
         when taken."""
         return _held([(self.by_token, token)])
 
-    def writing(self) -> RequestLimits:
+    async def writing(self, wait_s: float) -> RequestLimits:
         """A restore's slot among the service's (max_restores), taken once its body is here: a
-        body that never comes holds no other token's restores; Busy when all are taken."""
-        return _held([(self.in_all, None)])
+        body that never comes holds no other token's restores. When all are taken it waits
+        its turn (first come, first served: a slot given back goes straight to the restore
+        that waited longest) up to `wait_s`, then Busy. (Its head found a slot free; one
+        taken before its body came was a 503, the body thrown away, and the client sent it
+        all again.)"""
+        if not self._waiting:
+            try:
+                return _Slot(self)
+            except LimitExceeded:
+                pass
+        turn: asyncio.Future[RequestLimits] = asyncio.get_running_loop().create_future()
+        self._waiting.append(turn)
+        try:
+            return await asyncio.wait_for(asyncio.shield(turn), wait_s)
+        except BaseException as exc:
+            if turn.done() and not turn.cancelled():
+                turn.result().close()   # (handed a slot as it gave up: the next one's)
+            else:
+                turn.cancel()
+                if turn in self._waiting:
+                    self._waiting.remove(turn)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise Busy(f"a restore is under way (all of max_restores); this one waited"
+                           f" {wait_s:g} s (restore_wait_s) for its turn; retry when it is"
+                           " done") from None
+            raise
 
     def check_writing(self) -> None:
         """Busy when every slot of writing() is taken now (a restore's head: its body is not
-        sent only to be refused once here)."""
-        self.writing().close()
+        sent only to wait for one; a slot given back goes to a restore waiting, so none is
+        free while any waits)."""
+        _held([(self.in_all, None)]).close()
+
+    def _give_on(self) -> None:
+        """A slot given back: taken for the restore that waited longest, if any."""
+        while self._waiting and self._waiting[0].done():
+            self._waiting.popleft()   # (gave up)
+        if self._waiting:
+            try:
+                slot = _Slot(self)
+            except LimitExceeded:
+                return
+            self._waiting.popleft().set_result(slot)
 
     async def step(self, call):
         """Run `call` on the commit thread, then pause (share of the thread's time) when other
@@ -167,6 +206,20 @@ class PacedWriter:
                                 longest_retry_s, exc)
                 await asyncio.sleep(retry_s)
                 retry_s = min(2 * retry_s, longest_retry_s)
+
+
+class _Slot(RequestLimits):
+    """A slot of PacedWriter.writing(): closing it gives it to the next restore waiting."""
+
+    def __init__(self, writer: PacedWriter):
+        self.writer = writer
+        super().__init__([(writer.in_all, None)])
+
+    def close(self) -> None:
+        held = self.open and bool(self.pairs)   # (not one refused as it was taken)
+        super().close()
+        if held:
+            self.writer._give_on()
 
 
 def _held(pairs: list) -> RequestLimits:

@@ -78,7 +78,8 @@ MAX_SINCE = 9_999_999_999   # the `since` of GET .../control/actions (an action'
 # shuffles of more samples run on threads of their own (PacedKeys): at most this many at once
 # (a 2**26 one holds 256 MiB while computed), each token paced to this share of one
 # (a tenth: ten tokens making new 2**26 epochs in a loop take the one thread all shuffles had
-# before, a legitimate job's one an epoch is far below it)
+# before, a legitimate job's one an epoch is far below it; the README says what it costs a
+# job and why it stays until measured: ServiceConfig.shuffle_share)
 BIG_SHUFFLE, SHUFFLE_THREADS, SHUFFLE_SHARE = 1 << 20, 2, 0.1
 SHUFFLE_NICE = 10   # their threads' niceness above the service's
 
@@ -169,9 +170,16 @@ class ServiceConfig(Config):
     restore_share: float = setting(0.25, "share of the commit thread a restore's writes may"
                                    " take (written in small steps, other jobs' calls between"
                                    " them)", minimum=0.01, maximum=1.0)
+    shuffle_share: float = setting(SHUFFLE_SHARE, "share of a thread each token's big"
+                                   " shuffles (over 2**20 samples) may take: its next one"
+                                   " starts no sooner than its last one's CPU time x (1 -"
+                                   " share) / share after it", minimum=0.01, maximum=1.0)
     max_restores: int = setting(1, "restores parsed and written at once, their bodies"
                                 " arrived (one per token from its head; the others: 503)",
                                 minimum=1, maximum=64)
+    restore_wait_s: float = setting(60.0, "longest a restore whose body is here waits for"
+                                    " a slot of max_restores (first come, first served; past"
+                                    " it, 503)", minimum=0.0, maximum=3600.0)
     restore_bytes_held: int = setting(1 << 27, "bytes of restore bodies held at once, counted"
                                       " as they arrive until their restore is answered (past"
                                       " it: 503 to a token over its fair share, this over the"
@@ -894,16 +902,16 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                 True: ThreadPoolExecutor(1, thread_name_prefix="shard-shuffles-big")}
     shuffle_turns = {big: TakeTurns(pool) for big, pool in shuffles.items()}
     # Big shuffles (over 2**20 samples: up to 2**26, 5 s of a core) are no turn of those
-    # threads: computed beside each other's, one a token at a time, each token paced to a
-    # tenth of a thread (turns.PacedKeys says why not in pieces); the threads above then only
-    # write JSON (a turn: milliseconds) or shuffle small epochs (tens of milliseconds)
+    # threads: computed beside each other's, one a token at a time, each token paced to
+    # shuffle_share of a thread (turns.PacedKeys says why not in pieces); the threads above
+    # then only write JSON (a turn: milliseconds) or shuffle small epochs (tens of ms)
     # (at a lower CPU priority: two of them beside each other took twice the CPU one did, and
     # on a loaded machine the event loop and commit thread serving other jobs' leases waited
     # for it, adapt_dos shuffle 2.46x against 1.12x; nice, they take the cores those leave)
     computing = PacedKeys(ThreadPoolExecutor(SHUFFLE_THREADS,
                                              thread_name_prefix="shard-shuffles-compute",
                                              initializer=_lower_priority),
-                          SHUFFLE_SHARE)
+                          config.shuffle_share)
     # Each owner's snapshot sends and strangers' have slots of their own; strangers' are paced
     # slowly: five anonymous clients looping on a 26 MB snapshot at the owner's pace received
     # 256 MB/s, and their CPU (and the service's sends) on the same cores slowed other jobs'
@@ -1364,7 +1372,10 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         name = name_of(request)
         digest = _bearer(request)   # before up to 64 MiB of JSON is read and parsed
         allowed, client = may_create(request), client_of(request)
-        # Ownership, the right to create and the quota, all before the body is read.
+        # Ownership, the right to create and the quota, all before the body is read; and a
+        # quarantined data set, as every other write's (its restore is refused at the switch:
+        # before, its body was read, parsed in the child and its reserve allocated first)
+        store.raise_if_quarantined(name)
         await read(lambda conn: store.may_restore(name, digest, allowed, conn, client))
         with minting(digest, request):   # (the owner of an existing data set is known)
             admit_body(request.scope)
@@ -1396,7 +1407,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                                           f" {within:.3g} s (restore_grace_s + its size /"
                                           " restore_bytes_per_s, at most restore_upload_s)"
                                           ) from None
-                    writing = paced.writing()
+                    # (its head found a slot free: one taken since is waited for, in turn)
+                    writing = await paced.writing(config.restore_wait_s)
                     try:
                         # parsed and validated in a child process (seconds of Python that, on
                         # a thread here, held the GIL the event loop and the commit thread
@@ -1539,7 +1551,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     app = Starlette(routes=routes, exception_handlers=handlers)
     app.router.redirect_slashes = False   # a 307 with no body; unknown paths answer 404 JSON
     app.state.commit, app.state.reader, app.state.store = commit, reader, store
-    app.state.parser = parser
+    app.state.parser, app.state.paced = parser, paced
     app.state.shuffling = computing
     app.state.controlling = controlling
     app.state.folder = folder
