@@ -137,29 +137,41 @@ def test_queued_reads_are_bounded(tmp_path):
         srv.stop()
 
 
-@pytest.mark.slow
-def test_a_big_shuffle_runs_off_the_commit_thread_and_other_jobs_lease_meanwhile(server):
-    # 2**26 samples: the epoch's shuffle takes seconds. It runs on a shuffle thread; the
-    # commit thread goes on leasing other data sets' shards meanwhile.
+def test_a_big_shuffle_runs_off_the_commit_thread_and_other_jobs_lease_meanwhile(server, monkeypatch):
+    # A shuffle of 2**21 samples (over BIG_SHUFFLE) runs on a shuffle thread; the commit
+    # thread goes on leasing other data sets' shards meanwhile. The shuffle is held at its
+    # start until the small job's lease is answered, so the verdict does not depend on how
+    # long a shuffle takes on a loaded machine (2**26 samples outran a 120 s bound at load 30).
+    from stragglers.adapt import permutations as permutations_module
+    n = 1 << 21
+    started, release = threading.Event(), threading.Event()
+    real = permutations_module.epoch_permutation
+
+    def held(num_samples, seed, epoch):
+        if num_samples == n:
+            started.set()
+            assert release.wait(120), "the test never let the shuffle go"
+        return real(num_samples, seed, epoch)
+
+    monkeypatch.setattr(permutations_module, "epoch_permutation", held)
     big = ShardClient(server.url, "big", "w", token=OWNER, timeout_s=120)
-    big.create_dataset(DatasetConfig("big", 1 << 26, 1024))
+    big.create_dataset(DatasetConfig("big", n, 1024))
     big.join()
     small = ShardClient(server.url, "small", "w", token=STRANGER)
     small.create_dataset(DatasetConfig("small", 100, 10))
     small.join()
     small.lease()   # its own shuffle done
     perms = server.app.state.store.permutations
-    key = (1 << 26, 0, 0)
     result: list[LeaseReply] = []
     worker = threading.Thread(target=lambda: result.append(big.lease()))
     worker.start()
-    deadline = time.monotonic() + 60
-    while key not in perms._running:
-        assert time.monotonic() < deadline and worker.is_alive(), "the shuffle never started"
-        time.sleep(0.001)
-    got = small.lease()
-    assert got.status == "ok" and key in perms._running, \
-        "the small job's lease waited for the big shuffle"
+    try:
+        assert started.wait(60), "the big shuffle never started"
+        got = small.lease()
+        assert got.status == "ok" and (n, 0, 0) in perms._running, \
+            "the small job's lease waited for the big shuffle"
+    finally:
+        release.set()
     worker.join(timeout=120)
     assert len(result[0].leases[0].indices) == 1024
     assert perms.threads and all(t.startswith("shard-shuffles") for t in perms.threads)
