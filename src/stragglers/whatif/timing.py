@@ -121,12 +121,13 @@ def launch_delays(grid: OpGrid, model: DependencyModel) -> np.ndarray:
     A compute op most replica-steps lack (`OpGrid.held`: a spurious row of one rank) gets none:
     the model placed it from the first replica's step, so its wait is on a guess (a 0.1 ms row
     after one rank's optimizer, chained after its last backward, waited 0.5 s: an honest worker
-    read host-stalled ×2.2 and left out of the ideal).
+    read host-stalled ×2.2 and left out of the ideal), nor a GC pause most lack (one rank's
+    pause after its optimizer, slotted after its last backward, waited 0.43 s: the same).
     """
     end = grid.start + grid.duration
     first = step_starts(grid)
     delay = np.zeros_like(end)
-    guessed = ~grid.held() & np.isin(grid.node_optype, _WORK)
+    guessed = ~grid.held() & np.isin(grid.node_optype, _WORK + [GC])
     for sn in model.order:
         members = model.groups[-sn - 1] if sn < 0 else [sn]
         for m in members:
