@@ -121,12 +121,13 @@ def launch_delays(grid: OpGrid, model: DependencyModel) -> np.ndarray:
     A compute op most replica-steps lack (`OpGrid.held`: a spurious row of one rank) gets none:
     the model placed it from the first replica's step, so its wait is on a guess (a 0.1 ms row
     after one rank's optimizer, chained after its last backward, waited 0.5 s: an honest worker
-    read host-stalled ×2.2 and left out of the ideal).
+    read host-stalled ×2.2 and left out of the ideal), nor a GC pause most lack (one rank's
+    pause after its optimizer, slotted after its last backward, waited 0.43 s: the same).
     """
     end = grid.start + grid.duration
     first = step_starts(grid)
     delay = np.zeros_like(end)
-    guessed = ~grid.held() & np.isin(grid.node_optype, _WORK)
+    guessed = ~grid.held() & np.isin(grid.node_optype, _WORK + [GC])
     for sn in model.order:
         members = model.groups[-sn - 1] if sn < 0 else [sn]
         for m in members:
@@ -182,10 +183,14 @@ def clip_to_own_timeline(grid: OpGrid, model: DependencyModel) -> str | None:
         nodes = np.flatnonzero(grid.node_stage == stage)
         _clip_starts(grid, model, nodes, cut, undecided)
         _clip_computes(grid, model, nodes, cut)
-        sends = [int(o) for o in nodes[np.isin(grid.node_optype[nodes], _SENDS)]
-                 if not model.no_op[o]]
-        for c in nodes[np.isin(grid.node_optype[nodes], _WORK)]:
-            _clip_sends(grid, int(c), [o for o in sends if c in model.deps[o]], cut)
+        is_work = set(nodes[np.isin(grid.node_optype[nodes], _WORK)].tolist())
+        sends = nodes[np.isin(grid.node_optype[nodes], _SENDS) & ~model.no_op[nodes]]
+        feeds = sorted((c, o) for o in sends.tolist() for c in set(model.deps[o]) & is_work)
+        # a send cut starts later, never earlier: the pairs early before any cut are all
+        early = _any_cell(grid, feeds, lambda c, o: grid.present[c] & grid.present[o]
+                          & (grid.start[o] < grid.start[c]))
+        for c, o in np.asarray(feeds, dtype=np.int64).reshape(-1, 2)[early]:
+            _clip_sends(grid, int(c), [int(o)], cut)
         _clip_pauses(grid, nodes, cut)
     if undecided:
         grid.warnings.append(f"{UNDECIDED}: " + _listed(undecided))
@@ -200,6 +205,17 @@ def clip_to_own_timeline(grid: OpGrid, model: DependencyModel) -> str | None:
 UNDECIDED = ("compute ops starting inside the one before them on their worker's stream, and no "
              "dependency tells which of the two rows is wrong (the one before was cut where the "
              "other began: its step may read long by up to that)")
+
+
+def _any_cell(grid: OpGrid, pairs: list[tuple[int, int]], test) -> np.ndarray:
+    """[len(pairs)] whether `test(a, b)` (node index arrays → [k, D, T] bools) holds in any cell
+    of each pair (a, b): a few pairs at a time, no temporary of a grid's size."""
+    out = np.zeros(len(pairs), dtype=bool)
+    for lo in range(0, len(pairs), _ROWS_AT_ONCE):
+        a, b = np.asarray(pairs[lo:lo + _ROWS_AT_ONCE], dtype=np.int64).T
+        with np.errstate(invalid="ignore"):
+            out[lo:lo + _ROWS_AT_ONCE] = test(a, b).any(axis=(1, 2))
+    return out
 
 
 def _listed(kinds: dict) -> str:
@@ -219,7 +235,7 @@ def _clip_starts(grid: OpGrid, model: DependencyModel, nodes: np.ndarray, cut: d
     inside the one before it and neither tells, the rows are left to `_clip_computes` (which
     cuts the one before, a choice no dependency supports) and named in `undecided`."""
     work = [int(c) for c in nodes[np.isin(grid.node_optype[nodes], _WORK)]]
-    if not work:
+    if not work or not _starts_doubtful(grid, model, work):
         return
     is_work = set(work)
     # a batched call's rows end together, a receive's row where its call ends (its data may
@@ -274,6 +290,32 @@ def _clip_starts(grid: OpGrid, model: DependencyModel, nodes: np.ndarray, cut: d
             _note(undecided, "rows", grid, b, np.where(left, over, 0.0))
 
 
+def _starts_doubtful(grid: OpGrid, model: DependencyModel, work: list[int]) -> bool:
+    """Whether any of `work` (one stage's compute ops) starts where `_clip_starts` looks twice,
+    before any row is moved: before a receive it waits for ended, or inside or before the
+    compute op it follows (a row moved there starts later, so a stage without one moves none)."""
+    is_work = set(work)
+    nodes = np.unique(np.concatenate([model.deps[b] for b in work] + [[]])).astype(np.int64)
+    is_recv = set(nodes[np.isin(grid.node_optype[nodes], _RECVS) & ~model.no_op[nodes]].tolist())
+    recvs = [(b, r) for b in work for r in set(model.deps[b]) & is_recv]
+    follows = [(b, f) for b in work for f in set(model.deps[b]) & is_work]
+
+    def here(b: np.ndarray) -> np.ndarray:
+        return grid.present[b] & (grid.duration[b] > 0)
+
+    def early(b: np.ndarray, r: np.ndarray) -> np.ndarray:
+        return (here(b) & grid.present[r]
+                & (grid.start[b] < grid.start[r] + grid.duration[r] - _CLIP_EPS))
+
+    def inside_or_before(b: np.ndarray, f: np.ndarray) -> np.ndarray:
+        f_end = np.where(grid.present[f], grid.start[f] + grid.duration[f], -np.inf)
+        return here(b) & ((grid.start[b] < f_end) & (grid.start[b] > grid.start[f])
+                          | grid.present[f] & (grid.start[b] <= grid.start[f]))
+
+    return bool(_any_cell(grid, recvs, early).any() or _any_cell(grid, follows,
+                                                                  inside_or_before).any())
+
+
 def _note(cut: dict, kind: str, grid: OpGrid, node: int, by: np.ndarray) -> None:
     """Count the cells of `by` ([D, T] seconds cut from `node`'s rows) beyond clock rounding
     under `kind`, with their workers."""
@@ -302,25 +344,32 @@ def _clip_computes(grid: OpGrid, model: DependencyModel, nodes: np.ndarray, cut:
         nxt[:-1] = s[1:]                             # the next start of the same worker/step
         np.put_along_axis(later, order, nxt, axis=0)
     needs = {int(c): k for k, c in enumerate(work)}
+    ends = grid.start[work] + grid.duration[work]                          # [K, D, T]
+    # the ops launched after a compute op (o after work[k]), in node order; only those begun
+    # inside it somewhere can end it: one begun past its end where it began after it never
+    # holds the earliest start below that end, which alone cuts
+    edges = [(needs[c], o) for o in nodes[(grid.node_optype[nodes] != GC)
+                                          & ~model.no_op[nodes]].tolist()
+             for c in model.deps[o] if c in needs and c != o]
+    inside = _any_cell(grid, edges, lambda k, o: grid.present[o] & (grid.start[o] > start[k])
+                       & (grid.start[o] < ends[k]))
     # where each op was cut: its stream's next op or a send it feeds, a receive posted after
     # it, the next step
     why = np.zeros(start.shape, dtype=np.int8)
-    for o in nodes[grid.node_optype[nodes] != GC]:
-        if model.no_op[o]:
-            continue
-        send = int(grid.node_optype[o]) in _SENDS
-        for c in model.deps[o]:
-            k = needs.get(c)
-            if k is not None and c != o:
-                # the op's start, where it began after this op began (and was recorded)
-                there = grid.present[o] & (grid.start[o] < later[k]) & (grid.start[o] > start[k])
-                later[k] = np.where(there, grid.start[o], later[k])
-                why[k] = np.where(there, 0 if send else 1, why[k])
+    for (k, o), keep in zip(edges, inside):
+        if keep:
+            send = int(grid.node_optype[o]) in _SENDS
+            # the op's start, where it began after this op began (and was recorded)
+            there = grid.present[o] & (grid.start[o] < later[k]) & (grid.start[o] > start[k])
+            later[k] = np.where(there, grid.start[o], later[k])
+            why[k] = np.where(there, 0 if send else 1, why[k])
     nxt = _next_step_starts(grid, nodes)                                      # [D, T]
     there = (nxt[None] < later) & (nxt[None] > start)
     later = np.where(there, nxt[None], later)
     why = np.where(there, 2, why)
-    for k, o in enumerate(work):
+    past = present & (ends > later + np.where(why > 0, _CLIP_EPS, 0.0))
+    for k in np.flatnonzero(past.any(axis=(1, 2))).tolist():
+        o = int(work[k])
         end = grid.start[o] + grid.duration[o]
         # (past a receive, collective or next step: only beyond timer rounding, which the
         # recorders' rows show there, not evidence of a row no timeline holds)
