@@ -51,30 +51,44 @@ class _SleepWhenUnpickled:
 
 
 @pytest.mark.xfail(strict=True, reason="round 15 #1: after one window stopped past "
-                   "analysis_timeout_s every later window is stopped too (the new process's "
+                   "analysis_timeout_s the next ones are stopped too (the new process's "
                    "start is counted in the next window's limit)")
 def test_the_windows_after_a_stopped_one_are_analysed():
-    """analysis_timeout_s 0.5 s (allowed: minimum 0.1): a healthy 5-step 2x2 window takes
-    ~0.03 s in the warm process. One window hangs (stopped, error row, process killed and
-    replaced: as documented). The README and the error row itself promise "the next window is
-    analysed in a new one", but the next window's 0.5 s are counted from its hand-over to a
-    pool whose process is still being spawned and importing the engine (~1.2 s here), so it
-    is stopped too, which kills that process, and so on: every window of every job after the
-    first stop gets an error row, for good (seen: windows 1, 2, 3 all "analysis stopped")."""
-    hung, *after = _windows(4)
+    """A limit between a window's own analysis and an analysis process's start (both
+    measured here: ~0.03-0.1 s and ~0.4-1.4 s on this machine; the setting allows >= 0.1 s).
+    One window hangs (stopped, error row, process killed and replaced: as documented). The
+    README and the error row itself promise "the next window is analysed in a new one", but
+    the next window's limit is counted from its hand-over to a pool whose process is still
+    being spawned and importing the engine, so it is stopped too, which kills that process,
+    and so on: every later window of every job gets an error row (seen with 1.0 s: windows
+    1-4 all "analysis stopped")."""
+    hung, first, second, *after = _windows(6)
     meta = hung.trace.meta
     hung.trace = replace(hung.trace, meta=replace(meta, extra={**meta.extra,
                                                                "hang": _SleepWhenUnpickled()}))
-    analyser = WindowAnalyser(timeout_s=0.5)
+    analyser = WindowAnalyser(timeout_s=600.0)
     try:
+        t0 = time.monotonic()
         analyser.warm()
-        analyser.pids()   # (started and warm: the first window's own limit is its own)
+        analyser.pids()   # (queued behind the engine's import: the process's whole start)
+        start_s = time.monotonic() - t0
+        own_s = 600.0
+        for w in (first, second):   # (the quicker of two: the first call warms caches)
+            t0 = time.monotonic()
+            row, _ = analyser.analyse(w)
+            own_s = min(own_s, time.monotonic() - t0)
+            assert row.error is None and row.slowdown > 1.3
+        limit = start_s / 4   # (a restart may be quicker than the first start: well under)
+        if own_s * 3 > limit:   # (the precondition of the defect, not a verdict)
+            pytest.skip(f"a window's analysis ({own_s:.2f} s) is not well under a quarter "
+                        f"of a process start ({start_s:.2f} s) here")
+        analyser.timeout_s = limit
         row, _ = analyser.analyse(hung)
         assert "analysis stopped" in (row.error or "") and analyser.stopped == 1
         rows = [analyser.analyse(w)[0] for w in after]
         errors = [(r.idx, (r.error or "")[:60]) for r in rows if r.error]
-        assert errors == [], f"healthy windows after the stopped one: {errors}"
-        assert min(r.slowdown for r in rows) > 1.3
+        assert errors == [], f"healthy windows after the stopped one (limit {limit:.2f} s, " \
+                             f"own analysis {own_s:.2f} s): {errors}"
     finally:
         analyser.close()
 
