@@ -106,13 +106,19 @@ def test_the_wal_stays_bounded_while_a_writer_never_pauses(tmp_path):
     store.create_dataset(DatasetConfig("big", 16384, 1))
     prepared = prepare_restore(validate_snapshot(store.snapshot("big")))
     limit = 1 << 18
+    # (and while the folding thread is starved, a loaded host: SQLite's own checkpoint in the
+    # writer's COMMIT found the thread's under way and gave up, and the log grew on, 1.2 to
+    # 1.6 MB under load; now the writer waits for it and folds the rest. Sizes after every
+    # commit, not the last one's alone: the file is cut back once the log starts again.)
     folder = WalFolder(store, limit)
+    sizes = []
     try:
         for _ in range(2):   # ~16 MB of shard rows, a chunk a commit
             key = store.restore_begin(prepared)
             for i in range(len(prepared.chunks)):
                 store.restore_rows(key, prepared.chunk(i))
-        assert os.path.getsize(f"{db}-wal") <= 4 * limit, os.path.getsize(f"{db}-wal")
+                sizes.append(os.path.getsize(f"{db}-wal"))
+        assert max(sizes) <= 4 * limit, sizes
     finally:
         folder.close()
         store.close()

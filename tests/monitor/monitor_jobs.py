@@ -43,6 +43,19 @@ def parts_of(trace: Trace, steps_per_part: int) -> list[tuple[int, int, dict]]:
     return out
 
 
+def closed_windows(n: int, steps_per_window: int = 5) -> list:
+    """n closed windows of a job with one slow worker (a JobTracker fed every part)."""
+    from stragglers.monitor.windows import JobTracker
+
+    trace = slow_job(steps=n * steps_per_window, slow=(1, 1, 3.0))
+    tr = JobTracker("job-a", trace.meta, steps_per_window, 30.0)
+    for rank, part, cols in parts_of(trace, steps_per_part=steps_per_window):
+        tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
+    out = tr.close_ready(0.0)
+    assert len(out) == n
+    return out
+
+
 def write_parts(directory: Path, parts) -> None:
     """Write parts as the recorder does (atomic rename)."""
     for rank, part, cols in parts:

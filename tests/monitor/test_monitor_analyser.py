@@ -8,23 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from monitor_jobs import parts_of, slow_job
+from monitor_jobs import closed_windows as windows
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.records import plain
-from stragglers.monitor.windows import JobTracker
 
 TIMINGS = ("analysed_at", "analysis_s")
-
-
-def windows(n: int, steps_per_window: int = 5):
-    """n closed windows of a job with one slow worker."""
-    trace = slow_job(steps=n * steps_per_window, slow=(1, 1, 3.0))
-    tr = JobTracker("job-a", trace.meta, steps_per_window, 30.0)
-    for rank, part, cols in parts_of(trace, steps_per_part=steps_per_window):
-        tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
-    out = tr.close_ready(0.0)
-    assert len(out) == n
-    return out
 
 
 class _ExitWhenUnpickled:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -388,6 +389,20 @@ def test_bad_values_in_an_upload_are_refused_before_the_reply(server):
                                                           "records": len(trace)}
 
 
+def refused_before_its_body(port: int, path: str, length: int) -> bool:
+    """Whether an upload declaring `length` bytes is answered 503 before its body is read; it
+    sends none (Expect: 100-continue, and hangs up on 100 Continue), so it holds no budget."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as k:
+        k.sendall(f"PUT {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}"
+                  f"\r\nContent-Length: {length}\r\nExpect: 100-continue\r\n\r\n".encode())
+        got = b""
+        while b"\r\n" not in got:
+            chunk = k.recv(100)
+            assert chunk, got
+            got += chunk
+    return got.startswith(b"HTTP/1.1 503 ")
+
+
 @pytest.mark.slow
 def test_a_flood_of_uploads_holds_at_most_the_budget_and_is_stored_on_retry(tmp_path):
     # One upload is held open half-sent: it holds the bytes it sent (not the ones it declared:
@@ -404,8 +419,11 @@ def test_a_flood_of_uploads_holds_at_most_the_budget_and_is_stored_on_retry(tmp_
     half = len(first) // 2
     limit = len(first) + 1024     # the first fits; the first and the second do not
     second = b"\0" * (limit - half + 1)
+    # (a body is cut for slowness after a 10 s grace: at 1 byte/s the half-sent one is not,
+    # however long a loaded machine takes to get to the release)
     cfg = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05,
-                        max_part_bytes=256 * 1024, max_upload_bytes_held=limit)
+                        max_part_bytes=256 * 1024, max_upload_bytes_held=limit,
+                        body_min_bytes_per_s=1.0)
     s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=cfg).start()
     release = threading.Event()
     got = {}
@@ -425,9 +443,12 @@ def test_a_flood_of_uploads_holds_at_most_the_budget_and_is_stored_on_retry(tmp_
             assert put_meta(c, "job-b", trace).status_code == 200
             t = threading.Thread(target=send_first)
             t.start()
-            # wait until the first upload's first chunk is counted
-            eventually(lambda: c.put(f"/api/jobs/job-b/ranks/{r1}/parts/{p1}", content=second,
-                                     headers=AUTH).status_code == 503, what="budget taken")
+            # wait until the first upload's first chunk is counted, asking with a head alone:
+            # a probe that sent its body held it while the first's chunk came in (a loaded
+            # machine), and the first was refused 503 for it, every probe after read (422)
+            eventually(lambda: refused_before_its_body(s.port, f"/api/jobs/job-b/ranks/{r1}/"
+                                                       f"parts/{p1}", len(second)),
+                       what="budget taken")
             r = c.put(f"/api/jobs/job-b/ranks/{r1}/parts/{p1}", content=second, headers=AUTH)
             assert r.status_code == 503 and f"at most {limit}" in r.json()["error"], r.text
             # sent without a Content-Length (chunked): refused once its bytes do not fit

@@ -123,16 +123,26 @@ def test_a_rank_turning_slower_is_alerted_within_steps_then_attributed(tmp_path,
         assert name in text, name
 
 
+def idle(monitor) -> None:
+    """Until no part is queued or being stored: a tick while the ingest is behind by half
+    stall_after_s (its last batch still closing windows, the reply sent) decides no silence,
+    and no later tick comes here to decide it."""
+    eventually(lambda: monitor.watchdog.ingest_lag() == 0.0, what="the ingest idle")
+
+
 def test_a_silent_rank_then_a_silent_job_alert_and_resolve(tmp_path, receiver):
     trace = slow_job(steps=12, dp=2, pp=2, slow=None)
     parts = parts_of(trace, steps_per_part=1)
-    # tick_s long: the test moves time itself (monitor.tick(now)), to the parts' arrivals;
-    # each tick comes right after the ranks it must not find silent sent a part (and the tick
-    # thread, which wakes at each dead-man deadline, is kept asleep)
+    # the test moves time itself (monitor.tick(now)), to the parts' arrivals; each tick comes
+    # right after the ranks it must not find silent sent a part, and once the ingest is idle.
+    # The tick thread ticks nothing: it wakes at dead-man deadlines and when a part takes an
+    # overdue job's ranks past another's steps, and read the wall clock, which under load ran
+    # past stall_after_s between the uploads (rank 1 was alerted silent so, load 13-30)
     server = serve(tmp_path, receiver, "window_steps: 4, stall_after_s: 1.0, "
                    "finish_after_s: 600, tick_s: 30")
     monitor = server.monitor
-    monitor.tick_wait = lambda now: 30.0
+    tick = monitor.tick
+    monitor.tick = lambda now=None: None if now is None else tick(now)
     try:
         with httpx.Client(base_url=server.url, timeout=60) as c:
             assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict()).status_code == 200
@@ -145,8 +155,9 @@ def test_a_silent_rank_then_a_silent_job_alert_and_resolve(tmp_path, receiver):
             # a moment after rank 0's, were not a silence of theirs
             tr = monitor.trackers["j"]
             assert tr.resumed_at is not None and tr.resumed_at >= heard + 1.0
+            idle(monitor)
             monitor.tick(tr.resumed_at + 1.0)   # rank 3 quiet >= 1 s since, the job not
-            silent = eventually(lambda: receiver.alerts("rank_silent"), timeout=30,
+            silent = eventually(lambda: receiver.alerts("rank_silent"),
                                 what="rank_silent")
             job = get(c, "/api/jobs/j")
             assert job["state"] == "running"
@@ -155,30 +166,34 @@ def test_a_silent_rank_then_a_silent_job_alert_and_resolve(tmp_path, receiver):
             assert 'stragglers_silent_ranks{job="j"} 1.0' in c.get("/metrics").text
             upload(c, "j", [p for p in parts if p[1] == 3 and p[0] == 3]
                    + [p for p in parts if p[1] == 4])
+            idle(monitor)
             monitor.tick(monitor.trackers["j"].last_arrival)
-            eventually(lambda: receiver.alerts("rank_silent", "resolved"), timeout=30,
+            eventually(lambda: receiver.alerts("rank_silent", "resolved"),
                        what="rank_silent resolved")
             # a job's ranks' last parts (of one step) come over a moment: none is silent
             tr = monitor.trackers["j"]
+            idle(monitor)
             monitor.tick(min(tr.ranks[r].last_arrival for r in range(4)) + 1.0)
             assert not [a for a in monitor.store.alerts(job="j", status="firing")
                         if a.rule == "rank_silent"], \
                 {r: tr.ranks[r].last_arrival for r in range(4)}
             # a monitor behind on its ingest (a batch queued 1 s ago still being stored) does
             # not take quiet for silence
+            idle(monitor)
             monitor._ingest_started = time.monotonic() - 1.0
             monitor.tick(tr.last_arrival + 1.1)
             monitor._ingest_started = None
             assert monitor.states["j"] == "running"
             # the whole job falls silent: stalled, said by the API, /metrics and an alert
+            idle(monitor)
             monitor.tick(monitor.trackers["j"].last_arrival + 1.1)
-            eventually(lambda: receiver.alerts("stalled", "firing"), timeout=30, what="stalled")
+            eventually(lambda: receiver.alerts("stalled", "firing"), what="stalled")
             assert get(c, "/api/jobs/j")["state"] == "stalled"
             text = c.get("/metrics").text
             assert 'stragglers_job_state{job="j",state="stalled"} 1.0' in text
             assert re.search(r'stragglers_job_silence_seconds\{job="j"\} \d', text)
             upload(c, "j", [p for p in parts if p[1] == 5])      # parts come again
-            eventually(lambda: receiver.alerts("stalled", "resolved"), timeout=30,
+            eventually(lambda: receiver.alerts("stalled", "resolved"),
                        what="stalled resolved")
             assert get(c, "/api/jobs/j")["state"] == "running"
     finally:

@@ -533,8 +533,9 @@ def leave_out_ops(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
     schedule's by majority or another stage, or disputed), which build_grid rebuilds there
     from their group's ends where they fit (whatif/rebuild.py: the wait in a lost collective
     stays a wait; left out, it became a launch delay, and a healthy rank waiting for a 3x
-    straggler was named a host stall). None where a transfer differs (each stage's own, paired
-    at its other end: the odd worker's replica goes), a worker lacks its rows or its compute,
+    straggler was named a host stall). A stray transfer (stray_transfers) is left out like an
+    extra. None where another transfer differs (each stage's own, paired at its other end:
+    the odd worker's replica goes), a worker lacks its rows or its compute,
     more than half of a stage's collectives would go (a rank of another schedule), or no step
     is complete even then.
 
@@ -545,7 +546,9 @@ def leave_out_ops(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
     op: a launch delay, which S leaves out (T_nodelay), never compute."""
     collective = (node_optype != GC) & ~np.isin(node_optype, _WORK) & ~np.isin(node_optype, _P2P)
     differ = (judged.lacks | judged.extra).any(axis=(1, 2)) | judged.disputed.any(axis=1)
-    if not differ.any() or (differ & ~collective).any():
+    stray = differ & stray_transfers(present, node_optype, node_stage, node_seq, judged,
+                                     interleaved)
+    if not differ.any() or (differ & ~collective & ~stray).any():
         return None
     d, pp, t = judged.odd.shape
     by_op = np.zeros((d, pp, t), bool)
@@ -572,11 +575,38 @@ def leave_out_ops(present, node_optype, node_stage, node_seq, dp_ranks, step_ids
         held = present[node_stage == node_stage[n]].any(axis=(0, 2))    # [D] rows there
         said[n] = (f"{OPTYPES[node_optype[n]]} #{node_seq[n]} on stage {node_stage[n]} (run by "
                    f"DP rank(s) {ranges(dp_ranks[ran].tolist())}, not by "
-                   f"{ranges(dp_ranks[~ran & held].tolist())})")
+                   f"{ranges(dp_ranks[~ran & held].tolist())}"
+                   + ("; a stray transfer: none of the schedule's ran at its other end"
+                      if stray[n] else "")
+                   + ")")
     # (an op no majority ran, and none elsewhere, is an extra: nothing to rebuild it from)
     lost = differ & (judged.lacks.any(axis=(1, 2)) | judged.disputed.any(axis=1))
     return LeftOdd(keep, np.ones(d, bool), present[keep], complete, [],
                    [ops_warning(said, drop, np.zeros_like(drop))] + warnings, lost, said)
+
+
+def stray_transfers(present, node_optype, node_stage, node_seq, judged: OddWorkers,
+                    interleaved: bool = False) -> np.ndarray:
+    """[N] pipeline transfers that are only extras (no worker lacks one, none disputed), that
+    most of their replica-steps lack, and whose other end, where it ran beside them, is such a
+    transfer too (a duplicate or stray row, or pair of rows, a seq_id the schedule has not):
+    left out at every worker like an extra collective, where that stage's transfers are not
+    mostly such (a rank of another schedule). A transfer lacked where its other end ran it is
+    lost (odd_workers: its worker's replica goes), never a stray."""
+    n, d, t = present.shape
+    transfer = np.isin(node_optype, _P2P)
+    rare = (transfer & judged.extra.any(axis=(1, 2)) & ~judged.lacks.any(axis=(1, 2))
+            & ~judged.disputed.any(axis=1)
+            & (2 * present.reshape(n, -1).sum(axis=1) <= d * t))
+    paired, _ = paired_transfers(present, node_optype, node_stage, node_seq, interleaved)
+    to_rare, _ = paired_transfers(present & rare[:, None, None], node_optype, node_stage,
+                                  node_seq, interleaved)
+    stray = rare & ~(present & paired & ~to_rare).any(axis=(1, 2))
+    for s in np.unique(node_stage[stray]):
+        at = transfer & (node_stage == s)
+        if 2 * (stray & at).sum() > at.sum():
+            stray[at] = False
+    return stray
 
 
 def ops_warning(said: dict[int, str], drop: np.ndarray, rebuilt: np.ndarray) -> str:
@@ -587,8 +617,8 @@ def ops_warning(said: dict[int, str], drop: np.ndarray, rebuilt: np.ndarray) -> 
         shown = at[:MAX_NAMED_OPS]
         return "; ".join(shown) + (f" and {len(at) - len(shown)} more" if len(at) > len(shown)
                                    else "")
-    out = [f"{OPS_LEFT_OUT}: no step had ops from every worker, for collectives that some "
-           "workers of their stage ran and others not; every worker analysed"]
+    out = [f"{OPS_LEFT_OUT}: no step had ops from every worker, for collectives (or stray "
+           "transfers) that some workers of their stage ran and others not; every worker analysed"]
     if rebuilt.any():
         out.append(f"rebuilt at the workers that lack them, ending with their group and begun "
                    f"after the worker's previous op (its wait kept as a wait): {named(rebuilt)}")
