@@ -2,8 +2,8 @@
 limit (`analysis_timeout_s`), and what /metrics says of a job's windows across a restart
 (`stragglers_window_failed`, `stragglers_slowdown`).
 
-Each test is one defect class, marked xfail(strict=True) until its fix lands (then the mark goes):
-a pass before the fix fails the suite, so each flips exactly when its defect is gone. Real
+Each test is one defect class (its xfail(strict=True) mark went with its fix, branch
+s51-monfix15). Real
 analysis process (spawned), real monitor on loopback, real SQLite.
 """
 
@@ -52,9 +52,6 @@ class _SleepWhenUnpickled:
         return time.sleep, (600,)
 
 
-@pytest.mark.xfail(strict=True, reason="round 15 #1: after one window stopped past "
-                   "analysis_timeout_s the next ones are stopped too (the new process's "
-                   "start is counted in the next window's limit)")
 def test_the_windows_after_a_stopped_one_are_analysed():
     """A limit between a window's own analysis and an analysis process's start (both
     measured here: ~0.03-0.1 s and ~0.4-1.4 s on this machine; the setting allows >= 0.1 s).
@@ -141,9 +138,6 @@ def _two_windows(db, failed: bool, expect: dict) -> None:
         s.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="round 15 #2: after a restart /metrics has no "
-                   "stragglers_window_failed (nor stragglers_slowdown) for a job until its "
-                   "next window")
 def test_a_failed_latest_window_is_still_shown_failed_after_a_restart(tmp_path):
     """Job j's latest window is an error row (its parts' ops all at one instant with zero
     duration: "the slowdown is undefined"; a window stopped past analysis_timeout_s is stored
@@ -166,8 +160,6 @@ def test_a_failed_latest_window_is_still_shown_failed_after_a_restart(tmp_path):
         s.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="round 15 #2: after a restart /metrics has no "
-                   "stragglers_slowdown for a job until its next window")
 def test_a_straggling_jobs_slowdown_is_still_exported_after_a_restart(tmp_path):
     """The same cause as above, seen on an analysed window: /api/jobs says S 1.72 after the
     restart, /metrics has no stragglers_slowdown{job="j"} (nor window_failed 0)."""
@@ -195,8 +187,6 @@ class _Held(Window):
         return super().load()
 
 
-@pytest.mark.xfail(strict=True, reason="round 15 #3: a window stopped past analysis_timeout_s "
-                   "is stored and exported with analysis_s 0.0")
 def test_a_stopped_window_reports_the_time_it_took():
     """A window whose analysis was stopped after the limit (0.2 s, waited for in full) is
     stored with analysis_s 0.0 (the row /api/jobs/<job> serves) and observed as 0.0 s in

@@ -8,10 +8,12 @@ a process with threads is unsafe), warmed up when the first job appears, replace
 (the window it was on is tried once more in the new one, then kept as an error row), and it
 exits by itself when the service is gone, kill -9 included.
 
-A window's analysis has a time limit (`analysis_timeout_s`): the engine cannot be interrupted
-(numpy and Python with no point that checks a deadline), so past it the process is killed and
-replaced, and the window is stored with an error row saying so (never dropped, never left
-unanalysed without a word). On the calling thread (`analysis_process: false`) nothing can stop
+A window's analysis has a time limit (`analysis_timeout_s`), counted from when the analysis
+process starts that window (it says so through a queue before it unpickles the window): the
+start of a new process and the read-ahead tasks queued before the window do not count. The
+engine cannot be interrupted (numpy and Python with no point that checks a deadline), so past
+the limit the process is killed and replaced, and the window is stored with an error row saying
+so, with the time it held the analysis (never dropped, never left unanalysed without a word). On the calling thread (`analysis_process: false`) nothing can stop
 the engine: it is waited for on a thread of its own up to the limit, then the window gets its
 error row and the engine is left to end there, its result dropped (the next window waits for
 it: one engine at a time).
@@ -19,9 +21,13 @@ it: one engine at a time).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
+import multiprocessing.queues
 import os
+import pickle
+import queue
 import signal
 import threading
 import time
@@ -51,6 +57,8 @@ class WindowAnalyser:
         self.timeout_s = timeout_s             # one window's analysis, at most
         self._pool: ProcessPoolExecutor | None = None
         self._pid: Future | None = None         # the analysis process's id (to stop it)
+        self._starts: multiprocessing.queues.Queue | None = None  # the tokens of the windows it starts
+        self._tokens = itertools.count()
         self._behind: threading.Thread | None = None   # an engine left past its limit
         self.stopped = 0    # windows whose analysis ran past timeout_s (given an error row)
         self._lock = threading.RLock()
@@ -115,15 +123,26 @@ class WindowAnalyser:
         the analysis process died on it."""
         if self.in_process:
             return self._on_thread(window)
+        handed = time.monotonic()
+        packed = pickle.dumps(window, protocol=pickle.HIGHEST_PROTOCOL)
         for _ in range(2):
             pool = self._executor()
+            with self._lock:
+                starts = self._starts if self._pool is pool else None
+            token = next(self._tokens)
+            started = time.monotonic()
             try:
-                # (counted from the hand-over: a read-ahead task before it counts too)
-                return pool.submit(analyse_window, window).result(timeout=self.timeout_s)
+                future = pool.submit(_analyse_started, token, packed)
+                started = _started(future, starts, token)
+                # (the limit counts from the start of this window in the process: neither
+                # a process starting nor read-ahead tasks queued before it count)
+                left = max(0.0, started + self.timeout_s - time.monotonic())
+                return future.result(timeout=left)
             except FutureTimeout:
                 self._stop(pool)
                 return self._too_long(window, "the analysis process was stopped and the "
-                                      "next window is analysed in a new one"), []
+                                      "next window is analysed in a new one",
+                                      time.monotonic() - started), []
             except BrokenProcessPool:
                 # the process died (out of memory, a signal), on this window or just before
                 # it: a fresh one tries once more; a window that kills that one too keeps an
@@ -132,7 +151,8 @@ class WindowAnalyser:
         log.error("job %s window %d: the analysis process died on it twice; a new one takes "
                   "the next window", window.job, window.idx)
         return window_row(window, "analysis failed: the analysis process died (out of "
-                             "memory or killed) while analysing this window, twice"), []
+                          "memory or killed) while analysing this window, twice",
+                          time.monotonic() - handed), []
 
     def _on_thread(self, window: Window) -> tuple[WindowRow, list[Refusal]]:
         """analyse_window here, waited for at most timeout_s on a thread of its own."""
@@ -148,50 +168,62 @@ class WindowAnalyser:
                 out.append(exc)
 
         engine = threading.Thread(target=run, name="stragglers-analysis-engine", daemon=True)
+        started = time.monotonic()
         engine.start()
         engine.join(self.timeout_s)
         if engine.is_alive():
             self._behind = engine
             return self._too_long(window, "its engine runs on, on a thread that cannot be "
-                                  "stopped, its result dropped (analysis_process stops it)"), []
+                                  "stopped, its result dropped (analysis_process stops it)",
+                                  time.monotonic() - started), []
         if isinstance(out[0], BaseException):
             raise out[0]
         return out[0]
 
-    def _too_long(self, window: Window, then: str) -> WindowRow:
-        """The error row of a window whose analysis ran past timeout_s."""
+    def _too_long(self, window: Window, then: str, spent: float) -> WindowRow:
+        """The error row of a window whose analysis ran past timeout_s (`spent` seconds)."""
         self.stopped += 1
         log.error("job %s window %d: analysis stopped after analysis_timeout_s (%g s); %s",
                   window.job, window.idx, self.timeout_s, then)
         return window_row(window, f"analysis stopped: it ran past analysis_timeout_s "
                           f"({self.timeout_s:g} s) on this window's {len(window.steps)} steps; "
-                          f"{then}")
+                          f"{then}", analysis_s=spent)
 
     def _stop(self, pool: ProcessPoolExecutor) -> None:
         """Kill the analysis process of `pool` (busy past the limit) and replace it."""
         with self._lock:
             pid = self._pid if self._pool is pool else None
-        try:
-            if pid is not None and pid.done():
-                os.kill(pid.result(), signal.SIGKILL)
-        except Exception:   # noqa: BLE001 - gone already (or broken): replaced all the same
-            pass
+        # the pool's own processes (started or still starting), and the id it reported
+        pids = set(getattr(pool, "_processes", None) or {})
+        if pid is not None and pid.done() and pid.exception() is None:
+            pids.add(pid.result())
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:   # gone already: replaced all the same
+                pass
         self._replace(pool)
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
         with self._lock:
+            starts = None
             if self._pool is broken:
-                self._pool = None
+                self._pool, starts, self._starts = None, self._starts, None
                 self.restarts += 1
         broken.shutdown(wait=False, cancel_futures=True)
+        if starts is not None:
+            starts.close()
 
     def close(self) -> None:
         """Stop the analysis process (waits for a window in progress)."""
         with self._lock:
             pool, self._pool = self._pool, None
+            starts, self._starts = self._starts, None
             self._closed = True
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        if starts is not None:
+            starts.close()
 
     def pids(self) -> list[int]:
         """The analysis process's id, [] when none runs (for tests)."""
@@ -204,17 +236,49 @@ class WindowAnalyser:
             if self._closed:
                 raise RuntimeError("the window analyser is closed")
             if self._pool is None:
+                spawn = multiprocessing.get_context("spawn")
+                self._starts = spawn.Queue()
                 self._pool = ProcessPoolExecutor(
-                    1, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_start_in_child, initargs=(os.getpid(),))
+                    1, mp_context=spawn,
+                    initializer=_start_in_child, initargs=(os.getpid(), self._starts))
                 self._pid = self._pool.submit(os.getpid)   # starts the process
                 self._pool.submit(_import_engine)           # and warms it
             return self._pool
 
 
-def _start_in_child(parent: int) -> None:
-    """In the analysis process: exit when the service process is gone (the pipes of a killed
-    parent are held open by this process too, so it would otherwise wait forever)."""
+_STARTS: multiprocessing.queues.Queue | None = None   # in the analysis process: where it says a window started
+
+
+def _started(future: Future, starts: multiprocessing.queues.Queue | None, token: int) -> float:
+    """When (monotonic) the analysis process started the window of `token`: waits while it
+    starts, imports, or reads ahead before it; now if the task ended (or the pool broke)
+    first."""
+    while starts is not None and not future.done():
+        try:
+            # (a token before ours is a window that ended before its token was read)
+            if starts.get(timeout=0.1) == token:
+                return time.monotonic()
+        except queue.Empty:
+            continue
+        except (OSError, ValueError, EOFError):   # closed: the pool was replaced
+            break
+    return time.monotonic()
+
+
+def _analyse_started(token: int, packed: bytes) -> tuple[WindowRow, list[Refusal]]:
+    """In the analysis process: say the window started (before unpickling it: a window that
+    hangs there is stopped too), then analyse it."""
+    if _STARTS is not None:
+        _STARTS.put(token)
+    return analyse_window(pickle.loads(packed))
+
+
+def _start_in_child(parent: int, starts: multiprocessing.queues.Queue | None = None) -> None:
+    """In the analysis process: keep the queue where windows say they started; exit when the
+    service process is gone (the pipes of a killed parent are held open by this process too,
+    so it would otherwise wait forever)."""
+    global _STARTS
+    _STARTS = starts
     def watch() -> None:
         while True:
             time.sleep(PARENT_CHECK_S)

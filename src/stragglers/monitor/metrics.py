@@ -90,12 +90,18 @@ class MonitorMetrics:
         self._per_window = (self.slowdown, self.waste, self.worker_score, self.diagnosis)
 
     def publish_window(self, row: WindowRow) -> None:
-        """Expose a job's latest window."""
-        job = row.job
-        self.windows.labels(job).inc()
+        """Expose a job's latest window, just analysed (counted and its time observed)."""
+        self.windows.labels(row.job).inc()
         self.analysis_seconds.observe(row.analysis_s)
         if row.error is None:
             self.last_analysis.set(row.analysed_at or time.time())
+        self.show_window(row)
+
+    def show_window(self, row: WindowRow) -> None:
+        """Expose a job's latest window's figures (S, waste, scores, causes, failed) without
+        counting it: at a start, the stored latest window of each job is shown again (a
+        restart otherwise dropped them until the job's next window, which may never come)."""
+        job = row.job
         self.window_failed.labels(job).set(0.0 if row.slowdown is not None else 1.0)
         if row.slowdown is None:
             self.clear_window(job)

@@ -284,6 +284,9 @@ class Monitor:
                 if job is None:   # removed since the list was read
                     continue
                 self.directories[job.job] = self._stored_directory(job)
+                latest = self.store.last_window(job.job)
+                if latest is not None:   # its figures, as before the restart (not counted
+                    self.metrics.show_window(latest)   # again: windows_total stays)
                 self.metrics.set_state(job.job, job.state)
             except Exception as exc:   # noqa: BLE001 - a damaged row: that job only
                 self._quarantine(str(row.job), exc)

@@ -953,12 +953,14 @@ def whole_replicas(trace: Trace, steps: list[int] | None = None,
     return Trace({k: v[keep] for k, v in o.items()}, trace.meta, trace.source, trace.notes)
 
 
-def window_row(window: Window, error: str | None = None) -> WindowRow:
-    """A window's stored row without results: analyse_window fills it in; an error row as is."""
+def window_row(window: Window, error: str | None = None, analysis_s: float = 0.0) -> WindowRow:
+    """A window's stored row without results: analyse_window fills it in; an error row as is
+    (`analysis_s`: the time it held the analysis, e.g. until it was stopped past the limit)."""
     return WindowRow(job=window.job, idx=window.idx, first_step=window.steps[0],
                      last_step=window.steps[-1], steps=list(window.steps),
                      missing_ranks=list(window.missing_ranks), error=error,
-                     closed_at=window.closed_at, reason=window.reason, analysed_at=time.time())
+                     closed_at=window.closed_at, reason=window.reason, analysed_at=time.time(),
+                     analysis_s=analysis_s)
 
 
 def _finite(value: float | None) -> float | None:

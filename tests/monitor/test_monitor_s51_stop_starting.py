@@ -1,0 +1,53 @@
+"""The analysis process is stopped even while it is still starting (round 15 #1), and a stored
+window shown again after a restart is not counted again (round 15 #2)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from conftest import REPO
+from stragglers.monitor.analyser import WindowAnalyser
+from stragglers.monitor.metrics import MonitorMetrics
+from stragglers.monitor.windows import JobTracker
+
+sys.path.insert(0, str(REPO / "tests" / "monitor"))
+from monitor_jobs import parts_of, slow_job  # noqa: E402
+
+
+def test_a_process_still_starting_is_killed_when_stopped():
+    """_stop on a pool whose process has not yet reported its id (spawned, still importing):
+    the process is killed (SIGKILL), not left to finish starting and exit on its own."""
+    analyser = WindowAnalyser()
+    try:
+        pool = analyser._executor()
+        processes = list(pool._processes.values())   # type: ignore[attr-defined]
+        assert len(processes) == 1
+        analyser._stop(pool)
+        processes[0].join(30)
+        assert processes[0].exitcode == -signal.SIGKILL, processes[0].exitcode
+        assert analyser.restarts == 1
+    finally:
+        analyser.close()
+
+
+def test_a_window_shown_again_is_not_counted_again():
+    """show_window (a restart's latest stored window) sets S and window_failed without
+    adding to stragglers_windows_total or the analysis time histogram."""
+    trace = slow_job(steps=5, slow=(1, 1, 3.0))
+    tr = JobTracker("job-a", trace.meta, 5, 30.0)
+    for rank, part, cols in parts_of(trace, steps_per_part=5):
+        tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
+    (window,) = tr.close_ready(0.0)
+    analyser = WindowAnalyser(in_process=True)
+    row, _ = analyser.analyse(window)
+    metrics = MonitorMetrics()
+    metrics.show_window(row)
+    r = metrics.registry
+    assert r.get_sample_value("stragglers_slowdown", {"job": "job-a"}) > 1.3
+    assert r.get_sample_value("stragglers_window_failed", {"job": "job-a"}) == 0.0
+    assert r.get_sample_value("stragglers_windows_total", {"job": "job-a"}) is None
+    assert r.get_sample_value("stragglers_window_analysis_seconds_count") == 0.0
+    metrics.publish_window(row)
+    assert r.get_sample_value("stragglers_windows_total", {"job": "job-a"}) == 1.0
+    assert r.get_sample_value("stragglers_window_analysis_seconds_count") == 1.0
