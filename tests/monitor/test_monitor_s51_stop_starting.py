@@ -3,8 +3,10 @@ window shown again after a restart is not counted again (round 15 #2)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 import sys
+import threading
 
 from conftest import REPO
 from stragglers.monitor.analyser import WindowAnalyser
@@ -51,3 +53,33 @@ def test_a_window_shown_again_is_not_counted_again():
     metrics.publish_window(row)
     assert r.get_sample_value("stragglers_windows_total", {"job": "job-a"}) == 1.0
     assert r.get_sample_value("stragglers_window_analysis_seconds_count") == 1.0
+
+
+def test_a_task_queued_before_a_window_does_not_count_in_its_limit():
+    """A task ahead of the window in the analysis process (as a read-ahead of watched parts)
+    holds it past the window's limit (0.5 s): the window is analysed once it starts, not
+    stopped (its limit counted from its hand-over before round 15 #1)."""
+    trace = slow_job(steps=10, slow=(1, 1, 3.0))
+    tr = JobTracker("job-a", trace.meta, 5, 30.0)
+    for rank, part, cols in parts_of(trace, steps_per_part=5):
+        tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
+    first, second = tr.close_ready(0.0)
+    analyser = WindowAnalyser(timeout_s=60.0)
+    with multiprocessing.Manager() as manager:
+        try:
+            row, _ = analyser.analyse(first)   # (started and warm)
+            assert row.error is None
+            analyser.timeout_s = 0.5
+            release = manager.Event()
+            ahead = analyser._executor().submit(release.wait, 60)
+            out: list = []
+            t = threading.Thread(target=lambda: out.append(analyser.analyse(second)[0]))
+            t.start()
+            t.join(1.0)   # (past the limit while the task ahead holds the process)
+            release.set()
+            t.join(60)
+            assert ahead.result(60) is True
+            assert out[0].error is None and out[0].slowdown > 1.3, out[0].error
+            assert analyser.stopped == 0 and analyser.restarts == 0
+        finally:
+            analyser.close()

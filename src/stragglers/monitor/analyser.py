@@ -9,7 +9,7 @@ a process with threads is unsafe), warmed up when the first job appears, replace
 exits by itself when the service is gone, kill -9 included.
 
 A window's analysis has a time limit (`analysis_timeout_s`), counted from when the analysis
-process starts that window (it says so through a queue before it unpickles the window): the
+process starts that window (it says so through a queue as it unpickles the window): the
 start of a new process and the read-ahead tasks queued before the window do not count. The
 engine cannot be interrupted (numpy and Python with no point that checks a deadline), so past
 the limit the process is killed and replaced, and the window is stored with an error row saying
@@ -26,7 +26,6 @@ import logging
 import multiprocessing
 import multiprocessing.queues
 import os
-import pickle
 import queue
 import signal
 import threading
@@ -124,7 +123,6 @@ class WindowAnalyser:
         if self.in_process:
             return self._on_thread(window)
         handed = time.monotonic()
-        packed = pickle.dumps(window, protocol=pickle.HIGHEST_PROTOCOL)
         for _ in range(2):
             pool = self._executor()
             with self._lock:
@@ -132,7 +130,7 @@ class WindowAnalyser:
             token = next(self._tokens)
             started = time.monotonic()
             try:
-                future = pool.submit(_analyse_started, token, packed)
+                future = pool.submit(_analyse_started, _Start(token), window)
                 started = _started(future, starts, token)
                 # (the limit counts from the start of this window in the process: neither
                 # a process starting nor read-ahead tasks queued before it count)
@@ -265,12 +263,26 @@ def _started(future: Future, starts: multiprocessing.queues.Queue | None, token:
     return time.monotonic()
 
 
-def _analyse_started(token: int, packed: bytes) -> tuple[WindowRow, list[Refusal]]:
-    """In the analysis process: say the window started (before unpickling it: a window that
-    hangs there is stopped too), then analyse it."""
+class _Start:
+    """Unpickled in the analysis process just before the window that follows it in the task's
+    arguments (a window that hangs there is stopped too): says there that the window started."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __reduce__(self):
+        return _say_started, (self.token,)
+
+
+def _say_started(token: int) -> int:
     if _STARTS is not None:
         _STARTS.put(token)
-    return analyse_window(pickle.loads(packed))
+    return token
+
+
+def _analyse_started(_start: "_Start | int", window: Window) -> tuple[WindowRow, list[Refusal]]:
+    """In the analysis process: analyse the window (its start was said as it was unpickled)."""
+    return analyse_window(window)
 
 
 def _start_in_child(parent: int, starts: multiprocessing.queues.Queue | None = None) -> None:
