@@ -118,16 +118,10 @@ def launch_delays(grid: OpGrid, model: DependencyModel) -> np.ndarray:
 
     Absent ops (a gc slot without a pause on this worker) are placed at the end of their
     dependencies with zero duration, in dependency order, so their successors see them.
-    A compute op most replica-steps lack (`OpGrid.held`: a spurious row of one rank) gets none:
-    the model placed it from the first replica's step, so its wait is on a guess (a 0.1 ms row
-    after one rank's optimizer, chained after its last backward, waited 0.5 s: an honest worker
-    read host-stalled ×2.2 and left out of the ideal), nor a GC pause most lack (one rank's
-    pause after its optimizer, slotted after its last backward, waited 0.43 s: the same).
     """
     end = grid.start + grid.duration
     first = step_starts(grid)
     delay = np.zeros_like(end)
-    guessed = ~grid.held() & np.isin(grid.node_optype, _WORK + [GC])
     for sn in model.order:
         members = model.groups[-sn - 1] if sn < 0 else [sn]
         for m in members:
@@ -139,15 +133,13 @@ def launch_delays(grid: OpGrid, model: DependencyModel) -> np.ndarray:
                 # an op's own row only: a copy of the grid's starts would be the job's size
                 start = np.where(absent, ready, start)
                 end[m][absent] = ready[absent]
-            if not guessed[m]:
-                delay[m] = np.maximum(start - ready, 0.0)
+            delay[m] = np.maximum(start - ready, 0.0)
     return delay
 
 
 _WORK = [OPTYPE_CODES[o] for o in ("forward-compute", "backward-compute",
                                     "backward-weight-compute", "optimizer")]
 _SENDS = [OPTYPE_CODES["forward-send"], OPTYPE_CODES["backward-send"]]
-_RECVS = [OPTYPE_CODES["forward-recv"], OPTYPE_CODES["backward-recv"]]
 # seconds a row may overrun its own timeline before a warning names it: recorders' own timer
 # rounding (NDTimeline's event pairs overlap their next op by up to 0.12 ms)
 _CLIP_EPS = 1e-3
@@ -169,151 +161,28 @@ def clip_to_own_timeline(grid: OpGrid, model: DependencyModel) -> str | None:
       collectives run on their own streams through it and do not cut it).
     - a compute op (forward, backward, optimizer: the one serial compute stream the model
       chains per worker, docs/whatif.md §3) running on past the start of the worker's next
-      one, of a send it feeds, of a receive or collective launched after it (its successors
-      in the model), or of its worker's first compute or transfer of the next step: ended
-      there (one stream runs one op at a time, a send cannot carry what is not computed yet,
-      a transfer or collective is launched behind the compute stream's work before it, so
-      its worker was waiting on that op, not computing; a slow op's successors start after
-      it ends, so only rows that cannot have run so are cut). Collectives and receives the
-      model does not order after it, on their own streams, do not cut it.
+      one or of a send it feeds: ended there (one stream runs one op at a time, a send cannot
+      carry what is not computed yet; a slow op's successors start after it ends, so only
+      rows that cannot have run so are cut). Collectives and receives, on their own streams,
+      do not cut it.
     """
     cut: dict[str, tuple[int, float, set]] = {}
-    undecided: dict[str, tuple[int, float, set]] = {}
     for stage in range(grid.pp_size):
         nodes = np.flatnonzero(grid.node_stage == stage)
-        _clip_starts(grid, model, nodes, cut, undecided)
         _clip_computes(grid, model, nodes, cut)
-        is_work = set(nodes[np.isin(grid.node_optype[nodes], _WORK)].tolist())
-        sends = nodes[np.isin(grid.node_optype[nodes], _SENDS) & ~model.no_op[nodes]]
-        feeds = sorted((c, o) for o in sends.tolist() for c in set(model.deps[o]) & is_work)
-        # a send cut starts later, never earlier: the pairs early before any cut are all
-        early = _any_cell(grid, feeds, lambda c, o: grid.present[c] & grid.present[o]
-                          & (grid.start[o] < grid.start[c]))
-        for c, o in np.asarray(feeds, dtype=np.int64).reshape(-1, 2)[early]:
-            _clip_sends(grid, int(c), [int(o)], cut)
+        sends = [int(o) for o in nodes[np.isin(grid.node_optype[nodes], _SENDS)]
+                 if not model.no_op[o]]
+        for c in nodes[np.isin(grid.node_optype[nodes], _WORK)]:
+            _clip_sends(grid, int(c), [o for o in sends if c in model.deps[o]], cut)
         _clip_pauses(grid, nodes, cut)
-    if undecided:
-        grid.warnings.append(f"{UNDECIDED}: " + _listed(undecided))
     if not cut:
         return None
-    message = f"{ROWS_CUT}: " + _listed(cut)
+    message = (f"{ROWS_CUT}: "
+               + "; ".join(f"{n} {kind} (by up to {most:.3g} s; workers "
+                           + ", ".join(f"(dp {d}, pp {p})" for d, p in sorted(workers)) + ")"
+                           for kind, (n, most, workers) in sorted(cut.items())))
     grid.warnings.append(message)
     return message
-
-
-# the warning naming overlaps on one compute stream that no dependency settles
-UNDECIDED = ("compute ops starting inside the one before them on their worker's stream, and no "
-             "dependency tells which of the two rows is wrong (the one before was cut where the "
-             "other began: its step may read long by up to that)")
-
-
-def _any_cell(grid: OpGrid, pairs: list[tuple[int, int]], test) -> np.ndarray:
-    """[len(pairs)] whether `test(a, b)` (node index arrays → [k, D, T] bools) holds in any cell
-    of each pair (a, b): a few pairs at a time, no temporary of a grid's size."""
-    out = np.zeros(len(pairs), dtype=bool)
-    for lo in range(0, len(pairs), _ROWS_AT_ONCE):
-        a, b = np.asarray(pairs[lo:lo + _ROWS_AT_ONCE], dtype=np.int64).T
-        with np.errstate(invalid="ignore"):
-            out[lo:lo + _ROWS_AT_ONCE] = test(a, b).any(axis=(1, 2))
-    return out
-
-
-def _listed(kinds: dict) -> str:
-    """'n kind (by up to s; workers ...)' for each kind of rows counted by `_note`."""
-    return "; ".join(f"{n} {kind} (by up to {most:.3g} s; workers "
-                     + ", ".join(f"(dp {d}, pp {p})" for d, p in sorted(workers)) + ")"
-                     for kind, (n, most, workers) in sorted(kinds.items()))
-
-
-def _clip_starts(grid: OpGrid, model: DependencyModel, nodes: np.ndarray, cut: dict,
-                 undecided: dict) -> None:
-    """Each compute op among one stage's `nodes` started no earlier than its input can have
-    been there (in place; ends kept): the end of a receive it waits for in the model, and the
-    end of the compute op before it on its stream where it began before that one did, or
-    another op launched after that one began right at that end (a send of its output: it did
-    run to there). Where an op starts
-    inside the one before it and neither tells, the rows are left to `_clip_computes` (which
-    cuts the one before, a choice no dependency supports) and named in `undecided`."""
-    work = [int(c) for c in nodes[np.isin(grid.node_optype[nodes], _WORK)]]
-    if not work or not _starts_doubtful(grid, model, work):
-        return
-    is_work = set(work)
-    # a batched call's rows end together, a receive's row where its call ends (its data may
-    # have been there before): their ends tell nothing of the data's arrival
-    p2p = nodes[np.isin(grid.node_optype[nodes], _SENDS + _RECVS) & ~model.no_op[nodes]]
-    own_ends = len(p2p) < 2 or not _batched_somewhere(
-        grid, p2p, grid.start[p2p] + grid.duration[p2p])
-    after: dict[int, list[int]] = {}       # compute op → the other ops launched after it
-    for o in nodes[grid.node_optype[nodes] != GC]:
-        if not model.no_op[o]:
-            for c in model.deps[o]:
-                if c in is_work:
-                    after.setdefault(c, []).append(int(o))
-    for b in work:
-        here = grid.present[b] & (grid.duration[b] > 0)
-        if not here.any():
-            continue
-        end = grid.start[b] + grid.duration[b]
-        ready = np.full(end.shape, -np.inf)
-        for r in model.deps[b] if own_ends else ():
-            if int(grid.node_optype[r]) in _RECVS and not model.no_op[r]:
-                ready = np.maximum(ready, np.where(grid.present[r], grid.start[r]
-                                                   + grid.duration[r], -np.inf))
-        open_ = np.zeros(end.shape, dtype=bool)
-        for f in model.deps[b]:
-            if f not in is_work:
-                continue
-            f_end = np.where(grid.present[f], grid.start[f] + grid.duration[f], -np.inf)
-            inside = here & (grid.start[b] < f_end) & (grid.start[b] > grid.start[f])
-            # begun before f began: whatever f's length, b's start is the impossible row
-            ran = here & grid.present[f] & (grid.start[b] <= grid.start[f])
-            if not (inside.any() or ran.any()):
-                continue
-            for o in after.get(f, []):               # an op launched after f began at its end
-                if o != b:
-                    ran |= grid.present[o] & (np.abs(grid.start[o] - f_end) <= _CLIP_EPS)
-            ready = np.where(ran, np.maximum(ready, f_end), ready)
-            open_ |= inside & ~ran
-        move = here & (grid.start[b] < ready - _CLIP_EPS) & (end > ready)
-        if move.any():
-            _note(cut, "compute ops starting before their input was there (a receive they "
-                  "wait for, or the op before them on their stream)", grid, b,
-                  np.where(move, ready - grid.start[b], 0.0))
-            grid.start[b] = np.where(move, ready, grid.start[b])
-            grid.duration[b] = np.where(move, end - ready, grid.duration[b])
-        left = open_ & ~move
-        if left.any():
-            over = np.zeros(end.shape)
-            for f in model.deps[b]:
-                if f in is_work:
-                    over = np.maximum(over, grid.start[f] + grid.duration[f] - grid.start[b])
-            _note(undecided, "rows", grid, b, np.where(left, over, 0.0))
-
-
-def _starts_doubtful(grid: OpGrid, model: DependencyModel, work: list[int]) -> bool:
-    """Whether any of `work` (one stage's compute ops) starts where `_clip_starts` looks twice,
-    before any row is moved: before a receive it waits for ended, or inside or before the
-    compute op it follows (a row moved there starts later, so a stage without one moves none)."""
-    is_work = set(work)
-    nodes = np.unique(np.concatenate([model.deps[b] for b in work] + [[]])).astype(np.int64)
-    is_recv = set(nodes[np.isin(grid.node_optype[nodes], _RECVS) & ~model.no_op[nodes]].tolist())
-    recvs = [(b, r) for b in work for r in set(model.deps[b]) & is_recv]
-    follows = [(b, f) for b in work for f in set(model.deps[b]) & is_work]
-
-    def here(b: np.ndarray) -> np.ndarray:
-        return grid.present[b] & (grid.duration[b] > 0)
-
-    def early(b: np.ndarray, r: np.ndarray) -> np.ndarray:
-        return (here(b) & grid.present[r]
-                & (grid.start[b] < grid.start[r] + grid.duration[r] - _CLIP_EPS))
-
-    def inside_or_before(b: np.ndarray, f: np.ndarray) -> np.ndarray:
-        f_end = np.where(grid.present[f], grid.start[f] + grid.duration[f], -np.inf)
-        return here(b) & ((grid.start[b] < f_end) & (grid.start[b] > grid.start[f])
-                          | grid.present[f] & (grid.start[b] <= grid.start[f]))
-
-    return bool(_any_cell(grid, recvs, early).any() or _any_cell(grid, follows,
-                                                                  inside_or_before).any())
 
 
 def _note(cut: dict, kind: str, grid: OpGrid, node: int, by: np.ndarray) -> None:
@@ -344,72 +213,24 @@ def _clip_computes(grid: OpGrid, model: DependencyModel, nodes: np.ndarray, cut:
         nxt[:-1] = s[1:]                             # the next start of the same worker/step
         np.put_along_axis(later, order, nxt, axis=0)
     needs = {int(c): k for k, c in enumerate(work)}
-    ends = grid.start[work] + grid.duration[work]                          # [K, D, T]
-    # the ops launched after a compute op (o after work[k]), in node order; only those begun
-    # inside it somewhere can end it: one begun past its end where it began after it never
-    # holds the earliest start below that end, which alone cuts
-    edges = [(needs[c], o) for o in nodes[(grid.node_optype[nodes] != GC)
-                                          & ~model.no_op[nodes]].tolist()
-             for c in model.deps[o] if c in needs and c != o]
-    inside = _any_cell(grid, edges, lambda k, o: grid.present[o] & (grid.start[o] > start[k])
-                       & (grid.start[o] < ends[k]))
-    # where each op was cut: its stream's next op or a send it feeds, a receive posted after
-    # it, the next step
-    why = np.zeros(start.shape, dtype=np.int8)
-    for (k, o), keep in zip(edges, inside):
-        if keep:
-            send = int(grid.node_optype[o]) in _SENDS
-            # the op's start, where it began after this op began (and was recorded)
-            there = grid.present[o] & (grid.start[o] < later[k]) & (grid.start[o] > start[k])
-            later[k] = np.where(there, grid.start[o], later[k])
-            why[k] = np.where(there, 0 if send else 1, why[k])
-    nxt = _next_step_starts(grid, nodes)                                      # [D, T]
-    there = (nxt[None] < later) & (nxt[None] > start)
-    later = np.where(there, nxt[None], later)
-    why = np.where(there, 2, why)
-    past = present & (ends > later + np.where(why > 0, _CLIP_EPS, 0.0))
-    for k in np.flatnonzero(past.any(axis=(1, 2))).tolist():
-        o = int(work[k])
+    for o in nodes[np.isin(grid.node_optype[nodes], _SENDS)]:
+        if model.no_op[o]:
+            continue
+        for c in model.deps[o]:
+            k = needs.get(c)
+            if k is not None:
+                # the send's start, where it began after this op began (and was recorded)
+                there = grid.present[o] & (grid.start[o] > start[k])
+                later[k] = np.where(there, np.minimum(later[k], grid.start[o]), later[k])
+    for k, o in enumerate(work):
         end = grid.start[o] + grid.duration[o]
-        # (past a receive, collective or next step: only beyond timer rounding, which the
-        # recorders' rows show there, not evidence of a row no timeline holds)
-        over = present[k] & (end > later[k] + np.where(why[k] > 0, _CLIP_EPS, 0.0))
+        over = present[k] & (end > later[k])
         if not over.any():
             continue
         to = np.maximum(later[k], grid.start[o])
-        for code, kind in enumerate(_PAST):
-            _note(cut, kind, grid, int(o), np.where(over & (why[k] == code), end - to, 0.0))
+        _note(cut, "compute ops running past their rank's next compute or send", grid,
+              int(o), np.where(over, end - to, 0.0))
         grid.duration[o] = np.where(over, to - grid.start[o], grid.duration[o])
-
-
-# the kinds of compute rows cut, by what cut them (_clip_computes's `why`)
-_PAST = ("compute ops running past their rank's next compute or send",
-         "compute ops running into their rank's wait on a receive or collective launched "
-         "after them",
-         "compute ops running into their rank's next step")
-
-
-def _next_step_starts(grid: OpGrid, nodes: np.ndarray) -> np.ndarray:
-    """[D, T] the first start of one stage's `nodes` computes and transfers in each worker's
-    next step: the training loop launches them once the step before has run, behind its
-    compute stream's work. inf where that tells nothing: the last step, a next one that is not
-    the step after it, or one whose first op starts before the last of this step began (a
-    clock restarted every step, as NDTimeline's: a step's times are not the next one's)."""
-    own = nodes[np.isin(grid.node_optype[nodes], _WORK + _SENDS + _RECVS)]
-    out = np.full(grid.start.shape[1:], np.inf)
-    if not len(own) or grid.start.shape[2] < 2:
-        return out
-    first = np.full(out.shape, np.inf)
-    last = np.full(out.shape, -np.inf)
-    for lo in range(0, len(own), _ROWS_AT_ONCE):          # a few rows at a time: no copy
-        rows = own[lo:lo + _ROWS_AT_ONCE]
-        np.minimum(first, np.where(grid.present[rows], grid.start[rows], np.inf).min(axis=0),
-                   out=first)
-        np.maximum(last, np.where(grid.present[rows], grid.start[rows], -np.inf).max(axis=0),
-                   out=last)
-    follows = (np.diff(grid.steps) == 1)[None] & (first[:, 1:] > last[:, :-1])   # [D, T - 1]
-    out[:, :-1] = np.where(follows, first[:, 1:], np.inf)
-    return out
 
 
 def _clip_sends(grid: OpGrid, c: int, sends: list[int], cut: dict) -> None:
