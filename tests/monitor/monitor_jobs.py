@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import threading
 from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
 
+from stragglers.monitor.windows import Window
 from stragglers.trace.model import Trace
 from stragglers.trace.runformat import write_meta, write_rank
 from stragglers.trace.synth import generate
@@ -53,6 +55,23 @@ def closed_windows(n: int, steps_per_window: int = 5) -> list:
         tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
     out = tr.close_ready(0.0)
     assert len(out) == n
+    return out
+
+
+class HeldWindow(Window):
+    """A window whose rows are read once `release` is set (an engine busy past any limit)."""
+
+    release: threading.Event
+
+    def load(self):
+        self.release.wait(60)
+        return super().load()
+
+
+def held(window: Window) -> HeldWindow:
+    """`window` as a HeldWindow, its `release` not set yet."""
+    out = HeldWindow(**{k: getattr(window, k) for k in window.__dataclass_fields__})
+    out.release = threading.Event()
     return out
 
 

@@ -4,16 +4,15 @@ saying so; the next window is analysed (in a new process, or once the thread's e
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import replace
 
 import pytest
 
 from monitor_jobs import closed_windows as windows
+from monitor_jobs import held as held_window
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.settings import MonitorConfig
-from stragglers.monitor.windows import Window
 
 
 class _SleepWhenUnpickled:
@@ -64,20 +63,9 @@ def test_a_window_past_the_limit_has_its_process_killed_and_an_error_row():
         analyser.close()
 
 
-class _Held(Window):
-    """A window whose rows are read once `release` is set (an engine busy past any limit)."""
-
-    release: threading.Event
-
-    def load(self):
-        self.release.wait(60)
-        return super().load()
-
-
 def test_on_the_thread_the_window_gets_its_error_row_and_the_next_waits_for_the_engine():
     first, second = windows(2)
-    held = _Held(**{k: getattr(first, k) for k in first.__dataclass_fields__})
-    held.release = threading.Event()
+    held = held_window(first)
     analyser = WindowAnalyser(in_process=True, timeout_s=0.2)
     row, _ = analyser.analyse(held)   # (was: the analysis thread held until the rows came)
     assert row.slowdown is None and "ran past analysis_timeout_s (0.2 s)" in row.error

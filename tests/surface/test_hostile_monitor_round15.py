@@ -10,7 +10,6 @@ analysis process (spawned), real monitor on loopback, real SQLite.
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from dataclasses import replace
 
@@ -23,25 +22,14 @@ from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
-from stragglers.monitor.windows import JobTracker, Window
 from stragglers.trace.runformat import table_bytes
 
 sys.path.insert(0, str(REPO / "tests" / "monitor"))
-from monitor_jobs import parts_of, slow_job  # noqa: E402
+from monitor_jobs import closed_windows, parts_of, slow_job  # noqa: E402
+from monitor_jobs import held as held_window  # noqa: E402
 
 TOKEN = "hostile-round15-token-0123456789"
 MONITOR = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05)
-
-
-def _windows(n: int) -> list[Window]:
-    """n closed 5-step windows of a 2x2 job with one slow worker (S ~1.72 each)."""
-    trace = slow_job(steps=n * 5, slow=(1, 1, 3.0))
-    tr = JobTracker("job-a", trace.meta, 5, 30.0)
-    for rank, part, cols in parts_of(trace, steps_per_part=5):
-        tr.add_part(rank, part, int(cols["step"].max()), cols, 0.0)
-    out = tr.close_ready(0.0)
-    assert len(out) == n
-    return out
 
 
 class _SleepWhenUnpickled:
@@ -61,7 +49,7 @@ def test_the_windows_after_a_stopped_one_are_analysed():
     being spawned and importing the engine, so it is stopped too, which kills that process,
     and so on: every later window of every job gets an error row (seen with 1.0 s: windows
     1-4 all "analysis stopped")."""
-    hung, first, second, *after = _windows(6)
+    hung, first, second, *after = closed_windows(6)
     meta = hung.trace.meta
     hung.trace = replace(hung.trace, meta=replace(meta, extra={**meta.extra,
                                                                "hang": _SleepWhenUnpickled()}))
@@ -177,24 +165,13 @@ def test_a_straggling_jobs_slowdown_is_still_exported_after_a_restart(tmp_path):
         s.stop()
 
 
-class _Held(Window):
-    """A window whose rows are read once `release` is set (an engine busy past any limit)."""
-
-    release: threading.Event
-
-    def load(self):
-        self.release.wait(60)
-        return super().load()
-
-
 def test_a_stopped_window_reports_the_time_it_took():
     """A window whose analysis was stopped after the limit (0.2 s, waited for in full) is
     stored with analysis_s 0.0 (the row /api/jobs/<job> serves) and observed as 0.0 s in
     stragglers_window_analysis_seconds: the windows that took longest land in the lowest
     bucket, and a histogram quantile alert on slow analyses never sees them."""
-    (first,) = _windows(1)
-    held = _Held(**{k: getattr(first, k) for k in first.__dataclass_fields__})
-    held.release = threading.Event()
+    (first,) = closed_windows(1)
+    held = held_window(first)
     analyser = WindowAnalyser(in_process=True, timeout_s=0.2)
     try:
         row, _ = analyser.analyse(held)
