@@ -1,4 +1,5 @@
-"""Test traces slowed as a real worker is: its later rows pushed back, not overlapped."""
+"""Test traces slowed as a real worker is: its later rows pushed back, not overlapped; and the
+per-worker busy times the capacity checks read."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any, Callable
 import numpy as np
 
 from stragglers.trace.model import COMPUTE_OPTYPES, OPTYPE_CODES, P2P_OPTYPES, Trace
+from stragglers.trace.synth import generate
+from stragglers.whatif import analyze
 
 
 def stretched(trace: Trace, scale: np.ndarray | None = None,
@@ -103,3 +106,20 @@ def slowed(trace: Trace, factors: dict[int, list[float]], optypes: tuple[str, ..
 
     return rerun(trace, edit)
 
+
+def rank0_straggler(dp: int, steps: int) -> tuple[Trace, float]:
+    """dp × pp 2 (ranks 0..dp-1 at stage 0), rank 0 (dp 0, pp 0) computing 3× as long, run as
+    a slow worker runs (`slowed`); the trace and its S."""
+    trace = slowed(generate(dp=dp, pp=2, microbatches=4, steps=steps, seed=0),
+                   {0: [3.0] * steps})
+    return trace, analyze(trace).slowdown
+
+
+def busy(factors: dict[tuple[int, int], float], d: int = 4, p: int = 2, t: int = 8,
+         noise: float = 0.01, seed: int = 0) -> np.ndarray:
+    """[D, P, T] busy seconds: 1 s per step (×factor where given), lognormal noise."""
+    rng = np.random.default_rng(seed)
+    out = np.exp(noise * rng.standard_normal((d, p, t)))
+    for (w, s), f in factors.items():
+        out[w, s] *= f
+    return out

@@ -5,11 +5,10 @@ straggler's S nor leave that honest worker out of the ideal (S 1.60 → 1.44 bef
 from __future__ import annotations
 
 import pytest
-from possible_traces import slowed
+from possible_traces import rank0_straggler
 from test_spurious_rows_at_honest_ranks import STEPS, _with_row
 
 from stragglers.trace.model import Trace
-from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
 from stragglers.whatif.metrics import IDEAL_LEFT_OUT
 
@@ -17,9 +16,7 @@ from stragglers.whatif.metrics import IDEAL_LEFT_OUT
 @pytest.fixture(scope="module")
 def slow_rank0() -> tuple[Trace, float]:
     """dp 2 × pp 2, rank 0 (dp 0, pp 0) computing 3× as long; its S."""
-    trace = slowed(generate(dp=2, pp=2, microbatches=4, steps=STEPS, seed=0),
-                   {0: [3.0] * STEPS})
-    return trace, analyze(trace).slowdown
+    return rank0_straggler(dp=2, steps=STEPS)
 
 
 # rank 1 (dp 1, pp 0) and rank 3 (dp 1, pp 1) are off the first DP rank the model is built

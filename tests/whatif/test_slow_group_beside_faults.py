@@ -11,22 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from possible_traces import busy as _busy
 
 from stragglers.trace.load import load_trace
 from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
 from stragglers.whatif import analyze
 from stragglers.whatif.causes.capacity import _groups
 from stragglers.whatif.config import DiagnosisConfig
-
-
-def _busy(factors: dict[tuple[int, int], float], d: int = 4, p: int = 2, t: int = 8,
-          noise: float = 0.01, seed: int = 0) -> np.ndarray:
-    """[D, P, T] busy seconds: 1 s per step (×factor where given), lognormal noise."""
-    rng = np.random.default_rng(seed)
-    busy = np.exp(noise * rng.standard_normal((d, p, t)))
-    for (w, s), f in factors.items():
-        busy[w, s] *= f
-    return busy
 
 
 def _members(found) -> dict[int, list[int]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from possible_traces import busy as _busy
 
 from stragglers.trace.load import load_trace
 from stragglers.trace.synth.kineto import GpuJob, write_gpu_job
@@ -53,16 +54,6 @@ def test_a_slow_rank_unlike_the_group_stays_a_worker_fault(tmp_path):
     job = GpuJob(ranks=12, pp_size=3, microbatches=3, steps=6, seed=3, ranks_per_host=12,
                  slow_group=((0, 5), 2.5), slow_rank=(9, 1.4))
     assert _named(tmp_path, job) == {("slow_group", 0), ("slow_group", 5), ("worker_fault", 9)}
-
-
-def _busy(factors: dict[tuple[int, int], float], d: int = 4, p: int = 2, t: int = 8,
-          noise: float = 0.01, seed: int = 0) -> np.ndarray:
-    """[D, P, T] busy seconds: 1 s per step (×factor where given), lognormal noise."""
-    rng = np.random.default_rng(seed)
-    busy = np.exp(noise * rng.standard_normal((d, p, t)))
-    for (w, s), f in factors.items():
-        busy[w, s] *= f
-    return busy
 
 
 def test_lone_slow_workers_of_two_stages_slowed_alike_are_one_group():

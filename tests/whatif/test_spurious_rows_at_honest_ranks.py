@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from possible_traces import slowed
+from possible_traces import rank0_straggler
 
 from stragglers.trace.model import OPTYPE_CODES, Trace
-from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
 from stragglers.whatif.dependencies import recorded_per_action
 from stragglers.whatif.grid import build_grid
@@ -23,9 +22,7 @@ STEPS = 8
 @pytest.fixture(scope="module")
 def straggler() -> tuple[Trace, float]:
     """dp 2 × pp 2, rank 0 (dp 0, pp 0) computing 3× as long, run as a slow worker runs; its S."""
-    trace = slowed(generate(dp=2, pp=2, microbatches=4, steps=STEPS, seed=0),
-                   {0: [3.0] * STEPS})
-    return trace, analyze(trace).slowdown
+    return rank0_straggler(dp=2, steps=STEPS)
 
 
 def _with_row(trace: Trace, rank: int, optype: str, mb: int, seq: int) -> Trace:

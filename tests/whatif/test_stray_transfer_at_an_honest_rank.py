@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from possible_traces import slowed
+from possible_traces import rank0_straggler
 from test_spurious_rows_at_honest_ranks import STEPS, _with_row
 
 from stragglers.trace.model import OPTYPE_CODES, Trace
 from stragglers.trace.runformat import write_run
-from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
 from stragglers.whatif.grid import OPS_LEFT_OUT
 from stragglers.whatif.metrics import IDEAL_LEFT_OUT
@@ -23,9 +22,7 @@ from stragglers.whatif.partitioned import analyze_run
 @pytest.fixture(scope="module")
 def slow_rank0() -> tuple[Trace, float]:
     """dp 2 × pp 2, rank 0 (dp 0, pp 0) computing 3× as long; its S."""
-    trace = slowed(generate(dp=2, pp=2, microbatches=4, steps=STEPS, seed=0),
-                   {0: [3.0] * STEPS})
-    return trace, analyze(trace).slowdown
+    return rank0_straggler(dp=2, steps=STEPS)
 
 
 # rank 1 (dp 1, pp 0) and 3 (dp 1, pp 1) beside the straggler's peers; rank 2 (dp 0, pp 1)
@@ -47,9 +44,7 @@ def test_a_stray_transfer_at_an_honest_rank_is_left_out_alone(slow_rank0, rank, 
 @pytest.fixture(scope="module")
 def three_replicas() -> tuple[Trace, float]:
     """dp 3 × pp 2 (ranks 0-2 at stage 0, 3-5 at stage 1), rank 0 computing 3× as long; its S."""
-    trace = slowed(generate(dp=3, pp=2, microbatches=4, steps=STEPS, seed=0),
-                   {0: [3.0] * STEPS})
-    return trace, analyze(trace).slowdown
+    return rank0_straggler(dp=3, steps=STEPS)
 
 
 @pytest.mark.parametrize("rows", [
