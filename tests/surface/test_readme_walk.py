@@ -5,13 +5,15 @@ The clone is this repository's HEAD plus the working tree's changes (edits, and 
 added that git does not ignore), so it runs the code under test; nothing ignored (runs/, build
 outputs) comes along. It sits beside a link to ../shared, as a checkout does, and reuses this
 checkout's .venv (linked, never rebuilt). Long runs are shortened
-by their own documented flags (SHORTER); `make test` is the suite this test belongs to.
+by their own documented flags (SHORTER); a torchrun job the walk already ran is run once
+(RUN_ONCE); `make test` is the suite this test belongs to.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,7 +33,9 @@ MONITOR_PORT, SHARDS_PORT = free_port(), free_port()
 SAMPLES = REPO.parent / "shared" / "data" / "ndtimeline-samples"
 SHORTER = [
     ("make samples", f"make samples SAMPLES_FROM={SAMPLES}"),           # a local mirror
-    ("make demo ", "make demo DEMO_STEPS=10 WATCH_STEPS=10 DEMO_PORT=0 "),  # Makefile variables
+    # (DEMO_STEPS as the recorded-job example's --steps below: its training is then the same
+    # job, run once: RUN_ONCE)
+    ("make demo ", "make demo DEMO_STEPS=5 WATCH_STEPS=10 DEMO_PORT=0 "),  # Makefile variables
     ("monitor serve --db", f"monitor serve --port {MONITOR_PORT} --db"),  # 8150 may be taken
     ("adapt serve --db", f"adapt serve --port {SHARDS_PORT} --db"),        # 8151 too
     ("--steps 200", "--steps 10"),                                   # train_gpt.py --steps
@@ -46,6 +50,13 @@ SKIPPED = {"make test": "the test suite, which this test is part of"}
 # Long examples end with a verdict line (what the run showed), printed by rank 0.
 VERDICT_EXAMPLES = ("examples/train_coded.py", "examples/train_adaptive.py")
 BLOCK_TIMEOUT_S = 300
+# RUN_ONCE: a torchrun job the walk has already run, to the letter but for where its trace
+# goes and the launcher's rendezvous port, is run once: a later README command of that job
+# copies the first run's trace to its own --trace-dir instead (a 4-process job costs ~17 s of
+# CPU, nearly all of it its processes starting: ~3.5 s each; its steps ~0.2 s). `make demo`
+# prints the training it runs ("[demo] $"): the recorded-job example's training is that job.
+RUN_ONCE_NOTE = "# run once: the same job as"
+DEMO_RAN = re.compile(r"^\[demo\] \$ -m torch\.distributed\.run (.*)$", re.M)
 
 
 def shell_blocks(text: str) -> list[str]:
@@ -71,6 +82,49 @@ def as_walked(block: str) -> str:
     for old, new in SHORTER:
         text = text.replace(old, new)
     return text
+
+
+def torchrun_job(argv: list[str], clone: Path) -> tuple[tuple, str] | None:
+    """(the job: script, process count and its other flags; its --trace-dir) of a torchrun
+    command's arguments after the launcher's name, or None where it is no recorded job."""
+    launcher, rest = {}, list(argv)
+    while rest and rest[0].startswith("--"):
+        flag, _, value = rest.pop(0)[2:].partition("=")
+        launcher[flag] = value if value or flag == "standalone" else rest.pop(0)
+    if not rest or "--trace-dir" not in rest[1:-1]:
+        return None
+    script, args = rest[0], rest[1:]
+    at = args.index("--trace-dir")
+    trace_dir = args[at + 1]
+    # (a number as its value: the demo passes --slow-factor 3.0 where the README says 3)
+    flags = [_number(word) for word in args[:at] + args[at + 2:]]
+    launcher.pop("rdzv-endpoint", None)   # (a free port of the run's own)
+    where = Path(script) if Path(script).is_absolute() else clone / script
+    return (str(where.resolve()), tuple(sorted(launcher.items())), tuple(flags)), trace_dir
+
+
+def _number(word: str) -> str | float:
+    try:
+        return float(word)
+    except ValueError:
+        return word
+
+
+def run_once(walked: str, clone: Path, ran: dict[tuple, str]) -> str:
+    """`walked` with each torchrun job in `ran` (job: its trace) copied from that run's trace
+    instead of run again; the jobs it runs itself added to `ran`."""
+    out = []
+    for command in re.split(r"(?<!\\)\n", walked):
+        words = shlex.split(command.replace("\\\n", " "), comments=True)
+        job = torchrun_job(words[1:], clone) if words[:1] == ["torchrun"] else None
+        if job and job[0] in ran:
+            first, trace_dir = ran[job[0]], shlex.quote(job[1])
+            command = f"rm -rf {trace_dir} && cp -r {shlex.quote(first)} {trace_dir}" \
+                      f"   {RUN_ONCE_NOTE} {first}'s"
+        elif job:
+            ran[job[0]] = job[1]
+        out.append(command)
+    return "\n".join(out)
 
 
 def test_readme_blocks_are_found_and_every_shortening_still_applies():
@@ -146,9 +200,10 @@ def test_every_readme_shell_block_runs_in_order_in_a_fresh_clone(tmp_path):
         pytest.skip(f"the README's `make samples` is walked with a local mirror, {SAMPLES}: absent")
     clone, copied = fresh_clone(tmp_path)
     env = newcomer_env(clone)
-    timings = []
+    timings, ran, reused = [], {}, 0
     for i, block in enumerate(shell_blocks(README.read_text()), 1):
-        walked = as_walked(block)
+        walked = run_once(as_walked(block), clone, ran)
+        reused += walked.count(RUN_ONCE_NOTE)
         if not walked.strip():
             continue
         t0 = time.monotonic()
@@ -159,10 +214,14 @@ def test_every_readme_shell_block_runs_in_order_in_a_fresh_clone(tmp_path):
             f"README shell block {i} failed (exit {proc.returncode}):\n{walked}\n"
             f"--- error lines\n{errors}\n"
             f"--- stdout (end)\n{proc.stdout[-3000:]}\n--- stderr (end)\n{proc.stderr[-5000:]}")
+        for launched in DEMO_RAN.findall(proc.stdout):
+            job = torchrun_job(shlex.split(launched), clone)
+            if job:
+                ran.setdefault(job[0], job[1])
         if any(example in walked for example in VERDICT_EXAMPLES):
             last = (proc.stdout.strip().splitlines() or [""])[-1]
             assert last.startswith("verdict: "), f"block {i} ends without a verdict:\n{proc.stdout}"
-    print("README walk:", ", ".join(timings))
+    print("README walk:", ", ".join(timings), f"({reused} torchrun job(s) not run again)")
     # Everything the README writes goes under runs/ or is ignored: no stray files in the clone.
     status = subprocess.run(["git", "-C", str(clone), "status", "--porcelain",
                              "--untracked-files=all"], capture_output=True, text=True, check=True)
