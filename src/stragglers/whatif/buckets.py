@@ -1,6 +1,7 @@
 """Dependencies taken from what every replica's recorded order agrees on: DDP and FSDP2 bucket producers.
 
-The dependency model (dependencies.py) builds its edges from the first DP rank's first step.
+The dependency model (dependencies.py) builds its edges from one replica-step per stage
+(`reference_cells`: the first DP rank's first step where most replica-steps share its order).
 For gradient collectives launched while backward still runs (DDP buckets, FSDP2 per-unit
 reduce-scatters) it links each to the last compute op that ended before it started. On a
 healthy rank whose collectives queue behind one that waits for a slow peer, that is a much

@@ -49,7 +49,8 @@ class DependencyModel:
 
 def build_dependencies(grid: OpGrid, dsp_size: int = 1,
                        schedule_order: bool | None = None) -> DependencyModel:
-    """Build the model from the first DP rank's first complete step (all replicas share it).
+    """Build the model from each stage's reference replica-step (`reference_cells`: one whose
+    order of ops most replica-steps share; the first DP rank's first step where it is one).
 
     `schedule_order`: pipeline transfers follow the recorded action order (rows recorded per
     schedule action, see recorded_per_action) instead of Megatron's 1F1B rules; None decides
@@ -62,8 +63,7 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
     groups: list[list[int]] = []
     dp_sync: list[bool] = []
     no_op = np.zeros(n_nodes, dtype=bool)
-    ref_start = grid.start[:, 0, 0]
-    ref_end = ref_start + grid.duration[:, 0, 0]
+    ref_start, ref_end = reference_times(grid)
     pp = grid.pp_size
     use_dp = len(grid.dp_ranks) * dsp_size > 1
     by_stage = {s: np.flatnonzero(grid.node_stage == s) for s in range(pp)}
@@ -278,6 +278,75 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
 
     clip_to_own_timeline(grid, model)
     return model
+
+
+_CANDIDATES = 8  # replica-steps whose orders are tried as a stage's reference (_VOTE's too)
+
+
+def reference_cells(grid: OpGrid) -> tuple[np.ndarray, np.ndarray]:
+    """Per stage, the (DP rank index, step index) whose op order the model reads: the first DP
+    rank's first step unless another replica-step's order is shared by more of the stage's
+    replica-steps (of the first `_VOTE` steps). An order is that of each stream the model
+    chains (`_streams`), not the races between them. One replica recorded out of the schedule's
+    order (a rank whose seq_ids lie) cannot define every replica's model: from the first one,
+    two microbatches numbered the other way round there made cyclic dependencies, or read a
+    3x backward straggler's S 1.60 as 1.47 (dp 3). With two replicas nothing says which is
+    right: the first stays."""
+    pp = grid.pp_size
+    d_ref, t_ref = np.zeros(pp, np.int64), np.zeros(pp, np.int64)
+    d, t = grid.start.shape[1], min(grid.start.shape[2], _VOTE)
+    if d * t < 3:
+        return d_ref, t_ref
+    cands = [(0, 0)] + [(a, 0) for a in range(1, min(d, _CANDIDATES))] \
+        + [(0, b) for b in range(1, min(t, _CANDIDATES))]
+    for stage in range(pp):
+        streams = [grid.start[x, :, :t] for x in _streams(grid, stage) if len(x) > 1]
+        if not streams:
+            continue
+        best, best_n = 0, _agreeing(streams, 0, 0)
+        if 2 * best_n > d * t:          # (most agree with the first: the usual, cheap case)
+            continue
+        for k, (a, b) in enumerate(cands[1:], 1):
+            n = _agreeing(streams, a, b)
+            if n > best_n:
+                best, best_n = k, n
+        d_ref[stage], t_ref[stage] = cands[best]
+    return d_ref, t_ref
+
+
+def _streams(grid: OpGrid, stage: int) -> list[np.ndarray]:
+    """A stage's ops by the stream the model chains them in: compute with the blocking
+    collectives among it, each pipeline transfer type, the rest (DP collectives, optimizer);
+    GC pauses, which fall wherever an allocation triggers them, in none."""
+    nodes = np.flatnonzero(grid.node_stage == stage)
+    kind = grid.node_optype[nodes]
+    compute = np.isin(kind, _COMPUTE + _BLOCKING)
+    p2p = [C[name] for name in P2P_PEER]
+    out = [nodes[compute]] + [nodes[kind == code] for code in p2p]
+    return out + [nodes[~compute & ~np.isin(kind, p2p + [_GC])]]
+
+
+def _agreeing(streams: list[np.ndarray], a: int, b: int) -> int:
+    """How many replica-steps (each stream's starts [n, D, T']) run every stream's ops in cell
+    (a, b)'s order: each op started no earlier than `_EPS` before the ops that (a, b) started
+    before it (ops absent there are ordered last, so a replica-step holding them where (a, b)
+    does not disagrees)."""
+    agree = np.ones(streams[0].shape[1:], bool)
+    for start in streams:
+        x = start[np.argsort(start[:, a, b], kind="stable")]
+        prev = np.fmax.accumulate(x, axis=0)[:-1]
+        with np.errstate(invalid="ignore"):
+            agree &= ~(x[1:] < prev - _EPS).any(axis=0)
+    return int(np.count_nonzero(agree))
+
+
+def reference_times(grid: OpGrid) -> tuple[np.ndarray, np.ndarray]:
+    """[N] starts and ends of each op in its stage's reference replica-step (reference_cells)."""
+    d_ref, t_ref = reference_cells(grid)
+    nodes = np.arange(len(grid.node_stage))
+    d, t = d_ref[grid.node_stage], t_ref[grid.node_stage]
+    start = grid.start[nodes, d, t]
+    return start, start + grid.duration[nodes, d, t]
 
 
 def _sync_parts(grid: OpGrid, members: list[int]) -> np.ndarray | None:
@@ -521,7 +590,7 @@ def _p2p_targets(grid: OpGrid, t_comp: list[int], ops: list[int], kind: str, del
     Profilers either record a p2p op for every compute op (no-ops included) or only the
     launched ones; which one is told by the count. Where neither fits and blocking collectives
     cut the stage's compute into pieces (`times`: the ops' reference starts and ends), by time
-    in the first replica's first step.
+    in the stage's reference replica-step (reference_cells).
     """
     n_ops = len(ops)
     if n_ops >= len(t_comp):

@@ -8,6 +8,7 @@ import numpy as np
 
 from stragglers.errors import InputError
 from stragglers.trace.model import OPTYPE_CODES, OPTYPES, P2P_OPTYPES, Trace
+from stragglers.whatif.realign import PARTNER, realigned_seq
 from stragglers.whatif.rebuild import rebuild_lost, with_group
 from stragglers.whatif.result import LeftOut
 from stragglers.wording import ranges
@@ -166,23 +167,23 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
         seq = np.where(is_gc, gc_slots(trace, worker_step), seq)
     if seq.min() < 0 or seq.max() >= (1 << _SEQ_BITS):
         raise InputError(trace.source, "seq_id", f"expected 0 ≤ seq_id < {1 << _SEQ_BITS}")
-    key = ((ops["stage"].astype(np.int64) << (_SEQ_BITS + _OPTYPE_BITS))
-           | (ops["optype"].astype(np.int64) << _SEQ_BITS) | seq)
-    compact = (ops["stage"].astype(np.int64) * 32 + ops["optype"]) * (int(seq.max()) + 1) + seq
-    _, node = dense_ids(compact)
-    keys = np.zeros(int(node.max()) + 1, dtype=np.int64)
-    keys[node] = key
-    n, d, t = len(keys), len(dp_ranks), len(step_ids)
-    flat = (node.astype(np.int64) * d + d_idx) * t + t_idx
-    present = (one_op_per_cell(flat, n * d * t, trace) > 0).reshape(n, d, t)
-    node_stage = (keys >> (_SEQ_BITS + _OPTYPE_BITS)).astype(np.int32)
-    node_optype = ((keys >> _SEQ_BITS) & ((1 << _OPTYPE_BITS) - 1)).astype(np.int8)
-    node_seq = (keys & ((1 << _SEQ_BITS) - 1)).astype(np.int64)
-    warnings: list[str] = []
+    d, t = len(dp_ranks), len(step_ids)
     # (virtual chunks: the last stage's forward transfers go on to the first)
     interleaved = trace.meta.vpp_size > 1 or int(ops["mc"].max(initial=0)) > 0
+    node, flat, present, node_stage, node_optype, node_seq = _laid(trace, seq, d_idx, t_idx, d, t)
+    warnings: list[str] = []
     complete = _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings,
                                node_seq, interleaved)
+    # a stray transfer renumbering its worker's later ones: those realigned with their other
+    # ends (whatif/realign.py), the stray then left out like one numbered past the schedule
+    again = None if complete.all() else realigned_seq(ops, seq, d_idx, t_idx, d, t, interleaved)
+    if again is not None:
+        node, flat, present, node_stage, node_optype, node_seq = _laid(trace, again, d_idx,
+                                                                       t_idx, d, t)
+        warnings = []
+        complete = _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids,
+                                   warnings, node_seq, interleaved)
+    n = len(node_stage)
     odd = None
     present_all = present
     if not complete.any():
@@ -234,6 +235,25 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
                   node_pg=node_pg, left_out=[] if odd is None else odd.left_out)
     _check_stages(grid, trace)
     return grid
+
+
+def _laid(trace: Trace, seq: np.ndarray, d_idx: np.ndarray, t_idx: np.ndarray, d: int, t: int):
+    """(node of each row, its flat cell, present [N, D, T], node_stage, node_optype, node_seq):
+    each row on its template op (stage, optype, seq), DP rank and step."""
+    ops = trace.ops
+    key = ((ops["stage"].astype(np.int64) << (_SEQ_BITS + _OPTYPE_BITS))
+           | (ops["optype"].astype(np.int64) << _SEQ_BITS) | seq)
+    compact = (ops["stage"].astype(np.int64) * 32 + ops["optype"]) * (int(seq.max()) + 1) + seq
+    _, node = dense_ids(compact)
+    keys = np.zeros(int(node.max()) + 1, dtype=np.int64)
+    keys[node] = key
+    n = len(keys)
+    flat = (node.astype(np.int64) * d + d_idx) * t + t_idx
+    present = (one_op_per_cell(flat, n * d * t, trace) > 0).reshape(n, d, t)
+    node_stage = (keys >> (_SEQ_BITS + _OPTYPE_BITS)).astype(np.int32)
+    node_optype = ((keys >> _SEQ_BITS) & ((1 << _OPTYPE_BITS) - 1)).astype(np.int8)
+    node_seq = (keys & ((1 << _SEQ_BITS) - 1)).astype(np.int64)
+    return node, flat, present, node_stage, node_optype, node_seq
 
 
 def _chunks(ops, node, n, node_stage, pp) -> tuple[np.ndarray, np.ndarray]:
@@ -399,13 +419,6 @@ def odd_workers(present, node_optype, node_stage, node_seq,
     return OddWorkers(short | over, short, over, lacks, extra, undecided, disputed)
 
 
-# a transfer's other end: (its type, the stage it goes to or comes from relative to its own)
-_PARTNER = {OPTYPE_CODES["forward-send"]: (OPTYPE_CODES["forward-recv"], 1),
-            OPTYPE_CODES["forward-recv"]: (OPTYPE_CODES["forward-send"], -1),
-            OPTYPE_CODES["backward-send"]: (OPTYPE_CODES["backward-recv"], -1),
-            OPTYPE_CODES["backward-recv"]: (OPTYPE_CODES["backward-send"], 1)}
-
-
 def paired_transfers(present, node_optype, node_stage, node_seq,
                      interleaved: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """([N, D, T] the other end of each pipeline transfer ran at the same DP rank — a send at
@@ -419,7 +432,7 @@ def paired_transfers(present, node_optype, node_stage, node_seq,
     key = ((node_stage.astype(np.int64) << (_SEQ_BITS + _OPTYPE_BITS))
            | (node_optype.astype(np.int64) << _SEQ_BITS) | node_seq)
     order = np.argsort(key)
-    for code, (other, step) in _PARTNER.items():
+    for code, (other, step) in PARTNER.items():
         at = np.flatnonzero(node_optype == code)
         if not len(at):
             continue

@@ -27,6 +27,7 @@ from stragglers.whatif.grid import (GC, _SEQ_BITS, _OPTYPE_BITS, LeftOdd, OpGrid
                                     _check_stages, _complete_steps, dense_ids, gc_slots,
                                     leave_out_odd, one_op_per_cell, ops_warning)
 from stragglers.whatif.metrics import WhatIf
+from stragglers.whatif.realign import realigned_seq
 from stragglers.whatif._replay import ReplayPlan, replay
 from stragglers.whatif.rebuild import rebuild_in_parts, with_group
 
@@ -382,6 +383,12 @@ def node_keys(part: Partition) -> np.ndarray:
         seq = np.where(is_gc, gc_slots(trace, worker_step), seq)
     if len(seq) and (seq.min() < 0 or seq.max() >= (1 << _SEQ_BITS)):
         raise InputError(part.source, "seq_id", f"expected 0 ≤ seq_id < {1 << _SEQ_BITS}")
+    if len(seq):   # (a step partition holds whole steps: realigned as the whole trace is)
+        dp_ranks, d_idx = dense_ids(ops["dp_rank"])
+        step_ids, t_idx = dense_ids(ops["step"])
+        again = realigned_seq(ops, seq, d_idx, t_idx, len(dp_ranks), len(step_ids),
+                              int(ops["mc"].max()) > 0)
+        seq = seq if again is None else again
     return ((ops["stage"].astype(np.int64) << (_SEQ_BITS + _OPTYPE_BITS))
             | (ops["optype"].astype(np.int64) << _SEQ_BITS) | seq)
 
