@@ -35,7 +35,11 @@ from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease
                                       indices_json, lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
-from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION,  # noqa: F401
+# FENCED_OFF: workers.reply of a name a launcher released (no fence): its fence is burnt, every
+# call of it Fenced until it joins again (a join clears it); like LEFT, its name has left.
+# (Before, LEFT with the next fence: nobody held it, and a lease with it was served; files of
+# schema 7 and older are swept at their upgrade, schema._MIGRATE_7.)
+from stragglers.adapt.schema import (EXPIRED, FENCED_OFF, LEFT, SCHEMA_VERSION,  # noqa: F401
                                      open_database, unusable)
 from stragglers.adapt.stored import (check_all_rows, check_dataset_row, check_rows_key,
                                      check_shard, check_worker_row, config_of, damaged)
@@ -43,11 +47,6 @@ from stragglers.adapt.transactions import Generation, Transactions
 from stragglers.errors import InputError
 
 log = logging.getLogger(__name__)
-
-# workers.reply of a name a launcher released (no fence): its fence is burnt, every call of
-# it Fenced until it joins again (a join clears it); like LEFT, its name has left. (Before,
-# LEFT with the next fence: nobody held it, and a lease with it was served.)
-FENCED_OFF = "fenced"
 
 MAX_INDICES_PER_REPLY = 1 << 18
 # a lease's indices up to this many are made a list on the commit thread when their shuffle is
