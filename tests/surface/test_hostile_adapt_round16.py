@@ -310,3 +310,42 @@ def test_a_store_locked_by_another_process_at_start_is_served_once_let_go(tmp_pa
         lock.close()
         if server is not None:
             server.stop()
+
+
+def test_a_damaged_page_of_the_file_is_refused_503_never_a_500(tmp_path):
+    """The root page of the shards table overwritten with zeros while no service ran (a torn
+    write, a bad disk block): the service starts and answers /health; every call that reads
+    the damaged rows — status, snapshot, a lease (its data set's rows checked at its first
+    call, on the reader thread) — is a 503 naming the file as damaged, never a 500; the
+    service stops and starts again. (Before: 500 InternalError, and the reader's connection
+    left inside the failed read's transaction.)"""
+    from stragglers.adapt.dataset import DatasetConfig
+    from stragglers.adapt.service import EmbeddedServer
+    from stragglers.adapt.shards import ShardStore
+
+    db = tmp_path / "s.db"
+    s = ShardStore(db)
+    s.create_dataset(DatasetConfig("d", 8192, 8))
+    fence = s.join("d", "w").fence
+    s.close()
+    with sqlite3.connect(db) as c:
+        page = c.execute("PRAGMA page_size").fetchone()[0]
+        root = c.execute("SELECT rootpage FROM sqlite_master WHERE name='shards'").fetchone()[0]
+    with open(db, "r+b") as f:
+        f.seek((root - 1) * page)
+        f.write(bytes(page))
+    for _ in range(2):   # (and after a restart)
+        server = EmbeddedServer(db, durable=False).start()
+        try:
+            with httpx.Client(base_url=server.url, timeout=60, headers=H) as c:
+                assert c.get("/health").status_code == 200
+                for method, path, body in (
+                        ("GET", "/datasets/d/status", None), ("GET", "/datasets/d/snapshot", None),
+                        ("POST", "/datasets/d/lease", {"worker": "w", "fence": fence}),
+                        ("GET", "/datasets/d/status", None)):
+                    r = c.request(method, path, json=body)
+                    assert r.status_code == 503, (path, r.status_code, r.text[:200])
+                    assert "damaged" in r.json()["error"], r.text[:200]
+                assert c.get("/health").status_code == 200
+        finally:
+            server.stop()
