@@ -1001,7 +1001,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
 
     async def big_shuffle(token: object, key: tuple[int, int, int]):
         """A big epoch's permutation, computed beside other tokens' (PacedKeys) in `token`'s
-        turn, after its pause; none where a call made it while this one waited."""
+        turn, after its pause; taken as it is where a call made it while this one waited (no
+        pause then, no charge)."""
         return await computing.run(token, store.permutations.get, key,
                                    ready=lambda: store.permutations.cached(key))
 
@@ -1254,7 +1255,8 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                     break
                 except ShufflePaused as paused:
                     perms[paused.key] = await big_shuffle(held.key, paused.key)
-                    gate = gate if tries > 2 else None
+                    if tries == 2:
+                        gate = None   # (the last try is not held)
         except BaseException:
             index_pace.refund(held)   # (refused or failed: nothing sent, nothing charged)
             raise
