@@ -11,6 +11,7 @@ import threading
 import httpx
 import pytest
 
+from adapt_clock import Clock
 from conftest import eventually
 from stragglers.adapt.dataset import DatasetConfig, epoch_permutation
 from stragglers.adapt.errors import Fenced
@@ -60,13 +61,14 @@ def _doing(db, name: str) -> int:
 
 
 def test_a_big_shuffle_past_its_tokens_share_is_waited_for_before_the_leases_commit(tmp_path):
-    """A token's second big shuffle, asked within its pause (shuffle_share of a thread): the
-    lease waits for the pause (held here by the test) with nothing committed, then is
-    committed and answered with its indices. (Fails before: committed first, then held in
+    """A token's second big shuffle, asked within its pause (shuffle_share of a thread; its
+    clock stopped, its sleep held by the test): the lease waits for the pause with nothing
+    committed, then is committed and answered with its indices. (Fails before: committed first, then held in
     the pause: a 2**26 one answered up to 50 s after its commit, its 30 s lease expired.)"""
     db = tmp_path / "s.db"
     server = EmbeddedServer(db, durable=False, config=ServiceConfig(shuffle_share=0.01)).start()
     computing = server.app.state.shuffling
+    computing.clock = Clock()   # (stopped: the pause never passes on its own, however loaded)
     pausing, go, out = threading.Event(), threading.Event(), {}
 
     async def held_pause(seconds: float) -> None:   # (the pause, held until `go`)
