@@ -349,3 +349,49 @@ def test_a_damaged_page_of_the_file_is_refused_503_never_a_500(tmp_path):
                 assert c.get("/health").status_code == 200
         finally:
             server.stop()
+
+
+def test_a_damaged_page_of_one_data_set_fails_only_its_own_call_in_a_batch(tmp_path):
+    """A leaf page holding a row of data set d (found by an error text written into it)
+    overwritten with zeros; a group commit of e's lease, d's lease (its row on that page) and
+    another worker's lease of e: d's is refused alone (its error, to be answered 503), both
+    of e's are committed. (Before: SQLite ended the batch's transaction at d's call, and every
+    call batched with it was 503 'transaction failed, nothing of it was committed': a probe
+    hammering d beside a job leasing e saw 9 of e's 150 leases and 2 of its acks refused.)"""
+    from stragglers.adapt.dataset import DatasetConfig
+    from stragglers.adapt.service import GroupCommitter
+    from stragglers.adapt.shards import ShardStore
+
+    db = tmp_path / "s.db"
+    marker = b"round16-damaged-page-marker"
+    s = ShardStore(db)
+    s.create_dataset(DatasetConfig("d", 8192, 8))
+    s.create_dataset(DatasetConfig("e", 4096, 8))
+    fd = s.join("d", "w").fence
+    fe, fv = s.join("e", "w").fence, s.join("e", "v").fence
+    s.lease("d", "w", fd)
+    s.release("d", "w", fd, error=marker.decode())   # (d's shard 0: next to lease, marked)
+    s.close()
+    data = db.read_bytes()
+    assert data.count(marker) == 1
+    with sqlite3.connect(db) as c:
+        page = c.execute("PRAGMA page_size").fetchone()[0]
+    at = data.index(marker) // page * page
+    with open(db, "r+b") as f:
+        f.seek(at)
+        f.write(bytes(page))
+    store = ShardStore(db)
+    commit = GroupCommitter(store)
+    try:
+        results = commit._run_batch([lambda: store.lease("e", "w", fe),
+                                     lambda: store.lease("d", "w", fd),
+                                     lambda: store.lease("e", "v", fv)])
+        assert [ok for ok, _ in results] == [True, False, True], results
+        assert isinstance(results[1][1], sqlite3.DatabaseError), results[1]
+        assert [len(r.leases) for ok, r in results if ok] == [1, 1]
+    finally:
+        commit.close()
+        store.close()
+    with sqlite3.connect(db) as c:   # (committed: both of e's leases are held)
+        assert c.execute("SELECT worker FROM shards WHERE dataset='e' AND state='DOING'"
+                         " ORDER BY worker").fetchall() == [("v",), ("w",)]

@@ -29,6 +29,7 @@ from stragglers.adapt.errors import Busy, NotFound, Quarantined
 from stragglers.adapt.replies import FailedShard, Status
 from stragglers.adapt.stored import (check_all_rows, check_dataset_row, check_materialized,
                                      check_rows_key, config_of, first_bad_shard)
+from stragglers.adapt.space import corrupt_file
 from stragglers.adapt.turns import TakeTurns
 from stragglers.errors import EnvironmentFailure
 
@@ -211,8 +212,7 @@ def read_failed(db: str, exc: sqlite3.Error) -> EnvironmentFailure:
     """The 503 of a read the database refused: a page of the file damaged (a torn write, a bad
     block), no descriptor for the reader's connection, an I/O error. (Each was a 500 on every
     read of it: a status, a snapshot, a data set's first lease.)"""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+    if corrupt_file(exc):
         return EnvironmentFailure("shard store", f"{db} is damaged ({exc}): what is stored"
                                   " there cannot be read; restore the data sets from their"
                                   " snapshots into a new file")

@@ -56,7 +56,7 @@ from stragglers.adapt.requeues import GIVE_BACK_STEP, RETRY_CHUNK
 from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import INLINE_INDICES, MAX_INDICES_PER_REPLY, ShardStore, \
     joined_error, lease_json, release_error, released_error
-from stragglers.adapt.space import Reserve, io_error, out_of_space
+from stragglers.adapt.space import Reserve, corrupt_file, io_error, out_of_space
 from stragglers.adapt.turns import PacedKeys, TakeTurns
 from stragglers.adapt.uploads import CountedBody
 from stragglers.adapt.working import WorkCredit
@@ -530,8 +530,8 @@ class GroupCommitter:
             costs = [(0.0, 0)] * len(batch)
             t0 = time.monotonic()
             try:
-                results = self.store.run_batch([_timed(call, self.store, costs, i)
-                                                for i, (_, call, _, _) in enumerate(batch)])
+                results = self._run_batch([_timed(call, self.store, costs, i)
+                                           for i, (_, call, _, _) in enumerate(batch)])
             except BaseException as exc:  # noqa: BLE001 - every waiting call must be answered
                 self.failed_batches += 1
                 log.warning("group commit of %d calls failed: %s", len(batch), exc)
@@ -556,6 +556,28 @@ class GroupCommitter:
                 except RuntimeError:
                     pass  # that event loop is gone (server stopping)
 
+
+    def _run_batch(self, calls: list) -> list:
+        """store.run_batch(calls); where one call read a damaged page of the file and SQLite
+        ended the transaction for it (every call of the batch rolled back), that call's
+        result is its error and the others run again without it. (Before: every job's call
+        batched with a call on a damaged data set was 503, nothing of it committed.)"""
+        results: list = [None] * len(calls)
+        left = list(range(len(calls)))
+        while True:
+            try:
+                out = self.store.run_batch([calls[i] for i in left])
+            except sqlite3.Error as exc:
+                k = getattr(exc, "batch_call", None)
+                if k is None or not corrupt_file(exc):
+                    raise   # (a full disk, the file away: the others would fail alike)
+                results[left.pop(k)] = (False, exc)
+                if left:
+                    continue
+                return results
+            for i, result in zip(left, out):
+                results[i] = result
+            return results
 
     def _storage_error(self, exc: BaseException, what: str) -> Exception:
         """The error a caller gets for a write the database refused: DiskFull (507) when its
