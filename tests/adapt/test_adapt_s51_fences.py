@@ -8,18 +8,11 @@ import sqlite3
 
 import pytest
 
+from adapt_clock import Clock
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.shards import Fenced, QuotaExceeded, ShardStore
 
 A = "a" * 64   # an owner's token digest
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 @pytest.fixture

@@ -8,19 +8,12 @@ import sqlite3
 
 import pytest
 
+from adapt_clock import Clock
 from stragglers.adapt.dataset import DatasetConfig, epoch_permutation
 from stragglers.adapt.replies import Acked, Created, FailedShard, Lease, Restored
 from stragglers.adapt.shards import (DONE, FAILED, Conflict, Fenced, Forbidden, LeaseLost,
                                      NotFound, ShardStore)
 from stragglers.errors import InputError
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 @pytest.fixture

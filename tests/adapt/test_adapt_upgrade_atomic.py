@@ -14,8 +14,9 @@ from stragglers.adapt.schema import SCHEMA_VERSION, open_database
 from stragglers.adapt.shards import ShardStore
 from stragglers.errors import StragglersError
 
-# back from schema 7 to each older layout, a step at a time (as test_adapt_shards makes them)
-_DOWN = {6: "DROP TABLE fence_folds; PRAGMA user_version=6;",
+# back from schema 8 to each older layout, a step at a time (as test_adapt_shards makes them)
+_DOWN = {7: "PRAGMA user_version=7;",
+         6: "DROP TABLE fence_folds; PRAGMA user_version=6;",
          5: "PRAGMA user_version=5;",
          4: "DROP TABLE fence_floors; PRAGMA user_version=4;",
          3: "DROP TABLE row_sets; DROP INDEX datasets_creator; ALTER TABLE datasets DROP COLUMN"

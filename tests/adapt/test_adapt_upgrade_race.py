@@ -7,6 +7,7 @@ import sqlite3
 import threading
 
 from stragglers.adapt.dataset import DatasetConfig
+from stragglers.adapt.schema import SCHEMA_VERSION
 from stragglers.adapt.shards import ShardStore
 
 
@@ -67,5 +68,5 @@ def test_two_openers_of_one_schema_6_file_upgrade_it_once(tmp_path, monkeypatch)
             if isinstance(x, ShardStore):
                 x.close()
     with contextlib.closing(sqlite3.connect(db)) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 7
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert c.execute("SELECT id, names FROM fence_folds").fetchall() == [(0, None)]

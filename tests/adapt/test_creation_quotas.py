@@ -9,6 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from adapt_clock import Clock
 from stragglers.adapt.client import ShardClient
 from stragglers.adapt.control import ControlPlane
 from stragglers.adapt.controller import ControlConfig
@@ -18,16 +19,6 @@ from stragglers.adapt.service import EmbeddedServer, ServiceConfig
 from stragglers.errors import StragglersError
 
 CFG = {"policy": "nd", "world_size": 1, "global_batch": 8}
-
-
-class Clock:
-    """A clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def plane(clock: Clock, **limits) -> ControlPlane:

@@ -12,20 +12,11 @@ import time
 import httpx
 import pytest
 
+from adapt_clock import Clock
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.errors import QuotaExceeded
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig
 from stragglers.adapt.shards import ShardStore
-
-
-class Clock:
-    """A clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def d(token: str) -> str:
@@ -38,7 +29,7 @@ def names(store: ShardStore) -> list[str]:
 
 
 def test_a_full_store_gives_a_creation_the_oldest_unused_data_sets_place(tmp_path):
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     store = ShardStore(tmp_path / "s.db", clock=clock, max_datasets=4, unused_dataset_s=60)
     try:
         for i in range(4):   # a minting loop's, one token each
@@ -69,7 +60,7 @@ def test_a_full_store_gives_a_creation_the_oldest_unused_data_sets_place(tmp_pat
 
 
 def test_unused_data_sets_on_disk_give_way_after_a_restart_too(tmp_path):
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     store = ShardStore(tmp_path / "s.db", clock=clock, max_datasets=2, unused_dataset_s=60)
     store.create_dataset(DatasetConfig("old", 10, 1), d("greedy"))
     snap = dict(store.snapshot("old"))
@@ -97,7 +88,7 @@ def test_unused_data_sets_on_disk_give_way_after_a_restart_too(tmp_path):
 
 def test_a_data_set_restored_counts_as_created_then(tmp_path):
     # (fails before the restore kept its time: counted from the start, 'aa' was taken)
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     store = ShardStore(tmp_path / "s.db", clock=clock, max_datasets=2, unused_dataset_s=60)
     try:
         store.create_dataset(DatasetConfig("b", 10, 1), d("owner"))

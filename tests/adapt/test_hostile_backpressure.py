@@ -10,24 +10,15 @@ import time
 import httpx
 import pytest
 
+from adapt_clock import Clock
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig, token_digest
 from stragglers.serving_quota import Backpressure, CpuContention, RateLimited
 
 OWNER, OTHER = "flooding-owner-token-0123", "well-behaved-token-012345"
 
 
-class Clock:
-    """A clock the test moves."""
-
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_past_its_free_requests_a_key_waits_its_turn_and_is_refused_past_the_longest_wait():
-    clock = Clock()
+    clock = Clock(100.0)
     p = Backpressure("token", free=2, rate=10, burst=1, max_wait_s=0.25, clock=clock)
     assert p.turn("a") == 0 and p.turn("a") == 0          # free: no turn taken
     assert p.turn("a") == 0                               # the burst
@@ -231,7 +222,7 @@ def test_under_contention_a_key_past_its_free_requests_yields_to_the_others():
     # CPU let them ask, while another job's leases waited for a CPU (3.7x at nice 0). Now,
     # while another key is active and the machine has no CPU to spare, a key past its free
     # requests takes turns at shared_rate; the other key, a few at a time, never waits.
-    clock, busy = Clock(), [True]
+    clock, busy = Clock(100.0), [True]
     p = Backpressure("token", free=1, rate=1000, burst=100, max_wait_s=0.35, clock=clock,
                      shared_rate=10, contended=lambda: busy[0], recent_s=1.0)
     assert [p.turn("a") for _ in range(20)] == [0] * 20     # alone: its own pace, the burst
@@ -269,7 +260,7 @@ def test_under_contention_a_key_past_its_free_requests_yields_to_the_others():
 
 
 def test_cpu_contention_is_the_share_of_wanting_a_cpu_spent_waiting_for_one():
-    clock = Clock()
+    clock = Clock(100.0)
     samples = iter([(0, 0), (8_000_000, 1_000_000), (10_000_000, 5_000_000),
                     (10_000_100, 5_000_000), None])
     c = CpuContention(share=0.25, window_s=0.5, clock=clock, read=lambda: next(samples))
@@ -336,7 +327,7 @@ def test_a_big_jobs_workers_are_free_of_the_shared_pace_and_anonymous_probes_are
     # 4 requests in progress every one waited (10 steps a second instead of 150; at ~800
     # workers joins failed), and one anonymous /health probe a second was "another key". A key
     # may have its allowance in progress free of the shared pace; only counted keys are others.
-    clock = Clock()
+    clock = Clock(100.0)
     p = Backpressure("token", free=4, rate=1000, burst=1000, max_wait_s=10, clock=clock,
                      shared_rate=10, contended=lambda: True, shared_max_wait_s=10,
                      allowance=lambda key: 96 if key == "big" else 4,
@@ -367,7 +358,7 @@ def test_a_tokens_allowance_is_two_per_worker_joined_to_its_data_sets(tmp_path):
         for name, workers in (("a", 30), ("b", 18), ("c", 3)):
             for w in range(workers):
                 store.join(name, f"w{w}", token_sha256=mine if name != "c" else theirs)
-        clock = Clock()
+        clock = Clock(100.0)
         allowance = WorkerAllowance(store, free=4, clock=clock)
         assert allowance(mine) == 96 and allowance(theirs) == 6
         assert allowance(("client", None)) == 4 and allowance(token_digest("nobody")) == 4

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from adapt_clock import Clock
 from stragglers.adapt.control import PacedThread
 from stragglers.adapt.service import GroupCommitter
 from stragglers.adapt.shards import ShardStore
@@ -45,21 +46,11 @@ def test_a_batch_takes_calls_of_each_key_in_turns(tmp_path):
     assert commit.calls == 258
 
 
-class FakeClock:
-    """A clock the calls below move forward (a call 'takes' what it adds)."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_one_long_control_call_does_not_pause_other_tokens_for_three_times_as_long():
     # a 65,536-rank window (3-12 s of work) paused every control call 3x as long (9-36 s);
     # now every call waits at most max_pause_s, the rest is the long call's token's own
     # (fails before: the other token's call waited the whole 36 s)
-    clock = FakeClock()
+    clock = Clock()
     paced = PacedThread(0.25, max_pause_s=0.05, clock=clock)
     order: list[str] = []
 
@@ -98,7 +89,7 @@ def test_one_long_control_call_does_not_pause_other_tokens_for_three_times_as_lo
 
 
 def test_short_control_calls_still_pause_every_call_by_their_share():
-    clock = FakeClock()
+    clock = Clock()
     paced = PacedThread(0.25, max_pause_s=1.0, clock=clock)
     starts: list[float] = []
 

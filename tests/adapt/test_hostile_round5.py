@@ -7,16 +7,9 @@ import sqlite3
 
 import pytest
 
+from adapt_clock import Clock
 from stragglers.adapt.dataset import DatasetConfig
 from stragglers.adapt.shards import ShardStore
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 @pytest.mark.parametrize("deadline", ["1e300", "9e999", "NULL", "'soon'", "x'00'", "1e6"])

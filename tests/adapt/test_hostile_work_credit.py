@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from adapt_clock import Clock
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig, token_digest
 from stragglers.adapt.start_pool import StartPool
 from stragglers.adapt.working import WorkCredit
@@ -18,18 +19,8 @@ OWNER, OTHER = "flooding-owner-token-0123", "well-behaved-token-012345"
 BIG = "big-job-starting-token-0123"
 
 
-class Clock:
-    """A clock the test moves."""
-
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_worker_spends_credits_and_earns_them_by_moving_its_shard():
-    clock = Clock()
+    clock = Clock(100.0)
     c = WorkCredit(start=2, earn=3, cap=8, per_worker=2, progress_acks=4, pool=7, pool_per_s=1,
                    clock=clock)
     assert not c.take("a")                      # not known to the store: no credit
@@ -61,7 +52,7 @@ def test_a_worker_spends_credits_and_earns_them_by_moving_its_shard():
 def test_an_ack_earns_the_share_of_its_shard_it_moved():
     # Was: any forward move earned 3 credits and cost 1, so a worker acking one sample at a
     # time (its requests between them too) never ran out.
-    c = WorkCredit(start=3, earn=3, cap=8, progress_acks=8, clock=Clock())
+    c = WorkCredit(start=3, earn=3, cap=8, progress_acks=8, clock=Clock(100.0))
     c.known("flood")
     free = 0
     for _ in range(1000):
@@ -83,7 +74,7 @@ def test_an_ack_earns_the_share_of_its_shard_it_moved():
 def test_only_a_join_draws_for_a_name_not_known_and_a_refused_one_gives_it_back():
     # Was: a lease naming a made-up worker drew a worker's start from the pool all tokens
     # share: a flood of fresh names drained it.
-    clock = Clock()
+    clock = Clock(100.0)
     c = WorkCredit(start=3, pool=4, pool_per_s=0, clock=clock)
     assert not any(c.take(f"made-up-{k}") for k in range(100))   # (leases, acks of no worker)
     for k in range(10):                          # joins refused (too many workers, a bad
@@ -273,7 +264,7 @@ def test_one_token_joining_many_real_workers_leaves_other_tokens_their_starts():
     # may hold 65,536) drew 3 each and emptied it, and another token's new workers then found
     # no start (their joins, first leases and acks waited shared turns) for as long as it kept
     # joining. Now a token draws only while it owes the pool less than is left.
-    clock = Clock()
+    clock = Clock(100.0)
     c = WorkCredit(clock=clock)                  # the service's pool (6,144, 6,144 a minute)
     started = 0
     for i in range(2048):                        # joins of real workers: each join done
@@ -300,7 +291,7 @@ def test_one_token_joining_many_real_workers_leaves_other_tokens_their_starts():
 
 
 def test_the_start_pool_refill_pays_the_tokens_owing_it_in_equal_parts():
-    clock = Clock()
+    clock = Clock(100.0)
     p = StartPool(size=100, per_s=10, clock=clock)
     assert p.draw("a", 40) == 40 and p.draw("b", 4) == 4
     assert p.draw("a", 40) == 40 and p.draw("a", 1) == 0   # a owes 80: not less than 16 left

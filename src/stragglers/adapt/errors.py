@@ -15,6 +15,16 @@ class Fenced(LeaseLost):
     """A newer incarnation of this worker joined: this one must stop (its calls are refused)."""
 
 
+class ShufflePaused(Exception):
+    """A lease needs a big epoch's shuffle its token may not start yet (its share of the
+    shuffle threads spent): the lease is rolled back, and the service waits for the token's
+    pause and makes the shuffle before committing it again (never an answer of its own)."""
+
+    def __init__(self, key: tuple[int, int, int]):
+        super().__init__(f"the shuffle of {key} waits for its token's pause")
+        self.key = key
+
+
 class Conflict(StragglersError):
     """The request contradicts existing state (a re-create with another config, a stale config)."""
 

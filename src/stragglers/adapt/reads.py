@@ -29,7 +29,9 @@ from stragglers.adapt.errors import Busy, NotFound, Quarantined
 from stragglers.adapt.replies import FailedShard, Status
 from stragglers.adapt.stored import (check_all_rows, check_dataset_row, check_materialized,
                                      check_rows_key, config_of, first_bad_shard)
+from stragglers.adapt.space import corrupt_file
 from stragglers.adapt.turns import TakeTurns
+from stragglers.errors import EnvironmentFailure
 
 CHUNK_ROWS = 4096
 # whose turn a read takes on the reader thread (the service sets it for each request: its
@@ -196,8 +198,26 @@ class _read:
     def __enter__(self):
         self.conn.execute("BEGIN")
 
-    def __exit__(self, *exc) -> None:
-        self.conn.execute("COMMIT")
+    def __exit__(self, typ, exc, tb) -> None:
+        try:
+            self.conn.execute("COMMIT" if typ is None else "ROLLBACK")
+        finally:
+            # (a read of a damaged page failed, then its COMMIT too: the connection stayed
+            # in that transaction, every later read on it saw that old state)
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+
+
+def read_failed(db: str, exc: sqlite3.Error) -> EnvironmentFailure:
+    """The 503 of a read the database refused: a page of the file damaged (a torn write, a bad
+    block), no descriptor for the reader's connection, an I/O error. (Each was a 500 on every
+    read of it: a status, a snapshot, a data set's first lease.)"""
+    if corrupt_file(exc):
+        return EnvironmentFailure("shard store", f"{db} is damaged ({exc}): what is stored"
+                                  " there cannot be read; restore the data sets from their"
+                                  " snapshots into a new file")
+    return EnvironmentFailure("shard store", f"a read of {db} failed ({type(exc).__name__}:"
+                              f" {exc}); retry later")
 
 
 class _Flight:
@@ -276,7 +296,10 @@ class ReadSide:
 
     def _run(self, fn, args):
         self.threads_used.add(threading.current_thread().name)
-        return fn(self._conn(), *args)
+        try:
+            return fn(self._conn(), *args)
+        except sqlite3.Error as exc:
+            raise read_failed(self.db, exc) from exc
 
     def _admit(self, key: Hashable) -> None:
         """Count a read of `key` in, or Busy: past max_queued reads in all, a caller is refused

@@ -9,7 +9,7 @@ from stragglers.adapt.dataset import MAX_FENCE
 from stragglers.adapt.space import out_of_space
 from stragglers.errors import EnvironmentFailure, InputError, StragglersError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -38,13 +38,14 @@ CREATE TABLE IF NOT EXISTS fence_folds (id INTEGER PRIMARY KEY CHECK (id = 0), n
 """
 # workers.reply (schema 2's last lease reply, unused since schema 3): LEFT once the name has
 # released itself; a join, a lease that hands it shards, or an ack of a shard it holds, clears
-# it. shards.FENCED_OFF ("fenced") once a launcher released it without a fence: every call is
+# it. FENCED_OFF ("fenced") once a launcher released it without a fence: every call is
 # refused until a join clears it (a lease at the next fence must not pass). EXPIRED once a lease of its current incarnation expired in
 # another's call; a lease of it (whatever its answer) or an ack of a shard it holds clears
 # that too. A name that left either way and holds no shard gives its place of
 # max_workers_per_dataset to a new name (shards._take_place_of_left).
 LEFT = "left"
 EXPIRED = "expired"
+FENCED_OFF = "fenced"
 # Schema 2 -> 3: a history of lease request ids per worker (schema 2 kept only the last one),
 # and the last epoch's rows written in chunks (materialized: how many of them exist; NULL: all).
 _MIGRATE_2 = ("ALTER TABLE workers ADD COLUMN seq INTEGER DEFAULT 0;"
@@ -73,6 +74,15 @@ _MIGRATE_5 = ("INSERT INTO fence_floors SELECT r.dataset, MAX(s.fence) FROM row_
 # Schema 6 -> 7: fence_folds, the names folded into the store floor (floors.py). A file of
 # schema 6 folded without it: where it has a store floor, the names in it are unknown (NULL).
 _MIGRATE_6 = "INSERT INTO fence_folds SELECT 0, NULL FROM fence_floors WHERE dataset = '*';"
+# Schema 7 -> 8: a launcher's release (no fence) of older files left the name LEFT at the next
+# fence, which nobody held and a lease at it was served (round 14 #1, fixed in the code since:
+# shards.FENCED_OFF); those rows are fenced off. They are the LEFT rows at seq 0 (that release
+# wrote seq 0 and deleted the history; a worker's own release keeps its seq, past 0 once it
+# leased with a request id, as every ShardClient lease does); a worker that joined and
+# released itself without such a lease is fenced off too, and joins again (a safe error:
+# keeping it would keep every burnt fence of those files usable).
+_MIGRATE_7 = (f"UPDATE workers SET reply = '{FENCED_OFF}' WHERE reply = '{LEFT}' AND"
+              " (seq IS NULL OR seq = 0);")
 
 
 def open_database(db: str | Path, durable: bool, busy_timeout_s: float) -> sqlite3.Connection:
@@ -127,7 +137,7 @@ def _version(conn: sqlite3.Connection, db: str | Path) -> tuple[int, object]:
     it is a version this one cannot read."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     old = conn.execute("SELECT name FROM sqlite_master WHERE name='datasets'").fetchone()
-    if old is not None and version not in (2, 3, 4, 5, 6, SCHEMA_VERSION):
+    if old is not None and version not in (2, 3, 4, 5, 6, 7, SCHEMA_VERSION):
         raise InputError(db, None, f"shard database of schema version {version};"
                          f" this version reads {SCHEMA_VERSION} (start a new file)")
     return version, old
@@ -141,6 +151,7 @@ def _steps(version: int | None) -> str:
     steps += [_MIGRATE_4] if version in (2, 3, 4) else []
     steps += [_MIGRATE_5] if version in (2, 3, 4, 5) else []
     steps += [_MIGRATE_6] if version in (2, 3, 4, 5, 6) else []
+    steps += [_MIGRATE_7] if version in (2, 3, 4, 5, 6, 7) else []
     return "".join(steps)
 
 

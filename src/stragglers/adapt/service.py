@@ -45,7 +45,8 @@ from stragglers.adapt.controller import Actions, ControlConfig
 from stragglers.adapt.dataset import MAX_LEASE_S, MAX_SHARD_SIZE, MIN_LEASE_S, DatasetConfig, \
     check_name
 from stragglers.adapt.errors import HTTP_STATUS, BodyTooLarge, BodyTooSlow, Busy, DiskFull, \
-    Forbidden, NotFound, Quarantined, RateLimited, Unauthorized, UnsupportedMediaType, authorize
+    Forbidden, NotFound, Quarantined, RateLimited, ShufflePaused, Unauthorized, \
+    UnsupportedMediaType, authorize
 from stragglers.adapt.folding import WalFolder
 from stragglers.adapt.paced import PacedWriter
 from stragglers.adapt.permutations import Pending
@@ -55,7 +56,7 @@ from stragglers.adapt.requeues import GIVE_BACK_STEP, RETRY_CHUNK
 from stragglers.adapt.restore_parse import SnapshotParser
 from stragglers.adapt.shards import INLINE_INDICES, MAX_INDICES_PER_REPLY, ShardStore, \
     joined_error, lease_json, release_error, released_error
-from stragglers.adapt.space import Reserve, io_error, out_of_space
+from stragglers.adapt.space import Reserve, corrupt_file, io_error, out_of_space
 from stragglers.adapt.turns import PacedKeys, TakeTurns
 from stragglers.adapt.uploads import CountedBody
 from stragglers.adapt.working import WorkCredit
@@ -82,6 +83,7 @@ MAX_SINCE = 9_999_999_999   # the `since` of GET .../control/actions (an action'
 # job and why it stays until measured: ServiceConfig.shuffle_share)
 BIG_SHUFFLE, SHUFFLE_THREADS, SHUFFLE_SHARE = 1 << 20, 2, 0.1
 SHUFFLE_NICE = 10   # their threads' niceness above the service's
+LEASE_GATE_TRIES = 3   # a lease's commits at most, big shuffles waited for between them
 
 
 @dataclass(frozen=True)
@@ -528,8 +530,8 @@ class GroupCommitter:
             costs = [(0.0, 0)] * len(batch)
             t0 = time.monotonic()
             try:
-                results = self.store.run_batch([_timed(call, self.store, costs, i)
-                                                for i, (_, call, _, _) in enumerate(batch)])
+                results = self._run_batch([_timed(call, self.store, costs, i)
+                                           for i, (_, call, _, _) in enumerate(batch)])
             except BaseException as exc:  # noqa: BLE001 - every waiting call must be answered
                 self.failed_batches += 1
                 log.warning("group commit of %d calls failed: %s", len(batch), exc)
@@ -554,6 +556,28 @@ class GroupCommitter:
                 except RuntimeError:
                     pass  # that event loop is gone (server stopping)
 
+
+    def _run_batch(self, calls: list) -> list:
+        """store.run_batch(calls); where one call read a damaged page of the file and SQLite
+        ended the transaction for it (every call of the batch rolled back), that call's
+        result is its error and the others run again without it. (Before: every job's call
+        batched with a call on a damaged data set was 503, nothing of it committed.)"""
+        results: list = [None] * len(calls)
+        left = list(range(len(calls)))
+        while True:
+            try:
+                out = self.store.run_batch([calls[i] for i in left])
+            except sqlite3.Error as exc:
+                k = getattr(exc, "batch_call", None)
+                if k is None or not corrupt_file(exc):
+                    raise   # (a full disk, the file away: the others would fail alike)
+                results[left.pop(k)] = (False, exc)
+                if left:
+                    continue
+                return results
+            for i, result in zip(left, out):
+                results[i] = result
+            return results
 
     def _storage_error(self, exc: BaseException, what: str) -> Exception:
         """The error a caller gets for a write the database refused: DiskFull (507) when its
@@ -997,29 +1021,43 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     async def read(fn, *args):
         return await reader.read(fn, *args)   # (in its caller's turn: reads.READ_KEY)
 
-    async def with_indices(reply: LeaseReply, held: _Reserved) -> LeaseReply | Response:
+    async def big_shuffle(token: object, key: tuple[int, int, int]):
+        """A big epoch's permutation, computed beside other tokens' (PacedKeys) in `token`'s
+        turn, after its pause; taken as it is where a call made it while this one waited (no
+        pause then, no charge)."""
+        return await computing.run(token, store.permutations.get, key,
+                                   ready=lambda: store.permutations.cached(key))
+
+    def shuffle_gate(token: object) -> Callable[[Pending], None]:
+        """A lease's gate (ShardStore.lease, on the commit thread): a big shuffle its token
+        may not start now rolls the lease back (ShufflePaused), to be waited for first."""
+        def gate(p: Pending) -> None:
+            if p.key[0] > BIG_SHUFFLE and computing.paused(token):
+                raise ShufflePaused(p.key)
+        return gate
+
+    async def with_indices(reply: LeaseReply, held: _Reserved,
+                           perms: dict) -> LeaseReply | Response:
         """A lease reply; one with Pending indices is made JSON on a shuffle thread (not the
         writer, not the event loop: the shuffle, and the list and JSON of up to 262,144
         indices, a chunk at a time) in its token's turn (turns.py), charged to its token's
         pace of such indices (`held`: what the lease reserved of it and waited for before its
         commit, the rest refunded; never a wait here: its lease runs from its commit). A big
-        epoch's shuffle not in memory is computed first, beside other tokens' (PacedKeys): a
-        token past its share of those threads waits here, after its commit (its own cost:
-        one shuffle an epoch is far below it)."""
+        epoch's shuffle not in memory is computed first (big_shuffle); one its token had to
+        wait for was waited for and made before the commit (`perms`: those, see lease)."""
         pending = [x.indices for x in reply.leases if isinstance(x.indices, Pending)]
         index_pace.refund(held, sum(p.stop - p.start for p in pending))
         if not pending:
             return reply
         big = max(p.key[0] for p in pending) > 1 << 20 or \
             sum(p.stop - p.start for p in pending) > 1 << 16
-        perms = {}   # the big permutations it needs, held (the LRU may drop them meanwhile)
+        perms = dict(perms)   # the big permutations it needs, held (the LRU may drop them)
         for p in pending:
             if p.key[0] > BIG_SHUFFLE and p.key not in perms \
                     and store.permutations.wanted(p):
                 perms[p.key] = store.permutations.cached(p.key)
                 if perms[p.key] is None:
-                    perms[p.key] = await computing.run(held.key, store.permutations.get,
-                                                       p.key)
+                    perms[p.key] = await big_shuffle(held.key, p.key)
         body = await shuffle_turns[big].run(held.key, lease_json, store, reply, perms)
         return Response(body, 200, media_type="application/json")
 
@@ -1222,14 +1260,29 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                 # smaller shards are paced only while their epoch is not shuffled yet, not
                 # known before the commit: charged what they send, never held
                 await index_pace.wait(held, most)
-            async with worker_turn(request, (digest, name, body.worker)):
-                reply = await commit.run(
-                    lambda: store.lease(name, body.worker, body.fence, body.count,
-                                        body.request_id, digest), digest)
+            # A big shuffle its token may not start yet (its pause, shuffle_share; or one of
+            # its shuffles running) is waited for, and made, before the commit: waited for
+            # after it, a token's second 2**26 epoch within 45 s of its first was answered up
+            # to 50 s after its commit, its lease (30 s) expired and requeued. Tried again
+            # after it; the last try is not gated (the LRU may have dropped what was made).
+            perms: dict = {}
+            gate: Callable[[Pending], None] | None = shuffle_gate(held.key)
+            for tries in range(LEASE_GATE_TRIES, 0, -1):
+                try:
+                    async with worker_turn(request, (digest, name, body.worker)):
+                        reply = await commit.run(
+                            lambda gate=gate: store.lease(name, body.worker, body.fence,
+                                                          body.count, body.request_id, digest,
+                                                          gate), digest)
+                    break
+                except ShufflePaused as paused:
+                    perms[paused.key] = await big_shuffle(held.key, paused.key)
+                    if tries == 2:
+                        gate = None   # (the last try is not held)
         except BaseException:
             index_pace.refund(held)   # (refused or failed: nothing sent, nothing charged)
             raise
-        return await with_indices(reply, held)
+        return await with_indices(reply, held, perms)
 
     async def ack(request: Request) -> Acked:
         name = name_of(request)

@@ -35,7 +35,11 @@ from stragglers.adapt.replies import (Acked, Created, FailedShard, Joined, Lease
                                       indices_json, lease_reply_json)
 from stragglers.adapt.requeues import Requeues
 from stragglers.adapt.restores import PreparedRestore, Restores, prepare_restore  # noqa: F401
-from stragglers.adapt.schema import (EXPIRED, LEFT, SCHEMA_VERSION,  # noqa: F401
+# FENCED_OFF: workers.reply of a name a launcher released (no fence): its fence is burnt, every
+# call of it Fenced until it joins again (a join clears it); like LEFT, its name has left.
+# (Before, LEFT with the next fence: nobody held it, and a lease with it was served; files of
+# schema 7 and older are swept at their upgrade, schema._MIGRATE_7.)
+from stragglers.adapt.schema import (EXPIRED, FENCED_OFF, LEFT, SCHEMA_VERSION,  # noqa: F401
                                      open_database, unusable)
 from stragglers.adapt.stored import (check_all_rows, check_dataset_row, check_rows_key,
                                      check_shard, check_worker_row, config_of, damaged)
@@ -43,11 +47,6 @@ from stragglers.adapt.transactions import Generation, Transactions
 from stragglers.errors import InputError
 
 log = logging.getLogger(__name__)
-
-# workers.reply of a name a launcher released (no fence): its fence is burnt, every call of
-# it Fenced until it joins again (a join clears it); like LEFT, its name has left. (Before,
-# LEFT with the next fence: nobody held it, and a lease with it was served.)
-FENCED_OFF = "fenced"
 
 MAX_INDICES_PER_REPLY = 1 << 18
 # a lease's indices up to this many are made a list on the commit thread when their shuffle is
@@ -374,10 +373,13 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         return Joined(fence, released)
 
     def lease(self, name: str, worker: str, fence: int, count: int = 1,
-              request_id: str | None = None, token_sha256: str | None = None) -> LeaseReply:
+              request_id: str | None = None, token_sha256: str | None = None,
+              gate: Callable[[Pending], None] | None = None) -> LeaseReply:
         """Hand up to `count` shards to `worker` (status "ok"), or none: "wait" or "finished".
 
-        At most MAX_INDICES_PER_REPLY sample indices in all (at least one shard).
+        At most MAX_INDICES_PER_REPLY sample indices in all (at least one shard). `gate` is
+        shown each range of the reply whose permutation is not in memory (nor its JSON kept),
+        before the commit: it may raise (errors.ShufflePaused) to roll the lease back.
 
         A request id seen before (any of this incarnation's last REQUEST_HISTORY) gets the
         answer of its first attempt again: the same shards (those still held renewed, from
@@ -401,7 +403,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                                  " worker=? AND request_id=?",
                                  (name, worker, request_id)).fetchone()
                 if seen is not None:
-                    return self._replay(c, cfg, worker, fence, seen, now)
+                    replayed = self._replay(c, cfg, worker, fence, seen, now)
+                    _gate(self.permutations, replayed.leases, gate)
+                    return replayed
             # Up to MAX_INDICES_PER_REPLY indices in a reply (256 shards of 65,536 made a reply
             # of 16.7M integers, encoded on the event loop): fewer shards, never none.
             count = min(count, max(1, MAX_INDICES_PER_REPLY // cfg.shard_size))
@@ -412,6 +416,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                 (self._key(name), worker)).fetchone()[0])
             leases, epochs_created = self._take(c, cfg, worker, fence, count, epochs_created,
                                                 now)
+            _gate(self.permutations, leases, gate)
             # (a worker that released and leases again has not left)
             if leases and mark == LEFT:
                 c.execute("UPDATE workers SET reply=NULL WHERE dataset=? AND worker=?",
@@ -642,6 +647,17 @@ def _check_fence(row: Sequence[Any] | None, name: str, worker: str, fence: int) 
         raise Fenced(f"worker '{worker}' fence {fence} is stale: incarnation {row[0]} of"
                      f" it joined '{name}' since; this one must stop")
     return seq
+
+
+def _gate(perms: Permutations, leases: list[Lease],
+          gate: Callable[[Pending], None] | None) -> None:
+    """Show `gate` each Pending range of `leases` that needs a shuffle (its permutation not in
+    memory, its JSON not kept)."""
+    if gate is not None:
+        for lease in leases:
+            p = lease.indices
+            if isinstance(p, Pending) and perms.wanted(p) and perms.cached(p.key) is None:
+                gate(p)
 
 
 def lease_json(store: ShardStore, reply: LeaseReply, perms: dict | None = None) -> bytes:

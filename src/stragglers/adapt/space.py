@@ -41,6 +41,14 @@ def out_of_space(exc: BaseException, db: str) -> bool:
     return code in _WRITE_IOERRS and exhausted(db)
 
 
+def corrupt_file(exc: BaseException) -> bool:
+    """Whether `exc` says a page of the database file is damaged (SQLITE_CORRUPT, NOTADB):
+    what a statement read there, not the disk or a lock."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.Error) and code is not None and (
+        code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB))
+
+
 def io_error(exc: BaseException) -> bool:
     """Whether `exc` is an I/O error of the database's files (not a lock or a constraint)."""
     if isinstance(exc, OSError):

@@ -7,6 +7,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
+from stragglers.adapt.space import corrupt_file
 from stragglers.adapt.store_state import StoreState
 
 T = TypeVar("T")
@@ -133,10 +134,14 @@ class Transactions(StoreState):
                         try:
                             results.append((True, call()))
                         except Exception as exc:  # noqa: BLE001 - handed back to its caller
-                            if not self._conn.in_transaction:
+                            if not self._conn.in_transaction or corrupt_file(exc):
                                 # SQLite rolled the batch back for this call's error (a write
                                 # refused for space): the calls after it ran in autocommit,
-                                # each stored while every one was answered as failed
+                                # each stored while every one was answered as failed. A
+                                # damaged page read: its COMMIT failed too, after the call's
+                                # savepoint was rolled back. Which call it was goes with it
+                                # (the service runs the others again: GroupCommitter._run_batch)
+                                exc.batch_call = len(results)  # type: ignore[attr-defined]
                                 raise
                             results.append((False, exc))
                         if not self._conn.in_transaction:

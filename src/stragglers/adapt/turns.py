@@ -8,7 +8,7 @@ import asyncio
 import collections
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 T = TypeVar("T")
 
@@ -92,14 +92,24 @@ class PacedKeys:
     """
 
     def __init__(self, pool: ThreadPoolExecutor, share: float = 0.25,
-                 clock: Callable[[], float] = time.monotonic):
-        self.pool, self.share, self.clock = pool, share, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep):
+        self.pool, self.share, self.clock, self.sleep = pool, share, clock, sleep
         self._held: dict[object, tuple[asyncio.Lock, list[int]]] = {}   # key -> (lock, users)
         self._due: dict[object, float] = {}   # key -> its next call not before (clock)
         self.charged: dict[object, float] = {}   # key -> CPU seconds of its calls (tested)
 
-    async def run(self, key: object, fn: Callable[..., T], *args: Any) -> T:
-        """fn(*args) on the pool once `key`'s call before it ended and its pause passed."""
+    def paused(self, key: object) -> bool:
+        """Whether a call of `key` would wait now (one of its calls runs or waits, or its
+        pause has not passed); from any thread."""
+        return key in self._held or self._due.get(key, 0.0) > self.clock()
+
+    async def run(self, key: object, fn: Callable[..., T], *args: Any,
+                  ready: Callable[[], T | None] | None = None) -> T:
+        """fn(*args) on the pool once `key`'s call before it ended and its pause passed.
+        `ready`: what fn would return, where some call made it meanwhile (another lease's
+        shuffle of the same epoch, which this one waited for), else None: then no pause, no
+        charge."""
         lock, users = self._held.setdefault(key, (asyncio.Lock(), [0]))
         users[0] += 1
         try:
@@ -107,11 +117,16 @@ class PacedKeys:
         except BaseException:
             self._leave(key, users)
             raise
+        made = None if ready is None else ready()
+        if made is not None:
+            lock.release()
+            self._leave(key, users)
+            return made
         loop = asyncio.get_running_loop()
         try:
             wait = self._due.get(key, 0.0) - self.clock()
             if wait > 0:
-                await asyncio.sleep(wait)
+                await self.sleep(wait)
             cost = [0.0]
 
             def timed() -> T:
