@@ -15,7 +15,8 @@ from stragglers.whatif.grid import GC, OpGrid
 from stragglers.whatif.idealise import ideal_costs
 from stragglers.whatif.result import WorkerScore
 from stragglers.whatif._replay import CHUNK_BYTES, ReplayPlan, compile_plan, replay
-from stragglers.whatif.timing import base_step_times, launch_delays, measured_costs, step_starts
+from stragglers.whatif.timing import (base_step_times, host_gaps, launch_delays, measured_costs,
+                                      step_starts)
 
 DECOMPOSE_THRESHOLD = DECOMPOSE_SLOWDOWN  # attribution from this S on (docs/whatif.md §7)
 TOP_WORKER_PERCENT = 3
@@ -186,7 +187,8 @@ def model_and_costs(grid: OpGrid, dsp_size: int, tick) -> tuple:
     tick("launch delays")
     delay = launch_delays(grid, model)
     start = step_starts(grid)
-    cells = unexplained(grid, plan, cost, delay, start)
+    # judged on the workers' own gaps: a rare row's wait on its guessed place is none
+    cells = unexplained(grid, plan, cost, host_gaps(grid, delay), start)
     ideal, values = ideal_costs(grid, cost, model.no_op, cells)
     return model, plan, cost, delay, start, ideal, values, cells if cells.any() else None
 

@@ -137,9 +137,49 @@ def launch_delays(grid: OpGrid, model: DependencyModel) -> np.ndarray:
     return delay
 
 
+def host_gaps(grid: OpGrid, delay: np.ndarray) -> np.ndarray:
+    """The launch delays `delay` read as their workers' host-side gaps (what a stall is judged
+    on: metrics.unexplained); `delay` itself, which the measured replay needs exact, is kept.
+
+    A compute or GC row most replica-steps lack (`OpGrid.held`: a spurious row of one rank, a
+    pause slot few steps hold) is placed by the model from a guess, so its wait there is no
+    gap of its worker: its gap is measured from the later of its dependencies' end and the end
+    of its worker's own last op before it (a 0.1 ms row right after one honest rank's
+    optimizer, chained after its last backward, waited 0.43–0.48 s there: the worker read as
+    gaps for 56–61% of its step and left out of the ideal, S 1.60 → 1.44). Its start in the
+    replay is untouched: a recorded row starts where it was recorded.
+    """
+    rare = np.flatnonzero(~grid.held() & np.isin(grid.node_optype, _WORK + [GC]))
+    if not len(rare):
+        return delay
+    gaps = delay.copy()
+    for stage in np.unique(grid.node_stage[rare]):
+        nodes = np.flatnonzero(grid.node_stage == stage)
+        present = grid.present[nodes]
+        start = np.where(present, grid.start[nodes], np.inf)                # [K, D, T]
+        order = np.argsort(start, axis=0, kind="stable")
+        end = np.where(present, grid.start[nodes] + grid.duration[nodes], -np.inf)
+        # the latest end of the worker's ops begun before each one (in start order)
+        run = np.maximum.accumulate(np.take_along_axis(end, order, axis=0), axis=0)
+        before = np.full_like(run, -np.inf)
+        before[1:] = run[:-1]
+        busy = np.empty_like(before)
+        np.put_along_axis(busy, order, before, axis=0)
+        at = {int(n): k for k, n in enumerate(nodes)}
+        for m in rare[grid.node_stage[rare] == stage]:
+            k = at[int(m)]
+            # busy until at most its own start: an op it began inside leaves it no gap
+            ready = grid.start[m] - delay[m]
+            own = np.minimum(busy[k], grid.start[m])
+            gaps[m] = np.where(present[k], np.maximum(grid.start[m] - np.maximum(ready, own), 0.0),
+                               delay[m])
+    return gaps
+
+
 _WORK = [OPTYPE_CODES[o] for o in ("forward-compute", "backward-compute",
                                     "backward-weight-compute", "optimizer")]
 _SENDS = [OPTYPE_CODES["forward-send"], OPTYPE_CODES["backward-send"]]
+_RECVS = [OPTYPE_CODES["forward-recv"], OPTYPE_CODES["backward-recv"]]
 # seconds a row may overrun its own timeline before a warning names it: recorders' own timer
 # rounding (NDTimeline's event pairs overlap their next op by up to 0.12 ms)
 _CLIP_EPS = 1e-3
@@ -161,28 +201,50 @@ def clip_to_own_timeline(grid: OpGrid, model: DependencyModel) -> str | None:
       collectives run on their own streams through it and do not cut it).
     - a compute op (forward, backward, optimizer: the one serial compute stream the model
       chains per worker, docs/whatif.md §3) running on past the start of the worker's next
-      one or of a send it feeds: ended there (one stream runs one op at a time, a send cannot
-      carry what is not computed yet; a slow op's successors start after it ends, so only
-      rows that cannot have run so are cut). Collectives and receives, on their own streams,
-      do not cut it.
+      one, of a send it feeds, of a receive or collective launched after it (its successors
+      in the model), or of its worker's first compute or transfer of the next step: ended
+      there (one stream runs one op at a time, a send cannot carry what is not computed yet,
+      a transfer or collective is launched behind the compute stream's work before it, so
+      its worker was waiting on that op, not computing; a slow op's successors start after
+      it ends, so only rows that cannot have run so are cut). Collectives and receives the
+      model does not order after it, on their own streams, do not cut it.
     """
     cut: dict[str, tuple[int, float, set]] = {}
     for stage in range(grid.pp_size):
         nodes = np.flatnonzero(grid.node_stage == stage)
         _clip_computes(grid, model, nodes, cut)
-        sends = [int(o) for o in nodes[np.isin(grid.node_optype[nodes], _SENDS)]
-                 if not model.no_op[o]]
-        for c in nodes[np.isin(grid.node_optype[nodes], _WORK)]:
-            _clip_sends(grid, int(c), [o for o in sends if c in model.deps[o]], cut)
+        is_work = set(nodes[np.isin(grid.node_optype[nodes], _WORK)].tolist())
+        sends = nodes[np.isin(grid.node_optype[nodes], _SENDS) & ~model.no_op[nodes]]
+        feeds = sorted((c, o) for o in sends.tolist() for c in set(model.deps[o]) & is_work)
+        # a send cut starts later, never earlier: the pairs early before any cut are all
+        early = _any_cell(grid, feeds, lambda c, o: grid.present[c] & grid.present[o]
+                          & (grid.start[o] < grid.start[c]))
+        for c, o in np.asarray(feeds, dtype=np.int64).reshape(-1, 2)[early]:
+            _clip_sends(grid, int(c), [int(o)], cut)
         _clip_pauses(grid, nodes, cut)
     if not cut:
         return None
-    message = (f"{ROWS_CUT}: "
-               + "; ".join(f"{n} {kind} (by up to {most:.3g} s; workers "
-                           + ", ".join(f"(dp {d}, pp {p})" for d, p in sorted(workers)) + ")"
-                           for kind, (n, most, workers) in sorted(cut.items())))
+    message = f"{ROWS_CUT}: " + _listed(cut)
     grid.warnings.append(message)
     return message
+
+
+def _any_cell(grid: OpGrid, pairs: list[tuple[int, int]], test) -> np.ndarray:
+    """[len(pairs)] whether `test(a, b)` (node index arrays → [k, D, T] bools) holds in any cell
+    of each pair (a, b): a few pairs at a time, no temporary of a grid's size."""
+    out = np.zeros(len(pairs), dtype=bool)
+    for lo in range(0, len(pairs), _ROWS_AT_ONCE):
+        a, b = np.asarray(pairs[lo:lo + _ROWS_AT_ONCE], dtype=np.int64).T
+        with np.errstate(invalid="ignore"):
+            out[lo:lo + _ROWS_AT_ONCE] = test(a, b).any(axis=(1, 2))
+    return out
+
+
+def _listed(kinds: dict) -> str:
+    """'n kind (by up to s; workers ...)' for each kind of rows counted by `_note`."""
+    return "; ".join(f"{n} {kind} (by up to {most:.3g} s; workers "
+                     + ", ".join(f"(dp {d}, pp {p})" for d, p in sorted(workers)) + ")"
+                     for kind, (n, most, workers) in sorted(kinds.items()))
 
 
 def _note(cut: dict, kind: str, grid: OpGrid, node: int, by: np.ndarray) -> None:
@@ -213,24 +275,72 @@ def _clip_computes(grid: OpGrid, model: DependencyModel, nodes: np.ndarray, cut:
         nxt[:-1] = s[1:]                             # the next start of the same worker/step
         np.put_along_axis(later, order, nxt, axis=0)
     needs = {int(c): k for k, c in enumerate(work)}
-    for o in nodes[np.isin(grid.node_optype[nodes], _SENDS)]:
-        if model.no_op[o]:
-            continue
-        for c in model.deps[o]:
-            k = needs.get(c)
-            if k is not None:
-                # the send's start, where it began after this op began (and was recorded)
-                there = grid.present[o] & (grid.start[o] > start[k])
-                later[k] = np.where(there, np.minimum(later[k], grid.start[o]), later[k])
-    for k, o in enumerate(work):
+    ends = grid.start[work] + grid.duration[work]                          # [K, D, T]
+    # the ops launched after a compute op (o after work[k]), in node order; only those begun
+    # inside it somewhere can end it: one begun past its end where it began after it never
+    # holds the earliest start below that end, which alone cuts
+    edges = [(needs[c], o) for o in nodes[(grid.node_optype[nodes] != GC)
+                                          & ~model.no_op[nodes]].tolist()
+             for c in model.deps[o] if c in needs and c != o]
+    inside = _any_cell(grid, edges, lambda k, o: grid.present[o] & (grid.start[o] > start[k])
+                       & (grid.start[o] < ends[k]))
+    # where each op was cut: its stream's next op or a send it feeds, a receive posted after
+    # it, the next step
+    why = np.zeros(start.shape, dtype=np.int8)
+    for (k, o), keep in zip(edges, inside):
+        if keep:
+            send = int(grid.node_optype[o]) in _SENDS
+            # the op's start, where it began after this op began (and was recorded)
+            there = grid.present[o] & (grid.start[o] < later[k]) & (grid.start[o] > start[k])
+            later[k] = np.where(there, grid.start[o], later[k])
+            why[k] = np.where(there, 0 if send else 1, why[k])
+    nxt = _next_step_starts(grid, nodes)                                      # [D, T]
+    there = (nxt[None] < later) & (nxt[None] > start)
+    later = np.where(there, nxt[None], later)
+    why = np.where(there, 2, why)
+    past = present & (ends > later + np.where(why > 0, _CLIP_EPS, 0.0))
+    for k in np.flatnonzero(past.any(axis=(1, 2))).tolist():
+        o = int(work[k])
         end = grid.start[o] + grid.duration[o]
-        over = present[k] & (end > later[k])
+        # (past a receive, collective or next step: only beyond timer rounding, which the
+        # recorders' rows show there, not evidence of a row no timeline holds)
+        over = present[k] & (end > later[k] + np.where(why[k] > 0, _CLIP_EPS, 0.0))
         if not over.any():
             continue
         to = np.maximum(later[k], grid.start[o])
-        _note(cut, "compute ops running past their rank's next compute or send", grid,
-              int(o), np.where(over, end - to, 0.0))
+        for code, kind in enumerate(_PAST):
+            _note(cut, kind, grid, int(o), np.where(over & (why[k] == code), end - to, 0.0))
         grid.duration[o] = np.where(over, to - grid.start[o], grid.duration[o])
+
+
+# the kinds of compute rows cut, by what cut them (_clip_computes's `why`)
+_PAST = ("compute ops running past their rank's next compute or send",
+         "compute ops running into their rank's wait on a receive or collective launched "
+         "after them",
+         "compute ops running into their rank's next step")
+
+
+def _next_step_starts(grid: OpGrid, nodes: np.ndarray) -> np.ndarray:
+    """[D, T] the first start of one stage's `nodes` computes and transfers in each worker's
+    next step: the training loop launches them once the step before has run, behind its
+    compute stream's work. inf where that tells nothing: the last step, a next one that is not
+    the step after it, or one whose first op starts before the last of this step began (a
+    clock restarted every step, as NDTimeline's: a step's times are not the next one's)."""
+    own = nodes[np.isin(grid.node_optype[nodes], _WORK + _SENDS + _RECVS)]
+    out = np.full(grid.start.shape[1:], np.inf)
+    if not len(own) or grid.start.shape[2] < 2:
+        return out
+    first = np.full(out.shape, np.inf)
+    last = np.full(out.shape, -np.inf)
+    for lo in range(0, len(own), _ROWS_AT_ONCE):          # a few rows at a time: no copy
+        rows = own[lo:lo + _ROWS_AT_ONCE]
+        np.minimum(first, np.where(grid.present[rows], grid.start[rows], np.inf).min(axis=0),
+                   out=first)
+        np.maximum(last, np.where(grid.present[rows], grid.start[rows], -np.inf).max(axis=0),
+                   out=last)
+    follows = (np.diff(grid.steps) == 1)[None] & (first[:, 1:] > last[:, :-1])   # [D, T - 1]
+    out[:, :-1] = np.where(follows, first[:, 1:], np.inf)
+    return out
 
 
 def _clip_sends(grid: OpGrid, c: int, sends: list[int], cut: dict) -> None:

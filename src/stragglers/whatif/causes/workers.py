@@ -13,6 +13,7 @@ from stragglers.whatif.causes.base import (BUSY, Candidate, Context, Rows, fmt_s
 from stragglers.whatif.causes.capacity import STEADY_STEPS, group_members
 from stragglers.whatif.confidence import mean_interval, robust_z
 from stragglers.whatif.grid import BWD, FWD
+from stragglers.whatif.timing import host_gaps
 
 # Leave-one-out medians are exact up to this many DP ranks; beyond, one worker barely moves
 # the median of all, which is much cheaper.
@@ -294,11 +295,13 @@ def host_stall(ctx: Context) -> list[Candidate]:
     # Ops without dependencies all wait for the step's start: a late start delays each of
     # them by the same time, so they count once (their largest delay); the others add up.
     free = np.array([not deps for deps in w.model.deps])
-    delay = per_worker_sum(w.launch_delay, g.node_stage, ~free, g.pp_size)       # [D, P, T]
+    # a rare row's wait on its guessed place is no gap of its worker (timing.host_gaps)
+    gaps = host_gaps(g, w.launch_delay)
+    delay = per_worker_sum(gaps, g.node_stage, ~free, g.pp_size)                  # [D, P, T]
     for p in range(g.pp_size):
         sel = free & (g.node_stage == p)
         if sel.any():
-            delay[:, p, :] += w.launch_delay[sel].max(axis=0)
+            delay[:, p, :] += gaps[sel].max(axis=0)
     # ... less what the worker's own previous step explains: steps are replayed from the
     # job's first start, and a worker whose last step ended late (it waited for a slow peer
     # at the end of it) starts this one late without any host-side work of its own
