@@ -178,7 +178,8 @@ class Monitor:
         self._metrics_at = 0.0
         self.analyser = WindowAnalyser(in_process=not self.config.analysis_process,
                                        read_timeout_s=self.config.read_timeout_s,
-                                       timeout_s=self.config.analysis_timeout_s)
+                                       timeout_s=self.config.analysis_timeout_s,
+                                       start_timeout_s=self.config.analysis_start_timeout_s)
         self.trackers: dict[str, JobTracker] = {}
         self.states: dict[str, str] = {}
         # job → its state decided here whose write was refused (a full disk): written again
