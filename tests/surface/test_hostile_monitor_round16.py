@@ -8,17 +8,24 @@ s52-rtm16). Real analysis process (spawned), real monitor on loopback, real SQLi
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import threading
 import time
 
+import httpx
 import pytest
 
 from conftest import REPO
+from stragglers.monitor import fast_state
 from stragglers.monitor.analyser import WindowAnalyser
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.service import Monitor
 from stragglers.monitor.settings import MonitorConfig
+from stragglers.monitor.store import Store
 from stragglers.monitor.windows import JobTracker, Window
+from stragglers.trace.runformat import table_bytes
 
 sys.path.insert(0, str(REPO / "tests" / "monitor"))
 from monitor_jobs import parts_of, slow_job  # noqa: E402
@@ -65,3 +72,86 @@ def test_a_process_that_never_starts_the_window_is_stopped_and_the_window_kept()
         assert process.process.exitcode == -signal.SIGKILL
     finally:
         analyser.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One real monitor on loopback for the HTTP cases (each its own job names)."""
+    s = MonitorServer(tmp_path_factory.mktemp("r16") / "mon.db", port=0, token=TOKEN,
+                      config=MONITOR).start()
+    yield s
+    s.stop()
+
+
+def _client(s: MonitorServer) -> httpx.Client:
+    return httpx.Client(base_url=s.url, timeout=60,
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+
+
+def _run_meta(seed: int, start: float) -> dict:
+    meta = slow_job(steps=5, seed=seed).meta.to_dict()
+    meta["extra"]["clock"] = {"start": [start] * meta["world_size"]}
+    return meta
+
+
+def test_an_old_runs_part_in_flight_across_a_new_run_keeps_its_drop_count(served):
+    """Leftover 3: a retry of run 1's stored part (drop count 7) is held between its
+    acceptance and its count's write (the store's digest read, paused on an event); run 2
+    commits meanwhile (a new start clock). The count was written into run 2's rows (and its
+    /metrics series): /api/jobs/drops said upload_dropped {0: 7} for a run that dropped
+    nothing. Now the count is stored for the run the part was accepted for, or not at all."""
+    trace = slow_job(steps=5, seed=1)
+    body = table_bytes(parts_of(trace, 5)[0][2])
+    url = "/api/jobs/drops/ranks/0/parts/0"
+    with _client(served) as c, _client(served) as c2:
+        assert c.put("/api/jobs/drops/meta", json=_run_meta(1, 1000.0)).status_code == 200
+        r = c.put(url, content=body)
+        assert r.json()["status"] == "stored", r.text
+        store, held, go = served.monitor.store, threading.Event(), threading.Event()
+        read = store.part_digest
+
+        def paused(*args):
+            held.set()
+            go.wait(30)
+            return read(*args)
+
+        store.part_digest = paused   # (the real read, after a pause)
+        out: list = []
+        retry = threading.Thread(target=lambda: out.append(c.put(
+            url, content=body, headers={"X-Stragglers-Dropped": "7"})))
+        retry.start()
+        try:
+            assert held.wait(30)
+            assert c2.put("/api/jobs/drops/meta", json=_run_meta(2, 2000.0)).status_code == 200
+        finally:
+            go.set()
+            retry.join(60)
+            store.part_digest = read
+        assert out and out[0].status_code < 500, out
+        assert c.get("/api/jobs/drops").json()["upload_dropped"] == {}
+        assert 'stragglers_upload_dropped{job="drops"' not in c.get("/metrics").text
+        assert c.get("/health").status_code == 200
+
+
+def test_baselines_left_by_older_versions_are_swept_at_start(tmp_path):
+    """Leftover 4: fast-detector baselines (fast_state rows) that older versions kept for
+    good (a job gone, a rank whose alert resolved another way) were never swept: each start
+    left them. Now a start keeps only those a firing rank_slowdown alert holds."""
+    state = fast_state.FiredState(frozen=0.1, base=[0.1] * 8, ratio=3.0, since_step=3,
+                                  at_step=9)
+    store = Store(tmp_path / "mon.db")
+    try:
+        store.register_job("j", str(tmp_path / "j"), "http", slow_job(steps=5).meta.to_dict())
+        fast_state.save(store, "gone", {0: state})   # (its job deleted by an older version)
+        fast_state.save(store, "j", {0: state, 1: state})
+        store._write(lambda db: store._exec(
+            db, "INSERT INTO alerts (fingerprint, rule, job, labels, annotations, status, "
+            "starts_at, last_sent) VALUES ('f0', 'rank_slowdown', 'j', ?, '{}', 'firing', 1.0, "
+            "1.0)", (json.dumps({"alertname": "rank_slowdown", "job": "j", "rank": "0",
+                                 "severity": "warning"}),)))
+        monitor = Monitor(store, MONITOR, data_dir=tmp_path / "data").start()
+        monitor.stop()
+        assert fast_state.load(store, "gone") == {}
+        assert sorted(fast_state.load(store, "j")) == [0]   # (rank 1 resolved: swept)
+    finally:
+        store.close()
