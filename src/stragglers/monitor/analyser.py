@@ -343,7 +343,8 @@ class WindowAnalyser:
             process, self._process = self._process, None
             self._closed = True
         if process is not None:
-            process.shutdown(max(CLOSE_WAIT_S, self.timeout_s))
+            # (bounded: a window not stored is analysed again after a restart)
+            process.shutdown(min(CLOSE_WAIT_S, self.timeout_s))
 
     def pids(self) -> list[int]:
         """The analysis process's id once it started and imported the engine, [] when none

@@ -108,6 +108,10 @@ def sweep(store: SQLStore) -> int:
     job's rows for good once it ended, or its alert resolved another way); how many. On a
     shared store only those of jobs gone or finished: another instance writes a firing rank's
     row before its alert, and may be doing so now."""
+    if not store._rows(f"SELECT key FROM store_info WHERE substr(key, 1, {len(PREFIX)}) = ? "
+                       "LIMIT 1", (PREFIX,)):
+        return 0   # (no write at a start with none: a store written by another at once)
+
     def tx(db: Any) -> int:
         keys = [r.key for r in store._many(
             db, _Key, f"SELECT key FROM store_info WHERE substr(key, 1, {len(PREFIX)}) = ?",
