@@ -155,3 +155,28 @@ def test_baselines_left_by_older_versions_are_swept_at_start(tmp_path):
         assert sorted(fast_state.load(store, "j")) == [0]   # (rank 1 resolved: swept)
     finally:
         store.close()
+
+
+def test_a_monitor_whose_analysis_process_hangs_still_stops(tmp_path):
+    """A monitor (analysis_process on) whose analysis process hangs on a task (as one hung
+    while importing the engine, or on a read no timeout cuts). Its stop closed the analyser
+    with ProcessPoolExecutor.shutdown(wait=True): the stop never returned, so the service
+    could not be restarted in that process (and a `serve` would not exit on SIGTERM). Now
+    the process is killed after CLOSE_WAIT_S (1 s) and the stop returns (~2 s)."""
+    store = Store(tmp_path / "mon.db")
+    monitor = Monitor(store, MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05,
+                                           analysis_process=True),
+                      data_dir=tmp_path / "data").start()
+    try:
+        process = monitor.analyser._executor()
+        monitor.analyser.pids()   # (started, the engine imported)
+        hung = process.submit(time.sleep, 600)   # (never ends)
+        assert process.wait_started(hung, 60)
+        stopped = threading.Event()
+        threading.Thread(target=lambda: (monitor.stop(), stopped.set()), daemon=True).start()
+        assert stopped.wait(60), "the monitor's stop waited for a hung analysis process"
+        again = Monitor(Store(tmp_path / "mon.db"), MONITOR, data_dir=tmp_path / "data")
+        again.start().stop()   # (restartable: the store is free again)
+        again.store.close()
+    finally:
+        store.close()

@@ -52,7 +52,9 @@ ANALYSIS_TIMEOUT_S = 300.0   # settings.analysis_timeout_s (a 1,024-worker windo
 # settings.analysis_start_timeout_s: a process starts and imports the engine in ~0.4-1.4 s
 # here (round 15), a read-ahead task queued before a window only submits reads
 START_TIMEOUT_S = 120.0
-CLOSE_WAIT_S = 30.0   # close() waits this long for a window in progress, then kills
+# close() waits this long for the process to end, then kills it: it holds nothing durable
+# (a window not stored is analysed again after a restart), and a hung one held the stop
+CLOSE_WAIT_S = 1.0
 
 
 class ProcessDied(Exception):
@@ -338,13 +340,13 @@ class WindowAnalyser:
         broken.process.join(CLOSE_WAIT_S)
 
     def close(self) -> None:
-        """Stop the analysis process (waits for a window in progress, then kills it)."""
+        """Stop the analysis process (killed after CLOSE_WAIT_S: a window in progress is
+        analysed again after a restart)."""
         with self._lock:
             process, self._process = self._process, None
             self._closed = True
         if process is not None:
-            # (bounded: a window not stored is analysed again after a restart)
-            process.shutdown(min(CLOSE_WAIT_S, self.timeout_s))
+            process.shutdown(CLOSE_WAIT_S)
 
     def pids(self) -> list[int]:
         """The analysis process's id once it started and imported the engine, [] when none
