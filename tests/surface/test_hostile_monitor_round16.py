@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -180,3 +181,29 @@ def test_a_monitor_whose_analysis_process_hangs_still_stops(tmp_path):
         again.store.close()
     finally:
         store.close()
+
+
+class _NoPickle:
+    """Raises when pickled (a window the analyser cannot hand to its process)."""
+
+    def __reduce__(self):
+        raise TypeError("this value cannot be pickled")
+
+
+def test_a_window_that_cannot_reach_the_process_keeps_an_error_row():
+    """A window whose hand-over to the analysis process fails (its pickling raises: deep or
+    odd values in a job's metadata extra, which travels with it). The error was raised out of
+    analyse() into the analysis loop, which logged it and went on: the window was never
+    stored, and once a later one was, its steps were never analysed again (not even after a
+    restart). Now it is stored with an error row, as a window that killed the process."""
+    (w,) = _windows(1)
+    meta = w.trace.meta
+    w.trace = replace(w.trace, meta=replace(meta, extra={**meta.extra, "odd": _NoPickle()}))
+    analyser = WindowAnalyser()
+    try:
+        row, refused = analyser.analyse(w)
+        assert row.slowdown is None and refused == []
+        assert "analysis failed: TypeError: this value cannot be pickled" in row.error
+        assert (row.job, row.idx, row.first_step, row.last_step) == ("job-a", 0, 0, 4)
+    finally:
+        analyser.close()

@@ -284,6 +284,14 @@ class WindowAnalyser:
                 # it: a fresh one tries once more; a window that kills that one too keeps an
                 # error row rather than killing every process after it
                 self._replace(process)
+            except Exception as exc:   # noqa: BLE001 - kept as the window's error row
+                # a window that cannot be handed over or whose answer does not come back
+                # (it does not pickle): raised out of the analysis step, it was never stored,
+                # and once a later window was, never analysed again
+                log.error("job %s window %d: analysis failed in the analysis process (%s: "
+                          "%s)", window.job, window.idx, type(exc).__name__, str(exc)[:200])
+                return window_row(window, f"analysis failed: {type(exc).__name__}: "
+                                  f"{str(exc)[:300]}", time.monotonic() - handed), []
         log.error("job %s window %d: the analysis process died on it twice; a new one takes "
                   "the next window", window.job, window.idx)
         return window_row(window, "analysis failed: the analysis process died (out of "
