@@ -18,7 +18,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from conftest import REPO
+from conftest import REPO, eventually
 from stragglers.monitor import fast_state
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.server import MonitorServer
@@ -108,6 +108,8 @@ def test_an_old_runs_part_in_flight_across_a_new_run_keeps_its_drop_count(served
         assert c.put("/api/jobs/drops/meta", json=_run_meta(1, 1000.0)).status_code == 200
         r = c.put(url, content=body)
         assert r.json()["status"] == "stored", r.text
+        # (its answer comes before it is counted out of flight: a new run meanwhile is 503)
+        eventually(served.monitor.idle, what="run 1's part out of flight")
         store, held, go = served.monitor.store, threading.Event(), threading.Event()
         read = store.part_digest
 

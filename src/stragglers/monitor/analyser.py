@@ -34,6 +34,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import queue
 import threading
 import time
 from concurrent.futures import Future
@@ -62,28 +63,33 @@ class ProcessDied(Exception):
 
 
 class AnalysisProcess:
-    """The spawned analysis process (its multiprocessing Process: `process`), the queue of its
-    tasks and the pipe of its answers, read by a thread here that settles each task's Future
-    (ProcessDied for every task unanswered when the process ends)."""
+    """The spawned analysis process (its multiprocessing Process: `process`), the pipe of its
+    tasks, written by a thread here, and the pipe of its answers, read by another that settles
+    each task's Future (ProcessDied for every task unanswered when the process ends)."""
 
     def __init__(self, parent: int):
         ctx = multiprocessing.get_context("spawn")
-        # (a queue's put never blocks: a task handed to a process that hangs while it starts
-        # waits in the queue's feeder thread, not in the thread that handed it)
-        self._tasks = ctx.Queue()
-        self._tasks.cancel_join_thread()   # (at exit, tasks left to a dead process are lost)
+        # tasks go through a queue here to a writer thread: a task handed to a process that
+        # hangs while it starts waits there, not in the thread that handed it; the process
+        # holds the pipe's only reader, so once it is gone a write fails (EPIPE) rather than
+        # waiting for good on a full pipe (a multiprocessing.Queue keeps a reader here too)
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        task_end, self._tasks = ctx.Pipe(duplex=False)
         answers, self._answer_end = ctx.Pipe(duplex=False)
         self._answers = answers
         self._lock = threading.Lock()
         self._tokens = itertools.count()
         self._pending: dict[int, tuple[Future, threading.Event]] = {}
         self.dead = False
-        self.process = ctx.Process(target=_serve, args=(os.getpid(), self._tasks,
+        self.process = ctx.Process(target=_serve, args=(os.getpid(), task_end,
                                                         self._answer_end),
                                    name="stragglers-analysis", daemon=True)
         self.process.start()
-        self._answer_end.close()   # (the process holds the only writer: its end is an EOF)
+        task_end.close()           # (the process holds the only ends of its pipes: its death
+        self._answer_end.close()   # is an EOF to the reader, a broken pipe to the writer)
         threading.Thread(target=self._read, name="stragglers-analysis-answers",
+                         daemon=True).start()
+        threading.Thread(target=self._write, name="stragglers-analysis-tasks",
                          daemon=True).start()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
@@ -99,10 +105,7 @@ class AnalysisProcess:
                 raise ProcessDied("the analysis process has ended")
             self._pending[token] = (future, threading.Event())
         future.token = token  # type: ignore[attr-defined]
-        try:
-            self._tasks.put(data)
-        except (OSError, ValueError):   # closed: the process was stopped meanwhile
-            self._end()
+        self._outbox.put(data)
         return future
 
     def wait_started(self, future: Future, timeout: float) -> bool:
@@ -120,15 +123,22 @@ class AnalysisProcess:
 
     def shutdown(self, wait_s: float) -> None:
         """End the process once the tasks handed to it are done (killed past `wait_s`)."""
-        try:
-            self._tasks.put(None)
-        except (OSError, ValueError):
-            pass
+        self._outbox.put(None)
         self.process.join(wait_s)
         if self.process.exitcode is None:
             self.kill()
             self.process.join(wait_s)
-        self._tasks.close()
+
+    def _write(self) -> None:
+        """The tasks, in order, to the process; ends with it (or at None: the process ends
+        when its pipe does)."""
+        try:
+            while (data := self._outbox.get()) is not None:
+                self._tasks.send_bytes(data)
+        except OSError:   # the process is gone (EPIPE): its tasks fail with it (_read)
+            pass
+        finally:
+            self._tasks.close()
 
     def _read(self) -> None:
         """The answers, as they come; every task unanswered fails once the process ended."""
@@ -172,6 +182,7 @@ class AnalysisProcess:
         with self._lock:
             self.dead = True
             pending, self._pending = self._pending, {}
+        self._outbox.put(None)   # (the writer ends too)
         for future, started in pending.values():
             started.set()
             future.set_exception(ProcessDied("the analysis process ended (out of memory, "
@@ -378,7 +389,7 @@ _ANSWERS: Any = None   # in the analysis process: the pipe of its answers
 
 def _serve(parent: int, tasks: Any, answers: Any) -> None:
     """The analysis process: each task in turn, its start said, then its result (or
-    exception); exits at None, or when the service process is gone (the pipes of a killed
+    exception); exits when its pipe of tasks closes, or when the service process is gone (the pipes of a killed
     parent are held open by this process too, so it would otherwise wait forever)."""
     def watch() -> None:
         while True:
@@ -388,8 +399,9 @@ def _serve(parent: int, tasks: Any, answers: Any) -> None:
 
     threading.Thread(target=watch, name="stragglers-analysis-parent", daemon=True).start()
     while True:
-        data = tasks.get()
-        if data is None:
+        try:
+            data = tasks.recv_bytes()
+        except EOFError:   # the service closed the pipe: done
             return
         token, fn, args = pickle.loads(data)
         answers.send_bytes(pickle.dumps(("started", token, b"")))
