@@ -398,6 +398,14 @@ def _serve(parent: int, tasks: Any, answers: Any) -> None:
                 os._exit(0)
 
     threading.Thread(target=watch, name="stragglers-analysis-parent", daemon=True).start()
+    try:
+        _serve_tasks(tasks, answers)
+    except OSError:   # the service is gone (killed: its end of a pipe closed): no traceback
+        os._exit(0)   # in its log, nothing left to answer
+
+
+def _serve_tasks(tasks: Any, answers: Any) -> None:
+    """Each task in turn (see _serve), until the pipe of tasks closes."""
     while True:
         try:
             data = tasks.recv_bytes()
