@@ -332,9 +332,10 @@ class Monitor:
         """The fast detector's stored baselines no firing alert holds go (fast_state.sweep):
         older versions left them for good; a full disk or a busy store leaves them to the next
         start (they are never loaded without their alert)."""
+        skipped: tuple[type[Exception], ...] = (*self.store.transient_errors, OSError)
         try:
             swept = fast_state.sweep(self.store)
-        except (OSError, *self.store.transient_errors) as exc:
+        except skipped as exc:
             log.warning("start: stale fast-detector baselines not swept (%s)", exc)
             return
         if swept:
