@@ -18,16 +18,14 @@ from monitor_jobs import parts_of, slow_job  # noqa: E402
 
 
 def test_a_process_still_starting_is_killed_when_stopped():
-    """_stop on a pool whose process has not yet reported its id (spawned, still importing):
-    the process is killed (SIGKILL), not left to finish starting and exit on its own."""
+    """_stop on a process that has not yet answered (spawned, still importing): it is killed
+    (SIGKILL) by the analyser's own handle, not left to finish starting and exit on its own."""
     analyser = WindowAnalyser()
     try:
-        pool = analyser._executor()
-        processes = list(pool._processes.values())   # type: ignore[attr-defined]
-        assert len(processes) == 1
-        analyser._stop(pool)
-        processes[0].join(30)
-        assert processes[0].exitcode == -signal.SIGKILL, processes[0].exitcode
+        process = analyser._executor()
+        analyser._stop(process)
+        process.process.join(30)
+        assert process.process.exitcode == -signal.SIGKILL, process.process.exitcode
         assert analyser.restarts == 1
     finally:
         analyser.close()

@@ -9,7 +9,7 @@ a process with threads is unsafe), warmed up when the first job appears, replace
 exits by itself when the service is gone, kill -9 included.
 
 A window's analysis has a time limit (`analysis_timeout_s`), counted from when the analysis
-process starts that window (it says so through a queue as it unpickles the window): the
+process starts that window (it says so on its pipe of answers before it unpickles the window): the
 start of a new process and the read-ahead tasks queued before the window do not count. The
 engine cannot be interrupted (numpy and Python with no point that checks a deadline), so past
 the limit the process is killed and replaced, and the window is stored with an error row saying
@@ -17,6 +17,13 @@ so, with the time it held the analysis (never dropped, never left unanalysed wit
 the engine: it is waited for on a thread of its own up to the limit, then the window gets its
 error row and the engine is left to end there, its result dropped (the next window waits for
 it: one engine at a time).
+
+The wait for the process to start a window is bounded too (`analysis_start_timeout_s`): a
+process that hangs while it starts (an import that never returns: a hung file system under
+site-packages) or on a task queued before the window is killed and replaced, and the window
+is stored with an error row saying so, as one past its limit. The service owns the process
+(a multiprocessing Process and its handle): it kills it by that handle, whether or not it
+started.
 """
 
 from __future__ import annotations
@@ -24,16 +31,15 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
-import multiprocessing.queues
+import multiprocessing.connection
 import os
+import pickle
 import queue
-import signal
 import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable
 
 from stragglers.monitor.part_files import READ_TIMEOUT_S
 from stragglers.monitor.readahead import forget_parts, read_ahead_parts
@@ -44,27 +50,163 @@ log = logging.getLogger(__name__)
 
 PARENT_CHECK_S = 1.0
 ANALYSIS_TIMEOUT_S = 300.0   # settings.analysis_timeout_s (a 1,024-worker window takes ~0.7 s)
+# settings.analysis_start_timeout_s: a process starts and imports the engine in ~0.4-1.4 s
+# here (round 15), a read-ahead task queued before a window only submits reads
+START_TIMEOUT_S = 120.0
+# close() waits this long for the process to end, then kills it: it holds nothing durable
+# (a window not stored is analysed again after a restart), and a hung one held the stop
+CLOSE_WAIT_S = 1.0
+
+
+class ProcessDied(Exception):
+    """The analysis process died (or was stopped) before it answered a task."""
+
+
+class AnalysisProcess:
+    """The spawned analysis process (its multiprocessing Process: `process`), the pipe of its
+    tasks, written by a thread here, and the pipe of its answers, read by another that settles
+    each task's Future (ProcessDied for every task unanswered when the process ends)."""
+
+    def __init__(self, parent: int):
+        ctx = multiprocessing.get_context("spawn")
+        # tasks go through a queue here to a writer thread: a task handed to a process that
+        # hangs while it starts waits there, not in the thread that handed it; the process
+        # holds the pipe's only reader, so once it is gone a write fails (EPIPE) rather than
+        # waiting for good on a full pipe (a multiprocessing.Queue keeps a reader here too)
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        task_end, self._tasks = ctx.Pipe(duplex=False)
+        answers, self._answer_end = ctx.Pipe(duplex=False)
+        self._answers = answers
+        self._lock = threading.Lock()
+        self._tokens = itertools.count()
+        self._pending: dict[int, tuple[Future, threading.Event]] = {}
+        self.dead = False
+        self.process = ctx.Process(target=_serve, args=(os.getpid(), task_end,
+                                                        self._answer_end),
+                                   name="stragglers-analysis", daemon=True)
+        self.process.start()
+        task_end.close()           # (the process holds the only ends of its pipes: its death
+        self._answer_end.close()   # is an EOF to the reader, a broken pipe to the writer)
+        threading.Thread(target=self._read, name="stragglers-analysis-answers",
+                         daemon=True).start()
+        threading.Thread(target=self._write, name="stragglers-analysis-tasks",
+                         daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run fn(*args) there, after the tasks before it; its Future. ProcessDied when the
+        process has ended."""
+        token = next(self._tokens)
+        # (pickled here: a value that does not pickle raises in the caller, not in a thread)
+        data = pickle.dumps((token, fn, pickle.dumps(args, pickle.HIGHEST_PROTOCOL)),
+                            pickle.HIGHEST_PROTOCOL)
+        future: Future = Future()
+        with self._lock:
+            if self.dead:
+                raise ProcessDied("the analysis process has ended")
+            self._pending[token] = (future, threading.Event())
+        future.token = token  # type: ignore[attr-defined]
+        self._outbox.put(data)
+        return future
+
+    def wait_started(self, future: Future, timeout: float) -> bool:
+        """Whether the process started the task of `future` (or it ended) within `timeout`."""
+        with self._lock:
+            entry = self._pending.get(future.token)  # type: ignore[attr-defined]
+        return entry is None or entry[1].wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the process (started, still starting, or busy); its tasks fail."""
+        try:
+            self.process.kill()
+        except (OSError, ValueError):   # gone already, or closed
+            pass
+
+    def shutdown(self, wait_s: float) -> None:
+        """End the process once the tasks handed to it are done (killed past `wait_s`)."""
+        self._outbox.put(None)
+        self.process.join(wait_s)
+        if self.process.exitcode is None:
+            self.kill()
+            self.process.join(wait_s)
+
+    def _write(self) -> None:
+        """The tasks, in order, to the process; ends with it (or at None: the process ends
+        when its pipe does)."""
+        try:
+            while (data := self._outbox.get()) is not None:
+                self._tasks.send_bytes(data)
+        except OSError:   # the process is gone (EPIPE): its tasks fail with it (_read)
+            pass
+        finally:
+            self._tasks.close()
+
+    def _read(self) -> None:
+        """The answers, as they come; every task unanswered fails once the process ended."""
+        sentinel = self.process.sentinel
+        try:
+            while True:
+                ready = multiprocessing.connection.wait([self._answers, sentinel])
+                if self._answers not in ready and not self._answers.poll():
+                    break   # ended, every answer read
+                try:
+                    kind, token, blob = pickle.loads(self._answers.recv_bytes())
+                except (EOFError, OSError):
+                    break
+                self._settle(kind, token, blob)
+        finally:
+            self._end()
+            self._answers.close()
+
+    def _settle(self, kind: str, token: int, blob: bytes) -> None:
+        with self._lock:
+            entry = self._pending.get(token)
+            if entry is not None and kind != "started":
+                del self._pending[token]
+        if entry is None:
+            return
+        future, started = entry
+        started.set()
+        if kind == "started":
+            return
+        try:
+            value = pickle.loads(blob)
+        except Exception as exc:   # noqa: BLE001 - an answer that does not unpickle here
+            future.set_exception(exc)
+            return
+        if kind == "done":
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def _end(self) -> None:
+        with self._lock:
+            self.dead = True
+            pending, self._pending = self._pending, {}
+        self._outbox.put(None)   # (the writer ends too)
+        for future, started in pending.values():
+            started.set()
+            future.set_exception(ProcessDied("the analysis process ended (out of memory, "
+                                             "killed, or stopped)"))
 
 
 class WindowAnalyser:
     """Runs analyse_window for the monitor's analysis thread (one window at a time)."""
 
     def __init__(self, in_process: bool = False, read_timeout_s: float = READ_TIMEOUT_S,
-                 timeout_s: float = ANALYSIS_TIMEOUT_S):
+                 timeout_s: float = ANALYSIS_TIMEOUT_S,
+                 start_timeout_s: float = START_TIMEOUT_S):
         self.in_process = in_process
         self.read_timeout_s = read_timeout_s   # each part file read ahead (the monitor's)
         self.timeout_s = timeout_s             # one window's analysis, at most
-        self._pool: ProcessPoolExecutor | None = None
-        self._pid: Future | None = None         # the analysis process's id (to stop it)
-        self._starts: multiprocessing.queues.Queue | None = None  # the tokens of the windows it starts
-        self._tokens = itertools.count()
+        self.start_timeout_s = start_timeout_s   # the wait for the process to start a window
+        self._process: AnalysisProcess | None = None
         self._behind: threading.Thread | None = None   # an engine left past its limit
-        self.stopped = 0    # windows whose analysis ran past timeout_s (given an error row)
+        self.stopped = 0    # windows given an error row past timeout_s or start_timeout_s
         self._lock = threading.RLock()
         self._ahead: list = []         # parts to read ahead, waiting for the task in flight
         self._ahead_busy = False
         self._closed = False
-        self.restarts = 0   # analysis processes that died and were replaced
+        self.restarts = 0   # analysis processes that died (or were stopped) and were replaced
 
     def warm(self) -> None:
         """Start the analysis process now (it imports the engine), not at the first window."""
@@ -73,7 +215,7 @@ class WindowAnalyser:
 
     def read_ahead(self, files: list) -> None:
         """Have these watched part files (PartFiles) decoded ahead where windows are analysed;
-        never waits (a dead process or a closed pool just means windows read them later)."""
+        never waits (a dead process or a closed analyser just means windows read them later)."""
         if not files:
             return
         if self.in_process:
@@ -101,51 +243,66 @@ class WindowAnalyser:
             return
         try:
             self._executor().submit(forget_parts, directory)
-        except (BrokenProcessPool, RuntimeError):
+        except (ProcessDied, RuntimeError):
             pass   # no process: nothing held there
 
     def _send_ahead(self, _done=None) -> None:
         with self._lock:
             files, self._ahead = self._ahead, []
-            if not files or self._closed:   # (a task finishing while close() shuts the pool
-                self._ahead_busy = False    # down must not start a new process)
+            if not files or self._closed:   # (a task finishing while close() stops the
+                self._ahead_busy = False    # process must not start a new one)
                 return
         try:
             self._executor().submit(read_ahead_parts, files, self.read_timeout_s
                                    ).add_done_callback(self._send_ahead)
-        except (BrokenProcessPool, RuntimeError):
+        except (ProcessDied, RuntimeError):
             with self._lock:
                 self._ahead_busy = False
 
     def analyse(self, window: Window) -> tuple[WindowRow, list[Refusal]]:
         """The window's stored row and the part files refused on reading it; an error row if
-        the analysis process died on it."""
+        the analysis process died on it, did not start it in time, or ran past the limit."""
         if self.in_process:
             return self._on_thread(window)
         handed = time.monotonic()
         for _ in range(2):
-            pool = self._executor()
-            with self._lock:
-                starts = self._starts if self._pool is pool else None
-            token = next(self._tokens)
+            process = self._executor()
             started = time.monotonic()
             try:
-                future = pool.submit(_analyse_started, _Start(token), window)
-                started = _started(future, starts, token)
-                # (the limit counts from the start of this window in the process: neither
-                # a process starting nor read-ahead tasks queued before it count)
+                future = process.submit(analyse_window, window)
+                # the start is bounded on its own (a process hung while it starts, or on a
+                # task before the window, held the analysis thread, and every window, for
+                # good); the limit counts from the start of this window in the process:
+                # neither a process starting nor read-ahead tasks queued before it count
+                if not process.wait_started(future, self.start_timeout_s):
+                    self._stop(process)
+                    return self._too_long(
+                        window, f"analysis stopped: the analysis process did not start "
+                        f"this window within analysis_start_timeout_s "
+                        f"({self.start_timeout_s:g} s; hung while starting, or on a task "
+                        f"before it)", "the process was stopped and the next window is "
+                        "analysed in a new one", time.monotonic() - started), []
+                started = time.monotonic()
                 left = max(0.0, started + self.timeout_s - time.monotonic())
                 return future.result(timeout=left)
             except FutureTimeout:
-                self._stop(pool)
-                return self._too_long(window, "the analysis process was stopped and the "
-                                      "next window is analysed in a new one",
+                self._stop(process)
+                return self._too_long(window, None, "the analysis process was stopped and "
+                                      "the next window is analysed in a new one",
                                       time.monotonic() - started), []
-            except BrokenProcessPool:
+            except ProcessDied:
                 # the process died (out of memory, a signal), on this window or just before
                 # it: a fresh one tries once more; a window that kills that one too keeps an
                 # error row rather than killing every process after it
-                self._replace(pool)
+                self._replace(process)
+            except Exception as exc:   # noqa: BLE001 - kept as the window's error row
+                # a window that cannot be handed over or whose answer does not come back
+                # (it does not pickle): raised out of the analysis step, it was never stored,
+                # and once a later window was, never analysed again
+                log.error("job %s window %d: analysis failed in the analysis process (%s: "
+                          "%s)", window.job, window.idx, type(exc).__name__, str(exc)[:200])
+                return window_row(window, f"analysis failed: {type(exc).__name__}: "
+                                  f"{str(exc)[:300]}", time.monotonic() - handed), []
         log.error("job %s window %d: the analysis process died on it twice; a new one takes "
                   "the next window", window.job, window.idx)
         return window_row(window, "analysis failed: the analysis process died (out of "
@@ -171,126 +328,69 @@ class WindowAnalyser:
         engine.join(self.timeout_s)
         if engine.is_alive():
             self._behind = engine
-            return self._too_long(window, "its engine runs on, on a thread that cannot be "
-                                  "stopped, its result dropped (analysis_process stops it)",
+            return self._too_long(window, None, "its engine runs on, on a thread that cannot "
+                                  "be stopped, its result dropped (analysis_process stops it)",
                                   time.monotonic() - started), []
         if isinstance(out[0], BaseException):
             raise out[0]
         return out[0]
 
-    def _too_long(self, window: Window, then: str, spent: float) -> WindowRow:
-        """The error row of a window whose analysis ran past timeout_s (`spent` seconds)."""
+    def _too_long(self, window: Window, why: str | None, then: str,
+                  spent: float) -> WindowRow:
+        """The error row of a window whose analysis ran past timeout_s (or, `why`, was not
+        started within start_timeout_s) after `spent` seconds."""
         self.stopped += 1
-        log.error("job %s window %d: analysis stopped after analysis_timeout_s (%g s); %s",
-                  window.job, window.idx, self.timeout_s, then)
-        return window_row(window, f"analysis stopped: it ran past analysis_timeout_s "
-                          f"({self.timeout_s:g} s) on this window's {len(window.steps)} steps; "
-                          f"{then}", analysis_s=spent)
+        why = why or (f"analysis stopped: it ran past analysis_timeout_s ({self.timeout_s:g} "
+                      f"s) on this window's {len(window.steps)} steps")
+        log.error("job %s window %d: %s; %s", window.job, window.idx, why, then)
+        return window_row(window, f"{why}; {then}", analysis_s=spent)
 
-    def _stop(self, pool: ProcessPoolExecutor) -> None:
-        """Kill the analysis process of `pool` (busy past the limit) and replace it."""
-        with self._lock:
-            pid = self._pid if self._pool is pool else None
-        # the pool's own processes (started or still starting), and the id it reported
-        pids = set(getattr(pool, "_processes", None) or {})
-        if pid is not None and pid.done() and pid.exception() is None:
-            pids.add(pid.result())
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:   # gone already: replaced all the same
-                pass
-        self._replace(pool)
+    def _stop(self, process: AnalysisProcess) -> None:
+        """Kill the analysis process (busy past the limit, or still starting) and replace it."""
+        process.kill()   # (its own handle: started or not, reported its id or not)
+        self._replace(process)
 
-    def _replace(self, broken: ProcessPoolExecutor) -> None:
+    def _replace(self, broken: AnalysisProcess) -> None:
         with self._lock:
-            starts = None
-            if self._pool is broken:
-                self._pool, starts, self._starts = None, self._starts, None
+            if self._process is broken:
+                self._process = None
                 self.restarts += 1
-        broken.shutdown(wait=False, cancel_futures=True)
-        if starts is not None:
-            starts.close()
+        broken.kill()   # (a process whose pipes broke but that lives on is not left behind)
+        broken.process.join(CLOSE_WAIT_S)
 
     def close(self) -> None:
-        """Stop the analysis process (waits for a window in progress)."""
+        """Stop the analysis process (killed after CLOSE_WAIT_S: a window in progress is
+        analysed again after a restart)."""
         with self._lock:
-            pool, self._pool = self._pool, None
-            starts, self._starts = self._starts, None
+            process, self._process = self._process, None
             self._closed = True
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        if starts is not None:
-            starts.close()
+        if process is not None:
+            process.shutdown(CLOSE_WAIT_S)
 
     def pids(self) -> list[int]:
-        """The analysis process's id, [] when none runs (for tests)."""
+        """The analysis process's id once it started and imported the engine, [] when none
+        runs (for tests)."""
         with self._lock:
-            pool = self._pool
-        return [pool.submit(os.getpid).result()] if pool is not None else []
+            process = self._process
+        return [process.submit(os.getpid).result()] if process is not None else []
 
-    def _executor(self) -> ProcessPoolExecutor:
+    def _executor(self) -> AnalysisProcess:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the window analyser is closed")
-            if self._pool is None:
-                spawn = multiprocessing.get_context("spawn")
-                self._starts = spawn.Queue()
-                self._pool = ProcessPoolExecutor(
-                    1, mp_context=spawn,
-                    initializer=_start_in_child, initargs=(os.getpid(), self._starts))
-                self._pid = self._pool.submit(os.getpid)   # starts the process
-                self._pool.submit(_import_engine)           # and warms it
-            return self._pool
+            if self._process is None:
+                self._process = AnalysisProcess(os.getpid())
+                self._process.submit(_import_engine)   # warms it
+            return self._process
 
 
-_STARTS: multiprocessing.queues.Queue | None = None   # in the analysis process: where it says a window started
+_ANSWERS: Any = None   # in the analysis process: the pipe of its answers
 
 
-def _started(future: Future, starts: multiprocessing.queues.Queue | None, token: int) -> float:
-    """When (monotonic) the analysis process started the window of `token`: waits while it
-    starts, imports, or reads ahead before it; now if the task ended (or the pool broke)
-    first."""
-    while starts is not None and not future.done():
-        try:
-            # (a token before ours is a window that ended before its token was read)
-            if starts.get(timeout=0.1) == token:
-                return time.monotonic()
-        except queue.Empty:
-            continue
-        except (OSError, ValueError, EOFError):   # closed: the pool was replaced
-            break
-    return time.monotonic()
-
-
-class _Start:
-    """Unpickled in the analysis process just before the window that follows it in the task's
-    arguments (a window that hangs there is stopped too): says there that the window started."""
-
-    def __init__(self, token: int):
-        self.token = token
-
-    def __reduce__(self):
-        return _say_started, (self.token,)
-
-
-def _say_started(token: int) -> int:
-    if _STARTS is not None:
-        _STARTS.put(token)
-    return token
-
-
-def _analyse_started(_start: "_Start | int", window: Window) -> tuple[WindowRow, list[Refusal]]:
-    """In the analysis process: analyse the window (its start was said as it was unpickled)."""
-    return analyse_window(window)
-
-
-def _start_in_child(parent: int, starts: multiprocessing.queues.Queue | None = None) -> None:
-    """In the analysis process: keep the queue where windows say they started; exit when the
-    service process is gone (the pipes of a killed parent are held open by this process too,
-    so it would otherwise wait forever)."""
-    global _STARTS
-    _STARTS = starts
+def _serve(parent: int, tasks: Any, answers: Any) -> None:
+    """The analysis process: each task in turn, its start said, then its result (or
+    exception); exits when its pipe of tasks closes, or when the service process is gone (the pipes of a killed
+    parent are held open by this process too, so it would otherwise wait forever)."""
     def watch() -> None:
         while True:
             time.sleep(PARENT_CHECK_S)
@@ -298,6 +398,33 @@ def _start_in_child(parent: int, starts: multiprocessing.queues.Queue | None = N
                 os._exit(0)
 
     threading.Thread(target=watch, name="stragglers-analysis-parent", daemon=True).start()
+    try:
+        _serve_tasks(tasks, answers)
+    except OSError:   # the service is gone (killed: its end of a pipe closed): no traceback
+        os._exit(0)   # in its log, nothing left to answer
+
+
+def _serve_tasks(tasks: Any, answers: Any) -> None:
+    """Each task in turn (see _serve), until the pipe of tasks closes."""
+    while True:
+        try:
+            data = tasks.recv_bytes()
+        except EOFError:   # the service closed the pipe: done
+            return
+        token, fn, args = pickle.loads(data)
+        answers.send_bytes(pickle.dumps(("started", token, b"")))
+        try:
+            # (the arguments unpickled after the start is said: a window that hangs there
+            # is stopped by the analysis limit)
+            kind, value = "done", fn(*pickle.loads(args))
+        except BaseException as exc:   # noqa: BLE001 - the caller's to raise
+            kind, value = "failed", exc
+        try:
+            blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:   # noqa: BLE001 - an answer that does not pickle
+            kind, blob = "failed", pickle.dumps(RuntimeError(
+                f"the analysis process's answer does not pickle: {exc!r}"[:500]))
+        answers.send_bytes(pickle.dumps((kind, token, blob), pickle.HIGHEST_PROTOCOL))
 
 
 def _import_engine() -> None:

@@ -87,3 +87,57 @@ def forget_job(store: SQLStore, db: Any, job: str) -> None:
     prefix = _prefix(job)
     store._exec(db, f"DELETE FROM store_info WHERE substr(key, 1, {len(prefix)}) = ?",
                 (prefix,))
+
+
+class _Key(msgspec.Struct):
+    key: str
+
+
+class _JobState(msgspec.Struct):
+    job: str
+    state: str
+
+
+class _Firing(msgspec.Struct):
+    job: str
+    labels: str
+
+
+def sweep(store: SQLStore) -> int:
+    """At a start: the rows no firing alert of their rank holds go (older versions kept a
+    job's rows for good once it ended, or its alert resolved another way); how many. On a
+    shared store only those of jobs gone or finished: another instance writes a firing rank's
+    row before its alert, and may be doing so now."""
+    if not store._rows(f"SELECT key FROM store_info WHERE substr(key, 1, {len(PREFIX)}) = ? "
+                       "LIMIT 1", (PREFIX,)):
+        return 0   # (no write at a start with none: a store written by another at once)
+
+    def tx(db: Any) -> int:
+        keys = [r.key for r in store._many(
+            db, _Key, f"SELECT key FROM store_info WHERE substr(key, 1, {len(PREFIX)}) = ?",
+            (PREFIX,))]
+        if not keys:
+            return 0
+        states = {r.job: r.state for r in store._many(db, _JobState,
+                                                        "SELECT job, state FROM jobs")}
+        firing = set()
+        for r in store._many(db, _Firing, "SELECT job, labels FROM alerts WHERE rule = ? AND "
+                             "status = 'firing'", (RULE,)):
+            try:
+                firing.add((r.job, str(json.loads(r.labels).get("rank"))))
+            except (ValueError, AttributeError):
+                continue   # (a damaged alert row: its rank's baseline, if any, goes)
+        gone = []
+        for key in keys:
+            try:
+                job, rank = json.loads(key[len(PREFIX):])
+            except (ValueError, TypeError):
+                gone.append(key)   # (a key that does not read is never loaded)
+                continue
+            if states.get(job, "finished") == "finished" or \
+                    (not store.shared and (job, str(rank)) not in firing):
+                gone.append(key)
+        for key in gone:
+            store._exec(db, "DELETE FROM store_info WHERE key = ?", (key,))
+        return len(gone)
+    return store._write(tx, notify=False)

@@ -665,9 +665,11 @@ def add_upload_routes(app: FastAPI, monitor: Monitor, require_write):
                     del reported[gone]
             seen = reported[job] = (run, weakref.ref(tracker), {})
         if int(dropped) > seen[2].get(rank, -1):
-            await run_in_threadpool(monitor.store.set_upload_dropped, job, rank, int(dropped))
-            seen[2][rank] = int(dropped)
-            monitor.metrics.upload_dropped.labels(job, str(rank)).set(int(dropped))
+            # (in the run the part was accepted for, or nowhere: a new run committed while
+            # the part was in flight wrote the old run's count into the new run's rows)
+            if await run_in_threadpool(monitor.note_dropped, job, rank, int(dropped),
+                                       getattr(tracker, "run", None)):
+                seen[2][rank] = int(dropped)
 
     @app.put("/api/jobs/{job}/ranks/{rank}/parts/{part}",
              dependencies=[Depends(require_write)])

@@ -47,6 +47,7 @@ class ForeignJob:
     max_step: int
     read_at: float
     meta_seq: int = 0   # the stored metadata's version (its parts' commits are fenced by it)
+    run: int | None = None   # the store's run number of the job it was read at (jobs.run)
 
     def knows(self, rank: int, part: int) -> bool:
         """Not known here: the store's key tells a part seen twice."""

@@ -32,6 +32,7 @@ import numpy as np
 
 from stragglers.errors import InputError
 from stragglers.monitor.alerts import AlertEngine, Changes, Rule, parse_rules
+from stragglers.monitor import fast_state
 from stragglers.monitor.analyser import WindowAnalyser
 from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
@@ -178,7 +179,8 @@ class Monitor:
         self._metrics_at = 0.0
         self.analyser = WindowAnalyser(in_process=not self.config.analysis_process,
                                        read_timeout_s=self.config.read_timeout_s,
-                                       timeout_s=self.config.analysis_timeout_s)
+                                       timeout_s=self.config.analysis_timeout_s,
+                                       start_timeout_s=self.config.analysis_start_timeout_s)
         self.trackers: dict[str, JobTracker] = {}
         self.states: dict[str, str] = {}
         # job → its state decided here whose write was refused (a full disk): written again
@@ -290,6 +292,7 @@ class Monitor:
                 self.metrics.set_state(job.job, job.state)
             except Exception as exc:   # noqa: BLE001 - a damaged row: that job only
                 self._quarantine(str(row.job), exc)
+        self._sweep_baselines()
         # an uploads folder the live instances do not share is refused before this one
         # counts as live (their leases stay theirs), and again once it does (two started
         # together: the later check of the two sees the other)
@@ -324,6 +327,19 @@ class Monitor:
             t.start()
             self._threads.append(t)
         return self
+
+    def _sweep_baselines(self) -> None:
+        """The fast detector's stored baselines no firing alert holds go (fast_state.sweep):
+        older versions left them for good; a full disk or a busy store leaves them to the next
+        start (they are never loaded without their alert)."""
+        skipped: tuple[type[Exception], ...] = (*self.store.transient_errors, OSError)
+        try:
+            swept = fast_state.sweep(self.store)
+        except skipped as exc:
+            log.warning("start: stale fast-detector baselines not swept (%s)", exc)
+            return
+        if swept:
+            log.info("start: %d stale fast-detector baselines swept", swept)
 
     def _refuse_unshared(self, problem: str | None) -> None:
         if problem is not None:
@@ -699,6 +715,16 @@ class Monitor:
         self._deliver(job, alert_rows, log_rows)
         return True
 
+    def note_dropped(self, job: str, rank: int, dropped: int, run: int | None) -> bool:
+        """An uploader's drop count, stored and shown for run number `run` of the job only
+        (False: a new run replaced it). Under the lock a new run is reset under: its metrics
+        go after a count is shown, or the count is refused."""
+        with self._lock:
+            if not self.store.set_upload_dropped(job, rank, dropped, run):
+                return False
+            self.metrics.upload_dropped.labels(job, str(rank)).set(dropped)
+            return True
+
     def tracker(self, job: str) -> JobTracker | ForeignJob | None:
         """The job's tracker (rebuilt from the store if the job finished and comes back) when
         this instance holds its lease; a ForeignJob (its metadata, for checking parts stored
@@ -742,7 +768,7 @@ class Monitor:
             self._quarantine(job, exc)
             return None
         view = self._foreign[job] = ForeignJob(meta, self.store.max_step(job), time.monotonic(),
-                                               row.meta_seq)
+                                               row.meta_seq, int(row.run))
         return view
 
     def _meta_seq(self, job: str, raw_meta: dict) -> int:
@@ -885,6 +911,7 @@ class Monitor:
         # (a tracker of an earlier holding, lost and taken again, must not store its windows)
         tr.lease = self.leases.lease(name)
         tr.meta_seq = int(job.meta_seq)
+        tr.run = int(job.run)   # (a part accepted for this run reports its drops to it alone)
         self.analyser.warm()  # a job means windows soon: start the analysis process now
         self.part_seqs[name] = max([self.part_seqs.get(name, 0)] + [p.seq for p in index])
         self._take_stored(tr, directory, index)

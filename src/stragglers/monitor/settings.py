@@ -145,6 +145,13 @@ class MonitorConfig(Config):
                                         "cannot be stopped: the window gets its error row, "
                                         "the engine runs on, its result dropped)",
                                         minimum=0.1)
+    analysis_start_timeout_s: float = setting(120.0, "the analysis process must start a "
+                                              "window within this long of its hand-over (a "
+                                              "process starting and importing the engine "
+                                              "takes ~1 s): past it the process is killed "
+                                              "and replaced and the window stored with an "
+                                              "error row saying so (a process hung while "
+                                              "starting held every window)", minimum=0.1)
     rescan_s: float = setting(10.0, "watched directories are also rescanned this often (file "
                               "systems that drop change events)", minimum=0.1)
     change_detector: bool = setting(True, "the fast detector (changes.py): a rank whose busy "

@@ -692,14 +692,24 @@ class SQLStore:
             _Totals, f"SELECT {by} AS key, COUNT(*) AS n, SUM(CAST(records AS DOUBLE "
             f"PRECISION)) AS records FROM parts GROUP BY {by}")} for by in ("way", "job")}
 
-    def set_upload_dropped(self, job: str, rank: int, dropped: int) -> None:
-        """What an uploader reported it had to drop (buffer overflow) so far."""
-        def tx(db: Any) -> None:
-            self._exec(db, "INSERT INTO upload_drops (job, rank, dropped) VALUES (?, ?, ?) "
-                       "ON CONFLICT (job, rank) DO UPDATE SET dropped = CASE WHEN "
-                       "excluded.dropped > upload_drops.dropped THEN excluded.dropped "
-                       "ELSE upload_drops.dropped END", (job, rank, dropped))
-        self._write(tx)
+    def set_upload_dropped(self, job: str, rank: int, dropped: int,
+                           run: int | None = None) -> bool:
+        """What an uploader reported it had to drop (buffer overflow) so far; with `run`, only
+        while the job's run number is that one (False: a new run replaced it, nothing stored:
+        an old run's part in flight across a reset wrote its count into the new run's rows)."""
+        same_run, args = ("", ()) if run is None else (" AND run = ?", (run,))
+
+        def tx(db: Any) -> bool:
+            # (under the job row, which reset_job updates in its transaction: a count is
+            # stored in the run it was reported for, or not at all)
+            return bool(self._exec(
+                db, "INSERT INTO upload_drops (job, rank, dropped) SELECT ?, ?, ? FROM jobs "
+                f"WHERE job = ?{same_run} "
+                "ON CONFLICT (job, rank) DO UPDATE SET dropped = CASE WHEN "
+                "excluded.dropped > upload_drops.dropped THEN excluded.dropped "
+                "ELSE upload_drops.dropped END RETURNING job",
+                (job, rank, dropped, job, *args)).fetchall())
+        return self._write(tx)
 
     def upload_dropped(self, job: str) -> dict[int, int]:
         """Parts each rank's uploader dropped, as reported."""

@@ -146,6 +146,8 @@ class JobTracker:
         # the stored metadata's version `meta` is (store jobs.meta_seq; None: not known, no
         # fence): a part checked against it is committed only while the store has that one
         self.meta_seq: int | None = None
+        # the store's run number of the job it was built for (jobs.run; None: not known)
+        self.run: int | None = None
         # (the last step of the window found waiting for a rank's rows, since when: _awaited)
         self._waiting: tuple[int, float] | None = None
         # (_held: the ranks suspected at a window's last step, by what was held then; since
