@@ -8,10 +8,18 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
 
 import psutil
 
-from conftest import REPO
+from conftest import REPO, eventually
+from stragglers.monitor.analyser import ProcessDied, WindowAnalyser
+
+sys.path.insert(0, str(REPO / "tests" / "monitor"))
+from monitor_jobs import closed_windows  # noqa: E402
 
 _SPAWN_FAILS = textwrap.dedent("""
     import os, resource, sys
@@ -60,3 +68,123 @@ def test_a_window_whose_analysis_process_cannot_be_spawned_keeps_an_error_row(tm
     assert "Too many open files" in error and "the next window tries a new process" in error
     idx, slowdown, error = lines["ROW2"].split(" ", 2)
     assert idx == "1" and error == "None" and float(slowdown) > 1.3, lines
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` ended (a zombie not yet reaped counts as ended)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _hold_once(flag: str) -> None:
+    """In the analysis process: the first process here writes its id to `flag` and hangs
+    (a window held mid-analysis); any later one goes on."""
+    tmp = f"{flag}.{os.getpid()}"
+    Path(tmp).write_text(str(os.getpid()))
+    try:
+        os.link(tmp, flag)   # (atomic: the flag is never seen half written)
+    except FileExistsError:
+        return
+    time.sleep(600)
+
+
+class _HoldOnce:
+    def __init__(self, flag: str):
+        self.flag = flag
+
+    def __reduce__(self):
+        return _hold_once, (self.flag,)
+
+
+def _holding(window, flag: Path):
+    meta = window.trace.meta
+    window.trace = replace(window.trace, meta=replace(meta, extra={
+        **meta.extra, "hold": _HoldOnce(str(flag))}))
+    return window
+
+
+def test_an_analysis_process_killed_mid_window_or_between_windows_is_replaced(tmp_path):
+    """kill -9 of the analysis process while it holds a window: the window is analysed in a
+    new process (one restart); killed again between windows: the next window is analysed in
+    a third (one more restart, not a process per task)."""
+    first, second = closed_windows(2)
+    flag = tmp_path / "held"
+    _holding(first, flag)
+    analyser = WindowAnalyser(timeout_s=120)
+    try:
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(analyser.analyse(first)[0]))
+        t.start()
+        eventually(flag.exists, timeout=60, what="the window held in the process")
+        held = int(flag.read_text())
+        os.kill(held, signal.SIGKILL)
+        t.join(120)
+        assert out and out[0].error is None and out[0].slowdown > 1.3, out
+        assert analyser.restarts == 1 and analyser.stopped == 0
+        assert _gone(held)
+        (now,) = analyser.pids()
+        assert now != held
+        os.kill(now, signal.SIGKILL)
+        eventually(lambda: _gone(now), timeout=60, what="the killed process to end")
+        row, _ = analyser.analyse(second)
+        assert row.error is None and row.idx == 1 and row.slowdown > 1.3, row.error
+        assert analyser.restarts == 2 and _gone(now)
+    finally:
+        analyser.close()
+
+
+def test_close_while_the_task_writer_waits_on_a_full_pipe(tmp_path):
+    """The process busy on a task, the writer thread blocked sending 8 MiB into its full
+    pipe: close() still ends (the process is killed, the writer gets EPIPE), every task
+    fails with ProcessDied, and no thread of it is left."""
+    def writers() -> int:
+        return sum(t.name == "stragglers-analysis-tasks" and t.is_alive()
+                   for t in threading.enumerate())
+
+    before = writers()
+    analyser = WindowAnalyser()
+    process = analyser._executor()
+    busy = process.submit(time.sleep, 600)
+    big = process.submit(len, b"x" * (8 << 20))
+    assert process.wait_started(busy, 60)
+    closed = threading.Thread(target=analyser.close)
+    closed.start()
+    closed.join(60)
+    assert not closed.is_alive()
+    assert process.process.exitcode is not None
+    for future in (busy, big):
+        assert isinstance(future.exception(60), ProcessDied)
+    eventually(lambda: writers() == before, timeout=60, what="the writer thread to end")
+
+
+_SERVICE = textwrap.dedent("""
+    import os, sys
+    from stragglers.monitor.analyser import WindowAnalyser
+
+    if __name__ == "__main__":   # (the spawned process imports this file too)
+        analyser = WindowAnalyser()
+        analyser.warm()
+        print(analyser.pids()[0], flush=True)
+        sys.stdin.read()   # (until killed)
+""")
+
+
+def test_no_analysis_child_survives_a_kill_9_of_its_service(tmp_path):
+    """The service (a process owning a warm analysis process) killed with SIGKILL: every
+    process it started (the analysis process, multiprocessing's resource tracker) ends."""
+    script = tmp_path / "service.py"
+    script.write_text(_SERVICE)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    service = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        child = int(service.stdout.readline())
+        children = psutil.Process(service.pid).children(recursive=True)
+        assert child in [c.pid for c in children]
+    finally:
+        service.kill()
+        service.wait(60)
+    eventually(lambda: all(_gone(c.pid) for c in children), timeout=60,
+               what="the service's children to end")
