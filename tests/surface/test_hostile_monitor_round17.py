@@ -13,13 +13,20 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import psutil
+import pytest
 
 from conftest import REPO, eventually
 from stragglers.monitor.analyser import ProcessDied, WindowAnalyser
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+from stragglers.trace.runformat import table_bytes
 
 sys.path.insert(0, str(REPO / "tests" / "monitor"))
-from monitor_jobs import closed_windows  # noqa: E402
+from monitor_jobs import closed_windows, parts_of, slow_job  # noqa: E402
+
+TOKEN = "hostile-round17-token-0123456789"
 
 _SPAWN_FAILS = textwrap.dedent("""
     import os, resource, sys
@@ -188,3 +195,46 @@ def test_no_analysis_child_survives_a_kill_9_of_its_service(tmp_path):
         service.wait(60)
     eventually(lambda: all(_gone(c.pid) for c in children), timeout=60,
                what="the service's children to end")
+
+
+def test_a_stop_with_a_window_in_flight_logs_no_traceback_and_the_window_is_redone(
+        tmp_path, caplog):
+    """A monitor (analysis process on) stopped (as on SIGTERM) while a window waits in the
+    analysis process (a task ahead of it holds the process). The stop waited 10 s for the
+    analysis thread before it closed the analyser, then the window's retry raised 'the window
+    analyser is closed' out of the analysis step, logged with a traceback. Now the analyser
+    is closed first, the window is left quietly (not stored), and a restart on the same store
+    analyses it."""
+    config = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05,
+                           analysis_process=True)
+    trace = slow_job(steps=10, slow=(1, 1, 3.0))
+    meta = trace.meta.to_dict()
+    meta["extra"]["clock"] = {"start": [1000.0] * meta["world_size"]}
+    server = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=config).start()
+    try:
+        monitor = server.monitor
+        process = monitor.analyser._executor()
+        hold = process.submit(time.sleep, 600)   # (ahead of the window: it waits there)
+        assert process.wait_started(hold, 60)
+        with httpx.Client(base_url=server.url, timeout=60,
+                          headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+            assert c.put("/api/jobs/inflight/meta", json=meta).status_code == 200
+            for rank, part, cols in parts_of(trace, 5):
+                r = c.put(f"/api/jobs/inflight/ranks/{rank}/parts/{part}",
+                          content=table_bytes(cols))
+                assert r.status_code == 200, r.text
+        eventually(lambda: monitor._analysing == "inflight", timeout=60,
+                   what="the window handed to the analysis process")
+    finally:
+        server.stop()
+    assert "monitor analysis step failed" not in caplog.text
+    again = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN,
+                          config=MonitorConfig(window_steps=5, stall_after_s=600,
+                                               tick_s=0.05)).start()
+    try:
+        def analysed():
+            return [w.idx for w in again.monitor.store.windows("inflight")
+                    if w.error is None]
+        eventually(lambda: 0 in analysed(), timeout=60, what="window 0 analysed after the restart")
+    finally:
+        again.stop()

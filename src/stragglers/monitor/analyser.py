@@ -62,6 +62,11 @@ class ProcessDied(Exception):
     """The analysis process died (or was stopped) before it answered a task."""
 
 
+class Closed(RuntimeError):
+    """The analyser is closed (the monitor stops): the window is not analysed now, and not
+    stored, so the next start analyses it."""
+
+
 class NotStarted(ProcessDied):
     """The analysis process could not be started (spawn failed: out of file handles, of
     memory, of processes)."""
@@ -286,7 +291,8 @@ class WindowAnalyser:
 
     def analyse(self, window: Window) -> tuple[WindowRow, list[Refusal]]:
         """The window's stored row and the part files refused on reading it; an error row if
-        the analysis process died on it, did not start it in time, or ran past the limit."""
+        the analysis process died on it, did not start it in time, or ran past the limit.
+        Closed if the analyser was closed meanwhile (its process killed by the stop)."""
         if self.in_process:
             return self._on_thread(window)
         handed = time.monotonic()
@@ -411,7 +417,7 @@ class WindowAnalyser:
         `spawn` false, ProcessDied rather than a start)."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("the window analyser is closed")
+                raise Closed("the window analyser is closed")
             if self._process is None:
                 if not spawn:
                     raise ProcessDied("no analysis process runs")
