@@ -187,9 +187,11 @@ class AnalysisProcess:
         if entry is None:
             return
         future, started = entry
-        started.set()
         if kind == "started":
+            future.began = True  # type: ignore[attr-defined]  # (a death now is on its task)
+            started.set()
             return
+        started.set()
         try:
             value = pickle.loads(blob)
         except Exception as exc:   # noqa: BLE001 - an answer that does not unpickle here
@@ -296,7 +298,12 @@ class WindowAnalyser:
         if self.in_process:
             return self._on_thread(window)
         handed = time.monotonic()
-        for _ in range(2):
+        deaths = 0   # processes that died while on this window (after it began there)
+        # (a process that died before it began the window, killed while idle, costs the
+        # window no try: it spent the window's retry, and a window that then met one death
+        # of its own was stored as 'died twice'; such tries are bounded too: 4 in all)
+        for _ in range(4):
+            future: Future | None = None
             try:
                 process = self._executor()
             except NotStarted as exc:
@@ -333,6 +340,10 @@ class WindowAnalyser:
                 # it: a fresh one tries once more; a window that kills that one too keeps an
                 # error row rather than killing every process after it
                 self._replace(process)
+                if future is not None and getattr(future, "began", False):
+                    deaths += 1
+                    if deaths == 2:
+                        break
             except Exception as exc:   # noqa: BLE001 - kept as the window's error row
                 # a window that cannot be handed over or whose answer does not come back
                 # (it does not pickle): raised out of the analysis step, it was never stored,
@@ -341,11 +352,12 @@ class WindowAnalyser:
                           "%s)", window.job, window.idx, type(exc).__name__, str(exc)[:200])
                 return window_row(window, f"analysis failed: {type(exc).__name__}: "
                                   f"{str(exc)[:300]}", time.monotonic() - handed), []
-        log.error("job %s window %d: the analysis process died on it twice; a new one takes "
-                  "the next window", window.job, window.idx)
+        how = "while analysing this window, twice" if deaths == 2 else \
+            "4 times in a row, before or while analysing this window"
+        log.error("job %s window %d: the analysis process died %s; a new one takes the next "
+                  "window", window.job, window.idx, how)
         return window_row(window, "analysis failed: the analysis process died (out of "
-                          "memory or killed) while analysing this window, twice",
-                          time.monotonic() - handed), []
+                          f"memory or killed) {how}", time.monotonic() - handed), []
 
     def _on_thread(self, window: Window) -> tuple[WindowRow, list[Refusal]]:
         """analyse_window here, waited for at most timeout_s on a thread of its own."""
