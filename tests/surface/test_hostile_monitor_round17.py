@@ -159,20 +159,24 @@ def test_close_while_the_task_writer_waits_on_a_full_pipe(tmp_path):
 
 
 _SERVICE = textwrap.dedent("""
-    import os, sys
+    import os, sys, time
     from stragglers.monitor.analyser import WindowAnalyser
 
     if __name__ == "__main__":   # (the spawned process imports this file too)
         analyser = WindowAnalyser()
         analyser.warm()
-        print(analyser.pids()[0], flush=True)
+        pid = analyser.pids()[0]
+        process = analyser._executor()
+        # busy (as on a window): it reads no task, so only its check of its parent ends it
+        assert process.wait_started(process.submit(time.sleep, 600), 60)
+        print(pid, flush=True)
         sys.stdin.read()   # (until killed)
 """)
 
 
 def test_no_analysis_child_survives_a_kill_9_of_its_service(tmp_path):
-    """The service (a process owning a warm analysis process) killed with SIGKILL: every
-    process it started (the analysis process, multiprocessing's resource tracker) ends."""
+    """The service (a process owning an analysis process busy on a task) killed with SIGKILL:
+    every process it started (the analysis process, multiprocessing's resource tracker) ends."""
     script = tmp_path / "service.py"
     script.write_text(_SERVICE)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
