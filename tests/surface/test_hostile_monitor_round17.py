@@ -277,3 +277,30 @@ def test_a_process_that_died_between_windows_does_not_spend_the_next_windows_ret
         assert analyser.restarts == 2
     finally:
         analyser.close()
+
+
+def test_a_process_that_dies_as_it_starts_is_retried_a_bounded_number_of_times():
+    """The analysis process's interpreter dies at once, every time (its executable is
+    /bin/false: a broken install). The window gets an error row after at most 4 processes (no
+    restart storm: read-ahead and warm-up start none while a dead one stands), and once the
+    interpreter is sound again the next window is analysed."""
+    import multiprocessing.resource_tracker as resource_tracker
+    import multiprocessing.spawn as spawn
+
+    first, second = closed_windows(2)
+    resource_tracker.ensure_running()   # (started with the sound interpreter)
+    analyser = WindowAnalyser(timeout_s=120)
+    sound = spawn.get_executable()
+    spawn.set_executable("/bin/false")
+    try:
+        row, _ = analyser.analyse(first)
+        analyser.warm()   # (must not raise)
+        assert row.slowdown is None and row.error.startswith(
+            "analysis failed: the analysis process"), row.error
+        assert analyser.restarts <= 4, analyser.restarts
+        spawn.set_executable(sound)
+        nxt, _ = analyser.analyse(second)
+        assert nxt.error is None and nxt.idx == 1 and nxt.slowdown > 1.3, nxt.error
+    finally:
+        spawn.set_executable(sound)
+        analyser.close()
