@@ -6,7 +6,9 @@ to a half whenever windows closed (benchmarks/monitor_ingest.py). In its own pro
 second core instead. The process is started with `spawn` (the service has threads, and forking
 a process with threads is unsafe), warmed up when the first job appears, replaced if it dies
 (the window it was on is tried once more in the new one, then kept as an error row), and it
-exits by itself when the service is gone, kill -9 included.
+exits by itself when the service is gone, kill -9 included. A process that cannot be started
+at all (out of file handles, memory or processes) gives the window an error row too, and the
+next window tries again.
 
 A window's analysis has a time limit (`analysis_timeout_s`), counted from when the analysis
 process starts that window (it says so on its pipe of answers before it unpickles the window): the
