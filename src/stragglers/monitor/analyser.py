@@ -6,7 +6,9 @@ to a half whenever windows closed (benchmarks/monitor_ingest.py). In its own pro
 second core instead. The process is started with `spawn` (the service has threads, and forking
 a process with threads is unsafe), warmed up when the first job appears, replaced if it dies
 (the window it was on is tried once more in the new one, then kept as an error row), and it
-exits by itself when the service is gone, kill -9 included.
+exits by itself when the service is gone, kill -9 included. A process that cannot be started
+at all (out of file handles, memory or processes) gives the window an error row too, and the
+next window tries again.
 
 A window's analysis has a time limit (`analysis_timeout_s`), counted from when the analysis
 process starts that window (it says so on its pipe of answers before it unpickles the window): the
@@ -62,6 +64,16 @@ class ProcessDied(Exception):
     """The analysis process died (or was stopped) before it answered a task."""
 
 
+class Closed(RuntimeError):
+    """The analyser is closed (the monitor stops): the window is not analysed now, and not
+    stored, so the next start analyses it."""
+
+
+class NotStarted(ProcessDied):
+    """The analysis process could not be started (spawn failed: out of file handles, of
+    memory, of processes)."""
+
+
 class AnalysisProcess:
     """The spawned analysis process (its multiprocessing Process: `process`), the pipe of its
     tasks, written by a thread here, and the pipe of its answers, read by another that settles
@@ -84,13 +96,25 @@ class AnalysisProcess:
         self.process = ctx.Process(target=_serve, args=(os.getpid(), task_end,
                                                         self._answer_end),
                                    name="stragglers-analysis", daemon=True)
-        self.process.start()
+        try:
+            self.process.start()
+        except BaseException:
+            # (out of file handles, memory or processes: its pipes must not be left open, or
+            # every later try leaks four more file handles into a service already short)
+            for end in (task_end, self._tasks, answers, self._answer_end):
+                end.close()
+            raise
         task_end.close()           # (the process holds the only ends of its pipes: its death
         self._answer_end.close()   # is an EOF to the reader, a broken pipe to the writer)
-        threading.Thread(target=self._read, name="stragglers-analysis-answers",
-                         daemon=True).start()
-        threading.Thread(target=self._write, name="stragglers-analysis-tasks",
-                         daemon=True).start()
+        try:
+            threading.Thread(target=self._read, name="stragglers-analysis-answers",
+                             daemon=True).start()
+            threading.Thread(target=self._write, name="stragglers-analysis-tasks",
+                             daemon=True).start()
+        except BaseException:   # (no thread to be had: a process no one talks to is killed)
+            self.kill()
+            self.process.join(CLOSE_WAIT_S)
+            raise
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Run fn(*args) there, after the tasks before it; its Future. ProcessDied when the
@@ -165,9 +189,11 @@ class AnalysisProcess:
         if entry is None:
             return
         future, started = entry
-        started.set()
         if kind == "started":
+            future.began = True  # type: ignore[attr-defined]  # (a death now is on its task)
+            started.set()
             return
+        started.set()
         try:
             value = pickle.loads(blob)
         except Exception as exc:   # noqa: BLE001 - an answer that does not unpickle here
@@ -207,11 +233,18 @@ class WindowAnalyser:
         self._ahead_busy = False
         self._closed = False
         self.restarts = 0   # analysis processes that died (or were stopped) and were replaced
+        # the last start failed: read-ahead and warm-up do not try again (every ingest batch
+        # would, in a service out of file handles); the next window does
+        self._spawn_failed = False
 
     def warm(self) -> None:
-        """Start the analysis process now (it imports the engine), not at the first window."""
+        """Start the analysis process now (it imports the engine), not at the first window;
+        never raises (a process that cannot be started is tried again at the next window)."""
         if not self.in_process:
-            self._executor()
+            try:
+                self._executor(spawn=not self._spawn_failed)
+            except (ProcessDied, RuntimeError):
+                pass
 
     def read_ahead(self, files: list) -> None:
         """Have these watched part files (PartFiles) decoded ahead where windows are analysed;
@@ -242,7 +275,7 @@ class WindowAnalyser:
             forget_parts(directory)
             return
         try:
-            self._executor().submit(forget_parts, directory)
+            self._executor(spawn=False).submit(forget_parts, directory)
         except (ProcessDied, RuntimeError):
             pass   # no process: nothing held there
 
@@ -253,20 +286,34 @@ class WindowAnalyser:
                 self._ahead_busy = False    # process must not start a new one)
                 return
         try:
-            self._executor().submit(read_ahead_parts, files, self.read_timeout_s
-                                   ).add_done_callback(self._send_ahead)
+            self._executor(spawn=not self._spawn_failed).submit(
+                read_ahead_parts, files, self.read_timeout_s).add_done_callback(
+                    self._send_ahead)
         except (ProcessDied, RuntimeError):
             with self._lock:
                 self._ahead_busy = False
 
     def analyse(self, window: Window) -> tuple[WindowRow, list[Refusal]]:
         """The window's stored row and the part files refused on reading it; an error row if
-        the analysis process died on it, did not start it in time, or ran past the limit."""
+        the analysis process died on it, did not start it in time, or ran past the limit.
+        Closed if the analyser was closed meanwhile (its process killed by the stop)."""
         if self.in_process:
             return self._on_thread(window)
         handed = time.monotonic()
-        for _ in range(2):
-            process = self._executor()
+        deaths = 0   # processes that died while on this window (after it began there)
+        # (a process that died before it began the window, killed while idle, costs the
+        # window no try: it spent the window's retry, and a window that then met one death
+        # of its own was stored as 'died twice'; such tries are bounded too: 4 in all)
+        for _ in range(4):
+            future: Future | None = None
+            try:
+                process = self._executor()
+            except NotStarted as exc:
+                # (out of file handles, memory or processes: the window was dropped, raised
+                # out of the analysis step; now kept as an error row like one past its limit,
+                # and the next window tries a new process)
+                return window_row(window, f"analysis failed: {exc}; the next window tries "
+                                  "a new process", time.monotonic() - handed), []
             started = time.monotonic()
             try:
                 future = process.submit(analyse_window, window)
@@ -295,6 +342,10 @@ class WindowAnalyser:
                 # it: a fresh one tries once more; a window that kills that one too keeps an
                 # error row rather than killing every process after it
                 self._replace(process)
+                if future is not None and getattr(future, "began", False):
+                    deaths += 1
+                    if deaths == 2:
+                        break
             except Exception as exc:   # noqa: BLE001 - kept as the window's error row
                 # a window that cannot be handed over or whose answer does not come back
                 # (it does not pickle): raised out of the analysis step, it was never stored,
@@ -303,11 +354,12 @@ class WindowAnalyser:
                           "%s)", window.job, window.idx, type(exc).__name__, str(exc)[:200])
                 return window_row(window, f"analysis failed: {type(exc).__name__}: "
                                   f"{str(exc)[:300]}", time.monotonic() - handed), []
-        log.error("job %s window %d: the analysis process died on it twice; a new one takes "
-                  "the next window", window.job, window.idx)
+        how = "while analysing this window, twice" if deaths == 2 else \
+            "4 times in a row, before or while analysing this window"
+        log.error("job %s window %d: the analysis process died %s; a new one takes the next "
+                  "window", window.job, window.idx, how)
         return window_row(window, "analysis failed: the analysis process died (out of "
-                          "memory or killed) while analysing this window, twice",
-                          time.monotonic() - handed), []
+                          f"memory or killed) {how}", time.monotonic() - handed), []
 
     def _on_thread(self, window: Window) -> tuple[WindowRow, list[Refusal]]:
         """analyse_window here, waited for at most timeout_s on a thread of its own."""
@@ -374,13 +426,29 @@ class WindowAnalyser:
             process = self._process
         return [process.submit(os.getpid).result()] if process is not None else []
 
-    def _executor(self) -> AnalysisProcess:
+    def _executor(self, spawn: bool = True) -> AnalysisProcess:
+        """The analysis process, started if none runs (NotStarted if that fails; with
+        `spawn` false, ProcessDied rather than a start)."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("the window analyser is closed")
+                raise Closed("the window analyser is closed")
             if self._process is None:
-                self._process = AnalysisProcess(os.getpid())
-                self._process.submit(_import_engine)   # warms it
+                if not spawn:
+                    raise ProcessDied("no analysis process runs")
+                try:
+                    process = AnalysisProcess(os.getpid())
+                except Exception as exc:   # noqa: BLE001 - OSError, MemoryError, RuntimeError
+                    self._spawn_failed = True
+                    log.error("the analysis process could not be started (%s: %s); the next "
+                              "window tries again", type(exc).__name__, str(exc)[:200])
+                    raise NotStarted(f"the analysis process could not be started "
+                                     f"({type(exc).__name__}: {str(exc)[:200]})") from exc
+                self._spawn_failed = False
+                self._process = process
+                try:
+                    process.submit(_import_engine)   # warms it
+                except ProcessDied:
+                    pass   # (died at once: the window handed next finds it dead, replaces it)
             return self._process
 
 

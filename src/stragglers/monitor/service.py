@@ -33,7 +33,7 @@ import numpy as np
 from stragglers.errors import InputError
 from stragglers.monitor.alerts import AlertEngine, Changes, Rule, parse_rules
 from stragglers.monitor import fast_state
-from stragglers.monitor.analyser import WindowAnalyser
+from stragglers.monitor.analyser import Closed, WindowAnalyser
 from stragglers.monitor.leases import ForeignJob, LeaseKeeper, instance_id
 from stragglers.monitor.metrics import MonitorMetrics
 from stragglers.monitor.jobmeta import STARTED_SKEW_S, check_meta, is_new_run, run_start, \
@@ -411,13 +411,15 @@ class Monitor:
         self._ingest.put(None)
         self._analysis.put(None)
         self.watchdog.stop()
+        # the analysis process first: it holds nothing durable (a window in it is not stored,
+        # so the next start analyses it), and a window in flight held the stop 10 s here
+        self.analyser.close()
         for t in self._threads:
             t.join(timeout=10)
         for pool in (self._readers, self._writers):
             if pool is not None:
                 pool.shutdown(wait=True)
         self.file_readers.shutdown(wait=False)   # (a read stuck in the kernel is left behind)
-        self.analyser.close()
         self.outbox.close()
         # a clean stop hands the leases back: the other instances take the jobs at once
         self.leases.stop(release=bool(self._threads))
@@ -1717,6 +1719,9 @@ class Monitor:
                     # meanwhile is newer than a `running` queued here before it
                     job, state = item
                     self._state_changed(job, state, current=True)
+            except Closed:   # (the stop killed its process: not stored, redone at the start)
+                log.info("job %s window %d not analysed: the monitor stops; the next start "
+                         "analyses it", item.job, item.idx)
             except Exception:
                 log.exception("monitor analysis step failed")
             finally:
