@@ -4,7 +4,9 @@ worker-step's own rows, not from the first DP replica's: a first rank numbering 
 microbatches otherwise (its seq_ids lie) paired, on the honest replicas, one microbatch's
 ops with another's on the other stages, and the sequence imbalance was missed (dp 3 × pp 2,
 no Σs² columns, seed 2); read from the replica-step the model read instead, the lying
-replica's honest worker was named a worker fault (seed 0)."""
+replica's honest worker was named a worker fault (seed 0). gc's grouping of a microbatch's
+ops reads the stage's reference replica-step: from the first replica's rows, GC pauses beside
+the sequences were named on 4 of 6 workers and the sequences missed."""
 
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ from stragglers.whatif.grid import FWD, build_grid
 from stragglers.whatif.metrics import WhatIf
 
 
-def _sequences_without_lens(seed: int):
+def _sequences_without_lens(seed: int, **causes):
     trace = generate(dp=3, pp=2, microbatches=4, steps=8, seed=seed,
-                     seq_imbalance={"dist": "lognormal"})
+                     seq_imbalance={"dist": "lognormal"}, **causes)
     for column in ("attn_cost", "tokens"):
         trace.ops.pop(column, None)
     # rank 0 (dp 0, pp 0) numbers its forward and backward microbatches the other way round
@@ -34,6 +36,15 @@ def test_a_renumbering_first_rank_hides_no_sequences_and_names_no_honest_worker(
     assert "sequence_imbalance" in [cause for cause, _ in found], found
     # (the lying rank's rows, out of the model's order, read as its own host's stall)
     assert {r for _, ranks in found for r in ranks} <= {0}, found
+
+
+def test_a_renumbering_first_rank_leaves_gc_pauses_on_every_worker():
+    # GC pauses inside compute beside the sequences: gc's microbatches keyed by the first
+    # replica's rows named the pauses of ranks 2-5 only and missed the sequences (gc's lookup
+    # alone back on the first replica: the same)
+    result = analyze(_sequences_without_lens(0, gc_in_compute=(0.5, 0.4)))
+    found = {f.cause: f.where.ranks for f in result.diagnosis}
+    assert found == {"host_stall": [0], "sequence_imbalance": [], "gc": [0, 1, 2, 3, 4, 5]}, found
 
 
 def test_each_worker_step_holds_the_microbatches_its_rows_name():
