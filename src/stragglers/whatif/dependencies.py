@@ -41,6 +41,9 @@ class DependencyModel:
     # per group: None (a dp-sync group synchronises all DP ranks) or labels [D]: DP ranks with
     # one label synchronise together (the process groups the collective ran in)
     group_parts: list = None  # type: ignore[assignment]
+    # per stage, the (DP rank index, step index) whose order the model read (reference_cells):
+    # where detectors look up what a template op is (its microbatch), not the first replica
+    ref_cells: tuple[np.ndarray, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if self.group_parts is None:
@@ -63,7 +66,8 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
     groups: list[list[int]] = []
     dp_sync: list[bool] = []
     no_op = np.zeros(n_nodes, dtype=bool)
-    ref_start, ref_end = reference_times(grid)
+    cells = reference_cells(grid)
+    ref_start, ref_end = reference_times(grid, cells)
     pp = grid.pp_size
     use_dp = len(grid.dp_ranks) * dsp_size > 1
     by_stage = {s: np.flatnonzero(grid.node_stage == s) for s in range(pp)}
@@ -273,7 +277,7 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
         add_group(clip, True)
     order = _topological_order(grid, deps, groups, group_of)
     parts = [_sync_parts(grid, members) if sync else None for members, sync in zip(groups, dp_sync)]
-    model = DependencyModel(deps, groups, dp_sync, group_of, no_op, order, parts)
+    model = DependencyModel(deps, groups, dp_sync, group_of, no_op, order, parts, cells)
     from stragglers.whatif.timing import clip_to_own_timeline   # (timing reads this module)
 
     clip_to_own_timeline(grid, model)
@@ -340,13 +344,26 @@ def _agreeing(streams: list[np.ndarray], a: int, b: int) -> int:
     return int(np.count_nonzero(agree))
 
 
-def reference_times(grid: OpGrid) -> tuple[np.ndarray, np.ndarray]:
-    """[N] starts and ends of each op in its stage's reference replica-step (reference_cells)."""
-    d_ref, t_ref = reference_cells(grid)
+def reference_times(grid: OpGrid, cells: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """[N] starts and ends of each op in its stage's reference replica-step (`cells`, else
+    reference_cells)."""
+    d_ref, t_ref = reference_cells(grid) if cells is None else cells
     nodes = np.arange(len(grid.node_stage))
     d, t = d_ref[grid.node_stage], t_ref[grid.node_stage]
     start = grid.start[nodes, d, t]
     return start, start + grid.duration[nodes, d, t]
+
+
+def reference_rows(grid: OpGrid, model: DependencyModel, nodes: np.ndarray) -> np.ndarray:
+    """Trace rows of `nodes` in their stage's reference replica-step (the model's
+    `ref_cells`; the first DP rank's first step where it has none): what a template op is
+    (its microbatch, model chunk), read where the model read its order."""
+    if model.ref_cells is None:
+        return grid.row[nodes, 0, 0]
+    d_ref, t_ref = model.ref_cells
+    stage = grid.node_stage[nodes]
+    return grid.row[nodes, d_ref[stage], t_ref[stage]]
 
 
 def _sync_parts(grid: OpGrid, members: list[int]) -> np.ndarray | None:

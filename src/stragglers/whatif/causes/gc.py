@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 
 from stragglers.whatif.causes.base import Candidate, Context, Rows, fmt_steps
-from stragglers.whatif.causes.sequence import microbatch_nodes
+from stragglers.whatif.causes.sequence import microbatch_nodes, microbatch_rows
 from stragglers.whatif.confidence import MAD_TO_SIGMA
 from stragglers.whatif.grid import BWD, FWD, GC
 
@@ -99,7 +99,7 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
         # of --wide --no-seq-lens: bar x18.5 against x1.44 with Σs², 1 of 10 pauses found).
         # A microbatch's length scales all its ops alike and a pause lengthens one: each
         # microbatch's shared factor is the smallest of its ops' log ratios.
-        by_mb = _ops_by_microbatch(g, trace, compute)
+        by_mb = _ops_by_microbatch(ctx.w, trace, compute)
         resid, shared, factor = _without_microbatch_factor(log_rel, by_mb, cfg)
         bar = _pause_bar(resid[~shared], cfg)
         # An op paused in most of its steps has a pause for its median: against it, its
@@ -134,7 +134,7 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
         return []
     # Microbatch-bound: another op of the same microbatch on the same DP rank and step is out too.
     if by_mb is None:
-        by_mb = _ops_by_microbatch(g, trace, compute)
+        by_mb = _ops_by_microbatch(ctx.w, trace, compute)
     bound = np.zeros_like(outlier)
     rate = count / outlier.size
     chance = 0.0    # outliers that independent pauses would put beside another one
@@ -219,14 +219,15 @@ def _median_paused(dur: np.ndarray, expected: np.ndarray, bar: float) -> np.ndar
     return 2 * above.sum(axis=2, keepdims=True) >= dur.shape[2]
 
 
-def _ops_by_microbatch(g, trace, compute: np.ndarray) -> list[list[int]]:
+def _ops_by_microbatch(w, trace, compute: np.ndarray) -> list[list[int]]:
     """Each microbatch's forward/backward ops (all stages), as row indices into `compute`."""
     index = {int(n): i for i, n in enumerate(compute)}
     by_mb: dict[int, list[int]] = {}
-    for s in range(g.pp_size):
+    for s in range(w.grid.pp_size):
         for code in (FWD, BWD):
-            for n in microbatch_nodes(g, trace, s, code):
-                by_mb.setdefault(int(trace.ops["mb_id"][g.row[n, 0, 0]]), []).append(index[int(n)])
+            nodes = microbatch_nodes(w, trace, s, code)
+            for n, mb in zip(nodes, trace.ops["mb_id"][microbatch_rows(w, nodes)]):
+                by_mb.setdefault(int(mb), []).append(index[int(n)])
     return list(by_mb.values())
 
 

@@ -7,7 +7,9 @@ import numpy as np
 from stragglers.trace.model import Trace
 from stragglers.whatif.causes.base import Candidate, Context
 from stragglers.whatif.confidence import MAD_TO_SIGMA
+from stragglers.whatif.dependencies import reference_rows
 from stragglers.whatif.grid import BWD, FWD
+from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif.result import Where
 
 # Rounds of the Σs² fit that leave out the ops a pause lengthened (it stops once stable).
@@ -108,7 +110,7 @@ def balanced_by_attn_cost(ctx: Context) -> np.ndarray | None:
     cost = w.cost.copy()
     for s in range(g.pp_size):
         for code in (FWD, BWD):
-            nodes = microbatch_nodes(g, trace, s, code)
+            nodes = microbatch_nodes(w, trace, s, code)
             if len(nodes) == 0:
                 continue
             rows = g.row[nodes]
@@ -196,7 +198,7 @@ def without_sequence_load(ctx: Context) -> np.ndarray | None:
     a worker ×1.9 among 16 stood 3.9-5.8 robust deviations out, under outlier_z. What this
     gives up: a pipeline replica slow on every stage reads as its sequences' load.
     """
-    g, trace = ctx.w.grid, ctx.trace
+    w, g, trace = ctx.w, ctx.w.grid, ctx.trace
     d, free = g.shape[1], ctx.pause_free             # measured without the pauses found
     # The rank's load over the run, per stage, where one slow worker can move neither the
     # stage's median worker (three DP ranks or more) nor the median over the other stages
@@ -206,16 +208,15 @@ def without_sequence_load(ctx: Context) -> np.ndarray | None:
     # covered, named as a slow worker
     if g.pp_size < 2 or not (d >= 3 or g.pp_size >= 4):
         return None
-    ops: dict = {}                                   # mb → [(stage, node, residual [D, T])]
+    found = []                                       # (stage, nodes, residual [n, D, T])
     offsets = np.zeros((d, g.pp_size))               # [D, P] persistent, from stage medians
     groups = np.zeros(g.pp_size)
     for s in range(g.pp_size):
         for code in (FWD, BWD):
-            nodes = microbatch_nodes(g, trace, s, code)
+            nodes = microbatch_nodes(w, trace, s, code)
             if len(nodes) == 0:
                 continue
-            ref = g.row[nodes, 0, 0]
-            mc = trace.ops["mc"][ref]
+            mc = trace.ops["mc"][microbatch_rows(w, nodes)]
             log = np.log(np.maximum(free[nodes], 1e-12))
             for chunk in np.unique(mc):              # each model chunk's ops: their own mean
                 sel = mc == chunk
@@ -223,22 +224,23 @@ def without_sequence_load(ctx: Context) -> np.ndarray | None:
                 log[sel] -= mine[None, :, None]
                 offsets[:, s] += mine - np.median(mine)
                 groups[s] += 1
-            for i, n in enumerate(nodes):
-                ops.setdefault(int(trace.ops["mb_id"][ref[i]]), []).append((s, int(n), log[i]))
+            found.append((s, nodes, log))
     offsets /= np.maximum(groups, 1)[None, :]
     run = [np.median(np.delete(offsets, s, axis=1), axis=1)[:, None] for s in range(g.pp_size)]
+    # what the ops of each worker-step's microbatch on the other stages share
+    cells = MicrobatchCells(w, trace, [nodes for _, nodes, _ in found])
+    total, count = cells.sums([log for _, _, log in found])
+    on_stage = {s: cells.sums([log if t == s else None for t, _, log in found])
+                for s in {s for s, _, _ in found}}
     logs: dict = {}
-    for entries in ops.values():
-        total = np.sum([x for _, _, x in entries], axis=0)
-        by_stage: dict = {}
-        for s, _, x in entries:
-            got = by_stage.setdefault(s, [np.zeros_like(x), 0])
-            got[0] += x
-            got[1] += 1
-        for s, n, _ in entries:
-            others = len(entries) - by_stage[s][1]
-            if others:
-                logs[n] = [(total - by_stage[s][0]) / others + run[s]]
+    for k, (s, nodes, _) in enumerate(found):
+        mine, mine_n = on_stage[s]
+        others = cells.at(k, count) - cells.at(k, mine_n)
+        pred = (cells.at(k, total) - cells.at(k, mine)) / np.maximum(others, 1) + run[s]
+        pred = np.where(others > 0, pred, 0.0)       # (none on other stages: left as it is)
+        for i, n in enumerate(nodes):
+            if np.any(others[i] > 0):
+                logs[int(n)] = [pred[i]]
     return _divided(ctx.duration, free, logs, {n: [n] for n in logs})
 
 
@@ -257,11 +259,10 @@ def balanced_by_microbatch_factor(ctx: Context) -> np.ndarray:
     """
     w, g, trace = ctx.w, ctx.w.grid, ctx.trace
     free = ctx.pause_free
-    logs: dict = {}
-    members: dict = {}
+    found = []                                        # (nodes, log ratio [n, D, T])
     for s in range(g.pp_size):
         for code in (FWD, BWD):
-            nodes = microbatch_nodes(g, trace, s, code)
+            nodes = microbatch_nodes(w, trace, s, code)
             if len(nodes) < 2:
                 continue
             dur = np.maximum(free[nodes], 1e-12)
@@ -270,13 +271,52 @@ def balanced_by_microbatch_factor(ctx: Context) -> np.ndarray:
             # over steps is the worker's own speed (a worker fault), not sequences.
             across = np.log(per_worker / per_worker.mean(axis=0, keepdims=True))
             across -= across.mean(axis=1, keepdims=True)
-            norm = np.log(dur / per_worker[None]) + across[None]
-            ref = g.row[nodes, 0, 0]
-            for i, n in enumerate(nodes):
-                key = int(trace.ops["mb_id"][ref[i]])
-                logs.setdefault(key, []).append(norm[i])
-                members.setdefault(key, []).append(int(n))
-    return _divided(w.cost, free, logs, members)
+            found.append((nodes, np.log(dur / per_worker[None]) + across[None]))
+    out = w.cost.copy()
+    cells = MicrobatchCells(w, trace, [nodes for nodes, _ in found])
+    total, count = cells.sums([norm for _, norm in found])
+    for k, (nodes, _) in enumerate(found):
+        factor = np.exp(cells.at(k, total) / np.maximum(cells.at(k, count), 1))
+        out[nodes] -= free[nodes] - free[nodes] / factor
+    return out
+
+
+class MicrobatchCells:
+    """Which microbatch each of some template ops holds in each worker-step: its own row's
+    mb_id (the reference replica-step's where it has no row). A DP rank numbering its
+    microbatches otherwise holds, at a template op, another microbatch than the replica-step
+    the model read: keyed by that one, its ops were paired with other microbatches' ops on
+    the other stages."""
+
+    def __init__(self, w: WhatIf, trace: Trace, groups: list[np.ndarray]) -> None:
+        g, mb_id = w.grid, trace.ops["mb_id"]
+        held = []
+        for nodes in groups:
+            rows = g.row[nodes]
+            ref = mb_id[microbatch_rows(w, nodes)]
+            held.append(np.where(rows >= 0, mb_id[np.maximum(rows, 0)], ref[:, None, None]))
+        self.ids = np.unique(np.concatenate([m.ravel() for m in held])) if held \
+            else np.zeros(0, np.int64)
+        self.index = [np.searchsorted(self.ids, m) for m in held]       # [n, D, T] each
+        _, d, t = g.shape
+        self.dd, self.tt = np.indices((d, t))
+
+    def sums(self, values: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+        """Per microbatch and worker-step [M, D, T]: the sum of `values` (per group [n, D, T];
+        None leaves a group out) and how many ops it adds."""
+        total = np.zeros((len(self.ids),) + self.dd.shape)
+        count = np.zeros_like(total)
+        for idx, v in zip(self.index, values):
+            if v is None:
+                continue
+            at = (idx, *np.broadcast_arrays(self.dd[None], self.tt[None], idx)[:2])
+            np.add.at(total, at, v)
+            np.add.at(count, at, 1.0)
+        return total, count
+
+    def at(self, k: int, per_mb: np.ndarray) -> np.ndarray:
+        """[n, D, T]: `per_mb` [M, D, T] at the microbatch each op of group `k` holds."""
+        return per_mb[self.index[k], self.dd[None], self.tt[None]]
 
 
 def _divided(cost: np.ndarray, free: np.ndarray, logs: dict, members: dict) -> np.ndarray:
@@ -295,7 +335,7 @@ def _attn_fit(ctx: Context, stage: int, compute: np.ndarray) -> float | None:
     g, trace = ctx.w.grid, ctx.trace
     if "attn_cost" not in trace.ops:
         return None
-    nodes = microbatch_nodes(g, trace, stage, FWD)
+    nodes = microbatch_nodes(ctx.w, trace, stage, FWD)
     rows = g.row[nodes]
     cost = np.where(rows >= 0, trace.ops["attn_cost"][np.maximum(rows, 0)], np.nan)
     if not np.all(np.isfinite(cost)) or np.any(cost.mean(axis=0) <= 0):
@@ -307,10 +347,18 @@ def _attn_fit(ctx: Context, stage: int, compute: np.ndarray) -> float | None:
     return float(np.corrcoef(cn.ravel(), dn.ravel())[0, 1])
 
 
-def microbatch_nodes(g, trace: Trace, stage: int, code: int) -> np.ndarray:
+def microbatch_rows(w: WhatIf, nodes: np.ndarray) -> np.ndarray:
+    """Trace rows that say which microbatch (and model chunk) each template op is: those of its
+    stage's reference replica-step, where the model read its order (a first DP rank numbering
+    its microbatches otherwise paired one microbatch's ops with another's on other stages)."""
+    return reference_rows(w.grid, w.model, nodes)
+
+
+def microbatch_nodes(w: WhatIf, trace: Trace, stage: int, code: int) -> np.ndarray:
     """Template ops of one compute type on one stage, ordered by (model chunk, microbatch)."""
+    g = w.grid
     nodes = np.flatnonzero((g.node_stage == stage) & (g.node_optype == code))
-    ref = g.row[nodes, 0, 0]
+    ref = microbatch_rows(w, nodes)
     key = trace.ops["mc"][ref].astype(np.int64) * 100000 + trace.ops["mb_id"][ref]
     return nodes[np.argsort(key, kind="stable")]
 
@@ -318,5 +366,5 @@ def microbatch_nodes(g, trace: Trace, stage: int, code: int) -> np.ndarray:
 def _by_microbatch(ctx: Context, stage: int, code: int):
     """Pause-free durations [microbatch, D, T] of one compute type on one stage, ordered by
     (mc, mb_id)."""
-    nodes = microbatch_nodes(ctx.w.grid, ctx.trace, stage, code)
+    nodes = microbatch_nodes(ctx.w, ctx.trace, stage, code)
     return ctx.pause_free[nodes] if len(nodes) else None

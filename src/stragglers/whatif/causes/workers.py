@@ -264,19 +264,22 @@ def _without_longest_microbatch(ctx: Context, own: np.ndarray, busy: np.ndarray)
     than it typically is in the worker's steps (their median: what recurs in most steps
     stays); `busy` where a stage has fewer than three microbatches (no median apart from the
     longest)."""
-    from stragglers.whatif.causes.sequence import microbatch_nodes
+    from stragglers.whatif.causes.sequence import microbatch_nodes, microbatch_rows
 
     g, trace = ctx.w.grid, ctx.trace
     out = busy.copy()
     for p in range(g.pp_size):
-        nodes = np.concatenate([microbatch_nodes(g, trace, p, code) for code in (FWD, BWD)])
+        nodes = np.concatenate([microbatch_nodes(ctx.w, trace, p, code) for code in (FWD, BWD)])
         if not len(nodes):
             continue
-        mb = trace.ops["mb_id"][g.row[nodes, 0, 0]]
-        ids = np.unique(mb)
+        # each worker-step's own microbatch ids: a rank numbering its microbatches otherwise
+        # holds another microbatch at a template op than the replica-step the model read
+        rows = g.row[nodes]
+        mb = np.where(rows >= 0, trace.ops["mb_id"][np.maximum(rows, 0)], -1)   # [n, D, T]
+        ids = np.unique(trace.ops["mb_id"][microbatch_rows(ctx.w, nodes)])
         if len(ids) < 3:
             continue
-        per_mb = np.stack([own[nodes[mb == m]].sum(axis=0) for m in ids])       # [M, D, T]
+        per_mb = np.stack([np.where(mb == m, own[nodes], 0.0).sum(axis=0) for m in ids])
         excess = per_mb.max(axis=0) - np.median(per_mb, axis=0)                 # [D, T]
         # sporadic = beyond the worker's own median step: a majority of its steps decide
         out[:, p, :] -= np.maximum(excess - np.median(excess, axis=-1, keepdims=True), 0.0)
