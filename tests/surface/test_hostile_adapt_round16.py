@@ -125,9 +125,8 @@ def test_a_look_alike_name_is_refused_and_stores_nothing(served):
             ("/datasets/d/join", {"worker": name}),
             ("/datasets/d/lease", {"worker": name, "fence": fence}))):
         r = c.post(path, json=body)
-        # (a lease by a name no join accepts: 409 "has not joined" where its pattern passes)
-        assert r.status_code == 400 or (path.endswith("lease") and r.status_code == 409), (
-            path, name, r.text[:200])
+        # a lease by '.' or '..' was 409 "has not joined" (the dots rule was the join's only)
+        assert r.status_code == 400 and r.json()["field"], (path, name, r.text[:200])
     assert _tables(db) == before
 
 

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from stragglers.adapt.controller import MAX_BATCH, MAX_WORLD
 from stragglers.adapt.dataset import (MAX_EPOCHS, MAX_ERROR_CHARS, MAX_FENCE,  # noqa: F401
@@ -37,7 +37,18 @@ class Strict(BaseModel):
 
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN.pattern)]
-Worker = Annotated[str, Field(pattern=WORKER_PATTERN.pattern)]
+
+
+def _not_only_dots(name: str) -> str:
+    """A worker name of dots only is refused in every request, not only at its join."""
+    # the pattern lets '.' and '..' through; join refused them (check_name) but a lease by
+    # such a name was a 409 "has not joined" instead of the 400 that names the field
+    if not name.strip("."):
+        raise ValueError("expected a name that is not only dots")
+    return name
+
+
+Worker = Annotated[str, Field(pattern=WORKER_PATTERN.pattern), AfterValidator(_not_only_dots)]
 Fence = Annotated[int, Field(ge=1, le=MAX_FENCE)]
 RequestId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 ErrorText = Annotated[str, Field(max_length=MAX_ERROR_CHARS)]
