@@ -1,5 +1,6 @@
-"""Test traces slowed as a real worker is: its later rows pushed back, not overlapped; and the
-per-worker busy times the capacity checks read."""
+"""Test traces slowed as a real worker is: its later rows pushed back, not overlapped; rows a
+rank's recorder numbers otherwise or adds (seq_ids lying, a stray transfer renumbering the
+rest); and the per-worker busy times the capacity checks read."""
 
 from __future__ import annotations
 
@@ -107,12 +108,46 @@ def slowed(trace: Trace, factors: dict[int, list[float]], optypes: tuple[str, ..
     return rerun(trace, edit)
 
 
-def rank0_straggler(dp: int, steps: int) -> tuple[Trace, float]:
-    """dp × pp 2 (ranks 0..dp-1 at stage 0), rank 0 (dp 0, pp 0) computing 3× as long, run as
-    a slow worker runs (`slowed`); the trace and its S."""
+def rank0_straggler(dp: int, steps: int, optypes: tuple[str, ...] = _WORK
+                    ) -> tuple[Trace, float]:
+    """dp × pp 2 (ranks 0..dp-1 at stage 0), rank 0 (dp 0, pp 0) computing its `optypes`
+    (default: forward, backward, optimizer) 3× as long, run as a slow worker runs (`slowed`);
+    the trace and its S."""
     trace = slowed(generate(dp=dp, pp=2, microbatches=4, steps=steps, seed=0),
-                   {0: [3.0] * steps})
+                   {0: [3.0] * steps}, optypes)
     return trace, analyze(trace).slowdown
+
+
+def lying(trace: Trace, rank: int, optype: str, order: str) -> Trace:
+    """`trace` with `rank`'s `optype` rows numbered otherwise in every step: microbatches 1
+    and 2 swapped ("swap") or every one reversed ("reverse")."""
+    o = {k: v.copy() for k, v in trace.ops.items()}
+    mine = (o["rank"] == rank) & (o["optype"] == OPTYPE_CODES[optype])
+    for step in np.unique(o["step"][mine]):
+        rows = np.flatnonzero(mine & (o["step"] == step))
+        seq = o["seq_id"][rows]
+        o["seq_id"][rows] = seq[::-1] if order == "reverse" else \
+            np.where(seq == 1, 2, np.where(seq == 2, 1, seq))
+    return Trace(o, trace.meta, trace.source)
+
+
+def renumbered(trace: Trace, rank: int, optype: str, after: int = 1) -> Trace:
+    """`trace` with a 0.1 ms `optype` row at `rank` right after its #`after` in every step,
+    the rank's rows of that type numbered again in order (the stray takes #`after` + 1)."""
+    o = trace.ops
+    code = OPTYPE_CODES[optype]
+    at = np.flatnonzero((o["optype"] == code) & (o["rank"] == rank) & (o["seq_id"] == after))
+    add = {k: v[at].copy() for k, v in o.items()}
+    add["start_ts"] = add["start_ts"] + add["duration"] + 1e-6
+    add["duration"] = np.full(len(at), 1e-4)
+    merged = {k: np.concatenate([o[k], add[k]]) for k in o}
+    order = np.lexsort((merged["start_ts"], merged["step"]))
+    merged = {k: v[order] for k, v in merged.items()}
+    mine = (merged["optype"] == code) & (merged["rank"] == rank)
+    for step in np.unique(merged["step"][mine]):
+        rows = np.flatnonzero(mine & (merged["step"] == step))
+        merged["seq_id"][rows] = np.arange(len(rows))
+    return Trace(merged, trace.meta, trace.source)
 
 
 def busy(factors: dict[tuple[int, int], float], d: int = 4, p: int = 2, t: int = 8,

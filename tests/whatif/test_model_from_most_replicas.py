@@ -6,12 +6,10 @@ built from the first DP replica's rows)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from possible_traces import slowed
+from possible_traces import lying, rank0_straggler
 
-from stragglers.trace.model import OPTYPE_CODES, Trace
-from stragglers.trace.synth import generate
+from stragglers.trace.model import Trace
 from stragglers.whatif import analyze
 from stragglers.whatif.dependencies import reference_cells
 from stragglers.whatif.grid import build_grid
@@ -19,28 +17,10 @@ from stragglers.whatif.grid import build_grid
 STEPS = 8
 
 
-def lying(trace: Trace, rank: int, optype: str, order: str) -> Trace:
-    """`trace` with `rank`'s `optype` rows numbered otherwise in every step: microbatches 1
-    and 2 swapped ("swap") or every one reversed ("reverse")."""
-    o = {k: v.copy() for k, v in trace.ops.items()}
-    mine = (o["rank"] == rank) & (o["optype"] == OPTYPE_CODES[optype])
-    for step in np.unique(o["step"][mine]):
-        rows = np.flatnonzero(mine & (o["step"] == step))
-        seq = o["seq_id"][rows]
-        o["seq_id"][rows] = seq[::-1] if order == "reverse" else \
-            np.where(seq == 1, 2, np.where(seq == 2, 1, seq))
-    return Trace(o, trace.meta, trace.source)
-
-
 @pytest.fixture(scope="module")
 def slow_backward() -> dict[int, tuple[Trace, float]]:
     """dp → (dp × pp 2 job, rank 0 (dp 0, pp 0) computing its backward 3× as long; its S)."""
-    out = {}
-    for dp in (2, 3):
-        trace = slowed(generate(dp=dp, pp=2, microbatches=4, steps=STEPS, seed=0),
-                       {0: [3.0] * STEPS}, ("backward-compute",))
-        out[dp] = trace, analyze(trace).slowdown
-    return out
+    return {dp: rank0_straggler(dp, STEPS, ("backward-compute",)) for dp in (2, 3)}
 
 
 @pytest.mark.parametrize("optype, order", [

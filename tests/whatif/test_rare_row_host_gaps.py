@@ -40,7 +40,8 @@ def test_the_replay_stays_exact_and_the_guess_is_no_gap(clean):
     _, _, end = replay(w.plan, w.cost, w.step_start, w.launch_delay, keep_timeline=True)
     assert np.array_equal(np.where(g.present, end, 0.0),
                           np.where(g.present, g.start + g.duration, 0.0))
-    gaps = host_gaps(g, w.launch_delay)
+    gaps = w.host_gap          # computed once with the launch delays, read by both readers
+    assert np.array_equal(gaps, host_gaps(g, w.launch_delay))
     # 1 µs after its optimizer ended: that is its worker's gap
     assert np.allclose(gaps[node, d], 1e-6, atol=1e-9), gaps[node, d]
     # every other row (held: the schedule's) reads its launch delay unchanged
@@ -56,7 +57,7 @@ def test_a_real_gap_before_a_rare_row_still_counts(clean):
     o["start_ts"][(o["rank"] == RANK) & (o["mb_id"] == 4)] += 0.05
     _, w = analyze_with_model(trace)
     node, d = _rare(w)
-    gaps = host_gaps(w.grid, w.launch_delay)
+    gaps = w.host_gap
     assert np.allclose(gaps[node, d], 0.05 + 1e-6, atol=1e-9), gaps[node, d]
     assert (w.launch_delay[node, d] > gaps[node, d] + 0.05).all()
 
@@ -66,3 +67,4 @@ def test_a_trace_without_rare_rows_reads_its_launch_delays(clean):
     _, w = analyze_with_model(clean)
     assert w.grid.held().all()
     assert host_gaps(w.grid, w.launch_delay) is w.launch_delay
+    assert w.host_gap is w.launch_delay

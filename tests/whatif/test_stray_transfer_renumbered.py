@@ -5,14 +5,12 @@ right, a spurious second finding in 2 of 5 cases: `communication` or `host_stall
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from possible_traces import slowed
+from possible_traces import rank0_straggler, renumbered
 
 from stragglers.errors import InputError
-from stragglers.trace.model import OPTYPE_CODES, Trace
+from stragglers.trace.model import Trace
 from stragglers.trace.runformat import write_run
-from stragglers.trace.synth import generate
 from stragglers.whatif import analyze
 from stragglers.whatif.grid import OPS_LEFT_OUT
 from stragglers.whatif.partitioned import analyze_run
@@ -20,34 +18,10 @@ from stragglers.whatif.partitioned import analyze_run
 STEPS = 8
 
 
-def renumbered(trace: Trace, rank: int, optype: str, after: int = 1) -> Trace:
-    """`trace` with a 0.1 ms `optype` row at `rank` right after its #`after` in every step,
-    the rank's rows of that type numbered again in order (the stray takes #`after` + 1)."""
-    o = trace.ops
-    code = OPTYPE_CODES[optype]
-    at = np.flatnonzero((o["optype"] == code) & (o["rank"] == rank) & (o["seq_id"] == after))
-    add = {k: v[at].copy() for k, v in o.items()}
-    add["start_ts"] = add["start_ts"] + add["duration"] + 1e-6
-    add["duration"] = np.full(len(at), 1e-4)
-    merged = {k: np.concatenate([o[k], add[k]]) for k in o}
-    order = np.lexsort((merged["start_ts"], merged["step"]))
-    merged = {k: v[order] for k, v in merged.items()}
-    mine = (merged["optype"] == code) & (merged["rank"] == rank)
-    for step in np.unique(merged["step"][mine]):
-        rows = np.flatnonzero(mine & (merged["step"] == step))
-        merged["seq_id"][rows] = np.arange(len(rows))
-    return Trace(merged, trace.meta, trace.source)
-
-
 @pytest.fixture(scope="module")
 def straggler() -> dict[int, tuple[Trace, float]]:
     """dp → (dp × pp 2 job, rank 0 (dp 0, pp 0) computing 3× as long; its S)."""
-    out = {}
-    for dp in (2, 3):
-        trace = slowed(generate(dp=dp, pp=2, microbatches=4, steps=STEPS, seed=0),
-                       {0: [3.0] * STEPS})
-        out[dp] = trace, analyze(trace).slowdown
-    return out
+    return {dp: rank0_straggler(dp, STEPS) for dp in (2, 3)}
 
 
 # dp 2: rank 1 (dp 1, pp 0), rank 3 (dp 1, pp 1), rank 2 (dp 0, pp 1); dp 3: rank 4 (dp 1, pp 1)

@@ -237,7 +237,15 @@ def build_dependencies(grid: OpGrid, dsp_size: int = 1,
             tail += [x for x in grads if x not in waited]
         tail += of_type(stage, "optimizer-clip-main-grad")
         tail += of_type(stage, "optimizer")
-        lead = [tail_gc] if tail_gc is not None else ([last_compute] if last_compute is not None else [])
+        # the pauses of the last slot lead the tail where they ran before it (most replica-steps
+        # holding them), else follow it where they ran after it: a slot counts forward and
+        # backward ops only, so a pause after the optimizer shares the slot of one before the
+        # tail, and led the tail there its successors replayed after it, later than recorded
+        place = _tail_place(grid, pauses, tail)
+        if place == "after":
+            deps[pauses[0]].append(tail[-1])
+        lead = [tail_gc] if tail_gc is not None and place == "before" else (
+            [last_compute] if last_compute is not None else [])
         if (overlapped or bucketed) and grads:
             lead.append(grads[-1])
         chain(tail, lead)
@@ -496,6 +504,26 @@ def _most(yes: np.ndarray, held: np.ndarray) -> bool:
     # one replica-step may differ; one missing an op has no say (counted as "no", the
     # replica-steps without an action's pieces split it)
     return 2 * int((yes & held).sum()) > int(held.sum())
+
+
+def _tail_place(grid: OpGrid, pauses: list[int], tail: list[int]) -> str | None:
+    """Where a stage's last-slot GC pauses (`pauses`, in order) ran beside its step tail:
+    "before" (they ended before its first op started), "after" (they began after its last op
+    ended), each in most replica-steps holding both (`_most`), else None (beside it: they
+    follow the last compute, nothing waits on them); "before" without a tail."""
+    if not pauses:
+        return None
+    if not tail:
+        return "before"
+    first, last = pauses[0], pauses[-1]
+    end = grid.start[last] + grid.duration[last]
+    held = grid.present[first] & grid.present[last]
+    if _most(end <= grid.start[tail[0]] + _EPS, held & grid.present[tail[0]]):
+        return "before"
+    tail_end = grid.start[tail[-1]] + grid.duration[tail[-1]]
+    if _most(grid.start[first] >= tail_end - _EPS, held & grid.present[tail[-1]]):
+        return "after"
+    return None
 
 
 def _posted_after(grid: OpGrid, pause: int, recv: int) -> bool:

@@ -41,6 +41,10 @@ class WhatIf:
     t_nodelay: np.ndarray
     t_ideal: np.ndarray
     launch_delay: np.ndarray
+    # the launch delays read as their workers' host-side gaps (timing.host_gaps, computed once:
+    # metrics.unexplained and the host_stall detector read them; `launch_delay` itself where
+    # there is no rare row)
+    host_gap: np.ndarray
     plan: ReplayPlan
     progress: Callable[[str], None] = field(default=lambda _msg: None)
     # fix_fraction answers by mask: diagnosis asks again for masks the metrics already replayed
@@ -55,8 +59,8 @@ class WhatIf:
     def build(cls, grid: OpGrid, dsp_size: int = 1, progress=None) -> "WhatIf":
         """Build the model and run the three top-level replays."""
         tick = progress or (lambda _msg: None)
-        model, plan, cost, delay, start, ideal, values, left = model_and_costs(grid, dsp_size,
-                                                                               tick)
+        model, plan, cost, delay, gaps, start, ideal, values, left = model_and_costs(
+            grid, dsp_size, tick)
         tick("replay with launch delays")
         t_replay = replay(plan, cost, start, delay)
         tick("replay without launch delays")
@@ -64,7 +68,7 @@ class WhatIf:
         tick("ideal replay")
         t_ideal = replay(plan, ideal, start)
         return cls(grid, model, cost, ideal, values, start, base_step_times(grid), t_replay,
-                   t_nodelay, t_ideal, delay, plan, tick, computes_left_out=left)
+                   t_nodelay, t_ideal, delay, gaps, plan, tick, computes_left_out=left)
 
     # --- top-level numbers -------------------------------------------------------------
     @property
@@ -179,8 +183,9 @@ class WhatIf:
 
 
 def model_and_costs(grid: OpGrid, dsp_size: int, tick) -> tuple:
-    """(model, plan, cost, launch delay, step starts, ideal cost, ideal values) of a grid: what
-    every replay of the job starts from (in one process or by step partition)."""
+    """(model, plan, cost, launch delay, host gaps, step starts, ideal cost, ideal values, the
+    computes left out of the ideal or None) of a grid: what every replay of the job starts
+    from (in one process or by step partition)."""
     model = build_dependencies(grid, dsp_size)
     plan = compile_plan(model)
     cost = measured_costs(grid, model)
@@ -188,9 +193,10 @@ def model_and_costs(grid: OpGrid, dsp_size: int, tick) -> tuple:
     delay = launch_delays(grid, model)
     start = step_starts(grid)
     # judged on the workers' own gaps: a rare row's wait on its guessed place is none
-    cells = unexplained(grid, plan, cost, host_gaps(grid, delay), start)
+    gaps = host_gaps(grid, delay)
+    cells = unexplained(grid, plan, cost, gaps, start)
     ideal, values = ideal_costs(grid, cost, model.no_op, cells)
-    return model, plan, cost, delay, start, ideal, values, cells if cells.any() else None
+    return model, plan, cost, delay, gaps, start, ideal, values, cells if cells.any() else None
 
 
 # A worker whose launch delays fill at least this share of the job's step is mostly unexplained

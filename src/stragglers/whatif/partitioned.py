@@ -826,8 +826,8 @@ def make_builder(load: Callable[[ReplayPlan, np.ndarray, np.ndarray, np.ndarray,
     def build(grid: OpGrid, dsp_size: int = 1, progress=None) -> WhatIf:
         """The model, costs and ideal costs of the job; the three top-level replays by shard."""
         tick = progress or (lambda _msg: None)
-        model, plan, cost, delay, start, ideal, values, left = model_and_costs(grid, dsp_size,
-                                                                               tick)
+        model, plan, cost, delay, gaps, start, ideal, values, left = model_and_costs(
+            grid, dsp_size, tick)
         replay_all = load(plan, cost, delay, ideal, start)
         tick("replay with launch delays")
         t_replay = replay_all("delay", None)
@@ -836,7 +836,7 @@ def make_builder(load: Callable[[ReplayPlan, np.ndarray, np.ndarray, np.ndarray,
         tick("ideal replay")
         t_ideal = replay_all("ideal", None)
         return PartitionedWhatIf(grid, model, cost, ideal, values, start, base_step_times(grid),
-                                 t_replay, t_nodelay, t_ideal, delay, plan, tick,
+                                 t_replay, t_nodelay, t_ideal, delay, gaps, plan, tick,
                                  computes_left_out=left, replay_all=replay_all)
 
     return build

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 
 from stragglers.whatif.causes.base import Candidate, Context, Rows, fmt_steps
-from stragglers.whatif.causes.sequence import microbatch_nodes, microbatch_rows
+from stragglers.whatif.causes.sequence import MicrobatchCells
 from stragglers.whatif.confidence import MAD_TO_SIGMA
 from stragglers.whatif.grid import BWD, FWD, GC
 
@@ -99,7 +99,7 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
         # of --wide --no-seq-lens: bar x18.5 against x1.44 with Σs², 1 of 10 pauses found).
         # A microbatch's length scales all its ops alike and a pause lengthens one: each
         # microbatch's shared factor is the smallest of its ops' log ratios.
-        by_mb = _ops_by_microbatch(ctx.w, trace, compute)
+        by_mb = _Microbatches(ctx.w, trace, compute)
         resid, shared, factor = _without_microbatch_factor(log_rel, by_mb, cfg)
         bar = _pause_bar(resid[~shared], cfg)
         # An op paused in most of its steps has a pause for its median: against it, its
@@ -134,20 +134,16 @@ def pauses_in_compute(ctx: Context) -> list[Candidate]:
         return []
     # Microbatch-bound: another op of the same microbatch on the same DP rank and step is out too.
     if by_mb is None:
-        by_mb = _ops_by_microbatch(ctx.w, trace, compute)
-    bound = np.zeros_like(outlier)
+        by_mb = _Microbatches(ctx.w, trace, compute)
     rate = count / outlier.size
-    chance = 0.0    # outliers that independent pauses would put beside another one
-    for rows in by_mb:
-        hits = outlier[rows].sum(axis=0)                           # [D, T]
-        bound[rows] = outlier[rows] & (hits >= 2)[None]
-        if stood_out is not None:
-            # every op of the microbatch paused, its factor standing out among all
-            # microbatches' as a pause among ops: no sequences bind them (dp 1 × pp 1, --wide
-            # seed 9 job 162: 2 of 3 pauses on one microbatch's fwd and bwd, read as sequences)
-            bound[rows] &= ~stood_out[rows]
-        chance += float(outlier[rows].sum()) * (1.0 - (1.0 - rate) ** (len(rows) - 1))
-    chance /= count
+    bound = outlier & (by_mb.at(by_mb.sum(outlier)) >= 2)
+    if stood_out is not None:
+        # every op of the microbatch paused, its factor standing out among all microbatches'
+        # as a pause among ops: no sequences bind them (dp 1 × pp 1, --wide seed 9 job 162:
+        # 2 of 3 pauses on one microbatch's fwd and bwd, read as sequences)
+        bound &= ~stood_out
+    # outliers that independent pauses would put beside another one
+    chance = float(np.sum(np.where(outlier, 1.0 - (1.0 - rate) ** (by_mb.size - 1), 0.0))) / count
     # Sequence imbalance binds a microbatch's ops together far beyond chance; pauses only by
     # chance, which is large where a microbatch has many ops (pp 8: 16 per DP rank and step,
     # so at 5% of ops paused half the pauses share a microbatch with another).
@@ -219,59 +215,71 @@ def _median_paused(dur: np.ndarray, expected: np.ndarray, bar: float) -> np.ndar
     return 2 * above.sum(axis=2, keepdims=True) >= dur.shape[2]
 
 
-def _ops_by_microbatch(w, trace, compute: np.ndarray) -> list[list[int]]:
-    """Each microbatch's forward/backward ops (all stages), as row indices into `compute`."""
-    index = {int(n): i for i, n in enumerate(compute)}
-    by_mb: dict[int, list[int]] = {}
-    for s in range(w.grid.pp_size):
-        for code in (FWD, BWD):
-            nodes = microbatch_nodes(w, trace, s, code)
-            for n, mb in zip(nodes, trace.ops["mb_id"][microbatch_rows(w, nodes)]):
-                by_mb.setdefault(int(mb), []).append(index[int(n)])
-    return list(by_mb.values())
+class _Microbatches:
+    """Which microbatch each forward/backward op (`compute`, all stages) holds in each
+    worker-step, its own row's (sequence.MicrobatchCells): a DP rank numbering its microbatches
+    otherwise holds another microbatch at a template op than the stage's reference replica-step,
+    and keyed by that one its ops were grouped with other microbatches' ops on the other stages
+    (their shared factor and the pauses they bind)."""
+
+    def __init__(self, w, trace, compute: np.ndarray) -> None:
+        cells = MicrobatchCells(w, trace, [compute])
+        self.index = cells.index[0]                                   # [n, D, T]
+        self.m = len(cells.ids)
+        self.at_cells = (self.index, *np.broadcast_arrays(cells.dd[None], cells.tt[None],
+                                                          self.index)[:2])
+        self.size = self.at(self.sum(np.ones(self.index.shape)))     # [n, D, T] ops of its mb
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        """[M, D, T]: `values` [n, D, T] summed over each microbatch's ops in each cell."""
+        out = np.zeros((self.m,) + self.index.shape[1:])
+        np.add.at(out, self.at_cells, values)
+        return out
+
+    def least(self, values: np.ndarray) -> np.ndarray:
+        """[M, D, T]: the smallest of `values` over each microbatch's ops in each cell."""
+        out = np.full((self.m,) + self.index.shape[1:], np.inf)
+        np.minimum.at(out, self.at_cells, values)
+        return out
+
+    def at(self, per_mb: np.ndarray) -> np.ndarray:
+        """[n, D, T]: `per_mb` [M, D, T] at the microbatch each op holds."""
+        return per_mb[self.at_cells]
 
 
-def _without_microbatch_factor(log_rel: np.ndarray, by_mb: list[list[int]], cfg
+def _without_microbatch_factor(log_rel: np.ndarray, by_mb: _Microbatches, cfg
                                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Log ratios [n, D, T] less each microbatch's shared factor (the smallest over its ops on
-    the same DP rank and step), where that factor sits (the op that set it, a residual of 0
-    by construction, left out of the spread), and the factor itself [n, D, T] (as a ratio).
+    the same DP rank and step), where that factor sits (the op that set it, the first of
+    them, a residual of 0 by construction, left out of the spread), and the factor itself
+    [n, D, T] (as a ratio).
 
     A factor that stands out among all microbatches' factors as a pause would among ops is
     not taken out: every op of that microbatch was paused (two pauses of one fwd/bwd pair
     at pp 1, by chance some eight times on a 64-rank job), and the sequences' spread of
     factors is too wide for one microbatch to stand out so."""
-    lows, leasts = [], []
-    for rows in by_mb:
-        low = log_rel[rows].argmin(axis=0)                          # [D, T]
-        lows.append(low)
-        leasts.append(np.take_along_axis(log_rel[rows], low[None], axis=0)[0])
-    multi = [k for k, rows in enumerate(by_mb) if len(rows) > 1]
-    keep_out = None
-    if multi:
-        every = np.stack([leasts[k] for k in multi])
+    least = by_mb.least(log_rel)                                      # [M, D, T]
+    # a lone op: its factor would be itself, no pause could show
+    multi = by_mb.sum(np.ones(log_rel.shape)) > 1
+    taken = multi.copy()
+    if multi.any():
+        every = least[multi]
         dev = every - np.median(every)
-        keep_out = dev >= _pause_bar(np.abs(dev), cfg)
-    shared = np.zeros(log_rel.shape, dtype=bool)
-    factor = np.zeros(log_rel.shape)
-    for j, k in enumerate(multi):   # a lone op: its factor would be itself, no pause could show
-        rows = by_mb[k]
-        taken = ~keep_out[j] if keep_out is not None else np.ones(lows[k].shape, dtype=bool)
-        factor[rows] = np.where(taken, leasts[k], 0.0)[None]
-        sub = shared[rows]
-        np.put_along_axis(sub, lows[k][None], taken[None], axis=0)
-        shared[rows] = sub
+        taken[multi] = dev < _pause_bar(np.abs(dev), cfg)
+    low = log_rel == by_mb.at(least)
+    n = np.broadcast_to(np.arange(len(log_rel))[:, None, None], log_rel.shape)
+    first = np.full(least.shape, len(log_rel))
+    np.minimum.at(first, by_mb.at_cells, np.where(low, n, len(log_rel)))
+    on = by_mb.at(taken)
+    shared = low & (n == by_mb.at(first)) & on
+    factor = np.where(on, by_mb.at(least), 0.0)
     return log_rel - factor, shared, np.exp(factor)
 
 
-def _factor_stood_out(shared: np.ndarray, by_mb: list[list[int]]) -> np.ndarray:
+def _factor_stood_out(shared: np.ndarray, by_mb: _Microbatches) -> np.ndarray:
     """bool [n, D, T]: the ops of each microbatch (of two ops or more) on a DP rank and step
     whose shared factor was not taken out (it stood out as a pause: no op of it set it)."""
-    out = np.zeros(shared.shape, dtype=bool)
-    for rows in by_mb:
-        if len(rows) > 1:
-            out[rows] = ~np.any(shared[rows], axis=0, keepdims=True)
-    return out
+    return (by_mb.size > 1) & (by_mb.at(by_mb.sum(shared)) == 0)
 
 
 def _usual_without_pauses(dur: np.ndarray, typical: np.ndarray, outlier: np.ndarray,

@@ -13,7 +13,6 @@ from stragglers.whatif.causes.base import (BUSY, Candidate, Context, Rows, fmt_s
 from stragglers.whatif.causes.capacity import STEADY_STEPS, group_members
 from stragglers.whatif.confidence import mean_interval, robust_z
 from stragglers.whatif.grid import BWD, FWD
-from stragglers.whatif.timing import host_gaps
 
 # Leave-one-out medians are exact up to this many DP ranks; beyond, one worker barely moves
 # the median of all, which is much cheaper.
@@ -298,8 +297,9 @@ def host_stall(ctx: Context) -> list[Candidate]:
     # Ops without dependencies all wait for the step's start: a late start delays each of
     # them by the same time, so they count once (their largest delay); the others add up.
     free = np.array([not deps for deps in w.model.deps])
-    # a rare row's wait on its guessed place is no gap of its worker (timing.host_gaps)
-    gaps = host_gaps(g, w.launch_delay)
+    # a rare row's wait on its guessed place is no gap of its worker (timing.host_gaps, read
+    # once beside the launch delays)
+    gaps = w.host_gap
     delay = per_worker_sum(gaps, g.node_stage, ~free, g.pp_size)                  # [D, P, T]
     for p in range(g.pp_size):
         sel = free & (g.node_stage == p)
