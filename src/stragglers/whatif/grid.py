@@ -233,6 +233,7 @@ def build_grid(trace: Trace, steps: list[int] | None = None) -> OpGrid:
                   pp_size=pp, node_mc=node_mc, node_gmc=node_gmc, vpp_size=vpp, warnings=warnings,
                   compute_by_index=bool(trace.meta.extra.get("compute_split_at_collectives")),
                   node_pg=node_pg, left_out=[] if odd is None else odd.left_out)
+    reference_chunks(grid, ops["mc"], ops["gmc"], source_rows)
     _check_stages(grid, trace)
     return grid
 
@@ -257,7 +258,8 @@ def _laid(trace: Trace, seq: np.ndarray, d_idx: np.ndarray, t_idx: np.ndarray, d
 
 
 def _chunks(ops, node, n, node_stage, pp) -> tuple[np.ndarray, np.ndarray]:
-    """Model chunk and global chunk per template op (any replica holds the same values)."""
+    """Model chunk and global chunk per template op, from any of its rows (`reference_chunks`
+    then reads them where the model reads its order)."""
     node_mc = np.zeros(n, dtype=np.int64)
     node_gmc = np.full(n, -1, dtype=np.int64)
     node_mc[node] = np.maximum(ops["mc"], 0)
@@ -265,6 +267,31 @@ def _chunks(ops, node, n, node_stage, pp) -> tuple[np.ndarray, np.ndarray]:
     # Traces without chunk ids: the global chunk of a compute op is mc·pp + stage.
     node_gmc = np.where(node_gmc < 0, node_mc * pp + node_stage, node_gmc)
     return node_mc, node_gmc
+
+
+def reference_chunks(grid: OpGrid, mc: np.ndarray, gmc: np.ndarray | None,
+                     source_rows: np.ndarray | None = None) -> None:
+    """Each template op's model chunk and global chunk (in place) read from its row in its
+    stage's reference replica-step (dependencies.reference_cells: where the model reads its
+    order), where it has one; `mc`, `gmc`: the columns `grid.row` indexes (through
+    `source_rows`, the rows a step selection kept, where given). A replica numbering its ops
+    otherwise (an interleaved schedule's seq_ids swapped at one rank) holds another chunk at a
+    template op, and from any one row its chunk decided every replica's transfers."""
+    from stragglers.whatif.dependencies import reference_cells   # (it reads this module)
+
+    d_ref, t_ref = reference_cells(grid)
+    stage = grid.node_stage
+    nodes = np.arange(len(stage))
+    row = grid.row[nodes, d_ref[stage], t_ref[stage]]
+    has = (row >= 0) & grid.present[nodes, d_ref[stage], t_ref[stage]]
+    if not has.any():
+        return
+    at = row[has] if source_rows is None else np.searchsorted(source_rows, row[has])
+    own = np.maximum(mc[at], 0).astype(np.int64)
+    grid.node_mc[has] = own
+    if gmc is not None:
+        g = gmc[at].astype(np.int64)
+        grid.node_gmc[has] = np.where(g < 0, own * grid.pp_size + stage[has], g)
 
 
 def _complete_steps(present, node_optype, node_stage, dp_ranks, step_ids, warnings,

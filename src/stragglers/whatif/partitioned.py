@@ -25,14 +25,17 @@ from stragglers.errors import InputError
 from stragglers.trace.model import COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_FILL, Note, Trace
 from stragglers.whatif.grid import (GC, _SEQ_BITS, _OPTYPE_BITS, LeftOdd, OpGrid,
                                     _check_stages, _complete_steps, dense_ids, gc_slots,
-                                    leave_out_odd, one_op_per_cell, ops_warning)
+                                    leave_out_odd, one_op_per_cell, ops_warning,
+                                    reference_chunks)
 from stragglers.whatif.metrics import WhatIf
 from stragglers.whatif.realign import realigned_seq
 from stragglers.whatif._replay import ReplayPlan, replay
 from stragglers.whatif.rebuild import rebuild_in_parts, with_group
 
 # What the diagnosis looks up in the trace by a grid cell's row (whatif/causes).
-DIAGNOSIS_COLUMNS = ("rank", "mb_id", "mc", "attn_cost", "tokens", "sent", "cpu_wait")
+# (gmc too: each template op's chunks are read from its stage's reference replica-step,
+# grid.reference_chunks, once the partitions are joined)
+DIAGNOSIS_COLUMNS = ("rank", "mb_id", "mc", "gmc", "attn_cost", "tokens", "sent", "cpu_wait")
 # A grid cell's row in the assembled columns: 4 bytes a cell (2³¹ ops analysed at most).
 ROW = np.int32
 
@@ -650,6 +653,7 @@ def assemble(layout: RunLayout, template: Template, placed: list[PlacedPartition
                   vpp_size=vpp, warnings=warnings,
                   compute_by_index=bool(meta.extra.get("compute_split_at_collectives")),
                   node_pg=node_pg, left_out=[] if odd is None else odd.left_out)
+    reference_chunks(grid, columns["mc"], columns.get("gmc"))
     trace = Trace(columns, meta, layout.directory, list(layout.notes))
     _check_stages(grid, trace)
     cells = np.unique(np.concatenate([s.cells for s in summaries]))
