@@ -178,3 +178,218 @@ def test_a_client_facing_a_broken_server_fails_in_one_line_within_its_bounds(cas
     finally:
         bad.close()
         client.close()
+
+
+# --- restores beside snapshots, beside each other, and killed -------------------------------
+
+N = 12_000   # shards of one sample: a restore of 12,000 rows, written in paced steps
+
+
+def _documents(c: httpx.Client, name: str) -> tuple[bytes, bytes]:
+    """Data set `name` (N one-sample shards, shard 0 acked by w) as it is, and a restore of it
+    with shards 1-9 done too."""
+    assert c.post("/datasets", json={"name": name, "num_samples": N, "shard_size": 1,
+                                     "num_epochs": 3}).status_code == 200
+    fence = c.post(f"/datasets/{name}/join", json={"worker": "w"}).json()["fence"]
+    lease = c.post(f"/datasets/{name}/lease", json={"worker": "w", "fence": fence}).json()
+    (got,) = lease["leases"]
+    assert c.post(f"/datasets/{name}/ack", json={"worker": "w", "fence": fence, "epoch": 0,
+                                                 "shard": got["shard"], "consumed": 1}
+                  ).status_code == 200
+    old = c.get(f"/datasets/{name}/snapshot")
+    assert old.status_code == 200, old.text
+    doc = json.loads(old.content)
+    for row in doc["shards"]:
+        if row[0] == 0 and 1 <= row[1] <= 9:
+            row[2], row[3] = "DONE", 1
+    return old.content, json.dumps(doc).encode()
+
+
+def _shards(body: bytes) -> list:
+    return json.loads(body)["shards"]
+
+
+def test_snapshots_during_a_restore_are_the_state_before_it_or_after_it_never_a_mix(tmp_path):
+    db = tmp_path / "s.db"
+    server = _server(db, restore_share=0.05)   # (written slowly: snapshots fall inside it)
+    seen: list[int] = []
+    try:
+        with httpx.Client(base_url=server.url, timeout=120, headers=H) as c:
+            old, new = _documents(c, "d")
+            states = {0: _shards(old), 1: _shards(new)}
+            done = threading.Event()
+            out: dict = {}
+
+            def restore() -> None:
+                with httpx.Client(base_url=server.url, timeout=120, headers=H) as r:
+                    out["r"] = r.post("/datasets/d/restore", content=new,
+                                      headers={"content-type": "application/json"})
+                done.set()
+            t = threading.Thread(target=restore)
+            t.start()
+            try:
+                while True:   # (during it, as often as it answers; then once after it)
+                    last = done.is_set()
+                    r = c.get("/datasets/d/snapshot")
+                    if r.status_code == 503:   # (reads queued past their bound: a refusal)
+                        continue
+                    assert r.status_code == 200, r.text
+                    shards = _shards(r.content)
+                    assert shards in (states[0], states[1]), "a snapshot mixed two states"
+                    seen.append(1 if shards == states[1] else 0)
+                    if last:
+                        break
+                    if len(seen) > 40:
+                        done.wait(120)
+            finally:
+                t.join(120)
+            assert out["r"].status_code == 200, out["r"].text
+            assert seen[-1] == 1 and seen == sorted(seen), seen   # (before, then after)
+            assert c.get("/health").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_two_restores_of_one_data_set_at_once_leave_one_of_them_whole(tmp_path):
+    db = tmp_path / "s.db"
+    server = _server(db)
+    try:
+        with httpx.Client(base_url=server.url, timeout=120, headers=H) as c:
+            old, new = _documents(c, "d")
+            doc = json.loads(new)
+            for row in doc["shards"]:   # (another one: shards 10-19 done instead)
+                if row[0] == 0 and 1 <= row[1] <= 19:
+                    row[2], row[3] = ("DONE", 1) if row[1] >= 10 else ("TODO", 0)
+            other = json.dumps(doc).encode()
+            out: dict = {}
+
+            def restore(key: str, body: bytes) -> None:
+                with httpx.Client(base_url=server.url, timeout=120, headers=H) as r:
+                    out[key] = r.post("/datasets/d/restore", content=body,
+                                      headers={"content-type": "application/json"})
+            ts = [threading.Thread(target=restore, args=kv) for kv in
+                  (("new", new), ("other", other))]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(120)
+            codes = sorted(r.status_code for r in out.values())
+            assert all(code in (200, 503) for code in codes) and 200 in codes, \
+                {k: r.text for k, r in out.items()}
+            now = _shards(c.get("/datasets/d/snapshot").content)
+            whole = [_shards(body) for key, body in (("new", new), ("other", other))
+                     if out[key].status_code == 200]
+            assert now in whole, "the data set is neither restore whole"
+            assert c.get("/health").status_code == 200
+    finally:
+        server.stop()
+
+
+def _serve(db) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "stragglers.cli", "adapt", "serve", "--db",
+                             str(db), "--port", "0", "--set", "restore_share=0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    port = int(line.split(" on ", 1)[1].split(" ", 1)[0].rsplit(":", 1)[1])
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def test_a_service_killed_mid_restore_starts_again_with_every_ack_and_restores_again(tmp_path):
+    db = tmp_path / "s.db"
+    proc, url = _serve(db)
+    try:
+        with httpx.Client(base_url=url, timeout=120, headers=H) as c:
+            old, new = _documents(c, "d")
+            sender = threading.Thread(target=lambda: _quiet_post(
+                url, "/datasets/d/restore", new))
+            sender.start()
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:   # (its rows being written beside the old)
+                with sqlite3.connect(db) as k:
+                    if k.execute("SELECT 1 FROM row_sets WHERE state='writing'").fetchone():
+                        break
+                time.sleep(0.01)
+            else:
+                pytest.fail("the restore's rows were never written")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(60)
+            sender.join(120)
+        proc, url = _serve(db)
+        with httpx.Client(base_url=url, timeout=120, headers=H) as c:
+            assert c.get("/health").status_code == 200
+            r = c.get("/datasets/d/snapshot")
+            assert r.status_code == 200 and _shards(r.content) == _shards(old), \
+                "the acked state before the killed restore is not what restarted"
+            r = c.post("/datasets/d/restore", content=new,
+                       headers={"content-type": "application/json"})
+            assert r.status_code == 200, r.text
+            assert _shards(c.get("/datasets/d/snapshot").content) == _shards(new)
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def _quiet_post(url: str, path: str, body: bytes) -> None:
+    """A POST whose connection the test's kill -9 cuts (its error is the expected outcome)."""
+    try:
+        httpx.post(url + path, content=body, timeout=120,
+                   headers={**H, "content-type": "application/json"})
+    except httpx.HTTPError:
+        pass
+
+
+# --- epoch transitions under concurrent leases and acks ---------------------------------------
+
+def test_epochs_turned_over_by_concurrent_workers_deliver_each_sample_once_per_epoch(tmp_path):
+    from stragglers.adapt.dataset import epoch_permutation
+
+    db = tmp_path / "s.db"
+    server = _server(db)
+    got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    lock, errors = threading.Lock(), []
+
+    def worker(name: str) -> None:
+        with httpx.Client(base_url=server.url, timeout=60, headers=H) as c:
+            fence = c.post("/datasets/e/join", json={"worker": name}).json()["fence"]
+            for i in range(2000):
+                r = c.post("/datasets/e/lease", json={"worker": name, "fence": fence,
+                                                      "count": 2, "request_id": f"r{i}"})
+                if r.status_code != 200:
+                    errors.append(r.text)
+                    return
+                reply = r.json()
+                if reply["status"] == "finished":
+                    return
+                if reply["status"] == "wait":
+                    time.sleep(0.005)
+                    continue
+                for lease in reply["leases"]:
+                    with lock:
+                        got[lease["epoch"]].extend(lease["indices"])
+                    a = c.post("/datasets/e/ack", json={
+                        "worker": name, "fence": fence, "epoch": lease["epoch"],
+                        "shard": lease["shard"],
+                        "consumed": lease["offset"] + len(lease["indices"])})
+                    if a.status_code != 200:
+                        errors.append(a.text)
+                        return
+            errors.append(f"{name} never finished")
+    try:
+        with httpx.Client(base_url=server.url, timeout=60, headers=H) as c:
+            assert c.post("/datasets", json={"name": "e", "num_samples": 50, "shard_size": 3,
+                                             "num_epochs": 3}).status_code == 200
+        ts = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(6)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert not errors, errors[:3]
+        for epoch, indices in got.items():
+            assert sorted(indices) == list(range(50)), (epoch, sorted(indices))
+            assert set(indices) == set(epoch_permutation(50, 0, epoch).tolist())
+        with httpx.Client(base_url=server.url, timeout=60, headers=H) as c:
+            status = c.get("/datasets/e/status").json()
+            assert all(e["DONE"] == 17 and e["DOING"] == e["TODO"] == 0
+                       for e in status["epochs"].values()), status
+    finally:
+        server.stop()
