@@ -31,6 +31,11 @@ median and 95th percentile of one lease + ack round trip. It runs quiet first, t
 * worker_flood: the same, each connection a worker of its own (256 joined): a token with as
   many workers as connections (two requests in progress per joined worker were free of the
   shared pace; now only what acks moving a shard earn).
+* worker_names: one token (all attackers share it) creates 12 data sets per attacker (past
+  its 64: 429) and, on 32 connections per attacker, joins a new worker name in a loop, each
+  leasing once: every name has allowances of its own (work credit, held shards, remembered
+  replies, two requests in progress of the token's allowance); past `max_workers_per_token`
+  (4,096 names over the token's data sets) the joins are 429 (before: 64 x 1,024 names);
 * give_back: each attacker owns a data set of one-sample shards; its worker leases the 1,024
   shards it may hold (4 x 256) and gives them all back, by a release (fenced, no failure) and
   every fourth time by joining again, in a loop: 1,024 shards requeued a call;
@@ -133,6 +138,9 @@ def attack(kind: str, url: str, i: int, stop, go, inflight, done=None) -> None:
         return
     if kind in GIVE_BACK:
         give_back(kind, url, i, stop, go, inflight)
+        return
+    if kind == "worker_names":
+        worker_names(url, i, stop, go, inflight)
         return
     if kind in ("owner_flood", "worker_flood"):
         owner_flood(url, i, stop, go, inflight, max(1, 256 // ATTACKERS[0]),
@@ -305,6 +313,38 @@ def owner_flood(url: str, i: int, stop, go, inflight, n: int, workers: bool = Fa
                         "request_id": f"r{j}-{k[0]}"})
                 await async_rounds(stop, go, inflight, one)
             await asyncio.gather(*(loop(j) for j in range(n)))
+
+    asyncio.run(run())
+
+
+def worker_names(url: str, i: int, stop, go, inflight, n: int = 32) -> None:
+    """One attacker of the worker_names case: 12 data sets of the shared token, and `n`
+    connections joining a new worker name each round (leasing once with it)."""
+    import asyncio
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=600,
+                                     limits=httpx.Limits(max_connections=n),
+                                     headers={"Authorization": f"Bearer {STRANGER}names"}) as http:
+            names = []
+            for j in range(12):
+                r = await http.post("/datasets", json={"name": f"names{i}-{j}",
+                                                       "num_samples": 1 << 16, "shard_size": 1,
+                                                       "num_epochs": None, "lease_s": 3600})
+                if r.status_code == 200:
+                    names.append(f"names{i}-{j}")
+            count = [0]
+
+            async def one() -> None:
+                count[0] += 1
+                ds, worker = names[count[0] % len(names)], f"n{i}-{count[0]}"
+                r = await http.post(f"/datasets/{ds}/join", json={"worker": worker})
+                if r.status_code == 200:
+                    await http.post(f"/datasets/{ds}/lease", json={
+                        "worker": worker, "fence": r.json()["fence"], "request_id": "r"})
+            if names:
+                await asyncio.gather(*(async_rounds(stop, go, inflight, one)
+                                       for _ in range(n)))
 
     asyncio.run(run())
 
@@ -608,7 +648,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=8, help="quiet/attacked block pairs per case")
     ap.add_argument("--cases", default="snapshot,status,shuffle,restore,owner_restore,"
                                        "big_lease,bad_input,control_reports,slow_bodies,owner_flood,"
-                                       "worker_flood,give_back,expire,retry_failed,delete,"
+                                       "worker_flood,worker_names,give_back,expire,retry_failed,delete,"
                                        "health,not_found,malformed")
     ap.add_argument("--name", default=None,
                     help="results/<name>.json (default: the script's name)")

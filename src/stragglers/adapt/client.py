@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
+from stragglers.adapt import head_deadline
 from stragglers.adapt.controller import Actions, ControlConfig, ControllerView
 from stragglers.adapt.dataset import DatasetConfig, check_name
 from stragglers.adapt.errors import (Conflict, Fenced, Forbidden, LeaseLost, NotFound,
@@ -72,7 +73,9 @@ class ShardClient:
         if service_token:
             headers["X-Service-Token"] = service_token
         self.timeout_s = timeout_s
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
+        # (its transport bounds a reply's head to one timeout in all: head_deadline.py)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers,
+                                  transport=head_deadline.transport())
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -110,6 +113,12 @@ class ShardClient:
                                          f"{problem}; gave up after {self.retry_s:.0f}s")
             time.sleep(delay)
             delay = min(1.0, delay * 2)
+        if 300 <= resp.status_code < 400:   # (was read as a reply: "Input data was truncated")
+            where = printable(resp.headers.get("location", "")[:200])
+            raise EnvironmentFailure(f"shard service {self.url}{path}",
+                                     f"answered {resp.status_code} (Location {where!r}); the"
+                                     " service never redirects (a proxy or not the service?):"
+                                     " not followed")
         if resp.status_code >= 400:
             msg, kind, field = _message(resp), _kind(resp), _field(resp)
             if resp.status_code == 409:
@@ -129,14 +138,17 @@ class ShardClient:
         timeout (httpx's timeout bounds each read: a reply trickled a byte a second never
         ended, and a worker's call or `stragglers adapt status` waited for ever; a rate, not a
         total: a big snapshot on a slow link takes long and is no trickle); httpx.ReadTimeout
-        below it, which the caller retries as any unreachable service. EnvironmentFailure
+        below it, which the caller retries as any unreachable service; its head within one
+        read timeout in all (head_deadline: trickled a byte a read, it never ended).
+        EnvironmentFailure
         (not retried) for a reply in a content coding or over `limit` bytes: not the
         service's (it sends neither), and reading it cost the worker its memory."""
         request = self._http.build_request(method, path, json=json_body, content=content,
                                            headers=headers, params=params,
                                            timeout=timeout or httpx.USE_CLIENT_DEFAULT)
         span = timeout or self.timeout_s
-        resp = self._http.send(request, stream=True)
+        with head_deadline.head_within(span):
+            resp = self._http.send(request, stream=True)
         try:
             self._check_head(resp, path, limit)
             raw = bytearray()

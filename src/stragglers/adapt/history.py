@@ -15,8 +15,8 @@ from stragglers.adapt.store_state import StoreState
 
 # Lease request ids remembered per worker incarnation: a replay of any of the last
 # REQUEST_HISTORY requests returns what that request got (never a new shard) — fewer when the
-# data set has more than HISTORY_ROWS // REQUEST_HISTORY workers (HISTORY_ROWS shared among
-# them, at least HISTORY_MIN each), and of those, the replies of the newest whose JSON adds up
+# data sets of its owner's token have more than HISTORY_ROWS // REQUEST_HISTORY workers in all
+# (HISTORY_ROWS shared among them, at least HISTORY_MIN each), and of those, the replies of the newest whose JSON adds up
 # to HISTORY_REPLY_BYTES (the last one always); an older id still known is refused (409).
 # 1,024 workers x 256 requests x 256 shards each came to ~1.6 GB per data set; now at most
 # about 2 x HISTORY_ROWS rows (~700 B each with the longest names: ~23 MB) and 1,024 x ~18 KiB
@@ -46,8 +46,12 @@ class LeaseHistory(StoreState):
         if seq > HISTORY_MIN:
             keep = REQUEST_HISTORY
             if seq > self.history_rows // REQUEST_HISTORY:
-                n = c.execute("SELECT COUNT(*) FROM workers WHERE dataset=?",
-                              (name,)).fetchone()[0]
+                # (shared among the workers of every data set of its owner: each data set's
+                # own share let one token's 64 data sets keep 64 x HISTORY_ROWS, ~700 MB)
+                n = c.execute("SELECT COUNT(*) FROM workers w JOIN datasets d ON d.name ="
+                              " w.dataset WHERE d.name=? OR d.token_sha256=(SELECT"
+                              " token_sha256 FROM datasets WHERE name=?)",
+                              (name, name)).fetchone()[0]
                 keep = min(REQUEST_HISTORY, max(HISTORY_MIN, self.history_rows // max(n, 1)))
             if seq > keep:
                 c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=? AND seq<=?",

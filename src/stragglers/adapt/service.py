@@ -143,6 +143,11 @@ class ServiceConfig(Config):
                                            " up to 256 remembered lease replies; a join of a"
                                            " new name past it: 429)", minimum=1,
                                            maximum=1 << 20)
+    max_workers_per_token: int = setting(4096, "worker names all data sets of one job token"
+                                         " keep together (each with its own allowances: held"
+                                         " shards, remembered replies, work credit; a join of"
+                                         " a new name past it: 429)", minimum=1,
+                                         maximum=1 << 26)
     max_kept_floors: int = setting(1 << 16, "fence floors kept by name (a data set's, kept"
                                    " past its DELETE: one created again under its name starts"
                                    " its workers' fences above the deleted one's); past it the"
@@ -1858,7 +1863,8 @@ def open_store(db: str | Path, config: ServiceConfig) -> ShardStore:
                       max_rows_ahead=config.max_rows_ahead,
                       max_held_per_worker=config.max_held_per_worker,
                       unused_dataset_s=config.unused_dataset_s,
-                      max_kept_floors=config.max_kept_floors)
+                      max_kept_floors=config.max_kept_floors,
+                      max_workers_per_token=config.max_workers_per_token)
 
 
 class EmbeddedServer:

@@ -68,13 +68,17 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                  max_datasets_per_token: int = 64, max_datasets_per_client: int = 1024,
                  max_workers_per_dataset: int = 1024, max_rows_ahead: int = 1 << 18,
                  max_held_per_worker: int = 1024, unused_dataset_s: float = 60.0,
-                 max_kept_floors: int = 1 << 16):
+                 max_kept_floors: int = 1 << 16, max_workers_per_token: int = 4096):
         self.db = str(db)
         self.unused_dataset_s = unused_dataset_s
         self._created_at: dict[str, float] = {}
         self._started = clock()
         self._reclaimed: list[str] = []
         self.max_workers_per_dataset = max_workers_per_dataset
+        # worker names all data sets of one token keep: each has its own allowances (held
+        # shards, remembered replies, work credit, the token's allowance of requests in
+        # progress), and 64 data sets x 1,024 names multiplied them 65,536-fold
+        self.max_workers_per_token = max_workers_per_token
         # deleted data sets' fence floors kept by name; older ones fold into one (STORE_FLOOR)
         self.max_kept_floors = max_kept_floors
         # shards one worker may hold (DOING) at once: its release, or a join of its next
@@ -561,16 +565,32 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
     def _new_name_fence(self, c: sqlite3.Connection, name: str, worker: str) -> int:
         """The first fence of a worker name new to data set `name`: one above every fence of
         a name that gave its place or of a deleted data set of its name (1 while none did;
-        QuotaExceeded at max_workers_per_dataset when no name that left holds nothing;
-        Quarantined where its floor is damaged, see schema.pin_fence_floor)."""
+        QuotaExceeded at max_workers_per_dataset, or max_workers_per_token over all the
+        owner's data sets, when no name of this one that left holds nothing; Quarantined
+        where its floor is damaged, see schema.pin_fence_floor)."""
         # each worker name keeps a row and up to REQUEST_HISTORY lease replies: names
         # invented in a loop would grow the file without bound
         n = c.execute("SELECT COUNT(*) FROM workers WHERE dataset=?", (name,)).fetchone()[0]
-        if n >= self.max_workers_per_dataset and not self._take_place_of_left(c, name):
-            raise QuotaExceeded(f"data set '{name}' has {n} workers, its limit"
-                                f" (max_workers_per_dataset={self.max_workers_per_dataset}),"
-                                " none of them released holding nothing; join with a name used"
-                                " before, or release one that left")
+        if n >= self.max_workers_per_dataset:
+            if not self._take_place_of_left(c, name):
+                raise QuotaExceeded(f"data set '{name}' has {n} workers, its limit"
+                                    f" (max_workers_per_dataset={self.max_workers_per_dataset}),"
+                                    " none of them released holding nothing; join with a name"
+                                    " used before, or release one that left")
+            owner = None   # (its place taken: the token's count is as it was)
+        else:
+            owner = c.execute("SELECT token_sha256 FROM datasets WHERE name=?",
+                              (name,)).fetchone()
+        if owner is not None and owner[0] is not None:
+            # (one token's data sets, each under its own limit, added up: 64 x 1,024 names,
+            # each with its own allowances; counted only for a name new to its data set)
+            mine = c.execute("SELECT COUNT(*) FROM workers w JOIN datasets d ON d.name ="
+                             " w.dataset WHERE d.token_sha256=?", (owner[0],)).fetchone()[0]
+            if mine >= self.max_workers_per_token and not self._take_place_of_left(c, name):
+                raise QuotaExceeded(f"this token's data sets have {mine} workers, its limit"
+                                    f" (max_workers_per_token={self.max_workers_per_token}),"
+                                    f" none of data set '{name}''s released holding nothing;"
+                                    " join with a name used before, or release one that left")
         # (its own floor; a data set of a file that did not pin one at its creation takes the
         # store's into a row of its own here, once)
         return next_fence(name, worker, pin_fence_floor(c, name))
