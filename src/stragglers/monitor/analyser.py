@@ -232,6 +232,7 @@ class AnalysisProcess:
         fails the same way) and the process, whose pipe cannot be read any more, is killed."""
         self.kill()
         with self._lock:
+            self.dead = True   # (before the task fails: its window replaces the process)
             began = [(token, entry) for token, entry in self._pending.items()
                      if entry[1].is_set()]
             for token, _ in began:
