@@ -59,7 +59,7 @@ START_TIMEOUT_S = 120.0
 # (a window not stored is analysed again after a restart), and a hung one held the stop
 CLOSE_WAIT_S = 1.0
 # settings.analysis_answer_max_bytes: a window's pickled answer, at most (a 4-worker window's is
-# ~1 KB, a 65,536-worker one's ~17 MB)
+# ~1 KB, a 256-worker one's ~9 KB)
 ANSWER_MAX_BYTES = 64 << 20
 _ANSWER_HEAD = 4096   # (the answer's envelope: its kind and token around the pickled value)
 

@@ -157,8 +157,8 @@ class MonitorConfig(Config):
                                              "is at most this: a larger one is not read into "
                                              "the service, the window is stored with an error "
                                              "row naming this cap and the job goes on (a "
-                                             "4-worker window's answer is ~1 KB, a 65,536-"
-                                             "worker one's ~17 MB)", minimum=512)
+                                             "4-worker window's answer is ~1 KB, a 256-worker "
+                                             "one's ~9 KB)", minimum=512)
     rescan_s: float = setting(10.0, "watched directories are also rescanned this often (file "
                               "systems that drop change events)", minimum=0.1)
     change_detector: bool = setting(True, "the fast detector (changes.py): a rank whose busy "
