@@ -51,26 +51,20 @@ def test_the_reader_refuses_an_answer_past_the_cap_without_reading_it():
     """The reader's own bound (the process's cap 1 MiB, the reader's 8 KiB): a 200 KB answer
     is refused by its length, not read; its task fails with AnswerTooLarge (not ProcessDied,
     which a window retries in a new process), the process is killed and the task queued after
-    it fails ProcessDied. Before: the 200 KB came back whole."""
-    process = AnalysisProcess(os.getpid(), 1 << 20) if _takes_cap() else \
-        AnalysisProcess(os.getpid())
+    it fails ProcessDied. Before, the reader read any answer whole (no bound)."""
+    process = AnalysisProcess(os.getpid(), 1 << 20)
     process.answer_max_bytes = 4096   # (the reader's; the process keeps its own, 1 MiB)
     try:
         big = process.submit(bytes, 200_000)
         after = process.submit(os.getpid)
         exc = big.exception(60)
-        assert isinstance(exc, AnswerTooLarge), (exc, big.done() and not exc)
+        assert isinstance(exc, AnswerTooLarge), exc
         assert "longer than that, over analysis_answer_max_bytes (4,096 bytes)" in str(exc)
         assert isinstance(after.exception(60), ProcessDied)
         process.process.join(30)
         assert process.process.exitcode == -signal.SIGKILL and process.dead
     finally:
         process.kill()
-
-
-def _takes_cap() -> bool:
-    import inspect
-    return "answer_max_bytes" in inspect.signature(AnalysisProcess).parameters
 
 
 def test_a_monitor_with_a_small_answer_cap_stores_error_rows_and_goes_on(tmp_path):
