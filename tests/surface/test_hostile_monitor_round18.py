@@ -5,6 +5,7 @@ real SQLite; no mocks)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from conftest import REPO, eventually, free_port
+from stragglers.errors import InputError
 from stragglers.monitor.analyser import AnalysisProcess, AnswerTooLarge, ProcessDied, \
     WindowAnalyser
 from stragglers.monitor.server import MonitorServer
@@ -182,3 +185,36 @@ def test_every_stored_window_of_every_job_is_analysed_after_a_kill_9(tmp_path):
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
 
+
+
+def test_a_restart_while_a_watched_folder_is_gone_serves_and_follows_it_once_back(tmp_path):
+    """The watched folder removed (or a mount not up yet) while its runs are in the store: a
+    running monitor goes on and follows it once it is back, but a restart refused to start
+    ('not a directory'), its uploads and history down with it. Now the restart serves (the
+    history of the run it followed there, /health) and follows the folder once it is back; a
+    folder the store never followed anything in is still refused (a typo)."""
+    runs = tmp_path / "runs"
+    config = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=0.3,
+                           read_interval_s=0)
+    first, second = slow_job(steps=10), slow_job(steps=10, seed=3)
+    start_run(runs / "a", first)
+    write_parts(runs / "a", parts_of(first, 5))
+    server = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, config=config).start()
+    try:
+        eventually(lambda: len(server.monitor.store.windows("a")) == 2, 60, what="a analysed")
+    finally:
+        server.stop()
+    shutil.rmtree(runs)
+    server = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, config=config).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            assert c.get("/health").status_code == 200
+            assert len(get(c, "/api/jobs/a")["windows"]) == 2
+            start_run(runs / "b", second)
+            write_parts(runs / "b", parts_of(second, 5))
+            eventually(lambda: len(server.monitor.store.windows("b")) == 2, 60,
+                       what="the run in the folder back followed")
+    finally:
+        server.stop()
+    with pytest.raises(InputError, match="typo: not a directory"):
+        MonitorServer(tmp_path / "mon.db", watch=[tmp_path / "typo"], port=0, config=config)
