@@ -58,6 +58,10 @@ START_TIMEOUT_S = 120.0
 # close() waits this long for the process to end, then kills it: it holds nothing durable
 # (a window not stored is analysed again after a restart), and a hung one held the stop
 CLOSE_WAIT_S = 1.0
+# settings.analysis_answer_max_bytes: a window's pickled answer, at most (a 4-worker window's is
+# ~1 KB, a 256-worker one's ~9 KB)
+ANSWER_MAX_BYTES = 64 << 20
+_ANSWER_HEAD = 4096   # (the answer's envelope: its kind and token around the pickled value)
 
 
 class ProcessDied(Exception):
@@ -67,6 +71,17 @@ class ProcessDied(Exception):
 class Closed(RuntimeError):
     """The analyser is closed (the monitor stops): the window is not analysed now, and not
     stored, so the next start analyses it."""
+
+
+class AnswerTooLarge(RuntimeError):
+    """A task's answer is larger than the analysis process may send (answer_max_bytes)."""
+
+
+def too_large(size: int | None, cap: int) -> AnswerTooLarge:
+    """The refusal of an answer of `size` bytes (None: not known, refused by its length)."""
+    got = f"{size:,} bytes" if size is not None else "longer than that"
+    return AnswerTooLarge(f"the window's answer is {got}, over analysis_answer_max_bytes "
+                          f"({cap:,} bytes)")
 
 
 class NotStarted(ProcessDied):
@@ -79,7 +94,8 @@ class AnalysisProcess:
     tasks, written by a thread here, and the pipe of its answers, read by another that settles
     each task's Future (ProcessDied for every task unanswered when the process ends)."""
 
-    def __init__(self, parent: int):
+    def __init__(self, parent: int, answer_max_bytes: int = ANSWER_MAX_BYTES):
+        self.answer_max_bytes = answer_max_bytes
         ctx = multiprocessing.get_context("spawn")
         # tasks go through a queue here to a writer thread: a task handed to a process that
         # hangs while it starts waits there, not in the thread that handed it; the process
@@ -94,7 +110,7 @@ class AnalysisProcess:
         self._pending: dict[int, tuple[Future, threading.Event]] = {}
         self.dead = False
         self.process = ctx.Process(target=_serve, args=(os.getpid(), task_end,
-                                                        self._answer_end),
+                                                        self._answer_end, answer_max_bytes),
                                    name="stragglers-analysis", daemon=True)
         try:
             self.process.start()
@@ -173,9 +189,15 @@ class AnalysisProcess:
                 if self._answers not in ready and not self._answers.poll():
                     break   # ended, every answer read
                 try:
-                    kind, token, blob = pickle.loads(self._answers.recv_bytes())
-                except (EOFError, OSError):
+                    # (bounded: the length comes first, a longer message is not read)
+                    data = self._answers.recv_bytes(self.answer_max_bytes + _ANSWER_HEAD)
+                except EOFError:
                     break
+                except OSError:
+                    if self._answers.closed:   # too long (multiprocessing closed it): the
+                        self._overflow()       # task on the process fails so, not retried
+                    break
+                kind, token, blob = pickle.loads(data)
                 self._settle(kind, token, blob)
         finally:
             self._end()
@@ -204,6 +226,20 @@ class AnalysisProcess:
         else:
             future.set_exception(value)
 
+    def _overflow(self) -> None:
+        """The task the process is on sent an answer past the cap: it fails with
+        AnswerTooLarge (not ProcessDied, which a window retries in a new process, where it
+        fails the same way) and the process, whose pipe cannot be read any more, is killed."""
+        self.kill()
+        with self._lock:
+            self.dead = True   # (before the task fails: its window replaces the process)
+            began = [(token, entry) for token, entry in self._pending.items()
+                     if entry[1].is_set()]
+            for token, _ in began:
+                del self._pending[token]
+        for _, (future, _started) in began:
+            future.set_exception(too_large(None, self.answer_max_bytes))
+
     def _end(self) -> None:
         with self._lock:
             self.dead = True
@@ -220,8 +256,10 @@ class WindowAnalyser:
 
     def __init__(self, in_process: bool = False, read_timeout_s: float = READ_TIMEOUT_S,
                  timeout_s: float = ANALYSIS_TIMEOUT_S,
-                 start_timeout_s: float = START_TIMEOUT_S):
+                 start_timeout_s: float = START_TIMEOUT_S,
+                 answer_max_bytes: int = ANSWER_MAX_BYTES):
         self.in_process = in_process
+        self.answer_max_bytes = answer_max_bytes   # a window's answer from the process
         self.read_timeout_s = read_timeout_s   # each part file read ahead (the monitor's)
         self.timeout_s = timeout_s             # one window's analysis, at most
         self.start_timeout_s = start_timeout_s   # the wait for the process to start a window
@@ -347,6 +385,8 @@ class WindowAnalyser:
                     if deaths == 2:
                         break
             except Exception as exc:   # noqa: BLE001 - kept as the window's error row
+                if process.dead:   # (killed for an answer past the cap: replaced now)
+                    self._replace(process)
                 # a window that cannot be handed over or whose answer does not come back
                 # (it does not pickle): raised out of the analysis step, it was never stored,
                 # and once a later window was, never analysed again
@@ -436,7 +476,7 @@ class WindowAnalyser:
                 if not spawn:
                     raise ProcessDied("no analysis process runs")
                 try:
-                    process = AnalysisProcess(os.getpid())
+                    process = AnalysisProcess(os.getpid(), self.answer_max_bytes)
                 except Exception as exc:   # noqa: BLE001 - OSError, MemoryError, RuntimeError
                     self._spawn_failed = True
                     log.error("the analysis process could not be started (%s: %s); the next "
@@ -455,7 +495,8 @@ class WindowAnalyser:
 _ANSWERS: Any = None   # in the analysis process: the pipe of its answers
 
 
-def _serve(parent: int, tasks: Any, answers: Any) -> None:
+def _serve(parent: int, tasks: Any, answers: Any,
+           answer_max_bytes: int = ANSWER_MAX_BYTES) -> None:
     """The analysis process: each task in turn, its start said, then its result (or
     exception); exits when its pipe of tasks closes, or when the service process is gone (the pipes of a killed
     parent are held open by this process too, so it would otherwise wait forever)."""
@@ -467,12 +508,12 @@ def _serve(parent: int, tasks: Any, answers: Any) -> None:
 
     threading.Thread(target=watch, name="stragglers-analysis-parent", daemon=True).start()
     try:
-        _serve_tasks(tasks, answers)
+        _serve_tasks(tasks, answers, answer_max_bytes)
     except OSError:   # the service is gone (killed: its end of a pipe closed): no traceback
         os._exit(0)   # in its log, nothing left to answer
 
 
-def _serve_tasks(tasks: Any, answers: Any) -> None:
+def _serve_tasks(tasks: Any, answers: Any, answer_max_bytes: int) -> None:
     """Each task in turn (see _serve), until the pipe of tasks closes."""
     while True:
         try:
@@ -492,6 +533,8 @@ def _serve_tasks(tasks: Any, answers: Any) -> None:
         except Exception as exc:   # noqa: BLE001 - an answer that does not pickle
             kind, blob = "failed", pickle.dumps(RuntimeError(
                 f"the analysis process's answer does not pickle: {exc!r}"[:500]))
+        if len(blob) > answer_max_bytes:   # (the service would refuse it unread: said here)
+            kind, blob = "failed", pickle.dumps(too_large(len(blob), answer_max_bytes))
         answers.send_bytes(pickle.dumps((kind, token, blob), pickle.HIGHEST_PROTOCOL))
 
 

@@ -46,6 +46,16 @@ NOT_UTF8 = ("its folder's path is not UTF-8 (each such byte shown as \\xNN): the
             "a run's folder as text; rename it to a UTF-8 name to have the run followed")
 
 
+def _followed_under(monitor: Monitor, root: Path) -> bool:
+    """Whether the monitor's store holds a watched run at `root` or under it."""
+    try:
+        jobs = monitor.store.jobs()
+    except Exception:   # noqa: BLE001 - unreadable now: the root is refused as unknown
+        return False
+    return any(j.way == "files" and (Path(j.directory) == root or root in
+                                     Path(j.directory).parents) for j in jobs)
+
+
 class DirectoryWatcher:
     """Feeds a Monitor from directories on disk."""
 
@@ -54,6 +64,13 @@ class DirectoryWatcher:
         self.roots = [Path(r).resolve() for r in roots]
         for r in self.roots:
             if not r.is_dir():
+                if _followed_under(monitor, r):
+                    # a root this store followed runs in, gone now (removed, a mount not up
+                    # yet): watched once it is back, as when it goes while serving; the
+                    # restart refused to start, and its uploads and history were down too
+                    log.warning("watched folder %s is not there (its runs are in the store); "
+                                "serving, and following it once it is back", r)
+                    continue
                 raise InputError(r, None, "not a directory (expected a run directory or a "
                                  "folder of run directories to watch)")
         self._root_set = set(self.roots)

@@ -180,7 +180,8 @@ class Monitor:
         self.analyser = WindowAnalyser(in_process=not self.config.analysis_process,
                                        read_timeout_s=self.config.read_timeout_s,
                                        timeout_s=self.config.analysis_timeout_s,
-                                       start_timeout_s=self.config.analysis_start_timeout_s)
+                                       start_timeout_s=self.config.analysis_start_timeout_s,
+                                       answer_max_bytes=self.config.analysis_answer_max_bytes)
         self.trackers: dict[str, JobTracker] = {}
         self.states: dict[str, str] = {}
         # job → its state decided here whose write was refused (a full disk): written again
@@ -2069,6 +2070,14 @@ class Monitor:
                 else:
                     new = "running"
                 if new == state:
+                    if state == "stalled":
+                        # a stalled job holds no pending steps: one rebuilt stalled (kill -9
+                        # while its partial window waited, its state stored at once, the
+                        # dead-man) had them cut by no transition, and waited for
+                        # finish_after_s (an hour) to be analysed
+                        w = tr.close_partial(state, now)
+                        if w is not None:
+                            windows.append(w)
                     continue
                 if new in ("stalled", "finished"):
                     w = tr.close_partial(new, now)

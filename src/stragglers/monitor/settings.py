@@ -152,6 +152,13 @@ class MonitorConfig(Config):
                                               "and replaced and the window stored with an "
                                               "error row saying so (a process hung while "
                                               "starting held every window)", minimum=0.1)
+    analysis_answer_max_bytes: int = setting(64 * 2**20, "a window's answer from the analysis "
+                                             "process (its row and refused parts, pickled) "
+                                             "is at most this: a larger one is not read into "
+                                             "the service, the window is stored with an error "
+                                             "row naming this cap and the job goes on (a "
+                                             "4-worker window's answer is ~1 KB, a 256-worker "
+                                             "one's ~9 KB)", minimum=512)
     rescan_s: float = setting(10.0, "watched directories are also rescanned this often (file "
                               "systems that drop change events)", minimum=0.1)
     change_detector: bool = setting(True, "the fast detector (changes.py): a rank whose busy "
