@@ -8,6 +8,7 @@ import pytest
 from replaycheck import check_replay
 
 from stragglers.trace.synth.actions import action_trace, single_orders
+from stragglers.whatif import analyze
 
 
 def _pipeline():
@@ -39,11 +40,27 @@ def test_a_send_done_before_its_receive_was_posted_may_move_what_follows():
     assert got["torn_transfers"] == 1 and got["exact_steps"] == 3
 
 
-def test_an_op_started_before_its_dependency_ended_is_refused():
+def _started_early():
     trace = _pipeline()
     comp = _row(trace, 2, 1, "forward-compute")
     o = trace.ops
     o["start_ts"][comp] -= 0.002   # before its receive ended: no torn transfer explains it
     o["duration"][comp] += 0.002
+    return trace
+
+
+def test_an_op_started_before_its_dependency_ended_is_refused():
     with pytest.raises(AssertionError, match="no torn transfer upstream"):
+        check_replay(_started_early())
+
+
+def test_it_is_refused_where_the_engine_replays_its_own_rows_exactly():
+    """The engine starts the op where its receive ended (whatif/timing.py), so its replay
+    reproduces its own rows with no error; the check holds the replay against the trace's
+    rows, and that op's recorded start is not where the replay starts it."""
+    trace = _started_early()
+    got = analyze(trace)
+    assert got.sim_error < 1e-12 and any("before their input was there" in w
+                                          for w in got.warnings), got.warnings
+    with pytest.raises(AssertionError, match=r"\['forward-compute'\] replayed off their record"):
         check_replay(trace)

@@ -158,3 +158,13 @@ def busy(factors: dict[tuple[int, int], float], d: int = 4, p: int = 2, t: int =
     for (w, s), f in factors.items():
         out[w, s] *= f
     return out
+
+
+def started_early(trace: Trace, rank: int, optype: str, by: float) -> Trace:
+    """`trace` with `rank`'s `optype` rows written to start `by` s early, their ends kept (a
+    recorder stamping an op's launch, queued behind its stream's work, as its start)."""
+    o = {k: v.copy() for k, v in trace.ops.items()}
+    hit = (o["rank"] == rank) & (o["optype"] == OPTYPE_CODES[optype])
+    o["start_ts"] = np.where(hit, o["start_ts"] - by, o["start_ts"])
+    o["duration"] = np.where(hit, o["duration"] + by, o["duration"])
+    return Trace(o, trace.meta, trace.source)

@@ -208,10 +208,16 @@ def clip_to_own_timeline(grid: OpGrid, model: DependencyModel) -> str | None:
       its worker was waiting on that op, not computing; a slow op's successors start after
       it ends, so only rows that cannot have run so are cut). Collectives and receives the
       model does not order after it, on their own streams, do not cut it.
+
+    Before those cuts, a compute op that started before its input can have been there starts
+    where the dependencies say, its end kept (`_clip_starts`); an overlap nothing settles is
+    named in a second warning (`UNDECIDED`).
     """
     cut: dict[str, tuple[int, float, set]] = {}
+    undecided: dict[str, tuple[int, float, set]] = {}
     for stage in range(grid.pp_size):
         nodes = np.flatnonzero(grid.node_stage == stage)
+        _clip_starts(grid, model, nodes, cut, undecided)
         _clip_computes(grid, model, nodes, cut)
         is_work = set(nodes[np.isin(grid.node_optype[nodes], _WORK)].tolist())
         sends = nodes[np.isin(grid.node_optype[nodes], _SENDS) & ~model.no_op[nodes]]
@@ -222,11 +228,124 @@ def clip_to_own_timeline(grid: OpGrid, model: DependencyModel) -> str | None:
         for c, o in np.asarray(feeds, dtype=np.int64).reshape(-1, 2)[early]:
             _clip_sends(grid, int(c), [int(o)], cut)
         _clip_pauses(grid, nodes, cut)
+    if undecided:
+        grid.warnings.append(f"{UNDECIDED}: " + _listed(undecided))
     if not cut:
         return None
     message = f"{ROWS_CUT}: " + _listed(cut)
     grid.warnings.append(message)
     return message
+
+
+# the warning naming overlaps on one compute stream that neither a dependency nor the stage's
+# other rows settle
+UNDECIDED = ("compute ops starting inside the one before them on their worker's stream, and "
+             "nothing tells which of the two rows is wrong (the one before was cut where the "
+             "other began: its step may read long by up to that)")
+
+
+def _clip_starts(grid: OpGrid, model: DependencyModel, nodes: np.ndarray, cut: dict,
+                 undecided: dict) -> None:
+    """Each compute op among one stage's `nodes` started no earlier than its input can have
+    been there (in place; its end kept, so the measured replay ends it where it was recorded):
+    the end of a receive or collective it waits for in the model, and the end of the compute
+    op before it on its stream where it began before that one did, or where another op launched after that one
+    began right at that end (a send of its output: it did run to there), or where the stage's
+    rows that overlap nothing read the pair's durations closer so (the start written early)
+    than with the op before cut where it began (`_clip_computes`: its end written late). Where
+    none of these tells, the rows are left to `_clip_computes` and named in `undecided`."""
+    work = [int(c) for c in nodes[np.isin(grid.node_optype[nodes], _WORK)]]
+    if not work:
+        return
+    is_work = set(work)
+    # a batched call's rows end together, a receive's row where its call ends (its data may
+    # have been there before): their ends tell nothing of the data's arrival
+    p2p = nodes[np.isin(grid.node_optype[nodes], _SENDS + _RECVS) & ~model.no_op[nodes]]
+    own_ends = len(p2p) < 2 or not _batched_somewhere(
+        grid, p2p, grid.start[p2p] + grid.duration[p2p])
+    after: dict[int, list[int]] = {}       # compute op → the other ops launched after it
+    for o in nodes[grid.node_optype[nodes] != GC].tolist():
+        if not model.no_op[o]:
+            for c in model.deps[o]:
+                if c in is_work:
+                    after.setdefault(c, []).append(int(o))
+    for b in work:
+        here = grid.present[b] & (grid.duration[b] > 0)
+        before = [f for f in model.deps[b] if f in is_work and f != b]
+        # inputs whose end its other end or group confirms: a receive (where its row ends with
+        # its own call) and a collective (its members end together)
+        inputs = [r for r in model.deps[b] if not model.no_op[r] and (
+            (own_ends and int(grid.node_optype[r]) in _RECVS)
+            or (model.group_of[r] >= 0 and int(grid.node_optype[r]) not in P2P_CODES))]
+        if not here.any() or not (before or inputs):
+            continue
+        end = grid.start[b] + grid.duration[b]
+        ready = np.full(end.shape, -np.inf)
+        for r in inputs:
+            ready = np.maximum(ready, np.where(grid.present[r], grid.start[r]
+                                               + grid.duration[r], -np.inf))
+        if not (here & (grid.start[b] < ready - _CLIP_EPS)).any() and not any(
+                (here & grid.present[f] & (grid.start[b] < grid.start[f] + grid.duration[f]
+                                           - _CLIP_EPS)).any() for f in before):
+            continue                      # (healthy traces: nothing early, nothing to read)
+        open_ = np.zeros(end.shape, dtype=bool)
+        for f in before:
+            f_end = np.where(grid.present[f], grid.start[f] + grid.duration[f], -np.inf)
+            early = here & grid.present[f] & (grid.start[b] < f_end - _CLIP_EPS)
+            if not early.any():
+                continue
+            # begun before f began: whatever f's length, b's start is the impossible row
+            ran = early & (grid.start[b] <= grid.start[f])
+            for o in after.get(f, []):               # an op launched after f began at its end
+                if o != b:
+                    ran |= early & grid.present[o] & (np.abs(grid.start[o] - f_end) <= _CLIP_EPS)
+            ran |= early & ~ran & _start_written_early(grid, f, b, early, ready)
+            ready = np.where(ran, np.maximum(ready, f_end), ready)
+            open_ |= early & ~ran
+        # never past the start of a transfer or collective launched after it: that op was
+        # queued behind it, so it had begun by then (a row stated long into such an op is
+        # `_clip_computes`'s to cut; the next compute, if early too, is moved in its turn)
+        bound = np.full(end.shape, np.inf)
+        for o in (o for o in after.get(b, []) if o not in is_work):
+            bound = np.minimum(bound, np.where(grid.present[o], grid.start[o], np.inf))
+        move = here & (grid.start[b] < ready - _CLIP_EPS) & (end > ready) & (ready <= bound)
+        if move.any():
+            _note(cut, "compute ops starting before their input was there (a receive they "
+                  "wait for, or the op before them on their stream)", grid, b,
+                  np.where(move, ready - grid.start[b], 0.0))
+            grid.start[b] = np.where(move, ready, grid.start[b])
+            grid.duration[b] = np.where(move, end - ready, grid.duration[b])
+        left = open_ & ~move
+        if left.any():
+            over = np.zeros(end.shape)
+            for f in before:
+                over = np.maximum(over, grid.start[f] + grid.duration[f] - grid.start[b])
+            _note(undecided, "rows", grid, b, np.where(left, over, 0.0))
+
+
+def _start_written_early(grid: OpGrid, f: int, b: int, early: np.ndarray,
+                         ready: np.ndarray) -> np.ndarray:
+    """[D, T] where compute op b, begun inside f before it on its stream (`early`), reads its
+    start written early rather than f's end written late: f and b's durations so (f's kept,
+    b's from f's end) lie closer to the stage's cells where b began after f and its receives
+    ended (their medians; log ratios summed) than with f cut where b began. False where the
+    stage holds no such cell."""
+    f_end = grid.start[f] + grid.duration[f]
+    b_end = grid.start[b] + grid.duration[b]
+    clean = (grid.present[f] & grid.present[b] & (grid.duration[f] > 0)
+             & (grid.duration[b] > 0) & (grid.start[b] >= np.maximum(f_end, ready) - _CLIP_EPS))
+    if not clean.any():
+        return np.zeros(early.shape, dtype=bool)
+    ref_f = float(np.median(grid.duration[f][clean]))
+    ref_b = float(np.median(grid.duration[b][clean]))
+
+    def off(x: np.ndarray, ref: float) -> np.ndarray:
+        return np.abs(np.log(np.maximum(x, 1e-12) / ref))
+
+    with np.errstate(invalid="ignore"):
+        moved = off(grid.duration[f], ref_f) + off(b_end - f_end, ref_b)
+        cut_f = off(grid.start[b] - grid.start[f], ref_f) + off(grid.duration[b], ref_b)
+    return early & (moved < cut_f)
 
 
 def _any_cell(grid: OpGrid, pairs: list[tuple[int, int]], test) -> np.ndarray:
